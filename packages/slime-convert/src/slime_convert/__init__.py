@@ -1,0 +1,3 @@
+"""slime-convert."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""slime-core."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,85 @@
+"""`RolloutBatch`: the training data of one rollout for one data-parallel rank.
+
+Built by `slime_core.train_data.build_rollout_batches` from samples (reward post-processing,
+loss masks, loss denominators, micro-batch schedule), shipped to each trainer rank, consumed
+by the training backends. Everything is on CPU; tensors are created once here.
+
+Shapes: `N` = samples on this rank, `L_i` = response length of sample i, `T_i` = total length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+__all__ = ["RolloutBatch"]
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RolloutBatch:
+    """Training data of one rollout for one DP rank, with its micro-batch schedule.
+
+    Example:
+        >>> b = RolloutBatch(tokens=[torch.tensor([5, 6, 7])], response_lengths=[1],
+        ...     loss_masks=[torch.tensor([1.0])], rewards=[0.5], raw_rewards=[1.0],
+        ...     loss_denominators=[1.0], micro_batches=[[[0]]])
+        >>> b.num_samples, b.num_steps, b.total_lengths
+        (1, 1, [3])
+
+    Attributes:
+        tokens: N tensors `[T_i]` int64, prompt + response ids.
+        response_lengths: N ints `L_i`.
+        loss_masks: N tensors `[L_i]` float32 in {0, 1}.
+        rewards: N floats, post-processed (group-normalized) scalar rewards; the advantage input.
+        raw_rewards: N floats, rewards as the reward function returned them.
+        loss_denominators: N floats, the token count that sample i's loss is divided by in the default
+            per-rollout token-mean reducer: the summed loss mask of all samples sharing its `rollout_id`
+            (its own mask sum when it is alone), at least 1.
+        rollout_log_probs: N tensors `[L_i]` float32 (engine log-probs, 0.0 on masked tokens), or None.
+        truncated: N ints, 1 if the sample hit the response-length limit.
+        sample_indices: N ints, `Sample.index` (global ids, for dumps and ordering).
+        micro_batches: the schedule: `micro_batches[step][mb]` is a list of local sample positions
+            (indices into the lists above). Every DP rank has the same number of steps and the same number
+            of micro-batches per step (some may be empty lists).
+        step_sample_counts: per optimizer step, the number of samples in the step across all DP ranks
+            (the global batch size of that step; divides the per-sample-mean loss).
+        step_token_counts: per optimizer step, the summed loss mask across all DP ranks (divides the
+            per-token loss with `--calculate-per-token-loss`).
+        metadata: N dicts forwarded from `Sample.train_metadata` (may be empty dicts).
+    """
+
+    tokens: list[torch.Tensor]
+    response_lengths: list[int]
+    loss_masks: list[torch.Tensor]
+    rewards: list[float]
+    raw_rewards: list[float]
+    loss_denominators: list[float]
+    micro_batches: list[list[list[int]]]
+    rollout_log_probs: list[torch.Tensor] | None = None
+    truncated: list[int] = dataclasses.field(default_factory=list)
+    sample_indices: list[int] = dataclasses.field(default_factory=list)
+    step_sample_counts: list[int] = dataclasses.field(default_factory=list)
+    step_token_counts: list[float] = dataclasses.field(default_factory=list)
+    metadata: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def num_samples(self) -> int:
+        """N, the number of samples on this rank."""
+        return len(self.tokens)
+
+    @property
+    def num_steps(self) -> int:
+        """Number of optimizer steps in this rollout."""
+        return len(self.micro_batches)
+
+    @property
+    def total_lengths(self) -> list[int]:
+        """`T_i` for each sample."""
+        return [int(t.numel()) for t in self.tokens]
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        """`T_i - L_i` for each sample."""
+        return [int(t.numel()) - r for t, r in zip(self.tokens, self.response_lengths, strict=True)]

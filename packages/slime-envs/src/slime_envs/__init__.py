@@ -1,0 +1,3 @@
+"""slime-envs."""
+
+__version__ = "0.1.0"

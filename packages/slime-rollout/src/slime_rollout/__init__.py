@@ -1,0 +1,3 @@
+"""slime-rollout."""
+
+__version__ = "0.1.0"

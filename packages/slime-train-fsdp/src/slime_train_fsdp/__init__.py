@@ -1,0 +1,3 @@
+"""slime-train-fsdp."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""slime-train-megatron."""
+
+__version__ = "0.1.0"
