@@ -1,0 +1,272 @@
+"""Samples of one rollout -> per-DP-rank `RolloutBatch`es (rewards, masks, denominators, schedule).
+
+`build_rollout_batches` is the entry point; `postprocess_rewards` and `loss_denominators` are the
+pieces it is made of, public so that dumps, metrics and tests can use them on their own.
+Behaviour follows the original slime `RolloutManager._post_process_rewards` /
+`_convert_samples_to_train_data` / `_split_train_data_by_dp`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from slime_core.batch import RolloutBatch
+from slime_core.sample import Sample, Status
+from slime_core.scheduling import build_schedule
+
+__all__ = [
+    "GROUP_NORMALIZED_ESTIMATORS",
+    "STD_NORMALIZED_ESTIMATORS",
+    "build_rollout_batches",
+    "loss_denominators",
+    "postprocess_rewards",
+    "rollout_keys",
+]
+
+logger = logging.getLogger(__name__)
+
+GROUP_NORMALIZED_ESTIMATORS = frozenset({"grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"})
+"""Estimators whose scalar reward is centred on its prompt group's mean before training."""
+
+STD_NORMALIZED_ESTIMATORS = frozenset({"grpo", "gspo", "cispo"})
+"""Estimators whose centred reward is also divided by the group's standard deviation (GRPO)."""
+
+_STD_EPS = 1e-6
+
+
+def _load_function(path: str, flag: str) -> Callable[..., Any]:
+    """Imports `pkg.module.fn` (or `pkg.module:fn`) named by a plugin flag.
+
+    Raises:
+        ValueError: naming the flag when the path is malformed, the module or attribute is missing,
+            or the attribute is not callable.
+    """
+    module_name, sep, attr = path.replace(":", ".").rpartition(".")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{flag}: expected an import path like 'my_pkg.my_module.fn', got {path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{flag}: cannot import module {module_name!r} ({e})") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{flag}: {module_name!r} has no callable {attr!r}")
+    return fn
+
+
+def _group_normalize(raw: np.ndarray, group_size: int, divide_by_std: bool) -> np.ndarray:
+    """Centres (and optionally std-scales) rewards within consecutive groups of `group_size`."""
+    groups = raw.reshape(-1, group_size)
+    centred = groups - groups.mean(axis=1, keepdims=True)
+    if divide_by_std:
+        # Unbiased std as in GRPO (Shao et al. 2024, DeepSeekMath, eq. 3 outcome supervision).
+        centred = centred / (groups.std(axis=1, ddof=1, keepdims=True) + _STD_EPS)
+    # A group of equal rewards carries no signal: exact zeros (the mean may differ from the
+    # values by a rounding error, which the std division would blow up).
+    constant = groups.max(axis=1) == groups.min(axis=1)
+    centred[constant] = 0.0
+    return centred.reshape(-1)
+
+
+def postprocess_rewards(args: Any, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
+    """Raw and normalized scalar rewards of a rollout's samples.
+
+    With `--custom-reward-post-process-path` the user function `fn(args, samples) -> (raw_rewards,
+    rewards)` replaces everything below. Otherwise `raw[i] = samples[i].get_reward_value(args.reward_key)`
+    and, unless `--disable-rewards-normalization`:
+
+    * grpo, gspo, cispo, reinforce_plus_plus_baseline: subtract the mean of the sample's prompt group,
+      the consecutive groups of `--n-samples-per-prompt` samples (samples arrive ordered by group; when
+      the count is not a multiple of n, all samples form one group, as the original does);
+    * grpo, gspo, cispo: additionally divide by `(unbiased group std + 1e-6)` (GRPO, DeepSeekMath
+      eq. 3), unless `--disable-grpo-std-normalization` or n == 1 (where the std is undefined).
+    * other estimators (ppo, reinforce_plus_plus, rloo, ...): rewards = raw; rloo's leave-one-out
+      baseline is computed by its advantage estimator, not here.
+
+    A group of equal rewards yields exact zeros (never NaN). With n == 1 a centred reward is always 0.
+
+    Args:
+        args: run config; reads `reward_key`, `advantage_estimator`, `n_samples_per_prompt`,
+            `disable_rewards_normalization`, `disable_grpo_std_normalization`,
+            `custom_reward_post_process_path`.
+        samples: the rollout's samples, ordered by group.
+
+    Returns:
+        `(raw_rewards, rewards)`, two lists of N floats.
+
+    Raises:
+        ValueError: if a sample has no reward, a dict reward lacks `--reward-key`, a reward is not
+            finite, `--n-samples-per-prompt` < 1, or the custom function returns the wrong shape.
+    """
+    custom_path = getattr(args, "custom_reward_post_process_path", None)
+    if custom_path:
+        fn = _load_function(custom_path, "--custom-reward-post-process-path")
+        out = fn(args, list(samples))
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise ValueError(f"--custom-reward-post-process-path {custom_path}: must return (raw_rewards, rewards)")
+        raw_c, rew_c = (list(map(float, x)) for x in out)
+        if len(raw_c) != len(samples) or len(rew_c) != len(samples):
+            raise ValueError(
+                f"--custom-reward-post-process-path {custom_path}: returned {len(raw_c)} raw and {len(rew_c)} "
+                f"rewards for {len(samples)} samples"
+            )
+        return raw_c, rew_c
+
+    raw = [s.get_reward_value(args.reward_key) for s in samples]
+    for s, r in zip(samples, raw, strict=True):
+        if not math.isfinite(r):
+            raise ValueError(f"sample {s.index}: reward {r} is not finite")
+    estimator = args.advantage_estimator
+    if args.disable_rewards_normalization or estimator not in GROUP_NORMALIZED_ESTIMATORS or not samples:
+        return raw, list(raw)
+    n = int(args.n_samples_per_prompt)
+    if n < 1:
+        raise ValueError(f"--n-samples-per-prompt must be >= 1, got {n}")
+    group_size = n
+    if len(raw) % n:
+        logger.warning(
+            "%d samples is not a multiple of --n-samples-per-prompt=%d; normalizing rewards over one group",
+            len(raw),
+            n,
+        )
+        group_size = len(raw)
+    divide = estimator in STD_NORMALIZED_ESTIMATORS and not args.disable_grpo_std_normalization and group_size > 1
+    rewards = _group_normalize(np.asarray(raw, dtype=np.float64), group_size, divide)
+    return raw, [float(x) for x in rewards]
+
+
+def rollout_keys(samples: Sequence[Sample]) -> list[Hashable]:
+    """Rollout id per sample; a sample without one gets a unique key that cannot collide with real ids."""
+    return [s.rollout_id if s.rollout_id is not None else ("__unique__", pos) for pos, s in enumerate(samples)]
+
+
+def _loss_mask(sample: Sample) -> list[int]:
+    """The sample's training mask: its `loss_mask` (all ones if unset), zeros if `remove_sample`."""
+    mask = [1] * sample.response_length if sample.loss_mask is None else [int(m) for m in sample.loss_mask]
+    if len(mask) != sample.response_length:
+        raise ValueError(
+            f"sample {sample.index}: len(loss_mask)={len(mask)} != response_length={sample.response_length}"
+        )
+    if sample.remove_sample:
+        mask = [0] * len(mask)
+    return mask
+
+
+def loss_denominators(samples: Sequence[Sample]) -> list[float]:
+    """Per-rollout token-mean loss denominators.
+
+    For each sample, the summed training mask (see `remove_sample`) of all samples sharing its
+    `rollout_id` (a sample without one is its own rollout), clamped to at least 1. With one sample per
+    rollout this is the classic per-sample token mean; siblings that fan out from one rollout
+    execution share one denominator, so the rollout counts once (slime `rollout_mask_sums`).
+
+    Args:
+        samples: the samples.
+
+    Returns:
+        N floats >= 1.
+    """
+    keys = rollout_keys(samples)
+    totals: dict[Hashable, int] = {}
+    sums = [sum(_loss_mask(s)) for s in samples]
+    for k, m in zip(keys, sums, strict=True):
+        totals[k] = totals.get(k, 0) + m
+    return [float(max(totals[k], 1)) for k in keys]
+
+
+def _sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
+    has_index = [s.index is not None for s in samples]
+    if all(has_index):
+        return sorted(samples, key=lambda s: s.index)  # type: ignore[arg-type, return-value]
+    if any(has_index):
+        raise ValueError("some samples have an index and some do not; set Sample.index on all of them")
+    return list(samples)
+
+
+def build_rollout_batches(args: Any, samples: Sequence[Sample], *, dp_size: int) -> list[RolloutBatch]:
+    """Turns one rollout's samples into one `RolloutBatch` per data-parallel rank.
+
+    Steps: sort by `Sample.index`; `postprocess_rewards`; training masks (`remove_sample` zeroes);
+    `loss_denominators`; tensorize once (tokens `[T_i]` int64, masks `[L_i]` float32, rollout
+    log-probs `[L_i]` float32); `scheduling.build_schedule` over total lengths and rollout ids; slice
+    per rank. `raw_rewards` takes `metadata["raw_reward"]` when a sample carries it (set by reward
+    shaping upstream). Samples in trailing rollouts that do not fill an optimizer step are dropped.
+
+    Args:
+        args: run config; reads the fields of `postprocess_rewards` plus `global_batch_size`,
+            `use_dynamic_batch_size`, `max_tokens_per_gpu`, `micro_batch_size`, `balance_data` and
+            (optional, default 1) `context_parallel_size`.
+        samples: the rollout's samples, any order.
+        dp_size: number of data-parallel ranks.
+
+    Returns:
+        `dp_size` batches; batch r holds rank r's samples in increasing `Sample.index` order, its
+        schedule in local positions, and the global `step_sample_counts` / `step_token_counts`.
+
+    Raises:
+        ValueError: on empty input, mixed presence of `index` or `rollout_log_probs`, inconsistent
+            sample lengths, or any error of `postprocess_rewards` / `build_schedule`.
+    """
+    if not samples:
+        raise ValueError("build_rollout_batches: no samples")
+    ordered = _sorted_by_index(samples)
+    for s in ordered:
+        s.validate()
+    raw, rewards = postprocess_rewards(args, ordered)
+    raw = [float(s.metadata.get("raw_reward", r)) for s, r in zip(ordered, raw, strict=True)]
+    masks = [_loss_mask(s) for s in ordered]
+    denominators = loss_denominators(ordered)
+
+    with_lp = [s.rollout_log_probs is not None for s in ordered]
+    if any(with_lp) and not all(with_lp):
+        raise ValueError("some samples carry rollout_log_probs and some do not")
+
+    tokens_t = [torch.tensor(s.tokens, dtype=torch.int64) for s in ordered]
+    masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
+    logp_t = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in ordered] if all(with_lp) else None
+
+    max_tokens = getattr(args, "max_tokens_per_gpu", None)
+    micro_batch_size = getattr(args, "micro_batch_size", None)
+    schedule = build_schedule(
+        [len(s.tokens) for s in ordered],
+        rollout_keys(ordered),
+        dp_size=dp_size,
+        global_batch_size=args.global_batch_size,
+        use_dynamic_batch_size=bool(args.use_dynamic_batch_size),
+        max_tokens_per_gpu=max_tokens,
+        micro_batch_size=1 if micro_batch_size is None else int(micro_batch_size),
+        balance_data=bool(getattr(args, "balance_data", False)),
+        cp_size=int(getattr(args, "context_parallel_size", 1) or 1),
+    )
+    step_sample_counts = [len(p) for p in schedule.step_positions]
+    step_token_counts = [float(sum(sum(masks[p]) for p in pos)) for pos in schedule.step_positions]
+
+    batches = []
+    for rank_steps in schedule.rank_micro_batches:
+        mine = sorted(p for step in rank_steps for mb in step for p in mb)
+        local = {p: i for i, p in enumerate(mine)}
+        batches.append(
+            RolloutBatch(
+                tokens=[tokens_t[p] for p in mine],
+                response_lengths=[ordered[p].response_length for p in mine],
+                loss_masks=[masks_t[p] for p in mine],
+                rewards=[rewards[p] for p in mine],
+                raw_rewards=[raw[p] for p in mine],
+                loss_denominators=[denominators[p] for p in mine],
+                rollout_log_probs=None if logp_t is None else [logp_t[p] for p in mine],
+                truncated=[int(ordered[p].status is Status.TRUNCATED) for p in mine],
+                sample_indices=[ordered[p].index if ordered[p].index is not None else p for p in mine],
+                micro_batches=[[[local[p] for p in mb] for mb in step] for step in rank_steps],
+                step_sample_counts=list(step_sample_counts),
+                step_token_counts=list(step_token_counts),
+                metadata=[dict(ordered[p].train_metadata or {}) for p in mine],
+            )
+        )
+    return batches
