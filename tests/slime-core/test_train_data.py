@@ -1,0 +1,286 @@
+import math
+import random
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+from slime_core.sample import Sample, Status
+from slime_core.train_data import build_rollout_batches, loss_denominators, postprocess_rewards
+
+TOL = 1e-5  # absolute tolerance on normalized rewards (the 1e-6 std epsilon shifts values by ~1e-6)
+
+
+def _args(**over):
+    base = dict(
+        n_samples_per_prompt=4,
+        advantage_estimator="grpo",
+        reward_key=None,
+        disable_rewards_normalization=False,
+        disable_grpo_std_normalization=False,
+        custom_reward_post_process_path=None,
+        global_batch_size=4,
+        use_dynamic_batch_size=False,
+        max_tokens_per_gpu=None,
+        micro_batch_size=1,
+        balance_data=False,
+    )
+    base.update(over)
+    return types.SimpleNamespace(**base)
+
+
+def _samples(rewards, **kw):
+    return [Sample(tokens=[1, 2, 3], response_length=1, reward=r, index=i, **kw) for i, r in enumerate(rewards)]
+
+
+# ---- reward post-processing ------------------------------------------------------------------------
+
+
+def test_grpo_group_normalization_by_hand():
+    # Group 1: mean .25, centred [.75,-.25,-.25,-.25], unbiased std sqrt(.75/3) = .5 -> [1.5,-.5,-.5,-.5].
+    # Group 2: equal rewards -> exact zeros. Group 3: [0,1,0,1]: mean .5, std sqrt(1/3) -> +-0.5*sqrt(3).
+    raw = [1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 1]
+    got_raw, got = postprocess_rewards(_args(), _samples(raw))
+    assert got_raw == [float(r) for r in raw]
+    h = 0.5 * math.sqrt(3)
+    want = [1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0, -h, h, -h, h]
+    assert got == pytest.approx(want, abs=TOL)
+    assert got[4:8] == [0.0] * 4
+
+
+@pytest.mark.parametrize("estimator", ["gspo", "cispo"])
+def test_gspo_and_cispo_normalize_like_grpo(estimator):
+    _, got = postprocess_rewards(_args(advantage_estimator=estimator, n_samples_per_prompt=2), _samples([0, 1]))
+    assert got == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], abs=TOL)
+
+
+def test_equal_non_representable_rewards_give_exact_zeros():
+    # mean(0.1 x 3) != 0.1 in float64; without the constant-group guard the std division would give ~1e-11.
+    _, got = postprocess_rewards(_args(n_samples_per_prompt=3), _samples([0.1, 0.1, 0.1]))
+    assert got == [0.0, 0.0, 0.0]
+
+
+def test_std_normalization_off_only_centres():
+    _, got = postprocess_rewards(_args(disable_grpo_std_normalization=True), _samples([1, 0, 0, 0]))
+    assert got == pytest.approx([0.75, -0.25, -0.25, -0.25], abs=1e-12)
+
+
+def test_reinforce_plus_plus_baseline_centres_without_std():
+    _, got = postprocess_rewards(_args(advantage_estimator="reinforce_plus_plus_baseline"), _samples([2, 0, 0, 2]))
+    assert got == pytest.approx([1, -1, -1, 1], abs=1e-12)
+
+
+@pytest.mark.parametrize("estimator", ["ppo", "reinforce_plus_plus", "rloo"])
+def test_other_estimators_keep_raw_rewards(estimator):
+    raw, got = postprocess_rewards(_args(advantage_estimator=estimator), _samples([1, 0, 0, 0]))
+    assert raw == got == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_disable_rewards_normalization():
+    _, got = postprocess_rewards(_args(disable_rewards_normalization=True), _samples([1, 0, 0, 0]))
+    assert got == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_single_sample_groups_give_zeros_not_nan():
+    _, got = postprocess_rewards(_args(n_samples_per_prompt=1), _samples([1.0, 0.0, 0.5]))
+    assert got == [0.0, 0.0, 0.0]
+
+
+def test_count_not_a_multiple_of_n_uses_one_group():
+    # 3 samples with n=2: one group [0, 1, 2]: mean 1, std 1 -> [-1, 0, 1].
+    _, got = postprocess_rewards(_args(n_samples_per_prompt=2), _samples([0, 1, 2]))
+    assert got == pytest.approx([-1, 0, 1], abs=TOL)
+
+
+def test_dict_rewards_use_reward_key():
+    samples = _samples([{"acc": 1.0, "fmt": 0.0}, {"acc": 0.0, "fmt": 1.0}])
+    raw, got = postprocess_rewards(_args(n_samples_per_prompt=2, reward_key="acc"), samples)
+    assert raw == [1.0, 0.0]
+    assert got == pytest.approx([1 / math.sqrt(2), -1 / math.sqrt(2)], abs=TOL)
+    with pytest.raises(ValueError, match="--reward-key"):
+        postprocess_rewards(_args(n_samples_per_prompt=2, reward_key="nope"), samples)
+
+
+def test_missing_and_non_finite_rewards_raise():
+    with pytest.raises(ValueError, match="no reward"):
+        postprocess_rewards(_args(n_samples_per_prompt=1), _samples([None]))
+    with pytest.raises(ValueError, match="not finite"):
+        postprocess_rewards(_args(n_samples_per_prompt=1), _samples([float("nan")]))
+
+
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch):
+    (tmp_path / "my_reward_pp.py").write_text(
+        textwrap.dedent(
+            """
+            def post(args, samples):
+                raw = [s.reward for s in samples]
+                return raw, [10 * r for r in raw]
+
+            def bad(args, samples):
+                return [1.0]
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_reward_pp"
+    sys.modules.pop("my_reward_pp", None)
+
+
+def test_custom_reward_post_process_replaces_the_default(plugin_module):
+    raw, got = postprocess_rewards(
+        _args(custom_reward_post_process_path=f"{plugin_module}.post"), _samples([1.0, 0.0, 0.5, 0.25])
+    )
+    assert raw == [1.0, 0.0, 0.5, 0.25]
+    assert got == [10.0, 0.0, 5.0, 2.5]
+
+
+def test_custom_reward_post_process_errors_name_the_flag(plugin_module):
+    with pytest.raises(ValueError, match="--custom-reward-post-process-path.*must return"):
+        postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.bad"), _samples([1.0]))
+    with pytest.raises(ValueError, match="--custom-reward-post-process-path.*cannot import"):
+        postprocess_rewards(_args(custom_reward_post_process_path="no_such_mod_xyz.fn"), _samples([1.0]))
+    with pytest.raises(ValueError, match="--custom-reward-post-process-path.*no callable"):
+        postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.missing"), _samples([1.0]))
+
+
+# ---- loss denominators -----------------------------------------------------------------------------
+
+
+def _resp(mask, **kw):
+    return Sample(tokens=[9] * (2 + len(mask)), response_length=len(mask), loss_mask=list(mask), **kw)
+
+
+def test_denominators_are_shared_by_rollout_siblings():
+    samples = [
+        _resp([1, 1, 0], rollout_id=7),
+        _resp([1, 1, 1], rollout_id=7),
+        _resp([1, 1], rollout_id=None),
+        _resp([0, 0], rollout_id=None),  # alone and fully masked -> clamped to 1
+        _resp([1, 1, 1, 1], rollout_id=7, remove_sample=True),  # removed: contributes 0 tokens
+        _resp([1], rollout_id=3),
+    ]
+    assert loss_denominators(samples) == [5.0, 5.0, 2.0, 1.0, 5.0, 1.0]
+
+
+def test_denominator_without_mask_counts_all_response_tokens():
+    assert loss_denominators([Sample(tokens=[1, 2, 3, 4], response_length=3)]) == [3.0]
+
+
+# ---- build_rollout_batches -------------------------------------------------------------------------
+
+
+def _rollout(num_prompts=2, n=4, seed=0):
+    rng = random.Random(seed)
+    samples = []
+    for g in range(num_prompts):
+        for k in range(n):
+            i = g * n + k
+            resp = rng.randint(1, 6)
+            s = Sample(tokens=[100 + i] * 3, index=i, group_index=g, label="x")
+            s.append_response_tokens([i] * resp, log_probs=[-0.5] * resp)
+            s.reward = float(k == 0)
+            if i == 5:
+                s.status = Status.TRUNCATED
+            samples.append(s)
+    rng.shuffle(samples)
+    return samples
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_build_rollout_batches_end_to_end(dynamic):
+    samples = _rollout()
+    args = _args(global_batch_size=4, use_dynamic_batch_size=dynamic, max_tokens_per_gpu=12, balance_data=True)
+    batches = build_rollout_batches(args, samples, dp_size=2)
+    assert len(batches) == 2
+    by_index = {s.index: s for s in samples}
+    ordered = [by_index[i] for i in range(8)]
+    _, want_rewards = postprocess_rewards(args, ordered)
+    seen = []
+    for b in batches:
+        assert b.sample_indices == sorted(b.sample_indices)
+        assert b.num_steps == 2  # 8 rollouts / gbs 4
+        assert b.step_sample_counts == [4, 4]
+        for t, lm, lp, i in zip(b.tokens, b.loss_masks, b.rollout_log_probs, b.sample_indices, strict=True):
+            s = by_index[i]
+            assert t.dtype == torch.int64 and t.tolist() == s.tokens
+            assert lm.dtype == torch.float32 and lm.tolist() == [1.0] * s.response_length
+            assert lp.dtype == torch.float32 and lp.tolist() == [-0.5] * s.response_length
+        assert b.rewards == pytest.approx([want_rewards[i] for i in b.sample_indices], abs=1e-12)
+        assert b.raw_rewards == [float(i % 4 == 0) for i in b.sample_indices]
+        assert b.truncated == [int(i == 5) for i in b.sample_indices]
+        assert b.loss_denominators == [float(by_index[i].response_length) for i in b.sample_indices]
+        flat = sorted(p for step in b.micro_batches for mb in step for p in mb)
+        assert flat == list(range(b.num_samples))  # local positions, each once
+        seen += b.sample_indices
+    assert sorted(seen) == list(range(8))
+    # Same micro-batch count per step on both ranks.
+    assert [len(s) for s in batches[0].micro_batches] == [len(s) for s in batches[1].micro_batches]
+    # Global step token counts: steps take rollouts (= samples here) in index order, 4 per step.
+    lens = [by_index[i].response_length for i in range(8)]
+    assert batches[0].step_token_counts == [float(sum(lens[:4])), float(sum(lens[4:]))]
+    if dynamic:
+        for b in batches:
+            for step in b.micro_batches:
+                for mb in step:
+                    assert sum(b.total_lengths[p] for p in mb) <= 12 or len(mb) == 1
+
+
+def test_build_is_deterministic_and_independent_of_arrival_order():
+    args = _args(global_batch_size=8, use_dynamic_batch_size=True, max_tokens_per_gpu=10, balance_data=True)
+    a = build_rollout_batches(args, _rollout(seed=1), dp_size=2)
+    samples = _rollout(seed=1)
+    random.Random(99).shuffle(samples)
+    b = build_rollout_batches(args, samples, dp_size=2)
+    for x, y in zip(a, b, strict=True):
+        assert x.sample_indices == y.sample_indices
+        assert x.micro_batches == y.micro_batches
+        assert x.rewards == y.rewards
+
+
+def test_remove_sample_raw_reward_override_and_metadata():
+    samples = _rollout(num_prompts=1, n=4)
+    by_index = {s.index: s for s in samples}
+    by_index[2].remove_sample = True
+    by_index[3].metadata["raw_reward"] = 0.75
+    by_index[1].train_metadata = {"source": "gsm8k"}
+    (b,) = build_rollout_batches(_args(global_batch_size=4), samples, dp_size=1)
+    assert b.loss_masks[2].tolist() == [0.0] * by_index[2].response_length
+    assert b.loss_denominators[2] == 1.0
+    assert b.raw_rewards == [1.0, 0.0, 0.0, 0.75]
+    assert b.metadata == [{}, {"source": "gsm8k"}, {}, {}]
+    # Static micro_batch_size=1 on one rank: 4 micro-batches in one step, in position order.
+    assert b.micro_batches == [[[0], [1], [2], [3]]]
+    assert b.step_token_counts == [float(sum(by_index[i].response_length for i in (0, 1, 3)))]
+
+
+def test_rollout_siblings_share_denominator_and_step():
+    # Two rollouts that each fanned out into two samples; gbs counts rollouts.
+    samples = []
+    for i, (rid, resp) in enumerate([(0, 2), (0, 3), (1, 1), (1, 4)]):
+        s = Sample(tokens=[1, 1], index=i, rollout_id=rid, reward=float(i))
+        s.append_response_tokens([5] * resp)
+        samples.append(s)
+    args = _args(n_samples_per_prompt=2, global_batch_size=1)
+    (b,) = build_rollout_batches(args, samples, dp_size=1)
+    assert b.loss_denominators == [5.0, 5.0, 5.0, 5.0]
+    assert b.rollout_log_probs is None
+    assert b.step_sample_counts == [2, 2]
+    assert b.micro_batches == [[[0], [1]], [[2], [3]]]
+
+
+def test_build_errors():
+    args = _args(global_batch_size=16)
+    with pytest.raises(ValueError, match="--global-batch-size is 16"):
+        build_rollout_batches(args, _rollout(), dp_size=2)
+    with pytest.raises(ValueError, match="no samples"):
+        build_rollout_batches(args, [], dp_size=1)
+    mixed = _rollout(num_prompts=1)
+    mixed[0].rollout_log_probs = None
+    with pytest.raises(ValueError, match="rollout_log_probs"):
+        build_rollout_batches(_args(), mixed, dp_size=1)
+    no_index = _rollout(num_prompts=1)
+    no_index[0].index = None
+    with pytest.raises(ValueError, match="index"):
+        build_rollout_batches(_args(), no_index, dp_size=1)
