@@ -1,5 +1,4 @@
 import pytest
-
 from slime_core.sample import Sample, Status, status_from_finish_reason
 
 
@@ -85,3 +84,43 @@ def test_dict_round_trip_preserves_everything():
         Sample.from_dict({**d, "bogus": 1})
     with pytest.raises(ValueError, match="unknown status"):
         Sample.from_dict({**d, "status": "exploded"})
+
+
+def test_reward_value_scalar_and_missing():
+    s = _sample()
+    with pytest.raises(ValueError, match="no reward"):
+        s.get_reward_value()
+    s.reward = 1
+    assert s.get_reward_value() == 1.0 and isinstance(s.get_reward_value(), float)
+    s.reward = {"acc": 0}
+    assert s.get_reward_value("acc") == 0.0
+
+
+def test_views_before_any_response():
+    s = _sample()
+    assert s.prompt_length == 3
+    assert s.response_tokens == []
+    assert s.effective_response_length == 0
+    s2 = Sample(tokens=[1, 2, 3, 4], response_length=2)
+    assert s2.effective_response_length == 2  # no mask yet: every response token counts
+    assert s2.response_tokens == [3, 4]
+
+
+def test_validate_catches_length_and_logprob_mismatch():
+    with pytest.raises(ValueError, match="response_length 5 outside"):
+        Sample(tokens=[1, 2], response_length=5).validate()
+    s = Sample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0])
+    with pytest.raises(ValueError, match="len\\(rollout_log_probs\\)=1"):
+        s.validate()
+
+
+def test_to_dict_copies_lists():
+    s = _sample()
+    s.append_response_tokens([5], log_probs=[-1.0])
+    d = s.to_dict()
+    d["tokens"].append(99)
+    d["loss_mask"].append(1)
+    d["metadata"]["x"] = 1
+    assert s.tokens == [1, 2, 3, 5]
+    assert s.loss_mask == [1]
+    assert s.metadata == {}
