@@ -1,0 +1,55 @@
+"""RL algorithms as pure single-process tensor functions, chosen by name from registries.
+
+Entry points for the training backends: `compute_advantages_and_returns` (once per rollout),
+`whitening_stats`/`apply_whitening` (`--normalize-advantages`), `compute_actor_loss`,
+`compute_critic_loss`, `compute_sft_loss` (once per micro-batch), and
+`log_probs_from_logits`/`entropy_from_logits` on the response logits.
+"""
+
+from slime_core.algorithms.advantages import compute_advantages_and_returns, discounted_cumsum
+from slime_core.algorithms.kl import compute_approx_kl
+from slime_core.algorithms.logprobs import entropy_from_logits, log_probs_from_logits
+from slime_core.algorithms.objective import compute_actor_loss, policy_loss_name
+from slime_core.algorithms.policy_loss import (
+    compute_cispo_loss,
+    compute_policy_loss,
+    compute_tis_weights,
+    sequence_mean_ppo_kl,
+)
+from slime_core.algorithms.reducers import default_reducer, drgrpo, sum_of_sample_mean, sum_of_token
+from slime_core.algorithms.registry import (
+    get_advantage_estimator,
+    get_policy_loss,
+    register_advantage,
+    register_policy_loss,
+)
+from slime_core.algorithms.sft_loss import compute_sft_loss
+from slime_core.algorithms.value_loss import compute_critic_loss, compute_value_loss
+from slime_core.algorithms.whitening import apply_whitening, whitening_stats
+
+__all__ = [
+    "apply_whitening",
+    "compute_actor_loss",
+    "compute_advantages_and_returns",
+    "compute_approx_kl",
+    "compute_cispo_loss",
+    "compute_critic_loss",
+    "compute_policy_loss",
+    "compute_sft_loss",
+    "compute_tis_weights",
+    "compute_value_loss",
+    "default_reducer",
+    "discounted_cumsum",
+    "drgrpo",
+    "entropy_from_logits",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "log_probs_from_logits",
+    "policy_loss_name",
+    "register_advantage",
+    "register_policy_loss",
+    "sequence_mean_ppo_kl",
+    "sum_of_sample_mean",
+    "sum_of_token",
+    "whitening_stats",
+]

@@ -1,0 +1,227 @@
+"""Advantage estimators and `compute_advantages_and_returns`, the entry the trainers call.
+
+Legend: `N` samples, `L_i` response length of sample i; all per-token tensors are `[L_i]` float32.
+
+Estimators (`--advantage-estimator`), registered by name:
+
+| name | advantage `A_t` | returns |
+|---|---|---|
+| grpo, gspo, cispo | the (already group-normalized) scalar reward on every token | A |
+| rloo | `r_i - mean_{j≠i} r_j` within each group of `n_samples_per_prompt`, minus `kl_coef·kl_t` | A |
+| reinforce_plus_plus | discounted return of `ρ_t = -kl_coef·kl_t·m_t` + reward at last masked-in token | A |
+| reinforce_plus_plus_baseline | `r̃ - kl_coef·kl_t` (reward already group-mean-centred) | A |
+| ppo | GAE(γ, λ) over `ρ_t = -kl_coef·kl_t` + reward at the last token, with critic values | A + V |
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from slime_core.algorithms.kl import compute_approx_kl
+from slime_core.algorithms.registry import get_advantage_estimator, register_advantage
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["compute_advantages_and_returns", "discounted_cumsum"]
+
+_SCAN_CHUNK = 128
+
+
+def discounted_cumsum(x: torch.Tensor, discount: float, chunk_size: int = _SCAN_CHUNK) -> torch.Tensor:
+    """Reverse discounted cumulative sum `y_t = Σ_{l≥0} discount^l · x_{t+l}`.
+
+    Computed as a chunked scan: inside a chunk of `C` tokens one `[C, C]` upper-triangular matmul,
+    across chunks a carry `y_t += discount^(end - t) · y_end` from the chunk after. This keeps the
+    number of sequential steps at `L / C` and never forms `discount^(-t)` (which overflows).
+
+    Args:
+        x: `[L]` float tensor.
+        discount: factor in `[0, 1]` (γ for returns, γλ for GAE).
+        chunk_size: tokens per chunk.
+
+    Returns:
+        `[L]` float32.
+    """
+    x = x.float()
+    length = x.shape[0]
+    if length == 0:
+        return x.clone()
+    if discount == 1.0:
+        return x.flip(0).cumsum(0).flip(0)
+    c = min(chunk_size, length)
+    idx = torch.arange(c, device=x.device, dtype=torch.float64)
+    offset = idx[None, :] - idx[:, None]  # [C, C], j - i
+    # Built in float64 so discount^offset does not underflow to a wrong value before the cast.
+    weights = torch.where(offset >= 0, discount ** offset.clamp(min=0), 0.0).float()
+    out = torch.empty_like(x)
+    carry = x.new_zeros(())
+    for end in range(length, 0, -c):
+        start = max(0, end - c)
+        n = end - start
+        local = weights[:n, :n] @ x[start:end]
+        decay = discount ** (n - idx[:n])  # discount^(end - t) for t in [start, end)
+        out[start:end] = local + decay.float() * carry
+        carry = out[start]
+    return out
+
+
+def _broadcast(rewards: Sequence[float], loss_masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [
+        torch.full(m.shape, float(r), dtype=torch.float32, device=m.device)
+        for r, m in zip(rewards, loss_masks, strict=True)
+    ]
+
+
+@register_advantage("grpo")
+@register_advantage("gspo")
+@register_advantage("cispo")
+def broadcast_reward_advantages(args: Any, *, rewards, loss_masks, kl, values):
+    """GRPO (Shao et al. 2024, DeepSeekMath), GSPO, CISPO: `A_t = r̃` on every token; returns = A.
+
+    `rewards` are expected already group-normalized by the rollout side; `kl_coef` is not applied.
+    """
+    advantages = _broadcast(rewards, loss_masks)
+    return advantages, [a.clone() for a in advantages]
+
+
+@register_advantage("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_advantages(args: Any, *, rewards, loss_masks, kl, values):
+    """REINFORCE++-baseline (Hu et al. 2025): `A_t = r̃ - kl_coef·kl_t` (r̃ group-mean-centred upstream)."""
+    advantages = [a - args.kl_coef * k for a, k in zip(_broadcast(rewards, loss_masks), kl, strict=True)]
+    return advantages, [a.clone() for a in advantages]
+
+
+@register_advantage("rloo")
+def rloo_advantages(args: Any, *, rewards, loss_masks, kl, values):
+    """RLOO (Ahmadian et al. 2024): leave-one-out baseline within each group.
+
+    `rewards` must be RAW (not group-normalized) and ordered so each consecutive block of
+    `n_samples_per_prompt` samples is one prompt's group. `A_{i,t} = r_i - (Σ_{j∈g} r_j - r_i)/(n-1)
+    - kl_coef·kl_{i,t}`.
+
+    Raises:
+        ValueError: if n_samples_per_prompt < 2 or the sample count is not a multiple of it.
+    """
+    n = args.n_samples_per_prompt
+    if n < 2:
+        raise ValueError(f"rloo needs --n-samples-per-prompt >= 2, got {n}")
+    if len(rewards) % n:
+        raise ValueError(f"rloo: {len(rewards)} samples is not a multiple of --n-samples-per-prompt={n}")
+    r = torch.tensor(rewards, dtype=torch.float64).view(-1, n)
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (n - 1)
+    centred = (r - baseline).view(-1).tolist()
+    advantages = [a - args.kl_coef * k for a, k in zip(_broadcast(centred, loss_masks), kl, strict=True)]
+    return advantages, [a.clone() for a in advantages]
+
+
+@register_advantage("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(args: Any, *, rewards, loss_masks, kl, values):
+    """REINFORCE++ (Hu et al. 2025): discounted return of the KL-shaped token reward.
+
+    `ρ_t = -kl_coef·kl_t·m_t`, plus the scalar reward at the last token with `m_t = 1` (nothing
+    added to an all-masked sample); `A_t = G_t = Σ_l γ^l ρ_{t+l}` (`--gamma`).
+    """
+    advantages = []
+    for r, m, k in zip(rewards, loss_masks, kl, strict=True):
+        m = m.float()
+        token_rewards = -args.kl_coef * k.float() * m
+        trainable = torch.nonzero(m > 0).flatten()
+        if trainable.numel():
+            token_rewards[trainable[-1]] += float(r)
+        advantages.append(discounted_cumsum(token_rewards, args.gamma))
+    return advantages, [a.clone() for a in advantages]
+
+
+@register_advantage("ppo")
+def ppo_gae_advantages(args: Any, *, rewards, loss_masks, kl, values):
+    """PPO with GAE (Schulman et al. 2016, arXiv:1506.02438).
+
+    `ρ_t = -kl_coef·kl_t` plus the scalar reward at the last response token;
+    `δ_t = ρ_t + γ V_{t+1} - V_t` with `V_L = 0`; `A_t = Σ_l (γλ)^l δ_{t+l}`; returns `A + V`.
+    As in the original, all response tokens take part (the mask is not used).
+
+    Raises:
+        ValueError: if `values` is None or a values tensor does not match its mask's shape.
+    """
+    if values is None:
+        raise ValueError("advantage estimator 'ppo' needs critic values (values=None)")
+    advantages, returns = [], []
+    for i, (r, m, k, v) in enumerate(zip(rewards, loss_masks, kl, values, strict=True)):
+        if v.shape != m.shape:
+            raise ValueError(f"values[{i}] has shape {tuple(v.shape)}, expected {tuple(m.shape)}")
+        v = v.detach().float()
+        token_rewards = -args.kl_coef * k.float()
+        if token_rewards.numel():
+            token_rewards[-1] += float(r)
+        next_values = torch.cat([v[1:], v.new_zeros(1)])
+        deltas = token_rewards + args.gamma * next_values - v
+        adv = discounted_cumsum(deltas, args.gamma * args.lambd)
+        advantages.append(adv)
+        returns.append(adv + v)
+    return advantages, returns
+
+
+def _check_list(name: str, tensors: Sequence[torch.Tensor] | None, loss_masks: Sequence[torch.Tensor]) -> None:
+    if tensors is None:
+        return
+    if len(tensors) != len(loss_masks):
+        raise ValueError(f"{name} has {len(tensors)} entries, loss_masks has {len(loss_masks)}")
+    for i, (t, m) in enumerate(zip(tensors, loss_masks, strict=True)):
+        if t.shape != m.shape:
+            raise ValueError(f"{name}[{i}] has shape {tuple(t.shape)}, loss_masks[{i}] has {tuple(m.shape)}")
+
+
+def compute_advantages_and_returns(
+    args: Any,
+    *,
+    rewards: list[float],
+    loss_masks: list[torch.Tensor],
+    log_probs: list[torch.Tensor] | None = None,
+    ref_log_probs: list[torch.Tensor] | None = None,
+    values: list[torch.Tensor] | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-token advantages and returns for one rollout's samples (one DP rank's share).
+
+    The reward-shaping KL `kl_t = KL(log_probs, ref_log_probs)` (`--kl-loss-type`) is computed when
+    `args.kl_coef != 0`, else zeros. Pass as `log_probs` the "old" log-probs (recomputed by the
+    trainer, or the rollout log-probs with `--use-rollout-logprobs`). Whitening
+    (`--normalize-advantages`) is separate: see `whitening_stats`/`apply_whitening`, because its
+    statistics are all-reduced over DP ranks by the backend.
+
+    Args:
+        args: run config; reads `advantage_estimator`, `kl_coef`, `kl_loss_type`, `gamma`, `lambd`,
+            `n_samples_per_prompt` (rloo).
+        rewards: N floats. For grpo/gspo/cispo the group-normalized reward, for
+            reinforce_plus_plus_baseline the group-mean-centred one, for rloo, reinforce_plus_plus and ppo
+            the RAW reward. For rloo the N samples must be whole groups, each group consecutive.
+        loss_masks: N tensors `[L_i]`, 1 = trainable token.
+        log_probs: N tensors `[L_i]`, old log-probs; needed when kl_coef != 0.
+        ref_log_probs: N tensors `[L_i]`, reference log-probs; needed when kl_coef != 0.
+        values: N tensors `[L_i]`, critic values; needed by ppo.
+
+    Returns:
+        `(advantages, returns)`: two lists of N `[L_i]` float32 tensors (no grad).
+
+    Raises:
+        KeyError: unknown estimator.
+        ValueError: mismatched lengths/shapes, or inputs the configuration needs are missing.
+    """
+    if len(rewards) != len(loss_masks):
+        raise ValueError(f"rewards has {len(rewards)} entries, loss_masks has {len(loss_masks)}")
+    for name, tensors in (("log_probs", log_probs), ("ref_log_probs", ref_log_probs), ("values", values)):
+        _check_list(name, tensors, loss_masks)
+    estimator = get_advantage_estimator(args.advantage_estimator)
+    with torch.no_grad():
+        if args.kl_coef != 0:
+            if log_probs is None or ref_log_probs is None:
+                raise ValueError("--kl-coef != 0 needs log_probs and ref_log_probs (is --ref-load set?)")
+            kl = [
+                compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs, strict=True)
+            ]
+        else:
+            kl = [torch.zeros(m.shape, dtype=torch.float32, device=m.device) for m in loss_masks]
+        return estimator(args, rewards=rewards, loss_masks=loss_masks, kl=kl, values=values)

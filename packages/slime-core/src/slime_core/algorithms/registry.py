@@ -1,0 +1,110 @@
+"""String-keyed registries for advantage estimators and policy losses.
+
+Algorithms are chosen by name from the run config (`--advantage-estimator grpo`); each
+implementation registers itself with a decorator::
+
+    @register_advantage("grpo")
+    def grpo_advantages(args, *, rewards, loss_masks, kl, values): ...
+
+An unknown name raises `KeyError` listing the known ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Registry",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "register_advantage",
+    "register_policy_loss",
+]
+
+
+class Registry:
+    """A named table of functions, filled by a decorator.
+
+    Args:
+        kind: what the entries are, used in error messages (e.g. "advantage estimator").
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Callable[..., Any]] = {}
+
+    def register(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Return a decorator that records the decorated function under `name`.
+
+        Raises:
+            ValueError: if `name` is already registered.
+        """
+
+        def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._entries[name] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> Callable[..., Any]:
+        """Look up `name`.
+
+        Raises:
+            KeyError: if `name` is unknown; the message lists the known names.
+        """
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.kind} {name!r}; known: {sorted(self._entries)}") from None
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._entries)
+
+
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+POLICY_LOSSES = Registry("policy loss")
+
+
+def register_advantage(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering an advantage estimator under `name` (`--advantage-estimator`).
+
+    The estimator signature is
+    `fn(args, *, rewards: list[float], loss_masks: list[Tensor[L_i]], kl: list[Tensor[L_i]],
+    values: list[Tensor[L_i]] | None) -> (advantages, returns)`, each a list of `[L_i]` float32.
+    """
+    return ADVANTAGE_ESTIMATORS.register(name)
+
+
+def get_advantage_estimator(name: str) -> Callable[..., Any]:
+    """Return the advantage estimator registered as `name`.
+
+    Raises:
+        KeyError: if unknown (the message lists the known names).
+    """
+    return ADVANTAGE_ESTIMATORS.get(name)
+
+
+def register_policy_loss(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering a policy loss under `name`.
+
+    The signature is `fn(args, *, log_probs, old_log_probs, advantages, loss_mask: Tensor[T],
+    response_lengths: list[int]) -> (loss [T], clipfrac [T], ppo_kl [T])` over the concatenated
+    response tokens of a micro-batch (all float32 `[T]`, T = Σ L_i).
+    """
+    return POLICY_LOSSES.register(name)
+
+
+def get_policy_loss(name: str) -> Callable[..., Any]:
+    """Return the policy loss registered as `name`.
+
+    Raises:
+        KeyError: if unknown (the message lists the known names).
+    """
+    return POLICY_LOSSES.get(name)
