@@ -1,0 +1,121 @@
+r"""Reward functions (`--rm-type`, `--custom-rm-path`, `--group-rm`).
+
+Resolution order per sample (as in the original `rm_hub`): the sample's own `custom_rm_path`, then
+`--custom-rm-path`, then `sample.metadata["rm_type"]`, then `--rm-type`. A `boxed_` prefix on a type
+first reduces the response to its last `\boxed{}` content.
+
+| rm_type      | returns                                  |
+|--------------|------------------------------------------|
+| math         | 1.0 / 0.0 (last box vs label)            |
+| deepscaler   | 1.0 / 0.0 (after `</think>`)             |
+| dapo         | {"score": ±1.0, "acc", "pred"}           |
+| f1           | SQuAD token F1                           |
+| gpqa         | 1.0 / 0.0 (option letter)                |
+| remote_rm    | the JSON reply of `--rm-url`             |
+| random       | 0 or 1                                   |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any
+
+from slime_core.sample import Sample
+
+from slime_rollout.plugins import call_maybe_async, load_function
+from slime_rollout.rewards.dapo import dapo_reward
+from slime_rollout.rewards.f1 import f1_reward
+from slime_rollout.rewards.gpqa import gpqa_reward
+from slime_rollout.rewards.math import deepscaler_reward, math_reward
+from slime_rollout.rewards.math_utils import extract_boxed
+from slime_rollout.rewards.remote import remote_reward
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RM_TYPES", "async_rm", "batched_async_rm", "rule_based_reward"]
+
+RM_TYPES = ("math", "deepscaler", "dapo", "f1", "gpqa", "remote_rm", "random")
+
+
+def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[str, Any] | None = None) -> Any:
+    """Scores one response with a built-in rule (everything except `remote_rm`).
+
+    Args:
+        rm_type: one of `RM_TYPES` (minus remote_rm), optionally prefixed with `boxed_`.
+        response: model output text.
+        label: ground truth.
+        metadata: the sample's metadata (gpqa reads choices/letters from it).
+
+    Raises:
+        KeyError: unknown `rm_type`, listing the known ones.
+    """
+    if rm_type.startswith("boxed_"):
+        rm_type = rm_type.removeprefix("boxed_")
+        response = extract_boxed(response) or ""
+        if rm_type == "math":
+            # The box is already unwrapped; grade the bare content.
+            response = f"\\boxed{{{response}}}" if response else ""
+    if rm_type == "math":
+        return math_reward(response, label)
+    if rm_type == "deepscaler":
+        return deepscaler_reward(response, label)
+    if rm_type == "dapo":
+        return dapo_reward(response, label)
+    if rm_type == "f1":
+        return f1_reward(response, label)
+    if rm_type == "gpqa":
+        return gpqa_reward(response, label, metadata)
+    if rm_type == "random":
+        return float(random.randint(0, 1))
+    raise KeyError(f"unknown --rm-type {rm_type!r}; known: {', '.join(RM_TYPES)} (each also as boxed_<type>)")
+
+
+async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
+    """Scores one finished sample (original signature `async_rm(args, sample)`).
+
+    Args:
+        args: run config; reads `custom_rm_path`, `rm_type`, `rm_url`.
+        sample: the sample (its `custom_rm_path` and `metadata["rm_type"]` override the flags).
+        **kwargs: passed to a custom reward function.
+
+    Returns:
+        A float or a dict of scores (select with `--reward-key`).
+
+    Raises:
+        ValueError: no reward type configured.
+        KeyError: unknown reward type.
+    """
+    custom_path = sample.custom_rm_path or getattr(args, "custom_rm_path", None)
+    if custom_path:
+        return await call_maybe_async(load_function(custom_path), args, sample, **kwargs)
+    rm_type = (sample.metadata or {}).get("rm_type") or getattr(args, "rm_type", None)
+    if not rm_type:
+        raise ValueError("no reward function: set --rm-type, --custom-rm-path or metadata['rm_type']")
+    if rm_type in ("remote_rm", "boxed_remote_rm"):
+        response = sample.response if rm_type == "remote_rm" else (extract_boxed(sample.response) or "")
+        payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
+        return await remote_reward(getattr(args, "rm_url", None), payload)
+    return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
+
+
+async def batched_async_rm(args: Any, samples: list[Sample], **kwargs: Any) -> list[Any]:
+    """Scores a list of samples (original signature `batched_async_rm(args, samples)`).
+
+    With `--custom-rm-path` and `--group-rm` the custom function is called once in batch mode
+    (`fn(args, samples) -> list`); otherwise every sample goes through `async_rm` concurrently.
+
+    Raises:
+        ValueError: if a batch-mode custom function returns a list of the wrong length.
+    """
+    custom_path = getattr(args, "custom_rm_path", None)
+    if custom_path and getattr(args, "group_rm", False):
+        rewards = await call_maybe_async(load_function(custom_path), args, samples, **kwargs)
+        if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
+            raise ValueError(
+                f"--group-rm custom reward {custom_path!r} must return a list of {len(samples)} rewards, "
+                f"got {rewards!r}"
+            )
+        return list(rewards)
+    return list(await asyncio.gather(*(async_rm(args, s, **kwargs) for s in samples)))

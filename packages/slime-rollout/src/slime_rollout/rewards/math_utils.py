@@ -1,0 +1,204 @@
+r"""Answer extraction and equivalence for math rewards (`--rm-type math|deepscaler|boxed_*`).
+
+Extraction: the last `\boxed{...}` (or `\fbox{...}`) of a text, with nested braces; GSM8K
+solutions end in `#### <answer>`. Equivalence: normalized string equality first (commas in
+numbers, `$`/`\$`, trailing periods, `\%`, `\text{}` units, `\dfrac`), then exact rational
+comparison of plain numbers, then `math-verify` (symbolic, LaTeX-aware) with a grammar-based
+LaTeX → sympy fallback (`latex2sympy2_extended`). Model text is never passed to `eval`/`sympify`.
+"""
+
+from __future__ import annotations
+
+import fractions
+import logging
+import re
+import threading
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "extract_boxed",
+    "extract_label_answer",
+    "grade_answer",
+    "normalize_answer",
+    "parse_number",
+]
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def extract_boxed(text: str) -> str | None:
+    r"""Content of the last `\boxed{...}` / `\fbox{...}` (or `\boxed 5`) in `text`, braces balanced.
+
+    Args:
+        text: model output or label.
+
+    Returns:
+        The inner text without the outer braces, or None if there is no (closed) box.
+    """
+    if not text:
+        return None
+    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if start < 0:
+        return None
+    rest = text[start:]
+    cmd_len = len("\\boxed") if rest.startswith("\\boxed") else len("\\fbox")
+    rest = rest[cmd_len:]
+    if rest.startswith(" "):
+        # `\boxed 5` form: the argument is the next token.
+        match = re.match(r"\s+([^\s$]+)", rest)
+        return match.group(1) if match else None
+    if not rest.startswith("{"):
+        return None
+    depth = 0
+    for i, ch in enumerate(rest):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return rest[1:i]
+    return None  # unclosed box: no answer
+
+
+def extract_label_answer(label: object) -> str:
+    """The final answer of a label: a GSM8K solution's `#### x`, a boxed answer, or the label itself.
+
+    Args:
+        label: str, int or float ground truth.
+
+    Raises:
+        ValueError: if `label` is None.
+    """
+    if label is None:
+        raise ValueError("math reward needs a label (set --label-key)")
+    text = str(label)
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip()
+    boxed = extract_boxed(text)
+    return boxed if boxed is not None else text.strip()
+
+
+_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+_UNIT_WORDS = re.compile(
+    r"\s*(?:dollars?|cents?|units?|degrees?|percent|meters?|cm|km|inches|feet|hours?|minutes?|"
+    r"seconds?|days?|weeks?|years?|miles?|pounds?|kg|grams?)\s*$"
+)
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def normalize_answer(answer: str) -> str:
+    r"""Canonical string form of a final answer (for string equality, not for semantics).
+
+    Strips `$`, `\$`, `\!`, spaces, `\left`/`\right`, trailing periods, `%`/`\%`, `^\circ`, text
+    wrappers and common unit words; removes thousands separators (`1,000` → `1000`); maps
+    `\dfrac`/`\tfrac` to `\frac`; drops a leading `x =`.
+    """
+    s = str(answer).strip()
+    s = _TEXT_WRAPPERS.sub(r"\1", s)
+    s = s.replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\ ", "")
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = s.replace("^\\circ", "").replace("^{\\circ}", "")
+    s = s.replace("\\$", "").replace("$", "")
+    s = s.replace("\\%", "").replace("%", "")
+    s = _UNIT_WORDS.sub("", s)
+    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)
+    s = s.strip().rstrip(".").strip()
+    s = _THOUSANDS.sub("", s)
+    s = s.replace(" ", "")
+    # `\frac12` → `\frac{1}{2}`
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
+    if re.fullmatch(r"-?\d+\.0+", s):
+        s = s.split(".")[0]
+    return s
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+_LATEX_FRAC = re.compile(r"([-+]?)\\frac\{([-+]?[\d.]+)\}\{([-+]?[\d.]+)\}")
+
+
+def parse_number(answer: str) -> fractions.Fraction | None:
+    r"""Exact rational value of a plain number, `a/b` or `\frac{a}{b}` (after `normalize_answer`).
+
+    Returns:
+        The value, or None if the text is not such a number (no eval is involved).
+    """
+    s = normalize_answer(answer)
+    try:
+        if _NUMBER.fullmatch(s):
+            return fractions.Fraction(s)
+        match = _LATEX_FRAC.fullmatch(s)
+        if match:
+            sign, num, den = match.groups()
+            value = fractions.Fraction(num) / fractions.Fraction(den)
+            return -value if sign == "-" else value
+        if re.fullmatch(r"[-+]?[\d.]+/[\d.]+", s):
+            num, den = s.split("/")
+            return fractions.Fraction(num) / fractions.Fraction(den)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def _timeout_s() -> int | None:
+    # math-verify times out with SIGALRM, which only works in the main thread; elsewhere (the
+    # rollout's background event loop) run without its timeout.
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def _math_verify_equal(gold: str, pred: str) -> bool | None:
+    """math-verify's verdict, or None if it could not parse one side."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:  # pragma: no cover - declared dependency
+        return None
+    timeout = _timeout_s()
+    try:
+        gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
+        pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
+        if not gold_parsed or not pred_parsed:
+            return None
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+    except Exception as e:  # math-verify raises a zoo of sympy errors on odd input
+        logger.debug("math-verify failed on %r vs %r: %s", gold, pred, e)
+        return None
+
+
+def _sympy_equal(gold: str, pred: str) -> bool:
+    """Fallback: LaTeX → sympy with a grammar-based parser (no eval), then `simplify(a - b) == 0`."""
+    try:
+        import sympy
+        from latex2sympy2_extended import latex2sympy
+
+        diff = sympy.simplify(latex2sympy(gold) - latex2sympy(pred))
+        return bool(diff == 0)
+    except Exception as e:
+        logger.debug("sympy fallback failed on %r vs %r: %s", gold, pred, e)
+        return False
+
+
+def grade_answer(pred: str | None, gold: str | None) -> bool:
+    """Whether a predicted final answer equals the ground truth mathematically.
+
+    Args:
+        pred: extracted model answer (e.g. the content of the last box), or None.
+        gold: extracted ground-truth answer.
+
+    Returns:
+        True if equal after normalization, as exact numbers, or symbolically.
+    """
+    if pred is None or gold is None:
+        return False
+    pred_n, gold_n = normalize_answer(pred), normalize_answer(gold)
+    if not pred_n or not gold_n:
+        return False
+    if pred_n == gold_n:
+        return True
+    pred_v, gold_v = parse_number(pred), parse_number(gold)
+    if pred_v is not None and gold_v is not None:
+        return pred_v == gold_v
+    verdict = _math_verify_equal(gold_n, pred_n)
+    if verdict is not None:
+        return verdict
+    return _sympy_equal(gold_n, pred_n)

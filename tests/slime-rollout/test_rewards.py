@@ -1,0 +1,158 @@
+"""Rule-based rewards: real GSM8K labels, tricky answer formats, every rm_type, custom/group RM."""
+
+import json
+import types
+
+import pytest
+from slime_core.sample import Sample
+from slime_rollout.rewards import async_rm, batched_async_rm, rule_based_reward
+from slime_rollout.rewards.dapo import dapo_reward
+from slime_rollout.rewards.f1 import f1_reward
+from slime_rollout.rewards.gpqa import extract_choice_letter, gpqa_reward
+from slime_rollout.rewards.math import deepscaler_reward, math_reward
+from slime_rollout.rewards.math_utils import extract_boxed, extract_label_answer, normalize_answer
+
+
+def _gsm8k_rows(fixtures_dir):
+    with open(fixtures_dir / "gsm8k" / "test-50.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_gsm8k_labels_own_answer_is_correct_and_wrong_answer_is_not(fixtures_dir):
+    rows = _gsm8k_rows(fixtures_dir)
+    assert len(rows) == 50
+    for row in rows:
+        # An independent parse of the label: the text after the last '####'.
+        answer = row["answer"].split("####")[-1].strip()
+        assert math_reward(f"The answer is \\boxed{{{answer}}}.", row["answer"]) == 1.0, row["answer"]
+        wrong = str(int(answer.replace(",", "")) + 1)
+        assert math_reward(f"\\boxed{{{wrong}}}", row["answer"]) == 0.0, row["answer"]
+        assert math_reward(f"The answer is {answer}.", row["answer"]) == 0.0  # no box -> 0
+
+
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+        ("\\boxed{\\dfrac{1}{2}}", "1/2", 1.0),
+        ("\\boxed{\\frac{1}{3}}", "0.5", 0.0),
+        ("\\boxed{1,000}", "1000", 1.0),
+        ("\\boxed{1000}", "#### 1,000", 1.0),
+        ("\\boxed{\\$18}", "18", 1.0),
+        ("\\boxed{$18.00$}", "18", 1.0),
+        ("\\boxed{18.}", "18", 1.0),
+        ("\\boxed{50\\%}", "50", 1.0),
+        ("\\boxed{\\text{18 dollars}}", "18", 1.0),
+        ("first \\boxed{3} then \\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),
+        ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", 1.0),
+        ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+        ("\\boxed{3}", "4", 0.0),
+        ("no box here 18", "18", 0.0),
+        ("\\boxed{18", "18", 0.0),  # unclosed box
+        ("\\boxed{}", "18", 0.0),
+        ("\\boxed{__import__('os').system('true')}", "0", 0.0),  # never evaluated
+    ],
+)
+def test_math_reward_formats(response, label, expected):
+    assert math_reward(response, label) == expected
+
+
+def test_extract_boxed_nested_and_last():
+    assert extract_boxed("a \\boxed{1} b \\boxed{\\frac{a}{\\sqrt{b}}} c") == "\\frac{a}{\\sqrt{b}}"
+    assert extract_boxed("\\boxed 5 apples") == "5"
+    assert extract_boxed("\\fbox{7}") == "7"
+    assert extract_boxed("nothing") is None
+    assert extract_label_answer("work\n#### 1,234") == "1,234"
+    assert extract_label_answer(42) == "42"
+    with pytest.raises(ValueError, match="label"):
+        extract_label_answer(None)
+    assert normalize_answer("\\$1,234.") == "1234"
+
+
+def test_deepscaler_only_reads_after_think():
+    assert deepscaler_reward("<think>\\boxed{5}</think> so \\boxed{4}", "4") == 1.0
+    assert deepscaler_reward("<think>\\boxed{4}</think> so \\boxed{5}", "4") == 0.0
+    assert deepscaler_reward("\\boxed{4}", "4") == 0.0  # no </think> nor ###Response
+    assert deepscaler_reward("###Response \\boxed{4}", "\\boxed{4}") == 1.0
+
+
+def test_dapo_score_dict():
+    assert dapo_reward("blah\nAnswer: 18", "18") == {"score": 1.0, "acc": True, "pred": "18"}
+    out = dapo_reward("Answer: 17\n", "18")
+    assert out["score"] == -1.0 and out["acc"] is False
+    assert dapo_reward("no answer line", "18")["score"] == -1.0
+    # Only the last 300 characters are read.
+    assert dapo_reward("Answer: 18" + "x" * 400, "18")["score"] == -1.0
+
+
+def test_f1_reward():
+    # pred tokens {paris, france}; gold {paris}: P=1/2, R=1 -> F1=2/3.
+    assert f1_reward("Paris, France", "paris") == pytest.approx(2 / 3, abs=1e-12)
+    assert f1_reward("The Paris.", "paris") == 1.0
+    assert f1_reward("yes", "no") == 0.0
+    assert f1_reward("yes it is", "yes") == 0.0  # yes/no must match exactly
+    assert f1_reward("london", ["rome", "london"]) == 1.0
+
+
+def test_gpqa_reward():
+    assert extract_choice_letter("<think>maybe A</think> The answer is (C).") == "C"
+    assert gpqa_reward("The answer is C", "C") == 1.0
+    assert gpqa_reward("The answer is B", "C") == 0.0
+    assert gpqa_reward("Final answer: B", 1) == 1.0  # 0-based index label
+    meta = {"choices": ["red", "blue", "green", "pink"], "valid_letters": "ABCD"}
+    assert gpqa_reward("I think C is correct", "green", meta) == 1.0
+    assert gpqa_reward("so it's D", "x", {"correct_letter": "D"}) == 1.0
+
+
+async def test_async_rm_dispatch_override_and_boxed_prefix():
+    args = types.SimpleNamespace(rm_type="math", custom_rm_path=None, rm_url=None)
+    s = Sample(response="\\boxed{4}", label="4")
+    assert await async_rm(args, s) == 1.0
+    # metadata rm_type overrides --rm-type
+    s2 = Sample(response="Answer: 4", label="4", metadata={"rm_type": "dapo"})
+    assert (await async_rm(args, s2))["score"] == 1.0
+    assert rule_based_reward("boxed_f1", "text \\boxed{paris}", "paris") == 1.0
+    with pytest.raises(KeyError, match="known"):
+        rule_based_reward("nope", "", "")
+    with pytest.raises(ValueError, match="--rm-type"):
+        await async_rm(types.SimpleNamespace(rm_type=None, custom_rm_path=None), s)
+
+
+async def custom_rm(args, sample):
+    return float(len(sample.response))
+
+
+async def group_rm(args, samples):
+    return [float(i) for i, _ in enumerate(samples)]
+
+
+async def test_custom_and_group_rm():
+    samples = [Sample(response="ab"), Sample(response="abc")]
+    args = types.SimpleNamespace(custom_rm_path=f"{__name__}.custom_rm", group_rm=False, rm_type=None)
+    assert await batched_async_rm(args, samples) == [2.0, 3.0]
+    args = types.SimpleNamespace(custom_rm_path=f"{__name__}.group_rm", group_rm=True, rm_type=None)
+    assert await batched_async_rm(args, samples) == [0.0, 1.0]
+
+
+async def test_remote_rm_retries_then_succeeds(monkeypatch):
+    import httpx
+    from slime_rollout.rewards import remote
+
+    calls = []
+
+    def handler(request):
+        calls.append(json.loads(request.content))
+        if len(calls) < 3:
+            return httpx.Response(503)
+        return httpx.Response(200, json={"score": 0.25})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    monkeypatch.setattr(remote, "_client", lambda: client)
+    out = await remote.remote_reward(
+        "http://rm/score", {"prompt": "p", "response": "r", "label": "l"}, base_delay_s=0.0
+    )
+    assert out == {"score": 0.25}
+    assert len(calls) == 3 and calls[0] == {"prompt": "p", "response": "r", "label": "l"}
+    with pytest.raises(ValueError, match="--rm-url"):
+        await remote.remote_reward("", {})
