@@ -284,3 +284,17 @@ def test_build_errors():
     no_index[0].index = None
     with pytest.raises(ValueError, match="index"):
         build_rollout_batches(_args(), no_index, dp_size=1)
+
+
+def test_with_the_real_config():
+    config = pytest.importorskip("slime_core.config.args")
+    args = config.SlimeArgs.from_dict(
+        {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_rollout": 1, "global_batch_size": 4}
+    )
+    batches = build_rollout_batches(args, _rollout(), dp_size=2)
+    assert sorted(i for b in batches for i in b.sample_indices) == list(range(8))
+    assert batches[0].step_sample_counts == [4, 4]
+    # grpo default: group [1, 0, 0, 0] -> [1.5, -0.5, -0.5, -0.5] (see test_grpo_group_normalization_by_hand).
+    rewards = dict(zip(batches[0].sample_indices, batches[0].rewards, strict=True))
+    rewards.update(zip(batches[1].sample_indices, batches[1].rewards, strict=True))
+    assert [rewards[i] for i in range(4)] == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=TOL)
