@@ -1,0 +1,138 @@
+"""`SlimeArgs`: the whole run config as one flat, validated pydantic model.
+
+Example:
+    >>> args = SlimeArgs.from_dict({"rollout_batch_size": 4, "n_samples_per_prompt": 2, "num_rollout": 3})
+    >>> args.global_batch_size, args.num_steps_per_rollout
+    (8, 1)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any, Self
+
+import yaml
+from pydantic import ValidationError, model_validator
+
+from slime_core.config.base import ConfigError, arg, field_to_flag
+from slime_core.config.cluster import ClusterArgs, EngineArgs, WeightSyncArgs
+from slime_core.config.monitoring import DebugArgs, EvalArgs, LoggingArgs
+from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, RolloutArgs, SamplingArgs
+from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, OptimizerArgs
+from slime_core.config.validation import derive_and_validate
+
+__all__ = ["SlimeArgs", "config_error_from_validation"]
+
+
+class SlimeArgs(
+    ClusterArgs,
+    EngineArgs,
+    WeightSyncArgs,
+    RolloutArgs,
+    SamplingArgs,
+    DataArgs,
+    RewardArgs,
+    MultiTurnArgs,
+    AlgorithmArgs,
+    OptimizerArgs,
+    FsdpArgs,
+    CheckpointArgs,
+    EvalArgs,
+    LoggingArgs,
+    DebugArgs,
+):
+    """The run config: every group's fields as flat attributes (`args.rollout_batch_size`).
+
+    Build it with `slime_core.config.parse_args(argv)` (command line / YAML) or `SlimeArgs.from_dict(d)`.
+    Validation fills derived defaults (`global_batch_size`, `num_steps_per_rollout`,
+    `over_sampling_batch_size`, offload flags, `rollout_engine`, `weight_sync`, ...), so a
+    validated instance holds only concrete values and survives `to_dict()` / `from_dict()`.
+    """
+
+    megatron_args: list[str] = arg(
+        [], "Raw Megatron-LM command-line tokens collected by parse_args (for the Megatron backend).", cli=False
+    )
+
+    @model_validator(mode="after")
+    def _derive_and_validate(self) -> Self:
+        derive_and_validate(self)
+        return self
+
+    @property
+    def with_ref(self) -> bool:
+        """Whether a reference model is needed (KL in the reward or in the loss)."""
+        return self.kl_coef != 0 or self.use_kl_loss
+
+    @property
+    def use_critic(self) -> bool:
+        """Whether a value model is trained (PPO)."""
+        return self.advantage_estimator == "ppo"
+
+    @property
+    def eval_datasets(self) -> list[tuple[str, str]]:
+        """`--eval-prompt-data name path ...` as `[(name, path), ...]` (empty when unset)."""
+        data = self.eval_prompt_data or []
+        return list(zip(data[0::2], data[1::2], strict=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as JSON-compatible values (for Ray transport and saving next to checkpoints)."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SlimeArgs:
+        """Validates a dict of field values (underscored names) into `SlimeArgs`.
+
+        Raises:
+            ConfigError: A value is invalid or a key is unknown; the message names the flag.
+        """
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as e:
+            raise config_error_from_validation(e) from None
+
+    def to_yaml(self, path: str | os.PathLike[str]) -> None:
+        """Writes `to_dict()` as YAML atomically (temp file in the same directory, then rename)."""
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".args-", suffix=".yaml.tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def config_error_from_validation(error: ValidationError) -> ConfigError:
+    """Turns a pydantic `ValidationError` into a one-line `ConfigError` naming the flags.
+
+    Args:
+        error: The error raised by `SlimeArgs.model_validate`.
+
+    Returns:
+        A `ConfigError` whose message lists each problem as `--flag: message (got value)`.
+    """
+    parts = []
+    for err in error.errors(include_url=False):
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, ConfigError):
+            parts.append(str(cause))
+            continue
+        loc = err.get("loc") or ()
+        msg = err["msg"].removeprefix("Value error, ")
+        if not loc:
+            parts.append(msg)
+            continue
+        flag = field_to_flag(str(loc[0]))
+        if err["type"] == "missing":
+            parts.append(f"{flag} is required")
+        elif err["type"] == "extra_forbidden":
+            parts.append(f"unknown option {flag}")
+        else:
+            parts.append(f"{flag}: {msg} (got {err.get('input')!r})")
+    return ConfigError("; ".join(parts))

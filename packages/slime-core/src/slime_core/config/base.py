@@ -1,0 +1,94 @@
+"""Shared pieces of the run config: the error type, the group base model and flag-name helpers.
+
+Every concern (cluster, rollout, algorithm, ...) is a pydantic model deriving from `ArgsGroup`;
+`slime_core.config.args.SlimeArgs` inherits all of them so that attributes stay flat
+(`args.rollout_batch_size`), as user plugins of the original slime expect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ArgsGroup", "ConfigError", "arg", "field_to_flag", "flag_to_field", "parse_json_dict", "warn_once"]
+
+logger = logging.getLogger(__name__)
+
+_WARNED: set[str] = set()
+
+
+class ConfigError(ValueError):
+    """A bad run configuration; the message is one line and names the offending flag (or file and line)."""
+
+
+class ArgsGroup(BaseModel):
+    """Base of every config group: unknown keys are errors, attributes are plain Python values."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=False, use_attribute_docstrings=False)
+
+
+def arg(default: Any = None, help: str = "", *, cli: bool = True, **kwargs: Any) -> Any:  # noqa: A002
+    """Declares a config field; `help` becomes the field description and the `--flag` help text.
+
+    Args:
+        default: Default value (as in the original slime).
+        help: One-sentence help text.
+        cli: False for fields not generated as a command-line flag (pass-through collections).
+        **kwargs: Passed to `pydantic.Field` (e.g. `gt=0`).
+
+    Returns:
+        A pydantic `FieldInfo`.
+    """
+    extra = kwargs.pop("json_schema_extra", {}) or {}
+    if not cli:
+        extra["cli"] = False
+    return Field(default, description=help, json_schema_extra=extra or None, **kwargs)
+
+
+def field_to_flag(name: str) -> str:
+    """`rollout_batch_size` -> `--rollout-batch-size`."""
+    return "--" + name.replace("_", "-")
+
+
+def flag_to_field(flag: str) -> str:
+    """`--rollout-batch-size` (or `rollout-batch-size`) -> `rollout_batch_size`."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def parse_json_dict(value: Any, *, flag: str) -> Any:
+    """Parses a JSON object given as a string on the command line (`--train-env-vars '{"A": "1"}'`).
+
+    Args:
+        value: A dict (from YAML or Python), a JSON string, or None.
+        flag: Flag name for the error message.
+
+    Returns:
+        The dict (or None).
+
+    Raises:
+        ConfigError: The string is not valid JSON or not a JSON object.
+    """
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = json.loads(value) if value.strip() else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag}: not valid JSON ({e.msg} at char {e.pos}): {value!r}") from e
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"{flag}: expected a JSON object, got {type(parsed).__name__}: {value!r}")
+    return parsed
+
+
+def warn_once(key: str, message: str) -> None:
+    """Logs `message` as a warning the first time `key` is seen in this process.
+
+    Config objects are re-validated wherever they are deserialized (every Ray worker), so warnings
+    about settings that have no effect would otherwise repeat.
+    """
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    logger.warning(message)

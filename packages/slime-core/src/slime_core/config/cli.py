@@ -1,0 +1,271 @@
+"""`parse_args`: the command line (original slime flag names) and YAML files -> `SlimeArgs`.
+
+The argparse parser is generated from the `SlimeArgs` fields, so flags and config fields cannot
+drift apart. Precedence, lowest first: field defaults, `--config file.yaml`, command-line flags,
+`--custom-config-path file.yaml` (the original's "override any attribute" file).
+
+Pass-through flags are collected instead of parsed:
+
+* `--sglang-<field> [value...]` -> `args.sglang_args[<field>]` (`True` when no value follows),
+* `--router-<field> [value...]` -> `args.router_args[<field>]`,
+* known Megatron-LM flags (`megatron_flags.MEGATRON_FLAGS`) -> raw tokens in `args.megatron_args`.
+
+Run `python -m slime_core.config.cli --help` to list every flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import types
+import typing
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, Literal, NoReturn
+
+import yaml
+from pydantic.fields import FieldInfo
+
+from slime_core.config.args import SlimeArgs
+from slime_core.config.base import ConfigError, field_to_flag
+from slime_core.config.megatron_flags import MEGATRON_FLAGS
+
+__all__ = ["build_parser", "load_yaml_config", "parse_args"]
+
+PassThrough = dict[str, str | bool | list[str]]
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse that raises `ConfigError` instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return members[0]
+    return annotation
+
+
+def _add_field(parser: argparse.ArgumentParser, name: str, field: FieldInfo) -> None:
+    flag = field_to_flag(name)
+    help_text = (field.description or "").replace("%", "%%")
+    if not field.is_required() and field.default not in (None, [], {}):
+        help_text += f" (default: {field.default})".replace("%", "%%")
+    annotation = _unwrap_optional(field.annotation)
+    origin = typing.get_origin(annotation)
+    kwargs: dict[str, Any] = {"dest": name, "help": help_text}
+    if annotation is bool:
+        # store_true like the original; tri-state or default-on booleans also get a --no-<flag>.
+        kwargs["action"] = "store_true" if field.default is False else argparse.BooleanOptionalAction
+    elif origin is list:
+        (item,) = typing.get_args(annotation)
+        kwargs.update(nargs="+", action="extend")
+        if typing.get_origin(item) is Literal:
+            kwargs["choices"] = typing.get_args(item)
+        else:
+            kwargs["type"] = item
+    elif origin is dict or annotation is dict:
+        kwargs["type"] = str  # A JSON object string; the field validator parses it.
+        kwargs["metavar"] = "JSON"
+    elif origin is Literal:
+        choices = typing.get_args(annotation)
+        kwargs.update(choices=choices, type=type(choices[0]))
+    else:
+        kwargs["type"] = annotation
+    parser.add_argument(flag, **kwargs)
+
+
+@cache
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser for every command-line `SlimeArgs` field (flags not given stay absent)."""
+    parser = _RaisingParser(
+        prog="slime",
+        description="slime RL post-training. --sglang-*, --router-* and Megatron-LM flags are passed through.",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--config", help="YAML file of config fields (dash or underscore keys); flags override it.")
+    for name, field in SlimeArgs.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get("cli", True):
+            _add_field(parser, name, field)
+    return parser
+
+
+def _is_flag(token: str) -> bool:
+    return (token.startswith("--") and len(token) > 2) or token == "-h"
+
+
+def _suggest(name: str, known: Sequence[str]) -> str:
+    match = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def _store_passthrough(target: PassThrough, key: str, inline: str | None, values: list[str]) -> None:
+    key = key.replace("-", "_")
+    if inline is not None:
+        target[key] = inline
+    elif not values:
+        target[key] = True
+    else:
+        target[key] = values[0] if len(values) == 1 else list(values)
+
+
+def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThrough, list[str]]:
+    """Separates slime flags (for argparse) from SGLang, router and Megatron pass-through flags."""
+    parser = build_parser()
+    slime_flags = set(parser._option_string_actions)  # Includes --no-<flag> of optional booleans.
+    slime, sglang, router, megatron = [], {}, {}, []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not _is_flag(token):
+            raise ConfigError(f"unexpected value {token!r}: values must follow a --flag")
+        end = i + 1
+        while end < len(argv) and not _is_flag(argv[end]):
+            end += 1
+        name, eq, inline = token.partition("=")
+        values = list(argv[i + 1 : end])
+        if name in slime_flags:
+            slime += argv[i:end]
+        elif name.startswith("--sglang-"):
+            _store_passthrough(sglang, name.removeprefix("--sglang-"), inline if eq else None, values)
+        elif name.startswith("--router-"):
+            _store_passthrough(router, name.removeprefix("--router-"), inline if eq else None, values)
+        elif name in MEGATRON_FLAGS:
+            megatron += argv[i:end]
+        else:
+            known = sorted(slime_flags | MEGATRON_FLAGS)
+            raise ConfigError(f"unknown flag {name}{_suggest(name, known)}")
+        i = end
+    return slime, sglang, router, megatron
+
+
+def _yaml_scalar_to_str(value: Any) -> str | bool | list[str]:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return str(value)
+
+
+def _key_lines(path: str, text: str) -> dict[str, int]:
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is None:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: expected a mapping of config fields")
+    return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
+
+
+def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reads a YAML config file of `SlimeArgs` fields.
+
+    Keys may use dashes or underscores. `sglang-<x>` / `router-<x>` keys go to `sglang_args` /
+    `router_args`, known Megatron flag names to `megatron_args`.
+
+    Args:
+        path: YAML file.
+        flag: The flag that named the file (for error messages).
+
+    Returns:
+        `(fields, unknown)`: field values keyed by field name (pass-through keys merged into
+        `sglang_args`, `router_args`, `megatron_args`), and keys that are none of these, with values.
+
+    Raises:
+        ConfigError: The file is missing, is not valid YAML, or is not a mapping.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot read file ({e.strerror})") from e
+    try:
+        lines = _key_lines(path, text)
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise ConfigError(f"{flag} {where}: invalid YAML ({getattr(e, 'problem', e)})") from e
+    fields: dict[str, Any] = {}
+    unknown: dict[str, Any] = {}
+    sglang: PassThrough = {}
+    router: PassThrough = {}
+    megatron: list[str] = []
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        dashed = field_to_flag(key)
+        if key in SlimeArgs.model_fields:
+            fields[key] = value
+        elif key.startswith("sglang_"):
+            sglang[key.removeprefix("sglang_")] = _yaml_scalar_to_str(value)
+        elif key.startswith("router_"):
+            router[key.removeprefix("router_")] = _yaml_scalar_to_str(value)
+        elif dashed in MEGATRON_FLAGS:
+            if value is True or value is None:
+                megatron.append(dashed)
+            elif value is not False:
+                megatron += [dashed, *(map(str, value) if isinstance(value, list) else [str(value)])]
+        else:
+            unknown[f"{path}:{lines.get(str(raw_key), '?')}: {raw_key}"] = (key, value)
+    if sglang:
+        fields["sglang_args"] = {**fields.get("sglang_args", {}), **sglang}
+    if router:
+        fields["router_args"] = {**fields.get("router_args", {}), **router}
+    if megatron:
+        fields["megatron_args"] = [*fields.get("megatron_args", []), *megatron]
+    return fields, unknown
+
+
+def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
+    """Parses a slime command line (and the YAML files it names) into a validated `SlimeArgs`.
+
+    Args:
+        argv: Command-line tokens without the program name; None reads `sys.argv[1:]`.
+
+    Returns:
+        The validated config with all derived values filled.
+
+    Raises:
+        ConfigError: Unknown flag (with a close-match suggestion), bad value, unreadable or invalid
+            YAML (with file and line), or a broken validation rule (naming the flags).
+    """
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    slime_tokens, sglang, router, megatron = _split_argv(argv)
+    cli = vars(build_parser().parse_args(slime_tokens))
+
+    values: dict[str, Any] = {}
+    config_path = cli.pop("config", None)
+    if config_path is not None:
+        values, unknown = load_yaml_config(config_path)
+        if unknown:
+            where, (key, _) = next(iter(unknown.items()))
+            known = [field_to_flag(k).removeprefix("--") for k in SlimeArgs.model_fields]
+            raise ConfigError(
+                f"--config {where.rsplit(':', 1)[0]}: unknown key{_suggest(key.replace('_', '-'), known)}"
+            )
+    values.update(cli)
+    values["sglang_args"] = {**values.get("sglang_args", {}), **sglang}
+    values["router_args"] = {**values.get("router_args", {}), **router}
+    values["megatron_args"] = [*values.get("megatron_args", []), *megatron]
+
+    custom_path = values.get("custom_config_path")
+    if custom_path is not None:
+        # Original semantics: this file overrides any attribute; keys that are not slime fields are
+        # settings for the user's own plugins and land in args.custom_config.
+        overrides, unknown = load_yaml_config(custom_path, flag="--custom-config-path")
+        values.update(overrides)
+        values["custom_config"] = {**values.get("custom_config", {}), **dict(unknown.values())}
+    return SlimeArgs.from_dict(values)
+
+
+if __name__ == "__main__":
+    parse_args()

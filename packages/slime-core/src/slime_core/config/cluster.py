@@ -1,0 +1,113 @@
+"""Config groups for placement (GPUs, colocation, offload), the rollout engines and weight sync."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import field_validator
+
+from slime_core.config.base import ArgsGroup, arg, parse_json_dict
+
+__all__ = ["ClusterArgs", "EngineArgs", "WeightSyncArgs"]
+
+
+class ClusterArgs(ArgsGroup):
+    """Where the trainer and the engines run (`slime-features.md` §1.2, §1.5)."""
+
+    train_backend: Literal["megatron", "fsdp"] = arg(
+        "megatron", "Training backend: megatron (megatron-core, GPU) or fsdp (PyTorch FSDP2, CPU or GPU)."
+    )
+    actor_num_nodes: int = arg(1, "Number of nodes for the actor (trainer).", ge=1)
+    actor_num_gpus_per_node: int = arg(8, "Number of GPUs per node for the actor (trainer).", ge=1)
+    critic_num_nodes: int | None = arg(None, "Number of nodes for the critic; defaults to --actor-num-nodes.")
+    critic_num_gpus_per_node: int | None = arg(
+        None, "Number of GPUs per node for the critic; defaults to --actor-num-gpus-per-node."
+    )
+    rollout_num_gpus: int | None = arg(
+        None,
+        "Number of GPUs for rollout engines; with --colocate defaults to the actor GPU count "
+        "(a larger value adds rollout-only GPUs, 0 starts the router only).",
+        ge=0,
+    )
+    rollout_num_gpus_per_engine: int = arg(1, "GPUs per rollout engine (the engine's TP size).", ge=1)
+    num_gpus_per_node: int = arg(8, "GPUs per node of the cluster (for engines spanning nodes).", ge=1)
+    colocate: bool = arg(
+        False, "Trainer and engines share the same GPUs (implies --offload-train and --offload-rollout)."
+    )
+    offload: bool = arg(False, "Shorthand for --offload-train and --offload-rollout.")
+    offload_train: bool | None = arg(
+        None, "Free trainer accelerator memory while rolling out (default: on with --colocate/--offload)."
+    )
+    offload_rollout: bool | None = arg(
+        None, "Free engine accelerator memory while training (default: on with --colocate/--offload)."
+    )
+    distributed_backend: str = arg("nccl", "torch.distributed backend of the trainer (nccl on GPU, gloo on CPU).")
+    distributed_timeout_minutes: int = arg(10, "Timeout of torch.distributed collectives in minutes.", ge=1)
+    train_env_vars: dict[str, str] = arg(
+        {}, "Extra environment variables for trainer processes, as a JSON object string."
+    )
+    ray_address: str | None = arg(None, "Address of an existing Ray cluster; a local one is started when unset.")
+
+    @field_validator("train_env_vars", mode="before")
+    @classmethod
+    def _parse_env_vars(cls, value: Any) -> Any:
+        return parse_json_dict(value, flag="--train-env-vars")
+
+
+class EngineArgs(ArgsGroup):
+    """Rollout engines, router and engine health checks (`slime-features.md` §4.5-§4.7)."""
+
+    rollout_engine: Literal["sglang", "reference"] | None = arg(
+        None,
+        "Inference engine: sglang (GPU) or reference (CPU transformers server speaking the same HTTP "
+        "API). Default: sglang when CUDA is available, else reference.",
+    )
+    engine_python: str | None = arg(
+        None, "Python executable used to start engine subprocesses (default: the current interpreter)."
+    )
+    rollout_engine_urls: list[str] | None = arg(
+        None, "URLs of already-running engines to use instead of starting new ones (http://host:port ...)."
+    )
+    rollout_external_engine_addrs: list[str] | None = arg(
+        None, "Addresses host:port of external SGLang engines (original flag; sets --rollout-engine-urls)."
+    )
+    sglang_server_concurrency: int = arg(512, "Maximum concurrent requests per engine.", ge=1)
+    sglang_router_ip: str | None = arg(None, "IP of an existing router; a router is started when unset.")
+    sglang_router_port: int | None = arg(None, "Port of an existing router (or of the router to start).")
+    sglang_router_request_timeout_secs: int = arg(14400, "Router request timeout in seconds.", ge=1)
+    sglang_config: str | None = arg(None, "YAML file describing models and server groups (advanced engines).")
+    prefill_num_servers: int | None = arg(None, "Number of prefill servers for simple PD disaggregation.", ge=1)
+    use_fault_tolerance: bool = arg(False, "Monitor engine health and restart dead engines.")
+    rollout_health_check_interval: float = arg(30.0, "Seconds between engine health checks.", gt=0)
+    rollout_health_check_timeout: float = arg(30.0, "Timeout of one engine health check in seconds.", gt=0)
+    rollout_health_check_first_wait: float = arg(0.0, "Seconds to wait before the first health check.", ge=0)
+    http_proxy: str | None = arg(None, "HTTP proxy for engine requests.")
+    use_distributed_post: bool = arg(False, "Spread engine POST requests over Ray actors.")
+    sglang_args: dict[str, str | bool | list[str]] = arg(
+        {},
+        "Pass-through SGLang ServerArgs collected from --sglang-<field> [value] flags (key: field name with "
+        "underscores; True for a flag given without value).",
+        cli=False,
+    )
+    router_args: dict[str, str | bool | list[str]] = arg(
+        {}, "Pass-through router args collected from --router-<field> [value] flags.", cli=False
+    )
+
+
+class WeightSyncArgs(ArgsGroup):
+    """How new weights reach the engines (`slime-features.md` §5)."""
+
+    weight_sync: Literal["auto", "tensor", "disk", "distributed"] = arg(
+        "auto",
+        "Weight sync method: tensor (shared tensors / CUDA IPC), distributed (NCCL broadcast), disk (HF "
+        "checkpoint reload). auto: tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
+    )
+    update_weight_transport: Literal["nccl", "disk"] | None = arg(
+        None, "Original transport flag: nccl or disk (used to resolve --weight-sync auto when given)."
+    )
+    update_weight_disk_dir: str | None = arg(None, "Directory for disk weight sync (a temp dir when unset).")
+    update_weight_disk_keep_files: bool = arg(False, "Keep the checkpoints written for disk weight sync.")
+    update_weight_buffer_size: int = arg(512 * 1024**2, "Bucket size in bytes for weight sync.", ge=1)
+    update_weights_interval: int = arg(1, "Push weights to the engines every this many rollouts.", ge=1)
+    keep_old_actor: bool = arg(False, "Keep a copy of the previous actor weights as the old policy.")
+    check_weight_update_equal: bool = arg(False, "After a sync, check that engine weights equal trainer weights.")

@@ -1,0 +1,83 @@
+"""Config groups for evaluation, metrics logging, debugging dumps and CI checks."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from slime_core.config.base import ArgsGroup, arg
+
+__all__ = ["DebugArgs", "EvalArgs", "LoggingArgs"]
+
+
+class EvalArgs(ArgsGroup):
+    """Evaluation rollouts (`slime-features.md` §4.4); unset sampling values fall back to the rollout's."""
+
+    eval_function_path: str | None = arg(None, "Import path of the eval rollout function (default: rollout fn).")
+    eval_interval: int | None = arg(None, "Evaluate every this many rollouts.", ge=1)
+    eval_prompt_data: list[str] | None = arg(None, "Eval datasets as pairs: name path [name path ...].")
+    eval_config: str | None = arg(None, "YAML file with per-dataset eval settings.")
+    skip_eval_before_train: bool = arg(False, "Do not evaluate before the first training step.")
+    eval_input_key: str | None = arg(None, "Eval dataset prompt field (default: --input-key).")
+    eval_label_key: str | None = arg(None, "Eval dataset label field (default: --label-key).")
+    eval_tool_key: str | None = arg(None, "Eval dataset tools field (default: --tool-key).")
+    n_samples_per_eval_prompt: int = arg(1, "Responses per eval prompt.", ge=1)
+    eval_temperature: float | None = arg(None, "Eval sampling temperature.", gt=0)
+    eval_top_p: float | None = arg(None, "Eval top-p.", gt=0, le=1)
+    eval_top_k: int | None = arg(None, "Eval top-k.")
+    eval_max_response_len: int | None = arg(None, "Eval maximum new tokens.", ge=1)
+    eval_max_prompt_len: int | None = arg(None, "Eval maximum prompt tokens.", ge=1)
+    eval_min_new_tokens: int | None = arg(None, "Eval minimum new tokens.", ge=0)
+    eval_max_context_len: int | None = arg(None, "Eval maximum context (default: --rollout-max-context-len).", ge=1)
+
+
+class LoggingArgs(ArgsGroup):
+    """Metrics sinks (`slime-features.md` §11)."""
+
+    use_wandb: bool = arg(False, "Log metrics to Weights & Biases.")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = arg(None, "W&B mode.")
+    wandb_dir: str | None = arg(None, "W&B local directory.")
+    wandb_key: str | None = arg(None, "W&B API key.")
+    wandb_host: str | None = arg(None, "W&B host.")
+    wandb_team: str | None = arg(None, "W&B entity.")
+    wandb_group: str | None = arg(None, "W&B group.")
+    wandb_project: str | None = arg(None, "W&B project.")
+    wandb_run_id: str | None = arg(None, "W&B run id to resume.")
+    disable_wandb_random_suffix: bool = arg(False, "Do not append a random suffix to the W&B run name.")
+    wandb_always_use_train_step: bool = arg(False, "Use train steps as the x-axis of every metric.")
+    use_tensorboard: bool = arg(True, "Log metrics to TensorBoard (on by default here; --no-use-tensorboard).")
+    tb_project_name: str | None = arg(None, "TensorBoard log directory (default: <save or cwd>/tensorboard).")
+    tb_experiment_name: str | None = arg(None, "TensorBoard run name.")
+    log_multi_turn: bool = arg(False, "Log multi-turn statistics.")
+    log_passrate: bool = arg(False, "Log pass@k.")
+    log_reward_category: str | None = arg(None, "Reward-dict key whose values are counted as error categories.")
+    log_correct_samples: bool = arg(False, "Log statistics of correct samples.")
+
+
+class DebugArgs(ArgsGroup):
+    """Debug modes, dumps and CI assertions (`slime-features.md` §11)."""
+
+    debug_rollout_only: bool = arg(False, "Only roll out (no trainer).")
+    debug_train_only: bool = arg(False, "Only train (no engines); usually with --load-debug-rollout-data.")
+    save_debug_rollout_data: str | None = arg(None, "Path template for rollout dumps ({rollout_id} substituted).")
+    load_debug_rollout_data: str | None = arg(None, "Path template of rollout dumps to replay (implies train-only).")
+    load_debug_rollout_data_subsample: float | None = arg(None, "Fraction of replayed samples to keep.", gt=0, le=1)
+    save_debug_train_data: str | None = arg(None, "Path template for train-batch dumps ({rollout_id} substituted).")
+    dump_details: str | None = arg(None, "Directory for rollout and train dumps (sets the two paths above).")
+    memory_snapshot_dir: str = arg(".", "Directory for memory snapshots.")
+    memory_snapshot_num_steps: int | None = arg(None, "Steps recorded in memory snapshots.", ge=1)
+    profile_target: list[Literal["train_overall", "train_actor", "train_log_probs"]] = arg(
+        ["train_overall"], "What the torch profiler records."
+    )
+    use_pytorch_profiler: bool = arg(False, "Run the torch profiler.")
+    record_memory_history: bool = arg(False, "Record CUDA memory history.")
+    ci_test: bool = arg(False, "Enable CI exactness assertions.")
+    ci_disable_kl_checker: bool = arg(False, "Skip the CI first-step KL check.")
+    ci_train_rollout_logprob_abs_diff_threshold: float = arg(
+        0.1, "CI bound on train/rollout log-prob difference.", ge=0
+    )
+    ci_save_grad_norm: str | None = arg(None, "Save grad norms to this path (CI alignment).")
+    ci_load_grad_norm: str | None = arg(None, "Compare grad norms with this file (CI alignment).")
+    custom_config_path: str | None = arg(
+        None, "YAML whose keys override config fields; unknown keys go to args.custom_config for plugins."
+    )
+    custom_config: dict = arg({}, "Settings from --custom-config-path that are not slime fields.", cli=False)

@@ -1,0 +1,126 @@
+"""Config groups for the RL algorithm and loss, the optimizer, the FSDP backend and checkpoints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from slime_core.config.base import ArgsGroup, arg
+
+__all__ = ["AlgorithmArgs", "CheckpointArgs", "FsdpArgs", "OptimizerArgs"]
+
+AdvantageEstimator = Literal["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
+KlType = Literal["k1", "k2", "k3", "low_var_kl"]
+
+
+class AlgorithmArgs(ArgsGroup):
+    """Advantages, policy loss, KL, importance sampling (`slime-features.md` §3)."""
+
+    advantage_estimator: AdvantageEstimator = arg("grpo", "Advantage estimator.")
+    loss_type: Literal["policy_loss", "sft_loss", "custom_loss"] = arg("policy_loss", "Training loss.")
+    custom_loss_function_path: str | None = arg(
+        None, "Import path of fn(args, batch, logits, sum_of_sample_mean) -> (loss, metrics) for custom_loss."
+    )
+    disable_compute_advantages_and_returns: bool = arg(False, "Skip advantage computation (SFT / custom).")
+    custom_advantage_function_path: str | None = arg(
+        None, "Import path of fn(args, rollout_data) setting advantages and returns."
+    )
+    eps_clip: float = arg(0.2, "PPO clip range epsilon (lower).", ge=0)
+    eps_clip_high: float | None = arg(None, "PPO clip range upper epsilon (default: --eps-clip).", ge=0)
+    eps_clip_c: float | None = arg(None, "Dual-clip constant c (> 1) bounding the loss for negative advantages.")
+    value_clip: float = arg(0.2, "Value-function clip range for the critic.", ge=0)
+    kl_coef: float = arg(0.0, "KL penalty coefficient in the reward (reward shaping).", ge=0)
+    use_kl_loss: bool = arg(False, "Add a KL(actor || ref) loss term.")
+    kl_loss_coef: float = arg(0.0, "Coefficient of the KL loss term.", ge=0)
+    kl_loss_type: KlType = arg("k1", "KL estimator: k1, k2, k3 or low_var_kl (clamped k3).")
+    use_unbiased_kl: bool = arg(False, "Importance-weight the KL estimate by exp(logp - logp_old) (DeepSeek-V3.2).")
+    ref_update_interval: int | None = arg(None, "Copy actor weights into the ref model every this many rollouts.")
+    entropy_coef: float = arg(0.0, "Entropy bonus coefficient.", ge=0)
+    gamma: float = arg(1.0, "Discount factor for PPO / REINFORCE++ returns.", ge=0, le=1)
+    lambd: float = arg(1.0, "GAE lambda.", ge=0, le=1)
+    normalize_advantages: bool = arg(False, "Whiten advantages over the batch (masked mean/std).")
+    disable_grpo_std_normalization: bool = arg(False, "GRPO: only subtract the group mean (Dr.GRPO).")
+    disable_rewards_normalization: bool = arg(False, "Do not group-normalize rewards.")
+    use_rollout_entropy: bool = arg(False, "Report the entropy of the rollout engine distribution.")
+    get_mismatch_metrics: bool = arg(False, "Compute train/inference mismatch metrics (needs a custom TIS fn).")
+    use_rollout_logprobs: bool = arg(False, "Use engine log-probs as the old policy instead of recomputing.")
+    use_tis: bool = arg(False, "Truncated importance sampling for the train/inference mismatch.")
+    tis_clip: float = arg(2.0, "Upper clip of the TIS weight.", gt=0)
+    tis_clip_low: float = arg(0.0, "Lower clip of the TIS weight.", ge=0)
+    custom_tis_function_path: str | None = arg(None, "Import path of a custom TIS/MIS weighting function.")
+    custom_pg_loss_reducer_function_path: str | None = arg(
+        None, "Import path of get_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss)."
+    )
+    calculate_per_token_loss: bool = arg(False, "Average the loss over all tokens instead of per sample.")
+    use_opsm: bool = arg(False, "Off-policy sequence masking of negative-advantage tokens.")
+    opsm_delta: float = arg(1e-4, "OPSM sequence-KL threshold.", ge=0)
+    use_routing_replay: bool = arg(False, "MoE: replay routing of the old-logprob forward in training.")
+    use_rollout_routing_replay: bool = arg(False, "MoE: replay the engine routing in training (R3).")
+    num_critic_only_steps: int = arg(0, "Rollouts that train only the critic at the start (PPO).", ge=0)
+    use_opd: bool = arg(False, "On-policy distillation term in the advantages.")
+    opd_type: Literal["sglang", "megatron"] | None = arg(None, "Where the OPD teacher runs.")
+    opd_kl_coef: float = arg(1.0, "OPD coefficient.", ge=0)
+    opd_teacher_load: str | None = arg(None, "Teacher checkpoint for --opd-type megatron.")
+    opd_teacher_ckpt_step: int | None = arg(None, "Teacher checkpoint step.")
+    true_on_policy_mode: bool = arg(False, "Align trainer and engine numerics exactly (FSDP).")
+
+
+class OptimizerArgs(ArgsGroup):
+    """Optimizer and LR schedule (both backends read these; Megatron gets them mapped)."""
+
+    lr: float = arg(1e-6, "Learning rate.", gt=0)
+    min_lr: float = arg(0.0, "Minimum learning rate of the decay schedule.", ge=0)
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = arg(
+        "constant", "Learning-rate decay style."
+    )
+    lr_decay_iters: int | None = arg(None, "Decay iterations (default: all training steps).", ge=1)
+    lr_warmup_iters: int = arg(0, "Warmup steps.", ge=0)
+    lr_warmup_fraction: float | None = arg(None, "Warmup as a fraction of the decay steps.", ge=0, le=1)
+    lr_warmup_init: float = arg(0.0, "Initial warmup learning rate.", ge=0)
+    optimizer: Literal["adam", "sgd"] = arg("adam", "Optimizer.")
+    weight_decay: float = arg(0.0, "Weight decay.", ge=0)
+    adam_beta1: float = arg(0.9, "Adam beta1.", ge=0, lt=1)
+    adam_beta2: float = arg(0.95, "Adam beta2.", ge=0, lt=1)
+    adam_eps: float = arg(1e-8, "Adam epsilon.", gt=0)
+    clip_grad: float = arg(1.0, "Gradient-norm clip (0: off).", ge=0)
+    seed: int = arg(1234, "Random seed of the trainer.")
+    reset_optimizer_states: bool = arg(False, "Zero the optimizer moments at every rollout.")
+    use_stateless_adam: bool = arg(False, "Adam without persisted moments.")
+    bf16: bool = arg(False, "Train in bfloat16 (mixed precision).")
+    fp16: bool = arg(False, "Train in float16 (mixed precision).")
+    only_train_params_name_list: list[str] | None = arg(None, "Regexes of the only parameters to train.")
+    freeze_params_name_list: list[str] | None = arg(None, "Regexes of parameters to freeze.")
+    log_probs_chunk_size: int = arg(-1, "Chunk size of the log-prob computation (-1: no chunking).")
+    recompute_loss_function: bool = arg(False, "Activation-checkpoint the loss function.")
+
+
+class FsdpArgs(ArgsGroup):
+    """FSDP2 backend specifics (`slime-features.md` §8)."""
+
+    attn_implementation: str = arg("sdpa", "HF attention implementation (sdpa, eager, flash_attention_2, ...).")
+    gradient_checkpointing: bool = arg(False, "HF gradient checkpointing.")
+    fsdp_cpu_offload: bool = arg(False, "Keep parameters, gradients and optimizer states on CPU (FSDP2 offload).")
+    fsdp_state_dict_cpu_offload: bool = arg(False, "Gather full state dicts to CPU.")
+    fsdp_cpu_backend: str = arg("gloo", "Process-group backend for CPU tensors.")
+    deterministic_mode: bool = arg(False, "Use deterministic torch algorithms.")
+
+
+class CheckpointArgs(ArgsGroup):
+    """Loading and saving (`slime-features.md` §7, §8, §11)."""
+
+    load: str | None = arg(None, "Checkpoint directory to resume the actor from.")
+    ref_load: str | None = arg(None, "Reference model checkpoint (default: --hf-checkpoint).")
+    ref_ckpt_step: int | None = arg(None, "Step of the reference checkpoint to load.")
+    ckpt_step: int | None = arg(None, "Step of the --load checkpoint to load (default: latest).")
+    save: str | None = arg(None, "Directory for checkpoints.")
+    save_interval: int | None = arg(None, "Save every this many rollouts (needs --save).", ge=1)
+    async_save: bool = arg(False, "Save checkpoints asynchronously.")
+    no_save_optim: bool = arg(False, "Do not save optimizer state.")
+    no_load_optim: bool = arg(False, "Do not load optimizer state.")
+    no_load_rng: bool = arg(False, "Do not load RNG state.")
+    save_hf: str | None = arg(None, "Also export HF checkpoints to this path ({rollout_id} is substituted).")
+    release_train: bool = arg(False, "Kill and recreate trainer processes from the saved checkpoint every step.")
+    megatron_config_path: str | None = arg(None, "YAML with Megatron settings for multi-model setups.")
+    custom_model_provider_path: str | None = arg(None, "Import path of a custom Megatron model provider.")
+    custom_megatron_init_path: str | None = arg(None, "Import path of a hook run after Megatron initialization.")
+    custom_megatron_before_log_prob_hook_path: str | None = arg(None, "Import path of a hook before log-probs.")
+    custom_megatron_before_train_step_hook_path: str | None = arg(None, "Import path of a hook before train steps.")

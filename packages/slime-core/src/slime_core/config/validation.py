@@ -1,0 +1,304 @@
+"""Cross-field validation and derived defaults of `SlimeArgs` (`slime-features.md` §9 "Validation").
+
+`derive_and_validate(args)` runs once per validation, in a fixed order (placement before batch
+sizes before algorithm rules), fills the defaults that depend on other flags and raises
+`ConfigError` naming the flags on the first broken rule. Every derivation is idempotent, so a
+validated config survives `to_dict()` / `from_dict()` unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from slime_core.config.base import ConfigError, warn_once
+
+if TYPE_CHECKING:
+    from slime_core.config.args import SlimeArgs
+
+__all__ = ["derive_and_validate"]
+
+logger = logging.getLogger(__name__)
+
+
+def derive_and_validate(args: SlimeArgs) -> None:
+    """Fills derived defaults on `args` in place and checks every cross-field rule.
+
+    Raises:
+        ConfigError: A rule is broken; the message names the flags involved.
+    """
+    _engines(args)
+    _debug_modes(args)
+    _placement(args)
+    _batch_sizes(args)
+    _num_rollout(args)
+    _algorithm(args)
+    _dynamic_batch(args)
+    _lengths(args)
+    _eval(args)
+    _checkpoint_and_dumps(args)
+    _weight_sync(args)
+    _opd(args)
+    _passthrough(args)
+
+
+def _cuda_available() -> bool:
+    import torch  # Imported lazily: only needed to resolve "auto" defaults.
+
+    return torch.cuda.is_available()
+
+
+def _engines(args: SlimeArgs) -> None:
+    if args.rollout_engine is None:
+        args.rollout_engine = "sglang" if _cuda_available() else "reference"
+    if args.engine_python is None:
+        args.engine_python = sys.executable
+    if args.rollout_external_engine_addrs:
+        urls = [a if "://" in a else f"http://{a}" for a in args.rollout_external_engine_addrs]
+        if args.rollout_engine_urls and args.rollout_engine_urls != urls:
+            raise ConfigError("--rollout-external-engine-addrs and --rollout-engine-urls disagree; give only one")
+        args.rollout_engine_urls = urls
+    given = [
+        flag
+        for flag, value in (
+            ("--sglang-config", args.sglang_config),
+            ("--prefill-num-servers", args.prefill_num_servers),
+            ("--rollout-engine-urls", args.rollout_engine_urls),
+        )
+        if value
+    ]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} are mutually exclusive")
+
+
+def _debug_modes(args: SlimeArgs) -> None:
+    if args.load_debug_rollout_data is not None:
+        args.debug_train_only = True
+    if args.debug_rollout_only and args.debug_train_only:
+        raise ConfigError("--debug-rollout-only and --debug-train-only (or --load-debug-rollout-data) are exclusive")
+    if args.debug_rollout_only and (args.colocate or args.offload):
+        # No trainer runs, so there is nothing to share GPUs with or to offload.
+        warn_once("debug_rollout_colocate", "--debug-rollout-only: ignoring --colocate/--offload (no trainer runs)")
+        args.colocate = False
+        args.offload = False
+        args.offload_train = False
+        args.offload_rollout = False
+
+
+def _placement(args: SlimeArgs) -> None:
+    implied = args.colocate or args.offload
+    if args.offload_train is None:
+        args.offload_train = implied
+    if args.offload_rollout is None:
+        args.offload_rollout = implied
+    if args.fsdp_cpu_offload and args.offload_train and args.train_backend == "fsdp":
+        # Parameters already live on CPU with --fsdp-cpu-offload; moving them again is useless.
+        warn_once("fsdp_cpu_offload", "--fsdp-cpu-offload: disabling --offload-train (parameters already on CPU)")
+        args.offload_train = False
+    actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if args.colocate and args.rollout_num_gpus is None:
+        args.rollout_num_gpus = actor_gpus
+    if args.colocate and args.rollout_num_gpus is not None and 0 < args.rollout_num_gpus < actor_gpus:
+        raise ConfigError(
+            f"--rollout-num-gpus {args.rollout_num_gpus} is smaller than the {actor_gpus} actor GPUs; "
+            "with --colocate it must be 0 or at least --actor-num-nodes * --actor-num-gpus-per-node"
+        )
+    if args.advantage_estimator == "ppo":
+        if args.critic_num_nodes is None:
+            args.critic_num_nodes = args.actor_num_nodes
+        if args.critic_num_gpus_per_node is None:
+            args.critic_num_gpus_per_node = args.actor_num_gpus_per_node
+
+
+def _batch_sizes(args: SlimeArgs) -> None:
+    rbs, n = args.rollout_batch_size, args.n_samples_per_prompt
+    total = rbs * n
+    if args.over_sampling_batch_size is None:
+        args.over_sampling_batch_size = rbs
+    if args.over_sampling_batch_size < rbs:
+        raise ConfigError(
+            f"--over-sampling-batch-size ({args.over_sampling_batch_size}) must be >= --rollout-batch-size ({rbs})"
+        )
+    steps, gbs = args.num_steps_per_rollout, args.global_batch_size
+    if steps is None and gbs is None:
+        steps = 1
+    if steps is not None:
+        if total % steps:
+            raise ConfigError(
+                f"--num-steps-per-rollout {steps} does not divide --rollout-batch-size * --n-samples-per-prompt "
+                f"= {rbs} * {n} = {total}"
+            )
+        if gbs is not None and gbs * steps != total:
+            raise ConfigError(
+                f"--global-batch-size {gbs} * --num-steps-per-rollout {steps} != --rollout-batch-size * "
+                f"--n-samples-per-prompt = {rbs} * {n} = {total}"
+            )
+        gbs = total // steps
+    else:
+        assert gbs is not None
+        if total % gbs:
+            raise ConfigError(
+                f"--global-batch-size {gbs} does not divide --rollout-batch-size * --n-samples-per-prompt "
+                f"= {rbs} * {n} = {total}"
+            )
+        steps = total // gbs
+    args.global_batch_size, args.num_steps_per_rollout = gbs, steps
+    if gbs % args.micro_batch_size:
+        raise ConfigError(f"--micro-batch-size {args.micro_batch_size} does not divide --global-batch-size {gbs}")
+
+
+def _num_rollout(args: SlimeArgs) -> None:
+    if args.num_rollout is None and args.num_epoch is None:
+        raise ConfigError("one of --num-rollout or --num-epoch is required")
+    if args.num_rollout is not None and args.num_epoch is not None:
+        warn_once("num_epoch_ignored", "both --num-rollout and --num-epoch given; --num-epoch is ignored")
+    if args.num_rollout is None and args.disable_rollout_global_dataset:
+        raise ConfigError("--num-epoch needs a prompt dataset; it cannot be used with --disable-rollout-global-dataset")
+
+
+def _algorithm(args: SlimeArgs) -> None:
+    if args.n_samples_per_prompt == 1 and not args.disable_grpo_std_normalization:
+        # The std of a single-sample group is 0; normalizing by it would divide by zero.
+        args.disable_grpo_std_normalization = True
+    if args.kl_coef != 0 and args.kl_loss_coef != 0:
+        raise ConfigError("--kl-coef and --kl-loss-coef cannot both be non-zero (reward KL vs loss KL)")
+    if args.kl_loss_coef != 0 and not args.use_kl_loss:
+        warn_once("kl_loss_coef", "--kl-loss-coef has no effect without --use-kl-loss")
+    if args.with_ref and args.ref_load is None and args.hf_checkpoint is None:
+        raise ConfigError("--use-kl-loss / --kl-coef need a reference model: give --ref-load or --hf-checkpoint")
+    if args.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        if not args.normalize_advantages:
+            raise ConfigError(f"--advantage-estimator {args.advantage_estimator} requires --normalize-advantages")
+    if args.eps_clip_high is None:
+        args.eps_clip_high = args.eps_clip
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
+        raise ConfigError(f"--eps-clip-c must be > 1 (dual clip), got {args.eps_clip_c}")
+    if args.advantage_estimator == "cispo" and args.eps_clip < 1.0:
+        warn_once("cispo_eps", f"CISPO with --eps-clip {args.eps_clip} < 1; the canonical setting is --eps-clip 1")
+    if args.use_rollout_logprobs and args.use_tis:
+        raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
+    if args.get_mismatch_metrics and args.custom_tis_function_path is None:
+        raise ConfigError("--get-mismatch-metrics requires --custom-tis-function-path")
+    if args.tis_clip_low > args.tis_clip:
+        raise ConfigError(f"--tis-clip-low ({args.tis_clip_low}) must be <= --tis-clip ({args.tis_clip})")
+    if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
+        raise ConfigError("--loss-type custom_loss requires --custom-loss-function-path")
+    if args.num_critic_only_steps > 0 and args.advantage_estimator != "ppo":
+        raise ConfigError("--num-critic-only-steps needs --advantage-estimator ppo (a critic)")
+    if args.use_rollout_routing_replay:
+        args.use_routing_replay = True
+    if args.only_train_params_name_list and args.freeze_params_name_list:
+        raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
+    if args.bf16 and args.fp16:
+        raise ConfigError("--bf16 and --fp16 are mutually exclusive")
+    if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
+        warn_once("mask_offpolicy", "--mask-offpolicy-in-partial-rollout has no effect without --partial-rollout")
+
+
+def _dynamic_batch(args: SlimeArgs) -> None:
+    if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
+        raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
+    if args.log_probs_max_tokens_per_gpu is None:
+        args.log_probs_max_tokens_per_gpu = args.max_tokens_per_gpu
+    if args.balance_by_flops:
+        if not args.use_dynamic_batch_size:
+            raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
+        args.balance_data = True
+
+
+def _lengths(args: SlimeArgs) -> None:
+    ctx = args.rollout_max_context_len
+    if ctx is not None:
+        if args.rollout_max_prompt_len is None:
+            args.rollout_max_prompt_len = ctx - 1
+        elif args.rollout_max_prompt_len > ctx - 1:
+            raise ConfigError(
+                f"--rollout-max-prompt-len ({args.rollout_max_prompt_len}) must be <= --rollout-max-context-len - 1 "
+                f"({ctx - 1})"
+            )
+    if args.eval_max_context_len is None:
+        args.eval_max_context_len = ctx
+
+
+def _eval(args: SlimeArgs) -> None:
+    data = args.eval_prompt_data
+    if data is not None and (len(data) == 0 or len(data) % 2):
+        raise ConfigError(f"--eval-prompt-data takes pairs 'name path [name path ...]', got {len(data)} values")
+    if data is not None:
+        names = data[0::2]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--eval-prompt-data: duplicate dataset names in {names}")
+    if args.eval_interval is not None and not data and args.eval_config is None:
+        raise ConfigError("--eval-interval requires --eval-prompt-data or --eval-config")
+
+
+def _checkpoint_and_dumps(args: SlimeArgs) -> None:
+    if args.save_interval is not None and args.save is None:
+        raise ConfigError("--save-interval requires --save")
+    if args.release_train:
+        if args.save is None:
+            raise ConfigError("--release-train requires --save (trainers are recreated from the checkpoint)")
+        if args.advantage_estimator == "ppo" or args.keep_old_actor:
+            raise ConfigError("--release-train is incompatible with a critic (ppo) and --keep-old-actor")
+        if args.save_interval is None:
+            args.save_interval = 1
+    if args.dump_details is not None:
+        if args.save_debug_rollout_data is None:
+            args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
+        if args.save_debug_train_data is None:
+            args.save_debug_train_data = os.path.join(args.dump_details, "train_data", "{rollout_id}.pt")
+    if args.save_debug_rollout_data is not None and args.save_debug_rollout_data == args.save_debug_train_data:
+        raise ConfigError("--save-debug-rollout-data and --save-debug-train-data must be different paths")
+
+
+def _weight_sync(args: SlimeArgs) -> None:
+    if args.update_weight_transport == "disk" and args.update_weight_disk_dir is None:
+        raise ConfigError("--update-weight-transport disk requires --update-weight-disk-dir")
+    if args.weight_sync == "auto":
+        if args.update_weight_transport == "disk":
+            args.weight_sync = "disk"
+        elif args.colocate:
+            args.weight_sync = "tensor"
+        elif args.update_weight_transport == "nccl" or (args.rollout_engine == "sglang" and _cuda_available()):
+            args.weight_sync = "distributed"
+        else:
+            args.weight_sync = "disk"
+    if args.release_train and args.weight_sync != "disk":
+        raise ConfigError("--release-train requires disk weight sync (--weight-sync disk)")
+
+
+def _opd(args: SlimeArgs) -> None:
+    if not args.use_opd:
+        return
+    if args.opd_type is None:
+        raise ConfigError("--use-opd requires --opd-type (sglang or megatron)")
+    if args.opd_type == "megatron" and args.opd_teacher_load is None:
+        raise ConfigError("--opd-type megatron requires --opd-teacher-load")
+    if args.opd_type == "sglang" and args.opd_teacher_load is not None:
+        raise ConfigError("--opd-teacher-load is only for --opd-type megatron (sglang teachers are served at --rm-url)")
+
+
+def _passthrough(args: SlimeArgs) -> None:
+    pp = _sglang_int(args, "pp_size", 1)
+    if args.rollout_num_gpus_per_engine % pp:
+        raise ConfigError(
+            f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} must be divisible by --sglang-pp-size {pp}"
+        )
+    if _sglang_int(args, "dp_size", 1) > 1 and not args.sglang_args.get("enable_dp_attention"):
+        raise ConfigError("--sglang-dp-size > 1 requires --sglang-enable-dp-attention")
+    if args.megatron_args and args.train_backend != "megatron":
+        flags = sorted({t.split("=", 1)[0] for t in args.megatron_args if t.startswith("--")})
+        warn_once(
+            "megatron_args_fsdp",
+            f"--train-backend {args.train_backend}: Megatron flags have no effect and are ignored: {' '.join(flags)}",
+        )
+
+
+def _sglang_int(args: SlimeArgs, key: str, default: int) -> int:
+    value = args.sglang_args.get(key, default)
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"--sglang-{key.replace('_', '-')}: expected an integer, got {value!r}") from None

@@ -1,0 +1,88 @@
+"""Loading user plugins given as import paths (`--custom-rm-path my_pkg.rewards.score`).
+
+Plugins keep the original slime signatures (e.g. `async def custom_rm(args, sample) -> float`);
+`call_maybe_async` lets callers accept both sync and async implementations.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+__all__ = ["PluginError", "call_maybe_async", "load_function"]
+
+logger = logging.getLogger(__name__)
+
+
+class PluginError(ImportError):
+    """A plugin import path could not be resolved; the message names the flag and what was missing."""
+
+
+def _split_path(path: str, flag: str) -> tuple[str, str]:
+    if not isinstance(path, str) or not path.strip():
+        raise PluginError(f"{flag}: expected an import path like 'package.module.function', got {path!r}")
+    path = path.strip()
+    if ":" in path:
+        module_name, _, attr = path.partition(":")
+    else:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise PluginError(
+            f"{flag}: {path!r} is not an import path; use 'package.module.function' or 'package.module:function'"
+        )
+    return module_name, attr
+
+
+@cache
+def _load(path: str, flag: str) -> Any:
+    module_name, attr_path = _split_path(path, flag)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        # Distinguish "the plugin module is missing" from "the plugin module imports something missing".
+        if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise PluginError(f"{flag}: module {module_name!r} not found (from {path!r})") from e
+        raise PluginError(f"{flag}: importing module {module_name!r} failed: {e}") from e
+    except Exception as e:
+        raise PluginError(f"{flag}: importing module {module_name!r} failed: {type(e).__name__}: {e}") from e
+    obj: Any = module
+    for part in attr_path.split("."):  # `module:Class.method` style nested attributes.
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise PluginError(f"{flag}: module {module_name!r} has no attribute {attr_path!r} (from {path!r})") from e
+    return obj
+
+
+def load_function(path: str, *, flag: str) -> Callable[..., Any]:
+    """Imports the callable named by `path` (cached per path).
+
+    Args:
+        path: `package.module.attr` or `package.module:attr` (the attribute may be dotted after `:`,
+            e.g. `pkg.mod:Class.method`).
+        flag: The flag that gave the path (e.g. `--custom-rm-path`), used in error messages.
+
+    Returns:
+        The callable (function or class).
+
+    Raises:
+        PluginError: (an `ImportError`) the path is malformed, the module is missing or fails to
+            import, the attribute is missing, or the object is not callable. The original
+            exception is chained as `__cause__`.
+    """
+    obj = _load(path, flag)
+    if not callable(obj):
+        raise PluginError(f"{flag}: {path!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Calls `fn` and awaits the result when it is awaitable (sync and async plugins alike)."""
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
