@@ -1,0 +1,165 @@
+"""Resumable checkpoints with torch.distributed.checkpoint (DCP).
+
+Layout under `--save` (as the original FSDP backend):
+
+    iter_{rollout_id + 1:07d}/
+        model_and_optim/      DCP shards of {"model", "optim"} (sharded state dicts, no gather)
+        scheduler.pt          LR scheduler state
+        rng_{rank}.pt         torch (and CUDA) RNG state of each rank
+        meta.json             {rollout_id, next_rollout_id, global_step, world_size}
+    latest_checkpointed_iteration.txt
+
+Atomicity: everything is written into `iter_XXXXXXX.tmp`, renamed to its final name by rank 0 after all ranks
+finished, and only then is the tracker file replaced (temp file + `os.replace`). A run killed mid-save leaves
+the previous checkpoint as `latest`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import shutil
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TRACKER", "load_checkpoint", "save_checkpoint"]
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def _write_text_atomic(path: pathlib.Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def save_checkpoint(
+    save_dir: str | pathlib.Path,
+    *,
+    rollout_id: int,
+    global_step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    save_optim: bool = True,
+) -> pathlib.Path:
+    """Writes the checkpoint of `rollout_id` (collective: every rank calls it).
+
+    Args:
+        save_dir: `--save`.
+        rollout_id: the rollout just trained; the run resumes at `rollout_id + 1`.
+        global_step: optimizer steps taken so far.
+        model: the sharded model.
+        optimizer: its optimizer.
+        scheduler: its LR scheduler.
+        save_optim: False skips optimizer and scheduler state (`--no-save-optim`).
+
+    Returns:
+        The final checkpoint directory.
+    """
+    root = pathlib.Path(save_dir)
+    rank = dist.get_rank()
+    final = root / f"iter_{rollout_id + 1:07d}"
+    tmp = root / f"iter_{rollout_id + 1:07d}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd} if save_optim else {"model": model_sd}
+    dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
+    torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
+    if rank == 0:
+        if save_optim:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        meta = {
+            "rollout_id": rollout_id,
+            "next_rollout_id": rollout_id + 1,
+            "global_step": global_step,
+            "world_size": dist.get_world_size(),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    dist.barrier()
+    if rank == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _write_text_atomic(root / TRACKER, str(rollout_id + 1))
+    dist.barrier()
+    logger.info("saved checkpoint %s", final)
+    return final
+
+
+def load_checkpoint(
+    load_dir: str | pathlib.Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ckpt_step: int | None = None,
+    load_optim: bool = True,
+    load_rng: bool = True,
+) -> dict[str, Any] | None:
+    """Restores a checkpoint written by `save_checkpoint` (collective).
+
+    Args:
+        load_dir: `--load`.
+        model: the sharded model (same world size not required: DCP reshards).
+        optimizer: its optimizer.
+        scheduler: its LR scheduler.
+        ckpt_step: `--ckpt-step`, the `iter_` number to load; the tracker's value when None.
+        load_optim: False leaves optimizer/scheduler fresh (`--no-load-optim`).
+        load_rng: False keeps the current RNG (`--no-load-rng`).
+
+    Returns:
+        The checkpoint's `meta.json`, or None when `load_dir` holds no checkpoint.
+
+    Raises:
+        FileNotFoundError: when `ckpt_step` names a missing checkpoint.
+    """
+    root = pathlib.Path(load_dir)
+    if ckpt_step is None:
+        tracker = root / TRACKER
+        if not tracker.exists():
+            logger.warning("--load %s has no %s; starting from the HF checkpoint", root, TRACKER)
+            return None
+        ckpt_step = int(tracker.read_text().strip())
+    path = root / f"iter_{ckpt_step:07d}"
+    if not (path / "meta.json").exists():
+        raise FileNotFoundError(f"--load {root}: checkpoint {path} is missing or incomplete")
+    meta = json.loads((path / "meta.json").read_text())
+    has_optim = (path / "scheduler.pt").exists()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd} if (load_optim and has_optim) else {"model": model_sd}
+    dcp.load(state, checkpoint_id=str(path / "model_and_optim"))
+    if "optim" in state:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        set_model_state_dict(model, state["model"])
+    if load_optim and has_optim:
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    rng_file = path / f"rng_{dist.get_rank()}.pt"
+    if load_rng and rng_file.exists():
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    dist.barrier()
+    logger.info("loaded checkpoint %s (next rollout %d)", path, meta["next_rollout_id"])
+    return meta

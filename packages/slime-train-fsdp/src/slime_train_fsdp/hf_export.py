@@ -1,0 +1,146 @@
+"""Full tensors under Hugging Face names, bucket by bucket, from a sharded model.
+
+`iter_hf_buckets` gathers one parameter at a time (`DTensor.full_tensor()`, a collective: every rank must
+iterate in lockstep) and groups them into buckets of at most `bucket_bytes` (a tensor larger than the budget
+gets a bucket of its own). At no point does a rank hold more than one bucket of full tensors.
+`save_hf` writes those buckets from rank 0 as safetensors shards with an index, plus the config/tokenizer
+files of the source checkpoint, so `AutoModelForCausalLM.from_pretrained` loads the result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import shutil
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["iter_hf_buckets", "save_hf"]
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+def _hf_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Parameters and persistent buffers by HF name; a tied `lm_head.weight` is skipped as HF does."""
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        yield name, tensor
+
+
+def iter_hf_buckets(
+    model: nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yields buckets of full tensors (collective over the model's mesh).
+
+    Args:
+        model: FSDP2-sharded HF causal LM.
+        bucket_bytes: maximum bytes of a bucket (`--update-weight-buffer-size`); a single larger tensor is
+            yielded alone.
+        dtype: cast the full tensors to this dtype (e.g. the checkpoint's bf16); keep the master dtype if None.
+
+    Yields:
+        Lists of `(hf_name, full_tensor)` on this rank's device; identical on every rank.
+
+    Raises:
+        ValueError: when `bucket_bytes` is not positive.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size (--update-weight-buffer-size) must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in _hf_named_tensors(model):
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        full = full.detach()
+        if dtype is not None:
+            full = full.to(dtype)
+        nbytes = full.numel() * full.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, full))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def _copy_assets(src: pathlib.Path, dst: pathlib.Path) -> None:
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy2(f, dst / f.name)
+
+
+def save_hf(
+    model: nn.Module,
+    path: str | pathlib.Path,
+    *,
+    source_dir: str | pathlib.Path,
+    max_shard_bytes: int = 5 * 1024**3,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Exports the model as an HF checkpoint directory (collective; rank 0 writes).
+
+    Written to `path.tmp` then renamed. Shards are `model-XXXXX-of-YYYYY.safetensors` with
+    `model.safetensors.index.json`, or a single `model.safetensors` when one shard suffices.
+
+    Args:
+        model: FSDP2-sharded HF causal LM.
+        path: output directory (replaced if it exists).
+        source_dir: `--hf-checkpoint`, whose config/tokenizer/generation files are copied.
+        max_shard_bytes: shard size budget.
+        dtype: cast weights to this dtype (default: the source config's `dtype`, else the master dtype).
+    """
+    from safetensors.torch import save_file
+
+    out = pathlib.Path(path)
+    tmp = out.with_name(out.name + ".tmp")
+    rank = dist.get_rank()
+    if dtype is None:
+        dtype = getattr(model.config, "dtype", None)
+        dtype = dtype if isinstance(dtype, torch.dtype) else None
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    shards: list[tuple[str, list[str]]] = []
+    total = 0
+    for i, bucket in enumerate(iter_hf_buckets(model, max_shard_bytes, dtype=dtype)):
+        if rank == 0:
+            name = f"shard-{i:05d}.safetensors"
+            save_file({k: v.cpu().contiguous() for k, v in bucket}, str(tmp / name), metadata={"format": "pt"})
+            shards.append((name, [k for k, _ in bucket]))
+            total += sum(v.numel() * v.element_size() for _, v in bucket)
+    if rank == 0:
+        _finish_shards(tmp, shards, total)
+        _copy_assets(pathlib.Path(source_dir), tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        logger.info("exported HF checkpoint to %s (%d shards)", out, len(shards))
+    dist.barrier()
+
+
+def _finish_shards(tmp: pathlib.Path, shards: list[tuple[str, list[str]]], total: int) -> None:
+    """Renames shards to HF's names and writes the index when there is more than one."""
+    if len(shards) == 1:
+        os.replace(tmp / shards[0][0], tmp / "model.safetensors")
+        return
+    weight_map = {}
+    for i, (name, keys) in enumerate(shards):
+        final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        os.replace(tmp / name, tmp / final)
+        weight_map.update(dict.fromkeys(keys, final))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

@@ -1,0 +1,83 @@
+"""Megatron-style learning-rate schedule counted in optimizer steps.
+
+Linear warmup from 0 to `--lr` over `--lr-warmup-iters` steps, then decay to `--min-lr` over the remaining
+`decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine), then flat at `--min-lr`.
+`decay_iters` is `--lr-decay-iters` when set, else the run's total optimizer steps
+`num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["build_lr_scheduler", "lr_at_step"]
+
+_STYLES = ("constant", "linear", "cosine")
+
+
+def lr_at_step(step: int, *, lr: float, min_lr: float, warmup: int, decay_iters: int, style: str) -> float:
+    """Learning rate used by optimizer step `step` (0-based).
+
+    Args:
+        step: number of optimizer steps already taken.
+        lr: peak rate (`--lr`).
+        min_lr: floor after decay (`--min-lr`).
+        warmup: warmup steps (`--lr-warmup-iters`); the rate is `lr * (step + 1) / warmup` during warmup.
+        decay_iters: step at which decay reaches `min_lr`.
+        style: `constant`, `linear` or `cosine` (`--lr-decay-style`).
+
+    Returns:
+        The learning rate.
+
+    Raises:
+        ValueError: on an unknown style.
+    """
+    if style not in _STYLES:
+        raise ValueError(f"--lr-decay-style must be one of {_STYLES}, got {style!r}")
+    if warmup > 0 and step < warmup:
+        return lr * (step + 1) / warmup
+    if style == "constant":
+        return lr
+    span = max(decay_iters - warmup, 1)
+    frac = min(max(step - warmup, 0) / span, 1.0)
+    if style == "linear":
+        coeff = 1.0 - frac
+    else:
+        coeff = 0.5 * (math.cos(math.pi * frac) + 1.0)
+    return min_lr + coeff * (lr - min_lr)
+
+
+def _decay_iters(args: Any) -> int:
+    explicit = getattr(args, "lr_decay_iters", None)
+    if explicit:
+        return int(explicit)
+    try:
+        total = args.num_rollout * args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
+    except (AttributeError, TypeError, ZeroDivisionError):
+        total = 0
+    return int(total) if total else 1
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, args: Any) -> torch.optim.lr_scheduler.LambdaLR:
+    """A `LambdaLR` implementing `lr_at_step`; its state dict holds the step count for resume.
+
+    Args:
+        optimizer: optimizer whose param groups have `initial_lr = --lr`.
+        args: reads `lr`, `min_lr` (0), `lr_warmup_iters` (0), `lr_decay_style` (constant), `lr_decay_iters`
+            (None), and `num_rollout`, `rollout_batch_size`, `n_samples_per_prompt`, `global_batch_size`.
+    """
+    lr = float(args.lr)
+    kwargs = dict(
+        lr=lr,
+        min_lr=float(getattr(args, "min_lr", 0.0) or 0.0),
+        warmup=int(getattr(args, "lr_warmup_iters", 0) or 0),
+        decay_iters=_decay_iters(args),
+        style=getattr(args, "lr_decay_style", "constant") or "constant",
+    )
+    lr_at_step(0, **kwargs)  # validates the style early
+    if lr == 0.0:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at_step(step, **kwargs) / lr)

@@ -1,0 +1,184 @@
+"""Building a Hugging Face causal LM sharded with FSDP2.
+
+Rank 0 reads the checkpoint on CPU; the other ranks build the same architecture on the meta device (no
+memory). After `fully_shard` (one unit per decoder layer, then the root), the full state dict of rank 0 is
+scattered with `set_model_state_dict(..., broadcast_from_rank0=True)`, so no rank ever holds a full copy of
+the model on the accelerator. Non-persistent buffers (rotary `inv_freq`) are not in the state dict and are
+broadcast from rank 0 by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "build_fsdp_model",
+    "default_device",
+    "load_hf_weights_into",
+    "read_hf_state_dict",
+]
+
+
+def default_device() -> torch.device:
+    """`cuda:LOCAL_RANK` when CUDA is available, else CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _attn_implementation(args: Any, device: torch.device) -> str:
+    """`--attn-implementation`, defaulting to flash-attention varlen on GPU when installed, else sdpa.
+
+    Both implementations handle packed rows: with `attention_mask=None` and `position_ids` restarting at 0,
+    transformers (>= 5) derives cu_seqlens for flash-attention and a block-diagonal causal mask for sdpa/eager
+    (`masking_utils.find_packed_sequence_indices`).
+    """
+    explicit = getattr(args, "attn_implementation", None)
+    if explicit:
+        return explicit
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            return "sdpa"
+    return "sdpa"
+
+
+def read_hf_state_dict(path: str | pathlib.Path) -> dict[str, torch.Tensor]:
+    """Reads all tensors of an HF checkpoint directory into CPU fp32 memory (rank 0 only).
+
+    Args:
+        path: directory with `model.safetensors` or sharded `model-*.safetensors` (+ index).
+
+    Returns:
+        Mapping from HF parameter name to CPU tensor.
+
+    Raises:
+        FileNotFoundError: when the directory has no safetensors files.
+    """
+    from safetensors.torch import load_file
+
+    files = sorted(pathlib.Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path} (--hf-checkpoint/--ref-load)")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f), device="cpu"))
+    return state
+
+
+def _layer_classes(model: nn.Module) -> tuple[type, ...]:
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    classes = {type(m) for m in model.modules() if type(m).__name__ in names}
+    if not classes:
+        raise ValueError(f"{type(model).__name__} declares no `_no_split_modules`; cannot pick FSDP units")
+    return tuple(classes)
+
+
+def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, args: Any, device: torch.device) -> None:
+    """One FSDP unit per decoder layer, then the root (embeddings, final norm, lm_head stay in the root unit)."""
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if device.type == "cuda":
+        # bf16 compute, fp32 master weights and fp32 gradient reduction.
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if getattr(args, "fsdp_cpu_offload", False):
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+    elif getattr(args, "fsdp_cpu_offload", False):
+        logger.warning("--fsdp-cpu-offload has no effect on CPU")
+    layer_types = _layer_classes(model)
+    for module in model.modules():
+        if isinstance(module, layer_types):
+            fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def _broadcast_buffers(model: nn.Module) -> None:
+    for _, buf in model.named_buffers():
+        dist.broadcast(buf, src=0)
+
+
+def load_hf_weights_into(model: nn.Module, path: str | pathlib.Path) -> None:
+    """Loads an HF checkpoint into an already-sharded model (collective: every rank calls it).
+
+    Rank 0 reads the files; the tensors reach the other ranks shard by shard through
+    `set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)`.
+
+    Args:
+        model: FSDP2-sharded causal LM with HF parameter names.
+        path: HF checkpoint directory.
+
+    Raises:
+        ValueError: when the checkpoint lacks parameters of the model.
+    """
+    state: dict[str, torch.Tensor] = {}
+    if dist.get_rank() == 0:
+        state = read_hf_state_dict(path)
+        expected = set(model.state_dict().keys())
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+        missing = sorted(expected - set(state))
+        if missing:
+            raise ValueError(f"{path}: checkpoint lacks {len(missing)} parameters, e.g. {missing[:3]}")
+        state = {k: v.float() for k, v in state.items() if k in expected}
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def build_fsdp_model(
+    args: Any, path: str | pathlib.Path, device: torch.device, mesh: DeviceMesh | None = None
+) -> tuple[nn.Module, PretrainedConfig]:
+    """Builds the FSDP2-sharded model of an HF checkpoint (collective over the default group).
+
+    Args:
+        args: run config; reads `attn_implementation`, `gradient_checkpointing`, `fsdp_cpu_offload`.
+        path: HF checkpoint directory (`--hf-checkpoint`).
+        device: this rank's compute device.
+        mesh: 1-D data-parallel mesh; built over the whole world when None.
+
+    Returns:
+        (model, config): the sharded `AutoModelForCausalLM` in train mode with fp32 master weights.
+    """
+    config = AutoConfig.from_pretrained(path)
+    attn = _attn_implementation(args, device)
+    if mesh is None:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    # Meta-device construction everywhere; the weights come from rank 0 below.
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    if getattr(args, "gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    _apply_fsdp(model, mesh, args, device)
+    offload = device.type == "cuda" and getattr(args, "fsdp_cpu_offload", False)
+    model.to_empty(device="cpu" if offload else device)
+    _init_buffers(model, config, device)
+    load_hf_weights_into(model, path)
+    model.train()
+    logger.info("loaded %s (%s, attn=%s) sharded over %d ranks", path, type(model).__name__, attn, mesh.size())
+    return model, config
+
+
+def _init_buffers(model: nn.Module, config: PretrainedConfig, device: torch.device) -> None:
+    """Recomputes non-persistent buffers (rotary inv_freq) lost by meta init, then syncs them from rank 0."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            # Rebuild on the real device: inv_freq is computed in __init__ from the config only.
+            fresh = type(module)(config=getattr(module, "config", config), device=device)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(module, name, buf)
+            if hasattr(fresh, "attention_scaling"):
+                module.attention_scaling = fresh.attention_scaling
+    _broadcast_buffers(model)

@@ -1,0 +1,177 @@
+"""Packed variable-length micro-batches and the response log-prob forward pass.
+
+A micro-batch is one row of concatenated sequences (no padding); `position_ids` restart at 0 at every
+sequence start. Hugging Face models (transformers >= 5) then keep attention inside each sequence: flash
+attention derives `cu_seqlens` from the position ids, sdpa/eager build a block-diagonal causal mask
+(`transformers.masking_utils.find_packed_sequence_indices`), provided `attention_mask` is None and no KV cache
+is passed.
+
+Log-probs are computed only at response positions: the decoder's final hidden states are gathered at the
+positions that predict response tokens, then `lm_head` + log-softmax run chunk by chunk over those tokens
+(recomputed in backward), so full `[S, V]` fp32 logits never exist.
+
+Legend: `S` = packed length of a micro-batch, `R` = response tokens in it, `H` = hidden size, `V` = vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import register_fsdp_forward_method
+from torch.utils.checkpoint import checkpoint
+
+from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
+
+__all__ = ["PackedMicroBatch", "install_response_forward", "pack_micro_batch", "split_by_lengths"]
+
+_FORWARD_METHOD = "slime_response_forward"
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class PackedMicroBatch:
+    """One packed micro-batch.
+
+    Attributes:
+        input_ids: `[1, S]` int64 concatenated prompt+response tokens.
+        position_ids: `[1, S]` int64, restarting at 0 per sequence.
+        predict_index: `[R]` int64 positions in the row whose logits predict a response token.
+        targets: `[R]` int64 the response tokens predicted there.
+        sample_ids: local sample positions (indices into the `RolloutBatch` lists), in packing order.
+        response_lengths: `L_i` of each packed sample, in packing order.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    predict_index: torch.Tensor
+    targets: torch.Tensor
+    sample_ids: list[int]
+    response_lengths: list[int]
+
+
+def pack_micro_batch(
+    tokens: list[torch.Tensor], response_lengths: list[int], sample_ids: list[int], device: torch.device
+) -> PackedMicroBatch:
+    """Concatenates the given samples into one row.
+
+    An empty `sample_ids` gives a one-token dummy row with `R = 0` (every rank must still run forward and
+    backward so that FSDP collectives line up).
+
+    Args:
+        tokens: all samples' `[T_i]` int64 token tensors.
+        response_lengths: all samples' `L_i`.
+        sample_ids: which samples to pack.
+        device: where to put the tensors.
+
+    Returns:
+        The packed micro-batch.
+
+    Raises:
+        ValueError: when a response length is not in `[0, T_i - 1]`.
+    """
+    ids, pos, predict, targets = [], [], [], []
+    offset = 0
+    for i in sample_ids:
+        tok = tokens[i].long().reshape(-1)
+        total, resp = int(tok.numel()), int(response_lengths[i])
+        if not 0 <= resp <= total - 1:
+            raise ValueError(f"sample {i}: response_length {resp} must be in [0, {total - 1}] (total {total})")
+        ids.append(tok)
+        pos.append(torch.arange(total))
+        # Logits at position p predict token p + 1: response tokens [T-L, T) come from positions [T-L-1, T-1).
+        predict.append(torch.arange(offset + total - resp - 1, offset + total - 1))
+        targets.append(tok[total - resp :])
+        offset += total
+    if not sample_ids:
+        ids, pos = [torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)]
+        predict, targets = [torch.zeros(0, dtype=torch.long)], [torch.zeros(0, dtype=torch.long)]
+    return PackedMicroBatch(
+        input_ids=torch.cat(ids).unsqueeze(0).to(device),
+        position_ids=torch.cat(pos).unsqueeze(0).to(device),
+        predict_index=torch.cat(predict).to(device),
+        targets=torch.cat(targets).to(device),
+        sample_ids=list(sample_ids),
+        response_lengths=[int(response_lengths[i]) for i in sample_ids],
+    )
+
+
+def split_by_lengths(values: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+    """Splits a `[R]` tensor into per-sample `[L_i]` views."""
+    return list(torch.split(values, lengths)) if lengths else []
+
+
+def _chunk_log_probs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # fp32 logits for one chunk only: [c, V].
+    logits = F.linear(hidden.float(), weight.float())
+    logp = log_probs_from_logits(logits, targets, temperature=temperature)
+    ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else logp.new_zeros(0)
+    return logp, ent
+
+
+def _response_forward(
+    self: nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    predict_index: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward of a packed row: response log-probs `[R]` fp32, entropy `[R]` (or `[0]`), and an anchor.
+
+    The anchor is a zero scalar that depends on every parameter; adding it to the loss keeps backward (and
+    hence FSDP's reduce-scatters) identical on all ranks, also for empty micro-batches.
+    """
+    out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+    hidden = out.last_hidden_state[0]  # [S, H]
+    weight = self.get_output_embeddings().weight  # [V, H], unsharded inside this FSDP forward
+    anchor = (hidden.sum() + weight.sum()).float() * 0.0
+    h_resp = hidden.index_select(0, predict_index)  # [R, H]
+    logps, ents = [], []
+    for start in range(0, int(targets.numel()), chunk_size):
+        args = (h_resp[start : start + chunk_size], weight, targets[start : start + chunk_size])
+        if torch.is_grad_enabled():
+            # Recompute the chunk's logits in backward instead of keeping [c, V] activations per chunk.
+            lp, ent = checkpoint(_chunk_log_probs, *args, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = _chunk_log_probs(*args, temperature, with_entropy)
+        logps.append(lp)
+        ents.append(ent)
+    logp = torch.cat(logps) if logps else hidden.new_zeros(0, dtype=torch.float32)
+    entropy = torch.cat(ents) if ents else hidden.new_zeros(0, dtype=torch.float32)
+    return logp, entropy, anchor
+
+
+def install_response_forward(model: nn.Module) -> None:
+    """Adds `model.slime_response_forward(...)` and registers it as an FSDP forward method.
+
+    Registration makes FSDP all-gather the root unit's parameters (embeddings, final norm, `lm_head`) around
+    the call and hook its backward, exactly as for `model.forward`.
+    """
+    setattr(model, _FORWARD_METHOD, types.MethodType(_response_forward, model))
+    register_fsdp_forward_method(model, _FORWARD_METHOD)
+
+
+def response_log_probs(
+    model: nn.Module, mb: PackedMicroBatch, *, temperature: float, chunk_size: int, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Runs the installed forward on a packed micro-batch.
+
+    Args:
+        model: sharded causal LM prepared by `install_response_forward`.
+        mb: the packed micro-batch.
+        temperature: `--rollout-temperature`; logits are divided by it before the softmax.
+        chunk_size: response tokens per `lm_head` chunk (> 0).
+        with_entropy: also return the per-token entropy.
+
+    Returns:
+        (log_probs `[R]` fp32, entropy `[R]` fp32 or `[0]`, anchor scalar 0 connected to every parameter).
+    """
+    fn = getattr(model, _FORWARD_METHOD)
+    return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, temperature, chunk_size, with_entropy)
