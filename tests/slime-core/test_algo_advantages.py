@@ -1,0 +1,262 @@
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from slime_core.algorithms import (
+    apply_whitening,
+    compute_advantages_and_returns,
+    compute_approx_kl,
+    discounted_cumsum,
+    whitening_stats,
+)
+
+# Tolerances: serial-loop references in float64, results float32: atol 1e-5 (1e-4 for long scans).
+
+
+def _args(**kw):
+    base = dict(
+        advantage_estimator="grpo", kl_coef=0.0, kl_loss_type="k1", gamma=1.0, lambd=1.0, n_samples_per_prompt=2
+    )
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def _serial_discounted(x, discount):
+    out, running = [0.0] * len(x), 0.0
+    for t in reversed(range(len(x))):
+        running = x[t] + discount * running
+        out[t] = running
+    return out
+
+
+@pytest.mark.parametrize("length", [1, 5, 128, 129, 300])
+@pytest.mark.parametrize("discount", [0.0, 0.9, 0.99, 1.0])
+def test_discounted_cumsum_vs_serial_loop(length, discount):
+    x = torch.randn(length, generator=torch.Generator().manual_seed(length))
+    expected = torch.tensor(_serial_discounted(x.double().tolist(), discount), dtype=torch.float64)
+    out = discounted_cumsum(x, discount)
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-5)
+    # a tiny chunk forces many carries across chunk boundaries
+    torch.testing.assert_close(discounted_cumsum(x, discount, chunk_size=7).double(), expected, atol=1e-4, rtol=1e-5)
+
+
+def test_discounted_cumsum_empty():
+    assert discounted_cumsum(torch.zeros(0), 0.9).shape == (0,)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "cispo"])
+def test_grpo_family_broadcasts_reward_and_ignores_kl(name):
+    masks = [torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0.0]), torch.zeros(0)]
+    lp = [torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-1.0]), torch.zeros(0)]
+    ref = [torch.tensor([-2.0, -2.0, -1.0]), torch.tensor([-3.0]), torch.zeros(0)]
+    adv, ret = compute_advantages_and_returns(
+        _args(advantage_estimator=name, kl_coef=0.5),
+        rewards=[0.7, -1.2, 3.0],
+        loss_masks=masks,
+        log_probs=lp,
+        ref_log_probs=ref,
+    )
+    assert torch.equal(adv[0], torch.full((3,), 0.7))
+    assert torch.equal(adv[1], torch.tensor([-1.2]))
+    assert adv[2].shape == (0,)
+    for a, r in zip(adv, ret, strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, r)
+
+
+def test_rloo_leave_one_out():
+    rewards = [1.0, 0.0, 0.0, 2.0, 4.0, 6.0]
+    masks = [torch.ones(2) for _ in rewards]
+    adv, ret = compute_advantages_and_returns(
+        _args(advantage_estimator="rloo", n_samples_per_prompt=3), rewards=rewards, loss_masks=masks
+    )
+    # group 1: [1,0,0] → 1-0=1, 0-0.5=-0.5, -0.5; group 2: [2,4,6] → 2-5=-3, 4-4=0, 6-3=3
+    expected = [1.0, -0.5, -0.5, -3.0, 0.0, 3.0]
+    for a, r, e in zip(adv, ret, expected, strict=True):
+        torch.testing.assert_close(a, torch.full((2,), e))
+        assert torch.equal(a, r)
+
+
+def test_rloo_with_kl_and_errors():
+    masks = [torch.ones(2), torch.ones(2)]
+    lp = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, -2.0])]
+    ref = [torch.tensor([-1.5, -1.0]), torch.tensor([-1.0, -1.0])]
+    adv, _ = compute_advantages_and_returns(
+        _args(advantage_estimator="rloo", kl_coef=0.1),
+        rewards=[1.0, 0.0],
+        loss_masks=masks,
+        log_probs=lp,
+        ref_log_probs=ref,
+    )
+    # k1: d = [0.5, 0], [0, -1]; A = ±1 - 0.1·d
+    torch.testing.assert_close(adv[0], torch.tensor([1.0 - 0.05, 1.0]))
+    torch.testing.assert_close(adv[1], torch.tensor([-1.0, -1.0 + 0.1]))
+    with pytest.raises(ValueError, match="multiple"):
+        compute_advantages_and_returns(
+            _args(advantage_estimator="rloo", n_samples_per_prompt=2), rewards=[1.0] * 3, loss_masks=[torch.ones(1)] * 3
+        )
+    with pytest.raises(ValueError, match=">= 2"):
+        compute_advantages_and_returns(
+            _args(advantage_estimator="rloo", n_samples_per_prompt=1), rewards=[1.0], loss_masks=[torch.ones(1)]
+        )
+
+
+def test_reinforce_plus_plus_baseline():
+    masks = [torch.tensor([1.0, 1.0, 1.0])]
+    lp = [torch.tensor([-1.0, -2.0, -0.5])]
+    ref = [torch.tensor([-1.0, -1.0, -1.0])]
+    adv, ret = compute_advantages_and_returns(
+        _args(advantage_estimator="reinforce_plus_plus_baseline", kl_coef=0.2, kl_loss_type="k2"),
+        rewards=[0.5],
+        loss_masks=masks,
+        log_probs=lp,
+        ref_log_probs=ref,
+    )
+    # k2 = d²/2: [0, 0.5, 0.125]
+    torch.testing.assert_close(adv[0], torch.tensor([0.5, 0.5 - 0.1, 0.5 - 0.025]))
+    assert torch.equal(adv[0], ret[0])
+
+
+def test_reinforce_plus_plus_vs_loop():
+    gamma, kl_coef = 0.9, 0.3
+    mask = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    lp = torch.tensor([-1.0, -0.2, -3.0, -0.7, -1.1, -2.0, -0.3])
+    ref = torch.tensor([-0.5, -0.4, -1.0, -0.7, -2.0, -1.0, -0.1])
+    reward = 2.0
+    adv, ret = compute_advantages_and_returns(
+        _args(advantage_estimator="reinforce_plus_plus", kl_coef=kl_coef, kl_loss_type="k3", gamma=gamma),
+        rewards=[reward],
+        loss_masks=[mask],
+        log_probs=[lp],
+        ref_log_probs=[ref],
+    )
+    kl = compute_approx_kl(lp, ref, "k3").double().tolist()
+    token_rewards = [-kl_coef * k * m for k, m in zip(kl, mask.tolist(), strict=True)]
+    token_rewards[4] += reward  # last masked-in token is index 4
+    expected = _serial_discounted(token_rewards, gamma)
+    torch.testing.assert_close(adv[0].double(), torch.tensor(expected, dtype=torch.float64), atol=1e-5, rtol=0)
+    assert torch.equal(adv[0], ret[0])
+
+
+def test_reinforce_plus_plus_all_masked_sample_is_zero():
+    adv, _ = compute_advantages_and_returns(
+        _args(advantage_estimator="reinforce_plus_plus"), rewards=[5.0], loss_masks=[torch.zeros(3)]
+    )
+    assert torch.equal(adv[0], torch.zeros(3))
+
+
+def _serial_gae(rewards, values, gamma, lam):
+    n = len(rewards)
+    adv = [0.0] * n
+    last = 0.0
+    for t in reversed(range(n)):
+        next_v = values[t + 1] if t + 1 < n else 0.0
+        delta = rewards[t] + gamma * next_v - values[t]
+        last = delta + gamma * lam * last
+        adv[t] = last
+    return adv
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.99, 0.95), (0.5, 0.0)])
+def test_ppo_gae_vs_serial_loop(gamma, lam):
+    g = torch.Generator().manual_seed(7)
+    lengths = [1, 4, 200]
+    masks = [torch.ones(n) for n in lengths]
+    masks[1][0] = 0.0  # the mask does not enter GAE
+    values = [torch.randn(n, generator=g) for n in lengths]
+    lp = [torch.randn(n, generator=g) for n in lengths]
+    ref = [torch.randn(n, generator=g) for n in lengths]
+    rewards = [1.0, -0.5, 0.25]
+    kl_coef = 0.05
+    adv, ret = compute_advantages_and_returns(
+        _args(advantage_estimator="ppo", kl_coef=kl_coef, kl_loss_type="k1", gamma=gamma, lambd=lam),
+        rewards=rewards,
+        loss_masks=masks,
+        log_probs=lp,
+        ref_log_probs=ref,
+        values=values,
+    )
+    for i, n in enumerate(lengths):
+        token_rewards = (-kl_coef * (lp[i] - ref[i]).double()).tolist()
+        token_rewards[-1] += rewards[i]
+        expected = torch.tensor(
+            _serial_gae(token_rewards, values[i].double().tolist(), gamma, lam), dtype=torch.float64
+        )
+        torch.testing.assert_close(adv[i].double(), expected, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(ret[i], adv[i] + values[i])
+        assert adv[i].shape == (n,)
+
+
+def test_ppo_hand_value():
+    # L=2, γ=λ=1, values [1, 2], reward 3: δ1 = 3 - 2 = 1, δ0 = 0 + 2 - 1 = 1 → A = [2, 1], R = [3, 3]
+    adv, ret = compute_advantages_and_returns(
+        _args(advantage_estimator="ppo"), rewards=[3.0], loss_masks=[torch.ones(2)], values=[torch.tensor([1.0, 2.0])]
+    )
+    torch.testing.assert_close(adv[0], torch.tensor([2.0, 1.0]))
+    torch.testing.assert_close(ret[0], torch.tensor([3.0, 3.0]))
+
+
+def test_input_errors():
+    with pytest.raises(ValueError, match="values"):
+        compute_advantages_and_returns(_args(advantage_estimator="ppo"), rewards=[1.0], loss_masks=[torch.ones(2)])
+    with pytest.raises(ValueError, match="kl-coef"):
+        compute_advantages_and_returns(_args(kl_coef=0.1), rewards=[1.0], loss_masks=[torch.ones(2)])
+    with pytest.raises(ValueError, match="rewards has 2"):
+        compute_advantages_and_returns(_args(), rewards=[1.0, 2.0], loss_masks=[torch.ones(2)])
+    with pytest.raises(ValueError, match=r"log_probs\[0\]"):
+        compute_advantages_and_returns(
+            _args(kl_coef=0.1),
+            rewards=[1.0],
+            loss_masks=[torch.ones(2)],
+            log_probs=[torch.ones(3)],
+            ref_log_probs=[torch.ones(2)],
+        )
+    with pytest.raises(KeyError, match="known"):
+        compute_advantages_and_returns(_args(advantage_estimator="nope"), rewards=[1.0], loss_masks=[torch.ones(2)])
+
+
+def test_whitening_vs_numpy():
+    g = torch.Generator().manual_seed(11)
+    adv = [torch.randn(n, generator=g) * 3 + 1 for n in (4, 1, 6)]
+    masks = [torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([1.0]), torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 0.0])]
+    stats = whitening_stats(adv, masks)
+    assert stats.dtype == torch.float64 and stats.shape == (3,)
+    out = apply_whitening(adv, masks, stats)
+    flat = np.concatenate([a.numpy() for a in adv]).astype(np.float64)
+    m = np.concatenate([x.numpy() for x in masks]).astype(bool)
+    mu, var = flat[m].mean(), flat[m].var(ddof=1)
+    expected = (flat - mu) / np.sqrt(var + 1e-8)
+    np.testing.assert_allclose(torch.cat(out).numpy(), expected, atol=1e-5, rtol=0)
+    assert torch.cat(out)[torch.from_numpy(m)].mean().abs().item() < 1e-5
+
+
+def test_whitening_stats_add_across_ranks():
+    # two "ranks" summing their stats equals one process holding everything
+    g = torch.Generator().manual_seed(12)
+    adv = [torch.randn(5, generator=g) for _ in range(4)]
+    masks = [torch.ones(5), torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0]), torch.zeros(5), torch.ones(5)]
+    total = whitening_stats(adv[:2], masks[:2]) + whitening_stats(adv[2:], masks[2:])
+    torch.testing.assert_close(total, whitening_stats(adv, masks))
+    whole = apply_whitening(adv, masks, whitening_stats(adv, masks))
+    split = apply_whitening(adv[:2], masks[:2], total) + apply_whitening(adv[2:], masks[2:], total)
+    for a, b in zip(whole, split, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_whitening_edge_cases():
+    # N = 1: no Bessel correction (σ² = 0): (A - μ)/sqrt(1e-8) → 0 for the masked token
+    out = apply_whitening(
+        [torch.tensor([3.0, 5.0])],
+        [torch.tensor([1.0, 0.0])],
+        whitening_stats([torch.tensor([3.0, 5.0])], [torch.tensor([1.0, 0.0])]),
+    )
+    torch.testing.assert_close(out[0], torch.tensor([0.0, 2.0 / 1e-4]))
+    # N = 0: unchanged
+    a = [torch.tensor([1.0, 2.0])]
+    assert torch.equal(apply_whitening(a, [torch.zeros(2)], whitening_stats(a, [torch.zeros(2)]))[0], a[0])
+    # constant advantages → all zero, finite
+    c = [torch.full((4,), 2.5)]
+    assert torch.equal(apply_whitening(c, [torch.ones(4)], whitening_stats(c, [torch.ones(4)]))[0], torch.zeros(4))
+    with pytest.raises(ValueError, match=r"\[3\]"):
+        apply_whitening(c, [torch.ones(4)], torch.zeros(2))
