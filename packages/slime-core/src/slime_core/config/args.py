@@ -76,6 +76,60 @@ class SlimeArgs(
         data = self.eval_prompt_data or []
         return list(zip(data[0::2], data[1::2], strict=True))
 
+    def megatron_flag(self, flag: str, default: Any = None) -> Any:
+        """The value of a pass-through Megatron flag from `megatron_args`.
+
+        Args:
+            flag: e.g. `--tensor-model-parallel-size`.
+            default: Returned when the flag is absent.
+
+        Returns:
+            True for a flag given without value, the single value string, a list of strings for several
+            values, or `default`. The last occurrence wins, as in argparse.
+        """
+        tokens, found = self.megatron_args, default
+        for i, token in enumerate(tokens):
+            name, eq, inline = token.partition("=")
+            if name != flag:
+                continue
+            if eq:
+                found = inline
+                continue
+            values = []
+            for value in tokens[i + 1 :]:
+                if value.startswith("--"):
+                    break
+                values.append(value)
+            found = True if not values else values[0] if len(values) == 1 else values
+        return found
+
+    def _parallel_size(self, flag: str) -> int:
+        value = self.megatron_flag(flag, 1)
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{flag}: expected an integer, got {value!r}") from None
+
+    @property
+    def tensor_model_parallel_size(self) -> int:
+        """Megatron TP size from `--tensor-model-parallel-size` (1 when absent or with FSDP)."""
+        return self._parallel_size("--tensor-model-parallel-size") if self.train_backend == "megatron" else 1
+
+    @property
+    def pipeline_model_parallel_size(self) -> int:
+        """Megatron PP size from `--pipeline-model-parallel-size` (1 when absent or with FSDP)."""
+        return self._parallel_size("--pipeline-model-parallel-size") if self.train_backend == "megatron" else 1
+
+    @property
+    def context_parallel_size(self) -> int:
+        """Megatron CP size from `--context-parallel-size` (1 when absent or with FSDP)."""
+        return self._parallel_size("--context-parallel-size") if self.train_backend == "megatron" else 1
+
+    @property
+    def expert_model_parallel_size(self) -> int:
+        """Megatron EP size from `--expert-model-parallel-size` (1 when absent or with FSDP)."""
+        return self._parallel_size("--expert-model-parallel-size") if self.train_backend == "megatron" else 1
+
     def to_dict(self) -> dict[str, Any]:
         """All fields as JSON-compatible values (for Ray transport and saving next to checkpoints)."""
         return self.model_dump(mode="json")

@@ -46,6 +46,9 @@ class ClusterArgs(ArgsGroup):
     train_env_vars: dict[str, str] = arg(
         {}, "Extra environment variables for trainer processes, as a JSON object string."
     )
+    async_train: bool = arg(
+        False, "Overlap the next rollout with training (one-step off-policy; the original train_async.py)."
+    )
     ray_address: str | None = arg(None, "Address of an existing Ray cluster; a local one is started when unset.")
 
     @field_validator("train_env_vars", mode="before")

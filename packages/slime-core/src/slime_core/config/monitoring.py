@@ -45,6 +45,8 @@ class LoggingArgs(ArgsGroup):
     disable_wandb_random_suffix: bool = arg(False, "Do not append a random suffix to the W&B run name.")
     wandb_always_use_train_step: bool = arg(False, "Use train steps as the x-axis of every metric.")
     use_tensorboard: bool = arg(True, "Log metrics to TensorBoard (on by default here; --no-use-tensorboard).")
+    output_dir: str = arg("outputs", "Directory for run outputs (TensorBoard logs, reward curve, final HF export).")
+    tensorboard_dir: str | None = arg(None, "TensorBoard log directory (default: <output-dir>/tensorboard).")
     tb_project_name: str | None = arg(None, "TensorBoard log directory (default: <save or cwd>/tensorboard).")
     tb_experiment_name: str | None = arg(None, "TensorBoard run name.")
     log_multi_turn: bool = arg(False, "Log multi-turn statistics.")

@@ -284,10 +284,15 @@ def _passthrough(args: SlimeArgs) -> None:
     pp = _sglang_int(args, "pp_size", 1)
     if args.rollout_num_gpus_per_engine % pp:
         raise ConfigError(
-            f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} must be divisible by --sglang-pp-size {pp}"
+            f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} must be divisible by "
+            f"--sglang-pp-size {pp}"
         )
     if _sglang_int(args, "dp_size", 1) > 1 and not args.sglang_args.get("enable_dp_attention"):
         raise ConfigError("--sglang-dp-size > 1 requires --sglang-enable-dp-attention")
+    if args.train_backend == "megatron":
+        # Parse the parallel sizes now so a bad value fails at startup, not inside a worker.
+        _ = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size)
+        _ = args.expert_model_parallel_size
     if args.megatron_args and args.train_backend != "megatron":
         flags = sorted({t.split("=", 1)[0] for t in args.megatron_args if t.startswith("--")})
         warn_once(
