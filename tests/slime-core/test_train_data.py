@@ -139,9 +139,9 @@ def test_custom_reward_post_process_replaces_the_default(plugin_module):
 def test_custom_reward_post_process_errors_name_the_flag(plugin_module):
     with pytest.raises(ValueError, match="--custom-reward-post-process-path.*must return"):
         postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.bad"), _samples([1.0]))
-    with pytest.raises(ValueError, match="--custom-reward-post-process-path.*cannot import"):
+    with pytest.raises(ImportError, match="--custom-reward-post-process-path.*not found"):
         postprocess_rewards(_args(custom_reward_post_process_path="no_such_mod_xyz.fn"), _samples([1.0]))
-    with pytest.raises(ValueError, match="--custom-reward-post-process-path.*no callable"):
+    with pytest.raises(ImportError, match="--custom-reward-post-process-path.*no attribute"):
         postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.missing"), _samples([1.0]))
 
 

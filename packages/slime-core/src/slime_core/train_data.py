@@ -8,16 +8,16 @@ Behaviour follows the original slime `RolloutManager._post_process_rewards` /
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from slime_core.batch import RolloutBatch
+from slime_core.plugins import load_function
 from slime_core.sample import Sample, Status
 from slime_core.scheduling import build_schedule
 
@@ -39,26 +39,6 @@ STD_NORMALIZED_ESTIMATORS = frozenset({"grpo", "gspo", "cispo"})
 """Estimators whose centred reward is also divided by the group's standard deviation (GRPO)."""
 
 _STD_EPS = 1e-6
-
-
-def _load_function(path: str, flag: str) -> Callable[..., Any]:
-    """Imports `pkg.module.fn` (or `pkg.module:fn`) named by a plugin flag.
-
-    Raises:
-        ValueError: naming the flag when the path is malformed, the module or attribute is missing,
-            or the attribute is not callable.
-    """
-    module_name, sep, attr = path.replace(":", ".").rpartition(".")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{flag}: expected an import path like 'my_pkg.my_module.fn', got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{flag}: cannot import module {module_name!r} ({e})") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"{flag}: {module_name!r} has no callable {attr!r}")
-    return fn
 
 
 def _group_normalize(raw: np.ndarray, group_size: int, divide_by_std: bool) -> np.ndarray:
@@ -104,10 +84,11 @@ def postprocess_rewards(args: Any, samples: Sequence[Sample]) -> tuple[list[floa
     Raises:
         ValueError: if a sample has no reward, a dict reward lacks `--reward-key`, a reward is not
             finite, `--n-samples-per-prompt` < 1, or the custom function returns the wrong shape.
+        slime_core.plugins.PluginError: if the custom function cannot be imported.
     """
     custom_path = getattr(args, "custom_reward_post_process_path", None)
     if custom_path:
-        fn = _load_function(custom_path, "--custom-reward-post-process-path")
+        fn = load_function(custom_path, flag="--custom-reward-post-process-path")
         out = fn(args, list(samples))
         if not (isinstance(out, tuple | list) and len(out) == 2):
             raise ValueError(f"--custom-reward-post-process-path {custom_path}: must return (raw_rewards, rewards)")
