@@ -1,0 +1,379 @@
+"""Prompt data sources (`--data-source-path`, default `RolloutDataSourceWithBuffer`).
+
+Reads `--prompt-data` (JSONL or Parquet, optional `path@[start:end]` row slice), builds one `Sample`
+per prompt (chat template applied if `--apply-chat-template`), drops prompts longer than
+`--rollout-max-prompt-len` tokens, shuffles per epoch with seed `rollout_seed + epoch`, and hands out
+groups of `n_samples_per_prompt` copies with fresh `group_index`/`index`. Partial groups returned by
+the rollout (`add_samples`) are served first. The cursor is saved with the checkpoint so a resumed run
+sees exactly the prompts it would have seen.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import os
+import pathlib
+import re
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from slime_core.sample import Sample
+
+from slime_rollout.plugins import load_function
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RolloutDataSource",
+    "RolloutDataSourceWithBuffer",
+    "get_tokenizer",
+    "load_prompt_rows",
+    "rows_to_samples",
+]
+
+_SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
+
+
+@functools.cache
+def get_tokenizer(path: str) -> Any:
+    """The Hugging Face tokenizer at `path` (cached; `--hf-checkpoint` or a tokenizer dir)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
+    """Reads the rows of a prompt file.
+
+    Args:
+        spec: `path.jsonl` or `path.parquet`, optionally with a Python-style row slice
+            `path@[start:end]` (negative indices allowed).
+
+    Returns:
+        One dict per row, in file order.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: unknown extension, or a bad JSONL line (message names `file:line`).
+    """
+    start = end = None
+    match = _SLICE.match(spec)
+    if match:
+        spec = match["path"]
+        start = int(match["start"]) if match["start"] else None
+        end = int(match["end"]) if match["end"] else None
+    path = pathlib.Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"--prompt-data file not found: {path}")
+    if path.suffix == ".jsonl":
+        rows = _read_jsonl(path)
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        raise ValueError(f"--prompt-data {path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
+    return rows[start:end]
+
+
+def _maybe_json(value: Any, what: str, where: str) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"{where}: {what} is a string but not valid JSON: {value[:80]!r}") from None
+    return value
+
+
+def rows_to_samples(
+    rows: Sequence[dict[str, Any]],
+    *,
+    source: str,
+    input_key: str,
+    label_key: str | None = None,
+    metadata_key: str | None = "metadata",
+    tool_key: str | None = "tools",
+    tokenizer: Any = None,
+    apply_chat_template: bool = False,
+    apply_chat_template_kwargs: dict[str, Any] | None = None,
+    max_prompt_len: int | None = None,
+) -> list[Sample]:
+    """Turns dataset rows into prompt samples (no group/index yet).
+
+    Args:
+        rows: dataset rows.
+        source: file name for error messages.
+        input_key: column with the prompt text or chat messages (`--input-key`).
+        label_key: column with the ground truth (`--label-key`).
+        metadata_key: column with a dict (or JSON string) copied into `sample.metadata`.
+        tool_key: column with tool schemas (list or JSON string) → `metadata["tools"]`, passed to the template.
+        tokenizer: needed for `apply_chat_template` and `max_prompt_len`.
+        apply_chat_template: render messages with the tokenizer's template, `add_generation_prompt=True`.
+        apply_chat_template_kwargs: extra template kwargs (e.g. `{"enable_thinking": false}`).
+        max_prompt_len: drop prompts with more tokens than this (order preserved).
+
+    Raises:
+        ValueError: a row lacks `input_key`, or has malformed metadata/tools (names `source` and row).
+    """
+    if (apply_chat_template or max_prompt_len) and tokenizer is None:
+        raise ValueError("--apply-chat-template / --rollout-max-prompt-len need a tokenizer (--hf-checkpoint)")
+    samples, num_dropped = [], 0
+    for i, row in enumerate(rows):
+        where = f"{source} row {i}"
+        if input_key not in row:
+            raise ValueError(f"{where}: no --input-key {input_key!r} (keys: {sorted(row)})")
+        prompt = row[input_key]
+        metadata = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
+        metadata = dict(metadata or {})
+        if not isinstance(metadata, dict):
+            raise ValueError(f"{where}: --metadata-key {metadata_key!r} must be a dict, got {type(metadata).__name__}")
+        tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
+        if tools is not None:
+            metadata["tools"] = tools
+        if apply_chat_template:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            prompt = tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=True,
+                **(apply_chat_template_kwargs or {}),
+            )
+        if max_prompt_len is not None:
+            text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, tokenize=False)
+            if len(tokenizer.encode(text, add_special_tokens=False)) > max_prompt_len:
+                num_dropped += 1
+                continue
+        label = row.get(label_key) if label_key else None
+        samples.append(Sample(prompt=prompt, label=label, metadata=metadata))
+    if num_dropped:
+        logger.info("%s: dropped %d prompts longer than %d tokens", source, num_dropped, max_prompt_len)
+    return samples
+
+
+def atomic_write_text(path: pathlib.Path, text: str) -> None:
+    """Writes `text` to `path` via a temporary file in the same directory and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _chat_template_kwargs(args: Any) -> dict[str, Any]:
+    kwargs = getattr(args, "apply_chat_template_kwargs", None) or {}
+    if isinstance(kwargs, str):
+        kwargs = json.loads(kwargs)
+    return dict(kwargs)
+
+
+class RolloutDataSource:
+    """The global prompt dataset with an epoch/offset cursor (original `RolloutDataSource`).
+
+    Args:
+        args: run config; reads `prompt_data`, `input_key`, `label_key`, `metadata_key`, `tool_key`,
+            `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`,
+            `hf_checkpoint`, `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`,
+            `disable_rollout_global_dataset`, `save`, `load`.
+    """
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.n_samples_per_prompt = int(getattr(args, "n_samples_per_prompt", 1))
+        self.epoch_id = 0
+        self.sample_offset = 0
+        self.sample_group_index = 0
+        self.sample_index = 0
+        self.metadata: dict[str, Any] = {}
+        self.prompts: list[Sample] = []
+        self._order: np.ndarray = np.arange(0)
+        if getattr(args, "disable_rollout_global_dataset", False):
+            return
+        if not getattr(args, "prompt_data", None):
+            raise ValueError("--prompt-data is required (or --disable-rollout-global-dataset)")
+        need_tokenizer = getattr(args, "apply_chat_template", False) or getattr(args, "rollout_max_prompt_len", None)
+        tokenizer = get_tokenizer(args.hf_checkpoint) if need_tokenizer else None
+        self.prompts = rows_to_samples(
+            load_prompt_rows(args.prompt_data),
+            source=str(args.prompt_data),
+            input_key=getattr(args, "input_key", "input"),
+            label_key=getattr(args, "label_key", None),
+            metadata_key=getattr(args, "metadata_key", "metadata"),
+            tool_key=getattr(args, "tool_key", "tools"),
+            tokenizer=tokenizer,
+            apply_chat_template=bool(getattr(args, "apply_chat_template", False)),
+            apply_chat_template_kwargs=_chat_template_kwargs(args),
+            max_prompt_len=getattr(args, "rollout_max_prompt_len", None),
+        )
+        if not self.prompts:
+            raise ValueError(f"--prompt-data {args.prompt_data}: no prompts left after filtering")
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        n = len(self.prompts)
+        if getattr(self.args, "rollout_shuffle", False):
+            return np.random.default_rng(int(getattr(self.args, "rollout_seed", 42)) + epoch).permutation(n)
+        return np.arange(n)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def _next_prompt(self) -> Sample:
+        if self.sample_offset >= len(self.prompts):
+            self.epoch_id += 1
+            self.sample_offset = 0
+            self._order = self._epoch_order(self.epoch_id)
+        prompt = self.prompts[int(self._order[self.sample_offset])]
+        self.sample_offset += 1
+        return prompt
+
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        """The next `num_groups` groups of `n_samples_per_prompt` fresh samples each."""
+        groups = []
+        for _ in range(num_groups):
+            prompt = Sample() if not self.prompts else self._next_prompt()
+            group = []
+            for _ in range(self.n_samples_per_prompt):
+                sample = copy.deepcopy(prompt)
+                sample.group_index = self.sample_group_index
+                sample.index = self.sample_index
+                self.sample_index += 1
+                group.append(sample)
+            self.sample_group_index += 1
+            groups.append(group)
+        return groups
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        """Not supported without a buffer."""
+        raise RuntimeError("RolloutDataSource has no buffer; use RolloutDataSourceWithBuffer for --partial-rollout")
+
+    # ---- cursor ------------------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "epoch_id": self.epoch_id,
+            "sample_offset": self.sample_offset,
+            "sample_group_index": self.sample_group_index,
+            "sample_index": self.sample_index,
+            "metadata": self.metadata,
+        }
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self.epoch_id = int(state["epoch_id"])
+        self.sample_offset = int(state["sample_offset"])
+        self.sample_group_index = int(state["sample_group_index"])
+        self.sample_index = int(state["sample_index"])
+        self.metadata = dict(state.get("metadata", {}))
+        self._order = self._epoch_order(self.epoch_id)
+
+    @staticmethod
+    def state_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
+        """Where the cursor of `rollout_id` lives under a checkpoint root."""
+        return pathlib.Path(root) / "rollout" / f"data_source_{rollout_id}.json"
+
+    def save(self, rollout_id: int) -> None:
+        """Writes the cursor to `{--save}/rollout/data_source_{rollout_id}.json` atomically (no-op without --save).
+
+        Raises:
+            TypeError: if buffered samples hold values JSON cannot store.
+        """
+        root = getattr(self.args, "save", None)
+        if not root:
+            return
+        path = self.state_path(root, rollout_id)
+        atomic_write_text(path, json.dumps(self._state()))
+        logger.info("saved data-source cursor to %s", path)
+
+    def load(self, rollout_id: int | None = None) -> None:
+        """Restores the cursor saved under `--load` for `rollout_id` (no-op without --load or file).
+
+        Raises:
+            ValueError: the file exists but is not a valid cursor.
+        """
+        root = getattr(self.args, "load", None)
+        if not root or rollout_id is None:
+            return
+        path = self.state_path(root, rollout_id)
+        if not path.exists():
+            logger.warning("no data-source cursor at %s; starting from the beginning", path)
+            return
+        try:
+            self._set_state(json.loads(path.read_text(encoding="utf-8")))
+        except (KeyError, ValueError, TypeError) as e:
+            raise ValueError(f"{path}: bad data-source cursor ({e})") from e
+        logger.info(
+            "restored data-source cursor from %s (epoch %d, offset %d)", path, self.epoch_id, self.sample_offset
+        )
+
+
+class RolloutDataSourceWithBuffer(RolloutDataSource):
+    """`RolloutDataSource` plus a buffer of partial/aborted groups that is served first.
+
+    `--buffer-filter-path fn(args, rollout_id, buffer, num_groups) -> list[list[Sample]]` picks what to
+    take from the buffer (it must remove them from `buffer`); by default the oldest groups go first.
+    """
+
+    def __init__(self, args: Any) -> None:
+        super().__init__(args)
+        self.buffer: list[list[Sample]] = []
+
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        """Buffered groups first, then fresh groups from the dataset."""
+        taken = self._take_from_buffer(num_groups)
+        return taken + super().get_samples(num_groups - len(taken))
+
+    def _take_from_buffer(self, num_groups: int) -> list[list[Sample]]:
+        if not self.buffer or num_groups <= 0:
+            return []
+        path = getattr(self.args, "buffer_filter_path", None)
+        if path:
+            return load_function(path)(self.args, None, self.buffer, num_groups)
+        taken, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]
+        return taken
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        """Appends unfinished groups (partial rollout) to the buffer.
+
+        Raises:
+            ValueError: a group does not have `n_samples_per_prompt` samples.
+        """
+        for group in groups:
+            if len(group) != self.n_samples_per_prompt:
+                raise ValueError(f"add_samples: group of {len(group)} samples, expected {self.n_samples_per_prompt}")
+            self.buffer.append(group)
+
+    def _state(self) -> dict[str, Any]:
+        state = super()._state()
+        state["buffer"] = [[s.to_dict() for s in group] for group in self.buffer]
+        return state
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        super()._set_state(state)
+        self.buffer = [[Sample.from_dict(d) for d in group] for group in state.get("buffer", [])]

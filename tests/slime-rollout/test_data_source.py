@@ -1,0 +1,175 @@
+"""Data source: JSONL/Parquet, keys, chat template (real Qwen3 tokenizer), filtering, shuffling, cursor."""
+
+import json
+import types
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from slime_rollout.data_source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
+
+
+def _args(**kw):
+    base = dict(
+        prompt_data=None,
+        input_key="question",
+        label_key="answer",
+        metadata_key="metadata",
+        tool_key="tools",
+        apply_chat_template=False,
+        apply_chat_template_kwargs=None,
+        rollout_max_prompt_len=None,
+        hf_checkpoint=None,
+        rollout_shuffle=False,
+        rollout_seed=42,
+        n_samples_per_prompt=2,
+        save=None,
+        load=None,
+        buffer_filter_path=None,
+    )
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+ROWS = [{"question": f"q{i}", "answer": str(i), "metadata": {"k": i}} for i in range(5)]
+
+
+def test_jsonl_and_parquet_give_same_samples(tmp_path):
+    jsonl = _write_jsonl(tmp_path / "d.jsonl", ROWS)
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), parquet)
+    for path in (jsonl, str(parquet)):
+        ds = RolloutDataSource(_args(prompt_data=path))
+        assert len(ds) == 5
+        groups = ds.get_samples(2)
+        assert [[s.prompt for s in g] for g in groups] == [["q0", "q0"], ["q1", "q1"]]
+        assert [[s.label for s in g] for g in groups] == [["0", "0"], ["1", "1"]]
+        assert [[(s.group_index, s.index) for s in g] for g in groups] == [[(0, 0), (0, 1)], [(1, 2), (1, 3)]]
+        assert groups[1][0].metadata == {"k": 1}
+        # Copies are independent.
+        groups[0][0].metadata["x"] = 1
+        assert "x" not in groups[0][1].metadata
+
+
+def test_slicing_and_real_gsm8k(fixtures_dir, tmp_path):
+    path = fixtures_dir / "gsm8k" / "test-50.jsonl"
+    assert len(load_prompt_rows(str(path))) == 50
+    assert load_prompt_rows(f"{path}@[2:5]") == load_prompt_rows(str(path))[2:5]
+    assert load_prompt_rows(f"{path}@[-3:]") == load_prompt_rows(str(path))[-3:]
+    ds = RolloutDataSource(_args(prompt_data=f"{path}@[:4]", n_samples_per_prompt=1))
+    assert len(ds) == 4
+    assert ds.get_samples(1)[0][0].prompt.startswith("Janet")
+
+
+def test_bad_line_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"question": "a"}\n\n{"question": oops}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3: invalid JSON"):
+        load_prompt_rows(str(path))
+    with pytest.raises(ValueError, match="unsupported format"):
+        load_prompt_rows(str(_write_jsonl(tmp_path / "x.json", [])))
+    with pytest.raises(ValueError, match="--input-key 'prompt'"):
+        RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS), input_key="prompt"))
+
+
+def test_chat_template_with_tools_and_kwargs(tmp_path, qwen3_tokenizer_dir):
+    tool = {"type": "function", "function": {"name": "calc", "description": "calculator", "parameters": {}}}
+    rows = [
+        {"question": "What is 2+2?", "answer": "4", "tools": json.dumps([tool])},
+        {"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "answer": "x"},
+    ]
+    args = _args(
+        prompt_data=_write_jsonl(tmp_path / "d.jsonl", rows),
+        apply_chat_template=True,
+        hf_checkpoint=str(qwen3_tokenizer_dir),
+        n_samples_per_prompt=1,
+    )
+    ds = RolloutDataSource(args)
+    (s0,), (s1,) = ds.get_samples(2)
+    assert s0.metadata["tools"] == [tool]
+    assert s0.prompt.startswith("<|im_start|>system\n# Tools\n")
+    assert '"name": "calc"' in s0.prompt
+    assert s0.prompt.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert (
+        s1.prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    args.apply_chat_template_kwargs = {"enable_thinking": False}
+    (s0,), _ = RolloutDataSource(args).get_samples(2)
+    assert s0.prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_max_prompt_len_filter_preserves_order(tmp_path, qwen3_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
+    rows = [{"question": q, "answer": "0"} for q in ["short", "a much much much longer prompt text here", "tiny", "x"]]
+    lengths = [len(tok.encode(r["question"], add_special_tokens=False)) for r in rows]
+    limit = max(lengths[0], lengths[2], lengths[3])
+    assert lengths[1] > limit
+    args = _args(
+        prompt_data=_write_jsonl(tmp_path / "d.jsonl", rows),
+        rollout_max_prompt_len=limit,
+        hf_checkpoint=str(qwen3_tokenizer_dir),
+        n_samples_per_prompt=1,
+    )
+    ds = RolloutDataSource(args)
+    assert [g[0].prompt for g in ds.get_samples(3)] == ["short", "tiny", "x"]
+
+
+def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path):
+    rows = [{"question": f"q{i}", "answer": "0"} for i in range(20)]
+    path = _write_jsonl(tmp_path / "d.jsonl", rows)
+
+    def first_two_epochs(seed):
+        ds = RolloutDataSource(_args(prompt_data=path, rollout_shuffle=True, rollout_seed=seed, n_samples_per_prompt=1))
+        return [g[0].prompt for g in ds.get_samples(40)]
+
+    order = first_two_epochs(7)
+    # Independent reference: numpy permutation seeded with seed + epoch.
+    expected = [f"q{i}" for i in np.random.default_rng(7).permutation(20)]
+    expected += [f"q{i}" for i in np.random.default_rng(8).permutation(20)]
+    assert order == expected
+    assert order[:20] != order[20:]  # each epoch reshuffled
+    assert sorted(order[:20]) == sorted(order[20:])  # every prompt once per epoch
+    assert first_two_epochs(7) == order
+    assert first_two_epochs(8)[:20] != order[:20]
+
+
+def test_cursor_save_load_resumes_exact_order_with_buffer(tmp_path):
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(7)]
+    path = _write_jsonl(tmp_path / "d.jsonl", rows)
+    args = _args(prompt_data=path, rollout_shuffle=True, save=str(tmp_path / "ckpt"), n_samples_per_prompt=2)
+    ds = RolloutDataSourceWithBuffer(args)
+    ds.get_samples(5)
+    partial = ds.get_samples(1)
+    partial[0][0].tokens = [1, 2]
+    partial[0][0].append_response_tokens([3], log_probs=[-0.5], text="c")
+    ds.add_samples(partial)
+    ds.save(3)
+    assert (tmp_path / "ckpt" / "rollout" / "data_source_3.json").exists()
+    assert not list((tmp_path / "ckpt" / "rollout").glob(".*"))  # no temp file left
+    expected = ds.get_samples(9)
+
+    resumed = RolloutDataSourceWithBuffer(_args(**{**vars(args), "load": str(tmp_path / "ckpt")}))
+    resumed.load(3)
+    got = resumed.get_samples(9)
+    assert [[s.to_dict() for s in g] for g in got] == [[s.to_dict() for s in g] for g in expected]
+    assert got[0][0].tokens == [1, 2, 3] and got[0][0].rollout_log_probs == [-0.5]  # buffer first
+    # Missing cursor -> fresh start, no error.
+    fresh = RolloutDataSourceWithBuffer(_args(**{**vars(args), "load": str(tmp_path / "none")}))
+    fresh.load(3)
+    assert fresh.get_samples(1)[0][0].index == 0
+
+
+def test_buffer_group_size_checked(tmp_path):
+    ds = RolloutDataSourceWithBuffer(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS)))
+    with pytest.raises(ValueError, match="expected 2"):
+        ds.add_samples([ds.get_samples(1)[0][:1]])
+    with pytest.raises(RuntimeError, match="no buffer"):
+        RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS))).add_samples([])
