@@ -132,6 +132,8 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThroug
         name, eq, inline = token.partition("=")
         values = list(argv[i + 1 : end])
         if name in slime_flags:
+            if values and parser._option_string_actions[name].nargs == 0:
+                raise ConfigError(f"{name} is a switch and takes no value, got {' '.join(values)!r}")
             slime += argv[i:end]
         elif name.startswith("--sglang-"):
             _store_passthrough(sglang, name.removeprefix("--sglang-"), inline if eq else None, values)
