@@ -1,0 +1,99 @@
+"""`slime-convert`: command-line HF ↔ Megatron torch_dist conversion.
+
+Usage:
+    slime-convert hf-to-mcore --hf-checkpoint /models/Qwen3-4B --save /ckpt/Qwen3-4B_torch_dist [--tp 2 --pp 1]
+    slime-convert mcore-to-hf --input-dir /ckpt/run/iter_0000100 --output-dir /models/out \
+        --origin-hf-dir /models/Qwen3-4B
+    slime-convert megatron-args --hf-checkpoint /models/Qwen3-4B
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+
+import torch
+
+from slime_convert.convert import hf_to_mcore, mcore_to_hf
+from slime_convert.model_args import ModelArgs
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="slime-convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    to_mcore = sub.add_parser("hf-to-mcore", help="HF safetensors → Megatron torch_dist")
+    to_mcore.add_argument("--hf-checkpoint", required=True, help="HF model directory")
+    to_mcore.add_argument("--save", required=True, help="output root; writes <save>/release")
+    to_mcore.add_argument(
+        "--tp", "--tensor-model-parallel-size", dest="tp", type=int, default=1, help="TP size (vocab padding)"
+    )
+    to_mcore.add_argument(
+        "--pp", "--pipeline-model-parallel-size", dest="pp", type=int, default=1, help="PP size (validated)"
+    )
+    to_mcore.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
+    to_mcore.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    to_hf = sub.add_parser("mcore-to-hf", help="Megatron torch_dist → HF safetensors")
+    to_hf.add_argument(
+        "--input-dir", required=True, help="iter_XXXXXXX/release dir, or a save root with the tracker file"
+    )
+    to_hf.add_argument("--output-dir", required=True, help="HF directory to write")
+    to_hf.add_argument("--origin-hf-dir", required=True, help="original HF directory (config + tokenizer)")
+    to_hf.add_argument("--chunk-size", type=int, default=5 * 1024**3, help="max bytes per safetensors shard")
+    to_hf.add_argument("--vocab-size", type=int, default=None, help="rows of embedding/head to keep")
+    to_hf.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
+    to_hf.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir")
+    to_hf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    flags = sub.add_parser("megatron-args", help="print the Megatron model flags equivalent to a HF config")
+    flags.add_argument("--hf-checkpoint", required=True, help="HF model directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `slime-convert` script; returns the exit code."""
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if ns.command == "megatron-args":
+            sys.stdout.write(shlex.join(ModelArgs.from_hf_dir(ns.hf_checkpoint).megatron_flags()) + "\n")
+        elif ns.command == "hf-to-mcore":
+            model_args = ModelArgs.from_hf_dir(ns.hf_checkpoint)
+            logger.info("equivalent Megatron flags: %s", shlex.join(model_args.megatron_flags(ns.tp)))
+            hf_to_mcore(
+                ns.hf_checkpoint,
+                ns.save,
+                tensor_model_parallel_size=ns.tp,
+                pipeline_model_parallel_size=ns.pp,
+                dtype=_DTYPES.get(ns.dtype),
+                progress=not ns.no_progress,
+            )
+        else:
+            mcore_to_hf(
+                ns.input_dir,
+                ns.output_dir,
+                ns.origin_hf_dir,
+                chunk_size=ns.chunk_size,
+                vocab_size=ns.vocab_size,
+                dtype=_DTYPES.get(ns.dtype),
+                force=ns.force,
+                progress=not ns.no_progress,
+            )
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
+        logger.error("%s", e)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

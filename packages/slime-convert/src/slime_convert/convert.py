@@ -1,0 +1,233 @@
+"""HF safetensors ↔ Megatron-core torch_dist conversion, streaming one layer at a time.
+
+`hf_to_mcore` writes `<save>/release/` (+ `latest_checkpointed_iteration.txt` = "release"), the layout
+Megatron-LM's `--load`/`--ref-load` and slime's Megatron backend read. `mcore_to_hf` writes a HF
+directory with `model-0000k-of-0000n.safetensors` shards, an index, and the non-weight files
+(config, tokenizer, generation config) copied from the original HF directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import pathlib
+import shutil
+from collections.abc import Callable
+
+import torch
+from tqdm import tqdm
+
+from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
+from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
+from slime_convert.model_args import ModelArgs
+from slime_convert.torch_dist import (
+    TRACKER_FILE,
+    LazyChunk,
+    TorchDistReader,
+    resolve_iteration_dir,
+    sharded_object_key,
+    write_torch_dist,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["hf_to_mcore", "mcore_to_hf"]
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".distcp")
+
+
+def _stored_shape(mapping: TensorMapping, args: ModelArgs, tensor_shape: tuple[int, ...]) -> tuple[int, ...]:
+    if mapping.scope == "expert":
+        return (args.num_layers, args.num_experts or 0, *tensor_shape)
+    if mapping.scope == "layer":
+        return (args.num_layers, *tensor_shape)
+    return tensor_shape
+
+
+def _index(layer: int | None, expert: int | None) -> tuple[int, ...]:
+    return tuple(i for i in (layer, expert) if i is not None)
+
+
+def hf_to_mcore(
+    hf_dir: str | os.PathLike[str],
+    save_dir: str | os.PathLike[str],
+    *,
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+) -> pathlib.Path:
+    """Converts a HF checkpoint into a Megatron torch_dist checkpoint.
+
+    torch_dist stores global tensors, so one checkpoint loads under any TP/PP layout; the TP size only
+    sets the vocabulary padding (to a multiple of 128×TP), and the PP size is validated.
+
+    Args:
+        hf_dir: HF model directory (`config.json` + safetensors).
+        save_dir: output root; `<save_dir>/release` is created.
+        tensor_model_parallel_size: `--tp`.
+        pipeline_model_parallel_size: `--pp`; must not exceed the layer count.
+        dtype: cast weights to this dtype (default: keep the stored dtype).
+        progress: show a tqdm bar.
+
+    Returns:
+        The written iteration directory.
+
+    Raises:
+        ValueError: bad TP/PP, unsupported model, or a missing HF tensor (named).
+        FileExistsError: `<save_dir>/release` exists.
+    """
+    args = ModelArgs.from_hf_dir(hf_dir)
+    if tensor_model_parallel_size < 1 or pipeline_model_parallel_size < 1:
+        raise ValueError(f"--tp and --pp must be ≥ 1, got {tensor_model_parallel_size}, {pipeline_model_parallel_size}")
+    if pipeline_model_parallel_size > args.num_layers:
+        raise ValueError(f"--pp {pipeline_model_parallel_size} exceeds num_hidden_layers={args.num_layers}")
+    reader = HFCheckpointReader(hf_dir)
+
+    def read_hf(name: str) -> torch.Tensor:
+        if name not in reader and name == "lm_head.weight":
+            # Untied config but no head stored: Megatron's loader falls back to the embedding too.
+            logger.warning("lm_head.weight missing in %s; using model.embed_tokens.weight", hf_dir)
+            name = "model.embed_tokens.weight"
+        if name not in reader:
+            raise ValueError(f"{hf_dir}: tensor {name!r} required by {args.model_type} is missing")
+        tensor = reader.get(name)
+        return tensor.to(dtype) if dtype is not None else tensor
+
+    def producer(mapping: TensorMapping, layer: int | None, expert: int | None) -> Callable[[], torch.Tensor]:
+        return lambda: to_mcore(
+            mapping, [read_hf(n) for n in mapping.hf_names(layer, expert)], args, tensor_model_parallel_size
+        )
+
+    chunks: list[LazyChunk] = []
+    # Shapes come from one cheap conversion of layer 0 / expert 0 per mapping (header-sized for norms,
+    # one layer for matrices); each mapping then has the same chunk shape for all layers/experts.
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    for mapping in tensor_mappings(args):
+        layer = 0 if mapping.scope != "global" else None
+        expert = 0 if mapping.scope == "expert" else None
+        sample = producer(mapping, layer, expert)()
+        shapes[mapping.mcore] = (tuple(sample.shape), sample.dtype)
+        del sample
+    for mapping, layer, expert in expand_mappings(args):
+        shape, tensor_dtype = shapes[mapping.mcore]
+        index = _index(layer, expert)
+        for key in mapping.ckpt_keys:
+            chunks.append(
+                LazyChunk(
+                    key=key,
+                    global_shape=_stored_shape(mapping, args, shape),
+                    offsets=index + (0,) * len(shape),
+                    dtype=tensor_dtype,
+                    produce=producer(mapping, layer, expert),
+                    chunk_shape=(1,) * len(index) + shape,
+                )
+            )
+    objects = {}
+    for key, scope in extra_state_keys(args):
+        grid = (args.num_layers,) if scope == "layer" else (args.num_layers, args.num_experts or 0)
+        for flat in range(int(torch.tensor(grid).prod())):
+            offset = (flat,) if scope == "layer" else divmod(flat, grid[1])
+            objects[sharded_object_key(key, offset, grid)] = None
+    common = {
+        "checkpoint_version": 3.0,
+        "iteration": 0,
+        "args": argparse.Namespace(
+            tensor_model_parallel_size=tensor_model_parallel_size,
+            pipeline_model_parallel_size=pipeline_model_parallel_size,
+            padded_vocab_size=args.padded_vocab_size(tensor_model_parallel_size),
+            ckpt_format="torch_dist",
+            hf_model_type=args.model_type,
+        ),
+    }
+    bar = tqdm(total=len(chunks), desc="hf→torch_dist", unit="tensor", disable=not progress)
+
+    def counted(chunk: LazyChunk) -> LazyChunk:
+        def produce() -> torch.Tensor:
+            tensor = chunk.produce()
+            bar.update(1)
+            return tensor
+
+        return LazyChunk(chunk.key, chunk.global_shape, chunk.offsets, chunk.dtype, produce, chunk.chunk_shape)
+
+    root = pathlib.Path(save_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / "release"
+    try:
+        write_torch_dist(out, [counted(c) for c in chunks], objects, common)
+    finally:
+        bar.close()
+        reader.close()
+    tmp_tracker = root / (TRACKER_FILE + ".tmp")
+    tmp_tracker.write_text("release")
+    os.replace(tmp_tracker, root / TRACKER_FILE)
+    logger.info("wrote %s (%d tensor chunks)", out, len(chunks))
+    return out
+
+
+def mcore_to_hf(
+    input_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    origin_hf_dir: str | os.PathLike[str],
+    *,
+    chunk_size: int = 5 * 1024**3,
+    vocab_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> pathlib.Path:
+    """Converts a Megatron torch_dist checkpoint into a HF safetensors checkpoint.
+
+    Args:
+        input_dir: an iteration dir (`iter_0000010`, `release`) or a save root with the tracker file.
+        output_dir: HF directory to create.
+        origin_hf_dir: the original HF directory (architecture from its config.json; tokenizer and
+            config files are copied).
+        chunk_size: max bytes per safetensors shard (`--chunk-size`).
+        vocab_size: rows to keep of embedding/head (`--vocab-size`; default: the config's vocab_size).
+        dtype: cast weights to this dtype (default: keep the stored dtype).
+        force: overwrite `output_dir` if it exists (`-f/--force`).
+        progress: show a tqdm bar.
+
+    Returns:
+        `output_dir`.
+
+    Raises:
+        FileExistsError: `output_dir` exists and not `force`.
+        KeyError: a tensor the mapping needs is missing from the checkpoint.
+    """
+    args = ModelArgs.from_hf_dir(origin_hf_dir)
+    if vocab_size is not None:
+        args = dataclasses.replace(args, vocab_size=vocab_size)
+    ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
+    out = pathlib.Path(output_dir)
+    if out.exists():
+        if not force:
+            raise FileExistsError(f"{out} exists (pass -f/--force to overwrite)")
+        shutil.rmtree(out)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    writer = HFShardedWriter(tmp, max_shard_bytes=chunk_size)
+    # Group reads per layer so each DCP pass loads one layer (all its tensors) at a time.
+    groups: list[list[tuple[TensorMapping, int | None, int | None]]] = []
+    for item in expand_mappings(args):
+        if not groups or groups[-1][0][1] != item[1]:
+            groups.append([])
+        groups[-1].append(item)
+    with tqdm(total=args.num_layers + 2, desc="torch_dist→hf", unit="layer", disable=not progress) as bar:
+        for group in groups:
+            tensors = ckpt.read([(mp.ckpt_keys[0], _index(layer, expert)) for mp, layer, expert in group])
+            for (mapping, layer, expert), tensor in zip(group, tensors, strict=True):
+                for name, hf_tensor in zip(mapping.hf_names(layer, expert), to_hf(mapping, tensor, args), strict=True):
+                    writer.add(name, hf_tensor.to(dtype) if dtype is not None else hf_tensor)
+            bar.update(1)
+    writer.close()
+    for src in pathlib.Path(origin_hf_dir).iterdir():
+        if src.is_file() and not src.name.endswith(_WEIGHT_SUFFIXES) and src.name != "model.safetensors.index.json":
+            shutil.copy2(src, tmp / src.name)
+    os.replace(tmp, out)
+    logger.info("wrote HF checkpoint to %s", out)
+    return out

@@ -1,0 +1,64 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slime_convert import hf_to_mcore, mcore_to_hf
+from slime_convert.cli import main
+from slime_convert.torch_dist import TorchDistReader
+
+pytest.importorskip("transformers")
+
+
+def _load_hf_dir(path):
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    out = {}
+    for file in sorted(set(index["weight_map"].values())):
+        out.update(load_file(str(path / file)))
+    assert set(out) == set(index["weight_map"])
+    return out
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama", "qwen3_moe"])
+def test_hf_to_mcore_to_hf_is_bit_identical(model_type, tiny_hf_model, tmp_path):
+    _, hf_dir = tiny_hf_model(model_type)
+    original = _load_hf_dir(hf_dir)
+    ckpt = hf_to_mcore(hf_dir, tmp_path / "mcore", tensor_model_parallel_size=2, progress=False)
+    assert ckpt.name == "release"
+    assert (tmp_path / "mcore" / "latest_checkpointed_iteration.txt").read_text() == "release"
+    assert json.loads((ckpt / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+
+    # Vocab padded to a multiple of 128 * TP = 256: 300 -> 512 rows.
+    keys = TorchDistReader(ckpt).tensor_keys()
+    assert keys["embedding.word_embeddings.weight"][0] == (512, 64)
+    assert keys["decoder.layers.self_attention.linear_qkv.weight"][0][0] == 2  # layer axis
+
+    out = mcore_to_hf(ckpt, tmp_path / "hf-out", hf_dir, chunk_size=50_000, progress=False)
+    converted = _load_hf_dir(out)
+    assert set(converted) == set(original)
+    for name, tensor in original.items():
+        assert converted[name].dtype == tensor.dtype, name
+        assert torch.equal(converted[name], tensor), name
+    assert (out / "config.json").read_text() == (hf_dir / "config.json").read_text()
+    # chunk_size=50kB forces several shards.
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 1
+
+
+def test_cli_round_trip_and_errors(tiny_hf_model, tmp_path, capsys):
+    _, hf_dir = tiny_hf_model("qwen3")
+    assert main(["megatron-args", "--hf-checkpoint", str(hf_dir)]) == 0
+    flags = capsys.readouterr().out.split()
+    assert flags[flags.index("--num-layers") + 1] == "2"
+    assert "--qk-layernorm" in flags and "--untie-embeddings-and-output-weights" not in flags
+
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", str(tmp_path / "m"), "--no-progress"]) == 0
+    # Second conversion into the same --save refuses to overwrite.
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", str(tmp_path / "m"), "--no-progress"]) == 2
+    args = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    args += ["--origin-hf-dir", str(hf_dir), "--no-progress"]
+    assert main(args) == 0
+    assert main(args) == 2  # exists, no --force
+    assert main([*args, "--force"]) == 0
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(tmp_path / "nope"), "--save", str(tmp_path / "x")]) == 2
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", str(tmp_path / "y"), "--pp", "3"]) == 2
