@@ -1,5 +1,4 @@
 import pytest
-
 from slime_core.algorithms import registry
 from slime_core.algorithms.registry import (
     get_advantage_estimator,

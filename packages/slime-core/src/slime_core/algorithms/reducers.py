@@ -51,6 +51,12 @@ def segment_sums(x: torch.Tensor, response_lengths: Sequence[int]) -> torch.Tens
     return x.new_zeros(len(response_lengths)).index_add(0, segment_ids, x)
 
 
+def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # where() rather than x·m: a non-finite value at a masked position (e.g. -inf log-prob of padding)
+    # must give 0, and inf·0 would be NaN.
+    return torch.where(mask.to(x.device) > 0, x * mask.to(x.device), x.new_zeros(()))
+
+
 def _flat_mask(loss_masks: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
     if isinstance(loss_masks, torch.Tensor):
         return loss_masks.float()
@@ -83,7 +89,7 @@ def sum_of_sample_mean(
     denominators = torch.as_tensor(list(loss_denominators), dtype=torch.float32).clamp(min=1.0)
 
     def reduce(x: torch.Tensor) -> torch.Tensor:
-        sums = segment_sums(x * mask.to(x.device), response_lengths)
+        sums = segment_sums(_masked(x, mask), response_lengths)
         return (sums / denominators.to(x.device)).sum()
 
     return reduce
@@ -105,7 +111,7 @@ def sum_of_token(response_lengths: Sequence[int], loss_masks: Sequence[torch.Ten
     def reduce(x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] != total:
             raise ValueError(f"response lengths sum to {total} but there are {x.shape[0]} tokens")
-        return (x * mask.to(x.device)).sum()
+        return _masked(x, mask).sum()
 
     return reduce
 

@@ -1,0 +1,285 @@
+import math
+import types
+
+import pytest
+import torch
+from slime_core.algorithms import compute_actor_loss, compute_critic_loss, compute_sft_loss
+
+# Tolerances: the plain-Python reference runs in float64, the implementation in float32: atol 1e-5.
+ATOL = 1e-5
+
+
+def _args(**kw):
+    base = dict(
+        advantage_estimator="grpo",
+        eps_clip=0.2,
+        eps_clip_high=0.28,
+        eps_clip_c=3.0,
+        entropy_coef=0.01,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        kl_loss_type="low_var_kl",
+        use_unbiased_kl=False,
+        use_tis=True,
+        tis_clip=2.0,
+        tis_clip_low=0.0,
+        tis_mode="truncate",
+        calculate_per_token_loss=False,
+        use_rollout_logprobs=False,
+        custom_pg_loss_reducer_function_path=None,
+    )
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def _batch(seed=0, lengths=(4, 1, 3, 5, 2)):
+    g = torch.Generator().manual_seed(seed)
+    n = len(lengths)
+    lp = [-(torch.rand(m, generator=g) * 3) for m in lengths]
+    old = [x + torch.randn(m, generator=g) * 0.4 for x, m in zip(lp, lengths, strict=True)]
+    return dict(
+        log_probs=[x.clone().requires_grad_(True) for x in lp],
+        old_log_probs=old,
+        advantages=[torch.full((m,), float(torch.randn(1, generator=g))) for m in lengths],
+        loss_masks=[(torch.rand(m, generator=g) > 0.3).float() for m in lengths],
+        loss_denominators=[float(m + i) for i, m in enumerate(lengths)],
+        ref_log_probs=[x + torch.randn(m, generator=g) * 0.3 for x, m in zip(old, lengths, strict=True)],
+        rollout_log_probs=[x + torch.randn(m, generator=g) * 0.5 for x, m in zip(old, lengths, strict=True)],
+        entropy=[torch.rand(m, generator=g) * 2 for m in lengths][:n],
+    )
+
+
+def _reference(args, b):
+    """Plain-Python per-token loop, float64, of the default-reducer objective."""
+    total = dict(pg_loss=0.0, pg_clipfrac=0.0, ppo_kl=0.0, entropy_loss=0.0, kl_loss=0.0, tis=0.0, tis_clipfrac=0.0)
+    eh = args.eps_clip_high if args.eps_clip_high is not None else args.eps_clip
+    for i, mask in enumerate(b["loss_masks"]):
+        d = max(b["loss_denominators"][i], 1.0)
+        for t in range(mask.shape[0]):
+            m = mask[t].item()
+            lp, old = b["log_probs"][i][t].item(), b["old_log_probs"][i][t].item()
+            ref, roll = b["ref_log_probs"][i][t].item(), b["rollout_log_probs"][i][t].item()
+            a = b["advantages"][i][t].item()
+            ratio = math.exp(lp - old)
+            l1, l2 = -ratio * a, -min(max(ratio, 1 - args.eps_clip), 1 + eh) * a
+            pg = max(l1, l2)
+            if args.eps_clip_c is not None and a < 0:
+                pg = min(pg, -args.eps_clip_c * a)
+            raw_w = math.exp(old - roll)
+            w = min(max(raw_w, args.tis_clip_low), args.tis_clip)
+            kl = min(max(math.exp(ref - lp) - 1 + (lp - ref), -10), 10)
+            for key, val in (
+                ("pg_loss", pg * w),
+                ("pg_clipfrac", float(l2 > l1)),
+                ("ppo_kl", old - lp),
+                ("entropy_loss", b["entropy"][i][t].item()),
+                ("kl_loss", kl),
+                ("tis", w),
+                ("tis_clipfrac", float(w != raw_w)),
+            ):
+                total[key] += val * m / d
+    total["loss"] = total["pg_loss"] - args.entropy_coef * total["entropy_loss"] + args.kl_loss_coef * total["kl_loss"]
+    return total
+
+
+def test_matches_plain_python_reference():
+    args, b = _args(), _batch()
+    loss, metrics = compute_actor_loss(args, **b)
+    expected = _reference(args, b)
+    for key, val in expected.items():
+        assert metrics[key].item() == pytest.approx(val, abs=ATOL), key
+    assert loss.item() == pytest.approx(expected["loss"], abs=ATOL)
+    assert loss.requires_grad and all(not v.requires_grad and v.dim() == 0 for v in metrics.values())
+    assert set(metrics) == set(expected) | {"train_rollout_logprob_abs_diff", "tis_abs"}
+
+
+def _split(b, k):
+    return {key: v[:k] for key, v in b.items()}, {key: v[k:] for key, v in b.items()}
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "cispo"])
+def test_micro_batch_split_invariance(per_token, estimator):
+    args = _args(
+        advantage_estimator=estimator, calculate_per_token_loss=per_token, eps_clip=1.0 if estimator == "cispo" else 0.2
+    )
+    b = _batch(seed=3)
+    whole_loss, whole_metrics = compute_actor_loss(args, **b)
+    (whole_grads) = torch.autograd.grad(whole_loss, b["log_probs"])
+    first, second = _split(b, 2)
+    l1, m1 = compute_actor_loss(args, **first)
+    l2, m2 = compute_actor_loss(args, **second)
+    grads = torch.autograd.grad(l1 + l2, b["log_probs"])
+    assert (l1 + l2).item() == pytest.approx(whole_loss.item(), abs=ATOL)
+    for key in whole_metrics:
+        assert (m1[key] + m2[key]).item() == pytest.approx(whole_metrics[key].item(), abs=ATOL), key
+    for g_whole, g_split in zip(whole_grads, grads, strict=True):
+        torch.testing.assert_close(g_split, g_whole, atol=ATOL, rtol=0)
+
+
+def test_identical_log_probs_exact():
+    b = _batch(seed=5)
+    b["old_log_probs"] = [x.detach().clone() for x in b["log_probs"]]
+    args = _args(use_tis=False, use_kl_loss=False, entropy_coef=0.0)
+    loss, metrics = compute_actor_loss(args, **{k: v for k, v in b.items() if k != "entropy"})
+    assert metrics["pg_clipfrac"].item() == 0.0 and metrics["ppo_kl"].item() == 0.0
+    expected = sum(
+        -(a * m).sum().item() / max(d, 1.0)
+        for a, m, d in zip(b["advantages"], b["loss_masks"], b["loss_denominators"], strict=True)
+    )
+    assert loss.item() == pytest.approx(expected, abs=ATOL)
+    assert metrics["entropy_loss"].item() == 0.0
+    assert "kl_loss" not in metrics and "tis" not in metrics
+
+
+def test_per_token_mode_and_all_masked():
+    args = _args(use_tis=False, use_kl_loss=False, entropy_coef=0.0, calculate_per_token_loss=True)
+    lp = [torch.tensor([-1.0, -2.0], requires_grad=True), torch.tensor([-0.5], requires_grad=True)]
+    loss, metrics = compute_actor_loss(
+        args,
+        log_probs=lp,
+        old_log_probs=[x.detach() for x in lp],
+        advantages=[torch.tensor([2.0, 2.0]), torch.tensor([-1.0])],
+        loss_masks=[torch.tensor([1.0, 1.0]), torch.tensor([0.0])],
+        loss_denominators=[100.0, 100.0],  # ignored in per-token mode
+    )
+    assert loss.item() == pytest.approx(-4.0, abs=ATOL)
+    loss.backward()
+    assert torch.equal(lp[1].grad, torch.zeros(1))  # masked sample: zero gradient, no NaN
+    torch.testing.assert_close(lp[0].grad, torch.tensor([-2.0, -2.0]))
+
+
+def test_rollout_logprobs_replace_old():
+    args = _args(use_tis=False, use_kl_loss=False, entropy_coef=0.0, use_rollout_logprobs=True)
+    lp = [torch.tensor([-1.0, -1.0], requires_grad=True)]
+    roll = [torch.tensor([-1.0, -1.0 - math.log(2.0)])]  # ratio [1, 2] vs rollout
+    loss, metrics = compute_actor_loss(
+        args,
+        log_probs=lp,
+        old_log_probs=[torch.tensor([5.0, 5.0])],  # must be ignored
+        advantages=[torch.ones(2)],
+        loss_masks=[torch.ones(2)],
+        loss_denominators=[2.0],
+        rollout_log_probs=roll,
+    )
+    assert loss.item() == pytest.approx((-1.0 - 1.28) / 2, abs=ATOL)  # eps_clip_high 0.28
+    assert metrics["pg_clipfrac"].item() == pytest.approx(0.5, abs=ATOL)
+    assert metrics["train_rollout_logprob_abs_diff"].item() == pytest.approx(math.log(2.0) / 2, abs=ATOL)
+
+
+def test_icepop_and_unbiased_kl():
+    args = _args(tis_mode="icepop", use_unbiased_kl=True, kl_loss_type="k2", entropy_coef=0.0, eps_clip_c=None)
+    lp = [torch.tensor([-1.0, -1.0])]
+    old = [torch.tensor([-1.0, -1.5])]
+    roll = [torch.tensor([-1.0 - math.log(3.0), -1.5])]  # TIS weights: 3 (outside → 0), 1
+    ref = [torch.tensor([-2.0, -1.0])]
+    loss, metrics = compute_actor_loss(
+        args,
+        log_probs=lp,
+        old_log_probs=old,
+        advantages=[torch.ones(2)],
+        loss_masks=[torch.ones(2)],
+        loss_denominators=[2.0],
+        ref_log_probs=ref,
+        rollout_log_probs=roll,
+    )
+    # pg: token0 weight 0; token1 ratio e^0.5 → clipped 1.28 → -1.28; kl: [0.5·1, 0·e^0.5] (IS = exp(lp-old))
+    assert metrics["pg_loss"].item() == pytest.approx(-1.28 / 2, abs=ATOL)
+    assert metrics["tis_clipfrac"].item() == pytest.approx(0.5, abs=ATOL)
+    assert metrics["kl_loss"].item() == pytest.approx(0.5 / 2, abs=ATOL)
+    assert loss.item() == pytest.approx(-0.64 + 0.1 * 0.25, abs=ATOL)
+
+
+def test_drgrpo_custom_reducer_path():
+    args = _args(
+        use_tis=False,
+        use_kl_loss=False,
+        entropy_coef=0.0,
+        rollout_max_response_len=10,
+        custom_pg_loss_reducer_function_path="slime_core.algorithms.reducers.drgrpo",
+    )
+    lp = [torch.tensor([-1.0, -1.0, -1.0])]
+    loss, metrics = compute_actor_loss(
+        args,
+        log_probs=lp,
+        old_log_probs=lp,
+        advantages=[torch.ones(3)],
+        loss_masks=[torch.tensor([1.0, 1.0, 0.0])],
+        loss_denominators=[2.0],
+    )
+    assert metrics["pg_loss"].item() == pytest.approx(-2.0 / 10, abs=ATOL)
+    assert metrics["pg_clipfrac"].item() == 0.0  # metrics keep the default reducer
+    with pytest.raises(ValueError, match="custom-pg-loss-reducer"):
+        compute_actor_loss(
+            _args(
+                use_tis=False,
+                use_kl_loss=False,
+                entropy_coef=0.0,
+                custom_pg_loss_reducer_function_path="no_such_module.fn",
+            ),
+            log_probs=lp,
+            old_log_probs=lp,
+            advantages=[torch.ones(3)],
+            loss_masks=[torch.ones(3)],
+            loss_denominators=[3.0],
+        )
+
+
+def test_option_errors():
+    b = _batch()
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        compute_actor_loss(_args(use_rollout_logprobs=True), **b)
+    with pytest.raises(ValueError, match="use-kl-loss"):
+        compute_actor_loss(_args(), **{**b, "ref_log_probs": None})
+    with pytest.raises(ValueError, match="use-tis"):
+        compute_actor_loss(_args(), **{**b, "rollout_log_probs": None})
+    with pytest.raises(ValueError, match="entropy"):
+        compute_actor_loss(_args(), **{**b, "entropy": None})
+    bad = {**b, "advantages": [torch.ones(7)] + b["advantages"][1:]}
+    with pytest.raises(ValueError, match=r"advantages\[0\]"):
+        compute_actor_loss(_args(), **bad)
+
+
+def test_critic_loss_by_hand():
+    args = types.SimpleNamespace(value_clip=0.2, calculate_per_token_loss=False)
+    values = [torch.tensor([1.5, 0.1, 2.0], requires_grad=True)]
+    loss, metrics = compute_critic_loss(
+        args,
+        values=values,
+        old_values=[torch.tensor([1.0, 0.0, 0.0])],
+        returns=[torch.tensor([2.0, 0.0, 5.0])],
+        loss_masks=[torch.tensor([1.0, 1.0, 0.0])],
+        loss_denominators=[2.0],
+    )
+    # token0: Vclip = 1.2 → max(0.64, 0.25) = 0.64; token1: unclipped → 0.01; token2 masked
+    assert loss.item() == pytest.approx((0.64 + 0.01) / 2, abs=ATOL)
+    assert metrics["value_clipfrac"].item() == pytest.approx(0.5, abs=ATOL)
+    loss.backward()
+    # token0's active branch is the clipped one (constant in V) → grad 0; token1: 2(V-R)/2 = 0.1
+    torch.testing.assert_close(values[0].grad, torch.tensor([0.0, 0.1, 0.0]), atol=ATOL, rtol=0)
+
+
+def test_sft_loss():
+    lp = [torch.tensor([-1.0, -3.0]), torch.tensor([-2.0])]
+    loss, metrics = compute_sft_loss(
+        types.SimpleNamespace(calculate_per_token_loss=False),
+        log_probs=lp,
+        loss_masks=[torch.tensor([1.0, 0.0]), torch.ones(1)],
+        loss_denominators=[1.0, 1.0],
+    )
+    assert loss.item() == pytest.approx(3.0, abs=ATOL) and metrics["loss"].item() == pytest.approx(3.0, abs=ATOL)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu():
+    args, b = _args(advantage_estimator="gspo"), _batch(seed=9)
+    cpu_loss, cpu_metrics = compute_actor_loss(args, **b)
+    cuda_b = {
+        k: [x.detach().cuda().requires_grad_(k == "log_probs") for x in v]
+        for k, v in b.items()
+        if k != "loss_denominators"
+    }
+    cuda_loss, cuda_metrics = compute_actor_loss(args, loss_denominators=b["loss_denominators"], **cuda_b)
+    assert cuda_loss.item() == pytest.approx(cpu_loss.item(), abs=1e-4)
+    for key, val in cpu_metrics.items():
+        assert cuda_metrics[key].item() == pytest.approx(val.item(), abs=1e-4), key
