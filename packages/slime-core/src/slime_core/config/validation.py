@@ -303,6 +303,8 @@ def _passthrough(args: SlimeArgs) -> None:
 
 def _sglang_int(args: SlimeArgs, key: str, default: int) -> int:
     value = args.sglang_args.get(key, default)
+    if isinstance(value, bool):  # A flag given without a value; int(True) would silently be 1.
+        value = str(value)
     try:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

@@ -1,0 +1,197 @@
+"""Validation rules and derived defaults of `SlimeArgs` (slime-features.md §9)."""
+
+import logging
+import re
+
+import pytest
+from slime_core.config import ConfigError, SlimeArgs, parse_args, validation
+from slime_core.config import base as config_base
+
+BASE = {"rollout_batch_size": 4, "num_rollout": 1}
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch):
+    monkeypatch.setattr(config_base, "_WARNED", set())
+    monkeypatch.setattr(validation, "_cuda_available", lambda: False)
+
+
+def make(**overrides):
+    return SlimeArgs.from_dict({**BASE, **overrides})
+
+
+# (overrides, a fragment of the one-line error that names the flags)
+BROKEN_RULES = [
+    ({"kl_coef": 0.1, "kl_loss_coef": 0.1, "hf_checkpoint": "m"}, "--kl-coef and --kl-loss-coef cannot both"),
+    ({"use_kl_loss": True, "kl_loss_coef": 0.01}, "give --ref-load or --hf-checkpoint"),
+    ({"kl_coef": 0.05}, "give --ref-load or --hf-checkpoint"),
+    ({"advantage_estimator": "reinforce_plus_plus"}, "reinforce_plus_plus requires --normalize-advantages"),
+    ({"advantage_estimator": "reinforce_plus_plus_baseline"}, "baseline requires --normalize-advantages"),
+    ({"eps_clip_c": 1.0}, "--eps-clip-c must be > 1"),
+    ({"use_rollout_logprobs": True, "use_tis": True}, "--use-rollout-logprobs and --use-tis are mutually exclusive"),
+    ({"get_mismatch_metrics": True}, "--get-mismatch-metrics requires --custom-tis-function-path"),
+    ({"tis_clip_low": 3.0}, "--tis-clip-low (3.0) must be <= --tis-clip (2.0)"),
+    ({"rollout_temperature": 0.0}, "--rollout-temperature: Input should be greater than 0"),
+    ({"eval_temperature": -1.0}, "--eval-temperature: Input should be greater than 0"),
+    ({"over_sampling_batch_size": 3}, "--over-sampling-batch-size (3) must be >= --rollout-batch-size (4)"),
+    ({"n_samples_per_prompt": 2, "num_steps_per_rollout": 3}, "--num-steps-per-rollout 3 does not divide"),
+    ({"n_samples_per_prompt": 2, "global_batch_size": 3}, "--global-batch-size 3 does not divide"),
+    (
+        {"n_samples_per_prompt": 2, "global_batch_size": 4, "num_steps_per_rollout": 4},
+        "--global-batch-size 4 * --num-steps-per-rollout 4 != --rollout-batch-size * --n-samples-per-prompt = 4 * 2 = 8",
+    ),
+    ({"micro_batch_size": 3}, "--micro-batch-size 3 does not divide --global-batch-size 4"),
+    ({"num_rollout": None}, "one of --num-rollout or --num-epoch is required"),
+    ({"num_rollout": None, "num_epoch": 1, "disable_rollout_global_dataset": True}, "--num-epoch needs a prompt"),
+    ({"eval_prompt_data": ["aime", "a.jsonl", "gsm8k"]}, "--eval-prompt-data takes pairs"),
+    ({"eval_prompt_data": ["a", "x.jsonl", "a", "y.jsonl"]}, "--eval-prompt-data: duplicate dataset names"),
+    ({"eval_interval": 5}, "--eval-interval requires --eval-prompt-data or --eval-config"),
+    ({"save_interval": 5}, "--save-interval requires --save"),
+    ({"use_dynamic_batch_size": True}, "--use-dynamic-batch-size requires --max-tokens-per-gpu"),
+    ({"balance_by_flops": True}, "--balance-by-flops requires --use-dynamic-batch-size"),
+    ({"rollout_max_context_len": 100, "rollout_max_prompt_len": 100}, "--rollout-max-prompt-len (100) must be <="),
+    ({"debug_rollout_only": True, "debug_train_only": True}, "--debug-rollout-only and --debug-train-only"),
+    ({"debug_rollout_only": True, "load_debug_rollout_data": "d_{rollout_id}.pt"}, "--debug-rollout-only and"),
+    ({"colocate": True, "rollout_num_gpus": 4}, "--rollout-num-gpus 4 is smaller than the 8 actor GPUs"),
+    ({"loss_type": "custom_loss"}, "--loss-type custom_loss requires --custom-loss-function-path"),
+    ({"num_critic_only_steps": 2}, "--num-critic-only-steps needs --advantage-estimator ppo"),
+    ({"only_train_params_name_list": ["a"], "freeze_params_name_list": ["b"]}, "are mutually exclusive"),
+    ({"bf16": True, "fp16": True}, "--bf16 and --fp16 are mutually exclusive"),
+    ({"update_weight_transport": "disk"}, "--update-weight-transport disk requires --update-weight-disk-dir"),
+    ({"release_train": True}, "--release-train requires --save"),
+    ({"release_train": True, "save": "/ckpt", "weight_sync": "tensor"}, "--release-train requires disk weight sync"),
+    ({"release_train": True, "save": "/ckpt", "keep_old_actor": True}, "--release-train is incompatible"),
+    ({"use_opd": True}, "--use-opd requires --opd-type"),
+    ({"use_opd": True, "opd_type": "megatron"}, "--opd-type megatron requires --opd-teacher-load"),
+    ({"use_opd": True, "opd_type": "sglang", "opd_teacher_load": "/t"}, "--opd-teacher-load is only for"),
+    ({"sglang_args": {"dp_size": "2"}}, "--sglang-dp-size > 1 requires --sglang-enable-dp-attention"),
+    ({"sglang_args": {"pp_size": "2"}}, "--rollout-num-gpus-per-engine 1 must be divisible by --sglang-pp-size 2"),
+    ({"sglang_args": {"pp_size": True}}, "--sglang-pp-size: expected an integer"),
+    ({"sglang_config": "s.yaml", "rollout_engine_urls": ["http://h:1"]}, "--sglang-config and --rollout-engine-urls"),
+    ({"prefill_num_servers": 1, "sglang_config": "s.yaml"}, "--sglang-config and --prefill-num-servers are mutually"),
+    (
+        {"rollout_external_engine_addrs": ["h:1"], "rollout_engine_urls": ["http://h:2"]},
+        "--rollout-external-engine-addrs and --rollout-engine-urls disagree",
+    ),
+    ({"megatron_args": ["--tensor-model-parallel-size", "x"]}, "--tensor-model-parallel-size: expected an integer"),
+    (
+        {"save_debug_rollout_data": "d/{rollout_id}.pt", "save_debug_train_data": "d/{rollout_id}.pt"},
+        "must be different paths",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BROKEN_RULES, ids=[str(i) for i in range(len(BROKEN_RULES))])
+def test_broken_rule_names_the_flags(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        make(**overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_broken_rule_from_the_command_line():
+    with pytest.raises(ConfigError, match=re.escape("--eps-clip-c must be > 1 (dual clip), got 0.5")):
+        parse_args(["--rollout-batch-size", "4", "--num-rollout", "1", "--eps-clip-c", "0.5"])
+
+
+def test_valid_combinations_pass():
+    assert make(use_kl_loss=True, kl_loss_coef=0.01, ref_load="/ref").with_ref
+    assert make(kl_coef=0.05, hf_checkpoint="/hf").with_ref
+    assert make(advantage_estimator="reinforce_plus_plus", normalize_advantages=True).advantage_estimator
+    assert make(eps_clip_c=3.0).eps_clip_c == 3.0
+    assert make(use_tis=True).use_tis and make(use_rollout_logprobs=True).use_rollout_logprobs
+    assert make(get_mismatch_metrics=True, custom_tis_function_path="m.f").get_mismatch_metrics
+    assert make(num_rollout=None, num_epoch=2).num_epoch == 2
+    assert make(eval_interval=5, eval_prompt_data=["gsm8k", "g.jsonl"]).eval_datasets == [("gsm8k", "g.jsonl")]
+    assert make(sglang_args={"dp_size": "2", "enable_dp_attention": True}).sglang_args["dp_size"] == "2"
+    assert make(rollout_num_gpus_per_engine=4, sglang_args={"pp_size": "2"}).rollout_num_gpus_per_engine == 4
+    assert make(colocate=True, rollout_num_gpus=0).rollout_num_gpus == 0  # router only
+    assert make(colocate=True, rollout_num_gpus=12).rollout_num_gpus == 12  # extra rollout-only GPUs
+
+
+@pytest.mark.parametrize(
+    ("rbs", "n", "gbs", "steps", "expected"),
+    [
+        (8, 4, None, 2, (16, 2)),  # --num-steps-per-rollout derives --global-batch-size = 8 * 4 / 2
+        (8, 4, 8, None, (8, 4)),  # --global-batch-size derives the number of steps = 32 / 8
+        (8, 4, 16, 2, (16, 2)),  # both given and consistent
+        (8, 4, None, None, (32, 1)),  # neither: one step over the whole rollout
+    ],
+)
+def test_batch_size_derivation(rbs, n, gbs, steps, expected):
+    args = make(rollout_batch_size=rbs, n_samples_per_prompt=n, global_batch_size=gbs, num_steps_per_rollout=steps)
+    assert (args.global_batch_size, args.num_steps_per_rollout) == expected
+    # The invariant of DESIGN.md §1.
+    assert args.rollout_batch_size * args.n_samples_per_prompt == args.global_batch_size * args.num_steps_per_rollout
+
+
+def test_placement_derivations():
+    colocated = make(colocate=True, actor_num_nodes=2, actor_num_gpus_per_node=4)
+    assert colocated.offload_train and colocated.offload_rollout and colocated.rollout_num_gpus == 8
+    assert colocated.weight_sync == "tensor"
+    offloaded = make(offload=True, rollout_num_gpus=4)
+    assert offloaded.offload_train and offloaded.offload_rollout and not offloaded.colocate
+    separate = make(rollout_num_gpus=4)
+    assert separate.offload_train is False and separate.offload_rollout is False
+    fsdp = make(train_backend="fsdp", colocate=True, fsdp_cpu_offload=True)
+    assert fsdp.offload_train is False and fsdp.offload_rollout is True
+    ppo = make(advantage_estimator="ppo", actor_num_gpus_per_node=2)
+    assert ppo.use_critic and (ppo.critic_num_nodes, ppo.critic_num_gpus_per_node) == (1, 2)
+
+
+def test_debug_mode_derivations():
+    replay = make(load_debug_rollout_data="/dumps/{rollout_id}.pt")
+    assert replay.debug_train_only
+    rollout_only = make(debug_rollout_only=True, colocate=True)
+    assert not rollout_only.colocate and rollout_only.offload_train is False and rollout_only.offload_rollout is False
+    dumps = make(dump_details="/tmp/run")
+    assert dumps.save_debug_rollout_data == "/tmp/run/rollout_data/{rollout_id}.pt"
+    assert dumps.save_debug_train_data == "/tmp/run/train_data/{rollout_id}.pt"
+
+
+def test_weight_sync_resolution(monkeypatch):
+    assert make().weight_sync == "disk"  # CPU: no NCCL, the reference engine reloads from disk
+    assert make(colocate=True).weight_sync == "tensor"
+    assert make(update_weight_transport="nccl").weight_sync == "distributed"
+    assert make(update_weight_transport="disk", update_weight_disk_dir="/w").weight_sync == "disk"
+    assert make(weight_sync="distributed").weight_sync == "distributed"  # explicit choices are kept
+    monkeypatch.setattr(validation, "_cuda_available", lambda: True)
+    assert make().weight_sync == "distributed"
+    assert make(rollout_engine="reference").weight_sync == "disk"
+
+
+def test_other_derivations():
+    args = make(
+        rollout_max_context_len=4096,
+        use_dynamic_batch_size=True,
+        max_tokens_per_gpu=1024,
+        balance_by_flops=True,
+        use_rollout_routing_replay=True,
+        rollout_external_engine_addrs=["10.0.0.1:30000", "http://10.0.0.2:30000"],
+        release_train=True,
+        save="/ckpt",
+        weight_sync="disk",
+    )
+    assert args.rollout_max_prompt_len == 4095 and args.eval_max_context_len == 4096
+    assert args.log_probs_max_tokens_per_gpu == 1024 and args.balance_data
+    assert args.use_routing_replay
+    assert args.rollout_engine_urls == ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+    assert args.save_interval == 1  # --release-train saves every rollout
+    assert make(eps_clip=0.3).eps_clip_high == 0.3
+    assert make(n_samples_per_prompt=2).disable_grpo_std_normalization is False
+    assert make(n_samples_per_prompt=1).disable_grpo_std_normalization is True
+
+
+def test_derived_config_round_trips():
+    args = make(colocate=True, n_samples_per_prompt=2, num_steps_per_rollout=2, rollout_max_context_len=64)
+    assert SlimeArgs.from_dict(args.to_dict()) == args
+
+
+def test_no_effect_warnings(caplog):
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(advantage_estimator="cispo")
+        make(kl_loss_coef=0.1)
+        make(num_epoch=3)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("CISPO with --eps-clip 0.2 < 1" in m for m in messages)
+    assert any("--kl-loss-coef has no effect without --use-kl-loss" in m for m in messages)
+    assert any("--num-epoch is ignored" in m for m in messages)
