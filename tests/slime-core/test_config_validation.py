@@ -38,7 +38,7 @@ BROKEN_RULES = [
     ({"n_samples_per_prompt": 2, "global_batch_size": 3}, "--global-batch-size 3 does not divide"),
     (
         {"n_samples_per_prompt": 2, "global_batch_size": 4, "num_steps_per_rollout": 4},
-        "--global-batch-size 4 * --num-steps-per-rollout 4 != --rollout-batch-size * --n-samples-per-prompt = 4 * 2 = 8",
+        "--global-batch-size 4 * --num-steps-per-rollout 4 != --rollout-batch-size * --n-samples-per-prompt = 4 * 2",
     ),
     ({"micro_batch_size": 3}, "--micro-batch-size 3 does not divide --global-batch-size 4"),
     ({"num_rollout": None}, "one of --num-rollout or --num-epoch is required"),
