@@ -1,0 +1,93 @@
+"""User plugin loading from import paths (`--custom-rm-path pkg.mod.fn`)."""
+
+import textwrap
+import uuid
+
+import pytest
+from slime_core.plugins import PluginError, call_maybe_async, load_function
+
+
+@pytest.fixture
+def plugin_pkg(tmp_path, monkeypatch):
+    """A fresh importable package (unique name, since load_function caches per path)."""
+    name = f"userplug_{uuid.uuid4().hex[:8]}"
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rewards.py").write_text(
+        textwrap.dedent(
+            """
+            THRESHOLD = 0.5
+
+            async def custom_rm(args, sample):
+                return 1.0 if sample > THRESHOLD else 0.0
+
+            def sync_rm(args, sample):
+                return sample * 2
+
+            class Filters:
+                @staticmethod
+                def keep(args, group):
+                    return len(group) > 1
+            """
+        )
+    )
+    (pkg / "needs_dep.py").write_text("import definitely_not_installed_pkg_xyz\n")
+    (pkg / "broken.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+async def test_dotted_and_colon_paths(plugin_pkg):
+    fn = load_function(f"{plugin_pkg}.rewards.custom_rm", flag="--custom-rm-path")
+    assert await fn(None, 0.9) == 1.0
+    assert load_function(f"{plugin_pkg}.rewards:custom_rm", flag="--custom-rm-path") is fn
+    keep = load_function(f"{plugin_pkg}.rewards:Filters.keep", flag="--dynamic-sampling-filter-path")
+    assert keep(None, [1, 2]) is True and keep(None, [1]) is False
+    assert load_function(f"{plugin_pkg}.rewards.Filters", flag="--data-source-path").__name__ == "Filters"
+
+
+def test_missing_module(plugin_pkg):
+    with pytest.raises(PluginError, match=rf"--custom-rm-path: module '{plugin_pkg}.nope' not found") as info:
+        load_function(f"{plugin_pkg}.nope.fn", flag="--custom-rm-path")
+    assert isinstance(info.value, ImportError)
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+
+
+def test_missing_top_level_package():
+    with pytest.raises(PluginError, match=r"--custom-generate-function-path: module 'no_such_pkg_q1.gen' not found"):
+        load_function("no_such_pkg_q1.gen.generate", flag="--custom-generate-function-path")
+
+
+def test_module_whose_own_import_fails(plugin_pkg):
+    # The plugin module exists; a dependency of it is missing. The message must not blame the plugin path.
+    with pytest.raises(PluginError, match=r"importing module .*needs_dep' failed: No module named") as info:
+        load_function(f"{plugin_pkg}.needs_dep.fn", flag="--custom-rm-path")
+    assert info.value.__cause__.name == "definitely_not_installed_pkg_xyz"
+    with pytest.raises(PluginError, match=r"importing module .*broken' failed: RuntimeError: boom at import") as info:
+        load_function(f"{plugin_pkg}.broken.fn", flag="--custom-rm-path")
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_missing_attribute(plugin_pkg):
+    with pytest.raises(PluginError, match=rf"--custom-rm-path: module '{plugin_pkg}.rewards' has no attribute 'nope'"):
+        load_function(f"{plugin_pkg}.rewards.nope", flag="--custom-rm-path")
+    with pytest.raises(PluginError, match="has no attribute 'Filters.missing'") as info:
+        load_function(f"{plugin_pkg}.rewards:Filters.missing", flag="--custom-rm-path")
+    assert isinstance(info.value.__cause__, AttributeError)
+
+
+def test_not_callable_and_malformed_paths(plugin_pkg):
+    with pytest.raises(PluginError, match="--custom-rm-path: .*THRESHOLD' is a float, not a callable"):
+        load_function(f"{plugin_pkg}.rewards.THRESHOLD", flag="--custom-rm-path")
+    for bad in ("", "   ", "nodots", "pkg.", ":fn", "pkg:"):
+        with pytest.raises(PluginError, match="--rm-flag: "):
+            load_function(bad, flag="--rm-flag")
+
+
+async def test_call_maybe_async(plugin_pkg):
+    async_fn = load_function(f"{plugin_pkg}.rewards.custom_rm", flag="--custom-rm-path")
+    sync_fn = load_function(f"{plugin_pkg}.rewards.sync_rm", flag="--custom-rm-path")
+    assert await call_maybe_async(async_fn, None, 0.1) == 0.0
+    assert await call_maybe_async(sync_fn, None, 3) == 6
+    assert await call_maybe_async(sync_fn, args=None, sample=4) == 8
