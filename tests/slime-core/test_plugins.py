@@ -1,5 +1,6 @@
 """User plugin loading from import paths (`--custom-rm-path pkg.mod.fn`)."""
 
+import asyncio
 import textwrap
 import uuid
 
@@ -38,9 +39,10 @@ def plugin_pkg(tmp_path, monkeypatch):
     return name
 
 
-async def test_dotted_and_colon_paths(plugin_pkg):
+# Plain sync tests driving asyncio themselves: slime-core's isolated test run has no pytest-asyncio.
+def test_dotted_and_colon_paths(plugin_pkg):
     fn = load_function(f"{plugin_pkg}.rewards.custom_rm", flag="--custom-rm-path")
-    assert await fn(None, 0.9) == 1.0
+    assert asyncio.run(fn(None, 0.9)) == 1.0
     assert load_function(f"{plugin_pkg}.rewards:custom_rm", flag="--custom-rm-path") is fn
     keep = load_function(f"{plugin_pkg}.rewards:Filters.keep", flag="--dynamic-sampling-filter-path")
     assert keep(None, [1, 2]) is True and keep(None, [1]) is False
@@ -85,9 +87,9 @@ def test_not_callable_and_malformed_paths(plugin_pkg):
             load_function(bad, flag="--rm-flag")
 
 
-async def test_call_maybe_async(plugin_pkg):
+def test_call_maybe_async(plugin_pkg):
     async_fn = load_function(f"{plugin_pkg}.rewards.custom_rm", flag="--custom-rm-path")
     sync_fn = load_function(f"{plugin_pkg}.rewards.sync_rm", flag="--custom-rm-path")
-    assert await call_maybe_async(async_fn, None, 0.1) == 0.0
-    assert await call_maybe_async(sync_fn, None, 3) == 6
-    assert await call_maybe_async(sync_fn, args=None, sample=4) == 8
+    assert asyncio.run(call_maybe_async(async_fn, None, 0.1)) == 0.0
+    assert asyncio.run(call_maybe_async(sync_fn, None, 3)) == 6
+    assert asyncio.run(call_maybe_async(sync_fn, args=None, sample=4)) == 8
