@@ -1,0 +1,118 @@
+"""Child side of the Python sandbox: install the policy audit hook, then run the user's code.
+
+Started by `slime_envs.sandbox.run_python` as `python -I _sandbox_child.py POLICY_JSON` with the
+sandbox's private directory as cwd and OS limits already applied by the parent. This file is not
+imported by the package; it only uses the standard library.
+
+The audit hook (PEP 578) is a policy layer that turns forbidden actions into clear Python errors
+(`PermissionError: sandbox: ...`) the model can read. It is not a security boundary on its own
+(native code can bypass it); the OS limits set by the parent are the containment.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+_POLICY = json.loads(sys.argv[1])
+_WORKDIR = os.path.realpath(_POLICY["workdir"])
+_READ_ROOTS = [os.path.realpath(p) for p in _POLICY["read_roots"]] + [_WORKDIR]
+_DEVICES = {"/dev/null", "/dev/urandom", "/dev/random", "/dev/zero"}
+_SOCKET_EVENTS = ("socket.__new__", "socket.bind", "socket.connect", "socket.getaddrinfo", "socket.sendto")
+_PROCESS_EVENTS = (
+    "os.fork",
+    "os.forkpty",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.startfile",
+    "subprocess.Popen",
+    "pty.spawn",
+)
+_LIST_EVENTS = ("os.listdir", "os.scandir")
+_PATH_EVENTS = (
+    "os.mkdir",
+    "os.remove",
+    "os.rmdir",
+    "os.rename",
+    "os.chmod",
+    "os.chown",
+    "os.truncate",
+    "os.utime",
+    "os.symlink",
+    "os.link",
+    "shutil.rmtree",
+    "shutil.copyfile",
+)
+
+
+def _inside(path, roots):
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r + os.sep) for r in roots)
+
+
+def _deny(what):
+    raise PermissionError(f"sandbox: {what} is not allowed")
+
+
+def _hook(event, args):
+    if event == "open":
+        path, mode = args[0], args[1]
+        if isinstance(path, int) or path is None:
+            return
+        path = os.fsdecode(path)
+        if path in _DEVICES:
+            return
+        writing = isinstance(mode, str) and any(c in mode for c in "wax+")
+        if isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            writing = True
+        roots = [_WORKDIR] if writing else _READ_ROOTS
+        if not _inside(path, roots):
+            _deny(f"{'writing' if writing else 'reading'} {path!r} (outside the sandbox directory)")
+    elif event in _SOCKET_EVENTS and _POLICY["block_network"]:
+        _deny("network access")
+    elif event in _PROCESS_EVENTS and _POLICY["block_subprocess"]:
+        _deny(f"starting processes ({event})")
+    elif event in _LIST_EVENTS:
+        if args and isinstance(args[0], (str, bytes, os.PathLike)) and not _inside(os.fsdecode(args[0]), _READ_ROOTS):
+            _deny(f"listing {os.fsdecode(args[0])!r} (outside the sandbox directory)")
+    elif event in _PATH_EVENTS:
+        for arg in args:
+            if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(os.fsdecode(arg), [_WORKDIR]):
+                _deny(f"{event} on {os.fsdecode(arg)!r} (outside the sandbox directory)")
+    elif event in ("ctypes.dlopen", "ctypes.dlsym"):
+        _deny("ctypes")
+
+
+def main():
+    for name in _POLICY["preload"]:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    with open(os.path.join(_WORKDIR, "main.py"), encoding="utf-8") as f:
+        source = f.read()
+    code = compile(source, "main.py", "exec")
+    sys.addaudithook(_hook)
+    namespace = {"__name__": "__main__", "__file__": "main.py"}
+    try:
+        exec(code, namespace)
+    except SystemExit:
+        sys.stdout.flush()
+        raise
+    except BaseException:
+        # Show only the frames of the user's code, as a plain Python run would.
+        # Show the user's frames (and library frames), not this runner's or its audit hook's.
+        exc = sys.exc_info()[1]
+        lines = ["Traceback (most recent call last):\n"]
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+        lines += traceback.format_list(frames)
+        lines += traceback.format_exception_only(exc)
+        sys.stdout.flush()
+        sys.stderr.write("".join(lines))
+        sys.stderr.flush()
+        os._exit(1)
+
+
+main()

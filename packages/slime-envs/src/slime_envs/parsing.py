@@ -1,0 +1,122 @@
+"""Parsing model turns into tool calls or final answers.
+
+Two formats that users train with:
+
+* Qwen3 / Hermes tool calls: the chat template describes the tools and the model writes
+  `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (one block per call).
+* Search-R1 tags: `<search>query</search>` to call the retriever, `<answer>text</answer>` to finish.
+
+Parsing never raises on model output: what is wrong with a call is returned as an error string so
+the environment can show it to the model as an observation (the model learns from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+__all__ = ["ParsedTurn", "ToolCall", "extract_answer", "parse_tag_action", "parse_tool_calls"]
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ToolCall:
+    """One well-formed tool call.
+
+    Attributes:
+        name: tool name, e.g. `"code_interpreter"` or `"search"`.
+        arguments: keyword arguments of the call (a JSON object).
+    """
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ParsedTurn:
+    """What a model turn asks for.
+
+    Attributes:
+        tool_calls: well-formed calls, in order.
+        errors: one message per malformed call (for the observation), in order.
+        answer: the final answer text if the turn gives one (`<answer>...</answer>`), else None.
+    """
+
+    tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+    answer: str | None = None
+
+
+def _parse_one_call(body: str) -> ToolCall | str:
+    """Parses the JSON inside one `<tool_call>` block; returns the call or an error message."""
+    try:
+        obj = json.loads(body.strip())
+    except json.JSONDecodeError as e:
+        return f"invalid JSON in <tool_call>: {e.msg} at line {e.lineno} column {e.colno}"
+    if not isinstance(obj, dict):
+        return f"<tool_call> must hold a JSON object with 'name' and 'arguments', got {type(obj).__name__}"
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return "<tool_call> is missing a string 'name'"
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(arguments, str):
+        # Some models emit the arguments as a JSON-encoded string (OpenAI style); accept it.
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as e:
+            return f"'arguments' of tool '{name}' is a string that is not valid JSON: {e.msg}"
+    if not isinstance(arguments, dict):
+        return f"'arguments' of tool '{name}' must be a JSON object, got {type(arguments).__name__}"
+    return ToolCall(name=name, arguments=arguments)
+
+
+def parse_tool_calls(text: str) -> ParsedTurn:
+    """Parses Qwen3/Hermes `<tool_call>{json}</tool_call>` blocks and an optional `<answer>`.
+
+    Args:
+        text: the decoded model turn (special tokens such as `<|im_end|>` may be present).
+
+    Returns:
+        The calls found, an error per malformed block (bad JSON, missing name, non-object arguments,
+        an unclosed `<tool_call>`), and the `<answer>` content if present.
+    """
+    parsed = ParsedTurn()
+    for match in _TOOL_CALL_RE.finditer(text):
+        call = _parse_one_call(match.group(1))
+        if isinstance(call, str):
+            parsed.errors.append(call)
+        else:
+            parsed.tool_calls.append(call)
+    opened, closed = text.count("<tool_call>"), text.count("</tool_call>")
+    if opened > closed:
+        parsed.errors.append("a <tool_call> block is not closed with </tool_call>")
+    parsed.answer = extract_answer(text)
+    return parsed
+
+
+def parse_tag_action(text: str, *, tags: tuple[str, ...] = ("search", "answer")) -> tuple[str | None, str]:
+    """Finds the first Search-R1 style action `<tag>content</tag>` in a model turn.
+
+    Args:
+        text: the decoded model turn.
+        tags: the action tags to look for.
+
+    Returns:
+        `(tag, content)` of the first complete action (content stripped), or `(None, "")` if there is
+        none (the caller turns that into an "invalid action" observation).
+    """
+    alternatives = "|".join(re.escape(t) for t in tags)
+    match = re.search(rf"<({alternatives})>(.*?)</\1>", text, re.DOTALL)
+    if match is None:
+        return None, ""
+    return match.group(1), match.group(2).strip()
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the last `<answer>...</answer>` block (stripped), or None."""
+    matches = _ANSWER_RE.findall(text)
+    return matches[-1].strip() if matches else None
