@@ -142,17 +142,26 @@ class EnvStep:
         done: the episode is over (final answer given or turn budget spent).
         reward: optional reward decided by the environment.
         info: free-form details (tool name, errors) for metrics and debugging.
+        tool_responses: contents of tool messages (one per call) for chat-template tool calling; when
+            given, the generate function renders them as `tool` messages with the tokenizer's chat
+            template instead of appending `observation` verbatim (`observation` is then their plain
+            text, for logging).
     """
 
     observation: str
     done: bool
     reward: float | None = None
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tool_responses: list[str] | None = None
 
 
 @runtime_checkable
 class Env(Protocol):
-    """A multi-turn tool environment (registered under the `slime.envs` entry-point group)."""
+    """A multi-turn tool environment (registered under the `slime.envs` entry-point group).
+
+    Optional attribute read by generate functions: `stop: list[str]`, extra stop strings that end a
+    model turn at a tool boundary (e.g. `</search>`), kept in the output (`no_stop_trim`).
+    """
 
     def reset(self, *, prompt: Any, label: Any, metadata: Mapping[str, Any]) -> None:
         """Starts an episode for one sample."""
