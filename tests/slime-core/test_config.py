@@ -339,3 +339,30 @@ def test_help_lists_flags(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "--rollout-batch-size" in out and "--eval-prompt-data" in out and "--no-offload-train" in out
+
+
+def test_user_guide_examples(caplog, no_cuda):
+    dapo = parse_args(
+        shlex.split(
+            "--over-sampling-batch-size 64 --rollout-batch-size 32 --n-samples-per-prompt 8 --num-rollout 10 "
+            "--dynamic-sampling-filter-path slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+        )
+    )
+    assert (dapo.over_sampling_batch_size, dapo.rollout_batch_size, dapo.global_batch_size) == (64, 32, 256)
+    assert dapo.dynamic_sampling_filter_path.endswith("check_reward_nonzero_std")
+    disaggregated = parse_args(
+        [*MINIMAL, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "4"]
+    )
+    assert disaggregated.rollout_num_gpus == 4 and not disaggregated.colocate and not disaggregated.offload_train
+    multi_turn = parse_args(
+        [*MINIMAL, "--custom-generate-function-path", "my_module.generate", "--custom-rm-path", "my_module.reward_func"]
+        + ["--metadata-key", "metadata", "--max-turns", "4", "--tool-key", "tools"]
+    )
+    assert multi_turn.custom_generate_function_path == "my_module.generate" and multi_turn.max_turns == 4
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        fsdp = parse_args(
+            [*MINIMAL, "--train-backend", "fsdp", "--hf-checkpoint", "/root/Qwen3-4B", "--gradient-checkpointing"]
+            + ["--context-parallel-size", "2"]
+        )
+    assert fsdp.gradient_checkpointing and fsdp.context_parallel_size == 1
+    assert any("--context-parallel-size" in r.getMessage() for r in caplog.records)
