@@ -1,3 +1,11 @@
-"""slime-train-fsdp."""
+"""slime-train-fsdp: the FSDP2 training backend for Hugging Face causal LMs.
+
+`FSDPTrainBackend` implements `slime_core.protocols.TrainBackend`; run one instance per rank after
+`torch.distributed.init_process_group` (gloo on CPU, nccl on GPU).
+"""
+
+from slime_train_fsdp.backend import FSDPTrainBackend
 
 __version__ = "0.1.0"
+
+__all__ = ["FSDPTrainBackend"]

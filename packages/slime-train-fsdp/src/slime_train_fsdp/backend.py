@@ -64,6 +64,7 @@ class FSDPTrainBackend:
         self.global_step = 0
         self._ref_shards: dict[str, torch.Tensor] | None = None
         self._asleep = False
+        self.step_metrics: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ setup
     def init(self, args: Any, *, with_ref: bool) -> int:
@@ -204,7 +205,7 @@ class FSDPTrainBackend:
         Returns:
             `train/*` metrics averaged over the steps, each reduced over all DP ranks and normalized by the
             step's global sample (or token) count; `train/grad_norm` (pre-clip, mean over steps) and `train/lr`
-            (rate of the last step).
+            (rate of the last step). The per-step values are kept in `self.step_metrics`.
 
         Raises:
             ValueError: when `--use-rollout-logprobs` is set but the batch has no rollout log-probs, or the
@@ -224,6 +225,7 @@ class FSDPTrainBackend:
         per_step: list[dict[str, float]] = []
         for step in range(batch.num_steps):
             per_step.append(self._train_step(batch, step, old=old, ref=ref, adv=adv))
+        self.step_metrics = per_step
         keys = per_step[0].keys()
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in keys}
         metrics["train/lr"] = per_step[-1]["train/lr"]
@@ -262,6 +264,7 @@ class FSDPTrainBackend:
                 ref_log_probs=pick(ref),
                 rollout_log_probs=pick(rollout_lp),
                 entropy=split_by_lengths(ent, lengths),
+                total_lengths=[int(batch.tokens[i].numel()) for i in ids],
             )
             # FSDP2 averages gradients over ranks: scale by dp_size so they add up (see module docstring).
             (loss * (self.dp_size / denom) + anchor).backward()

@@ -1,0 +1,276 @@
+"""Per-rank scenarios for the FSDP backend tests, launched as `python _workers.py SCENARIO OUT CKPT`.
+
+Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun style). Each rank writes its results to
+`OUT/rank{RANK}.pt`; the pytest side asserts on them. Scenarios run several checks on one process group.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pathlib
+import sys
+import types
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
+from slime_core.batch import RolloutBatch
+from slime_train_fsdp import FSDPTrainBackend
+from slime_train_fsdp.hf_export import save_hf
+from slime_train_fsdp.packing import pack_micro_batch, response_log_probs, split_by_lengths
+
+TEMPERATURE = 0.8
+NUM_GLOBAL = 8  # samples; 2 optimizer steps of 4
+
+
+def make_args(ckpt: str, **overrides) -> types.SimpleNamespace:
+    """The fields the backend and `compute_actor_loss` read, with the config defaults except lr."""
+    base = dict(
+        hf_checkpoint=ckpt,
+        rollout_temperature=TEMPERATURE,
+        lr=1e-3,
+        min_lr=0.0,
+        lr_warmup_iters=0,
+        lr_decay_style="constant",
+        lr_decay_iters=None,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_eps=1e-8,
+        clip_grad=1.0,
+        seed=1234,
+        advantage_estimator="grpo",
+        eps_clip=0.2,
+        eps_clip_high=None,
+        eps_clip_c=None,
+        entropy_coef=0.0,
+        use_kl_loss=False,
+        kl_loss_coef=0.0,
+        kl_loss_type="low_var_kl",
+        kl_coef=0.0,
+        gamma=1.0,
+        lambd=1.0,
+        normalize_advantages=False,
+        calculate_per_token_loss=False,
+        use_rollout_logprobs=False,
+        use_tis=False,
+        log_probs_chunk_size=3,  # small so that chunking is exercised
+        attn_implementation="sdpa",
+        gradient_checkpointing=False,
+        fsdp_cpu_offload=False,
+        update_weight_buffer_size=512 * 1024**2,
+        load=None,
+        save=None,
+        ref_load=None,
+        start_rollout_id=None,
+        num_rollout=4,
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        global_batch_size=4,
+    )
+    base.update(overrides)
+    return types.SimpleNamespace(**base)
+
+
+def global_samples(seed: int = 0) -> dict:
+    """8 samples: random tokens (vocab 64), a few masked response tokens, rewards +1/-1 alternating."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, resp, masks = [], [], []
+    for i in range(NUM_GLOBAL):
+        prompt, response = 3 + i % 4, 2 + (i * 3) % 5
+        tokens.append(torch.randint(0, 64, (prompt + response,), generator=g))
+        mask = torch.ones(response)
+        if i % 3 == 0:
+            mask[0] = 0.0  # e.g. a tool-output token
+        resp.append(response)
+        masks.append(mask)
+    rewards = [1.0 if i % 2 == 0 else -1.0 for i in range(NUM_GLOBAL)]
+    return {"tokens": tokens, "resp": resp, "masks": masks, "rewards": rewards}
+
+
+def make_batch(dp_rank: int, dp_size: int, seed: int = 0) -> RolloutBatch:
+    """Step s holds global samples [4s, 4s+4); rank r gets a contiguous 4/dp_size slice of each step."""
+    data = global_samples(seed)
+    per_rank = 4 // dp_size
+    ids = [4 * s + per_rank * dp_rank + j for s in range(2) for j in range(per_rank)]
+    micro = []
+    for s in range(2):
+        local = list(range(s * per_rank, (s + 1) * per_rank))
+        micro.append([local[:2], local[2:]] if per_rank == 4 else [local])
+    return RolloutBatch(
+        tokens=[data["tokens"][i] for i in ids],
+        response_lengths=[data["resp"][i] for i in ids],
+        loss_masks=[data["masks"][i] for i in ids],
+        rewards=[data["rewards"][i] for i in ids],
+        raw_rewards=[data["rewards"][i] for i in ids],
+        loss_denominators=[max(float(data["masks"][i].sum()), 1.0) for i in ids],
+        micro_batches=micro,
+        sample_indices=ids,
+        step_sample_counts=[4, 4],
+        step_token_counts=[float(sum(data["masks"][i].sum() for i in range(4 * s, 4 * s + 4))) for s in range(2)],
+    )
+
+
+def full_params(backend: FSDPTrainBackend) -> dict[str, torch.Tensor]:
+    return {name: t.cpu().clone() for bucket in backend.named_hf_weights(1 << 30) for name, t in bucket}
+
+
+def hf_reference_log_probs(path: str, batch: RolloutBatch) -> list[torch.Tensor]:
+    """Plain transformers forward, one sequence at a time (eager attention), fp32."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    out = []
+    with torch.no_grad():
+        for tok, r in zip(batch.tokens, batch.response_lengths, strict=True):
+            logits = model(tok[None]).logits[0, -r - 1 : -1].float() / TEMPERATURE
+            out.append(torch.log_softmax(logits, -1).gather(-1, tok[-r:, None])[:, 0])
+    return out
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def packed_vs_single(backend: FSDPTrainBackend, batch: RolloutBatch) -> dict:
+    """Log-probs and gradients of Σ w·logp with one packed row vs one sequence per forward."""
+    model = backend.model
+    w = [torch.linspace(-1, 1, r) for r in batch.response_lengths]
+    ids = list(range(batch.num_samples))
+
+    def grads():
+        return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone() for n, p in
+                model.named_parameters()}
+
+    model.zero_grad(set_to_none=True)
+    mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, torch.device("cpu"))
+    lp, _, anchor = response_log_probs(model, mb, temperature=TEMPERATURE, chunk_size=4)
+    packed_lp = [x.detach() for x in split_by_lengths(lp, mb.response_lengths)]
+    (sum((x * wi).sum() for x, wi in zip(split_by_lengths(lp, mb.response_lengths), w, strict=True)) + anchor).backward()
+    g_packed = grads()
+    model.zero_grad(set_to_none=True)
+    single_lp = []
+    for i in ids:
+        mb = pack_micro_batch(batch.tokens, batch.response_lengths, [i], torch.device("cpu"))
+        lp, _, anchor = response_log_probs(model, mb, temperature=TEMPERATURE, chunk_size=4)
+        single_lp.append(lp.detach())
+        ((lp * w[i]).sum() + anchor).backward()
+    g_single = grads()
+    model.zero_grad(set_to_none=True)
+    return {
+        "lp_diff": max_diff(packed_lp, single_lp),
+        "grad_diff": max(float((g_packed[n] - g_single[n]).abs().max()) for n in g_packed),
+        "grad_scale": max(float(g.abs().max()) for g in g_packed.values()),
+    }
+
+
+def masked_mean_lp(lps: list[torch.Tensor], batch: RolloutBatch, sign: float) -> float:
+    vals = [float((lp * m).sum() / m.sum()) for lp, m, r in zip(lps, batch.loss_masks, batch.rewards, strict=True)
+            if r * sign > 0]
+    return sum(vals) / len(vals)
+
+
+def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    res: dict = {}
+    batch = make_batch(0, 1)
+    b = FSDPTrainBackend()
+    assert b.init(make_args(ckpt), with_ref=False) == 0
+    # 1. parity with plain transformers.
+    lps = b.compute_log_probs(batch)
+    res["hf_diff"] = max_diff(lps, hf_reference_log_probs(ckpt, batch))
+    # 2. packed vs single forward.
+    res["packed"] = packed_vs_single(b, batch)
+    # 3. HF export (single file and sharded with index) loads back and matches.
+    save_hf(b.model, work / "hf_single", source_dir=ckpt)
+    save_hf(b.model, work / "hf_sharded", source_dir=ckpt, max_shard_bytes=20_000)
+    res["export_diff_single"] = max_diff(lps, hf_reference_log_probs(str(work / "hf_single"), batch))
+    res["export_diff_sharded"] = max_diff(lps, hf_reference_log_probs(str(work / "hf_sharded"), batch))
+    res["export_files"] = sorted(p.name for p in (work / "hf_sharded").iterdir())
+    # 4. buckets.
+    res["buckets"] = [[(n, tuple(t.shape), t.numel() * t.element_size()) for n, t in bk]
+                      for bk in b.named_hf_weights(10_000)]
+    # 5. first step with rollout log-probs from the same weights: ratio 1 exactly.
+    rb = dataclasses.replace(batch, rollout_log_probs=b.compute_log_probs(batch))
+    b.args.use_rollout_logprobs = True
+    b.train(0, rb)
+    res["onpolicy_steps"] = b.step_metrics
+    # 6. reference / KL loss: ref forward equals actor at init, stays put after training.
+    k = FSDPTrainBackend()
+    k.init(make_args(ckpt, use_kl_loss=True, kl_loss_coef=0.1), with_ref=True)
+    ref0 = k.compute_log_probs(batch, model="ref")
+    res["ref_init_diff"] = max_diff(ref0, k.compute_log_probs(batch))
+    k.train(0, batch)
+    res["kl_steps"] = k.step_metrics
+    res["ref_after_diff"] = max_diff(ref0, k.compute_log_probs(batch, model="ref"))
+    res["actor_after_diff"] = max_diff(ref0, k.compute_log_probs(batch))
+    del k
+    # 7. GRPO improves positive-advantage responses.
+    g = FSDPTrainBackend()
+    g.init(make_args(ckpt), with_ref=False)
+    before = g.compute_log_probs(batch)
+    for rid in range(3):
+        g.train(rid, batch)
+    after = g.compute_log_probs(batch)
+    res["grpo"] = {
+        "pos_before": masked_mean_lp(before, batch, 1.0),
+        "pos_after": masked_mean_lp(after, batch, 1.0),
+        "neg_before": masked_mean_lp(before, batch, -1.0),
+        "neg_after": masked_mean_lp(after, batch, -1.0),
+    }
+    del g
+    # 8. DP reference update, plus the same with sleep/wake_up around training.
+    d = FSDPTrainBackend()
+    d.init(make_args(ckpt), with_ref=False)
+    res["init_params"] = full_params(d)
+    res["dp_metrics"] = d.train(0, batch)
+    res["dp_steps"] = d.step_metrics
+    res["dp_params"] = full_params(d)
+    s = FSDPTrainBackend()
+    s.init(make_args(ckpt), with_ref=False)
+    s.sleep()
+    s.wake_up()
+    s.train(0, batch)
+    res["sleep_params"] = full_params(s)
+    return res
+
+
+def scenario_dp(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    b = FSDPTrainBackend()
+    b.init(make_args(ckpt, save=str(work / "ckpt")), with_ref=False)
+    res = {"dp_metrics": b.train(0, make_batch(rank, world))}
+    res["dp_steps"] = b.step_metrics
+    res["dp_params"] = full_params(b)
+    b.save(0)
+    res["resume_metrics_expected"] = b.train(1, make_batch(rank, world, seed=1))
+    res["resume_params_expected"] = full_params(b)
+    return res
+
+
+def scenario_resume(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    b = FSDPTrainBackend()
+    start = b.init(make_args(ckpt, load=str(work / "ckpt"), save=str(work / "ckpt")), with_ref=False)
+    res = {"start": start, "global_step": b.global_step, "lr_last": b.optimizer.param_groups[0]["lr"]}
+    res["resume_metrics"] = b.train(start, make_batch(rank, world, seed=1))
+    res["resume_params"] = full_params(b)
+    return res
+
+
+SCENARIOS = {"single": scenario_single, "dp": scenario_dp, "resume": scenario_resume}
+
+
+def main() -> None:
+    scenario, out, ckpt = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        res = SCENARIOS[scenario](ckpt, out, out.parent)
+        torch.save(copy.deepcopy(res), out / f"rank{dist.get_rank()}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
