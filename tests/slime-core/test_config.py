@@ -272,7 +272,9 @@ def test_yaml_megatron_keys(tmp_path):
 
 def test_yaml_errors_name_file_and_line(tmp_path):
     path = _write(tmp_path, "bad.yaml", "rollout-batch-size: 2\nnum-rollout: 1\nrollout-tempreature: 0.5\n")
-    with pytest.raises(ConfigError, match=rf"--config {path}:3: unknown key; did you mean rollout-temperature\?"):
+    with pytest.raises(
+        ConfigError, match=rf"--config {path}:3: unknown key 'rollout-tempreature'; did you mean rollout-temperature\?"
+    ):
         parse_args(["--config", str(path)])
     broken = _write(tmp_path, "broken.yaml", "rollout-batch-size: 2\nnum-rollout: [1\n")
     with pytest.raises(ConfigError, match=rf"--config {broken}:3: invalid YAML"):
@@ -283,8 +285,13 @@ def test_yaml_errors_name_file_and_line(tmp_path):
     with pytest.raises(ConfigError, match=rf"{not_mapping}:1: expected a mapping"):
         parse_args(["--config", str(not_mapping)])
     bad_value = _write(tmp_path, "value.yaml", "rollout-batch-size: 2\nnum-rollout: 1\nrollout-temperature: hot\n")
-    with pytest.raises(ConfigError, match="--rollout-temperature: Input should be a valid number"):
+    with pytest.raises(
+        ConfigError, match=rf"--rollout-temperature: Input should be a valid number.* \[{bad_value}:3\]$"
+    ):
         parse_args(["--config", str(bad_value)])
+    # A command-line value that overrides the file is not blamed on the file.
+    with pytest.raises(ConfigError, match=r"--rollout-temperature: Input should be greater than 0 \(got -1.0\)$"):
+        parse_args(["--config", str(bad_value), "--rollout-temperature", "-1"])
 
 
 def test_custom_config_path_overrides_and_keeps_plugin_settings(tmp_path):

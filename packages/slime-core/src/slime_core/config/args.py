@@ -162,11 +162,12 @@ class SlimeArgs(
             raise
 
 
-def config_error_from_validation(error: ValidationError) -> ConfigError:
+def config_error_from_validation(error: ValidationError, *, where: Mapping[str, str] | None = None) -> ConfigError:
     """Turns a pydantic `ValidationError` into a one-line `ConfigError` naming the flags.
 
     Args:
         error: The error raised by `SlimeArgs.model_validate`.
+        where: Optional `field -> "file:line"` of values read from YAML, appended to their messages.
 
     Returns:
         A `ConfigError` whose message lists each problem as `--flag: message (got value)`.
@@ -189,4 +190,6 @@ def config_error_from_validation(error: ValidationError) -> ConfigError:
             parts.append(f"unknown option {flag}")
         else:
             parts.append(f"{flag}: {msg} (got {err.get('input')!r})")
+        if where and str(loc[0]) in where:
+            parts[-1] += f" [{where[str(loc[0])]}]"
     return ConfigError("; ".join(parts))

@@ -16,8 +16,10 @@ Run `python -m slime_core.config.cli --help` to list every flag.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
+import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -25,13 +27,14 @@ from functools import cache
 from typing import Any, Literal, NoReturn
 
 import yaml
+from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from slime_core.config.args import SlimeArgs
+from slime_core.config.args import SlimeArgs, config_error_from_validation
 from slime_core.config.base import ConfigError, field_to_flag
 from slime_core.config.megatron_flags import MEGATRON_FLAGS
 
-__all__ = ["build_parser", "load_yaml_config", "parse_args"]
+__all__ = ["YamlConfig", "build_parser", "load_yaml_config", "parse_args"]
 
 PassThrough = dict[str, str | bool | list[str]]
 
@@ -165,19 +168,31 @@ def _key_lines(path: str, text: str) -> dict[str, int]:
     return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
 
 
-def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") -> tuple[dict[str, Any], dict[str, Any]]:
-    """Reads a YAML config file of `SlimeArgs` fields.
+@dataclasses.dataclass(kw_only=True, slots=True)
+class YamlConfig:
+    """A YAML config file split by destination.
 
-    Keys may use dashes or underscores. `sglang-<x>` / `router-<x>` keys go to `sglang_args` /
-    `router_args`, known Megatron flag names to `megatron_args`.
+    Attributes:
+        fields: Values of `SlimeArgs` fields keyed by field name; `sglang-<x>` / `router-<x>` keys are
+            merged into `sglang_args` / `router_args`, known Megatron flag names into `megatron_args`.
+        unknown: Keys (underscored) that are none of these, with their values.
+        where: `"path:line"` of every top-level key (underscored), for error messages.
+    """
+
+    fields: dict[str, Any]
+    unknown: dict[str, Any]
+    where: dict[str, str]
+
+
+def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") -> YamlConfig:
+    """Reads a YAML config file of `SlimeArgs` fields (keys may use dashes or underscores).
 
     Args:
         path: YAML file.
         flag: The flag that named the file (for error messages).
 
     Returns:
-        `(fields, unknown)`: field values keyed by field name (pass-through keys merged into
-        `sglang_args`, `router_args`, `megatron_args`), and keys that are none of these, with values.
+        The file's content split into fields, pass-through flags and unknown keys.
 
     Raises:
         ConfigError: The file is missing, is not valid YAML, or is not a mapping.
@@ -195,16 +210,16 @@ def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") ->
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else path
         raise ConfigError(f"{flag} {where}: invalid YAML ({getattr(e, 'problem', e)})") from e
-    fields: dict[str, Any] = {}
-    unknown: dict[str, Any] = {}
+    config = YamlConfig(fields={}, unknown={}, where={})
     sglang: PassThrough = {}
     router: PassThrough = {}
     megatron: list[str] = []
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         dashed = field_to_flag(key)
+        config.where[key] = f"{path}:{lines.get(str(raw_key), '?')}"
         if key in SlimeArgs.model_fields:
-            fields[key] = value
+            config.fields[key] = value
         elif key.startswith("sglang_"):
             sglang[key.removeprefix("sglang_")] = _yaml_scalar_to_str(value)
         elif key.startswith("router_"):
@@ -215,14 +230,14 @@ def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") ->
             elif value is not False:
                 megatron += [dashed, *(map(str, value) if isinstance(value, list) else [str(value)])]
         else:
-            unknown[f"{path}:{lines.get(str(raw_key), '?')}: {raw_key}"] = (key, value)
+            config.unknown[key] = value
     if sglang:
-        fields["sglang_args"] = {**fields.get("sglang_args", {}), **sglang}
+        config.fields["sglang_args"] = {**config.fields.get("sglang_args", {}), **sglang}
     if router:
-        fields["router_args"] = {**fields.get("router_args", {}), **router}
+        config.fields["router_args"] = {**config.fields.get("router_args", {}), **router}
     if megatron:
-        fields["megatron_args"] = [*fields.get("megatron_args", []), *megatron]
-    return fields, unknown
+        config.fields["megatron_args"] = [*config.fields.get("megatron_args", []), *megatron]
+    return config
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
@@ -238,23 +253,24 @@ def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
         ConfigError: Unknown flag (with a close-match suggestion), bad value, unreadable or invalid
             YAML (with file and line), or a broken validation rule (naming the flags).
     """
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     slime_tokens, sglang, router, megatron = _split_argv(argv)
     cli = vars(build_parser().parse_args(slime_tokens))
 
     values: dict[str, Any] = {}
+    where: dict[str, str] = {}  # field -> "file:line" for values that came from a YAML file
     config_path = cli.pop("config", None)
     if config_path is not None:
-        values, unknown = load_yaml_config(config_path)
-        if unknown:
-            where, (key, _) = next(iter(unknown.items()))
+        config = load_yaml_config(config_path)
+        if config.unknown:
+            key = next(iter(config.unknown))
             known = [field_to_flag(k).removeprefix("--") for k in SlimeArgs.model_fields]
-            raise ConfigError(
-                f"--config {where.rsplit(':', 1)[0]}: unknown key{_suggest(key.replace('_', '-'), known)}"
-            )
+            dashed = key.replace("_", "-")
+            raise ConfigError(f"--config {config.where[key]}: unknown key {dashed!r}{_suggest(dashed, known)}")
+        values, where = config.fields, config.where
     values.update(cli)
+    for name in cli:
+        where.pop(name, None)
     values["sglang_args"] = {**values.get("sglang_args", {}), **sglang}
     values["router_args"] = {**values.get("router_args", {}), **router}
     values["megatron_args"] = [*values.get("megatron_args", []), *megatron]
@@ -263,10 +279,14 @@ def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
     if custom_path is not None:
         # Original semantics: this file overrides any attribute; keys that are not slime fields are
         # settings for the user's own plugins and land in args.custom_config.
-        overrides, unknown = load_yaml_config(custom_path, flag="--custom-config-path")
-        values.update(overrides)
-        values["custom_config"] = {**values.get("custom_config", {}), **dict(unknown.values())}
-    return SlimeArgs.from_dict(values)
+        custom = load_yaml_config(custom_path, flag="--custom-config-path")
+        values.update(custom.fields)
+        where.update({k: v for k, v in custom.where.items() if k in custom.fields})
+        values["custom_config"] = {**values.get("custom_config", {}), **custom.unknown}
+    try:
+        return SlimeArgs.model_validate(values)
+    except ValidationError as e:
+        raise config_error_from_validation(e, where=where) from None
 
 
 if __name__ == "__main__":
