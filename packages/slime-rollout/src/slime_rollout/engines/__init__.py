@@ -1,0 +1,1 @@
+"""Inference engines: launching SGLang or the CPU reference engine, and the reference engine itself."""

@@ -1,0 +1,327 @@
+"""Launch a group of inference engines: SGLang servers on GPUs, or CPU reference engines.
+
+`launch_engines(args, num_engines=..., gpus_per_engine=...)` builds one command line per engine, starts
+them as subprocesses (see `process.py`), waits for `/health_generate`, optionally registers them with a
+router, and returns an `EngineGroup` (a context manager that shuts everything down).
+
+SGLang command line (flag names of SGLang 0.5.16 `ServerArgs`)::
+
+    <engine python> -m sglang.launch_server --model-path <hf_checkpoint> --host H --port P --tp-size G
+        --nccl-port N --base-gpu-id B --random-seed S --trust-remote-code --skip-server-warmup
+        [--mem-fraction-static F] [--enable-memory-saver] <every --sglang-* flag> <$SLIME_SGLANG_ARGS>
+
+Environment: `SLIME_SGLANG_PYTHON` picks the engine's interpreter (default: this one),
+`SLIME_SGLANG_PYTHONPATH` becomes the engine's PYTHONPATH, `SLIME_SGLANG_ARGS` is appended (shell-split).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slime_rollout.engines.process import EngineProcess, find_free_port, start_engine_process
+
+__all__ = ["EngineGroup", "build_reference_command", "build_sglang_command", "launch_engines", "sglang_passthrough"]
+
+logger = logging.getLogger(__name__)
+
+# ServerArgs fields slime computes itself; a `--sglang-<field>` for one of them is a config error.
+MANAGED_SGLANG_FIELDS = frozenset(
+    {
+        "model_path",
+        "tp_size",
+        "port",
+        "nccl_port",
+        "base_gpu_id",
+        "random_seed",
+        "enable_memory_saver",
+        "skip_server_warmup",
+        "nnodes",
+        "node_rank",
+        "dist_init_addr",
+    }
+)
+
+# Environment defaults slime gives SGLang (see slime's rollout.py); the user's environment wins.
+_SGLANG_ENV_DEFAULTS = {
+    "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "false",
+    "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
+    "SGLANG_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
+    "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
+}
+
+
+def sglang_passthrough(sglang_args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """Renders `args.sglang_args` (the `--sglang-*` flags) as SGLang CLI tokens.
+
+    Args:
+        sglang_args: either a mapping `{field: value}` (field with or without the `sglang_` prefix, dashes or
+            underscores; True -> bare flag, False/None -> omitted, list -> several values) or a list of CLI
+            tokens (`--sglang-` prefixes are stripped).
+
+    Raises:
+        ValueError: a field slime manages itself (e.g. `--sglang-port`), naming the flag.
+    """
+    if not sglang_args:
+        return []
+    if isinstance(sglang_args, str):
+        sglang_args = shlex.split(sglang_args)
+    if not isinstance(sglang_args, Mapping):
+        tokens = [("--" + t.removeprefix("--sglang-")) if t.startswith("--sglang-") else t for t in sglang_args]
+        for t in tokens:
+            if t.startswith("--") and t[2:].replace("-", "_").split("=")[0] in MANAGED_SGLANG_FIELDS:
+                raise ValueError(f"--sglang-{t[2:]} is set by slime itself and cannot be passed through")
+        return tokens
+    out: list[str] = []
+    for key, value in sglang_args.items():
+        field = key.replace("-", "_").removeprefix("sglang_")
+        if field in MANAGED_SGLANG_FIELDS:
+            raise ValueError(f"--sglang-{field.replace('_', '-')} is set by slime itself and cannot be passed through")
+        if value is None or value is False:
+            continue
+        flag = "--" + field.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif isinstance(value, list | tuple):
+            out += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            import json
+
+            out += [flag, json.dumps(value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def build_sglang_command(
+    args: Any,
+    *,
+    host: str,
+    port: int,
+    nccl_port: int,
+    tp_size: int,
+    base_gpu_id: int,
+    random_seed: int,
+    memory_saver: bool,
+    python: str | None = None,
+) -> list[str]:
+    """Command line of one SGLang server (see the module docstring).
+
+    Reads `args.hf_checkpoint`, `args.sglang_mem_fraction_static` (None) and `args.sglang_args`.
+    """
+    cmd = [
+        python or os.environ.get("SLIME_SGLANG_PYTHON") or sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(args.hf_checkpoint),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp_size),
+        "--nccl-port",
+        str(nccl_port),
+        "--base-gpu-id",
+        str(base_gpu_id),
+        "--random-seed",
+        str(random_seed),
+        "--trust-remote-code",
+        "--skip-server-warmup",
+    ]
+    passthrough = sglang_passthrough(getattr(args, "sglang_args", None))
+    mem_fraction = getattr(args, "sglang_mem_fraction_static", None)
+    if mem_fraction is not None and "--mem-fraction-static" not in passthrough:
+        cmd += ["--mem-fraction-static", str(mem_fraction)]
+    if memory_saver:
+        cmd.append("--enable-memory-saver")
+    cmd += passthrough
+    cmd += shlex.split(os.environ.get("SLIME_SGLANG_ARGS", ""))
+    return cmd
+
+
+def build_reference_command(args: Any, *, host: str, port: int, random_seed: int) -> list[str]:
+    """Command line of one CPU reference engine.
+
+    Reads `args.hf_checkpoint` and, from `args.sglang_args`, `max_running_requests` (64), `dtype` ("float32")
+    and `num_threads` when given.
+    """
+    extra = getattr(args, "sglang_args", None) or {}
+    extra = (
+        {k.replace("-", "_").removeprefix("sglang_"): v for k, v in extra.items()} if isinstance(extra, Mapping) else {}
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "slime_rollout.engines.reference",
+        "--model-path",
+        str(args.hf_checkpoint),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--random-seed",
+        str(random_seed),
+        "--dtype",
+        str(extra.get("dtype", "float32")),
+        "--max-running-requests",
+        str(extra.get("max_running_requests", 64)),
+    ]
+    if extra.get("num_threads"):
+        cmd += ["--num-threads", str(extra["num_threads"])]
+    return cmd
+
+
+def engine_env(kind: str) -> dict[str, str]:
+    """Environment of an engine process (SGLang defaults, `SLIME_SGLANG_PYTHONPATH`)."""
+    env = dict(os.environ)
+    if kind == "sglang":
+        for k, v in _SGLANG_ENV_DEFAULTS.items():
+            env.setdefault(k, v)
+        # The trainer's allocator settings (e.g. expandable segments) break SGLang's memory saver.
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if os.environ.get("SLIME_SGLANG_PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["SLIME_SGLANG_PYTHONPATH"]
+    return env
+
+
+@dataclasses.dataclass(eq=False)
+class EngineGroup:
+    """Engines started together; shut them down with `shutdown()` or by leaving the `with` block.
+
+    Attributes:
+        processes: one `EngineProcess` per engine.
+        router: the router process when one was started by `launch_engines`, else None.
+        router_url: base URL of the router (started here or external), else None.
+    """
+
+    processes: list[EngineProcess]
+    router: EngineProcess | None = None
+    router_url: str | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        """Engine base URLs in launch order."""
+        return [p.url for p in self.processes]
+
+    def shutdown(self) -> None:
+        """Unregisters from the router (best effort) and stops every process; safe to call twice."""
+        if self.router_url and self.router is None:
+            from slime_rollout.router import unregister_worker
+
+            for url in self.urls:
+                try:
+                    unregister_worker(self.router_url, url)
+                except Exception as exc:  # the engine is going away anyway; only log
+                    logger.warning("could not unregister %s from %s: %s", url, self.router_url, exc)
+        for p in self.processes:
+            p.shutdown()
+        if self.router is not None:
+            self.router.shutdown()
+
+    def __enter__(self) -> EngineGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def launch_engines(
+    args: Any,
+    *,
+    num_engines: int,
+    gpus_per_engine: int,
+    base_gpu_ids: Sequence[int] | None = None,
+    colocate: bool = False,
+    startup_timeout_s: float = 600.0,
+    log_dir: str | os.PathLike | None = None,
+) -> EngineGroup:
+    """Starts `num_engines` engines and waits until all answer `/health_generate`.
+
+    Args:
+        args: run config; reads `rollout_engine` ("sglang"|"reference", default "sglang"), `hf_checkpoint`,
+            `seed` (1234), `sglang_host` ("127.0.0.1"), `sglang_base_port` (15000), `offload_rollout`,
+            `sglang_mem_fraction_static`, `sglang_args`, `sglang_router_ip`/`sglang_router_port`
+            (external router to register with), `use_sglang_router` (start one when sglang-router is installed).
+        num_engines: how many engines.
+        gpus_per_engine: TP size of each SGLang engine (ignored by the reference engine).
+        base_gpu_ids: first GPU of each engine (default `i * gpus_per_engine`).
+        colocate: engines share GPUs with the trainer: enable SGLang's memory saver.
+        startup_timeout_s: per-engine health wait.
+        log_dir: write each engine's output to `<log_dir>/engine_<i>.log` (None: inherit stdout).
+
+    Returns:
+        The running group; `args` is not modified (callers set `args.rollout_engine_urls = group.urls`).
+
+    Raises:
+        ValueError: bad engine kind or counts (naming the flag).
+        RuntimeError/TimeoutError: an engine failed to start (already-started engines are shut down).
+    """
+    kind = getattr(args, "rollout_engine", "sglang")
+    if kind not in ("sglang", "reference"):
+        raise ValueError(f"--rollout-engine must be 'sglang' or 'reference', got {kind!r}")
+    if num_engines < 1 or gpus_per_engine < 1:
+        raise ValueError(f"need num_engines >= 1 and gpus_per_engine >= 1, got {num_engines}, {gpus_per_engine}")
+    if base_gpu_ids is not None and len(base_gpu_ids) != num_engines:
+        raise ValueError(f"base_gpu_ids has {len(base_gpu_ids)} entries for {num_engines} engines")
+    host = getattr(args, "sglang_host", None) or "127.0.0.1"
+    seed = int(getattr(args, "seed", 1234) or 0)
+    memory_saver = bool(colocate or getattr(args, "offload_rollout", False))
+    port_cursor = int(getattr(args, "sglang_base_port", None) or 15000)
+    group = EngineGroup(processes=[])
+    try:
+        for i in range(num_engines):
+            port = find_free_port(host, port_cursor)
+            random_seed = seed + i * gpus_per_engine
+            if kind == "sglang":
+                nccl_port = find_free_port(host, port + 1)
+                base_gpu = base_gpu_ids[i] if base_gpu_ids is not None else i * gpus_per_engine
+                cmd = build_sglang_command(
+                    args,
+                    host=host,
+                    port=port,
+                    nccl_port=nccl_port,
+                    tp_size=gpus_per_engine,
+                    base_gpu_id=base_gpu,
+                    random_seed=random_seed,
+                    memory_saver=memory_saver,
+                )
+                port_cursor = nccl_port + 1
+            else:
+                cmd = build_reference_command(args, host=host, port=port, random_seed=random_seed)
+                port_cursor = port + 1
+            log_path = pathlib.Path(log_dir) / f"engine_{i}.log" if log_dir else None
+            group.processes.append(
+                start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(kind), log_path=log_path)
+            )
+        for proc in group.processes:
+            proc.wait_healthy(startup_timeout_s)
+        _attach_router(args, group, host)
+    except BaseException:
+        group.shutdown()
+        raise
+    logger.info("%d %s engine(s) ready: %s", num_engines, kind, ", ".join(group.urls))
+    return group
+
+
+def _attach_router(args: Any, group: EngineGroup, host: str) -> None:
+    """Registers the engines with an external router, or starts sglang-router when asked and installed."""
+    from slime_rollout import router
+
+    ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+    if ip and port:
+        group.router_url = f"http://{ip}:{port}"
+    elif getattr(args, "use_sglang_router", False) and router.router_available():
+        group.router = router.start_router(args, host=host)
+        group.router_url = group.router.url
+    else:
+        return
+    for url in group.urls:
+        router.register_worker(group.router_url, url)

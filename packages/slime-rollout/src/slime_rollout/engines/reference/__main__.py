@@ -1,0 +1,58 @@
+"""CPU reference engine: an SGLang-compatible HTTP server backed by transformers.
+
+Run:
+    python -m slime_rollout.engines.reference --model-path DIR --port 30000 [--host 127.0.0.1]
+        [--dtype float32] [--max-running-requests 64] [--random-seed 42] [--weight-version default]
+
+Flags are named like SGLang's `launch_server`; unknown SGLang flags are rejected with a clear error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+import uvicorn
+
+from slime_rollout.engines.reference.model import ReferenceModel
+from slime_rollout.engines.reference.server import build_app
+
+logger = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses the engine's command line (SGLang flag names)."""
+    p = argparse.ArgumentParser(prog="python -m slime_rollout.engines.reference", description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", required=True, help="HF model directory")
+    p.add_argument("--tokenizer-path", default=None, help="tokenizer directory (default: --model-path)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    p.add_argument("--device", default="cpu", help="torch device (cpu by default)")
+    p.add_argument("--max-running-requests", type=int, default=64, help="largest generation batch")
+    p.add_argument("--random-seed", type=int, default=42)
+    p.add_argument("--weight-version", default="default", help="initial weight_version")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="time to collect requests into one batch")
+    p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Loads the model and serves it until SIGTERM/SIGINT."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    torch.manual_seed(args.random_seed)
+    model = ReferenceModel(args.model_path, dtype=args.dtype, device=args.device, tokenizer_path=args.tokenizer_path)
+    app = build_app(
+        model, max_running_requests=args.max_running_requests, random_seed=args.random_seed, server_args=vars(args)
+    )
+    logger.info("reference engine serving %s on http://%s:%d", args.model_path, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()

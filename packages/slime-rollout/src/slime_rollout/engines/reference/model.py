@@ -1,0 +1,237 @@
+"""The reference engine's model: batched KV-cache generation and in-place weight loading.
+
+One `ReferenceModel` wraps a transformers `AutoModelForCausalLM` on CPU (or CUDA if asked). A batch of
+requests is left-padded into one `[B, T]` tensor with an attention mask and explicit position ids, run
+through one prefill forward, then decoded one token per step with the model's KV cache. Rows are independent
+(the mask keeps pads out of attention), so a finished row simply idles until the batch ends.
+
+All forwards and weight loads take `self.lock`, so a weight update lands between two decode steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from slime_rollout.engines.reference.sampling import SamplingParams, find_stop_string, sample_next_token, trim_stop
+
+__all__ = ["GenRequest", "ReferenceModel"]
+
+logger = logging.getLogger(__name__)
+
+# Tokens decoded past the longest stop string when checking for stop strings (multi-byte characters may
+# span several tokens).
+_STOP_TAIL_SLACK = 8
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, eq=False)
+class GenRequest:
+    """One generation request as the model sees it (filled in place).
+
+    Attributes:
+        rid: request id (SGLang's `rid`).
+        input_ids: prompt token ids `[P]`.
+        params: sampling parameters.
+        generator: CPU generator used for this request's draws.
+        output_ids: generated token ids `[R]`, stop token included.
+        output_logprobs: `[R]` natural-log probabilities of `output_ids` (see `sample_next_token`).
+        finish_reason: SGLang's dict (`{"type": "stop"|"length"|"abort", ...}`) once finished, else None.
+        aborted: set by /abort_request; the decode loop finishes the request with type "abort".
+        created: `time.monotonic()` at arrival (for `e2e_latency`).
+    """
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    output_logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    aborted: bool = False
+    created: float = dataclasses.field(default_factory=time.monotonic)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the request has a finish reason."""
+        return self.finish_reason is not None
+
+
+class ReferenceModel:
+    """A Hugging Face causal LM served by the reference engine.
+
+    Args:
+        model_path: HF model directory (config + safetensors + tokenizer files).
+        dtype: "float32" (default), "bfloat16", "float16" or "auto".
+        device: torch device string; "cpu" by default.
+        tokenizer_path: tokenizer directory; defaults to `model_path`.
+
+    Raises:
+        ValueError: unknown dtype.
+        OSError: the model or tokenizer cannot be loaded (transformers' message names the path).
+    """
+
+    def __init__(
+        self, model_path: str, *, dtype: str = "float32", device: str = "cpu", tokenizer_path: str | None = None
+    ):
+        if dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ValueError(f"--dtype must be float32|bfloat16|float16|auto, got {dtype!r}")
+        self.model_path = str(model_path)
+        self.tokenizer_path = str(tokenizer_path or model_path)
+        self.device = torch.device(device)
+        self.lock = threading.RLock()
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype).to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.eos_token_ids = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else next(iter(self.eos_token_ids), 0))
+        self.max_context_len = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.model.config, getattr(self.model, "generation_config", None), self.tokenizer):
+            eos = getattr(source, "eos_token_id", None)
+            if eos is None:
+                continue
+            ids.update([eos] if isinstance(eos, int) else eos)
+        return {int(i) for i in ids}
+
+    # ----------------------------------------------------------------------------------------- generation
+
+    @torch.inference_mode()
+    def generate(self, reqs: list[GenRequest], wait_if_paused: Callable[[], None] = lambda: None) -> None:
+        """Generates all requests of one batch to completion, filling them in place.
+
+        Args:
+            reqs: the batch; requests already finished (e.g. aborted before start) are skipped.
+            wait_if_paused: called between decode steps; blocks while generation is paused in place.
+        """
+        for r in reqs:
+            if r.aborted and not r.finished:
+                r.finish_reason = {"type": "abort", "message": "Abort before prefill"}
+            elif r.params.max_new_tokens == 0 and not r.finished:
+                r.finish_reason = {"type": "length", "length": 0}
+        live = [r for r in reqs if not r.finished]
+        if not live:
+            return
+        batch_size, max_len = len(live), max(len(r.input_ids) for r in live)
+        input_ids_BT = torch.full((batch_size, max_len), self.pad_token_id, dtype=torch.long)
+        mask_BT = torch.zeros((batch_size, max_len), dtype=torch.long)
+        for i, r in enumerate(live):
+            input_ids_BT[i, max_len - len(r.input_ids) :] = torch.tensor(r.input_ids, dtype=torch.long)
+            mask_BT[i, max_len - len(r.input_ids) :] = 1
+        # Left padding: real tokens get positions 0..P-1; pads get 0 (they are masked out anyway).
+        pos_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+        with self.lock:
+            out = self.model(
+                input_ids=input_ids_BT.to(self.device),
+                attention_mask=mask_BT.to(self.device),
+                position_ids=pos_BT.to(self.device),
+                use_cache=True,
+            )
+        cache, logits_BV = out.past_key_values, out.logits[:, -1, :].float().cpu()
+        next_pos_B = pos_BT[:, -1] + 1
+        while True:
+            last_tokens = []
+            for i, r in enumerate(live):
+                if not r.finished:
+                    self._step(r, logits_BV[i])
+                last_tokens.append(r.output_ids[-1] if r.output_ids else self.pad_token_id)
+            if all(r.finished for r in live):
+                return
+            wait_if_paused()
+            mask_BT = torch.cat([mask_BT, torch.ones((batch_size, 1), dtype=torch.long)], dim=1)
+            with self.lock:
+                out = self.model(
+                    input_ids=torch.tensor(last_tokens, dtype=torch.long)[:, None].to(self.device),
+                    attention_mask=mask_BT.to(self.device),
+                    position_ids=next_pos_B[:, None].to(self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+            cache, logits_BV = out.past_key_values, out.logits[:, -1, :].float().cpu()
+            next_pos_B = next_pos_B + 1
+
+    def _step(self, r: GenRequest, logits_V: torch.Tensor) -> None:
+        """Samples one token for `r` and decides whether it finished."""
+        if r.aborted:
+            r.finish_reason = {"type": "abort", "message": "Abort in waiting queue"}
+            return
+        token, logprob = sample_next_token(logits_V, r.params, r.generator)
+        r.output_ids.append(token)
+        r.output_logprobs.append(logprob)
+        p = r.params
+        may_stop = len(r.output_ids) >= p.min_new_tokens
+        if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)):
+            r.finish_reason = {"type": "stop", "matched": token}
+            return
+        if may_stop and p.stop:
+            tail_tokens = max(len(s) for s in p.stop) + _STOP_TAIL_SLACK
+            matched = find_stop_string(self.tokenizer.decode(r.output_ids[-tail_tokens:]), p.stop)
+            if matched is not None:
+                r.finish_reason = {"type": "stop", "matched": matched}
+                return
+        if len(r.output_ids) >= p.max_new_tokens or len(r.input_ids) + len(r.output_ids) >= self.max_context_len:
+            r.finish_reason = {"type": "length", "length": len(r.output_ids)}
+
+    def output_text(self, r: GenRequest) -> str:
+        """Decoded response text with SGLang's stop trimming (tokens themselves are never trimmed)."""
+        ids = r.output_ids
+        matched = (r.finish_reason or {}).get("matched")
+        if isinstance(matched, int) and not r.params.no_stop_trim and ids:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=r.params.skip_special_tokens)
+        return trim_stop(text, matched, r.params.no_stop_trim)
+
+    # ------------------------------------------------------------------------------------------ weights
+
+    def load_named_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copies tensors into the model's parameters/buffers by Hugging Face name.
+
+        Returns:
+            Number of tensors loaded.
+
+        Raises:
+            KeyError: a name the model does not have.
+            ValueError: a shape mismatch (the message names the tensor).
+        """
+        state = self.model.state_dict()
+        n = 0
+        with self.lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in state:
+                    raise KeyError(f"update_weights: unknown parameter {name!r}")
+                target = state[name]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"update_weights: shape mismatch for {name!r}: engine {tuple(target.shape)}, "
+                        f"got {tuple(tensor.shape)}"
+                    )
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+                n += 1
+        return n
+
+    def load_from_disk(self, model_path: str) -> int:
+        """Loads every `*.safetensors` file of an HF checkpoint directory into the model.
+
+        Raises:
+            FileNotFoundError: the directory has no safetensors file.
+        """
+        files = sorted(pathlib.Path(model_path).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"update_weights_from_disk: no *.safetensors in {model_path}")
+        n = 0
+        for f in files:
+            n += self.load_named_tensors(load_file(str(f)).items())
+        self.model_path = str(model_path)
+        logger.info("loaded %d tensors from %s", n, model_path)
+        return n

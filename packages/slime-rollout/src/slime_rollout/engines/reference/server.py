@@ -1,0 +1,300 @@
+"""HTTP surface of the reference engine: the subset of SGLang's `http_server.py` that slime uses.
+
+Routes, methods and field names follow SGLang 0.5.16 so the rollout code cannot tell the two apart:
+`/generate`, `/abort_request`, `/flush_cache`, `/pause_generation`, `/continue_generation`,
+`/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_disk`,
+`/update_weights_from_tensor`, `/get_weight_version`, `/health`, `/health_generate`, `/v1/loads`,
+`/model_info` (`/get_model_info`), `/server_info` (`/get_server_info`).
+
+`/update_weights_from_tensor` unpickles what the caller sends (as SGLang does): bind the engine to a
+trusted network only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+import uuid
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+import torch.multiprocessing  # noqa: F401  (importing it registers torch's tensor reducers with ForkingPickler)
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
+from slime_rollout.engines.reference.sampling import SamplingParams
+from slime_rollout.engines.reference.scheduler import Scheduler
+
+__all__ = ["build_app", "deserialize_named_tensors"]
+
+logger = logging.getLogger(__name__)
+
+
+def deserialize_named_tensors(payload: str | bytes, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
+    """Decodes one entry of `serialized_named_tensors` (SGLang's `MultiprocessingSerializer` format).
+
+    Args:
+        payload: base64 text (or raw bytes) of a torch `ForkingPickler` dump.
+        load_format: None/"direct" for a list of `(name, tensor)`; "flattened_bucket" for
+            `{"flattened_tensor": [N] tensor, "metadata": [objects or dicts with name, shape, dtype,
+            start_idx, end_idx]}`.
+
+    Returns:
+        The named tensors (views into shared memory: copy before the caller frees them).
+
+    Raises:
+        ValueError: unknown load format or a malformed payload.
+    """
+    raw = base64.b64decode(payload, validate=True) if isinstance(payload, str) else payload
+    obj = ForkingPickler.loads(raw)
+    if load_format in (None, "direct"):
+        if not isinstance(obj, list | tuple):
+            raise ValueError(f"update_weights_from_tensor: expected a list of (name, tensor), got {type(obj)}")
+        return [(str(n), t) for n, t in obj]
+    if load_format == "flattened_bucket":
+        flat = obj["flattened_tensor"]
+        out = []
+        for meta in obj["metadata"]:
+            get = meta.get if isinstance(meta, dict) else lambda k, m=meta: getattr(m, k)
+            start, end = int(get("start_idx")), int(get("end_idx"))
+            out.append((get("name"), flat[start:end].view(get("dtype")).reshape(tuple(get("shape")))))
+        return out
+    raise ValueError(f"update_weights_from_tensor: unsupported load_format {load_format!r}")
+
+
+def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: int, server_args: dict) -> FastAPI:
+    """Builds the FastAPI application serving `model`.
+
+    Args:
+        model: the loaded model.
+        max_running_requests: largest generation batch.
+        random_seed: engine seed for requests without `sampling_seed`.
+        server_args: what /server_info reports (the parsed CLI flags).
+    """
+    state: dict[str, Any] = {"weight_version": server_args.get("weight_version") or "default"}
+    scheduler = Scheduler(
+        model,
+        max_running_requests=max_running_requests,
+        batch_wait_s=float(server_args.get("batch_wait_ms", 5)) / 1000.0,
+        random_seed=random_seed,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        yield
+        await scheduler.stop()
+
+    app = FastAPI(lifespan=lifespan)
+    app.state.scheduler = scheduler
+
+    def error(message: str, status: int = 400) -> JSONResponse:
+        return JSONResponse({"error": {"message": message}}, status_code=status)
+
+    def to_output(r: GenRequest, return_logprob: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": r.rid,
+            "finish_reason": r.finish_reason,
+            "prompt_tokens": len(r.input_ids),
+            "completion_tokens": len(r.output_ids),
+            "cached_tokens": 0,
+            "weight_version": state["weight_version"],
+            "e2e_latency": time.monotonic() - r.created,
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(r.output_logprobs, r.output_ids, strict=True)
+            ]
+        return {"text": model.output_text(r), "output_ids": list(r.output_ids), "meta_info": meta}
+
+    async def one(input_ids: list[int] | None, text: str | None, sp: dict, rid: str | None) -> GenRequest:
+        params = SamplingParams.from_request(sp)
+        if input_ids is None:
+            if text is None:
+                raise ValueError("either input_ids or text must be given")
+            input_ids = model.tokenizer.encode(text)
+        if not input_ids:
+            raise ValueError("the prompt is empty")
+        req = GenRequest(
+            rid=rid or uuid.uuid4().hex,
+            input_ids=[int(t) for t in input_ids],
+            params=params,
+            generator=scheduler.make_generator(params.sampling_seed),
+        )
+        return await scheduler.submit(req)
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = await request.json()
+        if body.get("stream"):
+            return error("the reference engine does not stream")
+        input_ids, text, sp, rid = body.get("input_ids"), body.get("text"), body.get("sampling_params"), body.get("rid")
+        return_logprob = body.get("return_logprob") or False
+        batched = (isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)) or isinstance(
+            text, list
+        )
+        try:
+            if not batched:
+                return to_output(await one(input_ids, text, sp or {}, rid), bool(return_logprob))
+            n = len(input_ids if input_ids is not None else text)
+            pick = lambda v, i: v[i] if isinstance(v, list) else v  # noqa: E731
+            reqs = await asyncio.gather(
+                *(
+                    one(
+                        None if input_ids is None else input_ids[i],
+                        None if text is None else text[i],
+                        pick(sp, i) or {},
+                        None if rid is None else pick(rid, i),
+                    )
+                    for i in range(n)
+                )
+            )
+            return [to_output(r, bool(pick(return_logprob, i))) for i, r in enumerate(reqs)]
+        except (ValueError, TypeError) as exc:
+            return error(str(exc))
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await request.json()
+        scheduler.abort(rid=body.get("rid"), abort_all=bool(body.get("abort_all", False)))
+        return Response(status_code=200)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        # No prefix cache to drop: every batch starts from an empty KV cache.
+        return Response(content="Cache flushed.\n", status_code=200)
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        body = await _json_or_empty(request)
+        try:
+            scheduler.pause(body.get("mode", "abort"))
+        except ValueError as exc:
+            return error(str(exc))
+        return {"message": "Generation paused successfully.", "status": 200}
+
+    @app.post("/continue_generation")
+    async def continue_generation():
+        scheduler.resume()
+        return {"message": "Generation continued successfully.", "status": 200}
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    async def release_memory_occupation():
+        # Accepted for compatibility; the CPU engine keeps its weights (state is unchanged).
+        return Response(status_code=200)
+
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def resume_memory_occupation():
+        return Response(status_code=200)
+
+    async def run_update(fn, weight_version: str | None, abort_all: bool) -> JSONResponse:
+        if abort_all:
+            scheduler.abort(abort_all=True)
+        try:
+            await asyncio.to_thread(fn)
+        except (KeyError, ValueError, FileNotFoundError, TypeError) as exc:
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+        if weight_version is not None:
+            state["weight_version"] = str(weight_version)
+        return JSONResponse(
+            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        )
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        body = await request.json()
+        if not body.get("model_path"):
+            return JSONResponse({"success": False, "message": "model_path is required"}, status_code=400)
+        return await run_update(
+            lambda: model.load_from_disk(body["model_path"]),
+            body.get("weight_version"),
+            bool(body.get("abort_all_requests", False)),
+        )
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(request: Request):
+        body = await request.json()
+        entries = body.get("serialized_named_tensors") or []
+        if not entries:
+            return JSONResponse({"success": False, "message": "serialized_named_tensors is empty"}, status_code=400)
+        # One entry per TP rank; the reference engine has a single rank.
+        fn = lambda: model.load_named_tensors(deserialize_named_tensors(entries[0], body.get("load_format")))  # noqa: E731
+        return await run_update(fn, body.get("weight_version"), bool(body.get("abort_all_requests", False)))
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": state["weight_version"]}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request):
+        body = await request.json()
+        state["weight_version"] = str(body["new_version"])
+        return {"success": True, "message": "Weight version updated", "new_version": state["weight_version"]}
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate():
+        if scheduler.paused or scheduler.num_running:
+            return Response(status_code=200)  # busy or paused is healthy; SGLang answers likewise
+        req = await one([model.pad_token_id], None, {"max_new_tokens": 1, "temperature": 0.0}, None)
+        return Response(status_code=200 if req.finished else 503)
+
+    @app.get("/v1/loads")
+    async def loads():
+        running, waiting = scheduler.num_running, scheduler.num_waiting
+        return {
+            "timestamp": time.time(),
+            "dp_rank_count": 1,
+            "loads": [
+                {
+                    "dp_rank": 0,
+                    "num_running_reqs": running,
+                    "num_waiting_reqs": waiting,
+                    "num_total_reqs": running + waiting,
+                    "token_usage": 0.0,
+                }
+            ],
+        }
+
+    def model_info() -> dict[str, Any]:
+        return {
+            "model_path": model.model_path,
+            "tokenizer_path": model.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": state["weight_version"],
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": model.model.config.model_type,
+            "architectures": getattr(model.model.config, "architectures", None),
+        }
+
+    def server_info() -> dict[str, Any]:
+        return {
+            **server_args,
+            "weight_version": state["weight_version"],
+            "tp_size": 1,
+            "dp_size": 1,
+            "version": "slime-reference",
+            "internal_states": [{"num_running_reqs": scheduler.num_running, "paused": scheduler.paused}],
+        }
+
+    app.add_api_route("/model_info", model_info, methods=["GET"])
+    app.add_api_route("/get_model_info", model_info, methods=["GET"])
+    app.add_api_route("/server_info", server_info, methods=["GET"])
+    app.add_api_route("/get_server_info", server_info, methods=["GET"])
+    return app
+
+
+async def _json_or_empty(request: Request) -> dict:
+    body = await request.body()
+    return json.loads(body) if body else {}

@@ -1,0 +1,117 @@
+"""sglang-router (SGLang Model Gateway) process and worker registration.
+
+When the `sglang-router` package is installed (`slime-rollout[router]`) and asked for, `start_router`
+launches `python -m sglang_router.launch_router` and engines are registered with `POST /workers
+{"url", "worker_type"}` (the gateway's worker API; older routers' `POST /add_worker?url=` is the fallback).
+Without a router, `slime_rollout.client.RolloutClient` dispatches requests itself (least outstanding).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import urllib.parse
+from typing import Any
+
+import httpx
+
+from slime_rollout.engines.process import EngineProcess, find_free_port, start_engine_process
+
+__all__ = ["register_worker", "router_available", "start_router", "unregister_worker"]
+
+logger = logging.getLogger(__name__)
+
+
+def router_available() -> bool:
+    """Whether the `sglang_router` package can be imported here."""
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def build_router_command(args: Any, *, host: str, port: int, prometheus_port: int) -> list[str]:
+    """Command line of `sglang_router.launch_router`.
+
+    Reads `args.sglang_router_request_timeout_secs` (14400), `args.router_policy` (None: the router's
+    default) and `args.router_args` (mapping of extra `--router-*` fields, passed without the prefix).
+    """
+    import sys
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--prometheus-port",
+        str(prometheus_port),
+        "--request-timeout-secs",
+        str(getattr(args, "sglang_router_request_timeout_secs", 14400)),
+        "--log-level",
+        "warn",
+    ]
+    if getattr(args, "router_policy", None):
+        cmd += ["--policy", str(args.router_policy)]
+    for key, value in (getattr(args, "router_args", None) or {}).items():
+        flag = "--" + key.replace("_", "-").removeprefix("router-")
+        if value is True:
+            cmd.append(flag)
+        elif value not in (None, False):
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def start_router(args: Any, *, host: str = "127.0.0.1", startup_timeout_s: float = 120.0) -> EngineProcess:
+    """Starts sglang-router on a free port in 3000-4000 and waits for its `/health`.
+
+    Raises:
+        RuntimeError: sglang-router is not installed, or the router exited during startup.
+    """
+    if not router_available():
+        raise RuntimeError("sglang-router is not installed (pip install 'slime-rollout[router]')")
+    port = find_free_port(host, 3000)
+    prometheus_port = find_free_port(host, 4000)
+    proc = start_engine_process(
+        build_router_command(args, host=host, port=port, prometheus_port=prometheus_port), url=f"http://{host}:{port}"
+    )
+    try:
+        proc.wait_healthy(startup_timeout_s, endpoint="/health")
+    except BaseException:
+        proc.shutdown()
+        raise
+    return proc
+
+
+def register_worker(router_url: str, worker_url: str, *, worker_type: str = "regular", timeout_s: float = 60.0) -> None:
+    """Adds an engine to the router.
+
+    Raises:
+        RuntimeError: the router refused (message names router and worker).
+    """
+    with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+        resp = c.post(f"{router_url}/workers", json={"url": worker_url, "worker_type": worker_type})
+        if resp.status_code in (404, 405):  # routers before the gateway API
+            resp = c.post(f"{router_url}/add_worker", params={"url": worker_url})
+    if resp.status_code >= 400:
+        raise RuntimeError(
+            f"router {router_url} refused worker {worker_url}: HTTP {resp.status_code} {resp.text[:500]}"
+        )
+    logger.info("registered %s with router %s", worker_url, router_url)
+
+
+def unregister_worker(router_url: str, worker_url: str, *, timeout_s: float = 30.0) -> None:
+    """Removes an engine from the router (by its id from `GET /workers`, else by URL)."""
+    with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+        resp = c.get(f"{router_url}/workers")
+        if resp.status_code in (404, 405):
+            c.post(f"{router_url}/remove_worker", params={"url": worker_url}).raise_for_status()
+            return
+        resp.raise_for_status()
+        body = resp.json()
+        workers = body.get("workers", []) if isinstance(body, dict) else body
+        for w in workers:
+            if isinstance(w, dict) and w.get("url") == worker_url:
+                key = w.get("id") or urllib.parse.quote(worker_url, safe="")
+                c.delete(f"{router_url}/workers/{key}").raise_for_status()
+                return
+    logger.warning("worker %s was not registered with router %s", worker_url, router_url)

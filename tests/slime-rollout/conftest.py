@@ -1,0 +1,67 @@
+"""Fixtures for slime-rollout tests: a tiny random-weight Qwen3 and a reference engine serving it.
+
+`tiny_qwen3_dir` is a session-wide HF directory (2 layers, hidden 64, real Qwen3 tokenizer and vocab);
+`reference_engine` is one CPU reference engine subprocess on a free port, shared by the session.
+"""
+
+import pathlib
+import shutil
+import types
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
+    """HF directory of a tiny random Qwen3 (fp32, seed 0) with the Qwen3 tokenizer files."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-qwen3")
+    cfg = Qwen3Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=151936,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        pad_token_id=151643,
+    )
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(qwen3_tokenizer_dir / f, out / f)
+    return out
+
+
+def _reference_args(model_dir, **kw) -> types.SimpleNamespace:
+    base = dict(rollout_engine="reference", hf_checkpoint=str(model_dir), seed=1234, sglang_args={"num_threads": 1})
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+@pytest.fixture(scope="session")
+def reference_args():
+    """Factory: `reference_args(model_dir, **overrides)` -> minimal run config for reference engines."""
+    return _reference_args
+
+
+@pytest.fixture(scope="session")
+def reference_engine(tiny_qwen3_dir, tmp_path_factory):
+    """One running reference engine (an `EngineGroup`); shut down at the end of the session."""
+    from slime_rollout.engines.launch import launch_engines
+
+    group = launch_engines(
+        _reference_args(tiny_qwen3_dir),
+        num_engines=1,
+        gpus_per_engine=1,
+        startup_timeout_s=300,
+        log_dir=tmp_path_factory.mktemp("engine-logs"),
+    )
+    yield group
+    group.shutdown()
