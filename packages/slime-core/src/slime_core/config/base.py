@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 class ArgsGroup(BaseModel):
     """Base of every config group: unknown keys are errors, attributes are plain Python values."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=False, use_attribute_docstrings=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 def arg(default: Any = None, help: str = "", *, cli: bool = True, **kwargs: Any) -> Any:  # noqa: A002
