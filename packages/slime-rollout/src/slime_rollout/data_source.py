@@ -354,7 +354,7 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
             return []
         path = getattr(self.args, "buffer_filter_path", None)
         if path:
-            return load_function(path)(self.args, None, self.buffer, num_groups)
+            return load_function(path, flag="--buffer-filter-path")(self.args, None, self.buffer, num_groups)
         taken, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]
         return taken
 

@@ -1,16 +1,18 @@
-"""Loading user plugins given as import paths (`--custom-rm-path my_mod.reward`).
+"""Plugin plumbing for the rollout: original slime import paths mapped onto this package.
 
-Paths of the original slime (`slime.rollout.sglang_rollout.generate_rollout`, ...) are accepted and
-mapped to their equivalents here, so existing launch scripts keep working.
+Loading itself is `slime_core.plugins.load_function`; here the paths of the original slime
+(`slime.rollout.sglang_rollout.generate_rollout`, ...) are translated first so existing launch
+scripts keep working.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+from slime_core.plugins import call_maybe_async
+from slime_core.plugins import load_function as _core_load_function
 
 __all__ = ["ORIGINAL_PATH_ALIASES", "accepts_kwarg", "call_maybe_async", "load_function"]
 
@@ -28,36 +30,17 @@ ORIGINAL_PATH_ALIASES: dict[str, str] = {
 }
 
 
-@functools.cache
-def load_function(path: str) -> Callable[..., Any]:
-    """Imports `package.module.attr` and returns the attribute.
+def load_function(path: str, *, flag: str = "plugin") -> Callable[..., Any]:
+    """Imports the callable at `path` (original slime paths translated via `ORIGINAL_PATH_ALIASES`).
 
     Args:
-        path: dotted import path; original slime paths are translated (`ORIGINAL_PATH_ALIASES`).
+        path: `package.module.attr` or `package.module:attr`.
+        flag: the flag that named it, for error messages.
 
     Raises:
-        ValueError: if the path has no module part, the module cannot be imported, or lacks the attribute.
+        slime_core.plugins.PluginError: the module or attribute cannot be found.
     """
-    path = ORIGINAL_PATH_ALIASES.get(path, path)
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise ValueError(f"plugin path {path!r} must look like 'package.module.function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import module {module_name!r} of plugin {path!r}: {e}") from e
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (plugin {path!r})") from None
-
-
-async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Calls `fn` and awaits the result if it is awaitable (plugins may be sync or async)."""
-    result = fn(*args, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+    return _core_load_function(ORIGINAL_PATH_ALIASES.get(path, path), flag=flag)
 
 
 def accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:

@@ -89,7 +89,7 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     """
     custom_path = sample.custom_rm_path or getattr(args, "custom_rm_path", None)
     if custom_path:
-        return await call_maybe_async(load_function(custom_path), args, sample, **kwargs)
+        return await call_maybe_async(load_function(custom_path, flag="--custom-rm-path"), args, sample, **kwargs)
     rm_type = (sample.metadata or {}).get("rm_type") or getattr(args, "rm_type", None)
     if not rm_type:
         raise ValueError("no reward function: set --rm-type, --custom-rm-path or metadata['rm_type']")
@@ -111,7 +111,7 @@ async def batched_async_rm(args: Any, samples: list[Sample], **kwargs: Any) -> l
     """
     custom_path = getattr(args, "custom_rm_path", None)
     if custom_path and getattr(args, "group_rm", False):
-        rewards = await call_maybe_async(load_function(custom_path), args, samples, **kwargs)
+        rewards = await call_maybe_async(load_function(custom_path, flag="--custom-rm-path"), args, samples, **kwargs)
         if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
             raise ValueError(
                 f"--group-rm custom reward {custom_path!r} must return a list of {len(samples)} rewards, "

@@ -1,0 +1,32 @@
+"""One long-lived asyncio loop in a background thread for the synchronous rollout entry points.
+
+The rollout is asyncio inside, but `generate_rollout` is called synchronously by the trainer. Reusing
+one loop across rollouts keeps loop-bound clients (httpx connection pools) alive; calling from inside
+a running loop (e.g. a Ray async actor) works because the work runs on the other thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+__all__ = ["run"]
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _get_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="slime-rollout-loop", daemon=True).start()
+        return _loop
+
+
+def run[T](coro: Coroutine[Any, Any, T]) -> T:
+    """Runs `coro` on the background loop and blocks until it finishes; exceptions propagate."""
+    return asyncio.run_coroutine_threadsafe(coro, _get_loop()).result()

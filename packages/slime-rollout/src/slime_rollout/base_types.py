@@ -1,0 +1,50 @@
+"""Return types of rollout functions (original `slime/rollout/base_types.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from slime_core.sample import Sample
+
+__all__ = ["RolloutFnEvalOutput", "RolloutFnTrainOutput", "wrap_rollout_output"]
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RolloutFnTrainOutput:
+    """What a training rollout returns.
+
+    Attributes:
+        samples: `rollout_batch_size` groups of `n_samples_per_prompt` samples, sorted by sample index
+            (a custom generate function may make a group's entries lists of samples).
+        metrics: `rollout/*`, `perf/*` scalars for the metrics sink, or None.
+    """
+
+    samples: list[list[Sample]]
+    metrics: dict[str, float] | None = None
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RolloutFnEvalOutput:
+    """What an eval rollout returns.
+
+    Attributes:
+        data: per dataset name, `{"rewards": list[float], "truncated": list[bool], "samples": list[Sample]}`.
+        metrics: `eval/{name}`, `eval/{name}-truncated_ratio`, ... scalars, or None.
+    """
+
+    data: dict[str, dict[str, Any]]
+    metrics: dict[str, float] | None = None
+
+
+def wrap_rollout_output(output: Any, *, evaluation: bool) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    """Wraps the bare return value of a legacy custom rollout function (groups list or eval dict)."""
+    if isinstance(output, RolloutFnTrainOutput | RolloutFnEvalOutput):
+        return output
+    if evaluation:
+        if not isinstance(output, dict):
+            raise TypeError(f"eval rollout function must return RolloutFnEvalOutput or a dict, got {type(output)}")
+        return RolloutFnEvalOutput(data=output)
+    if not isinstance(output, list):
+        raise TypeError(f"rollout function must return RolloutFnTrainOutput or a list of groups, got {type(output)}")
+    return RolloutFnTrainOutput(samples=output)

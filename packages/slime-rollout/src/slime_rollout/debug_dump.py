@@ -1,0 +1,89 @@
+"""Rollout dumps and replay (`--save-debug-rollout-data`, `--load-debug-rollout-data`).
+
+A dump is `torch.save({"rollout_id": int, "samples": [Sample.to_dict(), ...]})` at the flag's path
+template with `{rollout_id}` substituted (eval rollouts use `eval_{rollout_id}`), written to a temporary
+file and renamed so a killed run never leaves a half-written dump.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+import torch
+from slime_core.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["dump_path", "load_debug_rollout_data", "regroup", "save_debug_rollout_data"]
+
+
+def dump_path(template: str, rollout_id: int, *, evaluation: bool = False) -> pathlib.Path:
+    """The dump file of a rollout.
+
+    Raises:
+        ValueError: the template lacks `{rollout_id}`.
+    """
+    if "{rollout_id}" not in template:
+        raise ValueError(f"debug rollout data path {template!r} must contain '{{rollout_id}}'")
+    return pathlib.Path(template.format(rollout_id=f"eval_{rollout_id}" if evaluation else rollout_id))
+
+
+def save_debug_rollout_data(args: Any, rollout_id: int, samples: list[Sample], *, evaluation: bool = False) -> None:
+    """Writes the samples of a rollout to `--save-debug-rollout-data` atomically.
+
+    Args:
+        args: reads `save_debug_rollout_data` (path template with `{rollout_id}`).
+        rollout_id: id of the rollout.
+        samples: the flat list of samples.
+        evaluation: an eval rollout (file id `eval_{rollout_id}`).
+    """
+    path = dump_path(args.save_debug_rollout_data, rollout_id, evaluation=evaluation)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        torch.save({"rollout_id": rollout_id, "samples": [s.to_dict() for s in samples]}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    logger.info("saved %d rollout samples to %s", len(samples), path)
+
+
+def load_debug_rollout_data(args: Any, rollout_id: int) -> list[Sample]:
+    """Reads the dump of `rollout_id` from `--load-debug-rollout-data`.
+
+    With `--load-debug-rollout-data-subsample f` only the first and last `f/2` of the samples are kept.
+
+    Raises:
+        FileNotFoundError: no dump for this rollout.
+        ValueError: the file is not a rollout dump.
+    """
+    path = dump_path(args.load_debug_rollout_data, rollout_id)
+    if not path.exists():
+        raise FileNotFoundError(f"--load-debug-rollout-data: no dump for rollout {rollout_id} at {path}")
+    # Dumps hold only builtin types (Sample.to_dict), so the safe loader suffices.
+    data = torch.load(path, weights_only=True)
+    if not isinstance(data, dict) or "samples" not in data:
+        raise ValueError(f"{path}: not a rollout dump (expected a dict with 'samples')")
+    samples = [Sample.from_dict(d) for d in data["samples"]]
+    fraction = getattr(args, "load_debug_rollout_data_subsample", None)
+    if fraction:
+        keep = max(int(len(samples) * fraction) // 2, 1)
+        samples = samples[:keep] + samples[-keep:] if len(samples) > 2 * keep else samples
+    return samples
+
+
+def regroup(samples: list[Sample]) -> list[list[Sample]]:
+    """Splits a flat, index-ordered sample list back into groups of consecutive equal `group_index`."""
+    groups: list[list[Sample]] = []
+    for sample in samples:
+        if groups and sample.group_index is not None and groups[-1][-1].group_index == sample.group_index:
+            groups[-1].append(sample)
+        else:
+            groups.append([sample])
+    return groups

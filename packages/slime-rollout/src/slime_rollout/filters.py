@@ -1,0 +1,44 @@
+"""Built-in dynamic-sampling filters (`--dynamic-sampling-filter-path`).
+
+The original path `slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std` is
+accepted as an alias of `slime_rollout.filters.check_reward_nonzero_std`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from slime_core.protocols import DynamicFilterOutput
+from slime_core.sample import Sample
+
+__all__ = ["check_reward_nonzero_std", "normalize_filter_output"]
+
+
+def check_reward_nonzero_std(args: Any, samples: list[Sample], **kwargs: Any) -> DynamicFilterOutput:
+    """Keeps a group only if its rewards differ (DAPO dynamic sampling: equal rewards give zero GRPO advantage).
+
+    Args:
+        args: reads `reward_key` for dict rewards.
+        samples: one finished group.
+        **kwargs: ignored (forward compatibility with newer call sites).
+
+    Returns:
+        keep=True if the population std of the rewards is > 0; else keep=False with reason
+        `zero_std_{reward:.1f}`, logged as `rollout/dynamic_filter/drop_zero_std_{reward:.1f}`.
+
+    Reference: Yu et al., "DAPO" (2025), §3.2 dynamic sampling.
+    """
+    rewards = [s.get_reward_value(getattr(args, "reward_key", None)) for s in samples]
+    if len(rewards) > 1 and statistics.pstdev(rewards) > 0.0:
+        return DynamicFilterOutput(keep=True)
+    return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1)}" if rewards else "empty")
+
+
+def normalize_filter_output(output: DynamicFilterOutput | bool) -> DynamicFilterOutput:
+    """Accepts the two return types a filter may have (`DynamicFilterOutput` or a bare bool)."""
+    if isinstance(output, DynamicFilterOutput):
+        return output
+    if isinstance(output, bool):
+        return DynamicFilterOutput(keep=output, reason=None if output else "filtered")
+    raise TypeError(f"dynamic sampling filter must return DynamicFilterOutput or bool, got {type(output).__name__}")

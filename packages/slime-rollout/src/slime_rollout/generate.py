@@ -1,0 +1,159 @@
+"""The default generate function and sampling parameters (original `sglang_rollout.generate`).
+
+One `/generate` call per sample: the prompt ids (or the tokens of a partially generated sample) go
+to the engine with `return_logprob`, and the engine's own output ids and log-probs are appended to
+the sample (never decoded and re-tokenized). The engine behind the client may be SGLang or the CPU
+reference engine; this code does not know which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any
+
+from slime_core.sample import Sample, Status
+
+from slime_rollout.data_source import get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["abort_all", "build_sampling_params", "call_client", "generate", "get_client"]
+
+
+def build_sampling_params(args: Any, *, evaluation: bool = False) -> dict[str, Any]:
+    """SGLang `sampling_params` from the run config.
+
+    Args:
+        args: reads `rollout_temperature`, `rollout_top_p`, `rollout_top_k`, `rollout_max_response_len`,
+            `rollout_stop`, `rollout_stop_token_ids`, `rollout_skip_special_tokens`; with `evaluation`
+            the `eval_*` counterparts override them when set (`eval_min_new_tokens` too).
+        evaluation: build eval sampling parameters.
+
+    Returns:
+        `{temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids, skip_special_tokens,
+        no_stop_trim=True, spaces_between_special_tokens=False}` (+ `min_new_tokens` for eval).
+
+    Raises:
+        ValueError: no response length budget is configured.
+    """
+
+    def pick(name: str, default: Any = None) -> Any:
+        value = getattr(args, f"eval_{name}", None) if evaluation else None
+        return value if value is not None else getattr(args, f"rollout_{name}", default)
+
+    max_new_tokens = pick("max_response_len")
+    if max_new_tokens is None:
+        raise ValueError(
+            "--rollout-max-response-len is required" + (" (or --eval-max-response-len)" if evaluation else "")
+        )
+    params = {
+        "temperature": pick("temperature", 1.0),
+        "top_p": pick("top_p", 1.0),
+        "top_k": pick("top_k", -1),
+        "max_new_tokens": int(max_new_tokens),
+        "stop": getattr(args, "rollout_stop", None),
+        "stop_token_ids": getattr(args, "rollout_stop_token_ids", None),
+        "skip_special_tokens": bool(getattr(args, "rollout_skip_special_tokens", False)),
+        # Keep the matched stop string in the text so the text matches the returned token ids.
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+    }
+    if evaluation and getattr(args, "eval_min_new_tokens", None) is not None:
+        params["min_new_tokens"] = int(args.eval_min_new_tokens)
+    return params
+
+
+def get_client(args: Any) -> Any:
+    """The engine client of this process (`slime_rollout.client.get_client`)."""
+    from slime_rollout.client import get_client as _get_client
+
+    return _get_client(args)
+
+
+async def call_client(method: Any, *call_args: Any) -> Any:
+    """Calls a client method that may be async or blocking (blocking ones run in a worker thread)."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*call_args)
+    result = await asyncio.to_thread(method, *call_args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+async def abort_all(args: Any) -> None:
+    """Aborts every in-flight request on every engine and waits until they report idle."""
+    client = get_client(args)
+    await call_client(client.abort_all)
+
+
+def _prompt_ids(args: Any, sample: Sample) -> list[int]:
+    if sample.tokens:
+        # A continuation (partial rollout) or prompt ids set by the data source / a custom function.
+        return list(sample.tokens)
+    tokenizer = get_tokenizer(args.hf_checkpoint)
+    prompt = sample.prompt
+    if not isinstance(prompt, str):
+        prompt = tokenizer.apply_chat_template(
+            prompt, tools=sample.metadata.get("tools"), tokenize=False, add_generation_prompt=True
+        )
+    return tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def _parse_output(reply: dict[str, Any]) -> tuple[list[int], list[float]]:
+    meta = reply.get("meta_info") or {}
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise ValueError("engine reply has no meta_info.output_token_logprobs (was return_logprob sent?)")
+    tokens = [int(e[1]) for e in entries]
+    log_probs = [float(e[0]) for e in entries]
+    output_ids = reply.get("output_ids")
+    if output_ids is not None and list(output_ids) != tokens:
+        raise ValueError(f"engine reply: output_ids {output_ids[:8]}... disagree with output_token_logprobs ids")
+    return tokens, log_probs
+
+
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """Generates (or continues) the response of one sample with one engine call.
+
+    Args:
+        args: reads `hf_checkpoint` (tokenizer), `partial_rollout`, `mask_offpolicy_in_partial_rollout`.
+        sample: a fresh sample (prompt only) or a partially generated one (tokens hold prompt + partial
+            response); updated in place.
+        sampling_params: SGLang sampling params; `max_new_tokens` is reduced by the response length
+            already generated.
+
+    Returns:
+        The same sample with the engine's token ids and log-probs appended and `status` from the
+        engine's finish reason (TRUNCATED without a call when no budget is left).
+
+    Raises:
+        ValueError: a malformed engine reply.
+    """
+    sampling_params = dict(sampling_params)
+    if not sample.tokens:
+        sample.tokens = _prompt_ids(args, sample)
+        sample.response_length = 0
+    elif sample.response_length > 0 and getattr(args, "mask_offpolicy_in_partial_rollout", False):
+        # The earlier part came from an older policy: keep it as context but do not train on it.
+        sample.loss_mask = [0] * sample.response_length
+        if sample.rollout_log_probs is not None:
+            sample.rollout_log_probs = [0.0] * sample.response_length
+    sampling_params["max_new_tokens"] = int(sampling_params["max_new_tokens"]) - sample.response_length
+    if sampling_params["max_new_tokens"] <= 0:
+        sample.status = Status.TRUNCATED
+        return sample
+
+    payload = {"input_ids": list(sample.tokens), "sampling_params": sampling_params, "return_logprob": True}
+    client = get_client(args)
+    reply = await call_client(client.generate, payload)
+    tokens, log_probs = _parse_output(reply)
+    sample.status = Status.PENDING
+    sample.append_response_tokens(tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=reply["meta_info"])
+    if sample.status is Status.PENDING:
+        logger.warning(
+            "sample %s: engine gave no known finish_reason (%r)", sample.index, reply["meta_info"].get("finish_reason")
+        )
+        sample.status = Status.COMPLETED
+    return sample

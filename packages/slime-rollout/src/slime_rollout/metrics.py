@@ -1,0 +1,112 @@
+"""Rollout-side metrics with the original names (`slime-features.md` §11).
+
+`rollout/raw_reward`, `rollout/rewards` (after group normalization), `rollout/response_len/{mean,median,max,min}`
+(trainable tokens), `rollout/truncated_ratio`, `rollout/log_probs` (mean engine log-prob over trainable
+tokens), `rollout/zero_std/count_{reward}`, `rollout/dynamic_filter/drop_{reason}`, `perf/rollout_time`,
+`perf/tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slime_core.sample import Sample, Status
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["compute_rollout_metrics", "flatten_groups", "reward_value"]
+
+
+def flatten_groups(groups: Sequence[Sequence[Any]]) -> list[Sample]:
+    """All samples of a list of groups; a group entry may itself be a list (fan-out generate)."""
+    out: list[Sample] = []
+    for group in groups:
+        for item in group:
+            out.extend(item if isinstance(item, list) else [item])
+    return out
+
+
+def reward_value(sample: Sample, reward_key: str | None) -> float:
+    """The scalar raw reward (`metadata["raw_reward"]` wins, as in the original)."""
+    if "raw_reward" in sample.metadata:
+        return float(sample.metadata["raw_reward"])
+    return sample.get_reward_value(reward_key)
+
+
+def _num_gpus(args: Any) -> int:
+    gpus = getattr(args, "rollout_num_gpus", None)
+    return max(int(gpus), 1) if gpus else 1
+
+
+def compute_rollout_metrics(
+    args: Any,
+    groups: Sequence[Sequence[Any]],
+    *,
+    rollout_time: float,
+    drop_counts: Mapping[str, int] | None = None,
+) -> dict[str, float]:
+    """Scalar metrics of one training rollout.
+
+    Args:
+        args: reads `reward_key`, `rollout_num_gpus`, and for `rollout/rewards` the reward-normalization
+            flags used by `slime_core.train_data.postprocess_rewards` (skipped if `advantage_estimator` is absent).
+        groups: the accepted groups.
+        rollout_time: wall-clock seconds of the rollout.
+        drop_counts: groups dropped by the dynamic filter, per reason.
+
+    Returns:
+        Metric name → value; empty-batch metrics are omitted.
+    """
+    samples = flatten_groups(groups)
+    metrics: dict[str, float] = {"perf/rollout_time": float(rollout_time)}
+    for reason, count in (drop_counts or {}).items():
+        metrics[f"rollout/dynamic_filter/drop_{reason}"] = float(count)
+    if not samples:
+        return metrics
+    reward_key = getattr(args, "reward_key", None)
+    scored = [s for s in samples if s.reward is not None or "raw_reward" in s.metadata]
+    if scored:
+        raw = [reward_value(s, reward_key) for s in scored]
+        metrics["rollout/raw_reward"] = statistics.fmean(raw)
+        if hasattr(args, "advantage_estimator") and len(scored) == len(samples):
+            from slime_core.train_data import postprocess_rewards
+
+            metrics["rollout/rewards"] = statistics.fmean(postprocess_rewards(args, samples)[1])
+        zero_std = collections.Counter()
+        for group in groups:
+            members = flatten_groups([group])
+            values = [reward_value(s, reward_key) for s in members if s.reward is not None]
+            if len(values) == len(members) and len(values) > 1 and statistics.pstdev(values) == 0.0:
+                zero_std[round(values[0], 1)] += 1
+        for value, count in zero_std.items():
+            metrics[f"rollout/zero_std/count_{value}"] = float(count)
+    lengths = [s.effective_response_length for s in samples]
+    metrics["rollout/response_len/mean"] = statistics.fmean(lengths)
+    metrics["rollout/response_len/median"] = float(statistics.median(lengths))
+    metrics["rollout/response_len/max"] = float(max(lengths))
+    metrics["rollout/response_len/min"] = float(min(lengths))
+    metrics["rollout/truncated_ratio"] = sum(s.status is Status.TRUNCATED for s in samples) / len(samples)
+    token_log_probs = [
+        lp
+        for s in samples
+        if s.rollout_log_probs is not None
+        for lp, m in zip(s.rollout_log_probs, s.loss_mask or [1] * s.response_length, strict=True)
+        if m
+    ]
+    if token_log_probs:
+        metrics["rollout/log_probs"] = statistics.fmean(token_log_probs)
+    if rollout_time > 0:
+        metrics["perf/tokens_per_gpu_per_sec"] = (
+            sum(s.response_length for s in samples) / rollout_time / _num_gpus(args)
+        )
+        metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / rollout_time / _num_gpus(args)
+        metrics["perf/longest_sample_tokens_per_sec"] = max(s.response_length for s in samples) / rollout_time
+    non_gen = [s.non_generation_time for s in samples]
+    if any(non_gen):
+        metrics["perf/non_generation_time/mean"] = statistics.fmean(non_gen)
+        metrics["perf/non_generation_time/max"] = max(non_gen)
+    return metrics

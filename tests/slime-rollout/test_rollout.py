@@ -1,0 +1,423 @@
+"""A scripted in-process stand-in for `RolloutClient` (test double for the rollout loop logic).
+
+Each prompt is `tokens=[prompt_id]`. The engine emits one token per `step_s` seconds: the script
+`answers[prompt_id]` (a list cycled over the requests of that prompt) gives the token emitted,
+`lengths[prompt_id]` the response length before a "stop" (default 2). Log-prob of the k-th emitted
+token of a request is `-(k + 1) / 10`. `abort_all` makes every in-flight request return at once with
+finish_reason abort and the tokens emitted so far, then waits until none is running, like SGLang's
+`/abort_request {"abort_all": true}` + polling `/v1/loads`.
+"""
+
+import asyncio
+import collections
+
+
+class FakeClient:
+    def __init__(self, answers, lengths=None, step_s=0.0, default_length=2):
+        self.answers = answers
+        self.lengths = lengths or {}
+        self.step_s = step_s
+        self.default_length = default_length
+        self.calls = collections.Counter()
+        self.payloads = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.abort_calls = 0
+        self.finishes = []  # (prompt_id, finish type) per request
+        self._abort_generation = 0
+
+    async def generate(self, payload):
+        self.payloads.append(payload)
+        ids = payload["input_ids"]
+        prompt_id = ids[0]
+        k = self.calls[prompt_id]
+        self.calls[prompt_id] += 1
+        answer = self.answers[prompt_id][k % len(self.answers[prompt_id])]
+        target = self.lengths.get(prompt_id, self.default_length)
+        already = len(ids) - 1  # continuation of a partial response
+        budget = payload["sampling_params"]["max_new_tokens"]
+        generation = self._abort_generation
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        out, finish = [], None
+        try:
+            while finish is None:
+                if self.step_s:
+                    await asyncio.sleep(self.step_s)
+                else:
+                    await asyncio.sleep(0)
+                if self._abort_generation != generation:
+                    finish = {"type": "abort"}
+                    break
+                out.append(answer)
+                if already + len(out) >= target:
+                    finish = {"type": "stop", "matched": answer}
+                elif len(out) >= budget:
+                    finish = {"type": "length", "length": budget}
+        finally:
+            self.in_flight -= 1
+        self.finishes.append((prompt_id, finish["type"]))
+        return {
+            "text": "".join(chr(t) for t in out),
+            "output_ids": out,
+            "meta_info": {
+                "output_token_logprobs": [[-(i + 1) / 10, t, None] for i, t in enumerate(out)],
+                "finish_reason": finish,
+                "weight_version": "v1",
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(out),
+            },
+        }
+
+    async def abort_all(self):
+        self.abort_calls += 1
+        self._abort_generation += 1
+        while self.in_flight:
+            await asyncio.sleep(0.001)
+
+
+class ListDataSource:
+    """Groups of n copies of `Sample(tokens=[prompt_id])` for prompt ids 0, 1, 2, ... with a buffer."""
+
+    def __init__(self, n, num_prompts=1000):
+        from slime_core.sample import Sample
+
+        self.n, self.num_prompts, self.next_prompt, self.next_index = n, num_prompts, 0, 0
+        self.buffer, self._sample = [], Sample
+
+    def get_samples(self, num_groups):
+        out = self.buffer[:num_groups]
+        self.buffer = self.buffer[num_groups:]
+        while len(out) < num_groups and self.next_prompt < self.num_prompts:
+            group = []
+            for _ in range(self.n):
+                group.append(
+                    self._sample(
+                        prompt=f"p{self.next_prompt}",
+                        tokens=[self.next_prompt],
+                        group_index=self.next_prompt,
+                        index=self.next_index,
+                        label="A",
+                    )
+                )
+                self.next_index += 1
+            self.next_prompt += 1
+            out.append(group)
+        return out
+
+    def add_samples(self, groups):
+        self.buffer.extend(groups)
+
+
+# ---------------------------------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------------------------------
+
+import dataclasses  # noqa: E402
+import types  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from slime_core.sample import Sample, Status  # noqa: E402
+from slime_rollout import generate as generate_mod  # noqa: E402
+from slime_rollout import rollout as rollout_mod  # noqa: E402
+from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput  # noqa: E402
+from slime_rollout.rollout import generate_rollout, generate_rollout_async, run_rollout  # noqa: E402
+
+A, B = ord("A"), ord("B")
+
+
+def reward_is_a(args, sample):
+    """Test reward: 1.0 if the response ends with 'A'."""
+    return 1.0 if sample.response.endswith("A") else 0.0
+
+
+def _args(**kw):
+    base = dict(
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=None,
+        dynamic_sampling_filter_path=None,
+        partial_rollout=False,
+        mask_offpolicy_in_partial_rollout=False,
+        custom_generate_function_path=None,
+        rollout_sample_hook_path=None,
+        custom_rm_path=f"{__name__}.reward_is_a",
+        rm_type=None,
+        group_rm=False,
+        reward_key=None,
+        rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_max_response_len=8,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        rollout_skip_special_tokens=False,
+        sglang_server_concurrency=64,
+        rollout_num_gpus=1,
+        rollout_num_gpus_per_engine=1,
+        rollout_sample_filter_path=None,
+        rollout_all_samples_process_path=None,
+    )
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+@pytest.fixture
+def use_client(monkeypatch):
+    def install(client):
+        monkeypatch.setattr(generate_mod, "get_client", lambda args: client)
+        return client
+
+    return install
+
+
+async def test_rollout_groups_rewards_logprobs_and_metrics(use_client):
+    # prompt 0 answers A,B; prompt 1 answers A,A; prompt 2 (never needed).
+    client = use_client(FakeClient({0: [A, B], 1: [A], 2: [B]}, lengths={0: 3, 1: 2}))
+    args = _args()
+    ds = ListDataSource(n=2)
+    out, leftovers = await generate_rollout_async(args, 0, ds)
+    assert leftovers == []
+    assert [[s.index for s in g] for g in out.samples] == [[0, 1], [2, 3]]
+    flat = [s for g in out.samples for s in g]
+    assert [s.response for s in flat] == ["AAA", "BBB", "AA", "AA"]
+    assert [s.reward for s in flat] == [1.0, 0.0, 1.0, 1.0]
+    for s in flat:
+        assert s.status is Status.COMPLETED
+        assert s.tokens[0] == s.group_index and s.response_tokens == [ord(c) for c in s.response]
+        assert s.rollout_log_probs == [-(i + 1) / 10 for i in range(s.response_length)]
+        assert s.loss_mask == [1] * s.response_length and s.weight_versions == ["v1"]
+        assert s.session_id is not None
+    # The engine got the prompt ids, return_logprob, and the sampling params from args.
+    p = client.payloads[0]
+    assert p["return_logprob"] is True and p["input_ids"] in ([0], [1])
+    assert p["sampling_params"]["max_new_tokens"] == 8 and p["sampling_params"]["no_stop_trim"] is True
+    m = out.metrics
+    assert m["rollout/raw_reward"] == pytest.approx(0.75, abs=1e-12)
+    assert m["rollout/response_len/mean"] == pytest.approx(2.5, abs=1e-12)
+    assert m["rollout/response_len/max"] == 3 and m["rollout/response_len/min"] == 2
+    assert m["rollout/truncated_ratio"] == 0.0
+    # mean over the 10 tokens: 2 * (0.1+0.2+0.3) + 2 * (0.1+0.2) = 1.8 -> -0.18
+    assert m["rollout/log_probs"] == pytest.approx(-0.18, abs=1e-12)
+    assert m["rollout/zero_std/count_1.0"] == 1.0
+    assert client.in_flight == 0
+
+
+async def test_truncation_from_length_budget(use_client):
+    use_client(FakeClient({0: [A], 1: [A]}, lengths={0: 100, 1: 100}))
+    out, _ = await generate_rollout_async(_args(rollout_max_response_len=4), 0, ListDataSource(n=2))
+    for s in (s for g in out.samples for s in g):
+        assert s.status is Status.TRUNCATED and s.response_length == 4
+    assert out.metrics["rollout/truncated_ratio"] == 1.0
+
+
+async def test_dynamic_sampling_oversamples_filters_and_aborts(use_client):
+    # Even prompts: both samples answer A (zero reward std -> dropped); odd prompts: A then B (kept).
+    # Prompts >= 6 are slow (50 tokens) so they are still running when the batch is full.
+    answers = {i: ([A] if i % 2 == 0 else [A, B]) for i in range(40)}
+    lengths = {i: (2 if i < 6 else 50) for i in range(40)}
+    client = use_client(FakeClient(answers, lengths=lengths, step_s=0.002))
+    args = _args(
+        rollout_batch_size=3,
+        over_sampling_batch_size=4,
+        dynamic_sampling_filter_path="slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        rollout_max_response_len=64,
+    )
+    ds = ListDataSource(n=2)
+    out, leftovers = await generate_rollout_async(args, 0, ds)
+    assert [g[0].group_index for g in out.samples] == [1, 3, 5]
+    for group in out.samples:
+        assert sorted(s.reward for s in group) == [0.0, 1.0]
+    # Prompts 0, 2, 4 were dropped with the original metric name.
+    assert out.metrics["rollout/dynamic_filter/drop_zero_std_1.0"] == 3.0
+    # Two top-ups of 4 groups: after 0..2 finished only 1 was accepted and 1 in flight (< 3).
+    assert ds.next_prompt == 8
+    # The surplus (slow prompts 6, 7) was aborted on the engine and nothing is left running.
+    assert client.abort_calls == 1 and client.in_flight == 0
+    surplus = sorted(f for f in client.finishes if f[0] >= 6)
+    assert surplus == [(6, "abort"), (6, "abort"), (7, "abort"), (7, "abort")]
+    assert leftovers == []  # no --partial-rollout: the surplus is discarded
+
+
+async def test_partial_rollout_groups_come_back_and_continue(use_client):
+    # Prompt 0 is quick; prompts 1..3 need 30 tokens and are aborted midway in rollout 0.
+    client = use_client(FakeClient({i: [A] for i in range(10)}, lengths={0: 2, 1: 30, 2: 30, 3: 30}, step_s=0.003))
+    args = _args(rollout_batch_size=1, over_sampling_batch_size=4, n_samples_per_prompt=1, partial_rollout=True,
+                 rollout_max_response_len=40)  # fmt: skip
+    ds = ListDataSource(n=1)
+    out0 = await asyncio.to_thread(generate_rollout, args, 0, ds)
+    assert isinstance(out0, RolloutFnTrainOutput)
+    assert [g[0].group_index for g in out0.samples] == [0]
+    assert client.in_flight == 0
+    assert [g[0].group_index for g in ds.buffer] == [1, 2, 3]
+    partial = {g[0].group_index: (g[0].response_length, list(g[0].tokens)) for g in ds.buffer}
+    for g in ds.buffer:
+        s = g[0]
+        assert s.status is Status.ABORTED and s.reward is None
+        assert 0 < s.response_length < 30 and s.metadata["start_rollout_id"] == 0
+        assert len(s.rollout_log_probs) == s.response_length
+
+    client.step_s = 0.0
+    args.rollout_batch_size = args.over_sampling_batch_size = 3
+    out1 = await asyncio.to_thread(generate_rollout, args, 1, ds)
+    assert [g[0].group_index for g in out1.samples] == [1, 2, 3]  # the buffer is served first
+    for g in out1.samples:
+        s = g[0]
+        done_len, prefix = partial[s.group_index]
+        assert s.tokens[: len(prefix)] == prefix  # continued, not regenerated
+        assert s.response_length == 30 and s.status is Status.COMPLETED and s.reward == 1.0
+        assert s.metadata["start_rollout_id"] == 0
+        assert s.loss_mask == [1] * 30
+    # The continuation asked only for the remaining budget.
+    cont = [p for p in client.payloads if len(p["input_ids"]) > 1]
+    assert sorted(p["sampling_params"]["max_new_tokens"] for p in cont) == sorted(40 - n for n, _ in partial.values())
+
+
+async def test_mask_offpolicy_in_partial_rollout(use_client):
+    use_client(FakeClient({0: [A]}, lengths={0: 5}))
+    s = Sample(tokens=[0], label="A")
+    s.append_response_tokens([A, A], log_probs=[-0.5, -0.5], text="AA")
+    s.status = Status.ABORTED
+    args = _args(partial_rollout=True, mask_offpolicy_in_partial_rollout=True)
+    s = await generate_mod.generate(args, s, {"max_new_tokens": 8})
+    assert s.response_length == 5 and s.loss_mask == [0, 0, 1, 1, 1]
+    assert s.rollout_log_probs == [0.0, 0.0, -0.1, -0.2, -0.3]
+
+
+async def test_max_new_tokens_exhausted_is_truncated_without_call(use_client):
+    client = use_client(FakeClient({0: [A]}))
+    s = Sample(tokens=[0])
+    s.append_response_tokens([A, A], log_probs=[-0.1, -0.1])
+    s = await generate_mod.generate(_args(), s, {"max_new_tokens": 2})
+    assert s.status is Status.TRUNCATED and client.payloads == []
+
+
+async def fanout_generate(args, sample, sampling_params, evaluation=False):
+    """Custom generate returning two samples (fan-out); records `evaluation`."""
+    out = []
+    for k in range(2):
+        s = dataclasses.replace(sample, tokens=list(sample.tokens), metadata=dict(sample.metadata), rollout_id=7)
+        s.append_response_tokens([A if k == 0 else B], log_probs=[-0.3], text="A" if k == 0 else "B")
+        s.status = Status.COMPLETED
+        s.metadata["evaluation"] = evaluation
+        out.append(s)
+    return out
+
+
+def tag_hook(args, sample, evaluation, rollout_id):
+    sample.metadata["hooked"] = rollout_id
+    return None
+
+
+async def group_reward(args, samples):
+    return [float(len(samples))] * len(samples)
+
+
+async def test_custom_generate_hooks_and_group_rm(use_client):
+    use_client(FakeClient({}))
+    args = _args(
+        custom_generate_function_path=f"{__name__}.fanout_generate",
+        rollout_sample_hook_path=[f"{__name__}.tag_hook"],
+        rollout_batch_size=1,
+    )
+    out, _ = await generate_rollout_async(args, 5, ListDataSource(n=2))
+    (group,) = out.samples
+    assert [len(item) for item in group] == [2, 2]
+    flat = [s for item in group for s in item]
+    assert [s.reward for s in flat] == [1.0, 0.0, 1.0, 0.0]
+    assert all(s.metadata["hooked"] == 5 and s.metadata["evaluation"] is False for s in flat)
+
+    args = _args(group_rm=True, custom_rm_path=f"{__name__}.group_reward")
+    use_client(FakeClient({0: [A], 1: [A]}))
+    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
+    assert [s.reward for g in out.samples for s in g] == [2.0] * 4
+
+
+async def failing_generate(args, sample, sampling_params):
+    if sample.group_index == 1:
+        raise RuntimeError("boom")
+    await asyncio.sleep(0.05)
+    return sample
+
+
+async def test_generate_error_drains_and_propagates(use_client):
+    client = use_client(FakeClient({}))
+    args = _args(custom_generate_function_path=f"{__name__}.failing_generate", rollout_batch_size=3)
+    with pytest.raises(RuntimeError, match="boom"):
+        await generate_rollout_async(args, 0, ListDataSource(n=1))
+    assert client.abort_calls == 1
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not [t for t in others if "generate_and_rm" in repr(t.get_coro())]
+
+
+def legacy_rollout(args, rollout_id, data_source, evaluation=False):
+    """A custom --rollout-function-path returning bare groups (legacy)."""
+    return data_source.get_samples(1)
+
+
+def test_run_rollout_custom_function_and_debug_dump_round_trip(tmp_path):
+    args = _args(
+        rollout_function_path=f"{__name__}.legacy_rollout",
+        save_debug_rollout_data=str(tmp_path / "dump_{rollout_id}.pt"),
+        load_debug_rollout_data=None,
+    )
+    ds = ListDataSource(n=2)
+    out = run_rollout(args, 3, ds)
+    assert isinstance(out, RolloutFnTrainOutput) and len(out.samples) == 1
+    s = out.samples[0][0]
+    raw = torch.load(tmp_path / "dump_3.pt", weights_only=True)
+    assert raw["rollout_id"] == 3 and raw["samples"][0]["tokens"] == s.tokens
+    assert not list(tmp_path.glob(".*"))  # no temp file left behind
+
+    # Replay: a generated sample with log-probs survives unchanged.
+    s.append_response_tokens([A, B], log_probs=[-0.25, -1.5], text="AB", meta_info={"finish_reason": {"type": "stop"}})
+    s.reward = {"score": 1.0}
+    from slime_rollout.debug_dump import save_debug_rollout_data
+
+    save_debug_rollout_data(args, 4, [s, out.samples[0][1]])
+    replay_args = _args(load_debug_rollout_data=str(tmp_path / "dump_{rollout_id}.pt"))
+    replay = run_rollout(replay_args, 4, ds)
+    assert [[x.to_dict() for x in g] for g in replay.samples] == [[s.to_dict(), out.samples[0][1].to_dict()]]
+    with pytest.raises(FileNotFoundError, match="rollout 9"):
+        run_rollout(replay_args, 9, ds)
+
+
+def test_eval_rollout_metrics(use_client, tmp_path):
+    import json
+
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps({"input": f"q{i}", "label": "A"}) + "\n" for i in range(3)))
+
+    class PromptIdClient(FakeClient):
+        async def generate(self, payload):
+            # Eval prompts are fresh (no partial response): every one is scripted as prompt id 0.
+            assert len(payload["input_ids"]) == 2  # "q{i}" is two Qwen3 tokens
+            payload = dict(payload, input_ids=[0])
+            return await super().generate(payload)
+
+    client = use_client(PromptIdClient({0: [A, A, B]}, lengths={0: 4}))
+    args = _args(
+        eval_prompt_data=["toy", str(path)],
+        n_samples_per_eval_prompt=2,
+        eval_max_response_len=3,
+        eval_temperature=0.5,
+        input_key="input",
+        label_key="label",
+        hf_checkpoint=None,
+        apply_chat_template=False,
+    )
+    # Prompts are tokenized with the real tokenizer: point hf_checkpoint at the fixture.
+    from pathlib import Path
+
+    args.hf_checkpoint = str(Path(__file__).parents[1] / "fixtures" / "qwen3-tokenizer")
+    out = generate_rollout(args, 0, None, evaluation=True)
+    assert isinstance(out, RolloutFnEvalOutput)
+    d = out.data["toy"]
+    assert len(d["samples"]) == 6 and d["truncated"] == [True] * 6  # 4 tokens wanted, budget 3
+    # Answers cycle A, A, B per request: 4 of 6 end in A.
+    assert sorted(d["rewards"]) == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    assert out.metrics["eval/toy"] == pytest.approx(4 / 6, abs=1e-12)
+    assert out.metrics["eval/toy-truncated_ratio"] == 1.0
+    assert all(p["sampling_params"]["temperature"] == 0.5 for p in client.payloads)
+    assert rollout_mod.num_engines(args) == 1
