@@ -118,6 +118,9 @@ def test_boolean_flags():
     assert args.offload_train is False and args.offload_rollout is True
     assert parse_args([*MINIMAL, "--offload"]).offload_train is True
     assert parse_args([*MINIMAL, "--no-use-tensorboard"]).use_tensorboard is False
+    assert parse_args([*MINIMAL, "--async"]).async_train is True  # alias of --async-train
+    assert parse_args([*MINIMAL, "--async-train"]).async_train is True
+    assert parse_args(MINIMAL).async_train is False
     with pytest.raises(ConfigError, match="--partial-rollout"):
         parse_args([*MINIMAL, "--partial-rollout", "yes"])
 

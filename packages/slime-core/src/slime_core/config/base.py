@@ -30,13 +30,21 @@ class ArgsGroup(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def arg(default: Any = None, help: str = "", *, cli: bool = True, **kwargs: Any) -> Any:  # noqa: A002
+def arg(
+    default: Any = None,
+    help: str = "",
+    *,
+    cli: bool = True,
+    aliases: tuple[str, ...] = (),
+    **kwargs: Any,
+) -> Any:
     """Declares a config field; `help` becomes the field description and the `--flag` help text.
 
     Args:
         default: Default value (as in the original slime).
         help: One-sentence help text.
         cli: False for fields not generated as a command-line flag (pass-through collections).
+        aliases: Extra option strings for the flag (e.g. `("--async",)`).
         **kwargs: Passed to `pydantic.Field` (e.g. `gt=0`).
 
     Returns:
@@ -45,6 +53,8 @@ def arg(default: Any = None, help: str = "", *, cli: bool = True, **kwargs: Any)
     extra = kwargs.pop("json_schema_extra", {}) or {}
     if not cli:
         extra["cli"] = False
+    if aliases:
+        extra["aliases"] = list(aliases)
     return Field(default, description=help, json_schema_extra=extra or None, **kwargs)
 
 

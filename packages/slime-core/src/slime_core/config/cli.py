@@ -55,7 +55,8 @@ def _unwrap_optional(annotation: Any) -> Any:
 
 
 def _add_field(parser: argparse.ArgumentParser, name: str, field: FieldInfo) -> None:
-    flag = field_to_flag(name)
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    flags = [field_to_flag(name), *extra.get("aliases", [])]
     help_text = (field.description or "").replace("%", "%%")
     if not field.is_required() and field.default not in (None, [], {}):
         help_text += f" (default: {field.default})".replace("%", "%%")
@@ -80,7 +81,7 @@ def _add_field(parser: argparse.ArgumentParser, name: str, field: FieldInfo) -> 
         kwargs.update(choices=choices, type=type(choices[0]))
     else:
         kwargs["type"] = annotation
-    parser.add_argument(flag, **kwargs)
+    parser.add_argument(*flags, **kwargs)
 
 
 @cache

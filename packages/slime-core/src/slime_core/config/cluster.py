@@ -47,7 +47,9 @@ class ClusterArgs(ArgsGroup):
         {}, "Extra environment variables for trainer processes, as a JSON object string."
     )
     async_train: bool = arg(
-        False, "Overlap the next rollout with training (one-step off-policy; the original train_async.py)."
+        False,
+        "Overlap the next rollout with training (one-step off-policy; the original train_async.py).",
+        aliases=("--async",),
     )
     ray_address: str | None = arg(None, "Address of an existing Ray cluster; a local one is started when unset.")
 
