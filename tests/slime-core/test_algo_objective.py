@@ -51,7 +51,9 @@ def _batch(seed=0, lengths=(4, 1, 3, 5, 2)):
 
 def _reference(args, b):
     """Plain-Python per-token loop, float64, of the default-reducer objective."""
-    total = dict(pg_loss=0.0, pg_clipfrac=0.0, ppo_kl=0.0, entropy_loss=0.0, kl_loss=0.0, tis=0.0, tis_clipfrac=0.0)
+    total = dict(
+        pg_loss=0.0, pg_clipfrac=0.0, ppo_kl=0.0, entropy_loss=0.0, kl_loss=0.0, tis=0.0, tis_clipfrac=0.0, ois=0.0
+    )
     eh = args.eps_clip_high if args.eps_clip_high is not None else args.eps_clip
     for i, mask in enumerate(b["loss_masks"]):
         d = max(b["loss_denominators"][i], 1.0)
@@ -76,6 +78,7 @@ def _reference(args, b):
                 ("kl_loss", kl),
                 ("tis", w),
                 ("tis_clipfrac", float(w != raw_w)),
+                ("ois", ratio),
             ):
                 total[key] += val * m / d
     total["loss"] = total["pg_loss"] - args.entropy_coef * total["entropy_loss"] + args.kl_loss_coef * total["kl_loss"]
@@ -209,7 +212,7 @@ def test_drgrpo_custom_reducer_path():
     )
     assert metrics["pg_loss"].item() == pytest.approx(-2.0 / 10, abs=ATOL)
     assert metrics["pg_clipfrac"].item() == 0.0  # metrics keep the default reducer
-    with pytest.raises(ValueError, match="custom-pg-loss-reducer"):
+    with pytest.raises(ImportError, match="custom-pg-loss-reducer"):
         compute_actor_loss(
             _args(
                 use_tis=False,
@@ -223,6 +226,84 @@ def test_drgrpo_custom_reducer_path():
             loss_masks=[torch.ones(3)],
             loss_denominators=[3.0],
         )
+
+
+def test_opsm_drops_negative_advantage_tokens_of_drifted_sequences():
+    args = _args(use_tis=False, use_kl_loss=False, entropy_coef=0.0, eps_clip_c=None, use_opsm=True, opsm_delta=0.1)
+    old = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
+    # seq 0: mean(old - lp) = 0.5 > δ with A<0 → dropped; seq 1: drifted but A>0 → kept; seq 2: not drifted → kept
+    lp = [torch.tensor([-1.5, -1.5]), torch.tensor([-1.5, -1.5]), torch.tensor([-1.0])]
+    adv = [torch.full((2,), -1.0), torch.full((2,), 1.0), torch.tensor([-1.0])]
+    loss, metrics = compute_actor_loss(
+        args,
+        log_probs=lp,
+        old_log_probs=old,
+        advantages=adv,
+        loss_masks=[torch.ones(2), torch.ones(2), torch.ones(1)],
+        loss_denominators=[2.0, 2.0, 1.0],
+    )
+    r = math.exp(-0.5)  # seq 1 ratio; A>0 so max(-r·A, -clip(r, 0.8, 1.28)·A) = -r (unclipped)
+    assert metrics["opsm_clipfrac"].item() == pytest.approx(1.0, abs=ATOL)
+    assert loss.item() == pytest.approx(0.0 + (-r) + 1.0, abs=ATOL)
+
+
+def test_custom_tis_function(tmp_path, monkeypatch):
+    (tmp_path / "my_tis.py").write_text(
+        "import torch\n"
+        "def tis(args, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths):\n"
+        "    masks = [m.clone() for m in loss_masks]\n"
+        "    masks[0][0] = 0.0  # reject one token\n"
+        "    return pg_loss * 2.0, masks, {'mis_weight': torch.full_like(pg_loss, 2.0)}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = _args(use_kl_loss=False, entropy_coef=0.0, custom_tis_function_path="my_tis.tis")
+    lp = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
+    loss, metrics = compute_actor_loss(
+        args,
+        log_probs=lp,
+        old_log_probs=lp,
+        advantages=[torch.ones(2), torch.ones(1)],
+        loss_masks=[torch.ones(2), torch.ones(1)],
+        loss_denominators=[2.0, 1.0],
+        rollout_log_probs=lp,
+    )
+    # pg per token -1 → ×2 = -2; sample 0 keeps one token over denominator 2 → -1; sample 1 → -2
+    assert loss.item() == pytest.approx(-3.0, abs=ATOL)
+    assert metrics["mis_weight"].item() == pytest.approx(2.0 / 2 + 2.0, abs=ATOL)
+
+
+def test_builtin_tis_by_path_equals_tis_mode():
+    b = _batch(seed=4)
+    by_mode = compute_actor_loss(_args(tis_mode="icepop", tis_clip_low=0.8, tis_clip=1.2), **b)
+    by_path = compute_actor_loss(
+        _args(
+            tis_mode="truncate",
+            custom_tis_function_path="slime_core.algorithms.tis.icepop_function",
+            tis_clip_low=0.8,
+            tis_clip=1.2,
+        ),
+        **b,
+    )
+    assert by_mode[0].item() == pytest.approx(by_path[0].item(), abs=ATOL)
+    assert by_mode[1]["tis_clipfrac"].item() > 0  # the range is tight enough to zero some weights
+    with pytest.raises(ValueError, match="tis-mode"):
+        compute_actor_loss(_args(tis_mode="bogus"), **b)
+
+
+def test_empty_micro_batch():
+    args = _args()
+    empty = dict(
+        log_probs=[],
+        old_log_probs=[],
+        advantages=[],
+        loss_masks=[],
+        loss_denominators=[],
+        ref_log_probs=[],
+        rollout_log_probs=[],
+        entropy=[],
+    )
+    loss, metrics = compute_actor_loss(args, **empty)
+    assert loss.item() == 0.0 and all(v.item() == 0.0 for v in metrics.values())
 
 
 def test_option_errors():

@@ -12,8 +12,8 @@ from slime_core.algorithms.logprobs import entropy_from_logits, log_probs_from_l
 from slime_core.algorithms.objective import compute_actor_loss, policy_loss_name
 from slime_core.algorithms.policy_loss import (
     compute_cispo_loss,
+    compute_opsm_mask,
     compute_policy_loss,
-    compute_tis_weights,
     sequence_mean_ppo_kl,
 )
 from slime_core.algorithms.reducers import default_reducer, drgrpo, sum_of_sample_mean, sum_of_token
@@ -24,6 +24,7 @@ from slime_core.algorithms.registry import (
     register_policy_loss,
 )
 from slime_core.algorithms.sft_loss import compute_sft_loss
+from slime_core.algorithms.tis import compute_tis_weights, icepop_function, vanilla_tis_function
 from slime_core.algorithms.value_loss import compute_critic_loss, compute_value_loss
 from slime_core.algorithms.whitening import apply_whitening, whitening_stats
 
@@ -34,6 +35,7 @@ __all__ = [
     "compute_approx_kl",
     "compute_cispo_loss",
     "compute_critic_loss",
+    "compute_opsm_mask",
     "compute_policy_loss",
     "compute_sft_loss",
     "compute_tis_weights",
@@ -43,6 +45,7 @@ __all__ = [
     "drgrpo",
     "entropy_from_logits",
     "get_advantage_estimator",
+    "icepop_function",
     "get_policy_loss",
     "log_probs_from_logits",
     "policy_loss_name",
@@ -51,5 +54,6 @@ __all__ = [
     "sequence_mean_ppo_kl",
     "sum_of_sample_mean",
     "sum_of_token",
+    "vanilla_tis_function",
     "whitening_stats",
 ]

@@ -11,7 +11,6 @@ divides by the step's global sample count (or token count), so micro-batches and
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from typing import Any
@@ -20,21 +19,17 @@ import torch
 
 from slime_core.algorithms._flatten import concat_per_sample
 from slime_core.algorithms.kl import compute_approx_kl
-from slime_core.algorithms.policy_loss import compute_tis_weights
+from slime_core.algorithms.policy_loss import compute_opsm_mask
 from slime_core.algorithms.reducers import Reducer, default_reducer
 from slime_core.algorithms.registry import get_policy_loss
+from slime_core.algorithms.tis import icepop_function, vanilla_tis_function
+from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["compute_actor_loss", "policy_loss_name"]
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning(message)
+_TIS_FUNCTIONS = {"truncate": vanilla_tis_function, "icepop": icepop_function}
 
 
 def policy_loss_name(advantage_estimator: str) -> str:
@@ -42,21 +37,11 @@ def policy_loss_name(advantage_estimator: str) -> str:
     return advantage_estimator if advantage_estimator in ("gspo", "cispo") else "ppo"
 
 
-def _load_function(path: str) -> Any:
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise ValueError(f"--custom-pg-loss-reducer-function-path must be 'module.function', got {path!r}")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load --custom-pg-loss-reducer-function-path {path!r}: {exc}") from exc
-
-
 def _pg_reducer(args: Any, total_lengths, response_lengths, loss_masks, default: Reducer) -> Reducer:
     path = getattr(args, "custom_pg_loss_reducer_function_path", None)
     if not path:
         return default
-    factory = _load_function(path)
+    factory = load_function(path, flag="--custom-pg-loss-reducer-function-path")
     per_token = getattr(args, "calculate_per_token_loss", False)
     # Extension over the original signature: factories that declare `args` get the run config.
     if "args" in inspect.signature(factory).parameters:
@@ -78,6 +63,16 @@ def _check_options(args: Any, rollout_log_probs, ref_log_probs, entropy) -> None
         raise ValueError("--entropy-coef != 0 needs the per-token entropy")
 
 
+def _tis_function(args: Any):
+    path = getattr(args, "custom_tis_function_path", None)
+    if path:
+        return load_function(path, flag="--custom-tis-function-path")
+    mode = getattr(args, "tis_mode", "truncate")
+    if mode not in _TIS_FUNCTIONS:
+        raise ValueError(f"unknown --tis-mode {mode!r}; known: {sorted(_TIS_FUNCTIONS)}")
+    return _TIS_FUNCTIONS[mode]
+
+
 def compute_actor_loss(
     args: Any,
     *,
@@ -94,15 +89,21 @@ def compute_actor_loss(
     """Policy loss of one micro-batch, a SUM over its samples (see module docstring).
 
     The policy loss follows `args.advantage_estimator` (gspo → sequence ratio, cispo → CISPO, else PPO
-    clip). With `--use-rollout-logprobs` the rollout log-probs replace `old_log_probs`. With `--use-tis`
-    the per-token policy loss is multiplied by `compute_tis_weights(old, rollout)`.
+    clip). With `--use-rollout-logprobs` the rollout log-probs replace `old_log_probs`. With `--use-opsm`
+    (off-policy sequence masking) tokens with `A < 0` in sequences whose mean `lp_old - lp` exceeds
+    `--opsm-delta` get loss 0. With `--use-tis` the per-token policy loss is multiplied by
+    `compute_tis_weights(old, rollout)`, or passed through `--custom-tis-function-path`
+    `fn(args=, pg_loss=[T], train_log_probs=N×[L_i], rollout_log_probs=N×[L_i], loss_masks=N×[L_i],
+    total_lengths=, response_lengths=) -> (pg_loss [T], modified loss_masks N×[L_i], {name: [T]})`; the
+    modified masks then replace the numerator masks of every term (denominators unchanged).
 
     Args:
         args: run config; reads `advantage_estimator`, `eps_clip` (0.2), `eps_clip_high` (None → eps_clip),
             `eps_clip_c` (None), `entropy_coef` (0), `use_kl_loss` (False), `kl_loss_coef` (0), `kl_loss_type`
             ("low_var_kl"), `use_unbiased_kl` (False), `use_tis` (False), `tis_clip` (2.0), `tis_clip_low` (0),
             `tis_mode` ("truncate"), `calculate_per_token_loss` (False), `use_rollout_logprobs` (False),
-            `custom_pg_loss_reducer_function_path` (None). Missing optional fields take these defaults.
+            `custom_pg_loss_reducer_function_path` (None), `custom_tis_function_path` (None), `use_opsm` (False),
+            `opsm_delta` (1e-4). Missing optional fields take these defaults.
         log_probs: N `[L_i]` float32 current log-probs (requires grad).
         old_log_probs: N `[L_i]` log-probs of the policy that produced the data (no grad needed).
         advantages: N `[L_i]`.
@@ -114,13 +115,15 @@ def compute_actor_loss(
         total_lengths: N prompt+response lengths, only forwarded to a custom pg reducer (else None).
 
     Returns:
-        `(loss, metrics)`: `loss` a scalar with grad; `metrics` detached scalars, each the same kind of
+        `(loss, metrics)`: `loss` a scalar with grad (an empty micro-batch gives a zero without grad:
+        skip its backward); `metrics` detached scalars, each the same kind of
         sum: loss, pg_loss, pg_clipfrac, ppo_kl, entropy_loss, [kl_loss], [train_rollout_logprob_abs_diff],
-        [tis, tis_clipfrac, tis_abs].
+        [opsm_clipfrac], [tis, tis_clipfrac, tis_abs, ois] (or the custom TIS function's metrics).
 
     Raises:
         KeyError: unknown policy loss.
         ValueError: mismatched shapes or inputs missing for the configured options.
+        slime_core.plugins.PluginError: a custom reducer/TIS import path cannot be loaded.
     """
     _check_options(args, rollout_log_probs, ref_log_probs, entropy)
     lengths = [int(m.shape[0]) for m in loss_masks]
@@ -128,38 +131,46 @@ def compute_actor_loss(
     lp = concat_per_sample("log_probs", log_probs, lengths)
     use_rollout = getattr(args, "use_rollout_logprobs", False)
     roll = None if rollout_log_probs is None else concat_per_sample("rollout_log_probs", rollout_log_probs, lengths)
-    old = roll if use_rollout else concat_per_sample("old_log_probs", old_log_probs, lengths).detach()
+    old = roll.detach() if use_rollout else concat_per_sample("old_log_probs", old_log_probs, lengths).detach()
     adv = concat_per_sample("advantages", advantages, lengths).detach()
 
-    reduce = default_reducer(getattr(args, "calculate_per_token_loss", False), lengths, mask, loss_denominators)
+    per_token = getattr(args, "calculate_per_token_loss", False)
+    reduce = default_reducer(per_token, lengths, mask, loss_denominators)
     pg_reduce = _pg_reducer(args, total_lengths, lengths, loss_masks, reduce)
 
     name = policy_loss_name(args.advantage_estimator)
-    if name == "cispo" and args.eps_clip < 1.0:
-        _warn_once(f"CISPO with --eps-clip {args.eps_clip} < 1 clips low ratios; the paper uses eps_clip=1")
     pg_tok, clipfrac_tok, ppo_kl_tok = get_policy_loss(name)(
         args, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=mask, response_lengths=lengths
     )
     metrics: dict[str, torch.Tensor] = {}
+    if getattr(args, "use_opsm", False):
+        dropped = compute_opsm_mask(ppo_kl_tok.detach(), adv, mask, lengths, getattr(args, "opsm_delta", 1e-4))
+        pg_tok = pg_tok * (1.0 - dropped)
+        metrics["opsm_clipfrac"] = reduce(dropped)
     if getattr(args, "use_tis", False):
-        weights, tis_clipfrac = compute_tis_weights(
-            old,
-            roll,
-            getattr(args, "tis_clip_low", 0.0),
-            getattr(args, "tis_clip", 2.0),
-            getattr(args, "tis_mode", "truncate"),
+        pg_tok, new_masks, tis_metrics = _tis_function(args)(
+            args=args,
+            pg_loss=pg_tok,
+            train_log_probs=list(old.split(lengths)),
+            rollout_log_probs=list(roll.split(lengths)),
+            loss_masks=loss_masks,
+            total_lengths=total_lengths,
+            response_lengths=lengths,
         )
-        pg_tok = pg_tok * weights
-        metrics["tis"] = reduce(weights)
-        metrics["tis_clipfrac"] = reduce(tis_clipfrac)
-        metrics["tis_abs"] = reduce((torch.exp((old - roll).clamp(-20.0, 20.0)) - 1).abs())
+        if new_masks is not loss_masks:
+            # Rejected tokens leave the numerators; the denominators stay the rollout's mask sums.
+            mask = concat_per_sample("modified loss_masks", new_masks, lengths)
+            reduce = default_reducer(per_token, lengths, mask, loss_denominators)
+            pg_reduce = _pg_reducer(args, total_lengths, lengths, new_masks, reduce)
+        metrics.update({k: reduce(v) for k, v in tis_metrics.items()})
+        metrics["ois"] = reduce(torch.exp((-ppo_kl_tok.detach()).clamp(-20.0, 20.0)))
 
     pg_loss = pg_reduce(pg_tok)
     entropy_loss = reduce(concat_per_sample("entropy", entropy, lengths)) if entropy is not None else lp.new_zeros(())
     loss = pg_loss - getattr(args, "entropy_coef", 0.0) * entropy_loss
     if getattr(args, "use_kl_loss", False):
         ref = concat_per_sample("ref_log_probs", ref_log_probs, lengths)
-        ratio = torch.exp(lp - old) if getattr(args, "use_unbiased_kl", False) else None
+        ratio = torch.exp((lp - old).clamp(-20.0, 20.0)) if getattr(args, "use_unbiased_kl", False) else None
         kl_loss = reduce(compute_approx_kl(lp, ref, getattr(args, "kl_loss_type", "low_var_kl"), ratio))
         loss = loss + getattr(args, "kl_loss_coef", 0.0) * kl_loss
         metrics["kl_loss"] = kl_loss

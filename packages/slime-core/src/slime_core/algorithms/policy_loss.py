@@ -1,4 +1,4 @@
-"""Policy-gradient losses (PPO clip, GSPO, CISPO) and train/inference mismatch correction (TIS).
+"""Policy-gradient losses (PPO clip, GSPO, CISPO) and off-policy sequence masking (OPSM).
 
 Legend: `T` = concatenated response tokens of a micro-batch (`Σ L_i`); every per-token tensor is
 `[T]` float32. `ppo_kl = lp_old - lp` (natural log), `ρ = exp(-ppo_kl) = π_θ/π_old`.
@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "compute_cispo_loss",
+    "compute_opsm_mask",
     "compute_policy_loss",
-    "compute_tis_weights",
     "sequence_mean_ppo_kl",
 ]
 
@@ -120,40 +120,30 @@ def sequence_mean_ppo_kl(ppo_kl: torch.Tensor, loss_mask: torch.Tensor, response
     return torch.repeat_interleave(per_seq, lengths)
 
 
-def compute_tis_weights(
-    old_log_probs: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    tis_clip_low: float,
-    tis_clip: float,
-    mode: str = "truncate",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Importance weights correcting the trainer/engine mismatch (`--use-tis`).
+def compute_opsm_mask(
+    ppo_kl: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    response_lengths: Sequence[int],
+    delta: float,
+) -> torch.Tensor:
+    """Off-policy sequence masking (`--use-opsm`, `--opsm-delta`): which tokens to drop.
 
-    `w = exp(lp_old - lp_roll)`; "truncate" (truncated IS, Yao et al. 2025 "Your efficient RL framework
-    secretly brings you off-policy RL training") clamps `w` to `[tis_clip_low, tis_clip]`; "icepop"
-    (Ling team, 2025) sets `w = 0` outside that range and keeps it unchanged inside.
+    A token is dropped when its advantage is negative and its sequence's mean
+    `Σ_t (lp_old - lp)·m / max(Σm, 1)` exceeds `delta` (the policy has drifted away from that sample).
 
     Args:
-        old_log_probs: `[T]` trainer log-probs of the rollout policy.
-        rollout_log_probs: `[T]` engine log-probs.
-        tis_clip_low: lower bound (`--tis-clip-low`, 0).
-        tis_clip: upper bound (`--tis-clip`, 2.0).
-        mode: "truncate" or "icepop" (`--tis-mode`).
+        ppo_kl: `[T]` `lp_old - lp` (detached by the caller).
+        advantages: `[T]`.
+        loss_mask: `[T]`.
+        response_lengths: N ints summing to T.
+        delta: threshold δ (1e-4).
 
     Returns:
-        `(weights [T], clipfrac [T])`, both detached; clipfrac is 1.0 where `w` was changed.
-
-    Raises:
-        ValueError: on an unknown mode.
+        `[T]` float32, 1.0 on dropped tokens.
     """
-    raw = _ratio((old_log_probs - rollout_log_probs).detach().float())
-    if mode == "truncate":
-        weights = raw.clamp(tis_clip_low, tis_clip)
-    elif mode == "icepop":
-        weights = torch.where((raw >= tis_clip_low) & (raw <= tis_clip), raw, torch.zeros_like(raw))
-    else:
-        raise ValueError(f"unknown --tis-mode {mode!r}; known: ['truncate', 'icepop']")
-    return weights, (weights != raw).float()
+    seq_kl = sequence_mean_ppo_kl(ppo_kl, loss_mask, response_lengths)
+    return ((advantages < 0) & (seq_kl > delta)).float()
 
 
 def _eps(args: Any) -> tuple[float, float]:
