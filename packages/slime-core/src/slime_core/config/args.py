@@ -27,21 +27,23 @@ __all__ = ["SlimeArgs", "config_error_from_validation"]
 
 
 class SlimeArgs(
-    ClusterArgs,
-    EngineArgs,
-    WeightSyncArgs,
-    RolloutArgs,
-    SamplingArgs,
-    DataArgs,
-    RewardArgs,
-    MultiTurnArgs,
-    AlgorithmArgs,
-    OptimizerArgs,
-    FsdpArgs,
-    CheckpointArgs,
-    EvalArgs,
-    LoggingArgs,
+    # Listed from last to first concern: pydantic orders fields from the last base to the first, and
+    # that order is the one of `to_dict()`, `to_yaml()` and `--help`.
     DebugArgs,
+    LoggingArgs,
+    EvalArgs,
+    CheckpointArgs,
+    FsdpArgs,
+    OptimizerArgs,
+    AlgorithmArgs,
+    MultiTurnArgs,
+    RewardArgs,
+    DataArgs,
+    SamplingArgs,
+    RolloutArgs,
+    WeightSyncArgs,
+    EngineArgs,
+    ClusterArgs,
 ):
     """The run config: every group's fields as flat attributes (`args.rollout_batch_size`).
 

@@ -10,7 +10,7 @@ Pass-through flags are collected instead of parsed:
 * `--router-<field> [value...]` -> `args.router_args[<field>]`,
 * known Megatron-LM flags (`megatron_flags.MEGATRON_FLAGS`) -> raw tokens in `args.megatron_args`.
 
-Run `python -m slime_core.config.cli --help` to list every flag.
+Run `python -m slime_core.config --help` to list every flag.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ def _unwrap_optional(annotation: Any) -> Any:
     return annotation
 
 
-def _add_field(parser: argparse.ArgumentParser, name: str, field: FieldInfo) -> None:
+def _add_field(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, field: FieldInfo) -> None:
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     flags = [field_to_flag(name), *extra.get("aliases", [])]
     help_text = (field.description or "").replace("%", "%%")
-    if not field.is_required() and field.default not in (None, [], {}):
+    if not field.is_required() and field.default not in (None, False, [], {}):
         help_text += f" (default: {field.default})".replace("%", "%%")
     annotation = _unwrap_optional(field.annotation)
     origin = typing.get_origin(annotation)
@@ -94,10 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--config", help="YAML file of config fields (dash or underscore keys); flags override it.")
-    for name, field in SlimeArgs.model_fields.items():
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        if extra.get("cli", True):
-            _add_field(parser, name, field)
+    for group in reversed(SlimeArgs.__bases__):  # one help section per concern, in reading order
+        section = parser.add_argument_group(group.__name__, (group.__doc__ or "").split("\n")[0])
+        for name, field in group.model_fields.items():
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            if extra.get("cli", True):
+                _add_field(section, name, field)
     return parser
 
 
@@ -288,7 +290,3 @@ def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
         return SlimeArgs.model_validate(values)
     except ValidationError as e:
         raise config_error_from_validation(e, where=where) from None
-
-
-if __name__ == "__main__":
-    parse_args()
