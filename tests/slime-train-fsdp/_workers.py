@@ -1,4 +1,4 @@
-"""Per-rank scenarios for the FSDP backend tests, launched as `python _workers.py SCENARIO OUT CKPT`.
+"""Per-rank scenarios for the FSDP backend tests (`run`), or standalone: `python _workers.py SCENARIO OUT CKPT`.
 
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun style). Each rank writes its results to
 `OUT/rank{RANK}.pt`; the pytest side asserts on them. Scenarios run several checks on one process group.
@@ -114,6 +114,26 @@ def make_batch(dp_rank: int, dp_size: int, seed: int = 0) -> RolloutBatch:
     )
 
 
+def make_uneven_batch(dp_rank: int) -> RolloutBatch:
+    """Same global batch as `make_batch`, split 3/1 over 2 ranks; rank 1 has an empty micro-batch per step."""
+    full = make_batch(0, 1)
+    pos = [[0, 1, 2], [3]][dp_rank]
+    ids = [4 * s + p for s in range(2) for p in pos]
+    n = len(pos)
+    micro = [[[s * n, s * n + 1], [s * n + 2]] if n == 3 else [[s], []] for s in range(2)]
+    return dataclasses.replace(
+        full,
+        tokens=[full.tokens[i] for i in ids],
+        response_lengths=[full.response_lengths[i] for i in ids],
+        loss_masks=[full.loss_masks[i] for i in ids],
+        rewards=[full.rewards[i] for i in ids],
+        raw_rewards=[full.raw_rewards[i] for i in ids],
+        loss_denominators=[full.loss_denominators[i] for i in ids],
+        sample_indices=ids,
+        micro_batches=micro,
+    )
+
+
 def full_params(backend: FSDPTrainBackend) -> dict[str, torch.Tensor]:
     return {name: t.cpu().clone() for bucket in backend.named_hf_weights(1 << 30) for name, t in bucket}
 
@@ -221,13 +241,14 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     del g
     # 8. DP reference update, plus the same with sleep/wake_up around training.
     d = FSDPTrainBackend()
-    d.init(make_args(ckpt), with_ref=False)
+    d.init(make_args(ckpt, normalize_advantages=True), with_ref=False)
     res["init_params"] = full_params(d)
     res["dp_metrics"] = d.train(0, batch)
     res["dp_steps"] = d.step_metrics
     res["dp_params"] = full_params(d)
     s = FSDPTrainBackend()
-    s.init(make_args(ckpt), with_ref=False)
+    s.init(make_args(ckpt, normalize_advantages=True, gradient_checkpointing=True), with_ref=False)
+    assert s.model.is_gradient_checkpointing
     s.sleep()
     s.wake_up()
     s.train(0, batch)
@@ -237,9 +258,14 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
 
 def scenario_dp(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
+    u = FSDPTrainBackend()
+    u.init(make_args(ckpt, normalize_advantages=True), with_ref=False)
+    u.train(0, make_uneven_batch(rank))
+    res = {"uneven_params": full_params(u)}
+    del u
     b = FSDPTrainBackend()
-    b.init(make_args(ckpt, save=str(work / "ckpt")), with_ref=False)
-    res = {"dp_metrics": b.train(0, make_batch(rank, world))}
+    b.init(make_args(ckpt, normalize_advantages=True, save=str(work / "ckpt")), with_ref=False)
+    res["dp_metrics"] = b.train(0, make_batch(rank, world))
     res["dp_steps"] = b.step_metrics
     res["dp_params"] = full_params(b)
     b.save(0)
@@ -251,7 +277,8 @@ def scenario_dp(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
 def scenario_resume(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     b = FSDPTrainBackend()
-    start = b.init(make_args(ckpt, load=str(work / "ckpt"), save=str(work / "ckpt")), with_ref=False)
+    args = make_args(ckpt, normalize_advantages=True, load=str(work / "ckpt"), save=str(work / "ckpt"))
+    start = b.init(args, with_ref=False)
     res = {"start": start, "global_step": b.global_step, "lr_last": b.optimizer.param_groups[0]["lr"]}
     res["resume_metrics"] = b.train(start, make_batch(rank, world, seed=1))
     res["resume_params"] = full_params(b)
@@ -261,8 +288,8 @@ def scenario_resume(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
 SCENARIOS = {"single": scenario_single, "dp": scenario_dp, "resume": scenario_resume}
 
 
-def main() -> None:
-    scenario, out, ckpt = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+def run(scenario: str, out: pathlib.Path, ckpt: str) -> None:
+    """Runs one scenario on this rank (process group from the environment) and saves its results."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
@@ -273,4 +300,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3])
