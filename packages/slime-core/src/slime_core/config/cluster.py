@@ -107,6 +107,9 @@ class WeightSyncArgs(ArgsGroup):
         "Weight sync method: tensor (shared tensors / CUDA IPC), distributed (NCCL broadcast), disk (HF "
         "checkpoint reload). auto: tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
     )
+    update_weight_mode: Literal["full"] = arg(
+        "full", "Original flag; only full updates are supported (delta disk sync is not implemented)."
+    )
     update_weight_transport: Literal["nccl", "disk"] | None = arg(
         None, "Original transport flag: nccl or disk (used to resolve --weight-sync auto when given)."
     )
