@@ -259,3 +259,42 @@ def test_whitening_edge_cases():
     assert torch.equal(apply_whitening(c, [torch.ones(4)], whitening_stats(c, [torch.ones(4)]))[0], torch.zeros(4))
     with pytest.raises(ValueError, match=r"\[3\]"):
         apply_whitening(c, [torch.ones(4)], torch.zeros(2))
+
+
+def test_opd_term_subtracted_from_advantages():
+    args = _args(use_opd=True, opd_kl_coef=0.5)
+    lp = [torch.tensor([-1.0, -2.0])]
+    teacher = [torch.tensor([-1.5, -1.0])]
+    adv, ret = compute_advantages_and_returns(
+        args, rewards=[1.0], loss_masks=[torch.ones(2)], log_probs=lp, teacher_log_probs=teacher
+    )
+    # A = 1 - 0.5·(lp - teacher) = 1 - 0.5·[0.5, -1] = [0.75, 1.5]; returns unchanged
+    torch.testing.assert_close(adv[0], torch.tensor([0.75, 1.5]))
+    torch.testing.assert_close(ret[0], torch.tensor([1.0, 1.0]))
+    with pytest.raises(ValueError, match="use-opd"):
+        compute_advantages_and_returns(args, rewards=[1.0], loss_masks=[torch.ones(2)], log_probs=lp)
+
+
+def test_custom_advantage_function(tmp_path, monkeypatch):
+    (tmp_path / "my_adv.py").write_text(
+        "import torch\n"
+        "def adv(args, rollout_data):\n"
+        "    rollout_data['advantages'] = [torch.full((n,), 2.0 * r) for n, r in\n"
+        "                                  zip(rollout_data['response_lengths'], rollout_data['rewards'])]\n"
+        "    rollout_data['returns'] = [torch.zeros(n) for n in rollout_data['response_lengths']]\n"
+        "def broken(args, rollout_data):\n"
+        "    rollout_data['advantages'] = []\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    adv, ret = compute_advantages_and_returns(
+        _args(custom_advantage_function_path="my_adv.adv"),
+        rewards=[1.5, -1.0],
+        loss_masks=[torch.ones(3), torch.ones(1)],
+    )
+    torch.testing.assert_close(adv[0], torch.full((3,), 3.0))
+    torch.testing.assert_close(adv[1], torch.tensor([-2.0]))
+    assert torch.equal(ret[1], torch.zeros(1))
+    with pytest.raises(ValueError, match="custom advantages has 0"):
+        compute_advantages_and_returns(
+            _args(custom_advantage_function_path="my_adv.broken"), rewards=[1.0], loss_masks=[torch.ones(1)]
+        )

@@ -23,6 +23,7 @@ import torch
 
 from slime_core.algorithms.kl import compute_approx_kl
 from slime_core.algorithms.registry import get_advantage_estimator, register_advantage
+from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ def compute_advantages_and_returns(
     log_probs: list[torch.Tensor] | None = None,
     ref_log_probs: list[torch.Tensor] | None = None,
     values: list[torch.Tensor] | None = None,
+    teacher_log_probs: list[torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-token advantages and returns for one rollout's samples (one DP rank's share).
 
@@ -192,9 +194,16 @@ def compute_advantages_and_returns(
     (`--normalize-advantages`) is separate: see `whitening_stats`/`apply_whitening`, because its
     statistics are all-reduced over DP ranks by the backend.
 
+    With `--custom-advantage-function-path`, `fn(args, rollout_data)` replaces the estimator: it gets a
+    dict with `rewards`, `loss_masks`, `response_lengths`, `log_probs`, `ref_log_probs`, `values`,
+    `teacher_log_probs` and must set `rollout_data["advantages"]` and `["returns"]` (N `[L_i]` each).
+    On-policy distillation (`--use-opd`) then subtracts `opd_kl_coef·(log_probs - teacher_log_probs)`
+    from the advantages (returns unchanged).
+
     Args:
         args: run config; reads `advantage_estimator`, `kl_coef`, `kl_loss_type`, `gamma`, `lambd`,
-            `n_samples_per_prompt` (rloo).
+            `n_samples_per_prompt` (rloo), `custom_advantage_function_path` (None), `use_opd` (False),
+            `opd_kl_coef` (1.0).
         rewards: N floats. For grpo/gspo/cispo the group-normalized reward, for
             reinforce_plus_plus_baseline the group-mean-centred one, for rloo, reinforce_plus_plus and ppo
             the RAW reward. For rloo the N samples must be whole groups, each group consecutive.
@@ -202,6 +211,7 @@ def compute_advantages_and_returns(
         log_probs: N tensors `[L_i]`, old log-probs; needed when kl_coef != 0.
         ref_log_probs: N tensors `[L_i]`, reference log-probs; needed when kl_coef != 0.
         values: N tensors `[L_i]`, critic values; needed by ppo.
+        teacher_log_probs: N tensors `[L_i]`, OPD teacher log-probs; needed with `--use-opd`.
 
     Returns:
         `(advantages, returns)`: two lists of N `[L_i]` float32 tensors (no grad).
@@ -209,19 +219,58 @@ def compute_advantages_and_returns(
     Raises:
         KeyError: unknown estimator.
         ValueError: mismatched lengths/shapes, or inputs the configuration needs are missing.
+        slime_core.plugins.PluginError: the custom advantage function cannot be loaded.
     """
     if len(rewards) != len(loss_masks):
         raise ValueError(f"rewards has {len(rewards)} entries, loss_masks has {len(loss_masks)}")
-    for name, tensors in (("log_probs", log_probs), ("ref_log_probs", ref_log_probs), ("values", values)):
+    inputs = {
+        "log_probs": log_probs,
+        "ref_log_probs": ref_log_probs,
+        "values": values,
+        "teacher_log_probs": teacher_log_probs,
+    }
+    for name, tensors in inputs.items():
         _check_list(name, tensors, loss_masks)
-    estimator = get_advantage_estimator(args.advantage_estimator)
+    use_opd = getattr(args, "use_opd", False)
+    if use_opd and (log_probs is None or teacher_log_probs is None):
+        raise ValueError("--use-opd needs log_probs and teacher_log_probs")
     with torch.no_grad():
-        if args.kl_coef != 0:
-            if log_probs is None or ref_log_probs is None:
-                raise ValueError("--kl-coef != 0 needs log_probs and ref_log_probs (is --ref-load set?)")
-            kl = [
-                compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs, strict=True)
-            ]
+        custom_path = getattr(args, "custom_advantage_function_path", None)
+        if custom_path:
+            advantages, returns = _custom_advantages(args, custom_path, rewards, loss_masks, inputs)
         else:
-            kl = [torch.zeros(m.shape, dtype=torch.float32, device=m.device) for m in loss_masks]
-        return estimator(args, rewards=rewards, loss_masks=loss_masks, kl=kl, values=values)
+            advantages, returns = _builtin_advantages(args, rewards, loss_masks, log_probs, ref_log_probs, values)
+        if use_opd:
+            coef = getattr(args, "opd_kl_coef", 1.0)
+            advantages = [
+                a - coef * (lp.float() - t.float())
+                for a, lp, t in zip(advantages, log_probs, teacher_log_probs, strict=True)
+            ]
+        return advantages, returns
+
+
+def _custom_advantages(args, path, rewards, loss_masks, inputs):
+    fn = load_function(path, flag="--custom-advantage-function-path")
+    rollout_data = {
+        "rewards": list(rewards),
+        "loss_masks": loss_masks,
+        "response_lengths": [int(m.shape[0]) for m in loss_masks],
+        **inputs,
+    }
+    fn(args, rollout_data)
+    for key in ("advantages", "returns"):
+        if key not in rollout_data:
+            raise ValueError(f"--custom-advantage-function-path {path!r} did not set rollout_data[{key!r}]")
+        _check_list(f"custom {key}", rollout_data[key], loss_masks)
+    return [a.float() for a in rollout_data["advantages"]], [r.float() for r in rollout_data["returns"]]
+
+
+def _builtin_advantages(args, rewards, loss_masks, log_probs, ref_log_probs, values):
+    estimator = get_advantage_estimator(args.advantage_estimator)
+    if args.kl_coef != 0:
+        if log_probs is None or ref_log_probs is None:
+            raise ValueError("--kl-coef != 0 needs log_probs and ref_log_probs (is --ref-load set?)")
+        kl = [compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs, strict=True)]
+    else:
+        kl = [torch.zeros(m.shape, dtype=torch.float32, device=m.device) for m in loss_masks]
+    return estimator(args, rewards=rewards, loss_masks=loss_masks, kl=kl, values=values)
