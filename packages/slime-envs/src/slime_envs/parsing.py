@@ -1,4 +1,4 @@
-"""Parsing model turns into tool calls or final answers.
+r"""Parsing model turns into tool calls or final answers.
 
 Two formats that users train with:
 

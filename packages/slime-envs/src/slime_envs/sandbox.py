@@ -1,12 +1,12 @@
-"""Run model-written Python in a separate, limited process (the ReTool code interpreter).
+r"""Run model-written Python in a separate, limited process (the ReTool code interpreter).
 
 What is enforced (each layer is reported in `SandboxResult.enforcement`):
 
 * **Wall clock**: the process group is killed with SIGKILL after `timeout_s`; RLIMIT_CPU is a
   backstop for a parent that stops waiting.
 * **Memory**: RLIMIT_AS (`memory_mb` of address space); allocations past it raise MemoryError.
-* **Output**: stdout/stderr go to files capped by RLIMIT_FSIZE (`max_output_bytes`; the child dies
-  with SIGXFSZ past it) and are truncated to `max_output_chars` for the observation.
+* **Output**: stdout/stderr go to files capped by RLIMIT_FSIZE (`max_output_bytes`; writes past
+  it fail with EFBIG) and are truncated to `max_output_chars` for the observation.
 * **Processes**: a `pids` cgroup with `pids.max = max_processes` when this process may create one
   (v1 or v2 hierarchy), RLIMIT_NPROC (effective for non-root users only: root bypasses it), and the
   whole session/cgroup is killed when the run ends, so stray children do not survive it. Process
@@ -21,7 +21,7 @@ What is enforced (each layer is reported in `SandboxResult.enforcement`):
 Example:
     >>> result = asyncio.run(run_python("print(6 * 7)"))
     >>> result.stdout, result.ok
-    ('42\\n', True)
+    ('42\n', True)
 """
 
 from __future__ import annotations

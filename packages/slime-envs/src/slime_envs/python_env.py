@@ -1,0 +1,61 @@
+"""`python` environment (ReTool): a sandboxed `code_interpreter` tool.
+
+The model calls `<tool_call>{"name": "code_interpreter", "arguments": {"code": "..."}}</tool_call>`;
+the code runs in `slime_envs.sandbox` (separate process, time/memory/process/output limits, no
+network, private directory) and its output or error is the tool response. A turn without a tool
+call is the final answer; scoring (math grading) is left to the reward function on the rollout side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slime_envs.base import ToolEnv
+from slime_envs.sandbox import SandboxConfig, run_python
+
+__all__ = ["PythonEnv"]
+
+
+class PythonEnv(ToolEnv):
+    """Code interpreter environment.
+
+    Args:
+        max_tool_calls: total code executions per episode.
+        max_calls_per_turn: code executions per model turn.
+        **sandbox: `SandboxConfig` fields (`timeout_s`, `memory_mb`, `max_processes`, `max_output_chars`, ...).
+
+    Raises:
+        pydantic.ValidationError: an unknown or invalid sandbox setting.
+    """
+
+    tool_specs = [
+        {
+            "type": "function",
+            "function": {
+                "name": "code_interpreter",
+                "description": "Run Python code and return what it prints (stdout and errors).",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"code": {"type": "string", "description": "Python source to execute."}},
+                    "required": ["code"],
+                },
+            },
+        }
+    ]
+
+    def __init__(self, *, max_tool_calls: int = 16, max_calls_per_turn: int = 4, **sandbox: Any) -> None:
+        super().__init__(max_tool_calls=max_tool_calls, max_calls_per_turn=max_calls_per_turn)
+        self.sandbox_config = SandboxConfig(**sandbox)
+        self.results: list[Any] = []
+
+    def tool_functions(self) -> dict[str, Callable[..., Awaitable[str]]]:
+        """`code_interpreter(code)`."""
+        return {"code_interpreter": self._run}
+
+    async def _run(self, code: str) -> str:
+        if not isinstance(code, str) or not code.strip():
+            return "Error: 'code' must be a non-empty string of Python source."
+        result = await run_python(code, self.sandbox_config)
+        self.results.append(result)
+        return result.to_observation()

@@ -1,0 +1,282 @@
+r"""`search` environment (Search-R1): retrieval over a local corpus (BM25) or a remote retriever.
+
+Two ways for the model to call it:
+
+* `format="tags"` (Search-R1): `<search>query</search>` returns `<information>...</information>`
+  appended verbatim; `<answer>...</answer>` ends the episode. Generation stops at `</search>` and
+  `</answer>` (kept in the output).
+* `format="qwen"`: a `search` tool through `<tool_call>` blocks and the chat template; a turn without
+  a call is the final answer (`<answer>` inside it if present, else the whole turn).
+
+The final answer is scored with exact match (or F1) against the label, with an optional format score
+for a well-formed wrong answer (Search-R1 uses 0.2 in some recipes).
+
+Corpus file: JSONL, one passage per line with `contents` (Search-R1's wiki dumps: `"Title"\ntext`)
+or `text` and optional `title`. Remote retriever: Search-R1's retrieval server protocol,
+`POST {url} {"queries": [q], "topk": k, "return_scores": true}` → `{"result": [[{"document":
+{"contents": ...}, "score": s}, ...]]}`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import pathlib
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+from slime_core.protocols import EnvStep
+
+from slime_envs.base import ToolEnv
+from slime_envs.parsing import ParsedTurn, parse_tag_action
+from slime_envs.rewards import em_with_format, f1_score
+
+__all__ = ["BM25Retriever", "Passage", "RemoteRetriever", "SearchEnv", "format_passages", "gold_answers"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Passage:
+    """One retrieved passage (`score`: retriever score, higher is better)."""
+
+    title: str
+    text: str
+    score: float = 0.0
+
+
+def _passage_from_row(row: Mapping[str, Any], where: str) -> Passage:
+    if "contents" in row:
+        # Search-R1 wiki format: first line is the quoted title, the rest is the text.
+        title, _, text = str(row["contents"]).partition("\n")
+        return Passage(title=title.strip().strip('"'), text=text.strip())
+    if "text" in row:
+        return Passage(title=str(row.get("title", "")), text=str(row["text"]))
+    raise ValueError(f"{where}: passage needs a 'contents' or 'text' field, got keys {sorted(row)}")
+
+
+class BM25Retriever:
+    """BM25 (via `bm25s`) over a JSONL corpus.
+
+    Args:
+        corpus_path: JSONL passages (see module docstring).
+
+    Raises:
+        FileNotFoundError: no such corpus file.
+        ValueError: a malformed line (named by file and line number) or an empty corpus.
+    """
+
+    def __init__(self, corpus_path: str | pathlib.Path) -> None:
+        import bm25s
+
+        path = pathlib.Path(corpus_path)
+        self.passages: list[Passage] = []
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
+                self.passages.append(_passage_from_row(row, f"{path}:{lineno}"))
+        if not self.passages:
+            raise ValueError(f"{path}: corpus is empty")
+        self._bm25s = bm25s
+        self._index = bm25s.BM25()
+        corpus = [f"{p.title} {p.text}" for p in self.passages]
+        self._index.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False), show_progress=False)
+        self._lock = threading.Lock()
+
+    def search(self, query: str, topk: int) -> list[Passage]:
+        """The `topk` best passages for `query` (fewer if the corpus is smaller; none for an empty query)."""
+        tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
+        if not tokens.vocab:
+            return []
+        k = min(topk, len(self.passages))
+        with self._lock:
+            ids, scores = self._index.retrieve(tokens, k=k, show_progress=False)
+        out = []
+        for idx, score in zip(ids[0].tolist(), scores[0].tolist(), strict=True):
+            if score <= 0:
+                continue
+            p = self.passages[idx]
+            out.append(Passage(title=p.title, text=p.text, score=float(score)))
+        return out
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_bm25(corpus_path: str) -> BM25Retriever:
+    return BM25Retriever(corpus_path)
+
+
+class RemoteRetriever:
+    """Client of a Search-R1 style retrieval server.
+
+    Args:
+        url: the server's retrieve endpoint, e.g. `http://127.0.0.1:8000/retrieve`.
+        timeout_s: per-request timeout.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+
+    async def search(self, query: str, topk: int) -> list[Passage]:
+        """POSTs the query; raises `httpx.HTTPError` or `ValueError` (bad reply) on failure."""
+        async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False) as client:
+            response = await client.post(self.url, json={"queries": [query], "topk": topk, "return_scores": True})
+            response.raise_for_status()
+            reply = response.json()
+        try:
+            hits = reply["result"][0]
+            return [
+                dataclasses.replace(_passage_from_row(h["document"], self.url), score=float(h.get("score", 0.0)))
+                for h in hits
+            ]
+        except (KeyError, IndexError, TypeError) as e:
+            raise ValueError(f"retrieval server {self.url}: unexpected reply ({e!r})") from None
+
+
+def format_passages(passages: list[Passage]) -> str:
+    """Search-R1's passage layout: `Doc i(Title: t) text` lines."""
+    if not passages:
+        return "No results found."
+    return "\n".join(f"Doc {i}(Title: {p.title}) {p.text}" for i, p in enumerate(passages, start=1))
+
+
+def gold_answers(label: Any) -> list[str]:
+    """Gold answers from a label: a string, a list, or Search-R1's `{"target": [...]}`.
+
+    Raises:
+        ValueError: a label of another shape.
+    """
+    if isinstance(label, Mapping) and "target" in label:
+        label = label["target"]
+    if isinstance(label, str):
+        return [label]
+    if isinstance(label, list | tuple) and label:
+        return [str(x) for x in label]
+    raise ValueError(f"search env: label must be a string, a list or {{'target': [...]}}, got {label!r}")
+
+
+_INVALID_ACTION = (
+    "\nInvalid action: put a search query between <search> and </search>, "
+    "or the final answer between <answer> and </answer>.\n"
+)
+
+
+class SearchEnv(ToolEnv):
+    """Search-R1 environment.
+
+    Args:
+        corpus_path: JSONL corpus for local BM25 (indexed once per process and path).
+        retrieval_url: remote retriever endpoint (used instead of the corpus when given).
+        topk: passages per search.
+        format: `"tags"` (Search-R1) or `"qwen"` (`<tool_call>` search tool).
+        reward: `"em"`, `"f1"` or `None` (no env reward).
+        format_score: reward for a well-formed wrong answer (EM only).
+        max_tool_calls: searches allowed per episode (`qwen` format).
+
+    Raises:
+        ValueError: neither or an unknown option given.
+    """
+
+    tool_specs = [
+        {
+            "type": "function",
+            "function": {
+                "name": "search",
+                "description": "Search the knowledge base; returns the most relevant passages.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"query": {"type": "string", "description": "The search query."}},
+                    "required": ["query"],
+                },
+            },
+        }
+    ]
+
+    def __init__(
+        self,
+        *,
+        corpus_path: str | None = None,
+        retrieval_url: str | None = None,
+        topk: int = 3,
+        format: str = "tags",  # noqa: A002 - the option's documented name
+        reward: str | None = "em",
+        format_score: float = 0.0,
+        max_tool_calls: int = 16,
+        max_calls_per_turn: int = 4,
+    ) -> None:
+        super().__init__(max_tool_calls=max_tool_calls, max_calls_per_turn=max_calls_per_turn)
+        if (corpus_path is None) == (retrieval_url is None):
+            raise ValueError("search env: give exactly one of corpus_path and retrieval_url")
+        if format not in ("tags", "qwen"):
+            raise ValueError(f"search env: format must be 'tags' or 'qwen', got {format!r}")
+        if reward not in ("em", "f1", None):
+            raise ValueError(f"search env: reward must be 'em', 'f1' or None, got {reward!r}")
+        if topk < 1:
+            raise ValueError(f"search env: topk must be >= 1, got {topk}")
+        self.corpus_path, self.retrieval_url = corpus_path, retrieval_url
+        self.topk, self.format, self.reward, self.format_score = topk, format, reward, format_score
+        self.stop = ["</search>", "</answer>"] if format == "tags" else []
+        self.num_invalid = 0
+
+    async def retrieve(self, query: str) -> list[Passage]:
+        """Top-k passages for `query` from the configured retriever."""
+        if self.retrieval_url is not None:
+            return await RemoteRetriever(self.retrieval_url).search(query, self.topk)
+        import asyncio
+
+        retriever = await asyncio.to_thread(_cached_bm25, str(self.corpus_path))
+        return await asyncio.to_thread(retriever.search, query, self.topk)
+
+    def tool_functions(self) -> dict[str, Callable[..., Awaitable[str]]]:
+        """`search(query)`."""
+        return {"search": self._search_tool}
+
+    async def _search_tool(self, query: str) -> str:
+        if not isinstance(query, str) or not query.strip():
+            return "Error: 'query' must be a non-empty string."
+        return format_passages(await self.retrieve(query))
+
+    def _score_answer(self, answer: str | None) -> float | None:
+        if self.reward is None or self.label is None:
+            return None
+        golds = gold_answers(self.label)
+        if self.reward == "f1":
+            return f1_score(answer, golds)
+        return em_with_format(answer, golds, well_formed=answer is not None, format_score=self.format_score)
+
+    def score(self, final_turn: str, parsed: ParsedTurn) -> float | None:
+        """EM/F1 of the `<answer>` (or, in `qwen` format without one, of the whole turn)."""
+        answer = parsed.answer
+        if answer is None and self.format == "qwen":
+            answer = final_turn.replace("<|im_end|>", "").strip()
+        return self._score_answer(answer)
+
+    async def step(self, model_turn: str) -> EnvStep:
+        """One Search-R1 action (tags format), or a `<tool_call>` turn (qwen format)."""
+        if self.format == "qwen":
+            return await super().step(model_turn)
+        action, content = parse_tag_action(model_turn)
+        if action == "answer":
+            return EnvStep(observation="", done=True, reward=self._score_answer(content), info={"answer": content})
+        if action == "search":
+            if not content:
+                return EnvStep(observation="\n\n<information>Error: empty query.</information>\n\n", done=False)
+            try:
+                text = format_passages(await self.retrieve(content))
+            except (httpx.HTTPError, ValueError) as e:
+                logger.warning("search env: retrieval failed for %r: %s", content, e)
+                text = f"Error: retrieval failed ({type(e).__name__})."
+            self.num_tool_calls += 1
+            observation = f"\n\n<information>{text}</information>\n\n"
+            return EnvStep(observation=observation, done=False, info={"query": content})
+        self.num_invalid += 1
+        return EnvStep(observation=_INVALID_ACTION, done=False, info={"invalid": True})

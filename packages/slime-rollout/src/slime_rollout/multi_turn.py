@@ -1,0 +1,344 @@
+r"""Generic multi-turn tool-calling generate function driving any `slime_core.protocols.Env`.
+
+Use it as `--custom-generate-function-path slime_rollout.multi_turn.generate` with `--env-path NAME`
+(a `slime-envs` name such as `search`, `python`, `calculator`, an entry point of the `slime.envs`
+group, or `module:Factory`), or per sample with `metadata["env"]`. Env options come from
+`args.env_kwargs` (when the config has it) updated by `metadata["env_kwargs"]`.
+
+One episode, up to `--max-turns` model turns::
+
+    tokens = prompt ids | model turn 1 | observation 1 | model turn 2 | ... | model turn n
+    loss_mask          =  1 ... 1      |  0 ... 0      |  1 ... 1     | ... |  1 ... 1
+    rollout_log_probs  =  engine lps   |  0.0 ...      |  engine lps  | ... |  engine lps
+
+* Model turns are the engine's own token ids and log-probs (never decoded and re-tokenized); the
+  decoded text is only shown to the environment.
+* Observations are tokenized once. Chat-template tools (`EnvStep.tool_responses`) are rendered as
+  `tool` messages by the tokenizer's own chat template, e.g. for Qwen3
+  `\n<|im_start|>user\n<tool_response>\n...\n</tool_response><|im_end|>\n<|im_start|>assistant\n`
+  after a turn that ended with `<|im_end|>` (the end-of-turn marker is prepended when the turn was
+  cut by a stop string); tag-style environments (Search-R1) give the observation text verbatim.
+* The response-length budget (`max_new_tokens`) is shared by all turns and observations; when it runs
+  out the sample is TRUNCATED. An aborted engine request makes the sample ABORTED (partial output kept).
+* `check_chat_template_consistency` compares the incremental token stream with the chat template's
+  rendering of the final conversation, the most common multi-turn tokenization bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slime_core.protocols import Env, EnvStep
+from slime_core.sample import Sample, Status
+
+from slime_rollout import generate as single_turn
+from slime_rollout.data_source import get_tokenizer
+
+__all__ = [
+    "ConsistencyReport",
+    "build_env",
+    "check_chat_template_consistency",
+    "env_reward",
+    "generate",
+    "render_tool_observation",
+]
+
+logger = logging.getLogger(__name__)
+
+_SENTINEL = "<<slime-multi-turn-sentinel>>"
+
+
+# ---- environment ----------------------------------------------------------------------------------
+
+
+def _as_dict(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: must be a JSON object / mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def build_env(args: Any, sample: Sample) -> Env:
+    """Builds and resets the environment of one sample.
+
+    The name is `sample.metadata["env"]`, else `args.env_path`; options are `args.env_kwargs`
+    updated by `sample.metadata["env_kwargs"]` (dicts or JSON strings).
+
+    Raises:
+        ValueError: no environment configured, or malformed options.
+        KeyError, ImportError, TypeError: see `slime_envs.make_env`.
+    """
+    from slime_envs import make_env
+
+    name = sample.metadata.get("env") or getattr(args, "env_path", None)
+    if not name:
+        raise ValueError(
+            "multi-turn generate needs an environment: set --env-path (e.g. search, python, calculator) "
+            "or metadata['env'] in the dataset"
+        )
+    kwargs = _as_dict(getattr(args, "env_kwargs", None), "--env-kwargs")
+    kwargs.update(_as_dict(sample.metadata.get("env_kwargs"), f"sample {sample.index} metadata['env_kwargs']"))
+    env = make_env(str(name), **kwargs)
+    env.reset(prompt=sample.prompt, label=sample.label, metadata=sample.metadata)
+    return env
+
+
+# ---- chat template helpers ------------------------------------------------------------------------
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: Any = None) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def _end_of_turn(tokenizer: Any) -> str:
+    """The text the chat template puts right after an assistant message's content (e.g. `<|im_end|>`)."""
+    rendered = _render(
+        tokenizer,
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL}],
+        add_generation_prompt=False,
+    )
+    tail = rendered[rendered.rindex(_SENTINEL) + len(_SENTINEL) :]
+    return tail.rstrip("\n ")
+
+
+def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, model_turn: str) -> str:
+    """The text between an assistant turn and the next assistant turn, as the chat template renders it.
+
+    Renders `[user, assistant(<sentinel>), tool(r) for r in tool_responses]` with the generation prompt
+    and keeps what follows the sentinel, so the wrapper (end of turn, tool role header, grouping of
+    consecutive tool messages, next assistant header) is exactly the template's.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        tool_responses: contents of the tool messages, in call order.
+        model_turn: decoded text of the model turn just generated; if it already ends with the
+            end-of-turn marker (the model emitted `<|im_end|>`), the marker is not repeated.
+
+    Returns:
+        The observation text (to be tokenized and appended as non-trainable tokens).
+
+    Raises:
+        ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
+    """
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL}]
+    messages += [{"role": "tool", "content": r} for r in tool_responses]
+    rendered = _render(tokenizer, messages, add_generation_prompt=True)
+    if _SENTINEL not in rendered:
+        raise ValueError("chat template does not render assistant content verbatim; cannot derive the tool wrapper")
+    observation = rendered[rendered.rindex(_SENTINEL) + len(_SENTINEL) :]
+    eot = _end_of_turn(tokenizer)
+    if eot and model_turn.rstrip().endswith(eot) and observation.startswith(eot):
+        observation = observation[len(eot) :]
+    return observation
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ConsistencyReport:
+    """Result of `check_chat_template_consistency`.
+
+    Attributes:
+        consistent: the token streams agree (up to trailing whitespace the template adds after the
+            last end-of-turn marker).
+        first_mismatch: index into `sample.tokens` of the first differing token, or None.
+        num_stream_tokens: `len(sample.tokens)`.
+        num_template_tokens: length of the chat template's tokenization.
+        message: a human-readable description with decoded context around the mismatch.
+    """
+
+    consistent: bool
+    first_mismatch: int | None
+    num_stream_tokens: int
+    num_template_tokens: int
+    message: str
+
+
+def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=False)
+    if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def check_chat_template_consistency(
+    tokenizer: Any, sample: Sample, messages: list[dict[str, Any]], *, tools: Any = None
+) -> ConsistencyReport:
+    """Compares a sample's incremental token stream with the chat template's rendering of `messages`.
+
+    A trainer that later re-renders the conversation (SFT, a reward model, a re-tokenizing agent
+    framework) sees the template's tokens; the policy was sampled on the incremental stream. Any
+    difference (the template inserting an empty `<think></think>`, stripping reasoning of earlier turns,
+    merging whitespace, re-tokenizing model text into different ids) means those consumers train on
+    something the model never saw.
+
+    Args:
+        tokenizer: the run's tokenizer.
+        sample: a generated sample (`tokens` = prompt + response).
+        messages: the same conversation as chat messages (user, assistant turns with their raw text,
+            tool messages).
+        tools: tool specs passed to the template (as for the prompt).
+
+    Returns:
+        A report; never raises on a mismatch (the caller decides whether it is fatal).
+    """
+    stream = list(sample.tokens)
+    expected = _template_ids(tokenizer, messages, tools)
+    n = min(len(stream), len(expected))
+    first = next((i for i in range(n) if stream[i] != expected[i]), None)
+    if first is None:
+        extra = stream[n:] if len(stream) > n else expected[n:]
+        if not extra or not tokenizer.decode(extra).strip():
+            return ConsistencyReport(
+                consistent=True,
+                first_mismatch=None,
+                num_stream_tokens=len(stream),
+                num_template_tokens=len(expected),
+                message="token stream matches the chat template",
+            )
+        first = n
+
+    def context(ids: list[int]) -> str:
+        return repr(tokenizer.decode(ids[max(0, first - 8) : first + 8]))
+
+    message = (
+        f"sample {sample.index}: token stream and chat template differ at token {first} "
+        f"(stream {len(stream)} tokens, template {len(expected)}): "
+        f"stream ...{context(stream)}... vs template ...{context(expected)}..."
+    )
+    return ConsistencyReport(
+        consistent=False,
+        first_mismatch=first,
+        num_stream_tokens=len(stream),
+        num_template_tokens=len(expected),
+        message=message,
+    )
+
+
+# ---- generation ------------------------------------------------------------------------------------
+
+
+def _prompt_ids(tokenizer: Any, sample: Sample, env: Env) -> list[int]:
+    prompt = sample.prompt
+    if not isinstance(prompt, str):
+        tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
+        prompt = _render(tokenizer, list(prompt), add_generation_prompt=True, tools=tools)
+    return tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def _parse_reply(reply: Mapping[str, Any]) -> tuple[list[int], list[float], Mapping[str, Any]]:
+    meta = reply.get("meta_info") or {}
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise ValueError("engine reply has no meta_info.output_token_logprobs (was return_logprob sent?)")
+    return [int(e[1]) for e in entries], [float(e[0]) for e in entries], meta
+
+
+def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
+    if step.tool_responses is not None:
+        return render_tool_observation(tokenizer, step.tool_responses, model_turn=model_turn)
+    return step.observation
+
+
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """Runs one multi-turn episode against the sample's environment.
+
+    Args:
+        args: reads `hf_checkpoint` (tokenizer), `max_turns`, `env_path`, optionally `env_kwargs`,
+            `custom_rm_path`, `rm_type`, and what `slime_rollout.generate.get_client` reads.
+        sample: a fresh sample (prompt text or chat messages; `metadata` from `--metadata-key`, tools
+            under `metadata["tools"]` from `--tool-key`); filled in place.
+        sampling_params: SGLang sampling params; `max_new_tokens` is the budget of the whole response
+            (all turns and observations); the env's `stop` strings are added and `no_stop_trim` is set.
+
+    Returns:
+        The sample with model turns (trainable, engine log-probs) and observations (masked, 0.0)
+        appended; `metadata["env_reward"]`, `["num_turns"]`, `["env_info"]`. If the env gave a reward
+        and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
+
+    Raises:
+        ValueError: no environment configured, a malformed engine reply, or a sample that already has a
+            response (multi-turn episodes are not resumed by partial rollout).
+    """
+    if sample.response_length > 0:
+        raise ValueError(f"sample {sample.index}: multi-turn generate cannot continue a partial response")
+    tokenizer = get_tokenizer(args.hf_checkpoint)
+    env = build_env(args, sample)
+    if not sample.tokens:
+        sample.tokens = _prompt_ids(tokenizer, sample, env)
+    budget = int(sampling_params["max_new_tokens"])
+    params = dict(sampling_params)
+    stop = list(params.get("stop") or [])
+    stop += [s for s in getattr(env, "stop", None) or [] if s not in stop]
+    params["stop"] = stop or None
+    params["no_stop_trim"] = True  # the stop tag must stay in the output so ids and text agree
+    client = single_turn.get_client(args)
+
+    env_reward: float | None = None
+    infos: list[dict[str, Any]] = []
+    num_turns = 0
+    max_turns = int(getattr(args, "max_turns", 1))
+    for turn in range(max_turns):
+        remaining = budget - sample.response_length
+        if remaining <= 0:
+            sample.status = Status.TRUNCATED
+            break
+        params["max_new_tokens"] = remaining
+        payload = {"input_ids": list(sample.tokens), "sampling_params": dict(params), "return_logprob": True}
+        reply = await single_turn.call_client(client.generate, payload)
+        tokens, log_probs, meta = _parse_reply(reply)
+        text = reply.get("text")
+        if text is None:
+            text = tokenizer.decode(tokens)
+        sample.status = Status.PENDING
+        sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta)
+        num_turns += 1
+        if sample.status is Status.ABORTED:
+            break
+        if sample.status is Status.PENDING:
+            sample.status = Status.COMPLETED
+        if sample.status is Status.TRUNCATED:
+            break  # the turn hit max_new_tokens = the rest of the shared budget
+
+        start = time.monotonic()
+        step = await env.step(text)
+        sample.non_generation_time += time.monotonic() - start
+        infos.append(dict(step.info))
+        if step.reward is not None:
+            env_reward = step.reward
+        if step.done or turn == max_turns - 1:
+            # No turn left to read an observation: the response ends on the model's tokens.
+            break
+        obs_ids = tokenizer.encode(_observation_text(tokenizer, step, text), add_special_tokens=False)
+        room = budget - sample.response_length
+        if len(obs_ids) >= room:
+            # The observation does not leave room for another model token: keep what fits, stop.
+            obs_ids = obs_ids[:room]
+            sample.append_response_tokens(obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
+            sample.status = Status.TRUNCATED
+            break
+        sample.append_response_tokens(obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
+
+    sample.metadata["num_turns"] = num_turns
+    sample.metadata["env_info"] = infos
+    if env_reward is not None:
+        sample.metadata["env_reward"] = env_reward
+        if not getattr(args, "custom_rm_path", None) and not getattr(args, "rm_type", None):
+            sample.reward = env_reward
+    return sample
+
+
+async def env_reward(args: Any, sample: Sample) -> float:
+    """`--custom-rm-path slime_rollout.multi_turn.env_reward`: the reward the environment gave (0.0 if none)."""
+    return float(sample.metadata.get("env_reward", 0.0))

@@ -1,0 +1,274 @@
+"""Multi-turn generate: token-exact masks and log-probs, observation wrapping, budget, abort, consistency.
+
+A scripted engine stands in for SGLang: it returns, for each call, the real Qwen3 tokenization of a
+scripted model turn (cut at `max_new_tokens`) with log-probs -0.01, -0.02, ... The expected token
+streams are built independently in the tests from the tokenizer and hand-written observation text.
+"""
+
+import json
+import types
+
+import pytest
+from slime_core.sample import Sample, Status
+from slime_envs.calculator import CalculatorEnv
+from slime_rollout import generate as single_turn
+from slime_rollout import multi_turn
+from slime_rollout.data_source import get_tokenizer
+
+QWEN_OBS_42 = "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+TOOL_TURN = (
+    "<think>\nI should compute.\n</think>\n\n"
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call><|im_end|>'
+)
+FINAL_TURN = "<think>\nok\n</think>\n\nThe answer is 42.<|im_end|>"
+
+
+class ScriptedEngine:
+    """Returns scripted turns as (token ids, log-probs) in SGLang's reply format."""
+
+    def __init__(self, tokenizer, turns, *, finish_types=None, token_overrides=None):
+        self.tokenizer = tokenizer
+        self.turns = list(turns)
+        self.finish_types = list(finish_types or [])
+        self.token_overrides = dict(token_overrides or {})
+        self.payloads = []
+
+    async def generate(self, payload):
+        self.payloads.append(json.loads(json.dumps(payload)))
+        i = len(self.payloads) - 1
+        ids = self.token_overrides.get(i) or self.tokenizer.encode(self.turns[i], add_special_tokens=False)
+        limit = payload["sampling_params"]["max_new_tokens"]
+        finish = self.finish_types[i] if i < len(self.finish_types) else "stop"
+        if len(ids) > limit:
+            ids, finish = ids[:limit], "length"
+        lps = [-(k + 1) / 100 for k in range(len(ids))]
+        return {
+            "text": self.tokenizer.decode(ids),
+            "output_ids": ids,
+            "meta_info": {
+                "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids, strict=True)],
+                "finish_reason": {"type": finish},
+                "weight_version": "3",
+            },
+        }
+
+
+@pytest.fixture
+def tok(qwen3_tokenizer_dir):
+    return get_tokenizer(str(qwen3_tokenizer_dir))
+
+
+def make_args(tok_dir, **kw):
+    base = dict(hf_checkpoint=str(tok_dir), max_turns=4, env_path=None, custom_rm_path=None, rm_type=None)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def install(monkeypatch, engine):
+    monkeypatch.setattr(single_turn, "get_client", lambda args: engine)
+
+
+def params(max_new_tokens=512):
+    return {"temperature": 1.0, "max_new_tokens": max_new_tokens, "stop": None, "no_stop_trim": True}
+
+
+def enc(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def calc_sample(**kw):
+    return Sample(prompt=[{"role": "user", "content": "What is 6*7?"}], metadata={"env": "calculator"}, index=0, **kw)
+
+
+def prompt_ids(tok, sample):
+    text = tok.apply_chat_template(
+        sample.prompt, tools=CalculatorEnv.tool_specs, tokenize=False, add_generation_prompt=True
+    )
+    return enc(tok, text)
+
+
+async def test_tool_episode_is_token_exact(tok, qwen3_tokenizer_dir, monkeypatch):
+    engine = ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN])
+    install(monkeypatch, engine)
+    sample = calc_sample()
+    p = prompt_ids(tok, sample)
+    t1, obs, t2 = enc(tok, TOOL_TURN), enc(tok, QWEN_OBS_42), enc(tok, FINAL_TURN)
+
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), sample, params())
+
+    assert out.tokens == p + t1 + obs + t2
+    assert out.response_length == len(t1) + len(obs) + len(t2)
+    assert out.loss_mask == [1] * len(t1) + [0] * len(obs) + [1] * len(t2)
+    lp = lambda n: [-(k + 1) / 100 for k in range(n)]  # noqa: E731
+    assert out.rollout_log_probs == pytest.approx(lp(len(t1)) + [0.0] * len(obs) + lp(len(t2)), abs=0)
+    # The second call continues exactly from prompt + turn 1 + observation, with the shared budget.
+    assert engine.payloads[1]["input_ids"] == p + t1 + obs
+    assert engine.payloads[1]["sampling_params"]["max_new_tokens"] == 512 - len(t1) - len(obs)
+    assert engine.payloads[0]["sampling_params"]["no_stop_trim"] is True
+    assert out.status is Status.COMPLETED
+    assert out.metadata["num_turns"] == 2
+    assert out.weight_versions == ["3", "3"]
+    assert out.response == TOOL_TURN + QWEN_OBS_42 + FINAL_TURN
+    assert out.reward is None  # calculator env gives no reward; left to --rm-type / --custom-rm-path
+
+    messages = sample.prompt + [
+        {"role": "assistant", "content": TOOL_TURN.removesuffix("<|im_end|>")},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": FINAL_TURN.removesuffix("<|im_end|>")},
+    ]
+    report = multi_turn.check_chat_template_consistency(tok, out, messages, tools=CalculatorEnv.tool_specs)
+    assert report.consistent, report.message
+    assert report.num_template_tokens == len(out.tokens) + 1  # the template's trailing "\n"
+
+
+async def test_consistency_detects_template_rewrite_and_retokenization(tok, qwen3_tokenizer_dir, monkeypatch):
+    final_no_think = "The answer is 42.<|im_end|>"
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, final_no_think]))
+    sample = calc_sample()
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), sample, params())
+    messages = sample.prompt + [
+        {"role": "assistant", "content": TOOL_TURN.removesuffix("<|im_end|>")},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": "The answer is 42."},
+    ]
+    report = multi_turn.check_chat_template_consistency(tok, out, messages, tools=CalculatorEnv.tool_specs)
+    # Qwen3's template inserts an empty <think></think> block into the last assistant turn.
+    turn2_start = len(prompt_ids(tok, sample)) + len(enc(tok, TOOL_TURN)) + len(enc(tok, QWEN_OBS_42))
+    assert not report.consistent
+    assert report.first_mismatch == turn2_start
+    assert "<think>" in report.message
+
+    # The engine sampled "answer" as single characters: same text, different ids than re-tokenization.
+    chars = [enc(tok, c)[0] for c in "The answer is 42."] + enc(tok, "<|im_end|>")
+    assert enc(tok, "The answer is 42.") != chars[:-1]
+    final = "<think>\nok\n</think>\n\n"
+    override = enc(tok, final) + chars
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, ""], token_overrides={1: override}))
+    sample = calc_sample()
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), sample, params())
+    messages[-1] = {"role": "assistant", "content": final + "The answer is 42."}
+    report = multi_turn.check_chat_template_consistency(tok, out, messages, tools=CalculatorEnv.tool_specs)
+    assert not report.consistent
+    assert report.first_mismatch == turn2_start + len(enc(tok, final))  # "T" (sampled) vs "The" (template)
+
+
+async def test_stop_string_turn_gets_end_of_turn_in_observation(tok, qwen3_tokenizer_dir, monkeypatch):
+    cut_turn = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
+    install(monkeypatch, ScriptedEngine(tok, [cut_turn, FINAL_TURN]))
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params())
+    obs = enc(tok, "<|im_end|>" + QWEN_OBS_42)
+    start = out.prompt_length + len(enc(tok, cut_turn))
+    assert out.tokens[start : start + len(obs)] == obs
+    assert out.loss_mask[len(enc(tok, cut_turn)) : len(enc(tok, cut_turn)) + len(obs)] == [0] * len(obs)
+
+
+async def test_malformed_call_becomes_observation(tok, qwen3_tokenizer_dir, monkeypatch):
+    bad = '<tool_call>\n{"name": "calculator", "arguments": {"expression": }\n</tool_call><|im_end|>'
+    engine = ScriptedEngine(tok, [bad, FINAL_TURN])
+    install(monkeypatch, engine)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params())
+    assert out.status is Status.COMPLETED
+    assert len(engine.payloads) == 2
+    observation = tok.decode(out.response_tokens[len(enc(tok, bad)) :][: -len(enc(tok, FINAL_TURN))])
+    assert "Error: invalid JSON in <tool_call>" in observation
+    assert observation.startswith("\n<|im_start|>user\n<tool_response>\n")
+
+
+async def test_budget_shared_across_turns_truncates(tok, qwen3_tokenizer_dir, monkeypatch):
+    t1, obs = enc(tok, TOOL_TURN), enc(tok, QWEN_OBS_42)
+    budget = len(t1) + len(obs) + 5
+    engine = ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN])
+    install(monkeypatch, engine)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params(budget))
+    assert engine.payloads[1]["sampling_params"]["max_new_tokens"] == 5
+    assert out.response_length == budget
+    assert out.status is Status.TRUNCATED
+    assert out.loss_mask[-5:] == [1] * 5
+
+
+async def test_observation_cut_at_budget(tok, qwen3_tokenizer_dir, monkeypatch):
+    t1 = enc(tok, TOOL_TURN)
+    engine = ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN])
+    install(monkeypatch, engine)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params(len(t1) + 3))
+    assert len(engine.payloads) == 1
+    assert out.response_length == len(t1) + 3
+    assert out.loss_mask == [1] * len(t1) + [0] * 3
+    assert out.response_tokens[len(t1) :] == enc(tok, QWEN_OBS_42)[:3]
+    assert out.status is Status.TRUNCATED
+
+
+async def test_abort_marks_sample_aborted(tok, qwen3_tokenizer_dir, monkeypatch):
+    engine = ScriptedEngine(tok, ["<think>\npartial"], finish_types=["abort"])
+    install(monkeypatch, engine)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params())
+    assert out.status is Status.ABORTED
+    assert out.response_tokens == enc(tok, "<think>\npartial")
+    assert out.metadata["env_info"] == []  # the env never saw the partial turn
+    assert len(engine.payloads) == 1
+
+
+async def test_max_turns_ends_on_model_tokens(tok, qwen3_tokenizer_dir, monkeypatch):
+    engine = ScriptedEngine(tok, [TOOL_TURN, TOOL_TURN, TOOL_TURN])
+    install(monkeypatch, engine)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir, max_turns=2), calc_sample(), params())
+    assert len(engine.payloads) == 2
+    t1, obs = enc(tok, TOOL_TURN), enc(tok, QWEN_OBS_42)
+    assert out.loss_mask == [1] * len(t1) + [0] * len(obs) + [1] * len(t1)
+    assert out.metadata["num_turns"] == 2
+
+
+async def test_search_tags_episode(tok, qwen3_tokenizer_dir, monkeypatch, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [
+        {"contents": '"Paris"\nParis is the capital and largest city of France.'},
+        {"contents": '"Berlin"\nBerlin is the capital of Germany.'},
+        {"contents": '"Rome"\nRome is the capital of Italy.'},
+    ]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    turn1 = "<think>I need to look this up.</think>\n<search> capital of France </search>"
+    turn2 = "<answer> Paris </answer>"
+    engine = ScriptedEngine(tok, [turn1, turn2])
+    install(monkeypatch, engine)
+    meta = {"env": "search", "env_kwargs": {"corpus_path": str(corpus), "topk": 1}}
+    sample = Sample(prompt="Question: What is the capital of France?\n", label="Paris", metadata=meta, index=3)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), sample, params())
+
+    obs = "\n\n<information>Doc 1(Title: Paris) Paris is the capital and largest city of France.</information>\n\n"
+    p, t1, o, t2 = enc(tok, sample.prompt), enc(tok, turn1), enc(tok, obs), enc(tok, turn2)
+    assert out.tokens == p + t1 + o + t2
+    assert out.loss_mask == [1] * len(t1) + [0] * len(o) + [1] * len(t2)
+    assert engine.payloads[0]["sampling_params"]["stop"] == ["</search>", "</answer>"]
+    assert out.metadata["env_reward"] == 1.0
+    assert out.reward == 1.0
+    assert out.status is Status.COMPLETED
+
+    # With a reward function configured the env reward is only recorded.
+    install(monkeypatch, ScriptedEngine(tok, [turn1, turn2]))
+    sample = Sample(prompt="Q?\n", label="Paris", metadata=dict(meta), index=4)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir, rm_type="f1"), sample, params())
+    assert out.reward is None and out.metadata["env_reward"] == 1.0
+    assert await multi_turn.env_reward(None, out) == 1.0
+
+
+async def test_env_from_args_and_errors(tok, qwen3_tokenizer_dir, monkeypatch):
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
+    sample = Sample(prompt=[{"role": "user", "content": "hi"}], index=0)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir, env_path="calculator"), sample, params())
+    assert out.status is Status.COMPLETED and out.metadata["num_turns"] == 1
+
+    with pytest.raises(ValueError, match="--env-path"):
+        await multi_turn.generate(make_args(qwen3_tokenizer_dir), Sample(prompt="x", index=1), params())
+    with pytest.raises(KeyError, match="unknown env 'nope'"):
+        await multi_turn.generate(make_args(qwen3_tokenizer_dir, env_path="nope"), Sample(prompt="x"), params())
+    bad = Sample(prompt="x", metadata={"env": "calculator", "env_kwargs": "{not json"}, index=2)
+    with pytest.raises(ValueError, match="env_kwargs"):
+        await multi_turn.generate(make_args(qwen3_tokenizer_dir), bad, params())
+
+
+def test_render_tool_observation_groups_tool_messages(tok):
+    text = multi_turn.render_tool_observation(tok, ["1", "2"], model_turn="...</tool_call>")
+    assert text == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n"
+        "<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
