@@ -5,7 +5,6 @@ import os
 
 import pytest
 import torch
-
 from slime_convert import ModelArgs, hf_to_mcore
 
 pytest.importorskip("transformers")

@@ -3,7 +3,6 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from slime_convert import hf_to_mcore, mcore_to_hf
 from slime_convert.cli import main
 from slime_convert.torch_dist import TorchDistReader

@@ -1,0 +1,87 @@
+import json
+
+import pytest
+from slime_convert.model_args import ModelArgs, padded_vocab_size
+
+QWEN3_4B = {
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+}
+
+
+@pytest.mark.parametrize(
+    ("vocab", "tp", "expected"),
+    [(151936, 1, 151936), (151936, 2, 152064), (300, 1, 384), (300, 2, 512), (128, 1, 128), (129, 1, 256)],
+)
+def test_padded_vocab_size(vocab, tp, expected):
+    # 151936 = 1187 * 128; with TP=2 the multiple is 256: ceil(151936/256)=594 -> 152064.
+    assert padded_vocab_size(vocab, tp) == expected
+
+
+def test_qwen3_4b_flags_match_the_original_model_script():
+    args = ModelArgs.from_hf_config(QWEN3_4B)
+    assert args.kv_channels == 128 and args.num_query_groups == 8 and args.qk_layernorm and not args.add_qkv_bias
+    flags = args.megatron_flags()
+    pairs = dict(zip(flags[:-1], flags[1:], strict=True))
+    # Values of slime's scripts/models/qwen3-4B.sh.
+    assert pairs["--num-layers"] == "36"
+    assert pairs["--hidden-size"] == "2560"
+    assert pairs["--ffn-hidden-size"] == "9728"
+    assert pairs["--num-attention-heads"] == "32"
+    assert pairs["--num-query-groups"] == "8"
+    assert pairs["--kv-channels"] == "128"
+    assert pairs["--rotary-base"] == "1e+06"
+    assert pairs["--vocab-size"] == "151936"
+    assert "--qk-layernorm" in flags and "--swiglu" in flags
+    assert "--untie-embeddings-and-output-weights" not in flags
+
+
+def test_qwen2_llama_moe_variants():
+    qwen2 = ModelArgs.from_hf_config(
+        {**QWEN3_4B, "model_type": "qwen2", "head_dim": None, "tie_word_embeddings": False}
+    )
+    assert qwen2.add_qkv_bias and not qwen2.qk_layernorm and qwen2.kv_channels == 2560 // 32
+    assert "--untie-embeddings-and-output-weights" in qwen2.megatron_flags()
+    moe = ModelArgs.from_hf_config(
+        {**QWEN3_4B, "model_type": "qwen3_moe", "num_local_experts": 8, "moe_intermediate_size": 64,
+         "num_experts_per_tok": 2, "norm_topk_prob": True}
+    )  # fmt: skip
+    assert moe.is_moe and moe.num_experts == 8 and not moe.moe_router_pre_softmax
+    assert moe.transformer_config_kwargs()["num_moe_experts"] == 8
+
+
+@pytest.mark.parametrize(
+    ("patch", "match"),
+    [
+        ({"model_type": "gpt2"}, "not supported"),
+        ({"num_key_value_heads": 5}, "multiple"),
+        ({"hidden_act": "gelu"}, "silu"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "rope_scaling"),
+        ({"hidden_size": None}, "hidden_size"),
+    ],
+)
+def test_bad_configs_raise_clear_errors(patch, match):
+    with pytest.raises(ValueError, match=match):
+        ModelArgs.from_hf_config({**QWEN3_4B, **patch})
+
+
+def test_from_hf_dir_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        ModelArgs.from_hf_dir(tmp_path)
+    (tmp_path / "config.json").write_text("{\n  bad")
+    with pytest.raises(ValueError, match=r"config.json: invalid JSON at line 2"):
+        ModelArgs.from_hf_dir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_4B, "model_type": "bert"}))
+    with pytest.raises(ValueError, match=r"config.json: model_type='bert'"):
+        ModelArgs.from_hf_dir(tmp_path)
