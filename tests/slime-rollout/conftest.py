@@ -4,8 +4,11 @@
 `reference_engine` is one CPU reference engine subprocess on a free port, shared by the session.
 """
 
+import os
 import pathlib
+import random
 import shutil
+import tempfile
 import types
 
 import pytest
@@ -13,11 +16,19 @@ import torch
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3_dir(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
+def private_tmp():
+    """A session temp dir outside pytest's basetemp, which concurrent pytest sessions may prune."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="slime-rollout-test-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(private_tmp, qwen3_tokenizer_dir) -> pathlib.Path:
     """HF directory of a tiny random Qwen3 (fp32, seed 0) with the Qwen3 tokenizer files."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny-qwen3")
+    out = private_tmp / "tiny-qwen3"
     cfg = Qwen3Config(
         hidden_size=64,
         intermediate_size=128,
@@ -40,7 +51,14 @@ def tiny_qwen3_dir(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
 
 
 def _reference_args(model_dir, **kw) -> types.SimpleNamespace:
-    base = dict(rollout_engine="reference", hf_checkpoint=str(model_dir), seed=1234, sglang_args={"num_threads": 1})
+    base = dict(
+        rollout_engine="reference",
+        hf_checkpoint=str(model_dir),
+        seed=1234,
+        sglang_args={"num_threads": 1},
+        # A random port range per session: concurrent test sessions would otherwise race for 15000.
+        sglang_base_port=random.Random(os.getpid()).randrange(20000, 40000, 100),
+    )
     base.update(kw)
     return types.SimpleNamespace(**base)
 
@@ -52,7 +70,7 @@ def reference_args():
 
 
 @pytest.fixture(scope="session")
-def reference_engine(tiny_qwen3_dir, tmp_path_factory):
+def reference_engine(tiny_qwen3_dir, private_tmp):
     """One running reference engine (an `EngineGroup`); shut down at the end of the session."""
     from slime_rollout.engines.launch import launch_engines
 
@@ -61,7 +79,7 @@ def reference_engine(tiny_qwen3_dir, tmp_path_factory):
         num_engines=1,
         gpus_per_engine=1,
         startup_timeout_s=300,
-        log_dir=tmp_path_factory.mktemp("engine-logs"),
+        log_dir=private_tmp / "engine-logs",
     )
     yield group
     group.shutdown()

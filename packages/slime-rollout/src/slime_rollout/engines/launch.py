@@ -22,6 +22,7 @@ import os
 import pathlib
 import shlex
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -274,41 +275,78 @@ def launch_engines(
     host = getattr(args, "sglang_host", None) or "127.0.0.1"
     seed = int(getattr(args, "seed", 1234) or 0)
     memory_saver = bool(colocate or getattr(args, "offload_rollout", False))
-    port_cursor = int(getattr(args, "sglang_base_port", None) or 15000)
+    cursor = [int(getattr(args, "sglang_base_port", None) or 15000)]
+
+    def start(i: int) -> EngineProcess:
+        port = find_free_port(host, cursor[0])
+        random_seed = seed + i * gpus_per_engine
+        if kind == "sglang":
+            nccl_port = find_free_port(host, port + 1)
+            base_gpu = base_gpu_ids[i] if base_gpu_ids is not None else i * gpus_per_engine
+            cmd = build_sglang_command(
+                args,
+                host=host,
+                port=port,
+                nccl_port=nccl_port,
+                tp_size=gpus_per_engine,
+                base_gpu_id=base_gpu,
+                random_seed=random_seed,
+                memory_saver=memory_saver,
+            )
+            cursor[0] = nccl_port + 1
+        else:
+            cmd = build_reference_command(args, host=host, port=port, random_seed=random_seed)
+            cursor[0] = port + 1
+        log_path = pathlib.Path(log_dir) / f"engine_{i}.log" if log_dir else None
+        return start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(kind), log_path=log_path)
+
     group = EngineGroup(processes=[])
     try:
+        group.processes = [start(i) for i in range(num_engines)]
         for i in range(num_engines):
-            port = find_free_port(host, port_cursor)
-            random_seed = seed + i * gpus_per_engine
-            if kind == "sglang":
-                nccl_port = find_free_port(host, port + 1)
-                base_gpu = base_gpu_ids[i] if base_gpu_ids is not None else i * gpus_per_engine
-                cmd = build_sglang_command(
-                    args,
-                    host=host,
-                    port=port,
-                    nccl_port=nccl_port,
-                    tp_size=gpus_per_engine,
-                    base_gpu_id=base_gpu,
-                    random_seed=random_seed,
-                    memory_saver=memory_saver,
-                )
-                port_cursor = nccl_port + 1
-            else:
-                cmd = build_reference_command(args, host=host, port=port, random_seed=random_seed)
-                port_cursor = port + 1
-            log_path = pathlib.Path(log_dir) / f"engine_{i}.log" if log_dir else None
-            group.processes.append(
-                start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(kind), log_path=log_path)
-            )
-        for proc in group.processes:
-            proc.wait_healthy(startup_timeout_s)
+            for attempt in range(_PORT_RETRIES):
+                try:
+                    _wait_own_engine(group.processes[i], kind, startup_timeout_s)
+                    break
+                except _PortTaken as exc:
+                    # Another process (e.g. a concurrent test session) won the race for the probed port.
+                    logger.warning("%s; restarting engine %d on another port", exc, i)
+                    group.processes[i].shutdown()
+                    if attempt == _PORT_RETRIES - 1:
+                        raise RuntimeError(f"engine {i}: no usable port after {_PORT_RETRIES} attempts") from exc
+                    group.processes[i] = start(i)
         _attach_router(args, group, host)
     except BaseException:
         group.shutdown()
         raise
     logger.info("%d %s engine(s) ready: %s", num_engines, kind, ", ".join(group.urls))
     return group
+
+
+_PORT_RETRIES = 3
+
+
+class _PortTaken(RuntimeError):
+    """The engine's port was bound by someone else between probing and starting."""
+
+
+def _wait_own_engine(proc: EngineProcess, kind: str, timeout_s: float) -> None:
+    """Waits for health and checks that the server answering is `proc` itself, not a port squatter."""
+    try:
+        proc.wait_healthy(timeout_s)
+    except RuntimeError as exc:
+        if "address already in use" in proc.log_tail().lower():
+            raise _PortTaken(f"port of {proc.url} already in use") from exc
+        raise
+    if kind == "reference":
+        import httpx
+
+        pid = httpx.get(proc.url + "/server_info", timeout=30, trust_env=False).json().get("pid")
+        if pid != proc.pid:
+            raise _PortTaken(f"{proc.url} is served by pid {pid}, not by engine pid {proc.pid}")
+    time.sleep(0.2)
+    if not proc.alive():  # e.g. SGLang lost the bind race and a foreign server answered the health check
+        raise _PortTaken(f"engine {proc.url} exited right after its health check\n{proc.log_tail()}")
 
 
 def _attach_router(args: Any, group: EngineGroup, host: str) -> None:

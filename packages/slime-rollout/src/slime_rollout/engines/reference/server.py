@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from multiprocessing.reduction import ForkingPickler
@@ -227,6 +228,52 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         fn = lambda: model.load_named_tensors(deserialize_named_tensors(entries[0], body.get("load_format")))  # noqa: E731
         return await run_update(fn, body.get("weight_version"), bool(body.get("abort_all_requests", False)))
 
+    groups: dict[str, Any] = {}
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        body = await request.json()
+        from slime_rollout.weight_sync import init_custom_process_group
+
+        try:
+            groups[body.get("group_name", "weight_update_group")] = await asyncio.to_thread(
+                init_custom_process_group,
+                backend=body.get("backend", "nccl"),
+                init_method=f"tcp://{body['master_address']}:{body['master_port']}",
+                world_size=int(body["world_size"]),
+                rank=int(body["rank_offset"]),  # one TP rank: its rank is the offset
+                group_name=body.get("group_name", "weight_update_group"),
+            )
+        except (KeyError, RuntimeError, ValueError) as exc:
+            return JSONResponse({"success": False, "message": f"init_weights_update_group: {exc!r}"}, status_code=400)
+        return {"success": True, "message": "Succeeded to initialize custom process group."}
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request):
+        body = await request.json()
+        group = groups.pop(body.get("group_name", "weight_update_group"), None)
+        if group is None:
+            return JSONResponse({"success": False, "message": "no such group"}, status_code=400)
+        torch.distributed.destroy_process_group(group)
+        return {"success": True, "message": "Succeeded to destroy custom process group."}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        body = await request.json()
+        group = groups.get(body.get("group_name", "weight_update_group"))
+        if group is None:
+            return JSONResponse({"success": False, "message": "weight update group not initialized"}, status_code=400)
+
+        def receive() -> int:
+            named = []
+            for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
+                t = torch.empty(shape, dtype=getattr(torch, dtype), device=model.device)
+                torch.distributed.broadcast(t, group=group, group_src=0)
+                named.append((name, t))
+            return model.load_named_tensors(named)
+
+        return await run_update(receive, body.get("weight_version"), bool(body.get("abort_all_requests", False)))
+
     @app.get("/get_weight_version")
     async def get_weight_version():
         return {"weight_version": state["weight_version"]}
@@ -285,6 +332,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             "tp_size": 1,
             "dp_size": 1,
             "version": "slime-reference",
+            "pid": os.getpid(),
             "internal_states": [{"num_running_reqs": scheduler.num_running, "paused": scheduler.paused}],
         }
 

@@ -1,0 +1,396 @@
+"""Weight updaters: push trainer weights into the engines (`slime_core.protocols.WeightUpdater`).
+
+Three transports, as in slime (`--update-weight-transport`, `--colocate`):
+
+* `DiskWeightUpdater`: writes an HF safetensors checkpoint atomically to
+  `<update_weight_disk_dir>/weight_v<N>` and calls `/update_weights_from_disk` (works across machines).
+* `TensorWeightUpdater` (colocated): serializes each bucket with torch's `ForkingPickler` + base64 (SGLang's
+  `MultiprocessingSerializer` format): CUDA tensors become IPC handles, CPU tensors go through shared memory
+  (the `file_system` sharing strategy, so an unrelated process can open them). With SGLang installed the
+  bucket is flattened (`load_format="flattened_bucket"`, SGLang's `FlattenedTensorBucket`), else it is a
+  plain list of `(name, tensor)` (`load_format=None`), which every SGLang version and the reference engine accept.
+* `DistributedWeightUpdater` (disaggregated): engines join a process group with the trainer
+  (`/init_weights_update_group`), then for each bucket `/update_weights_from_distributed` announces names,
+  dtypes and shapes while rank 0 broadcasts the tensors (NCCL on GPUs; gloo works on CPU for tests).
+
+Each update does pause_generation -> flush_cache -> send -> check `weight_version` -> continue_generation.
+Call `update` on the trainer rank that holds the full HF tensors (rank 0); other ranks still have to drain
+their `named_hf_weights` iterator when it is collective.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import datetime
+import importlib.util
+import io
+import json
+import logging
+import os
+import pathlib
+import shutil
+from collections.abc import Coroutine, Iterable, Iterator
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+import torch.multiprocessing
+from safetensors.torch import save_file
+
+from slime_rollout.client import RolloutClient
+
+__all__ = [
+    "DiskWeightUpdater",
+    "DistributedWeightUpdater",
+    "TensorWeightUpdater",
+    "init_custom_process_group",
+    "serialize_named_tensors",
+    "write_hf_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+Bucket = list[tuple[str, torch.Tensor]]
+
+
+def run_sync(coro: Coroutine) -> Any:
+    """Runs a coroutine to completion from sync code, also when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+class _EngineUpdater:
+    """Shared pause -> flush -> send -> verify -> continue sequence."""
+
+    def __init__(self, client: RolloutClient, *, pause_mode: str = "abort"):
+        self.client = client
+        self.pause_mode = pause_mode
+
+    def update(self, buckets: Iterator[Bucket], weight_version: str) -> None:
+        """Sends all buckets, then checks that every engine reports `weight_version`.
+
+        Raises:
+            EngineError: an engine call failed (names the engine).
+            RuntimeError: an engine reports another weight version afterwards.
+        """
+        run_sync(self.aupdate(buckets, str(weight_version)))
+
+    async def aupdate(self, buckets: Iterable[Bucket], weight_version: str) -> None:
+        """Async form of `update`."""
+        await self.client.broadcast("pause_generation", mode=self.pause_mode)
+        try:
+            await self.client.broadcast("flush_cache")
+            await self._send(buckets, weight_version)
+            versions = await self.client.get_weight_versions()
+            wrong = [f"{u}={v!r}" for u, v in zip(self.client.urls, versions, strict=True) if v != weight_version]
+            if wrong:
+                raise RuntimeError(f"weight update to {weight_version!r} not applied: {', '.join(wrong)}")
+        finally:
+            await self.client.broadcast("continue_generation")
+        self._after_update(weight_version)
+
+    async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
+        raise NotImplementedError
+
+    def _after_update(self, weight_version: str) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------------------ disk
+
+
+def _version_dir_name(weight_version: str) -> str:
+    return f"weight_v{int(weight_version):06d}" if weight_version.isdigit() else f"weight_v{weight_version}"
+
+
+def write_hf_checkpoint(
+    buckets: Iterable[Bucket], out_dir: str | os.PathLike, *, assets_from: str | os.PathLike | None = None
+) -> pathlib.Path:
+    """Writes an HF safetensors checkpoint atomically (temp dir, then rename).
+
+    One shard per bucket (`model-00001.safetensors`, ...) plus `model.safetensors.index.json`; the
+    non-weight files of `assets_from` (config, tokenizer, generation config) are copied next to them.
+
+    Args:
+        buckets: lists of `(hf_name, tensor)`; any device/dtype, saved as is on CPU.
+        out_dir: final directory (replaced if it exists).
+        assets_from: HF checkpoint whose non-safetensors files are copied.
+
+    Returns:
+        `out_dir` as a Path.
+
+    Raises:
+        ValueError: a tensor name appears twice.
+    """
+    out = pathlib.Path(out_dir)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weight_map: dict[str, str] = {}
+    total_size = 0
+    try:
+        for i, bucket in enumerate(buckets):
+            shard = f"model-{i + 1:05d}.safetensors"
+            tensors = {}
+            for name, t in bucket:
+                if name in weight_map or name in tensors:
+                    raise ValueError(f"write_hf_checkpoint: tensor {name!r} appears twice")
+                # copy=True: tied weights must not share storage in a safetensors file.
+                tensors[name] = t.detach().to("cpu", copy=True).contiguous()
+                total_size += tensors[name].numel() * tensors[name].element_size()
+            save_file(tensors, str(tmp / shard), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, shard))
+        index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        if assets_from is not None:
+            for f in pathlib.Path(assets_from).iterdir():
+                if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+                    shutil.copy2(f, tmp / f.name)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+class DiskWeightUpdater(_EngineUpdater):
+    """`--update-weight-transport disk`: HF checkpoint on a shared filesystem, then `/update_weights_from_disk`.
+
+    Args:
+        args: reads `update_weight_disk_dir` (required), `update_weight_disk_keep_files` (False) and
+            `hf_checkpoint` (assets copied into each version directory).
+        client: the engines to update.
+        pause_mode: `pause_generation` mode ("abort" as slime sends it).
+
+    Raises:
+        ValueError: `--update-weight-disk-dir` is not set.
+    """
+
+    def __init__(self, args: Any, client: RolloutClient, *, pause_mode: str = "abort"):
+        super().__init__(client, pause_mode=pause_mode)
+        disk_dir = getattr(args, "update_weight_disk_dir", None)
+        if not disk_dir:
+            raise ValueError("--update-weight-transport disk needs --update-weight-disk-dir")
+        self.disk_dir = pathlib.Path(disk_dir)
+        self.keep_files = bool(getattr(args, "update_weight_disk_keep_files", False))
+        self.assets_from = getattr(args, "hf_checkpoint", None)
+        self._last_dir: pathlib.Path | None = None
+
+    async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
+        path = await asyncio.to_thread(
+            write_hf_checkpoint,
+            buckets,
+            self.disk_dir / _version_dir_name(weight_version),
+            assets_from=self.assets_from,
+        )
+        self._last_dir = path
+        await self.client.broadcast("update_weights_from_disk", model_path=str(path), weight_version=weight_version)
+
+    def _after_update(self, weight_version: str) -> None:
+        if not self.keep_files and self._last_dir is not None:
+            shutil.rmtree(self._last_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- tensor
+
+
+def _sglang_available() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def serialize_named_tensors(obj: Any) -> str:
+    """SGLang's `MultiprocessingSerializer.serialize(obj, output_str=True)` format: base64 of a ForkingPickler dump.
+
+    CPU tensors are moved to shared memory by torch's reducers; call `torch.multiprocessing.set_sharing_strategy(
+    "file_system")` first (done by `TensorWeightUpdater`) so that an unrelated process can open them.
+    """
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(obj)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+class TensorWeightUpdater(_EngineUpdater):
+    """Colocated update through `/update_weights_from_tensor` (CUDA IPC on GPU, shared memory on CPU).
+
+    Args:
+        args: reads `rollout_num_gpus_per_engine` (1): one serialized entry is sent per engine TP rank.
+        client: the engines to update.
+        load_format: "auto" (flattened bucket when SGLang is importable, else a plain list), "flattened_bucket"
+            or None (plain list).
+        pause_mode: `pause_generation` mode.
+    """
+
+    def __init__(
+        self, args: Any, client: RolloutClient, *, load_format: str | None = "auto", pause_mode: str = "abort"
+    ):
+        super().__init__(client, pause_mode=pause_mode)
+        self.tp_size = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+        if load_format == "auto":
+            load_format = "flattened_bucket" if _sglang_available() else None
+        if load_format not in (None, "flattened_bucket"):
+            raise ValueError(
+                f"TensorWeightUpdater: load_format must be None or 'flattened_bucket', got {load_format!r}"
+            )
+        self.load_format = load_format
+        # Shared-memory files by name: the engine is not our child, so fd passing is not an option.
+        torch.multiprocessing.set_sharing_strategy("file_system")
+
+    def _payloads(self, bucket: Bucket) -> list[Any]:
+        """What to serialize for one bucket: one plain list, or one flattened bucket per dtype."""
+        # Detached copies: sharing moves a CPU tensor's storage into shared memory, which must not touch the
+        # trainer's own parameters.
+        tensors = [(n, t.detach().clone() if t.device.type == "cpu" else t.detach()) for n, t in bucket]
+        if self.load_format is None:
+            return [tensors]
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+        by_dtype: dict[torch.dtype, Bucket] = {}
+        for n, t in tensors:
+            by_dtype.setdefault(t.dtype, []).append((n, t))
+        out = []
+        for group in by_dtype.values():
+            flat = FlattenedTensorBucket(named_tensors=group)
+            out.append({"flattened_tensor": flat.get_flattened_tensor(), "metadata": flat.get_metadata()})
+        return out
+
+    async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
+        for bucket in buckets:
+            for payload in self._payloads(bucket):
+                serialized = serialize_named_tensors(payload)
+                await self.client.broadcast(
+                    "update_weights_from_tensor",
+                    serialized_named_tensors=[serialized] * self.tp_size,
+                    load_format=self.load_format,
+                    flush_cache=False,
+                    weight_version=weight_version,
+                )
+                del payload  # the engine has copied it; let the shared memory / IPC handle go
+            if torch.cuda.is_available():
+                torch.cuda.ipc_collect()
+
+
+# ----------------------------------------------------------------------------------------- distributed
+
+
+def init_custom_process_group(
+    *,
+    backend: str,
+    init_method: str,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout: datetime.timedelta | None = None,
+) -> torch.distributed.ProcessGroup:
+    """A process group outside the default one (the engines and the trainer's rank 0), as SGLang builds it.
+
+    Uses torch's rendezvous + `_new_process_group_helper` (the same private helper SGLang's engine side
+    uses, so both ends agree on the store prefix); `torch.distributed` need not be initialized.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = timeout or datetime.timedelta(minutes=10)
+    store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    pg, _ = c10d._new_process_group_helper(
+        world_size, rank, [], c10d.Backend(backend), store, group_name=group_name, timeout=timeout
+    )
+    c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+class DistributedWeightUpdater(_EngineUpdater):
+    """Disaggregated update: broadcast from trainer rank 0 to every engine rank (NCCL on GPUs).
+
+    Args:
+        args: reads `rollout_num_gpus_per_engine` (1) for the engines' ranks.
+        client: the engines to update.
+        master_address: address the engines can reach this process at.
+        master_port: free port for the group's TCP store.
+        group_name: process-group name (slime uses `slime-pp_<pp_rank>`).
+        backend: "nccl" on GPUs; "gloo" works with CPU tensors (tests, reference engine).
+        pause_mode: `pause_generation` mode.
+    """
+
+    def __init__(
+        self,
+        args: Any,
+        client: RolloutClient,
+        *,
+        master_address: str,
+        master_port: int,
+        group_name: str = "slime-pp_0",
+        backend: str = "nccl",
+        pause_mode: str = "abort",
+    ):
+        super().__init__(client, pause_mode=pause_mode)
+        self.gpus_per_engine = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+        self.master_address, self.master_port = master_address, master_port
+        self.group_name, self.backend = group_name, backend
+        self._group: torch.distributed.ProcessGroup | None = None
+
+    async def aconnect(self) -> None:
+        """Creates the group: rank 0 is this process, engine i holds ranks `1 + i*gpus_per_engine ...`."""
+        world_size = 1 + len(self.client.urls) * self.gpus_per_engine
+        joins = [
+            engine.init_weights_update_group(
+                master_address=self.master_address,
+                master_port=self.master_port,
+                rank_offset=1 + i * self.gpus_per_engine,
+                world_size=world_size,
+                group_name=self.group_name,
+                backend=self.backend,
+            )
+            for i, engine in enumerate(self.client.engines)
+        ]
+        own = asyncio.to_thread(
+            init_custom_process_group,
+            backend=self.backend,
+            init_method=f"tcp://{self.master_address}:{self.master_port}",
+            world_size=world_size,
+            rank=0,
+            group_name=self.group_name,
+        )
+        results = await asyncio.gather(own, *joins)
+        self._group = results[0]
+
+    async def adisconnect(self) -> None:
+        """Destroys the group on both ends."""
+        if self._group is None:
+            return
+        await self.client.broadcast("destroy_weights_update_group", group_name=self.group_name)
+        torch.distributed.destroy_process_group(self._group)
+        self._group = None
+
+    async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
+        if self._group is None:
+            await self.aconnect()
+        for bucket in buckets:
+            names = [n for n, _ in bucket]
+            dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
+            shapes = [list(t.shape) for _, t in bucket]
+            announce = self.client.broadcast(
+                "update_weights_from_distributed",
+                names=names,
+                dtypes=dtypes,
+                shapes=shapes,
+                group_name=self.group_name,
+                flush_cache=False,
+                weight_version=weight_version,
+            )
+            await asyncio.gather(announce, asyncio.to_thread(self._broadcast, bucket))
+
+    def _broadcast(self, bucket: Bucket) -> None:
+        handles = [
+            torch.distributed.broadcast(t.detach().contiguous(), group=self._group, group_src=0, async_op=True)
+            for _, t in bucket
+        ]
+        for h in handles:
+            h.wait()

@@ -1,0 +1,218 @@
+"""Weight updaters against the reference engine, and their building blocks."""
+
+import asyncio
+import json
+import types
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+from slime_rollout.client import EngineError, RolloutClient
+from slime_rollout.engines.process import find_free_port
+from slime_rollout.engines.reference.server import deserialize_named_tensors
+from slime_rollout.weight_sync import (
+    DiskWeightUpdater,
+    DistributedWeightUpdater,
+    TensorWeightUpdater,
+    serialize_named_tensors,
+    write_hf_checkpoint,
+)
+from transformers import AutoModelForCausalLM
+
+LOGPROB_ATOL = 1e-5
+
+
+def buckets_of(state, size=5):
+    items = list(state.items())
+    return iter([items[i : i + size] for i in range(0, len(items), size)])
+
+
+# ------------------------------------------------------------------------------------ building blocks
+
+
+def test_write_hf_checkpoint_is_atomic_and_loadable(tmp_path, tiny_qwen3_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32)
+    state = {k: v + 0.5 for k, v in model.state_dict().items()}
+    out = write_hf_checkpoint(buckets_of(state), tmp_path / "weight_v000001", assets_from=tiny_qwen3_dir)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(state)
+    assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["weight_v000001"]  # no temp dir left behind
+    loaded = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        loaded.update(load_file(str(out / shard)))
+    for k, v in state.items():
+        assert torch.equal(loaded[k], v), k
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    assert torch.equal(reloaded["model.norm.weight"], state["model.norm.weight"])
+
+
+def test_write_hf_checkpoint_duplicate_name_leaves_nothing(tmp_path):
+    t = torch.zeros(2)
+    with pytest.raises(ValueError, match="appears twice"):
+        write_hf_checkpoint(iter([[("a", t)], [("a", t)]]), tmp_path / "v")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_serialize_round_trip_plain_and_flattened():
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    a, b = torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.tensor([1.5, -2.0])
+    got = deserialize_named_tensors(serialize_named_tensors([("a", a.clone()), ("b", b.clone())]), None)
+    assert [n for n, _ in got] == ["a", "b"] and torch.equal(got[0][1], a) and torch.equal(got[1][1], b)
+    flat = torch.cat([a.flatten(), b])
+    meta = [
+        {"name": "a", "shape": [2, 3], "dtype": torch.float32, "start_idx": 0, "end_idx": 6},
+        {"name": "b", "shape": [2], "dtype": torch.float32, "start_idx": 6, "end_idx": 8},
+    ]
+    got = deserialize_named_tensors(
+        serialize_named_tensors({"flattened_tensor": flat, "metadata": meta}), "flattened_bucket"
+    )
+    assert torch.equal(got[0][1], a) and torch.equal(got[1][1], b)
+    with pytest.raises(ValueError, match="load_format"):
+        deserialize_named_tensors(serialize_named_tensors([]), "bogus")
+
+
+async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path):
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append((request.url.host, request.url.path))
+        if request.url.path == "/get_weight_version":
+            return httpx.Response(200, json={"weight_version": "7"})
+        if request.url.path == "/update_weights_from_disk":
+            assert json.loads(request.content)["weight_version"] == "7"
+            return httpx.Response(200, json={"success": True, "message": "ok"})
+        return httpx.Response(200)
+
+    client = RolloutClient(["http://e0:1", "http://e1:1"], transport=httpx.MockTransport(handler))
+    args = types.SimpleNamespace(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
+    await DiskWeightUpdater(args, client).aupdate(iter([[("w", torch.ones(2))]]), "7")
+    paths = [p for h, p in calls if h == "e0"]
+    assert paths == [
+        "/pause_generation",
+        "/flush_cache",
+        "/update_weights_from_disk",
+        "/get_weight_version",
+        "/continue_generation",
+    ]
+    assert not (tmp_path / "weight_v000007").exists()  # deleted unless --update-weight-disk-keep-files
+
+
+async def test_version_mismatch_raises_and_still_continues(tmp_path):
+    calls = []
+
+    def handler(request):
+        calls.append(request.url.path)
+        if request.url.path == "/get_weight_version":
+            return httpx.Response(200, json={"weight_version": "old"})
+        return httpx.Response(200, json={"success": True})
+
+    client = RolloutClient(["http://e0:1"], transport=httpx.MockTransport(handler))
+    args = types.SimpleNamespace(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
+    with pytest.raises(RuntimeError, match=r"http://e0:1='old'"):
+        await DiskWeightUpdater(args, client).aupdate(iter([[("w", torch.ones(1))]]), "3")
+    assert calls[-1] == "/continue_generation"
+
+
+def test_disk_updater_requires_dir():
+    with pytest.raises(ValueError, match="--update-weight-disk-dir"):
+        DiskWeightUpdater(types.SimpleNamespace(), RolloutClient(["http://x:1"]))
+
+
+# ------------------------------------------------------------------------------ against the engine
+
+
+@pytest.fixture(scope="module")
+def hf_state(tiny_qwen3_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
+    return model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def perturbed(state, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.2 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+
+
+PROMPT = [785, 4226, 374, 220, 17, 10, 17, 28]
+
+
+def engine_logprobs(url):
+    async def go():
+        client = RolloutClient([url])
+        out = await client.generate(
+            {
+                "input_ids": PROMPT,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True},
+                "return_logprob": True,
+            }
+        )
+        await client.aclose()
+        return out
+
+    out = asyncio.run(go())
+    return out["output_ids"], torch.tensor([e[0] for e in out["meta_info"]["output_token_logprobs"]])
+
+
+def expected_logprobs(model, state, output_ids):
+    model.load_state_dict(state)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([PROMPT + output_ids])).logits[0, len(PROMPT) - 1 : -1]
+    return torch.log_softmax(logits, -1)[torch.arange(len(output_ids)), torch.tensor(output_ids)]
+
+
+def versions(url):
+    return asyncio.run(RolloutClient([url]).get_weight_versions())
+
+
+def check_engine_holds(url, model, state):
+    ids, got = engine_logprobs(url)
+    torch.testing.assert_close(got, expected_logprobs(model, state, ids), atol=LOGPROB_ATOL, rtol=0)
+    return ids
+
+
+def test_disk_tensor_and_distributed_updates_change_outputs(reference_engine, hf_state, tmp_path, tiny_qwen3_dir):
+    url = reference_engine.urls[0]
+    model, original = hf_state
+    args = types.SimpleNamespace(
+        update_weight_disk_dir=str(tmp_path), hf_checkpoint=str(tiny_qwen3_dir), rollout_num_gpus_per_engine=1
+    )
+    client = RolloutClient([url])
+    try:
+        before = check_engine_holds(url, model, original)
+
+        new = perturbed(original, 1)
+        DiskWeightUpdater(args, client).update(buckets_of(new), "1")
+        assert versions(url) == ["1"]
+        assert check_engine_holds(url, model, new) != before
+        assert list(tmp_path.iterdir()) == []
+
+        TensorWeightUpdater(args, client, load_format=None).update(buckets_of(original), "2")
+        assert versions(url) == ["2"]
+        assert check_engine_holds(url, model, original) == before
+
+        new3 = perturbed(original, 3)
+        dist_updater = DistributedWeightUpdater(
+            args, client, master_address="127.0.0.1", master_port=find_free_port(start=29600), backend="gloo"
+        )
+        dist_updater.update(buckets_of(new3), "3")
+        assert versions(url) == ["3"]
+        check_engine_holds(url, model, new3)
+        dist_updater.update(buckets_of(original, size=100), "4")  # the group is reused
+        assert check_engine_holds(url, model, original) == before
+        asyncio.run(dist_updater.adisconnect())
+    finally:
+        restore = RolloutClient([url]).broadcast(
+            "update_weights_from_disk", model_path=str(tiny_qwen3_dir), weight_version="default"
+        )
+        asyncio.run(restore)
+
+
+def test_bad_tensor_name_is_a_clear_error_and_engine_keeps_serving(reference_engine, hf_state):
+    url = reference_engine.urls[0]
+    updater = TensorWeightUpdater(types.SimpleNamespace(), RolloutClient([url]), load_format=None)
+    with pytest.raises(EngineError, match="unknown parameter 'nope'") as e:
+        updater.update(iter([[("nope", torch.zeros(1))]]), "bad")
+    assert url in str(e.value)
+    ids, _ = engine_logprobs(url)  # not left paused
+    assert len(ids) == 4
