@@ -14,13 +14,12 @@ import types
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM
-
 from slime_core.batch import RolloutBatch
 from slime_train_fsdp import FSDPTrainBackend
 from slime_train_fsdp.hf_export import save_hf
 from slime_train_fsdp.packing import pack_micro_batch, response_log_probs, split_by_lengths
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
 
 TEMPERATURE = 0.8
 NUM_GLOBAL = 8  # samples; 2 optimizer steps of 4
@@ -160,14 +159,18 @@ def packed_vs_single(backend: FSDPTrainBackend, batch: RolloutBatch) -> dict:
     ids = list(range(batch.num_samples))
 
     def grads():
-        return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone() for n, p in
-                model.named_parameters()}
+        return {
+            n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
+            for n, p in model.named_parameters()
+        }
 
     model.zero_grad(set_to_none=True)
     mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, torch.device("cpu"))
     lp, _, anchor = response_log_probs(model, mb, temperature=TEMPERATURE, chunk_size=4)
     packed_lp = [x.detach() for x in split_by_lengths(lp, mb.response_lengths)]
-    (sum((x * wi).sum() for x, wi in zip(split_by_lengths(lp, mb.response_lengths), w, strict=True)) + anchor).backward()
+    (
+        sum((x * wi).sum() for x, wi in zip(split_by_lengths(lp, mb.response_lengths), w, strict=True)) + anchor
+    ).backward()
     g_packed = grads()
     model.zero_grad(set_to_none=True)
     single_lp = []
@@ -186,8 +189,11 @@ def packed_vs_single(backend: FSDPTrainBackend, batch: RolloutBatch) -> dict:
 
 
 def masked_mean_lp(lps: list[torch.Tensor], batch: RolloutBatch, sign: float) -> float:
-    vals = [float((lp * m).sum() / m.sum()) for lp, m, r in zip(lps, batch.loss_masks, batch.rewards, strict=True)
-            if r * sign > 0]
+    vals = [
+        float((lp * m).sum() / m.sum())
+        for lp, m, r in zip(lps, batch.loss_masks, batch.rewards, strict=True)
+        if r * sign > 0
+    ]
     return sum(vals) / len(vals)
 
 
@@ -208,8 +214,9 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     res["export_diff_sharded"] = max_diff(lps, hf_reference_log_probs(str(work / "hf_sharded"), batch))
     res["export_files"] = sorted(p.name for p in (work / "hf_sharded").iterdir())
     # 4. buckets.
-    res["buckets"] = [[(n, tuple(t.shape), t.numel() * t.element_size()) for n, t in bk]
-                      for bk in b.named_hf_weights(10_000)]
+    res["buckets"] = [
+        [(n, tuple(t.shape), t.numel() * t.element_size()) for n, t in bk] for bk in b.named_hf_weights(10_000)
+    ]
     # 5. first step with rollout log-probs from the same weights: ratio 1 exactly.
     rb = dataclasses.replace(batch, rollout_log_probs=b.compute_log_probs(batch))
     b.args.use_rollout_logprobs = True

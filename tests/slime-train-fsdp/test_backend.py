@@ -39,8 +39,9 @@ def _load_workers():
 
 
 def _rank_entry(scenario: str, rank: int, world_size: int, port: int, out: pathlib.Path, ckpt: pathlib.Path):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     try:
         _load_workers().run(scenario, out, str(ckpt))
     except BaseException:
@@ -58,7 +59,9 @@ def launch(scenario: str, world_size: int, work: pathlib.Path, ckpt: pathlib.Pat
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_rank_entry, args=(scenario, r, world_size, port, out, ckpt)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_rank_entry, args=(scenario, r, world_size, port, out, ckpt)) for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -77,9 +80,17 @@ def tiny_ckpt(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     path = tmp_path_factory.mktemp("tiny_qwen3")
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                      tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     torch.set_num_threads(1)  # the workers are forked from this process: keep it free of OpenMP thread pools
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
@@ -124,8 +135,15 @@ def test_first_on_policy_step_has_unit_ratio(single):
 
 def test_metric_names_and_lr(single):
     keys = set(single["dp_steps"][0])
-    assert {"train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl", "train/entropy_loss",
-            "train/grad_norm", "train/lr"} <= keys
+    assert {
+        "train/loss",
+        "train/pg_loss",
+        "train/pg_clipfrac",
+        "train/ppo_kl",
+        "train/entropy_loss",
+        "train/grad_norm",
+        "train/lr",
+    } <= keys
     assert single["dp_steps"][0]["train/lr"] == pytest.approx(1e-3)
     assert single["dp_steps"][0]["train/grad_norm"] > 0
 

@@ -16,7 +16,6 @@ between uses.
 
 from __future__ import annotations
 
-import collections
 import logging
 import pathlib
 from collections.abc import Iterator
@@ -24,10 +23,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
-
 from slime_core.algorithms import apply_whitening, compute_actor_loss, compute_advantages_and_returns, whitening_stats
 from slime_core.batch import RolloutBatch
+from torch.distributed.tensor import DTensor
+
 from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
@@ -217,8 +216,6 @@ class FSDPTrainBackend:
         use_rollout = bool(getattr(args, "use_rollout_logprobs", False))
         if use_rollout and batch.rollout_log_probs is None:
             raise ValueError("--use-rollout-logprobs needs rollout log-probs in the batch")
-        if len(batch.step_sample_counts) != batch.num_steps:
-            raise ValueError("RolloutBatch.step_sample_counts must have one entry per step")
         old = list(batch.rollout_log_probs) if use_rollout else self.compute_log_probs(batch)
         ref = self.compute_log_probs(batch, model="ref") if self._ref_shards is not None else None
         adv = self._advantages(batch, old, ref)
@@ -233,57 +230,62 @@ class FSDPTrainBackend:
         return metrics
 
     def _train_step(self, batch: RolloutBatch, step: int, *, old, ref, adv) -> dict[str, float]:
-        args = self.args
-        per_token = bool(getattr(args, "calculate_per_token_loss", False))
-        denom = float(batch.step_token_counts[step] if per_token else batch.step_sample_counts[step])
-        denom = max(denom, 1.0)
-        entropy_coef = float(getattr(args, "entropy_coef", 0.0) or 0.0)
-        rollout_lp = batch.rollout_log_probs
-        lr = self.optimizer.param_groups[0]["lr"]
-        sums: dict[str, torch.Tensor] = collections.defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        per_token = bool(getattr(self.args, "calculate_per_token_loss", False))
+        counts = batch.step_token_counts if per_token else batch.step_sample_counts
+        if len(counts) != batch.num_steps:
+            name = "step_token_counts" if per_token else "step_sample_counts"
+            raise ValueError(f"RolloutBatch.{name} must have one entry per step ({batch.num_steps})")
+        denom = max(float(counts[step]), 1.0)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        sums: dict[str, torch.Tensor] = {}
         self.optimizer.zero_grad(set_to_none=True)
         for ids in batch.micro_batches[step]:
-            mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
-            logp, ent, anchor = response_log_probs(
-                self.model, mb, temperature=self._temperature(), chunk_size=self._chunk_size(), with_entropy=True
-            )
-            if not ids:
-                anchor.backward()  # keeps FSDP collectives aligned with ranks that have data
-                continue
-            if entropy_coef == 0.0:
-                ent = ent.detach()
-            lengths = mb.response_lengths
-            pick = lambda xs: None if xs is None else [xs[i].to(self.device) for i in ids]  # noqa: E731
-            loss, mb_metrics = compute_actor_loss(
-                args,
-                log_probs=split_by_lengths(logp, lengths),
-                old_log_probs=pick(old),
-                advantages=pick(adv),
-                loss_masks=pick(batch.loss_masks),
-                loss_denominators=[float(batch.loss_denominators[i]) for i in ids],
-                ref_log_probs=pick(ref),
-                rollout_log_probs=pick(rollout_lp),
-                entropy=split_by_lengths(ent, lengths),
-                total_lengths=[int(batch.tokens[i].numel()) for i in ids],
-            )
-            # FSDP2 averages gradients over ranks: scale by dp_size so they add up (see module docstring).
-            (loss * (self.dp_size / denom) + anchor).backward()
-            for k, v in mb_metrics.items():
-                sums[k] += float(v)
+            for k, v in self._micro_batch_backward(batch, ids, old=old, ref=ref, adv=adv, denom=denom).items():
+                sums[k] = sums[k] + v if k in sums else v.double()
         grad_norm = self._clip_grad()
         self.optimizer.step()
         self.scheduler.step()
         self.global_step += 1
-        names = sorted(sums) if sums else []
-        names = self._agree_on_keys(names)
-        vec = torch.tensor([float(sums[k]) if k in sums else 0.0 for k in names], dtype=torch.float64)
-        vec = vec.to(self.device)
+        names = self._agree_on_keys(sorted(sums))
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        vec = torch.stack([sums.get(k, zero).to(self.device) for k in names]) if names else zero.reshape(0)
         if names:
             dist.all_reduce(vec)
-        out = {f"train/{k}": float(v) / denom for k, v in zip(names, vec.cpu().tolist(), strict=True)}
+        out = {f"train/{k}": v / denom for k, v in zip(names, vec.cpu().tolist(), strict=True)}
         out["train/grad_norm"] = grad_norm
-        out["train/lr"] = float(lr)
+        out["train/lr"] = lr
         return out
+
+    def _micro_batch_backward(self, batch: RolloutBatch, ids: list[int], *, old, ref, adv, denom: float):
+        """Forward + backward of one micro-batch; returns its metric sums (detached scalars)."""
+        mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
+        logp, ent, anchor = response_log_probs(
+            self.model, mb, temperature=self._temperature(), chunk_size=self._chunk_size(), with_entropy=True
+        )
+        if not ids:
+            anchor.backward()  # keeps FSDP collectives aligned with ranks that have data
+            return {}
+        if float(getattr(self.args, "entropy_coef", 0.0) or 0.0) == 0.0:
+            ent = ent.detach()
+
+        def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+            return None if xs is None else [xs[i].to(self.device) for i in ids]
+
+        loss, metrics = compute_actor_loss(
+            self.args,
+            log_probs=split_by_lengths(logp, mb.response_lengths),
+            old_log_probs=pick(old),
+            advantages=pick(adv),
+            loss_masks=pick(batch.loss_masks),
+            loss_denominators=[float(batch.loss_denominators[i]) for i in ids],
+            ref_log_probs=pick(ref),
+            rollout_log_probs=pick(batch.rollout_log_probs),
+            entropy=split_by_lengths(ent, mb.response_lengths),
+            total_lengths=[int(batch.tokens[i].numel()) for i in ids],
+        )
+        # FSDP2 averages gradients over ranks: scale by dp_size so they add up (see module docstring).
+        (loss * (self.dp_size / denom) + anchor).backward()
+        return metrics
 
     def _agree_on_keys(self, names: list[str]) -> list[str]:
         """Union of metric names over ranks (a rank with only empty micro-batches has none)."""

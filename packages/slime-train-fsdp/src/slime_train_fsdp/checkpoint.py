@@ -29,6 +29,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
+from slime_train_fsdp.lr_schedule import load_scheduler_state
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["TRACKER", "load_checkpoint", "save_checkpoint"]
@@ -153,7 +155,7 @@ def load_checkpoint(
     else:
         set_model_state_dict(model, state["model"])
     if load_optim and has_optim:
-        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        load_scheduler_state(scheduler, torch.load(path / "scheduler.pt", weights_only=False))
     rng_file = path / f"rng_{dist.get_rank()}.pt"
     if load_rng and rng_file.exists():
         rng = torch.load(rng_file, weights_only=False)

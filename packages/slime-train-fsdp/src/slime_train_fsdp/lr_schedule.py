@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["build_lr_scheduler", "lr_at_step"]
+__all__ = ["build_lr_scheduler", "load_scheduler_state", "lr_at_step"]
 
 _STYLES = ("constant", "linear", "cosine")
 
@@ -81,3 +81,13 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, args: Any) -> torch.opt
     if lr == 0.0:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.0)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at_step(step, **kwargs) / lr)
+
+
+def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, Any]) -> None:
+    """Restores a scheduler and writes its current rate back into the optimizer's param groups.
+
+    `LRScheduler.load_state_dict` alone leaves the optimizer's `lr` untouched until the next `step()`.
+    """
+    scheduler.load_state_dict(state)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr
