@@ -244,13 +244,20 @@ def _child_setup(config: SandboxConfig, cgroup: _PidsCgroup | None, netns: bool)
     resource.setrlimit(resource.RLIMIT_NPROC, (config.max_processes, config.max_processes))
 
 
-def _read_capped(path: pathlib.Path, max_chars: int) -> str:
+def _read_capped(path: pathlib.Path, max_chars: int, *, keep_tail: bool = False) -> str:
+    """Reads at most `max_chars` characters: the head (stdout) or the tail (stderr, where the error is)."""
+    size = path.stat().st_size
+    budget = max_chars * 4 + 4  # enough bytes for max_chars UTF-8 characters
     with path.open("rb") as f:
-        data = f.read(max_chars * 4 + 4)
+        if keep_tail and size > budget:
+            f.seek(size - budget)
+        data = f.read(budget)
     text = data.decode("utf-8", errors="replace")
-    if len(text) > max_chars or path.stat().st_size > len(data):
-        text = text[:max_chars] + f"\n... (output truncated to {max_chars} characters)"
-    return text
+    if len(text) <= max_chars and size <= len(data):
+        return text
+    if keep_tail:
+        return f"(output truncated to the last {max_chars} characters) ...\n" + text[-max_chars:]
+    return text[:max_chars] + f"\n... (output truncated to {max_chars} characters)"
 
 
 def _kill_group(pid: int) -> None:
@@ -340,7 +347,7 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
         exit_code = proc.returncode
         return SandboxResult(
             stdout=_read_capped(out_path, config.max_output_chars),
-            stderr=_read_capped(err_path, config.max_output_chars),
+            stderr=_read_capped(err_path, config.max_output_chars, keep_tail=True),
             exit_code=exit_code,
             timed_out=timed_out,
             # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.

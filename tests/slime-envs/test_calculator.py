@@ -1,0 +1,62 @@
+import math
+
+import pytest
+from slime_envs.calculator import CalculatorEnv, safe_eval
+
+
+@pytest.mark.parametrize(
+    ("expr", "value"),
+    [
+        ("2 * (3 + 4) ** 2", 98),
+        ("7 // 2 + 7 % 2", 4),
+        ("-3 + +2", -1),
+        ("sqrt(16) + abs(-2)", 6.0),
+        ("max(1, 5, 3) - min(4, 2)", 3),
+        ("round(2 * pi, 3)", 6.283),
+        ("factorial(5) / 4", 30.0),
+        ("1.5e2", 150.0),
+    ],
+)
+def test_safe_eval_values(expr, value):
+    assert safe_eval(expr) == pytest.approx(value, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("__import__('os').system('true')", "unsupported"),
+        ("(1).__class__", "unsupported"),
+        ("'a' * 3", "unsupported"),
+        ("x + 1", "unsupported"),
+        ("1 / 0", "ZeroDivisionError"),
+        ("2 ** 100000", "exponent"),
+        ("factorial(5000)", "factorial"),
+        ("sqrt(-1)", "math domain error"),
+        ("1 +", "syntax error"),
+        ("1" * 2000, "longer than"),
+        ("round(1.234, ndigits=1)", "keyword"),
+    ],
+)
+def test_safe_eval_rejects(expr, message):
+    with pytest.raises(ValueError, match=message):
+        safe_eval(expr)
+
+
+async def test_calculator_env_steps():
+    env = CalculatorEnv(max_tool_calls=2)
+    env.reset(prompt="p", label="42", metadata={})
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    step = await env.step(call)
+    assert not step.done and step.tool_responses == ["42"]
+    step = await env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "x"}}</tool_call>')
+    assert step.tool_responses[0].startswith("Error: unsupported expression element")
+    step = await env.step(call)
+    assert step.tool_responses == ["Error: the tool-call limit (2) is reached; give your final answer."]
+    env.reset(prompt="p", label="42", metadata={})  # a new episode resets the call count
+    step = await env.step('<tool_call>{"name": "calc", "arguments": {}}</tool_call>')
+    assert step.tool_responses == ["Error: unknown tool 'calc'. Available tools: calculator."]
+    step = await env.step('<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>')
+    assert step.tool_responses[0].startswith("Error: bad arguments for tool 'calculator'")
+    step = await env.step("The answer is 42.")
+    assert step.done and step.reward is None and step.observation == ""
+    assert math.isclose(safe_eval("e"), math.e)

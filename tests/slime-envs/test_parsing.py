@@ -1,0 +1,46 @@
+from slime_envs.parsing import ToolCall, extract_answer, parse_tag_action, parse_tool_calls
+
+
+def test_hermes_calls_in_order():
+    text = (
+        '<think>x</think>\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+        '<tool_call>{"name": "b", "arguments": "{\\"y\\": [2]}"}</tool_call><|im_end|>'
+    )
+    parsed = parse_tool_calls(text)
+    assert parsed.tool_calls == [ToolCall(name="a", arguments={"x": 1}), ToolCall(name="b", arguments={"y": [2]})]
+    assert parsed.errors == [] and parsed.answer is None
+
+
+def test_malformed_calls_become_errors():
+    text = (
+        "<tool_call>{not json}</tool_call>"
+        '<tool_call>{"arguments": {}}</tool_call>'
+        '<tool_call>["a"]</tool_call>'
+        '<tool_call>{"name": "f", "arguments": 3}</tool_call>'
+        '<tool_call>{"name": "f", "arguments": "nope"}</tool_call>'
+        '<tool_call>{"name": "ok", "arguments": {}}</tool_call>'
+        "<tool_call>{"
+    )
+    parsed = parse_tool_calls(text)
+    assert [c.name for c in parsed.tool_calls] == ["ok"]
+    assert len(parsed.errors) == 6
+    assert parsed.errors[0].startswith("invalid JSON in <tool_call>: ")
+    assert parsed.errors[1] == "<tool_call> is missing a string 'name'"
+    assert "got list" in parsed.errors[2]
+    assert "'arguments' of tool 'f' must be a JSON object, got int" == parsed.errors[3]
+    assert "is a string that is not valid JSON" in parsed.errors[4]
+    assert parsed.errors[5] == "a <tool_call> block is not closed with </tool_call>"
+
+
+def test_no_calls_and_answer():
+    parsed = parse_tool_calls("so <answer> 42 </answer> and <answer>43</answer>")
+    assert parsed.tool_calls == [] and parsed.errors == []
+    assert parsed.answer == "43"
+    assert extract_answer("nothing") is None
+
+
+def test_tag_action_first_complete_tag():
+    assert parse_tag_action("<think>a</think><search> q1 </search><answer>x</answer>") == ("search", "q1")
+    assert parse_tag_action("<answer>\nParis\n</answer>") == ("answer", "Paris")
+    assert parse_tag_action("<search>unclosed") == (None, "")
+    assert parse_tag_action("<search>a</answer>") == (None, "")

@@ -1,0 +1,26 @@
+from slime_envs.python_env import PythonEnv
+
+
+def call(code):
+    import json
+
+    return "<tool_call>" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}}) + "</tool_call>"
+
+
+async def test_code_interpreter_episode():
+    env = PythonEnv(timeout_s=2, max_calls_per_turn=2)
+    env.reset(prompt="p", label="42", metadata={"x": 1})
+    step = await env.step(call("print(sum(range(10)))") + call("import math\nprint(math.factorial(5))"))
+    assert step.tool_responses == ["45", "120"] and not step.done
+    assert step.info["tool_calls"] == ["code_interpreter", "code_interpreter"]
+    step = await env.step(call("while True:\n    pass"))
+    assert step.tool_responses[0].endswith(
+        "Error: execution timed out (wall-clock limit reached); the process was killed."
+    )
+    step = await env.step(call("print(open('/etc/passwd').read())"))
+    assert "PermissionError: sandbox: reading '/etc/passwd'" in step.tool_responses[0]
+    step = await env.step(call("   "))
+    assert step.tool_responses == ["Error: 'code' must be a non-empty string of Python source."]
+    step = await env.step("So the answer is \\boxed{42}.<|im_end|>")
+    assert step.done and step.reward is None
+    assert len(env.results) == 4

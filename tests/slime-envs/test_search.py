@@ -1,0 +1,125 @@
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from slime_envs.search import BM25Retriever, SearchEnv, format_passages, gold_answers
+
+ROWS = [
+    {"contents": '"Paris"\nParis is the capital and largest city of France.'},
+    {"contents": '"Berlin"\nBerlin is the capital of Germany, on the Spree river.'},
+    {"title": "Mount Everest", "text": "Everest is Earth's highest mountain above sea level."},
+    {"contents": '"Nile"\nThe Nile is a major river in northeastern Africa.'},
+]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS) + "\n")
+    return path
+
+
+def test_bm25_ranks_relevant_passage(corpus):
+    retriever = BM25Retriever(corpus)
+    hits = retriever.search("highest mountain", topk=2)
+    assert hits[0].title == "Mount Everest"
+    assert retriever.search("river Germany", topk=1)[0].title == "Berlin"
+    assert all(h.score > 0 for h in hits)
+    assert retriever.search("the of", topk=3) == []  # only stopwords
+    assert len(retriever.search("capital", topk=10)) == 2
+
+
+def test_bad_corpus(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"contents": "a"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: invalid JSON"):
+        BM25Retriever(bad)
+    bad.write_text('{"body": "a"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: passage needs a 'contents' or 'text'"):
+        BM25Retriever(bad)
+
+
+def test_format_and_labels():
+    assert format_passages([]) == "No results found."
+    assert gold_answers({"target": ["a", "b"]}) == ["a", "b"]
+    assert gold_answers("x") == ["x"]
+    with pytest.raises(ValueError, match="label must be"):
+        gold_answers(3)
+
+
+async def test_tags_episode(corpus):
+    env = SearchEnv(corpus_path=str(corpus), topk=1, format_score=0.2)
+    assert env.stop == ["</search>", "</answer>"]
+    env.reset(prompt="q", label={"target": ["Paris"]}, metadata={})
+    step = await env.step("<think>hm</think><search>capital of France</search>")
+    assert step.observation == (
+        "\n\n<information>Doc 1(Title: Paris) Paris is the capital and largest city of France.</information>\n\n"
+    )
+    assert not step.done and step.tool_responses is None
+    step = await env.step("I am not sure")
+    assert step.observation.startswith("\nInvalid action") and not step.done
+    step = await env.step("<search>  </search>")
+    assert "empty query" in step.observation
+    step = await env.step("<answer>Lyon</answer>")
+    assert step.done and step.reward == 0.2  # well formed, wrong
+    env.reset(prompt="q", label="Paris", metadata={})
+    assert (await env.step("<answer> the paris </answer>")).reward == 1.0
+
+
+async def test_qwen_format_and_f1(corpus):
+    env = SearchEnv(corpus_path=str(corpus), format="qwen", reward="f1")
+    env.reset(prompt="q", label="Nile river", metadata={})
+    step = await env.step('<tool_call>{"name": "search", "arguments": {"query": "river Africa"}}</tool_call>')
+    assert step.tool_responses[0].startswith("Doc 1(Title: Nile) The Nile is a major river")
+    step = await env.step("The Nile<|im_end|>")
+    # pred [nile], gold [nile, river]: P = 1, R = 1/2, F1 = 2/3
+    assert step.done and step.reward == pytest.approx(2 / 3, abs=1e-12)
+
+
+def test_bad_options(corpus):
+    with pytest.raises(ValueError, match="exactly one of corpus_path and retrieval_url"):
+        SearchEnv()
+    with pytest.raises(ValueError, match="format must be"):
+        SearchEnv(corpus_path=str(corpus), format="xml")
+    with pytest.raises(ValueError, match="reward must be"):
+        SearchEnv(corpus_path=str(corpus), reward="bleu")
+
+
+class _Retrieval(BaseHTTPRequestHandler):
+    requests = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Retrieval.requests.append(body)
+        if body["queries"] == ["boom"]:
+            self.send_response(500)
+            self.end_headers()
+            return
+        hits = [{"document": {"contents": '"Doc"\nremote text'}, "score": 1.5}]
+        data = json.dumps({"result": [hits]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+async def test_remote_retriever():
+    server = HTTPServer(("127.0.0.1", 0), _Retrieval)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/retrieve"
+        env = SearchEnv(retrieval_url=url, topk=2)
+        env.reset(prompt="q", label="x", metadata={})
+        step = await env.step("<search>who</search>")
+        assert step.observation == "\n\n<information>Doc 1(Title: Doc) remote text</information>\n\n"
+        assert _Retrieval.requests[-1] == {"queries": ["who"], "topk": 2, "return_scores": True}
+        step = await env.step("<search>boom</search>")  # server error: an observation, not an exception
+        assert "Error: retrieval failed (HTTPStatusError)" in step.observation and not step.done
+    finally:
+        server.shutdown()
