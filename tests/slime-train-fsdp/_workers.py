@@ -292,13 +292,39 @@ def scenario_resume(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     return res
 
 
-SCENARIOS = {"single": scenario_single, "dp": scenario_dp, "resume": scenario_resume}
+def scenario_gpu(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    """CUDA/NCCL smoke: bf16 log-probs near fp32 HF, training, offload, buckets, save/resume."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = make_batch(rank, world)
+    args = make_args(ckpt, save=str(work / "gpu_ckpt"), use_kl_loss=True, kl_loss_coef=0.01)
+    b = FSDPTrainBackend()
+    b.init(args, with_ref=True)
+    res = {"lp_diff": max_diff(b.compute_log_probs(batch), hf_reference_log_probs(ckpt, batch))}
+    res["metrics"] = [b.train(rid, batch) for rid in range(2)]
+    before = torch.cuda.memory_allocated()
+    b.sleep()
+    res["mem_before_after_sleep"] = (before, torch.cuda.memory_allocated())
+    b.wake_up()
+    b.train(2, batch)
+    bucket = next(iter(b.named_hf_weights(1 << 20)))
+    res["bucket_dtype_device"] = (str(bucket[0][1].dtype), bucket[0][1].device.type)
+    b.save(2)
+    expected = full_params(b)
+    c = FSDPTrainBackend()
+    res["start"] = c.init(make_args(ckpt, load=str(work / "gpu_ckpt")), with_ref=False)
+    res["resume_max_diff"] = max(
+        float((full_params(c)[k].float() - v.float()).abs().max()) for k, v in expected.items()
+    )
+    return res
+
+
+SCENARIOS = {"single": scenario_single, "dp": scenario_dp, "resume": scenario_resume, "gpu": scenario_gpu}
 
 
 def run(scenario: str, out: pathlib.Path, ckpt: str) -> None:
     """Runs one scenario on this rank (process group from the environment) and saves its results."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if scenario == "gpu" else "gloo")
     try:
         res = SCENARIOS[scenario](ckpt, out, out.parent)
         torch.save(copy.deepcopy(res), out / f"rank{dist.get_rank()}.pt")

@@ -9,11 +9,14 @@ the computation is the same sequence of operations (ratio 1 on the first on-poli
 from __future__ import annotations
 
 import importlib.util
+import math
 import multiprocessing
 import os
 import pathlib
 import shutil
 import socket
+import subprocess
+import sys
 import traceback
 
 import pytest
@@ -47,6 +50,22 @@ def _rank_entry(scenario: str, rank: int, world_size: int, port: int, out: pathl
     except BaseException:
         (out / f"rank{rank}.err").write_text(traceback.format_exc())
         raise
+
+
+def launch_subprocesses(scenario: str, world_size: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
+    """Like `launch` but with fresh interpreters (needed for CUDA: no fork after the driver is initialized)."""
+    out = work / f"out_{scenario}_{world_size}"
+    out.mkdir(parents=True, exist_ok=True)
+    port, procs = _free_port(), []
+    for rank in range(world_size):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+        cmd = [sys.executable, str(WORKER), scenario, str(out), str(ckpt)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"{scenario} rank {rank} failed:\n{log[-4000:]}"
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 
 def launch(scenario: str, world_size: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
@@ -216,3 +235,21 @@ def test_resume_is_bitwise_identical(dp_runs):
         for name in exp:
             assert torch.equal(exp[name], got[name]), name
         assert resumed[rank]["resume_metrics"] == first[rank]["resume_metrics_expected"]
+
+
+@pytest.mark.gpu
+def test_gpu_smoke(tiny_ckpt, tmp_path):
+    """On CUDA/NCCL (1 or 2 GPUs): bf16 compute near fp32, training, sleep frees memory, resume restores."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    world = min(2, torch.cuda.device_count())
+    results = launch_subprocesses("gpu", world, tmp_path, tiny_ckpt)
+    for res in results:
+        assert res["lp_diff"] < 5e-2  # bf16 forward vs fp32 reference
+        for m in res["metrics"]:
+            assert all(math.isfinite(v) for v in m.values())
+        before, after = res["mem_before_after_sleep"]
+        assert after < before
+        assert res["bucket_dtype_device"] == ("torch.float32", "cuda")
+        assert res["start"] == 3
+        assert res["resume_max_diff"] == 0.0

@@ -10,6 +10,7 @@ broadcast from rank 0 by hand.
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 from typing import Any
 
@@ -32,9 +33,11 @@ __all__ = [
 
 
 def default_device() -> torch.device:
-    """`cuda:LOCAL_RANK` when CUDA is available, else CPU."""
+    """`cuda:LOCAL_RANK` (made the current device) when CUDA is available, else CPU."""
     if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
+        index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 

@@ -130,7 +130,8 @@ def _response_forward(
     out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
     hidden = out.last_hidden_state[0]  # [S, H]
     weight = self.get_output_embeddings().weight  # [V, H], unsharded inside this FSDP forward
-    anchor = (hidden.sum() + weight.sum()).float() * 0.0
+    # One element of each is enough to connect every parameter; a full bf16 sum could overflow to inf.
+    anchor = (hidden[:1, :1].float().sum() + weight[:1, :1].float().sum()) * 0.0
     h_resp = hidden.index_select(0, predict_index)  # [R, H]
     logps, ents = [], []
     for start in range(0, int(targets.numel()), chunk_size):
