@@ -1,0 +1,220 @@
+"""Random-weight Qwen3 checkpoints in Hugging Face format, with the real Qwen3 tokenizer.
+
+Presets use the published Qwen3 shapes (hidden size, layers, heads, KV heads, head_dim 128, FFN size,
+rope theta 1e6, tied embeddings up to 4B). Weights are drawn tensor by tensor from N(0, 0.02²) (norm
+weights are ones, like ``Qwen3PreTrainedModel._init_weights``) and streamed into safetensors shards, so
+peak memory is one shard, not the whole model. No network access is needed.
+"""
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "qwen3-tokenizer"
+#: Files copied from the tokenizer dir when present.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+QWEN3_VOCAB_SIZE = 151936
+QWEN3_BOS_ID, QWEN3_EOS_ID = 151643, 151645  # <|endoftext|>, <|im_end|>
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Shape of a Qwen3 dense model (fields are ``Qwen3Config`` keyword arguments)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    head_dim: int = 128
+    max_position_embeddings: int = 40960
+
+
+PRESETS: dict[str, Preset] = {
+    # A few MB with the real vocab: embedding 151936 x 16 dominates (~2.4 M params).
+    "qwen3-tiny": Preset(16, 2, 2, 1, 64, True, head_dim=8, max_position_embeddings=4096),
+    "qwen3-0.6b": Preset(1024, 28, 16, 8, 3072, True),
+    "qwen3-1.7b": Preset(2048, 28, 16, 8, 6144, True),
+    "qwen3-4b": Preset(2560, 36, 32, 8, 9728, True),
+    "qwen3-8b": Preset(4096, 36, 32, 8, 12288, False),
+}
+
+
+def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VOCAB_SIZE) -> Qwen3Config:
+    """Returns the ``Qwen3Config`` of a preset.
+
+    Args:
+        name: A key of :data:`PRESETS`.
+        dtype: Checkpoint dtype name recorded in the config (``float32``/``bfloat16``/``float16``).
+        vocab_size: Embedding rows (Qwen3 pads its 151669-token vocab to 151936).
+
+    Raises:
+        ValueError: Unknown preset or dtype.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"--preset {name!r} is unknown; choose one of {sorted(PRESETS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r} is unknown; choose one of {sorted(DTYPES)}")
+    p = PRESETS[name]
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=p.hidden_size,
+        intermediate_size=p.intermediate_size,
+        num_hidden_layers=p.num_hidden_layers,
+        num_attention_heads=p.num_attention_heads,
+        num_key_value_heads=p.num_key_value_heads,
+        head_dim=p.head_dim,
+        max_position_embeddings=p.max_position_embeddings,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        attention_bias=False,
+        tie_word_embeddings=p.tie_word_embeddings,
+        bos_token_id=QWEN3_BOS_ID,
+        eos_token_id=QWEN3_EOS_ID,
+        initializer_range=0.02,
+        dtype=dtype,
+    )
+
+
+def parameter_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """Returns ``{name: shape}`` of the tensors a checkpoint stores, built on the meta device (no memory).
+
+    A tied ``lm_head.weight`` is omitted: it is the embedding.
+    """
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    return shapes
+
+
+def count_parameters(config: Qwen3Config) -> int:
+    """Number of distinct parameters (tied embeddings counted once)."""
+    return sum(int(torch.Size(s).numel()) for s in parameter_shapes(config).values())
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], std: float, gen: torch.Generator, dtype: torch.dtype):
+    # RMSNorm scales start at one; every other weight is a matrix drawn from N(0, std^2).
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=dtype)
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen).to(dtype)
+
+
+def write_random_weights(config: Qwen3Config, out_dir: Path, seed: int, max_shard_bytes: int) -> list[str]:
+    """Streams random weights into ``model[-0000i-of-0000n].safetensors`` (+ index json when sharded).
+
+    Returns:
+        The shard file names written.
+    """
+    dtype = DTYPES[str(config.dtype).removeprefix("torch.")]
+    shapes = parameter_shapes(config)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    # Plan shards first so file names can carry the shard count.
+    plan: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = torch.Size(shape).numel() * itemsize
+        if plan[-1] and size + nbytes > max_shard_bytes:
+            plan.append([])
+            size = 0
+        plan[-1].append(name)
+        size += nbytes
+    n = len(plan)
+    files = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    gen = torch.Generator().manual_seed(seed)
+    weight_map, total = {}, 0
+    for fname, names in zip(files, plan, strict=True):
+        shard = {nm: _random_tensor(nm, shapes[nm], config.initializer_range, gen, dtype) for nm in names}
+        save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in shard.values())
+        weight_map.update(dict.fromkeys(names, fname))
+        logger.info("wrote %s (%d tensors)", fname, len(names))
+        del shard
+    if n > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return files
+
+
+def make_model(
+    preset: str,
+    out: Path,
+    tokenizer_dir: Path = DEFAULT_TOKENIZER_DIR,
+    dtype: str = "bfloat16",
+    seed: int = 0,
+    max_shard_gb: float = 4.0,
+) -> Path:
+    """Writes a complete random-weight HF checkpoint directory.
+
+    The directory is assembled under a temporary sibling and renamed into place, so ``out`` either holds a
+    complete checkpoint or does not exist.
+
+    Args:
+        preset: A key of :data:`PRESETS`.
+        out: Destination directory; must not exist yet.
+        tokenizer_dir: Directory holding the Qwen3 tokenizer files.
+        dtype: Weight dtype (``float32``/``bfloat16``/``float16``).
+        seed: Seed of the weight generator.
+        max_shard_gb: Largest shard size in GB (1e9 bytes).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        FileExistsError: ``out`` exists.
+        FileNotFoundError: ``tokenizer_dir`` has no ``tokenizer.json``.
+        ValueError: Unknown preset or dtype.
+    """
+    out, tokenizer_dir = Path(out), Path(tokenizer_dir)
+    config = preset_config(preset, dtype)
+    if out.exists():
+        raise FileExistsError(f"--out {out} already exists; choose a new directory")
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"--tokenizer {tokenizer_dir} has no tokenizer.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    tmp.chmod(0o755)  # mkdtemp creates 0700; a checkpoint dir should be readable like any other
+    try:
+        config.architectures = ["Qwen3ForCausalLM"]
+        config.save_pretrained(tmp)
+        GenerationConfig(
+            bos_token_id=QWEN3_BOS_ID,
+            eos_token_id=[QWEN3_EOS_ID, QWEN3_BOS_ID],
+            pad_token_id=QWEN3_BOS_ID,
+            do_sample=True,
+            temperature=0.6,
+            top_p=0.95,
+            top_k=20,
+        ).save_pretrained(tmp)
+        for f in TOKENIZER_FILES:
+            if (tokenizer_dir / f).is_file():
+                shutil.copyfile(tokenizer_dir / f, tmp / f)
+        write_random_weights(config, tmp, seed, int(max_shard_gb * 1e9))
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("%s: %s, %.3fB parameters", out, preset, count_parameters(config) / 1e9)
+    return out
