@@ -222,6 +222,17 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     b.args.use_rollout_logprobs = True
     b.train(0, rb)
     res["onpolicy_steps"] = b.step_metrics
+    # 6a. --ref-load pointing at other weights (the trained actor, exported).
+    save_hf(b.model, work / "hf_trained", source_dir=ckpt)
+    r = FSDPTrainBackend()
+    r.init(make_args(ckpt, use_kl_loss=True, kl_loss_coef=0.1, ref_load=str(work / "hf_trained")), with_ref=True)
+    res["ref_load_diff"] = max_diff(
+        r.compute_log_probs(batch, model="ref"), hf_reference_log_probs(str(work / "hf_trained"), batch)
+    )
+    res["ref_load_actor_diff"] = max_diff(r.compute_log_probs(batch), lps)
+    r.train(0, batch)
+    res["ref_load_kl_steps"] = r.step_metrics
+    del r
     # 6. reference / KL loss: ref forward equals actor at init, stays put after training.
     k = FSDPTrainBackend()
     k.init(make_args(ckpt, use_kl_loss=True, kl_loss_coef=0.1), with_ref=True)
@@ -260,15 +271,21 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     s.wake_up()
     s.train(0, batch)
     res["sleep_params"] = full_params(s)
+    # 9. per-token loss reference (compared with an uneven 3/1 split on 2 ranks).
+    t = FSDPTrainBackend()
+    t.init(make_args(ckpt, calculate_per_token_loss=True), with_ref=False)
+    t.train(0, batch)
+    res["per_token_params"] = full_params(t)
+    res["per_token_steps"] = t.step_metrics
     return res
 
 
 def scenario_dp(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     u = FSDPTrainBackend()
-    u.init(make_args(ckpt, normalize_advantages=True), with_ref=False)
+    u.init(make_args(ckpt, calculate_per_token_loss=True), with_ref=False)
     u.train(0, make_uneven_batch(rank))
-    res = {"uneven_params": full_params(u)}
+    res = {"uneven_params": full_params(u), "uneven_steps": u.step_metrics}
     del u
     b = FSDPTrainBackend()
     b.init(make_args(ckpt, normalize_advantages=True, save=str(work / "ckpt")), with_ref=False)

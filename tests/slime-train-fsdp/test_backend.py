@@ -175,6 +175,19 @@ def test_reference_model_kl(single):
     assert single["actor_after_diff"] > 1e-3  # the actor did
 
 
+def test_ref_load_from_other_weights(single):
+    assert single["ref_load_diff"] <= TOL  # ref weights are the exported trained model
+    assert single["ref_load_actor_diff"] == 0.0  # the actor still starts from --hf-checkpoint
+    assert single["ref_load_kl_steps"][0]["train/kl_loss"] > 1e-6
+
+
+def test_protocol_conformance():
+    from slime_core.protocols import TrainBackend
+    from slime_train_fsdp import FSDPTrainBackend
+
+    assert isinstance(FSDPTrainBackend(), TrainBackend)
+
+
 def test_grpo_raises_positive_advantage_log_probs(single):
     g = single["grpo"]
     assert g["pos_after"] > g["pos_before"] + 0.05
@@ -217,13 +230,22 @@ def test_world_size_two_matches_one(single, dp_runs):
             step = (ref - init[name]).abs().max()
             assert step > 0
             assert (got - ref).abs().max() <= TOL * step + 1e-7, name
-        for name, ref in single["dp_params"].items():
-            # 3 + 1 samples per rank, one rank with an empty micro-batch: same update.
-            got = first[rank]["uneven_params"][name]
-            assert (got - ref).abs().max() <= TOL * (ref - init[name]).abs().max() + 1e-7, name
         for s in range(2):
             for key, val in single["dp_steps"][s].items():
                 assert first[rank]["dp_steps"][s][key] == pytest.approx(val, rel=TOL, abs=1e-7), key
+
+
+def test_uneven_split_with_empty_micro_batch_per_token_loss(single, dp_runs):
+    # 3 + 1 samples per rank, rank 1 with an empty micro-batch per step, --calculate-per-token-loss.
+    first, _ = dp_runs
+    init = single["init_params"]
+    for rank in range(2):
+        for name, ref in single["per_token_params"].items():
+            got = first[rank]["uneven_params"][name]
+            assert (got - ref).abs().max() <= TOL * (ref - init[name]).abs().max() + 1e-7, name
+        for s in range(2):
+            for key, val in single["per_token_steps"][s].items():
+                assert first[rank]["uneven_steps"][s][key] == pytest.approx(val, rel=TOL, abs=1e-7), key
 
 
 def test_resume_is_bitwise_identical(dp_runs):
