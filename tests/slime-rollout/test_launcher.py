@@ -1,0 +1,241 @@
+"""Engine command lines, environment, process lifecycle and clean shutdown."""
+
+import os
+import socket
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+from slime_rollout.engines import process as process_mod
+from slime_rollout.engines.launch import (
+    build_reference_command,
+    build_sglang_command,
+    engine_env,
+    launch_engines,
+    sglang_passthrough,
+)
+from slime_rollout.engines.process import find_free_port, start_engine_process
+
+# ServerArgs fields of SGLang 0.5.16 (python/sglang/srt/server_args.py) that the launcher emits; the CLI flag
+# is the field name with dashes.
+SGLANG_FIELDS = {
+    "model_path",
+    "host",
+    "port",
+    "tp_size",
+    "nccl_port",
+    "base_gpu_id",
+    "random_seed",
+    "trust_remote_code",
+    "skip_server_warmup",
+    "mem_fraction_static",
+    "enable_memory_saver",
+}
+
+
+def sglang_args(**kw):
+    base = dict(hf_checkpoint="/models/qwen3", sglang_mem_fraction_static=0.7, sglang_args=None)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_sglang_command_line(monkeypatch):
+    monkeypatch.delenv("SLIME_SGLANG_ARGS", raising=False)
+    monkeypatch.setenv("SLIME_SGLANG_PYTHON", "/opt/sgl/bin/python")
+    cmd = build_sglang_command(
+        sglang_args(sglang_args={"sglang_chunked_prefill_size": 4096, "enable-dp-attention": True, "x_flag": False}),
+        host="10.0.0.2",
+        port=15000,
+        nccl_port=15001,
+        tp_size=2,
+        base_gpu_id=4,
+        random_seed=1238,
+        memory_saver=True,
+    )
+    assert cmd[:3] == ["/opt/sgl/bin/python", "-m", "sglang.launch_server"]
+    flags = " ".join(cmd[3:])
+    assert flags == (
+        "--model-path /models/qwen3 --host 10.0.0.2 --port 15000 --tp-size 2 --nccl-port 15001 --base-gpu-id 4 "
+        "--random-seed 1238 --trust-remote-code --skip-server-warmup --mem-fraction-static 0.7 "
+        "--enable-memory-saver --chunked-prefill-size 4096 --enable-dp-attention"
+    )
+    emitted = {t[2:].replace("-", "_") for t in cmd if t.startswith("--")} - {
+        "chunked_prefill_size",
+        "enable_dp_attention",
+    }
+    assert emitted <= SGLANG_FIELDS
+
+
+def test_sglang_command_no_saver_passthrough_overrides_and_env_args(monkeypatch):
+    monkeypatch.setenv("SLIME_SGLANG_ARGS", "--log-level debug --attention-backend 'fa3'")
+    cmd = build_sglang_command(
+        sglang_args(sglang_args=["--sglang-mem-fraction-static", "0.5", "--sglang-cuda-graph-max-bs", "64"]),
+        host="h",
+        port=1,
+        nccl_port=2,
+        tp_size=1,
+        base_gpu_id=0,
+        random_seed=0,
+        memory_saver=False,
+        python="py",
+    )
+    assert "--enable-memory-saver" not in cmd
+    assert cmd.count("--mem-fraction-static") == 1 and cmd[cmd.index("--mem-fraction-static") + 1] == "0.5"
+    assert cmd[-8:] == [
+        *["--mem-fraction-static", "0.5", "--cuda-graph-max-bs", "64"],  # pass-through (wins over the computed 0.7)
+        *["--log-level", "debug", "--attention-backend", "fa3"],  # $SLIME_SGLANG_ARGS, last
+    ]
+
+
+@pytest.mark.parametrize("bad", [{"port": 1}, {"sglang_tp_size": 2}, ["--sglang-model-path", "x"]])
+def test_managed_fields_cannot_be_passed_through(bad):
+    with pytest.raises(ValueError, match="set by slime itself"):
+        sglang_passthrough(bad)
+
+
+def test_passthrough_value_kinds():
+    assert sglang_passthrough({"a_b": [1, 2], "c": None, "d": "x y"}) == ["--a-b", "1", "2", "--d", "x y"]
+    assert sglang_passthrough(None) == []
+
+
+def test_reference_command_line():
+    args = types.SimpleNamespace(hf_checkpoint="/m", sglang_args={"max_running_requests": 8})
+    cmd = build_reference_command(args, host="127.0.0.1", port=31000, random_seed=5)
+    assert cmd[1:] == [
+        "-m",
+        "slime_rollout.engines.reference",
+        "--model-path",
+        "/m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31000",
+        "--random-seed",
+        "5",
+        "--dtype",
+        "float32",
+        "--max-running-requests",
+        "8",
+    ]
+    from slime_rollout.engines.reference.__main__ import parse_args
+
+    parsed = parse_args(cmd[3:])  # the engine's own parser accepts what the launcher emits
+    assert parsed.port == 31000 and parsed.max_running_requests == 8
+
+
+def test_engine_env(monkeypatch):
+    monkeypatch.setenv("SLIME_SGLANG_PYTHONPATH", "/sgl/src")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "true")
+    env = engine_env("sglang")
+    assert env["PYTHONPATH"] == "/sgl/src" and "PYTORCH_CUDA_ALLOC_CONF" not in env
+    assert env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"] == "true"  # the user's setting wins over the default
+    assert env["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "true"
+    assert engine_env("reference").get("PYTHONPATH") != "/sgl/src" or os.environ.get("PYTHONPATH") == "/sgl/src"
+
+
+def test_find_free_port_skips_bound_and_reserved():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        port = find_free_port(start=busy)
+        assert port > busy
+        assert find_free_port(start=busy) > port  # handed-out ports are not handed out again
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+
+
+STUBBORN = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    # a grandchild that ignores SIGTERM, as a wedged engine worker would
+    body = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True)"
+    child = subprocess.Popen([sys.executable, "-c", body + "; time.sleep(600)"])
+    print(child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_shutdown_kills_the_whole_process_group(tmp_path):
+    proc = start_engine_process([sys.executable, "-c", STUBBORN], url="http://127.0.0.1:1", log_path=tmp_path / "l")
+    for _ in range(200):
+        lines = (tmp_path / "l").read_text().split() if (tmp_path / "l").exists() else []
+        if "ready" in lines and any(t.isdigit() for t in lines):
+            break
+        time.sleep(0.05)
+    child = int(next(t for t in lines if t.isdigit()))
+    assert os.getpgid(child) == proc.pid  # same new session/process group
+    assert _alive(proc.pid) and _alive(child)
+    proc.shutdown(grace_s=2)
+    for _ in range(100):
+        if not _alive(child):
+            break
+        time.sleep(0.05)
+    assert not _alive(proc.pid) and not _alive(child)
+    assert proc not in process_mod._LIVE
+    proc.shutdown()  # idempotent
+
+
+def test_wait_healthy_reports_early_exit_with_log(tmp_path):
+    code = "import sys; print('boom: CUDA out of memory'); sys.exit(3)"
+    proc = start_engine_process([sys.executable, "-c", code], url="http://127.0.0.1:9", log_path=tmp_path / "l")
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3.*CUDA out of memory"):
+        proc.wait_healthy(30, poll_s=0.05)
+    proc.shutdown()
+
+
+def test_sigterm_first_lets_the_main_process_exit_cleanly(tmp_path):
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)"
+    )
+    proc = start_engine_process([sys.executable, "-c", code], url="http://x:1", log_path=tmp_path / "l")
+    for _ in range(200):
+        if (tmp_path / "l").exists() and "up" in (tmp_path / "l").read_text():
+            break
+        time.sleep(0.05)
+    proc.shutdown(grace_s=10)
+    assert proc.popen.returncode == 0  # exited through its SIGTERM handler, not SIGKILL
+
+
+def test_launch_failure_cleans_up(tmp_path, reference_args):
+    args = reference_args(tmp_path / "missing-model")
+    before = set(process_mod._LIVE)
+    with pytest.raises(RuntimeError, match="exited with code"):
+        launch_engines(args, num_engines=2, gpus_per_engine=1, startup_timeout_s=120, log_dir=tmp_path)
+    assert set(process_mod._LIVE) == before
+
+
+def test_launch_validates_arguments(reference_args, tmp_path):
+    with pytest.raises(ValueError, match="--rollout-engine"):
+        launch_engines(types.SimpleNamespace(rollout_engine="vllm"), num_engines=1, gpus_per_engine=1)
+    with pytest.raises(ValueError, match="base_gpu_ids"):
+        launch_engines(reference_args(tmp_path), num_engines=2, gpus_per_engine=1, base_gpu_ids=[0])
+
+
+def test_reference_group_shutdown_leaves_no_process(tiny_qwen3_dir, reference_args, tmp_path):
+    import httpx
+
+    with launch_engines(
+        reference_args(tiny_qwen3_dir), num_engines=1, gpus_per_engine=1, startup_timeout_s=300, log_dir=tmp_path
+    ) as group:
+        proc = group.processes[0]
+        assert httpx.get(proc.url + "/server_info", trust_env=False).json()["pid"] == proc.pid
+        assert httpx.get(proc.url + "/health_generate", trust_env=False, timeout=60).status_code == 200
+    assert not _alive(proc.pid)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(proc.url + "/health", trust_env=False)
