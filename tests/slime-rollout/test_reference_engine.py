@@ -279,3 +279,26 @@ def test_eos_ignore_eos_and_min_new_tokens(tiny_qwen3_dir):
     r = step(max_new_tokens=1, ignore_eos=True)
     assert r.finish_reason == {"type": "length", "length": 1} and r.output_ids == [eos]
     assert model.output_text(step()) == ""  # eos trimmed from the text, kept in output_ids
+
+
+async def test_prompt_logprobs_for_teacher_scoring(engine, hf):
+    """OPD-style scoring: max_new_tokens 0, logprob_start_len 0 -> input_token_logprobs of the prompt."""
+    model, tok = hf
+    ids = prompt(tok)
+    scoring = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
+    other = {"input_ids": ids[:5], "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+    out, _ = await asyncio.gather(engine.generate(scoring), engine.generate(other))  # may share a batch
+    entries = out["meta_info"]["input_token_logprobs"]
+    assert [e[1] for e in entries] == ids and entries[0][0] is None
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    expected = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    torch.testing.assert_close(torch.tensor([e[0] for e in entries[1:]]), expected, atol=LOGPROB_ATOL, rtol=0)
+    assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
+    tail = await engine.generate({**scoring, "logprob_start_len": 3})
+    assert [e[1] for e in tail["meta_info"]["input_token_logprobs"]] == ids[3:]

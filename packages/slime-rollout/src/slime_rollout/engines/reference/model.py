@@ -45,6 +45,9 @@ class GenRequest:
         output_ids: generated token ids `[R]`, stop token included.
         output_logprobs: `[R]` natural-log probabilities of `output_ids` (see `sample_next_token`).
         finish_reason: SGLang's dict (`{"type": "stop"|"length"|"abort", ...}`) once finished, else None.
+        logprob_start_len: first prompt position whose log-prob is returned (-1: none, SGLang's default).
+        input_logprobs: `[P - start]` log-probs of the prompt tokens from `logprob_start_len` on (None for
+            position 0, which has no context), filled when `logprob_start_len >= 0`.
         aborted: set by /abort_request; the decode loop finishes the request with type "abort".
         created: `time.monotonic()` at arrival (for `e2e_latency`).
     """
@@ -56,6 +59,8 @@ class GenRequest:
     output_ids: list[int] = dataclasses.field(default_factory=list)
     output_logprobs: list[float] = dataclasses.field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
+    logprob_start_len: int = -1
+    input_logprobs: list[float | None] | None = None
     aborted: bool = False
     created: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -118,8 +123,6 @@ class ReferenceModel:
         for r in reqs:
             if r.aborted and not r.finished:
                 r.finish_reason = {"type": "abort", "message": "Abort before prefill"}
-            elif r.params.max_new_tokens == 0 and not r.finished:
-                r.finish_reason = {"type": "length", "length": 0}
         live = [r for r in reqs if not r.finished]
         if not live:
             return
@@ -131,15 +134,24 @@ class ReferenceModel:
             mask_BT[i, max_len - len(r.input_ids) :] = 1
         # Left padding: real tokens get positions 0..P-1; pads get 0 (they are masked out anyway).
         pos_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+        want_input_logprobs = any(r.logprob_start_len >= 0 for r in live)
         with self.lock:
             out = self.model(
                 input_ids=input_ids_BT.to(self.device),
                 attention_mask=mask_BT.to(self.device),
                 position_ids=pos_BT.to(self.device),
                 use_cache=True,
+                # Full [B, T, V] logits only when prompt log-probs are asked for: they are large.
+                logits_to_keep=0 if want_input_logprobs else 1,
             )
+        if want_input_logprobs:
+            self._fill_input_logprobs(live, out.logits, max_len)
         cache, logits_BV = out.past_key_values, out.logits[:, -1, :].float().cpu()
+        del out
         next_pos_B = pos_BT[:, -1] + 1
+        for r in live:
+            if r.params.max_new_tokens == 0:
+                r.finish_reason = {"type": "length", "length": 0}
         while True:
             last_tokens = []
             for i, r in enumerate(live):
@@ -160,6 +172,22 @@ class ReferenceModel:
                 )
             cache, logits_BV = out.past_key_values, out.logits[:, -1, :].float().cpu()
             next_pos_B = next_pos_B + 1
+
+    @staticmethod
+    def _fill_input_logprobs(live: list[GenRequest], logits_BTV: torch.Tensor, max_len: int) -> None:
+        """Prompt-token log-probs from the prefill logits (temperature-scaled like the output log-probs)."""
+        for i, r in enumerate(live):
+            if r.logprob_start_len < 0:
+                continue
+            num_prompt = len(r.input_ids)
+            pad = max_len - num_prompt
+            # logits at padded position pad + j predict prompt token j + 1
+            logits_PV = logits_BTV[i, pad : max_len - 1].float()
+            if not r.params.greedy:
+                logits_PV = logits_PV / r.params.temperature
+            targets = torch.tensor(r.input_ids[1:], dtype=torch.long, device=logits_PV.device)
+            lps = torch.log_softmax(logits_PV, dim=-1).gather(-1, targets[:, None])[:, 0].tolist()
+            r.input_logprobs = ([None] + lps)[r.logprob_start_len :]
 
     def _step(self, r: GenRequest, logits_V: torch.Tensor) -> None:
         """Samples one token for `r` and decides whether it finished."""

@@ -108,13 +108,20 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             "weight_version": state["weight_version"],
             "e2e_latency": time.monotonic() - r.created,
         }
+        if return_logprob and r.input_logprobs is not None:
+            start = r.logprob_start_len
+            meta["input_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(r.input_logprobs, r.input_ids[start:], strict=True)
+            ]
         if return_logprob:
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(r.output_logprobs, r.output_ids, strict=True)
             ]
         return {"text": model.output_text(r), "output_ids": list(r.output_ids), "meta_info": meta}
 
-    async def one(input_ids: list[int] | None, text: str | None, sp: dict, rid: str | None) -> GenRequest:
+    async def one(
+        input_ids: list[int] | None, text: str | None, sp: dict, rid: str | None, logprob_start_len: int = -1
+    ) -> GenRequest:
         params = SamplingParams.from_request(sp)
         if input_ids is None:
             if text is None:
@@ -127,7 +134,10 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             input_ids=[int(t) for t in input_ids],
             params=params,
             generator=scheduler.make_generator(params.sampling_seed),
+            logprob_start_len=int(logprob_start_len if logprob_start_len is not None else -1),
         )
+        if req.logprob_start_len >= len(req.input_ids):
+            raise ValueError(f"logprob_start_len ({req.logprob_start_len}) must be < the prompt length")
         return await scheduler.submit(req)
 
     @app.post("/generate")
@@ -137,12 +147,13 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             return error("the reference engine does not stream")
         input_ids, text, sp, rid = body.get("input_ids"), body.get("text"), body.get("sampling_params"), body.get("rid")
         return_logprob = body.get("return_logprob") or False
+        start = body.get("logprob_start_len", -1) if return_logprob else -1
         batched = (isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)) or isinstance(
             text, list
         )
         try:
             if not batched:
-                return to_output(await one(input_ids, text, sp or {}, rid), bool(return_logprob))
+                return to_output(await one(input_ids, text, sp or {}, rid, start), bool(return_logprob))
             n = len(input_ids if input_ids is not None else text)
             pick = lambda v, i: v[i] if isinstance(v, list) else v  # noqa: E731
             reqs = await asyncio.gather(
@@ -152,6 +163,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
                         None if text is None else text[i],
                         pick(sp, i) or {},
                         None if rid is None else pick(rid, i),
+                        pick(start, i),
                     )
                     for i in range(n)
                 )
