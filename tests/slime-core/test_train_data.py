@@ -71,7 +71,20 @@ def test_reinforce_plus_plus_baseline_centres_without_std():
     assert got == pytest.approx([1, -1, -1, 1], abs=1e-12)
 
 
-@pytest.mark.parametrize("estimator", ["ppo", "reinforce_plus_plus", "rloo"])
+def test_rloo_leave_one_out_by_hand():
+    # group 1: [1,0,0] → 1-0=1, 0-0.5=-0.5, -0.5; group 2: [2,4,6] → 2-5=-3, 4-4=0, 6-3=3
+    raw, got = postprocess_rewards(
+        _args(advantage_estimator="rloo", n_samples_per_prompt=3), _samples([1, 0, 0, 2, 4, 6])
+    )
+    assert raw == [1, 0, 0, 2, 4, 6]
+    assert got == pytest.approx([1.0, -0.5, -0.5, -3.0, 0.0, 3.0], abs=1e-12)
+    with pytest.raises(ValueError, match="rloo needs"):
+        postprocess_rewards(_args(advantage_estimator="rloo", n_samples_per_prompt=2), _samples([1, 0, 0]))
+    with pytest.raises(ValueError, match="rloo needs"):
+        postprocess_rewards(_args(advantage_estimator="rloo", n_samples_per_prompt=1), _samples([1]))
+
+
+@pytest.mark.parametrize("estimator", ["ppo", "reinforce_plus_plus"])
 def test_other_estimators_keep_raw_rewards(estimator):
     raw, got = postprocess_rewards(_args(advantage_estimator=estimator), _samples([1, 0, 0, 0]))
     assert raw == got == [1.0, 0.0, 0.0, 0.0]

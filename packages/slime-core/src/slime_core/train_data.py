@@ -67,8 +67,10 @@ def postprocess_rewards(args: Any, samples: Sequence[Sample]) -> tuple[list[floa
       the count is not a multiple of n, all samples form one group, as the original does);
     * grpo, gspo, cispo: additionally divide by `(unbiased group std + 1e-6)` (GRPO, DeepSeekMath
       eq. 3), unless `--disable-grpo-std-normalization` or n == 1 (where the std is undefined).
-    * other estimators (ppo, reinforce_plus_plus, rloo, ...): rewards = raw; rloo's leave-one-out
-      baseline is computed by its advantage estimator, not here.
+    * rloo: the leave-one-out baseline `r_i - mean_{j≠i} r_j = n/(n-1)·(r_i - mean_g r)` (Ahmadian et al.
+      2024, eq. 6), computed here where whole groups are visible (the DP split may separate siblings);
+      the rloo estimator then only broadcasts it;
+    * other estimators (ppo, reinforce_plus_plus, ...): rewards = raw.
 
     A group of equal rewards yields exact zeros (never NaN). With n == 1 a centred reward is always 0.
 
@@ -105,9 +107,16 @@ def postprocess_rewards(args: Any, samples: Sequence[Sample]) -> tuple[list[floa
         if not math.isfinite(r):
             raise ValueError(f"sample {s.index}: reward {r} is not finite")
     estimator = args.advantage_estimator
+    n = int(args.n_samples_per_prompt)
+    if estimator == "rloo" and samples:
+        if n < 2 or len(raw) % n:
+            raise ValueError(
+                f"rloo needs --n-samples-per-prompt >= 2 and whole groups; got n={n} for {len(raw)} samples"
+            )
+        centred = _group_normalize(np.asarray(raw, dtype=np.float64), n, False)
+        return raw, [float(x) * n / (n - 1) for x in centred]
     if args.disable_rewards_normalization or estimator not in GROUP_NORMALIZED_ESTIMATORS or not samples:
         return raw, list(raw)
-    n = int(args.n_samples_per_prompt)
     if n < 1:
         raise ValueError(f"--n-samples-per-prompt must be >= 1, got {n}")
     group_size = n

@@ -7,7 +7,7 @@ Estimators (`--advantage-estimator`), registered by name:
 | name | advantage `A_t` | returns |
 |---|---|---|
 | grpo, gspo, cispo | the (already group-normalized) scalar reward on every token | A |
-| rloo | `r_i - mean_{j≠i} r_j` within each group of `n_samples_per_prompt`, minus `kl_coef·kl_t` | A |
+| rloo | leave-one-out reward `r_i - mean_{j≠i} r_j` (computed in reward post-processing), minus `kl_coef·kl_t` | A |
 | reinforce_plus_plus | discounted return of `ρ_t = -kl_coef·kl_t·m_t` + reward at last masked-in token | A |
 | reinforce_plus_plus_baseline | `r̃ - kl_coef·kl_t` (reward already group-mean-centred) | A |
 | ppo | GAE(γ, λ) over `ρ_t = -kl_coef·kl_t` + reward at the last token, with critic values | A + V |
@@ -100,22 +100,11 @@ def reinforce_plus_plus_baseline_advantages(args: Any, *, rewards, loss_masks, k
 def rloo_advantages(args: Any, *, rewards, loss_masks, kl, values):
     """RLOO (Ahmadian et al. 2024): leave-one-out baseline within each group.
 
-    `rewards` must be RAW (not group-normalized) and ordered so each consecutive block of
-    `n_samples_per_prompt` samples is one prompt's group. `A_{i,t} = r_i - (Σ_{j∈g} r_j - r_i)/(n-1)
-    - kl_coef·kl_{i,t}`.
-
-    Raises:
-        ValueError: if n_samples_per_prompt < 2 or the sample count is not a multiple of it.
+    `rewards` are already leave-one-out centred by `slime_core.train_data.postprocess_rewards`
+    (`r_i - (Σ_{j∈g} r_j - r_i)/(n-1)`, computed where whole groups are visible); here they are broadcast:
+    `A_{i,t} = r̃_i - kl_coef·kl_{i,t}`.
     """
-    n = args.n_samples_per_prompt
-    if n < 2:
-        raise ValueError(f"rloo needs --n-samples-per-prompt >= 2, got {n}")
-    if len(rewards) % n:
-        raise ValueError(f"rloo: {len(rewards)} samples is not a multiple of --n-samples-per-prompt={n}")
-    r = torch.tensor(rewards, dtype=torch.float64).view(-1, n)
-    baseline = (r.sum(dim=1, keepdim=True) - r) / (n - 1)
-    centred = (r - baseline).view(-1).tolist()
-    advantages = [a - args.kl_coef * k for a, k in zip(_broadcast(centred, loss_masks), kl, strict=True)]
+    advantages = [a - args.kl_coef * k for a, k in zip(_broadcast(list(rewards), loss_masks), kl, strict=True)]
     return advantages, [a.clone() for a in advantages]
 
 

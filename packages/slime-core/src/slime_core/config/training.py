@@ -8,7 +8,9 @@ from slime_core.config.base import ArgsGroup, arg
 
 __all__ = ["AlgorithmArgs", "CheckpointArgs", "FsdpArgs", "OptimizerArgs"]
 
-AdvantageEstimator = Literal["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
+AdvantageEstimator = Literal[
+    "grpo", "gspo", "cispo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+]
 KlType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
@@ -46,6 +48,9 @@ class AlgorithmArgs(ArgsGroup):
     use_tis: bool = arg(False, "Truncated importance sampling for the train/inference mismatch.")
     tis_clip: float = arg(2.0, "Upper clip of the TIS weight.", gt=0)
     tis_clip_low: float = arg(0.0, "Lower clip of the TIS weight.", ge=0)
+    tis_mode: Literal["truncate", "icepop"] = arg(
+        "truncate", "TIS weighting: truncate (clamp to [low, high]) or icepop (zero outside the range)."
+    )
     custom_tis_function_path: str | None = arg(None, "Import path of a custom TIS/MIS weighting function.")
     custom_pg_loss_reducer_function_path: str | None = arg(
         None, "Import path of get_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss)."
