@@ -271,7 +271,24 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     s.wake_up()
     s.train(0, batch)
     res["sleep_params"] = full_params(s)
-    # 9. per-token loss reference (compared with an uneven 3/1 split on 2 ranks).
+    # 9. one-step rollout: the reused detached log-probs give the same update as a separate old forward.
+    one = dataclasses.replace(
+        batch,
+        **{f: getattr(batch, f)[:4] for f in ("tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards",
+                                               "loss_denominators", "sample_indices")},
+        micro_batches=batch.micro_batches[:1],
+        step_sample_counts=[4],
+        step_token_counts=batch.step_token_counts[:1],
+    )  # fmt: skip
+    reuse = FSDPTrainBackend()
+    reuse.init(make_args(ckpt), with_ref=False)
+    assert reuse._can_reuse_log_probs(one)
+    reuse.train(0, one)
+    recompute = FSDPTrainBackend()
+    recompute.init(make_args(ckpt, use_rollout_logprobs=True), with_ref=False)
+    recompute.train(0, dataclasses.replace(one, rollout_log_probs=recompute.compute_log_probs(one)))
+    res["reuse_params"], res["recompute_params"] = full_params(reuse), full_params(recompute)
+    # 10. per-token loss reference (compared with an uneven 3/1 split on 2 ranks).
     t = FSDPTrainBackend()
     t.init(make_args(ckpt, calculate_per_token_loss=True), with_ref=False)
     t.train(0, batch)

@@ -199,6 +199,11 @@ def test_sleep_wake_up_and_gradient_checkpointing_keep_training_identical(single
         assert torch.equal(t, single["sleep_params"][name]), name
 
 
+def test_one_step_rollout_reuses_training_log_probs(single):
+    for name, t in single["recompute_params"].items():
+        assert torch.equal(t, single["reuse_params"][name]), name
+
+
 def test_hf_export_loads_back(single):
     assert single["export_diff_single"] <= TOL
     assert single["export_diff_sharded"] <= TOL

@@ -216,7 +216,16 @@ class FSDPTrainBackend:
         use_rollout = bool(getattr(args, "use_rollout_logprobs", False))
         if use_rollout and batch.rollout_log_probs is None:
             raise ValueError("--use-rollout-logprobs needs rollout log-probs in the batch")
-        old = list(batch.rollout_log_probs) if use_rollout else self.compute_log_probs(batch)
+        if batch.num_steps == 0:
+            raise ValueError("RolloutBatch has no optimizer step (empty micro_batches)")
+        if getattr(args, "reset_optimizer_states", False):
+            self.optimizer.state.clear()
+        if use_rollout:
+            old = list(batch.rollout_log_probs)
+        elif self._can_reuse_log_probs(batch):
+            old = None  # the training forward's detached log-probs are the old ones (weights do not move before)
+        else:
+            old = self.compute_log_probs(batch)
         ref = self.compute_log_probs(batch, model="ref") if self._ref_shards is not None else None
         adv = self._advantages(batch, old, ref)
         per_step: list[dict[str, float]] = []
@@ -228,6 +237,19 @@ class FSDPTrainBackend:
         metrics["train/lr"] = per_step[-1]["train/lr"]
         logger.info("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
         return metrics
+
+    def _can_reuse_log_probs(self, batch: RolloutBatch) -> bool:
+        """Skip the separate old-log-prob forward when the rollout trains in one step (as the original does).
+
+        All micro-batches of the only step see the initial weights, so `old = detach(current)` exactly; not
+        with reward shaping by KL (`--kl-coef`, needs old log-probs for the advantages) or GSPO.
+        """
+        args = self.args
+        return (
+            batch.num_steps == 1
+            and float(getattr(args, "kl_coef", 0.0) or 0.0) == 0.0
+            and getattr(args, "advantage_estimator", "grpo") in ("grpo", "cispo", "reinforce_plus_plus_baseline")
+        )
 
     def _train_step(self, batch: RolloutBatch, step: int, *, old, ref, adv) -> dict[str, float]:
         per_token = bool(getattr(self.args, "calculate_per_token_loss", False))
@@ -271,10 +293,11 @@ class FSDPTrainBackend:
         def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
             return None if xs is None else [xs[i].to(self.device) for i in ids]
 
+        log_probs = split_by_lengths(logp, mb.response_lengths)
         loss, metrics = compute_actor_loss(
             self.args,
-            log_probs=split_by_lengths(logp, mb.response_lengths),
-            old_log_probs=pick(old),
+            log_probs=log_probs,
+            old_log_probs=pick(old) if old is not None else [lp.detach() for lp in log_probs],
             advantages=pick(adv),
             loss_masks=pick(batch.loss_masks),
             loss_denominators=[float(batch.loss_denominators[i]) for i in ids],
