@@ -238,10 +238,13 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     k.init(make_args(ckpt, use_kl_loss=True, kl_loss_coef=0.1), with_ref=True)
     ref0 = k.compute_log_probs(batch, model="ref")
     res["ref_init_diff"] = max_diff(ref0, k.compute_log_probs(batch))
+    k.args.ref_update_interval = 2
     k.train(0, batch)
     res["kl_steps"] = k.step_metrics
     res["ref_after_diff"] = max_diff(ref0, k.compute_log_probs(batch, model="ref"))
     res["actor_after_diff"] = max_diff(ref0, k.compute_log_probs(batch))
+    k.train(1, batch)  # (1 + 1) % 2 == 0: the reference becomes the actor
+    res["ref_updated_diff"] = max_diff(k.compute_log_probs(batch, model="ref"), k.compute_log_probs(batch))
     del k
     # 7. GRPO improves positive-advantage responses.
     g = FSDPTrainBackend()
@@ -352,7 +355,23 @@ def scenario_gpu(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     return res
 
 
-SCENARIOS = {"single": scenario_single, "dp": scenario_dp, "resume": scenario_resume, "gpu": scenario_gpu}
+def scenario_resume_one_rank(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    """Loads the 2-rank checkpoint on 1 rank (DCP reshards) and trains the next rollout on the full batch."""
+    b = FSDPTrainBackend()
+    args = make_args(ckpt, normalize_advantages=True, load=str(work / "ckpt"))
+    res = {"start": b.init(args, with_ref=False), "loaded_params": full_params(b)}
+    b.train(res["start"], make_batch(0, 1, seed=1))
+    res["resume_params"] = full_params(b)
+    return res
+
+
+SCENARIOS = {
+    "single": scenario_single,
+    "dp": scenario_dp,
+    "resume": scenario_resume,
+    "resume1": scenario_resume_one_rank,
+    "gpu": scenario_gpu,
+}
 
 
 def run(scenario: str, out: pathlib.Path, ckpt: str) -> None:

@@ -129,7 +129,8 @@ def dp_runs(tiny_ckpt, tmp_path_factory) -> tuple[list[dict], list[dict]]:
     work = tmp_path_factory.mktemp("dp")
     first = launch("dp", 2, work, tiny_ckpt)
     resumed = launch("resume", 2, work, tiny_ckpt)  # new processes: the "killed" run restarts from disk
-    return first, resumed
+    resumed_one = launch("resume1", 1, work, tiny_ckpt)
+    return first, resumed + resumed_one
 
 
 def test_log_probs_match_plain_transformers(single):
@@ -173,6 +174,7 @@ def test_reference_model_kl(single):
     assert single["kl_steps"][1]["train/kl_loss"] > 0.0
     assert single["ref_after_diff"] == 0.0  # the reference weights did not move
     assert single["actor_after_diff"] > 1e-3  # the actor did
+    assert single["ref_updated_diff"] == 0.0  # --ref-update-interval 2 after rollout 1
 
 
 def test_ref_load_from_other_weights(single):
@@ -280,3 +282,15 @@ def test_gpu_smoke(tiny_ckpt, tmp_path):
         assert res["bucket_dtype_device"] == ("torch.float32", "cuda")
         assert res["start"] == 3
         assert res["resume_max_diff"] == 0.0
+
+
+def test_resume_on_a_different_world_size(dp_runs):
+    first, resumed = dp_runs
+    one = resumed[2]
+    assert one["start"] == 1
+    for name, t in first[0]["dp_params"].items():
+        assert torch.equal(one["loaded_params"][name], t), name
+    init = first[0]["dp_params"]
+    for name, ref in first[0]["resume_params_expected"].items():
+        step = (ref - init[name]).abs().max()
+        assert (one["resume_params"][name] - ref).abs().max() <= TOL * step + 1e-7, name

@@ -84,6 +84,8 @@ class FSDPTrainBackend:
             raise ValueError("--hf-checkpoint is required by the FSDP backend")
         if not dist.is_initialized():
             raise ValueError("torch.distributed must be initialized before FSDPTrainBackend.init")
+        if getattr(args, "advantage_estimator", "grpo") == "ppo" or getattr(args, "use_critic", False):
+            raise ValueError("--advantage-estimator ppo needs a critic, which the FSDP backend does not provide")
         self.args = args
         self.device = default_device()
         torch.manual_seed(int(getattr(args, "seed", 1234)))
@@ -232,6 +234,9 @@ class FSDPTrainBackend:
         for step in range(batch.num_steps):
             per_step.append(self._train_step(batch, step, old=old, ref=ref, adv=adv))
         self.step_metrics = per_step
+        interval = getattr(args, "ref_update_interval", None)
+        if self._ref_shards is not None and interval and (rollout_id + 1) % int(interval) == 0:
+            self._ref_shards = self._snapshot()  # --ref-update-interval: the reference follows the actor
         keys = per_step[0].keys()
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in keys}
         metrics["train/lr"] = per_step[-1]["train/lr"]
