@@ -272,3 +272,81 @@ def test_render_tool_observation_groups_tool_messages(tok):
         "<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n"
         "<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+# ---- end to end: the example configs against the CPU reference engine --------------------------------
+
+LOGPROB_ATOL = 2e-3  # fp32 CPU, batched engine forward vs one unbatched HF forward
+
+
+def _example_args(name, engine, model_dir, tmp_path):
+    from slime_core.config import parse_args
+
+    args = parse_args(
+        [
+            "--config",
+            f"examples/{name}/cpu.yaml",
+            "--hf-checkpoint",
+            str(model_dir),
+            "--rollout-engine-urls",
+            *engine.urls,
+            "--save",
+            str(tmp_path / "save"),
+        ]
+    )
+    # A random model almost never closes a tag, so every turn would run to the budget. Stopping on a
+    # third of the vocabulary ends turns early and exercises observations and continuations.
+    args.rollout_stop_token_ids = list(range(0, 151643, 3))
+    return args
+
+
+def _check_sample(sample, hf, tok):
+    import torch
+
+    assert sample.status in (Status.COMPLETED, Status.TRUNCATED)
+    sample.validate()
+    assert len(sample.loss_mask) == len(sample.rollout_log_probs) == sample.response_length
+    assert sample.loss_mask[0] == 1
+    # Only an observation cut by the exhausted budget may end the response.
+    assert sample.loss_mask[-1] == 1 or sample.status is Status.TRUNCATED
+    assert all(lp == 0.0 for lp, m in zip(sample.rollout_log_probs, sample.loss_mask, strict=True) if m == 0)
+    ids = torch.tensor([sample.tokens])
+    with torch.no_grad():
+        log_probs = torch.log_softmax(hf(ids).logits[0].float(), dim=-1)
+    p = sample.prompt_length
+    expected = log_probs[p - 1 : len(sample.tokens) - 1].gather(-1, ids[0, p:, None])[:, 0]
+    mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    torch.testing.assert_close(torch.tensor(sample.rollout_log_probs)[mask], expected[mask], atol=LOGPROB_ATOL, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("example", ["search-r1", "retool"])
+def test_example_config_runs_one_rollout(example, reference_engine, tiny_qwen3_dir, tmp_path, monkeypatch):
+    import pathlib
+
+    import torch
+    from slime_rollout.client import reset_client_cache
+    from slime_rollout.rollout import create_data_source, generate_rollout
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[2])  # example paths are relative to the repo
+    reset_client_cache()
+    args = _example_args(example, reference_engine, tiny_qwen3_dir, tmp_path)
+    output = generate_rollout(args, 0, create_data_source(args))
+    samples = [s for group in output.samples for s in group]
+    assert len(samples) == args.rollout_batch_size * args.n_samples_per_prompt
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
+    tok = get_tokenizer(str(tiny_qwen3_dir))
+    for sample in samples:
+        _check_sample(sample, hf, tok)
+        assert isinstance(sample.reward, float)
+        assert 1 <= sample.metadata["num_turns"] <= args.max_turns
+    if example == "search-r1":
+        multi = [s for s in samples if s.metadata["num_turns"] > 1]
+        assert multi, "no sample took a second turn"
+        for s in multi:
+            masked = [t for t, m in zip(s.response_tokens, s.loss_mask, strict=True) if m == 0]
+            assert "Invalid action" in tok.decode(masked)
+            assert s.reward in (0.0, 0.2, 1.0)

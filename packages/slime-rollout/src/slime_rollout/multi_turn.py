@@ -2,8 +2,8 @@ r"""Generic multi-turn tool-calling generate function driving any `slime_core.pr
 
 Use it as `--custom-generate-function-path slime_rollout.multi_turn.generate` with `--env-path NAME`
 (a `slime-envs` name such as `search`, `python`, `calculator`, an entry point of the `slime.envs`
-group, or `module:Factory`), or per sample with `metadata["env"]`. Env options come from
-`args.env_kwargs` (when the config has it) updated by `metadata["env_kwargs"]`.
+group, or `module:Factory`), or per sample with `metadata["env"]`. Env options come from the
+`env_kwargs` key of the `--custom-config-path` YAML, updated by `metadata["env_kwargs"]`.
 
 One episode, up to `--max-turns` model turns::
 
@@ -72,8 +72,9 @@ def _as_dict(value: Any, where: str) -> dict[str, Any]:
 def build_env(args: Any, sample: Sample) -> Env:
     """Builds and resets the environment of one sample.
 
-    The name is `sample.metadata["env"]`, else `args.env_path`; options are `args.env_kwargs`
-    updated by `sample.metadata["env_kwargs"]` (dicts or JSON strings).
+    The name is `sample.metadata["env"]`, else `args.env_path`; options are, later ones winning,
+    `args.custom_config["env_kwargs"]` (the `--custom-config-path` YAML), `args.env_kwargs` (if the
+    config has such a field) and `sample.metadata["env_kwargs"]` (dicts or JSON strings).
 
     Raises:
         ValueError: no environment configured, or malformed options.
@@ -87,7 +88,9 @@ def build_env(args: Any, sample: Sample) -> Env:
             "multi-turn generate needs an environment: set --env-path (e.g. search, python, calculator) "
             "or metadata['env'] in the dataset"
         )
-    kwargs = _as_dict(getattr(args, "env_kwargs", None), "--env-kwargs")
+    custom = getattr(args, "custom_config", None) or {}
+    kwargs = _as_dict(custom.get("env_kwargs"), "--custom-config-path key env_kwargs")
+    kwargs.update(_as_dict(getattr(args, "env_kwargs", None), "--env-kwargs"))
     kwargs.update(_as_dict(sample.metadata.get("env_kwargs"), f"sample {sample.index} metadata['env_kwargs']"))
     env = make_env(str(name), **kwargs)
     env.reset(prompt=sample.prompt, label=sample.label, metadata=sample.metadata)
@@ -255,7 +258,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     """Runs one multi-turn episode against the sample's environment.
 
     Args:
-        args: reads `hf_checkpoint` (tokenizer), `max_turns`, `env_path`, optionally `env_kwargs`,
+        args: reads `hf_checkpoint` (tokenizer), `max_turns`, `env_path`, `custom_config["env_kwargs"]`,
             `custom_rm_path`, `rm_type`, and what `slime_rollout.generate.get_client` reads.
         sample: a fresh sample (prompt text or chat messages; `metadata` from `--metadata-key`, tools
             under `metadata["tools"]` from `--tool-key`); filled in place.
