@@ -227,7 +227,7 @@ def test_launch_validates_arguments(reference_args, tmp_path):
         launch_engines(reference_args(tmp_path), num_engines=2, gpus_per_engine=1, base_gpu_ids=[0])
 
 
-def test_reference_group_shutdown_leaves_no_process(tiny_qwen3_dir, reference_args, tmp_path):
+def test_reference_group_restart_and_shutdown_leave_no_process(tiny_qwen3_dir, reference_args, tmp_path):
     import httpx
 
     with launch_engines(
@@ -235,7 +235,15 @@ def test_reference_group_shutdown_leaves_no_process(tiny_qwen3_dir, reference_ar
     ) as group:
         proc = group.processes[0]
         assert httpx.get(proc.url + "/server_info", trust_env=False).json()["pid"] == proc.pid
-        assert httpx.get(proc.url + "/health_generate", trust_env=False, timeout=60).status_code == 200
-    assert not _alive(proc.pid)
+        assert group.dead_engines() == []
+        proc.popen.kill()  # simulate a crash
+        proc.popen.wait()
+        assert group.dead_engines(timeout_s=5) == [0]
+        new_url = group.restart(0)
+        new = group.processes[0]
+        assert new.pid != proc.pid and group.urls == [new_url]
+        assert httpx.get(new_url + "/server_info", trust_env=False).json()["pid"] == new.pid
+        assert group.dead_engines() == []
+    assert not _alive(proc.pid) and not _alive(new.pid)
     with pytest.raises(httpx.ConnectError):
         httpx.get(proc.url + "/health", trust_env=False)

@@ -23,7 +23,7 @@ import pathlib
 import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slime_rollout.engines.process import EngineProcess, find_free_port, start_engine_process
@@ -206,22 +206,63 @@ class EngineGroup:
     processes: list[EngineProcess]
     router: EngineProcess | None = None
     router_url: str | None = None
+    _start: Callable[[int], EngineProcess] | None = None
+    _ready: Callable[[int], None] | None = None
 
     @property
     def urls(self) -> list[str]:
         """Engine base URLs in launch order."""
         return [p.url for p in self.processes]
 
-    def shutdown(self) -> None:
-        """Unregisters from the router (best effort) and stops every process; safe to call twice."""
-        if self.router_url and self.router is None:
-            from slime_rollout.router import unregister_worker
+    def dead_engines(self, timeout_s: float = 30.0) -> list[int]:
+        """Indices of engines whose process exited or whose `/health_generate` fails within `timeout_s`."""
+        import httpx
 
-            for url in self.urls:
+        dead = []
+        for i, p in enumerate(self.processes):
+            ok = p.alive()
+            if ok:
                 try:
-                    unregister_worker(self.router_url, url)
-                except Exception as exc:  # the engine is going away anyway; only log
-                    logger.warning("could not unregister %s from %s: %s", url, self.router_url, exc)
+                    ok = httpx.get(p.url + "/health_generate", timeout=timeout_s, trust_env=False).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+            if not ok:
+                dead.append(i)
+        return dead
+
+    def restart(self, index: int) -> str:
+        """Replaces engine `index` by a fresh one (new port) and returns its URL.
+
+        The new engine holds the initial `--hf-checkpoint` weights and version: push the current weights
+        afterwards, and rebuild clients (`slime_rollout.client.reset_client_cache`) since the URL changed.
+        """
+        if self._start is None or self._ready is None:
+            raise RuntimeError("this EngineGroup was not built by launch_engines and cannot restart engines")
+        self._unregister([self.processes[index].url])
+        self.processes[index].shutdown()
+        self.processes[index] = self._start(index)
+        self._ready(index)
+        if self.router_url:
+            from slime_rollout.router import register_worker
+
+            register_worker(self.router_url, self.processes[index].url)
+        logger.info("engine %d restarted at %s", index, self.processes[index].url)
+        return self.processes[index].url
+
+    def _unregister(self, urls: list[str]) -> None:
+        if not self.router_url or self.router is not None:
+            return  # no router, or our own router which goes away with the group
+        from slime_rollout.router import unregister_worker
+
+        for url in urls:
+            try:
+                unregister_worker(self.router_url, url)
+            except Exception as exc:  # the engine is going away anyway; only log
+                logger.warning("could not unregister %s from %s: %s", url, self.router_url, exc)
+
+    def shutdown(self) -> None:
+        """Unregisters from an external router (best effort) and stops every process; safe to call twice."""
+        self._unregister([p.url for p in self.processes if p.alive()])
         for p in self.processes:
             p.shutdown()
         if self.router is not None:
@@ -300,21 +341,26 @@ def launch_engines(
         log_path = pathlib.Path(log_dir) / f"engine_{i}.log" if log_dir else None
         return start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(kind), log_path=log_path)
 
-    group = EngineGroup(processes=[])
+    group = EngineGroup(processes=[], _start=start)
+
+    def ready(i: int) -> None:
+        for attempt in range(_PORT_RETRIES):
+            try:
+                _wait_own_engine(group.processes[i], kind, startup_timeout_s)
+                return
+            except _PortTaken as exc:
+                # Another process (e.g. a concurrent test session) won the race for the probed port.
+                logger.warning("%s; restarting engine %d on another port", exc, i)
+                group.processes[i].shutdown()
+                if attempt == _PORT_RETRIES - 1:
+                    raise RuntimeError(f"engine {i}: no usable port after {_PORT_RETRIES} attempts") from exc
+                group.processes[i] = start(i)
+
+    group._ready = ready
     try:
         group.processes = [start(i) for i in range(num_engines)]
         for i in range(num_engines):
-            for attempt in range(_PORT_RETRIES):
-                try:
-                    _wait_own_engine(group.processes[i], kind, startup_timeout_s)
-                    break
-                except _PortTaken as exc:
-                    # Another process (e.g. a concurrent test session) won the race for the probed port.
-                    logger.warning("%s; restarting engine %d on another port", exc, i)
-                    group.processes[i].shutdown()
-                    if attempt == _PORT_RETRIES - 1:
-                        raise RuntimeError(f"engine {i}: no usable port after {_PORT_RETRIES} attempts") from exc
-                    group.processes[i] = start(i)
+            ready(i)
         _attach_router(args, group, host)
     except BaseException:
         group.shutdown()
