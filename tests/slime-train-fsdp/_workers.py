@@ -313,6 +313,7 @@ def scenario_dp(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     res["dp_steps"] = b.step_metrics
     res["dp_params"] = full_params(b)
     b.save(0)
+    res["ckpt_dir"] = str(work / "ckpt")
     res["resume_metrics_expected"] = b.train(1, make_batch(rank, world, seed=1))
     res["resume_params_expected"] = full_params(b)
     return res

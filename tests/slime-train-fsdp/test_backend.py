@@ -128,6 +128,8 @@ def single(tiny_ckpt, tmp_path_factory) -> dict:
 def dp_runs(tiny_ckpt, tmp_path_factory) -> tuple[list[dict], list[dict]]:
     work = tmp_path_factory.mktemp("dp")
     first = launch("dp", 2, work, tiny_ckpt)
+    # A save killed half-way leaves only a .tmp directory; it must be ignored by the resume below.
+    (work / "ckpt" / "iter_0000002.tmp" / "model_and_optim").mkdir(parents=True)
     resumed = launch("resume", 2, work, tiny_ckpt)  # new processes: the "killed" run restarts from disk
     resumed_one = launch("resume1", 1, work, tiny_ckpt)
     return first, resumed + resumed_one
@@ -253,6 +255,13 @@ def test_uneven_split_with_empty_micro_batch_per_token_loss(single, dp_runs):
         for s in range(2):
             for key, val in single["per_token_steps"][s].items():
                 assert first[rank]["uneven_steps"][s][key] == pytest.approx(val, rel=TOL, abs=1e-7), key
+
+
+def test_checkpoint_layout(dp_runs):
+    root = pathlib.Path(dp_runs[0][0]["ckpt_dir"])
+    assert (root / "latest_checkpointed_iteration.txt").read_text() == "1"
+    names = {p.name for p in (root / "iter_0000001").iterdir()}
+    assert {"model_and_optim", "meta.json", "scheduler.pt", "rng_0.pt", "rng_1.pt"} <= names
 
 
 def test_resume_is_bitwise_identical(dp_runs):
