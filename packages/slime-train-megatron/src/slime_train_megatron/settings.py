@@ -1,0 +1,146 @@
+"""Megatron settings of the trainer: parallelism, precision, optimizer, checkpoints.
+
+Parsed from `args.megatron_args` (the raw Megatron CLI tokens a user passes through, e.g.
+`["--tensor-model-parallel-size", "2", "--sequence-parallel"]`) on top of same-named fields of the
+run config (`args.tensor_model_parallel_size`, `args.lr`, ...) when present, on top of slime's
+defaults (distributed optimizer on, bf16 unless `--fp16`, Transformer Engine spec when installed).
+Flag names are Megatron-LM's. Tokens this backend does not use are logged once and ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import types
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MegatronSettings"]
+
+
+class MegatronSettings(BaseModel):
+    """Megatron options used by `MegatronTrainBackend` (Megatron-LM flag names, dashes → underscores)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_model_parallel_size: int = Field(1, ge=1, description="TP degree.")
+    pipeline_model_parallel_size: int = Field(1, ge=1, description="PP degree.")
+    context_parallel_size: int = Field(1, ge=1, description="CP degree (ring attention over THD chunks).")
+    expert_model_parallel_size: int = Field(1, ge=1, description="EP degree (MoE).")
+    expert_tensor_parallel_size: int = Field(1, ge=1, description="TP degree inside experts (only 1 supported).")
+    sequence_parallel: bool = Field(False, description="Shard activations along the sequence over TP ranks.")
+    use_distributed_optimizer: bool = Field(True, description="ZeRO-1 optimizer state sharding over DP.")
+    transformer_impl: Literal["transformer_engine", "local"] | None = Field(
+        None, description="Layer spec; None → transformer_engine when importable, else local."
+    )
+    bf16: bool = Field(False, description="bf16 params/compute (slime's default unless --fp16 or --fp32).")
+    fp16: bool = Field(False, description="fp16 params/compute.")
+    fp32: bool = Field(False, description="fp32 params/compute (slime extension; tests and CPU debugging).")
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate.")
+    min_lr: float = Field(0.0, ge=0, description="Final learning rate of the decay.")
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "constant"
+    lr_warmup_iters: int = Field(0, ge=0, description="Warm-up optimizer steps.")
+    lr_decay_iters: int | None = Field(None, description="Decay steps (None → constant after warm-up).")
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = Field(1.0, ge=0, description="Global grad-norm clip (0 = off).")
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: int | None = None
+    load: str | None = Field(None, description="torch_dist save dir to resume from (model, optimizer, RNG).")
+    ref_load: str | None = Field(None, description="torch_dist dir of the reference / initial weights.")
+    save: str | None = Field(None, description="Where `save()` writes iter_XXXXXXX checkpoints.")
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+    finetune: bool = Field(False, description="Load weights only and start at rollout 0.")
+    ckpt_step: int | None = Field(None, description="Iteration to load instead of the tracker's latest.")
+    seed: int = 1234
+    make_vocab_size_divisible_by: int = Field(128, ge=1)
+    moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
+    moe_grouped_gemm: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> MegatronSettings:
+        if sum((self.bf16, self.fp16, self.fp32)) > 1:
+            raise ValueError("--bf16, --fp16 and --fp32 are mutually exclusive")
+        if not (self.fp16 or self.fp32):
+            self.bf16 = True
+        if self.expert_tensor_parallel_size != 1:
+            raise ValueError("--expert-tensor-parallel-size > 1 is not supported by slime's Megatron backend")
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            logger.warning("--sequence-parallel has no effect with --tensor-model-parallel-size 1; disabled")
+            self.sequence_parallel = False
+        return self
+
+    @classmethod
+    def from_args(cls, args: Any) -> MegatronSettings:
+        """Defaults ← same-named `args` fields ← `args.megatron_args` tokens.
+
+        Args:
+            args: run config; reads `megatron_args` (list of CLI tokens, default []) and any field of this model.
+
+        Raises:
+            ValueError: a token with a bad value (message names the flag), or inconsistent settings.
+        """
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            value = getattr(args, name, None)
+            if value is not None:
+                values[name] = value
+        tokens = list(getattr(args, "megatron_args", None) or [])
+        try:
+            parsed, unknown = _parser().parse_known_args(tokens)
+        except argparse.ArgumentError as e:
+            raise ValueError(f"--megatron-args: {e}") from e
+        values.update({k: v for k, v in vars(parsed).items() if v is not None})
+        if unknown:
+            logger.warning("Megatron flags not used by slime's Megatron backend (ignored): %s", " ".join(unknown))
+        try:
+            return cls(**values)
+        except ValueError as e:
+            raise ValueError(f"invalid Megatron settings (--megatron-args / config): {e}") from e
+
+    @property
+    def params_dtype_name(self) -> str:
+        """Name of the params dtype: bfloat16, float16 or float32."""
+        return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
+
+    def world_layout(self, world_size: int) -> types.SimpleNamespace:
+        """Data-parallel size for `world_size` ranks.
+
+        Raises:
+            ValueError: `world_size` not divisible by TP×PP×CP, or DP×CP not divisible by EP.
+        """
+        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        if world_size % (model_parallel * self.context_parallel_size):
+            raise ValueError(
+                f"world size {world_size} is not divisible by TP×PP×CP = "
+                f"{self.tensor_model_parallel_size}×{self.pipeline_model_parallel_size}×{self.context_parallel_size}"
+            )
+        dp = world_size // (model_parallel * self.context_parallel_size)
+        if (dp * self.context_parallel_size) % self.expert_model_parallel_size:
+            raise ValueError(
+                f"DP×CP = {dp * self.context_parallel_size} not divisible by EP={self.expert_model_parallel_size}"
+            )
+        return types.SimpleNamespace(data_parallel_size=dp)
+
+
+def _parser() -> argparse.ArgumentParser:
+    # Values stay strings; pydantic coerces and validates them (its errors name the field).
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for name, field in MegatronSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, action="store_const", const=True, default=None)
+        else:
+            parser.add_argument(flag, dest=name, default=None)
+    # Megatron-LM's negative spelling of a default slime forces on.
+    parser.add_argument(
+        "--no-use-distributed-optimizer", dest="use_distributed_optimizer", action="store_const", const=False
+    )
+    return parser
