@@ -69,6 +69,17 @@ def test_serialize_round_trip_plain_and_flattened():
         serialize_named_tensors({"flattened_tensor": flat, "metadata": meta}), "flattened_bucket"
     )
     assert torch.equal(got[0][1], a) and torch.equal(got[1][1], b)
+    # SGLang >= 0.5 flattens to bytes (uint8, byte offsets) with metadata objects and mixed dtypes.
+    c = torch.tensor([[0.25, -1.0]], dtype=torch.bfloat16)
+    raw = torch.cat([a.flatten().view(torch.uint8), c.flatten().view(torch.uint8)])
+    meta = [
+        types.SimpleNamespace(name="a", shape=torch.Size([2, 3]), dtype=torch.float32, start_idx=0, end_idx=24),
+        types.SimpleNamespace(name="c", shape=torch.Size([1, 2]), dtype=torch.bfloat16, start_idx=24, end_idx=28),
+    ]
+    got = deserialize_named_tensors(
+        serialize_named_tensors({"flattened_tensor": raw, "metadata": meta}), "flattened_bucket"
+    )
+    assert torch.equal(got[0][1], a) and torch.equal(got[1][1], c) and got[1][1].dtype == torch.bfloat16
     with pytest.raises(ValueError, match="load_format"):
         deserialize_named_tensors(serialize_named_tensors([]), "bogus")
 

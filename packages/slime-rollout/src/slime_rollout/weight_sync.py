@@ -252,11 +252,15 @@ class TensorWeightUpdater(_EngineUpdater):
             return [tensors]
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
-        by_dtype: dict[torch.dtype, Bucket] = {}
-        for n, t in tensors:
-            by_dtype.setdefault(t.dtype, []).append((n, t))
+        if getattr(FlattenedTensorBucket, "supports_multi_dtypes", False):
+            groups = [tensors]  # byte-flattened: one bucket holds every dtype
+        else:
+            by_dtype: dict[torch.dtype, Bucket] = {}
+            for n, t in tensors:
+                by_dtype.setdefault(t.dtype, []).append((n, t))
+            groups = list(by_dtype.values())
         out = []
-        for group in by_dtype.values():
+        for group in groups:
             flat = FlattenedTensorBucket(named_tensors=group)
             out.append({"flattened_tensor": flat.get_flattened_tensor(), "metadata": flat.get_metadata()})
         return out
