@@ -1,0 +1,177 @@
+"""Ray start-up and the placement group: one bundle per GPU (one per trainer rank on a CPU machine).
+
+Layout (as in the original, §1.2 of the feature inventory):
+- colocated: `max(actor_gpus, rollout_gpus)` bundles; trainer rank i and the engines share bundle i.
+- disaggregated: `actor_gpus + rollout_gpus` bundles; engines start at bundle `actor_gpus`.
+- `--debug-rollout-only`: rollout bundles only; `--debug-train-only`: actor bundles only.
+
+Bundles are sorted by (node IP, GPU id) so that logical rank i always maps to the same device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+from typing import Any
+
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers use this venv, not a uv-made one
+# A loaded 2-core machine (CI) starts Ray's processes slowly; the defaults give up after ~15-60 s.
+os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")
+os.environ.setdefault("RAY_agent_register_timeout_ms", "300000")
+os.environ.setdefault("RAY_worker_register_timeout_seconds", "300")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local single-user cluster; no token file in ~/.ray
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import ray  # noqa: E402
+from ray.util.placement_group import PlacementGroup, placement_group  # noqa: E402
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+APP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def has_gpu() -> bool:
+    """Whether this machine has a CUDA device (decides NCCL vs gloo, GPU vs CPU bundles)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def init_ray(args: Any) -> None:
+    """Starts a local Ray instance, or connects to `--ray-address` / `RAY_ADDRESS` when given.
+
+    Workers get the app directory on PYTHONPATH so that the actor classes defined here import there.
+    """
+    address = getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS")
+    pythonpath = os.pathsep.join(p for p in (APP_DIR, os.environ.get("PYTHONPATH", "")) if p)
+    env_vars = {
+        "PYTHONPATH": pythonpath,
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        # Required on the lent GPU hosts; harmless elsewhere.
+        "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
+        "NCCL_CUMEM_ENABLE": "0",
+    }
+    for key in ("SLIME_SGLANG_PYTHONPATH", "SLIME_SGLANG_ARGS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if key in os.environ:
+            env_vars[key] = os.environ[key]
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs["include_dashboard"] = False
+        if not has_gpu():
+            # CPU machine: bundles are logical slots; never let Ray's CPU accounting block the run.
+            kwargs["num_cpus"] = max(os.cpu_count() or 1, 8)
+    os.environ["PYTHONPATH"] = pythonpath
+    attempts = 1 if address else 3
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception on start-up timeouts
+            # On a loaded machine the raylet gives its agents only ~15 s to report their ports; the
+            # first attempt warms the page cache so a retry usually wins.
+            if attempt == attempts or "timed out during startup" not in str(e):
+                raise
+            logger.warning("Ray start-up timed out (attempt %d/%d); retrying", attempt, attempts)
+            ray.shutdown()
+
+
+@dataclasses.dataclass(kw_only=True)
+class Placement:
+    """The placement group and which sorted bundles serve the trainer and the engines.
+
+    Attributes:
+        group: the Ray placement group (None when nothing needs a bundle).
+        actor_bundles: bundle indices of trainer ranks, rank order.
+        rollout_bundles: bundle indices of engine GPUs, in order.
+        rollout_gpu_ids: physical GPU id for each rollout bundle (empty on CPU).
+        use_gpu: whether bundles hold GPUs.
+    """
+
+    group: PlacementGroup | None
+    actor_bundles: list[int]
+    rollout_bundles: list[int]
+    rollout_gpu_ids: list[int]
+    use_gpu: bool
+
+    def strategy(self, bundle: int) -> PlacementGroupSchedulingStrategy:
+        """Scheduling strategy that pins an actor to one bundle."""
+        return PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=bundle)
+
+
+@ray.remote(num_cpus=0)
+def _bundle_info() -> tuple[str, int]:
+    gpu_ids = ray.get_gpu_ids()
+    return ray.util.get_node_ip_address(), int(gpu_ids[0]) if gpu_ids else -1
+
+
+def _sort_key(info: tuple[str, int]) -> tuple:
+    ip, gpu = info
+    try:
+        ip_key = tuple(int(x) for x in ip.split("."))
+    except ValueError:
+        ip_key = (ip,)
+    return ip_key, gpu
+
+
+def create_placement(args: Any) -> Placement:
+    """Creates the placement group for the run's layout (see the module docstring)."""
+    use_gpu = has_gpu()
+    actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
+    rollout_gpus = args.rollout_num_gpus or 0
+    if args.debug_rollout_only:
+        num_bundles, actor_count, rollout_offset = rollout_gpus, 0, 0
+    elif args.debug_train_only:
+        num_bundles, actor_count, rollout_offset = actor_gpus, actor_gpus, 0
+    elif args.colocate:
+        num_bundles, actor_count, rollout_offset = max(actor_gpus, rollout_gpus), actor_gpus, 0
+    else:
+        num_bundles, actor_count, rollout_offset = actor_gpus + rollout_gpus, actor_gpus, actor_gpus
+    if args.debug_train_only:
+        rollout_gpus = 0
+    if num_bundles == 0:
+        return Placement(group=None, actor_bundles=[], rollout_bundles=[], rollout_gpu_ids=[], use_gpu=use_gpu)
+
+    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+    group = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK")
+    ray.get(group.ready(), timeout=getattr(args, "placement_group_timeout", 600))
+    infos = ray.get(
+        [
+            _bundle_info.options(
+                num_gpus=0.01 if use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=i
+                ),
+            ).remote()
+            for i in range(num_bundles)
+        ]
+    )
+    order = sorted(range(num_bundles), key=lambda i: _sort_key(infos[i]))
+    rollout = order[rollout_offset : rollout_offset + rollout_gpus]
+    placement = Placement(
+        group=group,
+        actor_bundles=order[:actor_count],
+        rollout_bundles=rollout,
+        rollout_gpu_ids=[infos[i][1] for i in rollout] if use_gpu else [],
+        use_gpu=use_gpu,
+    )
+    logger.info(
+        "placement: %d bundles (%s), trainer bundles %s, rollout bundles %s",
+        num_bundles,
+        "GPU" if use_gpu else "CPU",
+        placement.actor_bundles,
+        placement.rollout_bundles,
+    )
+    return placement
+
+
+def free_port() -> int:
+    """A free TCP port on this host (for torch.distributed rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,157 @@
+"""The rollout-manager actor: engines, data source, rollout function, samples → per-DP-rank batches.
+
+One per run, on the driver's node. It launches the engines (SGLang on GPU, the reference engine on
+CPU) as subprocesses, runs the rollout function (default or `--rollout-function-path`), writes debug
+dumps, converts samples to `RolloutBatch`es split by DP rank and puts them in the object store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+
+logger = logging.getLogger(__name__)
+
+
+def _flatten(groups: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for item in groups:
+        if isinstance(item, list):
+            out.extend(_flatten(item))
+        else:
+            out.append(item)
+    return out
+
+
+def dp_size_of(args: Any) -> int:
+    """Number of data-parallel ranks of the trainer (world size over the model-parallel product)."""
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if args.train_backend != "megatron":
+        return world
+    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    if world % model_parallel:
+        raise ValueError(f"trainer world size {world} is not divisible by TP×PP×CP = {model_parallel}")
+    return world // model_parallel
+
+
+@ray.remote
+class RolloutManager:
+    """Owns engines, data source and the rollout function for the whole run."""
+
+    def __init__(self, args_dict: dict[str, Any], rollout_gpu_ids: list[int], use_gpu: bool):
+        import logging as _logging
+
+        _logging.basicConfig(level=_logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from slime_core.config import SlimeArgs
+
+        self.args = SlimeArgs.from_dict(args_dict)
+        self.rollout_gpu_ids = rollout_gpu_ids
+        self.use_gpu = use_gpu
+        self.engines = None
+        self.data_source = None
+        self.offloaded = False
+        self.client = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> list[str]:
+        """Launches the engines and builds the data source; returns the engine URLs."""
+        from slime_rollout.rollout import create_data_source
+
+        args = self.args
+        if args.prompt_data or args.data_source_path:
+            self.data_source = create_data_source(args)
+        if args.debug_train_only or args.load_debug_rollout_data:
+            return []
+        from slime_rollout.client import get_client
+        from slime_rollout.engines import launch_engines
+
+        per_engine = args.rollout_num_gpus_per_engine
+        num_engines = max(1, (args.rollout_num_gpus or 1) // per_engine)
+        self.engines = launch_engines(
+            args,
+            num_engines=num_engines,
+            gpus_per_engine=per_engine,
+            base_gpu_ids=[self.rollout_gpu_ids[i * per_engine] for i in range(num_engines)]
+            if self.rollout_gpu_ids
+            else None,
+            colocate=args.colocate,
+            log_dir=os.path.join(args.output_dir, "engine_logs"),
+        )
+        args.rollout_engine_urls = list(self.engines.urls)
+        if self.engines.router_url:
+            host, port = self.engines.router_url.removeprefix("http://").rsplit(":", 1)
+            args.sglang_router_ip, args.sglang_router_port = host, int(port)
+        self.client = get_client(args)
+        logger.info("engines up: %s", args.rollout_engine_urls)
+        return list(self.engines.urls)
+
+    def dispose(self) -> None:
+        """Stops the engines (no orphan processes)."""
+        if self.engines is not None:
+            self.engines.shutdown()
+            self.engines = None
+
+    # ---- rollout -------------------------------------------------------------------------------
+
+    def generate(self, rollout_id: int) -> tuple[list[ray.ObjectRef], dict[str, float]]:
+        """Runs one training rollout; returns per-DP-rank batch refs and `rollout/*`, `perf/*` metrics."""
+        from slime_core.train_data import build_rollout_batches
+        from slime_rollout.rollout import run_rollout
+
+        args = self.args
+        t0 = time.perf_counter()
+        out = run_rollout(args, rollout_id, self.data_source, evaluation=False)
+        samples = _flatten(out.samples)
+        metrics = dict(out.metrics or {})
+        metrics["perf/rollout_time"] = time.perf_counter() - t0
+        if args.debug_rollout_only:
+            return [], metrics
+        t0 = time.perf_counter()
+        batches = build_rollout_batches(args, samples, dp_size=dp_size_of(args))
+        metrics["perf/data_preprocess_time"] = time.perf_counter() - t0
+        return [ray.put(b) for b in batches], metrics
+
+    def eval(self, rollout_id: int) -> dict[str, float]:
+        """Runs the eval datasets; returns `eval/*` metrics."""
+        from slime_rollout.rollout import run_rollout
+
+        t0 = time.perf_counter()
+        out = run_rollout(self.args, rollout_id, self.data_source, evaluation=True)
+        metrics = dict(out.metrics or {})
+        metrics["perf/eval_time"] = time.perf_counter() - t0
+        return metrics
+
+    # ---- colocated memory and checkpoints ------------------------------------------------------
+
+    def offload(self) -> None:
+        """Colocated: flush caches and release engine memory while the trainer runs."""
+        if self.engines is not None and not self.offloaded:
+            self._broadcast("flush_cache")
+            self._broadcast("release_memory_occupation")
+            self.offloaded = True
+
+    def onload(self) -> None:
+        """Colocated: take engine memory back before weight sync and generation."""
+        if self.engines is not None and self.offloaded:
+            self._broadcast("resume_memory_occupation")
+            self.offloaded = False
+
+    def _broadcast(self, method: str) -> None:
+        from slime_rollout.async_utils import run
+
+        run(self.client.broadcast(method))
+
+    def save(self, rollout_id: int) -> None:
+        """Saves the data-source cursor next to the checkpoint."""
+        if self.data_source is not None:
+            self.data_source.save(rollout_id)
+
+    def load(self, rollout_id: int) -> None:
+        """Restores the data-source cursor saved at `rollout_id`."""
+        if self.data_source is not None:
+            self.data_source.load(rollout_id)

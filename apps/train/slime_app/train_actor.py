@@ -1,0 +1,174 @@
+"""Trainer ranks as Ray actors: one process per rank, torch.distributed inside (gloo on CPU, NCCL on GPU).
+
+`TrainGroup` is the driver-side handle: it creates the ranks (rank 0 first, for the rendezvous
+address), and fans every call out to all ranks, returning rank 0's answer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from typing import Any
+
+import ray
+
+from slime_app.cluster import Placement, free_port
+
+logger = logging.getLogger(__name__)
+
+
+def _make_backend(args: Any):
+    if args.train_backend == "fsdp":
+        from slime_train_fsdp import FSDPTrainBackend
+
+        return FSDPTrainBackend()
+    if args.train_backend == "megatron":
+        from slime_train_megatron import MegatronTrainBackend
+
+        return MegatronTrainBackend()
+    raise ValueError(f"--train-backend: unknown backend {args.train_backend!r} (fsdp, megatron)")
+
+
+class TrainActor:
+    """One trainer rank. Methods are called on every rank at once by `TrainGroup`."""
+
+    def __init__(self, world_size: int, rank: int, master_addr: str | None, master_port: int | None):
+        self.world_size, self.rank = world_size, rank
+        if master_addr is None:
+            master_addr, master_port = ray.util.get_node_ip_address(), free_port()
+        self.master_addr, self.master_port = master_addr, master_port
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK="0",
+        )
+        self.backend = None
+        self.updater = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Address of rank 0's rendezvous (given to the other ranks)."""
+        return self.master_addr, self.master_port
+
+    def init(self, args_dict: dict[str, Any]) -> int:
+        """Joins the process group, builds the backend and loads `--load`; returns the start rollout id."""
+        import torch
+        import torch.distributed as dist
+
+        from slime_core.config import SlimeArgs
+
+        self.args = SlimeArgs.from_dict(args_dict)
+        use_cuda = torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(0)  # Ray exposes exactly this rank's GPU
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(minutes=self.args.distributed_timeout_minutes),
+        )
+        torch.manual_seed(self.args.seed)
+        self.backend = _make_backend(self.args)
+        return int(self.backend.init(self.args, with_ref=self.args.with_ref))
+
+    def train(self, rollout_id: int, batch: Any) -> dict[str, float]:
+        """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray)."""
+        return self.backend.train(rollout_id, batch)
+
+    def save(self, rollout_id: int) -> None:
+        """Writes a resumable checkpoint."""
+        self.backend.save(rollout_id)
+
+    def save_hf(self, path: str) -> None:
+        """Exports Hugging Face safetensors (collective; rank 0 writes)."""
+        self.backend.save_hf(path)
+
+    def sleep(self) -> None:
+        """Frees accelerator memory for the engines (colocated mode)."""
+        self.backend.sleep()
+
+    def wake_up(self) -> None:
+        """Restores what `sleep` freed."""
+        self.backend.wake_up()
+
+    def connect_engines(self, engine_urls: list[str]) -> None:
+        """Builds the weight updater towards the engines (rank 0 sends; all ranks gather)."""
+        from slime_app.weights import make_weight_updater
+
+        self.updater = make_weight_updater(self.args, engine_urls, rank=self.rank)
+
+    def update_weights(self, weight_version: int) -> dict[str, float]:
+        """Pushes the current weights to every engine, tagged with `weight_version`."""
+        from slime_app.weights import push_weights
+
+        return push_weights(self.backend, self.updater, self.args, weight_version, rank=self.rank)
+
+    def shutdown(self) -> None:
+        """Leaves the process group."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class TrainGroup:
+    """Driver-side handle to all trainer ranks."""
+
+    def __init__(self, args: Any, placement: Placement):
+        world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
+        gpu = 0.4 if (placement.use_gpu and args.colocate) else (1 if placement.use_gpu else 0)
+        remote_cls = ray.remote(num_gpus=gpu, num_cpus=0)(TrainActor)
+        self.actors = []
+        master: tuple[str, int] | tuple[None, None] = (None, None)
+        for rank in range(world_size):
+            actor = remote_cls.options(scheduling_strategy=placement.strategy(placement.actor_bundles[rank])).remote(
+                world_size, rank, *master
+            )
+            if rank == 0:
+                master = ray.get(actor.rendezvous.remote())
+            self.actors.append(actor)
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def init(self, args_dict: dict[str, Any]) -> int:
+        """Initializes every rank; returns the start rollout id."""
+        return self._all("init", args_dict)[0]
+
+    def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
+        """Trains each rank on its own batch; returns rank 0's (already DP-reduced) metrics."""
+        return ray.get([a.train.remote(rollout_id, ref) for a, ref in zip(self.actors, batch_refs, strict=True)])[0]
+
+    def save(self, rollout_id: int) -> None:
+        """Checkpoint on every rank."""
+        self._all("save", rollout_id)
+
+    def save_hf(self, path: str) -> None:
+        """HF export (collective)."""
+        self._all("save_hf", path)
+
+    def sleep(self) -> None:
+        """Offload all ranks."""
+        self._all("sleep")
+
+    def wake_up(self) -> None:
+        """Onload all ranks."""
+        self._all("wake_up")
+
+    def connect_engines(self, engine_urls: list[str]) -> None:
+        """Set up weight sync towards the engines."""
+        self._all("connect_engines", engine_urls)
+
+    def update_weights(self, weight_version: int) -> dict[str, float]:
+        """Weight sync; returns rank 0's timing metrics."""
+        return self._all("update_weights", weight_version)[0]
+
+    def shutdown(self) -> None:
+        """Destroy process groups and kill the actors."""
+        try:
+            self._all("shutdown")
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
