@@ -366,7 +366,25 @@ def scenario_resume_one_rank(ckpt: str, out: pathlib.Path, work: pathlib.Path) -
     return res
 
 
+def scenario_tied(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    """Tied embeddings (as small Qwen3 checkpoints have), 2 ranks: parity, training keeps the tie, export."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = make_batch(rank, world)
+    b = FSDPTrainBackend()
+    b.init(make_args(ckpt), with_ref=False)
+    res = {"hf_diff": max_diff(b.compute_log_probs(batch), hf_reference_log_probs(ckpt, batch))}
+    b.train(0, batch)
+    b.save_hf(work / "hf_tied_trained")
+    res["export_diff"] = max_diff(
+        b.compute_log_probs(batch), hf_reference_log_probs(str(work / "hf_tied_trained"), batch)
+    )
+    res["tied_after_train"] = b.model.lm_head.weight is b.model.model.embed_tokens.weight
+    res["names"] = sorted(full_params(b))
+    return res
+
+
 SCENARIOS = {
+    "tied": scenario_tied,
     "single": scenario_single,
     "dp": scenario_dp,
     "resume": scenario_resume,

@@ -77,6 +77,8 @@ def launch(scenario: str, world_size: int, work: pathlib.Path, ckpt: pathlib.Pat
     out = work / f"out_{scenario}_{world_size}"
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     ctx = multiprocessing.get_context("fork")
     procs = [
         ctx.Process(target=_rank_entry, args=(scenario, r, world_size, port, out, ckpt)) for r in range(world_size)
@@ -85,6 +87,7 @@ def launch(scenario: str, world_size: int, work: pathlib.Path, ckpt: pathlib.Pat
         p.start()
     for p in procs:
         p.join(timeout=600)
+    torch.set_num_threads(threads)
     for rank, p in enumerate(procs):
         if p.is_alive():
             p.kill()
@@ -93,30 +96,28 @@ def launch(scenario: str, world_size: int, work: pathlib.Path, ckpt: pathlib.Pat
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
+def _tiny_qwen3(path: pathlib.Path, tokenizer_dir: pathlib.Path, *, tied: bool) -> pathlib.Path:
     """A 2-layer Qwen3 (vocab 64, hidden 32) saved as an HF checkpoint with the real tokenizer files."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    path = tmp_path_factory.mktemp("tiny_qwen3")
-    cfg = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                      tie_word_embeddings=tied)  # fmt: skip
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers are forked from this process: keep it free of OpenMP thread pools
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
-    for f in qwen3_tokenizer_dir.glob("tokenizer*.json"):
+    torch.set_num_threads(threads)
+    for f in tokenizer_dir.glob("tokenizer*.json"):
         shutil.copy(f, path / f.name)
     _load_workers()  # imports slime_train_fsdp & co. once, before the workers are forked
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
+    """Untied tiny Qwen3."""
+    return _tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"), qwen3_tokenizer_dir, tied=False)
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +304,12 @@ def test_resume_on_a_different_world_size(dp_runs):
     for name, ref in first[0]["resume_params_expected"].items():
         step = (ref - init[name]).abs().max()
         assert (one["resume_params"][name] - ref).abs().max() <= TOL * step + 1e-7, name
+
+
+def test_tied_embeddings_two_ranks(tmp_path, qwen3_tokenizer_dir):
+    ckpt = _tiny_qwen3(tmp_path / "tied", qwen3_tokenizer_dir, tied=True)
+    for res in launch("tied", 2, tmp_path, ckpt):
+        assert res["hf_diff"] <= TOL
+        assert res["tied_after_train"]
+        assert res["export_diff"] <= TOL  # the export (without lm_head) reloads to the trained model
+        assert "lm_head.weight" not in res["names"]
