@@ -3,7 +3,7 @@
 One `ReferenceModel` wraps a transformers `AutoModelForCausalLM` on CPU (or CUDA if asked). A batch of
 requests is left-padded into one `[B, T]` tensor with an attention mask and explicit position ids, run
 through one prefill forward, then decoded one token per step with the model's KV cache. Rows are independent
-(the mask keeps pads out of attention), so a finished row simply idles until the batch ends.
+(the mask keeps pads out of attention); finished rows are dropped from the batch and its KV cache.
 
 All forwards and weight loads take `self.lock`, so a weight update lands between two decode steps.
 """
@@ -153,15 +153,21 @@ class ReferenceModel:
             if r.params.max_new_tokens == 0:
                 r.finish_reason = {"type": "length", "length": 0}
         while True:
-            last_tokens = []
             for i, r in enumerate(live):
                 if not r.finished:
                     self._step(r, logits_BV[i])
-                last_tokens.append(r.output_ids[-1] if r.output_ids else self.pad_token_id)
-            if all(r.finished for r in live):
+            keep = [i for i, r in enumerate(live) if not r.finished]
+            if not keep:
                 return
+            if len(keep) < len(live):
+                # Drop finished rows from the batch and the KV cache so they cost nothing further.
+                keep_B = torch.tensor(keep, dtype=torch.long)
+                cache.batch_select_indices(keep_B.to(self.device))
+                mask_BT, next_pos_B = mask_BT[keep_B], next_pos_B[keep_B]
+                live = [live[i] for i in keep]
             wait_if_paused()
-            mask_BT = torch.cat([mask_BT, torch.ones((batch_size, 1), dtype=torch.long)], dim=1)
+            last_tokens = [r.output_ids[-1] for r in live]
+            mask_BT = torch.cat([mask_BT, torch.ones((len(live), 1), dtype=torch.long)], dim=1)
             with self.lock:
                 out = self.model(
                     input_ids=torch.tensor(last_tokens, dtype=torch.long)[:, None].to(self.device),
