@@ -271,6 +271,10 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     s.init(make_args(ckpt, normalize_advantages=True, gradient_checkpointing=True), with_ref=False)
     assert s.model.is_gradient_checkpointing
     s.sleep()
+    try:
+        s.train(0, batch)
+    except RuntimeError as exc:
+        res["asleep_error"] = str(exc)
     s.wake_up()
     s.train(0, batch)
     res["sleep_params"] = full_params(s)

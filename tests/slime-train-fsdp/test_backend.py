@@ -200,6 +200,7 @@ def test_grpo_raises_positive_advantage_log_probs(single):
 
 
 def test_sleep_wake_up_and_gradient_checkpointing_keep_training_identical(single):
+    assert "asleep" in single["asleep_error"]
     for name, t in single["dp_params"].items():
         assert torch.equal(t, single["sleep_params"][name]), name
 

@@ -122,6 +122,11 @@ class FSDPTrainBackend:
                 start, self.global_step = int(meta["next_rollout_id"]), int(meta["global_step"])
         return start
 
+    def _require_awake(self, what: str) -> None:
+        # Asleep, the shards live on CPU; NCCL collectives on them would fail deep inside FSDP.
+        if self._asleep:
+            raise RuntimeError(f"{what}() called while the backend is asleep; call wake_up() first")
+
     @property
     def dp_size(self) -> int:
         """Number of data-parallel ranks."""
@@ -156,7 +161,9 @@ class FSDPTrainBackend:
 
         Raises:
             ValueError: for `model="ref"` without reference weights, or an unknown model name.
+            RuntimeError: while asleep.
         """
+        self._require_awake("compute_log_probs")
         if model not in ("actor", "ref"):
             raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
         if model == "ref" and self._ref_shards is None:
@@ -211,10 +218,10 @@ class FSDPTrainBackend:
         Raises:
             ValueError: when `--use-rollout-logprobs` is set but the batch has no rollout log-probs, or the
                 schedule lacks step counts.
+            RuntimeError: while asleep.
         """
         args = self.args
-        if self._asleep:
-            raise RuntimeError("train() called while asleep; call wake_up() first")
+        self._require_awake("train")
         use_rollout = bool(getattr(args, "use_rollout_logprobs", False))
         if use_rollout and batch.rollout_log_probs is None:
             raise ValueError("--use-rollout-logprobs needs rollout log-probs in the batch")
@@ -332,6 +339,7 @@ class FSDPTrainBackend:
     # ------------------------------------------------------------ checkpoints
     def save(self, rollout_id: int) -> None:
         """Writes `{--save}/iter_{rollout_id+1:07d}` atomically (collective); see `checkpoint.py`."""
+        self._require_awake("save")
         save_dir = getattr(self.args, "save", None)
         if not save_dir:
             raise ValueError("save() needs --save")
@@ -347,6 +355,7 @@ class FSDPTrainBackend:
 
     def save_hf(self, path: str | pathlib.Path) -> None:
         """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective)."""
+        self._require_awake("save_hf")
         save_hf(self.model, path, source_dir=self.args.hf_checkpoint)
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -358,6 +367,7 @@ class FSDPTrainBackend:
         Yields:
             Lists of `(name, tensor)` in the checkpoint dtype, on this rank's device.
         """
+        self._require_awake("named_hf_weights")
         if bucket_bytes is None:
             bucket_bytes = int(getattr(self.args, "update_weight_buffer_size", 512 * 1024**2))
         dtype = getattr(self.config, "dtype", None)
