@@ -62,7 +62,7 @@ def _attn_implementation(args: Any, device: torch.device) -> str:
 
 
 def read_hf_state_dict(path: str | pathlib.Path) -> dict[str, torch.Tensor]:
-    """Reads all tensors of an HF checkpoint directory into CPU fp32 memory (rank 0 only).
+    """Reads all tensors of an HF checkpoint directory into CPU fp32 memory (called on rank 0 only).
 
     Args:
         path: directory with `model.safetensors` or sharded `model-*.safetensors` (+ index).
@@ -80,7 +80,8 @@ def read_hf_state_dict(path: str | pathlib.Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no *.safetensors in {path} (--hf-checkpoint/--ref-load)")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f), device="cpu"))
+        # Convert file by file so that the peak is one fp32 model plus one shard, not both full copies.
+        state.update({k: v.float() for k, v in load_file(str(f), device="cpu").items()})
     return state
 
 
@@ -136,7 +137,7 @@ def load_hf_weights_into(model: nn.Module, path: str | pathlib.Path) -> None:
         missing = sorted(expected - set(state))
         if missing:
             raise ValueError(f"{path}: checkpoint lacks {len(missing)} parameters, e.g. {missing[:3]}")
-        state = {k: v.float() for k, v in state.items() if k in expected}
+        state = {k: v for k, v in state.items() if k in expected}
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
