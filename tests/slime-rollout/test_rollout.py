@@ -421,3 +421,11 @@ def test_eval_rollout_metrics(use_client, tmp_path):
     assert out.metrics["eval/toy-truncated_ratio"] == 1.0
     assert all(p["sampling_params"]["temperature"] == 0.5 for p in client.payloads)
     assert rollout_mod.num_engines(args) == 1
+
+
+async def test_max_context_len_caps_new_tokens(use_client):
+    client = use_client(FakeClient({0: [A]}, lengths={0: 100}))
+    s = Sample(tokens=[0, 5, 5, 5])  # 4 prompt tokens
+    s = await generate_mod.generate(_args(rollout_max_context_len=10), s, {"max_new_tokens": 8})
+    assert client.payloads[0]["sampling_params"]["max_new_tokens"] == 6
+    assert s.response_length == 6 and s.status is Status.TRUNCATED

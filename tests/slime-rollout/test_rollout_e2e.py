@@ -15,7 +15,7 @@ from slime_rollout.client import EngineClient
 from slime_rollout.data_source import RolloutDataSourceWithBuffer
 from slime_rollout.rollout import generate_rollout
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 LOGPROB_ATOL = 2e-3  # fp32 CPU, batched engine forward vs one unbatched HF forward
 
@@ -106,6 +106,24 @@ def test_rollout_against_reference_engine(reference_engine, tiny_qwen3_dir, fixt
     assert -20 < m["rollout/log_probs"] < 0
 
 
+async def slow_even_fake_odd(args, sample, sampling_params):
+    """Test generate: even prompt groups go to the engine; odd ones wait until the engine is busy with
+    them, then answer without the engine (a fixed 3-token response). The reference engine batches
+    statically, so this is how an odd group can finish while even groups are still mid-generation."""
+    from slime_rollout.generate import generate
+
+    if sample.group_index % 2 == 0:
+        return await generate(args, sample, sampling_params)
+    engine = EngineClient(args.rollout_engine_urls[0], timeout=60)
+    while await engine.num_unfinished_requests() == 0:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+    sample.tokens = [151644, 77091, 198]  # stands in for a prompt
+    sample.append_response_tokens([16, 17, 151645], log_probs=[-1.0, -1.0, -1.0], text="12<|im_end|>")
+    sample.status = Status.COMPLETED
+    return sample
+
+
 def keep_odd_groups(args, group):
     """Test filter: accept only odd prompt groups."""
     return group[0].group_index % 2 == 1
@@ -123,8 +141,9 @@ def test_oversampling_abort_and_partial_rollout_against_reference_engine(
         over_sampling_batch_size=4,
         n_samples_per_prompt=2,
         dynamic_sampling_filter_path=f"{__name__}.keep_odd_groups",
+        custom_generate_function_path=f"{__name__}.slow_even_fake_odd",
         partial_rollout=True,
-        rollout_max_response_len=48,
+        rollout_max_response_len=300,
     )
     ds = RolloutDataSourceWithBuffer(args)
     out0 = generate_rollout(args, 0, ds)
@@ -140,6 +159,8 @@ def test_oversampling_abort_and_partial_rollout_against_reference_engine(
     assert accepted not in {s.group_index for s in buffered}
     assert all(len(g) == 2 for g in ds.buffer)
     partial = {s.index: list(s.tokens) for s in buffered if s.status is Status.ABORTED and s.response_length > 0}
+    assert partial, [(s.index, s.status, s.response_length) for s in buffered]
+    assert all(s.group_index % 2 == 0 for s in buffered if s.index in partial)
     for s in buffered:
         if s.response_length > 0:
             assert s.metadata["start_rollout_id"] == 0
@@ -154,7 +175,8 @@ def test_oversampling_abort_and_partial_rollout_against_reference_engine(
     for index, prefix in partial.items():
         s = got[index]
         assert s.tokens[: len(prefix)] == prefix  # continued from where it was aborted
-        assert s.status in (Status.COMPLETED, Status.TRUNCATED) and s.response_length <= 48
+        assert s.status in (Status.COMPLETED, Status.TRUNCATED) and len(prefix) - s.prompt_length < s.response_length
+        assert s.response_length == 300 or s.status is Status.COMPLETED
         assert s.metadata["start_rollout_id"] == 0
         _check_log_probs(model, s)  # same weights: old and new parts both match a full forward
     assert asyncio.run(engine.num_unfinished_requests()) == 0

@@ -118,11 +118,11 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     """Generates (or continues) the response of one sample with one engine call.
 
     Args:
-        args: reads `hf_checkpoint` (tokenizer), `partial_rollout`, `mask_offpolicy_in_partial_rollout`.
+        args: reads `hf_checkpoint` (tokenizer), `mask_offpolicy_in_partial_rollout`, `rollout_max_context_len`.
         sample: a fresh sample (prompt only) or a partially generated one (tokens hold prompt + partial
             response); updated in place.
         sampling_params: SGLang sampling params; `max_new_tokens` is reduced by the response length
-            already generated.
+            already generated and capped so prompt + response fit `--rollout-max-context-len`.
 
     Returns:
         The same sample with the engine's token ids and log-probs appended and `status` from the
@@ -141,6 +141,10 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
         if sample.rollout_log_probs is not None:
             sample.rollout_log_probs = [0.0] * sample.response_length
     sampling_params["max_new_tokens"] = int(sampling_params["max_new_tokens"]) - sample.response_length
+    max_context_len = getattr(args, "rollout_max_context_len", None)
+    if max_context_len is not None:
+        # Prompt + response must fit the context window (`--rollout-max-context-len`).
+        sampling_params["max_new_tokens"] = min(sampling_params["max_new_tokens"], max_context_len - len(sample.tokens))
     if sampling_params["max_new_tokens"] <= 0:
         sample.status = Status.TRUNCATED
         return sample
