@@ -350,3 +350,38 @@ def test_example_config_runs_one_rollout(example, reference_engine, tiny_qwen3_d
             masked = [t for t, m in zip(s.response_tokens, s.loss_mask, strict=True) if m == 0]
             assert "Invalid action" in tok.decode(masked)
             assert s.reward in (0.0, 0.2, 1.0)
+
+
+class RecordingEnv:
+    """Records what reset() received; ends the episode on the first turn."""
+
+    seen = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+    def reset(self, *, prompt, label, metadata):
+        RecordingEnv.seen.append({"prompt": prompt, "label": label, "metadata": dict(metadata), "kwargs": self.kwargs})
+
+    async def step(self, model_turn):
+        from slime_core.protocols import EnvStep
+
+        return EnvStep(observation="", done=True, reward=0.5)
+
+
+async def test_dataset_metadata_and_env_kwargs_reach_env(tok, qwen3_tokenizer_dir, monkeypatch):
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    meta = {"tools": tools, "source": "unit", "env_kwargs": {"b": 2, "c": 3}}
+    sample = Sample(prompt=[{"role": "user", "content": "hi"}], label="L", metadata=meta, index=0)
+    args = make_args(
+        qwen3_tokenizer_dir, env_path=f"{__name__}:RecordingEnv", custom_config={"env_kwargs": {"a": 1, "b": 1}}
+    )
+    out = await multi_turn.generate(args, sample, params())
+    seen = RecordingEnv.seen[-1]
+    assert seen["label"] == "L" and seen["metadata"]["tools"] == tools and seen["metadata"]["source"] == "unit"
+    assert seen["kwargs"] == {"a": 1, "b": 2, "c": 3}  # the sample's env_kwargs win over the config's
+    # The tools from --tool-key are rendered into the prompt by the chat template.
+    expected = tok.apply_chat_template(sample.prompt, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert out.tokens[: out.prompt_length] == enc(tok, expected)
+    assert out.reward == 0.5 and out.metadata["env_reward"] == 0.5

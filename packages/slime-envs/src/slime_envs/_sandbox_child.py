@@ -1,7 +1,8 @@
 """Child side of the Python sandbox: install the policy audit hook, then run the user's code.
 
-Started by `slime_envs.sandbox.run_python` as `python -I _sandbox_child.py POLICY_JSON` with the
-sandbox's private directory as cwd and OS limits already applied by the parent. This file is not
+Started by `slime_envs.sandbox.run_python` as `python -I _sandbox_child.py POLICY_JSON` in a new
+session with the sandbox's private directory as cwd. Before any user code it joins the pids cgroup,
+enters a new network namespace and sets its rlimits, as the policy says. This file is not
 imported by the package; it only uses the standard library.
 
 The audit hook (PEP 578) is a policy layer that turns forbidden actions into clear Python errors
@@ -11,6 +12,7 @@ The audit hook (PEP 578) is a policy layer that turns forbidden actions into cle
 
 import json
 import os
+import resource
 import sys
 import traceback
 
@@ -85,7 +87,19 @@ def _hook(event, args):
         _deny("ctypes")
 
 
+def _confine():
+    """Joins the pids cgroup, leaves the network namespace, sets the rlimits (before any user code)."""
+    if _POLICY["cgroup_procs"]:
+        with open(_POLICY["cgroup_procs"], "w") as f:
+            f.write(str(os.getpid()))
+    if _POLICY["netns"]:
+        os.unshare(os.CLONE_NEWNET)
+    for name, value in _POLICY["rlimits"]:
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+
 def main():
+    _confine()
     for name in _POLICY["preload"]:
         try:
             __import__(name)

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import pathlib
-import resource
 import shutil
 import signal
 import subprocess
@@ -42,6 +41,7 @@ import sys
 import sysconfig
 import tempfile
 import uuid
+import weakref
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,6 +80,11 @@ class SandboxConfig(BaseModel):
     max_processes: int = Field(16, ge=1, description="Max processes/threads of the run (pids cgroup, RLIMIT_NPROC).")
     max_output_bytes: int = Field(1 << 20, gt=0, description="Max bytes the child may write per file (RLIMIT_FSIZE).")
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
+    max_concurrent_runs: int = Field(
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        description="Sandboxed processes running at once in this process (others wait); the first run's value wins.",
+    )
     allow_subprocess: bool = Field(False, description="Let the code start processes (still capped by the limits).")
     preload: list[str] = Field(
         default_factory=lambda: list(_DEFAULT_PRELOAD),
@@ -228,22 +233,6 @@ def hard_process_limit_available() -> bool:
 # ---- running ------------------------------------------------------------------------------------
 
 
-def _child_setup(config: SandboxConfig, cgroup: _PidsCgroup | None, netns: bool) -> None:
-    """Runs in the forked child before exec: new session, cgroup, network namespace, rlimits."""
-    os.setsid()
-    if cgroup is not None:
-        cgroup.join()
-    if netns:
-        os.unshare(os.CLONE_NEWNET)
-    memory = config.memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    cpu = int(config.timeout_s) + 2
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (config.max_output_bytes, config.max_output_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (config.max_processes, config.max_processes))
-
-
 def _read_capped(path: pathlib.Path, max_chars: int, *, keep_tail: bool = False) -> str:
     """Reads at most `max_chars` characters: the head (stdout) or the tail (stderr, where the error is)."""
     size = path.stat().st_size
@@ -272,12 +261,24 @@ def _read_roots() -> list[str]:
     return sorted(roots)
 
 
+_LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _limiter(limit: int) -> asyncio.Semaphore:
+    """One semaphore per event loop, so hundreds of concurrent rollouts do not start hundreds of processes."""
+    loop = asyncio.get_running_loop()
+    if loop not in _LIMITERS:
+        _LIMITERS[loop] = asyncio.Semaphore(limit)
+    return _LIMITERS[loop]
+
+
 async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxResult:
     """Runs `code` as `main.py` in a fresh sandboxed Python process.
 
     Args:
         code: Python source written by the model.
-        config: limits (defaults: 10 s, 1 GiB, 16 processes, 2000 output characters).
+        config: limits (defaults: 10 s, 1 GiB, 16 processes, 2000 output characters); the wall clock
+            starts when the process is started, not while waiting for a free slot.
 
     Returns:
         The captured output and how the run ended. Errors of the code (exceptions, limits hit) are
@@ -287,6 +288,12 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
         OSError: the sandbox itself could not be started (no temp dir, no interpreter).
     """
     config = config or SandboxConfig()
+    async with _limiter(config.max_concurrent_runs):
+        return await _run_python(code, config)
+
+
+async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
+    """`run_python` without the concurrency limit."""
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="slime-sandbox-"))
     cgroup = _PidsCgroup.create(config.max_processes) if os.geteuid() == 0 else None
     netns = _netns_available()
@@ -307,7 +314,18 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
         ),
         "files": "private cwd + audit hook" + (" + unprivileged uid" if os.geteuid() != 0 else ""),
     }
+    cpu = int(config.timeout_s) + 2
     policy = {
+        "cgroup_procs": str(cgroup.path / "cgroup.procs") if cgroup is not None else None,
+        "netns": netns,
+        # (resource name, soft = hard limit) applied by the child before any user code runs.
+        "rlimits": [
+            ["RLIMIT_AS", config.memory_mb * 1024 * 1024],
+            ["RLIMIT_CPU", cpu],
+            ["RLIMIT_FSIZE", config.max_output_bytes],
+            ["RLIMIT_CORE", 0],
+            ["RLIMIT_NPROC", config.max_processes],
+        ],
         "workdir": str(workdir),
         "read_roots": _read_roots(),
         "block_network": True,
@@ -332,7 +350,9 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
                 stdout=out,
                 stderr=err,
                 env=env,
-                preexec_fn=functools.partial(_child_setup, config, cgroup, netns),
+                # Limits are applied by the child itself (no preexec_fn: unsafe in threaded processes
+                # such as Ray actors); it runs trusted code only until they are in place.
+                start_new_session=True,
             )
             try:
                 await asyncio.wait_for(proc.wait(), timeout=config.timeout_s)
