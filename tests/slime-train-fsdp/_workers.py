@@ -387,7 +387,49 @@ def scenario_tied(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     return res
 
 
+def pipeline_samples() -> list:
+    """4 prompts x 2 responses as `Sample`s (varied lengths, one masked token, rewards 0/1)."""
+    from slime_core.sample import Sample, Status
+
+    g = torch.Generator().manual_seed(7)
+    samples = []
+    for i in range(8):
+        prompt, response = 3 + i % 3, 2 + (i * 5) % 4
+        mask = [1] * response
+        if i == 5:
+            mask[0] = 0
+        samples.append(
+            Sample(tokens=torch.randint(0, 64, (prompt + response,), generator=g).tolist(), response_length=response,
+                   loss_mask=mask, reward=float(i % 3 == 0), status=Status.COMPLETED, group_index=i // 2, index=i)
+        )  # fmt: skip
+    return samples
+
+
+def scenario_pipeline(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    """Real `build_rollout_batches` (GRPO rewards, dynamic batch size) feeding the backend, any world size."""
+    from slime_core.train_data import build_rollout_batches
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    args = make_args(
+        ckpt,
+        reward_key=None,
+        disable_rewards_normalization=False,
+        disable_grpo_std_normalization=False,
+        use_dynamic_batch_size=True,
+        max_tokens_per_gpu=16,
+        micro_batch_size=1,
+        balance_data=False,
+    )
+    batch = build_rollout_batches(args, pipeline_samples(), dp_size=world)[rank]
+    b = FSDPTrainBackend()
+    b.init(args, with_ref=False)
+    init = full_params(b)
+    b.train(0, batch)
+    return {"init": init, "params": full_params(b), "steps": b.step_metrics, "micro_batches": batch.micro_batches}
+
+
 SCENARIOS = {
+    "pipeline": scenario_pipeline,
     "tied": scenario_tied,
     "single": scenario_single,
     "dp": scenario_dp,

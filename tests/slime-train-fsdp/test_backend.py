@@ -314,3 +314,19 @@ def test_tied_embeddings_two_ranks(tmp_path, qwen3_tokenizer_dir):
         assert res["tied_after_train"]
         assert res["export_diff"] <= TOL  # the export (without lm_head) reloads to the trained model
         assert "lm_head.weight" not in res["names"]
+
+
+def test_real_train_data_pipeline_world_sizes_agree(tiny_ckpt, tmp_path):
+    """`build_rollout_batches` (GRPO group normalization, token-budget micro-batches) → train, DP 1 vs 2."""
+    (one,) = launch("pipeline", 1, tmp_path, tiny_ckpt)
+    two = launch("pipeline", 2, tmp_path, tiny_ckpt)
+    assert len(one["steps"]) == 2
+    assert sum(len(step) for step in one["micro_batches"]) > 2  # the 16-token budget splits the steps
+    for res in two:
+        for name, ref in one["params"].items():
+            step = (ref - one["init"][name]).abs().max()
+            assert step > 0
+            assert (res["params"][name] - ref).abs().max() <= TOL * step + 1e-7, name
+        for s, ref_step in enumerate(one["steps"]):
+            for key, val in ref_step.items():
+                assert res["steps"][s][key] == pytest.approx(val, rel=TOL, abs=1e-7), key
