@@ -302,3 +302,68 @@ async def test_prompt_logprobs_for_teacher_scoring(engine, hf):
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
     tail = await engine.generate({**scoring, "logprob_start_len": 3})
     assert [e[1] for e in tail["meta_info"]["input_token_logprobs"]] == ids[3:]
+
+
+async def test_requests_joining_a_running_batch_match_sequential(engine, hf):
+    """Continuous batching: requests admitted mid-generation (cache merge with left padding) are unaffected."""
+    model, tok = hf
+    texts = ["One", "A somewhat longer prompt that is longer than the first one", "x y"]
+    reqs = [
+        {
+            "input_ids": tok.encode(t),
+            "sampling_params": {
+                "temperature": 0.8,
+                "max_new_tokens": n,
+                "ignore_eos": True,
+                "sampling_seed": 100 + i,
+            },
+            "return_logprob": True,
+        }
+        for i, (t, n) in enumerate(zip(texts, [60, 12, 20], strict=True))
+    ]
+    sequential = [await engine.generate(r) for r in reqs]
+    first = asyncio.create_task(engine.generate(reqs[0]))
+    await _wait_running(engine)
+    await asyncio.sleep(0.2)  # let it decode a few steps so the caches differ in length
+    later = await asyncio.gather(*(engine.generate(r) for r in reqs[1:]))
+    joined = [await first, *later]
+    for r, s, j in zip(reqs, sequential, joined, strict=True):
+        assert j["output_ids"] == s["output_ids"]
+        got = torch.tensor([e[0] for e in j["meta_info"]["output_token_logprobs"]])
+        expected, _ = reference_logprobs(model, r["input_ids"], j["output_ids"], 0.8)
+        torch.testing.assert_close(got, expected, atol=LOGPROB_ATOL, rtol=0)
+    assert all(j["meta_info"]["finish_reason"]["type"] == "length" for j in joined)
+
+
+def test_merge_into_running_batch_is_exact(tiny_qwen3_dir):
+    """Deterministic continuous-batching check: B and C join A's batch at decode step 3 (in-process)."""
+    model = ReferenceModel(str(tiny_qwen3_dir))
+
+    def make(rid, ids, n, seed):
+        sp = SamplingParams(temperature=0.9, max_new_tokens=n, ignore_eos=True)
+        return GenRequest(rid=rid, input_ids=ids, params=sp, generator=torch.Generator().manual_seed(seed))
+
+    specs = [
+        ("a", [9707, 11, 1246, 525], 15, 1),
+        ("b", [785, 4226, 374, 220, 17, 10, 17, 28, 30], 6, 2),
+        ("c", [16], 9, 3),
+    ]
+    alone = []
+    for spec in specs:
+        r = make(*spec)
+        model.generate([r])
+        alone.append(r)
+    a, b, c = (make(*spec) for spec in specs)
+    calls, finished = [], []
+
+    def take_new(n):
+        calls.append(n)
+        return [b, c] if len(calls) == 3 else []
+
+    model.generate([a], notify=finished.append, take_new=take_new, max_batch=8)
+    assert [r.rid for r in finished] == ["b", "c", "a"]  # b and c joined late and finished first
+    for r, ref in zip((a, b, c), alone, strict=True):
+        assert r.output_ids == ref.output_ids
+        torch.testing.assert_close(
+            torch.tensor(r.output_logprobs), torch.tensor(ref.output_logprobs), atol=LOGPROB_ATOL, rtol=0
+        )

@@ -1,9 +1,10 @@
 """The reference engine's model: batched KV-cache generation and in-place weight loading.
 
-One `ReferenceModel` wraps a transformers `AutoModelForCausalLM` on CPU (or CUDA if asked). A batch of
-requests is left-padded into one `[B, T]` tensor with an attention mask and explicit position ids, run
-through one prefill forward, then decoded one token per step with the model's KV cache. Rows are independent
-(the mask keeps pads out of attention); finished rows are dropped from the batch and its KV cache.
+One `ReferenceModel` wraps a transformers `AutoModelForCausalLM` on CPU (or CUDA if asked). New requests
+are left-padded into one `[B, T]` tensor with an attention mask and explicit position ids and prefilled in
+one forward, then decoded one token per step with the model's KV cache (continuous batching: between steps,
+newly arrived requests are prefilled and merged in, their caches left-padded with masked zeros to a common
+length, and finished rows leave). Rows are independent because the mask keeps pads out of attention.
 
 All forwards and weight loads take `self.lock`, so a weight update lands between two decode steps.
 """
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import DynamicLayer
 
 from slime_rollout.engines.reference.sampling import SamplingParams, find_stop_string, sample_next_token, trim_stop
 
@@ -70,6 +72,17 @@ class GenRequest:
         return self.finish_reason is not None
 
 
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Batch:
+    """Rows in flight: requests, their KV cache, attention mask `[B, T]`, next positions `[B]`, logits `[B, V]`."""
+
+    live: list[GenRequest]
+    cache: Any
+    mask_BT: torch.Tensor
+    next_pos_B: torch.Tensor
+    logits_BV: torch.Tensor
+
+
 class ReferenceModel:
     """A Hugging Face causal LM served by the reference engine.
 
@@ -113,28 +126,72 @@ class ReferenceModel:
     # ----------------------------------------------------------------------------------------- generation
 
     @torch.inference_mode()
-    def generate(self, reqs: list[GenRequest], wait_if_paused: Callable[[], None] = lambda: None) -> None:
-        """Generates all requests of one batch to completion, filling them in place.
+    def generate(
+        self,
+        reqs: list[GenRequest],
+        wait_if_paused: Callable[[], None] = lambda: None,
+        *,
+        notify: Callable[[GenRequest], None] = lambda r: None,
+        take_new: Callable[[int], list[GenRequest]] = lambda n: [],
+        max_batch: int = 1 << 30,
+    ) -> None:
+        """Generates requests to completion with continuous batching, filling them in place.
+
+        Between two decode steps, requests from `take_new` are prefilled and merged into the running batch
+        (their KV caches left-padded to a common length), and finished rows leave it.
 
         Args:
-            reqs: the batch; requests already finished (e.g. aborted before start) are skipped.
+            reqs: the first requests; ones already finished (aborted before start) are only notified.
             wait_if_paused: called between decode steps; blocks while generation is paused in place.
+            notify: called (from this thread) once per request when it finishes.
+            take_new: returns up to n more requests to admit (none: the batch only drains).
+            max_batch: largest number of rows in flight.
         """
-        for r in reqs:
-            if r.aborted and not r.finished:
-                r.finish_reason = {"type": "abort", "message": "Abort before prefill"}
-        live = [r for r in reqs if not r.finished]
-        if not live:
-            return
-        batch_size, max_len = len(live), max(len(r.input_ids) for r in live)
+        batch: _Batch | None = None
+        new = reqs
+        mergeable = True
+        while True:
+            if batch is not None:
+                self._decode(batch)
+            new = [r for r in new if not self._finished_before_prefill(r, notify)]
+            if new:
+                fresh = self._prefill(new)
+                batch = fresh if batch is None else self._merge(batch, fresh)
+            if batch is None:
+                return
+            for i, r in enumerate(batch.live):
+                if not r.finished:
+                    self._step(r, batch.logits_BV[i])
+                if r.finished:
+                    notify(r)
+            batch = self._drop_finished(batch)
+            wait_if_paused()
+            # Merging needs plain full-attention cache layers; other caches (sliding window) only drain.
+            mergeable = mergeable and (batch is None or all(type(la) is DynamicLayer for la in batch.cache.layers))
+            in_flight = 0 if batch is None else len(batch.live)
+            new = take_new(max_batch - in_flight) if (mergeable or batch is None) and in_flight < max_batch else []
+            if batch is None and not new:
+                return
+
+    @staticmethod
+    def _finished_before_prefill(r: GenRequest, notify: Callable[[GenRequest], None]) -> bool:
+        if r.aborted and not r.finished:
+            r.finish_reason = {"type": "abort", "message": "Abort before prefill"}
+        if r.finished:
+            notify(r)
+        return r.finished
+
+    def _prefill(self, reqs: list[GenRequest]) -> _Batch:
+        """One left-padded forward over the prompts; returns the batch with its next-token logits."""
+        batch_size, max_len = len(reqs), max(len(r.input_ids) for r in reqs)
         input_ids_BT = torch.full((batch_size, max_len), self.pad_token_id, dtype=torch.long)
         mask_BT = torch.zeros((batch_size, max_len), dtype=torch.long)
-        for i, r in enumerate(live):
+        for i, r in enumerate(reqs):
             input_ids_BT[i, max_len - len(r.input_ids) :] = torch.tensor(r.input_ids, dtype=torch.long)
             mask_BT[i, max_len - len(r.input_ids) :] = 1
         # Left padding: real tokens get positions 0..P-1; pads get 0 (they are masked out anyway).
         pos_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
-        want_input_logprobs = any(r.logprob_start_len >= 0 for r in live)
+        want_input_logprobs = any(r.logprob_start_len >= 0 for r in reqs)
         with self.lock:
             out = self.model(
                 input_ids=input_ids_BT.to(self.device),
@@ -145,39 +202,68 @@ class ReferenceModel:
                 logits_to_keep=0 if want_input_logprobs else 1,
             )
         if want_input_logprobs:
-            self._fill_input_logprobs(live, out.logits, max_len)
-        cache, logits_BV = out.past_key_values, out.logits[:, -1, :].float().cpu()
-        del out
-        next_pos_B = pos_BT[:, -1] + 1
-        for r in live:
+            self._fill_input_logprobs(reqs, out.logits, max_len)
+        for r in reqs:
             if r.params.max_new_tokens == 0:
                 r.finish_reason = {"type": "length", "length": 0}
-        while True:
-            for i, r in enumerate(live):
-                if not r.finished:
-                    self._step(r, logits_BV[i])
-            keep = [i for i, r in enumerate(live) if not r.finished]
-            if not keep:
-                return
-            if len(keep) < len(live):
-                # Drop finished rows from the batch and the KV cache so they cost nothing further.
-                keep_B = torch.tensor(keep, dtype=torch.long)
-                cache.batch_select_indices(keep_B.to(self.device))
-                mask_BT, next_pos_B = mask_BT[keep_B], next_pos_B[keep_B]
-                live = [live[i] for i in keep]
-            wait_if_paused()
-            last_tokens = [r.output_ids[-1] for r in live]
-            mask_BT = torch.cat([mask_BT, torch.ones((len(live), 1), dtype=torch.long)], dim=1)
-            with self.lock:
-                out = self.model(
-                    input_ids=torch.tensor(last_tokens, dtype=torch.long)[:, None].to(self.device),
-                    attention_mask=mask_BT.to(self.device),
-                    position_ids=next_pos_B[:, None].to(self.device),
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-            cache, logits_BV = out.past_key_values, out.logits[:, -1, :].float().cpu()
-            next_pos_B = next_pos_B + 1
+        return _Batch(
+            live=list(reqs),
+            cache=out.past_key_values,
+            mask_BT=mask_BT,
+            next_pos_B=pos_BT[:, -1] + 1,
+            logits_BV=out.logits[:, -1, :].float().cpu(),
+        )
+
+    def _decode(self, batch: _Batch) -> None:
+        """One decode step: feeds every row's last token, updates cache, mask, positions and logits."""
+        last_tokens = [r.output_ids[-1] for r in batch.live]
+        batch.mask_BT = torch.cat([batch.mask_BT, torch.ones((len(batch.live), 1), dtype=torch.long)], dim=1)
+        with self.lock:
+            out = self.model(
+                input_ids=torch.tensor(last_tokens, dtype=torch.long)[:, None].to(self.device),
+                attention_mask=batch.mask_BT.to(self.device),
+                position_ids=batch.next_pos_B[:, None].to(self.device),
+                past_key_values=batch.cache,
+                use_cache=True,
+            )
+        batch.cache, batch.logits_BV = out.past_key_values, out.logits[:, -1, :].float().cpu()
+        batch.next_pos_B = batch.next_pos_B + 1
+
+    def _drop_finished(self, batch: _Batch) -> _Batch | None:
+        """Removes finished rows from the batch and its KV cache (None when nothing is left)."""
+        keep = [i for i, r in enumerate(batch.live) if not r.finished]
+        if not keep:
+            return None
+        if len(keep) < len(batch.live):
+            keep_B = torch.tensor(keep, dtype=torch.long)
+            batch.cache.batch_select_indices(keep_B.to(self.device))
+            batch.mask_BT, batch.next_pos_B = batch.mask_BT[keep_B], batch.next_pos_B[keep_B]
+            batch.logits_BV = batch.logits_BV[keep_B]
+            batch.live = [batch.live[i] for i in keep]
+        return batch
+
+    @staticmethod
+    def _merge(a: _Batch, b: _Batch) -> _Batch:
+        """Concatenates two batches; the shorter cache is left-padded with masked zeros to a common length."""
+        len_a, len_b = a.mask_BT.shape[1], b.mask_BT.shape[1]
+        total = max(len_a, len_b)
+
+        def pad_seq(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+            if n == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = n
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        for la, lb in zip(a.cache.layers, b.cache.layers, strict=True):
+            # DynamicLayer keys/values: [B, kv_heads, T, head_dim]
+            la.keys = torch.cat([pad_seq(la.keys, total - len_a, 2), pad_seq(lb.keys, total - len_b, 2)], dim=0)
+            la.values = torch.cat([pad_seq(la.values, total - len_a, 2), pad_seq(lb.values, total - len_b, 2)], dim=0)
+        a.mask_BT = torch.cat([pad_seq(a.mask_BT, total - len_a, 1), pad_seq(b.mask_BT, total - len_b, 1)], dim=0)
+        a.next_pos_B = torch.cat([a.next_pos_B, b.next_pos_B])
+        a.logits_BV = torch.cat([a.logits_BV, b.logits_BV])
+        a.live = a.live + b.live
+        return a
 
     @staticmethod
     def _fill_input_logprobs(live: list[GenRequest], logits_BTV: torch.Tensor, max_len: int) -> None:

@@ -1,8 +1,9 @@
-"""Request scheduler of the reference engine: static batching over concurrent HTTP requests.
+"""Request scheduler of the reference engine: continuous batching over concurrent HTTP requests.
 
-Requests queue up; the scheduler waits `batch_wait_s` after the first arrival to collect more, then runs up
-to `max_running_requests` of them as one batch in a worker thread (torch releases the GIL, so the event
-loop keeps serving control endpoints). Requests arriving during a batch form the next one.
+Requests queue up; the scheduler waits `batch_wait_s` after the first arrival to collect more, then runs
+them in a worker thread (torch releases the GIL, so the event loop keeps serving control endpoints). While
+that generation loop runs it admits queued requests between decode steps (up to `max_running_requests` in
+flight) and hands each request back as soon as it finishes.
 
 Pause modes follow SGLang's `PauseGenerationReqInput.mode`: "abort" aborts everything queued or running and
 holds new batches; "in_place" and "retract" hold new batches and stall the running one between decode steps
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -46,7 +48,9 @@ class Scheduler:
         self.random_seed = random_seed
         self._seed_counter = itertools.count()
         self._waiting: list[tuple[GenRequest, asyncio.Future]] = []
-        self._running: list[GenRequest] = []
+        self._running: dict[GenRequest, asyncio.Future] = {}
+        self._lock = threading.Lock()  # guards _waiting/_running between the event loop and the model thread
+        self._loop_ref: asyncio.AbstractEventLoop | None = None
         self._wakeup = asyncio.Event()
         self._resumed = threading.Event()
         self._resumed.set()
@@ -58,7 +62,8 @@ class Scheduler:
 
     def start(self) -> None:
         """Starts the batching loop on the running event loop."""
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._loop_ref = asyncio.get_running_loop()
+        self._task = self._loop_ref.create_task(self._loop())
 
     async def stop(self) -> None:
         """Aborts everything and stops the loop."""
@@ -83,28 +88,30 @@ class Scheduler:
     async def submit(self, req: GenRequest) -> GenRequest:
         """Queues a request and waits until it is finished (stop, length or abort)."""
         fut = asyncio.get_running_loop().create_future()
-        self._waiting.append((req, fut))
+        with self._lock:
+            self._waiting.append((req, fut))
         self._wakeup.set()
         return await fut
 
     def abort(self, *, rid: str | None = None, abort_all: bool = False) -> int:
         """Aborts queued and running requests (all, or those with `rid`); returns how many were hit."""
         hit = 0
-        still_waiting = []
-        for req, fut in self._waiting:
-            if abort_all or req.rid == rid:
-                req.aborted = True
-                req.finish_reason = {"type": "abort", "message": "Abort before prefill"}
-                if not fut.done():
-                    fut.set_result(req)
-                hit += 1
-            else:
-                still_waiting.append((req, fut))
-        self._waiting = still_waiting
-        for req in self._running:
-            if abort_all or req.rid == rid:
-                req.aborted = True
-                hit += 1
+        with self._lock:
+            still_waiting = []
+            for req, fut in self._waiting:
+                if abort_all or req.rid == rid:
+                    req.aborted = True
+                    req.finish_reason = {"type": "abort", "message": "Abort before prefill"}
+                    if not fut.done():
+                        fut.set_result(req)
+                    hit += 1
+                else:
+                    still_waiting.append((req, fut))
+            self._waiting = still_waiting
+            for req in self._running:
+                if abort_all or req.rid == rid:
+                    req.aborted = True  # the model thread finishes it at its next step
+                    hit += 1
         return hit
 
     def pause(self, mode: str) -> None:
@@ -129,39 +136,64 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        """Requests in the batch being generated."""
-        return sum(1 for r in self._running if not r.finished)
+        """Requests admitted to the generation loop and not finished yet."""
+        with self._lock:
+            return sum(1 for r in self._running if not r.finished)
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued for a later batch."""
-        return len(self._waiting)
+        """Requests queued and not admitted yet."""
+        with self._lock:
+            return len(self._waiting)
 
     # ------------------------------------------------------------------------------------------- internal
+
+    def _take(self, n: int) -> list[GenRequest]:
+        """Moves up to n queued requests into the running set (called from the model thread too)."""
+        if self.paused or n <= 0:
+            return []
+        with self._lock:
+            taken, self._waiting = self._waiting[:n], self._waiting[n:]
+            for req, fut in taken:
+                self._running[req] = fut
+        return [req for req, _ in taken]
+
+    def _finish(self, req: GenRequest) -> None:
+        """Resolves a finished request's future (called from the model thread)."""
+        assert self._loop_ref is not None
+        with self._lock:
+            fut = self._running.pop(req, None)
+        if fut is not None:
+            self._loop_ref.call_soon_threadsafe(lambda: fut.done() or fut.set_result(req))
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            if self.paused or not self._waiting:
+            if self.paused or not self.num_waiting:
                 continue
-            if self.batch_wait_s > 0 and len(self._waiting) < self.max_running_requests:
+            if self.batch_wait_s > 0 and self.num_waiting < self.max_running_requests:
                 await asyncio.sleep(self.batch_wait_s)
-            batch = self._waiting[: self.max_running_requests]
-            self._waiting = self._waiting[self.max_running_requests :]
-            self._running = [req for req, _ in batch]
+            first = self._take(self.max_running_requests)
             try:
-                await loop.run_in_executor(self._executor, self.model.generate, self._running, self._resumed.wait)
+                await loop.run_in_executor(
+                    self._executor,
+                    functools.partial(
+                        self.model.generate,
+                        first,
+                        self._resumed.wait,
+                        notify=self._finish,
+                        take_new=self._take,
+                        max_batch=self.max_running_requests,
+                    ),
+                )
             except Exception as exc:  # a failed batch must not kill the server: fail its requests
-                logger.exception("generation batch failed")
-                for _, fut in batch:
+                logger.exception("generation failed")
+                with self._lock:
+                    failed, self._running = list(self._running.values()), {}
+                for fut in failed:
                     if not fut.done():
                         fut.set_exception(exc)
-            finally:
-                self._running = []
-            for req, fut in batch:
-                if not fut.done():
-                    fut.set_result(req)
-            if self._waiting:
+            if self.num_waiting:
                 self._wakeup.set()
