@@ -1,0 +1,245 @@
+"""megatron-core `GPTModel` built from a HF config, loaded from HF weights, and exported as HF weights.
+
+The architecture comes from `slime_convert.ModelArgs` (config.json), the names and tensor transforms
+from `slime_convert.mapping` (the same tables the converter uses). Direct HF loading builds each full
+Megatron tensor and keeps this rank's TP/EP slice; export gathers TP shards and EP experts, maps names
+to HF and broadcasts every pipeline stage's tensors so all ranks see the whole model.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+from slime_convert import ModelArgs
+from slime_convert.hf_io import HFCheckpointReader
+from slime_convert.mapping import mcore_tensor_from_hf, mcore_to_hf
+
+from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_gpt_model", "build_transformer_config", "global_param_names", "iter_hf_weights", "load_hf_weights"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT_RE = re.compile(r"(local_experts\.)(\d+)(\.)|(linear_fc[12]\.weight)(\d+)$")
+
+
+def _use_te(settings: MegatronSettings) -> bool:
+    if settings.transformer_impl == "local":
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        if settings.transformer_impl == "transformer_engine":
+            raise ValueError("--transformer-impl transformer_engine but Transformer Engine is not installed") from None
+        return False
+    return True
+
+
+def build_transformer_config(
+    model_args: ModelArgs, settings: MegatronSettings, *, cpu: bool = False
+) -> TransformerConfig:
+    """megatron-core `TransformerConfig` for the HF architecture and the parallel/precision settings.
+
+    Args:
+        model_args: architecture from config.json.
+        settings: Megatron settings.
+        cpu: initialize weights on CPU and disable CUDA-only fusions (tests).
+    """
+    kwargs = model_args.transformer_config_kwargs()
+    kwargs["activation_func"] = torch.nn.functional.silu
+    dtype = _DTYPES[settings.params_dtype_name]
+    fused = not cpu
+    return TransformerConfig(
+        **kwargs,
+        tensor_model_parallel_size=settings.tensor_model_parallel_size,
+        pipeline_model_parallel_size=settings.pipeline_model_parallel_size,
+        context_parallel_size=settings.context_parallel_size,
+        expert_model_parallel_size=settings.expert_model_parallel_size,
+        expert_tensor_parallel_size=settings.expert_tensor_parallel_size,
+        sequence_parallel=settings.sequence_parallel,
+        params_dtype=dtype,
+        bf16=settings.bf16,
+        fp16=settings.fp16,
+        pipeline_dtype=dtype,
+        # Packed micro-batches differ in length: pipeline p2p must exchange shapes.
+        variable_seq_lengths=settings.pipeline_model_parallel_size > 1,
+        use_cpu_initialization=cpu,
+        perform_initialization=False,  # weights are always loaded afterwards
+        bias_activation_fusion=fused,
+        bias_dropout_fusion=fused,
+        apply_rope_fusion=False,
+        persist_layer_norm=fused,
+        masked_softmax_fusion=fused,
+        gradient_accumulation_fusion=False,
+        recompute_granularity=settings.recompute_granularity,
+        recompute_method=settings.recompute_method,
+        recompute_num_layers=settings.recompute_num_layers,
+        moe_token_dispatcher_type=settings.moe_token_dispatcher_type,
+        moe_grouped_gemm=settings.moe_grouped_gemm,
+        calculate_per_token_loss=True,  # the backend scales losses itself (see backend module docstring)
+    )
+
+
+def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: TransformerConfig) -> GPTModel:
+    """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local)."""
+    if _use_te(settings):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=model_args.num_experts,
+            moe_grouped_gemm=settings.moe_grouped_gemm,
+            qk_layernorm=model_args.qk_layernorm,
+        )
+    else:
+        spec = get_gpt_layer_local_spec(
+            num_experts=model_args.num_experts,
+            moe_grouped_gemm=settings.moe_grouped_gemm,
+            qk_layernorm=model_args.qk_layernorm,
+            normalization="RMSNorm",
+        )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        **model_args.gpt_model_kwargs(settings.tensor_model_parallel_size),
+    )
+
+
+def _layer_offsets(model: GPTModel) -> dict[int, int]:
+    return {i: layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
+
+
+def global_param_names(model: GPTModel, model_args: ModelArgs) -> dict[str, str]:
+    """Local parameter name → name with global layer and expert indices (what the mapping tables use)."""
+    offsets = _layer_offsets(model)
+    num_local_experts = (model_args.num_experts or 0) // max(parallel_state.get_expert_model_parallel_world_size(), 1)
+    expert_offset = parallel_state.get_expert_model_parallel_rank() * num_local_experts
+    out = {}
+    for name, _ in model.named_parameters():
+        g = _LAYER_RE.sub(lambda m: f"decoder.layers.{offsets[int(m.group(1))]}.", name)
+        if model_args.is_moe and ".experts." in g:
+            g = _EXPERT_RE.sub(
+                lambda m: (
+                    f"{m.group(1)}{int(m.group(2)) + expert_offset}{m.group(3)}"
+                    if m.group(1)
+                    else f"{m.group(4)}{int(m.group(5)) + expert_offset}"
+                ),
+                g,
+            )
+        out[name] = g
+    return out
+
+
+def _tp_info(param: torch.nn.Parameter, name: str, gated: bool) -> tuple[bool, int, bool, bool]:
+    """(is TP-partitioned, partition dim, gated fc1, is expert)."""
+    is_expert = not getattr(param, "allreduce", True)
+    partitioned = bool(getattr(param, "tensor_model_parallel", False))
+    is_fc1 = re.search(r"linear_fc1\.weight\d*$", name) is not None
+    return partitioned, int(getattr(param, "partition_dim", 0)), gated and is_fc1, is_expert
+
+
+@torch.no_grad()
+def load_hf_weights(model: GPTModel, hf_dir: str, model_args: ModelArgs, settings: MegatronSettings) -> None:
+    """Loads HF safetensors into this rank's (TP/PP/EP-local) parameters through the mapping tables.
+
+    Raises:
+        KeyError: a parameter without mapping, or a missing HF tensor.
+        ValueError: a shape mismatch (names the parameter).
+    """
+    reader = HFCheckpointReader(hf_dir)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_size = settings.tensor_model_parallel_size
+
+    def read(name: str) -> torch.Tensor:
+        if name == "lm_head.weight" and name not in reader:
+            name = "model.embed_tokens.weight"
+        return reader.get(name)
+
+    names = global_param_names(model, model_args)
+    for local, param in model.named_parameters():
+        full = mcore_tensor_from_hf(names[local], read, model_args, tp=tp_size)
+        partitioned, dim, gated, is_expert = _tp_info(param, local, model.config.gated_linear_unit)
+        if partitioned and not is_expert and tp_size > 1:
+            full = shard_for_tp(full, tp_rank, tp_size, partition_dim=dim, gated=gated)
+        if tuple(full.shape) != tuple(param.shape):
+            raise ValueError(f"{local} ({names[local]}): HF gives {tuple(full.shape)}, model has {tuple(param.shape)}")
+        param.copy_(full.to(param.dtype))
+    reader.close()
+    logger.info("loaded HF weights from %s", hf_dir)
+
+
+def _all_gather(t: torch.Tensor, group: dist.ProcessGroup, size: int) -> list[torch.Tensor]:
+    if size == 1:
+        return [t]
+    out = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+
+@torch.no_grad()
+def _iter_stage_full_params(model: GPTModel, model_args: ModelArgs) -> Iterator[tuple[str, torch.Tensor]]:
+    """This stage's parameters as full tensors under global Megatron names (collective over TP and EP)."""
+    names = global_param_names(model, model_args)
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    ep_group = parallel_state.get_expert_model_parallel_group()
+    ep_size = parallel_state.get_expert_model_parallel_world_size()
+    num_local_experts = (model_args.num_experts or 0) // max(ep_size, 1)
+    for local, param in model.named_parameters():
+        if model_args.tie_word_embeddings and local.endswith("output_layer.weight"):
+            continue  # the last stage's copy of the shared embedding
+        partitioned, dim, gated, is_expert = _tp_info(param, local, model.config.gated_linear_unit)
+        tensor = param.detach()
+        if partitioned and not is_expert and tp_size > 1:
+            tensor = merge_tp_shards(_all_gather(tensor, tp_group, tp_size), partition_dim=dim, gated=gated)
+        if not is_expert or ep_size == 1:
+            yield names[local], tensor
+            continue
+        ep_rank = parallel_state.get_expert_model_parallel_rank()
+        for src, shard in enumerate(_all_gather(tensor, ep_group, ep_size)):
+            # Re-index the expert from this rank's numbering to rank `src`'s.
+            delta = (src - ep_rank) * num_local_experts
+            name = re.sub(
+                r"(local_experts\.|\.weight)(\d+)",
+                lambda m, d=delta: f"{m.group(1)}{int(m.group(2)) + d}",
+                names[local],
+            )
+            yield name, shard
+
+
+@torch.no_grad()
+def iter_hf_weights(model: GPTModel, model_args: ModelArgs) -> Iterator[tuple[str, torch.Tensor]]:
+    """All HF `(name, tensor)` pairs of the model, on every rank (collective over TP, EP and PP).
+
+    Each pipeline stage's tensors are broadcast over the PP group in stage order, so every rank yields
+    the same sequence; embedding/head padding is stripped and fused tensors are split.
+    """
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    if pp_size == 1:
+        for name, tensor in _iter_stage_full_params(model, model_args):
+            yield from mcore_to_hf(name, tensor, model_args)
+        return
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    ranks = dist.get_process_group_ranks(pp_group)
+    device = next(model.parameters()).device
+    for stage in range(pp_size):
+        local = list(_iter_stage_full_params(model, model_args)) if stage == pp_rank else []
+        meta = [[(n, tuple(t.shape), t.dtype) for n, t in local]]
+        dist.broadcast_object_list(meta, src=ranks[stage], group=pp_group)
+        for i, (name, shape, dtype) in enumerate(meta[0]):
+            tensor = local[i][1].contiguous() if stage == pp_rank else torch.empty(shape, dtype=dtype, device=device)
+            dist.broadcast(tensor, src=ranks[stage], group=pp_group)
+            yield from mcore_to_hf(name, tensor, model_args)
