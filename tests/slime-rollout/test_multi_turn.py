@@ -385,3 +385,17 @@ async def test_dataset_metadata_and_env_kwargs_reach_env(tok, qwen3_tokenizer_di
     expected = tok.apply_chat_template(sample.prompt, tools=tools, tokenize=False, add_generation_prompt=True)
     assert out.tokens[: out.prompt_length] == enc(tok, expected)
     assert out.reward == 0.5 and out.metadata["env_reward"] == 0.5
+
+
+async def test_partial_episode_restarts_from_prompt(tok, qwen3_tokenizer_dir, monkeypatch):
+    install(monkeypatch, ScriptedEngine(tok, ["<think>\npartial"], finish_types=["abort"]))
+    sample = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params())
+    assert sample.status is Status.ABORTED
+    prompt = list(sample.tokens[: sample.prompt_length])
+    engine = ScriptedEngine(tok, [FINAL_TURN])
+    install(monkeypatch, engine)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), sample, params())
+    assert engine.payloads[0]["input_ids"] == prompt
+    assert out.tokens == prompt + enc(tok, FINAL_TURN)
+    assert out.loss_mask == [1] * len(enc(tok, FINAL_TURN)) and out.weight_versions == ["3"]
+    assert out.status is Status.COMPLETED and out.response == FINAL_TURN

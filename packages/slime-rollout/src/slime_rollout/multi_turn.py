@@ -248,6 +248,16 @@ def _parse_reply(reply: Mapping[str, Any]) -> tuple[list[int], list[float], Mapp
     return [int(e[1]) for e in entries], [float(e[0]) for e in entries], meta
 
 
+def _reset_response(sample: Sample) -> None:
+    del sample.tokens[sample.prompt_length :]
+    sample.response_length = 0
+    sample.response = ""
+    sample.loss_mask = None
+    sample.rollout_log_probs = None
+    sample.status = Status.PENDING
+    sample.weight_versions.clear()
+
+
 def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
     if step.tool_responses is not None:
         return render_tool_observation(tokenizer, step.tool_responses, model_turn=model_turn)
@@ -271,11 +281,16 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
         and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
 
     Raises:
-        ValueError: no environment configured, a malformed engine reply, or a sample that already has a
-            response (multi-turn episodes are not resumed by partial rollout).
+        ValueError: no environment configured, or a malformed engine reply.
+
+    A sample that already holds a partial response (an aborted episode from the partial-rollout
+    buffer) is restarted from its prompt: the environment's state cannot be resumed.
     """
     if sample.response_length > 0:
-        raise ValueError(f"sample {sample.index}: multi-turn generate cannot continue a partial response")
+        # A partial episode (aborted, back from the partial-rollout buffer): the env state is gone, so the
+        # episode restarts from the prompt.
+        logger.debug("sample %s: restarting a partial multi-turn episode from its prompt", sample.index)
+        _reset_response(sample)
     tokenizer = get_tokenizer(args.hf_checkpoint)
     env = build_env(args, sample)
     if not sample.tokens:
