@@ -429,3 +429,31 @@ async def test_max_context_len_caps_new_tokens(use_client):
     s = await generate_mod.generate(_args(rollout_max_context_len=10), s, {"max_new_tokens": 8})
     assert client.payloads[0]["sampling_params"]["max_new_tokens"] == 6
     assert s.response_length == 6 and s.status is Status.TRUNCATED
+
+
+def test_rollout_with_real_config(use_client, fixtures_dir, qwen3_tokenizer_dir):
+    from slime_core.config import parse_args
+    from slime_rollout.rollout import create_data_source
+
+    class AnyPromptClient(FakeClient):
+        async def generate(self, payload):
+            assert payload["input_ids"][0] != 0  # real Qwen3 ids of the question
+            return await super().generate(dict(payload, input_ids=[0]))
+
+    use_client(AnyPromptClient({0: [A, B]}, lengths={0: 3}))
+    args = parse_args(
+        [
+            *("--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1"),
+            *("--prompt-data", str(fixtures_dir / "gsm8k" / "test-50.jsonl"), "--input-key", "question"),
+            *("--label-key", "answer", "--rollout-max-response-len", "8", "--hf-checkpoint", str(qwen3_tokenizer_dir)),
+            *("--custom-rm-path", f"{__name__}.reward_is_a", "--rollout-engine-urls", "http://unused:1"),
+        ]
+    )
+    ds = create_data_source(args)
+    out = run_rollout(args, 0, ds)
+    flat = [s for g in out.samples for s in g]
+    assert [s.response for s in flat] == ["AAA", "BBB", "AAA", "BBB"]
+    assert flat[0].label.endswith("#### 18")
+    assert out.metrics["rollout/raw_reward"] == 0.5
+    # GRPO: (r - mean) / (std + 1e-6) per group averages to 0.
+    assert out.metrics["rollout/rewards"] == pytest.approx(0.0, abs=1e-9)
