@@ -216,6 +216,8 @@ def save_model_dir(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, 
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for f in tmp.iterdir():
+            f.chmod(0o644)  # some writers create 0600 files
         old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old")

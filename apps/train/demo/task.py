@@ -78,6 +78,7 @@ def write_jsonl(path: Path, items: list[dict[str, str]]) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for it in items:
                 f.write(json.dumps(it, ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; data files should be world-readable like any other
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
