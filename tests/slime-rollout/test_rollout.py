@@ -457,3 +457,11 @@ def test_rollout_with_real_config(use_client, fixtures_dir, qwen3_tokenizer_dir)
     assert out.metrics["rollout/raw_reward"] == 0.5
     # GRPO: (r - mean) / (std + 1e-6) per group averages to 0.
     assert out.metrics["rollout/rewards"] == pytest.approx(0.0, abs=1e-9)
+
+
+async def test_deterministic_inference_sampling_seeds(use_client):
+    client = use_client(FakeClient({0: [A], 1: [A]}))
+    args = _args(sglang_args={"enable_deterministic_inference": True}, rollout_seed=100)
+    await generate_rollout_async(args, 0, ListDataSource(n=2))
+    seeds = sorted((p["input_ids"][0], p["sampling_params"]["sampling_seed"]) for p in client.payloads)
+    assert seeds == [(0, 100), (0, 101), (1, 100), (1, 101)]

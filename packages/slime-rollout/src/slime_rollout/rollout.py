@@ -148,11 +148,22 @@ async def generate_and_rm(
 
 
 async def generate_and_rm_group(args: Any, group: list[Sample], state: RolloutState) -> list[Any]:
-    """Generates and scores one prompt group concurrently (group reward with `--group-rm`)."""
+    """Generates and scores one prompt group concurrently (group reward with `--group-rm`).
+
+    With `--sglang-enable-deterministic-inference`, sample j of the group is sampled with
+    `sampling_seed = rollout_seed + j`.
+    """
     for sample in group:
         if sample.session_id is None:
             sample.session_id = uuid.uuid4().hex
-    results = list(await asyncio.gather(*(generate_and_rm(args, s, state) for s in group)))
+    params: list[dict[str, Any] | None] = [None] * len(group)
+    if (getattr(args, "sglang_args", None) or {}).get("enable_deterministic_inference"):
+        # Reproducible sampling (original): sample j of every group uses seed rollout_seed + j.
+        seed = int(getattr(args, "rollout_seed", 42))
+        params = [dict(state.sampling_params, sampling_seed=seed + j) for j in range(len(group))]
+    results = list(
+        await asyncio.gather(*(generate_and_rm(args, s, state, p) for s, p in zip(group, params, strict=True)))
+    )
     if getattr(args, "group_rm", False) and not state.aborted:
         flat = flatten_groups([results])
         if all(s.status is not Status.ABORTED for s in flat) and any(s.reward is None for s in flat):
