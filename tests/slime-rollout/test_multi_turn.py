@@ -399,3 +399,20 @@ async def test_partial_episode_restarts_from_prompt(tok, qwen3_tokenizer_dir, mo
     assert out.tokens == prompt + enc(tok, FINAL_TURN)
     assert out.loss_mask == [1] * len(enc(tok, FINAL_TURN)) and out.weight_versions == ["3"]
     assert out.status is Status.COMPLETED and out.response == FINAL_TURN
+
+
+class BrokenEnv:
+    def reset(self, *, prompt, label, metadata):
+        pass
+
+    async def step(self, model_turn):
+        raise RuntimeError("env bug")
+
+
+async def test_env_exception_fails_only_the_sample(tok, qwen3_tokenizer_dir, monkeypatch):
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN]))
+    args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:BrokenEnv")
+    out = await multi_turn.generate(args, Sample(prompt="x", index=0), params())
+    assert out.status is Status.FAILED
+    assert out.metadata["env_error"] == "RuntimeError: env bug"
+    assert out.loss_mask == [1] * len(enc(tok, TOOL_TURN))

@@ -277,7 +277,8 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
 
     Returns:
         The sample with model turns (trainable, engine log-probs) and observations (masked, 0.0)
-        appended; `metadata["env_reward"]`, `["num_turns"]`, `["env_info"]`. If the env gave a reward
+        appended; `metadata["env_reward"]`, `["num_turns"]`, `["env_info"]`. An exception raised by the
+        env's `step` marks the sample FAILED (`metadata["env_error"]`). If the env gave a reward
         and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
 
     Raises:
@@ -330,8 +331,15 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
             break  # the turn hit max_new_tokens = the rest of the shared budget
 
         start = time.monotonic()
-        step = await env.step(text)
-        sample.non_generation_time += time.monotonic() - start
+        try:
+            step = await env.step(text)
+        except Exception as e:  # a broken env fails this sample, not the whole rollout
+            logger.warning("sample %s: env step failed: %r", sample.index, e)
+            sample.status = Status.FAILED
+            sample.metadata["env_error"] = f"{type(e).__name__}: {e}"
+            break
+        finally:
+            sample.non_generation_time += time.monotonic() - start
         infos.append(dict(step.info))
         if step.reward is not None:
             env_reward = step.reward
