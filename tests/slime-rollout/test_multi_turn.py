@@ -413,6 +413,6 @@ async def test_env_exception_fails_only_the_sample(tok, qwen3_tokenizer_dir, mon
     install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN]))
     args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:BrokenEnv")
     out = await multi_turn.generate(args, Sample(prompt="x", index=0), params())
-    assert out.status is Status.FAILED
+    assert out.status is Status.FAILED and out.remove_sample
     assert out.metadata["env_error"] == "RuntimeError: env bug"
     assert out.loss_mask == [1] * len(enc(tok, TOOL_TURN))

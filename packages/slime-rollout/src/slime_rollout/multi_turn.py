@@ -278,7 +278,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     Returns:
         The sample with model turns (trainable, engine log-probs) and observations (masked, 0.0)
         appended; `metadata["env_reward"]`, `["num_turns"]`, `["env_info"]`. An exception raised by the
-        env's `step` marks the sample FAILED (`metadata["env_error"]`). If the env gave a reward
+        env's `step` marks the sample FAILED with `remove_sample` (`metadata["env_error"]`). If the env gave a reward
         and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
 
     Raises:
@@ -336,6 +336,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
         except Exception as e:  # a broken env fails this sample, not the whole rollout
             logger.warning("sample %s: env step failed: %r", sample.index, e)
             sample.status = Status.FAILED
+            sample.remove_sample = True  # keep the group's shape, train on none of it
             sample.metadata["env_error"] = f"{type(e).__name__}: {e}"
             break
         finally:
