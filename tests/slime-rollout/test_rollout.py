@@ -465,3 +465,53 @@ async def test_deterministic_inference_sampling_seeds(use_client):
     await generate_rollout_async(args, 0, ListDataSource(n=2))
     seeds = sorted((p["input_ids"][0], p["sampling_params"]["sampling_seed"]) for p in client.payloads)
     assert seeds == [(0, 100), (0, 101), (1, 100), (1, 101)]
+
+
+def test_eval_config_yaml_resolution_and_rollout(use_client, tmp_path, qwen3_tokenizer_dir):
+    import json
+
+    from slime_rollout.eval import eval_datasets
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"q": f"q{i}", "a": "AA"}) + "\n" for i in range(2)))
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(
+        "eval:\n"
+        "  defaults: {temperature: 0.3, max_response_len: 5, input_key: q}\n"
+        "  datasets:\n"
+        f"    - {{name: one, path: {data}, label_key: a, n_samples_per_eval_prompt: 3}}\n"
+        f"    - {{name: two, path: {data}, label_key: a, rm_type: math, temperature: 0.9, top_k: 4}}\n"
+    )
+    args = _args(
+        eval_config=str(cfg),
+        eval_prompt_data=["three", str(data)],
+        n_samples_per_eval_prompt=1,
+        eval_temperature=None,
+        input_key="q",
+        label_key="a",
+        hf_checkpoint=str(qwen3_tokenizer_dir),
+    )
+    one, two, three = eval_datasets(args)
+    assert [d["name"] for d in (one, two, three)] == ["one", "two", "three"]
+    assert one["sampling_params"]["temperature"] == 0.3 and one["sampling_params"]["max_new_tokens"] == 5
+    assert two["sampling_params"]["temperature"] == 0.9 and two["sampling_params"]["top_k"] == 4
+    assert three["sampling_params"]["temperature"] == 0.3  # YAML defaults apply to flag datasets too
+    assert one["n_samples_per_eval_prompt"] == 3 and three["n_samples_per_eval_prompt"] == 1
+    assert two["rm_type"] == "math" and one["rm_type"] is None
+
+    class OneScript(FakeClient):
+        async def generate(self, payload):
+            return await super().generate(dict(payload, input_ids=[0]))
+
+    use_client(OneScript({0: [A]}, lengths={0: 2}))
+    args.custom_rm_path = None
+    args.rm_type = "f1"
+    out = generate_rollout(args, 0, None, evaluation=True)
+    assert len(out.data["one"]["samples"]) == 6 and len(out.data["two"]["samples"]) == 2
+    assert out.metrics["eval/one"] == 1.0  # --rm-type f1: f1("AA", "AA") = 1
+    assert out.metrics["eval/two"] == 0.0  # the dataset rm_type (math) wins: no box in "AA"
+    assert out.data["two"]["samples"][0].metadata["rm_type"] == "math"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("eval:\n  datasets:\n    - {name: x, path: y, tempreature: 1}\n")
+    with pytest.raises(ValueError, match=r"datasets\[0\]: unknown key\(s\) \['tempreature'\]"):
+        eval_datasets(_args(eval_config=str(bad)))

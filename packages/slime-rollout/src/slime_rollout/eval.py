@@ -1,10 +1,17 @@
-"""Eval rollouts (`--eval-prompt-data name path [name path ...]`).
+"""Eval rollouts (`--eval-prompt-data name path [name path ...]` and/or `--eval-config FILE.yaml`).
 
-Every eval dataset is generated with the eval sampling parameters (`--eval-temperature`,
-`--eval-top-p`, `--eval-max-response-len`, ... falling back to the rollout ones),
-`--n-samples-per-eval-prompt` samples per prompt, all datasets concurrently, and scored with the
-per-sample reward. Metrics: `eval/{name}` (mean reward, `--eval-reward-key`), `eval/{name}-truncated_ratio`,
-`eval/{name}/response_len/mean`.
+Every eval dataset is generated with its own sampling parameters and `n_samples_per_eval_prompt`
+samples per prompt, all datasets concurrently, and scored with the per-sample reward. A setting is
+resolved dataset entry → `eval.defaults` of the YAML → flags (`--eval-temperature`, ... falling back to
+the rollout ones). Metrics: `eval/{name}` (mean reward, `--eval-reward-key`),
+`eval/{name}-truncated_ratio`, `eval/{name}/response_len/mean`.
+
+YAML layout::
+
+    eval:
+      defaults: {max_response_len: 512, temperature: 0.6}
+      datasets:
+        - {name: gsm8k, path: data/gsm8k_test.jsonl, rm_type: math, n_samples_per_eval_prompt: 4}
 """
 
 from __future__ import annotations
@@ -13,41 +20,125 @@ import asyncio
 import copy
 import functools
 import logging
+import pathlib
 import statistics
 from typing import Any
 
+import yaml
 from slime_core.sample import Sample, Status
 
 from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data_source import _chat_template_kwargs, get_tokenizer, load_prompt_rows, rows_to_samples
+from slime_rollout.generate import build_sampling_params
 from slime_rollout.metrics import flatten_groups, reward_value
 from slime_rollout.rollout import RolloutState, generate_and_rm
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["eval_datasets", "eval_rollout", "eval_rollout_async"]
+__all__ = ["DATASET_KEYS", "eval_datasets", "eval_rollout", "eval_rollout_async"]
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_response_len", "min_new_tokens", "stop", "stop_token_ids")
+DATASET_KEYS = frozenset(
+    {
+        "name",
+        "path",
+        "rm_type",
+        "n_samples_per_eval_prompt",
+        "input_key",
+        "label_key",
+        "tool_key",
+        "metadata_key",
+        "apply_chat_template",
+        "apply_chat_template_kwargs",
+        "max_prompt_len",
+        "custom_rm_path",
+        "custom_generate_function_path",
+        *_SAMPLING_KEYS,
+    }
+)
 
 
-def eval_datasets(args: Any) -> list[tuple[str, str]]:
-    """`(name, path)` pairs of `--eval-prompt-data`.
+def _check_keys(entry: Any, where: str) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(entry).__name__}")
+    unknown = set(entry) - DATASET_KEYS
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DATASET_KEYS)}")
+    return dict(entry)
 
-    Raises:
-        ValueError: an odd number of entries or a duplicate name.
-    """
-    spec = list(getattr(args, "eval_prompt_data", None) or [])
-    if len(spec) % 2:
-        raise ValueError(f"--eval-prompt-data takes pairs 'name path', got {len(spec)} values: {spec}")
-    pairs = list(zip(spec[0::2], spec[1::2], strict=True))
-    names = [name for name, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"--eval-prompt-data: duplicate dataset names in {names}")
-    return pairs
+
+def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    try:
+        raw = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--eval-config file not found: {path}") from None
+    section = raw.get("eval", raw) if isinstance(raw, dict) else None
+    if not isinstance(section, dict):
+        raise ValueError(f"--eval-config {path}: expected a mapping with 'eval: {{defaults, datasets}}'")
+    defaults = _check_keys(section.get("defaults") or {}, f"--eval-config {path}: eval.defaults")
+    datasets = []
+    for i, entry in enumerate(section.get("datasets") or []):
+        entry = _check_keys(entry, f"--eval-config {path}: eval.datasets[{i}]")
+        if not entry.get("name") or not entry.get("path"):
+            raise ValueError(f"--eval-config {path}: eval.datasets[{i}] needs 'name' and 'path'")
+        datasets.append(entry)
+    return defaults, datasets
 
 
 def _eval_arg(args: Any, name: str, default: Any = None) -> Any:
     value = getattr(args, f"eval_{name}", None)
     return value if value is not None else getattr(args, name, default)
+
+
+def eval_datasets(args: Any) -> list[dict[str, Any]]:
+    """The eval datasets with every setting resolved (dataset → YAML defaults → flags).
+
+    Args:
+        args: reads `eval_prompt_data`, `eval_config`, and the flag fallbacks (`eval_*`, `input_key`, ...).
+
+    Returns:
+        One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params`.
+
+    Raises:
+        ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config`.
+    """
+    spec = list(getattr(args, "eval_prompt_data", None) or [])
+    if len(spec) % 2:
+        raise ValueError(f"--eval-prompt-data takes pairs 'name path', got {len(spec)} values: {spec}")
+    defaults: dict[str, Any] = {}
+    entries = [{"name": n, "path": p} for n, p in zip(spec[0::2], spec[1::2], strict=True)]
+    if getattr(args, "eval_config", None):
+        defaults, from_yaml = _load_eval_config(args.eval_config)
+        entries = from_yaml + entries
+    names = [e["name"] for e in entries]
+    if len(set(names)) != len(names):
+        raise ValueError(f"eval datasets: duplicate names in {names}")
+
+    flags = {
+        "rm_type": getattr(args, "rm_type", None),
+        "n_samples_per_eval_prompt": int(getattr(args, "n_samples_per_eval_prompt", 1)),
+        "input_key": _eval_arg(args, "input_key", "input"),
+        "label_key": _eval_arg(args, "label_key"),
+        "tool_key": _eval_arg(args, "tool_key", "tools"),
+        "metadata_key": getattr(args, "metadata_key", "metadata"),
+        "apply_chat_template": bool(getattr(args, "apply_chat_template", False)),
+        "apply_chat_template_kwargs": _chat_template_kwargs(args),
+        "max_prompt_len": getattr(args, "eval_max_prompt_len", None),
+        "custom_rm_path": None,
+        "custom_generate_function_path": None,
+    }
+    base_params = build_sampling_params(args, evaluation=True)
+    resolved = []
+    for entry in entries:
+        cfg = {**flags, **defaults, **entry}
+        params = dict(base_params)
+        for key in _SAMPLING_KEYS:
+            if key in defaults or key in entry:
+                params["max_new_tokens" if key == "max_response_len" else key] = cfg[key]
+        cfg["sampling_params"] = params
+        resolved.append(cfg)
+    return resolved
 
 
 @functools.cache
@@ -70,32 +161,37 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
     return tuple(samples)
 
 
-def _prompts(args: Any, path: str) -> list[Sample]:
+def _prompts(args: Any, cfg: dict[str, Any]) -> list[Sample]:
     return list(
         _load_eval_prompts(
-            path,
-            _eval_arg(args, "input_key", "input"),
-            _eval_arg(args, "label_key"),
-            getattr(args, "metadata_key", "metadata"),
-            _eval_arg(args, "tool_key", "tools"),
+            str(cfg["path"]),
+            cfg["input_key"],
+            cfg["label_key"],
+            cfg["metadata_key"],
+            cfg["tool_key"],
             getattr(args, "hf_checkpoint", None),
-            bool(getattr(args, "apply_chat_template", False)),
-            tuple(sorted(_chat_template_kwargs(args).items())),
-            getattr(args, "eval_max_prompt_len", None),
+            bool(cfg["apply_chat_template"]),
+            tuple(sorted(dict(cfg["apply_chat_template_kwargs"] or {}).items())),
+            cfg["max_prompt_len"],
         )
     )
 
 
-async def _eval_dataset(args: Any, name: str, path: str, state: RolloutState) -> dict[str, Any]:
-    n = int(getattr(args, "n_samples_per_eval_prompt", 1))
+async def _eval_dataset(args: Any, cfg: dict[str, Any], state: RolloutState) -> dict[str, Any]:
+    n = int(cfg["n_samples_per_eval_prompt"])
     samples = []
-    for group_index, prompt in enumerate(_prompts(args, path)):
+    for group_index, prompt in enumerate(_prompts(args, cfg)):
         for j in range(n):
             sample = copy.deepcopy(prompt)
             sample.group_index, sample.index = group_index, group_index * n + j
-            sample.metadata.setdefault("source_name", name)
+            sample.metadata.setdefault("source_name", cfg["name"])
+            if cfg["rm_type"]:
+                sample.metadata.setdefault("rm_type", cfg["rm_type"])
+            sample.custom_rm_path = sample.custom_rm_path or cfg["custom_rm_path"]
+            sample.generate_function_path = sample.generate_function_path or cfg["custom_generate_function_path"]
             samples.append(sample)
-    results = await asyncio.gather(*(generate_and_rm(args, s, state) for s in samples))
+    params = cfg["sampling_params"]
+    results = await asyncio.gather(*(generate_and_rm(args, s, state, params) for s in samples))
     flat = flatten_groups([list(results)])
     key = _eval_arg(args, "reward_key")
     return {
@@ -109,8 +205,8 @@ async def eval_rollout_async(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
     """Generates and scores every eval dataset concurrently.
 
     Args:
-        args: reads `eval_prompt_data`, `n_samples_per_eval_prompt`, `eval_*` sampling/key overrides,
-            `eval_reward_key` (else `reward_key`), plus what generate and rewards read.
+        args: reads `eval_prompt_data`, `eval_config`, `n_samples_per_eval_prompt`, `eval_*`
+            sampling/key overrides, `eval_reward_key` (else `reward_key`), plus what generate and rewards read.
         rollout_id: the training rollout this eval follows.
 
     Returns:
@@ -119,14 +215,14 @@ async def eval_rollout_async(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
     Raises:
         ValueError: no eval datasets, or `--group-rm` (unsupported in eval, as in the original).
     """
-    pairs = eval_datasets(args)
-    if not pairs:
-        raise ValueError("eval rollout needs --eval-prompt-data name path [name path ...]")
+    datasets = eval_datasets(args)
+    if not datasets:
+        raise ValueError("eval rollout needs --eval-prompt-data name path [...] or --eval-config")
     if getattr(args, "group_rm", False):
         raise ValueError("--group-rm is not supported in eval rollouts")
     state = RolloutState.create(args, rollout_id=rollout_id, evaluation=True)
-    results = await asyncio.gather(*(_eval_dataset(args, name, path, state) for name, path in pairs))
-    data = {name: result for (name, _), result in zip(pairs, results, strict=True)}
+    results = await asyncio.gather(*(_eval_dataset(args, cfg, state) for cfg in datasets))
+    data = {cfg["name"]: result for cfg, result in zip(datasets, results, strict=True)}
     metrics: dict[str, float] = {}
     for name, result in data.items():
         if not result["samples"]:
