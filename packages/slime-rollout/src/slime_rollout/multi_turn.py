@@ -264,6 +264,56 @@ def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
     return step.observation
 
 
+async def _model_turn(
+    client: Any, tokenizer: Any, sample: Sample, params: dict[str, Any], budget: int
+) -> tuple[str, str]:
+    """Generates one model turn into `sample`; returns (engine text, text decoded from the engine ids)."""
+    params = dict(params, max_new_tokens=budget - sample.response_length)
+    payload = {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True}
+    reply = await single_turn.call_client(client.generate, payload)
+    tokens, log_probs, meta = _parse_reply(reply)
+    # Decoded from the ids, special tokens kept, whatever `skip_special_tokens` the engine used: this is
+    # what tells whether the turn ended with the template's end-of-turn token.
+    token_text = tokenizer.decode(tokens)
+    text = reply.get("text")
+    if text is None:
+        text = token_text
+    sample.status = Status.PENDING
+    sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta)
+    if sample.status is Status.PENDING:
+        sample.status = Status.COMPLETED
+    return text, token_text
+
+
+async def _env_step(env: Env, sample: Sample, text: str) -> EnvStep | None:
+    """Steps the env; an exception marks the sample FAILED (and removed from training) and returns None."""
+    start = time.monotonic()
+    try:
+        return await env.step(text)
+    except Exception as e:  # a broken env fails this sample, not the whole rollout
+        logger.warning("sample %s: env step failed: %r", sample.index, e)
+        sample.status = Status.FAILED
+        sample.remove_sample = True  # keep the group's shape, train on none of it
+        sample.metadata["env_error"] = f"{type(e).__name__}: {e}"
+        return None
+    finally:
+        sample.non_generation_time += time.monotonic() - start
+
+
+def _append_observation(tokenizer: Any, sample: Sample, text: str, budget: int) -> bool:
+    """Appends the observation as masked tokens; False (sample TRUNCATED) when it uses up the budget."""
+    obs_ids = tokenizer.encode(text, add_special_tokens=False)
+    room = budget - sample.response_length
+    if len(obs_ids) >= room:
+        # No room left for another model token after it: keep what fits and stop.
+        obs_ids = obs_ids[:room]
+        sample.append_response_tokens(obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
+        sample.status = Status.TRUNCATED
+        return False
+    sample.append_response_tokens(obs_ids, trainable=False, text=text)
+    return True
+
+
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """Runs one multi-turn episode against the sample's environment.
 
@@ -278,8 +328,8 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     Returns:
         The sample with model turns (trainable, engine log-probs) and observations (masked, 0.0)
         appended; `metadata["env_reward"]`, `["num_turns"]`, `["env_info"]`. An exception raised by the
-        env's `step` marks the sample FAILED with `remove_sample` (`metadata["env_error"]`). If the env gave a reward
-        and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
+        env's `step` marks the sample FAILED with `remove_sample` (`metadata["env_error"]`). If the env
+        gave a reward and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
 
     Raises:
         ValueError: no environment configured, or a malformed engine reply.
@@ -309,53 +359,24 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     num_turns = 0
     max_turns = int(getattr(args, "max_turns", 1))
     for turn in range(max_turns):
-        remaining = budget - sample.response_length
-        if remaining <= 0:
+        if budget - sample.response_length <= 0:
             sample.status = Status.TRUNCATED
             break
-        params["max_new_tokens"] = remaining
-        payload = {"input_ids": list(sample.tokens), "sampling_params": dict(params), "return_logprob": True}
-        reply = await single_turn.call_client(client.generate, payload)
-        tokens, log_probs, meta = _parse_reply(reply)
-        text = reply.get("text")
-        if text is None:
-            text = tokenizer.decode(tokens)
-        sample.status = Status.PENDING
-        sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta)
+        text, token_text = await _model_turn(client, tokenizer, sample, params, budget)
         num_turns += 1
-        if sample.status is Status.ABORTED:
+        if sample.status in (Status.ABORTED, Status.TRUNCATED):
+            break  # aborted, or the turn used up the rest of the shared budget
+        step = await _env_step(env, sample, text)
+        if step is None:
             break
-        if sample.status is Status.PENDING:
-            sample.status = Status.COMPLETED
-        if sample.status is Status.TRUNCATED:
-            break  # the turn hit max_new_tokens = the rest of the shared budget
-
-        start = time.monotonic()
-        try:
-            step = await env.step(text)
-        except Exception as e:  # a broken env fails this sample, not the whole rollout
-            logger.warning("sample %s: env step failed: %r", sample.index, e)
-            sample.status = Status.FAILED
-            sample.remove_sample = True  # keep the group's shape, train on none of it
-            sample.metadata["env_error"] = f"{type(e).__name__}: {e}"
-            break
-        finally:
-            sample.non_generation_time += time.monotonic() - start
         infos.append(dict(step.info))
         if step.reward is not None:
             env_reward = step.reward
         if step.done or turn == max_turns - 1:
             # No turn left to read an observation: the response ends on the model's tokens.
             break
-        obs_ids = tokenizer.encode(_observation_text(tokenizer, step, text), add_special_tokens=False)
-        room = budget - sample.response_length
-        if len(obs_ids) >= room:
-            # The observation does not leave room for another model token: keep what fits, stop.
-            obs_ids = obs_ids[:room]
-            sample.append_response_tokens(obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
-            sample.status = Status.TRUNCATED
+        if not _append_observation(tokenizer, sample, _observation_text(tokenizer, step, token_text), budget):
             break
-        sample.append_response_tokens(obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
 
     sample.metadata["num_turns"] = num_turns
     sample.metadata["env_info"] = infos
