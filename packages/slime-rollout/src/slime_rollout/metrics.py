@@ -37,6 +37,16 @@ def reward_value(sample: Sample, reward_key: str | None) -> float:
     return sample.get_reward_value(reward_key)
 
 
+# What `slime_core.train_data.postprocess_rewards` reads; without them `rollout/rewards` is skipped.
+_NORMALIZATION_FIELDS = (
+    "advantage_estimator",
+    "disable_rewards_normalization",
+    "disable_grpo_std_normalization",
+    "n_samples_per_prompt",
+    "reward_key",
+)
+
+
 def _num_gpus(args: Any) -> int:
     gpus = getattr(args, "rollout_num_gpus", None)
     return max(int(gpus), 1) if gpus else 1
@@ -53,7 +63,7 @@ def compute_rollout_metrics(
 
     Args:
         args: reads `reward_key`, `rollout_num_gpus`, and for `rollout/rewards` the reward-normalization
-            flags used by `slime_core.train_data.postprocess_rewards` (skipped if `advantage_estimator` is absent).
+            flags used by `slime_core.train_data.postprocess_rewards` (skipped if they are absent).
         groups: the accepted groups.
         rollout_time: wall-clock seconds of the rollout.
         drop_counts: groups dropped by the dynamic filter, per reason.
@@ -72,7 +82,7 @@ def compute_rollout_metrics(
     if scored:
         raw = [reward_value(s, reward_key) for s in scored]
         metrics["rollout/raw_reward"] = statistics.fmean(raw)
-        if hasattr(args, "advantage_estimator") and len(scored) == len(samples):
+        if all(hasattr(args, f) for f in _NORMALIZATION_FIELDS) and len(scored) == len(samples):
             from slime_core.train_data import postprocess_rewards
 
             metrics["rollout/rewards"] = statistics.fmean(postprocess_rewards(args, samples)[1])
