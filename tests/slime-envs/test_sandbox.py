@@ -59,6 +59,12 @@ async def test_forbidden_actions_are_reported(code, needle):
     assert not os.path.exists("/tmp/slime-sandbox-escape.txt")
 
 
+async def test_user_code_cannot_reach_the_runner():
+    code = "import __main__\nprint(__name__, hasattr(__main__, '_make_hook'), '_confine' in globals())"
+    r = await run_python(code)
+    assert r.stdout == "__main__ False False\n"
+
+
 async def test_network_namespace_or_hook_reported():
     r = await run_python("print('x')")
     assert r.enforcement["network"] in ("netns + audit hook", "audit hook")

@@ -15,10 +15,8 @@ import os
 import resource
 import sys
 import traceback
+import types
 
-_POLICY = json.loads(sys.argv[1])
-_WORKDIR = os.path.realpath(_POLICY["workdir"])
-_READ_ROOTS = [os.path.realpath(p) for p in _POLICY["read_roots"]] + [_WORKDIR]
 _DEVICES = {"/dev/null", "/dev/urandom", "/dev/random", "/dev/zero"}
 _SOCKET_EVENTS = ("socket.__new__", "socket.bind", "socket.connect", "socket.getaddrinfo", "socket.sendto")
 _PROCESS_EVENTS = (
@@ -58,58 +56,73 @@ def _deny(what):
     raise PermissionError(f"sandbox: {what} is not allowed")
 
 
-def _hook(event, args):
-    if event == "open":
-        path, mode = args[0], args[1]
-        if isinstance(path, int) or path is None:
-            return
-        path = os.fsdecode(path)
-        if path in _DEVICES:
-            return
-        writing = isinstance(mode, str) and any(c in mode for c in "wax+")
-        if isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
-            writing = True
-        roots = [_WORKDIR] if writing else _READ_ROOTS
-        if not _inside(path, roots):
-            _deny(f"{'writing' if writing else 'reading'} {path!r} (outside the sandbox directory)")
-    elif event in _SOCKET_EVENTS and _POLICY["block_network"]:
-        _deny("network access")
-    elif event in _PROCESS_EVENTS and _POLICY["block_subprocess"]:
-        _deny(f"starting processes ({event})")
-    elif event in _LIST_EVENTS:
-        if args and isinstance(args[0], (str, bytes, os.PathLike)) and not _inside(os.fsdecode(args[0]), _READ_ROOTS):
-            _deny(f"listing {os.fsdecode(args[0])!r} (outside the sandbox directory)")
-    elif event in _PATH_EVENTS:
-        for arg in args:
-            if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(os.fsdecode(arg), [_WORKDIR]):
-                _deny(f"{event} on {os.fsdecode(arg)!r} (outside the sandbox directory)")
-    elif event in ("ctypes.dlopen", "ctypes.dlsym"):
-        _deny("ctypes")
+def _make_hook(workdir, read_roots, block_network, block_subprocess):
+    """The audit hook; its policy lives in the closure (immutable tuples), not in module globals."""
+    write_roots = (workdir,)
+    read_roots = tuple(read_roots) + (workdir,)
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args[0], args[1], args[2]
+            if isinstance(path, int) or path is None:
+                return
+            path = os.fsdecode(path)
+            if path in _DEVICES:
+                return
+            writing = isinstance(mode, str) and any(c in mode for c in "wax+")
+            if isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                writing = True
+            if not _inside(path, write_roots if writing else read_roots):
+                _deny(f"{'writing' if writing else 'reading'} {path!r} (outside the sandbox directory)")
+        elif event in _SOCKET_EVENTS and block_network:
+            _deny("network access")
+        elif event in _PROCESS_EVENTS and block_subprocess:
+            _deny(f"starting processes ({event})")
+        elif event in _LIST_EVENTS:
+            target = args[0] if args else None
+            if isinstance(target, (str, bytes, os.PathLike)) and not _inside(os.fsdecode(target), read_roots):
+                _deny(f"listing {os.fsdecode(target)!r} (outside the sandbox directory)")
+        elif event in _PATH_EVENTS:
+            for arg in args:
+                if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(os.fsdecode(arg), write_roots):
+                    _deny(f"{event} on {os.fsdecode(arg)!r} (outside the sandbox directory)")
+        elif event in ("ctypes.dlopen", "ctypes.dlsym"):
+            _deny("ctypes")
+
+    return hook
 
 
-def _confine():
+def _confine(policy):
     """Joins the pids cgroup, leaves the network namespace, sets the rlimits (before any user code)."""
-    if _POLICY["cgroup_procs"]:
-        with open(_POLICY["cgroup_procs"], "w") as f:
+    if policy["cgroup_procs"]:
+        with open(policy["cgroup_procs"], "w") as f:
             f.write(str(os.getpid()))
-    if _POLICY["netns"]:
+    if policy["netns"]:
         os.unshare(os.CLONE_NEWNET)
-    for name, value in _POLICY["rlimits"]:
+    for name, value in policy["rlimits"]:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
 def main():
-    _confine()
-    for name in _POLICY["preload"]:
+    policy = json.loads(sys.argv[1])
+    _confine(policy)
+    for name in policy["preload"]:
         try:
             __import__(name)
         except ImportError:
             pass
-    with open(os.path.join(_WORKDIR, "main.py"), encoding="utf-8") as f:
+    workdir = os.path.realpath(policy["workdir"])
+    with open(os.path.join(workdir, "main.py"), encoding="utf-8") as f:
         source = f.read()
     code = compile(source, "main.py", "exec")
-    sys.addaudithook(_hook)
-    namespace = {"__name__": "__main__", "__file__": "main.py"}
+    read_roots = [os.path.realpath(p) for p in policy["read_roots"]]
+    sys.addaudithook(_make_hook(workdir, read_roots, policy["block_network"], policy["block_subprocess"]))
+    # The user's code gets a fresh `__main__` module, so `import __main__` does not reach this runner.
+    user_main = types.ModuleType("__main__")
+    user_main.__file__ = "main.py"
+    sys.modules["__main__"] = user_main
+    del policy, read_roots
+    namespace = user_main.__dict__
     try:
         exec(code, namespace)
     except SystemExit:

@@ -296,7 +296,7 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
     """`run_python` without the concurrency limit."""
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="slime-sandbox-"))
     cgroup = _PidsCgroup.create(config.max_processes) if os.geteuid() == 0 else None
-    netns = _netns_available()
+    netns = await asyncio.to_thread(_netns_available)  # a one-time probe subprocess; keep the loop free
     enforcement = {
         "time": "killpg(SIGKILL) + RLIMIT_CPU",
         "memory": "RLIMIT_AS",
