@@ -1,0 +1,35 @@
+"""Dynamic-sampling filters."""
+
+import types
+
+import pytest
+from slime_core.protocols import DynamicFilterOutput
+from slime_core.sample import Sample
+from slime_rollout.filters import check_reward_nonzero_std, normalize_filter_output
+from slime_rollout.plugins import load_function
+
+
+def _group(*rewards):
+    return [Sample(reward=r) for r in rewards]
+
+
+def test_check_reward_nonzero_std():
+    args = types.SimpleNamespace(reward_key=None)
+    assert check_reward_nonzero_std(args, _group(1.0, 0.0, 1.0)).keep is True
+    out = check_reward_nonzero_std(args, _group(1.0, 1.0, 1.0))
+    assert out == DynamicFilterOutput(keep=False, reason="zero_std_1.0")
+    assert check_reward_nonzero_std(args, _group(0.0, 0.0)).reason == "zero_std_0.0"
+    assert check_reward_nonzero_std(args, _group(0.5)).keep is False  # a single sample has no spread
+    dict_args = types.SimpleNamespace(reward_key="score")
+    assert check_reward_nonzero_std(dict_args, _group({"score": 1.0}, {"score": -1.0})).keep is True
+    with pytest.raises(ValueError, match="--reward-key"):
+        check_reward_nonzero_std(args, _group({"score": 1.0}, {"score": 1.0}))
+
+
+def test_original_path_alias_and_bool_outputs():
+    fn = load_function("slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std")
+    assert fn is check_reward_nonzero_std
+    assert normalize_filter_output(True) == DynamicFilterOutput(keep=True)
+    assert normalize_filter_output(False) == DynamicFilterOutput(keep=False, reason="filtered")
+    with pytest.raises(TypeError, match="DynamicFilterOutput or bool"):
+        normalize_filter_output(None)
