@@ -28,5 +28,18 @@ def _get_loop() -> asyncio.AbstractEventLoop:
 
 
 def run[T](coro: Coroutine[Any, Any, T]) -> T:
-    """Runs `coro` on the background loop and blocks until it finishes; exceptions propagate."""
-    return asyncio.run_coroutine_threadsafe(coro, _get_loop()).result()
+    """Runs `coro` on the background loop and blocks until it finishes; exceptions propagate.
+
+    Raises:
+        RuntimeError: when called from a coroutine already running on that loop (it would deadlock);
+            await the `*_async` variant there instead.
+    """
+    loop = _get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        raise RuntimeError("called a synchronous rollout entry point from the rollout loop; await the *_async variant")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
