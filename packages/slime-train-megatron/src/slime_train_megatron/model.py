@@ -27,14 +27,22 @@ from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_gpt_model", "build_transformer_config", "global_param_names", "iter_hf_weights", "load_hf_weights"]
+__all__ = [
+    "use_transformer_engine",
+    "build_gpt_model",
+    "build_transformer_config",
+    "global_param_names",
+    "iter_hf_weights",
+    "load_hf_weights",
+]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT_RE = re.compile(r"(local_experts\.)(\d+)(\.)|(linear_fc[12]\.weight)(\d+)$")
 
 
-def _use_te(settings: MegatronSettings) -> bool:
+def use_transformer_engine(settings: MegatronSettings) -> bool:
+    """Whether the Transformer Engine layer spec is used (`--transformer-impl`, else TE when importable)."""
     if settings.transformer_impl == "local":
         return False
     try:
@@ -93,7 +101,7 @@ def build_transformer_config(
 
 def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: TransformerConfig) -> GPTModel:
     """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local)."""
-    if _use_te(settings):
+    if use_transformer_engine(settings):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         spec = get_gpt_layer_with_transformer_engine_spec(

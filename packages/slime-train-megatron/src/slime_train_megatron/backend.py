@@ -1,0 +1,484 @@
+"""`MegatronTrainBackend`: slime's `TrainBackend` on megatron-core (TP/PP/CP/EP, distributed optimizer).
+
+One instance per rank; `torch.distributed` is initialized by the caller (NCCL on GPUs). Parallel groups
+come from `MegatronSettings` (`--megatron-args`). Micro-batches are packed THD rows run through
+megatron-core's pipeline schedule (`get_forward_backward_func`), so PP works unchanged.
+
+Loss scaling: the model config sets `calculate_per_token_loss=True`, which makes megatron-core neither
+divide by the micro-batch count nor average gradients over data-parallel ranks (they are summed). Each
+micro-batch loss is `compute_actor_loss(...)` (a sum over its samples) divided by the step's global sample
+count (or token count with `--calculate-per-token-loss`); summed over micro-batches and DP ranks this is
+the mean over the step's global batch. Under context parallelism every CP rank computes the full loss
+from all-gathered log-probs whose backward keeps only the rank's own tokens, so the DP×CP gradient sum
+is again exact.
+
+Reference model: a CPU copy of the parameters swapped in for the ref forward (slime's `TensorBackuper`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from slime_convert import ModelArgs
+from slime_core.algorithms import apply_whitening, compute_actor_loss, compute_advantages_and_returns, whitening_stats
+from slime_core.batch import RolloutBatch
+
+from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
+from slime_train_megatron.logprobs import vocab_parallel_log_probs
+from slime_train_megatron.model import (
+    build_gpt_model,
+    build_transformer_config,
+    iter_hf_weights,
+    load_hf_weights,
+    use_transformer_engine,
+)
+from slime_train_megatron.packing import PackedBatch, cp_zigzag_indices, pack_thd
+from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.sleep import offload_to_cpu, reload_from_cpu
+from slime_train_megatron.weights import iter_buckets
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MegatronTrainBackend"]
+
+
+class _GatherCP(torch.autograd.Function):
+    """All-gather along dim 0 over CP; backward keeps this rank's slice (every rank computes the same loss)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, size: int, rank: int) -> torch.Tensor:  # noqa: D102
+        ctx.rank, ctx.n = rank, x.shape[0]
+        out = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(out, x.contiguous(), group=group)
+        return torch.cat(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: D102
+        return grad[ctx.rank * ctx.n : (ctx.rank + 1) * ctx.n], None, None, None
+
+
+@dataclasses.dataclass(slots=True)
+class _MicroBatch:
+    ids: list[int]
+    packed: PackedBatch
+    dummy: bool  # an empty schedule slot filled with a 2-token sample so collectives stay aligned
+
+
+class MegatronTrainBackend:
+    """Megatron-core implementation of `slime_core.protocols.TrainBackend`."""
+
+    def __init__(self) -> None:
+        self.args: Any = None
+        self.settings: MegatronSettings | None = None
+        self.model_args: ModelArgs | None = None
+        self.model: Any = None  # DDP-wrapped
+        self.module: Any = None  # the GPTModel
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self._ref: dict[str, torch.Tensor] | None = None
+        self._asleep = False
+        self._thd = True
+        self._sleep_state: Any = None
+        self.global_step = 0
+        self.step_metrics: list[dict[str, float]] = []
+
+    # ---------------------------------------------------------------- setup
+    def init(self, args: Any, *, with_ref: bool) -> int:
+        """Builds parallel groups, model, optimizer; loads weights; returns the rollout id to start from.
+
+        Reads `args.hf_checkpoint` (architecture, and weights when there is no torch_dist checkpoint),
+        `args.megatron_args` and the `MegatronSettings` fields (`load`, `ref_load`, `lr`, ...).
+
+        Raises:
+            ValueError: bad settings, or neither a checkpoint nor `--hf-checkpoint` to load from.
+        """
+        self.args = args
+        s = self.settings = MegatronSettings.from_args(args)
+        if not getattr(args, "hf_checkpoint", None):
+            raise ValueError("--hf-checkpoint is required (model architecture and tokenizer)")
+        self.model_args = ModelArgs.from_hf_dir(args.hf_checkpoint)
+        s.world_layout(dist.get_world_size())
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=s.tensor_model_parallel_size,
+                pipeline_model_parallel_size=s.pipeline_model_parallel_size,
+                context_parallel_size=s.context_parallel_size,
+                expert_model_parallel_size=s.expert_model_parallel_size,
+            )
+        cuda = torch.cuda.is_available()
+        if cuda:
+            tensor_parallel.model_parallel_cuda_manual_seed(s.seed)
+        torch.manual_seed(s.seed)
+        config = build_transformer_config(self.model_args, s, cpu=not cuda)
+        self._thd = use_transformer_engine(s)
+        if s.context_parallel_size > 1 and not self._thd:
+            raise ValueError(
+                "--context-parallel-size > 1 needs Transformer Engine (--transformer-impl transformer_engine)"
+            )
+        module = build_gpt_model(self.model_args, s, config)
+        if cuda:
+            module.cuda(torch.cuda.current_device())
+        self.module = module
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=s.use_distributed_optimizer
+        )
+        self.model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=s.lr,
+            min_lr=s.min_lr,
+            weight_decay=s.weight_decay,
+            adam_beta1=s.adam_beta1,
+            adam_beta2=s.adam_beta2,
+            adam_eps=s.adam_eps,
+            clip_grad=s.clip_grad,
+            bf16=s.bf16,
+            fp16=s.fp16,
+            params_dtype=config.params_dtype,
+            use_distributed_optimizer=s.use_distributed_optimizer,
+        )
+        self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        decay_steps = s.lr_decay_iters or max(s.lr_warmup_iters + 1, 1)
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0 if s.lr_warmup_iters else s.lr,
+            max_lr=s.lr,
+            min_lr=s.min_lr,
+            lr_warmup_steps=s.lr_warmup_iters,
+            lr_decay_steps=decay_steps,
+            lr_decay_style=s.lr_decay_style if s.lr_decay_iters else "constant",
+            start_wd=s.weight_decay,
+            end_wd=s.weight_decay,
+            wd_incr_steps=decay_steps,
+            wd_incr_style="constant",
+        )
+        # Sum gradients over DP without megatron's token normalization (see module docstring).
+        config.finalize_model_grads_func = lambda models, num_tokens=None, **kw: finalize_model_grads(
+            models, None, **kw
+        )
+        config.grad_scale_func = self.optimizer.scale_loss
+        config.no_sync_func = self.model.no_sync
+        return self._load_initial_weights(with_ref)
+
+    def _load_initial_weights(self, with_ref: bool) -> int:
+        s, args = self.settings, self.args
+        if s.ref_load and is_megatron_checkpoint(s.ref_load):
+            load_checkpoint(s.ref_load, self.module, None, None, load_rng=False)
+        else:
+            load_hf_weights(self.module, args.hf_checkpoint, self.model_args, s)
+        self.optimizer.reload_model_params()  # fp32 main params from the loaded weights
+        if with_ref:
+            self._ref = self._snapshot()
+        start = 0
+        if s.load and is_megatron_checkpoint(s.load):
+            rollout_id = load_checkpoint(
+                s.load,
+                self.module,
+                None if (s.no_load_optim or s.finetune) else self.optimizer,
+                self.scheduler,
+                load_rng=not (s.no_load_rng or s.finetune),
+                ckpt_step=s.ckpt_step,
+            )
+            if s.no_load_optim or s.finetune or rollout_id is None:
+                self.optimizer.reload_model_params()
+            start = 0 if (rollout_id is None or s.finetune) else rollout_id + 1
+        return start
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.module.named_parameters()}
+
+    @torch.no_grad()
+    def _restore(self, snapshot: dict[str, torch.Tensor]) -> None:
+        for n, p in self.module.named_parameters():
+            p.copy_(snapshot[n], non_blocking=True)
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def _device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def _temperature(self) -> float:
+        return float(getattr(self.args, "rollout_temperature", 1.0) or 1.0)
+
+    def _pad_multiple(self) -> int:
+        s = self.settings
+        multiple = s.tensor_model_parallel_size if s.sequence_parallel else 1
+        if s.context_parallel_size > 1:
+            multiple = max(multiple, 1) * 2 * s.context_parallel_size
+        return multiple
+
+    def _micro_batches(self, batch: RolloutBatch, step: int) -> list[_MicroBatch]:
+        out = []
+        for ids in batch.micro_batches[step]:
+            if ids:
+                tokens = [batch.tokens[i] for i in ids]
+                resp = [batch.response_lengths[i] for i in ids]
+                out.append(_MicroBatch(ids, pack_thd(tokens, resp, pad_multiple=self._pad_multiple()), False))
+            else:
+                dummy = pack_thd([torch.zeros(2, dtype=torch.long)], [1], pad_multiple=self._pad_multiple())
+                out.append(_MicroBatch([], dummy, True))
+        return out
+
+    def _forward(self, model: Any, mb: _MicroBatch) -> torch.Tensor:
+        """Runs one packed micro-batch; returns this rank's output (logits `[1, T_local, V/TP]` on the last stage)."""
+        p, device = mb.packed, self._device
+        tokens, positions = p.tokens, p.position_ids
+        cp = self.settings.context_parallel_size
+        if cp > 1:
+            index = cp_zigzag_indices(p.cu_seqlens, parallel_state.get_context_parallel_rank(), cp)
+            tokens, positions = tokens[:, index], positions[:, index]
+        if not self._thd:
+            # The local spec has no THD kernel: same packing, block-diagonal causal mask (True = masked).
+            seg = torch.repeat_interleave(
+                torch.arange(len(p.cu_seqlens) - 1), (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).long()
+            )
+            allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
+            mask = (~allowed)[None, None].to(device)
+            return model(tokens.to(device), positions.to(device), attention_mask=mask)
+        cu = p.cu_seqlens.to(device)
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu,
+            cu_seqlens_kv=cu,
+            cu_seqlens_q_padded=cu,
+            cu_seqlens_kv_padded=cu,
+            max_seqlen_q=p.max_seqlen,
+            max_seqlen_kv=p.max_seqlen,
+        )
+        return model(tokens.to(device), positions.to(device), attention_mask=None, packed_seq_params=params)
+
+    def _response_log_probs(self, logits: torch.Tensor, mb: _MicroBatch, with_entropy: bool):
+        """Response-token log-probs (and entropy) `[R]` of a micro-batch from this rank's logits."""
+        p = mb.packed
+        logits = logits[0]  # [T_local, V/TP]
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        v_local = logits.shape[-1]
+        device = logits.device
+        cp = self.settings.context_parallel_size
+        if cp == 1:
+            rows, targets = p.logit_index.to(device), p.targets.to(device)
+        else:
+            # Each CP rank scores all next-token targets at its own positions; gather them, then pick responses.
+            index = cp_zigzag_indices(p.cu_seqlens, parallel_state.get_context_parallel_rank(), cp)
+            nxt = torch.cat([p.tokens[0, 1:], p.tokens[0, :1]])[index]
+            rows, targets = torch.arange(index.numel(), device=device), nxt.to(device)
+        lp, ent = vocab_parallel_log_probs(
+            logits[rows],
+            targets,
+            temperature=self._temperature(),
+            vocab_start=tp_rank * v_local,
+            vocab_size=self.model_args.vocab_size,
+            group=parallel_state.get_tensor_model_parallel_group(),
+            with_entropy=with_entropy,
+        )
+        if cp > 1:
+            group, rank = parallel_state.get_context_parallel_group(), parallel_state.get_context_parallel_rank()
+            order = torch.cat([cp_zigzag_indices(p.cu_seqlens, r, cp) for r in range(cp)]).to(device)
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.numel(), device=device)
+            pick = inverse[p.logit_index.to(device)]
+            lp = _GatherCP.apply(lp, group, cp, rank)[pick]
+            ent = None if ent is None else _GatherCP.apply(ent, group, cp, rank)[pick]
+        return lp, ent
+
+    def _run(self, batch: RolloutBatch, step: int, loss_fn, forward_only: bool) -> list[Any]:
+        mbs = self._micro_batches(batch, step)
+        it = iter(mbs)
+        results: list[Any] = []
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            output = self._forward(model, mb)
+
+            def loss_func(output_tensor):
+                loss, extra = loss_fn(output_tensor, mb)
+                results.append(extra)
+                return loss, torch.tensor(1, dtype=torch.int, device=loss.device), {}
+
+            return output, loss_func
+
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=it,
+            model=[self.model],
+            num_microbatches=len(mbs),
+            seq_length=max(mb.packed.tokens.shape[1] for mb in mbs),
+            micro_batch_size=1,
+            forward_only=forward_only,
+        )
+        return results  # empty on non-last pipeline stages
+
+    def _broadcast_from_last_stage(self, obj: Any) -> Any:
+        if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+            return obj
+        group = parallel_state.get_pipeline_model_parallel_group()
+        box = [obj]
+        dist.broadcast_object_list(box, src=parallel_state.get_pipeline_model_parallel_last_rank(), group=group)
+        return box[0]
+
+    # ---------------------------------------------------------------- log-probs
+    @torch.no_grad()
+    def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
+        """Per-sample response log-probs `[L_i]` float32 (CPU) at `--rollout-temperature` (collective).
+
+        Raises:
+            ValueError: unknown `model`, or "ref" without reference weights.
+        """
+        if model not in ("actor", "ref"):
+            raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+        if model == "ref" and self._ref is None:
+            raise ValueError("no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)")
+        backup = None
+        if model == "ref":
+            backup = self._snapshot()
+            self._restore(self._ref)
+        self.model.eval()
+        try:
+            out: dict[int, torch.Tensor] = {}
+            for step in range(batch.num_steps):
+
+                def loss_fn(logits, mb):
+                    lp, _ = self._response_log_probs(logits, mb, with_entropy=False)
+                    return torch.zeros((), device=lp.device), (mb, lp.float().cpu())
+
+                results = self._run(batch, step, loss_fn, forward_only=True)
+                pairs = [(mb.ids, mb.packed.response_lengths, lp) for mb, lp in results if not mb.dummy]
+                for ids, lens, lp in self._broadcast_from_last_stage(pairs):
+                    for i, piece in zip(ids, lp.split(lens), strict=True):
+                        out[i] = piece
+        finally:
+            self.model.train()
+            if backup is not None:
+                self._restore(backup)
+        missing = [i for i in range(batch.num_samples) if i not in out]
+        if missing:
+            raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
+        return [out[i] for i in range(batch.num_samples)]
+
+    # ---------------------------------------------------------------- train
+    def _advantages(self, batch: RolloutBatch, old, ref):
+        adv, _ = compute_advantages_and_returns(
+            self.args, rewards=list(batch.rewards), loss_masks=batch.loss_masks, log_probs=old, ref_log_probs=ref
+        )
+        if getattr(self.args, "normalize_advantages", False):
+            stats = whitening_stats(adv, batch.loss_masks).to(self._device)
+            dist.all_reduce(stats, group=parallel_state.get_data_parallel_group())
+            adv = apply_whitening(adv, batch.loss_masks, stats.cpu())
+        return adv
+
+    def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
+        """Old/ref log-probs, advantages, then `batch.num_steps` optimizer steps (collective).
+
+        Returns:
+            `train/*` metric means over steps (global-batch normalized), `train/grad_norm`, `train/lr`.
+
+        Raises:
+            RuntimeError: called while asleep.
+            ValueError: `--use-rollout-logprobs` without rollout log-probs, or missing step counts.
+        """
+        if self._asleep:
+            raise RuntimeError("train() called while asleep; call wake_up() first")
+        use_rollout = bool(getattr(self.args, "use_rollout_logprobs", False))
+        if use_rollout and batch.rollout_log_probs is None:
+            raise ValueError("--use-rollout-logprobs needs rollout log-probs in the batch")
+        old = list(batch.rollout_log_probs) if use_rollout else self.compute_log_probs(batch)
+        ref = self.compute_log_probs(batch, model="ref") if self._ref is not None else None
+        adv = self._advantages(batch, old, ref)
+        self.step_metrics = [self._train_step(batch, step, old, ref, adv) for step in range(batch.num_steps)]
+        metrics = {k: sum(m[k] for m in self.step_metrics) / len(self.step_metrics) for k in self.step_metrics[0]}
+        metrics["train/lr"] = self.step_metrics[-1]["train/lr"]
+        logger.info("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
+        return metrics
+
+    def _train_step(self, batch: RolloutBatch, step: int, old, ref, adv) -> dict[str, float]:
+        per_token = bool(getattr(self.args, "calculate_per_token_loss", False))
+        counts = batch.step_token_counts if per_token else batch.step_sample_counts
+        if len(counts) != batch.num_steps:
+            raise ValueError(f"RolloutBatch step counts must have one entry per step ({batch.num_steps})")
+        denom = max(float(counts[step]), 1.0)
+        entropy_coef = float(getattr(self.args, "entropy_coef", 0.0) or 0.0)
+        device = self._device
+
+        def loss_fn(logits, mb):
+            lp, ent = self._response_log_probs(logits, mb, with_entropy=True)
+            if mb.dummy:
+                return (logits.sum() * 0.0), {}  # keeps the graph (and collectives) of empty slots alive
+            lens = mb.packed.response_lengths
+            pick = lambda xs: None if xs is None else [xs[i].to(device) for i in mb.ids]  # noqa: E731
+            loss, metrics = compute_actor_loss(
+                self.args,
+                log_probs=list(lp.split(lens)),
+                old_log_probs=pick(old),
+                advantages=pick(adv),
+                loss_masks=pick(batch.loss_masks),
+                loss_denominators=[float(batch.loss_denominators[i]) for i in mb.ids],
+                ref_log_probs=pick(ref),
+                rollout_log_probs=pick(batch.rollout_log_probs),
+                entropy=list((ent if entropy_coef else ent.detach()).split(lens)),
+                total_lengths=[int(batch.tokens[i].numel()) for i in mb.ids],
+            )
+            return loss / denom + logits.sum() * 0.0, {k: v.detach().double() for k, v in metrics.items()}
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        results = self._run(batch, step, loss_fn, forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.scheduler.step(increment=1)
+        self.global_step += 1
+        sums: dict[str, float] = {}
+        for metrics in results:
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        names = sorted(sums)
+        # All DP ranks run the same loss (same options), so they report the same metric names.
+        vec = torch.tensor([sums[k] for k in names], dtype=torch.float64, device=device)
+        if names and parallel_state.is_pipeline_last_stage():
+            dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
+        out = {f"train/{k}": v / denom for k, v in zip(names, vec.tolist(), strict=True)}
+        out = self._broadcast_from_last_stage(out)
+        out["train/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        out["train/lr"] = lr
+        return out
+
+    # ---------------------------------------------------------------- checkpoints and weights
+    def save(self, rollout_id: int) -> None:
+        """Writes `<--save>/iter_{rollout_id:07d}` (model, optimizer, scheduler, RNG) atomically.
+
+        Raises:
+            ValueError: no `--save`.
+        """
+        if not self.settings.save:
+            raise ValueError("save() needs --save")
+        save_checkpoint(self.settings.save, rollout_id, self.module, self.optimizer, self.scheduler)
+
+    def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets of full HF-named tensors (TP/EP gathered, PP broadcast; collective on every rank)."""
+        size = bucket_bytes or int(getattr(self.args, "update_weight_buffer_size", 512 * 1024**2))
+        return iter_buckets(iter_hf_weights(self.module, self.model_args), size)
+
+    def sleep(self) -> None:
+        """Moves parameters, gradient buffers and optimizer state to CPU and frees accelerator memory."""
+        if self._asleep:
+            return
+        self._sleep_state = offload_to_cpu(self.model, self.optimizer)
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        """Restores what `sleep` moved out."""
+        if not self._asleep:
+            return
+        reload_from_cpu(self._sleep_state)
+        self._sleep_state = None
+        self._asleep = False

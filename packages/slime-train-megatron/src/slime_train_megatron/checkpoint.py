@@ -1,0 +1,154 @@
+"""torch_dist checkpoints of the Megatron backend: model, optimizer, scheduler, RNG and rollout id.
+
+Layout (Megatron-LM's): `<save>/iter_XXXXXXX/` (megatron-core `dist_checkpointing`) and
+`<save>/latest_checkpointed_iteration.txt`; the iteration number is the rollout id. Each checkpoint
+is written to `iter_XXXXXXX.tmp` by all ranks and renamed by rank 0 after a barrier, then the tracker
+is replaced, so a killed run never sees a partial checkpoint. A converted checkpoint (`release`) is
+loaded the same way (weights only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import random
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from slime_convert.torch_dist import TRACKER_FILE, resolve_iteration_dir
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["is_megatron_checkpoint", "load_checkpoint", "save_checkpoint"]
+
+
+def is_megatron_checkpoint(path: str | os.PathLike[str] | None) -> bool:
+    """Whether `path` is a Megatron save dir (tracker file) or a torch_dist iteration dir."""
+    if not path:
+        return False
+    p = pathlib.Path(path)
+    return (p / TRACKER_FILE).is_file() or (p / ".metadata").is_file()
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        state["tracker"] = get_cuda_rng_tracker().get_states()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> pathlib.Path:
+    """Writes `<save_dir>/iter_{rollout_id:07d}` atomically (collective).
+
+    Args:
+        save_dir: `--save`.
+        rollout_id: the rollout just trained (stored as the iteration).
+        model: the unwrapped `GPTModel` of this rank.
+        optimizer: megatron-core optimizer.
+        scheduler: `OptimizerParamScheduler`.
+
+    Returns:
+        The checkpoint directory.
+    """
+    root = pathlib.Path(save_dir)
+    final = root / f"iter_{rollout_id:07d}"
+    tmp = root / f"iter_{rollout_id:07d}.tmp"
+    if dist.get_rank() == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_sd = model.sharded_state_dict()
+    state = {
+        "model": model_sd,
+        "optimizer": optimizer.sharded_state_dict(model_sd),
+        "opt_param_scheduler": scheduler.state_dict(),
+        "rollout_id": rollout_id,
+        "iteration": rollout_id,
+        "checkpoint_version": 3.0,
+    }
+    # RNG is per rank; a ShardedObject per rank keeps it out of the replicated common state.
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    state["rng_state"] = ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0)
+    dist_checkpointing.save(state, str(tmp))
+    dist.barrier()
+    if rank == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        tracker_tmp = root / (TRACKER_FILE + ".tmp")
+        tracker_tmp.write_text(str(rollout_id))
+        os.replace(tracker_tmp, root / TRACKER_FILE)
+    dist.barrier()
+    logger.info("saved checkpoint %s", final)
+    return final
+
+
+def load_checkpoint(
+    path: str,
+    model: Any,
+    optimizer: Any | None,
+    scheduler: Any | None,
+    *,
+    load_rng: bool = True,
+    ckpt_step: int | None = None,
+) -> int | None:
+    """Loads a torch_dist checkpoint into `model` (and optimizer/scheduler/RNG when given and present).
+
+    Args:
+        path: a save dir with the tracker file or an iteration dir.
+        model: unwrapped `GPTModel`.
+        optimizer: optimizer, or None for weights only.
+        scheduler: scheduler, or None.
+        load_rng: restore RNG states when saved.
+        ckpt_step: iteration to load instead of the latest (`--ckpt-step`).
+
+    Returns:
+        The stored rollout id, or None for a converted (`release`) checkpoint.
+
+    Raises:
+        FileNotFoundError: no checkpoint at `path`.
+    """
+    ckpt = resolve_iteration_dir(path, ckpt_step)
+    model_sd = model.sharded_state_dict()
+    template: dict[str, Any] = {"model": model_sd}
+    common = dist_checkpointing.load_common_state_dict(str(ckpt))
+    resumable = "rollout_id" in common
+    if optimizer is not None and resumable:
+        template["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True)
+    if load_rng and resumable:
+        from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        template["rng_state"] = ShardedObject("rng_state", None, (world,), (rank,), replica_id=0)
+    state = dist_checkpointing.load(template, str(ckpt))
+    model.load_state_dict(state["model"], strict=True)
+    if "optimizer" in template:
+        optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and "opt_param_scheduler" in state:
+            scheduler.load_state_dict(state["opt_param_scheduler"])
+    if "rng_state" in template:
+        _set_rng_state(state["rng_state"])
+    logger.info("loaded %s (%s)", ckpt, "resumable" if resumable else "weights only")
+    return int(common["rollout_id"]) if resumable else None

@@ -1,0 +1,65 @@
+"""Colocated-mode memory release: move every tensor storage of model and optimizer to CPU and back.
+
+Storages are resized to 0 in place (not replaced), so every view into them, including megatron-core's
+parameter views into its contiguous DDP buffers and the optimizer's references, stays valid after
+`reload_from_cpu` resizes and refills them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["offload_to_cpu", "reload_from_cpu"]
+
+
+def _tensors(model: Any, optimizer: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = list(model.parameters())
+    for buffer in getattr(model, "buffers", []) or []:
+        found += [t for t in (getattr(buffer, "param_data", None), getattr(buffer, "grad_data", None)) if t is not None]
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for group in inner.param_groups:
+            found += list(group["params"])
+        for state in inner.state.values():
+            found += [v for v in state.values() if torch.is_tensor(v)]
+    return found
+
+
+def offload_to_cpu(model: Any, optimizer: Any) -> list[tuple[torch.UntypedStorage, torch.Tensor | None]]:
+    """Copies each distinct accelerator storage to pinned CPU memory and frees it.
+
+    Returns:
+        The state `reload_from_cpu` needs.
+    """
+    seen: set[int] = set()
+    state = []
+    for t in _tensors(model, optimizer):
+        if not t.is_cuda:
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen or storage.size() == 0:
+            continue
+        seen.add(storage.data_ptr())
+        backup = torch.empty(storage.size(), dtype=torch.uint8, pin_memory=True)
+        backup.untyped_storage().copy_(storage)
+        storage.resize_(0)
+        state.append((storage, backup))
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    logger.info("offloaded %.2f GiB to CPU", sum(b.numel() for _, b in state) / 1024**3)
+    return state
+
+
+def reload_from_cpu(state: list[tuple[torch.UntypedStorage, torch.Tensor | None]]) -> None:
+    """Reallocates the storages freed by `offload_to_cpu` and copies their contents back."""
+    for storage, backup in state:
+        storage.resize_(backup.numel())
+        storage.copy_(backup.untyped_storage(), non_blocking=True)
+    torch.cuda.synchronize()
