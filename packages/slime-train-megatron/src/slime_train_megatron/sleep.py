@@ -19,7 +19,9 @@ __all__ = ["offload_to_cpu", "reload_from_cpu"]
 
 def _tensors(model: Any, optimizer: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = list(model.parameters())
-    for buffer in getattr(model, "buffers", []) or []:
+    buffers = getattr(model, "buffers", None)
+    buffers = (buffers if isinstance(buffers, list) else []) + list(getattr(model, "expert_parallel_buffers", []) or [])
+    for buffer in buffers:
         found += [t for t in (getattr(buffer, "param_data", None), getattr(buffer, "grad_data", None)) if t is not None]
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(opt, "optimizer", None)

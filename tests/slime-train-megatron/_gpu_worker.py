@@ -1,0 +1,80 @@
+"""One rank of the GPU scenarios of test_backend_gpu.py (run as a script: `python _gpu_worker.py ...`).
+
+Usage: python _gpu_worker.py <scenario> <hf_dir> <out_dir> <tp>   (RANK/WORLD_SIZE/MASTER_* in the env)
+"""
+
+import os
+import sys
+import types
+
+import torch
+import torch.distributed as dist
+
+
+def batch():
+    from slime_core.batch import RolloutBatch
+
+    g = torch.Generator().manual_seed(0)
+    tokens = [torch.randint(1, 300, (n,), generator=g) for n in (17, 33, 9, 24)]
+    resp = [5, 12, 3, 10]
+    return RolloutBatch(
+        tokens=tokens,
+        response_lengths=resp,
+        loss_masks=[torch.ones(r) for r in resp],
+        rewards=[1.0, -1.0, 0.5, -0.5],
+        raw_rewards=[1.0, 0.0, 1.0, 0.0],
+        loss_denominators=[float(r) for r in resp],
+        micro_batches=[[[0, 1], [2, 3]]],
+        step_sample_counts=[4],
+        step_token_counts=[float(sum(resp))],
+    )
+
+
+def main() -> None:
+    scenario, hf_dir, out_dir, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl")
+    from slime_train_megatron.backend import MegatronTrainBackend
+
+    args = types.SimpleNamespace(
+        hf_checkpoint=hf_dir,
+        megatron_args=["--tensor-model-parallel-size", str(tp), "--bf16", "--lr", "1e-5"],
+        advantage_estimator="grpo",
+        rollout_temperature=0.8,
+        kl_coef=0.0,
+        use_kl_loss=False,
+        entropy_coef=0.0,
+        eps_clip=0.2,
+    )
+    backend = MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    b = batch()
+    result = {"log_probs": backend.compute_log_probs(b)}
+    if scenario in ("train", "tp"):
+        result["metrics"] = backend.train(0, b)
+        pushed = [kv for bucket in backend.named_hf_weights(1 << 20) for kv in bucket]
+        result["pushed"] = {n: t.float().cpu() for n, t in pushed}
+        from slime_convert.mapping import mcore_to_hf
+
+        if tp == 1:
+            result["own"] = {
+                n: t.float().cpu()
+                for name, p in backend.module.named_parameters()
+                for n, t in mcore_to_hf(name, p.detach(), backend.model_args)
+            }
+    if scenario == "sleep":
+        before = backend.compute_log_probs(b)
+        free_before = torch.cuda.mem_get_info()[0]
+        backend.sleep()
+        result["freed"] = torch.cuda.mem_get_info()[0] - free_before
+        backend.wake_up()
+        result["after"] = backend.compute_log_probs(b)
+        result["before"] = before
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
