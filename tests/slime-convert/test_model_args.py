@@ -41,7 +41,7 @@ def test_qwen3_4b_flags_match_the_original_model_script():
     assert pairs["--num-attention-heads"] == "32"
     assert pairs["--num-query-groups"] == "8"
     assert pairs["--kv-channels"] == "128"
-    assert pairs["--rotary-base"] == "1e+06"
+    assert pairs["--rotary-base"] == "1000000"  # Megatron-LM parses --rotary-base as int
     assert pairs["--vocab-size"] == "151936"
     assert "--qk-layernorm" in flags and "--swiglu" in flags
     assert "--untie-embeddings-and-output-weights" not in flags

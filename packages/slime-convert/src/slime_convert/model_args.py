@@ -228,7 +228,7 @@ class ModelArgs:
             "--kv-channels", str(self.kv_channels),
             "--max-position-embeddings", str(self.max_position_embeddings),
             "--position-embedding-type", "rope",
-            "--rotary-base", f"{self.rotary_base:g}",
+            "--rotary-base", str(int(self.rotary_base)),  # Megatron-LM parses an int
             "--normalization", "RMSNorm",
             "--norm-epsilon", f"{self.norm_epsilon:g}",
             "--swiglu",
