@@ -27,6 +27,8 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    for noisy in ("httpx", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     demo = not argv
     if demo:
         from demo import default_demo_argv

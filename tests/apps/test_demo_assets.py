@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "apps" / "train"))
 sys.path.insert(0, str(ROOT / "apps" / "train" / "demo"))
 import build  # noqa: E402
-import demo  # noqa: E402
 import task  # noqa: E402
+
+import demo  # noqa: E402
 
 
 def test_splits_deterministic_disjoint_and_correct():
@@ -30,10 +31,10 @@ def test_splits_deterministic_disjoint_and_correct():
         assert it["label"] == str(a + b)
         pairs.add((a, b))
     assert len(pairs) == len(train) + len(ev)  # no pair repeated, train and eval disjoint
-    assert (
-        task.generate_splits(num_train=3, num_eval=2, max_operand=1)[1]
-        == task.generate_splits(num_train=0, num_eval=2, max_operand=1)[1]
-    )
+    # The eval split does not depend on the train size; 2 + 2 fills all 4 pairs of max_operand=1.
+    full_train, full_eval = task.generate_splits(num_train=2, num_eval=2, max_operand=1)
+    assert full_eval == task.generate_splits(num_train=0, num_eval=2, max_operand=1)[1]
+    assert sorted(it["prompt"] for it in full_train + full_eval) == ["0+0=", "0+1=", "1+0=", "1+1="]
     with pytest.raises(ValueError, match="exceeds the 4 distinct"):
         task.generate_splits(num_train=3, num_eval=2, max_operand=1)
 
@@ -65,7 +66,7 @@ def test_tokenizer_round_trips_task_text(tok):
     assert tok.tokenize("12+7=\\boxed{19}") == ["1", "2", "+", "7", "=", "\\boxed{", "1", "9", "}"]
     assert tok.decode(tok.encode("What is 3 and 4?")) == "What is 3 and 4?"
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, tok.bos_token) == ("<eos>", 1, 0, None)
-    assert len(tok.encode(task.make_response(98))) + 1 == 6  # longest response incl. eos fits max len 8
+    assert len(tok.encode(task.make_response(98))) + 1 == 5  # longest response incl. eos fits max len 8
 
 
 def test_build_tokenizer_reproduces_committed(tmp_path):

@@ -49,6 +49,8 @@ class Run:
             args.to_dict(), self.placement.rollout_gpu_ids, self.placement.use_gpu
         )
         engine_urls = ray.get(self.manager.start.remote())
+        if args.colocate:
+            ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
         start = 0
         if not args.debug_rollout_only:
             self.trainer = TrainGroup(args, self.placement)
@@ -59,13 +61,25 @@ class Run:
             start = args.start_rollout_id
         if self.trainer is not None and engine_urls:
             self.trainer.connect_engines(engine_urls)
-            if args.colocate:
-                ray.get(self.manager.onload.remote())
             # Engines always serve the trainer's weights, also after a resume.
-            self.tracker.log(start, self._prefix("perf", self.trainer.update_weights(start)))
-            if args.colocate:
-                self.trainer.sleep()
+            self.tracker.log(start, self._sync_weights(start))
+        elif args.colocate:
+            ray.get(self.manager.onload.remote())
         return start
+
+    def _sync_weights(self, weight_version: int) -> dict[str, float]:
+        """Pushes the trainer's weights (trainer awake); colocated, the two sides then swap GPU memory.
+
+        Colocated order: engine weights memory back → push → trainer sleeps → engine KV cache back.
+        """
+        colocate = self.args.colocate
+        if colocate:
+            ray.get(self.manager.onload.remote(["weights"]))
+        metrics = self._prefix("perf", self.trainer.update_weights(weight_version))
+        if colocate:
+            self.trainer.sleep()
+            ray.get(self.manager.onload.remote(["kv_cache", "cuda_graph"]))
+        return metrics
 
     @staticmethod
     def _prefix(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -77,7 +91,7 @@ class Run:
         self.tracker.log(rollout_id, metrics)
         self.tracker.eval_line(rollout_id, metrics)
 
-    def train_on(self, rollout_id: int, batch_refs: list[Any], rollout_metrics: dict[str, float]) -> None:
+    def train_on(self, rollout_id: int, batch_refs: list[Any], rollout_metrics: dict[str, float]) -> dict[str, float]:
         """Trains on one rollout's batches, then saves and syncs weights."""
         args = self.args
         metrics = dict(rollout_metrics)
@@ -100,14 +114,11 @@ class Run:
             _should_run(args.save_interval, rollout_id, args.num_rollout) or rollout_id == args.num_rollout - 1
         ):
             t0 = time.perf_counter()
-            self.trainer.save(rollout_id)
+            # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
             ray.get(self.manager.save.remote(rollout_id))
+            self.trainer.save(rollout_id)
             metrics["perf/save_time"] = time.perf_counter() - t0
-        if args.colocate:
-            self.trainer.sleep()
-            ray.get(self.manager.onload.remote())
-        sync = self.trainer.update_weights(rollout_id + 1)
-        metrics.update(self._prefix("perf", sync))
+        metrics.update(self._sync_weights(rollout_id + 1))
         return metrics
 
     def run(self) -> None:
@@ -148,8 +159,8 @@ class Run:
             if args.save and (
                 _should_run(args.save_interval, rollout_id, args.num_rollout) or rollout_id == args.num_rollout - 1
             ):
-                self.trainer.save(rollout_id)
                 ray.get(self.manager.save.remote(rollout_id))
+                self.trainer.save(rollout_id)
             if pending is not None and (rollout_id + 1) % args.update_weights_interval == 0:
                 # Never update mid-generation: wait for the in-flight rollout (its data stays one step stale).
                 ray.wait([pending], num_returns=1)
@@ -167,6 +178,9 @@ class Run:
         outputs: dict[str, str] = {}
         if self.trainer is not None and self.args.save_hf:
             path = self.args.save_hf
+            if self.args.colocate:
+                ray.get(self.manager.offload.remote())
+                self.trainer.wake_up()
             self.trainer.save_hf(path)
             outputs["hf_checkpoint"] = path
         if self.tracker.history:

@@ -46,6 +46,7 @@ class RolloutManager:
         import logging as _logging
 
         _logging.basicConfig(level=_logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _logging.getLogger("httpx").setLevel(_logging.WARNING)
         from slime_core.config import SlimeArgs
 
         self.args = SlimeArgs.from_dict(args_dict)
@@ -135,16 +136,21 @@ class RolloutManager:
             self._broadcast("release_memory_occupation")
             self.offloaded = True
 
-    def onload(self) -> None:
-        """Colocated: take engine memory back before weight sync and generation."""
-        if self.engines is not None and self.offloaded:
-            self._broadcast("resume_memory_occupation")
-            self.offloaded = False
+    def onload(self, tags: list[str] | None = None) -> None:
+        """Colocated: takes engine memory back.
 
-    def _broadcast(self, method: str) -> None:
+        Args:
+            tags: "weights" before a weight sync, then "kv_cache" and "cuda_graph"; None = everything.
+        """
+        if self.engines is not None and self.offloaded:
+            self._broadcast("resume_memory_occupation", tags=tags)
+            if tags is None or "kv_cache" in tags:
+                self.offloaded = False
+
+    def _broadcast(self, method: str, **kwargs: Any) -> None:
         from slime_rollout.async_utils import run
 
-        run(self.client.broadcast(method))
+        run(self.client.broadcast(method, **kwargs))
 
     def save(self, rollout_id: int) -> None:
         """Saves the data-source cursor next to the checkpoint."""

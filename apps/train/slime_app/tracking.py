@@ -1,5 +1,8 @@
-"""Metrics sink for the driver: TensorBoard (default) and W&B (`--use-wandb`), a rich progress bar with
-one compact line per rollout, and the reward/accuracy curve PNG at the end."""
+"""Metrics sink for the driver.
+
+TensorBoard (default) and W&B (`--use-wandb`), a rich progress bar with one compact line per rollout,
+and the reward/accuracy curve PNG at the end.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ class Tracker:
         self.args = args
         self.output_dir = output_dir
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        self.console = Console(stderr=False)
+        self.console = Console(stderr=False, soft_wrap=True)
         self._tb = None
         self._wandb = None
         if getattr(args, "use_tensorboard", False):

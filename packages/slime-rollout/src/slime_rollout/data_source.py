@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from slime_core.sample import Sample
 
+from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
 
 logger = logging.getLogger(__name__)

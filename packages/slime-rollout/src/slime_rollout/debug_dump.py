@@ -14,6 +14,7 @@ import tempfile
 from typing import Any
 
 import torch
+
 from slime_core.sample import Sample
 
 logger = logging.getLogger(__name__)

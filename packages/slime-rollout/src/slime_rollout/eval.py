@@ -25,8 +25,8 @@ import statistics
 from typing import Any
 
 import yaml
-from slime_core.sample import Sample, Status
 
+from slime_core.sample import Sample, Status
 from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data_source import _chat_template_kwargs, get_tokenizer, load_prompt_rows, rows_to_samples

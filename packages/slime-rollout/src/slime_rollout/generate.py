@@ -14,7 +14,6 @@ import logging
 from typing import Any
 
 from slime_core.sample import Sample, Status
-
 from slime_rollout.data_source import get_tokenizer
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ import uuid
 from typing import Any
 
 from slime_core.sample import Sample, Status
-
 from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
 from slime_rollout.filters import normalize_filter_output

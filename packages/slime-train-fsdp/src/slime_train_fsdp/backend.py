@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from slime_core.algorithms import apply_whitening, compute_actor_loss, compute_advantages_and_returns, whitening_stats
-from slime_core.batch import RolloutBatch
 from torch.distributed.tensor import DTensor
 
+from slime_core.algorithms import apply_whitening, compute_actor_loss, compute_advantages_and_returns, whitening_stats
+from slime_core.batch import RolloutBatch
 from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lr_schedule import build_lr_scheduler

@@ -20,10 +20,11 @@ import types
 
 import torch
 import torch.nn.functional as F
-from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
 from torch import nn
 from torch.distributed.fsdp import register_fsdp_forward_method
 from torch.utils.checkpoint import checkpoint
+
+from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
 
 __all__ = ["PackedMicroBatch", "install_response_forward", "pack_micro_batch", "split_by_lengths"]
 

@@ -98,6 +98,8 @@ def _placement(args: SlimeArgs) -> None:
         warn_once("fsdp_cpu_offload", "--fsdp-cpu-offload: disabling --offload-train (parameters already on CPU)")
         args.offload_train = False
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if args.async_train and args.colocate:
+        raise ConfigError("--async overlaps rollout and training, which cannot share GPUs: drop --colocate")
     if args.colocate and args.rollout_num_gpus is None:
         args.rollout_num_gpus = actor_gpus
     if args.colocate and args.rollout_num_gpus is not None and 0 < args.rollout_num_gpus < actor_gpus:

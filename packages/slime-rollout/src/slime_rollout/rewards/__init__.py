@@ -23,7 +23,6 @@ import random
 from typing import Any
 
 from slime_core.sample import Sample
-
 from slime_rollout.plugins import call_maybe_async, load_function
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
