@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from slime_convert.mapping import expand_mappings, mcore_tensor_from_hf, mcore_to_hf, resolve_mcore_name
 from slime_convert.model_args import ModelArgs
 

@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+
 from slime_convert import ModelArgs, hf_to_mcore
 
 pytest.importorskip("transformers")

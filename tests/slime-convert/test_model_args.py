@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from slime_convert.model_args import ModelArgs, padded_vocab_size
 
 QWEN3_4B = {

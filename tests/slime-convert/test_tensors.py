@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from slime_convert.tensors import fuse_gate_up, fuse_qkv, pad_vocab, split_gate_up, split_qkv, unpad_vocab
 
 
