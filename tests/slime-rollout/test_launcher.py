@@ -1,6 +1,7 @@
 """Engine command lines, environment, process lifecycle and clean shutdown."""
 
 import os
+import signal
 import socket
 import sys
 import textwrap
@@ -8,6 +9,7 @@ import time
 import types
 
 import pytest
+
 from slime_rollout.engines import process as process_mod
 from slime_rollout.engines.launch import (
     build_reference_command,
@@ -247,3 +249,38 @@ def test_reference_group_restart_and_shutdown_leave_no_process(tiny_qwen3_dir, r
     assert not _alive(proc.pid) and not _alive(new.pid)
     with pytest.raises(httpx.ConnectError):
         httpx.get(proc.url + "/health", trust_env=False)
+
+
+def test_engine_dies_with_a_killed_launcher(tmp_path):
+    """A launcher killed by SIGKILL (no exit hooks run) still takes its engine down (PDEATHSIG)."""
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "engine.pid"
+    launcher = (
+        "import sys, time, pathlib\n"
+        "from slime_rollout.engines.process import start_engine_process\n"
+        "p = start_engine_process([sys.executable, '-c', 'import time; time.sleep(120)'], url='http://x')\n"
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(p.pid))\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", launcher])
+    deadline = time.time() + 60
+    while not pid_file.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    engine_pid = int(pid_file.read_text())
+    os.kill(engine_pid, 0)  # alive
+    parent.kill()
+    parent.wait(timeout=30)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            os.kill(engine_pid, 0)
+        except ProcessLookupError:
+            break
+        # Reap it if it became our zombie (it is reparented to init normally).
+        time.sleep(0.1)
+    else:
+        os.kill(engine_pid, signal.SIGKILL)
+        raise AssertionError("engine outlived its SIGKILLed launcher")

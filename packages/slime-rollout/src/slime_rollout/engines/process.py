@@ -17,6 +17,7 @@ import pathlib
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -130,6 +131,19 @@ class EngineProcess:
         _LIVE.discard(self)
 
 
+def _term_with_parent() -> None:
+    """In the child before exec: SIGTERM when the launching thread dies, also by SIGKILL (Linux only).
+
+    Exit hooks cover normal exits; this covers a launcher (e.g. a rollout-manager actor) that is killed.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def start_engine_process(
     command: Sequence[str], *, url: str, env: dict[str, str] | None = None, log_path: pathlib.Path | None = None
 ) -> EngineProcess:
@@ -147,7 +161,12 @@ def start_engine_process(
         out = open(log_path, "ab")  # noqa: SIM115  (handed to the child; closed below)
     try:
         popen = subprocess.Popen(
-            list(command), env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True
+            list(command),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+            preexec_fn=_term_with_parent,
         )
     finally:
         if out is not None:
