@@ -11,6 +11,7 @@ import types
 
 import pytest
 import torch
+
 from slime_core.batch import RolloutBatch
 
 pytest.importorskip("megatron.core")

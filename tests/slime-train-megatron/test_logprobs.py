@@ -5,6 +5,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
+
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from slime_convert import ModelArgs
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 from slime_train_megatron.packing import pack_thd
@@ -24,6 +25,7 @@ def _build(hf_dir):
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "qwen3_moe"])
 def test_direct_hf_load_export_and_logits(model_type, tiny_hf, megatron_cpu_world):
     from safetensors.torch import load_file
+
     from slime_train_megatron.model import iter_hf_weights
 
     hf_model, hf_dir = tiny_hf(model_type)

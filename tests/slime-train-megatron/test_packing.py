@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from slime_train_megatron.packing import cp_zigzag_indices, pack_thd
 
 

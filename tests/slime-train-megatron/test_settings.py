@@ -1,6 +1,7 @@
 import types
 
 import pytest
+
 from slime_train_megatron.settings import MegatronSettings
 
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from slime_train_megatron.weights import iter_buckets, merge_tp_shards, shard_for_tp
 
 

@@ -30,10 +30,10 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
+
 from slime_convert import ModelArgs
 from slime_core.algorithms import apply_whitening, compute_actor_loss, compute_advantages_and_returns, whitening_stats
 from slime_core.batch import RolloutBatch
-
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 from slime_train_megatron.model import (

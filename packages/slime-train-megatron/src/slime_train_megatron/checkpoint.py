@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+
 from slime_convert.torch_dist import TRACKER_FILE, resolve_iteration_dir
 
 logger = logging.getLogger(__name__)

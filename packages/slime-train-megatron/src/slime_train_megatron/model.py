@@ -18,10 +18,10 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+
 from slime_convert import ModelArgs
 from slime_convert.hf_io import HFCheckpointReader
 from slime_convert.mapping import mcore_tensor_from_hf, mcore_to_hf
-
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
 
