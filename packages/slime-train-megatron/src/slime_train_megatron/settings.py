@@ -60,7 +60,6 @@ class MegatronSettings(BaseModel):
     finetune: bool = Field(False, description="Load weights only and start at rollout 0.")
     ckpt_step: int | None = Field(None, description="Iteration to load instead of the tracker's latest.")
     seed: int = 1234
-    make_vocab_size_divisible_by: int = Field(128, ge=1)
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
     moe_grouped_gemm: bool = False
 
