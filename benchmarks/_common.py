@@ -1,0 +1,148 @@
+"""Helpers shared by the benchmark scripts: model dirs, JSON result lines, FLOP counts, timing.
+
+Every benchmark prints exactly one JSON line on stdout (its result) and, when ``$BENCH_RESULTS`` names a
+file, appends the same line to it (the GPU session collects all of them in ``$OUT/results.jsonl``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TOKENIZER_DIR = pathlib.Path(os.environ.get("SLIME_QWEN3_TOKENIZER", REPO / "tests" / "fixtures" / "qwen3-tokenizer"))
+GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
+
+logger = logging.getLogger("bench")
+
+
+def setup_logging() -> None:
+    """INFO logs on stderr, so that stdout carries only the JSON result line."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the log
+
+
+def _make_model_module():
+    path = str(REPO / "apps" / "make_model")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import make_model  # noqa: PLC0415  (apps/make_model is a script dir, not a package)
+
+    return make_model
+
+
+def preset_config(preset: str):
+    """`Qwen3Config` of a make_model preset (qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b)."""
+    return _make_model_module().preset_config(preset)
+
+
+def ensure_model(preset: str, root: str | os.PathLike, dtype: str = "bfloat16") -> tuple[pathlib.Path, float]:
+    """Returns `(dir, seconds spent writing)`: `<root>/<preset>-<dtype>`, written once with make_model.
+
+    Raises:
+        ValueError: unknown preset.
+    """
+    out = pathlib.Path(root) / f"{preset}-{dtype}"
+    if (out / "config.json").is_file():
+        return out, 0.0
+    start = time.perf_counter()
+    _make_model_module().make_model(preset, out, TOKENIZER_DIR, dtype, 0, 4.0)
+    seconds = time.perf_counter() - start
+    logger.info("wrote %s in %.1f s", out, seconds)
+    return out, seconds
+
+
+def git_commit() -> str:
+    """Short commit of the checkout (or "unknown" outside git)."""
+    try:
+        cmd = ["git", "rev-parse", "--short", "HEAD"]
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device: str) -> str:
+    """GPU name (e.g. "NVIDIA H200") or "cpu"."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "cpu"
+
+
+def emit(bench: str, result: dict[str, Any]) -> dict[str, Any]:
+    """Prints one JSON line (with bench, UTC time, commit) and appends it to `$BENCH_RESULTS` when set."""
+    line = {"bench": bench, "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": git_commit(), **result}  # fmt: skip
+    text = json.dumps(line, sort_keys=False, default=str)
+    print(text, flush=True)  # the result line is the script's output
+    target = os.environ.get("BENCH_RESULTS")
+    if target:
+        with open(target, "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return line
+
+
+def median(xs: list[float]) -> float:
+    """Median (the middle of ≥3 repeats is what the tables report)."""
+    return float(statistics.median(xs))
+
+
+def sync(device: str) -> None:
+    """Waits for queued device work (no-op on CPU), so host clocks measure finished work."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: str) -> tuple[float, Any]:
+    """Runs `fn` between two device syncs; returns (seconds, fn's result)."""
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - start, out
+
+
+def transformer_flops(config: Any, seq_lens: list[int], *, lm_head_tokens: int, backward: bool) -> dict[str, float]:
+    """Model FLOPs of a dense decoder over packed sequences (Kaplan et al. 2020; Narayanan et al. 2021, eq. 3).
+
+    Exact formula used (T = Σ s tokens, R = ``lm_head_tokens``, k = 3 with backward else 1):
+
+    * matmul = k · (2·N_body·T + 2·V·H·R), with N_body = L·(H·d_q + 2·H·d_kv + d_q·H + 3·H·F) the
+      decoder-layer weights (q, k, v, o projections and the SwiGLU MLP); the embedding lookup does no FLOPs;
+      the lm_head runs only on the R positions whose next token is scored (slime's response-only forward).
+    * attention = k · 2·L·d_q·Σ s²: scores QKᵀ and P·V are 2·2·s²·d_q each forward and layer, halved by the
+      causal mask (the brief's 12·L·H·Σ s² fwd+bwd, halved, with H replaced by d_q = heads·head_dim).
+    * k = 3: the backward costs twice the forward. Gradient checkpointing's recomputation is NOT counted
+      (model FLOPs, not hardware FLOPs), so MFU with it is comparable to MFU without.
+
+    Args:
+        config: HF config (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+            intermediate_size, vocab_size).
+        seq_lens: packed sequence lengths in tokens.
+        lm_head_tokens: positions passed through the lm_head (R).
+        backward: count forward + backward instead of forward only.
+
+    Returns:
+        {"matmul", "attention", "total"} in FLOPs and "n_body" (parameters of the decoder layers).
+    """
+    h, layers = config.hidden_size, config.num_hidden_layers
+    d_head = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    d_q, d_kv = config.num_attention_heads * d_head, config.num_key_value_heads * d_head
+    n_body = layers * (h * d_q + 2 * h * d_kv + d_q * h + 3 * h * config.intermediate_size)
+    k = 3.0 if backward else 1.0
+    matmul = k * (2.0 * n_body * sum(seq_lens) + 2.0 * config.vocab_size * h * lm_head_tokens)
+    attention = k * 2.0 * layers * d_q * sum(s * s for s in seq_lens)
+    return {"matmul": matmul, "attention": attention, "total": matmul + attention, "n_body": float(n_body)}
