@@ -1,0 +1,129 @@
+"""Rollout-loop overhead: slime's generate_rollout vs the same requests sent straight to the engine.
+
+`python3 benchmarks/bench_rollout.py --preset qwen3-0.6b --num-prompts 64 --n 8 --max-new-tokens 256
+[--concurrency 256] [--repeats 3] [--engine sglang|reference] [--engine-url URL]`
+
+(a) slime: `generate_rollout` over GSM8K prompts (tests/fixtures/gsm8k, Qwen3 chat template), math reward,
+    metrics, `--sglang-server-concurrency` = `--concurrency` in-flight requests.
+(b) direct: for every sample (a) produced, the same prompt ids and sampling params to `/generate` with
+    asyncio + httpx (one AsyncClient, a semaphore of `--concurrency`), `return_logprob` as slime asks,
+    `max_new_tokens` = that sample's response length and `ignore_eos`, so (b) generates exactly as many
+    tokens as (a) did (random weights rarely emit eos anyway).
+Runs alternate a, b, a, b, ... after one warm-up of each (cancels drift); output tokens/s each, median of
+`--repeats`; overhead % = (b − a) / b with the tokens/s medians. Budget on an H200 (engine up, 64×8×256):
+≈ 7 rounds × 2–4 s ≈ 30 s; + 60–100 s when it starts its own engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+import _engine  # noqa: E402
+
+
+def rollout_args(url: str, model_dir: Path, a: argparse.Namespace) -> types.SimpleNamespace:
+    """Run-config fields generate_rollout, the data source, the generate function and the rm read."""
+    return types.SimpleNamespace(
+        rollout_engine_urls=[url], hf_checkpoint=str(model_dir), prompt_data=str(a.prompt_data),
+        input_key="question", label_key="answer", metadata_key="metadata", tool_key="tools",
+        apply_chat_template=True, apply_chat_template_kwargs={}, rollout_max_prompt_len=None, rollout_shuffle=False,
+        rollout_seed=42, rollout_batch_size=a.num_prompts, n_samples_per_prompt=a.n, over_sampling_batch_size=None,
+        dynamic_sampling_filter_path=None, partial_rollout=False, mask_offpolicy_in_partial_rollout=False,
+        rm_type="math", custom_rm_path=None, group_rm=False, reward_key=None, rollout_temperature=1.0,
+        rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=a.max_new_tokens, rollout_stop=None,
+        rollout_stop_token_ids=None, rollout_skip_special_tokens=False, sglang_server_concurrency=a.concurrency,
+        save=None, load=None,
+    )  # fmt: skip
+
+
+def run_slime(args, data_source, rollout_id: int) -> tuple[float, list[tuple[list[int], int]]]:
+    """(a): seconds and `(prompt ids, response length)` of every generated sample."""
+    from slime_rollout.rollout import generate_rollout
+
+    t0 = time.perf_counter()
+    out = generate_rollout(args, rollout_id, data_source)
+    seconds = time.perf_counter() - t0
+    reqs = [(list(s.tokens[: s.prompt_length]), int(s.response_length)) for g in out.samples for s in g]
+    return seconds, reqs
+
+
+async def run_direct(url: str, reqs: list[tuple[list[int], int]], params: dict, concurrency: int) -> tuple[float, int]:
+    """(b): seconds and generated tokens for the same requests sent straight to `/generate`."""
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+
+        async def one(ids: list[int], length: int) -> int:
+            payload = {"input_ids": ids, "return_logprob": True,
+                       "sampling_params": {**params, "max_new_tokens": length, "ignore_eos": True}}  # fmt: skip
+            async with sem:
+                r = await http.post("/generate", json=payload)
+            r.raise_for_status()
+            return int(r.json()["meta_info"]["completion_tokens"])
+
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(ids, n) for ids, n in reqs))
+        return time.perf_counter() - t0, sum(counts)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parses flags, alternates (a) and (b), emits one JSON line."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="qwen3-0.6b")
+    p.add_argument("--model-root", default=os.environ.get("SLIME_BENCH_MODELS", "/tmp/slime-bench-models"))
+    p.add_argument("--prompt-data", default=str(_common.GSM8K))
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--engine", default="sglang", choices=["sglang", "reference"])
+    p.add_argument("--engine-url", default=None, help="use a running engine serving the same --preset")
+    p.add_argument("--mem-fraction", type=float, default=0.3)
+    p.add_argument("--log-dir", default=os.environ.get("BENCH_LOG_DIR"))
+    a = p.parse_args(argv)
+    _common.setup_logging()
+    from slime_rollout.data_source import RolloutDataSourceWithBuffer
+    from slime_rollout.generate import build_sampling_params
+
+    model_dir, write_s = _common.ensure_model(a.preset, a.model_root)
+    with _engine.engine(a.engine, model_dir, url=a.engine_url, log_dir=a.log_dir, mem_fraction=a.mem_fraction,
+                        max_bs=a.concurrency) as (url, startup_s):  # fmt: skip
+        args = rollout_args(url, model_dir, a)
+        data_source = RolloutDataSourceWithBuffer(args)
+        params = build_sampling_params(args)
+        slime_tps, direct_tps, overheads = [], [], []
+        for r in range(a.repeats + 1):  # round 0 is the warm-up of both paths
+            t_a, reqs = run_slime(args, data_source, r)
+            tokens = sum(n for _, n in reqs)
+            t_b, tokens_b = asyncio.run(run_direct(url, reqs, params, a.concurrency))
+            if tokens_b != tokens:
+                raise RuntimeError(f"direct path generated {tokens_b} tokens, slime {tokens}")
+            _common.logger.info("round %d: slime %.2f s, direct %.2f s, %d tokens", r, t_a, t_b, tokens)
+            if r > 0:
+                slime_tps.append(tokens / t_a)
+                direct_tps.append(tokens / t_b)
+                overheads.append(100.0 * (t_a - t_b) / t_a)  # = (b − a)/b in tokens/s
+        a_med, b_med = _common.median(slime_tps), _common.median(direct_tps)
+        return _common.emit("rollout", {
+            "engine": a.engine, "preset": a.preset, "num_prompts": a.num_prompts, "n": a.n,
+            "max_new_tokens": a.max_new_tokens, "concurrency": a.concurrency, "repeats": a.repeats,
+            "tokens_per_round": tokens, "slime_tok_s_median": a_med, "direct_tok_s_median": b_med,
+            "slime_tok_s_all": slime_tps, "direct_tok_s_all": direct_tps,
+            "overhead_pct": 100.0 * (b_med - a_med) / b_med, "overhead_pct_per_round": overheads, "engine_startup_s": startup_s,
+            "checkpoint_write_s": write_s,
+        })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
