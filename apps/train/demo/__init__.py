@@ -17,15 +17,16 @@ EVAL_DATA = ASSETS_DIR / "data" / "eval.jsonl"
 
 #: Recommended RL hyper-parameters, measured by the learnability check described in README.md.
 DEMO_HPARAMS: dict[str, str] = {
-    "rollout-batch-size": "32",
+    "rollout-batch-size": "64",
     "n-samples-per-prompt": "8",
-    "global-batch-size": "256",
-    "num-rollout": "40",
+    "global-batch-size": "512",
+    "micro-batch-size": "64",
+    "num-rollout": "80",
     "rollout-max-response-len": "8",
     "rollout-temperature": "1.0",
-    "lr": "3e-4",
-    "eval-interval": "5",
-    "n-samples-per-eval-prompt": "4",
+    "lr": "5e-4",
+    "eval-interval": "10",
+    "n-samples-per-eval-prompt": "8",
     "eval-temperature": "1.0",
     "eval-max-response-len": "8",
     "seed": "1234",
