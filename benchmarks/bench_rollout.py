@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
             "max_new_tokens": a.max_new_tokens, "concurrency": a.concurrency, "repeats": a.repeats,
             "tokens_per_round": tokens, "slime_tok_s_median": a_med, "direct_tok_s_median": b_med,
             "slime_tok_s_all": slime_tps, "direct_tok_s_all": direct_tps,
-            "overhead_pct": 100.0 * (b_med - a_med) / b_med, "overhead_pct_per_round": overheads, "engine_startup_s": startup_s,
+            "overhead_pct": 100.0 * (b_med - a_med) / b_med, "overhead_pct_per_round": overheads,
+            "engine_startup_s": startup_s,
             "checkpoint_write_s": write_s,
         })  # fmt: skip
 
