@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# End-to-end GRPO on GSM8K with the full app (apps/train), 1 GPU, colocated; prints one JSON line of
+# per-phase times and tokens/s (benchmarks/e2e_report.py reads the run's TensorBoard events).
+#
+# GPU (staged machine, `source /tmp/slime-gpu/env.sh`, PYTHONPATH += packages/*/src):
+#   bash benchmarks/bench_e2e.sh                      # qwen3-0.6b, 4 rollouts of 32 prompts x 8, 256 tokens
+# CPU smoke:
+#   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 bash benchmarks/bench_e2e.sh
+# Colocated SGLang needs torch_memory_saver on the SGLang side (--enable-memory-saver); the staged stack
+# lacks it unless bundle.sh was run with `--sglang torch-memory-saver==<ver>`: this script checks first.
+# Budget on an H200: model write ~20 s, Ray + trainer + SGLang start ~120 s, 4 rollouts ~4 x 20 s: ~4 min.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$HERE")"
+PY="${PYTHON:-python3}"
+PRESET="${PRESET:-qwen3-0.6b}"
+RBS="${RBS:-32}"
+N="${N:-8}"
+MAXLEN="${MAXLEN:-256}"
+NUM_ROLLOUT="${NUM_ROLLOUT:-4}"
+RUN_DIR="${RUN_DIR:-/tmp/slime-bench-e2e/run-$$}"
+MODEL_ROOT="${SLIME_BENCH_MODELS:-/tmp/slime-bench-models}"
+DEVICE="${BENCH_DEVICE:-cuda}"
+
+MODEL_DIR="$($PY -c "import sys; sys.path.insert(0, '$HERE'); import _common; print(_common.ensure_model('$PRESET', '$MODEL_ROOT')[0])")" \
+  || { echo "bench_e2e: could not build the $PRESET checkpoint" >&2; exit 2; }
+
+ENGINE_FLAGS=()
+if [[ "$DEVICE" == "cuda" ]]; then
+  if ! PYTHONPATH="${SLIME_SGLANG_PYTHONPATH:-$PYTHONPATH}" $PY -c "import torch_memory_saver" 2>/dev/null; then
+    echo "bench_e2e: torch_memory_saver is not importable on the SGLang side; --colocate cannot run." >&2
+    echo "  stage it: shared/device/bundle.sh --sglang torch-memory-saver==<ver>" >&2
+    exit 3
+  fi
+  ENGINE_FLAGS=(--rollout-engine sglang --sglang-mem-fraction-static 0.3
+                --sglang-cuda-graph-backend-prefill disabled --sglang-cuda-graph-max-bs-decode 256
+                --attn-implementation sdpa)
+else
+  ENGINE_FLAGS=(--rollout-engine reference)
+fi
+
+mkdir -p "$RUN_DIR"
+start=$(date +%s)
+$PY "$REPO/apps/train" \
+  --train-backend fsdp --hf-checkpoint "$MODEL_DIR" \
+  --prompt-data "$REPO/tests/fixtures/gsm8k/test-50.jsonl" --input-key question --label-key answer \
+  --apply-chat-template --rm-type math --advantage-estimator grpo \
+  --num-rollout "$NUM_ROLLOUT" --rollout-batch-size "$RBS" --n-samples-per-prompt "$N" \
+  --global-batch-size $((RBS * N)) --rollout-max-response-len "$MAXLEN" --rollout-temperature 1.0 \
+  --actor-num-nodes 1 --actor-num-gpus-per-node 1 --colocate --lr 1e-6 \
+  --output-dir "$RUN_DIR" "${ENGINE_FLAGS[@]}" ${EXTRA_FLAGS:-}
+rc=$?
+echo "bench_e2e: app exited $rc after $(( $(date +%s) - start )) s (run dir $RUN_DIR)" >&2
+[[ $rc -eq 0 ]] || exit $rc
+$PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --label "$PRESET" --skip-first 1

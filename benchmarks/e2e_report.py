@@ -1,0 +1,73 @@
+"""Summarizes a finished `apps/train` run from its TensorBoard events as one JSON line.
+
+`python3 benchmarks/e2e_report.py RUN_OUTPUT_DIR --rollout-batch-size 32 --n 8 [--skip-first 1]`
+
+Per phase (perf/rollout_time, perf/train_time, perf/update_weights_time, perf/step_time): the value of every
+step and the median over the steps after `--skip-first` warm-up steps. Generated tokens per step =
+rollout_batch_size · n · rollout/response_len/mean; overall tokens/s = Σ tokens / Σ step_time over the
+same steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+PHASES = ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/step_time")
+
+
+def read_scalars(tb_dir: pathlib.Path) -> dict[str, dict[int, float]]:
+    """All scalars of a TensorBoard directory as {tag: {step: value}}.
+
+    Raises:
+        FileNotFoundError: no event file under `tb_dir`.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not any(tb_dir.rglob("events.out.tfevents.*")):
+        raise FileNotFoundError(f"no TensorBoard event file under {tb_dir}")
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def summarize(scalars: dict[str, dict[int, float]], *, rollout_batch_size: int, n: int, skip_first: int) -> dict:
+    """Per-phase medians and overall tokens/s (see the module docstring)."""
+    steps = sorted(scalars.get("perf/step_time", {}))
+    if not steps:
+        raise ValueError("the run logged no perf/step_time (did it finish a rollout?)")
+    kept = steps[skip_first:] or steps
+    out: dict = {"steps": steps, "steps_measured": kept}
+    for tag in PHASES:
+        values = scalars.get(tag, {})
+        out[tag] = {"all": [values.get(s) for s in steps],
+                    "median": _common.median([values[s] for s in kept if s in values]) if values else None}  # fmt: skip
+    lengths = scalars.get("rollout/response_len/mean", {})
+    if lengths:
+        tokens = sum(rollout_batch_size * n * lengths[s] for s in kept if s in lengths)
+        seconds = sum(scalars["perf/step_time"][s] for s in kept)
+        out["generated_tokens"] = tokens
+        out["tokens_per_s"] = tokens / seconds
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Reads the run's events and emits the summary line."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("run_dir", type=pathlib.Path, help="the run's --output-dir (events in <dir>/tensorboard)")
+    p.add_argument("--rollout-batch-size", type=int, required=True)
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--skip-first", type=int, default=1)
+    p.add_argument("--label", default="")
+    a = p.parse_args(argv)
+    tb = a.run_dir / "tensorboard" if (a.run_dir / "tensorboard").is_dir() else a.run_dir
+    summary = summarize(read_scalars(tb), rollout_batch_size=a.rollout_batch_size, n=a.n, skip_first=a.skip_first)
+    return _common.emit("e2e", {"label": a.label, "rollout_batch_size": a.rollout_batch_size, "n": a.n, **summary})
+
+
+if __name__ == "__main__":
+    main()
