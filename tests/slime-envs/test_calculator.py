@@ -1,6 +1,7 @@
 import math
 
 import pytest
+
 from slime_envs.calculator import CalculatorEnv, safe_eval
 
 

@@ -1,6 +1,7 @@
 import importlib.metadata
 
 import pytest
+
 from slime_core.protocols import Env, EnvStep
 from slime_envs import available_envs, get_env_factory, make_env, register_env
 from slime_envs.calculator import CalculatorEnv

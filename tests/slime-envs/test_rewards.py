@@ -1,4 +1,5 @@
 import pytest
+
 from slime_envs.rewards import em_with_format, exact_match, f1_score, normalize_answer
 
 

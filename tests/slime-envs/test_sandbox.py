@@ -5,6 +5,7 @@ import os
 import pathlib
 
 import pytest
+
 from slime_envs.sandbox import SandboxConfig, hard_process_limit_available, run_python
 
 

@@ -3,6 +3,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+
 from slime_envs.search import BM25Retriever, SearchEnv, format_passages, gold_answers
 
 ROWS = [

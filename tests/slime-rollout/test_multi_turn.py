@@ -9,6 +9,7 @@ import json
 import types
 
 import pytest
+
 from slime_core.sample import Sample, Status
 from slime_envs.calculator import CalculatorEnv
 from slime_rollout import generate as single_turn
@@ -326,9 +327,10 @@ def test_example_config_runs_one_rollout(example, reference_engine, tiny_qwen3_d
     import pathlib
 
     import torch
+    from transformers import AutoModelForCausalLM
+
     from slime_rollout.client import reset_client_cache
     from slime_rollout.rollout import create_data_source, generate_rollout
-    from transformers import AutoModelForCausalLM
 
     monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[2])  # example paths are relative to the repo
     reset_client_cache()

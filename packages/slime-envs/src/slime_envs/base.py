@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from slime_core.protocols import EnvStep
-
 from slime_envs.parsing import ParsedTurn, ToolCall, parse_tool_calls
 
 __all__ = ["ToolEnv"]

@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
-from slime_core.protocols import EnvStep
 
+from slime_core.protocols import EnvStep
 from slime_envs.base import ToolEnv
 from slime_envs.parsing import ParsedTurn, parse_tag_action
 from slime_envs.rewards import em_with_format, f1_score

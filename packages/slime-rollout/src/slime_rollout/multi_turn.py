@@ -35,7 +35,6 @@ from typing import Any
 
 from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
-
 from slime_rollout import generate as single_turn
 from slime_rollout.data_source import get_tokenizer
 
