@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One GPU session: runs the chosen steps in order, each under its own `timeout`, never stopping the session
+# on a failed step. Run on the staged GPU machine from the repo root:
+#   bash /tmp/slime-gpu/on-device.sh check || exit 3; source /tmp/slime-gpu/env.sh
+#   bash benchmarks/gpu_session.sh tests matmul train weight_sync          # call 1 (≈ 9.5 min budget)
+#   bash benchmarks/gpu_session.sh rollout e2e trl                         # call 2
+# Output (≤ 8 files come back from $OUT): $OUT/results.jsonl (every JSON result line + one
+# {"bench":"step",...} line per step with rc and seconds), $OUT/logs.txt (all step logs, in order),
+# $OUT/engine-logs.tar.gz (SGLang/app logs). Budgets below are seconds on one H200 (timeouts are ~1.5x).
+# Steps:
+#   tests          420  pytest -m "gpu or sglang" over slime-core, slime-train-fsdp, slime-rollout (-x)
+#   matmul          30  bf16 8192^3 matmul ceiling
+#   train          240  FSDP train() qwen3-0.6b (~60) and qwen3-4b (~150, incl. ~60 s checkpoint write)
+#   train_1.7b     120  FSDP train() qwen3-1.7b
+#   train_gc       150  FSDP train() qwen3-4b with --gradient-checkpointing
+#   weight_sync    200  disk vs tensor push, qwen3-0.6b, on the shared engine (engine start 60-100 s once)
+#   weight_sync_4b 300  the same for qwen3-4b (starts and stops its own engine)
+#   rollout        150  slime rollout vs direct /generate, 64 prompts x 8 x 256 tokens, shared engine
+#   e2e            420  apps/train GRPO, 4 rollouts of 32x8 (needs torch_memory_saver staged for SGLang)
+#   trl            420  TRL GRPOTrainer baseline (wheels from .whl, carried with the call)
+# The shared qwen3-0.6b SGLang engine starts at the first step that needs it and stops at the end.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$HERE")"
+cd "$REPO"
+OUT="${OUT:-/tmp/slime-bench-out}"
+mkdir -p "$OUT"
+export BENCH_RESULTS="$OUT/results.jsonl"
+export BENCH_LOG_DIR="${BENCH_LOG_DIR:-/tmp/slime-bench-logs}"
+export SLIME_BENCH_MODELS="${SLIME_BENCH_MODELS:-/tmp/slime-bench-models}"
+mkdir -p "$BENCH_LOG_DIR" "$SLIME_BENCH_MODELS"
+LOGS="$OUT/logs.txt"
+SRC="$(ls -d "$REPO"/packages/*/src | tr '\n' ':')"
+case ":${PYTHONPATH:-}:" in *":$REPO/packages/slime-core/src:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SRC";; esac
+export PYTHONUNBUFFERED=1
+[[ -n "${SLIME_SGLANG_PYTHONPATH:-}" ]] || echo "gpu_session: WARNING: env.sh not sourced (no SLIME_SGLANG_PYTHONPATH)" | tee -a "$LOGS"
+
+ENGINE_PID=""
+ENGINE_URL_FILE="/tmp/slime-bench-engine.url"
+
+engine_up() {  # starts the shared qwen3-0.6b engine once (not in a subshell: ENGINE_PID must stick)
+  if [[ -n "$ENGINE_PID" ]] && kill -0 "$ENGINE_PID" 2>/dev/null && [[ -s "$ENGINE_URL_FILE" ]]; then
+    return 0
+  fi
+  rm -f "$ENGINE_URL_FILE"
+  python3 "$HERE/_engine.py" --preset qwen3-0.6b --url-file "$ENGINE_URL_FILE" --mem-fraction 0.3 --max-bs 256 \
+    --log-dir "$BENCH_LOG_DIR" >> "$BENCH_LOG_DIR/engine_server.log" 2>&1 &
+  ENGINE_PID=$!
+  for _ in $(seq 1 300); do
+    [[ -s "$ENGINE_URL_FILE" ]] && return 0
+    kill -0 "$ENGINE_PID" 2>/dev/null || { echo "engine process exited" >&2; tail -30 "$BENCH_LOG_DIR"/engine_*.log >&2; return 1; }
+    sleep 1
+  done
+  echo "engine not ready after 300 s" >&2; return 1
+}
+
+engine_down() {
+  if [[ -n "$ENGINE_PID" ]] && kill -0 "$ENGINE_PID" 2>/dev/null; then
+    kill -TERM "$ENGINE_PID"  # _engine.py shuts SGLang down (SIGTERM to its main pid, then its group)
+    for _ in $(seq 1 30); do kill -0 "$ENGINE_PID" 2>/dev/null || break; sleep 1; done
+    kill -0 "$ENGINE_PID" 2>/dev/null && kill -KILL "$ENGINE_PID"
+  fi
+  ENGINE_PID=""
+}
+
+finish() {
+  engine_down
+  tar -czf "$OUT/engine-logs.tar.gz" -C "$BENCH_LOG_DIR" . 2>/dev/null
+  echo "=== results ($BENCH_RESULTS) ==="; cat "$BENCH_RESULTS" 2>/dev/null | cut -c1-400
+}
+trap finish EXIT
+
+run_step() {  # run_step NAME TIMEOUT_S CMD...
+  local name="$1" limit="$2"; shift 2
+  local t0; t0=$(date +%s)
+  echo "===== step $name (limit ${limit}s) $(date -u +%H:%M:%S) =====" | tee -a "$LOGS"
+  timeout -k 15 "$limit" "$@" >> "$LOGS" 2>&1
+  local rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  echo "===== step $name rc=$rc ${dt}s =====" | tee -a "$LOGS"
+  printf '{"bench": "step", "step": "%s", "rc": %d, "seconds": %d}\n' "$name" "$rc" "$dt" >> "$BENCH_RESULTS"
+  return 0
+}
+
+shared_engine_step() {  # shared_engine_step NAME TIMEOUT_S SCRIPT ARGS...
+  local name="$1" limit="$2"; shift 2
+  local t0; t0=$(date +%s)
+  if ! engine_up 2>>"$LOGS"; then
+    echo "===== step $name skipped: shared engine did not start =====" | tee -a "$LOGS"
+    printf '{"bench": "step", "step": "%s", "rc": -1, "seconds": 0, "error": "engine start failed"}\n' "$name" >> "$BENCH_RESULTS"
+    return 0
+  fi
+  echo "shared engine $(cat "$ENGINE_URL_FILE") up after $(( $(date +%s) - t0 )) s" | tee -a "$LOGS"
+  run_step "$name" "$limit" python3 "$@" --engine-url "$(cat "$ENGINE_URL_FILE")"
+}
+
+[[ $# -gt 0 ]] || { sed -n 2,24p "$0"; exit 2; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >> "$LOGS" 2>&1
+for step in "$@"; do
+  case "$step" in
+    tests) run_step tests 600 python3 -m pytest -m "gpu or sglang" -q -x -p no:cacheprovider \
+             tests/slime-core tests/slime-train-fsdp tests/slime-rollout ;;
+    matmul) run_step matmul 60 python3 "$HERE/bench_matmul.py" ;;
+    train)
+      run_step train_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b
+      run_step train_4b 300 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b ;;
+    train_1.7b) run_step train_1.7b 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b ;;
+    train_gc) run_step train_gc 250 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --gradient-checkpointing ;;
+    weight_sync) shared_engine_step weight_sync 300 "$HERE/bench_weight_sync.py" --preset qwen3-0.6b --modes disk,tensor ;;
+    weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;
+    rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset qwen3-0.6b --num-prompts 64 --n 8 \
+               --max-new-tokens 256 --concurrency 256 ;;
+    e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
+    trl) engine_down; run_step trl 600 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \
+           --no-cache-dir --upgrade --target /tmp/trl-site $REPO/.whl/*.whl && \
+           PYTHONPATH=/tmp/trl-site:\$PYTHONPATH python3 $HERE/bench_trl_grpo.py --preset qwen3-0.6b" ;;
+    *) echo "gpu_session: unknown step '$step'" | tee -a "$LOGS" ;;
+  esac
+done
