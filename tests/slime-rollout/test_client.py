@@ -6,6 +6,7 @@ import types
 
 import httpx
 import pytest
+
 from slime_rollout.client import (
     EngineClient,
     EngineError,
@@ -27,7 +28,7 @@ async def test_retries_connection_errors_then_succeeds():
 
     c = EngineClient("http://e:1", transport=httpx.MockTransport(handler), backoff_s=0.001)
     assert await c.get_weight_version() == "5"
-    assert attempts == ["/get_weight_version"] * 3
+    assert attempts == ["/model_info"] * 3
 
 
 async def test_gives_up_with_url_in_message():
@@ -129,7 +130,7 @@ async def test_router_mode_sends_generate_to_router_and_discovers_workers():
         seen.append((request.url.host, request.url.path))
         if request.url.path == "/workers":
             return httpx.Response(200, json={"workers": [{"url": "http://w0:1", "id": "a"}, {"url": "http://w1:1"}]})
-        if request.url.path == "/get_weight_version":
+        if request.url.path == "/model_info":
             return httpx.Response(200, json={"weight_version": "1"})
         return httpx.Response(200, json={"text": "ok"})
 
@@ -200,3 +201,17 @@ def test_client_works_across_event_loops():
     c = EngineClient("http://e:1", transport=httpx.MockTransport(handler))
     assert asyncio.run(c.get_weight_version()) == "v"
     assert asyncio.run(c.get_weight_version()) == "v"  # a fresh loop gets a fresh httpx client
+
+
+async def test_weight_version_falls_back_to_the_old_route():
+    seen = []
+
+    def handler(request):
+        seen.append(request.url.path)
+        if request.url.path == "/model_info":
+            return httpx.Response(200, json={"model_path": "m"})  # an engine without the field
+        return httpx.Response(200, json={"weight_version": "9"})
+
+    c = EngineClient("http://e:1", transport=httpx.MockTransport(handler))
+    assert await c.get_weight_version() == "9"
+    assert seen == ["/model_info", "/get_weight_version"]

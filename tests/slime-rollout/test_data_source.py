@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from slime_rollout.data_source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
 
 

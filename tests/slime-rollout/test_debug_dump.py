@@ -4,6 +4,7 @@ import types
 
 import pytest
 import torch
+
 from slime_core.sample import Sample, Status
 from slime_rollout.debug_dump import dump_path, load_debug_rollout_data, regroup, save_debug_rollout_data
 

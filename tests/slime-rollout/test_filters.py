@@ -3,6 +3,7 @@
 import types
 
 import pytest
+
 from slime_core.protocols import DynamicFilterOutput
 from slime_core.sample import Sample
 from slime_rollout.filters import check_reward_nonzero_std, normalize_filter_output

@@ -5,10 +5,11 @@ import asyncio
 import httpx
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from slime_rollout.client import EngineClient, EngineError, RolloutClient
 from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
 from slime_rollout.engines.reference.sampling import SamplingParams, sample_next_token
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 LOGPROB_ATOL = 1e-5  # fp32 engine (left-padded, KV cache) vs one unpadded forward
 

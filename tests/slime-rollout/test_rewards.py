@@ -4,6 +4,7 @@ import json
 import types
 
 import pytest
+
 from slime_core.sample import Sample
 from slime_rollout.rewards import async_rm, batched_async_rm, rule_based_reward
 from slime_rollout.rewards.dapo import dapo_reward
@@ -137,6 +138,7 @@ async def test_custom_and_group_rm():
 
 async def test_remote_rm_retries_then_succeeds(monkeypatch):
     import httpx
+
     from slime_rollout.rewards import remote
 
     calls = []

@@ -118,6 +118,7 @@ import types  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
 from slime_core.sample import Sample, Status  # noqa: E402
 from slime_rollout import generate as generate_mod  # noqa: E402
 from slime_rollout import rollout as rollout_mod  # noqa: E402

@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+
 from slime_core.sample import Status
 from slime_rollout.client import EngineClient
 from slime_rollout.data_source import RolloutDataSourceWithBuffer

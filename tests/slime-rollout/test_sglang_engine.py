@@ -236,6 +236,23 @@ def test_first_step_trainer_logprobs_match_engine(sglang_engine, small_qwen3_dir
         engine = torch.cat(batch.rollout_log_probs)
         diff = (trainer - engine).abs()
         print(f"first step |trainer - rollout| log-prob: mean {diff.mean():.4g}, max {diff.max():.4g}")
+        # Which side is off? Both against an fp32 transformers forward of the same tokens.
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(small_qwen3_dir, dtype=torch.float32).cuda().eval()
+        ref = []
+        with torch.no_grad():
+            for tokens, n in zip(batch.tokens, batch.response_lengths, strict=True):
+                logits = hf(input_ids=tokens[None].cuda()).logits[0, -n - 1 : -1].float()
+                ref.append(torch.log_softmax(logits, -1).gather(-1, tokens[-n:, None].cuda())[:, 0].cpu())
+        ref = torch.cat(ref)
+        print(
+            f"vs fp32 HF: engine mean {(engine - ref).abs().mean():.4g} max {(engine - ref).abs().max():.4g}; "
+            f"trainer mean {(trainer - ref).abs().mean():.4g} max {(trainer - ref).abs().max():.4g}"
+        )
+        print("engine ", [round(x, 3) for x in engine[:8].tolist()])
+        print("trainer", [round(x, 3) for x in trainer[:8].tolist()])
+        print("hf fp32", [round(x, 3) for x in ref[:8].tolist()])
         assert diff.mean() < 0.05 and diff.max() < 0.5  # bf16 kernels on both sides
     finally:
         dist.destroy_process_group()

@@ -8,6 +8,8 @@ import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
 from slime_rollout.client import EngineError, RolloutClient
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.reference.server import deserialize_named_tensors
@@ -18,7 +20,6 @@ from slime_rollout.weight_sync import (
     serialize_named_tensors,
     write_hf_checkpoint,
 )
-from transformers import AutoModelForCausalLM
 
 LOGPROB_ATOL = 1e-5
 
@@ -89,7 +90,7 @@ async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path):
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append((request.url.host, request.url.path))
-        if request.url.path == "/get_weight_version":
+        if request.url.path == "/model_info":
             return httpx.Response(200, json={"weight_version": "7"})
         if request.url.path == "/update_weights_from_disk":
             assert json.loads(request.content)["weight_version"] == "7"
@@ -104,7 +105,7 @@ async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path):
         "/pause_generation",
         "/flush_cache",
         "/update_weights_from_disk",
-        "/get_weight_version",
+        "/model_info",
         "/continue_generation",
     ]
     assert not (tmp_path / "weight_v000007").exists()  # deleted unless --update-weight-disk-keep-files
@@ -115,7 +116,7 @@ async def test_version_mismatch_raises_and_still_continues(tmp_path):
 
     def handler(request):
         calls.append(request.url.path)
-        if request.url.path == "/get_weight_version":
+        if request.url.path == "/model_info":
             return httpx.Response(200, json={"weight_version": "old"})
         return httpx.Response(200, json={"success": True})
 

@@ -249,7 +249,14 @@ class EngineClient(_HttpBase):
         return await self.request("POST", "/update_weights_from_distributed", body)
 
     async def get_weight_version(self) -> str | None:
-        """GET /get_weight_version -> `weight_version`."""
+        """The engine's `weight_version`, from GET /model_info.
+
+        SGLang 0.5.16 answers 404 on the older `/get_weight_version` ("deprecated, use /model_info"),
+        so `/model_info` is asked first; engines without the field there fall back to the old route.
+        """
+        info = await self.request("GET", "/model_info")
+        if isinstance(info, dict) and "weight_version" in info:
+            return info["weight_version"]
         return (await self.request("GET", "/get_weight_version"))["weight_version"]
 
     async def health(self, timeout: float | None = 5.0) -> bool:
