@@ -1,0 +1,173 @@
+"""CPU smoke tests of the GPU benchmark scripts (tiny Qwen3 with the real tokenizer, reference engine).
+
+They check that every script runs end to end and emits a well-formed, self-consistent JSON line; the numbers
+themselves are meaningless on CPU. The FLOP formula and helpers are checked against hand computations.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(cmd: list[str], tmp: pathlib.Path, models: pathlib.Path, timeout: int = 600) -> dict:
+    env = {**os.environ, "SLIME_BENCH_MODELS": str(models), "BENCH_RESULTS": str(tmp / "results.jsonl"),
+           "BENCH_LOG_DIR": str(tmp / "logs"), "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    (tmp / "logs").mkdir(exist_ok=True)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, proc.stdout  # exactly one result line on stdout
+    result = json.loads(lines[0])
+    saved = [json.loads(ln) for ln in (tmp / "results.jsonl").read_text().splitlines()]
+    assert saved[-1] == result  # the same line was appended to $BENCH_RESULTS
+    return result
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> pathlib.Path:
+    """A model root holding the qwen3-tiny checkpoint (written once)."""
+    root = tmp_path_factory.mktemp("models")
+    path, seconds = _load("_common").ensure_model("qwen3-tiny", root)
+    assert (path / "model.safetensors").is_file() and seconds > 0
+    assert _load("_common").ensure_model("qwen3-tiny", root) == (path, 0.0)  # reused, not rewritten
+    return root
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def test_transformer_flops_by_hand():
+    common = _load("_common")
+    cfg = types.SimpleNamespace(hidden_size=4, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                head_dim=3, intermediate_size=5, vocab_size=10)  # fmt: skip
+    # d_q = 6, d_kv = 3; per layer: q 4*6 + k,v 2*4*3 + o 6*4 + mlp 3*4*5 = 24 + 24 + 24 + 60 = 132; 2 layers = 264.
+    fwd = common.transformer_flops(cfg, [3, 5], lm_head_tokens=4, backward=False)
+    assert fwd["n_body"] == 264
+    assert fwd["matmul"] == 2 * 264 * 8 + 2 * 10 * 4 * 4  # 4224 + 320
+    assert fwd["attention"] == 2 * 2 * 6 * (9 + 25)  # 816
+    both = common.transformer_flops(cfg, [3, 5], lm_head_tokens=4, backward=True)
+    assert both["total"] == 3 * fwd["total"]
+
+
+def test_train_flops_counts_old_logprob_forward():
+    bench = _load("bench_train_fsdp")
+    common = _load("_common")
+    cfg = common.preset_config("qwen3-0.6b")
+    a = types.SimpleNamespace(tokens_per_mb=8192, seq_len=1024, response_len=512, steps_per_rollout=2, mbs_per_step=1)
+    with_fwd = bench.train_flops(cfg, a, old_forward=True)["total"]
+    without = bench.train_flops(cfg, a, old_forward=False)["total"]
+    assert with_fwd == pytest.approx(without * 4 / 3, rel=1e-12)  # fwd = 1/3 of fwd+bwd
+    # Leading term 6·N_body·T per train step: 0.6B shape has ~0.44 B decoder-layer parameters.
+    n_body = bench.train_flops(cfg, a, old_forward=False)["n_body"]
+    assert 0.40e9 < n_body < 0.46e9
+    assert without > 2 * 6 * n_body * 8192
+
+
+def test_make_batch_schedule():
+    bench = _load("bench_train_fsdp")
+    a = types.SimpleNamespace(tokens_per_mb=100, seq_len=30, response_len=10, steps_per_rollout=2, mbs_per_step=2)
+    b = bench.make_batch(a)
+    assert b.num_samples == 12 and b.micro_batches == [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]]
+    assert all(t.numel() == 30 for t in b.tokens) and b.step_sample_counts == [6, 6]
+    assert b.step_token_counts == [60.0, 60.0]
+    with pytest.raises(ValueError, match="--response-len"):
+        bench.make_batch(types.SimpleNamespace(**{**vars(a), "response_len": 30}))
+
+
+def test_weight_buckets_respect_the_limit():
+    import torch
+
+    bench = _load("bench_weight_sync")
+    named = [(f"t{i}", torch.zeros(n, dtype=torch.bfloat16)) for i, n in enumerate([10, 20, 5, 40, 1])]
+    out = bench.buckets(named, bucket_bytes=60)  # 2 bytes per element
+    # 20+40 bytes fill the first; 10 alone (10+80 > 60); 80 is oversized and alone; then 2.
+    assert [[n for n, _ in b] for b in out] == [["t0", "t1"], ["t2"], ["t3"], ["t4"]]
+
+
+def test_e2e_report_summary():
+    report = _load("e2e_report")
+    scalars = {"perf/step_time": {0: 10.0, 1: 4.0, 2: 6.0}, "perf/rollout_time": {0: 5.0, 1: 2.0, 2: 3.0},
+               "rollout/response_len/mean": {0: 100.0, 1: 50.0, 2: 70.0}}  # fmt: skip
+    s = report.summarize(scalars, rollout_batch_size=2, n=3, skip_first=1)
+    assert s["perf/step_time"]["median"] == 5.0 and s["perf/rollout_time"]["all"] == [5.0, 2.0, 3.0]
+    assert s["generated_tokens"] == 6 * (50 + 70)
+    assert s["tokens_per_s"] == pytest.approx(720 / 10.0)
+    assert s["perf/train_time"]["median"] is None
+    with pytest.raises(ValueError, match="perf/step_time"):
+        report.summarize({}, rollout_batch_size=1, n=1, skip_first=0)
+
+
+# ------------------------------------------------------------------------------------------ scripts
+
+
+def test_matmul_cpu(tmp_path, models):
+    r = _run([sys.executable, str(BENCH / "bench_matmul.py"), "--device", "cpu", "--size", "128"], tmp_path, models)
+    assert r["bench"] == "matmul" and len(r["seconds_all"]) == 5 and r["tflops"] > 0 and r["rel_err"] < 2e-2
+
+
+@pytest.mark.slow
+def test_train_fsdp_cpu(tmp_path, models):
+    r = _run([sys.executable, str(BENCH / "bench_train_fsdp.py"), "--device", "cpu", "--preset", "qwen3-tiny",
+              "--tokens-per-mb", "64", "--seq-len", "32", "--response-len", "16", "--repeats", "2"],
+             tmp_path, models)  # fmt: skip
+    assert r["seqs_per_mb"] == 2 and r["tokens_per_train"] == 2 * 2 * 32 and r["old_logprob_forward"] is True
+    assert len(r["train_s_all"]) == 2 and r["tokens_per_s"] == pytest.approx(128 / r["train_s_median"])
+    assert r["grad_norm"] > 0 and r["peak_mem_gib"] is None
+
+
+@pytest.mark.slow
+def test_weight_sync_reference_engine(tmp_path, models):
+    r = _run([sys.executable, str(BENCH / "bench_weight_sync.py"), "--device", "cpu", "--engine", "reference",
+              "--preset", "qwen3-tiny", "--repeats", "1", "--disk-dir", str(tmp_path / "disk")],
+             tmp_path, models)  # fmt: skip
+    # 2 pushes per mode (perturbed, restored), each verified by weight_version and a greedy generation.
+    assert r["greedy_checked"] and r["final_weight_version"] == "4"
+    for mode in ("disk", "tensor"):
+        assert len(r[mode]["seconds_all"]) == 2
+        assert r[mode]["gb_per_s"] == pytest.approx(r["payload_gb"] / r[mode]["seconds_median"])
+    assert not any((tmp_path / "disk").iterdir())  # disk versions are deleted after each update
+
+
+@pytest.mark.slow
+def test_rollout_reference_engine(tmp_path, models):
+    r = _run([sys.executable, str(BENCH / "bench_rollout.py"), "--engine", "reference", "--preset", "qwen3-tiny",
+              "--num-prompts", "3", "--n", "2", "--max-new-tokens", "6", "--repeats", "1", "--concurrency", "8"],
+             tmp_path, models)  # fmt: skip
+    assert 3 * 2 <= r["tokens_per_round"] <= 3 * 2 * 6
+    assert r["slime_tok_s_median"] > 0 and r["direct_tok_s_median"] > 0
+    b, a = r["direct_tok_s_median"], r["slime_tok_s_median"]
+    assert r["overhead_pct"] == pytest.approx(100 * (b - a) / b)
+
+
+@pytest.mark.slow
+def test_e2e_cpu(tmp_path, models):
+    env = {"BENCH_DEVICE": "cpu", "PRESET": "qwen3-tiny", "RBS": "2", "N": "2", "MAXLEN": "6", "NUM_ROLLOUT": "2",
+           "RUN_DIR": str(tmp_path / "run"), "PYTHON": sys.executable}  # fmt: skip
+    os.environ.update(env)
+    try:
+        r = _run(["bash", str(BENCH / "bench_e2e.sh")], tmp_path, models)
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+    assert r["steps"] == [0, 1] and r["steps_measured"] == [1]
+    assert r["perf/step_time"]["median"] > 0 and r["perf/train_time"]["median"] > 0
+    assert 0 < r["generated_tokens"] <= 2 * 2 * 6
