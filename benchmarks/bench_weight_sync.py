@@ -8,7 +8,8 @@ buckets (`--bucket-mib`). Each repeat pushes a perturbed copy (w + N(0, 0.02²),
 then the originals (another version), so every push changes the engine's weights and the engine ends
 with the checkpoint it started with. Checked: the engine reports each version, and the greedy
 continuation of a fixed prompt differs after the perturbed push and equals the original after the
-restore (the script fails otherwise). Reported per mode: median seconds over 2·repeats pushes, GB/s of
+restore (mismatches are listed in `greedy_failures`; a wrong weight_version fails the script).
+Reported per mode: median seconds over 2·repeats pushes, GB/s of
 bf16 payload (bytes of the pushed tensors / seconds). Disk mode writes under `--disk-dir` (local /tmp).
 Budget on an H200 (engine already up): 0.6B ≈ 40 s, 4B ≈ 120 s; + 60–100 s when it starts its own engine.
 Without `--engine-url` it starts one engine (no memory saver: torch_memory_saver is not staged there).
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     ):
         result["engine_startup_s"] = startup_s
         original = asyncio.run(greedy(url))
-        version = 0
+        version, failures = 0, []
         for mode in modes:
             client = RolloutClient([url])
             upd_args = types.SimpleNamespace(update_weight_disk_dir=a.disk_dir, update_weight_disk_keep_files=False,
@@ -137,13 +138,17 @@ def main(argv: list[str] | None = None) -> dict:
                         raise RuntimeError(f"{mode}: engine reports weight_version {got_version!r}, pushed {version}")
                     out = asyncio.run(greedy(url))
                     if (out == original) != expect_original:
+                        # Recorded, not fatal: one GPU session must not lose the timings to a flaky check.
                         what = "restored" if expect_original else "perturbed"
-                        raise RuntimeError(f"{mode}: greedy output after the {what} push is {out}, original {original}")
+                        failures.append(f"{mode} v{version}: greedy after the {what} push {out}, original {original}")
+                        _common.logger.error(failures[-1])
             asyncio.run(client.aclose())
             t = _common.median(times)
             result[mode] = {"seconds_median": t, "seconds_all": times, "gb_per_s": payload_bytes / 1e9 / t}
         result["final_weight_version"] = str(version)
-        result["greedy_checked"] = True
+        result["greedy_original"] = original
+        result["greedy_failures"] = failures
+        result["greedy_checked"] = not failures
     return _common.emit("weight_sync", result)
 
 

@@ -140,7 +140,7 @@ def test_weight_sync_reference_engine(tmp_path, models):
               "--preset", "qwen3-tiny", "--repeats", "1", "--disk-dir", str(tmp_path / "disk")],
              tmp_path, models)  # fmt: skip
     # 2 pushes per mode (perturbed, restored), each verified by weight_version and a greedy generation.
-    assert r["greedy_checked"] and r["final_weight_version"] == "4"
+    assert r["greedy_checked"] and r["greedy_failures"] == [] and r["final_weight_version"] == "4"
     for mode in ("disk", "tensor"):
         assert len(r[mode]["seconds_all"]) == 2
         assert r[mode]["gb_per_s"] == pytest.approx(r["payload_gb"] / r[mode]["seconds_median"])
@@ -171,3 +171,13 @@ def test_e2e_cpu(tmp_path, models):
     assert r["steps"] == [0, 1] and r["steps_measured"] == [1]
     assert r["perf/step_time"]["median"] > 0 and r["perf/train_time"]["median"] > 0
     assert 0 < r["generated_tokens"] <= 2 * 2 * 6
+
+
+def test_trl_reward_parsing():
+    trl_bench = _load("bench_trl_grpo")
+    assert trl_bench.last_number("so 12 + 3 = 1,234.") == "1234"
+    assert trl_bench.last_number("no digits") is None
+    completions = [[{"role": "assistant", "content": "The answer is 72"}], [{"role": "assistant", "content": "7"}], "x"]
+    assert trl_bench.math_reward(completions, ["72", "72", "3"]) == [1.0, 0.0, 0.0]
+    rows = trl_bench.load_prompts(REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl", 52)
+    assert len(rows) == 52 and rows[50] == rows[0] and rows[0]["prompt"][0]["role"] == "user"
