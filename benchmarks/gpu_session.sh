@@ -111,9 +111,14 @@ for step in "$@"; do
     rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset qwen3-0.6b --num-prompts 64 --n 8 \
                --max-new-tokens 256 --concurrency 256 ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
-    trl) engine_down; run_step trl 600 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \
-           --no-cache-dir --upgrade --target /tmp/trl-site $REPO/.whl/*.whl && \
-           PYTHONPATH=/tmp/trl-site:\$PYTHONPATH python3 $HERE/bench_trl_grpo.py --preset qwen3-0.6b" ;;
+    trl) engine_down  # TRL comes from bundle.sh EXTRA wheels (site dir) or from .whl carried with this call
+      if python3 -c "import trl" 2>/dev/null; then
+        run_step trl 600 python3 "$HERE/bench_trl_grpo.py" --preset qwen3-0.6b
+      else
+        run_step trl 600 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+          --upgrade --target /tmp/trl-site $REPO/.whl/*.whl && \
+          PYTHONPATH=/tmp/trl-site:\$PYTHONPATH python3 $HERE/bench_trl_grpo.py --preset qwen3-0.6b"
+      fi ;;
     *) echo "gpu_session: unknown step '$step'" | tee -a "$LOGS" ;;
   esac
 done
