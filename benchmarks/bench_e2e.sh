@@ -48,6 +48,7 @@ $PY "$REPO/apps/train" \
   --num-rollout "$NUM_ROLLOUT" --rollout-batch-size "$RBS" --n-samples-per-prompt "$N" \
   --global-batch-size $((RBS * N)) --rollout-max-response-len "$MAXLEN" --rollout-temperature 1.0 \
   --actor-num-nodes 1 --actor-num-gpus-per-node 1 --colocate --lr 1e-6 \
+  --use-dynamic-batch-size --max-tokens-per-gpu "${MAX_TOKENS_PER_GPU:-8192}" \
   --output-dir "$RUN_DIR" "${ENGINE_FLAGS[@]}" ${EXTRA_FLAGS:-}
 rc=$?
 echo "bench_e2e: app exited $rc after $(( $(date +%s) - start )) s (run dir $RUN_DIR)" >&2
