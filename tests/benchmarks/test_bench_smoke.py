@@ -181,3 +181,35 @@ def test_trl_reward_parsing():
     assert trl_bench.math_reward(completions, ["72", "72", "3"]) == [1.0, 0.0, 0.0]
     rows = trl_bench.load_prompts(REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl", 52)
     assert len(rows) == 52 and rows[50] == rows[0] and rows[0]["prompt"][0]["role"] == "user"
+
+
+@pytest.mark.slow
+def test_engine_server_serves_until_sigterm(tmp_path, models):
+    import signal
+    import time
+
+    import httpx
+
+    url_file = tmp_path / "url"
+    env = {**os.environ, "SLIME_BENCH_MODELS": str(models), "CUDA_VISIBLE_DEVICES": ""}
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, str(BENCH / "_engine.py"), "--engine", "reference", "--preset", "qwen3-tiny",
+           "--url-file", str(url_file), "--log-dir", str(tmp_path)]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not url_file.exists():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "engine not ready in 300 s"
+            time.sleep(0.5)
+        url = url_file.read_text().strip()
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(httpx.TransportError):  # the engine went down with the server script
+            httpx.get(f"{url}/health", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
