@@ -35,6 +35,15 @@ case ":${PYTHONPATH:-}:" in *":$REPO/packages/slime-core/src:"*) ;; *) export PY
 export PYTHONUNBUFFERED=1
 [[ -n "${SLIME_SGLANG_PYTHONPATH:-}" ]] || echo "gpu_session: WARNING: env.sh not sourced (no SLIME_SGLANG_PYTHONPATH)" | tee -a "$LOGS"
 
+# BENCH_SMOKE=1: the same steps on CPU (reference engine, qwen3-tiny, tiny sizes) to test this script.
+if [[ "${BENCH_SMOKE:-0}" == 1 ]]; then
+  P06=qwen3-tiny; ENGINE=reference; DEV=(--device cpu); WS_EXTRA=(--engine reference --repeats 1); MM=(--size 256)
+  RO_SIZE=(--engine reference --num-prompts 3 --n 2 --max-new-tokens 6 --concurrency 8 --repeats 1)
+else
+  P06=qwen3-0.6b; ENGINE=sglang; DEV=(); WS_EXTRA=(); MM=()
+  RO_SIZE=(--num-prompts 64 --n 8 --max-new-tokens 256 --concurrency 256)
+fi
+
 ENGINE_PID=""
 ENGINE_URL_FILE="/tmp/slime-bench-engine.url"
 
@@ -43,7 +52,7 @@ engine_up() {  # starts the shared qwen3-0.6b engine once (not in a subshell: EN
     return 0
   fi
   rm -f "$ENGINE_URL_FILE"
-  python3 "$HERE/_engine.py" --preset qwen3-0.6b --url-file "$ENGINE_URL_FILE" --mem-fraction 0.3 --max-bs 256 \
+  python3 "$HERE/_engine.py" --preset "$P06" --engine "$ENGINE" --url-file "$ENGINE_URL_FILE" --mem-fraction 0.3 --max-bs 256 \
     --log-dir "$BENCH_LOG_DIR" >> "$BENCH_LOG_DIR/engine_server.log" 2>&1 &
   ENGINE_PID=$!
   for _ in $(seq 1 300); do
@@ -100,16 +109,16 @@ for step in "$@"; do
   case "$step" in
     tests) run_step tests 600 python3 -m pytest -m "gpu or sglang" -q -x -p no:cacheprovider \
              tests/slime-core tests/slime-train-fsdp tests/slime-rollout ;;
-    matmul) run_step matmul 60 python3 "$HERE/bench_matmul.py" ;;
+    matmul) run_step matmul 60 python3 "$HERE/bench_matmul.py" "${DEV[@]}" "${MM[@]}" ;;
     train)
       run_step train_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b
       run_step train_4b 300 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b ;;
     train_1.7b) run_step train_1.7b 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b ;;
     train_gc) run_step train_gc 250 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --gradient-checkpointing ;;
-    weight_sync) shared_engine_step weight_sync 300 "$HERE/bench_weight_sync.py" --preset qwen3-0.6b --modes disk,tensor ;;
+    weight_sync) shared_engine_step weight_sync 300 "$HERE/bench_weight_sync.py" --preset "$P06" --modes disk,tensor \
+                   "${DEV[@]}" "${WS_EXTRA[@]}" ;;
     weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;
-    rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset qwen3-0.6b --num-prompts 64 --n 8 \
-               --max-new-tokens 256 --concurrency 256 ;;
+    rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset "$P06" "${RO_SIZE[@]}" ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
     trl) engine_down  # TRL comes from bundle.sh EXTRA wheels (site dir) or from .whl carried with this call
       if python3 -c "import trl" 2>/dev/null; then

@@ -213,3 +213,27 @@ def test_engine_server_serves_until_sigterm(tmp_path, models):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_gpu_session_smoke_mode(tmp_path, models):
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "SLIME_BENCH_MODELS": str(models),
+        "BENCH_SMOKE": "1",
+        "BENCH_LOG_DIR": str(tmp_path / "logs"),
+        "CUDA_VISIBLE_DEVICES": "",
+        "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+    }  # python3 = this interpreter
+    proc = subprocess.run(["bash", str(BENCH / "gpu_session.sh"), "matmul", "nosuchstep", "weight_sync", "rollout"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
+    steps = {ln["step"]: ln["rc"] for ln in lines if ln["bench"] == "step"}
+    assert steps == {"matmul": 0, "weight_sync": 0, "rollout": 0}
+    assert [ln["bench"] for ln in lines if ln["bench"] != "step"] == ["matmul", "weight_sync", "rollout"]
+    assert "unknown step 'nosuchstep'" in (out / "logs.txt").read_text()
+    assert (out / "engine-logs.tar.gz").stat().st_size > 0
+    assert len(list(out.iterdir())) <= 8  # what comes back from the device machine
