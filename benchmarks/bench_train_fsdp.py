@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--response-len", type=int, default=512)
     p.add_argument("--steps-per-rollout", type=int, default=2)
     p.add_argument("--mbs-per-step", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3, help="timed train() calls after one warm-up call")
+    p.add_argument("--repeats", "--steps", type=int, default=3, help="timed train() calls after one warm-up call")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--attn-implementation", default="sdpa")
     p.add_argument("--peak-tflops", type=float, default=790.0, help="MFU denominator (measured bf16 matmul rate)")

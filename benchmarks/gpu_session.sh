@@ -91,6 +91,14 @@ run_step() {  # run_step NAME TIMEOUT_S CMD...
   return 0
 }
 
+peak_tflops() {  # the bf16 matmul rate measured earlier in this session's results (else the 790 default)
+  python3 - "$BENCH_RESULTS" <<'PY' 2>/dev/null || echo 790
+import json, sys
+rates = [json.loads(l)["tflops"] for l in open(sys.argv[1]) if '"bench": "matmul"' in l]
+print(round(rates[-1], 1) if rates else 790)
+PY
+}
+
 shared_engine_step() {  # shared_engine_step NAME TIMEOUT_S SCRIPT ARGS...
   local name="$1" limit="$2"; shift 2
   local t0; t0=$(date +%s)
@@ -111,10 +119,12 @@ for step in "$@"; do
              tests/slime-core tests/slime-train-fsdp tests/slime-rollout ;;
     matmul) run_step matmul 60 python3 "$HERE/bench_matmul.py" "${DEV[@]}" "${MM[@]}" ;;
     train)
-      run_step train_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b
-      run_step train_4b 300 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b ;;
-    train_1.7b) run_step train_1.7b 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b ;;
-    train_gc) run_step train_gc 250 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --gradient-checkpointing ;;
+      run_step train_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --peak-tflops "$(peak_tflops)"
+      run_step train_4b 300 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --peak-tflops "$(peak_tflops)" ;;
+    train_1.7b) run_step train_1.7b 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
+                  --peak-tflops "$(peak_tflops)" ;;
+    train_gc) run_step train_gc 250 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --gradient-checkpointing \
+                --peak-tflops "$(peak_tflops)" ;;
     weight_sync) shared_engine_step weight_sync 300 "$HERE/bench_weight_sync.py" --preset "$P06" --modes disk,tensor \
                    "${DEV[@]}" "${WS_EXTRA[@]}" ;;
     weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;
