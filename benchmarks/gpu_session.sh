@@ -2,8 +2,11 @@
 # One GPU session: runs the chosen steps in order, each under its own `timeout`, never stopping the session
 # on a failed step. Run on the staged GPU machine from the repo root:
 #   bash /tmp/slime-gpu/on-device.sh check || exit 3; source /tmp/slime-gpu/env.sh
-#   bash benchmarks/gpu_session.sh tests matmul train weight_sync          # call 1 (≈ 9.5 min budget)
-#   bash benchmarks/gpu_session.sh rollout e2e trl                         # call 2
+#   bash benchmarks/gpu_session.sh tests                                   # call 1 (≈ 7 min)
+#   bash benchmarks/gpu_session.sh matmul train weight_sync rollout        # call 2 (≈ 7 min)
+#   bash benchmarks/gpu_session.sh e2e trl                                 # call 3 (≈ 7 min)
+# The whole session stops starting steps at $SESSION_LIMIT_S (570 s: one run call is 600 s at most) and
+# cuts each step's timeout to the time left.
 # Output (≤ 8 files come back from $OUT): $OUT/results.jsonl (every JSON result line + one
 # {"bench":"step",...} line per step with rc and seconds), $OUT/logs.txt (all step logs, in order),
 # $OUT/engine-logs.tar.gz (SGLang/app logs). Budgets below are seconds on one H200 (timeouts are ~1.5x).
@@ -66,7 +69,7 @@ engine_up() {  # starts the shared qwen3-0.6b engine once (not in a subshell: EN
 engine_down() {
   if [[ -n "$ENGINE_PID" ]] && kill -0 "$ENGINE_PID" 2>/dev/null; then
     kill -TERM "$ENGINE_PID"  # _engine.py shuts SGLang down (SIGTERM to its main pid, then its group)
-    for _ in $(seq 1 30); do kill -0 "$ENGINE_PID" 2>/dev/null || break; sleep 1; done
+    for _ in $(seq 1 20); do kill -0 "$ENGINE_PID" 2>/dev/null || break; sleep 1; done
     kill -0 "$ENGINE_PID" 2>/dev/null && kill -KILL "$ENGINE_PID"
   fi
   ENGINE_PID=""
@@ -79,9 +82,19 @@ finish() {
 }
 trap finish EXIT
 
-run_step() {  # run_step NAME TIMEOUT_S CMD...
+SESSION_START=$(date +%s)
+SESSION_LIMIT="${SESSION_LIMIT_S:-570}"  # the run tool allows 600 s a call; keep time to write $OUT
+
+run_step() {  # run_step NAME TIMEOUT_S CMD...  (the timeout is cut to what the session has left)
   local name="$1" limit="$2"; shift 2
   local t0; t0=$(date +%s)
+  local left=$(( SESSION_LIMIT - (t0 - SESSION_START) - 10 ))
+  if (( left < 20 )); then
+    echo "===== step $name skipped: ${left}s left in the session =====" | tee -a "$LOGS"
+    printf '{"bench": "step", "step": "%s", "rc": -2, "seconds": 0, "error": "no time left"}\n' "$name" >> "$BENCH_RESULTS"
+    return 0
+  fi
+  (( limit > left )) && limit=$left
   echo "===== step $name (limit ${limit}s) $(date -u +%H:%M:%S) =====" | tee -a "$LOGS"
   timeout -k 15 "$limit" "$@" >> "$LOGS" 2>&1
   local rc=$?
