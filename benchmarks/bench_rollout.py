@@ -9,7 +9,8 @@
     asyncio + httpx (one AsyncClient, a semaphore of `--concurrency`), `return_logprob` as slime asks,
     `max_new_tokens` = that sample's response length and `ignore_eos`, so (b) generates exactly as many
     tokens as (a) did (random weights rarely emit eos anyway).
-Runs alternate a, b, a, b, ... after one warm-up of each (cancels drift); output tokens/s each, median of
+Runs alternate a, b, a, b, ... after one warm-up of each (cancels drift), the engine's prefix cache flushed
+before each run (b would otherwise find all of a's prompts cached); output tokens/s each, median of
 `--repeats`; overhead % = (b − a) / b with the tokens/s medians. Budget on an H200 (engine up, 64×8×256):
 ≈ 7 rounds × 2–4 s ≈ 30 s; + 60–100 s when it starts its own engine.
 """
@@ -76,6 +77,16 @@ async def run_direct(url: str, reqs: list[tuple[list[int], int]], params: dict, 
         return time.perf_counter() - t0, sum(counts)
 
 
+def flush_cache(url: str) -> bool:
+    """Empties the engine's prefix (radix) cache; False (logged) when the engine refused (requests pending)."""
+    import httpx
+
+    r = httpx.post(f"{url}/flush_cache", timeout=60)
+    if r.status_code != 200:
+        _common.logger.warning("flush_cache: HTTP %d %s", r.status_code, r.text[:200])
+    return r.status_code == 200
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Parses flags, alternates (a) and (b), emits one JSON line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,8 +115,10 @@ def main(argv: list[str] | None = None) -> dict:
         params = build_sampling_params(args)
         slime_tps, direct_tps, overheads, mismatches = [], [], [], []
         for r in range(a.repeats + 1):  # round 0 is the warm-up of both paths
+            flush_cache(url)  # neither path may reuse the other's prompt KV cache
             t_a, reqs = run_slime(args, data_source, r)
             tokens = sum(n for _, n in reqs)
+            flush_cache(url)
             t_b, tokens_b = asyncio.run(run_direct(url, reqs, params, a.concurrency))
             if tokens_b != tokens:  # recorded, not fatal (see tokens_mismatch in the result)
                 _common.logger.error("round %d: direct path generated %d tokens, slime %d", r, tokens_b, tokens)
