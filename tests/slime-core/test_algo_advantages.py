@@ -3,6 +3,7 @@ import types
 import numpy as np
 import pytest
 import torch
+
 from slime_core.algorithms import (
     apply_whitening,
     compute_advantages_and_returns,

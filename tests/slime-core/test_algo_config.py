@@ -4,6 +4,7 @@ import types
 
 import pytest
 import torch
+
 from slime_core.algorithms import compute_actor_loss, compute_advantages_and_returns
 from slime_core.config import SlimeArgs
 

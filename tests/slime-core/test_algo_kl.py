@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+
 from slime_core.algorithms import compute_approx_kl
 
 # Tolerance: fp32 elementwise vs hand values, atol 1e-6.

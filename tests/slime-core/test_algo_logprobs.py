@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+
 from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
 
 # Tolerances: fp32 math on small tensors, compared to torch/closed-form references: atol 1e-5.

@@ -3,6 +3,7 @@ import types
 
 import pytest
 import torch
+
 from slime_core.algorithms import compute_actor_loss, compute_critic_loss, compute_sft_loss
 
 # Tolerances: the plain-Python reference runs in float64, the implementation in float32: atol 1e-5.

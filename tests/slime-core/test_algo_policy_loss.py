@@ -3,6 +3,7 @@ import types
 
 import pytest
 import torch
+
 from slime_core.algorithms import (
     compute_cispo_loss,
     compute_policy_loss,

@@ -2,6 +2,7 @@ import types
 
 import pytest
 import torch
+
 from slime_core.algorithms import default_reducer, drgrpo, sum_of_sample_mean, sum_of_token
 from slime_core.algorithms.reducers import segment_sums
 

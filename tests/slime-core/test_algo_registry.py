@@ -1,4 +1,5 @@
 import pytest
+
 from slime_core.algorithms import registry
 from slime_core.algorithms.registry import (
     get_advantage_estimator,

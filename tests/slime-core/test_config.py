@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 import yaml
+
 from slime_core.config import MEGATRON_FLAGS, ConfigError, SlimeArgs, build_parser, parse_args, validation
 from slime_core.config import base as config_base
 

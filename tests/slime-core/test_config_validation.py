@@ -4,6 +4,7 @@ import logging
 import re
 
 import pytest
+
 from slime_core.config import ConfigError, SlimeArgs, parse_args, validation
 from slime_core.config import base as config_base
 
@@ -53,6 +54,7 @@ BROKEN_RULES = [
     ({"debug_rollout_only": True, "debug_train_only": True}, "--debug-rollout-only and --debug-train-only"),
     ({"debug_rollout_only": True, "load_debug_rollout_data": "d_{rollout_id}.pt"}, "--debug-rollout-only and"),
     ({"colocate": True, "rollout_num_gpus": 4}, "--rollout-num-gpus 4 is smaller than the 8 actor GPUs"),
+    ({"colocate": True, "async_train": True}, "--async overlaps rollout and training"),
     ({"loss_type": "custom_loss"}, "--loss-type custom_loss requires --custom-loss-function-path"),
     ({"num_critic_only_steps": 2}, "--num-critic-only-steps needs --advantage-estimator ppo"),
     ({"only_train_params_name_list": ["a"], "freeze_params_name_list": ["b"]}, "are mutually exclusive"),

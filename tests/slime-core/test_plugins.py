@@ -5,6 +5,7 @@ import textwrap
 import uuid
 
 import pytest
+
 from slime_core.plugins import PluginError, call_maybe_async, load_function
 
 

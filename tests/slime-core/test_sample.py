@@ -1,4 +1,5 @@
 import pytest
+
 from slime_core.sample import Sample, Status, status_from_finish_reason
 
 

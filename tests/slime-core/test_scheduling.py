@@ -2,6 +2,7 @@ import itertools
 import random
 
 import pytest
+
 from slime_core.scheduling import (
     DEFAULT_ATTN_COEF,
     assign_to_ranks,

@@ -6,6 +6,7 @@ import types
 
 import pytest
 import torch
+
 from slime_core.sample import Sample, Status
 from slime_core.train_data import build_rollout_batches, loss_denominators, postprocess_rewards
 

@@ -215,3 +215,17 @@ async def test_weight_version_falls_back_to_the_old_route():
     c = EngineClient("http://e:1", transport=httpx.MockTransport(handler))
     assert await c.get_weight_version() == "9"
     assert seen == ["/model_info", "/get_weight_version"]
+
+
+async def test_dropped_keepalive_connection_is_retried():
+    attempts = []
+
+    def handler(request):
+        attempts.append(request.url.path)
+        if len(attempts) == 1:
+            raise httpx.ReadError("", request=request)  # server closed a pooled connection
+        return httpx.Response(200, json={"text": "ok", "meta_info": {}})
+
+    c = EngineClient("http://e:1", transport=httpx.MockTransport(handler), backoff_s=0.001)
+    assert (await c.generate({"input_ids": [1]}))["text"] == "ok"
+    assert attempts == ["/generate", "/generate"]

@@ -41,8 +41,8 @@ def default_demo_argv(output_dir: str | Path = "runs/demo") -> list[str]:
     (``global_batch_size = rollout_batch_size * n_samples_per_prompt``).
 
     Args:
-        output_dir: Directory for checkpoints (``<output_dir>/checkpoints``); TensorBoard logs
-            (the trainer decides where; project ``slime-demo``, experiment ``demo``).
+        output_dir: Directory of the run's outputs: checkpoints (``checkpoints/``), the final HF export
+            (``hf/``), TensorBoard logs (``tensorboard/``) and the reward curve PNG.
 
     Returns:
         Flags in original slime spelling, e.g. ``["--hf-checkpoint", ".../assets/model", ...]``.
@@ -57,8 +57,12 @@ def default_demo_argv(output_dir: str | Path = "runs/demo") -> list[str]:
         "--advantage-estimator", "grpo",
         "--eval-prompt-data", "demo", str(EVAL_DATA),
         "--colocate",
+        "--actor-num-nodes", "1",
+        "--actor-num-gpus-per-node", "1",
         "--train-backend", "fsdp",
+        "--output-dir", str(out),
         "--save", str(out / "checkpoints"),
+        "--save-hf", str(out / "hf"),
         "--use-tensorboard",
         "--tb-project-name", "slime-demo",
         "--tb-experiment-name", "demo",

@@ -51,7 +51,15 @@ def main(argv: list[str] | None = None) -> None:
         model, max_running_requests=args.max_running_requests, random_seed=args.random_seed, server_args=vars(args)
     )
     logger.info("reference engine serving %s on http://%s:%d", args.model_path, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=60,  # clients pool connections between rollouts
+        backlog=4096,  # a rollout opens hundreds of connections at once
+    )
 
 
 if __name__ == "__main__":
