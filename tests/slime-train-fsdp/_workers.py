@@ -14,12 +14,13 @@ import types
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
 from slime_core.batch import RolloutBatch
 from slime_train_fsdp import FSDPTrainBackend
 from slime_train_fsdp.hf_export import save_hf
 from slime_train_fsdp.packing import pack_micro_batch, response_log_probs, split_by_lengths
-from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM
 
 TEMPERATURE = 0.8
 NUM_GLOBAL = 8  # samples; 2 optimizer steps of 4

@@ -5,6 +5,7 @@ import types
 
 import pytest
 import torch
+
 from slime_train_fsdp.lr_schedule import build_lr_scheduler, load_scheduler_state, lr_at_step
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from slime_train_fsdp.packing import pack_micro_batch, split_by_lengths
 
 CPU = torch.device("cpu")

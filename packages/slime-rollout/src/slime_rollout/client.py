@@ -24,7 +24,16 @@ __all__ = ["EngineClient", "EngineError", "RolloutClient", "get_client", "reset_
 logger = logging.getLogger(__name__)
 
 # Connection-level failures where the request never reached the server, so a retry is safe.
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Connection-level failures before any response: the engine is starting, or a pooled keep-alive
+# connection was closed by the server just as it was reused (ReadError / RemoteProtocolError with no
+# response). Retrying may repeat a request the engine never answered; slime retries every POST likewise.
+_RETRYABLE = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ReadError,
+    httpx.RemoteProtocolError,
+)
 
 
 class EngineError(RuntimeError):
@@ -63,7 +72,11 @@ class _HttpBase:
         self.url = url.rstrip("/")
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # Drop idle connections before servers do (uvicorn's default keep-alive is 5 s) to avoid reusing
+        # a connection the server is closing.
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=3.0
+        )
         self._transport = transport  # tests inject an httpx.MockTransport
         self._clients: dict[int, httpx.AsyncClient] = {}
 
