@@ -83,3 +83,57 @@ def reference_engine(tiny_qwen3_dir, private_tmp):
     )
     yield group
     group.shutdown()
+
+
+async def _serve(handler, port: int = 0):
+    """Serves `async handler(request) -> aiohttp.web.Response` for every path on 127.0.0.1."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return f"http://127.0.0.1:{runner.addresses[0][1]}", runner
+
+
+@pytest.fixture
+async def http_server():
+    """Factory: `await http_server(handler, port=0)` -> base URL of a real aiohttp server on this loop."""
+    runners = []
+
+    async def start(handler, port: int = 0) -> str:
+        url, runner = await _serve(handler, port)
+        runners.append(runner)
+        return url
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def threaded_http_server():
+    """Factory: `threaded_http_server(handler)` -> base URL of a server on its own loop and thread.
+
+    For synchronous tests whose clients run on several event loops (each `asyncio.run`).
+    """
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runners = []
+
+    def start(handler) -> str:
+        url, runner = asyncio.run_coroutine_threadsafe(_serve(handler), loop).result(timeout=30)
+        runners.append(runner)
+        return url
+
+    yield start
+    for runner in runners:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=30)
+    loop.close()

@@ -1,48 +1,55 @@
-"""EngineClient / RolloutClient against mock transports (retries, errors, dispatch, abort, caching)."""
+"""EngineClient / RolloutClient against real local HTTP servers (retries, errors, dispatch, abort, caching).
+
+Servers are aiohttp.web apps on 127.0.0.1 (the `http_server` fixtures in conftest.py) with handlers
+written here, so requests travel the client's production path.
+"""
 
 import asyncio
 import json
 import types
 
-import httpx
 import pytest
+from aiohttp import web
 
 from slime_rollout.client import (
     EngineClient,
     EngineError,
+    EngineResponse,
     RolloutClient,
     _count_requests,
     get_client,
     reset_client_cache,
 )
+from slime_rollout.engines.process import find_free_port
 
 
-async def test_retries_connection_errors_then_succeeds():
-    attempts = []
+async def test_retries_connection_errors_then_succeeds(http_server):
+    seen = []
 
-    def handler(request):
-        attempts.append(request.url.path)
-        if len(attempts) < 3:
-            raise httpx.ConnectError("refused", request=request)
-        return httpx.Response(200, json={"weight_version": "5"})
+    async def handler(request):
+        seen.append(request.path)
+        return web.json_response({"weight_version": "5"})
 
-    c = EngineClient("http://e:1", transport=httpx.MockTransport(handler), backoff_s=0.001)
-    assert await c.get_weight_version() == "5"
-    assert attempts == ["/model_info"] * 3
+    port = find_free_port(start=41000)
+    c = EngineClient(f"http://127.0.0.1:{port}", backoff_s=0.02, max_backoff_s=0.02, max_retries=1000)
+    call = asyncio.create_task(c.get_weight_version())
+    await asyncio.sleep(0.2)  # the first attempts are refused: nothing listens yet
+    assert not call.done()
+    await http_server(handler, port=port)
+    assert await call == "5"
+    assert seen == ["/model_info"]  # the refused attempts never reached a server
 
 
 async def test_gives_up_with_url_in_message():
-    def handler(request):
-        raise httpx.ConnectError("refused", request=request)
-
-    c = EngineClient("e:7", transport=httpx.MockTransport(handler), max_retries=2, backoff_s=0.001)
-    with pytest.raises(EngineError, match=r"engine http://e:7/flush_cache failed: unreachable after 3 attempts"):
+    port = find_free_port(start=41000)  # nothing listens there
+    c = EngineClient(f"127.0.0.1:{port}", max_retries=2, backoff_s=0.001)  # "host:port" is accepted
+    with pytest.raises(
+        EngineError, match=rf"engine http://127\.0\.0\.1:{port}/flush_cache failed: unreachable after 3 attempts"
+    ):
         await c.flush_cache()
 
 
 async def test_unreachable_real_port_names_url():
-    from slime_rollout.engines.process import find_free_port
-
     port = find_free_port(start=41000)  # nothing listens there
     c = EngineClient(f"http://127.0.0.1:{port}", max_retries=1, backoff_s=0.001)
     with pytest.raises(EngineError) as e:
@@ -51,28 +58,67 @@ async def test_unreachable_real_port_names_url():
     assert await c.health() is False
 
 
-async def test_http_error_and_success_false_raise_engine_error():
-    def handler(request):
-        if request.url.path == "/generate":
-            return httpx.Response(400, json={"error": {"message": "bad top_p"}})
-        return httpx.Response(200, json={"success": False, "message": "unknown parameter 'x'"})
+async def test_http_error_and_success_false_raise_engine_error(http_server):
+    async def handler(request):
+        if request.path == "/generate":
+            return web.json_response({"error": {"message": "bad top_p"}}, status=400)
+        return web.json_response({"success": False, "message": "unknown parameter 'x'"})
 
-    c = EngineClient("http://e:1", transport=httpx.MockTransport(handler))
+    url = await http_server(handler)
+    c = EngineClient(url)
     with pytest.raises(EngineError) as e:
         await c.generate({})
     assert e.value.status_code == 400 and e.value.endpoint == "/generate" and "bad top_p" in str(e.value)
+    assert e.value.url == url and f"{url}/generate" in str(e.value)
     with pytest.raises(EngineError, match="unknown parameter 'x'"):
         await c.update_weights_from_disk("/m")
 
 
-async def test_request_bodies_use_sglang_field_names():
+async def test_get_params_post_json_empty_body_text_and_raw(http_server):
+    async def handler(request):
+        if request.path == "/v1/loads":
+            assert request.method == "GET" and not await request.read()
+            return web.json_response({"num_total_reqs": int(request.query["include"] == "core")})
+        if request.path == "/plain":
+            return web.Response(text="not json")
+        if request.path == "/echo":
+            return web.json_response({"method": request.method, "body": await request.json()})
+        return web.Response(status=200)  # empty body
+
+    c = EngineClient(await http_server(handler))
+    assert await c.num_unfinished_requests() == 1  # GET carried ?include=core
+    assert await c.request("POST", "/echo", {"a": [1, 2]}) == {"method": "POST", "body": {"a": [1, 2]}}
+    assert await c.request("POST", "/empty", {}) is None
+    assert await c.request("GET", "/plain") == "not json"
+    resp = await c.request("POST", "/echo", {"b": 1}, raw=True)
+    assert isinstance(resp, EngineResponse) and resp.status_code == 200
+    assert resp.headers["content-type"].startswith("application/json")
+    assert resp.json() == {"method": "POST", "body": {"b": 1}} and json.loads(resp.text) == resp.json()
+
+
+async def test_per_request_timeout_raises_without_retry(http_server):
+    hits = []
+
+    async def handler(request):
+        hits.append(request.path)
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    c = EngineClient(await http_server(handler), backoff_s=0.001)
+    with pytest.raises(EngineError, match=r"/generate failed: .*Timeout"):
+        await c.request("POST", "/generate", {}, timeout=0.1)
+    assert hits == ["/generate"]  # the engine got it: a read timeout is not retried
+
+
+async def test_request_bodies_use_sglang_field_names(http_server):
     bodies = {}
 
-    def handler(request):
-        bodies[request.url.path] = json.loads(request.content) if request.content else None
-        return httpx.Response(200, json={"success": True})
+    async def handler(request):
+        raw = await request.read()
+        bodies[request.path] = json.loads(raw) if raw else None
+        return web.json_response({"success": True})
 
-    c = EngineClient("http://e:1", transport=httpx.MockTransport(handler))
+    c = EngineClient(await http_server(handler))
     await c.update_weights_from_tensor(["abc"], load_format="flattened_bucket", weight_version="3")
     await c.init_weights_update_group(master_address="h", master_port=9, rank_offset=1, world_size=3, group_name="g")
     await c.update_weights_from_distributed(names=["w"], dtypes=["bfloat16"], shapes=[[2]], group_name="g")
@@ -100,73 +146,85 @@ async def test_request_bodies_use_sglang_field_names():
     assert bodies["/resume_memory_occupation"] == {"tags": ["weights"]}
 
 
-async def test_least_outstanding_dispatch():
-    release = {"e0": asyncio.Event(), "e1": asyncio.Event()}
+async def test_least_outstanding_dispatch(http_server):
+    release = asyncio.Event()
     hits = []
 
-    async def handler(request):
-        host = request.url.host
-        hits.append(host)
-        if host == "e0":
-            await release["e0"].wait()
-        return httpx.Response(200, json={"text": host})
+    def engine(name):
+        async def handler(request):
+            hits.append(name)
+            if name == "e0":
+                await release.wait()
+            return web.json_response({"text": name})
 
-    rc = RolloutClient(["http://e0:1", "http://e1:1"], transport=httpx.MockTransport(handler))
+        return handler
+
+    rc = RolloutClient([await http_server(engine("e0")), await http_server(engine("e1"))])
     slow = [asyncio.create_task(rc.generate({})) for _ in range(2)]  # ties alternate: one each
-    await asyncio.sleep(0.05)
+    for _ in range(500):
+        if len(hits) == 2:
+            break
+        await asyncio.sleep(0.01)
     assert sorted(hits) == ["e0", "e1"]
     # e0 holds one request, e1 none: everything sequential goes to e1
     outs = [await rc.generate({}) for _ in range(3)]
     assert [o["text"] for o in outs] == ["e1"] * 3
-    release["e0"].set()
+    release.set()
     await asyncio.gather(*slow)
     assert rc._outstanding == [0, 0]
 
 
-async def test_router_mode_sends_generate_to_router_and_discovers_workers():
+async def test_router_mode_sends_generate_to_router_and_discovers_workers(http_server):
     seen = []
 
-    def handler(request):
-        seen.append((request.url.host, request.url.path))
-        if request.url.path == "/workers":
-            return httpx.Response(200, json={"workers": [{"url": "http://w0:1", "id": "a"}, {"url": "http://w1:1"}]})
-        if request.url.path == "/model_info":
-            return httpx.Response(200, json={"weight_version": "1"})
-        return httpx.Response(200, json={"text": "ok"})
+    def server(name):
+        async def handler(request):
+            seen.append((name, request.path))
+            if request.path == "/workers":
+                return web.json_response({"workers": [{"url": w0, "id": "a"}, {"url": w1}]})
+            if request.path == "/model_info":
+                return web.json_response({"weight_version": name})
+            return web.json_response({"text": "ok"})
 
-    rc = RolloutClient([], router_url="http://r:9", transport=httpx.MockTransport(handler))
+        return handler
+
+    w0, w1 = await http_server(server("w0")), await http_server(server("w1"))
+    rc = RolloutClient([], router_url=await http_server(server("r")))
     assert (await rc.generate({"text": "x"}))["text"] == "ok"
     assert seen == [("r", "/generate")]
-    assert await rc.get_weight_versions() == ["1", "1"]  # discovered from GET /workers
-    assert rc.urls == ["http://w0:1", "http://w1:1"]
+    assert await rc.get_weight_versions() == ["w0", "w1"]  # discovered from GET /workers
+    assert rc.urls == [w0, w1]
 
 
-async def test_abort_all_waits_until_idle():
+async def test_abort_all_waits_until_idle(http_server):
     loads = {"e0": [2, 1, 0], "e1": [0]}
     aborted = []
 
-    def handler(request):
-        host = request.url.host
-        if request.url.path == "/abort_request":
-            aborted.append((host, json.loads(request.content)))
-            return httpx.Response(200)
-        n = loads[host].pop(0) if len(loads[host]) > 1 else loads[host][0]
-        return httpx.Response(200, json={"loads": [{"num_running_reqs": n, "num_waiting_reqs": 0}]})
+    def engine(name):
+        async def handler(request):
+            if request.path == "/abort_request":
+                aborted.append((name, await request.json()))
+                return web.Response()
+            n = loads[name].pop(0) if len(loads[name]) > 1 else loads[name][0]
+            return web.json_response({"loads": [{"num_running_reqs": n, "num_waiting_reqs": 0}]})
 
-    rc = RolloutClient(["http://e0:1", "http://e1:1"], transport=httpx.MockTransport(handler))
+        return handler
+
+    rc = RolloutClient([await http_server(engine("e0")), await http_server(engine("e1"))])
     await rc.abort_all(poll_s=0.001)
     assert sorted(h for h, _ in aborted) == ["e0", "e1"] and all(b["abort_all"] for _, b in aborted)
     assert loads["e0"] == [0]
 
 
-async def test_abort_all_times_out_naming_busy_engine():
-    def handler(request):
-        if request.url.path == "/abort_request":
-            return httpx.Response(200)
-        return httpx.Response(200, json={"num_total_reqs": 4})
+async def test_abort_all_times_out_naming_busy_engine(http_server):
+    async def handler(request):
+        if request.path == "/abort_request":
+            return web.Response()
+        return web.json_response({"num_total_reqs": 4})
 
-    rc = RolloutClient(["http://e0:1"], transport=httpx.MockTransport(handler))
-    with pytest.raises(TimeoutError, match=r"http://e0:1 \(4\)"):
+    url = await http_server(handler)
+    rc = RolloutClient([url])
+    with pytest.raises(TimeoutError, match=rf"{url} \(4\)"):
         await rc.abort_all(poll_s=0.001, timeout_s=0.01)
 
 
@@ -194,38 +252,58 @@ def test_get_client_is_cached_per_engine_set():
     reset_client_cache()
 
 
-def test_client_works_across_event_loops():
-    def handler(request):
-        return httpx.Response(200, json={"weight_version": "v"})
+def test_client_works_across_event_loops(threaded_http_server):
+    async def handler(request):
+        return web.json_response({"weight_version": "v"})
 
-    c = EngineClient("http://e:1", transport=httpx.MockTransport(handler))
+    c = EngineClient(threaded_http_server(handler))
     assert asyncio.run(c.get_weight_version()) == "v"
-    assert asyncio.run(c.get_weight_version()) == "v"  # a fresh loop gets a fresh httpx client
+    first = next(iter(c._sessions.values()))[0]
+    assert first.closed  # asyncio.run finalised the session made on its loop
+    assert asyncio.run(c.get_weight_version()) == "v"  # a fresh loop gets a fresh session
+    assert len(c._sessions) == 1  # the closed loop's entry was dropped
 
 
-async def test_weight_version_falls_back_to_the_old_route():
+async def test_weight_version_falls_back_to_the_old_route(http_server):
     seen = []
 
-    def handler(request):
-        seen.append(request.url.path)
-        if request.url.path == "/model_info":
-            return httpx.Response(200, json={"model_path": "m"})  # an engine without the field
-        return httpx.Response(200, json={"weight_version": "9"})
+    async def handler(request):
+        seen.append(request.path)
+        if request.path == "/model_info":
+            return web.json_response({"model_path": "m"})  # an engine without the field
+        return web.json_response({"weight_version": "9"})
 
-    c = EngineClient("http://e:1", transport=httpx.MockTransport(handler))
+    c = EngineClient(await http_server(handler))
     assert await c.get_weight_version() == "9"
     assert seen == ["/model_info", "/get_weight_version"]
 
 
-async def test_dropped_keepalive_connection_is_retried():
+async def test_dropped_connection_is_retried():
+    """The server closes the connection without answering (a pooled keep-alive connection it dropped)."""
     attempts = []
 
-    def handler(request):
-        attempts.append(request.url.path)
-        if len(attempts) == 1:
-            raise httpx.ReadError("", request=request)  # server closed a pooled connection
-        return httpx.Response(200, json={"text": "ok", "meta_info": {}})
+    async def serve(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            (int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")), 0
+        )
+        await reader.readexactly(length)
+        attempts.append(head.split(b" ")[1].decode())
+        if len(attempts) > 1:
+            body = b'{"text": "ok", "meta_info": {}}'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+        writer.close()
 
-    c = EngineClient("http://e:1", transport=httpx.MockTransport(handler), backoff_s=0.001)
-    assert (await c.generate({"input_ids": [1]}))["text"] == "ok"
-    assert attempts == ["/generate", "/generate"]
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        c = EngineClient(f"http://127.0.0.1:{port}", backoff_s=0.001)
+        assert (await c.generate({"input_ids": [1]}))["text"] == "ok"
+        assert attempts == ["/generate", "/generate"]
+        await c.aclose()
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -4,9 +4,9 @@ import asyncio
 import json
 import types
 
-import httpx
 import pytest
 import torch
+from aiohttp import web
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -85,44 +85,48 @@ def test_serialize_round_trip_plain_and_flattened():
         deserialize_named_tensors(serialize_named_tensors([]), "bogus")
 
 
-async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path):
+async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path, http_server):
     calls = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append((request.url.host, request.url.path))
-        if request.url.path == "/model_info":
-            return httpx.Response(200, json={"weight_version": "7"})
-        if request.url.path == "/update_weights_from_disk":
-            assert json.loads(request.content)["weight_version"] == "7"
-            return httpx.Response(200, json={"success": True, "message": "ok"})
-        return httpx.Response(200)
+    def engine(name):
+        async def handler(request):
+            calls.append((name, request.path))
+            if request.path == "/model_info":
+                return web.json_response({"weight_version": "7"})
+            if request.path == "/update_weights_from_disk":
+                assert (await request.json())["weight_version"] == "7"
+                return web.json_response({"success": True, "message": "ok"})
+            return web.Response()
 
-    client = RolloutClient(["http://e0:1", "http://e1:1"], transport=httpx.MockTransport(handler))
+        return handler
+
+    client = RolloutClient([await http_server(engine("e0")), await http_server(engine("e1"))])
     args = types.SimpleNamespace(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
     await DiskWeightUpdater(args, client).aupdate(iter([[("w", torch.ones(2))]]), "7")
-    paths = [p for h, p in calls if h == "e0"]
-    assert paths == [
-        "/pause_generation",
-        "/flush_cache",
-        "/update_weights_from_disk",
-        "/model_info",
-        "/continue_generation",
-    ]
+    for name in ("e0", "e1"):
+        assert [p for h, p in calls if h == name] == [
+            "/pause_generation",
+            "/flush_cache",
+            "/update_weights_from_disk",
+            "/model_info",
+            "/continue_generation",
+        ]
     assert not (tmp_path / "weight_v000007").exists()  # deleted unless --update-weight-disk-keep-files
 
 
-async def test_version_mismatch_raises_and_still_continues(tmp_path):
+async def test_version_mismatch_raises_and_still_continues(tmp_path, http_server):
     calls = []
 
-    def handler(request):
-        calls.append(request.url.path)
-        if request.url.path == "/model_info":
-            return httpx.Response(200, json={"weight_version": "old"})
-        return httpx.Response(200, json={"success": True})
+    async def handler(request):
+        calls.append(request.path)
+        if request.path == "/model_info":
+            return web.json_response({"weight_version": "old"})
+        return web.json_response({"success": True})
 
-    client = RolloutClient(["http://e0:1"], transport=httpx.MockTransport(handler))
+    url = await http_server(handler)
+    client = RolloutClient([url])
     args = types.SimpleNamespace(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
-    with pytest.raises(RuntimeError, match=r"http://e0:1='old'"):
+    with pytest.raises(RuntimeError, match=rf"{url}='old'"):
         await DiskWeightUpdater(args, client).aupdate(iter([[("w", torch.ones(1))]]), "3")
     assert calls[-1] == "/continue_generation"
 

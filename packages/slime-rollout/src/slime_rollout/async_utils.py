@@ -1,7 +1,7 @@
 """One long-lived asyncio loop in a background thread for the synchronous rollout entry points.
 
 The rollout is asyncio inside, but `generate_rollout` is called synchronously by the trainer. Reusing
-one loop across rollouts keeps loop-bound clients (httpx connection pools) alive; calling from inside
+one loop across rollouts keeps loop-bound clients (HTTP connection pools) alive; calling from inside
 a running loop (e.g. a Ray async actor) works because the work runs on the other thread.
 """
 
