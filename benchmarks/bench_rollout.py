@@ -57,20 +57,25 @@ def run_slime(args, data_source, rollout_id: int) -> tuple[float, list[tuple[lis
 
 
 async def run_direct(url: str, reqs: list[tuple[list[int], int]], params: dict, concurrency: int) -> tuple[float, int]:
-    """(b): seconds and generated tokens for the same requests sent straight to `/generate`."""
-    import httpx
+    """(b): seconds and generated tokens for the same requests sent straight to `/generate`.
+
+    aiohttp, as slime's own client: httpx's connection pool costs seconds at a few hundred concurrent
+    requests, which would make the baseline, not slime, look slow.
+    """
+    import aiohttp
 
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=3)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as http:
 
         async def one(ids: list[int], length: int) -> int:
             payload = {"input_ids": ids, "return_logprob": True,
                        "sampling_params": {**params, "max_new_tokens": length, "ignore_eos": True}}  # fmt: skip
-            async with sem:
-                r = await http.post("/generate", json=payload)
-            r.raise_for_status()
-            return int(r.json()["meta_info"]["completion_tokens"])
+            async with sem, http.post(url + "/generate", json=payload) as r:
+                r.raise_for_status()
+                body = await r.json()
+            return int(body["meta_info"]["completion_tokens"])
 
         t0 = time.perf_counter()
         counts = await asyncio.gather(*(one(ids, n) for ids, n in reqs))
