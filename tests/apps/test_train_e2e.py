@@ -199,3 +199,19 @@ def test_resume_after_sigkill(tiny_qwen3, tmp_path):
     # The killed run really saw rollouts 0 and 1, and they differ from 2 (the cursor moved on).
     assert {s["prompt"] for s in _dump(out1, 1)} == set(expected[1])
     assert set(expected[1]) != set(expected[2])
+
+
+def test_async_disaggregated_one_step_off_policy(tiny_qwen3, tmp_path):
+    """`--async`: rollout N+1 is generated while N trains; weights change only between generations."""
+    out = tmp_path / "run"
+    argv = [
+        a
+        for a in _argv(tiny_qwen3, out, "--num-rollout", "3", "--async", "--rollout-num-gpus", "1")
+        if a != "--colocate"
+    ]
+    proc = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    assert "rollout    2" in proc.stdout
+    # Engine weight versions seen by each rollout: one step stale, never mixed within a rollout.
+    versions = [{v for s in _dump(out, r) for v in s["weight_versions"]} for r in range(3)]
+    assert versions == [{"0"}, {"0"}, {"1"}]

@@ -104,7 +104,11 @@ class Tracker:
 
     def eval_series(self, key_prefix: str = "eval/") -> dict[str, list[tuple[int, float]]]:
         """The recorded eval curves (one per dataset)."""
-        return {k: v for k, v in self.history.items() if k.startswith(key_prefix) and k.count("/") == 1}
+        return {
+            k: v
+            for k, v in self.history.items()
+            if k.startswith(key_prefix) and k.count("/") == 1 and not k.endswith("-truncated_ratio")
+        }
 
     def save_curve(self, path: str) -> str:
         """Writes a PNG of the rollout reward and eval accuracy over rollouts; returns its path."""
