@@ -68,6 +68,27 @@ def _as_dict(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _env_factory(name: str) -> Any:
+    """Env class/factory by name: a `slime.envs` entry point, else an import path `module:attr`.
+
+    slime-envs and third-party packages declare their environments in the `slime.envs` entry-point group,
+    so slime-rollout finds them without importing slime-envs.
+    """
+    import importlib.metadata
+
+    from slime_core.plugins import load_function
+
+    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group="slime.envs")}
+    if name in entry_points:
+        return entry_points[name].load()
+    if "." in name or ":" in name:
+        return load_function(name, flag="--env-path")
+    raise KeyError(
+        f"unknown env {name!r} (--env-path); installed: {sorted(entry_points)} "
+        "(pip install slime-envs for search/python/calculator) or an import path module:attr"
+    )
+
+
 def build_env(args: Any, sample: Sample) -> Env:
     """Builds and resets the environment of one sample.
 
@@ -77,10 +98,10 @@ def build_env(args: Any, sample: Sample) -> Env:
 
     Raises:
         ValueError: no environment configured, or malformed options.
-        KeyError, ImportError, TypeError: see `slime_envs.make_env`.
+        KeyError: unknown name (lists the installed `slime.envs` entry points).
+        ImportError: an entry point or import path that does not import.
+        TypeError: the factory's result does not implement `slime_core.protocols.Env`.
     """
-    from slime_envs import make_env
-
     name = sample.metadata.get("env") or getattr(args, "env_path", None)
     if not name:
         raise ValueError(
@@ -91,7 +112,9 @@ def build_env(args: Any, sample: Sample) -> Env:
     kwargs = _as_dict(custom.get("env_kwargs"), "--custom-config-path key env_kwargs")
     kwargs.update(_as_dict(getattr(args, "env_kwargs", None), "--env-kwargs"))
     kwargs.update(_as_dict(sample.metadata.get("env_kwargs"), f"sample {sample.index} metadata['env_kwargs']"))
-    env = make_env(str(name), **kwargs)
+    env = _env_factory(str(name))(**kwargs)
+    if not isinstance(env, Env):
+        raise TypeError(f"env {name!r} built {type(env).__name__}, which lacks reset()/step() of slime_core Env")
     env.reset(prompt=sample.prompt, label=sample.label, metadata=sample.metadata)
     return env
 
