@@ -189,6 +189,9 @@ class Run:
             outputs["tensorboard"] = self.tracker.tensorboard_dir
         if self.args.save:
             outputs["checkpoints"] = self.args.save
+        engine_logs = os.path.join(self.output_dir, "engine_logs")
+        if os.path.isdir(engine_logs):
+            outputs["engine logs"] = engine_logs
         return outputs
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ def _check_rows(spec: str, args: Any, flag: str) -> None:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
     if not rows:
         raise ValueError(f"{flag} {spec}: no rows")
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
         if args.input_key not in row:
             raise ValueError(f"{flag} {spec} row {i}: no --input-key {args.input_key!r} (keys: {sorted(row)})")
         if args.label_key and args.label_key not in row:

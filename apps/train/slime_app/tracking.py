@@ -116,6 +116,7 @@ class Tracker:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for key in ("rollout/raw_reward",):
@@ -126,6 +127,7 @@ class Tracker:
             xs, ys = zip(*series, strict=True)
             ax.plot(xs, ys, marker="o", label=f"{key} (mean reward)")
         ax.set_xlabel("rollout")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("reward / accuracy")
         ax.grid(alpha=0.3)
         ax.legend()

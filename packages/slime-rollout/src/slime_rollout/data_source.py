@@ -140,7 +140,7 @@ def rows_to_samples(
         raise ValueError("--apply-chat-template / --rollout-max-prompt-len need a tokenizer (--hf-checkpoint)")
     samples, num_dropped = [], 0
     for i, row in enumerate(rows):
-        where = f"{source} row {i}"
+        where = f"{source} row {i + 1}"
         if input_key not in row:
             raise ValueError(f"{where}: no --input-key {input_key!r} (keys: {sorted(row)})")
         prompt = row[input_key]

@@ -1,4 +1,4 @@
-"""Rollout-side metrics with the original names (`slime-features.md` §11).
+"""Rollout-side metrics with the original names.
 
 `rollout/raw_reward`, `rollout/rewards` (after group normalization), `rollout/response_len/{mean,median,max,min}`
 (trainable tokens), `rollout/truncated_ratio`, `rollout/log_probs` (mean engine log-prob over trainable

@@ -12,7 +12,7 @@ __all__ = ["ClusterArgs", "EngineArgs", "WeightSyncArgs"]
 
 
 class ClusterArgs(ArgsGroup):
-    """Where the trainer and the engines run (`slime-features.md` §1.2, §1.5)."""
+    """Where the trainer and the engines run."""
 
     train_backend: Literal["megatron", "fsdp"] = arg(
         "megatron", "Training backend: megatron (megatron-core, GPU) or fsdp (PyTorch FSDP2, CPU or GPU)."
@@ -60,7 +60,7 @@ class ClusterArgs(ArgsGroup):
 
 
 class EngineArgs(ArgsGroup):
-    """Rollout engines, router and engine health checks (`slime-features.md` §4.5-§4.7)."""
+    """Rollout engines, router and engine health checks."""
 
     rollout_engine: Literal["sglang", "reference"] | None = arg(
         None,
@@ -100,7 +100,7 @@ class EngineArgs(ArgsGroup):
 
 
 class WeightSyncArgs(ArgsGroup):
-    """How new weights reach the engines (`slime-features.md` §5)."""
+    """How new weights reach the engines."""
 
     weight_sync: Literal["auto", "tensor", "disk", "distributed"] = arg(
         "auto",

@@ -54,7 +54,7 @@ no-ckpt-fully-parallel-save ckpt-fully-parallel-load use-persistent-ckpt-worker 
 manual-gc manual-gc-interval empty-unused-memory-level train-iters
 """
 
-# slime flags that only the Megatron backend reads (slime-features.md §7, §9 Train/MTP rows).
+# slime flags that only the Megatron backend reads.
 _SLIME_MEGATRON_ONLY = """
 megatron-to-hf-mode qwen-gdn-backend allgather-cp freeze-indexer mtp-num-layers mtp-loss-scaling-factor
 enable-mtp-training

@@ -10,7 +10,7 @@ __all__ = ["DebugArgs", "EvalArgs", "LoggingArgs"]
 
 
 class EvalArgs(ArgsGroup):
-    """Evaluation rollouts (`slime-features.md` §4.4); unset sampling values fall back to the rollout's."""
+    """Evaluation rollouts; unset sampling values fall back to the rollout's."""
 
     eval_function_path: str | None = arg(None, "Import path of the eval rollout function (default: rollout fn).")
     eval_interval: int | None = arg(None, "Evaluate every this many rollouts.", ge=1)
@@ -31,7 +31,7 @@ class EvalArgs(ArgsGroup):
 
 
 class LoggingArgs(ArgsGroup):
-    """Metrics sinks (`slime-features.md` §11)."""
+    """Metrics sinks."""
 
     use_wandb: bool = arg(False, "Log metrics to Weights & Biases.")
     wandb_mode: Literal["online", "offline", "disabled"] | None = arg(None, "W&B mode.")
@@ -56,7 +56,7 @@ class LoggingArgs(ArgsGroup):
 
 
 class DebugArgs(ArgsGroup):
-    """Debug modes, dumps and CI assertions (`slime-features.md` §11)."""
+    """Debug modes, dumps and CI assertions."""
 
     debug_rollout_only: bool = arg(False, "Only roll out (no trainer).")
     debug_train_only: bool = arg(False, "Only train (no engines); usually with --load-debug-rollout-data.")

@@ -12,7 +12,7 @@ __all__ = ["DataArgs", "MultiTurnArgs", "RewardArgs", "RolloutArgs", "SamplingAr
 
 
 class RolloutArgs(ArgsGroup):
-    """The rollout step and its plugin hooks (`slime-features.md` §4.1)."""
+    """The rollout step and its plugin hooks."""
 
     hf_checkpoint: str | None = arg(None, "Hugging Face model directory (engines, tokenizer, FSDP weights).")
     model_name: str | None = arg(None, "Model family name for weight conversion (default: from the HF config).")
@@ -56,7 +56,7 @@ class RolloutArgs(ArgsGroup):
 
 
 class SamplingArgs(ArgsGroup):
-    """Engine sampling parameters for training rollouts (`slime-features.md` §4.1)."""
+    """Engine sampling parameters for training rollouts."""
 
     rollout_temperature: float = arg(1.0, "Sampling temperature (> 0; log-probs use the same temperature).", gt=0)
     rollout_top_p: float = arg(1.0, "Top-p of sampling.", gt=0, le=1)
@@ -71,7 +71,7 @@ class SamplingArgs(ArgsGroup):
 
 
 class DataArgs(ArgsGroup):
-    """Prompt data and batch sizes (`slime-features.md` §4.2, §9 Data)."""
+    """Prompt data and batch sizes."""
 
     num_rollout: int | None = arg(None, "Number of rollouts (training iterations).", ge=1)
     num_epoch: int | None = arg(None, "Number of epochs over --prompt-data (used when --num-rollout is unset).", ge=1)
@@ -115,7 +115,7 @@ class DataArgs(ArgsGroup):
 
 
 class RewardArgs(ArgsGroup):
-    """Reward functions (`slime-features.md` §4.3, §6)."""
+    """Reward functions."""
 
     rm_type: str | None = arg(None, "Built-in reward: math, deepscaler, dapo, f1, gpqa, remote_rm, boxed_<type>.")
     reward_key: str | None = arg(None, "Key of the training reward when the reward is a dict.")
@@ -132,7 +132,7 @@ class RewardArgs(ArgsGroup):
 
 
 class MultiTurnArgs(ArgsGroup):
-    """Multi-turn tool-calling rollouts (`slime-features.md` §10.1)."""
+    """Multi-turn tool-calling rollouts."""
 
     max_turns: int = arg(1, "Maximum model turns per trajectory in multi-turn rollouts.", ge=1)
     env_path: str | None = arg(None, "Import path (or entry-point name) of the multi-turn environment.")

@@ -15,7 +15,7 @@ KlType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
 class AlgorithmArgs(ArgsGroup):
-    """Advantages, policy loss, KL, importance sampling (`slime-features.md` §3)."""
+    """Advantages, policy loss, KL, importance sampling."""
 
     advantage_estimator: AdvantageEstimator = arg("grpo", "Advantage estimator.")
     loss_type: Literal["policy_loss", "sft_loss", "custom_loss"] = arg("policy_loss", "Training loss.")
@@ -99,7 +99,7 @@ class OptimizerArgs(ArgsGroup):
 
 
 class FsdpArgs(ArgsGroup):
-    """FSDP2 backend specifics (`slime-features.md` §8)."""
+    """FSDP2 backend specifics."""
 
     attn_implementation: str = arg("sdpa", "HF attention implementation (sdpa, eager, flash_attention_2, ...).")
     gradient_checkpointing: bool = arg(False, "HF gradient checkpointing.")
@@ -110,7 +110,7 @@ class FsdpArgs(ArgsGroup):
 
 
 class CheckpointArgs(ArgsGroup):
-    """Loading and saving (`slime-features.md` §7, §8, §11)."""
+    """Loading and saving."""
 
     load: str | None = arg(None, "Checkpoint directory to resume the actor from.")
     ref_load: str | None = arg(None, "Reference model checkpoint (default: --hf-checkpoint).")

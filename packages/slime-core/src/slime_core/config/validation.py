@@ -1,4 +1,4 @@
-"""Cross-field validation and derived defaults of `SlimeArgs` (`slime-features.md` §9 "Validation").
+"""Cross-field validation and derived defaults of `SlimeArgs`.
 
 `derive_and_validate(args)` runs once per validation, in a fixed order (placement before batch
 sizes before algorithm rules), fills the defaults that depend on other flags and raises
