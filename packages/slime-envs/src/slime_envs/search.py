@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import pathlib
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from slime_core.jsonl import iter_jsonl
 from slime_core.protocols import EnvStep
 from slime_envs.base import ToolEnv
 from slime_envs.parsing import ParsedTurn, parse_tag_action
@@ -75,15 +75,8 @@ class BM25Retriever:
 
         path = pathlib.Path(corpus_path)
         self.passages: list[Passage] = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
-                self.passages.append(_passage_from_row(row, f"{path}:{lineno}"))
+        for lineno, row in iter_jsonl(path):
+            self.passages.append(_passage_from_row(row, f"{path}:{lineno}"))
         if not self.passages:
             raise ValueError(f"{path}: corpus is empty")
         self._bm25s = bm25s

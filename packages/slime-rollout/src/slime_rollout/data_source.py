@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
 
@@ -45,22 +46,6 @@ def get_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
-
-
-def _read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
 
 
 def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
@@ -87,7 +72,7 @@ def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"--prompt-data file not found: {path}")
     if path.suffix == ".jsonl":
-        rows = _read_jsonl(path)
+        rows = [row for _, row in iter_jsonl(path)]
     elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
