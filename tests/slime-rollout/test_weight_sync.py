@@ -232,3 +232,54 @@ def test_bad_tensor_name_is_a_clear_error_and_engine_keeps_serving(reference_eng
     assert url in str(e.value)
     ids, _ = engine_logprobs(url)  # not left paused
     assert len(ids) == 4
+
+
+
+# The engine side as sglang.srt.utils.common.init_custom_process_group builds it (SGLang 0.5.16): the
+# rendezvous store is wrapped in PrefixStore(group_name) before the process group is made.
+SGLANG_STYLE_PEER = """
+import datetime, sys, torch
+from torch.distributed import distributed_c10d as c10d
+port, name = int(sys.argv[1]), sys.argv[2]
+timeout = datetime.timedelta(seconds=30)
+store, rank, world = next(c10d.rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, timeout=timeout))
+store.set_timeout(timeout)
+pg, _ = c10d._new_process_group_helper(
+    2, 1, [], c10d.Backend("gloo"), c10d.PrefixStore(name, store), group_name=name, timeout=timeout
+)
+c10d._world.pg_group_ranks[pg] = {0: 0, 1: 1}
+t = torch.zeros(3)
+torch.distributed.broadcast(t, group=pg, group_src=0)
+print(t.tolist())
+"""
+
+
+def test_custom_process_group_uses_sglangs_store_prefix():
+    """A group made by `init_custom_process_group` talks to one made SGLang's way (a store-prefix mismatch
+    made the NCCL weight update hang on GPUs)."""
+    import datetime
+    import subprocess
+    import sys
+
+    from slime_rollout.weight_sync import init_custom_process_group
+
+    port, name = find_free_port(start=29650), "slime-pp_0"
+    peer = subprocess.Popen(
+        [sys.executable, "-c", SGLANG_STYLE_PEER, str(port), name], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pg = init_custom_process_group(
+            backend="gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            world_size=2,
+            rank=0,
+            group_name=name,
+            timeout=datetime.timedelta(seconds=30),
+        )
+        torch.distributed.broadcast(torch.tensor([1.0, 2.0, 3.0]), group=pg, group_src=0)
+        out, _ = peer.communicate(timeout=60)
+        torch.distributed.destroy_process_group(pg)
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+    assert peer.returncode == 0 and out.strip() == "[1.0, 2.0, 3.0]"

@@ -295,14 +295,17 @@ def init_custom_process_group(
 ) -> torch.distributed.ProcessGroup:
     """A process group outside the default one (the engines and the trainer's rank 0), as SGLang builds it.
 
-    Uses torch's rendezvous + `_new_process_group_helper` (the same private helper SGLang's engine side
-    uses, so both ends agree on the store prefix); `torch.distributed` need not be initialized.
+    Mirrors `sglang.srt.utils.common.init_custom_process_group`: torch's rendezvous, the TCP store wrapped in
+    `PrefixStore(group_name, ...)`, then `_new_process_group_helper`. Both ends must use the same key prefix,
+    or NCCL's unique-id exchange waits forever (the symptom: the first broadcast hangs). `torch.distributed`
+    need not be initialized.
     """
     from torch.distributed import distributed_c10d as c10d
 
     timeout = timeout or datetime.timedelta(minutes=10)
     store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
+    store = c10d.PrefixStore(group_name, store)
     pg, _ = c10d._new_process_group_helper(
         world_size, rank, [], c10d.Backend(backend), store, group_name=group_name, timeout=timeout
     )
