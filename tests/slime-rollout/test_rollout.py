@@ -516,3 +516,33 @@ def test_eval_config_yaml_resolution_and_rollout(use_client, tmp_path, qwen3_tok
     bad.write_text("eval:\n  datasets:\n    - {name: x, path: y, tempreature: 1}\n")
     with pytest.raises(ValueError, match=r"datasets\[0\]: unknown key\(s\) \['tempreature'\]"):
         eval_datasets(_args(eval_config=str(bad)))
+
+
+async def test_group_prompt_is_templated_and_tokenized_once(use_client, qwen3_tokenizer_dir, monkeypatch):
+    from slime_rollout.data_source import get_tokenizer
+
+    tokenizer = get_tokenizer(str(qwen3_tokenizer_dir))
+    calls = collections.Counter()
+    real = tokenizer.apply_chat_template
+
+    def counting(*a, **k):
+        calls["template"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(tokenizer, "apply_chat_template", counting)
+    seen = []
+
+    class Recorder(FakeClient):
+        async def generate(self, payload):
+            seen.append(payload["input_ids"])
+            return await super().generate(dict(payload, input_ids=[0]))
+
+    use_client(Recorder({0: [A]}, lengths={0: 2}))
+    args = _args(hf_checkpoint=str(qwen3_tokenizer_dir))
+    messages = [{"role": "user", "content": "What is 2+3? Put the answer in \\boxed{}."}]
+    group = [Sample(prompt=[dict(m) for m in messages], index=i, group_index=0) for i in range(4)]
+    state = rollout_mod.RolloutState.create(args, rollout_id=0)
+    await rollout_mod.generate_and_rm_group(args, group, state)
+    expected = tokenizer.encode(real(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    assert seen == [expected] * 4 and calls["template"] == 1
+    assert all(s.tokens[: len(expected)] == expected and s.tokens is not group[0].tokens for s in group[1:])

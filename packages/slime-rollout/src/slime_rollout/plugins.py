@@ -7,6 +7,7 @@ scripts keep working.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -43,8 +44,9 @@ def load_function(path: str, *, flag: str = "plugin") -> Callable[..., Any]:
     return _core_load_function(ORIGINAL_PATH_ALIASES.get(path, path), flag=flag)
 
 
+@functools.lru_cache(maxsize=256)
 def accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
-    """Whether `fn` takes a keyword argument `name` (or **kwargs)."""
+    """Whether `fn` takes a keyword argument `name` (or **kwargs); cached (asked once per sample)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
