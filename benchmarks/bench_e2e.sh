@@ -4,6 +4,8 @@
 #
 # GPU (staged machine, `source /tmp/slime-gpu/env.sh`, PYTHONPATH += packages/*/src):
 #   bash benchmarks/bench_e2e.sh                      # qwen3-0.6b, 4 rollouts of 32 prompts x 8, 256 tokens
+#   DISAGG=1 bash benchmarks/bench_e2e.sh             # 2 GPUs: trainer on one, SGLang on the other, NCCL sync
+#   TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 bash benchmarks/bench_e2e.sh   # Megatron (local spec)
 # CPU smoke:
 #   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 bash benchmarks/bench_e2e.sh
 # Colocated SGLang needs torch_memory_saver on the SGLang side (--enable-memory-saver); the staged stack
@@ -21,18 +23,28 @@ NUM_ROLLOUT="${NUM_ROLLOUT:-4}"
 RUN_DIR="${RUN_DIR:-/tmp/slime-bench-e2e/run-$$}"
 MODEL_ROOT="${SLIME_BENCH_MODELS:-/tmp/slime-bench-models}"
 DEVICE="${BENCH_DEVICE:-cuda}"
+TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
+DISAGG="${DISAGG:-0}"
 
 MODEL_DIR="$($PY -c "import sys; sys.path.insert(0, '$HERE'); import _common; print(_common.ensure_model('$PRESET', '$MODEL_ROOT')[0])")" \
   || { echo "bench_e2e: could not build the $PRESET checkpoint" >&2; exit 2; }
 
 ENGINE_FLAGS=()
-if [[ "$DEVICE" == "cuda" ]]; then
+PLACEMENT=(--colocate)
+MEM_FRACTION=0.3
+if [[ "$DISAGG" == 1 ]]; then
+  PLACEMENT=(--rollout-num-gpus 1 --rollout-num-gpus-per-engine 1)  # weight sync: NCCL (auto on GPUs)
+  MEM_FRACTION=0.7
+fi
+if [[ "$DEVICE" == "cuda" && "$DISAGG" != 1 ]]; then
   if ! PYTHONPATH="${SLIME_SGLANG_PYTHONPATH:-$PYTHONPATH}" $PY -c "import torch_memory_saver" 2>/dev/null; then
     echo "bench_e2e: torch_memory_saver is not importable on the SGLang side; --colocate cannot run." >&2
     echo "  stage it: shared/device/bundle.sh --sglang torch-memory-saver==<ver>" >&2
     exit 3
   fi
-  ENGINE_FLAGS=(--rollout-engine sglang --sglang-mem-fraction-static 0.3
+fi
+if [[ "$DEVICE" == "cuda" ]]; then
+  ENGINE_FLAGS=(--rollout-engine sglang --sglang-mem-fraction-static "$MEM_FRACTION"
                 --sglang-cuda-graph-backend-prefill disabled --sglang-cuda-graph-max-bs-decode 256
                 --attn-implementation sdpa)
 else
@@ -42,15 +54,15 @@ fi
 mkdir -p "$RUN_DIR"
 start=$(date +%s)
 $PY "$REPO/apps/train" \
-  --train-backend fsdp --hf-checkpoint "$MODEL_DIR" \
+  --train-backend "$TRAIN_BACKEND" --hf-checkpoint "$MODEL_DIR" \
   --prompt-data "$REPO/tests/fixtures/gsm8k/test-50.jsonl" --input-key question --label-key answer \
   --apply-chat-template --rm-type math --advantage-estimator grpo \
   --num-rollout "$NUM_ROLLOUT" --rollout-batch-size "$RBS" --n-samples-per-prompt "$N" \
   --global-batch-size $((RBS * N)) --rollout-max-response-len "$MAXLEN" --rollout-temperature 1.0 \
-  --actor-num-nodes 1 --actor-num-gpus-per-node 1 --colocate --lr 1e-6 \
+  --actor-num-nodes 1 --actor-num-gpus-per-node 1 "${PLACEMENT[@]}" --lr 1e-6 \
   --use-dynamic-batch-size --max-tokens-per-gpu "${MAX_TOKENS_PER_GPU:-8192}" \
   --output-dir "$RUN_DIR" "${ENGINE_FLAGS[@]}" ${EXTRA_FLAGS:-}
 rc=$?
 echo "bench_e2e: app exited $rc after $(( $(date +%s) - start )) s (run dir $RUN_DIR)" >&2
 [[ $rc -eq 0 ]] || exit $rc
-$PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --label "$PRESET" --skip-first 1
+$PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --label "$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)" --skip-first 1

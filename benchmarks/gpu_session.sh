@@ -12,6 +12,9 @@
 # $OUT/engine-logs.tar.gz (SGLang/app logs). Budgets below are seconds on one H200 (timeouts are ~1.5x).
 # Steps:
 #   tests          420  pytest -m "gpu or sglang" over slime-core, slime-train-fsdp, slime-rollout (-x)
+#   tests_sglang   300  pytest -m "gpu or sglang" over tests/slime-rollout/test_sglang_engine.py (2 GPUs: + NCCL sync)
+#   tests_megatron 360  pytest -m "gpu and megatron" over tests/slime-train-megatron (2 GPUs: + TP=2 vs TP=1)
+#   megatron_parallel 300  Megatron GRPO step under (TP,PP,CP) = 1,1,1 2,1,1 1,2,1 1,1,2: same loss/grad norm
 #   matmul          30  bf16 8192^3 matmul ceiling
 #   train          240  FSDP train() qwen3-0.6b (~60) and qwen3-4b (~150, incl. ~60 s checkpoint write)
 #   train_1.7b     120  FSDP train() qwen3-1.7b
@@ -20,6 +23,8 @@
 #   weight_sync_4b 300  the same for qwen3-4b (starts and stops its own engine)
 #   rollout        150  slime rollout vs direct /generate, 64 prompts x 8 x 256 tokens, shared engine
 #   e2e            420  apps/train GRPO, 4 rollouts of 32x8 (needs torch_memory_saver staged for SGLang)
+#   e2e_disagg     420  the same on 2 GPUs: trainer on GPU 0, SGLang on GPU 1, NCCL weight sync
+#   e2e_megatron   420  the same (colocated, 1 GPU) with --train-backend megatron, 2048-token micro-batches
 #   trl            420  TRL GRPOTrainer baseline (wheels from .whl, carried with the call)
 # The shared qwen3-0.6b SGLang engine starts at the first step that needs it and stops at the end.
 set -uo pipefail
@@ -130,6 +135,12 @@ for step in "$@"; do
   case "$step" in
     tests) run_step tests 600 python3 -m pytest -m "gpu or sglang" -q -x -p no:cacheprovider \
              tests/slime-core tests/slime-train-fsdp tests/slime-rollout ;;
+    tests_sglang) run_step tests_sglang 300 python3 -m pytest -m "gpu or sglang" -q -rA -p no:cacheprovider \
+                    tests/slime-rollout/test_sglang_engine.py ;;
+    tests_megatron) run_step tests_megatron 360 python3 -m pytest -m "gpu and megatron" -q -rA -p no:cacheprovider \
+                      tests/slime-train-megatron ;;
+    megatron_parallel) run_step megatron_parallel 400 python3 "$HERE/bench_megatron_parallel.py" --preset qwen3-0.6b \
+                         --layouts 1,1,1 2,1,1 1,2,1 1,1,2 ;;
     matmul) run_step matmul 60 python3 "$HERE/bench_matmul.py" "${DEV[@]}" "${MM[@]}" ;;
     train)
       run_step train_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --peak-tflops "$(peak_tflops)"
@@ -143,6 +154,10 @@ for step in "$@"; do
     weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;
     rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset "$P06" "${RO_SIZE[@]}" ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_disagg) engine_down; DISAGG=1 RUN_DIR=/tmp/slime-bench-e2e/disagg run_step e2e_disagg 600 \
+                  bash "$HERE/bench_e2e.sh" ;;
+    e2e_megatron) engine_down; TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 RUN_DIR=/tmp/slime-bench-e2e/megatron \
+                    run_step e2e_megatron 600 bash "$HERE/bench_e2e.sh" ;;
     trl) engine_down  # TRL comes from bundle.sh EXTRA wheels (site dir) or from .whl carried with this call
       if python3 -c "import trl" 2>/dev/null; then
         run_step trl 600 python3 "$HERE/bench_trl_grpo.py" --preset qwen3-0.6b

@@ -62,12 +62,11 @@ def build_transformer_config(
     Args:
         model_args: architecture from config.json.
         settings: Megatron settings.
-        cpu: initialize weights on CPU and disable CUDA-only fusions (tests).
+        cpu: initialize weights on CPU (tests).
     """
     kwargs = model_args.transformer_config_kwargs()
     kwargs["activation_func"] = torch.nn.functional.silu
     dtype = _DTYPES[settings.params_dtype_name]
-    fused = not cpu
     return TransformerConfig(
         **kwargs,
         tensor_model_parallel_size=settings.tensor_model_parallel_size,
@@ -84,11 +83,13 @@ def build_transformer_config(
         variable_seq_lengths=settings.pipeline_model_parallel_size > 1,
         use_cpu_initialization=cpu,
         perform_initialization=False,  # weights are always loaded afterwards
-        bias_activation_fusion=fused,
-        bias_dropout_fusion=fused,
+        # The local spec's fused softmax needs apex's `scaled_masked_softmax_cuda` (not shipped with
+        # megatron-core), and the bias fusions torch.compile at first use; TE brings its own fused kernels.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
         apply_rope_fusion=False,
-        persist_layer_norm=fused,
-        masked_softmax_fusion=fused,
+        persist_layer_norm=False,
+        masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         recompute_granularity=settings.recompute_granularity,
         recompute_method=settings.recompute_method,
