@@ -5,7 +5,8 @@
 For each layout (TP·PP·CP ranks, one process per GPU, NCCL), `MegatronTrainBackend` loads the same random-weight
 checkpoint in bf16 and runs `train()` on the same rollout: 8 prompt groups × 2 samples of 512 tokens with
 96-475 response tokens (random ids, seed 0), GRPO advantages from fixed 0/1 rewards, one optimizer step, 4
-micro-batches of ≤ 2048 tokens (the local layer spec attends through a dense [T, T] mask) (`build_rollout_batches`, the app's own path). It does so twice from the same weights: with the
+micro-batches of ≤ 2048 tokens (the local layer spec attends through a dense [T, T] mask), batched by
+`build_rollout_batches` (the app's own path). It does so twice from the same weights: with the
 per-sample loss (default) and with `--calculate-per-token-loss`. Rank 0 of the last pipeline stage reports
 `train/loss`, `train/pg_loss` and `train/grad_norm` (the step's first-step metrics; ratio 1, so the loss is the
 advantage-weighted mean) and the mean response log-prob.
@@ -109,8 +110,9 @@ def worker(model_dir: str, tp: int, pp: int, cp: int, out_path: str) -> None:
         backend._restore(start)
         backend.optimizer.reload_model_params()
     result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    last_stage_first = parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
-    if last_stage_first and parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_context_parallel_rank() == 0:
+    ps = parallel_state
+    reporter = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+    if reporter and ps.get_data_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0:
         pathlib.Path(out_path).write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
