@@ -140,17 +140,21 @@ def run_layout(model_dir: pathlib.Path, layout: tuple[int, int, int], log_dir: p
         cmd = [sys.executable, __file__, "--worker", str(model_dir), str(tp), str(pp), str(cp), str(out)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
+    # A rank that fails leaves the others blocked in a collective: stop them all at the first failure.
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
             for q in procs:
                 q.kill()
+            break
+        time.sleep(0.5)
+    for p in procs:
+        p.wait()
     for log in logs:
         log.close()
     if all(p.returncode == 0 for p in procs) and out.exists():
         return json.loads(out.read_text())
-    tail = (log_dir / f"rank0-{tp}-{pp}-{cp}.log").read_text()[-3000:]
+    failed = next((r for r, p in enumerate(procs) if p.returncode not in (0, -9)), 0)
+    tail = (log_dir / f"rank{failed}-{tp}-{pp}-{cp}.log").read_text()[-3000:]
     return {"layout": list(layout), "error": f"exit codes {[p.returncode for p in procs]}", "log_tail": tail}
 
 

@@ -135,7 +135,8 @@ for step in "$@"; do
   case "$step" in
     tests) run_step tests 600 python3 -m pytest -m "gpu or sglang" -q -x -p no:cacheprovider \
              tests/slime-core tests/slime-train-fsdp tests/slime-rollout ;;
-    tests_sglang) run_step tests_sglang 300 python3 -m pytest -m "gpu or sglang" -q -rA -p no:cacheprovider \
+    tests_sglang) SLIME_TEST_LOG_DIR="$BENCH_LOG_DIR/sglang-tests" run_step tests_sglang 300 python3 -m pytest \
+                    -m "gpu or sglang" -q -rA -p no:cacheprovider -o faulthandler_timeout=120 \
                     tests/slime-rollout/test_sglang_engine.py ;;
     tests_megatron) run_step tests_megatron 360 python3 -m pytest -m "gpu and megatron" -q -rA -p no:cacheprovider \
                       tests/slime-train-megatron ;;

@@ -135,6 +135,11 @@ def test_engine_env(monkeypatch):
     assert env["PYTHONPATH"] == "/sgl/src" and "PYTORCH_CUDA_ALLOC_CONF" not in env
     assert env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"] == "true"  # the user's setting wins over the default
     assert env["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "true"
+    # Engines and trainer run NCCL with the same cuMem setting (a mismatch hangs the NCCL weight update).
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    assert engine_env("sglang")["NCCL_CUMEM_ENABLE"] == "1"
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "0")
+    assert engine_env("sglang")["NCCL_CUMEM_ENABLE"] == "0"
     assert engine_env("reference").get("PYTHONPATH") != "/sgl/src" or os.environ.get("PYTHONPATH") == "/sgl/src"
 
 

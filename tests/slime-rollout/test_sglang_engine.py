@@ -5,6 +5,7 @@ The model is a small random Qwen3 (bf16) so the test does not depend on download
 """
 
 import asyncio
+import os
 import shutil
 import types
 
@@ -72,7 +73,8 @@ def sglang_engine(small_qwen3_dir, tmp_path_factory):
         gpus_per_engine=1,
         colocate=True,
         startup_timeout_s=600,
-        log_dir=tmp_path_factory.mktemp("sgl-logs"),
+        # SLIME_TEST_LOG_DIR: keep the engine logs where a GPU session collects them.
+        log_dir=os.environ.get("SLIME_TEST_LOG_DIR") or tmp_path_factory.mktemp("sgl-logs"),
     ) as group:
         yield args, group
 

@@ -234,7 +234,6 @@ def test_bad_tensor_name_is_a_clear_error_and_engine_keeps_serving(reference_eng
     assert len(ids) == 4
 
 
-
 # The engine side as sglang.srt.utils.common.init_custom_process_group builds it (SGLang 0.5.16): the
 # rendezvous store is wrapped in PrefixStore(group_name) before the process group is made.
 SGLANG_STYLE_PEER = """

@@ -68,6 +68,8 @@ def main() -> None:
         free_before = torch.cuda.mem_get_info()[0]
         backend.sleep()
         result["freed"] = torch.cuda.mem_get_info()[0] - free_before
+        result["offloaded"] = sum(b.numel() for _, b in backend._sleep_state)
+        result["param_bytes"] = sum(p.numel() * p.element_size() for p in backend.module.parameters())
         backend.wake_up()
         result["after"] = backend.compute_log_probs(b)
         result["before"] = before

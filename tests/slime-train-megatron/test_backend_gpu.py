@@ -91,10 +91,20 @@ def test_tp2_matches_tp1_loss_grad_norm_and_weights(tiny_hf, tmp_path):
         assert torch.equal(tp2[0]["pushed"][name], tp2[1]["pushed"][name]), name
 
 
-def test_sleep_frees_memory_and_wake_restores(tiny_hf, tmp_path):
+def test_sleep_frees_memory_and_wake_restores(tmp_path):
     _need_gpus(1)
-    _, hf_dir = tiny_hf("qwen3")
+    import transformers
+
+    # ~110M parameters: the freed storages span whole allocator segments, so the driver sees them go.
+    config = transformers.Qwen3Config(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=64, vocab_size=32000, tie_word_embeddings=False,
+    )  # fmt: skip
+    hf_dir = tmp_path / "hf"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(hf_dir)
     (res,) = _launch("sleep", hf_dir, tmp_path / "out", 1)
-    assert res["freed"] > 0
+    # bf16 weights + fp32 grad buffer at least; the driver gets (nearly) all of it back.
+    assert res["offloaded"] >= 3 * res["param_bytes"] > 0
+    assert res["freed"] >= 0.9 * res["offloaded"], (res["freed"], res["offloaded"])
     for a, b in zip(res["before"], res["after"], strict=True):
         assert torch.equal(a, b)

@@ -82,7 +82,9 @@ def build_transformer_config(
         # Packed micro-batches differ in length: pipeline p2p must exchange shapes.
         variable_seq_lengths=settings.pipeline_model_parallel_size > 1,
         use_cpu_initialization=cpu,
-        perform_initialization=False,  # weights are always loaded afterwards
+        # Weights are loaded right after, but megatron-core marks TP-split parameters (`tensor_model_parallel`,
+        # `partition_dim`: read by the grad norm, the loaders and the exporters) only while initializing them.
+        perform_initialization=True,
         # The local spec's fused softmax needs apex's `scaled_masked_softmax_cuda` (not shipped with
         # megatron-core), and the bias fusions torch.compile at first use; TE brings its own fused kernels.
         bias_activation_fusion=False,
@@ -117,13 +119,17 @@ def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: T
             qk_layernorm=model_args.qk_layernorm,
             normalization="RMSNorm",
         )
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         **model_args.gpt_model_kwargs(settings.tensor_model_parallel_size),
     )
+    if config.bf16 or config.fp16:
+        # What megatron's Float16Module does to the weights: the local spec's torch norms are built in fp32.
+        model.to(config.params_dtype)
+    return model
 
 
 def _layer_offsets(model: GPTModel) -> dict[int, int]:
@@ -178,7 +184,10 @@ def load_hf_weights(model: GPTModel, hf_dir: str, model_args: ModelArgs, setting
 
     names = global_param_names(model, model_args)
     for local, param in model.named_parameters():
-        full = mcore_tensor_from_hf(names[local], read, model_args, tp=tp_size)
+        name = names[local]
+        if model_args.tie_word_embeddings and name.endswith("output_layer.weight"):
+            name = "embedding.word_embeddings.weight"  # the last pipeline stage's copy of the shared embedding
+        full = mcore_tensor_from_hf(name, read, model_args, tp=tp_size)
         partitioned, dim, gated, is_expert = _tp_info(param, local, model.config.gated_linear_unit)
         if partitioned and not is_expert and tp_size > 1:
             full = shard_for_tp(full, tp_rank, tp_size, partition_dim=dim, gated=gated)

@@ -49,6 +49,10 @@ MANAGED_SGLANG_FIELDS = frozenset(
     }
 )
 
+# NCCL's own default (cuMem buffers), the value both ends of a weight-update group run with unless the user sets
+# NCCL_CUMEM_ENABLE.
+NCCL_CUMEM_DEFAULT = "1"
+
 # Environment defaults slime gives SGLang (see slime's rollout.py); the user's environment wins.
 _SGLANG_ENV_DEFAULTS = {
     "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "false",
@@ -188,6 +192,10 @@ def engine_env(kind: str) -> dict[str, str]:
             env.setdefault(k, v)
         # The trainer's allocator settings (e.g. expandable segments) break SGLang's memory saver.
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        # NCCL in the trainer and in the engines must agree on cuMem vs legacy CUDA-IPC buffers, or the NCCL
+        # weight-update broadcast between them never completes. SGLang would switch its processes to 0;
+        # the trainer side (`DistributedWeightUpdater`) pins the same value in its own process.
+        env["NCCL_CUMEM_ENABLE"] = os.environ.get("NCCL_CUMEM_ENABLE", NCCL_CUMEM_DEFAULT)
         if os.environ.get("SLIME_SGLANG_PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["SLIME_SGLANG_PYTHONPATH"]
     return env
