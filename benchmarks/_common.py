@@ -62,7 +62,9 @@ def ensure_model(preset: str, root: str | os.PathLike, dtype: str = "bfloat16") 
 
 
 def git_commit() -> str:
-    """Short commit of the checkout (or "unknown" outside git)."""
+    """Short commit of the checkout: `$BENCH_COMMIT` when set (a copied tree's .git can be stale), else git's."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         cmd = ["git", "rev-parse", "--short", "HEAD"]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=10)

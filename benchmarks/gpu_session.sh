@@ -159,14 +159,13 @@ for step in "$@"; do
                   bash "$HERE/bench_e2e.sh" ;;
     e2e_megatron) engine_down; TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 RUN_DIR=/tmp/slime-bench-e2e/megatron \
                     run_step e2e_megatron 600 bash "$HERE/bench_e2e.sh" ;;
-    trl) engine_down  # TRL comes from bundle.sh EXTRA wheels (site dir) or from .whl carried with this call
-      if python3 -c "import trl" 2>/dev/null; then
-        run_step trl 600 python3 "$HERE/bench_trl_grpo.py" --preset qwen3-0.6b
-      else
-        run_step trl 600 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-          --upgrade --target /tmp/trl-site $REPO/.whl/*.whl && \
-          PYTHONPATH=/tmp/trl-site:\$PYTHONPATH python3 $HERE/bench_trl_grpo.py --preset qwen3-0.6b"
-      fi ;;
+    trl) engine_down
+      # From the .whl wheels carried with the call, installed with their metadata (datasets asks
+      # importlib.metadata for dill's version, which the staged site copy lacks); one visible GPU, since
+      # GRPOTrainer refuses nn.DataParallel.
+      run_step trl 600 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/trl-site $REPO/.whl/*.whl && CUDA_VISIBLE_DEVICES=0 \
+        PYTHONPATH=/tmp/trl-site:\$PYTHONPATH python3 $HERE/bench_trl_grpo.py --preset qwen3-0.6b" ;;
     *) echo "gpu_session: unknown step '$step'" | tee -a "$LOGS" ;;
   esac
 done

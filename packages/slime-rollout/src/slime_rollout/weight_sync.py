@@ -374,11 +374,14 @@ class DistributedWeightUpdater(_EngineUpdater):
         self._group = results[0]
 
     async def adisconnect(self) -> None:
-        """Destroys the group on both ends."""
+        """Destroys the group on both ends, concurrently: NCCL's communicator teardown on the engine does not
+        return until this end tears down too, so awaiting the engine first deadlocks."""
         if self._group is None:
             return
-        await self.client.broadcast("destroy_weights_update_group", group_name=self.group_name)
-        torch.distributed.destroy_process_group(self._group)
+        await asyncio.gather(
+            self.client.broadcast("destroy_weights_update_group", group_name=self.group_name),
+            asyncio.to_thread(torch.distributed.destroy_process_group, self._group),
+        )
         self._group = None
 
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
