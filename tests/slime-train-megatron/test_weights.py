@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from slime_train_megatron.weights import iter_buckets, merge_tp_shards, shard_for_tp
+from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
 
 
 def test_gated_fc1_shard_by_hand():
@@ -26,11 +26,3 @@ def test_merge_inverts_shard(dim, gated):
 def test_shard_indivisible():
     with pytest.raises(ValueError, match="not divisible"):
         shard_for_tp(torch.zeros(6, 2), 0, 4, partition_dim=0)
-
-
-def test_buckets_respect_the_cap():
-    named = [(f"t{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 100])]
-    buckets = list(iter_buckets(named, bucket_bytes=100))  # 4 bytes per element
-    assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3"], ["t4"]]
-    with pytest.raises(ValueError):
-        list(iter_buckets(named, 0))

@@ -374,8 +374,11 @@ class DistributedWeightUpdater(_EngineUpdater):
         self._group = results[0]
 
     async def adisconnect(self) -> None:
-        """Destroys the group on both ends, concurrently: NCCL's communicator teardown on the engine does not
-        return until this end tears down too, so awaiting the engine first deadlocks."""
+        """Destroys the group on both ends, concurrently.
+
+        NCCL's communicator teardown on the engine does not return until this end tears down too, so awaiting
+        the engine's reply first deadlocks.
+        """
         if self._group is None:
             return
         await asyncio.gather(

@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from slime_core.weight_buckets import iter_buckets
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["iter_hf_buckets", "save_hf"]
@@ -58,23 +60,13 @@ def iter_hf_buckets(
     Raises:
         ValueError: when `bucket_bytes` is not positive.
     """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket size (--update-weight-buffer-size) must be > 0, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in _hf_named_tensors(model):
-        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-        full = full.detach()
-        if dtype is not None:
-            full = full.to(dtype)
-        nbytes = full.numel() * full.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, full))
-        size += nbytes
-    if bucket:
-        yield bucket
+
+    def full_tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in _hf_named_tensors(model):
+            full = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+            yield name, (full if dtype is None else full.to(dtype))
+
+    return iter_buckets(full_tensors(), bucket_bytes)
 
 
 def _copy_assets(src: pathlib.Path, dst: pathlib.Path) -> None:

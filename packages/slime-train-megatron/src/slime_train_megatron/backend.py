@@ -34,6 +34,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from slime_convert import ModelArgs
 from slime_core.algorithms import apply_whitening, compute_actor_loss, compute_advantages_and_returns, whitening_stats
 from slime_core.batch import RolloutBatch
+from slime_core.weight_buckets import iter_buckets
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 from slime_train_megatron.model import (
@@ -46,7 +47,6 @@ from slime_train_megatron.model import (
 from slime_train_megatron.packing import PackedBatch, cp_zigzag_indices, pack_thd
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.sleep import offload_to_cpu, reload_from_cpu
-from slime_train_megatron.weights import iter_buckets
 
 logger = logging.getLogger(__name__)
 

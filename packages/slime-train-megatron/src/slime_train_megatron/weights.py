@@ -1,4 +1,4 @@
-"""Tensor-parallel sharding of full Megatron tensors and its inverse, and byte-capped bucketing.
+"""Tensor-parallel sharding of full Megatron tensors and its inverse.
 
 Megatron splits column-parallel weights (QKV, fc1, embedding, LM head) along dim 0 and row-parallel
 ones (proj, fc2) along dim 1. The SwiGLU `linear_fc1` is special: rank r holds `[gate_r; up_r]`, so the
@@ -8,11 +8,9 @@ dim-0 split keeps whole groups and plain concatenation inverts it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-
 import torch
 
-__all__ = ["iter_buckets", "merge_tp_shards", "shard_for_tp"]
+__all__ = ["merge_tp_shards", "shard_for_tp"]
 
 
 def shard_for_tp(full: torch.Tensor, rank: int, size: int, *, partition_dim: int, gated: bool = False) -> torch.Tensor:
@@ -50,26 +48,3 @@ def merge_tp_shards(shards: list[torch.Tensor], *, partition_dim: int, gated: bo
         return torch.cat(shards, dim=partition_dim)
     halves = [s.chunk(2, dim=partition_dim) for s in shards]
     return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=partition_dim)
-
-
-def iter_buckets(
-    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Groups `(name, tensor)` pairs into lists of at most `bucket_bytes` (a larger tensor gets its own).
-
-    Raises:
-        ValueError: `bucket_bytes` ≤ 0.
-    """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket size must be positive (--update-weight-buffer-size), got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
