@@ -350,6 +350,9 @@ def test_help_lists_flags(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "--rollout-batch-size" in out and "--eval-prompt-data" in out and "--no-offload-train" in out
+    # A one-line usage, not argparse's list of every flag; the flags come once, in their groups.
+    assert out.splitlines()[0] == "usage: slime [--config RUN.yaml] [FLAG VALUE ...]"
+    assert out.count("--rollout-batch-size ROLLOUT_BATCH_SIZE") == 1
 
 
 def test_user_guide_examples(caplog, no_cuda):

@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser for every command-line `SlimeArgs` field (flags not given stay absent)."""
     parser = _RaisingParser(
         prog="slime",
+        # argparse's generated usage line lists all ~250 flags (180 lines); the grouped help below has them.
+        usage="slime [--config RUN.yaml] [FLAG VALUE ...]",
         description="slime RL post-training. --sglang-*, --router-* and Megatron-LM flags are passed through.",
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
