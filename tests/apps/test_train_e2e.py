@@ -9,7 +9,6 @@
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,28 +24,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    cfg = Qwen3Config(
-        vocab_size=151936,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
+def tiny_qwen3(tmp_path_factory, make_tiny_qwen3) -> pathlib.Path:
+    return make_tiny_qwen3(
+        tmp_path_factory.mktemp("tiny-qwen3"), hidden_size=32, intermediate_size=64, head_dim=8,
         max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        eos_token_id=151645,
-        bos_token_id=151643,
-    )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(qwen3_tokenizer_dir / name, out / name)
-    return out
+    )  # fmt: skip
 
 
 def _argv(model: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:

@@ -12,7 +12,6 @@ import tempfile
 import types
 
 import pytest
-import torch
 
 
 @pytest.fixture(scope="session")
@@ -24,30 +23,9 @@ def private_tmp():
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3_dir(private_tmp, qwen3_tokenizer_dir) -> pathlib.Path:
+def tiny_qwen3_dir(private_tmp, make_tiny_qwen3) -> pathlib.Path:
     """HF directory of a tiny random Qwen3 (fp32, seed 0) with the Qwen3 tokenizer files."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out = private_tmp / "tiny-qwen3"
-    cfg = Qwen3Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=151936,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=151643,
-        eos_token_id=151645,
-        pad_token_id=151643,
-    )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(qwen3_tokenizer_dir / f, out / f)
-    return out
+    return make_tiny_qwen3(private_tmp / "tiny-qwen3")
 
 
 def _reference_args(model_dir, **kw) -> types.SimpleNamespace:

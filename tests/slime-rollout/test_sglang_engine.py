@@ -6,7 +6,6 @@ The model is a small random Qwen3 (bf16) so the test does not depend on download
 
 import asyncio
 import os
-import shutil
 import types
 
 import pytest
@@ -19,39 +18,20 @@ LOGPROB_ATOL_BF16 = 0.1
 
 
 @pytest.fixture(scope="module")
-def small_qwen3_dir(tmp_path_factory, qwen3_tokenizer_dir):
+def small_qwen3_dir(tmp_path_factory, make_tiny_qwen3):
     # On the staged GPU machine SGLang lives in its own site dir (SLIME_SGLANG_PYTHONPATH), not importable here.
     import importlib.util
-    import os
 
     if importlib.util.find_spec("sglang") is None and not os.environ.get("SLIME_SGLANG_PYTHONPATH"):
         pytest.skip("needs SGLang (installed, or staged with SLIME_SGLANG_PYTHONPATH)")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("small-qwen3")
-    cfg = Qwen3Config(
-        # head_dim 128 / 8 KV heads: the shapes whose SGLang JIT kernels the staging caches.
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=151645,
-        bos_token_id=151643,
-        pad_token_id=151643,
+    # head_dim 128 / 8 KV heads: the shapes whose SGLang JIT kernels the staging caches.
+    return make_tiny_qwen3(
+        tmp_path_factory.mktemp("small-qwen3"), dtype=torch.bfloat16, hidden_size=256, intermediate_size=512,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
         torch_dtype="bfloat16",
-    )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(qwen3_tokenizer_dir / f, out / f)
-    return out
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
