@@ -118,6 +118,9 @@ class RewardArgs(ArgsGroup):
     """Reward functions."""
 
     rm_type: str | None = arg(None, "Built-in reward: math, deepscaler, dapo, f1, gpqa, remote_rm, boxed_<type>.")
+    rm_num_workers: int = arg(
+        4, "Processes that grade math answers symbolically; 0 grades inline on the rollout's event loop.", ge=0
+    )
     reward_key: str | None = arg(None, "Key of the training reward when the reward is a dict.")
     eval_reward_key: str | None = arg(None, "Key of the eval reward when the reward is a dict.")
     group_rm: bool = arg(False, "Score a whole group at once (batched reward function).")

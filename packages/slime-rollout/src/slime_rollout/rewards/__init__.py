@@ -13,6 +13,9 @@ first reduces the response to its last `\boxed{}` content.
 | gpqa         | 1.0 / 0.0 (option letter)                |
 | remote_rm    | the JSON reply of `--rm-url`             |
 | random       | 0 or 1                                   |
+
+`async_rm` grades `math` / `deepscaler` (and their `boxed_` forms) with the symbolic check in a pool of
+`--rm-num-workers` processes (`slime_rollout.rewards.pool`); `rule_based_reward` always grades inline.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from slime_rollout.plugins import call_maybe_async, load_function
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
 from slime_rollout.rewards.gpqa import gpqa_reward
-from slime_rollout.rewards.math import deepscaler_reward, math_reward
+from slime_rollout.rewards.math import deepscaler_reward, deepscaler_reward_async, math_reward, math_reward_async
 from slime_rollout.rewards.math_utils import extract_boxed
 from slime_rollout.rewards.remote import remote_reward
 
@@ -36,6 +39,21 @@ logger = logging.getLogger(__name__)
 __all__ = ["RM_TYPES", "async_rm", "batched_async_rm", "rule_based_reward"]
 
 RM_TYPES = ("math", "deepscaler", "dapo", "f1", "gpqa", "remote_rm", "random")
+
+# Default of `--rm-num-workers` (slime_core.config), for args namespaces that lack the field.
+_DEFAULT_RM_NUM_WORKERS = 4
+
+
+def _unbox(rm_type: str, response: str) -> tuple[str, str]:
+    """Applies a `boxed_` prefix: the type without it and the response reduced to its last box."""
+    if not rm_type.startswith("boxed_"):
+        return rm_type, response
+    rm_type = rm_type.removeprefix("boxed_")
+    response = extract_boxed(response) or ""
+    if rm_type == "math":
+        # The box is already unwrapped; grade the bare content.
+        response = f"\\boxed{{{response}}}" if response else ""
+    return rm_type, response
 
 
 def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[str, Any] | None = None) -> Any:
@@ -50,12 +68,7 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
     Raises:
         KeyError: unknown `rm_type`, listing the known ones.
     """
-    if rm_type.startswith("boxed_"):
-        rm_type = rm_type.removeprefix("boxed_")
-        response = extract_boxed(response) or ""
-        if rm_type == "math":
-            # The box is already unwrapped; grade the bare content.
-            response = f"\\boxed{{{response}}}" if response else ""
+    rm_type, response = _unbox(rm_type, response)
     if rm_type == "math":
         return math_reward(response, label)
     if rm_type == "deepscaler":
@@ -75,7 +88,8 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     """Scores one finished sample (original signature `async_rm(args, sample)`).
 
     Args:
-        args: run config; reads `custom_rm_path`, `rm_type`, `rm_url`.
+        args: run config; reads `custom_rm_path`, `rm_type`, `rm_url`, `rm_num_workers` (math and
+            deepscaler grade their symbolic check in that many worker processes; 0 grades inline).
         sample: the sample (its `custom_rm_path` and `metadata["rm_type"]` override the flags).
         **kwargs: passed to a custom reward function.
 
@@ -96,6 +110,13 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
         response = sample.response if rm_type == "remote_rm" else (extract_boxed(sample.response) or "")
         payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
         return await remote_reward(getattr(args, "rm_url", None), payload)
+    num_workers = getattr(args, "rm_num_workers", _DEFAULT_RM_NUM_WORKERS)
+    base_type, response = _unbox(rm_type, sample.response)
+    if num_workers > 0 and base_type == "math":
+        return await math_reward_async(response, sample.label, num_workers=num_workers, sample_index=sample.index)
+    if num_workers > 0 and base_type == "deepscaler":
+        return await deepscaler_reward_async(response, sample.label, num_workers=num_workers, sample_index=sample.index)
+    # Everything else is cheap string work (dapo compares normalized strings): inline.
     return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import fractions
 import logging
 import re
+import signal
 import threading
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +22,12 @@ __all__ = [
     "extract_boxed",
     "extract_label_answer",
     "grade_answer",
+    "grade_fast",
     "normalize_answer",
     "parse_number",
+    "prepare_worker",
+    "symbolic_equal",
+    "symbolic_equal_with_timeout",
 ]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -143,17 +149,17 @@ def parse_number(answer: str) -> fractions.Fraction | None:
 
 def _timeout_s() -> int | None:
     # math-verify times out with SIGALRM, which only works in the main thread; elsewhere (the
-    # rollout's background event loop) run without its timeout.
+    # rollout's background event loop) run without its timeout. `async_rm` avoids that by grading the
+    # symbolic path in worker processes (`symbolic_equal_with_timeout`).
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
-def _math_verify_equal(gold: str, pred: str) -> bool | None:
+def _math_verify_equal(gold: str, pred: str, timeout: int | None) -> bool | None:
     """math-verify's verdict, or None if it could not parse one side."""
     try:
         from math_verify import parse, verify
     except ImportError:  # pragma: no cover - declared dependency
         return None
-    timeout = _timeout_s()
     try:
         gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
         pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
@@ -178,8 +184,116 @@ def _sympy_equal(gold: str, pred: str) -> bool:
         return False
 
 
+def prepare_worker() -> None:
+    """Imports the symbolic graders of a grading worker process once, at its start-up.
+
+    Also marks math-verify's "timeout is disabled" warning as shown: `symbolic_equal_with_timeout`
+    deliberately turns math-verify's timeouts off and bounds the whole check itself.
+    """
+    import latex2sympy2_extended  # noqa: F401
+    import math_verify.grader
+    import math_verify.parser
+    import sympy  # noqa: F401
+
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+
+
+class SymbolicTimeout(BaseException):
+    """Raised by the SIGALRM handler of `symbolic_equal_with_timeout`.
+
+    A `BaseException`, so the graders' own `except Exception` cannot turn it into a verdict.
+    """
+
+
+def _raise_symbolic_timeout(signum: int, frame: object) -> None:
+    # Re-arm first: should some library swallow the exception, the alarm fires again a second later.
+    signal.alarm(1)
+    raise SymbolicTimeout
+
+
+def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, str]:
+    """The cheap part of `grade_answer`: missing answers, normalized string equality, exact numbers.
+
+    Args:
+        pred: extracted model answer, or None.
+        gold: extracted ground-truth answer, or None.
+
+    Returns:
+        `(verdict, gold_normalized, pred_normalized)`; `verdict` is None when only the symbolic path
+        (`symbolic_equal`) can decide.
+    """
+    if pred is None or gold is None:
+        return False, "", ""
+    pred_n, gold_n = normalize_answer(pred), normalize_answer(gold)
+    if not pred_n or not gold_n:
+        return False, gold_n, pred_n
+    if pred_n == gold_n:
+        return True, gold_n, pred_n
+    pred_v, gold_v = parse_number(pred), parse_number(gold)
+    if pred_v is not None and gold_v is not None:
+        return pred_v == gold_v, gold_n, pred_n
+    return None, gold_n, pred_n
+
+
+def symbolic_equal(gold_n: str, pred_n: str) -> bool:
+    """The expensive part of `grade_answer`: math-verify, then the sympy fallback (inline).
+
+    math-verify's timeouts are on only on the main thread (SIGALRM); the sympy fallback has none.
+
+    Args:
+        gold_n: normalized ground truth (from `grade_fast`).
+        pred_n: normalized prediction.
+
+    Returns:
+        True if equal; False if not, if unparseable, or if math-verify timed out.
+    """
+    verdict = _math_verify_equal(gold_n, pred_n, _timeout_s())
+    return verdict if verdict is not None else _sympy_equal(gold_n, pred_n)
+
+
+def symbolic_equal_with_timeout(gold_n: str, pred_n: str, timeout_s: int) -> bool | None:
+    """`symbolic_equal` under one SIGALRM budget for math-verify and the sympy fallback together.
+
+    Runs in a grading worker process (`slime_rollout.rewards.pool`), on its main thread. math-verify's
+    own per-step timeouts are off here: each would cancel this outer alarm when it ends.
+
+    Args:
+        gold_n: normalized ground truth.
+        pred_n: normalized prediction.
+        timeout_s: seconds for the whole check, >= 1.
+
+    Returns:
+        The verdict, or None if the budget ran out.
+
+    Raises:
+        ValueError: if called off the main thread (SIGALRM cannot be used there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("symbolic_equal_with_timeout needs the main thread (it uses SIGALRM)")
+    # Save a timer someone else armed (e.g. pytest-timeout on a main thread) and re-arm it afterwards.
+    started = time.monotonic()
+    previous_delay, previous_interval = signal.getitimer(signal.ITIMER_REAL)
+    previous_handler = signal.signal(signal.SIGALRM, _raise_symbolic_timeout)
+    try:
+        signal.alarm(max(1, int(timeout_s)))
+        try:
+            verdict = _math_verify_equal(gold_n, pred_n, None)
+            return verdict if verdict is not None else _sympy_equal(gold_n, pred_n)
+        finally:
+            signal.alarm(0)
+    except SymbolicTimeout:  # also when the alarm fires inside the inner `finally`
+        return None
+    finally:
+        signal.alarm(0)  # the handler re-arms; a pending alarm with the default action would kill the worker
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay > 0:
+            remaining = previous_delay - (time.monotonic() - started)
+            signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), previous_interval)
+
+
 def grade_answer(pred: str | None, gold: str | None) -> bool:
-    """Whether a predicted final answer equals the ground truth mathematically.
+    """Whether a predicted final answer equals the ground truth mathematically (inline, blocking).
 
     Args:
         pred: extracted model answer (e.g. the content of the last box), or None.
@@ -188,17 +302,7 @@ def grade_answer(pred: str | None, gold: str | None) -> bool:
     Returns:
         True if equal after normalization, as exact numbers, or symbolically.
     """
-    if pred is None or gold is None:
-        return False
-    pred_n, gold_n = normalize_answer(pred), normalize_answer(gold)
-    if not pred_n or not gold_n:
-        return False
-    if pred_n == gold_n:
-        return True
-    pred_v, gold_v = parse_number(pred), parse_number(gold)
-    if pred_v is not None and gold_v is not None:
-        return pred_v == gold_v
-    verdict = _math_verify_equal(gold_n, pred_n)
+    verdict, gold_n, pred_n = grade_fast(pred, gold)
     if verdict is not None:
         return verdict
-    return _sympy_equal(gold_n, pred_n)
+    return symbolic_equal(gold_n, pred_n)

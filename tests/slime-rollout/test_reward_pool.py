@@ -1,0 +1,266 @@
+r"""Math grading in the worker pool (`--rm-num-workers`): verdicts equal to inline grading, bounded time on
+pathological answers from main and non-main threads, an event loop that keeps running, stuck and crashed
+workers replaced.
+
+One pool (2 workers) is shared by the module and shut down at its end; tests that kill it on purpose
+leave a fresh one behind for the next.
+"""
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import types
+from concurrent.futures.process import BrokenProcessPool
+
+import pytest
+
+from slime_core.sample import Sample
+from slime_rollout.rewards import async_rm, batched_async_rm, pool, rule_based_reward
+from slime_rollout.rewards import math as math_rewards
+from slime_rollout.rewards.math_utils import grade_fast, symbolic_equal_with_timeout
+
+NUM_WORKERS = 2
+PATHOLOGICAL = r"9^{9^{9^{9}}}"  # math-verify / sympy try to evaluate the tower: minutes, unbounded memory
+
+
+@pytest.fixture(scope="module", autouse=True)
+def grading_pool():
+    """The process-wide pool, killed after the module (a later module gets a fresh one)."""
+    yield
+    pool.shutdown_pool()
+
+
+@pytest.fixture
+def short_budget(monkeypatch):
+    # A 2 s worker budget keeps the pathological cases short; the default (10 s) bounds them the same way.
+    monkeypatch.setattr(math_rewards, "WORKER_TIMEOUT_S", 2)
+
+
+def _args(num_workers=NUM_WORKERS, rm_type="math"):
+    return types.SimpleNamespace(rm_type=rm_type, custom_rm_path=None, rm_url=None, rm_num_workers=num_workers)
+
+
+def _gsm8k_answers(fixtures_dir) -> list[tuple[str, int]]:
+    with open(fixtures_dir / "gsm8k" / "test-50.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    # An independent parse of each label: the integer after the last '####'.
+    return [(row["answer"], int(row["answer"].split("####")[-1].strip().replace(",", ""))) for row in rows]
+
+
+def _run_in_thread_loop(coro_fn):
+    """Runs `coro_fn()` on a fresh event loop in a non-main thread, like the rollout; returns its result."""
+    out = {}
+
+    def target():
+        try:
+            out["result"] = asyncio.run(coro_fn())
+        except BaseException as e:  # surfaced in the test thread below
+            out["error"] = e
+
+    thread = threading.Thread(target=target, name="rollout-loop")
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def test_symbolic_check_has_a_budget_on_the_main_thread():
+    # What a worker runs: one SIGALRM budget over math-verify and the sympy fallback.
+    handler_before = signal.getsignal(signal.SIGALRM)
+    delay_before = signal.getitimer(signal.ITIMER_REAL)[0]  # pytest-timeout's timer, if it uses signals
+    assert symbolic_equal_with_timeout(r"\frac{1}{\sqrt{2}}", r"\frac{\sqrt{2}}{2}", 5) is True
+    assert symbolic_equal_with_timeout("5", PATHOLOGICAL, 1) is None
+    # The previous handler and timer are back; our own alarm is not left pending (it would kill a worker).
+    assert signal.getsignal(signal.SIGALRM) is handler_before
+    delay_after = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert (delay_after > 0) == (delay_before > 0)
+    assert delay_after <= max(delay_before, 0.0)
+    with pytest.raises(ValueError, match="main thread"):
+        _run_in_thread_loop(lambda: asyncio.to_thread(symbolic_equal_with_timeout, "1", "2", 1))
+
+
+async def test_pool_and_inline_agree_on_gsm8k_symbolic_forms(fixtures_dir):
+    responses, labels, expected = [], [], []
+    for label, answer in _gsm8k_answers(fixtures_dir):
+        # `(answer-1)+1` is right and `answer+1` wrong; neither is a plain number, so both go to the pool.
+        for pred, value in ((f"{answer - 1}+1", 1.0), (f"{answer}+1", 0.0)):
+            assert grade_fast(pred, str(answer))[0] is None, pred
+            responses.append(f"So the total is \\boxed{{{pred}}}.")
+            labels.append(label)
+            expected.append(value)
+    samples = [Sample(response=r, label=lab, index=i) for i, (r, lab) in enumerate(zip(responses, labels, strict=True))]
+    pooled = await batched_async_rm(_args(), samples)
+    inline = [rule_based_reward("math", r, lab) for r, lab in zip(responses, labels, strict=True)]
+    assert pooled == expected
+    assert inline == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        (r"\boxed{\frac{1}{2}}", "0.5", 1.0),  # exact-number fast path
+        (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+        (r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}", 1.0),
+        (r"\boxed{\sqrt{8}}", r"2\sqrt{2}", 1.0),
+        (r"\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+        (r"\boxed{\pi/2}", r"\frac{\pi}{2}", 1.0),
+        (r"\boxed{2\pi}", "6.28", 0.0),
+        (r"\boxed{\{2,1\}}", r"\{1,2\}", 1.0),  # sets: math-verify
+        (r"\boxed{\{1,2,3\}}", r"\{1,2\}", 0.0),
+        (r"\boxed{(1,2)}", "(1,2]", 0.0),  # intervals: math-verify
+        (r"\boxed{[3,4)\cup(1,2]}", r"(1,2]\cup[3,4)", 1.0),
+        (r"\boxed{(-\infty,3)}", "x<3", 1.0),
+        (r"\boxed{\sqrt{324}}", "#### 18", 1.0),
+        ("no box, 18", "18", 0.0),
+    ],
+)
+async def test_pool_and_inline_agree_on_formats(response, label, expected):
+    sample = Sample(response=response, label=label, index=0)
+    assert await async_rm(_args(), sample) == expected
+    assert await async_rm(_args(num_workers=0), sample) == expected
+    assert rule_based_reward("math", response, label) == expected
+
+
+async def test_deepscaler_and_boxed_math_through_the_pool():
+    sample = Sample(response=r"<think>\boxed{1}</think> so \boxed{\frac{\sqrt{2}}{2}}", label=r"\frac{1}{\sqrt{2}}")
+    assert await async_rm(_args(rm_type="deepscaler"), sample) == 1.0
+    assert await async_rm(_args(rm_type="deepscaler"), Sample(response=r"\boxed{1}", label="1")) == 0.0  # no marker
+    assert await async_rm(_args(rm_type="boxed_math"), Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}")) == 1.0
+
+
+async def test_zero_workers_grades_inline_without_the_pool(monkeypatch):
+    async def no_pool(*args, **kwargs):
+        raise AssertionError("--rm-num-workers 0 must not use the pool")
+
+    monkeypatch.setattr(pool, "run_in_pool", no_pool)
+    cases = [(r"\boxed{\sqrt{8}}", r"2\sqrt{2}", 1.0), (r"\boxed{(1,2)}", "(1,2]", 0.0), (r"\boxed{7}", "7", 1.0)]
+    for response, label, expected in cases:
+        sample = Sample(response=response, label=label)
+        assert await async_rm(_args(num_workers=0), sample) == expected
+        assert rule_based_reward("math", response, label) == expected
+    # dapo is string work and always inline.
+    dapo = await async_rm(_args(rm_type="dapo"), Sample(response="Answer: 18", label="18"))
+    assert dapo == {"score": 1.0, "acc": True, "pred": "18"}
+
+
+@pytest.mark.timeout(120)
+async def test_pathological_answer_on_the_main_thread_is_wrong_not_a_hang(short_budget, caplog):
+    caplog.set_level(logging.WARNING, logger="slime_rollout.rewards.math")
+    long_tower = PATHOLOGICAL + "+x" * 60  # 133 characters: the warning shows the first 80
+    reward = await async_rm(_args(), Sample(response=f"\\boxed{{{long_tower}}}", label="5", index=7))
+    assert reward == 0.0
+    warnings = [r for r in caplog.records if r.name == "slime_rollout.rewards.math"]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert "sample 7" in message and long_tower[:80] + "..." in message and long_tower not in message
+
+
+@pytest.mark.timeout(120)
+def test_pathological_answer_on_a_background_loop_keeps_the_loop_running(short_budget):
+    # The rollout's loop runs in a non-main thread, where inline math-verify has no timeout at all.
+    ticks = 0
+
+    async def heartbeat():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    async def grade_with_heartbeat():
+        beat = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0)  # let it start
+        rewards = await batched_async_rm(
+            _args(),
+            [
+                Sample(response=f"\\boxed{{{PATHOLOGICAL}}}", label="5", index=0),
+                Sample(response=r"\boxed{(x+1)^{100000}}", label=r"(x+1)^{99999}", index=1),
+                Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}", index=2),
+            ],
+        )
+        beat.cancel()
+        return rewards
+
+    assert _run_in_thread_loop(grade_with_heartbeat) == [0.0, 0.0, 1.0]
+    # The gradings took >= 2 s (the worker budget) during which a 10 ms heartbeat ran freely; the inline
+    # contrast below shows 0 ticks for a blocking grade.
+    assert ticks >= 20
+
+
+async def test_inline_grading_blocks_the_loop():
+    # Contrast for the heartbeat test: with --rm-num-workers 0 the loop cannot run while sympy works.
+    ticks = 0
+
+    async def heartbeat():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    beat = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0)
+    before = ticks
+    reward = await async_rm(_args(num_workers=0), Sample(response=r"\boxed{x^2+2x+1}", label="(x+1)^2"))
+    during = ticks - before
+    beat.cancel()
+    assert reward == 1.0 and during == 0
+
+
+@pytest.mark.timeout(120)
+async def test_stuck_worker_past_the_deadline_is_replaced_and_bystanders_are_retried():
+    # `time.sleep` stands in for a hang in C code that SIGALRM cannot interrupt (no alarm is set here).
+    await pool.run_in_pool(time.sleep, 0, num_workers=NUM_WORKERS)  # a warm pool
+    generation = pool.pool_generation()
+    bystander = asyncio.create_task(pool.run_in_pool(time.sleep, 2, num_workers=NUM_WORKERS))
+    await asyncio.sleep(0)
+    with pytest.raises(TimeoutError, match="deadline"):
+        await pool.run_in_pool(time.sleep, 600, num_workers=NUM_WORKERS, deadline_s=0.5)
+    # The bystander (2 s into a 2 s sleep at most) had its worker killed with the pool: without the retry
+    # on the fresh pool it would raise BrokenProcessPool.
+    assert await bystander is None
+    assert await async_rm(_args(), Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}")) == 1.0
+    assert pool.pool_generation() == generation + 1  # exactly one replacement
+
+
+@pytest.mark.timeout(120)
+async def test_crashing_worker_raises_after_one_retry_and_the_pool_recovers(caplog):
+    caplog.set_level(logging.WARNING, logger="slime_rollout.rewards.pool")
+    assert await pool.run_in_pool(abs, -1, num_workers=NUM_WORKERS) == 1  # a live pool
+    generation = pool.pool_generation()
+    with pytest.raises(BrokenProcessPool, match="broke twice"):
+        await pool.run_in_pool(os._exit, 3, num_workers=NUM_WORKERS)
+    # The live pool broke, the retry ran on one new pool, which broke too: both were retired.
+    assert pool.pool_generation() == generation + 1
+    assert sum("retiring" in r.getMessage() for r in caplog.records) == 2
+    assert await pool.run_in_pool(abs, -4, num_workers=NUM_WORKERS) == 4
+    with pytest.raises(ValueError, match="--rm-num-workers"):
+        await pool.run_in_pool(abs, -4, num_workers=0)
+
+
+@pytest.mark.timeout(120)
+async def test_async_rm_past_the_parent_deadline_is_wrong_and_warns_once(monkeypatch, caplog):
+    # The worker budget is longer than the deadline, so only the parent side can end this call.
+    monkeypatch.setattr(math_rewards, "WORKER_TIMEOUT_S", 60)
+    monkeypatch.setattr(pool, "DEFAULT_DEADLINE_S", 1.0)
+    caplog.set_level(logging.WARNING, logger="slime_rollout.rewards.math")
+    reward = await async_rm(_args(), Sample(response=f"\\boxed{{{PATHOLOGICAL}}}", label="5", index=11))
+    assert reward == 0.0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.rewards.math"]
+    assert len(warnings) == 1
+    assert "sample 11" in warnings[0] and "TimeoutError" in warnings[0] and PATHOLOGICAL in warnings[0]
+    monkeypatch.setattr(pool, "DEFAULT_DEADLINE_S", 60.0)
+    assert await async_rm(_args(), Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}")) == 1.0
+
+
+def test_rm_num_workers_flag():
+    from slime_core.config import ConfigError, parse_args
+
+    base = ["--rollout-batch-size", "4", "--num-rollout", "1"]
+    assert parse_args(base).rm_num_workers == 4
+    assert parse_args([*base, "--rm-num-workers", "0"]).rm_num_workers == 0
+    with pytest.raises(ConfigError, match="--rm-num-workers"):
+        parse_args([*base, "--rm-num-workers", "-1"])
