@@ -145,3 +145,62 @@ def test_init_logprobs_train_export_save_resume(cpu_backend_env, tiny_hf, tmp_pa
     assert resumed.init(args, with_ref=False) == 1
     for a, b in zip(lp_after, resumed.compute_log_probs(batch), strict=True):
         assert torch.equal(a, b)
+
+
+def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(cpu_backend_env, make_tiny_qwen3, tmp_path):
+    """Megatron step → `named_hf_weights` → tensor weight update → the (reference) engine now computes exactly
+    what an HF model holding the trainer's weights computes."""
+    pytest.importorskip("slime_rollout")
+    import asyncio
+    import os
+    import random
+
+    from transformers import AutoModelForCausalLM
+
+    from slime_convert.mapping import mcore_to_hf
+    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.launch import launch_engines
+    from slime_rollout.weight_sync import TensorWeightUpdater
+
+    # The full Qwen3 vocab: the engine's health check generates from real token ids.
+    hf_dir = make_tiny_qwen3(tmp_path / "hf")
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    args = types.SimpleNamespace(
+        hf_checkpoint=str(hf_dir),
+        megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-2"],
+        advantage_estimator="grpo", rollout_temperature=1.0, kl_coef=0.0, use_kl_loss=False, entropy_coef=0.0,
+        eps_clip=0.2, rollout_engine="reference", seed=1, sglang_args={"num_threads": 1},
+        sglang_base_port=random.Random(os.getpid() + 7).randrange(20000, 40000, 100),
+    )  # fmt: skip
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    backend.train(0, _batch())
+    trained = dict(
+        kv for n, p in backend.module.named_parameters() for kv in mcore_to_hf(n, p.detach(), backend.model_args)
+    )
+    assert not torch.equal(trained["model.norm.weight"], hf_model.state_dict()["model.norm.weight"])
+
+    prompt = [785, 4226, 374, 220, 17, 10, 17, 28]
+
+    async def engine_logprobs(url):
+        client = RolloutClient([url])
+        out = await client.generate(
+            {
+                "input_ids": prompt,
+                "return_logprob": True,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True},
+            }  # fmt: skip
+        )
+        await client.aclose()
+        return out["output_ids"], torch.tensor([e[0] for e in out["meta_info"]["output_token_logprobs"]])
+
+    with launch_engines(args, num_engines=1, gpus_per_engine=1, startup_timeout_s=300) as group:
+        url = group.urls[0]
+        TensorWeightUpdater(args, RolloutClient([url]), load_format=None).update(backend.named_hf_weights(1 << 20), "1")
+        ids, got = asyncio.run(engine_logprobs(url))
+    result = hf_model.load_state_dict(trained, strict=False)  # tied: lm_head.weight is embed_tokens.weight
+    assert set(result.missing_keys) <= {"lm_head.weight"} and not result.unexpected_keys
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].double()
+    expected = torch.log_softmax(logits, -1)[torch.arange(len(ids)), torch.tensor(ids)]
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)  # fp32 engine vs fp32 HF
