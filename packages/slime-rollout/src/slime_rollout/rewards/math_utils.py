@@ -5,6 +5,10 @@ solutions end in `#### <answer>`. Equivalence: normalized string equality first 
 numbers, `$`/`\$`, trailing periods, `\%`, `\text{}` units, `\dfrac`), then exact rational
 comparison of plain numbers, then `math-verify` (symbolic, LaTeX-aware) with a grammar-based
 LaTeX → sympy fallback (`latex2sympy2_extended`). Model text is never passed to `eval`/`sympify`.
+
+`grade_answer` = `grade_fast` (the cheap checks) then `symbolic_equal` (the expensive ones), inline.
+`symbolic_equal_with_timeout` is the same symbolic check under one SIGALRM budget, for the grading
+worker processes of `slime_rollout.rewards.pool`.
 """
 
 from __future__ import annotations
