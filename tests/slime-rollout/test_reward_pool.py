@@ -264,3 +264,35 @@ def test_rm_num_workers_flag():
     assert parse_args([*base, "--rm-num-workers", "0"]).rm_num_workers == 0
     with pytest.raises(ConfigError, match="--rm-num-workers"):
         parse_args([*base, "--rm-num-workers", "-1"])
+
+
+async def test_a_pool_that_never_worked_falls_back_to_inline_grading(monkeypatch, caplog):
+    """Workers that die before their first verdict (e.g. an unguarded main module re-imported by spawn) must
+    not turn every symbolic reward into 0.0: grading goes inline, with one error."""
+
+    async def broken(*a, **k):
+        raise BrokenProcessPool("workers died at start-up")
+
+    monkeypatch.setattr(pool, "run_in_pool", broken)
+    monkeypatch.setattr(math_rewards, "_pool_worked", threading.Event())
+    monkeypatch.setattr(math_rewards, "_pool_unusable", threading.Event())
+    with caplog.at_level(logging.ERROR, logger="slime_rollout.rewards.math"):
+        # Both need the symbolic check (no exact string or number match).
+        right = await math_rewards.math_reward_async("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", num_workers=2)
+        wrong = await math_rewards.math_reward_async("\\boxed{\\sqrt{7}}", "2\\sqrt{2}", num_workers=2)
+    assert (right, wrong) == (1.0, 0.0)
+    assert [r.levelno for r in caplog.records].count(logging.ERROR) == 1 and "inline" in caplog.text
+
+
+async def test_a_crash_after_the_pool_worked_counts_that_answer_wrong(monkeypatch, caplog):
+    async def broken(*a, **k):
+        raise BrokenProcessPool("this input killed its worker")
+
+    worked = threading.Event()
+    worked.set()
+    monkeypatch.setattr(pool, "run_in_pool", broken)
+    monkeypatch.setattr(math_rewards, "_pool_worked", worked)
+    monkeypatch.setattr(math_rewards, "_pool_unusable", threading.Event())
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.rewards.math"):
+        got = await math_rewards.math_reward_async("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", num_workers=2, sample_index=7)
+    assert got == 0.0 and "sample 7" in caplog.text and not math_rewards._pool_unusable.is_set()

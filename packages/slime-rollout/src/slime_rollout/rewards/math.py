@@ -9,6 +9,8 @@ that times out or crashes counts as "not equal" (0.0) and logs one warning.
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures.process import BrokenProcessPool
 
 from slime_rollout.rewards import pool
 from slime_rollout.rewards.math_utils import (
@@ -25,6 +27,9 @@ __all__ = ["deepscaler_reward", "deepscaler_reward_async", "math_reward", "math_
 
 # Seconds a worker may spend on one symbolic check (math-verify + sympy fallback, one SIGALRM budget).
 WORKER_TIMEOUT_S = 10
+# Process-wide: whether the grading pool has returned a verdict yet, and whether it proved unusable.
+_pool_worked = threading.Event()
+_pool_unusable = threading.Event()
 _ANSWER_PREVIEW_CHARS = 80
 
 
@@ -84,7 +89,7 @@ async def math_reward_async(
     """
     gold = extract_label_answer(label)
     pred = extract_boxed(response)
-    if num_workers <= 0:
+    if num_workers <= 0 or _pool_unusable.is_set():
         return 1.0 if grade_answer(pred, gold) else 0.0
     verdict, gold_n, pred_n = grade_fast(pred, gold)
     if verdict is not None:
@@ -94,6 +99,17 @@ async def math_reward_async(
             symbolic_equal_with_timeout, gold_n, pred_n, WORKER_TIMEOUT_S, num_workers=num_workers
         )
         failure = None if verdict is not None else f"over its {WORKER_TIMEOUT_S} s budget in the worker"
+        _pool_worked.set()
+    except BrokenProcessPool as e:
+        if _pool_worked.is_set():  # it graded before: this input killed its worker; count it wrong
+            verdict, failure = None, f"{type(e).__name__}: {e}"
+        elif not _pool_unusable.is_set():
+            # Workers die before grading anything (e.g. an unguarded main module that spawn re-imports): 0.0
+            # here would silently corrupt every reward, so grade inline (correct, on the event loop) from now on.
+            _pool_unusable.set()
+            logger.error("reward grading pool unusable (%s); grading math answers inline from now on", e)
+        if _pool_unusable.is_set():
+            return 1.0 if grade_answer(pred, gold) else 0.0
     except Exception as e:  # the parent-side deadline or a crashed worker: never raise into the rollout
         verdict, failure = None, f"{type(e).__name__}: {e}"
     if verdict is None:
