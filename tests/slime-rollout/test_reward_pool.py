@@ -51,6 +51,26 @@ def _gsm8k_answers(fixtures_dir) -> list[tuple[str, int]]:
     return [(row["answer"], int(row["answer"].split("####")[-1].strip().replace(",", ""))) for row in rows]
 
 
+class _Heartbeat:
+    """Counts how often a coroutine gets to run (every `period_s`) while the block awaits something else."""
+
+    def __init__(self, period_s: float):
+        self.period_s, self.ticks, self._task = period_s, 0, None
+
+    async def _beat(self):
+        while True:
+            await asyncio.sleep(self.period_s)
+            self.ticks += 1
+
+    async def __aenter__(self):
+        self._task = asyncio.create_task(self._beat())
+        await asyncio.sleep(0)  # let it start
+        return self
+
+    async def __aexit__(self, *exc):
+        self._task.cancel()
+
+
 def _run_in_thread_loop(coro_fn):
     """Runs `coro_fn()` on a fresh event loop in a non-main thread, like the rollout; returns its result."""
     out = {}
@@ -163,50 +183,32 @@ async def test_pathological_answer_on_the_main_thread_is_wrong_not_a_hang(short_
 @pytest.mark.timeout(120)
 def test_pathological_answer_on_a_background_loop_keeps_the_loop_running(short_budget):
     # The rollout's loop runs in a non-main thread, where inline math-verify has no timeout at all.
-    ticks = 0
-
-    async def heartbeat():
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
+    beat = _Heartbeat(period_s=0.01)
 
     async def grade_with_heartbeat():
-        beat = asyncio.create_task(heartbeat())
-        await asyncio.sleep(0)  # let it start
-        rewards = await batched_async_rm(
-            _args(),
-            [
-                Sample(response=f"\\boxed{{{PATHOLOGICAL}}}", label="5", index=0),
-                Sample(response=r"\boxed{(x+1)^{100000}}", label=r"(x+1)^{99999}", index=1),
-                Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}", index=2),
-            ],
-        )
-        beat.cancel()
-        return rewards
+        async with beat:
+            return await batched_async_rm(
+                _args(),
+                [
+                    Sample(response=f"\\boxed{{{PATHOLOGICAL}}}", label="5", index=0),
+                    Sample(response=r"\boxed{(x+1)^{100000}}", label=r"(x+1)^{99999}", index=1),
+                    Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}", index=2),
+                ],
+            )
 
     assert _run_in_thread_loop(grade_with_heartbeat) == [0.0, 0.0, 1.0]
     # The gradings took >= 2 s (the worker budget) during which a 10 ms heartbeat ran freely; the inline
     # contrast below shows 0 ticks for a blocking grade.
-    assert ticks >= 20
+    assert beat.ticks >= 20
 
 
 async def test_inline_grading_blocks_the_loop():
     # Contrast for the heartbeat test: with --rm-num-workers 0 the loop cannot run while sympy works.
-    ticks = 0
-
-    async def heartbeat():
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0)
-            ticks += 1
-
-    beat = asyncio.create_task(heartbeat())
-    await asyncio.sleep(0)
-    before = ticks
-    reward = await async_rm(_args(num_workers=0), Sample(response=r"\boxed{x^2+2x+1}", label="(x+1)^2"))
-    during = ticks - before
-    beat.cancel()
+    beat = _Heartbeat(period_s=0)
+    async with beat:
+        before = beat.ticks
+        reward = await async_rm(_args(num_workers=0), Sample(response=r"\boxed{x^2+2x+1}", label="(x+1)^2"))
+        during = beat.ticks - before
     assert reward == 1.0 and during == 0
 
 
