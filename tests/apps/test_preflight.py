@@ -43,3 +43,21 @@ def test_missing_files_name_the_flag(tmp_path):
     bad.write_text('{"prompt": "1"}\n{"prompt": \n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: invalid JSON"):
         preflight(_args(bad))
+
+
+def test_megatron_without_cuda_is_a_one_line_error(tmp_path, monkeypatch):
+    import torch
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    args = _args(data)
+    args.train_backend = "megatron"
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--train-backend megatron needs CUDA GPUs.*--train-backend fsdp"):
+        preflight(args)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    preflight(args)  # on a GPU machine the same config passes
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    preflight(args)  # a remote cluster: its GPUs are not visible from the driver

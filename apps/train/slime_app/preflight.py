@@ -27,8 +27,17 @@ def preflight(args: Any) -> None:
 
     Raises:
         FileNotFoundError: a model directory or data file does not exist (message names the flag).
-        ValueError: a data file is malformed (message names the flag, file and line/row).
+        ValueError: a data file is malformed (message names the flag, file and line/row), or
+            `--train-backend megatron` on a local run without CUDA.
     """
+    if args.train_backend == "megatron" and not (getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS")):
+        import torch
+
+        if not torch.cuda.is_available():  # a remote cluster's GPUs are not visible from here: checked locally only
+            raise ValueError(
+                "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
+                "CUDA-only); on this machine use --train-backend fsdp"
+            )
     if args.hf_checkpoint and not os.path.isdir(args.hf_checkpoint):
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {args.hf_checkpoint}")
     if args.hf_checkpoint and not os.path.exists(os.path.join(args.hf_checkpoint, "config.json")):
