@@ -276,7 +276,7 @@ async def test_a_pool_that_never_worked_falls_back_to_inline_grading(monkeypatch
         raise BrokenProcessPool("workers died at start-up")
 
     monkeypatch.setattr(pool, "run_in_pool", broken)
-    monkeypatch.setattr(math_rewards, "_pool_worked", threading.Event())
+    monkeypatch.setattr(pool, "has_returned", lambda: False)
     monkeypatch.setattr(math_rewards, "_pool_unusable", threading.Event())
     with caplog.at_level(logging.ERROR, logger="slime_rollout.rewards.math"):
         # Both need the symbolic check (no exact string or number match).
@@ -290,10 +290,8 @@ async def test_a_crash_after_the_pool_worked_counts_that_answer_wrong(monkeypatc
     async def broken(*a, **k):
         raise BrokenProcessPool("this input killed its worker")
 
-    worked = threading.Event()
-    worked.set()
     monkeypatch.setattr(pool, "run_in_pool", broken)
-    monkeypatch.setattr(math_rewards, "_pool_worked", worked)
+    monkeypatch.setattr(pool, "has_returned", lambda: True)
     monkeypatch.setattr(math_rewards, "_pool_unusable", threading.Event())
     with caplog.at_level(logging.WARNING, logger="slime_rollout.rewards.math"):
         got = await math_rewards.math_reward_async("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", num_workers=2, sample_index=7)

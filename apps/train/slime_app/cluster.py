@@ -28,7 +28,7 @@ import ray  # noqa: E402
 from ray.util.placement_group import PlacementGroup, placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from slime_rollout.engines.launch import NCCL_CUMEM_DEFAULT  # noqa: E402
+from slime_rollout.engines.launch import nccl_cumem_enable  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +55,8 @@ def init_ray(args: Any) -> None:
         "TOKENIZERS_PARALLELISM": "false",
         # Required on the lent GPU hosts; harmless elsewhere.
         "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
-        # One value for trainers and engines (a mismatch hangs the NCCL weight update); NCCL's own default,
-        # the setting the NCCL weight-update GPU test passed with.
-        "NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", NCCL_CUMEM_DEFAULT),
+        # One value for trainers and engines (a mismatch hangs the NCCL weight update), set before any NCCL use.
+        "NCCL_CUMEM_ENABLE": nccl_cumem_enable(),
     }
     for key in ("SLIME_SGLANG_PYTHONPATH", "SLIME_SGLANG_ARGS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if key in os.environ:

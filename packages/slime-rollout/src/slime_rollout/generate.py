@@ -93,24 +93,20 @@ def _prompt_ids(args: Any, sample: Sample) -> list[int]:
     if sample.tokens:
         # A continuation (partial rollout) or prompt ids set by the data source / a custom function.
         return list(sample.tokens)
-    prompt, tools = sample.prompt, sample.metadata.get("tools")
-    key = prompt if isinstance(prompt, str) and tools is None else json.dumps([prompt, tools], sort_keys=True)
-    return list(_encode_prompt(args.hf_checkpoint, key, isinstance(prompt, str) and tools is None))
+    # The cache key: prompt (text or messages) and tools, JSON-encoded (messages are unhashable lists of dicts).
+    key = json.dumps([sample.prompt, sample.metadata.get("tools")], sort_keys=True)
+    return list(_encode_prompt(args.hf_checkpoint, key))
 
 
 @functools.lru_cache(maxsize=256)
-def _encode_prompt(tokenizer_path: str, key: str, plain: bool) -> tuple[int, ...]:
+def _encode_prompt(tokenizer_path: str, key: str) -> tuple[int, ...]:
     # The n samples of a group share one prompt: template + tokenize it once, not n times (this work runs
     # on the rollout's event loop, between engine replies). 256 entries cover the groups in flight.
+    prompt, tools = json.loads(key)
     tokenizer = get_tokenizer(tokenizer_path)
-    if plain:
-        text = key
-    else:
-        prompt, tools = json.loads(key)
-        text = prompt
-        if not isinstance(prompt, str):
-            text = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
-    return tuple(tokenizer.encode(text, add_special_tokens=False))
+    if not isinstance(prompt, str):
+        prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
+    return tuple(tokenizer.encode(prompt, add_special_tokens=False))
 
 
 def _parse_output(reply: dict[str, Any]) -> tuple[list[int], list[float]]:

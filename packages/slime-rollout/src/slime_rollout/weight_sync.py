@@ -338,11 +338,11 @@ class DistributedWeightUpdater(_EngineUpdater):
         pause_mode: str = "abort",
     ):
         super().__init__(client, pause_mode=pause_mode)
-        from slime_rollout.engines.launch import NCCL_CUMEM_DEFAULT
+        from slime_rollout.engines.launch import nccl_cumem_enable
 
         # Same value as the engines got at launch (`engine_env`); read by NCCL when this process makes its
         # first communicator, so it must be set before the group's first broadcast.
-        os.environ.setdefault("NCCL_CUMEM_ENABLE", NCCL_CUMEM_DEFAULT)
+        os.environ["NCCL_CUMEM_ENABLE"] = nccl_cumem_enable()
         self.gpus_per_engine = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
         self.master_address, self.master_port = master_address, master_port
         self.group_name, self.backend = group_name, backend

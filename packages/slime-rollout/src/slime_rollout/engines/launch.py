@@ -53,6 +53,16 @@ MANAGED_SGLANG_FIELDS = frozenset(
 # NCCL_CUMEM_ENABLE.
 NCCL_CUMEM_DEFAULT = "1"
 
+
+def nccl_cumem_enable() -> str:
+    """The `NCCL_CUMEM_ENABLE` every slime process and engine runs with: the user's, else `NCCL_CUMEM_DEFAULT`.
+
+    NCCL in the trainer and in the engines must agree on cuMem vs legacy CUDA-IPC buffers, or the NCCL
+    weight-update broadcast between them never completes; SGLang would switch its own processes to 0.
+    """
+    return os.environ.get("NCCL_CUMEM_ENABLE", NCCL_CUMEM_DEFAULT)
+
+
 # Environment defaults slime gives SGLang (see slime's rollout.py); the user's environment wins.
 _SGLANG_ENV_DEFAULTS = {
     "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "false",
@@ -192,10 +202,7 @@ def engine_env(kind: str) -> dict[str, str]:
             env.setdefault(k, v)
         # The trainer's allocator settings (e.g. expandable segments) break SGLang's memory saver.
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        # NCCL in the trainer and in the engines must agree on cuMem vs legacy CUDA-IPC buffers, or the NCCL
-        # weight-update broadcast between them never completes. SGLang would switch its processes to 0;
-        # the trainer side (`DistributedWeightUpdater`) pins the same value in its own process.
-        env["NCCL_CUMEM_ENABLE"] = os.environ.get("NCCL_CUMEM_ENABLE", NCCL_CUMEM_DEFAULT)
+        env["NCCL_CUMEM_ENABLE"] = nccl_cumem_enable()  # the trainer side pins the same value
         if os.environ.get("SLIME_SGLANG_PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["SLIME_SGLANG_PYTHONPATH"]
     return env

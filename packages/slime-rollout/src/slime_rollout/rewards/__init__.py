@@ -110,12 +110,11 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
         response = sample.response if rm_type == "remote_rm" else (extract_boxed(sample.response) or "")
         payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
         return await remote_reward(getattr(args, "rm_url", None), payload)
-    num_workers = getattr(args, "rm_num_workers", _DEFAULT_RM_NUM_WORKERS)
     base_type, response = _unbox(rm_type, sample.response)
-    if num_workers > 0 and base_type == "math":
-        return await math_reward_async(response, sample.label, num_workers=num_workers, sample_index=sample.index)
-    if num_workers > 0 and base_type == "deepscaler":
-        return await deepscaler_reward_async(response, sample.label, num_workers=num_workers, sample_index=sample.index)
+    graders = {"math": math_reward_async, "deepscaler": deepscaler_reward_async}
+    if base_type in graders:  # symbolic check in the pool (inline with --rm-num-workers 0)
+        num_workers = getattr(args, "rm_num_workers", _DEFAULT_RM_NUM_WORKERS)
+        return await graders[base_type](response, sample.label, num_workers=num_workers, sample_index=sample.index)
     # Everything else is cheap string work (dapo compares normalized strings): inline.
     return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
 

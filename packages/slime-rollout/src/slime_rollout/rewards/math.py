@@ -27,8 +27,7 @@ __all__ = ["deepscaler_reward", "deepscaler_reward_async", "math_reward", "math_
 
 # Seconds a worker may spend on one symbolic check (math-verify + sympy fallback, one SIGALRM budget).
 WORKER_TIMEOUT_S = 10
-# Process-wide: whether the grading pool has returned a verdict yet, and whether it proved unusable.
-_pool_worked = threading.Event()
+# Process-wide: set when the grading pool proved unusable (its workers die before returning anything).
 _pool_unusable = threading.Event()
 _ANSWER_PREVIEW_CHARS = 80
 
@@ -99,9 +98,8 @@ async def math_reward_async(
             symbolic_equal_with_timeout, gold_n, pred_n, WORKER_TIMEOUT_S, num_workers=num_workers
         )
         failure = None if verdict is not None else f"over its {WORKER_TIMEOUT_S} s budget in the worker"
-        _pool_worked.set()
     except BrokenProcessPool as e:
-        if _pool_worked.is_set():  # it graded before: this input killed its worker; count it wrong
+        if pool.has_returned():  # it graded before: this input killed its worker; count it wrong
             verdict, failure = None, f"{type(e).__name__}: {e}"
         elif not _pool_unusable.is_set():
             # Workers die before grading anything (e.g. an unguarded main module that spawn re-imports): 0.0

@@ -36,7 +36,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_DEADLINE_S", "pool_generation", "run_in_pool", "shutdown_pool"]
+__all__ = ["DEFAULT_DEADLINE_S", "has_returned", "pool_generation", "run_in_pool", "shutdown_pool"]
 
 # Parent-side deadline of one call: a safety net for hangs that SIGALRM cannot interrupt. A math grading
 # has a 10 s budget in the worker (`slime_rollout.rewards.math.WORKER_TIMEOUT_S`); the first call on a fresh
@@ -54,6 +54,7 @@ _pool: concurrent.futures.ProcessPoolExecutor | None = None
 _pool_workers = 0
 _generation = 0  # bumped whenever a pool is created; names the pool a call ran on
 _exit_hook_registered = False
+_returned = threading.Event()  # set once any call has returned from a worker in this process
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary()
 )
@@ -125,6 +126,11 @@ def shutdown_pool() -> None:
         _kill(old)
 
 
+def has_returned() -> bool:
+    """Whether any call has come back from a worker in this process (the pool can run work at all)."""
+    return _returned.is_set()
+
+
 def pool_generation() -> int:
     """How many pools this process has created so far (grows when a stuck or broken pool is replaced)."""
     return _generation
@@ -189,7 +195,9 @@ async def run_in_pool[T](fn: Callable[..., T], *args: Any, num_workers: int, dea
                 _retire(generation)
                 continue
             try:
-                return await asyncio.wait_for(asyncio.wrap_future(future), timeout=deadline_s)
+                result = await asyncio.wait_for(asyncio.wrap_future(future), timeout=deadline_s)
+                _returned.set()
+                return result
             except TimeoutError:
                 _retire(generation)
                 raise TimeoutError(f"grading ran past its {deadline_s:g} s deadline") from None
