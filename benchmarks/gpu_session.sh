@@ -82,7 +82,9 @@ engine_down() {
 
 finish() {
   engine_down
-  tar -czf "$OUT/engine-logs.tar.gz" -C "$BENCH_LOG_DIR" . 2>/dev/null
+  # + the e2e runs' engine logs and TensorBoard events (bench_e2e.sh run dirs)
+  tar -czf "$OUT/engine-logs.tar.gz" "$BENCH_LOG_DIR" $(ls -d /tmp/slime-bench-e2e/*/engine_logs \
+    /tmp/slime-bench-e2e/*/tensorboard 2>/dev/null) 2>/dev/null
   echo "=== results ($BENCH_RESULTS) ==="; cat "$BENCH_RESULTS" 2>/dev/null | cut -c1-400
 }
 trap finish EXIT

@@ -20,6 +20,12 @@ from slime_app.train_actor import TrainGroup
 
 logger = logging.getLogger(__name__)
 
+_TRANSPORTS = {  # --weight-sync after validation resolved "auto"
+    "tensor": "tensor (tensor handles to colocated engines)",
+    "disk": "disk (safetensors the engines reload)",
+    "distributed": "distributed (broadcast group with the engines: NCCL on GPUs, gloo on CPU)",
+}
+
 # Above this mean |trainer log-prob − rollout log-prob| on the first step something is wrong with weight
 # sync, temperature or masking (fp32 CPU runs agree to ~1e-6; bf16 GPU runs to ~1e-2).
 LOGPROB_DIFF_WARN = 0.05
@@ -60,6 +66,7 @@ class Run:
         if args.start_rollout_id is not None:
             start = args.start_rollout_id
         if self.trainer is not None and engine_urls:
+            logger.info("weight sync: %s, %d engine(s)", _TRANSPORTS[args.weight_sync], len(engine_urls))
             self.trainer.connect_engines(engine_urls)
             # Engines always serve the trainer's weights, also after a resume.
             self.tracker.log(start, self._sync_weights(start))
