@@ -12,11 +12,11 @@ from transformers import AutoModelForCausalLM
 
 from slime_rollout.client import EngineError, RolloutClient
 from slime_rollout.engines.process import find_free_port
-from slime_rollout.engines.reference.server import deserialize_named_tensors
 from slime_rollout.weight_sync import (
     DiskWeightUpdater,
     DistributedWeightUpdater,
     TensorWeightUpdater,
+    deserialize_named_tensors,
     serialize_named_tensors,
     write_hf_checkpoint,
 )

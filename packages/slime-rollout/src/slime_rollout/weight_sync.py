@@ -46,6 +46,7 @@ __all__ = [
     "DistributedWeightUpdater",
     "TensorWeightUpdater",
     "init_custom_process_group",
+    "deserialize_named_tensors",
     "serialize_named_tensors",
     "write_hf_checkpoint",
 ]
@@ -215,6 +216,38 @@ def serialize_named_tensors(obj: Any) -> str:
     buf = io.BytesIO()
     ForkingPickler(buf).dump(obj)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def deserialize_named_tensors(payload: str | bytes, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
+    """Decodes one entry of `serialized_named_tensors` (SGLang's `MultiprocessingSerializer` format).
+
+    Args:
+        payload: base64 text (or raw bytes) of a torch `ForkingPickler` dump.
+        load_format: None/"direct" for a list of `(name, tensor)`; "flattened_bucket" for
+            `{"flattened_tensor": [N] tensor, "metadata": [objects or dicts with name, shape, dtype,
+            start_idx, end_idx]}`.
+
+    Returns:
+        The named tensors (views into shared memory: copy before the caller frees them).
+
+    Raises:
+        ValueError: unknown load format or a malformed payload.
+    """
+    raw = base64.b64decode(payload, validate=True) if isinstance(payload, str) else payload
+    obj = ForkingPickler.loads(raw)
+    if load_format in (None, "direct"):
+        if not isinstance(obj, list | tuple):
+            raise ValueError(f"update_weights_from_tensor: expected a list of (name, tensor), got {type(obj)}")
+        return [(str(n), t) for n, t in obj]
+    if load_format == "flattened_bucket":
+        flat = obj["flattened_tensor"]
+        out = []
+        for meta in obj["metadata"]:
+            get = meta.get if isinstance(meta, dict) else lambda k, m=meta: getattr(m, k)
+            start, end = int(get("start_idx")), int(get("end_idx"))
+            out.append((get("name"), flat[start:end].view(get("dtype")).reshape(tuple(get("shape")))))
+        return out
+    raise ValueError(f"update_weights_from_tensor: unsupported load_format {load_format!r}")
 
 
 class TensorWeightUpdater(_EngineUpdater):

@@ -13,60 +13,26 @@ trusted network only.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
 import os
 import time
 import uuid
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
-import torch.multiprocessing  # noqa: F401  (importing it registers torch's tensor reducers with ForkingPickler)
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.scheduler import Scheduler
+from slime_rollout.weight_sync import deserialize_named_tensors
 
-__all__ = ["build_app", "deserialize_named_tensors"]
+__all__ = ["build_app"]
 
 logger = logging.getLogger(__name__)
-
-
-def deserialize_named_tensors(payload: str | bytes, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
-    """Decodes one entry of `serialized_named_tensors` (SGLang's `MultiprocessingSerializer` format).
-
-    Args:
-        payload: base64 text (or raw bytes) of a torch `ForkingPickler` dump.
-        load_format: None/"direct" for a list of `(name, tensor)`; "flattened_bucket" for
-            `{"flattened_tensor": [N] tensor, "metadata": [objects or dicts with name, shape, dtype,
-            start_idx, end_idx]}`.
-
-    Returns:
-        The named tensors (views into shared memory: copy before the caller frees them).
-
-    Raises:
-        ValueError: unknown load format or a malformed payload.
-    """
-    raw = base64.b64decode(payload, validate=True) if isinstance(payload, str) else payload
-    obj = ForkingPickler.loads(raw)
-    if load_format in (None, "direct"):
-        if not isinstance(obj, list | tuple):
-            raise ValueError(f"update_weights_from_tensor: expected a list of (name, tensor), got {type(obj)}")
-        return [(str(n), t) for n, t in obj]
-    if load_format == "flattened_bucket":
-        flat = obj["flattened_tensor"]
-        out = []
-        for meta in obj["metadata"]:
-            get = meta.get if isinstance(meta, dict) else lambda k, m=meta: getattr(m, k)
-            start, end = int(get("start_idx")), int(get("end_idx"))
-            out.append((get("name"), flat[start:end].view(get("dtype")).reshape(tuple(get("shape")))))
-        return out
-    raise ValueError(f"update_weights_from_tensor: unsupported load_format {load_format!r}")
 
 
 def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: int, server_args: dict) -> FastAPI:
