@@ -197,3 +197,10 @@ def test_async_disaggregated_one_step_off_policy(tiny_qwen3, tmp_path):
     # Engine weight versions seen by each rollout: one step stale, never mixed within a rollout.
     versions = [{v for s in _dump(out, r) for v in s["weight_versions"]} for r in range(3)]
     assert versions == [{"0"}, {"0"}, {"1"}]
+    # The same per-phase timings as the sync loop (benchmarks/e2e_report.py reads them); the last rollout
+    # has no next generation to update weights for.
+    tb = out / "tensorboard"
+    for key in ("perf/rollout_time", "perf/train_time", "perf/step_time"):
+        times = _scalars(tb, key)
+        assert sorted(times) == [0, 1, 2] and all(t > 0 for t in times.values()), (key, times)
+    assert sorted(_scalars(tb, "perf/update_weights_time")) == [0, 1]

@@ -162,7 +162,9 @@ class Run:
             batch_refs, metrics = ray.get(pending)
             next_id = rollout_id + 1
             pending = self.manager.generate.remote(next_id) if next_id < args.num_rollout else None
+            t_train = time.perf_counter()
             metrics.update(self._prefix("train", self.trainer.train(rollout_id, batch_refs)))
+            metrics["perf/train_time"] = time.perf_counter() - t_train
             if args.save and (
                 _should_run(args.save_interval, rollout_id, args.num_rollout) or rollout_id == args.num_rollout - 1
             ):
