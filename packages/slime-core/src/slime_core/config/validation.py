@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError, warn_once
+from slime_core.config.unsupported import check_unsupported
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -29,6 +30,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     Raises:
         ConfigError: A rule is broken; the message names the flags involved.
     """
+    check_unsupported(args)  # first: a flag that would do nothing is the clearest error
     _engines(args)
     _debug_modes(args)
     _placement(args)
