@@ -91,6 +91,28 @@ def test_sglang_command_no_saver_passthrough_overrides_and_env_args(monkeypatch)
     ]
 
 
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        ("/venvs/sgl/bin/python", "/opt/sgl/bin/python", "/venvs/sgl/bin/python"),  # the flag wins
+        (None, "/opt/sgl/bin/python", "/opt/sgl/bin/python"),
+        (sys.executable, "/opt/sgl/bin/python", "/opt/sgl/bin/python"),  # the value validation fills in = unset
+        (None, None, sys.executable),
+        ("/venvs/sgl/bin/python", None, "/venvs/sgl/bin/python"),
+    ],
+)
+def test_engine_python_flag_then_env_then_this_interpreter(monkeypatch, flag, env, expected):
+    if env is None:
+        monkeypatch.delenv("SLIME_SGLANG_PYTHON", raising=False)
+    else:
+        monkeypatch.setenv("SLIME_SGLANG_PYTHON", env)
+    cmd = build_sglang_command(
+        sglang_args(engine_python=flag), host="h", port=1, nccl_port=2, tp_size=1, base_gpu_id=0, random_seed=0,
+        memory_saver=False,
+    )  # fmt: skip
+    assert cmd[:3] == [expected, "-m", "sglang.launch_server"]
+
+
 @pytest.mark.parametrize("bad", [{"port": 1}, {"sglang_tp_size": 2}, ["--sglang-model-path", "x"]])
 def test_managed_fields_cannot_be_passed_through(bad):
     with pytest.raises(ValueError, match="set by slime itself"):

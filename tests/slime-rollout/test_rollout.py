@@ -422,6 +422,15 @@ def test_eval_rollout_metrics(use_client, tmp_path):
     assert out.metrics["eval/toy-truncated_ratio"] == 1.0
     assert all(p["sampling_params"]["temperature"] == 0.5 for p in client.payloads)
     assert rollout_mod.num_engines(args) == 1
+    assert not any("pass@" in k for k in out.metrics)
+
+    args.log_passrate = True
+    out = generate_rollout(args, 1, None, evaluation=True)
+    rewards = out.data["toy"]["rewards"]
+    # pass@1 is the share of correct samples; pass@2 of a group of 2 is "either sample is correct".
+    assert out.metrics["eval/toy-pass@1"] == pytest.approx(rewards.count(1.0) / 6, abs=1e-12)
+    pairs = [rewards[i : i + 2] for i in (0, 2, 4)]
+    assert out.metrics["eval/toy-pass@2"] == pytest.approx(sum(1.0 in p for p in pairs) / 3, abs=1e-12)
 
 
 async def test_max_context_len_caps_new_tokens(use_client):
@@ -430,6 +439,26 @@ async def test_max_context_len_caps_new_tokens(use_client):
     s = await generate_mod.generate(_args(rollout_max_context_len=10), s, {"max_new_tokens": 8})
     assert client.payloads[0]["sampling_params"]["max_new_tokens"] == 6
     assert s.response_length == 6 and s.status is Status.TRUNCATED
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "eval_ctx", "expected"),
+    [(True, 7, 3), (False, 7, 6), (True, None, 6)],  # eval: --eval-max-context-len, else the rollout's 10
+)
+async def test_eval_max_context_len_caps_eval_samples(use_client, evaluation, eval_ctx, expected):
+    client = use_client(FakeClient({0: [A]}, lengths={0: 100}))
+    args = _args(rollout_max_context_len=10, eval_max_context_len=eval_ctx)
+    s = await generate_mod.generate(args, Sample(tokens=[0, 5, 5, 5]), {"max_new_tokens": 8}, evaluation=evaluation)
+    assert client.payloads[0]["sampling_params"]["max_new_tokens"] == expected
+    assert s.response_length == expected
+
+
+async def test_eval_rollout_passes_evaluation_to_the_default_generate(use_client):
+    client = use_client(FakeClient({0: [A]}, lengths={0: 100}))
+    state = rollout_mod.RolloutState.create(_args(), rollout_id=0, evaluation=True)
+    args = _args(rollout_max_context_len=10, eval_max_context_len=6)
+    await rollout_mod.generate_and_rm(args, Sample(tokens=[0, 5, 5, 5]), state, {"max_new_tokens": 8})
+    assert client.payloads[0]["sampling_params"]["max_new_tokens"] == 2
 
 
 def test_rollout_with_real_config(use_client, fixtures_dir, qwen3_tokenizer_dir):

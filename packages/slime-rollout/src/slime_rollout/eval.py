@@ -4,7 +4,7 @@ Every eval dataset is generated with its own sampling parameters and `n_samples_
 samples per prompt, all datasets concurrently, and scored with the per-sample reward. A setting is
 resolved dataset entry → `eval.defaults` of the YAML → flags (`--eval-temperature`, ... falling back to
 the rollout ones). Metrics: `eval/{name}` (mean reward, `--eval-reward-key`),
-`eval/{name}-truncated_ratio`, `eval/{name}/response_len/mean`.
+`eval/{name}-truncated_ratio`, `eval/{name}/response_len/mean`, with `--log-passrate` `eval/{name}-pass@{k}`.
 
 YAML layout::
 
@@ -31,7 +31,7 @@ from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data_source import _chat_template_kwargs, get_tokenizer, load_prompt_rows, rows_to_samples
 from slime_rollout.generate import build_sampling_params
-from slime_rollout.metrics import flatten_groups, reward_value
+from slime_rollout.metrics import flatten_groups, pass_at_k, reward_value
 from slime_rollout.rollout import RolloutState, generate_and_rm
 
 logger = logging.getLogger(__name__)
@@ -206,7 +206,8 @@ async def eval_rollout_async(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
 
     Args:
         args: reads `eval_prompt_data`, `eval_config`, `n_samples_per_eval_prompt`, `eval_*`
-            sampling/key overrides, `eval_reward_key` (else `reward_key`), plus what generate and rewards read.
+            sampling/key overrides, `eval_reward_key` (else `reward_key`), `log_passrate` (False), plus what
+            generate and rewards read.
         rollout_id: the training rollout this eval follows.
 
     Returns:
@@ -224,9 +225,18 @@ async def eval_rollout_async(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
     results = await asyncio.gather(*(_eval_dataset(args, cfg, state) for cfg in datasets))
     data = {cfg["name"]: result for cfg, result in zip(datasets, results, strict=True)}
     metrics: dict[str, float] = {}
-    for name, result in data.items():
+    for cfg, (name, result) in zip(datasets, data.items(), strict=True):
         if not result["samples"]:
             continue
+        if getattr(args, "log_passrate", False):
+            n, rewards = int(cfg["n_samples_per_eval_prompt"]), result["rewards"]
+            if len(rewards) % n == 0:
+                groups = [rewards[i : i + n] for i in range(0, len(rewards), n)]
+                metrics.update({f"eval/{name}-{k}": v for k, v in pass_at_k(groups).items()})
+            else:  # a fan-out generate function returned several samples per prompt
+                logger.warning(
+                    "--log-passrate: eval %s has %d samples for groups of %d; skipped", name, len(rewards), n
+                )
         metrics[f"eval/{name}"] = statistics.fmean(result["rewards"])
         metrics[f"eval/{name}-truncated_ratio"] = statistics.fmean(map(float, result["truncated"]))
         metrics[f"eval/{name}/response_len/mean"] = statistics.fmean(

@@ -122,15 +122,18 @@ def _parse_output(reply: dict[str, Any]) -> tuple[list[int], list[float]]:
     return tokens, log_probs
 
 
-async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], *, evaluation: bool = False) -> Sample:
     """Generates (or continues) the response of one sample with one engine call.
 
     Args:
-        args: reads `hf_checkpoint` (tokenizer), `mask_offpolicy_in_partial_rollout`, `rollout_max_context_len`.
+        args: reads `hf_checkpoint` (tokenizer), `mask_offpolicy_in_partial_rollout`, `rollout_max_context_len`
+            (`eval_max_context_len` when `evaluation`, falling back to the rollout one).
         sample: a fresh sample (prompt only) or a partially generated one (tokens hold prompt + partial
             response); updated in place.
         sampling_params: SGLang sampling params; `max_new_tokens` is reduced by the response length
-            already generated and capped so prompt + response fit `--rollout-max-context-len`.
+            already generated and capped so prompt + response fit `--rollout-max-context-len`
+            (`--eval-max-context-len` in eval rollouts).
+        evaluation: this sample belongs to an eval rollout.
 
     Returns:
         The same sample with the engine's token ids and log-probs appended and `status` from the
@@ -149,9 +152,11 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
         if sample.rollout_log_probs is not None:
             sample.rollout_log_probs = [0.0] * sample.response_length
     sampling_params["max_new_tokens"] = int(sampling_params["max_new_tokens"]) - sample.response_length
-    max_context_len = getattr(args, "rollout_max_context_len", None)
+    max_context_len = getattr(args, "eval_max_context_len", None) if evaluation else None
+    if max_context_len is None:
+        max_context_len = getattr(args, "rollout_max_context_len", None)
     if max_context_len is not None:
-        # Prompt + response must fit the context window (`--rollout-max-context-len`).
+        # Prompt + response must fit the context window (`--rollout-max-context-len` / `--eval-max-context-len`).
         sampling_params["max_new_tokens"] = min(sampling_params["max_new_tokens"], max_context_len - len(sample.tokens))
     if sampling_params["max_new_tokens"] <= 0:
         sample.status = Status.TRUNCATED

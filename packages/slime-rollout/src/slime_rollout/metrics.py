@@ -3,13 +3,15 @@
 `rollout/raw_reward`, `rollout/rewards` (after group normalization), `rollout/response_len/{mean,median,max,min}`
 (trainable tokens), `rollout/truncated_ratio`, `rollout/log_probs` (mean engine log-prob over trainable
 tokens), `rollout/zero_std/count_{reward}`, `rollout/dynamic_filter/drop_{reason}`, `perf/rollout_time`,
-`perf/tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`.
+`perf/tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`; with `--log-passrate` `passrate/pass@{k}`,
+with `--log-reward-category KEY` `rollout/error_cat/{category}`.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,7 +20,7 @@ from slime_core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["compute_rollout_metrics", "flatten_groups", "reward_value"]
+__all__ = ["compute_rollout_metrics", "flatten_groups", "pass_at_k", "reward_value"]
 
 
 def flatten_groups(groups: Sequence[Sequence[Any]]) -> list[Sample]:
@@ -35,6 +37,37 @@ def reward_value(sample: Sample, reward_key: str | None) -> float:
     if "raw_reward" in sample.metadata:
         return float(sample.metadata["raw_reward"])
     return sample.get_reward_value(reward_key)
+
+
+def pass_at_k(groups: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Mean unbiased pass@k over prompt groups, for k = 1, 2, 4, ... up to the group size.
+
+    Per group of n rewards with c of them equal to 1: pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", eq. 1); the original counts a reward of exactly 1
+    as correct.
+
+    Args:
+        groups: the rewards of each prompt group; all groups must have the same size n >= 1.
+
+    Returns:
+        `{"pass@1": ..., "pass@2": ..., ...}`; empty for no groups.
+
+    Raises:
+        ValueError: groups of different sizes.
+    """
+    sizes = {len(g) for g in groups}
+    if not sizes:
+        return {}
+    if len(sizes) > 1 or 0 in sizes:
+        raise ValueError(f"pass@k needs equal non-empty groups, got sizes {sorted(sizes)}")
+    n = sizes.pop()
+    correct = [sum(r == 1 for r in g) for g in groups]
+    out = {}
+    k = 1
+    while k <= n:
+        out[f"pass@{k}"] = statistics.fmean(1.0 - math.comb(n - c, k) / math.comb(n, k) for c in correct)
+        k *= 2
+    return out
 
 
 # What `slime_core.train_data.postprocess_rewards` reads; without them `rollout/rewards` is skipped.
@@ -62,8 +95,9 @@ def compute_rollout_metrics(
     """Scalar metrics of one training rollout.
 
     Args:
-        args: reads `reward_key`, `rollout_num_gpus`, and for `rollout/rewards` the reward-normalization
-            flags used by `slime_core.train_data.postprocess_rewards` (skipped if they are absent).
+        args: reads `reward_key`, `rollout_num_gpus`, `log_passrate` (False), `log_reward_category` (None), and
+            for `rollout/rewards` the reward-normalization flags used by
+            `slime_core.train_data.postprocess_rewards` (skipped if they are absent).
         groups: the accepted groups.
         rollout_time: wall-clock seconds of the rollout.
         drop_counts: groups dropped by the dynamic filter, per reason.
@@ -94,6 +128,20 @@ def compute_rollout_metrics(
                 zero_std[round(values[0], 1)] += 1
         for value, count in zero_std.items():
             metrics[f"rollout/zero_std/count_{value}"] = float(count)
+        group_rewards = [[reward_value(s, reward_key) for s in flatten_groups([g])] for g in groups]
+        if getattr(args, "log_passrate", False) and len(scored) == len(samples):
+            if len({len(g) for g in group_rewards}) == 1:
+                metrics.update({f"passrate/{k}": v for k, v in pass_at_k(group_rewards).items()})
+            else:  # fan-out generate functions can make groups of different sizes
+                logger.warning("--log-passrate: groups of different sizes, pass@k skipped")
+    category_key = getattr(args, "log_reward_category", None)
+    if category_key:
+        # Share of samples per category of a dict reward (e.g. an error type the reward function reports).
+        categories = collections.Counter(
+            str(s.reward.get(category_key, "unknown")) if isinstance(s.reward, dict) else "unknown" for s in samples
+        )
+        for category, count in categories.items():
+            metrics[f"rollout/error_cat/{category}"] = count / len(samples)
     lengths = [s.effective_response_length for s in samples]
     metrics["rollout/response_len/mean"] = statistics.fmean(lengths)
     metrics["rollout/response_len/median"] = float(statistics.median(lengths))

@@ -338,9 +338,10 @@ def run_rollout(
 
     `--load-debug-rollout-data` replays a dump instead of generating (training rollouts only);
     `--rollout-function-path` / `--eval-function-path` replace the rollout function; legacy bare return
-    values are wrapped; `--save-debug-rollout-data` dumps the result.
+    values are wrapped; `--save-debug-rollout-data` dumps the result; `--custom-rollout-log-function-path` /
+    `--custom-eval-rollout-log-function-path` see the result and decide its metrics (`slime_rollout.log_hooks`).
     """
-    from slime_rollout import debug_dump
+    from slime_rollout import debug_dump, log_hooks
 
     if not evaluation and getattr(args, "load_debug_rollout_data", None):
         samples = debug_dump.load_debug_rollout_data(args, rollout_id)
@@ -350,11 +351,15 @@ def run_rollout(
     if evaluation and getattr(args, "eval_function_path", None):
         path, flag = args.eval_function_path, "--eval-function-path"
     fn = load_function(path, flag=flag)
+    start = time.perf_counter()
     output = wrap_rollout_output(fn(args, rollout_id, data_source, evaluation=evaluation), evaluation=evaluation)
+    rollout_time = time.perf_counter() - start
+    if isinstance(output, RolloutFnEvalOutput):
+        samples = [s for d in output.data.values() for s in d.get("samples", [])]
+        output.metrics = log_hooks.apply_eval_log_function(args, rollout_id, output.data, output.metrics)
+    else:
+        samples = flatten_groups(output.samples)
+        output.metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, output.metrics, rollout_time)
     if getattr(args, "save_debug_rollout_data", None):
-        if isinstance(output, RolloutFnEvalOutput):
-            samples = [s for d in output.data.values() for s in d.get("samples", [])]
-        else:
-            samples = flatten_groups(output.samples)
         debug_dump.save_debug_rollout_data(args, rollout_id, samples, evaluation=evaluation)
     return output

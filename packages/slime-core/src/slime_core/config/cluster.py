@@ -68,7 +68,7 @@ class EngineArgs(ArgsGroup):
         "API). Default: sglang when CUDA is available, else reference.",
     )
     engine_python: str | None = arg(
-        None, "Python executable used to start engine subprocesses (default: the current interpreter)."
+        None, "Python executable that runs the SGLang servers (default: $SLIME_SGLANG_PYTHON, else this interpreter)."
     )
     rollout_engine_urls: list[str] | None = arg(
         None, "URLs of already-running engines to use instead of starting new ones (http://host:port ...)."

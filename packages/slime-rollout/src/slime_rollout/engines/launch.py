@@ -10,8 +10,8 @@ SGLang command line (flag names of SGLang 0.5.16 `ServerArgs`)::
         --nccl-port N --base-gpu-id B --random-seed S --trust-remote-code --skip-server-warmup
         [--mem-fraction-static F] [--enable-memory-saver] <every --sglang-* flag> <$SLIME_SGLANG_ARGS>
 
-Environment: `SLIME_SGLANG_PYTHON` picks the engine's interpreter (default: this one),
-`SLIME_SGLANG_PYTHONPATH` becomes the engine's PYTHONPATH, `SLIME_SGLANG_ARGS` is appended (shell-split).
+The SGLang interpreter is `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one (`engine_python`).
+Environment: `SLIME_SGLANG_PYTHONPATH` becomes the engine's PYTHONPATH, `SLIME_SGLANG_ARGS` is appended (shell-split).
 """
 
 from __future__ import annotations
@@ -28,7 +28,14 @@ from typing import Any
 
 from slime_rollout.engines.process import EngineProcess, find_free_port, start_engine_process
 
-__all__ = ["EngineGroup", "build_reference_command", "build_sglang_command", "launch_engines", "sglang_passthrough"]
+__all__ = [
+    "EngineGroup",
+    "build_reference_command",
+    "build_sglang_command",
+    "engine_python",
+    "launch_engines",
+    "sglang_passthrough",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +121,18 @@ def sglang_passthrough(sglang_args: Mapping[str, Any] | Sequence[str] | None) ->
     return out
 
 
+def engine_python(args: Any) -> str:
+    """The interpreter that runs `sglang.launch_server`: `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one.
+
+    Config validation fills an unset `--engine-python` with the current interpreter, so that value counts as
+    unset here and the environment variable still applies.
+    """
+    flag = getattr(args, "engine_python", None)
+    if flag and flag != sys.executable:
+        return str(flag)
+    return os.environ.get("SLIME_SGLANG_PYTHON") or sys.executable
+
+
 def build_sglang_command(
     args: Any,
     *,
@@ -128,10 +147,11 @@ def build_sglang_command(
 ) -> list[str]:
     """Command line of one SGLang server (see the module docstring).
 
-    Reads `args.hf_checkpoint`, `args.sglang_mem_fraction_static` (None) and `args.sglang_args`.
+    Reads `args.hf_checkpoint`, `args.engine_python` (None, see `engine_python`), `args.sglang_mem_fraction_static`
+    (None) and `args.sglang_args`; `python` overrides the interpreter.
     """
     cmd = [
-        python or os.environ.get("SLIME_SGLANG_PYTHON") or sys.executable,
+        python or engine_python(args),
         "-m",
         "sglang.launch_server",
         "--model-path",

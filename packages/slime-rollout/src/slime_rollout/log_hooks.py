@@ -1,0 +1,88 @@
+"""The original's custom metric loggers, `--custom-rollout-log-function-path` and its eval twin.
+
+Signatures (as in the original slime)::
+
+    fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool     # training rollouts
+    fn(rollout_id, args, data, extra_metrics) -> bool                              # eval rollouts
+
+`samples` is the flat list of the rollout's samples, `data` the eval output `{name: {"rewards", "truncated",
+"samples"}}`, and the metrics dict is the rollout's (the default metrics plus what the rollout function
+reported). The function may add or change entries in place. Returning True skips the default logging: then
+only the entries the function added or changed are logged (the original logs nothing and leaves logging to the
+function; here the metrics sink lives in the driver process, so additions are the way to log).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from slime_core.sample import Sample
+from slime_rollout.plugins import load_function
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["apply_eval_log_function", "apply_rollout_log_function"]
+
+
+def _keep(skip_default: Any, before: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    if not skip_default:
+        return metrics
+    return {k: v for k, v in metrics.items() if k not in before or before[k] != v}
+
+
+def apply_rollout_log_function(
+    args: Any, rollout_id: int, samples: Sequence[Sample], metrics: dict[str, Any] | None, rollout_time: float
+) -> dict[str, Any] | None:
+    """Runs `--custom-rollout-log-function-path` (if set) on a training rollout.
+
+    Args:
+        args: reads `custom_rollout_log_function_path`.
+        rollout_id: id of the rollout.
+        samples: all samples of the rollout, flat.
+        metrics: the rollout's metrics (None when the rollout function reported none); passed to the
+            function as `rollout_extra_metrics` (a dict, changed in place).
+        rollout_time: wall-clock seconds of the rollout function.
+
+    Returns:
+        The metrics to log: all of them, or with a True return only those the function added or changed.
+
+    Raises:
+        slime_core.plugins.PluginError: the function cannot be imported.
+    """
+    path = getattr(args, "custom_rollout_log_function_path", None)
+    if not path:
+        return metrics
+    fn = load_function(path, flag="--custom-rollout-log-function-path")
+    metrics = dict(metrics or {})
+    before = dict(metrics)
+    skip_default = fn(rollout_id, args, list(samples), metrics, rollout_time)
+    return _keep(skip_default, before, metrics)
+
+
+def apply_eval_log_function(
+    args: Any, rollout_id: int, data: dict[str, dict[str, Any]], metrics: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Runs `--custom-eval-rollout-log-function-path` (if set) on an eval rollout.
+
+    Args:
+        args: reads `custom_eval_rollout_log_function_path`.
+        rollout_id: the training rollout the eval follows.
+        data: per dataset `{"rewards", "truncated", "samples"}`.
+        metrics: the eval metrics (`eval/*`), passed as `extra_metrics` (a dict, changed in place).
+
+    Returns:
+        The metrics to log (see `apply_rollout_log_function`).
+
+    Raises:
+        slime_core.plugins.PluginError: the function cannot be imported.
+    """
+    path = getattr(args, "custom_eval_rollout_log_function_path", None)
+    if not path:
+        return metrics
+    fn = load_function(path, flag="--custom-eval-rollout-log-function-path")
+    metrics = dict(metrics or {})
+    before = dict(metrics)
+    skip_default = fn(rollout_id, args, data, metrics)
+    return _keep(skip_default, before, metrics)

@@ -1,0 +1,60 @@
+"""Rollout metrics switched on by flags: `--log-passrate` (pass@k) and `--log-reward-category`."""
+
+import itertools
+import statistics
+import types
+
+import pytest
+
+from slime_core.sample import Sample, Status
+from slime_rollout.metrics import compute_rollout_metrics, pass_at_k
+
+
+def _brute_pass_at_k(rewards, k):
+    """Share of the k-subsets of one group that contain a reward of exactly 1 (independent reference)."""
+    subsets = list(itertools.combinations(rewards, k))
+    return sum(any(r == 1 for r in sub) for sub in subsets) / len(subsets)
+
+
+def test_pass_at_k_by_hand_and_by_enumeration():
+    groups = [[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.5, 0.0]]  # 0.5 is not a pass
+    out = pass_at_k(groups)
+    # Group 1 (n=4, c=2): 1 - C(2,k)/C(4,k) = 1/2, 5/6, 1; group 2: 0.
+    assert out == pytest.approx({"pass@1": 0.25, "pass@2": 5 / 12, "pass@4": 0.5}, abs=1e-12)
+    for k in (1, 2, 4):
+        assert out[f"pass@{k}"] == pytest.approx(statistics.fmean(_brute_pass_at_k(g, k) for g in groups), abs=1e-12)
+
+
+def test_pass_at_k_edge_cases():
+    assert pass_at_k([]) == {}
+    assert pass_at_k([[1.0]]) == {"pass@1": 1.0}
+    assert set(pass_at_k([[0.0] * 6])) == {"pass@1", "pass@2", "pass@4"}  # powers of 2 up to n
+    with pytest.raises(ValueError, match="equal"):
+        pass_at_k([[1.0, 0.0], [1.0]])
+
+
+def _sample(index, reward):
+    s = Sample(index=index, tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], reward=reward)
+    s.status = Status.COMPLETED
+    return s
+
+
+def _args(**kw):
+    return types.SimpleNamespace(**{"reward_key": None, "rollout_num_gpus": 1, **kw})
+
+
+def test_rollout_passrate_only_with_the_flag():
+    groups = [[_sample(0, 1.0), _sample(1, 0.0)], [_sample(2, 0.0), _sample(3, 0.0)]]
+    on = compute_rollout_metrics(_args(log_passrate=True), groups, rollout_time=1.0)
+    assert on["passrate/pass@1"] == pytest.approx(0.25, abs=1e-12)
+    assert on["passrate/pass@2"] == pytest.approx(0.5, abs=1e-12)
+    assert not any(k.startswith("passrate/") for k in compute_rollout_metrics(_args(), groups, rollout_time=1.0))
+
+
+def test_reward_category_shares():
+    rewards = [{"score": 1.0, "err": "ok"}, {"score": 0.0, "err": "format"}, {"score": 0.0, "err": "format"}, 0.0]
+    groups = [[_sample(i, r)] for i, r in enumerate(rewards)]
+    out = compute_rollout_metrics(_args(reward_key="score", log_reward_category="err"), groups, rollout_time=1.0)
+    cats = {k: v for k, v in out.items() if k.startswith("rollout/error_cat/")}
+    assert cats == {"rollout/error_cat/ok": 0.25, "rollout/error_cat/format": 0.5, "rollout/error_cat/unknown": 0.25}
+    assert not any("error_cat" in k for k in compute_rollout_metrics(_args(reward_key="score"), groups, rollout_time=1))
