@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -30,12 +31,66 @@ _COMPACT = [
 ]
 
 
+def tensorboard_log_dir(args: Any, output_dir: str) -> str:
+    """TensorBoard directory: `--tensorboard-dir`, else `--tb-project-name`, else `<output_dir>/tensorboard`.
+
+    With `--tb-experiment-name NAME` the run writes to the subdirectory NAME of it.
+    """
+    base = getattr(args, "tensorboard_dir", None) or getattr(args, "tb_project_name", None)
+    base = base or os.path.join(output_dir, "tensorboard")
+    experiment = getattr(args, "tb_experiment_name", None)
+    return os.path.join(base, experiment) if experiment else base
+
+
+def wandb_init_kwargs(args: Any, *, suffix: str) -> dict[str, Any]:
+    """Keyword arguments of `wandb.init` from the `--wandb-*` flags (the original's naming).
+
+    The run's group and name are `--wandb-group` with `_<suffix>` appended unless `--disable-wandb-random-suffix`;
+    `--wandb-run-id` resumes that run (`resume="allow"`).
+
+    Args:
+        args: reads `wandb_team`, `wandb_project`, `wandb_group`, `disable_wandb_random_suffix`, `wandb_mode`,
+            `wandb_dir`, `wandb_run_id`, and `to_dict()` (the logged config) when it has one.
+        suffix: the random suffix.
+    """
+    group = args.wandb_group
+    if group and not args.disable_wandb_random_suffix:
+        group = f"{group}_{suffix}"
+    kwargs: dict[str, Any] = {
+        "entity": args.wandb_team,
+        "project": args.wandb_project,
+        "group": group,
+        "name": group,
+        "config": args.to_dict() if hasattr(args, "to_dict") else dict(vars(args)),
+    }
+    if args.wandb_mode:
+        kwargs["mode"] = args.wandb_mode
+    if args.wandb_dir:
+        kwargs["dir"] = args.wandb_dir
+    if args.wandb_run_id:
+        kwargs["id"] = args.wandb_run_id
+        kwargs["resume"] = "allow"
+    return kwargs
+
+
+def wandb_login_kwargs(args: Any) -> dict[str, Any] | None:
+    """Keyword arguments of `wandb.login` (`--wandb-key`, `--wandb-host`), or None: no login needed or possible.
+
+    As in the original, an offline or disabled run never logs in.
+    """
+    mode = args.wandb_mode or os.environ.get("WANDB_MODE")
+    if mode in ("offline", "disabled") or not (args.wandb_key or args.wandb_host):
+        return None
+    return {"key": args.wandb_key, "host": args.wandb_host}
+
+
 class Tracker:
     """Collects metrics per rollout step and writes them to TensorBoard / W&B.
 
     Args:
-        args: run config (`use_tensorboard`, `tensorboard_dir`, `use_wandb`, `wandb_project`, `wandb_group`,
-            `wandb_run_name`).
+        args: run config (`use_tensorboard`, `tensorboard_dir`, `tb_project_name`, `tb_experiment_name`, `use_wandb`
+            and the fields of `wandb_init_kwargs` / `wandb_login_kwargs`, `wandb_always_use_train_step` with
+            `rollout_batch_size`, `n_samples_per_prompt`, `global_batch_size`).
         output_dir: where the TensorBoard logs and the curve PNG go when not configured.
     """
 
@@ -49,19 +104,23 @@ class Tracker:
         if getattr(args, "use_tensorboard", False):
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tensorboard_dir = args.tensorboard_dir or os.path.join(output_dir, "tensorboard")
+            self.tensorboard_dir = tensorboard_log_dir(args, output_dir)
             self._tb = SummaryWriter(self.tensorboard_dir)
         if getattr(args, "use_wandb", False):
             try:
                 import wandb
             except ImportError:
                 raise ValueError("--use-wandb: the `wandb` package is not installed (pip install wandb)") from None
-            self._wandb = wandb.init(
-                project=args.wandb_project,
-                group=getattr(args, "wandb_group", None),
-                name=getattr(args, "wandb_run_name", None),
-                config=args.to_dict(),
-            )
+            login = wandb_login_kwargs(args)
+            if login is not None:
+                wandb.login(**login)
+            init = wandb_init_kwargs(args, suffix=uuid.uuid4().hex[:8])
+            if "dir" in init:
+                os.makedirs(init["dir"], exist_ok=True)  # wandb does not create it
+            self._wandb = wandb.init(**init)
+            # Every metric against one x-axis (see `x_step`), not W&B's own call counter.
+            self._wandb.define_metric("rollout/step")
+            self._wandb.define_metric("*", step_metric="rollout/step")
         self.progress = Progress(
             TextColumn("[bold]rollout"),
             BarColumn(),
@@ -78,17 +137,29 @@ class Tracker:
         self.progress.start()
         self._task = self.progress.add_task("rollout", total=num_rollout, completed=start_rollout_id)
 
+    def x_step(self, rollout_id: int) -> int:
+        """The x-axis value of rollout `rollout_id` in TensorBoard and W&B.
+
+        The rollout id, or with `--wandb-always-use-train-step` the optimizer steps done before it:
+        `rollout_id * rollout_batch_size * n_samples_per_prompt // global_batch_size` (the original's formula).
+        """
+        args = self.args
+        if not getattr(args, "wandb_always_use_train_step", False):
+            return rollout_id
+        return rollout_id * args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Records metrics for rollout `step` (keys like `rollout/raw_reward`, `eval/demo`)."""
+        x = self.x_step(step)
         for key, value in metrics.items():
             if value is None:
                 continue
             value = float(value)
             self.history[key].append((step, value))
             if self._tb is not None:
-                self._tb.add_scalar(key, value, step)
+                self._tb.add_scalar(key, value, x)
         if self._wandb is not None:
-            self._wandb.log({**metrics, "rollout/step": step})
+            self._wandb.log({**metrics, "rollout/step": x})
 
     def rollout_done(self, step: int, metrics: dict[str, float]) -> None:
         """Prints the compact line for one rollout and advances the bar."""

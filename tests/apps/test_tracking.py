@@ -1,0 +1,116 @@
+"""The metrics sink: TensorBoard directory and x-axis, and the W&B calls built from the `--wandb-*` flags."""
+
+import pathlib
+import sys
+import types
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "apps" / "train"))
+
+from slime_app.tracking import Tracker, tensorboard_log_dir, wandb_init_kwargs, wandb_login_kwargs  # noqa: E402
+from slime_core.config import parse_args  # noqa: E402
+
+
+def _args(*extra: str):
+    return parse_args(
+        ["--train-backend", "fsdp", "--hf-checkpoint", "/models/m", "--prompt-data", "/data/d.jsonl",
+         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "2",
+         "--num-rollout", "3", "--rollout-max-response-len", "8", *extra]
+    )  # fmt: skip
+
+
+def test_wandb_kwargs_from_the_original_flags():
+    args = _args(
+        *("--use-wandb", "--wandb-team", "rl-team", "--wandb-project", "proj", "--wandb-group", "exp1"),
+        *("--wandb-mode", "offline", "--wandb-dir", "/tmp/wb", "--wandb-run-id", "abc123"),
+    )
+    kw = wandb_init_kwargs(args, suffix="x7")
+    assert {k: v for k, v in kw.items() if k != "config"} == {
+        "entity": "rl-team",
+        "project": "proj",
+        "group": "exp1_x7",
+        "name": "exp1_x7",
+        "mode": "offline",
+        "dir": "/tmp/wb",
+        "id": "abc123",
+        "resume": "allow",
+    }
+    assert kw["config"]["wandb_group"] == "exp1" and kw["config"]["rollout_batch_size"] == 4
+    plain = wandb_init_kwargs(
+        _args("--use-wandb", "--wandb-group", "exp1", "--disable-wandb-random-suffix"), suffix="x"
+    )
+    assert plain["group"] == plain["name"] == "exp1"
+    assert not {"mode", "dir", "id", "resume"} & set(plain)
+    assert wandb_init_kwargs(_args("--use-wandb"), suffix="x")["group"] is None  # no group: no suffix either
+
+
+def test_wandb_login_only_with_credentials_and_online(monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert wandb_login_kwargs(_args("--wandb-key", "k", "--wandb-host", "https://wb.local")) == {
+        "key": "k",
+        "host": "https://wb.local",
+    }
+    assert wandb_login_kwargs(_args("--wandb-host", "https://wb.local")) == {"key": None, "host": "https://wb.local"}
+    assert wandb_login_kwargs(_args()) is None
+    assert wandb_login_kwargs(_args("--wandb-key", "k", "--wandb-mode", "offline")) is None
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_login_kwargs(_args("--wandb-key", "k")) is None
+
+
+class _FakeWandb(types.ModuleType):
+    """Records the calls the tracker makes on the `wandb` module and its run."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.calls = []
+
+    def login(self, **kw):
+        self.calls.append(("login", kw))
+
+    def init(self, **kw):
+        self.calls.append(("init", kw))
+        run = types.SimpleNamespace()
+        run.define_metric = lambda name, **kw: self.calls.append(("define_metric", name, kw))
+        run.log = lambda data: self.calls.append(("log", data))
+        run.finish = lambda: self.calls.append(("finish",))
+        return run
+
+
+@pytest.mark.parametrize(("train_step", "expected_x"), [(False, 2), (True, 8)])
+def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, tmp_path, train_step, expected_x):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    extra = ["--wandb-always-use-train-step"] if train_step else []
+    args = _args(
+        *("--use-wandb", "--wandb-key", "k", "--wandb-project", "p", "--wandb-dir", str(tmp_path / "wb")),
+        *("--tb-project-name", str(tmp_path / "tb"), "--tb-experiment-name", "run-a", *extra),
+    )
+    tracker = Tracker(args, str(tmp_path / "out"))
+    tracker.log(2, {"rollout/raw_reward": 0.5})
+    tracker.close()
+
+    # rollout 2 of 4 prompts x 2 samples with global batch 2: 2 * 4 * 2 // 2 = 8 optimizer steps before it.
+    assert fake.calls[0] == ("login", {"key": "k", "host": None})
+    assert fake.calls[1][0] == "init" and fake.calls[1][1]["project"] == "p"
+    assert (tmp_path / "wb").is_dir()
+    assert ("define_metric", "*", {"step_metric": "rollout/step"}) in fake.calls
+    assert ("log", {"rollout/raw_reward": 0.5, "rollout/step": expected_x}) in fake.calls
+    assert fake.calls[-1] == ("finish",)
+    assert tracker.tensorboard_dir == str(tmp_path / "tb" / "run-a")
+    acc = EventAccumulator(tracker.tensorboard_dir)
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("rollout/raw_reward")] == [(expected_x, 0.5)]
+    assert tracker.history["rollout/raw_reward"] == [(2, 0.5)]  # printed curves stay in rollout ids
+
+
+def test_tensorboard_dir_precedence(tmp_path):
+    out = str(tmp_path)
+    assert tensorboard_log_dir(_args(), out) == str(tmp_path / "tensorboard")
+    assert tensorboard_log_dir(_args("--tb-experiment-name", "e"), out) == str(tmp_path / "tensorboard" / "e")
+    assert tensorboard_log_dir(_args("--tb-project-name", "/tb"), out) == "/tb"
+    assert tensorboard_log_dir(_args("--tensorboard-dir", "/x", "--tb-project-name", "/tb"), out) == "/x"
