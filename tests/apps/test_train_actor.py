@@ -44,3 +44,43 @@ def test_megatron_export_names_the_extra_when_megatron_core_is_missing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ERR MegatronTrainBackend needs megatron-core: pip install 'slime-train-megatron[megatron]'" in out.stdout
+
+
+def test_trainer_runtime_env_from_train_env_vars():
+    from slime_app.train_actor import trainer_runtime_env
+    from slime_core.config import parse_args
+
+    base = ["--train-backend", "fsdp", "--hf-checkpoint", "/m", "--prompt-data", "/d.jsonl", "--num-rollout", "1",
+            "--rollout-batch-size", "1", "--rollout-max-response-len", "8"]  # fmt: skip
+    args = parse_args([*base, "--train-env-vars", '{"NCCL_DEBUG": "INFO", "MY_FLAG": "1"}'])
+    assert trainer_runtime_env(args) == {"env_vars": {"NCCL_DEBUG": "INFO", "MY_FLAG": "1"}}
+    assert trainer_runtime_env(parse_args(base)) is None
+
+
+@pytest.mark.slow
+def test_train_env_vars_reach_the_trainer_process_next_to_the_job_env(monkeypatch):
+    # A real Ray actor built by TrainGroup: the rank sees --train-env-vars, and the job-level env of init_ray
+    # (PYTHONPATH with the app directory, which the actor class needs to import) is merged, not replaced.
+    import os
+
+    import ray
+
+    from slime_app.cluster import create_placement, init_ray
+    from slime_app.train_actor import TrainGroup
+
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # init_ray rewrites it
+    args = types.SimpleNamespace(
+        ray_address=None, actor_num_nodes=1, actor_num_gpus_per_node=1, rollout_num_gpus=0, colocate=False,
+        debug_rollout_only=False, debug_train_only=True, train_env_vars={"SLIME_TEST_TRAIN_ENV": "42"},
+    )  # fmt: skip
+    init_ray(args)
+    try:
+        group = TrainGroup(args, create_placement(args))
+        env = ray.get(
+            group.actors[0].__ray_call__.remote(
+                lambda self: (os.environ.get("SLIME_TEST_TRAIN_ENV"), os.environ.get("TOKENIZERS_PARALLELISM"))
+            )
+        )
+        assert env == ("42", "false")  # ours, and one of init_ray's job-level variables
+    finally:
+        ray.shutdown()

@@ -30,6 +30,16 @@ def _make_backend(args: Any):
     raise ValueError(f"--train-backend: unknown backend {args.train_backend!r} (fsdp, megatron)")
 
 
+def trainer_runtime_env(args: Any) -> dict[str, Any] | None:
+    """Ray `runtime_env` of the trainer ranks: `--train-env-vars` as environment variables, or None when unset.
+
+    Ray merges these `env_vars` into the job's (`init_ray`), key by key, before the rank's process starts, so
+    variables read at import or CUDA/NCCL initialization take effect.
+    """
+    env = {str(k): str(v) for k, v in (getattr(args, "train_env_vars", None) or {}).items()}
+    return {"env_vars": env} if env else None
+
+
 class TrainActor:
     """One trainer rank. Methods are called on every rank at once by `TrainGroup`."""
 
@@ -120,12 +130,14 @@ class TrainGroup:
         world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
         gpu = 0.4 if (placement.use_gpu and args.colocate) else (1 if placement.use_gpu else 0)
         remote_cls = ray.remote(num_gpus=gpu, num_cpus=0)(TrainActor)
+        runtime_env = trainer_runtime_env(args)
+        extra = {"runtime_env": runtime_env} if runtime_env else {}
         self.actors = []
         master: tuple[str, int] | tuple[None, None] = (None, None)
         for rank in range(world_size):
-            actor = remote_cls.options(scheduling_strategy=placement.strategy(placement.actor_bundles[rank])).remote(
-                world_size, rank, *master
-            )
+            actor = remote_cls.options(
+                scheduling_strategy=placement.strategy(placement.actor_bundles[rank]), **extra
+            ).remote(world_size, rank, *master)
             if rank == 0:
                 master = ray.get(actor.rendezvous.remote())
             self.actors.append(actor)
