@@ -19,7 +19,25 @@ if TYPE_CHECKING:
 __all__ = ["UNSUPPORTED", "check_unsupported"]
 
 # field name -> why it is not implemented / what to use instead (one clause, shown after the flag).
-UNSUPPORTED: dict[str, str] = {}
+UNSUPPORTED: dict[str, str] = {
+    "check_weight_update_equal": "no engine weight compare; watch train/train_rollout_logprob_abs_diff",
+    "custom_convert_samples_to_train_data_path": "train data is a typed RolloutBatch; use reward/sample hooks",
+    "fetch_trajectory_retry_times": "no rollout buffer server; use --rollout-function-path",
+    "http_proxy": "engine requests always go direct, never through a proxy",
+    "log_correct_samples": "correct-sample length/entropy statistics are not collected",
+    "log_multi_turn": "multi-turn round statistics are not collected",
+    "min_batch_collection_ratio": "no rollout buffer server; use --rollout-function-path",
+    "prefill_num_servers": "no prefill/decode disaggregation",
+    "rollout_buffer_url": "no rollout buffer server; use --rollout-function-path",
+    "rollout_data_postprocess_path": "no trainer-side rollout-data hook; use --custom-reward-post-process-path",
+    "rollout_health_check_first_wait": "no engine health monitor; restart the run with --load to resume",
+    "rollout_health_check_interval": "no engine health monitor; restart the run with --load to resume",
+    "rollout_health_check_timeout": "no engine health monitor; restart the run with --load to resume",
+    "rollout_task_type": "no rollout buffer server; use --rollout-function-path",
+    "sglang_config": "no multi-model / server-group engine config; one engine group serves the policy",
+    "use_distributed_post": "engine requests come from the rollout manager's async HTTP client",
+    "use_fault_tolerance": "no engine health monitoring and restart; restart the run with --load to resume",
+}
 
 
 def check_unsupported(args: SlimeArgs) -> None:
