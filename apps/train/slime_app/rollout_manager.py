@@ -38,6 +38,43 @@ def dp_size_of(args: Any) -> int:
     return world // model_parallel
 
 
+def launch_or_attach_engines(args: Any, rollout_gpu_ids: list[int]) -> Any | None:
+    """Starts the run's engines, or uses external ones when `--rollout-engine-urls` is given.
+
+    `--rollout-external-engine-addrs` (original flag) arrives here as `--rollout-engine-urls`. External engines
+    are used as they are: none is started, and none is stopped at the end.
+
+    Args:
+        args: run config; reads `rollout_engine_urls`, `rollout_num_gpus`, `rollout_num_gpus_per_engine`,
+            `colocate`, `output_dir` (+ what `launch_engines` reads). Sets `rollout_engine_urls` and, when a
+            router runs, `sglang_router_ip` / `sglang_router_port`.
+        rollout_gpu_ids: physical GPU of each rollout bundle (empty on CPU).
+
+    Returns:
+        The started `EngineGroup`, or None for external engines.
+    """
+    if args.rollout_engine_urls:
+        logger.info("using external engines: %s", args.rollout_engine_urls)
+        return None
+    from slime_rollout.engines import launch_engines
+
+    per_engine = args.rollout_num_gpus_per_engine
+    num_engines = max(1, (args.rollout_num_gpus or 1) // per_engine)
+    engines = launch_engines(
+        args,
+        num_engines=num_engines,
+        gpus_per_engine=per_engine,
+        base_gpu_ids=[rollout_gpu_ids[i * per_engine] for i in range(num_engines)] if rollout_gpu_ids else None,
+        colocate=args.colocate,
+        log_dir=os.path.join(args.output_dir, "engine_logs"),
+    )
+    args.rollout_engine_urls = list(engines.urls)
+    if engines.router_url:
+        host, port = engines.router_url.removeprefix("http://").rsplit(":", 1)
+        args.sglang_router_ip, args.sglang_router_port = host, int(port)
+    return engines
+
+
 @ray.remote
 class RolloutManager:
     """Owns engines, data source and the rollout function for the whole run."""
@@ -60,7 +97,7 @@ class RolloutManager:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> list[str]:
-        """Launches the engines and builds the data source; returns the engine URLs."""
+        """Launches (or attaches to external) engines and builds the data source; returns the engine URLs."""
         from slime_rollout.rollout import create_data_source
 
         args = self.args
@@ -69,27 +106,11 @@ class RolloutManager:
         if args.debug_train_only or args.load_debug_rollout_data:
             return []
         from slime_rollout.client import get_client
-        from slime_rollout.engines import launch_engines
 
-        per_engine = args.rollout_num_gpus_per_engine
-        num_engines = max(1, (args.rollout_num_gpus or 1) // per_engine)
-        self.engines = launch_engines(
-            args,
-            num_engines=num_engines,
-            gpus_per_engine=per_engine,
-            base_gpu_ids=[self.rollout_gpu_ids[i * per_engine] for i in range(num_engines)]
-            if self.rollout_gpu_ids
-            else None,
-            colocate=args.colocate,
-            log_dir=os.path.join(args.output_dir, "engine_logs"),
-        )
-        args.rollout_engine_urls = list(self.engines.urls)
-        if self.engines.router_url:
-            host, port = self.engines.router_url.removeprefix("http://").rsplit(":", 1)
-            args.sglang_router_ip, args.sglang_router_port = host, int(port)
+        self.engines = launch_or_attach_engines(args, self.rollout_gpu_ids)
         self.client = get_client(args)
         logger.info("engines up: %s", args.rollout_engine_urls)
-        return list(self.engines.urls)
+        return list(args.rollout_engine_urls)
 
     def dispose(self) -> None:
         """Stops the engines (no orphan processes)."""

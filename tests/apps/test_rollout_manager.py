@@ -1,0 +1,44 @@
+"""The rollout manager starts its own engines, or uses external ones (`--rollout-external-engine-addrs`)."""
+
+import pathlib
+import sys
+import types
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "apps" / "train"))
+
+import slime_rollout.engines  # noqa: E402
+from slime_app.rollout_manager import launch_or_attach_engines  # noqa: E402
+from slime_core.config import parse_args  # noqa: E402
+
+BASE = ["--train-backend", "fsdp", "--hf-checkpoint", "/m", "--prompt-data", "/d.jsonl", "--num-rollout", "1",
+        "--rollout-batch-size", "1", "--rollout-max-response-len", "8", "--rollout-num-gpus", "2"]  # fmt: skip
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+
+    def fake_launch(args, **kw):
+        calls.append(kw)
+        return types.SimpleNamespace(urls=["http://127.0.0.1:15000", "http://127.0.0.1:15002"], router_url=None)
+
+    monkeypatch.setattr(slime_rollout.engines, "launch_engines", fake_launch)
+    return calls
+
+
+def test_external_engine_addrs_are_used_and_nothing_is_started(launches):
+    args = parse_args([*BASE, "--rollout-external-engine-addrs", "10.0.0.5:30000", "10.0.0.6:30000"])
+    assert launch_or_attach_engines(args, []) is None
+    assert launches == []
+    assert args.rollout_engine_urls == ["http://10.0.0.5:30000", "http://10.0.0.6:30000"]
+
+
+def test_without_external_engines_the_manager_launches_them(launches, tmp_path):
+    args = parse_args([*BASE, "--output-dir", str(tmp_path)])
+    engines = launch_or_attach_engines(args, [4, 5])
+    assert engines is not None and len(launches) == 1
+    assert launches[0]["num_engines"] == 2 and launches[0]["base_gpu_ids"] == [4, 5]
+    assert args.rollout_engine_urls == ["http://127.0.0.1:15000", "http://127.0.0.1:15002"]
