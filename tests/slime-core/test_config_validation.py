@@ -56,6 +56,7 @@ BROKEN_RULES = [
     ({"colocate": True, "rollout_num_gpus": 4}, "--rollout-num-gpus 4 is smaller than the 8 actor GPUs"),
     ({"colocate": True, "async_train": True}, "--async overlaps rollout and training"),
     ({"loss_type": "custom_loss"}, "--loss-type custom_loss requires --custom-loss-function-path"),
+    ({"disable_compute_advantages_and_returns": True}, "leaves the policy loss without advantages"),
     ({"num_critic_only_steps": 2}, "--num-critic-only-steps needs --advantage-estimator ppo"),
     ({"only_train_params_name_list": ["a"], "freeze_params_name_list": ["b"]}, "are mutually exclusive"),
     ({"bf16": True, "fp16": True}, "--bf16 and --fp16 are mutually exclusive"),

@@ -429,7 +429,58 @@ def scenario_pipeline(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     return {"init": init, "params": full_params(b), "steps": b.step_metrics, "micro_batches": batch.micro_batches}
 
 
+def _custom_loss(args, batch, logits, sum_of_sample_mean):
+    """`--custom-loss-function-path` plugin of `scenario_loss_types`: twice the SFT loss; records its inputs."""
+    _custom_loss.seen.append(
+        {
+            "advantages_none": batch["advantages"] is None,
+            "entropy_grad": all(e.requires_grad for e in logits["entropy"]),
+            "token_lengths": [int(t.numel()) for t in batch["tokens"]],
+            "total_lengths": list(batch["total_lengths"]),
+        }
+    )
+    nll = -sum_of_sample_mean(torch.cat(logits["log_probs"]))
+    return 2.0 * nll, {"nll": nll}
+
+
+_custom_loss.seen = []
+
+
+def scenario_loss_types(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    """--loss-type sft_loss / custom_loss with --disable-compute-advantages-and-returns, from the same weights."""
+    plugin = types.ModuleType("slime_fsdp_test_custom_loss")
+    plugin.loss = _custom_loss
+    sys.modules[plugin.__name__] = plugin
+    batch = make_batch(0, 1)
+    res: dict = {}
+    sft = FSDPTrainBackend()
+    sft.init(make_args(ckpt, loss_type="sft_loss", disable_compute_advantages_and_returns=True), with_ref=False)
+    res["before"] = sft.compute_log_probs(batch)
+    sft.train(0, batch)
+    res["sft_steps"], res["sft_after"] = sft.step_metrics, sft.compute_log_probs(batch)
+    del sft
+    custom = FSDPTrainBackend()
+    args = make_args(
+        ckpt,
+        loss_type="custom_loss",
+        custom_loss_function_path=f"{plugin.__name__}.loss",
+        disable_compute_advantages_and_returns=True,
+    )
+    custom.init(args, with_ref=False)
+    custom.train(0, batch)
+    res["custom_steps"], res["custom_seen"] = custom.step_metrics, list(_custom_loss.seen)
+    del custom
+    policy = FSDPTrainBackend()
+    policy.init(make_args(ckpt, disable_compute_advantages_and_returns=True), with_ref=False)
+    try:
+        policy.train(0, batch)
+    except ValueError as exc:
+        res["policy_error"] = str(exc)
+    return res
+
+
 SCENARIOS = {
+    "loss_types": scenario_loss_types,
     "pipeline": scenario_pipeline,
     "tied": scenario_tied,
     "single": scenario_single,

@@ -204,3 +204,51 @@ def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(cpu_backend_e
         logits = hf_model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].double()
     expected = torch.log_softmax(logits, -1)[torch.arange(len(ids)), torch.tensor(ids)]
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)  # fp32 engine vs fp32 HF
+
+
+def _custom_loss(args, batch, logits, sum_of_sample_mean):
+    """`--custom-loss-function-path` plugin: twice the SFT loss; records what it was given."""
+    _custom_loss.seen.append((batch["advantages"] is None, all(e.requires_grad for e in logits["entropy"])))
+    nll = -sum_of_sample_mean(torch.cat(logits["log_probs"]))
+    return 2.0 * nll, {"nll": nll}
+
+
+_custom_loss.seen = []
+
+
+def test_sft_and_custom_loss_types(cpu_backend_env, tiny_hf, monkeypatch):
+    """--loss-type sft_loss / custom_loss with --disable-compute-advantages-and-returns really change the loss:
+    step 0 is the masked NLL by hand (custom: twice it), and SFT raises every sample's likelihood."""
+    import sys
+
+    _, hf_dir = tiny_hf("qwen3")
+    plugin = types.ModuleType("slime_megatron_test_custom_loss")
+    plugin.loss = _custom_loss
+    monkeypatch.setitem(sys.modules, plugin.__name__, plugin)
+
+    def make(**kw):
+        return types.SimpleNamespace(
+            hf_checkpoint=str(hf_dir),
+            megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"],
+            advantage_estimator="grpo", rollout_temperature=1.0, kl_coef=0.0, use_kl_loss=False, entropy_coef=0.0,
+            eps_clip=0.2, disable_compute_advantages_and_returns=True, **kw,
+        )  # fmt: skip
+
+    batch = _batch()
+    sft = cpu_backend_env.MegatronTrainBackend()
+    sft.init(make(loss_type="sft_loss"), with_ref=False)
+    before = sft.compute_log_probs(batch)
+    sft.train(0, batch)
+    expected = -sum(float((lp * m).sum()) / 2.0 for lp, m in zip(before, batch.loss_masks, strict=True)) / 3
+    assert sft.step_metrics[0]["train/loss"] == pytest.approx(expected, abs=1e-5)
+    assert "train/pg_loss" not in sft.step_metrics[0]
+    after = sft.compute_log_probs(batch)
+    for a, b, m in zip(after, before, batch.loss_masks, strict=True):
+        assert float((a * m).sum()) > float((b * m).sum())  # also for the reward -1 sample
+
+    custom = cpu_backend_env.MegatronTrainBackend()
+    custom.init(make(loss_type="custom_loss", custom_loss_function_path=f"{plugin.__name__}.loss"), with_ref=False)
+    custom.train(0, batch)
+    assert custom.step_metrics[0]["train/loss"] == pytest.approx(2 * expected, abs=1e-5)
+    assert custom.step_metrics[0]["train/nll"] == pytest.approx(expected, abs=1e-5)
+    assert _custom_loss.seen and all(adv_none and ent_grad for adv_none, ent_grad in _custom_loss.seen)

@@ -4,9 +4,10 @@ One instance per rank; `torch.distributed` is initialized by the caller and the 
 data-parallel group (1-D mesh `("dp",)`). Runs unchanged on CUDA/NCCL (bf16 compute, fp32 master weights and
 reductions) and on CPU/gloo (fp32), which is what the tests use.
 
-Loss scaling across ranks: `compute_actor_loss` returns the SUM over a micro-batch's samples of each sample's
-reduced loss; we divide by the step's global sample count (or token count with `--calculate-per-token-loss`)
-and multiply by the DP size, because FSDP2's reduce-scatter AVERAGES gradients over ranks. The resulting
+Loss scaling across ranks: `compute_train_loss` (the `--loss-type` objective) returns the SUM over a
+micro-batch's samples of each sample's reduced loss; we divide by the step's global sample count (or token
+count with `--calculate-per-token-loss`) and multiply by the DP size, because FSDP2's reduce-scatter AVERAGES
+gradients over ranks. The resulting
 gradient is the sum over ranks of the per-rank partial sums, i.e. the mean over the step's global batch.
 
 Reference model: its weights are kept as a CPU copy of this rank's parameter shards and swapped into the
@@ -25,7 +26,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from slime_core.algorithms import apply_whitening, compute_actor_loss, compute_advantages_and_returns, whitening_stats
+from slime_core.algorithms import (
+    apply_whitening,
+    compute_advantages_and_returns,
+    compute_train_loss,
+    needs_old_log_probs,
+    whitening_stats,
+)
 from slime_core.batch import RolloutBatch
 from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
@@ -191,8 +198,10 @@ class FSDPTrainBackend:
         return out  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- train
-    def _advantages(self, batch: RolloutBatch, old: list[torch.Tensor], ref: list[torch.Tensor] | None):
+    def _advantages(self, batch: RolloutBatch, old: list[torch.Tensor] | None, ref: list[torch.Tensor] | None):
         args = self.args
+        if getattr(args, "disable_compute_advantages_and_returns", False):
+            return None  # SFT / custom losses that need no advantages
         adv, _returns = compute_advantages_and_returns(
             args, rewards=list(batch.rewards), loss_masks=batch.loss_masks, log_probs=old, ref_log_probs=ref
         )
@@ -231,8 +240,10 @@ class FSDPTrainBackend:
             self.optimizer.state.clear()
         if use_rollout:
             old = list(batch.rollout_log_probs)
-        elif self._can_reuse_log_probs(batch):
-            old = None  # the training forward's detached log-probs are the old ones (weights do not move before)
+        elif self._can_reuse_log_probs(batch) or not needs_old_log_probs(args):
+            # The training forward's detached log-probs are the old ones (weights do not move before), or the
+            # loss (sft_loss) never reads them.
+            old = None
         else:
             old = self.compute_log_probs(batch)
         ref = self.compute_log_probs(batch, model="ref") if self._ref_shards is not None else None
@@ -299,14 +310,15 @@ class FSDPTrainBackend:
         if not ids:
             anchor.backward()  # keeps FSDP collectives aligned with ranks that have data
             return {}
-        if float(getattr(self.args, "entropy_coef", 0.0) or 0.0) == 0.0:
+        custom = getattr(self.args, "loss_type", None) == "custom_loss"  # a custom loss may use the entropy
+        if float(getattr(self.args, "entropy_coef", 0.0) or 0.0) == 0.0 and not custom:
             ent = ent.detach()
 
         def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
             return None if xs is None else [xs[i].to(self.device) for i in ids]
 
         log_probs = split_by_lengths(logp, mb.response_lengths)
-        loss, metrics = compute_actor_loss(
+        loss, metrics = compute_train_loss(
             self.args,
             log_probs=log_probs,
             old_log_probs=pick(old) if old is not None else [lp.detach() for lp in log_probs],
@@ -317,6 +329,7 @@ class FSDPTrainBackend:
             rollout_log_probs=pick(batch.rollout_log_probs),
             entropy=split_by_lengths(ent, mb.response_lengths),
             total_lengths=[int(batch.tokens[i].numel()) for i in ids],
+            tokens=[batch.tokens[i] for i in ids],
         )
         # FSDP2 averages gradients over ranks: scale by dp_size so they add up (see module docstring).
         (loss * (self.dp_size / denom) + anchor).backward()

@@ -6,11 +6,11 @@ megatron-core's pipeline schedule (`get_forward_backward_func`), so PP works unc
 
 Loss scaling: the model config sets `calculate_per_token_loss=True`, which makes megatron-core neither
 divide by the micro-batch count nor average gradients over data-parallel ranks (they are summed). Each
-micro-batch loss is `compute_actor_loss(...)` (a sum over its samples) divided by the step's global sample
-count (or token count with `--calculate-per-token-loss`); summed over micro-batches and DP ranks this is
-the mean over the step's global batch. Under context parallelism every CP rank computes the full loss
-from all-gathered log-probs whose backward keeps only the rank's own tokens, so the DP×CP gradient sum
-is again exact.
+micro-batch loss is `compute_train_loss(...)` (the `--loss-type` objective, a sum over its samples) divided
+by the step's global sample count (or token count with `--calculate-per-token-loss`); summed over
+micro-batches and DP ranks this is the mean over the step's global batch. Under context parallelism every
+CP rank computes the full loss from all-gathered log-probs whose backward keeps only the rank's own tokens,
+so the DP×CP gradient sum is again exact.
 
 Reference model: a CPU copy of the parameters swapped in for the ref forward (slime's `TensorBackuper`).
 """
@@ -32,7 +32,13 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_convert import ModelArgs
-from slime_core.algorithms import apply_whitening, compute_actor_loss, compute_advantages_and_returns, whitening_stats
+from slime_core.algorithms import (
+    apply_whitening,
+    compute_advantages_and_returns,
+    compute_train_loss,
+    needs_old_log_probs,
+    whitening_stats,
+)
 from slime_core.batch import RolloutBatch
 from slime_core.weight_buckets import iter_buckets
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
@@ -368,6 +374,8 @@ class MegatronTrainBackend:
 
     # ---------------------------------------------------------------- train
     def _advantages(self, batch: RolloutBatch, old, ref):
+        if getattr(self.args, "disable_compute_advantages_and_returns", False):
+            return None  # SFT / custom losses that need no advantages
         adv, _ = compute_advantages_and_returns(
             self.args, rewards=list(batch.rewards), loss_masks=batch.loss_masks, log_probs=old, ref_log_probs=ref
         )
@@ -392,7 +400,10 @@ class MegatronTrainBackend:
         use_rollout = bool(getattr(self.args, "use_rollout_logprobs", False))
         if use_rollout and batch.rollout_log_probs is None:
             raise ValueError("--use-rollout-logprobs needs rollout log-probs in the batch")
-        old = list(batch.rollout_log_probs) if use_rollout else self.compute_log_probs(batch)
+        if use_rollout:
+            old = list(batch.rollout_log_probs)
+        else:  # sft_loss never reads old log-probs: skip that forward
+            old = self.compute_log_probs(batch) if needs_old_log_probs(self.args) else None
         ref = self.compute_log_probs(batch, model="ref") if self._ref is not None else None
         adv = self._advantages(batch, old, ref)
         self.step_metrics = [self._train_step(batch, step, old, ref, adv) for step in range(batch.num_steps)]
@@ -407,7 +418,10 @@ class MegatronTrainBackend:
         if len(counts) != batch.num_steps:
             raise ValueError(f"RolloutBatch step counts must have one entry per step ({batch.num_steps})")
         denom = max(float(counts[step]), 1.0)
-        entropy_coef = float(getattr(self.args, "entropy_coef", 0.0) or 0.0)
+        # The entropy keeps its graph only when a loss term can use it.
+        entropy_grad = bool(getattr(self.args, "entropy_coef", 0.0)) or (
+            getattr(self.args, "loss_type", None) == "custom_loss"
+        )
         device = self._device
 
         def loss_fn(logits, mb):
@@ -416,7 +430,7 @@ class MegatronTrainBackend:
                 return (logits.sum() * 0.0), {}  # keeps the graph (and collectives) of empty slots alive
             lens = mb.packed.response_lengths
             pick = lambda xs: None if xs is None else [xs[i].to(device) for i in mb.ids]  # noqa: E731
-            loss, metrics = compute_actor_loss(
+            loss, metrics = compute_train_loss(
                 self.args,
                 log_probs=list(lp.split(lens)),
                 old_log_probs=pick(old),
@@ -425,8 +439,9 @@ class MegatronTrainBackend:
                 loss_denominators=[float(batch.loss_denominators[i]) for i in mb.ids],
                 ref_log_probs=pick(ref),
                 rollout_log_probs=pick(batch.rollout_log_probs),
-                entropy=list((ent if entropy_coef else ent.detach()).split(lens)),
+                entropy=list((ent if entropy_grad else ent.detach()).split(lens)),
                 total_lengths=[int(batch.tokens[i].numel()) for i in mb.ids],
+                tokens=[batch.tokens[i] for i in mb.ids],
             )
             return loss / denom + logits.sum() * 0.0, {k: v.detach().double() for k, v in metrics.items()}
 

@@ -2,7 +2,8 @@
 
 Entry points for the training backends: `compute_advantages_and_returns` (once per rollout),
 `whitening_stats`/`apply_whitening` (`--normalize-advantages`), `compute_actor_loss`,
-`compute_critic_loss`, `compute_sft_loss` (once per micro-batch), and
+`compute_critic_loss`, `compute_sft_loss` and the `--loss-type` dispatch `compute_train_loss`
+(once per micro-batch), and
 `log_probs_from_logits`/`entropy_from_logits` on the response logits.
 """
 
@@ -25,6 +26,7 @@ from slime_core.algorithms.registry import (
 )
 from slime_core.algorithms.sft_loss import compute_sft_loss
 from slime_core.algorithms.tis import compute_tis_weights, icepop_function, vanilla_tis_function
+from slime_core.algorithms.train_loss import compute_train_loss, needs_old_log_probs
 from slime_core.algorithms.value_loss import compute_critic_loss, compute_value_loss
 from slime_core.algorithms.whitening import apply_whitening, whitening_stats
 
@@ -39,6 +41,7 @@ __all__ = [
     "compute_policy_loss",
     "compute_sft_loss",
     "compute_tis_weights",
+    "compute_train_loss",
     "compute_value_loss",
     "default_reducer",
     "discounted_cumsum",
@@ -48,6 +51,7 @@ __all__ = [
     "icepop_function",
     "get_policy_loss",
     "log_probs_from_logits",
+    "needs_old_log_probs",
     "policy_loss_name",
     "register_advantage",
     "register_policy_loss",

@@ -18,11 +18,19 @@ class AlgorithmArgs(ArgsGroup):
     """Advantages, policy loss, KL, importance sampling."""
 
     advantage_estimator: AdvantageEstimator = arg("grpo", "Advantage estimator.")
-    loss_type: Literal["policy_loss", "sft_loss", "custom_loss"] = arg("policy_loss", "Training loss.")
-    custom_loss_function_path: str | None = arg(
-        None, "Import path of fn(args, batch, logits, sum_of_sample_mean) -> (loss, metrics) for custom_loss."
+    loss_type: Literal["policy_loss", "sft_loss", "custom_loss"] = arg(
+        "policy_loss",
+        "Training loss: policy_loss (per --advantage-estimator), sft_loss (masked NLL of the response tokens) or "
+        "custom_loss (--custom-loss-function-path).",
     )
-    disable_compute_advantages_and_returns: bool = arg(False, "Skip advantage computation (SFT / custom).")
+    custom_loss_function_path: str | None = arg(
+        None,
+        "Import path of fn(args, batch, logits, sum_of_sample_mean) -> (loss, metrics) for custom_loss; `logits` is "
+        "{'log_probs', 'entropy'} of the current policy at the response tokens (N x [L_i], with grad).",
+    )
+    disable_compute_advantages_and_returns: bool = arg(
+        False, "Skip advantage computation (with --loss-type sft_loss / custom_loss: advantages are None)."
+    )
     custom_advantage_function_path: str | None = arg(
         None, "Import path of fn(args, rollout_data) setting advantages and returns."
     )

@@ -189,6 +189,11 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError(f"--tis-clip-low ({args.tis_clip_low}) must be <= --tis-clip ({args.tis_clip})")
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
         raise ConfigError("--loss-type custom_loss requires --custom-loss-function-path")
+    if args.disable_compute_advantages_and_returns and args.loss_type == "policy_loss":
+        raise ConfigError(
+            "--disable-compute-advantages-and-returns leaves the policy loss without advantages; "
+            "use it with --loss-type sft_loss or custom_loss"
+        )
     if args.num_critic_only_steps > 0 and args.advantage_estimator != "ppo":
         raise ConfigError("--num-critic-only-steps needs --advantage-estimator ppo (a critic)")
     if args.use_rollout_routing_replay:
