@@ -60,6 +60,7 @@ BROKEN_RULES = [
     ({"num_critic_only_steps": 2}, "--num-critic-only-steps needs --advantage-estimator ppo"),
     ({"only_train_params_name_list": ["a"], "freeze_params_name_list": ["b"]}, "are mutually exclusive"),
     ({"bf16": True, "fp16": True}, "--bf16 and --fp16 are mutually exclusive"),
+    ({"lr_warmup_iters": 2, "lr_warmup_fraction": 0.1}, "--lr-warmup-iters and --lr-warmup-fraction are mutually"),
     ({"update_weight_transport": "disk"}, "--update-weight-transport disk requires --update-weight-disk-dir"),
     ({"release_train": True}, "--release-train requires --save"),
     ({"release_train": True, "save": "/ckpt", "weight_sync": "tensor"}, "--release-train requires disk weight sync"),

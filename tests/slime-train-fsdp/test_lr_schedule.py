@@ -56,3 +56,39 @@ def test_scheduler_drives_optimizer_and_resumes():
     sched2 = build_lr_scheduler(opt2, args)
     load_scheduler_state(sched2, sched.state_dict())
     assert opt2.param_groups[0]["lr"] == pytest.approx(0.25)
+
+
+def _run_args(**kw):
+    base = dict(lr=1.0, min_lr=0.0, lr_warmup_iters=0, lr_decay_style="linear", lr_decay_iters=None, num_rollout=2,
+                rollout_batch_size=4, n_samples_per_prompt=2, global_batch_size=1)  # fmt: skip
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def _rates(args, steps):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.lr)
+    sched = build_lr_scheduler(opt, args)
+    seen = []
+    for _ in range(steps):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return seen
+
+
+def test_warmup_fraction_and_init():
+    # 16 steps in the run; --lr-warmup-fraction 0.25 -> 4 warmup steps from --lr-warmup-init 0.2 to 1.0, then
+    # (as without warmup options) the first decay step at the peak and a linear decay over the remaining 12 steps.
+    seen = _rates(_run_args(lr_warmup_fraction=0.25, lr_warmup_init=0.2), 6)
+    assert seen == pytest.approx([0.4, 0.6, 0.8, 1.0, 1.0, 1 - 1 / 12], abs=1e-12)
+    # The fraction is of --lr-decay-iters when given, rounded down: 0.6 * 4 -> 2 warmup steps, 2 decay steps.
+    assert _rates(_run_args(lr_warmup_fraction=0.6, lr_decay_iters=4), 4) == pytest.approx([0.5, 1.0, 1.0, 0.5])
+    # --lr-warmup-init also applies to --lr-warmup-iters.
+    assert _rates(_run_args(lr_warmup_iters=2, lr_warmup_init=0.5, lr_decay_style="constant"), 3) == pytest.approx(
+        [0.75, 1.0, 1.0]
+    )
+
+
+def test_warmup_iters_and_fraction_are_exclusive():
+    with pytest.raises(ValueError, match="only one of --lr-warmup-iters and --lr-warmup-fraction"):
+        _rates(_run_args(lr_warmup_iters=2, lr_warmup_fraction=0.1), 1)

@@ -1,6 +1,7 @@
 """Megatron-style learning-rate schedule counted in optimizer steps.
 
-Linear warmup from 0 to `--lr` over `--lr-warmup-iters` steps, then decay to `--min-lr` over the remaining
+Linear warmup from `--lr-warmup-init` (0) to `--lr` over `--lr-warmup-iters` steps (or
+`--lr-warmup-fraction` × `decay_iters`, rounded down), then decay to `--min-lr` over the remaining
 `decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine), then flat at `--min-lr`.
 `decay_iters` is `--lr-decay-iters` when set, else the run's total optimizer steps
 `num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`.
@@ -18,16 +19,19 @@ __all__ = ["build_lr_scheduler", "load_scheduler_state", "lr_at_step"]
 _STYLES = ("constant", "linear", "cosine")
 
 
-def lr_at_step(step: int, *, lr: float, min_lr: float, warmup: int, decay_iters: int, style: str) -> float:
+def lr_at_step(
+    step: int, *, lr: float, min_lr: float, warmup: int, decay_iters: int, style: str, warmup_init: float = 0.0
+) -> float:
     """Learning rate used by optimizer step `step` (0-based).
 
     Args:
         step: number of optimizer steps already taken.
         lr: peak rate (`--lr`).
         min_lr: floor after decay (`--min-lr`).
-        warmup: warmup steps (`--lr-warmup-iters`); the rate is `lr * (step + 1) / warmup` during warmup.
+        warmup: warmup steps; the rate is `warmup_init + (lr - warmup_init) * (step + 1) / warmup` during warmup.
         decay_iters: step at which decay reaches `min_lr`.
         style: `constant`, `linear` or `cosine` (`--lr-decay-style`).
+        warmup_init: rate the warmup starts from (`--lr-warmup-init`).
 
     Returns:
         The learning rate.
@@ -38,7 +42,7 @@ def lr_at_step(step: int, *, lr: float, min_lr: float, warmup: int, decay_iters:
     if style not in _STYLES:
         raise ValueError(f"--lr-decay-style must be one of {_STYLES}, got {style!r}")
     if warmup > 0 and step < warmup:
-        return lr * (step + 1) / warmup
+        return warmup_init + (lr - warmup_init) * (step + 1) / warmup
     if style == "constant":
         return lr
     span = max(decay_iters - warmup, 1)
@@ -61,21 +65,37 @@ def _decay_iters(args: Any) -> int:
     return int(total) if total else 1
 
 
+def _warmup_iters(args: Any, decay_iters: int) -> int:
+    fraction = getattr(args, "lr_warmup_fraction", None)
+    iters = int(getattr(args, "lr_warmup_iters", 0) or 0)
+    if fraction is None:
+        return iters
+    if iters:
+        raise ValueError("give only one of --lr-warmup-iters and --lr-warmup-fraction")
+    return int(float(fraction) * decay_iters)  # Megatron: a fraction of the decay steps
+
+
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, args: Any) -> torch.optim.lr_scheduler.LambdaLR:
     """A `LambdaLR` implementing `lr_at_step`; its state dict holds the step count for resume.
 
     Args:
         optimizer: optimizer whose param groups have `initial_lr = --lr`.
-        args: reads `lr`, `min_lr` (0), `lr_warmup_iters` (0), `lr_decay_style` (constant), `lr_decay_iters`
-            (None), and `num_rollout`, `rollout_batch_size`, `n_samples_per_prompt`, `global_batch_size`.
+        args: reads `lr`, `min_lr` (0), `lr_warmup_iters` (0), `lr_warmup_fraction` (None), `lr_warmup_init` (0),
+            `lr_decay_style` (constant), `lr_decay_iters` (None), and `num_rollout`, `rollout_batch_size`,
+            `n_samples_per_prompt`, `global_batch_size`.
+
+    Raises:
+        ValueError: an unknown decay style, or both `--lr-warmup-iters` and `--lr-warmup-fraction`.
     """
     lr = float(args.lr)
+    decay_iters = _decay_iters(args)
     kwargs = dict(
         lr=lr,
         min_lr=float(getattr(args, "min_lr", 0.0) or 0.0),
-        warmup=int(getattr(args, "lr_warmup_iters", 0) or 0),
-        decay_iters=_decay_iters(args),
+        warmup=_warmup_iters(args, decay_iters),
+        decay_iters=decay_iters,
         style=getattr(args, "lr_decay_style", "constant") or "constant",
+        warmup_init=float(getattr(args, "lr_warmup_init", 0.0) or 0.0),
     )
     lr_at_step(0, **kwargs)  # validates the style early
     if lr == 0.0:

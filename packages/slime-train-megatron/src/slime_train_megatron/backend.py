@@ -27,7 +27,6 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -43,6 +42,7 @@ from slime_core.batch import RolloutBatch
 from slime_core.weight_buckets import iter_buckets
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
+from slime_train_megatron.lr_schedule import build_lr_scheduler
 from slime_train_megatron.model import (
     build_gpt_model,
     build_transformer_config,
@@ -155,20 +155,7 @@ class MegatronTrainBackend:
             use_distributed_optimizer=s.use_distributed_optimizer,
         )
         self.optimizer = get_megatron_optimizer(opt_config, [self.model])
-        decay_steps = s.lr_decay_iters or max(s.lr_warmup_iters + 1, 1)
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=0.0 if s.lr_warmup_iters else s.lr,
-            max_lr=s.lr,
-            min_lr=s.min_lr,
-            lr_warmup_steps=s.lr_warmup_iters,
-            lr_decay_steps=decay_steps,
-            lr_decay_style=s.lr_decay_style if s.lr_decay_iters else "constant",
-            start_wd=s.weight_decay,
-            end_wd=s.weight_decay,
-            wd_incr_steps=decay_steps,
-            wd_incr_style="constant",
-        )
+        self.scheduler = build_lr_scheduler(self.optimizer, s, args)
         # Sum gradients over DP without megatron's token normalization (see module docstring).
         config.finalize_model_grads_func = lambda models, num_tokens=None, **kw: finalize_model_grads(
             models, None, **kw

@@ -43,7 +43,9 @@ class MegatronSettings(BaseModel):
     min_lr: float = Field(0.0, ge=0, description="Final learning rate of the decay.")
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "constant"
     lr_warmup_iters: int = Field(0, ge=0, description="Warm-up optimizer steps.")
-    lr_decay_iters: int | None = Field(None, description="Decay steps (None → constant after warm-up).")
+    lr_warmup_fraction: float | None = Field(None, ge=0, le=1, description="Warm-up as a fraction of the decay steps.")
+    lr_warmup_init: float = Field(0.0, ge=0, description="Learning rate the warm-up starts from.")
+    lr_decay_iters: int | None = Field(None, description="Decay steps (None → the whole run's optimizer steps).")
     weight_decay: float = Field(0.0, ge=0)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98

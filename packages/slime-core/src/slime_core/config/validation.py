@@ -200,6 +200,8 @@ def _algorithm(args: SlimeArgs) -> None:
         args.use_routing_replay = True
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
+    if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
+        raise ConfigError("--lr-warmup-iters and --lr-warmup-fraction are mutually exclusive")
     if args.bf16 and args.fp16:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
     if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:

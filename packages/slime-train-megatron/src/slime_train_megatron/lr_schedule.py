@@ -1,0 +1,70 @@
+"""The Megatron backend's learning-rate schedule: megatron-core's `OptimizerParamScheduler`, sized like slime's.
+
+Steps are optimizer steps. Decay runs over `--lr-decay-iters`, else over the whole run
+(`num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`, the original's `train_iters`);
+the warmup is `--lr-warmup-iters` or `--lr-warmup-fraction` × the decay steps (rounded down), starting from
+`--lr-warmup-init`. megatron-core's warmup convention: optimizer step `k` (0-based) uses
+`init + (lr - init) * k / warmup` for `k <= warmup`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from slime_train_megatron.settings import MegatronSettings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_lr_scheduler", "train_steps"]
+
+
+def train_steps(args: Any) -> int:
+    """Optimizer steps of the whole run, or 0 when the run size is unknown (fields missing)."""
+    try:
+        return int(args.num_rollout * args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size)
+    except (AttributeError, TypeError, ZeroDivisionError):
+        return 0
+
+
+def build_lr_scheduler(optimizer: Any, s: MegatronSettings, args: Any) -> OptimizerParamScheduler:
+    """Builds the scheduler (it sets the optimizer's rate for the first step).
+
+    Args:
+        optimizer: the megatron optimizer (anything with `param_groups`).
+        s: settings; reads `lr`, `min_lr`, `lr_decay_style`, `lr_decay_iters`, `lr_warmup_iters`,
+            `lr_warmup_fraction`, `lr_warmup_init`, `weight_decay`.
+        args: run config; reads `num_rollout`, `rollout_batch_size`, `n_samples_per_prompt`, `global_batch_size`
+            (the run length when `--lr-decay-iters` is unset).
+
+    Raises:
+        ValueError: both warmup flags given, or `--lr-decay-style WSD` (its anneal length flags are not supported).
+    """
+    if s.lr_decay_style == "WSD":
+        raise ValueError("--lr-decay-style WSD is not supported (no --lr-wsd-decay-iters); use linear or cosine")
+    decay = s.lr_decay_iters or train_steps(args)
+    warmup = s.lr_warmup_iters
+    if s.lr_warmup_fraction is not None:
+        if warmup:
+            raise ValueError("give only one of --lr-warmup-iters and --lr-warmup-fraction")
+        warmup = int(s.lr_warmup_fraction * decay)
+    style = s.lr_decay_style
+    if not decay:
+        logger.warning("run length unknown and no --lr-decay-iters: constant learning rate after warmup")
+        style = "constant"
+    decay = max(decay, warmup + 1)  # megatron-core requires warmup < decay steps
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=s.lr_warmup_init if warmup else s.lr,
+        max_lr=s.lr,
+        min_lr=s.min_lr,
+        lr_warmup_steps=warmup,
+        lr_decay_steps=decay,
+        lr_decay_style=style,
+        start_wd=s.weight_decay,
+        end_wd=s.weight_decay,
+        wd_incr_steps=decay,
+        wd_incr_style="constant",
+    )

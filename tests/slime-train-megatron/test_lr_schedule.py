@@ -1,0 +1,48 @@
+"""The Megatron backend's LR schedule: warmup fraction/init and decay over the run (hand-computed, exact to 1e-12)."""
+
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from slime_train_megatron.lr_schedule import build_lr_scheduler, train_steps  # noqa: E402
+from slime_train_megatron.settings import MegatronSettings  # noqa: E402
+
+
+def _args(**kw):
+    base = dict(megatron_args=[], lr=1.0, num_rollout=2, rollout_batch_size=4, n_samples_per_prompt=2,
+                global_batch_size=1)  # fmt: skip
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def _rates(args, steps):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_lr_scheduler(opt, MegatronSettings.from_args(args), args)
+    seen = []
+    for _ in range(steps):
+        seen.append(opt.param_groups[0]["lr"])
+        sched.step(increment=1)
+    return seen
+
+
+def test_warmup_fraction_from_init_then_linear_decay_over_the_run():
+    assert train_steps(_args()) == 16
+    # --lr-warmup-fraction 0.25 of 16 steps -> 4; megatron-core: step k uses init + (lr - init) * k / 4.
+    seen = _rates(_args(lr_warmup_fraction=0.25, lr_warmup_init=0.2, lr_decay_style="linear"), 7)
+    assert seen == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1 - 1 / 12, 1 - 2 / 12], abs=1e-12)
+
+
+def test_decay_style_applies_without_lr_decay_iters():
+    # Previously a constant rate unless --lr-decay-iters was given; now the decay spans the run (16 steps).
+    assert _rates(_args(lr_decay_style="cosine"), 9)[8] == pytest.approx(0.5, abs=1e-12)
+    assert _rates(_args(lr_decay_style="linear", lr_decay_iters=4), 3) == pytest.approx([1.0, 0.75, 0.5])
+
+
+def test_bad_warmup_and_wsd():
+    with pytest.raises(ValueError, match="only one of --lr-warmup-iters and --lr-warmup-fraction"):
+        _rates(_args(lr_warmup_iters=2, lr_warmup_fraction=0.5), 1)
+    with pytest.raises(ValueError, match="WSD is not supported"):
+        _rates(_args(lr_decay_style="WSD"), 1)
