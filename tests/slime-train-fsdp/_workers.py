@@ -470,6 +470,16 @@ def scenario_loss_types(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dic
     custom.train(0, batch)
     res["custom_steps"], res["custom_seen"] = custom.step_metrics, list(_custom_loss.seen)
     del custom
+    for key, flags in (
+        ("freeze", {"freeze_params_name_list": [r"\.mlp\.", "embed_tokens"]}),
+        ("only_train", {"only_train_params_name_list": [r"layers\.1\.self_attn\.", "lm_head"]}),
+    ):
+        f = FSDPTrainBackend()
+        f.init(make_args(ckpt, **flags), with_ref=False)
+        before_params = full_params(f)
+        f.train(0, batch)
+        res[key] = {n: bool((p != before_params[n]).any()) for n, p in full_params(f).items()}
+        del f
     policy = FSDPTrainBackend()
     policy.init(make_args(ckpt, disable_compute_advantages_and_returns=True), with_ref=False)
     try:

@@ -368,3 +368,13 @@ def test_custom_loss_plugin_drives_training(loss_types):
 
 def test_policy_loss_without_advantages_fails_clearly(loss_types):
     assert "--disable-compute-advantages-and-returns" in loss_types["policy_error"]
+
+
+def test_freeze_and_only_train_param_lists(loss_types):
+    """--freeze-params-name-list keeps the matching weights bit-identical; --only-train-params-name-list trains
+    only the matching ones (HF names, re.search)."""
+    frozen = {n for n, changed in loss_types["freeze"].items() if not changed}
+    assert frozen == {n for n in loss_types["freeze"] if ".mlp." in n or "embed_tokens" in n}
+    trained = {n for n, changed in loss_types["only_train"].items() if changed}
+    assert trained == {n for n in loss_types["only_train"] if "layers.1.self_attn." in n or "lm_head" in n}
+    assert trained and len(trained) < len(loss_types["only_train"])

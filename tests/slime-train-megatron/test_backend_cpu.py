@@ -19,7 +19,7 @@ pytest.importorskip("megatron.core")
 
 class _CpuAdam:
     def __init__(self, config, models):
-        self.params = [p for m in models for p in m.parameters()]
+        self.params = [p for m in models for p in m.parameters() if p.requires_grad]  # as megatron-core's
         self.opt = torch.optim.Adam(self.params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2))
         self.param_groups, self.clip = self.opt.param_groups, config.clip_grad
 
@@ -252,3 +252,24 @@ def test_sft_and_custom_loss_types(cpu_backend_env, tiny_hf, monkeypatch):
     assert custom.step_metrics[0]["train/loss"] == pytest.approx(2 * expected, abs=1e-5)
     assert custom.step_metrics[0]["train/nll"] == pytest.approx(expected, abs=1e-5)
     assert _custom_loss.seen and all(adv_none and ent_grad for adv_none, ent_grad in _custom_loss.seen)
+
+
+def test_freeze_and_only_train_param_lists(cpu_backend_env, tiny_hf):
+    """Matching megatron-core parameters stay bit-identical through a training rollout; the others move."""
+    _, hf_dir = tiny_hf("qwen3")
+    for flags, frozen_if in (
+        ({"freeze_params_name_list": [r"\.mlp\.", "embedding"]}, lambda n: ".mlp." in n or "embedding" in n),
+        ({"only_train_params_name_list": ["output_layer"]}, lambda n: "output_layer" not in n),
+    ):
+        args = types.SimpleNamespace(
+            hf_checkpoint=str(hf_dir),
+            megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-2"],
+            advantage_estimator="grpo", rollout_temperature=1.0, kl_coef=0.0, use_kl_loss=False, entropy_coef=0.0,
+            eps_clip=0.2, **flags,
+        )  # fmt: skip
+        backend = cpu_backend_env.MegatronTrainBackend()
+        backend.init(args, with_ref=False)
+        before = {n: p.detach().clone() for n, p in backend.module.named_parameters()}
+        backend.train(0, _batch())
+        for name, param in backend.module.named_parameters():
+            assert torch.equal(param, before[name]) == frozen_if(name), (flags, name)

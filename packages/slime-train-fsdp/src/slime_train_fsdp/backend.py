@@ -34,6 +34,7 @@ from slime_core.algorithms import (
     whitening_stats,
 )
 from slime_core.batch import RolloutBatch
+from slime_core.param_filter import frozen_parameter_names
 from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
@@ -106,8 +107,12 @@ class FSDPTrainBackend:
                 load_hf_weights_into(self.model, args.hf_checkpoint)
             else:
                 self._ref_shards = self._snapshot()
+        frozen = frozen_parameter_names([n for n, _ in self.model.named_parameters()], args)
+        for name, param in self.model.named_parameters():
+            if name in frozen:
+                param.requires_grad_(False)  # FSDP2 then neither computes nor reduce-scatters its gradient
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=float(args.lr),
             betas=(float(getattr(args, "adam_beta1", 0.9)), float(getattr(args, "adam_beta2", 0.95))),
             eps=float(getattr(args, "adam_eps", 1e-8)),

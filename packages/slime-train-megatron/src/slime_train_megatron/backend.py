@@ -39,6 +39,7 @@ from slime_core.algorithms import (
     whitening_stats,
 )
 from slime_core.batch import RolloutBatch
+from slime_core.param_filter import frozen_parameter_names
 from slime_core.weight_buckets import iter_buckets
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
@@ -136,6 +137,10 @@ class MegatronTrainBackend:
         if cuda:
             module.cuda(torch.cuda.current_device())
         self.module = module
+        frozen = frozen_parameter_names([n for n, _ in module.named_parameters()], args)
+        for name, param in module.named_parameters():
+            if name in frozen:
+                param.requires_grad_(False)  # before DDP: no grad buffer, and the optimizer skips it
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=s.use_distributed_optimizer
         )

@@ -102,8 +102,12 @@ class OptimizerArgs(ArgsGroup):
     use_stateless_adam: bool = arg(False, "Adam without persisted moments.")
     bf16: bool = arg(False, "Train in bfloat16 (mixed precision).")
     fp16: bool = arg(False, "Train in float16 (mixed precision).")
-    only_train_params_name_list: list[str] | None = arg(None, "Regexes of the only parameters to train.")
-    freeze_params_name_list: list[str] | None = arg(None, "Regexes of parameters to freeze.")
+    only_train_params_name_list: list[str] | None = arg(
+        None, "Regexes (re.search on the backend's parameter names) of the only parameters to train."
+    )
+    freeze_params_name_list: list[str] | None = arg(
+        None, "Regexes (re.search on the backend's parameter names) of parameters to freeze."
+    )
     log_probs_chunk_size: int = arg(-1, "Chunk size of the log-prob computation (-1: no chunking).")
     recompute_loss_function: bool = arg(False, "Activation-checkpoint the loss function.")
 
