@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 import shlex
 import textwrap
 
@@ -62,7 +63,7 @@ def test_qwen3_4b_launch_script(no_cuda):
     assert args.rollout_temperature == 0.8 and args.rollout_max_response_len == 8192
     assert args.input_key == "prompt" and args.label_key == "label" and args.apply_chat_template
     assert args.rollout_shuffle and args.balance_data and args.use_dynamic_batch_size
-    assert args.max_tokens_per_gpu == 9216 and args.log_probs_max_tokens_per_gpu == 9216
+    assert args.max_tokens_per_gpu == 9216
     assert args.eval_datasets == [("aime", "/root/aime-2024/aime-2024.jsonl")]
     assert (args.eval_interval, args.n_samples_per_eval_prompt, args.eval_top_p) == (20, 16, 0.7)
     assert args.use_kl_loss and args.kl_loss_coef == 0.0 and args.kl_loss_type == "low_var_kl"
@@ -114,10 +115,13 @@ def test_engine_defaults_depend_on_cuda(monkeypatch):
 
 def test_boolean_flags():
     assert parse_args([*MINIMAL, "--partial-rollout"]).partial_rollout is True
-    # Tri-state offload flags: an explicit --no-offload-train beats the --colocate implication.
-    args = parse_args([*MINIMAL, "--colocate", "--no-offload-train"])
-    assert args.offload_train is False and args.offload_rollout is True
-    assert parse_args([*MINIMAL, "--offload"]).offload_train is True
+    # Tri-state offload flags: --colocate implies them; the trainer is offloaded exactly when colocated.
+    args = parse_args([*MINIMAL, "--colocate", "--no-offload-rollout"])
+    assert args.offload_train is True and args.offload_rollout is False
+    with pytest.raises(ConfigError, match="--colocate always offloads the trainer"):
+        parse_args([*MINIMAL, "--colocate", "--no-offload-train"])
+    with pytest.raises(ConfigError, match=re.escape("--offload-train (or --offload) without --colocate")):
+        parse_args([*MINIMAL, "--offload"])
     assert parse_args([*MINIMAL, "--no-use-tensorboard"]).use_tensorboard is False
     assert parse_args([*MINIMAL, "--async"]).async_train is True  # alias of --async-train
     assert parse_args([*MINIMAL, "--async-train"]).async_train is True

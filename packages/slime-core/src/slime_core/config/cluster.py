@@ -30,13 +30,15 @@ class ClusterArgs(ArgsGroup):
         ge=0,
     )
     rollout_num_gpus_per_engine: int = arg(1, "GPUs per rollout engine (the engine's TP size).", ge=1)
-    num_gpus_per_node: int = arg(8, "GPUs per node of the cluster (for engines spanning nodes).", ge=1)
+    num_gpus_per_node: int = arg(
+        8, "GPUs per node of the cluster; an engine (--rollout-num-gpus-per-engine) must fit on one node.", ge=1
+    )
     colocate: bool = arg(
         False, "Trainer and engines share the same GPUs (implies --offload-train and --offload-rollout)."
     )
     offload: bool = arg(False, "Shorthand for --offload-train and --offload-rollout.")
     offload_train: bool | None = arg(
-        None, "Free trainer accelerator memory while rolling out (default: on with --colocate/--offload)."
+        None, "Free trainer accelerator memory while rolling out (always on with --colocate; needs --colocate)."
     )
     offload_rollout: bool | None = arg(
         None, "Free engine accelerator memory while training (default: on with --colocate/--offload)."
@@ -107,8 +109,8 @@ class WeightSyncArgs(ArgsGroup):
         "Weight sync method: tensor (shared tensors / CUDA IPC), distributed (NCCL broadcast), disk (HF "
         "checkpoint reload). auto: tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
     )
-    update_weight_mode: Literal["full"] = arg(
-        "full", "Original flag; only full updates are supported (delta disk sync is not implemented)."
+    update_weight_mode: Literal["full", "delta"] = arg(
+        "full", "Original flag: full (the only mode implemented) or delta (changed weights only)."
     )
     update_weight_transport: Literal["nccl", "disk"] | None = arg(
         None, "Original transport flag: nccl or disk (used to resolve --weight-sync auto when given)."

@@ -64,7 +64,7 @@ class DebugArgs(ArgsGroup):
     load_debug_rollout_data: str | None = arg(None, "Path template of rollout dumps to replay (implies train-only).")
     load_debug_rollout_data_subsample: float | None = arg(None, "Fraction of replayed samples to keep.", gt=0, le=1)
     save_debug_train_data: str | None = arg(None, "Path template for train-batch dumps ({rollout_id} substituted).")
-    dump_details: str | None = arg(None, "Directory for rollout and train dumps (sets the two paths above).")
+    dump_details: str | None = arg(None, "Directory for rollout dumps (sets --save-debug-rollout-data).")
     memory_snapshot_dir: str = arg(".", "Directory for memory snapshots.")
     memory_snapshot_num_steps: int | None = arg(None, "Steps recorded in memory snapshots.", ge=1)
     profile_target: list[Literal["train_overall", "train_actor", "train_log_probs"]] = arg(

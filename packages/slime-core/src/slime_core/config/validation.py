@@ -42,7 +42,6 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _eval(args)
     _checkpoint_and_dumps(args)
     _weight_sync(args)
-    _opd(args)
     _passthrough(args)
 
 
@@ -62,17 +61,6 @@ def _engines(args: SlimeArgs) -> None:
         if args.rollout_engine_urls and args.rollout_engine_urls != urls:
             raise ConfigError("--rollout-external-engine-addrs and --rollout-engine-urls disagree; give only one")
         args.rollout_engine_urls = urls
-    given = [
-        flag
-        for flag, value in (
-            ("--sglang-config", args.sglang_config),
-            ("--prefill-num-servers", args.prefill_num_servers),
-            ("--rollout-engine-urls", args.rollout_engine_urls),
-        )
-        if value
-    ]
-    if len(given) > 1:
-        raise ConfigError(f"{' and '.join(given)} are mutually exclusive")
 
 
 def _debug_modes(args: SlimeArgs) -> None:
@@ -91,14 +79,22 @@ def _debug_modes(args: SlimeArgs) -> None:
 
 def _placement(args: SlimeArgs) -> None:
     implied = args.colocate or args.offload
+    if args.colocate and args.offload_train is False:
+        raise ConfigError("--colocate always offloads the trainer while the engines run; drop --no-offload-train")
     if args.offload_train is None:
         args.offload_train = implied
     if args.offload_rollout is None:
         args.offload_rollout = implied
-    if args.fsdp_cpu_offload and args.offload_train and args.train_backend == "fsdp":
-        # Parameters already live on CPU with --fsdp-cpu-offload; moving them again is useless.
-        warn_once("fsdp_cpu_offload", "--fsdp-cpu-offload: disabling --offload-train (parameters already on CPU)")
-        args.offload_train = False
+    if args.offload_train and not args.colocate:
+        raise ConfigError(
+            "--offload-train (or --offload) without --colocate is not implemented: the trainer frees accelerator "
+            "memory only when it shares GPUs with the engines; drop it or add --colocate"
+        )
+    if args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
+        raise ConfigError(
+            f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} exceeds --num-gpus-per-node "
+            f"{args.num_gpus_per_node}: an engine must fit on one node"
+        )
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.async_train and args.colocate:
         raise ConfigError("--async overlaps rollout and training, which cannot share GPUs: drop --colocate")
@@ -109,11 +105,6 @@ def _placement(args: SlimeArgs) -> None:
             f"--rollout-num-gpus {args.rollout_num_gpus} is smaller than the {actor_gpus} actor GPUs; "
             "with --colocate it must be 0 or at least --actor-num-nodes * --actor-num-gpus-per-node"
         )
-    if args.advantage_estimator == "ppo":
-        if args.critic_num_nodes is None:
-            args.critic_num_nodes = args.actor_num_nodes
-        if args.critic_num_gpus_per_node is None:
-            args.critic_num_gpus_per_node = args.actor_num_gpus_per_node
 
 
 def _batch_sizes(args: SlimeArgs) -> None:
@@ -154,12 +145,8 @@ def _batch_sizes(args: SlimeArgs) -> None:
 
 
 def _num_rollout(args: SlimeArgs) -> None:
-    if args.num_rollout is None and args.num_epoch is None:
-        raise ConfigError("one of --num-rollout or --num-epoch is required")
-    if args.num_rollout is not None and args.num_epoch is not None:
-        warn_once("num_epoch_ignored", "both --num-rollout and --num-epoch given; --num-epoch is ignored")
-    if args.num_rollout is None and args.disable_rollout_global_dataset:
-        raise ConfigError("--num-epoch needs a prompt dataset; it cannot be used with --disable-rollout-global-dataset")
+    if args.num_rollout is None:
+        raise ConfigError("--num-rollout is required (epochs: --num-rollout = epochs × prompts / --rollout-batch-size)")
 
 
 def _algorithm(args: SlimeArgs) -> None:
@@ -183,8 +170,6 @@ def _algorithm(args: SlimeArgs) -> None:
         warn_once("cispo_eps", f"CISPO with --eps-clip {args.eps_clip} < 1; the canonical setting is --eps-clip 1")
     if args.use_rollout_logprobs and args.use_tis:
         raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
-    if args.get_mismatch_metrics and args.custom_tis_function_path is None:
-        raise ConfigError("--get-mismatch-metrics requires --custom-tis-function-path")
     if args.tis_clip_low > args.tis_clip:
         raise ConfigError(f"--tis-clip-low ({args.tis_clip_low}) must be <= --tis-clip ({args.tis_clip})")
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
@@ -194,10 +179,11 @@ def _algorithm(args: SlimeArgs) -> None:
             "--disable-compute-advantages-and-returns leaves the policy loss without advantages; "
             "use it with --loss-type sft_loss or custom_loss"
         )
-    if args.num_critic_only_steps > 0 and args.advantage_estimator != "ppo":
-        raise ConfigError("--num-critic-only-steps needs --advantage-estimator ppo (a critic)")
-    if args.use_rollout_routing_replay:
-        args.use_routing_replay = True
+    if args.advantage_estimator == "ppo":
+        raise ConfigError(
+            "--advantage-estimator ppo needs a critic model, which this version does not train; use grpo, gspo, "
+            "cispo, rloo, reinforce_plus_plus or reinforce_plus_plus_baseline"
+        )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
@@ -211,8 +197,6 @@ def _algorithm(args: SlimeArgs) -> None:
 def _dynamic_batch(args: SlimeArgs) -> None:
     if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
         raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
-    if args.log_probs_max_tokens_per_gpu is None:
-        args.log_probs_max_tokens_per_gpu = args.max_tokens_per_gpu
     if args.balance_by_flops:
         if not args.use_dynamic_batch_size:
             raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
@@ -248,20 +232,8 @@ def _eval(args: SlimeArgs) -> None:
 def _checkpoint_and_dumps(args: SlimeArgs) -> None:
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval requires --save")
-    if args.release_train:
-        if args.save is None:
-            raise ConfigError("--release-train requires --save (trainers are recreated from the checkpoint)")
-        if args.advantage_estimator == "ppo" or args.keep_old_actor:
-            raise ConfigError("--release-train is incompatible with a critic (ppo) and --keep-old-actor")
-        if args.save_interval is None:
-            args.save_interval = 1
-    if args.dump_details is not None:
-        if args.save_debug_rollout_data is None:
-            args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
-        if args.save_debug_train_data is None:
-            args.save_debug_train_data = os.path.join(args.dump_details, "train_data", "{rollout_id}.pt")
-    if args.save_debug_rollout_data is not None and args.save_debug_rollout_data == args.save_debug_train_data:
-        raise ConfigError("--save-debug-rollout-data and --save-debug-train-data must be different paths")
+    if args.dump_details is not None and args.save_debug_rollout_data is None:
+        args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
 
 
 def _weight_sync(args: SlimeArgs) -> None:
@@ -276,19 +248,6 @@ def _weight_sync(args: SlimeArgs) -> None:
             args.weight_sync = "distributed"
         else:
             args.weight_sync = "disk"
-    if args.release_train and args.weight_sync != "disk":
-        raise ConfigError("--release-train requires disk weight sync (--weight-sync disk)")
-
-
-def _opd(args: SlimeArgs) -> None:
-    if not args.use_opd:
-        return
-    if args.opd_type is None:
-        raise ConfigError("--use-opd requires --opd-type (sglang or megatron)")
-    if args.opd_type == "megatron" and args.opd_teacher_load is None:
-        raise ConfigError("--opd-type megatron requires --opd-teacher-load")
-    if args.opd_type == "sglang" and args.opd_teacher_load is not None:
-        raise ConfigError("--opd-teacher-load is only for --opd-type megatron (sglang teachers are served at --rm-url)")
 
 
 def _passthrough(args: SlimeArgs) -> None:
