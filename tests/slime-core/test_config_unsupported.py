@@ -26,3 +26,17 @@ def test_every_unsupported_entry_is_a_real_field():
     from slime_core.config import SlimeArgs
 
     assert set(unsupported.UNSUPPORTED) <= set(SlimeArgs.model_fields)
+
+
+def test_help_marks_unsupported_flags(monkeypatch, capsys):
+    from slime_core.config import cli
+
+    monkeypatch.setitem(unsupported.UNSUPPORTED, "wandb_team", "no team support")
+    cli.build_parser.cache_clear()  # the parser is built once per process
+    try:
+        with pytest.raises(SystemExit):
+            parse_args(["--help"])
+    finally:
+        cli.build_parser.cache_clear()
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--wandb-team WANDB_TEAM NOT IMPLEMENTED (no team support). W&B entity." in out

@@ -33,6 +33,7 @@ from pydantic.fields import FieldInfo
 from slime_core.config.args import SlimeArgs, config_error_from_validation
 from slime_core.config.base import ConfigError, field_to_flag
 from slime_core.config.megatron_flags import MEGATRON_FLAGS
+from slime_core.config.unsupported import UNSUPPORTED
 
 __all__ = ["YamlConfig", "build_parser", "load_yaml_config", "parse_args"]
 
@@ -58,6 +59,8 @@ def _add_field(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: 
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     flags = [field_to_flag(name), *extra.get("aliases", [])]
     help_text = (field.description or "").replace("%", "%%")
+    if name in UNSUPPORTED:
+        help_text = f"NOT IMPLEMENTED ({UNSUPPORTED[name]}). ".replace("%", "%%") + help_text
     if not field.is_required() and field.default not in (None, False, [], {}):
         help_text += f" (default: {field.default})".replace("%", "%%")
     annotation = _unwrap_optional(field.annotation)
