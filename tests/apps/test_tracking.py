@@ -113,4 +113,7 @@ def test_tensorboard_dir_precedence(tmp_path):
     assert tensorboard_log_dir(_args(), out) == str(tmp_path / "tensorboard")
     assert tensorboard_log_dir(_args("--tb-experiment-name", "e"), out) == str(tmp_path / "tensorboard" / "e")
     assert tensorboard_log_dir(_args("--tb-project-name", "/tb"), out) == "/tb"
+    assert tensorboard_log_dir(_args("--tb-project-name", "proj", "--tb-experiment-name", "e"), out) == str(
+        tmp_path / "proj" / "e"
+    )
     assert tensorboard_log_dir(_args("--tensorboard-dir", "/x", "--tb-project-name", "/tb"), out) == "/x"

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from slime_core.sample import Sample, Status, status_from_finish_reason
@@ -125,3 +127,12 @@ def test_to_dict_copies_lists():
     assert s.tokens == [1, 2, 3, 5]
     assert s.loss_mask == [1]
     assert s.metadata == {}
+
+
+def test_status_reachable_as_in_original_plugins():
+    # Original custom generate functions set `sample.status = Sample.Status.TRUNCATED`.
+    s = Sample(prompt="p")
+    s.status = Sample.Status.TRUNCATED
+    assert s.status is Status.TRUNCATED
+    assert Sample.from_dict(s.to_dict()).status is Status.TRUNCATED
+    assert "Status" not in {f.name for f in dataclasses.fields(Sample)}

@@ -64,8 +64,6 @@ def default_demo_argv(output_dir: str | Path = "runs/demo") -> list[str]:
         "--save", str(out / "checkpoints"),
         "--save-hf", str(out / "hf"),
         "--use-tensorboard",
-        "--tb-project-name", "slime-demo",
-        "--tb-experiment-name", "demo",
     ]  # fmt: skip
     for name, value in DEMO_HPARAMS.items():
         argv += [f"--{name}", value]

@@ -34,10 +34,13 @@ _COMPACT = [
 def tensorboard_log_dir(args: Any, output_dir: str) -> str:
     """TensorBoard directory: `--tensorboard-dir`, else `--tb-project-name`, else `<output_dir>/tensorboard`.
 
-    With `--tb-experiment-name NAME` the run writes to the subdirectory NAME of it.
+    A relative `--tb-project-name` is taken under `output_dir` (not the current directory). With
+    `--tb-experiment-name NAME` the run writes to the subdirectory NAME of it.
     """
-    base = getattr(args, "tensorboard_dir", None) or getattr(args, "tb_project_name", None)
-    base = base or os.path.join(output_dir, "tensorboard")
+    base = getattr(args, "tensorboard_dir", None)
+    if not base:
+        project = getattr(args, "tb_project_name", None)
+        base = os.path.join(output_dir, project or "tensorboard")  # an absolute project path stays as given
     experiment = getattr(args, "tb_experiment_name", None)
     return os.path.join(base, experiment) if experiment else base
 

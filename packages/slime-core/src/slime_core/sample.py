@@ -95,6 +95,8 @@ class Sample:
         non_generation_time: seconds spent outside generation (tools, env), for perf metrics.
     """
 
+    Status = Status  # original plugins write `Sample.Status.TRUNCATED` (a nested enum there)
+
     prompt: str | list[dict[str, Any]] = ""
     tokens: list[int] = dataclasses.field(default_factory=list)
     response: str = ""

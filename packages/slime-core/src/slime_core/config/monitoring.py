@@ -47,7 +47,9 @@ class LoggingArgs(ArgsGroup):
     use_tensorboard: bool = arg(True, "Log metrics to TensorBoard (on by default here; --no-use-tensorboard).")
     output_dir: str = arg("outputs", "Directory for run outputs (TensorBoard logs, reward curve, final HF export).")
     tensorboard_dir: str | None = arg(None, "TensorBoard log directory (default: <output-dir>/tensorboard).")
-    tb_project_name: str | None = arg(None, "TensorBoard log directory (original flag; --tensorboard-dir wins).")
+    tb_project_name: str | None = arg(
+        None, "TensorBoard log directory, relative to --output-dir unless absolute (--tensorboard-dir wins)."
+    )
     tb_experiment_name: str | None = arg(None, "TensorBoard run name: a subdirectory of the log directory.")
     log_multi_turn: bool = arg(False, "Log multi-turn statistics.")
     log_passrate: bool = arg(False, "Log pass@k.")
