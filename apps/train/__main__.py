@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
         from slime_app.preflight import preflight
 
         preflight(args)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:  # ImportError: PluginError
         print(f"slime: error: {e}", file=sys.stderr)
         return 2
 

@@ -61,3 +61,41 @@ def test_megatron_without_cuda_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     preflight(args)  # a remote cluster: its GPUs are not visible from the driver
+
+
+def _plugin_module(tmp_path, monkeypatch, name, body):
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    _plugin_module(tmp_path, monkeypatch, "pf_plugins", "def reward_func(args, sample, **kw):\n    return 1.0\n")
+    preflight(_args(data, "--custom-rm-path", "pf_plugins.reward_func"))  # resolves
+    with pytest.raises(ImportError, match="--custom-rm-path: module 'pf_plugins' has no attribute 'reward_fn'"):
+        preflight(_args(data, "--custom-rm-path", "pf_plugins.reward_fn"))
+    with pytest.raises(ImportError, match="--dynamic-sampling-filter-path: module 'pf_nope' not found"):
+        preflight(_args(data, "--dynamic-sampling-filter-path", "pf_nope.keep"))
+
+
+def test_plugin_whose_dependency_is_missing_here_is_left_to_the_workers(tmp_path, monkeypatch, caplog):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    _plugin_module(tmp_path, monkeypatch, "pf_gpu_plugin", "import pf_gpu_only_dep\n\ndef gen(args, sample, p):\n    pass\n")
+    with caplog.at_level("WARNING"):
+        preflight(_args(data, "--custom-generate-function-path", "pf_gpu_plugin.gen"))
+    assert "left to the workers" in caplog.text and "pf_gpu_plugin" in caplog.text
+
+
+def test_chat_template_flag_needs_a_template(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    with pytest.raises(ValueError, match=r"--apply-chat-template: the tokenizer of --hf-checkpoint .*model has no chat"):
+        preflight(_args(data, "--apply-chat-template"))  # the demo model has no template
+    qwen3 = tmp_path / "qwen3"
+    qwen3.mkdir()
+    (qwen3 / "config.json").write_text((MODEL / "config.json").read_text())
+    tok = REPO / "tests" / "fixtures" / "qwen3-tokenizer" / "tokenizer_config.json"
+    (qwen3 / "tokenizer_config.json").write_text(tok.read_text())
+    preflight(_args(data, "--apply-chat-template", "--hf-checkpoint", str(qwen3)))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def _check_rows(spec: str, args: Any, flag: str) -> None:
@@ -22,6 +25,60 @@ def _check_rows(spec: str, args: Any, flag: str) -> None:
             raise ValueError(f"{flag} {spec} row {i}: no --label-key {args.label_key!r} (keys: {sorted(row)})")
 
 
+# Fields naming a function or class by import path (env_path names an env; *_config_path are files).
+PLUGIN_FIELDS = (
+    "rollout_function_path", "custom_generate_function_path", "custom_rm_path", "custom_reward_post_process_path",
+    "dynamic_sampling_filter_path", "rollout_sample_filter_path", "rollout_all_samples_process_path",
+    "rollout_sample_hook_path", "buffer_filter_path", "data_source_path", "eval_function_path",
+    "custom_rollout_log_function_path", "custom_eval_rollout_log_function_path", "custom_loss_function_path",
+    "custom_advantage_function_path", "custom_tis_function_path", "custom_pg_loss_reducer_function_path",
+)  # fmt: skip
+
+
+def _check_plugins(args: Any) -> None:
+    """Imports every plugin path here, so a typo fails in one line instead of inside a Ray actor.
+
+    A plugin whose own module imports something this driver process lacks (a GPU-only package, say) is
+    left to the workers, with a warning: their environment may differ.
+    """
+    from slime_core.plugins import PluginError, load_function
+
+    for name in PLUGIN_FIELDS:
+        path = getattr(args, name, None)
+        if not path:
+            continue
+        flag = "--" + name.replace("_", "-")
+        try:
+            load_function(path, flag=flag)
+        except PluginError as e:
+            cause = e.__cause__
+            plugin_module = path.partition(":")[0] if ":" in path else path.rpartition(".")[0]
+            dependency_missing = isinstance(cause, ImportError) and getattr(cause, "name", None) not in (
+                None, plugin_module, *_parents(plugin_module)
+            )  # fmt: skip
+            if not dependency_missing:
+                raise
+            logger.warning("%s (left to the workers)", e)
+
+
+def _has_chat_template(model_dir: str) -> bool:
+    """Whether the HF tokenizer files in `model_dir` carry a chat template (True when it cannot tell)."""
+    import json
+
+    if any(os.path.exists(os.path.join(model_dir, f)) for f in ("chat_template.jinja", "chat_template.json")):
+        return True
+    config = os.path.join(model_dir, "tokenizer_config.json")
+    if not os.path.exists(config):
+        return True  # no tokenizer files here: the tokenizer's own loader reports that
+    with open(config, encoding="utf-8") as f:
+        return bool(json.load(f).get("chat_template"))
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def preflight(args: Any) -> None:
     """Validates paths and data files named by the config.
 
@@ -29,6 +86,7 @@ def preflight(args: Any) -> None:
         FileNotFoundError: a model directory or data file does not exist (message names the flag).
         ValueError: a data file is malformed (message names the flag, file and line/row), or
             `--train-backend megatron` on a local run without CUDA.
+        slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
     if args.train_backend == "megatron" and not (getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS")):
         import torch
@@ -38,6 +96,12 @@ def preflight(args: Any) -> None:
                 "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
                 "CUDA-only); on this machine use --train-backend fsdp"
             )
+    _check_plugins(args)
+    if args.apply_chat_template and args.hf_checkpoint and not _has_chat_template(args.hf_checkpoint):
+        raise ValueError(
+            f"--apply-chat-template: the tokenizer of --hf-checkpoint {args.hf_checkpoint} has no chat template "
+            "(no 'chat_template' in tokenizer_config.json, no chat_template.jinja); drop the flag or add one"
+        )
     if args.hf_checkpoint and not os.path.isdir(args.hf_checkpoint):
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {args.hf_checkpoint}")
     if args.hf_checkpoint and not os.path.exists(os.path.join(args.hf_checkpoint, "config.json")):
