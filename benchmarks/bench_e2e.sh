@@ -7,7 +7,7 @@
 #   DISAGG=1 bash benchmarks/bench_e2e.sh             # 2 GPUs: trainer on one, SGLang on the other, NCCL sync
 #   TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 bash benchmarks/bench_e2e.sh   # Megatron (local spec)
 # CPU smoke:
-#   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 bash benchmarks/bench_e2e.sh
+#   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
 # Colocated SGLang needs torch_memory_saver on the SGLang side (--enable-memory-saver); the staged stack
 # lacks it unless bundle.sh was run with `--sglang torch-memory-saver==<ver>`: this script checks first.
 # Budget on an H200: model write ~20 s, Ray + trainer + SGLang start ~120 s, 4 rollouts ~4 x 20 s: ~4 min.
