@@ -64,7 +64,10 @@ def main(argv: list[str]) -> int:
         print(f"{name}: " + ", ".join(f"{v:.3f}@{s}" for s, v in series))
     if evals:
         first_series = next(iter(evals.values()))
-        print(f"eval accuracy: {first_series[0][1]:.3f} -> {first_series[-1][1]:.3f}")
+        if len(first_series) > 1:
+            print(f"eval accuracy: {first_series[0][1]:.3f} -> {first_series[-1][1]:.3f}")
+        else:
+            print(f"eval accuracy: {first_series[0][1]:.3f} (one eval)")
     print(f"wall time: {wall:.0f} s")
     for label, path in outputs.items():
         print(f"{label}: {path}")

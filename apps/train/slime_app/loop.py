@@ -62,6 +62,7 @@ class Run:
             self.trainer = TrainGroup(args, self.placement)
             start = self.trainer.init(args.to_dict())
             if start > 0:
+                logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", args.load, start)
                 ray.get(self.manager.load.remote(start - 1))
         if args.start_rollout_id is not None:
             start = args.start_rollout_id
