@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import urllib.parse
 from typing import Any
 
 import ray
@@ -75,6 +76,30 @@ def launch_or_attach_engines(args: Any, rollout_gpu_ids: list[int]) -> Any | Non
     return engines
 
 
+def expose_single_engine_as_router(args: Any) -> None:
+    """With no router and one engine, sets `sglang_router_ip` / `sglang_router_port` to that engine.
+
+    Original custom generate functions post to `http://{sglang_router_ip}:{sglang_router_port}/generate`;
+    for a single engine that address is the engine's own (same `/generate`). With several engines and no
+    router those fields stay None: custom code should use `slime_rollout.client.get_client(args)`, which
+    spreads requests over the engines (or start a router with `--use-sglang-router`).
+    """
+    urls = args.rollout_engine_urls or []
+    if args.sglang_router_ip or args.sglang_router_port:
+        return
+    if len(urls) == 1:
+        parsed = urllib.parse.urlsplit(urls[0])
+        if parsed.hostname and parsed.port:
+            args.sglang_router_ip, args.sglang_router_port = parsed.hostname, parsed.port
+    elif len(urls) > 1 and args.custom_generate_function_path:
+        logger.warning(
+            "%d engines and no router: args.sglang_router_ip/port are None in %s; use "
+            "slime_rollout.client.get_client(args).generate(payload) or --use-sglang-router",
+            len(urls),
+            args.custom_generate_function_path,
+        )
+
+
 @ray.remote
 class RolloutManager:
     """Owns engines, data source and the rollout function for the whole run."""
@@ -108,6 +133,7 @@ class RolloutManager:
         from slime_rollout.client import get_client
 
         self.engines = launch_or_attach_engines(args, self.rollout_gpu_ids)
+        expose_single_engine_as_router(args)
         self.client = get_client(args)
         logger.info("engines up: %s", args.rollout_engine_urls)
         return list(args.rollout_engine_urls)
