@@ -41,22 +41,17 @@ def _check_plugins(args: Any) -> None:
     A plugin whose own module imports something this driver process lacks (a GPU-only package, say) is
     left to the workers, with a warning: their environment may differ.
     """
+    from slime_core.config.base import field_to_flag
     from slime_core.plugins import PluginError, load_function
 
     for name in PLUGIN_FIELDS:
         path = getattr(args, name, None)
         if not path:
             continue
-        flag = "--" + name.replace("_", "-")
         try:
-            load_function(path, flag=flag)
+            load_function(path, flag=field_to_flag(name))
         except PluginError as e:
-            cause = e.__cause__
-            plugin_module = path.partition(":")[0] if ":" in path else path.rpartition(".")[0]
-            dependency_missing = isinstance(cause, ImportError) and getattr(cause, "name", None) not in (
-                None, plugin_module, *_parents(plugin_module)
-            )  # fmt: skip
-            if not dependency_missing:
+            if e.missing_dependency is None:
                 raise
             logger.warning("%s (left to the workers)", e)
 
@@ -72,11 +67,6 @@ def _has_chat_template(model_dir: str) -> bool:
         return True  # no tokenizer files here: the tokenizer's own loader reports that
     with open(config, encoding="utf-8") as f:
         return bool(json.load(f).get("chat_template"))
-
-
-def _parents(module: str) -> list[str]:
-    parts = module.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def preflight(args: Any) -> None:

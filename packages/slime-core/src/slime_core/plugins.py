@@ -19,7 +19,14 @@ logger = logging.getLogger(__name__)
 
 
 class PluginError(ImportError):
-    """A plugin import path could not be resolved; the message names the flag and what was missing."""
+    """A plugin import path could not be resolved; the message names the flag and what was missing.
+
+    Attributes:
+        missing_dependency: the module the plugin's own module failed to import (this process lacks a
+            package the plugin needs), or None when the plugin path itself is wrong.
+    """
+
+    missing_dependency: str | None = None
 
 
 def _split_path(path: str, flag: str) -> tuple[str, str]:
@@ -46,7 +53,9 @@ def _load(path: str, flag: str) -> Any:
         # Distinguish "the plugin module is missing" from "the plugin module imports something missing".
         if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise PluginError(f"{flag}: module {module_name!r} not found (from {path!r})") from e
-        raise PluginError(f"{flag}: importing module {module_name!r} failed: {e}") from e
+        error = PluginError(f"{flag}: importing module {module_name!r} failed: {e}")
+        error.missing_dependency = e.name
+        raise error from e
     except Exception as e:
         raise PluginError(f"{flag}: importing module {module_name!r} failed: {type(e).__name__}: {e}") from e
     obj: Any = module

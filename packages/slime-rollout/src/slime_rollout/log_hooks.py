@@ -15,9 +15,10 @@ function; here the metrics sink lives in the driver process, so additions are th
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from slime_core.config.base import field_to_flag
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
 
@@ -26,8 +27,17 @@ logger = logging.getLogger(__name__)
 __all__ = ["apply_eval_log_function", "apply_rollout_log_function"]
 
 
-def _keep(skip_default: Any, before: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    if not skip_default:
+def _run(
+    args: Any, field: str, metrics: dict[str, Any] | None, call: Callable[[Callable, dict[str, Any]], Any]
+) -> dict[str, Any] | None:
+    """Calls the hook at `args.<field>` through `call(fn, metrics)`; returns the metrics to log."""
+    path = getattr(args, field, None)
+    if not path:
+        return metrics
+    fn = load_function(path, flag=field_to_flag(field))
+    metrics = dict(metrics or {})
+    before = dict(metrics)
+    if not call(fn, metrics):
         return metrics
     return {k: v for k, v in metrics.items() if k not in before or before[k] != v}
 
@@ -51,14 +61,12 @@ def apply_rollout_log_function(
     Raises:
         slime_core.plugins.PluginError: the function cannot be imported.
     """
-    path = getattr(args, "custom_rollout_log_function_path", None)
-    if not path:
-        return metrics
-    fn = load_function(path, flag="--custom-rollout-log-function-path")
-    metrics = dict(metrics or {})
-    before = dict(metrics)
-    skip_default = fn(rollout_id, args, list(samples), metrics, rollout_time)
-    return _keep(skip_default, before, metrics)
+    return _run(
+        args,
+        "custom_rollout_log_function_path",
+        metrics,
+        lambda fn, m: fn(rollout_id, args, list(samples), m, rollout_time),
+    )
 
 
 def apply_eval_log_function(
@@ -78,11 +86,4 @@ def apply_eval_log_function(
     Raises:
         slime_core.plugins.PluginError: the function cannot be imported.
     """
-    path = getattr(args, "custom_eval_rollout_log_function_path", None)
-    if not path:
-        return metrics
-    fn = load_function(path, flag="--custom-eval-rollout-log-function-path")
-    metrics = dict(metrics or {})
-    before = dict(metrics)
-    skip_default = fn(rollout_id, args, data, metrics)
-    return _keep(skip_default, before, metrics)
+    return _run(args, "custom_eval_rollout_log_function_path", metrics, lambda fn, m: fn(rollout_id, args, data, m))
