@@ -93,7 +93,7 @@ class Tracker:
     Args:
         args: run config (`use_tensorboard`, `tensorboard_dir`, `tb_project_name`, `tb_experiment_name`, `use_wandb`
             and the fields of `wandb_init_kwargs` / `wandb_login_kwargs`, `wandb_always_use_train_step` with
-            `rollout_batch_size`, `n_samples_per_prompt`, `global_batch_size`).
+            `num_steps_per_rollout`).
         output_dir: where the TensorBoard logs and the curve PNG go when not configured.
     """
 
@@ -144,12 +144,13 @@ class Tracker:
         """The x-axis value of rollout `rollout_id` in TensorBoard and W&B.
 
         The rollout id, or with `--wandb-always-use-train-step` the optimizer steps done before it:
-        `rollout_id * rollout_batch_size * n_samples_per_prompt // global_batch_size` (the original's formula).
+        `rollout_id * num_steps_per_rollout` (the original's `rollout_id * rollout_batch_size *
+        n_samples_per_prompt // global_batch_size`; config validation makes the division exact).
         """
         args = self.args
         if not getattr(args, "wandb_always_use_train_step", False):
             return rollout_id
-        return rollout_id * args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
+        return rollout_id * args.num_steps_per_rollout
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Records metrics for rollout `step` (keys like `rollout/raw_reward`, `eval/demo`)."""
