@@ -50,8 +50,7 @@ def test_megatron_without_cuda_is_a_one_line_error(tmp_path, monkeypatch):
 
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
-    args = _args(data)
-    args.train_backend = "megatron"
+    args = _args(data).model_copy(update={"train_backend": "megatron"})
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="--train-backend megatron needs CUDA GPUs.*--train-backend fsdp"):

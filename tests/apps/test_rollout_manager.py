@@ -11,10 +11,15 @@ sys.path.insert(0, str(REPO / "apps" / "train"))
 
 import slime_rollout.engines  # noqa: E402
 from slime_app.rollout_manager import expose_single_engine_as_router, launch_or_attach_engines  # noqa: E402
-from slime_core.config import parse_args  # noqa: E402
+from slime_core.config import PluginArgs  # noqa: E402
+from slime_core.config import parse_args as _parse_args  # noqa: E402
 
 BASE = ["--train-backend", "fsdp", "--hf-checkpoint", "/m", "--prompt-data", "/d.jsonl", "--num-rollout", "1",
         "--rollout-batch-size", "1", "--rollout-max-response-len", "8", "--rollout-num-gpus", "2"]  # fmt: skip
+
+
+def parse_args(argv):
+    return PluginArgs.from_config(_parse_args(argv))
 
 
 @pytest.fixture

@@ -384,3 +384,32 @@ def test_user_guide_examples(caplog, no_cuda):
         )
     assert fsdp.gradient_checkpointing and fsdp.context_parallel_size == 1
     assert any("--context-parallel-size" in r.getMessage() for r in caplog.records)
+
+
+def test_validated_config_is_frozen_and_plugins_get_a_writable_view_with_engine_addresses():
+    import pydantic
+
+    from slime_core.config import PluginArgs, SlimeArgs
+
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 2, "num_rollout": 1, "lr": 1e-5})
+    with pytest.raises(pydantic.ValidationError):
+        cfg.lr = 3.0
+    view = PluginArgs.from_config(cfg, engine_urls=["http://127.0.0.1:15000"], router_url="http://10.0.0.1:30000")
+    assert (view.sglang_router_ip, view.sglang_router_port) == ("10.0.0.1", 30000)
+    assert view.rollout_engine_urls == ["http://127.0.0.1:15000"]
+    view.my_plugin_state = {"calls": 1}  # original plugins may stash state on args
+    view.lr = 2.0
+    assert view.lr == 2.0 and cfg.lr == 1e-5 and cfg.rollout_engine_urls is None
+    assert view.global_batch_size == cfg.global_batch_size == 2
+    with pytest.raises(ValueError, match="http://host:port"):
+        PluginArgs.from_config(cfg, router_url="10.0.0.1")
+
+
+def test_disk_weight_sync_dir_defaults_under_output_dir():
+    from slime_core.config import SlimeArgs
+
+    cfg = SlimeArgs.from_dict(
+        {"rollout_batch_size": 2, "num_rollout": 1, "weight_sync": "disk", "output_dir": "/tmp/run"}
+    )
+    assert cfg.update_weight_disk_dir == "/tmp/run/weight_sync"
+    assert SlimeArgs.from_dict(cfg.to_dict()) == cfg

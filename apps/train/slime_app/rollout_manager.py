@@ -109,9 +109,9 @@ class RolloutManager:
 
         _logging.basicConfig(level=_logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _logging.getLogger("httpx").setLevel(_logging.WARNING)
-        from slime_core.config import SlimeArgs
+        from slime_core.config import PluginArgs, SlimeArgs
 
-        self.args = SlimeArgs.from_dict(args_dict)
+        self.args = PluginArgs.from_config(SlimeArgs.from_dict(args_dict))
         self.rollout_gpu_ids = rollout_gpu_ids
         self.use_gpu = use_gpu
         self.engines = None

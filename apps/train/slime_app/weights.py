@@ -8,7 +8,6 @@ disaggregated on GPU, disk otherwise).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -27,8 +26,6 @@ def make_weight_updater(args: Any, engine_urls: list[str], *, rank: int) -> Any:
     if mode == "tensor":
         return TensorWeightUpdater(args, client)
     if mode == "disk":
-        if not args.update_weight_disk_dir:
-            args.update_weight_disk_dir = os.path.join(args.output_dir, "weight_sync")
         return DiskWeightUpdater(args, client)
     if mode == "distributed":
         import ray

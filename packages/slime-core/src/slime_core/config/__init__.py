@@ -7,7 +7,7 @@ Example:
     32
 """
 
-from slime_core.config.args import SlimeArgs, config_error_from_validation
+from slime_core.config.args import PluginArgs, SlimeArgs, config_error_from_validation
 from slime_core.config.base import ConfigError
 from slime_core.config.cli import build_parser, load_yaml_config, parse_args
 from slime_core.config.megatron_flags import MEGATRON_FLAGS
@@ -15,6 +15,7 @@ from slime_core.config.megatron_flags import MEGATRON_FLAGS
 __all__ = [
     "MEGATRON_FLAGS",
     "ConfigError",
+    "PluginArgs",
     "SlimeArgs",
     "build_parser",
     "config_error_from_validation",

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import ConfigDict, ValidationError, model_validator
 
 from slime_core.config.base import ConfigError, arg, field_to_flag
 from slime_core.config.cluster import ClusterArgs, EngineArgs, WeightSyncArgs
@@ -23,7 +23,7 @@ from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, Rollo
 from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, OptimizerArgs
 from slime_core.config.validation import derive_and_validate
 
-__all__ = ["SlimeArgs", "config_error_from_validation"]
+__all__ = ["PluginArgs", "SlimeArgs", "config_error_from_validation"]
 
 
 class SlimeArgs(
@@ -51,7 +51,13 @@ class SlimeArgs(
     Validation fills derived defaults (`global_batch_size`, `num_steps_per_rollout`,
     `over_sampling_batch_size`, offload flags, `rollout_engine`, `weight_sync`, ...), so a
     validated instance holds only concrete values and survives `to_dict()` / `from_dict()`.
+
+    A validated instance is frozen: assigning a field raises `pydantic.ValidationError`. Run-time facts
+    (engine URLs, router address) travel as values; user plugins get a `PluginArgs` view built from the
+    config and those values (`PluginArgs.from_config`).
     """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     megatron_args: list[str] = arg(
         [], "Raw Megatron-LM command-line tokens collected by parse_args (for the Megatron backend).", cli=False
@@ -162,6 +168,52 @@ class SlimeArgs(
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+class PluginArgs(SlimeArgs):
+    """What user plugins receive as `args`: the run config plus the run's engine addresses, writable.
+
+    Original slime plugins (`custom_rm(args, sample)`, `generate(args, sample, sampling_params)`, data
+    sources, filters, rollout functions) read `args.<flag>` and, for custom generate functions,
+    `args.sglang_router_ip` / `args.sglang_router_port` / `args.rollout_engine_urls`, which only exist
+    once the engines run. This is the one place where run-time facts meet the config: built once by the
+    component that owns the engines, from the frozen `SlimeArgs` and explicit values. Plugins may set
+    extra attributes on it (the original passes a mutable namespace); the config itself never changes.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=False)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: SlimeArgs,
+        *,
+        engine_urls: list[str] | None = None,
+        router_url: str | None = None,
+    ) -> PluginArgs:
+        """The plugin view of `config` with the run's engine addresses.
+
+        Args:
+            config: the validated run config.
+            engine_urls: base URLs of the engines (`http://host:port`); None keeps `--rollout-engine-urls`.
+            router_url: `http://host:port` of the router the rollout talks to, or of the only engine when
+                there is no router; None keeps `--sglang-router-ip` / `--sglang-router-port`.
+
+        Returns:
+            A `PluginArgs` sharing the config's (immutable) values; not re-validated.
+
+        Raises:
+            ValueError: `router_url` is not of the form `http://host:port`.
+        """
+        values = {name: getattr(config, name) for name in type(config).model_fields}
+        if engine_urls is not None:
+            values["rollout_engine_urls"] = list(engine_urls)
+        if router_url is not None:
+            host, sep, port = router_url.split("://", 1)[-1].rstrip("/").rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"router_url must be http://host:port, got {router_url!r}")
+            values["sglang_router_ip"], values["sglang_router_port"] = host, int(port)
+        return cls.model_construct(**values)
 
 
 def config_error_from_validation(error: ValidationError, *, where: Mapping[str, str] | None = None) -> ConfigError:

@@ -115,7 +115,9 @@ class WeightSyncArgs(ArgsGroup):
     update_weight_transport: Literal["nccl", "disk"] | None = arg(
         None, "Original transport flag: nccl or disk (used to resolve --weight-sync auto when given)."
     )
-    update_weight_disk_dir: str | None = arg(None, "Directory for disk weight sync (a temp dir when unset).")
+    update_weight_disk_dir: str | None = arg(
+        None, "Directory for disk weight sync (default: --output-dir/weight_sync)."
+    )
     update_weight_disk_keep_files: bool = arg(False, "Keep the checkpoints written for disk weight sync.")
     update_weight_buffer_size: int = arg(512 * 1024**2, "Bucket size in bytes for weight sync.", ge=1)
     update_weights_interval: int = arg(1, "Push weights to the engines every this many rollouts.", ge=1)

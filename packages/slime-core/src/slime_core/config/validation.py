@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.unsupported import check_unsupported
@@ -31,6 +31,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
         ConfigError: A rule is broken; the message names the flags involved.
     """
     check_unsupported(args)  # first: a flag that would do nothing is the clearest error
+    args = _Draft(args)  # type: ignore[assignment]  # the frozen instance, writable until it is returned
     _engines(args)
     _debug_modes(args)
     _placement(args)
@@ -43,6 +44,24 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _checkpoint_and_dumps(args)
     _weight_sync(args)
     _passthrough(args)
+
+
+class _Draft:
+    """Writable view of a config under validation: derived defaults are filled in before it is frozen."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: Any) -> None:
+        object.__setattr__(self, "_target", target)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in type(self._target).model_fields:
+            raise AttributeError(f"SlimeArgs has no field {name!r}")
+        # Bypasses the frozen check; only validation writes here, before anyone else sees the instance.
+        object.__setattr__(self._target, name, value)
 
 
 def _cuda_available() -> bool:
@@ -248,6 +267,8 @@ def _weight_sync(args: SlimeArgs) -> None:
             args.weight_sync = "distributed"
         else:
             args.weight_sync = "disk"
+    if args.weight_sync == "disk" and args.update_weight_disk_dir is None:
+        args.update_weight_disk_dir = os.path.join(args.output_dir, "weight_sync")
 
 
 def _passthrough(args: SlimeArgs) -> None:
