@@ -56,6 +56,17 @@ def _record(section: str, name: str, **fields) -> None:
     ROWS.append(row)
 
 
+def _guarded(section: str, name: str, fn) -> None:
+    """Runs one measurement; a failure is recorded as an `error` line and the probe goes on (one GPU call)."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001  (any kernel/compile failure is a result here)
+        logger.exception("%s %s failed", section, name)
+        _record(section, name, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def _time_ms(fn, device: torch.device, warmup: int, repeats: int) -> float:
     """Median milliseconds of `fn()` (CUDA events on GPU, perf_counter on CPU)."""
     for _ in range(warmup):
@@ -123,32 +134,38 @@ def probe_attention(cfg, lengths, device, a) -> None:
                 None, q, k, v, None, kind=kind, **kw
             )[0]
     for name, fn in variants.items():
+        _guarded("attn", name, lambda name=name, fn=fn: _attention_variant(name, fn, q, k, v, grad_out, ref, lengths,
+                                                                           device, a))  # fmt: skip
 
-        def step(fn=fn):
-            out = fn(q, k, v)
-            out.backward(grad_out)
-            return out
 
-        first = time.perf_counter()
-        out = step()
+def _attention_variant(name, fn, q, k, v, grad_out, ref, lengths, device, a) -> None:
+    from slime_train_fsdp import attention as attn
+
+    def step():
+        out = fn(q, k, v)
+        out.backward(grad_out)
+        return out
+
+    first = time.perf_counter()
+    out = step()
+    _common.sync(device.type)
+    first_s = time.perf_counter() - first
+    err = float((out.detach().float() - ref).abs().max())
+    ms = _time_ms(step, device, a.warmup, a.repeats)
+    extra = {}
+    if name == attn.SLIME_FLEX:
+        # A new row length must reuse the dynamic-shape graph: its first call should cost about one step.
+        other = [n - 24 for n in lengths]
+        kw2 = attn.packed_attention_kwargs(other, device, name)
+        q2, k2, v2 = (t.detach()[:, :, : sum(other)].clone().requires_grad_() for t in (q, k, v))
+        t0 = time.perf_counter()
+        attn.slime_attention_forward(None, q2, k2, v2, None, kind=name, **kw2)[0].sum().backward()
         _common.sync(device.type)
-        first_s = time.perf_counter() - first
-        err = float((out.detach().float() - ref).abs().max())
-        ms = _time_ms(step, device, a.warmup, a.repeats)
-        extra = {}
-        if name == attn.SLIME_FLEX:
-            # A new row length must reuse the dynamic-shape graph: its first call should cost about one step.
-            other = [n - 24 for n in lengths]
-            kw2 = attn.packed_attention_kwargs(other, device, name)
-            q2, k2, v2 = (t.detach()[:, :, : sum(other)].clone().requires_grad_() for t in (q, k, v))
-            t0 = time.perf_counter()
-            attn.slime_attention_forward(None, q2, k2, v2, None, kind=name, **kw2)[0].sum().backward()
-            _common.sync(device.type)
-            extra["second_shape_first_call_s"] = round(time.perf_counter() - t0, 3)
-        mem = _peak_extra_gib(step, device)
-        _record("attn", name, fwd_bwd_ms=round(ms, 3), first_call_s=round(first_s, 3), peak_extra_gib=mem,
-                max_abs_err_vs_fp32=err, seq_lens=lengths, **extra)  # fmt: skip
-        logger.info("attn %-13s %8.3f ms (first call %.1f s) err %.2e", name, ms, first_s, err)
+        extra["second_shape_first_call_s"] = round(time.perf_counter() - t0, 3)
+    mem = _peak_extra_gib(step, device)
+    _record("attn", name, fwd_bwd_ms=round(ms, 3), first_call_s=round(first_s, 3), peak_extra_gib=mem,
+            max_abs_err_vs_fp32=err, seq_lens=lengths, **extra)  # fmt: skip
+    logger.info("attn %-13s %8.3f ms (first call %.1f s) err %.2e", name, ms, first_s, err)
 
 
 # --------------------------------------------------------------------- head
@@ -164,7 +181,7 @@ def _fp64_reference(hidden, weight, targets, temperature, chunk=1024):
 
 
 def probe_head(cfg, num_tokens, device, a) -> None:
-    from slime_train_fsdp.logprob_head import HEADS, head_log_probs
+    from slime_train_fsdp.logprob_head import HEADS
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     g = torch.Generator(device=device).manual_seed(1)
@@ -175,31 +192,39 @@ def probe_head(cfg, num_tokens, device, a) -> None:
     ref_logp, ref_ent = _fp64_reference(hidden, weight, targets, a.temperature)
     heads = [h for h in HEADS if h != "liger" or _liger_available(device)]
     for head in heads:
-        h = hidden.detach().clone().requires_grad_()
-        w = weight.detach().clone().requires_grad_()
+        _guarded("head", head, lambda head=head: _head_variant(head, hidden, weight, targets, ref_logp, ref_ent,
+                                                               device, a))  # fmt: skip
 
-        def step(head=head, h=h, w=w):
-            logp, ent = head_log_probs(h, w, targets, temperature=a.temperature, chunk_size=1024, with_entropy=True,
-                                       head=head)  # fmt: skip
-            (logp.sum() + 0.01 * ent.sum()).backward()
-            h.grad = w.grad = None
-            return logp, ent
 
-        logp, ent = step()
-        ms = _time_ms(step, device, a.warmup, a.repeats)
-        mem = _peak_extra_gib(step, device)
-        lp_err, ent_err = (logp.detach().double() - ref_logp).abs(), (ent.detach().double() - ref_ent).abs()
-        _record("head", head, fwd_bwd_ms=round(ms, 3), peak_extra_gib=mem, tokens=num_tokens, vocab=cfg.vocab_size,
-                logp_max_err=float(lp_err.max()), logp_mean_err=float(lp_err.mean()),
-                entropy_max_err=float(ent_err.max()), entropy_mean_err=float(ent_err.mean()))  # fmt: skip
-        logger.info("head %-6s %8.3f ms  logp err max %.2e mean %.2e", head, ms, lp_err.max(), lp_err.mean())
+def _head_variant(head, hidden, weight, targets, ref_logp, ref_ent, device, a) -> None:
+    from slime_train_fsdp.logprob_head import head_log_probs
+
+    num_tokens, vocab = targets.numel(), weight.shape[0]
+    h = hidden.detach().clone().requires_grad_()
+    w = weight.detach().clone().requires_grad_()
+
+    def step(head=head, h=h, w=w):
+        logp, ent = head_log_probs(h, w, targets, temperature=a.temperature, chunk_size=1024, with_entropy=True,
+                                   head=head)  # fmt: skip
+        (logp.sum() + 0.01 * ent.sum()).backward()
+        h.grad = w.grad = None
+        return logp, ent
+
+    logp, ent = step()
+    ms = _time_ms(step, device, a.warmup, a.repeats)
+    mem = _peak_extra_gib(step, device)
+    lp_err, ent_err = (logp.detach().double() - ref_logp).abs(), (ent.detach().double() - ref_ent).abs()
+    _record("head", head, fwd_bwd_ms=round(ms, 3), peak_extra_gib=mem, tokens=num_tokens, vocab=vocab,
+            logp_max_err=float(lp_err.max()), logp_mean_err=float(lp_err.mean()),
+            entropy_max_err=float(ent_err.max()), entropy_mean_err=float(ent_err.mean()))  # fmt: skip
+    logger.info("head %-6s %8.3f ms  logp err max %.2e mean %.2e", head, ms, lp_err.max(), lp_err.mean())
 
 
 def _liger_available(device: torch.device) -> bool:
     try:
-        import liger_kernel  # noqa: F401
-    except ImportError:
-        logger.info("liger_kernel not importable: the liger head is skipped")
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy  # noqa: F401
+    except Exception as exc:  # noqa: BLE001  (an incompatible install is reported, not fatal)
+        logger.info("liger_kernel not importable (%s): the liger head is skipped", exc)
         return False
     return device.type == "cuda"
 
@@ -240,41 +265,50 @@ def probe_model(cfg, lengths, device, a, peak_tflops: float) -> None:
     combos = [("sdpa", "fp32"), ("sdpa", "tf32"), (SLIME_VARLEN, "tf32"), (SLIME_FLEX, "tf32"), (SLIME_VARLEN, "bf16")]
     if _liger_available(device):
         combos.append((SLIME_VARLEN, "liger"))
-    if device.type != "cuda":
-        combos = [(attn, head) for attn, head in combos if head != "liger"]
     flops = _common.transformer_flops(cfg, lengths, lm_head_tokens=sum(resp), backward=True)["total"]
-    base_logp = None
+    base: dict = {}
     for attn, head in combos:
-        model.set_attn_implementation(attn)
-        packing.install_response_forward(model, packing.ForwardOptions(head=head))
-        norms: list[float] = []
+        _guarded("model", f"{attn}+{head}", lambda attn=attn, head=head: _model_combo(
+            model, mb, attn, head, base, flops, lengths, device, a, peak_tflops))  # fmt: skip
 
-        def step(norms=norms):
-            logp, ent, anchor = packing.response_log_probs(model, mb, temperature=a.temperature, chunk_size=1024,
-                                                   with_entropy=True)  # fmt: skip
-            (-logp.mean() + anchor).backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(list(model.parameters()), float("inf")).full_tensor()))
-            model.zero_grad(set_to_none=True)
-            return logp.detach()
 
-        t0 = time.perf_counter()
-        logp = step()
-        _common.sync(device.type)
-        first_s = time.perf_counter() - t0
-        base_logp = logp if base_logp is None else base_logp
-        ms = _time_ms(step, device, a.warmup, a.repeats)
-        mem = _peak_extra_gib(step, device)
-        diff = (logp.double() - base_logp.double()).abs()
-        _record("model", f"{attn}+{head}", fwd_bwd_ms=round(ms, 2), first_call_s=round(first_s, 2),
-                tokens_per_s=round(sum(lengths) / ms * 1e3, 1), mfu=round(flops / (ms / 1e3) / (peak_tflops * 1e12), 4),
-                peak_extra_gib=mem, grad_norm=norms[0], logp_max_diff_vs_first=float(diff.max()),
-                logp_mean_diff_vs_first=float(diff.mean()), seq_lens=lengths)  # fmt: skip
-        logger.info("model %-22s %9.2f ms  grad norm %.6g", f"{attn}+{head}", ms, norms[0])
+def _model_combo(model, mb, attn, head, base, flops, lengths, device, a, peak_tflops) -> None:
+    from slime_train_fsdp import packing
+
+    model.zero_grad(set_to_none=True)  # a failed combination may have left gradients behind
+    model.set_attn_implementation(attn)
+    packing.install_response_forward(model, packing.ForwardOptions(head=head))
+    norms: list[float] = []
+
+    def step(norms=norms):
+        logp, ent, anchor = packing.response_log_probs(model, mb, temperature=a.temperature, chunk_size=1024,
+                                               with_entropy=True)  # fmt: skip
+        (-logp.mean() + anchor).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(list(model.parameters()), float("inf")).full_tensor()))
+        model.zero_grad(set_to_none=True)
+        return logp.detach()
+
+    t0 = time.perf_counter()
+    logp = step()
+    _common.sync(device.type)
+    first_s = time.perf_counter() - t0
+    base_logp = base.setdefault("logp", logp)
+    ms = _time_ms(step, device, min(a.warmup, 2), min(a.repeats, 5))
+    mem = _peak_extra_gib(step, device)
+    diff = (logp.double() - base_logp.double()).abs()
+    _record("model", f"{attn}+{head}", fwd_bwd_ms=round(ms, 2), first_call_s=round(first_s, 2),
+            tokens_per_s=round(sum(lengths) / ms * 1e3, 1), mfu=round(flops / (ms / 1e3) / (peak_tflops * 1e12), 4),
+            peak_extra_gib=mem, grad_norm=norms[0], logp_max_diff_vs_first=float(diff.max()),
+            logp_mean_diff_vs_first=float(diff.mean()), seq_lens=lengths)  # fmt: skip
+    logger.info("model %-22s %9.2f ms  grad norm %.6g", f"{attn}+{head}", ms, norms[0])
 
 
 def _table() -> str:
     lines = [f"{'section':8} {'name':24} {'ms':>10} {'peak GiB':>9} {'error':>10} {'extra':>12}"]
     for r in ROWS:
+        if "error" in r:
+            lines.append(f"{r['section']:8} {r['name']:24} FAILED {r['error'][:80]}")
+            continue
         err = r.get("max_abs_err_vs_fp32", r.get("logp_max_err", r.get("logp_max_diff_vs_first")))
         extra = r.get("mfu", r.get("first_call_s", ""))
         mem = r.get("peak_extra_gib")
