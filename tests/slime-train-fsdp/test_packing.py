@@ -19,11 +19,13 @@ def test_pack_two_sequences():
     assert mb.predict_index.tolist() == [0, 3, 4]
     assert mb.targets.tolist() == [31, 12, 13]
     assert mb.sample_ids == [2, 0] and mb.response_lengths == [1, 2]
+    assert mb.seq_lengths == [2, 4]  # the row's sequence boundaries, for cu_seqlens / the flex BlockMask
 
 
 def test_empty_micro_batch_is_a_dummy_row():
     mb = pack_micro_batch([torch.tensor([1, 2])], [1], [], CPU)
     assert mb.input_ids.shape == (1, 1) and mb.targets.numel() == 0 and mb.predict_index.numel() == 0
+    assert mb.seq_lengths == [1]
 
 
 def test_zero_length_response_and_bad_length():

@@ -5,6 +5,10 @@ memory). After `fully_shard` (one unit per decoder layer, then the root), the fu
 scattered with `set_model_state_dict(..., broadcast_from_rank0=True)`, so no rank ever holds a full copy of
 the model on the accelerator. Non-persistent buffers (rotary `inv_freq`) are not in the state dict and are
 broadcast from rank 0 by hand.
+
+Context parallelism (`--context-parallel-size C`): the parameters are still sharded over the whole world (so
+the `C` ranks of a group sum their token slices' gradients in FSDP's reduce-scatter, as torchtitan's
+`dp_shard_cp` does), and a `("dp", "cp")` mesh provides the CP groups of `C` consecutive ranks.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
+from slime_train_fsdp.logprob_head import HEADS, default_head
+from slime_train_fsdp.packing import ForwardOptions, install_response_forward
 
 logger = logging.getLogger(__name__)
 
@@ -42,23 +50,43 @@ def default_device() -> torch.device:
 
 
 def _attn_implementation(args: Any, device: torch.device) -> str:
-    """`--attn-implementation`, defaulting to flash-attention varlen on GPU when installed, else sdpa.
+    """`--attn-implementation`; unset or `auto`: `DEFAULT_CUDA_ATTENTION` on CUDA, `sdpa` on CPU.
 
-    Both implementations handle packed rows: with `attention_mask=None` and `position_ids` restarting at 0,
-    transformers (>= 5) derives cu_seqlens for flash-attention and a block-diagonal causal mask for sdpa/eager
-    (`masking_utils.find_packed_sequence_indices`).
+    Every value handles packed rows. `slime_varlen` / `slime_flex` (`attention.py`) get the row's boundaries
+    once per micro-batch and build no mask; with `attention_mask=None` and `position_ids` restarting at 0,
+    transformers (>= 5) derives cu_seqlens for `flash_attention_2` and a dense block-diagonal causal mask for
+    sdpa/eager (`masking_utils.find_packed_sequence_indices`).
     """
-    explicit = getattr(args, "attn_implementation", None)
-    if explicit:
+    register_attention()
+    explicit = getattr(args, "attn_implementation", None)  # temporary shim: the config default is "sdpa"
+    if explicit and explicit != "auto":
         return explicit
-    if device.type == "cuda":
-        try:
-            import flash_attn  # noqa: F401
+    return DEFAULT_CUDA_ATTENTION if device.type == "cuda" else "sdpa"
 
-            return "flash_attention_2"
-        except ImportError:
-            return "sdpa"
-    return "sdpa"
+
+def _forward_options(args: Any, device: torch.device, attn: str) -> ForwardOptions:
+    """The log-prob head and, with `--context-parallel-size C > 1`, this rank's CP group (collective).
+
+    Raises:
+        ValueError: unknown head; a CP size that does not divide the world; CP with an attention
+            implementation other than `slime_varlen`/`slime_flex`.
+    """
+    # Temporary shims until the config has these fields for FSDP (see the package README).
+    head = getattr(args, "log_probs_head", None) or default_head(device)
+    if head not in HEADS:
+        raise ValueError(f"--log-probs-head {head!r}: known heads are {sorted(HEADS)}")
+    cp = int(getattr(args, "context_parallel_size", 1) or 1)
+    if cp == 1:
+        return ForwardOptions(head=head)
+    world = dist.get_world_size()
+    if world % cp:
+        raise ValueError(f"--context-parallel-size {cp} must divide the number of trainer ranks ({world})")
+    if attn not in (SLIME_VARLEN, SLIME_FLEX):
+        raise ValueError(
+            f"--context-parallel-size {cp} needs --attn-implementation {SLIME_VARLEN} or {SLIME_FLEX}, got {attn!r}"
+        )
+    mesh = init_device_mesh(device.type, (world // cp, cp), mesh_dim_names=("dp", "cp"))
+    return ForwardOptions(head=head, cp_group=mesh.get_group("cp"))
 
 
 def read_hf_state_dict(path: str | pathlib.Path) -> dict[str, torch.Tensor]:
@@ -147,16 +175,22 @@ def build_fsdp_model(
     """Builds the FSDP2-sharded model of an HF checkpoint (collective over the default group).
 
     Args:
-        args: run config; reads `attn_implementation`, `gradient_checkpointing`, `fsdp_cpu_offload`.
+        args: run config; reads `attn_implementation`, `gradient_checkpointing`, `fsdp_cpu_offload`,
+            `log_probs_head` and `context_parallel_size`.
         path: HF checkpoint directory (`--hf-checkpoint`).
         device: this rank's compute device.
-        mesh: 1-D data-parallel mesh; built over the whole world when None.
+        mesh: 1-D mesh the parameters are sharded over; the whole world when None.
 
     Returns:
-        (model, config): the sharded `AutoModelForCausalLM` in train mode with fp32 master weights.
+        (model, config): the sharded `AutoModelForCausalLM` in train mode with fp32 master weights, its response
+        forward installed with the head and CP group (`packing.ForwardOptions`).
+
+    Raises:
+        ValueError: on an invalid head or context-parallel setting.
     """
     config = AutoConfig.from_pretrained(path)
     attn = _attn_implementation(args, device)
+    options = _forward_options(args, device, attn)
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     # Meta-device construction everywhere; the weights come from rank 0 below.
@@ -171,7 +205,10 @@ def build_fsdp_model(
     _init_buffers(model, config, device)
     load_hf_weights_into(model, path)
     model.train()
-    logger.info("loaded %s (%s, attn=%s) sharded over %d ranks", path, type(model).__name__, attn, mesh.size())
+    install_response_forward(model, options)
+    cp = 1 if options.cp_group is None else dist.get_world_size(options.cp_group)
+    logger.info("loaded %s (%s, attn=%s, head=%s, cp=%d) sharded over %d ranks", path, type(model).__name__, attn,
+                options.head, cp, mesh.size())  # fmt: skip
     return model, config
 
 

@@ -6,9 +6,14 @@ attention derives `cu_seqlens` from the position ids, sdpa/eager build a block-d
 (`transformers.masking_utils.find_packed_sequence_indices`), provided `attention_mask` is None and no KV cache
 is passed.
 
+With the attention implementations of `attention.py` (`slime_varlen`, `slime_flex`) no mask is built at all:
+the row's `cu_seqlens` (or flex `BlockMask`) are computed once per micro-batch here and passed down to every
+attention call. Under context parallelism (`context_parallel.py`) each rank runs the decoder on its slice of the
+row and the response log-probs are all-gathered over the CP group.
+
 Log-probs are computed only at response positions: the decoder's final hidden states are gathered at the
-positions that predict response tokens, then `lm_head` + log-softmax run chunk by chunk over those tokens
-(recomputed in backward), so full `[S, V]` fp32 logits never exist.
+positions that predict response tokens, then the head of `logprob_head.py` (`lm_head` + fp32 log-softmax, chunk
+by chunk, recomputed in backward) runs over those tokens, so full `[S, V]` logits never exist.
 
 Legend: `S` = packed length of a micro-batch, `R` = response tokens in it, `H` = hidden size, `V` = vocab.
 """
@@ -19,16 +24,38 @@ import dataclasses
 import types
 
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import register_fsdp_forward_method
-from torch.utils.checkpoint import checkpoint
 
-from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
+from slime_train_fsdp.attention import packed_attention_kwargs
+from slime_train_fsdp.context_parallel import gather_response_values, shard_row
+from slime_train_fsdp.logprob_head import DEFAULT_CPU_HEAD, head_log_probs
 
-__all__ = ["PackedMicroBatch", "install_response_forward", "pack_micro_batch", "split_by_lengths"]
+__all__ = [
+    "ForwardOptions",
+    "PackedMicroBatch",
+    "install_response_forward",
+    "pack_micro_batch",
+    "response_log_probs",
+    "split_by_lengths",
+]
 
 _FORWARD_METHOD = "slime_response_forward"
+_OPTIONS_ATTR = "slime_forward_options"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ForwardOptions:
+    """How the installed response forward runs (chosen once, when the model is built).
+
+    Attributes:
+        head: `--log-probs-head`, a key of `logprob_head.HEADS`.
+        cp_group: the context-parallel group of this rank, or None without context parallelism.
+    """
+
+    head: str = DEFAULT_CPU_HEAD
+    cp_group: dist.ProcessGroup | None = None
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -42,6 +69,7 @@ class PackedMicroBatch:
         targets: `[R]` int64 the response tokens predicted there.
         sample_ids: local sample positions (indices into the `RolloutBatch` lists), in packing order.
         response_lengths: `L_i` of each packed sample, in packing order.
+        seq_lengths: `T_i` of each packed sample, in packing order (sum `S`): the row's sequence boundaries.
     """
 
     input_ids: torch.Tensor
@@ -50,6 +78,7 @@ class PackedMicroBatch:
     targets: torch.Tensor
     sample_ids: list[int]
     response_lengths: list[int]
+    seq_lengths: list[int] = dataclasses.field(default_factory=list)
 
 
 def pack_micro_batch(
@@ -95,22 +124,13 @@ def pack_micro_batch(
         targets=torch.cat(targets).to(device),
         sample_ids=list(sample_ids),
         response_lengths=[int(response_lengths[i]) for i in sample_ids],
+        seq_lengths=[int(t.numel()) for t in ids],
     )
 
 
 def split_by_lengths(values: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     """Splits a `[R]` tensor into per-sample `[L_i]` views."""
     return list(torch.split(values, lengths)) if lengths else []
-
-
-def _chunk_log_probs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # fp32 logits for one chunk only: [c, V].
-    logits = F.linear(hidden.float(), weight.float())
-    logp = log_probs_from_logits(logits, targets, temperature=temperature)
-    ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else logp.new_zeros(0)
-    return logp, ent
 
 
 def _response_forward(
@@ -122,45 +142,66 @@ def _response_forward(
     temperature: float,
     chunk_size: int,
     with_entropy: bool,
+    seq_lengths: list[int] | None = None,
+    head: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of a packed row: response log-probs `[R]` fp32, entropy `[R]` (or `[0]`), and an anchor.
 
     The anchor is a zero scalar that depends on every parameter; adding it to the loss keeps backward (and
     hence FSDP's reduce-scatters) identical on all ranks, also for empty micro-batches.
     """
-    out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-    hidden = out.last_hidden_state[0]  # [S, H]
+    opts: ForwardOptions = getattr(self, _OPTIONS_ATTR)
+    lengths = list(seq_lengths) if seq_lengths else [int(input_ids.shape[-1])]
+    group, shard = opts.cp_group, None
+    if group is not None:
+        shard = shard_row(input_ids, position_ids, predict_index, targets, lengths, dist.get_rank(group),
+                          dist.get_world_size(group))  # fmt: skip
+        input_ids, position_ids, predict_index, targets = (shard.input_ids, shard.position_ids,
+                                                           shard.predict_index, shard.targets)  # fmt: skip
+        lengths = shard.seq_lengths
+    attn_kwargs = packed_attention_kwargs(lengths, input_ids.device, self.config._attn_implementation)
+    if group is not None:
+        attn_kwargs["slime_cp_group"] = group
+    out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **attn_kwargs)
+    hidden = out.last_hidden_state[0]  # [S, H] (this rank's slice under CP)
     weight = self.get_output_embeddings().weight  # [V, H], unsharded inside this FSDP forward
     # One element of each is enough to connect every parameter; a full bf16 sum could overflow to inf.
     anchor = (hidden[:1, :1].float().sum() + weight[:1, :1].float().sum()) * 0.0
     h_resp = hidden.index_select(0, predict_index)  # [R, H]
-    logps, ents = [], []
-    for start in range(0, int(targets.numel()), chunk_size):
-        args = (h_resp[start : start + chunk_size], weight, targets[start : start + chunk_size])
-        if torch.is_grad_enabled():
-            # Recompute the chunk's logits in backward instead of keeping [c, V] activations per chunk.
-            lp, ent = checkpoint(_chunk_log_probs, *args, temperature, with_entropy, use_reentrant=False)
-        else:
-            lp, ent = _chunk_log_probs(*args, temperature, with_entropy)
-        logps.append(lp)
-        ents.append(ent)
-    logp = torch.cat(logps) if logps else hidden.new_zeros(0, dtype=torch.float32)
-    entropy = torch.cat(ents) if ents else hidden.new_zeros(0, dtype=torch.float32)
+    logp, entropy = head_log_probs(h_resp, weight, targets, temperature=temperature, chunk_size=chunk_size,
+                                   with_entropy=with_entropy, head=head or opts.head)  # fmt: skip
+    if shard is not None:
+        logp = gather_response_values(logp, shard.counts, group)
+        if with_entropy:
+            entropy = gather_response_values(entropy, shard.counts, group)
     return logp, entropy, anchor
 
 
-def install_response_forward(model: nn.Module) -> None:
+def install_response_forward(model: nn.Module, options: ForwardOptions | None = None) -> None:
     """Adds `model.slime_response_forward(...)` and registers it as an FSDP forward method.
 
     Registration makes FSDP all-gather the root unit's parameters (embeddings, final norm, `lm_head`) around
     the call and hook its backward, exactly as for `model.forward`.
+
+    Args:
+        model: the sharded causal LM.
+        options: how to run; when None, what `build_fsdp_model` attached to the model (`model.slime_forward_options`)
+            or else the defaults (exact `fp32` head, no context parallelism).
     """
+    if options is not None or not hasattr(model, _OPTIONS_ATTR):
+        setattr(model, _OPTIONS_ATTR, options or ForwardOptions())
     setattr(model, _FORWARD_METHOD, types.MethodType(_response_forward, model))
     register_fsdp_forward_method(model, _FORWARD_METHOD)
 
 
 def response_log_probs(
-    model: nn.Module, mb: PackedMicroBatch, *, temperature: float, chunk_size: int, with_entropy: bool = False
+    model: nn.Module,
+    mb: PackedMicroBatch,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool = False,
+    head: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Runs the installed forward on a packed micro-batch.
 
@@ -170,9 +211,12 @@ def response_log_probs(
         temperature: `--rollout-temperature`; logits are divided by it before the softmax.
         chunk_size: response tokens per `lm_head` chunk (> 0).
         with_entropy: also return the per-token entropy.
+        head: `--log-probs-head` for this call; None uses the model's `ForwardOptions.head`.
 
     Returns:
-        (log_probs `[R]` fp32, entropy `[R]` fp32 or `[0]`, anchor scalar 0 connected to every parameter).
+        (log_probs `[R]` fp32, entropy `[R]` fp32 or `[0]`, anchor scalar 0 connected to every parameter); under
+        context parallelism the full micro-batch's values on every rank of the CP group.
     """
     fn = getattr(model, _FORWARD_METHOD)
-    return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, temperature, chunk_size, with_entropy)
+    return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, temperature, chunk_size, with_entropy,
+              mb.seq_lengths, head)  # fmt: skip

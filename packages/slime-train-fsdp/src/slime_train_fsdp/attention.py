@@ -1,0 +1,268 @@
+"""Attention for packed rows without a dense `S × S` mask: `slime_varlen` and `slime_flex`.
+
+Both are registered with transformers' `AttentionInterface`, so `attn_implementation="slime_varlen"` (or
+`"slime_flex"`) selects them like any built-in. Because they are not registered with the mask interface,
+transformers builds no mask for them (`masking_utils._preprocess_mask_arguments` returns None for unknown
+implementations): the sequence boundaries of the packed row come in as keyword arguments, computed once per
+micro-batch by `packed_attention_kwargs` and passed to `model.model(...)`, from where transformers forwards them
+to every attention call.
+
+- `slime_varlen`: `torch.nn.attention.varlen.varlen_attn` (flash-attention varlen kernel, causal, native GQA)
+  on CUDA.
+- `slime_flex`: compiled `flex_attention` with a document-causal `BlockMask` built at block granularity (no
+  `S × S` tensor); compiled once per process with dynamic shapes, so new row lengths do not recompile.
+- On CPU both run an exact fallback: one causal SDPA call per packed sequence (fp32, what the tests use).
+
+With context parallelism (`context_parallel.py`) each rank holds a contiguous slice of the row; the attention
+call then exchanges heads for sequence (Ulysses all-to-all) around the same kernels.
+
+Legend: `S` = packed row length, `N` = sequences in the row, `H`/`Hkv` = query/key-value heads, `D` = head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AttentionInterface
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_CUDA_ATTENTION",
+    "SLIME_FLEX",
+    "SLIME_VARLEN",
+    "document_block_mask",
+    "packed_attention_kwargs",
+    "register_attention",
+    "slime_attention_forward",
+]
+
+SLIME_VARLEN = "slime_varlen"
+SLIME_FLEX = "slime_flex"
+# What `--attn-implementation` means on CUDA when unset; pick it from `benchmarks/probe_fsdp_speed.py`.
+DEFAULT_CUDA_ATTENTION = SLIME_VARLEN
+FLEX_BLOCK = 128  # flex_attention's sparse block size (`_DEFAULT_SPARSE_BLOCK_SIZE`)
+
+
+def register_attention() -> None:
+    """Registers `slime_varlen` and `slime_flex` with transformers (idempotent; process-wide)."""
+    AttentionInterface.register(SLIME_VARLEN, functools.partial(slime_attention_forward, kind=SLIME_VARLEN))
+    AttentionInterface.register(SLIME_FLEX, functools.partial(slime_attention_forward, kind=SLIME_FLEX))
+
+
+def _cu_seqlens(seq_lengths: list[int], device: torch.device) -> torch.Tensor:
+    """`[N + 1]` int32 cumulative starts `[0, L_0, L_0 + L_1, ...]` (flash-attention's `cu_seqlens`)."""
+    cu = torch.zeros(len(seq_lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(seq_lengths, dtype=torch.int32).cumsum(0)
+    return cu.to(device, non_blocking=True)
+
+
+def packed_attention_kwargs(seq_lengths: list[int], device: torch.device, implementation: str) -> dict[str, Any]:
+    """Keyword arguments for `model.model(...)` that describe a packed row to the attention calls.
+
+    Computed once per micro-batch (not per layer). `cu_seq_lens_*` / `max_length_*` are transformers'
+    `FlashAttentionKwargs`, so `flash_attention_2` uses them too (it then skips deriving them from `position_ids`
+    in every layer); `slime_seq_lengths` serves the CPU fallback, `slime_block_mask` the flex kernel.
+
+    Args:
+        seq_lengths: lengths of the sequences of the row, in order; they sum to `S` (the full row, also under
+            context parallelism).
+        device: where the row lives.
+        implementation: the model's attention implementation; other values than ours and `flash_attention_*` get
+            an empty dict (sdpa/eager derive a dense mask from `position_ids`).
+
+    Returns:
+        The kwargs (possibly empty).
+    """
+    if implementation not in (SLIME_VARLEN, SLIME_FLEX) and not implementation.startswith("flash_attention"):
+        return {}
+    longest = max(seq_lengths)
+    cu = _cu_seqlens(seq_lengths, device)
+    kwargs: dict[str, Any] = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}
+    kwargs.update(max_length_q=longest, max_length_k=longest)
+    if implementation in (SLIME_VARLEN, SLIME_FLEX):
+        kwargs["slime_seq_lengths"] = tuple(int(n) for n in seq_lengths)
+    if implementation == SLIME_FLEX and device.type == "cuda":
+        kwargs["slime_block_mask"] = document_block_mask(seq_lengths, device)
+    return kwargs
+
+
+def _document_ids(seq_lengths: list[int], padded: int, device: torch.device) -> torch.Tensor:
+    """`[padded]` int32 sequence index of every position; the tail beyond `S` is one extra document."""
+    lengths = torch.tensor([*seq_lengths, padded - sum(seq_lengths)], dtype=torch.int64)
+    return torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), lengths).to(device)
+
+
+def document_block_mask(seq_lengths: list[int], device: torch.device, block: int = FLEX_BLOCK):
+    """Causal-within-document `BlockMask` for flex_attention, built from per-block document ranges.
+
+    Documents are contiguous and increasing along the row, so a `(q block i, kv block j)` tile has an allowed
+    pair iff `j == i` (the diagonal) or `j < i` and the last document of block j is the first of block i; it is
+    fully allowed iff `j < i` and both blocks lie in one document. That costs `O((S / block)^2)` booleans, never
+    an `S × S` mask. The `mask_mod` decides the partial tiles element-wise.
+
+    Args:
+        seq_lengths: sequence lengths of the row (sum `S`).
+        device: device of the row.
+        block: tile size (flex_attention's default sparse block size).
+
+    Returns:
+        A `BlockMask` with `Q_LEN = KV_LEN = S`, batch and head dimensions 1 (broadcast).
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    total = sum(seq_lengths)
+    num_blocks = -(-total // block)
+    doc = _document_ids(seq_lengths, num_blocks * block, device)  # padded so that mask_mod never reads past it
+    tiles = doc.view(num_blocks, block)
+    first, last = tiles[:, 0], tiles[:, -1]  # [num_blocks] first/last document of each block
+    i = torch.arange(num_blocks, device=device)
+    below = i[None, :] < i[:, None]  # [q_block, kv_block] strictly below the diagonal
+    any_pair = (below & (last[None, :] == first[:, None])) | torch.eye(num_blocks, dtype=torch.bool, device=device)
+    single = first == last
+    full = below & single[None, :] & single[:, None] & (first[None, :] == first[:, None])
+    partial = any_pair & ~full
+
+    def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Per q block: the count of selected kv blocks and their indices first (stable: ascending order).
+        counts = dense.sum(-1, dtype=torch.int32)
+        order = torch.argsort((~dense).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return counts[None, None], order[None, None]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
+                                    seq_lengths=(total, total))  # fmt: skip
+
+
+def sdpa_per_sequence(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, seq_lengths: tuple[int, ...], scale: float | None
+) -> torch.Tensor:
+    """Exact reference/CPU path: causal SDPA on each packed sequence separately.
+
+    Args:
+        query: `[1, H, S, D]`.
+        key: `[1, Hkv, S, D]` (`H % Hkv == 0`).
+        value: `[1, Hkv, S, D]`.
+        seq_lengths: lengths summing to `S`.
+        scale: softmax scale (`D ** -0.5` when None).
+
+    Returns:
+        `[1, S, H, D]` (transformers' attention-function output layout).
+    """
+    outs = []
+    start = 0
+    for n in seq_lengths:
+        sl = slice(start, start + n)
+        outs.append(F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl], is_causal=True,
+                                                   scale=scale, enable_gqa=True))  # fmt: skip
+        start += n
+    return torch.cat(outs, dim=2).transpose(1, 2)
+
+
+def varlen_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict, scale: float | None):
+    """Flash varlen attention over the row (CUDA): `[1, H, S, D]` inputs, `[1, S, H, D]` output."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    q, k, v = (t.transpose(1, 2)[0].contiguous() for t in (query, key, value))  # [S, heads, D]
+    cu = kwargs["cu_seq_lens_q"]
+    out = varlen_attn(
+        q, k, v, cu, cu, kwargs["max_length_q"], kwargs["max_length_q"], scale=scale, window_size=(-1, 0)
+    )  # fmt: skip  (-1, 0) = causal
+    return out.unsqueeze(0)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # dynamic=True: one graph for every row length (the first call compiles once per process, not per shape).
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def flex_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_mask, scale: float | None,
+              compiled: bool = True) -> torch.Tensor:  # fmt: skip
+    """flex_attention with a document `BlockMask`: `[1, H, S, D]` inputs, `[1, S, H, D]` output.
+
+    `compiled=False` runs the eager (math) implementation, which is what the CPU tests use to check the mask.
+    """
+    if compiled:
+        fn = _compiled_flex()
+    else:
+        from torch.nn.attention.flex_attention import flex_attention as fn
+    out = fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def _lengths_from_positions(position_ids: torch.Tensor) -> tuple[int, ...]:
+    """Sequence lengths of a packed row from its `[1, S]` position ids (restart at 0); syncs with the device."""
+    starts = torch.nonzero(position_ids[0] == 0).flatten().tolist() + [position_ids.shape[-1]]
+    return tuple(b - a for a, b in zip(starts[:-1], starts[1:], strict=True))
+
+
+def _packed_core(kind: str, query, key, value, kwargs: dict, scale: float | None) -> torch.Tensor:
+    """The attention kernel over one full row, by kind and device."""
+    if query.device.type != "cuda":
+        return sdpa_per_sequence(query, key, value, kwargs["slime_seq_lengths"], scale)
+    if kind == SLIME_FLEX:
+        return flex_core(query, key, value, kwargs["slime_block_mask"], scale)
+    return varlen_core(query, key, value, kwargs, scale)
+
+
+def slime_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    *,
+    kind: str = SLIME_VARLEN,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention function for packed rows, registered with transformers (the signature of `sdpa_attention_forward`).
+
+    Args:
+        module: the attention module (unused beyond transformers' calling convention).
+        query: `[1, H, S_local, D]` after rotary embedding (`S_local = S / cp` under context parallelism).
+        key: `[1, Hkv, S_local, D]`.
+        value: `[1, Hkv, S_local, D]`.
+        attention_mask: must be None (a padded batch is not a packed row).
+        dropout: must be 0 (no kernel here applies attention dropout).
+        scaling: softmax scale.
+        kind: `slime_varlen` or `slime_flex`.
+        **kwargs: `packed_attention_kwargs(...)` of the row (or `position_ids` to derive the lengths from, one
+            device sync per layer), and `slime_cp_group` under context parallelism.
+
+    Returns:
+        (`[1, S_local, H, D]` attention output, None).
+
+    Raises:
+        ValueError: for a mask, dropout, a sliding window or a batch of more than one row.
+    """
+    if attention_mask is not None or query.shape[0] != 1:
+        raise ValueError(f"{kind} expects one packed row with attention_mask=None (use sdpa for padded batches)")
+    if dropout:
+        raise ValueError(f"{kind} does not implement attention dropout ({dropout})")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(f"{kind} does not implement sliding-window attention")
+    if "slime_seq_lengths" not in kwargs:
+        # Called outside `response_log_probs` (e.g. a plain HF forward): derive the row layout here.
+        lengths = _lengths_from_positions(kwargs["position_ids"])
+        kwargs = {**kwargs, **packed_attention_kwargs(list(lengths), query.device, kind)}
+    group = kwargs.get("slime_cp_group")
+    if group is None:
+        return _packed_core(kind, query, key, value, kwargs, scaling), None
+    from slime_train_fsdp.context_parallel import ulysses_attention
+
+    core = functools.partial(_packed_core, kind, kwargs=kwargs, scale=scaling)
+    return ulysses_attention(query, key, value, group, core), None

@@ -1,0 +1,189 @@
+"""The log-prob/entropy head: `lm_head` + fp32 log-softmax at the response positions, four ways.
+
+Given the decoder's final hidden states at the `R` positions that predict response tokens, the head returns
+each target's log-probability under `softmax(h W^T / T)` and, optionally, the entropy of that distribution.
+The `[R, V]` logits never exist at once: tokens go through in chunks, and (except `liger`, which fuses the
+same idea into Triton kernels) each chunk's logits are recomputed in backward instead of being kept.
+
+Heads (`--log-probs-head`):
+
+- `fp32`: fp32 matmul (weights upcast per chunk), TF32 off. Exact; the CPU default and the reference.
+- `tf32`: the same fp32 matmul with TF32 tensor cores allowed for this matmul only (forward and backward), not
+  through the global flag. Log-prob error ~1e-5 on qwen3 shapes (issue 22's probe: 1.7e-5).
+- `bf16`: matmul in the compute dtype (bf16 under FSDP mixed precision), fp32 softmax math on the chunk's
+  logits. Error ~1e-2 in log-prob on qwen3 shapes: bf16 logits carry 8 mantissa bits.
+- `liger`: liger-kernel's fused linear cross-entropy with `reduction="none"` (per-token `-log p`) on `h / T`;
+  optional dependency, CUDA only; the entropy, when asked for, comes from the `bf16` chunk path.
+
+Entropy is `H = -Σ p log p` with `log p = log_softmax(z)`, which subtracts the row max, so large logits
+neither overflow nor cancel (slime_core's `entropy_from_logits` computes `lse - Σ p z`, finite but with an
+absolute error that grows with `|z|` through that cancellation; the `fp32` head keeps it for exactness with
+today's numbers).
+
+Legend: `R` = response positions, `c` = chunk rows, `H` = hidden size, `V` = vocab size, `T` = temperature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
+
+__all__ = ["DEFAULT_CPU_HEAD", "DEFAULT_CUDA_HEAD", "HEADS", "default_head", "head_log_probs"]
+
+DEFAULT_CPU_HEAD = "fp32"
+# The CUDA default until `benchmarks/probe_fsdp_speed.py` says otherwise: the fastest head whose log-prob error
+# stays far below the trainer-vs-SGLang gap (mean ~2e-3), which rules out the bf16 logits of `bf16`/`liger`.
+DEFAULT_CUDA_HEAD = "tf32"
+
+
+def default_head(device: torch.device) -> str:
+    """`DEFAULT_CUDA_HEAD` on CUDA, else `DEFAULT_CPU_HEAD`."""
+    return DEFAULT_CUDA_HEAD if device.type == "cuda" else DEFAULT_CPU_HEAD
+
+
+@contextlib.contextmanager
+def _tf32_matmul() -> Iterator[None]:
+    """Allows TF32 in cuBLAS fp32 matmuls inside the block and restores the previous setting after."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+class _TF32Linear(torch.autograd.Function):
+    """`h @ w^T` for fp32 inputs with TF32 allowed in forward and in both backward matmuls.
+
+    A custom function because backward runs later (and, on CUDA, on autograd's device thread): a flag set
+    around the forward call alone would not cover it.
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h, w)
+        with _tf32_matmul():
+            return h @ w.t()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        h, w = ctx.saved_tensors
+        with _tf32_matmul():
+            grad_h = grad @ w if ctx.needs_input_grad[0] else None
+            grad_w = grad.t() @ h if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w
+
+
+def _stable_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """fp32 `log p(target)` `[c]` and entropy `[c]` (or `[0]`) from `[c, V]` logits of any float dtype."""
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    logp_all = torch.log_softmax(z, dim=-1)  # [c, V], max-subtracted inside
+    logp = logp_all.gather(-1, targets[:, None])[:, 0]
+    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else logp.new_zeros(0)
+    return logp, ent
+
+
+def _chunk_fp32(h, w, targets, temperature, with_entropy):
+    logits = F.linear(h.float(), w.float())  # [c, V] fp32, TF32 as globally configured (off by default)
+    logp = log_probs_from_logits(logits, targets, temperature=temperature)
+    ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else logp.new_zeros(0)
+    return logp, ent
+
+
+def _chunk_tf32(h, w, targets, temperature, with_entropy):
+    logits = _TF32Linear.apply(h.float(), w.float())  # [c, V] fp32 from TF32 tensor cores
+    return _stable_log_probs(logits, targets, temperature, with_entropy)
+
+
+def _chunk_bf16(h, w, targets, temperature, with_entropy):
+    logits = F.linear(h, w.to(h.dtype))  # [c, V] in the compute dtype (bf16 on GPU, fp32 on CPU)
+    return _stable_log_probs(logits, targets, temperature, with_entropy)
+
+
+def _chunked(chunk_fn: Callable, hidden, weight, targets, temperature, chunk_size, with_entropy):
+    logps, ents = [], []
+    for start in range(0, int(targets.numel()), chunk_size):
+        args = (hidden[start : start + chunk_size], weight, targets[start : start + chunk_size])
+        if torch.is_grad_enabled():
+            # Recompute the chunk's logits in backward instead of keeping [c, V] activations per chunk.
+            lp, ent = checkpoint(chunk_fn, *args, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = chunk_fn(*args, temperature, with_entropy)
+        logps.append(lp)
+        ents.append(ent)
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logps), torch.cat(ents)
+
+
+def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy):
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except ImportError as exc:
+        raise ImportError(
+            "--log-probs-head liger needs liger-kernel (`pip install liger-kernel`), which is not installed"
+        ) from exc
+    if hidden.device.type != "cuda":
+        raise ValueError("--log-probs-head liger runs on CUDA only (Triton kernels); use fp32 on CPU")
+    if targets.numel() == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    # logits / T == (h / T) W^T: the temperature folds into the input; reduction="none" gives -log p per token.
+    scaled = hidden / temperature if temperature != 1.0 else hidden
+    nll = liger_fused_linear_cross_entropy(scaled, weight.to(hidden.dtype), targets, reduction="none",
+                                           accum_dtype=torch.float32)  # fmt: skip
+    ent = hidden.new_zeros(0, dtype=torch.float32)
+    if with_entropy:
+        _, ent = _chunked(_chunk_bf16, hidden, weight, targets, temperature, chunk_size, True)
+    return -nll.float(), ent
+
+
+HEADS: dict[str, Callable] = {
+    "fp32": lambda *a: _chunked(_chunk_fp32, *a),
+    "tf32": lambda *a: _chunked(_chunk_tf32, *a),
+    "bf16": lambda *a: _chunked(_chunk_bf16, *a),
+    "liger": _liger,
+}
+
+
+def head_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    head: str = DEFAULT_CPU_HEAD,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Response log-probs (and entropy) from final hidden states.
+
+    Args:
+        hidden: `[R, H]` final-norm hidden states at the positions that predict the targets (compute dtype).
+        weight: `[V, H]` `lm_head` weight (unsharded, compute dtype).
+        targets: `[R]` int64 token ids.
+        temperature: `--rollout-temperature` (> 0).
+        chunk_size: rows per chunk (> 0); `liger` picks its own chunking.
+        with_entropy: also return the entropy.
+        head: one of `HEADS`.
+
+    Returns:
+        (`[R]` fp32 natural-log probabilities, `[R]` fp32 entropies in nats or `[0]`).
+
+    Raises:
+        KeyError: unknown head (the message lists the known ones).
+        ImportError: `liger` without liger-kernel installed.
+        ValueError: `liger` on a CPU tensor.
+    """
+    if head not in HEADS:
+        raise KeyError(f"unknown --log-probs-head {head!r}; known: {sorted(HEADS)}")
+    return HEADS[head](hidden, weight, targets, temperature, chunk_size, with_entropy)

@@ -1,0 +1,110 @@
+"""Tests of the log-prob/entropy heads against an fp64 reference written here.
+
+Reference: `log p = log_softmax((h W^T) / T)[target]`, `H = -Σ p log p`, in fp64 with fp64 autograd.
+Tolerances: 1e-5 absolute for fp32-computing heads (`fp32`, `tf32` — TF32 is a CUDA-only mode, so on CPU it is
+fp32 — and `bf16` given fp32 inputs, as on CPU), on values and on gradients; 5e-2 absolute for `bf16` given
+bf16 inputs (bf16 logits carry 8 mantissa bits; logits here are O(1)).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from slime_train_fsdp.logprob_head import HEADS, default_head, head_log_probs
+
+TOL = 1e-5
+TEMPERATURE = 0.7
+R, H, V = 37, 16, 50
+
+
+def _inputs(scale: float = 1.0, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(R, H, generator=g) * scale
+    weight = torch.randn(V, H, generator=g) / H**0.5
+    targets = torch.randint(0, V, (R,), generator=g)
+    a, b = torch.randn(R, generator=g), torch.randn(R, generator=g)  # cotangents of log-probs and entropies
+    return hidden, weight, targets, a, b
+
+
+def _reference(hidden, weight, targets, a, b):
+    h = hidden.double().requires_grad_()
+    w = weight.double().requires_grad_()
+    logp_all = torch.log_softmax((h @ w.t()) / TEMPERATURE, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None])[:, 0]
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    ((logp * a).sum() + (ent * b).sum()).backward()
+    return logp.detach(), ent.detach(), h.grad, w.grad
+
+
+def _run(head, hidden, weight, targets, a, b, chunk_size=8):
+    h = hidden.clone().requires_grad_()
+    w = weight.clone().requires_grad_()
+    logp, ent = head_log_probs(h, w, targets, temperature=TEMPERATURE, chunk_size=chunk_size, with_entropy=True,
+                               head=head)  # fmt: skip
+    ((logp * a.to(logp.dtype)).sum() + (ent * b.to(ent.dtype)).sum()).backward()
+    return logp.detach(), ent.detach(), h.grad, w.grad
+
+
+def _max_err(got, expected) -> float:
+    return max(float((x.double() - y).abs().max()) for x, y in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize("head", ["fp32", "tf32", "bf16"])
+def test_fp32_inputs_match_fp64_reference(head):
+    inputs = _inputs()
+    assert _max_err(_run(head, *inputs), _reference(*inputs)) <= TOL
+
+
+def test_bf16_head_on_bf16_inputs_is_close():
+    hidden, weight, targets, a, b = _inputs()
+    got = _run("bf16", hidden.bfloat16(), weight.bfloat16(), targets, a, b)
+    assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32  # softmax math in fp32
+    assert _max_err(got[:2], _reference(hidden, weight, targets, a, b)[:2]) <= 5e-2
+
+
+def test_chunk_size_does_not_change_results():
+    inputs = _inputs(seed=1)
+    whole = _run("tf32", *inputs, chunk_size=1000)
+    for chunk in (1, 5):
+        assert (
+            _max_err(_run("tf32", *inputs, chunk_size=chunk), [t.double() for t in whole]) <= TOL
+        )  # weight grads sum chunks
+
+
+def test_entropy_is_stable_for_large_logits():
+    # Logits of magnitude ~1e3: no overflow, and no cancellation error that grows with |z|.
+    inputs = _inputs(scale=300.0, seed=2)
+    logp, ent, _, _ = _run("tf32", *inputs)
+    ref_logp, ref_ent, _, _ = _reference(*inputs)
+    assert torch.isfinite(ent).all() and torch.isfinite(logp).all()
+    assert float((ent.double() - ref_ent).abs().max()) <= 1e-4
+    assert float(((logp.double() - ref_logp) / ref_logp.abs().clamp_min(1.0)).abs().max()) <= 1e-5
+
+
+def test_no_grad_and_empty_and_without_entropy():
+    hidden, weight, targets, _, _ = _inputs()
+    with torch.no_grad():
+        logp, ent = head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=4, with_entropy=False,
+                                   head="bf16")  # fmt: skip
+    assert logp.shape == (R,) and ent.numel() == 0
+    for head in ("fp32", "tf32", "bf16"):
+        logp, ent = head_log_probs(hidden[:0], weight, targets[:0], temperature=1.0, chunk_size=4,
+                                   with_entropy=True, head=head)  # fmt: skip
+        assert logp.shape == (0,) and ent.shape == (0,) and logp.dtype == torch.float32
+
+
+def test_unknown_head_and_defaults():
+    hidden, weight, targets, _, _ = _inputs()
+    with pytest.raises(KeyError, match="known"):
+        head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=4, with_entropy=False, head="fp8")
+    assert default_head(torch.device("cpu")) == "fp32" and set(HEADS) == {"fp32", "tf32", "bf16", "liger"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel is installed")
+def test_liger_head_without_liger_kernel_says_so():
+    hidden, weight, targets, _, _ = _inputs()
+    with pytest.raises(ImportError, match="pip install liger-kernel"):
+        head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=4, with_entropy=False, head="liger")
