@@ -10,18 +10,23 @@ from aiohttp import web
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from slime_core.config import SlimeArgs
 from slime_rollout.client import EngineError, RolloutClient
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.weight_sync import (
     DiskWeightUpdater,
     DistributedWeightUpdater,
     TensorWeightUpdater,
-    deserialize_named_tensors,
-    serialize_named_tensors,
     write_hf_checkpoint,
 )
+from slime_rollout.wire import deserialize_named_tensors, serialize_named_tensors
 
 LOGPROB_ATOL = 1e-5
+
+
+def _cfg(**fields):
+    """The trainer's run config, as weight updaters get it."""
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
 
 
 def buckets_of(state, size=5):
@@ -101,7 +106,7 @@ async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path, http
         return handler
 
     client = RolloutClient([await http_server(engine("e0")), await http_server(engine("e1"))])
-    args = types.SimpleNamespace(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
+    args = _cfg(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
     await DiskWeightUpdater(args, client).aupdate(iter([[("w", torch.ones(2))]]), "7")
     for name in ("e0", "e1"):
         assert [p for h, p in calls if h == name] == [
@@ -125,7 +130,7 @@ async def test_version_mismatch_raises_and_still_continues(tmp_path, http_server
 
     url = await http_server(handler)
     client = RolloutClient([url])
-    args = types.SimpleNamespace(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
+    args = _cfg(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
     with pytest.raises(RuntimeError, match=rf"{url}='old'"):
         await DiskWeightUpdater(args, client).aupdate(iter([[("w", torch.ones(1))]]), "3")
     assert calls[-1] == "/continue_generation"
@@ -133,7 +138,8 @@ async def test_version_mismatch_raises_and_still_continues(tmp_path, http_server
 
 def test_disk_updater_requires_dir():
     with pytest.raises(ValueError, match="--update-weight-disk-dir"):
-        DiskWeightUpdater(types.SimpleNamespace(), RolloutClient(["http://x:1"]))
+        # Validation fills the directory under --output-dir for disk sync; a copy without it is what is tested.
+        DiskWeightUpdater(_cfg().model_copy(update={"update_weight_disk_dir": None}), RolloutClient(["http://x:1"]))
 
 
 # ------------------------------------------------------------------------------ against the engine
@@ -190,9 +196,7 @@ def check_engine_holds(url, model, state):
 def test_disk_tensor_and_distributed_updates_change_outputs(reference_engine, hf_state, tmp_path, tiny_qwen3_dir):
     url = reference_engine.urls[0]
     model, original = hf_state
-    args = types.SimpleNamespace(
-        update_weight_disk_dir=str(tmp_path), hf_checkpoint=str(tiny_qwen3_dir), rollout_num_gpus_per_engine=1
-    )
+    args = _cfg(update_weight_disk_dir=str(tmp_path), hf_checkpoint=str(tiny_qwen3_dir), rollout_num_gpus_per_engine=1)
     client = RolloutClient([url])
     try:
         before = check_engine_holds(url, model, original)
@@ -226,7 +230,7 @@ def test_disk_tensor_and_distributed_updates_change_outputs(reference_engine, hf
 
 def test_bad_tensor_name_is_a_clear_error_and_engine_keeps_serving(reference_engine, hf_state):
     url = reference_engine.urls[0]
-    updater = TensorWeightUpdater(types.SimpleNamespace(), RolloutClient([url]), load_format=None)
+    updater = TensorWeightUpdater(_cfg(), RolloutClient([url]), load_format=None)
     with pytest.raises(EngineError, match="unknown parameter 'nope'") as e:
         updater.update(iter([[("nope", torch.zeros(1))]]), "bad")
     assert url in str(e.value)
@@ -260,7 +264,7 @@ def test_custom_process_group_uses_sglangs_store_prefix():
     import subprocess
     import sys
 
-    from slime_rollout.weight_sync import init_custom_process_group
+    from slime_rollout.wire import init_custom_process_group
 
     port, name = find_free_port(start=29650), "slime-pp_0"
     peer = subprocess.Popen(
