@@ -42,7 +42,7 @@ __all__ = [
     "engine_env",
     "engine_python",
     "launch_engines",
-    "nccl_cumem_enable",
+    "nccl_cumem_enable",  # defined in slime_rollout.wire (both ends of a weight update need it)
     "sglang_passthrough",
 ]
 
@@ -275,7 +275,11 @@ class EngineGroup:
         """Replaces engine `index` by a fresh one (new port) and returns its URL.
 
         The new engine holds the initial `--hf-checkpoint` weights and version: push the current weights
-        afterwards, and rebuild clients (`slime_rollout.client.reset_client_cache`) since the URL changed.
+        afterwards. The URL changed, so the run's engine addresses did: rebuild the plugin view from
+        `urls` (`PluginArgs.from_config`) and the clients (`slime_rollout.client.reset_client_cache`).
+
+        Raises:
+            RuntimeError: the group was not built by `launch_engines`, or the new engine failed to start.
         """
         if self._start is None or self._ready is None:
             raise RuntimeError("this EngineGroup was not built by launch_engines and cannot restart engines")
