@@ -9,9 +9,13 @@ import pathlib
 import random
 import shutil
 import tempfile
-import types
 
 import pytest
+
+from slime_core.config import SlimeArgs
+
+# A random port range per session: concurrent test sessions would otherwise race for 15000.
+ENGINE_BASE_PORT = random.Random(os.getpid()).randrange(20000, 40000, 100)
 
 
 @pytest.fixture(scope="session")
@@ -28,23 +32,29 @@ def tiny_qwen3_dir(private_tmp, make_tiny_qwen3) -> pathlib.Path:
     return make_tiny_qwen3(private_tmp / "tiny-qwen3")
 
 
-def _reference_args(model_dir, **kw) -> types.SimpleNamespace:
-    base = dict(
+def _reference_args(model_dir, **kw) -> SlimeArgs:
+    fields = dict(
+        rollout_batch_size=1,
+        num_rollout=1,
         rollout_engine="reference",
         hf_checkpoint=str(model_dir),
         seed=1234,
-        sglang_args={"num_threads": 1},
-        # A random port range per session: concurrent test sessions would otherwise race for 15000.
-        sglang_base_port=random.Random(os.getpid()).randrange(20000, 40000, 100),
+        sglang_args={"num_threads": "1"},
     )
-    base.update(kw)
-    return types.SimpleNamespace(**base)
+    fields.update(kw)
+    return SlimeArgs.from_dict(fields)
 
 
 @pytest.fixture(scope="session")
 def reference_args():
-    """Factory: `reference_args(model_dir, **overrides)` -> minimal run config for reference engines."""
+    """Factory: `reference_args(model_dir, **overrides)` -> a validated run config for reference engines."""
     return _reference_args
+
+
+@pytest.fixture(scope="session")
+def engine_base_port() -> int:
+    """`launch_engines(..., base_port=)` of this session's engines."""
+    return ENGINE_BASE_PORT
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +68,7 @@ def reference_engine(tiny_qwen3_dir, private_tmp):
         gpus_per_engine=1,
         startup_timeout_s=300,
         log_dir=private_tmp / "engine-logs",
+        base_port=ENGINE_BASE_PORT,
     )
     yield group
     group.shutdown()

@@ -6,11 +6,11 @@ written here, so requests travel the client's production path.
 
 import asyncio
 import json
-import types
 
 import pytest
 from aiohttp import web
 
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_rollout.client import (
     EngineClient,
     EngineError,
@@ -243,12 +243,15 @@ def test_count_requests_shapes():
 
 def test_get_client_is_cached_per_engine_set():
     reset_client_cache()
-    a = get_client(types.SimpleNamespace(rollout_engine_urls=["http://e0:1"], sglang_router_ip=None))
-    assert get_client(types.SimpleNamespace(rollout_engine_urls="http://e0:1")) is a
-    routed = get_client(types.SimpleNamespace(sglang_router_ip="r", sglang_router_port=3, rollout_engine_urls=None))
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+    a = get_client(PluginArgs.from_config(cfg, engine_urls=["http://e0:1"]))
+    comma = PluginArgs.from_config(cfg)
+    comma.rollout_engine_urls = "http://e0:1"  # a plugin may write a comma-separated string on its view
+    assert get_client(comma) is a
+    routed = get_client(PluginArgs.from_config(cfg, router_url="http://r:3"))
     assert routed is not a and routed.router.url == "http://r:3"
     with pytest.raises(ValueError, match="--rollout-engine-urls"):
-        get_client(types.SimpleNamespace())
+        get_client(PluginArgs.from_config(cfg))
     reset_client_cache()
 
 

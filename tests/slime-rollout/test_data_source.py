@@ -1,36 +1,28 @@
 """Data source: JSONL/Parquet, keys, chat template (real Qwen3 tokenizer), filtering, shuffling, cursor."""
 
 import json
-import types
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_rollout.data_source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
 
 
 def _args(**kw):
-    base = dict(
-        prompt_data=None,
+    """The plugin view a data source is built with (`cls(args)`)."""
+    fields = dict(
+        rollout_batch_size=1,
+        num_rollout=1,
         input_key="question",
         label_key="answer",
-        metadata_key="metadata",
-        tool_key="tools",
-        apply_chat_template=False,
-        apply_chat_template_kwargs=None,
-        rollout_max_prompt_len=None,
-        hf_checkpoint=None,
-        rollout_shuffle=False,
         rollout_seed=42,
         n_samples_per_prompt=2,
-        save=None,
-        load=None,
-        buffer_filter_path=None,
     )
-    base.update(kw)
-    return types.SimpleNamespace(**base)
+    fields.update(kw)
+    return PluginArgs.from_config(SlimeArgs.from_dict(fields))
 
 
 def _write_jsonl(path, rows):
@@ -157,13 +149,13 @@ def test_cursor_save_load_resumes_exact_order_with_buffer(tmp_path):
     assert not list((tmp_path / "ckpt" / "rollout").glob(".*"))  # no temp file left
     expected = ds.get_samples(9)
 
-    resumed = RolloutDataSourceWithBuffer(_args(**{**vars(args), "load": str(tmp_path / "ckpt")}))
+    resumed = RolloutDataSourceWithBuffer(args.model_copy(update={"load": str(tmp_path / "ckpt")}))
     resumed.load(3)
     got = resumed.get_samples(9)
     assert [[s.to_dict() for s in g] for g in got] == [[s.to_dict() for s in g] for g in expected]
     assert got[0][0].tokens == [1, 2, 3] and got[0][0].rollout_log_probs == [-0.5]  # buffer first
     # Missing cursor -> fresh start, no error.
-    fresh = RolloutDataSourceWithBuffer(_args(**{**vars(args), "load": str(tmp_path / "none")}))
+    fresh = RolloutDataSourceWithBuffer(args.model_copy(update={"load": str(tmp_path / "none")}))
     fresh.load(3)
     assert fresh.get_samples(1)[0][0].index == 0
 

@@ -1,12 +1,15 @@
 """Rollout debug dumps: atomic save, exact round trip, eval file names, subsampling, regrouping."""
 
-import types
-
 import pytest
 import torch
 
+from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
 from slime_rollout.debug_dump import dump_path, load_debug_rollout_data, regroup, save_debug_rollout_data
+
+
+def _cfg(**fields):
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
 
 
 def _samples(num):
@@ -21,7 +24,7 @@ def _samples(num):
 
 
 def test_round_trip_is_exact(tmp_path):
-    args = types.SimpleNamespace(
+    args = _cfg(
         save_debug_rollout_data=str(tmp_path / "r" / "{rollout_id}.pt"),
         load_debug_rollout_data=str(tmp_path / "r" / "{rollout_id}.pt"),
         load_debug_rollout_data_subsample=None,
@@ -38,7 +41,7 @@ def test_round_trip_is_exact(tmp_path):
 
 
 def test_subsample_keeps_head_and_tail(tmp_path):
-    args = types.SimpleNamespace(
+    args = _cfg(
         save_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"),
         load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"),
         load_debug_rollout_data_subsample=0.4,

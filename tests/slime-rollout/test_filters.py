@@ -1,13 +1,16 @@
 """Dynamic-sampling filters."""
 
-import types
-
 import pytest
 
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.protocols import DynamicFilterOutput
 from slime_core.sample import Sample
 from slime_rollout.filters import check_reward_nonzero_std, normalize_filter_output
 from slime_rollout.plugins import load_function
+
+
+def _args(**fields):
+    return PluginArgs.from_config(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields}))
 
 
 def _group(*rewards):
@@ -15,13 +18,13 @@ def _group(*rewards):
 
 
 def test_check_reward_nonzero_std():
-    args = types.SimpleNamespace(reward_key=None)
+    args = _args(reward_key=None)
     assert check_reward_nonzero_std(args, _group(1.0, 0.0, 1.0)).keep is True
     out = check_reward_nonzero_std(args, _group(1.0, 1.0, 1.0))
     assert out == DynamicFilterOutput(keep=False, reason="zero_std_1.0")
     assert check_reward_nonzero_std(args, _group(0.0, 0.0)).reason == "zero_std_0.0"
     assert check_reward_nonzero_std(args, _group(0.5)).keep is False  # a single sample has no spread
-    dict_args = types.SimpleNamespace(reward_key="score")
+    dict_args = _args(reward_key="score")
     assert check_reward_nonzero_std(dict_args, _group({"score": 1.0}, {"score": -1.0})).keep is True
     with pytest.raises(ValueError, match="--reward-key"):
         check_reward_nonzero_std(args, _group({"score": 1.0}, {"score": 1.0}))

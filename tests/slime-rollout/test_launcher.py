@@ -6,10 +6,10 @@ import socket
 import sys
 import textwrap
 import time
-import types
 
 import pytest
 
+from slime_core.config import SlimeArgs
 from slime_rollout.engines import process as process_mod
 from slime_rollout.engines.launch import (
     build_reference_command,
@@ -38,16 +38,14 @@ SGLANG_FIELDS = {
 
 
 def sglang_args(**kw):
-    base = dict(hf_checkpoint="/models/qwen3", sglang_mem_fraction_static=0.7, sglang_args=None)
-    base.update(kw)
-    return types.SimpleNamespace(**base)
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "hf_checkpoint": "/models/qwen3", **kw})
 
 
 def test_sglang_command_line(monkeypatch):
     monkeypatch.delenv("SLIME_SGLANG_ARGS", raising=False)
     monkeypatch.setenv("SLIME_SGLANG_PYTHON", "/opt/sgl/bin/python")
     cmd = build_sglang_command(
-        sglang_args(sglang_args={"sglang_chunked_prefill_size": 4096, "enable-dp-attention": True, "x_flag": False}),
+        sglang_args(sglang_args={"sglang_chunked_prefill_size": "4096", "enable-dp-attention": True, "x_flag": False}),
         host="10.0.0.2",
         port=15000,
         nccl_port=15001,
@@ -55,6 +53,7 @@ def test_sglang_command_line(monkeypatch):
         base_gpu_id=4,
         random_seed=1238,
         memory_saver=True,
+        mem_fraction_static=0.7,
     )
     assert cmd[:3] == ["/opt/sgl/bin/python", "-m", "sglang.launch_server"]
     flags = " ".join(cmd[3:])
@@ -73,7 +72,7 @@ def test_sglang_command_line(monkeypatch):
 def test_sglang_command_no_saver_passthrough_overrides_and_env_args(monkeypatch):
     monkeypatch.setenv("SLIME_SGLANG_ARGS", "--log-level debug --attention-backend 'fa3'")
     cmd = build_sglang_command(
-        sglang_args(sglang_args=["--sglang-mem-fraction-static", "0.5", "--sglang-cuda-graph-max-bs", "64"]),
+        sglang_args(sglang_args={"mem_fraction_static": "0.5", "cuda_graph_max_bs": "64"}),
         host="h",
         port=1,
         nccl_port=2,
@@ -81,6 +80,7 @@ def test_sglang_command_no_saver_passthrough_overrides_and_env_args(monkeypatch)
         base_gpu_id=0,
         random_seed=0,
         memory_saver=False,
+        mem_fraction_static=0.7,
         python="py",
     )
     assert "--enable-memory-saver" not in cmd
@@ -125,7 +125,7 @@ def test_passthrough_value_kinds():
 
 
 def test_reference_command_line():
-    args = types.SimpleNamespace(hf_checkpoint="/m", sglang_args={"max_running_requests": 8})
+    args = sglang_args(hf_checkpoint="/m", sglang_args={"max_running_requests": "8"})
     cmd = build_reference_command(args, host="127.0.0.1", port=31000, random_seed=5)
     assert cmd[1:] == [
         "-m",
@@ -241,26 +241,36 @@ def test_sigterm_first_lets_the_main_process_exit_cleanly(tmp_path):
     assert proc.popen.returncode == 0  # exited through its SIGTERM handler, not SIGKILL
 
 
-def test_launch_failure_cleans_up(tmp_path, reference_args):
+def test_launch_failure_cleans_up(tmp_path, reference_args, engine_base_port):
     args = reference_args(tmp_path / "missing-model")
     before = set(process_mod._LIVE)
     with pytest.raises(RuntimeError, match="exited with code"):
-        launch_engines(args, num_engines=2, gpus_per_engine=1, startup_timeout_s=120, log_dir=tmp_path)
+        launch_engines(
+            args, num_engines=2, gpus_per_engine=1, startup_timeout_s=120, log_dir=tmp_path, base_port=engine_base_port
+        )
     assert set(process_mod._LIVE) == before
 
 
 def test_launch_validates_arguments(reference_args, tmp_path):
+    vllm = reference_args(tmp_path).model_copy(update={"rollout_engine": "vllm"})  # past validation, which rejects it
     with pytest.raises(ValueError, match="--rollout-engine"):
-        launch_engines(types.SimpleNamespace(rollout_engine="vllm"), num_engines=1, gpus_per_engine=1)
+        launch_engines(vllm, num_engines=1, gpus_per_engine=1)
     with pytest.raises(ValueError, match="base_gpu_ids"):
         launch_engines(reference_args(tmp_path), num_engines=2, gpus_per_engine=1, base_gpu_ids=[0])
 
 
-def test_reference_group_restart_and_shutdown_leave_no_process(tiny_qwen3_dir, reference_args, tmp_path):
+def test_reference_group_restart_and_shutdown_leave_no_process(
+    tiny_qwen3_dir, reference_args, tmp_path, engine_base_port
+):
     import httpx
 
     with launch_engines(
-        reference_args(tiny_qwen3_dir), num_engines=1, gpus_per_engine=1, startup_timeout_s=300, log_dir=tmp_path
+        reference_args(tiny_qwen3_dir),
+        num_engines=1,
+        gpus_per_engine=1,
+        startup_timeout_s=300,
+        log_dir=tmp_path,
+        base_port=engine_base_port,
     ) as group:
         proc = group.processes[0]
         assert httpx.get(proc.url + "/server_info", trust_env=False).json()["pid"] == proc.pid

@@ -1,9 +1,8 @@
 """`--custom-rollout-log-function-path` / `--custom-eval-rollout-log-function-path` through `run_rollout`."""
 
-import types
-
 import pytest
 
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.plugins import PluginError
 from slime_core.sample import Sample
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
@@ -39,16 +38,13 @@ def eval_log(rollout_id, args, data, extra_metrics):
     return args.skip_default
 
 
-def _args(**kw):
-    base = dict(
-        rollout_function_path=f"{__name__}.fixed_rollout",
-        eval_function_path=None,
-        load_debug_rollout_data=None,
-        save_debug_rollout_data=None,
-        custom_rollout_log_function_path=None,
-        custom_eval_rollout_log_function_path=None,
-    )
-    return types.SimpleNamespace(**{**base, **kw})
+def _args(skip_default=None, **kw):
+    """The plugin view `run_rollout` gets; `skip_default` is an attribute a plugin stashes on it."""
+    fields = {"rollout_batch_size": 1, "num_rollout": 1, "rollout_function_path": f"{__name__}.fixed_rollout", **kw}
+    args = PluginArgs.from_config(SlimeArgs.from_dict(fields))
+    if skip_default is not None:
+        args.skip_default = skip_default
+    return args
 
 
 @pytest.fixture(autouse=True)

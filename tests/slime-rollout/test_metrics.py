@@ -2,10 +2,10 @@
 
 import itertools
 import statistics
-import types
 
 import pytest
 
+from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
 from slime_rollout.metrics import compute_rollout_metrics, pass_at_k
 
@@ -40,7 +40,9 @@ def _sample(index, reward):
 
 
 def _args(**kw):
-    return types.SimpleNamespace(**{"reward_key": None, "rollout_num_gpus": 1, **kw})
+    return SlimeArgs.from_dict(
+        {"rollout_batch_size": 1, "num_rollout": 1, "reward_key": None, "rollout_num_gpus": 1, **kw}
+    )
 
 
 def test_rollout_passrate_only_with_the_flag():

@@ -6,10 +6,10 @@ streams are built independently in the tests from the tokenizer and hand-written
 """
 
 import json
-import types
 
 import pytest
 
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample, Status
 from slime_envs.calculator import CalculatorEnv
 from slime_rollout import generate as single_turn
@@ -60,9 +60,10 @@ def tok(qwen3_tokenizer_dir):
 
 
 def make_args(tok_dir, **kw):
-    base = dict(hf_checkpoint=str(tok_dir), max_turns=4, env_path=None, custom_rm_path=None, rm_type=None)
-    base.update(kw)
-    return types.SimpleNamespace(**base)
+    """The plugin view a custom generate function gets."""
+    fields = dict(rollout_batch_size=1, num_rollout=1, hf_checkpoint=str(tok_dir), max_turns=4)
+    fields.update(kw)
+    return PluginArgs.from_config(SlimeArgs.from_dict(fields))
 
 
 def install(monkeypatch, engine):
@@ -297,8 +298,7 @@ def _example_args(name, engine, model_dir, tmp_path):
     )
     # A random model almost never closes a tag, so every turn would run to the budget. Stopping on a
     # third of the vocabulary ends turns early and exercises observations and continuations.
-    args.rollout_stop_token_ids = list(range(0, 151643, 3))
-    return args
+    return PluginArgs.from_config(args.model_copy(update={"rollout_stop_token_ids": list(range(0, 151643, 3))}))
 
 
 def _check_sample(sample, hf, tok):

@@ -13,11 +13,11 @@ import os
 import signal
 import threading
 import time
-import types
 from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample
 from slime_rollout.rewards import async_rm, batched_async_rm, pool, rule_based_reward
 from slime_rollout.rewards import math as math_rewards
@@ -41,7 +41,8 @@ def short_budget(monkeypatch):
 
 
 def _args(num_workers=NUM_WORKERS, rm_type="math"):
-    return types.SimpleNamespace(rm_type=rm_type, custom_rm_path=None, rm_url=None, rm_num_workers=num_workers)
+    fields = {"rollout_batch_size": 1, "num_rollout": 1, "rm_type": rm_type, "rm_num_workers": num_workers}
+    return PluginArgs.from_config(SlimeArgs.from_dict(fields))
 
 
 def _gsm8k_answers(fixtures_dir) -> list[tuple[str, int]]:

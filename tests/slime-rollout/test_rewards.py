@@ -1,10 +1,10 @@
 """Rule-based rewards: real GSM8K labels, tricky answer formats, every rm_type, custom/group RM."""
 
 import json
-import types
 
 import pytest
 
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample
 from slime_rollout.rewards import async_rm, batched_async_rm, rule_based_reward
 from slime_rollout.rewards.dapo import dapo_reward
@@ -106,8 +106,13 @@ def test_gpqa_reward():
     assert gpqa_reward("so it's D", "x", {"correct_letter": "D"}) == 1.0
 
 
+def _args(**fields):
+    """The plugin view a reward function gets."""
+    return PluginArgs.from_config(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields}))
+
+
 async def test_async_rm_dispatch_override_and_boxed_prefix():
-    args = types.SimpleNamespace(rm_type="math", custom_rm_path=None, rm_url=None)
+    args = _args(rm_type="math")
     s = Sample(response="\\boxed{4}", label="4")
     assert await async_rm(args, s) == 1.0
     # metadata rm_type overrides --rm-type
@@ -117,7 +122,7 @@ async def test_async_rm_dispatch_override_and_boxed_prefix():
     with pytest.raises(KeyError, match="known"):
         rule_based_reward("nope", "", "")
     with pytest.raises(ValueError, match="--rm-type"):
-        await async_rm(types.SimpleNamespace(rm_type=None, custom_rm_path=None), s)
+        await async_rm(_args(rm_type=None), s)
 
 
 async def custom_rm(args, sample):
@@ -130,9 +135,9 @@ async def group_rm(args, samples):
 
 async def test_custom_and_group_rm():
     samples = [Sample(response="ab"), Sample(response="abc")]
-    args = types.SimpleNamespace(custom_rm_path=f"{__name__}.custom_rm", group_rm=False, rm_type=None)
+    args = _args(custom_rm_path=f"{__name__}.custom_rm", group_rm=False)
     assert await batched_async_rm(args, samples) == [2.0, 3.0]
-    args = types.SimpleNamespace(custom_rm_path=f"{__name__}.group_rm", group_rm=True, rm_type=None)
+    args = _args(custom_rm_path=f"{__name__}.group_rm", group_rm=True)
     assert await batched_async_rm(args, samples) == [0.0, 1.0]
 
 

@@ -114,11 +114,11 @@ class ListDataSource:
 # ---------------------------------------------------------------------------------------------------
 
 import dataclasses  # noqa: E402
-import types  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from slime_core.config import PluginArgs, SlimeArgs  # noqa: E402
 from slime_core.sample import Sample, Status  # noqa: E402
 from slime_rollout import generate as generate_mod  # noqa: E402
 from slime_rollout import rollout as rollout_mod  # noqa: E402
@@ -134,34 +134,19 @@ def reward_is_a(args, sample):
 
 
 def _args(**kw):
-    base = dict(
+    """The plugin view the rollout gets: a validated config (+ writable, as plugins expect)."""
+    fields = dict(
         rollout_batch_size=2,
         n_samples_per_prompt=2,
-        over_sampling_batch_size=None,
-        dynamic_sampling_filter_path=None,
-        partial_rollout=False,
-        mask_offpolicy_in_partial_rollout=False,
-        custom_generate_function_path=None,
-        rollout_sample_hook_path=None,
+        num_rollout=1,
         custom_rm_path=f"{__name__}.reward_is_a",
-        rm_type=None,
-        group_rm=False,
-        reward_key=None,
-        rollout_temperature=1.0,
-        rollout_top_p=1.0,
-        rollout_top_k=-1,
         rollout_max_response_len=8,
-        rollout_stop=None,
-        rollout_stop_token_ids=None,
-        rollout_skip_special_tokens=False,
         sglang_server_concurrency=64,
         rollout_num_gpus=1,
         rollout_num_gpus_per_engine=1,
-        rollout_sample_filter_path=None,
-        rollout_all_samples_process_path=None,
     )
-    base.update(kw)
-    return types.SimpleNamespace(**base)
+    fields.update(kw)
+    return PluginArgs.from_config(SlimeArgs.from_dict(fields))
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ a filter, abort of the surplus on the engine, and partial-rollout continuation i
 """
 
 import asyncio
-import types
 
 import pytest
 import torch
 
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Status
 from slime_rollout.client import EngineClient
 from slime_rollout.data_source import RolloutDataSourceWithBuffer
@@ -30,42 +30,22 @@ def hf_model(tiny_qwen3_dir):
 
 
 def _args(engine, model_dir, fixtures_dir, **kw):
-    base = dict(
-        rollout_engine_urls=engine.urls,
+    """The plugin view of a run whose engine is `engine`."""
+    fields = dict(
         hf_checkpoint=str(model_dir),
         prompt_data=f"{fixtures_dir / 'gsm8k' / 'test-50.jsonl'}@[:12]",
         input_key="question",
         label_key="answer",
-        metadata_key="metadata",
-        tool_key="tools",
         apply_chat_template=True,
-        apply_chat_template_kwargs={},
-        rollout_max_prompt_len=None,
-        rollout_shuffle=False,
-        rollout_seed=42,
         rollout_batch_size=2,
         n_samples_per_prompt=2,
-        over_sampling_batch_size=None,
-        dynamic_sampling_filter_path=None,
-        partial_rollout=False,
-        mask_offpolicy_in_partial_rollout=False,
+        num_rollout=1,
         rm_type="math",
-        custom_rm_path=None,
-        group_rm=False,
-        reward_key=None,
-        rollout_temperature=1.0,
-        rollout_top_p=1.0,
-        rollout_top_k=-1,
         rollout_max_response_len=12,
-        rollout_stop=None,
-        rollout_stop_token_ids=None,
-        rollout_skip_special_tokens=False,
         sglang_server_concurrency=16,
-        save=None,
-        load=None,
     )
-    base.update(kw)
-    return types.SimpleNamespace(**base)
+    fields.update(kw)
+    return PluginArgs.from_config(SlimeArgs.from_dict(fields), engine_urls=engine.urls)
 
 
 def _check_log_probs(model, sample):

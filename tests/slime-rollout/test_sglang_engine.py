@@ -6,10 +6,11 @@ The model is a small random Qwen3 (bf16) so the test does not depend on download
 
 import asyncio
 import os
-import types
 
 import pytest
 import torch
+
+from slime_core.config import SlimeArgs
 
 pytestmark = [pytest.mark.sglang, pytest.mark.gpu]
 
@@ -38,13 +39,16 @@ def small_qwen3_dir(tmp_path_factory, make_tiny_qwen3):
 def sglang_engine(small_qwen3_dir, tmp_path_factory):
     from slime_rollout.engines.launch import launch_engines
 
-    args = types.SimpleNamespace(
-        rollout_engine="sglang",
-        hf_checkpoint=str(small_qwen3_dir),
-        seed=1,
-        sglang_mem_fraction_static=0.3,
-        sglang_args={"disable_cuda_graph": True},
-        rollout_num_gpus_per_engine=1,
+    args = SlimeArgs.from_dict(
+        {
+            "rollout_batch_size": 1,
+            "num_rollout": 1,
+            "rollout_engine": "sglang",
+            "hf_checkpoint": str(small_qwen3_dir),
+            "seed": 1,
+            "sglang_args": {"disable_cuda_graph": True},
+            "rollout_num_gpus_per_engine": 1,
+        }
     )
     # colocate=True: memory saver on, as when the trainer shares the GPU (release/resume is tested below).
     with launch_engines(
@@ -52,6 +56,7 @@ def sglang_engine(small_qwen3_dir, tmp_path_factory):
         num_engines=1,
         gpus_per_engine=1,
         colocate=True,
+        mem_fraction_static=0.3,
         startup_timeout_s=600,
         # SLIME_TEST_LOG_DIR: keep the engine logs where a GPU session collects them.
         log_dir=os.environ.get("SLIME_TEST_LOG_DIR") or tmp_path_factory.mktemp("sgl-logs"),
@@ -101,7 +106,7 @@ def test_weight_updates_disk_tensor_distributed(sglang_engine, small_qwen3_dir, 
     from slime_rollout.weight_sync import DiskWeightUpdater, DistributedWeightUpdater, TensorWeightUpdater
 
     args, group = sglang_engine
-    args.update_weight_disk_dir = str(tmp_path)
+    args = args.model_copy(update={"update_weight_disk_dir": str(tmp_path)})
     url = group.urls[0]
     client = RolloutClient([url])
     state = AutoModelForCausalLM.from_pretrained(small_qwen3_dir, dtype=torch.bfloat16).state_dict()

@@ -1,225 +1,41 @@
 """Async HTTP clients for inference engines (SGLang or the CPU reference engine) and the router.
 
-`EngineClient(url)` wraps one engine's control surface (SGLang 0.5.16 routes and field names);
-`RolloutClient(engine_urls, router_url=None)` is what the rollout loop uses: `generate` goes through the
-router when there is one, otherwise to the engine with the fewest outstanding requests; `abort_all` and
-`broadcast` fan out to every engine. `get_client(args)` returns one cached `RolloutClient` per process.
-
-The transport is aiohttp: httpx/httpcore's pool scans every connection for every request, which made 512
-concurrent /generate calls about 8x slower than aiohttp's. Connection errors are retried with
-exponential backoff; every error names the engine URL and endpoint. An `aiohttp.ClientSession` belongs to
-one event loop, so each client keeps one per running loop.
+`EngineClient(url)` wraps one engine's control surface (SGLang 0.5.16 routes and field names) on the retrying
+transport of `slime_rollout.transport`; the request bodies of the weight-update endpoints are the records of
+`slime_rollout.wire`. `RolloutClient(engine_urls, router_url=None)` is what the rollout loop uses: `generate`
+goes through the router when there is one, otherwise to the engine with the fewest outstanding requests;
+`abort_all` and `broadcast` fan out to every engine. `get_client(args)` returns one cached `RolloutClient` per
+process. Every error names the engine URL and endpoint (`EngineError`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
-import json
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+
+from slime_rollout import wire
+from slime_rollout.transport import EngineError, EngineResponse, HttpEndpoint
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 __all__ = ["EngineClient", "EngineError", "EngineResponse", "RolloutClient", "get_client", "reset_client_cache"]
 
 logger = logging.getLogger(__name__)
 
-# Connection-level failures before any response: the engine is starting (connect refused / timed out,
-# no free pooled connection in time), or a pooled keep-alive connection was closed or reset by the
-# server just as it was reused. Retrying may repeat a request the engine never answered; slime retries
-# every POST likewise. Read timeouts (SocketTimeoutError) and broken bodies (ClientPayloadError) are not
-# retried: the engine got the request.
-_RETRYABLE = (
-    aiohttp.ClientOSError,  # includes ClientConnectorError (refused, DNS) and resets while sending
-    aiohttp.ClientConnectionResetError,
-    aiohttp.ConnectionTimeoutError,
-    aiohttp.ServerDisconnectedError,
-)
-_NOT_RETRYABLE = (aiohttp.ClientSSLError,)  # a ClientConnectorError that will not heal by retrying
 
-# Idle pooled connections are dropped after this many seconds, before servers drop them (uvicorn's
-# default keep-alive, which SGLang uses, is 5 s), so a connection the server is closing is rarely reused.
-_KEEPALIVE_S = 3.0
-
-
-class EngineError(RuntimeError):
-    """An engine call failed (HTTP error status, `success: false`, or the engine is unreachable).
-
-    Attributes:
-        url: the engine (or router) base URL.
-        endpoint: the route that failed, e.g. "/generate".
-        status_code: HTTP status, or None when no response arrived.
-    """
-
-    def __init__(self, url: str, endpoint: str, message: str, status_code: int | None = None):
-        super().__init__(
-            f"engine {url}{endpoint} failed" + (f" (HTTP {status_code})" if status_code else "") + f": {message}"
-        )
-        self.url, self.endpoint, self.status_code = url, endpoint, status_code
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineResponse:
-    """A fully read HTTP response (what `request(..., raw=True)` returns).
-
-    Attributes:
-        status_code: HTTP status.
-        headers: response headers (case-insensitive lookups).
-        content: the body bytes.
-    """
-
-    status_code: int
-    headers: Any
-    content: bytes
-
-    @property
-    def text(self) -> str:
-        """The body decoded as UTF-8 (undecodable bytes replaced)."""
-        return self.content.decode("utf-8", errors="replace")
-
-    def json(self) -> Any:
-        """The body parsed as JSON.
-
-        Raises:
-            ValueError: the body is not JSON.
-        """
-        return json.loads(self.content)
-
-
-async def _close_with_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:
-    """An async generator whose finalisation closes `session`.
-
-    asyncio.run() (and loops torn down with `shutdown_asyncgens`) finalise the async generators started
-    on them, so a session made on a short-lived loop (weight sync's asyncio.run) is closed while its loop
-    still runs, instead of leaking sockets and "Unclosed client session" errors.
-    """
-    try:
-        yield
-    finally:
-        await session.close()
-
-
-class _HttpBase:
-    """Shared retrying request logic bound to one base URL."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout: float | None = None,
-        connect_timeout: float = 10.0,
-        max_retries: int = 8,
-        backoff_s: float = 0.25,
-        max_backoff_s: float = 4.0,
-        max_connections: int = 1024,
-    ):
-        if not url.startswith(("http://", "https://")):
-            url = f"http://{url}"
-        self.url = url.rstrip("/")
-        self.connect_timeout = connect_timeout
-        self.timeout = self._timeout(timeout)
-        self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
-        self.max_connections = max_connections
-        # loop -> (session, finaliser generator); the generator is kept alive here because the loop only
-        # holds it weakly.
-        self._sessions: dict[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, AsyncIterator[None]]] = {}
-
-    def _timeout(self, read_s: float | None) -> aiohttp.ClientTimeout:
-        # Like httpx.Timeout(read_s, connect=connect_timeout): `connect` bounds waiting for a pooled
-        # connection plus connecting, `sock_read` the gap between received chunks; no total limit.
-        return aiohttp.ClientTimeout(total=None, connect=read_s, sock_connect=self.connect_timeout, sock_read=read_s)
-
-    async def _http(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        entry = self._sessions.get(loop)
-        if entry is not None and not entry[0].closed:
-            return entry[0]
-        for other in [lp for lp in self._sessions if lp.is_closed()]:
-            # Its loop closed without finalising async generators; the session cannot be closed any more.
-            self._sessions.pop(other)[0].detach()
-        connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=_KEEPALIVE_S)
-        # trust_env=False: engines live on the cluster network, never behind the user's HTTP proxy.
-        session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, trust_env=False)
-        closer = _close_with_loop(session)
-        await closer.__anext__()
-        self._sessions[loop] = (session, closer)
-        return session
-
-    async def aclose(self) -> None:
-        """Closes the HTTP session of the running event loop."""
-        entry = self._sessions.pop(asyncio.get_running_loop(), None)
-        if entry is not None:
-            await entry[1].aclose()
-
-    async def request(
-        self,
-        method: str,
-        endpoint: str,
-        payload: dict | None = None,
-        *,
-        timeout: float | None = None,
-        raw: bool = False,
-    ) -> Any:
-        """Sends one request with retries on connection errors.
-
-        Args:
-            method: "GET" or "POST".
-            endpoint: route, e.g. "/generate".
-            payload: JSON body (POST) or query parameters (GET).
-            timeout: per-request read timeout in seconds (None: the client's default).
-            raw: return the `EngineResponse` (status, headers, body bytes) instead of decoded JSON.
-
-        Returns:
-            Decoded JSON (None for an empty body, the text for a non-JSON body), or the response when `raw`.
-
-        Raises:
-            EngineError: non-2xx status, `{"success": false}` body, or still unreachable after retries.
-        """
-        kwargs: dict[str, Any] = {"json": payload} if method == "POST" else {"params": payload}
-        if timeout is not None:
-            kwargs["timeout"] = self._timeout(timeout)
-        delay = self.backoff_s
-        for attempt in itertools.count():
-            try:
-                session = await self._http()
-                async with session.request(method, self.url + endpoint, **kwargs) as resp:
-                    out = EngineResponse(resp.status, resp.headers, await resp.read())
-                break
-            except _NOT_RETRYABLE as exc:
-                raise EngineError(self.url, endpoint, repr(exc)) from exc
-            except _RETRYABLE as exc:
-                if attempt >= self.max_retries:
-                    raise EngineError(self.url, endpoint, f"unreachable after {attempt + 1} attempts: {exc!r}") from exc
-                logger.debug("%s%s: %r, retry %d in %.2fs", self.url, endpoint, exc, attempt + 1, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_backoff_s)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise EngineError(self.url, endpoint, repr(exc)) from exc
-        if out.status_code >= 400:
-            raise EngineError(self.url, endpoint, out.text[:1000], out.status_code)
-        if raw:
-            return out
-        if not out.content:
-            return None
-        try:
-            body = out.json()
-        except ValueError:
-            return out.text
-        if isinstance(body, dict) and body.get("success") is False:
-            raise EngineError(self.url, endpoint, str(body.get("message", body)), out.status_code)
-        return body
-
-
-class EngineClient(_HttpBase):
+class EngineClient(HttpEndpoint):
     """One SGLang-compatible engine (SGLang server or the reference engine).
 
     Args:
         url: base URL, e.g. "http://127.0.0.1:30000" ("host:port" is accepted).
         timeout: default read timeout in seconds (None: wait forever, as slime does for /generate).
-        **kw: connection settings of `_HttpBase` (connect_timeout, max_retries, backoff_s, ...).
+        **kw: connection settings of `slime_rollout.transport.HttpEndpoint` (connect_timeout, max_retries, ...).
     """
 
     async def generate(self, payload: dict[str, Any]) -> Any:
@@ -253,9 +69,10 @@ class EngineClient(_HttpBase):
     async def update_weights_from_disk(
         self, model_path: str, *, load_format: str | None = None, weight_version: str | None = None
     ) -> dict:
-        """POST /update_weights_from_disk `{"model_path", "load_format", "weight_version"}`."""
-        body = {"model_path": model_path, "load_format": load_format, "weight_version": weight_version}
-        return await self.request("POST", "/update_weights_from_disk", body)
+        """POST /update_weights_from_disk (`slime_rollout.wire.UpdateWeightsFromDiskReq`)."""
+        return await self._post(
+            wire.UpdateWeightsFromDiskReq(model_path=model_path, load_format=load_format, weight_version=weight_version)
+        )
 
     async def update_weights_from_tensor(
         self,
@@ -265,14 +82,15 @@ class EngineClient(_HttpBase):
         flush_cache: bool = False,
         weight_version: str | None = None,
     ) -> dict:
-        """POST /update_weights_from_tensor; one serialized entry per engine TP rank."""
-        body = {
-            "serialized_named_tensors": serialized_named_tensors,
-            "load_format": load_format,
-            "flush_cache": flush_cache,
-            "weight_version": weight_version,
-        }
-        return await self.request("POST", "/update_weights_from_tensor", body)
+        """POST /update_weights_from_tensor (`slime_rollout.wire.UpdateWeightsFromTensorReq`); one entry per TP rank."""
+        return await self._post(
+            wire.UpdateWeightsFromTensorReq(
+                serialized_named_tensors=serialized_named_tensors,
+                load_format=load_format,
+                flush_cache=flush_cache,
+                weight_version=weight_version,
+            )
+        )
 
     async def init_weights_update_group(
         self,
@@ -281,23 +99,24 @@ class EngineClient(_HttpBase):
         master_port: int,
         rank_offset: int,
         world_size: int,
-        group_name: str = "weight_update_group",
+        group_name: str = wire.DEFAULT_GROUP_NAME,
         backend: str = "nccl",
     ) -> dict:
-        """POST /init_weights_update_group: the engine's TP ranks join the trainer's broadcast group."""
-        body = {
-            "master_address": master_address,
-            "master_port": master_port,
-            "rank_offset": rank_offset,
-            "world_size": world_size,
-            "group_name": group_name,
-            "backend": backend,
-        }
-        return await self.request("POST", "/init_weights_update_group", body)
+        """POST /init_weights_update_group (`slime_rollout.wire.InitWeightsUpdateGroupReq`)."""
+        return await self._post(
+            wire.InitWeightsUpdateGroupReq(
+                master_address=master_address,
+                master_port=master_port,
+                rank_offset=rank_offset,
+                world_size=world_size,
+                group_name=group_name,
+                backend=backend,
+            )
+        )
 
-    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
-        """POST /destroy_weights_update_group `{"group_name"}`."""
-        return await self.request("POST", "/destroy_weights_update_group", {"group_name": group_name})
+    async def destroy_weights_update_group(self, group_name: str = wire.DEFAULT_GROUP_NAME) -> dict:
+        """POST /destroy_weights_update_group (`slime_rollout.wire.DestroyWeightsUpdateGroupReq`)."""
+        return await self._post(wire.DestroyWeightsUpdateGroupReq(group_name=group_name))
 
     async def update_weights_from_distributed(
         self,
@@ -305,22 +124,30 @@ class EngineClient(_HttpBase):
         names: list[str],
         dtypes: list[str],
         shapes: list[list[int]],
-        group_name: str = "weight_update_group",
+        group_name: str = wire.DEFAULT_GROUP_NAME,
         flush_cache: bool = False,
         weight_version: str | None = None,
         load_format: str | None = None,
     ) -> dict:
-        """POST /update_weights_from_distributed; the engine receives the tensors by broadcast from rank 0."""
-        body = {
-            "names": names,
-            "dtypes": dtypes,
-            "shapes": shapes,
-            "group_name": group_name,
-            "flush_cache": flush_cache,
-            "weight_version": weight_version,
-            "load_format": load_format,
-        }
-        return await self.request("POST", "/update_weights_from_distributed", body)
+        """POST /update_weights_from_distributed (`slime_rollout.wire.UpdateWeightsFromDistributedReq`).
+
+        The engine then receives the tensors by broadcast from rank 0 of the group.
+        """
+        return await self._post(
+            wire.UpdateWeightsFromDistributedReq(
+                names=names,
+                dtypes=dtypes,
+                shapes=shapes,
+                group_name=group_name,
+                flush_cache=flush_cache,
+                weight_version=weight_version,
+                load_format=load_format,
+            )
+        )
+
+    async def _post(self, req: wire.WeightUpdateRequest) -> Any:
+        """POSTs a `slime_rollout.wire` request record to its endpoint."""
+        return await self.request("POST", req.endpoint, req.to_json())
 
     async def get_weight_version(self) -> str | None:
         """The engine's `weight_version`, from GET /model_info.
@@ -488,18 +315,20 @@ class RolloutClient:
 _CLIENTS: dict[tuple, RolloutClient] = {}
 
 
-def get_client(args: Any) -> RolloutClient:
-    """The process-wide `RolloutClient` for a run config (cached per engine set).
+def get_client(args: SlimeArgs) -> RolloutClient:
+    """The process-wide `RolloutClient` of the run's engines (cached per engine set).
 
-    Reads `args.sglang_router_ip`/`args.sglang_router_port` (router mode when both are set) and
-    `args.rollout_engine_urls` (list of base URLs, or a comma-separated string).
+    Args:
+        args: the plugin view (`slime_core.config.PluginArgs`) or any config holding the engine addresses:
+            `sglang_router_ip` / `sglang_router_port` (router mode when both are set) and `rollout_engine_urls`
+            (base URLs; a comma-separated string is accepted, since plugins may write one on their view).
 
     Raises:
         ValueError: neither a router nor engine URLs are configured.
     """
-    ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+    ip, port = args.sglang_router_ip, args.sglang_router_port
     router_url = f"http://{ip}:{port}" if ip and port else None
-    urls = getattr(args, "rollout_engine_urls", None) or []
+    urls = args.rollout_engine_urls or []
     if isinstance(urls, str):
         urls = [u for u in urls.split(",") if u]
     key = (router_url, tuple(urls))

@@ -19,13 +19,16 @@ import pathlib
 import re
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -172,26 +175,23 @@ def atomic_write_text(path: pathlib.Path, text: str) -> None:
         raise
 
 
-def _chat_template_kwargs(args: Any) -> dict[str, Any]:
-    kwargs = getattr(args, "apply_chat_template_kwargs", None) or {}
-    if isinstance(kwargs, str):
-        kwargs = json.loads(kwargs)
-    return dict(kwargs)
-
-
 class RolloutDataSource:
     """The global prompt dataset with an epoch/offset cursor (original `RolloutDataSource`).
 
     Args:
-        args: run config; reads `prompt_data`, `input_key`, `label_key`, `metadata_key`, `tool_key`,
-            `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`,
-            `hf_checkpoint`, `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`,
-            `disable_rollout_global_dataset`, `save`, `load`.
+        args: the plugin view (`slime_core.config.PluginArgs`; a data source is a `--data-source-path` plugin,
+            built as `cls(args)`); reads `prompt_data`, `input_key`, `label_key`, `metadata_key`, `tool_key`,
+            `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`, `hf_checkpoint`,
+            `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`, `disable_rollout_global_dataset`, `save`,
+            `load`, `buffer_filter_path`.
+
+    Raises:
+        ValueError: no `--prompt-data` (and no `--disable-rollout-global-dataset`), or no prompt left.
     """
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: SlimeArgs) -> None:
         self.args = args
-        self.n_samples_per_prompt = int(getattr(args, "n_samples_per_prompt", 1))
+        self.n_samples_per_prompt = args.n_samples_per_prompt
         self.epoch_id = 0
         self.sample_offset = 0
         self.sample_group_index = 0
@@ -199,23 +199,23 @@ class RolloutDataSource:
         self.metadata: dict[str, Any] = {}
         self.prompts: list[Sample] = []
         self._order: np.ndarray = np.arange(0)
-        if getattr(args, "disable_rollout_global_dataset", False):
+        if args.disable_rollout_global_dataset:
             return
-        if not getattr(args, "prompt_data", None):
+        if not args.prompt_data:
             raise ValueError("--prompt-data is required (or --disable-rollout-global-dataset)")
-        need_tokenizer = getattr(args, "apply_chat_template", False) or getattr(args, "rollout_max_prompt_len", None)
+        need_tokenizer = args.apply_chat_template or args.rollout_max_prompt_len
         tokenizer = get_tokenizer(args.hf_checkpoint) if need_tokenizer else None
         self.prompts = rows_to_samples(
             load_prompt_rows(args.prompt_data),
             source=str(args.prompt_data),
-            input_key=getattr(args, "input_key", "input"),
-            label_key=getattr(args, "label_key", None),
-            metadata_key=getattr(args, "metadata_key", "metadata"),
-            tool_key=getattr(args, "tool_key", "tools"),
+            input_key=args.input_key,
+            label_key=args.label_key,
+            metadata_key=args.metadata_key,
+            tool_key=args.tool_key,
             tokenizer=tokenizer,
-            apply_chat_template=bool(getattr(args, "apply_chat_template", False)),
-            apply_chat_template_kwargs=_chat_template_kwargs(args),
-            max_prompt_len=getattr(args, "rollout_max_prompt_len", None),
+            apply_chat_template=args.apply_chat_template,
+            apply_chat_template_kwargs=dict(args.apply_chat_template_kwargs),
+            max_prompt_len=args.rollout_max_prompt_len,
         )
         if not self.prompts:
             raise ValueError(f"--prompt-data {args.prompt_data}: no prompts left after filtering")
@@ -223,8 +223,8 @@ class RolloutDataSource:
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         n = len(self.prompts)
-        if getattr(self.args, "rollout_shuffle", False):
-            return np.random.default_rng(int(getattr(self.args, "rollout_seed", 42)) + epoch).permutation(n)
+        if self.args.rollout_shuffle:
+            return np.random.default_rng(self.args.rollout_seed + epoch).permutation(n)
         return np.arange(n)
 
     def __len__(self) -> int:
@@ -289,7 +289,7 @@ class RolloutDataSource:
         Raises:
             TypeError: if buffered samples hold values JSON cannot store.
         """
-        root = getattr(self.args, "save", None)
+        root = self.args.save
         if not root:
             return
         path = self.state_path(root, rollout_id)
@@ -302,7 +302,7 @@ class RolloutDataSource:
         Raises:
             ValueError: the file exists but is not a valid cursor.
         """
-        root = getattr(self.args, "load", None)
+        root = self.args.load
         if not root or rollout_id is None:
             return
         path = self.state_path(root, rollout_id)
@@ -325,7 +325,7 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     take from the buffer (it must remove them from `buffer`); by default the oldest groups go first.
     """
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: SlimeArgs) -> None:
         super().__init__(args)
         self.buffer: list[list[Sample]] = []
 
@@ -337,7 +337,7 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     def _take_from_buffer(self, num_groups: int) -> list[list[Sample]]:
         if not self.buffer or num_groups <= 0:
             return []
-        path = getattr(self.args, "buffer_filter_path", None)
+        path = self.args.buffer_filter_path
         if path:
             return load_function(path, flag="--buffer-filter-path")(self.args, None, self.buffer, num_groups)
         taken, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]

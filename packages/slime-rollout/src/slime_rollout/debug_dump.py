@@ -11,11 +11,14 @@ import logging
 import os
 import pathlib
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from slime_core.sample import Sample
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -33,16 +36,18 @@ def dump_path(template: str, rollout_id: int, *, evaluation: bool = False) -> pa
     return pathlib.Path(template.format(rollout_id=f"eval_{rollout_id}" if evaluation else rollout_id))
 
 
-def save_debug_rollout_data(args: Any, rollout_id: int, samples: list[Sample], *, evaluation: bool = False) -> None:
+def save_debug_rollout_data(
+    cfg: SlimeArgs, rollout_id: int, samples: list[Sample], *, evaluation: bool = False
+) -> None:
     """Writes the samples of a rollout to `--save-debug-rollout-data` atomically.
 
     Args:
-        args: reads `save_debug_rollout_data` (path template with `{rollout_id}`).
+        cfg: run config; reads `save_debug_rollout_data` (path template with `{rollout_id}`).
         rollout_id: id of the rollout.
         samples: the flat list of samples.
         evaluation: an eval rollout (file id `eval_{rollout_id}`).
     """
-    path = dump_path(args.save_debug_rollout_data, rollout_id, evaluation=evaluation)
+    path = dump_path(cfg.save_debug_rollout_data, rollout_id, evaluation=evaluation)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
@@ -55,16 +60,23 @@ def save_debug_rollout_data(args: Any, rollout_id: int, samples: list[Sample], *
     logger.info("saved %d rollout samples to %s", len(samples), path)
 
 
-def load_debug_rollout_data(args: Any, rollout_id: int) -> list[Sample]:
+def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
     """Reads the dump of `rollout_id` from `--load-debug-rollout-data`.
 
     With `--load-debug-rollout-data-subsample f` only the first and last `f/2` of the samples are kept.
+
+    Args:
+        cfg: run config; reads `load_debug_rollout_data` and `load_debug_rollout_data_subsample`.
+        rollout_id: the rollout to replay.
+
+    Returns:
+        The samples of the dump, in their saved order.
 
     Raises:
         FileNotFoundError: no dump for this rollout.
         ValueError: the file is not a rollout dump.
     """
-    path = dump_path(args.load_debug_rollout_data, rollout_id)
+    path = dump_path(cfg.load_debug_rollout_data, rollout_id)
     if not path.exists():
         raise FileNotFoundError(f"--load-debug-rollout-data: no dump for rollout {rollout_id} at {path}")
     # Dumps hold only builtin types (Sample.to_dict), so the safe loader suffices.
@@ -72,7 +84,7 @@ def load_debug_rollout_data(args: Any, rollout_id: int) -> list[Sample]:
     if not isinstance(data, dict) or "samples" not in data:
         raise ValueError(f"{path}: not a rollout dump (expected a dict with 'samples')")
     samples = [Sample.from_dict(d) for d in data["samples"]]
-    fraction = getattr(args, "load_debug_rollout_data_subsample", None)
+    fraction = cfg.load_debug_rollout_data_subsample
     if fraction:
         keep = max(int(len(samples) * fraction) // 2, 1)
         samples = samples[:keep] + samples[-keep:] if len(samples) > 2 * keep else samples

@@ -22,17 +22,20 @@ import functools
 import logging
 import pathlib
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from slime_core.sample import Sample, Status
 from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput
-from slime_rollout.data_source import _chat_template_kwargs, get_tokenizer, load_prompt_rows, rows_to_samples
+from slime_rollout.data_source import get_tokenizer, load_prompt_rows, rows_to_samples
 from slime_rollout.generate import build_sampling_params
+from slime_rollout.group_rollout import RolloutState, generate_and_rm
 from slime_rollout.metrics import flatten_groups, pass_at_k, reward_value
-from slime_rollout.rollout import RolloutState, generate_and_rm
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -86,16 +89,19 @@ def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return defaults, datasets
 
 
-def _eval_arg(args: Any, name: str, default: Any = None) -> Any:
-    value = getattr(args, f"eval_{name}", None)
-    return value if value is not None else getattr(args, name, default)
+def _or(value: Any, fallback: Any) -> Any:
+    """`value` unless it is None (an `--eval-*` flag falling back to its rollout counterpart)."""
+    return value if value is not None else fallback
 
 
-def eval_datasets(args: Any) -> list[dict[str, Any]]:
+def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
     """The eval datasets with every setting resolved (dataset → YAML defaults → flags).
 
     Args:
-        args: reads `eval_prompt_data`, `eval_config`, and the flag fallbacks (`eval_*`, `input_key`, ...).
+        cfg: run config; reads `eval_prompt_data`, `eval_config`, and the flag fallbacks: `rm_type`,
+            `n_samples_per_eval_prompt`, `eval_input_key` / `eval_label_key` / `eval_tool_key` (else the
+            rollout's keys), `metadata_key`, `apply_chat_template(_kwargs)`, `eval_max_prompt_len` and the
+            eval sampling flags (`build_sampling_params`).
 
     Returns:
         One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params`.
@@ -103,41 +109,41 @@ def eval_datasets(args: Any) -> list[dict[str, Any]]:
     Raises:
         ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config`.
     """
-    spec = list(getattr(args, "eval_prompt_data", None) or [])
+    spec = list(cfg.eval_prompt_data or [])
     if len(spec) % 2:
         raise ValueError(f"--eval-prompt-data takes pairs 'name path', got {len(spec)} values: {spec}")
     defaults: dict[str, Any] = {}
     entries = [{"name": n, "path": p} for n, p in zip(spec[0::2], spec[1::2], strict=True)]
-    if getattr(args, "eval_config", None):
-        defaults, from_yaml = _load_eval_config(args.eval_config)
+    if cfg.eval_config:
+        defaults, from_yaml = _load_eval_config(cfg.eval_config)
         entries = from_yaml + entries
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):
         raise ValueError(f"eval datasets: duplicate names in {names}")
 
     flags = {
-        "rm_type": getattr(args, "rm_type", None),
-        "n_samples_per_eval_prompt": int(getattr(args, "n_samples_per_eval_prompt", 1)),
-        "input_key": _eval_arg(args, "input_key", "input"),
-        "label_key": _eval_arg(args, "label_key"),
-        "tool_key": _eval_arg(args, "tool_key", "tools"),
-        "metadata_key": getattr(args, "metadata_key", "metadata"),
-        "apply_chat_template": bool(getattr(args, "apply_chat_template", False)),
-        "apply_chat_template_kwargs": _chat_template_kwargs(args),
-        "max_prompt_len": getattr(args, "eval_max_prompt_len", None),
+        "rm_type": cfg.rm_type,
+        "n_samples_per_eval_prompt": cfg.n_samples_per_eval_prompt,
+        "input_key": _or(cfg.eval_input_key, cfg.input_key),
+        "label_key": _or(cfg.eval_label_key, cfg.label_key),
+        "tool_key": _or(cfg.eval_tool_key, cfg.tool_key),
+        "metadata_key": cfg.metadata_key,
+        "apply_chat_template": cfg.apply_chat_template,
+        "apply_chat_template_kwargs": dict(cfg.apply_chat_template_kwargs),
+        "max_prompt_len": cfg.eval_max_prompt_len,
         "custom_rm_path": None,
         "custom_generate_function_path": None,
     }
-    base_params = build_sampling_params(args, evaluation=True)
+    base_params = build_sampling_params(cfg, evaluation=True)
     resolved = []
     for entry in entries:
-        cfg = {**flags, **defaults, **entry}
+        dataset = {**flags, **defaults, **entry}
         params = dict(base_params)
         for key in _SAMPLING_KEYS:
             if key in defaults or key in entry:
-                params["max_new_tokens" if key == "max_response_len" else key] = cfg[key]
-        cfg["sampling_params"] = params
-        resolved.append(cfg)
+                params["max_new_tokens" if key == "max_response_len" else key] = dataset[key]
+        dataset["sampling_params"] = params
+        resolved.append(dataset)
     return resolved
 
 
@@ -161,39 +167,39 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
     return tuple(samples)
 
 
-def _prompts(args: Any, cfg: dict[str, Any]) -> list[Sample]:
+def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
     return list(
         _load_eval_prompts(
-            str(cfg["path"]),
-            cfg["input_key"],
-            cfg["label_key"],
-            cfg["metadata_key"],
-            cfg["tool_key"],
-            getattr(args, "hf_checkpoint", None),
-            bool(cfg["apply_chat_template"]),
-            tuple(sorted(dict(cfg["apply_chat_template_kwargs"] or {}).items())),
-            cfg["max_prompt_len"],
+            str(dataset["path"]),
+            dataset["input_key"],
+            dataset["label_key"],
+            dataset["metadata_key"],
+            dataset["tool_key"],
+            cfg.hf_checkpoint,
+            bool(dataset["apply_chat_template"]),
+            tuple(sorted(dict(dataset["apply_chat_template_kwargs"] or {}).items())),
+            dataset["max_prompt_len"],
         )
     )
 
 
-async def _eval_dataset(args: Any, cfg: dict[str, Any], state: RolloutState) -> dict[str, Any]:
-    n = int(cfg["n_samples_per_eval_prompt"])
+async def _eval_dataset(args: SlimeArgs, dataset: dict[str, Any], state: RolloutState) -> dict[str, Any]:
+    n = int(dataset["n_samples_per_eval_prompt"])
     samples = []
-    for group_index, prompt in enumerate(_prompts(args, cfg)):
+    for group_index, prompt in enumerate(_prompts(args, dataset)):
         for j in range(n):
             sample = copy.deepcopy(prompt)
             sample.group_index, sample.index = group_index, group_index * n + j
-            sample.metadata.setdefault("source_name", cfg["name"])
-            if cfg["rm_type"]:
-                sample.metadata.setdefault("rm_type", cfg["rm_type"])
-            sample.custom_rm_path = sample.custom_rm_path or cfg["custom_rm_path"]
-            sample.generate_function_path = sample.generate_function_path or cfg["custom_generate_function_path"]
+            sample.metadata.setdefault("source_name", dataset["name"])
+            if dataset["rm_type"]:
+                sample.metadata.setdefault("rm_type", dataset["rm_type"])
+            sample.custom_rm_path = sample.custom_rm_path or dataset["custom_rm_path"]
+            sample.generate_function_path = sample.generate_function_path or dataset["custom_generate_function_path"]
             samples.append(sample)
-    params = cfg["sampling_params"]
+    params = dataset["sampling_params"]
     results = await asyncio.gather(*(generate_and_rm(args, s, state, params) for s in samples))
     flat = flatten_groups([list(results)])
-    key = _eval_arg(args, "reward_key")
+    key = _or(args.eval_reward_key, args.reward_key)
     return {
         "rewards": [reward_value(s, key) for s in flat],
         "truncated": [s.status is Status.TRUNCATED for s in flat],
@@ -201,13 +207,13 @@ async def _eval_dataset(args: Any, cfg: dict[str, Any], state: RolloutState) -> 
     }
 
 
-async def eval_rollout_async(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
+async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalOutput:
     """Generates and scores every eval dataset concurrently.
 
     Args:
-        args: reads `eval_prompt_data`, `eval_config`, `n_samples_per_eval_prompt`, `eval_*`
-            sampling/key overrides, `eval_reward_key` (else `reward_key`), `log_passrate` (False), plus what
-            generate and rewards read.
+        args: the plugin view (`slime_core.config.PluginArgs`); reads `eval_prompt_data`, `eval_config`,
+            `n_samples_per_eval_prompt`, `eval_*` sampling/key overrides, `eval_reward_key` (else `reward_key`),
+            `group_rm`, `log_passrate`, plus what generate and rewards read.
         rollout_id: the training rollout this eval follows.
 
     Returns:
@@ -219,17 +225,17 @@ async def eval_rollout_async(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
     datasets = eval_datasets(args)
     if not datasets:
         raise ValueError("eval rollout needs --eval-prompt-data name path [...] or --eval-config")
-    if getattr(args, "group_rm", False):
+    if args.group_rm:
         raise ValueError("--group-rm is not supported in eval rollouts")
     state = RolloutState.create(args, rollout_id=rollout_id, evaluation=True)
-    results = await asyncio.gather(*(_eval_dataset(args, cfg, state) for cfg in datasets))
-    data = {cfg["name"]: result for cfg, result in zip(datasets, results, strict=True)}
+    results = await asyncio.gather(*(_eval_dataset(args, dataset, state) for dataset in datasets))
+    data = {dataset["name"]: result for dataset, result in zip(datasets, results, strict=True)}
     metrics: dict[str, float] = {}
-    for cfg, (name, result) in zip(datasets, data.items(), strict=True):
+    for dataset, (name, result) in zip(datasets, data.items(), strict=True):
         if not result["samples"]:
             continue
-        if getattr(args, "log_passrate", False):
-            n, rewards = int(cfg["n_samples_per_eval_prompt"]), result["rewards"]
+        if args.log_passrate:
+            n, rewards = int(dataset["n_samples_per_eval_prompt"]), result["rewards"]
             if len(rewards) % n == 0:
                 groups = [rewards[i : i + n] for i in range(0, len(rewards), n)]
                 metrics.update({f"eval/{name}-{k}": v for k, v in pass_at_k(groups).items()})
@@ -246,6 +252,6 @@ async def eval_rollout_async(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
     return RolloutFnEvalOutput(data=data, metrics=metrics)
 
 
-def eval_rollout(args: Any, rollout_id: int) -> RolloutFnEvalOutput:
+def eval_rollout(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalOutput:
     """Synchronous `eval_rollout_async` (what `generate_rollout(..., evaluation=True)` returns)."""
     return async_utils.run(eval_rollout_async(args, rollout_id))

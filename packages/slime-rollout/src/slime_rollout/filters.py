@@ -7,19 +7,22 @@ accepted as an alias of `slime_rollout.filters.check_reward_nonzero_std`.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_core.protocols import DynamicFilterOutput
 from slime_core.sample import Sample
 
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+
 __all__ = ["check_reward_nonzero_std", "normalize_filter_output"]
 
 
-def check_reward_nonzero_std(args: Any, samples: list[Sample], **kwargs: Any) -> DynamicFilterOutput:
+def check_reward_nonzero_std(args: SlimeArgs, samples: list[Sample], **kwargs: Any) -> DynamicFilterOutput:
     """Keeps a group only if its rewards differ (DAPO dynamic sampling: equal rewards give zero GRPO advantage).
 
     Args:
-        args: reads `reward_key` for dict rewards.
+        args: the plugin view (`slime_core.config.PluginArgs`); reads `reward_key` for dict rewards.
         samples: one finished group.
         **kwargs: ignored (forward compatibility with newer call sites).
 
@@ -29,7 +32,7 @@ def check_reward_nonzero_std(args: Any, samples: list[Sample], **kwargs: Any) ->
 
     Reference: Yu et al., "DAPO" (2025), §3.2 dynamic sampling.
     """
-    rewards = [s.get_reward_value(getattr(args, "reward_key", None)) for s in samples]
+    rewards = [s.get_reward_value(args.reward_key) for s in samples]
     if len(rewards) > 1 and statistics.pstdev(rewards) > 0.0:
         return DynamicFilterOutput(keep=True)
     return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1)}" if rewards else "empty")

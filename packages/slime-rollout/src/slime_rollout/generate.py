@@ -13,21 +13,24 @@ import functools
 import inspect
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
 from slime_rollout.data_source import get_tokenizer
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["abort_all", "build_sampling_params", "call_client", "generate", "get_client"]
 
 
-def build_sampling_params(args: Any, *, evaluation: bool = False) -> dict[str, Any]:
+def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[str, Any]:
     """SGLang `sampling_params` from the run config.
 
     Args:
-        args: reads `rollout_temperature`, `rollout_top_p`, `rollout_top_k`, `rollout_max_response_len`,
+        cfg: run config; reads `rollout_temperature`, `rollout_top_p`, `rollout_top_k`, `rollout_max_response_len`,
             `rollout_stop`, `rollout_stop_token_ids`, `rollout_skip_special_tokens`; with `evaluation`
             the `eval_*` counterparts override them when set (`eval_min_new_tokens` too).
         evaluation: build eval sampling parameters.
@@ -40,34 +43,36 @@ def build_sampling_params(args: Any, *, evaluation: bool = False) -> dict[str, A
         ValueError: no response length budget is configured.
     """
 
-    def pick(name: str, default: Any = None) -> Any:
-        value = getattr(args, f"eval_{name}", None) if evaluation else None
-        return value if value is not None else getattr(args, f"rollout_{name}", default)
+    def pick(eval_value: Any, rollout_value: Any) -> Any:
+        return eval_value if evaluation and eval_value is not None else rollout_value
 
-    max_new_tokens = pick("max_response_len")
+    max_new_tokens = pick(cfg.eval_max_response_len, cfg.rollout_max_response_len)
     if max_new_tokens is None:
         raise ValueError(
             "--rollout-max-response-len is required" + (" (or --eval-max-response-len)" if evaluation else "")
         )
     params = {
-        "temperature": pick("temperature", 1.0),
-        "top_p": pick("top_p", 1.0),
-        "top_k": pick("top_k", -1),
+        "temperature": pick(cfg.eval_temperature, cfg.rollout_temperature),
+        "top_p": pick(cfg.eval_top_p, cfg.rollout_top_p),
+        "top_k": pick(cfg.eval_top_k, cfg.rollout_top_k),
         "max_new_tokens": int(max_new_tokens),
-        "stop": getattr(args, "rollout_stop", None),
-        "stop_token_ids": getattr(args, "rollout_stop_token_ids", None),
-        "skip_special_tokens": bool(getattr(args, "rollout_skip_special_tokens", False)),
+        "stop": cfg.rollout_stop,
+        "stop_token_ids": cfg.rollout_stop_token_ids,
+        "skip_special_tokens": cfg.rollout_skip_special_tokens,
         # Keep the matched stop string in the text so the text matches the returned token ids.
         "no_stop_trim": True,
         "spaces_between_special_tokens": False,
     }
-    if evaluation and getattr(args, "eval_min_new_tokens", None) is not None:
-        params["min_new_tokens"] = int(args.eval_min_new_tokens)
+    if evaluation and cfg.eval_min_new_tokens is not None:
+        params["min_new_tokens"] = int(cfg.eval_min_new_tokens)
     return params
 
 
-def get_client(args: Any) -> Any:
-    """The engine client of this process (`slime_rollout.client.get_client`)."""
+def get_client(args: SlimeArgs) -> Any:
+    """The engine client of this process (`slime_rollout.client.get_client` of the plugin view `args`).
+
+    The rollout reaches the engines only through this function, so tests can stand in a scripted client.
+    """
     from slime_rollout.client import get_client as _get_client
 
     return _get_client(args)
@@ -83,13 +88,13 @@ async def call_client(method: Any, *call_args: Any) -> Any:
     return result
 
 
-async def abort_all(args: Any) -> None:
+async def abort_all(args: SlimeArgs) -> None:
     """Aborts every in-flight request on every engine and waits until they report idle."""
     client = get_client(args)
     await call_client(client.abort_all)
 
 
-def _prompt_ids(args: Any, sample: Sample) -> list[int]:
+def _prompt_ids(args: SlimeArgs, sample: Sample) -> list[int]:
     if sample.tokens:
         # A continuation (partial rollout) or prompt ids set by the data source / a custom function.
         return list(sample.tokens)
@@ -122,12 +127,15 @@ def _parse_output(reply: dict[str, Any]) -> tuple[list[int], list[float]]:
     return tokens, log_probs
 
 
-async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], *, evaluation: bool = False) -> Sample:
+async def generate(
+    args: SlimeArgs, sample: Sample, sampling_params: dict[str, Any], *, evaluation: bool = False
+) -> Sample:
     """Generates (or continues) the response of one sample with one engine call.
 
     Args:
-        args: reads `hf_checkpoint` (tokenizer), `mask_offpolicy_in_partial_rollout`, `rollout_max_context_len`
-            (`eval_max_context_len` when `evaluation`, falling back to the rollout one).
+        args: the plugin view (`slime_core.config.PluginArgs`); reads `hf_checkpoint` (tokenizer),
+            `mask_offpolicy_in_partial_rollout`, `rollout_max_context_len` (`eval_max_context_len` when
+            `evaluation`, falling back to the rollout one).
         sample: a fresh sample (prompt only) or a partially generated one (tokens hold prompt + partial
             response); updated in place.
         sampling_params: SGLang sampling params; `max_new_tokens` is reduced by the response length
@@ -146,15 +154,15 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], *
     if not sample.tokens:
         sample.tokens = _prompt_ids(args, sample)
         sample.response_length = 0
-    elif sample.response_length > 0 and getattr(args, "mask_offpolicy_in_partial_rollout", False):
+    elif sample.response_length > 0 and args.mask_offpolicy_in_partial_rollout:
         # The earlier part came from an older policy: keep it as context but do not train on it.
         sample.loss_mask = [0] * sample.response_length
         if sample.rollout_log_probs is not None:
             sample.rollout_log_probs = [0.0] * sample.response_length
     sampling_params["max_new_tokens"] = int(sampling_params["max_new_tokens"]) - sample.response_length
-    max_context_len = getattr(args, "eval_max_context_len", None) if evaluation else None
+    max_context_len = args.eval_max_context_len if evaluation else None
     if max_context_len is None:
-        max_context_len = getattr(args, "rollout_max_context_len", None)
+        max_context_len = args.rollout_max_context_len
     if max_context_len is not None:
         # Prompt + response must fit the context window (`--rollout-max-context-len` / `--eval-max-context-len`).
         sampling_params["max_new_tokens"] = min(sampling_params["max_new_tokens"], max_context_len - len(sample.tokens))

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slime_core.config.base import field_to_flag
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +30,12 @@ __all__ = ["apply_eval_log_function", "apply_rollout_log_function"]
 
 
 def _run(
-    args: Any, field: str, metrics: dict[str, Any] | None, call: Callable[[Callable, dict[str, Any]], Any]
+    path: str | None, flag: str, metrics: dict[str, Any] | None, call: Callable[[Callable, dict[str, Any]], Any]
 ) -> dict[str, Any] | None:
-    """Calls the hook at `args.<field>` through `call(fn, metrics)`; returns the metrics to log."""
-    path = getattr(args, field, None)
+    """Calls the hook at `path` (named by `flag`) through `call(fn, metrics)`; returns the metrics to log."""
     if not path:
         return metrics
-    fn = load_function(path, flag=field_to_flag(field))
+    fn = load_function(path, flag=flag)
     metrics = dict(metrics or {})
     before = dict(metrics)
     if not call(fn, metrics):
@@ -43,12 +44,13 @@ def _run(
 
 
 def apply_rollout_log_function(
-    args: Any, rollout_id: int, samples: Sequence[Sample], metrics: dict[str, Any] | None, rollout_time: float
+    args: SlimeArgs, rollout_id: int, samples: Sequence[Sample], metrics: dict[str, Any] | None, rollout_time: float
 ) -> dict[str, Any] | None:
     """Runs `--custom-rollout-log-function-path` (if set) on a training rollout.
 
     Args:
-        args: reads `custom_rollout_log_function_path`.
+        args: the plugin view (`slime_core.config.PluginArgs`), passed to the function; reads
+            `custom_rollout_log_function_path`.
         rollout_id: id of the rollout.
         samples: all samples of the rollout, flat.
         metrics: the rollout's metrics (None when the rollout function reported none); passed to the
@@ -62,20 +64,21 @@ def apply_rollout_log_function(
         slime_core.plugins.PluginError: the function cannot be imported.
     """
     return _run(
-        args,
-        "custom_rollout_log_function_path",
+        args.custom_rollout_log_function_path,
+        "--custom-rollout-log-function-path",
         metrics,
         lambda fn, m: fn(rollout_id, args, list(samples), m, rollout_time),
     )
 
 
 def apply_eval_log_function(
-    args: Any, rollout_id: int, data: dict[str, dict[str, Any]], metrics: dict[str, Any] | None
+    args: SlimeArgs, rollout_id: int, data: dict[str, dict[str, Any]], metrics: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """Runs `--custom-eval-rollout-log-function-path` (if set) on an eval rollout.
 
     Args:
-        args: reads `custom_eval_rollout_log_function_path`.
+        args: the plugin view (`slime_core.config.PluginArgs`), passed to the function; reads
+            `custom_eval_rollout_log_function_path`.
         rollout_id: the training rollout the eval follows.
         data: per dataset `{"rewards", "truncated", "samples"}`.
         metrics: the eval metrics (`eval/*`), passed as `extra_metrics` (a dict, changed in place).
@@ -86,4 +89,9 @@ def apply_eval_log_function(
     Raises:
         slime_core.plugins.PluginError: the function cannot be imported.
     """
-    return _run(args, "custom_eval_rollout_log_function_path", metrics, lambda fn, m: fn(rollout_id, args, data, m))
+    return _run(
+        args.custom_eval_rollout_log_function_path,
+        "--custom-eval-rollout-log-function-path",
+        metrics,
+        lambda fn, m: fn(rollout_id, args, data, m),
+    )

@@ -14,9 +14,13 @@ import logging
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
+from slime_core.train_data import postprocess_rewards
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -70,23 +74,8 @@ def pass_at_k(groups: Sequence[Sequence[float]]) -> dict[str, float]:
     return out
 
 
-# What `slime_core.train_data.postprocess_rewards` reads; without them `rollout/rewards` is skipped.
-_NORMALIZATION_FIELDS = (
-    "advantage_estimator",
-    "disable_rewards_normalization",
-    "disable_grpo_std_normalization",
-    "n_samples_per_prompt",
-    "reward_key",
-)
-
-
-def _num_gpus(args: Any) -> int:
-    gpus = getattr(args, "rollout_num_gpus", None)
-    return max(int(gpus), 1) if gpus else 1
-
-
 def compute_rollout_metrics(
-    args: Any,
+    cfg: SlimeArgs,
     groups: Sequence[Sequence[Any]],
     *,
     rollout_time: float,
@@ -95,9 +84,9 @@ def compute_rollout_metrics(
     """Scalar metrics of one training rollout.
 
     Args:
-        args: reads `reward_key`, `rollout_num_gpus`, `log_passrate` (False), `log_reward_category` (None), and
-            for `rollout/rewards` the reward-normalization flags used by
-            `slime_core.train_data.postprocess_rewards` (skipped if they are absent).
+        cfg: run config; reads `reward_key`, `rollout_num_gpus` (the `perf/*_per_gpu_*` divisor, at least 1),
+            `log_passrate`, `log_reward_category`, and for `rollout/rewards` the reward-normalization flags used
+            by `slime_core.train_data.postprocess_rewards`.
         groups: the accepted groups.
         rollout_time: wall-clock seconds of the rollout.
         drop_counts: groups dropped by the dynamic filter, per reason.
@@ -111,15 +100,13 @@ def compute_rollout_metrics(
         metrics[f"rollout/dynamic_filter/drop_{reason}"] = float(count)
     if not samples:
         return metrics
-    reward_key = getattr(args, "reward_key", None)
+    reward_key = cfg.reward_key
     scored = [s for s in samples if s.reward is not None or "raw_reward" in s.metadata]
     if scored:
         raw = [reward_value(s, reward_key) for s in scored]
         metrics["rollout/raw_reward"] = statistics.fmean(raw)
-        if all(hasattr(args, f) for f in _NORMALIZATION_FIELDS) and len(scored) == len(samples):
-            from slime_core.train_data import postprocess_rewards
-
-            metrics["rollout/rewards"] = statistics.fmean(postprocess_rewards(args, samples)[1])
+        if len(scored) == len(samples):
+            metrics["rollout/rewards"] = statistics.fmean(postprocess_rewards(cfg, samples)[1])
         zero_std = collections.Counter()
         for group in groups:
             members = flatten_groups([group])
@@ -129,12 +116,12 @@ def compute_rollout_metrics(
         for value, count in zero_std.items():
             metrics[f"rollout/zero_std/count_{value}"] = float(count)
         group_rewards = [[reward_value(s, reward_key) for s in flatten_groups([g])] for g in groups]
-        if getattr(args, "log_passrate", False) and len(scored) == len(samples):
+        if cfg.log_passrate and len(scored) == len(samples):
             if len({len(g) for g in group_rewards}) == 1:
                 metrics.update({f"passrate/{k}": v for k, v in pass_at_k(group_rewards).items()})
             else:  # fan-out generate functions can make groups of different sizes
                 logger.warning("--log-passrate: groups of different sizes, pass@k skipped")
-    category_key = getattr(args, "log_reward_category", None)
+    category_key = cfg.log_reward_category
     if category_key:
         # Share of samples per category of a dict reward (e.g. an error type the reward function reports).
         categories = collections.Counter(
@@ -158,10 +145,9 @@ def compute_rollout_metrics(
     if token_log_probs:
         metrics["rollout/log_probs"] = statistics.fmean(token_log_probs)
     if rollout_time > 0:
-        metrics["perf/tokens_per_gpu_per_sec"] = (
-            sum(s.response_length for s in samples) / rollout_time / _num_gpus(args)
-        )
-        metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / rollout_time / _num_gpus(args)
+        num_gpus = max(cfg.rollout_num_gpus or 1, 1)
+        metrics["perf/tokens_per_gpu_per_sec"] = sum(s.response_length for s in samples) / rollout_time / num_gpus
+        metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / rollout_time / num_gpus
         metrics["perf/longest_sample_tokens_per_sec"] = max(s.response_length for s in samples) / rollout_time
     non_gen = [s.non_generation_time for s in samples]
     if any(non_gen):

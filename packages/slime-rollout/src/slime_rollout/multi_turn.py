@@ -31,12 +31,15 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout import generate as single_turn
 from slime_rollout.data_source import get_tokenizer
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 __all__ = [
     "ConsistencyReport",
@@ -89,12 +92,19 @@ def _env_factory(name: str) -> Any:
     )
 
 
-def build_env(args: Any, sample: Sample) -> Env:
+def build_env(args: SlimeArgs, sample: Sample) -> Env:
     """Builds and resets the environment of one sample.
 
     The name is `sample.metadata["env"]`, else `args.env_path`; options are, later ones winning,
-    `args.custom_config["env_kwargs"]` (the `--custom-config-path` YAML), `args.env_kwargs` (if the
-    config has such a field) and `sample.metadata["env_kwargs"]` (dicts or JSON strings).
+    `args.custom_config["env_kwargs"]` (the `--custom-config-path` YAML) and `sample.metadata["env_kwargs"]`
+    (dicts or JSON strings).
+
+    Args:
+        args: the plugin view (`slime_core.config.PluginArgs`).
+        sample: the sample whose episode starts.
+
+    Returns:
+        The environment, reset with the sample's prompt, label and metadata.
 
     Raises:
         ValueError: no environment configured, or malformed options.
@@ -102,15 +112,13 @@ def build_env(args: Any, sample: Sample) -> Env:
         ImportError: an entry point or import path that does not import.
         TypeError: the factory's result does not implement `slime_core.protocols.Env`.
     """
-    name = sample.metadata.get("env") or getattr(args, "env_path", None)
+    name = sample.metadata.get("env") or args.env_path
     if not name:
         raise ValueError(
             "multi-turn generate needs an environment: set --env-path (e.g. search, python, calculator) "
             "or metadata['env'] in the dataset"
         )
-    custom = getattr(args, "custom_config", None) or {}
-    kwargs = _as_dict(custom.get("env_kwargs"), "--custom-config-path key env_kwargs")
-    kwargs.update(_as_dict(getattr(args, "env_kwargs", None), "--env-kwargs"))
+    kwargs = _as_dict(args.custom_config.get("env_kwargs"), "--custom-config-path key env_kwargs")
     kwargs.update(_as_dict(sample.metadata.get("env_kwargs"), f"sample {sample.index} metadata['env_kwargs']"))
     env = _env_factory(str(name))(**kwargs)
     if not isinstance(env, Env):
@@ -336,12 +344,13 @@ def _append_observation(tokenizer: Any, sample: Sample, text: str, budget: int) 
     return True
 
 
-async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
     """Runs one multi-turn episode against the sample's environment.
 
     Args:
-        args: reads `hf_checkpoint` (tokenizer), `max_turns`, `env_path`, `custom_config["env_kwargs"]`,
-            `custom_rm_path`, `rm_type`, and what `slime_rollout.generate.get_client` reads.
+        args: the plugin view (`slime_core.config.PluginArgs`); reads `hf_checkpoint` (tokenizer), `max_turns`,
+            `env_path`, `custom_config["env_kwargs"]`, `custom_rm_path`, `rm_type`, and the engine addresses
+            (`slime_rollout.generate.get_client`).
         sample: a fresh sample (prompt text or chat messages; `metadata` from `--metadata-key`, tools
             under `metadata["tools"]` from `--tool-key`); filled in place.
         sampling_params: SGLang sampling params; `max_new_tokens` is the budget of the whole response
@@ -379,7 +388,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     env_reward: float | None = None
     infos: list[dict[str, Any]] = []
     num_turns = 0
-    max_turns = int(getattr(args, "max_turns", 1))
+    max_turns = args.max_turns
     for turn in range(max_turns):
         if budget - sample.response_length <= 0:
             sample.status = Status.TRUNCATED
@@ -404,11 +413,11 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -
     sample.metadata["env_info"] = infos
     if env_reward is not None:
         sample.metadata["env_reward"] = env_reward
-        if not getattr(args, "custom_rm_path", None) and not getattr(args, "rm_type", None):
+        if not args.custom_rm_path and not args.rm_type:
             sample.reward = env_reward
     return sample
 
 
-async def env_reward(args: Any, sample: Sample) -> float:
+async def env_reward(args: SlimeArgs, sample: Sample) -> float:
     """`--custom-rm-path slime_rollout.multi_turn.env_reward`: the reward the environment gave (0.0 if none)."""
     return float(sample.metadata.get("env_reward", 0.0))

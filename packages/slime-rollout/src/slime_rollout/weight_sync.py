@@ -4,16 +4,18 @@ Three transports, as in slime (`--update-weight-transport`, `--colocate`):
 
 * `DiskWeightUpdater`: writes an HF safetensors checkpoint atomically to
   `<update_weight_disk_dir>/weight_v<N>` and calls `/update_weights_from_disk` (works across machines).
-* `TensorWeightUpdater` (colocated): serializes each bucket with torch's `ForkingPickler` + base64 (SGLang's
-  `MultiprocessingSerializer` format): CUDA tensors become IPC handles, CPU tensors go through shared memory
-  (the `file_system` sharing strategy, so an unrelated process can open them). With SGLang installed the
+* `TensorWeightUpdater` (colocated): serializes each bucket with `slime_rollout.wire.serialize_named_tensors`
+  (SGLang's `MultiprocessingSerializer` format): CUDA tensors become IPC handles, CPU tensors go through shared
+  memory (the `file_system` sharing strategy, so an unrelated process can open them). With SGLang installed the
   bucket is flattened (`load_format="flattened_bucket"`, SGLang's `FlattenedTensorBucket`), else it is a
   plain list of `(name, tensor)` (`load_format=None`), which every SGLang version and the reference engine accept.
 * `DistributedWeightUpdater` (disaggregated): engines join a process group with the trainer
   (`/init_weights_update_group`), then for each bucket `/update_weights_from_distributed` announces names,
   dtypes and shapes while rank 0 broadcasts the tensors (NCCL on GPUs; gloo works on CPU for tests).
 
-Each update does pause_generation -> flush_cache -> send -> check `weight_version` -> continue_generation.
+What goes over the wire (request fields, payload format, process group, NCCL setting) is `slime_rollout.wire`,
+which the engine side reads too. Each update does pause_generation -> flush_cache -> send -> check
+`weight_version` -> continue_generation.
 Call `update` on the trainer rank that holds the full HF tensors (rank 0); other ranks still have to drain
 their `named_hf_weights` iterator when it is collective.
 """
@@ -21,34 +23,41 @@ their `named_hf_weights` iterator when it is collective.
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
-import datetime
 import importlib.util
-import io
 import json
 import logging
 import os
 import pathlib
 import shutil
 from collections.abc import Coroutine, Iterable, Iterator
-from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing
 from safetensors.torch import save_file
 
 from slime_rollout.client import RolloutClient
+from slime_rollout.wire import (
+    deserialize_named_tensors,
+    dtype_name,
+    init_custom_process_group,
+    nccl_cumem_enable,
+    serialize_named_tensors,
+)
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 __all__ = [
     "DiskWeightUpdater",
     "DistributedWeightUpdater",
     "TensorWeightUpdater",
-    "init_custom_process_group",
-    "deserialize_named_tensors",
-    "serialize_named_tensors",
     "write_hf_checkpoint",
+    # The payload codec and the process-group helper live in `slime_rollout.wire`; importable from here too.
+    "deserialize_named_tensors",
+    "init_custom_process_group",
+    "serialize_named_tensors",
 ]
 
 logger = logging.getLogger(__name__)
@@ -166,8 +175,8 @@ class DiskWeightUpdater(_EngineUpdater):
     """`--update-weight-transport disk`: HF checkpoint on a shared filesystem, then `/update_weights_from_disk`.
 
     Args:
-        args: reads `update_weight_disk_dir` (required), `update_weight_disk_keep_files` (False) and
-            `hf_checkpoint` (assets copied into each version directory).
+        cfg: the trainer's run config; reads `update_weight_disk_dir` (required), `update_weight_disk_keep_files`
+            and `hf_checkpoint` (assets copied into each version directory).
         client: the engines to update.
         pause_mode: `pause_generation` mode ("abort" as slime sends it).
 
@@ -175,14 +184,13 @@ class DiskWeightUpdater(_EngineUpdater):
         ValueError: `--update-weight-disk-dir` is not set.
     """
 
-    def __init__(self, args: Any, client: RolloutClient, *, pause_mode: str = "abort"):
+    def __init__(self, cfg: SlimeArgs, client: RolloutClient, *, pause_mode: str = "abort"):
         super().__init__(client, pause_mode=pause_mode)
-        disk_dir = getattr(args, "update_weight_disk_dir", None)
-        if not disk_dir:
+        if not cfg.update_weight_disk_dir:
             raise ValueError("--update-weight-transport disk needs --update-weight-disk-dir")
-        self.disk_dir = pathlib.Path(disk_dir)
-        self.keep_files = bool(getattr(args, "update_weight_disk_keep_files", False))
-        self.assets_from = getattr(args, "hf_checkpoint", None)
+        self.disk_dir = pathlib.Path(cfg.update_weight_disk_dir)
+        self.keep_files = cfg.update_weight_disk_keep_files
+        self.assets_from = cfg.hf_checkpoint
         self._last_dir: pathlib.Path | None = None
 
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
@@ -207,54 +215,12 @@ def _sglang_available() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-def serialize_named_tensors(obj: Any) -> str:
-    """SGLang's `MultiprocessingSerializer.serialize(obj, output_str=True)` format: base64 of a ForkingPickler dump.
-
-    CPU tensors are moved to shared memory by torch's reducers; call `torch.multiprocessing.set_sharing_strategy(
-    "file_system")` first (done by `TensorWeightUpdater`) so that an unrelated process can open them.
-    """
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(obj)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def deserialize_named_tensors(payload: str | bytes, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
-    """Decodes one entry of `serialized_named_tensors` (SGLang's `MultiprocessingSerializer` format).
-
-    Args:
-        payload: base64 text (or raw bytes) of a torch `ForkingPickler` dump.
-        load_format: None/"direct" for a list of `(name, tensor)`; "flattened_bucket" for
-            `{"flattened_tensor": [N] tensor, "metadata": [objects or dicts with name, shape, dtype,
-            start_idx, end_idx]}`.
-
-    Returns:
-        The named tensors (views into shared memory: copy before the caller frees them).
-
-    Raises:
-        ValueError: unknown load format or a malformed payload.
-    """
-    raw = base64.b64decode(payload, validate=True) if isinstance(payload, str) else payload
-    obj = ForkingPickler.loads(raw)
-    if load_format in (None, "direct"):
-        if not isinstance(obj, list | tuple):
-            raise ValueError(f"update_weights_from_tensor: expected a list of (name, tensor), got {type(obj)}")
-        return [(str(n), t) for n, t in obj]
-    if load_format == "flattened_bucket":
-        flat = obj["flattened_tensor"]
-        out = []
-        for meta in obj["metadata"]:
-            get = meta.get if isinstance(meta, dict) else lambda k, m=meta: getattr(m, k)
-            start, end = int(get("start_idx")), int(get("end_idx"))
-            out.append((get("name"), flat[start:end].view(get("dtype")).reshape(tuple(get("shape")))))
-        return out
-    raise ValueError(f"update_weights_from_tensor: unsupported load_format {load_format!r}")
-
-
 class TensorWeightUpdater(_EngineUpdater):
     """Colocated update through `/update_weights_from_tensor` (CUDA IPC on GPU, shared memory on CPU).
 
     Args:
-        args: reads `rollout_num_gpus_per_engine` (1): one serialized entry is sent per engine TP rank.
+        cfg: the trainer's run config; reads `rollout_num_gpus_per_engine`: one serialized entry is sent per
+            engine TP rank.
         client: the engines to update.
         load_format: "auto" (flattened bucket when SGLang is importable, else a plain list), "flattened_bucket"
             or None (plain list).
@@ -262,10 +228,10 @@ class TensorWeightUpdater(_EngineUpdater):
     """
 
     def __init__(
-        self, args: Any, client: RolloutClient, *, load_format: str | None = "auto", pause_mode: str = "abort"
+        self, cfg: SlimeArgs, client: RolloutClient, *, load_format: str | None = "auto", pause_mode: str = "abort"
     ):
         super().__init__(client, pause_mode=pause_mode)
-        self.tp_size = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+        self.tp_size = cfg.rollout_num_gpus_per_engine
         if load_format == "auto":
             load_format = "flattened_bucket" if _sglang_available() else None
         if load_format not in (None, "flattened_bucket"):
@@ -317,40 +283,11 @@ class TensorWeightUpdater(_EngineUpdater):
 # ----------------------------------------------------------------------------------------- distributed
 
 
-def init_custom_process_group(
-    *,
-    backend: str,
-    init_method: str,
-    world_size: int,
-    rank: int,
-    group_name: str,
-    timeout: datetime.timedelta | None = None,
-) -> torch.distributed.ProcessGroup:
-    """A process group outside the default one (the engines and the trainer's rank 0), as SGLang builds it.
-
-    Mirrors `sglang.srt.utils.common.init_custom_process_group`: torch's rendezvous, the TCP store wrapped in
-    `PrefixStore(group_name, ...)`, then `_new_process_group_helper`. Both ends must use the same key prefix,
-    or NCCL's unique-id exchange waits forever (the symptom: the first broadcast hangs). `torch.distributed`
-    need not be initialized.
-    """
-    from torch.distributed import distributed_c10d as c10d
-
-    timeout = timeout or datetime.timedelta(minutes=10)
-    store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    store = c10d.PrefixStore(group_name, store)
-    pg, _ = c10d._new_process_group_helper(
-        world_size, rank, [], c10d.Backend(backend), store, group_name=group_name, timeout=timeout
-    )
-    c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
-    return pg
-
-
 class DistributedWeightUpdater(_EngineUpdater):
     """Disaggregated update: broadcast from trainer rank 0 to every engine rank (NCCL on GPUs).
 
     Args:
-        args: reads `rollout_num_gpus_per_engine` (1) for the engines' ranks.
+        cfg: the trainer's run config; reads `rollout_num_gpus_per_engine` for the engines' ranks.
         client: the engines to update.
         master_address: address the engines can reach this process at.
         master_port: free port for the group's TCP store.
@@ -361,7 +298,7 @@ class DistributedWeightUpdater(_EngineUpdater):
 
     def __init__(
         self,
-        args: Any,
+        cfg: SlimeArgs,
         client: RolloutClient,
         *,
         master_address: str,
@@ -371,12 +308,10 @@ class DistributedWeightUpdater(_EngineUpdater):
         pause_mode: str = "abort",
     ):
         super().__init__(client, pause_mode=pause_mode)
-        from slime_rollout.engines.launch import nccl_cumem_enable
-
         # Same value as the engines got at launch (`engine_env`); read by NCCL when this process makes its
         # first communicator, so it must be set before the group's first broadcast.
         os.environ["NCCL_CUMEM_ENABLE"] = nccl_cumem_enable()
-        self.gpus_per_engine = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+        self.gpus_per_engine = cfg.rollout_num_gpus_per_engine
         self.master_address, self.master_port = master_address, master_port
         self.group_name, self.backend = group_name, backend
         self._group: torch.distributed.ProcessGroup | None = None
@@ -425,7 +360,7 @@ class DistributedWeightUpdater(_EngineUpdater):
             await self.aconnect()
         for bucket in buckets:
             names = [n for n, _ in bucket]
-            dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
+            dtypes = [dtype_name(t.dtype) for _, t in bucket]
             shapes = [list(t.shape) for _, t in bucket]
             announce = self.client.broadcast(
                 "update_weights_from_distributed",

@@ -1,8 +1,10 @@
 """Launch a group of inference engines: SGLang servers on GPUs, or CPU reference engines.
 
-`launch_engines(args, num_engines=..., gpus_per_engine=...)` builds one command line per engine, starts
+`launch_engines(cfg, num_engines=..., gpus_per_engine=...)` builds one command line per engine, starts
 them as subprocesses (see `process.py`), waits for `/health_generate`, optionally registers them with a
-router, and returns an `EngineGroup` (a context manager that shuts everything down).
+router (`router.py`), and returns an `EngineGroup` (a context manager that shuts everything down) whose
+`urls` / `router_url` are the run's engine addresses: the caller passes them on as values (e.g. into
+`slime_core.config.PluginArgs.from_config`); the config is never written.
 
 SGLang command line (flag names of SGLang 0.5.16 `ServerArgs`)::
 
@@ -24,16 +26,23 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from slime_rollout.engines import router
 from slime_rollout.engines.process import EngineProcess, find_free_port, start_engine_process
+from slime_rollout.wire import nccl_cumem_enable
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 __all__ = [
     "EngineGroup",
     "build_reference_command",
     "build_sglang_command",
+    "engine_env",
     "engine_python",
     "launch_engines",
+    "nccl_cumem_enable",  # defined in slime_rollout.wire (both ends of a weight update need it)
     "sglang_passthrough",
 ]
 
@@ -56,20 +65,6 @@ MANAGED_SGLANG_FIELDS = frozenset(
     }
 )
 
-# NCCL's own default (cuMem buffers), the value both ends of a weight-update group run with unless the user sets
-# NCCL_CUMEM_ENABLE.
-NCCL_CUMEM_DEFAULT = "1"
-
-
-def nccl_cumem_enable() -> str:
-    """The `NCCL_CUMEM_ENABLE` every slime process and engine runs with: the user's, else `NCCL_CUMEM_DEFAULT`.
-
-    NCCL in the trainer and in the engines must agree on cuMem vs legacy CUDA-IPC buffers, or the NCCL
-    weight-update broadcast between them never completes; SGLang would switch its own processes to 0.
-    """
-    return os.environ.get("NCCL_CUMEM_ENABLE", NCCL_CUMEM_DEFAULT)
-
-
 # Environment defaults slime gives SGLang (see slime's rollout.py); the user's environment wins.
 _SGLANG_ENV_DEFAULTS = {
     "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "false",
@@ -80,7 +75,7 @@ _SGLANG_ENV_DEFAULTS = {
 
 
 def sglang_passthrough(sglang_args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
-    """Renders `args.sglang_args` (the `--sglang-*` flags) as SGLang CLI tokens.
+    """Renders `cfg.sglang_args` (the `--sglang-*` flags) as SGLang CLI tokens.
 
     Args:
         sglang_args: either a mapping `{field: value}` (field with or without the `sglang_` prefix, dashes or
@@ -121,20 +116,20 @@ def sglang_passthrough(sglang_args: Mapping[str, Any] | Sequence[str] | None) ->
     return out
 
 
-def engine_python(args: Any) -> str:
+def engine_python(cfg: SlimeArgs) -> str:
     """The interpreter that runs `sglang.launch_server`: `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one.
 
     Config validation fills an unset `--engine-python` with the current interpreter, so that value counts as
     unset here and the environment variable still applies.
     """
-    flag = getattr(args, "engine_python", None)
+    flag = cfg.engine_python
     if flag and flag != sys.executable:
         return str(flag)
     return os.environ.get("SLIME_SGLANG_PYTHON") or sys.executable
 
 
 def build_sglang_command(
-    args: Any,
+    cfg: SlimeArgs,
     *,
     host: str,
     port: int,
@@ -143,19 +138,30 @@ def build_sglang_command(
     base_gpu_id: int,
     random_seed: int,
     memory_saver: bool,
+    mem_fraction_static: float | None = None,
     python: str | None = None,
 ) -> list[str]:
     """Command line of one SGLang server (see the module docstring).
 
-    Reads `args.hf_checkpoint`, `args.engine_python` (None, see `engine_python`), `args.sglang_mem_fraction_static`
-    (None) and `args.sglang_args`; `python` overrides the interpreter.
+    Args:
+        cfg: run config; reads `hf_checkpoint`, `engine_python` (see `engine_python`) and `sglang_args`.
+        host: interface the server binds.
+        port: its HTTP port.
+        nccl_port: its NCCL port (TP > 1).
+        tp_size: GPUs of the engine.
+        base_gpu_id: its first GPU.
+        random_seed: its sampling seed.
+        memory_saver: `--enable-memory-saver` (colocated engines release memory while the trainer runs).
+        mem_fraction_static: `--mem-fraction-static` computed by the caller; a `--sglang-mem-fraction-static`
+            pass-through flag wins.
+        python: overrides the interpreter.
     """
     cmd = [
-        python or engine_python(args),
+        python or engine_python(cfg),
         "-m",
         "sglang.launch_server",
         "--model-path",
-        str(args.hf_checkpoint),
+        str(cfg.hf_checkpoint),
         "--host",
         host,
         "--port",
@@ -171,10 +177,9 @@ def build_sglang_command(
         "--trust-remote-code",
         "--skip-server-warmup",
     ]
-    passthrough = sglang_passthrough(getattr(args, "sglang_args", None))
-    mem_fraction = getattr(args, "sglang_mem_fraction_static", None)
-    if mem_fraction is not None and "--mem-fraction-static" not in passthrough:
-        cmd += ["--mem-fraction-static", str(mem_fraction)]
+    passthrough = sglang_passthrough(cfg.sglang_args)
+    if mem_fraction_static is not None and "--mem-fraction-static" not in passthrough:
+        cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     if memory_saver:
         cmd.append("--enable-memory-saver")
     cmd += passthrough
@@ -182,22 +187,23 @@ def build_sglang_command(
     return cmd
 
 
-def build_reference_command(args: Any, *, host: str, port: int, random_seed: int) -> list[str]:
+def build_reference_command(cfg: SlimeArgs, *, host: str, port: int, random_seed: int) -> list[str]:
     """Command line of one CPU reference engine.
 
-    Reads `args.hf_checkpoint` and, from `args.sglang_args`, `max_running_requests` (64), `dtype` ("float32")
-    and `num_threads` when given.
+    Args:
+        cfg: run config; reads `hf_checkpoint` and, from `sglang_args`, `max_running_requests` (64), `dtype`
+            ("float32") and `num_threads` when given.
+        host: interface the server binds.
+        port: its HTTP port.
+        random_seed: its sampling seed.
     """
-    extra = getattr(args, "sglang_args", None) or {}
-    extra = (
-        {k.replace("-", "_").removeprefix("sglang_"): v for k, v in extra.items()} if isinstance(extra, Mapping) else {}
-    )
+    extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
     cmd = [
         sys.executable,
         "-m",
         "slime_rollout.engines.reference",
         "--model-path",
-        str(args.hf_checkpoint),
+        str(cfg.hf_checkpoint),
         "--host",
         host,
         "--port",
@@ -269,7 +275,11 @@ class EngineGroup:
         """Replaces engine `index` by a fresh one (new port) and returns its URL.
 
         The new engine holds the initial `--hf-checkpoint` weights and version: push the current weights
-        afterwards, and rebuild clients (`slime_rollout.client.reset_client_cache`) since the URL changed.
+        afterwards. The URL changed, so the run's engine addresses did: rebuild the plugin view from
+        `urls` (`PluginArgs.from_config`) and the clients (`slime_rollout.client.reset_client_cache`).
+
+        Raises:
+            RuntimeError: the group was not built by `launch_engines`, or the new engine failed to start.
         """
         if self._start is None or self._ready is None:
             raise RuntimeError("this EngineGroup was not built by launch_engines and cannot restart engines")
@@ -278,20 +288,16 @@ class EngineGroup:
         self.processes[index] = self._start(index)
         self._ready(index)
         if self.router_url:
-            from slime_rollout.router import register_worker
-
-            register_worker(self.router_url, self.processes[index].url)
+            router.register_worker(self.router_url, self.processes[index].url)
         logger.info("engine %d restarted at %s", index, self.processes[index].url)
         return self.processes[index].url
 
     def _unregister(self, urls: list[str]) -> None:
         if not self.router_url or self.router is not None:
             return  # no router, or our own router which goes away with the group
-        from slime_rollout.router import unregister_worker
-
         for url in urls:
             try:
-                unregister_worker(self.router_url, url)
+                router.unregister_worker(self.router_url, url)
             except Exception as exc:  # the engine is going away anyway; only log
                 logger.warning("could not unregister %s from %s: %s", url, self.router_url, exc)
 
@@ -311,7 +317,7 @@ class EngineGroup:
 
 
 def launch_engines(
-    args: Any,
+    cfg: SlimeArgs,
     *,
     num_engines: int,
     gpus_per_engine: int,
@@ -319,48 +325,58 @@ def launch_engines(
     colocate: bool = False,
     startup_timeout_s: float = 600.0,
     log_dir: str | os.PathLike | None = None,
+    host: str = "127.0.0.1",
+    base_port: int = 15000,
+    mem_fraction_static: float | None = None,
+    start_router: bool = False,
 ) -> EngineGroup:
     """Starts `num_engines` engines and waits until all answer `/health_generate`.
 
     Args:
-        args: run config; reads `rollout_engine` ("sglang"|"reference", default "sglang"), `hf_checkpoint`,
-            `seed` (1234), `sglang_host` ("127.0.0.1"), `sglang_base_port` (15000), `offload_rollout`,
-            `sglang_mem_fraction_static`, `sglang_args`, `sglang_router_ip`/`sglang_router_port`
-            (external router to register with), `use_sglang_router` (start one when sglang-router is installed).
+        cfg: run config; reads `rollout_engine` ("sglang" | "reference"), `hf_checkpoint`, `seed` (engine i
+            samples with seed `seed + i * gpus_per_engine`), `offload_rollout` (memory saver),
+            `engine_python`, `sglang_args`, `router_args`, and `sglang_router_ip` / `sglang_router_port`
+            (an existing router to register the engines with).
         num_engines: how many engines.
         gpus_per_engine: TP size of each SGLang engine (ignored by the reference engine).
         base_gpu_ids: first GPU of each engine (default `i * gpus_per_engine`).
         colocate: engines share GPUs with the trainer: enable SGLang's memory saver.
         startup_timeout_s: per-engine health wait.
         log_dir: write each engine's output to `<log_dir>/engine_<i>.log` (None: inherit stdout).
+        host: interface the engines bind (and the router started here).
+        base_port: ports are probed upwards from here (each engine takes the next free one).
+        mem_fraction_static: SGLang `--mem-fraction-static` (see `build_sglang_command`).
+        start_router: start sglang-router for the engines unless `--sglang-router-ip/port` name one (needs
+            `slime-rollout[router]`).
 
     Returns:
-        The running group; `args` is not modified (callers set `args.rollout_engine_urls = group.urls`).
+        The running group: its `urls` and `router_url` are the engine addresses of the run (`cfg` is frozen
+        and not modified).
 
     Raises:
-        ValueError: bad engine kind or counts (naming the flag).
+        ValueError: bad engine kind or counts, or no `--hf-checkpoint` (naming the flag).
         RuntimeError/TimeoutError: an engine failed to start (already-started engines are shut down).
     """
-    kind = getattr(args, "rollout_engine", "sglang")
+    kind = cfg.rollout_engine
     if kind not in ("sglang", "reference"):
         raise ValueError(f"--rollout-engine must be 'sglang' or 'reference', got {kind!r}")
+    if not cfg.hf_checkpoint:
+        raise ValueError("launching engines needs --hf-checkpoint (the model they serve)")
     if num_engines < 1 or gpus_per_engine < 1:
         raise ValueError(f"need num_engines >= 1 and gpus_per_engine >= 1, got {num_engines}, {gpus_per_engine}")
     if base_gpu_ids is not None and len(base_gpu_ids) != num_engines:
         raise ValueError(f"base_gpu_ids has {len(base_gpu_ids)} entries for {num_engines} engines")
-    host = getattr(args, "sglang_host", None) or "127.0.0.1"
-    seed = int(getattr(args, "seed", 1234) or 0)
-    memory_saver = bool(colocate or getattr(args, "offload_rollout", False))
-    cursor = [int(getattr(args, "sglang_base_port", None) or 15000)]
+    memory_saver = bool(colocate or cfg.offload_rollout)
+    cursor = [base_port]
 
     def start(i: int) -> EngineProcess:
         port = find_free_port(host, cursor[0])
-        random_seed = seed + i * gpus_per_engine
+        random_seed = cfg.seed + i * gpus_per_engine
         if kind == "sglang":
             nccl_port = find_free_port(host, port + 1)
             base_gpu = base_gpu_ids[i] if base_gpu_ids is not None else i * gpus_per_engine
             cmd = build_sglang_command(
-                args,
+                cfg,
                 host=host,
                 port=port,
                 nccl_port=nccl_port,
@@ -368,10 +384,11 @@ def launch_engines(
                 base_gpu_id=base_gpu,
                 random_seed=random_seed,
                 memory_saver=memory_saver,
+                mem_fraction_static=mem_fraction_static,
             )
             cursor[0] = nccl_port + 1
         else:
-            cmd = build_reference_command(args, host=host, port=port, random_seed=random_seed)
+            cmd = build_reference_command(cfg, host=host, port=port, random_seed=random_seed)
             cursor[0] = port + 1
         log_path = pathlib.Path(log_dir) / f"engine_{i}.log" if log_dir else None
         return start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(kind), log_path=log_path)
@@ -396,7 +413,7 @@ def launch_engines(
         group.processes = [start(i) for i in range(num_engines)]
         for i in range(num_engines):
             ready(i)
-        _attach_router(args, group, host)
+        _attach_router(cfg, group, host, start_router=start_router)
     except BaseException:
         group.shutdown()
         raise
@@ -430,15 +447,13 @@ def _wait_own_engine(proc: EngineProcess, kind: str, timeout_s: float) -> None:
         raise _PortTaken(f"engine {proc.url} exited right after its health check\n{proc.log_tail()}")
 
 
-def _attach_router(args: Any, group: EngineGroup, host: str) -> None:
-    """Registers the engines with an external router, or starts sglang-router when asked and installed."""
-    from slime_rollout import router
-
-    ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+def _attach_router(cfg: SlimeArgs, group: EngineGroup, host: str, *, start_router: bool) -> None:
+    """Registers the engines with the router given by `--sglang-router-ip/port`, or with one started here."""
+    ip, port = cfg.sglang_router_ip, cfg.sglang_router_port
     if ip and port:
         group.router_url = f"http://{ip}:{port}"
-    elif getattr(args, "use_sglang_router", False) and router.router_available():
-        group.router = router.start_router(args, host=host)
+    elif start_router:
+        group.router = router.start_router(cfg, host=host)  # raises when sglang-router is not installed
         group.router_url = group.router.url
     else:
         return

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample
 from slime_rollout.plugins import call_maybe_async, load_function
@@ -34,14 +34,14 @@ from slime_rollout.rewards.math import deepscaler_reward, deepscaler_reward_asyn
 from slime_rollout.rewards.math_utils import extract_boxed
 from slime_rollout.rewards.remote import remote_reward
 
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["RM_TYPES", "async_rm", "batched_async_rm", "rule_based_reward"]
 
 RM_TYPES = ("math", "deepscaler", "dapo", "f1", "gpqa", "remote_rm", "random")
-
-# Default of `--rm-num-workers` (slime_core.config), for args namespaces that lack the field.
-_DEFAULT_RM_NUM_WORKERS = 4
 
 
 def _unbox(rm_type: str, response: str) -> tuple[str, str]:
@@ -84,12 +84,13 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
     raise KeyError(f"unknown --rm-type {rm_type!r}; known: {', '.join(RM_TYPES)} (each also as boxed_<type>)")
 
 
-async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
+async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
     """Scores one finished sample (original signature `async_rm(args, sample)`).
 
     Args:
-        args: run config; reads `custom_rm_path`, `rm_type`, `rm_url`, `rm_num_workers` (math and
-            deepscaler grade their symbolic check in that many worker processes; 0 grades inline).
+        args: the plugin view (`slime_core.config.PluginArgs`), passed to a custom reward function; reads
+            `custom_rm_path`, `rm_type`, `rm_url`, `rm_num_workers` (math and deepscaler grade their symbolic
+            check in that many worker processes; 0 grades inline).
         sample: the sample (its `custom_rm_path` and `metadata["rm_type"]` override the flags).
         **kwargs: passed to a custom reward function.
 
@@ -100,36 +101,44 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
         ValueError: no reward type configured.
         KeyError: unknown reward type.
     """
-    custom_path = sample.custom_rm_path or getattr(args, "custom_rm_path", None)
+    custom_path = sample.custom_rm_path or args.custom_rm_path
     if custom_path:
         return await call_maybe_async(load_function(custom_path, flag="--custom-rm-path"), args, sample, **kwargs)
-    rm_type = (sample.metadata or {}).get("rm_type") or getattr(args, "rm_type", None)
+    rm_type = (sample.metadata or {}).get("rm_type") or args.rm_type
     if not rm_type:
         raise ValueError("no reward function: set --rm-type, --custom-rm-path or metadata['rm_type']")
     if rm_type in ("remote_rm", "boxed_remote_rm"):
         response = sample.response if rm_type == "remote_rm" else (extract_boxed(sample.response) or "")
         payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
-        return await remote_reward(getattr(args, "rm_url", None), payload)
+        return await remote_reward(args.rm_url, payload)
     base_type, response = _unbox(rm_type, sample.response)
     graders = {"math": math_reward_async, "deepscaler": deepscaler_reward_async}
     if base_type in graders:  # symbolic check in the pool (inline with --rm-num-workers 0)
-        num_workers = getattr(args, "rm_num_workers", _DEFAULT_RM_NUM_WORKERS)
+        num_workers = args.rm_num_workers
         return await graders[base_type](response, sample.label, num_workers=num_workers, sample_index=sample.index)
     # Everything else is cheap string work (dapo compares normalized strings): inline.
     return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
 
 
-async def batched_async_rm(args: Any, samples: list[Sample], **kwargs: Any) -> list[Any]:
+async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any) -> list[Any]:
     """Scores a list of samples (original signature `batched_async_rm(args, samples)`).
 
     With `--custom-rm-path` and `--group-rm` the custom function is called once in batch mode
     (`fn(args, samples) -> list`); otherwise every sample goes through `async_rm` concurrently.
 
+    Args:
+        args: the plugin view (`slime_core.config.PluginArgs`); reads `custom_rm_path`, `group_rm`.
+        samples: the samples to score.
+        **kwargs: passed to the reward function.
+
+    Returns:
+        One reward per sample, in order.
+
     Raises:
         ValueError: if a batch-mode custom function returns a list of the wrong length.
     """
-    custom_path = getattr(args, "custom_rm_path", None)
-    if custom_path and getattr(args, "group_rm", False):
+    custom_path = args.custom_rm_path
+    if custom_path and args.group_rm:
         rewards = await call_maybe_async(load_function(custom_path, flag="--custom-rm-path"), args, samples, **kwargs)
         if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
             raise ValueError(

@@ -4,7 +4,9 @@ Routes, methods and field names follow SGLang 0.5.16 so the rollout code cannot 
 `/generate`, `/abort_request`, `/flush_cache`, `/pause_generation`, `/continue_generation`,
 `/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_disk`,
 `/update_weights_from_tensor`, `/get_weight_version`, `/health`, `/health_generate`, `/v1/loads`,
-`/model_info` (`/get_model_info`), `/server_info` (`/get_server_info`).
+`/model_info` (`/get_model_info`), `/server_info` (`/get_server_info`), and the weight-update group routes
+`/init_weights_update_group`, `/update_weights_from_distributed`, `/destroy_weights_update_group`. Weight-update
+bodies and payloads are decoded with `slime_rollout.wire`, the module the trainer side encodes with.
 
 `/update_weights_from_tensor` unpickles what the caller sends (as SGLang does): bind the engine to a
 trusted network only.
@@ -28,7 +30,16 @@ from fastapi.responses import JSONResponse, Response
 from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.scheduler import Scheduler
-from slime_rollout.weight_sync import deserialize_named_tensors
+from slime_rollout.wire import (
+    DestroyWeightsUpdateGroupReq,
+    InitWeightsUpdateGroupReq,
+    UpdateWeightsFromDiskReq,
+    UpdateWeightsFromDistributedReq,
+    UpdateWeightsFromTensorReq,
+    deserialize_named_tensors,
+    dtype_from_name,
+    init_custom_process_group,
+)
 
 __all__ = ["build_app"]
 
@@ -190,37 +201,37 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         body = await request.json()
         if not body.get("model_path"):
             return JSONResponse({"success": False, "message": "model_path is required"}, status_code=400)
+        req = UpdateWeightsFromDiskReq.from_json(body)
         return await run_update(
-            lambda: model.load_from_disk(body["model_path"]),
-            body.get("weight_version"),
-            bool(body.get("abort_all_requests", False)),
+            lambda: model.load_from_disk(req.model_path), req.weight_version, _abort_all_requests(body)
         )
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(request: Request):
         body = await request.json()
-        entries = body.get("serialized_named_tensors") or []
-        if not entries:
+        if not body.get("serialized_named_tensors"):
             return JSONResponse({"success": False, "message": "serialized_named_tensors is empty"}, status_code=400)
-        # One entry per TP rank; the reference engine has a single rank.
-        fn = lambda: model.load_named_tensors(deserialize_named_tensors(entries[0], body.get("load_format")))  # noqa: E731
-        return await run_update(fn, body.get("weight_version"), bool(body.get("abort_all_requests", False)))
+        req = UpdateWeightsFromTensorReq.from_json(body)
+
+        def load() -> int:
+            # One entry per TP rank; the reference engine has a single rank.
+            return model.load_named_tensors(deserialize_named_tensors(req.serialized_named_tensors[0], req.load_format))
+
+        return await run_update(load, req.weight_version, _abort_all_requests(body))
 
     groups: dict[str, Any] = {}
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(request: Request):
-        body = await request.json()
-        from slime_rollout.weight_sync import init_custom_process_group
-
         try:
-            groups[body.get("group_name", "weight_update_group")] = await asyncio.to_thread(
+            req = InitWeightsUpdateGroupReq.from_json(await request.json())
+            groups[req.group_name] = await asyncio.to_thread(
                 init_custom_process_group,
-                backend=body.get("backend", "nccl"),
-                init_method=f"tcp://{body['master_address']}:{body['master_port']}",
-                world_size=int(body["world_size"]),
-                rank=int(body["rank_offset"]),  # one TP rank: its rank is the offset
-                group_name=body.get("group_name", "weight_update_group"),
+                backend=req.backend,
+                init_method=f"tcp://{req.master_address}:{req.master_port}",
+                world_size=int(req.world_size),
+                rank=int(req.rank_offset),  # one TP rank: its rank is the offset
+                group_name=req.group_name,
             )
         except (KeyError, RuntimeError, ValueError) as exc:
             return JSONResponse({"success": False, "message": f"init_weights_update_group: {exc!r}"}, status_code=400)
@@ -228,8 +239,8 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(request: Request):
-        body = await request.json()
-        group = groups.pop(body.get("group_name", "weight_update_group"), None)
+        req = DestroyWeightsUpdateGroupReq.from_json(await request.json())
+        group = groups.pop(req.group_name, None)
         if group is None:
             return JSONResponse({"success": False, "message": "no such group"}, status_code=400)
         torch.distributed.destroy_process_group(group)
@@ -238,19 +249,23 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(request: Request):
         body = await request.json()
-        group = groups.get(body.get("group_name", "weight_update_group"))
+        try:
+            req = UpdateWeightsFromDistributedReq.from_json(body)
+        except ValueError as exc:
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+        group = groups.get(req.group_name)
         if group is None:
             return JSONResponse({"success": False, "message": "weight update group not initialized"}, status_code=400)
 
         def receive() -> int:
             named = []
-            for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
-                t = torch.empty(shape, dtype=getattr(torch, dtype), device=model.device)
+            for name, dtype, shape in zip(req.names, req.dtypes, req.shapes, strict=True):
+                t = torch.empty(shape, dtype=dtype_from_name(dtype), device=model.device)
                 torch.distributed.broadcast(t, group=group, group_src=0)
                 named.append((name, t))
             return model.load_named_tensors(named)
 
-        return await run_update(receive, body.get("weight_version"), bool(body.get("abort_all_requests", False)))
+        return await run_update(receive, req.weight_version, _abort_all_requests(body))
 
     @app.get("/get_weight_version")
     async def get_weight_version():
@@ -319,6 +334,11 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
     app.add_api_route("/server_info", server_info, methods=["GET"])
     app.add_api_route("/get_server_info", server_info, methods=["GET"])
     return app
+
+
+def _abort_all_requests(body: dict[str, Any]) -> bool:
+    """SGLang's optional `abort_all_requests` of the weight-update bodies (slime never sends it)."""
+    return bool(body.get("abort_all_requests", False))
 
 
 async def _json_or_empty(request: Request) -> dict:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import sys
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 
 from slime_rollout.engines.process import EngineProcess, find_free_port, start_engine_process
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 __all__ = ["register_worker", "router_available", "start_router", "unregister_worker"]
 
@@ -27,14 +31,16 @@ def router_available() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
 
 
-def build_router_command(args: Any, *, host: str, port: int, prometheus_port: int) -> list[str]:
+def build_router_command(cfg: SlimeArgs, *, host: str, port: int, prometheus_port: int) -> list[str]:
     """Command line of `sglang_router.launch_router`.
 
-    Reads `args.sglang_router_request_timeout_secs` (14400), `args.router_policy` (None: the router's
-    default) and `args.router_args` (mapping of extra `--router-*` fields, passed without the prefix).
+    Args:
+        cfg: run config; reads `sglang_router_request_timeout_secs` and `router_args` (the `--router-<field>`
+            pass-through flags, e.g. `--router-policy`, emitted without the prefix).
+        host: interface to bind.
+        port: the router's HTTP port.
+        prometheus_port: the router's metrics port.
     """
-    import sys
-
     cmd = [
         sys.executable,
         "-m",
@@ -46,13 +52,11 @@ def build_router_command(args: Any, *, host: str, port: int, prometheus_port: in
         "--prometheus-port",
         str(prometheus_port),
         "--request-timeout-secs",
-        str(getattr(args, "sglang_router_request_timeout_secs", 14400)),
+        str(cfg.sglang_router_request_timeout_secs),
         "--log-level",
         "warn",
     ]
-    if getattr(args, "router_policy", None):
-        cmd += ["--policy", str(args.router_policy)]
-    for key, value in (getattr(args, "router_args", None) or {}).items():
+    for key, value in cfg.router_args.items():
         flag = "--" + key.replace("_", "-").removeprefix("router-")
         if value is True:
             cmd.append(flag)
@@ -61,8 +65,13 @@ def build_router_command(args: Any, *, host: str, port: int, prometheus_port: in
     return cmd
 
 
-def start_router(args: Any, *, host: str = "127.0.0.1", startup_timeout_s: float = 120.0) -> EngineProcess:
+def start_router(cfg: SlimeArgs, *, host: str = "127.0.0.1", startup_timeout_s: float = 120.0) -> EngineProcess:
     """Starts sglang-router on a free port in 3000-4000 and waits for its `/health`.
+
+    Args:
+        cfg: run config (see `build_router_command`).
+        host: interface to bind.
+        startup_timeout_s: seconds to wait for `/health`.
 
     Raises:
         RuntimeError: sglang-router is not installed, or the router exited during startup.
@@ -72,7 +81,7 @@ def start_router(args: Any, *, host: str = "127.0.0.1", startup_timeout_s: float
     port = find_free_port(host, 3000)
     prometheus_port = find_free_port(host, 4000)
     proc = start_engine_process(
-        build_router_command(args, host=host, port=port, prometheus_port=prometheus_port), url=f"http://{host}:{port}"
+        build_router_command(cfg, host=host, port=port, prometheus_port=prometheus_port), url=f"http://{host}:{port}"
     )
     try:
         proc.wait_healthy(startup_timeout_s, endpoint="/health")

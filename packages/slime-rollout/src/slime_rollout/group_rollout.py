@@ -1,0 +1,159 @@
+"""One prompt group through generate → sample hooks → reward, and the per-rollout state its tasks share.
+
+The training rollout (`slime_rollout.rollout`) and the eval rollout (`slime_rollout.eval`) both schedule these
+coroutines (original `sglang_rollout.generate_and_rm` / `generate_and_rm_group` / `GenerateState`).
+
+`args` here is the plugin view (`slime_core.config.PluginArgs`): it is handed on unchanged to the generate,
+hook and reward functions, which may be user plugins with the original signatures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from slime_core.sample import Sample, Status
+from slime_rollout.generate import build_sampling_params
+from slime_rollout.generate import generate as default_generate
+from slime_rollout.metrics import flatten_groups
+from slime_rollout.plugins import accepts_kwarg, call_maybe_async, load_function
+from slime_rollout.rewards import async_rm, batched_async_rm
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+
+__all__ = ["RolloutState", "generate_and_rm", "generate_and_rm_group", "num_engines"]
+
+
+def num_engines(args: SlimeArgs) -> int:
+    """Number of engines behind the client.
+
+    Args:
+        args: the plugin view; `rollout_engine_urls` when the engines are known, else
+            `rollout_num_gpus // rollout_num_gpus_per_engine` (at least 1).
+    """
+    if args.rollout_engine_urls:
+        return len(args.rollout_engine_urls)
+    return max((args.rollout_num_gpus or 0) // args.rollout_num_gpus_per_engine, 1)
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutState:
+    """Per-rollout shared state of the generate tasks (created inside the running loop).
+
+    Attributes:
+        semaphore: bounds concurrent engine requests.
+        sampling_params: the base SGLang sampling params.
+        aborted: set once the rollout has enough groups; tasks not yet started return ABORTED samples.
+        evaluation: eval rollout (eval sampling params, no sample abort).
+        rollout_id: id of the rollout (passed to hooks).
+    """
+
+    semaphore: asyncio.Semaphore
+    sampling_params: dict[str, Any]
+    aborted: bool = False
+    evaluation: bool = False
+    rollout_id: int | None = None
+
+    @classmethod
+    def create(cls, args: SlimeArgs, *, rollout_id: int | None, evaluation: bool = False) -> RolloutState:
+        """Builds the state: `sglang_server_concurrency × num_engines` requests at a time, the sampling flags."""
+        return cls(
+            semaphore=asyncio.Semaphore(args.sglang_server_concurrency * num_engines(args)),
+            sampling_params=build_sampling_params(args, evaluation=evaluation),
+            evaluation=evaluation,
+            rollout_id=rollout_id,
+        )
+
+
+def _generate_fn(args: SlimeArgs, sample: Sample) -> Callable[..., Any]:
+    if sample.generate_function_path:
+        return load_function(sample.generate_function_path, flag="sample.generate_function_path")
+    path = args.custom_generate_function_path
+    return load_function(path, flag="--custom-generate-function-path") if path else default_generate
+
+
+async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sample:
+    for path in args.rollout_sample_hook_path or []:
+        hook = load_function(path, flag="--rollout-sample-hook-path")
+        out = await call_maybe_async(hook, args, sample, evaluation=state.evaluation, rollout_id=state.rollout_id)
+        if out is not None:
+            sample = out
+    return sample
+
+
+async def generate_and_rm(
+    args: SlimeArgs, sample: Sample, state: RolloutState, sampling_params: dict[str, Any] | None = None
+) -> Sample | list[Sample]:
+    """Generates one sample (unless already finished), runs the sample hooks and scores it.
+
+    Args:
+        args: the plugin view; reads `custom_generate_function_path`, `rollout_sample_hook_path`, `group_rm`
+            (+ what generate and the reward read).
+        sample: the sample; finished (COMPLETED/TRUNCATED) samples from the partial-rollout buffer
+            are not generated again.
+        state: the rollout's shared state.
+        sampling_params: overrides `state.sampling_params` (eval datasets).
+
+    Returns:
+        The sample, or the list a custom generate function returned (fan-out). Rewards are set unless
+        `--group-rm` is on or the sample was ABORTED.
+    """
+    params = sampling_params if sampling_params is not None else state.sampling_params
+    result: Sample | list[Sample] = sample
+    if not (sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.response_length > 0):
+        async with state.semaphore:
+            if state.aborted:
+                sample.status = Status.ABORTED
+                return sample
+            fn = _generate_fn(args, sample)
+            kwargs = {"evaluation": state.evaluation} if accepts_kwarg(fn, "evaluation") else {}
+            result = await fn(args, sample, params, **kwargs)
+    if isinstance(result, list):
+        result = [await _run_hooks(args, s, state) for s in result]
+    else:
+        result = await _run_hooks(args, result, state)
+    if args.group_rm and not state.evaluation:
+        return result
+    todo = [s for s in (result if isinstance(result, list) else [result]) if s.status is not Status.ABORTED]
+    todo = [s for s in todo if s.reward is None]
+    if todo:
+        rewards = await batched_async_rm(args, todo) if isinstance(result, list) else [await async_rm(args, todo[0])]
+        for s, reward in zip(todo, rewards, strict=True):
+            s.reward = reward
+    return result
+
+
+async def generate_and_rm_group(args: SlimeArgs, group: list[Sample], state: RolloutState) -> list[Any]:
+    """Generates and scores one prompt group concurrently (group reward with `--group-rm`).
+
+    With `--sglang-enable-deterministic-inference`, sample j of the group is sampled with
+    `sampling_seed = rollout_seed + j`.
+
+    Args:
+        args: the plugin view; reads `sglang_args`, `rollout_seed`, `group_rm` (+ what `generate_and_rm` reads).
+        group: the `n_samples_per_prompt` samples of one prompt.
+        state: the rollout's shared state.
+
+    Returns:
+        One entry per sample: the sample, or the list a fan-out generate function returned.
+    """
+    for sample in group:
+        if sample.session_id is None:
+            sample.session_id = uuid.uuid4().hex
+    params: list[dict[str, Any] | None] = [None] * len(group)
+    if args.sglang_args.get("enable_deterministic_inference"):
+        # Reproducible sampling (original): sample j of every group uses seed rollout_seed + j.
+        params = [dict(state.sampling_params, sampling_seed=args.rollout_seed + j) for j in range(len(group))]
+    results = list(
+        await asyncio.gather(*(generate_and_rm(args, s, state, p) for s, p in zip(group, params, strict=True)))
+    )
+    if args.group_rm and not state.aborted:
+        flat = flatten_groups([results])
+        if all(s.status is not Status.ABORTED for s in flat) and any(s.reward is None for s in flat):
+            for s, reward in zip(flat, await batched_async_rm(args, flat), strict=True):
+                s.reward = reward
+    return results

@@ -1,0 +1,222 @@
+"""Retrying HTTP transport bound to one engine (or router) base URL, and the errors it raises.
+
+`HttpEndpoint.request` sends one JSON request with retries on connection-level failures and raises
+`EngineError` (naming the URL and endpoint) on anything else; `slime_rollout.client.EngineClient` builds the
+engine's API on it.
+
+The transport is aiohttp: httpx/httpcore's pool scans every connection for every request, which made 512
+concurrent /generate calls about 8x slower than aiohttp's. Connection errors are retried with
+exponential backoff. An `aiohttp.ClientSession` belongs to one event loop, so each endpoint keeps one per
+running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+__all__ = ["EngineError", "EngineResponse", "HttpEndpoint"]
+
+logger = logging.getLogger(__name__)
+
+# Connection-level failures before any response: the engine is starting (connect refused / timed out,
+# no free pooled connection in time), or a pooled keep-alive connection was closed or reset by the
+# server just as it was reused. Retrying may repeat a request the engine never answered; slime retries
+# every POST likewise. Read timeouts (SocketTimeoutError) and broken bodies (ClientPayloadError) are not
+# retried: the engine got the request.
+_RETRYABLE = (
+    aiohttp.ClientOSError,  # includes ClientConnectorError (refused, DNS) and resets while sending
+    aiohttp.ClientConnectionResetError,
+    aiohttp.ConnectionTimeoutError,
+    aiohttp.ServerDisconnectedError,
+)
+_NOT_RETRYABLE = (aiohttp.ClientSSLError,)  # a ClientConnectorError that will not heal by retrying
+
+# Idle pooled connections are dropped after this many seconds, before servers drop them (uvicorn's
+# default keep-alive, which SGLang uses, is 5 s), so a connection the server is closing is rarely reused.
+_KEEPALIVE_S = 3.0
+
+
+class EngineError(RuntimeError):
+    """An engine call failed (HTTP error status, `success: false`, or the engine is unreachable).
+
+    Attributes:
+        url: the engine (or router) base URL.
+        endpoint: the route that failed, e.g. "/generate".
+        status_code: HTTP status, or None when no response arrived.
+    """
+
+    def __init__(self, url: str, endpoint: str, message: str, status_code: int | None = None):
+        super().__init__(
+            f"engine {url}{endpoint} failed" + (f" (HTTP {status_code})" if status_code else "") + f": {message}"
+        )
+        self.url, self.endpoint, self.status_code = url, endpoint, status_code
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineResponse:
+    """A fully read HTTP response (what `request(..., raw=True)` returns).
+
+    Attributes:
+        status_code: HTTP status.
+        headers: response headers (case-insensitive lookups).
+        content: the body bytes.
+    """
+
+    status_code: int
+    headers: Any
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        """The body decoded as UTF-8 (undecodable bytes replaced)."""
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON.
+
+        Raises:
+            ValueError: the body is not JSON.
+        """
+        return json.loads(self.content)
+
+
+async def _close_with_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    """An async generator whose finalisation closes `session`.
+
+    asyncio.run() (and loops torn down with `shutdown_asyncgens`) finalise the async generators started
+    on them, so a session made on a short-lived loop (weight sync's asyncio.run) is closed while its loop
+    still runs, instead of leaking sockets and "Unclosed client session" errors.
+    """
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+class HttpEndpoint:
+    """Retrying JSON requests to one base URL (an engine or a router).
+
+    Args:
+        url: base URL ("host:port" gets `http://`).
+        timeout: default read timeout in seconds (None: wait forever).
+        connect_timeout: seconds to open a connection.
+        max_retries: retries of a connection-level failure before `EngineError`.
+        backoff_s: first retry delay in seconds; doubles per retry.
+        max_backoff_s: cap of the retry delay in seconds.
+        max_connections: connection-pool size per event loop.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        connect_timeout: float = 10.0,
+        max_retries: int = 8,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 4.0,
+        max_connections: int = 1024,
+    ):
+        if not url.startswith(("http://", "https://")):
+            url = f"http://{url}"
+        self.url = url.rstrip("/")
+        self.connect_timeout = connect_timeout
+        self.timeout = self._timeout(timeout)
+        self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
+        self.max_connections = max_connections
+        # loop -> (session, finaliser generator); the generator is kept alive here because the loop only
+        # holds it weakly.
+        self._sessions: dict[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, AsyncIterator[None]]] = {}
+
+    def _timeout(self, read_s: float | None) -> aiohttp.ClientTimeout:
+        # Like httpx.Timeout(read_s, connect=connect_timeout): `connect` bounds waiting for a pooled
+        # connection plus connecting, `sock_read` the gap between received chunks; no total limit.
+        return aiohttp.ClientTimeout(total=None, connect=read_s, sock_connect=self.connect_timeout, sock_read=read_s)
+
+    async def _http(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        entry = self._sessions.get(loop)
+        if entry is not None and not entry[0].closed:
+            return entry[0]
+        for other in [lp for lp in self._sessions if lp.is_closed()]:
+            # Its loop closed without finalising async generators; the session cannot be closed any more.
+            self._sessions.pop(other)[0].detach()
+        connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=_KEEPALIVE_S)
+        # trust_env=False: engines live on the cluster network, never behind the user's HTTP proxy.
+        session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, trust_env=False)
+        closer = _close_with_loop(session)
+        await closer.__anext__()
+        self._sessions[loop] = (session, closer)
+        return session
+
+    async def aclose(self) -> None:
+        """Closes the HTTP session of the running event loop."""
+        entry = self._sessions.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry[1].aclose()
+
+    async def request(
+        self,
+        method: str,
+        endpoint: str,
+        payload: dict | None = None,
+        *,
+        timeout: float | None = None,
+        raw: bool = False,
+    ) -> Any:
+        """Sends one request with retries on connection errors.
+
+        Args:
+            method: "GET" or "POST".
+            endpoint: route, e.g. "/generate".
+            payload: JSON body (POST) or query parameters (GET).
+            timeout: per-request read timeout in seconds (None: the client's default).
+            raw: return the `EngineResponse` (status, headers, body bytes) instead of decoded JSON.
+
+        Returns:
+            Decoded JSON (None for an empty body, the text for a non-JSON body), or the response when `raw`.
+
+        Raises:
+            EngineError: non-2xx status, `{"success": false}` body, or still unreachable after retries.
+        """
+        kwargs: dict[str, Any] = {"json": payload} if method == "POST" else {"params": payload}
+        if timeout is not None:
+            kwargs["timeout"] = self._timeout(timeout)
+        delay = self.backoff_s
+        for attempt in itertools.count():
+            try:
+                session = await self._http()
+                async with session.request(method, self.url + endpoint, **kwargs) as resp:
+                    out = EngineResponse(resp.status, resp.headers, await resp.read())
+                break
+            except _NOT_RETRYABLE as exc:
+                raise EngineError(self.url, endpoint, repr(exc)) from exc
+            except _RETRYABLE as exc:
+                if attempt >= self.max_retries:
+                    raise EngineError(self.url, endpoint, f"unreachable after {attempt + 1} attempts: {exc!r}") from exc
+                logger.debug("%s%s: %r, retry %d in %.2fs", self.url, endpoint, exc, attempt + 1, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_backoff_s)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise EngineError(self.url, endpoint, repr(exc)) from exc
+        if out.status_code >= 400:
+            raise EngineError(self.url, endpoint, out.text[:1000], out.status_code)
+        if raw:
+            return out
+        if not out.content:
+            return None
+        try:
+            body = out.json()
+        except ValueError:
+            return out.text
+        if isinstance(body, dict) and body.get("success") is False:
+            raise EngineError(self.url, endpoint, str(body.get("message", body)), out.status_code)
+        return body

@@ -1,0 +1,93 @@
+"""The import graph of slime_rollout has one direction (no cycles between its modules and subpackages).
+
+Read from the source with `ast` (lazy imports inside functions count too): e.g. the engines and the weight
+updaters meet only in `slime_rollout.wire`, and `engines.process <- engines.router <- engines.launch`.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import slime_rollout
+
+ROOT = pathlib.Path(slime_rollout.__file__).parent
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph(*, modules: bool = False) -> dict[str, set[str]]:
+    """`slime_rollout.<x>` -> the `slime_rollout.<y>` it imports.
+
+    Subpackages count as one node, or with `modules` every module is a node (an imported name resolves to the
+    longest module path it starts with).
+    """
+    known = {_module_name(p) for p in ROOT.rglob("*.py")}
+
+    def node(name: str) -> str:
+        if not modules:
+            return ".".join(name.split(".")[:2])
+        while name not in known:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        src = node(_module_name(path))
+        for n in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else []
+            if isinstance(n, ast.ImportFrom) and n.module:
+                names = [f"{n.module}.{a.name}" for a in n.names]
+            for name in names:
+                if name.startswith("slime_rollout.") and node(name) != src:
+                    graph.setdefault(src, set()).add(node(name))
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
+
+    def visit(n: str, path: list[str]) -> list[str] | None:
+        state[n] = 1
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return [*path[path.index(m) :], m] if m in path else [n, m]
+            if m not in state and (cycle := visit(m, [*path, m])):
+                return cycle
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (cycle := visit(n, [n])):
+            return cycle
+    return None
+
+
+@pytest.mark.parametrize("modules", [False, True], ids=["subpackages", "modules"])
+def test_no_import_cycle(modules):
+    graph = _graph(modules=modules)
+    assert _find_cycle(graph) is None, f"import cycle: {' -> '.join(_find_cycle(graph))}"
+
+
+def test_engine_launch_router_process_direction():
+    graph = _graph(modules=True)
+    assert graph["slime_rollout.engines.launch"] >= {"slime_rollout.engines.router", "slime_rollout.engines.process"}
+    assert graph["slime_rollout.engines.router"] == {"slime_rollout.engines.process"}
+    assert "slime_rollout.engines.process" not in graph
+
+
+def test_wire_is_a_leaf_that_engines_and_weight_sync_share():
+    graph = _graph()
+    assert "slime_rollout.wire" not in graph  # imports nothing of slime_rollout
+    assert "slime_rollout.wire" in graph["slime_rollout.engines"]
+    assert "slime_rollout.wire" in graph["slime_rollout.weight_sync"]
+    assert "slime_rollout.weight_sync" not in graph["slime_rollout.engines"]
+    assert "slime_rollout.engines" not in graph["slime_rollout.weight_sync"]
+
+
+def test_a_cycle_would_be_found():
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
