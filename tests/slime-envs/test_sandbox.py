@@ -52,6 +52,12 @@ async def test_syntax_error_is_the_codes_error():
     assert "SyntaxError" in r.stderr and 'File "main.py", line 1' in r.stderr
 
 
+@pytest.mark.parametrize("code", ["print('\\ud800')\n\ud800", "x = 1\0"])
+async def test_undecodable_source_is_the_codes_syntax_error(code):
+    r = await run_python(code)
+    assert r.exit_code == 1 and "SyntaxError" in r.stderr, r.stderr
+
+
 async def test_exit_codes():
     assert (await run_python("import sys; sys.exit(3)")).exit_code == 3
     r = await run_python("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")

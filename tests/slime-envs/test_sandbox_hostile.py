@@ -234,6 +234,22 @@ async def test_fork_bomb():
     assert r.timed_out and time.monotonic() - start < 10
 
 
+async def test_a_fork_bomb_does_not_starve_a_concurrent_run():
+    # RLIMIT_NPROC is counted per user namespace, and each run has its own: budgets are not shared.
+    bomb = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)"
+    polite = """
+        import os, time
+        time.sleep(0.5)  # the bomb is at its limit by now
+        pids = [os.fork() or os._exit(0) for _ in range(3)]
+        print(len([os.waitpid(p, 0) for p in pids]))
+    """
+    bombed, r = await asyncio.gather(
+        hostile(bomb, allow_subprocess=True, max_processes=4, timeout_s=2, max_concurrent_runs=2),
+        hostile(polite, allow_subprocess=True, max_processes=4, max_concurrent_runs=2),
+    )
+    assert bombed.timed_out and r.stdout == "3\n", r.stderr
+
+
 async def test_memory_bomb_single_and_many_processes():
     r = await hostile("blocks = []\nwhile True:\n    blocks.append(b'x' * (16 << 20))", memory_mb=200)
     assert "MemoryError" in r.stderr

@@ -50,10 +50,10 @@ def _controller_dirs() -> dict[str, tuple[int, pathlib.Path]]:
     found: dict[str, tuple[int, pathlib.Path]] = {}
     for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines():
         fields, _, tail = line.partition(" - ")
-        mount_point = fields.split()[4]
+        root, mount_point = fields.split()[3:5]
         fstype, _source, options = tail.split()
         if fstype == "cgroup2" and own_v2 is not None:
-            base = pathlib.Path(mount_point) / own_v2.lstrip("/")
+            base = pathlib.Path(mount_point) / _relative(own_v2, root)
             with contextlib.suppress(OSError):
                 for name in (base / "cgroup.subtree_control").read_text().split():
                     if name in _CONTROLLERS:
@@ -61,8 +61,13 @@ def _controller_dirs() -> dict[str, tuple[int, pathlib.Path]]:
         elif fstype == "cgroup":
             for name in options.split(","):
                 if name in _CONTROLLERS and name in own_v1 and name not in found:
-                    found[name] = (1, pathlib.Path(mount_point) / own_v1[name].lstrip("/"))
+                    found[name] = (1, pathlib.Path(mount_point) / _relative(own_v1[name], root))
     return {name: where for name, where in found.items() if os.access(where[1], os.W_OK)}
+
+
+def _relative(own: str, mount_root: str) -> str:
+    """`own` (a /proc/self/cgroup path) below the mount's root (not "/" inside some containers)."""
+    return os.path.relpath(own, mount_root) if own.startswith(mount_root) else own.lstrip("/")
 
 
 def _sweep_leftovers(parents: set[pathlib.Path]) -> None:

@@ -24,7 +24,6 @@ import json
 import os
 import resource
 import sys
-import traceback
 import types
 
 _DEVICES = {"/dev/null", "/dev/urandom", "/dev/random", "/dev/zero"}
@@ -139,8 +138,8 @@ def main():
         except ImportError:
             pass
     workdir = policy["workdir"]
-    with open(os.path.join(workdir, "main.py"), encoding="utf-8") as f:
-        source = f.read()
+    with open(os.path.join(workdir, "main.py"), "rb") as f:
+        source = f.read()  # bytes: an undecodable source is the code's SyntaxError, reported below
     if policy["no_process_filter"]:
         _load_seccomp(bytes.fromhex(policy["no_process_filter"]))
     sys.addaudithook(_make_hook(workdir, policy["read_roots"], policy["block_network"], policy["block_subprocess"]))
@@ -157,6 +156,8 @@ def main():
         sys.stdout.flush()
         raise
     except BaseException:
+        import traceback  # only on this path: it costs a few ms of every call's start-up
+
         # Show the user's frames (and library frames), not this runner's or its audit hook's.
         exc = sys.exc_info()[1]
         lines = ["Traceback (most recent call last):\n"]

@@ -306,65 +306,46 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
         seccomp = base_filter()
     except (BwrapMissingError, SeccompUnavailableError, OSError) as e:
         raise SandboxUnavailableError(str(e)) from e
-    policy_fds = os.pipe()  # ready pipe: the runner writes one byte once the code is about to run
-    policy = _policy(config, policy_fds[1])
-    cgroup = CgroupLimits.create(
-        memory_bytes=(config.memory_mb + config.tmpfs_mb) * _MIB, max_tasks=config.max_processes + 1, cpus=config.cpus
-    )
-    ready_r, ready_w = policy_fds
-    info_r, info_w = os.pipe()
-    block_r, block_w = os.pipe()
-    code_fd = _memfd("main.py", code.encode("utf-8", errors="surrogatepass"))
-    seccomp_fd = _memfd("seccomp", seccomp)
-    child_fds = [ready_w, info_w, block_r, code_fd, seccomp_fd]
-    env = {"HOME": WORKDIR, "TMPDIR": WORKDIR, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    # One thread per BLAS pool: threads count against the task limit.
-    env.update({k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    argv = bwrap_argv(
-        view,
-        tmpfs_bytes=config.tmpfs_mb * _MIB,
-        code_fd=code_fd,
-        seccomp_fd=seccomp_fd,
-        info_fd=info_w,
-        block_fd=block_r,
-        env=env,
-        runner_args=[json.dumps(policy)],
-    )
-    pidfd = -1
-    timed_out = False
+    fds = _Fds()
+    cgroup = None
     try:
+        ready_r, ready_w = fds.pipe()  # the runner writes one byte once the code is about to run
+        info_r, info_w = fds.pipe()  # bubblewrap writes the init's pid here
+        block_r, block_w = fds.pipe()  # bubblewrap waits on it until the init is in the cgroup
+        code_fd = fds.add(_memfd("main.py", code.encode("utf-8", errors="surrogatepass")))
+        seccomp_fd = fds.add(_memfd("seccomp", seccomp))
+        env = {"HOME": WORKDIR, "TMPDIR": WORKDIR, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        # One thread per BLAS pool: threads count against the task limit.
+        env.update({k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+        argv = bwrap_argv(
+            view,
+            tmpfs_bytes=config.tmpfs_mb * _MIB,
+            code_fd=code_fd,
+            seccomp_fd=seccomp_fd,
+            info_fd=info_w,
+            block_fd=block_r,
+            env=env,
+            runner_args=[json.dumps(_policy(config, ready_w))],
+        )
+        cgroup = CgroupLimits.create(
+            memory_bytes=(config.memory_mb + config.tmpfs_mb) * _MIB,
+            max_tasks=config.max_processes + 1,
+            cpus=config.cpus,
+        )
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                pass_fds=(*view.fds, *child_fds),
+                pass_fds=(*view.fds, ready_w, info_w, block_r, code_fd, seccomp_fd),
                 env={},
                 cwd="/",
                 start_new_session=True,
             )
-            for fd in child_fds:
-                os.close(fd)
-            child_fds = []
-            try:
-                async with asyncio.timeout(config.timeout_s):
-                    pidfd = await _release(proc, info_r, block_w, cgroup)
-                    await proc.wait()
-            except TimeoutError:
-                timed_out = True
-            finally:
-                # Kill the sandbox's init: the kernel then kills every process of its PID namespace.
-                if pidfd >= 0:
-                    with contextlib.suppress(ProcessLookupError):
-                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
-                if pidfd >= 0:
-                    # The init exits only after the kernel has killed and reaped every process of its namespace.
-                    await _until_readable(pidfd, 5.0)
-            memory_limited = cgroup is not None and cgroup.oom_killed()
+            # Our copies of the child's ends: the pipes must see EOF when the sandbox closes its own.
+            fds.close(ready_w, info_w, block_r, code_fd, seccomp_fd)
+            timed_out = await _supervise(proc, info_r, block_w, cgroup, config.timeout_s, fds)
             os.set_blocking(ready_r, False)
             try:
                 ready = os.read(ready_r, 1) == b"R"
@@ -374,29 +355,89 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
                 err.seek(0)
                 message = err.read(4000).decode("utf-8", errors="replace").strip()
                 raise SandboxUnavailableError(f"the sandbox failed to start (exit {proc.returncode}): {message}")
-            exit_code = proc.returncode
-            if timed_out:
-                exit_code = -signal.SIGKILL
-            elif 128 < exit_code < 128 + signal.NSIG:
-                exit_code = 128 - exit_code  # bubblewrap reports death by signal N as 128 + N
-            max_size = max(out.seek(0, os.SEEK_END), err.seek(0, os.SEEK_END))
-            return SandboxResult(
-                stdout=_read_capped(out, config.max_output_chars),
-                stderr=_read_capped(err, config.max_output_chars, keep_tail=True),
-                exit_code=exit_code,
-                timed_out=timed_out,
-                # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
-                output_limited=max_size >= config.max_output_bytes,
-                memory_limited=memory_limited,
-                enforcement=_enforcement(config, cgroup),
-            )
+            return _result(config, proc.returncode, timed_out, out, err, cgroup)
     finally:
-        for fd in (*child_fds, ready_r, info_r, block_w, pidfd):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        fds.close_all()
         if cgroup is not None:
             await asyncio.to_thread(cgroup.kill_and_remove)
+
+
+class _Fds:
+    """Descriptors of one run, each closed exactly once (a double close could hit another run's descriptor)."""
+
+    def __init__(self) -> None:
+        self.open: set[int] = set()
+
+    def add(self, fd: int) -> int:
+        self.open.add(fd)
+        return fd
+
+    def pipe(self) -> tuple[int, int]:
+        r, w = os.pipe()
+        return self.add(r), self.add(w)
+
+    def close(self, *fds: int) -> None:
+        for fd in fds:
+            if fd in self.open:
+                self.open.discard(fd)
+                os.close(fd)
+
+    def close_all(self) -> None:
+        self.close(*list(self.open))
+
+
+async def _supervise(
+    proc: asyncio.subprocess.Process,
+    info_r: int,
+    block_w: int,
+    cgroup: CgroupLimits | None,
+    timeout_s: float,
+    fds: _Fds,
+) -> bool:
+    """Releases the sandbox, waits for it (at most `timeout_s`), then kills its PID namespace; returns timed_out."""
+    pidfd = -1
+    timed_out = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            pidfd = await _release(proc, info_r, block_w, cgroup)
+            if pidfd >= 0:
+                fds.add(pidfd)
+            await proc.wait()
+    except TimeoutError:
+        timed_out = True
+    finally:
+        # Kill the sandbox's init: the kernel then kills every process of its PID namespace.
+        if pidfd >= 0:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        if pidfd >= 0:
+            # The init exits only after the kernel has killed and reaped every process of its namespace.
+            await _until_readable(pidfd, 5.0)
+    return timed_out
+
+
+def _result(
+    config: SandboxConfig, returncode: int, timed_out: bool, out: IO[bytes], err: IO[bytes], cgroup: CgroupLimits | None
+) -> SandboxResult:
+    exit_code = returncode
+    if timed_out:
+        exit_code = -signal.SIGKILL
+    elif 128 < exit_code < 128 + signal.NSIG:
+        exit_code = 128 - exit_code  # bubblewrap reports death by signal N as 128 + N
+    max_size = max(out.seek(0, os.SEEK_END), err.seek(0, os.SEEK_END))
+    return SandboxResult(
+        stdout=_read_capped(out, config.max_output_chars),
+        stderr=_read_capped(err, config.max_output_chars, keep_tail=True),
+        exit_code=exit_code,
+        timed_out=timed_out,
+        # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
+        output_limited=max_size >= config.max_output_bytes,
+        memory_limited=cgroup is not None and cgroup.oom_killed(),
+        enforcement=_enforcement(config, cgroup),
+    )
 
 
 async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, cgroup: CgroupLimits | None) -> int:
@@ -410,10 +451,18 @@ async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, 
         await proc.wait()
         return -1  # the caller sees no ready byte and raises with bubblewrap's message
     init_pid = json.loads(info)["child-pid"]
-    pidfd = os.pidfd_open(init_pid)  # race-free handle: the init cannot exit before block_w is written
-    if cgroup is not None:
-        cgroup.join(init_pid)
-    os.write(block_w, b"1")
+    try:
+        # Race-free handle: until block_w is written the init can only exit if bubblewrap's set-up failed.
+        pidfd = os.pidfd_open(init_pid)
+    except ProcessLookupError:
+        await proc.wait()
+        return -1
+    try:
+        if cgroup is not None:
+            cgroup.join(init_pid)
+        os.write(block_w, b"1")
+    except ProcessLookupError:
+        await proc.wait()
     return pidfd
 
 
