@@ -141,6 +141,31 @@ async def test_network_to_loopback_and_outside():
     ], r.stderr
 
 
+async def test_socket_families_outside_the_network_namespace():
+    # AF_VSOCK is not confined by the network namespace: on a VM it reaches the hypervisor. Only creating
+    # the socket is tried (nothing is sent); the filter must refuse it.
+    code = """
+        import socket
+        for family, kind in [("AF_VSOCK", socket.SOCK_STREAM), ("AF_ALG", socket.SOCK_SEQPACKET),
+                             ("AF_PACKET", socket.SOCK_RAW), ("AF_UNIX", socket.SOCK_STREAM)]:
+            try:
+                socket.socket(getattr(socket, family), kind).close()
+                print(family, "created")
+            except OSError as e:
+                print(family, e.errno)
+        import _socket
+        try:
+            _socket.socket(40 | (1 << 32), 1)  # AF_VSOCK with upper bits the kernel ignores
+            print("masked created")
+        except (OSError, OverflowError) as e:
+            print("masked", type(e).__name__)
+    """
+    r = await hostile(code)
+    lines = r.stdout.splitlines()
+    assert lines[:4] == ["AF_VSOCK 97", "AF_ALG 97", "AF_PACKET 97", "AF_UNIX created"], r.stdout + r.stderr
+    assert lines[4] in ("masked OSError", "masked OverflowError")
+
+
 async def test_reading_host_files_and_host_proc(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text(CANARY)

@@ -7,7 +7,8 @@ escape. Two programs are built here, once per host process:
 * `base_filter()`: loaded by bubblewrap (`--seccomp FD`) right before it executes the interpreter. It
   answers the syscalls in `DENIED` with EPERM (a readable `PermissionError`, not a crash), `clone3` with
   ENOSYS (glibc then falls back to `clone`, whose flags a filter can inspect: `clone3` passes them in
-  memory) and `clone` asking for a new namespace with EPERM.
+  memory), `clone` asking for a new namespace with EPERM, and sockets of any address family but
+  unix, inet, inet6 and netlink with EAFNOSUPPORT (vsock would reach a VM's host past the namespace).
 * `no_process_filter()`: loaded by the sandbox's runner before the model's code when subprocesses are not
   allowed: `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads still work) and `execve`/`execveat`
   fail with EPERM, whichever Python API (or native code) asks for them.
@@ -57,8 +58,14 @@ _NAMESPACE_FLAGS = (
     0x40000000,  # CLONE_NEWNET
 )
 _CLONE_THREAD = 0x00010000
+# socket()/socketpair() address families allowed: AF_UNIX (1), AF_INET (2), AF_INET6 (10), AF_NETLINK (16).
+# The others are not needed, and some are not confined by the network namespace: AF_VSOCK (40) reaches the
+# hypervisor of a VM (this project's machines are Firecracker VMs), AF_ALG (38) is the kernel's crypto API.
+_ALLOWED_FAMILIES = (1, 2, 10, 16)
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
+_SCMP_CMP_EQ = 4
+_SCMP_CMP_GT = 6
 _SCMP_CMP_MASKED_EQ = 7
 
 
@@ -114,12 +121,12 @@ class _Filter:
         if not self.ctx:
             raise SeccompUnavailableError("seccomp_init failed")
 
-    def deny(self, name: str, action: int, *conditions: tuple[int, int, int]) -> None:
-        """Adds `action` for syscall `name` when all `(arg, mask, value)` conditions hold; unknown names are skipped."""
+    def deny(self, name: str, action: int, *conditions: tuple[int, int, int, int]) -> None:
+        """Adds `action` for syscall `name` when all `(arg, op, a, b)` conditions hold; unknown names are skipped."""
         nr = self.lib.seccomp_syscall_resolve_name(name.encode())
         if nr < 0:  # __NR_SCMP_ERROR: no such syscall on this architecture
             return
-        cmps = (_ArgCmp * max(len(conditions), 1))(*(_ArgCmp(a, _SCMP_CMP_MASKED_EQ, m, v) for a, m, v in conditions))
+        cmps = (_ArgCmp * max(len(conditions), 1))(*(_ArgCmp(*c) for c in conditions))
         rc = self.lib.seccomp_rule_add_array(self.ctx, action, nr, len(conditions), cmps)
         if rc < 0:
             raise SeccompUnavailableError(f"seccomp_rule_add({name}) failed: {os.strerror(-rc)}")
@@ -164,7 +171,15 @@ def base_filter() -> bytes:
     f.deny("clone3", _act_errno(errno.ENOSYS))
     # clone's flags are its first argument on x86-64, arm64 and riscv64 (the architectures run here).
     for flag in _NAMESPACE_FLAGS:
-        f.deny("clone", _act_errno(errno.EPERM), (0, flag, flag))
+        f.deny("clone", _act_errno(errno.EPERM), (0, _SCMP_CMP_MASKED_EQ, flag, flag))
+    # One comparison per rule (libseccomp's rule): every family up to the largest allowed one is named, and
+    # everything above it (any upper bits included) falls under GT.
+    for name in ("socket", "socketpair"):
+        refuse = _act_errno(errno.EAFNOSUPPORT)
+        for family in range(max(_ALLOWED_FAMILIES)):
+            if family not in _ALLOWED_FAMILIES:
+                f.deny(name, refuse, (0, _SCMP_CMP_EQ, family, 0))
+        f.deny(name, refuse, (0, _SCMP_CMP_GT, max(_ALLOWED_FAMILIES), 0))
     return f.export()
 
 
@@ -181,6 +196,6 @@ def no_process_filter() -> bytes:
     f = _Filter()
     for name in ("fork", "vfork", "execve", "execveat"):
         f.deny(name, _act_errno(errno.EPERM))
-    f.deny("clone", _act_errno(errno.EPERM), (0, _CLONE_THREAD, 0))
+    f.deny("clone", _act_errno(errno.EPERM), (0, _SCMP_CMP_MASKED_EQ, _CLONE_THREAD, 0))
     f.deny("clone3", _act_errno(errno.ENOSYS))
     return f.export()
