@@ -1,12 +1,14 @@
-"""Sandbox containment. Every escape attempt must come back as output the model can read, never as
-an exception in the caller, and must leave no process behind."""
+"""Sandbox behaviour for ordinary code and its limits. Every escape attempt must come back as output the
+model can read, never as an exception in the caller, and must leave no process behind. The hostile-code
+suite (with the in-process guard switched off) is in test_sandbox_hostile.py."""
 
 import os
 import pathlib
 
 import pytest
 
-from slime_envs.sandbox import SandboxConfig, hard_process_limit_available, run_python
+from slime_envs import _bwrap, sandbox
+from slime_envs.sandbox import SandboxConfig, SandboxUnavailableError, check_sandbox, run_python
 
 
 def leftover_children():
@@ -26,9 +28,14 @@ async def test_runs_code_in_private_dir():
     assert r.ok and r.exit_code == 0
     out, cwd = r.stdout.splitlines()
     assert out == "42"
-    assert os.path.basename(cwd).startswith("slime-sandbox-")
-    assert not os.path.exists(cwd)  # removed after the run
-    assert r.to_observation() == f"42\n{cwd}"
+    assert cwd == "/tmp"  # the sandbox's own tmpfs, gone with the run
+    assert r.to_observation() == "42\n/tmp"
+
+
+async def test_tmp_is_fresh_for_every_run():
+    await run_python("open('/tmp/left.txt', 'w').write('x')")
+    r = await run_python("import os\nprint(sorted(os.listdir('/tmp')))")
+    assert r.stdout == "['main.py']\n"
 
 
 async def test_exception_traceback_shows_user_code_only():
@@ -39,25 +46,42 @@ async def test_exception_traceback_shows_user_code_only():
     assert "_sandbox_child" not in r.stderr
 
 
+async def test_syntax_error_is_the_codes_error():
+    r = await run_python("print(")
+    assert r.exit_code == 1
+    assert "SyntaxError" in r.stderr and 'File "main.py", line 1' in r.stderr
+
+
+@pytest.mark.parametrize("code", ["print('\\ud800')\n\ud800", "x = 1\0"])
+async def test_undecodable_source_is_the_codes_syntax_error(code):
+    r = await run_python(code)
+    assert r.exit_code == 1 and "SyntaxError" in r.stderr, r.stderr
+
+
+async def test_exit_codes():
+    assert (await run_python("import sys; sys.exit(3)")).exit_code == 3
+    r = await run_python("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    assert r.exit_code == -15 and r.to_observation() == "Error: the process was killed by signal SIGTERM."
+
+
 @pytest.mark.parametrize(
     ("code", "needle"),
     [
         ("print(open('/etc/hostname').read())", "reading '/etc/hostname'"),
         (f"print(open({__file__!r}).read())", "outside the sandbox directory"),
-        ("open('/tmp/slime-sandbox-escape.txt', 'w').write('x')", "writing '/tmp/slime-sandbox-escape.txt'"),
+        ("open('/usr/lib/slime-sandbox-escape.txt', 'w').write('x')", "writing '/usr/lib/slime-sandbox-escape.txt'"),
         ("import os; print(os.listdir('/'))", "listing '/'"),
-        ("import os; os.remove('/tmp/anything')", "os.remove"),
-        ("import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)", "network access is not allowed"),
+        ("import os; os.remove('/usr/lib/anything')", "os.remove"),
+        ("import socket; socket.create_connection(('192.0.2.1', 80), timeout=2)", "network access is not allowed"),
         ("import subprocess; subprocess.run(['ls'])", "starting processes"),
         ("import os; os.system('ls')", "starting processes (os.system)"),
         ("import ctypes; ctypes.CDLL('libc.so.6')", "ctypes"),
     ],
 )
-async def test_forbidden_actions_are_reported(code, needle):
+async def test_forbidden_actions_are_reported_by_the_guard(code, needle):
     r = await run_python(code)
     assert r.exit_code == 1
     assert "PermissionError: sandbox:" in r.stderr and needle in r.stderr
-    assert not os.path.exists("/tmp/slime-sandbox-escape.txt")
 
 
 async def test_user_code_cannot_reach_the_runner():
@@ -66,10 +90,13 @@ async def test_user_code_cannot_reach_the_runner():
     assert r.stdout == "__main__ False False\n"
 
 
-async def test_network_namespace_or_hook_reported():
+async def test_enforcement_is_reported():
     r = await run_python("print('x')")
-    assert r.enforcement["network"] in ("netns + audit hook", "audit hook")
-    assert "processes" in r.enforcement and "memory" in r.enforcement
+    assert r.enforcement["isolation"].startswith("bubblewrap: user/mount/pid/net/ipc/uts/cgroup namespaces")
+    assert r.enforcement["network"] == "empty network namespace + audit hook"
+    assert r.enforcement["processes"].startswith("RLIMIT_NPROC in the user namespace")
+    assert r.enforcement["memory"].startswith("RLIMIT_AS per process")
+    assert check_sandbox().keys() == r.enforcement.keys()
 
 
 async def test_memory_limit():
@@ -100,7 +127,22 @@ async def test_fork_refused_by_default():
     assert "starting processes (os.fork)" in r.stderr
 
 
-@pytest.mark.skipif(not hard_process_limit_available(), reason="no kernel-enforced process limit here")
+async def test_threads_work_without_subprocesses():
+    code = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "with ThreadPoolExecutor(3) as pool:\n"
+        "    print(sum(pool.map(lambda x: x * x, range(10))))\n"
+    )
+    r = await run_python(code)
+    assert r.stdout == "285\n", r.stderr
+
+
+async def test_subprocess_when_allowed():
+    code = "import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', '5'], capture_output=True).returncode)"
+    r = await run_python(code, SandboxConfig(allow_subprocess=True))
+    assert r.stdout == "0\n", r.stderr
+
+
 async def test_fork_bomb_hits_hard_process_limit():
     # Bounded even without limits (at most 2**6 = 64 processes), and killed after 3 s.
     code = (
@@ -137,3 +179,25 @@ async def test_fork_bomb_hits_hard_process_limit():
     r = await run_python(code, config)
     assert r.stdout.strip() == "7"  # 8 tasks in all: the sandboxed process and 7 children
     assert leftover_children() == []
+
+
+def test_missing_bubblewrap_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(_bwrap.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(_bwrap.BwrapMissingError, match=r"needs bubblewrap .* apt-get install -y bubblewrap"):
+        _bwrap.bwrap_path()
+
+
+async def test_sandbox_unavailable_is_raised_not_returned(monkeypatch):
+    def broken_view():
+        raise _bwrap.BwrapMissingError("the Python sandbox needs bubblewrap (`bwrap`), which is not installed")
+
+    monkeypatch.setattr(sandbox, "runtime_view", broken_view)
+    with pytest.raises(SandboxUnavailableError, match="needs bubblewrap"):
+        await run_python("print(1)")
+
+
+def test_check_sandbox_passes_here():
+    # CI must install bubblewrap: here it fails with SandboxUnavailableError naming it, it never skips.
+    enforcement = check_sandbox()
+    assert "seccomp" in enforcement["syscalls"]
+    assert os.path.exists(_bwrap.bwrap_path())

@@ -1,20 +1,29 @@
-"""Child side of the Python sandbox: install the policy audit hook, then run the user's code.
+"""Runner inside the Python sandbox: set the limits, arm the guards, then run the model's `/tmp/main.py`.
 
-Started by `slime_envs.sandbox.run_python` as `python -I _sandbox_child.py POLICY_JSON` in a new
-session with the sandbox's private directory as cwd. Before any user code it joins the pids cgroup,
-enters a new network namespace and sets its rlimits, as the policy says. This file is not
-imported by the package; it only uses the standard library.
+Started by `slime_envs.sandbox.run_python` through bubblewrap as
+`python -I -B /opt/slime-sandbox/_sandbox_child.py POLICY_JSON`, already inside its own user, mount, PID,
+network, IPC and UTS namespaces, as an unprivileged uid under the base seccomp filter. Before any of the
+model's code it:
 
-The audit hook (PEP 578) is a policy layer that turns forbidden actions into clear Python errors
-(`PermissionError: sandbox: ...`) the model can read. It is not a security boundary on its own
-(native code can bypass it); the OS limits set by the parent are the containment.
+1. closes every inherited descriptor but stdin/stdout/stderr and the ready pipe;
+2. sets the rlimits (address space, CPU seconds, file size, core dumps, tasks of this user namespace);
+   the code cannot raise a hard limit again (that needs CAP_SYS_RESOURCE in the host's namespace);
+3. imports the preloaded modules;
+4. loads the no-process seccomp filter unless subprocesses are allowed;
+5. installs the audit hook (PEP 578), which turns forbidden actions into readable
+   `PermissionError: sandbox: ...` messages. It is defence in depth only: pure Python can switch it
+   off (through `gc`), and then the OS boundary above is what holds;
+6. writes one byte to the ready pipe, so the host can tell a sandbox that failed to start from code
+   that failed.
+
+This file is not imported by the package; it only uses the standard library.
 """
 
+import ctypes
 import json
 import os
 import resource
 import sys
-import traceback
 import types
 
 _DEVICES = {"/dev/null", "/dev/urandom", "/dev/random", "/dev/zero"}
@@ -45,6 +54,8 @@ _PATH_EVENTS = (
     "shutil.rmtree",
     "shutil.copyfile",
 )
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
 
 
 def _inside(path, roots):
@@ -92,15 +103,30 @@ def _make_hook(workdir, read_roots, block_network, block_subprocess):
     return hook
 
 
+def _load_seccomp(program):
+    """Adds a seccomp filter to this process (bubblewrap already set no_new_privs, which the kernel requires)."""
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "sandbox: loading the no-process seccomp filter failed")
+
+
 def _confine(policy):
-    """Joins the pids cgroup, leaves the network namespace, sets the rlimits (before any user code)."""
-    if policy["cgroup_procs"]:
-        with open(policy["cgroup_procs"], "w") as f:
-            f.write(str(os.getpid()))
-    if policy["netns"]:
-        os.unshare(os.CLONE_NEWNET)
+    """Steps 1, 2 and 4 of the module docstring's list (preloading, step 3, happens in between)."""
+    os.closerange(3, policy["ready_fd"])
+    os.closerange(policy["ready_fd"] + 1, 65536)
     for name, value in policy["rlimits"]:
         resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def _report_ready(fd):
+    os.write(fd, b"R")
+    os.close(fd)
 
 
 def main():
@@ -111,25 +137,27 @@ def main():
             __import__(name)
         except ImportError:
             pass
-    workdir = os.path.realpath(policy["workdir"])
-    with open(os.path.join(workdir, "main.py"), encoding="utf-8") as f:
-        source = f.read()
-    code = compile(source, "main.py", "exec")
-    read_roots = [os.path.realpath(p) for p in policy["read_roots"]]
-    sys.addaudithook(_make_hook(workdir, read_roots, policy["block_network"], policy["block_subprocess"]))
+    workdir = policy["workdir"]
+    with open(os.path.join(workdir, "main.py"), "rb") as f:
+        source = f.read()  # bytes: an undecodable source is the code's SyntaxError, reported below
+    if policy["no_process_filter"]:
+        _load_seccomp(bytes.fromhex(policy["no_process_filter"]))
+    sys.addaudithook(_make_hook(workdir, policy["read_roots"], policy["block_network"], policy["block_subprocess"]))
     # The user's code gets a fresh `__main__` module, so `import __main__` does not reach this runner.
     user_main = types.ModuleType("__main__")
     user_main.__file__ = "main.py"
     sys.modules["__main__"] = user_main
-    del policy, read_roots
+    _report_ready(policy["ready_fd"])
+    del policy
     namespace = user_main.__dict__
     try:
-        exec(code, namespace)
+        exec(compile(source, "main.py", "exec"), namespace)
     except SystemExit:
         sys.stdout.flush()
         raise
     except BaseException:
-        # Show only the frames of the user's code, as a plain Python run would.
+        import traceback  # only on this path: it costs a few ms of every call's start-up
+
         # Show the user's frames (and library frames), not this runner's or its audit hook's.
         exc = sys.exc_info()[1]
         lines = ["Traceback (most recent call last):\n"]

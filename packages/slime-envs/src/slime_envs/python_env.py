@@ -1,9 +1,10 @@
 """`python` environment (ReTool): a sandboxed `code_interpreter` tool.
 
 The model calls `<tool_call>{"name": "code_interpreter", "arguments": {"code": "..."}}</tool_call>`;
-the code runs in `slime_envs.sandbox` (separate process, time/memory/process/output limits, no
-network, private directory) and its output or error is the tool response. A turn without a tool
-call is the final answer; scoring (math grading) is left to the reward function on the rollout side.
+the code runs in `slime_envs.sandbox` (bubblewrap namespaces as an unprivileged uid, seccomp, no network,
+read-only runtime, private tmpfs, time/memory/process/output limits) and its output or error is the tool
+response. A turn without a tool call is the final answer; scoring (math grading) is left to the reward
+function on the rollout side.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slime_envs.base import ToolEnv
-from slime_envs.sandbox import SandboxConfig, run_python
+from slime_envs.sandbox import SandboxConfig, check_sandbox, run_python
 
 __all__ = ["PythonEnv"]
 
@@ -27,6 +28,8 @@ class PythonEnv(ToolEnv):
 
     Raises:
         pydantic.ValidationError: an unknown or invalid sandbox setting.
+        slime_envs.sandbox.SandboxUnavailableError: the sandbox cannot run on this machine (the message
+            names what is missing); raised here, once, rather than as an error observation on every call.
     """
 
     tool_specs = [
@@ -47,6 +50,7 @@ class PythonEnv(ToolEnv):
     def __init__(self, *, max_tool_calls: int = 16, max_calls_per_turn: int = 4, **sandbox: Any) -> None:
         super().__init__(max_tool_calls=max_tool_calls, max_calls_per_turn=max_calls_per_turn)
         self.sandbox_config = SandboxConfig(**sandbox)
+        check_sandbox()
         self.results: list[Any] = []
 
     def tool_functions(self) -> dict[str, Callable[..., Awaitable[str]]]:

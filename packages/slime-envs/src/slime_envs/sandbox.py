@@ -1,22 +1,28 @@
-r"""Run model-written Python in a separate, limited process (the ReTool code interpreter).
+r"""Run model-written Python behind an OS boundary (the ReTool code interpreter).
 
-What is enforced (each layer is reported in `SandboxResult.enforcement`):
+The code of a policy under RL pressure is hostile: anything it can reach, it will eventually use to hack
+its reward. So the boundary is built by the kernel, not by Python (an audit hook can be switched off by
+pure Python through `gc`). Each call starts, through bubblewrap:
 
-* **Wall clock**: the process group is killed with SIGKILL after `timeout_s`; RLIMIT_CPU is a
-  backstop for a parent that stops waiting.
-* **Memory**: RLIMIT_AS (`memory_mb` of address space); allocations past it raise MemoryError.
-* **Output**: stdout/stderr go to files capped by RLIMIT_FSIZE (`max_output_bytes`; writes past
-  it fail with EFBIG) and are truncated to `max_output_chars` for the observation.
-* **Processes**: a `pids` cgroup with `pids.max = max_processes` when this process may create one
-  (v1 or v2 hierarchy), RLIMIT_NPROC (effective for non-root users only: root bypasses it), and the
-  whole session/cgroup is killed when the run ends, so stray children do not survive it. Process
-  creation is also refused by the audit hook unless `allow_subprocess`.
-* **Network**: a fresh network namespace (`unshare(CLONE_NEWNET)`, no interfaces up) when permitted;
-  in any case the child's audit hook refuses socket creation/connection.
-* **Files**: cwd is a private temp directory removed afterwards; the audit hook refuses writes outside
-  it and reads outside it and the Python installation. For root this hook is the only file barrier,
-  and audit hooks can be bypassed by native code: for untrusted models in production, run the
-  environment inside a container as well.
+* an **unprivileged uid**: uid 1000 inside its own user namespace, mapped to the uid that runs bubblewrap,
+  which is `nobody` (65534) when the host process is root: the code never holds a host capability;
+* its own **mount, PID, network, IPC, UTS and cgroup namespaces**: it sees only a read-only view of the
+  Python runtime (see `slime_envs._bwrap`), a private size-capped tmpfs `/tmp` as the only writable place,
+  its own `/proc`, no network interface but a down loopback, no host process, no host environment variable;
+* a **seccomp filter** for what namespaces do not isolate (ptrace, mount, keyctl, bpf, perf_event_open,
+  io_uring, kexec, modules, ...; see `slime_envs._seccomp`) and, unless `allow_subprocess`, a second one
+  refusing fork/exec to every API, `_posixsubprocess.fork_exec` and `os.posix_spawn` included;
+* **limits**: RLIMIT_AS/CPU/FSIZE per process and RLIMIT_NPROC counted in its own user namespace; a cgroup
+  capping the run's total memory, tasks and CPU share where this machine gives this process one
+  (`slime_envs._cgroups`; `SandboxResult.enforcement` says which);
+* a **wall clock**: after `timeout_s` the PID namespace's init is killed, and the kernel kills every
+  process in the namespace with it (no daemonized, `setsid` grandchild survives). The same happens at
+  the end of every run, and if the host itself dies (`--die-with-parent`).
+
+The runner's audit hook stays as defence in depth: it turns the common forbidden actions into readable
+`PermissionError: sandbox: ...` messages. It needs `bwrap` (Debian: `apt-get install -y bubblewrap`), libseccomp
+(`libseccomp2`, present on every Debian) and unprivileged user namespaces; `check_sandbox()` says what is
+missing in one error.
 
 Example:
     >>> result = asyncio.run(run_python("print(6 * 7)"))
@@ -27,29 +33,29 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
-import pathlib
-import shutil
 import signal
 import subprocess
-import sys
-import sysconfig
 import tempfile
-import uuid
 import weakref
+from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SandboxConfig", "SandboxResult", "hard_process_limit_available", "run_python"]
+from slime_envs._bwrap import HOST_UID, SANDBOX_UID, WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
+from slime_envs._cgroups import CgroupLimits
+from slime_envs._seccomp import DENIED, SeccompUnavailableError, base_filter, no_process_filter
+
+__all__ = ["SandboxConfig", "SandboxResult", "SandboxUnavailableError", "check_sandbox", "run_python"]
 
 logger = logging.getLogger(__name__)
 
-_CHILD = pathlib.Path(__file__).with_name("_sandbox_child.py")
+_MIB = 1024 * 1024
 _DEFAULT_PRELOAD = [
     "math",
     "cmath",
@@ -70,16 +76,26 @@ _DEFAULT_PRELOAD = [
 ]
 
 
+class SandboxUnavailableError(RuntimeError):
+    """The sandbox cannot run here: bubblewrap or libseccomp missing, or no user namespaces."""
+
+
 class SandboxConfig(BaseModel):
     """Limits of one sandboxed run."""
 
     model_config = ConfigDict(extra="forbid")
 
     timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit in seconds.")
-    memory_mb: int = Field(1024, gt=0, description="Address-space limit (RLIMIT_AS) in MiB.")
-    max_processes: int = Field(16, ge=1, description="Max processes/threads of the run (pids cgroup, RLIMIT_NPROC).")
+    memory_mb: int = Field(
+        1024, gt=0, description="Address space per process (RLIMIT_AS) and, with a memory cgroup, the run's total."
+    )
+    max_processes: int = Field(
+        16, ge=1, description="Tasks (processes and threads) of the code, itself included (RLIMIT_NPROC, pids cgroup)."
+    )
     max_output_bytes: int = Field(1 << 20, gt=0, description="Max bytes the child may write per file (RLIMIT_FSIZE).")
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
+    tmpfs_mb: int = Field(64, gt=0, description="Size of the private writable /tmp (counted in the memory cgroup).")
+    cpus: float = Field(1.0, gt=0, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
     max_concurrent_runs: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,
@@ -100,10 +116,12 @@ class SandboxResult:
     Attributes:
         stdout: captured standard output, truncated to `max_output_chars`.
         stderr: captured standard error (tracebacks), truncated likewise.
-        exit_code: the process's return code (negative: killed by that signal).
+        exit_code: the code's exit status; negative: killed by that signal (also reported for an exit
+            status above 128, which bubblewrap uses for death by signal 128+N).
         timed_out: the wall-clock limit was hit.
         output_limited: the output file limit was hit.
-        enforcement: which mechanism enforced each limit (`network`, `processes`, `files`, ...).
+        memory_limited: the memory cgroup's limit was hit and the kernel killed a process.
+        enforcement: which mechanism enforced each limit (`isolation`, `network`, `processes`, ...).
     """
 
     stdout: str
@@ -111,6 +129,7 @@ class SandboxResult:
     exit_code: int
     timed_out: bool = False
     output_limited: bool = False
+    memory_limited: bool = False
     enforcement: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
@@ -127,6 +146,8 @@ class SandboxResult:
             parts.append(self.stderr.rstrip("\n"))
         if self.timed_out:
             parts.append("Error: execution timed out (wall-clock limit reached); the process was killed.")
+        elif self.memory_limited:
+            parts.append("Error: memory limit exceeded; the kernel killed a process.")
         elif self.output_limited:
             parts.append("Error: output limit exceeded; further writes failed.")
         elif self.exit_code < 0:
@@ -136,111 +157,15 @@ class SandboxResult:
         return "\n".join(parts)
 
 
-# ---- capability probes (cached) -----------------------------------------------------------------
+# ---- helpers ------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _netns_available() -> bool:
-    """Whether a child may `unshare(CLONE_NEWNET)` here (root or user namespaces)."""
-    probe = "import os; os.unshare(os.CLONE_NEWNET)"
-    try:
-        return subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def _own_cgroup_path(controller: str | None) -> str:
-    """This process's cgroup path for `controller` (None: the v2 unified entry)."""
-    for line in pathlib.Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if (controller is None and controllers == "") or (controller in controllers.split(",")):
-            return path
-    raise FileNotFoundError(f"no {controller or 'v2'} entry in /proc/self/cgroup")
-
-
-class _PidsCgroup:
-    """A throwaway `pids` cgroup capping the number of tasks of one run."""
-
-    def __init__(self, path: pathlib.Path) -> None:
-        self.path = path
-
-    @classmethod
-    def create(cls, max_pids: int) -> _PidsCgroup | None:
-        """Creates the cgroup, or returns None where this process may not (no delegation, no cgroupfs)."""
-        name = f"slime-sandbox-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        candidates = []
-        with contextlib.suppress(OSError, FileNotFoundError, ValueError):
-            candidates.append(pathlib.Path("/sys/fs/cgroup/pids") / _own_cgroup_path("pids").lstrip("/"))
-        with contextlib.suppress(OSError, FileNotFoundError, ValueError):
-            v2 = pathlib.Path("/sys/fs/cgroup") / _own_cgroup_path(None).lstrip("/")
-            if "pids" in (v2 / "cgroup.subtree_control").read_text().split():
-                candidates.append(v2)
-        for base in candidates:
-            path = base / name
-            try:
-                path.mkdir()
-            except OSError:
-                continue
-            try:
-                (path / "pids.max").write_text(str(max_pids))
-                return cls(path)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    path.rmdir()
-        return None
-
-    def join(self) -> None:
-        """Moves the calling process into the cgroup (called in the child before exec)."""
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
-
-    def kill_all_and_remove(self) -> None:
-        """SIGKILLs every task still in the cgroup, then removes it."""
-        kill_file = self.path / "cgroup.kill"
-        for _ in range(200):
-            try:
-                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            except OSError:
-                return
-            if not pids:
-                break
-            if kill_file.exists():
-                with contextlib.suppress(OSError):
-                    kill_file.write_text("1")
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            # Killed tasks leave the cgroup once reaped by their parent (or init); give them a moment.
-            import time
-
-            time.sleep(0.01)
-        try:
-            self.path.rmdir()
-        except OSError as e:
-            logger.warning("could not remove sandbox cgroup %s: %s", self.path, e)
-
-
-def hard_process_limit_available() -> bool:
-    """Whether a kernel-enforced process limit applies to sandboxed code here (pids cgroup or non-root NPROC)."""
-    if os.geteuid() != 0:
-        return True
-    cgroup = _PidsCgroup.create(4)
-    if cgroup is None:
-        return False
-    cgroup.kill_all_and_remove()
-    return True
-
-
-# ---- running ------------------------------------------------------------------------------------
-
-
-def _read_capped(path: pathlib.Path, max_chars: int, *, keep_tail: bool = False) -> str:
+def _read_capped(f: IO[bytes], max_chars: int, *, keep_tail: bool = False) -> str:
     """Reads at most `max_chars` characters: the head (stdout) or the tail (stderr, where the error is)."""
-    size = path.stat().st_size
+    size = f.seek(0, os.SEEK_END)
     budget = max_chars * 4 + 4  # enough bytes for max_chars UTF-8 characters
-    with path.open("rb") as f:
-        if keep_tail and size > budget:
-            f.seek(size - budget)
-        data = f.read(budget)
+    f.seek(size - budget if keep_tail and size > budget else 0)
+    data = f.read(budget)
     text = data.decode("utf-8", errors="replace")
     if len(text) <= max_chars and size <= len(data):
         return text
@@ -249,43 +174,125 @@ def _read_capped(path: pathlib.Path, max_chars: int, *, keep_tail: bool = False)
     return text[:max_chars] + f"\n... (output truncated to {max_chars} characters)"
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding `data`, positioned at its start (bubblewrap reads it once)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
-def _read_roots() -> list[str]:
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    roots.update(p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "purelib", "platlib")) if p)
-    roots.update(p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p)
-    return sorted(roots)
+async def _until_readable(fd: int, timeout_s: float) -> None:
+    """Waits (at most `timeout_s`) until `fd` polls readable; for a pidfd: until that process has exited."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await ready
+    except TimeoutError:
+        logger.warning("the sandbox's init did not exit %.0f s after SIGKILL", timeout_s)
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _read_to_eof(fd: int) -> bytes:
+    """Reads a pipe until its writers close it, without blocking the event loop (and cancellable)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    chunks = []
+
+    def on_readable() -> None:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        if chunk:
+            chunks.append(chunk)
+        elif not done.done():
+            done.set_result(None)
+
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, on_readable)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+    return b"".join(chunks)
+
+
+def _enforcement(config: SandboxConfig, cgroup: CgroupLimits | None) -> dict[str, str]:
+    caps = {} if cgroup is None else {c.split()[0]: c for c in cgroup.enforced}
+    host_uid = HOST_UID if os.geteuid() == 0 else os.geteuid()
+
+    def with_cgroup(name: str, rlimit: str) -> str:
+        return f"{rlimit} + {caps[name]} cgroup" if name in caps else f"{rlimit} (no {name} cgroup here)"
+
+    return {
+        "isolation": "bubblewrap: user/mount/pid/net/ipc/uts/cgroup namespaces, "
+        f"uid {SANDBOX_UID} (host uid {host_uid})",
+        "network": "empty network namespace + audit hook",
+        "files": f"read-only runtime view, private {WORKDIR} tmpfs ({config.tmpfs_mb} MiB) + audit hook",
+        "syscalls": f"seccomp: {len(DENIED)} syscalls denied"
+        + ("" if config.allow_subprocess else ", fork/exec denied"),
+        "time": "wall clock (SIGKILL of the PID namespace) + RLIMIT_CPU",
+        "memory": with_cgroup("memory", "RLIMIT_AS per process"),
+        "processes": with_cgroup("pids", "RLIMIT_NPROC in the user namespace")
+        + ("" if config.allow_subprocess else " + seccomp (no fork/exec)"),
+        "cpu": caps["cpu"] + f" cgroup, {config.cpus:g} CPU" if "cpu" in caps else "no cpu cgroup here",
+        "output": "RLIMIT_FSIZE + truncation",
+    }
+
+
+def _policy(config: SandboxConfig, ready_fd: int) -> dict:
+    """What the runner applies before the code (see `_sandbox_child.py`)."""
+    return {
+        "workdir": WORKDIR,
+        "ready_fd": ready_fd,
+        # (resource name, soft = hard limit); NPROC counts bubblewrap's init too, hence + 1.
+        "rlimits": [
+            ["RLIMIT_AS", config.memory_mb * _MIB],
+            ["RLIMIT_CPU", int(config.timeout_s) + 2],
+            ["RLIMIT_FSIZE", config.max_output_bytes],
+            ["RLIMIT_CORE", 0],
+            ["RLIMIT_NPROC", config.max_processes + 1],
+        ],
+        "read_roots": list(runtime_view().read_roots),
+        "block_network": True,
+        "block_subprocess": not config.allow_subprocess,
+        "no_process_filter": None if config.allow_subprocess else no_process_filter().hex(),
+        "preload": config.preload,
+    }
 
 
 _LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
 def _limiter(limit: int) -> asyncio.Semaphore:
-    """One semaphore per event loop, so hundreds of concurrent rollouts do not start hundreds of processes."""
+    """One semaphore per event loop, so hundreds of concurrent rollouts do not start hundreds of sandboxes."""
     loop = asyncio.get_running_loop()
     if loop not in _LIMITERS:
         _LIMITERS[loop] = asyncio.Semaphore(limit)
     return _LIMITERS[loop]
 
 
+# ---- running ------------------------------------------------------------------------------------
+
+
 async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxResult:
-    """Runs `code` as `main.py` in a fresh sandboxed Python process.
+    """Runs `code` as `/tmp/main.py` in a fresh sandbox.
 
     Args:
         code: Python source written by the model.
-        config: limits (defaults: 10 s, 1 GiB, 16 processes, 2000 output characters); the wall clock
-            starts when the process is started, not while waiting for a free slot.
+        config: limits (defaults: 10 s, 1 GiB, 16 processes, 64 MiB of /tmp, 2000 output characters);
+            the wall clock starts when the sandbox is started, not while waiting for a free slot.
 
     Returns:
-        The captured output and how the run ended. Errors of the code (exceptions, limits hit) are
-        part of the result, never raised.
+        The captured output and how the run ended. Errors of the code (exceptions, limits hit, escape
+        attempts) are part of the result, never raised.
 
     Raises:
-        OSError: the sandbox itself could not be started (no temp dir, no interpreter).
+        SandboxUnavailableError: the sandbox itself cannot run here (the message says what is missing).
     """
     config = config or SandboxConfig()
     async with _limiter(config.max_concurrent_runs):
@@ -294,85 +301,198 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
 
 async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
     """`run_python` without the concurrency limit."""
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="slime-sandbox-"))
-    cgroup = _PidsCgroup.create(config.max_processes) if os.geteuid() == 0 else None
-    netns = await asyncio.to_thread(_netns_available)  # a one-time probe subprocess; keep the loop free
-    enforcement = {
-        "time": "killpg(SIGKILL) + RLIMIT_CPU",
-        "memory": "RLIMIT_AS",
-        "output": "RLIMIT_FSIZE + truncation",
-        "network": "netns + audit hook" if netns else "audit hook",
-        "processes": "+".join(
-            x
-            for x, on in (
-                ("pids cgroup", cgroup is not None),
-                ("RLIMIT_NPROC", os.geteuid() != 0),
-                ("audit hook", not config.allow_subprocess),
-                ("session kill", True),
-            )
-            if on
-        ),
-        "files": "private cwd + audit hook" + (" + unprivileged uid" if os.geteuid() != 0 else ""),
-    }
-    cpu = int(config.timeout_s) + 2
-    policy = {
-        "cgroup_procs": str(cgroup.path / "cgroup.procs") if cgroup is not None else None,
-        "netns": netns,
-        # (resource name, soft = hard limit) applied by the child before any user code runs.
-        "rlimits": [
-            ["RLIMIT_AS", config.memory_mb * 1024 * 1024],
-            ["RLIMIT_CPU", cpu],
-            ["RLIMIT_FSIZE", config.max_output_bytes],
-            ["RLIMIT_CORE", 0],
-            ["RLIMIT_NPROC", config.max_processes],
-        ],
-        "workdir": str(workdir),
-        "read_roots": _read_roots(),
-        "block_network": True,
-        "block_subprocess": not config.allow_subprocess,
-        "preload": config.preload,
-    }
-    (workdir / "main.py").write_text(code, encoding="utf-8")
-    out_path, err_path = workdir / ".stdout", workdir / ".stderr"
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "PYTHONIOENCODING": "utf-8", "LANG": "C.UTF-8"}
-    # One thread per BLAS pool: threads count against the process limit.
-    env.update({k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    timed_out = False
     try:
-        with out_path.open("wb") as out, err_path.open("wb") as err:
+        view = runtime_view()
+        seccomp = base_filter()
+    except (BwrapMissingError, SeccompUnavailableError, OSError) as e:
+        raise SandboxUnavailableError(str(e)) from e
+    fds = _Fds()
+    cgroup = None
+    try:
+        ready_r, ready_w = fds.pipe()  # the runner writes one byte once the code is about to run
+        info_r, info_w = fds.pipe()  # bubblewrap writes the init's pid here
+        block_r, block_w = fds.pipe()  # bubblewrap waits on it until the init is in the cgroup
+        code_fd = fds.add(_memfd("main.py", code.encode("utf-8", errors="surrogatepass")))
+        seccomp_fd = fds.add(_memfd("seccomp", seccomp))
+        env = {"HOME": WORKDIR, "TMPDIR": WORKDIR, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        # One thread per BLAS pool: threads count against the task limit.
+        env.update({k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+        argv = bwrap_argv(
+            view,
+            tmpfs_bytes=config.tmpfs_mb * _MIB,
+            code_fd=code_fd,
+            seccomp_fd=seccomp_fd,
+            info_fd=info_w,
+            block_fd=block_r,
+            env=env,
+            runner_args=[json.dumps(_policy(config, ready_w))],
+        )
+        cgroup = CgroupLimits.create(
+            memory_bytes=(config.memory_mb + config.tmpfs_mb) * _MIB,
+            max_tasks=config.max_processes + 1,
+            cpus=config.cpus,
+        )
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                str(_CHILD),
-                json.dumps(policy),
-                cwd=workdir,
+                *argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                env=env,
-                # Limits are applied by the child itself (no preexec_fn: unsafe in threaded processes
-                # such as Ray actors); it runs trusted code only until they are in place.
+                pass_fds=(*view.fds, ready_w, info_w, block_r, code_fd, seccomp_fd),
+                env={},
+                cwd="/",
                 start_new_session=True,
             )
+            # Our copies of the child's ends: the pipes must see EOF when the sandbox closes its own.
+            fds.close(ready_w, info_w, block_r, code_fd, seccomp_fd)
+            timed_out = await _supervise(proc, info_r, block_w, cgroup, config.timeout_s, fds)
+            os.set_blocking(ready_r, False)
             try:
-                await asyncio.wait_for(proc.wait(), timeout=config.timeout_s)
-            except TimeoutError:
-                timed_out = True
-            finally:
-                # Kill the whole session (and cgroup) so no child of the code outlives the run.
-                _kill_group(proc.pid)
-                if cgroup is not None:
-                    await asyncio.to_thread(cgroup.kill_all_and_remove)
-                await proc.wait()
-        exit_code = proc.returncode
-        return SandboxResult(
-            stdout=_read_capped(out_path, config.max_output_chars),
-            stderr=_read_capped(err_path, config.max_output_chars, keep_tail=True),
-            exit_code=exit_code,
-            timed_out=timed_out,
-            # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
-            output_limited=max(out_path.stat().st_size, err_path.stat().st_size) >= config.max_output_bytes,
-            enforcement=enforcement,
-        )
+                ready = os.read(ready_r, 1) == b"R"
+            except BlockingIOError:
+                ready = False
+            if not ready and not timed_out:
+                err.seek(0)
+                message = err.read(4000).decode("utf-8", errors="replace").strip()
+                raise SandboxUnavailableError(f"the sandbox failed to start (exit {proc.returncode}): {message}")
+            return _result(config, proc.returncode, timed_out, out, err, cgroup)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        fds.close_all()
+        if cgroup is not None:
+            await asyncio.to_thread(cgroup.kill_and_remove)
+
+
+class _Fds:
+    """Descriptors of one run, each closed exactly once (a double close could hit another run's descriptor)."""
+
+    def __init__(self) -> None:
+        self.open: set[int] = set()
+
+    def add(self, fd: int) -> int:
+        self.open.add(fd)
+        return fd
+
+    def pipe(self) -> tuple[int, int]:
+        r, w = os.pipe()
+        return self.add(r), self.add(w)
+
+    def close(self, *fds: int) -> None:
+        for fd in fds:
+            if fd in self.open:
+                self.open.discard(fd)
+                os.close(fd)
+
+    def close_all(self) -> None:
+        self.close(*list(self.open))
+
+
+async def _supervise(
+    proc: asyncio.subprocess.Process,
+    info_r: int,
+    block_w: int,
+    cgroup: CgroupLimits | None,
+    timeout_s: float,
+    fds: _Fds,
+) -> bool:
+    """Releases the sandbox, waits for it (at most `timeout_s`), then kills its PID namespace; returns timed_out."""
+    pidfd = -1
+    timed_out = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            pidfd = await _release(proc, info_r, block_w, cgroup)
+            if pidfd >= 0:
+                fds.add(pidfd)
+            await proc.wait()
+    except TimeoutError:
+        timed_out = True
+    finally:
+        # Kill the sandbox's init: the kernel then kills every process of its PID namespace.
+        if pidfd >= 0:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        if pidfd >= 0:
+            # The init exits only after the kernel has killed and reaped every process of its namespace.
+            await _until_readable(pidfd, 5.0)
+    return timed_out
+
+
+def _result(
+    config: SandboxConfig, returncode: int, timed_out: bool, out: IO[bytes], err: IO[bytes], cgroup: CgroupLimits | None
+) -> SandboxResult:
+    exit_code = returncode
+    if timed_out:
+        exit_code = -signal.SIGKILL
+    elif 128 < exit_code < 128 + signal.NSIG:
+        exit_code = 128 - exit_code  # bubblewrap reports death by signal N as 128 + N
+    max_size = max(out.seek(0, os.SEEK_END), err.seek(0, os.SEEK_END))
+    return SandboxResult(
+        stdout=_read_capped(out, config.max_output_chars),
+        stderr=_read_capped(err, config.max_output_chars, keep_tail=True),
+        exit_code=exit_code,
+        timed_out=timed_out,
+        # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
+        output_limited=max_size >= config.max_output_bytes,
+        memory_limited=cgroup is not None and cgroup.oom_killed(),
+        enforcement=_enforcement(config, cgroup),
+    )
+
+
+async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, cgroup: CgroupLimits | None) -> int:
+    """Waits for the namespaces, puts their init into the cgroup, lets the runner start; returns init's pidfd.
+
+    Raises:
+        SandboxUnavailableError: bubblewrap exited before creating the namespaces (its message is kept).
+    """
+    info = await _read_to_eof(info_r)
+    if not info:
+        await proc.wait()
+        return -1  # the caller sees no ready byte and raises with bubblewrap's message
+    init_pid = json.loads(info)["child-pid"]
+    try:
+        # Race-free handle: until block_w is written the init can only exit if bubblewrap's set-up failed.
+        pidfd = os.pidfd_open(init_pid)
+    except ProcessLookupError:
+        await proc.wait()
+        return -1
+    try:
+        if cgroup is not None:
+            cgroup.join(init_pid)
+        os.write(block_w, b"1")
+    except ProcessLookupError:
+        await proc.wait()
+    return pidfd
+
+
+def _probe() -> dict[str, str]:
+    result = asyncio.run(_run_python("pass", SandboxConfig(timeout_s=30, preload=[])))
+    if not result.ok:
+        raise SandboxUnavailableError(f"the sandbox probe failed: {result.to_observation()}")
+    return result.enforcement
+
+
+_PROBE: list[dict[str, str] | SandboxUnavailableError] = []
+
+
+def check_sandbox() -> dict[str, str]:
+    """Runs an empty program in the sandbox once per process and reports how limits are enforced.
+
+    Returns:
+        `SandboxResult.enforcement` of that run.
+
+    Raises:
+        SandboxUnavailableError: the sandbox cannot run here; the message names what is missing
+            (bubblewrap, libseccomp, user namespaces).
+    """
+    if not _PROBE:
+        # A thread of its own: the caller may be inside a running event loop.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            try:
+                _PROBE.append(pool.submit(_probe).result())
+            except SandboxUnavailableError as e:
+                _PROBE.append(e)
+    if isinstance(_PROBE[0], SandboxUnavailableError):
+        raise _PROBE[0]
+    return _PROBE[0]

@@ -1,0 +1,277 @@
+"""The bubblewrap command line of one sandboxed run, and the read-only view of the Python runtime it gets.
+
+Inside, the sandbox sees (all read-only unless said otherwise):
+
+* this interpreter's installation (`sys.base_prefix`), and for a virtual environment its `pyvenv.cfg`,
+  its `bin/python` link and its site-packages (numpy, sympy, ... as the host has them);
+* the shared libraries (`/usr/lib*`, the `/lib*` links, `/etc/ld.so.cache`) the interpreter and
+  extension modules load;
+* the runner (`/opt/slime-sandbox/_sandbox_child.py`), a fresh `/proc` of its own PID namespace and a
+  minimal `/dev` (null, zero, random, urandom, tty);
+* `/tmp`: a private tmpfs of a fixed size, the only writable place, the working directory and `$HOME`;
+  the model's code is copied in as `/tmp/main.py`.
+
+Nothing else of the host exists there: no `/etc`, `/home`, `/root`, `/work`, `/var`, host `/tmp`, `/sys`
+or host `/proc`.
+
+A root host runs bubblewrap as `nobody`, so that the sandbox's uid maps to an unprivileged host uid (a user
+namespace made by root maps to root). nobody may not walk every runtime path (pyenv lives under `/root`,
+mode 0700), so a root host first builds, once, a private *staging* mount namespace in which each runtime
+path is also bound under a directory nobody can walk, and starts bubblewrap inside it with
+`nsenter --mount=... --setuid 65534 --setgid 65534`. The host's own mounts are never changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import shutil
+import site
+import subprocess
+import sys
+
+__all__ = [
+    "HOST_GID",
+    "HOST_UID",
+    "RUNNER",
+    "SANDBOX_GID",
+    "SANDBOX_UID",
+    "WORKDIR",
+    "BwrapMissingError",
+    "RuntimeView",
+    "bwrap_argv",
+    "bwrap_path",
+    "runtime_view",
+]
+
+_CHILD = pathlib.Path(__file__).with_name("_sandbox_child.py")
+RUNNER = "/opt/slime-sandbox/_sandbox_child.py"
+WORKDIR = "/tmp"
+# The host uid/gid that runs bubblewrap (and so owns the sandbox) when the host process is root.
+HOST_UID = HOST_GID = 65534
+# The uid/gid the code has inside its user namespace (outside it is the uid bubblewrap runs as).
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+_LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/libx32")
+_LIBRARY_FILES = ("/etc/ld.so.cache",)
+
+
+class BwrapMissingError(RuntimeError):
+    """bubblewrap is not installed."""
+
+
+def bwrap_path() -> str:
+    """Path of the `bwrap` executable.
+
+    Raises:
+        BwrapMissingError: `bwrap` is not on PATH (nor in /usr/bin).
+    """
+    found = shutil.which("bwrap") or shutil.which("bwrap", path="/usr/bin:/bin")
+    if found is None:
+        raise BwrapMissingError(
+            "the Python sandbox needs bubblewrap (`bwrap`), which is not installed: "
+            "apt-get install -y bubblewrap (Debian/Ubuntu) or dnf install -y bubblewrap (Fedora)"
+        )
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeView:
+    """The host paths the sandbox sees, and how bubblewrap is started to bind them.
+
+    Attributes:
+        binds: sandbox path -> path bubblewrap binds there (read-only).
+        links: sandbox path -> symlink target.
+        launcher: argv prefix that starts bubblewrap (empty, or nsenter into the staging namespace).
+        fds: descriptors the launcher needs (the staging namespace), passed to every run.
+        python: interpreter path to run inside (the same path as on the host).
+        read_roots: directories the runner's audit hook lets the code read.
+    """
+
+    binds: dict[str, str]
+    links: dict[str, str]
+    launcher: tuple[str, ...]
+    fds: tuple[int, ...]
+    python: str
+    read_roots: tuple[str, ...]
+
+
+@functools.cache
+def runtime_view() -> RuntimeView:
+    """The view for `sys.executable`, built once per process.
+
+    Returns:
+        What the sandbox sees and how to start bubblewrap.
+
+    Raises:
+        BwrapMissingError: bubblewrap (or, for a root host, util-linux's unshare/nsenter) is missing.
+        OSError: the staging namespace could not be built (its error output is in the message).
+    """
+    bwrap_path()
+    binds: dict[str, str] = {}
+    links: dict[str, str] = {}
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    for prefix in prefixes:
+        binds[prefix] = prefix
+    exe = os.path.abspath(sys.executable)
+    real_exe = os.path.realpath(exe)
+    if exe != real_exe:
+        links[exe] = real_exe  # a venv's bin/python: Python finds pyvenv.cfg next to the link
+    if not _under(real_exe, prefixes):
+        binds[real_exe] = real_exe
+    if sys.prefix != sys.base_prefix:
+        venv = os.path.abspath(sys.prefix)
+        binds[f"{venv}/pyvenv.cfg"] = f"{venv}/pyvenv.cfg"
+        for path in site.getsitepackages([venv]):
+            if os.path.isdir(path) and not _under(os.path.realpath(path), prefixes):
+                binds[path] = os.path.realpath(path)
+    for path in _LIBRARY_DIRS:
+        if os.path.islink(path):
+            links[path] = os.readlink(path)
+        elif os.path.isdir(path) and not _under(path, prefixes):
+            binds[path] = path
+    for path in _LIBRARY_FILES:
+        if os.path.isfile(path):
+            binds[path] = path
+    binds[RUNNER] = str(_CHILD)
+    read_roots = tuple(sorted(set(binds) - {RUNNER, *_LIBRARY_FILES}))
+    launcher: tuple[str, ...] = ()
+    fds: tuple[int, ...] = ()
+    if os.geteuid() == 0:
+        ns_fd, staged = _stage(list(binds.values()))
+        binds = {dest: staged[source] for dest, source in binds.items()}
+        launcher = (_tool("nsenter"), f"--mount=/proc/self/fd/{ns_fd}", "--setuid", str(HOST_UID))
+        launcher += ("--setgid", str(HOST_GID), "--")
+        fds = (ns_fd,)
+    return RuntimeView(binds=binds, links=links, launcher=launcher, fds=fds, python=exe, read_roots=read_roots)
+
+
+def _under(path: str, roots: set[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if found is None:
+        raise BwrapMissingError(
+            f"the Python sandbox needs `{name}` (util-linux) when run as root: apt-get install -y util-linux"
+        )
+    return found
+
+
+# Run as root in a private mount namespace: a small tmpfs on $1 with every runtime path bound under it
+# as 0, 1, 2, ... (all of them readable by nobody: the tmpfs is mode 0755 and bind mounts keep the
+# sources' own modes). It then waits on stdin so that the host can open /proc/PID/ns/mnt.
+_STAGE_SCRIPT = r"""
+set -eu
+stage=$1
+shift
+mount -t tmpfs -o mode=0755,size=64k slime-sandbox-runtime "$stage"
+i=0
+for src in "$@"; do
+    if [ -d "$src" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi
+    mount --bind "$src" "$stage/$i"
+    i=$((i + 1))
+done
+echo ready
+read -r _ || true
+"""
+_STAGE_DIRS = ("/mnt", "/media", "/srv", "/opt", "/home")
+
+
+def _stage(sources: list[str]) -> tuple[int, dict[str, str]]:
+    """Builds the staging mount namespace of a root host; returns its descriptor and source -> staged path.
+
+    A root host drops to `nobody` before bubblewrap (so that the sandbox's uid maps to nobody, not to root),
+    and nobody may not walk every path of the runtime (pyenv under /root, mode 0700). The staging
+    namespace shows the same files at paths nobody can reach; the host's own mounts are untouched.
+    """
+    stage = next((d for d in _STAGE_DIRS if os.path.isdir(d) and not any(_under(s, {d}) for s in sources)), None)
+    if stage is None:
+        raise OSError(f"no directory to stage the sandbox's runtime on: none of {_STAGE_DIRS} fits")
+    argv = [_tool("unshare"), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _STAGE_SCRIPT, "sh"]
+    proc = subprocess.Popen(
+        [*argv, stage, *sources],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        if proc.stdout.readline() != b"ready\n":
+            proc.kill()
+            raise OSError(f"staging the sandbox's runtime failed: {proc.stderr.read().decode(errors='replace')}")
+        ns_fd = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)  # keeps the namespace alive
+    finally:
+        proc.stdin.close()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return ns_fd, {src: f"{stage}/{i}" for i, src in enumerate(sources)}
+
+
+def bwrap_argv(
+    view: RuntimeView,
+    *,
+    tmpfs_bytes: int,
+    code_fd: int,
+    seccomp_fd: int,
+    info_fd: int,
+    block_fd: int,
+    env: dict[str, str],
+    runner_args: list[str],
+) -> list[str]:
+    """The full bubblewrap command line of one run.
+
+    Args:
+        view: what of the host runtime the sandbox sees.
+        tmpfs_bytes: size of the writable `/tmp`.
+        code_fd: descriptor whose content becomes `/tmp/main.py`.
+        seccomp_fd: descriptor holding the compiled seccomp program.
+        info_fd: bubblewrap writes `{"child-pid": N, ...}` here once the namespaces exist.
+        block_fd: bubblewrap waits for one byte on it before starting the runner (the host joins the
+            cgroup first).
+        env: the sandbox's whole environment (nothing of the host's is kept).
+        runner_args: arguments of the runner script.
+
+    Returns:
+        argv, starting with the bwrap executable.
+
+    Raises:
+        BwrapMissingError: bubblewrap is not installed.
+    """
+    argv = [
+        *view.launcher,
+        bwrap_path(),
+        # user, mount, PID, network, IPC, UTS and cgroup namespaces; no nested user namespace can be made.
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid", str(SANDBOX_UID),
+        "--gid", str(SANDBOX_GID),
+        "--hostname", "sandbox",
+        # Setsid: no controlling terminal to inject input into (TIOCSTI).
+        "--new-session",
+        # If the host (or bubblewrap's monitor) dies, the sandbox's init gets SIGKILL and takes every
+        # process of the PID namespace with it.
+        "--die-with-parent",
+        "--clearenv",
+    ]  # fmt: skip
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    # Parents before children: a bind inside another bind's destination must come after it.
+    for dest in sorted(view.binds, key=lambda p: p.count("/")):
+        argv += ["--ro-bind", view.binds[dest], dest]
+    for dest, target in sorted(view.links.items()):
+        argv += ["--symlink", target, dest]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(tmpfs_bytes), "--perms", "0700", "--tmpfs", WORKDIR]
+    argv += ["--perms", "0600", "--file", str(code_fd), f"{WORKDIR}/main.py"]
+    # The root and /dev are tmpfs owned by the sandbox user: read-only, or they would be unbounded writable space.
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR]
+    argv += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+    argv += ["--", view.python, "-I", "-B", RUNNER, *runner_args]
+    return argv

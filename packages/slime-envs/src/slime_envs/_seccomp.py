@@ -1,0 +1,201 @@
+"""Seccomp-BPF programs for the Python sandbox, compiled by libseccomp (through ctypes).
+
+Namespaces and an unprivileged uid do not cover every kernel interface: keyrings, BPF, perf events,
+io_uring, kernel modules and the clock are global, and ptrace or mount are the usual first step of an
+escape. Two programs are built here, once per host process:
+
+* `base_filter()`: loaded by bubblewrap (`--seccomp FD`) right before it executes the interpreter. It
+  answers the syscalls in `DENIED` with EPERM (a readable `PermissionError`, not a crash), `clone3` with
+  ENOSYS (glibc then falls back to `clone`, whose flags a filter can inspect: `clone3` passes them in
+  memory), `clone` asking for a new namespace with EPERM, and sockets of any address family but
+  unix, inet, inet6 and netlink with EAFNOSUPPORT (vsock would reach a VM's host past the namespace).
+* `no_process_filter()`: loaded by the sandbox's runner before the model's code when subprocesses are not
+  allowed: `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads still work) and `execve`/`execveat`
+  fail with EPERM, whichever Python API (or native code) asks for them.
+
+libseccomp (Debian `libseccomp2`, a dependency of apt, so present on every Debian system) resolves the
+syscall names for the running architecture, kills the process on a foreign syscall ABI (32-bit
+`int 0x80` or x32 calls from a 64-bit process) and emits the classic BPF program. The filters are
+deny-lists: the namespaces are the boundary and these close what they leave open.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import functools
+import os
+
+__all__ = ["DENIED", "SeccompUnavailableError", "base_filter", "no_process_filter"]
+
+# Syscalls no sandboxed program needs and that reach state namespaces do not isolate. Names unknown on
+# this architecture (`iopl` on arm64, ...) are skipped.
+DENIED = (
+    # debugging and cross-process memory access
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
+    # mounts and namespaces (bubblewrap already forbids new user namespaces; this is belt and braces)
+    "mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mount_setattr",
+    "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "open_by_handle_at",
+    "name_to_handle_at",
+    # global kernel state: keyrings, BPF, perf, io_uring, modules, kexec, swap, clock, accounting
+    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "fanotify_init",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "init_module", "finit_module",
+    "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
+    "quotactl", "quotactl_fd", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "stime", "sethostname", "setdomainname", "lookup_dcookie", "nfsservctl", "uselib", "vhangup",
+    "sysfs", "_sysctl", "ustat",
+    # raw hardware access (x86)
+    "iopl", "ioperm", "modify_ldt", "vm86", "vm86old",
+)  # fmt: skip
+_NAMESPACE_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+)
+_CLONE_THREAD = 0x00010000
+# socket()/socketpair() address families allowed: AF_UNIX (1), AF_INET (2), AF_INET6 (10), AF_NETLINK (16).
+# The others are not needed, and some are not confined by the network namespace: AF_VSOCK (40) reaches the
+# hypervisor of a VM (this project's machines are Firecracker VMs), AF_ALG (38) is the kernel's crypto API.
+_ALLOWED_FAMILIES = (1, 2, 10, 16)
+
+_SCMP_ACT_ALLOW = 0x7FFF0000
+_SCMP_CMP_EQ = 4
+_SCMP_CMP_GT = 6
+_SCMP_CMP_MASKED_EQ = 7
+
+
+def _act_errno(code: int) -> int:
+    return 0x00050000 | (code & 0xFFFF)  # SCMP_ACT_ERRNO(code)
+
+
+class SeccompUnavailableError(RuntimeError):
+    """libseccomp cannot be loaded or refused to build the filter."""
+
+
+class _ArgCmp(ctypes.Structure):
+    """`struct scmp_arg_cmp`: compare syscall argument `arg` with `op` (masked: `(arg & a) == b`)."""
+
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
+
+
+@functools.cache
+def _libseccomp() -> ctypes.CDLL:
+    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError as e:
+        raise SeccompUnavailableError(
+            f"libseccomp not found ({e}); install it (Debian/Ubuntu: apt-get install -y libseccomp2)"
+        ) from e
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_ArgCmp),
+    ]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+class _Filter:
+    """A libseccomp context that allows by default; rules deny what they name."""
+
+    def __init__(self) -> None:
+        self.lib = _libseccomp()
+        self.ctx = self.lib.seccomp_init(_SCMP_ACT_ALLOW)
+        if not self.ctx:
+            raise SeccompUnavailableError("seccomp_init failed")
+
+    def deny(self, name: str, action: int, *conditions: tuple[int, int, int, int]) -> None:
+        """Adds `action` for syscall `name` when all `(arg, op, a, b)` conditions hold; unknown names are skipped."""
+        nr = self.lib.seccomp_syscall_resolve_name(name.encode())
+        if nr < 0:  # __NR_SCMP_ERROR: no such syscall on this architecture
+            return
+        cmps = (_ArgCmp * max(len(conditions), 1))(*(_ArgCmp(*c) for c in conditions))
+        rc = self.lib.seccomp_rule_add_array(self.ctx, action, nr, len(conditions), cmps)
+        if rc < 0:
+            raise SeccompUnavailableError(f"seccomp_rule_add({name}) failed: {os.strerror(-rc)}")
+
+    def export(self) -> bytes:
+        """The compiled BPF program (an array of `struct sock_filter`, 8 bytes each)."""
+        read_fd, write_fd = os.pipe()
+        try:
+            # The program is a few hundred bytes, far below the pipe buffer: exporting cannot block.
+            rc = self.lib.seccomp_export_bpf(self.ctx, write_fd)
+            os.close(write_fd)
+            write_fd = -1
+            if rc < 0:
+                raise SeccompUnavailableError(f"seccomp_export_bpf failed: {os.strerror(-rc)}")
+            chunks = []
+            while chunk := os.read(read_fd, 65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(read_fd)
+            if write_fd >= 0:
+                os.close(write_fd)
+
+    def __del__(self) -> None:
+        if getattr(self, "ctx", None):
+            self.lib.seccomp_release(self.ctx)
+
+
+@functools.cache
+def base_filter() -> bytes:
+    """The BPF program applied to everything in the sandbox (see the module docstring).
+
+    Returns:
+        The compiled program, for bubblewrap's `--seccomp FD`.
+
+    Raises:
+        SeccompUnavailableError: libseccomp is missing or failed.
+    """
+    f = _Filter()
+    for name in DENIED:
+        f.deny(name, _act_errno(errno.EPERM))
+    f.deny("clone3", _act_errno(errno.ENOSYS))
+    # clone's flags are its first argument on x86-64, arm64 and riscv64 (the architectures run here).
+    for flag in _NAMESPACE_FLAGS:
+        f.deny("clone", _act_errno(errno.EPERM), (0, _SCMP_CMP_MASKED_EQ, flag, flag))
+    # One comparison per rule (libseccomp's rule): every family up to the largest allowed one is named, and
+    # everything above it (any upper bits included) falls under GT.
+    for name in ("socket", "socketpair"):
+        refuse = _act_errno(errno.EAFNOSUPPORT)
+        for family in range(max(_ALLOWED_FAMILIES)):
+            if family not in _ALLOWED_FAMILIES:
+                f.deny(name, refuse, (0, _SCMP_CMP_EQ, family, 0))
+        f.deny(name, refuse, (0, _SCMP_CMP_GT, max(_ALLOWED_FAMILIES), 0))
+    return f.export()
+
+
+@functools.cache
+def no_process_filter() -> bytes:
+    """The BPF program that stops the model's code from creating processes (threads stay allowed).
+
+    Returns:
+        The compiled program, loaded by the runner with `prctl(PR_SET_SECCOMP)`.
+
+    Raises:
+        SeccompUnavailableError: libseccomp is missing or failed.
+    """
+    f = _Filter()
+    for name in ("fork", "vfork", "execve", "execveat"):
+        f.deny(name, _act_errno(errno.EPERM))
+    f.deny("clone", _act_errno(errno.EPERM), (0, _SCMP_CMP_MASKED_EQ, _CLONE_THREAD, 0))
+    f.deny("clone3", _act_errno(errno.ENOSYS))
+    return f.export()

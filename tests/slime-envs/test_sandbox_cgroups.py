@@ -1,0 +1,71 @@
+"""The sandbox's cgroup limits, on fake cgroup trees for both versions (the machine has one of them at most),
+and on the real hierarchy when this process may create cgroups."""
+
+import os
+import pathlib
+
+import pytest
+
+from slime_envs import _cgroups
+from slime_envs._cgroups import CgroupLimits
+
+
+def fake_tree(tmp_path, version):
+    dirs = {}
+    for name in ("memory", "pids", "cpu"):
+        parent = tmp_path if version == 2 else tmp_path / name
+        parent.mkdir(exist_ok=True)
+        dirs[name] = (version, parent)
+    return dirs
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_limits_written_where_each_version_wants_them(tmp_path, monkeypatch, version):
+    monkeypatch.setattr(_cgroups, "_controller_dirs", lambda: fake_tree(tmp_path, version))
+    limits = CgroupLimits.create(memory_bytes=300 << 20, max_tasks=9, cpus=0.5)
+    assert limits is not None
+    if version == 2:
+        (path,) = limits.dirs
+        assert path.parent == tmp_path and path.name.startswith(f"slime-sandbox-{os.getpid()}-")
+        read = {f: (path / f).read_text() for f in ("memory.max", "pids.max", "cpu.max")}
+        assert read == {"memory.max": str(300 << 20), "pids.max": "9", "cpu.max": "50000 100000"}
+        (path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    else:
+        assert len(limits.dirs) == 3
+        mem, pids, cpu = (limits.controllers[c][1] for c in ("memory", "pids", "cpu"))
+        assert (mem / "memory.limit_in_bytes").read_text() == str(300 << 20)
+        assert (pids / "pids.max").read_text() == "9"
+        assert (cpu / "cpu.cfs_quota_us").read_text() == "50000"
+        (mem / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert limits.oom_killed()
+    limits.join(12345)
+    assert all((path / "cgroup.procs").read_text() == "12345" for path in limits.dirs)
+    assert limits.enforced == [f"cpu (v{version})", f"memory (v{version})", f"pids (v{version})"]
+
+
+def test_no_writable_controller_means_no_cgroup(monkeypatch):
+    monkeypatch.setattr(_cgroups, "_controller_dirs", lambda: {})
+    assert CgroupLimits.create(memory_bytes=1 << 30, max_tasks=4, cpus=1.0) is None
+
+
+def test_leftovers_of_dead_hosts_are_swept(tmp_path):
+    dead = tmp_path / "slime-sandbox-999999999-0123abcd"  # no such pid
+    alive = tmp_path / f"slime-sandbox-{os.getpid()}-0123abcd"
+    other = tmp_path / "someone-else"
+    for d in (dead, alive, other):
+        d.mkdir()
+    _cgroups._sweep_leftovers({tmp_path})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])
+
+
+def test_real_hierarchy_when_available():
+    limits = CgroupLimits.create(memory_bytes=64 << 20, max_tasks=4, cpus=1.0)
+    if limits is None:
+        assert _cgroups._controller_dirs() == {}  # nothing writable: the sandbox reports rlimits only
+        return
+    try:
+        assert all(pathlib.Path(p).is_dir() for p in limits.dirs)
+        assert not limits.oom_killed()
+    finally:
+        limits.kill_and_remove()
+    assert not any(pathlib.Path(p).exists() for p in limits.dirs)
