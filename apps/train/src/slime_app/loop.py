@@ -74,7 +74,8 @@ class Rollouts:
     def weights_due(self, rollout_id: int) -> bool:
         """Whether the engines get the weights trained on `rollout_id`.
 
-        Sync: after every step. Async: every `--update-weights-interval` rollouts, and only while another
+        Sync: after every step (the next rollout is generated with them; as in the original's train.py the
+        interval does not apply). Async: every `--update-weights-interval` rollouts, and only while another
         generation follows (the last rollout has none to update weights for).
         """
         if not self.ahead:
