@@ -31,18 +31,11 @@ def setup_logging() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the log
 
 
-def _make_model_module():
-    path = str(REPO / "apps" / "make_model")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    import make_model  # noqa: PLC0415  (apps/make_model is a script dir, not a package)
-
-    return make_model
-
-
 def preset_config(preset: str):
     """`Qwen3Config` of a make_model preset (qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b)."""
-    return _make_model_module().preset_config(preset)
+    import slime_make_model  # imported here: transformers loads slowly and not every benchmark needs it
+
+    return slime_make_model.preset_config(preset)
 
 
 def ensure_model(preset: str, root: str | os.PathLike, dtype: str = "bfloat16") -> tuple[pathlib.Path, float]:
@@ -55,7 +48,9 @@ def ensure_model(preset: str, root: str | os.PathLike, dtype: str = "bfloat16") 
     if (out / "config.json").is_file():
         return out, 0.0
     start = time.perf_counter()
-    _make_model_module().make_model(preset, out, TOKENIZER_DIR, dtype, 0, 4.0)
+    import slime_make_model
+
+    slime_make_model.make_model(preset, out, TOKENIZER_DIR, dtype, 0, 4.0)
     seconds = time.perf_counter() - start
     logger.info("wrote %s in %.1f s", out, seconds)
     return out, seconds
@@ -148,3 +143,10 @@ def transformer_flops(config: Any, seq_lens: list[int], *, lm_head_tokens: int, 
     matmul = k * (2.0 * n_body * sum(seq_lens) + 2.0 * config.vocab_size * h * lm_head_tokens)
     attention = k * 2.0 * layers * d_q * sum(s * s for s in seq_lens)
     return {"matmul": matmul, "attention": attention, "total": matmul + attention, "n_body": float(n_body)}
+
+
+if __name__ == "__main__":
+    # `python3 benchmarks/_common.py PRESET ROOT` prints the checkpoint dir, writing it once (bench_e2e.sh).
+    if len(sys.argv) != 3:
+        sys.exit("usage: _common.py PRESET MODEL_ROOT")
+    print(ensure_model(sys.argv[1], sys.argv[2])[0])

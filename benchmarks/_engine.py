@@ -11,14 +11,12 @@ import argparse
 import contextlib
 import os
 import signal
-import sys
 import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common  # sibling module: a script's own directory is first on sys.path
 
 
 def engine_args(kind: str, model_dir: Path, *, mem_fraction: float, max_bs: int, memory_saver: bool = False):

@@ -2,7 +2,7 @@
 # End-to-end GRPO on GSM8K with the full app (apps/train), 1 GPU, colocated; prints one JSON line of
 # per-phase times and tokens/s (benchmarks/e2e_report.py reads the run's TensorBoard events).
 #
-# GPU (staged machine, `source /tmp/slime-gpu/env.sh`, PYTHONPATH += packages/*/src):
+# GPU (staged machine, `source /tmp/slime-gpu/env.sh`, PYTHONPATH += packages/*/src apps/*/src):
 #   bash benchmarks/bench_e2e.sh                      # qwen3-0.6b, 4 rollouts of 32 prompts x 8, 256 tokens
 #   DISAGG=1 bash benchmarks/bench_e2e.sh             # 2 GPUs: trainer on one, SGLang on the other, NCCL sync
 #   TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 bash benchmarks/bench_e2e.sh   # Megatron (local spec)
@@ -26,7 +26,7 @@ DEVICE="${BENCH_DEVICE:-cuda}"
 TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
 DISAGG="${DISAGG:-0}"
 
-MODEL_DIR="$($PY -c "import sys; sys.path.insert(0, '$HERE'); import _common; print(_common.ensure_model('$PRESET', '$MODEL_ROOT')[0])")" \
+MODEL_DIR="$($PY "$HERE/_common.py" "$PRESET" "$MODEL_ROOT")" \
   || { echo "bench_e2e: could not build the $PRESET checkpoint" >&2; exit 2; }
 
 ENGINE_FLAGS=()

@@ -8,12 +8,9 @@ Budget on an H200: < 5 s.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common  # sibling module: a script's own directory is first on sys.path
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -20,14 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
 import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _engine  # noqa: E402
+import _common  # sibling module: a script's own directory is first on sys.path
+import _engine
 
 
 def rollout_args(url: str, model_dir: Path, a: argparse.Namespace) -> types.SimpleNamespace:

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common  # sibling module: a script's own directory is first on sys.path
 
 VOCAB_SAMPLED = 151_000  # token ids drawn below the real Qwen3 vocab (151669)
 

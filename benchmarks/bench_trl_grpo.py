@@ -19,13 +19,11 @@ import argparse
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common  # sibling module: a script's own directory is first on sys.path
 
 _NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
 

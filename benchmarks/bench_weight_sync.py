@@ -20,14 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
 import types
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _engine  # noqa: E402
+import _common  # sibling module: a script's own directory is first on sys.path
+import _engine
 
 PROMPT_IDS = [785, 6722, 315, 9625, 374]  # "The capital of France is" (Qwen3 tokenizer)
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _common  # sibling module: a script's own directory is first on sys.path
 
 PHASES = ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/step_time")
 

@@ -38,8 +38,9 @@ export BENCH_LOG_DIR="${BENCH_LOG_DIR:-/tmp/slime-bench-logs}"
 export SLIME_BENCH_MODELS="${SLIME_BENCH_MODELS:-/tmp/slime-bench-models}"
 mkdir -p "$BENCH_LOG_DIR" "$SLIME_BENCH_MODELS"
 LOGS="$OUT/logs.txt"
-SRC="$(ls -d "$REPO"/packages/*/src | tr '\n' ':')"
-case ":${PYTHONPATH:-}:" in *":$REPO/packages/slime-core/src:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SRC";; esac
+# Nothing is installed on the GPU machine: the packages and the apps (slime_app, slime_make_model) import from source.
+SRC="$(ls -d "$REPO"/packages/*/src "$REPO"/apps/*/src | tr '\n' ':')"
+case ":${PYTHONPATH:-}:" in *":$REPO/apps/train/src:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SRC";; esac
 export PYTHONUNBUFFERED=1
 [[ -n "${SLIME_SGLANG_PYTHONPATH:-}" ]] || echo "gpu_session: WARNING: env.sh not sourced (no SLIME_SGLANG_PYTHONPATH)" | tee -a "$LOGS"
 

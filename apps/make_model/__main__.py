@@ -1,34 +1,9 @@
-"""Make a random-weight Qwen3 checkpoint: ``uv run apps/make_model --preset qwen3-tiny --out DIR``.
+"""`uv run apps/make_model --preset qwen3-tiny --out DIR`: the installed `slime_make_model` command line.
 
 Presets: qwen3-tiny (a few MB, real Qwen3 vocab), qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b.
 """
 
-import argparse
-import logging
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_model import DEFAULT_TOKENIZER_DIR, DTYPES, PRESETS, make_model  # noqa: E402
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Parses flags and writes the checkpoint."""
-    parser = argparse.ArgumentParser(prog="make_model", description=__doc__)
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
-    parser.add_argument("--out", required=True, type=Path, help="new directory to create")
-    parser.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER_DIR, help="Qwen3 tokenizer dir")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-shard-gb", type=float, default=4.0)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
-        out = make_model(args.preset, args.out, args.tokenizer, args.dtype, args.seed, args.max_shard_gb)
-    except (FileExistsError, FileNotFoundError, ValueError) as e:
-        parser.error(str(e))
-    print(out)
-
+from slime_make_model.cli import main
 
 if __name__ == "__main__":
     main()

@@ -8,13 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "apps" / "train"))
-sys.path.insert(0, str(ROOT / "apps" / "train" / "demo"))
-import build  # noqa: E402
-import task  # noqa: E402
+from slime_app import demo
+from slime_app.demo import build, task
 
-import demo  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_splits_deterministic_disjoint_and_correct():
@@ -131,7 +128,7 @@ def test_default_demo_argv():
 
 def test_demo_imports_without_heavy_deps():
     code = (
-        "import sys; sys.path.insert(0, 'apps/train'); import demo; "
+        "import sys; from slime_app import demo; "
         "print(sorted(m for m in ('ray', 'torch', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -8,9 +8,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import slime_make_model as mm
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "apps" / "make_model"))
-import make_model as mm  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "qwen3-tokenizer"
 

@@ -2,17 +2,14 @@
 
 import json
 import pathlib
-import sys
 
 import pytest
 
+from slime_app.demo import MODEL_DIR as MODEL
+from slime_app.preflight import PLUGIN_FIELDS, preflight
+from slime_core.config import SlimeArgs, parse_args
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "apps" / "train"))
-
-from slime_app.preflight import preflight  # noqa: E402
-from slime_core.config import parse_args  # noqa: E402
-
-MODEL = REPO / "apps" / "train" / "demo" / "assets" / "model"
 
 
 def _args(data: pathlib.Path, *extra: str):
@@ -99,3 +96,8 @@ def test_chat_template_flag_needs_a_template(tmp_path):
     tok = REPO / "tests" / "fixtures" / "qwen3-tokenizer" / "tokenizer_config.json"
     (qwen3 / "tokenizer_config.json").write_text(tok.read_text())
     preflight(_args(data, "--apply-chat-template", "--hf-checkpoint", str(qwen3)))
+
+
+def test_plugin_fields_are_config_fields():
+    # preflight reads each of them as `getattr(cfg, name)`, with no default.
+    assert set(PLUGIN_FIELDS) <= set(SlimeArgs.model_fields)

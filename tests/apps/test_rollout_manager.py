@@ -1,25 +1,18 @@
-"""The rollout manager starts its own engines, or uses external ones (`--rollout-external-engine-addrs`)."""
+"""The rollout manager starts its own engines, or uses external ones (`--rollout-external-engine-addrs`).
 
-import pathlib
-import sys
+Engine and router addresses come back as values; plugins see them on the one `PluginArgs` view built from them.
+"""
+
 import types
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "apps" / "train"))
-
-import slime_rollout.engines  # noqa: E402
-from slime_app.rollout_manager import expose_single_engine_as_router, launch_or_attach_engines  # noqa: E402
-from slime_core.config import PluginArgs  # noqa: E402
-from slime_core.config import parse_args as _parse_args  # noqa: E402
+import slime_rollout.engines
+from slime_app.rollout_manager import EngineAddresses, launch_or_attach_engines, plugin_args
+from slime_core.config import parse_args
 
 BASE = ["--train-backend", "fsdp", "--hf-checkpoint", "/m", "--prompt-data", "/d.jsonl", "--num-rollout", "1",
         "--rollout-batch-size", "1", "--rollout-max-response-len", "8", "--rollout-num-gpus", "2"]  # fmt: skip
-
-
-def parse_args(argv):
-    return PluginArgs.from_config(_parse_args(argv))
 
 
 @pytest.fixture
@@ -34,36 +27,50 @@ def launches(monkeypatch):
     return calls
 
 
+def _view(cfg):
+    """The plugin view the manager builds once the engines run."""
+    return plugin_args(cfg, launch_or_attach_engines(cfg, [])[1])
+
+
 def test_external_engine_addrs_are_used_and_nothing_is_started(launches):
-    args = parse_args([*BASE, "--rollout-external-engine-addrs", "10.0.0.5:30000", "10.0.0.6:30000"])
-    assert launch_or_attach_engines(args, []) is None
+    cfg = parse_args([*BASE, "--rollout-external-engine-addrs", "10.0.0.5:30000", "10.0.0.6:30000"])
+    engines, addresses = launch_or_attach_engines(cfg, [])
+    assert engines is None
     assert launches == []
-    assert args.rollout_engine_urls == ["http://10.0.0.5:30000", "http://10.0.0.6:30000"]
+    assert addresses.urls == ["http://10.0.0.5:30000", "http://10.0.0.6:30000"]
 
 
 def test_without_external_engines_the_manager_launches_them(launches, tmp_path):
-    args = parse_args([*BASE, "--output-dir", str(tmp_path)])
-    engines = launch_or_attach_engines(args, [4, 5])
+    cfg = parse_args([*BASE, "--output-dir", str(tmp_path)])
+    engines, addresses = launch_or_attach_engines(cfg, [4, 5])
     assert engines is not None and len(launches) == 1
     assert launches[0]["num_engines"] == 2 and launches[0]["base_gpu_ids"] == [4, 5]
-    assert args.rollout_engine_urls == ["http://127.0.0.1:15000", "http://127.0.0.1:15002"]
+    assert addresses.urls == ["http://127.0.0.1:15000", "http://127.0.0.1:15002"]
+    assert plugin_args(cfg, addresses).rollout_engine_urls == addresses.urls  # what plugins read
+    assert cfg.rollout_engine_urls is None  # the config is never written
 
 
 def test_one_engine_without_router_is_the_router_address_original_plugins_use():
-    args = parse_args([*BASE, "--rollout-engine-urls", "http://10.0.0.5:30000"])
-    expose_single_engine_as_router(args)
+    args = _view(parse_args([*BASE, "--rollout-engine-urls", "http://10.0.0.5:30000"]))
     assert f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate" == "http://10.0.0.5:30000/generate"
 
 
 def test_router_fields_untouched_with_a_router_or_several_engines(caplog):
-    args = parse_args([*BASE, "--rollout-engine-urls", "http://a:1", "http://b:2",
-                       "--custom-generate-function-path", "m.gen"])  # fmt: skip
     with caplog.at_level("WARNING"):
-        expose_single_engine_as_router(args)
+        args = _view(
+            parse_args(
+                [*BASE, "--rollout-engine-urls", "http://a:1", "http://b:2", "--custom-generate-function-path", "m.gen"]
+            )  # fmt: skip
+        )
     assert args.sglang_router_ip is None and args.sglang_router_port is None
     assert "2 engines and no router" in caplog.text
-    args = parse_args(
-        [*BASE, "--rollout-engine-urls", "http://a:1", "--sglang-router-ip", "r", "--sglang-router-port", "9"]
-    )
-    expose_single_engine_as_router(args)
+    args = _view(parse_args([*BASE, "--rollout-engine-urls", "http://a:1",
+                             "--sglang-router-ip", "r", "--sglang-router-port", "9"]))  # fmt: skip
     assert (args.sglang_router_ip, args.sglang_router_port) == ("r", 9)
+
+
+def test_a_launched_router_is_the_plugins_router():
+    urls = ["http://h:1", "http://h:2"]
+    args = plugin_args(parse_args(BASE), EngineAddresses(urls=urls, router_url="http://h:3"))
+    assert (args.sglang_router_ip, args.sglang_router_port) == ("h", 3)
+    assert args.rollout_engine_urls == urls

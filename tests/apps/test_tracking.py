@@ -1,16 +1,12 @@
 """The metrics sink: TensorBoard directory and x-axis, and the W&B calls built from the `--wandb-*` flags."""
 
-import pathlib
 import sys
 import types
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "apps" / "train"))
-
-from slime_app.tracking import Tracker, tensorboard_log_dir, wandb_init_kwargs, wandb_login_kwargs  # noqa: E402
-from slime_core.config import parse_args  # noqa: E402
+from slime_app.tracking import Tracker, tensorboard_log_dir, wandb_init_kwargs, wandb_login_kwargs
+from slime_core.config import parse_args
 
 
 def _args(*extra: str):
@@ -117,3 +113,11 @@ def test_tensorboard_dir_precedence(tmp_path):
         tmp_path / "proj" / "e"
     )
     assert tensorboard_log_dir(_args("--tensorboard-dir", "/x", "--tb-project-name", "/tb"), out) == "/x"
+
+
+def test_tensorboard_is_on_by_default(tmp_path):
+    # The field's default (True) decides; the tracker used to fall back to False when it could not read it.
+    tracker = Tracker(_args(), str(tmp_path))
+    tracker.close()
+    assert tracker.tensorboard_dir == str(tmp_path / "tensorboard")
+    assert Tracker(_args("--no-use-tensorboard"), str(tmp_path)).tensorboard_dir is None

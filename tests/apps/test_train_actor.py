@@ -1,16 +1,16 @@
 """The trainer actor builds the backend that `--train-backend` names, through each package's public export."""
 
-import pathlib
 import subprocess
 import sys
-import types
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "apps" / "train"))
+from slime_app.train_actor import make_backend
+from slime_core.config import SlimeArgs
 
-from slime_app.train_actor import _make_backend  # noqa: E402
+
+def _cfg(**fields) -> SlimeArgs:
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
 
 
 @pytest.mark.parametrize(
@@ -19,7 +19,7 @@ from slime_app.train_actor import _make_backend  # noqa: E402
      ("megatron", "slime_train_megatron.backend", "MegatronTrainBackend")],
 )  # fmt: skip
 def test_make_backend_builds_the_named_backend(name, module, cls):
-    backend = _make_backend(types.SimpleNamespace(train_backend=name))
+    backend = make_backend(_cfg().model_copy(update={"train_backend": name}))
     assert type(backend).__module__ == module and type(backend).__name__ == cls
     for method in ("init", "train", "compute_log_probs", "named_hf_weights", "sleep", "wake_up", "save"):
         assert callable(getattr(backend, method)), f"{cls} lacks {method}"
@@ -27,7 +27,7 @@ def test_make_backend_builds_the_named_backend(name, module, cls):
 
 def test_make_backend_rejects_unknown_name():
     with pytest.raises(ValueError, match="--train-backend: unknown backend 'jax'"):
-        _make_backend(types.SimpleNamespace(train_backend="jax"))
+        make_backend(_cfg().model_copy(update={"train_backend": "jax"}))  # past the config's Literal
 
 
 def test_megatron_export_names_the_extra_when_megatron_core_is_missing():
@@ -58,9 +58,9 @@ def test_trainer_runtime_env_from_train_env_vars():
 
 
 @pytest.mark.slow
-def test_train_env_vars_reach_the_trainer_process_next_to_the_job_env(monkeypatch):
+def test_train_env_vars_reach_the_trainer_process_next_to_the_job_env():
     # A real Ray actor built by TrainGroup: the rank sees --train-env-vars, and the job-level env of init_ray
-    # (PYTHONPATH with the app directory, which the actor class needs to import) is merged, not replaced.
+    # is merged, not replaced. The actor class itself imports in the worker because slime_app is installed.
     import os
 
     import ray
@@ -68,14 +68,13 @@ def test_train_env_vars_reach_the_trainer_process_next_to_the_job_env(monkeypatc
     from slime_app.cluster import create_placement, init_ray
     from slime_app.train_actor import TrainGroup
 
-    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # init_ray rewrites it
-    args = types.SimpleNamespace(
-        ray_address=None, actor_num_nodes=1, actor_num_gpus_per_node=1, rollout_num_gpus=0, colocate=False,
-        debug_rollout_only=False, debug_train_only=True, train_env_vars={"SLIME_TEST_TRAIN_ENV": "42"},
+    cfg = _cfg(
+        actor_num_nodes=1, actor_num_gpus_per_node=1, rollout_num_gpus=0, debug_train_only=True,
+        train_env_vars={"SLIME_TEST_TRAIN_ENV": "42"},
     )  # fmt: skip
-    init_ray(args)
+    init_ray(cfg)
     try:
-        group = TrainGroup(args, create_placement(args))
+        group = TrainGroup(cfg, create_placement(cfg))
         env = ray.get(
             group.actors[0].__ray_call__.remote(
                 lambda self: (os.environ.get("SLIME_TEST_TRAIN_ENV"), os.environ.get("TOKENIZERS_PARALLELISM"))

@@ -20,12 +20,20 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
 
 
-def _load(name: str):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+def _import_file(module_name: str, path: pathlib.Path):
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load(name: str):
+    # The scripts import their helpers as top-level `_common` / `_engine` (run as `python3 benchmarks/x.py`,
+    # their own directory is first on sys.path); here the helpers are registered under those names instead.
+    for helper in ("_common", "_engine"):  # _engine imports _common: this order
+        if helper not in sys.modules:
+            sys.modules[helper] = _import_file(helper, BENCH / f"{helper}.py")
+    return _import_file(f"bench_{name}", BENCH / f"{name}.py")
 
 
 def _run(cmd: list[str], tmp: pathlib.Path, models: pathlib.Path, timeout: int = 600) -> dict:

@@ -20,7 +20,9 @@ from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "qwen3-tokenizer"
+# The Qwen3 tokenizer committed with the tests (a source checkout: this file is
+# apps/make_model/src/slime_make_model/checkpoint.py); an installed wheel has no such directory, pass --tokenizer.
+DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "qwen3-tokenizer"
 #: Files copied from the tokenizer dir when present.
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -14,29 +14,29 @@ from typing import Any
 import ray
 
 from slime_app.cluster import Placement, free_port
+from slime_app.registry import TRAIN_BACKENDS
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
 
-def _make_backend(args: Any):
-    if args.train_backend == "fsdp":
-        from slime_train_fsdp import FSDPTrainBackend
+def make_backend(cfg: SlimeArgs) -> Any:
+    """A new, uninitialized training backend of the kind `--train-backend` names.
 
-        return FSDPTrainBackend()
-    if args.train_backend == "megatron":
-        from slime_train_megatron import MegatronTrainBackend
-
-        return MegatronTrainBackend()
-    raise ValueError(f"--train-backend: unknown backend {args.train_backend!r} (fsdp, megatron)")
+    Raises:
+        slime_app.registry.UnknownNameError: (a KeyError and a ValueError) no backend of that name.
+        ImportError: the backend's package or extra is not installed (e.g. megatron-core).
+    """
+    return TRAIN_BACKENDS.get(cfg.train_backend)()
 
 
-def trainer_runtime_env(args: Any) -> dict[str, Any] | None:
+def trainer_runtime_env(cfg: SlimeArgs) -> dict[str, Any] | None:
     """Ray `runtime_env` of the trainer ranks: `--train-env-vars` as environment variables, or None when unset.
 
     Ray merges these `env_vars` into the job's (`init_ray`), key by key, before the rank's process starts, so
     variables read at import or CUDA/NCCL initialization take effect.
     """
-    env = {str(k): str(v) for k, v in (getattr(args, "train_env_vars", None) or {}).items()}
+    env = {str(k): str(v) for k, v in (cfg.train_env_vars or {}).items()}
     return {"env_vars": env} if env else None
 
 
@@ -55,6 +55,7 @@ class TrainActor:
             WORLD_SIZE=str(world_size),
             LOCAL_RANK="0",
         )
+        self.cfg: SlimeArgs | None = None  # set by `init`
         self.backend = None
         self.updater = None
 
@@ -62,14 +63,12 @@ class TrainActor:
         """Address of rank 0's rendezvous (given to the other ranks)."""
         return self.master_addr, self.master_port
 
-    def init(self, args_dict: dict[str, Any]) -> int:
+    def init(self, cfg: SlimeArgs) -> int:
         """Joins the process group, builds the backend and loads `--load`; returns the start rollout id."""
         import torch
         import torch.distributed as dist
 
-        from slime_core.config import SlimeArgs
-
-        self.args = SlimeArgs.from_dict(args_dict)
+        self.cfg = cfg
         use_cuda = torch.cuda.is_available()
         if use_cuda:
             torch.cuda.set_device(0)  # Ray exposes exactly this rank's GPU
@@ -77,11 +76,11 @@ class TrainActor:
             backend="nccl" if use_cuda else "gloo",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=datetime.timedelta(minutes=self.args.distributed_timeout_minutes),
+            timeout=datetime.timedelta(minutes=cfg.distributed_timeout_minutes),
         )
-        torch.manual_seed(self.args.seed)
-        self.backend = _make_backend(self.args)
-        return int(self.backend.init(self.args, with_ref=self.args.with_ref))
+        torch.manual_seed(cfg.seed)
+        self.backend = make_backend(cfg)
+        return int(self.backend.init(cfg, with_ref=cfg.with_ref))
 
     def train(self, rollout_id: int, batch: Any) -> dict[str, float]:
         """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray)."""
@@ -107,13 +106,13 @@ class TrainActor:
         """Builds the weight updater towards the engines (rank 0 sends; all ranks gather)."""
         from slime_app.weights import make_weight_updater
 
-        self.updater = make_weight_updater(self.args, engine_urls, rank=self.rank)
+        self.updater = make_weight_updater(self.cfg, engine_urls, rank=self.rank)
 
     def update_weights(self, weight_version: int) -> dict[str, float]:
         """Pushes the current weights to every engine, tagged with `weight_version`."""
         from slime_app.weights import push_weights
 
-        return push_weights(self.backend, self.updater, self.args, weight_version, rank=self.rank)
+        return push_weights(self.backend, self.updater, self.cfg, weight_version, rank=self.rank)
 
     def shutdown(self) -> None:
         """Leaves the process group."""
@@ -126,11 +125,11 @@ class TrainActor:
 class TrainGroup:
     """Driver-side handle to all trainer ranks."""
 
-    def __init__(self, args: Any, placement: Placement):
-        world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
-        gpu = 0.4 if (placement.use_gpu and args.colocate) else (1 if placement.use_gpu else 0)
+    def __init__(self, cfg: SlimeArgs, placement: Placement):
+        world_size = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+        gpu = 0.4 if (placement.use_gpu and cfg.colocate) else (1 if placement.use_gpu else 0)
         remote_cls = ray.remote(num_gpus=gpu, num_cpus=0)(TrainActor)
-        runtime_env = trainer_runtime_env(args)
+        runtime_env = trainer_runtime_env(cfg)
         extra = {"runtime_env": runtime_env} if runtime_env else {}
         self.actors = []
         master: tuple[str, int] | tuple[None, None] = (None, None)
@@ -145,9 +144,9 @@ class TrainGroup:
     def _all(self, method: str, *args: Any) -> list[Any]:
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])
 
-    def init(self, args_dict: dict[str, Any]) -> int:
-        """Initializes every rank; returns the start rollout id."""
-        return self._all("init", args_dict)[0]
+    def init(self, cfg: SlimeArgs) -> int:
+        """Initializes every rank with the run config; returns the start rollout id (after `--load`)."""
+        return self._all("init", cfg)[0]
 
     def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
         """Trains each rank on its own batch; returns rank 0's (already DP-reduced) metrics."""

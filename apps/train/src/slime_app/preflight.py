@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
 
-def _check_rows(spec: str, args: Any, flag: str) -> None:
+def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
     from slime_rollout.data_source import load_prompt_rows
 
     try:
@@ -19,10 +20,10 @@ def _check_rows(spec: str, args: Any, flag: str) -> None:
     if not rows:
         raise ValueError(f"{flag} {spec}: no rows")
     for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
-        if args.input_key not in row:
-            raise ValueError(f"{flag} {spec} row {i}: no --input-key {args.input_key!r} (keys: {sorted(row)})")
-        if args.label_key and args.label_key not in row:
-            raise ValueError(f"{flag} {spec} row {i}: no --label-key {args.label_key!r} (keys: {sorted(row)})")
+        if cfg.input_key not in row:
+            raise ValueError(f"{flag} {spec} row {i}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
+        if cfg.label_key and cfg.label_key not in row:
+            raise ValueError(f"{flag} {spec} row {i}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).
@@ -35,7 +36,7 @@ PLUGIN_FIELDS = (
 )  # fmt: skip
 
 
-def _check_plugins(args: Any) -> None:
+def _check_plugins(cfg: SlimeArgs) -> None:
     """Imports every plugin path here, so a typo fails in one line instead of inside a Ray actor.
 
     A plugin whose own module imports something this driver process lacks (a GPU-only package, say) is
@@ -45,7 +46,7 @@ def _check_plugins(args: Any) -> None:
     from slime_core.plugins import PluginError, load_function
 
     for name in PLUGIN_FIELDS:
-        path = getattr(args, name, None)
+        path = getattr(cfg, name)  # a SlimeArgs field (tests/apps/test_preflight.py checks the list)
         if not path:
             continue
         try:
@@ -69,7 +70,7 @@ def _has_chat_template(model_dir: str) -> bool:
         return bool(json.load(f).get("chat_template"))
 
 
-def preflight(args: Any) -> None:
+def preflight(cfg: SlimeArgs) -> None:
     """Validates paths and data files named by the config.
 
     Raises:
@@ -78,7 +79,7 @@ def preflight(args: Any) -> None:
             `--train-backend megatron` on a local run without CUDA.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
-    if args.train_backend == "megatron" and not (getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS")):
+    if cfg.train_backend == "megatron" and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
         import torch
 
         if not torch.cuda.is_available():  # a remote cluster's GPUs are not visible from here: checked locally only
@@ -86,17 +87,17 @@ def preflight(args: Any) -> None:
                 "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
                 "CUDA-only); on this machine use --train-backend fsdp"
             )
-    _check_plugins(args)
-    if args.apply_chat_template and args.hf_checkpoint and not _has_chat_template(args.hf_checkpoint):
+    _check_plugins(cfg)
+    if cfg.apply_chat_template and cfg.hf_checkpoint and not _has_chat_template(cfg.hf_checkpoint):
         raise ValueError(
-            f"--apply-chat-template: the tokenizer of --hf-checkpoint {args.hf_checkpoint} has no chat template "
+            f"--apply-chat-template: the tokenizer of --hf-checkpoint {cfg.hf_checkpoint} has no chat template "
             "(no 'chat_template' in tokenizer_config.json, no chat_template.jinja); drop the flag or add one"
         )
-    if args.hf_checkpoint and not os.path.isdir(args.hf_checkpoint):
-        raise FileNotFoundError(f"--hf-checkpoint: not a directory: {args.hf_checkpoint}")
-    if args.hf_checkpoint and not os.path.exists(os.path.join(args.hf_checkpoint, "config.json")):
-        raise FileNotFoundError(f"--hf-checkpoint {args.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
-    if args.prompt_data and not args.load_debug_rollout_data:
-        _check_rows(args.prompt_data, args, "--prompt-data")
-    for _name, path in args.eval_datasets:
-        _check_rows(path, args, "--eval-prompt-data")
+    if cfg.hf_checkpoint and not os.path.isdir(cfg.hf_checkpoint):
+        raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}")
+    if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
+        raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
+    if cfg.prompt_data and not cfg.load_debug_rollout_data:
+        _check_rows(cfg.prompt_data, cfg, "--prompt-data")
+    for _name, path in cfg.eval_datasets:
+        _check_rows(path, cfg, "--eval-prompt-data")

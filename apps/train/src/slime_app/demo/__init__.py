@@ -1,8 +1,8 @@
 r"""The embedded demo: a tiny arithmetic task and a tiny SFT-warmed Qwen3 that GRPO visibly improves on CPU.
 
 ``uv run apps/train`` with no flags runs :func:`default_demo_argv`. The assets are committed under
-``assets/`` and rebuilt by ``uv run python apps/train/demo/build.py``. This package imports no Ray,
-torch or transformers, so importing it is free.
+``assets/`` (package data: they ship in the wheel) and rebuilt by ``uv run python -m slime_app.demo.build``.
+This package imports no Ray, torch or transformers, so importing it is free.
 """
 
 from pathlib import Path

@@ -5,7 +5,7 @@ answer ``\boxed{19}``; the math reward (``--rm-type math``) grades the content o
 against ``label``. Train and eval items are drawn from disjoint operand pairs so eval measures
 generalisation, not memorisation.
 
-Run ``uv run python apps/train/demo/task.py OUT_DIR`` to write ``train.jsonl`` and ``eval.jsonl``.
+Run ``uv run python -m slime_app.demo.task OUT_DIR`` to write ``train.jsonl`` and ``eval.jsonl``.
 """
 
 import json
@@ -96,6 +96,6 @@ def write_splits(out_dir: Path, seed: int = SEED) -> tuple[Path, Path]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: task.py OUT_DIR")
+        sys.exit("usage: python -m slime_app.demo.task OUT_DIR")
     for p in write_splits(Path(sys.argv[1])):
         print(p)

@@ -1,6 +1,6 @@
 r"""Builds the embedded demo's assets: task data, a tiny tokenizer and an SFT-warmed tiny Qwen3.
 
-Run ``uv run python apps/train/demo/build.py`` (about a minute of CPU). It writes
+Run ``uv run python -m slime_app.demo.build`` (about a minute of CPU). It writes
 ``assets/data/{train,eval}.jsonl`` and, atomically, ``assets/model/`` (config, safetensors, generation config,
 tokenizer). Everything is seeded and the SFT runs on one thread, so a rerun on the same torch build
 reproduces the same files.
@@ -17,7 +17,6 @@ import logging
 import os
 import random
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,8 +24,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import task  # noqa: E402  (sibling module; this file also runs as a script)
+from slime_app.demo import task
 
 logger = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ dumps, converts samples to `RolloutBatch`es split by DP rank and puts them in th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -14,6 +15,8 @@ import urllib.parse
 from typing import Any
 
 import ray
+
+from slime_core.config import PluginArgs, SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -28,92 +31,116 @@ def _flatten(groups: list[Any]) -> list[Any]:
     return out
 
 
-def dp_size_of(args: Any) -> int:
+def dp_size_of(cfg: SlimeArgs) -> int:
     """Number of data-parallel ranks of the trainer (world size over the model-parallel product)."""
-    world = args.actor_num_nodes * args.actor_num_gpus_per_node
-    if args.train_backend != "megatron":
+    world = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+    if cfg.train_backend != "megatron":
         return world
-    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    model_parallel = cfg.tensor_model_parallel_size * cfg.pipeline_model_parallel_size * cfg.context_parallel_size
     if world % model_parallel:
         raise ValueError(f"trainer world size {world} is not divisible by TP×PP×CP = {model_parallel}")
     return world // model_parallel
 
 
-def launch_or_attach_engines(args: Any, rollout_gpu_ids: list[int]) -> Any | None:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineAddresses:
+    """Where the run's engines listen, known once they run.
+
+    Attributes:
+        urls: base URL of each engine (`http://host:port`), launch order.
+        router_url: base URL of the router `launch_engines` started or attached to, else None.
+    """
+
+    urls: list[str]
+    router_url: str | None = None
+
+
+def launch_or_attach_engines(cfg: SlimeArgs, rollout_gpu_ids: list[int]) -> tuple[Any | None, EngineAddresses]:
     """Starts the run's engines, or uses external ones when `--rollout-engine-urls` is given.
 
     `--rollout-external-engine-addrs` (original flag) arrives here as `--rollout-engine-urls`. External engines
     are used as they are: none is started, and none is stopped at the end.
 
     Args:
-        args: run config; reads `rollout_engine_urls`, `rollout_num_gpus`, `rollout_num_gpus_per_engine`,
-            `colocate`, `output_dir` (+ what `launch_engines` reads). Sets `rollout_engine_urls` and, when a
-            router runs, `sglang_router_ip` / `sglang_router_port`.
+        cfg: run config; reads `rollout_engine_urls`, `rollout_num_gpus`, `rollout_num_gpus_per_engine`,
+            `colocate`, `output_dir` (+ what `launch_engines` reads).
         rollout_gpu_ids: physical GPU of each rollout bundle (empty on CPU).
 
     Returns:
-        The started `EngineGroup`, or None for external engines.
+        The started `EngineGroup` (None for external engines) and the engines' addresses.
     """
-    if args.rollout_engine_urls:
-        logger.info("using external engines: %s", args.rollout_engine_urls)
-        return None
+    if cfg.rollout_engine_urls:
+        logger.info("using external engines: %s", cfg.rollout_engine_urls)
+        return None, EngineAddresses(urls=list(cfg.rollout_engine_urls))
     from slime_rollout.engines import launch_engines
 
-    per_engine = args.rollout_num_gpus_per_engine
-    num_engines = max(1, (args.rollout_num_gpus or 1) // per_engine)
+    per_engine = cfg.rollout_num_gpus_per_engine
+    num_engines = max(1, (cfg.rollout_num_gpus or 1) // per_engine)
     engines = launch_engines(
-        args,
+        cfg,
         num_engines=num_engines,
         gpus_per_engine=per_engine,
         base_gpu_ids=[rollout_gpu_ids[i * per_engine] for i in range(num_engines)] if rollout_gpu_ids else None,
-        colocate=args.colocate,
-        log_dir=os.path.join(args.output_dir, "engine_logs"),
+        colocate=cfg.colocate,
+        log_dir=os.path.join(cfg.output_dir, "engine_logs"),
     )
-    args.rollout_engine_urls = list(engines.urls)
-    if engines.router_url:
-        host, port = engines.router_url.removeprefix("http://").rsplit(":", 1)
-        args.sglang_router_ip, args.sglang_router_port = host, int(port)
-    return engines
+    return engines, EngineAddresses(urls=list(engines.urls), router_url=engines.router_url)
 
 
-def expose_single_engine_as_router(args: Any) -> None:
-    """With no router and one engine, sets `sglang_router_ip` / `sglang_router_port` to that engine.
+def plugin_args(cfg: SlimeArgs, addresses: EngineAddresses) -> PluginArgs:
+    """The `args` every plugin of the run gets: the config plus the engines' and the router's addresses.
 
-    Original custom generate functions post to `http://{sglang_router_ip}:{sglang_router_port}/generate`;
-    for a single engine that address is the engine's own (same `/generate`). With several engines and no
-    router those fields stay None: custom code should use `slime_rollout.client.get_client(args)`, which
-    spreads requests over the engines (or start a router with `--use-sglang-router`).
+    The router address (`args.sglang_router_ip` / `args.sglang_router_port`) is, in order: the router
+    `launch_engines` started; `--sglang-router-ip` / `--sglang-router-port` as given; with one engine and no
+    router, that engine (original custom generate functions post to
+    `http://{sglang_router_ip}:{sglang_router_port}/generate`, which an engine serves too). With several
+    engines and no router it stays None: custom code should use `slime_rollout.client.get_client(args)`,
+    which spreads requests over the engines (or start a router with `--use-sglang-router`).
+
+    Args:
+        cfg: the run config.
+        addresses: the engines' addresses (`launch_or_attach_engines`).
+
+    Returns:
+        A `PluginArgs` built once for the run: data source, rollout function, rewards and the rollout
+        client all receive this object.
     """
-    urls = args.rollout_engine_urls or []
-    if args.sglang_router_ip or args.sglang_router_port:
-        return
-    if len(urls) == 1:
-        parsed = urllib.parse.urlsplit(urls[0])
-        if parsed.hostname and parsed.port:
-            args.sglang_router_ip, args.sglang_router_port = parsed.hostname, parsed.port
-    elif len(urls) > 1 and args.custom_generate_function_path:
-        logger.warning(
-            "%d engines and no router: args.sglang_router_ip/port are None in %s; use "
-            "slime_rollout.client.get_client(args).generate(payload) or --use-sglang-router",
-            len(urls),
-            args.custom_generate_function_path,
-        )
+    router_url = addresses.router_url
+    urls = addresses.urls
+    if router_url is None and not (cfg.sglang_router_ip or cfg.sglang_router_port):
+        if len(urls) == 1:
+            parsed = urllib.parse.urlsplit(urls[0])
+            if parsed.hostname and parsed.port:
+                router_url = f"http://{parsed.hostname}:{parsed.port}"
+        elif len(urls) > 1 and cfg.custom_generate_function_path:
+            logger.warning(
+                "%d engines and no router: args.sglang_router_ip/port are None in %s; use "
+                "slime_rollout.client.get_client(args).generate(payload) or --use-sglang-router",
+                len(urls),
+                cfg.custom_generate_function_path,
+            )
+    return PluginArgs.from_config(cfg, engine_urls=urls, router_url=router_url)
 
 
 @ray.remote
 class RolloutManager:
-    """Owns engines, data source and the rollout function for the whole run."""
+    """Owns engines, data source and the rollout function for the whole run.
 
-    def __init__(self, args_dict: dict[str, Any], rollout_gpu_ids: list[int], use_gpu: bool):
+    Args:
+        cfg: the run config.
+        rollout_gpu_ids: physical GPU of each rollout bundle (empty on CPU).
+        use_gpu: whether the bundles hold GPUs.
+    """
+
+    def __init__(self, cfg: SlimeArgs, rollout_gpu_ids: list[int], use_gpu: bool):
         import logging as _logging
 
         _logging.basicConfig(level=_logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _logging.getLogger("httpx").setLevel(_logging.WARNING)
-        from slime_core.config import PluginArgs, SlimeArgs
-
-        self.args = PluginArgs.from_config(SlimeArgs.from_dict(args_dict))
+        self.cfg = cfg
         self.rollout_gpu_ids = rollout_gpu_ids
         self.use_gpu = use_gpu
+        self.args: PluginArgs | None = None  # the plugin view, built by `start` once the engines run
         self.engines = None
         self.data_source = None
         self.offloaded = False
@@ -123,20 +150,23 @@ class RolloutManager:
 
     def start(self) -> list[str]:
         """Launches (or attaches to external) engines and builds the data source; returns the engine URLs."""
+        from slime_rollout.client import get_client
         from slime_rollout.rollout import create_data_source
 
-        args = self.args
-        if args.prompt_data or args.data_source_path:
-            self.data_source = create_data_source(args)
-        if args.debug_train_only or args.load_debug_rollout_data:
+        cfg = self.cfg
+        no_engines = cfg.debug_train_only or cfg.load_debug_rollout_data
+        if no_engines:
+            addresses = EngineAddresses(urls=[])
+        else:
+            self.engines, addresses = launch_or_attach_engines(cfg, self.rollout_gpu_ids)
+        self.args = plugin_args(cfg, addresses)
+        if cfg.prompt_data or cfg.data_source_path:
+            self.data_source = create_data_source(self.args)
+        if no_engines:
             return []
-        from slime_rollout.client import get_client
-
-        self.engines = launch_or_attach_engines(args, self.rollout_gpu_ids)
-        expose_single_engine_as_router(args)
-        self.client = get_client(args)
-        logger.info("engines up: %s", args.rollout_engine_urls)
-        return list(args.rollout_engine_urls)
+        self.client = get_client(self.args)
+        logger.info("engines up: %s", addresses.urls)
+        return list(addresses.urls)
 
     def dispose(self) -> None:
         """Stops the engines (no orphan processes)."""
@@ -157,10 +187,11 @@ class RolloutManager:
         samples = _flatten(out.samples)
         metrics = dict(out.metrics or {})
         metrics["perf/rollout_time"] = time.perf_counter() - t0
-        if args.debug_rollout_only:
+        if self.cfg.debug_rollout_only:
             return [], metrics
         t0 = time.perf_counter()
-        batches = build_rollout_batches(args, samples, dp_size=dp_size_of(args))
+        # The plugin view, not the bare config: --custom-reward-post-process-path is a plugin too.
+        batches = build_rollout_batches(args, samples, dp_size=dp_size_of(self.cfg))
         metrics["perf/data_preprocess_time"] = time.perf_counter() - t0
         return [ray.put(b) for b in batches], metrics
 

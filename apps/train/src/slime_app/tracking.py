@@ -15,6 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from slime_core.config import SlimeArgs
+
 logger = logging.getLogger(__name__)
 
 # Keys shown in the one-line summary per rollout, with their short labels.
@@ -31,93 +33,94 @@ _COMPACT = [
 ]
 
 
-def tensorboard_log_dir(args: Any, output_dir: str) -> str:
+def tensorboard_log_dir(cfg: SlimeArgs, output_dir: str) -> str:
     """TensorBoard directory: `--tensorboard-dir`, else `--tb-project-name`, else `<output_dir>/tensorboard`.
 
     A relative `--tb-project-name` is taken under `output_dir` (not the current directory). With
     `--tb-experiment-name NAME` the run writes to the subdirectory NAME of it.
     """
-    base = getattr(args, "tensorboard_dir", None)
-    if not base:
-        project = getattr(args, "tb_project_name", None)
-        base = os.path.join(output_dir, project or "tensorboard")  # an absolute project path stays as given
-    experiment = getattr(args, "tb_experiment_name", None)
+    # An absolute --tb-project-name stays as given: os.path.join drops output_dir.
+    base = cfg.tensorboard_dir or os.path.join(output_dir, cfg.tb_project_name or "tensorboard")
+    experiment = cfg.tb_experiment_name
     return os.path.join(base, experiment) if experiment else base
 
 
-def wandb_init_kwargs(args: Any, *, suffix: str) -> dict[str, Any]:
+def wandb_init_kwargs(cfg: SlimeArgs, *, suffix: str) -> dict[str, Any]:
     """Keyword arguments of `wandb.init` from the `--wandb-*` flags (the original's naming).
 
     The run's group and name are `--wandb-group` with `_<suffix>` appended unless `--disable-wandb-random-suffix`;
     `--wandb-run-id` resumes that run (`resume="allow"`).
 
     Args:
-        args: reads `wandb_team`, `wandb_project`, `wandb_group`, `disable_wandb_random_suffix`, `wandb_mode`,
-            `wandb_dir`, `wandb_run_id`, and `to_dict()` (the logged config) when it has one.
+        cfg: the run config: the `--wandb-*` flags, and `to_dict()` as the logged config.
         suffix: the random suffix.
     """
-    group = args.wandb_group
-    if group and not args.disable_wandb_random_suffix:
+    group = cfg.wandb_group
+    if group and not cfg.disable_wandb_random_suffix:
         group = f"{group}_{suffix}"
     kwargs: dict[str, Any] = {
-        "entity": args.wandb_team,
-        "project": args.wandb_project,
+        "entity": cfg.wandb_team,
+        "project": cfg.wandb_project,
         "group": group,
         "name": group,
-        "config": args.to_dict() if hasattr(args, "to_dict") else dict(vars(args)),
+        "config": cfg.to_dict(),
     }
-    if args.wandb_mode:
-        kwargs["mode"] = args.wandb_mode
-    if args.wandb_dir:
-        kwargs["dir"] = args.wandb_dir
-    if args.wandb_run_id:
-        kwargs["id"] = args.wandb_run_id
+    if cfg.wandb_mode:
+        kwargs["mode"] = cfg.wandb_mode
+    if cfg.wandb_dir:
+        kwargs["dir"] = cfg.wandb_dir
+    if cfg.wandb_run_id:
+        kwargs["id"] = cfg.wandb_run_id
         kwargs["resume"] = "allow"
     return kwargs
 
 
-def wandb_login_kwargs(args: Any) -> dict[str, Any] | None:
+def wandb_login_kwargs(cfg: SlimeArgs) -> dict[str, Any] | None:
     """Keyword arguments of `wandb.login` (`--wandb-key`, `--wandb-host`), or None: no login needed or possible.
 
     As in the original, an offline or disabled run never logs in.
     """
-    mode = args.wandb_mode or os.environ.get("WANDB_MODE")
-    if mode in ("offline", "disabled") or not (args.wandb_key or args.wandb_host):
+    mode = cfg.wandb_mode or os.environ.get("WANDB_MODE")
+    if mode in ("offline", "disabled") or not (cfg.wandb_key or cfg.wandb_host):
         return None
-    return {"key": args.wandb_key, "host": args.wandb_host}
+    return {"key": cfg.wandb_key, "host": cfg.wandb_host}
 
 
 class Tracker:
     """Collects metrics per rollout step and writes them to TensorBoard / W&B.
 
     Args:
-        args: run config (`use_tensorboard`, `tensorboard_dir`, `tb_project_name`, `tb_experiment_name`, `use_wandb`
+        cfg: run config (`use_tensorboard`, `tensorboard_dir`, `tb_project_name`, `tb_experiment_name`, `use_wandb`
             and the fields of `wandb_init_kwargs` / `wandb_login_kwargs`, `wandb_always_use_train_step` with
             `num_steps_per_rollout`).
         output_dir: where the TensorBoard logs and the curve PNG go when not configured.
+
+    Attributes:
+        tensorboard_dir: where TensorBoard events go; None without `--use-tensorboard`.
     """
 
-    def __init__(self, args: Any, output_dir: str):
-        self.args = args
+    def __init__(self, cfg: SlimeArgs, output_dir: str):
+        self.cfg = cfg
         self.output_dir = output_dir
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.console = Console(stderr=False, soft_wrap=True)
+        self.tensorboard_dir: str | None = None
         self._tb = None
         self._wandb = None
-        if getattr(args, "use_tensorboard", False):
+        if cfg.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tensorboard_dir = tensorboard_log_dir(args, output_dir)
+            self.tensorboard_dir = tensorboard_log_dir(cfg, output_dir)
             self._tb = SummaryWriter(self.tensorboard_dir)
-        if getattr(args, "use_wandb", False):
+        if cfg.use_wandb:
             try:
                 import wandb
             except ImportError:
                 raise ValueError("--use-wandb: the `wandb` package is not installed (pip install wandb)") from None
-            login = wandb_login_kwargs(args)
+            login = wandb_login_kwargs(cfg)
             if login is not None:
                 wandb.login(**login)
-            init = wandb_init_kwargs(args, suffix=uuid.uuid4().hex[:8])
+            init = wandb_init_kwargs(cfg, suffix=uuid.uuid4().hex[:8])
             if "dir" in init:
                 os.makedirs(init["dir"], exist_ok=True)  # wandb does not create it
             self._wandb = wandb.init(**init)
@@ -147,10 +150,9 @@ class Tracker:
         `rollout_id * num_steps_per_rollout` (the original's `rollout_id * rollout_batch_size *
         n_samples_per_prompt // global_batch_size`; config validation makes the division exact).
         """
-        args = self.args
-        if not getattr(args, "wandb_always_use_train_step", False):
+        if not self.cfg.wandb_always_use_train_step:
             return rollout_id
-        return rollout_id * args.num_steps_per_rollout
+        return rollout_id * self.cfg.num_steps_per_rollout
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Records metrics for rollout `step` (keys like `rollout/raw_reward`, `eval/demo`)."""

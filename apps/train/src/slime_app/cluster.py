@@ -28,11 +28,13 @@ import ray  # noqa: E402
 from ray.util.placement_group import PlacementGroup, placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
+from slime_core.config import SlimeArgs  # noqa: E402
 from slime_rollout.engines.launch import nccl_cumem_enable  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-APP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# How long the placement group may wait for its bundles (a busy cluster frees GPUs slowly).
+PLACEMENT_GROUP_TIMEOUT_S = 600
 
 
 def has_gpu() -> bool:
@@ -42,15 +44,15 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def init_ray(args: Any) -> None:
+def init_ray(cfg: SlimeArgs) -> None:
     """Starts a local Ray instance, or connects to `--ray-address` / `RAY_ADDRESS` when given.
 
-    Workers get the app directory on PYTHONPATH so that the actor classes defined here import there.
+    Workers import `slime_app` (the actor classes live here) and the slime packages from the environment
+    they run in: this venv for a local instance (where the workspace installs them), the cluster's own
+    environment for `--ray-address`. Nothing is put on their `PYTHONPATH`.
     """
-    address = getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS")
-    pythonpath = os.pathsep.join(p for p in (APP_DIR, os.environ.get("PYTHONPATH", "")) if p)
+    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
     env_vars = {
-        "PYTHONPATH": pythonpath,
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "TOKENIZERS_PARALLELISM": "false",
         # Required on the lent GPU hosts; harmless elsewhere.
@@ -69,7 +71,6 @@ def init_ray(args: Any) -> None:
         if not has_gpu():
             # CPU machine: bundles are logical slots; never let Ray's CPU accounting block the run.
             kwargs["num_cpus"] = max(os.cpu_count() or 1, 8)
-    os.environ["PYTHONPATH"] = pythonpath
     attempts = 1 if address else 3
     for attempt in range(1, attempts + 1):
         try:
@@ -122,27 +123,27 @@ def _sort_key(info: tuple[str, int]) -> tuple:
     return ip_key, gpu
 
 
-def create_placement(args: Any) -> Placement:
+def create_placement(cfg: SlimeArgs) -> Placement:
     """Creates the placement group for the run's layout (see the module docstring)."""
     use_gpu = has_gpu()
-    actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
-    rollout_gpus = args.rollout_num_gpus or 0
-    if args.debug_rollout_only:
+    actor_gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+    rollout_gpus = cfg.rollout_num_gpus or 0
+    if cfg.debug_rollout_only:
         num_bundles, actor_count, rollout_offset = rollout_gpus, 0, 0
-    elif args.debug_train_only:
+    elif cfg.debug_train_only:
         num_bundles, actor_count, rollout_offset = actor_gpus, actor_gpus, 0
-    elif args.colocate:
+    elif cfg.colocate:
         num_bundles, actor_count, rollout_offset = max(actor_gpus, rollout_gpus), actor_gpus, 0
     else:
         num_bundles, actor_count, rollout_offset = actor_gpus + rollout_gpus, actor_gpus, actor_gpus
-    if args.debug_train_only:
+    if cfg.debug_train_only:
         rollout_gpus = 0
     if num_bundles == 0:
         return Placement(group=None, actor_bundles=[], rollout_bundles=[], rollout_gpu_ids=[], use_gpu=use_gpu)
 
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK")
-    ray.get(group.ready(), timeout=getattr(args, "placement_group_timeout", 600))
+    ray.get(group.ready(), timeout=PLACEMENT_GROUP_TIMEOUT_S)
     infos = ray.get(
         [
             _bundle_info.options(

@@ -1,0 +1,28 @@
+"""Command line: ``uv run apps/make_model --preset qwen3-tiny --out DIR`` (or ``slime-make-model ...``).
+
+Presets: qwen3-tiny (a few MB, real Qwen3 vocab), qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b.
+"""
+
+import argparse
+import logging
+from pathlib import Path
+
+from slime_make_model.checkpoint import DEFAULT_TOKENIZER_DIR, DTYPES, PRESETS, make_model
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parses flags and writes the checkpoint."""
+    parser = argparse.ArgumentParser(prog="make_model", description=__doc__)
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    parser.add_argument("--out", required=True, type=Path, help="new directory to create")
+    parser.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER_DIR, help="Qwen3 tokenizer dir")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-shard-gb", type=float, default=4.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        out = make_model(args.preset, args.out, args.tokenizer, args.dtype, args.seed, args.max_shard_gb)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
+        parser.error(str(e))
+    print(out)

@@ -1,0 +1,270 @@
+"""The training loop: one `step(rollout_id)` (rollout → train → save → weight sync → log → eval) for both schedules.
+
+Sync (default): each step generates its rollout with the weights the previous step pushed, so every
+rollout is on-policy. Async (`--async`): rollout N+1 is generated while rollout N trains (one step
+off-policy); the engines change weights only between generations, every `--update-weights-interval`
+rollouts. `Rollouts` holds that difference; `Run.step` is the same for both.
+
+`Run` builds the placement, the rollout manager and the trainer ranks, pushes the initial weights, then
+calls `step` for every rollout id. Everything is torn down in `close`, also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+
+from slime_app.cluster import create_placement, init_ray
+from slime_app.rollout_manager import RolloutManager
+from slime_app.tracking import Tracker
+from slime_app.train_actor import TrainGroup
+from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+_TRANSPORTS = {  # --weight-sync after validation resolved "auto"
+    "tensor": "tensor (tensor handles to colocated engines)",
+    "disk": "disk (safetensors the engines reload)",
+    "distributed": "distributed (broadcast group with the engines: NCCL on GPUs, gloo on CPU)",
+}
+
+# Above this mean |trainer log-prob − rollout log-prob| on the first step something is wrong with weight
+# sync, temperature or masking (fp32 CPU runs agree to ~1e-6; bf16 GPU runs to ~1e-2).
+LOGPROB_DIFF_WARN = 0.05
+
+
+def _should_run(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
+    return bool(interval) and ((rollout_id + 1) % interval == 0 or rollout_id == num_rollout - 1)
+
+
+class Rollouts:
+    """Where a step's samples come from: generated when asked (sync), or one rollout ahead (async).
+
+    Args:
+        manager: the `RolloutManager` actor.
+        num_rollout: number of rollouts of the run (`--num-rollout`).
+        ahead: the async schedule: rollout N+1 starts as soon as rollout N is handed out.
+        update_weights_interval: async only: the engines get new weights every this many rollouts.
+    """
+
+    def __init__(self, manager: Any, num_rollout: int, *, ahead: bool, update_weights_interval: int):
+        self.manager = manager
+        self.num_rollout = num_rollout
+        self.ahead = ahead
+        self.update_weights_interval = update_weights_interval
+        self._pending: ray.ObjectRef | None = None  # async: the generation in flight
+
+    def take(self, rollout_id: int) -> tuple[list[ray.ObjectRef], dict[str, float]]:
+        """Rollout `rollout_id`: per-DP-rank batch refs and its `rollout/*`, `perf/*` metrics.
+
+        Async, the generation of `rollout_id + 1` (if any) is started once `rollout_id`'s is done.
+        """
+        if not self.ahead:
+            return ray.get(self.manager.generate.remote(rollout_id))
+        current = self._pending if self._pending is not None else self.manager.generate.remote(rollout_id)
+        batch_refs, metrics = ray.get(current)
+        next_id = rollout_id + 1
+        self._pending = self.manager.generate.remote(next_id) if next_id < self.num_rollout else None
+        return batch_refs, metrics
+
+    def weights_due(self, rollout_id: int) -> bool:
+        """Whether the engines get the weights trained on `rollout_id`.
+
+        Sync: after every step (the next rollout is generated with them; as in the original's train.py the
+        interval does not apply). Async: every `--update-weights-interval` rollouts, and only while another
+        generation follows (the last rollout has none to update weights for).
+        """
+        if not self.ahead:
+            return True
+        return self._pending is not None and (rollout_id + 1) % self.update_weights_interval == 0
+
+    def settle(self) -> None:
+        """Waits for the generation in flight (async), so that a weight update or an eval never interleaves it.
+
+        The generation keeps its data (one step stale); its result is taken by the next `take`.
+        """
+        if self._pending is not None:
+            ray.wait([self._pending], num_returns=1)
+
+
+class Run:
+    """The components of one run, built in order and torn down in reverse.
+
+    Args:
+        cfg: the validated run config.
+    """
+
+    def __init__(self, cfg: SlimeArgs):
+        self.cfg = cfg
+        self.output_dir = cfg.output_dir
+        os.makedirs(self.output_dir, exist_ok=True)
+        self.tracker = Tracker(cfg, self.output_dir)
+        self.manager = None
+        self.trainer = None
+        self.rollouts: Rollouts | None = None
+        self.start_rollout_id = 0
+        init_ray(cfg)
+        self.placement = create_placement(cfg)
+
+    def build(self) -> int:
+        """Starts engines and trainer ranks, pushes the initial weights; returns the start rollout id.
+
+        The start rollout id is the one after `--load`'s checkpoint (0 without one), or `--start-rollout-id`.
+        """
+        cfg = self.cfg
+        self.manager = RolloutManager.options(num_cpus=0).remote(
+            cfg, self.placement.rollout_gpu_ids, self.placement.use_gpu
+        )
+        engine_urls = ray.get(self.manager.start.remote())
+        if cfg.colocate:
+            ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
+        start = 0
+        if not cfg.debug_rollout_only:
+            self.trainer = TrainGroup(cfg, self.placement)
+            start = self.trainer.init(cfg)
+            if start > 0:
+                logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
+                ray.get(self.manager.load.remote(start - 1))
+        if cfg.start_rollout_id is not None:
+            start = cfg.start_rollout_id
+        if self.trainer is not None and engine_urls:
+            transport = _TRANSPORTS.get(cfg.weight_sync, cfg.weight_sync)
+            logger.info("weight sync: %s, %d engine(s)", transport, len(engine_urls))
+            self.trainer.connect_engines(engine_urls)
+            # Engines always serve the trainer's weights, also after a resume.
+            self.tracker.log(start, self.sync_weights(start))
+        elif cfg.colocate:
+            ray.get(self.manager.onload.remote())
+        return start
+
+    def run(self) -> None:
+        """The whole run: build, evaluate the starting model, then one `step` per rollout id."""
+        cfg = self.cfg
+        self.start_rollout_id = start = self.build()
+        self.tracker.start(start, cfg.num_rollout)
+        if cfg.eval_prompt_data and start == 0 and not cfg.skip_eval_before_train:
+            self.evaluate(0)
+        self.rollouts = Rollouts(
+            self.manager, cfg.num_rollout, ahead=cfg.async_train, update_weights_interval=cfg.update_weights_interval
+        )
+        for rollout_id in range(start, cfg.num_rollout):
+            self.step(rollout_id)
+
+    def step(self, rollout_id: int) -> None:
+        """One rollout, top to bottom: samples → train → save → weight sync → log → eval."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        batch_refs, metrics = self.rollouts.take(rollout_id)
+        if not cfg.debug_rollout_only:
+            metrics.update(self.train(rollout_id, batch_refs))
+            if cfg.save and (
+                _should_run(cfg.save_interval, rollout_id, cfg.num_rollout) or rollout_id == cfg.num_rollout - 1
+            ):
+                metrics["perf/save_time"] = self.save(rollout_id)
+            if self.rollouts.weights_due(rollout_id):
+                self.rollouts.settle()  # async: the engines never change weights mid-generation
+                metrics.update(self.sync_weights(rollout_id + 1))
+        metrics["perf/step_time"] = time.perf_counter() - t0
+        self.tracker.log(rollout_id, metrics)
+        self.tracker.rollout_done(rollout_id, metrics)
+        if cfg.eval_prompt_data and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout):
+            self.rollouts.settle()
+            self.evaluate(rollout_id + 1)
+
+    def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
+        """Trains on one rollout's per-DP-rank batches; returns `train/*` and `perf/train_time` (seconds).
+
+        Colocated, the engines release their memory first and the trainer wakes up. On the first step the
+        trainer's log-probs of the rollout tokens are checked against the engine's.
+        """
+        if self.cfg.colocate:
+            ray.get(self.manager.offload.remote())
+            self.trainer.wake_up()
+        t0 = time.perf_counter()
+        train_metrics = self.trainer.train(rollout_id, batch_refs)
+        metrics = self._prefix("train", train_metrics)
+        metrics["perf/train_time"] = time.perf_counter() - t0
+        diff = train_metrics.get("train/train_rollout_logprob_abs_diff")
+        if diff is not None and rollout_id == self.start_rollout_id and diff > LOGPROB_DIFF_WARN:
+            logger.warning(
+                "FIRST-STEP CHECK FAILED: mean |trainer log-prob - rollout log-prob| = %.4g > %.2g. "
+                "Engine weights, temperature or masks disagree with the trainer.",
+                diff,
+                LOGPROB_DIFF_WARN,
+            )
+        return metrics
+
+    def save(self, rollout_id: int) -> float:
+        """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took."""
+        t0 = time.perf_counter()
+        # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
+        ray.get(self.manager.save.remote(rollout_id))
+        self.trainer.save(rollout_id)
+        return time.perf_counter() - t0
+
+    def sync_weights(self, weight_version: int) -> dict[str, float]:
+        """Pushes the trainer's weights (trainer awake); returns `perf/update_weights_*`.
+
+        Colocated, the two sides then swap GPU memory: engine weights memory back → push → trainer
+        sleeps → engine KV cache back.
+        """
+        colocate = self.cfg.colocate
+        if colocate:
+            ray.get(self.manager.onload.remote(["weights"]))
+        metrics = self._prefix("perf", self.trainer.update_weights(weight_version))
+        if colocate:
+            self.trainer.sleep()
+            ray.get(self.manager.onload.remote(["kv_cache", "cuda_graph"]))
+        return metrics
+
+    @staticmethod
+    def _prefix(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+        return {k if "/" in k else f"{prefix}/{k}": v for k, v in metrics.items()}
+
+    def evaluate(self, rollout_id: int) -> None:
+        """Runs the eval datasets and logs `eval/*`."""
+        metrics = ray.get(self.manager.eval.remote(rollout_id))
+        self.tracker.log(rollout_id, metrics)
+        self.tracker.eval_line(rollout_id, metrics)
+
+    def finish(self) -> dict[str, str]:
+        """Final HF export and the curve PNG; returns the output paths."""
+        outputs: dict[str, str] = {}
+        if self.trainer is not None and self.cfg.save_hf:
+            path = self.cfg.save_hf
+            if self.cfg.colocate:
+                ray.get(self.manager.offload.remote())
+                self.trainer.wake_up()
+            self.trainer.save_hf(path)
+            outputs["hf_checkpoint"] = path
+        if self.tracker.history:
+            outputs["curve"] = self.tracker.save_curve(os.path.join(self.output_dir, "reward_curve.png"))
+        if self.tracker.tensorboard_dir:
+            outputs["tensorboard"] = self.tracker.tensorboard_dir
+        if self.cfg.save:
+            outputs["checkpoints"] = self.cfg.save
+        engine_logs = os.path.join(self.output_dir, "engine_logs")
+        if os.path.isdir(engine_logs):
+            outputs["engine logs"] = engine_logs
+        return outputs
+
+    def close(self) -> None:
+        """Tears everything down; safe to call after a partial build."""
+        try:
+            self.tracker.close()
+            if self.manager is not None:
+                try:
+                    ray.get(self.manager.dispose.remote(), timeout=60)
+                except Exception:  # noqa: BLE001 - teardown must go on
+                    logger.exception("rollout manager did not shut down cleanly")
+            if self.trainer is not None:
+                try:
+                    self.trainer.shutdown()
+                except Exception:  # noqa: BLE001
+                    logger.exception("trainer did not shut down cleanly")
+        finally:
+            ray.shutdown()

@@ -1,0 +1,93 @@
+"""Weight sync from the trainer ranks to the engines (runs inside the trainer actors).
+
+All ranks iterate the backend's `named_hf_weights` together (it gathers shards: a collective); rank 0
+hands the buckets to the transport chosen by `--weight-sync` (tensor when colocated, NCCL broadcast when
+disaggregated on GPU, disk otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from slime_app.registry import WEIGHT_UPDATERS
+from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+
+def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) -> Any:
+    """The weight updater that `--weight-sync` names, towards `engine_urls`, on rank 0; None on the other ranks.
+
+    Args:
+        cfg: the run config (`weight_sync` was resolved from `auto` by validation).
+        engine_urls: base URLs of the engines (`http://host:port`).
+        rank: this trainer rank (only rank 0 talks to the engines).
+
+    Raises:
+        slime_app.registry.UnknownNameError: (a KeyError and a ValueError) `--weight-sync` names no transport.
+    """
+    if rank != 0 or not engine_urls:
+        return None
+    from slime_rollout.client import RolloutClient
+
+    return WEIGHT_UPDATERS.get(cfg.weight_sync)(cfg, RolloutClient(list(engine_urls)))
+
+
+def distributed_weight_updater(cfg: SlimeArgs, client: Any) -> Any:
+    """`--weight-sync distributed`: a broadcast group rooted at this process (NCCL on GPUs, gloo on CPU).
+
+    The group's rendezvous is this node's address and a free port, which only the trainer process knows.
+
+    Args:
+        cfg: the run config.
+        client: a `slime_rollout.client.RolloutClient` of the engines that join the group.
+    """
+    import ray
+    import torch
+
+    from slime_app.cluster import free_port
+    from slime_rollout.weight_sync import DistributedWeightUpdater
+
+    return DistributedWeightUpdater(
+        cfg,
+        client,
+        master_address=ray.util.get_node_ip_address(),
+        master_port=free_port(),
+        backend="nccl" if torch.cuda.is_available() else "gloo",
+    )
+
+
+def push_weights(backend: Any, updater: Any, cfg: SlimeArgs, weight_version: int, *, rank: int) -> dict[str, float]:
+    """Sends the backend's current weights to the engines; returns `perf/update_weights_time` and GB/s.
+
+    Args:
+        backend: this rank's `TrainBackend` (its `named_hf_weights` is collective: every rank walks it).
+        updater: rank 0's weight updater; None on the other ranks.
+        cfg: the run config (`update_weight_buffer_size`, bytes per bucket).
+        weight_version: the version the engines report afterwards.
+        rank: this trainer rank.
+    """
+    t0 = time.perf_counter()
+    num_bytes = 0
+
+    def counted(buckets):
+        nonlocal num_bytes
+        for bucket in buckets:
+            num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            yield bucket
+
+    buckets = counted(backend.named_hf_weights(cfg.update_weight_buffer_size))
+    if updater is None:
+        for _ in buckets:  # the gather is collective: every rank walks it
+            pass
+    else:
+        updater.update(buckets, str(weight_version))
+    seconds = time.perf_counter() - t0
+    if rank == 0:
+        logger.info("weights v%s pushed: %.2f GB in %.2f s", weight_version, num_bytes / 1e9, seconds)
+    return {
+        "perf/update_weights_time": seconds,
+        "perf/update_weights_gb_per_s": num_bytes / 1e9 / max(seconds, 1e-9),
+    }

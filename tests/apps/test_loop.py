@@ -1,0 +1,126 @@
+"""`Run.step` is the one training step of both schedules; what differs is when rollouts start and weights move.
+
+Ray and the actors are replaced by fakes that record the calls in order (no processes are started).
+"""
+
+import types
+
+import pytest
+
+from slime_app import loop
+from slime_core.config import SlimeArgs
+
+
+class _FakeRay:
+    """`ray.get` / `ray.wait` over the fake refs: a generate ref resolves to (no batches, its metrics)."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def get(self, ref):
+        kind, args = ref
+        if kind == "generate":
+            self.events.append(("got", *args))
+            return [], {"rollout/raw_reward": 0.5}
+        if kind == "eval":
+            return {"eval/demo": 0.25}
+        return None
+
+    def wait(self, refs, num_returns):
+        self.events.extend(("waited", *args) for _, args in refs)
+
+
+class _Actor:
+    """The rollout manager: every `method.remote(...)` is recorded and returns a fake ref."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def __getattr__(self, name):
+        def remote(*args):
+            if name != "generate":  # generation is recorded when it is taken (`got`)
+                self.events.append((name, *args))
+            return (name, args)
+
+        return types.SimpleNamespace(remote=remote)
+
+
+class _Trainer:
+    def __init__(self, events):
+        self.events = events
+
+    def train(self, rollout_id, batch_refs):
+        self.events.append(("train", rollout_id))
+        return {"train/loss": 1.0}
+
+    def save(self, rollout_id):
+        self.events.append(("trainer.save", rollout_id))
+
+    def update_weights(self, version):
+        self.events.append(("update_weights", version))
+        return {"update_weights_time": 0.1}
+
+
+class _Tracker:
+    def __init__(self):
+        self.logged = {}
+
+    def log(self, step, metrics):
+        self.logged.setdefault(step, {}).update(metrics)
+
+    def rollout_done(self, step, metrics):
+        pass
+
+    def eval_line(self, step, metrics):
+        pass
+
+
+def _run(monkeypatch, **fields):
+    cfg = SlimeArgs.from_dict(
+        {"rollout_batch_size": 1, "num_rollout": 3, "eval_prompt_data": ["demo", "/e.jsonl"], **fields}
+    )
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.trainer, run.tracker = cfg, _Actor(events), _Trainer(events), _Tracker()
+    run.start_rollout_id = 0
+    run.rollouts = loop.Rollouts(
+        run.manager, cfg.num_rollout, ahead=cfg.async_train, update_weights_interval=cfg.update_weights_interval
+    )
+    for rollout_id in range(cfg.num_rollout):
+        run.step(rollout_id)
+    return events, run.tracker.logged
+
+
+def test_sync_step_reads_rollout_train_save_sync_eval(monkeypatch):
+    events, logged = _run(monkeypatch, save="/ckpt", save_interval=2, eval_interval=2)
+    assert events == [
+        ("got", 0), ("train", 0), ("update_weights", 1),
+        ("got", 1), ("train", 1), ("save", 1), ("trainer.save", 1), ("update_weights", 2), ("eval", 2),
+        ("got", 2), ("train", 2), ("save", 2), ("trainer.save", 2), ("update_weights", 3), ("eval", 3),
+    ]  # fmt: skip
+    assert set(logged[1]) == {
+        "rollout/raw_reward", "train/loss", "perf/train_time", "perf/save_time", "perf/update_weights_time",
+        "perf/step_time",
+    }  # fmt: skip
+    assert logged[2]["eval/demo"] == 0.25  # the eval after rollout 1 is logged at rollout 2
+
+
+@pytest.mark.parametrize("interval", [1, 2])
+def test_async_step_generates_one_ahead_and_moves_weights_between_generations(monkeypatch, interval):
+    events, logged = _run(monkeypatch, async_train=True, update_weights_interval=interval, eval_interval=3)
+    if interval == 1:
+        assert events == [
+            ("got", 0), ("train", 0), ("waited", 1), ("update_weights", 1),
+            ("got", 1), ("train", 1), ("waited", 2), ("update_weights", 2),
+            ("got", 2), ("train", 2), ("eval", 3),  # the last rollout has no next generation to update for
+        ]  # fmt: skip
+    else:
+        assert events == [
+            ("got", 0), ("train", 0),
+            ("got", 1), ("train", 1), ("waited", 2), ("update_weights", 2),
+            ("got", 2), ("train", 2), ("eval", 3),
+        ]  # fmt: skip
+    assert sorted(step for step, m in logged.items() if "perf/update_weights_time" in m) == (
+        [0, 1] if interval == 1 else [1]
+    )
