@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import threading
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,13 +22,15 @@ def engine_args(kind: str, model_dir: Path, *, mem_fraction: float, max_bs: int,
     """Run-config fields `launch_engines` reads, for one engine on GPU 0 (sglang) or the CPU reference."""
     if kind == "sglang":
         # Decode CUDA graphs on (≈10× faster), no prefill graph capture (saves ≈ 40 s): shared/device/README.md.
-        sglang_args = {"cuda_graph_backend_prefill": "disabled", "cuda_graph_max_bs_decode": max_bs}
+        sglang_args = {"cuda_graph_backend_prefill": "disabled", "cuda_graph_max_bs_decode": str(max_bs)}
     else:
-        sglang_args = {"dtype": "float32", "max_running_requests": max_bs}
-    return types.SimpleNamespace(
-        rollout_engine=kind, hf_checkpoint=str(model_dir), seed=1234, sglang_mem_fraction_static=mem_fraction,
-        sglang_args=sglang_args, rollout_num_gpus_per_engine=1, offload_rollout=memory_saver,
-    )  # fmt: skip
+        sglang_args = {"dtype": "float32", "max_running_requests": str(max_bs)}
+    from slime_core.config import SlimeArgs
+
+    return SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "rollout_engine": kind, "hf_checkpoint": str(model_dir),
+        "seed": 1234, "sglang_args": sglang_args, "rollout_num_gpus_per_engine": 1, "offload_rollout": memory_saver,
+    })  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -47,7 +48,9 @@ def engine(
 
     args = engine_args(kind, model_dir, mem_fraction=mem_fraction, max_bs=max_bs, memory_saver=memory_saver)
     start = time.perf_counter()
-    with launch_engines(args, num_engines=1, gpus_per_engine=1, startup_timeout_s=600, log_dir=log_dir) as group:
+    with launch_engines(
+        args, num_engines=1, gpus_per_engine=1, startup_timeout_s=600, log_dir=log_dir, mem_fraction_static=mem_fraction
+    ) as group:
         yield group.urls[0], time.perf_counter() - start
 
 

@@ -21,26 +21,24 @@ import argparse
 import asyncio
 import os
 import time
-import types
 from pathlib import Path
 
 import _common  # sibling module: a script's own directory is first on sys.path
 import _engine
 
 
-def rollout_args(url: str, model_dir: Path, a: argparse.Namespace) -> types.SimpleNamespace:
-    """Run-config fields generate_rollout, the data source, the generate function and the rm read."""
-    return types.SimpleNamespace(
-        rollout_engine_urls=[url], hf_checkpoint=str(model_dir), prompt_data=str(a.prompt_data),
-        input_key="question", label_key="answer", metadata_key="metadata", tool_key="tools",
-        apply_chat_template=True, apply_chat_template_kwargs={}, rollout_max_prompt_len=None, rollout_shuffle=False,
-        rollout_seed=42, rollout_batch_size=a.num_prompts, n_samples_per_prompt=a.n, over_sampling_batch_size=None,
-        dynamic_sampling_filter_path=None, partial_rollout=False, mask_offpolicy_in_partial_rollout=False,
-        rm_type="math", custom_rm_path=None, group_rm=False, reward_key=None, rollout_temperature=1.0,
-        rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=a.max_new_tokens, rollout_stop=None,
-        rollout_stop_token_ids=None, rollout_skip_special_tokens=False, sglang_server_concurrency=a.concurrency,
-        save=None, load=None,
-    )  # fmt: skip
+def rollout_args(url: str, model_dir: Path, a: argparse.Namespace):
+    """The plugin view generate_rollout, the data source, the generate function and the rm receive."""
+    from slime_core.config import PluginArgs, SlimeArgs
+
+    cfg = SlimeArgs.from_dict({
+        "hf_checkpoint": str(model_dir), "prompt_data": str(a.prompt_data), "input_key": "question",
+        "label_key": "answer", "apply_chat_template": True, "rollout_seed": 42, "rollout_batch_size": a.num_prompts,
+        "n_samples_per_prompt": a.n, "num_rollout": 1, "rm_type": "math", "rollout_temperature": 1.0,
+        "rollout_top_p": 1.0, "rollout_top_k": -1, "rollout_max_response_len": a.max_new_tokens,
+        "sglang_server_concurrency": a.concurrency, "rollout_engine": a.engine,
+    })  # fmt: skip
+    return PluginArgs.from_config(cfg, engine_urls=[url])
 
 
 def run_slime(args, data_source, rollout_id: int) -> tuple[float, list[tuple[list[int], int]]]:

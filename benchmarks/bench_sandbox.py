@@ -25,9 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 from slime_envs.sandbox import SandboxConfig, check_sandbox, run_python  # noqa: E402

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import time
-import types
 
 import _common  # sibling module: a script's own directory is first on sys.path
 import _engine
@@ -92,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from slime_core.config import SlimeArgs
     from slime_rollout.client import RolloutClient
     from slime_rollout.weight_sync import DiskWeightUpdater, TensorWeightUpdater
 
@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> dict:
         version, failures = 0, []
         for mode in modes:
             client = RolloutClient([url])
-            upd_args = types.SimpleNamespace(update_weight_disk_dir=a.disk_dir, update_weight_disk_keep_files=False,
-                                             hf_checkpoint=str(model_dir), rollout_num_gpus_per_engine=1)  # fmt: skip
+            upd_args = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "hf_checkpoint": str(model_dir),
+                                            "update_weight_disk_dir": a.disk_dir, "weight_sync": mode,
+                                            "rollout_num_gpus_per_engine": 1})  # fmt: skip
             updater = (DiskWeightUpdater if mode == "disk" else TensorWeightUpdater)(upd_args, client)
             times = []
             for _ in range(a.repeats):

@@ -26,14 +26,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
-from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+import torch
 
 logger = logging.getLogger("probe")
 ROWS: list[dict] = []
@@ -230,8 +226,12 @@ def _liger_available(device: torch.device) -> bool:
 
 
 # -------------------------------------------------------------------- model
-def _build_model(cfg, device):
-    """FSDP2-sharded (one rank) Qwen3 with fp32 master weights and bf16 compute on CUDA, like `model_loading`."""
+def _build_model(cfg, device, fused: str = "none"):
+    """FSDP2-sharded (one rank) Qwen3 with fp32 master weights and bf16 compute on CUDA, like `model_loading`.
+
+    `fused`: "none"; "liger" (liger-kernel's RMSNorm/SwiGLU/RoPE kernels patched into the model); "compile"
+    (`torch.compile` of every decoder layer, dynamic shapes, before sharding, as torchtitan does).
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
@@ -242,6 +242,14 @@ def _build_model(cfg, device):
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+    if fused == "liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+
+        apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False, model=model)  # fmt: skip
+    elif fused == "compile":
+        for layer in model.model.layers:
+            layer.compile(dynamic=True)
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
     kwargs = {"mesh": mesh}
     if device.type == "cuda":
@@ -272,7 +280,7 @@ def probe_model(cfg, lengths, device, a, peak_tflops: float) -> None:
             model, mb, attn, head, base, flops, lengths, device, a, peak_tflops))  # fmt: skip
 
 
-def _model_combo(model, mb, attn, head, base, flops, lengths, device, a, peak_tflops) -> None:
+def _model_combo(model, mb, attn, head, base, flops, lengths, device, a, peak_tflops, section="model", name=None):
     from slime_train_fsdp import packing
 
     model.zero_grad(set_to_none=True)  # a failed combination may have left gradients behind
@@ -296,11 +304,81 @@ def _model_combo(model, mb, attn, head, base, flops, lengths, device, a, peak_tf
     ms = _time_ms(step, device, min(a.warmup, 2), min(a.repeats, 5))
     mem = _peak_extra_gib(step, device)
     diff = (logp.double() - base_logp.double()).abs()
-    _record("model", f"{attn}+{head}", fwd_bwd_ms=round(ms, 2), first_call_s=round(first_s, 2),
+    name = name or f"{attn}+{head}"
+    _record(section, name, fwd_bwd_ms=round(ms, 2), first_call_s=round(first_s, 2),
             tokens_per_s=round(sum(lengths) / ms * 1e3, 1), mfu=round(flops / (ms / 1e3) / (peak_tflops * 1e12), 4),
             peak_extra_gib=mem, grad_norm=norms[0], logp_max_diff_vs_first=float(diff.max()),
             logp_mean_diff_vs_first=float(diff.mean()), seq_lens=lengths)  # fmt: skip
-    logger.info("model %-22s %9.2f ms  grad norm %.6g", f"{attn}+{head}", ms, norms[0])
+    logger.info("%s %-22s %9.2f ms  grad norm %.6g", section, name, ms, norms[0])
+
+
+def probe_packing(cfg, device, a) -> None:
+    """Packed rows against the ground truth: every sequence run alone (its own causal attention, no packing).
+
+    bf16 compute on CUDA; the same model and tokens for every attention implementation, so a difference above
+    the bf16 noise of `sdpa` on single sequences means attention leaked across sequences of the row.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from slime_train_fsdp import packing
+    from slime_train_fsdp.attention import SLIME_FLEX, SLIME_VARLEN, register_attention
+
+    register_attention()
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa").eval()
+    g = torch.Generator().manual_seed(3)
+    lengths = [300, 17, 1024, 511] if device.type == "cuda" else [40, 9, 64]
+    tokens = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in lengths]
+    resp = [n // 2 for n in lengths]
+    packing.install_response_forward(model, packing.ForwardOptions(head="fp32"))
+    with torch.no_grad():
+        alone = []
+        for i in range(len(lengths)):
+            one = packing.pack_micro_batch(tokens, resp, [i], device)
+            alone.append(packing.response_log_probs(model, one, temperature=1.0, chunk_size=1024)[0].double())
+        ref = torch.cat(alone)
+        mb = packing.pack_micro_batch(tokens, resp, list(range(len(lengths))), device)
+        impls = ["sdpa", "eager"] + ([SLIME_VARLEN, SLIME_FLEX] if device.type == "cuda" else [])
+        for impl in impls:
+            model.set_attn_implementation(impl)
+            logp = packing.response_log_probs(model, mb, temperature=1.0, chunk_size=1024)[0].double()
+            diff = (logp - ref).abs()
+            _record("packing", impl, fwd_bwd_ms=0.0, logp_max_diff_vs_alone=float(diff.max()),
+                    logp_mean_diff_vs_alone=float(diff.mean()), seq_lens=lengths, dtype=str(dtype))  # fmt: skip
+            logger.info("packing %-13s vs alone: max %.3e mean %.3e", impl, diff.max(), diff.mean())
+        model.set_attn_implementation("sdpa")
+
+
+def probe_fused(cfg, device, a, peak_tflops: float) -> None:
+    """The whole step with fused elementwise kernels (liger / regional compile) and a larger micro-batch."""
+    from slime_train_fsdp import packing
+    from slime_train_fsdp.attention import SLIME_VARLEN
+
+    # liger patches transformers' Qwen3 classes process-wide: its variants go last (`--fused-variants` reorders).
+    variants = [(f, int(n)) for f, n in (v.split(":") for v in a.fused_variants.split(","))]
+    if not _liger_available(device):
+        variants = [v for v in variants if v[0] != "liger"]
+    for fused, num_seqs in variants:
+        name = f"varlen+tf32+{fused}x{num_seqs}"
+
+        def run(fused=fused, num_seqs=num_seqs, name=name):
+            model = _build_model(cfg, device, fused)
+            lengths = [1024] * num_seqs if device.type == "cuda" else [64] * num_seqs
+            g = torch.Generator().manual_seed(2)
+            tokens = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in lengths]
+            resp = [n // 2 for n in lengths]
+            mb = packing.pack_micro_batch(tokens, resp, list(range(len(lengths))), device)
+            flops = _common.transformer_flops(cfg, lengths, lm_head_tokens=sum(resp), backward=True)["total"]
+            base: dict = {}
+            _model_combo(model, mb, SLIME_VARLEN, "tf32", base, flops, lengths, device, a, peak_tflops,
+                         section="fused", name=name)  # fmt: skip
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+        _guarded("fused", name, run)
 
 
 def _table() -> str:
@@ -310,6 +388,7 @@ def _table() -> str:
             lines.append(f"{r['section']:8} {r['name']:24} FAILED {r['error'][:80]}")
             continue
         err = r.get("max_abs_err_vs_fp32", r.get("logp_max_err", r.get("logp_max_diff_vs_first")))
+        err = r.get("logp_mean_diff_vs_alone", err)
         extra = r.get("mfu", r.get("first_call_s", ""))
         mem = r.get("peak_extra_gib")
         lines.append(f"{r['section']:8} {r['name']:24} {r['fwd_bwd_ms']:>10.3f} "
@@ -321,7 +400,12 @@ def main(argv: list[str] | None = None) -> None:
     """Parses flags, runs the chosen sections, prints JSON lines and the table."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (runs anywhere in < 1 min)")
-    p.add_argument("--sections", default="attn,head,model")
+    p.add_argument("--sections", default="attn,head,model", help="any of attn,head,model,packing,fused")
+    p.add_argument(
+        "--fused-variants",
+        default="none:8,compile:8,none:16,compile:16,liger:8,liger:16",
+        help="fused section: comma-separated kernels:num_seqs (kernels: none, compile, liger)",
+    )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--temperature", type=float, default=0.8)
@@ -339,14 +423,19 @@ def main(argv: list[str] | None = None) -> None:
         probe_attention(cfg, lengths, device, a)
     if "head" in sections:
         probe_head(cfg, 64 if a.smoke else 8192, device, a)
-    if "model" in sections:
+    if "packing" in sections:
+        _guarded("packing", "all", lambda: probe_packing(cfg, device, a))
+    if "model" in sections or "fused" in sections:
         import torch.distributed as dist
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
         try:
-            probe_model(cfg, lengths, device, a, a.peak_tflops)
+            if "model" in sections:
+                probe_model(cfg, lengths, device, a, a.peak_tflops)
+            if "fused" in sections:
+                probe_fused(cfg, device, a, a.peak_tflops)
         finally:
             dist.destroy_process_group()
     logger.info("device %s\n%s", _common.device_name(device.type), _table())
