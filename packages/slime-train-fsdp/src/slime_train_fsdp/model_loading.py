@@ -22,6 +22,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from slime_core.config import SlimeArgs
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -41,16 +43,15 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _attn_implementation(args: Any, device: torch.device) -> str:
+def _attn_implementation(cfg: SlimeArgs, device: torch.device) -> str:
     """`--attn-implementation`, defaulting to flash-attention varlen on GPU when installed, else sdpa.
 
     Both implementations handle packed rows: with `attention_mask=None` and `position_ids` restarting at 0,
     transformers (>= 5) derives cu_seqlens for flash-attention and a block-diagonal causal mask for sdpa/eager
     (`masking_utils.find_packed_sequence_indices`).
     """
-    explicit = getattr(args, "attn_implementation", None)
-    if explicit:
-        return explicit
+    if cfg.attn_implementation:
+        return cfg.attn_implementation
     if device.type == "cuda":
         try:
             import flash_attn  # noqa: F401
@@ -93,15 +94,15 @@ def _layer_classes(model: nn.Module) -> tuple[type, ...]:
     return tuple(classes)
 
 
-def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, args: Any, device: torch.device) -> None:
+def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torch.device) -> None:
     """One FSDP unit per decoder layer, then the root (embeddings, final norm, lm_head stay in the root unit)."""
     kwargs: dict[str, Any] = {"mesh": mesh}
     if device.type == "cuda":
         # bf16 compute, fp32 master weights and fp32 gradient reduction.
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if getattr(args, "fsdp_cpu_offload", False):
+        if cfg.fsdp_cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
-    elif getattr(args, "fsdp_cpu_offload", False):
+    elif cfg.fsdp_cpu_offload:
         logger.warning("--fsdp-cpu-offload has no effect on CPU")
     layer_types = _layer_classes(model)
     for module in model.modules():
@@ -142,12 +143,12 @@ def load_hf_weights_into(model: nn.Module, path: str | pathlib.Path) -> None:
 
 
 def build_fsdp_model(
-    args: Any, path: str | pathlib.Path, device: torch.device, mesh: DeviceMesh | None = None
+    cfg: SlimeArgs, path: str | pathlib.Path, device: torch.device, mesh: DeviceMesh | None = None
 ) -> tuple[nn.Module, PretrainedConfig]:
     """Builds the FSDP2-sharded model of an HF checkpoint (collective over the default group).
 
     Args:
-        args: run config; reads `attn_implementation`, `gradient_checkpointing`, `fsdp_cpu_offload`.
+        cfg: run config; reads `attn_implementation`, `gradient_checkpointing`, `fsdp_cpu_offload`.
         path: HF checkpoint directory (`--hf-checkpoint`).
         device: this rank's compute device.
         mesh: 1-D data-parallel mesh; built over the whole world when None.
@@ -156,17 +157,17 @@ def build_fsdp_model(
         (model, config): the sharded `AutoModelForCausalLM` in train mode with fp32 master weights.
     """
     config = AutoConfig.from_pretrained(path)
-    attn = _attn_implementation(args, device)
+    attn = _attn_implementation(cfg, device)
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     # Meta-device construction everywhere; the weights come from rank 0 below.
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    if getattr(args, "gradient_checkpointing", False):
+    if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    _apply_fsdp(model, mesh, args, device)
-    offload = device.type == "cuda" and getattr(args, "fsdp_cpu_offload", False)
+    _apply_fsdp(model, mesh, cfg, device)
+    offload = device.type == "cuda" and cfg.fsdp_cpu_offload
     model.to_empty(device="cpu" if offload else device)
     _init_buffers(model, config, device)
     load_hf_weights_into(model, path)

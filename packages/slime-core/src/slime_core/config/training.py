@@ -5,19 +5,22 @@ from __future__ import annotations
 from typing import Literal
 
 from slime_core.config.base import ArgsGroup, arg
+from slime_core.estimators import estimator_names
 
 __all__ = ["AlgorithmArgs", "CheckpointArgs", "FsdpArgs", "OptimizerArgs"]
 
-AdvantageEstimator = Literal[
-    "grpo", "gspo", "cispo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
-]
+# The registered estimators (slime_core.estimators) are the flag's choices: argparse and pydantic reject
+# any other name with one line listing these.
+AdvantageEstimator = Literal[estimator_names()]  # pyright: ignore[reportInvalidTypeForm]
 KlType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
 class AlgorithmArgs(ArgsGroup):
     """Advantages, policy loss, KL, importance sampling."""
 
-    advantage_estimator: AdvantageEstimator = arg("grpo", "Advantage estimator.")
+    advantage_estimator: AdvantageEstimator = arg(
+        "grpo", "Advantage estimator (its needs and default policy loss: slime_core.estimators)."
+    )
     loss_type: Literal["policy_loss", "sft_loss", "custom_loss"] = arg(
         "policy_loss",
         "Training loss: policy_loss (per --advantage-estimator), sft_loss (masked NLL of the response tokens) or "

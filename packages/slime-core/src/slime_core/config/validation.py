@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.unsupported import check_unsupported
+from slime_core.estimators import ESTIMATORS, get_estimator
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -178,15 +179,11 @@ def _algorithm(args: SlimeArgs) -> None:
         warn_once("kl_loss_coef", "--kl-loss-coef has no effect without --use-kl-loss")
     if args.with_ref and args.ref_load is None and args.hf_checkpoint is None:
         raise ConfigError("--use-kl-loss / --kl-coef need a reference model: give --ref-load or --hf-checkpoint")
-    if args.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        if not args.normalize_advantages:
-            raise ConfigError(f"--advantage-estimator {args.advantage_estimator} requires --normalize-advantages")
+    _estimator(args)
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
     if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
         raise ConfigError(f"--eps-clip-c must be > 1 (dual clip), got {args.eps_clip_c}")
-    if args.advantage_estimator == "cispo" and args.eps_clip < 1.0:
-        warn_once("cispo_eps", f"CISPO with --eps-clip {args.eps_clip} < 1; the canonical setting is --eps-clip 1")
     if args.use_rollout_logprobs and args.use_tis:
         raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
     if args.tis_clip_low > args.tis_clip:
@@ -198,11 +195,6 @@ def _algorithm(args: SlimeArgs) -> None:
             "--disable-compute-advantages-and-returns leaves the policy loss without advantages; "
             "use it with --loss-type sft_loss or custom_loss"
         )
-    if args.advantage_estimator == "ppo":
-        raise ConfigError(
-            "--advantage-estimator ppo needs a critic model, which this version does not train; use grpo, gspo, "
-            "cispo, rloo, reinforce_plus_plus or reinforce_plus_plus_baseline"
-        )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
@@ -211,6 +203,18 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
     if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
         warn_once("mask_offpolicy", "--mask-offpolicy-in-partial-rollout has no effect without --partial-rollout")
+
+
+def _estimator(args: SlimeArgs) -> None:
+    """The `--advantage-estimator` spec's own rules (required flags, hook), then the critic rule."""
+    spec = get_estimator(args.advantage_estimator)  # a registered name: the field's choices are the registry's
+    spec.validate(args)
+    if spec.needs_critic:
+        usable = [s.name for s in ESTIMATORS if not s.needs_critic]
+        raise ConfigError(
+            f"--advantage-estimator {spec.name} needs a critic model, which this version does not train; use "
+            f"{', '.join(usable[:-1])} or {usable[-1]}"
+        )
 
 
 def _dynamic_batch(args: SlimeArgs) -> None:
