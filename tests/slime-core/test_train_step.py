@@ -11,7 +11,7 @@ import torch
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.train_step import can_reuse_old_log_probs, step_denominator, train_on_rollout
+from slime_core.train_step import StepBackend, can_reuse_old_log_probs, step_denominator, train_on_rollout
 
 ATOL = 1e-6
 
@@ -132,6 +132,7 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
     divided by the global 4 samples = -(1·2/2 - 0.5·2/2)·2/4 = -0.25; no separate old-log-prob forward."""
     batch = _batch(1, dp=2)
     backend = FakeBackend(batch, dp=2)
+    assert isinstance(backend, StepBackend)
     metrics, steps = train_on_rollout(_cfg(), backend, 0, batch)
     assert backend.calls == ["forward_backward:0", "optimizer_step", "reduce_metric_sums"]
     assert backend.denominators == [4.0]

@@ -291,10 +291,11 @@ def test_save_hf_exports_the_trainers_weights(cpu_backend_env, tiny_hf, tmp_path
 
     from slime_convert.mapping import mcore_to_hf
     from slime_core.protocols import TrainBackend
+    from slime_core.train_step import StepBackend
 
     _, hf_dir = tiny_hf("qwen2")  # tied embeddings: the export has no lm_head.weight, as HF writes it
     backend = cpu_backend_env.MegatronTrainBackend()
-    assert isinstance(backend, TrainBackend)
+    assert isinstance(backend, TrainBackend) and isinstance(backend, StepBackend)
     backend.init(
         _config(
             hf_checkpoint=str(hf_dir),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -57,6 +57,7 @@ the order of `ids`. `loss` is a scalar SUM over the micro-batch's samples (not y
 denominator); `metrics` are detached scalars summed the same way."""
 
 
+@runtime_checkable
 class StepBackend(Protocol):
     """What a training backend supplies to `train_on_rollout` (every method is collective over its ranks)."""
 
