@@ -84,15 +84,15 @@ def worker(model_dir: str, tp: int, pp: int, cp: int, out_path: str) -> None:
     from slime_core.train_data import build_rollout_batches
     from slime_train_megatron.backend import MegatronTrainBackend
 
-    args = _config(model_dir, tp, pp, cp)
+    cfg = _config(model_dir, tp, pp, cp)
     backend = MegatronTrainBackend()
-    backend.init(args, with_ref=False)
+    backend.init(cfg, with_ref=False)
     dp = parallel_state.get_data_parallel_world_size()
     result: dict = {"layout": [tp, pp, cp], "dp": dp}
     start = backend._snapshot()
     for mode, per_token in LOSS_MODES.items():
-        args.calculate_per_token_loss = per_token
-        batch = build_rollout_batches(args, _samples(backend.model_args.vocab_size), dp_size=dp)[
+        backend.cfg = cfg.model_copy(update={"calculate_per_token_loss": per_token})  # read by train() per call
+        batch = build_rollout_batches(backend.cfg, _samples(backend.model_args.vocab_size), dp_size=dp)[
             parallel_state.get_data_parallel_rank()
         ]
         t0 = time.perf_counter()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import types
 from pathlib import Path
 
 import _common  # sibling module: a script's own directory is first on sys.path
@@ -29,9 +28,11 @@ import _common  # sibling module: a script's own directory is first on sys.path
 VOCAB_SAMPLED = 151_000  # token ids drawn below the real Qwen3 vocab (151669)
 
 
-def make_args(model_dir: Path, a: argparse.Namespace) -> types.SimpleNamespace:
-    """The run-config fields FSDPTrainBackend and compute_actor_loss read (config defaults, GRPO)."""
-    return types.SimpleNamespace(
+def make_args(model_dir: Path, a: argparse.Namespace):
+    """The run config (`SlimeArgs`, config defaults, GRPO) with the benchmark's model and FSDP options."""
+    from slime_core.config import SlimeArgs
+
+    return SlimeArgs.from_dict(dict(
         hf_checkpoint=str(model_dir), rollout_temperature=1.0, lr=1e-6, min_lr=0.0, lr_warmup_iters=0,
         lr_decay_style="constant", lr_decay_iters=None, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.98,
         adam_eps=1e-8, clip_grad=1.0, seed=1234, advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28,
@@ -41,7 +42,7 @@ def make_args(model_dir: Path, a: argparse.Namespace) -> types.SimpleNamespace:
         attn_implementation=a.attn_implementation, gradient_checkpointing=a.gradient_checkpointing,
         fsdp_cpu_offload=False, update_weight_buffer_size=512 * 1024**2, load=None, save=None, ref_load=None,
         start_rollout_id=None, num_rollout=100, rollout_batch_size=1, n_samples_per_prompt=1, global_batch_size=1,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def make_batch(a: argparse.Namespace, seed: int = 0):
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
         os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     model_dir, write_s = _common.ensure_model(a.preset, a.model_root)
+    from slime_core.train_step import can_reuse_old_log_probs
     from slime_train_fsdp import FSDPTrainBackend
 
     dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
         args = make_args(model_dir, a)
         load_s, _ = _common.timed(lambda: backend.init(args, with_ref=False), a.device)
         batch = make_batch(a)
-        old_forward = not backend._can_reuse_log_probs(batch)
+        old_forward = not can_reuse_old_log_probs(args, batch)
         warm_s, metrics = _common.timed(lambda: backend.train(0, batch), a.device)
         if a.device == "cuda":
             torch.cuda.reset_peak_memory_stats()

@@ -1,5 +1,3 @@
-import types
-
 import numpy as np
 import pytest
 import torch
@@ -11,8 +9,14 @@ from slime_core.algorithms import (
     discounted_cumsum,
     whitening_stats,
 )
+from slime_core.config import SlimeArgs
 
 # Tolerances: serial-loop references in float64, results float32: atol 1e-5 (1e-4 for long scans).
+
+
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the functions' own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
 def _args(**kw):
@@ -20,7 +24,7 @@ def _args(**kw):
         advantage_estimator="grpo", kl_coef=0.0, kl_loss_type="k1", gamma=1.0, lambd=1.0, n_samples_per_prompt=2
     )
     base.update(kw)
-    return types.SimpleNamespace(**base)
+    return _CONFIG.model_copy(update=base)
 
 
 def _serial_discounted(x, discount):

@@ -1,13 +1,18 @@
 import math
-import types
 
 import pytest
 import torch
 
 from slime_core.algorithms import compute_actor_loss, compute_critic_loss, compute_sft_loss
+from slime_core.config import SlimeArgs
 
 # Tolerances: the plain-Python reference runs in float64, the implementation in float32: atol 1e-5.
 ATOL = 1e-5
+
+
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the functions' own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
 def _args(**kw):
@@ -30,7 +35,7 @@ def _args(**kw):
         custom_pg_loss_reducer_function_path=None,
     )
     base.update(kw)
-    return types.SimpleNamespace(**base)
+    return _CONFIG.model_copy(update=base)
 
 
 def _batch(seed=0, lengths=(4, 1, 3, 5, 2)):
@@ -323,7 +328,7 @@ def test_option_errors():
 
 
 def test_critic_loss_by_hand():
-    args = types.SimpleNamespace(value_clip=0.2, calculate_per_token_loss=False)
+    args = _CONFIG.model_copy(update=dict(value_clip=0.2, calculate_per_token_loss=False))
     values = [torch.tensor([1.5, 0.1, 2.0], requires_grad=True)]
     loss, metrics = compute_critic_loss(
         args,
@@ -344,7 +349,7 @@ def test_critic_loss_by_hand():
 def test_sft_loss():
     lp = [torch.tensor([-1.0, -3.0]), torch.tensor([-2.0])]
     loss, metrics = compute_sft_loss(
-        types.SimpleNamespace(calculate_per_token_loss=False),
+        _CONFIG.model_copy(update=dict(calculate_per_token_loss=False)),
         log_probs=lp,
         loss_masks=[torch.tensor([1.0, 0.0]), torch.ones(1)],
         loss_denominators=[1.0, 1.0],

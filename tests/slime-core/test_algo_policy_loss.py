@@ -1,5 +1,4 @@
 import math
-import types
 
 import pytest
 import torch
@@ -11,9 +10,15 @@ from slime_core.algorithms import (
     get_policy_loss,
     sequence_mean_ppo_kl,
 )
+from slime_core.config import SlimeArgs
 
 # Tolerance: fp32 elementwise vs hand values, atol 1e-6.
 ATOL = 1e-6
+
+
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the functions' own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
 def _kl_for_ratio(ratios):
@@ -108,7 +113,7 @@ def test_gspo_sequence_ratio():
 
 
 def test_gspo_registered_loss_and_gradient():
-    args = types.SimpleNamespace(eps_clip=0.2, eps_clip_high=None, eps_clip_c=None)
+    args = _CONFIG.model_copy(update=dict(eps_clip=0.2, eps_clip_high=None, eps_clip_c=None))
     old = torch.tensor([-1.0, -1.0, -2.0])
     lp = torch.tensor([-0.9, -1.1, -2.0], requires_grad=True)
     adv = torch.tensor([1.0, 1.0, -1.0])

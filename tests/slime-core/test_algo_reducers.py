@@ -1,16 +1,20 @@
-import types
-
 import pytest
 import torch
 
 from slime_core.algorithms import default_reducer, drgrpo, sum_of_sample_mean, sum_of_token
 from slime_core.algorithms.reducers import segment_sums
+from slime_core.config import SlimeArgs
 
 # Tolerance: small fp32 sums vs hand values, atol 1e-6.
 ATOL = 1e-6
 LENGTHS = [3, 1, 2, 0]
 MASKS = [torch.tensor([1.0, 0.0, 1.0]), torch.tensor([1.0]), torch.tensor([0.0, 0.0]), torch.zeros(0)]
 X = torch.tensor([1.0, 100.0, 3.0, 5.0, 7.0, 9.0])
+
+
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the functions' own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
 def test_segment_sums():
@@ -54,10 +58,10 @@ def test_sum_of_token_and_default_reducer():
 
 
 def test_drgrpo_constant_denominator():
-    args = types.SimpleNamespace(rollout_max_response_len=8)
+    args = _CONFIG.model_copy(update=dict(rollout_max_response_len=8))
     reduce = drgrpo(None, LENGTHS, MASKS, False, args=args)
     assert reduce(X).item() == pytest.approx(9.0 / 8, abs=ATOL)
     with pytest.raises(ValueError, match="rollout-max-response-len"):
-        drgrpo(None, LENGTHS, MASKS, False, args=types.SimpleNamespace(rollout_max_response_len=None))
+        drgrpo(None, LENGTHS, MASKS, False, args=_CONFIG.model_copy(update=dict(rollout_max_response_len=None)))
     with pytest.raises(ValueError, match="per-token"):
         drgrpo(None, LENGTHS, MASKS, True, args=args)

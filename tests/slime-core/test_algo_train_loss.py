@@ -9,10 +9,16 @@ import types
 import pytest
 import torch
 
-from slime_core.algorithms import compute_actor_loss, compute_train_loss, needs_old_log_probs
+from slime_core.algorithms import LossInputs, compute_actor_loss, compute_train_loss, needs_old_log_probs
+from slime_core.config import SlimeArgs
 from slime_core.plugins import PluginError
 
 ATOL = 1e-6
+
+
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the functions' own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
 def _args(**kw):
@@ -29,7 +35,7 @@ def _args(**kw):
         kl_coef=0.0,
     )
     base.update(kw)
-    return types.SimpleNamespace(**base)
+    return _CONFIG.model_copy(update=base)
 
 
 def _inputs():
@@ -55,7 +61,7 @@ def _register(monkeypatch, name, fn):
 
 def test_policy_loss_is_compute_actor_loss():
     b = _inputs()
-    loss, metrics = compute_train_loss(_args(), **b)
+    loss, metrics = compute_train_loss(_args(), LossInputs(**b))
     b2 = _inputs()
     b2.pop("tokens")
     ref_loss, ref_metrics = compute_actor_loss(_args(), **b2)
@@ -65,7 +71,7 @@ def test_policy_loss_is_compute_actor_loss():
 
 def test_sft_loss_is_masked_nll_by_hand():
     b = _inputs()
-    loss, metrics = compute_train_loss(_args(loss_type="sft_loss"), **b)
+    loss, metrics = compute_train_loss(_args(loss_type="sft_loss"), LossInputs(**b))
     # sample 0: -(-0.5 - 2.0)/2 = 1.25; sample 1: 0.25/1; sample 2: all masked -> 0.
     assert loss.item() == pytest.approx(1.5, abs=ATOL)
     assert metrics.keys() == {"loss"}
@@ -79,7 +85,7 @@ def test_sft_loss_is_masked_nll_by_hand():
 def test_sft_loss_needs_no_advantages_or_old_log_probs():
     b = _inputs()
     b.update(advantages=None, old_log_probs=None)
-    loss, _ = compute_train_loss(_args(loss_type="sft_loss", calculate_per_token_loss=True), **b)
+    loss, _ = compute_train_loss(_args(loss_type="sft_loss", calculate_per_token_loss=True), LossInputs(**b))
     assert loss.item() == pytest.approx(0.5 + 2.0 + 0.25, abs=ATOL)  # per-token: plain masked sum
 
 
@@ -87,7 +93,7 @@ def test_policy_loss_without_advantages_is_an_error():
     b = _inputs()
     b["advantages"] = None
     with pytest.raises(ValueError, match="--disable-compute-advantages-and-returns"):
-        compute_train_loss(_args(), **b)
+        compute_train_loss(_args(), LossInputs(**b))
 
 
 def test_custom_loss_gets_original_signature_and_reducer(monkeypatch):
@@ -102,7 +108,7 @@ def test_custom_loss_gets_original_signature_and_reducer(monkeypatch):
     args = _args(loss_type="custom_loss", custom_loss_function_path=_register(monkeypatch, "custom_loss_ok", loss))
     b = _inputs()
     b["advantages"] = None  # --disable-compute-advantages-and-returns
-    total, metrics = compute_train_loss(args, **b)
+    total, metrics = compute_train_loss(args, LossInputs(**b))
     assert total.item() == pytest.approx(2 * 1.5, abs=ATOL)
     # Entropy reduced by hand: (0.1 + 0.3)/2 + 0.4/1 + 0 = 0.6.
     assert float(metrics["my_entropy"]) == pytest.approx(0.6, abs=ATOL)
@@ -119,17 +125,19 @@ def test_custom_loss_gets_original_signature_and_reducer(monkeypatch):
 def test_custom_loss_bad_return_and_bad_path(monkeypatch):
     bad = _register(monkeypatch, "custom_loss_bad", lambda args, batch, logits, reduce: 1.0)
     with pytest.raises(ValueError, match="must return \\(loss, metrics dict\\)"):
-        compute_train_loss(_args(loss_type="custom_loss", custom_loss_function_path=bad), **_inputs())
+        compute_train_loss(_args(loss_type="custom_loss", custom_loss_function_path=bad), LossInputs(**_inputs()))
     vec = _register(monkeypatch, "custom_loss_vec", lambda args, batch, logits, reduce: (torch.ones(2), {}))
     with pytest.raises(ValueError, match="loss must be a scalar tensor"):
-        compute_train_loss(_args(loss_type="custom_loss", custom_loss_function_path=vec), **_inputs())
+        compute_train_loss(_args(loss_type="custom_loss", custom_loss_function_path=vec), LossInputs(**_inputs()))
     with pytest.raises(PluginError, match="--custom-loss-function-path"):
-        compute_train_loss(_args(loss_type="custom_loss", custom_loss_function_path="no_such_mod_xyz.f"), **_inputs())
+        compute_train_loss(
+            _args(loss_type="custom_loss", custom_loss_function_path="no_such_mod_xyz.f"), LossInputs(**_inputs())
+        )
 
 
 def test_unknown_loss_type():
     with pytest.raises(ValueError, match="unknown --loss-type 'value_loss'"):
-        compute_train_loss(_args(loss_type="value_loss"), **_inputs())
+        compute_train_loss(_args(loss_type="value_loss"), LossInputs(**_inputs()))
 
 
 def test_needs_old_log_probs():

@@ -1,14 +1,18 @@
-import types
-
 import pytest
 
+from slime_core.config import SlimeArgs
 from slime_core.param_filter import frozen_parameter_names
 
 NAMES = ["embed.weight", "layers.0.attn.q.weight", "layers.0.mlp.up.weight", "layers.1.mlp.up.weight", "head.weight"]
 
 
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the functions' own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+
+
 def _args(only=None, freeze=None):
-    return types.SimpleNamespace(only_train_params_name_list=only, freeze_params_name_list=freeze)
+    return _CONFIG.model_copy(update=dict(only_train_params_name_list=only, freeze_params_name_list=freeze))
 
 
 def test_neither_flag_freezes_nothing():

@@ -2,15 +2,20 @@ import math
 import random
 import sys
 import textwrap
-import types
 
 import pytest
 import torch
 
+from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
 from slime_core.train_data import build_rollout_batches, loss_denominators, postprocess_rewards
 
 TOL = 1e-5  # absolute tolerance on normalized rewards (the 1e-6 std epsilon shifts values by ~1e-6)
+
+
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the functions' own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
 def _args(**over):
@@ -28,7 +33,7 @@ def _args(**over):
         balance_data=False,
     )
     base.update(over)
-    return types.SimpleNamespace(**base)
+    return _CONFIG.model_copy(update=base)
 
 
 def _samples(rewards, **kw):

@@ -193,6 +193,13 @@ def test_protocol_conformance():
     assert isinstance(FSDPTrainBackend(), TrainBackend)
 
 
+def test_step_backend_conformance():
+    from slime_core.train_step import StepBackend
+    from slime_train_fsdp import FSDPTrainBackend
+
+    assert isinstance(FSDPTrainBackend(), StepBackend)
+
+
 def test_grpo_raises_positive_advantage_log_probs(single):
     g = single["grpo"]
     assert g["pos_after"] > g["pos_before"] + 0.05

@@ -1,12 +1,16 @@
 """Tests of the Megatron-style LR schedule (hand-computed values, exact up to 1e-12)."""
 
 import math
-import types
 
 import pytest
 import torch
 
+from slime_core.config import SlimeArgs
 from slime_train_fsdp.lr_schedule import build_lr_scheduler, load_scheduler_state, lr_at_step
+
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the schedule's own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
 def test_warmup_then_linear_decay():
@@ -33,16 +37,18 @@ def test_constant_and_unknown_style():
 
 def test_scheduler_drives_optimizer_and_resumes():
     # decay_iters from the run size: 2 rollouts * 4 prompts * 2 samples / 4 = 4 steps.
-    args = types.SimpleNamespace(
-        lr=1.0,
-        min_lr=0.0,
-        lr_warmup_iters=0,
-        lr_decay_style="linear",
-        lr_decay_iters=None,
-        num_rollout=2,
-        rollout_batch_size=4,
-        n_samples_per_prompt=2,
-        global_batch_size=4,
+    args = SlimeArgs.from_dict(
+        dict(
+            lr=1.0,
+            min_lr=0.0,
+            lr_warmup_iters=0,
+            lr_decay_style="linear",
+            lr_decay_iters=None,
+            num_rollout=2,
+            rollout_batch_size=4,
+            n_samples_per_prompt=2,
+            global_batch_size=4,
+        )
     )
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.lr)
     sched = build_lr_scheduler(opt, args)
@@ -62,7 +68,7 @@ def _run_args(**kw):
     base = dict(lr=1.0, min_lr=0.0, lr_warmup_iters=0, lr_decay_style="linear", lr_decay_iters=None, num_rollout=2,
                 rollout_batch_size=4, n_samples_per_prompt=2, global_batch_size=1)  # fmt: skip
     base.update(kw)
-    return types.SimpleNamespace(**base)
+    return _CONFIG.model_copy(update=base)
 
 
 def _rates(args, steps):

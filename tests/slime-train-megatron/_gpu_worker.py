@@ -5,7 +5,6 @@ Usage: python _gpu_worker.py <scenario> <hf_dir> <out_dir> <tp>   (RANK/WORLD_SI
 
 import os
 import sys
-import types
 
 import torch
 import torch.distributed as dist
@@ -35,17 +34,23 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl")
+    from slime_core.config import SlimeArgs
     from slime_train_megatron.backend import MegatronTrainBackend
 
-    args = types.SimpleNamespace(
-        hf_checkpoint=hf_dir,
-        megatron_args=["--tensor-model-parallel-size", str(tp), "--bf16", "--lr", "1e-5"],
-        advantage_estimator="grpo",
-        rollout_temperature=0.8,
-        kl_coef=0.0,
-        use_kl_loss=False,
-        entropy_coef=0.0,
-        eps_clip=0.2,
+    args = SlimeArgs.from_dict(
+        dict(
+            rollout_batch_size=1,
+            num_rollout=1,
+            train_backend="megatron",
+            hf_checkpoint=hf_dir,
+            megatron_args=["--tensor-model-parallel-size", str(tp), "--bf16", "--lr", "1e-5"],
+            advantage_estimator="grpo",
+            rollout_temperature=0.8,
+            kl_coef=0.0,
+            use_kl_loss=False,
+            entropy_coef=0.0,
+            eps_clip=0.2,
+        )
     )
     backend = MegatronTrainBackend()
     backend.init(args, with_ref=False)

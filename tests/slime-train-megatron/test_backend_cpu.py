@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from slime_core.batch import RolloutBatch
+from slime_core.config import PluginArgs, SlimeArgs
 
 pytest.importorskip("megatron.core")
 
@@ -68,6 +69,11 @@ def cpu_backend_env(monkeypatch, megatron_cpu_world):
     return backend
 
 
+def _config(**fields) -> SlimeArgs:
+    """A validated run config (one rollout of one sample: the batches below bring their own schedule)."""
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", **fields})
+
+
 def _batch():
     tokens = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6, 7, 8, 9]), torch.tensor([10, 11, 12, 13, 14, 15])]
     return RolloutBatch(
@@ -85,7 +91,7 @@ def _batch():
 
 def test_init_logprobs_train_export_save_resume(cpu_backend_env, tiny_hf, tmp_path):
     hf_model, hf_dir = tiny_hf("qwen3")
-    args = types.SimpleNamespace(
+    args = _config(
         hf_checkpoint=str(hf_dir),
         megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"],
         save=str(tmp_path / "save"),
@@ -141,7 +147,7 @@ def test_init_logprobs_train_export_save_resume(cpu_backend_env, tiny_hf, tmp_pa
     backend.save(0)
     assert (tmp_path / "save" / "latest_checkpointed_iteration.txt").read_text() == "0"
     resumed = cpu_backend_env.MegatronTrainBackend()
-    args.megatron_args = [*args.megatron_args, "--load", str(tmp_path / "save")]
+    args = args.model_copy(update={"megatron_args": [*args.megatron_args, "--load", str(tmp_path / "save")]})
     assert resumed.init(args, with_ref=False) == 1
     for a, b in zip(lp_after, resumed.compute_log_probs(batch), strict=True):
         assert torch.equal(a, b)
@@ -165,13 +171,15 @@ def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(cpu_backend_e
     # The full Qwen3 vocab: the engine's health check generates from real token ids.
     hf_dir = make_tiny_qwen3(tmp_path / "hf")
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    args = types.SimpleNamespace(
+    args = _config(
         hf_checkpoint=str(hf_dir),
         megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-2"],
         advantage_estimator="grpo", rollout_temperature=1.0, kl_coef=0.0, use_kl_loss=False, entropy_coef=0.0,
-        eps_clip=0.2, rollout_engine="reference", seed=1, sglang_args={"num_threads": 1},
-        sglang_base_port=random.Random(os.getpid() + 7).randrange(20000, 40000, 100),
+        eps_clip=0.2, rollout_engine="reference", seed=1, sglang_args={"num_threads": "1"},
     )  # fmt: skip
+    # The engine launcher's base port is no config field: the plugin view carries it as an extra attribute.
+    engine_args = PluginArgs.from_config(args)
+    engine_args.sglang_base_port = random.Random(os.getpid() + 7).randrange(20000, 40000, 100)
     backend = cpu_backend_env.MegatronTrainBackend()
     backend.init(args, with_ref=False)
     backend.train(0, _batch())
@@ -194,7 +202,7 @@ def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(cpu_backend_e
         await client.aclose()
         return out["output_ids"], torch.tensor([e[0] for e in out["meta_info"]["output_token_logprobs"]])
 
-    with launch_engines(args, num_engines=1, gpus_per_engine=1, startup_timeout_s=300) as group:
+    with launch_engines(engine_args, num_engines=1, gpus_per_engine=1, startup_timeout_s=300) as group:
         url = group.urls[0]
         TensorWeightUpdater(args, RolloutClient([url]), load_format=None).update(backend.named_hf_weights(1 << 20), "1")
         ids, got = asyncio.run(engine_logprobs(url))
@@ -227,7 +235,7 @@ def test_sft_and_custom_loss_types(cpu_backend_env, tiny_hf, monkeypatch):
     monkeypatch.setitem(sys.modules, plugin.__name__, plugin)
 
     def make(**kw):
-        return types.SimpleNamespace(
+        return _config(
             hf_checkpoint=str(hf_dir),
             megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"],
             advantage_estimator="grpo", rollout_temperature=1.0, kl_coef=0.0, use_kl_loss=False, entropy_coef=0.0,
@@ -261,7 +269,7 @@ def test_freeze_and_only_train_param_lists(cpu_backend_env, tiny_hf):
         ({"freeze_params_name_list": [r"\.mlp\.", "embedding"]}, lambda n: ".mlp." in n or "embedding" in n),
         ({"only_train_params_name_list": ["output_layer"]}, lambda n: "output_layer" not in n),
     ):
-        args = types.SimpleNamespace(
+        args = _config(
             hf_checkpoint=str(hf_dir),
             megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-2"],
             advantage_estimator="grpo", rollout_temperature=1.0, kl_coef=0.0, use_kl_loss=False, entropy_coef=0.0,
@@ -273,3 +281,42 @@ def test_freeze_and_only_train_param_lists(cpu_backend_env, tiny_hf):
         backend.train(0, _batch())
         for name, param in backend.module.named_parameters():
             assert torch.equal(param, before[name]) == frozen_if(name), (flags, name)
+
+
+def test_save_hf_exports_the_trainers_weights(cpu_backend_env, tiny_hf, tmp_path):
+    """`--save-hf` on Megatron: after a step, the HF export holds exactly the trainer's weights under HF names,
+    with the source config files, and `from_pretrained` loads it (fp32 everywhere: exact equality)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from slime_convert.mapping import mcore_to_hf
+    from slime_core.protocols import TrainBackend
+    from slime_core.train_step import StepBackend
+
+    _, hf_dir = tiny_hf("qwen2")  # tied embeddings: the export has no lm_head.weight, as HF writes it
+    backend = cpu_backend_env.MegatronTrainBackend()
+    assert isinstance(backend, TrainBackend) and isinstance(backend, StepBackend)
+    backend.init(
+        _config(
+            hf_checkpoint=str(hf_dir),
+            megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-2"],
+        ),
+        with_ref=False,
+    )
+    backend.train(0, _batch())
+    expected = dict(
+        kv for n, p in backend.module.named_parameters() for kv in mcore_to_hf(n, p.detach(), backend.model_args)
+    )
+    out = tmp_path / "export"
+    (out.parent / "export.tmp").mkdir()  # a stale partial export from a killed run is replaced
+    backend.save_hf(out)
+    assert not (tmp_path / "export.tmp").exists()
+    assert {"config.json", "generation_config.json", "model.safetensors.index.json"} <= {p.name for p in out.iterdir()}
+    exported = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    assert exported.keys() == expected.keys() and "lm_head.weight" not in exported
+    for name, tensor in expected.items():
+        assert torch.equal(exported[name], tensor), name
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    for name, tensor in expected.items():
+        assert torch.equal(loaded[name], tensor), name
+    assert torch.equal(loaded["lm_head.weight"], expected["model.embed_tokens.weight"])  # tied on load

@@ -1,26 +1,30 @@
 """The Megatron backend's LR schedule: warmup fraction/init and decay over the run (hand-computed, exact to 1e-12)."""
 
-import types
-
 import pytest
 import torch
+
+from slime_core.config import SlimeArgs
 
 pytest.importorskip("megatron.core")
 
 from slime_train_megatron.lr_schedule import build_lr_scheduler, train_steps  # noqa: E402
 from slime_train_megatron.settings import MegatronSettings  # noqa: E402
 
+# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+# reach the schedule's own checks).
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+
 
 def _args(**kw):
     base = dict(megatron_args=[], lr=1.0, num_rollout=2, rollout_batch_size=4, n_samples_per_prompt=2,
                 global_batch_size=1)  # fmt: skip
     base.update(kw)
-    return types.SimpleNamespace(**base)
+    return _CONFIG.model_copy(update=base)
 
 
 def _rates(args, steps):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = build_lr_scheduler(opt, MegatronSettings.from_args(args), args)
+    sched = build_lr_scheduler(opt, MegatronSettings.from_config(args), args)
     seen = []
     for _ in range(steps):
         seen.append(opt.param_groups[0]["lr"])

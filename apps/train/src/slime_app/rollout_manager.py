@@ -32,10 +32,12 @@ def _flatten(groups: list[Any]) -> list[Any]:
 
 
 def dp_size_of(cfg: SlimeArgs) -> int:
-    """Number of data-parallel ranks of the trainer (world size over the model-parallel product)."""
+    """Number of data-parallel ranks of the trainer (world size over the model-parallel product TP×PP×CP).
+
+    Raises:
+        ValueError: the world size is not a multiple of TP×PP×CP.
+    """
     world = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
-    if cfg.train_backend != "megatron":
-        return world
     model_parallel = cfg.tensor_model_parallel_size * cfg.pipeline_model_parallel_size * cfg.context_parallel_size
     if world % model_parallel:
         raise ValueError(f"trainer world size {world} is not divisible by TP×PP×CP = {model_parallel}")

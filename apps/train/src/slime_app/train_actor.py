@@ -82,6 +82,10 @@ class TrainActor:
         self.backend = make_backend(cfg)
         return int(self.backend.init(cfg, with_ref=cfg.with_ref))
 
+    def data_parallel_rank(self) -> int:
+        """This rank's data-parallel rank: which of the rollout's per-DP-rank batches it trains on."""
+        return int(self.backend.dp_rank)
+
     def train(self, rollout_id: int, batch: Any) -> dict[str, float]:
         """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray)."""
         return self.backend.train(rollout_id, batch)
@@ -146,11 +150,22 @@ class TrainGroup:
 
     def init(self, cfg: SlimeArgs) -> int:
         """Initializes every rank with the run config; returns the start rollout id (after `--load`)."""
-        return self._all("init", cfg)[0]
+        start = self._all("init", cfg)[0]
+        # Model-parallel ranks (TP/PP/CP) of one data-parallel group train on the same batch.
+        self.dp_ranks: list[int] = self._all("data_parallel_rank")
+        return start
 
     def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
-        """Trains each rank on its own batch; returns rank 0's (already DP-reduced) metrics."""
-        return ray.get([a.train.remote(rollout_id, ref) for a, ref in zip(self.actors, batch_refs, strict=True)])[0]
+        """Trains each rank on its data-parallel rank's batch; returns rank 0's (already DP-reduced) metrics.
+
+        Raises:
+            ValueError: the rollout has a different number of batches than the trainer has DP ranks.
+        """
+        if len(batch_refs) != max(self.dp_ranks) + 1:
+            raise ValueError(f"{len(batch_refs)} batches for {max(self.dp_ranks) + 1} data-parallel ranks")
+        return ray.get(
+            [a.train.remote(rollout_id, batch_refs[r]) for a, r in zip(self.actors, self.dp_ranks, strict=True)]
+        )[0]
 
     def save(self, rollout_id: int) -> None:
         """Checkpoint on every rank."""

@@ -10,19 +10,20 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from typing import Any
+
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["frozen_parameter_names"]
 
 
-def frozen_parameter_names(names: Iterable[str], args: Any) -> set[str]:
+def frozen_parameter_names(names: Iterable[str], cfg: SlimeArgs) -> set[str]:
     """Names of the parameters to freeze (`requires_grad=False`) under the two flags.
 
     Args:
         names: all parameter names of the model.
-        args: reads `only_train_params_name_list` (None: train all; else freeze every parameter matching none
+        cfg: reads `only_train_params_name_list` (None: train all; else freeze every parameter matching none
             of the patterns) and `freeze_params_name_list` (None; freeze every parameter matching one).
 
     Returns:
@@ -32,8 +33,8 @@ def frozen_parameter_names(names: Iterable[str], args: Any) -> set[str]:
         ValueError: both flags given, a pattern that is not a valid regex or matches no parameter (a typo would
             otherwise silently train everything), or every parameter frozen.
     """
-    only = getattr(args, "only_train_params_name_list", None)
-    freeze = getattr(args, "freeze_params_name_list", None)
+    only = cfg.only_train_params_name_list
+    freeze = cfg.freeze_params_name_list
     if only and freeze:
         raise ValueError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
     if not (only or freeze):

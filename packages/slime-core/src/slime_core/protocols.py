@@ -1,19 +1,23 @@
 """Protocols that packages and user plugins meet through.
 
-Trainers (`slime_train_*`) implement `TrainBackend`; the rollout layer implements `WeightUpdater`
-and `DataSource`; `slime_envs` implements `Env`. The apps wire them together. Plugin callables keep
-the original slime signatures (`RewardFn`, `GenerateFn`, `DynamicFilterFn`).
+Trainers (`slime_train_*`) implement `TrainBackend` (and `slime_core.train_step.StepBackend`, what the
+shared RL step needs from them); the rollout layer implements `WeightUpdater` and `DataSource`;
+`slime_envs` implements `Env`. The apps wire them together. Plugin callables keep the original slime
+signatures (`RewardFn`, `GenerateFn`, `DynamicFilterFn`) and receive the config as `args` (the
+`slime_core.config.PluginArgs` view, a `SlimeArgs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from slime_core.batch import RolloutBatch
+from slime_core.config import SlimeArgs
 from slime_core.sample import Sample
 
 __all__ = [
@@ -31,10 +35,14 @@ __all__ = [
 
 @runtime_checkable
 class TrainBackend(Protocol):
-    """A training backend: one instance per rank, torch.distributed already set up by the caller."""
+    """A training backend: one instance per rank, torch.distributed already set up by the caller.
 
-    def init(self, args: Any, *, with_ref: bool) -> int:
-        """Builds model/optimizer, loads `--load` if given; returns the rollout id to start from."""
+    `train` runs the shared RL step (`slime_core.train_step.train_on_rollout`); the backend supplies its
+    forward passes, collectives and optimizer.
+    """
+
+    def init(self, cfg: SlimeArgs, *, with_ref: bool) -> int:
+        """Builds model/optimizer from the frozen config, loads `--load` if given; returns the start rollout id."""
         ...
 
     def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
@@ -47,6 +55,15 @@ class TrainBackend(Protocol):
 
     def save(self, rollout_id: int) -> None:
         """Writes a resumable checkpoint atomically (temp dir, then rename)."""
+        ...
+
+    def save_hf(self, path: str | pathlib.Path) -> None:
+        """Exports a Hugging Face checkpoint (`--save-hf`) atomically; collective, rank 0 writes."""
+        ...
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel rank (model-parallel ranks of one DP group train on the same batch)."""
         ...
 
     def named_hf_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -99,7 +116,7 @@ class DataSource(Protocol):
 class RewardFn(Protocol):
     """`--custom-rm-path`: `async def custom_rm(args, sample) -> float | dict`."""
 
-    async def __call__(self, args: Any, sample: Sample) -> float | dict[str, Any]:
+    async def __call__(self, args: SlimeArgs, sample: Sample) -> float | dict[str, Any]:
         """Scores one finished sample."""
         ...
 
@@ -107,7 +124,7 @@ class RewardFn(Protocol):
 class GenerateFn(Protocol):
     """`--custom-generate-function-path`: `async def generate(args, sample, sampling_params) -> Sample | list`."""
 
-    async def __call__(self, args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:
+    async def __call__(self, args: SlimeArgs, sample: Sample, sampling_params: dict[str, Any]) -> Sample | list[Sample]:
         """Generates the response of one sample (possibly several turns)."""
         ...
 
@@ -128,7 +145,7 @@ class DynamicFilterOutput:
 class DynamicFilterFn(Protocol):
     """`--dynamic-sampling-filter-path`: `fn(args, group) -> DynamicFilterOutput | bool`."""
 
-    def __call__(self, args: Any, samples: list[Sample]) -> DynamicFilterOutput | bool:
+    def __call__(self, args: SlimeArgs, samples: list[Sample]) -> DynamicFilterOutput | bool:
         """Decides whether a finished group is kept."""
         ...
 

@@ -11,19 +11,18 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Hashable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
 from slime_core.batch import RolloutBatch
+from slime_core.config import SlimeArgs
+from slime_core.estimators import get_estimator
 from slime_core.plugins import load_function
 from slime_core.sample import Sample, Status
 from slime_core.scheduling import build_schedule
 
 __all__ = [
-    "GROUP_NORMALIZED_ESTIMATORS",
-    "STD_NORMALIZED_ESTIMATORS",
     "build_rollout_batches",
     "loss_denominators",
     "postprocess_rewards",
@@ -31,12 +30,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-GROUP_NORMALIZED_ESTIMATORS = frozenset({"grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"})
-"""Estimators whose scalar reward is centred on its prompt group's mean before training."""
-
-STD_NORMALIZED_ESTIMATORS = frozenset({"grpo", "gspo", "cispo"})
-"""Estimators whose centred reward is also divided by the group's standard deviation (GRPO)."""
 
 _STD_EPS = 1e-6
 
@@ -55,29 +48,31 @@ def _group_normalize(raw: np.ndarray, group_size: int, divide_by_std: bool) -> n
     return centred.reshape(-1)
 
 
-def postprocess_rewards(args: Any, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
+def postprocess_rewards(cfg: SlimeArgs, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
     """Raw and normalized scalar rewards of a rollout's samples.
 
     With `--custom-reward-post-process-path` the user function `fn(args, samples) -> (raw_rewards,
-    rewards)` replaces everything below. Otherwise `raw[i] = samples[i].get_reward_value(args.reward_key)`
-    and, unless `--disable-rewards-normalization`:
+    rewards)` replaces everything below. Otherwise `raw[i] = samples[i].get_reward_value(cfg.reward_key)`
+    and, unless `--disable-rewards-normalization`, the `--advantage-estimator` spec's `rewards` decides
+    (`slime_core.estimators`):
 
-    * grpo, gspo, cispo, reinforce_plus_plus_baseline: subtract the mean of the sample's prompt group,
-      the consecutive groups of `--n-samples-per-prompt` samples (samples arrive ordered by group; when
-      the count is not a multiple of n, all samples form one group, as the original does);
-    * grpo, gspo, cispo: additionally divide by `(unbiased group std + 1e-6)` (GRPO, DeepSeekMath
+    * `group_mean` (reinforce_plus_plus_baseline) and `group_mean_std` (grpo, gspo, cispo): subtract the
+      mean of the sample's prompt group, the consecutive groups of `--n-samples-per-prompt` samples
+      (samples arrive ordered by group; when the count is not a multiple of n, all samples form one group,
+      as the original does);
+    * `group_mean_std`: additionally divide by `(unbiased group std + 1e-6)` (GRPO, DeepSeekMath
       eq. 3), unless `--disable-grpo-std-normalization` or n == 1 (where the std is undefined).
-    * rloo: the leave-one-out baseline `r_i - mean_{j≠i} r_j = n/(n-1)·(r_i - mean_g r)` (Ahmadian et al.
-      2024, eq. 6), computed here where whole groups are visible (the DP split may separate siblings);
-      the rloo estimator then only broadcasts it;
-    * other estimators (ppo, reinforce_plus_plus, ...): rewards = raw.
+    * `leave_one_out` (rloo): the baseline `r_i - mean_{j≠i} r_j = n/(n-1)·(r_i - mean_g r)` (Ahmadian et
+      al. 2024, eq. 6), computed here where whole groups are visible (the DP split may separate siblings);
+      the rloo estimator then only broadcasts it; applied even with `--disable-rewards-normalization`;
+    * `none` (ppo, reinforce_plus_plus, ...): rewards = raw.
 
     A group of equal rewards yields exact zeros (never NaN). With n == 1 a centred reward is always 0.
 
     Args:
-        args: run config; reads `reward_key`, `advantage_estimator`, `n_samples_per_prompt`,
+        cfg: run config; reads `reward_key`, `advantage_estimator`, `n_samples_per_prompt`,
             `disable_rewards_normalization`, `disable_grpo_std_normalization`,
-            `custom_reward_post_process_path`.
+            `custom_reward_post_process_path` (the plugin receives `cfg` as `args`).
         samples: the rollout's samples, ordered by group.
 
     Returns:
@@ -86,12 +81,13 @@ def postprocess_rewards(args: Any, samples: Sequence[Sample]) -> tuple[list[floa
     Raises:
         ValueError: if a sample has no reward, a dict reward lacks `--reward-key`, a reward is not
             finite, `--n-samples-per-prompt` < 1, or the custom function returns the wrong shape.
+        KeyError: unknown `--advantage-estimator`.
         slime_core.plugins.PluginError: if the custom function cannot be imported.
     """
-    custom_path = getattr(args, "custom_reward_post_process_path", None)
+    custom_path = cfg.custom_reward_post_process_path
     if custom_path:
         fn = load_function(custom_path, flag="--custom-reward-post-process-path")
-        out = fn(args, list(samples))
+        out = fn(cfg, list(samples))
         if not (isinstance(out, tuple | list) and len(out) == 2):
             raise ValueError(f"--custom-reward-post-process-path {custom_path}: must return (raw_rewards, rewards)")
         raw_c, rew_c = (list(map(float, x)) for x in out)
@@ -102,20 +98,20 @@ def postprocess_rewards(args: Any, samples: Sequence[Sample]) -> tuple[list[floa
             )
         return raw_c, rew_c
 
-    raw = [s.get_reward_value(args.reward_key) for s in samples]
+    raw = [s.get_reward_value(cfg.reward_key) for s in samples]
     for s, r in zip(samples, raw, strict=True):
         if not math.isfinite(r):
             raise ValueError(f"sample {s.index}: reward {r} is not finite")
-    estimator = args.advantage_estimator
-    n = int(args.n_samples_per_prompt)
-    if estimator == "rloo" and samples:
+    spec = get_estimator(cfg.advantage_estimator)
+    n = int(cfg.n_samples_per_prompt)
+    if spec.rewards == "leave_one_out" and samples:
         if n < 2 or len(raw) % n:
             raise ValueError(
-                f"rloo needs --n-samples-per-prompt >= 2 and whole groups; got n={n} for {len(raw)} samples"
+                f"{spec.name} needs --n-samples-per-prompt >= 2 and whole groups; got n={n} for {len(raw)} samples"
             )
         centred = _group_normalize(np.asarray(raw, dtype=np.float64), n, False)
         return raw, [float(x) * n / (n - 1) for x in centred]
-    if args.disable_rewards_normalization or estimator not in GROUP_NORMALIZED_ESTIMATORS or not samples:
+    if cfg.disable_rewards_normalization or spec.rewards == "none" or not samples:
         return raw, list(raw)
     if n < 1:
         raise ValueError(f"--n-samples-per-prompt must be >= 1, got {n}")
@@ -127,7 +123,7 @@ def postprocess_rewards(args: Any, samples: Sequence[Sample]) -> tuple[list[floa
             n,
         )
         group_size = len(raw)
-    divide = estimator in STD_NORMALIZED_ESTIMATORS and not args.disable_grpo_std_normalization and group_size > 1
+    divide = spec.rewards == "group_mean_std" and not cfg.disable_grpo_std_normalization and group_size > 1
     rewards = _group_normalize(np.asarray(raw, dtype=np.float64), group_size, divide)
     return raw, [float(x) for x in rewards]
 
@@ -180,7 +176,7 @@ def _sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
     return list(samples)
 
 
-def build_rollout_batches(args: Any, samples: Sequence[Sample], *, dp_size: int) -> list[RolloutBatch]:
+def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size: int) -> list[RolloutBatch]:
     """Turns one rollout's samples into one `RolloutBatch` per data-parallel rank.
 
     Steps: sort by `Sample.index`; `postprocess_rewards`; training masks (`remove_sample` zeroes);
@@ -190,9 +186,9 @@ def build_rollout_batches(args: Any, samples: Sequence[Sample], *, dp_size: int)
     shaping upstream). Samples in trailing rollouts that do not fill an optimizer step are dropped.
 
     Args:
-        args: run config; reads the fields of `postprocess_rewards` plus `global_batch_size`,
+        cfg: run config; reads the fields of `postprocess_rewards` plus `global_batch_size`,
             `use_dynamic_batch_size`, `max_tokens_per_gpu`, `micro_batch_size`, `balance_data` and
-            (optional, default 1) `context_parallel_size`.
+            `context_parallel_size` (1 unless `--train-backend megatron`).
         samples: the rollout's samples, any order.
         dp_size: number of data-parallel ranks.
 
@@ -209,7 +205,7 @@ def build_rollout_batches(args: Any, samples: Sequence[Sample], *, dp_size: int)
     ordered = _sorted_by_index(samples)
     for s in ordered:
         s.validate()
-    raw, rewards = postprocess_rewards(args, ordered)
+    raw, rewards = postprocess_rewards(cfg, ordered)
     raw = [float(s.metadata.get("raw_reward", r)) for s, r in zip(ordered, raw, strict=True)]
     masks = [_loss_mask(s) for s in ordered]
     denominators = loss_denominators(ordered)
@@ -222,18 +218,16 @@ def build_rollout_batches(args: Any, samples: Sequence[Sample], *, dp_size: int)
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in ordered] if all(with_lp) else None
 
-    max_tokens = getattr(args, "max_tokens_per_gpu", None)
-    micro_batch_size = getattr(args, "micro_batch_size", None)
     schedule = build_schedule(
         [len(s.tokens) for s in ordered],
         rollout_keys(ordered),
         dp_size=dp_size,
-        global_batch_size=args.global_batch_size,
-        use_dynamic_batch_size=bool(args.use_dynamic_batch_size),
-        max_tokens_per_gpu=max_tokens,
-        micro_batch_size=1 if micro_batch_size is None else int(micro_batch_size),
-        balance_data=bool(getattr(args, "balance_data", False)),
-        cp_size=int(getattr(args, "context_parallel_size", 1) or 1),
+        global_batch_size=cfg.global_batch_size,
+        use_dynamic_batch_size=cfg.use_dynamic_batch_size,
+        max_tokens_per_gpu=cfg.max_tokens_per_gpu,
+        micro_batch_size=cfg.micro_batch_size,
+        balance_data=cfg.balance_data,
+        cp_size=cfg.context_parallel_size,
     )
     step_sample_counts = [len(p) for p in schedule.step_positions]
     step_token_counts = [float(sum(sum(masks[p]) for p in pos)) for pos in schedule.step_positions]

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from slime_core.config import SlimeArgs
+
 __all__ = ["build_lr_scheduler", "load_scheduler_state", "lr_at_step"]
 
 _STYLES = ("constant", "linear", "cosine")
@@ -54,20 +56,16 @@ def lr_at_step(
     return min_lr + coeff * (lr - min_lr)
 
 
-def _decay_iters(args: Any) -> int:
-    explicit = getattr(args, "lr_decay_iters", None)
-    if explicit:
-        return int(explicit)
-    try:
-        total = args.num_rollout * args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
-    except (AttributeError, TypeError, ZeroDivisionError):
-        total = 0
-    return int(total) if total else 1
+def _decay_iters(cfg: SlimeArgs) -> int:
+    if cfg.lr_decay_iters:
+        return cfg.lr_decay_iters
+    total = cfg.num_rollout * cfg.rollout_batch_size * cfg.n_samples_per_prompt // cfg.global_batch_size
+    return total or 1
 
 
-def _warmup_iters(args: Any, decay_iters: int) -> int:
-    fraction = getattr(args, "lr_warmup_fraction", None)
-    iters = int(getattr(args, "lr_warmup_iters", 0) or 0)
+def _warmup_iters(cfg: SlimeArgs, decay_iters: int) -> int:
+    fraction = cfg.lr_warmup_fraction
+    iters = cfg.lr_warmup_iters
     if fraction is None:
         return iters
     if iters:
@@ -75,27 +73,27 @@ def _warmup_iters(args: Any, decay_iters: int) -> int:
     return int(float(fraction) * decay_iters)  # Megatron: a fraction of the decay steps
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, args: Any) -> torch.optim.lr_scheduler.LambdaLR:
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: SlimeArgs) -> torch.optim.lr_scheduler.LambdaLR:
     """A `LambdaLR` implementing `lr_at_step`; its state dict holds the step count for resume.
 
     Args:
         optimizer: optimizer whose param groups have `initial_lr = --lr`.
-        args: reads `lr`, `min_lr` (0), `lr_warmup_iters` (0), `lr_warmup_fraction` (None), `lr_warmup_init` (0),
-            `lr_decay_style` (constant), `lr_decay_iters` (None), and `num_rollout`, `rollout_batch_size`,
-            `n_samples_per_prompt`, `global_batch_size`.
+        cfg: reads `lr`, `min_lr`, `lr_warmup_iters`, `lr_warmup_fraction`, `lr_warmup_init`, `lr_decay_style`,
+            `lr_decay_iters`, and `num_rollout`, `rollout_batch_size`, `n_samples_per_prompt`,
+            `global_batch_size`.
 
     Raises:
         ValueError: an unknown decay style, or both `--lr-warmup-iters` and `--lr-warmup-fraction`.
     """
-    lr = float(args.lr)
-    decay_iters = _decay_iters(args)
+    lr = float(cfg.lr)
+    decay_iters = _decay_iters(cfg)
     kwargs = dict(
         lr=lr,
-        min_lr=float(getattr(args, "min_lr", 0.0) or 0.0),
-        warmup=_warmup_iters(args, decay_iters),
+        min_lr=float(cfg.min_lr),
+        warmup=_warmup_iters(cfg, decay_iters),
         decay_iters=decay_iters,
-        style=getattr(args, "lr_decay_style", "constant") or "constant",
-        warmup_init=float(getattr(args, "lr_warmup_init", 0.0) or 0.0),
+        style=cfg.lr_decay_style,
+        warmup_init=float(cfg.lr_warmup_init),
     )
     lr_at_step(0, **kwargs)  # validates the style early
     if lr == 0.0:

@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from slime_core.config import SlimeArgs
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.packing import ForwardOptions, install_response_forward
@@ -49,8 +50,8 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _attn_implementation(args: Any, device: torch.device) -> str:
-    """`--attn-implementation`; unset or `auto`: `DEFAULT_CUDA_ATTENTION` on CUDA, `sdpa` on CPU.
+def _attn_implementation(cfg: SlimeArgs, device: torch.device) -> str:
+    """`--attn-implementation`; unset or `auto`: `DEFAULT_CUDA_ATTENTION` on CUDA, `sdpa` on CPU (without CP).
 
     Every value handles packed rows. `slime_varlen` / `slime_flex` (`attention.py`) get the row's boundaries
     once per micro-batch and build no mask; with `attention_mask=None` and `position_ids` restarting at 0,
@@ -58,24 +59,26 @@ def _attn_implementation(args: Any, device: torch.device) -> str:
     sdpa/eager (`masking_utils.find_packed_sequence_indices`).
     """
     register_attention()
-    explicit = getattr(args, "attn_implementation", None)  # temporary shim: the config default is "sdpa"
+    explicit = cfg.attn_implementation
     if explicit and explicit != "auto":
         return explicit
-    return DEFAULT_CUDA_ATTENTION if device.type == "cuda" else "sdpa"
+    if device.type == "cuda":
+        return DEFAULT_CUDA_ATTENTION
+    # Context parallelism runs on our implementations only; on CPU they fall back to exact per-sequence SDPA.
+    return SLIME_VARLEN if cfg.context_parallel_size > 1 else "sdpa"
 
 
-def _forward_options(args: Any, device: torch.device, attn: str) -> ForwardOptions:
+def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str) -> ForwardOptions:
     """The log-prob head and, with `--context-parallel-size C > 1`, this rank's CP group (collective).
 
     Raises:
         ValueError: unknown head; a CP size that does not divide the world; CP with an attention
             implementation other than `slime_varlen`/`slime_flex`.
     """
-    # Temporary shims until the config has these fields for FSDP (see the package README).
-    head = getattr(args, "log_probs_head", None) or default_head(device)
+    head = cfg.log_probs_head or default_head(device)
     if head not in HEADS:
         raise ValueError(f"--log-probs-head {head!r}: known heads are {sorted(HEADS)}")
-    cp = int(getattr(args, "context_parallel_size", 1) or 1)
+    cp = cfg.context_parallel_size
     if cp == 1:
         return ForwardOptions(head=head)
     world = dist.get_world_size()
@@ -121,19 +124,24 @@ def _layer_classes(model: nn.Module) -> tuple[type, ...]:
     return tuple(classes)
 
 
-def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, args: Any, device: torch.device) -> None:
+def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torch.device) -> None:
     """One FSDP unit per decoder layer, then the root (embeddings, final norm, lm_head stay in the root unit)."""
     kwargs: dict[str, Any] = {"mesh": mesh}
     if device.type == "cuda":
         # bf16 compute, fp32 master weights and fp32 gradient reduction.
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if getattr(args, "fsdp_cpu_offload", False):
+        if cfg.fsdp_cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
-    elif getattr(args, "fsdp_cpu_offload", False):
+    elif cfg.fsdp_cpu_offload:
         logger.warning("--fsdp-cpu-offload has no effect on CPU")
     layer_types = _layer_classes(model)
+    compile_layers = cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else device.type == "cuda"
     for module in model.modules():
         if isinstance(module, layer_types):
+            if compile_layers:
+                # Regional compilation (as torchtitan): every layer runs the same code, so one dynamic-shape graph
+                # serves all layers and all packed lengths; it fuses the norm/activation/rotary elementwise work.
+                module.compile(dynamic=True)
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
 
@@ -170,13 +178,13 @@ def load_hf_weights_into(model: nn.Module, path: str | pathlib.Path) -> None:
 
 
 def build_fsdp_model(
-    args: Any, path: str | pathlib.Path, device: torch.device, mesh: DeviceMesh | None = None
+    cfg: SlimeArgs, path: str | pathlib.Path, device: torch.device, mesh: DeviceMesh | None = None
 ) -> tuple[nn.Module, PretrainedConfig]:
     """Builds the FSDP2-sharded model of an HF checkpoint (collective over the default group).
 
     Args:
-        args: run config; reads `attn_implementation`, `gradient_checkpointing`, `fsdp_cpu_offload`,
-            `log_probs_head` and `context_parallel_size`.
+        cfg: run config; reads `attn_implementation`, `gradient_checkpointing`, `fsdp_cpu_offload`,
+            `log_probs_head`, `context_parallel_size` and `fsdp_compile_layers`.
         path: HF checkpoint directory (`--hf-checkpoint`).
         device: this rank's compute device.
         mesh: 1-D mesh the parameters are sharded over; the whole world when None.
@@ -189,18 +197,18 @@ def build_fsdp_model(
         ValueError: on an invalid head or context-parallel setting.
     """
     config = AutoConfig.from_pretrained(path)
-    attn = _attn_implementation(args, device)
-    options = _forward_options(args, device, attn)
+    attn = _attn_implementation(cfg, device)
+    options = _forward_options(cfg, device, attn)
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     # Meta-device construction everywhere; the weights come from rank 0 below.
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    if getattr(args, "gradient_checkpointing", False):
+    if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    _apply_fsdp(model, mesh, args, device)
-    offload = device.type == "cuda" and getattr(args, "fsdp_cpu_offload", False)
+    _apply_fsdp(model, mesh, cfg, device)
+    offload = device.type == "cuda" and cfg.fsdp_cpu_offload
     model.to_empty(device="cpu" if offload else device)
     _init_buffers(model, config, device)
     load_hf_weights_into(model, path)

@@ -2,13 +2,15 @@
 
 One instance per rank; `torch.distributed` is initialized by the caller (NCCL on GPUs). Parallel groups
 come from `MegatronSettings` (`--megatron-args`). Micro-batches are packed THD rows run through
-megatron-core's pipeline schedule (`get_forward_backward_func`), so PP works unchanged.
+megatron-core's pipeline schedule (`get_forward_backward_func`), so PP works unchanged. `train` is the shared
+RL step (`slime_core.train_step.train_on_rollout`); this class supplies its forward/backward, collectives
+and optimizer (the `StepBackend` methods).
 
 Loss scaling: the model config sets `calculate_per_token_loss=True`, which makes megatron-core neither
 divide by the micro-batch count nor average gradients over data-parallel ranks (they are summed). Each
-micro-batch loss is `compute_train_loss(...)` (the `--loss-type` objective, a sum over its samples) divided
-by the step's global sample count (or token count with `--calculate-per-token-loss`); summed over
-micro-batches and DP ranks this is the mean over the step's global batch. Under context parallelism every
+micro-batch loss (the shared step's `compute_train_loss`, a sum over its samples) is divided by the step's
+global sample count (or token count with `--calculate-per-token-loss`); summed over micro-batches and DP
+ranks this is the mean over the step's global batch. Under context parallelism every
 CP rank computes the full loss from all-gathered log-probs whose backward keeps only the rank's own tokens,
 so the DP×CP gradient sum is again exact.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pathlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,17 +34,14 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_convert import ModelArgs
-from slime_core.algorithms import (
-    apply_whitening,
-    compute_advantages_and_returns,
-    compute_train_loss,
-    needs_old_log_probs,
-    whitening_stats,
-)
 from slime_core.batch import RolloutBatch
+from slime_core.config import SlimeArgs
+from slime_core.estimators import get_estimator
 from slime_core.param_filter import frozen_parameter_names
+from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
+from slime_train_megatron.hf_export import save_hf
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 from slime_train_megatron.lr_schedule import build_lr_scheduler
 from slime_train_megatron.model import (
@@ -51,6 +51,7 @@ from slime_train_megatron.model import (
     load_hf_weights,
     use_transformer_engine,
 )
+from slime_train_megatron.optimizer_state import reset_adam_moments
 from slime_train_megatron.packing import PackedBatch, cp_zigzag_indices, pack_thd
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.sleep import offload_to_cpu, reload_from_cpu
@@ -83,10 +84,16 @@ class _MicroBatch:
 
 
 class MegatronTrainBackend:
-    """Megatron-core implementation of `slime_core.protocols.TrainBackend`."""
+    """Megatron-core implementation of `slime_core.protocols.TrainBackend`.
+
+    `cfg` is the frozen run config the backend reads at every call (loss, advantage and step options);
+    assigning another validated config (e.g. `backend.cfg = backend.cfg.model_copy(update=...)`) changes
+    those options for the following calls. What `init` built from it (parallel layout and `settings`,
+    model, optimizer, schedule, reference weights) stays.
+    """
 
     def __init__(self) -> None:
-        self.args: Any = None
+        self.cfg: SlimeArgs | None = None
         self.settings: MegatronSettings | None = None
         self.model_args: ModelArgs | None = None
         self.model: Any = None  # DDP-wrapped
@@ -101,20 +108,25 @@ class MegatronTrainBackend:
         self.step_metrics: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- setup
-    def init(self, args: Any, *, with_ref: bool) -> int:
+    def init(self, cfg: SlimeArgs, *, with_ref: bool) -> int:
         """Builds parallel groups, model, optimizer; loads weights; returns the rollout id to start from.
 
-        Reads `args.hf_checkpoint` (architecture, and weights when there is no torch_dist checkpoint),
-        `args.megatron_args` and the `MegatronSettings` fields (`load`, `ref_load`, `lr`, ...).
+        Reads `cfg.hf_checkpoint` (architecture, and weights when there is no torch_dist checkpoint),
+        `cfg.megatron_args` and the `MegatronSettings` fields (`load`, `ref_load`, `lr`, ...).
 
         Raises:
-            ValueError: bad settings, or neither a checkpoint nor `--hf-checkpoint` to load from.
+            ValueError: bad settings, an estimator that needs a critic, or no `--hf-checkpoint`.
         """
-        self.args = args
-        s = self.settings = MegatronSettings.from_args(args)
-        if not getattr(args, "hf_checkpoint", None):
+        self.cfg = cfg
+        s = self.settings = MegatronSettings.from_config(cfg)
+        if not cfg.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required (model architecture and tokenizer)")
-        self.model_args = ModelArgs.from_hf_dir(args.hf_checkpoint)
+        if get_estimator(cfg.advantage_estimator).needs_critic:
+            raise ValueError(
+                f"--advantage-estimator {cfg.advantage_estimator} needs a critic, which the Megatron backend does "
+                "not provide"
+            )
+        self.model_args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
         s.world_layout(dist.get_world_size())
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(
@@ -137,7 +149,7 @@ class MegatronTrainBackend:
         if cuda:
             module.cuda(torch.cuda.current_device())
         self.module = module
-        frozen = frozen_parameter_names([n for n, _ in module.named_parameters()], args)
+        frozen = frozen_parameter_names([n for n, _ in module.named_parameters()], cfg)
         for name, param in module.named_parameters():
             if name in frozen:
                 param.requires_grad_(False)  # before DDP: no grad buffer, and the optimizer skips it
@@ -145,6 +157,12 @@ class MegatronTrainBackend:
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=s.use_distributed_optimizer
         )
         self.model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
+        self._build_optimizer(config)
+        return self._load_initial_weights(with_ref)
+
+    def _build_optimizer(self, config: Any) -> None:
+        """The distributed Adam, the LR schedule, and the model-config hooks megatron-core's schedule calls."""
+        s = self.settings
         opt_config = OptimizerConfig(
             optimizer="adam",
             lr=s.lr,
@@ -160,21 +178,20 @@ class MegatronTrainBackend:
             use_distributed_optimizer=s.use_distributed_optimizer,
         )
         self.optimizer = get_megatron_optimizer(opt_config, [self.model])
-        self.scheduler = build_lr_scheduler(self.optimizer, s, args)
+        self.scheduler = build_lr_scheduler(self.optimizer, s, self.cfg)
         # Sum gradients over DP without megatron's token normalization (see module docstring).
         config.finalize_model_grads_func = lambda models, num_tokens=None, **kw: finalize_model_grads(
             models, None, **kw
         )
         config.grad_scale_func = self.optimizer.scale_loss
         config.no_sync_func = self.model.no_sync
-        return self._load_initial_weights(with_ref)
 
     def _load_initial_weights(self, with_ref: bool) -> int:
-        s, args = self.settings, self.args
+        s = self.settings
         if s.ref_load and is_megatron_checkpoint(s.ref_load):
             load_checkpoint(s.ref_load, self.module, None, None, load_rng=False)
         else:
-            load_hf_weights(self.module, args.hf_checkpoint, self.model_args, s)
+            load_hf_weights(self.module, self.cfg.hf_checkpoint, self.model_args, s)
         self.optimizer.reload_model_params()  # fp32 main params from the loaded weights
         if with_ref:
             self._ref = self._snapshot()
@@ -201,13 +218,20 @@ class MegatronTrainBackend:
         for n, p in self.module.named_parameters():
             p.copy_(snapshot[n], non_blocking=True)
 
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank (megatron-core's parallel state): which per-DP-rank batch this rank trains on."""
+        return parallel_state.get_data_parallel_rank()
+
     # ---------------------------------------------------------------- helpers
     @property
     def _device(self) -> torch.device:
         return next(self.module.parameters()).device
 
-    def _temperature(self) -> float:
-        return float(getattr(self.args, "rollout_temperature", 1.0) or 1.0)
+    @property
+    def has_ref(self) -> bool:
+        """Whether reference weights are held (`init(..., with_ref=True)`)."""
+        return self._ref is not None
 
     def _pad_multiple(self) -> int:
         s = self.settings
@@ -274,7 +298,7 @@ class MegatronTrainBackend:
         lp, ent = vocab_parallel_log_probs(
             logits[rows],
             targets,
-            temperature=self._temperature(),
+            temperature=self.cfg.rollout_temperature,
             vocab_start=tp_rank * v_local,
             vocab_size=self.model_args.vocab_size,
             group=parallel_state.get_tensor_model_parallel_group(),
@@ -365,23 +389,12 @@ class MegatronTrainBackend:
         return [out[i] for i in range(batch.num_samples)]
 
     # ---------------------------------------------------------------- train
-    def _advantages(self, batch: RolloutBatch, old, ref):
-        if getattr(self.args, "disable_compute_advantages_and_returns", False):
-            return None  # SFT / custom losses that need no advantages
-        adv, _ = compute_advantages_and_returns(
-            self.args, rewards=list(batch.rewards), loss_masks=batch.loss_masks, log_probs=old, ref_log_probs=ref
-        )
-        if getattr(self.args, "normalize_advantages", False):
-            stats = whitening_stats(adv, batch.loss_masks).to(self._device)
-            dist.all_reduce(stats, group=parallel_state.get_data_parallel_group())
-            adv = apply_whitening(adv, batch.loss_masks, stats.cpu())
-        return adv
-
     def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
-        """Old/ref log-probs, advantages, then `batch.num_steps` optimizer steps (collective).
+        """The shared RL step on `batch` (`slime_core.train_step.train_on_rollout`; collective).
 
         Returns:
-            `train/*` metric means over steps (global-batch normalized), `train/grad_norm`, `train/lr`.
+            `train/*` metric means over steps (global-batch normalized), `train/grad_norm`, `train/lr`; the
+            per-step values are kept in `self.step_metrics`.
 
         Raises:
             RuntimeError: called while asleep.
@@ -389,75 +402,61 @@ class MegatronTrainBackend:
         """
         if self._asleep:
             raise RuntimeError("train() called while asleep; call wake_up() first")
-        use_rollout = bool(getattr(self.args, "use_rollout_logprobs", False))
-        if use_rollout and batch.rollout_log_probs is None:
-            raise ValueError("--use-rollout-logprobs needs rollout log-probs in the batch")
-        if use_rollout:
-            old = list(batch.rollout_log_probs)
-        else:  # sft_loss never reads old log-probs: skip that forward
-            old = self.compute_log_probs(batch) if needs_old_log_probs(self.args) else None
-        ref = self.compute_log_probs(batch, model="ref") if self._ref is not None else None
-        adv = self._advantages(batch, old, ref)
-        self.step_metrics = [self._train_step(batch, step, old, ref, adv) for step in range(batch.num_steps)]
-        metrics = {k: sum(m[k] for m in self.step_metrics) / len(self.step_metrics) for k in self.step_metrics[0]}
-        metrics["train/lr"] = self.step_metrics[-1]["train/lr"]
-        logger.info("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
+        metrics, self.step_metrics = train_on_rollout(self.cfg, self, rollout_id, batch)
         return metrics
 
-    def _train_step(self, batch: RolloutBatch, step: int, old, ref, adv) -> dict[str, float]:
-        per_token = bool(getattr(self.args, "calculate_per_token_loss", False))
-        counts = batch.step_token_counts if per_token else batch.step_sample_counts
-        if len(counts) != batch.num_steps:
-            raise ValueError(f"RolloutBatch step counts must have one entry per step ({batch.num_steps})")
-        denom = max(float(counts[step]), 1.0)
-        # The entropy keeps its graph only when a loss term can use it.
-        entropy_grad = bool(getattr(self.args, "entropy_coef", 0.0)) or (
-            getattr(self.args, "loss_type", None) == "custom_loss"
-        )
-        device = self._device
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum of `tensor` over the data-parallel group, returned on CPU."""
+        reduced = tensor.to(self._device)
+        dist.all_reduce(reduced, group=parallel_state.get_data_parallel_group())
+        return reduced.cpu()
 
-        def loss_fn(logits, mb):
+    def forward_backward(
+        self, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss, *, denominator: float
+    ) -> list[dict[str, torch.Tensor]]:
+        """Step `step`'s micro-batches through megatron-core's schedule (see `slime_core.train_step.StepBackend`).
+
+        An empty schedule slot runs a 2-token dummy whose zero loss keeps the graph (and the pipeline's and
+        DDP's collectives) alive. Metrics come back on the last pipeline stage only (`reduce_metric_sums`
+        broadcasts them).
+        """
+
+        def mb_loss(logits, mb):
             lp, ent = self._response_log_probs(logits, mb, with_entropy=True)
             if mb.dummy:
                 return (logits.sum() * 0.0), {}  # keeps the graph (and collectives) of empty slots alive
             lens = mb.packed.response_lengths
-            pick = lambda xs: None if xs is None else [xs[i].to(device) for i in mb.ids]  # noqa: E731
-            loss, metrics = compute_train_loss(
-                self.args,
-                log_probs=list(lp.split(lens)),
-                old_log_probs=pick(old),
-                advantages=pick(adv),
-                loss_masks=pick(batch.loss_masks),
-                loss_denominators=[float(batch.loss_denominators[i]) for i in mb.ids],
-                ref_log_probs=pick(ref),
-                rollout_log_probs=pick(batch.rollout_log_probs),
-                entropy=list((ent if entropy_grad else ent.detach()).split(lens)),
-                total_lengths=[int(batch.tokens[i].numel()) for i in mb.ids],
-                tokens=[batch.tokens[i] for i in mb.ids],
-            )
-            return loss / denom + logits.sum() * 0.0, {k: v.detach().double() for k, v in metrics.items()}
+            loss, metrics = loss_fn(mb.ids, list(lp.split(lens)), list(ent.split(lens)))
+            return loss / denominator + logits.sum() * 0.0, {k: v.detach().double() for k, v in metrics.items()}
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        results = self._run(batch, step, loss_fn, forward_only=False)
+        return [m for m in self._run(batch, step, mb_loss, forward_only=False) if m]
+
+    def optimizer_step(self) -> tuple[float, float]:
+        """Steps the megatron optimizer (it clips) and the LR schedule; returns (grad norm, this step's rate)."""
         _, grad_norm, _ = self.optimizer.step()
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.scheduler.step(increment=1)
         self.global_step += 1
-        sums: dict[str, float] = {}
-        for metrics in results:
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+        return (float(grad_norm) if grad_norm is not None else float("nan")), lr
+
+    def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """Sums over DP on the last pipeline stage (the only one with losses), then broadcasts to every stage."""
         names = sorted(sums)
         # All DP ranks run the same loss (same options), so they report the same metric names.
-        vec = torch.tensor([sums[k] for k in names], dtype=torch.float64, device=device)
+        vec = torch.tensor([sums[k] for k in names], dtype=torch.float64, device=self._device)
         if names and parallel_state.is_pipeline_last_stage():
             dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
-        out = {f"train/{k}": v / denom for k, v in zip(names, vec.tolist(), strict=True)}
-        out = self._broadcast_from_last_stage(out)
-        out["train/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
-        out["train/lr"] = lr
-        return out
+        return self._broadcast_from_last_stage(dict(zip(names, vec.tolist(), strict=True)))
+
+    def reset_optimizer_states(self) -> None:
+        """Zeroes the Adam moments and step counts (`--reset-optimizer-states`)."""
+        reset_adam_moments(self.optimizer)
+
+    def update_ref(self) -> None:
+        """Copies the current weights into the reference snapshot (`--ref-update-interval`)."""
+        self._ref = self._snapshot()
 
     # ---------------------------------------------------------------- checkpoints and weights
     def save(self, rollout_id: int) -> None:
@@ -472,8 +471,22 @@ class MegatronTrainBackend:
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full HF-named tensors (TP/EP gathered, PP broadcast; collective on every rank)."""
-        size = bucket_bytes or int(getattr(self.args, "update_weight_buffer_size", 512 * 1024**2))
+        size = bucket_bytes or self.cfg.update_weight_buffer_size
         return iter_buckets(iter_hf_weights(self.module, self.model_args), size)
+
+    def save_hf(self, path: str | pathlib.Path) -> None:
+        """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective; rank 0 writes).
+
+        The full HF-named weights (`iter_hf_weights`: TP/EP gathered, PP broadcast) in the `--hf-checkpoint`
+        config's dtype, with that checkpoint's config/tokenizer/generation files; written to `path.tmp`,
+        then renamed.
+
+        Raises:
+            RuntimeError: called while asleep.
+        """
+        if self._asleep:
+            raise RuntimeError("save_hf() called while asleep; call wake_up() first")
+        save_hf(iter_hf_weights(self.module, self.model_args), path, source_dir=self.cfg.hf_checkpoint)
 
     def sleep(self) -> None:
         """Moves parameters, gradient buffers and optimizer state to CPU and frees accelerator memory."""

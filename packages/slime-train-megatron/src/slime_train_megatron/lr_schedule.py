@@ -14,6 +14,7 @@ from typing import Any
 
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from slime_core.config import SlimeArgs
 from slime_train_megatron.settings import MegatronSettings
 
 logger = logging.getLogger(__name__)
@@ -21,22 +22,19 @@ logger = logging.getLogger(__name__)
 __all__ = ["build_lr_scheduler", "train_steps"]
 
 
-def train_steps(args: Any) -> int:
-    """Optimizer steps of the whole run, or 0 when the run size is unknown (fields missing)."""
-    try:
-        return int(args.num_rollout * args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size)
-    except (AttributeError, TypeError, ZeroDivisionError):
-        return 0
+def train_steps(cfg: SlimeArgs) -> int:
+    """Optimizer steps of the whole run (the original's `train_iters`)."""
+    return cfg.num_rollout * cfg.rollout_batch_size * cfg.n_samples_per_prompt // cfg.global_batch_size
 
 
-def build_lr_scheduler(optimizer: Any, s: MegatronSettings, args: Any) -> OptimizerParamScheduler:
+def build_lr_scheduler(optimizer: Any, s: MegatronSettings, cfg: SlimeArgs) -> OptimizerParamScheduler:
     """Builds the scheduler (it sets the optimizer's rate for the first step).
 
     Args:
         optimizer: the megatron optimizer (anything with `param_groups`).
         s: settings; reads `lr`, `min_lr`, `lr_decay_style`, `lr_decay_iters`, `lr_warmup_iters`,
             `lr_warmup_fraction`, `lr_warmup_init`, `weight_decay`.
-        args: run config; reads `num_rollout`, `rollout_batch_size`, `n_samples_per_prompt`, `global_batch_size`
+        cfg: run config; reads `num_rollout`, `rollout_batch_size`, `n_samples_per_prompt`, `global_batch_size`
             (the run length when `--lr-decay-iters` is unset).
 
     Raises:
@@ -44,16 +42,13 @@ def build_lr_scheduler(optimizer: Any, s: MegatronSettings, args: Any) -> Optimi
     """
     if s.lr_decay_style == "WSD":
         raise ValueError("--lr-decay-style WSD is not supported (no --lr-wsd-decay-iters); use linear or cosine")
-    decay = s.lr_decay_iters or train_steps(args)
+    decay = s.lr_decay_iters or train_steps(cfg)
     warmup = s.lr_warmup_iters
     if s.lr_warmup_fraction is not None:
         if warmup:
             raise ValueError("give only one of --lr-warmup-iters and --lr-warmup-fraction")
         warmup = int(s.lr_warmup_fraction * decay)
     style = s.lr_decay_style
-    if not decay:
-        logger.warning("run length unknown and no --lr-decay-iters: constant learning rate after warmup")
-        style = "constant"
     decay = max(decay, warmup + 1)  # megatron-core requires warmup < decay steps
     return OptimizerParamScheduler(
         optimizer,

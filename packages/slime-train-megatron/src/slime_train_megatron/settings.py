@@ -1,9 +1,9 @@
 """Megatron settings of the trainer: parallelism, precision, optimizer, checkpoints.
 
-Parsed from `args.megatron_args` (the raw Megatron CLI tokens a user passes through, e.g.
-`["--tensor-model-parallel-size", "2", "--sequence-parallel"]`) on top of same-named fields of the
-run config (`args.tensor_model_parallel_size`, `args.lr`, ...) when present, on top of slime's
-defaults (distributed optimizer on, bf16 unless `--fp16`, Transformer Engine spec when installed).
+Parsed from `cfg.megatron_args` (the raw Megatron CLI tokens a user passes through, e.g.
+`["--tensor-model-parallel-size", "2", "--sequence-parallel"]`) on top of the same-named fields of the
+run config (`cfg.lr`, `cfg.load`, ...), on top of slime's defaults (distributed optimizer on, bf16 unless
+`--fp16`, Transformer Engine spec when installed).
 Flag names are Megatron-LM's. Tokens this backend does not use are logged once and ignored.
 """
 
@@ -15,6 +15,8 @@ import types
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -79,21 +81,20 @@ class MegatronSettings(BaseModel):
         return self
 
     @classmethod
-    def from_args(cls, args: Any) -> MegatronSettings:
-        """Defaults ← same-named `args` fields ← `args.megatron_args` tokens.
+    def from_config(cls, cfg: SlimeArgs) -> MegatronSettings:
+        """Defaults ← same-named `cfg` fields (those not None) ← `cfg.megatron_args` tokens.
 
         Args:
-            args: run config; reads `megatron_args` (list of CLI tokens, default []) and any field of this model.
+            cfg: run config; reads `megatron_args` (list of CLI tokens) and every field this model shares with
+                it (`lr`, `min_lr`, `adam_*`, `clip_grad`, `seed`, `bf16`, `fp16`, `load`, `ref_load`, `save`,
+                ...). The parallel sizes come from the tokens.
 
         Raises:
             ValueError: a token with a bad value (message names the flag), or inconsistent settings.
         """
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            value = getattr(args, name, None)
-            if value is not None:
-                values[name] = value
-        tokens = list(getattr(args, "megatron_args", None) or [])
+        shared = set(cls.model_fields) & set(type(cfg).model_fields)
+        values: dict[str, Any] = {k: v for k, v in cfg.model_dump(include=shared).items() if v is not None}
+        tokens = list(cfg.megatron_args)
         try:
             parsed, unknown = _parser().parse_known_args(tokens)
         except argparse.ArgumentError as e:

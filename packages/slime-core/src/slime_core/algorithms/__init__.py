@@ -1,10 +1,11 @@
 """RL algorithms as pure single-process tensor functions, chosen by name from registries.
 
-Entry points for the training backends: `compute_advantages_and_returns` (once per rollout),
-`whitening_stats`/`apply_whitening` (`--normalize-advantages`), `compute_actor_loss`,
-`compute_critic_loss`, `compute_sft_loss` and the `--loss-type` dispatch `compute_train_loss`
-(once per micro-batch), and
-`log_probs_from_logits`/`entropy_from_logits` on the response logits.
+Entry points for the shared train step (`slime_core.train_step`): `compute_advantages_and_returns` (once
+per rollout, with the `--advantage-estimator` spec's function from `slime_core.estimators`),
+`whitening_stats`/`apply_whitening` (`--normalize-advantages`), and the `--loss-type` dispatch
+`compute_train_loss(cfg, LossInputs)` (once per micro-batch) over `compute_actor_loss`,
+`compute_sft_loss` (and `compute_critic_loss`); `log_probs_from_logits`/`entropy_from_logits` on the
+response logits.
 """
 
 from slime_core.algorithms.advantages import compute_advantages_and_returns, discounted_cumsum
@@ -26,11 +27,12 @@ from slime_core.algorithms.registry import (
 )
 from slime_core.algorithms.sft_loss import compute_sft_loss
 from slime_core.algorithms.tis import compute_tis_weights, icepop_function, vanilla_tis_function
-from slime_core.algorithms.train_loss import compute_train_loss, needs_old_log_probs
+from slime_core.algorithms.train_loss import LossInputs, compute_train_loss, needs_old_log_probs
 from slime_core.algorithms.value_loss import compute_critic_loss, compute_value_loss
 from slime_core.algorithms.whitening import apply_whitening, whitening_stats
 
 __all__ = [
+    "LossInputs",
     "apply_whitening",
     "compute_actor_loss",
     "compute_advantages_and_returns",

@@ -2,7 +2,7 @@
 
 Legend: `N` samples, `L_i` response length of sample i; all per-token tensors are `[L_i]` float32.
 
-Estimators (`--advantage-estimator`), registered by name:
+Advantage functions of the estimators registered in `slime_core.estimators` (`--advantage-estimator`):
 
 | name | advantage `A_t` | returns |
 |---|---|---|
@@ -17,17 +17,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from slime_core.algorithms.kl import compute_approx_kl
-from slime_core.algorithms.registry import get_advantage_estimator, register_advantage
+from slime_core.config import SlimeArgs
+from slime_core.estimators import get_estimator
 from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["compute_advantages_and_returns", "discounted_cumsum"]
+__all__ = [
+    "broadcast_reward_advantages",
+    "compute_advantages_and_returns",
+    "discounted_cumsum",
+    "ppo_gae_advantages",
+    "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+    "rloo_advantages",
+]
 
 _SCAN_CHUNK = 128
 
@@ -77,10 +85,7 @@ def _broadcast(rewards: Sequence[float], loss_masks: Sequence[torch.Tensor]) -> 
     ]
 
 
-@register_advantage("grpo")
-@register_advantage("gspo")
-@register_advantage("cispo")
-def broadcast_reward_advantages(args: Any, *, rewards, loss_masks, kl, values):
+def broadcast_reward_advantages(cfg: SlimeArgs, *, rewards, loss_masks, kl, values):
     """GRPO (Shao et al. 2024, DeepSeekMath), GSPO, CISPO: `A_t = r̃` on every token; returns = A.
 
     `rewards` are expected already group-normalized by the rollout side; `kl_coef` is not applied.
@@ -89,27 +94,24 @@ def broadcast_reward_advantages(args: Any, *, rewards, loss_masks, kl, values):
     return advantages, [a.clone() for a in advantages]
 
 
-@register_advantage("reinforce_plus_plus_baseline")
-def reinforce_plus_plus_baseline_advantages(args: Any, *, rewards, loss_masks, kl, values):
+def reinforce_plus_plus_baseline_advantages(cfg: SlimeArgs, *, rewards, loss_masks, kl, values):
     """REINFORCE++-baseline (Hu et al. 2025): `A_t = r̃ - kl_coef·kl_t` (r̃ group-mean-centred upstream)."""
-    advantages = [a - args.kl_coef * k for a, k in zip(_broadcast(rewards, loss_masks), kl, strict=True)]
+    advantages = [a - cfg.kl_coef * k for a, k in zip(_broadcast(rewards, loss_masks), kl, strict=True)]
     return advantages, [a.clone() for a in advantages]
 
 
-@register_advantage("rloo")
-def rloo_advantages(args: Any, *, rewards, loss_masks, kl, values):
+def rloo_advantages(cfg: SlimeArgs, *, rewards, loss_masks, kl, values):
     """RLOO (Ahmadian et al. 2024): leave-one-out baseline within each group.
 
     `rewards` are already leave-one-out centred by `slime_core.train_data.postprocess_rewards`
     (`r_i - (Σ_{j∈g} r_j - r_i)/(n-1)`, computed where whole groups are visible); here they are broadcast:
     `A_{i,t} = r̃_i - kl_coef·kl_{i,t}`.
     """
-    advantages = [a - args.kl_coef * k for a, k in zip(_broadcast(list(rewards), loss_masks), kl, strict=True)]
+    advantages = [a - cfg.kl_coef * k for a, k in zip(_broadcast(list(rewards), loss_masks), kl, strict=True)]
     return advantages, [a.clone() for a in advantages]
 
 
-@register_advantage("reinforce_plus_plus")
-def reinforce_plus_plus_advantages(args: Any, *, rewards, loss_masks, kl, values):
+def reinforce_plus_plus_advantages(cfg: SlimeArgs, *, rewards, loss_masks, kl, values):
     """REINFORCE++ (Hu et al. 2025): discounted return of the KL-shaped token reward.
 
     `ρ_t = -kl_coef·kl_t·m_t`, plus the scalar reward at the last token with `m_t = 1` (nothing
@@ -118,16 +120,15 @@ def reinforce_plus_plus_advantages(args: Any, *, rewards, loss_masks, kl, values
     advantages = []
     for r, m, k in zip(rewards, loss_masks, kl, strict=True):
         m = m.float()
-        token_rewards = -args.kl_coef * k.float() * m
+        token_rewards = -cfg.kl_coef * k.float() * m
         trainable = torch.nonzero(m > 0).flatten()
         if trainable.numel():
             token_rewards[trainable[-1]] += float(r)
-        advantages.append(discounted_cumsum(token_rewards, args.gamma))
+        advantages.append(discounted_cumsum(token_rewards, cfg.gamma))
     return advantages, [a.clone() for a in advantages]
 
 
-@register_advantage("ppo")
-def ppo_gae_advantages(args: Any, *, rewards, loss_masks, kl, values):
+def ppo_gae_advantages(cfg: SlimeArgs, *, rewards, loss_masks, kl, values):
     """PPO with GAE (Schulman et al. 2016, arXiv:1506.02438).
 
     `ρ_t = -kl_coef·kl_t` plus the scalar reward at the last response token;
@@ -144,12 +145,12 @@ def ppo_gae_advantages(args: Any, *, rewards, loss_masks, kl, values):
         if v.shape != m.shape:
             raise ValueError(f"values[{i}] has shape {tuple(v.shape)}, expected {tuple(m.shape)}")
         v = v.detach().float()
-        token_rewards = -args.kl_coef * k.float()
+        token_rewards = -cfg.kl_coef * k.float()
         if token_rewards.numel():
             token_rewards[-1] += float(r)
         next_values = torch.cat([v[1:], v.new_zeros(1)])
-        deltas = token_rewards + args.gamma * next_values - v
-        adv = discounted_cumsum(deltas, args.gamma * args.lambd)
+        deltas = token_rewards + cfg.gamma * next_values - v
+        adv = discounted_cumsum(deltas, cfg.gamma * cfg.lambd)
         advantages.append(adv)
         returns.append(adv + v)
     return advantages, returns
@@ -166,7 +167,7 @@ def _check_list(name: str, tensors: Sequence[torch.Tensor] | None, loss_masks: S
 
 
 def compute_advantages_and_returns(
-    args: Any,
+    cfg: SlimeArgs,
     *,
     rewards: list[float],
     loss_masks: list[torch.Tensor],
@@ -178,21 +179,22 @@ def compute_advantages_and_returns(
     """Per-token advantages and returns for one rollout's samples (one DP rank's share).
 
     The reward-shaping KL `kl_t = KL(log_probs, ref_log_probs)` (`--kl-loss-type`) is computed when
-    `args.kl_coef != 0`, else zeros. Pass as `log_probs` the "old" log-probs (recomputed by the
+    `cfg.kl_coef != 0`, else zeros. The advantage function is the `--advantage-estimator` spec's
+    (`slime_core.estimators`). Pass as `log_probs` the "old" log-probs (recomputed by the
     trainer, or the rollout log-probs with `--use-rollout-logprobs`). Whitening
     (`--normalize-advantages`) is separate: see `whitening_stats`/`apply_whitening`, because its
     statistics are all-reduced over DP ranks by the backend.
 
-    With `--custom-advantage-function-path`, `fn(args, rollout_data)` replaces the estimator: it gets a
+    With `--custom-advantage-function-path`, `fn(args, rollout_data)` (the plugin receives `cfg` as `args`)
+    replaces the estimator: it gets a
     dict with `rewards`, `loss_masks`, `response_lengths`, `log_probs`, `ref_log_probs`, `values`,
     `teacher_log_probs` and must set `rollout_data["advantages"]` and `["returns"]` (N `[L_i]` each).
     On-policy distillation (`--use-opd`) then subtracts `opd_kl_coef·(log_probs - teacher_log_probs)`
     from the advantages (returns unchanged).
 
     Args:
-        args: run config; reads `advantage_estimator`, `kl_coef`, `kl_loss_type`, `gamma`, `lambd`,
-            `n_samples_per_prompt` (rloo), `custom_advantage_function_path` (None), `use_opd` (False),
-            `opd_kl_coef` (1.0).
+        cfg: run config; reads `advantage_estimator`, `kl_coef`, `kl_loss_type`, `gamma`, `lambd`,
+            `custom_advantage_function_path`, `use_opd`, `opd_kl_coef`.
         rewards: N floats. For grpo/gspo/cispo the group-normalized reward, for
             reinforce_plus_plus_baseline the group-mean-centred one, for rloo, reinforce_plus_plus and ppo
             the RAW reward. For rloo the N samples must be whole groups, each group consecutive.
@@ -220,17 +222,17 @@ def compute_advantages_and_returns(
     }
     for name, tensors in inputs.items():
         _check_list(name, tensors, loss_masks)
-    use_opd = getattr(args, "use_opd", False)
+    use_opd = cfg.use_opd
     if use_opd and (log_probs is None or teacher_log_probs is None):
         raise ValueError("--use-opd needs log_probs and teacher_log_probs")
     with torch.no_grad():
-        custom_path = getattr(args, "custom_advantage_function_path", None)
+        custom_path = cfg.custom_advantage_function_path
         if custom_path:
-            advantages, returns = _custom_advantages(args, custom_path, rewards, loss_masks, inputs)
+            advantages, returns = _custom_advantages(cfg, custom_path, rewards, loss_masks, inputs)
         else:
-            advantages, returns = _builtin_advantages(args, rewards, loss_masks, log_probs, ref_log_probs, values)
+            advantages, returns = _builtin_advantages(cfg, rewards, loss_masks, log_probs, ref_log_probs, values)
         if use_opd:
-            coef = getattr(args, "opd_kl_coef", 1.0)
+            coef = cfg.opd_kl_coef
             advantages = [
                 a - coef * (lp.float() - t.float())
                 for a, lp, t in zip(advantages, log_probs, teacher_log_probs, strict=True)
@@ -238,7 +240,8 @@ def compute_advantages_and_returns(
         return advantages, returns
 
 
-def _custom_advantages(args, path, rewards, loss_masks, inputs):
+def _custom_advantages(args: SlimeArgs, path, rewards, loss_masks, inputs):
+    # A user plugin: it keeps the original `fn(args, rollout_data)` signature.
     fn = load_function(path, flag="--custom-advantage-function-path")
     rollout_data = {
         "rewards": list(rewards),
@@ -254,12 +257,12 @@ def _custom_advantages(args, path, rewards, loss_masks, inputs):
     return [a.float() for a in rollout_data["advantages"]], [r.float() for r in rollout_data["returns"]]
 
 
-def _builtin_advantages(args, rewards, loss_masks, log_probs, ref_log_probs, values):
-    estimator = get_advantage_estimator(args.advantage_estimator)
-    if args.kl_coef != 0:
+def _builtin_advantages(cfg: SlimeArgs, rewards, loss_masks, log_probs, ref_log_probs, values):
+    estimator = get_estimator(cfg.advantage_estimator).advantage_fn()
+    if cfg.kl_coef != 0:
         if log_probs is None or ref_log_probs is None:
             raise ValueError("--kl-coef != 0 needs log_probs and ref_log_probs (is --ref-load set?)")
-        kl = [compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs, strict=True)]
+        kl = [compute_approx_kl(lp, ref, cfg.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs, strict=True)]
     else:
         kl = [torch.zeros(m.shape, dtype=torch.float32, device=m.device) for m in loss_masks]
-    return estimator(args, rewards=rewards, loss_masks=loss_masks, kl=kl, values=values)
+    return estimator(cfg, rewards=rewards, loss_masks=loss_masks, kl=kl, values=values)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any
 
 import torch
 
@@ -23,6 +22,8 @@ from slime_core.algorithms.policy_loss import compute_opsm_mask
 from slime_core.algorithms.reducers import Reducer, default_reducer
 from slime_core.algorithms.registry import get_policy_loss
 from slime_core.algorithms.tis import icepop_function, vanilla_tis_function
+from slime_core.config import SlimeArgs
+from slime_core.estimators import get_estimator
 from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
@@ -33,48 +34,52 @@ _TIS_FUNCTIONS = {"truncate": vanilla_tis_function, "icepop": icepop_function}
 
 
 def policy_loss_name(advantage_estimator: str) -> str:
-    """The registered policy loss used for an advantage estimator: gspo, cispo, else ppo."""
-    return advantage_estimator if advantage_estimator in ("gspo", "cispo") else "ppo"
+    """The registered policy loss an advantage estimator trains with (its spec's `policy_loss`).
+
+    Raises:
+        KeyError: unknown estimator (the message lists the known ones).
+    """
+    return get_estimator(advantage_estimator).policy_loss
 
 
-def _pg_reducer(args: Any, total_lengths, response_lengths, loss_masks, default: Reducer) -> Reducer:
-    path = getattr(args, "custom_pg_loss_reducer_function_path", None)
+def _pg_reducer(cfg: SlimeArgs, total_lengths, response_lengths, loss_masks, default: Reducer) -> Reducer:
+    path = cfg.custom_pg_loss_reducer_function_path
     if not path:
         return default
     factory = load_function(path, flag="--custom-pg-loss-reducer-function-path")
-    per_token = getattr(args, "calculate_per_token_loss", False)
+    per_token = cfg.calculate_per_token_loss
     # Extension over the original signature: factories that declare `args` get the run config.
     if "args" in inspect.signature(factory).parameters:
-        return factory(total_lengths, response_lengths, loss_masks, per_token, args=args)
+        return factory(total_lengths, response_lengths, loss_masks, per_token, args=cfg)
     return factory(total_lengths, response_lengths, loss_masks, per_token)
 
 
-def _check_options(args: Any, rollout_log_probs, ref_log_probs, entropy) -> None:
-    if getattr(args, "use_tis", False):
-        if getattr(args, "use_rollout_logprobs", False):
+def _check_options(cfg: SlimeArgs, rollout_log_probs, ref_log_probs, entropy) -> None:
+    if cfg.use_tis:
+        if cfg.use_rollout_logprobs:
             raise ValueError("--use-tis and --use-rollout-logprobs are mutually exclusive")
         if rollout_log_probs is None:
             raise ValueError("--use-tis needs rollout_log_probs")
-    if getattr(args, "use_rollout_logprobs", False) and rollout_log_probs is None:
+    if cfg.use_rollout_logprobs and rollout_log_probs is None:
         raise ValueError("--use-rollout-logprobs needs rollout_log_probs")
-    if getattr(args, "use_kl_loss", False) and ref_log_probs is None:
+    if cfg.use_kl_loss and ref_log_probs is None:
         raise ValueError("--use-kl-loss needs ref_log_probs (is --ref-load set?)")
-    if getattr(args, "entropy_coef", 0.0) != 0 and entropy is None:
+    if cfg.entropy_coef != 0 and entropy is None:
         raise ValueError("--entropy-coef != 0 needs the per-token entropy")
 
 
-def _tis_function(args: Any):
-    path = getattr(args, "custom_tis_function_path", None)
+def _tis_function(cfg: SlimeArgs):
+    path = cfg.custom_tis_function_path
     if path:
         return load_function(path, flag="--custom-tis-function-path")
-    mode = getattr(args, "tis_mode", "truncate")
+    mode = cfg.tis_mode
     if mode not in _TIS_FUNCTIONS:
         raise ValueError(f"unknown --tis-mode {mode!r}; known: {sorted(_TIS_FUNCTIONS)}")
     return _TIS_FUNCTIONS[mode]
 
 
 def compute_actor_loss(
-    args: Any,
+    cfg: SlimeArgs,
     *,
     log_probs: list[torch.Tensor],
     old_log_probs: list[torch.Tensor],
@@ -88,7 +93,7 @@ def compute_actor_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy loss of one micro-batch, a SUM over its samples (see module docstring).
 
-    The policy loss follows `args.advantage_estimator` (gspo → sequence ratio, cispo → CISPO, else PPO
+    The policy loss is the `--advantage-estimator` spec's (gspo → sequence ratio, cispo → CISPO, else PPO
     clip). With `--use-rollout-logprobs` the rollout log-probs replace `old_log_probs`. With `--use-opsm`
     (off-policy sequence masking) tokens with `A < 0` in sequences whose mean `lp_old - lp` exceeds
     `--opsm-delta` get loss 0. With `--use-tis` the per-token policy loss is multiplied by
@@ -98,12 +103,11 @@ def compute_actor_loss(
     modified masks then replace the numerator masks of every term (denominators unchanged).
 
     Args:
-        args: run config; reads `advantage_estimator`, `eps_clip` (0.2), `eps_clip_high` (None → eps_clip),
-            `eps_clip_c` (None), `entropy_coef` (0), `use_kl_loss` (False), `kl_loss_coef` (0), `kl_loss_type`
-            ("low_var_kl"), `use_unbiased_kl` (False), `use_tis` (False), `tis_clip` (2.0), `tis_clip_low` (0),
-            `tis_mode` ("truncate"), `calculate_per_token_loss` (False), `use_rollout_logprobs` (False),
-            `custom_pg_loss_reducer_function_path` (None), `custom_tis_function_path` (None), `use_opsm` (False),
-            `opsm_delta` (1e-4). Missing optional fields take these defaults.
+        cfg: run config; reads `advantage_estimator`, `eps_clip`, `eps_clip_high` (None → eps_clip),
+            `eps_clip_c`, `entropy_coef`, `use_kl_loss`, `kl_loss_coef`, `kl_loss_type`, `use_unbiased_kl`,
+            `use_tis`, `tis_clip`, `tis_clip_low`, `tis_mode`, `calculate_per_token_loss`,
+            `use_rollout_logprobs`, `custom_pg_loss_reducer_function_path`, `custom_tis_function_path`,
+            `use_opsm`, `opsm_delta`. Plugins (reducer factory, TIS function) receive it as `args`.
         log_probs: N `[L_i]` float32 current log-probs (requires grad).
         old_log_probs: N `[L_i]` log-probs of the policy that produced the data (no grad needed).
         advantages: N `[L_i]`.
@@ -125,31 +129,31 @@ def compute_actor_loss(
         ValueError: mismatched shapes or inputs missing for the configured options.
         slime_core.plugins.PluginError: a custom reducer/TIS import path cannot be loaded.
     """
-    _check_options(args, rollout_log_probs, ref_log_probs, entropy)
+    _check_options(cfg, rollout_log_probs, ref_log_probs, entropy)
     lengths = [int(m.shape[0]) for m in loss_masks]
     mask = concat_per_sample("loss_masks", loss_masks, lengths)
     lp = concat_per_sample("log_probs", log_probs, lengths)
-    use_rollout = getattr(args, "use_rollout_logprobs", False)
+    use_rollout = cfg.use_rollout_logprobs
     roll = None if rollout_log_probs is None else concat_per_sample("rollout_log_probs", rollout_log_probs, lengths)
     old = roll.detach() if use_rollout else concat_per_sample("old_log_probs", old_log_probs, lengths).detach()
     adv = concat_per_sample("advantages", advantages, lengths).detach()
 
-    per_token = getattr(args, "calculate_per_token_loss", False)
+    per_token = cfg.calculate_per_token_loss
     reduce = default_reducer(per_token, lengths, mask, loss_denominators)
-    pg_reduce = _pg_reducer(args, total_lengths, lengths, loss_masks, reduce)
+    pg_reduce = _pg_reducer(cfg, total_lengths, lengths, loss_masks, reduce)
 
-    name = policy_loss_name(args.advantage_estimator)
+    name = policy_loss_name(cfg.advantage_estimator)
     pg_tok, clipfrac_tok, ppo_kl_tok = get_policy_loss(name)(
-        args, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=mask, response_lengths=lengths
+        cfg, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=mask, response_lengths=lengths
     )
     metrics: dict[str, torch.Tensor] = {}
-    if getattr(args, "use_opsm", False):
-        dropped = compute_opsm_mask(ppo_kl_tok.detach(), adv, mask, lengths, getattr(args, "opsm_delta", 1e-4))
+    if cfg.use_opsm:
+        dropped = compute_opsm_mask(ppo_kl_tok.detach(), adv, mask, lengths, cfg.opsm_delta)
         pg_tok = pg_tok * (1.0 - dropped)
         metrics["opsm_clipfrac"] = reduce(dropped)
-    if getattr(args, "use_tis", False):
-        pg_tok, new_masks, tis_metrics = _tis_function(args)(
-            args=args,
+    if cfg.use_tis:
+        pg_tok, new_masks, tis_metrics = _tis_function(cfg)(
+            args=cfg,
             pg_loss=pg_tok,
             train_log_probs=list(old.split(lengths)),
             rollout_log_probs=list(roll.split(lengths)),
@@ -161,18 +165,18 @@ def compute_actor_loss(
             # Rejected tokens leave the numerators; the denominators stay the rollout's mask sums.
             mask = concat_per_sample("modified loss_masks", new_masks, lengths)
             reduce = default_reducer(per_token, lengths, mask, loss_denominators)
-            pg_reduce = _pg_reducer(args, total_lengths, lengths, new_masks, reduce)
+            pg_reduce = _pg_reducer(cfg, total_lengths, lengths, new_masks, reduce)
         metrics.update({k: reduce(v) for k, v in tis_metrics.items()})
         metrics["ois"] = reduce(torch.exp((-ppo_kl_tok.detach()).clamp(-20.0, 20.0)))
 
     pg_loss = pg_reduce(pg_tok)
     entropy_loss = reduce(concat_per_sample("entropy", entropy, lengths)) if entropy is not None else lp.new_zeros(())
-    loss = pg_loss - getattr(args, "entropy_coef", 0.0) * entropy_loss
-    if getattr(args, "use_kl_loss", False):
+    loss = pg_loss - cfg.entropy_coef * entropy_loss
+    if cfg.use_kl_loss:
         ref = concat_per_sample("ref_log_probs", ref_log_probs, lengths)
-        ratio = torch.exp((lp - old).clamp(-20.0, 20.0)) if getattr(args, "use_unbiased_kl", False) else None
-        kl_loss = reduce(compute_approx_kl(lp, ref, getattr(args, "kl_loss_type", "low_var_kl"), ratio))
-        loss = loss + getattr(args, "kl_loss_coef", 0.0) * kl_loss
+        ratio = torch.exp((lp - old).clamp(-20.0, 20.0)) if cfg.use_unbiased_kl else None
+        kl_loss = reduce(compute_approx_kl(lp, ref, cfg.kl_loss_type, ratio))
+        loss = loss + cfg.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss
     if roll is not None:
         metrics["train_rollout_logprob_abs_diff"] = reduce(((lp if use_rollout else old) - roll).abs())

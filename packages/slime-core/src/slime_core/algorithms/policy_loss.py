@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from slime_core.algorithms.reducers import segment_sums
 from slime_core.algorithms.registry import register_policy_loss
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -146,31 +146,30 @@ def compute_opsm_mask(
     return ((advantages < 0) & (seq_kl > delta)).float()
 
 
-def _eps(args: Any) -> tuple[float, float]:
-    eps_clip = args.eps_clip
-    eps_clip_high = getattr(args, "eps_clip_high", None)
-    return eps_clip, eps_clip if eps_clip_high is None else eps_clip_high
+def _eps(cfg: SlimeArgs) -> tuple[float, float]:
+    # None is the field's "same as --eps-clip" (validation fills it; a config copied without it keeps None).
+    return cfg.eps_clip, cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
 
 
 @register_policy_loss("ppo")
-def ppo_policy_loss(args: Any, *, log_probs, old_log_probs, advantages, loss_mask, response_lengths):
+def ppo_policy_loss(cfg: SlimeArgs, *, log_probs, old_log_probs, advantages, loss_mask, response_lengths):
     """Token-level PPO clip (`eps_clip`, `eps_clip_high`, `eps_clip_c`)."""
     ppo_kl = old_log_probs - log_probs
-    loss, clipfrac = compute_policy_loss(ppo_kl, advantages, *_eps(args), getattr(args, "eps_clip_c", None))
+    loss, clipfrac = compute_policy_loss(ppo_kl, advantages, *_eps(cfg), cfg.eps_clip_c)
     return loss, clipfrac, ppo_kl
 
 
 @register_policy_loss("gspo")
-def gspo_policy_loss(args: Any, *, log_probs, old_log_probs, advantages, loss_mask, response_lengths):
+def gspo_policy_loss(cfg: SlimeArgs, *, log_probs, old_log_probs, advantages, loss_mask, response_lengths):
     """GSPO: PPO clip on the per-sequence mean log-ratio."""
     ppo_kl = sequence_mean_ppo_kl(old_log_probs - log_probs, loss_mask, response_lengths)
-    loss, clipfrac = compute_policy_loss(ppo_kl, advantages, *_eps(args), getattr(args, "eps_clip_c", None))
+    loss, clipfrac = compute_policy_loss(ppo_kl, advantages, *_eps(cfg), cfg.eps_clip_c)
     return loss, clipfrac, ppo_kl
 
 
 @register_policy_loss("cispo")
-def cispo_policy_loss(args: Any, *, log_probs, old_log_probs, advantages, loss_mask, response_lengths):
+def cispo_policy_loss(cfg: SlimeArgs, *, log_probs, old_log_probs, advantages, loss_mask, response_lengths):
     """CISPO with `eps_clip`, `eps_clip_high`."""
     ppo_kl = old_log_probs - log_probs
-    loss, clipfrac = compute_cispo_loss(ppo_kl, log_probs, advantages, *_eps(args))
+    loss, clipfrac = compute_cispo_loss(ppo_kl, log_probs, advantages, *_eps(cfg))
     return loss, clipfrac, ppo_kl

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
+
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def drgrpo(
     loss_masks: Sequence[torch.Tensor],
     calculate_per_token_loss: bool,
     *,
-    args: Any,
+    args: SlimeArgs,
 ) -> Reducer:
     """Dr.GRPO reducer factory: `Σ_i Σ_t x_it·m_it / C`, `C = args.rollout_max_response_len`.
 
@@ -146,7 +147,7 @@ def drgrpo(
         ValueError: if `rollout_max_response_len` is not a positive int, or with
             `--calculate-per-token-loss` (the backend would divide by the token count again).
     """
-    constant = getattr(args, "rollout_max_response_len", None)
+    constant = args.rollout_max_response_len
     if not isinstance(constant, int) or constant <= 0:
         raise ValueError(f"the drgrpo reducer needs --rollout-max-response-len > 0, got {constant!r}")
     if calculate_per_token_loss:

@@ -1,12 +1,15 @@
 """String-keyed registries for advantage estimators and policy losses.
 
-Algorithms are chosen by name from the run config (`--advantage-estimator grpo`); each
-implementation registers itself with a decorator::
+Algorithms are chosen by name from the run config (`--advantage-estimator grpo`). Policy losses register
+themselves with a decorator::
 
-    @register_advantage("grpo")
-    def grpo_advantages(args, *, rewards, loss_masks, kl, values): ...
+    @register_policy_loss("ppo")
+    def ppo_policy_loss(cfg, *, log_probs, old_log_probs, advantages, loss_mask, response_lengths): ...
 
-An unknown name raises `KeyError` listing the known ones.
+Advantage estimators are specs (`slime_core.estimators.EstimatorSpec`: function, reward normalization,
+policy loss, needs); `ADVANTAGE_ESTIMATORS` here is that registry, and `register_advantage` remains as a
+decorator that registers a function with a spec built from keyword facts. An unknown name raises `KeyError`
+listing the known ones.
 """
 
 from __future__ import annotations
@@ -15,9 +18,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from slime_core.estimators import ESTIMATORS, EstimatorSpec, get_estimator, register_estimator
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
     "Registry",
     "get_advantage_estimator",
     "get_policy_loss",
@@ -68,33 +75,46 @@ class Registry:
         return sorted(self._entries)
 
 
-ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+ADVANTAGE_ESTIMATORS = ESTIMATORS
 POLICY_LOSSES = Registry("policy loss")
 
 
-def register_advantage(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator registering an advantage estimator under `name` (`--advantage-estimator`).
+def register_advantage(name: str, **facts: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering an advantage function as estimator `name` (an `EstimatorSpec`).
 
-    The estimator signature is
-    `fn(args, *, rewards: list[float], loss_masks: list[Tensor[L_i]], kl: list[Tensor[L_i]],
+    The function signature is
+    `fn(cfg, *, rewards: list[float], loss_masks: list[Tensor[L_i]], kl: list[Tensor[L_i]],
     values: list[Tensor[L_i]] | None) -> (advantages, returns)`, each a list of `[L_i]` float32.
+    `--advantage-estimator` accepts the names registered when `slime_core.config` is first imported.
+
+    Args:
+        name: the estimator name.
+        **facts: the other `EstimatorSpec` fields (`rewards` defaults to "none": raw rewards).
+
+    Raises:
+        ValueError: `name` is already registered.
     """
-    return ADVANTAGE_ESTIMATORS.register(name)
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        register_estimator(EstimatorSpec(name=name, advantages=fn, **{"rewards": "none", **facts}))
+        return fn
+
+    return decorator
 
 
 def get_advantage_estimator(name: str) -> Callable[..., Any]:
-    """Return the advantage estimator registered as `name`.
+    """Return the advantage function of the estimator registered as `name`.
 
     Raises:
         KeyError: if unknown (the message lists the known names).
     """
-    return ADVANTAGE_ESTIMATORS.get(name)
+    return get_estimator(name).advantage_fn()
 
 
 def register_policy_loss(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering a policy loss under `name`.
 
-    The signature is `fn(args, *, log_probs, old_log_probs, advantages, loss_mask: Tensor[T],
+    The signature is `fn(cfg, *, log_probs, old_log_probs, advantages, loss_mask: Tensor[T],
     response_lengths: list[int]) -> (loss [T], clipfrac [T], ppo_kl [T])` over the concatenated
     response tokens of a micro-batch (all float32 `[T]`, T = Σ L_i).
     """

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 
 from slime_core.algorithms._flatten import concat_per_sample
 from slime_core.algorithms.reducers import default_reducer
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -16,7 +16,7 @@ __all__ = ["compute_sft_loss"]
 
 
 def compute_sft_loss(
-    args: Any,
+    cfg: SlimeArgs,
     *,
     log_probs: list[torch.Tensor],
     loss_masks: list[torch.Tensor],
@@ -25,7 +25,7 @@ def compute_sft_loss(
     """`sft_loss = -reduce(lp)`, a SUM over samples like `compute_actor_loss`.
 
     Args:
-        args: reads `calculate_per_token_loss` (False).
+        cfg: reads `calculate_per_token_loss`.
         log_probs: N `[L_i]` response log-probs (requires grad).
         loss_masks: N `[L_i]`.
         loss_denominators: N floats.
@@ -38,6 +38,6 @@ def compute_sft_loss(
     """
     lengths = [int(m.shape[0]) for m in loss_masks]
     mask = concat_per_sample("loss_masks", loss_masks, lengths)
-    reduce = default_reducer(getattr(args, "calculate_per_token_loss", False), lengths, mask, loss_denominators)
+    reduce = default_reducer(cfg.calculate_per_token_loss, lengths, mask, loss_denominators)
     loss = -reduce(concat_per_sample("log_probs", log_probs, lengths))
     return loss, {"loss": loss.detach()}

@@ -11,9 +11,10 @@ total_lengths, response_lengths) -> (pg_loss [T], loss_masks N×[L_i], metrics {
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
+
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +63,10 @@ def _concat(tensors, like: torch.Tensor) -> torch.Tensor:
     return torch.cat([like.new_zeros(0, dtype=torch.float32)] + [t.float().to(like.device) for t in tensors])
 
 
-def _tis(mode: str, args: Any, pg_loss: torch.Tensor, train_log_probs, rollout_log_probs, loss_masks):
+def _tis(mode: str, cfg: SlimeArgs, pg_loss: torch.Tensor, train_log_probs, rollout_log_probs, loss_masks):
     old = _concat(train_log_probs, pg_loss)
     roll = _concat(rollout_log_probs, pg_loss)
-    weights, clipfrac = compute_tis_weights(
-        old, roll, getattr(args, "tis_clip_low", 0.0), getattr(args, "tis_clip", 2.0), mode
-    )
+    weights, clipfrac = compute_tis_weights(old, roll, cfg.tis_clip_low, cfg.tis_clip, mode)
     metrics = {
         "tis": weights,
         "tis_clipfrac": clipfrac,
@@ -77,7 +76,14 @@ def _tis(mode: str, args: Any, pg_loss: torch.Tensor, train_log_probs, rollout_l
 
 
 def vanilla_tis_function(
-    *, args: Any, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths=None, response_lengths=None
+    *,
+    args: SlimeArgs,
+    pg_loss,
+    train_log_probs,
+    rollout_log_probs,
+    loss_masks,
+    total_lengths=None,
+    response_lengths=None,
 ):
     """Truncated IS: `pg_loss · clamp(exp(lp_old - lp_roll), tis_clip_low, tis_clip)`; masks unchanged.
 
@@ -88,7 +94,14 @@ def vanilla_tis_function(
 
 
 def icepop_function(
-    *, args: Any, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths=None, response_lengths=None
+    *,
+    args: SlimeArgs,
+    pg_loss,
+    train_log_probs,
+    rollout_log_probs,
+    loss_masks,
+    total_lengths=None,
+    response_lengths=None,
 ):
     """IcePop: weight `exp(lp_old - lp_roll)` kept inside `[tis_clip_low, tis_clip]`, 0 outside.
 

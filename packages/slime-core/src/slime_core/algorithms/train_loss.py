@@ -1,4 +1,4 @@
-"""`compute_train_loss`: the `--loss-type` dispatch both training backends call once per micro-batch.
+"""`compute_train_loss`: the `--loss-type` dispatch the shared train step calls once per micro-batch.
 
 Legend: `N` samples in the micro-batch, `L_i` response length, `T = Σ L_i`.
 
@@ -13,6 +13,7 @@ backend divides it by the step's global sample count (or token count with `--cal
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -21,25 +22,72 @@ import torch
 from slime_core.algorithms.objective import compute_actor_loss
 from slime_core.algorithms.reducers import default_reducer
 from slime_core.algorithms.sft_loss import compute_sft_loss
+from slime_core.config import SlimeArgs
 from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOSS_TYPES", "compute_train_loss", "needs_old_log_probs"]
+__all__ = ["LOSS_TYPES", "LossInputs", "compute_train_loss", "needs_old_log_probs"]
 
 LOSS_TYPES = ("policy_loss", "sft_loss", "custom_loss")
 
 
-def needs_old_log_probs(args: Any) -> bool:
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LossInputs:
+    """What the loss of one micro-batch is computed from: N samples, per-sample lists in sample order.
+
+    Example:
+        >>> lp = [torch.tensor([-0.5, -1.0], requires_grad=True)]
+        >>> inputs = LossInputs(log_probs=lp, old_log_probs=[lp[0].detach()], advantages=[torch.ones(2)],
+        ...     loss_masks=[torch.ones(2)], loss_denominators=[2.0])
+        >>> inputs.response_lengths
+        [2]
+
+    Attributes:
+        log_probs: N `[L_i]` float32 current log-probs of the response tokens (requires grad), natural log,
+            at `--rollout-temperature`.
+        old_log_probs: N `[L_i]` log-probs of the policy that produced the data (no grad); None only where
+            the loss never reads them (`sft_loss`).
+        advantages: N `[L_i]` float32; None with `--disable-compute-advantages-and-returns`.
+        loss_masks: N `[L_i]` float32 in {0, 1}, 1 = trainable token.
+        loss_denominators: N floats, each sample's denominator in the default per-sample token mean.
+        ref_log_probs: N `[L_i]` reference-model log-probs (needed with `--use-kl-loss`), or None.
+        rollout_log_probs: N `[L_i]` engine log-probs (needed with `--use-tis` / `--use-rollout-logprobs`),
+            or None.
+        entropy: N `[L_i]` per-token entropies of the current policy (with grad when a loss term uses it),
+            or None.
+        total_lengths: N prompt+response lengths `T_i` (a custom reducer / custom loss reads them), or None.
+        tokens: N `[T_i]` int64 prompt+response ids (only given to a custom loss), or None.
+    """
+
+    log_probs: list[torch.Tensor]
+    old_log_probs: list[torch.Tensor] | None
+    advantages: list[torch.Tensor] | None
+    loss_masks: list[torch.Tensor]
+    loss_denominators: list[float]
+    ref_log_probs: list[torch.Tensor] | None = None
+    rollout_log_probs: list[torch.Tensor] | None = None
+    entropy: list[torch.Tensor] | None = None
+    total_lengths: list[int] | None = None
+    tokens: list[torch.Tensor] | None = None
+
+    @property
+    def response_lengths(self) -> list[int]:
+        """`L_i` for each sample (from the loss masks)."""
+        return [int(m.shape[0]) for m in self.loss_masks]
+
+
+def needs_old_log_probs(cfg: SlimeArgs) -> bool:
     """Whether the trainer must compute old-policy log-probs before training.
 
     Not for `sft_loss` without reward-shaping KL (`--kl-coef`): the NLL never looks at them, so a backend
     can skip that forward pass.
     """
-    return getattr(args, "loss_type", "policy_loss") != "sft_loss" or float(getattr(args, "kl_coef", 0.0) or 0.0) != 0
+    return cfg.loss_type != "sft_loss" or cfg.kl_coef != 0
 
 
-def _custom_loss(args: Any, batch: dict[str, Any], outputs: dict[str, list[torch.Tensor]], reduce) -> tuple:
+def _custom_loss(args: SlimeArgs, batch: dict[str, Any], outputs: dict[str, list[torch.Tensor]], reduce) -> tuple:
+    # A user plugin: it receives the config as `args`, the original signature.
     fn = load_function(args.custom_loss_function_path, flag="--custom-loss-function-path")
     result = fn(args, batch, outputs, reduce)
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
@@ -55,21 +103,8 @@ def _custom_loss(args: Any, batch: dict[str, Any], outputs: dict[str, list[torch
     return loss, out
 
 
-def compute_train_loss(
-    args: Any,
-    *,
-    log_probs: list[torch.Tensor],
-    old_log_probs: list[torch.Tensor] | None,
-    advantages: list[torch.Tensor] | None,
-    loss_masks: list[torch.Tensor],
-    loss_denominators: list[float],
-    ref_log_probs: list[torch.Tensor] | None = None,
-    rollout_log_probs: list[torch.Tensor] | None = None,
-    entropy: list[torch.Tensor] | None = None,
-    total_lengths: list[int] | None = None,
-    tokens: list[torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Training loss of one micro-batch for `args.loss_type`, a SUM over its samples.
+def compute_train_loss(cfg: SlimeArgs, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Training loss of one micro-batch for `--loss-type`, a SUM over its samples.
 
     For `custom_loss` the plugin is called as `fn(args, batch, logits, sum_of_sample_mean)`:
 
@@ -88,18 +123,9 @@ def compute_train_loss(
     reducer's output, and a dict of scalar metrics (summed the same way; a `loss` entry is added if absent).
 
     Args:
-        args: run config; reads `loss_type` ("policy_loss"), `custom_loss_function_path`, and what
-            `compute_actor_loss` / `compute_sft_loss` read.
-        log_probs: N `[L_i]` float32 current log-probs (requires grad).
-        old_log_probs: N `[L_i]` old-policy log-probs; required for `policy_loss`.
-        advantages: N `[L_i]`; required for `policy_loss`.
-        loss_masks: N `[L_i]` in {0, 1}.
-        loss_denominators: N floats.
-        ref_log_probs: N `[L_i]` reference log-probs (as in `compute_actor_loss`).
-        rollout_log_probs: N `[L_i]` engine log-probs (as in `compute_actor_loss`).
-        entropy: N `[L_i]` per-token entropies (as in `compute_actor_loss`).
-        total_lengths: N prompt+response lengths.
-        tokens: N `[T_i]` prompt+response tokens (only given to a custom loss).
+        cfg: run config; reads `loss_type`, `custom_loss_function_path`, `calculate_per_token_loss` and what
+            `compute_actor_loss` / `compute_sft_loss` read. A custom loss receives it as `args`.
+        inputs: the micro-batch's per-sample tensors (`LossInputs`).
 
     Returns:
         `(loss, metrics)` with detached scalar metrics.
@@ -109,41 +135,42 @@ def compute_train_loss(
             loss returning something else than `(scalar tensor, dict)`.
         slime_core.plugins.PluginError: `--custom-loss-function-path` cannot be loaded.
     """
-    loss_type = getattr(args, "loss_type", "policy_loss")
+    loss_type = cfg.loss_type
     if loss_type == "policy_loss":
-        if advantages is None or old_log_probs is None:
+        if inputs.advantages is None or inputs.old_log_probs is None:
             raise ValueError(
                 "--loss-type policy_loss needs advantages and old log-probs "
                 "(drop --disable-compute-advantages-and-returns, or use --loss-type sft_loss / custom_loss)"
             )
         return compute_actor_loss(
-            args,
-            log_probs=log_probs,
-            old_log_probs=old_log_probs,
-            advantages=advantages,
-            loss_masks=loss_masks,
-            loss_denominators=loss_denominators,
-            ref_log_probs=ref_log_probs,
-            rollout_log_probs=rollout_log_probs,
-            entropy=entropy,
-            total_lengths=total_lengths,
+            cfg,
+            log_probs=inputs.log_probs,
+            old_log_probs=inputs.old_log_probs,
+            advantages=inputs.advantages,
+            loss_masks=inputs.loss_masks,
+            loss_denominators=inputs.loss_denominators,
+            ref_log_probs=inputs.ref_log_probs,
+            rollout_log_probs=inputs.rollout_log_probs,
+            entropy=inputs.entropy,
+            total_lengths=inputs.total_lengths,
         )
     if loss_type == "sft_loss":
-        return compute_sft_loss(args, log_probs=log_probs, loss_masks=loss_masks, loss_denominators=loss_denominators)
+        return compute_sft_loss(
+            cfg, log_probs=inputs.log_probs, loss_masks=inputs.loss_masks, loss_denominators=inputs.loss_denominators
+        )
     if loss_type == "custom_loss":
-        lengths = [int(m.shape[0]) for m in loss_masks]
-        per_token = getattr(args, "calculate_per_token_loss", False)
-        reduce = default_reducer(per_token, lengths, loss_masks, loss_denominators)
+        lengths = inputs.response_lengths
+        reduce = default_reducer(cfg.calculate_per_token_loss, lengths, inputs.loss_masks, inputs.loss_denominators)
         batch = {
-            "tokens": tokens,
-            "total_lengths": total_lengths,
+            "tokens": inputs.tokens,
+            "total_lengths": inputs.total_lengths,
             "response_lengths": lengths,
-            "loss_masks": loss_masks,
-            "loss_denominators": loss_denominators,
-            "advantages": advantages,
-            "log_probs": old_log_probs,
-            "ref_log_probs": ref_log_probs,
-            "rollout_log_probs": rollout_log_probs,
+            "loss_masks": inputs.loss_masks,
+            "loss_denominators": inputs.loss_denominators,
+            "advantages": inputs.advantages,
+            "log_probs": inputs.old_log_probs,
+            "ref_log_probs": inputs.ref_log_probs,
+            "rollout_log_probs": inputs.rollout_log_probs,
         }
-        return _custom_loss(args, batch, {"log_probs": log_probs, "entropy": entropy}, reduce)
+        return _custom_loss(cfg, batch, {"log_probs": inputs.log_probs, "entropy": inputs.entropy}, reduce)
     raise ValueError(f"unknown --loss-type {loss_type!r}; known: {', '.join(LOSS_TYPES)}")

@@ -6,12 +6,12 @@ Legend: `T` = concatenated response tokens of a micro-batch, per-token tensors `
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 
 from slime_core.algorithms._flatten import concat_per_sample
 from slime_core.algorithms.reducers import default_reducer
+from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def compute_value_loss(
 
 
 def compute_critic_loss(
-    args: Any,
+    cfg: SlimeArgs,
     *,
     values: list[torch.Tensor],
     old_values: list[torch.Tensor],
@@ -56,7 +56,7 @@ def compute_critic_loss(
     """Micro-batch critic loss, reduced like `compute_actor_loss` (a SUM over samples).
 
     Args:
-        args: reads `value_clip` (0.2), `calculate_per_token_loss` (False).
+        cfg: reads `value_clip`, `calculate_per_token_loss`.
         values: N `[L_i]` current values (requires grad).
         old_values: N `[L_i]`.
         returns: N `[L_i]`.
@@ -71,12 +71,12 @@ def compute_critic_loss(
     """
     lengths = [int(m.shape[0]) for m in loss_masks]
     mask = concat_per_sample("loss_masks", loss_masks, lengths)
-    reduce = default_reducer(getattr(args, "calculate_per_token_loss", False), lengths, mask, loss_denominators)
+    reduce = default_reducer(cfg.calculate_per_token_loss, lengths, mask, loss_denominators)
     loss_tok, clipfrac = compute_value_loss(
         concat_per_sample("values", values, lengths),
         concat_per_sample("old_values", old_values, lengths),
         concat_per_sample("returns", returns, lengths),
-        getattr(args, "value_clip", 0.2),
+        cfg.value_clip,
     )
     loss = reduce(loss_tok)
     return loss, {"value_loss": loss.detach(), "value_clipfrac": reduce(clipfrac).detach()}

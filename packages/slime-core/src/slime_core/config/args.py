@@ -22,6 +22,7 @@ from slime_core.config.monitoring import DebugArgs, EvalArgs, LoggingArgs
 from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, RolloutArgs, SamplingArgs
 from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, OptimizerArgs
 from slime_core.config.validation import derive_and_validate
+from slime_core.estimators import get_estimator
 
 __all__ = ["PluginArgs", "SlimeArgs", "config_error_from_validation"]
 
@@ -70,13 +71,13 @@ class SlimeArgs(
 
     @property
     def with_ref(self) -> bool:
-        """Whether a reference model is needed (KL in the reward or in the loss)."""
-        return self.kl_coef != 0 or self.use_kl_loss
+        """Whether a reference model is needed (KL in the reward or in the loss, or the estimator needs one)."""
+        return self.kl_coef != 0 or self.use_kl_loss or get_estimator(self.advantage_estimator).needs_ref
 
     @property
     def use_critic(self) -> bool:
-        """Whether a value model is trained (PPO)."""
-        return self.advantage_estimator == "ppo"
+        """Whether a value model is trained (the estimator's spec says it needs a critic: PPO)."""
+        return get_estimator(self.advantage_estimator).needs_critic
 
     @property
     def eval_datasets(self) -> list[tuple[str, str]]:
@@ -130,8 +131,8 @@ class SlimeArgs(
 
     @property
     def context_parallel_size(self) -> int:
-        """Megatron CP size from `--context-parallel-size` (1 when absent or with FSDP)."""
-        return self._parallel_size("--context-parallel-size") if self.train_backend == "megatron" else 1
+        """CP size from `--context-parallel-size` (1 when absent): Megatron's, or FSDP's Ulysses all-to-all."""
+        return self._parallel_size("--context-parallel-size")
 
     @property
     def expert_model_parallel_size(self) -> int:

@@ -5,19 +5,22 @@ from __future__ import annotations
 from typing import Literal
 
 from slime_core.config.base import ArgsGroup, arg
+from slime_core.estimators import estimator_names
 
 __all__ = ["AlgorithmArgs", "CheckpointArgs", "FsdpArgs", "OptimizerArgs"]
 
-AdvantageEstimator = Literal[
-    "grpo", "gspo", "cispo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
-]
+# The registered estimators (slime_core.estimators) are the flag's choices: argparse and pydantic reject
+# any other name with one line listing these.
+AdvantageEstimator = Literal[estimator_names()]  # pyright: ignore[reportInvalidTypeForm]
 KlType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
 class AlgorithmArgs(ArgsGroup):
     """Advantages, policy loss, KL, importance sampling."""
 
-    advantage_estimator: AdvantageEstimator = arg("grpo", "Advantage estimator.")
+    advantage_estimator: AdvantageEstimator = arg(
+        "grpo", "Advantage estimator (its needs and default policy loss: slime_core.estimators)."
+    )
     loss_type: Literal["policy_loss", "sft_loss", "custom_loss"] = arg(
         "policy_loss",
         "Training loss: policy_loss (per --advantage-estimator), sft_loss (masked NLL of the response tokens) or "
@@ -115,7 +118,21 @@ class OptimizerArgs(ArgsGroup):
 class FsdpArgs(ArgsGroup):
     """FSDP2 backend specifics."""
 
-    attn_implementation: str = arg("sdpa", "HF attention implementation (sdpa, eager, flash_attention_2, ...).")
+    attn_implementation: str | None = arg(
+        None,
+        "Attention for packed micro-batches: slime_varlen (flash varlen, no mask; the GPU default), slime_flex "
+        "(compiled flex_attention), sdpa (dense block mask; the CPU default), eager, flash_attention_2; auto: default.",
+    )
+    log_probs_head: Literal["fp32", "tf32", "bf16", "liger"] | None = arg(
+        None,
+        "lm_head + log-softmax of the log-probs/entropy: tf32 (GPU default), fp32 (exact; CPU default), bf16 "
+        "(bf16 matmul, fp32 softmax), liger (liger-kernel fused linear cross-entropy, optional dependency).",
+    )
+    fsdp_compile_layers: bool | None = arg(
+        None,
+        "torch.compile every decoder layer (regional compilation, dynamic shapes; compiled once per run). "
+        "Default: on with CUDA, off on CPU.",
+    )
     gradient_checkpointing: bool = arg(False, "HF gradient checkpointing.")
     fsdp_cpu_offload: bool = arg(False, "Keep parameters, gradients and optimizer states on CPU (FSDP2 offload).")
     fsdp_state_dict_cpu_offload: bool = arg(False, "Gather full state dicts to CPU.")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.unsupported import check_unsupported
+from slime_core.estimators import ESTIMATORS, get_estimator
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -178,15 +179,11 @@ def _algorithm(args: SlimeArgs) -> None:
         warn_once("kl_loss_coef", "--kl-loss-coef has no effect without --use-kl-loss")
     if args.with_ref and args.ref_load is None and args.hf_checkpoint is None:
         raise ConfigError("--use-kl-loss / --kl-coef need a reference model: give --ref-load or --hf-checkpoint")
-    if args.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        if not args.normalize_advantages:
-            raise ConfigError(f"--advantage-estimator {args.advantage_estimator} requires --normalize-advantages")
+    _estimator(args)
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
     if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
         raise ConfigError(f"--eps-clip-c must be > 1 (dual clip), got {args.eps_clip_c}")
-    if args.advantage_estimator == "cispo" and args.eps_clip < 1.0:
-        warn_once("cispo_eps", f"CISPO with --eps-clip {args.eps_clip} < 1; the canonical setting is --eps-clip 1")
     if args.use_rollout_logprobs and args.use_tis:
         raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
     if args.tis_clip_low > args.tis_clip:
@@ -198,11 +195,6 @@ def _algorithm(args: SlimeArgs) -> None:
             "--disable-compute-advantages-and-returns leaves the policy loss without advantages; "
             "use it with --loss-type sft_loss or custom_loss"
         )
-    if args.advantage_estimator == "ppo":
-        raise ConfigError(
-            "--advantage-estimator ppo needs a critic model, which this version does not train; use grpo, gspo, "
-            "cispo, rloo, reinforce_plus_plus or reinforce_plus_plus_baseline"
-        )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
@@ -211,6 +203,18 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
     if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
         warn_once("mask_offpolicy", "--mask-offpolicy-in-partial-rollout has no effect without --partial-rollout")
+
+
+def _estimator(args: SlimeArgs) -> None:
+    """The `--advantage-estimator` spec's own rules (required flags, hook), then the critic rule."""
+    spec = get_estimator(args.advantage_estimator)  # a registered name: the field's choices are the registry's
+    spec.validate(args)
+    if spec.needs_critic:
+        usable = [s.name for s in ESTIMATORS if not s.needs_critic]
+        raise ConfigError(
+            f"--advantage-estimator {spec.name} needs a critic model, which this version does not train; use "
+            f"{', '.join(usable[:-1])} or {usable[-1]}"
+        )
 
 
 def _dynamic_batch(args: SlimeArgs) -> None:
@@ -284,11 +288,35 @@ def _passthrough(args: SlimeArgs) -> None:
         # Parse the parallel sizes now so a bad value fails at startup, not inside a worker.
         _ = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size)
         _ = args.expert_model_parallel_size
+    if args.train_backend == "fsdp":
+        _fsdp_context_parallel(args)
     if args.megatron_args and args.train_backend != "megatron":
-        flags = sorted({t.split("=", 1)[0] for t in args.megatron_args if t.startswith("--")})
-        warn_once(
-            "megatron_args_fsdp",
-            f"--train-backend {args.train_backend}: Megatron flags have no effect and are ignored: {' '.join(flags)}",
+        # --context-parallel-size is FSDP's too (Ulysses all-to-all around the attention).
+        flags = sorted(
+            {t.split("=", 1)[0] for t in args.megatron_args if t.startswith("--")} - {"--context-parallel-size"}
+        )
+        if flags:
+            warn_once(
+                "megatron_args_fsdp",
+                f"--train-backend {args.train_backend}: Megatron flags have no effect and are ignored: "
+                f"{' '.join(flags)}",
+            )
+
+
+def _fsdp_context_parallel(args: SlimeArgs) -> None:
+    cp = args.context_parallel_size
+    if cp == 1:
+        return
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if cp < 1 or world % cp:
+        raise ConfigError(
+            f"--context-parallel-size {cp} must divide the trainer's ranks (--actor-num-nodes × "
+            f"--actor-num-gpus-per-node = {world})"
+        )
+    if args.attn_implementation not in (None, "auto", "slime_varlen", "slime_flex"):
+        raise ConfigError(
+            f"--context-parallel-size {cp} (FSDP) needs --attn-implementation slime_varlen or slime_flex, "
+            f"got {args.attn_implementation}"
         )
 
 

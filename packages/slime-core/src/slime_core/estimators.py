@@ -1,0 +1,262 @@
+"""Advantage estimators as registered specs: one `EstimatorSpec` per `--advantage-estimator` name.
+
+A spec holds every fact the rest of slime needs about an estimator: its advantage function, how the
+rollout side normalizes its rewards, the policy loss it trains with, whether it needs a critic or a
+reference model, whether the trainer may reuse the training forward's log-probs as the old ones, and the
+flags it requires. The config (`--advantage-estimator` choices and validation), reward post-processing
+(`slime_core.train_data`), the policy objective and the shared train step all read the spec, so adding an
+estimator is one `register_estimator(EstimatorSpec(...))` call plus its advantage function.
+
+This module imports neither torch nor the config package (the config's field type is built from the
+names registered here); an advantage function is named by import path and resolved on first use.
+
+Example:
+    >>> spec = get_estimator("grpo")
+    >>> spec.rewards, spec.policy_loss, spec.group_wise
+    ('group_mean_std', 'ppo', True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from slime_core.config.args import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ESTIMATORS",
+    "EstimatorRegistry",
+    "EstimatorSpec",
+    "RewardNormalization",
+    "estimator_names",
+    "get_estimator",
+    "register_estimator",
+]
+
+RewardNormalization = Literal["group_mean_std", "group_mean", "leave_one_out", "none"]
+"""How `postprocess_rewards` turns raw rewards into the estimator's input, within each prompt group:
+`group_mean_std` subtracts the group mean and divides by the group std (GRPO; the division is skipped with
+`--disable-grpo-std-normalization`), `group_mean` only subtracts the mean, `leave_one_out` subtracts the mean
+of the other samples (RLOO), `none` keeps the raw reward."""
+
+_REWARD_NORMALIZATIONS = ("group_mean_std", "group_mean", "leave_one_out", "none")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class EstimatorSpec:
+    """Everything slime knows about one advantage estimator.
+
+    Example:
+        >>> spec = EstimatorSpec(name="my_est", advantages="my_pkg.adv:my_advantages", rewards="group_mean")
+        >>> spec.group_wise, spec.needs_critic
+        (True, False)
+
+    Attributes:
+        name: the `--advantage-estimator` value.
+        advantages: the advantage function, or its import path `"module:attr"` (resolved lazily so that
+            the registry stays importable without torch). Signature
+            `fn(cfg, *, rewards: list[float], loss_masks: N×[L_i], kl: N×[L_i], values: N×[L_i] | None)
+            -> (advantages N×[L_i], returns N×[L_i])`, float32.
+        rewards: reward normalization applied by the rollout side before the advantage function
+            (see `RewardNormalization`).
+        policy_loss: name of the registered policy loss it trains with (`slime_core.algorithms.registry`).
+        needs_critic: trains a value model (PPO with GAE).
+        needs_ref: needs reference log-probs even without a KL term.
+        reuses_old_log_probs: when a rollout trains in a single optimizer step (and without reward KL),
+            the trainer may take the training forward's detached log-probs as the old ones instead of a
+            separate forward (the weights have not moved, so they are equal).
+        required_flags: boolean config fields that must be set (e.g. `("normalize_advantages",)`).
+        check: extra validation `fn(cfg)` run once with the config (raises `ConfigError`, may warn).
+    """
+
+    name: str
+    advantages: str | Callable[..., Any]
+    rewards: RewardNormalization
+    policy_loss: str = "ppo"
+    needs_critic: bool = False
+    needs_ref: bool = False
+    reuses_old_log_probs: bool = False
+    required_flags: tuple[str, ...] = ()
+    check: Callable[[SlimeArgs], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rewards not in _REWARD_NORMALIZATIONS:
+            raise ValueError(f"estimator {self.name!r}: rewards must be one of {_REWARD_NORMALIZATIONS}")
+
+    @property
+    def group_wise(self) -> bool:
+        """Whether its rewards are normalized within prompt groups (needs whole groups of samples)."""
+        return self.rewards != "none"
+
+    def advantage_fn(self) -> Callable[..., Any]:
+        """The advantage function (imported on first use when given as `"module:attr"`).
+
+        Raises:
+            ImportError: the module cannot be imported.
+            AttributeError: the module has no such attribute.
+        """
+        if callable(self.advantages):
+            return self.advantages
+        module, _, attr = self.advantages.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def validate(self, cfg: SlimeArgs) -> None:
+        """Checks the flags this estimator requires, then runs its `check` hook.
+
+        Raises:
+            ConfigError: a required flag is not set, or the hook rejects the config.
+        """
+        # Imported here: slime_core.config imports this module to build the flag's choices.
+        from slime_core.config.base import ConfigError, field_to_flag
+
+        for field in self.required_flags:
+            if not getattr(cfg, field):
+                raise ConfigError(f"--advantage-estimator {self.name} requires {field_to_flag(field)}")
+        if self.check is not None:
+            self.check(cfg)
+
+
+class EstimatorRegistry:
+    """Estimator specs by name, in registration order."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, EstimatorSpec] = {}
+
+    def register(self, spec: EstimatorSpec) -> EstimatorSpec:
+        """Adds `spec` under `spec.name` and returns it.
+
+        Raises:
+            ValueError: the name is already registered.
+        """
+        if spec.name in self._specs:
+            raise ValueError(f"advantage estimator {spec.name!r} is already registered")
+        self._specs[spec.name] = spec
+        return spec
+
+    def get(self, name: str) -> EstimatorSpec:
+        """The spec registered as `name`.
+
+        Raises:
+            KeyError: unknown name; the message lists the known ones.
+        """
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise KeyError(f"unknown advantage estimator {name!r}; known: {self.names()}") from None
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[EstimatorSpec]:
+        return iter(self._specs.values())
+
+
+ESTIMATORS = EstimatorRegistry()
+
+
+def register_estimator(spec: EstimatorSpec) -> EstimatorSpec:
+    """Registers an estimator spec (`--advantage-estimator spec.name`).
+
+    The config's `--advantage-estimator` choices are the names registered when `slime_core.config` is
+    first imported, so built-in estimators are registered at the bottom of this module.
+
+    Raises:
+        ValueError: the name is already registered.
+    """
+    return ESTIMATORS.register(spec)
+
+
+def get_estimator(name: str) -> EstimatorSpec:
+    """The spec of estimator `name`.
+
+    Raises:
+        KeyError: unknown name; the message lists the known ones.
+    """
+    return ESTIMATORS.get(name)
+
+
+def estimator_names() -> tuple[str, ...]:
+    """Registered estimator names in registration order (the order `--help` lists them in)."""
+    return tuple(spec.name for spec in ESTIMATORS)
+
+
+# ---------------------------------------------------------------- built-in estimators
+
+_ADVANTAGES = "slime_core.algorithms.advantages:"
+
+
+def _cispo_eps(cfg: SlimeArgs) -> None:
+    from slime_core.config.base import warn_once
+
+    if cfg.eps_clip < 1.0:
+        warn_once("cispo_eps", f"CISPO with --eps-clip {cfg.eps_clip} < 1; the canonical setting is --eps-clip 1")
+
+
+register_estimator(
+    EstimatorSpec(
+        name="grpo",  # Shao et al. 2024 (DeepSeekMath)
+        advantages=_ADVANTAGES + "broadcast_reward_advantages",
+        rewards="group_mean_std",
+        reuses_old_log_probs=True,
+    )
+)
+register_estimator(
+    EstimatorSpec(
+        name="gspo",  # Zheng et al. 2025: sequence-level ratio
+        advantages=_ADVANTAGES + "broadcast_reward_advantages",
+        rewards="group_mean_std",
+        policy_loss="gspo",
+    )
+)
+register_estimator(
+    EstimatorSpec(
+        name="cispo",  # MiniMax-M1 2025: clipped IS weight
+        advantages=_ADVANTAGES + "broadcast_reward_advantages",
+        rewards="group_mean_std",
+        policy_loss="cispo",
+        reuses_old_log_probs=True,
+        check=_cispo_eps,
+    )
+)
+register_estimator(
+    EstimatorSpec(
+        name="rloo",  # Ahmadian et al. 2024
+        advantages=_ADVANTAGES + "rloo_advantages",
+        rewards="leave_one_out",
+    )
+)
+register_estimator(
+    EstimatorSpec(
+        name="reinforce_plus_plus",  # Hu et al. 2025
+        advantages=_ADVANTAGES + "reinforce_plus_plus_advantages",
+        rewards="none",
+        required_flags=("normalize_advantages",),
+    )
+)
+register_estimator(
+    EstimatorSpec(
+        name="reinforce_plus_plus_baseline",  # Hu et al. 2025
+        advantages=_ADVANTAGES + "reinforce_plus_plus_baseline_advantages",
+        rewards="group_mean",
+        reuses_old_log_probs=True,
+        required_flags=("normalize_advantages",),
+    )
+)
+register_estimator(
+    EstimatorSpec(
+        name="ppo",  # Schulman et al. 2017, GAE (Schulman et al. 2016)
+        advantages=_ADVANTAGES + "ppo_gae_advantages",
+        rewards="none",
+        needs_critic=True,
+    )
+)

@@ -1,0 +1,234 @@
+"""One RL training step on a rollout, written once for every backend: `train_on_rollout`.
+
+Reads top to bottom like the original's `train_actor`:
+
+1. old log-probs: the engine's with `--use-rollout-logprobs`; none when the training forward's detached
+   log-probs are the old ones (`can_reuse_old_log_probs`) or the loss never reads them; else a forward;
+2. reference log-probs when the backend holds a reference model;
+3. advantages (the `--advantage-estimator` spec's function), whitened over all data-parallel ranks with
+   `--normalize-advantages`;
+4. per optimizer step: the step's denominator (its global sample count, or token count with
+   `--calculate-per-token-loss`), forward + backward of its micro-batches with `compute_train_loss` as the
+   loss, the optimizer step, and the metric sums reduced over data-parallel ranks divided by the denominator;
+5. `--ref-update-interval`, and the metrics averaged over steps.
+
+Nothing here talks to `torch.distributed`: collectives, forward passes and the optimizer come from the
+backend (`StepBackend`), which also keeps what is its own — how a loss is scaled for its gradient reduction
+(FSDP2 averages over ranks, Megatron sums), how empty micro-batches keep collectives aligned, where metrics
+live under pipeline parallelism.
+
+Legend: `N` samples on this rank, `L_i` response length of sample i.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from slime_core.algorithms import (
+    LossInputs,
+    apply_whitening,
+    compute_advantages_and_returns,
+    compute_train_loss,
+    needs_old_log_probs,
+    whitening_stats,
+)
+from slime_core.batch import RolloutBatch
+from slime_core.config import SlimeArgs
+from slime_core.estimators import get_estimator
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MicroBatchLoss",
+    "StepBackend",
+    "can_reuse_old_log_probs",
+    "step_denominator",
+    "train_on_rollout",
+]
+
+MicroBatchLoss = Callable[[Sequence[int], list[torch.Tensor], list[torch.Tensor]], tuple[torch.Tensor, dict]]
+"""`loss_fn(ids, log_probs, entropy) -> (loss, metrics)` for one non-empty micro-batch: `ids` are the local
+sample positions in the batch, `log_probs` and `entropy` N×`[L_i]` float32 current-policy values (with grad) in
+the order of `ids`. `loss` is a scalar SUM over the micro-batch's samples (not yet divided by the step's
+denominator); `metrics` are detached scalars summed the same way."""
+
+
+@runtime_checkable
+class StepBackend(Protocol):
+    """What a training backend supplies to `train_on_rollout` (every method is collective over its ranks)."""
+
+    @property
+    def has_ref(self) -> bool:
+        """Whether reference weights are held (`init(..., with_ref=True)`)."""
+        ...
+
+    def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
+        """N `[L_i]` float32 response log-probs of the current (`actor`) or reference (`ref`) weights."""
+        ...
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of `tensor` over data-parallel ranks, on CPU (whitening statistics)."""
+        ...
+
+    def forward_backward(
+        self, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss, *, denominator: float
+    ) -> list[dict[str, torch.Tensor]]:
+        """Zeroes gradients, then forward + backward over the micro-batches of optimizer step `step`.
+
+        Calls `loss_fn` once per non-empty micro-batch and back-propagates its loss divided by `denominator`
+        (scaled for the backend's gradient reduction so that the summed gradient is the mean over the
+        step's global batch). Returns the metrics of the micro-batches this rank computed.
+        """
+        ...
+
+    def optimizer_step(self) -> tuple[float, float]:
+        """Clips, steps the optimizer and the LR schedule; returns (pre-clip grad norm, rate of this step)."""
+        ...
+
+    def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """Sums per-metric values over data-parallel ranks; every rank returns the same dict."""
+        ...
+
+    def reset_optimizer_states(self) -> None:
+        """Drops the optimizer moments (`--reset-optimizer-states`)."""
+        ...
+
+    def update_ref(self) -> None:
+        """Makes the current weights the reference weights (`--ref-update-interval`)."""
+        ...
+
+
+def can_reuse_old_log_probs(cfg: SlimeArgs, batch: RolloutBatch) -> bool:
+    """Whether the training forward's detached log-probs can stand in for the old-policy ones.
+
+    True when the rollout trains in one optimizer step (every micro-batch then sees the weights the data
+    was scored with, so `old = detach(current)` exactly), without reward-shaping KL (`--kl-coef` needs the
+    old log-probs before training, for the advantages), and the estimator's spec allows it.
+    """
+    return batch.num_steps == 1 and cfg.kl_coef == 0 and get_estimator(cfg.advantage_estimator).reuses_old_log_probs
+
+
+def step_denominator(cfg: SlimeArgs, batch: RolloutBatch, step: int) -> float:
+    """What step `step`'s summed loss is divided by: its global sample count, or token count per-token.
+
+    Raises:
+        ValueError: the batch's step counts do not have one entry per step.
+    """
+    per_token = cfg.calculate_per_token_loss
+    counts = batch.step_token_counts if per_token else batch.step_sample_counts
+    if len(counts) != batch.num_steps:
+        name = "step_token_counts" if per_token else "step_sample_counts"
+        raise ValueError(f"RolloutBatch.{name} must have one entry per step ({batch.num_steps})")
+    return max(float(counts[step]), 1.0)
+
+
+def _old_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch) -> list[torch.Tensor] | None:
+    if cfg.use_rollout_logprobs:
+        return list(batch.rollout_log_probs)
+    if can_reuse_old_log_probs(cfg, batch) or not needs_old_log_probs(cfg):
+        return None  # the micro-batch loss takes detach(current); sft_loss never reads them
+    return backend.compute_log_probs(batch)
+
+
+def _advantages(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, old, ref) -> list[torch.Tensor] | None:
+    if cfg.disable_compute_advantages_and_returns:
+        return None  # SFT / custom losses that need no advantages
+    adv, _returns = compute_advantages_and_returns(
+        cfg, rewards=list(batch.rewards), loss_masks=batch.loss_masks, log_probs=old, ref_log_probs=ref
+    )
+    if cfg.normalize_advantages:
+        # Masked whitening over the whole DP group: the (count, sum, sum of squares) statistics are summed.
+        stats = backend.all_reduce_sum(whitening_stats(adv, batch.loss_masks))
+        adv = apply_whitening(adv, batch.loss_masks, stats)
+    return adv
+
+
+def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv) -> MicroBatchLoss:
+    # The entropy keeps its graph only when a loss term can use it.
+    entropy_grad = cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
+
+    def loss_fn(ids, log_probs, entropy):
+        device = log_probs[0].device
+
+        def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+            return None if xs is None else [xs[i].to(device) for i in ids]
+
+        inputs = LossInputs(
+            log_probs=log_probs,
+            old_log_probs=pick(old) if old is not None else [lp.detach() for lp in log_probs],
+            advantages=pick(adv),
+            loss_masks=pick(batch.loss_masks),
+            loss_denominators=[float(batch.loss_denominators[i]) for i in ids],
+            ref_log_probs=pick(ref),
+            rollout_log_probs=pick(batch.rollout_log_probs),
+            entropy=entropy if entropy_grad else [e.detach() for e in entropy],
+            total_lengths=[int(batch.tokens[i].numel()) for i in ids],
+            tokens=[batch.tokens[i] for i in ids],
+        )
+        return compute_train_loss(cfg, inputs)
+
+    return loss_fn
+
+
+def _optimizer_step(
+    cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss
+) -> dict[str, float]:
+    denominator = step_denominator(cfg, batch, step)
+    micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=denominator)
+    grad_norm, lr = backend.optimizer_step()
+    sums: dict[str, float] = {}
+    for metrics in micro_metrics:
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)  # float64 sums of the float32 metrics
+    reduced = backend.reduce_metric_sums(sums)
+    out = {f"train/{key}": reduced[key] / denominator for key in sorted(reduced)}
+    out["train/grad_norm"] = grad_norm
+    out["train/lr"] = lr
+    return out
+
+
+def train_on_rollout(
+    cfg: SlimeArgs, backend: StepBackend, rollout_id: int, batch: RolloutBatch
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Old/ref log-probs, advantages, then `batch.num_steps` optimizer steps (collective; see module docstring).
+
+    Args:
+        cfg: run config; reads the loss and advantage fields (`compute_train_loss`,
+            `compute_advantages_and_returns`) plus `use_rollout_logprobs`, `normalize_advantages`,
+            `disable_compute_advantages_and_returns`, `calculate_per_token_loss`, `reset_optimizer_states`,
+            `ref_update_interval`.
+        backend: the rank's training backend.
+        rollout_id: id of the rollout (for `--ref-update-interval` and the log line).
+        batch: this rank's data with its micro-batch schedule.
+
+    Returns:
+        `(metrics, step_metrics)`: `train/*` metrics averaged over the steps, each reduced over all DP ranks
+        and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps) and
+        `train/lr` (rate of the last step); and the per-step dicts.
+
+    Raises:
+        ValueError: `--use-rollout-logprobs` without rollout log-probs in the batch, a batch without
+            optimizer steps or step counts, or any error of the loss / advantage computation.
+    """
+    if cfg.use_rollout_logprobs and batch.rollout_log_probs is None:
+        raise ValueError("--use-rollout-logprobs needs rollout log-probs in the batch")
+    if batch.num_steps == 0:
+        raise ValueError("RolloutBatch has no optimizer step (empty micro_batches)")
+    if cfg.reset_optimizer_states:
+        backend.reset_optimizer_states()
+    old = _old_log_probs(cfg, backend, batch)
+    ref = backend.compute_log_probs(batch, model="ref") if backend.has_ref else None
+    adv = _advantages(cfg, backend, batch, old, ref)
+    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv)
+    per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    interval = cfg.ref_update_interval
+    if backend.has_ref and interval and (rollout_id + 1) % interval == 0:
+        backend.update_ref()  # --ref-update-interval: the reference follows the actor
+    metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
+    metrics["train/lr"] = per_step[-1]["train/lr"]
+    logger.info("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
+    return metrics, per_step

@@ -1,0 +1,214 @@
+"""`train_on_rollout`, the shared RL step, driven by a fake backend on tiny tensors.
+
+The fake backend's "model" is one parameter per sample holding that sample's response log-probs, so every
+value is known by hand. It plays rank 0 of `dp` identical data-parallel ranks: its collectives multiply by
+`dp` (the other ranks contribute the same sums). Tolerance: float32 values against hand-computed floats,
+abs 1e-6.
+"""
+
+import pytest
+import torch
+
+from slime_core.batch import RolloutBatch
+from slime_core.config import SlimeArgs
+from slime_core.train_step import StepBackend, can_reuse_old_log_probs, step_denominator, train_on_rollout
+
+ATOL = 1e-6
+
+# A real, validated run config; tests set fields with model_copy.
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+
+
+def _cfg(**fields) -> SlimeArgs:
+    return _CONFIG.model_copy(update=fields)
+
+
+class FakeBackend:
+    """`StepBackend` over per-sample log-prob parameters, SGD with lr 0.1, recording every call."""
+
+    def __init__(self, batch: RolloutBatch, *, dp: int = 1, with_ref: bool = False) -> None:
+        self.params = [torch.nn.Parameter(torch.full((n,), -1.0)) for n in batch.response_lengths]
+        self.entropy = [torch.nn.Parameter(torch.full((n,), 0.5)) for n in batch.response_lengths]
+        self.dp, self.lr, self.steps = dp, 0.1, 0
+        self.ref = [p.detach().clone() for p in self.params] if with_ref else None
+        self.calls: list[str] = []
+        self.denominators: list[float] = []
+        self.entropy_got_grad: list[bool] = []
+
+    @property
+    def has_ref(self) -> bool:
+        return self.ref is not None
+
+    def compute_log_probs(self, batch, *, model="actor"):
+        self.calls.append(f"log_probs:{model}")
+        source = self.ref if model == "ref" else self.params
+        return [p.detach().clone() for p in source]
+
+    def all_reduce_sum(self, tensor):
+        self.calls.append("all_reduce_sum")
+        return tensor * self.dp
+
+    def forward_backward(self, batch, step, loss_fn, *, denominator):
+        self.calls.append(f"forward_backward:{step}")
+        self.denominators.append(denominator)
+        for p in self.params + self.entropy:
+            p.grad = None
+        out = []
+        for ids in batch.micro_batches[step]:
+            if not ids:
+                continue
+            log_probs = [self.params[i] * 1.0 for i in ids]
+            entropy = [self.entropy[i] * 1.0 for i in ids]
+            loss, metrics = loss_fn(ids, log_probs, entropy)
+            (loss / denominator).backward()
+            self.entropy_got_grad += [self.entropy[i].grad is not None for i in ids]
+            out.append(metrics)
+        return out
+
+    def optimizer_step(self):
+        self.calls.append("optimizer_step")
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = float(torch.cat([g.reshape(-1) for g in grads]).norm()) if grads else 0.0
+        lr = self.lr * (self.steps + 1)  # a visible schedule: 0.1, 0.2, ...
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is not None:
+                    p -= self.lr * p.grad
+        self.steps += 1
+        return norm, lr
+
+    def reduce_metric_sums(self, sums):
+        self.calls.append("reduce_metric_sums")
+        return {k: v * self.dp for k, v in sums.items()}
+
+    def reset_optimizer_states(self):
+        self.calls.append("reset_optimizer_states")
+
+    def update_ref(self):
+        self.calls.append("update_ref")
+        self.ref = [p.detach().clone() for p in self.params]
+
+
+def _batch(num_steps=1, *, dp=1, rollout_log_probs=False) -> RolloutBatch:
+    """Per step 2 samples of 2 and 3 response tokens (one masked token), rewards +1 / -0.5."""
+    lengths = [2, 3] * num_steps
+    return RolloutBatch(
+        tokens=[torch.arange(n + 2) for n in lengths],
+        response_lengths=lengths,
+        loss_masks=[torch.tensor([1.0, 1.0]), torch.tensor([1.0, 0.0, 1.0])] * num_steps,
+        rewards=[1.0, -0.5] * num_steps,
+        raw_rewards=[1.0, 0.0] * num_steps,
+        loss_denominators=[2.0, 2.0] * num_steps,
+        rollout_log_probs=[torch.full((n,), -1.0) for n in lengths] if rollout_log_probs else None,
+        micro_batches=[[[2 * s], [2 * s + 1], []] for s in range(num_steps)],  # an empty slot on this rank
+        step_sample_counts=[2 * dp] * num_steps,
+        step_token_counts=[4.0 * dp] * num_steps,
+    )
+
+
+def test_step_denominator_sample_or_token_count():
+    batch = _batch(2, dp=2)
+    assert step_denominator(_cfg(), batch, 1) == 4.0
+    assert step_denominator(_cfg(calculate_per_token_loss=True), batch, 0) == 8.0
+    batch.step_sample_counts = [0, 0]
+    assert step_denominator(_cfg(), batch, 0) == 1.0  # clamped: an empty step divides by 1
+    batch.step_token_counts = [1.0]
+    with pytest.raises(ValueError, match="step_token_counts must have one entry per step"):
+        step_denominator(_cfg(calculate_per_token_loss=True), batch, 0)
+
+
+def test_reuse_rule():
+    one, two = _batch(1), _batch(2)
+    assert can_reuse_old_log_probs(_cfg(), one)
+    assert can_reuse_old_log_probs(_cfg(advantage_estimator="reinforce_plus_plus_baseline"), one)
+    assert not can_reuse_old_log_probs(_cfg(), two)  # the second step's weights have moved
+    assert not can_reuse_old_log_probs(_cfg(kl_coef=0.1), one)  # reward KL needs them before training
+    assert not can_reuse_old_log_probs(_cfg(advantage_estimator="gspo"), one)  # the spec says no
+    assert not can_reuse_old_log_probs(_cfg(advantage_estimator="rloo"), one)
+
+
+def test_one_step_grpo_by_hand_and_reused_log_probs():
+    """Ratio 1 (old = detach(current)): pg_loss = -Σ_i r_i·(Σ_t m_t)/D_i summed over 2 identical DP ranks and
+    divided by the global 4 samples = -(1·2/2 - 0.5·2/2)·2/4 = -0.25; no separate old-log-prob forward."""
+    batch = _batch(1, dp=2)
+    backend = FakeBackend(batch, dp=2)
+    assert isinstance(backend, StepBackend)
+    metrics, steps = train_on_rollout(_cfg(), backend, 0, batch)
+    assert backend.calls == ["forward_backward:0", "optimizer_step", "reduce_metric_sums"]
+    assert backend.denominators == [4.0]
+    assert metrics["train/pg_loss"] == pytest.approx(-0.25, abs=ATOL)
+    assert metrics["train/loss"] == pytest.approx(-0.25, abs=ATOL)
+    assert metrics["train/ppo_kl"] == 0.0 and metrics["train/pg_clipfrac"] == 0.0
+    # entropy_loss: each sample's masked mean of 0.5 (2 and 2 trained tokens over D=2) → 0.5 + 0.5, ×2 ranks, /4.
+    assert metrics["train/entropy_loss"] == pytest.approx(0.5, abs=ATOL)
+    assert metrics["train/lr"] == pytest.approx(0.1)
+    assert set(metrics) == {
+        "train/loss",
+        "train/pg_loss",
+        "train/pg_clipfrac",
+        "train/ppo_kl",
+        "train/entropy_loss",
+        "train/grad_norm",
+        "train/lr",
+    }
+    assert steps == [metrics]
+    assert backend.entropy_got_grad == [False, False]  # --entropy-coef 0: the entropy is detached
+    # d loss/d lp = -A·m/D/denominator: sample 0 → -1/2/4 per token; the SGD step raised its log-probs.
+    torch.testing.assert_close(backend.params[0].detach(), torch.full((2,), -1.0 + 0.1 / 8))
+
+
+def test_two_steps_compute_old_log_probs_once_and_average():
+    batch = _batch(2)
+    backend = FakeBackend(batch)
+    metrics, steps = train_on_rollout(_cfg(entropy_coef=0.01), backend, 3, batch)
+    assert backend.calls == [
+        "log_probs:actor",
+        *("forward_backward:0", "optimizer_step", "reduce_metric_sums"),
+        *("forward_backward:1", "optimizer_step", "reduce_metric_sums"),
+    ]
+    assert len(steps) == 2 and steps[0]["train/lr"] == pytest.approx(0.1) and metrics["train/lr"] == 0.2
+    for key in ("train/pg_loss", "train/grad_norm", "train/entropy_loss"):
+        assert metrics[key] == pytest.approx((steps[0][key] + steps[1][key]) / 2, abs=ATOL)
+    assert all(backend.entropy_got_grad)  # --entropy-coef != 0: the entropy keeps its graph
+
+
+def test_rollout_log_probs_ref_whitening_reset_and_ref_update():
+    batch = _batch(2, rollout_log_probs=True)
+    backend = FakeBackend(batch, with_ref=True)
+    cfg = _cfg(
+        use_rollout_logprobs=True,
+        normalize_advantages=True,
+        advantage_estimator="reinforce_plus_plus_baseline",
+        reset_optimizer_states=True,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        ref_update_interval=2,
+    )
+    metrics, _ = train_on_rollout(cfg, backend, 0, batch)
+    assert backend.calls[:3] == ["reset_optimizer_states", "log_probs:ref", "all_reduce_sum"]
+    assert "log_probs:actor" not in backend.calls  # the engine's log-probs are the old ones
+    assert "update_ref" not in backend.calls  # (0 + 1) % 2 != 0
+    assert {"train/kl_loss", "train/train_rollout_logprob_abs_diff"} <= set(metrics)
+    train_on_rollout(cfg, backend, 1, batch)
+    assert backend.calls[-1] == "update_ref"  # (1 + 1) % 2 == 0: the reference follows the actor
+
+
+def test_sft_loss_skips_old_log_probs_and_advantages():
+    batch = _batch(2)
+    backend = FakeBackend(batch)
+    cfg = _cfg(loss_type="sft_loss", disable_compute_advantages_and_returns=True)
+    metrics, steps = train_on_rollout(cfg, backend, 0, batch)
+    assert "log_probs:actor" not in backend.calls
+    assert backend.calls[0] == "forward_backward:0"
+    assert set(metrics) == {"train/loss", "train/grad_norm", "train/lr"}
+    # Step 0: NLL -Σ_i (Σ_t m_t·lp_t)/D_i = -(-2/2) - (-2/2) = 2, divided by the step's 2 samples.
+    assert steps[0]["train/loss"] == pytest.approx(1.0, abs=ATOL)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="--use-rollout-logprobs needs rollout log-probs"):
+        train_on_rollout(_cfg(use_rollout_logprobs=True), FakeBackend(_batch()), 0, _batch())
+    empty = _batch()
+    empty.micro_batches = []
+    with pytest.raises(ValueError, match="no optimizer step"):
+        train_on_rollout(_cfg(), FakeBackend(_batch()), 0, empty)
