@@ -45,8 +45,7 @@ if [[ "$DEVICE" == "cuda" && "$DISAGG" != 1 ]]; then
 fi
 if [[ "$DEVICE" == "cuda" ]]; then
   ENGINE_FLAGS=(--rollout-engine sglang --sglang-mem-fraction-static "$MEM_FRACTION"
-                --sglang-cuda-graph-backend-prefill disabled --sglang-cuda-graph-max-bs-decode 256
-                --attn-implementation sdpa)
+                --sglang-cuda-graph-backend-prefill disabled --sglang-cuda-graph-max-bs-decode 256)
 else
   ENGINE_FLAGS=(--rollout-engine reference)
 fi
@@ -65,4 +64,5 @@ $PY "$REPO/apps/train" \
 rc=$?
 echo "bench_e2e: app exited $rc after $(( $(date +%s) - start )) s (run dir $RUN_DIR)" >&2
 [[ $rc -eq 0 ]] || exit $rc
-$PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --label "$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)" --skip-first 1
+$PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --label "$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)" --skip-first 1 \
+  --extra-flags "${EXTRA_FLAGS:-} --max-tokens-per-gpu ${MAX_TOKENS_PER_GPU:-8192}"

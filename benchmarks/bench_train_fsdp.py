@@ -39,7 +39,9 @@ def make_args(model_dir: Path, a: argparse.Namespace):
         eps_clip_c=None, entropy_coef=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl",
         kl_coef=0.0, gamma=1.0, lambd=1.0, normalize_advantages=False, calculate_per_token_loss=False,
         use_rollout_logprobs=False, use_tis=False, log_probs_chunk_size=-1,
-        attn_implementation=a.attn_implementation, gradient_checkpointing=a.gradient_checkpointing,
+        attn_implementation=a.attn_implementation, log_probs_head=a.log_probs_head,
+        fsdp_compile_layers={"auto": None, "on": True, "off": False}[a.compile_layers],
+        gradient_checkpointing=a.gradient_checkpointing,
         fsdp_cpu_offload=False, update_weight_buffer_size=512 * 1024**2, load=None, save=None, ref_load=None,
         start_rollout_id=None, num_rollout=100, rollout_batch_size=1, n_samples_per_prompt=1, global_batch_size=1,
     ))  # fmt: skip
@@ -102,7 +104,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mbs-per-step", type=int, default=1)
     p.add_argument("--repeats", "--steps", type=int, default=3, help="timed train() calls after one warm-up call")
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--attn-implementation", default="sdpa")
+    p.add_argument("--attn-implementation", default=None, help="default: the backend's (slime_varlen on GPU)")
+    p.add_argument("--log-probs-head", default=None, help="default: the backend's (tf32 on GPU)")
+    p.add_argument(
+        "--compile-layers",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="--fsdp-compile-layers (auto: on with CUDA)",
+    )
     p.add_argument("--peak-tflops", type=float, default=790.0, help="MFU denominator (measured bf16 matmul rate)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     a = p.parse_args(argv)
@@ -148,7 +157,9 @@ def main(argv: list[str] | None = None) -> dict:
             "n_body": flops["n_body"], "tokens_per_mb": a.tokens_per_mb, "seq_len": a.seq_len,
             "response_len": a.response_len, "seqs_per_mb": a.tokens_per_mb // a.seq_len,
             "steps_per_rollout": a.steps_per_rollout, "mbs_per_step": a.mbs_per_step,
-            "gradient_checkpointing": a.gradient_checkpointing, "attn_implementation": a.attn_implementation,
+            "gradient_checkpointing": a.gradient_checkpointing,
+            "attn_implementation": backend.model.config._attn_implementation,
+            "log_probs_head": backend.model.slime_forward_options.head, "compile_layers": a.compile_layers,
             "old_logprob_forward": old_forward, "repeats": a.repeats, "train_s_median": t, "train_s_all": times,
             "warmup_s": warm_s, "load_s": load_s, "checkpoint_write_s": write_s, "tokens_per_train": tokens,
             "tokens_per_s": tokens / t, "model_tflops_per_train": flops["total"] / 1e12,

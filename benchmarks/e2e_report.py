@@ -44,6 +44,10 @@ def summarize(scalars: dict[str, dict[int, float]], *, rollout_batch_size: int, 
         values = scalars.get(tag, {})
         out[tag] = {"all": [values.get(s) for s in steps],
                     "median": _common.median([values[s] for s in kept if s in values]) if values else None}  # fmt: skip
+    # The first-step trainer-vs-rollout log-prob gap (issue 22's accuracy gate): the first logged train step.
+    gap = scalars.get("train/train_rollout_logprob_abs_diff", {})
+    if gap:
+        out["first_step_logprob_abs_diff"] = gap[min(gap)]
     lengths = scalars.get("rollout/response_len/mean", {})
     if lengths:
         tokens = sum(rollout_batch_size * n * lengths[s] for s in kept if s in lengths)
@@ -61,10 +65,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--skip-first", type=int, default=1)
     p.add_argument("--label", default="")
+    p.add_argument("--extra-flags", default="", help="the run's extra app flags, recorded in the line")
     a = p.parse_args(argv)
     tb = a.run_dir / "tensorboard" if (a.run_dir / "tensorboard").is_dir() else a.run_dir
     summary = summarize(read_scalars(tb), rollout_batch_size=a.rollout_batch_size, n=a.n, skip_first=a.skip_first)
-    return _common.emit("e2e", {"label": a.label, "rollout_batch_size": a.rollout_batch_size, "n": a.n, **summary})
+    fields = {"label": a.label, "rollout_batch_size": a.rollout_batch_size, "n": a.n, "extra_flags": a.extra_flags}
+    return _common.emit("e2e", {**fields, **summary})
 
 
 if __name__ == "__main__":

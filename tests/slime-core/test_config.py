@@ -223,19 +223,33 @@ def test_sglang_and_router_pass_through():
 
 
 def test_megatron_flags_with_fsdp_warn_once(caplog):
-    argv = ["--train-backend", "fsdp", *MINIMAL, "--tensor-model-parallel-size", "2", "--context-parallel-size", "2"]
+    argv = ["--train-backend", "fsdp", *MINIMAL, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
+            "2"]  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
         args = parse_args(argv)
         SlimeArgs.from_dict(args.to_dict())  # re-validation (e.g. in a Ray worker) does not warn again
     warnings = [r.getMessage() for r in caplog.records if "no effect" in r.getMessage()]
     assert warnings == [
         "--train-backend fsdp: Megatron flags have no effect and are ignored: "
-        "--context-parallel-size --tensor-model-parallel-size"
+        "--pipeline-model-parallel-size --tensor-model-parallel-size"
     ]
-    assert args.megatron_args == ["--tensor-model-parallel-size", "2", "--context-parallel-size", "2"]
-    assert args.tensor_model_parallel_size == 1 and args.context_parallel_size == 1  # FSDP: pure data parallel
+    assert args.megatron_args == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+    assert args.tensor_model_parallel_size == 1 and args.pipeline_model_parallel_size == 1  # FSDP: no TP/PP
     with pytest.raises(ConfigError, match="--context-parallel-size: expected an integer, got 'two'"):
         parse_args([*MINIMAL, "--context-parallel-size", "two"])
+
+
+def test_fsdp_context_parallel_size_is_honoured_and_checked(caplog):
+    fsdp = ["--train-backend", "fsdp", *MINIMAL]
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        args = parse_args([*fsdp, "--actor-num-gpus-per-node", "4", "--context-parallel-size", "2"])
+    assert args.context_parallel_size == 2
+    assert not [r for r in caplog.records if "no effect" in r.getMessage()]
+    with pytest.raises(ConfigError, match="--context-parallel-size 2 must divide the trainer's ranks"):
+        parse_args([*fsdp, "--actor-num-gpus-per-node", "3", "--context-parallel-size", "2"])
+    with pytest.raises(ConfigError, match="needs --attn-implementation slime_varlen or slime_flex, got sdpa"):
+        parse_args([*fsdp, "--actor-num-gpus-per-node", "2", "--context-parallel-size", "2",
+                    "--attn-implementation", "sdpa"])  # fmt: skip
 
 
 def _write(tmp_path, name, text):
@@ -382,8 +396,9 @@ def test_user_guide_examples(caplog, no_cuda):
             [*MINIMAL, "--train-backend", "fsdp", "--hf-checkpoint", "/root/Qwen3-4B", "--gradient-checkpointing"]
             + ["--context-parallel-size", "2"]
         )
-    assert fsdp.gradient_checkpointing and fsdp.context_parallel_size == 1
-    assert any("--context-parallel-size" in r.getMessage() for r in caplog.records)
+    # FSDP honours the guide's --context-parallel-size (Ulysses all-to-all; issue 22), no "ignored" warning.
+    assert fsdp.gradient_checkpointing and fsdp.context_parallel_size == 2
+    assert not any("--context-parallel-size" in r.getMessage() for r in caplog.records)
 
 
 def test_validated_config_is_frozen_and_plugins_get_a_writable_view_with_engine_addresses():
