@@ -60,6 +60,12 @@ class _Trainer:
         self.events.append(("update_weights", version))
         return {"update_weights_time": 0.1}
 
+    def wake_up(self):
+        self.events.append(("trainer.wake_up",))
+
+    def sleep(self):
+        self.events.append(("trainer.sleep",))
+
 
 class _Tracker:
     def __init__(self):
@@ -124,3 +130,14 @@ def test_async_step_generates_one_ahead_and_moves_weights_between_generations(mo
     assert sorted(step for step, m in logged.items() if "perf/update_weights_time" in m) == (
         [0, 1] if interval == 1 else [1]
     )
+
+
+def test_colocated_step_swaps_memory_around_training_and_times_each_swap(monkeypatch):
+    events, logged = _run(monkeypatch, colocate=True, num_rollout=1, eval_prompt_data=None)
+    assert events == [
+        ("got", 0), ("offload",), ("trainer.wake_up",), ("train", 0),
+        ("onload", ["weights"]), ("update_weights", 1), ("trainer.sleep",), ("onload", ["kv_cache", "cuda_graph"]),
+    ]  # fmt: skip
+    swaps = {"perf/engine_release_time", "perf/trainer_wake_up_time", "perf/engine_resume_weights_time",
+             "perf/trainer_sleep_time", "perf/engine_resume_kv_cache_time"}  # fmt: skip
+    assert swaps <= set(logged[0]) and all(logged[0][k] >= 0.0 for k in swaps)

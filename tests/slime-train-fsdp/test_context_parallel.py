@@ -69,7 +69,7 @@ def _micro_batch_check(w, ckpt: str) -> dict:
     a, b = torch.randn(mb.targets.numel(), generator=g), torch.randn(mb.targets.numel(), generator=g)
     res = {}
     for name, overrides, scale in (("cp1", {}, 1.0), ("cp2", {"attn_implementation": "slime_varlen",
-                                                               "context_parallel_size": 2}, 2.0)):  # fmt: skip
+                                                               "megatron_args": ["--context-parallel-size", "2"]}, 2.0)):  # fmt: skip
         model, _ = build_fsdp_model(w.make_args(ckpt, **overrides), ckpt, torch.device("cpu"))
         logp, ent, anchor = response_log_probs(model, mb, temperature=w.TEMPERATURE, chunk_size=3, with_entropy=True)
         # FSDP averages over the 2 ranks: CP=1 ranks hold the same row (the mean is the gradient); CP=2 ranks hold
@@ -85,7 +85,7 @@ def _backend_check(w, ckpt: str) -> dict:
     rank = dist.get_rank()
     res = {}
     runs = (("dp2", {}, w.make_batch(rank, 2)),
-            ("cp2", {"attn_implementation": "slime_varlen", "context_parallel_size": 2,
+            ("cp2", {"attn_implementation": "slime_varlen", "megatron_args": ["--context-parallel-size", "2"],
                      "gradient_checkpointing": True}, w.make_batch(0, 1)))  # fmt: skip
     for name, overrides, batch in runs:
         backend = FSDPTrainBackend()
@@ -94,6 +94,8 @@ def _backend_check(w, ckpt: str) -> dict:
         res[name] = {
             "params": w.full_params(backend),
             "grad_norms": [m["train/grad_norm"] for m in backend.step_metrics],
+            "metrics": backend.step_metrics,
+            "dp_rank": backend.dp_rank,
         }
         res[name]["log_probs"] = backend.compute_log_probs(batch)
     return res
@@ -162,6 +164,12 @@ def test_cp2_backend_training_matches_dp2(cp_results):
     dp2, cp2 = cp_results[0]["backend"]["dp2"], cp_results[0]["backend"]["cp2"]
     assert max(_rel(cp2["params"][n], dp2["params"][n]) for n in dp2["params"]) <= TOL
     assert cp2["grad_norms"] == pytest.approx(dp2["grad_norms"], rel=TOL)
+    # Metric sums are reduced over DP only: CP ranks do not count the same samples twice.
+    for step_dp, step_cp in zip(dp2["metrics"], cp2["metrics"], strict=True):
+        for key in ("train/loss", "train/pg_loss", "train/entropy_loss", "train/ppo_kl"):
+            assert step_cp[key] == pytest.approx(step_dp[key], rel=TOL, abs=1e-6), key
+    assert [r["backend"]["dp2"]["dp_rank"] for r in cp_results] == [0, 1]
+    assert [r["backend"]["cp2"]["dp_rank"] for r in cp_results] == [0, 0]  # one DP group of two CP ranks
     # Both CP ranks end with the same full parameters and the full batch's log-probs.
     other = cp_results[1]["backend"]["cp2"]
     assert all(torch.equal(other["params"][n], cp2["params"][n]) for n in cp2["params"])

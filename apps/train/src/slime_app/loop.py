@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -35,6 +36,13 @@ _TRANSPORTS = {  # --weight-sync after validation resolved "auto"
 # Above this mean |trainer log-prob − rollout log-prob| on the first step something is wrong with weight
 # sync, temperature or masking (fp32 CPU runs agree to ~1e-6; bf16 GPU runs to ~1e-2).
 LOGPROB_DIFF_WARN = 0.05
+
+
+def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
+    """Runs `fn` and records its wall seconds under `key` (the colocated memory swaps: `perf/*_time`)."""
+    t0 = time.perf_counter()
+    fn()
+    metrics[key] = time.perf_counter() - t0
 
 
 def _should_run(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
@@ -181,13 +189,15 @@ class Run:
         Colocated, the engines release their memory first and the trainer wakes up. On the first step the
         trainer's log-probs of the rollout tokens are checked against the engine's.
         """
+        swap: dict[str, float] = {}
         if self.cfg.colocate:
-            ray.get(self.manager.offload.remote())
-            self.trainer.wake_up()
+            _timed(swap, "perf/engine_release_time", lambda: ray.get(self.manager.offload.remote()))
+            _timed(swap, "perf/trainer_wake_up_time", self.trainer.wake_up)
         t0 = time.perf_counter()
         train_metrics = self.trainer.train(rollout_id, batch_refs)
         metrics = self._prefix("train", train_metrics)
         metrics["perf/train_time"] = time.perf_counter() - t0
+        metrics.update(swap)
         diff = train_metrics.get("train/train_rollout_logprob_abs_diff")
         if diff is not None and rollout_id == self.start_rollout_id and diff > LOGPROB_DIFF_WARN:
             logger.warning(
@@ -213,13 +223,15 @@ class Run:
         sleeps → engine KV cache back.
         """
         colocate = self.cfg.colocate
+        swap: dict[str, float] = {}
         if colocate:
-            ray.get(self.manager.onload.remote(["weights"]))
+            _timed(swap, "perf/engine_resume_weights_time", lambda: ray.get(self.manager.onload.remote(["weights"])))
         metrics = self._prefix("perf", self.trainer.update_weights(weight_version))
         if colocate:
-            self.trainer.sleep()
-            ray.get(self.manager.onload.remote(["kv_cache", "cuda_graph"]))
-        return metrics
+            _timed(swap, "perf/trainer_sleep_time", self.trainer.sleep)
+            _timed(swap, "perf/engine_resume_kv_cache_time",
+                   lambda: ray.get(self.manager.onload.remote(["kv_cache", "cuda_graph"])))  # fmt: skip
+        return {**metrics, **swap}
 
     @staticmethod
     def _prefix(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
