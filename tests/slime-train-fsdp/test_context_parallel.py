@@ -68,8 +68,8 @@ def _micro_batch_check(w, ckpt: str) -> dict:
     g = torch.Generator().manual_seed(5)
     a, b = torch.randn(mb.targets.numel(), generator=g), torch.randn(mb.targets.numel(), generator=g)
     res = {}
-    for name, overrides, scale in (("cp1", {}, 1.0), ("cp2", {"attn_implementation": "slime_varlen",
-                                                               "megatron_args": ["--context-parallel-size", "2"]}, 2.0)):  # fmt: skip
+    cp2 = {"attn_implementation": "slime_varlen", "megatron_args": ["--context-parallel-size", "2"]}
+    for name, overrides, scale in (("cp1", {}, 1.0), ("cp2", cp2, 2.0)):
         model, _ = build_fsdp_model(w.make_args(ckpt, **overrides), ckpt, torch.device("cpu"))
         logp, ent, anchor = response_log_probs(model, mb, temperature=w.TEMPERATURE, chunk_size=3, with_entropy=True)
         # FSDP averages over the 2 ranks: CP=1 ranks hold the same row (the mean is the gradient); CP=2 ranks hold
