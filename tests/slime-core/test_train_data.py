@@ -317,3 +317,17 @@ def test_with_the_real_config():
     rewards = dict(zip(batches[0].sample_indices, batches[0].rewards, strict=True))
     rewards.update(zip(batches[1].sample_indices, batches[1].rewards, strict=True))
     assert [rewards[i] for i in range(4)] == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=TOL)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("rollout_top_p_token_ids", [1, 2]), ("rollout_routed_experts", [[0]]), ("teacher_log_probs", [-0.1]),
+     ("multimodal_train_inputs", {"pixel_values": [0.0]})],
+)  # fmt: skip
+def test_original_fields_this_version_cannot_train_with_are_refused(field, value):
+    samples = _rollout()
+    setattr(samples[3], field, value)
+    with pytest.raises(ValueError, match=rf"sample {samples[3].index} sets {field}: .* not implemented"):
+        build_rollout_batches(_args(global_batch_size=4), samples, dp_size=2)
+    setattr(samples[3], field, None)
+    assert len(build_rollout_batches(_args(global_batch_size=4), samples, dp_size=2)) == 2

@@ -129,7 +129,7 @@ class GenerateFn(Protocol):
         ...
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
+@dataclasses.dataclass(slots=True)  # positional too: original filters write DynamicFilterOutput(keep, reason)
 class DynamicFilterOutput:
     """Result of a dynamic-sampling filter.
 

@@ -198,13 +198,19 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
 
     Raises:
         ValueError: on empty input, mixed presence of `index` or `rollout_log_probs`, inconsistent
-            sample lengths, or any error of `postprocess_rewards` / `build_schedule`.
+            sample lengths, a sample that sets an original field this version cannot train with
+            (`Sample.unsupported_fields`), or any error of `postprocess_rewards` / `build_schedule`.
     """
     if not samples:
         raise ValueError("build_rollout_batches: no samples")
     ordered = _sorted_by_index(samples)
     for s in ordered:
         s.validate()
+        if unsupported := s.unsupported_fields():
+            raise ValueError(
+                f"sample {s.index} sets {', '.join(unsupported)}: media inputs, top-p replay, routing replay and "
+                "teacher log-probs are not implemented in this version; leave these fields None"
+            )
     raw, rewards = postprocess_rewards(cfg, ordered)
     raw = [float(s.metadata.get("raw_reward", r)) for s, r in zip(ordered, raw, strict=True)]
     masks = [_loss_mask(s) for s in ordered]

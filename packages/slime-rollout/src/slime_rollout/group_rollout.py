@@ -127,7 +127,9 @@ async def generate_and_rm(
     return result
 
 
-async def generate_and_rm_group(args: SlimeArgs, group: list[Sample], state: RolloutState) -> list[Any]:
+async def generate_and_rm_group(
+    args: SlimeArgs, group: list[Sample], state: RolloutState, sampling_params: dict[str, Any] | None = None
+) -> list[Any]:
     """Generates and scores one prompt group concurrently (group reward with `--group-rm`).
 
     With `--sglang-enable-deterministic-inference`, sample j of the group is sampled with
@@ -137,6 +139,7 @@ async def generate_and_rm_group(args: SlimeArgs, group: list[Sample], state: Rol
         args: the plugin view; reads `sglang_args`, `rollout_seed`, `group_rm` (+ what `generate_and_rm` reads).
         group: the `n_samples_per_prompt` samples of one prompt.
         state: the rollout's shared state.
+        sampling_params: overrides `state.sampling_params` for this group (original callers pass their own).
 
     Returns:
         One entry per sample: the sample, or the list a fan-out generate function returned.
@@ -144,10 +147,11 @@ async def generate_and_rm_group(args: SlimeArgs, group: list[Sample], state: Rol
     for sample in group:
         if sample.session_id is None:
             sample.session_id = uuid.uuid4().hex
-    params: list[dict[str, Any] | None] = [None] * len(group)
+    params: list[dict[str, Any] | None] = [sampling_params] * len(group)
     if args.sglang_args.get("enable_deterministic_inference"):
         # Reproducible sampling (original): sample j of every group uses seed rollout_seed + j.
-        params = [dict(state.sampling_params, sampling_seed=args.rollout_seed + j) for j in range(len(group))]
+        base = sampling_params if sampling_params is not None else state.sampling_params
+        params = [dict(base, sampling_seed=args.rollout_seed + j) for j in range(len(group))]
     results = list(
         await asyncio.gather(*(generate_and_rm(args, s, state, p) for s, p in zip(group, params, strict=True)))
     )

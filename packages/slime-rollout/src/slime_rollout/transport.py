@@ -171,6 +171,8 @@ class HttpEndpoint:
         *,
         timeout: float | None = None,
         raw: bool = False,
+        headers: dict[str, str] | None = None,
+        check_success: bool = True,
     ) -> Any:
         """Sends one request with retries on connection errors.
 
@@ -180,6 +182,8 @@ class HttpEndpoint:
             payload: JSON body (POST) or query parameters (GET).
             timeout: per-request read timeout in seconds (None: the client's default).
             raw: return the `EngineResponse` (status, headers, body bytes) instead of decoded JSON.
+            headers: extra request headers (e.g. a router's session-affinity key).
+            check_success: raise on a `{"success": false}` body (engine control endpoints); False returns it.
 
         Returns:
             Decoded JSON (None for an empty body, the text for a non-JSON body), or the response when `raw`.
@@ -188,6 +192,8 @@ class HttpEndpoint:
             EngineError: non-2xx status, `{"success": false}` body, or still unreachable after retries.
         """
         kwargs: dict[str, Any] = {"json": payload} if method == "POST" else {"params": payload}
+        if headers:
+            kwargs["headers"] = headers
         if timeout is not None:
             kwargs["timeout"] = self._timeout(timeout)
         delay = self.backoff_s
@@ -217,6 +223,6 @@ class HttpEndpoint:
             body = out.json()
         except ValueError:
             return out.text
-        if isinstance(body, dict) and body.get("success") is False:
+        if check_success and isinstance(body, dict) and body.get("success") is False:
             raise EngineError(self.url, endpoint, str(body.get("message", body)), out.status_code)
         return body
