@@ -75,14 +75,48 @@ def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
         preflight(_args(data, "--dynamic-sampling-filter-path", "pf_nope.keep"))
 
 
-def test_plugin_whose_dependency_is_missing_here_is_left_to_the_workers(tmp_path, monkeypatch, caplog):
+def test_plugin_whose_dependency_is_missing_fails_here_unless_the_cluster_is_remote(tmp_path, monkeypatch, caplog):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
     body = "import pf_gpu_only_dep\n\ndef gen(args, sample, p):\n    pass\n"
     _plugin_module(tmp_path, monkeypatch, "pf_gpu_plugin", body)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # A local run's workers share this environment: the import error is one line here, not 200 s into the run.
+    with pytest.raises(ImportError, match=r"--custom-generate-function-path: importing module 'pf_gpu_plugin' failed: "
+                       r"No module named 'pf_gpu_only_dep' \(install it in this environment"):  # fmt: skip
+        preflight(_args(data, "--custom-generate-function-path", "pf_gpu_plugin.gen"))
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     with caplog.at_level("WARNING"):
         preflight(_args(data, "--custom-generate-function-path", "pf_gpu_plugin.gen"))
     assert "left to the workers" in caplog.text and "pf_gpu_plugin" in caplog.text
+
+
+def test_original_slime_paths_resolve_through_the_runs_mapping(tmp_path, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    original = [
+        "--dynamic-sampling-filter-path", "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        "--rollout-function-path", "slime.rollout.sglang_rollout.generate_rollout",
+        "--custom-rm-path", "slime.rollout.rm_hub.async_rm",
+        "--rollout-sample-hook-path", "slime.rollout.rm_hub.async_rm", "slime.rollout.sglang_rollout.generate",
+    ]  # fmt: skip
+    preflight(_args(data, *original))
+    # Without the slime-compat package the run's alias table still resolves them: preflight uses the same loader.
+    import slime_rollout.plugins as run_loader
+    from slime_core.plugins import load_function as core_load
+
+    for path in run_loader.ORIGINAL_PATH_ALIASES:
+        assert run_loader.load_function(path, flag="x") is core_load(run_loader.ORIGINAL_PATH_ALIASES[path], flag="x")
+
+
+def test_plugin_importing_the_originals_training_stack_is_one_line(tmp_path, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    body = "from slime.agent.sandbox import Sandbox\n\nasync def gen(args, sample, p):\n    pass\n"
+    _plugin_module(tmp_path, monkeypatch, "pf_agent_plugin", body)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # even for a remote cluster
+    with pytest.raises(ImportError, match=r"No module named 'slime.agent'.*not slime.agent \(MIGRATION.md"):
+        preflight(_args(data, "--custom-generate-function-path", "pf_agent_plugin.gen"))
 
 
 def test_chat_template_flag_needs_a_template(tmp_path):

@@ -36,25 +36,51 @@ PLUGIN_FIELDS = (
 )  # fmt: skip
 
 
-def _check_plugins(cfg: SlimeArgs) -> None:
-    """Imports every plugin path here, so a typo fails in one line instead of inside a Ray actor.
-
-    A plugin whose own module imports something this driver process lacks (a GPU-only package, say) is
-    left to the workers, with a warning: their environment may differ.
-    """
+def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str]]:
+    """`(flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list)."""
     from slime_core.config.base import field_to_flag
-    from slime_core.plugins import PluginError, load_function
 
+    out = []
     for name in PLUGIN_FIELDS:
-        path = getattr(cfg, name)  # a SlimeArgs field (tests/apps/test_preflight.py checks the list)
-        if not path:
-            continue
+        value = getattr(cfg, name)  # a SlimeArgs field (tests/apps/test_preflight.py checks the list)
+        for path in value if isinstance(value, list) else [value]:
+            if path:
+                out.append((field_to_flag(name), path))
+    return out
+
+
+def _check_plugins(cfg: SlimeArgs) -> None:
+    """Imports every plugin path the way the run will, so a bad plugin fails in one line before Ray starts.
+
+    Paths are resolved by `slime_rollout.plugins.load_function`, the loader the run uses (original paths such
+    as `slime.rollout.rm_hub.async_rm` included). A plugin whose own module imports something missing is an
+    error too, since a local run's workers share this environment; only with a remote cluster
+    (`--ray-address` / `RAY_ADDRESS`), whose workers may have packages the driver lacks, is it left to the
+    workers with a warning. A missing `slime.*` module is the original's training stack, which no
+    environment here provides: always an error.
+
+    Raises:
+        slime_core.plugins.PluginError: the first plugin that does not resolve (message names the flag).
+    """
+    from slime_core.plugins import PluginError
+    from slime_rollout.plugins import load_function
+
+    remote = bool(cfg.ray_address or os.environ.get("RAY_ADDRESS"))
+    for flag, path in _plugin_paths(cfg):
         try:
-            load_function(path, flag=field_to_flag(name))
+            load_function(path, flag=flag)
         except PluginError as e:
-            if e.missing_dependency is None:
+            missing = e.missing_dependency
+            if missing is None:
                 raise
-            logger.warning("%s (left to the workers)", e)
+            if missing == "slime" or missing.startswith("slime."):
+                raise PluginError(
+                    f"{e}; this slime provides the original's plugin modules (slime.utils.*, slime.rollout.*), not "
+                    f"{missing} (MIGRATION.md lists what to use instead)"
+                ) from e
+            if not remote:
+                raise PluginError(f"{e} (install it in this environment: the run's workers use it too)") from e
+            logger.warning("%s (left to the workers of the remote cluster)", e)
 
 
 def _has_chat_template(model_dir: str) -> bool:
