@@ -226,6 +226,27 @@ async def test_dynamic_sampling_oversamples_filters_and_aborts(use_client):
     assert leftovers == []  # no --partial-rollout: the surplus is discarded
 
 
+async def test_dynamic_sampling_that_keeps_nothing_stops_after_bounded_empty_rounds(use_client, caplog):
+    # Every prompt answers A twice: zero reward std, every group dropped. Before, this sampled forever.
+    use_client(FakeClient({i: [A] for i in range(100)}))
+    args = _args(
+        rollout_batch_size=2,
+        over_sampling_batch_size=2,
+        dynamic_sampling_filter_path="slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        dynamic_sampling_max_empty_rounds=3,
+        rollout_max_response_len=8,
+    )
+    ds = ListDataSource(n=2)
+    with caplog.at_level("INFO", logger="slime_rollout.rollout"):
+        with pytest.raises(RuntimeError, match=r"rollout 0: 3 over-sampling rounds in a row kept no group \(0/2 "
+                           r"kept, dropped: zero_std_1\.0: \d+\).*--dynamic-sampling-max-empty-rounds"):  # fmt: skip
+            await generate_rollout_async(args, 0, ds)
+    # Three rounds of 2 prompts each kept nothing (the fill and 2 refills); each refill decision logged counts.
+    assert ds.next_prompt == 6
+    rounds = [r.getMessage() for r in caplog.records if "over-sampling round" in r.getMessage()]
+    assert len(rounds) == 3 and rounds[0].startswith("rollout 0: over-sampling round 2: 0/2 groups kept, ")
+
+
 async def test_partial_rollout_groups_come_back_and_continue(use_client):
     # Prompt 0 is quick; prompts 1..3 need 30 tokens and are aborted midway in rollout 0.
     client = use_client(FakeClient({i: [A] for i in range(10)}, lengths={0: 2, 1: 30, 2: 30, 3: 30}, step_s=0.003))
