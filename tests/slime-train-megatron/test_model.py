@@ -70,3 +70,22 @@ def test_response_log_probs_from_packed_logits_match_hf(tiny_hf, megatron_cpu_wo
         expected.append(ref[len(t) - r - 1 : len(t) - 1].gather(1, t[len(t) - r :, None])[:, 0])
     # fp32 model vs fp64 softmax of HF fp32 logits: 1e-4.
     torch.testing.assert_close(lp.double(), torch.cat(expected), atol=1e-4, rtol=0)
+
+
+def test_megatron_flags_reach_the_transformer_config(tiny_hf):
+    from slime_train_megatron.model import build_transformer_config
+
+    _, hf_dir = tiny_hf("qwen3_moe")
+    model_args = ModelArgs.from_hf_dir(hf_dir)
+    base = dict(fp32=True, transformer_impl="local", moe_token_dispatcher_type="allgather")
+    config = build_transformer_config(model_args, MegatronSettings(**base), cpu=True)
+    assert config.moe_aux_loss_coeff == model_args.moe_aux_loss_coeff  # no flag: config.json's value
+    assert config.moe_router_dtype is None and not config.attention_softmax_in_fp32
+    flags = dict(moe_aux_loss_coeff=0.0, moe_router_dtype="fp32", moe_permute_fusion=True,
+                 attention_softmax_in_fp32=True, moe_router_load_balancing_type="seq_aux_loss")  # fmt: skip
+    flagged = MegatronSettings(**base, **flags)
+    config = build_transformer_config(model_args, flagged, cpu=True)
+    assert config.moe_aux_loss_coeff == 0.0  # the original scripts' --moe-aux-loss-coeff 0 wins
+    assert (config.moe_router_dtype, config.moe_router_load_balancing_type) == ("fp32", "seq_aux_loss")
+    assert config.attention_softmax_in_fp32
+    assert not config.moe_permute_fusion  # a Transformer Engine kernel: not on the local spec (logged)

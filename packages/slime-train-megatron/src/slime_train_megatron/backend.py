@@ -176,6 +176,10 @@ class MegatronTrainBackend:
             fp16=s.fp16,
             params_dtype=config.params_dtype,
             use_distributed_optimizer=s.use_distributed_optimizer,
+            optimizer_cpu_offload=s.optimizer_cpu_offload,
+            overlap_cpu_optimizer_d2h_h2d=s.overlap_cpu_optimizer_d2h_h2d,
+            optimizer_offload_fraction=s.optimizer_offload_fraction,
+            use_precision_aware_optimizer=s.use_precision_aware_optimizer,
         )
         self.optimizer = get_megatron_optimizer(opt_config, [self.model])
         self.scheduler = build_lr_scheduler(self.optimizer, s, self.cfg)

@@ -66,6 +66,7 @@ def build_transformer_config(
     """
     kwargs = model_args.transformer_config_kwargs()
     kwargs["activation_func"] = torch.nn.functional.silu
+    kwargs.update(_optional_kwargs(model_args, settings))
     dtype = _DTYPES[settings.params_dtype_name]
     return TransformerConfig(
         **kwargs,
@@ -100,6 +101,43 @@ def build_transformer_config(
         moe_grouped_gemm=settings.moe_grouped_gemm,
         calculate_per_token_loss=True,  # the backend scales losses itself (see backend module docstring)
     )
+
+
+def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[str, object]:
+    """`TransformerConfig` kwargs of the optional Megatron flags (megatron-core's defaults when absent).
+
+    Uneven pipeline stages, the attention kernel and softmax precision, and the MoE training knobs.
+    """
+    out: dict[str, object] = {
+        "num_layers_in_first_pipeline_stage": settings.decoder_first_pipeline_num_layers,
+        "num_layers_in_last_pipeline_stage": settings.decoder_last_pipeline_num_layers,
+        "attention_softmax_in_fp32": settings.attention_softmax_in_fp32,
+    }
+    if settings.attention_backend is not None and use_transformer_engine(settings):
+        # Selects among Transformer Engine's attention kernels; the local spec has one (megatron-core's own).
+        from megatron.core.transformer.enums import AttnBackend
+
+        out["attention_backend"] = AttnBackend[settings.attention_backend]
+    if model_args.is_moe:
+        out.update(
+            moe_router_load_balancing_type=settings.moe_router_load_balancing_type,
+            moe_router_bias_update_rate=settings.moe_router_bias_update_rate,
+            moe_router_dtype=settings.moe_router_dtype,
+            moe_token_drop_policy=settings.moe_token_drop_policy,
+            moe_expert_capacity_factor=settings.moe_expert_capacity_factor,
+            moe_pad_expert_input_to_capacity=settings.moe_pad_expert_input_to_capacity,
+            moe_enable_deepep=settings.moe_enable_deepep,
+        )
+        if settings.moe_permute_fusion:
+            # Transformer Engine's fused permute kernels; without TE megatron-core refuses the option.
+            out["moe_permute_fusion"] = use_transformer_engine(settings)
+            if not out["moe_permute_fusion"]:
+                logger.warning("--moe-permute-fusion needs Transformer Engine (local layer spec here); not fused")
+        if settings.moe_aux_loss_coeff is not None:  # the flag wins over config.json's router_aux_loss_coef
+            out["moe_aux_loss_coeff"] = settings.moe_aux_loss_coeff
+        if settings.moe_z_loss_coeff is not None:
+            out["moe_z_loss_coeff"] = settings.moe_z_loss_coeff
+    return out
 
 
 def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: TransformerConfig) -> GPTModel:

@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
+from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.unsupported import check_unsupported
 from slime_core.estimators import ESTIMATORS, get_estimator
 
@@ -290,17 +291,7 @@ def _passthrough(args: SlimeArgs) -> None:
         _ = args.expert_model_parallel_size
     if args.train_backend == "fsdp":
         _fsdp_context_parallel(args)
-    if args.megatron_args and args.train_backend != "megatron":
-        # --context-parallel-size is FSDP's too (Ulysses all-to-all around the attention).
-        flags = sorted(
-            {t.split("=", 1)[0] for t in args.megatron_args if t.startswith("--")} - {"--context-parallel-size"}
-        )
-        if flags:
-            warn_once(
-                "megatron_args_fsdp",
-                f"--train-backend {args.train_backend}: Megatron flags have no effect and are ignored: "
-                f"{' '.join(flags)}",
-            )
+    check_megatron_flags(args)
 
 
 def _fsdp_context_parallel(args: SlimeArgs) -> None:
