@@ -19,6 +19,7 @@ ORIGINAL_IMPORTS = {
     "slime.utils.misc": ["load_function", "SingletonMeta", "exec_command", "get_free_port"],
     "slime.utils.async_utils": ["run"],
     "slime.utils.processing_utils": ["load_tokenizer", "load_processor"],
+    "slime.utils.mask_utils": ["MultiTurnLossMaskGenerator", "get_response_lengths"],
     "slime.rollout.sglang_rollout": [
         "GenerateState", "generate", "generate_and_rm", "generate_and_rm_group", "generate_rollout",
         "eval_rollout", "get_model_url",
@@ -30,6 +31,7 @@ ORIGINAL_IMPORTS = {
     "slime.rollout.rm_hub": ["async_rm", "batched_async_rm", "grade_answer_verl"],
     "slime.rollout.rm_hub.math_utils": ["extract_answer", "grade_answer_verl"],
     "slime.rollout.rm_hub.math_dapo_utils": ["compute_score"],
+    "slime.rollout.sft_rollout": ["generate_rollout"],
 }  # fmt: skip
 
 

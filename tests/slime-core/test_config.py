@@ -236,7 +236,9 @@ def test_megatron_flags_with_fsdp_warn_once(caplog):
     ]
     assert args.megatron_args[:2] == ["--tensor-model-parallel-size", "1"]
     assert args.tensor_model_parallel_size == 1 and args.pipeline_model_parallel_size == 1  # FSDP: no TP/PP
-    with pytest.raises(ConfigError, match="--tensor-model-parallel-size 2: --train-backend fsdp supports only 1"):
+    with pytest.raises(
+        ConfigError, match="--tensor-model-parallel-size 2 is not implemented with --train-backend fsdp, only 1"
+    ):
         parse_args(["--train-backend", "fsdp", *MINIMAL, "--tensor-model-parallel-size", "2"])
     with pytest.raises(ConfigError, match="--context-parallel-size: expected an integer, got 'two'"):
         parse_args([*MINIMAL, "--context-parallel-size", "two"])

@@ -41,11 +41,12 @@ def test_flag_values_parse_like_argparse():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--tensor-model-parallel-size", "2"], r"--tensor-model-parallel-size 2: --train-backend fsdp supports only 1 "
-         r"\(FSDP shards parameters over all trainer ranks: use --train-backend megatron"),
+        (["--tensor-model-parallel-size", "2"], r"--tensor-model-parallel-size 2 is not implemented with "
+         r"--train-backend fsdp, only 1 \(FSDP shards parameters over all trainer ranks: use --train-backend megatron"),
         (["--optimizer-cpu-offload"], r"--optimizer-cpu-offload is not implemented with --train-backend fsdp \(use "
          r"--fsdp-cpu-offload"),
-        (["--moe-aux-loss-coeff", "1e-3"], r"--moe-aux-loss-coeff 1e-3: --train-backend fsdp supports only 0"),
+        (["--moe-aux-loss-coeff", "1e-3"], r"--moe-aux-loss-coeff 1e-3 is not implemented with --train-backend fsdp, "
+         r"only 0"),
         (["--moe-router-dtype", "fp32"], r"--moe-router-dtype is not implemented with --train-backend fsdp"),
         (["--recompute-granularity", "selective"], r"--recompute-granularity selective is not implemented with "
          r"--train-backend fsdp \(FSDP recomputes whole layers only"),
@@ -79,8 +80,8 @@ def test_megatron_rejects_what_its_backend_does_not_implement():
     with pytest.raises(ConfigError, match=r"--spec is not implemented with --train-backend megatron \(names a "
                        r"Megatron layer spec.*use --train-backend fsdp for other models"):  # fmt: skip
         parse_args([*MEGATRON, "--spec", "slime_plugins.models.glm4", "get_glm_spec"])
-    with pytest.raises(ConfigError, match=r"--make-vocab-size-divisible-by 16: --train-backend megatron supports only "
-                       r"128"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"--make-vocab-size-divisible-by 16 is not implemented with --train-backend "
+                       r"megatron, only 128"):  # fmt: skip
         parse_args([*MEGATRON, "--make-vocab-size-divisible-by", "16"])
     args = parse_args([*MEGATRON, "--optimizer-cpu-offload", "--moe-router-dtype", "fp32", "--moe-permute-fusion"])
     assert args.megatron_args == ["--optimizer-cpu-offload", "--moe-router-dtype", "fp32", "--moe-permute-fusion"]

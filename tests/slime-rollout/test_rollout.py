@@ -247,6 +247,27 @@ async def test_dynamic_sampling_that_keeps_nothing_stops_after_bounded_empty_rou
     assert len(rounds) == 3 and rounds[0].startswith("rollout 0: over-sampling round 2: 0/2 groups kept, ")
 
 
+async def test_filter_fallback_keeps_rejected_groups_only_when_nothing_could_replace_them(use_client):
+    # Prompts 0..2 answer A twice (zero std), 3.. answer A then B (kept). Over-sampling 4, target 3.
+    use_client(FakeClient({i: ([A] if i < 3 else [A, B]) for i in range(40)}, lengths={i: 2 + i for i in range(40)}))
+    args = _args(
+        rollout_batch_size=3,
+        over_sampling_batch_size=4,
+        dynamic_sampling_filter_path=(
+            "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback"
+        ),
+        rollout_max_response_len=64,
+    )
+    ds = ListDataSource(n=2)
+    out, _ = await generate_rollout_async(args, 0, ds)
+    # Prompts finish in order (length 2 + id). 0: itself + 3 generating = 4 candidates > 3 -> dropped; 1 and 2:
+    # 3 candidates <= 3 -> kept although their std is zero (no other group could take their place); 3: on merit.
+    # The original's remaining_batch_size rule; no second over-sampling round.
+    assert [g[0].group_index for g in out.samples] == [1, 2, 3]
+    assert out.metrics["rollout/dynamic_filter/drop_zero_std_1.0"] == 1.0
+    assert ds.next_prompt == 4
+
+
 async def test_partial_rollout_groups_come_back_and_continue(use_client):
     # Prompt 0 is quick; prompts 1..3 need 30 tokens and are aborted midway in rollout 0.
     client = use_client(FakeClient({i: [A] for i in range(10)}, lengths={0: 2, 1: 30, 2: 30, 3: 30}, step_s=0.003))

@@ -37,10 +37,15 @@ def main(argv: list[str]) -> int:
     try:
         cfg = parse_args(argv)
         from slime_app.preflight import preflight
+        from slime_app.resolve import resolve_config
 
         preflight(cfg)
-    except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:  # ImportError: PluginError
-        print(f"slime: error: {e}", file=sys.stderr)
+        cfg, resolved = resolve_config(cfg)
+        for note in resolved:
+            logging.getLogger("slime_app.resolve").info("%s", note)
+    # ImportError: PluginError; OSError: an unreadable file or tokenizer; TypeError: a data source without len().
+    except (ConfigError, ValueError, OSError, ImportError, TypeError) as e:
+        print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
     from slime_app.loop import Run

@@ -136,10 +136,13 @@ class DynamicFilterOutput:
     Attributes:
         keep: whether the group enters the batch.
         reason: why it was dropped (logged as `rollout/dynamic_filter/drop_{reason}`).
+        keep_when_insufficient: keep a rejected group anyway when dropping it would leave fewer groups (accepted
+            plus still generating) than the batch needs, instead of sampling another round.
     """
 
     keep: bool
     reason: str | None = None
+    keep_when_insufficient: bool = False
 
 
 class DynamicFilterFn(Protocol):

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "RolloutDataSource",
     "RolloutDataSourceWithBuffer",
+    "count_prompts",
     "get_tokenizer",
     "load_prompt_rows",
     "rows_to_samples",
@@ -83,6 +84,52 @@ def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
     else:
         raise ValueError(f"--prompt-data {path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return rows[start:end]
+
+
+def count_prompts(args: SlimeArgs) -> int:
+    """Number of prompts one epoch of the run's data source serves (what `--num-epoch` multiplies).
+
+    The default data sources without `--rollout-max-prompt-len` serve every row: the rows are counted (a parquet
+    file's metadata, a JSONL file's non-blank lines) without building samples. Otherwise the data source is built
+    as the run will build it and asked for its `len()`.
+
+    Args:
+        args: the plugin view; reads `prompt_data`, `data_source_path`, `rollout_max_prompt_len` (+ what the data
+            source reads).
+
+    Raises:
+        TypeError: a custom data source without `__len__`.
+    """
+    defaults = {f"slime_rollout.data_source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
+    if args.data_source_path in defaults and not args.rollout_max_prompt_len and args.prompt_data:
+        return _count_rows(args.prompt_data)
+    source = load_function(args.data_source_path, flag="--data-source-path")(args)
+    if not hasattr(source, "__len__"):
+        raise TypeError(f"--num-epoch: the data source {args.data_source_path} has no len(); give --num-rollout")
+    return len(source)
+
+
+def _count_rows(spec: str) -> int:
+    """Rows of a prompt file (slice applied), without reading the rows themselves."""
+    start = end = None
+    match = _SLICE.match(spec)
+    if match:
+        spec = match["path"]
+        start = int(match["start"]) if match["start"] else None
+        end = int(match["end"]) if match["end"] else None
+    path = pathlib.Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"--prompt-data file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        total = pq.ParquetFile(path).metadata.num_rows
+    elif path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            total = sum(1 for line in f if line.strip())
+    else:
+        raise ValueError(f"--prompt-data {path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
+    return len(range(total)[start:end])
 
 
 def _maybe_json(value: Any, what: str, where: str) -> Any:

@@ -184,7 +184,7 @@ async def generate_rollout_async(
                     raise RuntimeError("data source returned no samples")
                 pending.update(asyncio.create_task(generate_and_rm_group(args, g, state)) for g in groups)
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            for position, task in enumerate(done):
                 group = task.result()
                 all_groups.append(group)
                 if len(group) != n:
@@ -198,7 +198,9 @@ async def generate_rollout_async(
                     continue
                 if filter_fn is not None:
                     verdict = normalize_filter_output(filter_fn(args, group))
-                    if not verdict.keep:
+                    # Groups that could still fill the batch: accepted, generating, and the undecided ones of `done`.
+                    candidates = len(data) + len(pending) + len(done) - position
+                    if not verdict.keep and not (verdict.keep_when_insufficient and candidates <= target):
                         drops[verdict.reason or "filtered"] += 1
                         continue
                 if len(data) < target:

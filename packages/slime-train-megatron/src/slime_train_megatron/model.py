@@ -112,6 +112,7 @@ def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[
         "num_layers_in_first_pipeline_stage": settings.decoder_first_pipeline_num_layers,
         "num_layers_in_last_pipeline_stage": settings.decoder_last_pipeline_num_layers,
         "attention_softmax_in_fp32": settings.attention_softmax_in_fp32,
+        "deterministic_mode": settings.deterministic_mode,
     }
     if settings.attention_backend is not None and use_transformer_engine(settings):
         # Selects among Transformer Engine's attention kernels; the local spec has one (megatron-core's own).

@@ -88,6 +88,7 @@ class MegatronSettings(BaseModel):
     moe_pad_expert_input_to_capacity: bool = False
     moe_permute_fusion: bool = False
     moe_enable_deepep: bool = Field(False, description="DeepEP dispatch (with --moe-token-dispatcher-type flex).")
+    deterministic_mode: bool = Field(False, description="megatron-core's deterministic mode (--deterministic-mode).")
 
     @model_validator(mode="after")
     def _check(self) -> MegatronSettings:

@@ -74,6 +74,13 @@ def _is_mla(cfg: dict[str, Any]) -> bool:
     return cfg.get("kv_lora_rank") is not None
 
 
+def _mla(cfg: dict[str, Any]) -> Any:
+    """Whether the model uses multi-latent attention; unknown for an MLA family whose config lacks the keys."""
+    if "kv_lora_rank" in cfg:
+        return cfg["kv_lora_rank"] is not None
+    return _UNKNOWN if cfg.get("model_type") in _DEEPSEEK or cfg.get("model_type") not in _RMSNORM else False
+
+
 def _num_experts(cfg: dict[str, Any]) -> Any:
     return _get(cfg, "num_experts", "num_local_experts", "n_routed_experts")
 
@@ -108,7 +115,7 @@ def _qk_layernorm(cfg: dict[str, Any]) -> Any:
         return cfg.get("q_lora_rank") is not None  # Megatron's MLA q/kv latent norms (HF q_a/kv_a_layernorm)
     if "use_qk_norm" in cfg:
         return bool(cfg["use_qk_norm"])
-    return False if model_type in _RMSNORM else _UNKNOWN
+    return False if model_type in _RMSNORM - _DEEPSEEK else _UNKNOWN
 
 
 def _moe_layer_pattern(cfg: dict[str, Any]) -> Any:
@@ -188,7 +195,7 @@ _EXPECT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "--vocab-size": lambda c: _get(c, "vocab_size"),
     "--attention-dropout": lambda c: _get(c, "attention_dropout", default=0.0),
     "--hidden-dropout": lambda c: _get(c, "hidden_dropout", default=0.0),
-    "--multi-latent-attention": _is_mla,
+    "--multi-latent-attention": _mla,
     "--q-lora-rank": lambda c: _get(c, "q_lora_rank"),
     "--kv-lora-rank": lambda c: _get(c, "kv_lora_rank"),
     "--qk-head-dim": lambda c: _get(c, "qk_nope_head_dim"),

@@ -69,7 +69,9 @@ def check_megatron_flags(args: SlimeArgs) -> None:
             raise ConfigError(f"{flag} is not implemented with --train-backend {backend} ({rule.note}); remove it")
         if kind == "neutral" and not _same_value(value, rule.neutral or ""):
             given = flag if value is True else f"{flag} {' '.join(value) if isinstance(value, list) else value}"
-            raise ConfigError(f"{given}: --train-backend {backend} supports only {rule.neutral} ({rule.note})")
+            raise ConfigError(
+                f"{given} is not implemented with --train-backend {backend}, only {rule.neutral} ({rule.note})"
+            )
         if kind == "noop":
             noop.append(flag)
     if backend == "fsdp":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import field_validator
 
@@ -80,7 +80,12 @@ class DataArgs(ArgsGroup):
     """Prompt data and batch sizes."""
 
     num_rollout: int | None = arg(None, "Number of rollouts (training iterations).", ge=1)
-    num_epoch: int | None = arg(None, "Number of epochs over --prompt-data (used when --num-rollout is unset).", ge=1)
+    num_epoch: int | None = arg(
+        None,
+        "Passes over --prompt-data: --num-rollout becomes epochs × (prompts // --rollout-batch-size), counted before "
+        "the run starts (ignored when --num-rollout is given).",
+        ge=1,
+    )
     disable_rollout_global_dataset: bool = arg(False, "No prompt dataset; custom generate functions make prompts.")
     data_source_path: str = arg(
         "slime_rollout.data_source.RolloutDataSourceWithBuffer", "Import path of the data source class."
@@ -145,4 +150,6 @@ class MultiTurnArgs(ArgsGroup):
 
     max_turns: int = arg(1, "Maximum model turns per trajectory in multi-turn rollouts.", ge=1)
     env_path: str | None = arg(None, "Import path (or entry-point name) of the multi-turn environment.")
-    loss_mask_type: str = arg("qwen", "Chat template family for SFT/multi-turn loss masks (qwen, qwen3, ...).")
+    loss_mask_type: Literal["qwen", "qwen3", "qwen3_5", "distill_qwen"] = arg(
+        "qwen", "Chat format of the SFT loss masks (slime_rollout.sft): qwen, qwen3, qwen3_5 or distill_qwen."
+    )

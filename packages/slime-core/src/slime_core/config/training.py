@@ -137,7 +137,11 @@ class FsdpArgs(ArgsGroup):
     fsdp_cpu_offload: bool = arg(False, "Keep parameters, gradients and optimizer states on CPU (FSDP2 offload).")
     fsdp_state_dict_cpu_offload: bool = arg(False, "Gather full state dicts to CPU.")
     fsdp_cpu_backend: str = arg("gloo", "Process-group backend for CPU tensors.")
-    deterministic_mode: bool = arg(False, "Use deterministic torch algorithms.")
+    deterministic_mode: bool = arg(
+        False,
+        "Deterministic trainer kernels: torch deterministic algorithms, cuBLAS workspace config, NCCL ring, Megatron's "
+        "deterministic mode (with --sglang-enable-deterministic-inference for reproducible runs).",
+    )
 
 
 class CheckpointArgs(ArgsGroup):

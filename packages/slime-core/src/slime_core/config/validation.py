@@ -114,7 +114,8 @@ def _placement(args: SlimeArgs) -> None:
     if args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
         raise ConfigError(
             f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} exceeds --num-gpus-per-node "
-            f"{args.num_gpus_per_node}: an engine must fit on one node"
+            f"{args.num_gpus_per_node}: engines spanning several nodes are not implemented; use at most "
+            f"{args.num_gpus_per_node} GPUs per engine (more engines serve more GPUs)"
         )
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.async_train and args.colocate:
@@ -166,8 +167,14 @@ def _batch_sizes(args: SlimeArgs) -> None:
 
 
 def _num_rollout(args: SlimeArgs) -> None:
-    if args.num_rollout is None:
-        raise ConfigError("--num-rollout is required (epochs: --num-rollout = epochs × prompts / --rollout-batch-size)")
+    # With --num-epoch alone, --num-rollout = epochs × (prompts // --rollout-batch-size) is counted from the data
+    # before the run starts (slime_app.resolve); until then it is None.
+    if args.num_rollout is None and args.num_epoch is None:
+        raise ConfigError("--num-rollout or --num-epoch is required")
+    if args.num_epoch is not None and args.disable_rollout_global_dataset:
+        raise ConfigError(
+            "--num-epoch counts passes over --prompt-data; with --disable-rollout-global-dataset give --num-rollout"
+        )
 
 
 def _algorithm(args: SlimeArgs) -> None:
@@ -198,6 +205,11 @@ def _algorithm(args: SlimeArgs) -> None:
         )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
+    if args.lr_decay_style == "WSD" or (args.lr_decay_style == "inverse-square-root" and args.train_backend == "fsdp"):
+        raise ConfigError(
+            f"--lr-decay-style {args.lr_decay_style} is not implemented with --train-backend {args.train_backend}; use "
+            "constant, linear or cosine"
+        )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-iters and --lr-warmup-fraction are mutually exclusive")
     if args.bf16 and args.fp16:
@@ -243,6 +255,9 @@ def _lengths(args: SlimeArgs) -> None:
 
 def _eval(args: SlimeArgs) -> None:
     data = args.eval_prompt_data
+    if data is not None and len(data) == 1:
+        # The original's legacy form: one path is the "aime" dataset.
+        args.eval_prompt_data = data = ["aime", data[0]]
     if data is not None and (len(data) == 0 or len(data) % 2):
         raise ConfigError(f"--eval-prompt-data takes pairs 'name path [name path ...]', got {len(data)} values")
     if data is not None:
