@@ -17,7 +17,7 @@ def _args(data: pathlib.Path, *extra: str):
         ["--train-backend", "fsdp", "--hf-checkpoint", str(MODEL), "--prompt-data", str(data),
          "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "2",
          "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
-         "--rollout-max-response-len", "8", *extra]
+         "--rollout-max-response-len", "8", "--actor-num-gpus-per-node", "1", *extra]
     )  # fmt: skip
 
 

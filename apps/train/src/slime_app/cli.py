@@ -36,10 +36,16 @@ def main(argv: list[str]) -> int:
         print("slime: no flags given, running the embedded demo (GRPO on a tiny model, CPU)", flush=True)
     try:
         cfg = parse_args(argv)
+        if cfg.dry_run:
+            from slime_app.dry_run import dry_run
+
+            print("\n".join(dry_run(cfg)))
+            return 0
         from slime_app.preflight import preflight
         from slime_app.resolve import resolve_config
 
-        preflight(cfg)
+        for note in preflight(cfg):
+            logging.getLogger("slime_app.preflight").info("%s", note)
         cfg, resolved = resolve_config(cfg)
         for note in resolved:
             logging.getLogger("slime_app.resolve").info("%s", note)

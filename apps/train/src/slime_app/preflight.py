@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
+from slime_app.checkpoints import check_checkpoints
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -96,23 +97,85 @@ def _has_chat_template(model_dir: str) -> bool:
         return bool(json.load(f).get("chat_template"))
 
 
-def preflight(cfg: SlimeArgs) -> None:
-    """Validates paths and data files named by the config.
+def _check_architecture(cfg: SlimeArgs) -> list[str]:
+    """Megatron architecture flags against `--hf-checkpoint`'s config.json; for Megatron, the model type too.
 
     Raises:
-        FileNotFoundError: a model directory or data file does not exist (message names the flag).
-        ValueError: a data file is malformed (message names the flag, file and line/row), or
-            `--train-backend megatron` on a local run without CUDA.
+        ValueError: a flag contradicts config.json (all such flags named), or the Megatron backend cannot build
+            this model type.
+    """
+    import json
+
+    from slime_core.config.architecture import check_architecture
+
+    with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
+        hf_config = json.load(f)
+    report = check_architecture(list(cfg.megatron_args), hf_config)
+    if report.mismatches:
+        raise ValueError(
+            f"--hf-checkpoint {cfg.hf_checkpoint}: Megatron architecture flags disagree with its config.json (the "
+            f"model is built from config.json; fix or remove them): {'; '.join(report.mismatches)}"
+        )
+    notes = []
+    if report.checked:
+        notes.append(f"{len(report.checked)} Megatron architecture flags agree with config.json")
+    if report.unchecked:
+        notes.append(
+            f"not checked (config.json of model_type {hf_config.get('model_type')!r} does not say): "
+            f"{' '.join(report.unchecked)}"
+        )
+    if cfg.train_backend == "megatron":
+        from slime_convert.model_args import ModelArgs
+
+        try:
+            ModelArgs.from_hf_config(hf_config)
+        except ValueError as e:
+            raise ValueError(
+                f"--train-backend megatron cannot build this model ({e}); use --train-backend fsdp"
+            ) from None
+    return notes
+
+
+def _check_hardware(cfg: SlimeArgs) -> None:
+    """A local run: Megatron needs CUDA, and without CUDA every trainer rank is a CPU process of this machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if cfg.train_backend == "megatron":
+        raise ValueError(
+            "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
+            "CUDA-only); on this machine use --train-backend fsdp"
+        )
+    ranks = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+    cores = os.cpu_count() or 1
+    if cfg.actor_num_nodes > 1 or ranks > cores:
+        raise ValueError(
+            f"no CUDA GPU here: --actor-num-nodes {cfg.actor_num_nodes} × --actor-num-gpus-per-node "
+            f"{cfg.actor_num_gpus_per_node} would start {ranks} CPU trainer ranks on one machine with {cores} cores; "
+            "on CPU use --actor-num-nodes 1 --actor-num-gpus-per-node 1 (or up to the core count)"
+        )
+
+
+def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
+    """Validates paths, data files, plugins, architecture flags and checkpoints named by the config.
+
+    Args:
+        cfg: the validated config.
+        hardware: check this machine can run it (local runs only: a remote cluster's GPUs are not visible from
+            here); False for `--dry-run`.
+
+    Returns:
+        Notes for the log (checkpoints found, flags checked).
+
+    Raises:
+        FileNotFoundError: a model directory, data file or `--ref-load` does not exist (message names the flag).
+        ValueError: a data file is malformed (message names the flag, file and line/row), an architecture flag
+            contradicts config.json, a checkpoint the backend cannot read, or hardware this run cannot use.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
-    if cfg.train_backend == "megatron" and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
-        import torch
-
-        if not torch.cuda.is_available():  # a remote cluster's GPUs are not visible from here: checked locally only
-            raise ValueError(
-                "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
-                "CUDA-only); on this machine use --train-backend fsdp"
-            )
+    if hardware and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+        _check_hardware(cfg)
     _check_plugins(cfg)
     if cfg.apply_chat_template and cfg.hf_checkpoint and not _has_chat_template(cfg.hf_checkpoint):
         raise ValueError(
@@ -123,7 +186,10 @@ def preflight(cfg: SlimeArgs) -> None:
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}")
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
+    notes = _check_architecture(cfg) if cfg.hf_checkpoint else []
+    notes += check_checkpoints(cfg)
     if cfg.prompt_data and not cfg.load_debug_rollout_data:
         _check_rows(cfg.prompt_data, cfg, "--prompt-data")
     for _name, path in cfg.eval_datasets:
         _check_rows(path, cfg, "--eval-prompt-data")
+    return notes

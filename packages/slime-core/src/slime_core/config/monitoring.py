@@ -60,6 +60,12 @@ class LoggingArgs(ArgsGroup):
 class DebugArgs(ArgsGroup):
     """Debug modes, dumps and CI assertions."""
 
+    dry_run: bool = arg(
+        False,
+        "Check everything that needs no hardware (flags, batch sizes, data files and their first rows, tokenizer and "
+        "chat template, plugins, architecture flags vs config.json, --load/--ref-load), print the resolved config "
+        "and exit; starts no Ray, engine or GPU work.",
+    )
     debug_rollout_only: bool = arg(False, "Only roll out (no trainer).")
     debug_train_only: bool = arg(False, "Only train (no engines); usually with --load-debug-rollout-data.")
     save_debug_rollout_data: str | None = arg(None, "Path template for rollout dumps ({rollout_id} substituted).")
