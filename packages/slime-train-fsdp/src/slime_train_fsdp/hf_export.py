@@ -28,6 +28,23 @@ logger = logging.getLogger(__name__)
 __all__ = ["iter_hf_buckets", "save_hf"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _source_dtype(source_dir: pathlib.Path) -> torch.dtype | None:
+    """The dtype the source checkpoint's config.json declares (`dtype`, formerly `torch_dtype`), if any."""
+    config = json.loads((source_dir / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype")
+    return next((dtype for dtype, n in _DTYPE_NAMES.items() if n == name), None)
+
+
+def _stamp_dtype(config_path: pathlib.Path, dtype: torch.dtype) -> None:
+    """Writes the dtype of the exported tensors into the copied config.json (`dtype`, and `torch_dtype` if present)."""
+    config = json.loads(config_path.read_text())
+    config["dtype"] = _DTYPE_NAMES[dtype]
+    if "torch_dtype" in config:
+        config["torch_dtype"] = _DTYPE_NAMES[dtype]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _hf_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -93,7 +110,8 @@ def save_hf(
         path: output directory (replaced if it exists).
         source_dir: `--hf-checkpoint`, whose config/tokenizer/generation files are copied.
         max_shard_bytes: shard size budget.
-        dtype: cast weights to this dtype (default: the source config's `dtype`, else the master dtype).
+        dtype: cast weights to this dtype (default: the source config's `dtype`, else the master dtype). The
+            copied config.json records the dtype the tensors were written in.
     """
     from safetensors.torch import save_file
 
@@ -101,22 +119,26 @@ def save_hf(
     tmp = out.with_name(out.name + ".tmp")
     rank = dist.get_rank()
     if dtype is None:
-        dtype = getattr(model.config, "dtype", None)
-        dtype = dtype if isinstance(dtype, torch.dtype) else None
+        # The checkpoint's own dtype, not the training (master) dtype the model was loaded in.
+        dtype = _source_dtype(pathlib.Path(source_dir))
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     shards: list[tuple[str, list[str]]] = []
     total = 0
+    written: set[torch.dtype] = set()
     for i, bucket in enumerate(iter_hf_buckets(model, max_shard_bytes, dtype=dtype)):
         if rank == 0:
             name = f"shard-{i:05d}.safetensors"
             save_file({k: v.cpu().contiguous() for k, v in bucket}, str(tmp / name), metadata={"format": "pt"})
             shards.append((name, [k for k, _ in bucket]))
             total += sum(v.numel() * v.element_size() for _, v in bucket)
+            written.update(v.dtype for _, v in bucket if v.is_floating_point())
     if rank == 0:
         _finish_shards(tmp, shards, total)
         _copy_assets(pathlib.Path(source_dir), tmp)
+        if len(written) == 1 and (tmp / "config.json").is_file():
+            _stamp_dtype(tmp / "config.json", written.pop())
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -45,7 +45,12 @@ class LoggingArgs(ArgsGroup):
     disable_wandb_random_suffix: bool = arg(False, "Do not append a random suffix to the W&B run name.")
     wandb_always_use_train_step: bool = arg(False, "Use train steps as the x-axis of every metric.")
     use_tensorboard: bool = arg(True, "Log metrics to TensorBoard (on by default here; --no-use-tensorboard).")
-    output_dir: str = arg("outputs", "Directory for run outputs (TensorBoard logs, reward curve, final HF export).")
+    output_dir: str = arg(
+        "outputs",
+        "Directory for run outputs: tensorboard/ (unless --tensorboard-dir), reward_curve.png, engine_logs/, "
+        "weight_sync/ (disk weight sync) and ref_load_hf/ (an FSDP --ref-load converted from torch_dist); "
+        "checkpoints go to --save, HF exports to --save-hf.",
+    )
     tensorboard_dir: str | None = arg(None, "TensorBoard log directory (default: <output-dir>/tensorboard).")
     tb_project_name: str | None = arg(
         None, "TensorBoard log directory, relative to --output-dir unless absolute (--tensorboard-dir wins)."
