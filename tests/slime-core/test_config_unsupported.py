@@ -53,7 +53,9 @@ def test_original_flags_that_are_not_fields_are_one_line_errors():
 
 @pytest.mark.parametrize("backend, style", [("fsdp", "WSD"), ("megatron", "WSD"), ("fsdp", "inverse-square-root")])
 def test_lr_decay_styles_the_backends_lack_fail_before_the_run(backend, style):
-    with pytest.raises(ConfigError, match=f"--lr-decay-style {style} is not implemented with --train-backend {backend}"):
+    with pytest.raises(
+        ConfigError, match=f"--lr-decay-style {style} is not implemented with --train-backend {backend}"
+    ):
         parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", backend, "--lr-decay-style",
                     style])  # fmt: skip
     parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--lr-decay-style", "inverse-square-root"])

@@ -38,7 +38,9 @@ def check_reward_nonzero_std(args: SlimeArgs, samples: list[Sample], **kwargs: A
     return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1)}" if rewards else "empty")
 
 
-def check_reward_nonzero_std_with_fallback(args: SlimeArgs, samples: list[Sample], **kwargs: Any) -> DynamicFilterOutput:
+def check_reward_nonzero_std_with_fallback(
+    args: SlimeArgs, samples: list[Sample], **kwargs: Any
+) -> DynamicFilterOutput:
     """`check_reward_nonzero_std`, but a zero-std group is kept when no other group could take its place.
 
     Prefers groups whose rewards differ without starting another over-sampling round for the last places.
