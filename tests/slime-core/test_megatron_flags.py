@@ -95,3 +95,12 @@ def test_original_unknown_flags_of_the_scripts_now_parse():
              "--use-gated-attention", "--moe-shared-expert-gate", "--no-position-embedding", "--enable-experimental",
              "--no-check-for-nan-in-loss-and-grad")  # fmt: skip
     assert set(flags) <= MEGATRON_FLAGS
+
+
+def test_raw_megatron_args_outside_the_table():
+    # A raw `megatron_args` list (YAML or code) may hold flags the table lacks: Megatron's own parser judges them
+    # (slime's --fp32 extension is one); under FSDP they are an error, not silently dropped.
+    raw = {"rollout_batch_size": 1, "num_rollout": 1, "megatron_args": ["--fp32"]}
+    assert SlimeArgs.from_dict({**raw, "train_backend": "megatron"}).megatron_args == ["--fp32"]
+    with pytest.raises(ConfigError, match=r"megatron_args: --fp32 is not a Megatron flag slime knows"):
+        SlimeArgs.from_dict({**raw, "train_backend": "fsdp"})

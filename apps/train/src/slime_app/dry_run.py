@@ -64,7 +64,9 @@ def render_config(cfg: SlimeArgs) -> list[str]:
             lines.append(f"  {prefix}{name.replace('_', '-')}{shown}")
     values = megatron_flag_values(list(cfg.megatron_args))
     for kind, label in _MEGATRON_KINDS.items():
-        flags = [f for f in values if getattr(MEGATRON_FLAG_RULES[f], cfg.train_backend) == kind]
+        flags = [
+            f for f in values if f in MEGATRON_FLAG_RULES and getattr(MEGATRON_FLAG_RULES[f], cfg.train_backend) == kind
+        ]
         if flags:
             lines.append(f"  Megatron flags, {label}: {' '.join(flags)}")
     return lines

@@ -123,10 +123,13 @@ class Run:
         self.trainer = None
         self.rollouts: Rollouts | None = None
         self.start_rollout_id = 0
-        # --num-epoch: num_rollout was counted as epochs × rollouts per epoch (slime_app.resolve).
-        self.per_epoch = cfg.num_rollout // cfg.num_epoch if cfg.num_epoch else None
         init_ray(cfg)
         self.placement = create_placement(cfg)
+
+    @property
+    def per_epoch(self) -> int | None:
+        """Rollouts per epoch with --num-epoch (num_rollout was counted as epochs × that, slime_app.resolve)."""
+        return self.cfg.num_rollout // self.cfg.num_epoch if self.cfg.num_epoch else None
 
     def build(self) -> int:
         """Starts engines and trainer ranks, pushes the initial weights; returns the start rollout id.

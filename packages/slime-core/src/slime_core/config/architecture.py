@@ -85,10 +85,6 @@ def _num_experts(cfg: dict[str, Any]) -> Any:
     return _get(cfg, "num_experts", "num_local_experts", "n_routed_experts")
 
 
-def _family(types: set[str], value: Any = True, other: Any = False) -> Callable[[dict[str, Any]], Any]:
-    return lambda cfg: (value if cfg.get("model_type") in types else other) if cfg.get("model_type") else _UNKNOWN
-
-
 def _known_family(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
     """`fn(cfg)` for the families this module knows; unknown model types cannot confirm the trait."""
     return lambda cfg: fn(cfg) if cfg.get("model_type") in _RMSNORM else _UNKNOWN
@@ -283,7 +279,7 @@ def check_architecture(megatron_args: list[str], hf_config: dict[str, Any]) -> A
     values = megatron_flag_values(megatron_args)
     report = ArchitectureReport(mismatches=[], unchecked=[], checked=[])
     for flag, given in values.items():
-        if MEGATRON_FLAG_RULES[flag].megatron != "check":
+        if flag not in MEGATRON_FLAG_RULES or MEGATRON_FLAG_RULES[flag].megatron != "check":
             continue
         expected = _EXPECT[flag](cfg)
         if flag == "--moe-layer-freq" and expected not in (_UNKNOWN, _IGNORED):

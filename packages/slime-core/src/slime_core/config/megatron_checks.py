@@ -63,7 +63,13 @@ def check_megatron_flags(args: SlimeArgs) -> None:
     values = megatron_flag_values(list(args.megatron_args))
     noop = []
     for flag, value in values.items():
-        rule = MEGATRON_FLAG_RULES[flag]
+        rule = MEGATRON_FLAG_RULES.get(flag)
+        if rule is None:
+            # Only a raw `megatron_args` list (YAML, code) holds flags outside the table: the Megatron backend's own
+            # parser judges them (and rejects the ones it does not know); FSDP has nothing to do with them.
+            if backend == "fsdp":
+                raise ConfigError(f"megatron_args: {flag} is not a Megatron flag slime knows (MIGRATION.md)")
+            continue
         kind = rule.megatron if backend == "megatron" else rule.fsdp
         if kind == "error":
             raise ConfigError(f"{flag} is not implemented with --train-backend {backend} ({rule.note}); remove it")
