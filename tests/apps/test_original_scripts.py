@@ -107,9 +107,6 @@ def swap_paths(flags: list[str], root: pathlib.Path, tokenizer_dir: pathlib.Path
     return out
 
 
-_SPEC = (
-    r"--spec is not implemented with --train-backend megatron \(names a Megatron layer spec.*use --train-backend fsdp"
-)
 _MULTI_NODE_ENGINE = r"exceeds --num-gpus-per-node 8: engines spanning several nodes are not implemented; use at most 8"
 _NOT_MEGATRON = (
     r"--train-backend megatron cannot build this model \(model_type='{}' is not supported.*use --train-backend fsdp"
@@ -130,10 +127,10 @@ EXPECTED = {
     "run-qwen3-235B-A22B": "--rollout-num-gpus-per-engine 32 " + _MULTI_NODE_ENGINE,
     "run-qwen3-30b-a3b-fp8": r"--fp8-format is not implemented with --train-backend megatron \(no FP8 training",
     "run-qwen3-4B-amd": r"--colocate always offloads the trainer while the engines run; drop --no-offload-train",
-    "run-glm4-9B": _SPEC,
-    "run-qwen3-next-80B-A3B": _SPEC,
-    "run-qwen3.5-27B": _SPEC,
-    "run-qwen3.5-35B-A3B-sft": _SPEC,
+    "run-glm4-9B": None,  # --spec get_glm_spec: sandwich norms, interleaved half RoPE, CP 2 (Megatron builds GLM4)
+    "run-qwen3-next-80B-A3B": _NOT_MEGATRON.format("qwen3_next"),
+    "run-qwen3.5-27B": _NOT_MEGATRON.format("qwen3_5"),
+    "run-qwen3.5-35B-A3B-sft": _NOT_MEGATRON.format("qwen3_5_moe"),
     "run-glm4.7-30B-A3B": r"--make-vocab-size-divisible-by 64 is not implemented with --train-backend megatron, only",
     "run-glm4.7-355B-A32B": "--rollout-num-gpus-per-engine 32 " + _MULTI_NODE_ENGINE,
     "run-deepseek-r1": "--rollout-num-gpus-per-engine 64 " + _MULTI_NODE_ENGINE,

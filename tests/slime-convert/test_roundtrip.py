@@ -20,7 +20,7 @@ def _load_hf_dir(path):
     return out
 
 
-@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama", "qwen3_moe", "glm4"])
 def test_hf_to_mcore_to_hf_is_bit_identical(model_type, tiny_hf_model, tmp_path):
     _, hf_dir = tiny_hf_model(model_type)
     original = _load_hf_dir(hf_dir)

@@ -55,6 +55,25 @@ def test_a_script_for_another_checkpoint_is_caught_flag_by_flag():
     assert "--add-qkv-bias" in report.checked  # both have q/k/v biases
 
 
+def test_spec_names_the_layer_the_megatron_backend_builds():
+    glm_spec = ["--spec", "slime_plugins.models.glm4", "get_glm_spec"]
+    assert check_architecture(glm_spec, _config("GLM-Z1-9B-0414")).checked == ["--spec"]
+    report = check_architecture(["--spec", "my_specs", "get_spec"], _config("GLM-Z1-9B-0414"))
+    assert report.mismatches == [
+        "--spec my_specs get_spec: config.json says a model whose Megatron layer is slime_plugins.models.glm4 "
+        "get_glm_spec"
+    ]
+    report = check_architecture(glm_spec, _config("Qwen3-4B"))
+    assert report.mismatches == [
+        "--spec slime_plugins.models.glm4 get_glm_spec: config.json says a model whose Megatron layer is "
+        "megatron-core's GPT layer (no --spec)"
+    ]
+    # A model the Megatron backend cannot build: preflight says so first; FSDP runs the HF model, whatever the spec.
+    assert check_architecture(glm_spec, {"model_type": "qwen3_next"}).unchecked == ["--spec"]
+    fsdp = check_architecture(glm_spec, _config("Qwen3-4B"), backend="fsdp")
+    assert (fsdp.checked, fsdp.mismatches, fsdp.unchecked) == ([], [], [])
+
+
 def test_moe_flags_against_the_moe_config():
     tokens = ["--num-experts", "128", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "768", "--moe-layer-freq",
               "[0]*2+[1]*46", "--moe-router-pre-softmax", "--moe-router-enable-expert-bias"]  # fmt: skip

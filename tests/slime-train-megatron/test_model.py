@@ -22,7 +22,7 @@ def _build(hf_dir):
     return model, model_args
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "qwen3_moe", "glm4"])
 def test_direct_hf_load_export_and_logits(model_type, tiny_hf, megatron_cpu_world):
     from safetensors.torch import load_file
 
@@ -46,6 +46,32 @@ def test_direct_hf_load_export_and_logits(model_type, tiny_hf, megatron_cpu_worl
     with torch.no_grad():
         logits = model(tokens, torch.arange(6)[None], attention_mask=mask)
     torch.testing.assert_close(logits[..., :300], hf_model(tokens).logits, atol=1e-4, rtol=0)
+
+
+def test_glm4_torch_dist_checkpoint_loads_strictly(tiny_hf, megatron_cpu_world, tmp_path):
+    """GLM4 through slime-convert's torch_dist (what an FSDP/Megatron `--ref-load` holds) into the GLM4 layers."""
+    from megatron.core import dist_checkpointing
+
+    from slime_convert import hf_to_mcore
+    from slime_train_megatron.layers import SandwichNormTransformerLayer
+    from slime_train_megatron.model import build_gpt_model, build_transformer_config
+
+    hf_model, hf_dir = tiny_hf("glm4")
+    ckpt = hf_to_mcore(hf_dir, tmp_path / "mcore", progress=False)
+    model_args = ModelArgs.from_hf_dir(hf_dir)
+    settings = MegatronSettings(fp32=True, transformer_impl="local")
+    model = build_gpt_model(model_args, settings, build_transformer_config(model_args, settings, cpu=True)).eval()
+    assert all(isinstance(layer, SandwichNormTransformerLayer) for layer in model.decoder.layers)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt))
+    missing, unexpected = model.load_state_dict(state["model"], strict=True)
+    assert not missing and not unexpected
+    norm = model.decoder.layers[1].post_mlp_layernorm.weight
+    torch.testing.assert_close(norm, hf_model.model.layers[1].post_mlp_layernorm.weight, atol=0, rtol=0)
+    tokens = torch.tensor([[7, 250, 3, 41, 12]])
+    mask = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)[None, None]
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(5)[None], attention_mask=mask)
+    torch.testing.assert_close(logits[..., :300], hf_model(tokens).logits, atol=1e-4, rtol=0)  # fp32
 
 
 def test_response_log_probs_from_packed_logits_match_hf(tiny_hf, megatron_cpu_world):

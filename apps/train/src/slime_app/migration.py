@@ -65,7 +65,8 @@ def megatron_rows() -> list[tuple[str, str, str, str]]:
     rows = []
     for flag in sorted(MEGATRON_FLAG_RULES):
         rule = MEGATRON_FLAG_RULES[flag]
-        note = rule.note.replace("|", "/") if rule.megatron != "check" else "model shape: the model is config.json's"
+        shape = rule.megatron == "check" and not rule.note  # an architecture flag (--spec carries its own note)
+        note = "model shape: the model is config.json's" if shape else rule.note.replace("|", "/")
         rows.append((flag, _word(rule.megatron, rule), _word(rule.fsdp, rule), note))
     return rows
 

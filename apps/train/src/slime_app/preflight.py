@@ -110,7 +110,16 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
 
     with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
         hf_config = json.load(f)
-    report = check_architecture(list(cfg.megatron_args), hf_config)
+    if cfg.train_backend == "megatron":  # the model type first: flag mismatches do not matter if it cannot be built
+        from slime_convert.model_args import ModelArgs
+
+        try:
+            ModelArgs.from_hf_config(hf_config)
+        except ValueError as e:
+            raise ValueError(
+                f"--train-backend megatron cannot build this model ({e}); use --train-backend fsdp"
+            ) from None
+    report = check_architecture(list(cfg.megatron_args), hf_config, cfg.train_backend)
     if report.mismatches:
         raise ValueError(
             f"--hf-checkpoint {cfg.hf_checkpoint}: Megatron architecture flags disagree with its config.json (the "
@@ -124,15 +133,6 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
             f"not checked (config.json of model_type {hf_config.get('model_type')!r} does not say): "
             f"{' '.join(report.unchecked)}"
         )
-    if cfg.train_backend == "megatron":
-        from slime_convert.model_args import ModelArgs
-
-        try:
-            ModelArgs.from_hf_config(hf_config)
-        except ValueError as e:
-            raise ValueError(
-                f"--train-backend megatron cannot build this model ({e}); use --train-backend fsdp"
-            ) from None
     return notes
 
 

@@ -22,6 +22,7 @@ from megatron.core.transformer import TransformerConfig
 from slime_convert import ModelArgs
 from slime_convert.hf_io import HFCheckpointReader
 from slime_convert.mapping import mcore_tensor_from_hf, mcore_to_hf
+from slime_train_megatron.layers import sandwich_norm_spec
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
 
@@ -142,8 +143,12 @@ def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[
 
 
 def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: TransformerConfig) -> GPTModel:
-    """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local)."""
-    if use_transformer_engine(settings):
+    """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local).
+
+    GLM4's post-sublayer norms (`ModelArgs.sandwich_norm`) come from `slime_train_megatron.layers`.
+    """
+    use_te = use_transformer_engine(settings)
+    if use_te:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         spec = get_gpt_layer_with_transformer_engine_spec(
@@ -158,6 +163,8 @@ def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: T
             qk_layernorm=model_args.qk_layernorm,
             normalization="RMSNorm",
         )
+    if model_args.sandwich_norm:
+        spec = sandwich_norm_spec(spec, use_te=use_te)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

@@ -151,6 +151,20 @@ def _head_dim(cfg: dict[str, Any]) -> Any:
     return _UNKNOWN
 
 
+# The original's `--spec <module> <function>` per model_type the Megatron backend builds itself
+# (`slime_train_megatron.layers`); the model types of megatron-core's plain GPT layer take no --spec.
+_SPECS = {"glm4": ["slime_plugins.models.glm4", "get_glm_spec"]}
+_GPT_LAYER = {"qwen2", "qwen3", "llama", "qwen3_moe"}
+
+
+def _spec(cfg: dict[str, Any]) -> Any:
+    """The `--spec` the Megatron backend's layer for this model equals; unknown for models it cannot build."""
+    model_type = cfg.get("model_type")
+    if model_type in _SPECS:
+        return _SPECS[model_type]
+    return "megatron-core's GPT layer (no --spec)" if model_type in _GPT_LAYER else _UNKNOWN
+
+
 def _activation(name: str) -> Callable[[dict[str, Any]], Any]:
     return lambda cfg: _get(cfg, "hidden_act", "hidden_activation", default="silu") == name
 
@@ -216,6 +230,7 @@ _EXPECT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "--moe-router-num-groups": lambda c: _get(c, "n_group"),
     "--moe-router-group-topk": lambda c: _get(c, "topk_group"),
     "--moe-layer-freq": _moe_layer_pattern,
+    "--spec": _spec,
     "--mtp-num-layers": lambda c: _get(c, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
 }  # fmt: skip
 
@@ -262,13 +277,17 @@ def _matches(given: Any, expected: Any) -> bool:
     return str(given).lower() == str(expected).lower()
 
 
-def check_architecture(megatron_args: list[str], hf_config: dict[str, Any]) -> ArchitectureReport:
+def check_architecture(
+    megatron_args: list[str], hf_config: dict[str, Any], backend: str = "megatron"
+) -> ArchitectureReport:
     """Compares the architecture flags among `megatron_args` with `hf_config`.
 
     Args:
         megatron_args: the raw Megatron tokens of the config (`SlimeArgs.megatron_args`).
         hf_config: the parsed config.json of `--hf-checkpoint` (for multimodal configs, the text part
             `text_config` is used when present).
+        backend: `--train-backend`; only the flags whose rule for it is `check` are compared (`--spec` is
+            checked for Megatron only: FSDP runs the HF model whatever the spec).
 
     Returns:
         The mismatches, the flags that could not be checked and the ones that agree.
@@ -279,7 +298,8 @@ def check_architecture(megatron_args: list[str], hf_config: dict[str, Any]) -> A
     values = megatron_flag_values(megatron_args)
     report = ArchitectureReport(mismatches=[], unchecked=[], checked=[])
     for flag, given in values.items():
-        if flag not in MEGATRON_FLAG_RULES or MEGATRON_FLAG_RULES[flag].megatron != "check":
+        rule = MEGATRON_FLAG_RULES.get(flag)
+        if rule is None or (rule.megatron if backend == "megatron" else rule.fsdp) != "check":
             continue
         expected = _EXPECT[flag](cfg)
         if flag == "--moe-layer-freq" and expected not in (_UNKNOWN, _IGNORED):
@@ -295,7 +315,10 @@ def check_architecture(megatron_args: list[str], hf_config: dict[str, Any]) -> A
         elif _matches(given, expected):
             report.checked.append(flag)
         else:
-            shown = "" if given is True else f" {given}" if not isinstance(given, list) else " <pattern>"
+            if isinstance(given, list):
+                shown = f" {' '.join(given)}" if flag == "--spec" else " <pattern>"
+            else:
+                shown = "" if given is True else f" {given}"
             report.mismatches.append(f"{flag}{shown}: config.json says {_describe(flag, expected)}")
     return report
 
@@ -303,6 +326,8 @@ def check_architecture(megatron_args: list[str], hf_config: dict[str, Any]) -> A
 def _describe(flag: str, expected: Any) -> str:
     if isinstance(expected, bool):
         return "the model has no such feature" if not expected else "the model has it"
+    if flag == "--spec":
+        return f"a model whose Megatron layer is {' '.join(expected) if isinstance(expected, list) else expected}"
     if isinstance(expected, list):
         return f"MoE layers {''.join(map(str, expected))} (1 = MoE)"
     return f"{expected}"

@@ -163,9 +163,10 @@ MEGATRON_FLAG_RULES.update({
     "--cross-entropy-loss-fusion": _kernel(),
     "--cross-entropy-fusion-impl": _kernel(),
     "--qwen-gdn-backend": _kernel(),
-    "--spec": FlagRule("error", "noop", "names a Megatron layer spec: the Megatron backend builds Qwen2/Qwen3/Llama/"
-                       "Qwen3-MoE from config.json (use --train-backend fsdp for other models); under FSDP the HF "
-                       "model is the spec"),
+    "--spec": FlagRule("check", "noop", "names a Megatron layer spec: the Megatron backend builds its layers from "
+                       "config.json (Qwen2/Qwen3/Llama/Qwen3-MoE: megatron-core's GPT layer; GLM4: the original's "
+                       "slime_plugins.models.glm4 get_glm_spec) and checks that the spec names that layer; under "
+                       "FSDP the HF model is the spec"),
     "--make-vocab-size-divisible-by": FlagRule("neutral", "noop", "the embedding rows are padded to a multiple of "
                                                "128 × TP (Megatron); FSDP keeps the HF vocabulary", neutral="128"),
     "--padded-vocab-size": FlagRule("error", "error", "use --make-vocab-size-divisible-by"),
