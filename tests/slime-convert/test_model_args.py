@@ -105,8 +105,7 @@ def _script_flags(name: str) -> dict[str, str | bool]:
 def test_glm4_flags_match_the_original_glm4_9b_script():
     config = json.loads((FIXTURES / "hf-configs" / "GLM-Z1-9B-0414.json").read_text())
     args = ModelArgs.from_hf_config(config)
-    assert (args.rotary_percent, args.rotary_interleaved, args.sandwich_norm, args.fused_gate_up) == (0.5, True,
-                                                                                                   True, True)  # fmt: skip
+    assert args.rotary_percent == 0.5 and args.rotary_interleaved and args.sandwich_norm and args.fused_gate_up
     assert args.add_qkv_bias and not args.qk_layernorm and args.kv_channels == 128
     script = _script_flags("run-glm4-9B")  # scripts/models/glm4-9B.sh expanded
     flags = args.megatron_flags()

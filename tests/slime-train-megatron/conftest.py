@@ -18,8 +18,14 @@ FAMILIES = {
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
     # GLM-4-0414: q/k/v biases, interleaved RoPE on half of each head, sandwich norms, fused gate_up_proj.
-    "glm4": dict(head_dim=16, attention_bias=True, partial_rotary_factor=0.5, tie_word_embeddings=False,
-                 pad_token_id=0, eos_token_id=1),
+    "glm4": dict(
+        head_dim=16,
+        attention_bias=True,
+        partial_rotary_factor=0.5,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+    ),
 }
 
 
