@@ -153,6 +153,12 @@ class EngineClient(HttpEndpoint):
             )
         )
 
+    async def update_weight_version(self, new_version: str) -> dict:
+        """POST /update_weight_version `{"new_version", "abort_all_requests": false}` (the push's version fence)."""
+        return await self.request(
+            "POST", "/update_weight_version", {"new_version": str(new_version), "abort_all_requests": False}
+        )
+
     async def _post(self, req: wire.WeightUpdateRequest) -> Any:
         """POSTs a `slime_rollout.wire` request record to its endpoint."""
         return await self.request("POST", req.endpoint, req.to_json())
