@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from slime_core.config import SlimeArgs
-from slime_rollout.client import EngineError, RolloutClient
+from slime_rollout.client import RolloutClient
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.weight_sync import (
     DiskWeightUpdater,
