@@ -126,7 +126,12 @@ class HealthMonitor:
         verdicts = await asyncio.gather(*(self._check(i) for i in todo))
         for index, reason in zip(todo, verdicts, strict=True):
             if reason is not None:
-                self._recovering[index] = asyncio.get_running_loop().create_task(self._recover(index, reason))
+                self.recover(index, reason)
+
+    def recover(self, index: int, reason: str) -> None:
+        """Starts the recovery of engine `index` (unless one runs): out of service, restart, restore, serve."""
+        if index not in self._recovering:
+            self._recovering[index] = asyncio.get_running_loop().create_task(self._recover(index, reason))
 
     async def _check(self, index: int) -> str | None:
         """None when engine `index` is healthy, else why not."""
