@@ -87,6 +87,8 @@ def launch_or_attach_engines(cfg: SlimeArgs, rollout_gpu_ids: list[int]) -> tupl
         base_gpu_ids=[rollout_gpu_ids[i * per_engine] for i in range(num_engines)] if rollout_gpu_ids else None,
         colocate=cfg.colocate,
         log_dir=os.path.join(cfg.output_dir, "engine_logs"),
+        # The node's address, not loopback: trainer ranks on other nodes push weights to the engines.
+        host=ray.util.get_node_ip_address(),
     )
     return engines, EngineAddresses(urls=list(engines.urls), router_url=engines.router_url)
 
