@@ -42,7 +42,7 @@ def _argv(model: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
         "--prompt-data", str(GSM8K), "--input-key", "question", "--label-key", "answer", "--apply-chat-template",
         "--rm-type", "math", "--advantage-estimator", "grpo",
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "8",
-        "--rollout-max-response-len", "160", "--rollout-temperature", "1.0",
+        "--rollout-max-response-len", "800", "--rollout-temperature", "1.0",
         "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--colocate", "--lr", "1e-4",
         "--num-rollout", "3", "--output-dir", str(out),
         "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt"),
@@ -52,8 +52,11 @@ def _argv(model: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # engines are local: never via a proxy
+
+
 def _running(url: str) -> int:
-    with urllib.request.urlopen(url + "/v1/loads", timeout=2) as r:
+    with _DIRECT.open(url + "/v1/loads", timeout=2) as r:
         return sum(x["num_running_reqs"] for x in json.loads(r.read())["loads"])
 
 
@@ -79,16 +82,15 @@ def _run_with_fault(argv: list[str], sig: signal.Signals) -> tuple[subprocess.Co
             time.sleep(0.2)
         url = sorted(engines)[0]
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not fault:
             try:
                 if _running(url) > 0:
                     os.kill(engines[url], sig)
                     fault = {"url": url, "pid": engines[url], "at": time.monotonic()}
-                    break
             except OSError:
                 pass
             time.sleep(0.02)
-        assert fault, "engine 0 never had requests running after rollout 0"
+        assert fault, f"engine {url} never had requests running after rollout 0:\n" + "".join(lines[-40:])
         proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
