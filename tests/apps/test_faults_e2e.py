@@ -81,7 +81,7 @@ def _run_with_fault(argv: list[str], sig: signal.Signals) -> tuple[subprocess.Co
             assert proc.poll() is None, "".join(lines[-80:])
             time.sleep(0.2)
         url = sorted(engines)[0]
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # training and the weight push of rollout 0 come first
         while time.monotonic() < deadline and not fault:
             try:
                 if _running(url) > 0:
