@@ -105,6 +105,12 @@ def test_gsm8k_two_rollouts(tiny_qwen3, tmp_path):
     diffs = _scalars(out / "tensorboard", "train/train_rollout_logprob_abs_diff")
     assert diffs[0] < 1e-4
     assert (out / "reward_curve.png").stat().st_size > 0
+    # Goodput: every accepted model token is counted; the random model scores 0, so no advantage is non-zero.
+    generated = {r: float(sum(sum(s["loss_mask"]) for s in _dump(out, r))) for r in (0, 1)}
+    assert _scalars(out / "tensorboard", "goodput/tokens_generated") == generated
+    assert _scalars(out / "tensorboard", "goodput/cum/tokens_zero_advantage")[1] == generated[0] + generated[1]
+    assert _scalars(out / "tensorboard", "goodput/cum/tokens_trained")[1] == 0.0
+    assert "0.0% of generated tokens trained on" in proc.stdout and (out / "goodput.json").exists()
 
     from transformers import AutoModelForCausalLM
 

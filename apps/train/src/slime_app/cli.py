@@ -67,6 +67,8 @@ def main(argv: list[str]) -> int:
             print(f"eval accuracy: {first_series[0][1]:.3f} -> {first_series[-1][1]:.3f}")
         else:
             print(f"eval accuracy: {first_series[0][1]:.3f} (one eval)")
+    if run.goodput.num_rollouts:
+        print(run.goodput.summary())
     print(f"wall time: {wall:.0f} s")
     for label, path in outputs.items():
         print(f"{label}: {path}")

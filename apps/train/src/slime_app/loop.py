@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from slime_app.cluster import create_placement, init_ray
+from slime_app.goodput import GoodputMeter
 from slime_app.rollout_manager import RolloutManager
 from slime_app.tracking import Tracker
 from slime_app.train_actor import TrainGroup
@@ -111,6 +112,7 @@ class Run:
         self.output_dir = cfg.output_dir
         os.makedirs(self.output_dir, exist_ok=True)
         self.tracker = Tracker(cfg, self.output_dir)
+        self.goodput = GoodputMeter(cfg)
         self.manager = None
         self.trainer = None
         self.rollouts: Rollouts | None = None
@@ -167,6 +169,7 @@ class Run:
         cfg = self.cfg
         t0 = time.perf_counter()
         batch_refs, metrics = self.rollouts.take(rollout_id)
+        metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
             metrics.update(self.train(rollout_id, batch_refs))
             if cfg.save and (
@@ -177,6 +180,7 @@ class Run:
                 self.rollouts.settle()  # async: the engines never change weights mid-generation
                 metrics.update(self.sync_weights(rollout_id + 1))
         metrics["perf/step_time"] = time.perf_counter() - t0
+        metrics.update(self.goodput.update(metrics))
         self.tracker.log(rollout_id, metrics)
         self.tracker.rollout_done(rollout_id, metrics)
         if cfg.eval_prompt_data and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout):
@@ -240,6 +244,7 @@ class Run:
     def evaluate(self, rollout_id: int) -> None:
         """Runs the eval datasets and logs `eval/*`."""
         metrics = ray.get(self.manager.eval.remote(rollout_id))
+        self.goodput.add_eval(metrics.get("perf/eval_time"))
         self.tracker.log(rollout_id, metrics)
         self.tracker.eval_line(rollout_id, metrics)
 
@@ -257,6 +262,8 @@ class Run:
             outputs["curve"] = self.tracker.save_curve(os.path.join(self.output_dir, "reward_curve.png"))
         if self.tracker.tensorboard_dir:
             outputs["tensorboard"] = self.tracker.tensorboard_dir
+        if self.goodput.num_rollouts:
+            outputs["goodput"] = self.goodput.save(os.path.join(self.output_dir, "goodput.json"))
         if self.cfg.save:
             outputs["checkpoints"] = self.cfg.save
         engine_logs = os.path.join(self.output_dir, "engine_logs")

@@ -124,6 +124,18 @@ def plugin_args(cfg: SlimeArgs, addresses: EngineAddresses) -> PluginArgs:
     return PluginArgs.from_config(cfg, engine_urls=urls, router_url=router_url)
 
 
+def goodput_fates(samples: list[Any], batches: list[Any], metrics: dict[str, float]) -> dict[str, float]:
+    """`goodput/tokens_*` of one rollout: the rollout function's buckets plus the tokens no batch took.
+
+    A custom rollout function reports no buckets: its accepted samples then count as all that was generated.
+    """
+    from slime_rollout.goodput import batch_token_fates, rollout_token_fates
+
+    out = {} if "goodput/tokens_generated" in metrics else rollout_token_fates(samples, {})
+    out.update(batch_token_fates(samples, [float(sum(float(m.sum()) for m in b.loss_masks)) for b in batches]))
+    return out
+
+
 @ray.remote
 class RolloutManager:
     """Owns engines, data source and the rollout function for the whole run.
@@ -195,6 +207,7 @@ class RolloutManager:
         # The plugin view, not the bare config: --custom-reward-post-process-path is a plugin too.
         batches = build_rollout_batches(args, samples, dp_size=dp_size_of(self.cfg))
         metrics["perf/data_preprocess_time"] = time.perf_counter() - t0
+        metrics.update(goodput_fates(samples, batches, metrics))
         return [ray.put(b) for b in batches], metrics
 
     def eval(self, rollout_id: int) -> dict[str, float]:
