@@ -90,7 +90,7 @@ def _run(monkeypatch, **fields):
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.manager, run.trainer, run.tracker = cfg, _Actor(events), _Trainer(events), _Tracker()
     run.start_rollout_id = 0
-    run.goodput = loop.GoodputMeter(cfg)
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
     run.rollouts = loop.Rollouts(
         run.manager, cfg.num_rollout, ahead=cfg.async_train, update_weights_interval=cfg.update_weights_interval
     )

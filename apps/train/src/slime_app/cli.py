@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2
 
+    from slime_app.guards import RunStopped
     from slime_app.loop import Run
 
     started = time.perf_counter()
@@ -54,6 +55,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("slime: interrupted, shutting down", file=sys.stderr)
         return 130
+    except RunStopped as e:
+        print(f"slime: stopped: {e}", file=sys.stderr)
+        return 3
     finally:
         if run is not None:
             run.close()

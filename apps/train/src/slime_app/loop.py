@@ -21,6 +21,8 @@ import ray
 
 from slime_app.cluster import create_placement, init_ray
 from slime_app.goodput import GoodputMeter
+from slime_app.guards import RunStopped, first_step_logprob_gate
+from slime_app.instability import InstabilityMonitor
 from slime_app.rollout_manager import RolloutManager
 from slime_app.tracking import Tracker
 from slime_app.train_actor import TrainGroup
@@ -33,10 +35,6 @@ _TRANSPORTS = {  # --weight-sync after validation resolved "auto"
     "disk": "disk (safetensors the engines reload)",
     "distributed": "distributed (broadcast group with the engines: NCCL on GPUs, gloo on CPU)",
 }
-
-# Above this mean |trainer log-prob − rollout log-prob| on the first step something is wrong with weight
-# sync, temperature or masking (fp32 CPU runs agree to ~1e-6; bf16 GPU runs to ~1e-2).
-LOGPROB_DIFF_WARN = 0.05
 
 
 def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
@@ -113,6 +111,7 @@ class Run:
         os.makedirs(self.output_dir, exist_ok=True)
         self.tracker = Tracker(cfg, self.output_dir)
         self.goodput = GoodputMeter(cfg)
+        self.instability = InstabilityMonitor(cfg)
         self.manager = None
         self.trainer = None
         self.rollouts: Rollouts | None = None
@@ -181,17 +180,26 @@ class Run:
                 metrics.update(self.sync_weights(rollout_id + 1))
         metrics["perf/step_time"] = time.perf_counter() - t0
         metrics.update(self.goodput.update(metrics))
+        findings = self.instability.observe(rollout_id, metrics)
+        metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.rollout_done(rollout_id, metrics)
+        if rollout_id == self.start_rollout_id and not cfg.debug_rollout_only:
+            first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
+        self._stop_on(findings)
         if cfg.eval_prompt_data and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout):
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
 
+    def _stop_on(self, findings: list) -> None:
+        if findings and self.cfg.stop_on_instability:
+            raise RunStopped(f"{findings[0].message} (--stop-on-instability)")
+
     def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
         """Trains on one rollout's per-DP-rank batches; returns `train/*` and `perf/train_time` (seconds).
 
-        Colocated, the engines release their memory first and the trainer wakes up. On the first step the
-        trainer's log-probs of the rollout tokens are checked against the engine's.
+        Colocated, the engines release their memory first and the trainer wakes up. (`step` checks the first
+        step's trainer log-probs against the engine's: `slime_app.guards.first_step_logprob_gate`.)
         """
         swap: dict[str, float] = {}
         if self.cfg.colocate:
@@ -202,14 +210,6 @@ class Run:
         metrics = self._prefix("train", train_metrics)
         metrics["perf/train_time"] = time.perf_counter() - t0
         metrics.update(swap)
-        diff = train_metrics.get("train/train_rollout_logprob_abs_diff")
-        if diff is not None and rollout_id == self.start_rollout_id and diff > LOGPROB_DIFF_WARN:
-            logger.warning(
-                "FIRST-STEP CHECK FAILED: mean |trainer log-prob - rollout log-prob| = %.4g > %.2g. "
-                "Engine weights, temperature or masks disagree with the trainer.",
-                diff,
-                LOGPROB_DIFF_WARN,
-            )
         return metrics
 
     def save(self, rollout_id: int) -> float:
@@ -245,8 +245,11 @@ class Run:
         """Runs the eval datasets and logs `eval/*`."""
         metrics = ray.get(self.manager.eval.remote(rollout_id))
         self.goodput.add_eval(metrics.get("perf/eval_time"))
+        findings = self.instability.observe_eval(rollout_id, metrics)
+        metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.eval_line(rollout_id, metrics)
+        self._stop_on(findings)
 
     def finish(self) -> dict[str, str]:
         """Final HF export and the curve PNG; returns the output paths."""
