@@ -14,6 +14,7 @@ from typing import Any
 import ray
 
 from slime_app.cluster import Placement, free_port
+from slime_app.guards import RunStopped
 from slime_app.registry import TRAIN_BACKENDS
 from slime_core.config import SlimeArgs
 
@@ -58,6 +59,7 @@ class TrainActor:
         self.cfg: SlimeArgs | None = None  # set by `init`
         self.backend = None
         self.updater = None
+        self.sync_checker = None
 
     def rendezvous(self) -> tuple[str, int]:
         """Address of rank 0's rendezvous (given to the other ranks)."""
@@ -108,15 +110,18 @@ class TrainActor:
 
     def connect_engines(self, engine_urls: list[str]) -> None:
         """Builds the weight updater towards the engines (rank 0 sends; all ranks gather)."""
-        from slime_app.weights import make_weight_updater
+        from slime_app.weights import make_sync_checker, make_weight_updater
 
         self.updater = make_weight_updater(self.cfg, engine_urls, rank=self.rank)
+        self.sync_checker = make_sync_checker(self.cfg, engine_urls, rank=self.rank)
 
     def update_weights(self, weight_version: int) -> dict[str, float]:
         """Pushes the current weights to every engine, tagged with `weight_version`."""
         from slime_app.weights import push_weights
 
-        return push_weights(self.backend, self.updater, self.cfg, weight_version, rank=self.rank)
+        return push_weights(
+            self.backend, self.updater, self.cfg, weight_version, rank=self.rank, checker=self.sync_checker
+        )
 
     def shutdown(self) -> None:
         """Leaves the process group."""
@@ -188,8 +193,20 @@ class TrainGroup:
         self._all("connect_engines", engine_urls)
 
     def update_weights(self, weight_version: int) -> dict[str, float]:
-        """Weight sync; returns rank 0's timing metrics."""
-        return self._all("update_weights", weight_version)[0]
+        """Weight sync; returns rank 0's timing (and weight-check) metrics.
+
+        Raises:
+            slime_app.guards.RunStopped: the weight-content check found other values on an engine.
+        """
+        from slime_rollout.weight_check import WeightSyncMismatch
+
+        try:
+            return self._all("update_weights", weight_version)[0]
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, WeightSyncMismatch):
+                raise RunStopped(str(cause)) from None
+            raise
 
     def shutdown(self) -> None:
         """Destroy process groups and kill the actors."""

@@ -149,6 +149,15 @@ class EngineClient(HttpEndpoint):
         """POSTs a `slime_rollout.wire` request record to its endpoint."""
         return await self.request("POST", req.endpoint, req.to_json())
 
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """POST /get_weights_by_name `{"name", "truncate_size"}`: the parameter's first entries along dim 0.
+
+        SGLang answers `weight.float().tolist()[:truncate_size]` under the Hugging Face name (rows of a 2-D
+        weight; with TP, the gathered or first-rank rows) for the model classes that implement it, and HTTP 400
+        ("Get parameter by name failed") for the others.
+        """
+        return await self.request("POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
+
     async def get_weight_version(self) -> str | None:
         """The engine's `weight_version`, from GET /model_info.
 

@@ -88,9 +88,10 @@ class DebugArgs(ArgsGroup):
 
 
 class HealthArgs(ArgsGroup):
-    """Run-health checks: the first-step log-prob gate and early warnings of collapse and reward hacking.
+    """Run-health checks: weight-sync content, the first-step log-prob gate, and early warnings of instability.
 
-    The instability rules live in `slime_app.instability`; a threshold of 0 turns its rule off.
+    The weight check is `slime_rollout.weight_check`; the instability rules live in `slime_app.instability`
+    (a threshold of 0 turns its rule off).
     """
 
     first_step_logprob_diff_threshold: float = arg(
@@ -99,6 +100,15 @@ class HealthArgs(ArgsGroup):
         "exceeds this (engine weights, temperature or masks disagree with the trainer); 0: off.",
         ge=0,
     )
+    check_weight_sync: bool = arg(
+        True,
+        "After a weight sync, read a sample of the pushed tensors back from every engine (/get_weights_by_name) "
+        "and stop the run if they differ.",
+    )
+    check_weight_sync_interval: int = arg(
+        0, "Check the first weight sync and then every this many syncs (0: the first only).", ge=0
+    )
+    check_weight_sync_tensors: int = arg(4, "Tensors sampled per weight-sync check.", ge=1)
     stop_on_instability: bool = arg(False, "Stop the run with one line when an instability rule fires.")
     instability_window: int = arg(10, "Rollouts in the rolling median that spike rules compare with.", ge=1)
     instability_warmup: int = arg(3, "Rollouts observed before the relative rules can fire (their baseline).", ge=1)

@@ -340,6 +340,22 @@ class ReferenceModel:
                 n += 1
         return n
 
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).
+
+        As SGLang, a tied `lm_head.weight` reads the embedding. For a 2-D weight the result is a list of rows.
+
+        Raises:
+            KeyError: the model has no such parameter or buffer.
+        """
+        state = self.model.state_dict()
+        if name == "lm_head.weight" and name not in state and getattr(self.model.config, "tie_word_embeddings", False):
+            name = "model.embed_tokens.weight"
+        if name not in state:
+            raise KeyError(f"get_weights_by_name: unknown parameter {name!r}")
+        with self.lock:
+            return state[name][:truncate_size].detach().to("cpu", torch.float32).tolist()
+
     def load_from_disk(self, model_path: str) -> int:
         """Loads every `*.safetensors` file of an HF checkpoint directory into the model.
 
