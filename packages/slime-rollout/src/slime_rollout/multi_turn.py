@@ -21,7 +21,8 @@ One episode, up to `--max-turns` model turns::
 * The response-length budget (`max_new_tokens`) is shared by all turns and observations; when it runs
   out the sample is TRUNCATED. An aborted engine request makes the sample ABORTED (partial output kept).
 * `check_chat_template_consistency` compares the incremental token stream with the chat template's
-  rendering of the final conversation, the most common multi-turn tokenization bug.
+  rendering of the final conversation, the most common multi-turn tokenization bug. Each sample records
+  its conversation (`slime_rollout.template_check.CONVERSATION_KEY`) so that the run checks its first samples.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout import generate as single_turn
 from slime_rollout.data_source import get_tokenizer
+from slime_rollout.template_check import CONVERSATION_KEY, record_segment
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -45,6 +47,7 @@ __all__ = [
     "ConsistencyReport",
     "build_env",
     "check_chat_template_consistency",
+    "end_of_turn",
     "env_reward",
     "generate",
     "render_tool_observation",
@@ -136,7 +139,7 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_pr
     )
 
 
-def _end_of_turn(tokenizer: Any) -> str:
+def end_of_turn(tokenizer: Any) -> str:
     """The text the chat template puts right after an assistant message's content (e.g. `<|im_end|>`)."""
     rendered = _render(
         tokenizer,
@@ -172,7 +175,7 @@ def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, mo
     if _SENTINEL not in rendered:
         raise ValueError("chat template does not render assistant content verbatim; cannot derive the tool wrapper")
     observation = rendered[rendered.rindex(_SENTINEL) + len(_SENTINEL) :]
-    eot = _end_of_turn(tokenizer)
+    eot = end_of_turn(tokenizer)
     if eot and model_turn.rstrip().endswith(eot) and observation.startswith(eot):
         observation = observation[len(eot) :]
     return observation
@@ -286,6 +289,7 @@ def _reset_response(sample: Sample) -> None:
     sample.rollout_log_probs = None
     sample.status = Status.PENDING
     sample.weight_versions.clear()
+    sample.metadata.pop(CONVERSATION_KEY, None)
 
 
 def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
@@ -339,6 +343,7 @@ def _append_observation(tokenizer: Any, sample: Sample, text: str, budget: int) 
         obs_ids = obs_ids[:room]
         sample.append_response_tokens(obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
         sample.status = Status.TRUNCATED
+        sample.metadata[CONVERSATION_KEY]["cut"] = True  # the conversation no longer renders as recorded
         return False
     sample.append_response_tokens(obs_ids, trainable=False, text=text)
     return True
@@ -377,6 +382,9 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
     env = build_env(args, sample)
     if not sample.tokens:
         sample.tokens = _prompt_ids(tokenizer, sample, env)
+    # The conversation as appended, for the chat-template conformance check (slime_rollout.template_check).
+    tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
+    sample.metadata[CONVERSATION_KEY] = {"tools": tools, "segments": []}
     budget = int(sampling_params["max_new_tokens"])
     params = dict(sampling_params)
     stop = list(params.get("stop") or [])
@@ -394,6 +402,7 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
             sample.status = Status.TRUNCATED
             break
         text, token_text = await _model_turn(client, tokenizer, sample, params, budget)
+        record_segment(sample, "assistant", token_text)
         num_turns += 1
         if sample.status in (Status.ABORTED, Status.TRUNCATED):
             break  # aborted, or the turn used up the rest of the shared budget
@@ -406,7 +415,9 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
         if step.done or turn == max_turns - 1:
             # No turn left to read an observation: the response ends on the model's tokens.
             break
-        if not _append_observation(tokenizer, sample, _observation_text(tokenizer, step, token_text), budget):
+        observation = _observation_text(tokenizer, step, token_text)
+        record_segment(sample, "observation", observation, tool_responses=step.tool_responses)
+        if not _append_observation(tokenizer, sample, observation, budget):
             break
 
     sample.metadata["num_turns"] = num_turns

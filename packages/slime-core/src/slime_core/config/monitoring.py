@@ -88,10 +88,10 @@ class DebugArgs(ArgsGroup):
 
 
 class HealthArgs(ArgsGroup):
-    """Run-health checks: weight-sync content, the first-step log-prob gate, and early warnings of instability.
+    """Run-health checks: weight-sync content, the first-step log-prob gate, chat-template conformance, instability.
 
-    The weight check is `slime_rollout.weight_check`; the instability rules live in `slime_app.instability`
-    (a threshold of 0 turns its rule off).
+    The weight check is `slime_rollout.weight_check`, the template check `slime_rollout.template_check`; the
+    instability rules live in `slime_app.instability` (a threshold of 0 turns its rule off).
     """
 
     first_step_logprob_diff_threshold: float = arg(
@@ -109,6 +109,12 @@ class HealthArgs(ArgsGroup):
         0, "Check the first weight sync and then every this many syncs (0: the first only).", ge=0
     )
     check_weight_sync_tensors: int = arg(4, "Tensors sampled per weight-sync check.", ge=1)
+    check_chat_template_samples: int = arg(
+        8,
+        "Multi-turn runs: compare the first N samples' token streams with the chat template's rendering of their "
+        "conversation and report mismatches with the token position (0: off).",
+        ge=0,
+    )
     stop_on_instability: bool = arg(False, "Stop the run with one line when an instability rule fires.")
     instability_window: int = arg(10, "Rollouts in the rolling median that spike rules compare with.", ge=1)
     instability_warmup: int = arg(3, "Rollouts observed before the relative rules can fire (their baseline).", ge=1)
