@@ -121,6 +121,11 @@ def make_sync_checker(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) -> S
     """Rank 0's `SyncChecker` with `--check-weight-sync` and engines to check; None otherwise."""
     if rank != 0 or not engine_urls or not cfg.check_weight_sync:
         return None
+    if cfg.lora_rank:
+        # /get_weights_by_name reads base parameters; a LoRA sync pushes only the adapter (loaded as files, and
+        # checked on the first step by the log-prob gate).
+        logger.info("--check-weight-sync: not applicable to --lora-rank (the engines load the adapter from files)")
+        return None
     return SyncChecker(cfg, engine_urls)
 
 

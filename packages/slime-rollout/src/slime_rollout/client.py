@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from slime_core.lora import LORA_NAME
 from slime_rollout import wire
 from slime_rollout.transport import EngineError, EngineResponse, HttpEndpoint
 
@@ -149,6 +150,20 @@ class EngineClient(HttpEndpoint):
         """POSTs a `slime_rollout.wire` request record to its endpoint."""
         return await self.request("POST", req.endpoint, req.to_json())
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, *, pinned: bool = False) -> dict:
+        """POST /load_lora_adapter `{"lora_name", "lora_path", "pinned"}` (SGLang needs `--enable-lora`)."""
+        body = {"lora_name": lora_name, "lora_path": lora_path, "pinned": pinned}
+        return await self.request("POST", "/load_lora_adapter", body)
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict:
+        """POST /unload_lora_adapter `{"lora_name"}`."""
+        return await self.request("POST", "/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict:
+        """POST /update_weight_version `{"new_version", "abort_all_requests"}` (SGLang aborts by default)."""
+        body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
+        return await self.request("POST", "/update_weight_version", body)
+
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """POST /get_weights_by_name `{"name", "truncate_size"}`: the parameter's first entries along dim 0.
 
@@ -229,11 +244,21 @@ class RolloutClient:
         engine_urls: base URLs of every engine (needed for control calls; may be empty in router mode,
             then `discover_engines()` asks the router).
         router_url: sglang-router base URL; None dispatches `generate` by least outstanding requests.
+        lora_name: LoRA runs: the adapter every `generate` runs with (`lora_path` of SGLang's `/generate`) unless
+            the payload names one.
         **client_kw: passed to every `EngineClient` (timeout, max_retries, ...).
     """
 
-    def __init__(self, engine_urls: Sequence[str], router_url: str | None = None, **client_kw: Any):
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        router_url: str | None = None,
+        *,
+        lora_name: str | None = None,
+        **client_kw: Any,
+    ):
         self._client_kw = client_kw
+        self.lora_name = lora_name
         self.engines = [EngineClient(u, **client_kw) for u in engine_urls]
         self.router = EngineClient(router_url, **client_kw) if router_url else None
         if not self.engines and self.router is None:
@@ -265,6 +290,8 @@ class RolloutClient:
         Raises:
             EngineError: the engine/router failed (the message names its URL).
         """
+        if self.lora_name is not None and "lora_path" not in payload:
+            payload = {**payload, "lora_path": self.lora_name}
         if self.router is not None:
             return await self.router.generate(payload)
         n = len(self.engines)
@@ -330,7 +357,8 @@ def get_client(args: SlimeArgs) -> RolloutClient:
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`) or any config holding the engine addresses:
             `sglang_router_ip` / `sglang_router_port` (router mode when both are set) and `rollout_engine_urls`
-            (base URLs; a comma-separated string is accepted, since plugins may write one on their view).
+            (base URLs; a comma-separated string is accepted, since plugins may write one on their view); with
+            `lora_rank`, generation runs with the run's adapter (`slime_core.lora.LORA_NAME`).
 
     Raises:
         ValueError: neither a router nor engine URLs are configured.
@@ -340,9 +368,10 @@ def get_client(args: SlimeArgs) -> RolloutClient:
     urls = args.rollout_engine_urls or []
     if isinstance(urls, str):
         urls = [u for u in urls.split(",") if u]
-    key = (router_url, tuple(urls))
+    lora_name = LORA_NAME if args.lora_rank else None
+    key = (router_url, tuple(urls), lora_name)
     if key not in _CLIENTS:
-        _CLIENTS[key] = RolloutClient(list(urls), router_url=router_url)
+        _CLIENTS[key] = RolloutClient(list(urls), router_url=router_url, lora_name=lora_name)
     return _CLIENTS[key]
 
 

@@ -20,7 +20,7 @@ from slime_core.config.base import ConfigError, arg, field_to_flag
 from slime_core.config.cluster import ClusterArgs, EngineArgs, WeightSyncArgs
 from slime_core.config.monitoring import DebugArgs, EvalArgs, HealthArgs, LoggingArgs
 from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, RolloutArgs, SamplingArgs
-from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, OptimizerArgs
+from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, LoraArgs, OptimizerArgs
 from slime_core.config.validation import derive_and_validate
 from slime_core.estimators import get_estimator
 
@@ -35,6 +35,7 @@ class SlimeArgs(
     LoggingArgs,
     EvalArgs,
     CheckpointArgs,
+    LoraArgs,
     FsdpArgs,
     OptimizerArgs,
     AlgorithmArgs,
