@@ -213,3 +213,43 @@ def test_async_disaggregated_one_step_off_policy(tiny_qwen3, tmp_path):
         times = _scalars(tb, key)
         assert sorted(times) == [0, 1, 2] and all(t > 0 for t in times.values()), (key, times)
     assert sorted(_scalars(tb, "perf/update_weights_time")) == [0, 1]
+
+
+def test_lora_two_rollouts(tiny_qwen3, tmp_path):
+    """LoRA through the real loop: the engine serves base + the synced adapter (first-step log-probs agree), only
+    the adapter is written for the sync, and `--save-hf` exports a PEFT adapter that peft loads on the base."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        _argv(
+            tiny_qwen3,
+            out,
+            "--num-rollout",
+            "2",
+            "--save-hf",
+            str(out / "hf"),
+            "--lora-rank",
+            "4",
+            "--lora-alpha",
+            "8",
+            "--lr",
+            "1e-3",
+        ),  # fmt: skip
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    tb = out / "tensorboard"
+    assert _scalars(tb, "train/train_rollout_logprob_abs_diff")[0] < 1e-4  # base + adapter on both sides
+    assert sorted(_scalars(tb, "perf/update_weights_time")) == [0, 1]  # initial push at 0, then after rollout 0
+    assert sorted(p.name for p in (out / "weight_sync").iterdir()) == ["lora_v000002"]  # adapter files only
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (out / "hf").iterdir()}
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_qwen3), out / "hf")
+    assert model.peft_config["default"].r == 4

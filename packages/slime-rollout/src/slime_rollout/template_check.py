@@ -12,28 +12,147 @@ tools the prompt was rendered with and one segment per appended piece of text (`
 decoded with special tokens kept; `observation`: the exact observation text, with the tool messages it
 renders when it came from the chat template). `check_sample` then compares `sample.tokens` with
 
-* the chat template's tokenization of prompt + assistant/tool messages (`multi_turn.check_chat_template_consistency`),
+* the chat template's tokenization of prompt + assistant/tool messages (`check_chat_template_consistency`),
   when the prompt is a message list and every observation came from tool messages; otherwise
 * the tokenization of the concatenated text (prompt text + segments): re-tokenization drift only.
 
 `check_samples` runs it on the first `--check-chat-template-samples` recorded samples and reports mismatches
-with the token position and decoded context around it.
+with the token position and decoded context around it. The chat-template helpers the multi-turn generate
+function renders observations with (`render_messages`, `end_of_turn`) live here too, so that this module
+depends on nothing of `slime_rollout.multi_turn`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_core.sample import Sample, Status
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONVERSATION_KEY", "check_sample", "check_samples", "checkable", "record_segment"]
+__all__ = [
+    "CONVERSATION_KEY",
+    "TEMPLATE_SENTINEL",
+    "ConsistencyReport",
+    "check_chat_template_consistency",
+    "check_sample",
+    "check_samples",
+    "checkable",
+    "end_of_turn",
+    "record_segment",
+    "render_messages",
+]
 
 #: `Sample.metadata` key of the recorded conversation: `{"tools": ..., "segments": [{"role", "content", ...}]}`.
 CONVERSATION_KEY = "chat_conversation"
+
+
+#: Placeholder assistant content used to cut the template's wrapper text out of a rendering.
+TEMPLATE_SENTINEL = "<<slime-multi-turn-sentinel>>"
+
+
+def render_messages(
+    tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: Any = None
+) -> str:
+    """The chat template's text of `messages` (`tokenizer.apply_chat_template(..., tokenize=False)`)."""
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def end_of_turn(tokenizer: Any) -> str:
+    """The text the chat template puts right after an assistant message's content (e.g. `<|im_end|>`)."""
+    rendered = render_messages(
+        tokenizer,
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL}],
+        add_generation_prompt=False,
+    )
+    tail = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :]
+    return tail.rstrip("\n ")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ConsistencyReport:
+    """Result of `check_chat_template_consistency`.
+
+    Attributes:
+        consistent: the token streams agree (up to trailing whitespace the template adds after the
+            last end-of-turn marker).
+        first_mismatch: index into `sample.tokens` of the first differing token, or None.
+        num_stream_tokens: `len(sample.tokens)`.
+        num_template_tokens: length of the chat template's tokenization.
+        message: a human-readable description with decoded context around the mismatch.
+    """
+
+    consistent: bool
+    first_mismatch: int | None
+    num_stream_tokens: int
+    num_template_tokens: int
+    message: str
+
+
+def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=False)
+    if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def check_chat_template_consistency(
+    tokenizer: Any, sample: Sample, messages: list[dict[str, Any]], *, tools: Any = None
+) -> ConsistencyReport:
+    """Compares a sample's incremental token stream with the chat template's rendering of `messages`.
+
+    A trainer that later re-renders the conversation (SFT, a reward model, a re-tokenizing agent
+    framework) sees the template's tokens; the policy was sampled on the incremental stream. Any
+    difference (the template inserting an empty `<think></think>`, stripping reasoning of earlier turns,
+    merging whitespace, re-tokenizing model text into different ids) means those consumers train on
+    something the model never saw.
+
+    Args:
+        tokenizer: the run's tokenizer.
+        sample: a generated sample (`tokens` = prompt + response).
+        messages: the same conversation as chat messages (user, assistant turns with their raw text,
+            tool messages).
+        tools: tool specs passed to the template (as for the prompt).
+
+    Returns:
+        A report; never raises on a mismatch (the caller decides whether it is fatal).
+    """
+    stream = list(sample.tokens)
+    expected = _template_ids(tokenizer, messages, tools)
+    n = min(len(stream), len(expected))
+    first = next((i for i in range(n) if stream[i] != expected[i]), None)
+    if first is None:
+        extra = stream[n:] if len(stream) > n else expected[n:]
+        if not extra or not tokenizer.decode(extra).strip():
+            return ConsistencyReport(
+                consistent=True,
+                first_mismatch=None,
+                num_stream_tokens=len(stream),
+                num_template_tokens=len(expected),
+                message="token stream matches the chat template",
+            )
+        first = n
+
+    def context(ids: list[int]) -> str:
+        return repr(tokenizer.decode(ids[max(0, first - 8) : first + 8]))
+
+    message = (
+        f"sample {sample.index}: token stream and chat template differ at token {first} "
+        f"(stream {len(stream)} tokens, template {len(expected)}): "
+        f"stream ...{context(stream)}... vs template ...{context(expected)}..."
+    )
+    return ConsistencyReport(
+        consistent=False,
+        first_mismatch=first,
+        num_stream_tokens=len(stream),
+        num_template_tokens=len(expected),
+        message=message,
+    )
 
 
 def record_segment(sample: Sample, role: str, content: str, *, tool_responses: Sequence[str] | None = None) -> None:
@@ -59,8 +178,6 @@ def _chat_messages(tokenizer: Any, sample: Sample, segments: list[dict[str, Any]
         s["role"] == "observation" and s.get("tool_responses") is None for s in segments
     ):
         return None
-    from slime_rollout.multi_turn import end_of_turn
-
     eot = end_of_turn(tokenizer)
     messages = list(sample.prompt)
     for segment in segments:
@@ -81,13 +198,11 @@ def checkable(sample: Sample) -> bool:
     return bool(record) and not record.get("cut") and sample.status not in (Status.ABORTED, Status.FAILED)
 
 
-def check_sample(tokenizer: Any, sample: Sample) -> Any:
-    """Checks one recorded sample; returns a `slime_rollout.multi_turn.ConsistencyReport`, None if not `checkable`.
+def check_sample(tokenizer: Any, sample: Sample) -> ConsistencyReport | None:
+    """Checks one recorded sample; returns a `ConsistencyReport`, None if not `checkable`.
 
     The report's `message` says which rendering was compared (chat template or concatenated text).
     """
-    from slime_rollout.multi_turn import ConsistencyReport, check_chat_template_consistency
-
     if not checkable(sample):
         return None
     record = sample.metadata[CONVERSATION_KEY]
