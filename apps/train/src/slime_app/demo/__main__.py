@@ -1,6 +1,6 @@
 """The embedded demo with extra flags: `uv run python -m slime_app.demo [FLAGS]` (later flags win).
 
-E.g. LoRA RL on the demo: `uv run python -m slime_app.demo --lora-rank 8 --lora-alpha 16 --lr 2e-3
+E.g. LoRA RL on the demo: `uv run python -m slime_app.demo --lora-rank 8 --lora-alpha 16 --lr 4e-3
 --output-dir runs/demo-lora --save runs/demo-lora/checkpoints --save-hf runs/demo-lora/hf`.
 """
 
