@@ -1,7 +1,7 @@
 """LoRA on the engine side: the reference engine serves base + adapter, `LoraWeightUpdater` moves only the adapter.
 
-The adapter comes from peft itself (random A and B, PEFT files); the expected log-probs are peft's forward on
-the same tiny Qwen3 (fp32, tolerance 1e-5 as for the base engine).
+The adapter is random A and B under PEFT names; the expected log-probs are the base model's forward with
+`W + (alpha/r)·B A` merged in by hand (fp32, tolerance 1e-5 as for the base engine).
 """
 
 import asyncio
@@ -27,21 +27,20 @@ def _cfg(**fields):
     return SlimeArgs.from_dict({**base, **fields})
 
 
-def _peft_model(base_dir, seed):
-    """A peft LoRA model with random (non-zero) A and B on the tiny Qwen3."""
-    from peft import LoraConfig, get_peft_model
-
+def _adapter(base_dir, seed):
+    """Random (non-zero) A and B for every target module of the tiny Qwen3, as PEFT-named buckets, and the
+    reference: the base model with `W + (alpha/r)·B A` merged in by hand (no peft involved)."""
     torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    config = LoraConfig(r=4, lora_alpha=8.0, target_modules=TARGETS, lora_dropout=0.0, init_lora_weights=False)
-    return get_peft_model(base, config).eval()
-
-
-def _adapter_buckets(peft_model):
-    from peft import get_peft_model_state_dict
-
-    state = get_peft_model_state_dict(peft_model)
-    return [[(f"base_model.model.{k.removeprefix('base_model.model.')}", v) for k, v in state.items()]]
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+    bucket = []
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in TARGETS:
+                a = torch.randn(4, module.in_features) * 0.1
+                b = torch.randn(module.out_features, 4) * 0.1
+                bucket += [(f"base_model.model.{name}.lora_A.weight", a), (f"base_model.model.{name}.lora_B.weight", b)]
+                module.weight += (8.0 / 4) * (b @ a)
+    return [bucket], model
 
 
 def _expected(model, output_ids):
@@ -77,7 +76,7 @@ def test_reference_engine_serves_base_and_adapter_and_updater_moves_only_adapter
 ):
     url = reference_engine.urls[0]
     base = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
-    first, second = _peft_model(tiny_qwen3_dir, 1), _peft_model(tiny_qwen3_dir, 2)
+    (first_buckets, first), (second_buckets, second) = _adapter(tiny_qwen3_dir, 1), _adapter(tiny_qwen3_dir, 2)
     cfg = _cfg(hf_checkpoint=str(tiny_qwen3_dir), update_weight_disk_dir=str(tmp_path / "sync"))
     updater = LoraWeightUpdater(cfg, RolloutClient([url]))
 
@@ -86,11 +85,11 @@ def test_reference_engine_serves_base_and_adapter_and_updater_moves_only_adapter
         adapted = RolloutClient([url], lora_name=LORA_NAME)  # what get_client(args) builds with --lora-rank
         with pytest.raises(EngineError, match="not loaded"):
             await _greedy(adapted)
-        await updater.aupdate(_adapter_buckets(first), "1")
+        await updater.aupdate(first_buckets, "1")
         assert await plain.get_weight_versions() == ["1"]
         # Concurrent base and adapter requests: each batch runs one adapter, each reply its own model's numbers.
         (ids_a, lp_a), (ids_b, lp_b) = await asyncio.gather(_greedy(adapted), _greedy(plain))
-        await updater.aupdate(_adapter_buckets(second), "2")
+        await updater.aupdate(second_buckets, "2")
         ids_c, lp_c = await _greedy(adapted)
         loaded = await EngineClient(url).unload_lora_adapter(LORA_NAME)
         await EngineClient(url).update_weight_version("default")  # the engine is shared with other test modules
