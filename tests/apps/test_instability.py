@@ -144,6 +144,7 @@ def _loop_run(monkeypatch, per_rollout_metrics, **fields):
     run.cfg, run.manager, run.trainer, run.tracker = cfg, _Manager(), Trainer(), Tracker()
     run.start_rollout_id = 0
     run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
     run.rollouts = loop.Rollouts(run.manager, cfg.num_rollout, ahead=False, update_weights_interval=1)
     return run, logged
 

@@ -91,6 +91,7 @@ def _run(monkeypatch, **fields):
     run.cfg, run.manager, run.trainer, run.tracker = cfg, _Actor(events), _Trainer(events), _Tracker()
     run.start_rollout_id = 0
     run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
     run.rollouts = loop.Rollouts(
         run.manager, cfg.num_rollout, ahead=cfg.async_train, update_weights_interval=cfg.update_weights_interval
     )

@@ -488,12 +488,24 @@ def test_rollout_with_real_config(use_client, fixtures_dir, qwen3_tokenizer_dir)
     assert out.metrics["rollout/rewards"] == pytest.approx(0.0, abs=1e-9)
 
 
-async def test_deterministic_inference_sampling_seeds(use_client):
-    client = use_client(FakeClient({0: [A], 1: [A]}))
-    args = _args(sglang_args={"enable_deterministic_inference": True}, rollout_seed=100)
-    await generate_rollout_async(args, 0, ListDataSource(n=2))
-    seeds = sorted((p["input_ids"][0], p["sampling_params"]["sampling_seed"]) for p in client.payloads)
-    assert seeds == [(0, 100), (0, 101), (1, 100), (1, 101)]
+async def test_every_sample_has_its_own_seed_from_rollout_seed_rollout_id_prompt_and_index(use_client):
+    import hashlib
+
+    def expected(rollout_id, group_index, index):
+        # Independent reference: BLAKE2b-64 of "train:<rollout_seed>:<rollout_id>:<prompt>:<index>", mod 2**31.
+        key = f"train:100:{rollout_id}:{group_index}:{index}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % 2**31
+
+    client = use_client(FakeClient({0: [A], 1: [A], 2: [A], 3: [A]}))
+    args = _args(rollout_seed=100)
+    source = ListDataSource(n=2)
+    await generate_rollout_async(args, 0, source)
+    await generate_rollout_async(args, 1, source)
+    got = sorted((p["input_ids"][0], p["sampling_params"]["sampling_seed"]) for p in client.payloads)
+    # ListDataSource: prompt p has group_index p and samples 2p, 2p + 1; prompts 0-1 in rollout 0, 2-3 in rollout 1.
+    want = sorted((p, expected(p // 2, p, 2 * p + j)) for p in range(4) for j in range(2))
+    assert got == want
+    assert len({seed for _, seed in got}) == 8
 
 
 def test_eval_config_yaml_resolution_and_rollout(use_client, tmp_path, qwen3_tokenizer_dir):

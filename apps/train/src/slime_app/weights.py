@@ -35,6 +35,18 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
     return WEIGHT_UPDATERS.get(cfg.weight_sync)(cfg, RolloutClient(list(engine_urls)))
 
 
+def release_weight_updater(updater: Any) -> None:
+    """Tears down an updater's engine connection (the broadcast group), tolerating engines that are gone."""
+    if updater is None or not hasattr(updater, "adisconnect"):
+        return
+    from slime_rollout.weight_sync import run_sync
+
+    try:
+        run_sync(updater.adisconnect())
+    except Exception:  # noqa: BLE001 - the group dies with its dead member anyway; the new one is what matters
+        logger.warning("could not tear down the previous weight-update group", exc_info=True)
+
+
 def distributed_weight_updater(cfg: SlimeArgs, client: Any) -> Any:
     """`--weight-sync distributed`: a broadcast group rooted at this process (NCCL on GPUs, gloo on CPU).
 
@@ -163,7 +175,11 @@ def push_weights(
         for _ in buckets:  # the gather is collective: every rank walks it
             pass
     else:
-        updater.update(buckets, str(weight_version))
+        try:
+            updater.update(buckets, str(weight_version))
+        finally:
+            for _ in buckets:  # a failed push still walks the collective gather to the end with the other ranks
+                pass
     seconds = time.perf_counter() - t0
     if rank == 0:
         logger.info("weights v%s pushed: %.2f GB in %.2f s", weight_version, num_bytes / 1e9, seconds)

@@ -22,11 +22,12 @@ from slime_rollout.generate import generate as default_generate
 from slime_rollout.metrics import flatten_groups
 from slime_rollout.plugins import accepts_kwarg, call_maybe_async, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
+from slime_rollout.seeds import sample_seed
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["RolloutState", "generate_and_rm", "generate_and_rm_group", "num_engines"]
+__all__ = ["RolloutState", "generate_and_rm", "generate_and_rm_group", "num_engines", "seeded_params"]
 
 
 def num_engines(args: SlimeArgs) -> int:
@@ -133,16 +134,40 @@ async def generate_and_rm(
     return result
 
 
-async def generate_and_rm_group(args: SlimeArgs, group: list[Sample], state: RolloutState) -> list[Any]:
-    """Generates and scores one prompt group concurrently (group reward with `--group-rm`).
-
-    With `--sglang-enable-deterministic-inference`, sample j of the group is sampled with
-    `sampling_seed = rollout_seed + j`.
+def seeded_params(
+    args: SlimeArgs, state: RolloutState, sample: Sample, params: dict[str, Any], *, prompt_position: int, position: int
+) -> dict[str, Any]:
+    """`params` with the sample's own `sampling_seed` (`slime_rollout.seeds.sample_seed`), unless one is set.
 
     Args:
-        args: the plugin view; reads `sglang_args`, `rollout_seed`, `group_rm` (+ what `generate_and_rm` reads).
+        args: the plugin view; reads `rollout_seed`.
+        state: the rollout's state (rollout id, eval or training).
+        sample: the sample; its `group_index` / `index` identify it (positions stand in when they are None).
+        params: the sampling params to extend.
+        prompt_position: the group's position in the rollout (used when `group_index` is None).
+        position: the sample's position in its group (used when `index` is None).
+    """
+    if params.get("sampling_seed") is not None:
+        return params
+    prompt = sample.group_index if sample.group_index is not None else prompt_position
+    index = sample.index if sample.index is not None else position
+    seed = sample_seed(args.rollout_seed, state.rollout_id, prompt, index, evaluation=state.evaluation)
+    return dict(params, sampling_seed=seed)
+
+
+async def generate_and_rm_group(
+    args: SlimeArgs, group: list[Sample], state: RolloutState, *, prompt_position: int = 0
+) -> list[Any]:
+    """Generates and scores one prompt group concurrently (group reward with `--group-rm`).
+
+    Each sample is drawn with its own seed from (`--rollout-seed`, rollout id, prompt index, sample index)
+    (`seeded_params`), so the samples do not depend on request order or on which engine serves them.
+
+    Args:
+        args: the plugin view; reads `rollout_seed`, `group_rm` (+ what `generate_and_rm` reads).
         group: the `n_samples_per_prompt` samples of one prompt.
         state: the rollout's shared state.
+        prompt_position: the group's position in the rollout (seeds samples without a `group_index`).
 
     Returns:
         One entry per sample: the sample, or the list a fan-out generate function returned.
@@ -150,10 +175,10 @@ async def generate_and_rm_group(args: SlimeArgs, group: list[Sample], state: Rol
     for sample in group:
         if sample.session_id is None:
             sample.session_id = uuid.uuid4().hex
-    params: list[dict[str, Any] | None] = [None] * len(group)
-    if args.sglang_args.get("enable_deterministic_inference"):
-        # Reproducible sampling (original): sample j of every group uses seed rollout_seed + j.
-        params = [dict(state.sampling_params, sampling_seed=args.rollout_seed + j) for j in range(len(group))]
+    params = [
+        seeded_params(args, state, s, state.sampling_params, prompt_position=prompt_position, position=j)
+        for j, s in enumerate(group)
+    ]
     results = list(
         await asyncio.gather(*(generate_and_rm(args, s, state, p) for s, p in zip(group, params, strict=True)))
     )

@@ -3,9 +3,10 @@
 The trainer's buckets hold the adapter's tensors under PEFT names (`slime_core.lora`). Each update writes them
 as a PEFT directory `<update_weight_disk_dir>/lora_v<N>` (`adapter_config.json` + `adapter_model.safetensors`,
 written to a temporary name and renamed), then on every engine, generation paused: `/unload_lora_adapter` of the
-previous version (none before the first update), `/load_lora_adapter {lora_name, lora_path}`, and
-`/update_weight_version` (loading an adapter leaves SGLang's weight version as it was). Requests select the
-adapter by name (`lora_path` of `/generate`, set by `slime_rollout.client.RolloutClient`).
+previous version (an engine that holds none answers 400: the first update, a restarted engine), then
+`/load_lora_adapter {lora_name, lora_path}`; the shared push sequence then sets the version
+(`/update_weight_version`, which loading an adapter does not change). Requests select the adapter by name
+(`lora_path` of `/generate`, set by `slime_rollout.client.RolloutClient`).
 
 The directory must be readable by the engines (a shared file system across machines). An adapter is small (for
 rank r, `r · (in + out)` values per adapted layer), so the files cost milliseconds, not the model's gigabytes.
@@ -13,19 +14,21 @@ rank r, `r · (in + out)` values per adapted layer), so the files cost milliseco
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import pathlib
 import shutil
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
 
 from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_NAME, adapter_config
 from slime_rollout.client import RolloutClient
+from slime_rollout.transport import EngineError
 from slime_rollout.weight_sync import Bucket, _EngineUpdater, _version_dir_name
 
 if TYPE_CHECKING:
@@ -66,6 +69,15 @@ def write_adapter(cfg: SlimeArgs, buckets: Iterable[Bucket], path: str | os.Path
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+async def _unload(engine: Any) -> None:
+    """Unloads the run's adapter from one engine; an engine that holds none (first push, restarted) answers 400."""
+    try:
+        await engine.unload_lora_adapter(LORA_NAME)
+    except EngineError as exc:
+        if exc.status_code != 400:
+            raise
+
+
 class LoraWeightUpdater(_EngineUpdater):
     """Pushes the trainer's adapter into the engines as a freshly loaded LoRA adapter (see module docstring).
 
@@ -93,11 +105,9 @@ class LoraWeightUpdater(_EngineUpdater):
         path = self.root / _version_dir_name(weight_version).replace("weight_v", "lora_v", 1)
         if path.exists():
             shutil.rmtree(path)
-        num_bytes = write_adapter(self.cfg, buckets, path)
-        if self._current is not None:
-            await self.client.broadcast("unload_lora_adapter", lora_name=LORA_NAME)
-        await self.client.broadcast("load_lora_adapter", lora_name=LORA_NAME, lora_path=str(path.resolve()))
-        await self.client.broadcast("update_weight_version", new_version=weight_version)
+        num_bytes = await asyncio.to_thread(write_adapter, self.cfg, buckets, path)
+        await asyncio.gather(*(_unload(engine) for engine in self.session.live))
+        await self.session.each("load_lora_adapter", lora_name=LORA_NAME, lora_path=str(path.resolve()))
         self._previous, self._current = self._current, path
         logger.info("LoRA adapter v%s (%.2f MB) loaded on %d engine(s)", weight_version, num_bytes / 1e6,
                     len(self.client.urls))  # fmt: skip

@@ -37,6 +37,7 @@ from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout import generate as single_turn
 from slime_rollout.data_source import get_tokenizer
+from slime_rollout.seeds import continuation_seed
 from slime_rollout.template_check import (
     CONVERSATION_KEY,
     TEMPLATE_SENTINEL,
@@ -213,6 +214,9 @@ async def _model_turn(
 ) -> tuple[str, str]:
     """Generates one model turn into `sample`; returns (engine text, text decoded from the engine ids)."""
     params = dict(params, max_new_tokens=budget - sample.response_length)
+    if params.get("sampling_seed") is not None:
+        # Each turn of the sample draws from its own seed (same turns, same seeds: reproducible).
+        params["sampling_seed"] = continuation_seed(int(params["sampling_seed"]), sample.response_length)
     payload = {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True}
     reply = await single_turn.call_client(client.generate, payload)
     tokens, log_probs, meta = _parse_reply(reply)

@@ -145,13 +145,17 @@ async def generate_rollout_async(
     requeue: list[list[Sample]] = []
     drops: collections.Counter[str] = collections.Counter()
     discarded: dict[str, list[list[Any]]] = {"filtered": [], "aborted": [], "surplus": []}  # goodput accounting
+    submitted = 0
     try:
         while len(data) < target:
             while len(data) + len(pending) < target:
                 groups = data_source.get_samples(over)
                 if not groups:
                     raise RuntimeError("data source returned no samples")
-                pending.update(asyncio.create_task(generate_and_rm_group(args, g, state)) for g in groups)
+                for g in groups:
+                    task = generate_and_rm_group(args, g, state, prompt_position=submitted)
+                    pending.add(asyncio.create_task(task))
+                    submitted += 1
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 group = task.result()
