@@ -281,7 +281,10 @@ def test_resume_is_bitwise_identical(dp_runs):
         exp, got = first[rank]["resume_params_expected"], resumed[rank]["resume_params"]
         for name in exp:
             assert torch.equal(exp[name], got[name]), name
-        assert resumed[rank]["resume_metrics"] == first[rank]["resume_metrics_expected"]
+        # Everything but the wall-clock timings (perf/*) is bitwise identical.
+        untimed = [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in
+                   (resumed[rank]["resume_metrics"], first[rank]["resume_metrics_expected"])]  # fmt: skip
+        assert untimed[0] == untimed[1]
 
 
 @pytest.mark.gpu

@@ -20,6 +20,9 @@ from typing import Any
 import ray
 
 from slime_app.cluster import create_placement, init_ray
+from slime_app.goodput import GoodputMeter
+from slime_app.guards import RunStopped, first_step_logprob_gate
+from slime_app.instability import InstabilityMonitor
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
@@ -34,10 +37,6 @@ _TRANSPORTS = {  # --weight-sync after validation resolved "auto"
     "disk": "disk (safetensors the engines reload)",
     "distributed": "distributed (broadcast group with the engines: NCCL on GPUs, gloo on CPU)",
 }
-
-# Above this mean |trainer log-prob − rollout log-prob| on the first step something is wrong with weight
-# sync, temperature or masking (fp32 CPU runs agree to ~1e-6; bf16 GPU runs to ~1e-2).
-LOGPROB_DIFF_WARN = 0.05
 
 
 def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
@@ -128,6 +127,8 @@ class Run:
         self.output_dir = cfg.output_dir
         os.makedirs(self.output_dir, exist_ok=True)
         self.tracker = Tracker(cfg, self.output_dir)
+        self.goodput = GoodputMeter(cfg)
+        self.instability = InstabilityMonitor(cfg)
         self.manager = None
         self.trainer = None
         self.rollouts: Rollouts | None = None
@@ -192,6 +193,7 @@ class Run:
         cfg = self.cfg
         t0 = time.perf_counter()
         batch_refs, metrics = self.rollouts.take(rollout_id)
+        metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
             metrics.update(self.train(rollout_id, batch_refs))
             if cfg.save and (
@@ -202,17 +204,27 @@ class Run:
                 self.rollouts.settle()  # async: the engines never change weights mid-generation
                 metrics.update(self.sync_weights(rollout_id + 1))
         metrics["perf/step_time"] = time.perf_counter() - t0
+        metrics.update(self.goodput.update(metrics))
+        findings = self.instability.observe(rollout_id, metrics)
+        metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.rollout_done(rollout_id, metrics)
+        if rollout_id == self.start_rollout_id and not cfg.debug_rollout_only:
+            first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
+        self._stop_on(findings)
         if cfg.eval_prompt_data and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout):
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
 
+    def _stop_on(self, findings: list) -> None:
+        if findings and self.cfg.stop_on_instability:
+            raise RunStopped(f"{findings[0].message} (--stop-on-instability)")
+
     def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
         """Trains on one rollout's per-DP-rank batches; returns `train/*` and `perf/train_time` (seconds).
 
-        Colocated, the engines release their memory first and the trainer wakes up. On the first step the
-        trainer's log-probs of the rollout tokens are checked against the engine's.
+        Colocated, the engines release their memory first and the trainer wakes up. (`step` checks the first
+        step's trainer log-probs against the engine's: `slime_app.guards.first_step_logprob_gate`.)
         """
         swap: dict[str, float] = {}
         if self.cfg.colocate:
@@ -224,14 +236,6 @@ class Run:
         metrics = self._prefix("train", train_metrics)
         metrics["perf/train_time"] = time.perf_counter() - t0
         metrics.update(swap)
-        diff = train_metrics.get("train/train_rollout_logprob_abs_diff")
-        if diff is not None and rollout_id == self.start_rollout_id and diff > LOGPROB_DIFF_WARN:
-            logger.warning(
-                "FIRST-STEP CHECK FAILED: mean |trainer log-prob - rollout log-prob| = %.4g > %.2g. "
-                "Engine weights, temperature or masks disagree with the trainer.",
-                diff,
-                LOGPROB_DIFF_WARN,
-            )
         return metrics
 
     def save(self, rollout_id: int) -> float:
@@ -270,8 +274,12 @@ class Run:
         if self.restorer.enabled:
             self.restorer.wait(ref)  # restarted engines get their weights while the eval waits for them
         metrics = ray.get(ref)
+        self.goodput.add_eval(metrics.get("perf/eval_time"))
+        findings = self.instability.observe_eval(rollout_id, metrics)
+        metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.eval_line(rollout_id, metrics)
+        self._stop_on(findings)
 
     def finish(self) -> dict[str, str]:
         """Final HF export and the curve PNG; returns the output paths."""
@@ -287,6 +295,8 @@ class Run:
             outputs["curve"] = self.tracker.save_curve(os.path.join(self.output_dir, "reward_curve.png"))
         if self.tracker.tensorboard_dir:
             outputs["tensorboard"] = self.tracker.tensorboard_dir
+        if self.goodput.num_rollouts:
+            outputs["goodput"] = self.goodput.save(os.path.join(self.output_dir, "goodput.json"))
         if self.cfg.save:
             outputs["checkpoints"] = self.cfg.save
         engine_logs = os.path.join(self.output_dir, "engine_logs")

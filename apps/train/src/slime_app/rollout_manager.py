@@ -128,6 +128,37 @@ def plugin_args(cfg: SlimeArgs, addresses: EngineAddresses) -> PluginArgs:
     return PluginArgs.from_config(cfg, engine_urls=urls, router_url=router_url)
 
 
+def goodput_fates(samples: list[Any], batches: list[Any], metrics: dict[str, float]) -> dict[str, float]:
+    """`goodput/tokens_*` of one rollout: the rollout function's buckets plus the tokens no batch took.
+
+    A custom rollout function reports no buckets: its accepted samples then count as all that was generated.
+    """
+    from slime_rollout.goodput import batch_token_fates, rollout_token_fates
+
+    out = {} if "goodput/tokens_generated" in metrics else rollout_token_fates(samples, {})
+    out.update(batch_token_fates(samples, [float(sum(float(m.sum()) for m in b.loss_masks)) for b in batches]))
+    return out
+
+
+def check_chat_template(cfg: SlimeArgs, samples: list[Any], left: int) -> tuple[dict[str, float], int]:
+    """Checks a run's first multi-turn samples against the chat template (`slime_rollout.template_check`).
+
+    Args:
+        cfg: the run config (`hf_checkpoint`: the tokenizer).
+        samples: this rollout's samples.
+        left: samples still to check (`--check-chat-template-samples` at the start of the run).
+
+    Returns:
+        The `rollout/chat_template/*` metrics and the samples left to check; a rollout without recorded
+        conversations (a single-turn run) ends the checks (0 left).
+    """
+    from slime_rollout.data_source import get_tokenizer
+    from slime_rollout.template_check import check_samples
+
+    out = check_samples(get_tokenizer(cfg.hf_checkpoint), samples, left)
+    return out, (left - int(out.get("rollout/chat_template/checked", 0)) if out else 0)
+
+
 @ray.remote(concurrency_groups={"control": 1})
 class RolloutManager:
     """Owns engines, data source and the rollout function for the whole run.
@@ -154,6 +185,7 @@ class RolloutManager:
         self.data_source = None
         self.offloaded = False
         self.client = None
+        self.template_checks_left = cfg.check_chat_template_samples  # multi-turn samples still to check
         self.supervisor = None  # the engine health monitor (--use-fault-tolerance)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -218,6 +250,8 @@ class RolloutManager:
         samples = _flatten(out.samples)
         metrics = dict(out.metrics or {})
         metrics["perf/rollout_time"] = time.perf_counter() - t0
+        if self.template_checks_left > 0:
+            metrics.update(self._check_chat_template(samples))
         if self.supervisor is not None:
             metrics.update(self.supervisor.metrics())
         if self.cfg.debug_rollout_only:
@@ -226,7 +260,12 @@ class RolloutManager:
         # The plugin view, not the bare config: --custom-reward-post-process-path is a plugin too.
         batches = build_rollout_batches(args, samples, dp_size=dp_size_of(self.cfg))
         metrics["perf/data_preprocess_time"] = time.perf_counter() - t0
+        metrics.update(goodput_fates(samples, batches, metrics))
         return [ray.put(b) for b in batches], metrics
+
+    def _check_chat_template(self, samples: list[Any]) -> dict[str, float]:
+        metrics, self.template_checks_left = check_chat_template(self.cfg, samples, self.template_checks_left)
+        return metrics
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Runs the eval datasets; returns `eval/*` metrics."""

@@ -14,6 +14,7 @@ from typing import Any
 import ray
 
 from slime_app.cluster import Placement, free_port
+from slime_app.guards import RunStopped
 from slime_app.registry import TRAIN_BACKENDS
 from slime_core.config import SlimeArgs
 
@@ -60,6 +61,7 @@ class TrainActor:
         self.cfg: SlimeArgs | None = None  # set by `init`
         self.backend = None
         self.updater = None
+        self.sync_checker = None
 
     def rendezvous(self) -> tuple[str, int]:
         """Address of rank 0's rendezvous (given to the other ranks)."""
@@ -110,10 +112,11 @@ class TrainActor:
 
     def connect_engines(self, engine_urls: list[str]) -> None:
         """Builds the weight updater towards the engines (rank 0 sends; all ranks gather)."""
-        from slime_app.weights import make_weight_updater, release_weight_updater
+        from slime_app.weights import make_sync_checker, make_weight_updater, release_weight_updater
 
         release_weight_updater(self.updater)
         self.updater = make_weight_updater(self.cfg, engine_urls, rank=self.rank)
+        self.sync_checker = make_sync_checker(self.cfg, engine_urls, rank=self.rank)
 
     def update_weights(self, weight_version: int, engine_urls: list[str] | None = None) -> dict[str, float]:
         """Pushes the current weights to the engines, tagged with `weight_version`.
@@ -128,8 +131,10 @@ class TrainActor:
         if engine_urls is not None and self.rank == 0:
             current = sorted(self.updater.client.urls) if self.updater is not None else []
             if sorted(engine_urls) != current:
-                self.connect_engines(engine_urls)
-        return push_weights(self.backend, self.updater, self.cfg, weight_version, rank=self.rank)
+                self.connect_engines(engine_urls)  # a new engine set: its first push is content-checked again
+        return push_weights(
+            self.backend, self.updater, self.cfg, weight_version, rank=self.rank, checker=self.sync_checker
+        )
 
     def shutdown(self) -> None:
         """Leaves the process group."""
@@ -214,8 +219,20 @@ class TrainGroup:
         self._all("connect_engines", engine_urls)
 
     def update_weights(self, weight_version: int, engine_urls: list[str] | None = None) -> dict[str, float]:
-        """Weight sync (to `engine_urls`, or the connected engines); returns rank 0's timing metrics."""
-        return self._all("update_weights", weight_version, engine_urls)[0]
+        """Weight sync (to `engine_urls`, or the connected engines); returns rank 0's timing (and weight-check) metrics.
+
+        Raises:
+            slime_app.guards.RunStopped: the weight-content check found other values on an engine.
+        """
+        from slime_rollout.weight_check import WeightSyncMismatch
+
+        try:
+            return self._all("update_weights", weight_version, engine_urls)[0]
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, WeightSyncMismatch):
+                raise RunStopped(str(cause)) from None
+            raise
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Destroys the process groups (ranks that do not answer within `grace_s` are not waited for), kills the actors.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from slime_core.lora import LORA_NAME
 from slime_rollout import wire
 from slime_rollout.engine_pool import EnginePool, EngineState
 from slime_rollout.transport import EngineError, EngineResponse, HttpEndpoint
@@ -163,6 +164,24 @@ class EngineClient(HttpEndpoint):
         """POSTs a `slime_rollout.wire` request record to its endpoint."""
         return await self.request("POST", req.endpoint, req.to_json())
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, *, pinned: bool = False) -> dict:
+        """POST /load_lora_adapter `{"lora_name", "lora_path", "pinned"}` (SGLang needs `--enable-lora`)."""
+        body = {"lora_name": lora_name, "lora_path": lora_path, "pinned": pinned}
+        return await self.request("POST", "/load_lora_adapter", body)
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict:
+        """POST /unload_lora_adapter `{"lora_name"}`."""
+        return await self.request("POST", "/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """POST /get_weights_by_name `{"name", "truncate_size"}`: the parameter's first entries along dim 0.
+
+        SGLang answers `weight.float().tolist()[:truncate_size]` under the Hugging Face name (rows of a 2-D
+        weight; with TP, the gathered or first-rank rows) for the model classes that implement it, and HTTP 400
+        ("Get parameter by name failed") for the others.
+        """
+        return await self.request("POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
+
     async def get_weight_version(self) -> str | None:
         """The engine's `weight_version`, from GET /model_info.
 
@@ -239,6 +258,8 @@ class RolloutClient:
         generate_timeout: read timeout of one `/generate` call in seconds (None: no limit).
         failover: re-queue the requests of a failed engine on the others (`--use-fault-tolerance`).
         recovery_timeout: with `failover`, how long a request waits when no engine serves (seconds).
+        lora_name: LoRA runs: the adapter every `generate` runs with (`lora_path` of SGLang's `/generate`) unless
+            the payload names one.
         **client_kw: passed to every `EngineClient` (timeout, max_retries, ...).
     """
 
@@ -251,10 +272,12 @@ class RolloutClient:
         generate_timeout: float | None = None,
         failover: bool = False,
         recovery_timeout: float = 600.0,
+        lora_name: str | None = None,
         **client_kw: Any,
     ):
         self._client_kw = {"max_connections": concurrency, **client_kw}
         self.concurrency = concurrency
+        self.lora_name = lora_name
         self.router = None
         if router_url:
             router_kw = {**self._client_kw, "max_connections": concurrency * max(len(engine_urls), 1)}
@@ -312,6 +335,8 @@ class RolloutClient:
             EngineError: the engine/router failed (the message names its URL).
             NoHealthyEngineError: with `failover`, no engine served within the recovery timeout.
         """
+        if self.lora_name is not None and "lora_path" not in payload:
+            payload = {**payload, "lora_path": self.lora_name}
         if self.router is not None:
             return await self._generate_via_router(payload)
         return await self.pool.generate(payload)
@@ -393,7 +418,8 @@ def get_client(args: SlimeArgs) -> RolloutClient:
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`) or any config holding the engine addresses:
             `sglang_router_ip` / `sglang_router_port` (router mode when both are set) and `rollout_engine_urls`
-            (base URLs; a comma-separated string is accepted, since plugins may write one on their view).
+            (base URLs; a comma-separated string is accepted, since plugins may write one on their view); with
+            `lora_rank`, generation runs with the run's adapter (`slime_core.lora.LORA_NAME`).
 
     Raises:
         ValueError: neither a router nor engine URLs are configured.
@@ -405,7 +431,8 @@ def get_client(args: SlimeArgs) -> RolloutClient:
         urls = [u for u in urls.split(",") if u]
     if router_url is not None and router_url in [u.rstrip("/") for u in urls]:
         router_url = None  # the router address plugins see is the single engine itself: dispatch directly
-    key = (router_url, tuple(urls))
+    lora_name = LORA_NAME if args.lora_rank else None
+    key = (router_url, tuple(urls), lora_name)
     if key not in _CLIENTS:
         _CLIENTS[key] = RolloutClient(
             list(urls),
@@ -414,6 +441,7 @@ def get_client(args: SlimeArgs) -> RolloutClient:
             generate_timeout=float(args.sglang_router_request_timeout_secs),
             failover=args.use_fault_tolerance,
             recovery_timeout=args.rollout_engine_recovery_timeout,
+            lora_name=lora_name,
         )
         logger.info(
             "engine client: up to %d requests in flight per engine (--sglang-server-concurrency), %d engine(s)%s%s",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,8 @@ class RolloutState:
         aborted: set once the rollout has enough groups; tasks not yet started return ABORTED samples.
         evaluation: eval rollout (eval sampling params, no sample abort).
         rollout_id: id of the rollout (passed to hooks).
+        reward_seconds: wall seconds spent in reward calls, summed over the concurrent tasks (they overlap
+            generation; `perf/reward_time`).
     """
 
     semaphore: asyncio.Semaphore
@@ -58,6 +61,7 @@ class RolloutState:
     aborted: bool = False
     evaluation: bool = False
     rollout_id: int | None = None
+    reward_seconds: float = 0.0
 
     @classmethod
     def create(cls, args: SlimeArgs, *, rollout_id: int | None, evaluation: bool = False) -> RolloutState:
@@ -122,7 +126,9 @@ async def generate_and_rm(
     todo = [s for s in (result if isinstance(result, list) else [result]) if s.status is not Status.ABORTED]
     todo = [s for s in todo if s.reward is None]
     if todo:
+        t0 = time.perf_counter()
         rewards = await batched_async_rm(args, todo) if isinstance(result, list) else [await async_rm(args, todo[0])]
+        state.reward_seconds += time.perf_counter() - t0
         for s, reward in zip(todo, rewards, strict=True):
             s.reward = reward
     return result
@@ -179,6 +185,9 @@ async def generate_and_rm_group(
     if args.group_rm and not state.aborted:
         flat = flatten_groups([results])
         if all(s.status is not Status.ABORTED for s in flat) and any(s.reward is None for s in flat):
-            for s, reward in zip(flat, await batched_async_rm(args, flat), strict=True):
+            t0 = time.perf_counter()
+            rewards = await batched_async_rm(args, flat)
+            state.reward_seconds += time.perf_counter() - t0
+            for s, reward in zip(flat, rewards, strict=True):
                 s.reward = reward
     return results

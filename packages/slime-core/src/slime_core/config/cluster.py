@@ -114,10 +114,11 @@ class EngineArgs(ArgsGroup):
 class WeightSyncArgs(ArgsGroup):
     """How new weights reach the engines."""
 
-    weight_sync: Literal["auto", "tensor", "disk", "distributed"] = arg(
+    weight_sync: Literal["auto", "tensor", "disk", "distributed", "lora"] = arg(
         "auto",
         "Weight sync method: tensor (shared tensors / CUDA IPC), distributed (NCCL broadcast), disk (HF "
-        "checkpoint reload). auto: tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
+        "checkpoint reload), lora (adapter files reloaded with /load_lora_adapter; the one method with --lora-rank). "
+        "auto: lora with --lora-rank, tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
     )
     update_weight_mode: Literal["full", "delta"] = arg(
         "full", "Original flag: full (the only mode implemented) or delta (changed weights only)."

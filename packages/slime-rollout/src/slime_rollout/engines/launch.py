@@ -10,7 +10,8 @@ SGLang command line (flag names of SGLang 0.5.16 `ServerArgs`)::
 
     <engine python> -m sglang.launch_server --model-path <hf_checkpoint> --host H --port P --tp-size G
         --nccl-port N --base-gpu-id B --random-seed S --trust-remote-code --skip-server-warmup
-        [--mem-fraction-static F] [--enable-memory-saver] <every --sglang-* flag> <$SLIME_SGLANG_ARGS>
+        [--mem-fraction-static F] [--enable-memory-saver] [LoRA flags: `lora_server_args`] <every --sglang-* flag>
+        <$SLIME_SGLANG_ARGS>
 
 The SGLang interpreter is `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one (`engine_python`).
 Environment: `SLIME_SGLANG_PYTHONPATH` becomes the engine's PYTHONPATH, `SLIME_SGLANG_ARGS` is appended (shell-split).
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EngineGroup",
     "build_reference_command",
+    "lora_server_args",
     "build_sglang_command",
     "engine_env",
     "engine_python",
@@ -183,9 +185,28 @@ def build_sglang_command(
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     if memory_saver:
         cmd.append("--enable-memory-saver")
+    cmd += lora_server_args(cfg, passthrough)
     cmd += passthrough
     cmd += shlex.split(os.environ.get("SLIME_SGLANG_ARGS", ""))
     return cmd
+
+
+def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[str]:
+    """SGLang flags that let an engine serve the run's LoRA adapter (`--lora-rank`); empty without LoRA.
+
+    `--enable-lora` with room for an adapter of rank `--lora-rank` on `--lora-target-modules` (the adapter itself
+    is loaded by the first weight sync, `slime_rollout.lora_sync`); a pass-through `--sglang-<same flag>` wins.
+    """
+    if not cfg.lora_rank:
+        return []
+    wanted = {
+        "--enable-lora": [],
+        "--max-lora-rank": [str(cfg.lora_rank)],
+        "--lora-target-modules": list(cfg.lora_target_modules),
+        "--max-loras-per-batch": ["1"],
+    }
+    given = {t.split("=")[0] for t in passthrough if t.startswith("--")}
+    return [token for flag, values in wanted.items() if flag not in given for token in (flag, *values)]
 
 
 def build_reference_command(cfg: SlimeArgs, *, host: str, port: int, random_seed: int) -> list[str]:
