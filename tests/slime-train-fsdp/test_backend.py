@@ -303,6 +303,13 @@ def test_gpu_smoke(tiny_ckpt, tmp_path):
         assert res["bucket_dtype_device"] == ("torch.float32", "cuda")
         assert res["start"] == 3
         assert res["resume_max_diff"] == 0.0
+        # pinned host buffers: one per parameter shard and Adam moment, reused by the next sleep, and a
+        # wake-up restores parameters and optimizer states bit for bit on the GPU
+        n, pinned, nbytes = res["pinned_buffers"]
+        assert pinned and n > 0 and nbytes > 0
+        assert res["buffers_reused"]
+        assert res["wake_params_equal"] and res["wake_states_equal"]
+        assert res["states_device"] == ["cuda"]
 
 
 def test_resume_on_a_different_world_size(dp_runs):

@@ -38,6 +38,7 @@ from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device, load_hf_weights_into
+from slime_train_fsdp.offload import HostOffloader
 from slime_train_fsdp.packing import install_response_forward, pack_micro_batch, response_log_probs, split_by_lengths
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class FSDPTrainBackend:
         self.global_step = 0
         self._ref_shards: dict[str, torch.Tensor] | None = None
         self._asleep = False
+        self._host: HostOffloader | None = None
         self.step_metrics: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ setup
@@ -375,30 +377,30 @@ class FSDPTrainBackend:
         yield from iter_hf_buckets(self.model, bucket_bytes, dtype=self._checkpoint_dtype())
 
     # ----------------------------------------------------------- offloading
-    def _move_optimizer(self, device: torch.device | str) -> None:
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor) and k != "step":
-                    state[k] = v.to(device, non_blocking=True)
+    def _offloader(self) -> HostOffloader:
+        if self._host is None:
+            self._host = HostOffloader(self.model, self.optimizer, pin_memory=self.cfg.offload_train_pin_memory)
+        return self._host
 
     def sleep(self) -> None:
-        """Moves parameters, gradients and optimizer state to CPU and frees accelerator memory."""
+        """Moves parameters, buffers and optimizer states to host memory and frees accelerator memory.
+
+        Gradients are dropped (set to None): a sleep comes after a finished optimizer step. On CUDA the
+        host copies go to pinned buffers kept across steps (see `slime_train_fsdp.offload`).
+        """
         if self._asleep:
             return
         self.model.zero_grad(set_to_none=True)
-        self.model.to("cpu")
-        self._move_optimizer("cpu")
+        self._offloader().to_host()
         if self.device.type == "cuda":
-            torch.cuda.synchronize()
             torch.cuda.empty_cache()
         self._asleep = True
 
     def wake_up(self) -> None:
-        """Moves what `sleep` offloaded back to this rank's device."""
+        """Moves what `sleep` offloaded back to this rank's device (to CPU under `--fsdp-cpu-offload`)."""
         if not self._asleep:
             return
         offloaded = self.device.type == "cuda" and self.cfg.fsdp_cpu_offload
-        target = torch.device("cpu") if offloaded else self.device
-        self.model.to(target)
-        self._move_optimizer(target)
+        if not offloaded:
+            self._offloader().to_device(self.device)
         self._asleep = False

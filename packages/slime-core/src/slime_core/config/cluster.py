@@ -40,6 +40,11 @@ class ClusterArgs(ArgsGroup):
     offload_train: bool | None = arg(
         None, "Free trainer accelerator memory while rolling out (always on with --colocate; needs --colocate)."
     )
+    offload_train_pin_memory: bool = arg(
+        True,
+        "Swap the trainer's state through page-locked host buffers kept across steps (faster swaps; holds "
+        "host memory the size of the trainer's offloaded state while it is awake). FSDP backend.",
+    )
     offload_rollout: bool | None = arg(
         None, "Free engine accelerator memory while training (default: on with --colocate/--offload)."
     )
