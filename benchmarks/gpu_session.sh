@@ -18,6 +18,7 @@
 #   matmul          30  bf16 8192^3 matmul ceiling
 #   train          240  FSDP train() qwen3-0.6b (~60) and qwen3-4b (~150, incl. ~60 s checkpoint write)
 #   train_1.7b     120  FSDP train() qwen3-1.7b
+#   train_1.7b_16k 120  the same with 16k-token micro-batches (--max-tokens-per-gpu 16384 in a real run)
 #   train_base     120  the same with the pre-issue-22 settings (sdpa dense mask, fp32 head, no compile): side by side
 #   train_gc       150  FSDP train() qwen3-4b with --gradient-checkpointing
 #   weight_sync    200  disk vs tensor push, qwen3-0.6b, on the shared engine (engine start 60-100 s once)
@@ -153,6 +154,8 @@ for step in "$@"; do
       run_step train_4b 300 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --peak-tflops "$(peak_tflops)" ;;
     train_1.7b) run_step train_1.7b 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
                   --peak-tflops "$(peak_tflops)" ;;
+    train_1.7b_16k) run_step train_1.7b_16k 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
+                      --tokens-per-mb 16384 --peak-tflops "$(peak_tflops)" ;;
     train_base) run_step train_base 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
                   --attn-implementation sdpa --log-probs-head fp32 --compile-layers off --peak-tflops "$(peak_tflops)" ;;
     train_gc) run_step train_gc 250 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --gradient-checkpointing \
