@@ -54,6 +54,7 @@ def main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
+    from slime_app.guards import RunStopped
     from slime_app.loop import Run
 
     started = time.perf_counter()
@@ -65,6 +66,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("slime: interrupted, shutting down", file=sys.stderr)
         return 130
+    except RunStopped as e:
+        print(f"slime: stopped: {e}", file=sys.stderr)
+        return 3
     finally:
         if run is not None:
             run.close()
@@ -78,6 +82,8 @@ def main(argv: list[str]) -> int:
             print(f"eval accuracy: {first_series[0][1]:.3f} -> {first_series[-1][1]:.3f}")
         else:
             print(f"eval accuracy: {first_series[0][1]:.3f} (one eval)")
+    if run.goodput.num_rollouts:
+        print(run.goodput.summary())
     print(f"wall time: {wall:.0f} s")
     for label, path in outputs.items():
         print(f"{label}: {path}")
