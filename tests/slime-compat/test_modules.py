@@ -192,7 +192,11 @@ def test_generate_and_rm_group_adapter_uses_the_callers_sampling_params(monkeypa
         group = [Sample(prompt="a"), Sample(prompt="a")]
         out = asyncio.run(sglang_rollout.generate_and_rm_group(args, group, {"temperature": 0.1, "max_new_tokens": 3}))
         assert [s.session_id is not None for s in out] == [True, True]
-        assert seen == [{"temperature": 0.1, "max_new_tokens": 3}] * 2
+        # The caller's params, plus each sample's own seed (slime_rollout.seeds: rollout seed, prompt, index).
+        assert [{k: v for k, v in p.items() if k != "sampling_seed"} for p in seen] == [
+            {"temperature": 0.1, "max_new_tokens": 3}
+        ] * 2
+        assert len({p["sampling_seed"] for p in seen}) == 2
         sglang_rollout.GenerateState(args).aborted = True
         fresh = [Sample(prompt="b"), Sample(prompt="b")]
         assert asyncio.run(sglang_rollout.generate_and_rm_group(args, fresh, None)) is fresh  # aborted: untouched

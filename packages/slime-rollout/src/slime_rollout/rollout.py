@@ -188,6 +188,7 @@ async def generate_rollout_async(
     rounds = _SamplingRounds(rollout_id, target, args.dynamic_sampling_max_empty_rounds)
     discarded: dict[str, list[list[Any]]] = {"filtered": [], "aborted": [], "surplus": []}  # goodput accounting
     submitted = 0
+    order: dict[asyncio.Task[Any], int] = {}
     try:
         while len(data) < target:
             while len(data) + len(pending) < target:
@@ -196,11 +197,13 @@ async def generate_rollout_async(
                 if not groups:
                     raise RuntimeError("data source returned no samples")
                 for g in groups:
-                    task = generate_and_rm_group(args, g, state, prompt_position=submitted)
-                    pending.add(asyncio.create_task(task))
+                    task = asyncio.create_task(generate_and_rm_group(args, g, state, prompt_position=submitted))
+                    order[task] = submitted
+                    pending.add(task)
                     submitted += 1
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for position, task in enumerate(done):
+            # Groups that finished together are decided in submission order (a set's order is arbitrary).
+            for position, task in enumerate(sorted(done, key=order.pop)):
                 group = task.result()
                 all_groups.append(group)
                 if len(group) != n:
