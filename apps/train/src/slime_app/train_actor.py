@@ -91,8 +91,21 @@ class TrainActor:
         return int(self.backend.dp_rank)
 
     def train(self, rollout_id: int, batch: Any) -> dict[str, float]:
-        """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray)."""
-        return self.backend.train(rollout_id, batch)
+        """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray).
+
+        On CUDA the metrics gain `perf/train_peak_mem_gib`: the peak of memory allocated by this rank's
+        tensors during the step (GiB, `torch.cuda.max_memory_allocated`; the caching allocator's reserve
+        and other processes, e.g. a colocated engine, are not included).
+        """
+        import torch
+
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        metrics = self.backend.train(rollout_id, batch)
+        if cuda:
+            metrics = {**metrics, "perf/train_peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+        return metrics
 
     def save(self, rollout_id: int) -> None:
         """Writes a resumable checkpoint."""
