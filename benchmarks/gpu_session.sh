@@ -143,7 +143,7 @@ shared_engine_step() {  # shared_engine_step NAME TIMEOUT_S SCRIPT ARGS...
   run_step "$name" "$limit" python3 "$@" --engine-url "$(cat "$ENGINE_URL_FILE")"
 }
 
-[[ $# -gt 0 ]] || { sed -n 2,37p "$0"; exit 2; }
+[[ $# -gt 0 ]] || { sed -n 2,39p "$0"; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >> "$LOGS" 2>&1
 for step in "$@"; do
   case "$step" in
