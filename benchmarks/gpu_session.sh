@@ -23,6 +23,8 @@
 #   train_gc       150  FSDP train() qwen3-4b with --gradient-checkpointing
 #   train_megatron 200  Megatron train() (TP=PP=1, local spec, packed varlen attention) qwen3-0.6b (~70) and 1.7b (~100),
 #                       the FSDP shape (8 x 1024 tokens a micro-batch)
+#   train_megatron_1.7b 100  only the 1.7b of train_megatron
+#   swap            60  FSDP qwen3-0.6b train() + sleep()/wake_up() through pinned vs pageable host buffers
 #   train_megatron_4b  150  the same for qwen3-4b
 #   train_megatron_base 200  qwen3-1.7b with the pre-issue-22 dense-mask attention (--attention-backend local) at
 #                       4 micro-batches of 2 x 1024 a step (8 x 1024 OOMs: fp32 [16, T, T] probabilities per layer),
@@ -171,6 +173,10 @@ for step in "$@"; do
     train_megatron)
       run_step train_megatron_0.6b 200 python3 "$HERE/bench_train_megatron.py" --preset qwen3-0.6b --peak-tflops "$(peak_tflops)"
       run_step train_megatron_1.7b 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b --peak-tflops "$(peak_tflops)" ;;
+    train_megatron_1.7b) run_step train_megatron_1.7b 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b \
+                           --peak-tflops "$(peak_tflops)" ;;
+    swap) run_step swap_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --swap --repeats 2 \
+            --peak-tflops "$(peak_tflops)" ;;
     train_megatron_4b) run_step train_megatron_4b 300 python3 "$HERE/bench_train_megatron.py" --preset qwen3-4b \
                          --peak-tflops "$(peak_tflops)" ;;
     train_megatron_base)
