@@ -18,10 +18,12 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 
 from slime_convert import ModelArgs
 from slime_convert.hf_io import HFCheckpointReader
 from slime_convert.mapping import mcore_tensor_from_hf, mcore_to_hf
+from slime_train_megatron.attention import PackedCoreAttention, attention_kind
 from slime_train_megatron.layers import sandwich_norm_spec
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
@@ -69,6 +71,11 @@ def build_transformer_config(
     kwargs["activation_func"] = torch.nn.functional.silu
     kwargs.update(_optional_kwargs(model_args, settings))
     dtype = _DTYPES[settings.params_dtype_name]
+    if use_transformer_engine(settings):
+        # TE picks its kernel from this (through NVTE_* variables). The local spec chooses its core attention in
+        # the layer spec instead and keeps the default, so building models with different choices in one
+        # process does not trip megatron-core's check that the NVTE_* variables never change.
+        kwargs["attention_backend"] = AttnBackend[settings.attention_backend]
     return TransformerConfig(
         **kwargs,
         tensor_model_parallel_size=settings.tensor_model_parallel_size,
@@ -107,7 +114,8 @@ def build_transformer_config(
 def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[str, object]:
     """`TransformerConfig` kwargs of the optional Megatron flags (megatron-core's defaults when absent).
 
-    Uneven pipeline stages, the attention kernel and softmax precision, and the MoE training knobs.
+    Uneven pipeline stages, the attention softmax precision, and the MoE training knobs (the attention kernel is
+    set by `build_transformer_config` / `build_gpt_model`).
     """
     out: dict[str, object] = {
         "num_layers_in_first_pipeline_stage": settings.decoder_first_pipeline_num_layers,
@@ -115,11 +123,6 @@ def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[
         "attention_softmax_in_fp32": settings.attention_softmax_in_fp32,
         "deterministic_mode": settings.deterministic_mode,
     }
-    if settings.attention_backend is not None and use_transformer_engine(settings):
-        # Selects among Transformer Engine's attention kernels; the local spec has one (megatron-core's own).
-        from megatron.core.transformer.enums import AttnBackend
-
-        out["attention_backend"] = AttnBackend[settings.attention_backend]
     if model_args.is_moe:
         out.update(
             moe_router_load_balancing_type=settings.moe_router_load_balancing_type,
@@ -145,10 +148,15 @@ def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[
 def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: TransformerConfig) -> GPTModel:
     """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local).
 
-    GLM4's post-sublayer norms (`ModelArgs.sandwich_norm`) come from `slime_train_megatron.layers`.
+    With the local spec the core attention follows `--attention-backend` (`attention.attention_kind`): slime's
+    `PackedCoreAttention` (THD rows, no mask) or megatron-core's `DotProductAttention` (dense mask). GLM4's
+    post-sublayer norms (`ModelArgs.sandwich_norm`) come from `slime_train_megatron.layers`.
+
+    Raises:
+        ValueError: an `--attention-backend` the spec cannot run (see `attention.attention_kind`).
     """
-    use_te = use_transformer_engine(settings)
-    if use_te:
+    kind = attention_kind(settings, use_transformer_engine(settings))
+    if kind == "transformer_engine":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         spec = get_gpt_layer_with_transformer_engine_spec(
@@ -163,8 +171,10 @@ def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: T
             qk_layernorm=model_args.qk_layernorm,
             normalization="RMSNorm",
         )
+        if kind == "packed":
+            spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
     if model_args.sandwich_norm:
-        spec = sandwich_norm_spec(spec, use_te=use_te)
+        spec = sandwich_norm_spec(spec, use_te=kind == "transformer_engine")
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

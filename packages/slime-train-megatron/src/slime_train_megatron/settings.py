@@ -3,7 +3,7 @@
 Parsed from `cfg.megatron_args` (the raw Megatron CLI tokens a user passes through, e.g.
 `["--tensor-model-parallel-size", "2", "--sequence-parallel"]`) on top of the same-named fields of the
 run config (`cfg.lr`, `cfg.load`, ...), on top of slime's defaults (distributed optimizer on, bf16 unless
-`--fp16`, Transformer Engine spec when installed).
+`--fp16`, Transformer Engine spec when installed, else the local spec with slime's packed varlen attention).
 Flag names are Megatron-LM's. Only the flags `slime_core.config.megatron_flags` marks as `read` for Megatron
 reach this parser; validation has already judged every other Megatron flag of the run.
 """
@@ -40,6 +40,12 @@ class MegatronSettings(BaseModel):
     transformer_impl: Literal["transformer_engine", "local"] | None = Field(
         None, description="Layer spec; None → transformer_engine when importable, else local."
     )
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = Field(
+        "auto",
+        description="Core attention. Local spec: auto/flash → slime's packed varlen attention (flash kernel on CUDA, "
+        "exact per-sequence SDPA on CPU), local → megatron-core's DotProductAttention with a dense [T, T] mask; "
+        "fused/unfused need Transformer Engine, which picks its kernel from this flag.",
+    )
     bf16: bool = Field(False, description="bf16 params/compute (slime's default unless --fp16 or --fp32).")
     fp16: bool = Field(False, description="fp16 params/compute.")
     fp32: bool = Field(False, description="fp32 params/compute (slime extension; tests and CPU debugging).")
@@ -75,9 +81,6 @@ class MegatronSettings(BaseModel):
     optimizer_offload_fraction: float = Field(1.0, ge=0, le=1, description="Share of states on CPU when offloading.")
     use_precision_aware_optimizer: bool = Field(False, description="Megatron's precision-aware optimizer.")
     attention_softmax_in_fp32: bool = Field(False, description="Unfused attention softmax in fp32.")
-    attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] | None = Field(
-        None, description="Transformer Engine attention kernel (None: megatron-core's default, auto)."
-    )
     moe_aux_loss_coeff: float | None = Field(None, ge=0, description="Router loss weight (None: config.json's).")
     moe_z_loss_coeff: float | None = Field(None, ge=0, description="Router z-loss weight (None: off).")
     moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"] = "aux_loss"
