@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 
 from slime_core.config import SlimeArgs
 
@@ -11,6 +12,7 @@ logger = logging.getLogger(__name__)
 
 
 def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
+    from slime_rollout import multimodal
     from slime_rollout.data_source import load_prompt_rows
 
     try:
@@ -19,11 +21,21 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
     if not rows:
         raise ValueError(f"{flag} {spec}: no rows")
+    image_key = multimodal.image_column(cfg.multimodal_keys)
+    base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
+    num_images = 0
     for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
         if cfg.input_key not in row:
             raise ValueError(f"{flag} {spec} row {i}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
         if cfg.label_key and cfg.label_key not in row:
             raise ValueError(f"{flag} {spec} row {i}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
+        if image_key:
+            where = f"{flag} {spec} row {i} (--multimodal-keys column {image_key!r})"
+            num_images += multimodal.check_row_images(
+                row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
+            )
+    if image_key:
+        logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(rows), num_images)
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).
@@ -70,12 +82,26 @@ def _has_chat_template(model_dir: str) -> bool:
         return bool(json.load(f).get("chat_template"))
 
 
+def _has_image_processor(model_dir: str) -> bool:
+    """Whether `model_dir` holds an image processor config (a vision-language checkpoint's processor)."""
+    names = ("preprocessor_config.json", "processor_config.json")
+    if not any(os.path.exists(os.path.join(model_dir, n)) for n in names):
+        return False
+    if os.path.exists(os.path.join(model_dir, "preprocessor_config.json")):
+        return True
+    import json
+
+    with open(os.path.join(model_dir, "processor_config.json"), encoding="utf-8") as f:
+        return "image_processor" in json.load(f)
+
+
 def preflight(cfg: SlimeArgs) -> None:
     """Validates paths and data files named by the config.
 
     Raises:
         FileNotFoundError: a model directory or data file does not exist (message names the flag).
-        ValueError: a data file is malformed (message names the flag, file and line/row), or
+        ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys`
+            also a missing, unreadable or surplus image), or
             `--train-backend megatron` on a local run without CUDA.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
@@ -97,6 +123,11 @@ def preflight(cfg: SlimeArgs) -> None:
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}")
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
+    if cfg.multimodal_keys and cfg.hf_checkpoint and not _has_image_processor(cfg.hf_checkpoint):
+        raise FileNotFoundError(
+            f"--multimodal-keys: --hf-checkpoint {cfg.hf_checkpoint} has no preprocessor_config.json "
+            "(no image processor: not a vision-language checkpoint)"
+        )
     if cfg.prompt_data and not cfg.load_debug_rollout_data:
         _check_rows(cfg.prompt_data, cfg, "--prompt-data")
     for _name, path in cfg.eval_datasets:

@@ -9,6 +9,11 @@ Token layout::
     tokens        = prompt ids + response ids           len = len(prompt ids) + response_length
     loss_mask     = [1 for model tokens, 0 for tool tokens]   len = response_length
     rollout_log_probs = [engine log-prob for model tokens, 0.0 for tool tokens]   len = response_length
+
+Vision-language samples also carry their images (`multimodal_inputs`, as the dataset gave them) and, once the
+prompt went through the model's processor, the vision tensors the trainer's forward needs
+(`multimodal_train_inputs`); `tokens` then hold the processor's ids, image placeholders expanded to one token
+per merged vision patch. Text-only samples leave both None.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
 
 __all__ = ["Sample", "Status", "status_from_finish_reason"]
 
@@ -93,6 +101,12 @@ class Sample:
         session_id: routing key for engine affinity across turns.
         train_metadata: forwarded to the trainer unchanged.
         non_generation_time: seconds spent outside generation (tools, env), for perf metrics.
+        multimodal_inputs: raw media of the prompt, `{"images": [image, ...]}` in placeholder order; an image is
+            a file path or a `data:image/...;base64,` URI (`slime_rollout.multimodal` normalizes dataset values).
+            None for text-only prompts.
+        multimodal_train_inputs: the processor's vision tensors for the trainer's forward, e.g.
+            `{"pixel_values": [P, C*T*p*p] float32, "image_grid_thw": [num_images, 3] int64}` (`P` patches over
+            all images); None for text-only samples. Samples of one prompt group may share the tensors.
     """
 
     Status = Status  # original plugins write `Sample.Status.TRUNCATED` (a nested enum there)
@@ -117,6 +131,8 @@ class Sample:
     non_generation_time: float = 0.0
     generate_function_path: str | None = None
     custom_rm_path: str | None = None
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, torch.Tensor] | None = None
 
     # ---- derived views -------------------------------------------------------------------------
 
@@ -256,6 +272,12 @@ class Sample:
             if out[key] is not None:
                 out[key] = list(out[key])
         out["metadata"] = dict(self.metadata)
+        if self.multimodal_inputs is not None:
+            out["multimodal_inputs"] = {
+                k: list(v) if isinstance(v, list) else v for k, v in self.multimodal_inputs.items()
+            }
+        if self.multimodal_train_inputs is not None:
+            out["multimodal_train_inputs"] = {k: _encode_tensor(v) for k, v in self.multimodal_train_inputs.items()}
         return out
 
     @classmethod
@@ -277,6 +299,29 @@ class Sample:
             except ValueError:
                 raise ValueError(f"Sample.from_dict: unknown status {status!r}") from None
         kwargs["status"] = status
+        if kwargs.get("multimodal_train_inputs") is not None:
+            kwargs["multimodal_train_inputs"] = {
+                k: _decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()
+            }
         sample = cls(**kwargs)
         sample.validate()
         return sample
+
+
+def _encode_tensor(tensor: Any) -> dict[str, Any]:
+    """A tensor as builtins (`{"dtype", "shape", "data"}`, data flattened), so `to_dict` output survives JSON."""
+    t = tensor.detach().cpu()
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": t.reshape(-1).tolist()}
+
+
+def _decode_tensor(value: Any) -> torch.Tensor:
+    """Inverse of `_encode_tensor`; a tensor passes through (dumps made by `torch.save` keep real tensors)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        dtype = getattr(torch, value["dtype"])
+        return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"Sample.from_dict: bad multimodal_train_inputs tensor ({e})") from None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.unsupported import check_unsupported
+from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.estimators import ESTIMATORS, get_estimator
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _checkpoint_and_dumps(args)
     _weight_sync(args)
     _passthrough(args)
+    check_multimodal(args)
 
 
 class _Draft:
