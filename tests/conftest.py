@@ -78,7 +78,9 @@ QWEN_VL_CHAT_TEMPLATE = (
 
 def _tiny_vlm_config(family: str):
     """Config of a tiny random Qwen-VL model with the real Qwen vocab (both families: head_dim 8, mrope 2+1+1)."""
-    tokens = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653)
+    tokens = dict(
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653
+    )
     text = dict(
         vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=2048, tie_word_embeddings=True,
@@ -89,7 +91,8 @@ def _tiny_vlm_config(family: str):
 
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]}
         vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
-                      spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])  # fmt: skip
+                      spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                      fullatt_block_indexes=[1])  # fmt: skip
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **tokens), 14
     if family == "qwen3_vl":
         from transformers import Qwen3VLConfig

@@ -1,4 +1,4 @@
-"""`--multimodal-keys` rules (`slime_core.config.validation_multimodal`)."""
+"""`--multimodal-keys` / `--freeze-vision-tower` rules (`slime_core.config.validation_multimodal`)."""
 
 import pytest
 
@@ -27,6 +27,7 @@ def test_image_keys_are_accepted_from_the_command_line_as_json():
         ({"multimodal_keys": {"image": ""}}, "'image' must name a dataset column"),
         ({"multimodal_keys": KEYS, "apply_chat_template": False}, "--multimodal-keys needs --apply-chat-template"),
         ({"multimodal_keys": KEYS, "train_backend": "megatron"}, "train vision-language models with --train-backend"),
+        ({"freeze_vision_tower": True, "train_backend": "megatron"}, "--freeze-vision-tower is an FSDP option"),
     ],
 )
 def test_broken_rules_are_one_line_errors_naming_the_flags(overrides, message):

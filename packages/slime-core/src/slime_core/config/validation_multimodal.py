@@ -1,4 +1,4 @@
-"""Rules of vision-language runs (`--multimodal-keys`), part of `derive_and_validate`.
+"""Rules of vision-language runs (`--multimodal-keys`, `--freeze-vision-tower`), part of `derive_and_validate`.
 
 Kept apart from `validation.py` so the multimodal rules read in one place. Images are the only media this
 version implements; they reach the model through the processor's chat template, and only the FSDP backend
@@ -25,9 +25,14 @@ def check_multimodal(args: SlimeArgs) -> None:
 
     Raises:
         ConfigError: an unsupported media type or empty column name, `--multimodal-keys` without
-            `--apply-chat-template`, with `--train-backend megatron`, or with FSDP context parallelism.
+            `--apply-chat-template`, with `--train-backend megatron`, or with FSDP context parallelism;
+            `--freeze-vision-tower` on the Megatron backend.
     """
     keys = args.multimodal_keys
+    if args.freeze_vision_tower and args.train_backend != "fsdp":
+        raise ConfigError(
+            "--freeze-vision-tower is an FSDP option (vision-language models train on --train-backend fsdp)"
+        )
     if not keys:
         return
     for media, column in keys.items():
