@@ -110,6 +110,8 @@ def test_expanded_and_unexpanded_ids_and_text_give_the_same_prompt(vlm):
     t, h, w = vision.image_grid_thw[0].tolist()
     assert from_text == from_ids == again
     assert from_ids.count(IMAGE_PAD) == t * h * w // 4 == 6
+    continued = [*from_ids, 17, IMAGE_PAD, 23]  # a continuation whose earlier response sampled an image token
+    assert engine.vision.prepare(continued, None, [image])[0] == continued
     with pytest.raises(ValueError, match="the prompt has 1 image placeholder\\(s\\) for 2 image\\(s\\)"):
         engine.vision.prepare(unexpanded(engine), None, [image, image])
 

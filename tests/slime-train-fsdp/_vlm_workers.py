@@ -79,6 +79,24 @@ def hf_reference_log_probs(ckpt: str, samples: list[Sample]) -> list[torch.Tenso
     return out
 
 
+def hf_decode_log_probs(ckpt: str, sample: Sample) -> torch.Tensor:
+    """Transformers' own prefill + one-token decode steps (what an engine does): response tokens, whatever they
+    are, enter as text embeddings at the positions the model's cached rope deltas give them."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
+    prompt = torch.tensor(sample.tokens[: sample.prompt_length])[None]
+    mm = dict(sample.multimodal_train_inputs, mm_token_type_ids=(prompt == model.config.image_token_id).long())
+    out_lp = []
+    with torch.no_grad():
+        out = model(input_ids=prompt, use_cache=True, **mm)
+        for token in sample.response_tokens:
+            logits = out.logits[0, -1].float() / TEMPERATURE
+            out_lp.append(torch.log_softmax(logits, -1)[token])
+            out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+    return torch.stack(out_lp)
+
+
 def max_diff(a, b) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
@@ -131,6 +149,18 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     b.init(cfg, with_ref=False)
     res: dict = {"hf_diff": max_diff(b.compute_log_probs(batch), hf_reference_log_probs(ckpt, samples))}
     res["packed"] = packed_vs_single(b, batch)
+    # A response that samples the image placeholder token: text there, as the engine decoded it.
+    odd = copy.deepcopy(samples[0])
+    image_id = b.config.image_token_id
+    del odd.tokens[odd.prompt_length :]
+    odd.response_length, odd.loss_mask, odd.rollout_log_probs = 0, None, None
+    odd.append_response_tokens([17, image_id, 23, image_id, 31], log_probs=[-1.0] * 5)
+    odd_batch = build_rollout_batches(
+        make_args(ckpt, global_batch_size=1, micro_batch_size=1, rollout_batch_size=1, n_samples_per_prompt=1),
+        [odd],
+        dp_size=1,
+    )[0]
+    res["response_image_token_diff"] = max_diff(b.compute_log_probs(odd_batch), [hf_decode_log_probs(ckpt, odd)])
     first = {n: t.clone() for bucket in b.named_hf_weights(1 << 30) for n, t in bucket}
     res["pushed_names"] = sorted(first)
     b.train(0, batch)

@@ -90,6 +90,11 @@ def test_log_probs_match_plain_transformers(single):
     assert single["hf_diff"] <= TOL
 
 
+def test_image_tokens_sampled_in_a_response_are_text_as_in_the_engine(single):
+    # Against transformers' own prefill + KV-cache decode (no image features, text positions there).
+    assert single["response_image_token_diff"] <= TOL
+
+
 def test_packed_rows_with_images_equal_one_sample_at_a_time(single):
     p = single["packed"]
     assert p["position_rows"] == 4  # text positions + 3-D rotary positions

@@ -35,7 +35,12 @@ from torch.distributed.fsdp import register_fsdp_forward_method
 from slime_train_fsdp.attention import packed_attention_kwargs
 from slime_train_fsdp.context_parallel import gather_response_values, shard_row
 from slime_train_fsdp.logprob_head import DEFAULT_CPU_HEAD, head_log_probs
-from slime_train_fsdp.vision import dummy_vision_inputs, pack_vision_inputs, vision_tower_anchor
+from slime_train_fsdp.vision import (
+    dummy_vision_inputs,
+    install_placeholder_guard,
+    pack_vision_inputs,
+    vision_tower_anchor,
+)
 
 __all__ = [
     "ForwardOptions",
@@ -80,6 +85,8 @@ class PackedMicroBatch:
         seq_lengths: `T_i` of each packed sample, in packing order (sum `S`): the row's sequence boundaries.
         vision: the packed samples' images (`pixel_values` `[P, C*T*p*p]`, `image_grid_thw` `[num_images, 3]`,
             in packing order), or None when none has any.
+        vision_positions: `[1, S]` bool, the prompt positions (where image tokens are images; in responses they
+            are text), for vision-language models; else None.
     """
 
     input_ids: torch.Tensor
@@ -90,10 +97,11 @@ class PackedMicroBatch:
     response_lengths: list[int]
     seq_lengths: list[int] = dataclasses.field(default_factory=list)
     vision: dict[str, torch.Tensor] | None = None
+    vision_positions: torch.Tensor | None = None
 
 
-MropeFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
-"""`mrope(tokens [T_i], image_grid_thw or None) -> [3, T_i]` rotary positions of one sequence (`vision.py`)."""
+MropeFn = Callable[[torch.Tensor, torch.Tensor | None, int], torch.Tensor]
+"""`mrope(tokens [T_i], image_grid_thw or None, prompt_length) -> [3, T_i]` rotary positions (`vision.py`)."""
 
 
 def pack_micro_batch(
@@ -147,10 +155,14 @@ def pack_micro_batch(
     if vision is not None and mrope is None:
         raise ValueError("a sample has images (multimodal_train_inputs) but the model is not a vision-language model")
     position_ids = torch.cat(pos).unsqueeze(0)  # [1, S]
+    vision_positions = None
     if mrope is not None:
-        rope = [mrope(ids[k], (mm[k] or {}).get("image_grid_thw")) for k in range(len(sample_ids))]
+        prompts = [int(ids[k].numel()) - int(response_lengths[i]) for k, i in enumerate(sample_ids)]
+        rope = [mrope(ids[k], (mm[k] or {}).get("image_grid_thw"), prompts[k]) for k in range(len(sample_ids))]
         rope_3S = torch.cat(rope, dim=1) if rope else torch.zeros(3, 1, dtype=torch.long)
         position_ids = torch.cat([position_ids, rope_3S]).unsqueeze(1)  # [4, 1, S]
+        in_prompt = [torch.arange(int(t.numel())) < n for t, n in zip(ids, prompts or [1], strict=True)]
+        vision_positions = torch.cat(in_prompt).unsqueeze(0).to(device)  # [1, S]
     return PackedMicroBatch(
         input_ids=torch.cat(ids).unsqueeze(0).to(device),
         position_ids=position_ids.to(device),
@@ -160,6 +172,7 @@ def pack_micro_batch(
         response_lengths=[int(response_lengths[i]) for i in sample_ids],
         seq_lengths=[int(t.numel()) for t in ids],
         vision=vision,
+        vision_positions=vision_positions,
     )
 
 
@@ -180,6 +193,7 @@ def _response_forward(
     seq_lengths: list[int] | None = None,
     head: str | None = None,
     vision: dict[str, torch.Tensor] | None = None,
+    vision_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of a packed row: response log-probs `[R]` fp32, entropy `[R]` (or `[0]`), and an anchor.
 
@@ -192,6 +206,7 @@ def _response_forward(
     vision_kwargs: dict[str, torch.Tensor] = {}
     if visual is not None:
         visual.slime_outputs = []
+        self.model.slime_vision_positions = vision_positions
         if vision is None:
             dummy = dummy_vision_inputs(self.config.vision_config, input_ids.device, visual.dtype)
             visual(dummy["pixel_values"], grid_thw=dummy["grid_thw"])
@@ -216,6 +231,7 @@ def _response_forward(
     if visual is not None:
         anchor = anchor + vision_tower_anchor(visual.slime_outputs).to(anchor.device)
         visual.slime_outputs = []
+        self.model.slime_vision_positions = None
     h_resp = hidden.index_select(0, predict_index)  # [R, H]
     logp, entropy = head_log_probs(h_resp, weight, targets, temperature=temperature, chunk_size=chunk_size,
                                    with_entropy=with_entropy, head=head or opts.head)  # fmt: skip
@@ -246,6 +262,7 @@ def install_response_forward(model: nn.Module, options: ForwardOptions | None = 
         # The forward reads what the vision tower returned (for the loss anchor); a hook sees it whoever calls it.
         visual.slime_outputs = []
         visual.register_forward_hook(lambda module, args, output: module.slime_outputs.append(output))
+        install_placeholder_guard(model.model)
 
 
 def response_log_probs(
@@ -273,4 +290,4 @@ def response_log_probs(
     """
     fn = getattr(model, _FORWARD_METHOD)
     return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, temperature, chunk_size, with_entropy,
-              mb.seq_lengths, head, mb.vision)  # fmt: skip
+              mb.seq_lengths, head, mb.vision, mb.vision_positions)  # fmt: skip

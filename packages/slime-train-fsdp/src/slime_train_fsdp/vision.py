@@ -8,6 +8,10 @@ A packed micro-batch of a vision-language model carries, besides the token row:
   attention mask / `cu_seqlens` from), rows 1-3 are the 3-D rotary positions of each sequence from the model's
   own `get_rope_index`, which is what the inference engine computes for the same tokens.
 
+Image tokens count only in prompts. A sampled response may contain the image placeholder token (a small or
+young policy samples anything); the engine embedded it as text while decoding, so the trainer does too: only the
+prompt's image tokens get rotary image positions and image features (`install_placeholder_guard`).
+
 FSDP2 needs every rank to run the same sequence of units per micro-batch. A micro-batch without images (text-only
 samples, or the empty dummy row of a rank with fewer samples) therefore runs the vision tower on a one-token dummy
 image, and the zero-valued loss anchor reaches the vision tower's output in both cases, so backward (and the vision
@@ -29,6 +33,7 @@ from slime_core.hf_names import is_vision_tower_param
 __all__ = [
     "VISION_INPUT_KEYS",
     "dummy_vision_inputs",
+    "install_placeholder_guard",
     "is_vision_language",
     "mrope_position_ids",
     "pack_vision_inputs",
@@ -46,7 +51,7 @@ def is_vision_language(config: Any) -> bool:
 
 
 def mrope_position_ids(
-    inner_model: nn.Module, tokens: torch.Tensor, image_grid_thw: torch.Tensor | None
+    inner_model: nn.Module, tokens: torch.Tensor, image_grid_thw: torch.Tensor | None, prompt_length: int
 ) -> torch.Tensor:
     """`[3, T]` int64 3-D rotary positions of one sequence (prompt + response), from the model's `get_rope_index`.
 
@@ -54,14 +59,39 @@ def mrope_position_ids(
         inner_model: the `*VLModel` (`model.model` of a `*ForConditionalGeneration`).
         tokens: `[T]` token ids, image placeholders expanded.
         image_grid_thw: `[num_images, 3]` grids of the sequence's images, or None (then `arange(T)` on all rows).
+        prompt_length: tokens before the response; image tokens after it are text (as the engine decoded them).
     """
     ids = tokens.reshape(1, -1).long().cpu()
     if image_grid_thw is None:
         return torch.arange(ids.shape[1]).expand(3, -1).clone()
-    config = inner_model.config
-    token_type = (ids == config.image_token_id).long() + 2 * (ids == config.video_token_id).long()
+    token_type = (ids == inner_model.config.image_token_id).long()
+    token_type[:, prompt_length:] = 0
     pos, _ = inner_model.get_rope_index(ids, mm_token_type_ids=token_type, image_grid_thw=image_grid_thw.cpu())
     return pos[:, 0, :]
+
+
+def install_placeholder_guard(inner_model: nn.Module) -> None:
+    """Makes the model scatter image features only into prompt positions (`inner_model.slime_vision_positions`).
+
+    The model's own `get_placeholder_mask` marks every image/video token of the row; wrapped here, it sees the
+    row with such tokens outside `slime_vision_positions` (a `[1, S]` bool set around each forward) replaced by
+    token 0, so they stay text embeddings. The embeddings themselves are computed from the real ids before.
+    """
+    if hasattr(inner_model, "slime_vision_positions"):
+        return
+    inner_model.slime_vision_positions = None
+    original = inner_model.get_placeholder_mask
+    config = inner_model.config
+
+    def get_placeholder_mask(input_ids, inputs_embeds, image_features=None, video_features=None):
+        allowed = inner_model.slime_vision_positions
+        if allowed is not None and input_ids is not None:
+            vision = (input_ids == config.image_token_id) | (input_ids == config.video_token_id)
+            input_ids = input_ids.masked_fill(vision & ~allowed, 0)
+        return original(input_ids, inputs_embeds=inputs_embeds, image_features=image_features,
+                        video_features=video_features)  # fmt: skip
+
+    inner_model.get_placeholder_mask = get_placeholder_mask
 
 
 def pack_vision_inputs(

@@ -3,8 +3,8 @@
 A request names its images in `image_data` (a `data:` URI, bare base64 or a file path each, one per image
 placeholder of the prompt, in order) with either `text` (placeholders not expanded: the processor expands them)
 or `input_ids`. As SGLang does, `input_ids` may hold each image's placeholder expanded or not: every run of image
-tokens is set to exactly the number of merged patches of its image, so a client that expanded them with the same
-processor sends ids that come back unchanged.
+tokens after `<|vision_start|>` is set to exactly the number of merged patches of its image, so a client that
+expanded them with the same processor sends ids that come back unchanged.
 
 `mrope_positions` gives the 3-D rotary positions (temporal, height, width) of a prompt with images, from the
 model's own `get_rope_index`, so prefill can run left-padded rows through the language model with explicit
@@ -81,6 +81,7 @@ class VisionPreprocessor:
     def __init__(self, processor: Any, config: Any) -> None:
         self.processor = processor
         self.image_token_id = int(config.image_token_id)
+        self.vision_start_id = int(config.vision_start_token_id)
         self.merge = int(config.vision_config.spatial_merge_size)
 
     def prepare(
@@ -113,7 +114,9 @@ class VisionPreprocessor:
         runs = 0
         i = 0
         while i < len(ids):
-            if ids[i] != self.image_token_id:
+            # An image is a run of image tokens right after <|vision_start|>; a lone image token elsewhere (one a
+            # policy sampled in an earlier turn of a continued sample) is text.
+            if ids[i] != self.image_token_id or i == 0 or ids[i - 1] != self.vision_start_id:
                 out.append(ids[i])
                 i += 1
                 continue
