@@ -5,8 +5,8 @@ reference engine subprocess (`image_data`) → `build_rollout_batches` → `FSDP
 
 1. first-step parity: the trainer's log-probs of the engine's samples equal the engine's own (fp32, 1e-5);
 2. weight sync round trip: after a GRPO step the `TensorWeightUpdater` pushes `named_hf_weights()` (checkpoint
-   names) into the engine; the engine then holds exactly the trainer's tensors, and the trainer's log-probs of
-   newly generated samples equal the engine's again;
+   names, every trainable parameter) into the engine; read back through `/get_weights_by_name` the engine holds
+   exactly the trainer's tensors, and the trainer's log-probs of newly generated samples equal the engine's again;
 3. with `--freeze-vision-tower` the second push carries no vision tensor and the parity still holds.
 
 Both Qwen-VL families (tiny random checkpoints with the real Qwen tokenizer).
@@ -20,6 +20,7 @@ import random
 import socket
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from slime_core.config import PluginArgs, SlimeArgs
@@ -146,9 +147,24 @@ def _train_and_sync(cfg, backend, updater, urls, freeze):
     assert any("visual" in n for n in pushed) is (not freeze)  # a frozen tower is pushed only once
     assert any("layers" in n for n in pushed)
 
+    # Every trainable weight the engine serves was pushed (a frozen tower's were pushed by the first update).
+    model_type = backend.config.model_type
+    params = dict(backend.model.named_parameters())
+    assert all(to_module_name(n, model_type) in params for n in trained)
+    pushed_modules = {to_module_name(n, model_type) for n in pushed}
+    assert {n for n, p in params.items() if p.requires_grad} <= pushed_modules
+
+    # Round trip: the engine, read back through SGLang's /get_weights_by_name, holds exactly the trainer's tensors.
+    import httpx
+
+    with httpx.Client(base_url=urls[0], timeout=60) as http:
+        for name, tensor in trained.items():
+            resp = http.post("/get_weights_by_name", json={"name": name, "truncate_size": tensor.shape[0]})
+            resp.raise_for_status()
+            engine = torch.tensor(resp.json(), dtype=torch.float32)
+            torch.testing.assert_close(engine, tensor.float(), atol=0, rtol=0, msg=f"engine's {name} differs")
+
     # The engine now computes what the trainer computes: new samples' log-probs agree again.
     samples = _rollout(cfg, urls)
     diff, _ = _parity(backend, cfg, samples)
     assert diff <= LOGPROB_ATOL, f"after the weight sync, trainer vs engine log-prob gap {diff}"
-    model_type = backend.config.model_type
-    assert all(to_module_name(n, model_type) in dict(backend.model.named_parameters()) for n in trained)

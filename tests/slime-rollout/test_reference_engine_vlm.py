@@ -139,3 +139,25 @@ def test_http_generate_with_image_data_and_weight_updates_by_checkpoint_name(vlm
     assert torch.equal(engine.model.state_dict()[module_name], old)
     with pytest.raises(KeyError, match="unknown parameter"):
         engine.load_named_tensors([("visual.nope.weight", new)])
+
+
+def test_get_weights_by_name_reads_back_by_checkpoint_name(vlm):
+    engine, _ = vlm
+    checkpoint_name = "visual.blocks.0.attn.qkv.weight" if engine.model_type == "qwen2_5_vl" else None
+    module_name = "model.visual.blocks.0.attn.qkv.weight"
+    name = checkpoint_name or module_name
+    old = engine.model.state_dict()[module_name].clone()
+    new = torch.randn(old.shape, generator=torch.Generator().manual_seed(3))
+    app = build_app(engine, max_running_requests=4, random_seed=0, server_args={})
+    try:
+        with TestClient(app) as client:
+            engine.load_named_tensors([(name, new)])
+            # SGLang's request shape; the reply is the first `truncate_size` rows.
+            rows = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 3}).json()
+            assert torch.equal(torch.tensor(rows), new[:3])
+            full = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 10**6}).json()
+            assert torch.equal(torch.tensor(full), new)
+            bad = client.post("/get_weights_by_name", json={"name": "visual.nope.weight"})
+            assert bad.status_code == 400 and "unknown parameter" in bad.json()["message"]
+    finally:
+        engine.load_named_tensors([(module_name, old)])

@@ -389,6 +389,26 @@ class ReferenceModel:
                 n += 1
         return n
 
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """The first `truncate_size` rows of one parameter, as SGLang's `/get_weights_by_name` returns them.
+
+        Args:
+            name: Hugging Face checkpoint name (mapped as in `load_named_tensors`) or module name.
+            truncate_size: rows kept along dim 0 (a 1-D tensor keeps its first `truncate_size` values).
+
+        Returns:
+            Nested Python lists of the tensor's values in float32 (JSON-serialisable).
+
+        Raises:
+            KeyError: a name the model does not have.
+        """
+        state = self.model.state_dict()
+        module_name = to_module_name(name, self.model_type)
+        if module_name not in state:
+            raise KeyError(f"get_weights_by_name: unknown parameter {name!r}")
+        with self.lock:
+            return state[module_name][:truncate_size].detach().float().cpu().tolist()
+
     def load_from_disk(self, model_path: str) -> int:
         """Loads every `*.safetensors` file of an HF checkpoint directory into the model.
 

@@ -3,8 +3,8 @@
 Routes, methods and field names follow SGLang 0.5.16 so the rollout code cannot tell the two apart:
 `/generate`, `/abort_request`, `/flush_cache`, `/pause_generation`, `/continue_generation`,
 `/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_disk`,
-`/update_weights_from_tensor`, `/get_weight_version`, `/health`, `/health_generate`, `/v1/loads`,
-`/model_info` (`/get_model_info`), `/server_info` (`/get_server_info`), and the weight-update group routes
+`/update_weights_from_tensor`, `/get_weights_by_name`, `/get_weight_version`, `/health`, `/health_generate`,
+`/v1/loads`, `/model_info` (`/get_model_info`), `/server_info` (`/get_server_info`), and the weight-update group routes
 `/init_weights_update_group`, `/update_weights_from_distributed`, `/destroy_weights_update_group`. Weight-update
 bodies and payloads are decoded with `slime_rollout.wire`, the module the trainer side encodes with.
 A vision-language checkpoint also takes SGLang's `image_data` on `/generate` (see `vision.py`).
@@ -284,6 +284,17 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             return model.load_named_tensors(named)
 
         return await run_update(receive, req.weight_version, _abort_all_requests(body))
+
+    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def get_weights_by_name(request: Request):
+        body = await request.json()
+        try:
+            values = await asyncio.to_thread(
+                model.get_weights_by_name, str(body["name"]), int(body.get("truncate_size", 100))
+            )
+        except KeyError as exc:
+            return JSONResponse({"success": False, "message": f"get_weights_by_name: {exc}"}, status_code=400)
+        return JSONResponse(values)
 
     @app.get("/get_weight_version")
     async def get_weight_version():
