@@ -28,6 +28,7 @@ def test_image_keys_are_accepted_from_the_command_line_as_json():
         ({"multimodal_keys": KEYS, "apply_chat_template": False}, "--multimodal-keys needs --apply-chat-template"),
         ({"multimodal_keys": KEYS, "train_backend": "megatron"}, "train vision-language models with --train-backend"),
         ({"freeze_vision_tower": True, "train_backend": "megatron"}, "--freeze-vision-tower is an FSDP option"),
+        ({"multimodal_keys": KEYS, "lora_rank": 8}, "--lora-rank 8: LoRA on vision-language models is not implemented"),
     ],
 )
 def test_broken_rules_are_one_line_errors_naming_the_flags(overrides, message):

@@ -158,6 +158,6 @@ def test_get_weights_by_name_reads_back_by_checkpoint_name(vlm):
             full = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 10**6}).json()
             assert torch.equal(torch.tensor(full), new)
             bad = client.post("/get_weights_by_name", json={"name": "visual.nope.weight"})
-            assert bad.status_code == 400 and "unknown parameter" in bad.json()["message"]
+            assert bad.status_code == 400 and "unknown parameter" in bad.json()["error"]["message"]
     finally:
         engine.load_named_tensors([(module_name, old)])

@@ -25,8 +25,8 @@ def check_multimodal(args: SlimeArgs) -> None:
 
     Raises:
         ConfigError: an unsupported media type or empty column name, `--multimodal-keys` without
-            `--apply-chat-template`, with `--train-backend megatron`, or with FSDP context parallelism;
-            `--freeze-vision-tower` on the Megatron backend.
+            `--apply-chat-template`, with `--train-backend megatron`, with `--lora-rank`, or with FSDP context
+            parallelism; `--freeze-vision-tower` on the Megatron backend.
     """
     keys = args.multimodal_keys
     if args.freeze_vision_tower and args.train_backend != "fsdp":
@@ -51,6 +51,11 @@ def check_multimodal(args: SlimeArgs) -> None:
         raise ConfigError(
             "--multimodal-keys: the Megatron backend builds text-only GPT models; train vision-language models with "
             "--train-backend fsdp"
+        )
+    if args.lora_rank:
+        raise ConfigError(
+            f"--multimodal-keys with --lora-rank {args.lora_rank}: LoRA on vision-language models is not implemented; "
+            "train the full model (--freeze-vision-tower keeps the tower fixed)"
         )
     if args.context_parallel_size > 1:
         raise ConfigError(

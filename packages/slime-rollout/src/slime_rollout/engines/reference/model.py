@@ -30,6 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 from transformers.cache_utils import DynamicLayer
 
 from slime_core.hf_names import to_module_name
+from slime_rollout.engines.reference.lora import LoraAdapters
 from slime_rollout.engines.reference.sampling import SamplingParams, find_stop_string, sample_next_token, trim_stop
 from slime_rollout.engines.reference.vision import VisionInputs, VisionPreprocessor, mrope_positions
 
@@ -60,6 +61,7 @@ class GenRequest:
         aborted: set by /abort_request; the decode loop finishes the request with type "abort".
         created: `time.monotonic()` at arrival (for `e2e_latency`).
         vision: the prompt's vision tensors (requests with `image_data`), else None.
+        lora: the LoRA adapter the request runs with (`lora_path` of `/generate`), None for the base model.
     """
 
     rid: str
@@ -74,6 +76,7 @@ class GenRequest:
     aborted: bool = False
     created: float = dataclasses.field(default_factory=time.monotonic)
     vision: VisionInputs | None = None
+    lora: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -133,6 +136,7 @@ class ReferenceModel:
         self.pad_token_id = int(pad if pad is not None else next(iter(self.eos_token_ids), 0))
         text_config = config.get_text_config()
         self.max_context_len = int(getattr(text_config, "max_position_embeddings", 1 << 30))
+        self.adapters = LoraAdapters(self.model)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -155,6 +159,7 @@ class ReferenceModel:
         notify: Callable[[GenRequest], None] = lambda r: None,
         take_new: Callable[[int], list[GenRequest]] = lambda n: [],
         max_batch: int = 1 << 30,
+        lora: str | None = None,
     ) -> None:
         """Generates requests to completion with continuous batching, filling them in place.
 
@@ -167,7 +172,16 @@ class ReferenceModel:
             notify: called (from this thread) once per request when it finishes.
             take_new: returns up to n more requests to admit (none: the batch only drains).
             max_batch: largest number of rows in flight.
+            lora: the LoRA adapter of every request of the batch (None: the base model).
         """
+        with self.lock:
+            self.adapters.active = lora
+        try:
+            self._generate(reqs, wait_if_paused, notify, take_new, max_batch)
+        finally:
+            self.adapters.active = None
+
+    def _generate(self, reqs, wait_if_paused, notify, take_new, max_batch) -> None:  # noqa: ANN001
         batch: _Batch | None = None
         new = reqs
         mergeable = True
@@ -390,24 +404,34 @@ class ReferenceModel:
         return n
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
-        """The first `truncate_size` rows of one parameter, as SGLang's `/get_weights_by_name` returns them.
+        """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).
 
-        Args:
-            name: Hugging Face checkpoint name (mapped as in `load_named_tensors`) or module name.
-            truncate_size: rows kept along dim 0 (a 1-D tensor keeps its first `truncate_size` values).
-
-        Returns:
-            Nested Python lists of the tensor's values in float32 (JSON-serialisable).
+        Checkpoint names (e.g. `visual.*` for Qwen2.5-VL) are mapped to module names as in `load_named_tensors`;
+        module names pass unchanged. As SGLang, a tied `lm_head.weight` reads the embedding. For a 2-D weight the
+        result is a list of rows.
 
         Raises:
-            KeyError: a name the model does not have.
+            KeyError: the model has no such parameter or buffer.
         """
         state = self.model.state_dict()
         module_name = to_module_name(name, self.model_type)
+        tied = getattr(self.model.config.get_text_config(), "tie_word_embeddings", False)
+        if module_name not in state and name == "lm_head.weight" and tied:
+            module_name = next((k for k in state if k.endswith("embed_tokens.weight")), module_name)
         if module_name not in state:
             raise KeyError(f"get_weights_by_name: unknown parameter {name!r}")
         with self.lock:
-            return state[module_name][:truncate_size].detach().float().cpu().tolist()
+            return state[module_name][:truncate_size].detach().to("cpu", torch.float32).tolist()
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Loads a PEFT adapter directory as `name` between two decode steps (`LoraAdapters.load`)."""
+        with self.lock:
+            self.adapters.load(name, path)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Forgets adapter `name` (`LoraAdapters.unload`)."""
+        with self.lock:
+            self.adapters.unload(name)
 
     def load_from_disk(self, model_path: str) -> int:
         """Loads every `*.safetensors` file of an HF checkpoint directory into the model.
