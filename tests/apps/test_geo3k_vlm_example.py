@@ -114,6 +114,7 @@ def test_committed_model_and_processor_lay_out_an_image_prompt(build):
 def test_example_config_runs_two_small_rollouts(tmp_path):
     import torch
 
+    from slime_core.sample import Sample
     from slime_rollout.rewards import rule_based_reward
 
     out = tmp_path / "run"
@@ -133,7 +134,8 @@ def test_example_config_runs_two_small_rollouts(tmp_path):
 
     samples = torch.load(out / "dumps" / "rollout_0.pt", weights_only=False)["samples"]
     assert len(samples) == 8 * 8
-    for s in samples:
-        assert len(s["multimodal_inputs"]["images"]) == 1
-        assert s["multimodal_train_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]
-        assert s["reward"] == rule_based_reward("math", s["response"], s["label"])
+    for s in map(Sample.from_dict, samples):
+        assert len(s.multimodal_inputs["images"]) == 1
+        assert s.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
+        assert s.multimodal_train_inputs["pixel_values"].shape[0] == 16  # 4x4 patches of 16 pixels
+        assert s.reward == rule_based_reward("math", s.response, s.label)
