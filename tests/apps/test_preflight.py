@@ -135,3 +135,52 @@ def test_chat_template_flag_needs_a_template(tmp_path):
 def test_plugin_fields_are_config_fields():
     # preflight reads each of them as `getattr(cfg, name)`, with no default.
     assert set(PLUGIN_FIELDS) <= set(SlimeArgs.model_fields)
+
+
+def _vlm_dir(tmp_path) -> pathlib.Path:
+    """Config, chat template and image processor config (what preflight looks at) of a vision-language model."""
+    model = tmp_path / "vlm"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    (model / "processor_config.json").write_text(json.dumps({"image_processor": {"patch_size": 14}}))
+    return model
+
+
+def _png(path: pathlib.Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(path)
+
+
+def test_images_are_checked_row_by_row(tmp_path):
+    model = _vlm_dir(tmp_path)
+    _png(tmp_path / "ok.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    rows = [{"prompt": "<image>How many?", "label": "2", "images": ["ok.png"]}]
+    data = tmp_path / "d.jsonl"
+
+    def check(*more_rows):
+        data.write_text("".join(json.dumps(r) + "\n" for r in [*rows, *more_rows]))
+        preflight(_args(data, "--hf-checkpoint", str(model), "--apply-chat-template",
+                        "--multimodal-keys", '{"image": "images"}'))  # fmt: skip
+
+    check()  # valid: the image is found next to the data file and decodes
+    with pytest.raises(ValueError, match=r"d\.jsonl row 2 \(--multimodal-keys column 'images'\) image 1: image "
+                                         r"'gone\.png' is neither an existing file"):  # fmt: skip
+        check({"prompt": "<image>?", "label": "1", "images": ["gone.png"]})
+    with pytest.raises(ValueError, match=r"d\.jsonl row 2 .* image 1: image .*broken\.png: cannot be decoded"):
+        check({"prompt": "<image>?", "label": "1", "images": ["broken.png"]})
+    with pytest.raises(ValueError, match=r"d\.jsonl row 3 .*: the prompt has 2 <image> placeholder\(s\) for 1"):
+        check({"prompt": "<image>?", "label": "1", "images": ["ok.png"]},
+              {"prompt": "<image><image>?", "label": "1", "images": ["ok.png"]})  # fmt: skip
+
+
+def test_multimodal_keys_need_an_image_processor(tmp_path):
+    model = _vlm_dir(tmp_path)
+    (model / "processor_config.json").unlink()
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "x", "label": "2"}) + "\n")
+    with pytest.raises(FileNotFoundError, match="--multimodal-keys: --hf-checkpoint .* has no preprocessor_config"):
+        preflight(_args(data, "--hf-checkpoint", str(model), "--apply-chat-template",
+                        "--multimodal-keys", '{"image": "images"}'))  # fmt: skip

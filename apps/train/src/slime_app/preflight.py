@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 
 from slime_app.checkpoints import check_checkpoints
 from slime_core.config import SlimeArgs
@@ -12,6 +13,7 @@ logger = logging.getLogger(__name__)
 
 
 def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
+    from slime_rollout import multimodal
     from slime_rollout.data_source import load_prompt_rows
 
     try:
@@ -20,11 +22,21 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
     if not rows:
         raise ValueError(f"{flag} {spec}: no rows")
+    image_key = multimodal.image_column(cfg.multimodal_keys)
+    base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
+    num_images = 0
     for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
         if cfg.input_key not in row:
             raise ValueError(f"{flag} {spec} row {i}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
         if cfg.label_key and cfg.label_key not in row:
             raise ValueError(f"{flag} {spec} row {i}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
+        if image_key:
+            where = f"{flag} {spec} row {i} (--multimodal-keys column {image_key!r})"
+            num_images += multimodal.check_row_images(
+                row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
+            )
+    if image_key:
+        logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(rows), num_images)
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).
@@ -157,6 +169,19 @@ def _check_hardware(cfg: SlimeArgs) -> None:
         )
 
 
+def _has_image_processor(model_dir: str) -> bool:
+    """Whether `model_dir` holds an image processor config (a vision-language checkpoint's processor)."""
+    names = ("preprocessor_config.json", "processor_config.json")
+    if not any(os.path.exists(os.path.join(model_dir, n)) for n in names):
+        return False
+    if os.path.exists(os.path.join(model_dir, "preprocessor_config.json")):
+        return True
+    import json
+
+    with open(os.path.join(model_dir, "processor_config.json"), encoding="utf-8") as f:
+        return "image_processor" in json.load(f)
+
+
 def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     """Validates paths, data files, plugins, architecture flags and checkpoints named by the config.
 
@@ -170,7 +195,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
 
     Raises:
         FileNotFoundError: a model directory, data file or `--ref-load` does not exist (message names the flag).
-        ValueError: a data file is malformed (message names the flag, file and line/row), an architecture flag
+        ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys` also a
+            missing, unreadable or surplus image), an architecture flag
             contradicts config.json, a checkpoint the backend cannot read, or hardware this run cannot use.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
@@ -186,6 +212,11 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}")
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
+    if cfg.multimodal_keys and cfg.hf_checkpoint and not _has_image_processor(cfg.hf_checkpoint):
+        raise FileNotFoundError(
+            f"--multimodal-keys: --hf-checkpoint {cfg.hf_checkpoint} has no preprocessor_config.json "
+            "(no image processor: not a vision-language checkpoint)"
+        )
     notes = _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
     if cfg.prompt_data and not cfg.load_debug_rollout_data:

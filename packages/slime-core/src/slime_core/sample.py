@@ -9,6 +9,11 @@ Token layout::
     tokens        = prompt ids + response ids           len = len(prompt ids) + response_length
     loss_mask     = [1 for model tokens, 0 for tool tokens]   len = response_length
     rollout_log_probs = [engine log-prob for model tokens, 0.0 for tool tokens]   len = response_length
+
+Vision-language samples also carry their images (`multimodal_inputs`, as the dataset gave them) and, once the
+prompt went through the model's processor, the vision tensors the trainer's forward needs
+(`multimodal_train_inputs`); `tokens` then hold the processor's ids, image placeholders expanded to one token
+per merged vision patch. Text-only samples leave both None.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
 
 __all__ = ["Sample", "Status", "status_from_finish_reason"]
 
@@ -98,10 +106,12 @@ class Sample:
         generate_function_path: per-sample override of `--custom-generate-function-path` (eval datasets).
         custom_rm_path: per-sample override of `--custom-rm-path` (eval datasets).
         apply_chat_template_kwargs: per-sample chat-template kwargs (original field; prompts arrive rendered).
-        multimodal_inputs: raw media of the prompt (original field). Prompts are text only here: a sample
-            that carries media is rejected when it becomes training data.
-        multimodal_train_inputs: processor outputs for the trainer's forward (original field; rejected
-            like `multimodal_inputs` when set).
+        multimodal_inputs: raw media of the prompt, `{"images": [image, ...]}` in placeholder order; an image is
+            a file path or a `data:image/...;base64,` URI (`slime_rollout.multimodal` normalizes dataset values).
+            None for text-only prompts.
+        multimodal_train_inputs: the processor's vision tensors for the trainer's forward, e.g.
+            `{"pixel_values": [P, C*T*p*p] float32, "image_grid_thw": [num_images, 3] int64}` (`P` patches over
+            all images); None for text-only samples. Samples of one prompt group may share the tensors.
         multimodal_train_input_id: cache id of `multimodal_train_inputs` (original field).
         rollout_top_p_token_ids: top-p replay token ids (original field; top-p replay is not implemented,
             a sample that carries them is rejected when it becomes training data).
@@ -134,10 +144,10 @@ class Sample:
     non_generation_time: float = 0.0
     generate_function_path: str | None = None
     custom_rm_path: str | None = None
-    # Original fields this version does not train with; `unsupported_fields()` names the ones a sample sets.
     apply_chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     multimodal_inputs: dict[str, Any] | None = None
-    multimodal_train_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, torch.Tensor] | None = None
+    # Original fields this version does not train with; `unsupported_fields()` names the ones a sample sets.
     multimodal_train_input_id: str | None = None
     rollout_top_p_token_ids: Any = None
     rollout_top_p_token_offsets: Any = None
@@ -188,11 +198,11 @@ class Sample:
     def unsupported_fields(self) -> list[str]:
         """Names of the original fields this sample sets that this version cannot train with.
 
-        Media inputs, top-p replay, MoE routing replay and teacher log-probs would change the training
-        computation; a sample carrying any of them is refused rather than trained without them.
+        Top-p replay, MoE routing replay and teacher log-probs would change the training computation; a
+        sample carrying any of them is refused rather than trained without them.
         """
-        names = ("multimodal_inputs", "multimodal_train_inputs", "rollout_top_p_token_ids",
-                 "rollout_top_p_token_offsets", "rollout_routed_experts", "teacher_log_probs")  # fmt: skip
+        names = ("rollout_top_p_token_ids", "rollout_top_p_token_offsets", "rollout_routed_experts",
+                 "teacher_log_probs")  # fmt: skip
         return [name for name in names if getattr(self, name) not in (None, {}, [])]
 
     # ---- building the response -----------------------------------------------------------------
@@ -308,6 +318,12 @@ class Sample:
             if out[key] is not None:
                 out[key] = list(out[key])
         out["metadata"] = dict(self.metadata)
+        if self.multimodal_inputs is not None:
+            out["multimodal_inputs"] = {
+                k: list(v) if isinstance(v, list) else v for k, v in self.multimodal_inputs.items()
+            }
+        if self.multimodal_train_inputs is not None:
+            out["multimodal_train_inputs"] = {k: _encode_tensor(v) for k, v in self.multimodal_train_inputs.items()}
         return out
 
     @classmethod
@@ -329,6 +345,29 @@ class Sample:
             except ValueError:
                 raise ValueError(f"Sample.from_dict: unknown status {status!r}") from None
         kwargs["status"] = status
+        if kwargs.get("multimodal_train_inputs") is not None:
+            kwargs["multimodal_train_inputs"] = {
+                k: _decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()
+            }
         sample = cls(**kwargs)
         sample.validate()
         return sample
+
+
+def _encode_tensor(tensor: Any) -> dict[str, Any]:
+    """A tensor as builtins (`{"dtype", "shape", "data"}`, data flattened), so `to_dict` output survives JSON."""
+    t = tensor.detach().cpu()
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": t.reshape(-1).tolist()}
+
+
+def _decode_tensor(value: Any) -> torch.Tensor:
+    """Inverse of `_encode_tensor`; a tensor passes through (dumps made by `torch.save` keep real tensors)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        dtype = getattr(torch, value["dtype"])
+        return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"Sample.from_dict: bad multimodal_train_inputs tensor ({e})") from None

@@ -5,6 +5,10 @@ iterate in lockstep) and groups them into buckets of at most `bucket_bytes` (a t
 gets a bucket of its own). At no point does a rank hold more than one bucket of full tensors.
 `save_hf` writes those buckets from rank 0 as safetensors shards with an index, plus the config/tokenizer
 files of the source checkpoint, so `AutoModelForCausalLM.from_pretrained` loads the result.
+
+Names are checkpoint names (`slime_core.hf_names.to_checkpoint_name`): what the source checkpoint holds, what
+SGLang loads, e.g. `visual.*` and `model.layers.*` for a Qwen2.5-VL whose modules are `model.visual.*` and
+`model.language_model.*`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from slime_core.hf_names import to_checkpoint_name
 from slime_core.weight_buckets import iter_buckets
 
 logger = logging.getLogger(__name__)
@@ -47,21 +52,22 @@ def _stamp_dtype(config_path: pathlib.Path, dtype: torch.dtype) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _hf_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Parameters and persistent buffers by HF name; a tied `lm_head.weight` is skipped as HF does."""
+def _hf_named_tensors(model: nn.Module, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+    """Parameters and persistent buffers by checkpoint name; a tied `lm_head.weight` is skipped as HF does."""
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    model_type = getattr(model.config, "model_type", None)
     seen: set[int] = set()
     for name, tensor in model.state_dict().items():
-        if tied and name == "lm_head.weight":
+        if (tied and name == "lm_head.weight") or name in skip:
             continue
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
-        yield name, tensor
+        yield to_checkpoint_name(name, model_type), tensor
 
 
 def iter_hf_buckets(
-    model: nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None
+    model: nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None, skip: frozenset[str] = frozenset()
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Yields buckets of full tensors (collective over the model's mesh).
 
@@ -70,16 +76,17 @@ def iter_hf_buckets(
         bucket_bytes: maximum bytes of a bucket (`--update-weight-buffer-size`); a single larger tensor is
             yielded alone.
         dtype: cast the full tensors to this dtype (e.g. the checkpoint's bf16); keep the master dtype if None.
+        skip: module names of tensors to leave out (a frozen vision tower the engines already hold).
 
     Yields:
-        Lists of `(hf_name, full_tensor)` on this rank's device; identical on every rank.
+        Lists of `(checkpoint_name, full_tensor)` on this rank's device; identical on every rank.
 
     Raises:
         ValueError: when `bucket_bytes` is not positive.
     """
 
     def full_tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in _hf_named_tensors(model):
+        for name, tensor in _hf_named_tensors(model, skip):
             full = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
             yield name, (full if dtype is None else full.to(dtype))
 

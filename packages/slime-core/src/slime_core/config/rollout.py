@@ -96,7 +96,11 @@ class DataArgs(ArgsGroup):
     apply_chat_template_kwargs: dict[str, Any] = arg({}, "Extra chat template kwargs as a JSON object string.")
     input_key: str = arg("input", "Dataset field holding the prompt.")
     label_key: str | None = arg(None, "Dataset field holding the label.")
-    multimodal_keys: dict[str, str] | None = arg(None, "JSON object mapping media type to dataset field.")
+    multimodal_keys: dict[str, str] | None = arg(
+        None,
+        'JSON object mapping media type to dataset field, e.g. \'{"image": "images"}\' (image only; the field holds '
+        "paths, bytes or base64, one per <image> placeholder of the prompt; needs --apply-chat-template).",
+    )
     metadata_key: str = arg("metadata", "Dataset field holding per-sample metadata.")
     tool_key: str = arg("tools", "Dataset field holding the tool specs (JSON string or list) for chat templates.")
     start_rollout_id: int | None = arg(None, "Rollout id to start from (default: from the loaded checkpoint).", ge=0)

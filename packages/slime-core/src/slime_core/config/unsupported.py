@@ -50,7 +50,6 @@ UNSUPPORTED: dict[str, str] = {
     "memory_snapshot_num_steps": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
     "min_batch_collection_ratio": "no rollout buffer server; use --rollout-function-path",
     "model_name": "the architecture is read from the HF config of --hf-checkpoint",
-    "multimodal_keys": "prompts are text only",
     "num_critic_only_steps": "no critic model (PPO is not supported)",
     "opd_teacher_ckpt_step": "no on-policy distillation teacher reaches the trainer",
     "opd_teacher_load": "no on-policy distillation teacher reaches the trainer",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.unsupported import check_unsupported
+from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.estimators import ESTIMATORS, get_estimator
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _lora(args)
     _weight_sync(args)
     _passthrough(args)
+    check_multimodal(args)
 
 
 class _Draft:
