@@ -36,6 +36,17 @@ def test_by_hand_uniform():
     assert ent.item() == pytest.approx(0.6931471805599453, abs=1e-7)
 
 
+def test_huge_logits_with_low_temperature_stay_finite():
+    # Logits near the fp32 maximum at T = 0.5: dividing before subtracting the max overflowed to inf (NaN).
+    big = torch.finfo(torch.float32).max / 1.2
+    logits = torch.tensor([[big, 0.0, big * 0.5], [big, big, big]], requires_grad=True)
+    lp, ent = vocab_parallel_log_probs(logits, torch.tensor([0, 1]), temperature=0.5, with_entropy=True)
+    torch.testing.assert_close(lp, torch.tensor([0.0, -1.0986123]), atol=1e-6, rtol=0)  # -ln 3 for the uniform row
+    torch.testing.assert_close(ent, torch.tensor([0.0, 1.0986123]), atol=1e-6, rtol=0)
+    (lp.sum() + ent.sum()).backward()
+    assert torch.isfinite(logits.grad).all()
+
+
 def _tp_worker(rank, world, port, logits, targets, out_dir):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -15,10 +15,9 @@ Heads (`--log-probs-head`):
 - `liger`: liger-kernel's fused linear cross-entropy with `reduction="none"` (per-token `-log p`) on `h / T`;
   optional dependency, CUDA only; the entropy, when asked for, comes from the `bf16` chunk path.
 
-Entropy is `H = -Σ p log p` with `log p = log_softmax(z)`, which subtracts the row max, so large logits
-neither overflow nor cancel (slime_core's `entropy_from_logits` computes `lse - Σ p z`, finite but with an
-absolute error that grows with `|z|` through that cancellation; the `fp32` head keeps it for exactness with
-today's numbers).
+Every head but `liger` turns a chunk's logits into log-probs and entropy with slime_core's
+`log_probs_and_entropy_from_logits`, which subtracts the row max before the temperature and the softmax, so
+large logits neither overflow nor cancel.
 
 Legend: `R` = response positions, `c` = chunk rows, `H` = hidden size, `V` = vocab size, `T` = temperature.
 """
@@ -32,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
+from slime_core.algorithms import log_probs_and_entropy_from_logits
 
 __all__ = ["DEFAULT_CPU_HEAD", "DEFAULT_CUDA_HEAD", "HEADS", "default_head", "head_log_probs"]
 
@@ -82,20 +81,12 @@ class _TF32Linear(torch.autograd.Function):
 
 def _stable_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
     """fp32 `log p(target)` `[c]` and entropy `[c]` (or `[0]`) from `[c, V]` logits of any float dtype."""
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
-    logp_all = torch.log_softmax(z, dim=-1)  # [c, V], max-subtracted inside
-    logp = logp_all.gather(-1, targets[:, None])[:, 0]
-    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else logp.new_zeros(0)
-    return logp, ent
+    return log_probs_and_entropy_from_logits(logits, targets, temperature, with_entropy=with_entropy)
 
 
 def _chunk_fp32(h, w, targets, temperature, with_entropy):
     logits = F.linear(h.float(), w.float())  # [c, V] fp32, TF32 as globally configured (off by default)
-    logp = log_probs_from_logits(logits, targets, temperature=temperature)
-    ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else logp.new_zeros(0)
-    return logp, ent
+    return _stable_log_probs(logits, targets, temperature, with_entropy)
 
 
 def _chunk_tf32(h, w, targets, temperature, with_entropy):

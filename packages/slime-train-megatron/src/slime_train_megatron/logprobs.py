@@ -73,16 +73,17 @@ def vocab_parallel_log_probs(
             f"logits {tuple(logits.shape)} must be [R, V_local] and targets [R], got {tuple(targets.shape)}"
         )
     size = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
-    z = logits.float() / temperature  # [R, V_local]
+    z = logits.float()  # [R, V_local]
     v_local = z.shape[1]
     if vocab_size is not None and vocab_start + v_local > vocab_size:
         col = torch.arange(vocab_start, vocab_start + v_local, device=z.device)
         z = z.masked_fill(col >= vocab_size, float("-inf"))
-    # Max is for stability only and carries no gradient.
+    # Max is for stability only and carries no gradient; it is subtracted before the temperature division so that
+    # huge logits cannot overflow there either.
     z_max = z.detach().max(dim=-1).values  # [R]
     if size > 1:
         dist.all_reduce(z_max, op=dist.ReduceOp.MAX, group=group)
-    shifted = z - z_max[:, None]
+    shifted = (z - z_max[:, None]) / temperature
     exp = shifted.exp()  # padding columns: exp(-inf) = 0
     sum_exp = _all_reduce_sum(exp.sum(dim=-1), group, size)  # [R]
     lse = sum_exp.log()  # logsumexp − max
@@ -92,7 +93,9 @@ def vocab_parallel_log_probs(
     log_probs = _all_reduce_sum(picked, group, size) - lse
     entropy = None
     if with_entropy:
-        # Σ p·shifted with p = exp/sum_exp; padding columns have p = 0 (avoid 0·(−inf)).
-        weighted = torch.where(exp > 0, exp * shifted, torch.zeros_like(exp)).sum(dim=-1)
+        # Σ p·shifted with p = exp/sum_exp. Padding columns (and columns whose distance to the max overflows fp32)
+        # are -inf with p = 0: clamping them to the fp32 minimum keeps 0·(−inf) = NaN out of the value and of the
+        # gradient (a `where` would still send NaN back through the product).
+        weighted = (exp * shifted.clamp(min=torch.finfo(torch.float32).min)).sum(dim=-1)
         entropy = lse - _all_reduce_sum(weighted, group, size) / sum_exp
     return log_probs, entropy
