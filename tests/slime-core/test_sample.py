@@ -63,6 +63,40 @@ def test_append_rejects_misaligned_logprobs():
         s.append_response_tokens([6])
 
 
+def test_trainable_span_without_logprobs_raises_and_leaves_the_sample_unchanged():
+    # Issue 17: a first trainable span without log-probs used to pass, and a later span with log-probs then
+    # back-filled it with 0.0 (log-prob 0 = "probability 1") for tokens the engine never scored.
+    s = _sample()
+    with pytest.raises(ValueError, match="sample 4: trainable span of 2 tokens has no log-probs"):
+        s.append_response_tokens([5, 6])
+    assert (s.tokens, s.response_length, s.rollout_log_probs) == ([1, 2, 3], 0, None)
+    s.append_response_tokens([7], trainable=False)  # a masked span first is fine ...
+    with pytest.raises(ValueError, match="no log-probs"):
+        s.append_response_tokens([8])  # ... but the trainable one after it still needs log-probs
+    s.append_response_tokens([], trainable=True)  # an empty span needs none
+    assert s.response_length == 1
+
+
+def test_logprobs_after_direct_trainable_response_raise():
+    # A response set directly (no mask: all trainable, no log-probs) cannot later gain log-probs for only part.
+    s = Sample(tokens=[1, 2, 3, 9, 9], response_length=2, index=5)
+    with pytest.raises(ValueError, match="sample 5: span with log-probs appended to a response whose 2 trainable"):
+        s.append_response_tokens([7], log_probs=[-0.5])
+
+
+def test_append_to_response_without_mask_starts_from_ones():
+    # Set directly without a loss mask, then extended with masked tool tokens: the earlier part stays trainable
+    # (before: loss_mask started empty and validate() failed with a length mismatch).
+    s = Sample(tokens=[1, 2, 3, 9, 9], response_length=2, index=6)
+    s.append_response_tokens([4, 4, 4], trainable=False, text="<obs>")
+    assert s.loss_mask == [1, 1, 0, 0, 0]
+    assert s.rollout_log_probs is None and s.response_length == 5 and s.effective_response_length == 2
+    # All-masked earlier response (e.g. an off-policy prefix): log-probs may start there, 0.0 on the prefix.
+    t = Sample(tokens=[1, 9, 9], response_length=2, loss_mask=[0, 0], index=7)
+    t.append_response_tokens([5], log_probs=[-0.25])
+    assert t.rollout_log_probs == [0.0, 0.0, -0.25] and t.loss_mask == [0, 0, 1]
+
+
 def test_validate_catches_broken_invariants():
     s = _sample()
     s.append_response_tokens([5, 6], log_probs=[-1.0, -2.0])

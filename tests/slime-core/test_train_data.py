@@ -278,8 +278,8 @@ def test_rollout_siblings_share_denominator_and_step():
     # Two rollouts that each fanned out into two samples; gbs counts rollouts.
     samples = []
     for i, (rid, resp) in enumerate([(0, 2), (0, 3), (1, 1), (1, 4)]):
-        s = Sample(tokens=[1, 1], index=i, rollout_id=rid, reward=float(i))
-        s.append_response_tokens([5] * resp)
+        # No rollout log-probs: the response is set directly (append_response_tokens requires log-probs).
+        s = Sample(tokens=[1, 1] + [5] * resp, response_length=resp, index=i, rollout_id=rid, reward=float(i))
         samples.append(s)
     args = _args(n_samples_per_prompt=2, global_batch_size=1)
     (b,) = build_rollout_batches(args, samples, dp_size=1)

@@ -171,12 +171,18 @@ class Sample:
 
         Keeps `tokens`, `loss_mask` and `rollout_log_probs` aligned and checks the invariants after the
         append. Model output must be appended as the engine's token ids; never decode and re-tokenize.
+        A response built without this method (tokens and `response_length` set directly, no `loss_mask`) is
+        all trainable: its mask starts as ones over the existing response.
+
+        Rollout log-probs cover every trainable token or none: a trainable span needs `log_probs`, and the
+        first span with log-probs cannot be appended to a response that already has trainable tokens without
+        them (filling those with 0.0 would claim probability 1 for tokens the engine never scored). A sample
+        without rollout log-probs (SFT data, a custom generate function) sets its fields directly.
 
         Args:
             tokens: `[n]` token ids to append.
-            log_probs: `[n]` engine log-probs (natural log). Required when `trainable` and the sample
-                already carries log-probs (or this is its first span); must be None for non-trainable spans,
-                which get 0.0.
+            log_probs: `[n]` engine log-probs (natural log). Required for a trainable span; must be None for
+                non-trainable spans, which get 0.0.
             trainable: True for model-generated tokens (loss mask 1), False for tool/observation tokens.
             text: decoded text of the span, appended to `response`.
             meta_info: SGLang's `meta_info` of the generate call for a model span; its `weight_version`
@@ -184,27 +190,23 @@ class Sample:
 
         Raises:
             ValueError: on a log-prob count that does not match the tokens, log-probs given for a
-                non-trainable span, missing log-probs on a trainable span of a sample that has them, or
-                any broken length invariant.
+                non-trainable span, a trainable span without log-probs, log-probs for a response whose
+                earlier trainable tokens have none, or any broken length invariant.
         """
         tokens = [int(t) for t in tokens]
         n = len(tokens)
-        if trainable:
-            if log_probs is None:
-                if self.rollout_log_probs is not None and n > 0:
-                    raise ValueError(
-                        f"sample {self.index}: trainable span of {n} tokens has no log-probs, "
-                        "but the sample already carries rollout log-probs"
-                    )
-            elif len(log_probs) != n:
-                raise ValueError(f"sample {self.index}: {len(log_probs)} log-probs for {n} tokens")
-        elif log_probs is not None:
-            raise ValueError(f"sample {self.index}: non-trainable span must not carry log-probs (they are 0.0)")
-
+        self._check_span_log_probs(n, log_probs, trainable)
         if self.loss_mask is None:
-            self.loss_mask = []
-        if self.rollout_log_probs is None and trainable and log_probs is not None:
-            # First span with log-probs: earlier spans (if any) were masked, so they get 0.0.
+            # Set directly without a mask (e.g. by a custom generate function): all of it is trainable.
+            self.loss_mask = [1] * self.response_length
+        if self.rollout_log_probs is None and trainable and n > 0:
+            if any(self.loss_mask):
+                raise ValueError(
+                    f"sample {self.index}: span with log-probs appended to a response whose "
+                    f"{sum(self.loss_mask)} trainable tokens have none; rollout log-probs must cover every "
+                    "trainable token or none"
+                )
+            # First span with log-probs: earlier spans (if any) are masked, so they get 0.0.
             self.rollout_log_probs = [0.0] * self.response_length
 
         self.tokens.extend(tokens)
@@ -225,6 +227,20 @@ class Sample:
             if status is not None:
                 self.status = status
         self.validate()
+
+    def _check_span_log_probs(self, n: int, log_probs: Sequence[float] | None, trainable: bool) -> None:
+        if not trainable:
+            if log_probs is not None:
+                raise ValueError(f"sample {self.index}: non-trainable span must not carry log-probs (they are 0.0)")
+            return
+        if log_probs is None:
+            if n > 0:
+                raise ValueError(
+                    f"sample {self.index}: trainable span of {n} tokens has no log-probs; pass the engine's "
+                    "log-probs (or set the sample's fields directly for data without rollout log-probs)"
+                )
+        elif len(log_probs) != n:
+            raise ValueError(f"sample {self.index}: {len(log_probs)} log-probs for {n} tokens")
 
     def validate(self) -> None:
         """Checks the length invariants.
