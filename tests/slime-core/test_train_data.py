@@ -84,7 +84,7 @@ def test_rloo_leave_one_out_by_hand():
     )
     assert raw == [1, 0, 0, 2, 4, 6]
     assert got == pytest.approx([1.0, -0.5, -0.5, -3.0, 0.0, 3.0], abs=1e-12)
-    with pytest.raises(ValueError, match="rloo needs"):
+    with pytest.raises(ValueError, match="not a multiple"):
         postprocess_rewards(_args(advantage_estimator="rloo", n_samples_per_prompt=2), _samples([1, 0, 0]))
     with pytest.raises(ValueError, match="rloo needs"):
         postprocess_rewards(_args(advantage_estimator="rloo", n_samples_per_prompt=1), _samples([1]))
@@ -106,10 +106,39 @@ def test_single_sample_groups_give_zeros_not_nan():
     assert got == [0.0, 0.0, 0.0]
 
 
-def test_count_not_a_multiple_of_n_uses_one_group():
-    # 3 samples with n=2: one group [0, 1, 2]: mean 1, std 1 -> [-1, 0, 1].
-    _, got = postprocess_rewards(_args(n_samples_per_prompt=2), _samples([0, 1, 2]))
-    assert got == pytest.approx([-1, 0, 1], abs=TOL)
+def _grouped(rewards_and_groups):
+    return [
+        Sample(tokens=[1, 2, 3], response_length=1, reward=float(r), index=i, group_index=g)
+        for i, (r, g) in enumerate(rewards_and_groups)
+    ]
+
+
+def test_uneven_groups_normalize_within_each_group_never_across_the_batch():
+    # Issue 17: after filtering or a multi-turn fan-out the groups are uneven (here 3, 1 and 2 samples, group 7's
+    # members not adjacent); the old code saw 6 samples with n=4, not a multiple, and normalized all six together.
+    # Group 7: [0, 1, 2] mean 1, unbiased std 1 → [-1, 0, 1]; group 8: one sample → 0; group 9: [1, 3] mean 2,
+    # std sqrt(2) → ∓1/sqrt(2).
+    samples = _grouped([(0, 7), (1, 7), (1, 9), (5, 8), (2, 7), (3, 9)])
+    _, got = postprocess_rewards(_args(n_samples_per_prompt=4), samples)
+    r2 = 1 / math.sqrt(2)
+    assert got == pytest.approx([-1, 0, -r2, 0, 1, r2], abs=TOL)
+    # REINFORCE++-baseline centres per group; RLOO uses each group's own size (7: 3/2·(r - 1); 9: 2·(r - 2)).
+    _, centred = postprocess_rewards(_args(advantage_estimator="reinforce_plus_plus_baseline"), samples)
+    assert centred == pytest.approx([-1, 0, -1, 0, 1, 1], abs=1e-12)
+    rloo_samples = [s for s in samples if s.group_index != 8]
+    _, loo = postprocess_rewards(_args(advantage_estimator="rloo", n_samples_per_prompt=4), rloo_samples)
+    assert loo == pytest.approx([-1.5, 0.0, -2.0, 1.5, 2.0], abs=1e-12)
+    with pytest.raises(ValueError, match="rloo needs >= 2 samples per prompt group; group 8"):
+        postprocess_rewards(_args(advantage_estimator="rloo"), samples)
+
+
+def test_groups_cannot_be_guessed_without_group_index():
+    # 3 samples with n=2 and no group_index: which prompt each belongs to is unknown → error, not one big group.
+    with pytest.raises(ValueError, match="not a multiple of --n-samples-per-prompt=2"):
+        postprocess_rewards(_args(n_samples_per_prompt=2), _samples([0, 1, 2]))
+    mixed = _samples([0, 1]) + _grouped([(1, 3)])
+    with pytest.raises(ValueError, match="no group_index while others have one"):
+        postprocess_rewards(_args(n_samples_per_prompt=1), mixed)
 
 
 def test_dict_rewards_use_reward_key():
