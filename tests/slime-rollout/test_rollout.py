@@ -320,6 +320,35 @@ async def test_custom_generate_hooks_and_group_rm(use_client):
     assert [s.reward for g in out.samples for s in g] == [2.0] * 4
 
 
+SEEN_BY_FILTER: list[list[str]] = []
+
+
+def recording_filter(args, samples):
+    SEEN_BY_FILTER.append([type(s).__name__ for s in samples])
+    return True
+
+
+async def test_dynamic_filters_accept_fan_out_groups(use_client):
+    # Issue 17: the built-in filter (and plugins written for list[Sample]) failed on a group whose entries are
+    # lists. The filter now gets the group's samples, flattened.
+    use_client(FakeClient({}))
+    args = _args(
+        custom_generate_function_path=f"{__name__}.fanout_generate",
+        dynamic_sampling_filter_path="slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        rollout_batch_size=1,
+    )
+    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
+    assert [len(item) for item in out.samples[0]] == [2, 2]  # rewards 1, 0, 1, 0: kept
+    SEEN_BY_FILTER.clear()
+    args = _args(
+        custom_generate_function_path=f"{__name__}.fanout_generate",
+        dynamic_sampling_filter_path=f"{__name__}.recording_filter",
+        rollout_batch_size=1,
+    )
+    await generate_rollout_async(args, 0, ListDataSource(n=2))
+    assert SEEN_BY_FILTER == [["Sample"] * 4]
+
+
 async def failing_generate(args, sample, sampling_params):
     if sample.group_index == 1:
         raise RuntimeError("boom")

@@ -31,7 +31,7 @@ from slime_core.sample import Sample, Status
 from slime_rollout import async_utils, debug_dump, log_hooks
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
 from slime_rollout.eval import eval_rollout
-from slime_rollout.filters import normalize_filter_output
+from slime_rollout.filters import flatten_group, normalize_filter_output
 from slime_rollout.generate import abort_all
 from slime_rollout.group_rollout import RolloutState, generate_and_rm, generate_and_rm_group, num_engines
 from slime_rollout.metrics import compute_rollout_metrics, flatten_groups
@@ -154,7 +154,9 @@ async def generate_rollout_async(
                         drops["aborted"] += 1
                     continue
                 if filter_fn is not None:
-                    verdict = normalize_filter_output(filter_fn(args, group))
+                    # A filter sees the group's samples; a fan-out group (entries that are lists) is flattened,
+                    # so plugins written for `list[Sample]` work on it too.
+                    verdict = normalize_filter_output(filter_fn(args, flatten_group(group)))
                     if not verdict.keep:
                         drops[verdict.reason or "filtered"] += 1
                         continue
