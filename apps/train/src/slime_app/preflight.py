@@ -11,6 +11,7 @@ logger = logging.getLogger(__name__)
 
 
 def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
+    from slime_app.data_checks import check_prompt_rows
     from slime_rollout.data_source import load_prompt_rows
 
     try:
@@ -19,11 +20,7 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
     if not rows:
         raise ValueError(f"{flag} {spec}: no rows")
-    for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
-        if cfg.input_key not in row:
-            raise ValueError(f"{flag} {spec} row {i}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
-        if cfg.label_key and cfg.label_key not in row:
-            raise ValueError(f"{flag} {spec} row {i}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
+    check_prompt_rows(rows, cfg, where=f"{flag} {spec}")
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).

@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
-from slime_rollout.data_source import get_tokenizer
+from slime_rollout.data_source import encode_prompt, get_tokenizer
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -108,10 +108,7 @@ def _encode_prompt(tokenizer_path: str, key: str) -> tuple[int, ...]:
     # The n samples of a group share one prompt: template + tokenize it once, not n times (this work runs
     # on the rollout's event loop, between engine replies). 256 entries cover the groups in flight.
     prompt, tools = json.loads(key)
-    tokenizer = get_tokenizer(tokenizer_path)
-    if not isinstance(prompt, str):
-        prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
-    return tuple(tokenizer.encode(prompt, add_special_tokens=False))
+    return tuple(encode_prompt(get_tokenizer(tokenizer_path), prompt, tools))
 
 
 def _parse_output(reply: dict[str, Any]) -> tuple[list[int], list[float]]:
