@@ -10,6 +10,7 @@ finish_reason abort and the tokens emitted so far, then waits until none is runn
 
 import asyncio
 import collections
+import logging
 
 
 class FakeClient:
@@ -318,6 +319,26 @@ async def test_custom_generate_hooks_and_group_rm(use_client):
     use_client(FakeClient({0: [A], 1: [A]}))
     out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
     assert [s.reward for g in out.samples for s in g] == [2.0] * 4
+
+
+async def empty_for_odd_generate(args, sample, sampling_params):
+    """Custom generate that returns odd-indexed samples without generating anything."""
+    if sample.index % 2 == 0:
+        sample.append_response_tokens([A], log_probs=[-0.3], text="A")
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def test_empty_responses_are_counted_and_not_trained_on(use_client, caplog):
+    # Issue 17: a custom generate function returning nothing was trained on silently.
+    use_client(FakeClient({}))
+    args = _args(custom_generate_function_path=f"{__name__}.empty_for_odd_generate", rollout_batch_size=2)
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.rollout"):
+        out, _ = await generate_rollout_async(args, 3, ListDataSource(n=2))
+    flat = [s for g in out.samples for s in g]
+    assert [s.remove_sample for s in flat] == [False, True, False, True]
+    assert out.metrics["rollout/num_empty_responses"] == 2.0
+    assert "rollout 3: 2 samples have an empty response (from tests." in caplog.text and "[1, 3]" in caplog.text
 
 
 SEEN_BY_FILTER: list[list[str]] = []

@@ -100,6 +100,32 @@ async def _abort_and_drain(
     return leftovers
 
 
+def _exclude_empty_responses(args: SlimeArgs, rollout_id: int, groups: list[list[Any]]) -> int:
+    """Marks samples that came back with no response token as not trained on, and says so (never silently).
+
+    A custom generate function may return a sample without generating anything (the engine also gives nothing
+    when the prompt leaves no room in the context). Such a sample keeps its place in its group (its reward takes
+    part in the group's normalization) but has nothing to train on: `remove_sample` makes that explicit. The count
+    is the `rollout/num_empty_responses` metric.
+
+    Returns:
+        The number of empty responses.
+    """
+    empty = [s for s in flatten_groups(groups) if s.response_length == 0 and s.status is not Status.ABORTED]
+    for sample in empty:
+        sample.remove_sample = True
+    if empty:
+        source = args.custom_generate_function_path or "the default generate function"
+        logger.warning(
+            "rollout %d: %d samples have an empty response (from %s; samples %s); they are not trained on",
+            rollout_id,
+            len(empty),
+            source,
+            [s.index for s in empty[:8]],
+        )
+    return len(empty)
+
+
 async def generate_rollout_async(
     args: SlimeArgs, rollout_id: int, data_source: DataSource
 ) -> tuple[RolloutFnTrainOutput, list[list[Sample]]]:
@@ -169,6 +195,7 @@ async def generate_rollout_async(
     leftovers = sorted(requeue + leftovers, key=_group_sort_key)
 
     data.sort(key=_group_sort_key)
+    _exclude_empty_responses(args, rollout_id, data)
     if args.rollout_sample_filter_path:
         load_function(args.rollout_sample_filter_path, flag="--rollout-sample-filter-path")(args, data)
     if args.rollout_all_samples_process_path:
