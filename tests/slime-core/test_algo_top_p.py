@@ -84,6 +84,9 @@ def test_kept_tokens_slicing_and_selection():
     assert (part.rows.tolist(), part.ids.tolist(), part.num_rows) == ([1], [9], 2)
     sel = kept.select_rows(torch.tensor([0, 3]))
     assert (sel.rows.tolist(), sel.ids.tolist(), sel.num_rows) == ([0, 0, 1, 1], [5, 7, 1, 2], 2)
+    # Any order, -1 = a row without a response target (empty set): rows [3, -1, 0] → {1,2}, {}, {5,7}.
+    sel = kept.select_rows(torch.tensor([3, -1, 0]))
+    assert (sel.rows.tolist(), sel.ids.tolist(), sel.num_rows) == ([0, 0, 2, 2], [1, 2, 5, 7], 3)
 
 
 def test_errors_name_the_problem():

@@ -170,3 +170,38 @@ def test_status_reachable_as_in_original_plugins():
     assert s.status is Status.TRUNCATED
     assert Sample.from_dict(s.to_dict()).status is Status.TRUNCATED
     assert "Status" not in {f.name for f in dataclasses.fields(Sample)}
+
+
+def test_top_p_sets_follow_the_response():
+    # Two model turns with the engine's nucleus per token and a tool span between them (empty sets there).
+    s = _sample()
+    s.append_response_tokens([10, 11], log_probs=[-0.5, -0.25], top_p=([10, 12, 11], [0, 2, 3]))
+    s.append_response_tokens([20, 21], trainable=False)
+    s.append_response_tokens([30], log_probs=[-1.0], top_p=([30, 31], [0, 2]))
+    assert s.rollout_top_p_token_ids == [10, 12, 11, 30, 31]
+    assert s.rollout_top_p_token_offsets == [0, 2, 3, 3, 3, 5]
+    again = Sample.from_dict(s.to_dict())
+    assert again.rollout_top_p_token_offsets == s.rollout_top_p_token_offsets
+    # A masked span first: its positions get empty sets when the first sets arrive.
+    t = _sample()
+    t.append_response_tokens([7], trainable=False)
+    t.append_response_tokens([8], log_probs=[-0.1], top_p=([8], [0, 1]))
+    assert t.rollout_top_p_token_offsets == [0, 0, 1]
+
+
+def test_top_p_sets_cover_every_trainable_token_or_none():
+    s = _sample()
+    s.append_response_tokens([10], log_probs=[-0.5], top_p=([10], [0, 1]))
+    with pytest.raises(ValueError, match="trainable span without top-p sets"):
+        s.append_response_tokens([11], log_probs=[-0.5])
+    t = _sample()
+    t.append_response_tokens([10], log_probs=[-0.5])
+    with pytest.raises(ValueError, match="earlier trainable tokens have none"):
+        t.append_response_tokens([11], log_probs=[-0.5], top_p=([11], [0, 1]))
+    with pytest.raises(ValueError, match="2 top-p offsets for 2 response tokens"):
+        _sample().append_response_tokens([1, 2], log_probs=[-1.0, -1.0], top_p=([1], [0, 1]))
+    with pytest.raises(ValueError, match="non-trainable span has no top-p sets"):
+        _sample().append_response_tokens([1], trainable=False, top_p=([1], [0, 1]))
+    bad = Sample(tokens=[1, 2], response_length=1, rollout_top_p_token_ids=[2], rollout_top_p_token_offsets=[0, 2])
+    with pytest.raises(ValueError, match="from 0 to len"):
+        bad.validate()

@@ -346,3 +346,33 @@ def test_with_the_real_config():
     rewards = dict(zip(batches[0].sample_indices, batches[0].rewards, strict=True))
     rewards.update(zip(batches[1].sample_indices, batches[1].rewards, strict=True))
     assert [rewards[i] for i in range(4)] == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=TOL)
+
+
+def test_top_p_sets_reach_the_batch_and_build_kept_tokens():
+    samples = []
+    for i, resp in enumerate([2, 1, 3, 1]):
+        s = Sample(tokens=[1, 1], index=i, group_index=i // 2, reward=float(i % 2))
+        ids = [[5 + t, 100 + t] for t in range(resp)]  # position t kept {5 + t, 100 + t}
+        offsets = [2 * t for t in range(resp + 1)]
+        s.append_response_tokens([5 + t for t in range(resp)], log_probs=[-0.5] * resp, top_p=(sum(ids, []), offsets))
+        samples.append(s)
+    (b,) = build_rollout_batches(_args(n_samples_per_prompt=2), samples, dp_size=1)
+    assert [o.tolist() for o in b.rollout_top_p_token_offsets] == [[0, 2, 4], [0, 2], [0, 2, 4, 6], [0, 2]]
+    kept = b.kept_tokens([2, 1])  # sample 2's three positions, then sample 1's one
+    assert kept.num_rows == 4
+    assert kept.rows.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert kept.ids.tolist() == [5, 100, 6, 101, 7, 102, 5, 100]
+    samples[3].rollout_top_p_token_ids = samples[3].rollout_top_p_token_offsets = None
+    with pytest.raises(ValueError, match=r"samples \[3\] carry no top-p replay sets while others do"):
+        build_rollout_batches(_args(n_samples_per_prompt=2), samples, dp_size=1)
+
+
+def test_top_p_without_sets_warns_once(caplog):
+    import slime_core.train_data as td
+
+    td._warned_no_top_p_sets = False
+    with caplog.at_level("WARNING", logger="slime_core.train_data"):
+        (b,) = build_rollout_batches(_args(rollout_top_p=0.9), _samples([1, 0, 0, 1]), dp_size=1)
+        build_rollout_batches(_args(rollout_top_p=0.9), _samples([1, 0, 0, 1]), dp_size=1)
+    assert b.rollout_top_p_token_ids is None and b.kept_tokens([0]) is None
+    assert caplog.text.count("--rollout-top-p 0.9 but the engine returned no kept token ids") == 1

@@ -9,6 +9,7 @@ Token layout::
     tokens        = prompt ids + response ids           len = len(prompt ids) + response_length
     loss_mask     = [1 for model tokens, 0 for tool tokens]   len = response_length
     rollout_log_probs = [engine log-prob for model tokens, 0.0 for tool tokens]   len = response_length
+    rollout_top_p_token_offsets = [0, ...]   len = response_length + 1 (top-p replay only)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Sample", "Status", "status_from_finish_reason"]
+__all__ = ["Sample", "Status", "status_from_finish_reason", "validate_top_p_offsets"]
 
 
 class Status(enum.Enum):
@@ -36,6 +37,31 @@ class Status(enum.Enum):
     TRUNCATED = "truncated"
     ABORTED = "aborted"
     FAILED = "failed"
+
+
+def validate_top_p_offsets(token_ids: Sequence[int], offsets: Sequence[int], num_rows: int, *, what: str) -> None:
+    """Checks one sample's ragged nucleus encoding.
+
+    Args:
+        token_ids: `[K_i]` the kept ids of all positions, concatenated.
+        offsets: `[num_rows + 1]` non-decreasing, `offsets[0] == 0`, `offsets[-1] == len(token_ids)`; position t
+            kept `token_ids[offsets[t]:offsets[t + 1]]`.
+        num_rows: the number of positions (the sample's response length).
+        what: names the sample in the error (e.g. "sample 12").
+
+    Raises:
+        ValueError: naming the broken rule.
+    """
+    if len(offsets) != num_rows + 1:
+        raise ValueError(
+            f"{what}: {len(offsets)} top-p offsets for {num_rows} response tokens (expected {num_rows + 1})"
+        )
+    if offsets[0] != 0 or offsets[-1] != len(token_ids):
+        raise ValueError(
+            f"{what}: top-p offsets must run from 0 to len(token_ids)={len(token_ids)}, got {offsets[0]}..{offsets[-1]}"
+        )
+    if any(b < a for a, b in zip(offsets[:-1], offsets[1:], strict=True)):
+        raise ValueError(f"{what}: top-p offsets must be non-decreasing")
 
 
 _FINISH_REASON_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
@@ -81,6 +107,10 @@ class Sample:
         rollout_log_probs: `[response_length]` float, natural-log probability of each response token
             under the engine at the sampling temperature; 0.0 on non-trainable tokens. None if the
             engine gave none.
+        rollout_top_p_token_ids: top-p replay (`--rollout-top-p < 1`): the token ids the engine kept at every
+            response position, concatenated; position t kept `ids[offsets[t]:offsets[t + 1]]` (empty for tool
+            tokens). None if the engine returned none (the original's field).
+        rollout_top_p_token_offsets: `[response_length + 1]` int offsets into `rollout_top_p_token_ids`, or None.
         status: lifecycle state, see `Status`.
         metadata: per-sample data from the dataset (`--metadata-key`) plus framework keys
             (`tools`, `rm_type`, `start_rollout_id`, `raw_reward`, ...).
@@ -105,6 +135,8 @@ class Sample:
     reward: float | dict[str, Any] | None = None
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
+    rollout_top_p_token_ids: list[int] | None = None
+    rollout_top_p_token_offsets: list[int] | None = None
     status: Status = Status.PENDING
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     group_index: int | None = None
@@ -166,6 +198,7 @@ class Sample:
         trainable: bool = True,
         text: str | None = None,
         meta_info: Mapping[str, Any] | None = None,
+        top_p: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> None:
         """Appends one span of response tokens (a model turn or a tool observation).
 
@@ -187,6 +220,9 @@ class Sample:
             text: decoded text of the span, appended to `response`.
             meta_info: SGLang's `meta_info` of the generate call for a model span; its `weight_version`
                 is recorded and its `finish_reason` updates `status`.
+            top_p: `(token_ids, offsets)` the engine kept at each of the `n` positions (top-p replay; `offsets`
+                has `n + 1` entries from 0), for a trainable span. Like log-probs, they cover every trainable
+                token of a sample or none; non-trainable spans get empty sets.
 
         Raises:
             ValueError: on a log-prob count that does not match the tokens, log-probs given for a
@@ -196,6 +232,7 @@ class Sample:
         tokens = [int(t) for t in tokens]
         n = len(tokens)
         self._check_span_log_probs(n, log_probs, trainable)
+        self._check_span_top_p(n, top_p, trainable)
         if self.loss_mask is None:
             # Set directly without a mask (e.g. by a custom generate function): all of it is trainable.
             self.loss_mask = [1] * self.response_length
@@ -217,6 +254,7 @@ class Sample:
                 self.rollout_log_probs.extend(float(x) for x in log_probs)
             else:
                 self.rollout_log_probs.extend([0.0] * n)
+        self._extend_top_p(n, top_p)
         if text:
             self.response += text
         if meta_info is not None:
@@ -242,6 +280,37 @@ class Sample:
         elif len(log_probs) != n:
             raise ValueError(f"sample {self.index}: {len(log_probs)} log-probs for {n} tokens")
 
+    def _check_span_top_p(self, n: int, top_p: tuple[Sequence[int], Sequence[int]] | None, trainable: bool) -> None:
+        if top_p is not None:
+            if not trainable:
+                raise ValueError(f"sample {self.index}: a non-trainable span has no top-p sets (they are empty)")
+            validate_top_p_offsets(top_p[0], top_p[1], n, what=f"sample {self.index} (appended span)")
+        if not trainable or n == 0:
+            return
+        has_sets = self.rollout_top_p_token_offsets is not None
+        if has_sets and top_p is None:
+            raise ValueError(f"sample {self.index}: trainable span without top-p sets, but the sample carries them")
+        if not has_sets and top_p is not None and any(self.loss_mask or [1] * self.response_length):
+            raise ValueError(
+                f"sample {self.index}: top-p sets for a response whose earlier trainable tokens have none; they must "
+                "cover every trainable token or none"
+            )
+
+    def _extend_top_p(self, n: int, top_p: tuple[Sequence[int], Sequence[int]] | None) -> None:
+        if top_p is not None and self.rollout_top_p_token_offsets is None:
+            # First span with sets: earlier positions (masked) get empty ones.
+            self.rollout_top_p_token_ids = []
+            self.rollout_top_p_token_offsets = [0] * (self.response_length - n + 1)
+        if self.rollout_top_p_token_offsets is None:
+            return
+        base = self.rollout_top_p_token_offsets[-1]
+        if top_p is None:
+            self.rollout_top_p_token_offsets.extend([base] * n)
+            return
+        ids, offsets = top_p
+        self.rollout_top_p_token_ids.extend(int(t) for t in ids)
+        self.rollout_top_p_token_offsets.extend(base + int(o) for o in offsets[1:])
+
     def validate(self) -> None:
         """Checks the length invariants.
 
@@ -261,6 +330,15 @@ class Sample:
                 f"sample {self.index}: len(rollout_log_probs)={len(self.rollout_log_probs)} "
                 f"!= response_length={self.response_length}"
             )
+        if (self.rollout_top_p_token_ids is None) != (self.rollout_top_p_token_offsets is None):
+            raise ValueError(f"sample {self.index}: rollout_top_p_token_ids and _offsets must be set together")
+        if self.rollout_top_p_token_offsets is not None:
+            validate_top_p_offsets(
+                self.rollout_top_p_token_ids,
+                self.rollout_top_p_token_offsets,
+                self.response_length,
+                what=f"sample {self.index}",
+            )
 
     # ---- serialization -------------------------------------------------------------------------
 
@@ -268,7 +346,14 @@ class Sample:
         """A JSON/pickle-friendly dict (status as its string value). Inverse of `from_dict`."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["status"] = self.status.value
-        for key in ("tokens", "loss_mask", "rollout_log_probs", "weight_versions"):
+        for key in (
+            "tokens",
+            "loss_mask",
+            "rollout_log_probs",
+            "rollout_top_p_token_ids",
+            "rollout_top_p_token_offsets",
+            "weight_versions",
+        ):
             if out[key] is not None:
                 out[key] = list(out[key])
         out["metadata"] = dict(self.metadata)

@@ -222,6 +222,31 @@ def _sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
     return list(samples)
 
 
+_warned_no_top_p_sets = False
+
+
+def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
+    """Per-sample top-p replay sets as int64 tensors (all samples or none), or `(None, None)`."""
+    global _warned_no_top_p_sets
+    with_sets = [s.rollout_top_p_token_offsets is not None for s in samples]
+    if any(with_sets) and not all(with_sets):
+        missing = [s.index for s, w in zip(samples, with_sets, strict=True) if not w]
+        raise ValueError(f"samples {missing[:5]} carry no top-p replay sets while others do")
+    if not all(with_sets):
+        if cfg.rollout_top_p < 1.0 and not _warned_no_top_p_sets:
+            _warned_no_top_p_sets = True
+            logger.warning(
+                "--rollout-top-p %g but the engine returned no kept token ids: the trainer computes log-probs over "
+                "the full distribution, not the truncated one the engine sampled from (top-p replay needs an "
+                "engine that returns them, e.g. SGLang with the top-p replay patch, or the reference engine)",
+                cfg.rollout_top_p,
+            )
+        return None, None
+    ids = [torch.tensor(s.rollout_top_p_token_ids, dtype=torch.int64) for s in samples]
+    offsets = [torch.tensor(s.rollout_top_p_token_offsets, dtype=torch.int64) for s in samples]
+    return ids, offsets
+
+
 def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size: int) -> list[RolloutBatch]:
     """Turns one rollout's samples into one `RolloutBatch` per data-parallel rank.
 
@@ -260,6 +285,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
     if any(with_lp) and not all(with_lp):
         raise ValueError("some samples carry rollout_log_probs and some do not")
 
+    top_p_ids, top_p_offsets = _top_p_tensors(cfg, ordered)
     tokens_t = [torch.tensor(s.tokens, dtype=torch.int64) for s in ordered]
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in ordered] if all(with_lp) else None
@@ -291,6 +317,8 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
                 raw_rewards=[raw[p] for p in mine],
                 loss_denominators=[denominators[p] for p in mine],
                 rollout_log_probs=None if logp_t is None else [logp_t[p] for p in mine],
+                rollout_top_p_token_ids=None if top_p_ids is None else [top_p_ids[p] for p in mine],
+                rollout_top_p_token_offsets=None if top_p_offsets is None else [top_p_offsets[p] for p in mine],
                 truncated=[int(ordered[p].status is Status.TRUNCATED) for p in mine],
                 sample_indices=[ordered[p].index if ordered[p].index is not None else p for p in mine],
                 micro_batches=[[[local[p] for p in mb] for mb in step] for step in rank_steps],

@@ -25,32 +25,9 @@ from collections.abc import Sequence
 
 import torch
 
+from slime_core.sample import validate_top_p_offsets
+
 __all__ = ["KeptTokens", "restricted_logsumexp", "validate_top_p_offsets"]
-
-
-def validate_top_p_offsets(token_ids: Sequence[int], offsets: Sequence[int], num_rows: int, *, what: str) -> None:
-    """Checks one sample's ragged nucleus encoding.
-
-    Args:
-        token_ids: `[K_i]` the kept ids of all positions, concatenated.
-        offsets: `[num_rows + 1]` non-decreasing, `offsets[0] == 0`, `offsets[-1] == len(token_ids)`; position t
-            kept `token_ids[offsets[t]:offsets[t + 1]]`.
-        num_rows: the number of positions (the sample's response length).
-        what: names the sample in the error (e.g. "sample 12").
-
-    Raises:
-        ValueError: naming the broken rule.
-    """
-    if len(offsets) != num_rows + 1:
-        raise ValueError(
-            f"{what}: {len(offsets)} top-p offsets for {num_rows} response tokens (expected {num_rows + 1})"
-        )
-    if offsets[0] != 0 or offsets[-1] != len(token_ids):
-        raise ValueError(
-            f"{what}: top-p offsets must run from 0 to len(token_ids)={len(token_ids)}, got {offsets[0]}..{offsets[-1]}"
-        )
-    if any(b < a for a, b in zip(offsets[:-1], offsets[1:], strict=True)):
-        raise ValueError(f"{what}: top-p offsets must be non-decreasing")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,13 +82,20 @@ class KeptTokens:
         return KeptTokens(rows=self.rows[lo:hi] - start, ids=self.ids[lo:hi], num_rows=max(0, end - start))
 
     def select_rows(self, index: torch.Tensor) -> KeptTokens:
-        """The sets of rows `index` (`[r]` int64, ascending), renumbered `0..r-1` in that order."""
+        """The sets of rows `index` (`[r]` int64, any order, no repeats), renumbered `0..r-1` in that order.
+
+        An entry of -1 gives an empty set (a position that predicts no response token).
+        """
         index = index.to(self.rows.device)
+        order = torch.arange(index.numel(), device=self.rows.device)
+        valid = index >= 0
         position = torch.full((self.num_rows,), -1, dtype=torch.int64, device=self.rows.device)
-        position[index] = torch.arange(index.numel(), device=self.rows.device)
+        position[index[valid]] = order[valid]
         new_rows = position[self.rows]
         keep = new_rows >= 0
-        return KeptTokens(rows=new_rows[keep], ids=self.ids[keep], num_rows=int(index.numel()))
+        rows, ids = new_rows[keep], self.ids[keep]
+        ascending = torch.argsort(rows, stable=True)
+        return KeptTokens(rows=rows[ascending], ids=ids[ascending], num_rows=int(index.numel()))
 
 
 def restricted_logsumexp(z: torch.Tensor, target_ids: torch.Tensor, kept: KeptTokens) -> torch.Tensor:
