@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
 from slime_rollout.data_source import encode_prompt, get_tokenizer
+from slime_rollout.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -37,7 +38,8 @@ def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[s
 
     Returns:
         `{temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids, skip_special_tokens,
-        no_stop_trim=True, spaces_between_special_tokens=False}` (+ `min_new_tokens` for eval).
+        no_stop_trim=True, spaces_between_special_tokens=False}` (+ `min_new_tokens` for eval; + `custom_params`
+        asking for the kept token ids with `--rollout-top-p < 1`, `slime_rollout.top_p_replay`).
 
     Raises:
         ValueError: no response length budget is configured.
@@ -65,6 +67,8 @@ def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[s
     }
     if evaluation and cfg.eval_min_new_tokens is not None:
         params["min_new_tokens"] = int(cfg.eval_min_new_tokens)
+    if wants_top_p_sets(cfg, evaluation=evaluation):
+        params["custom_params"] = dict(TOP_P_REQUEST)  # top-p replay: the engine returns the ids it kept
     return params
 
 
@@ -171,8 +175,11 @@ async def generate(
     client = get_client(args)
     reply = await call_client(client.generate, payload)
     tokens, log_probs = _parse_output(reply)
+    top_p = parse_top_p_sets(reply["meta_info"], len(tokens))
     sample.status = Status.PENDING
-    sample.append_response_tokens(tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=reply["meta_info"])
+    sample.append_response_tokens(
+        tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=reply["meta_info"], top_p=top_p
+    )
     if sample.status is Status.PENDING:
         logger.warning(
             "sample %s: engine gave no known finish_reason (%r)", sample.index, reply["meta_info"].get("finish_reason")

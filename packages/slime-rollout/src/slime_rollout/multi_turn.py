@@ -37,6 +37,7 @@ from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout import generate as single_turn
 from slime_rollout.data_source import get_tokenizer
+from slime_rollout.top_p_replay import parse_top_p_sets
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -284,6 +285,7 @@ def _reset_response(sample: Sample) -> None:
     sample.response = ""
     sample.loss_mask = None
     sample.rollout_log_probs = None
+    sample.rollout_top_p_token_ids = sample.rollout_top_p_token_offsets = None
     sample.status = Status.PENDING
     sample.weight_versions.clear()
 
@@ -309,7 +311,8 @@ async def _model_turn(
     if text is None:
         text = token_text
     sample.status = Status.PENDING
-    sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta)
+    top_p = parse_top_p_sets(meta, len(tokens))  # top-p replay sets, when the engine returned them
+    sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta, top_p=top_p)
     if sample.status is Status.PENDING:
         sample.status = Status.COMPLETED
     return text, token_text
