@@ -206,7 +206,9 @@ class FSDPTrainBackend:
             out: list[torch.Tensor | None] = [None] * batch.num_samples
             for step in batch.micro_batches:
                 for ids in step:
-                    mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
+                    mb = pack_micro_batch(
+                        batch.tokens, batch.response_lengths, ids, self.device, batch.kept_tokens(ids)
+                    )
                     logp, _, _ = response_log_probs(
                         self.model, mb, temperature=self.cfg.rollout_temperature, chunk_size=self._chunk_size()
                     )
@@ -259,7 +261,7 @@ class FSDPTrainBackend:
         self.optimizer.zero_grad(set_to_none=True)
         metrics = []
         for ids in batch.micro_batches[step]:
-            mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
+            mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device, batch.kept_tokens(ids))
             logp, ent, anchor = response_log_probs(
                 self.model,
                 mb,

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import register_fsdp_forward_method
 
+from slime_core.algorithms import KeptTokens
 from slime_train_fsdp.attention import packed_attention_kwargs
 from slime_train_fsdp.context_parallel import gather_response_values, shard_row
 from slime_train_fsdp.logprob_head import DEFAULT_CPU_HEAD, head_log_probs
@@ -70,6 +71,7 @@ class PackedMicroBatch:
         sample_ids: local sample positions (indices into the `RolloutBatch` lists), in packing order.
         response_lengths: `L_i` of each packed sample, in packing order.
         seq_lengths: `T_i` of each packed sample, in packing order (sum `S`): the row's sequence boundaries.
+        kept: top-p replay sets of the `R` response positions (`--rollout-top-p < 1`), or None.
     """
 
     input_ids: torch.Tensor
@@ -79,10 +81,15 @@ class PackedMicroBatch:
     sample_ids: list[int]
     response_lengths: list[int]
     seq_lengths: list[int] = dataclasses.field(default_factory=list)
+    kept: KeptTokens | None = None
 
 
 def pack_micro_batch(
-    tokens: list[torch.Tensor], response_lengths: list[int], sample_ids: list[int], device: torch.device
+    tokens: list[torch.Tensor],
+    response_lengths: list[int],
+    sample_ids: list[int],
+    device: torch.device,
+    kept: KeptTokens | None = None,
 ) -> PackedMicroBatch:
     """Concatenates the given samples into one row.
 
@@ -94,6 +101,8 @@ def pack_micro_batch(
         response_lengths: all samples' `L_i`.
         sample_ids: which samples to pack.
         device: where to put the tensors.
+        kept: top-p replay sets of the packed samples' response positions, in `sample_ids` order
+            (`RolloutBatch.kept_tokens(sample_ids)`), or None.
 
     Returns:
         The packed micro-batch.
@@ -125,6 +134,7 @@ def pack_micro_batch(
         sample_ids=list(sample_ids),
         response_lengths=[int(response_lengths[i]) for i in sample_ids],
         seq_lengths=[int(t.numel()) for t in ids],
+        kept=None if kept is None or not sample_ids else kept.to(device),
     )
 
 
@@ -144,6 +154,7 @@ def _response_forward(
     with_entropy: bool,
     seq_lengths: list[int] | None = None,
     head: str | None = None,
+    kept: KeptTokens | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of a packed row: response log-probs `[R]` fp32, entropy `[R]` (or `[0]`), and an anchor.
 
@@ -159,6 +170,9 @@ def _response_forward(
         input_ids, position_ids, predict_index, targets = (shard.input_ids, shard.position_ids,
                                                            shard.predict_index, shard.targets)  # fmt: skip
         lengths = shard.seq_lengths
+        if kept is not None:  # this rank scores a contiguous run of the response positions
+            first = sum(shard.counts[: dist.get_rank(group)])
+            kept = kept.slice_rows(first, first + int(targets.numel()))
     attn_kwargs = packed_attention_kwargs(lengths, input_ids.device, self.config._attn_implementation)
     if group is not None:
         attn_kwargs["slime_cp_group"] = group
@@ -169,7 +183,7 @@ def _response_forward(
     anchor = (hidden[:1, :1].float().sum() + weight[:1, :1].float().sum()) * 0.0
     h_resp = hidden.index_select(0, predict_index)  # [R, H]
     logp, entropy = head_log_probs(h_resp, weight, targets, temperature=temperature, chunk_size=chunk_size,
-                                   with_entropy=with_entropy, head=head or opts.head)  # fmt: skip
+                                   with_entropy=with_entropy, head=head or opts.head, kept=kept)  # fmt: skip
     if shard is not None:
         logp = gather_response_values(logp, shard.counts, group)
         if with_entropy:
@@ -219,4 +233,4 @@ def response_log_probs(
     """
     fn = getattr(model, _FORWARD_METHOD)
     return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, temperature, chunk_size, with_entropy,
-              mb.seq_lengths, head)  # fmt: skip
+              mb.seq_lengths, head, mb.kept)  # fmt: skip
