@@ -6,16 +6,21 @@ first reduces the response to its last `\boxed{}` content.
 
 | rm_type      | returns                                  |
 |--------------|------------------------------------------|
-| math         | 1.0 / 0.0 (last box vs label)            |
-| deepscaler   | 1.0 / 0.0 (after `</think>`)             |
+| math         | 1.0 / 0.0 (final boxed answer vs label)  |
+| deepscaler   | 1.0 / 0.0 (same, after `</think>`)       |
 | dapo         | {"score": ±1.0, "acc", "pred"}           |
-| f1           | SQuAD token F1                           |
-| gpqa         | 1.0 / 0.0 (option letter)                |
+| f1           | SQuAD token F1 of the final answer       |
+| gpqa         | 1.0 / 0.0 (the option picked)            |
 | remote_rm    | the JSON reply of `--rm-url`             |
 | random       | 0 or 1                                   |
 
-`async_rm` grades `math` / `deepscaler` (and their `boxed_` forms) with the symbolic check in a pool of
-`--rm-num-workers` processes (`slime_rollout.rewards.pool`); `rule_based_reward` always grades inline.
+The graders judge what a careful grader would (`rewards.math`, `rewards.math_utils`, `rewards.answers`,
+`rewards.normalize`): reasoning (`<think>`) never counts, hedged or retracted answers are wrong, units, words,
+choice letters and repeating decimals are read, exact numbers are compared exactly. Every grading ends within its
+budget on any thread (`rewards.deadline`). `async_rm` grades `math` / `deepscaler` (and their `boxed_` forms) with
+the symbolic check in a pool of `--rm-num-workers` processes (`slime_rollout.rewards.pool`); `rule_based_reward`
+always grades inline. A custom or remote reward that raises or returns NaN / a non-reward is one error naming it
+and the sample (`rewards.checks`).
 """
 
 from __future__ import annotations
