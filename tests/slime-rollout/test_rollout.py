@@ -10,7 +10,6 @@ finish_reason abort and the tokens emitted so far, then waits until none is runn
 
 import asyncio
 import collections
-import logging
 
 
 class FakeClient:
@@ -319,55 +318,6 @@ async def test_custom_generate_hooks_and_group_rm(use_client):
     use_client(FakeClient({0: [A], 1: [A]}))
     out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
     assert [s.reward for g in out.samples for s in g] == [2.0] * 4
-
-
-async def empty_for_odd_generate(args, sample, sampling_params):
-    """Custom generate that returns odd-indexed samples without generating anything."""
-    if sample.index % 2 == 0:
-        sample.append_response_tokens([A], log_probs=[-0.3], text="A")
-    sample.status = Status.COMPLETED
-    return sample
-
-
-async def test_empty_responses_are_counted_and_not_trained_on(use_client, caplog):
-    # Issue 17: a custom generate function returning nothing was trained on silently.
-    use_client(FakeClient({}))
-    args = _args(custom_generate_function_path=f"{__name__}.empty_for_odd_generate", rollout_batch_size=2)
-    with caplog.at_level(logging.WARNING, logger="slime_rollout.rollout"):
-        out, _ = await generate_rollout_async(args, 3, ListDataSource(n=2))
-    flat = [s for g in out.samples for s in g]
-    assert [s.remove_sample for s in flat] == [False, True, False, True]
-    assert out.metrics["rollout/num_empty_responses"] == 2.0
-    assert "rollout 3: 2 samples have an empty response (from tests." in caplog.text and "[1, 3]" in caplog.text
-
-
-SEEN_BY_FILTER: list[list[str]] = []
-
-
-def recording_filter(args, samples):
-    SEEN_BY_FILTER.append([type(s).__name__ for s in samples])
-    return True
-
-
-async def test_dynamic_filters_accept_fan_out_groups(use_client):
-    # Issue 17: the built-in filter (and plugins written for list[Sample]) failed on a group whose entries are
-    # lists. The filter now gets the group's samples, flattened.
-    use_client(FakeClient({}))
-    args = _args(
-        custom_generate_function_path=f"{__name__}.fanout_generate",
-        dynamic_sampling_filter_path="slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
-        rollout_batch_size=1,
-    )
-    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
-    assert [len(item) for item in out.samples[0]] == [2, 2]  # rewards 1, 0, 1, 0: kept
-    SEEN_BY_FILTER.clear()
-    args = _args(
-        custom_generate_function_path=f"{__name__}.fanout_generate",
-        dynamic_sampling_filter_path=f"{__name__}.recording_filter",
-        rollout_batch_size=1,
-    )
-    await generate_rollout_async(args, 0, ListDataSource(n=2))
-    assert SEEN_BY_FILTER == [["Sample"] * 4]
 
 
 async def failing_generate(args, sample, sampling_params):
