@@ -25,8 +25,10 @@ from slime_rollout.rewards.math_utils import grade_fast, symbolic_equal_with_tim
 
 NUM_WORKERS = 2
 PATHOLOGICAL = r"9^{9^{9^{9}}}"  # math-verify / sympy try to evaluate the tower: minutes, unbounded memory
-# Passes the guards but keeps sympy busy (pure Python) for far longer than any budget here.
-SLOW = ("(x+1)^{200}", "(x+2)^{200}")
+# Passes the guards but keeps sympy busy (pure Python) for far longer than any budget here (over 30 s unbounded
+# here; ^{200} took only ~1.5 s, and sympy's cache of a stopped attempt let a repeat finish within a 1 s budget).
+SLOW = ("(x+1)^{3000}", "(x+2)^{3000}")
+SLOW_OTHER = ("(x+3)^{3000}", "(x+4)^{3000}")  # a second, uncached pair for a second stopped attempt
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -105,7 +107,7 @@ def test_symbolic_check_has_a_budget_on_any_thread():
         if thread == "main":
             verdict = symbolic_equal_with_timeout(*SLOW, 1)
         else:
-            verdict = _run_in_thread_loop(lambda: asyncio.to_thread(symbolic_equal_with_timeout, *SLOW, 1))
+            verdict = _run_in_thread_loop(lambda: asyncio.to_thread(symbolic_equal_with_timeout, *SLOW_OTHER, 1))
         elapsed = time.monotonic() - start
         assert verdict is None and elapsed < 3.0, (thread, elapsed)  # 1 s budget, stopped at its next call
     assert signal.getsignal(signal.SIGALRM) is handler_before
