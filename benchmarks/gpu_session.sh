@@ -18,6 +18,7 @@
 #   matmul          30  bf16 8192^3 matmul ceiling
 #   train          240  FSDP train() qwen3-0.6b (~60) and qwen3-4b (~150, incl. ~60 s checkpoint write)
 #   train_1.7b     120  FSDP train() qwen3-1.7b
+#   train_1.7b_16k 120  the same with 16k-token micro-batches (--max-tokens-per-gpu 16384 in a real run)
 #   train_base     120  the same with the pre-issue-22 settings (sdpa dense mask, fp32 head, no compile): side by side
 #   train_gc       150  FSDP train() qwen3-4b with --gradient-checkpointing
 #   weight_sync    200  disk vs tensor push, qwen3-0.6b, on the shared engine (engine start 60-100 s once)
@@ -25,6 +26,7 @@
 #   rollout        150  slime rollout vs direct /generate, 64 prompts x 8 x 256 tokens, shared engine
 #   e2e            420  apps/train GRPO, 4 rollouts of 32x8 (needs torch_memory_saver staged for SGLang)
 #   e2e_disagg     420  the same on 2 GPUs: trainer on GPU 0, SGLang on GPU 1, NCCL weight sync
+#   e2e_lora       420  the same with LoRA (rank 16, alpha 32, default target modules, lr 1e-5): memory and sync time vs e2e
 #   e2e_megatron   420  the same (colocated, 1 GPU) with --train-backend megatron, 2048-token micro-batches
 #   trl            420  TRL GRPOTrainer baseline (wheels from .whl, carried with the call)
 # The shared qwen3-0.6b SGLang engine starts at the first step that needs it and stops at the end.
@@ -148,10 +150,12 @@ for step in "$@"; do
                          --layouts 1,1,1 2,1,1 1,2,1 1,1,2 ;;
     matmul) run_step matmul 60 python3 "$HERE/bench_matmul.py" "${DEV[@]}" "${MM[@]}" ;;
     train)
-      run_step train_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --peak-tflops "$(peak_tflops)"
+      run_step train_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --swap --peak-tflops "$(peak_tflops)"
       run_step train_4b 300 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --peak-tflops "$(peak_tflops)" ;;
     train_1.7b) run_step train_1.7b 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
                   --peak-tflops "$(peak_tflops)" ;;
+    train_1.7b_16k) run_step train_1.7b_16k 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
+                      --tokens-per-mb 16384 --peak-tflops "$(peak_tflops)" ;;
     train_base) run_step train_base 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
                   --attn-implementation sdpa --log-probs-head fp32 --compile-layers off --peak-tflops "$(peak_tflops)" ;;
     train_gc) run_step train_gc 250 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --gradient-checkpointing \
@@ -163,6 +167,8 @@ for step in "$@"; do
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_disagg) engine_down; DISAGG=1 RUN_DIR=/tmp/slime-bench-e2e/disagg run_step e2e_disagg 600 \
                   bash "$HERE/bench_e2e.sh" ;;
+    e2e_lora) engine_down; EXTRA_FLAGS="${EXTRA_FLAGS:-} --lora-rank 16 --lora-alpha 32 --lr 1e-5" \
+                RUN_DIR=/tmp/slime-bench-e2e/lora run_step e2e_lora 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_megatron) engine_down; TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 RUN_DIR=/tmp/slime-bench-e2e/megatron \
                     run_step e2e_megatron 600 bash "$HERE/bench_e2e.sh" ;;
     trl) engine_down

@@ -29,6 +29,7 @@ _COMPACT = [
     ("train/ppo_kl", "ppo_kl"),
     ("train/grad_norm", "gnorm"),
     ("train/train_rollout_logprob_abs_diff", "|Δlogp|"),
+    ("goodput/trained_fraction", "trained"),
     ("perf/step_time", "step_s"),
 ]
 

@@ -21,6 +21,7 @@ and log it. Model text is never passed to `eval`/`sympify`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 
@@ -252,7 +253,7 @@ def symbolic_equal_with_timeout(gold_n: str, pred_n: str, timeout_s: float) -> b
     if reason is not None:
         logger.debug("symbolic check skipped (%s): %r vs %r", reason, preview(gold_n), preview(pred_n))
         return None
-    prepare_worker()  # the first import of sympy & co. takes seconds: not part of the budget
+    prepare_worker()  # sympy & co.'s start-up takes seconds: not part of the budget
     try:
         return run_with_deadline(_symbolic, gold_n, pred_n, budget_s=timeout_s)
     except (GradingTimeout, _TooCostly) as e:
@@ -274,11 +275,14 @@ def symbolic_equal(gold_n: str, pred_n: str, budget_s: float = DEFAULT_BUDGET_S)
     return verdict
 
 
+@functools.cache
 def prepare_worker() -> None:
-    """Imports the symbolic graders of a grading worker process once, at its start-up.
+    """Pays the symbolic graders' one-time start-up once (a grading worker calls it at its start-up).
 
-    Also marks math-verify's "timeout is disabled" warnings as shown: its own timeouts (SIGALRM, main thread
-    only) are off on purpose; `run_with_deadline` bounds the whole check instead.
+    Imports math-verify and sympy and runs one comparison, which loads math-verify's LaTeX grammar lazily: on a
+    busy machine that start-up takes seconds, and inside the first answer's budget it graded a correct answer
+    undecided. Also marks math-verify's "timeout is disabled" warnings as shown: its own timeouts (SIGALRM, main
+    thread only) are off on purpose; `run_with_deadline` bounds the whole check instead.
     """
     import latex2sympy2_extended  # noqa: F401
     import math_verify.grader
@@ -287,6 +291,7 @@ def prepare_worker() -> None:
 
     math_verify.grader.TIMEOUT_WARNING_SHOWN = True
     math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    _symbolic("1", "1")
 
 
 def grade_answer(pred: str | None, gold: str | None, budget_s: float = DEFAULT_BUDGET_S) -> bool:
