@@ -7,7 +7,7 @@ import time
 import pytest
 
 from slime_rollout.rewards.answers import final_boxed_answers, find_boxes, strip_reasoning
-from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
+from slime_rollout.rewards.deadline import REFIRE_S, GradingTimeout, run_with_deadline
 from slime_rollout.rewards.math_utils import costly_reason, grade_fast
 from slime_rollout.rewards.normalize import clean_answer, parse_number, words_to_number
 
@@ -148,3 +148,27 @@ def test_deadline_leaves_nothing_behind_after_the_work_ends():
         except GradingTimeout:
             late += 1
     assert late == 0
+
+
+def _swallow_twice_then_spin():
+    # What C code that clears errors does to an asynchronous exception (seen inside sympy's cache wrapper).
+    for _ in range(2):
+        try:
+            _spin()
+        except GradingTimeout:
+            pass
+    _spin()
+
+
+def test_deadline_fires_again_when_the_work_swallows_it():
+    start = time.monotonic()
+    with pytest.raises(GradingTimeout):
+        run_with_deadline(_swallow_twice_then_spin, budget_s=0.3)
+    elapsed = time.monotonic() - start
+    # The deadline, then REFIRE_S (0.1 s) per swallowed firing: well under a second; not fired again afterwards.
+    assert 0.3 + 2 * REFIRE_S <= elapsed < 1.5, elapsed
+    try:
+        for _ in range(10):
+            time.sleep(REFIRE_S)  # a late firing would land here
+    except GradingTimeout:
+        pytest.fail("GradingTimeout raised after run_with_deadline returned")

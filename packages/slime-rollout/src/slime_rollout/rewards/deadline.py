@@ -8,6 +8,11 @@ grading thread with CPython's `PyThreadState_SetAsyncExc` (the mechanism behind 
 the interpreter raises it at its next check between bytecodes, on whatever thread the work runs, and nothing
 runs in the meantime (no per-call cost).
 
+C code may swallow the exception: code that clears errors (a failed attribute or cache lookup inside
+sympy's cache wrapper) drops it, and the work goes on. So the timer fires again every `REFIRE_S` while the
+work is still running: only while `fn`'s frames are on the grading thread's stack (checked with
+`sys._current_frames`), never once `run_with_deadline` is finishing or has returned.
+
 What it cannot stop is a single long C call (a huge integer power inside sympy): the exception is raised only
 when that call returns. Callers screen their input for those first (`slime_rollout.rewards.math_utils.
 costly_reason`), and the worker pool adds a parent-side deadline that kills the process
@@ -17,6 +22,7 @@ costly_reason`), and the worker pool adds a parent-side deadline that kills the 
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +37,8 @@ _CLEAR_IN = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
     ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
 )
 _RUNNING, _FINISHED, _FIRED = 0, 1, 2
+# Seconds between repeated firings after the deadline, while the work has swallowed the previous ones.
+REFIRE_S = 0.1
 
 
 class GradingTimeout(BaseException):  # noqa: N818 (named like the builtin TimeoutError it stands for)
@@ -41,32 +49,55 @@ class GradingTimeout(BaseException):  # noqa: N818 (named like the builtin Timeo
 
 
 class _Watchdog:
-    """Schedules `GradingTimeout` in one thread at the deadline, unless `finish` came first."""
+    """Schedules `GradingTimeout` in one thread at the deadline, and again while the work goes on, until `finish`.
 
-    def __init__(self, budget_s: float) -> None:
+    `frame` is `run_with_deadline`'s frame: a repeated firing happens only while the frame it calls (its callee on
+    the grading thread's stack) is the work's, not `finish`'s; once that frame has left the stack, the timer stops.
+    """
+
+    def __init__(self, budget_s: float, frame: Any) -> None:
         self._target = threading.get_ident()
+        self._frame = frame
         self._lock = threading.Lock()
         self._state = _RUNNING
-        self._timer = threading.Timer(budget_s, self._fire)
-        self._timer.daemon = True
+        self._timer = self._new_timer(budget_s)
+
+    def _new_timer(self, delay_s: float) -> threading.Timer:
+        timer = threading.Timer(delay_s, self._fire)
+        timer.daemon = True
+        return timer
+
+    def _inside_work(self) -> bool:
+        frame, callee = sys._current_frames().get(self._target), None
+        while frame is not None:
+            if frame is self._frame:
+                return callee is not None and callee.f_code is not _FINISH_CODE
+            frame, callee = frame.f_back, frame
+        return False
 
     def _fire(self) -> None:
         with self._lock:
-            if self._state == _RUNNING:
-                self._state = _FIRED
-                _RAISE_IN(self._target, GradingTimeout)
+            if self._state == _FINISHED or (self._state == _FIRED and not self._inside_work()):
+                return
+            self._state = _FIRED
+            _RAISE_IN(self._target, GradingTimeout)
+            self._timer = self._new_timer(REFIRE_S)
+            self._timer.start()
 
     def start(self) -> None:
         self._timer.start()
 
     def finish(self) -> None:
-        self._timer.cancel()
         with self._lock:
-            fired, self._state = self._state == _FIRED, _FINISHED
+            fired, self._state, self._frame = self._state == _FIRED, _FINISHED, None
+            self._timer.cancel()
         if fired:
             # Fired just as the work ended: drop the exception if it is still pending, so it cannot surface
             # later in unrelated code.
             _CLEAR_IN(self._target, None)
+
+
+_FINISH_CODE = _Watchdog.finish.__code__
 
 
 def run_with_deadline[T](fn: Callable[..., T], *args: Any, budget_s: float) -> T:
@@ -86,7 +117,7 @@ def run_with_deadline[T](fn: Callable[..., T], *args: Any, budget_s: float) -> T
     """
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0, got {budget_s}")
-    watchdog = _Watchdog(budget_s)
+    watchdog = _Watchdog(budget_s, sys._getframe())
     watchdog.start()
     try:
         return fn(*args)
