@@ -317,3 +317,26 @@ def test_with_the_real_config():
     rewards = dict(zip(batches[0].sample_indices, batches[0].rewards, strict=True))
     rewards.update(zip(batches[1].sample_indices, batches[1].rewards, strict=True))
     assert [rewards[i] for i in range(4)] == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=TOL)
+
+
+def test_teacher_log_probs_follow_their_samples():
+    samples = _rollout()
+    for s in samples:  # a list (built-in scoring) for some, a tensor (the original's post-process) for others
+        lps = [-0.1 * s.index] * s.response_length
+        s.teacher_log_probs = torch.tensor(lps) if s.index % 2 else lps
+    batches = build_rollout_batches(_args(global_batch_size=4), samples, dp_size=2)
+    for b in batches:
+        for i, t, n in zip(b.sample_indices, b.teacher_log_probs, b.response_lengths, strict=True):
+            torch.testing.assert_close(t, torch.full((n,), -0.1 * i))
+    assert batches[0].values is None  # the critic's values are attached by the trainer, not here
+    without = build_rollout_batches(_args(global_batch_size=4), _rollout(), dp_size=1)[0]
+    assert without.teacher_log_probs is None
+    opd = _args(global_batch_size=4, use_opd=True, opd_type="sglang")
+    with pytest.raises(ValueError, match=r"have no teacher_log_probs \(0 of 8 do\): with --use-opd --opd-type sglang"):
+        build_rollout_batches(opd, _rollout(), dp_size=1)
+    bad = _rollout()
+    bad[0].teacher_log_probs = [0.0] * (bad[0].response_length + 1)
+    for s in bad[1:]:
+        s.teacher_log_probs = [0.0] * s.response_length
+    with pytest.raises(ValueError, match="len\\(teacher_log_probs\\)="):
+        build_rollout_batches(_args(global_batch_size=4), bad, dp_size=1)

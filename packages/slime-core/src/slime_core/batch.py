@@ -48,6 +48,11 @@ class RolloutBatch:
         step_token_counts: per optimizer step, the summed loss mask across all DP ranks (divides the
             per-token loss with `--calculate-per-token-loss`).
         metadata: N dicts forwarded from `Sample.train_metadata` (may be empty dicts).
+        teacher_log_probs: N tensors `[L_i]` float32, the on-policy-distillation teacher's log-probs of the
+            response tokens scored during the rollout (`--opd-type sglang`), or None.
+        values: N tensors `[L_i]` float32, the PPO critic's values of the response tokens before its update
+            (attached by the trainer app after the critic step; `V_t` is the value of the state that emits
+            response token t), or None.
     """
 
     tokens: list[torch.Tensor]
@@ -63,6 +68,8 @@ class RolloutBatch:
     step_sample_counts: list[int] = dataclasses.field(default_factory=list)
     step_token_counts: list[float] = dataclasses.field(default_factory=list)
     metadata: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    teacher_log_probs: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None
 
     @property
     def num_samples(self) -> int:

@@ -93,6 +93,8 @@ class Sample:
         session_id: routing key for engine affinity across turns.
         train_metadata: forwarded to the trainer unchanged.
         non_generation_time: seconds spent outside generation (tools, env), for perf metrics.
+        teacher_log_probs: `[response_length]` float, natural-log probability of each response token under the
+            on-policy-distillation teacher (`--use-opd --opd-type sglang`), or None.
     """
 
     Status = Status  # original plugins write `Sample.Status.TRUNCATED` (a nested enum there)
@@ -117,6 +119,7 @@ class Sample:
     non_generation_time: float = 0.0
     generate_function_path: str | None = None
     custom_rm_path: str | None = None
+    teacher_log_probs: Any = None  # list[float]; the original's OPD post-process stores a float32 tensor
 
     # ---- derived views -------------------------------------------------------------------------
 
@@ -245,6 +248,11 @@ class Sample:
                 f"sample {self.index}: len(rollout_log_probs)={len(self.rollout_log_probs)} "
                 f"!= response_length={self.response_length}"
             )
+        if self.teacher_log_probs is not None and len(self.teacher_log_probs) != self.response_length:
+            raise ValueError(
+                f"sample {self.index}: len(teacher_log_probs)={len(self.teacher_log_probs)} "
+                f"!= response_length={self.response_length}"
+            )
 
     # ---- serialization -------------------------------------------------------------------------
 
@@ -255,6 +263,8 @@ class Sample:
         for key in ("tokens", "loss_mask", "rollout_log_probs", "weight_versions"):
             if out[key] is not None:
                 out[key] = list(out[key])
+        if out["teacher_log_probs"] is not None:
+            out["teacher_log_probs"] = [float(x) for x in out["teacher_log_probs"]]  # a tensor becomes floats
         out["metadata"] = dict(self.metadata)
         return out
 

@@ -167,6 +167,24 @@ def loss_denominators(samples: Sequence[Sample]) -> list[float]:
     return [float(max(totals[k], 1)) for k in keys]
 
 
+def _teacher_log_probs(cfg: SlimeArgs, samples: Sequence[Sample]) -> list[torch.Tensor] | None:
+    """Each sample's OPD teacher log-probs `[L_i]` float32, or None when no sample carries them.
+
+    Raises:
+        ValueError: some samples carry them and some do not, or `--opd-type sglang` left a sample without them.
+    """
+    have = [s.teacher_log_probs is not None for s in samples]
+    if not any(have) and not (cfg.use_opd and cfg.opd_type == "sglang"):
+        return None
+    if not all(have):
+        missing = [s.index for s, h in zip(samples, have, strict=True) if not h]
+        raise ValueError(
+            f"samples {missing[:5]} have no teacher_log_probs ({sum(have)} of {len(samples)} do): with --use-opd "
+            "--opd-type sglang every sample needs them (from --rm-url, or set by --custom-reward-post-process-path)"
+        )
+    return [torch.as_tensor(s.teacher_log_probs, dtype=torch.float32).reshape(-1).clone() for s in samples]
+
+
 def _sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
     has_index = [s.index is not None for s in samples]
     if all(has_index):
@@ -217,6 +235,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
     tokens_t = [torch.tensor(s.tokens, dtype=torch.int64) for s in ordered]
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in ordered] if all(with_lp) else None
+    teacher_t = _teacher_log_probs(cfg, ordered)
 
     schedule = build_schedule(
         [len(s.tokens) for s in ordered],
@@ -251,6 +270,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
                 step_sample_counts=list(step_sample_counts),
                 step_token_counts=list(step_token_counts),
                 metadata=[dict(ordered[p].train_metadata or {}) for p in mine],
+                teacher_log_probs=None if teacher_t is None else [teacher_t[p] for p in mine],
             )
         )
     return batches

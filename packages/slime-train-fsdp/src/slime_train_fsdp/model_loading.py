@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from slime_train_fsdp.packing import ForwardOptions, install_response_forward
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "FillMissing",
     "build_fsdp_model",
     "default_device",
     "load_hf_weights_into",
@@ -151,15 +153,23 @@ def _broadcast_buffers(model: nn.Module) -> None:
         dist.broadcast(buf, src=0)
 
 
-def load_hf_weights_into(model: nn.Module, path: str | pathlib.Path) -> None:
+FillMissing = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+"""`fill(model, state) -> tensors`: full CPU tensors for parameters the checkpoint `state` lacks (rank 0 only),
+e.g. a freshly initialized value head."""
+
+
+def load_hf_weights_into(
+    model: nn.Module, path: str | pathlib.Path, *, fill_missing: FillMissing | None = None
+) -> None:
     """Loads an HF checkpoint into an already-sharded model (collective: every rank calls it).
 
     Rank 0 reads the files; the tensors reach the other ranks shard by shard through
     `set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)`.
 
     Args:
-        model: FSDP2-sharded causal LM with HF parameter names.
+        model: FSDP2-sharded model with HF parameter names.
         path: HF checkpoint directory.
+        fill_missing: supplies parameters the checkpoint does not have (run on rank 0 before the check).
 
     Raises:
         ValueError: when the checkpoint lacks parameters of the model.
@@ -168,8 +178,10 @@ def load_hf_weights_into(model: nn.Module, path: str | pathlib.Path) -> None:
     if dist.get_rank() == 0:
         state = read_hf_state_dict(path)
         expected = set(model.state_dict().keys())
-        if getattr(model.config, "tie_word_embeddings", False):
+        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in expected:
             state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+        if fill_missing is not None:
+            state.update(fill_missing(model, state))
         missing = sorted(expected - set(state))
         if missing:
             raise ValueError(f"{path}: checkpoint lacks {len(missing)} parameters, e.g. {missing[:3]}")
@@ -177,8 +189,19 @@ def load_hf_weights_into(model: nn.Module, path: str | pathlib.Path) -> None:
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
+def _causal_lm(config: PretrainedConfig, attn: str) -> nn.Module:
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+
+
 def build_fsdp_model(
-    cfg: SlimeArgs, path: str | pathlib.Path, device: torch.device, mesh: DeviceMesh | None = None
+    cfg: SlimeArgs,
+    path: str | pathlib.Path,
+    device: torch.device,
+    mesh: DeviceMesh | None = None,
+    *,
+    construct: Callable[[PretrainedConfig, str], nn.Module] = _causal_lm,
+    fill_missing: FillMissing | None = None,
+    install: Callable[[nn.Module, ForwardOptions], None] = install_response_forward,
 ) -> tuple[nn.Module, PretrainedConfig]:
     """Builds the FSDP2-sharded model of an HF checkpoint (collective over the default group).
 
@@ -188,10 +211,14 @@ def build_fsdp_model(
         path: HF checkpoint directory (`--hf-checkpoint`).
         device: this rank's compute device.
         mesh: 1-D mesh the parameters are sharded over; the whole world when None.
+        construct: `(config, attn_implementation) -> module` built on the meta device: the causal LM, or the
+            critic's value model (`value_model.py`); it must expose `config` and `_no_split_modules`.
+        fill_missing: parameters the checkpoint lacks (see `load_hf_weights_into`).
+        install: attaches the model's forward method with its `ForwardOptions` (the response log-prob forward).
 
     Returns:
-        (model, config): the sharded `AutoModelForCausalLM` in train mode with fp32 master weights, its response
-        forward installed with the head and CP group (`packing.ForwardOptions`).
+        (model, config): the sharded model in train mode with fp32 master weights, its forward installed with
+        the head and CP group (`packing.ForwardOptions`).
 
     Raises:
         ValueError: on an invalid head or context-parallel setting.
@@ -203,7 +230,7 @@ def build_fsdp_model(
         mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     # Meta-device construction everywhere; the weights come from rank 0 below.
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+        model = construct(config, attn)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -211,9 +238,9 @@ def build_fsdp_model(
     offload = device.type == "cuda" and cfg.fsdp_cpu_offload
     model.to_empty(device="cpu" if offload else device)
     _init_buffers(model, config, device)
-    load_hf_weights_into(model, path)
+    load_hf_weights_into(model, path, fill_missing=fill_missing)
     model.train()
-    install_response_forward(model, options)
+    install(model, options)
     cp = 1 if options.cp_group is None else dist.get_world_size(options.cp_group)
     logger.info("loaded %s (%s, attn=%s, head=%s, cp=%d) sharded over %d ranks", path, type(model).__name__, attn,
                 options.head, cp, mesh.size())  # fmt: skip

@@ -233,6 +233,11 @@ class MegatronTrainBackend:
         """Whether reference weights are held (`init(..., with_ref=True)`)."""
         return self._ref is not None
 
+    @property
+    def has_teacher(self) -> bool:
+        """Whether on-policy-distillation teacher weights are held (`--opd-type megatron`)."""
+        return False
+
     def _pad_multiple(self) -> int:
         s = self.settings
         multiple = s.tensor_model_parallel_size if s.sequence_parallel else 1

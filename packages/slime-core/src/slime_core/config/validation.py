@@ -14,8 +14,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
+from slime_core.config.critic import validate_critic
+from slime_core.config.opd import validate_opd
 from slime_core.config.unsupported import check_unsupported
-from slime_core.estimators import ESTIMATORS, get_estimator
+from slime_core.estimators import get_estimator
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -206,15 +208,11 @@ def _algorithm(args: SlimeArgs) -> None:
 
 
 def _estimator(args: SlimeArgs) -> None:
-    """The `--advantage-estimator` spec's own rules (required flags, hook), then the critic rule."""
+    """The `--advantage-estimator` spec's own rules (required flags, hook), the critic's, then OPD's."""
     spec = get_estimator(args.advantage_estimator)  # a registered name: the field's choices are the registry's
     spec.validate(args)
-    if spec.needs_critic:
-        usable = [s.name for s in ESTIMATORS if not s.needs_critic]
-        raise ConfigError(
-            f"--advantage-estimator {spec.name} needs a critic model, which this version does not train; use "
-            f"{', '.join(usable[:-1])} or {usable[-1]}"
-        )
+    validate_critic(args)
+    validate_opd(args)
 
 
 def _dynamic_batch(args: SlimeArgs) -> None:
