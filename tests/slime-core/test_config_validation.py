@@ -44,6 +44,11 @@ BROKEN_RULES = [
     ({"micro_batch_size": 3}, "--micro-batch-size 3 does not divide --global-batch-size 4"),
     ({"num_rollout": None}, "--num-rollout is required"),
     ({"critic_lr": 1e-5}, "--critic-lr configures the PPO critic; it has no effect with --advantage-estimator grpo"),
+    ({"num_critic_only_steps": 2}, "--num-critic-only-steps configures the PPO critic"),
+    (
+        {"advantage_estimator": "ppo", "critic_num_gpus_per_node": 4},
+        "--critic-num-nodes x --critic-num-gpus-per-node = 4 must equal the actor's 8 GPUs",
+    ),
     ({"use_opd": True}, "--use-opd requires --opd-type sglang"),
     ({"use_opd": True, "opd_type": "sglang"}, "--opd-type sglang needs the teacher engine's generate URL: --rm-url"),
     (
@@ -149,8 +154,9 @@ def test_ppo_critic_placement_and_role_config():
     assert shared.use_critic and shared.critic_num_nodes is None and shared.critic_num_gpus_per_node is None
     role = critic_config(shared)
     assert (role.lr, role.lr_warmup_iters, role.load, role.save) == (1e-6, 3, "/ckpt/critic", "/ckpt/critic")
-    own = make(advantage_estimator="ppo", critic_lr=5e-6, critic_lr_warmup_iters=0,
+    own = make(advantage_estimator="ppo", critic_num_nodes=1, critic_lr=5e-6, critic_lr_warmup_iters=0,
                critic_load="/c", critic_save="/s", kl_coef=0.1, hf_checkpoint="/hf")  # fmt: skip
+    assert (own.critic_num_nodes, own.critic_num_gpus_per_node) == (1, 8)  # the rest from the actor
     role = critic_config(own)
     assert (role.lr, role.lr_warmup_iters, role.load, role.save) == (5e-6, 0, "/c", "/s")
     assert role.kl_coef == 0 and not role.use_opd and role.save_hf is None  # actor-only terms off

@@ -19,10 +19,10 @@ from typing import Any
 
 import ray
 
+from slime_app.actor_critic import make_trainers
 from slime_app.cluster import create_placement, init_ray
 from slime_app.rollout_manager import RolloutManager
 from slime_app.tracking import Tracker
-from slime_app.train_actor import TrainGroup
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class Run:
             ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
         start = 0
         if not cfg.debug_rollout_only:
-            self.trainer = TrainGroup(cfg, self.placement)
+            self.trainer = make_trainers(cfg, self.placement)  # + the PPO critic's ranks (actor_critic.py)
             start = self.trainer.init(cfg)
             if start > 0:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
