@@ -19,6 +19,7 @@ from slime_core.sample import Sample, Status
 from slime_rollout.generate import build_sampling_params
 from slime_rollout.generate import generate as default_generate
 from slime_rollout.metrics import flatten_groups
+from slime_rollout.opd import score_teacher
 from slime_rollout.plugins import accepts_kwarg, call_maybe_async, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
 
@@ -124,6 +125,8 @@ async def generate_and_rm(
         rewards = await batched_async_rm(args, todo) if isinstance(result, list) else [await async_rm(args, todo[0])]
         for s, reward in zip(todo, rewards, strict=True):
             s.reward = reward
+        if not state.evaluation:
+            await score_teacher(args, todo)  # --opd-type sglang: while other groups still generate
     return result
 
 
