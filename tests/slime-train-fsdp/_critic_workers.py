@@ -1,6 +1,8 @@
-"""Per-rank scenarios of the FSDP critic tests (`run`): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are set.
+"""Per-rank scenarios of the FSDP PPO-critic and OPD-teacher tests (`run`): RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT are set.
 
-Each rank writes its results to `OUT/rank{RANK}.pt`; `test_critic_backend.py` asserts on them.
+Each rank writes its results to `OUT/rank{RANK}.pt`; `test_critic_backend.py` and `test_opd_teacher.py` assert
+on them.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ import pathlib
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from transformers import AutoModel
+from transformers import AutoModel, AutoModelForCausalLM
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.critic import critic_config
 from slime_core.protocols import CriticBackend
-from slime_train_fsdp import FSDPCriticBackend
+from slime_train_fsdp import FSDPCriticBackend, FSDPTrainBackend
 
 
 def make_cfg(ckpt: str, **overrides) -> SlimeArgs:
@@ -123,7 +125,49 @@ def scenario_dp(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     return {"metrics": metrics, "values": values, "params": full_params(critic)}
 
 
-SCENARIOS = {"single": scenario_single, "dp": scenario_dp}
+def reference_log_probs(path: str, batch: RolloutBatch, temperature: float) -> list[torch.Tensor]:
+    """Plain transformers causal LM, one sequence at a time, log-probs of the response tokens at `temperature`."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    out = []
+    with torch.no_grad():
+        for tok, r in zip(batch.tokens, batch.response_lengths, strict=True):
+            logits = model(tok[None]).logits[0, -r - 1 : -1].float() / temperature
+            out.append(torch.log_softmax(logits, -1).gather(-1, tok[-r:, None])[:, 0])
+    return out
+
+
+def scenario_teacher(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    """The actor holds the OPD teacher of --opd-teacher-load (an HF directory, then an FSDP checkpoint)."""
+    teacher_dir = str(work / "teacher_hf")
+    batch = make_batch(0, 1)
+    opd = dict(advantage_estimator="grpo", lr=1e-3, use_opd=True, opd_type="fsdp", opd_kl_coef=0.5)
+    actor = FSDPTrainBackend()
+    actor.init(SlimeArgs.from_dict({**_actor_fields(ckpt), **opd, "opd_teacher_load": teacher_dir}), with_ref=False)
+    res: dict = {"has_teacher": actor.has_teacher}
+    student = actor.compute_log_probs(batch)
+    teacher = actor.compute_log_probs(batch, model="teacher")
+    diff = lambda a, b: max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))  # noqa: E731
+    res["teacher_diff"] = diff(teacher, reference_log_probs(teacher_dir, batch, 0.7))
+    res["student_diff"] = diff(student, reference_log_probs(ckpt, batch, 0.7))
+    res["student_after_teacher_diff"] = diff(actor.compute_log_probs(batch), student)  # swapped back
+    res["metrics"] = actor.train(0, batch)
+    res["student"], res["teacher"] = student, teacher
+    actor.cfg = actor.cfg.model_copy(update={"save": str(work / "student_ckpt")})
+    actor.save(0)
+    trained = actor.compute_log_probs(batch)
+    from_ckpt = FSDPTrainBackend()
+    fields = {**_actor_fields(ckpt), **opd, "opd_teacher_load": str(work / "student_ckpt")}
+    from_ckpt.init(SlimeArgs.from_dict(fields), with_ref=False)
+    res["ckpt_teacher_diff"] = diff(from_ckpt.compute_log_probs(batch, model="teacher"), trained)
+    return res
+
+
+def _actor_fields(ckpt: str) -> dict:
+    return dict(hf_checkpoint=ckpt, train_backend="fsdp", rollout_batch_size=4, n_samples_per_prompt=2,
+                global_batch_size=4, num_rollout=4, attn_implementation="sdpa", rollout_temperature=0.7)  # fmt: skip
+
+
+SCENARIOS = {"single": scenario_single, "dp": scenario_dp, "teacher": scenario_teacher}
 
 
 def run(scenario: str, out: pathlib.Path, ckpt: str) -> None:

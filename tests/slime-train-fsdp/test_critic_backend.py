@@ -1,8 +1,11 @@
-"""`FSDPCriticBackend` (the PPO value model) on CPU/gloo with a tiny Qwen3 built from config (fp32).
+"""`FSDPCriticBackend` (the PPO value model) and the FSDP actor's on-policy-distillation teacher, on CPU/gloo
+with tiny Qwen3s built from config (fp32).
 
 The scenarios of `_critic_workers.py` run in forked processes (world size 1 or 2) and write their results;
-the assertions below check them. Tolerances: 1e-5 absolute on values against a plain transformers forward (fp32
-kernels differ in summation order); 1e-5 relative on the DP parameter update; exact for a resumed checkpoint.
+the assertions below check them. Tolerances: 1e-5 absolute on values and log-probs against a plain transformers
+forward (fp32 kernels differ in summation order); 1e-5 relative on the DP parameter update; exact for a resumed
+checkpoint. The OPD teacher is a differently seeded tiny Qwen3 (HF directory), then an FSDP checkpoint of the
+trained student.
 """
 
 from __future__ import annotations
@@ -150,3 +153,49 @@ def test_value_head_from_a_checkpoint_or_fresh():
     fresh = fill_value_head(_Model(), {"score.weight": torch.ones(3, 4)})  # a 3-label head is not a value head
     assert fresh["value_head.weight"].shape == (1, 4) and float(fresh["value_head.bias"]) == 0.0
     assert not torch.equal(fresh["value_head.weight"], torch.ones(1, 4))
+
+
+# ---------------------------------------------------------------- the OPD teacher of the actor
+
+
+def _save_tiny(path: pathlib.Path, tokenizer_dir: pathlib.Path, seed: int) -> pathlib.Path:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                      tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+    for f in tokenizer_dir.glob("tokenizer*.json"):
+        shutil.copy(f, path / f.name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory, qwen3_tokenizer_dir) -> dict:
+    work = tmp_path_factory.mktemp("opd_teacher")
+    student = _save_tiny(work / "student_hf", qwen3_tokenizer_dir, seed=0)
+    _save_tiny(work / "teacher_hf", qwen3_tokenizer_dir, seed=1)
+    return launch("teacher", 1, work, student)[0]
+
+
+def test_teacher_log_probs_come_from_the_teacher_weights(teacher_run):
+    assert teacher_run["has_teacher"]
+    assert teacher_run["teacher_diff"] <= TOL and teacher_run["student_diff"] <= TOL
+    assert teacher_run["student_after_teacher_diff"] == 0.0  # the actor's weights are swapped back exactly
+
+
+def test_first_step_reports_the_reverse_kl(teacher_run):
+    """One step over 4 samples, old = current: opd_reverse_kl = mean_i Σ_t m_t (lp - lp_T) / D_i."""
+    batch = _load_workers().make_batch(0, 1)
+    student, teacher = teacher_run["student"], teacher_run["teacher"]
+    per_sample = [
+        float(((s - t) * m).sum() / d)
+        for s, t, m, d in zip(student, teacher, batch.loss_masks, batch.loss_denominators, strict=True)
+    ]
+    expected = (sum(per_sample[:4]) / 4 + sum(per_sample[4:]) / 4) / 2  # two steps of 4 samples, averaged
+    assert teacher_run["metrics"]["train/opd_reverse_kl"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_teacher_from_an_fsdp_checkpoint(teacher_run):
+    assert teacher_run["ckpt_teacher_diff"] <= TOL
