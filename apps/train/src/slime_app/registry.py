@@ -115,7 +115,10 @@ CRITIC_BACKENDS = Registry(
     "slime.critic_backends",
     flag="--train-backend",
     kind="critic backend",
-    builtins={"fsdp": "slime_train_fsdp:FSDPCriticBackend"},
+    builtins={
+        "fsdp": "slime_train_fsdp:FSDPCriticBackend",
+        "megatron": "slime_train_megatron:MegatronCriticBackend",
+    },
 )
 
 #: `--weight-sync` (after validation resolved `auto`): `factory(cfg, client)` returning an object with
