@@ -167,15 +167,54 @@ def _actor_fields(ckpt: str) -> dict:
                 global_batch_size=4, num_rollout=4, attn_implementation="sdpa", rollout_temperature=0.7)  # fmt: skip
 
 
-SCENARIOS = {"single": scenario_single, "dp": scenario_dp, "teacher": scenario_teacher}
+def scenario_gpu(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
+    """CUDA/NCCL: bf16 values near the fp32 reference, training, sleep frees memory, resume, the OPD teacher."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = make_batch(rank, world)
+    critic = FSDPCriticBackend()
+    critic.init(make_cfg(ckpt, save=str(work / "gpu_run")))
+    params = full_params(critic)
+    ref = reference_values(ckpt, {k: v.float() for k, v in params.items()}, batch)
+    values = critic.compute_values(batch)
+    res: dict = {"value_diff": max(float((a - b).abs().max()) for a, b in zip(values, ref, strict=True))}
+    res["metrics"] = [critic.train_critic(rid, batch)[0] for rid in range(3)]
+    before = torch.cuda.memory_allocated()
+    critic.sleep()
+    res["mem_before_after_sleep"] = (before, torch.cuda.memory_allocated())
+    critic.wake_up()
+    critic.save(2)
+    saved = critic.compute_values(batch)
+    resumed = FSDPCriticBackend()
+    res["start"] = resumed.init(make_cfg(ckpt, load=str(work / "gpu_run")))
+    res["resume_max_diff"] = max(
+        float((a - b).abs().max()) for a, b in zip(saved, resumed.compute_values(batch), strict=True)
+    )
+    actor = FSDPTrainBackend()
+    opd = dict(advantage_estimator="grpo", use_opd=True, opd_type="fsdp", opd_teacher_load=ckpt)
+    actor.init(SlimeArgs.from_dict({**_actor_fields(ckpt), **opd}), with_ref=False)
+    res["teacher_student_diff"] = max(
+        float((a - b).abs().max())
+        for a, b in zip(actor.compute_log_probs(batch, model="teacher"), actor.compute_log_probs(batch), strict=True)
+    )  # the same weights: the same log-probs
+    res["opd_metrics"] = actor.train(0, batch)
+    return res
+
+
+SCENARIOS = {"single": scenario_single, "dp": scenario_dp, "teacher": scenario_teacher, "gpu": scenario_gpu}
 
 
 def run(scenario: str, out: pathlib.Path, ckpt: str) -> None:
     """Joins the gloo group, runs one scenario, writes `rank{RANK}.pt`."""
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if scenario == "gpu" else "gloo")
     try:
         torch.manual_seed(0)
         res = SCENARIOS[scenario](ckpt, out, out.parent)
         torch.save(res, out / f"rank{dist.get_rank()}.pt")
     finally:
         dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import sys
+
+    run(sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3])

@@ -71,6 +71,28 @@ def launch(scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) ->
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
+def launch_subprocesses(scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
+    """Like `launch` with fresh interpreters (CUDA cannot be forked after the driver is initialized)."""
+    import subprocess
+    import sys
+
+    out = work / f"out_{scenario}_{world}"
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))  # fmt: skip
+        cmd = [sys.executable, str(WORKER), scenario, str(out), str(ckpt)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"{scenario} rank {rank} failed:\n{log[-4000:]}"
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
     """A 2-layer Qwen3 (vocab 64, hidden 32, tied embeddings) saved as an HF checkpoint."""
@@ -199,3 +221,20 @@ def test_first_step_reports_the_reverse_kl(teacher_run):
 
 def test_teacher_from_an_fsdp_checkpoint(teacher_run):
     assert teacher_run["ckpt_teacher_diff"] <= TOL
+
+
+@pytest.mark.gpu
+def test_gpu_critic_and_teacher(tiny_ckpt, tmp_path):
+    """On CUDA/NCCL (1 or 2 GPUs): bf16 values near fp32, training, sleep frees memory, exact resume, OPD teacher."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    world = min(2, torch.cuda.device_count())
+    for res in launch_subprocesses("gpu", world, tmp_path, tiny_ckpt):
+        assert res["value_diff"] < 5e-2  # bf16 forward vs the fp32 reference
+        for m in res["metrics"]:
+            assert all(math.isfinite(v) for v in m.values())
+        before, after = res["mem_before_after_sleep"]
+        assert after < before
+        assert res["start"] == 3 and res["resume_max_diff"] == 0.0
+        assert res["teacher_student_diff"] == 0.0
+        assert abs(res["opd_metrics"]["train/opd_reverse_kl"]) < 1e-6  # student == teacher on the first step
