@@ -62,7 +62,11 @@ def test_shared_gpus_alternate_and_the_actor_trains_on_the_critic_values(caplog)
     pair, events = _pair(shared=True)
     assert pair.init(pair.cfg) == 3  # the actor's start; the differing critic's is logged
     assert "the critic resumes at rollout 2, the actor at 3" in caplog.text
-    assert events[-1] == ("critic", "sleep")  # the actor keeps the GPUs for the first weight sync
+    # Never both on the GPU: the actor sleeps while the critic is built; the critic sleeps after.
+    assert events == [("actor", "init"), ("actor", "sleep"), ("critic", "init"), ("critic", "sleep")]
+    events.clear()
+    assert pair.update_weights(0) == {}  # the first weight sync wakes the actor
+    assert events == [("actor", "wake_up"), ("actor", "update_weights", 0)]
     events.clear()
     pair.sleep()  # colocated: after the weight sync both give the GPUs to the engines
     pair.wake_up()  # ... and the loop wakes the trainer for the step: nothing moves yet

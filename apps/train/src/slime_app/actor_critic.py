@@ -87,8 +87,14 @@ class ActorCritic:
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, cfg: SlimeArgs) -> int:
-        """Initializes both groups; returns the actor's start rollout id (a differing critic's is logged)."""
+        """Initializes both groups; returns the actor's start rollout id (a differing critic's is logged).
+
+        On shared GPUs the actor sleeps while the critic is built, so the two models never hold the accelerator
+        at once (as the original's offloaded PPO initialization).
+        """
         start = self.actor.init(cfg)
+        if self.shared:
+            self._set_actor(False)
         critic_start = self.critic.init(cfg)
         if critic_start != start:
             logger.warning(
