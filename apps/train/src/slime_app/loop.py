@@ -154,7 +154,7 @@ class Run:
         cfg = self.cfg
         self.start_rollout_id = start = self.build()
         self.tracker.start(start, cfg.num_rollout)
-        if cfg.eval_prompt_data and start == 0 and not cfg.skip_eval_before_train:
+        if (cfg.eval_prompt_data or cfg.eval_config) and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
         self.rollouts = Rollouts(
             self.manager, cfg.num_rollout, ahead=cfg.async_train, update_weights_interval=cfg.update_weights_interval
@@ -179,7 +179,7 @@ class Run:
         metrics["perf/step_time"] = time.perf_counter() - t0
         self.tracker.log(rollout_id, metrics)
         self.tracker.rollout_done(rollout_id, metrics)
-        if cfg.eval_prompt_data and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout):
+        if (cfg.eval_prompt_data or cfg.eval_config) and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout):
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
 
