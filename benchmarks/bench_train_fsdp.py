@@ -92,6 +92,31 @@ def train_flops(config, a: argparse.Namespace, old_forward: bool) -> dict[str, f
     return {"total": total, "attention": attn, "n_body": one["n_body"]}
 
 
+def measure_swap(backend, device: str, repeats: int) -> dict[str, float]:
+    """Median seconds of `sleep()` and `wake_up()` (device-synchronized) through pinned and pageable buffers.
+
+    The state moved is the trainer's whole shard: fp32 parameters and the optimizer's moments (after a
+    train() call, so Adam's states exist). Pinned first: its first sleep allocates the buffers (reported
+    as `swap_pinned_first_sleep_s`), later ones reuse them.
+    """
+    from slime_train_fsdp.offload import HostOffloader
+
+    out: dict[str, float] = {}
+    for name, pin in (("pinned", True), ("pageable", False)):
+        backend._host = HostOffloader(backend.model, backend.optimizer, pin_memory=pin)
+        sleeps, wakes = [], []
+        for _ in range(repeats + 1):
+            sleeps.append(_common.timed(backend.sleep, device)[0])
+            wakes.append(_common.timed(backend.wake_up, device)[0])
+        out[f"swap_{name}_first_sleep_s"] = sleeps[0]
+        out[f"swap_{name}_sleep_s"] = _common.median(sleeps[1:])
+        out[f"swap_{name}_wake_s"] = _common.median(wakes[1:])
+        if pin:
+            out["swap_state_gib"] = backend._host.pinned_bytes / 2**30
+    backend._host = None  # back to the run's own setting
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Parses flags, runs the benchmark, emits the JSON line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,6 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
         help="--fsdp-compile-layers (auto: on with CUDA)",
     )
     p.add_argument("--peak-tflops", type=float, default=790.0, help="MFU denominator (measured bf16 matmul rate)")
+    p.add_argument(
+        "--swap", action="store_true", help="also time the colocated sleep()/wake_up() swap, pinned vs pageable"
+    )
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     a = p.parse_args(argv)
     _common.setup_logging()
@@ -148,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
         for k, v in metrics.items():
             if v != v:  # NaN: a broken step must not pass as a fast one
                 raise RuntimeError(f"train() returned NaN for {k}")
+        swap = measure_swap(backend, a.device, a.repeats) if a.swap else {}
         flops = train_flops(backend.config, a, old_forward)
         t = _common.median(times)
         tokens = batch.num_samples * a.seq_len
@@ -165,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
             "tokens_per_s": tokens / t, "model_tflops_per_train": flops["total"] / 1e12,
             "attention_share": flops["attention"] / flops["total"], "achieved_tflops": flops["total"] / t / 1e12,
             "mfu": flops["total"] / t / 1e12 / a.peak_tflops, "peak_tflops": a.peak_tflops,
-            "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm"),
+            "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm"), **swap,
         })  # fmt: skip
     finally:
         dist.destroy_process_group()

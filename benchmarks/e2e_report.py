@@ -25,6 +25,12 @@ PHASES = (
 )
 # Algorithm curves recorded first/last when the run logs them (PPO's critic, on-policy distillation).
 CURVES = ("train/critic-explained_variance", "train/critic-value_loss", "train/opd_reverse_kl")
+# Reported when the run logged them: the colocated swaps, the trainer's peak memory, the weight-sync check.
+EXTRA = (
+    "perf/engine_release_time", "perf/trainer_wake_up_time", "perf/trainer_sleep_time",
+    "perf/engine_resume_weights_time", "perf/engine_resume_kv_cache_time", "perf/train_peak_mem_gib",
+    "perf/log_probs_time", "perf/actor_train_time", "perf/weight_check_time",
+)  # fmt: skip
 
 
 def read_scalars(tb_dir: pathlib.Path) -> dict[str, dict[int, float]]:
@@ -53,6 +59,11 @@ def summarize(scalars: dict[str, dict[int, float]], *, rollout_batch_size: int, 
         values = scalars.get(tag, {})
         out[tag] = {"all": [values.get(s) for s in steps],
                     "median": _common.median([values[s] for s in kept if s in values]) if values else None}  # fmt: skip
+    for tag in EXTRA:
+        values = scalars.get(tag, {})
+        if values:
+            out[tag] = {"all": [values.get(s) for s in steps],
+                        "median": _common.median([values[s] for s in kept if s in values])}  # fmt: skip
     # The first-step trainer-vs-rollout log-prob gap (issue 22's accuracy gate): the first logged train step.
     gap = scalars.get("train/train_rollout_logprob_abs_diff", {})
     if gap:

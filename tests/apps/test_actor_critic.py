@@ -47,8 +47,8 @@ class _Group:
     def save(self, rollout_id):
         self._log("save", rollout_id)
 
-    def update_weights(self, version):
-        self._log("update_weights", version)
+    def update_weights(self, version, engine_urls=None):
+        self._log("update_weights", version, *([engine_urls] if engine_urls else []))
         return {}
 
 
@@ -91,6 +91,9 @@ def test_shared_gpus_alternate_and_the_actor_trains_on_the_critic_values(caplog)
         ("actor", "wake_up"),
         ("actor", "save", 0),
     ]
+    events.clear()
+    pair.update_weights(1, ["http://restarted:1"])  # a restarted engine's weights (fault tolerance's restorer)
+    assert events == [("actor", "update_weights", 1, ["http://restarted:1"])]
 
 
 def test_critic_only_steps_and_own_gpus():

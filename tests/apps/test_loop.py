@@ -90,6 +90,8 @@ def _run(monkeypatch, **fields):
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.manager, run.trainer, run.tracker = cfg, _Actor(events), _Trainer(events), _Tracker()
     run.start_rollout_id = 0
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
     run.rollouts = loop.Rollouts(
         run.manager, cfg.num_rollout, ahead=cfg.async_train, update_weights_interval=cfg.update_weights_interval
     )
@@ -105,10 +107,11 @@ def test_sync_step_reads_rollout_train_save_sync_eval(monkeypatch):
         ("got", 1), ("train", 1), ("save", 1), ("trainer.save", 1), ("update_weights", 2), ("eval", 2),
         ("got", 2), ("train", 2), ("save", 2), ("trainer.save", 2), ("update_weights", 3), ("eval", 3),
     ]  # fmt: skip
-    assert set(logged[1]) == {
+    assert {k for k in logged[1] if not k.startswith("goodput/")} == {
         "rollout/raw_reward", "train/loss", "perf/train_time", "perf/save_time", "perf/update_weights_time",
-        "perf/step_time",
+        "perf/step_time", "perf/rollout_wait_time",
     }  # fmt: skip
+    assert logged[1]["goodput/cum/wall_time"] >= logged[1]["perf/step_time"]  # steps 0 and 1 + the eval
     assert logged[2]["eval/demo"] == 0.25  # the eval after rollout 1 is logged at rollout 2
 
 

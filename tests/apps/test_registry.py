@@ -27,14 +27,17 @@ def test_every_weight_updater_resolves_by_name():
     assert WEIGHT_UPDATERS.get("tensor") is TensorWeightUpdater
     assert WEIGHT_UPDATERS.get("disk") is DiskWeightUpdater
     assert WEIGHT_UPDATERS.get("distributed") is distributed_weight_updater
-    assert WEIGHT_UPDATERS.names() == ["disk", "distributed", "tensor"]
+    from slime_rollout.lora_sync import LoraWeightUpdater
+
+    assert WEIGHT_UPDATERS.get("lora") is LoraWeightUpdater
+    assert WEIGHT_UPDATERS.names() == ["disk", "distributed", "lora", "tensor"]
 
 
 def test_unknown_names_are_rejected_listing_the_known_ones():
     with pytest.raises(KeyError, match=r"--train-backend: unknown backend 'jax' \(known: fsdp, megatron\)"):
         TRAIN_BACKENDS.get("jax")
     with pytest.raises(
-        ValueError, match=r"--weight-sync: unknown transport 'rdma' \(known: disk, distributed, tensor\)"
+        ValueError, match=r"--weight-sync: unknown transport 'rdma' \(known: disk, distributed, lora, tensor\)"
     ):
         WEIGHT_UPDATERS.get("rdma")
     assert issubclass(UnknownNameError, KeyError) and issubclass(UnknownNameError, ValueError)

@@ -74,3 +74,26 @@ def test_a_launched_router_is_the_plugins_router():
     args = plugin_args(parse_args(BASE), EngineAddresses(urls=urls, router_url="http://h:3"))
     assert (args.sglang_router_ip, args.sglang_router_port) == ("h", 3)
     assert args.rollout_engine_urls == urls
+
+
+def test_chat_template_checks_stop_after_the_budget_or_on_single_turn_runs(monkeypatch):
+    from slime_app.rollout_manager import check_chat_template
+    from slime_core.sample import Sample
+    from slime_rollout import template_check
+
+    cfg = parse_args([*BASE, "--check-chat-template-samples", "3"])
+    assert cfg.check_chat_template_samples == 3
+    monkeypatch.setattr("slime_rollout.data_source.get_tokenizer", lambda path: "tok")
+    checked = []
+
+    def fake_check_sample(tokenizer, sample):
+        checked.append(sample.index)
+        return types.SimpleNamespace(consistent=True, first_mismatch=None, message="ok")
+
+    monkeypatch.setattr(template_check, "check_sample", fake_check_sample)
+    recorded = [Sample(index=i, metadata={template_check.CONVERSATION_KEY: {"segments": []}}) for i in range(4)]
+    metrics, left = check_chat_template(cfg, recorded[:2], 3)
+    assert (metrics["rollout/chat_template/checked"], left, checked) == (2.0, 1, [0, 1])
+    metrics, left = check_chat_template(cfg, recorded[2:], left)
+    assert (metrics["rollout/chat_template/checked"], left, checked) == (1.0, 0, [0, 1, 2])  # the budget is spent
+    assert check_chat_template(cfg, [Sample(index=9)], 3) == ({}, 0)  # single-turn: nothing recorded, stop

@@ -105,6 +105,15 @@ def test_gsm8k_two_rollouts(tiny_qwen3, tmp_path):
     diffs = _scalars(out / "tensorboard", "train/train_rollout_logprob_abs_diff")
     assert diffs[0] < 1e-4
     assert (out / "reward_curve.png").stat().st_size > 0
+    # Goodput: every accepted model token is counted; the random model scores 0, so no advantage is non-zero.
+    generated = {r: float(sum(sum(s["loss_mask"]) for s in _dump(out, r))) for r in (0, 1)}
+    assert _scalars(out / "tensorboard", "goodput/tokens_generated") == generated
+    assert _scalars(out / "tensorboard", "goodput/cum/tokens_zero_advantage")[1] == generated[0] + generated[1]
+    assert _scalars(out / "tensorboard", "goodput/cum/tokens_trained")[1] == 0.0
+    assert "0.0% of generated tokens trained on" in proc.stdout and (out / "goodput.json").exists()
+    # Weight-content check: the first sync (logged at rollout 0) read 4 tensors back, all equal (fp32 both sides).
+    assert _scalars(out / "tensorboard", "weight_check/tensors_checked") == {0: 4.0}
+    assert _scalars(out / "tensorboard", "weight_check/max_abs_diff") == {0: 0.0}
 
     from transformers import AutoModelForCausalLM
 
@@ -204,3 +213,43 @@ def test_async_disaggregated_one_step_off_policy(tiny_qwen3, tmp_path):
         times = _scalars(tb, key)
         assert sorted(times) == [0, 1, 2] and all(t > 0 for t in times.values()), (key, times)
     assert sorted(_scalars(tb, "perf/update_weights_time")) == [0, 1]
+
+
+def test_lora_two_rollouts(tiny_qwen3, tmp_path):
+    """LoRA through the real loop: the engine serves base + the synced adapter (first-step log-probs agree), only
+    the adapter is written for the sync, and `--save-hf` exports a PEFT adapter that peft loads on the base."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        _argv(
+            tiny_qwen3,
+            out,
+            "--num-rollout",
+            "2",
+            "--save-hf",
+            str(out / "hf"),
+            "--lora-rank",
+            "4",
+            "--lora-alpha",
+            "8",
+            "--lr",
+            "1e-3",
+        ),  # fmt: skip
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    tb = out / "tensorboard"
+    assert _scalars(tb, "train/train_rollout_logprob_abs_diff")[0] < 1e-4  # base + adapter on both sides
+    assert sorted(_scalars(tb, "perf/update_weights_time")) == [0, 1]  # initial push at 0, then after rollout 0
+    assert sorted(p.name for p in (out / "weight_sync").iterdir()) == ["lora_v000002"]  # adapter files only
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (out / "hf").iterdir()}
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_qwen3), out / "hf")
+    assert model.peft_config["default"].r == 4

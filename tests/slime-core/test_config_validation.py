@@ -181,6 +181,15 @@ def test_opd_configurations(tmp_path):
     assert make(use_opd=True, opd_type="fsdp", opd_teacher_load=str(tmp_path), train_backend="fsdp").use_opd
 
 
+def test_lora_is_rejected_with_a_critic_or_a_trainer_side_teacher(tmp_path):
+    lora = {"lora_rank": 8, "train_backend": "fsdp"}
+    assert make(**lora, use_opd=True, opd_type="sglang", rm_url="http://t:1/generate").lora_rank == 8
+    with pytest.raises(ConfigError, match="--lora-rank with --advantage-estimator ppo: the critic has no LoRA"):
+        make(**lora, advantage_estimator="ppo")
+    with pytest.raises(ConfigError, match="--lora-rank with --opd-type fsdp: a trainer-side teacher"):
+        make(**lora, use_opd=True, opd_type="fsdp", opd_teacher_load=str(tmp_path))
+
+
 def test_debug_mode_derivations():
     replay = make(load_debug_rollout_data="/dumps/{rollout_id}.pt")
     assert replay.debug_train_only

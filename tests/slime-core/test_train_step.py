@@ -139,7 +139,8 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
     backend = FakeBackend(batch, dp=2)
     assert isinstance(backend, StepBackend)
     metrics, steps = train_on_rollout(_cfg(), backend, 0, batch)
-    assert backend.calls == ["forward_backward:0", "optimizer_step", "reduce_metric_sums"]
+    # The first reduce_metric_sums is the goodput token count, then one per optimizer step.
+    assert backend.calls == ["reduce_metric_sums", "forward_backward:0", "optimizer_step", "reduce_metric_sums"]
     assert backend.denominators == [4.0]
     assert metrics["train/pg_loss"] == pytest.approx(-0.25, abs=ATOL)
     assert metrics["train/loss"] == pytest.approx(-0.25, abs=ATOL)
@@ -147,7 +148,7 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
     # entropy_loss: each sample's masked mean of 0.5 (2 and 2 trained tokens over D=2) → 0.5 + 0.5, ×2 ranks, /4.
     assert metrics["train/entropy_loss"] == pytest.approx(0.5, abs=ATOL)
     assert metrics["train/lr"] == pytest.approx(0.1)
-    assert set(metrics) == {
+    assert {k for k in metrics if k.startswith("train/")} == {
         "train/loss",
         "train/pg_loss",
         "train/pg_clipfrac",
@@ -156,7 +157,11 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
         "train/grad_norm",
         "train/lr",
     }
-    assert steps == [metrics]
+    # Goodput: 2 + 2 trainable tokens, every advantage non-zero (rewards +1, -0.5), on 2 identical DP ranks.
+    assert metrics["goodput/tokens_trained"] == 8.0 and metrics["goodput/tokens_zero_advantage"] == 0.0
+    assert {"perf/log_probs_time", "perf/ref_log_probs_time", "perf/actor_train_time"} <= set(metrics)
+    assert metrics["perf/actor_train_time"] >= 0.0
+    assert steps == [{k: v for k, v in metrics.items() if k.startswith("train/")}]
     assert backend.entropy_got_grad == [False, False]  # --entropy-coef 0: the entropy is detached
     # d loss/d lp = -A·m/D/denominator: sample 0 → -1/2/4 per token; the SGD step raised its log-probs.
     torch.testing.assert_close(backend.params[0].detach(), torch.full((2,), -1.0 + 0.1 / 8))
@@ -168,6 +173,7 @@ def test_two_steps_compute_old_log_probs_once_and_average():
     metrics, steps = train_on_rollout(_cfg(entropy_coef=0.01), backend, 3, batch)
     assert backend.calls == [
         "log_probs:actor",
+        "reduce_metric_sums",
         *("forward_backward:0", "optimizer_step", "reduce_metric_sums"),
         *("forward_backward:1", "optimizer_step", "reduce_metric_sums"),
     ]
@@ -204,10 +210,21 @@ def test_sft_loss_skips_old_log_probs_and_advantages():
     cfg = _cfg(loss_type="sft_loss", disable_compute_advantages_and_returns=True)
     metrics, steps = train_on_rollout(cfg, backend, 0, batch)
     assert "log_probs:actor" not in backend.calls
-    assert backend.calls[0] == "forward_backward:0"
-    assert set(metrics) == {"train/loss", "train/grad_norm", "train/lr"}
+    assert backend.calls[:2] == ["reduce_metric_sums", "forward_backward:0"]
+    assert {k for k in metrics if k.startswith("train/")} == {"train/loss", "train/grad_norm", "train/lr"}
+    # No advantages: every trainable token (4 samples × 2) carries a gradient.
+    assert metrics["goodput/tokens_trained"] == 8.0 and metrics["goodput/tokens_zero_advantage"] == 0.0
     # Step 0: NLL -Σ_i (Σ_t m_t·lp_t)/D_i = -(-2/2) - (-2/2) = 2, divided by the step's 2 samples.
     assert steps[0]["train/loss"] == pytest.approx(1.0, abs=ATOL)
+
+
+def test_goodput_counts_zero_advantage_tokens():
+    """A zero reward (a group with equal rewards) gives zero advantages: its trainable tokens teach nothing."""
+    batch = _batch(1)
+    batch.rewards = [0.0, -0.5]
+    metrics, _ = train_on_rollout(_cfg(), FakeBackend(batch), 0, batch)
+    assert metrics["goodput/tokens_trained"] == 2.0  # sample 1: tokens 0 and 2 (token 1 is masked)
+    assert metrics["goodput/tokens_zero_advantage"] == 2.0  # sample 0: both tokens
 
 
 def test_errors():

@@ -171,7 +171,7 @@ async def test_least_outstanding_dispatch(http_server):
     assert [o["text"] for o in outs] == ["e1"] * 3
     release.set()
     await asyncio.gather(*slow)
-    assert rc._outstanding == [0, 0]
+    assert [slot.outstanding for slot in rc.pool.slots] == [0, 0]
 
 
 async def test_router_mode_sends_generate_to_router_and_discovers_workers(http_server):
@@ -310,3 +310,51 @@ async def test_dropped_connection_is_retried():
     finally:
         server.close()
         await server.wait_closed()
+
+
+def test_engine_error_pickles_as_itself():
+    # Ray ships exceptions with cloudpickle, which uses the same __reduce__ as pickle (slime-rollout
+    # does not depend on Ray, so its isolated test run checks plain pickle).
+    import pickle
+
+    err = EngineError("http://e:1", "/generate", "boom", 500)
+    for dumps, loads in ((pickle.dumps, pickle.loads),):
+        back = loads(dumps(err))
+        assert type(back) is EngineError and str(back) == "engine http://e:1/generate failed (HTTP 500): boom"
+        assert (back.url, back.endpoint, back.message, back.status_code, back.unreachable) == (
+            "http://e:1", "/generate", "boom", 500, False,
+        )  # fmt: skip
+    gone = pickle.loads(pickle.dumps(EngineError("http://e:1", "/generate", "refused", unreachable=True)))
+    assert gone.unreachable and gone.status_code is None
+
+
+async def test_generate_read_timeout_comes_from_the_config_and_marks_the_engine_unreachable(http_server):
+    async def handler(request):
+        await asyncio.sleep(30)  # a hung engine (SIGSTOP): the request is accepted, no answer comes
+        return web.json_response({})
+
+    url = await http_server(handler)
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "sglang_router_request_timeout_secs": 1})
+    reset_client_cache()
+    client = get_client(PluginArgs.from_config(cfg, engine_urls=[url, url + "/"]))
+    assert client.generate_timeout == 1.0
+    t0 = asyncio.get_running_loop().time()
+    with pytest.raises(EngineError) as e:
+        await client.generate({"input_ids": [1]})
+    assert 0.9 < asyncio.get_running_loop().time() - t0 < 5 and e.value.unreachable
+    reset_client_cache()
+
+
+def test_connection_pool_sizes_follow_sglang_server_concurrency():
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "sglang_server_concurrency": 3000})
+    reset_client_cache()
+    direct = get_client(PluginArgs.from_config(cfg, engine_urls=["http://e0:1", "http://e1:1"]))
+    assert [e.max_connections for e in direct.engines] == [3000, 3000]  # was a fixed 1024 whatever the flag
+    routed = get_client(
+        PluginArgs.from_config(cfg, engine_urls=["http://e0:1", "http://e1:1"], router_url="http://r:3")
+    )
+    assert routed.router.max_connections == 6000
+    # One engine whose address doubles as the plugins' router address: requests go to the engine directly.
+    single = get_client(PluginArgs.from_config(cfg, engine_urls=["http://e0:2"], router_url="http://e0:2"))
+    assert single.router is None and single.urls == ["http://e0:2"]
+    reset_client_cache()

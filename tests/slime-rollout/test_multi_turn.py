@@ -418,3 +418,83 @@ async def test_env_exception_fails_only_the_sample(tok, qwen3_tokenizer_dir, mon
     assert out.status is Status.FAILED and out.remove_sample
     assert out.metadata["env_error"] == "RuntimeError: env bug"
     assert out.loss_mask == [1] * len(enc(tok, TOOL_TURN))
+
+
+# ---- chat-template conformance in the loop (slime_rollout.template_check) ---------------------------------------
+
+from slime_core.protocols import EnvStep  # noqa: E402
+from slime_rollout.template_check import CONVERSATION_KEY, check_sample, check_samples  # noqa: E402
+
+
+async def test_episode_records_its_conversation_and_conforms(tok, qwen3_tokenizer_dir, monkeypatch):
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN]))
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params())
+    record = out.metadata[CONVERSATION_KEY]
+    assert record["tools"] == CalculatorEnv.tool_specs
+    assert [(s["role"], s["content"], s.get("tool_responses")) for s in record["segments"]] == [
+        ("assistant", TOOL_TURN, None),
+        ("observation", QWEN_OBS_42, ["42"]),
+        ("assistant", FINAL_TURN, None),
+    ]
+    report = check_sample(tok, out)
+    assert report.consistent and report.message.startswith("chat template:"), report.message
+
+
+async def test_recorded_conversation_finds_the_template_rewrite(tok, qwen3_tokenizer_dir, monkeypatch):
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, "The answer is 42.<|im_end|>"]))
+    sample = calc_sample()
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), sample, params())
+    report = check_sample(tok, out)
+    # Qwen3's template inserts an empty <think></think> into the last assistant turn: found at its first token.
+    turn2_start = len(prompt_ids(tok, sample)) + len(enc(tok, TOOL_TURN)) + len(enc(tok, QWEN_OBS_42))
+    assert not report.consistent and report.first_mismatch == turn2_start and "<think>" in report.message
+    metrics = check_samples(tok, [out, Sample(prompt="single turn", tokens=[1, 2])], limit=8)
+    assert metrics == {
+        "rollout/chat_template/checked": 1.0,
+        "rollout/chat_template/mismatched": 1.0,
+        "rollout/chat_template/skipped": 0.0,
+        "rollout/chat_template/first_mismatch_token": float(turn2_start),
+    }
+    assert check_samples(tok, [Sample(prompt="single turn", tokens=[1, 2])], limit=8) == {}  # not multi-turn
+
+
+async def test_truncated_last_turn_is_a_prefix_and_cut_observation_is_skipped(tok, qwen3_tokenizer_dir, monkeypatch):
+    t1, obs = enc(tok, TOOL_TURN), enc(tok, QWEN_OBS_42)
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN]))
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params(len(t1) + len(obs) + 5))
+    assert out.status is Status.TRUNCATED
+    assert check_sample(tok, out).consistent  # the stream stops where the limit cut the model's last turn
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN]))
+    cut = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params(len(t1) + 3))
+    assert check_sample(tok, cut) is None  # the observation itself was cut: nothing renders like that
+    assert check_samples(tok, [cut], limit=8)["rollout/chat_template/skipped"] == 1.0
+
+
+class TagEnv:
+    """A tag-style environment (Search-R1 like): the observation text is appended verbatim."""
+
+    stop = ["</calc>"]
+
+    def reset(self, *, prompt, label, metadata):
+        self.turns = 0
+
+    async def step(self, model_turn):
+        self.turns += 1
+        return EnvStep(observation=" <result>42</result> ", done=self.turns > 1)
+
+
+async def test_text_prompt_checks_retokenization_drift(tok, qwen3_tokenizer_dir, monkeypatch):
+    turn1, turn2 = "<calc>6*7</calc>", " The answer is 42."
+    install(monkeypatch, ScriptedEngine(tok, [turn1, turn2]))
+    args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:TagEnv")
+    # (A prompt ending "?" would already differ: "?<" is one token when the whole text is re-tokenized.)
+    out = await multi_turn.generate(args, Sample(prompt="Q: 6*7?\n", index=0), params())
+    report = check_sample(tok, out)
+    assert report.consistent and report.message.startswith("concatenated text:"), report.message
+    # The engine sampled " answer" character by character: same text, other ids than re-tokenization.
+    chars = [enc(tok, c)[0] for c in turn2]
+    install(monkeypatch, ScriptedEngine(tok, [turn1, ""], token_overrides={1: chars}))
+    out = await multi_turn.generate(args, Sample(prompt="Q: 6*7?\n", index=0), params())
+    report = check_sample(tok, out)
+    turn2_start = len(enc(tok, "Q: 6*7?\n")) + len(enc(tok, turn1)) + len(enc(tok, " <result>42</result> "))
+    assert not report.consistent and report.first_mismatch == turn2_start, report.message  # " ", "T" vs " The"

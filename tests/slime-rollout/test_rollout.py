@@ -188,6 +188,10 @@ async def test_rollout_groups_rewards_logprobs_and_metrics(use_client):
     assert m["rollout/log_probs"] == pytest.approx(-0.18, abs=1e-12)
     assert m["rollout/zero_std/count_1.0"] == 1.0
     assert client.in_flight == 0
+    # Goodput: all 3 + 3 + 2 + 2 model tokens were accepted, nothing thrown away.
+    assert m["goodput/tokens_generated"] == m["goodput/tokens_accepted"] == 10.0
+    assert m["goodput/tokens_filtered"] == m["goodput/tokens_aborted"] == m["goodput/tokens_surplus"] == 0.0
+    assert m["perf/reward_time"] >= 0.0
 
 
 async def test_truncation_from_length_budget(use_client):
@@ -196,6 +200,7 @@ async def test_truncation_from_length_budget(use_client):
     for s in (s for g in out.samples for s in g):
         assert s.status is Status.TRUNCATED and s.response_length == 4
     assert out.metrics["rollout/truncated_ratio"] == 1.0
+    assert out.metrics["goodput/tokens_truncated"] == out.metrics["goodput/tokens_accepted"] == 16.0
 
 
 async def test_dynamic_sampling_oversamples_filters_and_aborts(use_client):
@@ -224,6 +229,12 @@ async def test_dynamic_sampling_oversamples_filters_and_aborts(use_client):
     surplus = sorted(f for f in client.finishes if f[0] >= 6)
     assert surplus == [(6, "abort"), (6, "abort"), (7, "abort"), (7, "abort")]
     assert leftovers == []  # no --partial-rollout: the surplus is discarded
+    m = out.metrics
+    # Goodput: 3 accepted and 3 filtered groups of 2 samples × 2 tokens; the aborted ones hold what they emitted.
+    assert m["goodput/tokens_accepted"] == 12.0 and m["goodput/tokens_filtered"] == 12.0
+    aborted = [f for f in client.finishes if f[1] == "abort"]
+    assert len(aborted) == 4 and m["goodput/tokens_aborted"] > 0
+    assert m["goodput/tokens_generated"] == 24.0 + m["goodput/tokens_aborted"] + m["goodput/tokens_surplus"]
 
 
 async def test_partial_rollout_groups_come_back_and_continue(use_client):
@@ -237,6 +248,9 @@ async def test_partial_rollout_groups_come_back_and_continue(use_client):
     assert [g[0].group_index for g in out0.samples] == [0]
     assert client.in_flight == 0
     assert [g[0].group_index for g in ds.buffer] == [1, 2, 3]
+    # Goodput: the partial groups carry over (counted when they finish), only prompt 0's 2 tokens are generated.
+    assert out0.metrics["goodput/tokens_requeued"] == sum(g[0].response_length for g in ds.buffer)
+    assert out0.metrics["goodput/tokens_generated"] == 2.0 and out0.metrics["goodput/tokens_aborted"] == 0.0
     partial = {g[0].group_index: (g[0].response_length, list(g[0].tokens)) for g in ds.buffer}
     for g in ds.buffer:
         s = g[0]
@@ -474,12 +488,24 @@ def test_rollout_with_real_config(use_client, fixtures_dir, qwen3_tokenizer_dir)
     assert out.metrics["rollout/rewards"] == pytest.approx(0.0, abs=1e-9)
 
 
-async def test_deterministic_inference_sampling_seeds(use_client):
-    client = use_client(FakeClient({0: [A], 1: [A]}))
-    args = _args(sglang_args={"enable_deterministic_inference": True}, rollout_seed=100)
-    await generate_rollout_async(args, 0, ListDataSource(n=2))
-    seeds = sorted((p["input_ids"][0], p["sampling_params"]["sampling_seed"]) for p in client.payloads)
-    assert seeds == [(0, 100), (0, 101), (1, 100), (1, 101)]
+async def test_every_sample_has_its_own_seed_from_rollout_seed_rollout_id_prompt_and_index(use_client):
+    import hashlib
+
+    def expected(rollout_id, group_index, index):
+        # Independent reference: BLAKE2b-64 of "train:<rollout_seed>:<rollout_id>:<prompt>:<index>", mod 2**31.
+        key = f"train:100:{rollout_id}:{group_index}:{index}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % 2**31
+
+    client = use_client(FakeClient({0: [A], 1: [A], 2: [A], 3: [A]}))
+    args = _args(rollout_seed=100)
+    source = ListDataSource(n=2)
+    await generate_rollout_async(args, 0, source)
+    await generate_rollout_async(args, 1, source)
+    got = sorted((p["input_ids"][0], p["sampling_params"]["sampling_seed"]) for p in client.payloads)
+    # ListDataSource: prompt p has group_index p and samples 2p, 2p + 1; prompts 0-1 in rollout 0, 2-3 in rollout 1.
+    want = sorted((p, expected(p // 2, p, 2 * p + j)) for p in range(4) for j in range(2))
+    assert got == want
+    assert len({seed for _, seed in got}) == 8
 
 
 def test_eval_config_yaml_resolution_and_rollout(use_client, tmp_path, qwen3_tokenizer_dir):

@@ -267,3 +267,31 @@ async def _sample(url, prompt):
     )
     await client.aclose()
     return out
+
+
+def test_weight_content_check_reads_back_from_sglang(sglang_engine, small_qwen3_dir):
+    """`/get_weights_by_name` on the real server: what it holds equals the checkpoint, or it says it cannot read back.
+
+    SGLang implements the read-back per model class; the report records which (`unsupported`), never a pass.
+    """
+    from safetensors.torch import load_file
+
+    from slime_rollout.client import EngineClient
+    from slime_rollout.weight_check import TRUNCATE_ROWS, check_engines
+
+    _, group = sglang_engine
+    state = load_file(str(small_qwen3_dir / "model.safetensors"))
+    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+             "model.layers.1.mlp.down_proj.weight", "model.norm.weight"]  # fmt: skip
+    sent = {n: state[n][:TRUNCATE_ROWS].float() for n in names}
+
+    async def go():
+        engine = EngineClient(group.urls[0], timeout=60)
+        try:
+            return await check_engines([engine], sent)
+        finally:
+            await engine.aclose()
+
+    report = asyncio.run(go())
+    print(f"sglang get_weights_by_name: {report}")  # the GPU session log records supported or not
+    assert report.mismatches == [] and report.checked + report.unsupported == len(names)

@@ -10,12 +10,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from slime_core.config import SlimeArgs
-from slime_rollout.client import EngineError, RolloutClient
+from slime_rollout.client import RolloutClient
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.weight_sync import (
     DiskWeightUpdater,
     DistributedWeightUpdater,
     TensorWeightUpdater,
+    deserialize_named_tensors,
     write_hf_checkpoint,
 )
 
@@ -59,7 +60,7 @@ def test_write_hf_checkpoint_duplicate_name_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path, http_server):
+async def test_update_sequence_is_pause_flush_send_fence_check_continue(tmp_path, http_server):
     calls = []
 
     def engine(name):
@@ -68,8 +69,10 @@ async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path, http
             if request.path == "/model_info":
                 return web.json_response({"weight_version": "7"})
             if request.path == "/update_weights_from_disk":
-                assert (await request.json())["weight_version"] == "7"
+                assert (await request.json())["weight_version"] is None  # the version comes after the weights
                 return web.json_response({"success": True, "message": "ok"})
+            if request.path == "/update_weight_version":
+                assert await request.json() == {"new_version": "7", "abort_all_requests": False}
             return web.Response()
 
         return handler
@@ -82,6 +85,7 @@ async def test_update_sequence_is_pause_flush_send_check_continue(tmp_path, http
             "/pause_generation",
             "/flush_cache",
             "/update_weights_from_disk",
+            "/update_weight_version",
             "/model_info",
             "/continue_generation",
         ]
@@ -197,11 +201,97 @@ def test_disk_tensor_and_distributed_updates_change_outputs(reference_engine, hf
         asyncio.run(restore)
 
 
-def test_bad_tensor_name_is_a_clear_error_and_engine_keeps_serving(reference_engine, hf_state):
+def test_bad_tensor_name_is_a_clear_error_and_the_engine_keeps_its_version(reference_engine, hf_state):
+    from slime_rollout.weight_sync import WeightPushError
+
     url = reference_engine.urls[0]
-    updater = TensorWeightUpdater(_cfg(), RolloutClient([url]), load_format=None)
-    with pytest.raises(EngineError, match="unknown parameter 'nope'") as e:
+    client = RolloutClient([url])
+    before = asyncio.run(client.get_weight_versions())
+    updater = TensorWeightUpdater(_cfg(), client, load_format=None)
+    with pytest.raises(WeightPushError, match="unknown parameter 'nope'") as e:
         updater.update(iter([[("nope", torch.zeros(1))]]), "bad")
-    assert url in str(e.value)
-    ids, _ = engine_logprobs(url)  # not left paused
+    assert list(e.value.failed) == [url]
+    # A failed push never relabels the engine; it stays paused for the caller to restart (or resume).
+    assert asyncio.run(client.get_weight_versions()) == before
+    asyncio.run(client.broadcast("continue_generation"))
+    ids, _ = engine_logprobs(url)
     assert len(ids) == 4
+
+
+def _versioned_engine(log, name, *, delay_s=0.0, fail_on_bucket=None):
+    """A fake engine keeping a weight version the way SGLang does: set by a call's non-null `weight_version` or
+    by /update_weight_version. `log` gets (engine, event) in arrival order; buckets are tagged by their tensor name.
+    """
+    state = {"version": "0", "buckets": 0}
+
+    async def handler(request):
+        path = request.path
+        body = await request.json() if request.method == "POST" and request.can_read_body else {}
+        if path == "/model_info":
+            return web.json_response({"weight_version": state["version"]})
+        if path == "/update_weights_from_tensor":
+            state["buckets"] += 1
+            if fail_on_bucket == state["buckets"]:
+                return web.json_response({"success": False, "message": "out of memory"}, status=500)
+            await asyncio.sleep(delay_s)
+            tag = deserialize_named_tensors(body["serialized_named_tensors"][0], body["load_format"])[0][0]
+            log.append((name, f"bucket {tag}", state["version"]))
+            if body.get("weight_version") is not None:
+                state["version"] = body["weight_version"]
+            return web.json_response({"success": True})
+        if path == "/update_weight_version":
+            state["version"] = body["new_version"]
+        log.append((name, path, state["version"]))
+        return web.json_response({"success": True})
+
+    return handler
+
+
+def _tagged_buckets(tag, n):
+    return iter([[(f"{tag}{i}", torch.full((2,), float(i)))] for i in range(n)])
+
+
+async def test_overlapping_pushes_to_one_engine_are_serialized_and_the_version_moves_after_the_last_bucket(
+    http_server,
+):
+    log = []
+    url = await http_server(_versioned_engine(log, "e0", delay_s=0.05))
+    cfg = _cfg()
+
+    def push(tag, version):
+        # Each push has its own client and updater, as a restore and a regular sync would.
+        TensorWeightUpdater(cfg, RolloutClient([url]), load_format=None).update(_tagged_buckets(tag, 4), version)
+
+    await asyncio.gather(asyncio.to_thread(push, "a", "1"), asyncio.to_thread(push, "b", "2"))
+    buckets = [(event, version) for _, event, version in log if event.startswith("bucket")]
+    tags = "".join(event[-2] for event, _ in buckets)
+    assert tags in ("aaaabbbb", "bbbbaaaa"), f"pushes interleaved on the engine: {tags}"
+    first, second = ("1", "2") if tags[0] == "a" else ("2", "1")
+    # While a push's buckets land, the engine still reports the version before that push.
+    assert [v for _, v in buckets] == ["0"] * 4 + [first] * 4
+    events = [event for _, event, _ in log]
+    assert events.count("/pause_generation") == 2 and events[-1] == "/continue_generation"
+    final = await RolloutClient([url]).get_weight_versions()
+    assert final == [second]
+
+
+async def test_an_engine_failing_mid_push_is_dropped_and_named_and_the_others_complete(http_server):
+    from slime_rollout.weight_sync import WeightPushError
+
+    log = []
+    good = await http_server(_versioned_engine(log, "good"))
+    bad = await http_server(_versioned_engine(log, "bad", fail_on_bucket=2))
+    updater = TensorWeightUpdater(_cfg(), RolloutClient([good, bad]), load_format=None)
+    with pytest.raises(WeightPushError) as e:
+        await updater.aupdate(_tagged_buckets("w", 3), "5")
+    assert list(e.value.failed) == [bad] and "out of memory" in e.value.failed[bad]
+    import pickle
+
+    assert pickle.loads(pickle.dumps(e.value)).failed == e.value.failed  # crosses Ray as itself
+    assert [ev for n, ev, _ in log if n == "good"] == [
+        "/pause_generation", "/flush_cache", "bucket w0", "bucket w1", "bucket w2", "/update_weight_version",
+        "/continue_generation",
+    ]  # fmt: skip
+    # The failed engine got bucket 0 only, kept its old version and was left paused (it is to be restarted).
+    assert [ev for n, ev, _ in log if n == "bad"] == ["/pause_generation", "/flush_cache", "bucket w0"]
+    assert await RolloutClient([good, bad]).get_weight_versions() == ["5", "0"]

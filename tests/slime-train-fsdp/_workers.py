@@ -337,18 +337,43 @@ def scenario_resume(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     return res
 
 
+def optimizer_states(b, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+    """This rank's optimizer tensor states (local shards), keyed by parameter index and state name."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for i, state in enumerate(b.optimizer.state.values()):
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and k != "step":
+                local = v._local_tensor if isinstance(v, DTensor) else v
+                out[f"{i}.{k}"] = local.detach().cpu().clone() if to_cpu else local
+    return out
+
+
 def scenario_gpu(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     """CUDA/NCCL smoke: bf16 log-probs near fp32 HF, training, offload, buckets, save/resume."""
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = make_batch(rank, world)
-    args = make_args(ckpt, save=str(work / "gpu_ckpt"), use_kl_loss=True, kl_loss_coef=0.01)
+    args = make_args(
+        ckpt, save=str(work / "gpu_ckpt"), use_kl_loss=True, kl_loss_coef=0.01, offload_train_pin_memory=True
+    )
     b = FSDPTrainBackend()
     b.init(args, with_ref=True)
     res = {"lp_diff": max_diff(b.compute_log_probs(batch), hf_reference_log_probs(ckpt, batch))}
     res["metrics"] = [b.train(rid, batch) for rid in range(2)]
     before = torch.cuda.memory_allocated()
+    params_before, states_before = full_params(b), optimizer_states(b)
     b.sleep()
     res["mem_before_after_sleep"] = (before, torch.cuda.memory_allocated())
+    host = b._host._buffers
+    res["pinned_buffers"] = (len(host), all(t.is_pinned() for t in host), b._host.pinned_bytes)
+    ptrs = [t.data_ptr() for t in host]
+    b.wake_up()
+    res["wake_params_equal"] = all(torch.equal(v, params_before[k]) for k, v in full_params(b).items())
+    res["wake_states_equal"] = all(torch.equal(v, states_before[k]) for k, v in optimizer_states(b).items())
+    res["states_device"] = sorted({t.device.type for t in optimizer_states(b, to_cpu=False).values()})
+    b.sleep()  # the second sleep writes into the same pinned buffers
+    res["buffers_reused"] = [t.data_ptr() for t in b._host._buffers] == ptrs
     b.wake_up()
     b.train(2, batch)
     bucket = next(iter(b.named_hf_weights(1 << 20)))

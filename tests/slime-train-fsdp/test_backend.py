@@ -281,7 +281,10 @@ def test_resume_is_bitwise_identical(dp_runs):
         exp, got = first[rank]["resume_params_expected"], resumed[rank]["resume_params"]
         for name in exp:
             assert torch.equal(exp[name], got[name]), name
-        assert resumed[rank]["resume_metrics"] == first[rank]["resume_metrics_expected"]
+        # Everything but the wall-clock timings (perf/*) is bitwise identical.
+        untimed = [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in
+                   (resumed[rank]["resume_metrics"], first[rank]["resume_metrics_expected"])]  # fmt: skip
+        assert untimed[0] == untimed[1]
 
 
 @pytest.mark.gpu
@@ -300,6 +303,13 @@ def test_gpu_smoke(tiny_ckpt, tmp_path):
         assert res["bucket_dtype_device"] == ("torch.float32", "cuda")
         assert res["start"] == 3
         assert res["resume_max_diff"] == 0.0
+        # pinned host buffers: one per parameter shard and Adam moment, reused by the next sleep, and a
+        # wake-up restores parameters and optimizer states bit for bit on the GPU
+        n, pinned, nbytes = res["pinned_buffers"]
+        assert pinned and n > 0 and nbytes > 0
+        assert res["buffers_reused"]
+        assert res["wake_params_equal"] and res["wake_states_equal"]
+        assert res["states_device"] == ["cuda"]
 
 
 def test_resume_on_a_different_world_size(dp_runs):

@@ -49,17 +49,19 @@ def test_direct_hf_load_export_and_logits(model_type, tiny_hf, megatron_cpu_worl
 
 
 def test_response_log_probs_from_packed_logits_match_hf(tiny_hf, megatron_cpu_world):
-    """Per-sample forward (as THD packs would be) → response log-probs at temperature 0.8 vs HF."""
+    """A packed THD row (two samples) → response log-probs at temperature 0.8 vs HF run on each sample alone."""
     hf_model, hf_dir = tiny_hf("qwen3")
     model, model_args = _build(hf_dir)
     samples = [torch.tensor([5, 6, 7, 8]), torch.tensor([9, 10, 11, 12, 13, 14])]
     packed = pack_thd(samples, [2, 3])
-    # The local spec has no THD kernel; run the packed row with a block-diagonal causal mask instead.
-    T = packed.tokens.shape[1]
-    seg = torch.repeat_interleave(torch.arange(2), torch.tensor([4, 6]))
-    allowed = (seg[:, None] == seg[None, :]) & torch.tril(torch.ones(T, T, dtype=torch.bool))
+    # The local spec's default core attention (slime's packed attention) takes the THD row as the backend passes it.
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu, longest = packed.cu_seqlens, packed.max_seqlen
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
+                             cu_seqlens_kv_padded=cu, max_seqlen_q=longest, max_seqlen_kv=longest)  # fmt: skip
     with torch.no_grad():
-        logits = model(packed.tokens, packed.position_ids, attention_mask=~allowed[None, None])[0]  # [T, V_pad]
+        logits = model(packed.tokens, packed.position_ids, attention_mask=None, packed_seq_params=params)[0]
     lp, _ = vocab_parallel_log_probs(
         logits[packed.logit_index], packed.targets, temperature=0.8, vocab_size=model_args.vocab_size
     )

@@ -148,10 +148,10 @@ class ActorCritic:
         """Weight sync towards the engines (the actor's)."""
         self.actor.connect_engines(engine_urls)
 
-    def update_weights(self, weight_version: int) -> dict[str, float]:
-        """Pushes the actor's weights."""
+    def update_weights(self, weight_version: int, engine_urls: list[str] | None = None) -> dict[str, float]:
+        """Pushes the actor's weights (to `engine_urls`, or the connected engines; see `TrainGroup.update_weights`)."""
         self._use_actor()
-        return self.actor.update_weights(weight_version)
+        return self.actor.update_weights(weight_version, engine_urls)
 
     def shutdown(self) -> None:
         """Shuts both groups down (the critic's even if the actor's fails)."""

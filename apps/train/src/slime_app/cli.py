@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2
 
+    from slime_app.guards import RunStopped
     from slime_app.loop import Run
 
     started = time.perf_counter()
@@ -54,6 +55,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("slime: interrupted, shutting down", file=sys.stderr)
         return 130
+    except RunStopped as e:
+        print(f"slime: stopped: {e}", file=sys.stderr)
+        return 3
     finally:
         if run is not None:
             run.close()
@@ -67,6 +71,8 @@ def main(argv: list[str]) -> int:
             print(f"eval accuracy: {first_series[0][1]:.3f} -> {first_series[-1][1]:.3f}")
         else:
             print(f"eval accuracy: {first_series[0][1]:.3f} (one eval)")
+    if run.goodput.num_rollouts:
+        print(run.goodput.summary())
     print(f"wall time: {wall:.0f} s")
     for label, path in outputs.items():
         print(f"{label}: {path}")

@@ -21,6 +21,11 @@ import ray
 
 from slime_app.actor_critic import make_trainers
 from slime_app.cluster import create_placement, init_ray
+from slime_app.goodput import GoodputMeter
+from slime_app.guards import RunStopped, first_step_logprob_gate
+from slime_app.instability import InstabilityMonitor
+from slime_app.reaper import start_reaper
+from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
@@ -32,10 +37,6 @@ _TRANSPORTS = {  # --weight-sync after validation resolved "auto"
     "disk": "disk (safetensors the engines reload)",
     "distributed": "distributed (broadcast group with the engines: NCCL on GPUs, gloo on CPU)",
 }
-
-# Above this mean |trainer log-prob − rollout log-prob| on the first step something is wrong with weight
-# sync, temperature or masking (fp32 CPU runs agree to ~1e-6; bf16 GPU runs to ~1e-2).
-LOGPROB_DIFF_WARN = 0.05
 
 
 def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
@@ -59,11 +60,21 @@ class Rollouts:
         update_weights_interval: async only: the engines get new weights every this many rollouts.
     """
 
-    def __init__(self, manager: Any, num_rollout: int, *, ahead: bool, update_weights_interval: int):
+    def __init__(
+        self,
+        manager: Any,
+        num_rollout: int,
+        *,
+        ahead: bool,
+        update_weights_interval: int,
+        wait: Callable[[ray.ObjectRef], None] | None = None,
+    ):
         self.manager = manager
         self.num_rollout = num_rollout
         self.ahead = ahead
         self.update_weights_interval = update_weights_interval
+        # Blocks until a generation is done (serving engine restores meanwhile: `slime_app.restore`).
+        self.wait = wait
         self._pending: ray.ObjectRef | None = None  # async: the generation in flight
 
     def take(self, rollout_id: int) -> tuple[list[ray.ObjectRef], dict[str, float]]:
@@ -71,9 +82,11 @@ class Rollouts:
 
         Async, the generation of `rollout_id + 1` (if any) is started once `rollout_id`'s is done.
         """
-        if not self.ahead:
-            return ray.get(self.manager.generate.remote(rollout_id))
         current = self._pending if self._pending is not None else self.manager.generate.remote(rollout_id)
+        if self.wait is not None:
+            self.wait(current)
+        if not self.ahead:
+            return ray.get(current)
         batch_refs, metrics = ray.get(current)
         next_id = rollout_id + 1
         self._pending = self.manager.generate.remote(next_id) if next_id < self.num_rollout else None
@@ -96,7 +109,10 @@ class Rollouts:
         The generation keeps its data (one step stale); its result is taken by the next `take`.
         """
         if self._pending is not None:
-            ray.wait([self._pending], num_returns=1)
+            if self.wait is not None:
+                self.wait(self._pending)
+            else:
+                ray.wait([self._pending], num_returns=1)
 
 
 class Run:
@@ -111,10 +127,15 @@ class Run:
         self.output_dir = cfg.output_dir
         os.makedirs(self.output_dir, exist_ok=True)
         self.tracker = Tracker(cfg, self.output_dir)
+        self.goodput = GoodputMeter(cfg)
+        self.instability = InstabilityMonitor(cfg)
         self.manager = None
         self.trainer = None
         self.rollouts: Rollouts | None = None
+        self.restorer: EngineRestorer | None = None
         self.start_rollout_id = 0
+        # A local Ray instance lives under this process: make sure it dies with it (slime_app.reaper).
+        self.reaper = None if (cfg.ray_address or os.environ.get("RAY_ADDRESS")) else start_reaper()
         init_ray(cfg)
         self.placement = create_placement(cfg)
 
@@ -139,6 +160,7 @@ class Run:
                 ray.get(self.manager.load.remote(start - 1))
         if cfg.start_rollout_id is not None:
             start = cfg.start_rollout_id
+        self.restorer = EngineRestorer(cfg, self.manager, self.trainer)
         if self.trainer is not None and engine_urls:
             transport = _TRANSPORTS.get(cfg.weight_sync, cfg.weight_sync)
             logger.info("weight sync: %s, %d engine(s)", transport, len(engine_urls))
@@ -157,7 +179,11 @@ class Run:
         if (cfg.eval_prompt_data or cfg.eval_config) and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
         self.rollouts = Rollouts(
-            self.manager, cfg.num_rollout, ahead=cfg.async_train, update_weights_interval=cfg.update_weights_interval
+            self.manager,
+            cfg.num_rollout,
+            ahead=cfg.async_train,
+            update_weights_interval=cfg.update_weights_interval,
+            wait=self.restorer.wait if self.restorer.enabled else None,
         )
         for rollout_id in range(start, cfg.num_rollout):
             self.step(rollout_id)
@@ -167,6 +193,7 @@ class Run:
         cfg = self.cfg
         t0 = time.perf_counter()
         batch_refs, metrics = self.rollouts.take(rollout_id)
+        metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
             metrics.update(self.train(rollout_id, batch_refs))
             if cfg.save and (
@@ -177,35 +204,38 @@ class Run:
                 self.rollouts.settle()  # async: the engines never change weights mid-generation
                 metrics.update(self.sync_weights(rollout_id + 1))
         metrics["perf/step_time"] = time.perf_counter() - t0
+        metrics.update(self.goodput.update(metrics))
+        findings = self.instability.observe(rollout_id, metrics)
+        metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.rollout_done(rollout_id, metrics)
+        if rollout_id == self.start_rollout_id and not cfg.debug_rollout_only:
+            first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
+        self._stop_on(findings)
         if (cfg.eval_prompt_data or cfg.eval_config) and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout):
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
 
+    def _stop_on(self, findings: list) -> None:
+        if findings and self.cfg.stop_on_instability:
+            raise RunStopped(f"{findings[0].message} (--stop-on-instability)")
+
     def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
         """Trains on one rollout's per-DP-rank batches; returns `train/*` and `perf/train_time` (seconds).
 
-        Colocated, the engines release their memory first and the trainer wakes up. On the first step the
-        trainer's log-probs of the rollout tokens are checked against the engine's.
+        Colocated, the engines release their memory first and the trainer wakes up. (`step` checks the first
+        step's trainer log-probs against the engine's: `slime_app.guards.first_step_logprob_gate`.)
         """
         swap: dict[str, float] = {}
         if self.cfg.colocate:
             _timed(swap, "perf/engine_release_time", lambda: ray.get(self.manager.offload.remote()))
             _timed(swap, "perf/trainer_wake_up_time", self.trainer.wake_up)
+            self.restorer.trainer_awake = True
         t0 = time.perf_counter()
         train_metrics = self.trainer.train(rollout_id, batch_refs)
         metrics = self._prefix("train", train_metrics)
         metrics["perf/train_time"] = time.perf_counter() - t0
         metrics.update(swap)
-        diff = train_metrics.get("train/train_rollout_logprob_abs_diff")
-        if diff is not None and rollout_id == self.start_rollout_id and diff > LOGPROB_DIFF_WARN:
-            logger.warning(
-                "FIRST-STEP CHECK FAILED: mean |trainer log-prob - rollout log-prob| = %.4g > %.2g. "
-                "Engine weights, temperature or masks disagree with the trainer.",
-                diff,
-                LOGPROB_DIFF_WARN,
-            )
         return metrics
 
     def save(self, rollout_id: int) -> float:
@@ -226,9 +256,10 @@ class Run:
         swap: dict[str, float] = {}
         if colocate:
             _timed(swap, "perf/engine_resume_weights_time", lambda: ray.get(self.manager.onload.remote(["weights"])))
-        metrics = self._prefix("perf", self.trainer.update_weights(weight_version))
+        metrics = self._prefix("perf", self.restorer.push(weight_version))
         if colocate:
             _timed(swap, "perf/trainer_sleep_time", self.trainer.sleep)
+            self.restorer.trainer_awake = False
             _timed(swap, "perf/engine_resume_kv_cache_time",
                    lambda: ray.get(self.manager.onload.remote(["kv_cache", "cuda_graph"])))  # fmt: skip
         return {**metrics, **swap}
@@ -239,9 +270,16 @@ class Run:
 
     def evaluate(self, rollout_id: int) -> None:
         """Runs the eval datasets and logs `eval/*`."""
-        metrics = ray.get(self.manager.eval.remote(rollout_id))
+        ref = self.manager.eval.remote(rollout_id)
+        if self.restorer.enabled:
+            self.restorer.wait(ref)  # restarted engines get their weights while the eval waits for them
+        metrics = ray.get(ref)
+        self.goodput.add_eval(metrics.get("perf/eval_time"))
+        findings = self.instability.observe_eval(rollout_id, metrics)
+        metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.eval_line(rollout_id, metrics)
+        self._stop_on(findings)
 
     def finish(self) -> dict[str, str]:
         """Final HF export and the curve PNG; returns the output paths."""
@@ -257,6 +295,8 @@ class Run:
             outputs["curve"] = self.tracker.save_curve(os.path.join(self.output_dir, "reward_curve.png"))
         if self.tracker.tensorboard_dir:
             outputs["tensorboard"] = self.tracker.tensorboard_dir
+        if self.goodput.num_rollouts:
+            outputs["goodput"] = self.goodput.save(os.path.join(self.output_dir, "goodput.json"))
         if self.cfg.save:
             outputs["checkpoints"] = self.cfg.save
         engine_logs = os.path.join(self.output_dir, "engine_logs")
@@ -280,3 +320,5 @@ class Run:
                     logger.exception("trainer did not shut down cleanly")
         finally:
             ray.shutdown()
+            if self.reaper is not None:
+                self.reaper.release()

@@ -131,5 +131,6 @@ WEIGHT_UPDATERS = Registry(
         "tensor": "slime_rollout.weight_sync:TensorWeightUpdater",
         "disk": "slime_rollout.weight_sync:DiskWeightUpdater",
         "distributed": "slime_app.weights:distributed_weight_updater",
+        "lora": "slime_rollout.lora_sync:LoraWeightUpdater",
     },
 )

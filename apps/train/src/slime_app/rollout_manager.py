@@ -7,11 +7,13 @@ dumps, converts samples to `RolloutBatch`es split by DP rank and puts them in th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -85,6 +87,8 @@ def launch_or_attach_engines(cfg: SlimeArgs, rollout_gpu_ids: list[int]) -> tupl
         base_gpu_ids=[rollout_gpu_ids[i * per_engine] for i in range(num_engines)] if rollout_gpu_ids else None,
         colocate=cfg.colocate,
         log_dir=os.path.join(cfg.output_dir, "engine_logs"),
+        # The node's address, not loopback: trainer ranks on other nodes push weights to the engines.
+        host=ray.util.get_node_ip_address(),
     )
     return engines, EngineAddresses(urls=list(engines.urls), router_url=engines.router_url)
 
@@ -124,9 +128,43 @@ def plugin_args(cfg: SlimeArgs, addresses: EngineAddresses) -> PluginArgs:
     return PluginArgs.from_config(cfg, engine_urls=urls, router_url=router_url)
 
 
-@ray.remote
+def goodput_fates(samples: list[Any], batches: list[Any], metrics: dict[str, float]) -> dict[str, float]:
+    """`goodput/tokens_*` of one rollout: the rollout function's buckets plus the tokens no batch took.
+
+    A custom rollout function reports no buckets: its accepted samples then count as all that was generated.
+    """
+    from slime_rollout.goodput import batch_token_fates, rollout_token_fates
+
+    out = {} if "goodput/tokens_generated" in metrics else rollout_token_fates(samples, {})
+    out.update(batch_token_fates(samples, [float(sum(float(m.sum()) for m in b.loss_masks)) for b in batches]))
+    return out
+
+
+def check_chat_template(cfg: SlimeArgs, samples: list[Any], left: int) -> tuple[dict[str, float], int]:
+    """Checks a run's first multi-turn samples against the chat template (`slime_rollout.template_check`).
+
+    Args:
+        cfg: the run config (`hf_checkpoint`: the tokenizer).
+        samples: this rollout's samples.
+        left: samples still to check (`--check-chat-template-samples` at the start of the run).
+
+    Returns:
+        The `rollout/chat_template/*` metrics and the samples left to check; a rollout without recorded
+        conversations (a single-turn run) ends the checks (0 left).
+    """
+    from slime_rollout.data_source import get_tokenizer
+    from slime_rollout.template_check import check_samples
+
+    out = check_samples(get_tokenizer(cfg.hf_checkpoint), samples, left)
+    return out, (left - int(out.get("rollout/chat_template/checked", 0)) if out else 0)
+
+
+@ray.remote(concurrency_groups={"control": 1})
 class RolloutManager:
     """Owns engines, data source and the rollout function for the whole run.
+
+    Methods in the "control" concurrency group run on their own thread, so the driver can serve engine restores
+    (`slime_app.engine_faults`) while a generation runs.
 
     Args:
         cfg: the run config.
@@ -147,6 +185,8 @@ class RolloutManager:
         self.data_source = None
         self.offloaded = False
         self.client = None
+        self.template_checks_left = cfg.check_chat_template_samples  # multi-turn samples still to check
+        self.supervisor = None  # the engine health monitor (--use-fault-tolerance)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -168,10 +208,30 @@ class RolloutManager:
             return []
         self.client = get_client(self.args)
         logger.info("engines up: %s", addresses.urls)
+        if cfg.use_fault_tolerance:
+            self._supervise()
         return list(addresses.urls)
 
+    def _supervise(self) -> None:
+        from slime_app.engine_faults import EngineSupervisor
+
+        if self.engines is None:
+            logger.warning("--use-fault-tolerance: external engines (--rollout-engine-urls) are not restarted by slime")
+            return
+        needs_weights = not self.cfg.debug_rollout_only
+        self.supervisor = EngineSupervisor(self.cfg, self.engines, self.client, needs_weights=needs_weights)
+        logger.info(
+            "engine health monitor: every %.0fs, timeout %.0fs, first wait %.0fs",
+            self.cfg.rollout_health_check_interval,
+            self.cfg.rollout_health_check_timeout,
+            self.cfg.rollout_health_check_first_wait,
+        )
+
     def dispose(self) -> None:
-        """Stops the engines (no orphan processes)."""
+        """Stops the health monitor and the engines (no orphan processes)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
         if self.engines is not None:
             self.engines.shutdown()
             self.engines = None
@@ -185,27 +245,76 @@ class RolloutManager:
 
         args = self.args
         t0 = time.perf_counter()
-        out = run_rollout(args, rollout_id, self.data_source, evaluation=False)
+        with self._monitored():
+            out = run_rollout(args, rollout_id, self.data_source, evaluation=False)
         samples = _flatten(out.samples)
         metrics = dict(out.metrics or {})
         metrics["perf/rollout_time"] = time.perf_counter() - t0
+        if self.template_checks_left > 0:
+            metrics.update(self._check_chat_template(samples))
+        if self.supervisor is not None:
+            metrics.update(self.supervisor.metrics())
         if self.cfg.debug_rollout_only:
             return [], metrics
         t0 = time.perf_counter()
         # The plugin view, not the bare config: --custom-reward-post-process-path is a plugin too.
         batches = build_rollout_batches(args, samples, dp_size=dp_size_of(self.cfg))
         metrics["perf/data_preprocess_time"] = time.perf_counter() - t0
+        metrics.update(goodput_fates(samples, batches, metrics))
         return [ray.put(b) for b in batches], metrics
+
+    def _check_chat_template(self, samples: list[Any]) -> dict[str, float]:
+        metrics, self.template_checks_left = check_chat_template(self.cfg, samples, self.template_checks_left)
+        return metrics
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Runs the eval datasets; returns `eval/*` metrics."""
         from slime_rollout.rollout import run_rollout
 
         t0 = time.perf_counter()
-        out = run_rollout(self.args, rollout_id, self.data_source, evaluation=True)
+        with self._monitored():
+            out = run_rollout(self.args, rollout_id, self.data_source, evaluation=True)
         metrics = dict(out.metrics or {})
         metrics["perf/eval_time"] = time.perf_counter() - t0
         return metrics
+
+    @contextlib.contextmanager
+    def _monitored(self) -> Iterator[None]:
+        """Health checks run while the engines generate (not while they are idle or offloaded)."""
+        if self.supervisor is None:
+            yield
+            return
+        self.supervisor.resume()
+        try:
+            yield
+        finally:
+            self.supervisor.pause()
+
+    # ---- engine faults: called by the driver while a generation runs ----------------------------
+
+    @ray.method(concurrency_group="control")
+    def engines_awaiting_weights(self) -> list[str]:
+        """URLs of restarted engines waiting for the current weights (empty without fault tolerance)."""
+        return self.supervisor.awaiting_weights() if self.supervisor is not None else []
+
+    @ray.method(concurrency_group="control")
+    def engines_restored(self, urls: list[str]) -> None:
+        """The current weights reached `urls`: restarted engines among them serve again."""
+        if self.supervisor is not None:
+            self.supervisor.restored(urls)
+
+    @ray.method(concurrency_group="control")
+    def live_engine_urls(self) -> list[str]:
+        """Engines a weight push should reach now (all engines without fault tolerance)."""
+        if self.supervisor is not None:
+            return self.supervisor.live_urls()
+        return list(self.client.urls) if self.client is not None else []
+
+    @ray.method(concurrency_group="control")
+    def engines_failed(self, urls: list[str], reason: str) -> None:
+        """A weight push could not complete on `urls`: restart them (they get the weights when back)."""
+        if self.supervisor is not None:
+            self.supervisor.fail(urls, reason)
 
     # ---- colocated memory and checkpoints ------------------------------------------------------
 

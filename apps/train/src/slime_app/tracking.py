@@ -32,6 +32,7 @@ _COMPACT = [
     ("train/opd_reverse_kl", "opd_kl"),
     ("train/critic-value_loss", "vloss"),
     ("train/critic-explained_variance", "ev"),
+    ("goodput/trained_fraction", "trained"),
     ("perf/step_time", "step_s"),
 ]
 

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from slime_app.cluster import Placement, free_port
+from slime_app.guards import RunStopped
 from slime_app.registry import CRITIC_BACKENDS, TRAIN_BACKENDS
 from slime_core.config import SlimeArgs
 
@@ -58,6 +59,7 @@ class TrainActor:
     """One trainer rank. Methods are called on every rank at once by `TrainGroup`."""
 
     def __init__(self, world_size: int, rank: int, master_addr: str | None, master_port: int | None):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.world_size, self.rank = world_size, rank
         if master_addr is None:
             master_addr, master_port = ray.util.get_node_ip_address(), free_port()
@@ -69,9 +71,11 @@ class TrainActor:
             WORLD_SIZE=str(world_size),
             LOCAL_RANK="0",
         )
+        logger.info("trainer rank %d: pid %d on %s", rank, os.getpid(), ray.util.get_node_ip_address())
         self.cfg: SlimeArgs | None = None  # set by `init`
         self.backend = None
         self.updater = None
+        self.sync_checker = None
 
     def rendezvous(self) -> tuple[str, int]:
         """Address of rank 0's rendezvous (given to the other ranks)."""
@@ -113,17 +117,29 @@ class TrainActor:
     def train(self, rollout_id: int, batch: Any, values: Any = None) -> dict[str, float]:
         """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray).
 
+        On CUDA the metrics gain `perf/train_peak_mem_gib`: the peak of memory allocated by this rank's
+        tensors during the step (GiB, `torch.cuda.max_memory_allocated`; the caching allocator's reserve
+        and other processes, e.g. a colocated engine, are not included).
+
         Args:
             rollout_id: id of the rollout.
             batch: this rank's `RolloutBatch`.
             values: PPO: the critic's values of this data-parallel rank's samples (N `[L_i]` tensors), attached
                 as `RolloutBatch.values`.
         """
-        if values is not None:
-            import dataclasses
+        import dataclasses
 
+        import torch
+
+        if values is not None:
             batch = dataclasses.replace(batch, values=list(values))
-        return self.backend.train(rollout_id, batch)
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        metrics = self.backend.train(rollout_id, batch)
+        if cuda:
+            metrics = {**metrics, "perf/train_peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+        return metrics
 
     def train_critic(self, rollout_id: int, batch: Any) -> tuple[dict[str, float], Any]:
         """The critic's step on this rank's batch: `(train/critic-* metrics, values before the update)`."""
@@ -147,15 +163,29 @@ class TrainActor:
 
     def connect_engines(self, engine_urls: list[str]) -> None:
         """Builds the weight updater towards the engines (rank 0 sends; all ranks gather)."""
-        from slime_app.weights import make_weight_updater
+        from slime_app.weights import make_sync_checker, make_weight_updater, release_weight_updater
 
+        release_weight_updater(self.updater)
         self.updater = make_weight_updater(self.cfg, engine_urls, rank=self.rank)
+        self.sync_checker = make_sync_checker(self.cfg, engine_urls, rank=self.rank)
 
-    def update_weights(self, weight_version: int) -> dict[str, float]:
-        """Pushes the current weights to every engine, tagged with `weight_version`."""
+    def update_weights(self, weight_version: int, engine_urls: list[str] | None = None) -> dict[str, float]:
+        """Pushes the current weights to the engines, tagged with `weight_version`.
+
+        Args:
+            weight_version: the version the engines report afterwards.
+            engine_urls: the engines to reach (None: those of `connect_engines`); a different set (an engine
+                restarted, or left out while it restarts) rebuilds rank 0's updater for it first.
+        """
         from slime_app.weights import push_weights
 
-        return push_weights(self.backend, self.updater, self.cfg, weight_version, rank=self.rank)
+        if engine_urls is not None and self.rank == 0:
+            current = sorted(self.updater.client.urls) if self.updater is not None else []
+            if sorted(engine_urls) != current:
+                self.connect_engines(engine_urls)  # a new engine set: its first push is content-checked again
+        return push_weights(
+            self.backend, self.updater, self.cfg, weight_version, rank=self.rank, checker=self.sync_checker
+        )
 
     def shutdown(self) -> None:
         """Leaves the process group."""
@@ -163,6 +193,19 @@ class TrainActor:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def get_all_or_raise(refs: list[ray.ObjectRef]) -> list[Any]:
+    """`ray.get(refs)`, but raises as soon as any one fails (a rank that died or raised).
+
+    A plain `ray.get` of a list waits on the first ref; when another rank died, the first is blocked in a
+    collective with it until the distributed timeout (minutes). Here each result is checked as it arrives.
+    """
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ray.get(ready)  # raises the rank's error (RayActorError when its process died)
+    return ray.get(refs)
 
 
 class TrainGroup:
@@ -197,7 +240,7 @@ class TrainGroup:
             self.actors.append(actor)
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+        return get_all_or_raise([getattr(a, method).remote(*args) for a in self.actors])
 
     def init(self, cfg: SlimeArgs) -> int:
         """Initializes every rank with the run config; returns the start rollout id (after `--load`)."""
@@ -228,7 +271,7 @@ class TrainGroup:
             a.train.remote(rollout_id, batch_refs[r], None if values is None else values[r])
             for a, r in zip(self.actors, self.dp_ranks, strict=True)
         ]
-        return ray.get(calls)[0]
+        return get_all_or_raise(calls)[0]
 
     def train_critic(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> tuple[dict[str, float], list[Any]]:
         """The critic's step on every rank; returns rank 0's metrics and the values of each data-parallel rank.
@@ -237,7 +280,7 @@ class TrainGroup:
             ValueError: the rollout has a different number of batches than the critic has DP ranks.
         """
         self._check_batches(batch_refs)
-        results = ray.get(
+        results = get_all_or_raise(
             [a.train_critic.remote(rollout_id, batch_refs[r]) for a, r in zip(self.actors, self.dp_ranks, strict=True)]
         )
         values: dict[int, Any] = {}
@@ -265,14 +308,30 @@ class TrainGroup:
         """Set up weight sync towards the engines."""
         self._all("connect_engines", engine_urls)
 
-    def update_weights(self, weight_version: int) -> dict[str, float]:
-        """Weight sync; returns rank 0's timing metrics."""
-        return self._all("update_weights", weight_version)[0]
+    def update_weights(self, weight_version: int, engine_urls: list[str] | None = None) -> dict[str, float]:
+        """Weight sync (to `engine_urls`, or the connected engines); returns rank 0's timing (and weight-check) metrics.
 
-    def shutdown(self) -> None:
-        """Destroy process groups and kill the actors."""
+        Raises:
+            slime_app.guards.RunStopped: the weight-content check found other values on an engine.
+        """
+        from slime_rollout.weight_check import WeightSyncMismatch
+
         try:
-            self._all("shutdown")
+            return self._all("update_weights", weight_version, engine_urls)[0]
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, WeightSyncMismatch):
+                raise RunStopped(str(cause)) from None
+            raise
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Destroys the process groups (ranks that do not answer within `grace_s` are not waited for), kills the actors.
+
+        After a rank died, the others may be blocked in a collective; they are killed rather than waited on.
+        """
+        try:
+            refs = [a.shutdown.remote() for a in self.actors]
+            ray.wait(refs, num_returns=len(refs), timeout=grace_s)
         finally:
             for actor in self.actors:
                 ray.kill(actor)

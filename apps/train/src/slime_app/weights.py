@@ -35,6 +35,18 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
     return WEIGHT_UPDATERS.get(cfg.weight_sync)(cfg, RolloutClient(list(engine_urls)))
 
 
+def release_weight_updater(updater: Any) -> None:
+    """Tears down an updater's engine connection (the broadcast group), tolerating engines that are gone."""
+    if updater is None or not hasattr(updater, "adisconnect"):
+        return
+    from slime_rollout.weight_sync import run_sync
+
+    try:
+        run_sync(updater.adisconnect())
+    except Exception:  # noqa: BLE001 - the group dies with its dead member anyway; the new one is what matters
+        logger.warning("could not tear down the previous weight-update group", exc_info=True)
+
+
 def distributed_weight_updater(cfg: SlimeArgs, client: Any) -> Any:
     """`--weight-sync distributed`: a broadcast group rooted at this process (NCCL on GPUs, gloo on CPU).
 
@@ -59,7 +71,79 @@ def distributed_weight_updater(cfg: SlimeArgs, client: Any) -> Any:
     )
 
 
-def push_weights(backend: Any, updater: Any, cfg: SlimeArgs, weight_version: int, *, rank: int) -> dict[str, float]:
+class SyncChecker:
+    """Rank 0's weight-content check (`slime_rollout.weight_check`): on the first sync and every N after it.
+
+    Args:
+        cfg: reads `check_weight_sync_interval` (N; 0: the first sync only), `check_weight_sync_tensors`, `seed`.
+        engine_urls: the engines to read back from.
+    """
+
+    def __init__(self, cfg: SlimeArgs, engine_urls: list[str]):
+        self.cfg = cfg
+        self.engine_urls = list(engine_urls)
+        self.num_syncs = 0
+
+    def start(self) -> Any:
+        """Counts a sync; returns a `TensorSample` to watch its buckets with when this sync is checked, else None."""
+        from slime_rollout.weight_check import TensorSample
+
+        index, self.num_syncs = self.num_syncs, self.num_syncs + 1
+        interval = self.cfg.check_weight_sync_interval
+        if index != 0 and not (interval and index % interval == 0):
+            return None
+        return TensorSample(self.cfg.check_weight_sync_tensors, seed=self.cfg.seed + index)
+
+    def finish(self, sample: Any, weight_version: int) -> dict[str, float]:
+        """Reads the sampled tensors back from every engine; returns `weight_check/*` and `perf/weight_check_time`.
+
+        Raises:
+            slime_rollout.weight_check.WeightSyncMismatch: an engine holds other values (names engine and tensor).
+        """
+        from slime_rollout.client import EngineClient
+        from slime_rollout.weight_check import WeightSyncMismatch, check_engines
+        from slime_rollout.weight_sync import run_sync
+
+        t0 = time.perf_counter()
+
+        async def read_back():
+            engines = [EngineClient(url, timeout=60.0) for url in self.engine_urls]
+            try:
+                return await check_engines(engines, sample.tensors)
+            finally:
+                for engine in engines:
+                    await engine.aclose()
+
+        report = run_sync(read_back())
+        seconds = time.perf_counter() - t0
+        if report.mismatches:
+            more = f" (+{len(report.mismatches) - 1} more)" if len(report.mismatches) > 1 else ""
+            raise WeightSyncMismatch(
+                f"weight sync v{weight_version}: the engine does not hold the pushed weights: {report.mismatches[0]}"
+                f"{more} (--check-weight-sync)"
+            )
+        logger.info(
+            "weight check v%s: %d tensor reads equal on %d engine(s) (max |diff| %.2g, %d unsupported) in %.2f s",
+            weight_version, report.checked, len(self.engine_urls), report.max_abs_diff, report.unsupported, seconds,
+        )  # fmt: skip
+        return {**report.metrics(), "perf/weight_check_time": seconds}
+
+
+def make_sync_checker(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) -> SyncChecker | None:
+    """Rank 0's `SyncChecker` with `--check-weight-sync` and engines to check; None otherwise."""
+    if rank != 0 or not engine_urls or not cfg.check_weight_sync:
+        return None
+    if cfg.lora_rank:
+        # /get_weights_by_name reads base parameters; a LoRA sync pushes only the adapter (loaded as files, and
+        # checked on the first step by the log-prob gate).
+        logger.info("--check-weight-sync: not applicable to --lora-rank (the engines load the adapter from files)")
+        return None
+    return SyncChecker(cfg, engine_urls)
+
+
+def push_weights(
+    backend: Any, updater: Any, cfg: SlimeArgs, weight_version: int, *, rank: int, checker: SyncChecker | None = None
+) -> dict[str, float]:
     """Sends the backend's current weights to the engines; returns `perf/update_weights_time` and GB/s.
 
     Args:
@@ -68,7 +152,13 @@ def push_weights(backend: Any, updater: Any, cfg: SlimeArgs, weight_version: int
         cfg: the run config (`update_weight_buffer_size`, bytes per bucket).
         weight_version: the version the engines report afterwards.
         rank: this trainer rank.
+        checker: rank 0's weight-content check (None: no check); when this sync is due, a sample of the pushed
+            tensors is read back from the engines afterwards (`weight_check/*`, `perf/weight_check_time`).
+
+    Raises:
+        slime_rollout.weight_check.WeightSyncMismatch: the check found other values on an engine.
     """
+    sample = checker.start() if checker is not None else None
     t0 = time.perf_counter()
     num_bytes = 0
 
@@ -79,15 +169,24 @@ def push_weights(backend: Any, updater: Any, cfg: SlimeArgs, weight_version: int
             yield bucket
 
     buckets = counted(backend.named_hf_weights(cfg.update_weight_buffer_size))
+    if sample is not None:
+        buckets = sample.watch(buckets)
     if updater is None:
         for _ in buckets:  # the gather is collective: every rank walks it
             pass
     else:
-        updater.update(buckets, str(weight_version))
+        try:
+            updater.update(buckets, str(weight_version))
+        finally:
+            for _ in buckets:  # a failed push still walks the collective gather to the end with the other ranks
+                pass
     seconds = time.perf_counter() - t0
     if rank == 0:
         logger.info("weights v%s pushed: %.2f GB in %.2f s", weight_version, num_bytes / 1e9, seconds)
-    return {
+    metrics = {
         "perf/update_weights_time": seconds,
         "perf/update_weights_gb_per_s": num_bytes / 1e9 / max(seconds, 1e-9),
     }
+    if sample is not None and updater is not None:
+        metrics.update(checker.finish(sample, weight_version))
+    return metrics

@@ -26,6 +26,7 @@ Legend: `N` samples on this rank, `L_i` response length of sample i.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -43,6 +44,7 @@ from slime_core.algorithms import (
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
+from slime_core.goodput import trained_token_sums
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +259,10 @@ def train_on_rollout(
     Returns:
         `(metrics, step_metrics)`: `train/*` metrics averaged over the steps, each reduced over all DP ranks
         and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps) and
-        `train/lr` (rate of the last step); and the per-step dicts.
+        `train/lr` (rate of the last step); `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
+        (trainable tokens with a non-zero / zero advantage, summed over DP ranks); `perf/log_probs_time`,
+        `perf/ref_log_probs_time`, `perf/teacher_log_probs_time` (OPD), `perf/actor_train_time` (this rank's
+        wall seconds); and the per-step dicts.
 
     Raises:
         ValueError: `--use-rollout-logprobs` without rollout log-probs in the batch, a batch without
@@ -269,16 +274,30 @@ def train_on_rollout(
         raise ValueError("RolloutBatch has no optimizer step (empty micro_batches)")
     if cfg.reset_optimizer_states:
         backend.reset_optimizer_states()
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
     old = _old_log_probs(cfg, backend, batch)
+    t1 = time.perf_counter()
     ref = backend.compute_log_probs(batch, model="ref") if backend.has_ref else None
-    teacher = _teacher_log_probs(cfg, backend, batch)
+    t2 = time.perf_counter()
+    teacher = _teacher_log_probs(cfg, backend, batch)  # OPD: from the batch (engine teacher) or a forward here
+    t_teacher = time.perf_counter()
     adv = _advantages(cfg, backend, batch, old, ref, teacher)
+    # Goodput: trainable tokens whose advantage is non-zero, summed over data-parallel ranks.
+    fates = backend.reduce_metric_sums(trained_token_sums(adv, batch.loss_masks))
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher)
+    t3 = time.perf_counter()
     per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    times.update({"perf/log_probs_time": t1 - t0, "perf/ref_log_probs_time": t2 - t1})
+    if cfg.use_opd:
+        times["perf/teacher_log_probs_time"] = t_teacher - t2
+    times["perf/actor_train_time"] = time.perf_counter() - t3
     interval = cfg.ref_update_interval
     if backend.has_ref and interval and (rollout_id + 1) % interval == 0:
         backend.update_ref()  # --ref-update-interval: the reference follows the actor
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     metrics["train/lr"] = per_step[-1]["train/lr"]
+    metrics.update({f"goodput/{key}": value for key, value in fates.items()})
+    metrics.update(times)
     logger.info("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
     return metrics, per_step

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-__all__ = ["run"]
+__all__ = ["call_soon", "run"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -43,3 +43,8 @@ def run[T](coro: Coroutine[Any, Any, T]) -> T:
         coro.close()
         raise RuntimeError("called a synchronous rollout entry point from the rollout loop; await the *_async variant")
     return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+def call_soon(fn: Callable[[], Any]) -> None:
+    """Schedules `fn()` on the background loop from any thread (returns at once)."""
+    _get_loop().call_soon_threadsafe(fn)

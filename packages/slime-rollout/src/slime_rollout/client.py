@@ -11,14 +11,15 @@ process. Every error names the engine URL and endpoint (`EngineError`).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from slime_core.lora import LORA_NAME
 from slime_rollout import wire
+from slime_rollout.engine_pool import EnginePool, EngineState
 from slime_rollout.transport import EngineError, EngineResponse, HttpEndpoint
 
 if TYPE_CHECKING:
@@ -34,13 +35,21 @@ class EngineClient(HttpEndpoint):
 
     Args:
         url: base URL, e.g. "http://127.0.0.1:30000" ("host:port" is accepted).
-        timeout: default read timeout in seconds (None: wait forever, as slime does for /generate).
+        timeout: read timeout of control calls in seconds (`slime_rollout.transport.DEFAULT_TIMEOUT_S`).
         **kw: connection settings of `slime_rollout.transport.HttpEndpoint` (connect_timeout, max_retries, ...).
     """
 
-    async def generate(self, payload: dict[str, Any]) -> Any:
-        """POST /generate (`input_ids`|`text`, `sampling_params`, `return_logprob`, ...); SGLang's reply."""
-        return await self.request("POST", "/generate", payload)
+    async def generate(
+        self, payload: dict[str, Any], *, timeout: float | None = None, max_retries: int | None = None
+    ) -> Any:
+        """POST /generate (`input_ids`|`text`, `sampling_params`, `return_logprob`, ...); SGLang's reply.
+
+        Args:
+            payload: the request body.
+            timeout: read timeout in seconds (None: the client's default).
+            max_retries: retries of a connection failure (None: the client's default).
+        """
+        return await self.request("POST", "/generate", payload, timeout=timeout, max_retries=max_retries)
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """POST /abort_request `{"rid", "abort_all"}`."""
@@ -145,9 +154,33 @@ class EngineClient(HttpEndpoint):
             )
         )
 
+    async def update_weight_version(self, new_version: str) -> dict:
+        """POST /update_weight_version `{"new_version", "abort_all_requests": false}` (the push's version fence)."""
+        return await self.request(
+            "POST", "/update_weight_version", {"new_version": str(new_version), "abort_all_requests": False}
+        )
+
     async def _post(self, req: wire.WeightUpdateRequest) -> Any:
         """POSTs a `slime_rollout.wire` request record to its endpoint."""
         return await self.request("POST", req.endpoint, req.to_json())
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, *, pinned: bool = False) -> dict:
+        """POST /load_lora_adapter `{"lora_name", "lora_path", "pinned"}` (SGLang needs `--enable-lora`)."""
+        body = {"lora_name": lora_name, "lora_path": lora_path, "pinned": pinned}
+        return await self.request("POST", "/load_lora_adapter", body)
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict:
+        """POST /unload_lora_adapter `{"lora_name"}`."""
+        return await self.request("POST", "/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """POST /get_weights_by_name `{"name", "truncate_size"}`: the parameter's first entries along dim 0.
+
+        SGLang answers `weight.float().tolist()[:truncate_size]` under the Hugging Face name (rows of a 2-D
+        weight; with TP, the gathered or first-rank rows) for the model classes that implement it, and HTTP 400
+        ("Get parameter by name failed") for the others.
+        """
+        return await self.request("POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
 
     async def get_weight_version(self) -> str | None:
         """The engine's `weight_version`, from GET /model_info.
@@ -219,23 +252,60 @@ class RolloutClient:
     Args:
         engine_urls: base URLs of every engine (needed for control calls; may be empty in router mode,
             then `discover_engines()` asks the router).
-        router_url: sglang-router base URL; None dispatches `generate` by least outstanding requests.
+        router_url: sglang-router base URL; None dispatches `generate` over the engines' `EnginePool`.
+        concurrency: the most `/generate` requests in flight per engine (`--sglang-server-concurrency`): the
+            size of each engine's connection pool, and of the router's times the number of engines.
+        generate_timeout: read timeout of one `/generate` call in seconds (None: no limit).
+        failover: re-queue the requests of a failed engine on the others (`--use-fault-tolerance`).
+        recovery_timeout: with `failover`, how long a request waits when no engine serves (seconds).
+        lora_name: LoRA runs: the adapter every `generate` runs with (`lora_path` of SGLang's `/generate`) unless
+            the payload names one.
         **client_kw: passed to every `EngineClient` (timeout, max_retries, ...).
     """
 
-    def __init__(self, engine_urls: Sequence[str], router_url: str | None = None, **client_kw: Any):
-        self._client_kw = client_kw
-        self.engines = [EngineClient(u, **client_kw) for u in engine_urls]
-        self.router = EngineClient(router_url, **client_kw) if router_url else None
-        if not self.engines and self.router is None:
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        router_url: str | None = None,
+        *,
+        concurrency: int = 1024,
+        generate_timeout: float | None = None,
+        failover: bool = False,
+        recovery_timeout: float = 600.0,
+        lora_name: str | None = None,
+        **client_kw: Any,
+    ):
+        self._client_kw = {"max_connections": concurrency, **client_kw}
+        self.concurrency = concurrency
+        self.lora_name = lora_name
+        self.router = None
+        if router_url:
+            router_kw = {**self._client_kw, "max_connections": concurrency * max(len(engine_urls), 1)}
+            self.router = EngineClient(router_url, **router_kw)
+        if not engine_urls and self.router is None:
             raise ValueError("RolloutClient needs engine URLs (--rollout-engine-urls) or a router (--sglang-router-ip)")
-        self._outstanding = [0] * len(self.engines)
-        self._rr = itertools.count()
+        self.generate_timeout = generate_timeout
+        self.pool = EnginePool(
+            [EngineClient(u, **self._client_kw) for u in engine_urls],
+            failover=failover,
+            recovery_timeout_s=recovery_timeout,
+            generate_timeout_s=generate_timeout,
+        )
+
+    @property
+    def engines(self) -> list[EngineClient]:
+        """Every engine's client, serving or not, in engine order."""
+        return [s.client for s in self.pool.slots]
 
     @property
     def urls(self) -> list[str]:
         """Engine base URLs."""
         return [e.url for e in self.engines]
+
+    def _live(self) -> list[EngineClient]:
+        """Engines whose process runs (serving, or restarted and waiting for weights): control calls go there."""
+        down = (EngineState.FAILED, EngineState.RESTARTING)
+        return [s.client for s in self.pool.slots if s.state not in down]
 
     async def discover_engines(self) -> list[str]:
         """Refreshes the engine list from the router's `GET /workers` (router mode)."""
@@ -244,33 +314,50 @@ class RolloutClient:
         body = await self.router.request("GET", "/workers")
         workers = body.get("workers", []) if isinstance(body, dict) else body
         urls = [w["url"] if isinstance(w, dict) else str(w) for w in workers]
-        self.engines = [EngineClient(u, **self._client_kw) for u in urls]
-        self._outstanding = [0] * len(self.engines)
+        old = self.pool
+        self.pool = EnginePool(
+            [EngineClient(u, **self._client_kw) for u in urls],
+            failover=old.failover,
+            recovery_timeout_s=old.recovery_timeout_s,
+            generate_timeout_s=old.generate_timeout_s,
+            on_suspect=old.on_suspect,
+        )
+        self.pool.stats = old.stats
         return self.urls
 
     async def generate(self, payload: dict[str, Any]) -> Any:
-        """POST /generate through the router, else on the engine with the fewest requests in flight.
+        """POST /generate through the router, else on the serving engine with the fewest requests in flight.
 
-        Ties go round-robin so idle engines share the load.
+        Ties go round-robin so idle engines share the load. With `failover`, a request whose engine fails is
+        sent again to another engine (`slime_rollout.engine_pool`).
 
         Raises:
             EngineError: the engine/router failed (the message names its URL).
+            NoHealthyEngineError: with `failover`, no engine served within the recovery timeout.
         """
+        if self.lora_name is not None and "lora_path" not in payload:
+            payload = {**payload, "lora_path": self.lora_name}
         if self.router is not None:
-            return await self.router.generate(payload)
-        n = len(self.engines)
-        start = next(self._rr) % n
-        idx = min(((start + k) % n for k in range(n)), key=lambda i: self._outstanding[i])
-        self._outstanding[idx] += 1
-        try:
-            return await self.engines[idx].generate(payload)
-        finally:
-            self._outstanding[idx] -= 1
+            return await self._generate_via_router(payload)
+        return await self.pool.generate(payload)
+
+    async def _generate_via_router(self, payload: dict[str, Any]) -> Any:
+        """Through the router; with `failover`, an unreachable router or a 502/503/504 (its worker died) is retried."""
+        deadline = asyncio.get_running_loop().time() + self.pool.recovery_timeout_s
+        while True:
+            try:
+                return await self.router.generate(payload, timeout=self.generate_timeout)
+            except EngineError as exc:
+                gone = exc.unreachable or exc.status_code in (502, 503, 504)
+                if not (self.pool.failover and gone) or asyncio.get_running_loop().time() > deadline:
+                    raise
+                self.pool.stats.requeued_requests += 1
+                await asyncio.sleep(1.0)
 
     async def _engines(self) -> list[EngineClient]:
-        if not self.engines:
+        if not self.pool.slots:
             await self.discover_engines()
-        return self.engines
+        return self._live()
 
     async def broadcast(self, method_name: str, **kw: Any) -> list[Any]:
         """Calls `EngineClient.<method_name>(**kw)` on every engine concurrently; returns their results.
@@ -291,16 +378,26 @@ class RolloutClient:
             TimeoutError: requests are still running after `timeout_s` (names the busy engines).
         """
         engines = await self._engines()
-        await asyncio.gather(*(e.abort_request(abort_all=True) for e in engines))
+        await self._tolerant(engines, lambda e: e.abort_request(abort_all=True))
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
-            counts = await asyncio.gather(*(e.num_unfinished_requests() for e in engines))
-            busy = [f"{e.url} ({c})" for e, c in zip(engines, counts, strict=True) if c > 0]
+            counts = await self._tolerant(engines, lambda e: e.num_unfinished_requests())
+            busy = [f"{e.url} ({c})" for e, c in zip(engines, counts, strict=True) if c]
             if not busy:
                 return
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"abort_all: requests still running after {timeout_s}s on {', '.join(busy)}")
             await asyncio.sleep(poll_s)
+
+    async def _tolerant(self, engines: list[EngineClient], call: Any) -> list[Any]:
+        """`call(engine)` on every engine; with failover, an unreachable engine answers None (the monitor judges it)."""
+        results = await asyncio.gather(*(call(e) for e in engines), return_exceptions=True)
+        for e, r in zip(engines, results, strict=True):
+            if isinstance(r, BaseException):
+                if not (self.pool.failover and isinstance(r, EngineError) and r.unreachable):
+                    raise r
+                logger.warning("engine %s unreachable during abort: %s", e.url, r)
+        return [None if isinstance(r, BaseException) else r for r in results]
 
     async def get_weight_versions(self) -> list[str | None]:
         """`weight_version` of every engine."""
@@ -321,7 +418,8 @@ def get_client(args: SlimeArgs) -> RolloutClient:
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`) or any config holding the engine addresses:
             `sglang_router_ip` / `sglang_router_port` (router mode when both are set) and `rollout_engine_urls`
-            (base URLs; a comma-separated string is accepted, since plugins may write one on their view).
+            (base URLs; a comma-separated string is accepted, since plugins may write one on their view); with
+            `lora_rank`, generation runs with the run's adapter (`slime_core.lora.LORA_NAME`).
 
     Raises:
         ValueError: neither a router nor engine URLs are configured.
@@ -331,9 +429,27 @@ def get_client(args: SlimeArgs) -> RolloutClient:
     urls = args.rollout_engine_urls or []
     if isinstance(urls, str):
         urls = [u for u in urls.split(",") if u]
-    key = (router_url, tuple(urls))
+    if router_url is not None and router_url in [u.rstrip("/") for u in urls]:
+        router_url = None  # the router address plugins see is the single engine itself: dispatch directly
+    lora_name = LORA_NAME if args.lora_rank else None
+    key = (router_url, tuple(urls), lora_name)
     if key not in _CLIENTS:
-        _CLIENTS[key] = RolloutClient(list(urls), router_url=router_url)
+        _CLIENTS[key] = RolloutClient(
+            list(urls),
+            router_url=router_url,
+            concurrency=args.sglang_server_concurrency,
+            generate_timeout=float(args.sglang_router_request_timeout_secs),
+            failover=args.use_fault_tolerance,
+            recovery_timeout=args.rollout_engine_recovery_timeout,
+            lora_name=lora_name,
+        )
+        logger.info(
+            "engine client: up to %d requests in flight per engine (--sglang-server-concurrency), %d engine(s)%s%s",
+            args.sglang_server_concurrency,
+            len(urls),
+            f", router {router_url}" if router_url else "",
+            ", failover on (--use-fault-tolerance)" if args.use_fault_tolerance else "",
+        )
     return _CLIENTS[key]
 
 

@@ -31,7 +31,7 @@ from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data_source import get_tokenizer, load_prompt_rows, rows_to_samples
 from slime_rollout.generate import build_sampling_params
-from slime_rollout.group_rollout import RolloutState, generate_and_rm
+from slime_rollout.group_rollout import RolloutState, generate_and_rm, seeded_params
 from slime_rollout.metrics import flatten_groups, pass_at_k, reward_value
 
 if TYPE_CHECKING:
@@ -197,7 +197,14 @@ async def _eval_dataset(args: SlimeArgs, dataset: dict[str, Any], state: Rollout
             sample.generate_function_path = sample.generate_function_path or dataset["custom_generate_function_path"]
             samples.append(sample)
     params = dataset["sampling_params"]
-    results = await asyncio.gather(*(generate_and_rm(args, s, state, params) for s in samples))
+    results = await asyncio.gather(
+        *(
+            generate_and_rm(
+                args, s, state, seeded_params(args, state, s, params, prompt_position=s.group_index, position=s.index)
+            )
+            for s in samples
+        )
+    )
     flat = flatten_groups([list(results)])
     key = _or(args.eval_reward_key, args.reward_key)
     return {

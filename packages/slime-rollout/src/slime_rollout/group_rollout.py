@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,11 +23,12 @@ from slime_rollout.metrics import flatten_groups
 from slime_rollout.opd import score_teacher
 from slime_rollout.plugins import accepts_kwarg, call_maybe_async, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
+from slime_rollout.seeds import sample_seed
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["RolloutState", "generate_and_rm", "generate_and_rm_group", "num_engines"]
+__all__ = ["RolloutState", "generate_and_rm", "generate_and_rm_group", "num_engines", "seeded_params"]
 
 
 def num_engines(args: SlimeArgs) -> int:
@@ -51,6 +53,8 @@ class RolloutState:
         aborted: set once the rollout has enough groups; tasks not yet started return ABORTED samples.
         evaluation: eval rollout (eval sampling params, no sample abort).
         rollout_id: id of the rollout (passed to hooks).
+        reward_seconds: wall seconds spent in reward calls, summed over the concurrent tasks (they overlap
+            generation; `perf/reward_time`).
     """
 
     semaphore: asyncio.Semaphore
@@ -58,6 +62,7 @@ class RolloutState:
     aborted: bool = False
     evaluation: bool = False
     rollout_id: int | None = None
+    reward_seconds: float = 0.0
 
     @classmethod
     def create(cls, args: SlimeArgs, *, rollout_id: int | None, evaluation: bool = False) -> RolloutState:
@@ -122,7 +127,9 @@ async def generate_and_rm(
     todo = [s for s in (result if isinstance(result, list) else [result]) if s.status is not Status.ABORTED]
     todo = [s for s in todo if s.reward is None]
     if todo:
+        t0 = time.perf_counter()
         rewards = await batched_async_rm(args, todo) if isinstance(result, list) else [await async_rm(args, todo[0])]
+        state.reward_seconds += time.perf_counter() - t0
         for s, reward in zip(todo, rewards, strict=True):
             s.reward = reward
         if not state.evaluation:
@@ -130,16 +137,40 @@ async def generate_and_rm(
     return result
 
 
-async def generate_and_rm_group(args: SlimeArgs, group: list[Sample], state: RolloutState) -> list[Any]:
-    """Generates and scores one prompt group concurrently (group reward with `--group-rm`).
-
-    With `--sglang-enable-deterministic-inference`, sample j of the group is sampled with
-    `sampling_seed = rollout_seed + j`.
+def seeded_params(
+    args: SlimeArgs, state: RolloutState, sample: Sample, params: dict[str, Any], *, prompt_position: int, position: int
+) -> dict[str, Any]:
+    """`params` with the sample's own `sampling_seed` (`slime_rollout.seeds.sample_seed`), unless one is set.
 
     Args:
-        args: the plugin view; reads `sglang_args`, `rollout_seed`, `group_rm` (+ what `generate_and_rm` reads).
+        args: the plugin view; reads `rollout_seed`.
+        state: the rollout's state (rollout id, eval or training).
+        sample: the sample; its `group_index` / `index` identify it (positions stand in when they are None).
+        params: the sampling params to extend.
+        prompt_position: the group's position in the rollout (used when `group_index` is None).
+        position: the sample's position in its group (used when `index` is None).
+    """
+    if params.get("sampling_seed") is not None:
+        return params
+    prompt = sample.group_index if sample.group_index is not None else prompt_position
+    index = sample.index if sample.index is not None else position
+    seed = sample_seed(args.rollout_seed, state.rollout_id, prompt, index, evaluation=state.evaluation)
+    return dict(params, sampling_seed=seed)
+
+
+async def generate_and_rm_group(
+    args: SlimeArgs, group: list[Sample], state: RolloutState, *, prompt_position: int = 0
+) -> list[Any]:
+    """Generates and scores one prompt group concurrently (group reward with `--group-rm`).
+
+    Each sample is drawn with its own seed from (`--rollout-seed`, rollout id, prompt index, sample index)
+    (`seeded_params`), so the samples do not depend on request order or on which engine serves them.
+
+    Args:
+        args: the plugin view; reads `rollout_seed`, `group_rm` (+ what `generate_and_rm` reads).
         group: the `n_samples_per_prompt` samples of one prompt.
         state: the rollout's shared state.
+        prompt_position: the group's position in the rollout (seeds samples without a `group_index`).
 
     Returns:
         One entry per sample: the sample, or the list a fan-out generate function returned.
@@ -147,16 +178,19 @@ async def generate_and_rm_group(args: SlimeArgs, group: list[Sample], state: Rol
     for sample in group:
         if sample.session_id is None:
             sample.session_id = uuid.uuid4().hex
-    params: list[dict[str, Any] | None] = [None] * len(group)
-    if args.sglang_args.get("enable_deterministic_inference"):
-        # Reproducible sampling (original): sample j of every group uses seed rollout_seed + j.
-        params = [dict(state.sampling_params, sampling_seed=args.rollout_seed + j) for j in range(len(group))]
+    params = [
+        seeded_params(args, state, s, state.sampling_params, prompt_position=prompt_position, position=j)
+        for j, s in enumerate(group)
+    ]
     results = list(
         await asyncio.gather(*(generate_and_rm(args, s, state, p) for s, p in zip(group, params, strict=True)))
     )
     if args.group_rm and not state.aborted:
         flat = flatten_groups([results])
         if all(s.status is not Status.ABORTED for s in flat) and any(s.reward is None for s in flat):
-            for s, reward in zip(flat, await batched_async_rm(args, flat), strict=True):
+            t0 = time.perf_counter()
+            rewards = await batched_async_rm(args, flat)
+            state.reward_seconds += time.perf_counter() - t0
+            for s, reward in zip(flat, rewards, strict=True):
                 s.reward = reward
     return results

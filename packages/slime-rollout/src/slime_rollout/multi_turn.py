@@ -21,12 +21,12 @@ One episode, up to `--max-turns` model turns::
 * The response-length budget (`max_new_tokens`) is shared by all turns and observations; when it runs
   out the sample is TRUNCATED. An aborted engine request makes the sample ABORTED (partial output kept).
 * `check_chat_template_consistency` compares the incremental token stream with the chat template's
-  rendering of the final conversation, the most common multi-turn tokenization bug.
+  rendering of the final conversation, the most common multi-turn tokenization bug. Each sample records
+  its conversation (`slime_rollout.template_check.CONVERSATION_KEY`) so that the run checks its first samples.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -37,6 +37,16 @@ from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout import generate as single_turn
 from slime_rollout.data_source import get_tokenizer
+from slime_rollout.seeds import continuation_seed
+from slime_rollout.template_check import (
+    CONVERSATION_KEY,
+    TEMPLATE_SENTINEL,
+    ConsistencyReport,
+    check_chat_template_consistency,
+    end_of_turn,
+    record_segment,
+    render_messages,
+)
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -45,14 +55,13 @@ __all__ = [
     "ConsistencyReport",
     "build_env",
     "check_chat_template_consistency",
+    "end_of_turn",
     "env_reward",
     "generate",
     "render_tool_observation",
 ]
 
 logger = logging.getLogger(__name__)
-
-_SENTINEL = "<<slime-multi-turn-sentinel>>"
 
 
 # ---- environment ----------------------------------------------------------------------------------
@@ -130,23 +139,6 @@ def build_env(args: SlimeArgs, sample: Sample) -> Env:
 # ---- chat template helpers ------------------------------------------------------------------------
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: Any = None) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-
-
-def _end_of_turn(tokenizer: Any) -> str:
-    """The text the chat template puts right after an assistant message's content (e.g. `<|im_end|>`)."""
-    rendered = _render(
-        tokenizer,
-        [{"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL}],
-        add_generation_prompt=False,
-    )
-    tail = rendered[rendered.rindex(_SENTINEL) + len(_SENTINEL) :]
-    return tail.rstrip("\n ")
-
-
 def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, model_turn: str) -> str:
     """The text between an assistant turn and the next assistant turn, as the chat template renders it.
 
@@ -166,97 +158,19 @@ def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, mo
     Raises:
         ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
     """
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL}]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": TEMPLATE_SENTINEL},
+    ]
     messages += [{"role": "tool", "content": r} for r in tool_responses]
-    rendered = _render(tokenizer, messages, add_generation_prompt=True)
-    if _SENTINEL not in rendered:
+    rendered = render_messages(tokenizer, messages, add_generation_prompt=True)
+    if TEMPLATE_SENTINEL not in rendered:
         raise ValueError("chat template does not render assistant content verbatim; cannot derive the tool wrapper")
-    observation = rendered[rendered.rindex(_SENTINEL) + len(_SENTINEL) :]
-    eot = _end_of_turn(tokenizer)
+    observation = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :]
+    eot = end_of_turn(tokenizer)
     if eot and model_turn.rstrip().endswith(eot) and observation.startswith(eot):
         observation = observation[len(eot) :]
     return observation
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class ConsistencyReport:
-    """Result of `check_chat_template_consistency`.
-
-    Attributes:
-        consistent: the token streams agree (up to trailing whitespace the template adds after the
-            last end-of-turn marker).
-        first_mismatch: index into `sample.tokens` of the first differing token, or None.
-        num_stream_tokens: `len(sample.tokens)`.
-        num_template_tokens: length of the chat template's tokenization.
-        message: a human-readable description with decoded context around the mismatch.
-    """
-
-    consistent: bool
-    first_mismatch: int | None
-    num_stream_tokens: int
-    num_template_tokens: int
-    message: str
-
-
-def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=False)
-    if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
-
-
-def check_chat_template_consistency(
-    tokenizer: Any, sample: Sample, messages: list[dict[str, Any]], *, tools: Any = None
-) -> ConsistencyReport:
-    """Compares a sample's incremental token stream with the chat template's rendering of `messages`.
-
-    A trainer that later re-renders the conversation (SFT, a reward model, a re-tokenizing agent
-    framework) sees the template's tokens; the policy was sampled on the incremental stream. Any
-    difference (the template inserting an empty `<think></think>`, stripping reasoning of earlier turns,
-    merging whitespace, re-tokenizing model text into different ids) means those consumers train on
-    something the model never saw.
-
-    Args:
-        tokenizer: the run's tokenizer.
-        sample: a generated sample (`tokens` = prompt + response).
-        messages: the same conversation as chat messages (user, assistant turns with their raw text,
-            tool messages).
-        tools: tool specs passed to the template (as for the prompt).
-
-    Returns:
-        A report; never raises on a mismatch (the caller decides whether it is fatal).
-    """
-    stream = list(sample.tokens)
-    expected = _template_ids(tokenizer, messages, tools)
-    n = min(len(stream), len(expected))
-    first = next((i for i in range(n) if stream[i] != expected[i]), None)
-    if first is None:
-        extra = stream[n:] if len(stream) > n else expected[n:]
-        if not extra or not tokenizer.decode(extra).strip():
-            return ConsistencyReport(
-                consistent=True,
-                first_mismatch=None,
-                num_stream_tokens=len(stream),
-                num_template_tokens=len(expected),
-                message="token stream matches the chat template",
-            )
-        first = n
-
-    def context(ids: list[int]) -> str:
-        return repr(tokenizer.decode(ids[max(0, first - 8) : first + 8]))
-
-    message = (
-        f"sample {sample.index}: token stream and chat template differ at token {first} "
-        f"(stream {len(stream)} tokens, template {len(expected)}): "
-        f"stream ...{context(stream)}... vs template ...{context(expected)}..."
-    )
-    return ConsistencyReport(
-        consistent=False,
-        first_mismatch=first,
-        num_stream_tokens=len(stream),
-        num_template_tokens=len(expected),
-        message=message,
-    )
 
 
 # ---- generation ------------------------------------------------------------------------------------
@@ -266,7 +180,7 @@ def _prompt_ids(tokenizer: Any, sample: Sample, env: Env) -> list[int]:
     prompt = sample.prompt
     if not isinstance(prompt, str):
         tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
-        prompt = _render(tokenizer, list(prompt), add_generation_prompt=True, tools=tools)
+        prompt = render_messages(tokenizer, list(prompt), add_generation_prompt=True, tools=tools)
     return tokenizer.encode(prompt, add_special_tokens=False)
 
 
@@ -286,6 +200,7 @@ def _reset_response(sample: Sample) -> None:
     sample.rollout_log_probs = None
     sample.status = Status.PENDING
     sample.weight_versions.clear()
+    sample.metadata.pop(CONVERSATION_KEY, None)
 
 
 def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
@@ -299,6 +214,9 @@ async def _model_turn(
 ) -> tuple[str, str]:
     """Generates one model turn into `sample`; returns (engine text, text decoded from the engine ids)."""
     params = dict(params, max_new_tokens=budget - sample.response_length)
+    if params.get("sampling_seed") is not None:
+        # Each turn of the sample draws from its own seed (same turns, same seeds: reproducible).
+        params["sampling_seed"] = continuation_seed(int(params["sampling_seed"]), sample.response_length)
     payload = {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True}
     reply = await single_turn.call_client(client.generate, payload)
     tokens, log_probs, meta = _parse_reply(reply)
@@ -339,6 +257,7 @@ def _append_observation(tokenizer: Any, sample: Sample, text: str, budget: int) 
         obs_ids = obs_ids[:room]
         sample.append_response_tokens(obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
         sample.status = Status.TRUNCATED
+        sample.metadata[CONVERSATION_KEY]["cut"] = True  # the conversation no longer renders as recorded
         return False
     sample.append_response_tokens(obs_ids, trainable=False, text=text)
     return True
@@ -377,6 +296,9 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
     env = build_env(args, sample)
     if not sample.tokens:
         sample.tokens = _prompt_ids(tokenizer, sample, env)
+    # The conversation as appended, for the chat-template conformance check (slime_rollout.template_check).
+    tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
+    sample.metadata[CONVERSATION_KEY] = {"tools": tools, "segments": []}
     budget = int(sampling_params["max_new_tokens"])
     params = dict(sampling_params)
     stop = list(params.get("stop") or [])
@@ -394,6 +316,7 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
             sample.status = Status.TRUNCATED
             break
         text, token_text = await _model_turn(client, tokenizer, sample, params, budget)
+        record_segment(sample, "assistant", token_text)
         num_turns += 1
         if sample.status in (Status.ABORTED, Status.TRUNCATED):
             break  # aborted, or the turn used up the rest of the shared budget
@@ -406,7 +329,9 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
         if step.done or turn == max_turns - 1:
             # No turn left to read an observation: the response ends on the model's tokens.
             break
-        if not _append_observation(tokenizer, sample, _observation_text(tokenizer, step, token_text), budget):
+        observation = _observation_text(tokenizer, step, token_text)
+        record_segment(sample, "observation", observation, tool_responses=step.tool_responses)
+        if not _append_observation(tokenizer, sample, observation, budget):
             break
 
     sample.metadata["num_turns"] = num_turns

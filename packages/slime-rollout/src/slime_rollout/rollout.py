@@ -33,6 +33,7 @@ from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, 
 from slime_rollout.eval import eval_rollout
 from slime_rollout.filters import normalize_filter_output
 from slime_rollout.generate import abort_all
+from slime_rollout.goodput import rollout_token_fates
 from slime_rollout.group_rollout import RolloutState, generate_and_rm, generate_and_rm_group, num_engines
 from slime_rollout.metrics import compute_rollout_metrics, flatten_groups
 from slime_rollout.opd import score_teacher
@@ -67,11 +68,19 @@ def _has_aborted(group: list[Any]) -> bool:
 
 
 async def _abort_and_drain(
-    args: SlimeArgs, state: RolloutState, pending: set[asyncio.Task[Any]], rollout_id: int
+    args: SlimeArgs,
+    state: RolloutState,
+    pending: set[asyncio.Task[Any]],
+    rollout_id: int,
+    dropped: list[list[Any]] | None = None,
 ) -> list[list[Sample]]:
-    """Aborts in-flight requests, waits for every task, and returns the groups to re-queue (partial rollout)."""
+    """Aborts in-flight requests, waits for every task, and returns the groups to re-queue (partial rollout).
+
+    The groups not re-queued are appended to `dropped` (their tokens are thrown away: goodput accounting).
+    """
     state.aborted = True
     leftovers: list[list[Sample]] = []
+    dropped = [] if dropped is None else dropped
     if pending:
         await abort_all(args)
     partial = args.partial_rollout
@@ -88,9 +97,11 @@ async def _abort_and_drain(
                 continue
             group = task.result()
             if not partial:
+                dropped.append(group)
                 continue
             if any(isinstance(item, list) for item in group):
                 logger.warning("partial rollout: dropping a fanned-out group (custom generate returned a list)")
+                dropped.append(group)
                 continue
             for sample in group:
                 if sample.response_length > 0 and "start_rollout_id" not in sample.metadata:
@@ -134,13 +145,18 @@ async def generate_rollout_async(
     all_groups: list[list[Any]] = []
     requeue: list[list[Sample]] = []
     drops: collections.Counter[str] = collections.Counter()
+    discarded: dict[str, list[list[Any]]] = {"filtered": [], "aborted": [], "surplus": []}  # goodput accounting
+    submitted = 0
     try:
         while len(data) < target:
             while len(data) + len(pending) < target:
                 groups = data_source.get_samples(over)
                 if not groups:
                     raise RuntimeError("data source returned no samples")
-                pending.update(asyncio.create_task(generate_and_rm_group(args, g, state)) for g in groups)
+                for g in groups:
+                    task = generate_and_rm_group(args, g, state, prompt_position=submitted)
+                    pending.add(asyncio.create_task(task))
+                    submitted += 1
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 group = task.result()
@@ -153,17 +169,21 @@ async def generate_rollout_async(
                         requeue.append(group)
                     else:
                         drops["aborted"] += 1
+                        discarded["aborted"].append(group)
                     continue
                 if filter_fn is not None:
                     verdict = normalize_filter_output(filter_fn(args, group))
                     if not verdict.keep:
                         drops[verdict.reason or "filtered"] += 1
+                        discarded["filtered"].append(group)
                         continue
                 if len(data) < target:
                     data.append(group)
+                else:
+                    discarded["surplus"].append(group)
     finally:
         # Also on errors: never leave requests running on the engines or tasks on the loop.
-        leftovers = await _abort_and_drain(args, state, pending, rollout_id)
+        leftovers = await _abort_and_drain(args, state, pending, rollout_id, discarded["aborted"])
     # Deterministic buffer order (by sample index) whatever order the aborted tasks finished in.
     leftovers = sorted(requeue + leftovers, key=_group_sort_key)
 
@@ -174,6 +194,8 @@ async def generate_rollout_async(
         fn = load_function(args.rollout_all_samples_process_path, flag="--rollout-all-samples-process-path")
         fn(args, all_groups, data_source)
     metrics = compute_rollout_metrics(args, data, rollout_time=time.perf_counter() - start, drop_counts=drops)
+    metrics.update(rollout_token_fates(data, discarded, requeued=leftovers))
+    metrics["perf/reward_time"] = state.reward_seconds
     logger.info(
         "rollout %d: %d groups accepted, %d dropped, %d re-queued in %.1fs",
         rollout_id,

@@ -43,21 +43,43 @@ _NOT_RETRYABLE = (aiohttp.ClientSSLError,)  # a ClientConnectorError that will n
 # default keep-alive, which SGLang uses, is 5 s), so a connection the server is closing is rarely reused.
 _KEEPALIVE_S = 3.0
 
+# Read timeout of control calls (flush, pause, weight updates, loads): generous, since SGLang loads a large
+# checkpoint from disk within one call, but finite, so a hung engine surfaces as an error.
+DEFAULT_TIMEOUT_S = 1800.0
+
 
 class EngineError(RuntimeError):
     """An engine call failed (HTTP error status, `success: false`, or the engine is unreachable).
 
+    Picklable (it crosses Ray from the rollout manager to the driver as itself).
+
     Attributes:
         url: the engine (or router) base URL.
         endpoint: the route that failed, e.g. "/generate".
+        message: what went wrong (the engine's error text or the client exception).
         status_code: HTTP status, or None when no response arrived.
+        unreachable: no answer came at all (connection refused/reset, timeout, server gone): the engine may be
+            dead or hung, so the request can go to another engine. False for an HTTP error reply.
     """
 
-    def __init__(self, url: str, endpoint: str, message: str, status_code: int | None = None):
+    def __init__(
+        self, url: str, endpoint: str, message: str, status_code: int | None = None, *, unreachable: bool = False
+    ):
         super().__init__(
             f"engine {url}{endpoint} failed" + (f" (HTTP {status_code})" if status_code else "") + f": {message}"
         )
-        self.url, self.endpoint, self.status_code = url, endpoint, status_code
+        self.url, self.endpoint, self.message, self.status_code = url, endpoint, message, status_code
+        self.unreachable = unreachable
+
+    def __reduce__(self) -> tuple:
+        # BaseException pickles only `args` (the formatted message), which this __init__ cannot take back.
+        return (_rebuild_engine_error, (self.url, self.endpoint, self.message, self.status_code, self.unreachable))
+
+
+def _rebuild_engine_error(
+    url: str, endpoint: str, message: str, status_code: int | None, unreachable: bool
+) -> EngineError:
+    return EngineError(url, endpoint, message, status_code, unreachable=unreachable)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +128,7 @@ class HttpEndpoint:
 
     Args:
         url: base URL ("host:port" gets `http://`).
-        timeout: default read timeout in seconds (None: wait forever).
+        timeout: default read timeout in seconds (None: wait forever); control calls use it.
         connect_timeout: seconds to open a connection.
         max_retries: retries of a connection-level failure before `EngineError`.
         backoff_s: first retry delay in seconds; doubles per retry.
@@ -118,7 +140,7 @@ class HttpEndpoint:
         self,
         url: str,
         *,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         connect_timeout: float = 10.0,
         max_retries: int = 8,
         backoff_s: float = 0.25,
@@ -171,6 +193,7 @@ class HttpEndpoint:
         *,
         timeout: float | None = None,
         raw: bool = False,
+        max_retries: int | None = None,
     ) -> Any:
         """Sends one request with retries on connection errors.
 
@@ -180,6 +203,7 @@ class HttpEndpoint:
             payload: JSON body (POST) or query parameters (GET).
             timeout: per-request read timeout in seconds (None: the client's default).
             raw: return the `EngineResponse` (status, headers, body bytes) instead of decoded JSON.
+            max_retries: retries of a connection-level failure (None: the endpoint's `max_retries`).
 
         Returns:
             Decoded JSON (None for an empty body, the text for a non-JSON body), or the response when `raw`.
@@ -191,6 +215,7 @@ class HttpEndpoint:
         if timeout is not None:
             kwargs["timeout"] = self._timeout(timeout)
         delay = self.backoff_s
+        max_retries = self.max_retries if max_retries is None else max_retries
         for attempt in itertools.count():
             try:
                 session = await self._http()
@@ -198,15 +223,18 @@ class HttpEndpoint:
                     out = EngineResponse(resp.status, resp.headers, await resp.read())
                 break
             except _NOT_RETRYABLE as exc:
-                raise EngineError(self.url, endpoint, repr(exc)) from exc
+                raise EngineError(self.url, endpoint, repr(exc), unreachable=True) from exc
             except _RETRYABLE as exc:
-                if attempt >= self.max_retries:
-                    raise EngineError(self.url, endpoint, f"unreachable after {attempt + 1} attempts: {exc!r}") from exc
+                if attempt >= max_retries:
+                    raise EngineError(
+                        self.url, endpoint, f"unreachable after {attempt + 1} attempts: {exc!r}", unreachable=True
+                    ) from exc
                 logger.debug("%s%s: %r, retry %d in %.2fs", self.url, endpoint, exc, attempt + 1, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise EngineError(self.url, endpoint, repr(exc)) from exc
+                # A read timeout or a broken reply: the engine took the request but gave no usable answer.
+                raise EngineError(self.url, endpoint, repr(exc), unreachable=True) from exc
         if out.status_code >= 400:
             raise EngineError(self.url, endpoint, out.text[:1000], out.status_code)
         if raw:

@@ -14,8 +14,10 @@ Three transports, as in slime (`--update-weight-transport`, `--colocate`):
   dtypes and shapes while rank 0 broadcasts the tensors (NCCL on GPUs; gloo works on CPU for tests).
 
 What goes over the wire (request fields, payload format, process group, NCCL setting) is `slime_rollout.wire`,
-which the engine side reads too. Each update does pause_generation -> flush_cache -> send -> check
-`weight_version` -> continue_generation.
+which the engine side reads too. Each update does pause_generation -> flush_cache -> send (buckets carry no
+version) -> update_weight_version -> check `weight_version` -> continue_generation, holding a per-engine lock
+throughout (`slime_rollout.weight_push`: pushes to one engine never overlap, the version changes only after the
+whole push, and an engine that fails mid-push is dropped and reported in `WeightPushError`).
 Call `update` on the trainer rank that holds the full HF tensors (rank 0); other ranks still have to drain
 their `named_hf_weights` iterator when it is collective.
 """
@@ -38,6 +40,7 @@ import torch.multiprocessing
 from safetensors.torch import save_file
 
 from slime_rollout.client import RolloutClient
+from slime_rollout.weight_push import PushSession, WeightPushError, engine_locks
 from slime_rollout.wire import (
     deserialize_named_tensors,
     dtype_name,
@@ -53,6 +56,7 @@ __all__ = [
     "DiskWeightUpdater",
     "DistributedWeightUpdater",
     "TensorWeightUpdater",
+    "WeightPushError",
     "write_hf_checkpoint",
     # The payload codec and the process-group helper live in `slime_rollout.wire`; importable from here too.
     "deserialize_named_tensors",
@@ -76,34 +80,45 @@ def run_sync(coro: Coroutine) -> Any:
 
 
 class _EngineUpdater:
-    """Shared pause -> flush -> send -> verify -> continue sequence."""
+    """Shared pause -> flush -> send -> version fence -> verify -> continue sequence (`slime_rollout.weight_push`)."""
+
+    tolerant = True  # a failed engine is dropped from the push (collective transports override)
 
     def __init__(self, client: RolloutClient, *, pause_mode: str = "abort"):
         self.client = client
         self.pause_mode = pause_mode
+        self.session = PushSession(client.engines, tolerant=self.tolerant)
 
     def update(self, buckets: Iterator[Bucket], weight_version: str) -> None:
-        """Sends all buckets, then checks that every engine reports `weight_version`.
+        """Sends all buckets, then sets and checks `weight_version` on every engine.
 
         Raises:
-            EngineError: an engine call failed (names the engine).
+            WeightPushError: some engines failed during the push (the others completed it).
+            EngineError: an engine call failed on a transport that cannot drop one engine (names the engine).
             RuntimeError: an engine reports another weight version afterwards.
         """
         run_sync(self.aupdate(buckets, str(weight_version)))
 
     async def aupdate(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         """Async form of `update`."""
-        await self.client.broadcast("pause_generation", mode=self.pause_mode)
-        try:
-            await self.client.broadcast("flush_cache")
-            await self._send(buckets, weight_version)
-            versions = await self.client.get_weight_versions()
-            wrong = [f"{u}={v!r}" for u, v in zip(self.client.urls, versions, strict=True) if v != weight_version]
-            if wrong:
-                raise RuntimeError(f"weight update to {weight_version!r} not applied: {', '.join(wrong)}")
-        finally:
-            await self.client.broadcast("continue_generation")
+        self.session = session = PushSession(self.client.engines, tolerant=self.tolerant)
+        async with engine_locks(self.client.urls):
+            await session.each("pause_generation", mode=self.pause_mode)
+            try:
+                await session.each("flush_cache")
+                await self._send(buckets, weight_version)
+                # The fence: the version changes only now that every bucket has landed.
+                await session.each("update_weight_version", new_version=weight_version)
+                versions = await session.each("get_weight_version")
+                live = [e.url for e in session.live]
+                wrong = [f"{u}={v!r}" for u, v in zip(live, versions, strict=True) if v != weight_version]
+                if wrong:
+                    raise RuntimeError(f"weight update to {weight_version!r} not applied: {', '.join(wrong)}")
+            finally:
+                await session.each("continue_generation")
         self._after_update(weight_version)
+        if session.failed:
+            raise WeightPushError(session.failed, weight_version)
 
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         raise NotImplementedError
@@ -201,7 +216,7 @@ class DiskWeightUpdater(_EngineUpdater):
             assets_from=self.assets_from,
         )
         self._last_dir = path
-        await self.client.broadcast("update_weights_from_disk", model_path=str(path), weight_version=weight_version)
+        await self.session.each("update_weights_from_disk", model_path=str(path))
 
     def _after_update(self, weight_version: str) -> None:
         if not self.keep_files and self._last_dir is not None:
@@ -268,12 +283,11 @@ class TensorWeightUpdater(_EngineUpdater):
         for bucket in buckets:
             for payload in self._payloads(bucket):
                 serialized = serialize_named_tensors(payload)
-                await self.client.broadcast(
+                await self.session.each(
                     "update_weights_from_tensor",
                     serialized_named_tensors=[serialized] * self.tp_size,
                     load_format=self.load_format,
                     flush_cache=False,
-                    weight_version=weight_version,
                 )
                 del payload  # the engine has copied it; let the shared memory / IPC handle go
             if torch.cuda.is_available():
@@ -286,6 +300,8 @@ class TensorWeightUpdater(_EngineUpdater):
 class DistributedWeightUpdater(_EngineUpdater):
     """Disaggregated update: broadcast from trainer rank 0 to every engine rank (NCCL on GPUs).
 
+    The broadcast is collective: an engine failing mid-push fails the whole push (`tolerant = False`).
+
     Args:
         cfg: the trainer's run config; reads `rollout_num_gpus_per_engine` for the engines' ranks.
         client: the engines to update.
@@ -295,6 +311,8 @@ class DistributedWeightUpdater(_EngineUpdater):
         backend: "nccl" on GPUs; "gloo" works with CPU tensors (tests, reference engine).
         pause_mode: `pause_generation` mode.
     """
+
+    tolerant = False
 
     def __init__(
         self,
@@ -349,11 +367,19 @@ class DistributedWeightUpdater(_EngineUpdater):
         """
         if self._group is None:
             return
-        await asyncio.gather(
-            self.client.broadcast("destroy_weights_update_group", group_name=self.group_name),
+        engines = self.client.engines
+        results = await asyncio.gather(
             asyncio.to_thread(torch.distributed.destroy_process_group, self._group),
+            *(e.destroy_weights_update_group(group_name=self.group_name) for e in engines),
+            return_exceptions=True,
         )
         self._group = None
+        if isinstance(results[0], BaseException):
+            raise results[0]
+        for engine, result in zip(engines, results[1:], strict=True):
+            if isinstance(result, BaseException):
+                # A dead engine (or its restarted successor, which never joined) has no group to destroy.
+                logger.warning("destroy_weights_update_group on %s: %s", engine.url, result)
 
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         if self._group is None:
@@ -362,14 +388,13 @@ class DistributedWeightUpdater(_EngineUpdater):
             names = [n for n, _ in bucket]
             dtypes = [dtype_name(t.dtype) for _, t in bucket]
             shapes = [list(t.shape) for _, t in bucket]
-            announce = self.client.broadcast(
+            announce = self.session.each(
                 "update_weights_from_distributed",
                 names=names,
                 dtypes=dtypes,
                 shapes=shapes,
                 group_name=self.group_name,
                 flush_cache=False,
-                weight_version=weight_version,
             )
             await asyncio.gather(announce, asyncio.to_thread(self._broadcast, bucket))
 

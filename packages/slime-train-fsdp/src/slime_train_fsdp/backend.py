@@ -32,10 +32,13 @@ from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.param_filter import frozen_parameter_names
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
+from slime_core.weight_buckets import iter_buckets
 from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, save_checkpoint
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
+from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device, load_hf_weights_into
+from slime_train_fsdp.offload import HostOffloader
 from slime_train_fsdp.packing import install_response_forward, pack_micro_batch, response_log_probs, split_by_lengths
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,7 @@ class FSDPTrainBackend:
         self._ref_shards: dict[str, torch.Tensor] | None = None
         self._teacher_shards: dict[str, torch.Tensor] | None = None
         self._asleep = False
+        self._host: HostOffloader | None = None
         self.step_metrics: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ setup
@@ -103,9 +107,12 @@ class FSDPTrainBackend:
         if with_ref:
             ref_path = cfg.ref_load or cfg.hf_checkpoint
             if str(ref_path) != str(cfg.hf_checkpoint):
-                load_hf_weights_into(self.model, ref_path)
+                # With LoRA the reference is the ref weights with the zero-update initial adapter (B = 0).
+                lora_init = cfg.lora_rank and dist.get_rank() == 0
+                adapters = initial_adapter_state(self.model, cfg.seed) if lora_init else None
+                load_hf_weights_into(self.model, ref_path, extra=adapters)
                 self._ref_shards = self._snapshot()
-                load_hf_weights_into(self.model, cfg.hf_checkpoint)
+                load_hf_weights_into(self.model, cfg.hf_checkpoint, extra=adapters)
             else:
                 self._ref_shards = self._snapshot()
         self._build_optimizer(cfg)
@@ -361,9 +368,24 @@ class FSDPTrainBackend:
         )
 
     def save_hf(self, path: str | pathlib.Path) -> None:
-        """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective)."""
+        """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective).
+
+        With `--lora-rank`, `path` gets the adapter in PEFT's format (`slime_train_fsdp.lora.save_adapter`) and,
+        with `--lora-save-merged`, `path/merged` the merged model.
+        """
         self._require_awake("save_hf")
-        save_hf(self.model, path, source_dir=self.cfg.hf_checkpoint)
+        cfg = self.cfg
+        if not cfg.lora_rank:
+            save_hf(self.model, path, source_dir=cfg.hf_checkpoint)
+            return
+        save_adapter(self.model, cfg, path)
+        if cfg.lora_save_merged:
+            merged = iter_merged(self.model, cfg, dtype=self._checkpoint_dtype())
+            save_hf(self.model, pathlib.Path(path) / "merged", source_dir=cfg.hf_checkpoint, tensors=merged)
+
+    def _checkpoint_dtype(self) -> torch.dtype | None:
+        dtype = getattr(self.config, "dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) else None
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full tensors under HF names (collective: all ranks must iterate together).
@@ -372,39 +394,42 @@ class FSDPTrainBackend:
             bucket_bytes: bucket budget; `--update-weight-buffer-size` (512 MiB) when None.
 
         Yields:
-            Lists of `(name, tensor)` in the checkpoint dtype, on this rank's device.
+            Lists of `(name, tensor)` in the checkpoint dtype, on this rank's device; with `--lora-rank`, the
+            adapter's tensors only (PEFT names, float32: `slime_train_fsdp.lora.iter_adapter`).
         """
         self._require_awake("named_hf_weights")
         if bucket_bytes is None:
             bucket_bytes = self.cfg.update_weight_buffer_size
-        dtype = getattr(self.config, "dtype", None)
-        yield from iter_hf_buckets(self.model, bucket_bytes, dtype=dtype if isinstance(dtype, torch.dtype) else None)
+        if self.cfg.lora_rank:  # the engines hold the base weights: only the adapter moves
+            yield from iter_buckets(iter_adapter(self.model), bucket_bytes)
+            return
+        yield from iter_hf_buckets(self.model, bucket_bytes, dtype=self._checkpoint_dtype())
 
     # ----------------------------------------------------------- offloading
-    def _move_optimizer(self, device: torch.device | str) -> None:
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor) and k != "step":
-                    state[k] = v.to(device, non_blocking=True)
+    def _offloader(self) -> HostOffloader:
+        if self._host is None:
+            self._host = HostOffloader(self.model, self.optimizer, pin_memory=self.cfg.offload_train_pin_memory)
+        return self._host
 
     def sleep(self) -> None:
-        """Moves parameters, gradients and optimizer state to CPU and frees accelerator memory."""
+        """Moves parameters, buffers and optimizer states to host memory and frees accelerator memory.
+
+        Gradients are dropped (set to None): a sleep comes after a finished optimizer step. On CUDA the
+        host copies go to pinned buffers kept across steps (see `slime_train_fsdp.offload`).
+        """
         if self._asleep:
             return
         self.model.zero_grad(set_to_none=True)
-        self.model.to("cpu")
-        self._move_optimizer("cpu")
+        self._offloader().to_host()
         if self.device.type == "cuda":
-            torch.cuda.synchronize()
             torch.cuda.empty_cache()
         self._asleep = True
 
     def wake_up(self) -> None:
-        """Moves what `sleep` offloaded back to this rank's device."""
+        """Moves what `sleep` offloaded back to this rank's device (to CPU under `--fsdp-cpu-offload`)."""
         if not self._asleep:
             return
         offloaded = self.device.type == "cuda" and self.cfg.fsdp_cpu_offload
-        target = torch.device("cpu") if offloaded else self.device
-        self.model.to(target)
-        self._move_optimizer(target)
+        if not offloaded:
+            self._offloader().to_device(self.device)
         self._asleep = False

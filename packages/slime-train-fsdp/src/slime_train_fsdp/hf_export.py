@@ -25,7 +25,7 @@ from slime_core.weight_buckets import iter_buckets
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["iter_hf_buckets", "save_hf"]
+__all__ = ["copy_assets", "iter_hf_buckets", "save_hf"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
@@ -69,7 +69,8 @@ def iter_hf_buckets(
     return iter_buckets(full_tensors(), bucket_bytes)
 
 
-def _copy_assets(src: pathlib.Path, dst: pathlib.Path) -> None:
+def copy_assets(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """Copies the config, tokenizer and generation files of an HF checkpoint directory (not its weights)."""
     for f in src.iterdir():
         if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
             shutil.copy2(f, dst / f.name)
@@ -82,6 +83,7 @@ def save_hf(
     source_dir: str | pathlib.Path,
     max_shard_bytes: int = 5 * 1024**3,
     dtype: torch.dtype | None = None,
+    tensors: Iterator[tuple[str, torch.Tensor]] | None = None,
 ) -> None:
     """Exports the model as an HF checkpoint directory (collective; rank 0 writes).
 
@@ -94,6 +96,8 @@ def save_hf(
         source_dir: `--hf-checkpoint`, whose config/tokenizer/generation files are copied.
         max_shard_bytes: shard size budget.
         dtype: cast weights to this dtype (default: the source config's `dtype`, else the master dtype).
+        tensors: full `(hf_name, tensor)` pairs to write instead of the model's own (e.g. LoRA-merged weights,
+            `slime_train_fsdp.lora.iter_merged`); collective like `iter_hf_buckets`.
     """
     from safetensors.torch import save_file
 
@@ -108,7 +112,12 @@ def save_hf(
         tmp.mkdir(parents=True)
     shards: list[tuple[str, list[str]]] = []
     total = 0
-    for i, bucket in enumerate(iter_hf_buckets(model, max_shard_bytes, dtype=dtype)):
+    buckets = (
+        iter_hf_buckets(model, max_shard_bytes, dtype=dtype)
+        if tensors is None
+        else iter_buckets(tensors, max_shard_bytes)
+    )
+    for i, bucket in enumerate(buckets):
         if rank == 0:
             name = f"shard-{i:05d}.safetensors"
             save_file({k: v.cpu().contiguous() for k, v in bucket}, str(tmp / name), metadata={"format": "pt"})
@@ -116,7 +125,7 @@ def save_hf(
             total += sum(v.numel() * v.element_size() for _, v in bucket)
     if rank == 0:
         _finish_shards(tmp, shards, total)
-        _copy_assets(pathlib.Path(source_dir), tmp)
+        copy_assets(pathlib.Path(source_dir), tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

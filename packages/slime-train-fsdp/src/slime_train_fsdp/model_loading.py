@@ -30,6 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from slime_core.config import SlimeArgs
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
+from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
 from slime_train_fsdp.packing import ForwardOptions, install_response_forward
 
 logger = logging.getLogger(__name__)
@@ -159,16 +160,23 @@ e.g. a freshly initialized value head."""
 
 
 def load_hf_weights_into(
-    model: nn.Module, path: str | pathlib.Path, *, fill_missing: FillMissing | None = None
+    model: nn.Module,
+    path: str | pathlib.Path,
+    *,
+    extra: dict[str, torch.Tensor] | None = None,
+    fill_missing: FillMissing | None = None,
 ) -> None:
     """Loads an HF checkpoint into an already-sharded model (collective: every rank calls it).
 
     Rank 0 reads the files; the tensors reach the other ranks shard by shard through
-    `set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)`.
+    `set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)`. A LoRA-adapted layer's base weight
+    (`<module>.base_layer.weight`) is read from `<module>.weight`.
 
     Args:
         model: FSDP2-sharded model with HF parameter names.
         path: HF checkpoint directory.
+        extra: full tensors of parameters the checkpoint does not hold (the LoRA adapters' initial values), by
+            parameter name; read on rank 0 only.
         fill_missing: supplies parameters the checkpoint does not have (run on rank 0 before the check).
 
     Raises:
@@ -176,16 +184,21 @@ def load_hf_weights_into(
     """
     state: dict[str, torch.Tensor] = {}
     if dist.get_rank() == 0:
-        state = read_hf_state_dict(path)
-        expected = set(model.state_dict().keys())
-        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in expected:
-            state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+        checkpoint = read_hf_state_dict(path)
+        if getattr(model.config, "tie_word_embeddings", False):
+            checkpoint.setdefault("lm_head.weight", checkpoint.get("model.embed_tokens.weight"))
         if fill_missing is not None:
-            state.update(fill_missing(model, state))
-        missing = sorted(expected - set(state))
+            checkpoint.update(fill_missing(model, checkpoint))
+        extra = extra or {}
+        missing = []
+        for key in model.state_dict():
+            source = extra.get(key, checkpoint.get(hf_name(key)))
+            if source is None:
+                missing.append(key)
+            else:
+                state[key] = source
         if missing:
-            raise ValueError(f"{path}: checkpoint lacks {len(missing)} parameters, e.g. {missing[:3]}")
-        state = {k: v for k, v in state.items() if k in expected}
+            raise ValueError(f"{path}: checkpoint lacks {len(missing)} parameters, e.g. {sorted(missing)[:3]}")
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
@@ -207,7 +220,8 @@ def build_fsdp_model(
 
     Args:
         cfg: run config; reads `attn_implementation`, `gradient_checkpointing`, `fsdp_cpu_offload`,
-            `log_probs_head`, `context_parallel_size` and `fsdp_compile_layers`.
+            `log_probs_head`, `context_parallel_size`, `fsdp_compile_layers` and, with `--lora-rank`, the
+            `lora_*` fields and `seed` (`slime_train_fsdp.lora`).
         path: HF checkpoint directory (`--hf-checkpoint`).
         device: this rank's compute device.
         mesh: 1-D mesh the parameters are sharded over; the whole world when None.
@@ -231,6 +245,10 @@ def build_fsdp_model(
     # Meta-device construction everywhere; the weights come from rank 0 below.
     with torch.device("meta"):
         model = construct(config, attn)
+    adapters = None
+    if cfg.lora_rank:
+        model = inject_lora(model, cfg)  # before sharding: FSDP2 shards and reduces the adapters too
+        adapters = initial_adapter_state(model, cfg.seed) if dist.get_rank() == 0 else None
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -238,7 +256,7 @@ def build_fsdp_model(
     offload = device.type == "cuda" and cfg.fsdp_cpu_offload
     model.to_empty(device="cpu" if offload else device)
     _init_buffers(model, config, device)
-    load_hf_weights_into(model, path, fill_missing=fill_missing)
+    load_hf_weights_into(model, path, extra=adapters, fill_missing=fill_missing)
     model.train()
     install(model, options)
     cp = 1 if options.cp_group is None else dist.get_world_size(options.cp_group)

@@ -18,10 +18,12 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 
 from slime_convert import ModelArgs
 from slime_convert.hf_io import HFCheckpointReader
 from slime_convert.mapping import mcore_tensor_from_hf, mcore_to_hf
+from slime_train_megatron.attention import PackedCoreAttention, attention_kind
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.value_head import ValueHead, value_head_from_hf
 from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
@@ -68,6 +70,11 @@ def build_transformer_config(
     kwargs = model_args.transformer_config_kwargs()
     kwargs["activation_func"] = torch.nn.functional.silu
     dtype = _DTYPES[settings.params_dtype_name]
+    if use_transformer_engine(settings):
+        # TE picks its kernel from this (through NVTE_* variables). The local spec chooses its core attention in
+        # the layer spec instead and keeps the default, so building models with different choices in one
+        # process does not trip megatron-core's check that the NVTE_* variables never change.
+        kwargs["attention_backend"] = AttnBackend[settings.attention_backend]
     return TransformerConfig(
         **kwargs,
         tensor_model_parallel_size=settings.tensor_model_parallel_size,
@@ -108,13 +115,20 @@ def build_gpt_model(
 ) -> GPTModel:
     """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local).
 
+    With the local spec the core attention follows `--attention-backend` (`attention.attention_kind`): slime's
+    `PackedCoreAttention` (THD rows, no mask) or megatron-core's `DotProductAttention` (dense mask).
+
     Args:
         model_args: the architecture.
         settings: Megatron settings.
         config: the transformer config.
         value_head: the PPO critic: untied embeddings and a scalar `ValueHead` as `output_layer`.
+
+    Raises:
+        ValueError: an `--attention-backend` the spec cannot run (see `attention.attention_kind`).
     """
-    if use_transformer_engine(settings):
+    kind = attention_kind(settings, use_transformer_engine(settings))
+    if kind == "transformer_engine":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         spec = get_gpt_layer_with_transformer_engine_spec(
@@ -129,6 +143,8 @@ def build_gpt_model(
             qk_layernorm=model_args.qk_layernorm,
             normalization="RMSNorm",
         )
+        if kind == "packed":
+            spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
     kwargs = model_args.gpt_model_kwargs(settings.tensor_model_parallel_size)
     if value_head:
         kwargs["share_embeddings_and_output_weights"] = False

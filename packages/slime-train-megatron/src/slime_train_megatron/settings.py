@@ -3,7 +3,7 @@
 Parsed from `cfg.megatron_args` (the raw Megatron CLI tokens a user passes through, e.g.
 `["--tensor-model-parallel-size", "2", "--sequence-parallel"]`) on top of the same-named fields of the
 run config (`cfg.lr`, `cfg.load`, ...), on top of slime's defaults (distributed optimizer on, bf16 unless
-`--fp16`, Transformer Engine spec when installed).
+`--fp16`, Transformer Engine spec when installed, else the local spec with slime's packed varlen attention).
 Flag names are Megatron-LM's. Tokens this backend does not use are logged once and ignored.
 """
 
@@ -37,6 +37,12 @@ class MegatronSettings(BaseModel):
     use_distributed_optimizer: bool = Field(True, description="ZeRO-1 optimizer state sharding over DP.")
     transformer_impl: Literal["transformer_engine", "local"] | None = Field(
         None, description="Layer spec; None → transformer_engine when importable, else local."
+    )
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = Field(
+        "auto",
+        description="Core attention. Local spec: auto/flash → slime's packed varlen attention (flash kernel on CUDA, "
+        "exact per-sequence SDPA on CPU), local → megatron-core's DotProductAttention with a dense [T, T] mask; "
+        "fused/unfused need Transformer Engine, which picks its kernel from this flag.",
     )
     bf16: bool = Field(False, description="bf16 params/compute (slime's default unless --fp16 or --fp32).")
     fp16: bool = Field(False, description="fp16 params/compute.")

@@ -18,9 +18,9 @@ from pydantic import ConfigDict, ValidationError, model_validator
 
 from slime_core.config.base import ConfigError, arg, field_to_flag
 from slime_core.config.cluster import ClusterArgs, EngineArgs, WeightSyncArgs
-from slime_core.config.monitoring import DebugArgs, EvalArgs, LoggingArgs
+from slime_core.config.monitoring import DebugArgs, EvalArgs, HealthArgs, LoggingArgs
 from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, RolloutArgs, SamplingArgs
-from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, OptimizerArgs
+from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, LoraArgs, OptimizerArgs
 from slime_core.config.validation import derive_and_validate
 from slime_core.estimators import get_estimator
 
@@ -30,10 +30,12 @@ __all__ = ["PluginArgs", "SlimeArgs", "config_error_from_validation"]
 class SlimeArgs(
     # Listed from last to first concern: pydantic orders fields from the last base to the first, and
     # that order is the one of `to_dict()`, `to_yaml()` and `--help`.
+    HealthArgs,
     DebugArgs,
     LoggingArgs,
     EvalArgs,
     CheckpointArgs,
+    LoraArgs,
     FsdpArgs,
     OptimizerArgs,
     AlgorithmArgs,

@@ -45,6 +45,12 @@ class ClusterArgs(ArgsGroup):
     offload_train: bool | None = arg(
         None, "Free trainer accelerator memory while rolling out (always on with --colocate; needs --colocate)."
     )
+    offload_train_pin_memory: bool = arg(
+        False,
+        "Swap the trainer's state through page-locked host buffers kept across steps (holds host memory the size "
+        "of the trainer's offloaded state; the first sleep pins it). FSDP backend. Off by default: on the H200 "
+        "machine it measured no faster than pageable copies (benchmarks/RESULTS.md).",
+    )
     offload_rollout: bool | None = arg(
         None, "Free engine accelerator memory while training (default: on with --colocate/--offload)."
     )
@@ -89,10 +95,20 @@ class EngineArgs(ArgsGroup):
     sglang_router_request_timeout_secs: int = arg(14400, "Router request timeout in seconds.", ge=1)
     sglang_config: str | None = arg(None, "YAML file describing models and server groups (advanced engines).")
     prefill_num_servers: int | None = arg(None, "Number of prefill servers for simple PD disaggregation.", ge=1)
-    use_fault_tolerance: bool = arg(False, "Monitor engine health and restart dead engines.")
+    use_fault_tolerance: bool = arg(
+        False,
+        "Monitor engine health; a dead or hung engine is restarted and gets the current weights, and its "
+        "in-flight requests go to the healthy engines.",
+    )
     rollout_health_check_interval: float = arg(30.0, "Seconds between engine health checks.", gt=0)
     rollout_health_check_timeout: float = arg(30.0, "Timeout of one engine health check in seconds.", gt=0)
     rollout_health_check_first_wait: float = arg(0.0, "Seconds to wait before the first health check.", ge=0)
+    rollout_engine_recovery_timeout: float = arg(
+        600.0,
+        "With --use-fault-tolerance: seconds a request waits for a healthy engine when none serves (engines "
+        "restarting); then the rollout fails.",
+        gt=0,
+    )
     http_proxy: str | None = arg(None, "HTTP proxy for engine requests.")
     use_distributed_post: bool = arg(False, "Spread engine POST requests over Ray actors.")
     sglang_args: dict[str, str | bool | list[str]] = arg(
@@ -109,10 +125,11 @@ class EngineArgs(ArgsGroup):
 class WeightSyncArgs(ArgsGroup):
     """How new weights reach the engines."""
 
-    weight_sync: Literal["auto", "tensor", "disk", "distributed"] = arg(
+    weight_sync: Literal["auto", "tensor", "disk", "distributed", "lora"] = arg(
         "auto",
         "Weight sync method: tensor (shared tensors / CUDA IPC), distributed (NCCL broadcast), disk (HF "
-        "checkpoint reload). auto: tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
+        "checkpoint reload), lora (adapter files reloaded with /load_lora_adapter; the one method with --lora-rank). "
+        "auto: lora with --lora-rank, tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
     )
     update_weight_mode: Literal["full", "delta"] = arg(
         "full", "Original flag: full (the only mode implemented) or delta (changed weights only)."

@@ -6,7 +6,7 @@ from typing import Literal
 
 from slime_core.config.base import ArgsGroup, arg
 
-__all__ = ["DebugArgs", "EvalArgs", "LoggingArgs"]
+__all__ = ["DebugArgs", "EvalArgs", "HealthArgs", "LoggingArgs"]
 
 
 class EvalArgs(ArgsGroup):
@@ -85,3 +85,65 @@ class DebugArgs(ArgsGroup):
         None, "YAML whose keys override config fields; unknown keys go to args.custom_config for plugins."
     )
     custom_config: dict = arg({}, "Settings from --custom-config-path that are not slime fields.", cli=False)
+
+
+class HealthArgs(ArgsGroup):
+    """Run-health checks: weight-sync content, the first-step log-prob gate, chat-template conformance, instability.
+
+    The weight check is `slime_rollout.weight_check`, the template check `slime_rollout.template_check`; the
+    instability rules live in `slime_app.instability` (a threshold of 0 turns its rule off).
+    """
+
+    first_step_logprob_diff_threshold: float = arg(
+        0.1,
+        "Stop the run when the first step's mean |trainer - rollout log-prob| (train/train_rollout_logprob_abs_diff) "
+        "exceeds this (engine weights, temperature or masks disagree with the trainer); 0: off.",
+        ge=0,
+    )
+    check_weight_sync: bool = arg(
+        True,
+        "After a weight sync, read a sample of the pushed tensors back from every engine (/get_weights_by_name) "
+        "and stop the run if they differ.",
+    )
+    check_weight_sync_interval: int = arg(
+        0, "Check the first weight sync and then every this many syncs (0: the first only).", ge=0
+    )
+    check_weight_sync_tensors: int = arg(4, "Tensors sampled per weight-sync check.", ge=1)
+    check_chat_template_samples: int = arg(
+        8,
+        "Multi-turn runs: compare the first N samples' token streams with the chat template's rendering of their "
+        "conversation and report mismatches with the token position (0: off).",
+        ge=0,
+    )
+    stop_on_instability: bool = arg(False, "Stop the run with one line when an instability rule fires.")
+    instability_window: int = arg(10, "Rollouts in the rolling median that spike rules compare with.", ge=1)
+    instability_warmup: int = arg(3, "Rollouts observed before the relative rules can fire (their baseline).", ge=1)
+    instability_entropy_collapse: float = arg(
+        0.1, "Warn when train/entropy_loss falls below this fraction of its warm-up median.", ge=0, lt=1
+    )
+    instability_entropy_blowup: float = arg(
+        3.0, "Warn when train/entropy_loss rises above this multiple of its warm-up median.", ge=0
+    )
+    instability_kl_spike: float = arg(
+        10.0,
+        "Warn when train/ppo_kl, train/kl_loss or train/train_rollout_logprob_abs_diff jumps above this multiple of "
+        "its rolling median.",
+        ge=0,
+    )
+    instability_grad_norm_spike: float = arg(
+        10.0, "Warn when train/grad_norm jumps above this multiple of its rolling median.", ge=0
+    )
+    instability_response_len_frac: float = arg(
+        0.9, "Warn when rollout/response_len/mean reaches this fraction of --rollout-max-response-len.", ge=0, le=1
+    )
+    instability_truncated_ratio: float = arg(0.5, "Warn when rollout/truncated_ratio exceeds this.", ge=0, le=1)
+    instability_zero_adv_group_frac: float = arg(
+        0.9, "Warn when this fraction of the rollout's groups have equal rewards (zero GRPO advantage).", ge=0, le=1
+    )
+    instability_clipfrac: float = arg(0.2, "Warn when train/pg_clipfrac exceeds this.", ge=0, le=1)
+    instability_reward_eval_gap: float = arg(
+        0.05,
+        "Warn (reward hacking) when, between two evals, the train reward rose and the eval score fell by at least "
+        "this.",
+        ge=0,
+    )

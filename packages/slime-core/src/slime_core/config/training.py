@@ -7,7 +7,7 @@ from typing import Literal
 from slime_core.config.base import ArgsGroup, arg
 from slime_core.estimators import estimator_names
 
-__all__ = ["AlgorithmArgs", "CheckpointArgs", "FsdpArgs", "OptimizerArgs"]
+__all__ = ["AlgorithmArgs", "CheckpointArgs", "FsdpArgs", "LoraArgs", "OptimizerArgs"]
 
 # The registered estimators (slime_core.estimators) are the flag's choices: argparse and pydantic reject
 # any other name with one line listing these.
@@ -183,3 +183,17 @@ class CheckpointArgs(ArgsGroup):
     custom_megatron_init_path: str | None = arg(None, "Import path of a hook run after Megatron initialization.")
     custom_megatron_before_log_prob_hook_path: str | None = arg(None, "Import path of a hook before log-probs.")
     custom_megatron_before_train_step_hook_path: str | None = arg(None, "Import path of a hook before train steps.")
+
+
+class LoraArgs(ArgsGroup):
+    """LoRA RL (FSDP backend, peft): train a low-rank adapter; the engines serve the base model plus the adapter."""
+
+    lora_rank: int = arg(0, "LoRA rank r (0: full fine-tuning).", ge=0)
+    lora_alpha: float = arg(16.0, "LoRA alpha: the adapter's update is scaled by alpha / r.", gt=0)
+    lora_target_modules: list[str] = arg(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "Names of the linear modules that get an adapter (peft target_modules; SGLang --lora-target-modules).",
+    )
+    lora_save_merged: bool = arg(
+        False, "With --save-hf: also write the merged model (base + adapter) to <save-hf>/merged."
+    )

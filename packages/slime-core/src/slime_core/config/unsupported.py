@@ -21,7 +21,7 @@ __all__ = ["UNSUPPORTED", "check_unsupported"]
 # field name -> why it is not implemented / what to use instead (one clause, shown after the flag).
 UNSUPPORTED: dict[str, str] = {
     "async_save": "checkpoints are written synchronously",
-    "check_weight_update_equal": "no engine weight compare; watch train/train_rollout_logprob_abs_diff",
+    "check_weight_update_equal": "no full engine-vs-checkpoint compare; --check-weight-sync reads a sample back",
     "ci_disable_kl_checker": "no built-in CI checks; the test suite asserts these properties",
     "ci_load_grad_norm": "no built-in CI checks; the test suite asserts these properties",
     "ci_save_grad_norm": "no built-in CI checks; the test suite asserts these properties",
@@ -63,16 +63,12 @@ UNSUPPORTED: dict[str, str] = {
     "release_train": "trainer processes stay alive; use --colocate to free GPU memory between phases",
     "rollout_buffer_url": "no rollout buffer server; use --rollout-function-path",
     "rollout_data_postprocess_path": "no trainer-side rollout-data hook; use --custom-reward-post-process-path",
-    "rollout_health_check_first_wait": "no engine health monitor; restart the run with --load to resume",
-    "rollout_health_check_interval": "no engine health monitor; restart the run with --load to resume",
-    "rollout_health_check_timeout": "no engine health monitor; restart the run with --load to resume",
     "rollout_task_type": "no rollout buffer server; use --rollout-function-path",
     "save_debug_train_data": "train batches are not dumped; use --save-debug-rollout-data",
     "sglang_config": "no multi-model / server-group engine config; one engine group serves the policy",
     "true_on_policy_mode": "no bitwise trainer/engine numerics alignment; watch train/train_rollout_logprob_abs_diff",
     "update_weight_mode": "weights are always pushed in full (no delta sync)",
     "use_distributed_post": "engine requests come from the rollout manager's async HTTP client",
-    "use_fault_tolerance": "no engine health monitoring and restart; restart the run with --load to resume",
     "use_pytorch_profiler": "no built-in profiler; run the trainer under torch.profiler or nsys",
     "use_rollout_entropy": "the reported entropy is the trainer's (train/entropy_loss)",
     "use_rollout_routing_replay": "no MoE routing replay",
@@ -85,8 +81,8 @@ def check_unsupported(args: SlimeArgs) -> None:
     """Rejects any flag of `UNSUPPORTED` set to a value other than its default.
 
     Raises:
-        ConfigError: the first such flag, e.g. "--use-fault-tolerance is not implemented in this version
-            (engine health monitoring ...); remove it".
+        ConfigError: the first such flag, e.g. "--use-opd is not implemented in this version
+            (no on-policy distillation ...); remove it".
     """
     fields = type(args).model_fields
     for name, reason in UNSUPPORTED.items():

@@ -45,6 +45,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _lengths(args)
     _eval(args)
     _checkpoint_and_dumps(args)
+    _lora(args)
     _weight_sync(args)
     _passthrough(args)
 
@@ -255,6 +256,31 @@ def _checkpoint_and_dumps(args: SlimeArgs) -> None:
         raise ConfigError("--save-interval requires --save")
     if args.dump_details is not None and args.save_debug_rollout_data is None:
         args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
+
+
+def _lora(args: SlimeArgs) -> None:
+    if not args.lora_rank:
+        if args.weight_sync == "lora":
+            raise ConfigError("--weight-sync lora syncs a LoRA adapter: set --lora-rank")
+        return
+    if args.train_backend != "fsdp":
+        raise ConfigError(f"--lora-rank needs --train-backend fsdp (peft), got {args.train_backend}")
+    if args.use_critic:
+        raise ConfigError(f"--lora-rank with --advantage-estimator {args.advantage_estimator}: the critic has no LoRA")
+    if args.use_opd and args.opd_type != "sglang":
+        raise ConfigError(
+            f"--lora-rank with --opd-type {args.opd_type}: a trainer-side teacher needs full weights; "
+            "use --opd-type sglang (a teacher engine)"
+        )
+    if args.weight_sync not in ("auto", "lora"):
+        raise ConfigError(
+            f"--weight-sync {args.weight_sync}: with --lora-rank only the adapter is synced (--weight-sync lora)"
+        )
+    if not args.lora_target_modules:
+        raise ConfigError("--lora-target-modules: give at least one module name")
+    args.weight_sync = "lora"
+    if args.update_weight_disk_dir is None:  # adapters travel as files the engines load
+        args.update_weight_disk_dir = os.path.join(args.output_dir, "weight_sync")
 
 
 def _weight_sync(args: SlimeArgs) -> None:

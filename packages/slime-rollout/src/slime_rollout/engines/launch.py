@@ -10,7 +10,8 @@ SGLang command line (flag names of SGLang 0.5.16 `ServerArgs`)::
 
     <engine python> -m sglang.launch_server --model-path <hf_checkpoint> --host H --port P --tp-size G
         --nccl-port N --base-gpu-id B --random-seed S --trust-remote-code --skip-server-warmup
-        [--mem-fraction-static F] [--enable-memory-saver] <every --sglang-* flag> <$SLIME_SGLANG_ARGS>
+        [--mem-fraction-static F] [--enable-memory-saver] [LoRA flags: `lora_server_args`] <every --sglang-* flag>
+        <$SLIME_SGLANG_ARGS>
 
 The SGLang interpreter is `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one (`engine_python`).
 Environment: `SLIME_SGLANG_PYTHONPATH` becomes the engine's PYTHONPATH, `SLIME_SGLANG_ARGS` is appended (shell-split).
@@ -25,11 +26,12 @@ import pathlib
 import shlex
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_rollout.engines import router
-from slime_rollout.engines.process import EngineProcess, find_free_port, start_engine_process
+from slime_rollout.engines.process import EngineProcess, find_free_port, port_reusable, start_engine_process
 from slime_rollout.wire import nccl_cumem_enable
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EngineGroup",
     "build_reference_command",
+    "lora_server_args",
     "build_sglang_command",
     "engine_env",
     "engine_python",
@@ -182,9 +185,28 @@ def build_sglang_command(
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     if memory_saver:
         cmd.append("--enable-memory-saver")
+    cmd += lora_server_args(cfg, passthrough)
     cmd += passthrough
     cmd += shlex.split(os.environ.get("SLIME_SGLANG_ARGS", ""))
     return cmd
+
+
+def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[str]:
+    """SGLang flags that let an engine serve the run's LoRA adapter (`--lora-rank`); empty without LoRA.
+
+    `--enable-lora` with room for an adapter of rank `--lora-rank` on `--lora-target-modules` (the adapter itself
+    is loaded by the first weight sync, `slime_rollout.lora_sync`); a pass-through `--sglang-<same flag>` wins.
+    """
+    if not cfg.lora_rank:
+        return []
+    wanted = {
+        "--enable-lora": [],
+        "--max-lora-rank": [str(cfg.lora_rank)],
+        "--lora-target-modules": list(cfg.lora_target_modules),
+        "--max-loras-per-batch": ["1"],
+    }
+    given = {t.split("=")[0] for t in passthrough if t.startswith("--")}
+    return [token for flag, values in wanted.items() if flag not in given for token in (flag, *values)]
 
 
 def build_reference_command(cfg: SlimeArgs, *, host: str, port: int, random_seed: int) -> list[str]:
@@ -247,7 +269,7 @@ class EngineGroup:
     processes: list[EngineProcess]
     router: EngineProcess | None = None
     router_url: str | None = None
-    _start: Callable[[int], EngineProcess] | None = None
+    _start: Callable[..., EngineProcess] | None = None
     _ready: Callable[[int], None] | None = None
 
     @property
@@ -271,26 +293,31 @@ class EngineGroup:
                 dead.append(i)
         return dead
 
-    def restart(self, index: int) -> str:
-        """Replaces engine `index` by a fresh one (new port) and returns its URL.
+    def restart(self, index: int, *, grace_s: float = 2.0) -> str:
+        """Replaces engine `index` by a fresh one and returns its URL (the same URL when its port is free again).
 
-        The new engine holds the initial `--hf-checkpoint` weights and version: push the current weights
-        afterwards. The URL changed, so the run's engine addresses did: rebuild the plugin view from
-        `urls` (`PluginArgs.from_config`) and the clients (`slime_rollout.client.reset_client_cache`).
+        The old process group is killed (SIGTERM, then SIGKILL after `grace_s`: a hung or stopped engine gets no
+        longer). The new engine holds the initial `--hf-checkpoint` weights and version: push the current weights
+        afterwards. When the URL changed, rebuild the clients that use it.
 
         Raises:
             RuntimeError: the group was not built by `launch_engines`, or the new engine failed to start.
         """
         if self._start is None or self._ready is None:
             raise RuntimeError("this EngineGroup was not built by launch_engines and cannot restart engines")
-        self._unregister([self.processes[index].url])
-        self.processes[index].shutdown()
-        self.processes[index] = self._start(index)
+        old = self.processes[index]
+        self._unregister([old.url])
+        old.shutdown(grace_s=grace_s)
+        self.processes[index] = self._start(index, same_port=urllib.parse.urlsplit(old.url).port)
         self._ready(index)
         if self.router_url:
             router.register_worker(self.router_url, self.processes[index].url)
-        logger.info("engine %d restarted at %s", index, self.processes[index].url)
+        logger.info("engine %d restarted at %s (pid %d)", index, self.processes[index].url, self.processes[index].pid)
         return self.processes[index].url
+
+    def alive(self, index: int) -> bool:
+        """Whether engine `index`'s main process is still running."""
+        return self.processes[index].alive()
 
     def _unregister(self, urls: list[str]) -> None:
         if not self.router_url or self.router is not None:
@@ -369,8 +396,12 @@ def launch_engines(
     memory_saver = bool(colocate or cfg.offload_rollout)
     cursor = [base_port]
 
-    def start(i: int) -> EngineProcess:
-        port = find_free_port(host, cursor[0])
+    def start(i: int, same_port: int | None = None) -> EngineProcess:
+        # A restarted engine takes its old port back when it can, so its URL (known to the trainer, the router
+        # and the plugins' args) stays valid.
+        port = (
+            same_port if same_port is not None and port_reusable(host, same_port) else find_free_port(host, cursor[0])
+        )
         random_seed = cfg.seed + i * gpus_per_engine
         if kind == "sglang":
             nccl_port = find_free_port(host, port + 1)
@@ -386,10 +417,10 @@ def launch_engines(
                 memory_saver=memory_saver,
                 mem_fraction_static=mem_fraction_static,
             )
-            cursor[0] = nccl_port + 1
+            cursor[0] = max(cursor[0], nccl_port + 1)
         else:
             cmd = build_reference_command(cfg, host=host, port=port, random_seed=random_seed)
-            cursor[0] = port + 1
+            cursor[0] = max(cursor[0], port + 1)
         log_path = pathlib.Path(log_dir) / f"engine_{i}.log" if log_dir else None
         return start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(kind), log_path=log_path)
 

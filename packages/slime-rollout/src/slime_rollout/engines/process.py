@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import httpx
 
-__all__ = ["EngineProcess", "find_free_port", "start_engine_process"]
+__all__ = ["EngineProcess", "find_free_port", "port_reusable", "start_engine_process"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,17 @@ def find_free_port(host: str = "127.0.0.1", start: int = 15000, *, count: int = 
                 return port
             port += 1
     raise RuntimeError(f"no {count} free consecutive port(s) on {host} from {start}")
+
+
+def port_reusable(host: str, port: int) -> bool:
+    """Whether a server can listen on `port` again (SO_REUSEADDR, as uvicorn binds: TIME_WAIT does not block)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _can_bind(host: str, port: int) -> bool:

@@ -14,6 +14,7 @@ worker processes of `slime_rollout.rewards.pool`.
 from __future__ import annotations
 
 import fractions
+import functools
 import logging
 import re
 import signal
@@ -256,6 +257,17 @@ def symbolic_equal(gold_n: str, pred_n: str) -> bool:
     return verdict if verdict is not None else _sympy_equal(gold_n, pred_n)
 
 
+@functools.cache
+def _warm_up_symbolic() -> None:
+    """Pays math-verify's and sympy's one-time start-up once, outside any answer's budget.
+
+    Their lazy imports and LaTeX grammar load take seconds on a busy machine; inside the first answer's
+    alarm they ran it out and graded a correct answer None.
+    """
+    _math_verify_equal("1", "1", None)
+    _sympy_equal("1", "1")
+
+
 def symbolic_equal_with_timeout(gold_n: str, pred_n: str, timeout_s: int) -> bool | None:
     """`symbolic_equal` under one SIGALRM budget for math-verify and the sympy fallback together.
 
@@ -275,6 +287,7 @@ def symbolic_equal_with_timeout(gold_n: str, pred_n: str, timeout_s: int) -> boo
     """
     if threading.current_thread() is not threading.main_thread():
         raise ValueError("symbolic_equal_with_timeout needs the main thread (it uses SIGALRM)")
+    _warm_up_symbolic()
     # Save a timer someone else armed (e.g. pytest-timeout on a main thread) and re-arm it afterwards.
     started = time.monotonic()
     previous_delay, previous_interval = signal.getitimer(signal.ITIMER_REAL)

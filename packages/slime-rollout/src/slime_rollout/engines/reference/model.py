@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import DynamicLayer
 
+from slime_rollout.engines.reference.lora import LoraAdapters
 from slime_rollout.engines.reference.sampling import SamplingParams, find_stop_string, sample_next_token, trim_stop
 
 __all__ = ["GenRequest", "ReferenceModel"]
@@ -52,6 +53,7 @@ class GenRequest:
             position 0, which has no context), filled when `logprob_start_len >= 0`.
         aborted: set by /abort_request; the decode loop finishes the request with type "abort".
         created: `time.monotonic()` at arrival (for `e2e_latency`).
+        lora: the LoRA adapter the request runs with (`lora_path` of `/generate`), None for the base model.
     """
 
     rid: str
@@ -65,6 +67,7 @@ class GenRequest:
     input_logprobs: list[float | None] | None = None
     aborted: bool = False
     created: float = dataclasses.field(default_factory=time.monotonic)
+    lora: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -113,6 +116,7 @@ class ReferenceModel:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else next(iter(self.eos_token_ids), 0))
         self.max_context_len = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        self.adapters = LoraAdapters(self.model)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -134,6 +138,7 @@ class ReferenceModel:
         notify: Callable[[GenRequest], None] = lambda r: None,
         take_new: Callable[[int], list[GenRequest]] = lambda n: [],
         max_batch: int = 1 << 30,
+        lora: str | None = None,
     ) -> None:
         """Generates requests to completion with continuous batching, filling them in place.
 
@@ -146,7 +151,16 @@ class ReferenceModel:
             notify: called (from this thread) once per request when it finishes.
             take_new: returns up to n more requests to admit (none: the batch only drains).
             max_batch: largest number of rows in flight.
+            lora: the LoRA adapter of every request of the batch (None: the base model).
         """
+        with self.lock:
+            self.adapters.active = lora
+        try:
+            self._generate(reqs, wait_if_paused, notify, take_new, max_batch)
+        finally:
+            self.adapters.active = None
+
+    def _generate(self, reqs, wait_if_paused, notify, take_new, max_batch) -> None:  # noqa: ANN001
         batch: _Batch | None = None
         new = reqs
         mergeable = True
@@ -339,6 +353,32 @@ class ReferenceModel:
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
                 n += 1
         return n
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).
+
+        As SGLang, a tied `lm_head.weight` reads the embedding. For a 2-D weight the result is a list of rows.
+
+        Raises:
+            KeyError: the model has no such parameter or buffer.
+        """
+        state = self.model.state_dict()
+        if name == "lm_head.weight" and name not in state and getattr(self.model.config, "tie_word_embeddings", False):
+            name = "model.embed_tokens.weight"
+        if name not in state:
+            raise KeyError(f"get_weights_by_name: unknown parameter {name!r}")
+        with self.lock:
+            return state[name][:truncate_size].detach().to("cpu", torch.float32).tolist()
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Loads a PEFT adapter directory as `name` between two decode steps (`LoraAdapters.load`)."""
+        with self.lock:
+            self.adapters.load(name, path)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Forgets adapter `name` (`LoraAdapters.unload`)."""
+        with self.lock:
+            self.adapters.unload(name)
 
     def load_from_disk(self, model_path: str) -> int:
         """Loads every `*.safetensors` file of an HF checkpoint directory into the model.

@@ -8,6 +8,8 @@ flight) and hands each request back as soon as it finishes.
 Pause modes follow SGLang's `PauseGenerationReqInput.mode`: "abort" aborts everything queued or running and
 holds new batches; "in_place" and "retract" hold new batches and stall the running one between decode steps
 until /continue_generation (the reference engine keeps its KV cache in both cases).
+
+A batch runs one LoRA adapter (or the base model): requests for other adapters wait for the next batch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import itertools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -27,6 +30,8 @@ from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
 __all__ = ["Scheduler"]
 
 logger = logging.getLogger(__name__)
+
+_FIRST = object()  # `_take`: the adapter of the oldest waiting request
 
 
 class Scheduler:
@@ -148,12 +153,24 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------- internal
 
-    def _take(self, n: int) -> list[GenRequest]:
-        """Moves up to n queued requests into the running set (called from the model thread too)."""
+    def _take(self, n: int, lora: Any = _FIRST) -> list[GenRequest]:
+        """Moves up to n queued requests of one LoRA adapter into the running set (called from the model thread too).
+
+        Args:
+            n: most requests to take.
+            lora: the adapter of the running batch (None: the base model); by default the adapter of the oldest
+                waiting request. Requests of other adapters keep their place for a later batch.
+        """
         if self.paused or n <= 0:
             return []
         with self._lock:
-            taken, self._waiting = self._waiting[:n], self._waiting[n:]
+            if not self._waiting:
+                return []
+            want = self._waiting[0][0].lora if lora is _FIRST else lora
+            taken, rest = [], []
+            for item in self._waiting:
+                (taken if item[0].lora == want and len(taken) < n else rest).append(item)
+            self._waiting = rest
             for req, fut in taken:
                 self._running[req] = fut
         return [req for req, _ in taken]
@@ -176,6 +193,7 @@ class Scheduler:
             if self.batch_wait_s > 0 and self.num_waiting < self.max_running_requests:
                 await asyncio.sleep(self.batch_wait_s)
             first = self._take(self.max_running_requests)
+            lora = first[0].lora if first else None  # one batch, one adapter
             try:
                 await loop.run_in_executor(
                     self._executor,
@@ -184,8 +202,9 @@ class Scheduler:
                         first,
                         self._resumed.wait,
                         notify=self._finish,
-                        take_new=self._take,
+                        take_new=functools.partial(self._take, lora=lora),
                         max_batch=self.max_running_requests,
+                        lora=lora,
                     ),
                 )
             except Exception as exc:  # a failed batch must not kill the server: fail its requests

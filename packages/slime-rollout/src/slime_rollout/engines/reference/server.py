@@ -3,10 +3,11 @@
 Routes, methods and field names follow SGLang 0.5.16 so the rollout code cannot tell the two apart:
 `/generate`, `/abort_request`, `/flush_cache`, `/pause_generation`, `/continue_generation`,
 `/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_disk`,
-`/update_weights_from_tensor`, `/get_weight_version`, `/health`, `/health_generate`, `/v1/loads`,
+`/update_weights_from_tensor`, `/get_weight_version`, `/get_weights_by_name`, `/load_lora_adapter`,
+`/unload_lora_adapter` (with `lora_path` of `/generate`), `/health`, `/health_generate`, `/v1/loads`,
 `/model_info` (`/get_model_info`), `/server_info` (`/get_server_info`), and the weight-update group routes
-`/init_weights_update_group`, `/update_weights_from_distributed`, `/destroy_weights_update_group`. Weight-update
-bodies and payloads are decoded with `slime_rollout.wire`, the module the trainer side encodes with.
+`/init_weights_update_group`, `/update_weights_from_distributed`, `/destroy_weights_update_group`.
+Weight-update bodies and payloads are decoded with `slime_rollout.wire`, the module the trainer side encodes with.
 
 `/update_weights_from_tensor` unpickles what the caller sends (as SGLang does): bind the engine to a
 trusted network only.
@@ -97,9 +98,16 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         return {"text": model.output_text(r), "output_ids": list(r.output_ids), "meta_info": meta}
 
     async def one(
-        input_ids: list[int] | None, text: str | None, sp: dict, rid: str | None, logprob_start_len: int = -1
+        input_ids: list[int] | None,
+        text: str | None,
+        sp: dict,
+        rid: str | None,
+        logprob_start_len: int = -1,
+        lora: str | None = None,
     ) -> GenRequest:
         params = SamplingParams.from_request(sp)
+        if lora is not None and lora not in model.adapters:
+            raise ValueError(f"LoRA adapter {lora!r} is not loaded (loaded: {sorted(model.adapters.paths)})")
         if input_ids is None:
             if text is None:
                 raise ValueError("either input_ids or text must be given")
@@ -112,6 +120,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             params=params,
             generator=scheduler.make_generator(params.sampling_seed),
             logprob_start_len=int(logprob_start_len if logprob_start_len is not None else -1),
+            lora=lora,
         )
         if req.logprob_start_len >= len(req.input_ids):
             raise ValueError(f"logprob_start_len ({req.logprob_start_len}) must be < the prompt length")
@@ -125,12 +134,13 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         input_ids, text, sp, rid = body.get("input_ids"), body.get("text"), body.get("sampling_params"), body.get("rid")
         return_logprob = body.get("return_logprob") or False
         start = body.get("logprob_start_len", -1) if return_logprob else -1
+        lora = body.get("lora_path")  # SGLang: the adapter's name (or a list, one per batched prompt)
         batched = (isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)) or isinstance(
             text, list
         )
         try:
             if not batched:
-                return to_output(await one(input_ids, text, sp or {}, rid, start), bool(return_logprob))
+                return to_output(await one(input_ids, text, sp or {}, rid, start, lora), bool(return_logprob))
             n = len(input_ids if input_ids is not None else text)
             pick = lambda v, i: v[i] if isinstance(v, list) else v  # noqa: E731
             reqs = await asyncio.gather(
@@ -141,6 +151,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
                         pick(sp, i) or {},
                         None if rid is None else pick(rid, i),
                         pick(start, i),
+                        pick(lora, i),
                     )
                     for i in range(n)
                 )
@@ -266,6 +277,41 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             return model.load_named_tensors(named)
 
         return await run_update(receive, req.weight_version, _abort_all_requests(body))
+
+    def lora_result(success: bool, message: str = "") -> JSONResponse:
+        # SGLang's LoRAUpdateOutput.
+        body = {"success": success, "error_message": message or None, "loaded_adapters": dict(model.adapters.paths)}
+        return JSONResponse(body, status_code=200 if success else 400)
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        body = await request.json()  # SGLang's LoadLoRAAdapterReqInput: lora_name, lora_path, pinned
+        try:
+            await asyncio.to_thread(model.load_lora_adapter, str(body["lora_name"]), str(body["lora_path"]))
+        except (KeyError, ValueError, FileNotFoundError) as exc:
+            return lora_result(False, f"{type(exc).__name__}: {exc}")
+        return lora_result(True)
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        body = await request.json()  # SGLang's UnloadLoRAAdapterReqInput: lora_name
+        try:
+            await asyncio.to_thread(model.unload_lora_adapter, str(body["lora_name"]))
+        except KeyError as exc:
+            return lora_result(False, str(exc))
+        return lora_result(True)
+
+    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def get_weights_by_name(request: Request):
+        # SGLang's GetWeightsByNameReqInput: {"name", "truncate_size" (default 100)}; answers the list itself.
+        body = await _json_or_empty(request)
+        try:
+            values = await asyncio.to_thread(
+                model.get_weights_by_name, str(body["name"]), int(body.get("truncate_size", 100))
+            )
+        except KeyError as exc:
+            return error(f"Get parameter by name failed: {exc}")
+        return JSONResponse(values)
 
     @app.get("/get_weight_version")
     async def get_weight_version():

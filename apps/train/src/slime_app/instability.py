@@ -1,0 +1,248 @@
+"""Early warning of training instability: rules over the metric stream of a run.
+
+What tends to precede a collapse or reward hacking in RL post-training, each watched by one rule with a
+threshold flag (0 turns the rule off):
+
+| rule | metric(s) | fires when (x: the flag) | flag `--instability-...` |
+|---|---|---|---|
+| `entropy_collapse` | `train/entropy_loss` | below x × its warm-up median | `entropy-collapse` |
+| `entropy_blowup` | `train/entropy_loss` | above x × its warm-up median | `entropy-blowup` |
+| `kl_spike` | `train/{ppo_kl,kl_loss,train_rollout_logprob_abs_diff}` | above x × rolling median | `kl-spike` |
+| `grad_norm_spike` | `train/grad_norm` | above x × rolling median | `grad-norm-spike` |
+| `response_len_limit` | `rollout/response_len/mean` | at x × `--rollout-max-response-len` | `response-len-frac` |
+| `truncation` | `rollout/truncated_ratio` | above x | `truncated-ratio` |
+| `zero_advantage_groups` | `rollout/zero_std/count_*` | sum / `--rollout-batch-size` above x | `zero-adv-group-frac` |
+| `clip_fraction` | `train/pg_clipfrac` | above x | `clipfrac` |
+| `reward_up_eval_down` | `rollout/raw_reward`, `eval/<name>` | between evals reward +x, eval −x | `reward-eval-gap` |
+
+Relative rules wait for `--instability-warmup` observations (their baseline); spike rules compare with the median
+of the previous `--instability-window` values and ignore values under a small absolute floor (a KL of 1e-5
+jumping to 1e-4 is noise, not a jump). A rule warns when it starts firing and again only after it cleared, so
+a lasting condition is one warning, not one per rollout. `--stop-on-instability` turns the first warning into
+a stop (`slime_app.guards.RunStopped`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+
+from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Finding", "InstabilityMonitor"]
+
+# Absolute floors under which a spike rule does not fire (units of the metric).
+_SPIKE_FLOORS = {
+    "train/ppo_kl": 1e-3,
+    "train/kl_loss": 1e-3,
+    "train/train_rollout_logprob_abs_diff": 1e-2,
+    "train/grad_norm": 0.0,
+}
+# Rollouts of train reward averaged on each side of the reward-vs-eval comparison.
+_REWARD_SPAN = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Finding:
+    """One fired rule.
+
+    Attributes:
+        rule: the rule's name (see the module table).
+        metric: the metric that crossed its threshold.
+        rollout_id: where it happened.
+        value: the metric's value there.
+        threshold: the limit it crossed (in the metric's units, the flag's factor already applied).
+        message: one line naming all of the above and the flag.
+    """
+
+    rule: str
+    metric: str
+    rollout_id: int
+    value: float
+    threshold: float
+    message: str
+
+
+class InstabilityMonitor:
+    """Watches the metrics of a run and reports `Finding`s.
+
+    Args:
+        cfg: the run config: the `--instability-*` thresholds, `rollout_max_response_len`, `rollout_batch_size`.
+    """
+
+    def __init__(self, cfg: SlimeArgs):
+        self.cfg = cfg
+        self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.active: set[str] = set()  # rules firing at the last observation (warned once per episode)
+        self.findings: list[Finding] = []
+        self._last_eval: dict[str, tuple[int, float]] = {}
+        self._rules: list[Callable[[int, Mapping[str, float]], list[tuple[str, str, float, float, str]]]] = [
+            self._entropy,
+            self._spikes,
+            self._limits,
+            self._zero_advantage_groups,
+        ]
+
+    # ---- public ---------------------------------------------------------------------------------------------
+
+    def observe(self, rollout_id: int, metrics: Mapping[str, float]) -> list[Finding]:
+        """Checks one rollout's metrics, then adds them to the history; returns the rules that started firing.
+
+        Args:
+            rollout_id: the rollout the metrics belong to.
+            metrics: its `rollout/*`, `train/*` metrics.
+        """
+        hits = [hit for rule in self._rules for hit in rule(rollout_id, metrics)]
+        for key, value in metrics.items():
+            if value is not None:
+                self.history[key].append((rollout_id, float(value)))
+        return self._report(rollout_id, hits, scope="rollout")
+
+    def observe_eval(self, rollout_id: int, metrics: Mapping[str, float]) -> list[Finding]:
+        """Checks an evaluation against the previous one (reward hacking); returns the rules that started firing.
+
+        Args:
+            rollout_id: the rollout id the eval is logged at (after `rollout_id` rollouts of training).
+            metrics: `eval/<name>` scores (higher is better).
+        """
+        gap = self.cfg.instability_reward_eval_gap
+        hits = []
+        for key, score in metrics.items():
+            if not (key.startswith("eval/") and key.count("/") == 1) or key.endswith("-truncated_ratio"):
+                continue
+            previous = self._last_eval.get(key)
+            self._last_eval[key] = (rollout_id, float(score))
+            if not gap or previous is None:
+                continue
+            reward_then, reward_now = self._reward_before(previous[0]), self._reward_before(rollout_id)
+            if reward_then is None or reward_now is None:
+                continue
+            rise, drop = reward_now - reward_then, previous[1] - float(score)
+            if rise >= gap and drop >= gap:
+                hits.append((
+                    "reward_up_eval_down", key, float(score), previous[1] - gap,
+                    f"{key} fell {previous[1]:.4g} -> {float(score):.4g} while rollout/raw_reward rose "
+                    f"{reward_then:.4g} -> {reward_now:.4g} (both by >= {gap:g}: reward hacking?) "
+                    "[--instability-reward-eval-gap]",
+                ))  # fmt: skip
+        return self._report(rollout_id, hits, scope="eval")
+
+    # ---- reporting ------------------------------------------------------------------------------------------
+
+    def _report(self, rollout_id: int, hits: list, *, scope: str) -> list[Finding]:
+        firing = {f"{rule}:{metric}" for rule, metric, *_ in hits}
+        stale = {key for key in self.active if key.startswith(_SCOPES[scope])} - firing
+        self.active -= stale
+        new = []
+        for rule, metric, value, threshold, text in hits:
+            key = f"{rule}:{metric}"
+            if key in self.active:
+                continue
+            self.active.add(key)
+            message = f"INSTABILITY at rollout {rollout_id}: {rule}: {text}"
+            finding = Finding(
+                rule=rule, metric=metric, rollout_id=rollout_id, value=value, threshold=threshold, message=message
+            )
+            logger.warning(message)
+            new.append(finding)
+        self.findings.extend(new)
+        return new
+
+    @staticmethod
+    def metrics_of(findings: list[Finding]) -> dict[str, float]:
+        """`instability/<rule>` = 1.0 for every finding (what the tracker logs)."""
+        return {f"instability/{f.rule}": 1.0 for f in findings}
+
+    # ---- rules ----------------------------------------------------------------------------------------------
+
+    def _values(self, key: str) -> list[float]:
+        return [v for _, v in self.history.get(key, [])]
+
+    def _entropy(self, rollout_id: int, metrics: Mapping[str, float]) -> list:
+        key = "train/entropy_loss"
+        value, past = metrics.get(key), self._values(key)
+        warmup = self.cfg.instability_warmup
+        if value is None or len(past) < warmup:
+            return []
+        base = statistics.median(past[:warmup])
+        collapse, blowup = self.cfg.instability_entropy_collapse, self.cfg.instability_entropy_blowup
+        if collapse and value < collapse * base:
+            limit = collapse * base
+            text = f"{key} = {value:.4g} < {collapse:g} x warm-up median {base:.4g} [--instability-entropy-collapse]"
+            return [("entropy_collapse", key, value, limit, text)]
+        if blowup and value > blowup * base:
+            text = f"{key} = {value:.4g} > {blowup:g} x warm-up median {base:.4g} [--instability-entropy-blowup]"
+            return [("entropy_blowup", key, value, blowup * base, text)]
+        return []
+
+    def _spikes(self, rollout_id: int, metrics: Mapping[str, float]) -> list:
+        hits = []
+        window, warmup = self.cfg.instability_window, self.cfg.instability_warmup
+        for key, floor in _SPIKE_FLOORS.items():
+            rule, flag = (
+                ("grad_norm_spike", "grad-norm-spike") if key == "train/grad_norm" else ("kl_spike", "kl-spike")
+            )
+            factor = (
+                self.cfg.instability_grad_norm_spike if rule == "grad_norm_spike" else self.cfg.instability_kl_spike
+            )
+            value, past = metrics.get(key), self._values(key)[-window:]
+            if not factor or value is None or len(past) < warmup:
+                continue
+            median = statistics.median(past)
+            limit = factor * median
+            if median > 0 and value > limit and value > floor:
+                text = (
+                    f"{key} = {value:.4g} > {factor:g} x median of the previous {len(past)} rollouts "
+                    f"({median:.4g}) [--instability-{flag}]"
+                )
+                hits.append((rule, key, value, limit, text))
+        return hits
+
+    def _limits(self, rollout_id: int, metrics: Mapping[str, float]) -> list:
+        cfg = self.cfg
+        hits = []
+        length = metrics.get("rollout/response_len/mean")
+        frac = cfg.instability_response_len_frac
+        if frac and length is not None and length >= frac * cfg.rollout_max_response_len:
+            limit = frac * cfg.rollout_max_response_len
+            text = (
+                f"rollout/response_len/mean = {length:.4g} >= {frac:g} x --rollout-max-response-len "
+                f"{cfg.rollout_max_response_len} [--instability-response-len-frac]"
+            )
+            hits.append(("response_len_limit", "rollout/response_len/mean", length, limit, text))
+        for rule, key, limit, flag in (
+            ("truncation", "rollout/truncated_ratio", cfg.instability_truncated_ratio, "truncated-ratio"),
+            ("clip_fraction", "train/pg_clipfrac", cfg.instability_clipfrac, "clipfrac"),
+        ):
+            value = metrics.get(key)
+            if limit and value is not None and value > limit:
+                hits.append((rule, key, value, limit, f"{key} = {value:.4g} > {limit:g} [--instability-{flag}]"))
+        return hits
+
+    def _zero_advantage_groups(self, rollout_id: int, metrics: Mapping[str, float]) -> list:
+        limit = self.cfg.instability_zero_adv_group_frac
+        counts = [v for k, v in metrics.items() if k.startswith("rollout/zero_std/count_")]
+        if not limit or not counts:
+            return []
+        frac = sum(counts) / self.cfg.rollout_batch_size
+        if frac <= limit:
+            return []
+        text = (
+            f"rollout/zero_std/count_* = {sum(counts):g} of {self.cfg.rollout_batch_size} groups ({frac:.1%}) have "
+            f"equal rewards (zero advantage) > {limit:g} [--instability-zero-adv-group-frac]"
+        )
+        return [("zero_advantage_groups", "rollout/zero_std/count_*", frac, limit, text)]
+
+    def _reward_before(self, rollout_id: int) -> float | None:
+        """Mean `rollout/raw_reward` of the last few rollouts before `rollout_id` (None without any)."""
+        values = [v for r, v in self.history.get("rollout/raw_reward", []) if r < rollout_id][-_REWARD_SPAN:]
+        return statistics.fmean(values) if values else None
+
+
+# Which active keys an observation of each scope may clear (an eval does not clear a rollout rule).
+_SCOPES = {"rollout": ("entropy", "kl_", "grad_", "response_", "truncation", "clip_", "zero_"), "eval": ("reward_",)}

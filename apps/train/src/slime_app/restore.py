@@ -1,0 +1,107 @@
+"""Driver side of engine fault tolerance: restarted engines get the current weights, pushes skip dead engines.
+
+Only the driver calls the trainer ranks (every rank must run the same collectives in the same order), so the
+driver serves the rollout manager's restore requests (`slime_app.engine_faults`) while it waits on a manager
+call: `EngineRestorer.wait(ref)` polls the manager every `POLL_S` and, when restarted engines wait, has the
+trainer push the weights the engines serve to them. Without `--use-fault-tolerance` it is a plain `ray.wait`.
+
+Regular syncs (`EngineRestorer.push`) go to the engines that are up; engines a push could not complete are
+handed back to the manager for a restart (they get the weights once back) instead of failing the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+
+from slime_core.config import SlimeArgs
+from slime_rollout.weight_push import WeightPushError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EngineRestorer"]
+
+POLL_S = 1.0
+
+
+def _push_error(exc: BaseException) -> WeightPushError | None:
+    """The `WeightPushError` a trainer rank raised (Ray wraps it in a RayTaskError), else None."""
+    cause = getattr(exc, "cause", exc)
+    return cause if isinstance(cause, WeightPushError) else None
+
+
+class EngineRestorer:
+    """Weight pushes and restores of the run's engines, driven from the driver.
+
+    Args:
+        cfg: the run config; reads `use_fault_tolerance` and `colocate` (a sleeping trainer wakes up to push).
+        manager: the `RolloutManager` actor.
+        trainer: the `TrainGroup` (None: no trainer, nothing to push).
+    """
+
+    def __init__(self, cfg: SlimeArgs, manager: Any, trainer: Any | None):
+        self.cfg, self.manager, self.trainer = cfg, manager, trainer
+        self.enabled = cfg.use_fault_tolerance and trainer is not None
+        self.weight_version: int | None = None  # what the engines serve (the last version pushed)
+        self.trainer_awake = True
+        self.restore_seconds = 0.0
+
+    def wait(self, ref: ray.ObjectRef) -> None:
+        """Blocks until `ref` is ready, serving restores of restarted engines in the meantime."""
+        while not ray.wait([ref], timeout=POLL_S if self.enabled else None)[0]:
+            self.restore_waiting()
+
+    def restore_waiting(self) -> None:
+        """Pushes the served weights to restarted engines that wait for them, then lets them serve."""
+        if not self.enabled or self.weight_version is None:
+            return
+        urls = ray.get(self.manager.engines_awaiting_weights.remote())
+        if not urls:
+            return
+        t0 = time.perf_counter()
+        wake = self.cfg.colocate and not self.trainer_awake
+        if wake:
+            self.trainer.wake_up()  # named_hf_weights needs the trainer's weights on its device
+        try:
+            self._push(self.weight_version, urls)
+        finally:
+            if wake:
+                self.trainer.sleep()
+        self.restore_seconds += time.perf_counter() - t0
+        logger.info(
+            "restored weights v%s to %d restarted engine(s) in %.1fs: %s",
+            self.weight_version,
+            len(urls),
+            time.perf_counter() - t0,
+            ", ".join(urls),
+        )
+
+    def push(self, weight_version: int) -> dict[str, float]:
+        """A regular weight sync to every engine that is up; returns the trainer's `perf/*` metrics."""
+        if not self.enabled:
+            metrics = self.trainer.update_weights(weight_version)
+            self.weight_version = weight_version
+            return metrics
+        urls = ray.get(self.manager.live_engine_urls.remote())
+        metrics = self._push(weight_version, urls)
+        self.weight_version = weight_version
+        return metrics
+
+    def _push(self, weight_version: int, urls: list[str]) -> dict[str, float]:
+        try:
+            metrics = self.trainer.update_weights(weight_version, urls)
+            reached = urls
+        except Exception as exc:  # noqa: BLE001 - only a WeightPushError is handled; the rest propagates
+            error = _push_error(exc)
+            if error is None:
+                raise
+            # The others completed the push; the failed ones are restarted and restored like a dead engine.
+            logger.error("%s; restarting those engines", error)
+            ray.get(self.manager.engines_failed.remote(list(error.failed), f"weight push failed: {error}"))
+            reached = [u for u in urls if u not in error.failed]
+            metrics = {}
+        ray.get(self.manager.engines_restored.remote(reached))
+        return metrics

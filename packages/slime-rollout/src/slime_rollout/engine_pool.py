@@ -1,0 +1,272 @@
+"""Which engines serve generation requests, and the re-queue of requests whose engine failed.
+
+`EnginePool` holds one `EngineSlot` per engine. A slot is SERVING, or out of service while its engine is
+restarted (FAILED → RESTARTING → AWAITING_WEIGHTS → SERVING, driven by `slime_rollout.engines.health`).
+`EnginePool.generate` sends a request to the serving engine with the fewest requests in flight; with
+`failover` on (`--use-fault-tolerance`) a request whose engine dies or hangs is sent again to a healthy
+engine:
+
+* the engine stops answering (connection refused/reset, read timeout): the call raises an unreachable
+  `EngineError`; the pool reports the engine as suspect (the health monitor checks it at once) and the
+  request waits for a serving engine;
+* the health monitor declares the engine failed while requests are in flight on it (a hung engine never
+  answers): `mark_failed` cancels exactly those calls, and each goes again to a serving engine.
+
+A re-queued request is sent again from its original payload: the partial output of the failed engine is
+discarded (a `/generate` reply is all or nothing), so each sample is generated exactly once in the result.
+With per-sample sampling seeds (`slime_rollout.seeds`) the new engine draws the same tokens the failed one
+would have. When no engine serves, a request waits up to `recovery_timeout_s`, then fails with
+`NoHealthyEngineError`.
+
+Counters for the run's metrics: `stats` (restarts, re-queued requests, generation seconds lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from slime_rollout.transport import EngineError
+
+__all__ = ["EnginePool", "EngineSlot", "EngineState", "FaultStats", "NoHealthyEngineError"]
+
+logger = logging.getLogger(__name__)
+
+
+class NoHealthyEngineError(RuntimeError):
+    """No engine served within the recovery timeout (every engine failed and none came back)."""
+
+
+class EngineState(enum.Enum):
+    """Life cycle of one engine slot."""
+
+    SERVING = "serving"
+    FAILED = "failed"
+    RESTARTING = "restarting"
+    AWAITING_WEIGHTS = "awaiting_weights"
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class EngineSlot:
+    """One engine of the pool.
+
+    Attributes:
+        index: position of the engine in the run's engine list.
+        client: the engine's `slime_rollout.client.EngineClient` (replaced when a restart changes the URL).
+        state: where the engine is in its life cycle.
+        outstanding: generation requests in flight on it.
+        calls: the in-flight `/generate` calls (tasks), cancelled by `EnginePool.mark_failed`.
+        reason: why it last failed.
+    """
+
+    index: int
+    client: Any
+    state: EngineState = EngineState.SERVING
+    outstanding: int = 0
+    calls: dict[asyncio.Task, float] = dataclasses.field(default_factory=dict)  # call -> start (monotonic s)
+    reason: str = ""
+
+    @property
+    def url(self) -> str:
+        """The engine's base URL."""
+        return self.client.url
+
+
+@dataclasses.dataclass(kw_only=True)
+class FaultStats:
+    """Fault counters since the pool was made (monotonic; the rollout reports per-rollout differences).
+
+    Attributes:
+        engine_failures: engines declared failed (dead or hung).
+        engine_restarts: engines restarted and back in service.
+        requeued_requests: generation requests sent again to another engine after their engine failed.
+        time_lost_s: generation seconds spent on requests that were re-queued (work thrown away).
+    """
+
+    engine_failures: int = 0
+    engine_restarts: int = 0
+    requeued_requests: int = 0
+    time_lost_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """The counters as plain numbers."""
+        return dataclasses.asdict(self)
+
+
+class _Requeue(Exception):
+    """Internal: the call's engine failed; send the request again."""
+
+
+class EnginePool:
+    """Serving state of a set of engines and failover-aware dispatch.
+
+    Args:
+        clients: one `EngineClient` per engine.
+        failover: re-queue requests of failed engines (else an engine error propagates to the caller).
+        recovery_timeout_s: how long a request waits for a serving engine when none serves.
+        generate_timeout_s: read timeout of one `/generate` call in seconds.
+        on_suspect: called with a slot index when a call to it found the engine unreachable (the health
+            monitor checks it at once).
+    """
+
+    def __init__(
+        self,
+        clients: Sequence[Any],
+        *,
+        failover: bool = False,
+        recovery_timeout_s: float = 600.0,
+        generate_timeout_s: float | None = None,
+        on_suspect: Callable[[int], None] | None = None,
+    ):
+        self.slots = [EngineSlot(index=i, client=c) for i, c in enumerate(clients)]
+        self.failover = failover
+        self.recovery_timeout_s = recovery_timeout_s
+        self.generate_timeout_s = generate_timeout_s
+        self.on_suspect = on_suspect
+        self.stats = FaultStats()
+        self._rr = 0
+        self._serving_changed: asyncio.Condition | None = None  # made lazily on the running loop
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def serving(self) -> list[EngineSlot]:
+        """Slots that take generation requests now."""
+        return [s for s in self.slots if s.state is EngineState.SERVING]
+
+    def _condition(self) -> asyncio.Condition:
+        if self._serving_changed is None:
+            self._serving_changed = asyncio.Condition()
+        return self._serving_changed
+
+    async def _notify(self) -> None:
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
+
+    async def mark_failed(self, index: int, reason: str) -> int:
+        """Takes engine `index` out of service and cancels its in-flight calls (they are re-queued).
+
+        Returns:
+            How many in-flight calls were cancelled.
+        """
+        slot = self.slots[index]
+        if slot.state is not EngineState.SERVING:
+            return 0
+        slot.state, slot.reason = EngineState.FAILED, reason
+        self.stats.engine_failures += 1
+        calls = list(slot.calls)
+        for call in calls:
+            call.cancel()
+        logger.error(
+            "engine %d (%s) failed: %s; %d request(s) in flight re-queued", index, slot.url, reason, len(calls)
+        )
+        await self._notify()
+        return len(calls)
+
+    def set_state(self, index: int, state: EngineState) -> None:
+        """Moves a slot that is out of service along its recovery (RESTARTING, AWAITING_WEIGHTS, FAILED)."""
+        if state is EngineState.SERVING:
+            raise ValueError("use mark_serving to put an engine back in service")
+        self.slots[index].state = state
+
+    async def mark_serving(self, index: int, client: Any | None = None) -> None:
+        """Puts engine `index` (back) in service, with a new client when its URL changed."""
+        slot = self.slots[index]
+        if client is not None:
+            slot.client = client
+        if slot.state is not EngineState.SERVING:
+            slot.state, slot.reason = EngineState.SERVING, ""
+            logger.info("engine %d (%s) serving", index, slot.url)
+        await self._notify()
+
+    # ---- dispatch ------------------------------------------------------------------------------
+
+    async def _acquire(self) -> EngineSlot:
+        """The serving slot with the fewest requests in flight (ties round-robin); waits when none serves."""
+        serving = self.serving()
+        if not serving:
+            serving = await self._wait_serving()
+        self._rr += 1
+        n = len(serving)
+        return min((serving[(self._rr + k) % n] for k in range(n)), key=lambda s: s.outstanding)
+
+    async def _wait_serving(self) -> list[EngineSlot]:
+        if not self.failover:
+            states = ", ".join(f"{s.url} {s.state.value}" for s in self.slots)
+            raise NoHealthyEngineError(f"no engine is serving ({states})")
+        cond = self._condition()
+        deadline = time.monotonic() + self.recovery_timeout_s
+        async with cond:
+            while not self.serving():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    states = ", ".join(
+                        f"{s.url} {s.state.value}" + (f" ({s.reason})" if s.reason else "") for s in self.slots
+                    )
+                    raise NoHealthyEngineError(
+                        f"no healthy engine for {self.recovery_timeout_s:.0f}s (--rollout-engine-recovery-timeout): "
+                        f"{states}"
+                    )
+                try:
+                    await asyncio.wait_for(cond.wait(), timeout=left)
+                except TimeoutError:
+                    pass
+        return self.serving()
+
+    async def generate(self, payload: dict[str, Any]) -> Any:
+        """POST /generate on a serving engine; with `failover`, again on another one if that engine fails.
+
+        Raises:
+            EngineError: the engine answered with an error (always), or failed without `failover`.
+            NoHealthyEngineError: no engine served within `recovery_timeout_s`.
+        """
+        first_failure: float | None = None
+        while True:
+            slot = await self._acquire()
+            try:
+                return await self._call(slot, payload)
+            except _Requeue as requeue:
+                # A request that fails on every engine for the whole recovery window is not a fault of one engine.
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                if now - first_failure > self.recovery_timeout_s and isinstance(requeue.__cause__, EngineError):
+                    raise requeue.__cause__ from None
+
+    async def _call(self, slot: EngineSlot, payload: dict[str, Any]) -> Any:
+        # One connection retry when failing over: a dead engine's requests move on within seconds.
+        retries = 1 if self.failover else None
+        call = asyncio.ensure_future(
+            slot.client.generate(payload, timeout=self.generate_timeout_s, max_retries=retries)
+        )
+        start = time.monotonic()
+        slot.calls[call] = start
+        slot.outstanding += 1
+        try:
+            return await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller itself is being cancelled
+            self._count_requeue(start)  # mark_failed cancelled this call
+            raise _Requeue from None
+        except EngineError as exc:
+            if not (self.failover and exc.unreachable):
+                raise
+            self._count_requeue(start)
+            if slot.state is EngineState.SERVING and self.on_suspect is not None:
+                self.on_suspect(slot.index)
+            # Let the health monitor judge the engine before this request picks it again.
+            await asyncio.sleep(0.5)
+            raise _Requeue from exc
+        finally:
+            slot.calls.pop(call, None)
+            slot.outstanding -= 1
+
+    def _count_requeue(self, start: float) -> None:
+        self.stats.requeued_requests += 1
+        self.stats.time_lost_s += time.monotonic() - start

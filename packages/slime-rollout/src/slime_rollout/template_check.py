@@ -1,0 +1,289 @@
+"""Chat-template conformance of multi-turn samples, checked in the loop on the first samples of a run.
+
+A multi-turn sample is built token by token (token-in, token-out): prompt ids, the engine's ids of each model
+turn, the tokenized observation text. Anything that later re-renders the conversation with the chat template
+(an SFT or reward model, an agent framework, the next run's data pipeline) sees the template's tokens instead;
+when the two differ, the policy was trained on a stream nobody will ever feed it. The classic causes: the
+template rewrites earlier turns (drops `<think>` blocks, inserts an empty one), merges whitespace, or
+re-tokenizing the model's text gives other ids than it sampled.
+
+`slime_rollout.multi_turn.generate` records each sample's conversation under `metadata[CONVERSATION_KEY]`: the
+tools the prompt was rendered with and one segment per appended piece of text (`assistant`: the model turn
+decoded with special tokens kept; `observation`: the exact observation text, with the tool messages it
+renders when it came from the chat template). `check_sample` then compares `sample.tokens` with
+
+* the chat template's tokenization of prompt + assistant/tool messages (`check_chat_template_consistency`),
+  when the prompt is a message list and every observation came from tool messages; otherwise
+* the tokenization of the concatenated text (prompt text + segments): re-tokenization drift only.
+
+`check_samples` runs it on the first `--check-chat-template-samples` recorded samples and reports mismatches
+with the token position and decoded context around it. The chat-template helpers the multi-turn generate
+function renders observations with (`render_messages`, `end_of_turn`) live here too, so that this module
+depends on nothing of `slime_rollout.multi_turn`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slime_core.sample import Sample, Status
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CONVERSATION_KEY",
+    "TEMPLATE_SENTINEL",
+    "ConsistencyReport",
+    "check_chat_template_consistency",
+    "check_sample",
+    "check_samples",
+    "checkable",
+    "end_of_turn",
+    "record_segment",
+    "render_messages",
+]
+
+#: `Sample.metadata` key of the recorded conversation: `{"tools": ..., "segments": [{"role", "content", ...}]}`.
+CONVERSATION_KEY = "chat_conversation"
+
+
+#: Placeholder assistant content used to cut the template's wrapper text out of a rendering.
+TEMPLATE_SENTINEL = "<<slime-multi-turn-sentinel>>"
+
+
+def render_messages(
+    tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: Any = None
+) -> str:
+    """The chat template's text of `messages` (`tokenizer.apply_chat_template(..., tokenize=False)`)."""
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def end_of_turn(tokenizer: Any) -> str:
+    """The text the chat template puts right after an assistant message's content (e.g. `<|im_end|>`)."""
+    rendered = render_messages(
+        tokenizer,
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL}],
+        add_generation_prompt=False,
+    )
+    tail = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :]
+    return tail.rstrip("\n ")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ConsistencyReport:
+    """Result of `check_chat_template_consistency`.
+
+    Attributes:
+        consistent: the token streams agree (up to trailing whitespace the template adds after the
+            last end-of-turn marker).
+        first_mismatch: index into `sample.tokens` of the first differing token, or None.
+        num_stream_tokens: `len(sample.tokens)`.
+        num_template_tokens: length of the chat template's tokenization.
+        message: a human-readable description with decoded context around the mismatch.
+    """
+
+    consistent: bool
+    first_mismatch: int | None
+    num_stream_tokens: int
+    num_template_tokens: int
+    message: str
+
+
+def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=False)
+    if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def check_chat_template_consistency(
+    tokenizer: Any, sample: Sample, messages: list[dict[str, Any]], *, tools: Any = None
+) -> ConsistencyReport:
+    """Compares a sample's incremental token stream with the chat template's rendering of `messages`.
+
+    A trainer that later re-renders the conversation (SFT, a reward model, a re-tokenizing agent
+    framework) sees the template's tokens; the policy was sampled on the incremental stream. Any
+    difference (the template inserting an empty `<think></think>`, stripping reasoning of earlier turns,
+    merging whitespace, re-tokenizing model text into different ids) means those consumers train on
+    something the model never saw.
+
+    Args:
+        tokenizer: the run's tokenizer.
+        sample: a generated sample (`tokens` = prompt + response).
+        messages: the same conversation as chat messages (user, assistant turns with their raw text,
+            tool messages).
+        tools: tool specs passed to the template (as for the prompt).
+
+    Returns:
+        A report; never raises on a mismatch (the caller decides whether it is fatal).
+    """
+    stream = list(sample.tokens)
+    expected = _template_ids(tokenizer, messages, tools)
+    n = min(len(stream), len(expected))
+    first = next((i for i in range(n) if stream[i] != expected[i]), None)
+    if first is None:
+        extra = stream[n:] if len(stream) > n else expected[n:]
+        if not extra or not tokenizer.decode(extra).strip():
+            return ConsistencyReport(
+                consistent=True,
+                first_mismatch=None,
+                num_stream_tokens=len(stream),
+                num_template_tokens=len(expected),
+                message="token stream matches the chat template",
+            )
+        first = n
+
+    def context(ids: list[int]) -> str:
+        return repr(tokenizer.decode(ids[max(0, first - 8) : first + 8]))
+
+    message = (
+        f"sample {sample.index}: token stream and chat template differ at token {first} "
+        f"(stream {len(stream)} tokens, template {len(expected)}): "
+        f"stream ...{context(stream)}... vs template ...{context(expected)}..."
+    )
+    return ConsistencyReport(
+        consistent=False,
+        first_mismatch=first,
+        num_stream_tokens=len(stream),
+        num_template_tokens=len(expected),
+        message=message,
+    )
+
+
+def record_segment(sample: Sample, role: str, content: str, *, tool_responses: Sequence[str] | None = None) -> None:
+    """Appends one piece of the sample's conversation (called by the multi-turn generate function).
+
+    Args:
+        sample: the sample being generated.
+        role: `assistant` (a model turn, decoded with special tokens kept) or `observation` (the exact text
+            that was tokenized as observation).
+        content: the text.
+        tool_responses: for an observation rendered from tool messages, their contents.
+    """
+    record = sample.metadata.setdefault(CONVERSATION_KEY, {"tools": None, "segments": []})
+    segment: dict[str, Any] = {"role": role, "content": content}
+    if tool_responses is not None:
+        segment["tool_responses"] = list(tool_responses)
+    record["segments"].append(segment)
+
+
+def _chat_messages(tokenizer: Any, sample: Sample, segments: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The conversation as chat messages, or None when some observation was not rendered from tool messages."""
+    if isinstance(sample.prompt, str) or any(
+        s["role"] == "observation" and s.get("tool_responses") is None for s in segments
+    ):
+        return None
+    eot = end_of_turn(tokenizer)
+    messages = list(sample.prompt)
+    for segment in segments:
+        if segment["role"] == "assistant":
+            text = segment["content"].rstrip()
+            messages.append({"role": "assistant", "content": text.removesuffix(eot) if eot else text})
+        else:
+            messages += [{"role": "tool", "content": r} for r in segment["tool_responses"]]
+    return messages
+
+
+def checkable(sample: Sample) -> bool:
+    """Whether the sample's recorded conversation renders as recorded.
+
+    Not when the response budget cut an observation, nor for an aborted or failed episode (partial output).
+    """
+    record = sample.metadata.get(CONVERSATION_KEY)
+    return bool(record) and not record.get("cut") and sample.status not in (Status.ABORTED, Status.FAILED)
+
+
+def check_sample(tokenizer: Any, sample: Sample) -> ConsistencyReport | None:
+    """Checks one recorded sample; returns a `ConsistencyReport`, None if not `checkable`.
+
+    The report's `message` says which rendering was compared (chat template or concatenated text).
+    """
+    if not checkable(sample):
+        return None
+    record = sample.metadata[CONVERSATION_KEY]
+    tools = record.get("tools")
+    segments = record["segments"]
+    messages = _chat_messages(tokenizer, sample, segments)
+    if messages is not None:
+        report = check_chat_template_consistency(tokenizer, sample, messages, tools=tools)
+        if sample.status is Status.TRUNCATED and report.first_mismatch == len(sample.tokens):
+            # The length limit cut the last model turn: the template closes it, the stream stops. A prefix is fine.
+            report.consistent, report.first_mismatch = True, None
+            report.message = "token stream is a prefix of the chat template (last turn cut at the length limit)"
+        report.message = f"chat template: {report.message}"
+        return report
+    prompt = sample.prompt
+    if not isinstance(prompt, str):
+        prompt = tokenizer.apply_chat_template(list(prompt), tools=tools, tokenize=False, add_generation_prompt=True)
+    text = prompt + "".join(s["content"] for s in segments)
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    stream = list(sample.tokens)
+    first = next((i for i, (a, b) in enumerate(zip(stream, expected, strict=False)) if a != b), None)
+    if first is None and len(stream) != len(expected):
+        first = min(len(stream), len(expected))
+    if first is None:
+        message = "concatenated text: token stream matches re-tokenization"
+    else:
+        window = slice(max(0, first - 8), first + 8)
+        message = (
+            f"concatenated text: sample {sample.index}: token stream and re-tokenization differ at token {first} "
+            f"(stream {len(stream)} tokens, re-tokenized {len(expected)}): stream "
+            f"...{tokenizer.decode(stream[window])!r}... vs ...{tokenizer.decode(expected[window])!r}..."
+        )
+    return ConsistencyReport(
+        consistent=first is None,
+        first_mismatch=first,
+        num_stream_tokens=len(stream),
+        num_template_tokens=len(expected),
+        message=message,
+    )
+
+
+def check_samples(tokenizer: Any, samples: Sequence[Sample], limit: int) -> dict[str, float]:
+    """Checks the first `limit` samples that carry a recorded conversation; logs every mismatch.
+
+    Args:
+        tokenizer: the run's tokenizer (`--hf-checkpoint`).
+        samples: a rollout's samples, in order.
+        limit: how many recorded samples to check (`--check-chat-template-samples`).
+
+    Returns:
+        `rollout/chat_template/checked`, `rollout/chat_template/mismatched`, `rollout/chat_template/skipped`
+        (recorded samples passed over: cut by the budget, aborted, failed) and, with a mismatch,
+        `rollout/chat_template/first_mismatch_token` (position in `sample.tokens` of the first one); empty when no
+        sample has a record (single-turn runs).
+    """
+    checked = mismatched = skipped = 0
+    first_position: int | None = None
+    for sample in samples:
+        if checked >= limit:
+            break
+        if CONVERSATION_KEY not in sample.metadata:
+            continue
+        report = check_sample(tokenizer, sample)
+        if report is None:
+            skipped += 1
+            continue
+        checked += 1
+        if not report.consistent:
+            mismatched += 1
+            first_position = report.first_mismatch if first_position is None else first_position
+            logger.warning("chat-template check: %s", report.message)
+    if not checked and not skipped:
+        return {}
+    logger.info(
+        "chat-template check: %d of %d multi-turn samples differ (%d not checkable)", mismatched, checked, skipped
+    )
+    out = {
+        "rollout/chat_template/checked": float(checked),
+        "rollout/chat_template/mismatched": float(mismatched),
+        "rollout/chat_template/skipped": float(skipped),
+    }
+    if first_position is not None:
+        out["rollout/chat_template/first_mismatch_token"] = float(first_position)
+    return out

@@ -1,0 +1,145 @@
+"""Engine faults in end-to-end runs of `apps/train` on CPU (Ray, reference engines, FSDP on gloo, --colocate).
+
+A test watches the run's output; once rollout 0 is done it waits until an engine has requests running, then
+kills it (`kill -9`) or freezes it (`SIGSTOP`). With `--use-fault-tolerance` the run must finish every rollout
+with exactly rollout_batch_size × n_samples_per_prompt samples, report the restart and the re-queued requests,
+and the restarted engine must serve the weights of the current version.
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
+ENGINE_LINE = re.compile(r"started engine pid (\d+) at (http://[\d.]+:\d+)")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory, make_tiny_qwen3) -> pathlib.Path:
+    return make_tiny_qwen3(
+        tmp_path_factory.mktemp("tiny-qwen3"), hidden_size=32, intermediate_size=64, head_dim=8,
+        max_position_embeddings=1024,
+    )  # fmt: skip
+
+
+def _argv(model: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, str(REPO / "apps" / "train"),
+        "--train-backend", "fsdp", "--hf-checkpoint", str(model),
+        "--prompt-data", str(GSM8K), "--input-key", "question", "--label-key", "answer", "--apply-chat-template",
+        "--rm-type", "math", "--advantage-estimator", "grpo",
+        "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "8",
+        "--rollout-max-response-len", "800", "--rollout-temperature", "1.0",
+        "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--colocate", "--lr", "1e-4",
+        "--num-rollout", "3", "--output-dir", str(out),
+        "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt"),
+        "--use-fault-tolerance", "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "3",
+        "--rollout-engine-recovery-timeout", "300",
+        *extra,
+    ]  # fmt: skip
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # engines are local: never via a proxy
+
+
+def _running(url: str) -> int:
+    with _DIRECT.open(url + "/v1/loads", timeout=2) as r:
+        return sum(x["num_running_reqs"] for x in json.loads(r.read())["loads"])
+
+
+def _run_with_fault(argv: list[str], sig: signal.Signals) -> tuple[subprocess.CompletedProcess, dict]:
+    """Runs the trainer; after rollout 0, sends `sig` to engine 0 while it has requests running."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    lines: list[str] = []
+    engines: dict[str, int] = {}
+    fault: dict = {}
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            if m := ENGINE_LINE.search(line):
+                engines[m.group(2)] = int(m.group(1))
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        while not any("rollout 0:" in line for line in lines):
+            assert proc.poll() is None, "".join(lines[-80:])
+            time.sleep(0.2)
+        url = sorted(engines)[0]
+        deadline = time.monotonic() + 600  # training and the weight push of rollout 0 come first
+        while time.monotonic() < deadline and not fault:
+            try:
+                if _running(url) > 0:
+                    os.kill(engines[url], sig)
+                    fault = {"url": url, "pid": engines[url], "at": time.monotonic()}
+            except OSError:
+                pass
+            time.sleep(0.02)
+        assert fault, f"engine {url} never had requests running after rollout 0:\n" + "".join(lines[-40:])
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if sig is signal.SIGSTOP and fault:
+            try:  # never leave a stopped process behind
+                os.kill(fault["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        thread.join(timeout=10)
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(lines), ""), fault
+
+
+def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(key)}
+
+
+def _check(out: pathlib.Path, result: subprocess.CompletedProcess, fault: dict) -> None:
+    assert result.returncode == 0, result.stdout[-6000:]
+    for rollout_id in range(3):
+        samples = torch.load(out / "dumps" / f"rollout_{rollout_id}.pt", weights_only=False)["samples"]
+        assert len(samples) == 8, (rollout_id, len(samples))  # 4 prompts × 2, none lost, none twice
+        assert len({s["index"] for s in samples}) == 8
+        # Every sample was generated by an engine holding the weights pushed before this rollout.
+        assert {tuple(s["weight_versions"]) for s in samples} == {(str(rollout_id),)}, rollout_id
+    tb = out / "tensorboard"
+    restarts = _scalars(tb, "rollout/fault/engine_restarts")
+    requeued = _scalars(tb, "rollout/fault/requeued_requests")
+    assert sum(restarts.values()) == 1 and sum(requeued.values()) >= 1, (restarts, requeued)
+    assert "restored weights v" in result.stdout
+    assert re.search(rf"engine \d+ restarted at {re.escape(fault['url'])}", result.stdout), "not on the same port"
+
+
+def test_kill_9_of_an_engine_mid_rollout_loses_no_sample(tiny_qwen3, tmp_path):
+    out = tmp_path / "run"
+    result, fault = _run_with_fault(_argv(tiny_qwen3, out, "--rollout-num-gpus", "2"), signal.SIGKILL)
+    _check(out, result, fault)
+    # Found dead, by the health check ("process exited") or by its requests' refused connections, and
+    # never mistaken for a hung engine (which would wait out the health-check timeout first).
+    reasons = re.findall(r"engine \d+ recovered in [\d.]+s \((.*)\)", result.stdout)
+    assert reasons and not any("hung" in r for r in reasons), reasons
+
+
+def test_sigstop_of_the_only_engine_mid_rollout_is_found_hung_and_restarted(tiny_qwen3, tmp_path):
+    out = tmp_path / "run"
+    result, fault = _run_with_fault(_argv(tiny_qwen3, out), signal.SIGSTOP)
+    _check(out, result, fault)
+    assert "(hung)" in result.stdout

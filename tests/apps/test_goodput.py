@@ -1,0 +1,74 @@
+"""`GoodputMeter`: token and time accounting over synthetic rollouts, values computed by hand."""
+
+import json
+
+import pytest
+
+from slime_app.goodput import GoodputMeter
+from slime_core.config import SlimeArgs
+
+
+def _meter(**fields):
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 2, **fields})
+    return GoodputMeter(cfg)
+
+
+def _rollout(**overrides):
+    """One rollout: 100 tokens generated, 30 trained, 50 zero-advantage, 20 filtered; a 10 s step."""
+    metrics = {
+        "goodput/tokens_generated": 100.0,
+        "goodput/tokens_trained": 30.0,
+        "goodput/tokens_zero_advantage": 50.0,
+        "goodput/tokens_filtered": 20.0,
+        "goodput/tokens_truncated": 5.0,
+        "perf/rollout_wait_time": 4.0,
+        "perf/rollout_time": 3.5,
+        "perf/log_probs_time": 1.0,
+        "perf/ref_log_probs_time": 0.5,
+        "perf/actor_train_time": 2.5,
+        "perf/update_weights_time": 0.5,
+        "perf/engine_release_time": 0.25,
+        "perf/trainer_sleep_time": 0.25,
+        "perf/step_time": 10.0,
+    }
+    metrics.update(overrides)
+    return metrics
+
+
+def test_colocated_shares_and_cumulative_counts():
+    meter = _meter(colocate=True, actor_num_gpus_per_node=2)  # 2 devices shared by trainer and engines
+    out = meter.update(_rollout())
+    assert out["goodput/trained_fraction"] == pytest.approx(0.3)
+    assert out["goodput/time/log_probs"] == pytest.approx(1.5)
+    assert out["goodput/time/swap"] == pytest.approx(0.5)
+    # other = 10 - (4 + 1.5 + 2.5 + 0.5 + 0.5) = 1.0
+    assert out["goodput/time/other"] == pytest.approx(1.0)
+    # Colocated: training (log-probs + train = 4 s) over the 10 s step, on every device.
+    assert out["goodput/train_device_share"] == pytest.approx(0.4)
+    meter.add_eval(5.0)
+    out = meter.update(_rollout(**{"goodput/tokens_trained": 70.0, "goodput/tokens_zero_advantage": 10.0}))
+    assert out["goodput/cum/tokens_generated"] == 200.0
+    assert out["goodput/cum/tokens_trained"] == 100.0
+    assert out["goodput/cum/trained_fraction"] == pytest.approx(0.5)
+    assert out["goodput/cum/wall_time"] == pytest.approx(25.0)  # two 10 s steps + the 5 s eval
+    assert out["goodput/cum/train_device_share"] == pytest.approx(8.0 / 25.0)
+    # 100 trained tokens over 25 s × 2 devices = 50/3600 device-hours.
+    assert out["goodput/cum/trained_tokens_per_device_hour"] == pytest.approx(100 / (50 / 3600))
+
+
+def test_disaggregated_device_share_weights_trainer_devices():
+    meter = _meter(actor_num_gpus_per_node=1, rollout_num_gpus=3)  # 1 trainer + 3 engine devices
+    out = meter.update(_rollout())
+    # 4 s of training on 1 of 4 devices during a 10 s step.
+    assert out["goodput/train_device_share"] == pytest.approx(4.0 / 40.0)
+
+
+def test_summary_and_json(tmp_path):
+    meter = _meter(colocate=True)
+    meter.update(_rollout())
+    text = meter.summary()
+    assert "30.0% of generated tokens trained on, 40.0% of device time in training" in text
+    assert "dropped by the dynamic filter" in text and "20.0%" in text
+    assert len(text.splitlines()) <= 24  # one screen
+    data = json.loads(open(meter.save(str(tmp_path / "goodput.json"))).read())
+    assert data["goodput/cum/tokens_generated"] == 100.0 and data["time"]["train"] == 2.5

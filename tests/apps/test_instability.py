@@ -1,0 +1,170 @@
+"""Instability rules on synthetic metric streams: each rule fires where it should, names metric/rollout/threshold,
+warns once per episode, and stays quiet on a healthy stream; the loop stops with `--stop-on-instability`."""
+
+import pytest
+
+from slime_app import loop
+from slime_app.guards import RunStopped, first_step_logprob_gate
+from slime_app.instability import InstabilityMonitor
+from slime_core.config import SlimeArgs
+
+
+def _cfg(**fields):
+    return SlimeArgs.from_dict({"rollout_batch_size": 8, "num_rollout": 100, "rollout_max_response_len": 100, **fields})
+
+
+def _healthy(r):
+    """A calm rollout: values wobble a little around typical levels."""
+    wobble = 1.0 + 0.05 * ((r % 3) - 1)
+    return {
+        "train/entropy_loss": 1.2 * wobble,
+        "train/ppo_kl": 2e-3 * wobble,
+        "train/train_rollout_logprob_abs_diff": 5e-3 * wobble,
+        "train/grad_norm": 0.8 * wobble,
+        "train/pg_clipfrac": 0.02,
+        "rollout/response_len/mean": 40.0 * wobble,
+        "rollout/truncated_ratio": 0.05,
+        "rollout/raw_reward": 0.3 + 0.01 * r,
+        "rollout/zero_std/count_0.0": 2.0,
+    }
+
+
+def _stream(monitor, n, **overrides_at):
+    """Feeds rollouts 0..n-1; `overrides_at={"r7": {...}}` replaces metrics at rollout 7. Returns all findings."""
+    found = []
+    for r in range(n):
+        metrics = _healthy(r)
+        metrics.update(overrides_at.get(f"r{r}", {}))
+        found += monitor.observe(r, metrics)
+    return found
+
+
+def test_healthy_stream_is_quiet():
+    assert _stream(InstabilityMonitor(_cfg()), 30) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "rule", "metric", "threshold", "flag"),
+    [
+        ({"train/entropy_loss": 0.1}, "entropy_collapse", "train/entropy_loss", 0.12, "--instability-entropy-collapse"),
+        ({"train/entropy_loss": 4.0}, "entropy_blowup", "train/entropy_loss", 3.6, "--instability-entropy-blowup"),
+        ({"train/ppo_kl": 0.05}, "kl_spike", "train/ppo_kl", 0.02, "--instability-kl-spike"),
+        ({"train/train_rollout_logprob_abs_diff": 0.2}, "kl_spike", "train/train_rollout_logprob_abs_diff", 0.05,
+         "--instability-kl-spike"),
+        ({"train/grad_norm": 20.0}, "grad_norm_spike", "train/grad_norm", 8.0, "--instability-grad-norm-spike"),
+        ({"rollout/response_len/mean": 95.0}, "response_len_limit", "rollout/response_len/mean", 90.0,
+         "--instability-response-len-frac"),
+        ({"rollout/truncated_ratio": 0.6}, "truncation", "rollout/truncated_ratio", 0.5,
+         "--instability-truncated-ratio"),
+        ({"rollout/zero_std/count_0.0": 5.0, "rollout/zero_std/count_1.0": 3.0}, "zero_advantage_groups",
+         "rollout/zero_std/count_*", 0.9, "--instability-zero-adv-group-frac"),
+        ({"train/pg_clipfrac": 0.35}, "clip_fraction", "train/pg_clipfrac", 0.2, "--instability-clipfrac"),
+    ],
+)  # fmt: skip
+def test_each_rule_fires_once_with_metric_rollout_and_threshold(override, rule, metric, threshold, flag):
+    # Rollouts 0..11 are healthy (medians: entropy 1.2, ppo_kl 2e-3, logprob diff 5e-3, grad norm 0.8); the
+    # condition holds at 12 and 13 (one episode: one warning), clears, and comes back at 20 (a second warning).
+    monitor = InstabilityMonitor(_cfg())
+    found = _stream(monitor, 22, r12=override, r13=override, r20=override)
+    assert [(f.rule, f.metric, f.rollout_id) for f in found] == [(rule, metric, 12), (rule, metric, 20)]
+    assert found[0].threshold == pytest.approx(threshold, rel=0.06)  # spike limits use the wobbling medians
+    assert "rollout 12" in found[0].message and metric.split("*")[0] in found[0].message and flag in found[0].message
+    assert InstabilityMonitor.metrics_of(found[:1]) == {f"instability/{rule}": 1.0}
+
+
+def test_zero_threshold_turns_a_rule_off():
+    monitor = InstabilityMonitor(_cfg(instability_clipfrac=0.0, instability_grad_norm_spike=0.0))
+    assert _stream(monitor, 15, r12={"train/pg_clipfrac": 0.9, "train/grad_norm": 100.0}) == []
+
+
+def test_spike_rules_wait_for_warmup_and_respect_floors():
+    # A huge grad norm at rollout 1 has no baseline yet (warm-up 3): no warning.
+    assert _stream(InstabilityMonitor(_cfg()), 3, r1={"train/grad_norm": 50.0}) == []
+    # A KL going 1e-6 -> 1e-4 is 100x but under the 1e-3 floor: noise, not a jump.
+    tiny = {f"r{r}": {"train/ppo_kl": 1e-6} for r in range(12)}
+    tiny["r12"] = {"train/ppo_kl": 1e-4}
+    assert _stream(InstabilityMonitor(_cfg()), 13, **tiny) == []
+
+
+def test_reward_up_eval_down_is_reward_hacking():
+    monitor = InstabilityMonitor(_cfg())
+    for r in range(10):
+        monitor.observe(r, {"rollout/raw_reward": 0.2})
+    assert monitor.observe_eval(10, {"eval/gsm8k": 0.50, "eval/gsm8k-truncated_ratio": 0.0}) == []
+    for r in range(10, 20):
+        monitor.observe(r, {"rollout/raw_reward": 0.2 + 0.05 * (r - 9)})  # reward climbs to 0.7
+    found = monitor.observe_eval(20, {"eval/gsm8k": 0.40})
+    assert [(f.rule, f.metric, f.rollout_id) for f in found] == [("reward_up_eval_down", "eval/gsm8k", 20)]
+    assert "0.5 -> 0.4" in found[0].message and "--instability-reward-eval-gap" in found[0].message
+    # Eval falls but the reward did not rise: no warning.
+    quiet = InstabilityMonitor(_cfg())
+    for r in range(20):
+        quiet.observe(r, {"rollout/raw_reward": 0.2})
+        if r in (9, 19):
+            assert quiet.observe_eval(r + 1, {"eval/gsm8k": 0.5 if r == 9 else 0.3}) == []
+
+
+def test_first_step_gate_stops_above_threshold_and_warns_below(caplog):
+    cfg = _cfg()
+    with pytest.raises(RunStopped, match=r"0.3 > 0.1 \(--first-step-logprob-diff-threshold\)"):
+        first_step_logprob_gate(cfg, {"train/train_rollout_logprob_abs_diff": 0.3})
+    first_step_logprob_gate(cfg, {"train/train_rollout_logprob_abs_diff": 0.07})  # warning only
+    assert "FIRST-STEP CHECK" in caplog.text
+    first_step_logprob_gate(cfg.model_copy(update={"first_step_logprob_diff_threshold": 0.0}),
+                            {"train/train_rollout_logprob_abs_diff": 5.0})  # fmt: skip
+    first_step_logprob_gate(cfg, {})  # no rollout log-probs: nothing to check
+
+
+class _Manager:
+    def __getattr__(self, name):
+        return type("M", (), {"remote": staticmethod(lambda *a: (name, a))})()
+
+
+def _loop_run(monkeypatch, per_rollout_metrics, **fields):
+    """A `Run` with fake Ray whose trainer returns `per_rollout_metrics[rollout_id]`; returns (run, logged)."""
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 8, "num_rollout": len(per_rollout_metrics), **fields})
+    logged = {}
+
+    class Trainer:
+        def train(self, rollout_id, refs):
+            return per_rollout_metrics[rollout_id]
+
+        def update_weights(self, version):
+            return {}
+
+    class Tracker:
+        def log(self, step, metrics):
+            logged.setdefault(step, {}).update(metrics)
+
+        def rollout_done(self, step, metrics):
+            pass
+
+    monkeypatch.setattr(loop, "ray", type("R", (), {"get": staticmethod(lambda ref: ([], {}))})())
+    run = loop.Run.__new__(loop.Run)
+    run.cfg, run.manager, run.trainer, run.tracker = cfg, _Manager(), Trainer(), Tracker()
+    run.start_rollout_id = 0
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    run.rollouts = loop.Rollouts(run.manager, cfg.num_rollout, ahead=False, update_weights_interval=1)
+    return run, logged
+
+
+def test_loop_stops_on_instability_after_logging_the_rollout(monkeypatch):
+    metrics = [{"train/pg_clipfrac": 0.01}, {"train/pg_clipfrac": 0.5}, {"train/pg_clipfrac": 0.01}]
+    run, logged = _loop_run(monkeypatch, metrics, stop_on_instability=True)
+    run.step(0)
+    with pytest.raises(RunStopped, match=r"rollout 1: clip_fraction: train/pg_clipfrac = 0.5 > 0.2"):
+        run.step(1)
+    assert logged[1]["instability/clip_fraction"] == 1.0
+    # Without the flag the same stream only warns and the run goes on.
+    run, logged = _loop_run(monkeypatch, metrics)
+    for r in range(3):
+        run.step(r)
+    assert "instability/clip_fraction" in logged[1] and "instability/clip_fraction" not in logged[2]
+
+
+def test_loop_first_step_gate(monkeypatch):
+    run, logged = _loop_run(monkeypatch, [{"train/train_rollout_logprob_abs_diff": 0.9}])
+    with pytest.raises(RunStopped, match="first-step check failed"):
+        run.step(0)
+    assert logged[0]["train/train_rollout_logprob_abs_diff"] == 0.9  # logged before the stop

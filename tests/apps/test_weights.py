@@ -1,0 +1,64 @@
+"""The weight-content check around a push: its schedule (first sync, then every N) and the stop on a mismatch."""
+
+import pytest
+import torch
+
+from slime_app import weights
+from slime_core.config import SlimeArgs
+from slime_rollout import weight_check
+from slime_rollout.weight_check import WeightCheckReport, WeightSyncMismatch
+
+
+def _cfg(**fields):
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
+
+
+def test_schedule_first_sync_then_every_n():
+    checker = weights.SyncChecker(_cfg(check_weight_sync_interval=3), ["http://e:1"])
+    assert [checker.start() is not None for _ in range(8)] == [True, False, False, True, False, False, True, False]
+    first_only = weights.SyncChecker(_cfg(), ["http://e:1"])
+    assert [first_only.start() is not None for _ in range(4)] == [True, False, False, False]
+    assert weights.make_sync_checker(_cfg(check_weight_sync=False), ["http://e:1"], rank=0) is None
+    assert weights.make_sync_checker(_cfg(), ["http://e:1"], rank=1) is None  # only rank 0 talks to engines
+
+
+class _Backend:
+    def named_hf_weights(self, bucket_bytes):
+        yield [("a", torch.ones(3, 2)), ("b", torch.zeros(4))]
+
+
+class _Updater:
+    def __init__(self):
+        self.pushed = []
+
+    def update(self, buckets, version):
+        self.pushed += [name for bucket in buckets for name, _ in bucket]
+
+
+def test_push_reads_back_the_sample_and_stops_on_a_mismatch(monkeypatch):
+    seen = {}
+
+    async def fake_check(engines, tensors):
+        seen["urls"] = [e.url for e in engines]
+        seen["tensors"] = dict(tensors)
+        return WeightCheckReport(checked=2, max_abs_diff=0.0)
+
+    monkeypatch.setattr(weight_check, "check_engines", fake_check)
+    cfg = _cfg(check_weight_sync_tensors=2)
+    checker = weights.SyncChecker(cfg, ["http://e:1"])
+    updater = _Updater()
+    metrics = weights.push_weights(_Backend(), updater, cfg, 1, rank=0, checker=checker)
+    assert updater.pushed == ["a", "b"] and seen["urls"] == ["http://e:1"] and sorted(seen["tensors"]) == ["a", "b"]
+    assert metrics["weight_check/tensors_checked"] == 2.0 and metrics["perf/weight_check_time"] >= 0.0
+    # Not due on the second sync: no read-back, no weight_check metrics.
+    seen.clear()
+    assert "weight_check/tensors_checked" not in weights.push_weights(_Backend(), _Updater(), cfg, 2, rank=0,
+                                                                      checker=checker)  # fmt: skip
+    assert seen == {}
+
+    async def mismatch(engines, tensors):
+        return WeightCheckReport(checked=2, mismatches=["http://e:1 a: 6 of 6 values differ", "http://e:1 b: ..."])
+
+    monkeypatch.setattr(weight_check, "check_engines", mismatch)
+    with pytest.raises(WeightSyncMismatch, match=r"weight sync v3: .*http://e:1 a: 6 of 6 values differ \(\+1 more\)"):
+        weights.push_weights(_Backend(), _Updater(), cfg, 3, rank=0, checker=weights.SyncChecker(cfg, ["http://e:1"]))

@@ -1,0 +1,137 @@
+"""Health monitor + engine pool against real local HTTP servers standing in for engines.
+
+A "hung" engine accepts requests and never answers (what SIGSTOP does to a real engine); a "dead" one's process
+is gone. The restart callback brings the engine back on the same URL, as `EngineGroup.restart` does.
+"""
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from slime_rollout.client import EngineClient, RolloutClient
+from slime_rollout.engine_pool import EngineState, NoHealthyEngineError
+from slime_rollout.engines.health import HealthMonitor
+
+
+def _engine(name, state, log):
+    """Answers /generate with its name after 50 ms; while `state["hung"]`, never answers anything."""
+
+    async def handler(request):
+        if state["hung"]:
+            while not state.get("closing"):  # "forever": until the test ends (a stopped process never answers)
+                await asyncio.sleep(0.05)
+            return web.Response(status=503)
+        if request.path == "/generate":
+            body = await request.json()
+            await asyncio.sleep(0.05)
+            log.append((name, body["id"]))
+            return web.json_response({"engine": name, "id": body["id"]})
+        return web.Response()  # /health_generate
+
+    return handler
+
+
+def _monitor(client, restarts, restored, *, alive=None, restart=None):
+    def default_restart(index):
+        restarts.append(index)
+        return client.engines[index].url
+
+    async def restore(index, url):
+        restored.append((index, url))
+
+    monitor = HealthMonitor(
+        client.pool,
+        interval_s=0.2,
+        timeout_s=0.3,
+        is_alive=alive,
+        restart=restart or default_restart,
+        make_client=EngineClient,
+        restore=restore,
+    )
+    monitor.start()
+    monitor.resume()
+    return monitor
+
+
+async def test_a_hung_engine_is_restarted_and_its_in_flight_requests_are_generated_once_elsewhere(http_server):
+    log, states = [], [{"hung": False}, {"hung": False}]
+    urls = [await http_server(_engine(f"e{i}", states[i], log)) for i in range(2)]
+    client = RolloutClient(urls, failover=True, recovery_timeout=30)
+    restarts, restored = [], []
+
+    def restart(index):  # the new process answers again
+        restarts.append(index)
+        states[index]["hung"] = False
+        return urls[index]
+
+    monitor = _monitor(client, restarts, restored, restart=restart)
+    states[1]["hung"] = True  # e1 freezes; about half the requests are already on it
+    replies = await asyncio.wait_for(asyncio.gather(*(client.generate({"id": i}) for i in range(40))), 30)
+    await monitor.stop()
+    states[1]["closing"] = True
+
+    assert sorted(r["id"] for r in replies) == list(range(40))  # every request answered exactly once
+    assert sorted(i for _, i in log) == list(range(40))  # and generated exactly once (nothing on the hung engine)
+    stats = client.pool.stats
+    assert restarts == [1] and restored == [(1, urls[1])]
+    assert (stats.engine_failures, stats.engine_restarts) == (1, 1)
+    assert 1 <= stats.requeued_requests <= 40 and stats.time_lost_s > 0
+    assert client.pool.slots[1].state is EngineState.SERVING
+
+
+async def test_a_dead_engine_is_found_by_the_failed_request_without_waiting_for_the_interval(http_server):
+    log, states = [], [{"hung": False}]
+    live = await http_server(_engine("e0", states[0], log))
+    from slime_rollout.engines.process import find_free_port
+
+    dead = f"http://127.0.0.1:{find_free_port(start=42000)}"  # nothing listens: connection refused
+    client = RolloutClient([live, dead], failover=True, recovery_timeout=30)
+    restarts = []
+    alive = {0: True, 1: False}
+    monitor = HealthMonitor(
+        client.pool, interval_s=3600, timeout_s=1, is_alive=lambda i: alive[i],
+        restart=lambda i: (restarts.append(i), alive.__setitem__(i, True), live)[-1],  # comes back elsewhere
+        make_client=EngineClient, restore=None,
+    )  # fmt: skip
+    monitor.start()
+    monitor.resume()
+    await asyncio.sleep(0.1)  # the first check ran; the next is an hour away
+    alive[1] = False
+    client.pool.slots[1].state = EngineState.SERVING
+    replies = await asyncio.wait_for(asyncio.gather(*(client.generate({"id": i}) for i in range(10))), 20)
+    await monitor.stop()
+    assert sorted(r["id"] for r in replies) == list(range(10))
+    assert client.pool.slots[1].url == live  # its restart moved it: the pool uses the new URL
+    assert restarts == [1]
+
+
+async def test_with_no_healthy_engine_a_request_fails_after_the_recovery_timeout_with_one_line(http_server):
+    log, states = [], [{"hung": True}]
+    url = await http_server(_engine("e0", states[0], log))
+    client = RolloutClient([url], failover=True, recovery_timeout=1.0)
+
+    def restart(index):
+        raise RuntimeError("engine exited with code 1 before becoming healthy")
+
+    monitor = _monitor(client, [], [], restart=restart)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(NoHealthyEngineError) as e:
+        await asyncio.wait_for(client.generate({"id": 0}), 30)
+    await monitor.stop()
+    states[0]["closing"] = True
+    assert 1.0 <= loop.time() - t0 < 10
+    message = str(e.value)
+    assert "\n" not in message and "--rollout-engine-recovery-timeout" in message
+    assert "restart failed: engine exited with code 1" in message
+
+
+async def test_without_fault_tolerance_an_unreachable_engine_fails_the_request():
+    from slime_rollout.engines.process import find_free_port
+    from slime_rollout.transport import EngineError
+
+    client = RolloutClient([f"http://127.0.0.1:{find_free_port(start=42000)}"], max_retries=1, backoff_s=0.01)
+    with pytest.raises(EngineError) as e:
+        await client.generate({"id": 0})
+    assert e.value.unreachable
