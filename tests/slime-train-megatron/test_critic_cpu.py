@@ -1,7 +1,7 @@
 """`MegatronCriticBackend` (the PPO value model) and the Megatron actor's OPD teacher on CPU (world of 1, fp32).
 
-The CUDA-only pieces of megatron-core (optimizer, pipeline schedule) are the CPU stand-ins of
-`test_backend_cpu.py`; everything else is the backend's own code. Values and log-probs are checked against a
+The CUDA-only pieces of megatron-core (optimizer, pipeline schedule) are the CPU stand-ins of `conftest.py`'s
+`cpu_backend_env` fixture; everything else is the backend's own code. Values and log-probs are checked against a
 plain transformers forward (1e-5, fp32 against fp32; fp64 softmax for log-probs).
 """
 
@@ -21,7 +21,6 @@ _spec = importlib.util.spec_from_file_location(
 )
 _harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_harness)
-cpu_backend_env = _harness.cpu_backend_env  # the fixture: CPU Adam and schedule in place of megatron-core's
 _batch = _harness._batch
 
 
