@@ -61,9 +61,10 @@ def summarize(scalars: dict[str, dict[int, float]], *, rollout_batch_size: int, 
                     "median": _common.median([values[s] for s in kept if s in values]) if values else None}  # fmt: skip
     for tag in EXTRA:
         values = scalars.get(tag, {})
+        measured = [values[s] for s in kept if s in values]  # e.g. the weight check: logged at the first sync only
         if values:
             out[tag] = {"all": [values.get(s) for s in steps],
-                        "median": _common.median([values[s] for s in kept if s in values])}  # fmt: skip
+                        "median": _common.median(measured) if measured else None}  # fmt: skip
     # The first-step trainer-vs-rollout log-prob gap (issue 22's accuracy gate): the first logged train step.
     gap = scalars.get("train/train_rollout_logprob_abs_diff", {})
     if gap:
