@@ -6,6 +6,7 @@
 #   bash benchmarks/bench_e2e.sh                      # qwen3-0.6b, 4 rollouts of 32 prompts x 8, 256 tokens
 #   DISAGG=1 bash benchmarks/bench_e2e.sh             # 2 GPUs: trainer on one, SGLang on the other, NCCL sync
 #   TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 bash benchmarks/bench_e2e.sh   # Megatron (local spec)
+#   LABEL=qwen3-0.6b-fsdp-ppo EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages" bash ...   # PPO
 # CPU smoke:
 #   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
 # Colocated SGLang needs torch_memory_saver on the SGLang side (--enable-memory-saver); the staged stack
@@ -64,5 +65,6 @@ $PY "$REPO/apps/train" \
 rc=$?
 echo "bench_e2e: app exited $rc after $(( $(date +%s) - start )) s (run dir $RUN_DIR)" >&2
 [[ $rc -eq 0 ]] || exit $rc
-$PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --label "$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)" --skip-first 1 \
+$PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --skip-first 1 \
+  --label "${LABEL:-$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)}" \
   --extra-flags "${EXTRA_FLAGS:-} --max-tokens-per-gpu ${MAX_TOKENS_PER_GPU:-8192}"

@@ -2,8 +2,9 @@
 
 `python3 benchmarks/e2e_report.py RUN_OUTPUT_DIR --rollout-batch-size 32 --n 8 [--skip-first 1]`
 
-Per phase (perf/rollout_time, perf/train_time, perf/update_weights_time, perf/step_time): the value of every
-step and the median over the steps after `--skip-first` warm-up steps. Generated tokens per step =
+Per phase (perf/rollout_time, perf/train_time, perf/critic_train_time (PPO), perf/update_weights_time,
+perf/step_time): the value of every step and the median over the steps after `--skip-first` warm-up steps; PPO's
+critic explained variance / value loss and OPD's reverse KL: first and last value. Generated tokens per step =
 rollout_batch_size · n · rollout/response_len/mean; overall tokens/s = Σ tokens / Σ step_time over the
 same steps.
 """
@@ -15,7 +16,15 @@ import pathlib
 
 import _common  # sibling module: a script's own directory is first on sys.path
 
-PHASES = ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/step_time")
+PHASES = (
+    "perf/rollout_time",
+    "perf/train_time",
+    "perf/critic_train_time",
+    "perf/update_weights_time",
+    "perf/step_time",
+)
+# Algorithm curves recorded first/last when the run logs them (PPO's critic, on-policy distillation).
+CURVES = ("train/critic-explained_variance", "train/critic-value_loss", "train/opd_reverse_kl")
 # Reported when the run logged them: the colocated swaps, the trainer's peak memory, the weight-sync check.
 EXTRA = (
     "perf/engine_release_time", "perf/trainer_wake_up_time", "perf/trainer_sleep_time",
@@ -52,13 +61,18 @@ def summarize(scalars: dict[str, dict[int, float]], *, rollout_batch_size: int, 
                     "median": _common.median([values[s] for s in kept if s in values]) if values else None}  # fmt: skip
     for tag in EXTRA:
         values = scalars.get(tag, {})
+        measured = [values[s] for s in kept if s in values]  # e.g. the weight check: logged at the first sync only
         if values:
             out[tag] = {"all": [values.get(s) for s in steps],
-                        "median": _common.median([values[s] for s in kept if s in values])}  # fmt: skip
+                        "median": _common.median(measured) if measured else None}  # fmt: skip
     # The first-step trainer-vs-rollout log-prob gap (issue 22's accuracy gate): the first logged train step.
     gap = scalars.get("train/train_rollout_logprob_abs_diff", {})
     if gap:
         out["first_step_logprob_abs_diff"] = gap[min(gap)]
+    for tag in CURVES:
+        values = scalars.get(tag, {})
+        if values:
+            out[tag] = {"first": values[min(values)], "last": values[max(values)]}
     lengths = scalars.get("rollout/response_len/mean", {})
     if lengths:
         tokens = sum(rollout_batch_size * n * lengths[s] for s in kept if s in lengths)

@@ -37,6 +37,10 @@
 #   e2e_disagg     420  the same on 2 GPUs: trainer on GPU 0, SGLang on GPU 1, NCCL weight sync
 #   e2e_lora       420  the same with LoRA (rank 16, alpha 32, default target modules, lr 1e-5): memory and sync time vs e2e
 #   e2e_megatron   420  the same (colocated, 1 GPU) with --train-backend megatron, 2048-token micro-batches
+#   e2e_ppo        450  the e2e run with --advantage-estimator ppo (critic colocated, actor and critic offloaded in turn)
+#   e2e_ppo_megatron 450  the same with --train-backend megatron
+#   e2e_opd        450  the e2e run with --use-opd --opd-type sglang: the shared engine is the teacher (--rm-url)
+#   e2e_opd_fsdp   450  the e2e run with --use-opd --opd-type fsdp: the trainer holds the teacher (the same model)
 #   trl            420  TRL GRPOTrainer baseline (wheels from .whl, carried with the call)
 # The shared qwen3-0.6b SGLang engine starts at the first step that needs it and stops at the end.
 set -uo pipefail
@@ -196,6 +200,25 @@ for step in "$@"; do
                 RUN_DIR=/tmp/slime-bench-e2e/lora run_step e2e_lora 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_megatron) engine_down; TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 RUN_DIR=/tmp/slime-bench-e2e/megatron \
                     run_step e2e_megatron 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_ppo) engine_down; RUN_DIR=/tmp/slime-bench-e2e/ppo LABEL="$P06-fsdp-ppo" \
+               EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages --num-critic-only-steps 1" \
+               run_step e2e_ppo 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_ppo_megatron) engine_down; RUN_DIR=/tmp/slime-bench-e2e/ppo-megatron LABEL="$P06-megatron-ppo" \
+                        TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 \
+                        EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages --num-critic-only-steps 1" \
+                        run_step e2e_ppo_megatron 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_opd)
+      if engine_up 2>>"$LOGS"; then
+        RUN_DIR=/tmp/slime-bench-e2e/opd LABEL="$P06-fsdp-opd-sglang" \
+          EXTRA_FLAGS="--use-opd --opd-type sglang --rm-url $(cat "$ENGINE_URL_FILE")/generate" \
+          run_step e2e_opd 600 bash "$HERE/bench_e2e.sh"
+      else
+        printf '{"bench": "step", "step": "e2e_opd", "rc": -1, "seconds": 0, "error": "teacher engine start failed"}\n' \
+          >> "$BENCH_RESULTS"
+      fi ;;
+    e2e_opd_fsdp) engine_down; RUN_DIR=/tmp/slime-bench-e2e/opd-fsdp LABEL="$P06-fsdp-opd-trainer" \
+                    EXTRA_FLAGS="--use-opd --opd-type fsdp --opd-teacher-load $(python3 "$HERE/_common.py" "$P06" \
+                    "$SLIME_BENCH_MODELS")" run_step e2e_opd_fsdp 600 bash "$HERE/bench_e2e.sh" ;;
     trl) engine_down
       # From the .whl wheels carried with the call, installed with their metadata (datasets asks
       # importlib.metadata for dill's version, which the staged site copy lacks); one visible GPU, since

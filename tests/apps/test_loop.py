@@ -144,3 +144,10 @@ def test_colocated_step_swaps_memory_around_training_and_times_each_swap(monkeyp
     swaps = {"perf/engine_release_time", "perf/trainer_wake_up_time", "perf/engine_resume_weights_time",
              "perf/trainer_sleep_time", "perf/engine_resume_kv_cache_time"}  # fmt: skip
     assert swaps <= set(logged[0]) and all(logged[0][k] >= 0.0 for k in swaps)
+
+
+def test_an_eval_config_alone_is_evaluated(monkeypatch, tmp_path):
+    config = tmp_path / "eval.yaml"
+    config.write_text("eval:\n  datasets:\n    - {name: demo, path: /e.jsonl, rm_type: math}\n")
+    events, logged = _run(monkeypatch, eval_prompt_data=None, eval_config=str(config), eval_interval=3)
+    assert ("eval", 3) in events and logged[3]["eval/demo"] == 0.25

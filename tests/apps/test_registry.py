@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from slime_app import registry
-from slime_app.registry import TRAIN_BACKENDS, WEIGHT_UPDATERS, UnknownNameError
+from slime_app.registry import CRITIC_BACKENDS, TRAIN_BACKENDS, WEIGHT_UPDATERS, UnknownNameError
 from slime_app.weights import distributed_weight_updater, make_weight_updater
 from slime_core.config import SlimeArgs
 
@@ -54,7 +54,12 @@ def test_builtins_resolve_without_entry_point_metadata(monkeypatch):
 
 
 def test_installed_packages_declare_the_builtins_as_entry_points():
-    for group, reg in (("slime.train_backends", TRAIN_BACKENDS), ("slime.weight_updaters", WEIGHT_UPDATERS)):
+    groups = (
+        ("slime.train_backends", TRAIN_BACKENDS),
+        ("slime.critic_backends", CRITIC_BACKENDS),
+        ("slime.weight_updaters", WEIGHT_UPDATERS),
+    )
+    for group, reg in groups:
         declared = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)}
         assert declared == reg._builtins, group
 

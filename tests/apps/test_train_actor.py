@@ -25,6 +25,20 @@ def test_make_backend_builds_the_named_backend(name, module, cls):
         assert callable(getattr(backend, method)), f"{cls} lacks {method}"
 
 
+@pytest.mark.parametrize(
+    ("name", "module", "cls"),
+    [("fsdp", "slime_train_fsdp.critic_backend", "FSDPCriticBackend"),
+     ("megatron", "slime_train_megatron.critic_backend", "MegatronCriticBackend")],
+)  # fmt: skip
+def test_make_critic_backend_builds_the_named_backend(name, module, cls):
+    from slime_app.train_actor import make_critic_backend
+    from slime_core.protocols import CriticBackend
+
+    backend = make_critic_backend(_cfg().model_copy(update={"train_backend": name}))
+    assert type(backend).__module__ == module and type(backend).__name__ == cls
+    assert isinstance(backend, CriticBackend)
+
+
 def test_make_backend_rejects_unknown_name():
     with pytest.raises(ValueError, match="--train-backend: unknown backend 'jax'"):
         make_backend(_cfg().model_copy(update={"train_backend": "jax"}))  # past the config's Literal

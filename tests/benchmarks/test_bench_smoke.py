@@ -120,6 +120,12 @@ def test_e2e_report_summary():
     assert s["generated_tokens"] == 6 * (50 + 70)
     assert s["tokens_per_s"] == pytest.approx(720 / 10.0)
     assert s["perf/train_time"]["median"] is None
+    assert "train/opd_reverse_kl" not in s  # curves only when the run logged them
+    ppo = {**scalars, "train/critic-explained_variance": {0: -0.3, 1: 0.1, 2: 0.4}}
+    assert report.summarize(ppo, rollout_batch_size=2, n=3, skip_first=1)["train/critic-explained_variance"] == {
+        "first": -0.3,
+        "last": 0.4,
+    }
     with pytest.raises(ValueError, match="perf/step_time"):
         report.summarize({}, rollout_batch_size=1, n=1, skip_first=0)
 

@@ -7,6 +7,7 @@ import pytest
 
 from slime_core.config import ConfigError, SlimeArgs, parse_args, validation
 from slime_core.config import base as config_base
+from slime_core.config.opd import builtin_teacher_scoring
 
 BASE = {"rollout_batch_size": 4, "num_rollout": 1}
 
@@ -41,9 +42,28 @@ BROKEN_RULES = [
         "--global-batch-size 4 * --num-steps-per-rollout 4 != --rollout-batch-size * --n-samples-per-prompt = 4 * 2",
     ),
     ({"micro_batch_size": 3}, "--micro-batch-size 3 does not divide --global-batch-size 4"),
+    ({"critic_lr": 1e-5}, "--critic-lr configures the PPO critic; it has no effect with --advantage-estimator grpo"),
+    ({"num_critic_only_steps": 2}, "--num-critic-only-steps configures the PPO critic"),
+    (
+        {"advantage_estimator": "ppo", "critic_num_gpus_per_node": 4},
+        "--critic-num-nodes x --critic-num-gpus-per-node = 4 must equal the actor's 8 GPUs",
+    ),
+    ({"use_opd": True}, "--use-opd requires --opd-type sglang"),
+    ({"use_opd": True, "opd_type": "sglang"}, "--opd-type sglang needs the teacher engine's generate URL: --rm-url"),
+    (
+        {"use_opd": True, "opd_type": "sglang", "rm_url": "http://t/generate", "rm_type": "remote_rm"},
+        "--opd-type sglang scores the teacher at --rm-url, which --rm-type remote_rm also uses",
+    ),
+    ({"use_opd": True, "opd_type": "sglang", "opd_teacher_load": "/"}, "remove --opd-teacher-load"),
+    ({"use_opd": True, "opd_type": "megatron"}, "--opd-type megatron requires --opd-teacher-load"),
+    ({"use_opd": True, "opd_type": "fsdp", "opd_teacher_load": "/"}, "--opd-type fsdp needs --train-backend fsdp"),
+    (
+        {"use_opd": True, "opd_type": "megatron", "opd_teacher_load": "/no/such/teacher"},
+        "--opd-teacher-load /no/such/teacher does not exist",
+    ),
+    ({"opd_teacher_load": "/"}, "--opd-teacher-load is set but --use-opd is not"),
     ({"num_rollout": None}, "--num-rollout or --num-epoch is required"),
     ({"num_rollout": None, "num_epoch": 2, "disable_rollout_global_dataset": True}, "--num-epoch counts passes"),
-    ({"advantage_estimator": "ppo"}, "--advantage-estimator ppo needs a critic model"),
     ({"rollout_num_gpus_per_engine": 16}, "--rollout-num-gpus-per-engine 16 exceeds --num-gpus-per-node 8"),
     ({"offload": True, "rollout_num_gpus": 4}, "--offload-train (or --offload) without --colocate"),
     ({"colocate": True, "offload_train": False}, "--colocate always offloads the trainer"),
@@ -126,6 +146,49 @@ def test_placement_derivations():
     # The loop offloads a colocated trainer in any case (with --fsdp-cpu-offload that is nearly free).
     fsdp = make(train_backend="fsdp", colocate=True, fsdp_cpu_offload=True)
     assert fsdp.offload_train is True and fsdp.offload_rollout is True
+
+
+def test_ppo_critic_placement_and_role_config():
+    from slime_core.critic import critic_config
+
+    shared = make(advantage_estimator="ppo", save="/ckpt", load="/ckpt", lr=1e-6, lr_warmup_iters=3)
+    assert shared.use_critic and shared.critic_num_nodes is None and shared.critic_num_gpus_per_node is None
+    role = critic_config(shared)
+    assert (role.lr, role.lr_warmup_iters, role.load, role.save) == (1e-6, 3, "/ckpt/critic", "/ckpt/critic")
+    own = make(advantage_estimator="ppo", critic_num_nodes=1, critic_lr=5e-6, critic_lr_warmup_iters=0,
+               critic_load="/c", critic_save="/s", kl_coef=0.1, hf_checkpoint="/hf")  # fmt: skip
+    assert (own.critic_num_nodes, own.critic_num_gpus_per_node) == (1, 8)  # the rest from the actor
+    role = critic_config(own)
+    assert (role.lr, role.lr_warmup_iters, role.load, role.save) == (5e-6, 0, "/c", "/s")
+    assert role.kl_coef == 0 and not role.use_opd and role.save_hf is None  # actor-only terms off
+    assert own.kl_coef == 0.1 and SlimeArgs.from_dict(own.to_dict()) == own  # the run config is untouched
+    with pytest.raises(ValueError, match="--advantage-estimator grpo trains no critic"):
+        critic_config(make())
+
+
+def test_opd_configurations(tmp_path):
+    sglang = make(use_opd=True, opd_type="sglang", rm_url="http://teacher:1/generate", rm_type="math")
+    assert sglang.use_opd and builtin_teacher_scoring(sglang)
+    original = make(
+        use_opd=True,
+        opd_type="sglang",
+        rm_url="http://t:1/generate",
+        custom_rm_path="slime.rollout.on_policy_distillation.reward_func",
+        custom_reward_post_process_path="slime.rollout.on_policy_distillation.post_process_rewards",
+    )
+    assert not builtin_teacher_scoring(original)  # the original's plugins fetch the teacher
+    trainer = make(use_opd=True, opd_type="megatron", opd_teacher_load=str(tmp_path), opd_kl_coef=0.5)
+    assert trainer.opd_teacher_load == str(tmp_path) and not builtin_teacher_scoring(trainer)
+    assert make(use_opd=True, opd_type="fsdp", opd_teacher_load=str(tmp_path), train_backend="fsdp").use_opd
+
+
+def test_lora_is_rejected_with_a_critic_or_a_trainer_side_teacher(tmp_path):
+    lora = {"lora_rank": 8, "train_backend": "fsdp"}
+    assert make(**lora, use_opd=True, opd_type="sglang", rm_url="http://t:1/generate").lora_rank == 8
+    with pytest.raises(ConfigError, match="--lora-rank with --advantage-estimator ppo: the critic has no LoRA"):
+        make(**lora, advantage_estimator="ppo")
+    with pytest.raises(ConfigError, match="--lora-rank with --opd-type fsdp: a trainer-side teacher"):
+        make(**lora, use_opd=True, opd_type="fsdp", opd_teacher_load=str(tmp_path))
 
 
 def test_debug_mode_derivations():

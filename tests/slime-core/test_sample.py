@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from slime_core.sample import Sample, Status, status_from_finish_reason
 
@@ -110,9 +111,11 @@ def test_dict_round_trip_preserves_everything():
     s.append_response_tokens([5, 6], log_probs=[-1.0, -2.0], text="xy", meta_info={"finish_reason": {"type": "stop"}})
     s.reward = {"acc": 1.0, "format": 0.5}
     s.metadata = {"source_name": "gsm8k"}
+    s.teacher_log_probs = torch.tensor([-0.5, -0.25])  # as the original's OPD post-process stores them
     d = s.to_dict()
-    assert d["status"] == "completed"
+    assert d["status"] == "completed" and d["teacher_log_probs"] == [-0.5, -0.25]
     back = Sample.from_dict(d)
+    s.teacher_log_probs = [-0.5, -0.25]
     assert back == s
     assert back.get_reward_value("acc") == 1.0
     with pytest.raises(ValueError, match="--reward-key"):

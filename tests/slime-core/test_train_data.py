@@ -348,13 +348,10 @@ def test_with_the_real_config():
     assert [rewards[i] for i in range(4)] == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=TOL)
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [("rollout_routed_experts", [[0]]), ("teacher_log_probs", [-0.1])],
-)  # fmt: skip
-def test_original_fields_this_version_cannot_train_with_are_refused(field, value):
+def test_original_fields_this_version_cannot_train_with_are_refused():
     samples = _rollout()
-    setattr(samples[3], field, value)
+    field = "rollout_routed_experts"
+    setattr(samples[3], field, [[0]])
     with pytest.raises(ValueError, match=rf"sample {samples[3].index} sets {field}: .* not implemented"):
         build_rollout_batches(_args(global_batch_size=4), samples, dp_size=2)
     setattr(samples[3], field, None)
@@ -414,3 +411,26 @@ def test_top_p_without_sets_warns_once(caplog):
         build_rollout_batches(_args(rollout_top_p=0.9), _samples([1, 0, 0, 1]), dp_size=1)
     assert b.rollout_top_p_token_ids is None and b.kept_tokens([0]) is None
     assert caplog.text.count("--rollout-top-p 0.9 but the engine returned no kept token ids") == 1
+
+
+def test_teacher_log_probs_follow_their_samples():
+    samples = _rollout()
+    for s in samples:  # a list (built-in scoring) for some, a tensor (the original's post-process) for others
+        lps = [-0.1 * s.index] * s.response_length
+        s.teacher_log_probs = torch.tensor(lps) if s.index % 2 else lps
+    batches = build_rollout_batches(_args(global_batch_size=4), samples, dp_size=2)
+    for b in batches:
+        for i, t, n in zip(b.sample_indices, b.teacher_log_probs, b.response_lengths, strict=True):
+            torch.testing.assert_close(t, torch.full((n,), -0.1 * i))
+    assert batches[0].values is None  # the critic's values are attached by the trainer, not here
+    without = build_rollout_batches(_args(global_batch_size=4), _rollout(), dp_size=1)[0]
+    assert without.teacher_log_probs is None
+    opd = _args(global_batch_size=4, use_opd=True, opd_type="sglang")
+    with pytest.raises(ValueError, match=r"have no teacher_log_probs \(0 of 8 do\): with --use-opd --opd-type sglang"):
+        build_rollout_batches(opd, _rollout(), dp_size=1)
+    bad = _rollout()
+    bad[0].teacher_log_probs = [0.0] * (bad[0].response_length + 1)
+    for s in bad[1:]:
+        s.teacher_log_probs = [0.0] * s.response_length
+    with pytest.raises(ValueError, match="len\\(teacher_log_probs\\)="):
+        build_rollout_batches(_args(global_batch_size=4), bad, dp_size=1)

@@ -31,6 +31,7 @@ class FakeBackend:
         self.entropy = [torch.nn.Parameter(torch.full((n,), 0.5)) for n in batch.response_lengths]
         self.dp, self.lr, self.steps = dp, 0.1, 0
         self.ref = [p.detach().clone() for p in self.params] if with_ref else None
+        self.teacher: list[torch.Tensor] | None = None  # tests set per-sample teacher log-probs
         self.calls: list[str] = []
         self.denominators: list[float] = []
         self.entropy_got_grad: list[bool] = []
@@ -39,9 +40,13 @@ class FakeBackend:
     def has_ref(self) -> bool:
         return self.ref is not None
 
+    @property
+    def has_teacher(self) -> bool:
+        return self.teacher is not None
+
     def compute_log_probs(self, batch, *, model="actor"):
         self.calls.append(f"log_probs:{model}")
-        source = self.ref if model == "ref" else self.params
+        source = {"ref": self.ref, "teacher": self.teacher}.get(model, self.params)
         return [p.detach().clone() for p in source]
 
     def all_reduce_sum(self, tensor):
@@ -229,3 +234,44 @@ def test_errors():
     empty.micro_batches = []
     with pytest.raises(ValueError, match="no optimizer step"):
         train_on_rollout(_cfg(), FakeBackend(_batch()), 0, empty)
+
+
+def test_ppo_advantages_use_the_critic_values():
+    """γ = λ = 1: A_t = r - V_t. Sample 0: 1 - [0.25, 0.5] = [0.75, 0.5]; sample 1: -0.5 on every token. At ratio 1
+    pg_loss = -Σ_i (Σ_t A_t·m_t)/D_i / 2 samples = -((0.75 + 0.5)/2 + (-0.5 - 0.5)/2) / 2 = -0.0625."""
+    batch = _batch(1)
+    batch.values = [torch.tensor([0.25, 0.5]), torch.zeros(3)]
+    backend = FakeBackend(batch)
+    cfg = _cfg(advantage_estimator="ppo", gamma=1.0, lambd=1.0)
+    metrics, _ = train_on_rollout(cfg, backend, 0, batch)
+    assert backend.calls[0] == "log_probs:actor"  # the ppo spec never reuses the training forward's log-probs
+    assert metrics["train/pg_loss"] == pytest.approx(-0.0625, abs=ATOL)
+    batch.values = None
+    with pytest.raises(ValueError, match="ppo needs the critic's values in RolloutBatch.values"):
+        train_on_rollout(cfg, FakeBackend(batch), 0, batch)
+
+
+@pytest.mark.parametrize("teacher_source", ["batch", "backend"])
+def test_opd_reverse_kl_in_advantages_and_metric(teacher_source):
+    """old lp = -1 everywhere; teacher s0 [-1.5, -0.5], s1 [-1, -1, -2] → d = old - teacher = [0.5, -0.5], [0, 0, 1].
+    A = r - 0.5·d = [0.75, 1.25], [-0.5, -0.5, -1]; pg_loss = -((0.75 + 1.25)/2 + (-0.5 - 1)/2)/2 = -0.125;
+    opd_reverse_kl = ((0.5 - 0.5)/2 + (0 + 1)/2)/2 = 0.25 (sample 1's middle token is masked out)."""
+    batch = _batch(1)
+    teacher = [torch.tensor([-1.5, -0.5]), torch.tensor([-1.0, -1.0, -2.0])]
+    backend = FakeBackend(batch)
+    if teacher_source == "batch":
+        batch.teacher_log_probs = teacher
+    else:
+        backend.teacher = teacher
+    cfg = _cfg(use_opd=True, opd_type="sglang" if teacher_source == "batch" else "fsdp", opd_kl_coef=0.5)
+    assert not can_reuse_old_log_probs(cfg, batch)  # the advantages need the old log-probs before training
+    metrics, _ = train_on_rollout(cfg, backend, 0, batch)
+    assert ("log_probs:teacher" in backend.calls) == (teacher_source == "backend")
+    assert metrics["train/pg_loss"] == pytest.approx(-0.125, abs=ATOL)
+    assert metrics["train/opd_reverse_kl"] == pytest.approx(0.25, abs=ATOL)
+
+
+def test_opd_without_teacher_log_probs_fails_clearly():
+    batch = _batch(1)
+    with pytest.raises(ValueError, match="--opd-type fsdp: the batch has no teacher_log_probs and the trainer holds"):
+        train_on_rollout(_cfg(use_opd=True, opd_type="fsdp"), FakeBackend(batch), 0, batch)

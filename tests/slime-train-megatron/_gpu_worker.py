@@ -29,6 +29,26 @@ def batch():
     )
 
 
+def critic_scenario(args, tp: int) -> dict:
+    """Values before/after two critic steps of `MegatronCriticBackend` (with --sequence-parallel when TP > 1)."""
+    from slime_core.critic import critic_config
+    from slime_train_megatron.critic_backend import MegatronCriticBackend
+
+    flags = ["--tensor-model-parallel-size", str(tp), "--bf16", *(["--sequence-parallel"] if tp > 1 else [])]
+    run = args.model_copy(update={"advantage_estimator": "ppo", "megatron_args": flags, "critic_lr": 1e-3})
+    cfg = critic_config(run)
+    critic = MegatronCriticBackend()
+    critic.init(cfg)
+    with torch.no_grad():  # the same head on every run: N(0, 0.02) drawn here from a fixed seed
+        head = critic.module.output_layer
+        head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(3)) * 0.02)
+    critic.optimizer.reload_model_params()
+    b = batch()
+    values = critic.compute_values(b)
+    metrics = [critic.train_critic(rid, b)[0] for rid in range(2)]
+    return {"values": values, "metrics": metrics, "after": critic.compute_values(b)}
+
+
 def main() -> None:
     scenario, hf_dir, out_dir, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     rank = int(os.environ["RANK"])
@@ -55,6 +75,11 @@ def main() -> None:
             eps_clip=0.2,
         )
     )
+    if scenario == "critic":  # the PPO value model; TP > 1 with sequence parallelism (the value head gathers)
+        torch.save(critic_scenario(args, tp), os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     backend = MegatronTrainBackend()
     backend.init(args, with_ref=False)
     b = batch()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 
 import pytest
@@ -71,7 +70,9 @@ def megatron_cpu_world(monkeypatch):
 
     created = not dist.is_initialized()
     if created:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
+        # monkeypatch: restored after the test, so later subprocesses (benchmarks) do not inherit a stale port
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     # RoPE moves its buffer to torch.cuda.current_device(); attention dropout forks the CUDA RNG; the MoE

@@ -4,6 +4,9 @@ Layout (as in the original, §1.2 of the feature inventory):
 - colocated: `max(actor_gpus, rollout_gpus)` bundles; trainer rank i and the engines share bundle i.
 - disaggregated: `actor_gpus + rollout_gpus` bundles; engines start at bundle `actor_gpus`.
 - `--debug-rollout-only`: rollout bundles only; `--debug-train-only`: actor bundles only.
+- PPO: the critic's ranks share the actor's bundles (the original's layout), or, with
+  `--critic-num-nodes/--critic-num-gpus-per-node`, get `actor_gpus` bundles of their own right after the
+  actor's (before the engines' when disaggregated).
 
 Bundles are sorted by (node IP, GPU id) so that logical rank i always maps to the same device.
 """
@@ -95,6 +98,8 @@ class Placement:
         rollout_bundles: bundle indices of engine GPUs, in order.
         rollout_gpu_ids: physical GPU id for each rollout bundle (empty on CPU).
         use_gpu: whether bundles hold GPUs.
+        critic_bundles: bundle indices of the PPO critic's ranks, rank order (the actor's when it shares them;
+            empty without a critic).
     """
 
     group: PlacementGroup | None
@@ -102,6 +107,12 @@ class Placement:
     rollout_bundles: list[int]
     rollout_gpu_ids: list[int]
     use_gpu: bool
+    critic_bundles: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def critic_shares_actor_gpus(self) -> bool:
+        """Whether the critic runs on the actor's bundles (the two are then offloaded in turn)."""
+        return bool(self.critic_bundles) and self.critic_bundles == self.actor_bundles
 
     def strategy(self, bundle: int) -> PlacementGroupSchedulingStrategy:
         """Scheduling strategy that pins an actor to one bundle."""
@@ -128,14 +139,18 @@ def create_placement(cfg: SlimeArgs) -> Placement:
     use_gpu = has_gpu()
     actor_gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
     rollout_gpus = cfg.rollout_num_gpus or 0
+    # The critic's own GPUs (validation made them as many as the actor's); 0 when it shares the actor's.
+    critic_gpus = actor_gpus if cfg.use_critic and cfg.critic_num_nodes is not None else 0
     if cfg.debug_rollout_only:
-        num_bundles, actor_count, rollout_offset = rollout_gpus, 0, 0
+        num_bundles, actor_count, rollout_offset, critic_gpus = rollout_gpus, 0, 0, 0
     elif cfg.debug_train_only:
-        num_bundles, actor_count, rollout_offset = actor_gpus, actor_gpus, 0
+        num_bundles, actor_count, rollout_offset = actor_gpus + critic_gpus, actor_gpus, 0
     elif cfg.colocate:
-        num_bundles, actor_count, rollout_offset = max(actor_gpus, rollout_gpus), actor_gpus, 0
+        num_bundles, actor_count, rollout_offset = max(actor_gpus, rollout_gpus) + critic_gpus, actor_gpus, 0
     else:
-        num_bundles, actor_count, rollout_offset = actor_gpus + rollout_gpus, actor_gpus, actor_gpus
+        num_bundles, actor_count = actor_gpus + critic_gpus + rollout_gpus, actor_gpus
+        rollout_offset = actor_gpus + critic_gpus
+    critic_offset = num_bundles - critic_gpus if cfg.colocate else actor_gpus
     if cfg.debug_train_only:
         rollout_gpus = 0
     if num_bundles == 0:
@@ -157,19 +172,23 @@ def create_placement(cfg: SlimeArgs) -> Placement:
     )
     order = sorted(range(num_bundles), key=lambda i: _sort_key(infos[i]))
     rollout = order[rollout_offset : rollout_offset + rollout_gpus]
+    actor = order[:actor_count]
+    critic = order[critic_offset : critic_offset + critic_gpus] if critic_gpus else []
     placement = Placement(
         group=group,
-        actor_bundles=order[:actor_count],
+        actor_bundles=actor,
         rollout_bundles=rollout,
         rollout_gpu_ids=[infos[i][1] for i in rollout] if use_gpu else [],
         use_gpu=use_gpu,
+        critic_bundles=critic if critic else (list(actor) if cfg.use_critic and actor_count else []),
     )
     logger.info(
-        "placement: %d bundles (%s), trainer bundles %s, rollout bundles %s",
+        "placement: %d bundles (%s), trainer bundles %s, rollout bundles %s%s",
         num_bundles,
         "GPU" if use_gpu else "CPU",
         placement.actor_bundles,
         placement.rollout_bundles,
+        f", critic bundles {placement.critic_bundles}" if placement.critic_bundles else "",
     )
     return placement
 

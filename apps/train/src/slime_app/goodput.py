@@ -9,8 +9,9 @@ the end of the run. Its sources:
   mask, zero advantage);
 * time (wall seconds of the driver): `perf/rollout_wait_time` (waiting for samples: all of the generation in
   the sync schedule, what training did not hide in `--async`), `perf/log_probs_time` +
-  `perf/ref_log_probs_time`, `perf/actor_train_time`, `perf/update_weights_time`, `perf/weight_check_time`, the
-  colocated memory swaps, `perf/save_time`, `perf/eval_time`; `other` is the rest of `perf/step_time`
+  `perf/ref_log_probs_time` (+ OPD's `perf/teacher_log_probs_time`), `perf/actor_train_time` (+ PPO's
+  `perf/critic_train_time`), `perf/update_weights_time`, `perf/weight_check_time`, the colocated memory swaps,
+  `perf/save_time`, `perf/eval_time`; `other` is the rest of `perf/step_time`
   (driver and Ray overhead, advantage computation, idle).
 
 Device time: colocated, every device takes part in every phase, so the training share of device time is the
@@ -32,8 +33,8 @@ __all__ = ["PHASES", "GoodputMeter"]
 # Phase -> the perf/* metrics (wall seconds) it sums. Listed in step order; "other" is computed.
 PHASES: dict[str, tuple[str, ...]] = {
     "rollout": ("perf/rollout_wait_time",),
-    "log_probs": ("perf/log_probs_time", "perf/ref_log_probs_time"),
-    "train": ("perf/actor_train_time",),
+    "log_probs": ("perf/log_probs_time", "perf/ref_log_probs_time", "perf/teacher_log_probs_time"),
+    "train": ("perf/actor_train_time", "perf/critic_train_time"),  # + PPO's critic step (with its swaps)
     "weight_sync": ("perf/update_weights_time",),
     "weight_check": ("perf/weight_check_time",),
     "swap": (

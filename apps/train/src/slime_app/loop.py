@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from slime_app.actor_critic import make_trainers
 from slime_app.cluster import create_placement, init_ray
 from slime_app.goodput import GoodputMeter
 from slime_app.guards import RunStopped, first_step_logprob_gate
@@ -27,7 +28,6 @@ from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
 from slime_app.tracking import Tracker
-from slime_app.train_actor import TrainGroup
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class Run:
             ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
         start = 0
         if not cfg.debug_rollout_only:
-            self.trainer = TrainGroup(cfg, self.placement)
+            self.trainer = make_trainers(cfg, self.placement)  # + the PPO critic's ranks (actor_critic.py)
             start = self.trainer.init(cfg)
             if start > 0:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
@@ -189,7 +189,7 @@ class Run:
         cfg = self.cfg
         self.start_rollout_id = start = self.build()
         self.tracker.start(start, cfg.num_rollout)
-        if cfg.eval_prompt_data and start == 0 and not cfg.skip_eval_before_train:
+        if (cfg.eval_prompt_data or cfg.eval_config) and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
         self.rollouts = Rollouts(
             self.manager,
@@ -226,7 +226,9 @@ class Run:
         if rollout_id == self.start_rollout_id and not cfg.debug_rollout_only:
             first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
         self._stop_on(findings)
-        if cfg.eval_prompt_data and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch):
+        if (cfg.eval_prompt_data or cfg.eval_config) and _should_run(
+            cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch
+        ):
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
 

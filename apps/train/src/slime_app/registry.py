@@ -6,6 +6,9 @@ environments. A third-party package adds one by declaring, in its `pyproject.tom
     [project.entry-points."slime.train_backends"]
     my_backend = "my_pkg.backend:MyBackend"          # called with no arguments, returns a TrainBackend
 
+    [project.entry-points."slime.critic_backends"]
+    my_backend = "my_pkg.backend:MyCritic"           # the PPO critic of that backend, a CriticBackend
+
     [project.entry-points."slime.weight_updaters"]
     my_transport = "my_pkg.sync:make_updater"        # called as factory(cfg, client), returns a WeightUpdater
 
@@ -22,7 +25,7 @@ import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TRAIN_BACKENDS", "WEIGHT_UPDATERS", "Registry", "UnknownNameError"]
+__all__ = ["CRITIC_BACKENDS", "TRAIN_BACKENDS", "WEIGHT_UPDATERS", "Registry", "UnknownNameError"]
 
 
 class UnknownNameError(KeyError, ValueError):
@@ -103,6 +106,18 @@ TRAIN_BACKENDS = Registry(
     builtins={
         "fsdp": "slime_train_fsdp:FSDPTrainBackend",
         "megatron": "slime_train_megatron:MegatronTrainBackend",
+    },
+)
+
+#: The PPO critic of `--train-backend NAME`: a factory called with no arguments that returns a
+#: `slime_core.protocols.CriticBackend`.
+CRITIC_BACKENDS = Registry(
+    "slime.critic_backends",
+    flag="--train-backend",
+    kind="critic backend",
+    builtins={
+        "fsdp": "slime_train_fsdp:FSDPCriticBackend",
+        "megatron": "slime_train_megatron:MegatronCriticBackend",
     },
 )
 

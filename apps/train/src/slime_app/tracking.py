@@ -29,6 +29,9 @@ _COMPACT = [
     ("train/ppo_kl", "ppo_kl"),
     ("train/grad_norm", "gnorm"),
     ("train/train_rollout_logprob_abs_diff", "|Δlogp|"),
+    ("train/opd_reverse_kl", "opd_kl"),
+    ("train/critic-value_loss", "vloss"),
+    ("train/critic-explained_variance", "ev"),
     ("goodput/trained_fraction", "trained"),
     ("perf/step_time", "step_s"),
 ]

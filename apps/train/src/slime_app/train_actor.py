@@ -1,7 +1,9 @@
 """Trainer ranks as Ray actors: one process per rank, torch.distributed inside (gloo on CPU, NCCL on GPU).
 
 `TrainGroup` is the driver-side handle: it creates the ranks (rank 0 first, for the rendezvous
-address), and fans every call out to all ranks, returning rank 0's answer.
+address), and fans every call out to all ranks, returning rank 0's answer. A group plays one role: the
+actor (the policy, `--train-backend`'s `TrainBackend`) or the PPO critic (its `CriticBackend`, a process group
+of its own).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import ray
 
 from slime_app.cluster import Placement, free_port
 from slime_app.guards import RunStopped
-from slime_app.registry import TRAIN_BACKENDS
+from slime_app.registry import CRITIC_BACKENDS, TRAIN_BACKENDS
 from slime_core.config import SlimeArgs
+
+ROLES = ("actor", "critic")
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +33,16 @@ def make_backend(cfg: SlimeArgs) -> Any:
         ImportError: the backend's package or extra is not installed (e.g. megatron-core).
     """
     return TRAIN_BACKENDS.get(cfg.train_backend)()
+
+
+def make_critic_backend(cfg: SlimeArgs) -> Any:
+    """A new, uninitialized PPO critic backend of the kind `--train-backend` names.
+
+    Raises:
+        slime_app.registry.UnknownNameError: the backend has no critic.
+        ImportError: the backend's package or extra is not installed.
+    """
+    return CRITIC_BACKENDS.get(cfg.train_backend)()
 
 
 def trainer_runtime_env(cfg: SlimeArgs) -> dict[str, Any] | None:
@@ -80,11 +94,16 @@ class TrainActor:
         """Address of rank 0's rendezvous (given to the other ranks)."""
         return self.master_addr, self.master_port
 
-    def init(self, cfg: SlimeArgs) -> int:
-        """Joins the process group, builds the backend and loads `--load`; returns the start rollout id."""
+    def init(self, cfg: SlimeArgs, role: str = "actor") -> int:
+        """Joins the process group, builds the role's backend and loads its checkpoint; returns the start rollout id.
+
+        The critic's backend gets the critic's config (`slime_core.critic.critic_config`).
+        """
         import torch
         import torch.distributed as dist
 
+        if role not in ROLES:
+            raise ValueError(f"unknown trainer role {role!r}; known: {ROLES}")
         self.cfg = cfg
         use_cuda = torch.cuda.is_available()
         if use_cuda:
@@ -99,6 +118,11 @@ class TrainActor:
         if cfg.deterministic_mode:
             # Deterministic kernels wherever torch has them; an op without one warns (once) instead of failing.
             torch.use_deterministic_algorithms(True, warn_only=True)
+        if role == "critic":
+            from slime_core.critic import critic_config
+
+            self.backend = make_critic_backend(cfg)
+            return int(self.backend.init(critic_config(cfg)))
         self.backend = make_backend(cfg)
         return int(self.backend.init(cfg, with_ref=cfg.with_ref))
 
@@ -106,15 +130,25 @@ class TrainActor:
         """This rank's data-parallel rank: which of the rollout's per-DP-rank batches it trains on."""
         return int(self.backend.dp_rank)
 
-    def train(self, rollout_id: int, batch: Any) -> dict[str, float]:
+    def train(self, rollout_id: int, batch: Any, values: Any = None) -> dict[str, float]:
         """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray).
 
         On CUDA the metrics gain `perf/train_peak_mem_gib`: the peak of memory allocated by this rank's
         tensors during the step (GiB, `torch.cuda.max_memory_allocated`; the caching allocator's reserve
         and other processes, e.g. a colocated engine, are not included).
+
+        Args:
+            rollout_id: id of the rollout.
+            batch: this rank's `RolloutBatch`.
+            values: PPO: the critic's values of this data-parallel rank's samples (N `[L_i]` tensors), attached
+                as `RolloutBatch.values`.
         """
+        import dataclasses
+
         import torch
 
+        if values is not None:
+            batch = dataclasses.replace(batch, values=list(values))
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -122,6 +156,10 @@ class TrainActor:
         if cuda:
             metrics = {**metrics, "perf/train_peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
         return metrics
+
+    def train_critic(self, rollout_id: int, batch: Any) -> tuple[dict[str, float], Any]:
+        """The critic's step on this rank's batch: `(train/critic-* metrics, values before the update)`."""
+        return self.backend.train_critic(rollout_id, batch)
 
     def save(self, rollout_id: int) -> None:
         """Writes a resumable checkpoint."""
@@ -187,20 +225,32 @@ def get_all_or_raise(refs: list[ray.ObjectRef]) -> list[Any]:
 
 
 class TrainGroup:
-    """Driver-side handle to all trainer ranks."""
+    """Driver-side handle to all trainer ranks of one role.
 
-    def __init__(self, cfg: SlimeArgs, placement: Placement):
-        world_size = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
-        gpu = 0.4 if (placement.use_gpu and cfg.colocate) else (1 if placement.use_gpu else 0)
+    Args:
+        cfg: the run config.
+        placement: the run's bundles; the actor uses `actor_bundles`, the critic `critic_bundles`.
+        role: `actor` or `critic`.
+    """
+
+    def __init__(self, cfg: SlimeArgs, placement: Placement, role: str = "actor"):
+        if role not in ROLES:
+            raise ValueError(f"unknown trainer role {role!r}; known: {ROLES}")
+        self.role = role
+        bundles = placement.actor_bundles if role == "actor" else placement.critic_bundles
+        world_size = len(bundles)
+        # A GPU shared with the engines (colocated) or between actor and critic (PPO) holds fractions of it.
+        shared = cfg.colocate or cfg.use_critic
+        gpu = 0.4 if (placement.use_gpu and shared) else (1 if placement.use_gpu else 0)
         remote_cls = ray.remote(num_gpus=gpu, num_cpus=0)(TrainActor)
         runtime_env = trainer_runtime_env(cfg)
         extra = {"runtime_env": runtime_env} if runtime_env else {}
         self.actors = []
         master: tuple[str, int] | tuple[None, None] = (None, None)
         for rank in range(world_size):
-            actor = remote_cls.options(
-                scheduling_strategy=placement.strategy(placement.actor_bundles[rank]), **extra
-            ).remote(world_size, rank, *master)
+            actor = remote_cls.options(scheduling_strategy=placement.strategy(bundles[rank]), **extra).remote(
+                world_size, rank, *master
+            )
             if rank == 0:
                 master = ray.get(actor.rendezvous.remote())
             self.actors.append(actor)
@@ -210,22 +260,49 @@ class TrainGroup:
 
     def init(self, cfg: SlimeArgs) -> int:
         """Initializes every rank with the run config; returns the start rollout id (after `--load`)."""
-        start = self._all("init", cfg)[0]
+        start = self._all("init", cfg, self.role)[0]
         # Model-parallel ranks (TP/PP/CP) of one data-parallel group train on the same batch.
         self.dp_ranks: list[int] = self._all("data_parallel_rank")
         return start
 
-    def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
+    def _check_batches(self, batch_refs: list[ray.ObjectRef]) -> None:
+        if len(batch_refs) != max(self.dp_ranks) + 1:
+            raise ValueError(f"{len(batch_refs)} batches for {max(self.dp_ranks) + 1} data-parallel ranks")
+
+    def train(
+        self, rollout_id: int, batch_refs: list[ray.ObjectRef], values: list[Any] | None = None
+    ) -> dict[str, float]:
         """Trains each rank on its data-parallel rank's batch; returns rank 0's (already DP-reduced) metrics.
+
+        Args:
+            rollout_id: id of the rollout.
+            batch_refs: one `RolloutBatch` ref per data-parallel rank.
+            values: PPO: the critic's values per data-parallel rank (`train_critic`'s second result).
 
         Raises:
             ValueError: the rollout has a different number of batches than the trainer has DP ranks.
         """
-        if len(batch_refs) != max(self.dp_ranks) + 1:
-            raise ValueError(f"{len(batch_refs)} batches for {max(self.dp_ranks) + 1} data-parallel ranks")
-        return get_all_or_raise(
-            [a.train.remote(rollout_id, batch_refs[r]) for a, r in zip(self.actors, self.dp_ranks, strict=True)]
-        )[0]
+        self._check_batches(batch_refs)
+        calls = [
+            a.train.remote(rollout_id, batch_refs[r], None if values is None else values[r])
+            for a, r in zip(self.actors, self.dp_ranks, strict=True)
+        ]
+        return get_all_or_raise(calls)[0]
+
+    def train_critic(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> tuple[dict[str, float], list[Any]]:
+        """The critic's step on every rank; returns rank 0's metrics and the values of each data-parallel rank.
+
+        Raises:
+            ValueError: the rollout has a different number of batches than the critic has DP ranks.
+        """
+        self._check_batches(batch_refs)
+        results = get_all_or_raise(
+            [a.train_critic.remote(rollout_id, batch_refs[r]) for a, r in zip(self.actors, self.dp_ranks, strict=True)]
+        )
+        values: dict[int, Any] = {}
+        for (_, rank_values), r in zip(results, self.dp_ranks, strict=True):
+            values.setdefault(r, rank_values)  # model-parallel ranks of one DP group hold the same values
+        return results[0][0], [values[r] for r in range(len(values))]
 
     def save(self, rollout_id: int) -> None:
         """Checkpoint on every rank."""

@@ -58,6 +58,11 @@ class RolloutBatch:
         multimodal_train_inputs: N entries of `Sample.multimodal_train_inputs` (vision tensors such as
             `pixel_values` `[P_i, C*T*p*p]` float32 and `image_grid_thw` `[num_images_i, 3]` int64, or None for a
             sample without images), or None when no sample of the rollout has any (text-only runs).
+        teacher_log_probs: N tensors `[L_i]` float32, the on-policy-distillation teacher's log-probs of the
+            response tokens scored during the rollout (`--opd-type sglang`), or None.
+        values: N tensors `[L_i]` float32, the PPO critic's values of the response tokens before its update
+            (attached by the trainer app after the critic step; `V_t` is the value of the state that emits
+            response token t), or None.
     """
 
     tokens: list[torch.Tensor]
@@ -76,6 +81,8 @@ class RolloutBatch:
     step_token_counts: list[float] = dataclasses.field(default_factory=list)
     metadata: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     multimodal_train_inputs: list[dict[str, torch.Tensor] | None] | None = None
+    teacher_log_probs: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None
 
     @property
     def num_samples(self) -> int:

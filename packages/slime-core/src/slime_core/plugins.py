@@ -13,9 +13,14 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-__all__ = ["PluginError", "call_maybe_async", "load_function"]
+__all__ = ["PATH_ALIASES", "PluginError", "call_maybe_async", "load_function"]
 
 logger = logging.getLogger(__name__)
+
+#: Import paths of the original slime's functions → where they live in this version. The packages that
+#: provide them add their entries on import (e.g. `slime_rollout.plugins`), so an original launch script's
+#: path resolves wherever a plugin is loaded (the reward post-process hook is loaded here, in slime-core).
+PATH_ALIASES: dict[str, str] = {}
 
 
 class PluginError(ImportError):
@@ -72,7 +77,7 @@ def load_function(path: str, *, flag: str) -> Callable[..., Any]:
 
     Args:
         path: `package.module.attr` or `package.module:attr` (the attribute may be dotted after `:`,
-            e.g. `pkg.mod:Class.method`).
+            e.g. `pkg.mod:Class.method`); an original slime path of `PATH_ALIASES` is translated first.
         flag: The flag that gave the path (e.g. `--custom-rm-path`), used in error messages.
 
     Returns:
@@ -83,7 +88,7 @@ def load_function(path: str, *, flag: str) -> Callable[..., Any]:
             import, the attribute is missing, or the object is not callable. The original
             exception is chained as `__cause__`.
     """
-    obj = _load(path, flag)
+    obj = _load(PATH_ALIASES.get(path, path), flag)
     if not callable(obj):
         raise PluginError(f"{flag}: {path!r} is a {type(obj).__name__}, not a callable")
     return obj

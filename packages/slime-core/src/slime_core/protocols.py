@@ -1,10 +1,10 @@
 """Protocols that packages and user plugins meet through.
 
 Trainers (`slime_train_*`) implement `TrainBackend` (and `slime_core.train_step.StepBackend`, what the
-shared RL step needs from them); the rollout layer implements `WeightUpdater` and `DataSource`;
-`slime_envs` implements `Env`. The apps wire them together. Plugin callables keep the original slime
-signatures (`RewardFn`, `GenerateFn`, `DynamicFilterFn`) and receive the config as `args` (the
-`slime_core.config.PluginArgs` view, a `SlimeArgs`).
+shared RL step needs from them) and, for PPO, `CriticBackend` (and `slime_core.critic.CriticStepBackend`);
+the rollout layer implements `WeightUpdater` and `DataSource`; `slime_envs` implements `Env`. The apps wire
+them together. Plugin callables keep the original slime signatures (`RewardFn`, `GenerateFn`,
+`DynamicFilterFn`) and receive the config as `args` (the `slime_core.config.PluginArgs` view, a `SlimeArgs`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from slime_core.config import SlimeArgs
 from slime_core.sample import Sample
 
 __all__ = [
+    "CriticBackend",
     "DataSource",
     "DynamicFilterFn",
     "DynamicFilterOutput",
@@ -72,6 +73,44 @@ class TrainBackend(Protocol):
 
     def sleep(self) -> None:
         """Frees accelerator memory (colocated mode)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Restores what `sleep` freed."""
+        ...
+
+
+@runtime_checkable
+class CriticBackend(Protocol):
+    """The PPO critic's training backend (`--advantage-estimator ppo`): one instance per rank.
+
+    `train_critic` runs the shared critic step (`slime_core.critic.train_critic_on_rollout`); the backend supplies
+    the value forward, collectives and optimizer (`slime_core.critic.CriticStepBackend`).
+    """
+
+    def init(self, cfg: SlimeArgs) -> int:
+        """Builds the value model from the critic's config (`slime_core.critic.critic_config`); returns the start id."""
+        ...
+
+    def compute_values(self, batch: RolloutBatch) -> list[torch.Tensor]:
+        """Per-sample values `[L_i]` float32 of the response tokens."""
+        ...
+
+    def train_critic(self, rollout_id: int, batch: RolloutBatch) -> tuple[dict[str, float], list[torch.Tensor]]:
+        """Trains on `batch`; returns `train/critic-*` metrics and the values before the update."""
+        ...
+
+    def save(self, rollout_id: int) -> None:
+        """Writes a resumable critic checkpoint atomically."""
+        ...
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel rank."""
+        ...
+
+    def sleep(self) -> None:
+        """Frees accelerator memory (the critic shares GPUs with the actor or the engines)."""
         ...
 
     def wake_up(self) -> None:

@@ -145,8 +145,8 @@ class Sample:
         multimodal_train_input_id: cache id of `multimodal_train_inputs` (original field).
         rollout_routed_experts: MoE routing from the engine (original field; routing replay is not
             implemented, rejected when set).
-        teacher_log_probs: on-policy-distillation teacher log-probs (original field; OPD is not
-            implemented, rejected when set).
+        teacher_log_probs: `[response_length]` float, natural-log probability of each response token under the
+            on-policy-distillation teacher (`--use-opd --opd-type sglang`), or None.
     """
 
     Status = Status  # original plugins write `Sample.Status.TRUNCATED` (a nested enum there)
@@ -176,10 +176,10 @@ class Sample:
     apply_chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     multimodal_inputs: dict[str, Any] | None = None
     multimodal_train_inputs: dict[str, torch.Tensor] | None = None
+    teacher_log_probs: Any = None  # list[float]; the original's OPD post-process stores a float32 tensor
     # Original fields this version does not train with; `unsupported_fields()` names the ones a sample sets.
     multimodal_train_input_id: str | None = None
     rollout_routed_experts: Any = None
-    teacher_log_probs: list[float] | None = None
 
     # ---- derived views -------------------------------------------------------------------------
 
@@ -225,10 +225,10 @@ class Sample:
     def unsupported_fields(self) -> list[str]:
         """Names of the original fields this sample sets that this version cannot train with.
 
-        MoE routing replay and teacher log-probs would change the training computation; a sample carrying
-        any of them is refused rather than trained without them.
+        MoE routing replay would change the training computation; a sample carrying it is refused rather than
+        trained without it.
         """
-        names = ("rollout_routed_experts", "teacher_log_probs")
+        names = ("rollout_routed_experts",)
         return [name for name in names if getattr(self, name) not in (None, {}, [])]
 
     # ---- building the response -----------------------------------------------------------------
@@ -385,6 +385,11 @@ class Sample:
                 f"sample {self.index}: len(rollout_log_probs)={len(self.rollout_log_probs)} "
                 f"!= response_length={self.response_length}"
             )
+        if self.teacher_log_probs is not None and len(self.teacher_log_probs) != self.response_length:
+            raise ValueError(
+                f"sample {self.index}: len(teacher_log_probs)={len(self.teacher_log_probs)} "
+                f"!= response_length={self.response_length}"
+            )
         if (self.rollout_top_p_token_ids is None) != (self.rollout_top_p_token_offsets is None):
             raise ValueError(f"sample {self.index}: rollout_top_p_token_ids and _offsets must be set together")
         if self.rollout_top_p_token_offsets is not None:
@@ -411,6 +416,8 @@ class Sample:
         ):
             if out[key] is not None:
                 out[key] = list(out[key])
+        if out["teacher_log_probs"] is not None:
+            out["teacher_log_probs"] = [float(x) for x in out["teacher_log_probs"]]  # a tensor becomes floats
         out["metadata"] = dict(self.metadata)
         if self.multimodal_inputs is not None:
             out["multimodal_inputs"] = {

@@ -213,6 +213,24 @@ def loss_denominators(samples: Sequence[Sample]) -> list[float]:
     return [float(max(totals[k], 1)) for k in keys]
 
 
+def _teacher_log_probs(cfg: SlimeArgs, samples: Sequence[Sample]) -> list[torch.Tensor] | None:
+    """Each sample's OPD teacher log-probs `[L_i]` float32, or None when no sample carries them.
+
+    Raises:
+        ValueError: some samples carry them and some do not, or `--opd-type sglang` left a sample without them.
+    """
+    have = [s.teacher_log_probs is not None for s in samples]
+    if not any(have) and not (cfg.use_opd and cfg.opd_type == "sglang"):
+        return None
+    if not all(have):
+        missing = [s.index for s, h in zip(samples, have, strict=True) if not h]
+        raise ValueError(
+            f"samples {missing[:5]} have no teacher_log_probs ({sum(have)} of {len(samples)} do): with --use-opd "
+            "--opd-type sglang every sample needs them (from --rm-url, or set by --custom-reward-post-process-path)"
+        )
+    return [torch.as_tensor(s.teacher_log_probs, dtype=torch.float32).reshape(-1).clone() for s in samples]
+
+
 def _sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
     has_index = [s.index is not None for s in samples]
     if all(has_index):
@@ -280,8 +298,8 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
         s.validate()
         if unsupported := s.unsupported_fields():
             raise ValueError(
-                f"sample {s.index} sets {', '.join(unsupported)}: routing replay and "
-                "teacher log-probs are not implemented in this version; leave these fields None"
+                f"sample {s.index} sets {', '.join(unsupported)}: routing replay is "
+                "not implemented in this version; leave this field None"
             )
     raw, rewards = postprocess_rewards(cfg, ordered)
     raw = [float(s.metadata.get("raw_reward", r)) for s, r in zip(ordered, raw, strict=True)]
@@ -298,6 +316,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
     logp_t = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in ordered] if all(with_lp) else None
     # Vision tensors travel only when some sample has images; text-only batches keep the field None.
     with_mm = any(s.multimodal_train_inputs is not None for s in ordered)
+    teacher_t = _teacher_log_probs(cfg, ordered)
 
     schedule = build_schedule(
         [len(s.tokens) for s in ordered],
@@ -335,6 +354,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
                 step_token_counts=list(step_token_counts),
                 metadata=[dict(ordered[p].train_metadata or {}) for p in mine],
                 multimodal_train_inputs=[ordered[p].multimodal_train_inputs for p in mine] if with_mm else None,
+                teacher_log_probs=None if teacher_t is None else [teacher_t[p] for p in mine],
             )
         )
     return batches

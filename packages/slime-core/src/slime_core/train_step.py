@@ -4,9 +4,12 @@ Reads top to bottom like the original's `train_actor`:
 
 1. old log-probs: the engine's with `--use-rollout-logprobs`; none when the training forward's detached
    log-probs are the old ones (`can_reuse_old_log_probs`) or the loss never reads them; else a forward;
-2. reference log-probs when the backend holds a reference model;
-3. advantages (the `--advantage-estimator` spec's function), whitened over all data-parallel ranks with
-   `--normalize-advantages`;
+2. reference log-probs when the backend holds a reference model; with `--use-opd`, the teacher's: scored
+   during the rollout (`--opd-type sglang`, `RolloutBatch.teacher_log_probs`) or by the backend's teacher
+   weights (`--opd-type megatron` / `fsdp`);
+3. advantages (the `--advantage-estimator` spec's function; PPO's GAE reads the critic's values attached as
+   `RolloutBatch.values`; OPD subtracts `--opd-kl-coef·(old - teacher)`), whitened over all data-parallel ranks
+   with `--normalize-advantages`;
 4. per optimizer step: the step's denominator (its global sample count, or token count with
    `--calculate-per-token-loss`), forward + backward of its micro-batches with `compute_train_loss` as the
    loss, the optimizer step, and the metric sums reduced over data-parallel ranks divided by the denominator;
@@ -34,6 +37,7 @@ from slime_core.algorithms import (
     apply_whitening,
     compute_advantages_and_returns,
     compute_train_loss,
+    default_reducer,
     needs_old_log_probs,
     whitening_stats,
 )
@@ -68,8 +72,13 @@ class StepBackend(Protocol):
         """Whether reference weights are held (`init(..., with_ref=True)`)."""
         ...
 
+    @property
+    def has_teacher(self) -> bool:
+        """Whether on-policy-distillation teacher weights are held (`--opd-type megatron` / `fsdp`)."""
+        ...
+
     def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
-        """N `[L_i]` float32 response log-probs of the current (`actor`) or reference (`ref`) weights."""
+        """N `[L_i]` float32 response log-probs of the current (`actor`), reference (`ref`) or `teacher` weights."""
         ...
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -108,10 +117,13 @@ def can_reuse_old_log_probs(cfg: SlimeArgs, batch: RolloutBatch) -> bool:
     """Whether the training forward's detached log-probs can stand in for the old-policy ones.
 
     True when the rollout trains in one optimizer step (every micro-batch then sees the weights the data
-    was scored with, so `old = detach(current)` exactly), without reward-shaping KL (`--kl-coef` needs the
-    old log-probs before training, for the advantages), and the estimator's spec allows it.
+    was scored with, so `old = detach(current)` exactly), without reward-shaping KL or on-policy distillation
+    (`--kl-coef` and `--use-opd` need the old log-probs before training, for the advantages), and the
+    estimator's spec allows it.
     """
-    return batch.num_steps == 1 and cfg.kl_coef == 0 and get_estimator(cfg.advantage_estimator).reuses_old_log_probs
+    if batch.num_steps != 1 or cfg.kl_coef != 0 or cfg.use_opd:
+        return False
+    return get_estimator(cfg.advantage_estimator).reuses_old_log_probs
 
 
 def step_denominator(cfg: SlimeArgs, batch: RolloutBatch, step: int) -> float:
@@ -136,11 +148,36 @@ def _old_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch) ->
     return backend.compute_log_probs(batch)
 
 
-def _advantages(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, old, ref) -> list[torch.Tensor] | None:
+def _teacher_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch) -> list[torch.Tensor] | None:
+    if not cfg.use_opd:
+        return None
+    if batch.teacher_log_probs is not None:
+        return list(batch.teacher_log_probs)  # --opd-type sglang: scored during the rollout
+    if backend.has_teacher:
+        return backend.compute_log_probs(batch, model="teacher")
+    raise ValueError(
+        f"--use-opd --opd-type {cfg.opd_type}: the batch has no teacher_log_probs and the trainer holds no teacher"
+    )
+
+
+def _advantages(
+    cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, old, ref, teacher
+) -> list[torch.Tensor] | None:
     if cfg.disable_compute_advantages_and_returns:
         return None  # SFT / custom losses that need no advantages
+    if get_estimator(cfg.advantage_estimator).needs_critic and batch.values is None:
+        raise ValueError(
+            f"--advantage-estimator {cfg.advantage_estimator} needs the critic's values in RolloutBatch.values "
+            "(the trainer app attaches them after the critic step)"
+        )
     adv, _returns = compute_advantages_and_returns(
-        cfg, rewards=list(batch.rewards), loss_masks=batch.loss_masks, log_probs=old, ref_log_probs=ref
+        cfg,
+        rewards=list(batch.rewards),
+        loss_masks=batch.loss_masks,
+        log_probs=old,
+        ref_log_probs=ref,
+        values=None if batch.values is None else list(batch.values),
+        teacher_log_probs=teacher,
     )
     if cfg.normalize_advantages:
         # Masked whitening over the whole DP group: the (count, sum, sum of squares) statistics are summed.
@@ -149,7 +186,15 @@ def _advantages(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, old, 
     return adv
 
 
-def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv) -> MicroBatchLoss:
+def _opd_reverse_kl(cfg: SlimeArgs, inputs: LossInputs, student, teacher) -> torch.Tensor:
+    """The reduced sampled reverse KL `student - teacher` (the original's `opd_reverse_kl` metric)."""
+    lengths = inputs.response_lengths
+    reduce = default_reducer(cfg.calculate_per_token_loss, lengths, inputs.loss_masks, inputs.loss_denominators)
+    diff = torch.cat([s.float() - t.float() for s, t in zip(student, teacher, strict=True)]) if lengths else None
+    return reduce(diff).detach() if diff is not None else torch.zeros(())
+
+
+def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv, teacher) -> MicroBatchLoss:
     # The entropy keeps its graph only when a loss term can use it.
     entropy_grad = cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
 
@@ -171,7 +216,11 @@ def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv) -> Mic
             total_lengths=[int(batch.tokens[i].numel()) for i in ids],
             tokens=[batch.tokens[i] for i in ids],
         )
-        return compute_train_loss(cfg, inputs)
+        loss, metrics = compute_train_loss(cfg, inputs)
+        if teacher is not None:
+            # The student is what the advantages used: the old log-probs (the rollout's with --use-rollout-logprobs).
+            metrics["opd_reverse_kl"] = _opd_reverse_kl(cfg, inputs, inputs.old_log_probs, pick(teacher))
+        return loss, metrics
 
     return loss_fn
 
@@ -212,7 +261,8 @@ def train_on_rollout(
         and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps) and
         `train/lr` (rate of the last step); `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
         (trainable tokens with a non-zero / zero advantage, summed over DP ranks); `perf/log_probs_time`,
-        `perf/ref_log_probs_time`, `perf/actor_train_time` (this rank's wall seconds); and the per-step dicts.
+        `perf/ref_log_probs_time`, `perf/teacher_log_probs_time` (OPD), `perf/actor_train_time` (this rank's
+        wall seconds); and the per-step dicts.
 
     Raises:
         ValueError: `--use-rollout-logprobs` without rollout log-probs in the batch, a batch without
@@ -230,13 +280,17 @@ def train_on_rollout(
     t1 = time.perf_counter()
     ref = backend.compute_log_probs(batch, model="ref") if backend.has_ref else None
     t2 = time.perf_counter()
-    adv = _advantages(cfg, backend, batch, old, ref)
+    teacher = _teacher_log_probs(cfg, backend, batch)  # OPD: from the batch (engine teacher) or a forward here
+    t_teacher = time.perf_counter()
+    adv = _advantages(cfg, backend, batch, old, ref, teacher)
     # Goodput: trainable tokens whose advantage is non-zero, summed over data-parallel ranks.
     fates = backend.reduce_metric_sums(trained_token_sums(adv, batch.loss_masks))
-    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv)
+    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher)
     t3 = time.perf_counter()
     per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     times.update({"perf/log_probs_time": t1 - t0, "perf/ref_log_probs_time": t2 - t1})
+    if cfg.use_opd:
+        times["perf/teacher_log_probs_time"] = t_teacher - t2
     times["perf/actor_train_time"] = time.perf_counter() - t3
     interval = cfg.ref_update_interval
     if backend.has_ref and interval and (rollout_id + 1) % interval == 0:

@@ -20,6 +20,7 @@ from slime_core.sample import Sample, Status
 from slime_rollout.generate import build_sampling_params
 from slime_rollout.generate import generate as default_generate
 from slime_rollout.metrics import flatten_groups
+from slime_rollout.opd import score_teacher
 from slime_rollout.plugins import accepts_kwarg, call_maybe_async, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
 from slime_rollout.seeds import sample_seed
@@ -131,6 +132,8 @@ async def generate_and_rm(
         state.reward_seconds += time.perf_counter() - t0
         for s, reward in zip(todo, rewards, strict=True):
             s.reward = reward
+        if not state.evaluation:
+            await score_teacher(args, todo)  # --opd-type sglang: while other groups still generate
     return result
 
 

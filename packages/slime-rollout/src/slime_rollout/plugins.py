@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from slime_core.plugins import call_maybe_async
+from slime_core.plugins import PATH_ALIASES, call_maybe_async
 from slime_core.plugins import load_function as _core_load_function
 
 __all__ = ["ORIGINAL_PATH_ALIASES", "accepts_kwarg", "call_maybe_async", "load_function"]
@@ -29,7 +29,10 @@ ORIGINAL_PATH_ALIASES: dict[str, str] = {
     "slime.rollout.rm_hub.async_rm": "slime_rollout.rewards.async_rm",
     "slime.rollout.rm_hub.batched_async_rm": "slime_rollout.rewards.batched_async_rm",
     "slime.rollout.sft_rollout.generate_rollout": "slime_rollout.sft.generate_sft_rollout",
+    "slime.rollout.on_policy_distillation.reward_func": "slime_rollout.opd.reward_func",
+    "slime.rollout.on_policy_distillation.post_process_rewards": "slime_rollout.opd.post_process_rewards",
 }
+PATH_ALIASES.update(ORIGINAL_PATH_ALIASES)  # also for paths slime-core loads (--custom-reward-post-process-path)
 
 
 def load_function(path: str, *, flag: str = "plugin") -> Callable[..., Any]:

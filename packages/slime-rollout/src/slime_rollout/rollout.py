@@ -36,6 +36,7 @@ from slime_rollout.generate import abort_all
 from slime_rollout.goodput import rollout_token_fates
 from slime_rollout.group_rollout import RolloutState, generate_and_rm, generate_and_rm_group, num_engines
 from slime_rollout.metrics import compute_rollout_metrics, flatten_groups
+from slime_rollout.opd import score_teacher
 from slime_rollout.plugins import load_function
 
 if TYPE_CHECKING:
@@ -348,6 +349,8 @@ def run_rollout(
         output.metrics = log_hooks.apply_eval_log_function(args, rollout_id, output.data, output.metrics)
     else:
         samples = flatten_groups(output.samples)
+        # --opd-type sglang: samples a custom rollout function (or --group-rm) left without teacher log-probs.
+        async_utils.run(score_teacher(args, samples))
         output.metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, output.metrics, rollout_time)
     if args.save_debug_rollout_data:
         debug_dump.save_debug_rollout_data(args, rollout_id, samples, evaluation=evaluation)

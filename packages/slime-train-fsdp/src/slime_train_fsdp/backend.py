@@ -12,9 +12,10 @@ each sample's reduced loss; we divide it by the step's global sample count (or t
 over ranks. The resulting gradient is the sum over ranks of the per-rank partial sums, i.e. the mean over the
 step's global batch.
 
-Reference model: its weights are kept as a CPU copy of this rank's parameter shards and swapped into the
-actor for the ref forward (like Megatron slime's `TensorBackuper`), so it never occupies accelerator memory
-between uses.
+Reference and teacher models: their weights are kept as CPU copies of this rank's parameter shards and
+swapped into the actor for their forwards (like Megatron slime's `TensorBackuper`), so they never occupy
+accelerator memory between uses. The on-policy-distillation teacher (`--opd-type fsdp` / `megatron`) comes from
+`--opd-teacher-load`: an HF directory or an FSDP checkpoint of this backend, with the student's architecture.
 
 Vision-language checkpoints (`vision.py`): micro-batches carry their samples' images, and
 `--freeze-vision-tower` keeps the vision tower out of the optimizer; its weights are then pushed to the engines
@@ -34,11 +35,10 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.estimators import get_estimator
 from slime_core.param_filter import frozen_parameter_names
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
-from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
+from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, save_checkpoint
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
@@ -87,6 +87,7 @@ class FSDPTrainBackend:
         self.device = torch.device("cpu")
         self.global_step = 0
         self._ref_shards: dict[str, torch.Tensor] | None = None
+        self._teacher_shards: dict[str, torch.Tensor] | None = None
         self._asleep = False
         self._host: HostOffloader | None = None
         self.step_metrics: list[dict[str, float]] = []
@@ -113,11 +114,6 @@ class FSDPTrainBackend:
             raise ValueError("--hf-checkpoint is required by the FSDP backend")
         if not dist.is_initialized():
             raise ValueError("torch.distributed must be initialized before FSDPTrainBackend.init")
-        if get_estimator(cfg.advantage_estimator).needs_critic:
-            raise ValueError(
-                f"--advantage-estimator {cfg.advantage_estimator} needs a critic, which the FSDP backend does not "
-                "provide"
-            )
         self.cfg = cfg
         self.device = default_device()
         torch.manual_seed(cfg.seed)
@@ -134,7 +130,15 @@ class FSDPTrainBackend:
                 load_hf_weights_into(self.model, cfg.hf_checkpoint, extra=adapters)
             else:
                 self._ref_shards = self._snapshot()
-        frozen = frozen_parameter_names([n for n, _ in self.model.named_parameters()], cfg) | self._vision_setup(cfg)
+        self._build_optimizer(cfg)
+        if cfg.use_opd and cfg.opd_type in ("fsdp", "megatron"):
+            self._teacher_shards = self._load_teacher(cfg)
+        return self._load_checkpoint(cfg)
+
+    def _build_optimizer(self, cfg: SlimeArgs) -> None:
+        """Freezes the `--*-params-name-list` and frozen-vision-tower parameters, builds AdamW and the LR schedule."""
+        names = [n for n, _ in self.model.named_parameters()]
+        frozen = frozen_parameter_names(names, cfg) | self._vision_setup(cfg)
         for name, param in self.model.named_parameters():
             if name in frozen:
                 param.requires_grad_(False)  # FSDP2 then neither computes nor reduce-scatters its gradient
@@ -146,6 +150,23 @@ class FSDPTrainBackend:
             weight_decay=float(cfg.weight_decay),
         )
         self.scheduler = build_lr_scheduler(self.optimizer, cfg)
+
+    def _load_teacher(self, cfg: SlimeArgs) -> dict[str, torch.Tensor]:
+        """CPU shards of the OPD teacher `--opd-teacher-load` (an HF directory or an FSDP checkpoint directory)."""
+        actor = self._snapshot()
+        path = pathlib.Path(cfg.opd_teacher_load)
+        if (path / TRACKER).exists() or cfg.opd_teacher_ckpt_step is not None:
+            load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                            ckpt_step=cfg.opd_teacher_ckpt_step, load_optim=False, load_rng=False)  # fmt: skip
+        else:
+            load_hf_weights_into(self.model, path)
+        teacher = self._snapshot()
+        self._load_shards(actor)
+        logger.info("on-policy-distillation teacher loaded from %s", path)
+        return teacher
+
+    def _load_checkpoint(self, cfg: SlimeArgs) -> int:
+        """Restores `--load` when it holds a checkpoint; returns the rollout id to start from."""
         start = cfg.start_rollout_id or 0
         if cfg.load:
             meta = load_checkpoint(
@@ -208,6 +229,11 @@ class FSDPTrainBackend:
         """Whether reference weights are held (`init(..., with_ref=True)`)."""
         return self._ref_shards is not None
 
+    @property
+    def has_teacher(self) -> bool:
+        """Whether on-policy-distillation teacher weights are held (`--opd-type fsdp` / `megatron`)."""
+        return self._teacher_shards is not None
+
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {n: _local(p).detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
 
@@ -227,24 +253,28 @@ class FSDPTrainBackend:
 
         Args:
             batch: this rank's data.
-            model: `actor` (current weights) or `ref` (reference weights, swapped in for the call).
+            model: `actor` (current weights), `ref` (reference weights) or `teacher` (OPD teacher weights); the
+                latter two are swapped in for the call.
 
         Returns:
             N tensors `[L_i]` float32 on CPU, natural log, at `--rollout-temperature`.
 
         Raises:
-            ValueError: for `model="ref"` without reference weights, or an unknown model name.
+            ValueError: for `model="ref"` / `"teacher"` without those weights, or an unknown model name.
             RuntimeError: while asleep.
         """
         self._require_awake("compute_log_probs")
-        if model not in ("actor", "ref"):
-            raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+        others = {"ref": self._ref_shards, "teacher": self._teacher_shards}
+        if model != "actor" and model not in others:
+            raise ValueError(f"model must be 'actor', 'ref' or 'teacher', got {model!r}")
         if model == "ref" and self._ref_shards is None:
             raise ValueError("no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)")
+        if model == "teacher" and self._teacher_shards is None:
+            raise ValueError("no teacher model: --use-opd --opd-type fsdp --opd-teacher-load DIR")
         backup = None
-        if model == "ref":
+        if model != "actor":
             backup = self._snapshot()
-            self._load_shards(self._ref_shards)
+            self._load_shards(others[model])
         try:
             out: list[torch.Tensor | None] = [None] * batch.num_samples
             for step in batch.micro_batches:

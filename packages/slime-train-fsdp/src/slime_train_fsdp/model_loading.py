@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ from slime_train_fsdp.vision import is_vision_language
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "FillMissing",
     "build_fsdp_model",
     "default_device",
     "load_hf_weights_into",
@@ -163,8 +165,17 @@ def _broadcast_buffers(model: nn.Module) -> None:
         dist.broadcast(buf, src=0)
 
 
+FillMissing = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+"""`fill(model, state) -> tensors`: full CPU tensors for parameters the checkpoint `state` lacks (rank 0 only),
+e.g. a freshly initialized value head."""
+
+
 def load_hf_weights_into(
-    model: nn.Module, path: str | pathlib.Path, *, extra: dict[str, torch.Tensor] | None = None
+    model: nn.Module,
+    path: str | pathlib.Path,
+    *,
+    extra: dict[str, torch.Tensor] | None = None,
+    fill_missing: FillMissing | None = None,
 ) -> None:
     """Loads an HF checkpoint into an already-sharded model (collective: every rank calls it).
 
@@ -173,10 +184,11 @@ def load_hf_weights_into(
     (`<module>.base_layer.weight`) is read from `<module>.weight`.
 
     Args:
-        model: FSDP2-sharded causal LM with HF parameter names.
+        model: FSDP2-sharded model with HF parameter names.
         path: HF checkpoint directory.
         extra: full tensors of parameters the checkpoint does not hold (the LoRA adapters' initial values), by
             parameter name; read on rank 0 only.
+        fill_missing: supplies parameters the checkpoint does not have (run on rank 0 before the check).
 
     Raises:
         ValueError: when the checkpoint lacks parameters of the model.
@@ -190,6 +202,8 @@ def load_hf_weights_into(
             tied = next((v for k, v in checkpoint.items() if k.endswith("embed_tokens.weight")), None)
             if tied is not None:
                 checkpoint["lm_head.weight"] = tied
+        if fill_missing is not None:
+            checkpoint.update(fill_missing(model, checkpoint))
         extra = extra or {}
         missing = []
         for key in model.state_dict():
@@ -203,8 +217,25 @@ def load_hf_weights_into(
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
+def _causal_lm(config: PretrainedConfig, attn: str) -> nn.Module:
+    """The checkpoint's policy model: `AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a VL one."""
+    if is_vision_language(config):
+        # The vision tower attends within image windows (its own cu_seqlens): sdpa there, the packed-row
+        # implementation for the language model.
+        attn_arg = {"": attn, "text_config": attn, "vision_config": "sdpa"}
+        return AutoModelForImageTextToText.from_config(config, attn_implementation=attn_arg, dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+
+
 def build_fsdp_model(
-    cfg: SlimeArgs, path: str | pathlib.Path, device: torch.device, mesh: DeviceMesh | None = None
+    cfg: SlimeArgs,
+    path: str | pathlib.Path,
+    device: torch.device,
+    mesh: DeviceMesh | None = None,
+    *,
+    construct: Callable[[PretrainedConfig, str], nn.Module] = _causal_lm,
+    fill_missing: FillMissing | None = None,
+    install: Callable[[nn.Module, ForwardOptions], None] = install_response_forward,
 ) -> tuple[nn.Module, PretrainedConfig]:
     """Builds the FSDP2-sharded model of an HF checkpoint (collective over the default group).
 
@@ -215,6 +246,10 @@ def build_fsdp_model(
         path: HF checkpoint directory (`--hf-checkpoint`).
         device: this rank's compute device.
         mesh: 1-D mesh the parameters are sharded over; the whole world when None.
+        construct: `(config, attn_implementation) -> module` built on the meta device: the causal LM, or the
+            critic's value model (`value_model.py`); it must expose `config` and `_no_split_modules`.
+        fill_missing: parameters the checkpoint lacks (see `load_hf_weights_into`).
+        install: attaches the model's forward method with its `ForwardOptions` (the response log-prob forward).
 
     Returns:
         (model, config): the sharded `AutoModelForCausalLM` (`AutoModelForImageTextToText` for a vision-language
@@ -230,14 +265,9 @@ def build_fsdp_model(
     options = _forward_options(cfg, device, attn, vision_language)
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
-    model_cls, attn_arg = AutoModelForCausalLM, attn
-    if vision_language:
-        # The vision tower attends within image windows (its own cu_seqlens): sdpa there, the packed-row
-        # implementation for the language model.
-        model_cls, attn_arg = AutoModelForImageTextToText, {"": attn, "text_config": attn, "vision_config": "sdpa"}
     # Meta-device construction everywhere; the weights come from rank 0 below.
     with torch.device("meta"):
-        model = model_cls.from_config(config, attn_implementation=attn_arg, dtype=torch.float32)
+        model = construct(config, attn)
     adapters = None
     if cfg.lora_rank:
         model = inject_lora(model, cfg)  # before sharding: FSDP2 shards and reduces the adapters too
@@ -249,9 +279,9 @@ def build_fsdp_model(
     offload = device.type == "cuda" and cfg.fsdp_cpu_offload
     model.to_empty(device="cpu" if offload else device)
     _init_buffers(model, config, device)
-    load_hf_weights_into(model, path, extra=adapters)
+    load_hf_weights_into(model, path, extra=adapters, fill_missing=fill_missing)
     model.train()
-    install_response_forward(model, options)
+    install(model, options)
     cp = 1 if options.cp_group is None else dist.get_world_size(options.cp_group)
     logger.info("loaded %s (%s, attn=%s, head=%s, cp=%d) sharded over %d ranks", path, type(model).__name__, attn,
                 options.head, cp, mesh.size())  # fmt: skip

@@ -14,7 +14,9 @@ ranks this is the mean over the step's global batch. Under context parallelism e
 CP rank computes the full loss from all-gathered log-probs whose backward keeps only the rank's own tokens,
 so the DP×CP gradient sum is again exact.
 
-Reference model: a CPU copy of the parameters swapped in for the ref forward (slime's `TensorBackuper`).
+Reference and teacher models: CPU copies of the parameters swapped in for their forwards (slime's
+`TensorBackuper`). The on-policy-distillation teacher (`--opd-type megatron`) comes from `--opd-teacher-load`, a
+torch_dist checkpoint (`--opd-teacher-ckpt-step`) or an HF directory, with the student's architecture.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from slime_convert import ModelArgs
 from slime_core.algorithms import KeptTokens
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.estimators import get_estimator
 from slime_core.param_filter import frozen_parameter_names
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
@@ -104,6 +105,7 @@ class MegatronTrainBackend:
         self.optimizer: Any = None
         self.scheduler: Any = None
         self._ref: dict[str, torch.Tensor] | None = None
+        self._teacher: dict[str, torch.Tensor] | None = None
         self._asleep = False
         self.attention: AttentionKind = "transformer_engine"
         self._sleep_state: Any = None
@@ -124,11 +126,6 @@ class MegatronTrainBackend:
         s = self.settings = MegatronSettings.from_config(cfg)
         if not cfg.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required (model architecture and tokenizer)")
-        if get_estimator(cfg.advantage_estimator).needs_critic:
-            raise ValueError(
-                f"--advantage-estimator {cfg.advantage_estimator} needs a critic, which the Megatron backend does "
-                "not provide"
-            )
         self.model_args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
         s.world_layout(dist.get_world_size())
         if not parallel_state.model_parallel_is_initialized():
@@ -145,7 +142,7 @@ class MegatronTrainBackend:
         config = build_transformer_config(self.model_args, s, cpu=not cuda)
         # "packed"/"transformer_engine" take THD rows; "dense" (megatron-core's DotProductAttention) a [T, T] mask.
         self.attention = attention_kind(s, use_transformer_engine(s))
-        module = build_gpt_model(self.model_args, s, config)
+        module = self._build_module(config)
         if cuda:
             module.cuda(torch.cuda.current_device())
         self.module = module
@@ -159,6 +156,10 @@ class MegatronTrainBackend:
         self.model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
         self._build_optimizer(config)
         return self._load_initial_weights(with_ref)
+
+    def _build_module(self, config: Any) -> Any:
+        """This stage's `GPTModel` (the critic overrides it with a value head)."""
+        return build_gpt_model(self.model_args, self.settings, config)
 
     def _build_optimizer(self, config: Any) -> None:
         """The distributed Adam, the LR schedule, and the model-config hooks megatron-core's schedule calls."""
@@ -199,6 +200,26 @@ class MegatronTrainBackend:
         self.optimizer.reload_model_params()  # fp32 main params from the loaded weights
         if with_ref:
             self._ref = self._snapshot()
+        if self.cfg.use_opd and self.cfg.opd_type in ("megatron", "fsdp"):
+            self._teacher = self._load_teacher()
+        return self._resume()
+
+    def _load_teacher(self) -> dict[str, torch.Tensor]:
+        """CPU copy of the OPD teacher's parameters (`--opd-teacher-load`); the actor's weights are put back."""
+        path = self.cfg.opd_teacher_load
+        actor = self._snapshot()
+        if is_megatron_checkpoint(path):
+            load_checkpoint(path, self.module, None, None, load_rng=False, ckpt_step=self.cfg.opd_teacher_ckpt_step)
+        else:
+            load_hf_weights(self.module, path, self.model_args, self.settings)
+        teacher = self._snapshot()
+        self._restore(actor)
+        logger.info("on-policy-distillation teacher loaded from %s", path)
+        return teacher
+
+    def _resume(self) -> int:
+        """Loads `--load` when it is a Megatron checkpoint; returns the rollout id to start from."""
+        s = self.settings
         start = 0
         if s.load and is_megatron_checkpoint(s.load):
             rollout_id = load_checkpoint(
@@ -236,6 +257,11 @@ class MegatronTrainBackend:
     def has_ref(self) -> bool:
         """Whether reference weights are held (`init(..., with_ref=True)`)."""
         return self._ref is not None
+
+    @property
+    def has_teacher(self) -> bool:
+        """Whether on-policy-distillation teacher weights are held (`--opd-type megatron`)."""
+        return self._teacher is not None
 
     def _pad_multiple(self) -> int:
         s = self.settings
@@ -369,17 +395,24 @@ class MegatronTrainBackend:
     def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
         """Per-sample response log-probs `[L_i]` float32 (CPU) at `--rollout-temperature` (collective).
 
+        Args:
+            batch: this rank's data.
+            model: `actor` (current weights), `ref` or `teacher` (swapped in for the call).
+
         Raises:
-            ValueError: unknown `model`, or "ref" without reference weights.
+            ValueError: unknown `model`, or "ref" / "teacher" without those weights.
         """
-        if model not in ("actor", "ref"):
-            raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+        others = {"ref": self._ref, "teacher": self._teacher}
+        if model != "actor" and model not in others:
+            raise ValueError(f"model must be 'actor', 'ref' or 'teacher', got {model!r}")
         if model == "ref" and self._ref is None:
             raise ValueError("no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)")
+        if model == "teacher" and self._teacher is None:
+            raise ValueError("no teacher model: --use-opd --opd-type megatron --opd-teacher-load DIR")
         backup = None
-        if model == "ref":
+        if model != "actor":
             backup = self._snapshot()
-            self._restore(self._ref)
+            self._restore(others[model])
         self.model.eval()
         try:
             out: dict[int, torch.Tensor] = {}

@@ -26,6 +26,7 @@ from slime_convert.mapping import mcore_tensor_from_hf, mcore_to_hf
 from slime_train_megatron.attention import PackedCoreAttention, attention_kind
 from slime_train_megatron.layers import sandwich_norm_spec
 from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.value_head import ValueHead, value_head_from_hf
 from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
 
 logger = logging.getLogger(__name__)
@@ -145,12 +146,20 @@ def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[
     return out
 
 
-def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: TransformerConfig) -> GPTModel:
+def build_gpt_model(
+    model_args: ModelArgs, settings: MegatronSettings, config: TransformerConfig, *, value_head: bool = False
+) -> GPTModel:
     """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local).
 
     With the local spec the core attention follows `--attention-backend` (`attention.attention_kind`): slime's
     `PackedCoreAttention` (THD rows, no mask) or megatron-core's `DotProductAttention` (dense mask). GLM4's
     post-sublayer norms (`ModelArgs.sandwich_norm`) come from `slime_train_megatron.layers`.
+
+    Args:
+        model_args: the architecture.
+        settings: Megatron settings.
+        config: the transformer config.
+        value_head: the PPO critic: untied embeddings and a scalar `ValueHead` as `output_layer`.
 
     Raises:
         ValueError: an `--attention-backend` the spec cannot run (see `attention.attention_kind`).
@@ -175,13 +184,18 @@ def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: T
             spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
     if model_args.sandwich_norm:
         spec = sandwich_norm_spec(spec, use_te=kind == "transformer_engine")
+    kwargs = model_args.gpt_model_kwargs(settings.tensor_model_parallel_size)
+    if value_head:
+        kwargs["share_embeddings_and_output_weights"] = False
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        **model_args.gpt_model_kwargs(settings.tensor_model_parallel_size),
+        **kwargs,
     )
+    if value_head and model.post_process:
+        model.output_layer = ValueHead(config)
     if config.bf16 or config.fp16:
         # What megatron's Float16Module does to the weights: the local spec's torch norms are built in fp32.
         model.to(config.params_dtype)
@@ -222,8 +236,13 @@ def _tp_info(param: torch.nn.Parameter, name: str, gated: bool) -> tuple[bool, i
 
 
 @torch.no_grad()
-def load_hf_weights(model: GPTModel, hf_dir: str, model_args: ModelArgs, settings: MegatronSettings) -> None:
+def load_hf_weights(
+    model: GPTModel, hf_dir: str, model_args: ModelArgs, settings: MegatronSettings, *, value_head: bool = False
+) -> None:
     """Loads HF safetensors into this rank's (TP/PP/EP-local) parameters through the mapping tables.
+
+    With `value_head` (the critic) the `output_layer` is the `ValueHead`: it takes the checkpoint's `[1, H]` head
+    (`value_head.*` / `score.*`) when there is one and otherwise keeps its fresh initialization.
 
     Raises:
         KeyError: a parameter without mapping, or a missing HF tensor.
@@ -239,8 +258,13 @@ def load_hf_weights(model: GPTModel, hf_dir: str, model_args: ModelArgs, setting
         return reader.get(name)
 
     names = global_param_names(model, model_args)
+    head = value_head_from_hf(reader.get, reader.__contains__) if value_head else None
     for local, param in model.named_parameters():
         name = names[local]
+        if value_head and local.startswith("output_layer."):
+            if head is not None:
+                param.copy_(head[local.rsplit(".", 1)[1]].reshape(param.shape).to(param.dtype))
+            continue
         if model_args.tie_word_embeddings and name.endswith("output_layer.weight"):
             name = "embedding.word_embeddings.weight"  # the last pipeline stage's copy of the shared embedding
         full = mcore_tensor_from_hf(name, read, model_args, tp=tp_size)

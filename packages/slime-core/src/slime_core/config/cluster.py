@@ -19,9 +19,14 @@ class ClusterArgs(ArgsGroup):
     )
     actor_num_nodes: int = arg(1, "Number of nodes for the actor (trainer).", ge=1)
     actor_num_gpus_per_node: int = arg(8, "Number of GPUs per node for the actor (trainer).", ge=1)
-    critic_num_nodes: int | None = arg(None, "Number of nodes for the critic; defaults to --actor-num-nodes.")
+    critic_num_nodes: int | None = arg(
+        None,
+        "Nodes of the PPO critic's own GPUs (with --critic-num-gpus-per-node; the same count as the actor's). "
+        "Unset: the critic shares the actor's GPUs, the two offloaded in turn.",
+        ge=1,
+    )
     critic_num_gpus_per_node: int | None = arg(
-        None, "Number of GPUs per node for the critic; defaults to --actor-num-gpus-per-node."
+        None, "GPUs per node of the PPO critic's own GPUs (default: --actor-num-gpus-per-node).", ge=1
     )
     rollout_num_gpus: int | None = arg(
         None,

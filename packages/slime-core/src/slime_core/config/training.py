@@ -71,12 +71,25 @@ class AlgorithmArgs(ArgsGroup):
     opsm_delta: float = arg(1e-4, "OPSM sequence-KL threshold.", ge=0)
     use_routing_replay: bool = arg(False, "MoE: replay routing of the old-logprob forward in training.")
     use_rollout_routing_replay: bool = arg(False, "MoE: replay the engine routing in training (R3).")
-    num_critic_only_steps: int = arg(0, "Rollouts that train only the critic at the start (PPO).", ge=0)
-    use_opd: bool = arg(False, "On-policy distillation term in the advantages.")
-    opd_type: Literal["sglang", "megatron"] | None = arg(None, "Where the OPD teacher runs.")
-    opd_kl_coef: float = arg(1.0, "OPD coefficient.", ge=0)
-    opd_teacher_load: str | None = arg(None, "Teacher checkpoint for --opd-type megatron.")
-    opd_teacher_ckpt_step: int | None = arg(None, "Teacher checkpoint step.")
+    num_critic_only_steps: int = arg(
+        0, "Rollouts that train only the critic at the start (PPO); >= --num-rollout trains the critic only.", ge=0
+    )
+    use_opd: bool = arg(
+        False, "On-policy distillation: subtract --opd-kl-coef x (student - teacher log-prob) from the advantages."
+    )
+    opd_type: Literal["sglang", "megatron", "fsdp"] | None = arg(
+        None,
+        "Where the OPD teacher runs: sglang (an engine at --rm-url scores prompt+response during the rollout), "
+        "megatron or fsdp (the trainer holds the teacher weights of --opd-teacher-load; megatron works with "
+        "either backend, as in original launch scripts).",
+    )
+    opd_kl_coef: float = arg(1.0, "Weight of the OPD reverse-KL term in the advantages.", ge=0)
+    opd_teacher_load: str | None = arg(
+        None, "Teacher checkpoint for a trainer-side teacher: an HF directory, or a Megatron torch_dist one (megatron)."
+    )
+    opd_teacher_ckpt_step: int | None = arg(
+        None, "Iteration of a Megatron --opd-teacher-load to load (default: latest)."
+    )
     true_on_policy_mode: bool = arg(False, "Align trainer and engine numerics exactly (FSDP).")
 
 
@@ -101,6 +114,10 @@ class OptimizerArgs(ArgsGroup):
     adam_eps: float = arg(1e-8, "Adam epsilon.", gt=0)
     clip_grad: float = arg(1.0, "Gradient-norm clip (0: off).", ge=0)
     seed: int = arg(1234, "Random seed of the trainer.")
+    critic_lr: float | None = arg(None, "Learning rate of the PPO critic (default: --lr).", gt=0)
+    critic_lr_warmup_iters: int | None = arg(
+        None, "Warmup steps of the critic's learning rate (default: --lr-warmup-iters).", ge=0
+    )
     reset_optimizer_states: bool = arg(False, "Zero the optimizer moments at every rollout.")
     use_stateless_adam: bool = arg(False, "Adam without persisted moments.")
     bf16: bool = arg(False, "Train in bfloat16 (mixed precision).")
@@ -160,6 +177,12 @@ class CheckpointArgs(ArgsGroup):
     no_save_optim: bool = arg(False, "Do not save optimizer state.")
     no_load_optim: bool = arg(False, "Do not load optimizer state.")
     no_load_rng: bool = arg(False, "Do not load RNG state.")
+    critic_load: str | None = arg(
+        None,
+        "PPO critic to start from: a critic checkpoint directory (resumed), or an HF directory whose backbone "
+        "initializes the value model (default: <--load>/critic if present, else --hf-checkpoint).",
+    )
+    critic_save: str | None = arg(None, "Directory for critic checkpoints (default: <--save>/critic).")
     save_hf: str | None = arg(None, "Also export HF checkpoints to this path ({rollout_id} is substituted).")
     release_train: bool = arg(False, "Kill and recreate trainer processes from the saved checkpoint every step.")
     megatron_config_path: str | None = arg(None, "YAML with Megatron settings for multi-model setups.")

@@ -14,10 +14,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
+from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
+from slime_core.config.opd import validate_opd
 from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_multimodal import check_multimodal
-from slime_core.estimators import ESTIMATORS, get_estimator
+from slime_core.estimators import get_estimator
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -222,15 +224,11 @@ def _algorithm(args: SlimeArgs) -> None:
 
 
 def _estimator(args: SlimeArgs) -> None:
-    """The `--advantage-estimator` spec's own rules (required flags, hook), then the critic rule."""
+    """The `--advantage-estimator` spec's own rules (required flags, hook), the critic's, then OPD's."""
     spec = get_estimator(args.advantage_estimator)  # a registered name: the field's choices are the registry's
     spec.validate(args)
-    if spec.needs_critic:
-        usable = [s.name for s in ESTIMATORS if not s.needs_critic]
-        raise ConfigError(
-            f"--advantage-estimator {spec.name} needs a critic model, which this version does not train; use "
-            f"{', '.join(usable[:-1])} or {usable[-1]}"
-        )
+    validate_critic(args)
+    validate_opd(args)
 
 
 def _dynamic_batch(args: SlimeArgs) -> None:
@@ -285,6 +283,13 @@ def _lora(args: SlimeArgs) -> None:
         return
     if args.train_backend != "fsdp":
         raise ConfigError(f"--lora-rank needs --train-backend fsdp (peft), got {args.train_backend}")
+    if args.use_critic:
+        raise ConfigError(f"--lora-rank with --advantage-estimator {args.advantage_estimator}: the critic has no LoRA")
+    if args.use_opd and args.opd_type != "sglang":
+        raise ConfigError(
+            f"--lora-rank with --opd-type {args.opd_type}: a trainer-side teacher needs full weights; "
+            "use --opd-type sglang (a teacher engine)"
+        )
     if args.weight_sync not in ("auto", "lora"):
         raise ConfigError(
             f"--weight-sync {args.weight_sync}: with --lora-rank only the adapter is synced (--weight-sync lora)"

@@ -96,7 +96,8 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`), passed to a custom reward function; reads
             `custom_rm_path`, `rm_type`, `rm_url`, `rm_num_workers` (math and deepscaler grade their symbolic
-            check in that many worker processes; 0 grades inline).
+            check in that many worker processes; 0 grades inline), `use_opd` (without a reward type the reward
+            is 0: pure on-policy distillation).
         sample: the sample (its `custom_rm_path` and `metadata["rm_type"]` override the flags).
         **kwargs: passed to a custom reward function.
 
@@ -116,6 +117,8 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         return await call_reward_plugin(fn, args, sample, source=f"{flag} {custom_path}", sample=sample, **kwargs)
     rm_type = (sample.metadata or {}).get("rm_type") or args.rm_type
     if not rm_type:
+        if args.use_opd:
+            return 0.0  # pure on-policy distillation: the teacher's term is the whole learning signal
         raise ValueError("no reward function: set --rm-type, --custom-rm-path or metadata['rm_type']")
     if rm_type in ("remote_rm", "boxed_remote_rm"):
         response = sample.response if rm_type == "remote_rm" else (extract_boxed(sample.response) or "")

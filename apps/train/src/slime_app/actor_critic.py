@@ -1,0 +1,161 @@
+"""PPO's trainers: the actor group and the critic group behind the one interface the loop drives.
+
+`make_trainers(cfg, placement)` returns the actor's `TrainGroup`, or, with a critic
+(`--advantage-estimator ppo`), an `ActorCritic` that the loop uses the same way. Its `train` reads like the
+original's PPO step: the critic computes the rollout's values, trains on them and hands them over; the actor,
+unless `--num-critic-only-steps` holds it back, trains with GAE advantages from those values.
+
+Memory: when the critic shares the actor's GPUs (the default), only one of the two holds accelerator memory
+at a time: the critic wakes for its step and sleeps after it, the actor sleeps while the critic runs. The actor
+is woken when it is first needed (training, weight sync, checkpoint, export), so a colocated step swaps
+engine → critic → actor without waking the actor in between. A critic on GPUs of its own never sleeps.
+Checkpoints: the critic's (`--critic-save`, default `<--save>/critic`) is written before the actor's, whose
+tracker file is the commit point of a resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import ray
+
+from slime_app.cluster import Placement
+from slime_app.train_actor import TrainGroup
+from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ActorCritic", "make_trainers"]
+
+
+def make_trainers(cfg: SlimeArgs, placement: Placement) -> TrainGroup | ActorCritic:
+    """The trainer ranks of the run: the actor group, plus the critic group when the estimator needs one."""
+    actor = TrainGroup(cfg, placement)
+    if not cfg.use_critic:
+        return actor
+    return ActorCritic(cfg, actor, TrainGroup(cfg, placement, role="critic"), shared=placement.critic_shares_actor_gpus)
+
+
+class ActorCritic:
+    """The actor and critic groups as one trainer (same methods as `TrainGroup`).
+
+    Args:
+        cfg: the run config.
+        actor: the actor's ranks.
+        critic: the critic's ranks (as many, same data-parallel layout).
+        shared: whether the critic runs on the actor's GPUs (then the two are offloaded in turn).
+    """
+
+    def __init__(self, cfg: SlimeArgs, actor: TrainGroup, critic: TrainGroup, *, shared: bool):
+        self.cfg, self.actor, self.critic, self.shared = cfg, actor, critic, shared
+        self._actor_awake = self._critic_awake = True  # backends start awake
+
+    # ------------------------------------------------------------------ memory
+    def _set_actor(self, awake: bool) -> None:
+        if awake != self._actor_awake:
+            (self.actor.wake_up if awake else self.actor.sleep)()
+            self._actor_awake = awake
+
+    def _set_critic(self, awake: bool) -> None:
+        if awake != self._critic_awake:
+            (self.critic.wake_up if awake else self.critic.sleep)()
+            self._critic_awake = awake
+
+    def _use_actor(self) -> None:
+        if self.shared:
+            self._set_critic(False)
+        self._set_actor(True)
+
+    def _use_critic(self) -> None:
+        if self.shared:
+            self._set_actor(False)
+        self._set_critic(True)
+
+    def _release_critic(self) -> None:
+        # A critic on its own GPUs keeps them; on the actor's (and, colocated, the engines') it gives them back.
+        if self.shared:
+            self._set_critic(False)
+
+    def wake_up(self) -> None:
+        """Nothing yet: the actor wakes on its first use, after the critic's step (which comes first)."""
+
+    def sleep(self) -> None:
+        """Frees the accelerator memory of both groups (colocated: the engines take the GPUs back)."""
+        self._set_actor(False)
+        self._release_critic()
+
+    # ------------------------------------------------------------------ lifecycle
+    def init(self, cfg: SlimeArgs) -> int:
+        """Initializes both groups; returns the actor's start rollout id (a differing critic's is logged).
+
+        On shared GPUs the actor sleeps while the critic is built, so the two models never hold the accelerator
+        at once (as the original's offloaded PPO initialization).
+        """
+        start = self.actor.init(cfg)
+        if self.shared:
+            self._set_actor(False)
+        critic_start = self.critic.init(cfg)
+        if critic_start != start:
+            logger.warning(
+                "the critic resumes at rollout %d, the actor at %d; continuing from the actor's (is the critic "
+                "checkpoint in --critic-load / <--load>/critic from the same run?)",
+                critic_start,
+                start,
+            )
+        self._release_critic()
+        return start
+
+    @property
+    def dp_ranks(self) -> list[int]:
+        """The actor's data-parallel rank of each trainer rank."""
+        return self.actor.dp_ranks
+
+    def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
+        """Critic step, then (after `--num-critic-only-steps`) the actor's step with the critic's values.
+
+        Returns:
+            The actor's `train/*` metrics (none during critic-only steps), the critic's `train/critic-*`, and
+            `perf/critic_train_time` (seconds, with its wake-up and sleep).
+        """
+        t0 = time.perf_counter()
+        self._use_critic()
+        critic_metrics, values = self.critic.train_critic(rollout_id, batch_refs)
+        self._release_critic()
+        metrics: dict[str, float] = {**critic_metrics, "perf/critic_train_time": time.perf_counter() - t0}
+        if rollout_id >= self.cfg.num_critic_only_steps:
+            self._use_actor()
+            metrics.update(self.actor.train(rollout_id, batch_refs, values))
+        else:
+            only = self.cfg.num_critic_only_steps
+            logger.info("rollout %d: the critic trains alone (--num-critic-only-steps %d)", rollout_id, only)
+        return metrics
+
+    def save(self, rollout_id: int) -> None:
+        """The critic's checkpoint, then the actor's (whose tracker commits the resume point)."""
+        self._use_critic()
+        self.critic.save(rollout_id)
+        self._release_critic()
+        self._use_actor()
+        self.actor.save(rollout_id)
+
+    def save_hf(self, path: str) -> None:
+        """HF export of the actor (the policy)."""
+        self._use_actor()
+        self.actor.save_hf(path)
+
+    def connect_engines(self, engine_urls: list[str]) -> None:
+        """Weight sync towards the engines (the actor's)."""
+        self.actor.connect_engines(engine_urls)
+
+    def update_weights(self, weight_version: int, engine_urls: list[str] | None = None) -> dict[str, float]:
+        """Pushes the actor's weights (to `engine_urls`, or the connected engines; see `TrainGroup.update_weights`)."""
+        self._use_actor()
+        return self.actor.update_weights(weight_version, engine_urls)
+
+    def shutdown(self) -> None:
+        """Shuts both groups down (the critic's even if the actor's fails)."""
+        try:
+            self.actor.shutdown()
+        finally:
+            self.critic.shutdown()

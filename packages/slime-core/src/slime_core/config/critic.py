@@ -1,0 +1,63 @@
+"""Config rules of the PPO critic (`--advantage-estimator ppo`): placement and the flags only a critic reads.
+
+Placement, as in the original: by default the critic trains on the actor's GPUs (its own trainer ranks,
+the two offloaded in turn; the current original's only layout). `--critic-num-nodes` /
+`--critic-num-gpus-per-node` (the earlier original's flags) put it on GPUs of its own, with as many ranks as
+the actor: the rollout's per-data-parallel-rank batches serve both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from slime_core.config.base import ConfigError, field_to_flag
+from slime_core.estimators import get_estimator
+
+if TYPE_CHECKING:
+    from slime_core.config.args import SlimeArgs
+
+__all__ = ["CRITIC_FIELDS", "validate_critic"]
+
+#: Flags that only a critic reads; set without one they would do nothing.
+CRITIC_FIELDS = (
+    "critic_num_nodes",
+    "critic_num_gpus_per_node",
+    "critic_load",
+    "critic_save",
+    "critic_lr",
+    "critic_lr_warmup_iters",
+    "num_critic_only_steps",
+)
+
+
+def validate_critic(args: SlimeArgs) -> None:
+    """Rejects critic flags without a critic; fills and checks the critic's own-GPU placement.
+
+    Raises:
+        ConfigError: a critic flag without `--advantage-estimator ppo`, or own critic GPUs whose count differs
+            from the actor's.
+    """
+    from slime_core.config.args import SlimeArgs  # the class (`args` may be validation's writable view)
+
+    fields = SlimeArgs.model_fields
+    if not get_estimator(args.advantage_estimator).needs_critic:
+        for name in CRITIC_FIELDS:
+            if getattr(args, name) != fields[name].get_default(call_default_factory=True):
+                raise ConfigError(
+                    f"{field_to_flag(name)} configures the PPO critic; it has no effect with --advantage-estimator "
+                    f"{args.advantage_estimator} (use --advantage-estimator ppo, or remove it)"
+                )
+        return
+    if args.critic_num_nodes is None and args.critic_num_gpus_per_node is None:
+        return  # the critic shares the actor's GPUs
+    if args.critic_num_nodes is None:
+        args.critic_num_nodes = args.actor_num_nodes
+    if args.critic_num_gpus_per_node is None:
+        args.critic_num_gpus_per_node = args.actor_num_gpus_per_node
+    critic = args.critic_num_nodes * args.critic_num_gpus_per_node
+    actor = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if critic != actor:
+        raise ConfigError(
+            f"--critic-num-nodes x --critic-num-gpus-per-node = {critic} must equal the actor's {actor} GPUs "
+            "(the critic trains on the actor's per-rank batches); drop both flags to share the actor's GPUs"
+        )

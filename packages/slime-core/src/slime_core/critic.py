@@ -1,0 +1,242 @@
+"""The PPO critic, written once for every backend: its role config and its training step on a rollout.
+
+`critic_config(cfg)` is the run config as the critic's trainer sees it (the original's critic role
+overrides): `--critic-lr`, `--critic-lr-warmup-iters`, `--critic-load`, `--critic-save` replace the actor's
+optimizer and checkpoint settings; the actor-only terms (reward KL, OPD, a custom advantage function, the HF
+export) are off.
+
+`train_critic_on_rollout` reads top to bottom like the original's `train_critic`:
+
+1. values `V` of every response token with the critic's current weights (one forward, no grad);
+2. returns `R = GAE(rewards, V) + V` (`--gamma`, `--lambd`; the reward at the last response token, no KL
+   term: the critic sees no log-probs, as in the original);
+3. prediction metrics of `V` against `R` over the loss-masked tokens of all data-parallel ranks;
+4. per optimizer step: forward + backward of the clipped value loss (`--value-clip`) against `V` and `R`,
+   the optimizer step, metric sums reduced over data-parallel ranks and divided by the step's denominator;
+5. `V` is returned: the actor's advantages use the same values (`RolloutBatch.values`).
+
+Legend: `N` samples on this rank, `L_i` response length of sample i.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from slime_core.algorithms.value_loss import compute_critic_loss
+from slime_core.batch import RolloutBatch
+from slime_core.config import SlimeArgs
+from slime_core.estimators import get_estimator
+from slime_core.train_step import step_denominator
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CriticStepBackend",
+    "ValueLoss",
+    "critic_config",
+    "train_critic_on_rollout",
+    "value_prediction_stats",
+]
+
+ValueLoss = Callable[[Sequence[int], list[torch.Tensor]], tuple[torch.Tensor, dict]]
+"""`loss_fn(ids, values) -> (loss, metrics)` for one non-empty micro-batch: `ids` are local sample positions,
+`values` N×`[L_i]` float32 current critic values (with grad) in the order of `ids`; `loss` is a SUM over the
+micro-batch's samples, `metrics` detached scalars summed the same way (as `slime_core.train_step.MicroBatchLoss`)."""
+
+
+@runtime_checkable
+class CriticStepBackend(Protocol):
+    """What a critic backend supplies to `train_critic_on_rollout` (every method is collective)."""
+
+    def compute_values(self, batch: RolloutBatch) -> list[torch.Tensor]:
+        """N `[L_i]` float32 values (CPU) of the response tokens with the current weights."""
+        ...
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of `tensor` over data-parallel ranks, on CPU."""
+        ...
+
+    def forward_backward(
+        self, batch: RolloutBatch, step: int, loss_fn: ValueLoss, *, denominator: float
+    ) -> list[dict[str, torch.Tensor]]:
+        """Zeroes gradients, then forward + backward over step `step`'s micro-batches with `loss_fn`.
+
+        As `slime_core.train_step.StepBackend.forward_backward`, with the value head's output in place of the
+        log-probs.
+        """
+        ...
+
+    def optimizer_step(self) -> tuple[float, float]:
+        """Clips, steps the optimizer and the LR schedule; returns (pre-clip grad norm, rate of this step)."""
+        ...
+
+    def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """Sums per-metric values over data-parallel ranks; every rank returns the same dict."""
+        ...
+
+    def reset_optimizer_states(self) -> None:
+        """Drops the optimizer moments (`--reset-optimizer-states`)."""
+        ...
+
+
+def critic_config(cfg: SlimeArgs) -> SlimeArgs:
+    """The run config of the critic's trainer ranks.
+
+    Args:
+        cfg: the validated run config (`--advantage-estimator ppo`).
+
+    Returns:
+        A copy (not re-validated: every value comes from validated fields) where `lr` is `--critic-lr` (else
+        `--lr`), `lr_warmup_iters` is `--critic-lr-warmup-iters` (else `--lr-warmup-iters`), `load` is
+        `--critic-load` (else `<--load>/critic`), `save` is `--critic-save` (else `<--save>/critic`), and
+        `kl_coef`, `use_kl_loss`, `use_opd`, `opd_type`, `opd_teacher_load`, `custom_advantage_function_path`,
+        `save_hf`, `ref_update_interval` are off (the original's critic role overrides).
+
+    Raises:
+        ValueError: the estimator needs no critic.
+    """
+    if not get_estimator(cfg.advantage_estimator).needs_critic:
+        raise ValueError(f"--advantage-estimator {cfg.advantage_estimator} trains no critic")
+    load = cfg.critic_load or (os.path.join(cfg.load, "critic") if cfg.load else None)
+    save = cfg.critic_save or (os.path.join(cfg.save, "critic") if cfg.save else None)
+    return cfg.model_copy(
+        update={
+            "lr": cfg.critic_lr if cfg.critic_lr is not None else cfg.lr,
+            "lr_warmup_iters": (
+                cfg.critic_lr_warmup_iters if cfg.critic_lr_warmup_iters is not None else cfg.lr_warmup_iters
+            ),
+            "load": load,
+            "save": save,
+            "kl_coef": 0.0,
+            "use_kl_loss": False,
+            "use_opd": False,
+            "opd_type": None,
+            "opd_teacher_load": None,
+            "custom_advantage_function_path": None,
+            "save_hf": None,
+            "ref_update_interval": None,
+        }
+    )
+
+
+def value_prediction_stats(
+    values: Sequence[torch.Tensor], returns: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """Masked moment sums `[Σm, ΣVm, ΣRm, ΣR²m, Σ(R-V)m, Σ(R-V)²m]` (float64), summable over ranks.
+
+    Args:
+        values: N `[L_i]` critic values.
+        returns: N `[L_i]` returns.
+        masks: N `[L_i]` loss masks in {0, 1}.
+
+    Returns:
+        `[6]` float64 on CPU.
+    """
+    stats = torch.zeros(6, dtype=torch.float64)
+    for v, r, m in zip(values, returns, masks, strict=True):
+        v64, r64, m64 = v.detach().double().cpu(), r.detach().double().cpu(), m.double().cpu()
+        err = r64 - v64
+        stats += torch.stack(
+            [m64.sum(), (v64 * m64).sum(), (r64 * m64).sum(), (r64.square() * m64).sum(), (err * m64).sum(),
+             (err.square() * m64).sum()]
+        )  # fmt: skip
+    return stats
+
+
+def _prediction_metrics(stats: torch.Tensor) -> dict[str, float]:
+    """`explained_variance = 1 - Var(R - V) / Var(R)` (NaN when `Var(R)` is 0), value and return means."""
+    count, sum_v, sum_r, sum_r2, sum_e, sum_e2 = (float(x) for x in stats)
+    if count <= 0:
+        return {}
+    mean_r, mean_e = sum_r / count, sum_e / count
+    var_r = max(sum_r2 / count - mean_r**2, 0.0)
+    var_e = max(sum_e2 / count - mean_e**2, 0.0)
+    return {
+        "explained_variance": 1.0 - var_e / var_r if var_r > 1e-12 else math.nan,
+        "value_mean": sum_v / count,
+        "return_mean": mean_r,
+    }
+
+
+def _returns(cfg: SlimeArgs, batch: RolloutBatch, values: list[torch.Tensor]) -> list[torch.Tensor]:
+    # The estimator's own function (GAE for ppo) with a zero KL term: the critic has no log-probs.
+    zeros = [torch.zeros(m.shape, dtype=torch.float32) for m in batch.loss_masks]
+    estimator = get_estimator(cfg.advantage_estimator).advantage_fn()
+    with torch.no_grad():
+        _adv, returns = estimator(
+            cfg, rewards=list(batch.rewards), loss_masks=batch.loss_masks, kl=zeros, values=values
+        )
+    return [r.float() for r in returns]
+
+
+def _value_loss(cfg: SlimeArgs, batch: RolloutBatch, old_values, returns) -> ValueLoss:
+    def loss_fn(ids, values):
+        device = values[0].device
+        return compute_critic_loss(
+            cfg,
+            values=values,
+            old_values=[old_values[i].to(device) for i in ids],
+            returns=[returns[i].to(device) for i in ids],
+            loss_masks=[batch.loss_masks[i].to(device) for i in ids],
+            loss_denominators=[float(batch.loss_denominators[i]) for i in ids],
+        )
+
+    return loss_fn
+
+
+def _optimizer_step(cfg, backend: CriticStepBackend, batch: RolloutBatch, step: int, loss_fn) -> dict[str, float]:
+    denominator = step_denominator(cfg, batch, step)
+    micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=denominator)
+    grad_norm, lr = backend.optimizer_step()
+    sums: dict[str, float] = {}
+    for metrics in micro_metrics:
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    reduced = backend.reduce_metric_sums(sums)
+    out = {key: reduced[key] / denominator for key in sorted(reduced)}
+    out.update(grad_norm=grad_norm, lr=lr)
+    return out
+
+
+def train_critic_on_rollout(
+    cfg: SlimeArgs, backend: CriticStepBackend, rollout_id: int, batch: RolloutBatch
+) -> tuple[dict[str, float], list[torch.Tensor]]:
+    """Values, returns, then `batch.num_steps` critic optimizer steps (collective; see module docstring).
+
+    Args:
+        cfg: the critic's config (`critic_config`); reads `advantage_estimator`, `gamma`, `lambd`, `value_clip`,
+            `calculate_per_token_loss`, `reset_optimizer_states`.
+        backend: the rank's critic backend.
+        rollout_id: id of the rollout (for the log line).
+        batch: this rank's data with its micro-batch schedule (`rewards` are the raw rewards of the ppo spec).
+
+    Returns:
+        `(metrics, values)`: `train/critic-*` metrics — `value_loss`, `value_clipfrac` (means over the steps of
+        the DP-reduced, denominator-normalized sums), `grad_norm` (mean), `lr` (last step), and, over all
+        ranks' masked tokens before the update, `explained_variance`, `value_mean`, `return_mean`; and the
+        N `[L_i]` float32 values before the update (CPU).
+
+    Raises:
+        ValueError: a batch without optimizer steps, or an error of the estimator / value loss.
+    """
+    if batch.num_steps == 0:
+        raise ValueError("RolloutBatch has no optimizer step (empty micro_batches)")
+    if cfg.reset_optimizer_states:
+        backend.reset_optimizer_states()
+    values = [v.float().cpu() for v in backend.compute_values(batch)]
+    returns = _returns(cfg, batch, values)
+    prediction = _prediction_metrics(backend.all_reduce_sum(value_prediction_stats(values, returns, batch.loss_masks)))
+    loss_fn = _value_loss(cfg, batch, values, returns)
+    per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
+    metrics["lr"] = per_step[-1]["lr"]
+    metrics.update(prediction)
+    metrics = {f"train/critic-{key}": value for key, value in metrics.items()}
+    logger.info("rollout %d critic: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
+    return metrics, values

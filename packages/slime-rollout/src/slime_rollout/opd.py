@@ -1,0 +1,169 @@
+"""On-policy distillation with a teacher engine (`--use-opd --opd-type sglang`): the teacher scores the student.
+
+A teacher is any server speaking SGLang's `/generate` (SGLang on GPUs; the CPU reference engine,
+`python -m slime_rollout.engines.reference --model-path TEACHER`). It scores the student's own sampled tokens:
+one request per sample with `max_new_tokens: 0`, `return_logprob: true` and the sample's token ids; the reply's
+`meta_info.input_token_logprobs` are the teacher's log-probs of those tokens at `--rollout-temperature` (as the
+original scores them, slime #2085). The trainer then subtracts `--opd-kl-coef·(student - teacher)` from the
+advantages (`slime_core.algorithms.compute_advantages_and_returns`).
+
+Two ways in, as in `slime_core.config.opd`:
+
+* built in (`score_teacher`, no `--custom-reward-post-process-path`): after the rollout's rewards, every
+  scored sample gets `teacher_log_probs` from `--rm-url`; the task reward (`--rm-type` / `--custom-rm-path`)
+  stays, or is 0 when none is configured (pure distillation). Only the response span is requested
+  (`logprob_start_len` = prompt length), so the teacher computes no prompt log-probs.
+* the original's plugins, for unchanged launch scripts: `--custom-rm-path
+  slime.rollout.on_policy_distillation.reward_func` (the teacher reply as the "reward") and
+  `--custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards` (teacher
+  log-probs from the reply, rewards 0), mapped onto `reward_func` / `post_process_rewards` here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import urllib.parse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from slime_core.config.opd import builtin_teacher_scoring
+from slime_core.sample import Sample, Status
+from slime_rollout.transport import HttpEndpoint
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["post_process_rewards", "reward_func", "score_teacher", "teacher_log_probs_from_reply", "teacher_payload"]
+
+_TIMEOUT_S = 600.0  # read timeout of one scoring request (a long sample on a busy teacher)
+_CONCURRENCY = 256  # scoring requests in flight per rollout
+_endpoints: dict[str, tuple[HttpEndpoint, str]] = {}
+
+
+def _endpoint(url: str) -> tuple[HttpEndpoint, str]:
+    """One retrying HTTP endpoint per `--rm-url` (`http://host:port/generate` → base URL and route)."""
+    if url not in _endpoints:
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        base = f"{parts.scheme}://{parts.netloc}"
+        _endpoints[url] = (HttpEndpoint(base, timeout=_TIMEOUT_S), parts.path or "/generate")
+    return _endpoints[url]
+
+
+def teacher_payload(args: SlimeArgs, sample: Sample, *, logprob_start_len: int) -> dict[str, Any]:
+    """The `/generate` request that scores `sample.tokens` (no new tokens, input log-probs from a position).
+
+    Args:
+        args: reads `rollout_temperature`.
+        sample: the student's sample (prompt + response ids).
+        logprob_start_len: first position whose log-prob is returned (0: all; prompt length: the response).
+    """
+    return {
+        "input_ids": list(sample.tokens),
+        "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0, "skip_special_tokens": False},
+        "return_logprob": True,
+        "logprob_start_len": logprob_start_len,
+    }
+
+
+def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logprob_start_len: int) -> list[float]:
+    """The teacher's log-probs of the response tokens from a `/generate` reply.
+
+    Args:
+        reply: the engine's JSON reply (`meta_info.input_token_logprobs`: `[[logprob, token_id, ...], ...]` for
+            positions `logprob_start_len..`, the entry of position 0 being None).
+        sample: the scored sample.
+        logprob_start_len: what the request asked for.
+
+    Returns:
+        `[response_length]` floats.
+
+    Raises:
+        ValueError: the reply has no input log-probs, too few of them, or scores other tokens than the response.
+    """
+    entries = (reply.get("meta_info") or {}).get("input_token_logprobs")
+    if entries is None:
+        raise ValueError(f"sample {sample.index}: the teacher's reply has no meta_info.input_token_logprobs")
+    n = sample.response_length
+    tail = list(entries)[len(entries) - n :] if n else []
+    if len(entries) < n or logprob_start_len + len(entries) != len(sample.tokens):
+        raise ValueError(
+            f"sample {sample.index}: the teacher returned {len(entries)} input log-probs from position "
+            f"{logprob_start_len} for {len(sample.tokens)} tokens ({n} response tokens)"
+        )
+    ids = [int(e[1]) for e in tail]
+    if ids != sample.response_tokens:
+        raise ValueError(f"sample {sample.index}: the teacher scored other tokens than the response ({ids[:8]}...)")
+    return [float(e[0]) for e in tail]
+
+
+async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
+    endpoint, route = _endpoint(args.rm_url)
+    start = sample.prompt_length
+    async with semaphore:
+        reply = await endpoint.request("POST", route, teacher_payload(args, sample, logprob_start_len=start))
+    sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)
+
+
+async def score_teacher(args: SlimeArgs, samples: Sequence[Sample]) -> int:
+    """Built-in teacher scoring: sets `teacher_log_probs` on every finished sample that has none.
+
+    A no-op unless `--use-opd --opd-type sglang` without a reward post-process function
+    (`slime_core.config.opd.builtin_teacher_scoring`). Aborted samples are skipped (they do not train).
+
+    Args:
+        args: reads `use_opd`, `opd_type`, `custom_reward_post_process_path`, `rm_url`, `rollout_temperature`.
+        samples: the rollout's samples.
+
+    Returns:
+        The number of samples scored.
+
+    Raises:
+        slime_rollout.transport.EngineError: the teacher failed or is unreachable.
+        ValueError: a reply that does not fit its sample.
+    """
+    if not builtin_teacher_scoring(args):
+        return 0
+    todo = [s for s in samples if s.teacher_log_probs is None and s.status is not Status.ABORTED]
+    semaphore = asyncio.Semaphore(_CONCURRENCY)
+    await asyncio.gather(*(_score_one(args, s, semaphore) for s in todo))
+    return len(todo)
+
+
+async def reward_func(args: SlimeArgs, sample: Sample, **kwargs: Any) -> dict[str, Any]:
+    """The original's `slime.rollout.on_policy_distillation.reward_func`: the teacher's reply as the "reward".
+
+    POSTs the sample's full token ids to `--rm-url` with `logprob_start_len: 0`. The sample's `teacher_log_probs`
+    are set from the reply here already, and its logged raw reward is 0 (`metadata["raw_reward"]`: the reply is no
+    score); `post_process_rewards` (or the user's own) reads the reply as the original's does.
+    """
+    endpoint, route = _endpoint(args.rm_url)
+    reply = await endpoint.request("POST", route, teacher_payload(args, sample, logprob_start_len=0))
+    sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=0)
+    sample.metadata["raw_reward"] = 0.0
+    return reply
+
+
+def post_process_rewards(args: SlimeArgs, samples: list[Sample], **kwargs: Any) -> tuple[list[float], list[float]]:
+    """The original's `slime.rollout.on_policy_distillation.post_process_rewards` (pure distillation).
+
+    Sets each sample's `teacher_log_probs` from its reward (the teacher's reply) and returns zero rewards: the
+    learning signal is the OPD term alone.
+
+    Returns:
+        `(raw_rewards, rewards)`, both N zeros.
+
+    Raises:
+        ValueError: a sample whose reward is not a teacher reply.
+    """
+    for sample in samples:
+        if not isinstance(sample.reward, dict):
+            raise ValueError(
+                f"sample {sample.index}: reward {sample.reward!r} is not a teacher reply; use --custom-rm-path "
+                "slime.rollout.on_policy_distillation.reward_func with this post-process function"
+            )
+        sample.teacher_log_probs = teacher_log_probs_from_reply(sample.reward, sample, logprob_start_len=0)
+    zeros = [0.0] * len(samples)
+    return zeros, list(zeros)

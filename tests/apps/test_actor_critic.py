@@ -1,0 +1,143 @@
+"""PPO's trainers: the order of the actor's and critic's steps, memory swaps and checkpoints; the critic's bundles.
+
+The trainer groups are fakes that record calls (no Ray); the placement test replaces Ray's placement-group calls.
+"""
+
+import types
+
+import pytest
+
+from slime_app import cluster
+from slime_app.actor_critic import ActorCritic
+from slime_core.config import SlimeArgs
+
+
+def _cfg(**fields) -> SlimeArgs:
+    return SlimeArgs.from_dict(
+        {"rollout_batch_size": 1, "num_rollout": 4, "advantage_estimator": "ppo", "actor_num_gpus_per_node": 2,
+         **fields}
+    )  # fmt: skip
+
+
+class _Group:
+    def __init__(self, role, events):
+        self.role, self.events, self.dp_ranks = role, events, [0, 1]
+
+    def _log(self, *what):
+        self.events.append((self.role, *what))
+
+    def init(self, cfg):
+        self._log("init")
+        return 3 if self.role == "actor" else 2
+
+    def wake_up(self):
+        self._log("wake_up")
+
+    def sleep(self):
+        self._log("sleep")
+
+    def train_critic(self, rollout_id, batch_refs):
+        self._log("train_critic", rollout_id)
+        return {"train/critic-value_loss": 0.5}, ["values-rank0", "values-rank1"]
+
+    def train(self, rollout_id, batch_refs, values=None):
+        self._log("train", rollout_id, tuple(values))
+        return {"train/loss": 1.0}
+
+    def save(self, rollout_id):
+        self._log("save", rollout_id)
+
+    def update_weights(self, version, engine_urls=None):
+        self._log("update_weights", version, *([engine_urls] if engine_urls else []))
+        return {}
+
+
+def _pair(shared, **fields):
+    events = []
+    pair = ActorCritic(_cfg(**fields), _Group("actor", events), _Group("critic", events), shared=shared)
+    return pair, events
+
+
+def test_shared_gpus_alternate_and_the_actor_trains_on_the_critic_values(caplog):
+    pair, events = _pair(shared=True)
+    assert pair.init(pair.cfg) == 3  # the actor's start; the differing critic's is logged
+    assert "the critic resumes at rollout 2, the actor at 3" in caplog.text
+    # Never both on the GPU: the actor sleeps while the critic is built; the critic sleeps after.
+    assert events == [("actor", "init"), ("actor", "sleep"), ("critic", "init"), ("critic", "sleep")]
+    events.clear()
+    assert pair.update_weights(0) == {}  # the first weight sync wakes the actor
+    assert events == [("actor", "wake_up"), ("actor", "update_weights", 0)]
+    events.clear()
+    pair.sleep()  # colocated: after the weight sync both give the GPUs to the engines
+    pair.wake_up()  # ... and the loop wakes the trainer for the step: nothing moves yet
+    metrics = pair.train(0, ["b0", "b1"])
+    assert events == [
+        ("actor", "sleep"),
+        ("critic", "wake_up"),
+        ("critic", "train_critic", 0),
+        ("critic", "sleep"),
+        ("actor", "wake_up"),
+        ("actor", "train", 0, ("values-rank0", "values-rank1")),
+    ]
+    assert metrics["train/loss"] == 1.0 and metrics["train/critic-value_loss"] == 0.5
+    assert metrics["perf/critic_train_time"] >= 0
+    events.clear()
+    pair.save(0)  # the critic's checkpoint first; the actor's tracker commits the resume point
+    assert events == [
+        ("actor", "sleep"),
+        ("critic", "wake_up"),
+        ("critic", "save", 0),
+        ("critic", "sleep"),
+        ("actor", "wake_up"),
+        ("actor", "save", 0),
+    ]
+    events.clear()
+    pair.update_weights(1, ["http://restarted:1"])  # a restarted engine's weights (fault tolerance's restorer)
+    assert events == [("actor", "update_weights", 1, ["http://restarted:1"])]
+
+
+def test_critic_only_steps_and_own_gpus():
+    pair, events = _pair(shared=False, num_critic_only_steps=2, critic_num_nodes=1)
+    pair.init(pair.cfg)
+    for rollout_id in range(3):
+        pair.train(rollout_id, ["b0", "b1"])
+    trained = [e for e in events if e[1] in ("train", "train_critic")]
+    assert trained == [
+        ("critic", "train_critic", 0),
+        ("critic", "train_critic", 1),
+        ("critic", "train_critic", 2),
+        ("actor", "train", 2, ("values-rank0", "values-rank1")),
+    ]
+    assert not [e for e in events if e[1] in ("sleep", "wake_up")]  # its own GPUs: nothing to swap
+
+
+@pytest.mark.parametrize(
+    ("fields", "actor", "critic", "rollout", "total"),
+    [
+        ({"colocate": True}, [0, 1], [0, 1], [0, 1], 2),  # shared: the original's layout
+        ({"colocate": True, "critic_num_nodes": 1}, [0, 1], [2, 3], [0, 1], 4),
+        ({"rollout_num_gpus": 2, "critic_num_gpus_per_node": 2}, [0, 1], [2, 3], [4, 5], 6),
+        ({"rollout_num_gpus": 2}, [0, 1], [0, 1], [2, 3], 4),
+        ({"debug_train_only": True, "critic_num_nodes": 1}, [0, 1], [2, 3], [], 4),
+        ({"advantage_estimator": "grpo", "rollout_num_gpus": 2}, [0, 1], [], [2, 3], 4),
+    ],
+)
+def test_critic_bundles(monkeypatch, fields, actor, critic, rollout, total):
+    made = {}
+
+    def fake_group(bundles, strategy):
+        made["bundles"] = len(bundles)
+        return types.SimpleNamespace(ready=lambda: None)
+
+    def fake_info_options(num_gpus, scheduling_strategy):
+        index = scheduling_strategy.placement_group_bundle_index
+        return types.SimpleNamespace(remote=lambda: ("10.0.0.1", index))
+
+    monkeypatch.setattr(cluster, "has_gpu", lambda: True)
+    monkeypatch.setattr(cluster, "placement_group", fake_group)
+    monkeypatch.setattr(cluster, "_bundle_info", types.SimpleNamespace(options=fake_info_options))
+    monkeypatch.setattr(cluster.ray, "get", lambda refs, timeout=None: refs)
+    placement = cluster.create_placement(_cfg(**fields))
+    assert made["bundles"] == total
+    assert (placement.actor_bundles, placement.critic_bundles, placement.rollout_bundles) == (actor, critic, rollout)
+    assert placement.critic_shares_actor_gpus == (bool(critic) and critic == actor)

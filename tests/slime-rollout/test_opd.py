@@ -1,0 +1,106 @@
+"""On-policy distillation with a teacher engine: the reference engine scores the student's tokens.
+
+The teacher is the session's CPU reference engine (a tiny random Qwen3); its log-probs are checked against an
+independent transformers forward at the rollout temperature. Tolerance 1e-5 (fp32 engine with left padding and
+KV cache vs one unpadded forward).
+"""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from slime_core.config import PluginArgs
+from slime_core.plugins import load_function
+from slime_core.sample import Sample, Status
+from slime_rollout.opd import score_teacher, teacher_log_probs_from_reply
+from slime_rollout.rewards import async_rm
+
+ATOL = 1e-5
+TEMPERATURE = 0.8
+
+
+def _samples() -> list[Sample]:
+    """Three student samples over the Qwen3 vocabulary (prompt + response ids), one of them aborted."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i, (prompt, response) in enumerate([(5, 3), (9, 1), (4, 6)]):
+        ids = torch.randint(0, 151_000, (prompt + response,), generator=g).tolist()
+        out.append(Sample(tokens=ids, response_length=response, index=i, status=Status.COMPLETED, reward=1.0))
+    out.append(Sample(tokens=[5, 6, 7], response_length=1, index=3, status=Status.ABORTED))
+    return out
+
+
+def _reference(model_dir, sample: Sample) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([sample.tokens])).logits[0].float() / TEMPERATURE
+    targets = torch.tensor(sample.response_tokens)
+    return torch.log_softmax(logits[sample.prompt_length - 1 : -1], -1)[torch.arange(len(targets)), targets]
+
+
+@pytest.fixture(scope="module")
+def args(reference_args, tiny_qwen3_dir, reference_engine):
+    cfg = reference_args(
+        tiny_qwen3_dir, use_opd=True, opd_type="sglang", rm_url=f"{reference_engine.urls[0]}/generate",
+        rollout_temperature=TEMPERATURE,
+    )  # fmt: skip
+    return PluginArgs.from_config(cfg)
+
+
+def test_builtin_scoring_matches_transformers_and_skips_aborted(args, tiny_qwen3_dir):
+    samples = _samples()
+    assert asyncio.run(score_teacher(args, samples)) == 3
+    for s in samples[:3]:
+        torch.testing.assert_close(torch.tensor(s.teacher_log_probs), _reference(tiny_qwen3_dir, s), atol=ATOL, rtol=0)
+    assert samples[3].teacher_log_probs is None  # aborted: never trains
+    assert asyncio.run(score_teacher(args, samples)) == 0  # already scored
+
+
+def test_original_plugins_give_the_same_log_probs_and_zero_rewards(args, tiny_qwen3_dir):
+    # The original's paths resolve in slime-core's loader too (the post-process hook is loaded there).
+    from slime_rollout import opd
+
+    reward_path = "slime.rollout.on_policy_distillation.reward_func"
+    assert load_function(reward_path, flag="--custom-rm-path") is opd.reward_func
+    post = load_function("slime.rollout.on_policy_distillation.post_process_rewards", flag="--custom-reward-...")
+    original = args.model_copy(update={
+        "custom_rm_path": reward_path,
+        "custom_reward_post_process_path": "slime.rollout.on_policy_distillation.post_process_rewards",
+    })  # fmt: skip
+    samples = _samples()[:3]
+
+    async def score():
+        return await asyncio.gather(*(async_rm(original, s) for s in samples))
+
+    for s, reply in zip(samples, asyncio.run(score()), strict=True):
+        assert reply["meta_info"]["input_token_logprobs"][0][0] is None  # the whole sequence, as the original asks
+        s.reward = reply
+    assert asyncio.run(score_teacher(original, samples)) == 0  # the plugins score; the built-in path stays off
+    for s in samples:
+        s.teacher_log_probs = None
+    raw, rewards = post(original, samples)
+    assert raw == rewards == [0.0, 0.0, 0.0]
+    for s in samples:
+        torch.testing.assert_close(torch.tensor(s.teacher_log_probs), _reference(tiny_qwen3_dir, s), atol=ATOL, rtol=0)
+        assert s.metadata["raw_reward"] == 0.0  # the reply is no score: logged as 0
+
+
+def test_pure_distillation_reward_is_zero_without_a_reward_function(args):
+    assert asyncio.run(async_rm(args, _samples()[0])) == 0.0
+    with pytest.raises(ValueError, match="no reward function"):
+        asyncio.run(async_rm(args.model_copy(update={"use_opd": False}), _samples()[0]))
+
+
+def test_a_reply_that_does_not_fit_its_sample_fails_clearly():
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    good = {"meta_info": {"input_token_logprobs": [[-0.5, 3, None], [-0.25, 4, None]]}}
+    assert teacher_log_probs_from_reply(good, sample, logprob_start_len=2) == [-0.5, -0.25]
+    with pytest.raises(ValueError, match="sample 7: the teacher returned 2 input log-probs from position 1 for 4"):
+        teacher_log_probs_from_reply(good, sample, logprob_start_len=1)
+    other = {"meta_info": {"input_token_logprobs": [[-0.5, 9, None], [-0.25, 4, None]]}}
+    with pytest.raises(ValueError, match="scored other tokens than the response"):
+        teacher_log_probs_from_reply(other, sample, logprob_start_len=2)
+    with pytest.raises(ValueError, match="has no meta_info.input_token_logprobs"):
+        teacher_log_probs_from_reply({"meta_info": {}}, sample, logprob_start_len=2)

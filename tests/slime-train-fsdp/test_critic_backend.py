@@ -1,0 +1,240 @@
+"""`FSDPCriticBackend` (the PPO value model) and the FSDP actor's on-policy-distillation teacher, on CPU/gloo
+with tiny Qwen3s built from config (fp32).
+
+The scenarios of `_critic_workers.py` run in forked processes (world size 1 or 2) and write their results;
+the assertions below check them. Tolerances: 1e-5 absolute on values and log-probs against a plain transformers
+forward (fp32 kernels differ in summation order); 1e-5 relative on the DP parameter update; exact for a resumed
+checkpoint. The OPD teacher is a differently seeded tiny Qwen3 (HF directory), then an FSDP checkpoint of the
+trained student.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import multiprocessing
+import os
+import pathlib
+import shutil
+import socket
+import traceback
+
+import pytest
+import torch
+
+from slime_train_fsdp.value_model import fill_value_head
+
+pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+
+WORKER = pathlib.Path(__file__).with_name("_critic_workers.py")
+TOL = 1e-5
+
+
+def _load_workers():
+    spec = importlib.util.spec_from_file_location("slime_fsdp_critic_workers", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rank_entry(scenario: str, rank: int, world: int, port: int, out: pathlib.Path, ckpt: pathlib.Path) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    try:
+        _load_workers().run(scenario, out, str(ckpt))
+    except BaseException:
+        (out / f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def launch(scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
+    """Runs `_critic_workers.run(scenario)` on `world` forked processes; returns each rank's results."""
+    out = work / f"out_{scenario}_{world}"
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_rank_entry, args=(scenario, r, world, port, out, ckpt)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=600)
+    torch.set_num_threads(threads)
+    for rank, p in enumerate(procs):
+        if p.is_alive():
+            p.kill()
+        err = out / f"rank{rank}.err"
+        assert p.exitcode == 0, f"{scenario} rank {rank} failed:\n{err.read_text() if err.exists() else p.exitcode}"
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def launch_subprocesses(scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
+    """Like `launch` with fresh interpreters (CUDA cannot be forked after the driver is initialized)."""
+    import subprocess
+    import sys
+
+    out = work / f"out_{scenario}_{world}"
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))  # fmt: skip
+        cmd = [sys.executable, str(WORKER), scenario, str(out), str(ckpt)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"{scenario} rank {rank} failed:\n{log[-4000:]}"
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
+    """A 2-layer Qwen3 (vocab 64, hidden 32, tied embeddings) saved as an HF checkpoint."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    path = tmp_path_factory.mktemp("tiny_qwen3_critic")
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                      tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+    for f in qwen3_tokenizer_dir.glob("tokenizer*.json"):
+        shutil.copy(f, path / f.name)
+    _load_workers()  # imports slime_train_fsdp & co. once, before the workers are forked
+    return path
+
+
+@pytest.fixture(scope="module")
+def single(tiny_ckpt, tmp_path_factory) -> dict:
+    return launch("single", 1, tmp_path_factory.mktemp("critic_single"), tiny_ckpt)[0]
+
+
+def test_values_match_a_plain_transformers_backbone_with_the_head(single):
+    assert single["protocol"] and single["start"] == 0
+    assert single["value_diff"] <= TOL
+    # A fresh head as the original's critic: weight ~ N(0, 0.02), bias 0.
+    assert 0.005 < single["head_std"] < 0.05 and single["head_bias"] == 0.0
+
+
+def test_training_fits_the_returns(single):
+    history = single["history"]
+    assert single["first_values_diff"] == 0.0  # the returned values are the ones before the update
+    first, last = history[0], history[-1]
+    # γ = λ = 1: every return is its sample's reward (±1); the critic learns to predict them.
+    assert last["train/critic-value_loss"] < 0.2 * first["train/critic-value_loss"]
+    assert first["train/critic-explained_variance"] < 0.2 < 0.8 < last["train/critic-explained_variance"]
+    assert last["train/critic-return_mean"] == pytest.approx(first["train/critic-return_mean"])
+    assert all(math.isfinite(m["train/critic-grad_norm"]) for m in history)
+    assert first["train/critic-lr"] == pytest.approx(3e-3)  # --critic-lr, not --lr
+    assert {"train/critic-value_clipfrac", "train/critic-value_mean"} <= set(first)
+
+
+def test_checkpoint_resumes_exactly(single):
+    assert single["saved_dir"] == ["iter_0000025", "latest_checkpointed_iteration.txt"]
+    assert single["resumed_start"] == 25
+    for a, b in zip(single["saved_values"], single["resumed_values"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_actor_only_calls_and_bad_critic_load_fail_clearly(single):
+    assert "has no log-probs" in single["log_probs_error"]
+    assert "trains with train_critic" in single["train_error"]
+    assert (
+        "neither a critic checkpoint (latest_checkpointed_iteration.txt) nor an HF directory"
+        in (single["bad_load_error"])
+    )
+
+
+def test_two_ranks_match_one(tiny_ckpt, tmp_path):
+    one = launch("dp", 1, tmp_path, tiny_ckpt)[0]
+    two = launch("dp", 2, tmp_path, tiny_ckpt)
+    for key in ("train/critic-value_loss", "train/critic-explained_variance", "train/critic-grad_norm"):
+        assert two[0]["metrics"][key] == pytest.approx(one["metrics"][key], rel=TOL, abs=TOL)
+        assert two[1]["metrics"][key] == two[0]["metrics"][key]
+    for name, param in one["params"].items():
+        torch.testing.assert_close(two[0]["params"][name], param, rtol=TOL, atol=TOL)
+    # Rank r holds its slice of the values, in its batch order (samples 2r, 2r+1 of each step).
+    values_two = two[0]["values"][:2] + two[1]["values"][:2]
+    for a, b in zip(values_two, one["values"][:4], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=TOL)
+
+
+def test_value_head_from_a_checkpoint_or_fresh():
+    class _Model:
+        config = type("C", (), {"hidden_size": 4, "initializer_range": 0.5})()
+
+    score = {"score.weight": torch.ones(1, 4), "score.bias": torch.tensor([2.0])}
+    got = fill_value_head(_Model(), score)  # an HF reward / token-classification head
+    assert torch.equal(got["value_head.weight"], torch.ones(1, 4)) and float(got["value_head.bias"]) == 2.0
+    fresh = fill_value_head(_Model(), {"score.weight": torch.ones(3, 4)})  # a 3-label head is not a value head
+    assert fresh["value_head.weight"].shape == (1, 4) and float(fresh["value_head.bias"]) == 0.0
+    assert not torch.equal(fresh["value_head.weight"], torch.ones(1, 4))
+
+
+# ---------------------------------------------------------------- the OPD teacher of the actor
+
+
+def _save_tiny(path: pathlib.Path, tokenizer_dir: pathlib.Path, seed: int) -> pathlib.Path:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                      tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+    for f in tokenizer_dir.glob("tokenizer*.json"):
+        shutil.copy(f, path / f.name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory, qwen3_tokenizer_dir) -> dict:
+    work = tmp_path_factory.mktemp("opd_teacher")
+    student = _save_tiny(work / "student_hf", qwen3_tokenizer_dir, seed=0)
+    _save_tiny(work / "teacher_hf", qwen3_tokenizer_dir, seed=1)
+    return launch("teacher", 1, work, student)[0]
+
+
+def test_teacher_log_probs_come_from_the_teacher_weights(teacher_run):
+    assert teacher_run["has_teacher"]
+    assert teacher_run["teacher_diff"] <= TOL and teacher_run["student_diff"] <= TOL
+    assert teacher_run["student_after_teacher_diff"] == 0.0  # the actor's weights are swapped back exactly
+
+
+def test_first_step_reports_the_reverse_kl(teacher_run):
+    """One step over 4 samples, old = current: opd_reverse_kl = mean_i Σ_t m_t (lp - lp_T) / D_i."""
+    batch = _load_workers().make_batch(0, 1)
+    student, teacher = teacher_run["student"], teacher_run["teacher"]
+    per_sample = [
+        float(((s - t) * m).sum() / d)
+        for s, t, m, d in zip(student, teacher, batch.loss_masks, batch.loss_denominators, strict=True)
+    ]
+    expected = (sum(per_sample[:4]) / 4 + sum(per_sample[4:]) / 4) / 2  # two steps of 4 samples, averaged
+    assert teacher_run["metrics"]["train/opd_reverse_kl"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_teacher_from_an_fsdp_checkpoint(teacher_run):
+    assert teacher_run["ckpt_teacher_diff"] <= TOL
+
+
+@pytest.mark.gpu
+def test_gpu_critic_and_teacher(tiny_ckpt, tmp_path):
+    """On CUDA/NCCL (1 or 2 GPUs): bf16 values near fp32, training, sleep frees memory, exact resume, OPD teacher."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    world = min(2, torch.cuda.device_count())
+    for res in launch_subprocesses("gpu", world, tmp_path, tiny_ckpt):
+        assert res["value_diff"] < 5e-2  # bf16 forward vs the fp32 reference
+        for m in res["metrics"]:
+            assert all(math.isfinite(v) for v in m.values())
+        before, after = res["mem_before_after_sleep"]
+        assert after < before
+        assert res["start"] == 3 and res["resume_max_diff"] == 0.0
+        assert res["teacher_student_diff"] == 0.0
+        assert abs(res["opd_metrics"]["train/opd_reverse_kl"]) < 1e-6  # student == teacher on the first step
