@@ -28,6 +28,32 @@ def test_rows_are_numbered_like_lines(tmp_path):
         preflight(_args(data))
 
 
+@pytest.mark.parametrize(
+    ("row", "extra", "message"),
+    [
+        ({"prompt": "", "label": "2"}, (), r"row 2: empty prompt in --input-key 'prompt'"),
+        ({"prompt": [{"role": "user", "content": " "}], "label": "2"}, (), r"row 2: empty prompt"),
+        ({"prompt": "1+2=", "label": None}, ("--rm-type", "math"), r"row 2: null --label-key 'label'.*math"),
+        ({"prompt": "1+2=", "label": None}, ("--rm-type", "boxed_deepscaler"), r"row 2: null --label-key"),
+    ],
+)
+def test_empty_prompts_and_null_labels_fail_in_preflight(tmp_path, row, extra, message):
+    # Issue 17: these used to surface mid-run (an empty prompt at the engine, a null label in the reward function).
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=rf"--prompt-data .*d\.jsonl {message}"):
+        preflight(_args(data, *extra))
+
+
+def test_null_labels_are_fine_where_nothing_grades_against_them(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": None}) + "\n")
+    preflight(_args(data, "--rm-type", "remote_rm", "--rm-url", "http://localhost:1"))
+    row = {"prompt": "Pick one", "label": None, "metadata": {"correct_letter": "B"}}
+    data.write_text(json.dumps(row) + "\n")
+    preflight(_args(data, "--rm-type", "gpqa"))
+
+
 def test_missing_files_name_the_flag(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")

@@ -121,6 +121,26 @@ def test_gsm8k_two_rollouts(tiny_qwen3, tmp_path):
     assert exported.config.num_hidden_layers == 2
 
 
+def test_top_p_replay_trainer_scores_the_engine_nucleus(tiny_qwen3, tmp_path):
+    # Issue 17: with --rollout-top-p < 1 the engine samples from (and reports log-probs of) the nucleus; the trainer
+    # replays the engine's kept ids, so on the first step its log-probs equal the engine's. Without replay they
+    # would differ by -log(nucleus mass) (~0.7 nats at top-p 0.5 on this near-uniform tiny model).
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        _argv(tiny_qwen3, out, "--num-rollout", "1", "--rollout-top-p", "0.5"),
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    for s in _dump(out, 0):
+        assert len(s["rollout_top_p_token_offsets"]) == s["response_length"] + 1
+    diffs = _scalars(out / "tensorboard", "train/train_rollout_logprob_abs_diff")
+    assert diffs[0] < 1e-4
+
+
 def _kill_tree(proc: subprocess.Popen) -> None:
     import psutil
 

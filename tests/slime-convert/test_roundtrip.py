@@ -128,3 +128,21 @@ def test_help_and_megatron_args_start_without_torch(tiny_hf_model):
     out = subprocess.run([sys.executable, "-m", "slime_convert.cli", "--help"], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert out.returncode == 0 and "mcore-to-hf" in out.stdout
+
+
+def test_untied_model_without_lm_head_is_an_error(tiny_hf_model, tmp_path):
+    # Issue 17: used to warn and convert the embedding as the output layer (a different model).
+    import shutil
+
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen2")  # tie_word_embeddings=False
+    broken = tmp_path / "no-head"
+    shutil.copytree(hf_dir, broken)
+    tensors = {k: v for k, v in _load_hf_dir(broken).items() if k != "lm_head.weight"}
+    for f in broken.glob("*.safetensors*"):
+        f.unlink()
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(ValueError, match="tie_word_embeddings=false but the checkpoint has no 'lm_head.weight'"):
+        hf_to_mcore(broken, tmp_path / "mcore", progress=False)
+    assert not (tmp_path / "mcore" / "release").exists()

@@ -257,6 +257,21 @@ def test_whitening_edge_cases():
         apply_whitening(c, [torch.ones(4)], torch.zeros(2))
 
 
+def test_whitening_without_mean_shift_and_custom_epsilon_by_hand():
+    # A = [1, 3, 5] all trainable: μ = 3, σ² (unbiased) = 4. The original's shift_mean=False keeps the mean:
+    # (A - μ)/sqrt(σ² + ε) + μ. With ε = 5: sqrt(9) = 3 → [-2/3, 0, 2/3] (+ 3 without the shift).
+    a, m = [torch.tensor([1.0, 3.0, 5.0])], [torch.ones(3)]
+    stats = whitening_stats(a, m)
+    torch.testing.assert_close(apply_whitening(a, m, stats, epsilon=5.0)[0], torch.tensor([-2 / 3, 0.0, 2 / 3]))
+    torch.testing.assert_close(
+        apply_whitening(a, m, stats, shift_mean=False, epsilon=5.0)[0], torch.tensor([3 - 2 / 3, 3.0, 3 + 2 / 3])
+    )
+    # Default ε = 1e-8 as the original: sqrt(4 + 1e-8) → [-1, 0, 1] (atol 1e-6).
+    torch.testing.assert_close(apply_whitening(a, m, stats)[0], torch.tensor([-1.0, 0.0, 1.0]), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="epsilon"):
+        apply_whitening(a, m, stats, epsilon=0.0)
+
+
 def test_opd_term_subtracted_from_advantages():
     args = _args(use_opd=True, opd_kl_coef=0.5)
     lp = [torch.tensor([-1.0, -2.0])]

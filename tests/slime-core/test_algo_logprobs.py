@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
+from slime_core.algorithms import entropy_from_logits, log_probs_and_entropy_from_logits, log_probs_from_logits
 
 # Tolerances: fp32 math on small tensors, compared to torch/closed-form references: atol 1e-5.
 ATOL = 1e-5
@@ -109,3 +109,60 @@ def test_empty_and_bad_inputs():
         log_probs_from_logits(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="chunk_size"):
         entropy_from_logits(torch.zeros(2, 3), chunk_size=0)
+
+
+# ---- large logits (issue 17): the row max is subtracted before anything else ---------------------------------
+
+# The fp64 reference on the same fp32 inputs; fp32 math on the shifted logits keeps both errors near 1e-6 for
+# any offset (before the fix the entropy at offset 1e3 was off by 0.03 nats, at 1e4 by 4.9).
+LARGE_ATOL = 2e-5
+
+
+def _ref_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    lp = torch.log_softmax(logits.double() / temperature, -1)
+    return -(lp.exp() * lp).sum(-1)
+
+
+@pytest.mark.parametrize("offset, scale", [(1e3, 1.0), (1e3, 3.0), (1e4, 5.0), (-3e4, 2.0)])
+def test_large_logits_entropy_and_log_probs_match_fp64(offset, scale):
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(16, 4096, generator=g) * scale + offset
+    ids = torch.randint(0, 4096, (16,), generator=g)
+    h = entropy_from_logits(logits, temperature=0.7)
+    torch.testing.assert_close(h.double(), _ref_entropy(logits, 0.7), atol=LARGE_ATOL, rtol=0)
+    lp = log_probs_from_logits(logits, ids, temperature=0.7)
+    torch.testing.assert_close(lp.double(), _ref_log_probs(logits, ids, 0.7), atol=LARGE_ATOL, rtol=0)
+
+
+def test_extreme_finite_logits_stay_finite_with_finite_gradients():
+    # Logits near the fp32 maximum with T < 1: dividing first would overflow to inf (NaN softmax); the distance
+    # between +3e38 and -3e38 overflows fp32 itself, which must give p = 0, not NaN.
+    big = torch.finfo(torch.float32).max / 1.2
+    logits = torch.tensor([[big, big * 0.5, 0.0, -big], [big, big, big, big]], requires_grad=True)
+    ids = torch.tensor([0, 2])
+    lp = log_probs_from_logits(logits, ids, temperature=0.5)
+    h = entropy_from_logits(logits, temperature=0.5)
+    # Row 0: one token holds all the mass → log p = 0, H = 0; row 1: uniform over 4 → log p = -ln 4, H = ln 4.
+    torch.testing.assert_close(lp, torch.tensor([0.0, -math.log(4.0)]), atol=ATOL, rtol=0)
+    torch.testing.assert_close(h, torch.tensor([0.0, math.log(4.0)]), atol=ATOL, rtol=0)
+    (lp.sum() + h.sum()).backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_bf16_large_logits_entropy():
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(8, 1000, generator=g) * 4 + 2000).bfloat16()
+    torch.testing.assert_close(
+        entropy_from_logits(logits).double(), _ref_entropy(logits.double()), atol=LARGE_ATOL, rtol=0
+    )
+
+
+def test_combined_function_matches_the_separate_ones():
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(5, 50, generator=g) * 3 + 500
+    ids = torch.randint(0, 50, (5,), generator=g)
+    lp, h = log_probs_and_entropy_from_logits(logits, ids, 1.3, with_entropy=True)
+    torch.testing.assert_close(lp, log_probs_from_logits(logits, ids, 1.3), atol=1e-6, rtol=0)
+    torch.testing.assert_close(h, entropy_from_logits(logits, 1.3), atol=1e-6, rtol=0)
+    lp_only, none = log_probs_and_entropy_from_logits(logits, ids, 1.3, with_entropy=False)
+    assert none.shape == (0,) and torch.equal(lp_only, lp)

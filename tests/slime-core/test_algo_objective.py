@@ -82,7 +82,7 @@ def _reference(args, b):
                 ("ppo_kl", old - lp),
                 ("entropy_loss", b["entropy"][i][t].item()),
                 ("kl_loss", kl),
-                ("tis", w),
+                ("tis", raw_w),  # the original's `tis`: the raw ratio, not the applied weight
                 ("tis_clipfrac", float(w != raw_w)),
                 ("ois", ratio),
             ):
@@ -275,7 +275,9 @@ def test_custom_tis_function(tmp_path, monkeypatch):
     )
     # pg per token -1 → ×2 = -2; sample 0 keeps one token over denominator 2 → -1; sample 1 → -2
     assert loss.item() == pytest.approx(-3.0, abs=ATOL)
-    assert metrics["mis_weight"].item() == pytest.approx(2.0 / 2 + 2.0, abs=ATOL)
+    # Mismatch metrics average over the tokens before the rejection (the original's pre-RS reducer): 2 + 2.
+    assert metrics["mis_weight"].item() == pytest.approx((2.0 + 2.0) / 2 + 2.0, abs=ATOL)
+    assert metrics["ois"].item() == pytest.approx(1.0 + 1.0, abs=ATOL)
 
 
 def test_builtin_tis_by_path_equals_tis_mode():
@@ -370,3 +372,51 @@ def test_cuda_matches_cpu():
     assert cuda_loss.item() == pytest.approx(cpu_loss.item(), abs=1e-4)
     for key, val in cpu_metrics.items():
         assert cuda_metrics[key].item() == pytest.approx(val.item(), abs=1e-4), key
+
+
+def test_tis_metric_is_the_raw_ratio_also_when_clamped_or_zeroed():
+    # Ratios exp(old - roll) = [3, 0.5]; truncate clamps 3 → 2, icepop in [0.8, 2] zeroes both.
+    lp = [torch.tensor([-1.0, -1.0])]
+    roll = [torch.tensor([-1.0 - math.log(3.0), -1.0 + math.log(2.0)])]
+    common = dict(
+        log_probs=lp,
+        old_log_probs=lp,
+        advantages=[torch.ones(2)],
+        loss_masks=[torch.ones(2)],
+        loss_denominators=[2.0],
+        rollout_log_probs=roll,
+    )
+    for mode, low, clipfrac in (("truncate", 0.0, 0.5), ("icepop", 0.8, 1.0)):
+        args = _args(use_kl_loss=False, entropy_coef=0.0, tis_mode=mode, tis_clip_low=low, tis_clip=2.0)
+        _, metrics = compute_actor_loss(args, **common)
+        assert metrics["tis"].item() == pytest.approx((3.0 + 0.5) / 2, abs=ATOL), mode
+        assert metrics["tis_abs"].item() == pytest.approx((2.0 + 0.5) / 2, abs=ATOL), mode
+        assert metrics["tis_clipfrac"].item() == pytest.approx(clipfrac, abs=ATOL), mode
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_opsm_clipfrac_counts_each_sample_over_its_own_tokens(per_token):
+    # Two siblings of one rollout share the denominator 5 (2 + 3 trainable tokens); sample 0 is dropped
+    # (A < 0, mean old - lp = 0.5 > δ), sample 1 is not. Sample 0 has a masked (tool) token that must not count.
+    # Original: Σ_i dropped_i / own mask sum_i = 2/2 + 0 = 1 (one sequence); ours before: 2/5 (rollout denominator).
+    args = _args(
+        use_tis=False,
+        use_kl_loss=False,
+        entropy_coef=0.0,
+        eps_clip_c=None,
+        use_opsm=True,
+        opsm_delta=0.1,
+        calculate_per_token_loss=per_token,
+    )
+    lp = [torch.tensor([-1.5, -1.5, -1.5]), torch.tensor([-1.0, -1.0, -1.0])]
+    old = [torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([-1.0, -1.0, -1.0])]
+    _, metrics = compute_actor_loss(
+        args,
+        log_probs=lp,
+        old_log_probs=old,
+        advantages=[torch.full((3,), -1.0), torch.full((3,), -1.0)],
+        loss_masks=[torch.tensor([1.0, 0.0, 1.0]), torch.ones(3)],
+        loss_denominators=[5.0, 5.0],
+    )
+    # Per-token mode: every metric is a token sum (divided by the step's token count later): 2 dropped tokens.
+    assert metrics["opsm_clipfrac"].item() == pytest.approx(2.0 if per_token else 1.0, abs=ATOL)

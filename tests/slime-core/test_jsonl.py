@@ -15,3 +15,15 @@ def test_line_numbers_skip_blank_lines_and_errors_name_the_line(tmp_path):
     arr.write_text("[1, 2]\n")
     with pytest.raises(ValueError, match=r"c\.jsonl:1: expected a JSON object, got list"):
         list(iter_jsonl(arr))
+
+
+def test_non_utf8_bytes_name_the_line_and_column(tmp_path):
+    # Issue 17: a text-mode read failed with a bare UnicodeDecodeError from a buffered chunk, naming no line.
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"x": "ok"}\n\n{"x": "caf' + b"\xe9" + b'"}\n')
+    with pytest.raises(ValueError, match=r"latin1\.jsonl:3: not UTF-8 \(byte 0xe9 at column 11\)"):
+        list(iter_jsonl(bad))
+    # A BOM-free UTF-8 file with multi-byte characters reads fine.
+    good = tmp_path / "utf8.jsonl"
+    good.write_text('{"x": "café ∑"}\n', encoding="utf-8")
+    assert list(iter_jsonl(good)) == [(1, {"x": "café ∑"})]

@@ -63,6 +63,40 @@ def test_append_rejects_misaligned_logprobs():
         s.append_response_tokens([6])
 
 
+def test_trainable_span_without_logprobs_raises_and_leaves_the_sample_unchanged():
+    # Issue 17: a first trainable span without log-probs used to pass, and a later span with log-probs then
+    # back-filled it with 0.0 (log-prob 0 = "probability 1") for tokens the engine never scored.
+    s = _sample()
+    with pytest.raises(ValueError, match="sample 4: trainable span of 2 tokens has no log-probs"):
+        s.append_response_tokens([5, 6])
+    assert (s.tokens, s.response_length, s.rollout_log_probs) == ([1, 2, 3], 0, None)
+    s.append_response_tokens([7], trainable=False)  # a masked span first is fine ...
+    with pytest.raises(ValueError, match="no log-probs"):
+        s.append_response_tokens([8])  # ... but the trainable one after it still needs log-probs
+    s.append_response_tokens([], trainable=True)  # an empty span needs none
+    assert s.response_length == 1
+
+
+def test_logprobs_after_direct_trainable_response_raise():
+    # A response set directly (no mask: all trainable, no log-probs) cannot later gain log-probs for only part.
+    s = Sample(tokens=[1, 2, 3, 9, 9], response_length=2, index=5)
+    with pytest.raises(ValueError, match="sample 5: span with log-probs appended to a response whose 2 trainable"):
+        s.append_response_tokens([7], log_probs=[-0.5])
+
+
+def test_append_to_response_without_mask_starts_from_ones():
+    # Set directly without a loss mask, then extended with masked tool tokens: the earlier part stays trainable
+    # (before: loss_mask started empty and validate() failed with a length mismatch).
+    s = Sample(tokens=[1, 2, 3, 9, 9], response_length=2, index=6)
+    s.append_response_tokens([4, 4, 4], trainable=False, text="<obs>")
+    assert s.loss_mask == [1, 1, 0, 0, 0]
+    assert s.rollout_log_probs is None and s.response_length == 5 and s.effective_response_length == 2
+    # All-masked earlier response (e.g. an off-policy prefix): log-probs may start there, 0.0 on the prefix.
+    t = Sample(tokens=[1, 9, 9], response_length=2, loss_mask=[0, 0], index=7)
+    t.append_response_tokens([5], log_probs=[-0.25])
+    assert t.rollout_log_probs == [0.0, 0.0, -0.25] and t.loss_mask == [0, 0, 1]
+
+
 def test_validate_catches_broken_invariants():
     s = _sample()
     s.append_response_tokens([5, 6], log_probs=[-1.0, -2.0])
@@ -164,3 +198,38 @@ def test_bad_vision_tensor_in_a_dump_is_a_clear_error():
     data["multimodal_train_inputs"] = {"pixel_values": {"dtype": "nope", "shape": [1], "data": [0.0]}}
     with pytest.raises(ValueError, match="bad multimodal_train_inputs tensor"):
         Sample.from_dict(data)
+
+
+def test_top_p_sets_follow_the_response():
+    # Two model turns with the engine's nucleus per token and a tool span between them (empty sets there).
+    s = _sample()
+    s.append_response_tokens([10, 11], log_probs=[-0.5, -0.25], top_p=([10, 12, 11], [0, 2, 3]))
+    s.append_response_tokens([20, 21], trainable=False)
+    s.append_response_tokens([30], log_probs=[-1.0], top_p=([30, 31], [0, 2]))
+    assert s.rollout_top_p_token_ids == [10, 12, 11, 30, 31]
+    assert s.rollout_top_p_token_offsets == [0, 2, 3, 3, 3, 5]
+    again = Sample.from_dict(s.to_dict())
+    assert again.rollout_top_p_token_offsets == s.rollout_top_p_token_offsets
+    # A masked span first: its positions get empty sets when the first sets arrive.
+    t = _sample()
+    t.append_response_tokens([7], trainable=False)
+    t.append_response_tokens([8], log_probs=[-0.1], top_p=([8], [0, 1]))
+    assert t.rollout_top_p_token_offsets == [0, 0, 1]
+
+
+def test_top_p_sets_cover_every_trainable_token_or_none():
+    s = _sample()
+    s.append_response_tokens([10], log_probs=[-0.5], top_p=([10], [0, 1]))
+    with pytest.raises(ValueError, match="trainable span without top-p sets"):
+        s.append_response_tokens([11], log_probs=[-0.5])
+    t = _sample()
+    t.append_response_tokens([10], log_probs=[-0.5])
+    with pytest.raises(ValueError, match="earlier trainable tokens have none"):
+        t.append_response_tokens([11], log_probs=[-0.5], top_p=([11], [0, 1]))
+    with pytest.raises(ValueError, match="2 top-p offsets for 2 response tokens"):
+        _sample().append_response_tokens([1, 2], log_probs=[-1.0, -1.0], top_p=([1], [0, 1]))
+    with pytest.raises(ValueError, match="non-trainable span has no top-p sets"):
+        _sample().append_response_tokens([1], trainable=False, top_p=([1], [0, 1]))
+    bad = Sample(tokens=[1, 2], response_length=1, rollout_top_p_token_ids=[2], rollout_top_p_token_offsets=[0, 2])
+    with pytest.raises(ValueError, match="from 0 to len"):
+        bad.validate()

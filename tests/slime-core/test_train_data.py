@@ -84,7 +84,7 @@ def test_rloo_leave_one_out_by_hand():
     )
     assert raw == [1, 0, 0, 2, 4, 6]
     assert got == pytest.approx([1.0, -0.5, -0.5, -3.0, 0.0, 3.0], abs=1e-12)
-    with pytest.raises(ValueError, match="rloo needs"):
+    with pytest.raises(ValueError, match="not a multiple"):
         postprocess_rewards(_args(advantage_estimator="rloo", n_samples_per_prompt=2), _samples([1, 0, 0]))
     with pytest.raises(ValueError, match="rloo needs"):
         postprocess_rewards(_args(advantage_estimator="rloo", n_samples_per_prompt=1), _samples([1]))
@@ -106,10 +106,39 @@ def test_single_sample_groups_give_zeros_not_nan():
     assert got == [0.0, 0.0, 0.0]
 
 
-def test_count_not_a_multiple_of_n_uses_one_group():
-    # 3 samples with n=2: one group [0, 1, 2]: mean 1, std 1 -> [-1, 0, 1].
-    _, got = postprocess_rewards(_args(n_samples_per_prompt=2), _samples([0, 1, 2]))
-    assert got == pytest.approx([-1, 0, 1], abs=TOL)
+def _grouped(rewards_and_groups):
+    return [
+        Sample(tokens=[1, 2, 3], response_length=1, reward=float(r), index=i, group_index=g)
+        for i, (r, g) in enumerate(rewards_and_groups)
+    ]
+
+
+def test_uneven_groups_normalize_within_each_group_never_across_the_batch():
+    # Issue 17: after filtering or a multi-turn fan-out the groups are uneven (here 3, 1 and 2 samples, group 7's
+    # members not adjacent); the old code saw 6 samples with n=4, not a multiple, and normalized all six together.
+    # Group 7: [0, 1, 2] mean 1, unbiased std 1 → [-1, 0, 1]; group 8: one sample → 0; group 9: [1, 3] mean 2,
+    # std sqrt(2) → ∓1/sqrt(2).
+    samples = _grouped([(0, 7), (1, 7), (1, 9), (5, 8), (2, 7), (3, 9)])
+    _, got = postprocess_rewards(_args(n_samples_per_prompt=4), samples)
+    r2 = 1 / math.sqrt(2)
+    assert got == pytest.approx([-1, 0, -r2, 0, 1, r2], abs=TOL)
+    # REINFORCE++-baseline centres per group; RLOO uses each group's own size (7: 3/2·(r - 1); 9: 2·(r - 2)).
+    _, centred = postprocess_rewards(_args(advantage_estimator="reinforce_plus_plus_baseline"), samples)
+    assert centred == pytest.approx([-1, 0, -1, 0, 1, 1], abs=1e-12)
+    rloo_samples = [s for s in samples if s.group_index != 8]
+    _, loo = postprocess_rewards(_args(advantage_estimator="rloo", n_samples_per_prompt=4), rloo_samples)
+    assert loo == pytest.approx([-1.5, 0.0, -2.0, 1.5, 2.0], abs=1e-12)
+    with pytest.raises(ValueError, match="rloo needs >= 2 samples per prompt group; group 8"):
+        postprocess_rewards(_args(advantage_estimator="rloo"), samples)
+
+
+def test_groups_cannot_be_guessed_without_group_index():
+    # 3 samples with n=2 and no group_index: which prompt each belongs to is unknown → error, not one big group.
+    with pytest.raises(ValueError, match="not a multiple of --n-samples-per-prompt=2"):
+        postprocess_rewards(_args(n_samples_per_prompt=2), _samples([0, 1, 2]))
+    mixed = _samples([0, 1]) + _grouped([(1, 3)])
+    with pytest.raises(ValueError, match="no group_index while others have one"):
+        postprocess_rewards(_args(n_samples_per_prompt=1), mixed)
 
 
 def test_dict_rewards_use_reward_key():
@@ -278,8 +307,8 @@ def test_rollout_siblings_share_denominator_and_step():
     # Two rollouts that each fanned out into two samples; gbs counts rollouts.
     samples = []
     for i, (rid, resp) in enumerate([(0, 2), (0, 3), (1, 1), (1, 4)]):
-        s = Sample(tokens=[1, 1], index=i, rollout_id=rid, reward=float(i))
-        s.append_response_tokens([5] * resp)
+        # No rollout log-probs: the response is set directly (append_response_tokens requires log-probs).
+        s = Sample(tokens=[1, 1] + [5] * resp, response_length=resp, index=i, rollout_id=rid, reward=float(i))
         samples.append(s)
     args = _args(n_samples_per_prompt=2, global_batch_size=1)
     (b,) = build_rollout_batches(args, samples, dp_size=1)
@@ -321,7 +350,7 @@ def test_with_the_real_config():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("rollout_top_p_token_ids", [1, 2]), ("rollout_routed_experts", [[0]]), ("teacher_log_probs", [-0.1])],
+    [("rollout_routed_experts", [[0]]), ("teacher_log_probs", [-0.1])],
 )  # fmt: skip
 def test_original_fields_this_version_cannot_train_with_are_refused(field, value):
     samples = _rollout()
@@ -355,3 +384,33 @@ def test_vision_tensors_follow_their_samples_to_each_rank():
 def test_text_only_rollouts_carry_no_vision_field():
     batches = build_rollout_batches(_args(global_batch_size=4), _rollout(), dp_size=2)
     assert all(b.multimodal_train_inputs is None for b in batches)
+
+
+def test_top_p_sets_reach_the_batch_and_build_kept_tokens():
+    samples = []
+    for i, resp in enumerate([2, 1, 3, 1]):
+        s = Sample(tokens=[1, 1], index=i, group_index=i // 2, reward=float(i % 2))
+        ids = [[5 + t, 100 + t] for t in range(resp)]  # position t kept {5 + t, 100 + t}
+        offsets = [2 * t for t in range(resp + 1)]
+        s.append_response_tokens([5 + t for t in range(resp)], log_probs=[-0.5] * resp, top_p=(sum(ids, []), offsets))
+        samples.append(s)
+    (b,) = build_rollout_batches(_args(n_samples_per_prompt=2), samples, dp_size=1)
+    assert [o.tolist() for o in b.rollout_top_p_token_offsets] == [[0, 2, 4], [0, 2], [0, 2, 4, 6], [0, 2]]
+    kept = b.kept_tokens([2, 1])  # sample 2's three positions, then sample 1's one
+    assert kept.num_rows == 4
+    assert kept.rows.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert kept.ids.tolist() == [5, 100, 6, 101, 7, 102, 5, 100]
+    samples[3].rollout_top_p_token_ids = samples[3].rollout_top_p_token_offsets = None
+    with pytest.raises(ValueError, match=r"samples \[3\] carry no top-p replay sets while others do"):
+        build_rollout_batches(_args(n_samples_per_prompt=2), samples, dp_size=1)
+
+
+def test_top_p_without_sets_warns_once(caplog):
+    import slime_core.train_data as td
+
+    td._warned_no_top_p_sets = False
+    with caplog.at_level("WARNING", logger="slime_core.train_data"):
+        (b,) = build_rollout_batches(_args(rollout_top_p=0.9), _samples([1, 0, 0, 1]), dp_size=1)
+        build_rollout_batches(_args(rollout_top_p=0.9), _samples([1, 0, 0, 1]), dp_size=1)
+    assert b.rollout_top_p_token_ids is None and b.kept_tokens([0]) is None
+    assert caplog.text.count("--rollout-top-p 0.9 but the engine returned no kept token ids") == 1

@@ -115,6 +115,58 @@ def test_max_prompt_len_filter_preserves_order(tmp_path, qwen3_tokenizer_dir):
     assert [g[0].prompt for g in ds.get_samples(3)] == ["short", "tiny", "x"]
 
 
+def test_huge_line_is_dropped_by_length_without_tokenizing(tmp_path, qwen3_tokenizer_dir, monkeypatch, caplog):
+    # Issue 17: a 50 MB line was tokenized whole (~290 MB of memory per MB) only to be dropped. Now a prompt longer
+    # than limit × (longest vocabulary entry) characters is refused by its length; the rest are tokenized.
+    from slime_rollout import data_source
+
+    tok = data_source.get_tokenizer(str(qwen3_tokenizer_dir))
+    encoded = []
+    real_encode = tok.encode
+    monkeypatch.setattr(tok, "encode", lambda text, **kw: encoded.append(len(text)) or real_encode(text, **kw))
+    huge = "word " * 2_000_000  # 10 MB
+    rows = [{"question": q, "answer": str(i + 1)} for i, q in enumerate(["short", huge, "tiny"])]
+    args = _args(
+        prompt_data=_write_jsonl(tmp_path / "d.jsonl", rows),
+        rollout_max_prompt_len=64,
+        hf_checkpoint=str(qwen3_tokenizer_dir),
+        n_samples_per_prompt=1,
+    )
+    with caplog.at_level("WARNING"):
+        ds = RolloutDataSource(args)
+    assert [g[0].label for g in ds.get_samples(2)] == ["1", "3"]
+    assert max(encoded) < 100  # the 10 MB prompt never reached the tokenizer
+    assert "dropped 1 of 3 prompts longer than --rollout-max-prompt-len=64 tokens" in caplog.text
+
+
+def test_message_prompts_are_measured_as_the_engine_gets_them(tmp_path, qwen3_tokenizer_dir):
+    # Without --apply-chat-template the generate function applies the template (generation prompt on, tools):
+    # the filter counts the same tokens.
+    from slime_rollout.data_source import encode_prompt, get_tokenizer
+
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    messages = [{"role": "user", "content": "hi"}]
+    n = len(encode_prompt(tok, messages))
+    assert n > len(tok.encode("hi", add_special_tokens=False)) + 3  # the template's tokens count
+    rows = [{"question": messages, "answer": "1"}]
+    for limit, kept in ((n, 1), (n - 1, 0)):
+        args = _args(
+            prompt_data=_write_jsonl(tmp_path / f"m{limit}.jsonl", rows + [{"question": "x", "answer": "2"}]),
+            rollout_max_prompt_len=limit,
+            hf_checkpoint=str(qwen3_tokenizer_dir),
+            n_samples_per_prompt=1,
+        )
+        assert len(RolloutDataSource(args)) == 1 + kept
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", [], [{"role": "user", "content": ""}]])
+def test_empty_prompt_names_the_row(tmp_path, prompt):
+    rows = [{"question": "fine", "answer": "1"}, {"question": prompt, "answer": "2"}]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "e.jsonl", rows))
+    with pytest.raises(ValueError, match=r"e\.jsonl row 2: empty prompt in --input-key 'question'"):
+        RolloutDataSource(args)
+
+
 def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path):
     rows = [{"question": f"q{i}", "answer": "0"} for i in range(20)]
     path = _write_jsonl(tmp_path / "d.jsonl", rows)

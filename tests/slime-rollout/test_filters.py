@@ -37,3 +37,12 @@ def test_original_path_alias_and_bool_outputs():
     assert normalize_filter_output(False) == DynamicFilterOutput(keep=False, reason="filtered")
     with pytest.raises(TypeError, match="DynamicFilterOutput or bool"):
         normalize_filter_output(None)
+
+
+def test_fan_out_groups_are_flattened():
+    # Issue 17: a multi-turn fan-out makes a group's entries lists of samples; this used to raise AttributeError.
+    args = _args(reward_key=None)
+    fan_out = [_group(1.0, 1.0), _group(0.0), Sample(reward=1.0)]
+    assert check_reward_nonzero_std(args, fan_out).keep is True
+    same = [_group(1.0, 1.0), _group(1.0)]
+    assert check_reward_nonzero_std(args, same) == DynamicFilterOutput(keep=False, reason="zero_std_1.0")

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slime_rollout.client import EngineClient, EngineError, RolloutClient
 from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
-from slime_rollout.engines.reference.sampling import SamplingParams, sample_next_token
+from slime_rollout.engines.reference.sampling import SamplingParams, sample_next_token, sample_with_kept_ids
 
 LOGPROB_ATOL = 1e-5  # fp32 engine (left-padded, KV cache) vs one unpadded forward
 
@@ -69,6 +69,46 @@ async def test_logprobs_match_transformers(engine, hf, temperature):
     if temperature == 0.0:
         assert out["output_ids"] == logits.argmax(-1).tolist()
     assert out["text"] == tok.decode(out["output_ids"], skip_special_tokens=True)
+
+
+async def test_top_p_replay_returns_the_kept_ids_and_renormalized_log_probs(engine, hf):
+    # Issue 17: with custom_params.return_top_p_token_ids the engine reports each step's nucleus (SGLang-with-patch
+    # field names) and the log-prob of the distribution it sampled from: softmax(logits/T) renormalized over it.
+    from slime_core.algorithms import KeptTokens, log_probs_from_logits
+    from slime_rollout.top_p_replay import parse_top_p_sets
+
+    model, tok = hf
+    ids = prompt(tok)
+    sampling = {"temperature": 0.9, "top_p": 0.3, "max_new_tokens": 3, "ignore_eos": True, "sampling_seed": 5}
+    out = await engine.generate(
+        {
+            "input_ids": ids,
+            "sampling_params": {**sampling, "custom_params": {"return_top_p_token_ids": True}},
+            "return_logprob": True,
+        }
+    )
+    kept_ids, offsets = parse_top_p_sets(out["meta_info"], len(out["output_ids"]))
+    nuclei = [kept_ids[offsets[t] : offsets[t + 1]] for t in range(len(out["output_ids"]))]
+    assert all(t in n for t, n in zip(out["output_ids"], nuclei, strict=True))  # sampled from its nucleus
+    _, logits = reference_logprobs(model, ids, out["output_ids"], 0.9)  # logits already / T
+    # Independent check of the nucleus rule (up to fp32 ties at its edge): the most likely tokens, just enough of
+    # them to reach the top-p mass.
+    for t, n in enumerate(nuclei):
+        probs = torch.softmax(logits[t].double(), -1)
+        inside = torch.zeros_like(probs, dtype=torch.bool)
+        inside[n] = True
+        assert probs[inside].min() >= probs[~inside].max() - 1e-7
+        mass = probs[inside].sum()
+        assert mass - probs[inside].min() <= 0.3 + 1e-5 and mass >= 0.3 - 1e-5
+    expected = log_probs_from_logits(
+        logits, torch.tensor(out["output_ids"]), kept=KeptTokens.from_offsets([kept_ids], [offsets])
+    )
+    got = torch.tensor([e[0] for e in out["meta_info"]["output_token_logprobs"]])
+    # The random tiny model is nearly uniform: nuclei hold ~10^4 ids, log-probs are ~-10 and fp32 sums over that
+    # many terms agree to ~1e-6 relative.
+    torch.testing.assert_close(got, expected, atol=LOGPROB_ATOL, rtol=1e-5)
+    plain = await engine.generate({"input_ids": ids, "sampling_params": sampling, "return_logprob": True})
+    assert "top_p_token_ids" not in plain["meta_info"]  # only when asked
 
 
 async def test_sampling_seed_is_deterministic_and_text_input_works(engine, hf):
@@ -259,6 +299,18 @@ def test_sample_next_token_logprob_is_temperature_scaled_before_truncation():
     assert {sample_next_token(logits, top_p, gen)[0] for _ in range(50)} == {0}
     greedy_token, greedy_lp = sample_next_token(logits, SamplingParams(temperature=0.0), gen)
     assert greedy_token == 0 and abs(greedy_lp - torch.log_softmax(logits, -1)[0].item()) < 1e-6
+
+
+def test_sample_with_kept_ids_by_hand():
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    gen = torch.Generator().manual_seed(0)
+    # p ∝ e^[2, 1, 0.5, -1] = [.61, .22, .14, .03]: top_p 0.7 keeps {0, 1} (mass before token 2 is .83 > .7).
+    token, lp, kept = sample_with_kept_ids(logits, SamplingParams(top_p=0.7), gen)
+    assert kept == [0, 1] and token in kept
+    z = torch.tensor([2.0, 1.0])
+    assert abs(lp - torch.log_softmax(z, -1)[kept.index(token)].item()) < 1e-6
+    assert sample_with_kept_ids(logits, SamplingParams(temperature=0.0), gen) == (0, 0.0, [0])
+    assert sample_with_kept_ids(logits, SamplingParams(), gen)[2] is None  # nothing truncated: nothing to replay
 
 
 def test_eos_ignore_eos_and_min_new_tokens(tiny_qwen3_dir):

@@ -25,6 +25,10 @@ from slime_rollout.rewards.math_utils import grade_fast, symbolic_equal_with_tim
 
 NUM_WORKERS = 2
 PATHOLOGICAL = r"9^{9^{9^{9}}}"  # math-verify / sympy try to evaluate the tower: minutes, unbounded memory
+# Passes the guards but keeps sympy busy (pure Python) for far longer than any budget here (over 30 s unbounded
+# here; ^{200} took only ~1.5 s, and sympy's cache of a stopped attempt let a repeat finish within a 1 s budget).
+SLOW = ("(x+1)^{3000}", "(x+2)^{3000}")
+SLOW_OTHER = ("(x+3)^{3000}", "(x+4)^{3000}")  # a second, uncached pair for a second stopped attempt
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -90,19 +94,23 @@ def _run_in_thread_loop(coro_fn):
     return out["result"]
 
 
-def test_symbolic_check_has_a_budget_on_the_main_thread():
-    # What a worker runs: one SIGALRM budget over math-verify and the sympy fallback.
+def test_symbolic_check_has_a_budget_on_any_thread():
+    # What the workers and the inline path run: guards against unbounded C work, a wall-clock budget on the rest.
+    # No signal is used: SIGALRM's handler and timer (pytest-timeout's, if any) are left alone.
     handler_before = signal.getsignal(signal.SIGALRM)
-    delay_before = signal.getitimer(signal.ITIMER_REAL)[0]  # pytest-timeout's timer, if it uses signals
     assert symbolic_equal_with_timeout(r"\frac{1}{\sqrt{2}}", r"\frac{\sqrt{2}}{2}", 5) is True
-    assert symbolic_equal_with_timeout("5", PATHOLOGICAL, 1) is None
-    # The previous handler and timer are back; our own alarm is not left pending (it would kill a worker).
+    start = time.monotonic()
+    assert symbolic_equal_with_timeout("5", PATHOLOGICAL, 5) is None  # refused before any evaluation
+    assert time.monotonic() - start < 1.0
+    for thread in ("main", "background"):
+        start = time.monotonic()
+        if thread == "main":
+            verdict = symbolic_equal_with_timeout(*SLOW, 1)
+        else:
+            verdict = _run_in_thread_loop(lambda: asyncio.to_thread(symbolic_equal_with_timeout, *SLOW_OTHER, 1))
+        elapsed = time.monotonic() - start
+        assert verdict is None and elapsed < 3.0, (thread, elapsed)  # 1 s budget, stopped at its next call
     assert signal.getsignal(signal.SIGALRM) is handler_before
-    delay_after = signal.getitimer(signal.ITIMER_REAL)[0]
-    assert (delay_after > 0) == (delay_before > 0)
-    assert delay_after <= max(delay_before, 0.0)
-    with pytest.raises(ValueError, match="main thread"):
-        _run_in_thread_loop(lambda: asyncio.to_thread(symbolic_equal_with_timeout, "1", "2", 1))
 
 
 async def test_pool_and_inline_agree_on_gsm8k_symbolic_forms(fixtures_dir):
@@ -172,35 +180,45 @@ async def test_zero_workers_grades_inline_without_the_pool(monkeypatch):
 @pytest.mark.timeout(120)
 async def test_pathological_answer_on_the_main_thread_is_wrong_not_a_hang(short_budget, caplog):
     caplog.set_level(logging.WARNING, logger="slime_rollout.rewards.math")
-    long_tower = PATHOLOGICAL + "+x" * 60  # 133 characters: the warning shows the first 80
-    reward = await async_rm(_args(), Sample(response=f"\\boxed{{{long_tower}}}", label="5", index=7))
-    assert reward == 0.0
-    warnings = [r for r in caplog.records if r.name == "slime_rollout.rewards.math"]
-    assert len(warnings) == 1
-    message = warnings[0].getMessage()
-    assert "sample 7" in message and long_tower[:80] + "..." in message and long_tower not in message
+    long_tower = PATHOLOGICAL + "+x" * 120  # 253 characters: the warning shows the first 200
+    for num_workers in (NUM_WORKERS, 0):
+        caplog.clear()
+        start = time.monotonic()
+        reward = await async_rm(_args(num_workers), Sample(response=f"\\boxed{{{long_tower}}}", label="5", index=7))
+        assert reward == 0.0 and time.monotonic() - start < 30
+        warnings = [r for r in caplog.records if r.name == "slime_rollout.rewards.math"]
+        assert len(warnings) == 1
+        message = warnings[0].getMessage()
+        assert "sample 7" in message and long_tower[:200] + "..." in message and long_tower not in message
 
 
 @pytest.mark.timeout(120)
-def test_pathological_answer_on_a_background_loop_keeps_the_loop_running(short_budget):
-    # The rollout's loop runs in a non-main thread, where inline math-verify has no timeout at all.
+@pytest.mark.parametrize("num_workers", [NUM_WORKERS, 0])
+def test_slow_and_pathological_answers_on_a_background_loop_end_within_budget(short_budget, num_workers):
+    # The rollout's loop runs in a non-main thread, where SIGALRM does not work. Inline (--rm-num-workers 0) the
+    # budget still holds; in the pool the loop also keeps running meanwhile.
     beat = _Heartbeat(period_s=0.01)
 
     async def grade_with_heartbeat():
         async with beat:
             return await batched_async_rm(
-                _args(),
+                _args(num_workers),
                 [
                     Sample(response=f"\\boxed{{{PATHOLOGICAL}}}", label="5", index=0),
                     Sample(response=r"\boxed{(x+1)^{100000}}", label=r"(x+1)^{99999}", index=1),
-                    Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}", index=2),
+                    Sample(response=f"\\boxed{{{SLOW[1]}}}", label=SLOW[0], index=2),
+                    Sample(response="\\boxed{" + "1+" * 500_000 + "1}", label="7", index=3),  # a 1 MB answer
+                    Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}", index=4),
                 ],
             )
 
-    assert _run_in_thread_loop(grade_with_heartbeat) == [0.0, 0.0, 1.0]
-    # The gradings took >= 2 s (the worker budget) during which a 10 ms heartbeat ran freely; the inline
-    # contrast below shows 0 ticks for a blocking grade.
-    assert beat.ticks >= 20
+    start = time.monotonic()
+    assert _run_in_thread_loop(grade_with_heartbeat) == [0.0, 0.0, 0.0, 0.0, 1.0]
+    # One slow grading at a 2 s budget (+ worker start-up in the pool); never minutes.
+    assert time.monotonic() - start < 60
+    if num_workers:
+        # The slow grading took >= 2 s during which a 10 ms heartbeat ran freely (inline it cannot: see below).
+        assert beat.ticks >= 20
 
 
 async def test_inline_grading_blocks_the_loop():
@@ -250,11 +268,11 @@ async def test_async_rm_past_the_parent_deadline_is_wrong_and_warns_once(monkeyp
     monkeypatch.setattr(math_rewards, "WORKER_TIMEOUT_S", 60)
     monkeypatch.setattr(pool, "DEFAULT_DEADLINE_S", 1.0)
     caplog.set_level(logging.WARNING, logger="slime_rollout.rewards.math")
-    reward = await async_rm(_args(), Sample(response=f"\\boxed{{{PATHOLOGICAL}}}", label="5", index=11))
+    reward = await async_rm(_args(), Sample(response=f"\\boxed{{{SLOW[1]}}}", label=SLOW[0], index=11))
     assert reward == 0.0
     warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.rewards.math"]
     assert len(warnings) == 1
-    assert "sample 11" in warnings[0] and "TimeoutError" in warnings[0] and PATHOLOGICAL in warnings[0]
+    assert "sample 11" in warnings[0] and "TimeoutError" in warnings[0] and SLOW[1] in warnings[0]
     monkeypatch.setattr(pool, "DEFAULT_DEADLINE_S", 60.0)
     assert await async_rm(_args(), Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}")) == 1.0
 

@@ -45,12 +45,15 @@ def test_gsm8k_labels_own_answer_is_correct_and_wrong_answer_is_not(fixtures_dir
         ("\\boxed{18.}", "18", 1.0),
         ("\\boxed{50\\%}", "50", 1.0),
         ("\\boxed{\\text{18 dollars}}", "18", 1.0),
-        ("first \\boxed{3} then \\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),
+        # Two different boxed answers: a hedge, wrong (issue 17), unless they are the label's parts.
+        ("first \\boxed{3} then \\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt{2}}{2}", 0.0),
+        ("\\boxed{3} and \\boxed{\\frac{\\sqrt{2}}{2}}", "3, \\frac{\\sqrt{2}}{2}", 1.0),
         ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", 1.0),
         ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
         ("\\boxed{3}", "4", 0.0),
         ("no box here 18", "18", 0.0),
-        ("\\boxed{18", "18", 0.0),  # unclosed box
+        ("\\boxed{18", "18", 1.0),  # unclosed box: the answer is still readable (issue 17)
+        ("\\boxed{17", "18", 0.0),
         ("\\boxed{}", "18", 0.0),
         ("\\boxed{__import__('os').system('true')}", "0", 0.0),  # never evaluated
     ],
@@ -161,6 +164,59 @@ async def test_custom_and_group_rm():
     assert await batched_async_rm(args, samples) == [2.0, 3.0]
     args = _args(custom_rm_path=f"{__name__}.group_rm", group_rm=True)
     assert await batched_async_rm(args, samples) == [0.0, 1.0]
+
+
+def nan_rm(args, sample):
+    return float("nan")
+
+
+async def raising_rm(args, sample):
+    raise KeyError("answer")
+
+
+def text_rm(args, sample):
+    return "1.0"
+
+
+def dict_inf_rm(args, sample):
+    return {"score": float("inf"), "pred": "x"}
+
+
+def bad_group_rm(args, samples):
+    return [1.0, None]
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        ("nan_rm", r"--custom-rm-path .*\.nan_rm returned a non-finite reward \(nan\) for sample 5"),
+        ("raising_rm", r"--custom-rm-path .*\.raising_rm raised KeyError on sample 5: 'answer'"),
+        ("text_rm", r"\.text_rm returned str '1\.0', not a number or a dict of scores for sample 5"),
+        ("dict_inf_rm", r"\.dict_inf_rm returned a non-finite score 'score'=inf for sample 5"),
+    ],
+)
+async def test_bad_reward_function_output_names_the_plugin_and_the_sample(fn, message):
+    # Issue 17: these surfaced later (or never) as "reward nan is not finite" in training, without the plugin.
+    from slime_rollout.rewards.checks import RewardFunctionError
+
+    sample = Sample(response="r", label="1", index=5)
+    with pytest.raises(RewardFunctionError, match=message):
+        await async_rm(_args(custom_rm_path=f"{__name__}.{fn}"), sample)
+    sample.custom_rm_path = f"{__name__}.{fn}"  # a per-sample reward function is named by its field
+    with pytest.raises(RewardFunctionError, match=r"sample\.custom_rm_path"):
+        await async_rm(_args(rm_type="math"), sample)
+
+
+async def test_bad_group_reward_names_the_sample():
+    from slime_rollout.rewards.checks import RewardFunctionError
+
+    samples = [Sample(response="a", index=3), Sample(response="b", index=4)]
+    args = _args(custom_rm_path=f"{__name__}.bad_group_rm", group_rm=True)
+    with pytest.raises(RewardFunctionError, match=r"bad_group_rm \(--group-rm\) returned NoneType None.*sample 4"):
+        await batched_async_rm(args, samples)
+    args = _args(custom_rm_path=f"{__name__}.raising_rm", group_rm=True)
+    with pytest.raises(RewardFunctionError, match=r"raised KeyError on samples \[3, 4\]: 'answer'"):
+        await batched_async_rm(args, samples)
 
 
 async def test_remote_rm_retries_then_succeeds(monkeypatch):

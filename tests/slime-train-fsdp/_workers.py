@@ -151,6 +151,33 @@ def hf_reference_log_probs(path: str, batch: RolloutBatch) -> list[torch.Tensor]
     return out
 
 
+def with_top_p_sets(batch: RolloutBatch, vocab: int = 64, seed: int = 0) -> RolloutBatch:
+    """The batch with random top-p replay sets: per position 0-5 random ids (the target in some, not in others)."""
+    g = torch.Generator().manual_seed(seed)
+    ids, offsets = [], []
+    for r in batch.response_lengths:
+        sizes = torch.randint(0, 6, (r,), generator=g)
+        ids.append(torch.cat([torch.randperm(vocab, generator=g)[: int(k)] for k in sizes] + [torch.zeros(0).long()]))
+        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]))
+    return dataclasses.replace(batch, rollout_top_p_token_ids=ids, rollout_top_p_token_offsets=offsets)
+
+
+def hf_reference_top_p_log_probs(path: str, batch: RolloutBatch) -> list[torch.Tensor]:
+    """Plain transformers logits; log-softmax over each position's kept ids plus its target (fp64, dense)."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    out = []
+    with torch.no_grad():
+        for i, (tok, r) in enumerate(zip(batch.tokens, batch.response_lengths, strict=True)):
+            z = model(tok[None]).logits[0, -r - 1 : -1].double() / TEMPERATURE
+            ids, offsets = batch.rollout_top_p_token_ids[i], batch.rollout_top_p_token_offsets[i]
+            lps = []
+            for t in range(r):
+                cols = sorted(set(ids[offsets[t] : offsets[t + 1]].tolist()) | {int(tok[-r + t])})
+                lps.append(z[t, tok[-r + t]] - torch.logsumexp(z[t, cols], -1))
+            out.append(torch.stack(lps).float())
+    return out
+
+
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
@@ -210,6 +237,10 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     res["hf_diff"] = max_diff(lps, hf_reference_log_probs(ckpt, batch))
     # 2. packed vs single forward.
     res["packed"] = packed_vs_single(b, batch)
+    # 2b. top-p replay: log-probs over each position's kept ids + target, as the engine sampled them.
+    topp = with_top_p_sets(batch)
+    res["topp_diff"] = max_diff(b.compute_log_probs(topp), hf_reference_top_p_log_probs(ckpt, topp))
+    res["topp_changes_values"] = max_diff(b.compute_log_probs(topp), lps)
     # 3. HF export (single file and sharded with index) loads back and matches.
     save_hf(b.model, work / "hf_single", source_dir=ckpt)
     save_hf(b.model, work / "hf_sharded", source_dir=ckpt, max_shard_bytes=20_000)

@@ -147,6 +147,12 @@ def test_packed_equals_one_sequence_at_a_time(single):
     assert p["grad_diff"] <= TOL
 
 
+def test_top_p_replay_log_probs_match_a_dense_reference(single):
+    # Issue 17: with --rollout-top-p < 1 the trainer scores the engine's kept ids (+ the target) only.
+    assert single["topp_diff"] <= TOL
+    assert single["topp_changes_values"] > 1e-2  # the restricted distribution really differs from the full one
+
+
 def test_first_on_policy_step_has_unit_ratio(single):
     first = single["onpolicy_steps"][0]
     assert first["train/ppo_kl"] == 0.0
@@ -321,7 +327,9 @@ def test_resume_on_a_different_world_size(dp_runs):
     init = first[0]["dp_params"]
     for name, ref in first[0]["resume_params_expected"].items():
         step = (ref - init[name]).abs().max()
-        assert (one["resume_params"][name] - ref).abs().max() <= TOL * step + 1e-7, name
+        # One fp32 ulp at the parameter's magnitude on top: 1 and 2 ranks sum gradients in different orders.
+        ulp = torch.finfo(torch.float32).eps * ref.abs().max()
+        assert (one["resume_params"][name] - ref).abs().max() <= TOL * step + ulp, name
 
 
 def test_tied_embeddings_two_ranks(tmp_path, qwen3_tokenizer_dir):

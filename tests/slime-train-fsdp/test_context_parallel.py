@@ -69,8 +69,12 @@ def _micro_batch_check(w, ckpt: str) -> dict:
     a, b = torch.randn(mb.targets.numel(), generator=g), torch.randn(mb.targets.numel(), generator=g)
     res = {}
     cp2 = {"attn_implementation": "slime_varlen", "megatron_args": ["--context-parallel-size", "2"]}
+    # Top-p replay: each CP rank scores a contiguous run of the response positions, with their sets.
+    topp = w.with_top_p_sets(batch)
+    mb_topp = pack_micro_batch(batch.tokens, batch.response_lengths, ids, torch.device("cpu"), topp.kept_tokens(ids))
     for name, overrides, scale in (("cp1", {}, 1.0), ("cp2", cp2, 2.0)):
         model, _ = build_fsdp_model(w.make_args(ckpt, **overrides), ckpt, torch.device("cpu"))
+        res[f"{name}_topp"] = response_log_probs(model, mb_topp, temperature=w.TEMPERATURE, chunk_size=3)[0].detach()
         logp, ent, anchor = response_log_probs(model, mb, temperature=w.TEMPERATURE, chunk_size=3, with_entropy=True)
         # FSDP averages over the 2 ranks: CP=1 ranks hold the same row (the mean is the gradient); CP=2 ranks hold
         # halves, so each scales by the world size as the backend does and the mean is their sum.
@@ -154,6 +158,8 @@ def test_cp2_micro_batch_matches_cp1(cp_results):
         assert float((cp1["ent"] - cp2["ent"]).abs().max()) <= TOL
         assert max(float((cp1["grads"][n] - cp2["grads"][n]).abs().max()) for n in cp1["grads"]) <= TOL
         assert max(float(g.abs().max()) for g in cp1["grads"].values()) > 1e-3  # a real gradient
+        topp1, topp2 = res["micro"]["cp1_topp"], res["micro"]["cp2_topp"]
+        assert float((topp1 - topp2).abs().max()) <= TOL and float((topp1 - cp1["logp"]).abs().max()) > 1e-2
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -108,3 +108,44 @@ def test_liger_head_without_liger_kernel_says_so():
     hidden, weight, targets, _, _ = _inputs()
     with pytest.raises(ImportError, match="pip install liger-kernel"):
         head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=4, with_entropy=False, head="liger")
+
+
+def _random_kept(seed: int = 1):
+    from slime_core.algorithms import KeptTokens
+
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(0, 6, (R,), generator=g)
+    ids = torch.cat([torch.randperm(V, generator=g)[: int(k)] for k in sizes])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    nuclei = [ids[offsets[t] : offsets[t + 1]].tolist() for t in range(R)]
+    return KeptTokens.from_offsets([ids], [offsets]), nuclei
+
+
+@pytest.mark.parametrize("head", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("chunk_size", [5, 64])
+def test_top_p_replay_matches_a_dense_reference(head, chunk_size):
+    # log p = z[y] - logsumexp over (kept ids ∪ {y}); entropy stays that of the full softmax (as the original).
+    hidden, weight, targets, a, b = _inputs()
+    kept, nuclei = _random_kept()
+    h, w = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    z = (h @ w.t()) / TEMPERATURE
+    ref_lp = torch.stack(
+        [z[t, targets[t]] - torch.logsumexp(z[t, sorted(set(n) | {int(targets[t])})], -1) for t, n in enumerate(nuclei)]
+    )
+    logp_all = torch.log_softmax(z, -1)
+    ref_ent = -(logp_all.exp() * logp_all).sum(-1)
+    ((ref_lp * a).sum() + (ref_ent * b).sum()).backward()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    lp, ent = head_log_probs(h2, w2, targets, temperature=TEMPERATURE, chunk_size=chunk_size, with_entropy=True,
+                             head=head, kept=kept)  # fmt: skip
+    ((lp * a).sum() + (ent * b).sum()).backward()
+    got = (lp.detach(), ent.detach(), h2.grad, w2.grad)
+    assert _max_err(got, (ref_lp.detach(), ref_ent.detach(), h.grad, w.grad)) <= TOL
+
+
+def test_liger_head_refuses_top_p_replay():
+    kept, _ = _random_kept()
+    hidden, weight, targets, _, _ = _inputs()
+    with pytest.raises(ValueError, match="cannot replay the engine's top-p sets"):
+        head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=8, with_entropy=False, head="liger",
+                       kept=kept)  # fmt: skip

@@ -13,6 +13,7 @@ logger = logging.getLogger(__name__)
 
 
 def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
+    from slime_app.data_checks import check_prompt_rows
     from slime_rollout import multimodal
     from slime_rollout.data_source import load_prompt_rows
 
@@ -22,21 +23,18 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
     if not rows:
         raise ValueError(f"{flag} {spec}: no rows")
+    check_prompt_rows(rows, cfg, where=f"{flag} {spec}")
     image_key = multimodal.image_column(cfg.multimodal_keys)
+    if not image_key:
+        return
     base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
     num_images = 0
     for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
-        if cfg.input_key not in row:
-            raise ValueError(f"{flag} {spec} row {i}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
-        if cfg.label_key and cfg.label_key not in row:
-            raise ValueError(f"{flag} {spec} row {i}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
-        if image_key:
-            where = f"{flag} {spec} row {i} (--multimodal-keys column {image_key!r})"
-            num_images += multimodal.check_row_images(
-                row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
-            )
-    if image_key:
-        logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(rows), num_images)
+        where = f"{flag} {spec} row {i} (--multimodal-keys column {image_key!r})"
+        num_images += multimodal.check_row_images(
+            row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
+        )
+    logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(rows), num_images)
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).

@@ -85,12 +85,15 @@ def hf_to_mcore(
     if pipeline_model_parallel_size > args.num_layers:
         raise ValueError(f"--pp {pipeline_model_parallel_size} exceeds num_hidden_layers={args.num_layers}")
     reader = HFCheckpointReader(hf_dir)
+    if not args.tie_word_embeddings and "lm_head.weight" not in reader:
+        # An untied model's output layer is its own matrix; silently using the embedding in its place would
+        # train and export a different model than the checkpoint describes.
+        raise ValueError(
+            f"{hf_dir}: config.json has tie_word_embeddings=false but the checkpoint has no 'lm_head.weight'; "
+            "add the tensor, or set tie_word_embeddings=true if the model shares its embedding"
+        )
 
     def read_hf(name: str) -> torch.Tensor:
-        if name not in reader and name == "lm_head.weight":
-            # Untied config but no head stored: Megatron's loader falls back to the embedding too.
-            logger.warning("lm_head.weight missing in %s; using model.embed_tokens.weight", hf_dir)
-            name = "model.embed_tokens.weight"
         if name not in reader:
             raise ValueError(f"{hf_dir}: tensor {name!r} required by {args.model_type} is missing")
         tensor = reader.get(name)

@@ -10,9 +10,12 @@ Shapes: `N` = samples on this rank, `L_i` = response length of sample i, `T_i` =
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from slime_core.algorithms.top_p import KeptTokens
 
 __all__ = ["RolloutBatch"]
 
@@ -38,6 +41,10 @@ class RolloutBatch:
             per-rollout token-mean reducer: the summed loss mask of all samples sharing its `rollout_id`
             (its own mask sum when it is alone), at least 1.
         rollout_log_probs: N tensors `[L_i]` float32 (engine log-probs, 0.0 on masked tokens), or None.
+        rollout_top_p_token_ids: N tensors `[K_i]` int64, the token ids the engine kept at each response position
+            (top-p replay, `--rollout-top-p < 1`), or None when the engine returned none.
+        rollout_top_p_token_offsets: N tensors `[L_i + 1]` int64 offsets into them (position t kept
+            `ids[offsets[t]:offsets[t + 1]]`), or None.
         truncated: N ints, 1 if the sample hit the response-length limit.
         sample_indices: N ints, `Sample.index` (global ids, for dumps and ordering).
         micro_batches: the schedule: `micro_batches[step][mb]` is a list of local sample positions
@@ -61,6 +68,8 @@ class RolloutBatch:
     loss_denominators: list[float]
     micro_batches: list[list[list[int]]]
     rollout_log_probs: list[torch.Tensor] | None = None
+    rollout_top_p_token_ids: list[torch.Tensor] | None = None
+    rollout_top_p_token_offsets: list[torch.Tensor] | None = None
     truncated: list[int] = dataclasses.field(default_factory=list)
     sample_indices: list[int] = dataclasses.field(default_factory=list)
     step_sample_counts: list[int] = dataclasses.field(default_factory=list)
@@ -87,3 +96,17 @@ class RolloutBatch:
     def prompt_lengths(self) -> list[int]:
         """`T_i - L_i` for each sample."""
         return [int(t.numel()) - r for t, r in zip(self.tokens, self.response_lengths, strict=True)]
+
+    def kept_tokens(self, ids: list[int]) -> KeptTokens | None:
+        """The top-p replay sets of samples `ids`, their response positions concatenated in that order.
+
+        Returns:
+            `KeptTokens` over `Σ L_i` rows, or None when the batch carries no sets (no replay).
+        """
+        if self.rollout_top_p_token_ids is None or self.rollout_top_p_token_offsets is None:
+            return None
+        from slime_core.algorithms.top_p import KeptTokens
+
+        return KeptTokens.from_offsets(
+            [self.rollout_top_p_token_ids[i] for i in ids], [self.rollout_top_p_token_offsets[i] for i in ids]
+        )

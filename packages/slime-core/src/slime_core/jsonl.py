@@ -13,11 +13,22 @@ __all__ = ["iter_jsonl"]
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yields `(line_number, object)` for each non-blank line of a JSONL file (1-based line numbers).
 
+    Lines are read as bytes and decoded one by one, so bad bytes are reported with their line (a text-mode file
+    fails somewhere in a buffered read, naming no line).
+
     Raises:
-        ValueError: `"{path}:{line}: invalid JSON (...)"` or `"...: expected a JSON object, got list"`.
+        ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`
+            or `"...: expected a JSON object, got list"`.
     """
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "re-encode the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

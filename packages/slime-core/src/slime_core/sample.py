@@ -9,6 +9,7 @@ Token layout::
     tokens        = prompt ids + response ids           len = len(prompt ids) + response_length
     loss_mask     = [1 for model tokens, 0 for tool tokens]   len = response_length
     rollout_log_probs = [engine log-prob for model tokens, 0.0 for tool tokens]   len = response_length
+    rollout_top_p_token_offsets = [0, ...]   len = response_length + 1 (top-p replay only)
 
 Vision-language samples also carry their images (`multimodal_inputs`, as the dataset gave them) and, once the
 prompt went through the model's processor, the vision tensors the trainer's forward needs
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
 
-__all__ = ["Sample", "Status", "status_from_finish_reason"]
+__all__ = ["Sample", "Status", "status_from_finish_reason", "validate_top_p_offsets"]
 
 
 class Status(enum.Enum):
@@ -44,6 +45,31 @@ class Status(enum.Enum):
     TRUNCATED = "truncated"
     ABORTED = "aborted"
     FAILED = "failed"
+
+
+def validate_top_p_offsets(token_ids: Sequence[int], offsets: Sequence[int], num_rows: int, *, what: str) -> None:
+    """Checks one sample's ragged nucleus encoding.
+
+    Args:
+        token_ids: `[K_i]` the kept ids of all positions, concatenated.
+        offsets: `[num_rows + 1]` non-decreasing, `offsets[0] == 0`, `offsets[-1] == len(token_ids)`; position t
+            kept `token_ids[offsets[t]:offsets[t + 1]]`.
+        num_rows: the number of positions (the sample's response length).
+        what: names the sample in the error (e.g. "sample 12").
+
+    Raises:
+        ValueError: naming the broken rule.
+    """
+    if len(offsets) != num_rows + 1:
+        raise ValueError(
+            f"{what}: {len(offsets)} top-p offsets for {num_rows} response tokens (expected {num_rows + 1})"
+        )
+    if offsets[0] != 0 or offsets[-1] != len(token_ids):
+        raise ValueError(
+            f"{what}: top-p offsets must run from 0 to len(token_ids)={len(token_ids)}, got {offsets[0]}..{offsets[-1]}"
+        )
+    if any(b < a for a, b in zip(offsets[:-1], offsets[1:], strict=True)):
+        raise ValueError(f"{what}: top-p offsets must be non-decreasing")
 
 
 _FINISH_REASON_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
@@ -91,6 +117,10 @@ class Sample:
         rollout_log_probs: `[response_length]` float, natural-log probability of each response token
             under the engine at the sampling temperature; 0.0 on non-trainable tokens. None if the
             engine gave none.
+        rollout_top_p_token_ids: top-p replay (`--rollout-top-p < 1`): the token ids the engine kept at every
+            response position, concatenated; position t kept `ids[offsets[t]:offsets[t + 1]]` (empty for tool
+            tokens). None if the engine returned none (the original's field).
+        rollout_top_p_token_offsets: `[response_length + 1]` int offsets into `rollout_top_p_token_ids`, or None.
         status: lifecycle state, see `Status`.
         metadata: per-sample data from the dataset (`--metadata-key`) plus framework keys
             (`tools`, `rm_type`, `start_rollout_id`, `raw_reward`, ...).
@@ -113,9 +143,6 @@ class Sample:
             `{"pixel_values": [P, C*T*p*p] float32, "image_grid_thw": [num_images, 3] int64}` (`P` patches over
             all images); None for text-only samples. Samples of one prompt group may share the tensors.
         multimodal_train_input_id: cache id of `multimodal_train_inputs` (original field).
-        rollout_top_p_token_ids: top-p replay token ids (original field; top-p replay is not implemented,
-            a sample that carries them is rejected when it becomes training data).
-        rollout_top_p_token_offsets: offsets into `rollout_top_p_token_ids` (same status).
         rollout_routed_experts: MoE routing from the engine (original field; routing replay is not
             implemented, rejected when set).
         teacher_log_probs: on-policy-distillation teacher log-probs (original field; OPD is not
@@ -132,6 +159,8 @@ class Sample:
     reward: float | dict[str, Any] | None = None
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
+    rollout_top_p_token_ids: list[int] | None = None
+    rollout_top_p_token_offsets: list[int] | None = None
     status: Status = Status.PENDING
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     group_index: int | None = None
@@ -149,8 +178,6 @@ class Sample:
     multimodal_train_inputs: dict[str, torch.Tensor] | None = None
     # Original fields this version does not train with; `unsupported_fields()` names the ones a sample sets.
     multimodal_train_input_id: str | None = None
-    rollout_top_p_token_ids: Any = None
-    rollout_top_p_token_offsets: Any = None
     rollout_routed_experts: Any = None
     teacher_log_probs: list[float] | None = None
 
@@ -198,11 +225,10 @@ class Sample:
     def unsupported_fields(self) -> list[str]:
         """Names of the original fields this sample sets that this version cannot train with.
 
-        Top-p replay, MoE routing replay and teacher log-probs would change the training computation; a
-        sample carrying any of them is refused rather than trained without them.
+        MoE routing replay and teacher log-probs would change the training computation; a sample carrying
+        any of them is refused rather than trained without them.
         """
-        names = ("rollout_top_p_token_ids", "rollout_top_p_token_offsets", "rollout_routed_experts",
-                 "teacher_log_probs")  # fmt: skip
+        names = ("rollout_routed_experts", "teacher_log_probs")
         return [name for name in names if getattr(self, name) not in (None, {}, [])]
 
     # ---- building the response -----------------------------------------------------------------
@@ -218,11 +244,19 @@ class Sample:
         text: str | None = None,
         meta_info: Mapping[str, Any] | None = None,
         update_terminal_info: bool = True,
+        top_p: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> None:
         """Appends one span of response tokens (a model turn or a tool observation).
 
         Keeps `tokens`, `loss_mask` and `rollout_log_probs` aligned and checks the invariants after the
         append. Model output must be appended as the engine's token ids; never decode and re-tokenize.
+        A response built without this method (tokens and `response_length` set directly, no `loss_mask`) is
+        all trainable: its mask starts as ones over the existing response.
+
+        Rollout log-probs cover every trainable token or none: a trainable span needs `log_probs`, and the
+        first span with log-probs cannot be appended to a response that already has trainable tokens without
+        them (filling those with 0.0 would claim probability 1 for tokens the engine never scored). A sample
+        without rollout log-probs (SFT data, a custom generate function) sets its fields directly.
 
         Two call forms: `append_response_tokens(ids, log_probs=...)`, and the original slime's
         `append_response_tokens(args, tokens=ids, log_probs=...)` (there the first argument is the run's
@@ -231,42 +265,40 @@ class Sample:
         Args:
             tokens_or_args: `[n]` token ids to append; or, when `tokens` is given, the original's `args`.
             tokens: `[n]` token ids to append (the original's keyword).
-            log_probs: `[n]` engine log-probs (natural log). Required when `trainable` and the sample
-                already carries log-probs (or this is its first span); must be None for non-trainable spans,
-                which get 0.0.
+            log_probs: `[n]` engine log-probs (natural log). Required for a trainable span; must be None for
+                non-trainable spans, which get 0.0.
             trainable: True for model-generated tokens (loss mask 1), False for tool/observation tokens.
             text: decoded text of the span, appended to `response`.
             meta_info: SGLang's `meta_info` of the generate call for a model span; its `weight_version`
                 is recorded and its `finish_reason` updates `status`.
             update_terminal_info: False to leave `status` and `weight_versions` alone (a span that is not
                 the end of a generate call).
+            top_p: `(token_ids, offsets)` the engine kept at each of the `n` positions (top-p replay; `offsets`
+                has `n + 1` entries from 0), for a trainable span. Like log-probs, they cover every trainable
+                token of a sample or none; non-trainable spans get empty sets.
 
         Raises:
             ValueError: on a log-prob count that does not match the tokens, log-probs given for a
-                non-trainable span, missing log-probs on a trainable span of a sample that has them, or
-                any broken length invariant.
+                non-trainable span, a trainable span without log-probs, log-probs for a response whose
+                earlier trainable tokens have none, or any broken length invariant.
         """
         if tokens is None:
             tokens = tokens_or_args if tokens_or_args is not None else []
         tokens = [int(t) for t in tokens]
         n = len(tokens)
-        if trainable:
-            if log_probs is None:
-                if self.rollout_log_probs is not None and n > 0:
-                    raise ValueError(
-                        f"sample {self.index}: trainable span of {n} tokens has no log-probs, "
-                        "but the sample already carries rollout log-probs"
-                    )
-            elif len(log_probs) != n:
-                raise ValueError(f"sample {self.index}: {len(log_probs)} log-probs for {n} tokens")
-        elif log_probs is not None:
-            raise ValueError(f"sample {self.index}: non-trainable span must not carry log-probs (they are 0.0)")
-
+        self._check_span_log_probs(n, log_probs, trainable)
+        self._check_span_top_p(n, top_p, trainable)
         if self.loss_mask is None:
-            # Response tokens a plugin set by hand before the first append are trainable (as in the original).
+            # Set directly without a mask (e.g. by a custom generate function): all of it is trainable.
             self.loss_mask = [1] * self.response_length
-        if self.rollout_log_probs is None and trainable and log_probs is not None:
-            # First span with log-probs: earlier spans (if any) were masked, so they get 0.0.
+        if self.rollout_log_probs is None and trainable and n > 0:
+            if any(self.loss_mask):
+                raise ValueError(
+                    f"sample {self.index}: span with log-probs appended to a response whose "
+                    f"{sum(self.loss_mask)} trainable tokens have none; rollout log-probs must cover every "
+                    "trainable token or none"
+                )
+            # First span with log-probs: earlier spans (if any) are masked, so they get 0.0.
             self.rollout_log_probs = [0.0] * self.response_length
 
         self.tokens.extend(tokens)
@@ -277,6 +309,7 @@ class Sample:
                 self.rollout_log_probs.extend(float(x) for x in log_probs)
             else:
                 self.rollout_log_probs.extend([0.0] * n)
+        self._extend_top_p(n, top_p)
         if text:
             self.response += text
         if meta_info is not None and update_terminal_info:
@@ -287,6 +320,51 @@ class Sample:
             if status is not None:
                 self.status = status
         self.validate()
+
+    def _check_span_log_probs(self, n: int, log_probs: Sequence[float] | None, trainable: bool) -> None:
+        if not trainable:
+            if log_probs is not None:
+                raise ValueError(f"sample {self.index}: non-trainable span must not carry log-probs (they are 0.0)")
+            return
+        if log_probs is None:
+            if n > 0:
+                raise ValueError(
+                    f"sample {self.index}: trainable span of {n} tokens has no log-probs; pass the engine's "
+                    "log-probs (or set the sample's fields directly for data without rollout log-probs)"
+                )
+        elif len(log_probs) != n:
+            raise ValueError(f"sample {self.index}: {len(log_probs)} log-probs for {n} tokens")
+
+    def _check_span_top_p(self, n: int, top_p: tuple[Sequence[int], Sequence[int]] | None, trainable: bool) -> None:
+        if top_p is not None:
+            if not trainable:
+                raise ValueError(f"sample {self.index}: a non-trainable span has no top-p sets (they are empty)")
+            validate_top_p_offsets(top_p[0], top_p[1], n, what=f"sample {self.index} (appended span)")
+        if not trainable or n == 0:
+            return
+        has_sets = self.rollout_top_p_token_offsets is not None
+        if has_sets and top_p is None:
+            raise ValueError(f"sample {self.index}: trainable span without top-p sets, but the sample carries them")
+        if not has_sets and top_p is not None and any(self.loss_mask or [1] * self.response_length):
+            raise ValueError(
+                f"sample {self.index}: top-p sets for a response whose earlier trainable tokens have none; they must "
+                "cover every trainable token or none"
+            )
+
+    def _extend_top_p(self, n: int, top_p: tuple[Sequence[int], Sequence[int]] | None) -> None:
+        if top_p is not None and self.rollout_top_p_token_offsets is None:
+            # First span with sets: earlier positions (masked) get empty ones.
+            self.rollout_top_p_token_ids = []
+            self.rollout_top_p_token_offsets = [0] * (self.response_length - n + 1)
+        if self.rollout_top_p_token_offsets is None:
+            return
+        base = self.rollout_top_p_token_offsets[-1]
+        if top_p is None:
+            self.rollout_top_p_token_offsets.extend([base] * n)
+            return
+        ids, offsets = top_p
+        self.rollout_top_p_token_ids.extend(int(t) for t in ids)
+        self.rollout_top_p_token_offsets.extend(base + int(o) for o in offsets[1:])
 
     def validate(self) -> None:
         """Checks the length invariants.
@@ -307,6 +385,15 @@ class Sample:
                 f"sample {self.index}: len(rollout_log_probs)={len(self.rollout_log_probs)} "
                 f"!= response_length={self.response_length}"
             )
+        if (self.rollout_top_p_token_ids is None) != (self.rollout_top_p_token_offsets is None):
+            raise ValueError(f"sample {self.index}: rollout_top_p_token_ids and _offsets must be set together")
+        if self.rollout_top_p_token_offsets is not None:
+            validate_top_p_offsets(
+                self.rollout_top_p_token_ids,
+                self.rollout_top_p_token_offsets,
+                self.response_length,
+                what=f"sample {self.index}",
+            )
 
     # ---- serialization -------------------------------------------------------------------------
 
@@ -314,7 +401,14 @@ class Sample:
         """A JSON/pickle-friendly dict (status as its string value). Inverse of `from_dict`."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["status"] = self.status.value
-        for key in ("tokens", "loss_mask", "rollout_log_probs", "weight_versions"):
+        for key in (
+            "tokens",
+            "loss_mask",
+            "rollout_log_probs",
+            "rollout_top_p_token_ids",
+            "rollout_top_p_token_offsets",
+            "weight_versions",
+        ):
             if out[key] is not None:
                 out[key] = list(out[key])
         out["metadata"] = dict(self.metadata)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ __all__ = [
     "build_rollout_batches",
     "loss_denominators",
     "postprocess_rewards",
+    "reward_groups",
     "rollout_keys",
 ]
 
@@ -34,18 +36,68 @@ logger = logging.getLogger(__name__)
 _STD_EPS = 1e-6
 
 
-def _group_normalize(raw: np.ndarray, group_size: int, divide_by_std: bool) -> np.ndarray:
-    """Centres (and optionally std-scales) rewards within consecutive groups of `group_size`."""
-    groups = raw.reshape(-1, group_size)
-    centred = groups - groups.mean(axis=1, keepdims=True)
+def _normalize_group(raw: np.ndarray, divide_by_std: bool) -> np.ndarray:
+    """Centres (and optionally std-scales) the rewards of one prompt group, `[n_g]` float64."""
+    if raw.size < 2 or raw.max() == raw.min():
+        # One sample, or equal rewards: no signal. Exact zeros (the mean may differ from the values by a
+        # rounding error, which the std division would blow up).
+        return np.zeros_like(raw)
+    centred = raw - raw.mean()
     if divide_by_std:
         # Unbiased std as in GRPO (Shao et al. 2024, DeepSeekMath, eq. 3 outcome supervision).
-        centred = centred / (groups.std(axis=1, ddof=1, keepdims=True) + _STD_EPS)
-    # A group of equal rewards carries no signal: exact zeros (the mean may differ from the
-    # values by a rounding error, which the std division would blow up).
-    constant = groups.max(axis=1) == groups.min(axis=1)
-    centred[constant] = 0.0
-    return centred.reshape(-1)
+        centred = centred / (raw.std(ddof=1) + _STD_EPS)
+    return centred
+
+
+def reward_groups(samples: Sequence[Sample], n_samples_per_prompt: int) -> list[list[int]]:
+    """Positions of the samples of each prompt group, in order of first appearance.
+
+    Groups are the samples sharing `Sample.group_index` (any sizes: filtering, aborted samples or a
+    multi-turn fan-out make them uneven; members need not be adjacent). Without `group_index` on any sample,
+    consecutive runs of `--n-samples-per-prompt` samples are the groups (as the original does for whole
+    batches).
+
+    Raises:
+        ValueError: some samples have a `group_index` and some do not, or none has one and the count is not a
+            multiple of `n_samples_per_prompt` (the groups cannot be told apart; normalizing over the whole
+            batch instead would mix prompts).
+    """
+    has_group = [s.group_index is not None for s in samples]
+    if all(has_group):
+        groups: dict[Any, list[int]] = {}
+        for pos, s in enumerate(samples):
+            groups.setdefault(s.group_index, []).append(pos)
+        return list(groups.values())
+    if any(has_group):
+        missing = [s.index for s, h in zip(samples, has_group, strict=True) if not h]
+        raise ValueError(
+            f"samples {missing[:5]} have no group_index while others have one; set Sample.group_index on all "
+            "samples (reward normalization is per prompt group)"
+        )
+    n = int(n_samples_per_prompt)
+    if n < 1:
+        raise ValueError(f"--n-samples-per-prompt must be >= 1, got {n}")
+    if len(samples) % n:
+        raise ValueError(
+            f"{len(samples)} samples without Sample.group_index are not a multiple of --n-samples-per-prompt={n}: "
+            "set group_index on every sample so rewards are normalized within each prompt group"
+        )
+    return [list(range(start, start + n)) for start in range(0, len(samples), n)]
+
+
+def _leave_one_out(raw: np.ndarray, groups: list[list[int]], samples: Sequence[Sample], name: str) -> list[float]:
+    out = np.zeros_like(raw)
+    for members in groups:
+        size = len(members)
+        if size < 2:
+            raise ValueError(
+                f"{name} needs >= 2 samples per prompt group; group {samples[members[0]].group_index} "
+                f"(sample {samples[members[0]].index}) has 1"
+            )
+        values = raw[members]
+        # r_i - mean_{j≠i} r_j = n/(n-1)·(r_i - mean_g r)
+        out[members] = (values - values.mean()) * size / (size - 1)
+    return [float(x) for x in out]
 
 
 def postprocess_rewards(cfg: SlimeArgs, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
@@ -54,78 +106,72 @@ def postprocess_rewards(cfg: SlimeArgs, samples: Sequence[Sample]) -> tuple[list
     With `--custom-reward-post-process-path` the user function `fn(args, samples) -> (raw_rewards,
     rewards)` replaces everything below. Otherwise `raw[i] = samples[i].get_reward_value(cfg.reward_key)`
     and, unless `--disable-rewards-normalization`, the `--advantage-estimator` spec's `rewards` decides
-    (`slime_core.estimators`):
+    (`slime_core.estimators`), always within each prompt group (`reward_groups`: the samples sharing a
+    `group_index`, whatever their number; never across the batch):
 
     * `group_mean` (reinforce_plus_plus_baseline) and `group_mean_std` (grpo, gspo, cispo): subtract the
-      mean of the sample's prompt group, the consecutive groups of `--n-samples-per-prompt` samples
-      (samples arrive ordered by group; when the count is not a multiple of n, all samples form one group,
-      as the original does);
+      group mean;
     * `group_mean_std`: additionally divide by `(unbiased group std + 1e-6)` (GRPO, DeepSeekMath
-      eq. 3), unless `--disable-grpo-std-normalization` or n == 1 (where the std is undefined).
-    * `leave_one_out` (rloo): the baseline `r_i - mean_{j≠i} r_j = n/(n-1)·(r_i - mean_g r)` (Ahmadian et
-      al. 2024, eq. 6), computed here where whole groups are visible (the DP split may separate siblings);
-      the rloo estimator then only broadcasts it; applied even with `--disable-rewards-normalization`;
+      eq. 3), unless `--disable-grpo-std-normalization`;
+    * `leave_one_out` (rloo): the baseline `r_i - mean_{j≠i} r_j = n_g/(n_g-1)·(r_i - mean_g r)` (Ahmadian
+      et al. 2024, eq. 6) with the group's own size `n_g`, computed here where whole groups are visible (the
+      DP split may separate siblings); the rloo estimator then only broadcasts it; applied even with
+      `--disable-rewards-normalization`;
     * `none` (ppo, reinforce_plus_plus, ...): rewards = raw.
 
-    A group of equal rewards yields exact zeros (never NaN). With n == 1 a centred reward is always 0.
+    A group of one sample or of equal rewards yields exact zeros (never NaN).
 
     Args:
         cfg: run config; reads `reward_key`, `advantage_estimator`, `n_samples_per_prompt`,
             `disable_rewards_normalization`, `disable_grpo_std_normalization`,
             `custom_reward_post_process_path` (the plugin receives `cfg` as `args`).
-        samples: the rollout's samples, ordered by group.
+        samples: the rollout's samples.
 
     Returns:
         `(raw_rewards, rewards)`, two lists of N floats.
 
     Raises:
         ValueError: if a sample has no reward, a dict reward lacks `--reward-key`, a reward is not
-            finite, `--n-samples-per-prompt` < 1, or the custom function returns the wrong shape.
+            finite, the groups cannot be told apart (`reward_groups`), an rloo group has one sample, or the
+            custom function returns the wrong shape.
         KeyError: unknown `--advantage-estimator`.
         slime_core.plugins.PluginError: if the custom function cannot be imported.
     """
     custom_path = cfg.custom_reward_post_process_path
     if custom_path:
-        fn = load_function(custom_path, flag="--custom-reward-post-process-path")
-        out = fn(cfg, list(samples))
-        if not (isinstance(out, tuple | list) and len(out) == 2):
-            raise ValueError(f"--custom-reward-post-process-path {custom_path}: must return (raw_rewards, rewards)")
-        raw_c, rew_c = (list(map(float, x)) for x in out)
-        if len(raw_c) != len(samples) or len(rew_c) != len(samples):
-            raise ValueError(
-                f"--custom-reward-post-process-path {custom_path}: returned {len(raw_c)} raw and {len(rew_c)} "
-                f"rewards for {len(samples)} samples"
-            )
-        return raw_c, rew_c
-
+        return _custom_postprocess(cfg, custom_path, samples)
     raw = [s.get_reward_value(cfg.reward_key) for s in samples]
     for s, r in zip(samples, raw, strict=True):
         if not math.isfinite(r):
             raise ValueError(f"sample {s.index}: reward {r} is not finite")
     spec = get_estimator(cfg.advantage_estimator)
-    n = int(cfg.n_samples_per_prompt)
-    if spec.rewards == "leave_one_out" and samples:
-        if n < 2 or len(raw) % n:
-            raise ValueError(
-                f"{spec.name} needs --n-samples-per-prompt >= 2 and whole groups; got n={n} for {len(raw)} samples"
-            )
-        centred = _group_normalize(np.asarray(raw, dtype=np.float64), n, False)
-        return raw, [float(x) * n / (n - 1) for x in centred]
-    if cfg.disable_rewards_normalization or spec.rewards == "none" or not samples:
+    if not samples or (
+        spec.rewards != "leave_one_out" and (cfg.disable_rewards_normalization or spec.rewards == "none")
+    ):
         return raw, list(raw)
-    if n < 1:
-        raise ValueError(f"--n-samples-per-prompt must be >= 1, got {n}")
-    group_size = n
-    if len(raw) % n:
-        logger.warning(
-            "%d samples is not a multiple of --n-samples-per-prompt=%d; normalizing rewards over one group",
-            len(raw),
-            n,
+    groups = reward_groups(samples, cfg.n_samples_per_prompt)
+    values = np.asarray(raw, dtype=np.float64)
+    if spec.rewards == "leave_one_out":
+        return raw, _leave_one_out(values, groups, samples, spec.name)
+    divide = spec.rewards == "group_mean_std" and not cfg.disable_grpo_std_normalization
+    out = np.zeros_like(values)
+    for members in groups:
+        out[members] = _normalize_group(values[members], divide)
+    return raw, [float(x) for x in out]
+
+
+def _custom_postprocess(cfg: SlimeArgs, custom_path: str, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
+    fn = load_function(custom_path, flag="--custom-reward-post-process-path")
+    out = fn(cfg, list(samples))
+    if not (isinstance(out, tuple | list) and len(out) == 2):
+        raise ValueError(f"--custom-reward-post-process-path {custom_path}: must return (raw_rewards, rewards)")
+    raw_c, rew_c = (list(map(float, x)) for x in out)
+    if len(raw_c) != len(samples) or len(rew_c) != len(samples):
+        raise ValueError(
+            f"--custom-reward-post-process-path {custom_path}: returned {len(raw_c)} raw and {len(rew_c)} "
+            f"rewards for {len(samples)} samples"
         )
-        group_size = len(raw)
-    divide = spec.rewards == "group_mean_std" and not cfg.disable_grpo_std_normalization and group_size > 1
-    rewards = _group_normalize(np.asarray(raw, dtype=np.float64), group_size, divide)
-    return raw, [float(x) for x in rewards]
+    return raw_c, rew_c
 
 
 def rollout_keys(samples: Sequence[Sample]) -> list[Hashable]:
@@ -176,6 +222,31 @@ def _sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
     return list(samples)
 
 
+_warned_no_top_p_sets = False
+
+
+def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
+    """Per-sample top-p replay sets as int64 tensors (all samples or none), or `(None, None)`."""
+    global _warned_no_top_p_sets
+    with_sets = [s.rollout_top_p_token_offsets is not None for s in samples]
+    if any(with_sets) and not all(with_sets):
+        missing = [s.index for s, w in zip(samples, with_sets, strict=True) if not w]
+        raise ValueError(f"samples {missing[:5]} carry no top-p replay sets while others do")
+    if not all(with_sets):
+        if cfg.rollout_top_p < 1.0 and not _warned_no_top_p_sets:
+            _warned_no_top_p_sets = True
+            logger.warning(
+                "--rollout-top-p %g but the engine returned no kept token ids: the trainer computes log-probs over "
+                "the full distribution, not the truncated one the engine sampled from (top-p replay needs an "
+                "engine that returns them, e.g. SGLang with the top-p replay patch, or the reference engine)",
+                cfg.rollout_top_p,
+            )
+        return None, None
+    ids = [torch.tensor(s.rollout_top_p_token_ids, dtype=torch.int64) for s in samples]
+    offsets = [torch.tensor(s.rollout_top_p_token_offsets, dtype=torch.int64) for s in samples]
+    return ids, offsets
+
+
 def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size: int) -> list[RolloutBatch]:
     """Turns one rollout's samples into one `RolloutBatch` per data-parallel rank.
 
@@ -209,7 +280,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
         s.validate()
         if unsupported := s.unsupported_fields():
             raise ValueError(
-                f"sample {s.index} sets {', '.join(unsupported)}: top-p replay, routing replay and "
+                f"sample {s.index} sets {', '.join(unsupported)}: routing replay and "
                 "teacher log-probs are not implemented in this version; leave these fields None"
             )
     raw, rewards = postprocess_rewards(cfg, ordered)
@@ -221,6 +292,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
     if any(with_lp) and not all(with_lp):
         raise ValueError("some samples carry rollout_log_probs and some do not")
 
+    top_p_ids, top_p_offsets = _top_p_tensors(cfg, ordered)
     tokens_t = [torch.tensor(s.tokens, dtype=torch.int64) for s in ordered]
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in ordered] if all(with_lp) else None
@@ -254,6 +326,8 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
                 raw_rewards=[raw[p] for p in mine],
                 loss_denominators=[denominators[p] for p in mine],
                 rollout_log_probs=None if logp_t is None else [logp_t[p] for p in mine],
+                rollout_top_p_token_ids=None if top_p_ids is None else [top_p_ids[p] for p in mine],
+                rollout_top_p_token_offsets=None if top_p_offsets is None else [top_p_offsets[p] for p in mine],
                 truncated=[int(ordered[p].status is Status.TRUNCATED) for p in mine],
                 sample_indices=[ordered[p].index if ordered[p].index is not None else p for p in mine],
                 micro_batches=[[[local[p] for p in mb] for mb in step] for step in rank_steps],

@@ -39,7 +39,9 @@ __all__ = [
     "RolloutDataSourceWithBuffer",
     "count_prompts",
     "get_tokenizer",
+    "encode_prompt",
     "load_prompt_rows",
+    "prompt_too_long",
     "rows_to_samples",
 ]
 
@@ -143,6 +145,48 @@ def _maybe_json(value: Any, what: str, where: str) -> Any:
     return value
 
 
+def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: Any = None) -> list[int]:
+    """The ids the engine gets for a prompt: text as is, chat messages through the template (generation prompt on).
+
+    The `--rollout-max-prompt-len` filter and the default generate function both use this, so a prompt is
+    measured exactly as it will be sent.
+    """
+    if not isinstance(prompt, str):
+        prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(prompt, add_special_tokens=False)
+
+
+@functools.cache
+def _max_token_chars(tokenizer: Any) -> int:
+    # No token covers more characters than its vocabulary string has (byte-level BPE: one char per byte).
+    return max((len(t) for t in tokenizer.get_vocab()), default=1)
+
+
+def _prompt_chars(prompt: str | list[dict[str, Any]]) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(str(m.get("content", ""))) for m in prompt if isinstance(m, dict))
+
+
+def prompt_too_long(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: Any, max_prompt_len: int) -> bool:
+    """Whether a prompt has more than `max_prompt_len` tokens, without tokenizing one that certainly has.
+
+    A text of more than `max_prompt_len × (longest vocabulary entry)` characters cannot fit, and tokenizing it
+    would cost memory for nothing (a 50 MB line costs gigabytes in a fast tokenizer): it is refused by length.
+    """
+    if _prompt_chars(prompt) > max_prompt_len * _max_token_chars(tokenizer):
+        return True
+    return len(encode_prompt(tokenizer, prompt, tools)) > max_prompt_len
+
+
+def _is_empty_prompt(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return not prompt.strip()
+    if isinstance(prompt, list):
+        return not any(isinstance(m, dict) and str(m.get("content") or "").strip() for m in prompt)
+    return prompt is None
+
+
 def rows_to_samples(
     rows: Sequence[dict[str, Any]],
     *,
@@ -170,8 +214,8 @@ def rows_to_samples(
         tokenizer: needed for `apply_chat_template` and `max_prompt_len`.
         apply_chat_template: render messages with the tokenizer's template, `add_generation_prompt=True`.
         apply_chat_template_kwargs: extra template kwargs (e.g. `{"enable_thinking": false}`).
-        max_prompt_len: drop prompts with more tokens than this (order preserved); prompts with images count
-            their expanded image tokens.
+        max_prompt_len: drop prompts with more tokens than this, as the engine will get them (`encode_prompt`;
+            prompts with images count their expanded image tokens); order preserved; the number dropped is logged.
         multimodal_keys: `--multimodal-keys`; its `image` column holds one image per `<image>` placeholder of
             the prompt (see `slime_rollout.multimodal`). The prompt is then rendered by the processor's chat
             template and the images are kept in `Sample.multimodal_inputs["images"]`.
@@ -179,8 +223,8 @@ def rows_to_samples(
             prompts with images; required with `multimodal_keys`.
 
     Raises:
-        ValueError: a row lacks `input_key`, has malformed metadata/tools, or a missing, unreadable or surplus
-            image (names `source` and row).
+        ValueError: a row lacks `input_key`, has an empty prompt, malformed metadata/tools, or a missing,
+            unreadable or surplus image (names `source` and row).
     """
     if (apply_chat_template or max_prompt_len) and tokenizer is None:
         raise ValueError("--apply-chat-template / --rollout-max-prompt-len need a tokenizer (--hf-checkpoint)")
@@ -194,6 +238,8 @@ def rows_to_samples(
         if input_key not in row:
             raise ValueError(f"{where}: no --input-key {input_key!r} (keys: {sorted(row)})")
         prompt = row[input_key]
+        if _is_empty_prompt(prompt):
+            raise ValueError(f"{where}: empty prompt in --input-key {input_key!r}")
         metadata = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
         metadata = dict(metadata or {})
         if not isinstance(metadata, dict):
@@ -215,14 +261,24 @@ def rows_to_samples(
                 add_generation_prompt=True,
                 **(apply_chat_template_kwargs or {}),
             )
-        if max_prompt_len is not None and _prompt_len(tokenizer, prompt, images, processor_path) > max_prompt_len:
+        if max_prompt_len is not None and (
+            _prompt_len(tokenizer, prompt, images, processor_path) > max_prompt_len
+            if images
+            else prompt_too_long(tokenizer, prompt, tools, max_prompt_len)
+        ):
             num_dropped += 1
             continue
         label = row.get(label_key) if label_key else None
         mm_inputs = {"images": images} if images else None
         samples.append(Sample(prompt=prompt, label=label, metadata=metadata, multimodal_inputs=mm_inputs))
     if num_dropped:
-        logger.info("%s: dropped %d prompts longer than %d tokens", source, num_dropped, max_prompt_len)
+        logger.warning(
+            "%s: dropped %d of %d prompts longer than --rollout-max-prompt-len=%d tokens",
+            source,
+            num_dropped,
+            len(rows),
+            max_prompt_len,
+        )
     return samples
 
 

@@ -7,6 +7,7 @@ accepted as an alias of `slime_rollout.filters.check_reward_nonzero_std`.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.protocols import DynamicFilterOutput
@@ -15,15 +16,21 @@ from slime_core.sample import Sample
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["check_reward_nonzero_std", "check_reward_nonzero_std_with_fallback", "normalize_filter_output"]
+__all__ = [
+    "check_reward_nonzero_std",
+    "check_reward_nonzero_std_with_fallback",
+    "flatten_group",
+    "normalize_filter_output",
+]
 
 
-def check_reward_nonzero_std(args: SlimeArgs, samples: list[Sample], **kwargs: Any) -> DynamicFilterOutput:
+def check_reward_nonzero_std(args: SlimeArgs, samples: list[Any], **kwargs: Any) -> DynamicFilterOutput:
     """Keeps a group only if its rewards differ (DAPO dynamic sampling: equal rewards give zero GRPO advantage).
 
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`); reads `reward_key` for dict rewards.
-        samples: one finished group.
+        samples: one finished group; an entry may be a list of samples (a multi-turn fan-out), whose samples
+            all count.
         **kwargs: ignored (forward compatibility with newer call sites).
 
     Returns:
@@ -32,7 +39,7 @@ def check_reward_nonzero_std(args: SlimeArgs, samples: list[Sample], **kwargs: A
 
     Reference: Yu et al., "DAPO" (2025), §3.2 dynamic sampling.
     """
-    rewards = [s.get_reward_value(args.reward_key) for s in samples]
+    rewards = [s.get_reward_value(args.reward_key) for s in flatten_group(samples)]
     if len(rewards) > 1 and statistics.pstdev(rewards) > 0.0:
         return DynamicFilterOutput(keep=True)
     return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1)}" if rewards else "empty")
@@ -48,6 +55,14 @@ def check_reward_nonzero_std_with_fallback(
     output = check_reward_nonzero_std(args, samples, **kwargs)
     output.keep_when_insufficient = True
     return output
+
+
+def flatten_group(group: Sequence[Any]) -> list[Sample]:
+    """The samples of one group whose entries may be samples or lists of samples (fan-out generate)."""
+    out: list[Sample] = []
+    for item in group:
+        out.extend(item if isinstance(item, list | tuple) else [item])
+    return out
 
 
 def normalize_filter_output(output: DynamicFilterOutput | bool) -> DynamicFilterOutput:

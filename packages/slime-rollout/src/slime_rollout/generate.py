@@ -21,8 +21,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
-from slime_rollout.data_source import get_tokenizer
+from slime_rollout.data_source import encode_prompt, get_tokenizer
 from slime_rollout.multimodal import VisionPrompt, prepare_vision_prompt, sample_images
+from slime_rollout.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -43,7 +44,8 @@ def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[s
 
     Returns:
         `{temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids, skip_special_tokens,
-        no_stop_trim=True, spaces_between_special_tokens=False}` (+ `min_new_tokens` for eval).
+        no_stop_trim=True, spaces_between_special_tokens=False}` (+ `min_new_tokens` for eval; + `custom_params`
+        asking for the kept token ids with `--rollout-top-p < 1`, `slime_rollout.top_p_replay`).
 
     Raises:
         ValueError: no response length budget is configured.
@@ -71,6 +73,8 @@ def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[s
     }
     if evaluation and cfg.eval_min_new_tokens is not None:
         params["min_new_tokens"] = int(cfg.eval_min_new_tokens)
+    if wants_top_p_sets(cfg, evaluation=evaluation):
+        params["custom_params"] = dict(TOP_P_REQUEST)  # top-p replay: the engine returns the ids it kept
     return params
 
 
@@ -114,10 +118,7 @@ def _encode_prompt(tokenizer_path: str, key: str) -> tuple[int, ...]:
     # The n samples of a group share one prompt: template + tokenize it once, not n times (this work runs
     # on the rollout's event loop, between engine replies). 256 entries cover the groups in flight.
     prompt, tools = json.loads(key)
-    tokenizer = get_tokenizer(tokenizer_path)
-    if not isinstance(prompt, str):
-        prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
-    return tuple(tokenizer.encode(prompt, add_special_tokens=False))
+    return tuple(encode_prompt(get_tokenizer(tokenizer_path), prompt, tools))
 
 
 def _vision_prompt(args: SlimeArgs, sample: Sample) -> VisionPrompt | None:
@@ -217,8 +218,11 @@ async def generate(
     if vision is not None:
         _check_prompt_tokens(sample, reply.get("meta_info") or {}, len(payload["input_ids"]))
     tokens, log_probs = _parse_output(reply)
+    top_p = parse_top_p_sets(reply["meta_info"], len(tokens))
     sample.status = Status.PENDING
-    sample.append_response_tokens(tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=reply["meta_info"])
+    sample.append_response_tokens(
+        tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=reply["meta_info"], top_p=top_p
+    )
     if sample.status is Status.PENDING:
         logger.warning(
             "sample %s: engine gave no known finish_reason (%r)", sample.index, reply["meta_info"].get("finish_reason")

@@ -3,7 +3,8 @@
 `rollout/raw_reward`, `rollout/rewards` (after group normalization), `rollout/response_len/{mean,median,max,min}`
 (trainable tokens), `rollout/truncated_ratio`, `rollout/log_probs` (mean engine log-prob over trainable
 tokens), `rollout/zero_std/count_{reward}`, `rollout/dynamic_filter/drop_{reason}`, `perf/rollout_time`,
-`perf/tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`; with `--log-passrate` `passrate/pass@{k}`,
+`perf/tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`, `rollout/num_empty_responses` (samples without
+a response token, not in the original); with `--log-passrate` `passrate/pass@{k}`,
 with `--log-reward-category KEY` `rollout/error_cat/{category}`.
 """
 
@@ -129,6 +130,11 @@ def compute_rollout_metrics(
         )
         for category, count in categories.items():
             metrics[f"rollout/error_cat/{category}"] = count / len(samples)
+    # Samples that came back without a response token (a custom generate function, or no room left in the
+    # context); the default rollout marks them remove_sample.
+    metrics["rollout/num_empty_responses"] = float(
+        sum(s.response_length == 0 and s.status is not Status.ABORTED for s in samples)
+    )
     lengths = [s.effective_response_length for s in samples]
     metrics["rollout/response_len/mean"] = statistics.fmean(lengths)
     metrics["rollout/response_len/median"] = float(statistics.median(lengths))

@@ -47,6 +47,7 @@ from slime_rollout.template_check import (
     record_segment,
     render_messages,
 )
+from slime_rollout.top_p_replay import parse_top_p_sets
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -204,6 +205,7 @@ def _reset_response(sample: Sample) -> None:
     sample.response = ""
     sample.loss_mask = None
     sample.rollout_log_probs = None
+    sample.rollout_top_p_token_ids = sample.rollout_top_p_token_offsets = None
     sample.status = Status.PENDING
     sample.weight_versions.clear()
     sample.metadata.pop(CONVERSATION_KEY, None)
@@ -233,7 +235,8 @@ async def _model_turn(
     if text is None:
         text = token_text
     sample.status = Status.PENDING
-    sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta)
+    top_p = parse_top_p_sets(meta, len(tokens))  # top-p replay sets, when the engine returned them
+    sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta, top_p=top_p)
     if sample.status is Status.PENDING:
         sample.status = Status.COMPLETED
     return text, token_text

@@ -31,7 +31,7 @@ from slime_core.sample import Sample, Status
 from slime_rollout import async_utils, debug_dump, log_hooks
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
 from slime_rollout.eval import eval_rollout
-from slime_rollout.filters import normalize_filter_output
+from slime_rollout.filters import flatten_group, normalize_filter_output
 from slime_rollout.generate import abort_all
 from slime_rollout.goodput import rollout_token_fates
 from slime_rollout.group_rollout import RolloutState, generate_and_rm, generate_and_rm_group, num_engines
@@ -150,6 +150,32 @@ class _SamplingRounds:
         self.count += 1
 
 
+def _exclude_empty_responses(args: SlimeArgs, rollout_id: int, groups: list[list[Any]]) -> int:
+    """Marks samples that came back with no response token as not trained on, and says so (never silently).
+
+    A custom generate function may return a sample without generating anything (the engine also gives nothing
+    when the prompt leaves no room in the context). Such a sample keeps its place in its group (its reward takes
+    part in the group's normalization) but has nothing to train on: `remove_sample` makes that explicit. The count
+    is the `rollout/num_empty_responses` metric.
+
+    Returns:
+        The number of empty responses.
+    """
+    empty = [s for s in flatten_groups(groups) if s.response_length == 0 and s.status is not Status.ABORTED]
+    for sample in empty:
+        sample.remove_sample = True
+    if empty:
+        source = args.custom_generate_function_path or "the default generate function"
+        logger.warning(
+            "rollout %d: %d samples have an empty response (from %s; samples %s); they are not trained on",
+            rollout_id,
+            len(empty),
+            source,
+            [s.index for s in empty[:8]],
+        )
+    return len(empty)
+
+
 async def generate_rollout_async(
     args: SlimeArgs, rollout_id: int, data_source: DataSource
 ) -> tuple[RolloutFnTrainOutput, list[list[Sample]]]:
@@ -217,7 +243,9 @@ async def generate_rollout_async(
                         discarded["aborted"].append(group)
                     continue
                 if filter_fn is not None:
-                    verdict = normalize_filter_output(filter_fn(args, group))
+                    # A filter sees the group's samples; a fan-out group (entries that are lists) is flattened,
+                    # so plugins written for `list[Sample]` work on it too.
+                    verdict = normalize_filter_output(filter_fn(args, flatten_group(group)))
                     # Groups that could still fill the batch: accepted, generating, and the undecided ones of `done`.
                     candidates = len(data) + len(pending) + len(done) - position
                     if not verdict.keep and not (verdict.keep_when_insufficient and candidates <= target):
@@ -235,6 +263,7 @@ async def generate_rollout_async(
     leftovers = sorted(requeue + leftovers, key=_group_sort_key)
 
     data.sort(key=_group_sort_key)
+    _exclude_empty_responses(args, rollout_id, data)
     if args.rollout_sample_filter_path:
         load_function(args.rollout_sample_filter_path, flag="--rollout-sample-filter-path")(args, data)
     if args.rollout_all_samples_process_path:

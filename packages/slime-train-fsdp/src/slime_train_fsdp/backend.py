@@ -179,7 +179,7 @@ class FSDPTrainBackend:
         return names
 
     def _pack(self, batch: RolloutBatch, ids: list[int]) -> PackedMicroBatch:
-        return pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device,
+        return pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device, batch.kept_tokens(ids),
                                 multimodal=batch.multimodal_train_inputs, mrope=self._mrope)  # fmt: skip
 
     def _require_awake(self, what: str) -> None:

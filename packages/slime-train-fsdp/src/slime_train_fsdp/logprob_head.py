@@ -15,10 +15,9 @@ Heads (`--log-probs-head`):
 - `liger`: liger-kernel's fused linear cross-entropy with `reduction="none"` (per-token `-log p`) on `h / T`;
   optional dependency, CUDA only; the entropy, when asked for, comes from the `bf16` chunk path.
 
-Entropy is `H = -Σ p log p` with `log p = log_softmax(z)`, which subtracts the row max, so large logits
-neither overflow nor cancel (slime_core's `entropy_from_logits` computes `lse - Σ p z`, finite but with an
-absolute error that grows with `|z|` through that cancellation; the `fp32` head keeps it for exactness with
-today's numbers).
+Every head but `liger` turns a chunk's logits into log-probs and entropy with slime_core's
+`log_probs_and_entropy_from_logits`, which subtracts the row max before the temperature and the softmax, so
+large logits neither overflow nor cancel.
 
 Legend: `R` = response positions, `c` = chunk rows, `H` = hidden size, `V` = vocab size, `T` = temperature.
 """
@@ -32,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from slime_core.algorithms import entropy_from_logits, log_probs_from_logits
+from slime_core.algorithms import KeptTokens, log_probs_and_entropy_from_logits
 
 __all__ = ["DEFAULT_CPU_HEAD", "DEFAULT_CUDA_HEAD", "HEADS", "default_head", "head_log_probs"]
 
@@ -80,43 +79,40 @@ class _TF32Linear(torch.autograd.Function):
         return grad_h, grad_w
 
 
-def _stable_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    """fp32 `log p(target)` `[c]` and entropy `[c]` (or `[0]`) from `[c, V]` logits of any float dtype."""
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
-    logp_all = torch.log_softmax(z, dim=-1)  # [c, V], max-subtracted inside
-    logp = logp_all.gather(-1, targets[:, None])[:, 0]
-    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else logp.new_zeros(0)
-    return logp, ent
+def _stable_log_probs(logits, targets, temperature: float, with_entropy: bool, kept: KeptTokens | None = None):
+    """fp32 `log p(target)` `[c]` and entropy `[c]` (or `[0]`) from `[c, V]` logits of any float dtype.
+
+    With `kept` (top-p replay) the log-probs are over each row's nucleus plus its target; the entropy is not.
+    """
+    return log_probs_and_entropy_from_logits(logits, targets, temperature, with_entropy=with_entropy, kept=kept)
 
 
-def _chunk_fp32(h, w, targets, temperature, with_entropy):
+def _chunk_fp32(h, w, targets, temperature, with_entropy, kept=None):
     logits = F.linear(h.float(), w.float())  # [c, V] fp32, TF32 as globally configured (off by default)
-    logp = log_probs_from_logits(logits, targets, temperature=temperature)
-    ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else logp.new_zeros(0)
-    return logp, ent
+    return _stable_log_probs(logits, targets, temperature, with_entropy, kept)
 
 
-def _chunk_tf32(h, w, targets, temperature, with_entropy):
+def _chunk_tf32(h, w, targets, temperature, with_entropy, kept=None):
     logits = _TF32Linear.apply(h.float(), w.float())  # [c, V] fp32 from TF32 tensor cores
-    return _stable_log_probs(logits, targets, temperature, with_entropy)
+    return _stable_log_probs(logits, targets, temperature, with_entropy, kept)
 
 
-def _chunk_bf16(h, w, targets, temperature, with_entropy):
+def _chunk_bf16(h, w, targets, temperature, with_entropy, kept=None):
     logits = F.linear(h, w.to(h.dtype))  # [c, V] in the compute dtype (bf16 on GPU, fp32 on CPU)
-    return _stable_log_probs(logits, targets, temperature, with_entropy)
+    return _stable_log_probs(logits, targets, temperature, with_entropy, kept)
 
 
-def _chunked(chunk_fn: Callable, hidden, weight, targets, temperature, chunk_size, with_entropy):
+def _chunked(chunk_fn: Callable, hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None):
     logps, ents = [], []
-    for start in range(0, int(targets.numel()), chunk_size):
+    num = int(targets.numel())
+    for start in range(0, num, chunk_size):
         args = (hidden[start : start + chunk_size], weight, targets[start : start + chunk_size])
+        part = None if kept is None else kept.slice_rows(start, min(start + chunk_size, num))
         if torch.is_grad_enabled():
             # Recompute the chunk's logits in backward instead of keeping [c, V] activations per chunk.
-            lp, ent = checkpoint(chunk_fn, *args, temperature, with_entropy, use_reentrant=False)
+            lp, ent = checkpoint(chunk_fn, *args, temperature, with_entropy, part, use_reentrant=False)
         else:
-            lp, ent = chunk_fn(*args, temperature, with_entropy)
+            lp, ent = chunk_fn(*args, temperature, with_entropy, part)
         logps.append(lp)
         ents.append(ent)
     if not logps:
@@ -125,7 +121,12 @@ def _chunked(chunk_fn: Callable, hidden, weight, targets, temperature, chunk_siz
     return torch.cat(logps), torch.cat(ents)
 
 
-def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy):
+def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None):
+    if kept is not None:
+        raise ValueError(
+            "--log-probs-head liger computes the full softmax and cannot replay the engine's top-p sets "
+            "(--rollout-top-p < 1): use --log-probs-head tf32, fp32 or bf16"
+        )
     try:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
     except ImportError as exc:
@@ -164,6 +165,7 @@ def head_log_probs(
     chunk_size: int,
     with_entropy: bool,
     head: str = DEFAULT_CPU_HEAD,
+    kept: KeptTokens | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Response log-probs (and entropy) from final hidden states.
 
@@ -175,6 +177,7 @@ def head_log_probs(
         chunk_size: rows per chunk (> 0); `liger` picks its own chunking.
         with_entropy: also return the entropy.
         head: one of `HEADS`.
+        kept: top-p replay sets of the `R` rows (`--rollout-top-p < 1`), or None for the full softmax.
 
     Returns:
         (`[R]` fp32 natural-log probabilities, `[R]` fp32 entropies in nats or `[0]`).
@@ -182,8 +185,8 @@ def head_log_probs(
     Raises:
         KeyError: unknown head (the message lists the known ones).
         ImportError: `liger` without liger-kernel installed.
-        ValueError: `liger` on a CPU tensor.
+        ValueError: `liger` on a CPU tensor or with `kept`.
     """
     if head not in HEADS:
         raise KeyError(f"unknown --log-probs-head {head!r}; known: {sorted(HEADS)}")
-    return HEADS[head](hidden, weight, targets, temperature, chunk_size, with_entropy)
+    return HEADS[head](hidden, weight, targets, temperature, chunk_size, with_entropy, kept)

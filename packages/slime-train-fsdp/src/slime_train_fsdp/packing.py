@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import register_fsdp_forward_method
 
+from slime_core.algorithms import KeptTokens
 from slime_train_fsdp.attention import packed_attention_kwargs
 from slime_train_fsdp.context_parallel import gather_response_values, shard_row
 from slime_train_fsdp.logprob_head import DEFAULT_CPU_HEAD, head_log_probs
@@ -87,6 +88,7 @@ class PackedMicroBatch:
             in packing order), or None when none has any.
         vision_positions: `[1, S]` bool, the prompt positions (where image tokens are images; in responses they
             are text), for vision-language models; else None.
+        kept: top-p replay sets of the `R` response positions (`--rollout-top-p < 1`), or None.
     """
 
     input_ids: torch.Tensor
@@ -98,6 +100,7 @@ class PackedMicroBatch:
     seq_lengths: list[int] = dataclasses.field(default_factory=list)
     vision: dict[str, torch.Tensor] | None = None
     vision_positions: torch.Tensor | None = None
+    kept: KeptTokens | None = None
 
 
 MropeFn = Callable[[torch.Tensor, torch.Tensor | None, int], torch.Tensor]
@@ -109,6 +112,7 @@ def pack_micro_batch(
     response_lengths: list[int],
     sample_ids: list[int],
     device: torch.device,
+    kept: KeptTokens | None = None,
     *,
     multimodal: Sequence[dict[str, torch.Tensor] | None] | None = None,
     mrope: MropeFn | None = None,
@@ -123,6 +127,8 @@ def pack_micro_batch(
         response_lengths: all samples' `L_i`.
         sample_ids: which samples to pack.
         device: where to put the tensors.
+        kept: top-p replay sets of the packed samples' response positions, in `sample_ids` order
+            (`RolloutBatch.kept_tokens(sample_ids)`), or None.
         multimodal: all samples' vision tensors (`RolloutBatch.multimodal_train_inputs`), or None.
         mrope: for a vision-language model, its per-sequence 3-D rotary positions; the row then gets `[4, 1, S]`
             position ids.
@@ -173,6 +179,7 @@ def pack_micro_batch(
         seq_lengths=[int(t.numel()) for t in ids],
         vision=vision,
         vision_positions=vision_positions,
+        kept=None if kept is None or not sample_ids else kept.to(device),
     )
 
 
@@ -194,6 +201,7 @@ def _response_forward(
     head: str | None = None,
     vision: dict[str, torch.Tensor] | None = None,
     vision_positions: torch.Tensor | None = None,
+    kept: KeptTokens | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of a packed row: response log-probs `[R]` fp32, entropy `[R]` (or `[0]`), and an anchor.
 
@@ -220,6 +228,9 @@ def _response_forward(
         input_ids, position_ids, predict_index, targets = (shard.input_ids, shard.position_ids,
                                                            shard.predict_index, shard.targets)  # fmt: skip
         lengths = shard.seq_lengths
+        if kept is not None:  # this rank scores a contiguous run of the response positions
+            first = sum(shard.counts[: dist.get_rank(group)])
+            kept = kept.slice_rows(first, first + int(targets.numel()))
     attn_kwargs = packed_attention_kwargs(lengths, input_ids.device, self.config._attn_implementation)
     if group is not None:
         attn_kwargs["slime_cp_group"] = group
@@ -234,7 +245,7 @@ def _response_forward(
         self.model.slime_vision_positions = None
     h_resp = hidden.index_select(0, predict_index)  # [R, H]
     logp, entropy = head_log_probs(h_resp, weight, targets, temperature=temperature, chunk_size=chunk_size,
-                                   with_entropy=with_entropy, head=head or opts.head)  # fmt: skip
+                                   with_entropy=with_entropy, head=head or opts.head, kept=kept)  # fmt: skip
     if shard is not None:
         logp = gather_response_values(logp, shard.counts, group)
         if with_entropy:
@@ -290,4 +301,4 @@ def response_log_probs(
     """
     fn = getattr(model, _FORWARD_METHOD)
     return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, temperature, chunk_size, with_entropy,
-              mb.seq_lengths, head, mb.vision, mb.vision_positions)  # fmt: skip
+              mb.seq_lengths, head, mb.vision, mb.vision_positions, mb.kept)  # fmt: skip

@@ -34,6 +34,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_convert import ModelArgs
+from slime_core.algorithms import KeptTokens
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
@@ -82,6 +83,7 @@ class _MicroBatch:
     ids: list[int]
     packed: PackedBatch
     dummy: bool  # an empty schedule slot filled with a 2-token sample so collectives stay aligned
+    kept: KeptTokens | None = None  # top-p replay sets of the response rows (`RolloutBatch.kept_tokens(ids)`)
 
 
 class MegatronTrainBackend:
@@ -248,7 +250,8 @@ class MegatronTrainBackend:
             if ids:
                 tokens = [batch.tokens[i] for i in ids]
                 resp = [batch.response_lengths[i] for i in ids]
-                out.append(_MicroBatch(ids, pack_thd(tokens, resp, pad_multiple=self._pad_multiple()), False))
+                packed = pack_thd(tokens, resp, pad_multiple=self._pad_multiple())
+                out.append(_MicroBatch(ids, packed, False, batch.kept_tokens(ids)))
             else:
                 dummy = pack_thd([torch.zeros(2, dtype=torch.long)], [1], pad_multiple=self._pad_multiple())
                 out.append(_MicroBatch([], dummy, True))
@@ -294,6 +297,7 @@ class MegatronTrainBackend:
         v_local = logits.shape[-1]
         device = logits.device
         cp = self.settings.context_parallel_size
+        kept = None if mb.kept is None else mb.kept.to(device)
         if cp == 1:
             rows, targets = p.logit_index.to(device), p.targets.to(device)
         else:
@@ -301,6 +305,10 @@ class MegatronTrainBackend:
             index = cp_zigzag_indices(p.cu_seqlens, parallel_state.get_context_parallel_rank(), cp)
             nxt = torch.cat([p.tokens[0, 1:], p.tokens[0, :1]])[index]
             rows, targets = torch.arange(index.numel(), device=device), nxt.to(device)
+            if kept is not None:  # the sets follow the positions: response row of each local position, else none
+                response_row = torch.full((p.tokens.shape[1],), -1, dtype=torch.long)
+                response_row[p.logit_index] = torch.arange(p.logit_index.numel())
+                kept = kept.select_rows(response_row[index].to(device))
         lp, ent = vocab_parallel_log_probs(
             logits[rows],
             targets,
@@ -309,6 +317,7 @@ class MegatronTrainBackend:
             vocab_size=self.model_args.vocab_size,
             group=parallel_state.get_tensor_model_parallel_group(),
             with_entropy=with_entropy,
+            kept=kept,
         )
         if cp > 1:
             group, rank = parallel_state.get_context_parallel_group(), parallel_state.get_context_parallel_rank()

@@ -10,7 +10,12 @@ response logits.
 
 from slime_core.algorithms.advantages import compute_advantages_and_returns, discounted_cumsum
 from slime_core.algorithms.kl import compute_approx_kl
-from slime_core.algorithms.logprobs import entropy_from_logits, log_probs_from_logits
+from slime_core.algorithms.logprobs import (
+    entropy_from_logits,
+    log_probs_and_entropy_from_logits,
+    log_probs_from_logits,
+    shifted_logits,
+)
 from slime_core.algorithms.objective import compute_actor_loss, policy_loss_name
 from slime_core.algorithms.policy_loss import (
     compute_cispo_loss,
@@ -27,11 +32,13 @@ from slime_core.algorithms.registry import (
 )
 from slime_core.algorithms.sft_loss import compute_sft_loss
 from slime_core.algorithms.tis import compute_tis_weights, icepop_function, vanilla_tis_function
+from slime_core.algorithms.top_p import KeptTokens, restricted_logsumexp, validate_top_p_offsets
 from slime_core.algorithms.train_loss import LossInputs, compute_train_loss, needs_old_log_probs
 from slime_core.algorithms.value_loss import compute_critic_loss, compute_value_loss
 from slime_core.algorithms.whitening import apply_whitening, whitening_stats
 
 __all__ = [
+    "KeptTokens",
     "LossInputs",
     "apply_whitening",
     "compute_actor_loss",
@@ -52,14 +59,18 @@ __all__ = [
     "get_advantage_estimator",
     "icepop_function",
     "get_policy_loss",
+    "log_probs_and_entropy_from_logits",
     "log_probs_from_logits",
     "needs_old_log_probs",
     "policy_loss_name",
     "register_advantage",
     "register_policy_loss",
+    "restricted_logsumexp",
     "sequence_mean_ppo_kl",
+    "shifted_logits",
     "sum_of_sample_mean",
     "sum_of_token",
+    "validate_top_p_offsets",
     "vanilla_tis_function",
     "whitening_stats",
 ]

@@ -19,7 +19,7 @@ import torch
 from slime_core.algorithms._flatten import concat_per_sample
 from slime_core.algorithms.kl import compute_approx_kl
 from slime_core.algorithms.policy_loss import compute_opsm_mask
-from slime_core.algorithms.reducers import Reducer, default_reducer
+from slime_core.algorithms.reducers import Reducer, default_reducer, segment_sums
 from slime_core.algorithms.registry import get_policy_loss
 from slime_core.algorithms.tis import icepop_function, vanilla_tis_function
 from slime_core.config import SlimeArgs
@@ -66,6 +66,19 @@ def _check_options(cfg: SlimeArgs, rollout_log_probs, ref_log_probs, entropy) ->
         raise ValueError("--use-kl-loss needs ref_log_probs (is --ref-load set?)")
     if cfg.entropy_coef != 0 and entropy is None:
         raise ValueError("--entropy-coef != 0 needs the per-token entropy")
+
+
+def _opsm_clipfrac(per_token: bool, dropped: torch.Tensor, mask: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The original's `opsm_clipfrac`: per sample, the dropped share of its own trainable tokens, summed.
+
+    Each sample counts `Σ_t d_t·m_t / max(Σ_t m_t, 1)` (a dropped sequence counts 1, whatever its rollout
+    siblings), so after the division by the step's sample count it is the fraction of sequences dropped. With
+    `--calculate-per-token-loss` every metric is a token mean: the dropped trainable tokens are summed instead.
+    """
+    if per_token:
+        return (dropped * mask).sum()
+    own = segment_sums(mask, lengths).clamp(min=1.0)
+    return (segment_sums(dropped * mask, lengths) / own).sum()
 
 
 def _tis_function(cfg: SlimeArgs):
@@ -122,7 +135,10 @@ def compute_actor_loss(
         `(loss, metrics)`: `loss` a scalar with grad (an empty micro-batch gives a zero without grad:
         skip its backward); `metrics` detached scalars, each the same kind of
         sum: loss, pg_loss, pg_clipfrac, ppo_kl, entropy_loss, [kl_loss], [train_rollout_logprob_abs_diff],
-        [opsm_clipfrac], [tis, tis_clipfrac, tis_abs, ois] (or the custom TIS function's metrics).
+        [opsm_clipfrac], [tis, tis_clipfrac, tis_abs, ois] (or the custom TIS function's metrics). As in the
+        original, `tis` is the raw ratio `exp(lp_old - lp_roll)`, TIS metrics and `ois` are averaged over the
+        tokens before a custom TIS function's rejections, and `opsm_clipfrac` is each sample's dropped share of
+        its own tokens.
 
     Raises:
         KeyError: unknown policy loss.
@@ -150,7 +166,10 @@ def compute_actor_loss(
     if cfg.use_opsm:
         dropped = compute_opsm_mask(ppo_kl_tok.detach(), adv, mask, lengths, cfg.opsm_delta)
         pg_tok = pg_tok * (1.0 - dropped)
-        metrics["opsm_clipfrac"] = reduce(dropped)
+        metrics["opsm_clipfrac"] = _opsm_clipfrac(per_token, dropped, mask, lengths)
+    # Mismatch metrics are means over the tokens before any rejection (the original's pre-RS reducer): a TIS
+    # function that rejects tokens must not drive its own metrics towards 0 by removing them from the average.
+    metric_reduce = reduce
     if cfg.use_tis:
         pg_tok, new_masks, tis_metrics = _tis_function(cfg)(
             args=cfg,
@@ -166,8 +185,8 @@ def compute_actor_loss(
             mask = concat_per_sample("modified loss_masks", new_masks, lengths)
             reduce = default_reducer(per_token, lengths, mask, loss_denominators)
             pg_reduce = _pg_reducer(cfg, total_lengths, lengths, new_masks, reduce)
-        metrics.update({k: reduce(v) for k, v in tis_metrics.items()})
-        metrics["ois"] = reduce(torch.exp((-ppo_kl_tok.detach()).clamp(-20.0, 20.0)))
+        metrics.update({k: metric_reduce(v) for k, v in tis_metrics.items()})
+        metrics["ois"] = metric_reduce(torch.exp((-ppo_kl_tok.detach()).clamp(-20.0, 20.0)))
 
     pg_loss = pg_reduce(pg_tok)
     entropy_loss = reduce(concat_per_sample("entropy", entropy, lengths)) if entropy is not None else lp.new_zeros(())

@@ -67,11 +67,10 @@ def _tis(mode: str, cfg: SlimeArgs, pg_loss: torch.Tensor, train_log_probs, roll
     old = _concat(train_log_probs, pg_loss)
     roll = _concat(rollout_log_probs, pg_loss)
     weights, clipfrac = compute_tis_weights(old, roll, cfg.tis_clip_low, cfg.tis_clip, mode)
-    metrics = {
-        "tis": weights,
-        "tis_clipfrac": clipfrac,
-        "tis_abs": (torch.exp((old - roll).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)) - 1).abs(),
-    }
+    raw = torch.exp((old - roll).detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    # As in the original: `tis` is the raw ratio exp(old - rollout), not the applied (clamped / zeroed) weight,
+    # so the metric shows the mismatch itself; how much of it the weights cut is `tis_clipfrac`.
+    metrics = {"tis": raw, "tis_clipfrac": clipfrac, "tis_abs": (raw - 1).abs()}
     return pg_loss * weights, loss_masks, metrics
 
 
@@ -88,7 +87,9 @@ def vanilla_tis_function(
     """Truncated IS: `pg_loss · clamp(exp(lp_old - lp_roll), tis_clip_low, tis_clip)`; masks unchanged.
 
     Returns:
-        `(pg_loss [T], loss_masks, {"tis", "tis_clipfrac", "tis_abs": [T]})`, `tis_abs = |exp(Δ) - 1|`.
+        `(pg_loss [T], loss_masks, {"tis", "tis_clipfrac", "tis_abs": [T]})`: `tis = exp(Δ)` the raw ratio
+        (`Δ = lp_old - lp_roll`, clamped to ±20 before exp), `tis_clipfrac` 1 where the weight differs from it,
+        `tis_abs = |exp(Δ) - 1|` (the original's metrics).
     """
     return _tis("truncate", args, pg_loss, train_log_probs, rollout_log_probs, loss_masks)
 
@@ -106,6 +107,7 @@ def icepop_function(
     """IcePop: weight `exp(lp_old - lp_roll)` kept inside `[tis_clip_low, tis_clip]`, 0 outside.
 
     Returns:
-        `(pg_loss [T], loss_masks, {"tis", "tis_clipfrac", "tis_abs": [T]})`.
+        `(pg_loss [T], loss_masks, {"tis", "tis_clipfrac", "tis_abs": [T]})`, as `vanilla_tis_function`'s
+        (`tis` is the raw ratio, `tis_clipfrac` 1 where the weight was zeroed).
     """
     return _tis("icepop", args, pg_loss, train_log_probs, rollout_log_probs, loss_masks)

@@ -6,16 +6,21 @@ first reduces the response to its last `\boxed{}` content.
 
 | rm_type      | returns                                  |
 |--------------|------------------------------------------|
-| math         | 1.0 / 0.0 (last box vs label)            |
-| deepscaler   | 1.0 / 0.0 (after `</think>`)             |
+| math         | 1.0 / 0.0 (final boxed answer vs label)  |
+| deepscaler   | 1.0 / 0.0 (same, after `</think>`)       |
 | dapo         | {"score": ±1.0, "acc", "pred"}           |
-| f1           | SQuAD token F1                           |
-| gpqa         | 1.0 / 0.0 (option letter)                |
+| f1           | SQuAD token F1 of the final answer       |
+| gpqa         | 1.0 / 0.0 (the option picked)            |
 | remote_rm    | the JSON reply of `--rm-url`             |
 | random       | 0 or 1                                   |
 
-`async_rm` grades `math` / `deepscaler` (and their `boxed_` forms) with the symbolic check in a pool of
-`--rm-num-workers` processes (`slime_rollout.rewards.pool`); `rule_based_reward` always grades inline.
+The graders judge what a careful grader would (`rewards.math`, `rewards.math_utils`, `rewards.answers`,
+`rewards.normalize`): reasoning (`<think>`) never counts, hedged or retracted answers are wrong, units, words,
+choice letters and repeating decimals are read, exact numbers are compared exactly. Every grading ends within its
+budget on any thread (`rewards.deadline`). `async_rm` grades `math` / `deepscaler` (and their `boxed_` forms) with
+the symbolic check in a pool of `--rm-num-workers` processes (`slime_rollout.rewards.pool`); `rule_based_reward`
+always grades inline. A custom or remote reward that raises or returns NaN / a non-reward is one error naming it
+and the sample (`rewards.checks`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample
 from slime_rollout.plugins import call_maybe_async, load_function
+from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
 from slime_rollout.rewards.gpqa import gpqa_reward
@@ -100,17 +106,22 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
     Raises:
         ValueError: no reward type configured.
         KeyError: unknown reward type.
+        RewardFunctionError: a custom or remote reward function raised, or returned NaN/infinity, None or a
+            non-reward type (the message names the function and the sample).
     """
     custom_path = sample.custom_rm_path or args.custom_rm_path
     if custom_path:
-        return await call_maybe_async(load_function(custom_path, flag="--custom-rm-path"), args, sample, **kwargs)
+        flag = "sample.custom_rm_path" if sample.custom_rm_path else "--custom-rm-path"
+        fn = load_function(custom_path, flag=flag)
+        return await call_reward_plugin(fn, args, sample, source=f"{flag} {custom_path}", sample=sample, **kwargs)
     rm_type = (sample.metadata or {}).get("rm_type") or args.rm_type
     if not rm_type:
         raise ValueError("no reward function: set --rm-type, --custom-rm-path or metadata['rm_type']")
     if rm_type in ("remote_rm", "boxed_remote_rm"):
         response = sample.response if rm_type == "remote_rm" else (extract_boxed(sample.response) or "")
         payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
-        return await remote_reward(args.rm_url, payload)
+        reward = await remote_reward(args.rm_url, payload)
+        return checked_reward(reward, source=f"--rm-type {rm_type} ({args.rm_url})", sample=sample)
     base_type, response = _unbox(rm_type, sample.response)
     graders = {"math": math_reward_async, "deepscaler": deepscaler_reward_async}
     if base_type in graders:  # symbolic check in the pool (inline with --rm-num-workers 0)
@@ -136,14 +147,19 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
 
     Raises:
         ValueError: if a batch-mode custom function returns a list of the wrong length.
+        RewardFunctionError: a reward function raised or returned a non-reward (naming it and the sample).
     """
     custom_path = args.custom_rm_path
     if custom_path and args.group_rm:
-        rewards = await call_maybe_async(load_function(custom_path, flag="--custom-rm-path"), args, samples, **kwargs)
-        if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
-            raise ValueError(
-                f"--group-rm custom reward {custom_path!r} must return a list of {len(samples)} rewards, "
-                f"got {rewards!r}"
+        source = f"--custom-rm-path {custom_path} (--group-rm)"
+        try:
+            rewards = await call_maybe_async(
+                load_function(custom_path, flag="--custom-rm-path"), args, samples, **kwargs
             )
-        return list(rewards)
+        except Exception as e:
+            indices = [s.index for s in samples]
+            raise RewardFunctionError(f"{source} raised {type(e).__name__} on samples {indices}: {e}") from e
+        if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
+            raise ValueError(f"{source} must return a list of {len(samples)} rewards, got {rewards!r:.200}")
+        return [checked_reward(r, source=source, sample=s) for r, s in zip(rewards, samples, strict=True)]
     return list(await asyncio.gather(*(async_rm(args, s, **kwargs) for s in samples)))

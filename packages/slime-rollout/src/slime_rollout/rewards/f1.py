@@ -1,4 +1,10 @@
-"""`--rm-type f1`: SQuAD token-level F1 (Rajpurkar et al., 2016) between response and label."""
+r"""`--rm-type f1`: SQuAD token-level F1 (Rajpurkar et al., 2016) between the response's answer and the label.
+
+The answer is what a grader would read: the response's final part (after its reasoning; a `<think>` that never
+closes has no answer), reduced to its last `\boxed{}` when it has one, with LaTeX text markup (`\text{...}`,
+`$`) taken off. Then the original's metric: lower-case, no punctuation or articles, token-overlap F1;
+`yes`/`no`/`noanswer` must match exactly.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +12,30 @@ import collections
 import re
 import string
 
-__all__ = ["f1_precision_recall", "f1_reward", "normalize_text"]
+from slime_rollout.rewards.answers import extract_boxed, strip_reasoning
+
+__all__ = ["answer_text", "f1_precision_recall", "f1_reward", "normalize_text"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _EXACT_ONLY = {"yes", "no", "noanswer"}
+_PUNCTUATION = set(string.punctuation)
+_TEXT_COMMANDS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
 
 
 def normalize_text(text: str) -> str:
     """Lower-case, drop punctuation and articles, collapse whitespace (SQuAD normalization)."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def answer_text(response: str) -> str:
+    r"""The part of `response` that is graded: after the reasoning, the last box's content if any, no markup."""
+    region = strip_reasoning(str(response or ""))
+    if region is None:
+        return ""
+    boxed = extract_boxed(region)
+    text = boxed if boxed is not None else region
+    return _TEXT_COMMANDS.sub(r"\1", text).replace("$", " ")
 
 
 def f1_precision_recall(response: str, label: str) -> tuple[float, float, float]:
@@ -47,9 +65,9 @@ def f1_reward(response: str, label: object) -> float:
     """Token F1 in [0, 1]; `yes`/`no`/`noanswer` answers must match exactly (F1 is then 0 or 1).
 
     Args:
-        response: predicted answer text.
+        response: model output.
         label: ground-truth answer (a list of references takes the best F1).
     """
     if isinstance(label, list | tuple):
         return max((f1_reward(response, ref) for ref in label), default=0.0)
-    return f1_precision_recall(response, str(label))[0]
+    return f1_precision_recall(answer_text(response), str(label))[0]

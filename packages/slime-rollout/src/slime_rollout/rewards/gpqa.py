@@ -1,72 +1,153 @@
-"""`--rm-type gpqa`: multiple-choice grading by answer letter (GPQA, Rein et al., 2023)."""
+r"""`--rm-type gpqa`: multiple-choice grading by option (GPQA, Rein et al., 2023).
+
+The question's options decide what an answer can be: `metadata["valid_letters"]` (a string or a list), else
+one letter per entry of `metadata["choices"]` (a list, or a dict letter → text), else A-J. The correct option
+is `metadata["correct_letter"]`, a letter label, a 0-based index label, or the label's text matched against the
+choices.
+
+The response's pick is read from its final part (after the reasoning; an unclosed `<think>` has none):
+
+* the last explicit statement ("the answer is (B)", "Answer: B", "B is correct", `\boxed{B}`); a letter that is
+  not one of the question's options is no pick at all (never replaced by another letter of the text); "A or B"
+  is a hedge, no pick;
+* else an option given by its text ("Final answer: 42 J"), when exactly one option's text is stated;
+* else the last standalone capital letter among the options (the original's fallback).
+
+Without a determinable correct option, the stated answer must equal the label's text.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import string
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from slime_rollout.rewards.answers import strip_reasoning
 
 __all__ = ["extract_choice_letter", "gpqa_reward"]
 
 _DEFAULT_LETTERS = "ABCDEFGHIJ"
+# Explicit statements; group 1 is the letter (capital, or lower case when nothing word-like follows it).
+_LETTER = r"\(?\s*([A-Z]\b|[a-z](?=\s*\)?\s*(?:[.,:;!)]|$)))\s*\)?"
+_STATEMENTS = [
+    re.compile(rf"(?i:answer)\b\s*(?:is|:|=)?\s*(?:(?i:option|choice)\s+)?[:\s]*{_LETTER}", re.M),
+    re.compile(rf"(?i:correct\s+(?:option|choice))\s*(?:is|:)?\s*{_LETTER}", re.M),
+    re.compile(rf"\\boxed\{{\s*(?:\\text\{{)?{_LETTER}\}}?\s*\}}"),
+    re.compile(rf"{_LETTER}\s+(?i:is\s+(?:the\s+)?correct)", re.M),
+]
+_HEDGE = re.compile(r"[A-Za-z]\s*\)?\s*(?:or|/|and)\s*\(?\s*[A-Z]\b")
+_ANSWER_TEXT = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is|:)\s*([^\n]{1,200})")
 
 
-def _patterns(letters: str) -> list[re.Pattern[str]]:
-    cls = f"[{letters}]"
-    return [
-        re.compile(rf"(?i)answer\s*(?:is|:)?\s*[:\s]*\(?\**\s*({cls})\b"),
-        re.compile(rf"(?i)\(?\b({cls})\)?\s+is\s+(?:the\s+)?correct"),
-        re.compile(rf"(?i)final\s+answer\s*(?:is|:)?\s*\(?\**\s*({cls})\b"),
-        re.compile(rf"\\boxed\{{\s*\(?({cls})\)?\s*\}}"),
-    ]
+def _normalize_text(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", str(text).lower()).strip()
 
 
-def extract_choice_letter(response: str, valid_letters: str = _DEFAULT_LETTERS) -> str | None:
-    """The chosen option letter: explicit phrases first, else the last standalone capital letter.
+def _valid_letters(metadata: Mapping[str, Any]) -> str:
+    given = metadata.get("valid_letters")
+    if given:
+        items = list(given) if isinstance(given, str) else [str(x) for x in given]
+        return "".join(dict.fromkeys(x.strip().upper() for x in items if x.strip()))
+    choices = metadata.get("choices")
+    if choices:
+        if isinstance(choices, Mapping):
+            return "".join(str(k).strip().upper() for k in choices)
+        return string.ascii_uppercase[: len(choices)]
+    return _DEFAULT_LETTERS
+
+
+def _choice_items(metadata: Mapping[str, Any], letters: str) -> list[tuple[str, str]]:
+    choices = metadata.get("choices") or []
+    if isinstance(choices, Mapping):
+        return [(str(k).strip().upper(), str(v)) for k, v in choices.items()]
+    return list(zip(letters, (str(c) for c in choices), strict=False))
+
+
+def _stated_letter(region: str) -> tuple[bool, str | None]:
+    """(whether an explicit statement was found, its letter upper-cased, or None for a hedge "A or B")."""
+    last: re.Match[str] | None = None
+    for pattern in _STATEMENTS:
+        for m in pattern.finditer(region):
+            if last is None or m.start(1) > last.start(1):
+                last = m
+    if last is None:
+        return False, None
+    if _HEDGE.match(region, last.start(1)):
+        return True, None
+    return True, last.group(1).upper()
+
+
+def _named_options(text: str, items: Sequence[tuple[str, str]]) -> set[str]:
+    said = f" {_normalize_text(text)} "
+    return {letter for letter, choice in items if _normalize_text(choice) and f" {_normalize_text(choice)} " in said}
+
+
+def _stated_choice_text(region: str, items: Sequence[tuple[str, str]]) -> str | None:
+    """The one option whose text is stated as the answer (else named in the text at all), or None."""
+    if not items:
+        return None
+    stated = _ANSWER_TEXT.findall(region)
+    named = _named_options(stated[-1] if stated else region, items)
+    return named.pop() if len(named) == 1 else None
+
+
+def extract_choice_letter(
+    response: str, valid_letters: str | Sequence[str] = _DEFAULT_LETTERS, choices: Any = None
+) -> str | None:
+    """The option a response picks (see the module docstring), or None.
 
     Args:
-        response: model output; anything before the last `</think>` is ignored.
-        valid_letters: the option letters of the question.
+        response: model output.
+        valid_letters: the question's option letters (a string or a list).
+        choices: the option texts (list, or dict letter → text), to recognise an answer given as text.
     """
-    if "</think>" in response:
-        response = response.rsplit("</think>", 1)[1]
-    letters = "".join(sorted(set(valid_letters.upper())))
-    for pattern in _patterns(letters):
-        matches = pattern.findall(response)
-        if matches:
-            return matches[-1].upper()
-    standalone = re.findall(rf"\b([{letters}])\b", response)
+    region = strip_reasoning(response or "")
+    if region is None:
+        return None
+    metadata = {"valid_letters": valid_letters, "choices": choices}
+    letters = _valid_letters(metadata)
+    found, letter = _stated_letter(region)
+    if found:
+        return letter if letter is not None and letter in letters else None
+    by_text = _stated_choice_text(region, _choice_items(metadata, letters))
+    if by_text is not None:
+        return by_text
+    standalone = [c for c in re.findall(r"\b([A-Z])\b", region) if c in letters]
     return standalone[-1] if standalone else None
 
 
 def _correct_letter(label: Any, metadata: Mapping[str, Any], letters: str) -> str | None:
     if metadata.get("correct_letter"):
         return str(metadata["correct_letter"]).strip().upper()
-    if isinstance(label, int) and 0 <= label < len(letters):
-        return letters[label]
+    if isinstance(label, int | float) and not isinstance(label, bool):
+        index = int(label)
+        return letters[index] if 0 <= index < len(letters) else None
     text = str(label).strip() if label is not None else ""
-    if len(text) == 1 and text.upper() in letters:
-        return text.upper()
-    choices = metadata.get("choices")
-    if choices and text:
-        items = list(choices.items()) if isinstance(choices, Mapping) else list(zip(letters, choices, strict=False))
-        for letter, choice in items:
-            if str(choice).strip().lower() == text.lower():
-                return str(letter).upper()
+    if len(text) == 1 and text.upper() in string.ascii_uppercase:
+        return text.upper()  # a letter label; one outside the options can never be picked
+    for letter, choice in _choice_items(metadata, letters):
+        if text and _normalize_text(choice) == _normalize_text(text):
+            return letter
     return None
 
 
 def gpqa_reward(response: str, label: Any, metadata: Mapping[str, Any] | None = None) -> float:
-    """1.0 if the response picks the correct option, else 0.0.
+    """1.0 if the response picks the correct option, else 0.0 (see the module docstring).
 
-    The correct letter comes from `metadata["correct_letter"]`, a letter or 0-based index label, or the
-    label's text matched against `metadata["choices"]`; failing that, the label text must appear in
-    the answer region.
+    Args:
+        response: model output.
+        label: the correct option: letter, 0-based index, or its text.
+        metadata: the sample's metadata (`valid_letters`, `choices`, `correct_letter`), optional.
     """
     metadata = metadata or {}
-    letters = str(metadata.get("valid_letters") or _DEFAULT_LETTERS).upper()
+    letters = _valid_letters(metadata)
     correct = _correct_letter(label, metadata, letters)
-    if correct is None:
-        region = response.rsplit("</think>", 1)[-1]
-        return 1.0 if label is not None and str(label).strip().lower() in region.lower() else 0.0
-    return 1.0 if extract_choice_letter(response, letters) == correct else 0.0
+    if correct is not None:
+        picked = extract_choice_letter(response, letters, metadata.get("choices"))
+        return 1.0 if picked == correct else 0.0
+    region = strip_reasoning(response or "")
+    stated = _ANSWER_TEXT.findall(region or "")
+    if label is None or not stated:
+        return 0.0
+    return 1.0 if _normalize_text(stated[-1]) == _normalize_text(str(label)) else 0.0

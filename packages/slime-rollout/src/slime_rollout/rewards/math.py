@@ -1,53 +1,117 @@
-r"""Rule-based math graders: `--rm-type math` and `--rm-type deepscaler` (see `math_utils`).
+r"""Rule-based math graders: `--rm-type math` and `--rm-type deepscaler`.
 
-`math_reward` / `deepscaler_reward` grade inline (blocking). Their `_async` twins, used by `async_rm`,
-keep the cheap checks inline (no box, equal strings, equal numbers) and send only the symbolic check to
-the worker pool of `slime_rollout.rewards.pool`, so most GSM8K-style answers never pay the IPC; a grading
-that times out or crashes counts as "not equal" (0.0) and logs one warning.
+What is graded (`slime_rollout.rewards.answers`): the boxed answers of the response's final part (after its
+reasoning; a box inside `<think>` never counts; a box taken back by the text after it counts as no answer).
+One distinct boxed answer is compared with the label (`math_utils.grade_answer`). Several different ones are a
+hedge and wrong, unless together they are the label's multi-part answer (`\boxed{3}, \boxed{5}` for `3, 5`).
+
+`math_reward` / `deepscaler_reward` grade inline, each symbolic check bounded by `WORKER_TIMEOUT_S` on any
+thread. Their `_async` twins, used by `async_rm`, keep the cheap checks inline and send the symbolic check to the
+worker pool of `slime_rollout.rewards.pool` (so the event loop never blocks on sympy); with `--rm-num-workers 0`
+they grade inline too. A grading that is skipped (an answer too costly to evaluate), runs out of budget or
+crashes its worker counts as wrong and logs one warning naming the sample and the first 200 characters of each
+answer.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Awaitable, Callable
 from concurrent.futures.process import BrokenProcessPool
 
 from slime_rollout.rewards import pool
 from slime_rollout.rewards.math_utils import (
-    extract_boxed,
     extract_label_answer,
-    grade_answer,
+    final_boxed_answers,
     grade_fast,
+    preview,
     symbolic_equal_with_timeout,
 )
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["deepscaler_reward", "deepscaler_reward_async", "math_reward", "math_reward_async"]
+__all__ = ["deepscaler_reward", "deepscaler_reward_async", "grade_final_answers", "math_reward", "math_reward_async"]
 
-# Seconds a worker may spend on one symbolic check (math-verify + sympy fallback, one SIGALRM budget).
+# Seconds one symbolic check may take (inline or in a worker): math-verify plus the sympy fallback.
 WORKER_TIMEOUT_S = 10
 # Process-wide: set when the grading pool proved unusable (its workers die before returning anything).
 _pool_unusable = threading.Event()
-_ANSWER_PREVIEW_CHARS = 80
+
+Symbolic = Callable[[str, str], Awaitable[tuple[bool | None, str | None]]]
 
 
-def _preview(answer: str) -> str:
-    return answer if len(answer) <= _ANSWER_PREVIEW_CHARS else answer[:_ANSWER_PREVIEW_CHARS] + "..."
+def _distinct(answers: list[str]) -> list[str]:
+    """The answers that differ from every earlier one (by the cheap checks: cleaning and exact numbers)."""
+    out: list[str] = []
+    for answer in answers:
+        if not any(grade_fast(answer, seen)[0] for seen in out):
+            out.append(answer)
+    return out
 
 
-def math_reward(response: str, label: object) -> float:
-    r"""1.0 if the last `\boxed{}` of `response` equals the label's final answer, else 0.0.
+async def grade_final_answers(
+    response: str, label: object, symbolic: Symbolic, *, sample_index: int | None = None
+) -> float:
+    """1.0 if the response's final boxed answer(s) equal the label's answer, else 0.0 (module docstring).
 
     Args:
-        response: model output.
-        label: ground truth: a bare answer, a boxed answer or a GSM8K solution ending in `#### x`.
+        response: the model output (or the region of it that is graded).
+        label: ground truth (a bare answer, a boxed answer or a GSM8K solution ending in `#### x`).
+        symbolic: `(gold, pred) -> (verdict or None, failure reason)`, the symbolic check to use.
+        sample_index: `Sample.index`, named in the warning of an undecided grading.
 
     Raises:
         ValueError: if `label` is None.
     """
     gold = extract_label_answer(label)
-    return 1.0 if grade_answer(extract_boxed(response), gold) else 0.0
+    answers = _distinct(final_boxed_answers(response).answers)
+    if not answers:
+        return 0.0
+    # One answer, or several: right only as the label's multi-part answer (a hedge between values is wrong).
+    pred = answers[0] if len(answers) == 1 else ", ".join(answers)
+    verdict, gold_n, pred_n = grade_fast(pred, gold)
+    if verdict is not None:
+        return 1.0 if verdict else 0.0
+    verdict, failure = await symbolic(gold_n, pred_n)
+    if verdict is None:
+        logger.warning(
+            "math reward of sample %s counted as wrong: symbolic grading of %r against %r failed (%s)",
+            sample_index,
+            preview(pred_n),
+            preview(gold_n),
+            failure,
+        )
+        return 0.0
+    return 1.0 if verdict else 0.0
+
+
+async def _inline(gold_n: str, pred_n: str) -> tuple[bool | None, str | None]:
+    verdict = symbolic_equal_with_timeout(gold_n, pred_n, WORKER_TIMEOUT_S)
+    return verdict, None if verdict is not None else f"too costly or over its {WORKER_TIMEOUT_S} s budget"
+
+
+def _run_sync(coro) -> float:
+    # The inline symbolic check never awaits anything: the coroutine finishes in one step.
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("inline grading awaited")  # pragma: no cover - _inline never suspends
+
+
+def math_reward(response: str, label: object, *, sample_index: int | None = None) -> float:
+    r"""1.0 if the final boxed answer of `response` equals the label's final answer, else 0.0 (inline).
+
+    Args:
+        response: model output.
+        label: ground truth: a bare answer, a boxed answer or a GSM8K solution ending in `#### x`.
+        sample_index: `Sample.index`, for the warning of an undecided grading.
+
+    Raises:
+        ValueError: if `label` is None.
+    """
+    return _run_sync(grade_final_answers(response, label, _inline, sample_index=sample_index))
 
 
 def _deepscaler_region(response: str) -> str | None:
@@ -58,15 +122,39 @@ def _deepscaler_region(response: str) -> str | None:
     return None
 
 
-def deepscaler_reward(response: str, label: object) -> float:
+def deepscaler_reward(response: str, label: object, *, sample_index: int | None = None) -> float:
     r"""DeepScaleR grading: only the text after the last `</think>` (else after `###Response`) counts.
 
     Returns:
-        1.0 if that region's last `\boxed{}` equals the label's answer; 0.0 otherwise, including when
+        1.0 if that region's final boxed answer equals the label's answer; 0.0 otherwise, including when
         neither marker is present.
     """
     region = _deepscaler_region(response)
-    return 0.0 if region is None else math_reward(region, label)
+    return 0.0 if region is None else math_reward(region, label, sample_index=sample_index)
+
+
+def _pool_symbolic(num_workers: int) -> Symbolic:
+    async def check(gold_n: str, pred_n: str) -> tuple[bool | None, str | None]:
+        if _pool_unusable.is_set():
+            return await _inline(gold_n, pred_n)
+        try:
+            verdict = await pool.run_in_pool(
+                symbolic_equal_with_timeout, gold_n, pred_n, WORKER_TIMEOUT_S, num_workers=num_workers
+            )
+            return verdict, None if verdict is not None else f"too costly or over its {WORKER_TIMEOUT_S} s budget"
+        except BrokenProcessPool as e:
+            if pool.has_returned():  # it graded before: this input killed its worker; count it wrong
+                return None, f"{type(e).__name__}: {e}"
+            if not _pool_unusable.is_set():
+                # Workers die before grading anything (e.g. an unguarded main module that spawn re-imports): 0.0
+                # here would silently corrupt every reward, so grade inline (bounded) from now on.
+                _pool_unusable.set()
+                logger.error("reward grading pool unusable (%s); grading math answers inline from now on", e)
+            return await _inline(gold_n, pred_n)
+        except Exception as e:  # the parent-side deadline or a crashed worker: never raise into the rollout
+            return None, f"{type(e).__name__}: {e}"
+
+    return check
 
 
 async def math_reward_async(
@@ -78,48 +166,16 @@ async def math_reward_async(
         response: model output.
         label: ground truth (as for `math_reward`).
         num_workers: grading processes (`--rm-num-workers`); 0 grades inline exactly like `math_reward`.
-        sample_index: `Sample.index`, named in the warning of a timed-out or crashed grading.
+        sample_index: `Sample.index`, named in the warning of a skipped, timed-out or crashed grading.
 
     Returns:
-        1.0 or 0.0; 0.0 also when the grading timed out or its worker crashed.
+        1.0 or 0.0; 0.0 also when the grading was skipped, timed out or its worker crashed.
 
     Raises:
         ValueError: if `label` is None.
     """
-    gold = extract_label_answer(label)
-    pred = extract_boxed(response)
-    if num_workers <= 0 or _pool_unusable.is_set():
-        return 1.0 if grade_answer(pred, gold) else 0.0
-    verdict, gold_n, pred_n = grade_fast(pred, gold)
-    if verdict is not None:
-        return 1.0 if verdict else 0.0
-    try:
-        verdict = await pool.run_in_pool(
-            symbolic_equal_with_timeout, gold_n, pred_n, WORKER_TIMEOUT_S, num_workers=num_workers
-        )
-        failure = None if verdict is not None else f"over its {WORKER_TIMEOUT_S} s budget in the worker"
-    except BrokenProcessPool as e:
-        if pool.has_returned():  # it graded before: this input killed its worker; count it wrong
-            verdict, failure = None, f"{type(e).__name__}: {e}"
-        elif not _pool_unusable.is_set():
-            # Workers die before grading anything (e.g. an unguarded main module that spawn re-imports): 0.0
-            # here would silently corrupt every reward, so grade inline (correct, on the event loop) from now on.
-            _pool_unusable.set()
-            logger.error("reward grading pool unusable (%s); grading math answers inline from now on", e)
-        if _pool_unusable.is_set():
-            return 1.0 if grade_answer(pred, gold) else 0.0
-    except Exception as e:  # the parent-side deadline or a crashed worker: never raise into the rollout
-        verdict, failure = None, f"{type(e).__name__}: {e}"
-    if verdict is None:
-        logger.warning(
-            "math reward of sample %s counted as wrong: symbolic grading of %r against %r failed (%s)",
-            sample_index,
-            _preview(pred_n),
-            _preview(gold_n),
-            failure,
-        )
-        return 0.0
-    return 1.0 if verdict else 0.0
+    symbolic = _inline if num_workers <= 0 else _pool_symbolic(num_workers)
+    return await grade_final_answers(response, label, symbolic, sample_index=sample_index)
 
 
 async def deepscaler_reward_async(

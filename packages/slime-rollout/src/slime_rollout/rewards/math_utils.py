@@ -1,82 +1,68 @@
-r"""Answer extraction and equivalence for math rewards (`--rm-type math|deepscaler|boxed_*`).
+r"""Whether two final answers are the same mathematical answer, judged as a careful grader would.
 
-Extraction: the last `\boxed{...}` (or `\fbox{...}`) of a text, with nested braces; GSM8K
-solutions end in `#### <answer>`. Equivalence: normalized string equality first (commas in
-numbers, `$`/`\$`, trailing periods, `\%`, `\text{}` units, `\dfrac`), then exact rational
-comparison of plain numbers, then `math-verify` (symbolic, LaTeX-aware) with a grammar-based
-LaTeX → sympy fallback (`latex2sympy2_extended`). Model text is never passed to `eval`/`sympify`.
+`grade_answer(pred, gold)` = `grade_fast` (cleaning and exact arithmetic, no sympy) then `symbolic_equal`
+(math-verify's LaTeX parser and comparison, with exactness restored and a bounded budget):
 
-`grade_answer` = `grade_fast` (the cheap checks) then `symbolic_equal` (the expensive ones), inline.
-`symbolic_equal_with_timeout` is the same symbolic check under one SIGALRM budget, for the grading
-worker processes of `slime_rollout.rewards.pool`.
+* cleaning (`slime_rollout.rewards.normalize`): units, words around the answer, a choice letter given with its
+  value, number words, repeating decimals, times of day (AM/PM must agree when both give one);
+* numbers are compared exactly as rationals: `1/3^{40}` ≠ `1/3^{41}`, `0.5` = `\frac12`, `0.\overline{3}` =
+  `\frac13`, but a rounded decimal is not the exact value, either way round (`0.333` ≠ `\frac13`, `1.414` ≠
+  `\sqrt2`, `2\pi` ≠ `6.28`);
+* symbolic forms go to math-verify (`\sqrt8` = `2\sqrt2`, sets, intervals, equations); where it says "equal"
+  for two exact constants, the equality is re-checked to 40 significant digits (math-verify compares
+  `(a - b).evalf(chop=True)` and so takes `e^{-50}` for `e^{-51}`);
+* bounded time on any thread: answers longer than `SYMBOLIC_MAX_CHARS` and expressions whose evaluation
+  would be huge (power towers, exponents of 5+ digits, factorials of 4+ digit numbers) are not evaluated at
+  all (a single big-integer power cannot be interrupted), and the rest runs under `run_with_deadline`.
+
+A symbolic check that is skipped or runs out of time returns None ("undecided"); callers count it as wrong
+and log it. Model text is never passed to `eval`/`sympify`.
 """
 
 from __future__ import annotations
 
-import fractions
 import functools
 import logging
 import re
-import signal
-import threading
-import time
+
+from slime_rollout.rewards.answers import extract_boxed, final_boxed_answers, strip_reasoning
+from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
+from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "SYMBOLIC_MAX_CHARS",
+    "costly_reason",
     "extract_boxed",
     "extract_label_answer",
+    "final_boxed_answers",
     "grade_answer",
     "grade_fast",
     "normalize_answer",
     "parse_number",
     "prepare_worker",
+    "preview",
+    "strip_reasoning",
     "symbolic_equal",
     "symbolic_equal_with_timeout",
 ]
 
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+SYMBOLIC_MAX_CHARS = 1000  # longer answers are compared as strings and numbers only
+DEFAULT_BUDGET_S = 5.0
+_PREVIEW_CHARS = 200
+_EXACT_DIGITS = 40  # exact constants must agree to this many significant digits
+_FLOAT_REL_TOL = 1e-12  # a decimal equals an exact value only if it is that value (0.5 = 1/2), up to fp noise
+_TIME = re.compile(r"^\d{1,2}:\d{2}$")
 
 
-def extract_boxed(text: str) -> str | None:
-    r"""Content of the last `\boxed{...}` / `\fbox{...}` (or `\boxed 5`) in `text`, braces balanced.
-
-    Args:
-        text: model output or label.
-
-    Returns:
-        The inner text without the outer braces, or None if there is no (closed) box.
-    """
-    if not text:
-        return None
-    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    rest = text[start:]
-    cmd_len = len("\\boxed") if rest.startswith("\\boxed") else len("\\fbox")
-    rest = rest[cmd_len:]
-    if rest.startswith(" "):
-        # `\boxed 5` form: the argument is the next token.
-        match = re.match(r"\s+([^\s$]+)", rest)
-        return match.group(1) if match else None
-    if not rest.startswith("{"):
-        return None
-    depth = 0
-    for i, ch in enumerate(rest):
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return rest[1:i]
-    return None  # unclosed box: no answer
+def preview(text: str) -> str:
+    """The first ~200 characters of `text` (what logs show of an answer, never the whole input)."""
+    return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "..."
 
 
 def extract_label_answer(label: object) -> str:
     """The final answer of a label: a GSM8K solution's `#### x`, a boxed answer, or the label itself.
-
-    Args:
-        label: str, int or float ground truth.
 
     Raises:
         ValueError: if `label` is None.
@@ -90,110 +76,213 @@ def extract_label_answer(label: object) -> str:
     return boxed if boxed is not None else text.strip()
 
 
-_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
-_UNIT_WORDS = re.compile(
-    r"\s*(?:dollars?|cents?|units?|degrees?|percent|meters?|cm|km|inches|feet|hours?|minutes?|"
-    r"seconds?|days?|weeks?|years?|miles?|pounds?|kg|grams?)\s*$"
-)
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, str]:
+    """The cheap part of `grade_answer`: cleaning, letters, times, string equality, exact numbers.
 
-
-def normalize_answer(answer: str) -> str:
-    r"""Canonical string form of a final answer (for string equality, not for semantics).
-
-    Strips `$`, `\$`, `\!`, spaces, `\left`/`\right`, trailing periods, `%`/`\%`, `^\circ`, text
-    wrappers and common unit words; removes thousands separators (`1,000` → `1000`); maps
-    `\dfrac`/`\tfrac` to `\frac`; drops a leading `x =`.
-    """
-    s = str(answer).strip()
-    s = _TEXT_WRAPPERS.sub(r"\1", s)
-    s = s.replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\ ", "")
-    s = s.replace("\\left", "").replace("\\right", "")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = s.replace("^\\circ", "").replace("^{\\circ}", "")
-    s = s.replace("\\$", "").replace("$", "")
-    s = s.replace("\\%", "").replace("%", "")
-    s = _UNIT_WORDS.sub("", s)
-    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)
-    s = s.strip().rstrip(".").strip()
-    s = _THOUSANDS.sub("", s)
-    s = s.replace(" ", "")
-    # `\frac12` → `\frac{1}{2}`
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
-    if re.fullmatch(r"-?\d+\.0+", s):
-        s = s.split(".")[0]
-    return s
-
-
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-_LATEX_FRAC = re.compile(r"([-+]?)\\frac\{([-+]?[\d.]+)\}\{([-+]?[\d.]+)\}")
-
-
-def parse_number(answer: str) -> fractions.Fraction | None:
-    r"""Exact rational value of a plain number, `a/b` or `\frac{a}{b}` (after `normalize_answer`).
+    Args:
+        pred: extracted model answer, or None.
+        gold: extracted ground-truth answer, or None.
 
     Returns:
-        The value, or None if the text is not such a number (no eval is involved).
+        `(verdict, gold_text, pred_text)`; `verdict` is None when only `symbolic_equal` can decide, which
+        then takes the cleaned texts.
     """
-    s = normalize_answer(answer)
-    try:
-        if _NUMBER.fullmatch(s):
-            return fractions.Fraction(s)
-        match = _LATEX_FRAC.fullmatch(s)
-        if match:
-            sign, num, den = match.groups()
-            value = fractions.Fraction(num) / fractions.Fraction(den)
-            return -value if sign == "-" else value
-        if re.fullmatch(r"[-+]?[\d.]+/[\d.]+", s):
-            num, den = s.split("/")
-            return fractions.Fraction(num) / fractions.Fraction(den)
-    except (ValueError, ZeroDivisionError):
-        return None
+    if pred is None or gold is None:
+        return False, "", ""
+    p, g = clean_answer(pred), clean_answer(gold)
+    if g.letter and not g.text:  # a multiple-choice label: the letter decides
+        return p.letter == g.letter, g.letter, p.letter or p.text
+    if p.letter and not p.text:  # only a letter: right if the label names the same one
+        return p.letter == g.letter, g.text, p.letter
+    if not p.text or not g.text:
+        return False, g.text, p.text
+    if p.meridiem and g.meridiem and p.meridiem != g.meridiem:
+        return False, g.text, p.text
+    if p.text.lower() == g.text.lower():
+        return True, g.text, p.text
+    if _TIME.match(p.text) and _TIME.match(g.text):
+        return False, g.text, p.text
+    pred_value, gold_value = parse_number(p.text), parse_number(g.text)
+    if pred_value is not None and gold_value is not None:
+        return pred_value == gold_value, g.text, p.text
+    return None, g.text, p.text
+
+
+_FACTORIAL = re.compile(r"\d{4,}\s*!")
+_BIG_LITERAL = re.compile(r"\d{301,}")
+_EXPONENT = re.compile(r"\^\s*(\{|\d+|\\?[a-zA-Z]+)")
+
+
+def costly_reason(text: str) -> str | None:
+    """Why evaluating `text` symbolically could take unbounded time or memory, or None if it cannot.
+
+    Such work happens inside single C calls (big-integer powers, factorials) that no timeout interrupts.
+    """
+    if len(text) > SYMBOLIC_MAX_CHARS:
+        return f"longer than {SYMBOLIC_MAX_CHARS} characters"
+    if _FACTORIAL.search(text):
+        return "factorial of a 4+ digit number"
+    if _BIG_LITERAL.search(text):
+        return "integer of 300+ digits"
+    for m in _EXPONENT.finditer(text):
+        token = m.group(1)
+        if token == "{":
+            group = _brace_group(text, m.end(1) - 1)
+            if group is None or "^" in group or "!" in group or re.search(r"\d{5,}", group):
+                return "nested or huge exponent"
+        elif token.isdigit() and len(token) >= 5:
+            return "exponent of 5+ digits"
+        rest = text[m.end() :].lstrip()
+        if rest.startswith("^"):
+            return "power tower"
     return None
 
 
-def _timeout_s() -> int | None:
-    # math-verify times out with SIGALRM, which only works in the main thread; elsewhere (the
-    # rollout's background event loop) run without its timeout. `async_rm` avoids that by grading the
-    # symbolic path in worker processes (`symbolic_equal_with_timeout`).
-    return 5 if threading.current_thread() is threading.main_thread() else None
+def _brace_group(text: str, start: int) -> str | None:
+    depth = 0
+    for i in range(start, min(len(text), start + SYMBOLIC_MAX_CHARS)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i]
+    return None
 
 
-def _math_verify_equal(gold: str, pred: str, timeout: int | None) -> bool | None:
-    """math-verify's verdict, or None if it could not parse one side."""
-    try:
-        from math_verify import parse, verify
-    except ImportError:  # pragma: no cover - declared dependency
+def _tree_too_big(expr) -> bool:
+    """Backstop on the parsed (unevaluated) expression: integer powers/factorials too big to evaluate."""
+    import sympy
+
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, sympy.Pow):
+            base, exp = node.args
+            if exp.is_Integer and abs(int(exp)) > 10**5 and base.is_number and base not in (0, 1, -1):
+                return True
+        elif isinstance(node, sympy.factorial | sympy.binomial):
+            if any(a.is_Integer and abs(int(a)) > 5000 for a in node.args):
+                return True
+    return False
+
+
+def _exact_veto(gold, pred) -> bool:
+    """Re-checks math-verify's "equal" for two numeric constants; True keeps the verdict."""
+    import sympy
+
+    if not (isinstance(gold, sympy.Expr) and isinstance(pred, sympy.Expr)):
+        return True
+    if gold.free_symbols or pred.free_symbols or not (gold.is_number and pred.is_number):
+        return True
+    g_value, p_value = sympy.N(gold, _EXACT_DIGITS + 10), sympy.N(pred, _EXACT_DIGITS + 10)
+    diff, scale = abs(g_value - p_value), max(abs(g_value), abs(p_value))
+    if diff == 0:
+        return True
+    # math-verify rounds to 6 places when either side is a decimal (0.333333 "=" 1/3): a decimal equals an exact
+    # value only if it is that value, up to float noise (0.5 = 1/2); exact constants must agree to 40 digits.
+    inexact = gold.has(sympy.Float) or pred.has(sympy.Float)
+    tolerance = _FLOAT_REL_TOL if inexact else 10.0 ** (-_EXACT_DIGITS)
+    return bool(diff <= tolerance * scale)
+
+
+def _math_verify(gold_text: str, pred_text: str) -> bool | None:
+    """math-verify's verdict with exactness restored, or None if it could not parse one side."""
+    import math_verify.grader
+    import math_verify.parser
+    from math_verify import parse, verify
+
+    # Its own timeouts (SIGALRM) are off on purpose: `run_with_deadline` bounds the whole check.
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    gold = parse(f"\\boxed{{{gold_text}}}", parsing_timeout=None)
+    pred = parse(f"\\boxed{{{pred_text}}}", parsing_timeout=None)
+    if not gold or not pred:
         return None
+    if _tree_too_big(gold[0]) or _tree_too_big(pred[0]):
+        raise _TooCostly("an integer power or factorial too big to evaluate")
+    if not verify(gold, pred, timeout_seconds=None):
+        return False
+    return _exact_veto(gold[0], pred[0])
+
+
+def _sympy_fallback(gold_text: str, pred_text: str) -> bool:
+    """LaTeX → sympy with a grammar-based parser (no eval), then `simplify(a - b) == 0`."""
+    import sympy
+    from latex2sympy2_extended import latex2sympy
+
+    gold, pred = latex2sympy(gold_text), latex2sympy(pred_text)
+    if _tree_too_big(gold) or _tree_too_big(pred):
+        raise _TooCostly("an integer power or factorial too big to evaluate")
+    return bool(sympy.simplify(gold - pred) == 0)
+
+
+class _TooCostly(Exception):  # noqa: N818
+    pass
+
+
+def _symbolic(gold_text: str, pred_text: str) -> bool:
     try:
-        gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
-        pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
-        if not gold_parsed or not pred_parsed:
-            return None
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+        verdict = _math_verify(gold_text, pred_text)
+    except _TooCostly:
+        raise
     except Exception as e:  # math-verify raises a zoo of sympy errors on odd input
-        logger.debug("math-verify failed on %r vs %r: %s", gold, pred, e)
-        return None
-
-
-def _sympy_equal(gold: str, pred: str) -> bool:
-    """Fallback: LaTeX → sympy with a grammar-based parser (no eval), then `simplify(a - b) == 0`."""
+        logger.debug("math-verify failed on %r vs %r: %s", preview(gold_text), preview(pred_text), e)
+        verdict = None
+    if verdict is not None:
+        return verdict
     try:
-        import sympy
-        from latex2sympy2_extended import latex2sympy
-
-        diff = sympy.simplify(latex2sympy(gold) - latex2sympy(pred))
-        return bool(diff == 0)
+        return _sympy_fallback(gold_text, pred_text)
+    except _TooCostly:
+        raise
     except Exception as e:
-        logger.debug("sympy fallback failed on %r vs %r: %s", gold, pred, e)
+        logger.debug("sympy fallback failed on %r vs %r: %s", preview(gold_text), preview(pred_text), e)
         return False
 
 
-def prepare_worker() -> None:
-    """Imports the symbolic graders of a grading worker process once, at its start-up.
+def symbolic_equal_with_timeout(gold_n: str, pred_n: str, timeout_s: float) -> bool | None:
+    """The symbolic check under one wall-clock budget, on any thread (the grading workers run this too).
 
-    Also marks math-verify's "timeout is disabled" warning as shown: `symbolic_equal_with_timeout`
-    deliberately turns math-verify's timeouts off and bounds the whole check itself.
+    Args:
+        gold_n: cleaned ground truth (from `grade_fast`).
+        pred_n: cleaned prediction.
+        timeout_s: seconds for the whole check, > 0.
+
+    Returns:
+        The verdict, or None when the answer is too costly to evaluate or the budget ran out (the reason is
+        logged at debug level; callers log the sample).
+    """
+    reason = costly_reason(gold_n) or costly_reason(pred_n)
+    if reason is not None:
+        logger.debug("symbolic check skipped (%s): %r vs %r", reason, preview(gold_n), preview(pred_n))
+        return None
+    prepare_worker()  # sympy & co.'s start-up takes seconds: not part of the budget
+    try:
+        return run_with_deadline(_symbolic, gold_n, pred_n, budget_s=timeout_s)
+    except (GradingTimeout, _TooCostly) as e:
+        logger.debug("symbolic check gave up (%s): %r vs %r", e, preview(gold_n), preview(pred_n))
+        return None
+
+
+def symbolic_equal(gold_n: str, pred_n: str, budget_s: float = DEFAULT_BUDGET_S) -> bool:
+    """`symbolic_equal_with_timeout` with "undecided" counted as not equal (logged as a warning)."""
+    verdict = symbolic_equal_with_timeout(gold_n, pred_n, budget_s)
+    if verdict is None:
+        logger.warning(
+            "math answer %r counted as not equal to %r: symbolic check skipped or over its %g s budget",
+            preview(pred_n),
+            preview(gold_n),
+            budget_s,
+        )
+        return False
+    return verdict
+
+
+@functools.cache
+def prepare_worker() -> None:
+    """Pays the symbolic graders' one-time start-up once (a grading worker calls it at its start-up).
+
+    Imports math-verify and sympy and runs one comparison, which loads math-verify's LaTeX grammar lazily: on a
+    busy machine that start-up takes seconds, and inside the first answer's budget it graded a correct answer
+    undecided. Also marks math-verify's "timeout is disabled" warnings as shown: its own timeouts (SIGALRM, main
+    thread only) are off on purpose; `run_with_deadline` bounds the whole check instead.
     """
     import latex2sympy2_extended  # noqa: F401
     import math_verify.grader
@@ -202,124 +291,21 @@ def prepare_worker() -> None:
 
     math_verify.grader.TIMEOUT_WARNING_SHOWN = True
     math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    _symbolic("1", "1")
 
 
-class SymbolicTimeout(BaseException):
-    """Raised by the SIGALRM handler of `symbolic_equal_with_timeout`.
-
-    A `BaseException`, so the graders' own `except Exception` cannot turn it into a verdict.
-    """
-
-
-def _raise_symbolic_timeout(signum: int, frame: object) -> None:
-    # Re-arm first: should some library swallow the exception, the alarm fires again a second later.
-    signal.alarm(1)
-    raise SymbolicTimeout
-
-
-def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, str]:
-    """The cheap part of `grade_answer`: missing answers, normalized string equality, exact numbers.
-
-    Args:
-        pred: extracted model answer, or None.
-        gold: extracted ground-truth answer, or None.
-
-    Returns:
-        `(verdict, gold_normalized, pred_normalized)`; `verdict` is None when only the symbolic path
-        (`symbolic_equal`) can decide.
-    """
-    if pred is None or gold is None:
-        return False, "", ""
-    pred_n, gold_n = normalize_answer(pred), normalize_answer(gold)
-    if not pred_n or not gold_n:
-        return False, gold_n, pred_n
-    if pred_n == gold_n:
-        return True, gold_n, pred_n
-    pred_v, gold_v = parse_number(pred), parse_number(gold)
-    if pred_v is not None and gold_v is not None:
-        return pred_v == gold_v, gold_n, pred_n
-    return None, gold_n, pred_n
-
-
-def symbolic_equal(gold_n: str, pred_n: str) -> bool:
-    """The expensive part of `grade_answer`: math-verify, then the sympy fallback (inline).
-
-    math-verify's timeouts are on only on the main thread (SIGALRM); the sympy fallback has none.
-
-    Args:
-        gold_n: normalized ground truth (from `grade_fast`).
-        pred_n: normalized prediction.
-
-    Returns:
-        True if equal; False if not, if unparseable, or if math-verify timed out.
-    """
-    verdict = _math_verify_equal(gold_n, pred_n, _timeout_s())
-    return verdict if verdict is not None else _sympy_equal(gold_n, pred_n)
-
-
-@functools.cache
-def _warm_up_symbolic() -> None:
-    """Pays math-verify's and sympy's one-time start-up once, outside any answer's budget.
-
-    Their lazy imports and LaTeX grammar load take seconds on a busy machine; inside the first answer's
-    alarm they ran it out and graded a correct answer None.
-    """
-    _math_verify_equal("1", "1", None)
-    _sympy_equal("1", "1")
-
-
-def symbolic_equal_with_timeout(gold_n: str, pred_n: str, timeout_s: int) -> bool | None:
-    """`symbolic_equal` under one SIGALRM budget for math-verify and the sympy fallback together.
-
-    Runs in a grading worker process (`slime_rollout.rewards.pool`), on its main thread. math-verify's
-    own per-step timeouts are off here: each would cancel this outer alarm when it ends.
-
-    Args:
-        gold_n: normalized ground truth.
-        pred_n: normalized prediction.
-        timeout_s: seconds for the whole check, >= 1.
-
-    Returns:
-        The verdict, or None if the budget ran out.
-
-    Raises:
-        ValueError: if called off the main thread (SIGALRM cannot be used there).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        raise ValueError("symbolic_equal_with_timeout needs the main thread (it uses SIGALRM)")
-    _warm_up_symbolic()
-    # Save a timer someone else armed (e.g. pytest-timeout on a main thread) and re-arm it afterwards.
-    started = time.monotonic()
-    previous_delay, previous_interval = signal.getitimer(signal.ITIMER_REAL)
-    previous_handler = signal.signal(signal.SIGALRM, _raise_symbolic_timeout)
-    try:
-        signal.alarm(max(1, int(timeout_s)))
-        try:
-            verdict = _math_verify_equal(gold_n, pred_n, None)
-            return verdict if verdict is not None else _sympy_equal(gold_n, pred_n)
-        finally:
-            signal.alarm(0)
-    except SymbolicTimeout:  # also when the alarm fires inside the inner `finally`
-        return None
-    finally:
-        signal.alarm(0)  # the handler re-arms; a pending alarm with the default action would kill the worker
-        signal.signal(signal.SIGALRM, previous_handler)
-        if previous_delay > 0:
-            remaining = previous_delay - (time.monotonic() - started)
-            signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), previous_interval)
-
-
-def grade_answer(pred: str | None, gold: str | None) -> bool:
-    """Whether a predicted final answer equals the ground truth mathematically (inline, blocking).
+def grade_answer(pred: str | None, gold: str | None, budget_s: float = DEFAULT_BUDGET_S) -> bool:
+    """Whether a predicted final answer equals the ground truth (inline; bounded by `budget_s` on any thread).
 
     Args:
         pred: extracted model answer (e.g. the content of the last box), or None.
         gold: extracted ground-truth answer.
+        budget_s: seconds for the symbolic part.
 
     Returns:
-        True if equal after normalization, as exact numbers, or symbolically.
+        True if equal after cleaning, as exact numbers, or symbolically.
     """
     verdict, gold_n, pred_n = grade_fast(pred, gold)
     if verdict is not None:
         return verdict
-    return symbolic_equal(gold_n, pred_n)
+    return symbolic_equal(gold_n, pred_n, budget_s)

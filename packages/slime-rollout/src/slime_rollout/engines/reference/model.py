@@ -31,7 +31,13 @@ from transformers.cache_utils import DynamicLayer
 
 from slime_core.hf_names import to_module_name
 from slime_rollout.engines.reference.lora import LoraAdapters
-from slime_rollout.engines.reference.sampling import SamplingParams, find_stop_string, sample_next_token, trim_stop
+from slime_rollout.engines.reference.sampling import (
+    SamplingParams,
+    find_stop_string,
+    sample_next_token,
+    sample_with_kept_ids,
+    trim_stop,
+)
 from slime_rollout.engines.reference.vision import VisionInputs, VisionPreprocessor, mrope_positions
 
 __all__ = ["GenRequest", "ReferenceModel"]
@@ -70,6 +76,7 @@ class GenRequest:
     generator: torch.Generator | None = None
     output_ids: list[int] = dataclasses.field(default_factory=list)
     output_logprobs: list[float] = dataclasses.field(default_factory=list)
+    output_kept_ids: list[list[int]] | None = None  # top-p replay: the ids kept at each step
     finish_reason: dict[str, Any] | None = None
     logprob_start_len: int = -1
     input_logprobs: list[float | None] | None = None
@@ -345,7 +352,12 @@ class ReferenceModel:
         if r.aborted:
             r.finish_reason = {"type": "abort", "message": "Abort in waiting queue"}
             return
-        token, logprob = sample_next_token(logits_V, r.params, r.generator)
+        if r.params.return_top_p_token_ids:
+            token, logprob, kept = sample_with_kept_ids(logits_V, r.params, r.generator)
+            if kept is not None:
+                r.output_kept_ids = (r.output_kept_ids or []) + [kept]
+        else:
+            token, logprob = sample_next_token(logits_V, r.params, r.generator)
         r.output_ids.append(token)
         r.output_logprobs.append(logprob)
         p = r.params

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SamplingParams", "sample_next_token", "trim_stop"]
+__all__ = ["SamplingParams", "sample_next_token", "sample_with_kept_ids", "trim_stop"]
 
 _GREEDY_EPS = 1e-6
 
@@ -69,6 +69,9 @@ class SamplingParams:
         spaces_between_special_tokens: accepted for compatibility (the fast tokenizer ignores it).
         no_stop_trim: keep the matched stop string / stop token in the text.
         sampling_seed: per-request seed; None uses the engine's generator.
+        return_top_p_token_ids: `custom_params["return_top_p_token_ids"]` (top-p replay): report the token ids
+            kept by top-k/top-p at each step and log-probs renormalized over them, as SGLang with the original
+            slime's top-p replay patch does.
     """
 
     temperature: float = 1.0
@@ -83,6 +86,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    return_top_p_token_ids: bool = False
 
     @classmethod
     def from_request(cls, raw: dict[str, Any] | None) -> SamplingParams:
@@ -111,6 +115,7 @@ class SamplingParams:
             spaces_between_special_tokens=bool(raw.get("spaces_between_special_tokens", True)),
             no_stop_trim=bool(raw.get("no_stop_trim", False)),
             sampling_seed=None if raw.get("sampling_seed") is None else int(raw["sampling_seed"]),
+            return_top_p_token_ids=bool((raw.get("custom_params") or {}).get("return_top_p_token_ids", False)),
         )
         if params.temperature < 0:
             raise ValueError(f"sampling_params.temperature must be >= 0, got {params.temperature}")
@@ -126,6 +131,45 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Whether this request samples greedily (temperature below 1e-6)."""
         return self.temperature < _GREEDY_EPS
+
+
+def _kept_ids(probs_V: torch.Tensor, params: SamplingParams) -> torch.Tensor | None:
+    """Ids kept by top-k/top-p, most likely first; None when nothing is truncated."""
+    if params.top_k <= 0 and params.top_p >= 1.0:
+        return None
+    sorted_probs, sorted_idx = torch.sort(probs_V, descending=True)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    if params.top_k > 0:
+        keep[params.top_k :] = False
+    if params.top_p < 1.0:
+        # A token is kept while the mass strictly before it is within top_p (the first is always kept).
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        keep &= mass_before <= params.top_p
+    return sorted_idx[keep]
+
+
+def sample_with_kept_ids(
+    logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[int, float, list[int] | None]:
+    """Draws one token and reports what top-p replay needs (`params.return_top_p_token_ids`).
+
+    Returns:
+        (token id, its natural-log probability under the distribution actually sampled from: softmax(logits /
+        temperature) renormalized over the kept ids; the kept ids, or None when nothing is truncated, in which
+        case the token and log-prob are `sample_next_token`'s). Greedy keeps only the argmax (log-prob 0).
+    """
+    logits_V = logits_V.float()
+    if params.greedy:
+        token = int(torch.argmax(logits_V))
+        return token, 0.0, [token]
+    logprobs_V = torch.log_softmax(logits_V / params.temperature, dim=-1)
+    kept = _kept_ids(logprobs_V.exp(), params)
+    if kept is None:
+        token, logprob = sample_next_token(logits_V, params, generator)
+        return token, logprob, None
+    kept_logprobs = torch.log_softmax(logprobs_V[kept], dim=-1)
+    pick = int(torch.multinomial(kept_logprobs.exp(), 1, generator=generator))
+    return int(kept[pick]), float(kept_logprobs[pick]), kept.tolist()
 
 
 def sample_next_token(

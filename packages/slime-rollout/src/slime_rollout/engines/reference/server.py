@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -97,6 +98,10 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(r.output_logprobs, r.output_ids, strict=True)
             ]
+        if r.output_kept_ids is not None and len(r.output_kept_ids) == len(r.output_ids):
+            # Top-p replay, in the field names of SGLang with the original slime's patch.
+            meta["top_p_token_ids"] = [t for kept in r.output_kept_ids for t in kept]
+            meta["top_p_token_offsets"] = [0, *itertools.accumulate(len(kept) for kept in r.output_kept_ids)]
         return {"text": model.output_text(r), "output_ids": list(r.output_ids), "meta_info": meta}
 
     async def one(

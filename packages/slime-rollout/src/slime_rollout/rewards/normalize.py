@@ -1,0 +1,248 @@
+r"""Cleaning a final answer the way a careful grader reads it (`clean_answer`), and exact numbers (`parse_number`).
+
+A box often holds more than the mathematical answer: units (`5\ \mathrm{kg}`, `12 \text{ cm}^2`), words around
+it (`\text{The total is } 42`, `\text{two million}`), a choice letter with its value (`(B)\ 12`), a time of day
+(`7:30 \text{ AM}`), a repeating decimal (`0.\overline{3}`, `0.1666\ldots`). `clean_answer` reduces it to the
+answer itself plus what matters besides (the letter, AM/PM); `parse_number` turns plain numbers, fractions, mixed
+numbers, repeating decimals and number words into exact `Fraction`s. No model text is ever evaluated.
+
+All patterns are linear-time (no nested quantifiers), so a 1 MB answer is cleaned in milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import re
+
+__all__ = ["CleanAnswer", "clean_answer", "normalize_answer", "parse_number", "words_to_number"]
+
+_TEXT_COMMANDS = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
+)
+_SPACES = re.compile(r"\\[ ,;:!]|\\q?quad\b|~")
+_DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_LETTER_ONLY = re.compile(r"^\(?([A-J])\)?\.?$")
+_LETTER_VALUE = re.compile(r"^(?:\(([A-J])\)|([A-J])(?:[):]|\.(?=\s)))\s*(\S.*)$")
+_TIME = re.compile(r"^(\d{1,2}):(\d{2})\s*((?i:[ap])\.?\s?(?i:m)\.?)?$")
+_LEAD_IN = re.compile(
+    r"^(?i:(?:so\s*,?\s*)?(?:the\s+)?(?:final\s+|correct\s+)?(?:answer|result|solution|total|value)\s*(?:is|:|=)\s*)"
+)
+_SENTENCE = re.compile(r"^(?:[A-Za-z',]+\s+){1,12}(?:is|are|was|equals|=|:)\s+(?P<rest>\S.*)$")
+_VARIABLE_PREFIX = re.compile(r"^[a-zA-Z]\s*=\s*(?=\S)")
+# Trailing unit words after a number, a closing brace or parenthesis: "5 kg", "12 cm^2", "3 apples", "45 mph".
+_UNITS = re.compile(r"^(?P<math>.*?[\d})])\s*(?P<unit>(?:[a-zA-Z]{1,20}\.?(?:\s*\^\{?\d\}?)?(?:\s*/\s*|\s+|-)?){1,6})$")
+_MATH_WORDS = {"sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi", "i", "e", "x", "y", "z", "n", "k"}
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_FRAC_SHORT = re.compile(r"\\frac(\d)(\d)")
+_REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)(?:\\overline|\\dot)\s*\{?(\d+)\}?$|^(-?)(\d*)\.(\d*)\((\d+)\)$")
+_ELLIPSIS_DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+?)(?:\\ldots|\\dots|\.\.\.|…)$")
+_NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3})?$")
+_LATEX_FRAC = re.compile(r"^([-+]?)\\frac\{([-+]?[\d.]+)\}\{([-+]?[\d.]+)\}$")
+_SLASH_FRAC = re.compile(r"^([-+]?[\d.]+)/([-+]?[\d.]+)$")
+_MIXED = re.compile(r"^([-+]?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CleanAnswer:
+    """A final answer reduced to what is graded.
+
+    Attributes:
+        text: the answer without units, words around it or a choice letter; spaces removed; may be "".
+        letter: a multiple-choice letter given with (or as) the answer, upper case, or None.
+        meridiem: "am" / "pm" of a time of day, or None.
+    """
+
+    text: str
+    letter: str | None = None
+    meridiem: str | None = None
+
+
+_SMALL = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen eighteen nineteen".split()
+    )
+}
+_TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
+_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+
+
+def words_to_number(text: str) -> fractions.Fraction | None:
+    """`"two million"` → 2000000, `"forty-two"` → 42, `"1.5 million"` → 1500000; None if not only number words."""
+    words = re.split(r"[\s\-]+", text.strip().lower().replace(",", " "))
+    if not words or words == [""] or len(words) > 12:
+        return None
+    total, current, number_word = fractions.Fraction(0), fractions.Fraction(0), False
+    for w in words:
+        if w in ("and", "", "a"):  # "a million": the scale below counts it as one
+            continue
+        if w in _SMALL or w in _TENS:
+            current += _SMALL.get(w, _TENS.get(w, 0))
+        elif re.fullmatch(r"\d+(?:\.\d+)?", w):
+            current += fractions.Fraction(w)
+        elif w == "hundred":
+            current = (current or 1) * 100
+        elif w in _SCALES:
+            total += (current or 1) * _SCALES[w]
+            current = fractions.Fraction(0)
+        else:
+            return None
+        number_word = number_word or not w[0].isdigit()
+    # Digits alone ("42") are not number words; "2 million" is.
+    return total + current if number_word else None
+
+
+def _strip_delimiters(s: str) -> str:
+    s = s.strip()
+    changed = True
+    while changed:
+        changed = False
+        for left, right in _DELIMITERS:
+            if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
+                s, changed = s[len(left) : len(s) - len(right)].strip(), True
+    return s.replace("\\displaystyle", "")
+
+
+def _latex_cleanup(s: str) -> str:
+    for _ in range(2):  # \text{\textbf{x}}
+        s = _TEXT_COMMANDS.sub(r" \1 ", s)
+    s = _SPACES.sub(" ", s)
+    s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
+    s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\%", "%", "\\$", "$"):
+        s = s.replace(token, "")
+    return s.strip().rstrip(".").strip()
+
+
+def _strip_words_around(s: str) -> str:
+    """Drops a lead-in ("the answer is"), a sentence around one value, a variable prefix and trailing units."""
+    s = _LEAD_IN.sub("", s).strip()
+    sentence = _SENTENCE.match(s)
+    if sentence and re.search(r"\d", sentence.group("rest")):
+        s = sentence.group("rest").strip().rstrip(".")
+    s = _VARIABLE_PREFIX.sub("", s)
+    units = _UNITS.match(s)
+    if units:
+        unit = units.group("unit").lower()
+        unit_words = set(re.findall(r"[a-z]+", unit))
+        # Math symbols are not units, and AM/PM is part of a time of day.
+        if not unit_words & _MATH_WORDS and re.sub(r"[^a-z]", "", unit) not in ("am", "pm"):
+            s = units.group("math").strip()
+    return s
+
+
+def clean_answer(answer: str) -> CleanAnswer:
+    """Reduces a final answer (box content or label) to what is graded (see the module docstring).
+
+    Args:
+        answer: the raw answer text.
+
+    Returns:
+        The cleaned answer with its choice letter and AM/PM, if any.
+    """
+    s = _latex_cleanup(_strip_delimiters(str(answer)))
+    letter = None
+    only = _LETTER_ONLY.match(s)
+    if only:
+        return CleanAnswer(text="", letter=only.group(1))
+    with_value = _LETTER_VALUE.match(s)
+    if with_value:
+        letter = with_value.group(1) or with_value.group(2)
+        s = with_value.group(3).strip()
+    s = _strip_words_around(s)
+    time = _TIME.match(s)
+    if time:
+        meridiem = time.group(3)
+        meridiem = meridiem.lower().replace(".", "").replace(" ", "") if meridiem else None
+        return CleanAnswer(text=f"{int(time.group(1))}:{time.group(2)}", letter=letter, meridiem=meridiem)
+    value = words_to_number(s) if re.search(r"[a-zA-Z]", s) else None
+    if value is not None:
+        s = _fraction_text(value)
+    s = _THOUSANDS.sub("", s).replace(" ", "")
+    s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
+    if re.fullmatch(r"-?\d+\.0+", s):
+        s = s.split(".")[0]
+    return CleanAnswer(text=s, letter=letter)
+
+
+def normalize_answer(answer: str) -> str:
+    """The cleaned text of `clean_answer` (string form for equality; AM/PM appended when present)."""
+    clean = clean_answer(answer)
+    text = clean.text if clean.text or clean.letter is None else clean.letter
+    return text + (clean.meridiem or "")
+
+
+def _fraction_text(value: fractions.Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
+def _repeating(sign: str, whole: str, fixed: str, period: str) -> fractions.Fraction:
+    # x = whole + (fixed + period / (10^len(period) - 1)) / 10^len(fixed)
+    value = fractions.Fraction(int(whole or 0)) + (
+        fractions.Fraction(int(fixed or 0)) + fractions.Fraction(int(period), 10 ** len(period) - 1)
+    ) / 10 ** len(fixed)
+    return -value if sign == "-" else value
+
+
+def _ellipsis_period(digits: str) -> tuple[str, str] | None:
+    """`"1666"` → ("1", "6"): the shortest period that repeats at the end (3 times for one digit, else twice)."""
+    for size in range(1, 7):
+        times = 3 if size == 1 else 2
+        if len(digits) < size * times:
+            break
+        period = digits[-size:]
+        if digits.endswith(period * times):
+            fixed = digits[: len(digits) - size * times]
+            while fixed.endswith(period):
+                fixed = fixed[: -len(period)]
+            return fixed, period
+    return None
+
+
+def parse_number(answer: str) -> fractions.Fraction | None:
+    r"""Exact value of a plain number (after `clean_answer`), or None.
+
+    Plain numbers are integers, decimals (scientific exponents up to 3 digits), `a/b`, `\frac{a}{b}`, mixed
+    numbers `2\frac{1}{2}` (= 5/2, as a reader takes them), repeating decimals and number words.
+
+    Returns:
+        The value, or None if the text is not such a number.
+    """
+    s = clean_answer(answer).text
+    if not s or len(s) > 200:
+        return None
+    try:
+        return _parse_clean_number(s)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+
+
+def _parse_clean_number(s: str) -> fractions.Fraction | None:
+    if _NUMBER.fullmatch(s):
+        return fractions.Fraction(s)
+    match = _LATEX_FRAC.fullmatch(s)
+    if match:
+        sign, num, den = match.groups()
+        value = fractions.Fraction(num) / fractions.Fraction(den)
+        return -value if sign == "-" else value
+    match = _SLASH_FRAC.fullmatch(s)
+    if match:
+        return fractions.Fraction(match.group(1)) / fractions.Fraction(match.group(2))
+    match = _MIXED.fullmatch(s)
+    if match:
+        sign, whole, num, den = match.groups()
+        value = int(whole) + fractions.Fraction(int(num), int(den))
+        return -value if sign == "-" else value
+    match = _REPEATING.fullmatch(s)
+    if match:
+        groups = match.groups()
+        return _repeating(*(groups[:4] if groups[3] is not None else groups[4:]))
+    match = _ELLIPSIS_DECIMAL.fullmatch(s)
+    if match:
+        split = _ellipsis_period(match.group(3))
+        if split is not None:
+            return _repeating(match.group(1), match.group(2), *split)
+        return fractions.Fraction(f"{match.group(1)}{match.group(2) or 0}.{match.group(3)}")
+    return None

@@ -1,0 +1,174 @@
+"""Parts of the graders: answer extraction, cleaning, exact numbers, the thread-safe deadline (issue 17)."""
+
+import fractions
+import threading
+import time
+
+import pytest
+
+from slime_rollout.rewards.answers import final_boxed_answers, find_boxes, strip_reasoning
+from slime_rollout.rewards.deadline import REFIRE_S, GradingTimeout, run_with_deadline
+from slime_rollout.rewards.math_utils import costly_reason, grade_fast
+from slime_rollout.rewards.normalize import clean_answer, parse_number, words_to_number
+
+F = fractions.Fraction
+
+
+def test_reasoning_is_never_graded():
+    assert strip_reasoning("<think>a</think>b</think>c") == "c"
+    assert strip_reasoning("<think>still thinking \\boxed{5}") is None
+    assert strip_reasoning("plain") == "plain"
+    assert final_boxed_answers("<think>\\boxed{1}").reason == "reasoning never closed"
+
+
+def test_boxes_nested_unclosed_and_space_form():
+    boxes = find_boxes(r"a \boxed{\frac{1}{2}} b \fbox{x^{2}} c \boxed 7 d \boxed{\boxed{3}} e $\boxed{4$ f")
+    assert [(b.content, b.closed) for b in boxes] == [
+        (r"\frac{1}{2}", True),
+        ("x^{2}", True),
+        ("7", True),
+        (r"\boxed{3}", True),  # a box inside a box is part of it
+        ("4", False),  # unclosed: up to the end of its formula
+    ]
+
+
+def test_retraction_drops_the_box_it_follows():
+    assert final_boxed_answers(r"\boxed{1}. Wait, that's wrong. \boxed{2}").answers == ["2"]
+    assert final_boxed_answers(r"\boxed{1}. I made a mistake somewhere.").reason == "retracted"
+    assert final_boxed_answers(r"\boxed{1}. Let me double-check: yes.").answers == ["1"]
+
+
+def test_extraction_is_linear_on_huge_text():
+    text = "\\boxed{" * 100_000 + "x" * 500_000  # 1.2 MB of unclosed boxes
+    start = time.monotonic()
+    final_boxed_answers(text)
+    assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("two million", F(2_000_000)),
+        ("forty-two", F(42)),
+        ("three hundred and twelve", F(312)),
+        ("1.5 million", F(1_500_000)),
+        ("a thousand", F(1000)),
+        ("42", None),  # digits alone are not number words
+        ("a", None),
+        ("two apples", None),
+    ],
+)
+def test_number_words(text, value):
+    assert words_to_number(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        (r"0.\overline{3}", F(1, 3)),
+        (r"0.1\overline{6}", F(1, 6)),
+        (r"2.\overline{09}", F(23, 11)),  # 2 + 9/99
+        ("0.(142857)", F(1, 7)),
+        (r"0.1666\ldots", F(1, 6)),
+        ("0.333...", F(1, 3)),
+        ("-0.5", F(-1, 2)),
+        (r"2\frac{1}{2}", F(5, 2)),
+        (r"-\frac{3}{4}", F(-3, 4)),
+        ("1e3", F(1000)),
+        ("1e100000", None),  # a 100000-digit exponent is not parsed (it would build a huge integer)
+        (r"\sqrt{2}", None),
+    ],
+)
+def test_exact_numbers(text, value):
+    assert parse_number(text) == value
+
+
+def test_cleaning_keeps_what_matters():
+    assert clean_answer(r"7:30 \text{ p.m.}") == clean_answer("7:30 PM")
+    assert clean_answer(r"(B)\ 12").letter == "B" and clean_answer(r"(B)\ 12").text == "12"
+    assert clean_answer(r"\text{There are 15 students}").text == "15"
+    assert clean_answer(r"5 x").text == "5x"  # a variable is not a unit
+    assert grade_fast("7:30 AM", "7:30 PM")[0] is False
+    assert grade_fast(r"0.333", r"\frac13")[0] is False and grade_fast("0.5", r"\frac12")[0] is True
+
+
+@pytest.mark.parametrize(
+    "text", [r"9^{9^{9^9}}", "2^{100000}", "10^{10^{10}}", "9^9^9", "1000!", "x" * 1001, "1" * 301]
+)
+def test_costly_answers_are_refused_before_evaluation(text):
+    assert costly_reason(text) is not None
+
+
+@pytest.mark.parametrize("text", [r"2^{100}", r"\frac{1}{3^{40}}", r"(x+1)^{2}", "10!", r"e^{i\pi}"])
+def test_ordinary_answers_are_not_refused(text):
+    assert costly_reason(text) is None
+
+
+def _spin():
+    x = 0
+    while True:  # pure bytecode: no Python call for a trace or profile hook to see
+        x += 1
+
+
+def test_deadline_stops_python_on_any_thread():
+    def run(out):
+        start = time.monotonic()
+        try:
+            run_with_deadline(_spin, budget_s=0.3)
+        except GradingTimeout:
+            out["elapsed"] = time.monotonic() - start
+
+    for on_thread in (False, True):
+        out = {}
+
+        if on_thread:
+            thread = threading.Thread(target=run, args=(out,))
+            thread.start()
+            thread.join(timeout=30)
+        else:
+            run(out)
+        assert 0.3 <= out["elapsed"] < 1.5, (on_thread, out)
+    assert run_with_deadline(sum, [1, 2], budget_s=1.0) == 3
+    with pytest.raises(ValueError, match="budget_s"):
+        run_with_deadline(sum, [], budget_s=0)
+
+
+def test_deadline_leaves_nothing_behind_after_the_work_ends():
+    # Many short runs right at their deadline: a timeout either surfaces from the call or not at all, never later
+    # in unrelated code.
+    late = 0
+    for _ in range(200):
+        try:
+            run_with_deadline(time.sleep, 0.001, budget_s=0.001)
+        except GradingTimeout:
+            continue
+        try:
+            for _ in range(2000):  # unrelated work after the call returned
+                pass
+        except GradingTimeout:
+            late += 1
+    assert late == 0
+
+
+def _swallow_twice_then_spin():
+    # What C code that clears errors does to an asynchronous exception (seen inside sympy's cache wrapper).
+    for _ in range(2):
+        try:
+            _spin()
+        except GradingTimeout:
+            pass
+    _spin()
+
+
+def test_deadline_fires_again_when_the_work_swallows_it():
+    start = time.monotonic()
+    with pytest.raises(GradingTimeout):
+        run_with_deadline(_swallow_twice_then_spin, budget_s=0.3)
+    elapsed = time.monotonic() - start
+    # The deadline, then REFIRE_S (0.1 s) per swallowed firing: well under a second; not fired again afterwards.
+    assert 0.3 + 2 * REFIRE_S <= elapsed < 1.5, elapsed
+    try:
+        for _ in range(10):
+            time.sleep(REFIRE_S)  # a late firing would land here
+    except GradingTimeout:
+        pytest.fail("GradingTimeout raised after run_with_deadline returned")

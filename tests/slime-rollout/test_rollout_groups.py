@@ -1,0 +1,109 @@
+"""Groups a custom generate function shapes: multi-turn fan-out through the dynamic filter, empty responses.
+
+Issue 17: the dynamic-sampling filter failed with AttributeError on a group whose entries are lists of samples,
+and an empty response from a custom generate function was trained on silently.
+"""
+
+import dataclasses
+import logging
+
+from slime_core.config import PluginArgs, SlimeArgs
+from slime_core.sample import Sample, Status
+from slime_rollout import generate as generate_mod
+from slime_rollout.rollout import generate_rollout_async
+
+A, B = ord("A"), ord("B")
+
+
+class _NoEngine:
+    """The custom generate functions below never call an engine; the rollout only aborts leftovers."""
+
+    async def abort_all(self):
+        return None
+
+
+class _DataSource:
+    def __init__(self, n):
+        self.n, self.next_index, self.next_group = n, 0, 0
+
+    def get_samples(self, num_groups):
+        groups = []
+        for _ in range(num_groups):
+            group = []
+            for _ in range(self.n):
+                group.append(Sample(prompt="p", tokens=[1], group_index=self.next_group, index=self.next_index))
+                self.next_index += 1
+            self.next_group += 1
+            groups.append(group)
+        return groups
+
+    def add_samples(self, groups):
+        raise AssertionError("no partial rollout here")
+
+
+def reward_is_a(args, sample):
+    return 1.0 if sample.response.endswith("A") else 0.0
+
+
+def _args(monkeypatch, **kw):
+    monkeypatch.setattr(generate_mod, "get_client", lambda args: _NoEngine())
+    fields = dict(
+        rollout_batch_size=1, n_samples_per_prompt=2, num_rollout=1, custom_rm_path=f"{__name__}.reward_is_a",
+        rollout_max_response_len=8, rollout_num_gpus=1, rollout_num_gpus_per_engine=1,
+    )  # fmt: skip
+    return PluginArgs.from_config(SlimeArgs.from_dict({**fields, **kw}))
+
+
+async def fanout_generate(args, sample, sampling_params):
+    """Returns two samples per input (fan-out), answering A then B."""
+    out = []
+    for k in range(2):
+        s = dataclasses.replace(sample, tokens=list(sample.tokens), metadata=dict(sample.metadata), rollout_id=7)
+        s.append_response_tokens([A if k == 0 else B], log_probs=[-0.3], text="A" if k == 0 else "B")
+        s.status = Status.COMPLETED
+        out.append(s)
+    return out
+
+
+SEEN_BY_FILTER: list[list[str]] = []
+
+
+def recording_filter(args, samples):
+    SEEN_BY_FILTER.append([type(s).__name__ for s in samples])
+    return True
+
+
+async def test_dynamic_filters_accept_fan_out_groups(monkeypatch):
+    args = _args(
+        monkeypatch,
+        custom_generate_function_path=f"{__name__}.fanout_generate",
+        dynamic_sampling_filter_path="slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+    )
+    out, _ = await generate_rollout_async(args, 0, _DataSource(n=2))
+    assert [len(item) for item in out.samples[0]] == [2, 2]  # rewards 1, 0, 1, 0: kept
+    SEEN_BY_FILTER.clear()
+    args = _args(
+        monkeypatch,
+        custom_generate_function_path=f"{__name__}.fanout_generate",
+        dynamic_sampling_filter_path=f"{__name__}.recording_filter",
+    )
+    await generate_rollout_async(args, 0, _DataSource(n=2))
+    assert SEEN_BY_FILTER == [["Sample"] * 4]  # the filter gets the group's samples, flattened
+
+
+async def empty_for_odd_generate(args, sample, sampling_params):
+    """Answers even-indexed samples; returns odd-indexed ones without generating anything."""
+    if sample.index % 2 == 0:
+        sample.append_response_tokens([A], log_probs=[-0.3], text="A")
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def test_empty_responses_are_counted_and_not_trained_on(monkeypatch, caplog):
+    args = _args(monkeypatch, custom_generate_function_path=f"{__name__}.empty_for_odd_generate", rollout_batch_size=2)
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.rollout"):
+        out, _ = await generate_rollout_async(args, 3, _DataSource(n=2))
+    flat = [s for g in out.samples for s in g]
+    assert [s.remove_sample for s in flat] == [False, True, False, True]
+    assert out.metrics["rollout/num_empty_responses"] == 2.0
+    assert "rollout 3: 2 samples have an empty response (from " in caplog.text and "[1, 3]" in caplog.text
