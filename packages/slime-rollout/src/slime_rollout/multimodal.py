@@ -47,7 +47,9 @@ __all__ = [
     "image_column",
     "normalize_image",
     "normalize_images",
+    "png_data_uri",
     "prepare_vision_prompt",
+    "resize_to_processor",
     "sample_images",
 ]
 
@@ -266,7 +268,8 @@ class VisionPrompt:
     engine_images: tuple[str, ...]
 
 
-def _png_data_uri(image: Any) -> str:
+def png_data_uri(image: Any) -> str:
+    """A `PIL.Image` as a lossless PNG `data:image/png;base64,...` URI (what `/generate`'s `image_data` takes)."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
@@ -280,6 +283,32 @@ def _processed_sizes(processor: Any, grid_thw: torch.Tensor) -> list[tuple[int, 
     """(width, height) in pixels the processor resized each image to: grid rows × columns × patch size."""
     patch = int(processor.image_processor.patch_size)
     return [(int(w) * patch, int(h) * patch) for _, h, w in grid_thw.tolist()]
+
+
+def resize_to_processor(processor: Any, images: Sequence[Any]) -> list[Any]:
+    """Each `PIL.Image` resized (bicubic) to the size the processor's image processor resizes it to.
+
+    The processor then leaves the returned images as they are, so an engine that runs the same processor on them
+    sees the same pixels. Sizes come from the image processor's own `image_grid_thw` (its patch size, merge size
+    and min/max pixels); an image already at its size is returned as it is.
+
+    Args:
+        processor: a Qwen-VL-style processor (`image_processor` with `patch_size`, output `image_grid_thw`).
+        images: RGB `PIL.Image`s.
+
+    Returns:
+        The images, in order, at (grid_w * patch, grid_h * patch) pixels.
+    """
+    if not images:
+        return []
+    from PIL import Image
+
+    grid = processor.image_processor(images=list(images), return_tensors="pt")["image_grid_thw"]
+    sizes = _processed_sizes(processor, grid)
+    return [
+        img if img.size == size else img.resize(size, Image.Resampling.BICUBIC)
+        for img, size in zip(images, sizes, strict=True)
+    ]
 
 
 @functools.lru_cache(maxsize=256)
@@ -302,7 +331,7 @@ def _prepare_cached(checkpoint: str, text: str, images: tuple[str, ...]) -> Visi
     return VisionPrompt(
         input_ids=tuple(int(t) for t in out["input_ids"][0].tolist()),
         train_inputs=train_inputs,
-        engine_images=tuple(_png_data_uri(img) for img in pil),
+        engine_images=tuple(png_data_uri(img) for img in pil),
     )
 
 
