@@ -1,10 +1,11 @@
 """A run over two Ray nodes of one machine, submitted with `ray job submit` (CPU: reference engines, FSDP on gloo).
 
-`ray.cluster_utils.Cluster` starts a head node on 127.0.0.1 (with the dashboard that the job API needs) and a
-second node on another loopback address, 127.0.0.2, one CPU each. The run has two trainer ranks and two engines,
-colocated: one bundle per node, so trainer rank i and engine i run on node i, the engine started there by its
-engine host and listening on that node's address. Weights go from rank 0 to both engines through a gloo broadcast
-group (`--weight-sync distributed`), so the engine on 127.0.0.2 is reached from the other node.
+`ray.cluster_utils.Cluster` starts a head node on this machine's address (with the dashboard that the job API
+needs; its job agent finds its node by that address) and a second node on a loopback address, 127.0.0.2, one CPU
+each. The run has two trainer ranks and two engines, colocated: one bundle per node, so each node holds a trainer
+rank and an engine, the engine started there by its engine host and listening on that node's address. Weights go
+from rank 0 to both engines through a gloo broadcast group (`--weight-sync distributed`), so one engine is reached
+from the other node.
 """
 
 import os
@@ -32,7 +33,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    """A two-node local cluster (head on 127.0.0.1 with the dashboard, a node on 127.0.0.2); yields the job API URL."""
+    """A two-node local cluster (head with the dashboard, a node on 127.0.0.2); yields (job API URL, head IP)."""
     try:
         with socket.socket() as s:
             s.bind((SECOND_NODE_IP, 0))
@@ -55,7 +56,6 @@ def two_nodes():
         initialize_head=True,
         head_node_args={
             "num_cpus": 1,
-            "node_ip_address": "127.0.0.1",
             "include_dashboard": True,
             "dashboard_host": "127.0.0.1",
             "dashboard_port": dashboard_port,
@@ -63,7 +63,7 @@ def two_nodes():
     )
     try:
         cluster.add_node(num_cpus=1, node_ip_address=SECOND_NODE_IP)
-        yield f"http://127.0.0.1:{dashboard_port}"
+        yield f"http://127.0.0.1:{dashboard_port}", cluster.head_node.node_ip_address
     finally:
         cluster.shutdown()
 
@@ -90,17 +90,19 @@ def test_job_over_two_nodes_places_ranks_and_engines_on_both_and_completes(two_n
         "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt"),
     ]  # fmt: skip
     ray_cli = str(pathlib.Path(sys.executable).parent / "ray")
-    submit = [ray_cli, "job", "submit", "--address", two_nodes, "--", *run]  # the cluster runs this venv
+    job_api, head_ip = two_nodes
+    assert head_ip != SECOND_NODE_IP
+    submit = [ray_cli, "job", "submit", "--address", job_api, "--", *run]  # the cluster runs this venv
     result = subprocess.run(submit, capture_output=True, text=True, timeout=540, cwd=REPO)
     log = result.stdout + result.stderr
     assert result.returncode == 0 and "succeeded" in log, log[-6000:]
 
-    # One bundle on each node; trainer rank 1 and engine 1 on the second node, rank 0 and engine 0 on the head.
+    # One bundle on each node: a trainer rank and an engine on each, the engine listening on its node's address.
     assert "on 2 node(s)" in log, log[-6000:]
     ranks = dict(re.findall(r"trainer rank (\d+): pid \d+ on ([\d.]+)", log))
-    assert ranks == {"0": "127.0.0.1", "1": SECOND_NODE_IP}, ranks
-    engines = sorted(set(re.findall(r"started engine pid \d+ at http://([\d.]+):\d+", log)))
-    assert engines == ["127.0.0.1", SECOND_NODE_IP], engines
+    assert sorted(ranks) == ["0", "1"] and sorted(ranks.values()) == sorted([head_ip, SECOND_NODE_IP]), ranks
+    engines = re.findall(r"started engine pid \d+ at http://([\d.]+):\d+", log)
+    assert sorted(engines) == sorted([head_ip, SECOND_NODE_IP]), engines
     for rollout_id in range(2):
         samples = torch.load(out / "dumps" / f"rollout_{rollout_id}.pt", weights_only=False)["samples"]
         assert len(samples) == 4, (rollout_id, len(samples))
