@@ -5,15 +5,15 @@
 For each layout (TP·PP·CP ranks, one process per GPU, NCCL), `MegatronTrainBackend` loads the same random-weight
 checkpoint in bf16 and runs `train()` on the same rollout: 8 prompt groups × 2 samples of 512 tokens with
 96-475 response tokens (random ids, seed 0), GRPO advantages from fixed 0/1 rewards, one optimizer step, 4
-micro-batches of ≤ 2048 tokens (the local layer spec attends through a dense [T, T] mask), batched by
+micro-batches of ≤ 2048 tokens, batched by
 `build_rollout_batches` (the app's own path). It does so twice from the same weights: with the
 per-sample loss (default) and with `--calculate-per-token-loss`. Rank 0 of the last pipeline stage reports
 `train/loss`, `train/pg_loss` and `train/grad_norm` (the step's first-step metrics; ratio 1, so the loss is the
 advantage-weighted mean) and the mean response log-prob.
 
 The JSON line holds every layout's values and each one's relative difference to the first layout. A layout
-that needs more GPUs than the machine has, or CP > 1 without Transformer Engine (the local layer spec has no
-packed-sequence attention), is reported as skipped with the reason. Budget on H200s (qwen3-0.6b): ~60-90 s per
+that needs more GPUs than the machine has, or CP > 1 without Transformer Engine (the local layer spec's attention
+has no context-parallel exchange), is reported as skipped with the reason. Budget on H200s (qwen3-0.6b): ~60-90 s per
 layout (imports, checkpoint load, 4 forward/backward passes).
 """
 

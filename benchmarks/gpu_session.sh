@@ -21,6 +21,15 @@
 #   train_1.7b_16k 120  the same with 16k-token micro-batches (--max-tokens-per-gpu 16384 in a real run)
 #   train_base     120  the same with the pre-issue-22 settings (sdpa dense mask, fp32 head, no compile): side by side
 #   train_gc       150  FSDP train() qwen3-4b with --gradient-checkpointing
+#   train_megatron 200  Megatron train() (TP=PP=1, local spec, packed varlen attention) qwen3-0.6b (~70) and 1.7b (~100),
+#                       the FSDP shape (8 x 1024 tokens a micro-batch)
+#   train_megatron_1.7b 100  only the 1.7b of train_megatron
+#   swap            60  FSDP qwen3-0.6b train() + sleep()/wake_up() through pinned vs pageable host buffers
+#   train_megatron_4b  150  the same for qwen3-4b
+#   train_megatron_base 200  qwen3-1.7b with the pre-issue-22 dense-mask attention (--attention-backend local) at
+#                       4 micro-batches of 2 x 1024 a step (8 x 1024 OOMs: fp32 [16, T, T] probabilities per layer),
+#                       then the packed attention on that same split: side by side
+#   megatron_attention 40  one core attention fwd+bwd, dense mask vs packed, qwen3-1.7b heads, 8 x 1024 tokens
 #   weight_sync    200  disk vs tensor push, qwen3-0.6b, on the shared engine (engine start 60-100 s once)
 #   weight_sync_4b 300  the same for qwen3-4b (starts and stops its own engine)
 #   rollout        150  slime rollout vs direct /generate, 64 prompts x 8 x 256 tokens, shared engine
@@ -51,8 +60,9 @@ export PYTHONUNBUFFERED=1
 if [[ "${BENCH_SMOKE:-0}" == 1 ]]; then
   P06=qwen3-tiny; ENGINE=reference; DEV=(--device cpu); WS_EXTRA=(--engine reference --repeats 1); MM=(--size 256)
   RO_SIZE=(--engine reference --num-prompts 3 --n 2 --max-new-tokens 6 --concurrency 8 --repeats 1)
+  MA=(--seqs 2 --seq-len 64 --heads 4 --kv-heads 2 --head-dim 16 --repeats 1)
 else
-  P06=qwen3-0.6b; ENGINE=sglang; DEV=(); WS_EXTRA=(); MM=()
+  P06=qwen3-0.6b; ENGINE=sglang; DEV=(); WS_EXTRA=(); MM=(); MA=()
   RO_SIZE=(--num-prompts 64 --n 8 --max-new-tokens 256 --concurrency 256)
 fi
 
@@ -135,7 +145,7 @@ shared_engine_step() {  # shared_engine_step NAME TIMEOUT_S SCRIPT ARGS...
   run_step "$name" "$limit" python3 "$@" --engine-url "$(cat "$ENGINE_URL_FILE")"
 }
 
-[[ $# -gt 0 ]] || { sed -n 2,24p "$0"; exit 2; }
+[[ $# -gt 0 ]] || { sed -n 2,39p "$0"; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >> "$LOGS" 2>&1
 for step in "$@"; do
   case "$step" in
@@ -160,6 +170,21 @@ for step in "$@"; do
                   --attn-implementation sdpa --log-probs-head fp32 --compile-layers off --peak-tflops "$(peak_tflops)" ;;
     train_gc) run_step train_gc 250 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --gradient-checkpointing \
                 --peak-tflops "$(peak_tflops)" ;;
+    train_megatron)
+      run_step train_megatron_0.6b 200 python3 "$HERE/bench_train_megatron.py" --preset qwen3-0.6b --peak-tflops "$(peak_tflops)"
+      run_step train_megatron_1.7b 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b --peak-tflops "$(peak_tflops)" ;;
+    train_megatron_1.7b) run_step train_megatron_1.7b 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b \
+                           --peak-tflops "$(peak_tflops)" ;;
+    swap) run_step swap_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --swap --repeats 2 \
+            --peak-tflops "$(peak_tflops)" ;;
+    train_megatron_4b) run_step train_megatron_4b 300 python3 "$HERE/bench_train_megatron.py" --preset qwen3-4b \
+                         --peak-tflops "$(peak_tflops)" ;;
+    train_megatron_base)
+      run_step train_megatron_base 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b --attention-backend local \
+        --tokens-per-mb 2048 --mbs-per-step 4 --peak-tflops "$(peak_tflops)"
+      run_step train_megatron_2k 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b \
+        --tokens-per-mb 2048 --mbs-per-step 4 --peak-tflops "$(peak_tflops)" ;;
+    megatron_attention) run_step megatron_attention 90 python3 "$HERE/probe_megatron_attention.py" "${DEV[@]}" "${MA[@]}" ;;
     weight_sync) shared_engine_step weight_sync 300 "$HERE/bench_weight_sync.py" --preset "$P06" --modes disk,tensor \
                    "${DEV[@]}" "${WS_EXTRA[@]}" ;;
     weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;

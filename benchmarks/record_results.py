@@ -68,11 +68,12 @@ def _outcome(value: Any) -> str | None:
     return None if value in ("pass", "fail", "error", "hang") else "must be one of pass, fail, error, hang"
 
 
-# Fields a line of each bench must carry, with their check (None: valid). train_fsdp/e2e/trl_grpo are the
-# ones issue 22 names; matmul's tflops is what the train steps read as their MFU denominator; step lines are
+# Fields a line of each bench must carry, with their check (None: valid). train_fsdp/train_megatron/e2e/trl_grpo
+# are the ones issue 22 names; matmul's tflops is what the train steps read as their MFU denominator; step lines are
 # written by gpu_session.sh; gpu_tests lines are written by hand from a pytest run.
 REQUIRED: dict[str, dict[str, Any]] = {
     "train_fsdp": {"preset": _text, "mfu": _fraction},
+    "train_megatron": {"preset": _text, "mfu": _fraction},
     "e2e": {"tokens_per_s": _positive},
     "trl_grpo": {"tokens_per_s": _positive},
     "matmul": {"tflops": _positive},

@@ -63,3 +63,90 @@ def make_tiny_qwen3(qwen3_tokenizer_dir):
         return pathlib.Path(out_dir)
 
     return make
+
+
+# A compact Qwen2-VL-style chat template: string or part-list contents, one
+# <|vision_start|><|image_pad|><|vision_end|> per image part (what the Qwen-VL processors expand).
+QWEN_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _tiny_vlm_config(family: str):
+    """Config of a tiny random Qwen-VL model with the real Qwen vocab (both families: head_dim 8, mrope 2+1+1)."""
+    tokens = dict(
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653
+    )
+    text = dict(
+        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=2048, tie_word_embeddings=True,
+        **{k: v for k, v in QWEN3_SPECIAL_IDS.items() if k != "pad_token_id"},
+    )  # fmt: skip
+    if family == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig
+
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]}
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                      fullatt_block_indexes=[1])  # fmt: skip
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **tokens), 14
+    if family == "qwen3_vl":
+        from transformers import Qwen3VLConfig
+
+        text["rope_parameters"] = {
+            "rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+        }  # fmt: skip
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=16,
+                      spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                      deepstack_visual_indexes=[0])  # fmt: skip
+        return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **tokens), 16
+    raise ValueError(f"unknown family {family!r}")
+
+
+@pytest.fixture(scope="session")
+def make_tiny_vlm(qwen3_tokenizer_dir):
+    """Factory `make_tiny_vlm(out_dir, family="qwen2_5_vl"|"qwen3_vl") -> out_dir`.
+
+    Writes a random-weight (seed 0, fp32) tiny Qwen2.5-VL or Qwen3-VL checkpoint with the real Qwen tokenizer, a
+    Qwen-VL chat template and the family's processor (images resized to 4-64 patches: 2x2 to 8x8 patch grids), as
+    `save_pretrained` writes it: what transformers, the reference engine and the trainer load.
+    """
+
+    def make(out_dir: pathlib.Path, family: str = "qwen2_5_vl") -> pathlib.Path:
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+        config, patch = _tiny_vlm_config(family)
+        torch.manual_seed(0)
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+        model.save_pretrained(out_dir)
+        tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
+        tokenizer.chat_template = QWEN_VL_CHAT_TEMPLATE
+        factor = 2 * patch
+        image_kwargs = dict(patch_size=patch, merge_size=2, temporal_patch_size=2,
+                            min_pixels=(2 * patch) ** 2, max_pixels=(8 * patch) ** 2)  # fmt: skip
+        if family == "qwen2_5_vl":
+            from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+            from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+            processor = Qwen2_5_VLProcessor(
+                image_processor=Qwen2VLImageProcessor(**image_kwargs), tokenizer=tokenizer,
+                video_processor=Qwen2VLVideoProcessor(), chat_template=QWEN_VL_CHAT_TEMPLATE,
+            )  # fmt: skip
+        else:
+            from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+            from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+            processor = Qwen3VLProcessor(
+                image_processor=Qwen2VLImageProcessor(**image_kwargs), tokenizer=tokenizer,
+                video_processor=Qwen3VLVideoProcessor(), chat_template=QWEN_VL_CHAT_TEMPLATE,
+            )  # fmt: skip
+        assert factor == 2 * processor.image_processor.patch_size
+        processor.save_pretrained(out_dir)
+        return pathlib.Path(out_dir)
+
+    return make

@@ -77,6 +77,13 @@ def test_zero_threshold_turns_a_rule_off():
     assert _stream(monitor, 15, r12={"train/pg_clipfrac": 0.9, "train/grad_norm": 100.0}) == []
 
 
+def test_no_response_length_limit_skips_the_length_rule():
+    # The original's SFT recipe (slime.rollout.sft_rollout, --debug-train-only) sets no --rollout-max-response-len.
+    monitor = InstabilityMonitor(_cfg(rollout_max_response_len=None))
+    found = _stream(monitor, 15, r12={"rollout/response_len/mean": 5000.0, "rollout/truncated_ratio": 0.6})
+    assert [f.rule for f in found] == ["truncation"]  # the other rules still run
+
+
 def test_spike_rules_wait_for_warmup_and_respect_floors():
     # A huge grad norm at rollout 1 has no baseline yet (warm-up 3): no warning.
     assert _stream(InstabilityMonitor(_cfg()), 3, r1={"train/grad_norm": 50.0}) == []

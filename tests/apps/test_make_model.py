@@ -118,3 +118,14 @@ def test_cli(tmp_path):
         text=True,
     )
     assert r.returncode == 2 and "--preset" in r.stderr
+
+
+def test_help_starts_without_torch():
+    code = (
+        "import sys\nfrom slime_make_model.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--preset" in r.stdout and r.stdout.splitlines()[-1] == "False False"

@@ -17,7 +17,7 @@ def _args(data: pathlib.Path, *extra: str):
         ["--train-backend", "fsdp", "--hf-checkpoint", str(MODEL), "--prompt-data", str(data),
          "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "2",
          "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
-         "--rollout-max-response-len", "8", *extra]
+         "--rollout-max-response-len", "8", "--actor-num-gpus-per-node", "1", *extra]
     )  # fmt: skip
 
 
@@ -75,14 +75,48 @@ def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
         preflight(_args(data, "--dynamic-sampling-filter-path", "pf_nope.keep"))
 
 
-def test_plugin_whose_dependency_is_missing_here_is_left_to_the_workers(tmp_path, monkeypatch, caplog):
+def test_plugin_whose_dependency_is_missing_fails_here_unless_the_cluster_is_remote(tmp_path, monkeypatch, caplog):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
     body = "import pf_gpu_only_dep\n\ndef gen(args, sample, p):\n    pass\n"
     _plugin_module(tmp_path, monkeypatch, "pf_gpu_plugin", body)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # A local run's workers share this environment: the import error is one line here, not 200 s into the run.
+    with pytest.raises(ImportError, match=r"--custom-generate-function-path: importing module 'pf_gpu_plugin' failed: "
+                       r"No module named 'pf_gpu_only_dep' \(install it in this environment"):  # fmt: skip
+        preflight(_args(data, "--custom-generate-function-path", "pf_gpu_plugin.gen"))
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     with caplog.at_level("WARNING"):
         preflight(_args(data, "--custom-generate-function-path", "pf_gpu_plugin.gen"))
     assert "left to the workers" in caplog.text and "pf_gpu_plugin" in caplog.text
+
+
+def test_original_slime_paths_resolve_through_the_runs_mapping(tmp_path, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    original = [
+        "--dynamic-sampling-filter-path", "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        "--rollout-function-path", "slime.rollout.sglang_rollout.generate_rollout",
+        "--custom-rm-path", "slime.rollout.rm_hub.async_rm",
+        "--rollout-sample-hook-path", "slime.rollout.rm_hub.async_rm", "slime.rollout.sglang_rollout.generate",
+    ]  # fmt: skip
+    preflight(_args(data, *original))
+    # Without the slime-compat package the run's alias table still resolves them: preflight uses the same loader.
+    import slime_rollout.plugins as run_loader
+    from slime_core.plugins import load_function as core_load
+
+    for path in run_loader.ORIGINAL_PATH_ALIASES:
+        assert run_loader.load_function(path, flag="x") is core_load(run_loader.ORIGINAL_PATH_ALIASES[path], flag="x")
+
+
+def test_plugin_importing_the_originals_training_stack_is_one_line(tmp_path, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    body = "from slime.agent.sandbox import Sandbox\n\nasync def gen(args, sample, p):\n    pass\n"
+    _plugin_module(tmp_path, monkeypatch, "pf_agent_plugin", body)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # even for a remote cluster
+    with pytest.raises(ImportError, match=r"No module named 'slime.agent'.*not slime.agent \(MIGRATION.md"):
+        preflight(_args(data, "--custom-generate-function-path", "pf_agent_plugin.gen"))
 
 
 def test_chat_template_flag_needs_a_template(tmp_path):
@@ -101,3 +135,52 @@ def test_chat_template_flag_needs_a_template(tmp_path):
 def test_plugin_fields_are_config_fields():
     # preflight reads each of them as `getattr(cfg, name)`, with no default.
     assert set(PLUGIN_FIELDS) <= set(SlimeArgs.model_fields)
+
+
+def _vlm_dir(tmp_path) -> pathlib.Path:
+    """Config, chat template and image processor config (what preflight looks at) of a vision-language model."""
+    model = tmp_path / "vlm"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    (model / "processor_config.json").write_text(json.dumps({"image_processor": {"patch_size": 14}}))
+    return model
+
+
+def _png(path: pathlib.Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(path)
+
+
+def test_images_are_checked_row_by_row(tmp_path):
+    model = _vlm_dir(tmp_path)
+    _png(tmp_path / "ok.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    rows = [{"prompt": "<image>How many?", "label": "2", "images": ["ok.png"]}]
+    data = tmp_path / "d.jsonl"
+
+    def check(*more_rows):
+        data.write_text("".join(json.dumps(r) + "\n" for r in [*rows, *more_rows]))
+        preflight(_args(data, "--hf-checkpoint", str(model), "--apply-chat-template",
+                        "--multimodal-keys", '{"image": "images"}'))  # fmt: skip
+
+    check()  # valid: the image is found next to the data file and decodes
+    with pytest.raises(ValueError, match=r"d\.jsonl row 2 \(--multimodal-keys column 'images'\) image 1: image "
+                                         r"'gone\.png' is neither an existing file"):  # fmt: skip
+        check({"prompt": "<image>?", "label": "1", "images": ["gone.png"]})
+    with pytest.raises(ValueError, match=r"d\.jsonl row 2 .* image 1: image .*broken\.png: cannot be decoded"):
+        check({"prompt": "<image>?", "label": "1", "images": ["broken.png"]})
+    with pytest.raises(ValueError, match=r"d\.jsonl row 3 .*: the prompt has 2 <image> placeholder\(s\) for 1"):
+        check({"prompt": "<image>?", "label": "1", "images": ["ok.png"]},
+              {"prompt": "<image><image>?", "label": "1", "images": ["ok.png"]})  # fmt: skip
+
+
+def test_multimodal_keys_need_an_image_processor(tmp_path):
+    model = _vlm_dir(tmp_path)
+    (model / "processor_config.json").unlink()
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "x", "label": "2"}) + "\n")
+    with pytest.raises(FileNotFoundError, match="--multimodal-keys: --hf-checkpoint .* has no preprocessor_config"):
+        preflight(_args(data, "--hf-checkpoint", str(model), "--apply-chat-template",
+                        "--multimodal-keys", '{"image": "images"}'))  # fmt: skip

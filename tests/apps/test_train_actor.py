@@ -55,6 +55,11 @@ def test_trainer_runtime_env_from_train_env_vars():
     args = parse_args([*base, "--train-env-vars", '{"NCCL_DEBUG": "INFO", "MY_FLAG": "1"}'])
     assert trainer_runtime_env(args) == {"env_vars": {"NCCL_DEBUG": "INFO", "MY_FLAG": "1"}}
     assert trainer_runtime_env(parse_args(base)) is None
+    # --deterministic-mode (the original's Qwen2.5-0.5B reproducibility script): the recipe's variables, user's win.
+    deterministic = parse_args([*base, "--deterministic-mode", "--train-env-vars", '{"NCCL_ALGO": "Tree"}'])
+    assert trainer_runtime_env(deterministic) == {
+        "env_vars": {"NCCL_ALGO": "Tree", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
+    }
 
 
 @pytest.mark.slow

@@ -143,6 +143,40 @@ def test_train_fsdp_cpu(tmp_path, models):
 
 
 @pytest.mark.slow
+def test_train_megatron_cpu(tmp_path, models):
+    pytest.importorskip("megatron.core")
+    cmd = [sys.executable, str(BENCH / "bench_train_megatron.py"), "--device", "cpu", "--preset", "qwen3-tiny",
+           "--tokens-per-mb", "64", "--seq-len", "32", "--response-len", "16", "--repeats", "2"]  # fmt: skip
+    r = _run(cmd, tmp_path, models)
+    assert r["bench"] == "train_megatron" and r["attention"] == "packed" and r["old_logprob_forward"] is True
+    assert r["seqs_per_mb"] == 2 and r["tokens_per_train"] == 2 * 2 * 32 and len(r["train_s_all"]) == 2
+    assert r["tokens_per_s"] == pytest.approx(128 / r["train_s_median"]) and r["grad_norm"] > 0
+    # Same FLOP count as the FSDP benchmark on the same shape.
+    fsdp = _load("bench_train_fsdp")
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(models / "qwen3-tiny-bfloat16")
+    shape = types.SimpleNamespace(tokens_per_mb=64, seq_len=32, response_len=16, steps_per_rollout=2, mbs_per_step=1)
+    assert r["model_tflops_per_train"] == pytest.approx(fsdp.train_flops(config, shape, True)["total"] / 1e12)
+    # The dense-mask attention on the same batch: same first-call gradient norm (bf16 on CPU: 2 %).
+    dense = _run([*cmd, "--attention-backend", "local", "--repeats", "1"], tmp_path, models)
+    assert dense["attention"] == "dense" and dense["grad_norm"] == pytest.approx(r["grad_norm"], rel=2e-2)
+
+
+@pytest.mark.slow
+def test_megatron_attention_probe_cpu(tmp_path, models):
+    pytest.importorskip("megatron.core")
+    r = _run([sys.executable, str(BENCH / "probe_megatron_attention.py"), "--device", "cpu", "--seqs", "3",
+              "--seq-len", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "1"],
+             tmp_path, models)  # fmt: skip
+    assert r["tokens"] == 96 and r["dense_ms"] > 0 and r["packed_ms"] > 0
+    # fp32 on CPU: both paths compute the same attention (1e-5); the dense one keeps at least the [H, T, T] fp32
+    # probabilities more for the backward (4 heads, T = 96).
+    assert r["max_abs_diff"] < 1e-5
+    assert (r["dense_saved_gib"] - r["packed_saved_gib"]) * 2**30 >= 4 * 96 * 96 * 4
+
+
+@pytest.mark.slow
 def test_weight_sync_reference_engine(tmp_path, models):
     r = _run([sys.executable, str(BENCH / "bench_weight_sync.py"), "--device", "cpu", "--engine", "reference",
               "--preset", "qwen3-tiny", "--repeats", "1", "--disk-dir", str(tmp_path / "disk")],

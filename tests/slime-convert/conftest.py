@@ -25,6 +25,8 @@ FAMILIES = {
     "qwen3_moe": dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, tie_word_embeddings=False
     ),
+    # fused gate_up_proj, q/k/v biases, post-sublayer norms
+    "glm4": dict(head_dim=16, attention_bias=True, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1),
 }
 
 

@@ -1,8 +1,11 @@
 import json
+import pathlib
 
 import pytest
 
 from slime_convert.model_args import ModelArgs, padded_vocab_size
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 
 QWEN3_4B = {
     "model_type": "qwen3",
@@ -86,3 +89,38 @@ def test_from_hf_dir_names_the_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**QWEN3_4B, "model_type": "bert"}))
     with pytest.raises(ValueError, match=r"config.json: model_type='bert'"):
         ModelArgs.from_hf_dir(tmp_path)
+
+
+def _script_flags(name: str) -> dict[str, str | bool]:
+    """Flag -> value (True for a switch) of an original launch script's flag set (tests/fixtures)."""
+    tokens = (FIXTURES / "original-scripts" / f"{name}.args").read_text().split()
+    out: dict[str, str | bool] = {}
+    for i, token in enumerate(tokens):
+        if token.startswith("--"):
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else "--"
+            out[token] = True if nxt.startswith("--") else nxt
+    return out
+
+
+def test_glm4_flags_match_the_original_glm4_9b_script():
+    config = json.loads((FIXTURES / "hf-configs" / "GLM-Z1-9B-0414.json").read_text())
+    args = ModelArgs.from_hf_config(config)
+    assert args.rotary_percent == 0.5 and args.rotary_interleaved and args.sandwich_norm and args.fused_gate_up
+    assert args.add_qkv_bias and not args.qk_layernorm and args.kv_channels == 128
+    script = _script_flags("run-glm4-9B")  # scripts/models/glm4-9B.sh expanded
+    flags = args.megatron_flags()
+    compared = 0
+    for i, flag in enumerate(flags):
+        if flag not in script:
+            continue
+        value = True if i + 1 == len(flags) or flags[i + 1].startswith("--") else flags[i + 1]
+        assert value == script[flag] or float(value) == float(script[flag]), flag
+        compared += 1
+    assert compared >= 17  # every model flag the script passes, --rotary-percent 0.5 and the two post-norms included
+    assert {"--rotary-interleaved", "--post-self-attn-layernorm", "--post-mlp-layernorm"} <= set(flags)
+    assert args.gpt_model_kwargs()["rotary_percent"] == 0.5
+    assert args.transformer_config_kwargs()["rotary_interleaved"] is True
+    # transformers ≥ 5 writes partial_rotary_factor under rope_parameters.
+    moved = {k: v for k, v in config.items() if k != "partial_rotary_factor"}
+    moved["rope_parameters"] = {"rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    assert ModelArgs.from_hf_config(moved).rotary_percent == 0.25

@@ -20,7 +20,7 @@ def _load_hf_dir(path):
     return out
 
 
-@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama", "qwen3_moe", "glm4"])
 def test_hf_to_mcore_to_hf_is_bit_identical(model_type, tiny_hf_model, tmp_path):
     _, hf_dir = tiny_hf_model(model_type)
     original = _load_hf_dir(hf_dir)
@@ -90,3 +90,41 @@ def test_hf_to_mcore_streams_one_tensor_at_a_time(tiny_hf_model, tmp_path, monke
     convert.hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
     # One chunk being written plus at most one more in flight; never the whole model (> 60 chunks here).
     assert peak <= 2
+
+
+def test_a_failed_conversion_leaves_no_temporary_directory(tiny_hf_model, tmp_path, monkeypatch):
+    from slime_convert import convert, torch_dist
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    convert.hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(convert, "_write_hf", broken)
+    with pytest.raises(OSError, match="disk full"):
+        convert.mcore_to_hf(tmp_path / "m", tmp_path / "h", hf_dir, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no h.tmp left behind
+
+    monkeypatch.setattr(torch_dist.dcp, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        convert.hf_to_mcore(hf_dir, tmp_path / "m2", progress=False)
+    assert sorted(p.name for p in (tmp_path / "m2").iterdir()) == []  # no release.tmp left behind
+
+
+def test_help_and_megatron_args_start_without_torch(tiny_hf_model):
+    import subprocess
+    import sys
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    code = (
+        "import sys\nfrom slime_convert.cli import main\n"
+        f"assert main(['megatron-args', '--hf-checkpoint', {str(hf_dir)!r}]) == 0\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "False"
+    out = subprocess.run([sys.executable, "-m", "slime_convert.cli", "--help"], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "mcore-to-hf" in out.stdout

@@ -40,3 +40,22 @@ def test_help_marks_unsupported_flags(monkeypatch, capsys):
         cli.build_parser.cache_clear()
     out = " ".join(capsys.readouterr().out.split())
     assert "--wandb-team WANDB_TEAM NOT IMPLEMENTED (no team support). W&B entity." in out
+
+
+def test_original_flags_that_are_not_fields_are_one_line_errors():
+    from slime_core.config.unsupported import UNSUPPORTED_FLAGS
+
+    for flag, reason in UNSUPPORTED_FLAGS.items():
+        with pytest.raises(ConfigError) as info:
+            parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", flag, "1"])
+        assert str(info.value) == f"{flag} is not implemented in this version ({reason}); remove it"
+
+
+@pytest.mark.parametrize("backend, style", [("fsdp", "WSD"), ("megatron", "WSD"), ("fsdp", "inverse-square-root")])
+def test_lr_decay_styles_the_backends_lack_fail_before_the_run(backend, style):
+    with pytest.raises(
+        ConfigError, match=f"--lr-decay-style {style} is not implemented with --train-backend {backend}"
+    ):
+        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", backend, "--lr-decay-style",
+                    style])  # fmt: skip
+    parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--lr-decay-style", "inverse-square-root"])

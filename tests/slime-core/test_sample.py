@@ -136,3 +136,31 @@ def test_status_reachable_as_in_original_plugins():
     assert s.status is Status.TRUNCATED
     assert Sample.from_dict(s.to_dict()).status is Status.TRUNCATED
     assert "Status" not in {f.name for f in dataclasses.fields(Sample)}
+
+
+def test_vision_fields_survive_dict_and_json_round_trips():
+    import json
+
+    import torch
+
+    s = _sample()
+    s.multimodal_inputs = {"images": ["/data/a.png", "data:image/png;base64,iVBORw0KGgo="]}
+    pixels = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+    grid = torch.tensor([[1, 2, 2]], dtype=torch.int64)
+    s.multimodal_train_inputs = {"pixel_values": pixels, "image_grid_thw": grid}
+    for data in (s.to_dict(), json.loads(json.dumps(s.to_dict()))):
+        back = Sample.from_dict(data)
+        assert back.multimodal_inputs == s.multimodal_inputs
+        assert back.multimodal_train_inputs["pixel_values"].dtype == torch.float32
+        assert torch.equal(back.multimodal_train_inputs["pixel_values"], pixels)
+        assert back.multimodal_train_inputs["image_grid_thw"].dtype == torch.int64
+        assert back.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 2, 2]]
+    text_only = Sample.from_dict(_sample().to_dict())
+    assert text_only.multimodal_inputs is None and text_only.multimodal_train_inputs is None
+
+
+def test_bad_vision_tensor_in_a_dump_is_a_clear_error():
+    data = _sample().to_dict()
+    data["multimodal_train_inputs"] = {"pixel_values": {"dtype": "nope", "shape": [1], "data": [0.0]}}
+    with pytest.raises(ValueError, match="bad multimodal_train_inputs tensor"):
+        Sample.from_dict(data)

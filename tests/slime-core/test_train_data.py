@@ -317,3 +317,41 @@ def test_with_the_real_config():
     rewards = dict(zip(batches[0].sample_indices, batches[0].rewards, strict=True))
     rewards.update(zip(batches[1].sample_indices, batches[1].rewards, strict=True))
     assert [rewards[i] for i in range(4)] == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=TOL)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("rollout_top_p_token_ids", [1, 2]), ("rollout_routed_experts", [[0]]), ("teacher_log_probs", [-0.1])],
+)  # fmt: skip
+def test_original_fields_this_version_cannot_train_with_are_refused(field, value):
+    samples = _rollout()
+    setattr(samples[3], field, value)
+    with pytest.raises(ValueError, match=rf"sample {samples[3].index} sets {field}: .* not implemented"):
+        build_rollout_batches(_args(global_batch_size=4), samples, dp_size=2)
+    setattr(samples[3], field, None)
+    assert len(build_rollout_batches(_args(global_batch_size=4), samples, dp_size=2)) == 2
+
+
+def test_vision_tensors_follow_their_samples_to_each_rank():
+    samples = _rollout()
+    by_index = {s.index: s for s in samples}
+    for i, s in by_index.items():
+        if i % 2 == 0:  # half the samples carry images; the others are text-only
+            s.multimodal_train_inputs = {
+                "pixel_values": torch.full((4, 6), float(i)),
+                "image_grid_thw": torch.tensor([[1, 2, 2]]),
+            }
+    batches = build_rollout_batches(_args(global_batch_size=4), samples, dp_size=2)
+    for b in batches:
+        assert len(b.multimodal_train_inputs) == b.num_samples
+        for i, mm in zip(b.sample_indices, b.multimodal_train_inputs, strict=True):
+            if i % 2:
+                assert mm is None
+            else:
+                assert mm is by_index[i].multimodal_train_inputs  # the same tensors, no copy
+                assert mm["pixel_values"][0, 0].item() == float(i)
+
+
+def test_text_only_rollouts_carry_no_vision_field():
+    batches = build_rollout_batches(_args(global_batch_size=4), _rollout(), dp_size=2)
+    assert all(b.multimodal_train_inputs is None for b in batches)

@@ -59,6 +59,28 @@ def test_math_reward_formats(response, label, expected):
     assert math_reward(response, label) == expected
 
 
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        # geo3k labels are LaTeX numbers: integers, decimals, fractions, surds; the original grades them with the
+        # default math RM (examples/geo3k_vlm/README.md). Degrees, "x =" and equivalent forms count as right.
+        ("so the length is \\boxed{2\\sqrt{221}}", "2\\sqrt{221}", 1.0),
+        ("\\boxed{\\sqrt{884}}", "2\\sqrt{221}", 1.0),
+        ("\\boxed{12\\sqrt{3}}", "12 \\sqrt { 3 }", 1.0),
+        ("\\boxed{60^\\circ}", "60", 1.0),
+        ("\\boxed{x=12}", "12", 1.0),
+        ("\\boxed{15/2}", "7.5", 1.0),
+        ("\\boxed{\\frac{40}{3}}", "\\frac{40}{3}", 1.0),
+        ("\\boxed{13.33}", "\\frac{40}{3}", 0.0),  # rounded: wrong (the original found a tolerance changes nothing)
+        ("\\boxed{5}", "6", 0.0),
+        ("\\boxed{B}", "6", 0.0),  # a choice letter is not the number
+    ],
+)
+async def test_geo3k_style_answers_through_rm_type_math(response, label, expected):
+    assert math_reward(response, label) == expected
+    assert await async_rm(_args(rm_type="math"), Sample(response=response, label=label)) == expected
+
+
 def test_extract_boxed_nested_and_last():
     assert extract_boxed("a \\boxed{1} b \\boxed{\\frac{a}{\\sqrt{b}}} c") == "\\frac{a}{\\sqrt{b}}"
     assert extract_boxed("\\boxed 5 apples") == "5"

@@ -42,10 +42,7 @@ class FakeClient:
         out, finish = [], None
         try:
             while finish is None:
-                if self.step_s:
-                    await asyncio.sleep(self.step_s)
-                else:
-                    await asyncio.sleep(0)
+                await asyncio.sleep(self.step_s)  # 0: one event-loop turn per token
                 if self._abort_generation != generation:
                     finish = {"type": "abort"}
                     break
@@ -57,17 +54,10 @@ class FakeClient:
         finally:
             self.in_flight -= 1
         self.finishes.append((prompt_id, finish["type"]))
-        return {
-            "text": "".join(chr(t) for t in out),
-            "output_ids": out,
-            "meta_info": {
-                "output_token_logprobs": [[-(i + 1) / 10, t, None] for i, t in enumerate(out)],
-                "finish_reason": finish,
-                "weight_version": "v1",
-                "prompt_tokens": len(ids),
-                "completion_tokens": len(out),
-            },
-        }
+        meta = {"output_token_logprobs": [[-(i + 1) / 10, t, None] for i, t in enumerate(out)],
+                "finish_reason": finish, "weight_version": "v1", "prompt_tokens": len(ids),
+                "completion_tokens": len(out)}  # fmt: skip
+        return {"text": "".join(chr(t) for t in out), "output_ids": out, "meta_info": meta}
 
     async def abort_all(self):
         self.abort_calls += 1
@@ -89,29 +79,16 @@ class ListDataSource:
         out = self.buffer[:num_groups]
         self.buffer = self.buffer[num_groups:]
         while len(out) < num_groups and self.next_prompt < self.num_prompts:
-            group = []
-            for _ in range(self.n):
-                group.append(
-                    self._sample(
-                        prompt=f"p{self.next_prompt}",
-                        tokens=[self.next_prompt],
-                        group_index=self.next_prompt,
-                        index=self.next_index,
-                        label="A",
-                    )
-                )
-                self.next_index += 1
+            p, first = self.next_prompt, self.next_index
+            out.append([self._sample(prompt=f"p{p}", tokens=[p], group_index=p, index=first + j, label="A")
+                        for j in range(self.n)])  # fmt: skip
+            self.next_index += self.n
             self.next_prompt += 1
-            out.append(group)
         return out
 
     def add_samples(self, groups):
         self.buffer.extend(groups)
 
-
-# ---------------------------------------------------------------------------------------------------
-# tests
-# ---------------------------------------------------------------------------------------------------
 
 import dataclasses  # noqa: E402
 
@@ -135,16 +112,9 @@ def reward_is_a(args, sample):
 
 def _args(**kw):
     """The plugin view the rollout gets: a validated config (+ writable, as plugins expect)."""
-    fields = dict(
-        rollout_batch_size=2,
-        n_samples_per_prompt=2,
-        num_rollout=1,
-        custom_rm_path=f"{__name__}.reward_is_a",
-        rollout_max_response_len=8,
-        sglang_server_concurrency=64,
-        rollout_num_gpus=1,
-        rollout_num_gpus_per_engine=1,
-    )
+    fields = dict(rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=1, custom_rm_path=f"{__name__}.reward_is_a",
+                  rollout_max_response_len=8, sglang_server_concurrency=64, rollout_num_gpus=1,
+                  rollout_num_gpus_per_engine=1)  # fmt: skip
     fields.update(kw)
     return PluginArgs.from_config(SlimeArgs.from_dict(fields))
 
@@ -235,6 +205,45 @@ async def test_dynamic_sampling_oversamples_filters_and_aborts(use_client):
     aborted = [f for f in client.finishes if f[1] == "abort"]
     assert len(aborted) == 4 and m["goodput/tokens_aborted"] > 0
     assert m["goodput/tokens_generated"] == 24.0 + m["goodput/tokens_aborted"] + m["goodput/tokens_surplus"]
+
+
+async def test_dynamic_sampling_that_keeps_nothing_stops_after_bounded_empty_rounds(use_client, caplog):
+    # Every prompt answers A twice: zero reward std, every group dropped. Before, this sampled forever.
+    use_client(FakeClient({i: [A] for i in range(100)}))
+    args = _args(
+        rollout_batch_size=2,
+        over_sampling_batch_size=2,
+        dynamic_sampling_filter_path="slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        dynamic_sampling_max_empty_rounds=3,
+        rollout_max_response_len=8,
+    )
+    ds = ListDataSource(n=2)
+    with caplog.at_level("INFO", logger="slime_rollout.rollout"):
+        with pytest.raises(RuntimeError, match=r"rollout 0: 3 over-sampling rounds in a row kept no group \(0/2 "
+                           r"kept, dropped: zero_std_1\.0: \d+\).*--dynamic-sampling-max-empty-rounds"):  # fmt: skip
+            await generate_rollout_async(args, 0, ds)
+    # Three rounds of 2 prompts each kept nothing (the fill and 2 refills); each refill decision logged counts.
+    assert ds.next_prompt == 6
+    rounds = [r.getMessage() for r in caplog.records if "over-sampling round" in r.getMessage()]
+    assert len(rounds) == 3 and rounds[0].startswith("rollout 0: over-sampling round 2: 0/2 groups kept, ")
+
+
+async def test_filter_fallback_keeps_rejected_groups_only_when_nothing_could_replace_them(use_client):
+    # Prompts 0..2 answer A twice (zero std), 3.. answer A then B (kept). Over-sampling 4, target 3.
+    # 10 ms per token, 40 ms between prompts: the finish order holds on a loaded machine (rewards run in threads).
+    answers, lengths = {i: ([A] if i < 3 else [A, B]) for i in range(40)}, {i: 2 + 4 * i for i in range(40)}
+    use_client(FakeClient(answers, lengths=lengths, step_s=0.01))
+    fallback = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback"
+    args = _args(rollout_batch_size=3, over_sampling_batch_size=4, dynamic_sampling_filter_path=fallback,
+                 rollout_max_response_len=64)  # fmt: skip
+    ds = ListDataSource(n=2)
+    out, _ = await generate_rollout_async(args, 0, ds)
+    # Prompts finish in order (length 2 + 4 id). 0: itself + 3 generating = 4 candidates > 3 -> dropped; 1 and 2:
+    # 3 candidates <= 3 -> kept although their std is zero (no other group could take their place); 3: on merit.
+    # The original's remaining_batch_size rule; no second over-sampling round.
+    assert [g[0].group_index for g in out.samples] == [1, 2, 3]
+    assert out.metrics["rollout/dynamic_filter/drop_zero_std_1.0"] == 1.0
+    assert ds.next_prompt == 4
 
 
 async def test_partial_rollout_groups_come_back_and_continue(use_client):

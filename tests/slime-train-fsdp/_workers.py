@@ -354,7 +354,9 @@ def scenario_gpu(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     """CUDA/NCCL smoke: bf16 log-probs near fp32 HF, training, offload, buckets, save/resume."""
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = make_batch(rank, world)
-    args = make_args(ckpt, save=str(work / "gpu_ckpt"), use_kl_loss=True, kl_loss_coef=0.01)
+    args = make_args(
+        ckpt, save=str(work / "gpu_ckpt"), use_kl_loss=True, kl_loss_coef=0.01, offload_train_pin_memory=True
+    )
     b = FSDPTrainBackend()
     b.init(args, with_ref=True)
     res = {"lp_diff": max_diff(b.compute_log_probs(batch), hf_reference_log_probs(ckpt, batch))}

@@ -35,6 +35,9 @@ def main() -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl")
     from slime_core.config import SlimeArgs
+
+    # attn_<backend>: train with `--attention-backend <backend>` (auto: slime's packed varlen, local: dense mask).
+    attention = ["--attention-backend", scenario.split("_", 1)[1]] if scenario.startswith("attn_") else []
     from slime_train_megatron.backend import MegatronTrainBackend
 
     args = SlimeArgs.from_dict(
@@ -43,7 +46,7 @@ def main() -> None:
             num_rollout=1,
             train_backend="megatron",
             hf_checkpoint=hf_dir,
-            megatron_args=["--tensor-model-parallel-size", str(tp), "--bf16", "--lr", "1e-5"],
+            megatron_args=["--tensor-model-parallel-size", str(tp), "--bf16", "--lr", "1e-5", *attention],
             advantage_estimator="grpo",
             rollout_temperature=0.8,
             kl_coef=0.0,
@@ -56,8 +59,11 @@ def main() -> None:
     backend.init(args, with_ref=False)
     b = batch()
     result = {"log_probs": backend.compute_log_probs(b)}
-    if scenario in ("train", "tp"):
+    result["attention"] = backend.attention
+    if scenario in ("train", "tp") or attention:
         result["metrics"] = backend.train(0, b)
+        # The DDP buffers hold the step's gradients until the next step zeroes them.
+        result["grads"] = {n: p.main_grad.float().cpu() for n, p in backend.module.named_parameters()}
         pushed = [kv for bucket in backend.named_hf_weights(1 << 20) for kv in bucket]
         result["pushed"] = {n: t.float().cpu() for n, t in pushed}
         from slime_convert.mapping import mcore_to_hf

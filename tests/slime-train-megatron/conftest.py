@@ -17,6 +17,15 @@ FAMILIES = {
     "qwen3": dict(head_dim=32, tie_word_embeddings=False),
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    # GLM-4-0414: q/k/v biases, interleaved RoPE on half of each head, sandwich norms, fused gate_up_proj.
+    "glm4": dict(
+        head_dim=16,
+        attention_bias=True,
+        partial_rotary_factor=0.5,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+    ),
 }
 
 
@@ -78,3 +87,57 @@ def megatron_cpu_world(monkeypatch):
     parallel_state.destroy_model_parallel()
     if created:
         dist.destroy_process_group()
+
+
+class _CpuAdam:
+    """megatron-core's optimizer interface as the backend uses it, over torch Adam on the DDP `main_grad`s."""
+
+    def __init__(self, config, models):
+        self.params = [p for m in models for p in m.parameters() if p.requires_grad]  # as megatron-core's
+        self.opt = torch.optim.Adam(self.params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2))
+        self.param_groups, self.clip = self.opt.param_groups, config.clip_grad
+
+    def scale_loss(self, loss):
+        return loss
+
+    def zero_grad(self):
+        self.opt.zero_grad(set_to_none=True)
+
+    def reload_model_params(self):
+        pass
+
+    def step(self):
+        for p in self.params:  # megatron DDP accumulates into main_grad
+            p.grad = p.main_grad.to(p.dtype)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+        return True, float(norm), None
+
+    def sharded_state_dict(self, model_sd, is_loading=False):
+        return {}
+
+    def load_state_dict(self, sd):
+        pass
+
+
+def _cpu_schedule(  # megatron-core's `forward_backward_no_pipelining`, minus CUDA
+    *, forward_step_func, data_iterator, model, num_microbatches, seq_length, micro_batch_size, forward_only
+):
+    for _ in range(num_microbatches):
+        output, loss_func = forward_step_func(data_iterator, model[0])
+        loss, _, _ = loss_func(output)
+        if not forward_only:
+            loss.backward()
+    if not forward_only:
+        model[0].config.finalize_model_grads_func(model)
+
+
+@pytest.fixture()
+def cpu_backend_env(monkeypatch, megatron_cpu_world):
+    """The backend module with CPU stand-ins for megatron-core's CUDA-only optimizer and schedule."""
+    from slime_train_megatron import backend
+
+    monkeypatch.setattr(backend, "get_megatron_optimizer", _CpuAdam)
+    monkeypatch.setattr(backend, "get_forward_backward_func", lambda: _cpu_schedule)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    return backend

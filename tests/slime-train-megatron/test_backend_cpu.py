@@ -1,8 +1,8 @@
 """`MegatronTrainBackend` end to end on CPU (world of 1, local spec, fp32).
 
-megatron-core's optimizer, pipeline schedule and checkpoint writer hard-code CUDA; the test replaces
-them with CPU stand-ins (plain Adam on the DDP grads, a no-pipelining loop that calls the backend's
-forward step / loss function / finalize hook exactly as megatron-core does, a no-op synchronize). Everything
+megatron-core's optimizer, pipeline schedule and checkpoint writer hard-code CUDA; the `cpu_backend_env` fixture
+(conftest.py) replaces them with CPU stand-ins (plain Adam on the DDP grads, a no-pipelining loop that calls the
+backend's forward step / loss function / finalize hook exactly as megatron-core does, a no-op synchronize). Everything
 else is the backend's own code: HF loading through the convert tables, packing, vocab-parallel log-probs,
 the loss from slime_core, metrics, checkpoints and HF export.
 """
@@ -16,57 +16,6 @@ from slime_core.batch import RolloutBatch
 from slime_core.config import PluginArgs, SlimeArgs
 
 pytest.importorskip("megatron.core")
-
-
-class _CpuAdam:
-    def __init__(self, config, models):
-        self.params = [p for m in models for p in m.parameters() if p.requires_grad]  # as megatron-core's
-        self.opt = torch.optim.Adam(self.params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2))
-        self.param_groups, self.clip = self.opt.param_groups, config.clip_grad
-
-    def scale_loss(self, loss):
-        return loss
-
-    def zero_grad(self):
-        self.opt.zero_grad(set_to_none=True)
-
-    def reload_model_params(self):
-        pass
-
-    def step(self):
-        for p in self.params:  # megatron DDP accumulates into main_grad
-            p.grad = p.main_grad.to(p.dtype)
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.opt.step()
-        return True, float(norm), None
-
-    def sharded_state_dict(self, model_sd, is_loading=False):
-        return {}
-
-    def load_state_dict(self, sd):
-        pass
-
-
-def _cpu_schedule(
-    *, forward_step_func, data_iterator, model, num_microbatches, seq_length, micro_batch_size, forward_only
-):
-    for _ in range(num_microbatches):
-        output, loss_func = forward_step_func(data_iterator, model[0])
-        loss, _, _ = loss_func(output)
-        if not forward_only:
-            loss.backward()
-    if not forward_only:
-        model[0].config.finalize_model_grads_func(model)
-
-
-@pytest.fixture()
-def cpu_backend_env(monkeypatch, megatron_cpu_world):
-    from slime_train_megatron import backend
-
-    monkeypatch.setattr(backend, "get_megatron_optimizer", _CpuAdam)
-    monkeypatch.setattr(backend, "get_forward_backward_func", lambda: _cpu_schedule)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    return backend
 
 
 def _config(**fields) -> SlimeArgs:

@@ -22,7 +22,7 @@ def _build(hf_dir):
     return model, model_args
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "qwen3_moe", "glm4"])
 def test_direct_hf_load_export_and_logits(model_type, tiny_hf, megatron_cpu_world):
     from safetensors.torch import load_file
 
@@ -48,18 +48,47 @@ def test_direct_hf_load_export_and_logits(model_type, tiny_hf, megatron_cpu_worl
     torch.testing.assert_close(logits[..., :300], hf_model(tokens).logits, atol=1e-4, rtol=0)
 
 
-def test_response_log_probs_from_packed_logits_match_hf(tiny_hf, megatron_cpu_world):
-    """Per-sample forward (as THD packs would be) → response log-probs at temperature 0.8 vs HF."""
-    hf_model, hf_dir = tiny_hf("qwen3")
+def test_glm4_torch_dist_checkpoint_loads_strictly(tiny_hf, megatron_cpu_world, tmp_path):
+    """GLM4 through slime-convert's torch_dist (what an FSDP/Megatron `--ref-load` holds) into the GLM4 layers."""
+    from megatron.core import dist_checkpointing
+
+    from slime_convert import hf_to_mcore
+    from slime_train_megatron.layers import SandwichNormTransformerLayer
+    from slime_train_megatron.model import build_gpt_model, build_transformer_config
+
+    hf_model, hf_dir = tiny_hf("glm4")
+    ckpt = hf_to_mcore(hf_dir, tmp_path / "mcore", progress=False)
+    model_args = ModelArgs.from_hf_dir(hf_dir)
+    settings = MegatronSettings(fp32=True, transformer_impl="local")
+    model = build_gpt_model(model_args, settings, build_transformer_config(model_args, settings, cpu=True)).eval()
+    assert all(isinstance(layer, SandwichNormTransformerLayer) for layer in model.decoder.layers)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt))
+    missing, unexpected = model.load_state_dict(state["model"], strict=True)
+    assert not missing and not unexpected
+    norm = model.decoder.layers[1].post_mlp_layernorm.weight
+    torch.testing.assert_close(norm, hf_model.model.layers[1].post_mlp_layernorm.weight, atol=0, rtol=0)
+    tokens = torch.tensor([[7, 250, 3, 41, 12]])
+    mask = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)[None, None]
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(5)[None], attention_mask=mask)
+    torch.testing.assert_close(logits[..., :300], hf_model(tokens).logits, atol=1e-4, rtol=0)  # fp32
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "glm4"])  # glm4: interleaved partial RoPE on THD rows
+def test_response_log_probs_from_packed_logits_match_hf(model_type, tiny_hf, megatron_cpu_world):
+    """A packed THD row (two samples) → response log-probs at temperature 0.8 vs HF run on each sample alone."""
+    hf_model, hf_dir = tiny_hf(model_type)
     model, model_args = _build(hf_dir)
     samples = [torch.tensor([5, 6, 7, 8]), torch.tensor([9, 10, 11, 12, 13, 14])]
     packed = pack_thd(samples, [2, 3])
-    # The local spec has no THD kernel; run the packed row with a block-diagonal causal mask instead.
-    T = packed.tokens.shape[1]
-    seg = torch.repeat_interleave(torch.arange(2), torch.tensor([4, 6]))
-    allowed = (seg[:, None] == seg[None, :]) & torch.tril(torch.ones(T, T, dtype=torch.bool))
+    # The local spec's default core attention (slime's packed attention) takes the THD row as the backend passes it.
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu, longest = packed.cu_seqlens, packed.max_seqlen
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
+                             cu_seqlens_kv_padded=cu, max_seqlen_q=longest, max_seqlen_kv=longest)  # fmt: skip
     with torch.no_grad():
-        logits = model(packed.tokens, packed.position_ids, attention_mask=~allowed[None, None])[0]  # [T, V_pad]
+        logits = model(packed.tokens, packed.position_ids, attention_mask=None, packed_seq_params=params)[0]
     lp, _ = vocab_parallel_log_probs(
         logits[packed.logit_index], packed.targets, temperature=0.8, vocab_size=model_args.vocab_size
     )
@@ -70,3 +99,22 @@ def test_response_log_probs_from_packed_logits_match_hf(tiny_hf, megatron_cpu_wo
         expected.append(ref[len(t) - r - 1 : len(t) - 1].gather(1, t[len(t) - r :, None])[:, 0])
     # fp32 model vs fp64 softmax of HF fp32 logits: 1e-4.
     torch.testing.assert_close(lp.double(), torch.cat(expected), atol=1e-4, rtol=0)
+
+
+def test_megatron_flags_reach_the_transformer_config(tiny_hf):
+    from slime_train_megatron.model import build_transformer_config
+
+    _, hf_dir = tiny_hf("qwen3_moe")
+    model_args = ModelArgs.from_hf_dir(hf_dir)
+    base = dict(fp32=True, transformer_impl="local", moe_token_dispatcher_type="allgather")
+    config = build_transformer_config(model_args, MegatronSettings(**base), cpu=True)
+    assert config.moe_aux_loss_coeff == model_args.moe_aux_loss_coeff  # no flag: config.json's value
+    assert config.moe_router_dtype is None and not config.attention_softmax_in_fp32
+    flags = dict(moe_aux_loss_coeff=0.0, moe_router_dtype="fp32", moe_permute_fusion=True,
+                 attention_softmax_in_fp32=True, moe_router_load_balancing_type="seq_aux_loss")  # fmt: skip
+    flagged = MegatronSettings(**base, **flags)
+    config = build_transformer_config(model_args, flagged, cpu=True)
+    assert config.moe_aux_loss_coeff == 0.0  # the original scripts' --moe-aux-loss-coeff 0 wins
+    assert (config.moe_router_dtype, config.moe_router_load_balancing_type) == ("fp32", "seq_aux_loss")
+    assert config.attention_softmax_in_fp32
+    assert not config.moe_permute_fusion  # a Transformer Engine kernel: not on the local spec (logged)

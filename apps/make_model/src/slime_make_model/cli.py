@@ -7,7 +7,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from slime_make_model.checkpoint import DEFAULT_TOKENIZER_DIR, DTYPES, PRESETS, make_model
+from slime_make_model.presets import DEFAULT_TOKENIZER_DIR, DTYPE_NAMES, PRESETS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,11 +16,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument("--out", required=True, type=Path, help="new directory to create")
     parser.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER_DIR, help="Qwen3 tokenizer dir")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-shard-gb", type=float, default=4.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    from slime_make_model.checkpoint import make_model  # torch and transformers: only once the flags parsed
+
     try:
         out = make_model(args.preset, args.out, args.tokenizer, args.dtype, args.seed, args.max_shard_gb)
     except (FileExistsError, FileNotFoundError, ValueError) as e:

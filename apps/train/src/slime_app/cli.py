@@ -39,11 +39,22 @@ def main(argv: list[str]) -> int:
         print("slime: no flags given, running the embedded demo (GRPO on a tiny model, CPU)", flush=True)
     try:
         cfg = parse_args(argv)
-        from slime_app.preflight import preflight
+        if cfg.dry_run:
+            from slime_app.dry_run import dry_run
 
-        preflight(cfg)
-    except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:  # ImportError: PluginError
-        print(f"slime: error: {e}", file=sys.stderr)
+            print("\n".join(dry_run(cfg)))
+            return 0
+        from slime_app.preflight import preflight
+        from slime_app.resolve import resolve_config
+
+        for note in preflight(cfg):
+            logging.getLogger("slime_app.preflight").info("%s", note)
+        cfg, resolved = resolve_config(cfg)
+        for note in resolved:
+            logging.getLogger("slime_app.resolve").info("%s", note)
+    # ImportError: PluginError; OSError: an unreadable file or tokenizer; TypeError: a data source without len().
+    except (ConfigError, ValueError, OSError, ImportError, TypeError) as e:
+        print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
     from slime_app.guards import RunStopped

@@ -207,9 +207,10 @@ class InstabilityMonitor:
         cfg = self.cfg
         hits = []
         length = metrics.get("rollout/response_len/mean")
-        frac = cfg.instability_response_len_frac
-        if frac and length is not None and length >= frac * cfg.rollout_max_response_len:
-            limit = frac * cfg.rollout_max_response_len
+        frac, max_len = cfg.instability_response_len_frac, cfg.rollout_max_response_len
+        # No response limit (an SFT rollout generates nothing): no rule to apply.
+        if frac and max_len and length is not None and length >= frac * max_len:
+            limit = frac * max_len
             text = (
                 f"rollout/response_len/mean = {length:.4g} >= {frac:g} x --rollout-max-response-len "
                 f"{cfg.rollout_max_response_len} [--instability-response-len-frac]"

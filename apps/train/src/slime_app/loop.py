@@ -46,8 +46,16 @@ def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
     metrics[key] = time.perf_counter() - t0
 
 
-def _should_run(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
-    return bool(interval) and ((rollout_id + 1) % interval == 0 or rollout_id == num_rollout - 1)
+def _should_run(interval: int | None, rollout_id: int, num_rollout: int, per_epoch: int | None = None) -> bool:
+    """Whether a periodic save/eval runs after `rollout_id`.
+
+    Every `interval` rollouts, at the last one and (with --num-epoch, as the original) at each epoch's end,
+    `per_epoch` rollouts apart.
+    """
+    if not interval:
+        return False
+    step = rollout_id + 1
+    return step % interval == 0 or rollout_id == num_rollout - 1 or bool(per_epoch and step % per_epoch == 0)
 
 
 class Rollouts:
@@ -139,6 +147,11 @@ class Run:
         init_ray(cfg)
         self.placement = create_placement(cfg)
 
+    @property
+    def per_epoch(self) -> int | None:
+        """Rollouts per epoch with --num-epoch (num_rollout was counted as epochs × that, slime_app.resolve)."""
+        return self.cfg.num_rollout // self.cfg.num_epoch if self.cfg.num_epoch else None
+
     def build(self) -> int:
         """Starts engines and trainer ranks, pushes the initial weights; returns the start rollout id.
 
@@ -195,7 +208,8 @@ class Run:
         if not cfg.debug_rollout_only:
             metrics.update(self.train(rollout_id, batch_refs))
             if cfg.save and (
-                _should_run(cfg.save_interval, rollout_id, cfg.num_rollout) or rollout_id == cfg.num_rollout - 1
+                _should_run(cfg.save_interval, rollout_id, cfg.num_rollout, self.per_epoch)
+                or rollout_id == cfg.num_rollout - 1
             ):
                 metrics["perf/save_time"] = self.save(rollout_id)
             if self.rollouts.weights_due(rollout_id):
@@ -210,7 +224,7 @@ class Run:
         if rollout_id == self.start_rollout_id and not cfg.debug_rollout_only:
             first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
         self._stop_on(findings)
-        if cfg.eval_prompt_data and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout):
+        if cfg.eval_prompt_data and _should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch):
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 
+from slime_app.checkpoints import check_checkpoints
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
 
 def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
+    from slime_rollout import multimodal
     from slime_rollout.data_source import load_prompt_rows
 
     try:
@@ -19,11 +22,21 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
     if not rows:
         raise ValueError(f"{flag} {spec}: no rows")
+    image_key = multimodal.image_column(cfg.multimodal_keys)
+    base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
+    num_images = 0
     for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
         if cfg.input_key not in row:
             raise ValueError(f"{flag} {spec} row {i}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
         if cfg.label_key and cfg.label_key not in row:
             raise ValueError(f"{flag} {spec} row {i}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
+        if image_key:
+            where = f"{flag} {spec} row {i} (--multimodal-keys column {image_key!r})"
+            num_images += multimodal.check_row_images(
+                row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
+            )
+    if image_key:
+        logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(rows), num_images)
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).
@@ -36,25 +49,51 @@ PLUGIN_FIELDS = (
 )  # fmt: skip
 
 
-def _check_plugins(cfg: SlimeArgs) -> None:
-    """Imports every plugin path here, so a typo fails in one line instead of inside a Ray actor.
-
-    A plugin whose own module imports something this driver process lacks (a GPU-only package, say) is
-    left to the workers, with a warning: their environment may differ.
-    """
+def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str]]:
+    """`(flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list)."""
     from slime_core.config.base import field_to_flag
-    from slime_core.plugins import PluginError, load_function
 
+    out = []
     for name in PLUGIN_FIELDS:
-        path = getattr(cfg, name)  # a SlimeArgs field (tests/apps/test_preflight.py checks the list)
-        if not path:
-            continue
+        value = getattr(cfg, name)  # a SlimeArgs field (tests/apps/test_preflight.py checks the list)
+        for path in value if isinstance(value, list) else [value]:
+            if path:
+                out.append((field_to_flag(name), path))
+    return out
+
+
+def _check_plugins(cfg: SlimeArgs) -> None:
+    """Imports every plugin path the way the run will, so a bad plugin fails in one line before Ray starts.
+
+    Paths are resolved by `slime_rollout.plugins.load_function`, the loader the run uses (original paths such
+    as `slime.rollout.rm_hub.async_rm` included). A plugin whose own module imports something missing is an
+    error too, since a local run's workers share this environment; only with a remote cluster
+    (`--ray-address` / `RAY_ADDRESS`), whose workers may have packages the driver lacks, is it left to the
+    workers with a warning. A missing `slime.*` module is the original's training stack, which no
+    environment here provides: always an error.
+
+    Raises:
+        slime_core.plugins.PluginError: the first plugin that does not resolve (message names the flag).
+    """
+    from slime_core.plugins import PluginError
+    from slime_rollout.plugins import load_function
+
+    remote = bool(cfg.ray_address or os.environ.get("RAY_ADDRESS"))
+    for flag, path in _plugin_paths(cfg):
         try:
-            load_function(path, flag=field_to_flag(name))
+            load_function(path, flag=flag)
         except PluginError as e:
-            if e.missing_dependency is None:
+            missing = e.missing_dependency
+            if missing is None:
                 raise
-            logger.warning("%s (left to the workers)", e)
+            if missing == "slime" or missing.startswith("slime."):
+                raise PluginError(
+                    f"{e}; this slime provides the original's plugin modules (slime.utils.*, slime.rollout.*), not "
+                    f"{missing} (MIGRATION.md lists what to use instead)"
+                ) from e
+            if not remote:
+                raise PluginError(f"{e} (install it in this environment: the run's workers use it too)") from e
+            logger.warning("%s (left to the workers of the remote cluster)", e)
 
 
 def _has_chat_template(model_dir: str) -> bool:
@@ -70,23 +109,99 @@ def _has_chat_template(model_dir: str) -> bool:
         return bool(json.load(f).get("chat_template"))
 
 
-def preflight(cfg: SlimeArgs) -> None:
-    """Validates paths and data files named by the config.
+def _check_architecture(cfg: SlimeArgs) -> list[str]:
+    """Megatron architecture flags against `--hf-checkpoint`'s config.json; for Megatron, the model type too.
 
     Raises:
-        FileNotFoundError: a model directory or data file does not exist (message names the flag).
-        ValueError: a data file is malformed (message names the flag, file and line/row), or
-            `--train-backend megatron` on a local run without CUDA.
+        ValueError: a flag contradicts config.json (all such flags named), or the Megatron backend cannot build
+            this model type.
+    """
+    import json
+
+    from slime_core.config.architecture import check_architecture
+
+    with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
+        hf_config = json.load(f)
+    if cfg.train_backend == "megatron":  # the model type first: flag mismatches do not matter if it cannot be built
+        from slime_convert.model_args import ModelArgs
+
+        try:
+            ModelArgs.from_hf_config(hf_config)
+        except ValueError as e:
+            raise ValueError(
+                f"--train-backend megatron cannot build this model ({e}); use --train-backend fsdp"
+            ) from None
+    report = check_architecture(list(cfg.megatron_args), hf_config, cfg.train_backend)
+    if report.mismatches:
+        raise ValueError(
+            f"--hf-checkpoint {cfg.hf_checkpoint}: Megatron architecture flags disagree with its config.json (the "
+            f"model is built from config.json; fix or remove them): {'; '.join(report.mismatches)}"
+        )
+    notes = []
+    if report.checked:
+        notes.append(f"{len(report.checked)} Megatron architecture flags agree with config.json")
+    if report.unchecked:
+        notes.append(
+            f"not checked (config.json of model_type {hf_config.get('model_type')!r} does not say): "
+            f"{' '.join(report.unchecked)}"
+        )
+    return notes
+
+
+def _check_hardware(cfg: SlimeArgs) -> None:
+    """A local run: Megatron needs CUDA, and without CUDA every trainer rank is a CPU process of this machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if cfg.train_backend == "megatron":
+        raise ValueError(
+            "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
+            "CUDA-only); on this machine use --train-backend fsdp"
+        )
+    ranks = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+    cores = os.cpu_count() or 1
+    if cfg.actor_num_nodes > 1 or ranks > cores:
+        raise ValueError(
+            f"no CUDA GPU here: --actor-num-nodes {cfg.actor_num_nodes} × --actor-num-gpus-per-node "
+            f"{cfg.actor_num_gpus_per_node} would start {ranks} CPU trainer ranks on one machine with {cores} cores; "
+            "on CPU use --actor-num-nodes 1 --actor-num-gpus-per-node 1 (or up to the core count)"
+        )
+
+
+def _has_image_processor(model_dir: str) -> bool:
+    """Whether `model_dir` holds an image processor config (a vision-language checkpoint's processor)."""
+    names = ("preprocessor_config.json", "processor_config.json")
+    if not any(os.path.exists(os.path.join(model_dir, n)) for n in names):
+        return False
+    if os.path.exists(os.path.join(model_dir, "preprocessor_config.json")):
+        return True
+    import json
+
+    with open(os.path.join(model_dir, "processor_config.json"), encoding="utf-8") as f:
+        return "image_processor" in json.load(f)
+
+
+def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
+    """Validates paths, data files, plugins, architecture flags and checkpoints named by the config.
+
+    Args:
+        cfg: the validated config.
+        hardware: check this machine can run it (local runs only: a remote cluster's GPUs are not visible from
+            here); False for `--dry-run`.
+
+    Returns:
+        Notes for the log (checkpoints found, flags checked).
+
+    Raises:
+        FileNotFoundError: a model directory, data file or `--ref-load` does not exist (message names the flag).
+        ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys` also a
+            missing, unreadable or surplus image), an architecture flag
+            contradicts config.json, a checkpoint the backend cannot read, or hardware this run cannot use.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
-    if cfg.train_backend == "megatron" and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
-        import torch
-
-        if not torch.cuda.is_available():  # a remote cluster's GPUs are not visible from here: checked locally only
-            raise ValueError(
-                "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
-                "CUDA-only); on this machine use --train-backend fsdp"
-            )
+    if hardware and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+        _check_hardware(cfg)
     _check_plugins(cfg)
     if cfg.apply_chat_template and cfg.hf_checkpoint and not _has_chat_template(cfg.hf_checkpoint):
         raise ValueError(
@@ -97,7 +212,15 @@ def preflight(cfg: SlimeArgs) -> None:
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}")
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
+    if cfg.multimodal_keys and cfg.hf_checkpoint and not _has_image_processor(cfg.hf_checkpoint):
+        raise FileNotFoundError(
+            f"--multimodal-keys: --hf-checkpoint {cfg.hf_checkpoint} has no preprocessor_config.json "
+            "(no image processor: not a vision-language checkpoint)"
+        )
+    notes = _check_architecture(cfg) if cfg.hf_checkpoint else []
+    notes += check_checkpoints(cfg)
     if cfg.prompt_data and not cfg.load_debug_rollout_data:
         _check_rows(cfg.prompt_data, cfg, "--prompt-data")
     for _name, path in cfg.eval_datasets:
         _check_rows(path, cfg, "--eval-prompt-data")
+    return notes

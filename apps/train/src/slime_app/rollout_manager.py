@@ -184,6 +184,7 @@ class RolloutManager:
     def start(self) -> list[str]:
         """Launches (or attaches to external) engines and builds the data source; returns the engine URLs."""
         from slime_rollout.client import get_client
+        from slime_rollout.plugin_http import init_http_client
         from slime_rollout.rollout import create_data_source
 
         cfg = self.cfg
@@ -193,6 +194,7 @@ class RolloutManager:
         else:
             self.engines, addresses = launch_or_attach_engines(cfg, self.placement)
         self.args = plugin_args(cfg, addresses)
+        init_http_client(self.args)  # plugins' `post` (slime.utils.http_utils): pool size and timeout of this run
         if cfg.prompt_data or cfg.data_source_path:
             self.data_source = create_data_source(self.args)
         if no_engines:

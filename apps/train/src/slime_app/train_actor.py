@@ -35,10 +35,23 @@ def trainer_runtime_env(cfg: SlimeArgs) -> dict[str, Any] | None:
     """Ray `runtime_env` of the trainer ranks: `--train-env-vars` as environment variables, or None when unset.
 
     Ray merges these `env_vars` into the job's (`init_ray`), key by key, before the rank's process starts, so
-    variables read at import or CUDA/NCCL initialization take effect.
+    variables read at import or CUDA/NCCL initialization take effect. `--deterministic-mode` adds the variables
+    deterministic cuBLAS, NCCL and Transformer Engine need.
     """
     env = {str(k): str(v) for k, v in (cfg.train_env_vars or {}).items()}
+    if cfg.deterministic_mode:
+        # What the original's reproducibility recipe sets: cuBLAS workspaces, NCCL's ring algorithm, no
+        # non-deterministic Transformer Engine kernels (a --train-env-vars value wins).
+        for key, value in _DETERMINISTIC_ENV.items():
+            env.setdefault(key, value)
     return {"env_vars": env} if env else None
+
+
+_DETERMINISTIC_ENV = {
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NCCL_ALGO": "Ring",
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
+}
 
 
 class TrainActor:
@@ -83,6 +96,9 @@ class TrainActor:
             timeout=datetime.timedelta(minutes=cfg.distributed_timeout_minutes),
         )
         torch.manual_seed(cfg.seed)
+        if cfg.deterministic_mode:
+            # Deterministic kernels wherever torch has them; an op without one warns (once) instead of failing.
+            torch.use_deterministic_algorithms(True, warn_only=True)
         self.backend = make_backend(cfg)
         return int(self.backend.init(cfg, with_ref=cfg.with_ref))
 

@@ -13,15 +13,22 @@ import argparse
 import logging
 import shlex
 import sys
+from typing import Any
 
-import torch
-
-from slime_convert.convert import hf_to_mcore, mcore_to_hf
 from slime_convert.model_args import ModelArgs
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# `--dtype` names -> torch dtype attribute names (torch is imported only to convert, never for --help).
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _torch_dtype(name: str | None) -> Any:
+    if name is None:
+        return None
+    import torch
+
+    return getattr(torch, _DTYPES[name])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command == "megatron-args":
             sys.stdout.write(shlex.join(ModelArgs.from_hf_dir(ns.hf_checkpoint).megatron_flags()) + "\n")
         elif ns.command == "hf-to-mcore":
+            from slime_convert.convert import hf_to_mcore
+
             model_args = ModelArgs.from_hf_dir(ns.hf_checkpoint)
             logger.info("equivalent Megatron flags: %s", shlex.join(model_args.megatron_flags(ns.tp)))
             hf_to_mcore(
@@ -75,17 +84,19 @@ def main(argv: list[str] | None = None) -> int:
                 ns.save,
                 tensor_model_parallel_size=ns.tp,
                 pipeline_model_parallel_size=ns.pp,
-                dtype=_DTYPES.get(ns.dtype),
+                dtype=_torch_dtype(ns.dtype),
                 progress=not ns.no_progress,
             )
         else:
+            from slime_convert.convert import mcore_to_hf
+
             mcore_to_hf(
                 ns.input_dir,
                 ns.output_dir,
                 ns.origin_hf_dir,
                 chunk_size=ns.chunk_size,
                 vocab_size=ns.vocab_size,
-                dtype=_DTYPES.get(ns.dtype),
+                dtype=_torch_dtype(ns.dtype),
                 force=ns.force,
                 progress=not ns.no_progress,
             )

@@ -167,6 +167,25 @@ def hf_to_mcore(
     return out
 
 
+def _write_hf(
+    ckpt: TorchDistReader, args: ModelArgs, writer: HFShardedWriter, *, dtype: torch.dtype | None, progress: bool
+) -> None:
+    """Streams every mapped tensor from `ckpt` into `writer` in HF names, one layer per DCP read."""
+    groups: list[list[tuple[TensorMapping, int | None, int | None]]] = []
+    for item in expand_mappings(args):
+        if not groups or groups[-1][0][1] != item[1]:
+            groups.append([])
+        groups[-1].append(item)
+    with tqdm(total=args.num_layers + 2, desc="torch_dist→hf", unit="layer", disable=not progress) as bar:
+        for group in groups:
+            tensors = ckpt.read([(mp.ckpt_keys[0], _index(layer, expert)) for mp, layer, expert in group])
+            for (mapping, layer, expert), tensor in zip(group, tensors, strict=True):
+                for name, hf_tensor in zip(mapping.hf_names(layer, expert), to_hf(mapping, tensor, args), strict=True):
+                    writer.add(name, hf_tensor.to(dtype) if dtype is not None else hf_tensor)
+            bar.update(1)
+    writer.close()
+
+
 def mcore_to_hf(
     input_dir: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
@@ -210,24 +229,14 @@ def mcore_to_hf(
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    writer = HFShardedWriter(tmp, max_shard_bytes=chunk_size)
-    # Group reads per layer so each DCP pass loads one layer (all its tensors) at a time.
-    groups: list[list[tuple[TensorMapping, int | None, int | None]]] = []
-    for item in expand_mappings(args):
-        if not groups or groups[-1][0][1] != item[1]:
-            groups.append([])
-        groups[-1].append(item)
-    with tqdm(total=args.num_layers + 2, desc="torch_dist→hf", unit="layer", disable=not progress) as bar:
-        for group in groups:
-            tensors = ckpt.read([(mp.ckpt_keys[0], _index(layer, expert)) for mp, layer, expert in group])
-            for (mapping, layer, expert), tensor in zip(group, tensors, strict=True):
-                for name, hf_tensor in zip(mapping.hf_names(layer, expert), to_hf(mapping, tensor, args), strict=True):
-                    writer.add(name, hf_tensor.to(dtype) if dtype is not None else hf_tensor)
-            bar.update(1)
-    writer.close()
-    for src in pathlib.Path(origin_hf_dir).iterdir():
-        if src.is_file() and not src.name.endswith(_WEIGHT_SUFFIXES) and src.name != "model.safetensors.index.json":
-            shutil.copy2(src, tmp / src.name)
+    try:
+        _write_hf(ckpt, args, HFShardedWriter(tmp, max_shard_bytes=chunk_size), dtype=dtype, progress=progress)
+        for src in pathlib.Path(origin_hf_dir).iterdir():
+            if src.is_file() and not src.name.endswith(_WEIGHT_SUFFIXES) and src.name != "model.safetensors.index.json":
+                shutil.copy2(src, tmp / src.name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
+        raise
     os.replace(tmp, out)
     logger.info("wrote HF checkpoint to %s", out)
     return out

@@ -107,14 +107,24 @@ def _layer_mappings(args: ModelArgs) -> list[TensorMapping]:
             m("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",)),
         ]
     out.append(m("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",)))
+    if args.sandwich_norm:  # GLM4: norms on the attention and MLP outputs, before the residual adds
+        out += [
+            m("post_self_attn_layernorm.weight", ("post_self_attn_layernorm.weight",)),
+            m("post_mlp_layernorm.weight", ("post_mlp_layernorm.weight",)),
+        ]
     if not args.is_moe:
+        fc1 = (
+            m("mlp.linear_fc1.weight", ("mlp.gate_up_proj.weight",))  # already [gate; up], Megatron's layout
+            if args.fused_gate_up
+            else m("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), "gate_up")
+        )
         out += [
             m(
                 "mlp.linear_fc1.layer_norm_weight",
                 ("post_attention_layernorm.weight",),
                 aliases=(L + "pre_mlp_layernorm.weight",),
             ),
-            m("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), "gate_up"),
+            fc1,
             m("mlp.linear_fc2.weight", ("mlp.down_proj.weight",)),
         ]
         return out

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["SUPPORTED_MODEL_TYPES", "ModelArgs", "padded_vocab_size"]
 
 #: HF `model_type` values whose weights the mapping tables understand.
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen3_moe", "glm4")
 
 
 def padded_vocab_size(vocab_size: int, tensor_model_parallel_size: int = 1, divisible_by: int = 128) -> int:
@@ -69,6 +69,14 @@ class ModelArgs:
         tie_word_embeddings: embedding and LM head share weights (no `--untie-embeddings-and-output-weights`).
         add_qkv_bias: q/k/v projections have biases (Qwen2; `--add-qkv-bias`).
         qk_layernorm: per-head RMSNorm on q and k (Qwen3; `--qk-layernorm`).
+        rotary_percent: fraction of each head's dims that RoPE rotates (GLM4: 0.5; `--rotary-percent`).
+        rotary_interleaved: RoPE rotates pairs of adjacent dims `(2i, 2i+1)` instead of the two halves
+            (GLM4; `--rotary-interleaved`).
+        sandwich_norm: an RMSNorm on the attention output and on the MLP output before each residual add
+            (GLM4's `post_self_attn_layernorm` / `post_mlp_layernorm`; `--post-self-attn-layernorm
+            --post-mlp-layernorm`).
+        fused_gate_up: the HF checkpoint stores the MLP's gate and up projections as one `gate_up_proj`
+            tensor (`[2·ffn, hidden]`, gate rows first; GLM4).
         num_experts: routed experts (MoE only, else None; `--num-experts`).
         moe_ffn_hidden_size: expert MLP width (`--moe-ffn-hidden-size`).
         moe_router_topk: experts per token (`--moe-router-topk`).
@@ -92,6 +100,10 @@ class ModelArgs:
     tie_word_embeddings: bool
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
+    rotary_percent: float = 1.0
+    rotary_interleaved: bool = False
+    sandwich_norm: bool = False
+    fused_gate_up: bool = False
     num_experts: int | None = None
     moe_ffn_hidden_size: int | None = None
     moe_router_topk: int | None = None
@@ -175,6 +187,11 @@ class ModelArgs:
             raise ValueError("llama with attention_bias/mlp_bias is not supported")
         rope_parameters = config.get("rope_parameters") or {}
         rotary_base = float(config.get("rope_theta") or rope_parameters.get("rope_theta") or 10000.0)
+        glm4 = model_type == "glm4"
+        # transformers ≥ 5 moves partial_rotary_factor into rope_parameters; GLM4's default is 0.5.
+        rotary_percent = float(
+            config.get("partial_rotary_factor") or rope_parameters.get("partial_rotary_factor") or (0.5 if glm4 else 1)
+        )
 
         moe: dict[str, Any] = {}
         if model_type == "qwen3_moe":
@@ -201,8 +218,12 @@ class ModelArgs:
             norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
             rotary_base=rotary_base,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            add_qkv_bias=model_type == "qwen2",
+            add_qkv_bias=model_type == "qwen2" or (glm4 and bool(config.get("attention_bias", True))),
             qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
+            rotary_percent=rotary_percent,
+            rotary_interleaved=glm4,
+            sandwich_norm=glm4,
+            fused_gate_up=glm4,
             torch_dtype=config.get("torch_dtype") or config.get("dtype"),
             **moe,
         )
@@ -244,6 +265,12 @@ class ModelArgs:
             flags.append("--qk-layernorm")
         if not self.tie_word_embeddings:
             flags.append("--untie-embeddings-and-output-weights")
+        if self.rotary_percent != 1.0:
+            flags += ["--rotary-percent", f"{self.rotary_percent:g}"]
+        if self.rotary_interleaved:
+            flags.append("--rotary-interleaved")
+        if self.sandwich_norm:
+            flags += ["--post-self-attn-layernorm", "--post-mlp-layernorm"]
         if self.is_moe:
             flags += [
                 "--num-experts", str(self.num_experts),
@@ -276,6 +303,7 @@ class ModelArgs:
             "add_bias_linear": False,
             "add_qkv_bias": self.add_qkv_bias,
             "qk_layernorm": self.qk_layernorm,
+            "rotary_interleaved": self.rotary_interleaved,
             "hidden_dropout": 0.0,
             "attention_dropout": 0.0,
         }
@@ -296,5 +324,6 @@ class ModelArgs:
             "max_sequence_length": self.max_position_embeddings,
             "position_embedding_type": "rope",
             "rotary_base": int(self.rotary_base),
+            "rotary_percent": self.rotary_percent,
             "share_embeddings_and_output_weights": self.tie_word_embeddings,
         }

@@ -162,10 +162,14 @@ def write_torch_dist(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, thread_count=1, overwrite=True)
-    dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
-    torch.save(common_state, tmp / "common.pt")
-    (tmp / "metadata.json").write_text(json.dumps(_CONFIG))
+    try:
+        writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, thread_count=1, overwrite=True)
+        dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
+        torch.save(common_state, tmp / "common.pt")
+        (tmp / "metadata.json").write_text(json.dumps(_CONFIG))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
+        raise
     os.replace(tmp, out)
 
 

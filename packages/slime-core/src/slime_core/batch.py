@@ -48,6 +48,9 @@ class RolloutBatch:
         step_token_counts: per optimizer step, the summed loss mask across all DP ranks (divides the
             per-token loss with `--calculate-per-token-loss`).
         metadata: N dicts forwarded from `Sample.train_metadata` (may be empty dicts).
+        multimodal_train_inputs: N entries of `Sample.multimodal_train_inputs` (vision tensors such as
+            `pixel_values` `[P_i, C*T*p*p]` float32 and `image_grid_thw` `[num_images_i, 3]` int64, or None for a
+            sample without images), or None when no sample of the rollout has any (text-only runs).
     """
 
     tokens: list[torch.Tensor]
@@ -63,6 +66,7 @@ class RolloutBatch:
     step_sample_counts: list[int] = dataclasses.field(default_factory=list)
     step_token_counts: list[float] = dataclasses.field(default_factory=list)
     metadata: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    multimodal_train_inputs: list[dict[str, torch.Tensor] | None] | None = None
 
     @property
     def num_samples(self) -> int:

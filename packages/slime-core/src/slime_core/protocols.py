@@ -129,17 +129,20 @@ class GenerateFn(Protocol):
         ...
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
+@dataclasses.dataclass(slots=True)  # positional too: original filters write DynamicFilterOutput(keep, reason)
 class DynamicFilterOutput:
     """Result of a dynamic-sampling filter.
 
     Attributes:
         keep: whether the group enters the batch.
         reason: why it was dropped (logged as `rollout/dynamic_filter/drop_{reason}`).
+        keep_when_insufficient: keep a rejected group anyway when dropping it would leave fewer groups (accepted
+            plus still generating) than the batch needs, instead of sampling another round.
     """
 
     keep: bool
     reason: str | None = None
+    keep_when_insufficient: bool = False
 
 
 class DynamicFilterFn(Protocol):

@@ -9,6 +9,11 @@ Token layout::
     tokens        = prompt ids + response ids           len = len(prompt ids) + response_length
     loss_mask     = [1 for model tokens, 0 for tool tokens]   len = response_length
     rollout_log_probs = [engine log-prob for model tokens, 0.0 for tool tokens]   len = response_length
+
+Vision-language samples also carry their images (`multimodal_inputs`, as the dataset gave them) and, once the
+prompt went through the model's processor, the vision tensors the trainer's forward needs
+(`multimodal_train_inputs`); `tokens` then hold the processor's ids, image placeholders expanded to one token
+per merged vision patch. Text-only samples leave both None.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
 
 __all__ = ["Sample", "Status", "status_from_finish_reason"]
 
@@ -59,7 +67,9 @@ def status_from_finish_reason(finish_reason: Any) -> Status | None:
     return _FINISH_REASON_TO_STATUS.get(finish_reason)
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
+# Not `slots=True`: plugins written for the original slime set their own attributes on samples
+# (`sample.payload_text = ...` in its retool example), which a slotted class would refuse.
+@dataclasses.dataclass(kw_only=True)
 class Sample:
     """One trajectory: prompt, generated response tokens, masks, engine log-probs and reward.
 
@@ -93,6 +103,23 @@ class Sample:
         session_id: routing key for engine affinity across turns.
         train_metadata: forwarded to the trainer unchanged.
         non_generation_time: seconds spent outside generation (tools, env), for perf metrics.
+        generate_function_path: per-sample override of `--custom-generate-function-path` (eval datasets).
+        custom_rm_path: per-sample override of `--custom-rm-path` (eval datasets).
+        apply_chat_template_kwargs: per-sample chat-template kwargs (original field; prompts arrive rendered).
+        multimodal_inputs: raw media of the prompt, `{"images": [image, ...]}` in placeholder order; an image is
+            a file path or a `data:image/...;base64,` URI (`slime_rollout.multimodal` normalizes dataset values).
+            None for text-only prompts.
+        multimodal_train_inputs: the processor's vision tensors for the trainer's forward, e.g.
+            `{"pixel_values": [P, C*T*p*p] float32, "image_grid_thw": [num_images, 3] int64}` (`P` patches over
+            all images); None for text-only samples. Samples of one prompt group may share the tensors.
+        multimodal_train_input_id: cache id of `multimodal_train_inputs` (original field).
+        rollout_top_p_token_ids: top-p replay token ids (original field; top-p replay is not implemented,
+            a sample that carries them is rejected when it becomes training data).
+        rollout_top_p_token_offsets: offsets into `rollout_top_p_token_ids` (same status).
+        rollout_routed_experts: MoE routing from the engine (original field; routing replay is not
+            implemented, rejected when set).
+        teacher_log_probs: on-policy-distillation teacher log-probs (original field; OPD is not
+            implemented, rejected when set).
     """
 
     Status = Status  # original plugins write `Sample.Status.TRUNCATED` (a nested enum there)
@@ -117,6 +144,15 @@ class Sample:
     non_generation_time: float = 0.0
     generate_function_path: str | None = None
     custom_rm_path: str | None = None
+    apply_chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, torch.Tensor] | None = None
+    # Original fields this version does not train with; `unsupported_fields()` names the ones a sample sets.
+    multimodal_train_input_id: str | None = None
+    rollout_top_p_token_ids: Any = None
+    rollout_top_p_token_offsets: Any = None
+    rollout_routed_experts: Any = None
+    teacher_log_probs: list[float] | None = None
 
     # ---- derived views -------------------------------------------------------------------------
 
@@ -135,16 +171,19 @@ class Sample:
         """Number of trainable response tokens (`sum(loss_mask)`; all of them if no mask yet)."""
         return self.response_length if self.loss_mask is None else int(sum(self.loss_mask))
 
-    def get_reward_value(self, reward_key: str | None = None) -> float:
+    def get_reward_value(self, reward_key: Any = None) -> float:
         """The scalar reward.
 
         Args:
-            reward_key: key to select when `reward` is a dict (`--reward-key`).
+            reward_key: key to select when `reward` is a dict (`--reward-key`), or an object with a
+                `reward_key` attribute (the original's signature is `get_reward_value(args)`).
 
         Raises:
             ValueError: if the sample has no reward yet, or `reward` is a dict and `reward_key` is missing
                 from it or not given.
         """
+        if reward_key is not None and not isinstance(reward_key, str):
+            reward_key = reward_key.reward_key  # the run's args, as original plugins pass them
         if self.reward is None:
             raise ValueError(f"sample {self.index} has no reward yet")
         if isinstance(self.reward, Mapping):
@@ -156,24 +195,42 @@ class Sample:
             return float(self.reward[reward_key])
         return float(self.reward)
 
+    def unsupported_fields(self) -> list[str]:
+        """Names of the original fields this sample sets that this version cannot train with.
+
+        Top-p replay, MoE routing replay and teacher log-probs would change the training computation; a
+        sample carrying any of them is refused rather than trained without them.
+        """
+        names = ("rollout_top_p_token_ids", "rollout_top_p_token_offsets", "rollout_routed_experts",
+                 "teacher_log_probs")  # fmt: skip
+        return [name for name in names if getattr(self, name) not in (None, {}, [])]
+
     # ---- building the response -----------------------------------------------------------------
 
     def append_response_tokens(
         self,
-        tokens: Sequence[int],
+        tokens_or_args: Any = None,
+        /,
         *,
+        tokens: Sequence[int] | None = None,
         log_probs: Sequence[float] | None = None,
         trainable: bool = True,
         text: str | None = None,
         meta_info: Mapping[str, Any] | None = None,
+        update_terminal_info: bool = True,
     ) -> None:
         """Appends one span of response tokens (a model turn or a tool observation).
 
         Keeps `tokens`, `loss_mask` and `rollout_log_probs` aligned and checks the invariants after the
         append. Model output must be appended as the engine's token ids; never decode and re-tokenize.
 
+        Two call forms: `append_response_tokens(ids, log_probs=...)`, and the original slime's
+        `append_response_tokens(args, tokens=ids, log_probs=...)` (there the first argument is the run's
+        `args`, which this implementation does not need).
+
         Args:
-            tokens: `[n]` token ids to append.
+            tokens_or_args: `[n]` token ids to append; or, when `tokens` is given, the original's `args`.
+            tokens: `[n]` token ids to append (the original's keyword).
             log_probs: `[n]` engine log-probs (natural log). Required when `trainable` and the sample
                 already carries log-probs (or this is its first span); must be None for non-trainable spans,
                 which get 0.0.
@@ -181,12 +238,16 @@ class Sample:
             text: decoded text of the span, appended to `response`.
             meta_info: SGLang's `meta_info` of the generate call for a model span; its `weight_version`
                 is recorded and its `finish_reason` updates `status`.
+            update_terminal_info: False to leave `status` and `weight_versions` alone (a span that is not
+                the end of a generate call).
 
         Raises:
             ValueError: on a log-prob count that does not match the tokens, log-probs given for a
                 non-trainable span, missing log-probs on a trainable span of a sample that has them, or
                 any broken length invariant.
         """
+        if tokens is None:
+            tokens = tokens_or_args if tokens_or_args is not None else []
         tokens = [int(t) for t in tokens]
         n = len(tokens)
         if trainable:
@@ -202,7 +263,8 @@ class Sample:
             raise ValueError(f"sample {self.index}: non-trainable span must not carry log-probs (they are 0.0)")
 
         if self.loss_mask is None:
-            self.loss_mask = []
+            # Response tokens a plugin set by hand before the first append are trainable (as in the original).
+            self.loss_mask = [1] * self.response_length
         if self.rollout_log_probs is None and trainable and log_probs is not None:
             # First span with log-probs: earlier spans (if any) were masked, so they get 0.0.
             self.rollout_log_probs = [0.0] * self.response_length
@@ -217,7 +279,7 @@ class Sample:
                 self.rollout_log_probs.extend([0.0] * n)
         if text:
             self.response += text
-        if meta_info is not None:
+        if meta_info is not None and update_terminal_info:
             version = meta_info.get("weight_version")
             if version is not None:
                 self.weight_versions.append(str(version))
@@ -256,6 +318,12 @@ class Sample:
             if out[key] is not None:
                 out[key] = list(out[key])
         out["metadata"] = dict(self.metadata)
+        if self.multimodal_inputs is not None:
+            out["multimodal_inputs"] = {
+                k: list(v) if isinstance(v, list) else v for k, v in self.multimodal_inputs.items()
+            }
+        if self.multimodal_train_inputs is not None:
+            out["multimodal_train_inputs"] = {k: _encode_tensor(v) for k, v in self.multimodal_train_inputs.items()}
         return out
 
     @classmethod
@@ -277,6 +345,29 @@ class Sample:
             except ValueError:
                 raise ValueError(f"Sample.from_dict: unknown status {status!r}") from None
         kwargs["status"] = status
+        if kwargs.get("multimodal_train_inputs") is not None:
+            kwargs["multimodal_train_inputs"] = {
+                k: _decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()
+            }
         sample = cls(**kwargs)
         sample.validate()
         return sample
+
+
+def _encode_tensor(tensor: Any) -> dict[str, Any]:
+    """A tensor as builtins (`{"dtype", "shape", "data"}`, data flattened), so `to_dict` output survives JSON."""
+    t = tensor.detach().cpu()
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": t.reshape(-1).tolist()}
+
+
+def _decode_tensor(value: Any) -> torch.Tensor:
+    """Inverse of `_encode_tensor`; a tensor passes through (dumps made by `torch.save` keep real tensors)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        dtype = getattr(torch, value["dtype"])
+        return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"Sample.from_dict: bad multimodal_train_inputs tensor ({e})") from None

@@ -181,7 +181,8 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
 
     Steps: sort by `Sample.index`; `postprocess_rewards`; training masks (`remove_sample` zeroes);
     `loss_denominators`; tensorize once (tokens `[T_i]` int64, masks `[L_i]` float32, rollout
-    log-probs `[L_i]` float32); `scheduling.build_schedule` over total lengths and rollout ids; slice
+    log-probs `[L_i]` float32; vision tensors `Sample.multimodal_train_inputs` when any sample has them);
+    `scheduling.build_schedule` over total lengths and rollout ids; slice
     per rank. `raw_rewards` takes `metadata["raw_reward"]` when a sample carries it (set by reward
     shaping upstream). Samples in trailing rollouts that do not fill an optimizer step are dropped.
 
@@ -198,13 +199,19 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
 
     Raises:
         ValueError: on empty input, mixed presence of `index` or `rollout_log_probs`, inconsistent
-            sample lengths, or any error of `postprocess_rewards` / `build_schedule`.
+            sample lengths, a sample that sets an original field this version cannot train with
+            (`Sample.unsupported_fields`), or any error of `postprocess_rewards` / `build_schedule`.
     """
     if not samples:
         raise ValueError("build_rollout_batches: no samples")
     ordered = _sorted_by_index(samples)
     for s in ordered:
         s.validate()
+        if unsupported := s.unsupported_fields():
+            raise ValueError(
+                f"sample {s.index} sets {', '.join(unsupported)}: top-p replay, routing replay and "
+                "teacher log-probs are not implemented in this version; leave these fields None"
+            )
     raw, rewards = postprocess_rewards(cfg, ordered)
     raw = [float(s.metadata.get("raw_reward", r)) for s, r in zip(ordered, raw, strict=True)]
     masks = [_loss_mask(s) for s in ordered]
@@ -217,6 +224,8 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
     tokens_t = [torch.tensor(s.tokens, dtype=torch.int64) for s in ordered]
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in ordered] if all(with_lp) else None
+    # Vision tensors travel only when some sample has images; text-only batches keep the field None.
+    with_mm = any(s.multimodal_train_inputs is not None for s in ordered)
 
     schedule = build_schedule(
         [len(s.tokens) for s in ordered],
@@ -251,6 +260,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
                 step_sample_counts=list(step_sample_counts),
                 step_token_counts=list(step_token_counts),
                 metadata=[dict(ordered[p].train_metadata or {}) for p in mine],
+                multimodal_train_inputs=[ordered[p].multimodal_train_inputs for p in mine] if with_mm else None,
             )
         )
     return batches

@@ -1,7 +1,8 @@
 """Prompt data sources (`--data-source-path`, default `RolloutDataSourceWithBuffer`).
 
 Reads `--prompt-data` (JSONL or Parquet, optional `path@[start:end]` row slice), builds one `Sample`
-per prompt (chat template applied if `--apply-chat-template`), drops prompts longer than
+per prompt (chat template applied if `--apply-chat-template`; with `--multimodal-keys` the row's images are
+checked, kept in `Sample.multimodal_inputs` and placed by the processor's template), drops prompts longer than
 `--rollout-max-prompt-len` tokens, shuffles per epoch with seed `rollout_seed + epoch`, and hands out
 groups of `n_samples_per_prompt` copies with fresh `group_index`/`index`. Partial groups returned by
 the rollout (`add_samples`) are served first. The cursor is saved with the checkpoint so a resumed run
@@ -25,6 +26,7 @@ import numpy as np
 
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
+from slime_rollout import multimodal
 from slime_rollout.plugins import load_function
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "RolloutDataSource",
     "RolloutDataSourceWithBuffer",
+    "count_prompts",
     "get_tokenizer",
     "load_prompt_rows",
     "rows_to_samples",
@@ -85,6 +88,52 @@ def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
     return rows[start:end]
 
 
+def count_prompts(args: SlimeArgs) -> int:
+    """Number of prompts one epoch of the run's data source serves (what `--num-epoch` multiplies).
+
+    The default data sources without `--rollout-max-prompt-len` serve every row: the rows are counted (a parquet
+    file's metadata, a JSONL file's non-blank lines) without building samples. Otherwise the data source is built
+    as the run will build it and asked for its `len()`.
+
+    Args:
+        args: the plugin view; reads `prompt_data`, `data_source_path`, `rollout_max_prompt_len` (+ what the data
+            source reads).
+
+    Raises:
+        TypeError: a custom data source without `__len__`.
+    """
+    defaults = {f"slime_rollout.data_source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
+    if args.data_source_path in defaults and not args.rollout_max_prompt_len and args.prompt_data:
+        return _count_rows(args.prompt_data)
+    source = load_function(args.data_source_path, flag="--data-source-path")(args)
+    if not hasattr(source, "__len__"):
+        raise TypeError(f"--num-epoch: the data source {args.data_source_path} has no len(); give --num-rollout")
+    return len(source)
+
+
+def _count_rows(spec: str) -> int:
+    """Rows of a prompt file (slice applied), without reading the rows themselves."""
+    start = end = None
+    match = _SLICE.match(spec)
+    if match:
+        spec = match["path"]
+        start = int(match["start"]) if match["start"] else None
+        end = int(match["end"]) if match["end"] else None
+    path = pathlib.Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"--prompt-data file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        total = pq.ParquetFile(path).metadata.num_rows
+    elif path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            total = sum(1 for line in f if line.strip())
+    else:
+        raise ValueError(f"--prompt-data {path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
+    return len(range(total)[start:end])
+
+
 def _maybe_json(value: Any, what: str, where: str) -> Any:
     if isinstance(value, str):
         try:
@@ -106,6 +155,8 @@ def rows_to_samples(
     apply_chat_template: bool = False,
     apply_chat_template_kwargs: dict[str, Any] | None = None,
     max_prompt_len: int | None = None,
+    multimodal_keys: dict[str, str] | None = None,
+    processor_path: str | None = None,
 ) -> list[Sample]:
     """Turns dataset rows into prompt samples (no group/index yet).
 
@@ -119,13 +170,24 @@ def rows_to_samples(
         tokenizer: needed for `apply_chat_template` and `max_prompt_len`.
         apply_chat_template: render messages with the tokenizer's template, `add_generation_prompt=True`.
         apply_chat_template_kwargs: extra template kwargs (e.g. `{"enable_thinking": false}`).
-        max_prompt_len: drop prompts with more tokens than this (order preserved).
+        max_prompt_len: drop prompts with more tokens than this (order preserved); prompts with images count
+            their expanded image tokens.
+        multimodal_keys: `--multimodal-keys`; its `image` column holds one image per `<image>` placeholder of
+            the prompt (see `slime_rollout.multimodal`). The prompt is then rendered by the processor's chat
+            template and the images are kept in `Sample.multimodal_inputs["images"]`.
+        processor_path: the vision-language checkpoint (`--hf-checkpoint`) whose processor renders and counts
+            prompts with images; required with `multimodal_keys`.
 
     Raises:
-        ValueError: a row lacks `input_key`, or has malformed metadata/tools (names `source` and row).
+        ValueError: a row lacks `input_key`, has malformed metadata/tools, or a missing, unreadable or surplus
+            image (names `source` and row).
     """
     if (apply_chat_template or max_prompt_len) and tokenizer is None:
         raise ValueError("--apply-chat-template / --rollout-max-prompt-len need a tokenizer (--hf-checkpoint)")
+    image_key = multimodal.image_column(multimodal_keys)
+    if image_key and processor_path is None:
+        raise ValueError("--multimodal-keys needs the vision-language checkpoint's processor (--hf-checkpoint)")
+    base_dir = _data_dir(source)
     samples, num_dropped = [], 0
     for i, row in enumerate(rows):
         where = f"{source} row {i + 1}"
@@ -139,25 +201,43 @@ def rows_to_samples(
         tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
         if tools is not None:
             metadata["tools"] = tools
+        images = multimodal.normalize_images(row.get(image_key), base_dir=base_dir, where=where) if image_key else []
+        renderer = tokenizer
+        if image_key:
+            prompt = multimodal.build_messages(prompt, images, where=where)
+            renderer = multimodal.get_processor(processor_path)
         if apply_chat_template:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            prompt = tokenizer.apply_chat_template(
+            prompt = renderer.apply_chat_template(
                 messages,
                 tools=tools,
                 tokenize=False,
                 add_generation_prompt=True,
                 **(apply_chat_template_kwargs or {}),
             )
-        if max_prompt_len is not None:
-            text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, tokenize=False)
-            if len(tokenizer.encode(text, add_special_tokens=False)) > max_prompt_len:
-                num_dropped += 1
-                continue
+        if max_prompt_len is not None and _prompt_len(tokenizer, prompt, images, processor_path) > max_prompt_len:
+            num_dropped += 1
+            continue
         label = row.get(label_key) if label_key else None
-        samples.append(Sample(prompt=prompt, label=label, metadata=metadata))
+        mm_inputs = {"images": images} if images else None
+        samples.append(Sample(prompt=prompt, label=label, metadata=metadata, multimodal_inputs=mm_inputs))
     if num_dropped:
         logger.info("%s: dropped %d prompts longer than %d tokens", source, num_dropped, max_prompt_len)
     return samples
+
+
+def _data_dir(source: str) -> pathlib.Path:
+    """Directory of a `--prompt-data` spec (its `@[start:end]` slice removed): where relative image paths start."""
+    match = _SLICE.match(source)
+    return pathlib.Path(match["path"] if match else source).parent
+
+
+def _prompt_len(tokenizer: Any, prompt: Any, images: list[str], processor_path: str | None) -> int:
+    """Prompt tokens as the engine sees them: image placeholders expanded when the prompt has images."""
+    text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, tokenize=False)
+    if images:
+        return len(multimodal.prepare_vision_prompt(processor_path, text, images).input_ids)
+    return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def atomic_write_text(path: pathlib.Path, text: str) -> None:
@@ -181,9 +261,9 @@ class RolloutDataSource:
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`; a data source is a `--data-source-path` plugin,
             built as `cls(args)`); reads `prompt_data`, `input_key`, `label_key`, `metadata_key`, `tool_key`,
-            `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`, `hf_checkpoint`,
-            `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`, `disable_rollout_global_dataset`, `save`,
-            `load`, `buffer_filter_path`.
+            `multimodal_keys`, `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`,
+            `hf_checkpoint`, `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`,
+            `disable_rollout_global_dataset`, `save`, `load`, `buffer_filter_path`.
 
     Raises:
         ValueError: no `--prompt-data` (and no `--disable-rollout-global-dataset`), or no prompt left.
@@ -216,6 +296,8 @@ class RolloutDataSource:
             apply_chat_template=args.apply_chat_template,
             apply_chat_template_kwargs=dict(args.apply_chat_template_kwargs),
             max_prompt_len=args.rollout_max_prompt_len,
+            multimodal_keys=args.multimodal_keys,
+            processor_path=args.hf_checkpoint,
         )
         if not self.prompts:
             raise ValueError(f"--prompt-data {args.prompt_data}: no prompts left after filtering")

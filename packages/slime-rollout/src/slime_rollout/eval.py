@@ -52,6 +52,7 @@ DATASET_KEYS = frozenset(
         "label_key",
         "tool_key",
         "metadata_key",
+        "multimodal_keys",
         "apply_chat_template",
         "apply_chat_template_kwargs",
         "max_prompt_len",
@@ -100,8 +101,8 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
     Args:
         cfg: run config; reads `eval_prompt_data`, `eval_config`, and the flag fallbacks: `rm_type`,
             `n_samples_per_eval_prompt`, `eval_input_key` / `eval_label_key` / `eval_tool_key` (else the
-            rollout's keys), `metadata_key`, `apply_chat_template(_kwargs)`, `eval_max_prompt_len` and the
-            eval sampling flags (`build_sampling_params`).
+            rollout's keys), `metadata_key`, `multimodal_keys`, `apply_chat_template(_kwargs)`,
+            `eval_max_prompt_len` and the eval sampling flags (`build_sampling_params`).
 
     Returns:
         One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params`.
@@ -128,6 +129,7 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         "label_key": _or(cfg.eval_label_key, cfg.label_key),
         "tool_key": _or(cfg.eval_tool_key, cfg.tool_key),
         "metadata_key": cfg.metadata_key,
+        "multimodal_keys": cfg.multimodal_keys,
         "apply_chat_template": cfg.apply_chat_template,
         "apply_chat_template_kwargs": dict(cfg.apply_chat_template_kwargs),
         "max_prompt_len": cfg.eval_max_prompt_len,
@@ -150,7 +152,8 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
 @functools.cache
 def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadata_key: str | None,
                        tool_key: str | None, hf_checkpoint: str | None, apply_chat_template: bool,
-                       template_kwargs: tuple, max_prompt_len: int | None) -> tuple[Sample, ...]:  # fmt: skip
+                       template_kwargs: tuple, max_prompt_len: int | None,
+                       multimodal_keys: tuple = ()) -> tuple[Sample, ...]:  # fmt: skip
     tokenizer = get_tokenizer(hf_checkpoint) if (apply_chat_template or max_prompt_len) else None
     samples = rows_to_samples(
         load_prompt_rows(path),
@@ -163,6 +166,8 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
         apply_chat_template=apply_chat_template,
         apply_chat_template_kwargs=dict(template_kwargs),
         max_prompt_len=max_prompt_len,
+        multimodal_keys=dict(multimodal_keys) or None,
+        processor_path=hf_checkpoint,
     )
     return tuple(samples)
 
@@ -179,6 +184,7 @@ def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
             bool(dataset["apply_chat_template"]),
             tuple(sorted(dict(dataset["apply_chat_template_kwargs"] or {}).items())),
             dataset["max_prompt_len"],
+            tuple(sorted(dict(dataset["multimodal_keys"] or {}).items())),
         )
     )
 

@@ -15,7 +15,7 @@ from slime_core.sample import Sample
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["check_reward_nonzero_std", "normalize_filter_output"]
+__all__ = ["check_reward_nonzero_std", "check_reward_nonzero_std_with_fallback", "normalize_filter_output"]
 
 
 def check_reward_nonzero_std(args: SlimeArgs, samples: list[Sample], **kwargs: Any) -> DynamicFilterOutput:
@@ -36,6 +36,18 @@ def check_reward_nonzero_std(args: SlimeArgs, samples: list[Sample], **kwargs: A
     if len(rewards) > 1 and statistics.pstdev(rewards) > 0.0:
         return DynamicFilterOutput(keep=True)
     return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1)}" if rewards else "empty")
+
+
+def check_reward_nonzero_std_with_fallback(
+    args: SlimeArgs, samples: list[Sample], **kwargs: Any
+) -> DynamicFilterOutput:
+    """`check_reward_nonzero_std`, but a zero-std group is kept when no other group could take its place.
+
+    Prefers groups whose rewards differ without starting another over-sampling round for the last places.
+    """
+    output = check_reward_nonzero_std(args, samples, **kwargs)
+    output.keep_when_insufficient = True
+    return output
 
 
 def normalize_filter_output(output: DynamicFilterOutput | bool) -> DynamicFilterOutput:

@@ -4,6 +4,11 @@ One `/generate` call per sample: the prompt ids (or the tokens of a partially ge
 to the engine with `return_logprob`, and the engine's own output ids and log-probs are appended to
 the sample (never decoded and re-tokenized). The engine behind the client may be SGLang or the CPU
 reference engine; this code does not know which.
+
+A prompt with images (`Sample.multimodal_inputs`) goes through the model's processor first
+(`slime_rollout.multimodal.prepare_vision_prompt`): the request carries the expanded prompt ids plus the
+images as SGLang's `image_data`, the sample keeps the vision tensors for the trainer, and the engine's
+`meta_info.prompt_tokens` must equal the prompt length (else the two sides disagree on the image tokens).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
 from slime_rollout.data_source import get_tokenizer
+from slime_rollout.multimodal import VisionPrompt, prepare_vision_prompt, sample_images
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -114,6 +120,37 @@ def _encode_prompt(tokenizer_path: str, key: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(prompt, add_special_tokens=False))
 
 
+def _vision_prompt(args: SlimeArgs, sample: Sample) -> VisionPrompt | None:
+    """Processes the sample's images with its prompt (None for text-only samples) and fills its vision inputs.
+
+    Raises:
+        ValueError: the sample's tokens do not start with the processor's prompt ids (a continuation whose
+            prompt was built differently).
+    """
+    images = sample_images(sample)
+    if not images:
+        return None
+    vision = prepare_vision_prompt(args.hf_checkpoint, sample.prompt, images)
+    if sample.tokens and tuple(sample.tokens[: len(vision.input_ids)]) != vision.input_ids:
+        raise ValueError(
+            f"sample {sample.index}: its tokens do not start with the processor's {len(vision.input_ids)} prompt ids "
+            "(images expanded); set tokens only through the processor for prompts with images"
+        )
+    if sample.multimodal_train_inputs is None:
+        sample.multimodal_train_inputs = dict(vision.train_inputs)
+    return vision
+
+
+def _check_prompt_tokens(sample: Sample, meta: dict[str, Any], sent: int) -> None:
+    """The engine expanded the images into as many tokens as the trainer will see (SGLang re-expands them)."""
+    engine = meta.get("prompt_tokens")
+    if engine is not None and int(engine) != sent:
+        raise ValueError(
+            f"sample {sample.index}: the engine saw {engine} prompt tokens, the processor made {sent}: the engine's "
+            "image processing differs from --hf-checkpoint's processor (check its preprocessor_config.json)"
+        )
+
+
 def _parse_output(reply: dict[str, Any]) -> tuple[list[int], list[float]]:
     meta = reply.get("meta_info") or {}
     entries = meta.get("output_token_logprobs")
@@ -145,14 +182,16 @@ async def generate(
 
     Returns:
         The same sample with the engine's token ids and log-probs appended and `status` from the
-        engine's finish reason (TRUNCATED without a call when no budget is left).
+        engine's finish reason (TRUNCATED without a call when no budget is left); a prompt with images also
+        gets `multimodal_train_inputs`.
 
     Raises:
-        ValueError: a malformed engine reply.
+        ValueError: a malformed engine reply, or an engine that expanded the images differently.
     """
     sampling_params = dict(sampling_params)
+    vision = _vision_prompt(args, sample)
     if not sample.tokens:
-        sample.tokens = _prompt_ids(args, sample)
+        sample.tokens = list(vision.input_ids) if vision is not None else _prompt_ids(args, sample)
         sample.response_length = 0
     elif sample.response_length > 0 and args.mask_offpolicy_in_partial_rollout:
         # The earlier part came from an older policy: keep it as context but do not train on it.
@@ -171,8 +210,12 @@ async def generate(
         return sample
 
     payload = {"input_ids": list(sample.tokens), "sampling_params": sampling_params, "return_logprob": True}
+    if vision is not None:
+        payload["image_data"] = list(vision.engine_images)
     client = get_client(args)
     reply = await call_client(client.generate, payload)
+    if vision is not None:
+        _check_prompt_tokens(sample, reply.get("meta_info") or {}, len(payload["input_ids"]))
     tokens, log_probs = _parse_output(reply)
     sample.status = Status.PENDING
     sample.append_response_tokens(tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=reply["meta_info"])

@@ -156,7 +156,12 @@ def seeded_params(
 
 
 async def generate_and_rm_group(
-    args: SlimeArgs, group: list[Sample], state: RolloutState, *, prompt_position: int = 0
+    args: SlimeArgs,
+    group: list[Sample],
+    state: RolloutState,
+    sampling_params: dict[str, Any] | None = None,
+    *,
+    prompt_position: int = 0,
 ) -> list[Any]:
     """Generates and scores one prompt group concurrently (group reward with `--group-rm`).
 
@@ -167,6 +172,7 @@ async def generate_and_rm_group(
         args: the plugin view; reads `rollout_seed`, `group_rm` (+ what `generate_and_rm` reads).
         group: the `n_samples_per_prompt` samples of one prompt.
         state: the rollout's shared state.
+        sampling_params: overrides `state.sampling_params` for this group (original callers pass their own).
         prompt_position: the group's position in the rollout (seeds samples without a `group_index`).
 
     Returns:
@@ -175,9 +181,9 @@ async def generate_and_rm_group(
     for sample in group:
         if sample.session_id is None:
             sample.session_id = uuid.uuid4().hex
+    base = sampling_params if sampling_params is not None else state.sampling_params
     params = [
-        seeded_params(args, state, s, state.sampling_params, prompt_position=prompt_position, position=j)
-        for j, s in enumerate(group)
+        seeded_params(args, state, s, base, prompt_position=prompt_position, position=j) for j, s in enumerate(group)
     ]
     results = list(
         await asyncio.gather(*(generate_and_rm(args, s, state, p) for s, p in zip(group, params, strict=True)))

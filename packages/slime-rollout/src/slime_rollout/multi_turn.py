@@ -177,6 +177,12 @@ def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, mo
 
 
 def _prompt_ids(tokenizer: Any, sample: Sample, env: Env) -> list[int]:
+    if (sample.multimodal_inputs or {}).get("images"):
+        # Tokenizing the text alone would leave the image placeholders unexpanded and send no image_data.
+        raise ValueError(
+            f"sample {sample.index}: multi-turn generate does not send images yet; prompts with --multimodal-keys "
+            "images use the default generate"
+        )
     prompt = sample.prompt
     if not isinstance(prompt, str):
         tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None

@@ -28,6 +28,7 @@ ORIGINAL_PATH_ALIASES: dict[str, str] = {
     ),
     "slime.rollout.rm_hub.async_rm": "slime_rollout.rewards.async_rm",
     "slime.rollout.rm_hub.batched_async_rm": "slime_rollout.rewards.batched_async_rm",
+    "slime.rollout.sft_rollout.generate_rollout": "slime_rollout.sft.generate_sft_rollout",
 }
 
 

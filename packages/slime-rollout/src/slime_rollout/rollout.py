@@ -111,6 +111,45 @@ async def _abort_and_drain(
     return leftovers
 
 
+class _SamplingRounds:
+    """Counts over-sampling rounds of one rollout: logs each refill, stops after too many that added nothing.
+
+    A round is one `data_source.get_samples(--over-sampling-batch-size)` call. The first fills the batch; a
+    later one only happens because groups were dropped (dynamic-sampling filter, aborts), so each refill
+    logs what was kept and dropped so far. `max_empty` refills in a row without a newly kept group mean the
+    filter drops everything (e.g. every group got the same reward): a clear error instead of sampling forever.
+    """
+
+    def __init__(self, rollout_id: int, target: int, max_empty: int):
+        self.rollout_id, self.target, self.max_empty = rollout_id, target, max_empty
+        self.count = 0
+        self.empty = 0
+        self._kept_before = 0
+
+    def next_round(self, kept: int, drops: collections.Counter[str]) -> None:
+        """Called before each `get_samples`; `kept` groups are in the batch, `drops` counts dropped ones by reason.
+
+        Raises:
+            RuntimeError: `max_empty` refills in a row kept no new group (names the drop reasons).
+        """
+        if self.count > 0:
+            self.empty = self.empty + 1 if kept == self._kept_before else 0
+            reasons = ", ".join(f"{reason}: {n}" for reason, n in drops.most_common()) or "none"
+            logger.info(
+                "rollout %d: over-sampling round %d: %d/%d groups kept, %d dropped (%s)",
+                self.rollout_id, self.count + 1, kept, self.target, sum(drops.values()), reasons,
+            )  # fmt: skip
+            if self.empty >= self.max_empty:
+                raise RuntimeError(
+                    f"rollout {self.rollout_id}: {self.empty} over-sampling rounds in a row kept no group "
+                    f"({kept}/{self.target} kept, dropped: {reasons}); the dynamic-sampling filter drops everything "
+                    "(check the reward function and --dynamic-sampling-filter-path, or raise "
+                    "--dynamic-sampling-max-empty-rounds)"
+                )
+        self._kept_before = kept
+        self.count += 1
+
+
 async def generate_rollout_async(
     args: SlimeArgs, rollout_id: int, data_source: DataSource
 ) -> tuple[RolloutFnTrainOutput, list[list[Sample]]]:
@@ -118,8 +157,9 @@ async def generate_rollout_async(
 
     Args:
         args: the plugin view; reads `rollout_batch_size`, `n_samples_per_prompt`, `over_sampling_batch_size`,
-            `dynamic_sampling_filter_path`, `partial_rollout`, `rollout_sample_filter_path`,
-            `rollout_all_samples_process_path` (+ what generate, rewards and metrics read).
+            `dynamic_sampling_filter_path`, `dynamic_sampling_max_empty_rounds`, `partial_rollout`,
+            `rollout_sample_filter_path`, `rollout_all_samples_process_path` (+ what generate, rewards and metrics
+            read).
         rollout_id: id of this rollout.
         data_source: a `slime_core.protocols.DataSource`.
 
@@ -129,7 +169,8 @@ async def generate_rollout_async(
 
     Raises:
         ValueError: a group of the wrong size or a misconfigured batch size.
-        RuntimeError: the data source ran dry.
+        RuntimeError: the data source ran dry, or `--dynamic-sampling-max-empty-rounds` refills in a row kept
+            no group.
     """
     start = time.perf_counter()
     target, over, n = args.rollout_batch_size, args.over_sampling_batch_size, args.n_samples_per_prompt
@@ -144,20 +185,25 @@ async def generate_rollout_async(
     all_groups: list[list[Any]] = []
     requeue: list[list[Sample]] = []
     drops: collections.Counter[str] = collections.Counter()
+    rounds = _SamplingRounds(rollout_id, target, args.dynamic_sampling_max_empty_rounds)
     discarded: dict[str, list[list[Any]]] = {"filtered": [], "aborted": [], "surplus": []}  # goodput accounting
     submitted = 0
+    order: dict[asyncio.Task[Any], int] = {}
     try:
         while len(data) < target:
             while len(data) + len(pending) < target:
+                rounds.next_round(len(data), drops)
                 groups = data_source.get_samples(over)
                 if not groups:
                     raise RuntimeError("data source returned no samples")
                 for g in groups:
-                    task = generate_and_rm_group(args, g, state, prompt_position=submitted)
-                    pending.add(asyncio.create_task(task))
+                    task = asyncio.create_task(generate_and_rm_group(args, g, state, prompt_position=submitted))
+                    order[task] = submitted
+                    pending.add(task)
                     submitted += 1
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            # Groups that finished together are decided in submission order (a set's order is arbitrary).
+            for position, task in enumerate(sorted(done, key=order.pop)):
                 group = task.result()
                 all_groups.append(group)
                 if len(group) != n:
@@ -172,7 +218,9 @@ async def generate_rollout_async(
                     continue
                 if filter_fn is not None:
                     verdict = normalize_filter_output(filter_fn(args, group))
-                    if not verdict.keep:
+                    # Groups that could still fill the batch: accepted, generating, and the undecided ones of `done`.
+                    candidates = len(data) + len(pending) + len(done) - position
+                    if not verdict.keep and not (verdict.keep_when_insufficient and candidates <= target):
                         drops[verdict.reason or "filtered"] += 1
                         discarded["filtered"].append(group)
                         continue

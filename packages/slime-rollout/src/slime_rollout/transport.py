@@ -193,6 +193,8 @@ class HttpEndpoint:
         *,
         timeout: float | None = None,
         raw: bool = False,
+        headers: dict[str, str] | None = None,
+        check_success: bool = True,
         max_retries: int | None = None,
     ) -> Any:
         """Sends one request with retries on connection errors.
@@ -203,6 +205,8 @@ class HttpEndpoint:
             payload: JSON body (POST) or query parameters (GET).
             timeout: per-request read timeout in seconds (None: the client's default).
             raw: return the `EngineResponse` (status, headers, body bytes) instead of decoded JSON.
+            headers: extra request headers (e.g. a router's session-affinity key).
+            check_success: raise on a `{"success": false}` body (engine control endpoints); False returns it.
             max_retries: retries of a connection-level failure (None: the endpoint's `max_retries`).
 
         Returns:
@@ -212,6 +216,8 @@ class HttpEndpoint:
             EngineError: non-2xx status, `{"success": false}` body, or still unreachable after retries.
         """
         kwargs: dict[str, Any] = {"json": payload} if method == "POST" else {"params": payload}
+        if headers:
+            kwargs["headers"] = headers
         if timeout is not None:
             kwargs["timeout"] = self._timeout(timeout)
         delay = self.backoff_s
@@ -245,6 +251,6 @@ class HttpEndpoint:
             body = out.json()
         except ValueError:
             return out.text
-        if isinstance(body, dict) and body.get("success") is False:
+        if check_success and isinstance(body, dict) and body.get("success") is False:
             raise EngineError(self.url, endpoint, str(body.get("message", body)), out.status_code)
         return body

@@ -15,10 +15,15 @@ step's global batch.
 Reference model: its weights are kept as a CPU copy of this rank's parameter shards and swapped into the
 actor for the ref forward (like Megatron slime's `TensorBackuper`), so it never occupies accelerator memory
 between uses.
+
+Vision-language checkpoints (`vision.py`): micro-batches carry their samples' images, and
+`--freeze-vision-tower` keeps the vision tower out of the optimizer; its weights are then pushed to the engines
+once (the first sync, in case `--load` restored a tower the engines do not have) and skipped afterwards.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import pathlib
 from collections.abc import Iterator
@@ -39,7 +44,14 @@ from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merg
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device, load_hf_weights_into
 from slime_train_fsdp.offload import HostOffloader
-from slime_train_fsdp.packing import install_response_forward, pack_micro_batch, response_log_probs, split_by_lengths
+from slime_train_fsdp.packing import (
+    PackedMicroBatch,
+    install_response_forward,
+    pack_micro_batch,
+    response_log_probs,
+    split_by_lengths,
+)
+from slime_train_fsdp.vision import is_vision_language, mrope_position_ids, vision_tower_names
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +90,9 @@ class FSDPTrainBackend:
         self._asleep = False
         self._host: HostOffloader | None = None
         self.step_metrics: list[dict[str, float]] = []
+        self._mrope = None  # per-sequence 3-D rotary positions of a vision-language model
+        self._frozen_vision: frozenset[str] = frozenset()
+        self._pushed_once = False
 
     # ------------------------------------------------------------------ setup
     def init(self, cfg: SlimeArgs, *, with_ref: bool) -> int:
@@ -119,7 +134,7 @@ class FSDPTrainBackend:
                 load_hf_weights_into(self.model, cfg.hf_checkpoint, extra=adapters)
             else:
                 self._ref_shards = self._snapshot()
-        frozen = frozen_parameter_names([n for n, _ in self.model.named_parameters()], cfg)
+        frozen = frozen_parameter_names([n for n, _ in self.model.named_parameters()], cfg) | self._vision_setup(cfg)
         for name, param in self.model.named_parameters():
             if name in frozen:
                 param.requires_grad_(False)  # FSDP2 then neither computes nor reduce-scatters its gradient
@@ -145,6 +160,27 @@ class FSDPTrainBackend:
             if meta is not None:
                 start, self.global_step = int(meta["next_rollout_id"]), int(meta["global_step"])
         return start
+
+    def _vision_setup(self, cfg: SlimeArgs) -> set[str]:
+        """Rotary positions of a vision-language model, and the tower's names under `--freeze-vision-tower`.
+
+        Raises:
+            ValueError: `--freeze-vision-tower` on a model without a vision tower.
+        """
+        if is_vision_language(self.config):
+            self._mrope = functools.partial(mrope_position_ids, self.model.model)
+        if not cfg.freeze_vision_tower:
+            return set()
+        names = vision_tower_names(self.model)
+        if not names:
+            raise ValueError(f"--freeze-vision-tower: --hf-checkpoint {cfg.hf_checkpoint} has no vision tower")
+        self._frozen_vision = frozenset(names)
+        logger.info("--freeze-vision-tower: %d vision tensors frozen", len(names))
+        return names
+
+    def _pack(self, batch: RolloutBatch, ids: list[int]) -> PackedMicroBatch:
+        return pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device,
+                                multimodal=batch.multimodal_train_inputs, mrope=self._mrope)  # fmt: skip
 
     def _require_awake(self, what: str) -> None:
         # Asleep, the shards live on CPU; NCCL collectives on them would fail deep inside FSDP.
@@ -213,7 +249,7 @@ class FSDPTrainBackend:
             out: list[torch.Tensor | None] = [None] * batch.num_samples
             for step in batch.micro_batches:
                 for ids in step:
-                    mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
+                    mb = self._pack(batch, ids)
                     logp, _, _ = response_log_probs(
                         self.model, mb, temperature=self.cfg.rollout_temperature, chunk_size=self._chunk_size()
                     )
@@ -266,7 +302,7 @@ class FSDPTrainBackend:
         self.optimizer.zero_grad(set_to_none=True)
         metrics = []
         for ids in batch.micro_batches[step]:
-            mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
+            mb = self._pack(batch, ids)
             logp, ent, anchor = response_log_probs(
                 self.model,
                 mb,
@@ -341,6 +377,7 @@ class FSDPTrainBackend:
     def save_hf(self, path: str | pathlib.Path) -> None:
         """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective).
 
+        Vision-language models export every tensor under its checkpoint name (`AutoModelForImageTextToText`).
         With `--lora-rank`, `path` gets the adapter in PEFT's format (`slime_train_fsdp.lora.save_adapter`) and,
         with `--lora-save-merged`, `path/merged` the merged model.
         """
@@ -365,8 +402,9 @@ class FSDPTrainBackend:
             bucket_bytes: bucket budget; `--update-weight-buffer-size` (512 MiB) when None.
 
         Yields:
-            Lists of `(name, tensor)` in the checkpoint dtype, on this rank's device; with `--lora-rank`, the
-            adapter's tensors only (PEFT names, float32: `slime_train_fsdp.lora.iter_adapter`).
+            Lists of `(checkpoint name, tensor)` in the checkpoint dtype, on this rank's device; a frozen vision
+            tower (`--freeze-vision-tower`) only in the first call; with `--lora-rank`, the adapter's tensors only
+            (PEFT names, float32: `slime_train_fsdp.lora.iter_adapter`).
         """
         self._require_awake("named_hf_weights")
         if bucket_bytes is None:
@@ -374,7 +412,9 @@ class FSDPTrainBackend:
         if self.cfg.lora_rank:  # the engines hold the base weights: only the adapter moves
             yield from iter_buckets(iter_adapter(self.model), bucket_bytes)
             return
-        yield from iter_hf_buckets(self.model, bucket_bytes, dtype=self._checkpoint_dtype())
+        skip = self._frozen_vision if self._pushed_once else frozenset()
+        yield from iter_hf_buckets(self.model, bucket_bytes, dtype=self._checkpoint_dtype(), skip=skip)
+        self._pushed_once = True
 
     # ----------------------------------------------------------- offloading
     def _offloader(self) -> HostOffloader:

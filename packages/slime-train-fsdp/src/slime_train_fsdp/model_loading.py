@@ -6,6 +6,11 @@ scattered with `set_model_state_dict(..., broadcast_from_rank0=True)`, so no ran
 the model on the accelerator. Non-persistent buffers (rotary `inv_freq`) are not in the state dict and are
 broadcast from rank 0 by hand.
 
+Vision-language checkpoints (a config with `vision_config`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are built as
+`AutoModelForImageTextToText`, their vision blocks sharded like decoder layers, their vision attention on sdpa
+(the packed-row implementations serve the language model); checkpoint tensor names are mapped to module names
+(`slime_core.hf_names`) when they are loaded.
+
 Context parallelism (`--context-parallel-size C`): the parameters are still sharded over the whole world (so
 the `C` ranks of a group sum their token slices' gradients in FSDP's reduce-scatter, as torchtitan's
 `dp_shard_cp` does), and a `("dp", "cp")` mesh provides the CP groups of `C` consecutive ranks.
@@ -24,13 +29,15 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PretrainedConfig
 
 from slime_core.config import SlimeArgs
+from slime_core.hf_names import is_vision_tower_param, to_module_name
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
 from slime_train_fsdp.packing import ForwardOptions, install_response_forward
+from slime_train_fsdp.vision import is_vision_language
 
 logger = logging.getLogger(__name__)
 
@@ -69,19 +76,19 @@ def _attn_implementation(cfg: SlimeArgs, device: torch.device) -> str:
     return SLIME_VARLEN if cfg.context_parallel_size > 1 else "sdpa"
 
 
-def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str) -> ForwardOptions:
+def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_language: bool) -> ForwardOptions:
     """The log-prob head and, with `--context-parallel-size C > 1`, this rank's CP group (collective).
 
     Raises:
         ValueError: unknown head; a CP size that does not divide the world; CP with an attention
-            implementation other than `slime_varlen`/`slime_flex`.
+            implementation other than `slime_varlen`/`slime_flex`, or with a vision-language model.
     """
     head = cfg.log_probs_head or default_head(device)
     if head not in HEADS:
         raise ValueError(f"--log-probs-head {head!r}: known heads are {sorted(HEADS)}")
     cp = cfg.context_parallel_size
     if cp == 1:
-        return ForwardOptions(head=head)
+        return ForwardOptions(head=head, vision_language=vision_language)
     world = dist.get_world_size()
     if world % cp:
         raise ValueError(f"--context-parallel-size {cp} must divide the number of trainer ranks ({world})")
@@ -89,6 +96,8 @@ def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str) -> Forward
         raise ValueError(
             f"--context-parallel-size {cp} needs --attn-implementation {SLIME_VARLEN} or {SLIME_FLEX}, got {attn!r}"
         )
+    if vision_language:
+        raise ValueError(f"--context-parallel-size {cp}: vision-language models train without context parallelism")
     mesh = init_device_mesh(device.type, (world // cp, cp), mesh_dim_names=("dp", "cp"))
     return ForwardOptions(head=head, cp_group=mesh.get_group("cp"))
 
@@ -137,9 +146,11 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
         logger.warning("--fsdp-cpu-offload has no effect on CPU")
     layer_types = _layer_classes(model)
     compile_layers = cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else device.type == "cuda"
+    vision_blocks = {id(m) for n, m in model.named_modules() if is_vision_tower_param(n + ".")}
     for module in model.modules():
         if isinstance(module, layer_types):
-            if compile_layers:
+            # Vision blocks are not compiled: their attention splits the patch sequence at data-dependent windows.
+            if compile_layers and id(module) not in vision_blocks:
                 # Regional compilation (as torchtitan): every layer runs the same code, so one dynamic-shape graph
                 # serves all layers and all packed lengths; it fuses the norm/activation/rotary elementwise work.
                 module.compile(dynamic=True)
@@ -172,9 +183,13 @@ def load_hf_weights_into(
     """
     state: dict[str, torch.Tensor] = {}
     if dist.get_rank() == 0:
-        checkpoint = read_hf_state_dict(path)
-        if getattr(model.config, "tie_word_embeddings", False):
-            checkpoint.setdefault("lm_head.weight", checkpoint.get("model.embed_tokens.weight"))
+        # Checkpoint names (e.g. `visual.*` of Qwen2.5-VL) become module names; text models' are the same.
+        model_type = model.config.model_type
+        checkpoint = {to_module_name(k, model_type): v for k, v in read_hf_state_dict(path).items()}
+        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in checkpoint:
+            tied = next((v for k, v in checkpoint.items() if k.endswith("embed_tokens.weight")), None)
+            if tied is not None:
+                checkpoint["lm_head.weight"] = tied
         extra = extra or {}
         missing = []
         for key in model.state_dict():
@@ -202,20 +217,27 @@ def build_fsdp_model(
         mesh: 1-D mesh the parameters are sharded over; the whole world when None.
 
     Returns:
-        (model, config): the sharded `AutoModelForCausalLM` in train mode with fp32 master weights, its response
-        forward installed with the head and CP group (`packing.ForwardOptions`).
+        (model, config): the sharded `AutoModelForCausalLM` (`AutoModelForImageTextToText` for a vision-language
+        checkpoint) in train mode with fp32 master weights, its response forward installed with the head and CP
+        group (`packing.ForwardOptions`).
 
     Raises:
         ValueError: on an invalid head or context-parallel setting.
     """
     config = AutoConfig.from_pretrained(path)
     attn = _attn_implementation(cfg, device)
-    options = _forward_options(cfg, device, attn)
+    vision_language = is_vision_language(config)
+    options = _forward_options(cfg, device, attn, vision_language)
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    model_cls, attn_arg = AutoModelForCausalLM, attn
+    if vision_language:
+        # The vision tower attends within image windows (its own cu_seqlens): sdpa there, the packed-row
+        # implementation for the language model.
+        model_cls, attn_arg = AutoModelForImageTextToText, {"": attn, "text_config": attn, "vision_config": "sdpa"}
     # Meta-device construction everywhere; the weights come from rank 0 below.
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+        model = model_cls.from_config(config, attn_implementation=attn_arg, dtype=torch.float32)
     adapters = None
     if cfg.lora_rank:
         model = inject_lora(model, cfg)  # before sharding: FSDP2 shards and reduces the adapters too
@@ -240,8 +262,12 @@ def _init_buffers(model: nn.Module, config: PretrainedConfig, device: torch.devi
     """Recomputes non-persistent buffers (rotary inv_freq) lost by meta init, then syncs them from rank 0."""
     for module in model.modules():
         if type(module).__name__.endswith("RotaryEmbedding"):
-            # Rebuild on the real device: inv_freq is computed in __init__ from the config only.
-            fresh = type(module)(config=getattr(module, "config", config), device=device)
+            # Rebuild on the real device: inv_freq is computed in __init__ from the config only (vision towers'
+            # rotary embeddings from their `dim` and `theta`).
+            if hasattr(module, "theta") and not hasattr(module, "config"):
+                fresh = type(module)(module.dim, module.theta).to(device)
+            else:
+                fresh = type(module)(config=getattr(module, "config", config), device=device)
             for name, buf in fresh.named_buffers(recurse=False):
                 setattr(module, name, buf)
             if hasattr(fresh, "attention_scaling"):

@@ -11,6 +11,9 @@ the row's `cu_seqlens` (or flex `BlockMask`) are computed once per micro-batch h
 attention call. Under context parallelism (`context_parallel.py`) each rank runs the decoder on its slice of the
 row and the response log-probs are all-gathered over the CP group.
 
+Vision-language models (`vision.py`) pack the same way; the row also carries its samples' images and 4-row
+position ids (text positions for the attention, then the 3-D rotary positions).
+
 Log-probs are computed only at response positions: the decoder's final hidden states are gathered at the
 positions that predict response tokens, then the head of `logprob_head.py` (`lm_head` + fp32 log-softmax, chunk
 by chunk, recomputed in backward) runs over those tokens, so full `[S, V]` logits never exist.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,6 +35,12 @@ from torch.distributed.fsdp import register_fsdp_forward_method
 from slime_train_fsdp.attention import packed_attention_kwargs
 from slime_train_fsdp.context_parallel import gather_response_values, shard_row
 from slime_train_fsdp.logprob_head import DEFAULT_CPU_HEAD, head_log_probs
+from slime_train_fsdp.vision import (
+    dummy_vision_inputs,
+    install_placeholder_guard,
+    pack_vision_inputs,
+    vision_tower_anchor,
+)
 
 __all__ = [
     "ForwardOptions",
@@ -52,10 +62,12 @@ class ForwardOptions:
     Attributes:
         head: `--log-probs-head`, a key of `logprob_head.HEADS`.
         cp_group: the context-parallel group of this rank, or None without context parallelism.
+        vision_language: the model has a vision tower (`model.model.visual`) that every forward must run.
     """
 
     head: str = DEFAULT_CPU_HEAD
     cp_group: dist.ProcessGroup | None = None
+    vision_language: bool = False
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -64,12 +76,17 @@ class PackedMicroBatch:
 
     Attributes:
         input_ids: `[1, S]` int64 concatenated prompt+response tokens.
-        position_ids: `[1, S]` int64, restarting at 0 per sequence.
+        position_ids: `[1, S]` int64, restarting at 0 per sequence; for vision-language models `[4, 1, S]`: that
+            row, then the 3-D rotary positions (temporal, height, width) of each sequence.
         predict_index: `[R]` int64 positions in the row whose logits predict a response token.
         targets: `[R]` int64 the response tokens predicted there.
         sample_ids: local sample positions (indices into the `RolloutBatch` lists), in packing order.
         response_lengths: `L_i` of each packed sample, in packing order.
         seq_lengths: `T_i` of each packed sample, in packing order (sum `S`): the row's sequence boundaries.
+        vision: the packed samples' images (`pixel_values` `[P, C*T*p*p]`, `image_grid_thw` `[num_images, 3]`,
+            in packing order), or None when none has any.
+        vision_positions: `[1, S]` bool, the prompt positions (where image tokens are images; in responses they
+            are text), for vision-language models; else None.
     """
 
     input_ids: torch.Tensor
@@ -79,10 +96,22 @@ class PackedMicroBatch:
     sample_ids: list[int]
     response_lengths: list[int]
     seq_lengths: list[int] = dataclasses.field(default_factory=list)
+    vision: dict[str, torch.Tensor] | None = None
+    vision_positions: torch.Tensor | None = None
+
+
+MropeFn = Callable[[torch.Tensor, torch.Tensor | None, int], torch.Tensor]
+"""`mrope(tokens [T_i], image_grid_thw or None, prompt_length) -> [3, T_i]` rotary positions (`vision.py`)."""
 
 
 def pack_micro_batch(
-    tokens: list[torch.Tensor], response_lengths: list[int], sample_ids: list[int], device: torch.device
+    tokens: list[torch.Tensor],
+    response_lengths: list[int],
+    sample_ids: list[int],
+    device: torch.device,
+    *,
+    multimodal: Sequence[dict[str, torch.Tensor] | None] | None = None,
+    mrope: MropeFn | None = None,
 ) -> PackedMicroBatch:
     """Concatenates the given samples into one row.
 
@@ -94,12 +123,16 @@ def pack_micro_batch(
         response_lengths: all samples' `L_i`.
         sample_ids: which samples to pack.
         device: where to put the tensors.
+        multimodal: all samples' vision tensors (`RolloutBatch.multimodal_train_inputs`), or None.
+        mrope: for a vision-language model, its per-sequence 3-D rotary positions; the row then gets `[4, 1, S]`
+            position ids.
 
     Returns:
         The packed micro-batch.
 
     Raises:
-        ValueError: when a response length is not in `[0, T_i - 1]`.
+        ValueError: when a response length is not in `[0, T_i - 1]`, or a sample has images but no `mrope` is
+            given (a text-only model).
     """
     ids, pos, predict, targets = [], [], [], []
     offset = 0
@@ -117,14 +150,29 @@ def pack_micro_batch(
     if not sample_ids:
         ids, pos = [torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)]
         predict, targets = [torch.zeros(0, dtype=torch.long)], [torch.zeros(0, dtype=torch.long)]
+    mm = [multimodal[i] for i in sample_ids] if multimodal is not None else []
+    vision = pack_vision_inputs(mm, device)
+    if vision is not None and mrope is None:
+        raise ValueError("a sample has images (multimodal_train_inputs) but the model is not a vision-language model")
+    position_ids = torch.cat(pos).unsqueeze(0)  # [1, S]
+    vision_positions = None
+    if mrope is not None:
+        prompts = [int(ids[k].numel()) - int(response_lengths[i]) for k, i in enumerate(sample_ids)]
+        rope = [mrope(ids[k], (mm[k] or {}).get("image_grid_thw"), prompts[k]) for k in range(len(sample_ids))]
+        rope_3S = torch.cat(rope, dim=1) if rope else torch.zeros(3, 1, dtype=torch.long)
+        position_ids = torch.cat([position_ids, rope_3S]).unsqueeze(1)  # [4, 1, S]
+        in_prompt = [torch.arange(int(t.numel())) < n for t, n in zip(ids, prompts or [1], strict=True)]
+        vision_positions = torch.cat(in_prompt).unsqueeze(0).to(device)  # [1, S]
     return PackedMicroBatch(
         input_ids=torch.cat(ids).unsqueeze(0).to(device),
-        position_ids=torch.cat(pos).unsqueeze(0).to(device),
+        position_ids=position_ids.to(device),
         predict_index=torch.cat(predict).to(device),
         targets=torch.cat(targets).to(device),
         sample_ids=list(sample_ids),
         response_lengths=[int(response_lengths[i]) for i in sample_ids],
         seq_lengths=[int(t.numel()) for t in ids],
+        vision=vision,
+        vision_positions=vision_positions,
     )
 
 
@@ -144,13 +192,26 @@ def _response_forward(
     with_entropy: bool,
     seq_lengths: list[int] | None = None,
     head: str | None = None,
+    vision: dict[str, torch.Tensor] | None = None,
+    vision_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of a packed row: response log-probs `[R]` fp32, entropy `[R]` (or `[0]`), and an anchor.
 
     The anchor is a zero scalar that depends on every parameter; adding it to the loss keeps backward (and
-    hence FSDP's reduce-scatters) identical on all ranks, also for empty micro-batches.
+    hence FSDP's reduce-scatters) identical on all ranks, also for empty micro-batches. A vision-language model
+    runs its vision tower on the row's images, or on a dummy image when the row has none (`vision.py`).
     """
     opts: ForwardOptions = getattr(self, _OPTIONS_ATTR)
+    visual = getattr(self.model, "visual", None) if opts.vision_language else None
+    vision_kwargs: dict[str, torch.Tensor] = {}
+    if visual is not None:
+        visual.slime_outputs = []
+        self.model.slime_vision_positions = vision_positions
+        if vision is None:
+            dummy = dummy_vision_inputs(self.config.vision_config, input_ids.device, visual.dtype)
+            visual(dummy["pixel_values"], grid_thw=dummy["grid_thw"])
+        else:
+            vision_kwargs = dict(vision)
     lengths = list(seq_lengths) if seq_lengths else [int(input_ids.shape[-1])]
     group, shard = opts.cp_group, None
     if group is not None:
@@ -162,11 +223,15 @@ def _response_forward(
     attn_kwargs = packed_attention_kwargs(lengths, input_ids.device, self.config._attn_implementation)
     if group is not None:
         attn_kwargs["slime_cp_group"] = group
-    out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **attn_kwargs)
+    out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **vision_kwargs, **attn_kwargs)
     hidden = out.last_hidden_state[0]  # [S, H] (this rank's slice under CP)
     weight = self.get_output_embeddings().weight  # [V, H], unsharded inside this FSDP forward
     # One element of each is enough to connect every parameter; a full bf16 sum could overflow to inf.
     anchor = (hidden[:1, :1].float().sum() + weight[:1, :1].float().sum()) * 0.0
+    if visual is not None:
+        anchor = anchor + vision_tower_anchor(visual.slime_outputs).to(anchor.device)
+        visual.slime_outputs = []
+        self.model.slime_vision_positions = None
     h_resp = hidden.index_select(0, predict_index)  # [R, H]
     logp, entropy = head_log_probs(h_resp, weight, targets, temperature=temperature, chunk_size=chunk_size,
                                    with_entropy=with_entropy, head=head or opts.head)  # fmt: skip
@@ -192,6 +257,12 @@ def install_response_forward(model: nn.Module, options: ForwardOptions | None = 
         setattr(model, _OPTIONS_ATTR, options or ForwardOptions())
     setattr(model, _FORWARD_METHOD, types.MethodType(_response_forward, model))
     register_fsdp_forward_method(model, _FORWARD_METHOD)
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    if getattr(model, _OPTIONS_ATTR).vision_language and visual is not None and not hasattr(visual, "slime_outputs"):
+        # The forward reads what the vision tower returned (for the loss anchor); a hook sees it whoever calls it.
+        visual.slime_outputs = []
+        visual.register_forward_hook(lambda module, args, output: module.slime_outputs.append(output))
+        install_placeholder_guard(model.model)
 
 
 def response_log_probs(
@@ -219,4 +290,4 @@ def response_log_probs(
     """
     fn = getattr(model, _FORWARD_METHOD)
     return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, temperature, chunk_size, with_entropy,
-              mb.seq_lengths, head)  # fmt: skip
+              mb.seq_lengths, head, mb.vision, mb.vision_positions)  # fmt: skip

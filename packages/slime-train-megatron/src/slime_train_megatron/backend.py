@@ -40,6 +40,7 @@ from slime_core.estimators import get_estimator
 from slime_core.param_filter import frozen_parameter_names
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
+from slime_train_megatron.attention import AttentionKind, attention_kind
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
 from slime_train_megatron.hf_export import save_hf
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
@@ -102,7 +103,7 @@ class MegatronTrainBackend:
         self.scheduler: Any = None
         self._ref: dict[str, torch.Tensor] | None = None
         self._asleep = False
-        self._thd = True
+        self.attention: AttentionKind = "transformer_engine"
         self._sleep_state: Any = None
         self.global_step = 0
         self.step_metrics: list[dict[str, float]] = []
@@ -140,11 +141,8 @@ class MegatronTrainBackend:
             tensor_parallel.model_parallel_cuda_manual_seed(s.seed)
         torch.manual_seed(s.seed)
         config = build_transformer_config(self.model_args, s, cpu=not cuda)
-        self._thd = use_transformer_engine(s)
-        if s.context_parallel_size > 1 and not self._thd:
-            raise ValueError(
-                "--context-parallel-size > 1 needs Transformer Engine (--transformer-impl transformer_engine)"
-            )
+        # "packed"/"transformer_engine" take THD rows; "dense" (megatron-core's DotProductAttention) a [T, T] mask.
+        self.attention = attention_kind(s, use_transformer_engine(s))
         module = build_gpt_model(self.model_args, s, config)
         if cuda:
             module.cuda(torch.cuda.current_device())
@@ -176,6 +174,10 @@ class MegatronTrainBackend:
             fp16=s.fp16,
             params_dtype=config.params_dtype,
             use_distributed_optimizer=s.use_distributed_optimizer,
+            optimizer_cpu_offload=s.optimizer_cpu_offload,
+            overlap_cpu_optimizer_d2h_h2d=s.overlap_cpu_optimizer_d2h_h2d,
+            optimizer_offload_fraction=s.optimizer_offload_fraction,
+            use_precision_aware_optimizer=s.use_precision_aware_optimizer,
         )
         self.optimizer = get_megatron_optimizer(opt_config, [self.model])
         self.scheduler = build_lr_scheduler(self.optimizer, s, self.cfg)
@@ -260,8 +262,8 @@ class MegatronTrainBackend:
         if cp > 1:
             index = cp_zigzag_indices(p.cu_seqlens, parallel_state.get_context_parallel_rank(), cp)
             tokens, positions = tokens[:, index], positions[:, index]
-        if not self._thd:
-            # The local spec has no THD kernel: same packing, block-diagonal causal mask (True = masked).
+        if self.attention == "dense":
+            # DotProductAttention has no THD kernel: same packing, block-diagonal causal mask (True = masked).
             seg = torch.repeat_interleave(
                 torch.arange(len(p.cu_seqlens) - 1), (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).long()
             )
@@ -269,12 +271,16 @@ class MegatronTrainBackend:
             mask = (~allowed)[None, None].to(device)
             return model(tokens.to(device), positions.to(device), attention_mask=mask)
         cu = p.cu_seqlens.to(device)
+        # Samples are padded inside their own segment, so padded and real boundaries coincide. For slime's packed
+        # attention the padded copies stay on the host: megatron-core's THD RoPE reads them with `.tolist()` in
+        # every layer (a device sync each time on CUDA tensors), and the attention's exact fallback needs them too.
+        padded = p.cu_seqlens if self.attention == "packed" else cu
         params = PackedSeqParams(
             qkv_format="thd",
             cu_seqlens_q=cu,
             cu_seqlens_kv=cu,
-            cu_seqlens_q_padded=cu,
-            cu_seqlens_kv_padded=cu,
+            cu_seqlens_q_padded=padded,
+            cu_seqlens_kv_padded=padded,
             max_seqlen_q=p.max_seqlen,
             max_seqlen_kv=p.max_seqlen,
         )

@@ -18,10 +18,13 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 
 from slime_convert import ModelArgs
 from slime_convert.hf_io import HFCheckpointReader
 from slime_convert.mapping import mcore_tensor_from_hf, mcore_to_hf
+from slime_train_megatron.attention import PackedCoreAttention, attention_kind
+from slime_train_megatron.layers import sandwich_norm_spec
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
 
@@ -66,7 +69,13 @@ def build_transformer_config(
     """
     kwargs = model_args.transformer_config_kwargs()
     kwargs["activation_func"] = torch.nn.functional.silu
+    kwargs.update(_optional_kwargs(model_args, settings))
     dtype = _DTYPES[settings.params_dtype_name]
+    if use_transformer_engine(settings):
+        # TE picks its kernel from this (through NVTE_* variables). The local spec chooses its core attention in
+        # the layer spec instead and keeps the default, so building models with different choices in one
+        # process does not trip megatron-core's check that the NVTE_* variables never change.
+        kwargs["attention_backend"] = AttnBackend[settings.attention_backend]
     return TransformerConfig(
         **kwargs,
         tensor_model_parallel_size=settings.tensor_model_parallel_size,
@@ -102,9 +111,52 @@ def build_transformer_config(
     )
 
 
+def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[str, object]:
+    """`TransformerConfig` kwargs of the optional Megatron flags (megatron-core's defaults when absent).
+
+    Uneven pipeline stages, the attention softmax precision, and the MoE training knobs (the attention kernel is
+    set by `build_transformer_config` / `build_gpt_model`).
+    """
+    out: dict[str, object] = {
+        "num_layers_in_first_pipeline_stage": settings.decoder_first_pipeline_num_layers,
+        "num_layers_in_last_pipeline_stage": settings.decoder_last_pipeline_num_layers,
+        "attention_softmax_in_fp32": settings.attention_softmax_in_fp32,
+        "deterministic_mode": settings.deterministic_mode,
+    }
+    if model_args.is_moe:
+        out.update(
+            moe_router_load_balancing_type=settings.moe_router_load_balancing_type,
+            moe_router_bias_update_rate=settings.moe_router_bias_update_rate,
+            moe_router_dtype=settings.moe_router_dtype,
+            moe_token_drop_policy=settings.moe_token_drop_policy,
+            moe_expert_capacity_factor=settings.moe_expert_capacity_factor,
+            moe_pad_expert_input_to_capacity=settings.moe_pad_expert_input_to_capacity,
+            moe_enable_deepep=settings.moe_enable_deepep,
+        )
+        if settings.moe_permute_fusion:
+            # Transformer Engine's fused permute kernels; without TE megatron-core refuses the option.
+            out["moe_permute_fusion"] = use_transformer_engine(settings)
+            if not out["moe_permute_fusion"]:
+                logger.warning("--moe-permute-fusion needs Transformer Engine (local layer spec here); not fused")
+        if settings.moe_aux_loss_coeff is not None:  # the flag wins over config.json's router_aux_loss_coef
+            out["moe_aux_loss_coeff"] = settings.moe_aux_loss_coeff
+        if settings.moe_z_loss_coeff is not None:
+            out["moe_z_loss_coeff"] = settings.moe_z_loss_coeff
+    return out
+
+
 def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: TransformerConfig) -> GPTModel:
-    """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local)."""
-    if use_transformer_engine(settings):
+    """The `GPTModel` of this pipeline stage (Transformer Engine spec when available, else local).
+
+    With the local spec the core attention follows `--attention-backend` (`attention.attention_kind`): slime's
+    `PackedCoreAttention` (THD rows, no mask) or megatron-core's `DotProductAttention` (dense mask). GLM4's
+    post-sublayer norms (`ModelArgs.sandwich_norm`) come from `slime_train_megatron.layers`.
+
+    Raises:
+        ValueError: an `--attention-backend` the spec cannot run (see `attention.attention_kind`).
+    """
+    kind = attention_kind(settings, use_transformer_engine(settings))
+    if kind == "transformer_engine":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         spec = get_gpt_layer_with_transformer_engine_spec(
@@ -119,6 +171,10 @@ def build_gpt_model(model_args: ModelArgs, settings: MegatronSettings, config: T
             qk_layernorm=model_args.qk_layernorm,
             normalization="RMSNorm",
         )
+        if kind == "packed":
+            spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
+    if model_args.sandwich_norm:
+        spec = sandwich_norm_spec(spec, use_te=kind == "transformer_engine")
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

@@ -3,8 +3,9 @@
 Parsed from `cfg.megatron_args` (the raw Megatron CLI tokens a user passes through, e.g.
 `["--tensor-model-parallel-size", "2", "--sequence-parallel"]`) on top of the same-named fields of the
 run config (`cfg.lr`, `cfg.load`, ...), on top of slime's defaults (distributed optimizer on, bf16 unless
-`--fp16`, Transformer Engine spec when installed).
-Flag names are Megatron-LM's. Tokens this backend does not use are logged once and ignored.
+`--fp16`, Transformer Engine spec when installed, else the local spec with slime's packed varlen attention).
+Flag names are Megatron-LM's. Only the flags `slime_core.config.megatron_flags` marks as `read` for Megatron
+reach this parser; validation has already judged every other Megatron flag of the run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slime_core.config import SlimeArgs
+from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,12 @@ class MegatronSettings(BaseModel):
     use_distributed_optimizer: bool = Field(True, description="ZeRO-1 optimizer state sharding over DP.")
     transformer_impl: Literal["transformer_engine", "local"] | None = Field(
         None, description="Layer spec; None → transformer_engine when importable, else local."
+    )
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = Field(
+        "auto",
+        description="Core attention. Local spec: auto/flash → slime's packed varlen attention (flash kernel on CUDA, "
+        "exact per-sequence SDPA on CPU), local → megatron-core's DotProductAttention with a dense [T, T] mask; "
+        "fused/unfused need Transformer Engine, which picks its kernel from this flag.",
     )
     bf16: bool = Field(False, description="bf16 params/compute (slime's default unless --fp16 or --fp32).")
     fp16: bool = Field(False, description="fp16 params/compute.")
@@ -66,6 +74,24 @@ class MegatronSettings(BaseModel):
     seed: int = 1234
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
     moe_grouped_gemm: bool = False
+    decoder_first_pipeline_num_layers: int | None = Field(None, ge=1, description="Layers of the first PP stage.")
+    decoder_last_pipeline_num_layers: int | None = Field(None, ge=1, description="Layers of the last PP stage.")
+    optimizer_cpu_offload: bool = Field(False, description="Keep optimizer states on CPU and step there (HybridAdam).")
+    overlap_cpu_optimizer_d2h_h2d: bool = Field(False, description="Overlap the CPU optimizer's copies with compute.")
+    optimizer_offload_fraction: float = Field(1.0, ge=0, le=1, description="Share of states on CPU when offloading.")
+    use_precision_aware_optimizer: bool = Field(False, description="Megatron's precision-aware optimizer.")
+    attention_softmax_in_fp32: bool = Field(False, description="Unfused attention softmax in fp32.")
+    moe_aux_loss_coeff: float | None = Field(None, ge=0, description="Router loss weight (None: config.json's).")
+    moe_z_loss_coeff: float | None = Field(None, ge=0, description="Router z-loss weight (None: off).")
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"] = "aux_loss"
+    moe_router_bias_update_rate: float = Field(1e-3, ge=0, description="Expert-bias update rate (aux-loss-free).")
+    moe_router_dtype: Literal["fp32", "fp64"] | None = Field(None, description="Router computation dtype.")
+    moe_token_drop_policy: Literal["probs", "position"] = "probs"
+    moe_expert_capacity_factor: float | None = Field(None, gt=0, description="Token capacity per expert (drops).")
+    moe_pad_expert_input_to_capacity: bool = False
+    moe_permute_fusion: bool = False
+    moe_enable_deepep: bool = Field(False, description="DeepEP dispatch (with --moe-token-dispatcher-type flex).")
+    deterministic_mode: bool = Field(False, description="megatron-core's deterministic mode (--deterministic-mode).")
 
     @model_validator(mode="after")
     def _check(self) -> MegatronSettings:
@@ -94,14 +120,16 @@ class MegatronSettings(BaseModel):
         """
         shared = set(cls.model_fields) & set(type(cfg).model_fields)
         values: dict[str, Any] = {k: v for k, v in cfg.model_dump(include=shared).items() if v is not None}
-        tokens = list(cfg.megatron_args)
+        # Only the flags this backend implements; the rest were judged by validation (MEGATRON_FLAG_RULES):
+        # architecture descriptions checked against config.json, no-ops logged, unsupported ones rejected.
+        tokens = _tokens_read_here(list(cfg.megatron_args))
         try:
             parsed, unknown = _parser().parse_known_args(tokens)
         except argparse.ArgumentError as e:
             raise ValueError(f"--megatron-args: {e}") from e
         values.update({k: v for k, v in vars(parsed).items() if v is not None})
-        if unknown:
-            logger.warning("Megatron flags not used by slime's Megatron backend (ignored): %s", " ".join(unknown))
+        if unknown:  # a `read` flag of MEGATRON_FLAG_RULES without a field here (tests guard against it)
+            raise ValueError(f"Megatron flags not parsed by MegatronSettings: {' '.join(unknown)}")
         try:
             return cls(**values)
         except ValueError as e:
@@ -130,6 +158,23 @@ class MegatronSettings(BaseModel):
                 f"DP×CP = {dp * self.context_parallel_size} not divisible by EP={self.expert_model_parallel_size}"
             )
         return types.SimpleNamespace(data_parallel_size=dp)
+
+
+def _tokens_read_here(tokens: list[str]) -> list[str]:
+    """The tokens (flag and values) of the flags this backend reads: rule `read`, or not a table flag at all.
+
+    `parse_args` only collects table flags; tokens outside the table come from code that builds a config by hand
+    (tests), and reach the parser as before.
+    """
+    kept: list[str] = []
+    keep = False
+    for token in tokens:
+        if token.startswith("--"):
+            rule = MEGATRON_FLAG_RULES.get(token.partition("=")[0])
+            keep = rule is None or rule.megatron == "read"
+        if keep:
+            kept.append(token)
+    return kept
 
 
 def _parser() -> argparse.ArgumentParser:

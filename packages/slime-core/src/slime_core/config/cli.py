@@ -33,7 +33,7 @@ from pydantic.fields import FieldInfo
 from slime_core.config.args import SlimeArgs, config_error_from_validation
 from slime_core.config.base import ConfigError, field_to_flag
 from slime_core.config.megatron_flags import MEGATRON_FLAGS
-from slime_core.config.unsupported import UNSUPPORTED
+from slime_core.config.unsupported import UNSUPPORTED, UNSUPPORTED_FLAGS
 
 __all__ = ["YamlConfig", "build_parser", "load_yaml_config", "parse_args"]
 
@@ -152,6 +152,8 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThroug
             _store_passthrough(router, name.removeprefix("--router-"), inline if eq else None, values)
         elif name in MEGATRON_FLAGS:
             megatron += argv[i:end]
+        elif name in UNSUPPORTED_FLAGS:
+            raise ConfigError(f"{name} is not implemented in this version ({UNSUPPORTED_FLAGS[name]}); remove it")
         else:
             known = sorted(slime_flags | MEGATRON_FLAGS)
             raise ConfigError(f"unknown flag {name}{_suggest(name, known)}")

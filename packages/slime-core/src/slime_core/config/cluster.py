@@ -41,9 +41,10 @@ class ClusterArgs(ArgsGroup):
         None, "Free trainer accelerator memory while rolling out (always on with --colocate; needs --colocate)."
     )
     offload_train_pin_memory: bool = arg(
-        True,
-        "Swap the trainer's state through page-locked host buffers kept across steps (faster swaps; holds "
-        "host memory the size of the trainer's offloaded state while it is awake). FSDP backend.",
+        False,
+        "Swap the trainer's state through page-locked host buffers kept across steps (holds host memory the size "
+        "of the trainer's offloaded state; the first sleep pins it). FSDP backend. Off by default: on the H200 "
+        "machine it measured no faster than pageable copies (benchmarks/RESULTS.md).",
     )
     offload_rollout: bool | None = arg(
         None, "Free engine accelerator memory while training (default: on with --colocate/--offload)."

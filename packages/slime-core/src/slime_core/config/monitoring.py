@@ -45,7 +45,12 @@ class LoggingArgs(ArgsGroup):
     disable_wandb_random_suffix: bool = arg(False, "Do not append a random suffix to the W&B run name.")
     wandb_always_use_train_step: bool = arg(False, "Use train steps as the x-axis of every metric.")
     use_tensorboard: bool = arg(True, "Log metrics to TensorBoard (on by default here; --no-use-tensorboard).")
-    output_dir: str = arg("outputs", "Directory for run outputs (TensorBoard logs, reward curve, final HF export).")
+    output_dir: str = arg(
+        "outputs",
+        "Directory for run outputs: tensorboard/ (unless --tensorboard-dir), reward_curve.png, engine_logs/, "
+        "weight_sync/ (disk weight sync) and ref_load_hf/ (an FSDP --ref-load converted from torch_dist); "
+        "checkpoints go to --save, HF exports to --save-hf.",
+    )
     tensorboard_dir: str | None = arg(None, "TensorBoard log directory (default: <output-dir>/tensorboard).")
     tb_project_name: str | None = arg(
         None, "TensorBoard log directory, relative to --output-dir unless absolute (--tensorboard-dir wins)."
@@ -60,6 +65,12 @@ class LoggingArgs(ArgsGroup):
 class DebugArgs(ArgsGroup):
     """Debug modes, dumps and CI assertions."""
 
+    dry_run: bool = arg(
+        False,
+        "Check everything that needs no hardware (flags, batch sizes, data files and their first rows, tokenizer and "
+        "chat template, plugins, architecture flags vs config.json, --load/--ref-load), print the resolved config "
+        "and exit; starts no Ray, engine or GPU work.",
+    )
     debug_rollout_only: bool = arg(False, "Only roll out (no trainer).")
     debug_train_only: bool = arg(False, "Only train (no engines); usually with --load-debug-rollout-data.")
     save_debug_rollout_data: str | None = arg(None, "Path template for rollout dumps ({rollout_id} substituted).")

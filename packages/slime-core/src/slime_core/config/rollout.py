@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import field_validator
 
@@ -26,6 +26,12 @@ class RolloutArgs(ArgsGroup):
     )
     dynamic_sampling_filter_path: str | None = arg(
         None, "Import path of the dynamic-sampling group filter fn(args, group) -> DynamicFilterOutput | bool."
+    )
+    dynamic_sampling_max_empty_rounds: int = arg(
+        20,
+        "Stop the run when this many over-sampling rounds in a row add no group to the batch (every group "
+        "dropped by the dynamic-sampling filter or aborted).",
+        ge=1,
     )
     partial_rollout: bool = arg(False, "Return aborted partially generated groups to the buffer for the next rollout.")
     mask_offpolicy_in_partial_rollout: bool = arg(
@@ -74,7 +80,12 @@ class DataArgs(ArgsGroup):
     """Prompt data and batch sizes."""
 
     num_rollout: int | None = arg(None, "Number of rollouts (training iterations).", ge=1)
-    num_epoch: int | None = arg(None, "Number of epochs over --prompt-data (used when --num-rollout is unset).", ge=1)
+    num_epoch: int | None = arg(
+        None,
+        "Passes over --prompt-data: --num-rollout becomes epochs × (prompts // --rollout-batch-size), counted before "
+        "the run starts (ignored when --num-rollout is given).",
+        ge=1,
+    )
     disable_rollout_global_dataset: bool = arg(False, "No prompt dataset; custom generate functions make prompts.")
     data_source_path: str = arg(
         "slime_rollout.data_source.RolloutDataSourceWithBuffer", "Import path of the data source class."
@@ -85,7 +96,11 @@ class DataArgs(ArgsGroup):
     apply_chat_template_kwargs: dict[str, Any] = arg({}, "Extra chat template kwargs as a JSON object string.")
     input_key: str = arg("input", "Dataset field holding the prompt.")
     label_key: str | None = arg(None, "Dataset field holding the label.")
-    multimodal_keys: dict[str, str] | None = arg(None, "JSON object mapping media type to dataset field.")
+    multimodal_keys: dict[str, str] | None = arg(
+        None,
+        'JSON object mapping media type to dataset field, e.g. \'{"image": "images"}\' (image only; the field holds '
+        "paths, bytes or base64, one per <image> placeholder of the prompt; needs --apply-chat-template).",
+    )
     metadata_key: str = arg("metadata", "Dataset field holding per-sample metadata.")
     tool_key: str = arg("tools", "Dataset field holding the tool specs (JSON string or list) for chat templates.")
     start_rollout_id: int | None = arg(None, "Rollout id to start from (default: from the loaded checkpoint).", ge=0)
@@ -139,4 +154,6 @@ class MultiTurnArgs(ArgsGroup):
 
     max_turns: int = arg(1, "Maximum model turns per trajectory in multi-turn rollouts.", ge=1)
     env_path: str | None = arg(None, "Import path (or entry-point name) of the multi-turn environment.")
-    loss_mask_type: str = arg("qwen", "Chat template family for SFT/multi-turn loss masks (qwen, qwen3, ...).")
+    loss_mask_type: Literal["qwen", "qwen3", "qwen3_5", "distill_qwen"] = arg(
+        "qwen", "Chat format of the SFT loss masks (slime_rollout.sft): qwen, qwen3, qwen3_5 or distill_qwen."
+    )

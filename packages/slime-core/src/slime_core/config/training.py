@@ -134,10 +134,17 @@ class FsdpArgs(ArgsGroup):
         "Default: on with CUDA, off on CPU.",
     )
     gradient_checkpointing: bool = arg(False, "HF gradient checkpointing.")
+    freeze_vision_tower: bool = arg(
+        False, "Vision-language models: keep the vision tower (and its merger) frozen; only the language model trains."
+    )
     fsdp_cpu_offload: bool = arg(False, "Keep parameters, gradients and optimizer states on CPU (FSDP2 offload).")
     fsdp_state_dict_cpu_offload: bool = arg(False, "Gather full state dicts to CPU.")
     fsdp_cpu_backend: str = arg("gloo", "Process-group backend for CPU tensors.")
-    deterministic_mode: bool = arg(False, "Use deterministic torch algorithms.")
+    deterministic_mode: bool = arg(
+        False,
+        "Deterministic trainer kernels: torch deterministic algorithms, cuBLAS workspace config, NCCL ring, Megatron's "
+        "deterministic mode (with --sglang-enable-deterministic-inference for reproducible runs).",
+    )
 
 
 class CheckpointArgs(ArgsGroup):

@@ -16,7 +16,7 @@ from slime_core.config.base import ConfigError, field_to_flag
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
 
-__all__ = ["UNSUPPORTED", "check_unsupported"]
+__all__ = ["UNSUPPORTED", "UNSUPPORTED_FLAGS", "check_unsupported"]
 
 # field name -> why it is not implemented / what to use instead (one clause, shown after the flag).
 UNSUPPORTED: dict[str, str] = {
@@ -35,7 +35,6 @@ UNSUPPORTED: dict[str, str] = {
     "custom_megatron_init_path": "no Megatron init hook",
     "custom_model_provider_path": "models are built from the HF config of --hf-checkpoint",
     "data_pad_size_multiplier": "packed micro-batches are padded only as TP/SP/CP require",
-    "deterministic_mode": "deterministic kernels are not forced; --seed seeds the trainer",
     "distributed_backend": "the trainer uses nccl on GPU and gloo on CPU, chosen automatically",
     "fetch_trajectory_retry_times": "no rollout buffer server; use --rollout-function-path",
     "fsdp_cpu_backend": "collectives use the default process group (nccl on GPU, gloo on CPU)",
@@ -46,15 +45,12 @@ UNSUPPORTED: dict[str, str] = {
     "log_correct_samples": "correct-sample length/entropy statistics are not collected",
     "log_multi_turn": "multi-turn round statistics are not collected",
     "log_probs_max_tokens_per_gpu": "log-prob forwards reuse the training micro-batches (--max-tokens-per-gpu)",
-    "loss_mask_type": "loss masks come from the rollout (Sample.loss_mask); no SFT chat-template mask builder",
     "megatron_config_path": "one Megatron model; pass Megatron flags on the command line",
     "memory_snapshot_dir": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
     "memory_snapshot_num_steps": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
     "min_batch_collection_ratio": "no rollout buffer server; use --rollout-function-path",
     "model_name": "the architecture is read from the HF config of --hf-checkpoint",
-    "multimodal_keys": "prompts are text only",
     "num_critic_only_steps": "no critic model (PPO is not supported)",
-    "num_epoch": "give --num-rollout = epochs × prompts / --rollout-batch-size",
     "opd_teacher_ckpt_step": "no on-policy distillation teacher reaches the trainer",
     "opd_teacher_load": "no on-policy distillation teacher reaches the trainer",
     "opd_type": "no on-policy distillation teacher reaches the trainer",
@@ -78,6 +74,35 @@ UNSUPPORTED: dict[str, str] = {
     "use_rollout_routing_replay": "no MoE routing replay",
     "use_routing_replay": "no MoE routing replay",
     "use_stateless_adam": "Adam keeps its moments; --reset-optimizer-states zeroes them every rollout",
+}
+
+
+_NO_DELTA = "weights are always pushed in full (no delta sync)"
+_NO_PROFILER = "no built-in profiler; run the trainer under torch.profiler or nsys"
+
+# Original flags that are not even config fields: `parse_args` answers them with the same one-line error.
+UNSUPPORTED_FLAGS: dict[str, str] = {
+    "--custom-update-weight-post-write-path": "no hook after disk weight writes; --weight-sync disk reloads the files",
+    "--load-forge-rollout-data": "no Forge rollout dumps; replay --save-debug-rollout-data dumps with "
+    "--load-debug-rollout-data",
+    "--lr-wsd-decay-iters": "no WSD schedule; use --lr-decay-style linear or cosine",
+    "--lr-wsd-decay-style": "no WSD schedule; use --lr-decay-style linear or cosine",
+    "--megatron-deepgemm-forward-layers": "no DeepGEMM FP8 forward; the trainer computes in bf16",
+    "--megatron-deepgemm-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
+    "--megatron-deepgemm-moe-forward-layers": "no DeepGEMM FP8 forward; the trainer computes in bf16",
+    "--megatron-deepgemm-moe-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
+    "--memory-recorder": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
+    "--memory-snapshot-path": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
+    "--override-lr-scheduler": "a resumed run continues the checkpoint's schedule; start a new run to change it",
+    "--use-checkpoint-lr-scheduler": "a resumed run always continues the checkpoint's schedule",
+    "--profile-step-start": _NO_PROFILER,
+    "--profile-step-end": _NO_PROFILER,
+    "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store",
+    "--update-weight-delta-checksum": _NO_DELTA,
+    "--update-weight-delta-encoding": _NO_DELTA,
+    "--update-weight-local-checkpoint-dir": _NO_DELTA,
+    "--wandb-run-name": "the W&B run is named from --wandb-group (resume one with --wandb-run-id)",
+    "--warmup-ratio": "use --lr-warmup-fraction",
 }
 
 

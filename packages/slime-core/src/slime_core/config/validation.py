@@ -14,7 +14,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
+from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.unsupported import check_unsupported
+from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.estimators import ESTIMATORS, get_estimator
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _lora(args)
     _weight_sync(args)
     _passthrough(args)
+    check_multimodal(args)
 
 
 class _Draft:
@@ -114,7 +117,8 @@ def _placement(args: SlimeArgs) -> None:
     if args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
         raise ConfigError(
             f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} exceeds --num-gpus-per-node "
-            f"{args.num_gpus_per_node}: an engine must fit on one node"
+            f"{args.num_gpus_per_node}: engines spanning several nodes are not implemented; use at most "
+            f"{args.num_gpus_per_node} GPUs per engine (more engines serve more GPUs)"
         )
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.async_train and args.colocate:
@@ -166,8 +170,14 @@ def _batch_sizes(args: SlimeArgs) -> None:
 
 
 def _num_rollout(args: SlimeArgs) -> None:
-    if args.num_rollout is None:
-        raise ConfigError("--num-rollout is required (epochs: --num-rollout = epochs × prompts / --rollout-batch-size)")
+    # With --num-epoch alone, --num-rollout = epochs × (prompts // --rollout-batch-size) is counted from the data
+    # before the run starts (slime_app.resolve); until then it is None.
+    if args.num_rollout is None and args.num_epoch is None:
+        raise ConfigError("--num-rollout or --num-epoch is required")
+    if args.num_epoch is not None and args.disable_rollout_global_dataset:
+        raise ConfigError(
+            "--num-epoch counts passes over --prompt-data; with --disable-rollout-global-dataset give --num-rollout"
+        )
 
 
 def _algorithm(args: SlimeArgs) -> None:
@@ -198,6 +208,11 @@ def _algorithm(args: SlimeArgs) -> None:
         )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
+    if args.lr_decay_style == "WSD" or (args.lr_decay_style == "inverse-square-root" and args.train_backend == "fsdp"):
+        raise ConfigError(
+            f"--lr-decay-style {args.lr_decay_style} is not implemented with --train-backend {args.train_backend}; use "
+            "constant, linear or cosine"
+        )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-iters and --lr-warmup-fraction are mutually exclusive")
     if args.bf16 and args.fp16:
@@ -243,6 +258,9 @@ def _lengths(args: SlimeArgs) -> None:
 
 def _eval(args: SlimeArgs) -> None:
     data = args.eval_prompt_data
+    if data is not None and len(data) == 1:
+        # The original's legacy form: one path is the "aime" dataset.
+        args.eval_prompt_data = data = ["aime", data[0]]
     if data is not None and (len(data) == 0 or len(data) % 2):
         raise ConfigError(f"--eval-prompt-data takes pairs 'name path [name path ...]', got {len(data)} values")
     if data is not None:
@@ -309,17 +327,7 @@ def _passthrough(args: SlimeArgs) -> None:
         _ = args.expert_model_parallel_size
     if args.train_backend == "fsdp":
         _fsdp_context_parallel(args)
-    if args.megatron_args and args.train_backend != "megatron":
-        # --context-parallel-size is FSDP's too (Ulysses all-to-all around the attention).
-        flags = sorted(
-            {t.split("=", 1)[0] for t in args.megatron_args if t.startswith("--")} - {"--context-parallel-size"}
-        )
-        if flags:
-            warn_once(
-                "megatron_args_fsdp",
-                f"--train-backend {args.train_backend}: Megatron flags have no effect and are ignored: "
-                f"{' '.join(flags)}",
-            )
+    check_megatron_flags(args)
 
 
 def _fsdp_context_parallel(args: SlimeArgs) -> None:

@@ -6,7 +6,7 @@ import collections
 import re
 import string
 
-__all__ = ["f1_reward", "normalize_text"]
+__all__ = ["f1_precision_recall", "f1_reward", "normalize_text"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _EXACT_ONLY = {"yes", "no", "noanswer"}
@@ -20,6 +20,29 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 
+def f1_precision_recall(response: str, label: str) -> tuple[float, float, float]:
+    """`(f1, precision, recall)` of the normalized tokens; `yes`/`no`/`noanswer` must match exactly.
+
+    Args:
+        response: predicted answer text.
+        label: one ground-truth answer.
+
+    Returns:
+        Three floats in [0, 1]; all 0 when no token is shared.
+    """
+    pred, gold = normalize_text(str(response)), normalize_text(str(label))
+    if (pred in _EXACT_ONLY or gold in _EXACT_ONLY) and pred != gold:
+        return 0.0, 0.0, 0.0
+    pred_tokens, gold_tokens = pred.split(), gold.split()
+    common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return 0.0, 0.0, 0.0
+    precision = num_same / len(pred_tokens)
+    recall = num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
 def f1_reward(response: str, label: object) -> float:
     """Token F1 in [0, 1]; `yes`/`no`/`noanswer` answers must match exactly (F1 is then 0 or 1).
 
@@ -29,14 +52,4 @@ def f1_reward(response: str, label: object) -> float:
     """
     if isinstance(label, list | tuple):
         return max((f1_reward(response, ref) for ref in label), default=0.0)
-    pred, gold = normalize_text(str(response)), normalize_text(str(label))
-    if (pred in _EXACT_ONLY or gold in _EXACT_ONLY) and pred != gold:
-        return 0.0
-    pred_tokens, gold_tokens = pred.split(), gold.split()
-    common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
-    num_same = sum(common.values())
-    if num_same == 0:
-        return 0.0
-    precision = num_same / len(pred_tokens)
-    recall = num_same / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
+    return f1_precision_recall(response, str(label))[0]

@@ -7,6 +7,11 @@ newly arrived requests are prefilled and merged in, their caches left-padded wit
 length, and finished rows leave). Rows are independent because the mask keeps pads out of attention.
 
 All forwards and weight loads take `self.lock`, so a weight update lands between two decode steps.
+
+A vision-language checkpoint (a config with `vision_config`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) is served the same
+way: requests carry their vision tensors (`vision.py`), prefill passes the rows' images in row order with explicit
+3-D rotary positions (`[3, B, T]`), and each row decodes on from its largest prompt position plus one.
+Weights arrive under checkpoint names and are mapped to module names (`slime_core.hf_names`).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 from transformers.cache_utils import DynamicLayer
 
+from slime_core.hf_names import to_module_name
 from slime_rollout.engines.reference.lora import LoraAdapters
 from slime_rollout.engines.reference.sampling import SamplingParams, find_stop_string, sample_next_token, trim_stop
+from slime_rollout.engines.reference.vision import VisionInputs, VisionPreprocessor, mrope_positions
 
 __all__ = ["GenRequest", "ReferenceModel"]
 
@@ -53,6 +60,7 @@ class GenRequest:
             position 0, which has no context), filled when `logprob_start_len >= 0`.
         aborted: set by /abort_request; the decode loop finishes the request with type "abort".
         created: `time.monotonic()` at arrival (for `e2e_latency`).
+        vision: the prompt's vision tensors (requests with `image_data`), else None.
         lora: the LoRA adapter the request runs with (`lora_path` of `/generate`), None for the base model.
     """
 
@@ -67,6 +75,7 @@ class GenRequest:
     input_logprobs: list[float | None] | None = None
     aborted: bool = False
     created: float = dataclasses.field(default_factory=time.monotonic)
+    vision: VisionInputs | None = None
     lora: str | None = None
 
     @property
@@ -110,17 +119,29 @@ class ReferenceModel:
         self.device = torch.device(device)
         self.lock = threading.RLock()
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype).to(self.device).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        config = AutoConfig.from_pretrained(self.model_path)
+        self.is_vlm = getattr(config, "vision_config", None) is not None
+        model_cls = AutoModelForImageTextToText if self.is_vlm else AutoModelForCausalLM
+        self.model = model_cls.from_pretrained(self.model_path, dtype=torch_dtype).to(self.device).eval()
+        self.model_type = config.model_type
+        self.vision: VisionPreprocessor | None = None
+        if self.is_vlm:
+            processor = AutoProcessor.from_pretrained(self.tokenizer_path)
+            self.vision = VisionPreprocessor(processor, config)
+            self.tokenizer = processor.tokenizer
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.eos_token_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else next(iter(self.eos_token_ids), 0))
-        self.max_context_len = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        text_config = config.get_text_config()
+        self.max_context_len = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self.adapters = LoraAdapters(self.model)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
-        for source in (self.model.config, getattr(self.model, "generation_config", None), self.tokenizer):
+        sources = (self.model.config.get_text_config(), getattr(self.model, "generation_config", None), self.tokenizer)
+        for source in sources:
             eos = getattr(source, "eos_token_id", None)
             if eos is None:
                 continue
@@ -205,15 +226,20 @@ class ReferenceModel:
             mask_BT[i, max_len - len(r.input_ids) :] = 1
         # Left padding: real tokens get positions 0..P-1; pads get 0 (they are masked out anyway).
         pos_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+        vision_kwargs: dict[str, Any] = {}
+        position_ids = pos_BT
+        if self.is_vlm:
+            position_ids, vision_kwargs = self._vision_prefill(reqs, max_len)
         want_input_logprobs = any(r.logprob_start_len >= 0 for r in reqs)
         with self.lock:
             out = self.model(
                 input_ids=input_ids_BT.to(self.device),
                 attention_mask=mask_BT.to(self.device),
-                position_ids=pos_BT.to(self.device),
+                position_ids=position_ids.to(self.device),
                 use_cache=True,
                 # Full [B, T, V] logits only when prompt log-probs are asked for: they are large.
                 logits_to_keep=0 if want_input_logprobs else 1,
+                **vision_kwargs,
             )
         if want_input_logprobs:
             self._fill_input_logprobs(reqs, out.logits, max_len)
@@ -224,19 +250,38 @@ class ReferenceModel:
             live=list(reqs),
             cache=out.past_key_values,
             mask_BT=mask_BT,
-            next_pos_B=pos_BT[:, -1] + 1,
+            # 3-D positions: a row continues after its largest position (text after an image jumps ahead).
+            next_pos_B=(position_ids.amax(dim=0) if self.is_vlm else position_ids)[:, -1] + 1,
             logits_BV=out.logits[:, -1, :].float().cpu(),
         )
+
+    def _vision_prefill(self, reqs: list[GenRequest], max_len: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        """`[3, B, T]` left-padded rotary positions and the rows' vision tensors (concatenated in row order)."""
+        pos_3BT = torch.zeros((3, len(reqs), max_len), dtype=torch.long)
+        pixels, grids = [], []
+        for i, r in enumerate(reqs):
+            grid = None if r.vision is None else r.vision.image_grid_thw
+            pos_3BT[:, i, max_len - len(r.input_ids) :] = mrope_positions(self.model.model, r.input_ids, grid)
+            if r.vision is not None:
+                pixels.append(r.vision.pixel_values)
+                grids.append(r.vision.image_grid_thw)
+        if not pixels:
+            return pos_3BT, {}
+        pixel_values = torch.cat(pixels).to(self.device, self.model.dtype)
+        return pos_3BT, {"pixel_values": pixel_values, "image_grid_thw": torch.cat(grids).to(self.device)}
 
     def _decode(self, batch: _Batch) -> None:
         """One decode step: feeds every row's last token, updates cache, mask, positions and logits."""
         last_tokens = [r.output_ids[-1] for r in batch.live]
         batch.mask_BT = torch.cat([batch.mask_BT, torch.ones((len(batch.live), 1), dtype=torch.long)], dim=1)
+        position_ids = batch.next_pos_B[:, None]
+        if self.is_vlm:
+            position_ids = position_ids[None].expand(3, -1, -1)  # generated text: the same position on all 3 axes
         with self.lock:
             out = self.model(
                 input_ids=torch.tensor(last_tokens, dtype=torch.long)[:, None].to(self.device),
                 attention_mask=batch.mask_BT.to(self.device),
-                position_ids=batch.next_pos_B[:, None].to(self.device),
+                position_ids=position_ids.to(self.device),
                 past_key_values=batch.cache,
                 use_cache=True,
             )
@@ -329,7 +374,10 @@ class ReferenceModel:
     # ------------------------------------------------------------------------------------------ weights
 
     def load_named_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copies tensors into the model's parameters/buffers by Hugging Face name.
+        """Copies tensors into the model's parameters/buffers by Hugging Face checkpoint name.
+
+        Checkpoint names (what SGLang loads, e.g. `visual.*` for Qwen2.5-VL) are mapped to this model's module
+        names first (`slime_core.hf_names.to_module_name`); module names pass unchanged.
 
         Returns:
             Number of tensors loaded.
@@ -342,6 +390,7 @@ class ReferenceModel:
         n = 0
         with self.lock, torch.no_grad():
             for name, tensor in named_tensors:
+                name = to_module_name(name, self.model_type)
                 if name not in state:
                     raise KeyError(f"update_weights: unknown parameter {name!r}")
                 target = state[name]
@@ -357,18 +406,22 @@ class ReferenceModel:
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).
 
-        As SGLang, a tied `lm_head.weight` reads the embedding. For a 2-D weight the result is a list of rows.
+        Checkpoint names (e.g. `visual.*` for Qwen2.5-VL) are mapped to module names as in `load_named_tensors`;
+        module names pass unchanged. As SGLang, a tied `lm_head.weight` reads the embedding. For a 2-D weight the
+        result is a list of rows.
 
         Raises:
             KeyError: the model has no such parameter or buffer.
         """
         state = self.model.state_dict()
-        if name == "lm_head.weight" and name not in state and getattr(self.model.config, "tie_word_embeddings", False):
-            name = "model.embed_tokens.weight"
-        if name not in state:
+        module_name = to_module_name(name, self.model_type)
+        tied = getattr(self.model.config.get_text_config(), "tie_word_embeddings", False)
+        if module_name not in state and name == "lm_head.weight" and tied:
+            module_name = next((k for k in state if k.endswith("embed_tokens.weight")), module_name)
+        if module_name not in state:
             raise KeyError(f"get_weights_by_name: unknown parameter {name!r}")
         with self.lock:
-            return state[name][:truncate_size].detach().to("cpu", torch.float32).tolist()
+            return state[module_name][:truncate_size].detach().to("cpu", torch.float32).tolist()
 
     def load_lora_adapter(self, name: str, path: str) -> None:
         """Loads a PEFT adapter directory as `name` between two decode steps (`LoraAdapters.load`)."""

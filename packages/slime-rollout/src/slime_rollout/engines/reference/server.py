@@ -8,6 +8,7 @@ Routes, methods and field names follow SGLang 0.5.16 so the rollout code cannot 
 `/model_info` (`/get_model_info`), `/server_info` (`/get_server_info`), and the weight-update group routes
 `/init_weights_update_group`, `/update_weights_from_distributed`, `/destroy_weights_update_group`.
 Weight-update bodies and payloads are decoded with `slime_rollout.wire`, the module the trainer side encodes with.
+A vision-language checkpoint also takes SGLang's `image_data` on `/generate` (see `vision.py`).
 
 `/update_weights_from_tensor` unpickles what the caller sends (as SGLang does): bind the engine to a
 trusted network only.
@@ -31,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.scheduler import Scheduler
+from slime_rollout.engines.reference.vision import decode_engine_image
 from slime_rollout.wire import (
     DestroyWeightsUpdateGroupReq,
     InitWeightsUpdateGroupReq,
@@ -103,14 +105,23 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         sp: dict,
         rid: str | None,
         logprob_start_len: int = -1,
+        image_data: Any = None,
         lora: str | None = None,
     ) -> GenRequest:
         params = SamplingParams.from_request(sp)
         if lora is not None and lora not in model.adapters:
             raise ValueError(f"LoRA adapter {lora!r} is not loaded (loaded: {sorted(model.adapters.paths)})")
-        if input_ids is None:
-            if text is None:
-                raise ValueError("either input_ids or text must be given")
+        if input_ids is None and text is None:
+            raise ValueError("either input_ids or text must be given")
+        images = [image_data] if isinstance(image_data, str) else list(image_data or [])
+        vision = None
+        if images:
+            if model.vision is None:
+                raise ValueError(f"image_data given, but {model.model_path} is not a vision-language model")
+            # Decoding and image preprocessing are CPU work: off the event loop that serves the other requests.
+            pil = await asyncio.to_thread(lambda: [decode_engine_image(i) for i in images])
+            input_ids, vision = await asyncio.to_thread(model.vision.prepare, input_ids, text, pil)
+        elif input_ids is None:
             input_ids = model.tokenizer.encode(text)
         if not input_ids:
             raise ValueError("the prompt is empty")
@@ -120,6 +131,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             params=params,
             generator=scheduler.make_generator(params.sampling_seed),
             logprob_start_len=int(logprob_start_len if logprob_start_len is not None else -1),
+            vision=vision,
             lora=lora,
         )
         if req.logprob_start_len >= len(req.input_ids):
@@ -132,6 +144,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         if body.get("stream"):
             return error("the reference engine does not stream")
         input_ids, text, sp, rid = body.get("input_ids"), body.get("text"), body.get("sampling_params"), body.get("rid")
+        image_data = body.get("image_data")
         return_logprob = body.get("return_logprob") or False
         start = body.get("logprob_start_len", -1) if return_logprob else -1
         lora = body.get("lora_path")  # SGLang: the adapter's name (or a list, one per batched prompt)
@@ -140,7 +153,9 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         )
         try:
             if not batched:
-                return to_output(await one(input_ids, text, sp or {}, rid, start, lora), bool(return_logprob))
+                return to_output(
+                    await one(input_ids, text, sp or {}, rid, start, image_data, lora), bool(return_logprob)
+                )
             n = len(input_ids if input_ids is not None else text)
             pick = lambda v, i: v[i] if isinstance(v, list) else v  # noqa: E731
             reqs = await asyncio.gather(
@@ -151,6 +166,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
                         pick(sp, i) or {},
                         None if rid is None else pick(rid, i),
                         pick(start, i),
+                        None if image_data is None else image_data[i],
                         pick(lora, i),
                     )
                     for i in range(n)
@@ -358,7 +374,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": state["weight_version"],
-            "has_image_understanding": False,
+            "has_image_understanding": model.is_vlm,
             "has_audio_understanding": False,
             "model_type": model.model.config.model_type,
             "architectures": getattr(model.model.config, "architectures", None),

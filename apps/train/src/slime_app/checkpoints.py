@@ -1,0 +1,181 @@
+"""The checkpoint directories a run reads (`--load`, `--ref-load`): what each holds, checked before anything starts.
+
+Kinds, from the files alone (nothing is loaded):
+
+* `hf`: a Hugging Face model directory (`config.json` and weights);
+* `torch_dist`: a Megatron save dir (`latest_checkpointed_iteration.txt` naming an iteration whose directory holds
+  `.metadata`) or such an iteration directory (`iter_0000100/`, `release/`);
+* `fsdp`: this project's FSDP checkpoints (the tracker file and `iter_*/meta.json`);
+* `missing` / `empty` / `unknown`.
+
+The original's scripts give `--ref-load` as a torch_dist directory (converted from the HF checkpoint with
+`convert_hf_to_torch_dist.py`). The Megatron backend reads it as it is; the FSDP backend needs HF weights, so the
+run converts it once into `<--output-dir>/ref_load_hf` (reused while the source is unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+
+from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_checkpoints", "checkpoint_kind", "fsdp_reference_dir"]
+
+TRACKER = "latest_checkpointed_iteration.txt"
+_WEIGHTS = (".safetensors", ".bin")
+
+
+def _iteration_dir(root: pathlib.Path) -> pathlib.Path | None:
+    """The iteration directory the tracker file of `root` names, if it exists."""
+    tracker = root / TRACKER
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else text
+    path = root / name
+    return path if path.is_dir() else None
+
+
+def checkpoint_kind(path: str | os.PathLike[str]) -> str:
+    """`hf`, `torch_dist`, `fsdp`, `missing`, `empty` or `unknown` (see the module docstring)."""
+    root = pathlib.Path(path)
+    if not root.exists():
+        return "missing"
+    if not root.is_dir() or not any(root.iterdir()):
+        return "empty" if root.is_dir() else "unknown"
+    if (root / "config.json").is_file() and any(p.suffix in _WEIGHTS for p in root.iterdir()):
+        return "hf"
+    if (root / ".metadata").is_file():
+        return "torch_dist"
+    iteration = _iteration_dir(root)
+    if iteration is not None:
+        if (iteration / ".metadata").is_file():
+            return "torch_dist"
+        if (iteration / "meta.json").is_file():
+            return "fsdp"
+    return "unknown"
+
+
+def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
+    kind = checkpoint_kind(cfg.load)
+    if kind in ("missing", "empty"):
+        notes.append(f"--load {cfg.load}: no checkpoint yet, the run starts at rollout 0")
+        return
+    wanted = "torch_dist" if cfg.train_backend == "megatron" else "fsdp"
+    if kind != wanted:
+        hint = {
+            "torch_dist": "convert it to HF (slime-convert mcore-to-hf) and give that as --hf-checkpoint",
+            "hf": "give it as --hf-checkpoint",
+        }.get(kind, "point --load at a --save directory of this backend")
+        raise ValueError(
+            f"--load {cfg.load}: a {kind} checkpoint; --train-backend {cfg.train_backend} resumes its own {wanted} "
+            f"checkpoints ({hint})"
+        )
+    notes.append(f"--load {cfg.load}: {kind} checkpoint, the run resumes from it")
+
+
+def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
+    kind = checkpoint_kind(cfg.ref_load)
+    if kind in ("missing", "empty"):
+        raise FileNotFoundError(f"--ref-load {cfg.ref_load}: no checkpoint there ({kind})")
+    same_as_hf = cfg.hf_checkpoint and os.path.realpath(cfg.ref_load) == os.path.realpath(cfg.hf_checkpoint)
+    if cfg.train_backend == "megatron":
+        if kind == "torch_dist" or same_as_hf:
+            notes.append(f"--ref-load {cfg.ref_load}: {kind}, the initial and reference weights")
+            return
+        raise ValueError(
+            f"--ref-load {cfg.ref_load}: a {kind} checkpoint; the Megatron backend reads --ref-load as torch_dist "
+            "(slime-convert hf-to-mcore), or leave it out to start from --hf-checkpoint"
+        )
+    if not cfg.with_ref:
+        # FSDP starts from --hf-checkpoint; --ref-load only feeds the reference model of a KL term.
+        notes.append(f"--ref-load {cfg.ref_load}: not read (no KL term, so no reference model under FSDP)")
+    elif kind == "hf":
+        notes.append(f"--ref-load {cfg.ref_load}: HF weights of the reference model")
+    elif kind == "torch_dist":
+        _convertible(cfg)
+        notes.append(
+            f"--ref-load {cfg.ref_load}: torch_dist; the FSDP reference model reads it converted to HF in "
+            f"{_converted_dir(cfg)} (converted once, before the run)"
+        )
+    else:
+        raise ValueError(f"--ref-load {cfg.ref_load}: a {kind} checkpoint; FSDP needs HF weights or torch_dist")
+
+
+def check_checkpoints(cfg: SlimeArgs) -> list[str]:
+    """Checks `--load` and `--ref-load` against the backend; returns one note per directory for the log.
+
+    Raises:
+        FileNotFoundError: `--ref-load` holds no checkpoint.
+        ValueError: a checkpoint of a kind the backend cannot read (the message says what to use instead).
+    """
+    notes: list[str] = []
+    if cfg.load:
+        _check_load(cfg, notes)
+    if cfg.ref_load:
+        _check_ref_load(cfg, notes)
+    return notes
+
+
+def _converted_dir(cfg: SlimeArgs) -> pathlib.Path:
+    return pathlib.Path(cfg.output_dir) / "ref_load_hf"
+
+
+def _convertible(cfg: SlimeArgs) -> None:
+    from slime_convert.model_args import SUPPORTED_MODEL_TYPES, ModelArgs
+
+    if not cfg.hf_checkpoint:
+        raise ValueError(f"--ref-load {cfg.ref_load}: converting torch_dist to HF needs --hf-checkpoint (its config)")
+    try:
+        ModelArgs.from_hf_dir(cfg.hf_checkpoint)
+    except ValueError as e:
+        raise ValueError(
+            f"--ref-load {cfg.ref_load} is torch_dist and FSDP needs HF weights, but slime-convert cannot convert this "
+            f"model ({e}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}): give --ref-load as an HF directory, or leave "
+            "it out (the reference model is then --hf-checkpoint)"
+        ) from None
+
+
+def _source_stamp(cfg: SlimeArgs) -> dict[str, object]:
+    from slime_convert.torch_dist import resolve_iteration_dir
+
+    source = resolve_iteration_dir(cfg.ref_load)
+    return {"source": str(source.resolve()), "mtime": (source / ".metadata").stat().st_mtime}
+
+
+def fsdp_reference_dir(cfg: SlimeArgs, *, convert: bool) -> str | None:
+    """For FSDP with a torch_dist `--ref-load`: the HF directory the reference model reads (else None).
+
+    Args:
+        cfg: the run config.
+        convert: write the conversion now (reused when `ref_load_hf/source.json` names the same source); False
+            only names the directory (dry runs).
+
+    Returns:
+        The directory to use as `--ref-load`, or None when no conversion is needed.
+    """
+    if cfg.train_backend != "fsdp" or not cfg.with_ref or not cfg.ref_load:
+        return None
+    if checkpoint_kind(cfg.ref_load) != "torch_dist":
+        return None
+    out = _converted_dir(cfg)
+    if not convert:
+        return str(out)
+    stamp = _source_stamp(cfg)
+    marker = out / "source.json"
+    if marker.is_file() and json.loads(marker.read_text()) == stamp:
+        logger.info("--ref-load %s: reusing its HF conversion in %s", cfg.ref_load, out)
+        return str(out)
+    from slime_convert import mcore_to_hf
+
+    logger.info(
+        "--ref-load %s is torch_dist: converting it to HF in %s for the FSDP reference model", cfg.ref_load, out
+    )
+    mcore_to_hf(cfg.ref_load, out, cfg.hf_checkpoint, force=True, progress=False)
+    marker.write_text(json.dumps(stamp))
+    return str(out)

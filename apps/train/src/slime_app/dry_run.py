@@ -1,0 +1,142 @@
+"""`--dry-run`: everything that can be checked without the hardware, then the resolved config; nothing starts.
+
+Checked: the flags and their cross-field rules (already by `parse_args`), the batch arithmetic, the data files
+and their rows, the tokenizer and its chat template on the first prompt (for SFT, the loss mask of the first
+conversation), the plugins' import paths, the Megatron architecture flags against config.json, and `--load` /
+`--ref-load`. Not touched: Ray, engines, GPUs (what the run would need is printed instead).
+
+`uv run apps/train --dry-run <flags>` exits 0 with the report on stdout, or 2 with one error line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from slime_app.preflight import preflight
+from slime_app.resolve import resolve_config
+from slime_core.config import SlimeArgs
+from slime_core.config.base import field_to_flag
+from slime_core.config.megatron_checks import megatron_flag_values
+from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
+
+__all__ = ["dry_run", "render_config"]
+
+_PASS_THROUGH = ("sglang_args", "router_args", "megatron_args", "custom_config")
+_MEGATRON_KINDS = {
+    "read": "read by the backend",
+    "check": "checked against config.json",
+    "same": "the backend always does this",
+    "neutral": "at the backend's only value",
+    "recompute": "as --gradient-checkpointing",
+    "noop": "no effect here (kernel/logging)",
+}
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def render_config(cfg: SlimeArgs) -> list[str]:
+    """The config grouped like `--help`: per group the flags that differ from their defaults, then pass-through."""
+    lines: list[str] = []
+    for group in reversed(SlimeArgs.__bases__):
+        changed = []
+        for name, field in group.model_fields.items():
+            if name in _PASS_THROUGH:
+                continue
+            value = getattr(cfg, name)
+            if value != field.get_default(call_default_factory=True):
+                changed.append(f"  {field_to_flag(name):<42} {_shown(value)}")
+        summary = (group.__doc__ or "").strip().splitlines()[0]
+        lines.append(
+            f"{group.__name__} ({summary}) {len(changed)} set, {len(group.model_fields) - len(changed)} default"
+        )
+        lines += changed
+    lines.append("pass-through flags:")
+    for key, prefix in (("sglang_args", "--sglang-"), ("router_args", "--router-")):
+        for name, value in getattr(cfg, key).items():
+            shown = "" if value is True else f" {_shown(value)}"
+            lines.append(f"  {prefix}{name.replace('_', '-')}{shown}")
+    values = megatron_flag_values(list(cfg.megatron_args))
+    for kind, label in _MEGATRON_KINDS.items():
+        flags = [
+            f for f in values if f in MEGATRON_FLAG_RULES and getattr(MEGATRON_FLAG_RULES[f], cfg.train_backend) == kind
+        ]
+        if flags:
+            lines.append(f"  Megatron flags, {label}: {' '.join(flags)}")
+    return lines
+
+
+def _arithmetic(cfg: SlimeArgs) -> list[str]:
+    world = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+    model_parallel = cfg.tensor_model_parallel_size * cfg.pipeline_model_parallel_size * cfg.context_parallel_size
+    samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    lines = [
+        f"rollout: {cfg.rollout_batch_size} prompts × {cfg.n_samples_per_prompt} samples = {samples} samples = "
+        f"{cfg.num_steps_per_rollout} optimizer step(s) × --global-batch-size {cfg.global_batch_size}",
+        f"run: {cfg.num_rollout} rollouts, {cfg.num_rollout * cfg.num_steps_per_rollout} optimizer steps",
+    ]
+    if not cfg.debug_rollout_only:
+        lines.append(
+            f"trainer: {world} ranks ({cfg.actor_num_nodes} node(s) × {cfg.actor_num_gpus_per_node}), data-parallel "
+            f"{world // model_parallel if world % model_parallel == 0 else '?'} (TP×PP×CP = {model_parallel}), "
+            f"--train-backend {cfg.train_backend}"
+        )
+    if not cfg.debug_train_only:
+        engines = max(1, (cfg.rollout_num_gpus or 1) // cfg.rollout_num_gpus_per_engine)
+        placement = "colocated with the trainer" if cfg.colocate else "on their own GPUs"
+        lines.append(
+            f"engines: {engines} × {cfg.rollout_num_gpus_per_engine} GPU(s) ({cfg.rollout_engine}), {placement}; "
+            f"weights via {cfg.weight_sync}"
+        )
+    return lines
+
+
+def _first_prompt(cfg: SlimeArgs) -> list[str]:
+    """Loads the tokenizer and renders the first training prompt as the data source / SFT rollout will."""
+    if not (cfg.hf_checkpoint and cfg.prompt_data) or cfg.load_debug_rollout_data:
+        return []
+    from slime_rollout.data_source import get_tokenizer, load_prompt_rows, rows_to_samples
+    from slime_rollout.plugins import load_function
+    from slime_rollout.sft import ChatLossMask, generate_sft_rollout
+
+    tokenizer = get_tokenizer(cfg.hf_checkpoint)
+    rows = load_prompt_rows(cfg.prompt_data)[:1]
+    (sample,) = rows_to_samples(
+        rows, source=str(cfg.prompt_data), input_key=cfg.input_key, label_key=cfg.label_key,
+        metadata_key=cfg.metadata_key, tool_key=cfg.tool_key, tokenizer=tokenizer,
+        apply_chat_template=cfg.apply_chat_template, apply_chat_template_kwargs=dict(cfg.apply_chat_template_kwargs),
+    )  # fmt: skip
+    if load_function(cfg.rollout_function_path, flag="--rollout-function-path") is generate_sft_rollout:
+        ids, mask = ChatLossMask(tokenizer, cfg.loss_mask_type).get_loss_mask(
+            sample.prompt, sample.metadata.get("tools")
+        )
+        trained = f"{sum(mask)} trained on (--loss-mask-type {cfg.loss_mask_type})"
+        return [f"SFT, first conversation: {len(ids)} tokens, {trained}"]
+    if isinstance(sample.prompt, str):
+        count = len(tokenizer.encode(sample.prompt, add_special_tokens=False))
+        return [f"tokenizer of --hf-checkpoint: first prompt {count} tokens" + (" (chat template applied)" if
+                cfg.apply_chat_template else "")]  # fmt: skip
+    return ["first prompt is a message list: a custom generate function renders it"]
+
+
+def dry_run(cfg: SlimeArgs) -> list[str]:
+    """Runs every check that needs no hardware and returns the report (the resolved config and what was checked).
+
+    Raises:
+        The errors of `preflight`, `resolve_config` and the tokenizer (one line each): the caller prints them.
+    """
+    notes = preflight(cfg, hardware=False)
+    cfg, resolved = resolve_config(cfg, convert=False)
+    report = ["slime --dry-run: the configuration is valid; nothing was started", ""]
+    report += render_config(cfg)
+    report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg)]
+    checks = resolved + notes + _first_prompt(cfg)
+    report += ["", "checked:"] + [f"  {line}" for line in checks]
+    report.append("  not checked here: GPUs, engines, Ray (the run checks them when it starts)")
+    return report

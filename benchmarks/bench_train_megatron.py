@@ -1,0 +1,188 @@
+"""MegatronTrainBackend training throughput and MFU on one GPU, on the shape of bench_train_fsdp.py.
+
+`python3 benchmarks/bench_train_megatron.py --preset qwen3-0.6b [--attention-backend auto|flash|local]
+[--tokens-per-mb 8192] [--seq-len 1024] [--response-len 512] [--steps-per-rollout 2] [--mbs-per-step 1]
+[--repeats 3] [--recompute] [--device cuda|cpu]`
+
+TP = PP = CP = 1, world size 1 (NCCL on CUDA, gloo on CPU), bf16 with the distributed optimizer's fp32 main
+weights, the layer spec the backend picks (Transformer Engine when importable, else megatron-core's local spec).
+`--attention-backend` is Megatron-LM's flag as the backend reads it: with the local spec `auto`/`flash` run
+slime's packed varlen attention, `local` megatron-core's DotProductAttention with a dense `[T, T]` block mask
+(the path before issue 22; at 8 × 1024 tokens per micro-batch its fp32 attention probabilities do not fit in
+memory, so compare it at `--tokens-per-mb 2048 --mbs-per-step 4`: the same sequences and FLOPs per call).
+
+Batch, timing and FLOPs are bench_train_fsdp.py's (`make_batch`, `train_flops`, `_common.transformer_flops`):
+one `train()` = the old-log-prob forward + `steps_per_rollout` optimizer steps of `mbs_per_step` packed
+micro-batches of `tokens_per_mb // seq_len` sequences; one warm-up call, then the median of `--repeats`.
+MFU = model FLOPs / median seconds / `--peak-tflops` (the `bench_matmul.py` rate of the same session).
+
+`--device cpu` is a smoke mode (tiny presets; numbers meaningless): megatron-core's optimizer and pipeline
+schedule hard-code CUDA, so they are replaced by plain torch Adam on the DDP gradient buffers and a sequential
+micro-batch loop (what megatron-core's no-pipelining schedule does on one rank).
+Budget on an H200: 0.6B ≈ 70 s, 1.7B ≈ 100 s including imports and the checkpoint write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from pathlib import Path
+
+import _common  # sibling modules: a script's own directory is first on sys.path
+import bench_train_fsdp
+
+
+def make_args(model_dir: Path, a: argparse.Namespace):
+    """The run config (`SlimeArgs`, GRPO, the FSDP benchmark's optimizer settings) for the Megatron backend."""
+    from slime_core.config import SlimeArgs
+
+    megatron = ["--bf16", "--attention-backend", a.attention_backend]
+    if a.transformer_impl:
+        megatron += ["--transformer-impl", a.transformer_impl]
+    if a.recompute:
+        megatron += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    return SlimeArgs.from_dict(dict(
+        hf_checkpoint=str(model_dir), train_backend="megatron", megatron_args=megatron, rollout_temperature=1.0,
+        lr=1e-6, min_lr=0.0, lr_warmup_iters=0, lr_decay_style="constant", lr_decay_iters=None, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, clip_grad=1.0, seed=1234, advantage_estimator="grpo",
+        eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=None, entropy_coef=0.0, use_kl_loss=False, kl_loss_coef=0.0,
+        kl_loss_type="low_var_kl", kl_coef=0.0, gamma=1.0, lambd=1.0, normalize_advantages=False,
+        calculate_per_token_loss=False, use_rollout_logprobs=False, use_tis=False, log_probs_chunk_size=-1,
+        update_weight_buffer_size=512 * 1024**2, load=None, save=None, ref_load=None, start_rollout_id=None,
+        num_rollout=100, rollout_batch_size=1, n_samples_per_prompt=1, global_batch_size=1,
+    ))  # fmt: skip
+
+
+class _CpuAdam:
+    """CPU smoke mode: megatron-core's optimizer interface (as the backend uses it) over torch Adam."""
+
+    def __init__(self, config, models):
+        import torch
+
+        self.params = [p for m in models for p in m.parameters() if p.requires_grad]
+        self.opt = torch.optim.Adam(self.params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2))
+        self.param_groups, self.clip = self.opt.param_groups, config.clip_grad
+
+    def scale_loss(self, loss):
+        return loss
+
+    def zero_grad(self):
+        self.opt.zero_grad(set_to_none=True)
+
+    def reload_model_params(self):
+        pass
+
+    def step(self):
+        import torch
+
+        for p in self.params:  # megatron's DDP accumulates into main_grad
+            p.grad = p.main_grad.to(p.dtype)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+        return True, float(norm), None
+
+
+def _cpu_schedule(*, forward_step_func, data_iterator, model, num_microbatches, forward_only, **_):
+    for _ in range(num_microbatches):
+        output, loss_func = forward_step_func(data_iterator, model[0])
+        loss, _, _ = loss_func(output)
+        if not forward_only:
+            loss.backward()
+    if not forward_only:
+        model[0].config.finalize_model_grads_func(model)
+
+
+def _cpu_shims() -> None:
+    """CPU smoke mode: stand-ins for megatron-core's CUDA-only pieces (see the module docstring)."""
+    import torch
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    from slime_train_megatron import backend
+
+    torch.cuda.current_device = lambda: "cpu"  # RoPE buffers and the attention dropout RNG ask for it
+    get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    backend.get_megatron_optimizer = _CpuAdam
+    backend.get_forward_backward_func = lambda: _cpu_schedule
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parses flags, runs the benchmark, emits the JSON line."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="qwen3-0.6b", help="make_model preset (qwen3-tiny for a CPU smoke test)")
+    p.add_argument("--model-root", default=os.environ.get("SLIME_BENCH_MODELS", "/tmp/slime-bench-models"))
+    p.add_argument("--tokens-per-mb", type=int, default=8192)
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--response-len", type=int, default=512)
+    p.add_argument("--steps-per-rollout", type=int, default=2)
+    p.add_argument("--mbs-per-step", type=int, default=1)
+    p.add_argument("--repeats", "--steps", type=int, default=3, help="timed train() calls after one warm-up call")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "flash", "fused", "unfused", "local"])
+    p.add_argument("--transformer-impl", default=None, choices=["transformer_engine", "local"])
+    p.add_argument("--recompute", action="store_true", help="full activation recomputation of every layer")
+    p.add_argument("--peak-tflops", type=float, default=790.0, help="MFU denominator (measured bf16 matmul rate)")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    a = p.parse_args(argv)
+    _common.setup_logging()
+    import torch
+    import torch.distributed as dist
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but no CUDA GPU is visible")
+    if a.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    model_dir, write_s = _common.ensure_model(a.preset, a.model_root)
+    import transformers
+
+    from slime_core.train_step import can_reuse_old_log_probs
+    from slime_train_megatron import MegatronTrainBackend
+
+    if a.device == "cuda":
+        torch.cuda.set_device(0)
+    else:
+        _cpu_shims()
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
+    try:
+        backend = MegatronTrainBackend()
+        args = make_args(model_dir, a)
+        load_s, _ = _common.timed(lambda: backend.init(args, with_ref=False), a.device)
+        batch = bench_train_fsdp.make_batch(a)
+        old_forward = not can_reuse_old_log_probs(args, batch)
+        warm_s, metrics = _common.timed(lambda: backend.train(0, batch), a.device)
+        if a.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for r in range(a.repeats):
+            t, metrics = _common.timed(lambda r=r: backend.train(r + 1, batch), a.device)
+            times.append(t)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
+        for k, v in metrics.items():
+            if v != v:  # NaN: a broken step must not pass as a fast one
+                raise RuntimeError(f"train() returned NaN for {k}")
+        flops = bench_train_fsdp.train_flops(transformers.AutoConfig.from_pretrained(model_dir), a, old_forward)
+        t = _common.median(times)
+        tokens = batch.num_samples * a.seq_len
+        n_params = sum(int(x.numel()) for x in backend.module.parameters())
+        return _common.emit("train_megatron", {
+            "device": _common.device_name(a.device), "preset": a.preset, "n_params": n_params,
+            "n_body": flops["n_body"], "tokens_per_mb": a.tokens_per_mb, "seq_len": a.seq_len,
+            "response_len": a.response_len, "seqs_per_mb": a.tokens_per_mb // a.seq_len,
+            "steps_per_rollout": a.steps_per_rollout, "mbs_per_step": a.mbs_per_step, "recompute": a.recompute,
+            "tp": 1, "pp": 1, "cp": 1, "transformer_engine": backend.attention == "transformer_engine",
+            "attention_backend": a.attention_backend, "attention": backend.attention,
+            "old_logprob_forward": old_forward, "repeats": a.repeats, "train_s_median": t, "train_s_all": times,
+            "warmup_s": warm_s, "load_s": load_s, "checkpoint_write_s": write_s, "tokens_per_train": tokens,
+            "tokens_per_s": tokens / t, "model_tflops_per_train": flops["total"] / 1e12,
+            "attention_share": flops["attention"] / flops["total"], "achieved_tflops": flops["total"] / t / 1e12,
+            "mfu": flops["total"] / t / 1e12 / a.peak_tflops, "peak_tflops": a.peak_tflops,
+            "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm"),
+        })  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""`slime.utils.misc`: `load_function`, `SingletonMeta` and the small helpers plugins import (original module path)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from slime_rollout.plugins import load_function as _load_function
+
+__all__ = [
+    "SingletonMeta",
+    "exec_command",
+    "get_current_node_ip",
+    "get_free_port",
+    "load_function",
+    "should_run_periodic_action",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """Imports `package.module.attr` (original paths such as `slime.rollout.sglang_rollout.generate` included).
+
+    Raises:
+        slime_core.plugins.PluginError: an `ImportError` naming the missing module or attribute.
+    """
+    return _load_function(path, flag="load_function")
+
+
+class SingletonMeta(type):
+    """Metaclass: the first `Cls(...)` call creates the instance, later calls return it (one per class)."""
+
+    _instances: dict[type, Any] = {}
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        """The class's one instance, created by the first call (later calls' arguments are ignored)."""
+        if cls not in SingletonMeta._instances:
+            SingletonMeta._instances[cls] = super().__call__(*args, **kwargs)
+        return SingletonMeta._instances[cls]
+
+    def clear_instances(cls) -> None:
+        """Forgets every singleton instance (the next call creates a new one)."""
+        SingletonMeta._instances.clear()
+
+
+def exec_command(cmd: str, capture_output: bool = False) -> str | None:
+    """Runs `cmd` with bash, raising on a non-zero exit; returns stdout when `capture_output`.
+
+    Raises:
+        subprocess.CalledProcessError: the command failed (its output is logged when captured).
+    """
+    logger.info("EXEC: %s", cmd)
+    try:
+        result = subprocess.run(["bash", "-c", cmd], check=True, capture_output=capture_output, text=capture_output)
+    except subprocess.CalledProcessError as e:
+        if capture_output:
+            logger.error("command failed: stdout=%r stderr=%r", e.stdout, e.stderr)
+        raise
+    return result.stdout if capture_output else None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
+
+
+def get_free_port(start_port: int = 10000, consecutive: int = 1) -> int:
+    """The first port >= `start_port` such that it and the next `consecutive - 1` ports are all free."""
+    port = start_port
+    while not all(_port_free(port + i) for i in range(consecutive)):
+        port += 1
+    return port
+
+
+def get_current_node_ip() -> str:
+    """IP of this node as Ray sees it (needs a running Ray; IPv6 brackets stripped)."""
+    import ray
+
+    return ray.util.get_node_ip_address().strip("[]")
+
+
+def should_run_periodic_action(
+    rollout_id: int, interval: int | None, num_rollout_per_epoch: int | None = None, num_rollout: int | None = None
+) -> bool:
+    """Whether a periodic action (save, eval) runs after rollout `rollout_id` (0-based).
+
+    True when `interval` is set and: `rollout_id + 1` is a multiple of it, or of `num_rollout_per_epoch` (an
+    epoch ended), or `rollout_id` is the last rollout (when `num_rollout` is given).
+    """
+    if interval is None:
+        return False
+    if num_rollout is not None and rollout_id == num_rollout - 1:
+        return True
+    step = rollout_id + 1
+    return step % interval == 0 or (num_rollout_per_epoch is not None and step % num_rollout_per_epoch == 0)

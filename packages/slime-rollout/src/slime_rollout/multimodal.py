@@ -1,0 +1,325 @@
+r"""Images of vision-language prompts (`--multimodal-keys`): from dataset rows to processor tensors and engines.
+
+Flow of one prompt:
+
+1. Data source (`rows_to_samples`): the column named by `--multimodal-keys '{"image": "<column>"}'` holds one
+   image per `<image>` placeholder of the prompt (a list, or a single value for one image). Each image may be a
+   file path (relative paths: the dataset file's directory, else the working directory), `file://` path, raw
+   bytes, a base64 string or `data:` URI, or a Hugging Face `datasets` image struct `{"bytes": ..., "path": ...}`.
+   `normalize_image` turns each into a path or a `data:image/...;base64,` URI, stored in
+   `Sample.multimodal_inputs["images"]`; `build_messages` splits the prompt text at its placeholders into chat
+   content parts (`{"type": "image"}` / `{"type": "text"}`), which the processor's chat template renders (for
+   Qwen-VL: `<|vision_start|><|image_pad|><|vision_end|>`).
+2. Generate (`prepare_vision_prompt`, once per prompt group): each image is decoded, resized to the size the
+   model's processor would resize it to (so the engine, running the same processor on what it receives, sees
+   exactly these pixels and expands exactly as many image tokens), and processed together with the prompt text:
+   prompt ids with every image placeholder expanded to one token per merged patch, `pixel_values` and
+   `image_grid_thw` for the trainer, and the resized images as PNG `data:` URIs for SGLang's `image_data`.
+
+Pillow decodes images; transformers' `AutoProcessor` of `--hf-checkpoint` (Qwen2-VL / Qwen2.5-VL / Qwen3-VL
+families) does the rest. No image is fetched over the network: URLs are rejected with a clear error.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import functools
+import io
+import json
+import os
+import pathlib
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch  # imported where tensors are made: the data source and reward workers do not need torch
+
+__all__ = [
+    "IMAGE_PLACEHOLDER",
+    "VisionPrompt",
+    "build_messages",
+    "check_row_images",
+    "decode_image",
+    "get_processor",
+    "image_column",
+    "normalize_image",
+    "normalize_images",
+    "prepare_vision_prompt",
+    "sample_images",
+]
+
+#: The placeholder marking where an image goes in a prompt text (the original slime's).
+IMAGE_PLACEHOLDER = "<image>"
+# Processor outputs that are not vision tensors for the trainer (the ids travel as Sample.tokens).
+_NOT_TRAIN_INPUTS = frozenset({"input_ids", "attention_mask", "mm_token_type_ids"})
+_DATA_URI = re.compile(r"^data:image/[\w.+-]+;base64,", re.IGNORECASE)
+_IMAGE_STRUCT_KEYS = frozenset({"bytes", "path", "image", "type"})
+
+
+def image_column(multimodal_keys: dict[str, str] | None) -> str | None:
+    """The dataset column of the images (`--multimodal-keys '{"image": "<column>"}'`), or None."""
+    return (multimodal_keys or {}).get("image")
+
+
+def _data_uri(raw: bytes, where: str) -> str:
+    """`data:image/<format>;base64,...` of encoded image bytes (kept as they are, not re-encoded)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(raw)) as img:
+            fmt = (img.format or "png").lower()
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"{where}: not a readable image ({e})") from None
+    return f"data:image/{fmt};base64,{base64.b64encode(raw).decode('ascii')}"
+
+
+def _path_candidates(value: str, base_dir: pathlib.Path | None) -> list[pathlib.Path]:
+    path = pathlib.Path(value.removeprefix("file://")).expanduser()
+    if path.is_absolute():
+        return [path]
+    return [*([base_dir / path] if base_dir else []), pathlib.Path.cwd() / path]
+
+
+def normalize_image(value: Any, *, base_dir: pathlib.Path | None, where: str) -> str:
+    """One dataset image value as a file path or a `data:` URI (what `Sample.multimodal_inputs` stores).
+
+    Args:
+        value: a path (`str` or `file://`), raw bytes, a base64 string (bare or `data:` URI), or a dict with
+            `bytes`/`path` (Hugging Face `datasets` image) or `image` holding one of these.
+        base_dir: directory relative paths are resolved against first (the dataset file's).
+        where: location for error messages (file and row).
+
+    Returns:
+        An absolute path of an existing file, or a `data:image/...;base64,` URI of bytes Pillow can open.
+
+    Raises:
+        ValueError: a URL, a missing file, bytes that are no image, or a value of another type.
+    """
+    if isinstance(value, dict):
+        unknown = set(value) - _IMAGE_STRUCT_KEYS
+        if unknown:
+            raise ValueError(f"{where}: image dict has unknown keys {sorted(unknown)} (known: bytes, path, image)")
+        inner = value.get("bytes") or value.get("image") or value.get("path")
+        if inner is None:
+            raise ValueError(f"{where}: image dict without bytes, path or image")
+        return normalize_image(inner, base_dir=base_dir, where=where)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return _data_uri(bytes(value), where)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}: an image must be a path, bytes or base64 string, got {type(value).__name__}")
+    if value.startswith(("http://", "https://")):
+        raise ValueError(f"{where}: image URLs are not fetched ({value[:60]!r}); download the images and give paths")
+    if _DATA_URI.match(value):
+        return _data_uri(_b64decode(value.split(",", 1)[1], where), where)
+    candidates = _path_candidates(value, base_dir) if len(value) < 4096 and "\n" not in value else []
+    for candidate in candidates:
+        if candidate.is_file():
+            return str(candidate.resolve())
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        tried = ", ".join(str(c) for c in candidates) or "none"
+        raise ValueError(
+            f"{where}: image {value[:60]!r} is neither an existing file (looked at {tried}) nor base64"
+        ) from None
+    return _data_uri(raw, where)
+
+
+def _b64decode(text: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{where}: the data: URI does not hold valid base64 ({text[:40]!r}...)") from None
+
+
+def normalize_images(value: Any, *, base_dir: pathlib.Path | None, where: str) -> list[str]:
+    """A dataset cell of images (a list, or a single image) as normalized images; see `normalize_image`."""
+    if value is None:
+        return []
+    if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+        value = json.loads(value)  # a JSON list stored as a string column
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    return [normalize_image(v, base_dir=base_dir, where=f"{where} image {i + 1}") for i, v in enumerate(items)]
+
+
+def decode_image(image: str) -> Any:
+    """Opens a normalized image (path or `data:` URI) as an RGB `PIL.Image` (fully loaded).
+
+    Raises:
+        ValueError: the bytes cannot be decoded (message names the image).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    name = image if not image.startswith("data:") else image[:40] + "..."
+    try:
+        source: Any = io.BytesIO(base64.b64decode(image.split(",", 1)[1])) if image.startswith("data:") else image
+        with Image.open(source) as img:
+            img.load()
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError, binascii.Error, ValueError) as e:
+        raise ValueError(f"image {name}: cannot be decoded ({e})") from None
+
+
+def check_row_images(row: dict[str, Any], *, input_key: str, image_key: str, base_dir: pathlib.Path, where: str) -> int:
+    """Checks one dataset row's images: each one found and decodable, one per `<image>` placeholder.
+
+    What preflight runs on every row before anything starts (the data source repeats the cheap part).
+
+    Returns:
+        The number of images of the row.
+
+    Raises:
+        ValueError: a missing, unreadable or surplus image, or a missing one for a placeholder (names `where`).
+    """
+    images = normalize_images(row.get(image_key), base_dir=base_dir, where=where)
+    build_messages(row.get(input_key, ""), images, where=where)
+    for i, image in enumerate(images):
+        try:
+            decode_image(image)
+        except ValueError as e:
+            raise ValueError(f"{where} image {i + 1}: {e}") from None
+    return len(images)
+
+
+def build_messages(prompt: Any, images: Sequence[str], *, where: str) -> list[dict[str, Any]]:
+    """Chat messages whose text is split at each `<image>` placeholder into image and text content parts.
+
+    Args:
+        prompt: the prompt text (one user message) or a list of chat messages (string contents are split;
+            contents already given as part lists are kept).
+        images: normalized images, one per placeholder in order.
+        where: location for error messages.
+
+    Returns:
+        Messages with `content` lists like `[{"type": "image", "image": img}, {"type": "text", "text": "..."}]`.
+
+    Raises:
+        ValueError: the number of placeholders differs from the number of images.
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    queue = list(images)
+    placeholders = 0
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, str):
+            continue
+        parts: list[dict[str, Any]] = []
+        for i, piece in enumerate(content.split(IMAGE_PLACEHOLDER)):
+            if i > 0:
+                placeholders += 1
+                if queue:
+                    parts.append({"type": "image", "image": queue.pop(0)})
+            if piece:
+                parts.append({"type": "text", "text": piece})
+        message["content"] = parts
+    if placeholders != len(images):
+        raise ValueError(
+            f"{where}: the prompt has {placeholders} {IMAGE_PLACEHOLDER} placeholder(s) for {len(images)} image(s) "
+            "in the --multimodal-keys column (one placeholder per image)"
+        )
+    return messages
+
+
+@functools.cache
+def get_processor(path: str) -> Any:
+    """The Hugging Face processor of a vision-language checkpoint (cached per path).
+
+    Raises:
+        ValueError: the checkpoint has no image processor (not a vision-language model).
+    """
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--multimodal-keys: cannot load the processor of --hf-checkpoint {path} ({e})") from None
+    if getattr(processor, "image_processor", None) is None:
+        raise ValueError(
+            f"--multimodal-keys: --hf-checkpoint {path} has no image processor (preprocessor_config.json); "
+            "it is not a vision-language checkpoint"
+        )
+    return processor
+
+
+def sample_images(sample: Any) -> list[str]:
+    """The normalized images of a sample (`multimodal_inputs["images"]`), empty for text-only samples."""
+    return list((sample.multimodal_inputs or {}).get("images") or [])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class VisionPrompt:
+    """A prompt with images after the processor.
+
+    Attributes:
+        input_ids: prompt ids, each image placeholder expanded to `grid_t * grid_h * grid_w / merge²` tokens.
+        train_inputs: the processor's vision tensors (`pixel_values` `[P, C*T*p*p]` float32, `image_grid_thw`
+            `[num_images, 3]` int64, ...), shared by the samples of the prompt's group.
+        engine_images: the images as the processor saw them (resized), PNG `data:` URIs for `/generate`'s
+            `image_data`.
+    """
+
+    input_ids: tuple[int, ...]
+    train_inputs: dict[str, torch.Tensor]
+    engine_images: tuple[str, ...]
+
+
+def _png_data_uri(image: Any) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _run_processor(processor: Any, text: str, images: list[Any]) -> Any:
+    return processor(text=[text], images=images, return_tensors="pt")
+
+
+def _processed_sizes(processor: Any, grid_thw: torch.Tensor) -> list[tuple[int, int]]:
+    """(width, height) in pixels the processor resized each image to: grid rows × columns × patch size."""
+    patch = int(processor.image_processor.patch_size)
+    return [(int(w) * patch, int(h) * patch) for _, h, w in grid_thw.tolist()]
+
+
+@functools.lru_cache(maxsize=256)
+def _prepare_cached(checkpoint: str, text: str, images: tuple[str, ...]) -> VisionPrompt:
+    # The n samples of a group share one prompt: process it once (256 entries cover the groups in flight).
+    processor = get_processor(checkpoint)
+    pil = [decode_image(img) for img in images]
+    out = _run_processor(processor, text, pil)
+    sizes = _processed_sizes(processor, out["image_grid_thw"])
+    if any(img.size != size for img, size in zip(pil, sizes, strict=True)):
+        # Resize to the processor's target ourselves and process again (a no-op resize now), so that the pixels
+        # the trainer sees are exactly the ones sent to the engine, whose processor then leaves them as they are.
+        from PIL import Image
+
+        pil = [img.resize(size, Image.Resampling.BICUBIC) for img, size in zip(pil, sizes, strict=True)]
+        out = _run_processor(processor, text, pil)
+    import torch
+
+    train_inputs = {k: v for k, v in out.items() if k not in _NOT_TRAIN_INPUTS and isinstance(v, torch.Tensor)}
+    return VisionPrompt(
+        input_ids=tuple(int(t) for t in out["input_ids"][0].tolist()),
+        train_inputs=train_inputs,
+        engine_images=tuple(_png_data_uri(img) for img in pil),
+    )
+
+
+def prepare_vision_prompt(checkpoint: str, text: str, images: Sequence[str]) -> VisionPrompt:
+    """Runs the processor of `checkpoint` on a rendered prompt and its images (cached per prompt).
+
+    Args:
+        checkpoint: `--hf-checkpoint` (its processor and preprocessor config).
+        text: the prompt after the chat template, one image placeholder per image.
+        images: normalized images (paths or `data:` URIs), in placeholder order.
+
+    Returns:
+        The expanded prompt ids, the trainer's vision tensors and the engine's images.
+
+    Raises:
+        ValueError: an image cannot be decoded, or the processor rejects the prompt (e.g. placeholder count).
+    """
+    if not isinstance(text, str):
+        raise ValueError("a prompt with images must be a rendered string (--apply-chat-template)")
+    return _prepare_cached(os.fspath(checkpoint), text, tuple(images))

@@ -1,0 +1,200 @@
+r"""Supervised fine-tuning data: chat conversations → token ids and loss masks, and the SFT "rollout".
+
+The original's SFT recipe (`scripts/run-qwen3-4B-base-sft.sh`) trains with `--rollout-function-path
+slime.rollout.sft_rollout.generate_rollout --loss-type sft_loss --debug-train-only`: no engine generates; the
+"rollout" turns each dataset conversation (`--input-key messages`) into tokens and a loss mask that is 1 on the
+assistant turns only, as `--loss-mask-type` says for the tokenizer's chat template.
+
+`ChatLossMask` renders the whole conversation once with the tokenizer's chat template, tokenizes that text with
+character offsets (and checks the ids equal the template's own tokenization), marks the characters of every
+assistant turn's body — after the `<|im_start|>assistant\n` header, through its `<|im_end|>` and newline — and
+maps them to tokens. Types (the original's `--loss-mask-type` values):
+
+| type | chat format | trainable |
+|---|---|---|
+| `qwen`, `qwen3` | ChatML (Qwen2.5, Qwen3) | assistant body incl. a leading `<think>` block |
+| `qwen3_5` | ChatML (Qwen3.5) | the same without the leading `<think>\n` line |
+| `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message's text after the rendered first message |
+
+A message with `"step_loss_mask": 0` is not trained on. Everything here is CPU string and tokenizer work.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from slime_core.sample import Sample, Status
+from slime_rollout.base_types import RolloutFnTrainOutput
+from slime_rollout.data_source import get_tokenizer
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+    from slime_core.protocols import DataSource
+
+__all__ = ["LOSS_MASK_TYPES", "ChatLossMask", "generate_sft_rollout", "response_lengths"]
+
+logger = logging.getLogger(__name__)
+
+LOSS_MASK_TYPES = ("qwen", "qwen3", "qwen3_5", "distill_qwen")
+_HEADER = "<|im_start|>assistant\n"
+_END = "<|im_end|>"
+_THINK = "<think>\n"
+
+
+def response_lengths(loss_masks: Sequence[Sequence[int]]) -> list[int]:
+    """Per mask, the number of tokens from its first 1 to its end (0 for a mask without a 1).
+
+    The response of an SFT sample starts at the first trainable token; everything before it is the prompt.
+    """
+    return [len(mask) - list(mask).index(1) if 1 in mask else 0 for mask in loss_masks]
+
+
+class ChatLossMask:
+    """Token ids and loss mask of a chat conversation (original `MultiTurnLossMaskGenerator`).
+
+    Args:
+        tokenizer: a Hugging Face fast tokenizer with a chat template.
+        tokenizer_type: one of `LOSS_MASK_TYPES` (`--loss-mask-type`).
+
+    Raises:
+        ValueError: an unknown type.
+    """
+
+    def __init__(self, tokenizer: Any, tokenizer_type: str = "qwen") -> None:
+        if tokenizer_type not in LOSS_MASK_TYPES:
+            raise ValueError(f"--loss-mask-type {tokenizer_type!r}: expected one of {', '.join(LOSS_MASK_TYPES)}")
+        self.tokenizer = tokenizer
+        self.tokenizer_type = tokenizer_type
+
+    def get_response_lengths(self, loss_masks: Sequence[Sequence[int]]) -> list[int]:
+        """See `response_lengths`."""
+        return response_lengths(loss_masks)
+
+    def get_loss_mask(
+        self, messages: list[dict[str, Any]], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """`(token_ids, loss_mask)` of the conversation, both `[T]` (mask 1 = trained on).
+
+        Raises:
+            ValueError: the template's text does not re-tokenize to its own ids, or an assistant turn cannot be
+                found in the rendered text (a template this type does not describe).
+        """
+        if self.tokenizer_type == "distill_qwen":
+            return self._distill(messages, tools)
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+        expected = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=False)
+        if ids != list(expected):
+            raise ValueError(f"--loss-mask-type {self.tokenizer_type}: the chat template's text does not re-tokenize "
+                             "to its own token ids; use a fast tokenizer of the same model")  # fmt: skip
+        marked = self._marked_characters(text, messages)
+        # prefix[i] = marked characters before position i; a token is trained on if its span holds one.
+        prefix = [0]
+        for flag in marked:
+            prefix.append(prefix[-1] + flag)
+        mask = [1 if end > start and prefix[end] > prefix[start] else 0 for start, end in offsets]
+        return ids, mask
+
+    def _marked_characters(self, text: str, messages: list[dict[str, Any]]) -> list[int]:
+        """One flag per character of `text`: 1 inside the trainable body of an assistant turn."""
+        marked = [0] * len(text)
+        cursor = 0
+        for message in messages:
+            if message.get("role") != "assistant":
+                continue
+            start = text.find(_HEADER, cursor)
+            end = text.find(_END, start + len(_HEADER)) if start >= 0 else -1
+            if end < 0:
+                raise ValueError(f"--loss-mask-type {self.tokenizer_type}: no '{_HEADER!r}...{_END}' assistant turn in "
+                                 "the rendered conversation; the chat template is not ChatML")  # fmt: skip
+            body = start + len(_HEADER)
+            stop = end + len(_END) + (1 if text.startswith("\n", end + len(_END)) else 0)
+            cursor = stop
+            if message.get("step_loss_mask", 1) != 1:
+                continue
+            if self.tokenizer_type == "qwen3_5" and text.startswith(_THINK, body):
+                body += len(_THINK)
+            marked[body:stop] = [1] * (stop - body)
+        return marked
+
+    def _distill(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> tuple[list[int], list[int]]:
+        prompt = self.tokenizer.apply_chat_template(
+            messages[:1], tools=tools, tokenize=False, add_generation_prompt=True
+        )
+        prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        response_ids = self.tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        trainable = 1 if messages[-1].get("step_loss_mask", 1) == 1 else 0
+        return [*prompt_ids, *response_ids], [0] * len(prompt_ids) + [trainable] * len(response_ids)
+
+    def get_text_from_loss_mask(self, token_ids: Sequence[int], loss_mask: Sequence[int]) -> list[str]:
+        """The decoded text of each run of trainable tokens (for inspecting a mask)."""
+        runs: list[list[int]] = []
+        current: list[int] = []
+        for token, flag in zip(token_ids, loss_mask, strict=True):
+            if flag:
+                current.append(token)
+            elif current:
+                runs.append(current)
+                current = []
+        if current:
+            runs.append(current)
+        return [self.tokenizer.decode(run) for run in runs]
+
+
+def sft_sample(sample: Sample, builder: ChatLossMask) -> Sample:
+    """Fills one SFT sample in place from its conversation (`sample.prompt`, a list of chat messages).
+
+    Raises:
+        ValueError: the prompt is not a message list, or no message is trained on.
+    """
+    if not isinstance(sample.prompt, list):
+        raise ValueError(f"sample {sample.index}: SFT needs chat messages in --input-key, got {type(sample.prompt)}")
+    ids, mask = builder.get_loss_mask(sample.prompt, tools=sample.metadata.get("tools"))
+    (length,) = response_lengths([mask])
+    if length == 0:
+        raise ValueError(f"sample {sample.index}: no assistant message to train on")
+    sample.tokens = ids
+    sample.response_length = length
+    sample.loss_mask = mask[-length:]
+    sample.rollout_log_probs = None
+    sample.reward = 0.0
+    sample.status = Status.COMPLETED
+    return sample
+
+
+def generate_sft_rollout(
+    args: SlimeArgs, rollout_id: int, data_source: DataSource, evaluation: bool = False
+) -> RolloutFnTrainOutput:
+    """The SFT "rollout" (original `slime.rollout.sft_rollout.generate_rollout`): no generation.
+
+    Args:
+        args: the plugin view; reads `hf_checkpoint` (tokenizer), `loss_mask_type`, `rollout_batch_size`,
+            `n_samples_per_prompt` (must be 1).
+        rollout_id: id of this rollout.
+        data_source: the dataset (`--input-key` holds chat message lists).
+        evaluation: not supported (the original asserts it away).
+
+    Returns:
+        `rollout_batch_size` groups of one sample: tokens, loss mask, reward 0.
+
+    Raises:
+        ValueError: `evaluation`, `--n-samples-per-prompt` != 1, or a malformed conversation.
+    """
+    if evaluation:
+        raise ValueError("the SFT rollout has no eval mode; leave --eval-interval out")
+    if args.n_samples_per_prompt != 1:
+        raise ValueError(f"SFT needs --n-samples-per-prompt 1, got {args.n_samples_per_prompt}")
+    builder = ChatLossMask(get_tokenizer(args.hf_checkpoint), args.loss_mask_type)
+    groups = data_source.get_samples(args.rollout_batch_size)
+    for group in groups:
+        for sample in group:
+            sft_sample(sample, builder)
+    if rollout_id == 0 and groups:
+        s = groups[0][0]
+        logger.info("SFT rollout: first sample %d tokens, %d trained on", len(s.tokens), sum(s.loss_mask or []))
+    lengths = [s.response_length for group in groups for s in group]
+    metrics = {"rollout/response_len/mean": sum(lengths) / len(lengths)} if lengths else None
+    return RolloutFnTrainOutput(samples=groups, metrics=metrics)

@@ -1,0 +1,141 @@
+"""`apps/train --dry-run`: checks what needs no hardware, prints the resolved config, starts nothing."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from slime_app.checkpoints import check_checkpoints, checkpoint_kind
+from slime_app.cli import main
+from slime_app.preflight import preflight
+from slime_app.resolve import resolve_config
+from slime_core.config import parse_args
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+@pytest.fixture
+def model(tmp_path):
+    out = tmp_path / "Qwen3-4B"
+    out.mkdir()
+    (out / "config.json").write_text((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((FIXTURES / "qwen3-tokenizer" / name).read_bytes())
+    return out
+
+
+@pytest.fixture
+def data(tmp_path):
+    out = tmp_path / "d.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": f"{i} + 1 = ?"}], "label": str(i + 1)} for i in range(10)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def _flags(model, data, *extra):
+    return ["--train-backend", "fsdp", "--hf-checkpoint", str(model), "--prompt-data", str(data), "--input-key",
+            "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-batch-size", "4",
+            "--n-samples-per-prompt", "2", "--rollout-max-response-len", "16", "--actor-num-gpus-per-node", "2",
+            *extra]  # fmt: skip
+
+
+def test_dry_run_reports_and_starts_nothing(model, data, tmp_path):
+    code = (
+        "import sys\nfrom slime_app.cli import main\n"
+        f"rc = main({['--dry-run', *_flags(model, data, '--num-epoch', '3', '--num-layers', '36')]!r})\n"
+        "print('IMPORTED', sorted(m for m in ('ray', 'slime_app.loop', 'slime_train_fsdp') if m in sys.modules))\n"
+        "sys.exit(rc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "SLIME_LOG_LEVEL": "WARNING"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = out.stdout
+    assert report.startswith("slime --dry-run: the configuration is valid; nothing was started")
+    # Grouped like --help, with the derived values.
+    assert "DataArgs (Prompt data and batch sizes.)" in report
+    assert "  --num-rollout                              6" in report  # 3 epochs × (10 // 4)
+    assert "  --global-batch-size                        8" in report
+    assert "rollout: 4 prompts × 2 samples = 8 samples = 1 optimizer step(s) × --global-batch-size 8" in report
+    assert "trainer: 2 ranks (1 node(s) × 2), data-parallel 2" in report
+    assert "--num-epoch 3: 10 prompts // --rollout-batch-size 4 = 2 rollouts per epoch, --num-rollout 6" in report
+    assert "1 Megatron architecture flags agree with config.json" in report
+    assert re.search(r"tokenizer of --hf-checkpoint: first prompt \d+ tokens \(chat template applied\)", report)
+    assert "IMPORTED []" in report  # no Ray, no training loop, no trainer
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--num-layers", "28"], r"Megatron architecture flags disagree with its config.json .*--num-layers 28: "
+         "config.json says 36"),
+        (["--ref-load", "/nonexistent/ckpt"], r"--ref-load /nonexistent/ckpt: no checkpoint there \(missing\)"),
+        (["--custom-rm-path", "nowhere_pkg.reward"], r"--custom-rm-path: module 'nowhere_pkg' not found"),
+        (["--input-key", "question"], r"d\.jsonl row 1: no --input-key 'question'"),
+        (["--num-epoch", "1", "--rollout-batch-size", "16"], r"--prompt-data has 10 prompts, fewer than one "
+         r"--rollout-batch-size \(16\)"),
+        (["--num-rollout", "2", "--save-interval", "1"], r"--save-interval requires --save"),
+    ],
+)  # fmt: skip
+def test_dry_run_errors_are_one_line(model, data, extra, message, capsys):
+    length = [] if {"--num-epoch", "--num-rollout"} & set(extra) else ["--num-rollout", "2"]
+    assert main(["--dry-run", *_flags(model, data, *length), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert re.search(message, err[0]), err[0]
+
+
+def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
+    (tmp_path / "empty").mkdir()
+    torch_dist = tmp_path / "td"
+    (torch_dist / "iter_0000020").mkdir(parents=True)
+    (torch_dist / "iter_0000020" / ".metadata").write_bytes(b"")
+    (torch_dist / "latest_checkpointed_iteration.txt").write_text("20")
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000003").mkdir(parents=True)
+    (fsdp / "iter_0000003" / "meta.json").write_text("{}")
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
+    (model / "model.safetensors").write_bytes(b"")
+    kinds = [checkpoint_kind(p) for p in (tmp_path / "nope", tmp_path / "empty", torch_dist, fsdp, model)]
+    assert kinds == ["missing", "empty", "torch_dist", "fsdp", "hf"]
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--hf-checkpoint", str(model), *extra])
+
+    assert check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(fsdp))) == [
+        f"--load {fsdp}: fsdp checkpoint, the run resumes from it"
+    ]
+    with pytest.raises(ValueError, match=r"a torch_dist checkpoint; --train-backend fsdp resumes its own fsdp .*"
+                       r"slime-convert mcore-to-hf"):  # fmt: skip
+        check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(torch_dist)))
+    with pytest.raises(ValueError, match=r"a fsdp checkpoint; --train-backend megatron resumes its own torch_dist"):
+        check_checkpoints(cfg("--train-backend", "megatron", "--load", str(fsdp)))
+    other_hf = tmp_path / "other-hf"
+    other_hf.mkdir()
+    (other_hf / "config.json").write_text("{}")
+    (other_hf / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"--ref-load .*: a hf checkpoint; the Megatron backend reads --ref-load as "
+                       "torch_dist"):  # fmt: skip
+        check_checkpoints(cfg("--train-backend", "megatron", "--ref-load", str(other_hf)))
+    # The reference model of a KL run reads a torch_dist --ref-load through its HF conversion (FSDP).
+    kl = cfg("--train-backend", "fsdp", "--ref-load", str(torch_dist), "--use-kl-loss", "--kl-loss-coef", "0.01",
+             "--output-dir", str(tmp_path / "out"))  # fmt: skip
+    resolved, _ = resolve_config(kl, convert=False)
+    assert resolved.ref_load == str(tmp_path / "out" / "ref_load_hf")
+
+
+def test_a_machine_without_gpus_refuses_eight_trainer_ranks(model, data, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = parse_args([*_flags(model, data, "--num-rollout", "1"), "--actor-num-gpus-per-node", "8"])
+    with pytest.raises(ValueError, match=r"no CUDA GPU here: --actor-num-nodes 1 × --actor-num-gpus-per-node 8 would "
+                       r"start 8 CPU trainer ranks on one machine with \d+ cores"):  # fmt: skip
+        preflight(cfg)
+    preflight(cfg, hardware=False)  # --dry-run leaves the hardware to the run

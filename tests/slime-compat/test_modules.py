@@ -1,0 +1,223 @@
+"""The `slime.*` namespace: the names the original's examples and docs import, with the original semantics."""
+
+import asyncio
+import importlib
+import pathlib
+import re
+
+import pytest
+
+from slime_core.config import PluginArgs, SlimeArgs
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# Every `from slime.X import Y` in the original's examples/ and docs (THUDM/slime 624b824a8) that is plugin
+# API; the training stack (slime.backends, slime.agent, slime.observability, external_utils) is left out.
+ORIGINAL_IMPORTS = {
+    "slime.utils.types": ["Sample"],
+    "slime.utils.http_utils": ["post", "get"],
+    "slime.utils.misc": ["load_function", "SingletonMeta", "exec_command", "get_free_port"],
+    "slime.utils.async_utils": ["run"],
+    "slime.utils.processing_utils": ["load_tokenizer", "load_processor"],
+    "slime.utils.mask_utils": ["MultiTurnLossMaskGenerator", "get_response_lengths"],
+    "slime.rollout.sglang_rollout": [
+        "GenerateState", "generate", "generate_and_rm", "generate_and_rm_group", "generate_rollout",
+        "eval_rollout", "get_model_url",
+    ],
+    "slime.rollout.base_types": ["RolloutFnTrainOutput", "RolloutFnEvalOutput", "call_rollout_fn"],
+    "slime.rollout.data_source": ["RolloutDataSource", "RolloutDataSourceWithBuffer"],
+    "slime.rollout.filter_hub.base_types": ["DynamicFilterOutput", "call_dynamic_filter"],
+    "slime.rollout.filter_hub.dynamic_sampling_filters": ["check_reward_nonzero_std"],
+    "slime.rollout.rm_hub": ["async_rm", "batched_async_rm", "grade_answer_verl"],
+    "slime.rollout.rm_hub.math_utils": ["extract_answer", "grade_answer_verl"],
+    "slime.rollout.rm_hub.math_dapo_utils": ["compute_score"],
+    "slime.rollout.sft_rollout": ["generate_rollout"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", sorted(ORIGINAL_IMPORTS))
+def test_original_import_paths_resolve(module):
+    mod = importlib.import_module(module)
+    missing = [name for name in ORIGINAL_IMPORTS[module] if not hasattr(mod, name)]
+    assert missing == []
+
+
+def test_compat_modules_are_thin():
+    # Adapters only: no module of the namespace grows into a second implementation.
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (REPO / "packages/slime-compat/src/slime").rglob("*.py")}
+    assert max(sizes.values()) < 200, sizes
+
+
+def test_sample_is_the_framework_class_with_original_call_forms():
+    from slime.utils.types import Sample
+    from slime_core.sample import Sample as CoreSample
+
+    assert Sample is CoreSample and Sample.Status.TRUNCATED.value == "truncated"
+    args = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "reward_key": "acc"})
+    s = Sample(prompt="q", tokens=[1, 2, 3], label="7")
+    # The original's keyword form with `args` first (search-r1, retool): model turn, then a masked tool turn.
+    meta = {"finish_reason": {"type": "length"}, "weight_version": "4"}
+    s.append_response_tokens(args, tokens=[10, 11], log_probs=[-0.5, -0.25], trainable=True, meta_info=meta)
+    s.append_response_tokens(args, tokens=[12], trainable=False)
+    assert (s.tokens, s.response_length, s.loss_mask) == ([1, 2, 3, 10, 11, 12], 3, [1, 1, 0])
+    assert s.rollout_log_probs == [-0.5, -0.25, 0.0]
+    assert s.status is Sample.Status.TRUNCATED and s.weight_versions == ["4"]
+    s.append_response_tokens(args, tokens=[13], log_probs=[-1.0], meta_info={"finish_reason": {"type": "stop"}},
+                             update_terminal_info=False)  # fmt: skip
+    assert s.status is Sample.Status.TRUNCATED  # a mid-call span leaves the terminal state alone
+    s.reward = {"acc": 1.0, "score": -1.0}
+    assert s.get_reward_value(args) == 1.0  # original signature: get_reward_value(args)
+    assert s.get_reward_value("score") == -1.0
+    s.payload_text = "q" + s.response  # plugins set their own attributes (original retool example)
+    assert s.payload_text == "q"
+
+
+def test_hand_set_response_then_append_keeps_the_original_mask_rule():
+    from slime.utils.types import Sample
+
+    s = Sample(tokens=[1, 2, 3], response_length=2)  # a plugin set prompt + 2 response tokens by hand
+    s.append_response_tokens(tokens=[4], trainable=False)
+    assert s.loss_mask == [1, 1, 0]
+
+
+def test_misc_helpers():
+    from slime.utils.misc import SingletonMeta, load_function, should_run_periodic_action
+    from slime_rollout.rollout import generate_rollout
+
+    class Once(metaclass=SingletonMeta):
+        def __init__(self, value):
+            self.value = value
+
+    assert Once(1) is Once(2) and Once(3).value == 1
+    assert load_function("slime.rollout.sglang_rollout.generate_rollout") is generate_rollout
+    # interval 3, 10 rollouts of 4 per epoch: every 3rd, epoch ends (4, 8) and — with num_rollout — the last.
+    due = [i for i in range(10) if should_run_periodic_action(i, 3, 4, 10)]
+    assert due == [2, 3, 5, 7, 8, 9]
+    assert not should_run_periodic_action(5, None, 4, 10)
+
+
+def test_rm_hub_graders():
+    from slime.rollout.rm_hub import compute_score_dapo, f1_score, get_deepscaler_rule_based_reward
+    from slime.rollout.rm_hub.math_dapo_utils import compute_score
+    from slime.rollout.rm_hub.math_utils import extract_answer, grade_answer_verl, last_boxed_only_string
+
+    assert compute_score is compute_score_dapo
+    assert extract_answer(r"so \boxed{\frac{1}{2}} done") == r"\frac{1}{2}"
+    assert last_boxed_only_string(r"a \boxed{3} b \boxed{4}") == r"\boxed{4}"
+    assert grade_answer_verl(r"\boxed{0.5}", r"\boxed{\frac12}") is True
+    assert grade_answer_verl("no box here", "3") is False and grade_answer_verl(r"\boxed{3}", "") is False
+    assert compute_score("Answer: 42", "42") == {"score": 1.0, "acc": True, "pred": "42"}
+    assert compute_score("Answer: 41", "42")["score"] == -1.0
+    assert get_deepscaler_rule_based_reward(r"<think>x</think> \boxed{6}", "6") == 1
+    assert get_deepscaler_rule_based_reward(r"\boxed{6}", "6") == 0  # no </think>: not graded
+    # "the cat sat" vs "cat sat down": normalized tokens [cat, sat] vs [cat, sat, down] -> p=1, r=2/3, f1=0.8
+    f1, precision, recall = f1_score("the cat sat", "cat sat down")
+    assert (round(f1, 6), precision, round(recall, 6)) == (0.8, 1.0, round(2 / 3, 6))
+    assert f1_score(None, "x") == (0.0, 0.0, 0.0) and f1_score("yes", "no") == (0.0, 0.0, 0.0)
+
+
+def test_filter_hub():
+    from slime.rollout.filter_hub.base_types import DynamicFilterOutput, call_dynamic_filter
+    from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonzero_std
+    from slime.utils.types import Sample
+
+    args = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+    same = [Sample(reward=1.0), Sample(reward=1.0)]
+    assert call_dynamic_filter(check_reward_nonzero_std, args, same) == DynamicFilterOutput(False, "zero_std_1.0")
+    assert call_dynamic_filter(lambda a, g: True, args, same) == DynamicFilterOutput(keep=True)
+    assert call_dynamic_filter(None, args, same).keep
+
+
+def test_call_rollout_fn_wraps_legacy_returns():
+    from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, call_rollout_fn
+
+    out = call_rollout_fn(lambda args, rid, ds, evaluation: [["g"]], None, 0, None, evaluation=False)
+    assert out == RolloutFnTrainOutput(samples=[["g"]])
+    out = call_rollout_fn(lambda args, rid, ds, evaluation: {"d": {}}, None, 0, None, evaluation=True)
+    assert out == RolloutFnEvalOutput(data={"d": {}})
+
+
+def test_generate_state_and_model_url(qwen3_tokenizer_dir):
+    from slime.rollout.sglang_rollout import GenerateState, get_model_url
+    from slime.utils.misc import SingletonMeta
+
+    cfg = SlimeArgs.from_dict({
+        "rollout_batch_size": 2, "n_samples_per_prompt": 3, "num_rollout": 1, "hf_checkpoint": str(qwen3_tokenizer_dir),
+        "rollout_max_response_len": 16, "rollout_temperature": 0.7, "sglang_server_concurrency": 5,
+        "sglang_args": {"enable_deterministic_inference": True, "dp_size": "2", "enable_dp_attention": True},
+        "rollout_seed": 10,
+    })  # fmt: skip
+    args = PluginArgs.from_config(cfg, engine_urls=["http://h:1", "http://h:2"], router_url="http://r:9")
+    SingletonMeta.clear_instances(GenerateState)
+    try:
+        state = GenerateState(args)
+        assert GenerateState(None) is state  # one per process
+        assert state.tokenizer("1+1=", add_special_tokens=False)["input_ids"] == [16, 10, 16, 28]
+        assert state.sampling_params["temperature"] == 0.7 and state.sampling_params["max_new_tokens"] == 16
+        assert state.semaphore._value == 10  # 5 per engine × 2 engines
+        assert state.group_sampling_seeds == [10, 11, 12] and state.dp_counts == [0, 0]
+        with state.dp_rank_context() as rank:
+            assert state.dp_counts[rank] == 1
+        assert state.dp_counts == [0, 0]
+        state.aborted = True
+        assert state.state(False).aborted and state.state(True).aborted
+        state.reset()
+        assert not state.aborted and state.pendings == set() and state.remaining_batch_size == 0
+    finally:
+        SingletonMeta.clear_instances(GenerateState)
+    assert get_model_url(args, "actor") == "http://r:9/generate"
+    assert get_model_url(args, "ref", "/health") == "http://r:9/health"
+
+
+def test_generate_and_rm_group_adapter_uses_the_callers_sampling_params(monkeypatch, qwen3_tokenizer_dir):
+    from slime.rollout import sglang_rollout
+    from slime.utils.misc import SingletonMeta
+    from slime.utils.types import Sample
+    from slime_rollout import group_rollout
+
+    seen = []
+
+    async def fake_generate(args, sample, sampling_params):
+        seen.append(dict(sampling_params))
+        sample.status = Sample.Status.COMPLETED
+        sample.reward = 1.0
+        return sample
+
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "n_samples_per_prompt": 2, "num_rollout": 1,
+                               "hf_checkpoint": str(qwen3_tokenizer_dir), "rollout_max_response_len": 4})  # fmt: skip
+    args = PluginArgs.from_config(cfg, engine_urls=["http://h:1"])
+    monkeypatch.setattr(group_rollout, "default_generate", fake_generate)
+    SingletonMeta.clear_instances(sglang_rollout.GenerateState)
+    try:
+        group = [Sample(prompt="a"), Sample(prompt="a")]
+        out = asyncio.run(sglang_rollout.generate_and_rm_group(args, group, {"temperature": 0.1, "max_new_tokens": 3}))
+        assert [s.session_id is not None for s in out] == [True, True]
+        # The caller's params, plus each sample's own seed (slime_rollout.seeds: rollout seed, prompt, index).
+        assert [{k: v for k, v in p.items() if k != "sampling_seed"} for p in seen] == [
+            {"temperature": 0.1, "max_new_tokens": 3}
+        ] * 2
+        assert len({p["sampling_seed"] for p in seen}) == 2
+        sglang_rollout.GenerateState(args).aborted = True
+        fresh = [Sample(prompt="b"), Sample(prompt="b")]
+        assert asyncio.run(sglang_rollout.generate_and_rm_group(args, fresh, None)) is fresh  # aborted: untouched
+    finally:
+        SingletonMeta.clear_instances(sglang_rollout.GenerateState)
+
+
+def test_no_training_stack_modules():
+    for name in ("slime.backends", "slime.ray", "slime.agent", "slime.utils.external_utils.command_utils"):
+        with pytest.raises(
+            ModuleNotFoundError, match=re.escape(name.rsplit(".", 1)[0] if "external" in name else name)
+        ):
+            importlib.import_module(name)
+
+
+def test_multimodal_helpers_say_they_are_not_implemented():
+    # examples/geo3k_vlm_multi_turn/rollout.py of the original imports these two.
+    with pytest.raises(ImportError, match=r"build_processor_kwargs is not provided: multimodal \(image/video\) "):
+        exec("from slime.utils.processing_utils import build_processor_kwargs, encode_image_for_rollout_engine", {})
+    from slime.utils import processing_utils
+
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        processing_utils.no_such_name  # noqa: B018
+    assert processing_utils.load_processor("any/dir") is None

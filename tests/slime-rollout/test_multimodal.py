@@ -1,0 +1,310 @@
+"""Images through data and rollout: `slime_rollout.multimodal`, `rows_to_samples` with `--multimodal-keys`, and
+the default generate's `/generate` request with `image_data`.
+
+Models are tiny random Qwen2.5-VL / Qwen3-VL checkpoints with the real Qwen tokenizer (`make_tiny_vlm`): image
+tokens are `<|vision_start|>` 151652, `<|image_pad|>` 151655, `<|vision_end|>` 151653; the processors resize
+images to multiples of 28 (Qwen2.5-VL, patch 14) or 32 (Qwen3-VL, patch 16) pixels and merge 2x2 patches per
+image token.
+"""
+
+import base64
+import io
+import json
+
+import pytest
+import torch
+
+from slime_core.config import PluginArgs, SlimeArgs
+from slime_core.sample import Sample
+from slime_rollout import generate as generate_mod
+from slime_rollout import multimodal
+from slime_rollout.data_source import load_prompt_rows, rows_to_samples
+
+VISION_START, IMAGE_PAD, VISION_END = 151652, 151655, 151653
+PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def vlm(request, make_tiny_vlm, private_tmp):
+    family = request.param
+    path = private_tmp / f"vlm-{family}"
+    if not path.exists():
+        make_tiny_vlm(path, family)
+    return family, str(path)
+
+
+def png_bytes(size=(40, 30), color=(200, 10, 10)) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# ---- normalize_image: every dataset form, and the errors ------------------------------------------------------
+
+
+def test_every_image_form_becomes_a_path_or_data_uri(tmp_path, monkeypatch):
+    raw = png_bytes()
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.png").write_bytes(raw)
+    b64 = base64.b64encode(raw).decode()
+    want_uri = "data:image/png;base64," + b64
+    at = dict(base_dir=tmp_path, where="d.jsonl row 1")
+    assert multimodal.normalize_image("imgs/a.png", **at) == str(tmp_path / "imgs" / "a.png")
+    assert multimodal.normalize_image(f"file://{tmp_path}/imgs/a.png", **at) == str(tmp_path / "imgs" / "a.png")
+    monkeypatch.chdir(tmp_path / "imgs")  # relative to the working directory when not under the data dir
+    assert multimodal.normalize_image("a.png", base_dir=tmp_path / "elsewhere", where="w") == str(
+        tmp_path / "imgs" / "a.png"
+    )
+    assert multimodal.normalize_image(raw, **at) == want_uri
+    assert multimodal.normalize_image(b64, **at) == want_uri
+    assert multimodal.normalize_image(want_uri, **at) == want_uri
+    assert multimodal.normalize_image({"bytes": raw, "path": None}, **at) == want_uri  # HF datasets Image
+    assert multimodal.normalize_image({"bytes": None, "path": "imgs/a.png"}, **at) == str(tmp_path / "imgs/a.png")
+    cell = json.dumps(["imgs/a.png", b64])  # a list stored as a JSON string column
+    assert multimodal.normalize_images(cell, **at) == [str(tmp_path / "imgs" / "a.png"), want_uri]
+    assert multimodal.normalize_images(raw, **at) == [want_uri]  # a single image, not a list
+    assert multimodal.normalize_images(None, **at) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("missing/b.png", "d.jsonl row 3: image 'missing/b.png' is neither an existing file"),
+        ("https://example.com/x.png", "d.jsonl row 3: image URLs are not fetched"),
+        (b"not an image at all", "d.jsonl row 3: not a readable image"),
+        (base64.b64encode(b"not an image").decode(), "d.jsonl row 3: not a readable image"),
+        ("data:image/png;base64,@@@", "d.jsonl row 3: the data: URI does not hold valid base64"),
+        ({"pixels": [1, 2]}, "d.jsonl row 3: image dict has unknown keys ['pixels']"),
+        (3.5, "d.jsonl row 3: an image must be a path, bytes or base64 string, got float"),
+    ],
+)
+def test_bad_images_name_the_row(tmp_path, value, message):
+    with pytest.raises(ValueError) as err:
+        multimodal.normalize_image(value, base_dir=tmp_path, where="d.jsonl row 3")
+    assert message in str(err.value)
+
+
+def test_check_row_images_decodes_and_counts(tmp_path):
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    good = {"q": "<image> and <image>?", "images": [png_bytes(), png_bytes(color=(0, 0, 9))]}
+    assert multimodal.check_row_images(good, input_key="q", image_key="images", base_dir=tmp_path, where="r1") == 2
+    with pytest.raises(ValueError, match="r2: the prompt has 1 <image> placeholder"):
+        multimodal.check_row_images(dict(good, q="<image>?"), input_key="q", image_key="images", base_dir=tmp_path,
+                                    where="r2")  # fmt: skip
+    with pytest.raises(ValueError, match="r3 image 1: .*cannot be decoded"):
+        multimodal.check_row_images({"q": "<image>", "images": ["bad.png"]}, input_key="q", image_key="images",
+                                    base_dir=tmp_path, where="r3")  # fmt: skip
+
+
+def test_placeholders_split_text_into_image_and_text_parts():
+    messages = multimodal.build_messages("Look: <image> then <image>.", ["i1", "i2"], where="w")
+    assert messages == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Look: "},
+                {"type": "image", "image": "i1"},
+                {"type": "text", "text": " then "},
+                {"type": "image", "image": "i2"},
+                {"type": "text", "text": "."},
+            ],
+        }
+    ]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<image>x"}]
+    out = multimodal.build_messages(chat, ["i1"], where="w")
+    assert out[0]["content"] == [{"type": "text", "text": "Be brief."}]
+    assert out[1]["content"] == [{"type": "image", "image": "i1"}, {"type": "text", "text": "x"}]
+    assert chat[1]["content"] == "<image>x"  # the dataset's messages are not modified
+
+
+# ---- processor and chat template: the token layout --------------------------------------------------------------
+
+
+def test_template_and_processor_token_layout(vlm):
+    family, path = vlm
+    patch = PATCH[family]
+    image = "data:image/png;base64," + base64.b64encode(png_bytes(size=(90, 50))).decode()
+    processor = multimodal.get_processor(path)
+    text = processor.apply_chat_template(multimodal.build_messages("<image>How many?", [image], where="w"),
+                                         tokenize=False, add_generation_prompt=True)  # fmt: skip
+    assert text == (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>How many?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    vp = multimodal.prepare_vision_prompt(path, text, [image])
+    grid = vp.train_inputs["image_grid_thw"]
+    # 90x50 -> the nearest multiples of 2*patch: 84x56 (patch 14) or 96x64 (patch 16), a 4x6 patch grid either way.
+    assert grid.tolist() == [[1, 4, 6]]
+    t, h, w = grid[0].tolist()
+    num_image_tokens = t * h * w // 4
+    ids = list(vp.input_ids)
+    start = ids.index(VISION_START)
+    assert ids[start + 1 : start + 1 + num_image_tokens] == [IMAGE_PAD] * num_image_tokens
+    assert ids[start + 1 + num_image_tokens] == VISION_END
+    assert ids.count(IMAGE_PAD) == num_image_tokens
+    tokenizer = processor.tokenizer
+    assert ids[:start] == tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
+    assert ids[start + 2 + num_image_tokens :] == tokenizer.encode(
+        "How many?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    pixels = vp.train_inputs["pixel_values"]
+    assert pixels.dtype == torch.float32 and pixels.shape == (t * h * w, 3 * 2 * patch * patch)
+    assert set(vp.train_inputs) == {"pixel_values", "image_grid_thw"}
+
+
+def test_engine_images_are_the_pixels_the_trainer_sees(vlm):
+    """The image sent to the engine is already at the processor's size: processing it again gives the same
+    grid and the same pixel values (so SGLang, running the same processor, expands the same number of tokens)."""
+    from PIL import Image
+
+    family, path = vlm
+    patch = PATCH[family]
+    image = "data:image/png;base64," + base64.b64encode(png_bytes(size=(101, 67), color=(30, 140, 220))).decode()
+    text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi<|im_end|>\n<|im_start|>assistant\n"
+    vp = multimodal.prepare_vision_prompt(path, text, [image])
+    (t, h, w) = vp.train_inputs["image_grid_thw"][0].tolist()
+    sent = multimodal.decode_image(vp.engine_images[0])
+    assert sent.size == (w * patch, h * patch) != (101, 67)
+    again = multimodal.get_processor(path)(text=[text], images=[sent], return_tensors="pt")
+    assert again["input_ids"][0].tolist() == list(vp.input_ids)
+    assert torch.equal(again["pixel_values"], vp.train_inputs["pixel_values"])
+    assert isinstance(sent, Image.Image)
+
+
+# ---- data source rows -> samples -------------------------------------------------------------------------------
+
+
+def _write_rows(tmp_path, rows, fmt):
+    if fmt == "jsonl":
+        path = tmp_path / "data.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_rows_become_samples_with_images_and_rendered_prompts(vlm, tmp_path, fmt):
+    _, path = vlm
+    raw = png_bytes()
+    (tmp_path / "img.png").write_bytes(raw)
+    if fmt == "jsonl":
+        rows = [{"q": "<image>Count?", "a": "3", "images": ["img.png"]},
+                {"q": "No image here.", "a": "0", "images": []}]  # fmt: skip
+    else:  # Parquet with the Hugging Face datasets image struct
+        rows = [{"q": "<image>Count?", "a": "3", "images": [{"bytes": raw, "path": "x.png"}]},
+                {"q": "No image here.", "a": "0", "images": []}]  # fmt: skip
+    data = _write_rows(tmp_path, rows, fmt)
+    samples = rows_to_samples(
+        load_prompt_rows(str(data)), source=str(data), input_key="q", label_key="a",
+        tokenizer=multimodal.get_processor(path).tokenizer, apply_chat_template=True,
+        multimodal_keys={"image": "images"}, processor_path=path,
+    )  # fmt: skip
+    assert [s.label for s in samples] == ["3", "0"]
+    assert samples[0].prompt == (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Count?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    want = str(tmp_path / "img.png") if fmt == "jsonl" else "data:image/png;base64," + base64.b64encode(raw).decode()
+    assert samples[0].multimodal_inputs == {"images": [want]}
+    assert samples[1].multimodal_inputs is None
+    assert samples[1].prompt == "<|im_start|>user\nNo image here.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_max_prompt_len_counts_the_expanded_image_tokens(vlm, tmp_path):
+    _, path = vlm
+    rows = [{"q": "<image>?", "images": [png_bytes(size=(200, 200))]}, {"q": "<image>?", "images": [png_bytes()]}]
+    common = dict(source=str(tmp_path / "d.jsonl"), input_key="q", tokenizer=multimodal.get_processor(path).tokenizer,
+                  apply_chat_template=True, multimodal_keys={"image": "images"}, processor_path=path)  # fmt: skip
+    # The 200x200 image is shrunk to the 8x8-patch maximum (16 tokens), the 40x30 one becomes 2x2 patches (1 token):
+    # prompts of 27 and 12 tokens (11 template/text/vision-start/end tokens + the image tokens).
+    kept = rows_to_samples(rows, max_prompt_len=26, **common)
+    assert len(kept) == 1 and kept[0].multimodal_inputs["images"][0].startswith("data:image/png")
+    assert len(rows_to_samples(rows, max_prompt_len=27, **common)) == 2
+    assert rows_to_samples(rows, max_prompt_len=11, **common) == []
+
+
+# ---- generate: the /generate request ---------------------------------------------------------------------------
+
+
+class RecordingClient:
+    """Answers every /generate with two tokens; `prompt_tokens` is what the engine claims it saw."""
+
+    def __init__(self, prompt_tokens=None):
+        self.payloads = []
+        self.prompt_tokens = prompt_tokens
+
+    async def generate(self, payload):
+        self.payloads.append(payload)
+        meta = {
+            "output_token_logprobs": [[-0.5, 17, None], [-0.25, 151645, None]],
+            "finish_reason": {"type": "stop", "matched": 151645},
+            "prompt_tokens": self.prompt_tokens if self.prompt_tokens is not None else len(payload["input_ids"]),
+            "weight_version": "3",
+        }
+        return {"text": "2<|im_end|>", "output_ids": [17, 151645], "meta_info": meta}
+
+
+def _args(path):
+    return PluginArgs.from_config(
+        SlimeArgs.from_dict(
+            {
+                "rollout_batch_size": 1,
+                "num_rollout": 1,
+                "hf_checkpoint": path,
+                "rollout_max_response_len": 4,
+                "train_backend": "fsdp",
+            }
+        )  # fmt: skip
+    )
+
+
+async def test_generate_sends_expanded_ids_and_image_data(vlm, monkeypatch):
+    _, path = vlm
+    client = RecordingClient()
+    monkeypatch.setattr(generate_mod, "get_client", lambda args: client)
+    image = "data:image/png;base64," + base64.b64encode(png_bytes(size=(77, 45))).decode()
+    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>n?<|im_end|>\n<|im_start|>assistant\n"
+    samples = [Sample(prompt=prompt, multimodal_inputs={"images": [image]}, index=i) for i in range(2)]
+    for s in samples:
+        await generate_mod.generate(_args(path), s, {"max_new_tokens": 4, "temperature": 1.0})
+    vp = multimodal.prepare_vision_prompt(path, prompt, [image])
+    for s, payload in zip(samples, client.payloads, strict=True):
+        assert payload["input_ids"] == list(vp.input_ids)
+        assert payload["image_data"] == list(vp.engine_images)
+        assert payload["image_data"][0].startswith("data:image/png;base64,")
+        assert s.tokens == [*vp.input_ids, 17, 151645] and s.response_length == 2
+        assert s.rollout_log_probs == [-0.5, -0.25]
+        assert torch.equal(s.multimodal_train_inputs["pixel_values"], vp.train_inputs["pixel_values"])
+    # The group's samples share one processing (and its tensors).
+    assert samples[0].multimodal_train_inputs["pixel_values"] is samples[1].multimodal_train_inputs["pixel_values"]
+
+
+async def test_engine_that_expands_images_differently_is_an_error(vlm, monkeypatch):
+    _, path = vlm
+    monkeypatch.setattr(generate_mod, "get_client", lambda args: RecordingClient(prompt_tokens=3))
+    image = "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
+    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>n?<|im_end|>\n<|im_start|>assistant\n"
+    sample = Sample(prompt=prompt, multimodal_inputs={"images": [image]}, index=0)
+    with pytest.raises(ValueError, match="the engine saw 3 prompt tokens, the processor made"):
+        await generate_mod.generate(_args(path), sample, {"max_new_tokens": 4})
+
+
+async def test_continuation_must_start_with_the_processor_prompt(vlm, monkeypatch):
+    _, path = vlm
+    monkeypatch.setattr(generate_mod, "get_client", lambda args: RecordingClient())
+    image = "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
+    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>n?<|im_end|>\n<|im_start|>assistant\n"
+    sample = Sample(prompt=prompt, tokens=[1, 2, 3], multimodal_inputs={"images": [image]}, index=7)
+    with pytest.raises(ValueError, match="sample 7: its tokens do not start with the processor's"):
+        await generate_mod.generate(_args(path), sample, {"max_new_tokens": 4})
+
+
+def test_sample_images_of_text_only_samples_is_empty():
+    assert multimodal.sample_images(Sample(prompt="x")) == []
+    assert multimodal.image_column(None) is None
+    assert multimodal.image_column({"image": "imgs"}) == "imgs"

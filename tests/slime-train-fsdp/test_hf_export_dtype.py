@@ -1,0 +1,40 @@
+"""The HF export's config.json states the dtype its tensors are written in (the checkpoint's, not the master's)."""
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+
+from slime_train_fsdp.hf_export import save_hf
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _tensor_dtypes(path):
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return {f.get_tensor(k).dtype for k in f.keys()}
+
+
+@pytest.mark.parametrize("declared, expected", [("bfloat16", torch.bfloat16), (None, torch.float32)])
+def test_export_dtype_matches_config(declared, expected, make_tiny_qwen3, tmp_path, one_rank):
+    from transformers import AutoModelForCausalLM
+
+    source = make_tiny_qwen3(tmp_path / "src")  # fp32 weights
+    config = json.loads((source / "config.json").read_text())
+    config.pop("dtype", None), config.pop("torch_dtype", None)
+    if declared:
+        config["torch_dtype"] = declared  # an older transformers' key
+    (source / "config.json").write_text(json.dumps(config))
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)  # the trainer's fp32 master weights
+    save_hf(model, tmp_path / "out", source_dir=source)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert _tensor_dtypes(tmp_path / "out") == {expected}
+    name = str(expected).removeprefix("torch.")
+    assert written["dtype"] == name and written.get("torch_dtype", name) == name

@@ -1,0 +1,139 @@
+"""Vision-language models on the FSDP backend (CPU/gloo, tiny random Qwen2.5-VL and Qwen3-VL, fp32).
+
+Scenarios run in forked processes (`_vlm_workers.py`). Tolerances: 1e-5 absolute on log-probs, 1e-5 relative to
+the largest gradient entry on gradients (same fp32 kernels, different summation order), 1e-4 on parameters after
+a DP step (Adam divides by sqrt(v)).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import pathlib
+import socket
+import traceback
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+
+WORKER = pathlib.Path(__file__).with_name("_vlm_workers.py")
+TOL = 1e-5
+
+
+def _load_workers():
+    spec = importlib.util.spec_from_file_location("slime_fsdp_vlm_workers", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _entry(scenario, rank, world, port, out, ckpt):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    try:
+        _load_workers().run(scenario, out, str(ckpt))
+    except BaseException:
+        (out / f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def launch(scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
+    out = work / f"out_{scenario}_{world}"
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_entry, args=(scenario, r, world, port, out, ckpt)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=900)
+    torch.set_num_threads(threads)
+    for rank, p in enumerate(procs):
+        if p.is_alive():
+            p.kill()
+        err = out / f"rank{rank}.err"
+        assert p.exitcode == 0, f"{scenario} rank {rank} failed:\n{err.read_text() if err.exists() else p.exitcode}"
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def vlm(request, make_tiny_vlm, tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers are forked from this process: keep it free of OpenMP thread pools
+    path = make_tiny_vlm(tmp_path_factory.mktemp(request.param) / "ckpt", request.param)
+    torch.set_num_threads(threads)
+    _load_workers()  # imports slime_train_fsdp & co. once, before the workers are forked
+    return request.param, path
+
+
+@pytest.fixture(scope="module")
+def single(vlm, tmp_path_factory):
+    return launch("single", 1, tmp_path_factory.mktemp("single"), vlm[1])[0]
+
+
+def _checkpoint_names(path: pathlib.Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return sorted(f.keys())
+
+
+def test_log_probs_match_plain_transformers(single):
+    # Positions, image features and the packed attention against transformers' own unpacked forward.
+    assert single["hf_diff"] <= TOL
+
+
+def test_image_tokens_sampled_in_a_response_are_text_as_in_the_engine(single):
+    # Against transformers' own prefill + KV-cache decode (no image features, text positions there).
+    assert single["response_image_token_diff"] <= TOL
+
+
+def test_packed_rows_with_images_equal_one_sample_at_a_time(single):
+    p = single["packed"]
+    assert p["position_rows"] == 4  # text positions + 3-D rotary positions
+    assert p["lp_diff"] <= TOL
+    assert p["vision_grad_scale"] > 1e-6  # the vision tower is trained through the packed row
+    assert p["num_grads"][0] == p["num_grads"][1]
+    # Gradients reach O(10) here (random 151936-row embedding): compared relative to their largest entry.
+    assert p["grad_diff"] <= TOL * max(p["grad_scale"], 1.0)
+
+
+def test_weights_are_pushed_under_checkpoint_names_and_all_train(vlm, single):
+    family, path = vlm
+    names = _checkpoint_names(path)  # what save_pretrained wrote: what SGLang loads
+    assert single["pushed_names"] == names
+    if family == "qwen2_5_vl":
+        assert any(n.startswith("visual.") for n in names) and any(n.startswith("model.layers.") for n in names)
+    assert any("visual" in n for n in single["changed"])
+    assert any("layers" in n and "visual" not in n for n in single["changed"])
+
+
+def test_export_reloads_in_transformers(single):
+    assert single["export_diff"] <= TOL
+
+
+def test_frozen_vision_tower_stays_and_is_pushed_once(vlm, tmp_path_factory):
+    res = launch("frozen", 1, tmp_path_factory.mktemp("frozen"), vlm[1])[0]
+    vision = [n for n in res["first_names"] if "visual" in n]
+    assert vision and res["vision_requires_grad"] == [False]
+    assert res["optimized"] == res["num_params"] - len(vision)
+    assert res["second_names"] == [n for n in res["first_names"] if "visual" not in n]
+    assert res["changed"] and not any("visual" in n for n in res["changed"])
+
+
+def test_data_parallel_ranks_without_images_still_step_together(vlm, tmp_path_factory):
+    work = tmp_path_factory.mktemp("dp")
+    ranks = launch("dp", 2, work, vlm[1])
+    ref = launch("dp_ref", 1, work, vlm[1])[0]
+    assert ranks[0]["metrics"]["train/loss"] == pytest.approx(ref["metrics"]["train/loss"], abs=TOL)
+    assert any("visual" in n for n in ranks[0]["changed"])
+    for name, want in ref["after"].items():
+        for r in ranks:
+            torch.testing.assert_close(r["after"][name], want, atol=1e-4, rtol=0)
