@@ -371,7 +371,8 @@ def test_default_concurrency_is_the_originals_and_is_logged_once(caplog):
         for _ in range(3):
             get_client(args)
     lines = [r.getMessage() for r in caplog.records if "requests in flight per engine" in r.getMessage()]
-    assert lines == ["engine client: up to 512 requests in flight per engine (--sglang-server-concurrency), 2 engine(s)"]
+    want = "engine client: up to 512 requests in flight per engine (--sglang-server-concurrency), 2 engine(s)"
+    assert lines == [want]
     reset_client_cache()
 
 
