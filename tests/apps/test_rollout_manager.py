@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-import slime_rollout.engines
+from slime_app.cluster import Placement
+from slime_app.engine_hosts import EngineSite, HostedEngines, engine_sites
 from slime_app.rollout_manager import EngineAddresses, launch_or_attach_engines, plugin_args
 from slime_core.config import parse_args
 
@@ -17,37 +18,63 @@ BASE = ["--train-backend", "fsdp", "--hf-checkpoint", "/m", "--prompt-data", "/d
 
 @pytest.fixture
 def launches(monkeypatch):
+    """Engine hosts are not started: each launch records its sites and group, and gets two made-up URLs."""
     calls = []
 
-    def fake_launch(args, **kw):
-        calls.append(kw)
-        return types.SimpleNamespace(urls=["http://127.0.0.1:15000", "http://127.0.0.1:15002"], router_url=None)
+    def fake_start(self):
+        calls.append((self.sites, self.placement_group))
+        self.urls = ["http://10.0.0.1:15000", "http://10.0.0.2:15010"]
+        return self
 
-    monkeypatch.setattr(slime_rollout.engines, "launch_engines", fake_launch)
+    monkeypatch.setattr(HostedEngines, "start", fake_start)
     return calls
+
+
+def _placement(rollout_bundles, gpu_ids):
+    return Placement(group="pg", actor_bundles=[0, 1], rollout_bundles=rollout_bundles, rollout_gpu_ids=gpu_ids,
+                     use_gpu=bool(gpu_ids))  # fmt: skip
 
 
 def _view(cfg):
     """The plugin view the manager builds once the engines run."""
-    return plugin_args(cfg, launch_or_attach_engines(cfg, [])[1])
+    return plugin_args(cfg, launch_or_attach_engines(cfg, None)[1])
 
 
 def test_external_engine_addrs_are_used_and_nothing_is_started(launches):
     cfg = parse_args([*BASE, "--rollout-external-engine-addrs", "10.0.0.5:30000", "10.0.0.6:30000"])
-    engines, addresses = launch_or_attach_engines(cfg, [])
+    engines, addresses = launch_or_attach_engines(cfg, _placement([2, 3], [4, 5]))
     assert engines is None
     assert launches == []
     assert addresses.urls == ["http://10.0.0.5:30000", "http://10.0.0.6:30000"]
 
 
-def test_without_external_engines_the_manager_launches_them(launches, tmp_path):
+def test_without_external_engines_each_engine_starts_on_its_rollout_bundle(launches, tmp_path):
     cfg = parse_args([*BASE, "--output-dir", str(tmp_path)])
-    engines, addresses = launch_or_attach_engines(cfg, [4, 5])
+    engines, addresses = launch_or_attach_engines(cfg, _placement([3, 2], [4, 5]))
     assert engines is not None and len(launches) == 1
-    assert launches[0]["num_engines"] == 2 and launches[0]["base_gpu_ids"] == [4, 5]
-    assert addresses.urls == ["http://127.0.0.1:15000", "http://127.0.0.1:15002"]
+    sites, group = launches[0]
+    assert group == "pg"
+    assert sites == [EngineSite(index=0, bundle=3, base_gpu_id=4), EngineSite(index=1, bundle=2, base_gpu_id=5)]
+    assert addresses.urls == ["http://10.0.0.1:15000", "http://10.0.0.2:15010"]
     assert plugin_args(cfg, addresses).rollout_engine_urls == addresses.urls  # what plugins read
     assert cfg.rollout_engine_urls is None  # the config is never written
+
+
+def test_engine_sites_take_the_first_bundle_of_each_engine_and_fall_back_to_the_manager_node():
+    cfg = parse_args([*BASE[:-2], "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2"])
+    sites = engine_sites(cfg, [5, 4, 7, 6], [0, 1, 2, 3])
+    assert [(s.index, s.bundle, s.base_gpu_id) for s in sites] == [(0, 5, 0), (1, 7, 2)]
+    # A CPU run without --rollout-num-gpus: one engine, no bundle (the manager's node), no GPU.
+    cpu = parse_args([*BASE[:-2]])
+    assert engine_sites(cpu, [], []) == [EngineSite(index=0, bundle=None, base_gpu_id=None)]
+
+
+def test_an_engine_spanning_two_nodes_is_rejected_naming_the_flag():
+    from slime_app.cluster import check_engines_within_nodes
+
+    check_engines_within_nodes(["a", "a", "b", "b"], 2)  # two engines, one per node
+    with pytest.raises(ValueError, match=r"engine 1 would span 2 nodes: --rollout-num-gpus-per-engine 2"):
+        check_engines_within_nodes(["a", "a", "a", "b"], 2)
 
 
 def test_one_engine_without_router_is_the_router_address_original_plugins_use():

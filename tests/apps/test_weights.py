@@ -1,4 +1,5 @@
-"""The weight-content check around a push: its schedule (first sync, then every N) and the stop on a mismatch."""
+"""The weight-content check around a push: its schedule (first sync, then every N), the stop on a mismatch, and the
+machine check of tensor sync."""
 
 import pytest
 import torch
@@ -62,3 +63,12 @@ def test_push_reads_back_the_sample_and_stops_on_a_mismatch(monkeypatch):
     monkeypatch.setattr(weight_check, "check_engines", mismatch)
     with pytest.raises(WeightSyncMismatch, match=r"weight sync v3: .*http://e:1 a: 6 of 6 values differ \(\+1 more\)"):
         weights.push_weights(_Backend(), _Updater(), cfg, 3, rank=0, checker=weights.SyncChecker(cfg, ["http://e:1"]))
+
+
+def test_tensor_sync_is_refused_towards_an_engine_on_another_machine():
+    from slime_app.weights import check_same_machine
+
+    # This node's address and loopback (two Ray nodes of one machine) share memory with the trainer.
+    check_same_machine(["http://10.0.0.7:15000", "http://127.0.0.2:15010", "http://localhost:1"], "10.0.0.7")
+    with pytest.raises(ValueError, match=r"engine http://10.0.0.8:15010 is not on trainer rank 0's machine"):
+        check_same_machine(["http://10.0.0.7:15000", "http://10.0.0.8:15010"], "10.0.0.7")

@@ -6,6 +6,7 @@ written here, so requests travel the client's production path.
 
 import asyncio
 import json
+import os
 
 import pytest
 from aiohttp import web
@@ -358,3 +359,38 @@ def test_connection_pool_sizes_follow_sglang_server_concurrency():
     single = get_client(PluginArgs.from_config(cfg, engine_urls=["http://e0:2"], router_url="http://e0:2"))
     assert single.router is None and single.urls == ["http://e0:2"]
     reset_client_cache()
+
+
+def test_default_concurrency_is_the_originals_and_is_logged_once(caplog):
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+    assert cfg.sglang_server_concurrency == 512  # slime's --sglang-server-concurrency default
+    assert RolloutClient(["http://e0:1"]).concurrency == 512
+    reset_client_cache()
+    args = PluginArgs.from_config(cfg, engine_urls=["http://e0:1", "http://e1:1"])
+    with caplog.at_level("INFO", logger="slime_rollout.client"):
+        for _ in range(3):
+            get_client(args)
+    lines = [r.getMessage() for r in caplog.records if "requests in flight per engine" in r.getMessage()]
+    want = "engine client: up to 512 requests in flight per engine (--sglang-server-concurrency), 2 engine(s)"
+    assert lines == [want]
+    reset_client_cache()
+
+
+def test_open_file_limit_is_raised_to_fit_the_requests_in_flight():
+    import resource
+
+    from slime_rollout.client import ensure_open_files
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    open_now = len(os.listdir("/proc/self/fd"))
+    low = open_now + 64
+    wanted = 4000
+    if hard != resource.RLIM_INFINITY and hard < low + wanted:
+        pytest.skip(f"hard open-file limit {hard} too low for this test")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        assert ensure_open_files(wanted) == wanted + 1024  # the sockets plus spare descriptors
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == wanted + 1024
+        assert ensure_open_files(10) == wanted + 1024  # already enough: left alone
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -80,7 +80,9 @@ async def test_a_hung_engine_is_restarted_and_its_in_flight_requests_are_generat
     assert client.pool.slots[1].state is EngineState.SERVING
 
 
-async def test_a_dead_engine_is_found_by_the_failed_request_without_waiting_for_the_interval(http_server):
+@pytest.mark.parametrize("asked", ["in process", "remotely"])
+async def test_a_dead_engine_is_found_by_the_failed_request_without_waiting_for_the_interval(http_server, asked):
+    """`is_alive` answers at once (a local process) or is awaited (an engine host on another node)."""
     log, states = [], [{"hung": False}]
     live = await http_server(_engine("e0", states[0], log))
     from slime_rollout.engines.process import find_free_port
@@ -89,8 +91,15 @@ async def test_a_dead_engine_is_found_by_the_failed_request_without_waiting_for_
     client = RolloutClient([live, dead], failover=True, recovery_timeout=30)
     restarts = []
     alive = {0: True, 1: False}
+    asks = []
+
+    async def ask_host(i):
+        asks.append(i)
+        await asyncio.sleep(0.01)
+        return alive[i]
+
     monitor = HealthMonitor(
-        client.pool, interval_s=3600, timeout_s=1, is_alive=lambda i: alive[i],
+        client.pool, interval_s=3600, timeout_s=1, is_alive=(lambda i: alive[i]) if asked == "in process" else ask_host,
         restart=lambda i: (restarts.append(i), alive.__setitem__(i, True), live)[-1],  # comes back elsewhere
         make_client=EngineClient, restore=None,
     )  # fmt: skip
@@ -104,6 +113,7 @@ async def test_a_dead_engine_is_found_by_the_failed_request_without_waiting_for_
     assert sorted(r["id"] for r in replies) == list(range(10))
     assert client.pool.slots[1].url == live  # its restart moved it: the pool uses the new URL
     assert restarts == [1]
+    assert (1 in asks) == (asked == "remotely")
 
 
 async def test_with_no_healthy_engine_a_request_fails_after_the_recovery_timeout_with_one_line(http_server):

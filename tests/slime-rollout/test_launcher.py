@@ -321,3 +321,15 @@ def test_engine_dies_with_a_killed_launcher(tmp_path):
     else:
         os.kill(engine_pid, signal.SIGKILL)
         raise AssertionError("engine outlived its SIGKILLed launcher")
+
+
+def test_router_allows_the_requests_the_client_sends():
+    """sglang-router caps requests in flight (256 by default in 0.2): slime sets the cap to what it sends."""
+    from slime_rollout.engines.router import build_router_command
+
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "sglang_server_concurrency": 300})
+    cmd = build_router_command(cfg, host="h", port=1, prometheus_port=2, max_concurrent_requests=600)
+    assert cmd[cmd.index("--max-concurrent-requests") + 1] == "600"
+    given = cfg.model_copy(update={"router_args": {"router_max_concurrent_requests": 50}})
+    cmd = build_router_command(given, host="h", port=1, prometheus_port=2, max_concurrent_requests=600)
+    assert cmd.count("--max-concurrent-requests") == 1 and cmd[cmd.index("--max-concurrent-requests") + 1] == "50"

@@ -15,6 +15,9 @@ import time
 
 # Before anything imports ray: workers must run in this venv, not in a uv environment Ray builds itself.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# Per-engine and per-rank lines (pids, node addresses, URLs) differ only in numbers; Ray's log dedup would print the
+# first one and fold the others into "[repeated Nx across cluster]".
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,9 @@ Layout (as in the original, §1.2 of the feature inventory):
   `--critic-num-nodes/--critic-num-gpus-per-node`, get `actor_gpus` bundles of their own right after the
   actor's (before the engines' when disaggregated).
 
-Bundles are sorted by (node IP, GPU id) so that logical rank i always maps to the same device.
+Bundles are sorted by (node IP, node id, GPU id) so that logical rank i always maps to the same device and the
+bundles of one node are consecutive (two nodes of one machine share an IP). An engine runs on the node of its first
+rollout bundle (`slime_app.engine_hosts`); its other GPUs must be on that node.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class Placement:
         use_gpu: whether bundles hold GPUs.
         critic_bundles: bundle indices of the PPO critic's ranks, rank order (the actor's when it shares them;
             empty without a critic).
+        bundle_nodes: Ray node id of every bundle, by bundle index (empty without a group).
     """
 
     group: PlacementGroup | None
@@ -108,6 +111,7 @@ class Placement:
     rollout_gpu_ids: list[int]
     use_gpu: bool
     critic_bundles: list[int] = dataclasses.field(default_factory=list)
+    bundle_nodes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def critic_shares_actor_gpus(self) -> bool:
@@ -120,18 +124,38 @@ class Placement:
 
 
 @ray.remote(num_cpus=0)
-def _bundle_info() -> tuple[str, int]:
+def _bundle_info() -> tuple[str, str, int]:
     gpu_ids = ray.get_gpu_ids()
-    return ray.util.get_node_ip_address(), int(gpu_ids[0]) if gpu_ids else -1
+    node_id = ray.get_runtime_context().get_node_id()
+    return ray.util.get_node_ip_address(), node_id, int(gpu_ids[0]) if gpu_ids else -1
 
 
-def _sort_key(info: tuple[str, int]) -> tuple:
-    ip, gpu = info
+def _sort_key(info: tuple[str, str, int]) -> tuple:
+    ip, node_id, gpu = info
     try:
         ip_key = tuple(int(x) for x in ip.split("."))
     except ValueError:
         ip_key = (ip,)
-    return ip_key, gpu
+    return ip_key, node_id, gpu
+
+
+def check_engines_within_nodes(rollout_nodes: list[str], gpus_per_engine: int) -> None:
+    """Every engine's bundles are on one node (an SGLang engine spans GPUs of one machine).
+
+    Args:
+        rollout_nodes: Ray node id of each rollout bundle, in engine order.
+        gpus_per_engine: `--rollout-num-gpus-per-engine`.
+
+    Raises:
+        ValueError: an engine's bundles are on several nodes (naming the engine and the flag).
+    """
+    for start in range(0, len(rollout_nodes), gpus_per_engine):
+        nodes = set(rollout_nodes[start : start + gpus_per_engine])
+        if len(nodes) > 1:
+            raise ValueError(
+                f"engine {start // gpus_per_engine} would span {len(nodes)} nodes: --rollout-num-gpus-per-engine "
+                f"{gpus_per_engine} must divide the rollout GPUs of each node"
+            )
 
 
 def create_placement(cfg: SlimeArgs) -> Placement:
@@ -174,18 +198,22 @@ def create_placement(cfg: SlimeArgs) -> Placement:
     rollout = order[rollout_offset : rollout_offset + rollout_gpus]
     actor = order[:actor_count]
     critic = order[critic_offset : critic_offset + critic_gpus] if critic_gpus else []
+    check_engines_within_nodes([infos[i][1] for i in rollout], cfg.rollout_num_gpus_per_engine)
     placement = Placement(
         group=group,
         actor_bundles=actor,
         rollout_bundles=rollout,
-        rollout_gpu_ids=[infos[i][1] for i in rollout] if use_gpu else [],
+        rollout_gpu_ids=[infos[i][2] for i in rollout] if use_gpu else [],
         use_gpu=use_gpu,
         critic_bundles=critic if critic else (list(actor) if cfg.use_critic and actor_count else []),
+        bundle_nodes=[info[1] for info in infos],
     )
     logger.info(
-        "placement: %d bundles (%s), trainer bundles %s, rollout bundles %s%s",
+        "placement: %d bundles (%s) on %d node(s) (%s), trainer bundles %s, rollout bundles %s%s",
         num_bundles,
         "GPU" if use_gpu else "CPU",
+        len({info[1] for info in infos}),
+        ", ".join(f"bundle {i}: {infos[i][0]}" for i in range(num_bundles)),
         placement.actor_bundles,
         placement.rollout_bundles,
         f", critic bundles {placement.critic_bundles}" if placement.critic_bundles else "",

@@ -36,7 +36,7 @@ class EngineSupervisor:
     Args:
         cfg: the run config; reads `rollout_health_check_interval`, `rollout_health_check_timeout`,
             `rollout_health_check_first_wait`.
-        engines: the `EngineGroup` the manager launched (restarts go through it).
+        engines: the engines the manager launched (`slime_app.engine_hosts.HostedEngines`; restarts go through it).
         client: the manager's `RolloutClient` (its pool is what the monitor watches).
         needs_weights: restarted engines wait for the driver's push (False: initial weights are current).
     """

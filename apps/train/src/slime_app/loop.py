@@ -158,9 +158,7 @@ class Run:
         The start rollout id is the one after `--load`'s checkpoint (0 without one), or `--start-rollout-id`.
         """
         cfg = self.cfg
-        self.manager = RolloutManager.options(num_cpus=0).remote(
-            cfg, self.placement.rollout_gpu_ids, self.placement.use_gpu
-        )
+        self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
         engine_urls = ray.get(self.manager.start.remote())
         if cfg.colocate:
             ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs

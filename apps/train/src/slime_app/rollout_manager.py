@@ -1,8 +1,9 @@
 """The rollout-manager actor: engines, data source, rollout function, samples → per-DP-rank batches.
 
 One per run, on the driver's node. It launches the engines (SGLang on GPU, the reference engine on
-CPU) as subprocesses, runs the rollout function (default or `--rollout-function-path`), writes debug
-dumps, converts samples to `RolloutBatch`es split by DP rank and puts them in the object store.
+CPU), each on the node of its rollout bundle through an engine host (`slime_app.engine_hosts`), runs the
+rollout function (default or `--rollout-function-path`), writes debug dumps, converts samples to
+`RolloutBatch`es split by DP rank and puts them in the object store.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from slime_app.cluster import Placement
 from slime_core.config import PluginArgs, SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -52,52 +53,44 @@ class EngineAddresses:
 
     Attributes:
         urls: base URL of each engine (`http://host:port`), launch order.
-        router_url: base URL of the router `launch_engines` started or attached to, else None.
+        router_url: base URL of the router the engines were registered with, else None.
     """
 
     urls: list[str]
     router_url: str | None = None
 
 
-def launch_or_attach_engines(cfg: SlimeArgs, rollout_gpu_ids: list[int]) -> tuple[Any | None, EngineAddresses]:
-    """Starts the run's engines, or uses external ones when `--rollout-engine-urls` is given.
+def launch_or_attach_engines(cfg: SlimeArgs, placement: Placement | None) -> tuple[Any | None, EngineAddresses]:
+    """Starts the run's engines, each on its rollout bundle's node, or uses external ones (`--rollout-engine-urls`).
 
     `--rollout-external-engine-addrs` (original flag) arrives here as `--rollout-engine-urls`. External engines
     are used as they are: none is started, and none is stopped at the end.
 
     Args:
         cfg: run config; reads `rollout_engine_urls`, `rollout_num_gpus`, `rollout_num_gpus_per_engine`,
-            `colocate`, `output_dir` (+ what `launch_engines` reads).
-        rollout_gpu_ids: physical GPU of each rollout bundle (empty on CPU).
+            `colocate`, `output_dir` (+ what `slime_rollout.engines.launch.EngineLauncher` reads).
+        placement: the run's placement (rollout bundles and their GPUs); None: every engine on this node.
 
     Returns:
-        The started `EngineGroup` (None for external engines) and the engines' addresses.
+        The started `slime_app.engine_hosts.HostedEngines` (None for external engines) and the engines' addresses.
     """
     if cfg.rollout_engine_urls:
         logger.info("using external engines: %s", cfg.rollout_engine_urls)
         return None, EngineAddresses(urls=list(cfg.rollout_engine_urls))
-    from slime_rollout.engines import launch_engines
+    from slime_app.engine_hosts import HostedEngines, engine_sites
 
-    per_engine = cfg.rollout_num_gpus_per_engine
-    num_engines = max(1, (cfg.rollout_num_gpus or 1) // per_engine)
-    engines = launch_engines(
-        cfg,
-        num_engines=num_engines,
-        gpus_per_engine=per_engine,
-        base_gpu_ids=[rollout_gpu_ids[i * per_engine] for i in range(num_engines)] if rollout_gpu_ids else None,
-        colocate=cfg.colocate,
-        log_dir=os.path.join(cfg.output_dir, "engine_logs"),
-        # The node's address, not loopback: trainer ranks on other nodes push weights to the engines.
-        host=ray.util.get_node_ip_address(),
-    )
+    bundles = placement.rollout_bundles if placement is not None else []
+    gpu_ids = placement.rollout_gpu_ids if placement is not None else []
+    group = placement.group if placement is not None else None
+    engines = HostedEngines(cfg, engine_sites(cfg, bundles, gpu_ids), group).start()
     return engines, EngineAddresses(urls=list(engines.urls), router_url=engines.router_url)
 
 
 def plugin_args(cfg: SlimeArgs, addresses: EngineAddresses) -> PluginArgs:
     """The `args` every plugin of the run gets: the config plus the engines' and the router's addresses.
 
-    The router address (`args.sglang_router_ip` / `args.sglang_router_port`) is, in order: the router
-    `launch_engines` started; `--sglang-router-ip` / `--sglang-router-port` as given; with one engine and no
+    The router address (`args.sglang_router_ip` / `args.sglang_router_port`) is, in order: the router the
+    engines were registered with (`--sglang-router-ip` / `--sglang-router-port`); with one engine and no
     router, that engine (original custom generate functions post to
     `http://{sglang_router_ip}:{sglang_router_port}/generate`, which an engine serves too). With several
     engines and no router it stays None: custom code should use `slime_rollout.client.get_client(args)`,
@@ -168,18 +161,16 @@ class RolloutManager:
 
     Args:
         cfg: the run config.
-        rollout_gpu_ids: physical GPU of each rollout bundle (empty on CPU).
-        use_gpu: whether the bundles hold GPUs.
+        placement: the run's placement group and rollout bundles (engines start on their bundles' nodes).
     """
 
-    def __init__(self, cfg: SlimeArgs, rollout_gpu_ids: list[int], use_gpu: bool):
+    def __init__(self, cfg: SlimeArgs, placement: Placement | None):
         import logging as _logging
 
         _logging.basicConfig(level=_logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _logging.getLogger("httpx").setLevel(_logging.WARNING)
         self.cfg = cfg
-        self.rollout_gpu_ids = rollout_gpu_ids
-        self.use_gpu = use_gpu
+        self.placement = placement
         self.args: PluginArgs | None = None  # the plugin view, built by `start` once the engines run
         self.engines = None
         self.data_source = None
@@ -201,7 +192,7 @@ class RolloutManager:
         if no_engines:
             addresses = EngineAddresses(urls=[])
         else:
-            self.engines, addresses = launch_or_attach_engines(cfg, self.rollout_gpu_ids)
+            self.engines, addresses = launch_or_attach_engines(cfg, self.placement)
         self.args = plugin_args(cfg, addresses)
         init_http_client(self.args)  # plugins' `post` (slime.utils.http_utils): pool size and timeout of this run
         if cfg.prompt_data or cfg.data_source_path:

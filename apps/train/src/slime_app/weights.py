@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import urllib.parse
 from typing import Any
 
 from slime_app.registry import WEIGHT_UPDATERS
@@ -27,12 +28,37 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
 
     Raises:
         slime_app.registry.UnknownNameError: (a KeyError and a ValueError) `--weight-sync` names no transport.
+        ValueError: `--weight-sync tensor` towards an engine on another machine.
     """
     if rank != 0 or not engine_urls:
         return None
     from slime_rollout.client import RolloutClient
 
+    if cfg.weight_sync == "tensor":
+        import ray
+
+        check_same_machine(engine_urls, ray.util.get_node_ip_address())
+
     return WEIGHT_UPDATERS.get(cfg.weight_sync)(cfg, RolloutClient(list(engine_urls)))
+
+
+def check_same_machine(engine_urls: list[str], node_ip: str) -> None:
+    """`--weight-sync tensor` hands over CUDA IPC / shared-memory handles, which only open on the sender's machine.
+
+    Args:
+        engine_urls: the engines' base URLs.
+        node_ip: the address of trainer rank 0's node.
+
+    Raises:
+        ValueError: an engine listens on another address than this node's or loopback (naming it and the flag).
+    """
+    for url in engine_urls:
+        host = urllib.parse.urlsplit(url).hostname or ""
+        if host not in (node_ip, "localhost") and not host.startswith("127."):
+            raise ValueError(
+                f"--weight-sync tensor: engine {url} is not on trainer rank 0's machine ({node_ip}); tensor handles "
+                "do not cross machines: use --weight-sync distributed, or disk on a shared filesystem"
+            )
 
 
 def release_weight_updater(updater: Any) -> None:

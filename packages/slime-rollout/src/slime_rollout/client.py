@@ -25,7 +25,15 @@ from slime_rollout.transport import EngineError, EngineResponse, HttpEndpoint
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["EngineClient", "EngineError", "EngineResponse", "RolloutClient", "get_client", "reset_client_cache"]
+__all__ = [
+    "EngineClient",
+    "EngineError",
+    "EngineResponse",
+    "RolloutClient",
+    "ensure_open_files",
+    "get_client",
+    "reset_client_cache",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +276,7 @@ class RolloutClient:
         engine_urls: Sequence[str],
         router_url: str | None = None,
         *,
-        concurrency: int = 1024,
+        concurrency: int = 512,
         generate_timeout: float | None = None,
         failover: bool = False,
         recovery_timeout: float = 600.0,
@@ -411,6 +419,41 @@ class RolloutClient:
 
 _CLIENTS: dict[tuple, RolloutClient] = {}
 
+# Descriptors a process needs besides its sockets to engines (files, pipes, Ray's own connections).
+_SPARE_FILES = 1024
+
+
+def ensure_open_files(connections: int) -> int:
+    """Raises this process's soft open-file limit to fit `connections` sockets (up to the hard limit).
+
+    Each request in flight holds a socket; below the limit, connections fail with "Too many open files" and look
+    like unreachable engines. Warns when even the hard limit is too low.
+
+    Args:
+        connections: sockets to engines and router that may be open at once.
+
+    Returns:
+        The soft limit now in force (-1: unlimited or not known on this platform).
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = connections + _SPARE_FILES
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        logger.warning(
+            "open-file limit %d (hard) is below the %d requests in flight allowed by --sglang-server-concurrency; "
+            "raise `ulimit -n` or lower the flag",
+            hard,
+            connections,
+        )
+    return target
+
 
 def get_client(args: SlimeArgs) -> RolloutClient:
     """The process-wide `RolloutClient` of the run's engines (cached per engine set).
@@ -443,6 +486,7 @@ def get_client(args: SlimeArgs) -> RolloutClient:
             recovery_timeout=args.rollout_engine_recovery_timeout,
             lora_name=lora_name,
         )
+        ensure_open_files(args.sglang_server_concurrency * max(len(urls), 1))  # one socket per request in flight
         logger.info(
             "engine client: up to %d requests in flight per engine (--sglang-server-concurrency), %d engine(s)%s%s",
             args.sglang_server_concurrency,

@@ -19,6 +19,7 @@ check. Counters go to `EnginePool.stats`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,7 +40,8 @@ class HealthMonitor:
         interval_s: seconds between checks (`--rollout-health-check-interval`).
         timeout_s: seconds one `/health_generate` may take (`--rollout-health-check-timeout`).
         first_wait_s: seconds to wait after each `resume` before the first check (`--rollout-health-check-first-wait`).
-        is_alive: `is_alive(index)`: whether engine `index`'s process runs (None: not known, HTTP checks only).
+        is_alive: `is_alive(index)`: whether engine `index`'s process runs, a bool or an awaitable of one (an
+            engine on another node is asked through its host); None: not known, HTTP checks only.
         restart: blocking `restart(index) -> url`: kills engine `index` and starts a new one (run in a thread).
         make_client: `make_client(url)`: an `EngineClient` for a restarted engine whose URL changed.
         restore: `await restore(index, url)`: gives a restarted engine the current weights (None: the initial
@@ -53,7 +55,7 @@ class HealthMonitor:
         interval_s: float,
         timeout_s: float,
         first_wait_s: float = 0.0,
-        is_alive: Callable[[int], bool] | None,
+        is_alive: Callable[[int], bool | Awaitable[bool]] | None,
         restart: Callable[[int], str],
         make_client: Callable[[str], Any],
         restore: Callable[[int, str], Awaitable[None]] | None = None,
@@ -138,13 +140,19 @@ class HealthMonitor:
         slot = self.pool.slots[index]
         if slot.state is EngineState.FAILED:
             return slot.reason or "failed"  # an earlier restart failed: try again
-        if self.is_alive is not None and not self.is_alive(index):
+        if not await self._alive(index):
             return "process exited"
         if not await slot.client.health_generate(timeout=self.timeout_s):
-            if self.is_alive is not None and not self.is_alive(index):
+            if not await self._alive(index):
                 return "process exited"
             return f"no healthy answer to /health_generate within {self.timeout_s:.0f}s (hung)"
         return None
+
+    async def _alive(self, index: int) -> bool:
+        if self.is_alive is None:
+            return True
+        alive = self.is_alive(index)
+        return bool(await alive) if inspect.isawaitable(alive) else bool(alive)
 
     async def _recover(self, index: int, reason: str) -> None:
         start = time.monotonic()

@@ -27,7 +27,7 @@ import shlex
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_rollout.engines import router
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EngineGroup",
+    "EngineLauncher",
+    "attach_router",
     "build_reference_command",
     "lora_server_args",
     "build_sglang_command",
@@ -256,6 +258,116 @@ def engine_env(kind: str) -> dict[str, str]:
     return env
 
 
+class EngineLauncher:
+    """Starts engines of one group by index: command line, port, log file, and the wait until they serve.
+
+    One launcher serves a whole local group (`launch_engines`) or a single engine started on its own node (the
+    trainer app's engine hosts). Engine `i` samples with seed `seed + i * gpus_per_engine` wherever it runs.
+
+    Args:
+        cfg: run config; reads `rollout_engine` ("sglang" | "reference"), `hf_checkpoint`, `seed`,
+            `offload_rollout`, `engine_python`, `sglang_args`.
+        gpus_per_engine: TP size of each SGLang engine (ignored by the reference engine).
+        colocate: engines share GPUs with the trainer: enable SGLang's memory saver.
+        startup_timeout_s: per-engine health wait in seconds.
+        log_dir: write each engine's output to `<log_dir>/engine_<i>.log` (None: inherit stdout).
+        host: interface the engines bind; also the host of their URLs.
+        base_port: ports are probed upwards from here (each engine takes the next free one).
+        mem_fraction_static: SGLang `--mem-fraction-static` (see `build_sglang_command`).
+
+    Raises:
+        ValueError: bad engine kind or GPU count, or no `--hf-checkpoint` (naming the flag).
+    """
+
+    def __init__(
+        self,
+        cfg: SlimeArgs,
+        *,
+        gpus_per_engine: int,
+        colocate: bool = False,
+        startup_timeout_s: float = 600.0,
+        log_dir: str | os.PathLike | None = None,
+        host: str = "127.0.0.1",
+        base_port: int = 15000,
+        mem_fraction_static: float | None = None,
+    ):
+        if cfg.rollout_engine not in ("sglang", "reference"):
+            raise ValueError(f"--rollout-engine must be 'sglang' or 'reference', got {cfg.rollout_engine!r}")
+        if not cfg.hf_checkpoint:
+            raise ValueError("launching engines needs --hf-checkpoint (the model they serve)")
+        if gpus_per_engine < 1:
+            raise ValueError(f"need gpus_per_engine >= 1, got {gpus_per_engine}")
+        self.cfg, self.kind, self.gpus_per_engine = cfg, cfg.rollout_engine, gpus_per_engine
+        self.memory_saver = bool(colocate or cfg.offload_rollout)
+        self.startup_timeout_s, self.host, self.mem_fraction_static = startup_timeout_s, host, mem_fraction_static
+        self.log_dir = pathlib.Path(log_dir) if log_dir else None
+        self._cursor = base_port
+
+    def start(self, index: int, *, base_gpu_id: int | None = None, same_port: int | None = None) -> EngineProcess:
+        """Starts engine `index` without waiting for it; `same_port` is taken back when it can be bound again.
+
+        A restarted engine keeps its old port when it can, so its URL (known to the trainer, the router and the
+        plugins' args) stays valid.
+
+        Args:
+            index: the engine's position in the run (seed, log file name, default first GPU `index * gpus`).
+            base_gpu_id: its first GPU on this node (None: `index * gpus_per_engine`).
+            same_port: the port it had before a restart, else None.
+        """
+        host = self.host
+        reuse = same_port is not None and port_reusable(host, same_port)
+        port = same_port if reuse else find_free_port(host, self._cursor)
+        random_seed = self.cfg.seed + index * self.gpus_per_engine
+        if self.kind == "sglang":
+            nccl_port = find_free_port(host, port + 1)
+            cmd = build_sglang_command(
+                self.cfg,
+                host=host,
+                port=port,
+                nccl_port=nccl_port,
+                tp_size=self.gpus_per_engine,
+                base_gpu_id=base_gpu_id if base_gpu_id is not None else index * self.gpus_per_engine,
+                random_seed=random_seed,
+                memory_saver=self.memory_saver,
+                mem_fraction_static=self.mem_fraction_static,
+            )
+            self._cursor = max(self._cursor, nccl_port + 1)
+        else:
+            cmd = build_reference_command(self.cfg, host=host, port=port, random_seed=random_seed)
+            self._cursor = max(self._cursor, port + 1)
+        log_path = self.log_dir / f"engine_{index}.log" if self.log_dir else None
+        return start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(self.kind), log_path=log_path)
+
+    def ready(self, index: int, proc: EngineProcess, *, base_gpu_id: int | None = None) -> EngineProcess:
+        """Waits until `proc` (engine `index`) serves; returns the engine that does (another port after a bind race).
+
+        Raises:
+            RuntimeError: the engine exited, or found no usable port in `_PORT_RETRIES` attempts.
+            TimeoutError: not healthy within `startup_timeout_s`.
+        """
+        for attempt in range(_PORT_RETRIES):
+            try:
+                _wait_own_engine(proc, self.kind, self.startup_timeout_s)
+                return proc
+            except _PortTaken as exc:
+                # Another process (e.g. an engine host on another node of this machine) won the port race.
+                logger.warning("%s; restarting engine %d on another port", exc, index)
+                proc.shutdown()
+                if attempt == _PORT_RETRIES - 1:
+                    raise RuntimeError(f"engine {index}: no usable port after {_PORT_RETRIES} attempts") from exc
+                proc = self.start(index, base_gpu_id=base_gpu_id)
+        raise AssertionError("unreachable")
+
+    def launch(self, index: int, *, base_gpu_id: int | None = None, same_port: int | None = None) -> EngineProcess:
+        """`start` then `ready`: engine `index` serving (shut down again when it fails to start)."""
+        proc = self.start(index, base_gpu_id=base_gpu_id, same_port=same_port)
+        try:
+            return self.ready(index, proc, base_gpu_id=base_gpu_id)
+        except BaseException:
+            proc.shutdown()
+            raise
+
+
 @dataclasses.dataclass(eq=False)
 class EngineGroup:
     """Engines started together; shut them down with `shutdown()` or by leaving the `with` block.
@@ -269,8 +381,8 @@ class EngineGroup:
     processes: list[EngineProcess]
     router: EngineProcess | None = None
     router_url: str | None = None
-    _start: Callable[..., EngineProcess] | None = None
-    _ready: Callable[[int], None] | None = None
+    _launcher: EngineLauncher | None = None
+    _base_gpu_ids: Sequence[int] | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -303,13 +415,14 @@ class EngineGroup:
         Raises:
             RuntimeError: the group was not built by `launch_engines`, or the new engine failed to start.
         """
-        if self._start is None or self._ready is None:
+        if self._launcher is None:
             raise RuntimeError("this EngineGroup was not built by launch_engines and cannot restart engines")
         old = self.processes[index]
         self._unregister([old.url])
         old.shutdown(grace_s=grace_s)
-        self.processes[index] = self._start(index, same_port=urllib.parse.urlsplit(old.url).port)
-        self._ready(index)
+        base_gpu = self._base_gpu_ids[index] if self._base_gpu_ids is not None else None
+        port = urllib.parse.urlsplit(old.url).port
+        self.processes[index] = self._launcher.launch(index, base_gpu_id=base_gpu, same_port=port)
         if self.router_url:
             router.register_worker(self.router_url, self.processes[index].url)
         logger.info("engine %d restarted at %s (pid %d)", index, self.processes[index].url, self.processes[index].pid)
@@ -384,71 +497,32 @@ def launch_engines(
         ValueError: bad engine kind or counts, or no `--hf-checkpoint` (naming the flag).
         RuntimeError/TimeoutError: an engine failed to start (already-started engines are shut down).
     """
-    kind = cfg.rollout_engine
-    if kind not in ("sglang", "reference"):
-        raise ValueError(f"--rollout-engine must be 'sglang' or 'reference', got {kind!r}")
-    if not cfg.hf_checkpoint:
-        raise ValueError("launching engines needs --hf-checkpoint (the model they serve)")
-    if num_engines < 1 or gpus_per_engine < 1:
-        raise ValueError(f"need num_engines >= 1 and gpus_per_engine >= 1, got {num_engines}, {gpus_per_engine}")
+    if num_engines < 1:
+        raise ValueError(f"need num_engines >= 1, got {num_engines}")
     if base_gpu_ids is not None and len(base_gpu_ids) != num_engines:
         raise ValueError(f"base_gpu_ids has {len(base_gpu_ids)} entries for {num_engines} engines")
-    memory_saver = bool(colocate or cfg.offload_rollout)
-    cursor = [base_port]
-
-    def start(i: int, same_port: int | None = None) -> EngineProcess:
-        # A restarted engine takes its old port back when it can, so its URL (known to the trainer, the router
-        # and the plugins' args) stays valid.
-        port = (
-            same_port if same_port is not None and port_reusable(host, same_port) else find_free_port(host, cursor[0])
-        )
-        random_seed = cfg.seed + i * gpus_per_engine
-        if kind == "sglang":
-            nccl_port = find_free_port(host, port + 1)
-            base_gpu = base_gpu_ids[i] if base_gpu_ids is not None else i * gpus_per_engine
-            cmd = build_sglang_command(
-                cfg,
-                host=host,
-                port=port,
-                nccl_port=nccl_port,
-                tp_size=gpus_per_engine,
-                base_gpu_id=base_gpu,
-                random_seed=random_seed,
-                memory_saver=memory_saver,
-                mem_fraction_static=mem_fraction_static,
-            )
-            cursor[0] = max(cursor[0], nccl_port + 1)
-        else:
-            cmd = build_reference_command(cfg, host=host, port=port, random_seed=random_seed)
-            cursor[0] = max(cursor[0], port + 1)
-        log_path = pathlib.Path(log_dir) / f"engine_{i}.log" if log_dir else None
-        return start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(kind), log_path=log_path)
-
-    group = EngineGroup(processes=[], _start=start)
-
-    def ready(i: int) -> None:
-        for attempt in range(_PORT_RETRIES):
-            try:
-                _wait_own_engine(group.processes[i], kind, startup_timeout_s)
-                return
-            except _PortTaken as exc:
-                # Another process (e.g. a concurrent test session) won the race for the probed port.
-                logger.warning("%s; restarting engine %d on another port", exc, i)
-                group.processes[i].shutdown()
-                if attempt == _PORT_RETRIES - 1:
-                    raise RuntimeError(f"engine {i}: no usable port after {_PORT_RETRIES} attempts") from exc
-                group.processes[i] = start(i)
-
-    group._ready = ready
+    launcher = EngineLauncher(
+        cfg,
+        gpus_per_engine=gpus_per_engine,
+        colocate=colocate,
+        startup_timeout_s=startup_timeout_s,
+        log_dir=log_dir,
+        host=host,
+        base_port=base_port,
+        mem_fraction_static=mem_fraction_static,
+    )
+    gpu_of = (lambda i: base_gpu_ids[i]) if base_gpu_ids is not None else (lambda i: None)
+    group = EngineGroup(processes=[], _launcher=launcher, _base_gpu_ids=base_gpu_ids)
     try:
-        group.processes = [start(i) for i in range(num_engines)]
+        # All engines load at once; then each is waited for.
+        group.processes = [launcher.start(i, base_gpu_id=gpu_of(i)) for i in range(num_engines)]
         for i in range(num_engines):
-            ready(i)
-        _attach_router(cfg, group, host, start_router=start_router)
+            group.processes[i] = launcher.ready(i, group.processes[i], base_gpu_id=gpu_of(i))
+        attach_router(cfg, group, host, start_router=start_router)
     except BaseException:
         group.shutdown()
         raise
-    logger.info("%d %s engine(s) ready: %s", num_engines, kind, ", ".join(group.urls))
+    logger.info("%d %s engine(s) ready: %s", num_engines, cfg.rollout_engine, ", ".join(group.urls))
     return group
 
 
@@ -478,13 +552,23 @@ def _wait_own_engine(proc: EngineProcess, kind: str, timeout_s: float) -> None:
         raise _PortTaken(f"engine {proc.url} exited right after its health check\n{proc.log_tail()}")
 
 
-def _attach_router(cfg: SlimeArgs, group: EngineGroup, host: str, *, start_router: bool) -> None:
-    """Registers the engines with the router given by `--sglang-router-ip/port`, or with one started here."""
+def attach_router(cfg: SlimeArgs, group: Any, host: str, *, start_router: bool) -> None:
+    """Registers the engines with the router given by `--sglang-router-ip/port`, or with one started here.
+
+    Args:
+        cfg: run config (`sglang_router_ip`, `sglang_router_port`, what `router.start_router` reads).
+        group: an engine group: its `urls` are registered; its `router` / `router_url` are set here.
+        host: interface a router started here binds.
+        start_router: start sglang-router when no router is named.
+    """
     ip, port = cfg.sglang_router_ip, cfg.sglang_router_port
     if ip and port:
         group.router_url = f"http://{ip}:{port}"
     elif start_router:
-        group.router = router.start_router(cfg, host=host)  # raises when sglang-router is not installed
+        # As many requests in flight as the client sends (--sglang-server-concurrency per engine): the router's
+        # own limit must not cap them silently.
+        limit = cfg.sglang_server_concurrency * len(group.urls)
+        group.router = router.start_router(cfg, host=host, max_concurrent_requests=limit)  # needs sglang-router
         group.router_url = group.router.url
     else:
         return

@@ -31,7 +31,9 @@ def router_available() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
 
 
-def build_router_command(cfg: SlimeArgs, *, host: str, port: int, prometheus_port: int) -> list[str]:
+def build_router_command(
+    cfg: SlimeArgs, *, host: str, port: int, prometheus_port: int, max_concurrent_requests: int | None = None
+) -> list[str]:
     """Command line of `sglang_router.launch_router`.
 
     Args:
@@ -40,6 +42,8 @@ def build_router_command(cfg: SlimeArgs, *, host: str, port: int, prometheus_por
         host: interface to bind.
         port: the router's HTTP port.
         prometheus_port: the router's metrics port.
+        max_concurrent_requests: the router's `--max-concurrent-requests` (requests past it queue, then get 429;
+            sglang-router 0.2 defaults to 256); a `--router-max-concurrent-requests` pass-through flag wins.
     """
     cmd = [
         sys.executable,
@@ -56,6 +60,9 @@ def build_router_command(cfg: SlimeArgs, *, host: str, port: int, prometheus_por
         "--log-level",
         "warn",
     ]
+    given = {key.replace("-", "_").removeprefix("router_") for key in cfg.router_args}
+    if max_concurrent_requests is not None and "max_concurrent_requests" not in given:
+        cmd += ["--max-concurrent-requests", str(max_concurrent_requests)]
     for key, value in cfg.router_args.items():
         flag = "--" + key.replace("_", "-").removeprefix("router-")
         if value is True:
@@ -65,13 +72,20 @@ def build_router_command(cfg: SlimeArgs, *, host: str, port: int, prometheus_por
     return cmd
 
 
-def start_router(cfg: SlimeArgs, *, host: str = "127.0.0.1", startup_timeout_s: float = 120.0) -> EngineProcess:
+def start_router(
+    cfg: SlimeArgs,
+    *,
+    host: str = "127.0.0.1",
+    startup_timeout_s: float = 120.0,
+    max_concurrent_requests: int | None = None,
+) -> EngineProcess:
     """Starts sglang-router on a free port in 3000-4000 and waits for its `/health`.
 
     Args:
         cfg: run config (see `build_router_command`).
         host: interface to bind.
         startup_timeout_s: seconds to wait for `/health`.
+        max_concurrent_requests: see `build_router_command`.
 
     Raises:
         RuntimeError: sglang-router is not installed, or the router exited during startup.
@@ -81,7 +95,10 @@ def start_router(cfg: SlimeArgs, *, host: str = "127.0.0.1", startup_timeout_s: 
     port = find_free_port(host, 3000)
     prometheus_port = find_free_port(host, 4000)
     proc = start_engine_process(
-        build_router_command(cfg, host=host, port=port, prometheus_port=prometheus_port), url=f"http://{host}:{port}"
+        build_router_command(
+            cfg, host=host, port=port, prometheus_port=prometheus_port, max_concurrent_requests=max_concurrent_requests
+        ),
+        url=f"http://{host}:{port}",
     )
     try:
         proc.wait_healthy(startup_timeout_s, endpoint="/health")
