@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.critic import ValueLoss, train_critic_on_rollout
+from slime_core.critic import ActorMethodsRefused, ValueLoss, train_critic_on_rollout
 from slime_train_fsdp.backend import FSDPTrainBackend
 from slime_train_fsdp.checkpoint import TRACKER
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device
@@ -60,7 +59,7 @@ def _critic_source(cfg: SlimeArgs) -> tuple[str, bool]:
     return str(cfg.hf_checkpoint), False
 
 
-class FSDPCriticBackend(FSDPTrainBackend):
+class FSDPCriticBackend(ActorMethodsRefused, FSDPTrainBackend):
     """FSDP2 value model for PPO; one instance per rank, `torch.distributed` set up by the caller.
 
     Example:
@@ -168,35 +167,3 @@ class FSDPCriticBackend(FSDPTrainBackend):
     def has_ref(self) -> bool:
         """Always False: a critic has no reference model."""
         return False
-
-    def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
-        """Not available: a value model has no token distribution.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("FSDPCriticBackend has no log-probs; use compute_values")
-
-    def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
-        """Not available: the critic trains with `train_critic`.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("FSDPCriticBackend trains with train_critic(rollout_id, batch)")
-
-    def save_hf(self, path: str | pathlib.Path) -> None:
-        """Not available: the critic is checkpointed (`save`), never exported as a causal LM.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("the critic has no HF causal-LM export; its checkpoints are written by save()")
-
-    def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Not available: engines serve the actor only.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("the critic's weights are never pushed to the engines")

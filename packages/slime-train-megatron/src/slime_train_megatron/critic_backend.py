@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ from megatron.core import parallel_state
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.critic import ValueLoss, train_critic_on_rollout
+from slime_core.critic import ActorMethodsRefused, ValueLoss, train_critic_on_rollout
 from slime_train_megatron.backend import MegatronTrainBackend, _GatherCP, _MicroBatch
 from slime_train_megatron.checkpoint import is_megatron_checkpoint
 from slime_train_megatron.model import build_gpt_model, load_hf_weights
@@ -34,7 +33,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["MegatronCriticBackend"]
 
 
-class MegatronCriticBackend(MegatronTrainBackend):
+class MegatronCriticBackend(ActorMethodsRefused, MegatronTrainBackend):
     """megatron-core value model for PPO; one instance per rank, `torch.distributed` set up by the caller."""
 
     def init(self, cfg: SlimeArgs, *, with_ref: bool = False) -> int:
@@ -154,36 +153,3 @@ class MegatronCriticBackend(MegatronTrainBackend):
         metrics, values = train_critic_on_rollout(self.cfg, self, rollout_id, batch)
         self.step_metrics = [metrics]
         return metrics, values
-
-    # ------------------------------------------------------- actor-only methods
-    def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
-        """Not available: a value model has no token distribution.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("MegatronCriticBackend has no log-probs; use compute_values")
-
-    def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
-        """Not available: the critic trains with `train_critic`.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("MegatronCriticBackend trains with train_critic(rollout_id, batch)")
-
-    def save_hf(self, path: str | pathlib.Path) -> None:
-        """Not available: the critic is checkpointed (`save`), never exported as a causal LM.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("the critic has no HF causal-LM export; its checkpoints are written by save()")
-
-    def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Not available: engines serve the actor only.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("the critic's weights are never pushed to the engines")
