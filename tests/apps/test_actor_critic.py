@@ -131,7 +131,7 @@ def test_critic_bundles(monkeypatch, fields, actor, critic, rollout, total):
 
     def fake_info_options(num_gpus, scheduling_strategy):
         index = scheduling_strategy.placement_group_bundle_index
-        return types.SimpleNamespace(remote=lambda: ("10.0.0.1", index))
+        return types.SimpleNamespace(remote=lambda: ("10.0.0.1", "node-a", index))  # (ip, node id, gpu)
 
     monkeypatch.setattr(cluster, "has_gpu", lambda: True)
     monkeypatch.setattr(cluster, "placement_group", fake_group)
