@@ -262,14 +262,28 @@ def bwrap_argv(
     ]  # fmt: skip
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    # Parents before children: a bind inside another bind's destination must come after it.
-    for dest in sorted(view.binds, key=lambda p: p.count("/")):
-        argv += ["--ro-bind", view.binds[dest], dest]
-    for dest, target in sorted(view.links.items()):
-        argv += ["--symlink", target, dest]
+
+    # A runtime under /tmp (e.g. a checkout's .venv there) is bound after the private /tmp is mounted, which
+    # would otherwise hide it.
+    def in_workdir(path: str) -> bool:
+        return path == WORKDIR or path.startswith(WORKDIR + "/")
+
+    def runtime(under_workdir: bool) -> list[str]:
+        out: list[str] = []
+        # Parents before children: a bind inside another bind's destination must come after it.
+        for dest in sorted(view.binds, key=lambda p: p.count("/")):
+            if in_workdir(dest) == under_workdir:
+                out += ["--ro-bind", view.binds[dest], dest]
+        for dest, target in sorted(view.links.items()):
+            if in_workdir(dest) == under_workdir:
+                out += ["--symlink", target, dest]
+        return out
+
+    argv += runtime(under_workdir=False)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(tmpfs_bytes), "--perms", "0700", "--tmpfs", WORKDIR]
     argv += ["--perms", "0600", "--file", str(code_fd), f"{WORKDIR}/main.py"]
+    argv += runtime(under_workdir=True)
     # The root and /dev are tmpfs owned by the sandbox user: read-only, or they would be unbounded writable space.
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR]
     argv += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
