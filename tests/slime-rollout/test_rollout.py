@@ -230,9 +230,10 @@ async def test_dynamic_sampling_that_keeps_nothing_stops_after_bounded_empty_rou
 
 async def test_filter_fallback_keeps_rejected_groups_only_when_nothing_could_replace_them(use_client):
     # Prompts 0..2 answer A twice (zero std), 3.. answer A then B (kept). Over-sampling 4, target 3.
-    # 10 ms per token, 40 ms between prompts: the finish order holds on a loaded machine (rewards run in threads).
+    # 30 ms per token, 120 ms between prompts: the finish order holds on a loaded machine (rewards run in
+    # threads; 40 ms between prompts was seen to flip once in the isolated package run).
     answers, lengths = {i: ([A] if i < 3 else [A, B]) for i in range(40)}, {i: 2 + 4 * i for i in range(40)}
-    use_client(FakeClient(answers, lengths=lengths, step_s=0.01))
+    use_client(FakeClient(answers, lengths=lengths, step_s=0.03))
     fallback = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback"
     args = _args(rollout_batch_size=3, over_sampling_batch_size=4, dynamic_sampling_filter_path=fallback,
                  rollout_max_response_len=64)  # fmt: skip
