@@ -70,15 +70,7 @@ def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
         FileNotFoundError: the file does not exist.
         ValueError: unknown extension, or a bad JSONL line (message names `file:line`).
     """
-    start = end = None
-    match = _SLICE.match(spec)
-    if match:
-        spec = match["path"]
-        start = int(match["start"]) if match["start"] else None
-        end = int(match["end"]) if match["end"] else None
-    path = pathlib.Path(spec)
-    if not path.exists():
-        raise FileNotFoundError(f"--prompt-data file not found: {path}")
+    path, start, end = _split_spec(spec)
     if path.suffix == ".jsonl":
         rows = [row for _, row in iter_jsonl(path)]
     elif path.suffix == ".parquet":
@@ -88,6 +80,24 @@ def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
     else:
         raise ValueError(f"--prompt-data {path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return rows[start:end]
+
+
+def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
+    """`path@[start:end]` (slice optional) -> (existing path, start, end).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+    """
+    start = end = None
+    match = _SLICE.match(spec)
+    if match:
+        spec = match["path"]
+        start = int(match["start"]) if match["start"] else None
+        end = int(match["end"]) if match["end"] else None
+    path = pathlib.Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"--prompt-data file not found: {path}")
+    return path, start, end
 
 
 def count_prompts(args: SlimeArgs) -> int:
@@ -115,15 +125,7 @@ def count_prompts(args: SlimeArgs) -> int:
 
 def _count_rows(spec: str) -> int:
     """Rows of a prompt file (slice applied), without reading the rows themselves."""
-    start = end = None
-    match = _SLICE.match(spec)
-    if match:
-        spec = match["path"]
-        start = int(match["start"]) if match["start"] else None
-        end = int(match["end"]) if match["end"] else None
-    path = pathlib.Path(spec)
-    if not path.exists():
-        raise FileNotFoundError(f"--prompt-data file not found: {path}")
+    path, start, end = _split_spec(spec)
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
