@@ -10,14 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import multiprocessing
-import os
 import pathlib
 import shutil
-import socket
-import subprocess
-import sys
-import traceback
 
 import pytest
 import torch
@@ -28,72 +22,14 @@ WORKER = pathlib.Path(__file__).with_name("_workers.py")
 TOL = 1e-5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _load_workers():
-    spec = importlib.util.spec_from_file_location("slime_fsdp_test_workers", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _rank_entry(scenario: str, rank: int, world_size: int, port: int, out: pathlib.Path, ckpt: pathlib.Path):
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
-    try:
-        _load_workers().run(scenario, out, str(ckpt))
-    except BaseException:
-        (out / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
-
-
-def launch_subprocesses(scenario: str, world_size: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
-    """Like `launch` but with fresh interpreters (needed for CUDA: no fork after the driver is initialized)."""
-    out = work / f"out_{scenario}_{world_size}"
-    out.mkdir(parents=True, exist_ok=True)
-    port, procs = _free_port(), []
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-        cmd = [sys.executable, str(WORKER), scenario, str(out), str(ckpt)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"{scenario} rank {rank} failed:\n{log[-4000:]}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-
-
-def launch(scenario: str, world_size: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
-    """Runs `_workers.run(scenario)` on `world_size` local processes and returns each rank's results.
-
-    The processes are forked from this one, which has already imported torch and transformers (the imports
-    dominate the run time on small machines); each is a fresh process for the checkpoint/resume scenario.
-    """
-    out = work / f"out_{scenario}_{world_size}"
-    out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    ctx = multiprocessing.get_context("fork")
-    procs = [
-        ctx.Process(target=_rank_entry, args=(scenario, r, world_size, port, out, ckpt)) for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=600)
-    torch.set_num_threads(threads)
-    for rank, p in enumerate(procs):
-        if p.is_alive():
-            p.kill()
-        err = out / f"rank{rank}.err"
-        assert p.exitcode == 0, f"{scenario} rank {rank} failed:\n{err.read_text() if err.exists() else p.exitcode}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+_LAUNCH = pathlib.Path(__file__).with_name("_launch.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_test_launch", _LAUNCH)
+_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_launch)
+_ranks = _launch.RankLauncher(WORKER)
+_load_workers = _ranks.workers
+launch = _ranks.forked  # forked from this process, which has already imported torch and transformers
+launch_subprocesses = _ranks.subprocesses
 
 
 def _tiny_qwen3(path: pathlib.Path, tokenizer_dir: pathlib.Path, *, tied: bool) -> pathlib.Path:

@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import multiprocessing
-import os
 import pathlib
 import shutil
-import socket
-import traceback
 
 import pytest
 import torch
@@ -30,67 +26,14 @@ WORKER = pathlib.Path(__file__).with_name("_critic_workers.py")
 TOL = 1e-5
 
 
-def _load_workers():
-    spec = importlib.util.spec_from_file_location("slime_fsdp_critic_workers", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _rank_entry(scenario: str, rank: int, world: int, port: int, out: pathlib.Path, ckpt: pathlib.Path) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
-    try:
-        _load_workers().run(scenario, out, str(ckpt))
-    except BaseException:
-        (out / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
-
-
-def launch(scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
-    """Runs `_critic_workers.run(scenario)` on `world` forked processes; returns each rank's results."""
-    out = work / f"out_{scenario}_{world}"
-    out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_rank_entry, args=(scenario, r, world, port, out, ckpt)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=600)
-    torch.set_num_threads(threads)
-    for rank, p in enumerate(procs):
-        if p.is_alive():
-            p.kill()
-        err = out / f"rank{rank}.err"
-        assert p.exitcode == 0, f"{scenario} rank {rank} failed:\n{err.read_text() if err.exists() else p.exitcode}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
-
-
-def launch_subprocesses(scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
-    """Like `launch` with fresh interpreters (CUDA cannot be forked after the driver is initialized)."""
-    import subprocess
-    import sys
-
-    out = work / f"out_{scenario}_{world}"
-    out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))  # fmt: skip
-        cmd = [sys.executable, str(WORKER), scenario, str(out), str(ckpt)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"{scenario} rank {rank} failed:\n{log[-4000:]}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+_LAUNCH = pathlib.Path(__file__).with_name("_launch.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_test_launch", _LAUNCH)
+_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_launch)
+_ranks = _launch.RankLauncher(WORKER)
+_load_workers = _ranks.workers
+launch = _ranks.forked
+launch_subprocesses = _ranks.subprocesses
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,7 @@ a DP step (Adam divides by sqrt(v)).
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing
-import os
 import pathlib
-import socket
-import traceback
 
 import pytest
 import torch
@@ -27,44 +23,13 @@ WORKER = pathlib.Path(__file__).with_name("_vlm_workers.py")
 TOL = 1e-5
 
 
-def _load_workers():
-    spec = importlib.util.spec_from_file_location("slime_fsdp_vlm_workers", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _entry(scenario, rank, world, port, out, ckpt):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
-    try:
-        _load_workers().run(scenario, out, str(ckpt))
-    except BaseException:
-        (out / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
-
-
-def launch(scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
-    out = work / f"out_{scenario}_{world}"
-    out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_entry, args=(scenario, r, world, port, out, ckpt)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=900)
-    torch.set_num_threads(threads)
-    for rank, p in enumerate(procs):
-        if p.is_alive():
-            p.kill()
-        err = out / f"rank{rank}.err"
-        assert p.exitcode == 0, f"{scenario} rank {rank} failed:\n{err.read_text() if err.exists() else p.exitcode}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+_LAUNCH = pathlib.Path(__file__).with_name("_launch.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_test_launch", _LAUNCH)
+_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_launch)
+_ranks = _launch.RankLauncher(WORKER, timeout_s=900)
+_load_workers = _ranks.workers
+launch = _ranks.forked
 
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
