@@ -112,6 +112,32 @@ def timed(fn: Callable[[], Any], device: str) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
+def time_train(backend: Any, batch: Any, device: str, repeats: int) -> tuple[float, list[float], dict, float | None]:
+    """One warm-up `backend.train()`, then `repeats` timed calls on the same batch.
+
+    Returns:
+        (warm-up seconds, timed seconds, the last call's metrics, peak GiB allocated during the timed calls or
+        None on CPU).
+
+    Raises:
+        RuntimeError: a metric is NaN (a broken step must not pass as a fast one).
+    """
+    import torch
+
+    warm_s, metrics = timed(lambda: backend.train(0, batch), device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for r in range(repeats):
+        t, metrics = timed(lambda r=r: backend.train(r + 1, batch), device)
+        times.append(t)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    for k, v in metrics.items():
+        if v != v:
+            raise RuntimeError(f"train() returned NaN for {k}")
+    return warm_s, times, metrics, peak
+
+
 def transformer_flops(config: Any, seq_lens: list[int], *, lm_head_tokens: int, backward: bool) -> dict[str, float]:
     """Model FLOPs of a dense decoder over packed sequences (Kaplan et al. 2020; Narayanan et al. 2021, eq. 3).
 

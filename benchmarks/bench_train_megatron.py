@@ -151,17 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
         load_s, _ = _common.timed(lambda: backend.init(args, with_ref=False), a.device)
         batch = bench_train_fsdp.make_batch(a)
         old_forward = not can_reuse_old_log_probs(args, batch)
-        warm_s, metrics = _common.timed(lambda: backend.train(0, batch), a.device)
-        if a.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for r in range(a.repeats):
-            t, metrics = _common.timed(lambda r=r: backend.train(r + 1, batch), a.device)
-            times.append(t)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
-        for k, v in metrics.items():
-            if v != v:  # NaN: a broken step must not pass as a fast one
-                raise RuntimeError(f"train() returned NaN for {k}")
+        warm_s, times, metrics, peak = _common.time_train(backend, batch, a.device, a.repeats)
         flops = bench_train_fsdp.train_flops(transformers.AutoConfig.from_pretrained(model_dir), a, old_forward)
         t = _common.median(times)
         tokens = batch.num_samples * a.seq_len
