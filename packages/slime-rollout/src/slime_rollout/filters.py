@@ -1,7 +1,7 @@
 """Built-in dynamic-sampling filters (`--dynamic-sampling-filter-path`).
 
-The original path `slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std` is
-accepted as an alias of `slime_rollout.filters.check_reward_nonzero_std`.
+The original paths `slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std[_with_fallback]`
+are accepted as aliases of the functions here (`slime_rollout.plugins.ORIGINAL_PATH_ALIASES`).
 """
 
 from __future__ import annotations

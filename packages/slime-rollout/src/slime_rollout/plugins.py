@@ -26,6 +26,9 @@ ORIGINAL_PATH_ALIASES: dict[str, str] = {
     "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std": (
         "slime_rollout.filters.check_reward_nonzero_std"
     ),
+    "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback": (
+        "slime_rollout.filters.check_reward_nonzero_std_with_fallback"
+    ),
     "slime.rollout.rm_hub.async_rm": "slime_rollout.rewards.async_rm",
     "slime.rollout.rm_hub.batched_async_rm": "slime_rollout.rewards.batched_async_rm",
     "slime.rollout.sft_rollout.generate_rollout": "slime_rollout.sft.generate_sft_rollout",
