@@ -308,3 +308,19 @@ def test_sample_images_of_text_only_samples_is_empty():
     assert multimodal.sample_images(Sample(prompt="x")) == []
     assert multimodal.image_column(None) is None
     assert multimodal.image_column({"image": "imgs"}) == "imgs"
+
+
+def test_sample_images_from_plugins_pil_bytes_and_bad_types():
+    # What the original's custom-generate plugins put in multimodal_inputs: PIL images (RGBA here).
+    from PIL import Image
+
+    pil = Image.new("RGBA", (20, 10), (1, 2, 3, 255))
+    sample = Sample(prompt="x", index=4, multimodal_inputs={"images": [pil, png_bytes((5, 6)), "/abs/path.png"]})
+    first, second, third = multimodal.sample_images(sample)
+    decoded = multimodal.decode_image(first)
+    assert decoded.size == (20, 10) and decoded.getpixel((3, 3)) == (1, 2, 3)
+    assert multimodal.decode_image(second).size == (5, 6)
+    assert third == "/abs/path.png"
+    bad = Sample(prompt="x", index=9, multimodal_inputs={"images": ["/a.png", 12]})
+    with pytest.raises(ValueError, match=r"sample 9 image 2: an image must be a path, bytes or base64 string, got int"):
+        multimodal.sample_images(bad)

@@ -247,8 +247,23 @@ def get_processor(path: str) -> Any:
 
 
 def sample_images(sample: Any) -> list[str]:
-    """The normalized images of a sample (`multimodal_inputs["images"]`), empty for text-only samples."""
-    return list((sample.multimodal_inputs or {}).get("images") or [])
+    """The normalized images of a sample (`multimodal_inputs["images"]`), empty for text-only samples.
+
+    The data source stores paths and `data:` URIs; a plugin may also put what the original's plugins hold
+    there: `PIL.Image`s (encoded as lossless PNG `data:` URIs here), raw bytes or Hugging Face image dicts.
+
+    Raises:
+        ValueError: an image of another type, or bytes that are no image (the message names the sample).
+    """
+    out = []
+    for i, image in enumerate((sample.multimodal_inputs or {}).get("images") or []):
+        if isinstance(image, str):
+            out.append(image)
+        elif callable(getattr(image, "save", None)) and hasattr(image, "mode"):  # a PIL.Image
+            out.append(png_data_uri(image if image.mode == "RGB" else image.convert("RGB")))
+        else:
+            out.append(normalize_image(image, base_dir=None, where=f"sample {sample.index} image {i + 1}"))
+    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
