@@ -324,3 +324,15 @@ def test_sample_images_from_plugins_pil_bytes_and_bad_types():
     bad = Sample(prompt="x", index=9, multimodal_inputs={"images": ["/a.png", 12]})
     with pytest.raises(ValueError, match=r"sample 9 image 2: an image must be a path, bytes or base64 string, got int"):
         multimodal.sample_images(bad)
+
+
+def test_to_dict_of_a_sample_with_pil_images_is_json_and_round_trips():
+    # The partial-rollout buffer is saved with json.dumps(Sample.to_dict()): a PIL image must not break it.
+    from PIL import Image
+
+    sample = Sample(prompt="x", index=1, multimodal_inputs={"images": [Image.new("RGB", (7, 3), (9, 8, 7))]})
+    back = Sample.from_dict(json.loads(json.dumps(sample.to_dict())))
+    (uri,) = back.multimodal_inputs["images"]
+    assert uri.startswith("data:image/png;base64,")
+    image = multimodal.decode_image(uri)
+    assert image.size == (7, 3) and image.getpixel((6, 2)) == (9, 8, 7)

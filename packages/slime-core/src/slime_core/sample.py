@@ -19,8 +19,10 @@ per merged vision patch. Text-only samples leave both None.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import enum
+import io
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -421,7 +423,8 @@ class Sample:
         out["metadata"] = dict(self.metadata)
         if self.multimodal_inputs is not None:
             out["multimodal_inputs"] = {
-                k: list(v) if isinstance(v, list) else v for k, v in self.multimodal_inputs.items()
+                k: [_encode_media(x) for x in v] if isinstance(v, list) else v
+                for k, v in self.multimodal_inputs.items()
             }
         if self.multimodal_train_inputs is not None:
             out["multimodal_train_inputs"] = {k: _encode_tensor(v) for k, v in self.multimodal_train_inputs.items()}
@@ -453,6 +456,18 @@ class Sample:
         sample = cls(**kwargs)
         sample.validate()
         return sample
+
+
+def _encode_media(item: Any) -> Any:
+    """A `PIL.Image` (what the original's plugins store) as a lossless PNG `data:` URI; anything else as it is.
+
+    So `to_dict` stays JSON-friendly (the partial-rollout buffer is saved as JSON). Duck-typed: core has no Pillow.
+    """
+    if callable(getattr(item, "save", None)) and hasattr(item, "mode") and hasattr(item, "size"):
+        buffer = io.BytesIO()
+        item.save(buffer, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return item
 
 
 def _encode_tensor(tensor: Any) -> dict[str, Any]:
