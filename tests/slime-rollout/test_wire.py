@@ -105,7 +105,7 @@ def test_serialize_round_trip_plain_and_flattened():
 # The engine side as sglang.srt.utils.common.init_custom_process_group builds it (SGLang 0.5.16): the
 # rendezvous store is wrapped in PrefixStore(group_name) before the process group is made.
 SGLANG_STYLE_PEER = """
-import datetime, sys, torch
+import datetime, os, sys, torch
 from torch.distributed import distributed_c10d as c10d
 port, name = int(sys.argv[1]), sys.argv[2]
 timeout = datetime.timedelta(seconds=30)
@@ -117,7 +117,8 @@ pg, _ = c10d._new_process_group_helper(
 c10d._world.pg_group_ranks[pg] = {0: 0, 1: 1}
 t = torch.zeros(3)
 torch.distributed.broadcast(t, group=pg, group_src=0)
-print(t.tolist())
+print(t.tolist(), flush=True)
+os._exit(0)  # gloo's destructors at interpreter exit can abort while the other end still holds the pair
 """
 
 
