@@ -42,7 +42,7 @@ def _argv(model: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
         "--prompt-data", str(GSM8K), "--input-key", "question", "--label-key", "answer", "--apply-chat-template",
         "--rm-type", "math", "--advantage-estimator", "grpo",
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "8",
-        "--rollout-max-response-len", "800", "--rollout-temperature", "1.0",
+        "--rollout-max-response-len", "256", "--rollout-temperature", "1.0",
         "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--colocate", "--lr", "1e-4",
         "--num-rollout", "3", "--output-dir", str(out),
         "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt"),

@@ -101,6 +101,57 @@ def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
         preflight(_args(data, "--dynamic-sampling-filter-path", "pf_nope.keep"))
 
 
+@pytest.mark.parametrize(
+    ("flag", "body", "message"),
+    [
+        (
+            "--custom-generate-function-path",
+            "async def gen(args, sample):\n    pass\n",
+            r"--custom-generate-function-path pf_sig\.gen: its signature \(args, sample\) cannot take the run's call "
+            r"\(args, sample, sampling_params\) \(too many positional arguments\)",
+        ),
+        (
+            "--custom-rm-path",
+            "async def gen(sample, **kwargs):\n    pass\n",
+            r"--custom-rm-path pf_sig\.gen: its signature \(sample, \*\*kwargs\) cannot take .*too many positional",
+        ),
+        (
+            "--rollout-function-path",
+            "def gen(args, rollout_id, data_source):\n    pass\n",
+            r"--rollout-function-path pf_sig\.gen: .*unexpected keyword argument 'evaluation'",
+        ),
+        ("--custom-tis-function-path", "def gen(args, pg_loss, **kw):\n    pass\n", None),
+        ("--buffer-filter-path", "def gen(args, rollout_id, buffer, num_samples, extra=1):\n    pass\n", None),
+    ],
+)
+def test_plugin_signatures_are_checked_against_the_runs_call(tmp_path, monkeypatch, flag, body, message):
+    # The call would otherwise fail mid-run as a TypeError in a Ray worker, without naming the flag.
+    import sys
+
+    sys.modules.pop("pf_sig", None)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    _plugin_module(tmp_path, monkeypatch, "pf_sig", body)
+    extra = ("--use-tis",) if "tis" in flag else ()
+    if message is None:
+        preflight(_args(data, flag, "pf_sig.gen", *extra))
+    else:
+        with pytest.raises(ImportError, match=message):
+            preflight(_args(data, flag, "pf_sig.gen", *extra))
+
+
+def test_every_plugin_field_has_a_call_shape_and_the_defaults_bind():
+    from slime_app.preflight import PLUGIN_CALLS, check_plugin_call
+    from slime_rollout.plugins import load_function
+
+    assert set(PLUGIN_CALLS) == set(PLUGIN_FIELDS)
+    defaults = SlimeArgs(hf_checkpoint="unused", rollout_batch_size=1, num_rollout=1)
+    for field in PLUGIN_FIELDS:
+        path = getattr(defaults, field)
+        if isinstance(path, str) and path:
+            check_plugin_call(load_function(path), field, field, path)  # raises on a mismatch
+
+
 def test_plugin_whose_dependency_is_missing_fails_here_unless_the_cluster_is_remote(tmp_path, monkeypatch, caplog):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
@@ -124,7 +175,7 @@ def test_original_slime_paths_resolve_through_the_runs_mapping(tmp_path, monkeyp
         "--dynamic-sampling-filter-path", "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
         "--rollout-function-path", "slime.rollout.sglang_rollout.generate_rollout",
         "--custom-rm-path", "slime.rollout.rm_hub.async_rm",
-        "--rollout-sample-hook-path", "slime.rollout.rm_hub.async_rm", "slime.rollout.sglang_rollout.generate",
+        "--rollout-sample-hook-path", "slime.rollout.rm_hub.async_rm",
     ]  # fmt: skip
     preflight(_args(data, *original))
     # Without the slime-compat package the run's alias table still resolves them: preflight uses the same loader.

@@ -47,8 +47,62 @@ PLUGIN_FIELDS = (
 )  # fmt: skip
 
 
-def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str]]:
-    """`(flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list)."""
+# How the run calls each plugin: (positional arguments, keyword arguments always passed, the call as shown).
+# Keywords the run passes only when the plugin declares them (e.g. `evaluation=` to a custom generate) are
+# left out. Kept next to the call sites' docstrings; tests/apps/test_preflight.py binds the built-in defaults.
+PLUGIN_CALLS: dict[str, tuple[int, tuple[str, ...], str]] = {
+    "rollout_function_path": (3, ("evaluation",), "(args, rollout_id, data_source, evaluation=...)"),
+    "eval_function_path": (3, ("evaluation",), "(args, rollout_id, data_source, evaluation=...)"),
+    "custom_generate_function_path": (3, (), "(args, sample, sampling_params)"),
+    "custom_rm_path": (2, (), "(args, sample), or (args, samples) with --group-rm"),
+    "custom_reward_post_process_path": (2, (), "(args, samples)"),
+    "dynamic_sampling_filter_path": (2, (), "(args, samples)"),
+    "rollout_sample_filter_path": (2, (), "(args, samples)"),
+    "rollout_all_samples_process_path": (3, (), "(args, all_samples, data_source)"),
+    "rollout_sample_hook_path": (2, ("evaluation", "rollout_id"), "(args, sample, evaluation=..., rollout_id=...)"),
+    "buffer_filter_path": (4, (), "(args, rollout_id, buffer, num_samples)"),
+    "data_source_path": (1, (), "(args)"),
+    "custom_rollout_log_function_path": (5, (), "(rollout_id, args, samples, metrics, rollout_time)"),
+    "custom_eval_rollout_log_function_path": (4, (), "(rollout_id, args, data, metrics)"),
+    "custom_loss_function_path": (4, (), "(args, batch, outputs, reduce)"),
+    "custom_advantage_function_path": (2, (), "(args, rollout_data)"),
+    "custom_tis_function_path": (
+        0,
+        ("args", "pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths", "response_lengths"),
+        "(args=, pg_loss=, train_log_probs=, rollout_log_probs=, loss_masks=, total_lengths=, response_lengths=)",
+    ),
+    "custom_pg_loss_reducer_function_path": (4, (), "(total_lengths, response_lengths, loss_masks, per_token)"),
+}
+
+
+def check_plugin_call(fn: object, field: str, flag: str, path: str) -> None:
+    """Checks that `fn`'s signature accepts the call the run will make (`PLUGIN_CALLS[field]`).
+
+    A wrong signature otherwise surfaces mid-run as a TypeError inside a Ray worker. Callables without an
+    introspectable signature (builtins) are not checked.
+
+    Raises:
+        slime_core.plugins.PluginError: the call cannot bind (message names the flag, path and both signatures).
+    """
+    import inspect
+
+    from slime_core.plugins import PluginError
+
+    n_positional, keywords, shown = PLUGIN_CALLS[field]
+    try:
+        signature = inspect.signature(fn)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*([None] * n_positional), **dict.fromkeys(keywords))
+    except TypeError as e:
+        raise PluginError(
+            f"{flag} {path}: its signature {signature} cannot take the run's call {shown} ({e})"
+        ) from None
+
+
+def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str, str]]:
+    """`(field, flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list)."""
     from slime_core.config.base import field_to_flag
 
     out = []
@@ -56,12 +110,12 @@ def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str]]:
         value = getattr(cfg, name)  # a SlimeArgs field (tests/apps/test_preflight.py checks the list)
         for path in value if isinstance(value, list) else [value]:
             if path:
-                out.append((field_to_flag(name), path))
+                out.append((name, field_to_flag(name), path))
     return out
 
 
 def _check_plugins(cfg: SlimeArgs) -> None:
-    """Imports every plugin path the way the run will, so a bad plugin fails in one line before Ray starts.
+    """Imports every plugin and checks its signature against the run's call: one line before Ray starts.
 
     Paths are resolved by `slime_rollout.plugins.load_function`, the loader the run uses (original paths such
     as `slime.rollout.rm_hub.async_rm` included). A plugin whose own module imports something missing is an
@@ -77,9 +131,9 @@ def _check_plugins(cfg: SlimeArgs) -> None:
     from slime_rollout.plugins import load_function
 
     remote = bool(cfg.ray_address or os.environ.get("RAY_ADDRESS"))
-    for flag, path in _plugin_paths(cfg):
+    for field, flag, path in _plugin_paths(cfg):
         try:
-            load_function(path, flag=flag)
+            check_plugin_call(load_function(path, flag=flag), field, flag, path)
         except PluginError as e:
             missing = e.missing_dependency
             if missing is None:
