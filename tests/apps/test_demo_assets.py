@@ -133,3 +133,18 @@ def test_demo_imports_without_heavy_deps():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_demo_variants_write_under_their_own_output_dir():
+    # `python -m slime_app.demo FLAGS` must not overwrite the plain demo's checkpoints, HF export and curves.
+    from slime_app.demo.__main__ import demo_argv
+    from slime_core.config import parse_args
+
+    plain = parse_args(demo_argv([]))
+    assert (plain.output_dir, plain.save, plain.save_hf) == ("runs/demo", "runs/demo/checkpoints", "runs/demo/hf")
+    ppo = parse_args(demo_argv(["--output-dir", "runs/demo-ppo", "--advantage-estimator", "ppo"]))
+    assert (ppo.output_dir, ppo.save, ppo.save_hf) == ("runs/demo-ppo", "runs/demo-ppo/checkpoints", "runs/demo-ppo/hf")
+    assert ppo.advantage_estimator == "ppo"
+    variant = parse_args(demo_argv(["--output-dir=x", "--lr", "4e-3"]))
+    assert (variant.save, variant.lr) == ("x/checkpoints", 4e-3)
+    assert parse_args(demo_argv(["--lr", "4e-3"])).save == "runs/demo-variant/checkpoints"

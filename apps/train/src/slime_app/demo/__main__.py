@@ -1,7 +1,9 @@
-"""The embedded demo with extra flags: `uv run python -m slime_app.demo [FLAGS]` (later flags win).
+"""The embedded demo with extra flags: `uv run python -m slime_app.demo [--output-dir DIR] [FLAGS]`.
 
-E.g. LoRA RL on the demo: `uv run python -m slime_app.demo --lora-rank 8 --lora-alpha 16 --lr 4e-3
---output-dir runs/demo-lora --save runs/demo-lora/checkpoints --save-hf runs/demo-lora/hf`.
+FLAGS come after the demo's own (later flags win). `--output-dir DIR` moves all of the run's outputs (TensorBoard,
+checkpoints, HF export, reward curve) under DIR; it defaults to `runs/demo` without FLAGS and to `runs/demo-variant`
+with them, so a variant never overwrites the plain demo's results. E.g. LoRA RL on the demo:
+`uv run python -m slime_app.demo --output-dir runs/demo-lora --lora-rank 8 --lora-alpha 16 --lr 4e-3`.
 """
 
 import sys
@@ -9,5 +11,24 @@ import sys
 from slime_app.cli import main
 from slime_app.demo import default_demo_argv
 
+
+def demo_argv(extra: list[str]) -> list[str]:
+    """The demo's flags with the output directory of `extra` (`--output-dir DIR`), then the rest of `extra`.
+
+    Raises:
+        SystemExit: `--output-dir` without a value.
+    """
+    rest, output_dir = [], "runs/demo-variant" if extra else "runs/demo"
+    it = iter(extra)
+    for arg in it:
+        if arg == "--output-dir":
+            output_dir = next(it, None) or sys.exit("slime_app.demo: --output-dir needs a directory")
+        elif arg.startswith("--output-dir="):
+            output_dir = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return default_demo_argv(output_dir) + rest
+
+
 if __name__ == "__main__":
-    sys.exit(main(default_demo_argv() + sys.argv[1:]))
+    sys.exit(main(demo_argv(sys.argv[1:])))
