@@ -175,3 +175,20 @@ def test_loop_first_step_gate(monkeypatch):
     with pytest.raises(RunStopped, match="first-step check failed"):
         run.step(0)
     assert logged[0]["train/train_rollout_logprob_abs_diff"] == 0.9  # logged before the stop
+
+
+def test_loop_first_step_gate_waits_for_the_actors_first_step_after_critic_only_steps(monkeypatch):
+    # PPO's --num-critic-only-steps: rollouts 0 and 1 train only the critic (no log-prob gap to check).
+    diffs = [{"train/critic-value_loss": 0.3}, {"train/critic-value_loss": 0.2}, {DIFF: 0.9}]
+    run, logged = _loop_run(monkeypatch, diffs, advantage_estimator="ppo", num_critic_only_steps=2)
+    run.step(0)
+    run.step(1)
+    with pytest.raises(RunStopped, match="first-step check failed"):
+        run.step(2)
+    # Without critic-only steps the gate sits on the first rollout, and a later gap only warns.
+    run, _ = _loop_run(monkeypatch, [{DIFF: 0.001}, {DIFF: 0.9}], advantage_estimator="ppo")
+    run.step(0)
+    run.step(1)
+
+
+DIFF = "train/train_rollout_logprob_abs_diff"

@@ -221,7 +221,9 @@ class Run:
         metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.rollout_done(rollout_id, metrics)
-        if rollout_id == self.start_rollout_id and not cfg.debug_rollout_only:
+        # The actor's first step: after the critic-only warm-up (the weights are still the synced ones then).
+        first_actor_step = max(self.start_rollout_id, cfg.num_critic_only_steps if cfg.use_critic else 0)
+        if rollout_id == first_actor_step and not cfg.debug_rollout_only:
             first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
         self._stop_on(findings)
         if (cfg.eval_prompt_data or cfg.eval_config) and _should_run(
