@@ -64,8 +64,23 @@ def test_missing_files_name_the_flag(tmp_path):
         preflight(_args(data, "--eval-prompt-data", "e", str(tmp_path / "nope.jsonl")))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1"}\n{"prompt": \n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2: invalid JSON"):
+    with pytest.raises(ValueError, match=r"--prompt-data: .*bad\.jsonl:2: invalid JSON"):
         preflight(_args(bad))
+    with pytest.raises(ValueError, match=r"--eval-prompt-data: .*bad\.jsonl:2: invalid JSON"):
+        preflight(_args(data, "--eval-prompt-data", "e", str(bad)))
+    with pytest.raises(FileNotFoundError, match=r"not a directory: Qwen/Qwen3-4B \(a Hugging Face Hub id\? "):
+        preflight(_args(data, "--hf-checkpoint", "Qwen/Qwen3-4B"))
+
+
+def test_trainer_side_opd_teacher_of_another_architecture_is_one_line(tmp_path, make_tiny_qwen3):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    teacher = make_tiny_qwen3(tmp_path / "teacher")  # the real Qwen3 vocabulary; the demo model's is tiny
+    opd = ("--use-opd", "--opd-type", "fsdp", "--opd-kl-coef", "1.0")
+    with pytest.raises(ValueError, match=r"--opd-teacher-load .*teacher: the trainer-side teacher must have the "
+                       r"student's .*vocab_size: teacher 151936 vs student \d+"):  # fmt: skip
+        preflight(_args(data, *opd, "--opd-teacher-load", str(teacher)))
+    preflight(_args(data, *opd, "--opd-teacher-load", str(MODEL)))  # the same architecture
 
 
 def test_megatron_without_cuda_is_a_one_line_error(tmp_path, monkeypatch):

@@ -21,6 +21,8 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
         rows = load_prompt_rows(spec)
     except FileNotFoundError:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
+    except ValueError as e:  # e.g. "file.jsonl:5: invalid JSON": say which flag named the file
+        raise ValueError(f"{flag}: {e}") from None
     if not rows:
         raise ValueError(f"{flag} {spec}: no rows")
     check_prompt_rows(rows, cfg, where=f"{flag} {spec}")
@@ -221,6 +223,44 @@ def _check_hardware(cfg: SlimeArgs) -> None:
         )
 
 
+# The fields that make two checkpoints the same architecture (the trainer loads the teacher's tensors into the
+# student's modules).
+_ARCHITECTURE_FIELDS = (
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "tie_word_embeddings",
+)  # fmt: skip
+
+
+def _check_opd_teacher(cfg: SlimeArgs) -> None:
+    """A trainer-side OPD teacher given as an HF directory must have the student's architecture (config.json).
+
+    Torch-dist and FSDP checkpoints carry no config.json; their shapes are checked when they load.
+
+    Raises:
+        ValueError: a field of `_ARCHITECTURE_FIELDS` differs (message names both values).
+    """
+    import json
+
+    teacher_config = os.path.join(cfg.opd_teacher_load or "", "config.json")
+    if not (cfg.use_opd and cfg.opd_teacher_load and cfg.hf_checkpoint and os.path.exists(teacher_config)):
+        return
+    with open(teacher_config, encoding="utf-8") as f:
+        teacher = json.load(f)
+    with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
+        student = json.load(f)
+    differ = [
+        f"{k}: teacher {teacher.get(k)!r} vs student {student.get(k)!r}"
+        for k in _ARCHITECTURE_FIELDS
+        if teacher.get(k) != student.get(k)
+    ]
+    if differ:
+        raise ValueError(
+            f"--opd-teacher-load {cfg.opd_teacher_load}: the trainer-side teacher must have the student's "
+            f"(--hf-checkpoint) architecture; config.json differs in {'; '.join(differ)} (a teacher of another "
+            "architecture can be served by an engine: --opd-type sglang)"
+        )
+
+
 def _has_image_processor(model_dir: str) -> bool:
     """Whether `model_dir` holds an image processor config (a vision-language checkpoint's processor)."""
     names = ("preprocessor_config.json", "processor_config.json")
@@ -248,8 +288,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     Raises:
         FileNotFoundError: a model directory, data file or `--ref-load` does not exist (message names the flag).
         ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys` also a
-            missing, unreadable or surplus image), an architecture flag
-            contradicts config.json, a checkpoint the backend cannot read, or hardware this run cannot use.
+            missing, unreadable or surplus image), an architecture flag contradicts config.json, an HF OPD teacher
+            of another architecture, a checkpoint the backend cannot read, or hardware this run cannot use.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
     if hardware and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
@@ -261,7 +301,13 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
             "(no 'chat_template' in tokenizer_config.json, no chat_template.jinja); drop the flag or add one"
         )
     if cfg.hf_checkpoint and not os.path.isdir(cfg.hf_checkpoint):
-        raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}")
+        hint = ""
+        if cfg.hf_checkpoint.count("/") == 1 and not cfg.hf_checkpoint.startswith((".", "/", "~")):
+            hint = (
+                f" (a Hugging Face Hub id? models are not downloaded: `huggingface-cli download {cfg.hf_checkpoint} "
+                "--local-dir DIR`, then pass DIR)"
+            )
+        raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}{hint}")
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
     if cfg.multimodal_keys and cfg.hf_checkpoint and not _has_image_processor(cfg.hf_checkpoint):
@@ -269,6 +315,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
             f"--multimodal-keys: --hf-checkpoint {cfg.hf_checkpoint} has no preprocessor_config.json "
             "(no image processor: not a vision-language checkpoint)"
         )
+    _check_opd_teacher(cfg)
     notes = _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
     if cfg.prompt_data and not cfg.load_debug_rollout_data:

@@ -78,7 +78,7 @@ def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
 
         rows = pq.read_table(path).to_pylist()
     else:
-        raise ValueError(f"--prompt-data {path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
+        raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return rows[start:end]
 
 
@@ -134,7 +134,7 @@ def _count_rows(spec: str) -> int:
         with open(path, encoding="utf-8") as f:
             total = sum(1 for line in f if line.strip())
     else:
-        raise ValueError(f"--prompt-data {path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
+        raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return len(range(total)[start:end])
 
 
