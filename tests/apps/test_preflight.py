@@ -276,3 +276,31 @@ def test_multimodal_keys_need_an_image_processor(tmp_path):
     with pytest.raises(FileNotFoundError, match="--multimodal-keys: --hf-checkpoint .* has no preprocessor_config"):
         preflight(_args(data, "--hf-checkpoint", str(model), "--apply-chat-template",
                         "--multimodal-keys", '{"image": "images"}'))  # fmt: skip
+
+
+def test_sglang_and_router_flags_are_checked_against_the_installed_packages(tmp_path, monkeypatch):
+    import dataclasses
+    import sys
+    import types
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    flags = ("--sglang-mem-fraction-statc", "0.5", "--router-policy", "round_robin")
+    # Not installed here (CPU): a note says they were not checked.
+    notes = preflight(_args(data, *flags))
+    assert any("--sglang-* flags not checked" in n for n in notes)
+    # Installed: the dataclasses' fields decide, as the original's argparse does.
+    server = types.ModuleType("sglang.srt.server_args")
+    server.ServerArgs = dataclasses.make_dataclass("ServerArgs", [("mem_fraction_static", float), ("tp_size", int)])
+    router = types.ModuleType("sglang_router.router_args")
+    router.RouterArgs = dataclasses.make_dataclass("RouterArgs", [("policy", str)])
+    monkeypatch.setitem(sys.modules, "sglang.srt.server_args", server)
+    monkeypatch.setitem(sys.modules, "sglang_router.router_args", router)
+    with pytest.raises(ValueError, match=r"--sglang-mem-fraction-statc: sglang.srt.server_args.ServerArgs has no field "
+                       r"'mem_fraction_statc'; did you mean --sglang-mem-fraction-static\?"):  # fmt: skip
+        preflight(_args(data, *flags))
+    assert not any(
+        "not checked" in n for n in preflight(_args(data, "--sglang-mem-fraction-static", "0.5", *flags[2:]))
+    )
+    with pytest.raises(ValueError, match=r"--router-foo: sglang_router.router_args.RouterArgs has no field 'foo'"):
+        preflight(_args(data, "--router-foo", "3"))

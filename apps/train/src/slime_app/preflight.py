@@ -261,6 +261,57 @@ def _check_opd_teacher(cfg: SlimeArgs) -> None:
         )
 
 
+# Where the pass-through flags go: `--sglang-<field>` to SGLang's ServerArgs, `--router-<field>` to sglang-router's
+# RouterArgs (both dataclasses; the original slime builds its `--sglang-*` flags from the same fields).
+_PASS_THROUGH_TARGETS = (
+    ("sglang_args", "--sglang-", "sglang.srt.server_args", "ServerArgs"),
+    ("router_args", "--router-", "sglang_router.router_args", "RouterArgs"),
+)
+
+
+def _dataclass_fields(module_name: str, class_name: str) -> set[str] | None:
+    """Field names of a dataclass of an installed package, or None when it cannot be imported here."""
+    import dataclasses
+    import importlib
+
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        return {f.name for f in dataclasses.fields(cls)}
+    except Exception:  # not installed (CPU runs), or an engine environment other than the driver's
+        return None
+
+
+def _check_pass_through_flags(cfg: SlimeArgs) -> list[str]:
+    """Checks `--sglang-*` / `--router-*` names against the installed SGLang / sglang-router, as the original does.
+
+    Returns:
+        Notes for the flags that could not be checked (the package is not installed where the driver runs).
+
+    Raises:
+        ValueError: a flag the target does not have (message names it, with the closest match).
+    """
+    import difflib
+
+    notes = []
+    for field, prefix, module_name, class_name in _PASS_THROUGH_TARGETS:
+        given = getattr(cfg, field)
+        if not given:
+            continue
+        known = _dataclass_fields(module_name, class_name)
+        if known is None:
+            notes.append(f"{prefix}* flags not checked: {module_name} is not importable here")
+            continue
+        for key in given:
+            name = key.replace("-", "_").removeprefix("router_") if field == "router_args" else key.replace("-", "_")
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {prefix}{close[0].replace('_', '-')}?" if close else ""
+                raise ValueError(
+                    f"{prefix}{key.replace('_', '-')}: {module_name}.{class_name} has no field {name!r}{hint}"
+                )
+    return notes
+
+
 def _has_image_processor(model_dir: str) -> bool:
     """Whether `model_dir` holds an image processor config (a vision-language checkpoint's processor)."""
     names = ("preprocessor_config.json", "processor_config.json")
@@ -289,7 +340,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         FileNotFoundError: a model directory, data file or `--ref-load` does not exist (message names the flag).
         ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys` also a
             missing, unreadable or surplus image), an architecture flag contradicts config.json, an HF OPD teacher
-            of another architecture, a checkpoint the backend cannot read, or hardware this run cannot use.
+            of another architecture, a `--sglang-*`/`--router-*` flag the installed SGLang/router does not have, a
+            checkpoint the backend cannot read, or hardware this run cannot use.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
     if hardware and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
@@ -316,7 +368,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
             "(no image processor: not a vision-language checkpoint)"
         )
     _check_opd_teacher(cfg)
-    notes = _check_architecture(cfg) if cfg.hf_checkpoint else []
+    notes = _check_pass_through_flags(cfg)
+    notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
     if cfg.prompt_data and not cfg.load_debug_rollout_data:
         _check_rows(cfg.prompt_data, cfg, "--prompt-data")
