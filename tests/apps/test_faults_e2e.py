@@ -112,7 +112,7 @@ def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars(key)}
 
 
-def _check(out: pathlib.Path, result: subprocess.CompletedProcess, fault: dict) -> None:
+def _check(out: pathlib.Path, result: subprocess.CompletedProcess, fault: dict, *, sole_engine: bool) -> None:
     assert result.returncode == 0, result.stdout[-6000:]
     for rollout_id in range(3):
         samples = torch.load(out / "dumps" / f"rollout_{rollout_id}.pt", weights_only=False)["samples"]
@@ -124,14 +124,17 @@ def _check(out: pathlib.Path, result: subprocess.CompletedProcess, fault: dict) 
     restarts = _scalars(tb, "rollout/fault/engine_restarts")
     requeued = _scalars(tb, "rollout/fault/requeued_requests")
     assert sum(restarts.values()) == 1 and sum(requeued.values()) >= 1, (restarts, requeued)
-    assert "restored weights v" in result.stdout
+    if sole_engine:
+        # Nothing else can finish the rollout: the restarted engine gets the served weights pushed before it serves.
+        # (With two engines the other may finish the rollout first; the next regular push then covers it.)
+        assert "restored weights v" in result.stdout
     assert re.search(rf"engine \d+ restarted at {re.escape(fault['url'])}", result.stdout), "not on the same port"
 
 
 def test_kill_9_of_an_engine_mid_rollout_loses_no_sample(tiny_qwen3, tmp_path):
     out = tmp_path / "run"
     result, fault = _run_with_fault(_argv(tiny_qwen3, out, "--rollout-num-gpus", "2"), signal.SIGKILL)
-    _check(out, result, fault)
+    _check(out, result, fault, sole_engine=False)
     # Found dead, by the health check ("process exited") or by its requests' refused connections, and
     # never mistaken for a hung engine (which would wait out the health-check timeout first).
     reasons = re.findall(r"engine \d+ recovered in [\d.]+s \((.*)\)", result.stdout)
@@ -141,5 +144,5 @@ def test_kill_9_of_an_engine_mid_rollout_loses_no_sample(tiny_qwen3, tmp_path):
 def test_sigstop_of_the_only_engine_mid_rollout_is_found_hung_and_restarted(tiny_qwen3, tmp_path):
     out = tmp_path / "run"
     result, fault = _run_with_fault(_argv(tiny_qwen3, out), signal.SIGSTOP)
-    _check(out, result, fault)
+    _check(out, result, fault, sole_engine=True)
     assert "(hung)" in result.stdout

@@ -54,7 +54,8 @@ def render_config(cfg: SlimeArgs) -> list[str]:
                 changed.append(f"  {field_to_flag(name):<42} {_shown(value)}")
         summary = (group.__doc__ or "").strip().splitlines()[0]
         lines.append(
-            f"{group.__name__} ({summary}) {len(changed)} set, {len(group.model_fields) - len(changed)} default"
+            f"{group.__name__} ({summary}) {len(changed)} differ from the default, "
+            f"{len(group.model_fields) - len(changed)} at the default (given or not)"
         )
         lines += changed
     lines.append("pass-through flags:")

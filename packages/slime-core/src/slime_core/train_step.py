@@ -299,5 +299,6 @@ def train_on_rollout(
     metrics["train/lr"] = per_step[-1]["train/lr"]
     metrics.update({f"goodput/{key}": value for key, value in fates.items()})
     metrics.update(times)
-    logger.info("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
+    # DEBUG: the summary line of each rollout and TensorBoard/W&B carry these; at INFO it repeated them per rank.
+    logger.debug("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
     return metrics, per_step
