@@ -57,7 +57,10 @@ def _load(path: str, flag: str) -> Any:
     except ModuleNotFoundError as e:
         # Distinguish "the plugin module is missing" from "the plugin module imports something missing".
         if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise PluginError(f"{flag}: module {module_name!r} not found (from {path!r})") from e
+            raise PluginError(
+                f"{flag}: module {module_name!r} not found (from {path!r}); is the directory holding it on "
+                "PYTHONPATH? (the run's workers get the launching shell's)"
+            ) from e
         error = PluginError(f"{flag}: importing module {module_name!r} failed: {e}")
         error.missing_dependency = e.name
         raise error from e
