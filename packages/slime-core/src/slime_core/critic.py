@@ -239,7 +239,7 @@ def train_critic_on_rollout(
     metrics["lr"] = per_step[-1]["lr"]
     metrics.update(prediction)
     metrics = {f"train/critic-{key}": value for key, value in metrics.items()}
-    logger.info("rollout %d critic: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
+    logger.debug("rollout %d critic: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
     return metrics, values
 
 
