@@ -133,7 +133,10 @@ def _check(out: pathlib.Path, result: subprocess.CompletedProcess, fault: dict, 
 
 def test_kill_9_of_an_engine_mid_rollout_loses_no_sample(tiny_qwen3, tmp_path):
     out = tmp_path / "run"
-    result, fault = _run_with_fault(_argv(tiny_qwen3, out, "--rollout-num-gpus", "2"), signal.SIGKILL)
+    # A 30 s health-check timeout: a dead engine needs none (its process exited, its connections are refused), and
+    # a live engine slowed by a loaded 2-core machine must not be taken for a hung one.
+    argv = _argv(tiny_qwen3, out, "--rollout-num-gpus", "2", "--rollout-health-check-timeout", "30")
+    result, fault = _run_with_fault(argv, signal.SIGKILL)
     _check(out, result, fault, sole_engine=False)
     # Found dead, by the health check ("process exited") or by its requests' refused connections, and
     # never mistaken for a hung engine (which would wait out the health-check timeout first).
