@@ -7,11 +7,22 @@ import torch
 from slime_app import weights
 from slime_core.config import SlimeArgs
 from slime_rollout import weight_check
-from slime_rollout.weight_check import WeightCheckReport, WeightSyncMismatch
+from slime_rollout.weight_check import WeightCheckEmpty, WeightCheckReport, WeightSyncMismatch
+from slime_rollout.weight_checksum import sglang_param_name
 
 
 def _cfg(**fields):
     return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
+
+
+@pytest.fixture(autouse=True)
+def engine_names(monkeypatch):
+    """The engine's parameter names, as `/weights_checker` lists them before a push (no engine runs here)."""
+
+    async def fake(engine):
+        return [{sglang_param_name(n)[0]: "0" * 16 for n in ("a", "b")}]
+
+    monkeypatch.setattr(weight_check, "engine_checksums", fake)
 
 
 def test_schedule_first_sync_then_every_n():
@@ -36,33 +47,46 @@ class _Updater:
         self.pushed += [name for bucket in buckets for name, _ in bucket]
 
 
-def test_push_reads_back_the_sample_and_stops_on_a_mismatch(monkeypatch):
+def test_push_checks_the_drawn_checksums_and_stops_on_a_mismatch(monkeypatch):
     seen = {}
 
-    async def fake_check(engines, tensors):
+    async def fake_check(engines, checksums):
         seen["urls"] = [e.url for e in engines]
-        seen["tensors"] = dict(tensors)
-        return WeightCheckReport(checked=2, max_abs_diff=0.0)
+        seen["checksums"] = dict(checksums)
+        return WeightCheckReport(checked=2)
 
     monkeypatch.setattr(weight_check, "check_engines", fake_check)
-    cfg = _cfg(check_weight_sync_tensors=2)
+    cfg = _cfg(check_weight_sync_tensors=2, rollout_engine="reference")
     checker = weights.SyncChecker(cfg, ["http://e:1"])
     updater = _Updater()
     metrics = weights.push_weights(_Backend(), updater, cfg, 1, rank=0, checker=checker)
-    assert updater.pushed == ["a", "b"] and seen["urls"] == ["http://e:1"] and sorted(seen["tensors"]) == ["a", "b"]
+    assert updater.pushed == ["a", "b"] and seen["urls"] == ["http://e:1"] and sorted(seen["checksums"]) == ["a", "b"]
     assert metrics["weight_check/tensors_checked"] == 2.0 and metrics["perf/weight_check_time"] >= 0.0
-    # Not due on the second sync: no read-back, no weight_check metrics.
+    # Not due on the second sync: no check, no weight_check metrics.
     seen.clear()
     assert "weight_check/tensors_checked" not in weights.push_weights(_Backend(), _Updater(), cfg, 2, rank=0,
                                                                       checker=checker)  # fmt: skip
     assert seen == {}
 
-    async def mismatch(engines, tensors):
-        return WeightCheckReport(checked=2, mismatches=["http://e:1 a: 6 of 6 values differ", "http://e:1 b: ..."])
+    async def mismatch(engines, checksums):
+        return WeightCheckReport(checked=2, mismatches=["http://e:1 a: engine checksum 1, trainer pushed 2", "b"])
 
     monkeypatch.setattr(weight_check, "check_engines", mismatch)
-    with pytest.raises(WeightSyncMismatch, match=r"weight sync v3: .*http://e:1 a: 6 of 6 values differ \(\+1 more\)"):
+    with pytest.raises(WeightSyncMismatch, match=r"weight sync v3: .*http://e:1 a: engine checksum 1.* \(\+1 more\)"):
         weights.push_weights(_Backend(), _Updater(), cfg, 3, rank=0, checker=weights.SyncChecker(cfg, ["http://e:1"]))
+
+
+def test_a_check_that_compares_nothing_stops_the_run(monkeypatch):
+    """Issue 25: on SGLang every read-back answered 400 and the check logged "0 tensor reads equal" as a pass."""
+
+    async def nothing(engines, checksums):
+        return WeightCheckReport(checked=0, unsupported=1)
+
+    monkeypatch.setattr(weight_check, "check_engines", nothing)
+    cfg = _cfg(rollout_engine="reference")
+    with pytest.raises(WeightCheckEmpty, match=r"compared no tensor on 1 engine\(s\): 1 without /weights_checker.*"
+                                               r"--no-check-weight-sync"):  # fmt: skip
+        weights.push_weights(_Backend(), _Updater(), cfg, 0, rank=0, checker=weights.SyncChecker(cfg, ["http://e:1"]))
 
 
 def test_tensor_sync_is_refused_towards_an_engine_on_another_machine():

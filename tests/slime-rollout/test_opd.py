@@ -95,12 +95,43 @@ def test_pure_distillation_reward_is_zero_without_a_reward_function(args):
 
 def test_a_reply_that_does_not_fit_its_sample_fails_clearly():
     sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
-    good = {"meta_info": {"input_token_logprobs": [[-0.5, 3, None], [-0.25, 4, None]]}}
-    assert teacher_log_probs_from_reply(good, sample, logprob_start_len=2) == [-0.5, -0.25]
-    with pytest.raises(ValueError, match="sample 7: the teacher returned 2 input log-probs from position 1 for 4"):
-        teacher_log_probs_from_reply(good, sample, logprob_start_len=1)
-    other = {"meta_info": {"input_token_logprobs": [[-0.5, 9, None], [-0.25, 4, None]]}}
+    # SGLang's shape: one entry per position from logprob_start_len on, the first entry always None.
+    good = {"meta_info": {"input_token_logprobs": [[None, 2, None], [-0.5, 3, None], [-0.25, 4, None]]}}
+    assert teacher_log_probs_from_reply(good, sample, logprob_start_len=1) == [-0.5, -0.25]
+    with pytest.raises(ValueError, match="sample 7: the teacher returned 3 input log-probs from position 2 for 4"):
+        teacher_log_probs_from_reply(good, sample, logprob_start_len=2)
+    other = {"meta_info": {"input_token_logprobs": [[None, 2, None], [-0.5, 9, None], [-0.25, 4, None]]}}
     with pytest.raises(ValueError, match="scored other tokens than the response"):
-        teacher_log_probs_from_reply(other, sample, logprob_start_len=2)
+        teacher_log_probs_from_reply(other, sample, logprob_start_len=1)
     with pytest.raises(ValueError, match="has no meta_info.input_token_logprobs"):
         teacher_log_probs_from_reply({"meta_info": {}}, sample, logprob_start_len=2)
+
+
+def test_a_request_from_the_response_start_gets_a_none_and_says_so():
+    """Real SGLang answered `logprob_start_len` = prompt length with None for the first response token (the
+    crash of issue 25: float(None)); the reply is refused with the reason, and the built-in path asks from one
+    position earlier (checked against the reference engine, which follows SGLang's rule)."""
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    sglang_reply = {"meta_info": {"input_token_logprobs": [[None, 3, None], [-0.25, 4, None]]}}
+    with pytest.raises(ValueError, match="sample 7: the teacher's log-prob of response token 0 is None"):
+        teacher_log_probs_from_reply(sglang_reply, sample, logprob_start_len=2)
+
+
+def test_builtin_scoring_asks_from_before_the_response(args, reference_engine):
+    from slime_rollout.opd import teacher_payload
+
+    sample = _samples()[0]
+    payload = teacher_payload(args, sample, logprob_start_len=sample.prompt_length - 1)
+    reply = asyncio.run(_post(reference_engine.urls[0], payload))
+    entries = reply["meta_info"]["input_token_logprobs"]
+    assert entries[0][0] is None and len(entries) == sample.response_length + 1
+    assert all(isinstance(e[0], float) for e in entries[1:])
+
+
+async def _post(url: str, payload: dict) -> dict:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/generate", json=payload, timeout=aiohttp.ClientTimeout(total=60)) as resp:
+            assert resp.status == 200
+            return await resp.json()

@@ -354,7 +354,11 @@ async def test_prompt_logprobs_for_teacher_scoring(engine, hf):
     torch.testing.assert_close(torch.tensor([e[0] for e in entries[1:]]), expected, atol=LOGPROB_ATOL, rtol=0)
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
     tail = await engine.generate({**scoring, "logprob_start_len": 3})
-    assert [e[1] for e in tail["meta_info"]["input_token_logprobs"]] == ids[3:]
+    tail_entries = tail["meta_info"]["input_token_logprobs"]
+    assert [e[1] for e in tail_entries] == ids[3:]
+    # SGLang's rule (recorded from 0.5.16): the entry at logprob_start_len is None whatever the start.
+    assert tail_entries[0][0] is None
+    torch.testing.assert_close(torch.tensor([e[0] for e in tail_entries[1:]]), expected[3:], atol=LOGPROB_ATOL, rtol=0)
 
 
 async def test_requests_joining_a_running_batch_match_sequential(engine, hf):

@@ -269,29 +269,30 @@ async def _sample(url, prompt):
     return out
 
 
-def test_weight_content_check_reads_back_from_sglang(sglang_engine, small_qwen3_dir):
-    """`/get_weights_by_name` on the real server: what it holds equals the checkpoint, or it says it cannot read back.
+def test_weight_content_check_against_sglang_checksums(sglang_engine, small_qwen3_dir):
+    """`/weights_checker` on the real server: every parameter's checksum equals ours of the checkpoint's bytes.
 
-    SGLang implements the read-back per model class; the report records which (`unsupported`), never a pass.
+    All of them (k = all), fused `qkv_proj` / `gate_up_proj` included, so a naming or fusing rule that SGLang does
+    not follow fails here, not silently in a run.
     """
-    from safetensors.torch import load_file
-
     from slime_rollout.client import EngineClient
-    from slime_rollout.weight_check import TRUNCATE_ROWS, check_engines
+    from slime_rollout.weight_check import PushChecksums, check_engines, engine_checksums
 
     _, group = sglang_engine
-    state = load_file(str(small_qwen3_dir / "model.safetensors"))
-    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-             "model.layers.1.mlp.down_proj.weight", "model.norm.weight"]  # fmt: skip
-    sent = {n: state[n][:TRUNCATE_ROWS].float() for n in names}
 
     async def go():
         engine = EngineClient(group.urls[0], timeout=60)
         try:
-            return await check_engines([engine], sent)
+            ranks = await engine_checksums(engine)
+            names = set().union(*ranks)
+            expected = PushChecksums.from_checkpoint(
+                small_qwen3_dir, len(names), seed=0, dtype=torch.bfloat16, engine_names=names
+            )
+            return names, expected, await check_engines([engine], expected.checksums)
         finally:
             await engine.aclose()
 
-    report = asyncio.run(go())
-    print(f"sglang get_weights_by_name: {report}")  # the GPU session log records supported or not
-    assert report.mismatches == [] and report.checked + report.unsupported == len(names)
+    names, expected, report = asyncio.run(go())
+    print(f"sglang weights_checker: {len(names)} names, {report}")
+    assert report.mismatches == [] and report.checked == len(names) == len(expected.checksums)
+    assert expected.unmatched == 0  # every checkpoint tensor has its SGLang name (tied lm_head: not in the file)

@@ -1,7 +1,9 @@
-"""Weight-sync content check: sampling the pushed tensors, reading them back, and the comparison tolerance.
+"""Weight-sync content check: SGLang's checksums, the draw over a push, and the comparison with the engines.
 
-Against the running reference engine (fp32): what was pushed reads back exactly; a push the engine did not get is
-named. Fake engines check the tolerance (bf16 rounding passes, a 1 % change does not) and HTTP 400 handling.
+`tensor_checksum` is held to SGLang's own kernel: the known answers below were computed by
+`sglang.kernels.ops.memory.gpu_tensor_hash` (sglang 0.5.16) run under Triton's interpreter on these inputs, and the
+GPU wire fixtures add checksums the real server gave. Against the running reference engine (fp32): what was
+pushed checks equal; a push the engine did not get is named. Fake engines check TP and missing endpoints.
 """
 
 import asyncio
@@ -13,68 +15,138 @@ from transformers import AutoModelForCausalLM
 
 from slime_rollout.client import EngineClient, RolloutClient
 from slime_rollout.transport import EngineError
-from slime_rollout.weight_check import TRUNCATE_ROWS, TensorSample, check_engines
+from slime_rollout.weight_check import PushChecksums, check_engines, engine_checksums, engine_weight_dtype
+from slime_rollout.weight_checksum import sglang_checksums, sglang_param_name, tensor_checksum
 from slime_rollout.weight_sync import TensorWeightUpdater
 
-
-def _buckets(n=5):
-    return [[(f"t{i}", torch.arange(20.0).reshape(10, 2) + i)] for i in range(n)]
-
-
-def test_tensor_sample_keeps_k_first_rows_as_copies():
-    buckets = _buckets()
-    sample = TensorSample(2, seed=0)
-    assert [b[0][0] for b in sample.watch(iter(buckets))] == ["t0", "t1", "t2", "t3", "t4"]  # passed through
-    assert len(sample.tensors) == 2
-    for name, rows in sample.tensors.items():
-        i = int(name[1:])
-        torch.testing.assert_close(rows, torch.arange(2.0 * TRUNCATE_ROWS).reshape(TRUNCATE_ROWS, 2) + i)
-    buckets[0][0][1].zero_()  # the trainer may reuse its buffers: the sample holds copies
-    again = TensorSample(2, seed=0)
-    list(again.watch(iter(_buckets())))
-    assert again.tensors.keys() == sample.tensors.keys()  # same seed, same draw
+# (input, SGLang's checksum): several tiles, a padded last word, several dtypes.
+KNOWN = [
+    (lambda: torch.linspace(-3, 3, 1000 * 37).reshape(1000, 37).to(torch.bfloat16), "1db8f1a3df2b7b7b"),
+    (lambda: torch.arange(16389, dtype=torch.float32) * 0.25, "d8317136f7bc056c"),
+    (lambda: torch.arange(11, dtype=torch.uint8), "9555a0d21e1d5e68"),
+    (lambda: torch.ones(7, dtype=torch.bfloat16), "2acc65cd2483416c"),
+]
 
 
-def test_tensor_sample_is_uniform():
+@pytest.mark.parametrize("make,want", KNOWN)
+def test_checksum_equals_sglangs_kernel(make, want):
+    assert tensor_checksum(make()) == want
+    assert tensor_checksum(make().reshape(-1)) == want  # bytes, not shape
+    assert tensor_checksum(torch.empty(0)) == "0000000000000000"
+
+
+def test_checksum_sees_one_flipped_bit():
+    t = torch.linspace(-3, 3, 20000).to(torch.bfloat16)
+    u = t.clone()
+    u.view(torch.int16)[12345] ^= 1
+    assert tensor_checksum(t) != tensor_checksum(u)
+
+
+def test_sglang_names_and_fused_parameters():
+    layer = "model.layers.3."
+    assert sglang_param_name(layer + "self_attn.q_proj.weight") == (layer + "self_attn.qkv_proj.weight", 0, 3)
+    assert sglang_param_name(layer + "mlp.up_proj.weight") == (layer + "mlp.gate_up_proj.weight", 1, 2)
+    assert sglang_param_name(layer + "self_attn.q_norm.weight") == (layer + "self_attn.q_norm.weight", 0, 1)
+    assert sglang_param_name("model.language_model.layers.0.mlp.down_proj.weight") == (
+        "model.layers.0.mlp.down_proj.weight", 0, 1)
+    assert sglang_param_name("model.visual.blocks.0.attn.qkv.weight") == ("visual.blocks.0.attn.qkv_proj.weight", 0, 1)
+    q, k, v = (torch.full((r, 4), float(i)) for i, r in enumerate((4, 2, 2)))
+    named = [("m.layers.0.self_attn.v_proj.weight", v), ("m.layers.0.self_attn.q_proj.weight", q),
+             ("m.layers.0.self_attn.k_proj.weight", k)]  # fmt: skip
+    got = sglang_checksums(named, dtype=torch.bfloat16)
+    assert got == {"m.layers.0.self_attn.qkv_proj.weight": tensor_checksum(torch.cat([q, k, v]).to(torch.bfloat16))}
+    with pytest.raises(ValueError, match="parts \\[0, 2\\] of 3"):
+        sglang_checksums(named[:2], dtype=torch.bfloat16)
+
+
+def _push(num_layers=5):
+    """Buckets of a small Qwen3-like push; q/k/v of a layer split over two buckets."""
+    g = torch.Generator().manual_seed(0)
+    buckets = []
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        buckets.append([(p + "self_attn.q_proj.weight", torch.randn(4, 4, generator=g)),
+                        (p + "self_attn.k_proj.weight", torch.randn(2, 4, generator=g))])  # fmt: skip
+        buckets.append([(p + "self_attn.v_proj.weight", torch.randn(2, 4, generator=g)),
+                        (p + "input_layernorm.weight", torch.randn(4, generator=g))])  # fmt: skip
+    return buckets
+
+
+def test_push_checksums_assemble_fused_parts_across_buckets_as_copies():
+    buckets = _push()
+    sample = PushChecksums(100, seed=0, dtype=torch.bfloat16)
+    assert len([b for b in sample.watch(iter(buckets))]) == len(buckets)  # passed through
+    expected = sglang_checksums([t for b in _push() for t in b], dtype=torch.bfloat16)
+    assert sample.checksums == expected and len(expected) == 10 and sample.incomplete == []
+    buckets = _push()
+    again = PushChecksums(100, seed=0, dtype=torch.bfloat16)
+    for bucket in again.watch(iter(buckets)):
+        for _, t in bucket:
+            t.zero_()  # the trainer reuses its buffers once a bucket is sent: the draw holds copies
+    assert again.checksums == expected
+
+
+def test_push_checksums_draw_is_uniform_over_engine_parameters():
     counts = collections.Counter()
     for seed in range(2000):
-        sample = TensorSample(2, seed=seed)
-        list(sample.watch(iter(_buckets())))
-        counts.update(list(sample.tensors))  # the names
-    # Each of 5 tensors is kept with probability 2/5 (reservoir sampling): 800 of 2000, binomial std ~22.
-    assert all(abs(counts[f"t{i}"] - 800) < 110 for i in range(5)), counts
+        sample = PushChecksums(2, seed=seed, dtype=torch.float32)
+        list(sample.watch(iter(_push())))
+        assert len(sample.checksums) == 2 and sample.incomplete == []
+        counts.update(list(sample.checksums))
+    # 10 engine parameters (5 fused qkv, 5 norms), each drawn with probability 2/10: 400 of 2000, std ~18.
+    assert len(counts) == 10 and all(abs(c - 400) < 90 for c in counts.values()), counts
+
+
+def test_push_checksums_count_names_the_engine_does_not_hold():
+    names = {f"model.layers.{i}.self_attn.qkv_proj.weight" for i in range(5)}
+    sample = PushChecksums(3, seed=1, dtype=torch.float32, engine_names=names)
+    list(sample.watch(iter(_push())))
+    assert set(sample.checksums) <= names and len(sample.checksums) == 3
+    assert sample.unmatched == 5 and "input_layernorm" in sample.unmatched_example
 
 
 class FakeEngine:
-    """Answers `get_weights_by_name` from a dict, optionally transformed, or with an HTTP error."""
+    """Answers `/weights_checker` with the given per-rank checksums, or with an HTTP error."""
 
-    def __init__(self, state, transform=lambda t: t, status=None):
-        self.url, self.state, self.transform, self.status = "http://fake:1", state, transform, status
+    def __init__(self, ranks, status=None):
+        self.url, self.ranks, self.status = "http://fake:1", ranks, status
 
-    async def get_weights_by_name(self, name, truncate_size=100):
+    async def request(self, method, route, payload=None, **kw):
+        assert (method, route, payload) == ("POST", "/weights_checker", {"action": "checksum"})
         if self.status is not None:
-            raise EngineError(self.url, "/get_weights_by_name", "Get parameter by name failed", self.status)
-        return self.transform(self.state[name][:truncate_size]).tolist()
+            raise EngineError(self.url, route, "Not Found", self.status)
+        return {"success": True, "message": "Success.", "ranks": [{"checksums": r} for r in self.ranks]}
 
 
-def test_tolerance_accepts_dtype_rounding_and_rejects_real_differences():
-    sent = {"w": torch.randn(8, 16, generator=torch.Generator().manual_seed(0))}
-    bf16 = FakeEngine(sent, lambda t: t.to(torch.bfloat16).float())
-    report = asyncio.run(check_engines([bf16], sent))
-    assert report.checked == 1 and report.mismatches == [] and 0 < report.max_abs_diff < 0.02
-    off = FakeEngine(sent, lambda t: t * 1.01)
-    report = asyncio.run(check_engines([off], sent))
-    assert len(report.mismatches) == 1 and "http://fake:1 w:" in report.mismatches[0]
-    shape = FakeEngine(sent, lambda t: t.T)
-    assert "shape" in asyncio.run(check_engines([shape], sent)).mismatches[0]
-
-
-def test_engine_that_cannot_read_back_is_counted_not_passed():
-    sent = {"w": torch.ones(2, 2)}
-    report = asyncio.run(check_engines([FakeEngine(sent, status=400)], sent))
-    assert (report.checked, report.unsupported, report.mismatches) == (0, 1, [])
+def test_check_engines_compares_and_names_the_difference():
+    want = {"a.qkv_proj.weight": "1" * 16, "a.input_layernorm.weight": "2" * 16}
+    report = asyncio.run(check_engines([FakeEngine([dict(want)])], want))
+    assert (report.checked, report.mismatches) == (2, [])
+    wrong = FakeEngine([{**want, "a.qkv_proj.base_layer.weight": "3" * 16}])  # LoRA wrapper names: stripped
+    del wrong.ranks[0]["a.qkv_proj.weight"]
+    report = asyncio.run(check_engines([wrong], want))
+    assert report.checked == 2 and report.mismatches == [
+        f"http://fake:1 a.qkv_proj.weight: engine checksum {'3' * 16} (TP rank 0), trainer pushed {'1' * 16}"]
+    tp2 = FakeEngine([dict(want), {**want, "a.qkv_proj.weight": "9" * 16}])  # shards differ per rank
+    report = asyncio.run(check_engines([tp2], want))
+    assert (report.checked, report.sharded, report.mismatches) == (1, 1, [])  # the norm, replicated, compared
+    report = asyncio.run(check_engines([FakeEngine([], status=404)], want))
+    assert (report.checked, report.unsupported) == (0, 1)
     with pytest.raises(EngineError):
-        asyncio.run(check_engines([FakeEngine(sent, status=500)], sent))  # a broken engine is not "unsupported"
+        asyncio.run(check_engines([FakeEngine([], status=500)], want))  # a broken engine is not "unsupported"
+
+
+def test_engine_weight_dtype_follows_each_engines_rules(tmp_path):
+    from slime_core.config import SlimeArgs
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "torch_dtype": "float32"}')
+    base = {"rollout_batch_size": 1, "num_rollout": 1, "hf_checkpoint": str(tmp_path)}
+    cfg = lambda **kw: SlimeArgs.from_dict({**base, **kw})  # noqa: E731
+    assert engine_weight_dtype(cfg(rollout_engine="sglang")) == torch.float16  # SGLang's auto: fp32 → fp16
+    assert engine_weight_dtype(cfg(rollout_engine="sglang", sglang_args={"dtype": "bfloat16"})) == torch.bfloat16
+    assert engine_weight_dtype(cfg(rollout_engine="reference")) == torch.float32
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "dtype": "bfloat16"}')
+    assert engine_weight_dtype(cfg(rollout_engine="sglang")) == torch.bfloat16
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +155,19 @@ def hf_state(tiny_qwen3_dir):
     return {k: v.clone() for k, v in model.state_dict().items()}, model.config
 
 
-def _read_back(url, tensors):
+async def _ranks(url):
+    engine = EngineClient(url, timeout=60)
+    try:
+        return await engine_checksums(engine)
+    finally:
+        await engine.aclose()
+
+
+def _check(url, checksums):
     async def go():
         engine = EngineClient(url, timeout=60)
         try:
-            return await check_engines([engine], tensors)
+            return await check_engines([engine], checksums)
         finally:
             await engine.aclose()
 
@@ -106,15 +186,20 @@ def test_reference_engine_reads_back_pushed_tensors(reference_engine, hf_state, 
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
     updater = TensorWeightUpdater(cfg, RolloutClient([url]), load_format=None)
     try:
-        sample = TensorSample(len(new), seed=1)  # k = all tensors: every one is read back
-        updater.update(sample.watch(iter([list(new.items())])), "7")
-        report = _read_back(url, sample.tensors)
-        assert report.checked == len(sample.tensors) and report.mismatches == [] and report.max_abs_diff == 0.0
+        engine_names = set().union(*asyncio.run(_ranks(url)))
+        assert "model.layers.0.self_attn.qkv_proj.weight" in engine_names and "lm_head.weight" not in engine_names
+        sample = PushChecksums(len(engine_names), seed=1, dtype=torch.float32, engine_names=engine_names)
+        updater.update(sample.watch(iter([list(new.items())])), "7")  # k = all: every parameter is compared
+        report = _check(url, sample.checksums)
+        assert report.checked == len(engine_names) and report.mismatches == [] and sample.unmatched == 0
         # The engine missed an update: it still holds `new`, the trainer believes it pushed `original`.
-        stale = TensorSample(3, seed=2)
+        stale = PushChecksums(3, seed=2, dtype=torch.float32, engine_names=engine_names)
         list(stale.watch(iter([[(k, v) for k, v in original.items() if k in new]])))
-        report = _read_back(url, stale.tensors)
+        report = _check(url, stale.checksums)
         assert len(report.mismatches) == 3 and all(url in m for m in report.mismatches)
+        # A LoRA run compares the base the engine serves with the checkpoint (here: the engine holds `new`).
+        base = PushChecksums.from_checkpoint(tiny_qwen3_dir, 2, seed=0, dtype=torch.float32, engine_names=engine_names)
+        assert len(base.checksums) == 2 and len(_check(url, base.checksums).mismatches) == 2
         # Unknown names are HTTP 400 as in SGLang; a tied lm_head reads the embedding.
         with pytest.raises(EngineError, match="400"):
             asyncio.run(EngineClient(url).get_weights_by_name("nope"))
@@ -126,3 +211,5 @@ def test_reference_engine_reads_back_pushed_tensors(reference_engine, hf_state, 
             "update_weights_from_disk", model_path=str(tiny_qwen3_dir), weight_version="default"
         )
         asyncio.run(restore)
+    base = PushChecksums.from_checkpoint(tiny_qwen3_dir, 2, seed=0, dtype=torch.float32, engine_names=engine_names)
+    assert _check(url, base.checksums).checked == 2 and _check(url, base.checksums).mismatches == []

@@ -101,8 +101,9 @@ class SyncChecker:
     """Rank 0's weight-content check (`slime_rollout.weight_check`): on the first sync and every N after it.
 
     Args:
-        cfg: reads `check_weight_sync_interval` (N; 0: the first sync only), `check_weight_sync_tensors`, `seed`.
-        engine_urls: the engines to read back from.
+        cfg: reads `check_weight_sync_interval` (N; 0: the first sync only), `check_weight_sync_tensors`, `seed`,
+            and what `slime_rollout.weight_check.engine_weight_dtype` reads.
+        engine_urls: the engines to check.
     """
 
     def __init__(self, cfg: SlimeArgs, engine_urls: list[str]):
@@ -110,37 +111,61 @@ class SyncChecker:
         self.engine_urls = list(engine_urls)
         self.num_syncs = 0
 
+    def _engines(self) -> list[Any]:
+        from slime_rollout.client import EngineClient
+
+        return [EngineClient(url, timeout=120.0) for url in self.engine_urls]
+
     def start(self) -> Any:
-        """Counts a sync; returns a `TensorSample` to watch its buckets with when this sync is checked, else None."""
-        from slime_rollout.weight_check import TensorSample
+        """Counts a sync; returns a `PushChecksums` to watch its buckets with when this sync is checked, else None.
+
+        The first engine's parameter names are read before the push, so that only tensors it holds are drawn.
+        """
+        from slime_rollout.weight_check import PushChecksums, engine_checksums, engine_weight_dtype
+        from slime_rollout.weight_sync import run_sync
 
         index, self.num_syncs = self.num_syncs, self.num_syncs + 1
         interval = self.cfg.check_weight_sync_interval
         if index != 0 and not (interval and index % interval == 0):
             return None
-        return TensorSample(self.cfg.check_weight_sync_tensors, seed=self.cfg.seed + index)
+
+        async def names():
+            engine = self._engines()[0]
+            try:
+                ranks = await engine_checksums(engine)
+            finally:
+                await engine.aclose()
+            return None if ranks is None else set().union(*ranks)
+
+        k, seed, dtype = self.cfg.check_weight_sync_tensors, self.cfg.seed + index, engine_weight_dtype(self.cfg)
+        if self.cfg.lora_rank:
+            # A LoRA push holds the adapter, which the engine loads from files: compare the base it serves instead.
+            return PushChecksums.from_checkpoint(
+                self.cfg.hf_checkpoint, k, seed=seed, dtype=dtype, engine_names=run_sync(names())
+            )
+        return PushChecksums(k, seed=seed, dtype=dtype, engine_names=run_sync(names()))
 
     def finish(self, sample: Any, weight_version: int) -> dict[str, float]:
-        """Reads the sampled tensors back from every engine; returns `weight_check/*` and `perf/weight_check_time`.
+        """Compares every engine's checksums with the pushed ones; returns `weight_check/*` and its time.
 
         Raises:
             slime_rollout.weight_check.WeightSyncMismatch: an engine holds other values (names engine and tensor).
+            slime_rollout.weight_check.WeightCheckEmpty: no tensor could be compared (the check would prove nothing).
         """
-        from slime_rollout.client import EngineClient
-        from slime_rollout.weight_check import WeightSyncMismatch, check_engines
+        from slime_rollout.weight_check import WeightCheckEmpty, WeightSyncMismatch, check_engines
         from slime_rollout.weight_sync import run_sync
 
         t0 = time.perf_counter()
 
-        async def read_back():
-            engines = [EngineClient(url, timeout=60.0) for url in self.engine_urls]
+        async def compare():
+            engines = self._engines()
             try:
-                return await check_engines(engines, sample.tensors)
+                return await check_engines(engines, sample.checksums)
             finally:
                 for engine in engines:
                     await engine.aclose()
 
-        report = run_sync(read_back())
+        report = run_sync(compare())
         seconds = time.perf_counter() - t0
         if report.mismatches:
             more = f" (+{len(report.mismatches) - 1} more)" if len(report.mismatches) > 1 else ""
@@ -148,9 +173,17 @@ class SyncChecker:
                 f"weight sync v{weight_version}: the engine does not hold the pushed weights: {report.mismatches[0]}"
                 f"{more} (--check-weight-sync)"
             )
+        if report.checked == 0:
+            raise WeightCheckEmpty(
+                f"weight sync v{weight_version}: the weight check compared no tensor on {len(self.engine_urls)} "
+                f"engine(s): {report.unsupported} without /weights_checker, {sample.unmatched} pushed tensor(s) the "
+                f"engine does not hold under SGLang's names (e.g. {sample.unmatched_example or '-'}), "
+                f"{report.sharded} sharded, {report.missing} not listed, incomplete {sample.incomplete}; "
+                "pass --no-check-weight-sync to run unchecked"
+            )
         logger.info(
-            "weight check v%s: %d tensor reads equal on %d engine(s) (max |diff| %.2g, %d unsupported) in %.2f s",
-            weight_version, report.checked, len(self.engine_urls), report.max_abs_diff, report.unsupported, seconds,
+            "weight check v%s: %d tensor checksums equal on %d engine(s) (%d sharded, %d unmatched names) in %.2f s",
+            weight_version, report.checked, len(self.engine_urls), report.sharded, sample.unmatched, seconds,
         )  # fmt: skip
         return {**report.metrics(), "perf/weight_check_time": seconds}
 
@@ -158,11 +191,6 @@ class SyncChecker:
 def make_sync_checker(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) -> SyncChecker | None:
     """Rank 0's `SyncChecker` with `--check-weight-sync` and engines to check; None otherwise."""
     if rank != 0 or not engine_urls or not cfg.check_weight_sync:
-        return None
-    if cfg.lora_rank:
-        # /get_weights_by_name reads base parameters; a LoRA sync pushes only the adapter (loaded as files, and
-        # checked on the first step by the log-prob gate).
-        logger.info("--check-weight-sync: not applicable to --lora-rank (the engines load the adapter from files)")
         return None
     return SyncChecker(cfg, engine_urls)
 

@@ -12,7 +12,11 @@ Two ways in, as in `slime_core.config.opd`:
 * built in (`score_teacher`, no `--custom-reward-post-process-path`): after the rollout's rewards, every
   scored sample gets `teacher_log_probs` from `--rm-url`; the task reward (`--rm-type` / `--custom-rm-path`)
   stays, or is 0 when none is configured (pure distillation). Only the response span is requested
-  (`logprob_start_len` = prompt length), so the teacher computes no prompt log-probs.
+  (`logprob_start_len` = prompt length - 1), so the teacher computes almost no prompt log-probs.
+
+SGLang's reply has one `input_token_logprobs` entry per position from `logprob_start_len` on, and the entry of
+that first position is always `None` (SGLang drops the log-prob computed for it, whatever the start), so the
+request starts one position before the response: every response token then has a number.
 * the original's plugins, for unchanged launch scripts: `--custom-rm-path
   slime.rollout.on_policy_distillation.reward_func` (the teacher reply as the "reward") and
   `--custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards` (teacher
@@ -73,7 +77,7 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
 
     Args:
         reply: the engine's JSON reply (`meta_info.input_token_logprobs`: `[[logprob, token_id, ...], ...]` for
-            positions `logprob_start_len..`, the entry of position 0 being None).
+            positions `logprob_start_len..`; SGLang's entry of position `logprob_start_len` is always None).
         sample: the scored sample.
         logprob_start_len: what the request asked for.
 
@@ -81,7 +85,8 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
         `[response_length]` floats.
 
     Raises:
-        ValueError: the reply has no input log-probs, too few of them, or scores other tokens than the response.
+        ValueError: the reply has no input log-probs, too few of them, scores other tokens than the response, or
+            has no number (None) for a response token (`logprob_start_len` not before the response).
     """
     entries = (reply.get("meta_info") or {}).get("input_token_logprobs")
     if entries is None:
@@ -96,12 +101,19 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
     ids = [int(e[1]) for e in tail]
     if ids != sample.response_tokens:
         raise ValueError(f"sample {sample.index}: the teacher scored other tokens than the response ({ids[:8]}...)")
+    missing = [i for i, e in enumerate(tail) if e[0] is None]
+    if missing:
+        raise ValueError(
+            f"sample {sample.index}: the teacher's log-prob of response token {missing[0]} is None (SGLang returns "
+            f"None for position logprob_start_len={logprob_start_len}; request from before the response)"
+        )
     return [float(e[0]) for e in tail]
 
 
 async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
     endpoint, route = _endpoint(args.rm_url)
-    start = sample.prompt_length
+    # One position before the response: SGLang's entry at logprob_start_len itself is always None.
+    start = max(sample.prompt_length - 1, 0)
     async with semaphore:
         reply = await endpoint.request("POST", route, teacher_payload(args, sample, logprob_start_len=start))
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)

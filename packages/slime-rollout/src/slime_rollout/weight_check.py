@@ -1,93 +1,213 @@
-"""Weight-sync content check: after a push, read a sample of tensors back from the engines and compare.
+"""Weight-sync content check: after a push, every engine's checksums of what it holds vs the trainer's of what it sent.
 
 A version string says an update arrived, not that the engine holds the right numbers: a name mapped to the
 wrong parameter, a transposed or mis-sharded tensor, an update the engine dropped, or a loader that skipped a
-tensor all pass the version check and silently train the policy against a different sampler. Here a few
-tensors of the push are kept (their first rows, `TensorSample`) while the buckets stream past, and after the
-push every engine is asked for the same rows with SGLang's `/get_weights_by_name` (`{"name", "truncate_size"}`
-→ the first `truncate_size` entries along dim 0 as float32 lists; the reference engine serves the same).
+tensor all pass the version check and silently train the policy against a different sampler.
 
-Which tensors: a uniform sample of the push (reservoir sampling, one pass, `k` slots), seeded by the sync
-index so that successive checks cover different tensors. Tolerance: the engine may store another dtype than the
-one sent (bf16 weights of an fp32 push), whose rounding error is at most 2^-9 relative; a value counts as equal
-within `atol + rtol·|sent|` with `rtol = 2^-7`. Wrong tensors differ by far more; a one-step-stale tensor
-(lr-sized differences) is below that resolution, which the version check and the first-step log-prob gate
-cover.
+How: SGLang's `POST /weights_checker {"action": "checksum"}` answers a checksum of every parameter it holds, under
+its own names (fused `qkv_proj` / `gate_up_proj`; the reference engine answers the same). While the buckets of a
+push stream past, `PushChecksums` draws `k` of the engine's parameters (reservoir sampling over the engine names
+the push touches, seeded by the sync index so that successive checks cover different tensors), assembles their
+parts and computes the same checksum (`slime_rollout.weight_checksum`) of the bytes the engine should now hold
+(cast to its dtype). `check_engines` then asks every engine and compares: equal bytes or a mismatch, no tolerance.
 
-SGLang implements `get_weights_by_name` per model class (Llama-family models do; others answer HTTP 400):
-such a tensor is counted as `unsupported` and logged once, never taken for a pass.
+SGLang's `/get_weights_by_name` is not used: it is implemented per model class, and not for Qwen3 (HTTP 400 for
+every name in 0.5.16). A check that compares nothing is not a pass: the caller stops the run (`WeightCheckEmpty`).
+
+Tensor parallelism: an engine with TP > 1 answers one checksum set per rank over its shards; only parameters that
+every rank holds whole (norms) are compared there, the sharded ones are counted (`sharded`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import pathlib
 import random
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from slime_rollout.transport import EngineError
+from slime_rollout.weight_checksum import sglang_param_name, strip_wrappers, tensor_checksum
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ATOL", "RTOL", "TRUNCATE_ROWS", "TensorSample", "WeightCheckReport", "WeightSyncMismatch", "check_engines"]
-
-# Rows (entries along dim 0) read back per tensor: small enough for one HTTP reply of a wide layer.
-TRUNCATE_ROWS = 8
-RTOL = 2.0**-7
-ATOL = 1e-6
+__all__ = [
+    "engine_weight_dtype",
+    "PushChecksums",
+    "WeightCheckEmpty",
+    "WeightCheckReport",
+    "WeightSyncMismatch",
+    "check_engines",
+    "engine_checksums",
+]
 
 Bucket = list[tuple[str, torch.Tensor]]
+# Parameters every TP rank holds whole (SGLang replicates norms): comparable on a TP > 1 engine.
+_REPLICATED = ("norm.weight", "layernorm.weight", "norm.bias")
 
 
 class WeightSyncMismatch(RuntimeError):
-    """An engine holds other values than the trainer pushed; the message names engine, tensor and difference."""
+    """An engine holds other values than the trainer pushed; the message names engine, tensor and checksums."""
 
 
-class TensorSample:
-    """Keeps the first rows of `k` tensors drawn uniformly from a stream of buckets (reservoir sampling).
+class WeightCheckEmpty(RuntimeError):
+    """A weight check compared no tensor (no checksum endpoint, or no pushed name the engine holds)."""
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32,
+           "float": torch.float32}  # fmt: skip
+
+
+def engine_weight_dtype(cfg: SlimeArgs) -> torch.dtype:
+    """The dtype the run's engines hold their weights in (what a pushed tensor is cast to before hashing).
+
+    The reference engine: its `--sglang-dtype` (float32 by default; "auto": the checkpoint's). SGLang:
+    `--sglang-dtype`, else "auto", which SGLang resolves from the checkpoint's config
+    (`configs/model_config.py:_get_and_verify_dtype`): the config's dtype, except float32 → float16 (bfloat16 for
+    Gemma).
+
+    Raises:
+        ValueError: a dtype name neither engine knows.
+    """
+    extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
+    reference = cfg.rollout_engine == "reference"
+    name = str(extra.get("dtype", "float32" if reference else "auto")).lower()
+    if name == "auto":
+        config_file = pathlib.Path(str(cfg.hf_checkpoint)) / "config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        name = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+        if name == "float32" and not reference:  # the reference engine's "auto" is transformers' (as stored)
+            name = "bfloat16" if str(config.get("model_type", "")).startswith("gemma") else "float16"
+    if name not in _DTYPES:
+        raise ValueError(f"--sglang-dtype {name!r}: not one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _wrapper_free(checksums: dict[str, str]) -> dict[str, str]:
+    return {strip_wrappers(name): value for name, value in checksums.items()}
+
+
+class PushChecksums:
+    """Checksums of `k` engine parameters drawn from a push, computed as the buckets stream past.
 
     Args:
-        k: how many tensors to keep.
+        k: engine parameters to draw (`--check-weight-sync-tensors`).
         seed: seeds the draw (the sync index, so successive checks see different tensors).
-        rows: rows (entries along dim 0) kept per tensor, as `/get_weights_by_name`'s `truncate_size`.
+        dtype: the dtype the engine holds its weights in (the pushed tensors are cast to it before hashing).
+        engine_names: the parameter names the engine holds (from `engine_checksums` before the push); a pushed
+            tensor whose SGLang name is not among them is counted in `unmatched`, not drawn. None: no filter.
 
-    Example:
-        >>> sample = TensorSample(k=2, seed=0)
-        >>> buckets = [[("a", torch.ones(3)), ("b", torch.zeros(2, 2))], [("c", torch.arange(4.0))]]
-        >>> len(list(sample.watch(iter(buckets)))), sorted(sample.tensors)  # doctest: +SKIP
-        (2, ['a', 'c'])
+    Attributes:
+        checksums: `{SGLang name: 16 hex digits}` of the drawn parameters whose parts all arrived.
+        unmatched: pushed tensors the engine does not hold under SGLang's name (one example in `unmatched_example`).
+        incomplete: drawn fused parameters with parts missing from the push.
     """
 
-    def __init__(self, k: int, *, seed: int, rows: int = TRUNCATE_ROWS):
-        self.k, self.rows = k, rows
+    def __init__(self, k: int, *, seed: int, dtype: torch.dtype, engine_names: Iterable[str] | None = None) -> None:
+        self.k, self.dtype = k, dtype
+        self.engine_names = None if engine_names is None else {strip_wrappers(n) for n in engine_names}
         self._rng = random.Random(seed)
-        self._seen = 0
-        self.tensors: dict[str, torch.Tensor] = {}
+        self._seen: set[str] = set()
+        self._drawn: dict[str, dict[int, torch.Tensor]] = {}  # engine name → parts held so far
+        self._num_parts: dict[str, int] = {}
+        self.checksums: dict[str, str] = {}
+        self.unmatched = 0
+        self.unmatched_example = ""
+        self._frozen = False
 
-    def _offer(self, name: str, tensor: torch.Tensor) -> None:
-        if tensor.dim() == 0:
-            return  # no rows to read back
-        self._seen += 1
-        if len(self.tensors) < self.k:
-            slot = None
-        else:
-            j = self._rng.randrange(self._seen)
-            if j >= self.k:
-                return
-            slot = list(self.tensors)[j]
-        if slot is not None:
-            del self.tensors[slot]
-        # float32 on CPU: what the engine answers; a copy, since buckets are freed after sending.
-        self.tensors[name] = tensor.detach()[: self.rows].to("cpu", torch.float32, copy=True)
+    def _offer(self, hf_name: str, tensor: torch.Tensor) -> None:
+        name, index, count = sglang_param_name(hf_name)
+        if self.engine_names is not None and name not in self.engine_names:
+            self.unmatched += 1
+            self.unmatched_example = self.unmatched_example or f"{hf_name} (as {name})"
+            return
+        if name not in self._seen:  # the draw happens at a parameter's first part (reservoir sampling)
+            self._seen.add(name)
+            if len(self._drawn) + len(self.checksums) < self.k:
+                self._drawn[name] = {}
+            else:
+                j = self._rng.randrange(len(self._seen))
+                if j >= self.k:
+                    return
+                victim = sorted([*self._drawn, *self.checksums])[j]
+                self._drawn.pop(victim, None)
+                self.checksums.pop(victim, None)
+                self._drawn[name] = {}
+            self._num_parts[name] = count
+        parts = self._drawn.get(name)
+        if parts is None:
+            return
+        # A copy in the engine's dtype: the trainer may reuse the bucket's memory after sending it.
+        parts[index] = tensor.detach().to(self.dtype, copy=True).reshape(-1)
+        if len(parts) == count:
+            del self._drawn[name]
+            self.checksums[name] = tensor_checksum(torch.cat([parts[i] for i in range(count)]))
+
+    @property
+    def incomplete(self) -> list[str]:
+        """Drawn fused parameters whose parts did not all arrive (a push that skipped a part)."""
+        return sorted(self._drawn)
+
+    @classmethod
+    def from_checkpoint(
+        cls, hf_dir: str | pathlib.Path, k: int, *, seed: int, dtype: torch.dtype, engine_names: Iterable[str] | None
+    ) -> PushChecksums:
+        """Checksums of `k` engine parameters drawn from an HF checkpoint's safetensors (read: only those drawn).
+
+        For a LoRA run, whose pushes hold the adapter only: the engine's base weights are compared with the
+        checkpoint the trainer loaded its base from. `watch` then passes the buckets through untouched.
+
+        Raises:
+            FileNotFoundError: no `*.safetensors` in `hf_dir`.
+        """
+        from safetensors import safe_open
+
+        files = sorted(pathlib.Path(hf_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{hf_dir}: no *.safetensors to compare the engine's base weights with")
+        self = cls(k, seed=seed, dtype=dtype, engine_names=engine_names)
+        self._frozen = True
+        where: dict[str, pathlib.Path] = {}
+        groups: dict[str, dict[int, str]] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is no mapping
+                    name, index, count = sglang_param_name(key)
+                    if self.engine_names is not None and name not in self.engine_names:
+                        self.unmatched += 1
+                        self.unmatched_example = self.unmatched_example or f"{key} (as {name})"
+                        continue
+                    groups.setdefault(name, {})[index] = key
+                    self._num_parts[name] = count
+                    where[key] = file
+        for name in self._rng.sample(sorted(groups), min(k, len(groups))):
+            if len(groups[name]) != self._num_parts[name]:
+                self._drawn[name] = {}  # reported as incomplete
+                continue
+            parts = []
+            for index in range(self._num_parts[name]):
+                key = groups[name][index]
+                with safe_open(str(where[key]), framework="pt") as f:
+                    parts.append(f.get_tensor(key).to(dtype).reshape(-1))
+            self.checksums[name] = tensor_checksum(torch.cat(parts))
+        return self
 
     def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:
-        """Yields the buckets unchanged, sampling their tensors on the way."""
+        """Yields the buckets unchanged, hashing the drawn parameters on the way (not when `from_checkpoint`)."""
+        if self._frozen:
+            yield from buckets
+            return
         for bucket in buckets:
             for name, tensor in bucket:
-                self._offer(name, tensor)
+                if tensor.dim() > 0:
+                    self._offer(name, tensor)
             yield bucket
 
 
@@ -97,69 +217,82 @@ class WeightCheckReport:
 
     Attributes:
         checked: (engine, tensor) pairs compared.
-        unsupported: pairs the engine could not read back (its model class lacks `get_weights_by_name`).
-        mismatches: one line per (engine, tensor) pair outside tolerance.
-        max_abs_diff: largest |engine - trainer| over the compared values.
+        unsupported: engines without a checksum endpoint (`/weights_checker` answered 400/404).
+        sharded: (engine, tensor) pairs not compared because a TP > 1 engine holds the tensor in shards.
+        missing: (engine, tensor) pairs the engine did not list at all.
+        mismatches: one line per (engine, tensor) pair whose checksums differ.
     """
 
     checked: int = 0
     unsupported: int = 0
+    sharded: int = 0
+    missing: int = 0
     mismatches: list[str] = dataclasses.field(default_factory=list)
-    max_abs_diff: float = 0.0
 
     def metrics(self) -> dict[str, float]:
         """`weight_check/*` metrics of the report."""
         return {
             "weight_check/tensors_checked": float(self.checked),
             "weight_check/tensors_unsupported": float(self.unsupported),
+            "weight_check/tensors_sharded": float(self.sharded),
             "weight_check/mismatches": float(len(self.mismatches)),
-            "weight_check/max_abs_diff": self.max_abs_diff,
         }
 
 
-def _compare(url: str, name: str, sent: torch.Tensor, answer: Any, report: WeightCheckReport) -> None:
-    got = torch.tensor(answer, dtype=torch.float32)
-    if tuple(got.shape) != tuple(sent.shape):
-        report.mismatches.append(
-            f"{url} {name}: engine rows have shape {tuple(got.shape)}, trainer pushed {tuple(sent.shape)}"
-        )
-        return
-    diff = (got - sent).abs()
-    worst = float(diff.max()) if diff.numel() else 0.0
-    report.max_abs_diff = max(report.max_abs_diff, worst)
-    bad = diff > ATOL + RTOL * sent.abs()
-    if bool(bad.any()):
-        where = tuple(int(i) for i in torch.nonzero(bad)[0])
-        report.mismatches.append(
-            f"{url} {name}: {int(bad.sum())} of {bad.numel()} values differ (first at {where}: engine "
-            f"{float(got[where]):.6g}, trainer {float(sent[where]):.6g}; max |diff| {worst:.3g})"
-        )
-
-
-async def check_engines(engines: Iterable[Any], tensors: dict[str, torch.Tensor]) -> WeightCheckReport:
-    """Reads `tensors`' rows back from every engine and compares them with what was pushed.
+async def engine_checksums(engine: Any) -> list[dict[str, str]] | None:
+    """One engine's checksums, one dict per TP rank (`/weights_checker {"action": "checksum"}`).
 
     Args:
-        engines: `slime_rollout.client.EngineClient`s (anything with `url` and `get_weights_by_name`).
-        tensors: name → first rows as pushed (float32, CPU), e.g. `TensorSample.tensors`.
+        engine: a `slime_rollout.client.EngineClient` (anything with `url` and `request`).
+
+    Returns:
+        `[{SGLang name: 16 hex digits}, ...]`, wrapper-free names (`strip_wrappers`); None when the engine has no
+        checksum endpoint (HTTP 400 or 404: SGLang before 0.5.16, or a server without it).
+
+    Raises:
+        EngineError: the engine failed in another way.
+    """
+    try:
+        reply = await engine.request("POST", "/weights_checker", {"action": "checksum"})
+    except EngineError as exc:
+        if exc.status_code in (400, 404):
+            logger.warning("weight check: %s has no checksum endpoint (%s)", engine.url, exc)
+            return None
+        raise
+    return [_wrapper_free(rank["checksums"]) for rank in reply.get("ranks") or []]
+
+
+async def check_engines(engines: Iterable[Any], expected: dict[str, str]) -> WeightCheckReport:
+    """Compares every engine's checksums with the trainer's for the drawn parameters.
+
+    Args:
+        engines: `slime_rollout.client.EngineClient`s.
+        expected: `{SGLang name: checksum}` of what was pushed (`PushChecksums.checksums`).
 
     Returns:
         The report (mismatches are listed, not raised: the caller decides).
 
     Raises:
-        EngineError: an engine failed in another way than refusing the read-back (HTTP 400).
+        EngineError: an engine failed in another way than lacking the endpoint.
     """
     report = WeightCheckReport()
     for engine in engines:
-        for name, sent in tensors.items():
-            try:
-                answer = await engine.get_weights_by_name(name, truncate_size=int(sent.shape[0]))
-            except EngineError as exc:
-                if exc.status_code != 400:
-                    raise
-                report.unsupported += 1
-                logger.warning("weight check: %s cannot read back %s (%s); not compared", engine.url, name, exc)
+        ranks = await engine_checksums(engine)
+        if ranks is None:
+            report.unsupported += 1
+            continue
+        for name, want in expected.items():
+            if len(ranks) > 1 and not name.endswith(_REPLICATED):
+                report.sharded += 1
+                continue
+            got = [rank.get(name) for rank in ranks]
+            if any(g is None for g in got):
+                report.missing += 1
                 continue
             report.checked += 1
-            _compare(engine.url, name, sent, answer, report)
+            bad = [i for i, g in enumerate(got) if g != want]
+            if bad:
+                report.mismatches.append(
+                    f"{engine.url} {name}: engine checksum {got[bad[0]]} (TP rank {bad[0]}), trainer pushed {want}"
+                )
     return report

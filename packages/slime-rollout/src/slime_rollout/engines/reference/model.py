@@ -39,6 +39,7 @@ from slime_rollout.engines.reference.sampling import (
     trim_stop,
 )
 from slime_rollout.engines.reference.vision import VisionInputs, VisionPreprocessor, mrope_positions
+from slime_rollout.weight_checksum import sglang_checksums
 
 __all__ = ["GenRequest", "ReferenceModel"]
 
@@ -62,8 +63,8 @@ class GenRequest:
         output_logprobs: `[R]` natural-log probabilities of `output_ids` (see `sample_next_token`).
         finish_reason: SGLang's dict (`{"type": "stop"|"length"|"abort", ...}`) once finished, else None.
         logprob_start_len: first prompt position whose log-prob is returned (-1: none, SGLang's default).
-        input_logprobs: `[P - start]` log-probs of the prompt tokens from `logprob_start_len` on (None for
-            position 0, which has no context), filled when `logprob_start_len >= 0`.
+        input_logprobs: `[P - start]` log-probs of the prompt tokens from `logprob_start_len` on, the first entry
+            None (as SGLang's), filled when `logprob_start_len >= 0`.
         aborted: set by /abort_request; the decode loop finishes the request with type "abort".
         created: `time.monotonic()` at arrival (for `e2e_latency`).
         vision: the prompt's vision tensors (requests with `image_data`), else None.
@@ -345,7 +346,10 @@ class ReferenceModel:
                 logits_PV = logits_PV / r.params.temperature
             targets = torch.tensor(r.input_ids[1:], dtype=torch.long, device=logits_PV.device)
             lps = torch.log_softmax(logits_PV, dim=-1).gather(-1, targets[:, None])[:, 0].tolist()
-            r.input_logprobs = ([None] + lps)[r.logprob_start_len :]
+            # As SGLang: one entry per position from logprob_start_len on, and that first entry is always None
+            # (SGLang drops the value computed for it, whatever the start).
+            by_position = [None] + lps  # by_position[p]: log-prob of prompt token p
+            r.input_logprobs = [None] + by_position[r.logprob_start_len + 1 :]
 
     def _step(self, r: GenRequest, logits_V: torch.Tensor) -> None:
         """Samples one token for `r` and decides whether it finished."""
@@ -414,6 +418,18 @@ class ReferenceModel:
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
                 n += 1
         return n
+
+    def weight_checksums(self) -> dict[str, str]:
+        """SGLang's `/weights_checker` checksums of the weights held (`slime_rollout.weight_checksum`).
+
+        Names as SGLang's (fused `qkv_proj` / `gate_up_proj`); a tied `lm_head.weight` is the embedding and, as in
+        SGLang's Qwen3, not listed; non-persistent buffers (rotary tables) are not weights.
+        """
+        state = self.model.state_dict()
+        if getattr(self.model.config.get_text_config(), "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        with self.lock:
+            return sglang_checksums(((k, v.detach()) for k, v in state.items()), dtype=self.model.dtype)
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -333,6 +334,25 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         except KeyError as exc:
             return error(f"Get parameter by name failed: {exc}")
         return JSONResponse(values)
+
+    @app.api_route("/weights_checker", methods=["GET", "POST"])
+    async def weights_checker(request: Request):
+        # SGLang's CheckWeightsReqInput {"action": "checksum"} → one ChecksumInfo per TP rank (one here).
+        body = await _json_or_empty(request)
+        action = body.get("action", "checksum")
+        if action != "checksum":
+            return JSONResponse({"success": False, "message": f"Unsupported action={action!r}"}, status_code=400)
+        checksums = await asyncio.to_thread(model.weight_checksums)
+        per_gpu = hashlib.sha256()
+        for name in sorted(checksums):
+            per_gpu.update(name.encode())
+            per_gpu.update(checksums[name].encode())
+        info = dict.fromkeys(("tp_rank", "dp_rank", "pp_rank", "rank"), 0) | dict.fromkeys(
+            ("tp_size", "dp_size", "pp_size", "size"), 1
+        )
+        rank = {"checksums": checksums, "per_gpu_checksum": per_gpu.hexdigest(), "parallelism_info": info}
+        per_engine = hashlib.sha256(rank["per_gpu_checksum"].encode()).hexdigest()
+        return {"success": True, "message": "Success.", "ranks": [rank], "per_engine_checksum": per_engine}
 
     @app.get("/get_weight_version")
     async def get_weight_version():
