@@ -69,6 +69,9 @@ def summarize(scalars: dict[str, dict[int, float]], *, rollout_batch_size: int, 
     gap = scalars.get("train/train_rollout_logprob_abs_diff", {})
     if gap:
         out["first_step_logprob_abs_diff"] = gap[min(gap)]
+    # The weight-content check (issue 25): engine tensors actually compared, over every checked sync.
+    checked = scalars.get("weight_check/tensors_checked", {})
+    out["weight_check_tensors_checked"] = int(sum(checked.values())) if checked else 0
     for tag in CURVES:
         values = scalars.get(tag, {})
         if values:
