@@ -55,7 +55,8 @@ def write_lora_adapter(model_dir: pathlib.Path, out: pathlib.Path, rank: int = 8
             tensors.append((f"{name}.lora_A.weight", 0.02 * torch.randn(rank, fan_in, generator=g)))
             tensors.append((f"{name}.lora_B.weight", 0.02 * torch.randn(fan_out, rank, generator=g)))
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "hf_checkpoint": str(model_dir),
-                               "train_backend": "fsdp", "lora_rank": rank, "lora_alpha": 2.0 * rank, "lora_target_modules": LORA_TARGETS,
+                               "train_backend": "fsdp", "lora_rank": rank, "lora_alpha": 2.0 * rank,
+                               "lora_target_modules": LORA_TARGETS,
                                "update_weight_disk_dir": str(out.parent)})  # fmt: skip
     write_adapter(cfg, [tensors], out)
     return out
