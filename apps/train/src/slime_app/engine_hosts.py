@@ -36,6 +36,9 @@ STARTUP_TIMEOUT_S = 600.0  # one engine's health wait (SGLang loads large checkp
 ALIVE_TIMEOUT_S = 10.0  # a host that does not say whether its engine runs: unknown, the HTTP check decides
 SHUTDOWN_TIMEOUT_S = 60.0
 PORT_STRIDE = 10  # engine i probes ports from base + i * stride: hosts on one machine rarely race for a port
+# First engine port probed. Several runs started at once on one machine race for the same free port (an engine
+# binds it only after loading its model): give each its own range with SLIME_ENGINE_BASE_PORT.
+BASE_PORT_ENV = "SLIME_ENGINE_BASE_PORT"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,7 +166,7 @@ class HostedEngines:
             )
         else:
             strategy = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-        base_port = 15000 + site.index * PORT_STRIDE
+        base_port = int(os.environ.get(BASE_PORT_ENV, "15000")) + site.index * PORT_STRIDE
         return _RemoteEngineHost.options(scheduling_strategy=strategy).remote(
             self.cfg, site, log_dir=self.log_dir, base_port=base_port
         )
