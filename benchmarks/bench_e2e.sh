@@ -37,6 +37,11 @@ if [[ "$DISAGG" == 1 ]]; then
   PLACEMENT=(--rollout-num-gpus 1 --rollout-num-gpus-per-engine 1)  # weight sync: NCCL (auto on GPUs)
   MEM_FRACTION=0.7
 fi
+MEM_FRACTION="${ENGINE_MEM_FRACTION:-$MEM_FRACTION}"
+# ENGINE_MAX_TOTAL_TOKENS caps the engine's KV cache (with ENGINE_MEM_FRACTION=0.9 its memory no longer depends on
+# what else holds the GPU: runs side by side on one GPU, gpu_session.sh acceptance).
+KV_CAP=()
+[[ -n "${ENGINE_MAX_TOTAL_TOKENS:-}" ]] && KV_CAP=(--sglang-max-total-tokens "$ENGINE_MAX_TOTAL_TOKENS")
 if [[ "$DEVICE" == "cuda" && "$DISAGG" != 1 ]]; then
   if ! PYTHONPATH="${SLIME_SGLANG_PYTHONPATH:-$PYTHONPATH}" $PY -c "import torch_memory_saver" 2>/dev/null; then
     echo "bench_e2e: torch_memory_saver is not importable on the SGLang side; --colocate cannot run." >&2
@@ -45,8 +50,8 @@ if [[ "$DEVICE" == "cuda" && "$DISAGG" != 1 ]]; then
   fi
 fi
 if [[ "$DEVICE" == "cuda" ]]; then
-  ENGINE_FLAGS=(--rollout-engine sglang --sglang-mem-fraction-static "$MEM_FRACTION"
-                --sglang-cuda-graph-backend-prefill disabled --sglang-cuda-graph-max-bs-decode 256)
+  ENGINE_FLAGS=(--rollout-engine sglang --sglang-mem-fraction-static "$MEM_FRACTION" "${KV_CAP[@]}"
+                --sglang-cuda-graph-backend-prefill disabled --sglang-cuda-graph-max-bs-decode "${CUDA_GRAPH_BS:-256}")
 else
   ENGINE_FLAGS=(--rollout-engine reference)
 fi
