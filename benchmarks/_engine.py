@@ -18,11 +18,16 @@ from pathlib import Path
 import _common  # sibling module: a script's own directory is first on sys.path
 
 
-def engine_args(kind: str, model_dir: Path, *, mem_fraction: float, max_bs: int, memory_saver: bool = False):
+def engine_args(
+    kind: str, model_dir: Path, *, mem_fraction: float, max_bs: int, memory_saver: bool = False,
+    max_total_tokens: int | None = None,
+):  # fmt: skip
     """Run-config fields `launch_engines` reads, for one engine on GPU 0 (sglang) or the CPU reference."""
     if kind == "sglang":
         # Decode CUDA graphs on (≈10× faster), no prefill graph capture (saves ≈ 40 s): shared/device/README.md.
         sglang_args = {"cuda_graph_backend_prefill": "disabled", "cuda_graph_max_bs_decode": str(max_bs)}
+        if max_total_tokens:  # a fixed KV cache: the engine's memory no longer depends on what else runs
+            sglang_args["max_total_tokens"] = str(max_total_tokens)
     else:
         sglang_args = {"dtype": "float32", "max_running_requests": str(max_bs)}
     from slime_core.config import SlimeArgs
@@ -36,7 +41,7 @@ def engine_args(kind: str, model_dir: Path, *, mem_fraction: float, max_bs: int,
 @contextlib.contextmanager
 def engine(
     kind: str, model_dir: Path, *, url: str | None, log_dir: str | None, mem_fraction: float = 0.3,
-    max_bs: int = 256, memory_saver: bool = False,
+    max_bs: int = 256, memory_saver: bool = False, max_total_tokens: int | None = None,
 ) -> Iterator[tuple[str, float]]:  # fmt: skip
     """Yields `(url, startup seconds)`: the given `url` (0 s), or a freshly launched engine shut down on exit."""
     if url:
@@ -46,7 +51,8 @@ def engine(
 
     from slime_rollout.engines.launch import launch_engines
 
-    args = engine_args(kind, model_dir, mem_fraction=mem_fraction, max_bs=max_bs, memory_saver=memory_saver)
+    args = engine_args(kind, model_dir, mem_fraction=mem_fraction, max_bs=max_bs, memory_saver=memory_saver,
+                       max_total_tokens=max_total_tokens)  # fmt: skip
     start = time.perf_counter()
     with launch_engines(
         args, num_engines=1, gpus_per_engine=1, startup_timeout_s=600, log_dir=log_dir, mem_fraction_static=mem_fraction
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engine", default="sglang", choices=["sglang", "reference"])
     p.add_argument("--mem-fraction", type=float, default=0.3)
     p.add_argument("--max-bs", type=int, default=256)
+    p.add_argument("--max-total-tokens", type=int, default=None, help="cap the KV cache (tokens)")
     p.add_argument("--url-file", required=True)
     p.add_argument("--log-dir", default=None)
     a = p.parse_args(argv)
@@ -70,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with engine(a.engine, model_dir, url=None, log_dir=a.log_dir, mem_fraction=a.mem_fraction, max_bs=a.max_bs) as (
+    with engine(a.engine, model_dir, url=None, log_dir=a.log_dir, mem_fraction=a.mem_fraction, max_bs=a.max_bs,
+                max_total_tokens=a.max_total_tokens) as (  # fmt: skip
         url,
         startup_s,
     ):

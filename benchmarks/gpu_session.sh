@@ -42,6 +42,12 @@
 #   e2e_opd        450  the e2e run with --use-opd --opd-type sglang: the shared engine is the teacher (--rm-url)
 #   e2e_opd_fsdp   450  the e2e run with --use-opd --opd-type fsdp: the trainer holds the teacher (the same model)
 #   trl            420  TRL GRPOTrainer baseline (wheels from .whl, carried with the call)
+#   acceptance     --   acceptance_a then acceptance_b (issue 25: every feature on SGLang; > 600 s, so two calls)
+#   acceptance_a   330  side by side on the one GPU, 3 rollouts of 16x4 each: GRPO, LoRA, VL and OPD with the
+#                       shared engine as teacher (each a bench_e2e.sh run, its own engine port range and a fixed
+#                       KV cache), plus the SGLang wire recording (test_sglang_wire.py -> $OUT/wire/*.json)
+#   acceptance_b   330  the same for PPO, OPD with a trainer-side teacher and Megatron GRPO, plus the SGLang
+#                       engine and LoRA GPU tests
 # The shared qwen3-0.6b SGLang engine starts at the first step that needs it and stops at the end.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -78,7 +84,9 @@ engine_up() {  # starts the shared qwen3-0.6b engine once (not in a subshell: EN
     return 0
   fi
   rm -f "$ENGINE_URL_FILE"
-  python3 "$HERE/_engine.py" --preset "$P06" --engine "$ENGINE" --url-file "$ENGINE_URL_FILE" --mem-fraction 0.3 --max-bs 256 \
+  # SHARED_ENGINE_KV (tokens): a fixed KV cache, for when other runs share the GPU (acceptance).
+  python3 "$HERE/_engine.py" --preset "$P06" --engine "$ENGINE" --url-file "$ENGINE_URL_FILE" \
+    --mem-fraction "${SHARED_ENGINE_MEM:-0.3}" --max-bs 256 ${SHARED_ENGINE_KV:+--max-total-tokens $SHARED_ENGINE_KV} \
     --log-dir "$BENCH_LOG_DIR" >> "$BENCH_LOG_DIR/engine_server.log" 2>&1 &
   ENGINE_PID=$!
   for _ in $(seq 1 300); do
@@ -149,7 +157,90 @@ shared_engine_step() {  # shared_engine_step NAME TIMEOUT_S SCRIPT ARGS...
   run_step "$name" "$limit" python3 "$@" --engine-url "$(cat "$ENGINE_URL_FILE")"
 }
 
-[[ $# -gt 0 ]] || { sed -n 2,39p "$0"; exit 2; }
+# ---- acceptance (issue 25): bench_e2e.sh runs side by side, each with its own engine ports and a fixed KV cache
+# (--sglang-mem-fraction-static 0.9 + --sglang-max-total-tokens: an engine's memory then does not depend on what
+# the other runs hold when it starts).
+ACCEPT_ENV=(NUM_ROLLOUT=3 RBS=16 N=4 MAXLEN=256 ENGINE_MEM_FRACTION=0.9 ENGINE_MAX_TOTAL_TOKENS=40000 CUDA_GRAPH_BS=64
+            MAX_TOKENS_PER_GPU=4096)
+if [[ "${BENCH_SMOKE:-0}" == 1 ]]; then  # CPU: the reference engine, a tiny model, 2 rollouts of 2x2
+  ACCEPT_ENV=(NUM_ROLLOUT=2 RBS=2 N=2 MAXLEN=8 BENCH_DEVICE=cpu PRESET="$P06" PYTHON="${PYTHON:-python3}")
+fi
+accept_one() {  # accept_one NAME PORT VAR=VALUE... : one bench_e2e.sh run (its log: $BENCH_LOG_DIR/accept-NAME.log)
+  local name="$1" port="$2"; shift 2
+  local t0; t0=$(date +%s)
+  local left=$(( SESSION_LIMIT - (t0 - SESSION_START) - 15 ))
+  if (( left < 60 )); then
+    printf '{"bench": "step", "step": "accept_%s", "rc": -2, "seconds": 0, "error": "no time left"}\n' "$name" >> "$BENCH_RESULTS"
+    return 0
+  fi
+  env "${ACCEPT_ENV[@]}" SLIME_ENGINE_BASE_PORT="$port" RUN_DIR="/tmp/slime-bench-e2e/accept-$name" "$@" \
+    timeout -k 15 "$left" bash "$HERE/bench_e2e.sh" > "$BENCH_LOG_DIR/accept-$name.log" 2>&1
+  local rc=$?
+  printf '{"bench": "step", "step": "accept_%s", "rc": %d, "seconds": %d}\n' "$name" "$rc" $(( $(date +%s) - t0 )) \
+    >> "$BENCH_RESULTS"
+}
+accept_tests() {  # accept_tests NAME PYTEST-ARGS... : GPU tests in the background lane set (log accept-NAME.log)
+  local name="$1"; shift
+  local t0; t0=$(date +%s)
+  local left=$(( SESSION_LIMIT - (t0 - SESSION_START) - 15 ))
+  SLIME_TEST_LOG_DIR="$BENCH_LOG_DIR/$name" timeout -k 15 "$left" python3 -m pytest -q -rA -p no:cacheprovider \
+    -o faulthandler_timeout=240 "$@" > "$BENCH_LOG_DIR/accept-$name.log" 2>&1
+  local rc=$?
+  printf '{"bench": "step", "step": "accept_%s", "rc": %d, "seconds": %d}\n' "$name" "$rc" $(( $(date +%s) - t0 )) \
+    >> "$BENCH_RESULTS"
+}
+LANES=()
+accept_wait() {  # waits for the lanes (not the shared engine), then appends their logs to logs.txt
+  (( ${#LANES[@]} )) && wait "${LANES[@]}"
+  LANES=()
+  for f in "$BENCH_LOG_DIR"/accept-*.log; do
+    [[ -e "$f" ]] || continue
+    { echo "===== $(basename "$f") (last 60 lines) ====="; tail -60 "$f"; } >> "$LOGS"
+  done
+}
+acceptance_a() {
+  engine_down
+  echo "===== acceptance_a $(date -u +%H:%M:%S) =====" | tee -a "$LOGS"
+  python3 "$HERE/_common.py" "$P06" "$SLIME_BENCH_MODELS" >> "$LOGS" 2>&1  # once, before the runs that read it
+  mkdir -p "$OUT/wire"
+  ( SLIME_WIRE_RECORD_DIR="$OUT/wire" accept_tests wire -m "sglang" tests/slime-rollout/test_sglang_wire.py ) &
+  LANES+=($!)
+  ( accept_one grpo 16000 LABEL="accept-$P06-fsdp-grpo" ) &
+  LANES+=($!)
+  ( accept_one lora 17000 LABEL="accept-$P06-fsdp-lora" EXTRA_FLAGS="--lora-rank 16 --lora-alpha 32 --lr 1e-5" ) &
+  LANES+=($!)
+  ( accept_one vl 18000 LABEL="accept-qwen3-vl-fsdp-vl" VL=1 ) &
+  LANES+=($!)
+  if SHARED_ENGINE_MEM=0.9 SHARED_ENGINE_KV=40000 engine_up 2>>"$LOGS"; then
+    ( accept_one opd_sglang 19000 LABEL="accept-$P06-fsdp-opd-sglang" \
+        EXTRA_FLAGS="--use-opd --opd-type sglang --rm-url $(cat "$ENGINE_URL_FILE")/generate" ) &
+    LANES+=($!)
+  else
+    printf '{"bench": "step", "step": "accept_opd_sglang", "rc": -1, "seconds": 0, "error": "teacher start failed"}\n' \
+      >> "$BENCH_RESULTS"
+  fi
+  accept_wait
+  engine_down
+}
+acceptance_b() {
+  engine_down
+  echo "===== acceptance_b $(date -u +%H:%M:%S) =====" | tee -a "$LOGS"
+  local model; model="$(python3 "$HERE/_common.py" "$P06" "$SLIME_BENCH_MODELS")"  # once, before the runs
+  ( accept_tests sglang_tests -m "gpu or sglang" tests/slime-rollout/test_sglang_engine.py \
+      tests/slime-rollout/test_sglang_lora.py ) &
+  LANES+=($!)
+  ( accept_one ppo 16000 LABEL="accept-$P06-fsdp-ppo" \
+      EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages --num-critic-only-steps 1" ) &
+  LANES+=($!)
+  ( accept_one opd_trainer 17000 LABEL="accept-$P06-fsdp-opd-trainer" \
+      EXTRA_FLAGS="--use-opd --opd-type fsdp --opd-teacher-load $model" ) &
+  LANES+=($!)
+  ( accept_one megatron 18000 LABEL="accept-$P06-megatron-grpo" TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 ) &
+  LANES+=($!)
+  accept_wait
+}
+
+[[ $# -gt 0 ]] || { sed -n 2,45p "$0"; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >> "$LOGS" 2>&1
 for step in "$@"; do
   case "$step" in
@@ -226,6 +317,9 @@ for step in "$@"; do
       run_step trl 600 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/trl-site $REPO/.whl/*.whl && CUDA_VISIBLE_DEVICES=0 \
         PYTHONPATH=/tmp/trl-site:\$PYTHONPATH python3 $HERE/bench_trl_grpo.py --preset qwen3-0.6b" ;;
+    acceptance) acceptance_a; acceptance_b ;;
+    acceptance_a) acceptance_a ;;
+    acceptance_b) acceptance_b ;;
     *) echo "gpu_session: unknown step '$step'" | tee -a "$LOGS" ;;
   esac
 done

@@ -172,32 +172,33 @@ class PushChecksums:
         files = sorted(pathlib.Path(hf_dir).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{hf_dir}: no *.safetensors to compare the engine's base weights with")
-        self = cls(k, seed=seed, dtype=dtype, engine_names=engine_names)
-        self._frozen = True
+        checker = cls(k, seed=seed, dtype=dtype, engine_names=engine_names)
+        checker._frozen = True
         where: dict[str, pathlib.Path] = {}
         groups: dict[str, dict[int, str]] = {}
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # hashing is ~40 passes over the words
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open is no mapping
                     name, index, count = sglang_param_name(key)
-                    if self.engine_names is not None and name not in self.engine_names:
-                        self.unmatched += 1
-                        self.unmatched_example = self.unmatched_example or f"{key} (as {name})"
+                    if checker.engine_names is not None and name not in checker.engine_names:
+                        checker.unmatched += 1
+                        checker.unmatched_example = checker.unmatched_example or f"{key} (as {name})"
                         continue
                     groups.setdefault(name, {})[index] = key
-                    self._num_parts[name] = count
+                    checker._num_parts[name] = count
                     where[key] = file
-        for name in self._rng.sample(sorted(groups), min(k, len(groups))):
-            if len(groups[name]) != self._num_parts[name]:
-                self._drawn[name] = {}  # reported as incomplete
+        for name in checker._rng.sample(sorted(groups), min(k, len(groups))):
+            if len(groups[name]) != checker._num_parts[name]:
+                checker._drawn[name] = {}  # reported as incomplete
                 continue
             parts = []
-            for index in range(self._num_parts[name]):
+            for index in range(checker._num_parts[name]):
                 key = groups[name][index]
                 with safe_open(str(where[key]), framework="pt") as f:
-                    parts.append(f.get_tensor(key).to(dtype).reshape(-1))
-            self.checksums[name] = tensor_checksum(torch.cat(parts))
-        return self
+                    parts.append(f.get_tensor(key).to(device, dtype).reshape(-1))
+            checker.checksums[name] = tensor_checksum(torch.cat(parts))
+        return checker
 
     def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:
         """Yields the buckets unchanged, hashing the drawn parameters on the way (not when `from_checkpoint`)."""
