@@ -113,13 +113,13 @@ class HealthArgs(ArgsGroup):
     )
     check_weight_sync: bool = arg(
         True,
-        "After a weight sync, read a sample of the pushed tensors back from every engine (/get_weights_by_name) "
-        "and stop the run if they differ.",
+        "After a weight sync, compare every engine's checksums (/weights_checker) of a sample of the pushed tensors "
+        "with the trainer's and stop the run if they differ or nothing could be compared.",
     )
     check_weight_sync_interval: int = arg(
         0, "Check the first weight sync and then every this many syncs (0: the first only).", ge=0
     )
-    check_weight_sync_tensors: int = arg(4, "Tensors sampled per weight-sync check.", ge=1)
+    check_weight_sync_tensors: int = arg(4, "Engine parameters (fused q/k/v count as one) sampled per check.", ge=1)
     check_chat_template_samples: int = arg(
         8,
         "Multi-turn runs: compare the first N samples' token streams with the chat template's rendering of their "
