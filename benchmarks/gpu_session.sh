@@ -42,12 +42,10 @@
 #   e2e_opd        450  the e2e run with --use-opd --opd-type sglang: the shared engine is the teacher (--rm-url)
 #   e2e_opd_fsdp   450  the e2e run with --use-opd --opd-type fsdp: the trainer holds the teacher (the same model)
 #   trl            420  TRL GRPOTrainer baseline (wheels from .whl, carried with the call)
-#   acceptance     --   acceptance_a then acceptance_b (issue 25: every feature on SGLang; > 600 s, so two calls)
-#   acceptance_a   330  side by side on the one GPU, 3 rollouts of 16x4 each: GRPO, LoRA, VL and OPD with the
-#                       shared engine as teacher (each a bench_e2e.sh run, its own engine port range and a fixed
-#                       KV cache), plus the SGLang wire recording (test_sglang_wire.py -> $OUT/wire/*.json)
-#   acceptance_b   330  the same for PPO, OPD with a trainer-side teacher and Megatron GRPO, plus the SGLang
-#                       engine and LoRA GPU tests
+#   acceptance     480  issue 25, every feature on SGLang, side by side on the one GPU, 3 rollouts of 16x4 each:
+#                       GRPO, PPO, LoRA, VL, OPD (the shared engine as teacher; a trainer-side teacher), Megatron
+#                       GRPO (each a bench_e2e.sh run with its own engine port range and a fixed KV cache), plus the
+#                       SGLang wire recording and checksum cross-check (test_sglang_wire.py -> $OUT/wire/*.json)
 # The shared qwen3-0.6b SGLang engine starts at the first step that needs it and stops at the end.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -160,8 +158,9 @@ shared_engine_step() {  # shared_engine_step NAME TIMEOUT_S SCRIPT ARGS...
 # ---- acceptance (issue 25): bench_e2e.sh runs side by side, each with its own engine ports and a fixed KV cache
 # (--sglang-mem-fraction-static 0.9 + --sglang-max-total-tokens: an engine's memory then does not depend on what
 # the other runs hold when it starts).
-ACCEPT_ENV=(NUM_ROLLOUT=3 RBS=16 N=4 MAXLEN=256 ENGINE_MEM_FRACTION=0.9 ENGINE_MAX_TOTAL_TOKENS=40000 CUDA_GRAPH_BS=64
-            MAX_TOKENS_PER_GPU=4096)
+# Eight runs share 16 cores: two inductor compile workers each.
+ACCEPT_ENV=(NUM_ROLLOUT=3 RBS=16 N=4 MAXLEN=256 ENGINE_MEM_FRACTION=0.9 ENGINE_MAX_TOTAL_TOKENS=30000 CUDA_GRAPH_BS=64
+            MAX_TOKENS_PER_GPU=2048 TORCHINDUCTOR_COMPILE_THREADS=2)
 if [[ "${BENCH_SMOKE:-0}" == 1 ]]; then  # CPU: the reference engine, a tiny model, 2 rollouts of 2x2
   ACCEPT_ENV=(NUM_ROLLOUT=2 RBS=2 N=2 MAXLEN=8 BENCH_DEVICE=cpu PRESET="$P06" PYTHON="${PYTHON:-python3}")
 fi
@@ -198,21 +197,29 @@ accept_wait() {  # waits for the lanes (not the shared engine), then appends the
     { echo "===== $(basename "$f") (last 60 lines) ====="; tail -60 "$f"; } >> "$LOGS"
   done
 }
-acceptance_a() {
+acceptance() {
   engine_down
-  echo "===== acceptance_a $(date -u +%H:%M:%S) =====" | tee -a "$LOGS"
-  python3 "$HERE/_common.py" "$P06" "$SLIME_BENCH_MODELS" >> "$LOGS" 2>&1  # once, before the runs that read it
+  echo "===== acceptance $(date -u +%H:%M:%S) =====" | tee -a "$LOGS"
+  local model; model="$(python3 "$HERE/_common.py" "$P06" "$SLIME_BENCH_MODELS")"  # once, before the runs read it
   mkdir -p "$OUT/wire"
   ( SLIME_WIRE_RECORD_DIR="$OUT/wire" accept_tests wire -m "sglang" tests/slime-rollout/test_sglang_wire.py ) &
   LANES+=($!)
   ( accept_one grpo 16000 LABEL="accept-$P06-fsdp-grpo" ) &
   LANES+=($!)
-  ( accept_one lora 17000 LABEL="accept-$P06-fsdp-lora" EXTRA_FLAGS="--lora-rank 16 --lora-alpha 32 --lr 1e-5" ) &
+  ( accept_one ppo 17000 LABEL="accept-$P06-fsdp-ppo" \
+      EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages --num-critic-only-steps 1" ) &
   LANES+=($!)
-  ( accept_one vl 18000 LABEL="accept-qwen3-vl-fsdp-vl" VL=1 ) &
+  ( accept_one lora 18000 LABEL="accept-$P06-fsdp-lora" EXTRA_FLAGS="--lora-rank 16 --lora-alpha 32 --lr 1e-5" ) &
   LANES+=($!)
-  if SHARED_ENGINE_MEM=0.9 SHARED_ENGINE_KV=40000 engine_up 2>>"$LOGS"; then
-    ( accept_one opd_sglang 19000 LABEL="accept-$P06-fsdp-opd-sglang" \
+  ( accept_one vl 19000 LABEL="accept-qwen3-vl-fsdp-vl" VL=1 ) &
+  LANES+=($!)
+  ( accept_one opd_trainer 20000 LABEL="accept-$P06-fsdp-opd-trainer" \
+      EXTRA_FLAGS="--use-opd --opd-type fsdp --opd-teacher-load $model" ) &
+  LANES+=($!)
+  ( accept_one megatron 21000 LABEL="accept-$P06-megatron-grpo" TRAIN_BACKEND=megatron ) &
+  LANES+=($!)
+  if SHARED_ENGINE_MEM=0.9 SHARED_ENGINE_KV=30000 engine_up 2>>"$LOGS"; then
+    ( accept_one opd_sglang 22000 LABEL="accept-$P06-fsdp-opd-sglang" \
         EXTRA_FLAGS="--use-opd --opd-type sglang --rm-url $(cat "$ENGINE_URL_FILE")/generate" ) &
     LANES+=($!)
   else
@@ -221,23 +228,6 @@ acceptance_a() {
   fi
   accept_wait
   engine_down
-}
-acceptance_b() {
-  engine_down
-  echo "===== acceptance_b $(date -u +%H:%M:%S) =====" | tee -a "$LOGS"
-  local model; model="$(python3 "$HERE/_common.py" "$P06" "$SLIME_BENCH_MODELS")"  # once, before the runs
-  ( accept_tests sglang_tests -m "gpu or sglang" tests/slime-rollout/test_sglang_engine.py \
-      tests/slime-rollout/test_sglang_lora.py ) &
-  LANES+=($!)
-  ( accept_one ppo 16000 LABEL="accept-$P06-fsdp-ppo" \
-      EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages --num-critic-only-steps 1" ) &
-  LANES+=($!)
-  ( accept_one opd_trainer 17000 LABEL="accept-$P06-fsdp-opd-trainer" \
-      EXTRA_FLAGS="--use-opd --opd-type fsdp --opd-teacher-load $model" ) &
-  LANES+=($!)
-  ( accept_one megatron 18000 LABEL="accept-$P06-megatron-grpo" TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 ) &
-  LANES+=($!)
-  accept_wait
 }
 
 [[ $# -gt 0 ]] || { sed -n 2,45p "$0"; exit 2; }
@@ -317,9 +307,7 @@ for step in "$@"; do
       run_step trl 600 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/trl-site $REPO/.whl/*.whl && CUDA_VISIBLE_DEVICES=0 \
         PYTHONPATH=/tmp/trl-site:\$PYTHONPATH python3 $HERE/bench_trl_grpo.py --preset qwen3-0.6b" ;;
-    acceptance) acceptance_a; acceptance_b ;;
-    acceptance_a) acceptance_a ;;
-    acceptance_b) acceptance_b ;;
+    acceptance) acceptance ;;
     *) echo "gpu_session: unknown step '$step'" | tee -a "$LOGS" ;;
   esac
 done

@@ -183,16 +183,17 @@ def test_record_and_diff_real_sglang(tmp_path_factory, make_tiny_qwen3):
     adapter = write_lora_adapter(model_dir, tmp_path_factory.mktemp("wire-lora") / "adapter")
     log_dir = os.environ.get("SLIME_TEST_LOG_DIR") or tmp_path_factory.mktemp("wire-logs")
     base = {"rollout_batch_size": 1, "num_rollout": 1, "rollout_engine": "sglang", "hf_checkpoint": str(model_dir),
-            "seed": 1, "sglang_args": {"disable_cuda_graph": True}, "rollout_num_gpus_per_engine": 1}  # fmt: skip
+            "seed": 1, "sglang_args": {"disable_cuda_graph": True, "max_total_tokens": "8192"},
+            "rollout_num_gpus_per_engine": 1}  # fmt: skip
     lora = {**base, "train_backend": "fsdp", "lora_rank": 8, "lora_alpha": 16.0, "lora_target_modules": LORA_TARGETS,
             "update_weight_disk_dir": str(adapter.parent)}  # fmt: skip
     launches = {
         # colocate=True: the memory saver is on, as when a trainer shares the GPU (release/resume are cases).
         "text": lambda: launch_engines(SlimeArgs.from_dict(base), num_engines=1, gpus_per_engine=1, colocate=True,
-                                       mem_fraction_static=0.15, startup_timeout_s=600, log_dir=log_dir,
+                                       mem_fraction_static=0.9, startup_timeout_s=600, log_dir=log_dir,
                                        base_port=31000),
         "lora": lambda: launch_engines(SlimeArgs.from_dict(lora), num_engines=1, gpus_per_engine=1, colocate=False,
-                                       mem_fraction_static=0.15, startup_timeout_s=600, log_dir=log_dir,
+                                       mem_fraction_static=0.9, startup_timeout_s=600, log_dir=log_dir,
                                        base_port=32000),
     }  # fmt: skip
     with contextlib.ExitStack() as stack, concurrent.futures.ThreadPoolExecutor(len(launches)) as pool:
@@ -210,6 +211,15 @@ def test_record_and_diff_real_sglang(tmp_path_factory, make_tiny_qwen3):
             (pathlib.Path(out) / f"{server}.json").write_text(json.dumps(exchanges, indent=1, sort_keys=True) + "\n")
     errors = {f"{s}/{c}": e["error"] for s, r in recordings.items() for c, e in r.items() if "error" in e}
     assert not errors, errors
+    # Our checksum of the checkpoint's bytes equals SGLang's for every parameter it holds (fused ones included).
+    from slime_rollout.weight_check import PushChecksums
+
+    engine = recordings["text"]["weights_checker"]["reply"]["ranks"][0]["checksums"]
+    ours = PushChecksums.from_checkpoint(model_dir, len(engine), seed=0, dtype=torch.bfloat16, engine_names=engine)
+    print(f"weights_checker: {len(engine)} engine tensors, {len(ours.checksums)} from the checkpoint; engine only: "
+          f"{sorted(set(engine) - set(ours.checksums))}")  # fmt: skip
+    assert ours.unmatched == 0 and len(ours.checksums) == 2 * 8 + 2  # 2 layers x 8 engine tensors, embed, norm
+    assert {name: engine[name] for name in ours.checksums} == ours.checksums
     for server, exchanges in recordings.items():
         recorded = wire.load(server)
         if recorded:  # SGLang against its own earlier recording: the same structure
