@@ -1,10 +1,16 @@
 """LoRA on the engine side: the reference engine serves base + adapter, `LoraWeightUpdater` moves only the adapter.
 
 The adapter is random A and B under PEFT names; the expected log-probs are the base model's forward with
-`W + (alpha/r)·B A` merged in by hand (fp32, tolerance 1e-5 as for the base engine).
+`W + (alpha/r)·B A` merged in by hand (fp32, tolerance 1e-5 as for the base engine). The files `write_adapter`
+writes are also read back as SGLang 0.5.16 reads them (`_sglang_lora_reader.py`, against the flags our launcher
+gives SGLang), and the launcher's colocated LoRA engines keep their base weights across a memory release.
 """
 
 import asyncio
+import importlib.util
+import json
+import pathlib
+import sys
 
 import pytest
 import torch
@@ -14,11 +20,16 @@ from slime_core.config import SlimeArgs
 from slime_core.lora import LORA_NAME
 from slime_rollout.client import EngineClient, EngineError, RolloutClient
 from slime_rollout.engines.launch import build_sglang_command, lora_server_args
-from slime_rollout.lora_sync import LoraWeightUpdater
+from slime_rollout.lora_sync import LoraWeightUpdater, write_adapter
 
 LOGPROB_ATOL = 1e-5
 PROMPT = [785, 4226, 374, 220, 17, 10, 17, 28]
 TARGETS = ["q_proj", "v_proj", "down_proj"]
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # the flag's default
+_spec = importlib.util.spec_from_file_location("sglang_lora_reader", pathlib.Path(__file__).with_name(
+    "_sglang_lora_reader.py"))  # fmt: skip
+SGL = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))  # dataclasses look it up there
+_spec.loader.exec_module(SGL)
 
 
 def _cfg(**fields):
@@ -27,7 +38,7 @@ def _cfg(**fields):
     return SlimeArgs.from_dict({**base, **fields})
 
 
-def _adapter(base_dir, seed):
+def _adapter(base_dir, seed, targets=TARGETS):
     """Random (non-zero) A and B for every target module of the tiny Qwen3, as PEFT-named buckets, and the
     reference: the base model with `W + (alpha/r)·B A` merged in by hand (no peft involved)."""
     torch.manual_seed(seed)
@@ -35,7 +46,7 @@ def _adapter(base_dir, seed):
     bucket = []
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in TARGETS:
+            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in targets:
                 a = torch.randn(4, module.in_features) * 0.1
                 b = torch.randn(module.out_features, 4) * 0.1
                 bucket += [(f"base_model.model.{name}.lora_A.weight", a), (f"base_model.model.{name}.lora_B.weight", b)]
@@ -69,6 +80,68 @@ def test_sglang_command_enables_lora():
                               "--max-loras-per-batch", "1"]  # fmt: skip
     assert lora_server_args(_cfg().model_copy(update={"lora_rank": 0})) == []
     assert "--max-lora-rank" not in lora_server_args(_cfg(), ["--max-lora-rank=8"])  # a pass-through flag wins
+    assert "--enable-weights-cpu-backup" not in cmd  # not colocated: the engine never releases its weights
+
+
+def test_colocated_lora_engine_backs_up_its_base_weights():
+    # SGLang's /release_memory_occupation drops the weights' GPU memory and /resume_memory_occupation maps fresh
+    # (in practice zeroed) memory, unless --enable-weights-cpu-backup. A LoRA sync pushes only the adapter, so a
+    # colocated LoRA engine without the backup served the adapter on a zeroed base model: every logit 0, every
+    # log-prob -log(V). Against a random-init Qwen3-0.6B (logits ~ N(0, 1024 · 0.02²)) that is the mean
+    # |trainer - rollout log-prob| of 0.536 measured by e2e_lora on an H200.
+    cmd = build_sglang_command(_cfg(), host="h", port=1, nccl_port=2, tp_size=1, base_gpu_id=0, random_seed=3,
+                               memory_saver=True, python="py")  # fmt: skip
+    assert "--enable-memory-saver" in cmd and "--enable-weights-cpu-backup" in cmd
+    full = _cfg(lora_rank=0, weight_sync="auto")  # a full sync rewrites every weight after each resume
+    no_lora = build_sglang_command(full, host="h", port=1, nccl_port=2, tp_size=1, base_gpu_id=0, random_seed=3,
+                                   memory_saver=True, python="py")  # fmt: skip
+    assert "--enable-weights-cpu-backup" not in no_lora
+    # A pass-through flag of the same name is not doubled.
+    assert lora_server_args(_cfg(), ["--enable-weights-cpu-backup"], memory_saver=True).count(
+        "--enable-weights-cpu-backup") == 0  # fmt: skip
+
+
+@pytest.mark.parametrize("targets", [TARGETS, ALL_TARGETS], ids=["q-v-down", "default-targets"])
+def test_written_adapter_as_sglang_reads_it_is_the_synced_model(tiny_qwen3_dir, tmp_path, targets):
+    """`write_adapter` (what `LoraWeightUpdater` sends) read by SGLang's rules under the launcher's flags gives the
+    model the buckets describe: names, stacking (q/k/v with a zero k, gate/up), scale alpha/r (fp32, 1e-5)."""
+    cfg = _cfg(hf_checkpoint=str(tiny_qwen3_dir), lora_target_modules=targets)
+    buckets, expected_model = _adapter(tiny_qwen3_dir, 5, targets)
+    write_adapter(cfg, buckets, tmp_path / "lora_v1")
+    cmd = build_sglang_command(cfg, host="h", port=1, nccl_port=2, tp_size=1, base_gpu_id=0, random_seed=3,
+                               memory_saver=True, python="py")  # fmt: skip
+    max_rank, server_targets = SGL.server_flags(cmd)
+    adapter = SGL.read_like_sglang(tmp_path / "lora_v1", max_lora_rank=max_rank, target_modules=server_targets)
+    assert adapter.rank == 4 and adapter.scaling == 8.0 / 4
+    served = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
+    linears = {n: m for n, m in served.named_modules() if isinstance(m, torch.nn.Linear)}
+    deltas = SGL.delta_weights(adapter, {n: m.out_features for n, m in linears.items()})
+    adapted = {n for n, d in deltas.items() if d.abs().max() > 0}
+    assert {n.split(".")[-1] for n in adapted} == set(targets)
+    with torch.no_grad():
+        for name, delta in deltas.items():
+            linears[name].weight += delta
+    ids = [17, 10, 3, 900, 42]
+    torch.testing.assert_close(_expected(served, ids), _expected(expected_model, ids), atol=LOGPROB_ATOL, rtol=0)
+    config = json.loads((tmp_path / "lora_v1" / "adapter_config.json").read_text())
+    assert (config["use_rslora"], config["use_dora"]) == (False, False)  # SGLang scales by alpha / r, no DoRA
+
+
+def test_sglang_reader_refuses_what_sglang_refuses_or_skips(tiny_qwen3_dir, tmp_path):
+    cfg = _cfg(hf_checkpoint=str(tiny_qwen3_dir))
+    buckets, _ = _adapter(tiny_qwen3_dir, 6)
+    write_adapter(cfg, buckets, tmp_path / "a")
+    with pytest.raises(ValueError, match="not supported"):  # rank above --max-lora-rank
+        SGL.read_like_sglang(tmp_path / "a", max_lora_rank=2, target_modules=TARGETS)
+    with pytest.raises(ValueError, match="not supported"):  # a target module the server was not started with
+        SGL.read_like_sglang(tmp_path / "a", max_lora_rank=4, target_modules=["q_proj", "v_proj"])
+    renamed = [[(n.replace("base_model.model.model.", "model."), t) for n, t in buckets[0]]]
+    write_adapter(cfg, renamed, tmp_path / "b")  # no PEFT prefix: still found by layer id and module name
+    SGL.read_like_sglang(tmp_path / "b", max_lora_rank=4, target_modules=TARGETS)
+    only_v = [[(n, t) for n, t in buckets[0] if ".v_proj." in n]]
+    write_adapter(cfg, only_v, tmp_path / "c")  # v without q is never stacked into qkv_proj: SGLang skips it
+    with pytest.raises(ValueError, match="matches no --lora-target-modules"):
+        SGL.read_like_sglang(tmp_path / "c", max_lora_rank=4, target_modules=TARGETS)
 
 
 def test_reference_engine_serves_base_and_adapter_and_updater_moves_only_adapter(
@@ -118,3 +191,22 @@ def test_validation_resolves_and_guards_lora_sync():
         _cfg(weight_sync="tensor")
     with pytest.raises(ValueError, match="--weight-sync lora syncs a LoRA adapter"):
         _cfg(lora_rank=0, weight_sync="lora")
+
+
+def test_reference_engine_scales_and_refuses_as_sglang(tiny_qwen3_dir, tmp_path):
+    from slime_rollout.engines.reference.lora import LoraAdapters
+
+    cfg = _cfg(hf_checkpoint=str(tiny_qwen3_dir))
+    buckets, expected_model = _adapter(tiny_qwen3_dir, 7)  # merged with alpha / r = 2
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
+    adapters = LoraAdapters(model)
+    for flag in ("use_rslora", "use_dora"):
+        write_adapter(cfg, buckets, tmp_path / flag)
+        config_path = tmp_path / flag / "adapter_config.json"
+        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), flag: True}))
+    adapters.load("rs", str(tmp_path / "use_rslora"))  # SGLang never reads use_rslora: alpha / r, not alpha / √r
+    adapters.active = "rs"
+    ids = [17, 10, 3, 900, 42]
+    torch.testing.assert_close(_expected(model, ids), _expected(expected_model, ids), atol=LOGPROB_ATOL, rtol=0)
+    with pytest.raises(ValueError, match="DoRA"):
+        adapters.load("dora", str(tmp_path / "use_dora"))

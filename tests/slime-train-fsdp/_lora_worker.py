@@ -1,7 +1,12 @@
-"""Per-rank LoRA scenario for `test_lora.py` (uses the helpers of `_workers.py`): `run(out, ckpt)`.
+"""Per-rank LoRA scenarios for `test_lora.py` (uses the helpers of `_workers.py`): `run(out, ckpt, scenario)`.
 
-One process group of WORLD_SIZE ranks (gloo): a LoRA backend starts as the base model, trains two rollouts
-(only the adapters move), pushes only the adapter, and exports it (PEFT dir) and the merged model.
+One process group of WORLD_SIZE ranks (gloo). `lora`: a LoRA backend starts as the base model, trains two rollouts
+(only the adapters move), pushes only the adapter, and exports it (PEFT dir) and the merged model. `init`: on a
+tied-embedding checkpoint, with every parameter and buffer poisoned with NaN between `to_empty` and the load (as
+a GPU's caching allocator hands back old data where a CPU hands back zeroed pages), a LoRA backend and a full
+fine-tuning backend are built with compiled layers (dynamo's `eager` backend: same guards and recompiles as
+inductor, no C++ build), their log-probs compared bit for bit, their dynamo graphs counted, and each decoder
+layer's `hidden_states.requires_grad` recorded in grad and no-grad forwards.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import pathlib
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 _WORKERS = pathlib.Path(__file__).with_name("_workers.py")
 _spec = importlib.util.spec_from_file_location("slime_fsdp_test_workers", _WORKERS)
@@ -51,7 +57,8 @@ def scenario_lora(ckpt: str, out: pathlib.Path) -> dict:
     after = _state(b)
     res["base_changed"] = [n for n, t in base_before.items() if not torch.equal(t, after[n])]
     res["lora_B_norm"] = sum(float(t.norm()) for n, t in after.items() if ".lora_B." in n)
-    res["pushed"] = [(n, tuple(t.shape)) for bucket in b.named_hf_weights() for n, t in bucket]
+    pushed = {n: t.detach().clone() for bucket in b.named_hf_weights() for n, t in bucket}
+    res["pushed"] = [(n, tuple(t.shape)) for n, t in pushed.items()]
     lps = b.compute_log_probs(full)
     res["trained_vs_base"] = W.max_diff(lps, W.hf_reference_log_probs(ckpt, full))
     export = out.parent / "lora_export"
@@ -60,6 +67,114 @@ def scenario_lora(ckpt: str, out: pathlib.Path) -> dict:
         res["export_files"] = sorted(p.name for p in export.iterdir())
         res["peft_diff"] = W.max_diff(lps, _peft_log_probs(ckpt, export, full))
         res["merged_diff"] = W.max_diff(lps, W.hf_reference_log_probs(str(export / "merged"), full))
+        res["sglang_diff"] = W.max_diff(lps, _sglang_log_probs(ckpt, export, cfg, full))
+        from safetensors.torch import load_file
+
+        exported = load_file(str(export / "adapter_model.safetensors"))
+        res["pushed_equals_export"] = sorted(pushed) == sorted(exported) and all(
+            torch.equal(pushed[n].float(), exported[n]) for n in pushed)  # fmt: skip
+    return res
+
+
+def _sglang_log_probs(base: str, adapter: pathlib.Path, cfg, batch) -> list[torch.Tensor]:
+    """The exported adapter read as SGLang reads it (`tests/slime-rollout/_sglang_lora_reader.py`, under the
+    `--max-lora-rank` / `--lora-target-modules` our launcher passes: the run's rank and targets), merged into the
+    base checkpoint; eager attention, fp32."""
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    path = pathlib.Path(__file__).parents[1] / "slime-rollout" / "_sglang_lora_reader.py"
+    spec = importlib.util.spec_from_file_location("sglang_lora_reader", path)
+    reader = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(reader)
+    served = reader.read_like_sglang(adapter, max_lora_rank=cfg.lora_rank, target_modules=cfg.lora_target_modules)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="eager")
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    with torch.no_grad():
+        for name, delta in reader.delta_weights(served, {n: m.out_features for n, m in linears.items()}).items():
+            linears[name].weight += delta
+    out = []
+    with torch.no_grad():
+        for tok, r in zip(batch.tokens, batch.response_lengths, strict=True):
+            logits = model(tok[None]).logits[0, -r - 1 : -1].float() / W.TEMPERATURE
+            out.append(torch.log_softmax(logits, -1).gather(-1, tok[-r:, None])[:, 0])
+    return out
+
+
+def _poison_before_load() -> None:
+    """Fills every parameter and buffer with NaN right after `to_empty` (before the checkpoint is loaded)."""
+    import slime_train_fsdp.model_loading as model_loading
+
+    init_buffers = model_loading._init_buffers
+
+    def poisoned(model, config, device):
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                (t.to_local() if isinstance(t, DTensor) else t).fill_(float("nan"))
+        init_buffers(model, config, device)
+
+    model_loading._init_buffers = poisoned
+
+
+def _compile_with_eager_backend() -> None:
+    """`nn.Module.compile` with dynamo's `eager` backend: guards and recompiles as with inductor, no codegen."""
+    compile_module = torch.nn.Module.compile
+    torch.nn.Module.compile = lambda self, *a, **kw: compile_module(self, *a, **{**kw, "backend": "eager"})
+
+
+def _non_finite(backend) -> list[str]:
+    named = [*backend.model.named_parameters(), *backend.model.named_buffers()]
+    return [n for n, t in named if not torch.isfinite(t.full_tensor() if isinstance(t, DTensor) else t).all()]
+
+
+def _layer_input_requires_grad(backend, batch) -> dict[bool, list[set[bool]]]:
+    """`{grad enabled: [per decoder layer: the set of hidden_states.requires_grad seen at its input]}` over one
+    train step (its no-grad old-log-prob forward and its grad-mode forward-backward)."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    layers = [m for m in backend.model.modules() if isinstance(m, Qwen3DecoderLayer)]
+    seen: dict[bool, list[set[bool]]] = {True: [set() for _ in layers], False: [set() for _ in layers]}
+
+    def record(index):
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            seen[torch.is_grad_enabled()][index].add(hidden.requires_grad)
+
+        return hook
+
+    hooks = [m.register_forward_pre_hook(record(i), with_kwargs=True) for i, m in enumerate(layers)]
+    backend.train(0, batch)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def scenario_init(ckpt: str, out: pathlib.Path) -> dict:
+    from torch._dynamo.utils import counters
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _poison_before_load()
+    _compile_with_eager_backend()
+    batch = W.make_batch(rank, world)  # 2 samples per rank: one packed row per micro-batch
+    res: dict = {}
+    log_probs = {}
+    for kind, extra in (("full", {}), ("lora", {"lora_rank": 4, "lora_alpha": 8.0})):
+        torch._dynamo.reset()
+        counters.clear()
+        b = W.FSDPTrainBackend()
+        b.init(W.make_args(ckpt, train_backend="fsdp", fsdp_compile_layers=True, **extra), with_ref=False)
+        res[f"{kind}_non_finite"] = _non_finite(b)
+        log_probs[kind] = b.compute_log_probs(batch)
+        b.train(0, batch)
+        res[f"{kind}_graphs"] = int(counters["stats"]["unique_graphs"])
+        del b
+    res["lora_equals_full"] = all(torch.equal(a, f) for a, f in zip(log_probs["lora"], log_probs["full"], strict=True))
+    res["lora_vs_full"] = W.max_diff(log_probs["lora"], log_probs["full"])
+    res["lora_vs_hf"] = W.max_diff(log_probs["lora"], W.hf_reference_log_probs(ckpt, batch))
+    eager = W.FSDPTrainBackend()
+    eager.init(W.make_args(ckpt, train_backend="fsdp", lora_rank=4, lora_alpha=8.0), with_ref=False)
+    res["layer_input_requires_grad"] = _layer_input_requires_grad(eager, batch)
     return res
 
 
@@ -72,11 +187,12 @@ def _state(backend) -> dict[str, torch.Tensor]:
     }
 
 
-def run(out: pathlib.Path, ckpt: str) -> None:
-    """Runs the scenario on this rank (process group from the environment) and saves its results."""
+def run(out: pathlib.Path, ckpt: str, scenario: str = "lora") -> None:
+    """Runs `scenario` (`lora` or `init`) on this rank (process group from the environment); saves its results."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        torch.save(scenario_lora(ckpt, out), out / f"rank{dist.get_rank()}.pt")
+        fn = {"lora": scenario_lora, "init": scenario_init}[scenario]
+        torch.save(fn(ckpt, out), out / f"rank{dist.get_rank()}.pt")
     finally:
         dist.destroy_process_group()

@@ -1,5 +1,8 @@
 """LoRA on the FSDP backend (2 ranks, gloo, tiny Qwen3 fp32): base model at start, only adapters train and sync,
-the PEFT export loads in peft and the merged export in transformers with the trainer's log-probs (1e-5)."""
+the PEFT export loads in peft, in SGLang's way of reading it, and the merged export in transformers with the
+trainer's log-probs (1e-5). On a tied-embedding checkpoint with memory poisoned before the load: every tensor is
+written, the LoRA model at init computes the full model's log-probs bit for bit, and its compiled layers compile
+as many graphs as the full model's (one per grad mode)."""
 
 from __future__ import annotations
 
@@ -28,38 +31,38 @@ def _worker():
     return module
 
 
-def _rank(rank: int, world: int, port: int, out: pathlib.Path, ckpt: str) -> None:
+def _rank(rank: int, world: int, port: int, out: pathlib.Path, ckpt: str, scenario: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
     try:
-        _worker().run(out, ckpt)
+        _worker().run(out, ckpt, scenario)
     except BaseException:
         (out / f"rank{rank}.err").write_text(traceback.format_exc())
         raise
 
 
-@pytest.fixture(scope="module")
-def lora_runs(tmp_path_factory, qwen3_tokenizer_dir) -> list[dict]:
+def _run_ranks(tmp_path_factory, tokenizer_dir, scenario: str, *, tie_word_embeddings: bool) -> list[dict]:
+    """Writes a tiny Qwen3 checkpoint and runs `scenario` of `_lora_worker.py` on 2 forked gloo ranks."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    ckpt = tmp_path_factory.mktemp("tiny_qwen3_lora")
+    ckpt = tmp_path_factory.mktemp(f"tiny_qwen3_{scenario}")
     config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                         tie_word_embeddings=False)  # fmt: skip
+                         tie_word_embeddings=tie_word_embeddings)  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the ranks are forked from this process
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(ckpt)
-    for f in qwen3_tokenizer_dir.glob("tokenizer*.json"):
+    for f in tokenizer_dir.glob("tokenizer*.json"):
         shutil.copy(f, ckpt / f.name)
     _worker()
-    out = tmp_path_factory.mktemp("lora_out") / "ranks"
+    out = tmp_path_factory.mktemp(f"{scenario}_out") / "ranks"
     out.mkdir()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, out, str(ckpt))) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, out, str(ckpt), scenario)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -69,6 +72,17 @@ def lora_runs(tmp_path_factory, qwen3_tokenizer_dir) -> list[dict]:
         err = out / f"rank{rank}.err"
         assert p.exitcode == 0, err.read_text() if err.exists() else p.exitcode
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory, qwen3_tokenizer_dir) -> list[dict]:
+    return _run_ranks(tmp_path_factory, qwen3_tokenizer_dir, "lora", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def init_runs(tmp_path_factory, qwen3_tokenizer_dir) -> list[dict]:
+    # Tied embeddings as Qwen3-0.6B: lm_head and embed_tokens are one parameter under two names.
+    return _run_ranks(tmp_path_factory, qwen3_tokenizer_dir, "init", tie_word_embeddings=True)
 
 
 def test_only_adapters_train(lora_runs):
@@ -102,3 +116,31 @@ def test_exports_load_in_peft_and_transformers(lora_runs):
     assert {"adapter_config.json", "adapter_model.safetensors", "merged"} <= set(res["export_files"])
     assert res["peft_diff"] <= TOL
     assert res["merged_diff"] <= TOL
+
+
+def test_engines_read_the_synced_adapter_as_the_trainer_computes(lora_runs):
+    res = lora_runs[0]
+    # The trained adapter (B != 0) read by SGLang's rules (stacked q/k/v and gate/up, alpha / r) is the trainer's
+    # model; the weight sync's buckets are the exported tensors.
+    assert res["sglang_diff"] <= TOL
+    assert res["pushed_equals_export"]
+
+
+def test_every_tensor_is_loaded_over_poisoned_memory(init_runs):
+    for res in init_runs:
+        assert res["full_non_finite"] == [] and res["lora_non_finite"] == []
+
+
+def test_lora_at_init_is_the_full_model_bit_for_bit(init_runs):
+    for res in init_runs:
+        # B = 0: x Aᵀ Bᵀ is exactly 0, so the packed forward is the full model's to the last bit.
+        assert res["lora_equals_full"] and res["lora_vs_full"] == 0.0
+        assert res["lora_vs_hf"] <= TOL
+
+
+def test_compiled_layers_compile_once_per_grad_mode_under_lora(init_runs):
+    for res in init_runs:
+        # Frozen embeddings used to hand layer 0 a hidden state that does not require grad and the others one
+        # that does; dynamo guards on it and compiled a third graph (on the GPU run: the recompile limit).
+        assert res["layer_input_requires_grad"] == {True: [{True}, {True}], False: [{False}, {False}]}
+        assert res["lora_graphs"] == res["full_graphs"] == 2

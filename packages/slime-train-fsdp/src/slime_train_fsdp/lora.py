@@ -5,7 +5,8 @@
 the base weights: the optimizer then holds only the adapters. The adapted layer's base weight is renamed
 `<module>.base_layer.weight`; `hf_name` maps it back for loading the HF checkpoint. The adapters start as
 peft's default does: `A` Kaiming-uniform (a = √5), `B` zero, so the first forward is exactly the base model's
-(`initial_adapter_state`).
+(`initial_adapter_state`). The frozen embeddings' output is made to require grad in grad mode, so that the
+compiled decoder layers see the same `requires_grad` at every depth (`_embeddings_require_grad`).
 
 Weight sync and export move only the adapter (`iter_adapter`, PEFT names, `slime_core.lora`): a few MB instead of
 the model. `iter_merged` gives the merged weights `W + (alpha/r)·B A` under plain HF names.
@@ -54,7 +55,8 @@ def inject_lora(model: nn.Module, cfg: SlimeArgs) -> nn.Module:
         cfg: reads `lora_rank`, `lora_alpha`, `lora_target_modules`.
 
     Returns:
-        The same model; only adapter parameters require grad.
+        The same model; only adapter parameters require grad, and with grad enabled the input embeddings' output
+        does (`_embeddings_require_grad`).
 
     Raises:
         ValueError: no module matches `--lora-target-modules` (peft's message lists them).
@@ -71,7 +73,24 @@ def inject_lora(model: nn.Module, cfg: SlimeArgs) -> nn.Module:
     model = inject_adapter_in_model(config, model, adapter_name=_ADAPTER)
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter(name))
+    model.get_input_embeddings().register_forward_hook(_embeddings_require_grad)
     return model
+
+
+def _embeddings_require_grad(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook on the frozen input embeddings: with grad enabled, their output `[..., H]` requires grad.
+
+    Every decoder layer then receives `hidden_states` with `requires_grad=True`, as under full fine-tuning: the
+    regionally compiled layers (`model_loading._apply_fsdp`) share one graph per grad mode. Without it layer 0
+    gets a tensor that does not require grad (frozen embeddings) and the others one that does; dynamo guards on
+    `requires_grad`, so every grad-mode variant of the layer graph was compiled twice (the e2e_lora GPU run hit
+    `recompile_limit` on this guard and ran its layers eagerly from there). Under `no_grad` nothing is set, so all
+    layers agree there too. This is transformers' `enable_input_require_grads` restricted to grad mode: values
+    are untouched; the backward also computes layer 0's input gradient (discarded at the embeddings).
+    """
+    if torch.is_grad_enabled() and not output.requires_grad:
+        output.requires_grad_(True)
+    return output
 
 
 def is_adapter(name: str) -> bool:

@@ -187,26 +187,41 @@ def build_sglang_command(
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     if memory_saver:
         cmd.append("--enable-memory-saver")
-    cmd += lora_server_args(cfg, passthrough)
+    cmd += lora_server_args(cfg, passthrough, memory_saver=memory_saver)
     cmd += passthrough
     cmd += shlex.split(os.environ.get("SLIME_SGLANG_ARGS", ""))
     return cmd
 
 
-def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[str]:
+def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = (), *, memory_saver: bool = False) -> list[str]:
     """SGLang flags that let an engine serve the run's LoRA adapter (`--lora-rank`); empty without LoRA.
 
     `--enable-lora` with room for an adapter of rank `--lora-rank` on `--lora-target-modules` (the adapter itself
     is loaded by the first weight sync, `slime_rollout.lora_sync`); a pass-through `--sglang-<same flag>` wins.
+
+    With the memory saver (colocated or `--offload-rollout`), also `--enable-weights-cpu-backup`: SGLang's
+    `/release_memory_occupation` unmaps the weights' GPU memory and `/resume_memory_occupation` maps fresh memory
+    whose contents are lost unless the weights were backed up to the host
+    (`sglang/srt/managers/scheduler_components/weight_updater.py`, `load_model_with_memory_saver`). A full weight
+    sync rewrites every tensor after each resume; a LoRA sync sends only the adapter, so without the backup the
+    engine serves the adapter on a base model of lost (in practice zeroed) weights. (The original slime keeps the
+    MTP draft model, which it never syncs, the same way: `enable_draft_weights_cpu_backup`.)
+
+    Args:
+        cfg: reads `lora_rank`, `lora_target_modules`.
+        passthrough: the `--sglang-*` flags as SGLang tokens (`sglang_passthrough`).
+        memory_saver: the engine is started with `--enable-memory-saver`.
     """
     if not cfg.lora_rank:
         return []
-    wanted = {
+    wanted: dict[str, list[str]] = {
         "--enable-lora": [],
         "--max-lora-rank": [str(cfg.lora_rank)],
         "--lora-target-modules": list(cfg.lora_target_modules),
         "--max-loras-per-batch": ["1"],
     }
+    if memory_saver:
+        wanted["--enable-weights-cpu-backup"] = []
     given = {t.split("=")[0] for t in passthrough if t.startswith("--")}
     return [token for flag, values in wanted.items() if flag not in given for token in (flag, *values)]
 

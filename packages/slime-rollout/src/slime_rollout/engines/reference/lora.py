@@ -47,17 +47,23 @@ class LoraAdapters:
     def load(self, name: str, path: str) -> None:
         """Reads the PEFT adapter at `path` and registers it as `name` (replacing an adapter of that name).
 
+        The update is scaled by `lora_alpha / r` and DoRA is refused, as SGLang does (`use_rslora` is not read).
+
         Raises:
             FileNotFoundError: `path` lacks `adapter_config.json` or `adapter_model.safetensors`.
-            ValueError: a tensor names no linear layer of the model, a shape does not fit, or an A/B is missing.
+            ValueError: a DoRA adapter, a tensor that names no linear layer of the model, a shape that does not
+                fit, or a missing A/B.
         """
         root = pathlib.Path(path)
         for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
             if not (root / f).exists():
                 raise FileNotFoundError(f"load_lora_adapter: {root / f} does not exist")
         config = json.loads((root / ADAPTER_CONFIG).read_text())
+        if config.get("use_dora"):
+            raise ValueError(f"load_lora_adapter {name}: DoRA adapters are not served (as SGLang refuses them)")
         rank = int(config["r"])
-        scale = float(config["lora_alpha"]) / (rank**0.5 if config.get("use_rslora") else rank)
+        # SGLang 0.5.16 scales every adapter by alpha / r and never reads `use_rslora` (srt/lora/lora.py).
+        scale = float(config["lora_alpha"]) / rank
         pairs: dict[str, dict[str, torch.Tensor]] = {}
         for tensor_name, tensor in load_file(str(root / ADAPTER_WEIGHTS)).items():
             module, part = module_of(tensor_name)
