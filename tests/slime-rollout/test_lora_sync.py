@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from slime_core.config import SlimeArgs
 from slime_core.lora import LORA_NAME
 from slime_rollout.client import EngineClient, EngineError, RolloutClient
-from slime_rollout.engines.launch import build_sglang_command, lora_server_args
+from slime_rollout.engines.launch import build_sglang_command, lora_server_args, needs_weights_backup
 from slime_rollout.lora_sync import LoraWeightUpdater, write_adapter
 
 LOGPROB_ATOL = 1e-5
@@ -96,9 +96,52 @@ def test_colocated_lora_engine_backs_up_its_base_weights():
     no_lora = build_sglang_command(full, host="h", port=1, nccl_port=2, tp_size=1, base_gpu_id=0, random_seed=3,
                                    memory_saver=True, python="py")  # fmt: skip
     assert "--enable-weights-cpu-backup" not in no_lora
+    # --freeze-vision-tower pushes the frozen tower on the first sync only: the same hole.
+    assert needs_weights_backup(full.model_copy(update={"freeze_vision_tower": True}), memory_saver=True)
+    assert not needs_weights_backup(_cfg(), memory_saver=False)
     # A pass-through flag of the same name is not doubled.
-    assert lora_server_args(_cfg(), ["--enable-weights-cpu-backup"], memory_saver=True).count(
-        "--enable-weights-cpu-backup") == 0  # fmt: skip
+    passthrough = _cfg(sglang_args={"enable_weights_cpu_backup": True})
+    doubled = build_sglang_command(passthrough, host="h", port=1, nccl_port=2, tp_size=1, base_gpu_id=0,
+                                   random_seed=3, memory_saver=True, python="py")  # fmt: skip
+    assert doubled.count("--enable-weights-cpu-backup") == 1
+
+
+def test_reference_engine_loses_released_weights_as_sglang(reference_args, tiny_qwen3_dir, private_tmp):
+    """The CPU stand-in behaves as SGLang on release/resume: without the backup the weights come back zeroed, so a
+    colocated LoRA run on CPU fails its checks as it did on the GPU; the launcher gives it the backup."""
+    import asyncio
+
+    from slime_rollout.client import EngineClient
+    from slime_rollout.engines.launch import build_reference_command, launch_engines
+
+    full = reference_args(tiny_qwen3_dir)
+    assert "--enable-weights-cpu-backup" not in build_reference_command(
+        full, host="h", port=1, random_seed=0, memory_saver=True)  # fmt: skip
+    lora = reference_args(tiny_qwen3_dir, train_backend="fsdp", lora_rank=4, lora_alpha=8.0,
+                          update_weight_disk_dir=str(private_tmp / "lora-backup"))  # fmt: skip
+    assert "--enable-weights-cpu-backup" in build_reference_command(
+        lora, host="h", port=1, random_seed=0, memory_saver=True)  # fmt: skip
+
+    async def greedy_after_release(url):
+        engine = EngineClient(url, timeout=60)
+        try:
+            body = {"input_ids": [785, 4226, 374], "sampling_params": {"temperature": 0.0, "max_new_tokens": 3,
+                    "ignore_eos": True}, "return_logprob": True}  # fmt: skip
+            before = (await engine.generate(body))["meta_info"]["output_token_logprobs"]
+            await engine.request("POST", "/release_memory_occupation", {})
+            await engine.request("POST", "/resume_memory_occupation", {"tags": ["weights"]})
+            after = (await engine.generate(body))["meta_info"]["output_token_logprobs"]
+            return [e[0] for e in before], [e[0] for e in after]
+        finally:
+            await engine.aclose()
+
+    for cfg, kept in ((full, False), (lora, True)):
+        with launch_engines(cfg, num_engines=1, gpus_per_engine=1, colocate=True, startup_timeout_s=300,
+                            log_dir=private_tmp / "backup-logs") as group:  # fmt: skip
+            before, after = asyncio.run(greedy_after_release(group.urls[0]))
+        assert (before == after) is kept
+        if not kept:  # a zeroed model: uniform over the vocabulary
+            assert all(abs(lp + 11.931) < 1e-3 for lp in after), after
 
 
 @pytest.mark.parametrize("targets", [TARGETS, ALL_TARGETS], ids=["q-v-down", "default-targets"])

@@ -169,8 +169,7 @@ def test_colocated_run_serves_the_trainers_initial_adapter(tmp_path, make_tiny_q
     if not _memory_saver_on_engine_side(args):
         pytest.skip("torch_memory_saver is not importable on the SGLang side (colocation needs it)")
     if not weights_backup:
-        lora_flags = launch.lora_server_args
-        monkeypatch.setattr(launch, "lora_server_args", lambda cfg, passthrough=(), **_: lora_flags(cfg, passthrough))
+        monkeypatch.setattr(launch, "needs_weights_backup", lambda cfg, **_: False)
     (tmp_path / "config.json").write_text(json.dumps(config))
     log_dir = os.environ.get("SLIME_TEST_LOG_DIR") or tmp_path / "logs"
     with launch.launch_engines(args, num_engines=1, gpus_per_engine=1, colocate=True, mem_fraction_static=0.3,

@@ -42,6 +42,7 @@ __all__ = [
     "EngineLauncher",
     "attach_router",
     "build_reference_command",
+    "needs_weights_backup",
     "lora_server_args",
     "build_sglang_command",
     "engine_env",
@@ -187,30 +188,23 @@ def build_sglang_command(
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     if memory_saver:
         cmd.append("--enable-memory-saver")
-    cmd += lora_server_args(cfg, passthrough, memory_saver=memory_saver)
+    cmd += lora_server_args(cfg, passthrough)
+    if needs_weights_backup(cfg, memory_saver=memory_saver) and "--enable-weights-cpu-backup" not in passthrough:
+        cmd.append("--enable-weights-cpu-backup")
     cmd += passthrough
     cmd += shlex.split(os.environ.get("SLIME_SGLANG_ARGS", ""))
     return cmd
 
 
-def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = (), *, memory_saver: bool = False) -> list[str]:
+def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[str]:
     """SGLang flags that let an engine serve the run's LoRA adapter (`--lora-rank`); empty without LoRA.
 
     `--enable-lora` with room for an adapter of rank `--lora-rank` on `--lora-target-modules` (the adapter itself
     is loaded by the first weight sync, `slime_rollout.lora_sync`); a pass-through `--sglang-<same flag>` wins.
 
-    With the memory saver (colocated or `--offload-rollout`), also `--enable-weights-cpu-backup`: SGLang's
-    `/release_memory_occupation` unmaps the weights' GPU memory and `/resume_memory_occupation` maps fresh memory
-    whose contents are lost unless the weights were backed up to the host
-    (`sglang/srt/managers/scheduler_components/weight_updater.py`, `load_model_with_memory_saver`). A full weight
-    sync rewrites every tensor after each resume; a LoRA sync sends only the adapter, so without the backup the
-    engine serves the adapter on a base model of lost (in practice zeroed) weights. (The original slime keeps the
-    MTP draft model, which it never syncs, the same way: `enable_draft_weights_cpu_backup`.)
-
     Args:
         cfg: reads `lora_rank`, `lora_target_modules`.
         passthrough: the `--sglang-*` flags as SGLang tokens (`sglang_passthrough`).
-        memory_saver: the engine is started with `--enable-memory-saver`.
     """
     if not cfg.lora_rank:
         return []
@@ -220,21 +214,37 @@ def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = (), *, memory_
         "--lora-target-modules": list(cfg.lora_target_modules),
         "--max-loras-per-batch": ["1"],
     }
-    if memory_saver:
-        wanted["--enable-weights-cpu-backup"] = []
     given = {t.split("=")[0] for t in passthrough if t.startswith("--")}
     return [token for flag, values in wanted.items() if flag not in given for token in (flag, *values)]
 
 
-def build_reference_command(cfg: SlimeArgs, *, host: str, port: int, random_seed: int) -> list[str]:
+def needs_weights_backup(cfg: SlimeArgs, *, memory_saver: bool) -> bool:
+    """Whether engines must keep a host copy of their weights across a memory release (`--enable-weights-cpu-backup`).
+
+    With the memory saver (colocated or `--offload-rollout`), SGLang's `/release_memory_occupation` unmaps the
+    weights' GPU memory and `/resume_memory_occupation` maps fresh memory whose contents are lost unless backed up
+    to the host (`sglang/srt/managers/scheduler_components/weight_updater.py`, `load_model_with_memory_saver`). A full
+    weight sync rewrites every tensor after each resume; runs whose syncs leave weights out need the backup: a LoRA
+    sync sends only the adapter (without it the engine served the adapter on zeroed base weights: issue 25), and
+    `--freeze-vision-tower` sends the frozen tower on the first sync only. (The original slime keeps the MTP draft
+    model, which it never syncs, the same way: `enable_draft_weights_cpu_backup`.)
+    """
+    return memory_saver and bool(cfg.lora_rank or cfg.freeze_vision_tower)
+
+
+def build_reference_command(
+    cfg: SlimeArgs, *, host: str, port: int, random_seed: int, memory_saver: bool = False
+) -> list[str]:
     """Command line of one CPU reference engine.
 
     Args:
-        cfg: run config; reads `hf_checkpoint` and, from `sglang_args`, `max_running_requests` (64), `dtype`
-            ("float32") and `num_threads` when given.
+        cfg: run config; reads `hf_checkpoint`, `lora_rank` and, from `sglang_args`, `max_running_requests` (64),
+            `dtype` ("float32") and `num_threads` when given.
         host: interface the server binds.
         port: its HTTP port.
         random_seed: its sampling seed.
+        memory_saver: `--enable-memory-saver`, as an SGLang engine of the run gets it (the reference engine then
+            loses its weights on a release as SGLang does, unless `--enable-weights-cpu-backup`: LoRA runs).
     """
     extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
     cmd = [
@@ -256,6 +266,10 @@ def build_reference_command(cfg: SlimeArgs, *, host: str, port: int, random_seed
     ]
     if extra.get("num_threads"):
         cmd += ["--num-threads", str(extra["num_threads"])]
+    if memory_saver:
+        cmd.append("--enable-memory-saver")
+    if needs_weights_backup(cfg, memory_saver=memory_saver):
+        cmd.append("--enable-weights-cpu-backup")
     return cmd
 
 
@@ -348,7 +362,9 @@ class EngineLauncher:
             )
             self._cursor = max(self._cursor, nccl_port + 1)
         else:
-            cmd = build_reference_command(self.cfg, host=host, port=port, random_seed=random_seed)
+            cmd = build_reference_command(
+                self.cfg, host=host, port=port, random_seed=random_seed, memory_saver=self.memory_saver
+            )
             self._cursor = max(self._cursor, port + 1)
         log_path = self.log_dir / f"engine_{index}.log" if self.log_dir else None
         return start_engine_process(cmd, url=f"http://{host}:{port}", env=engine_env(self.kind), log_path=log_path)

@@ -419,6 +419,12 @@ class ReferenceModel:
                 n += 1
         return n
 
+    def zero_weights(self) -> None:
+        """Zeroes every parameter: SGLang's weights after a release and resume without a CPU backup."""
+        with self.lock, torch.no_grad():
+            for param in self.model.parameters():
+                param.zero_()
+
     def weight_checksums(self) -> dict[str, str]:
         """SGLang's `/weights_checker` checksums of the weights held (`slime_rollout.weight_checksum`).
 

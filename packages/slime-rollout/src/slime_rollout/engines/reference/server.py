@@ -207,13 +207,24 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         scheduler.resume()
         return {"message": "Generation continued successfully.", "status": 200}
 
+    def weight_tags(body: dict[str, Any]) -> bool:
+        tags = body.get("tags")  # SGLang: None or [] means every tag ("weights", "kv_cache", "cuda_graph")
+        return not tags or "weights" in tags
+
     @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
-    async def release_memory_occupation():
-        # Accepted for compatibility; the CPU engine keeps its weights (state is unchanged).
+    async def release_memory_occupation(request: Request):
+        # As SGLang with --enable-memory-saver: released weights come back as fresh memory on resume, i.e. lost,
+        # unless --enable-weights-cpu-backup (a LoRA sync, which never rewrites them, needs the backup).
+        if server_args.get("enable_memory_saver") and weight_tags(await _json_or_empty(request)):
+            state["weights_released"] = True
         return Response(status_code=200)
 
     @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-    async def resume_memory_occupation():
+    async def resume_memory_occupation(request: Request):
+        if state.get("weights_released") and weight_tags(await _json_or_empty(request)):
+            state["weights_released"] = False
+            if not server_args.get("enable_weights_cpu_backup"):
+                await asyncio.to_thread(model.zero_weights)
         return Response(status_code=200)
 
     async def run_update(fn, weight_version: str | None, abort_all: bool) -> JSONResponse:

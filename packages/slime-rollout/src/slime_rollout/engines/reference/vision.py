@@ -1,10 +1,12 @@
 """Images for the reference engine: SGLang's `/generate` `image_data` on a Qwen-VL checkpoint.
 
 A request names its images in `image_data` (a `data:` URI, bare base64 or a file path each, one per image
-placeholder of the prompt, in order) with either `text` (placeholders not expanded: the processor expands them)
-or `input_ids`. As SGLang does, `input_ids` may hold each image's placeholder expanded or not: every run of image
-tokens after `<|vision_start|>` is set to exactly the number of merged patches of its image, so a client that
-expanded them with the same processor sends ids that come back unchanged.
+placeholder of the prompt, in order) with either `text` or `input_ids`, holding exactly one image token
+(`<|image_pad|>`) per image, not expanded: the i-th one becomes image i's merged patches. That is what SGLang 0.5.16
+accepts: it decodes `input_ids` to text, runs the processor on it (which expands every `<|image_pad|>` of the text
+into one image) and then expands the i-th image token of the sent ids (`srt/multimodal/processors/base_processor.py`
+`load_mm_data`, `process_and_combine_mm_data`, `_expand_input_ids`). Ids that are already expanded, or an image
+token beyond the images, fail there; here they are a 400 with a message saying so.
 
 `mrope_positions` gives the 3-D rotary positions (temporal, height, width) of a prompt with images, from the
 model's own `get_rope_index`, so prefill can run left-padded rows through the language model with explicit
@@ -81,7 +83,6 @@ class VisionPreprocessor:
     def __init__(self, processor: Any, config: Any) -> None:
         self.processor = processor
         self.image_token_id = int(config.image_token_id)
-        self.vision_start_id = int(config.vision_start_token_id)
         self.merge = int(config.vision_config.spatial_merge_size)
 
     def prepare(
@@ -90,17 +91,23 @@ class VisionPreprocessor:
         """Expanded prompt ids and vision tensors of one request.
 
         Args:
-            input_ids: the prompt ids (image placeholders expanded or not), or None when `text` is given.
+            input_ids: the prompt ids with one image token per image, or None when `text` is given.
             text: the prompt text with one placeholder per image, used when `input_ids` is None.
             images: decoded images, one per placeholder in order.
 
         Returns:
-            (prompt ids with each image's run of image tokens set to its merged patch count, vision tensors).
+            (prompt ids with each image token expanded to its image's merged patch count, vision tensors).
 
         Raises:
-            ValueError: the number of image placeholders differs from the number of images.
+            ValueError: the number of image tokens differs from the number of images (expanded ids included).
         """
         if input_ids is None:
+            placeholder = self.processor.tokenizer.convert_ids_to_tokens(self.image_token_id)
+            if (text or "").count(placeholder) != len(images):
+                raise ValueError(
+                    f"the text has {(text or '').count(placeholder)} {placeholder} for {len(images)} image(s) in "
+                    "image_data (one per image, not expanded)"
+                )
             out = self.processor(text=[text], images=list(images), return_tensors="pt")
             ids = [int(t) for t in out["input_ids"][0].tolist()]
         else:
@@ -109,26 +116,18 @@ class VisionPreprocessor:
         return ids, VisionInputs(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
 
     def _expand(self, ids: list[int], grid_thw: torch.Tensor) -> list[int]:
+        # SGLang's `_expand_input_ids`: the i-th image token of the request becomes image i's tokens.
         counts = [int(t * h * w) // self.merge**2 for t, h, w in grid_thw.tolist()]
+        found = ids.count(self.image_token_id)
+        if found != len(counts):
+            raise ValueError(
+                f"input_ids hold {found} image token(s) for {len(counts)} image(s) in image_data: send one "
+                "<|image_pad|> per image, not expanded (SGLang expands each one into its image) and none elsewhere"
+            )
+        images = iter(counts)
         out: list[int] = []
-        runs = 0
-        i = 0
-        while i < len(ids):
-            # An image is a run of image tokens right after <|vision_start|>; a lone image token elsewhere (one a
-            # policy sampled in an earlier turn of a continued sample) is text.
-            if ids[i] != self.image_token_id or i == 0 or ids[i - 1] != self.vision_start_id:
-                out.append(ids[i])
-                i += 1
-                continue
-            j = i
-            while j < len(ids) and ids[j] == self.image_token_id:
-                j += 1
-            if runs < len(counts):
-                out.extend([self.image_token_id] * counts[runs])
-            runs += 1
-            i = j
-        if runs != len(counts):
-            raise ValueError(f"the prompt has {runs} image placeholder(s) for {len(counts)} image(s) in image_data")
+        for token in ids:
+            out.extend([token] * next(images) if token == self.image_token_id else [token])
         return out
 
 
