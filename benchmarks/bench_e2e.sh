@@ -7,8 +7,15 @@
 #   DISAGG=1 bash benchmarks/bench_e2e.sh             # 2 GPUs: trainer on one, SGLang on the other, NCCL sync
 #   TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 bash benchmarks/bench_e2e.sh   # Megatron (local spec)
 #   LABEL=qwen3-0.6b-fsdp-ppo EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages" bash ...   # PPO
+#   VL=1 bash benchmarks/bench_e2e.sh                 # vision-language GRPO (label qwen3-vl-tiny-fsdp), see below
 # CPU smoke:
 #   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
+#   BENCH_DEVICE=cpu VL=1 RBS=2 N=2 MAXLEN=6 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
+# VL=1: the geo3k-style picture questions of examples/geo3k-vlm/data/train.parquet (`problem` with an <image>
+# placeholder, `answer`, PNG bytes in `images`; --rm-type math) on the qwen3-vl-tiny preset (a random 2-layer
+# Qwen3-VL with Qwen3-0.6B's head geometry; a 64x64 picture is 64 image tokens), FSDP only. SGLang runs its
+# vision tower with --mm-attention-backend triton_attn: its default on an H200 is FA3, whose kernels the staged
+# sglang-kernel leaves out (shared/device/bundle.sh).
 # Colocated SGLang needs torch_memory_saver on the SGLang side (--enable-memory-saver); the staged stack
 # lacks it unless bundle.sh was run with `--sglang torch-memory-saver==<ver>`: this script checks first.
 # Budget on an H200: model write ~20 s, Ray + trainer + SGLang start ~120 s, 4 rollouts ~4 x 20 s: ~4 min.
@@ -16,7 +23,8 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
 PY="${PYTHON:-python3}"
-PRESET="${PRESET:-qwen3-0.6b}"
+VL="${VL:-0}"
+if [[ "$VL" == 1 ]]; then PRESET="${PRESET:-qwen3-vl-tiny}"; else PRESET="${PRESET:-qwen3-0.6b}"; fi
 RBS="${RBS:-32}"
 N="${N:-8}"
 MAXLEN="${MAXLEN:-256}"
@@ -26,6 +34,16 @@ MODEL_ROOT="${SLIME_BENCH_MODELS:-/tmp/slime-bench-models}"
 DEVICE="${BENCH_DEVICE:-cuda}"
 TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
 DISAGG="${DISAGG:-0}"
+
+if [[ "$VL" == 1 && "$TRAIN_BACKEND" != fsdp ]]; then
+  echo "bench_e2e: VL=1 trains on --train-backend fsdp only (got TRAIN_BACKEND=$TRAIN_BACKEND)" >&2
+  exit 2
+fi
+DATA_FLAGS=(--prompt-data "$REPO/tests/fixtures/gsm8k/test-50.jsonl" --input-key question --label-key answer)
+if [[ "$VL" == 1 ]]; then
+  DATA_FLAGS=(--prompt-data "$REPO/examples/geo3k-vlm/data/train.parquet" --input-key problem --label-key answer
+              --multimodal-keys '{"image": "images"}')
+fi
 
 MODEL_DIR="$($PY "$HERE/_common.py" "$PRESET" "$MODEL_ROOT")" \
   || { echo "bench_e2e: could not build the $PRESET checkpoint" >&2; exit 2; }
@@ -52,6 +70,7 @@ fi
 if [[ "$DEVICE" == "cuda" ]]; then
   ENGINE_FLAGS=(--rollout-engine sglang --sglang-mem-fraction-static "$MEM_FRACTION" "${KV_CAP[@]}"
                 --sglang-cuda-graph-backend-prefill disabled --sglang-cuda-graph-max-bs-decode "${CUDA_GRAPH_BS:-256}")
+  [[ "$VL" == 1 ]] && ENGINE_FLAGS+=(--sglang-mm-attention-backend triton_attn)
 else
   ENGINE_FLAGS=(--rollout-engine reference)
 fi
@@ -60,8 +79,7 @@ mkdir -p "$RUN_DIR"
 start=$(date +%s)
 $PY "$REPO/apps/train" \
   --train-backend "$TRAIN_BACKEND" --hf-checkpoint "$MODEL_DIR" \
-  --prompt-data "$REPO/tests/fixtures/gsm8k/test-50.jsonl" --input-key question --label-key answer \
-  --apply-chat-template --rm-type math --advantage-estimator grpo \
+  "${DATA_FLAGS[@]}" --apply-chat-template --rm-type math --advantage-estimator grpo \
   --num-rollout "$NUM_ROLLOUT" --rollout-batch-size "$RBS" --n-samples-per-prompt "$N" \
   --global-batch-size $((RBS * N)) --rollout-max-response-len "$MAXLEN" --rollout-temperature 1.0 \
   --actor-num-nodes 1 --actor-num-gpus-per-node 1 "${PLACEMENT[@]}" --lr 1e-6 \

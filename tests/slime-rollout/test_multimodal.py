@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slime_core.config import PluginArgs, SlimeArgs
-from slime_core.sample import Sample
+from slime_core.sample import Sample, Status
 from slime_rollout import generate as generate_mod
 from slime_rollout import multimodal
 from slime_rollout.data_source import load_prompt_rows, rows_to_samples
@@ -228,22 +228,59 @@ def test_max_prompt_len_counts_the_expanded_image_tokens(vlm, tmp_path):
     assert rows_to_samples(rows, max_prompt_len=11, **common) == []
 
 
-# ---- generate: the /generate request ---------------------------------------------------------------------------
+# ---- generate: the /generate request, held to what SGLang 0.5.16 does with it ----------------------------------
 
 
-class RecordingClient:
-    """Answers every /generate with two tokens; `prompt_tokens` is what the engine claims it saw."""
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The Qwen-VL image size rule, written from SGLang's `srt/multimodal/processors/qwen_vl.py` `smart_resize`
+    (the Hugging Face image processor's is the same): sides rounded to multiples of `factor` (patch x merge), then
+    scaled down to at most `max_pixels` or up to at least `min_pixels` keeping the aspect ratio."""
+    import math
 
-    def __init__(self, prompt_tokens=None):
+    h_bar, w_bar = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar, w_bar = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def image_tokens(family: str, height: int, width: int) -> int:
+    """Tokens of one image for the tiny checkpoints (`make_tiny_vlm`: 2x2 to 8x8 patch grids, merge 2)."""
+    patch = PATCH[family]
+    h, w = smart_resize(height, width, 2 * patch, (2 * patch) ** 2, (8 * patch) ** 2)
+    return (h // patch) * (w // patch) // 4
+
+
+def sglang_expand(family: str, payload: dict) -> list[int]:
+    """The prompt SGLang 0.5.16 builds from `input_ids` + `image_data` (`base_processor.py` `_expand_input_ids`,
+    after its processor ran on the decoded ids): the i-th `<|image_pad|>` becomes image i's tokens. Any other
+    number of image tokens than one per image fails there (the processor expands every pad of the decoded text)."""
+    ids, images = payload["input_ids"], [multimodal.decode_image(i) for i in payload["image_data"]]
+    if ids.count(IMAGE_PAD) != len(images):
+        raise AssertionError(f"SGLang rejects {ids.count(IMAGE_PAD)} image tokens for {len(images)} images")
+    counts = iter(image_tokens(family, img.height, img.width) for img in images)
+    return [t for token in ids for t in ([token] * next(counts) if token == IMAGE_PAD else [token])]
+
+
+class SGLangLikeClient:
+    """Answers every /generate with two tokens; `prompt_tokens` is the prompt SGLang would build (`sglang_expand`),
+    or `prompt_tokens` when given."""
+
+    def __init__(self, family, prompt_tokens=None):
+        self.family = family
         self.payloads = []
         self.prompt_tokens = prompt_tokens
 
     async def generate(self, payload):
         self.payloads.append(payload)
+        expanded = sglang_expand(self.family, payload)
         meta = {
             "output_token_logprobs": [[-0.5, 17, None], [-0.25, 151645, None]],
             "finish_reason": {"type": "stop", "matched": 151645},
-            "prompt_tokens": self.prompt_tokens if self.prompt_tokens is not None else len(payload["input_ids"]),
+            "prompt_tokens": self.prompt_tokens if self.prompt_tokens is not None else len(expanded),
             "weight_version": "3",
         }
         return {"text": "2<|im_end|>", "output_ids": [17, 151645], "meta_info": meta}
@@ -263,20 +300,37 @@ def _args(path):
     )
 
 
-async def test_generate_sends_expanded_ids_and_image_data(vlm, monkeypatch):
-    _, path = vlm
-    client = RecordingClient()
+PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>n?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_collapse_image_runs_keeps_one_token_per_image():
+    s, p, e = VISION_START, IMAGE_PAD, VISION_END
+    ids = [1, s, p, p, p, p, e, 2, s, p, e, 3, p, p, 4]
+    # Runs after <|vision_start|> shrink to one token; image tokens elsewhere stay as they are.
+    assert multimodal.collapse_image_runs(ids, p, s) == [1, s, p, e, 2, s, p, e, 3, p, p, 4]
+    assert multimodal.collapse_image_runs([], p, s) == []
+
+
+async def test_generate_sends_one_image_token_per_image_and_sglang_expands_it_back(vlm, monkeypatch):
+    family, path = vlm
+    client = SGLangLikeClient(family)
     monkeypatch.setattr(generate_mod, "get_client", lambda args: client)
     image = "data:image/png;base64," + base64.b64encode(png_bytes(size=(77, 45))).decode()
-    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>n?<|im_end|>\n<|im_start|>assistant\n"
-    samples = [Sample(prompt=prompt, multimodal_inputs={"images": [image]}, index=i) for i in range(2)]
+    samples = [Sample(prompt=PROMPT, multimodal_inputs={"images": [image]}, index=i) for i in range(2)]
     for s in samples:
         await generate_mod.generate(_args(path), s, {"max_new_tokens": 4, "temperature": 1.0})
-    vp = multimodal.prepare_vision_prompt(path, prompt, [image])
+    vp = multimodal.prepare_vision_prompt(path, PROMPT, [image])
+    # 77x45 -> 84x56 (patch 14: a 4x6 grid, 6 tokens) or 64x32 (patch 16: 2x4, 2 tokens).
+    n = {"qwen2_5_vl": 6, "qwen3_vl": 2}[family]
+    assert n == image_tokens(family, 45, 77) == list(vp.input_ids).count(IMAGE_PAD)
+    tokenizer = multimodal.get_processor(path).tokenizer
     for s, payload in zip(samples, client.payloads, strict=True):
-        assert payload["input_ids"] == list(vp.input_ids)
+        # The request holds the template's prompt as the tokenizer writes it: one <|image_pad|> for the image.
+        assert payload["input_ids"] == tokenizer.encode(PROMPT, add_special_tokens=False) == list(vp.engine_input_ids)
         assert payload["image_data"] == list(vp.engine_images)
         assert payload["image_data"][0].startswith("data:image/png;base64,")
+        # The sample holds what SGLang builds from that request, and the trainer trains on it.
+        assert sglang_expand(family, payload) == list(vp.input_ids)
         assert s.tokens == [*vp.input_ids, 17, 151645] and s.response_length == 2
         assert s.rollout_log_probs == [-0.5, -0.25]
         assert torch.equal(s.multimodal_train_inputs["pixel_values"], vp.train_inputs["pixel_values"])
@@ -284,24 +338,70 @@ async def test_generate_sends_expanded_ids_and_image_data(vlm, monkeypatch):
     assert samples[0].multimodal_train_inputs["pixel_values"] is samples[1].multimodal_train_inputs["pixel_values"]
 
 
-async def test_engine_that_expands_images_differently_is_an_error(vlm, monkeypatch):
-    _, path = vlm
-    monkeypatch.setattr(generate_mod, "get_client", lambda args: RecordingClient(prompt_tokens=3))
+async def test_a_continuation_sends_the_collapsed_prompt_and_the_response_so_far(vlm, monkeypatch):
+    family, path = vlm
+    client = SGLangLikeClient(family)
+    monkeypatch.setattr(generate_mod, "get_client", lambda args: client)
+    image = "data:image/png;base64," + base64.b64encode(png_bytes(size=(90, 60))).decode()
+    vp = multimodal.prepare_vision_prompt(path, PROMPT, [image])
+    sample = Sample(prompt=PROMPT, multimodal_inputs={"images": [image]}, index=3)
+    sample.tokens, sample.response_length = [*vp.input_ids, 30, 31], 2
+    sample.loss_mask, sample.rollout_log_probs = [1, 1], [-1.0, -2.0]
+    await generate_mod.generate(_args(path), sample, {"max_new_tokens": 6})
+    (payload,) = client.payloads
+    assert payload["input_ids"] == [*vp.engine_input_ids, 30, 31]
+    assert payload["sampling_params"]["max_new_tokens"] == 4
+    assert sample.tokens == [*vp.input_ids, 30, 31, 17, 151645] and sample.response_length == 4
+
+
+async def test_a_response_holding_the_image_token_is_not_sent(vlm, monkeypatch, caplog):
+    """SGLang would take an `<|image_pad|>` the policy sampled for one more image and fail the request: the sample
+    stops where it is."""
+    family, path = vlm
+    client = SGLangLikeClient(family)
+    monkeypatch.setattr(generate_mod, "get_client", lambda args: client)
     image = "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
-    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>n?<|im_end|>\n<|im_start|>assistant\n"
-    sample = Sample(prompt=prompt, multimodal_inputs={"images": [image]}, index=0)
+    vp = multimodal.prepare_vision_prompt(path, PROMPT, [image])
+    sample = Sample(prompt=PROMPT, multimodal_inputs={"images": [image]}, index=5)
+    sample.tokens, sample.response_length = [*vp.input_ids, 30, IMAGE_PAD], 2
+    sample.loss_mask, sample.rollout_log_probs = [1, 1], [-1.0, -2.0]
+    out = await generate_mod.generate(_args(path), sample, {"max_new_tokens": 6})
+    assert client.payloads == [] and out.status is Status.TRUNCATED
+    assert out.tokens == [*vp.input_ids, 30, IMAGE_PAD] and out.response_length == 2
+    assert "sample 5: its response holds the image placeholder token" in caplog.text
+
+
+async def test_engine_that_expands_images_differently_is_an_error(vlm, monkeypatch):
+    family, path = vlm
+    monkeypatch.setattr(generate_mod, "get_client", lambda args: SGLangLikeClient(family, prompt_tokens=3))
+    image = "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
+    sample = Sample(prompt=PROMPT, multimodal_inputs={"images": [image]}, index=0)
     with pytest.raises(ValueError, match="the engine saw 3 prompt tokens, the processor made"):
         await generate_mod.generate(_args(path), sample, {"max_new_tokens": 4})
 
 
 async def test_continuation_must_start_with_the_processor_prompt(vlm, monkeypatch):
-    _, path = vlm
-    monkeypatch.setattr(generate_mod, "get_client", lambda args: RecordingClient())
+    family, path = vlm
+    monkeypatch.setattr(generate_mod, "get_client", lambda args: SGLangLikeClient(family))
     image = "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
-    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>n?<|im_end|>\n<|im_start|>assistant\n"
-    sample = Sample(prompt=prompt, tokens=[1, 2, 3], multimodal_inputs={"images": [image]}, index=7)
+    sample = Sample(prompt=PROMPT, tokens=[1, 2, 3], multimodal_inputs={"images": [image]}, index=7)
     with pytest.raises(ValueError, match="sample 7: its tokens do not start with the processor's"):
         await generate_mod.generate(_args(path), sample, {"max_new_tokens": 4})
+
+
+def test_a_prompt_with_a_stray_image_token_is_refused(vlm):
+    _, path = vlm
+    image = "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
+    text = PROMPT.replace("n?", "n<|image_pad|>?")  # a placeholder outside <|vision_start|>: no image is meant
+    with pytest.raises(ValueError, match=r"the prompt has 2 <\|image_pad\|> for 1 image\(s\)"):
+        multimodal.prepare_vision_prompt(path, text, [image])
+    with pytest.raises(ValueError, match=r"the prompt has 1 <\|image_pad\|> for 2 image\(s\)"):
+        multimodal.prepare_vision_prompt(path, PROMPT, [image, image])
+    # A placeholder the template did not put after <|vision_start|> cannot be told apart from text by an engine.
+    bare = PROMPT.replace("<|vision_start|><|image_pad|>", "<|image_pad|>")
+    big = "data:image/png;base64," + base64.b64encode(png_bytes(size=(90, 60))).decode()  # 2 tokens or more
+    with pytest.raises(ValueError, match=r"every image placeholder must follow <\|vision_start\|>"):
+        multimodal.prepare_vision_prompt(path, bare, [big])
 
 
 def test_sample_images_of_text_only_samples_is_empty():

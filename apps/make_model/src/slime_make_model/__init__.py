@@ -1,6 +1,7 @@
-"""Random-weight Qwen3 checkpoints with the real Qwen3 tokenizer (`uv run apps/make_model`, or `slime-make-model`).
+"""Random-weight Qwen3 and Qwen3-VL checkpoints with the real Qwen3 tokenizer.
 
-The checkpoint writer is `slime_make_model.checkpoint`; the command line is `slime_make_model.cli`.
+Run as `uv run apps/make_model` or `slime-make-model`. The checkpoint writer is `slime_make_model.checkpoint`;
+the command line is `slime_make_model.cli`.
 """
 
 from typing import Any

@@ -1,9 +1,12 @@
-"""Random-weight Qwen3 checkpoints in Hugging Face format, with the real Qwen3 tokenizer.
+"""Random-weight Qwen3 and Qwen3-VL checkpoints in Hugging Face format, with the real Qwen3 tokenizer.
 
 Presets use the published Qwen3 shapes (hidden size, layers, heads, KV heads, head_dim 128, FFN size,
 rope theta 1e6, tied embeddings up to 4B). Weights are drawn tensor by tensor from N(0, 0.02²) (norm
-weights are ones, like ``Qwen3PreTrainedModel._init_weights``) and streamed into safetensors shards, so
-peak memory is one shard, not the whole model. No network access is needed.
+weights are ones and biases zeros, like ``Qwen3PreTrainedModel._init_weights``) and streamed into safetensors
+shards, so peak memory is one shard, not the whole model. No network access is needed.
+
+A Qwen3-VL preset (``qwen3-vl-tiny``) also gets the processor files and a Qwen-VL chat template
+(`slime_make_model.vl_files`): a directory that SGLang, the CPU reference engine and the FSDP trainer load.
 """
 
 import json
@@ -15,7 +18,14 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PretrainedConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
 
 from slime_make_model.presets import (
     DEFAULT_TOKENIZER_DIR,
@@ -25,14 +35,15 @@ from slime_make_model.presets import (
     QWEN3_VOCAB_SIZE,
     TOKENIZER_FILES,
 )
+from slime_make_model.vl_files import vl_config_dict, write_vl_files
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VOCAB_SIZE) -> Qwen3Config:
-    """Returns the ``Qwen3Config`` of a preset.
+def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VOCAB_SIZE) -> PretrainedConfig:
+    """Returns the ``Qwen3Config`` of a preset (``Qwen3VLConfig`` for a preset with a vision tower).
 
     Args:
         name: A key of :data:`PRESETS`.
@@ -47,6 +58,8 @@ def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VO
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r} is unknown; choose one of {sorted(DTYPES)}")
     p = PRESETS[name]
+    if p.vision is not None:
+        return Qwen3VLConfig.from_dict(vl_config_dict(p, dtype, vocab_size))
     return Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=p.hidden_size,
@@ -68,38 +81,44 @@ def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VO
     )
 
 
-def parameter_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
+def parameter_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
     """Returns ``{name: shape}`` of the tensors a checkpoint stores, built on the meta device (no memory).
 
     A tied ``lm_head.weight`` is omitted: it is the embedding.
     """
+    model_class = Qwen3VLForConditionalGeneration if isinstance(config, Qwen3VLConfig) else Qwen3ForCausalLM
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(config)
+        model = model_class(config)
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
     return shapes
 
 
-def count_parameters(config: Qwen3Config) -> int:
+def count_parameters(config: PretrainedConfig) -> int:
     """Number of distinct parameters (tied embeddings counted once)."""
     return sum(int(torch.Size(s).numel()) for s in parameter_shapes(config).values())
 
 
 def _random_tensor(name: str, shape: tuple[int, ...], std: float, gen: torch.Generator, dtype: torch.dtype):
-    # RMSNorm scales start at one; every other weight is a matrix drawn from N(0, std^2).
-    if name.endswith("norm.weight"):
-        return torch.ones(shape, dtype=dtype)
+    # Norm scales (RMSNorm, and the vision tower's LayerNorms: norm1, norm2, merger norms) start at one, biases at
+    # zero; every other weight is drawn from N(0, std^2).
+    module, _, kind = name.rpartition(".")
+    if "norm" in module.rpartition(".")[2]:
+        return torch.ones(shape, dtype=dtype) if kind == "weight" else torch.zeros(shape, dtype=dtype)
+    if kind == "bias":
+        return torch.zeros(shape, dtype=dtype)
     return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen).to(dtype)
 
 
-def write_random_weights(config: Qwen3Config, out_dir: Path, seed: int, max_shard_bytes: int) -> list[str]:
+def write_random_weights(config: PretrainedConfig, out_dir: Path, seed: int, max_shard_bytes: int) -> list[str]:
     """Streams random weights into ``model[-0000i-of-0000n].safetensors`` (+ index json when sharded).
 
     Returns:
         The shard file names written.
     """
     dtype = DTYPES[str(config.dtype).removeprefix("torch.")]
+    std = config.get_text_config().initializer_range
     shapes = parameter_shapes(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
     # Plan shards first so file names can carry the shard count.
@@ -117,7 +136,7 @@ def write_random_weights(config: Qwen3Config, out_dir: Path, seed: int, max_shar
     gen = torch.Generator().manual_seed(seed)
     weight_map, total = {}, 0
     for fname, names in zip(files, plan, strict=True):
-        shard = {nm: _random_tensor(nm, shapes[nm], config.initializer_range, gen, dtype) for nm in names}
+        shard = {nm: _random_tensor(nm, shapes[nm], std, gen, dtype) for nm in names}
         save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
         total += sum(t.numel() * t.element_size() for t in shard.values())
         weight_map.update(dict.fromkeys(names, fname))
@@ -140,7 +159,8 @@ def make_model(
     """Writes a complete random-weight HF checkpoint directory.
 
     The directory is assembled under a temporary sibling and renamed into place, so ``out`` either holds a
-    complete checkpoint or does not exist.
+    complete checkpoint or does not exist. A Qwen3-VL preset also gets the processor files and the Qwen-VL chat
+    template (`slime_make_model.vl_files.write_vl_files`).
 
     Args:
         preset: A key of :data:`PRESETS`.
@@ -168,8 +188,14 @@ def make_model(
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     tmp.chmod(0o755)  # mkdtemp creates 0700; a checkpoint dir should be readable like any other
     try:
-        config.architectures = ["Qwen3ForCausalLM"]
-        config.save_pretrained(tmp)
+        if PRESETS[preset].vision is not None:
+            write_vl_files(tmp, PRESETS[preset], tokenizer_dir, dtype)
+        else:
+            config.architectures = ["Qwen3ForCausalLM"]
+            config.save_pretrained(tmp)
+            for f in TOKENIZER_FILES:
+                if (tokenizer_dir / f).is_file():
+                    shutil.copyfile(tokenizer_dir / f, tmp / f)
         GenerationConfig(
             bos_token_id=QWEN3_BOS_ID,
             eos_token_id=[QWEN3_EOS_ID, QWEN3_BOS_ID],
@@ -179,9 +205,6 @@ def make_model(
             top_p=0.95,
             top_k=20,
         ).save_pretrained(tmp)
-        for f in TOKENIZER_FILES:
-            if (tokenizer_dir / f).is_file():
-                shutil.copyfile(tokenizer_dir / f, tmp / f)
         write_random_weights(config, tmp, seed, int(max_shard_gb * 1e9))
         os.replace(tmp, out)
     except BaseException:

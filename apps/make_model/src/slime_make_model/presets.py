@@ -1,12 +1,13 @@
-"""Presets of `slime_make_model`: Qwen3 shapes, dtype names and tokenizer files (no torch, so `--help` is instant).
+"""Presets of `slime_make_model`: Qwen3 and Qwen3-VL shapes, dtype names and tokenizer files.
 
-The checkpoint writer that uses them is `slime_make_model.checkpoint`.
+No torch here, so `--help` is instant. The checkpoint writer that uses them is `slime_make_model.checkpoint`;
+the Qwen3-VL files (config, processor, chat template) are `slime_make_model.vl_files`.
 """
 
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_TOKENIZER_DIR", "DTYPE_NAMES", "PRESETS", "Preset", "TOKENIZER_FILES"]
+__all__ = ["DEFAULT_TOKENIZER_DIR", "DTYPE_NAMES", "PRESETS", "Preset", "TOKENIZER_FILES", "VisionPreset"]
 
 # The Qwen3 tokenizer committed with the tests (a source checkout: this file is
 # apps/make_model/src/slime_make_model/presets.py); an installed wheel has no such directory, pass --tokenizer.
@@ -28,8 +29,32 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
 
 @dataclass(frozen=True)
+class VisionPreset:
+    """Shape of a Qwen3-VL vision tower (fields are ``Qwen3VLVisionConfig`` keyword arguments).
+
+    Images are cut into ``patch_size`` pixel patches (``temporal_patch_size`` frames deep: a still image is repeated),
+    and ``spatial_merge_size``² neighbouring patches become one language-model token. The learned position table has
+    ``num_position_embeddings`` rows, a square grid (SGLang and transformers take its side as the square root).
+    """
+
+    depth: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    deepstack_visual_indexes: tuple[int, ...]
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    num_position_embeddings: int = 2304
+
+
+@dataclass(frozen=True)
 class Preset:
-    """Shape of a Qwen3 dense model (fields are ``Qwen3Config`` keyword arguments)."""
+    """Shape of a Qwen3 dense model (fields are ``Qwen3Config`` keyword arguments), or of a Qwen3-VL one.
+
+    A preset with ``vision`` is a ``Qwen3VLForConditionalGeneration``: these fields are its ``text_config`` and
+    ``vision`` its ``vision_config`` (the vision tower projects to ``hidden_size``).
+    """
 
     hidden_size: int
     num_hidden_layers: int
@@ -39,7 +64,14 @@ class Preset:
     tie_word_embeddings: bool
     head_dim: int = 128
     max_position_embeddings: int = 40960
+    vision: VisionPreset | None = None
 
+
+#: The vision tower of qwen3-vl-tiny: 2 blocks of hidden 256 (4 heads of 64), 16-pixel patches merged 2x2,
+#: deepstack features from block 0.
+QWEN3_VL_TINY_VISION = VisionPreset(
+    depth=2, hidden_size=256, num_heads=4, intermediate_size=1024, deepstack_visual_indexes=(0,)
+)
 
 PRESETS: dict[str, Preset] = {
     # A few MB with the real vocab: embedding 151936 x 16 dominates (~2.4 M params).
@@ -48,4 +80,8 @@ PRESETS: dict[str, Preset] = {
     "qwen3-1.7b": Preset(2048, 28, 16, 8, 6144, True),
     "qwen3-4b": Preset(2560, 36, 32, 8, 9728, True),
     "qwen3-8b": Preset(4096, 36, 32, 8, 12288, False),
+    # A Qwen3-VL that SGLang serves on one GPU: the language model has Qwen3-0.6B's width and head geometry
+    # (16 q / 8 KV heads of 128: the shapes the staged GPU stack has kernels for) in 2 layers, and
+    # QWEN3_VL_TINY_VISION. ~0.19 B parameters, 0.16 B of them the tied 151936-row embedding.
+    "qwen3-vl-tiny": Preset(1024, 2, 16, 8, 3072, True, max_position_embeddings=32768, vision=QWEN3_VL_TINY_VISION),
 }

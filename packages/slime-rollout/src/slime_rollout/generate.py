@@ -6,9 +6,11 @@ the sample (never decoded and re-tokenized). The engine behind the client may be
 reference engine; this code does not know which.
 
 A prompt with images (`Sample.multimodal_inputs`) goes through the model's processor first
-(`slime_rollout.multimodal.prepare_vision_prompt`): the request carries the expanded prompt ids plus the
-images as SGLang's `image_data`, the sample keeps the vision tensors for the trainer, and the engine's
-`meta_info.prompt_tokens` must equal the prompt length (else the two sides disagree on the image tokens).
+(`slime_rollout.multimodal.prepare_vision_prompt`): the sample holds the prompt ids with every image expanded to
+one token per merged patch and the vision tensors for the trainer; the request carries the images as SGLang's
+`image_data` and the same ids with each image's run collapsed to one `<|image_pad|>`, which SGLang expands again
+(it rejects ids that are already expanded; see `slime_rollout.multimodal`). The engine's
+`meta_info.prompt_tokens` must equal the expanded prompt length (else the two sides disagree on the image tokens).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
 from slime_rollout.data_source import encode_prompt, get_tokenizer
-from slime_rollout.multimodal import VisionPrompt, prepare_vision_prompt, sample_images
+from slime_rollout.multimodal import VisionPrompt, prepare_vision_prompt, sample_images, vision_token_ids
 from slime_rollout.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
 
 if TYPE_CHECKING:
@@ -142,13 +144,26 @@ def _vision_prompt(args: SlimeArgs, sample: Sample) -> VisionPrompt | None:
     return vision
 
 
-def _check_prompt_tokens(sample: Sample, meta: dict[str, Any], sent: int) -> None:
-    """The engine expanded the images into as many tokens as the trainer will see (SGLang re-expands them)."""
+def _engine_ids(args: SlimeArgs, sample: Sample, vision: VisionPrompt) -> list[int] | None:
+    """The `/generate` `input_ids` of a sample with images: its tokens with the prompt's image runs collapsed.
+
+    Returns None when the sample cannot be sent: its earlier response holds the image token, which SGLang would
+    take for one more image placeholder (and fail the request).
+    """
+    rest = sample.tokens[len(vision.input_ids) :]
+    image_token_id, _ = vision_token_ids(args.hf_checkpoint)
+    if image_token_id in rest:
+        return None
+    return [*vision.engine_input_ids, *rest]
+
+
+def _check_prompt_tokens(sample: Sample, meta: dict[str, Any], expanded: int) -> None:
+    """The engine expanded the images into as many tokens as the trainer will see (SGLang expands them itself)."""
     engine = meta.get("prompt_tokens")
-    if engine is not None and int(engine) != sent:
+    if engine is not None and int(engine) != expanded:
         raise ValueError(
-            f"sample {sample.index}: the engine saw {engine} prompt tokens, the processor made {sent}: the engine's "
-            "image processing differs from --hf-checkpoint's processor (check its preprocessor_config.json)"
+            f"sample {sample.index}: the engine saw {engine} prompt tokens, the processor made {expanded}: the "
+            "engine's image processing differs from --hf-checkpoint's processor (check its preprocessor_config.json)"
         )
 
 
@@ -212,11 +227,21 @@ async def generate(
 
     payload = {"input_ids": list(sample.tokens), "sampling_params": sampling_params, "return_logprob": True}
     if vision is not None:
+        engine_ids = _engine_ids(args, sample, vision)
+        if engine_ids is None:
+            logger.warning(
+                "sample %s: its response holds the image placeholder token; an engine would take it for an image, "
+                "so the sample stops here (TRUNCATED)",
+                sample.index,
+            )
+            sample.status = Status.TRUNCATED
+            return sample
+        payload["input_ids"] = engine_ids
         payload["image_data"] = list(vision.engine_images)
     client = get_client(args)
     reply = await call_client(client.generate, payload)
     if vision is not None:
-        _check_prompt_tokens(sample, reply.get("meta_info") or {}, len(payload["input_ids"]))
+        _check_prompt_tokens(sample, reply.get("meta_info") or {}, len(sample.tokens))
     tokens, log_probs = _parse_output(reply)
     top_p = parse_top_p_sets(reply["meta_info"], len(tokens))
     sample.status = Status.PENDING

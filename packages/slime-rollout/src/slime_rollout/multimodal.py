@@ -13,8 +13,17 @@ Flow of one prompt:
 2. Generate (`prepare_vision_prompt`, once per prompt group): each image is decoded, resized to the size the
    model's processor would resize it to (so the engine, running the same processor on what it receives, sees
    exactly these pixels and expands exactly as many image tokens), and processed together with the prompt text:
-   prompt ids with every image placeholder expanded to one token per merged patch, `pixel_values` and
-   `image_grid_thw` for the trainer, and the resized images as PNG `data:` URIs for SGLang's `image_data`.
+   prompt ids with every image placeholder expanded to one token per merged patch (what the sample and the
+   trainer hold), `pixel_values` and `image_grid_thw` for the trainer, and for the engine the resized images as
+   PNG `data:` URIs (`image_data`) with the prompt ids whose image runs are collapsed back to one placeholder each.
+
+What SGLang 0.5.16 does with `input_ids` + `image_data` (read in its source, `srt/managers/tokenizer_manager.py`
+`_tokenize_one_request` and `srt/multimodal/processors/base_processor.py` / `qwen_vl.py`): it decodes the ids to
+text, runs the Hugging Face processor on that text and the images (which replaces every `<|image_pad|>` of the
+text by one image's tokens), then, with `SGLANG_MM_AVOID_RETOKENIZE` (on by default), keeps the sent ids and
+expands the i-th `<|image_pad|>` to image i's token count. Ids that are already expanded would make the processor
+see one placeholder per merged patch for a single image and fail the request; so the engine gets exactly one
+`<|image_pad|>` per image and nowhere else, and reports the expanded length as `meta_info.prompt_tokens`.
 
 Pillow decodes images; transformers' `AutoProcessor` of `--hf-checkpoint` (Qwen2-VL / Qwen2.5-VL / Qwen3-VL
 families) does the rest. No image is fetched over the network: URLs are rejected with a clear error.
@@ -42,6 +51,7 @@ __all__ = [
     "VisionPrompt",
     "build_messages",
     "check_row_images",
+    "collapse_image_runs",
     "decode_image",
     "get_processor",
     "image_column",
@@ -51,6 +61,7 @@ __all__ = [
     "prepare_vision_prompt",
     "resize_to_processor",
     "sample_images",
+    "vision_token_ids",
 ]
 
 #: The placeholder marking where an image goes in a prompt text (the original slime's).
@@ -276,11 +287,46 @@ class VisionPrompt:
             `[num_images, 3]` int64, ...), shared by the samples of the prompt's group.
         engine_images: the images as the processor saw them (resized), PNG `data:` URIs for `/generate`'s
             `image_data`.
+        engine_input_ids: `input_ids` with each image's run of image tokens collapsed to one (the chat template's
+            `<|vision_start|><|image_pad|><|vision_end|>`): the `/generate` `input_ids` of the prompt, which the
+            engine expands back to `input_ids` (see the module docstring).
     """
 
     input_ids: tuple[int, ...]
     train_inputs: dict[str, torch.Tensor]
     engine_images: tuple[str, ...]
+    engine_input_ids: tuple[int, ...]
+
+
+@functools.cache
+def vision_token_ids(checkpoint: str) -> tuple[int, int]:
+    """`(image_token_id, vision_start_token_id)` of a vision-language checkpoint's config (what SGLang reads too)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(checkpoint)
+    return int(config.image_token_id), int(config.vision_start_token_id)
+
+
+def collapse_image_runs(ids: Sequence[int], image_token_id: int, vision_start_id: int) -> list[int]:
+    """Prompt ids with every run of image tokens right after `<|vision_start|>` collapsed to one image token.
+
+    The inverse of the processor's expansion: `[s, p, p, p, e]` -> `[s, p, e]` for vision start `s`, image token
+    `p`, vision end `e`. Image tokens elsewhere are kept as they are.
+
+    Args:
+        ids: token ids, image placeholders expanded.
+        image_token_id: the image placeholder (`<|image_pad|>`, 151655 in the Qwen vocabularies).
+        vision_start_id: the token before each image (`<|vision_start|>`, 151652).
+    """
+    out: list[int] = []
+    i = 0
+    while i < len(ids):
+        out.append(ids[i])
+        if ids[i] == image_token_id and i > 0 and ids[i - 1] == vision_start_id:
+            while i + 1 < len(ids) and ids[i + 1] == image_token_id:  # the rest of this image's run
+                i += 1
+        i += 1
+    return out
 
 
 def png_data_uri(image: Any) -> str:
@@ -330,6 +376,10 @@ def resize_to_processor(processor: Any, images: Sequence[Any]) -> list[Any]:
 def _prepare_cached(checkpoint: str, text: str, images: tuple[str, ...]) -> VisionPrompt:
     # The n samples of a group share one prompt: process it once (256 entries cover the groups in flight).
     processor = get_processor(checkpoint)
+    placeholder = getattr(processor, "image_token", "<|image_pad|>")
+    if text.count(placeholder) != len(images):
+        # The processor (and SGLang's, on the engine) turns every placeholder into one whole image.
+        raise ValueError(f"the prompt has {text.count(placeholder)} {placeholder} for {len(images)} image(s)")
     pil = [decode_image(img) for img in images]
     out = _run_processor(processor, text, pil)
     sizes = _processed_sizes(processor, out["image_grid_thw"])
@@ -343,10 +393,21 @@ def _prepare_cached(checkpoint: str, text: str, images: tuple[str, ...]) -> Visi
     import torch
 
     train_inputs = {k: v for k, v in out.items() if k not in _NOT_TRAIN_INPUTS and isinstance(v, torch.Tensor)}
+    input_ids = tuple(int(t) for t in out["input_ids"][0].tolist())
+    image_token_id, vision_start_id = vision_token_ids(checkpoint)
+    engine_input_ids = tuple(collapse_image_runs(input_ids, image_token_id, vision_start_id))
+    if engine_input_ids.count(image_token_id) != len(pil):
+        # SGLang expands the i-th image token of the request into image i: an image placeholder not right after
+        # <|vision_start|> (a template that does not write `<|vision_start|><|image_pad|>`) cannot be sent.
+        raise ValueError(
+            f"the prompt has {engine_input_ids.count(image_token_id)} image tokens for {len(pil)} image(s) once each "
+            "image's run after <|vision_start|> is collapsed: every image placeholder must follow <|vision_start|>"
+        )
     return VisionPrompt(
-        input_ids=tuple(int(t) for t in out["input_ids"][0].tolist()),
+        input_ids=input_ids,
         train_inputs=train_inputs,
         engine_images=tuple(png_data_uri(img) for img in pil),
+        engine_input_ids=engine_input_ids,
     )
 
 
@@ -359,10 +420,11 @@ def prepare_vision_prompt(checkpoint: str, text: str, images: Sequence[str]) -> 
         images: normalized images (paths or `data:` URIs), in placeholder order.
 
     Returns:
-        The expanded prompt ids, the trainer's vision tensors and the engine's images.
+        The expanded prompt ids, the trainer's vision tensors, and the engine's images and prompt ids.
 
     Raises:
-        ValueError: an image cannot be decoded, or the processor rejects the prompt (e.g. placeholder count).
+        ValueError: an image cannot be decoded, the prompt's `<|image_pad|>` placeholders are not one per image,
+            or one of them does not follow `<|vision_start|>`.
     """
     if not isinstance(text, str):
         raise ValueError("a prompt with images must be a rendered string (--apply-chat-template)")
