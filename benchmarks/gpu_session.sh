@@ -211,7 +211,7 @@ acceptance() {
   LANES+=($!)
   ( accept_one lora 18000 LABEL="accept-$P06-fsdp-lora" EXTRA_FLAGS="--lora-rank 16 --lora-alpha 32 --lr 1e-5" ) &
   LANES+=($!)
-  ( accept_one vl 19000 LABEL="accept-qwen3-vl-fsdp-vl" VL=1 ) &
+  ( accept_one vl 19000 LABEL="accept-qwen3-vl-fsdp-vl" VL=1 PRESET=qwen3-vl-tiny ) &
   LANES+=($!)
   ( accept_one opd_trainer 20000 LABEL="accept-$P06-fsdp-opd-trainer" \
       EXTRA_FLAGS="--use-opd --opd-type fsdp --opd-teacher-load $model" ) &

@@ -201,7 +201,7 @@ async def lora_cases(ctx: Ctx) -> dict[str, Exchange]:
 
 
 async def vl_cases(ctx: Ctx) -> dict[str, Exchange]:
-    """A multimodal `/generate` as the rollout sends it (expanded prompt ids + `image_data`)."""
+    """A multimodal `/generate` as the rollout sends it (one `<|image_pad|>` per image + `image_data`)."""
     return {"generate_image": await ctx.call("POST", "/generate", ctx.extras["vl_request"])}
 
 

@@ -72,6 +72,29 @@ def norm_tensor(model_dir: pathlib.Path, device: str) -> tuple[str, torch.Tensor
     return name, load_file(str(model_dir / "model.safetensors"))[name].to(device)
 
 
+VL_PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>How many circles are there?<|im_end|>\n" \
+            "<|im_start|>assistant\n"  # fmt: skip
+
+
+def vl_request(model_dir: pathlib.Path) -> dict:
+    """A multimodal `/generate` body as the rollout builds it (one pad per image, `image_data` as PNG data URIs)."""
+    import base64
+    import io
+
+    from PIL import Image, ImageDraw
+
+    from slime_rollout.multimodal import prepare_vision_prompt
+
+    image = Image.new("RGB", (64, 64), (255, 255, 255))
+    ImageDraw.Draw(image).ellipse([8, 8, 40, 40], fill=(220, 40, 40))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    vision = prepare_vision_prompt(str(model_dir), VL_PROMPT, [uri])
+    return {"input_ids": list(vision.engine_input_ids), "image_data": list(vision.engine_images),
+            "sampling_params": wire.GREEDY, "return_logprob": True}  # fmt: skip
+
+
 async def record_server(server: str, url: str, model_dir: pathlib.Path, **extras) -> dict:
     async with aiohttp.ClientSession() as session:
         return await wire.record(server, wire.Ctx(url, str(model_dir), session, **extras))
@@ -162,6 +185,22 @@ def test_reference_engine_speaks_sglangs_lora_wire(wire_engine, tiny_qwen3_dir, 
     assert_same_wire("lora", got, recorded)
 
 
+def test_reference_engine_speaks_sglangs_vl_wire(make_tiny_vlm, private_tmp, reference_args, engine_base_port):
+    recorded = wire.load("vl")
+    if not recorded:
+        pytest.skip("no recording yet")
+    from slime_rollout.engines.launch import launch_engines
+
+    model_dir = make_tiny_vlm(private_tmp / "wire-vlm", "qwen3_vl")
+    group = launch_engines(reference_args(model_dir), num_engines=1, gpus_per_engine=1, startup_timeout_s=300,
+                           log_dir=private_tmp / "wire-vl-logs", base_port=engine_base_port + 70)  # fmt: skip
+    try:
+        got = asyncio.run(record_server("vl", group.urls[0], model_dir, vl_request=vl_request(model_dir)))
+    finally:
+        group.shutdown()
+    assert_same_wire("vl", got, recorded)
+
+
 # ----------------------------------------------------------------------------------------------- GPU
 
 
@@ -181,6 +220,10 @@ def test_record_and_diff_real_sglang(tmp_path_factory, make_tiny_qwen3):
         torch_dtype="bfloat16",
     )  # fmt: skip
     adapter = write_lora_adapter(model_dir, tmp_path_factory.mktemp("wire-lora") / "adapter")
+    import slime_make_model
+
+    vl_dir = tmp_path_factory.mktemp("wire-vl") / "qwen3-vl-tiny"
+    slime_make_model.make_model("qwen3-vl-tiny", vl_dir)
     log_dir = os.environ.get("SLIME_TEST_LOG_DIR") or tmp_path_factory.mktemp("wire-logs")
     base = {"rollout_batch_size": 1, "num_rollout": 1, "rollout_engine": "sglang", "hf_checkpoint": str(model_dir),
             "seed": 1, "sglang_args": {"disable_cuda_graph": True, "max_total_tokens": "8192"},
@@ -195,6 +238,11 @@ def test_record_and_diff_real_sglang(tmp_path_factory, make_tiny_qwen3):
         "lora": lambda: launch_engines(SlimeArgs.from_dict(lora), num_engines=1, gpus_per_engine=1, colocate=False,
                                        mem_fraction_static=0.9, startup_timeout_s=600, log_dir=log_dir,
                                        base_port=32000),
+        # FA3 (SGLang's vision attention default on Hopper) is not staged: the Triton kernel.
+        "vl": lambda: launch_engines(SlimeArgs.from_dict({**base, "hf_checkpoint": str(vl_dir), "sglang_args": {
+                                         **base["sglang_args"], "mm_attention_backend": "triton_attn"}}),
+                                     num_engines=1, gpus_per_engine=1, colocate=False, mem_fraction_static=0.9,
+                                     startup_timeout_s=600, log_dir=log_dir, base_port=33000),
     }  # fmt: skip
     with contextlib.ExitStack() as stack, concurrent.futures.ThreadPoolExecutor(len(launches)) as pool:
         groups = {name: pool.submit(start) for name, start in launches.items()}
@@ -203,6 +251,7 @@ def test_record_and_diff_real_sglang(tmp_path_factory, make_tiny_qwen3):
             "text": asyncio.run(record_server("text", groups["text"].urls[0], model_dir,
                                               tensor=norm_tensor(model_dir, "cuda"))),
             "lora": asyncio.run(record_server("lora", groups["lora"].urls[0], model_dir, lora_dir=adapter)),
+            "vl": asyncio.run(record_server("vl", groups["vl"].urls[0], vl_dir, vl_request=vl_request(vl_dir))),
         }  # fmt: skip
     out = os.environ.get("SLIME_WIRE_RECORD_DIR")
     if out:
