@@ -107,6 +107,17 @@ def test_a_reply_that_does_not_fit_its_sample_fails_clearly():
         teacher_log_probs_from_reply({"meta_info": {}}, sample, logprob_start_len=2)
 
 
+def test_ids_sglang_clips_to_zero_are_not_a_mismatch():
+    """SGLang answers id 0 for an input id >= vocab size - 1 (seen on an H200: a random policy sampled one and the
+    OPD run stopped with "scored other tokens"); a real misalignment is still named with its position."""
+    sample = Sample(tokens=[1, 2, 3, 151935], response_length=2, index=4)
+    clipped = {"meta_info": {"input_token_logprobs": [[None, 2, None], [-0.5, 3, None], [-0.25, 0, None]]}}
+    assert teacher_log_probs_from_reply(clipped, sample, logprob_start_len=1) == [-0.5, -0.25]
+    shifted = {"meta_info": {"input_token_logprobs": [[None, 1, None], [-0.5, 2, None], [-0.25, 3, None]]}}
+    with pytest.raises(ValueError, match="2 of 2; first at response position 0: teacher 2, response 3"):
+        teacher_log_probs_from_reply(shifted, sample, logprob_start_len=1)
+
+
 def test_a_request_from_the_response_start_gets_a_none_and_says_so():
     """Real SGLang answered `logprob_start_len` = prompt length with None for the first response token (the
     crash of issue 25: float(None)); the reply is refused with the reason, and the built-in path asks from one

@@ -99,8 +99,15 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
             f"{logprob_start_len} for {len(sample.tokens)} tokens ({n} response tokens)"
         )
     ids = [int(e[1]) for e in tail]
-    if ids != sample.response_tokens:
-        raise ValueError(f"sample {sample.index}: the teacher scored other tokens than the response ({ids[:8]}...)")
+    # SGLang reports id 0 for an input id >= its vocab size - 1 (it clips what it could not detokenize:
+    # scheduler_components/logprob_result_processor.py); a random or untrained policy samples such ids.
+    wrong = [i for i, (got, sent) in enumerate(zip(ids, sample.response_tokens, strict=True)) if got not in (sent, 0)]
+    if wrong:
+        i = wrong[0]
+        raise ValueError(
+            f"sample {sample.index}: the teacher scored other tokens than the response ({len(wrong)} of {n}; first at "
+            f"response position {i}: teacher {ids[i]}, response {sample.response_tokens[i]})"
+        )
     missing = [i for i, e in enumerate(tail) if e[0] is None]
     if missing:
         raise ValueError(

@@ -142,6 +142,7 @@ class ReferenceModel:
         self.eos_token_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else next(iter(self.eos_token_ids), 0))
+        self.vocab_size = int(self.model.config.get_text_config().vocab_size)  # the logits' width
         text_config = config.get_text_config()
         self.max_context_len = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self.adapters = LoraAdapters(self.model)

@@ -92,8 +92,10 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         }
         if return_logprob and r.input_logprobs is not None:
             start = r.logprob_start_len
+            # SGLang reports id 0 for input ids >= vocab size - 1 (logprob_result_processor.py clips them).
+            clip = model.vocab_size - 1
             meta["input_token_logprobs"] = [
-                [lp, t, None] for lp, t in zip(r.input_logprobs, r.input_ids[start:], strict=True)
+                [lp, t if t < clip else 0, None] for lp, t in zip(r.input_logprobs, r.input_ids[start:], strict=True)
             ]
         if return_logprob:
             meta["output_token_logprobs"] = [
