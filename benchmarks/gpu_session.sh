@@ -197,28 +197,33 @@ accept_wait() {  # waits for the lanes (not the shared engine), then appends the
     { echo "===== $(basename "$f") (last 60 lines) ====="; tail -60 "$f"; } >> "$LOGS"
   done
 }
+want() {  # want LANE: ACCEPT_ONLY="lane ..." runs only those lanes of `acceptance` (a rerun of one)
+  [[ -z "${ACCEPT_ONLY:-}" || " $ACCEPT_ONLY " == *" $1 "* ]]
+}
 acceptance() {
   engine_down
   echo "===== acceptance $(date -u +%H:%M:%S) =====" | tee -a "$LOGS"
   local model; model="$(python3 "$HERE/_common.py" "$P06" "$SLIME_BENCH_MODELS")"  # once, before the runs read it
   mkdir -p "$OUT/wire"
-  ( SLIME_WIRE_RECORD_DIR="$OUT/wire" accept_tests wire -m "sglang" tests/slime-rollout/test_sglang_wire.py ) &
+  want wire && ( SLIME_WIRE_RECORD_DIR="$OUT/wire" accept_tests wire -m "sglang" tests/slime-rollout/test_sglang_wire.py ) &
   LANES+=($!)
-  ( accept_one grpo 16000 LABEL="accept-$P06-fsdp-grpo" ) &
+  want grpo && ( accept_one grpo 16000 LABEL="accept-$P06-fsdp-grpo" ) &
   LANES+=($!)
-  ( accept_one ppo 17000 LABEL="accept-$P06-fsdp-ppo" \
+  want ppo && ( accept_one ppo 17000 LABEL="accept-$P06-fsdp-ppo" \
       EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages --num-critic-only-steps 1" ) &
   LANES+=($!)
-  ( accept_one lora 18000 LABEL="accept-$P06-fsdp-lora" EXTRA_FLAGS="--lora-rank 16 --lora-alpha 32 --lr 1e-5" ) &
+  want lora && ( accept_one lora 18000 LABEL="accept-$P06-fsdp-lora" EXTRA_FLAGS="--lora-rank 16 --lora-alpha 32 --lr 1e-5" ) &
   LANES+=($!)
-  ( accept_one vl 19000 LABEL="accept-qwen3-vl-fsdp-vl" VL=1 PRESET=qwen3-vl-tiny ) &
+  want vl && ( accept_one vl 19000 LABEL="accept-qwen3-vl-fsdp-vl" VL=1 PRESET=qwen3-vl-tiny ) &
   LANES+=($!)
-  ( accept_one opd_trainer 20000 LABEL="accept-$P06-fsdp-opd-trainer" \
+  want opd_trainer && ( accept_one opd_trainer 20000 LABEL="accept-$P06-fsdp-opd-trainer" \
       EXTRA_FLAGS="--use-opd --opd-type fsdp --opd-teacher-load $model" ) &
   LANES+=($!)
-  ( accept_one megatron 21000 LABEL="accept-$P06-megatron-grpo" TRAIN_BACKEND=megatron ) &
+  want megatron && ( accept_one megatron 21000 LABEL="accept-$P06-megatron-grpo" TRAIN_BACKEND=megatron ) &
   LANES+=($!)
-  if SHARED_ENGINE_MEM=0.9 SHARED_ENGINE_KV=30000 engine_up 2>>"$LOGS"; then
+  if ! want opd_sglang; then
+    :
+  elif SHARED_ENGINE_MEM=0.9 SHARED_ENGINE_KV=30000 engine_up 2>>"$LOGS"; then
     ( accept_one opd_sglang 22000 LABEL="accept-$P06-fsdp-opd-sglang" \
         EXTRA_FLAGS="--use-opd --opd-type sglang --rm-url $(cat "$ENGINE_URL_FILE")/generate" ) &
     LANES+=($!)
