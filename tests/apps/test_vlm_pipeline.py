@@ -164,15 +164,17 @@ def _train_and_sync(cfg, backend, updater, urls, freeze):
     pushed_modules = {to_module_name(n, model_type) for n in pushed}
     assert {n for n, p in params.items() if p.requires_grad} <= pushed_modules
 
-    # Round trip: the engine, read back through SGLang's /get_weights_by_name, holds exactly the trainer's tensors.
+    # Round trip: the engine's checksums (SGLang's /weights_checker, SGLang's names) are those of the trainer's bytes.
     import httpx
 
-    with httpx.Client(base_url=urls[0], timeout=60) as http:
-        for name, tensor in trained.items():
-            resp = http.post("/get_weights_by_name", json={"name": name, "truncate_size": tensor.shape[0]})
-            resp.raise_for_status()
-            engine = torch.tensor(resp.json(), dtype=torch.float32)
-            torch.testing.assert_close(engine, tensor.float(), atol=0, rtol=0, msg=f"engine's {name} differs")
+    from slime_rollout.weight_checksum import sglang_checksums
+
+    want = sglang_checksums(trained.items(), dtype=torch.float32)  # the reference engine holds fp32
+    with httpx.Client(base_url=urls[0], timeout=120) as http:
+        resp = http.post("/weights_checker", json={"action": "checksum"})
+        resp.raise_for_status()
+        got = resp.json()["ranks"][0]["checksums"]
+    assert {n: got.get(n) for n in want} == want
 
     # The engine now computes what the trainer computes: new samples' log-probs agree again.
     samples = _rollout(cfg, urls)

@@ -237,13 +237,20 @@ def shape(value: Any) -> Any:
     return type(value).__name__
 
 
+# Keys whose value SGLang sets only when its prefix cache hit (null otherwise); the reference engine has no cache.
+CACHE_DEPENDENT = frozenset({"cached_tokens_details"})
+
+
 def diff_shapes(want: Any, got: Any, path: str = "") -> list[str]:
-    """Where `got`'s structure differs from `want`'s (`shape` of each), one line per difference."""
+    """Where `got`'s structure differs from `want`'s (`shape` of each), one line per difference.
+
+    A `CACHE_DEPENDENT` key may be None in `got` where SGLang's reply has a value (a cache hit).
+    """
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{path}.{k}: missing" for k in want if k not in got]
         out += [f"{path}.{k}: not in SGLang's reply" for k in got if k not in want]
         for k in want:
-            if k in got:
+            if k in got and not (k in CACHE_DEPENDENT and got[k] is None):
                 out += diff_shapes(want[k], got[k], f"{path}.{k}")
         return out
     if isinstance(want, list) and isinstance(got, list):

@@ -162,7 +162,11 @@ def test_http_generate_with_image_data_and_weight_updates_by_checkpoint_name(vlm
         engine.load_named_tensors([("visual.nope.weight", new)])
 
 
-def test_get_weights_by_name_reads_back_by_checkpoint_name(vlm):
+def test_checkpoint_names_check_by_sglangs_names(vlm):
+    """As SGLang for Qwen-VL: /get_weights_by_name answers 400, /weights_checker lists the vision tower under
+    SGLang's names (`visual.*`, `attn.qkv_proj`) with the checksum of the bytes pushed by checkpoint name."""
+    from slime_rollout.weight_checksum import sglang_param_name, tensor_checksum
+
     engine, _ = vlm
     checkpoint_name = "visual.blocks.0.attn.qkv.weight" if engine.model_type == "qwen2_5_vl" else None
     module_name = "model.visual.blocks.0.attn.qkv.weight"
@@ -173,12 +177,12 @@ def test_get_weights_by_name_reads_back_by_checkpoint_name(vlm):
     try:
         with TestClient(app) as client:
             engine.load_named_tensors([(name, new)])
-            # SGLang's request shape; the reply is the first `truncate_size` rows.
-            rows = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 3}).json()
-            assert torch.equal(torch.tensor(rows), new[:3])
-            full = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 10**6}).json()
-            assert torch.equal(torch.tensor(full), new)
-            bad = client.post("/get_weights_by_name", json={"name": "visual.nope.weight"})
-            assert bad.status_code == 400 and "unknown parameter" in bad.json()["error"]["message"]
+            refused = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 3})
+            assert refused.status_code == 400
+            assert refused.json() == {"error": {"message": "Get parameter by name failed"}}
+            checksums = client.post("/weights_checker", json={"action": "checksum"}).json()["ranks"][0]["checksums"]
+            sglang_name = sglang_param_name(name)[0]
+            assert sglang_name == "visual.blocks.0.attn.qkv_proj.weight"
+            assert checksums[sglang_name] == tensor_checksum(new.to(engine.model.dtype))
     finally:
         engine.load_named_tensors([(module_name, old)])

@@ -41,7 +41,11 @@ from slime_rollout.engines.reference.sampling import (
 from slime_rollout.engines.reference.vision import VisionInputs, VisionPreprocessor, mrope_positions
 from slime_rollout.weight_checksum import sglang_checksums
 
-__all__ = ["GenRequest", "ReferenceModel"]
+__all__ = ["GenRequest", "ReferenceModel", "abort_reason"]
+
+# HF model types whose SGLang 0.5.16 class has `get_weights_by_name` (models/llama.py and its subclasses, opt,
+# granite, exaone4); every other one answers /get_weights_by_name with HTTP 400.
+_SGLANG_READBACK_TYPES = frozenset({"llama", "mistral", "ministral3", "opt", "granite", "exaone4"})
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +73,10 @@ class GenRequest:
         created: `time.monotonic()` at arrival (for `e2e_latency`).
         vision: the prompt's vision tensors (requests with `image_data`), else None.
         lora: the LoRA adapter the request runs with (`lora_path` of `/generate`), None for the base model.
+        top_logprobs_num: how many most likely tokens to report per scored position (SGLang's `top_logprobs_num`).
+        input_top_logprobs: per entry of `input_logprobs`, the `top_logprobs_num` best `(log-prob, id)` (None at
+            the first entry, as SGLang).
+        output_top_logprobs: per output token, the `top_logprobs_num` best `(log-prob, id)` of its distribution.
     """
 
     rid: str
@@ -85,6 +93,9 @@ class GenRequest:
     created: float = dataclasses.field(default_factory=time.monotonic)
     vision: VisionInputs | None = None
     lora: str | None = None
+    top_logprobs_num: int = 0
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    output_top_logprobs: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -220,7 +231,7 @@ class ReferenceModel:
     @staticmethod
     def _finished_before_prefill(r: GenRequest, notify: Callable[[GenRequest], None]) -> bool:
         if r.aborted and not r.finished:
-            r.finish_reason = {"type": "abort", "message": "Abort before prefill"}
+            r.finish_reason = abort_reason("Abort before prefill")
         if r.finished:
             notify(r)
         return r.finished
@@ -340,13 +351,19 @@ class ReferenceModel:
             if r.logprob_start_len < 0:
                 continue
             num_prompt = len(r.input_ids)
+            if r.logprob_start_len >= num_prompt:  # SGLang: nothing to score, an empty list
+                r.input_logprobs, r.input_top_logprobs = [], []
+                continue
             pad = max_len - num_prompt
             # logits at padded position pad + j predict prompt token j + 1
             logits_PV = logits_BTV[i, pad : max_len - 1].float()
             if not r.params.greedy:
                 logits_PV = logits_PV / r.params.temperature
             targets = torch.tensor(r.input_ids[1:], dtype=torch.long, device=logits_PV.device)
-            lps = torch.log_softmax(logits_PV, dim=-1).gather(-1, targets[:, None])[:, 0].tolist()
+            logp_PV = torch.log_softmax(logits_PV, dim=-1)
+            lps = logp_PV.gather(-1, targets[:, None])[:, 0].tolist()
+            if r.top_logprobs_num > 0:  # rows predicting prompt tokens start + 1 .. P - 1
+                r.input_top_logprobs = [None, *_top(logp_PV[r.logprob_start_len :], r.top_logprobs_num)]
             # As SGLang: one entry per position from logprob_start_len on, and that first entry is always None
             # (SGLang drops the value computed for it, whatever the start).
             by_position = [None] + lps  # by_position[p]: log-prob of prompt token p
@@ -355,7 +372,7 @@ class ReferenceModel:
     def _step(self, r: GenRequest, logits_V: torch.Tensor) -> None:
         """Samples one token for `r` and decides whether it finished."""
         if r.aborted:
-            r.finish_reason = {"type": "abort", "message": "Abort in waiting queue"}
+            r.finish_reason = abort_reason("Aborted")
             return
         if r.params.return_top_p_token_ids:
             token, logprob, kept = sample_with_kept_ids(logits_V, r.params, r.generator)
@@ -365,6 +382,9 @@ class ReferenceModel:
             token, logprob = sample_next_token(logits_V, r.params, r.generator)
         r.output_ids.append(token)
         r.output_logprobs.append(logprob)
+        if r.top_logprobs_num > 0:
+            scaled = logits_V.float() if r.params.greedy else logits_V.float() / r.params.temperature
+            r.output_top_logprobs.append(_top(torch.log_softmax(scaled, -1)[None], r.top_logprobs_num)[0])
         p = r.params
         may_stop = len(r.output_ids) >= p.min_new_tokens
         if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)):
@@ -441,13 +461,16 @@ class ReferenceModel:
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).
 
-        Checkpoint names (e.g. `visual.*` for Qwen2.5-VL) are mapped to module names as in `load_named_tensors`;
+        Only for the model types whose SGLang class implements it (`_SGLANG_READBACK_TYPES`; Qwen3 answers 400
+        there, so here too). Checkpoint names (e.g. `visual.*` for Qwen2.5-VL) are mapped as in `load_named_tensors`;
         module names pass unchanged. As SGLang, a tied `lm_head.weight` reads the embedding. For a 2-D weight the
         result is a list of rows.
 
         Raises:
             KeyError: the model has no such parameter or buffer.
         """
+        if self.model_type not in _SGLANG_READBACK_TYPES:
+            raise KeyError(f"get_weights_by_name: SGLang's {self.model_type} model class does not implement it")
         state = self.model.state_dict()
         module_name = to_module_name(name, self.model_type)
         tied = getattr(self.model.config.get_text_config(), "tie_word_embeddings", False)
@@ -483,3 +506,14 @@ class ReferenceModel:
         self.model_path = str(model_path)
         logger.info("loaded %d tensors from %s", n, model_path)
         return n
+
+
+def abort_reason(message: str) -> dict[str, Any]:
+    """SGLang's finish reason of an aborted request (`FINISH_ABORT.to_json()`)."""
+    return {"type": "abort", "message": message, "status_code": None, "err_type": None}
+
+
+def _top(logp_NV: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
+    """The `k` best `(log-prob, token id)` of each row of `logp_NV` `[N, V]`, best first."""
+    values, ids = logp_NV.topk(k, dim=-1)
+    return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
+from slime_rollout.engines.reference.model import GenRequest, ReferenceModel, abort_reason
 
 __all__ = ["Scheduler"]
 
@@ -106,7 +106,7 @@ class Scheduler:
             for req, fut in self._waiting:
                 if abort_all or req.rid == rid:
                     req.aborted = True
-                    req.finish_reason = {"type": "abort", "message": "Abort before prefill"}
+                    req.finish_reason = abort_reason("Abort before prefill")
                     if not fut.done():
                         fut.set_result(req)
                     hit += 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import hashlib
 import itertools
 import json
@@ -81,26 +82,39 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         return JSONResponse({"error": {"message": message}}, status_code=status)
 
     def to_output(r: GenRequest, return_logprob: bool) -> dict[str, Any]:
+        # SGLang 0.5.16's meta_info keys (tests/fixtures/sglang-wire); no prefix cache here: nothing cached.
         meta: dict[str, Any] = {
             "id": r.rid,
             "finish_reason": r.finish_reason,
             "prompt_tokens": len(r.input_ids),
             "completion_tokens": len(r.output_ids),
             "cached_tokens": 0,
+            "cached_tokens_details": None,
+            "dp_rank": None,
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
             "weight_version": state["weight_version"],
             "e2e_latency": time.monotonic() - r.created,
+            "response_sent_to_client_ts": time.time(),
         }
-        if return_logprob and r.input_logprobs is not None:
+        if r.vision is not None:
+            meta["image_tokens"] = sum(1 for t in r.input_ids if t == model.vision.image_token_id)
+        if return_logprob:
             start = r.logprob_start_len
             # SGLang reports id 0 for input ids >= vocab size - 1 (logprob_result_processor.py clips them).
             clip = model.vocab_size - 1
             meta["input_token_logprobs"] = [
-                [lp, t if t < clip else 0, None] for lp, t in zip(r.input_logprobs, r.input_ids[start:], strict=True)
+                [lp, t if t < clip else 0, None]
+                for lp, t in zip(r.input_logprobs or [], r.input_ids[start:] if r.input_logprobs else [], strict=True)
             ]
-        if return_logprob:
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(r.output_logprobs, r.output_ids, strict=True)
             ]
+            meta["output_token_logprobs_length"] = len(r.output_ids)
+            if r.top_logprobs_num > 0:
+                as_entries = lambda top: None if top is None else [[lp, t, None] for lp, t in top]  # noqa: E731
+                meta["input_top_logprobs"] = [as_entries(top) for top in r.input_top_logprobs or []]
+                meta["output_top_logprobs"] = [as_entries(top) for top in r.output_top_logprobs]
         if r.output_kept_ids is not None and len(r.output_kept_ids) == len(r.output_ids):
             # Top-p replay, in the field names of SGLang with the original slime's patch.
             meta["top_p_token_ids"] = [t for kept in r.output_kept_ids for t in kept]
@@ -115,12 +129,18 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         logprob_start_len: int = -1,
         image_data: Any = None,
         lora: str | None = None,
+        top_logprobs_num: int = 0,
     ) -> GenRequest:
         params = SamplingParams.from_request(sp)
         if lora is not None and lora not in model.adapters:
-            raise ValueError(f"LoRA adapter {lora!r} is not loaded (loaded: {sorted(model.adapters.paths)})")
+            # As SGLang: an adapter unloaded earlier is loaded again from where it was; a never loaded one is an error.
+            if lora not in lora_paths:
+                raise ValueError(
+                    f"Got LoRA adapter that has never been loaded: {lora}\nAll loaded adapters: {list(lora_paths)}."
+                )
+            await asyncio.to_thread(model.load_lora_adapter, lora, lora_paths[lora])
         if input_ids is None and text is None:
-            raise ValueError("either input_ids or text must be given")
+            raise ValueError("Either text, input_ids or input_embeds should be provided.")
         images = [image_data] if isinstance(image_data, str) else list(image_data or [])
         vision = None
         if images:
@@ -141,9 +161,13 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             logprob_start_len=int(logprob_start_len if logprob_start_len is not None else -1),
             vision=vision,
             lora=lora,
+            top_logprobs_num=int(top_logprobs_num or 0),
         )
-        if req.logprob_start_len >= len(req.input_ids):
-            raise ValueError(f"logprob_start_len ({req.logprob_start_len}) must be < the prompt length")
+        if req.logprob_start_len > len(req.input_ids):
+            raise ValueError(
+                f"req.logprob_start_len={req.logprob_start_len} is higher than the number of input tokens "
+                f"len(req.origin_input_ids)={len(req.input_ids)}. Please use a smaller logprob_start_len."
+            )
         return await scheduler.submit(req)
 
     @app.post("/generate")
@@ -156,13 +180,14 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         return_logprob = body.get("return_logprob") or False
         start = body.get("logprob_start_len", -1) if return_logprob else -1
         lora = body.get("lora_path")  # SGLang: the adapter's name (or a list, one per batched prompt)
+        top = body.get("top_logprobs_num", 0) if return_logprob else 0
         batched = (isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)) or isinstance(
             text, list
         )
         try:
             if not batched:
                 return to_output(
-                    await one(input_ids, text, sp or {}, rid, start, image_data, lora), bool(return_logprob)
+                    await one(input_ids, text, sp or {}, rid, start, image_data, lora, top), bool(return_logprob)
                 )
             n = len(input_ids if input_ids is not None else text)
             pick = lambda v, i: v[i] if isinstance(v, list) else v  # noqa: E731
@@ -176,6 +201,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
                         pick(start, i),
                         None if image_data is None else image_data[i],
                         pick(lora, i),
+                        pick(top, i),
                     )
                     for i in range(n)
                 )
@@ -202,12 +228,12 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             scheduler.pause(body.get("mode", "abort"))
         except ValueError as exc:
             return error(str(exc))
-        return {"message": "Generation paused successfully.", "status": 200}
+        return {"message": "Generation paused successfully.", "status": "ok"}
 
     @app.post("/continue_generation")
     async def continue_generation():
         scheduler.resume()
-        return {"message": "Generation continued successfully.", "status": 200}
+        return {"message": "Generation continued successfully.", "status": "ok"}
 
     def weight_tags(body: dict[str, Any]) -> bool:
         tags = body.get("tags")  # SGLang: None or [] means every tag ("weights", "kv_cache", "cuda_graph")
@@ -229,18 +255,18 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
                 await asyncio.to_thread(model.zero_weights)
         return Response(status_code=200)
 
-    async def run_update(fn, weight_version: str | None, abort_all: bool) -> JSONResponse:
+    async def run_update(fn, weight_version: str | None, abort_all: bool, *, from_disk: bool = False) -> JSONResponse:
+        # SGLang answers `num_paused_requests` from /update_weights_from_disk only.
+        extra = {"num_paused_requests": 0} if from_disk else {}
         if abort_all:
             scheduler.abort(abort_all=True)
         try:
             await asyncio.to_thread(fn)
         except (KeyError, ValueError, FileNotFoundError, TypeError) as exc:
-            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+            return JSONResponse({"success": False, "message": str(exc), **extra}, status_code=400)
         if weight_version is not None:
             state["weight_version"] = str(weight_version)
-        return JSONResponse(
-            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
-        )
+        return JSONResponse({"success": True, "message": "Succeeded to update model weights.", **extra})
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request):
@@ -249,7 +275,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             return JSONResponse({"success": False, "message": "model_path is required"}, status_code=400)
         req = UpdateWeightsFromDiskReq.from_json(body)
         return await run_update(
-            lambda: model.load_from_disk(req.model_path), req.weight_version, _abort_all_requests(body)
+            lambda: model.load_from_disk(req.model_path), req.weight_version, _abort_all_requests(body), from_disk=True
         )
 
     @app.post("/update_weights_from_tensor")
@@ -313,9 +339,12 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
 
         return await run_update(receive, req.weight_version, _abort_all_requests(body))
 
+    lora_paths: dict[str, str] = {}  # every adapter ever loaded: SGLang reloads an unloaded one a request names
+
     def lora_result(success: bool, message: str = "") -> JSONResponse:
-        # SGLang's LoRAUpdateOutput.
-        body = {"success": success, "error_message": message or None, "loaded_adapters": dict(model.adapters.paths)}
+        # SGLang's LoRAUpdateOutput (no adapter list on failure).
+        body = {"success": success, "error_message": message, "http_worker_ipc": None, "rid": None,
+                "loaded_adapters": dict(model.adapters.paths) if success else None}  # fmt: skip
         return JSONResponse(body, status_code=200 if success else 400)
 
     @app.post("/load_lora_adapter")
@@ -325,15 +354,18 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             await asyncio.to_thread(model.load_lora_adapter, str(body["lora_name"]), str(body["lora_path"]))
         except (KeyError, ValueError, FileNotFoundError) as exc:
             return lora_result(False, f"{type(exc).__name__}: {exc}")
+        lora_paths[str(body["lora_name"])] = str(body["lora_path"])
         return lora_result(True)
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request):
         body = await request.json()  # SGLang's UnloadLoRAAdapterReqInput: lora_name
+        name = str(body["lora_name"])
         try:
-            await asyncio.to_thread(model.unload_lora_adapter, str(body["lora_name"]))
-        except KeyError as exc:
-            return lora_result(False, str(exc))
+            await asyncio.to_thread(model.unload_lora_adapter, name)
+        except KeyError:
+            loaded = list(model.adapters.paths)
+            return lora_result(False, f"LoRA with name {name} does not exist. Loaded LoRAs: {loaded}")
         return lora_result(True)
 
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
@@ -344,8 +376,8 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             values = await asyncio.to_thread(
                 model.get_weights_by_name, str(body["name"]), int(body.get("truncate_size", 100))
             )
-        except KeyError as exc:
-            return error(f"Get parameter by name failed: {exc}")
+        except KeyError:
+            return error("Get parameter by name failed")
         return JSONResponse(values)
 
     @app.api_route("/weights_checker", methods=["GET", "POST"])
@@ -369,7 +401,10 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
 
     @app.get("/get_weight_version")
     async def get_weight_version():
-        return {"weight_version": state["weight_version"]}
+        # Gone from SGLang 0.5.16 (the version is in /model_info), with this body.
+        message = "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
+        body = {"object": "error", "message": message, "type": "404", "param": None, "code": 404}
+        return JSONResponse(body, status_code=404)
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request):
@@ -390,20 +425,14 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
 
     @app.get("/v1/loads")
     async def loads():
-        running, waiting = scheduler.num_running, scheduler.num_waiting
-        return {
-            "timestamp": time.time(),
-            "dp_rank_count": 1,
-            "loads": [
-                {
-                    "dp_rank": 0,
-                    "num_running_reqs": running,
-                    "num_waiting_reqs": waiting,
-                    "num_total_reqs": running + waiting,
-                    "token_usage": 0.0,
-                }
-            ],
-        }
+        # SGLang's fields; no KV pool or cache here, so the token counts and rates are 0.
+        now = time.time()
+        load = {"dp_rank": 0, "num_running_reqs": scheduler.num_running, "num_waiting_reqs": scheduler.num_waiting,
+                "max_running_requests": max_running_requests, "max_total_num_tokens": 0, "num_total_tokens": 0,
+                "num_used_tokens": 0, "num_waiting_uncached_tokens": 0, "token_usage": 0.0, "utilization": 0.0,
+                "cache_hit_rate": 0.0, "gen_throughput": 0.0, "timestamp": now}  # fmt: skip
+        stamp = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat()
+        return {"loads": [load], "timestamp": stamp, "version": "slime-reference"}
 
     def model_info() -> dict[str, Any]:
         return {
