@@ -264,6 +264,9 @@ def test_lora_two_rollouts(tiny_qwen3, tmp_path):
     assert proc.returncode == 0, log[-6000:]
     tb = out / "tensorboard"
     assert _scalars(tb, "train/train_rollout_logprob_abs_diff")[0] < 1e-4  # base + adapter on both sides
+    # The engine's base weights equal the checkpoint's (issue 25: a colocated engine without
+    # --enable-weights-cpu-backup lost them on the first memory release, and a LoRA sync never rewrites them).
+    assert _scalars(tb, "weight_check/tensors_checked") == {0: 4.0}
     assert sorted(_scalars(tb, "perf/update_weights_time")) == [0, 1]  # initial push at 0, then after rollout 0
     assert sorted(p.name for p in (out / "weight_sync").iterdir()) == ["lora_v000002"]  # adapter files only
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (out / "hf").iterdir()}

@@ -199,7 +199,7 @@ def test_reference_engine_serves_base_and_adapter_and_updater_moves_only_adapter
     async def scenario():
         plain = RolloutClient([url])
         adapted = RolloutClient([url], lora_name=LORA_NAME)  # what get_client(args) builds with --lora-rank
-        with pytest.raises(EngineError, match="not loaded"):
+        with pytest.raises(EngineError, match="never been loaded"):
             await _greedy(adapted)
         await updater.aupdate(first_buckets, "1")
         assert await plain.get_weight_versions() == ["1"]

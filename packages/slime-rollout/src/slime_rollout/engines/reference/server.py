@@ -138,7 +138,10 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
                 raise ValueError(
                     f"Got LoRA adapter that has never been loaded: {lora}\nAll loaded adapters: {list(lora_paths)}."
                 )
-            await asyncio.to_thread(model.load_lora_adapter, lora, lora_paths[lora])
+            try:
+                await asyncio.to_thread(model.load_lora_adapter, lora, lora_paths[lora])
+            except (KeyError, ValueError, FileNotFoundError) as exc:
+                raise ValueError(f"Failed to implicitly load LoRA adapter {lora}: {exc}") from None
         if input_ids is None and text is None:
             raise ValueError("Either text, input_ids or input_embeds should be provided.")
         images = [image_data] if isinstance(image_data, str) else list(image_data or [])
