@@ -126,7 +126,7 @@ def test_check_engines_compares_and_names_the_difference():
     del wrong.ranks[0]["a.qkv_proj.weight"]
     report = asyncio.run(check_engines([wrong], want))
     assert report.checked == 2 and report.mismatches == [
-        f"http://fake:1 a.qkv_proj.weight: engine checksum {'3' * 16} (TP rank 0), trainer pushed {'1' * 16}"]
+        f"http://fake:1 a.qkv_proj.weight: engine checksum {'3' * 16} (TP rank 0), expected {'1' * 16}"]
     tp2 = FakeEngine([dict(want), {**want, "a.qkv_proj.weight": "9" * 16}])  # shards differ per rank
     report = asyncio.run(check_engines([tp2], want))
     assert (report.checked, report.sharded, report.mismatches) == (1, 1, [])  # the norm, replicated, compared

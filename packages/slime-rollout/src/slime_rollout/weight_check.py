@@ -294,6 +294,6 @@ async def check_engines(engines: Iterable[Any], expected: dict[str, str]) -> Wei
             bad = [i for i, g in enumerate(got) if g != want]
             if bad:
                 report.mismatches.append(
-                    f"{engine.url} {name}: engine checksum {got[bad[0]]} (TP rank {bad[0]}), trainer pushed {want}"
+                    f"{engine.url} {name}: engine checksum {got[bad[0]]} (TP rank {bad[0]}), expected {want}"
                 )
     return report
