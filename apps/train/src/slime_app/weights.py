@@ -170,8 +170,8 @@ class SyncChecker:
         if report.mismatches:
             more = f" (+{len(report.mismatches) - 1} more)" if len(report.mismatches) > 1 else ""
             raise WeightSyncMismatch(
-                f"weight sync v{weight_version}: the engine does not hold the expected weights (pushed, or for LoRA the "
-                f"checkpoint's base): {report.mismatches[0]}"
+                f"weight sync v{weight_version}: the engine does not hold the expected weights (pushed, or for LoRA "
+                f"the checkpoint's base): {report.mismatches[0]}"
                 f"{more} (--check-weight-sync)"
             )
         if report.checked == 0:
