@@ -244,13 +244,13 @@ CACHE_DEPENDENT = frozenset({"cached_tokens_details"})
 def diff_shapes(want: Any, got: Any, path: str = "") -> list[str]:
     """Where `got`'s structure differs from `want`'s (`shape` of each), one line per difference.
 
-    A `CACHE_DEPENDENT` key may be None in `got` where SGLang's reply has a value (a cache hit).
+    A `CACHE_DEPENDENT` key may be None on either side where the other has a value (a cache hit or not).
     """
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{path}.{k}: missing" for k in want if k not in got]
         out += [f"{path}.{k}: not in SGLang's reply" for k in got if k not in want]
         for k in want:
-            if k in got and not (k in CACHE_DEPENDENT and got[k] is None):
+            if k in got and not (k in CACHE_DEPENDENT and None in (got[k], want[k])):
                 out += diff_shapes(want[k], got[k], f"{path}.{k}")
         return out
     if isinstance(want, list) and isinstance(got, list):
