@@ -21,7 +21,10 @@ __all__ = ["UNSUPPORTED", "UNSUPPORTED_FLAGS", "check_unsupported"]
 # field name -> why it is not implemented / what to use instead (one clause, shown after the flag).
 UNSUPPORTED: dict[str, str] = {
     "async_save": "checkpoints are written synchronously",
-    "check_weight_update_equal": "no full engine-vs-checkpoint compare; --check-weight-sync reads a sample back",
+    "check_weight_update_equal": (
+        "no full engine-vs-checkpoint compare; --check-weight-sync compares SGLang's /weights_checker checksums of a "
+        "sample with the pushed bytes"
+    ),
     "ci_disable_kl_checker": "no built-in CI checks; the test suite asserts these properties",
     "ci_load_grad_norm": "no built-in CI checks; the test suite asserts these properties",
     "ci_save_grad_norm": "no built-in CI checks; the test suite asserts these properties",
