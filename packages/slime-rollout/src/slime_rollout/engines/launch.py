@@ -1,20 +1,10 @@
 """Launch a group of inference engines: SGLang servers on GPUs, or CPU reference engines.
 
-`launch_engines(cfg, num_engines=..., gpus_per_engine=...)` builds one command line per engine, starts
-them as subprocesses (see `process.py`), waits for `/health_generate`, optionally registers them with a
+`launch_engines(cfg, num_engines=..., gpus_per_engine=...)` builds one command line per engine (`commands.py`),
+starts them as subprocesses (see `process.py`), waits for `/health_generate`, optionally registers them with a
 router (`router.py`), and returns an `EngineGroup` (a context manager that shuts everything down) whose
 `urls` / `router_url` are the run's engine addresses: the caller passes them on as values (e.g. into
 `slime_core.config.PluginArgs.from_config`); the config is never written.
-
-SGLang command line (flag names of SGLang 0.5.16 `ServerArgs`)::
-
-    <engine python> -m sglang.launch_server --model-path <hf_checkpoint> --host H --port P --tp-size G
-        --nccl-port N --base-gpu-id B --random-seed S --trust-remote-code --skip-server-warmup
-        [--mem-fraction-static F] [--enable-memory-saver] [LoRA flags: `lora_server_args`] <every --sglang-* flag>
-        <$SLIME_SGLANG_ARGS>
-
-The SGLang interpreter is `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one (`engine_python`).
-Environment: `SLIME_SGLANG_PYTHONPATH` becomes the engine's PYTHONPATH, `SLIME_SGLANG_ARGS` is appended (shell-split).
 """
 
 from __future__ import annotations
@@ -23,14 +13,21 @@ import dataclasses
 import logging
 import os
 import pathlib
-import shlex
-import sys
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_rollout.engines import router
+from slime_rollout.engines.commands import (
+    build_reference_command,
+    build_sglang_command,
+    engine_env,
+    engine_python,
+    lora_server_args,
+    needs_weights_backup,
+    sglang_passthrough,
+)
 from slime_rollout.engines.process import EngineProcess, find_free_port, port_reusable, start_engine_process
 from slime_rollout.wire import nccl_cumem_enable
 
@@ -53,238 +50,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# ServerArgs fields slime computes itself; a `--sglang-<field>` for one of them is a config error.
-MANAGED_SGLANG_FIELDS = frozenset(
-    {
-        "model_path",
-        "tp_size",
-        "port",
-        "nccl_port",
-        "base_gpu_id",
-        "random_seed",
-        "enable_memory_saver",
-        "skip_server_warmup",
-        "nnodes",
-        "node_rank",
-        "dist_init_addr",
-    }
-)
-
-# Environment defaults slime gives SGLang (see slime's rollout.py); the user's environment wins.
-_SGLANG_ENV_DEFAULTS = {
-    "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "false",
-    "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
-    "SGLANG_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
-    "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
-}
-
-
-def sglang_passthrough(sglang_args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
-    """Renders `cfg.sglang_args` (the `--sglang-*` flags) as SGLang CLI tokens.
-
-    Args:
-        sglang_args: either a mapping `{field: value}` (field with or without the `sglang_` prefix, dashes or
-            underscores; True -> bare flag, False/None -> omitted, list -> several values) or a list of CLI
-            tokens (`--sglang-` prefixes are stripped).
-
-    Raises:
-        ValueError: a field slime manages itself (e.g. `--sglang-port`), naming the flag.
-    """
-    if not sglang_args:
-        return []
-    if isinstance(sglang_args, str):
-        sglang_args = shlex.split(sglang_args)
-    if not isinstance(sglang_args, Mapping):
-        tokens = [("--" + t.removeprefix("--sglang-")) if t.startswith("--sglang-") else t for t in sglang_args]
-        for t in tokens:
-            if t.startswith("--") and t[2:].replace("-", "_").split("=")[0] in MANAGED_SGLANG_FIELDS:
-                raise ValueError(f"--sglang-{t[2:]} is set by slime itself and cannot be passed through")
-        return tokens
-    out: list[str] = []
-    for key, value in sglang_args.items():
-        field = key.replace("-", "_").removeprefix("sglang_")
-        if field in MANAGED_SGLANG_FIELDS:
-            raise ValueError(f"--sglang-{field.replace('_', '-')} is set by slime itself and cannot be passed through")
-        if value is None or value is False:
-            continue
-        flag = "--" + field.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif isinstance(value, list | tuple):
-            out += [flag, *map(str, value)]
-        elif isinstance(value, dict):
-            import json
-
-            out += [flag, json.dumps(value)]
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-def engine_python(cfg: SlimeArgs) -> str:
-    """The interpreter that runs `sglang.launch_server`: `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one.
-
-    Config validation fills an unset `--engine-python` with the current interpreter, so that value counts as
-    unset here and the environment variable still applies.
-    """
-    flag = cfg.engine_python
-    if flag and flag != sys.executable:
-        return str(flag)
-    return os.environ.get("SLIME_SGLANG_PYTHON") or sys.executable
-
-
-def build_sglang_command(
-    cfg: SlimeArgs,
-    *,
-    host: str,
-    port: int,
-    nccl_port: int,
-    tp_size: int,
-    base_gpu_id: int,
-    random_seed: int,
-    memory_saver: bool,
-    mem_fraction_static: float | None = None,
-    python: str | None = None,
-) -> list[str]:
-    """Command line of one SGLang server (see the module docstring).
-
-    Args:
-        cfg: run config; reads `hf_checkpoint`, `engine_python` (see `engine_python`) and `sglang_args`.
-        host: interface the server binds.
-        port: its HTTP port.
-        nccl_port: its NCCL port (TP > 1).
-        tp_size: GPUs of the engine.
-        base_gpu_id: its first GPU.
-        random_seed: its sampling seed.
-        memory_saver: `--enable-memory-saver` (colocated engines release memory while the trainer runs).
-        mem_fraction_static: `--mem-fraction-static` computed by the caller; a `--sglang-mem-fraction-static`
-            pass-through flag wins.
-        python: overrides the interpreter.
-    """
-    cmd = [
-        python or engine_python(cfg),
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        str(cfg.hf_checkpoint),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--tp-size",
-        str(tp_size),
-        "--nccl-port",
-        str(nccl_port),
-        "--base-gpu-id",
-        str(base_gpu_id),
-        "--random-seed",
-        str(random_seed),
-        "--trust-remote-code",
-        "--skip-server-warmup",
-    ]
-    passthrough = sglang_passthrough(cfg.sglang_args)
-    if mem_fraction_static is not None and "--mem-fraction-static" not in passthrough:
-        cmd += ["--mem-fraction-static", str(mem_fraction_static)]
-    if memory_saver:
-        cmd.append("--enable-memory-saver")
-    cmd += lora_server_args(cfg, passthrough)
-    if needs_weights_backup(cfg, memory_saver=memory_saver) and "--enable-weights-cpu-backup" not in passthrough:
-        cmd.append("--enable-weights-cpu-backup")
-    cmd += passthrough
-    cmd += shlex.split(os.environ.get("SLIME_SGLANG_ARGS", ""))
-    return cmd
-
-
-def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[str]:
-    """SGLang flags that let an engine serve the run's LoRA adapter (`--lora-rank`); empty without LoRA.
-
-    `--enable-lora` with room for an adapter of rank `--lora-rank` on `--lora-target-modules` (the adapter itself
-    is loaded by the first weight sync, `slime_rollout.lora_sync`); a pass-through `--sglang-<same flag>` wins.
-
-    Args:
-        cfg: reads `lora_rank`, `lora_target_modules`.
-        passthrough: the `--sglang-*` flags as SGLang tokens (`sglang_passthrough`).
-    """
-    if not cfg.lora_rank:
-        return []
-    wanted: dict[str, list[str]] = {
-        "--enable-lora": [],
-        "--max-lora-rank": [str(cfg.lora_rank)],
-        "--lora-target-modules": list(cfg.lora_target_modules),
-        "--max-loras-per-batch": ["1"],
-    }
-    given = {t.split("=")[0] for t in passthrough if t.startswith("--")}
-    return [token for flag, values in wanted.items() if flag not in given for token in (flag, *values)]
-
-
-def needs_weights_backup(cfg: SlimeArgs, *, memory_saver: bool) -> bool:
-    """Whether engines must keep a host copy of their weights across a memory release (`--enable-weights-cpu-backup`).
-
-    With the memory saver (colocated or `--offload-rollout`), SGLang's `/release_memory_occupation` unmaps the
-    weights' GPU memory and `/resume_memory_occupation` maps fresh memory whose contents are lost unless backed up
-    to the host (`sglang/srt/managers/scheduler_components/weight_updater.py`, `load_model_with_memory_saver`). A full
-    weight sync rewrites every tensor after each resume; runs whose syncs leave weights out need the backup: a LoRA
-    sync sends only the adapter (without it the engine served the adapter on zeroed base weights: issue 25), and
-    `--freeze-vision-tower` sends the frozen tower on the first sync only. (The original slime keeps the MTP draft
-    model, which it never syncs, the same way: `enable_draft_weights_cpu_backup`.)
-    """
-    return memory_saver and bool(cfg.lora_rank or cfg.freeze_vision_tower)
-
-
-def build_reference_command(
-    cfg: SlimeArgs, *, host: str, port: int, random_seed: int, memory_saver: bool = False
-) -> list[str]:
-    """Command line of one CPU reference engine.
-
-    Args:
-        cfg: run config; reads `hf_checkpoint`, `lora_rank` and, from `sglang_args`, `max_running_requests` (64),
-            `dtype` ("float32") and `num_threads` when given.
-        host: interface the server binds.
-        port: its HTTP port.
-        random_seed: its sampling seed.
-        memory_saver: `--enable-memory-saver`, as an SGLang engine of the run gets it (the reference engine then
-            loses its weights on a release as SGLang does, unless `--enable-weights-cpu-backup`: LoRA runs).
-    """
-    extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
-    cmd = [
-        sys.executable,
-        "-m",
-        "slime_rollout.engines.reference",
-        "--model-path",
-        str(cfg.hf_checkpoint),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--random-seed",
-        str(random_seed),
-        "--dtype",
-        str(extra.get("dtype", "float32")),
-        "--max-running-requests",
-        str(extra.get("max_running_requests", 64)),
-    ]
-    if extra.get("num_threads"):
-        cmd += ["--num-threads", str(extra["num_threads"])]
-    if memory_saver:
-        cmd.append("--enable-memory-saver")
-    if needs_weights_backup(cfg, memory_saver=memory_saver):
-        cmd.append("--enable-weights-cpu-backup")
-    return cmd
-
-
-def engine_env(kind: str) -> dict[str, str]:
-    """Environment of an engine process (SGLang defaults, `SLIME_SGLANG_PYTHONPATH`)."""
-    env = dict(os.environ)
-    if kind == "sglang":
-        for k, v in _SGLANG_ENV_DEFAULTS.items():
-            env.setdefault(k, v)
-        # The trainer's allocator settings (e.g. expandable segments) break SGLang's memory saver.
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        env["NCCL_CUMEM_ENABLE"] = nccl_cumem_enable()  # the trainer side pins the same value
-        if os.environ.get("SLIME_SGLANG_PYTHONPATH"):
-            env["PYTHONPATH"] = os.environ["SLIME_SGLANG_PYTHONPATH"]
-    return env
 
 
 class EngineLauncher:
