@@ -110,6 +110,7 @@ class SyncChecker:
         self.cfg = cfg
         self.engine_urls = list(engine_urls)
         self.num_syncs = 0
+        self._engine_names: set[str] | None = None  # what the first engine holds: asked once, it never changes
 
     def _engines(self) -> list[Any]:
         from slime_rollout.client import EngineClient
@@ -119,7 +120,8 @@ class SyncChecker:
     def start(self) -> Any:
         """Counts a sync; returns a `PushChecksums` to watch its buckets with when this sync is checked, else None.
 
-        The first engine's parameter names are read before the push, so that only tensors it holds are drawn.
+        The first engine's parameter names are read before the first checked push (and kept), so that only tensors
+        it holds are drawn.
         """
         from slime_rollout.weight_check import PushChecksums, engine_checksums, engine_weight_dtype
         from slime_rollout.weight_sync import run_sync
@@ -137,13 +139,15 @@ class SyncChecker:
                 await engine.aclose()
             return None if ranks is None else set().union(*ranks)
 
+        if self._engine_names is None:
+            self._engine_names = run_sync(names())
         k, seed, dtype = self.cfg.check_weight_sync_tensors, self.cfg.seed + index, engine_weight_dtype(self.cfg)
         if self.cfg.lora_rank:
             # A LoRA push holds the adapter, which the engine loads from files: compare the base it serves instead.
             return PushChecksums.from_checkpoint(
-                self.cfg.hf_checkpoint, k, seed=seed, dtype=dtype, engine_names=run_sync(names())
+                self.cfg.hf_checkpoint, k, seed=seed, dtype=dtype, engine_names=self._engine_names
             )
-        return PushChecksums(k, seed=seed, dtype=dtype, engine_names=run_sync(names()))
+        return PushChecksums(k, seed=seed, dtype=dtype, engine_names=self._engine_names)
 
     def finish(self, sample: Any, weight_version: int) -> dict[str, float]:
         """Compares every engine's checksums with the pushed ones; returns `weight_check/*` and its time.

@@ -188,15 +188,19 @@ class PushChecksums:
                     groups.setdefault(name, {})[index] = key
                     checker._num_parts[name] = count
                     where[key] = file
-        for name in checker._rng.sample(sorted(groups), min(k, len(groups))):
+        drawn = checker._rng.sample(sorted(groups), min(k, len(groups)))
+        wanted = {key for name in drawn for key in groups[name].values()}
+        tensors: dict[str, torch.Tensor] = {}
+        for file in files:  # each file opened once, only the drawn tensors read
+            with safe_open(str(file), framework="pt") as f:
+                for key in wanted:
+                    if where[key] == file:
+                        tensors[key] = f.get_tensor(key).to(device, dtype).reshape(-1)
+        for name in drawn:
             if len(groups[name]) != checker._num_parts[name]:
                 checker._drawn[name] = {}  # reported as incomplete
                 continue
-            parts = []
-            for index in range(checker._num_parts[name]):
-                key = groups[name][index]
-                with safe_open(str(where[key]), framework="pt") as f:
-                    parts.append(f.get_tensor(key).to(device, dtype).reshape(-1))
+            parts = [tensors[groups[name][index]] for index in range(checker._num_parts[name])]
             checker.checksums[name] = tensor_checksum(torch.cat(parts))
         return checker
 
