@@ -18,9 +18,9 @@ first-step log-prob parity on a prompt with an image.
 """
 
 import base64
+import importlib.util
 import io
 import json
-import math
 import re
 from pathlib import Path
 
@@ -38,23 +38,20 @@ from slime_train_fsdp.vision import mrope_position_ids
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3-tokenizer"
 VISION_START, IMAGE_PAD, VISION_END = 151652, 151655, 151653
 PATCH, MERGE, MIN_PIXELS, MAX_PIXELS = 16, 2, 65536, 16777216
+_spec = importlib.util.spec_from_file_location(
+    "slime_test_qwen_vl_rules", Path(__file__).resolve().parents[1] / "_qwen_vl_rules.py"
+)
+_vl_rules = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_vl_rules)
 PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>How many circles are there?<|im_end|>\n"
 
 
 # ---- SGLang 0.5.16, written from its source -----------------------------------------------------------------
 
 
-def smart_resize(height: int, width: int, factor: int = PATCH * MERGE) -> tuple[int, int]:
-    """`srt/multimodal/processors/qwen_vl.py` `smart_resize` with the preset's pixel bounds (the image processor of
-    transformers, which SGLang runs on images, applies the same rule)."""
-    h_bar, w_bar = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > MAX_PIXELS:
-        beta = math.sqrt(height * width / MAX_PIXELS)
-        h_bar, w_bar = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < MIN_PIXELS:
-        beta = math.sqrt(MIN_PIXELS / (height * width))
-        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+def smart_resize(height: int, width: int) -> tuple[int, int]:
+    """SGLang's Qwen-VL size rule (`tests/_qwen_vl_rules.py`) with the preset's patch, merge and pixel bounds."""
+    return _vl_rules.smart_resize(height, width, PATCH * MERGE, MIN_PIXELS, MAX_PIXELS)
 
 
 def sglang_prompt(tokenizer, input_ids: list[int], images: list) -> list[int]:

@@ -8,8 +8,10 @@ image token.
 """
 
 import base64
+import importlib.util
 import io
 import json
+import pathlib
 
 import pytest
 import torch
@@ -19,6 +21,12 @@ from slime_core.sample import Sample, Status
 from slime_rollout import generate as generate_mod
 from slime_rollout import multimodal
 from slime_rollout.data_source import load_prompt_rows, rows_to_samples
+
+_spec = importlib.util.spec_from_file_location(
+    "slime_test_qwen_vl_rules", pathlib.Path(__file__).resolve().parents[1] / "_qwen_vl_rules.py"
+)
+_vl_rules = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_vl_rules)
 
 VISION_START, IMAGE_PAD, VISION_END = 151652, 151655, 151653
 PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
@@ -231,26 +239,10 @@ def test_max_prompt_len_counts_the_expanded_image_tokens(vlm, tmp_path):
 # ---- generate: the /generate request, held to what SGLang 0.5.16 does with it ----------------------------------
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """The Qwen-VL image size rule, written from SGLang's `srt/multimodal/processors/qwen_vl.py` `smart_resize`
-    (the Hugging Face image processor's is the same): sides rounded to multiples of `factor` (patch x merge), then
-    scaled down to at most `max_pixels` or up to at least `min_pixels` keeping the aspect ratio."""
-    import math
-
-    h_bar, w_bar = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar, w_bar = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
 def image_tokens(family: str, height: int, width: int) -> int:
     """Tokens of one image for the tiny checkpoints (`make_tiny_vlm`: 2x2 to 8x8 patch grids, merge 2)."""
     patch = PATCH[family]
-    h, w = smart_resize(height, width, 2 * patch, (2 * patch) ** 2, (8 * patch) ** 2)
+    h, w = _vl_rules.smart_resize(height, width, 2 * patch, (2 * patch) ** 2, (8 * patch) ** 2)
     return (h // patch) * (w // patch) // 4
 
 
