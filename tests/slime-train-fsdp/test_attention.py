@@ -73,9 +73,10 @@ def test_matches_dense_mask_sdpa_outputs_and_grads(implementation):
 def test_packed_kwargs_are_computed_once_per_row():
     kwargs = packed_attention_kwargs([3, 4, 2], torch.device("cpu"), SLIME_VARLEN)
     assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 7, 9] and kwargs["cu_seq_lens_q"].dtype == torch.int32
-    assert kwargs["max_length_q"] == 4 and kwargs["slime_seq_lengths"] == (3, 4, 2)
+    assert kwargs["max_length_q"] == 4
+    # Only tensors and one int: no Python value whose structure depends on the sequence count (compile guards).
+    assert sorted(kwargs) == ["cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q"]
     assert packed_attention_kwargs([3, 4], torch.device("cpu"), "sdpa") == {}
-    assert "slime_seq_lengths" not in packed_attention_kwargs([3], torch.device("cpu"), "flash_attention_2")
 
 
 def test_document_block_mask_matches_create_block_mask():
@@ -106,9 +107,10 @@ def test_flex_core_with_document_mask_equals_per_sequence_sdpa():
 
 def test_rejects_what_it_does_not_implement():
     q = k = v = torch.zeros(1, 2, 4, 8)
+    row = packed_attention_kwargs([4], torch.device("cpu"), SLIME_VARLEN)
     with pytest.raises(ValueError, match="attention_mask=None"):
-        slime_attention_forward(None, q, k, v, torch.ones(1, 1, 4, 4), slime_seq_lengths=(4,))
+        slime_attention_forward(None, q, k, v, torch.ones(1, 1, 4, 4), **row)
     with pytest.raises(ValueError, match="dropout"):
-        slime_attention_forward(None, q, k, v, None, dropout=0.1, slime_seq_lengths=(4,))
+        slime_attention_forward(None, q, k, v, None, dropout=0.1, **row)
     with pytest.raises(ValueError, match="sliding-window"):
-        slime_attention_forward(None, q, k, v, None, sliding_window=2, slime_seq_lengths=(4,))
+        slime_attention_forward(None, q, k, v, None, sliding_window=2, **row)

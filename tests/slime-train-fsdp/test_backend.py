@@ -339,3 +339,22 @@ def test_freeze_and_only_train_param_lists(loss_types):
     trained = {n for n, changed in loss_types["only_train"].items() if changed}
     assert trained == {n for n in loss_types["only_train"] if "layers.1.self_attn." in n or "lm_head" in n}
     assert trained and len(trained) < len(loss_types["only_train"])
+
+
+def _assert_compiled_once_per_grad_mode(res: dict) -> None:
+    # One graph for the no-grad forward and one for forward+backward, whatever the micro-batch's sequence count:
+    # a guard on the count recompiled every layer for each new count (8 times, then eager), issue 26.
+    assert len(res["sequence_counts"]) >= 5
+    assert res["graphs"] == [2] * len(res["graphs"]), res
+    assert res["frames"][-1] == res["frames"][0], res
+
+
+def test_compiled_layers_do_not_recompile_for_new_sequence_counts(tiny_ckpt, tmp_path):
+    _assert_compiled_once_per_grad_mode(launch("compile", 1, tmp_path, tiny_ckpt)[0])
+
+
+@pytest.mark.gpu
+def test_compiled_layers_do_not_recompile_on_gpu(tiny_ckpt, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _assert_compiled_once_per_grad_mode(launch_subprocesses("compile_gpu", 1, tmp_path, tiny_ckpt)[0])

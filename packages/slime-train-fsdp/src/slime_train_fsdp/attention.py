@@ -11,7 +11,8 @@ to every attention call.
   on CUDA.
 - `slime_flex`: compiled `flex_attention` with a document-causal `BlockMask` built at block granularity (no
   `S × S` tensor); compiled once per process with dynamic shapes, so new row lengths do not recompile.
-- On CPU both run an exact fallback: one causal SDPA call per packed sequence (fp32, what the tests use).
+- On CPU both run an exact fallback: one causal SDPA call per packed sequence (fp32, what the tests use),
+  wrapped in a custom op that takes the same `cu_seqlens` tensor as the CUDA kernel.
 
 With context parallelism (`context_parallel.py`) each rank holds a contiguous slice of the row; the attention
 call then exchanges heads for sequence (Ulysses all-to-all) around the same kernels.
@@ -67,7 +68,10 @@ def packed_attention_kwargs(seq_lengths: list[int], device: torch.device, implem
 
     Computed once per micro-batch (not per layer). `cu_seq_lens_*` / `max_length_*` are transformers'
     `FlashAttentionKwargs`, so `flash_attention_2` uses them too (it then skips deriving them from `position_ids`
-    in every layer); `slime_seq_lengths` serves the CPU fallback, `slime_block_mask` the flex kernel.
+    in every layer); `slime_block_mask` serves the flex kernel. Nothing in the dict is a Python value that depends
+    on the number of sequences (only the `[N + 1]` tensor's size, dynamic under compile): a tuple of lengths
+    here made every compiled layer guard on its length and recompile for each new sequence count per micro-batch
+    (8 recompiles, then eager; issue 26).
 
     Args:
         seq_lengths: lengths of the sequences of the row, in order; they sum to `S` (the full row, also under
@@ -85,8 +89,6 @@ def packed_attention_kwargs(seq_lengths: list[int], device: torch.device, implem
     cu = _cu_seqlens(seq_lengths, device)
     kwargs: dict[str, Any] = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}
     kwargs.update(max_length_q=longest, max_length_k=longest)
-    if implementation in (SLIME_VARLEN, SLIME_FLEX):
-        kwargs["slime_seq_lengths"] = tuple(int(n) for n in seq_lengths)
     if implementation == SLIME_FLEX and device.type == "cuda":
         kwargs["slime_block_mask"] = document_block_mask(seq_lengths, device)
     return kwargs
@@ -168,6 +170,43 @@ def sdpa_per_sequence(
     return torch.cat(outs, dim=2).transpose(1, 2)
 
 
+@torch.library.custom_op("slime::packed_sdpa", mutates_args=())
+def packed_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """`sdpa_per_sequence` with the row layout as a `[N + 1]` int32 `cu_seqlens` tensor (the CPU fallback).
+
+    A custom op, so a compiled decoder layer sees one opaque call with varlen_attn's inputs: its graph does not
+    depend on the number of sequences, as on CUDA (the CPU tests then check the CUDA path's compile behaviour).
+    Shapes as `sdpa_per_sequence`: `[1, H, S, D]` query, `[1, Hkv, S, D]` key/value, `[1, S, H, D]` output.
+    """
+    return sdpa_per_sequence(query, key, value, tuple(torch.diff(cu_seqlens).tolist()), scale)
+
+
+@packed_sdpa.register_fake
+def _packed_sdpa_fake(query, key, value, cu_seqlens, scale):
+    return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+
+
+def _packed_sdpa_setup(ctx, inputs, output) -> None:
+    query, key, value, cu_seqlens, scale = inputs
+    ctx.save_for_backward(query, key, value, cu_seqlens)
+    ctx.scale = scale
+
+
+def _packed_sdpa_backward(ctx, grad: torch.Tensor):
+    # Recompute the forward under autograd (CPU fallback only: exactness matters here, not speed).
+    query, key, value, cu_seqlens = ctx.saved_tensors
+    inputs = [t.detach().requires_grad_(True) for t in (query, key, value)]
+    with torch.enable_grad():
+        out = sdpa_per_sequence(*inputs, tuple(torch.diff(cu_seqlens).tolist()), ctx.scale)
+    grads = torch.autograd.grad(out, inputs, grad)
+    return (*grads, None, None)
+
+
+packed_sdpa.register_autograd(_packed_sdpa_backward, setup_context=_packed_sdpa_setup)
+
+
 def varlen_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict, scale: float | None):
     """Flash varlen attention over the row (CUDA): `[1, H, S, D]` inputs, `[1, S, H, D]` output."""
     from torch.nn.attention.varlen import varlen_attn
@@ -211,7 +250,7 @@ def _lengths_from_positions(position_ids: torch.Tensor) -> tuple[int, ...]:
 def _packed_core(kind: str, query, key, value, kwargs: dict, scale: float | None) -> torch.Tensor:
     """The attention kernel over one full row, by kind and device."""
     if query.device.type != "cuda":
-        return sdpa_per_sequence(query, key, value, kwargs["slime_seq_lengths"], scale)
+        return packed_sdpa(query, key, value, kwargs["cu_seq_lens_q"], scale)
     if kind == SLIME_FLEX:
         return flex_core(query, key, value, kwargs["slime_block_mask"], scale)
     return varlen_core(query, key, value, kwargs, scale)
@@ -255,7 +294,7 @@ def slime_attention_forward(
         raise ValueError(f"{kind} does not implement attention dropout ({dropout})")
     if kwargs.get("sliding_window") is not None:
         raise ValueError(f"{kind} does not implement sliding-window attention")
-    if "slime_seq_lengths" not in kwargs:
+    if "cu_seq_lens_q" not in kwargs:
         # Called outside `response_log_probs` (e.g. a plain HF forward): derive the row layout here.
         lengths = _lengths_from_positions(kwargs["position_ids"])
         kwargs = {**kwargs, **packed_attention_kwargs(list(lengths), query.device, kind)}
