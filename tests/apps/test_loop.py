@@ -151,3 +151,23 @@ def test_an_eval_config_alone_is_evaluated(monkeypatch, tmp_path):
     config.write_text("eval:\n  datasets:\n    - {name: demo, path: /e.jsonl, rm_type: math}\n")
     events, logged = _run(monkeypatch, eval_prompt_data=None, eval_config=str(config), eval_interval=3)
     assert ("eval", 3) in events and logged[3]["eval/demo"] == 0.25
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"offload_train": False}, [
+            ("got", 0), ("offload",), ("train", 0), ("onload", ["weights"]), ("update_weights", 1),
+            ("onload", ["kv_cache", "cuda_graph"]),
+        ]),
+        ({"offload_rollout": False}, [
+            ("got", 0), ("trainer.wake_up",), ("train", 0), ("update_weights", 1), ("trainer.sleep",),
+        ]),
+        ({"offload_train": False, "offload_rollout": False}, [("got", 0), ("train", 0), ("update_weights", 1)]),
+    ],
+)  # fmt: skip
+def test_colocated_side_that_is_not_offloaded_stays_resident(monkeypatch, flags, expected):
+    events, logged = _run(monkeypatch, colocate=True, num_rollout=1, eval_prompt_data=None, **flags)
+    assert events == expected
+    assert ("perf/trainer_sleep_time" in logged[0]) == flags.get("offload_train", True)
+    assert ("perf/engine_release_time" in logged[0]) == flags.get("offload_rollout", True)

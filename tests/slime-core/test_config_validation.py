@@ -66,7 +66,6 @@ BROKEN_RULES = [
     ({"num_rollout": None, "num_epoch": 2, "disable_rollout_global_dataset": True}, "--num-epoch counts passes"),
     ({"rollout_num_gpus_per_engine": 16}, "--rollout-num-gpus-per-engine 16 exceeds --num-gpus-per-node 8"),
     ({"offload": True, "rollout_num_gpus": 4}, "--offload-train (or --offload) without --colocate"),
-    ({"colocate": True, "offload_train": False}, "--colocate always offloads the trainer"),
     ({"eval_prompt_data": ["aime", "a.jsonl", "gsm8k"]}, "--eval-prompt-data takes pairs"),
     ({"eval_prompt_data": ["a", "x.jsonl", "a", "y.jsonl"]}, "--eval-prompt-data: duplicate dataset names"),
     ({"eval_interval": 5}, "--eval-interval requires --eval-prompt-data or --eval-config"),

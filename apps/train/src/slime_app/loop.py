@@ -148,6 +148,16 @@ class Run:
         self.placement = create_placement(cfg)
 
     @property
+    def swap_trainer(self) -> bool:
+        """Colocated with --offload-train (the default): the trainer sleeps while the engines generate."""
+        return bool(self.cfg.colocate and self.cfg.offload_train)
+
+    @property
+    def swap_engines(self) -> bool:
+        """Colocated with --offload-rollout (the default): the engines release their memory while it trains."""
+        return bool(self.cfg.colocate and self.cfg.offload_rollout)
+
+    @property
     def per_epoch(self) -> int | None:
         """Rollouts per epoch with --num-epoch (num_rollout was counted as epochs × that, slime_app.resolve)."""
         return self.cfg.num_rollout // self.cfg.num_epoch if self.cfg.num_epoch else None
@@ -160,7 +170,7 @@ class Run:
         cfg = self.cfg
         self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
         engine_urls = ray.get(self.manager.start.remote())
-        if cfg.colocate:
+        if self.swap_engines:
             ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
         start = 0
         if not cfg.debug_rollout_only:
@@ -178,7 +188,7 @@ class Run:
             self.trainer.connect_engines(engine_urls)
             # Engines always serve the trainer's weights, also after a resume.
             self.tracker.log(start, self.sync_weights(start))
-        elif cfg.colocate:
+        elif self.swap_engines:
             ray.get(self.manager.onload.remote())
         return start
 
@@ -243,8 +253,9 @@ class Run:
         step's trainer log-probs against the engine's: `slime_app.guards.first_step_logprob_gate`.)
         """
         swap: dict[str, float] = {}
-        if self.cfg.colocate:
+        if self.swap_engines:
             _timed(swap, "perf/engine_release_time", lambda: ray.get(self.manager.offload.remote()))
+        if self.swap_trainer:
             _timed(swap, "perf/trainer_wake_up_time", self.trainer.wake_up)
             self.restorer.trainer_awake = True
         t0 = time.perf_counter()
@@ -268,14 +279,14 @@ class Run:
         Colocated, the two sides then swap GPU memory: engine weights memory back → push → trainer
         sleeps → engine KV cache back.
         """
-        colocate = self.cfg.colocate
         swap: dict[str, float] = {}
-        if colocate:
+        if self.swap_engines:
             _timed(swap, "perf/engine_resume_weights_time", lambda: ray.get(self.manager.onload.remote(["weights"])))
         metrics = self._prefix("perf", self.restorer.push(weight_version))
-        if colocate:
+        if self.swap_trainer:
             _timed(swap, "perf/trainer_sleep_time", self.trainer.sleep)
             self.restorer.trainer_awake = False
+        if self.swap_engines:
             _timed(swap, "perf/engine_resume_kv_cache_time",
                    lambda: ray.get(self.manager.onload.remote(["kv_cache", "cuda_graph"])))  # fmt: skip
         return {**metrics, **swap}

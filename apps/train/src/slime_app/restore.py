@@ -62,7 +62,7 @@ class EngineRestorer:
         if not urls:
             return
         t0 = time.perf_counter()
-        wake = self.cfg.colocate and not self.trainer_awake
+        wake = self.cfg.colocate and self.cfg.offload_train and not self.trainer_awake
         if wake:
             self.trainer.wake_up()  # named_hf_weights needs the trainer's weights on its device
         try:

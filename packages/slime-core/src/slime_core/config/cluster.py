@@ -39,11 +39,14 @@ class ClusterArgs(ArgsGroup):
         8, "GPUs per node of the cluster; an engine (--rollout-num-gpus-per-engine) must fit on one node.", ge=1
     )
     colocate: bool = arg(
-        False, "Trainer and engines share the same GPUs (implies --offload-train and --offload-rollout)."
+        False,
+        "Trainer and engines share the same GPUs (implies --offload-train and --offload-rollout unless turned off: "
+        "--no-offload-train keeps the trainer resident while the engines generate, which saves its host swap "
+        "when both fit; size --sglang-mem-fraction-static for it).",
     )
     offload: bool = arg(False, "Shorthand for --offload-train and --offload-rollout.")
     offload_train: bool | None = arg(
-        None, "Free trainer accelerator memory while rolling out (always on with --colocate; needs --colocate)."
+        None, "Free trainer accelerator memory while rolling out (default: on with --colocate; needs --colocate)."
     )
     offload_train_pin_memory: bool = arg(
         False,

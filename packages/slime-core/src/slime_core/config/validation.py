@@ -105,8 +105,6 @@ def _debug_modes(args: SlimeArgs) -> None:
 
 def _placement(args: SlimeArgs) -> None:
     implied = args.colocate or args.offload
-    if args.colocate and args.offload_train is False:
-        raise ConfigError("--colocate always offloads the trainer while the engines run; drop --no-offload-train")
     if args.offload_train is None:
         args.offload_train = implied
     if args.offload_rollout is None:
