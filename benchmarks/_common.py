@@ -176,3 +176,70 @@ if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: _common.py PRESET MODEL_ROOT")
     print(ensure_model(sys.argv[1], sys.argv[2])[0])
+
+
+# Kernel-name fragments -> the category a profile summary puts them in (first match wins).
+_KERNEL_CATEGORIES = (
+    ("attention", ("flash", "fmha", "attention", "varlen")),
+    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("communication", ("nccl", "allgather", "reduce_scatter", "all_reduce")),
+    ("copy/cast", ("copy", "memcpy", "memset", "cast", "to_copy")),
+    ("fused (inductor)", ("triton_",)),
+)
+
+
+def _category(name: str) -> str:
+    low = name.lower()
+    for category, keys in _KERNEL_CATEGORIES:
+        if any(k in low for k in keys):
+            return category
+    return "other"
+
+
+def profile_summary(fn: Callable[[], Any], top: int = 12) -> dict[str, Any]:
+    """Runs `fn` once under `torch.profiler` (CUDA) and summarizes where the GPU time went.
+
+    Returns:
+        `wall_ms` (host clock around `fn`, device-synchronized), `gpu_busy_ms` (union of kernel intervals on
+        the device: the rest is idle time from launch overhead, host syncs and CPU work), `kernel_ms` by
+        category (attention, gemm, optimizer, communication, copy/cast, fused (inductor), other; sums of
+        kernel durations, so overlapping streams can exceed busy time), and the `top` kernels by total time
+        as `[name (first 80 chars), calls, total ms]`.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sync("cuda")
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync("cuda")
+    wall_ms = (time.perf_counter() - start) * 1e3
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    intervals = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy_us, cur_start, cur_end = 0.0, None, None
+    for s, e in intervals:
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                busy_us += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    if cur_end is not None:
+        busy_us += cur_end - cur_start
+    by_cat: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        dur_ms = (e.time_range.end - e.time_range.start) / 1e3
+        by_cat[_category(e.name)] = by_cat.get(_category(e.name), 0.0) + dur_ms
+        entry = by_name.setdefault(e.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += dur_ms
+    top_kernels = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {
+        "wall_ms": round(wall_ms, 2),
+        "gpu_busy_ms": round(busy_us / 1e3, 2),
+        "kernel_ms": {k: round(v, 2) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [[name[:80], calls, round(ms, 2)] for name, (calls, ms) in top_kernels],
+    }

@@ -20,14 +20,18 @@ import _common  # sibling module: a script's own directory is first on sys.path
 
 def engine_args(
     kind: str, model_dir: Path, *, mem_fraction: float, max_bs: int, memory_saver: bool = False,
-    max_total_tokens: int | None = None,
+    max_total_tokens: int | None = None, extra: dict[str, str | bool] | None = None,
 ):  # fmt: skip
-    """Run-config fields `launch_engines` reads, for one engine on GPU 0 (sglang) or the CPU reference."""
+    """Run-config fields `launch_engines` reads, for one engine on GPU 0 (sglang) or the CPU reference.
+
+    `extra`: more SGLang server arguments by field name (e.g. `{"enable_fp32_lm_head": True}`); SGLang only.
+    """
     if kind == "sglang":
         # Decode CUDA graphs on (≈10× faster), no prefill graph capture (saves ≈ 40 s): shared/device/README.md.
         sglang_args = {"cuda_graph_backend_prefill": "disabled", "cuda_graph_max_bs_decode": str(max_bs)}
         if max_total_tokens:  # a fixed KV cache: the engine's memory no longer depends on what else runs
             sglang_args["max_total_tokens"] = str(max_total_tokens)
+        sglang_args.update(extra or {})
     else:
         sglang_args = {"dtype": "float32", "max_running_requests": str(max_bs)}
     from slime_core.config import SlimeArgs
@@ -42,6 +46,7 @@ def engine_args(
 def engine(
     kind: str, model_dir: Path, *, url: str | None, log_dir: str | None, mem_fraction: float = 0.3,
     max_bs: int = 256, memory_saver: bool = False, max_total_tokens: int | None = None,
+    extra: dict[str, str | bool] | None = None,
 ) -> Iterator[tuple[str, float]]:  # fmt: skip
     """Yields `(url, startup seconds)`: the given `url` (0 s), or a freshly launched engine shut down on exit."""
     if url:
@@ -52,7 +57,7 @@ def engine(
     from slime_rollout.engines.launch import launch_engines
 
     args = engine_args(kind, model_dir, mem_fraction=mem_fraction, max_bs=max_bs, memory_saver=memory_saver,
-                       max_total_tokens=max_total_tokens)  # fmt: skip
+                       max_total_tokens=max_total_tokens, extra=extra)  # fmt: skip
     start = time.perf_counter()
     with launch_engines(
         args, num_engines=1, gpus_per_engine=1, startup_timeout_s=600, log_dir=log_dir, mem_fraction_static=mem_fraction
@@ -77,8 +82,15 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with engine(a.engine, model_dir, url=None, log_dir=a.log_dir, mem_fraction=a.mem_fraction, max_bs=a.max_bs,
-                max_total_tokens=a.max_total_tokens) as (  # fmt: skip
+    with engine(
+        a.engine,
+        model_dir,
+        url=None,
+        log_dir=a.log_dir,
+        mem_fraction=a.mem_fraction,
+        max_bs=a.max_bs,
+        max_total_tokens=a.max_total_tokens,
+    ) as (  # fmt: skip
         url,
         startup_s,
     ):

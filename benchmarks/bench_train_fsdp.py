@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--swap", action="store_true", help="also time the colocated sleep()/wake_up() swap, pinned vs pageable"
     )
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument(
+        "--profile", action="store_true",
+        help="also profile one more train() (CUDA): GPU busy vs wall time, kernel time by category, top kernels",
+    )  # fmt: skip
     a = p.parse_args(argv)
     _common.setup_logging()
     import torch
@@ -167,6 +171,9 @@ def main(argv: list[str] | None = None) -> dict:
         old_forward = not can_reuse_old_log_probs(args, batch)
         warm_s, times, metrics, peak = _common.time_train(backend, batch, a.device, a.repeats)
         swap = measure_swap(backend, a.device, a.repeats) if a.swap else {}
+        prof = {}
+        if a.profile and a.device == "cuda":
+            prof = {"profile": _common.profile_summary(lambda: backend.train(0, batch))}
         flops = train_flops(backend.config, a, old_forward)
         t = _common.median(times)
         tokens = batch.num_samples * a.seq_len
@@ -184,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
             "tokens_per_s": tokens / t, "model_tflops_per_train": flops["total"] / 1e12,
             "attention_share": flops["attention"] / flops["total"], "achieved_tflops": flops["total"] / t / 1e12,
             "mfu": flops["total"] / t / 1e12 / a.peak_tflops, "peak_tflops": a.peak_tflops,
-            "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm"), **swap,
+            "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm"), **swap, **prof,
         })  # fmt: skip
     finally:
         dist.destroy_process_group()

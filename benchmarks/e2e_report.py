@@ -29,7 +29,8 @@ CURVES = ("train/critic-explained_variance", "train/critic-value_loss", "train/o
 EXTRA = (
     "perf/engine_release_time", "perf/trainer_wake_up_time", "perf/trainer_sleep_time",
     "perf/engine_resume_weights_time", "perf/engine_resume_kv_cache_time", "perf/train_peak_mem_gib",
-    "perf/log_probs_time", "perf/actor_train_time", "perf/weight_check_time",
+    "perf/log_probs_time", "perf/actor_train_time", "perf/weight_check_time", "perf/compile_time",
+    "perf/compiled_graphs",
 )  # fmt: skip
 
 

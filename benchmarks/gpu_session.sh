@@ -18,6 +18,10 @@
 #   matmul          30  bf16 8192^3 matmul ceiling
 #   train          240  FSDP train() qwen3-0.6b (~60) and qwen3-4b (~150, incl. ~60 s checkpoint write)
 #   train_1.7b     120  FSDP train() qwen3-1.7b
+#   train_1.7b_profile 200  qwen3-1.7b at the standard shape with a profile (GPU busy vs wall, kernels by category),
+#                       then the same with --log-probs-head fp32out
+#   logprob_gap    300  probe_logprob_gap.py: one rollout per engine config (default, --enable-fp32-lm-head) scored by
+#                       trainer variants and an fp32 HF model: where |trainer - engine| log-prob comes from
 #   train_1.7b_16k 120  the same with 16k-token micro-batches (--max-tokens-per-gpu 16384 in a real run)
 #   train_base     120  the same with the pre-issue-22 settings (sdpa dense mask, fp32 head, no compile): side by side
 #   train_gc       150  FSDP train() qwen3-4b with --gradient-checkpointing
@@ -34,6 +38,7 @@
 #   weight_sync_4b 300  the same for qwen3-4b (starts and stops its own engine)
 #   rollout        150  slime rollout vs direct /generate, 64 prompts x 8 x 256 tokens, shared engine
 #   e2e            420  apps/train GRPO, 4 rollouts of 32x8 (needs torch_memory_saver staged for SGLang)
+#   e2e_tuned      420  the e2e run with 16k-token micro-batches (TUNED_MAX_TOKENS) and --no-offload-train
 #   e2e_disagg     420  the same on 2 GPUs: trainer on GPU 0, SGLang on GPU 1, NCCL weight sync
 #   e2e_lora       420  the same with LoRA (rank 16, alpha 32, default target modules, lr 1e-5): memory and sync time vs e2e
 #   e2e_megatron   420  the same (colocated, 1 GPU) with --train-backend megatron, 2048-token micro-batches
@@ -254,6 +259,12 @@ for step in "$@"; do
       run_step train_4b 300 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-4b --peak-tflops "$(peak_tflops)" ;;
     train_1.7b) run_step train_1.7b 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
                   --peak-tflops "$(peak_tflops)" ;;
+    train_1.7b_profile) run_step train_1.7b_profile 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
+                          --profile --peak-tflops "$(peak_tflops)"
+      run_step train_1.7b_fp32out 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
+        --log-probs-head fp32out --profile --peak-tflops "$(peak_tflops)" ;;
+    logprob_gap) engine_down; run_step logprob_gap 420 python3 "$HERE/probe_logprob_gap.py" --preset "$P06" \
+                   --engine "$ENGINE" "${DEV[@]}" ;;
     train_1.7b_16k) run_step train_1.7b_16k 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
                       --tokens-per-mb 16384 --peak-tflops "$(peak_tflops)" ;;
     train_base) run_step train_base 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \
@@ -280,6 +291,9 @@ for step in "$@"; do
     weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;
     rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset "$P06" "${RO_SIZE[@]}" ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_tuned) engine_down; MAX_TOKENS_PER_GPU="${TUNED_MAX_TOKENS:-16384}" \
+                 EXTRA_FLAGS="${EXTRA_FLAGS:-} --no-offload-train" RUN_DIR=/tmp/slime-bench-e2e/tuned \
+                 run_step e2e_tuned 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_disagg) engine_down; DISAGG=1 RUN_DIR=/tmp/slime-bench-e2e/disagg run_step e2e_disagg 600 \
                   bash "$HERE/bench_e2e.sh" ;;
     e2e_lora) engine_down; EXTRA_FLAGS="${EXTRA_FLAGS:-} --lora-rank 16 --lora-alpha 32 --lr 1e-5" \

@@ -457,10 +457,10 @@ def scenario_compile(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     b = FSDPTrainBackend()
     b.init(make_args(ckpt, fsdp_compile_layers=True, attn_implementation="slime_varlen", global_batch_size=8),
            with_ref=False)  # fmt: skip
-    res: dict = {"graphs": [], "frames": []}
+    res: dict = {"graphs": [], "frames": [], "compile_time": []}
     for rid, batch in enumerate(varied_batches(6)):
         b.compute_log_probs(batch)  # the no-grad forward (old/ref log-probs)
-        b.train(rid, batch)
+        res["compile_time"].append(b.train(rid, batch).get("perf/compile_time"))
         res["graphs"].append(int(counters["stats"]["unique_graphs"]))
         res["frames"].append(int(counters["frames"]["total"]))
     res["sequence_counts"] = sorted({len(mb) for batch in varied_batches(6) for mb in batch.micro_batches[0]})

@@ -52,7 +52,7 @@ def _max_err(got, expected) -> float:
     return max(float((x.double() - y).abs().max()) for x, y in zip(got, expected, strict=True))
 
 
-@pytest.mark.parametrize("head", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("head", ["fp32", "tf32", "fp32out", "bf16"])
 def test_fp32_inputs_match_fp64_reference(head):
     inputs = _inputs()
     assert _max_err(_run(head, *inputs), _reference(*inputs)) <= TOL
@@ -63,6 +63,32 @@ def test_bf16_head_on_bf16_inputs_is_close():
     got = _run("bf16", hidden.bfloat16(), weight.bfloat16(), targets, a, b)
     assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32  # softmax math in fp32
     assert _max_err(got[:2], _reference(hidden, weight, targets, a, b)[:2]) <= 5e-2
+
+
+def test_fp32out_head_on_bf16_inputs_has_fp32_logits():
+    # bf16 operands: the fp32out head's log-probs are the fp32 head's on the same bf16 values (fp32 accumulation,
+    # fp32 logits), unlike the bf16 head's; its gradients are bf16 matmuls (bf16 tolerance).
+    hidden, weight, targets, a, b = _inputs()
+    hb, wb = hidden.bfloat16(), weight.bfloat16()
+    got = _run("fp32out", hb, wb, targets, a, b)
+    exact = _reference(hb.float(), wb.float(), targets, a, b)
+    assert got[0].dtype == torch.float32
+    assert _max_err(got[:2], exact[:2]) <= TOL
+    assert _max_err(_run("bf16", hb, wb, targets, a, b)[:2], exact[:2]) > 10 * TOL  # what fp32 logits buy
+    assert got[2].dtype == torch.bfloat16 and got[3].dtype == torch.bfloat16
+    for grad, ref in zip(got[2:], exact[2:], strict=True):  # relative to the gradient's scale: bf16 has 8 bits
+        assert float((grad.double() - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+
+
+@pytest.mark.gpu
+def test_fp32out_head_on_cuda_matches_fp32_head():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    hidden, weight, targets, a, b = (t.cuda() for t in _inputs(seed=2))
+    hb, wb = hidden.bfloat16(), weight.bfloat16()
+    got = _run("fp32out", hb, wb, targets, a, b)
+    exact = _run("fp32", hb.float(), wb.float(), targets, a, b)
+    assert _max_err(got[:2], [t.double() for t in exact[:2]]) <= TOL
 
 
 def test_chunk_size_does_not_change_results():
@@ -100,7 +126,7 @@ def test_unknown_head_and_defaults():
     hidden, weight, targets, _, _ = _inputs()
     with pytest.raises(KeyError, match="known"):
         head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=4, with_entropy=False, head="fp8")
-    assert default_head(torch.device("cpu")) == "fp32" and set(HEADS) == {"fp32", "tf32", "bf16", "liger"}
+    assert default_head(torch.device("cpu")) == "fp32" and set(HEADS) == {"fp32", "tf32", "fp32out", "bf16", "liger"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel is installed")

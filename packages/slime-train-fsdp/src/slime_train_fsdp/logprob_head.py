@@ -10,6 +10,10 @@ Heads (`--log-probs-head`):
 - `fp32`: fp32 matmul (weights upcast per chunk), TF32 off. Exact; the CPU default and the reference.
 - `tf32`: the same fp32 matmul with TF32 tensor cores allowed for this matmul only (forward and backward), not
   through the global flag. Log-prob error ~1e-5 on qwen3 shapes (issue 22's probe: 1.7e-5).
+- `fp32out`: the matmul on bf16 tensor cores with fp32 accumulation and fp32 logits (`torch.mm(...,
+  out_dtype=torch.float32)`), backward in the compute dtype. The operands are bf16 values already (hidden states
+  and the FSDP-gathered weight), so the logits are those of `fp32`/`tf32` up to summation order, at twice TF32's
+  rate. On CPU (no such kernel) the same product runs in fp32.
 - `bf16`: matmul in the compute dtype (bf16 under FSDP mixed precision), fp32 softmax math on the chunk's
   logits. Error ~1e-2 in log-prob on qwen3 shapes: bf16 logits carry 8 mantissa bits.
 - `liger`: liger-kernel's fused linear cross-entropy with `reduction="none"` (per-token `-log p`) on `h / T`;
@@ -79,6 +83,29 @@ class _TF32Linear(torch.autograd.Function):
         return grad_h, grad_w
 
 
+class _Fp32OutLinear(torch.autograd.Function):
+    """`h @ w^T` `[c, V]` in fp32 from compute-dtype operands (bf16 on GPU): fp32 accumulation and output.
+
+    Backward casts the fp32 cotangent to the operands' dtype and runs both matmuls there (fp32 accumulation
+    inside cuBLAS), as every other bf16 layer's backward does.
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h, w)
+        if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
+            return torch.mm(h, w.t(), out_dtype=torch.float32)
+        return h.float() @ w.float().t()  # exact for bf16 operands: the reference of the CUDA kernel
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        h, w = ctx.saved_tensors
+        g = grad.to(h.dtype)
+        grad_h = g @ w.to(h.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = (g.t() @ h).to(w.dtype) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w
+
+
 def _stable_log_probs(logits, targets, temperature: float, with_entropy: bool, kept: KeptTokens | None = None):
     """fp32 `log p(target)` `[c]` and entropy `[c]` (or `[0]`) from `[c, V]` logits of any float dtype.
 
@@ -94,6 +121,11 @@ def _chunk_fp32(h, w, targets, temperature, with_entropy, kept=None):
 
 def _chunk_tf32(h, w, targets, temperature, with_entropy, kept=None):
     logits = _TF32Linear.apply(h.float(), w.float())  # [c, V] fp32 from TF32 tensor cores
+    return _stable_log_probs(logits, targets, temperature, with_entropy, kept)
+
+
+def _chunk_fp32out(h, w, targets, temperature, with_entropy, kept=None):
+    logits = _Fp32OutLinear.apply(h, w.to(h.dtype))  # [c, V] fp32 from bf16 tensor cores
     return _stable_log_probs(logits, targets, temperature, with_entropy, kept)
 
 
@@ -151,6 +183,7 @@ def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=
 HEADS: dict[str, Callable] = {
     "fp32": lambda *a: _chunked(_chunk_fp32, *a),
     "tf32": lambda *a: _chunked(_chunk_tf32, *a),
+    "fp32out": lambda *a: _chunked(_chunk_fp32out, *a),
     "bf16": lambda *a: _chunked(_chunk_bf16, *a),
     "liger": _liger,
 }

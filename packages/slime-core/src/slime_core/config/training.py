@@ -140,10 +140,11 @@ class FsdpArgs(ArgsGroup):
         "Attention for packed micro-batches: slime_varlen (flash varlen, no mask; the GPU default), slime_flex "
         "(compiled flex_attention), sdpa (dense block mask; the CPU default), eager, flash_attention_2; auto: default.",
     )
-    log_probs_head: Literal["fp32", "tf32", "bf16", "liger"] | None = arg(
+    log_probs_head: Literal["fp32", "tf32", "fp32out", "bf16", "liger"] | None = arg(
         None,
-        "lm_head + log-softmax of the log-probs/entropy: tf32 (GPU default), fp32 (exact; CPU default), bf16 "
-        "(bf16 matmul, fp32 softmax), liger (liger-kernel fused linear cross-entropy, optional dependency).",
+        "lm_head + log-softmax of the log-probs/entropy: tf32 (GPU default), fp32 (exact; CPU default), fp32out "
+        "(bf16 tensor cores, fp32 accumulation and logits), bf16 (bf16 matmul and logits, fp32 softmax), liger "
+        "(liger-kernel fused linear cross-entropy, optional dependency).",
     )
     fsdp_compile_layers: bool | None = arg(
         None,
