@@ -40,9 +40,10 @@ from slime_core.algorithms import KeptTokens, log_probs_and_entropy_from_logits
 __all__ = ["DEFAULT_CPU_HEAD", "DEFAULT_CUDA_HEAD", "HEADS", "default_head", "head_log_probs"]
 
 DEFAULT_CPU_HEAD = "fp32"
-# The CUDA default until `benchmarks/probe_fsdp_speed.py` says otherwise: the fastest head whose log-prob error
-# stays far below the trainer-vs-SGLang gap (mean ~2e-3), which rules out the bf16 logits of `bf16`/`liger`.
-DEFAULT_CUDA_HEAD = "tf32"
+# The CUDA default: the fastest head whose logits are fp32, which rules out the bf16 logits of `bf16`/`liger`.
+# `fp32out` gave the same trainer-vs-SGLang gap as `fp32` to 5 digits (benchmarks/probe_logprob_gap.py) and an
+# 11 % faster qwen3-1.7b step than `tf32` (benchmarks/RESULTS.md, issue 26).
+DEFAULT_CUDA_HEAD = "fp32out"
 
 
 def default_head(device: torch.device) -> str:

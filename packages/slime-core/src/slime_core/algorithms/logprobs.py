@@ -48,12 +48,13 @@ def _chunk_log_probs(logits, target_ids, temperature, kept: KeptTokens | None) -
     return picked - lse
 
 
-def _entropy_of_shifted(z: torch.Tensor) -> torch.Tensor:
+def _entropy_of_shifted(z: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
     # H = lse - Σ p·z on the shifted z (≤ 0): both terms are O(log V). A -inf column has p = 0; clamping it to
-    # the fp32 minimum keeps 0·(-inf) = NaN out of the sum and out of the gradient.
-    lse = torch.logsumexp(z, dim=-1, keepdim=True)
-    p = torch.exp(z - lse)
-    return lse.squeeze(-1) - (p * z.clamp(min=_FP32_MIN)).sum(-1)
+    # the fp32 minimum keeps 0·(-inf) = NaN out of the sum and out of the gradient. `lse` `[T]`: the row's
+    # logsumexp when the caller has it already (one fewer pass over `[T, V]`).
+    lse = torch.logsumexp(z, dim=-1) if lse is None else lse
+    p = torch.exp(z - lse[:, None])
+    return lse - (p * z.clamp(min=_FP32_MIN)).sum(-1)
 
 
 def _chunk_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -187,6 +188,7 @@ def log_probs_and_entropy_from_logits(
     z = shifted_logits(logits, temperature)
     target_ids = target_ids.long()
     picked = z.gather(-1, target_ids[:, None])[:, 0]
-    lse = torch.logsumexp(z, dim=-1) if kept is None else restricted_logsumexp(z, target_ids, kept)
-    entropy = _entropy_of_shifted(z) if with_entropy else picked.new_zeros(0)
+    full_lse = torch.logsumexp(z, dim=-1) if kept is None or with_entropy else None
+    lse = full_lse if kept is None else restricted_logsumexp(z, target_ids, kept)
+    entropy = _entropy_of_shifted(z, full_lse) if with_entropy else picked.new_zeros(0)
     return picked - lse, entropy

@@ -142,8 +142,8 @@ class FsdpArgs(ArgsGroup):
     )
     log_probs_head: Literal["fp32", "tf32", "fp32out", "bf16", "liger"] | None = arg(
         None,
-        "lm_head + log-softmax of the log-probs/entropy: tf32 (GPU default), fp32 (exact; CPU default), fp32out "
-        "(bf16 tensor cores, fp32 accumulation and logits), bf16 (bf16 matmul and logits, fp32 softmax), liger "
+        "lm_head + log-softmax of the log-probs/entropy: fp32out (bf16 tensor cores, fp32 accumulation and logits; "
+        "GPU default), fp32 (exact; CPU default), tf32, bf16 (bf16 matmul and logits, fp32 softmax), liger "
         "(liger-kernel fused linear cross-entropy, optional dependency).",
     )
     fsdp_compile_layers: bool | None = arg(
