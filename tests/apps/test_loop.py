@@ -56,6 +56,9 @@ class _Trainer:
     def save(self, rollout_id):
         self.events.append(("trainer.save", rollout_id))
 
+    def save_hf(self, path):
+        self.events.append(("trainer.save_hf", path))
+
     def update_weights(self, version):
         self.events.append(("update_weights", version))
         return {"update_weights_time": 0.1}
@@ -81,15 +84,16 @@ class _Tracker:
         pass
 
 
-def _run(monkeypatch, **fields):
+def _run(monkeypatch, trainer=None, **fields):
     cfg = SlimeArgs.from_dict(
         {"rollout_batch_size": 1, "num_rollout": 3, "eval_prompt_data": ["demo", "/e.jsonl"], **fields}
     )
     events = []
     monkeypatch.setattr(loop, "ray", _FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.manager, run.trainer, run.tracker = cfg, _Actor(events), _Trainer(events), _Tracker()
-    run.start_rollout_id = 0
+    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
+    run.trainer = _Trainer(events) if trainer is None else trainer(events)
+    run.start_rollout_id, run.last_hf_export = 0, None
     run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
     run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
     run.rollouts = loop.Rollouts(
@@ -97,7 +101,11 @@ def _run(monkeypatch, **fields):
     )
     for rollout_id in range(cfg.num_rollout):
         run.step(rollout_id)
-    return events, run.tracker.logged
+    run.tracker.history, run.tracker.tensorboard_dir, run.output_dir = [], None, "/unused"
+    run.goodput.num_rollouts = 0
+    logged = run.tracker.logged
+    logged["outputs"] = run.finish()
+    return events, logged
 
 
 def test_sync_step_reads_rollout_train_save_sync_eval(monkeypatch):
@@ -171,3 +179,68 @@ def test_colocated_side_that_is_not_offloaded_stays_resident(monkeypatch, flags,
     assert events == expected
     assert ("perf/trainer_sleep_time" in logged[0]) == flags.get("offload_train", True)
     assert ("perf/engine_release_time" in logged[0]) == flags.get("offload_rollout", True)
+
+
+def test_save_hf_exports_at_every_save_with_the_rollout_id_filled_in(monkeypatch):
+    # The original exports inside save_model (slime/backends/megatron_utils/actor.py), to
+    # save_hf.format(rollout_id=rollout_id); issue 27: it used to export once, at the end, to "{rollout_id}".
+    events, logged = _run(
+        monkeypatch, save="/ckpt", save_interval=2, save_hf="/hf/iter_{rollout_id}", eval_prompt_data=None
+    )
+    saves = [e for e in events if e[0].startswith("trainer.save")]
+    assert saves == [
+        ("trainer.save", 1), ("trainer.save_hf", "/hf/iter_1"), ("trainer.save", 2), ("trainer.save_hf", "/hf/iter_2")
+    ]  # fmt: skip
+    assert "perf/save_hf_time" in logged[1] and "perf/save_hf_time" not in logged[0]
+    assert logged["outputs"] == {"hf_checkpoint": "/hf/iter_2", "checkpoints": "/ckpt"}
+
+
+def test_save_hf_without_save_exports_after_the_last_rollout(monkeypatch):
+    events, logged = _run(monkeypatch, save_hf="/hf/{rollout_id}", eval_prompt_data=None)
+    assert [e for e in events if e[0].startswith("trainer.save")] == [("trainer.save_hf", "/hf/2")]
+    assert logged["outputs"] == {"hf_checkpoint": "/hf/2"}
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_two_saves_give_two_loadable_hf_exports_fsdp(monkeypatch, tmp_path, make_tiny_qwen3, one_rank):
+    """The real FSDP backend (one gloo rank, CPU) behind the loop: each save exports its own loadable folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slime_train_fsdp import FSDPTrainBackend
+
+    source = make_tiny_qwen3(tmp_path / "model")
+    fields = {"hf_checkpoint": str(source), "train_backend": "fsdp", "save": str(tmp_path / "ckpt")}
+    backend = FSDPTrainBackend()
+    backend.init(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, **fields}), with_ref=False)
+    norm = "model.norm.weight"  # ones at init; "training" adds the rollout id + 1 to it
+
+    class FSDPTrainer(_Trainer):
+        def train(self, rollout_id, batch_refs):
+            super().train(rollout_id, batch_refs)
+            with torch.no_grad():
+                backend.model.get_parameter(norm).add_(rollout_id + 1.0)  # a stand-in for an optimizer step
+            return {"train/loss": 1.0}
+
+        def save(self, rollout_id):
+            super().save(rollout_id)
+            backend.save(rollout_id)
+
+        def save_hf(self, path):
+            super().save_hf(path)
+            backend.save_hf(path)
+
+    template = str(tmp_path / "hf" / "iter_{rollout_id}")
+    _run(monkeypatch, FSDPTrainer, save_interval=2, save_hf=template, eval_prompt_data=None, **fields)
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["iter_1", "iter_2"]  # no .tmp, no "{rollout_id}"
+    for rollout_id, expected in ((1, 1.0 + 1 + 2), (2, 1.0 + 1 + 2 + 3)):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / f"iter_{rollout_id}", dtype=torch.float32)
+        assert torch.equal(model.get_parameter(norm), torch.full((64,), expected)), rollout_id

@@ -397,8 +397,9 @@ def test_tis_metric_is_the_raw_ratio_also_when_clamped_or_zeroed():
 @pytest.mark.parametrize("per_token", [False, True])
 def test_opsm_clipfrac_counts_each_sample_over_its_own_tokens(per_token):
     # Two siblings of one rollout share the denominator 5 (2 + 3 trainable tokens); sample 0 is dropped
-    # (A < 0, mean old - lp = 0.5 > δ), sample 1 is not. Sample 0 has a masked (tool) token that must not count.
-    # Original: Σ_i dropped_i / own mask sum_i = 2/2 + 0 = 1 (one sequence); ours before: 2/5 (rollout denominator).
+    # (A < 0, mean old - lp = 0.5 > δ), sample 1 is not. Sample 0 has a masked (tool) token that must not count:
+    # Σ_i (dropped trainable)_i / own mask sum_i = 2/2 + 0 = 1 (one sequence); ours before: 2/5 (rollout
+    # denominator). The original's code counts the masked token too: 3/2 (test_opsm_clipfrac_vs_original).
     args = _args(
         use_tis=False,
         use_kl_loss=False,
@@ -420,3 +421,35 @@ def test_opsm_clipfrac_counts_each_sample_over_its_own_tokens(per_token):
     )
     # Per-token mode: every metric is a token sum (divided by the step's token count later): 2 dropped tokens.
     assert metrics["opsm_clipfrac"].item() == pytest.approx(2.0 if per_token else 1.0, abs=ATOL)
+
+
+def _original_opsm_clipfrac(lp, old, adv, masks, delta):
+    # The original's formula, written out (slime/utils/ppo_utils.py: compute_opsm_mask at 624b824a8).
+    total = 0.0
+    for lp_i, old_i, adv_i, m_i in zip(lp, old, adv, masks, strict=True):
+        seq_kl = ((old_i - lp_i) * m_i).sum() / m_i.sum().clamp(min=1)
+        total += float(((adv_i < 0) & (seq_kl > delta)).float().sum() / m_i.sum().clamp(min=1))
+    return total
+
+
+@pytest.mark.parametrize(
+    ("masks", "ours", "original"),
+    [
+        # Every token trainable: both count the dropped sequence once.
+        ([torch.ones(2)], 1.0, 1.0),
+        # Mask [1, 0], both tokens dropped (issue 27): we count the trainable share (1.0); the original also counts
+        # the masked token (2.0), which is not a fraction.
+        ([torch.tensor([1.0, 0.0])], 1.0, 2.0),
+        ([torch.tensor([1.0, 0.0]), torch.ones(2)], 2.0, 3.0),
+    ],
+)
+def test_opsm_clipfrac_vs_original(masks, ours, original):
+    args = _args(use_tis=False, use_kl_loss=False, entropy_coef=0.0, eps_clip_c=None, use_opsm=True, opsm_delta=0.1)
+    n = len(masks)
+    lp, old = [torch.tensor([-1.5, -1.5])] * n, [torch.tensor([-1.0, -1.0])] * n  # mean old - lp = 0.5 > δ
+    adv = [torch.full((2,), -1.0)] * n
+    _, metrics = compute_actor_loss(
+        args, log_probs=lp, old_log_probs=old, advantages=adv, loss_masks=masks, loss_denominators=[2.0] * n
+    )
+    assert metrics["opsm_clipfrac"].item() == pytest.approx(ours, abs=ATOL)
+    assert _original_opsm_clipfrac(lp, old, adv, masks, 0.1) == pytest.approx(original, abs=ATOL)

@@ -67,6 +67,8 @@ BROKEN_RULES = [
     ({"rollout_num_gpus_per_engine": 16}, "--rollout-num-gpus-per-engine 16 exceeds --num-gpus-per-node 8"),
     ({"offload": True, "rollout_num_gpus": 4}, "--offload-train (or --offload) without --colocate"),
     ({"eval_prompt_data": ["aime", "a.jsonl", "gsm8k"]}, "--eval-prompt-data takes pairs"),
+    ({"save_hf": "/out/{step}"}, "--save-hf '/out/{step}': only {rollout_id} can be filled in (KeyError: 'step')"),
+    ({"save_hf": "/out/{}"}, "--save-hf '/out/{}': only {rollout_id} can be filled in (IndexError"),
     ({"eval_prompt_data": ["a", "x.jsonl", "a", "y.jsonl"]}, "--eval-prompt-data: duplicate dataset names"),
     ({"eval_interval": 5}, "--eval-interval requires --eval-prompt-data or --eval-config"),
     ({"save_interval": 5}, "--save-interval requires --save"),

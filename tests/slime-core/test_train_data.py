@@ -434,3 +434,18 @@ def test_teacher_log_probs_follow_their_samples():
         s.teacher_log_probs = [0.0] * s.response_length
     with pytest.raises(ValueError, match="len\\(teacher_log_probs\\)="):
         build_rollout_batches(_args(global_batch_size=4), bad, dp_size=1)
+
+
+def test_a_sample_of_only_tool_tokens_gets_zero_rollout_log_probs():
+    # append_response_tokens leaves rollout_log_probs None for a response of only non-trainable (tool) tokens,
+    # where the original writes zeros (slime/utils/types.py); next to samples that carry them, the batch gets
+    # zeros for it instead of refusing the rollout (it trains on nothing either way).
+    samples = _rollout(num_prompts=1)
+    tool_only = Sample(tokens=[7, 7, 7], index=4, group_index=0, label="x", reward=0.0)
+    tool_only.append_response_tokens([8, 9], trainable=False)
+    assert tool_only.rollout_log_probs is None and tool_only.loss_mask == [0, 0]
+    (b,) = build_rollout_batches(_args(n_samples_per_prompt=5, global_batch_size=5), [*samples, tool_only], dp_size=1)
+    pos = b.sample_indices.index(4)
+    assert b.rollout_log_probs[pos].tolist() == [0.0, 0.0] and b.loss_masks[pos].tolist() == [0.0, 0.0]
+    first = next(x for x in samples if x.index == 0)
+    assert b.rollout_log_probs[b.sample_indices.index(0)].tolist() == [-0.5] * first.response_length

@@ -8,8 +8,9 @@ import pytest
 
 from slime_rollout.rewards.answers import final_boxed_answers, find_boxes, strip_reasoning
 from slime_rollout.rewards.deadline import REFIRE_S, GradingTimeout, run_with_deadline
+from slime_rollout.rewards.math import math_reward
 from slime_rollout.rewards.math_utils import costly_reason, grade_fast
-from slime_rollout.rewards.normalize import clean_answer, parse_number, words_to_number
+from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number, words_to_number
 
 F = fractions.Fraction
 
@@ -53,6 +54,7 @@ def test_extraction_is_linear_on_huge_text():
         ("three hundred and twelve", F(312)),
         ("1.5 million", F(1_500_000)),
         ("a thousand", F(1000)),
+        ("two dozen", F(24)),
         ("42", None),  # digits alone are not number words
         ("a", None),
         ("two apples", None),
@@ -60,6 +62,68 @@ def test_extraction_is_linear_on_huge_text():
 )
 def test_number_words(text, value):
     assert words_to_number(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "normalized"),
+    [
+        # Scale and number words are values (issue 27: "3 million" was "3"); the words after them are units.
+        ("3 million", "3000000"),
+        ("3 million dollars", "3000000"),
+        (r"\$3\text{ million}", "3000000"),
+        (r"\text{two million dollars}", "2000000"),
+        ("2.5 thousand", "2500"),
+        ("1.2 billion", "1200000000"),
+        ("5 hundred", "500"),
+        ("a dozen", "12"),
+        ("1 thousand km", "1000"),
+        ("three apples", "3"),
+        ("5 kg", "5"),
+        # The percent sign is dropped from the text (the original's normalization) and kept in `percent`.
+        ("50%", "50"),
+        (r"50\%", "50"),
+        ("50 percent", "50"),
+        # "k" is read as thousands only as a whole number (`parse_number`); in algebra it is a variable.
+        ("3k", "3k"),
+        ("x + 3k", "x+3k"),
+    ],
+)
+def test_normalize_answer_keeps_scale_words(text, normalized):
+    assert normalize_answer(text) == normalized
+
+
+def test_percent_is_recorded():
+    assert clean_answer(r"50\%").percent and clean_answer("12.5 percent").percent
+    assert not clean_answer("50").percent and not clean_answer("3 million").percent
+
+
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        (r"\boxed{3 million}", "3000000", 1.0),
+        (r"\boxed{3 million}", "3,000,000", 1.0),
+        (r"\boxed{3 million}", "3", 0.0),  # was 1.0: the scale word was dropped as a unit
+        (r"\boxed{\$1.2 billion}", "1200000000", 1.0),
+        (r"\boxed{2.5k}", "2500", 1.0),
+        (r"\boxed{3k}", "3", 0.0),
+        (r"\boxed{5000}", "5k", 1.0),
+        (r"\boxed{3k+1}", "3001", 0.0),  # an expression in k, not thousands
+        # Percent: equal to its number (the original drops the sign) and to its value (math-verify), while a
+        # bare 50 is not 0.5.
+        (r"\boxed{50\%}", "50", 1.0),
+        (r"\boxed{50\%}", "0.5", 1.0),
+        (r"\boxed{0.5}", r"50\%", 1.0),
+        (r"\boxed{50}", r"50\%", 1.0),
+        (r"\boxed{12.5\%}", r"\frac{1}{8}", 1.0),
+        (r"\boxed{50 \text{ percent}}", "0.5", 1.0),
+        (r"\boxed{50\%}", r"50\%", 1.0),
+        (r"\boxed{50}", "0.5", 0.0),
+        (r"\boxed{25\%}", "0.5", 0.0),
+        (r"\boxed{50\%}", "5", 0.0),
+    ],
+)
+def test_scale_words_and_percent_are_values(response, label, expected):
+    assert math_reward(response, label) == expected
 
 
 @pytest.mark.parametrize(
@@ -75,6 +139,8 @@ def test_number_words(text, value):
         (r"2\frac{1}{2}", F(5, 2)),
         (r"-\frac{3}{4}", F(-3, 4)),
         ("1e3", F(1000)),
+        ("2.5k", F(2500)),
+        ("3 million", F(3_000_000)),
         ("1e100000", None),  # a 100000-digit exponent is not parsed (it would build a huge integer)
         (r"\sqrt{2}", None),
     ],

@@ -45,8 +45,9 @@ def test_gsm8k_labels_own_answer_is_correct_and_wrong_answer_is_not(fixtures_dir
         ("\\boxed{18.}", "18", 1.0),
         ("\\boxed{50\\%}", "50", 1.0),
         ("\\boxed{\\text{18 dollars}}", "18", 1.0),
-        # Two different boxed answers: a hedge, wrong (issue 17), unless they are the label's parts.
-        ("first \\boxed{3} then \\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt{2}}{2}", 0.0),
+        # Two different boxed answers offered together: a hedge, wrong (issue 17), unless they are the label's parts;
+        # a box after more text supersedes the earlier one (issue 27).
+        ("first \\boxed{3} then \\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),  # superseded (issue 27)
         ("\\boxed{3} and \\boxed{\\frac{\\sqrt{2}}{2}}", "3, \\frac{\\sqrt{2}}{2}", 1.0),
         ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", 1.0),
         ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),

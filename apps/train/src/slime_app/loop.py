@@ -46,6 +46,15 @@ def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
     metrics[key] = time.perf_counter() - t0
 
 
+def hf_export_path(template: str, rollout_id: int) -> str:
+    """The `--save-hf` directory of the export after `rollout_id`: `template.format(rollout_id=rollout_id)`.
+
+    As the original (`save_hf.format(rollout_id=rollout_id)`); config validation has checked that the template
+    takes no other field. A template without `{rollout_id}` names one directory, which each export replaces.
+    """
+    return template.format(rollout_id=rollout_id)
+
+
 def _should_run(interval: int | None, rollout_id: int, num_rollout: int, per_epoch: int | None = None) -> bool:
     """Whether a periodic save/eval runs after `rollout_id`.
 
@@ -142,6 +151,7 @@ class Run:
         self.rollouts: Rollouts | None = None
         self.restorer: EngineRestorer | None = None
         self.start_rollout_id = 0
+        self.last_hf_export: str | None = None
         # A local Ray instance lives under this process: make sure it dies with it (slime_app.reaper).
         self.reaper = None if (cfg.ray_address or os.environ.get("RAY_ADDRESS")) else start_reaper()
         init_ray(cfg)
@@ -217,11 +227,15 @@ class Run:
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
             metrics.update(self.train(rollout_id, batch_refs))
-            if cfg.save and (
-                _should_run(cfg.save_interval, rollout_id, cfg.num_rollout, self.per_epoch)
-                or rollout_id == cfg.num_rollout - 1
+            # As the original's save_model: the HF export goes with every save (each --save-interval, each
+            # epoch's end, the last rollout), and the last rollout also exports without --save.
+            if _should_run(cfg.save_interval, rollout_id, cfg.num_rollout, self.per_epoch) or (
+                rollout_id == cfg.num_rollout - 1
             ):
-                metrics["perf/save_time"] = self.save(rollout_id)
+                if cfg.save:
+                    metrics["perf/save_time"] = self.save(rollout_id)
+                if cfg.save_hf:
+                    metrics["perf/save_hf_time"] = self.save_hf(rollout_id)
             if self.rollouts.weights_due(rollout_id):
                 self.rollouts.settle()  # async: the engines never change weights mid-generation
                 metrics.update(self.sync_weights(rollout_id + 1))
@@ -273,6 +287,19 @@ class Run:
         self.trainer.save(rollout_id)
         return time.perf_counter() - t0
 
+    def save_hf(self, rollout_id: int) -> float:
+        """Exports the actor as an HF checkpoint to `--save-hf` with `{rollout_id}` filled in; returns its seconds.
+
+        Runs right after training, while the trainer is awake. Each backend writes `<path>.tmp` and renames it
+        (a killed run leaves no half-written export under the final name).
+        """
+        t0 = time.perf_counter()
+        path = hf_export_path(self.cfg.save_hf, rollout_id)
+        self.trainer.save_hf(path)
+        self.last_hf_export = path
+        logger.info("rollout %d: HF checkpoint exported to %s", rollout_id, path)
+        return time.perf_counter() - t0
+
     def sync_weights(self, weight_version: int) -> dict[str, float]:
         """Pushes the trainer's weights (trainer awake); returns `perf/update_weights_*`.
 
@@ -309,15 +336,10 @@ class Run:
         self._stop_on(findings)
 
     def finish(self) -> dict[str, str]:
-        """Final HF export and the curve PNG; returns the output paths."""
+        """The curve PNG; returns the output paths (the last HF export among them)."""
         outputs: dict[str, str] = {}
-        if self.trainer is not None and self.cfg.save_hf:
-            path = self.cfg.save_hf
-            if self.cfg.colocate:
-                ray.get(self.manager.offload.remote())
-                self.trainer.wake_up()
-            self.trainer.save_hf(path)
-            outputs["hf_checkpoint"] = path
+        if self.last_hf_export is not None:
+            outputs["hf_checkpoint"] = self.last_hf_export
         if self.tracker.history:
             outputs["curve"] = self.tracker.save_curve(os.path.join(self.output_dir, "reward_curve.png"))
         if self.tracker.tensorboard_dir:

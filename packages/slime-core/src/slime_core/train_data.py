@@ -287,9 +287,10 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
         schedule in local positions, and the global `step_sample_counts` / `step_token_counts`.
 
     Raises:
-        ValueError: on empty input, mixed presence of `index` or `rollout_log_probs`, inconsistent
-            sample lengths, a sample that sets an original field this version cannot train with
-            (`Sample.unsupported_fields`), or any error of `postprocess_rewards` / `build_schedule`.
+        ValueError: on empty input, mixed presence of `index` or of `rollout_log_probs` (a sample without
+            trainable tokens may lack them: it gets zeros), inconsistent sample lengths, a sample that sets an
+            original field this version cannot train with (`Sample.unsupported_fields`), or any error of
+            `postprocess_rewards` / `build_schedule`.
     """
     if not samples:
         raise ValueError("build_rollout_batches: no samples")
@@ -306,14 +307,20 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
     masks = [_loss_mask(s) for s in ordered]
     denominators = loss_denominators(ordered)
 
-    with_lp = [s.rollout_log_probs is not None for s in ordered]
-    if any(with_lp) and not all(with_lp):
-        raise ValueError("some samples carry rollout_log_probs and some do not")
+    # A sample with no trainable token may lack rollout log-probs (only tool tokens: Sample.append_response_tokens
+    # leaves them None where the original writes zeros); next to samples that carry them it gets those zeros.
+    with_lp = [s.rollout_log_probs is not None or not any(m) for s, m in zip(ordered, masks, strict=True)]
+    if any(s.rollout_log_probs is not None for s in ordered) and not all(with_lp):
+        missing = [s.index for s, w in zip(ordered, with_lp, strict=True) if not w]
+        raise ValueError(f"samples {missing[:5]} have trainable tokens but no rollout_log_probs; others have them")
+    lp_lists = [s.rollout_log_probs for s in ordered]
+    if any(lp is not None for lp in lp_lists):
+        lp_lists = [[0.0] * s.response_length if lp is None else lp for s, lp in zip(ordered, lp_lists, strict=True)]
 
     top_p_ids, top_p_offsets = _top_p_tensors(cfg, ordered)
     tokens_t = [torch.tensor(s.tokens, dtype=torch.int64) for s in ordered]
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
-    logp_t = [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in ordered] if all(with_lp) else None
+    logp_t = None if lp_lists[0] is None else [torch.tensor(lp, dtype=torch.float32) for lp in lp_lists]
     # Vision tensors travel only when some sample has images; text-only batches keep the field None.
     with_mm = any(s.multimodal_train_inputs is not None for s in ordered)
     teacher_t = _teacher_log_probs(cfg, ordered)

@@ -69,11 +69,29 @@ def _check_options(cfg: SlimeArgs, rollout_log_probs, ref_log_probs, entropy) ->
 
 
 def _opsm_clipfrac(per_token: bool, dropped: torch.Tensor, mask: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """The original's `opsm_clipfrac`: per sample, the dropped share of its own trainable tokens, summed.
+    """`opsm_clipfrac`: per sample, the dropped share of its own trainable tokens, summed over the samples.
 
-    Each sample counts `Σ_t d_t·m_t / max(Σ_t m_t, 1)` (a dropped sequence counts 1, whatever its rollout
-    siblings), so after the division by the step's sample count it is the fraction of sequences dropped. With
-    `--calculate-per-token-loss` every metric is a token mean: the dropped trainable tokens are summed instead.
+    Each sample counts `Σ_t d_t·m_t / max(Σ_t m_t, 1)` (`d` the dropped tokens, `m` the loss mask), in [0, 1]:
+    a dropped sequence counts 1, whatever its rollout siblings, so after the division by the step's sample count
+    the metric is the fraction of sequences dropped (what the original documents: "the count of masked
+    sequences"). With `--calculate-per-token-loss` every metric is a token mean: the dropped trainable tokens
+    `Σ_t d_t·m_t` are summed, so the metric is the fraction of trainable tokens dropped.
+
+    Differs from the original's code (`slime/utils/ppo_utils.py: compute_opsm_mask`), which counts
+    `Σ_t d_t / max(Σ_t m_t, 1)`: its numerator also counts dropped tokens whose loss mask is 0 (tool output,
+    which carries the sample's advantage too), so a dropped multi-turn sample counts more than 1 (mask [1, 0],
+    both tokens dropped: 2.0 there, 1.0 here); it uses that per-sample form with `--calculate-per-token-loss`
+    too. The two agree whenever every response token is trainable and the loss is per sample. MIGRATION.md
+    lists this difference.
+
+    Args:
+        per_token: `--calculate-per-token-loss`.
+        dropped: `[T]` float32, 1.0 on tokens OPSM drops (`compute_opsm_mask`).
+        mask: `[T]` float32 loss mask.
+        lengths: N response lengths summing to T.
+
+    Returns:
+        A scalar: the micro-batch's sum (the backend divides by the step's sample or token count).
     """
     if per_token:
         return (dropped * mask).sum()
@@ -137,8 +155,9 @@ def compute_actor_loss(
         sum: loss, pg_loss, pg_clipfrac, ppo_kl, entropy_loss, [kl_loss], [train_rollout_logprob_abs_diff],
         [opsm_clipfrac], [tis, tis_clipfrac, tis_abs, ois] (or the custom TIS function's metrics). As in the
         original, `tis` is the raw ratio `exp(lp_old - lp_roll)`, TIS metrics and `ois` are averaged over the
-        tokens before a custom TIS function's rejections, and `opsm_clipfrac` is each sample's dropped share of
-        its own tokens.
+        tokens before a custom TIS function's rejections. `opsm_clipfrac` counts each sample's dropped share of
+        its own trainable tokens (the original also counts dropped tokens whose loss mask is 0; see
+        `_opsm_clipfrac`).
 
     Raises:
         KeyError: unknown policy loss.

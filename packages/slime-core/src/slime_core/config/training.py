@@ -184,7 +184,11 @@ class CheckpointArgs(ArgsGroup):
         "initializes the value model (default: <--load>/critic if present, else --hf-checkpoint).",
     )
     critic_save: str | None = arg(None, "Directory for critic checkpoints (default: <--save>/critic).")
-    save_hf: str | None = arg(None, "Also export HF checkpoints to this path ({rollout_id} is substituted).")
+    save_hf: str | None = arg(
+        None,
+        "Export an HF checkpoint to this path at every save (each --save-interval, each epoch's end, the last "
+        "rollout; without --save only the last), {rollout_id} filled in. Written to <path>.tmp, then renamed.",
+    )
     release_train: bool = arg(False, "Kill and recreate trainer processes from the saved checkpoint every step.")
     megatron_config_path: str | None = arg(None, "YAML with Megatron settings for multi-model setups.")
     custom_model_provider_path: str | None = arg(None, "Import path of a custom Megatron model provider.")

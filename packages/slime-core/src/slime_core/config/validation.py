@@ -270,6 +270,14 @@ def _eval(args: SlimeArgs) -> None:
 def _checkpoint_and_dumps(args: SlimeArgs) -> None:
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval requires --save")
+    if args.save_hf is not None:
+        try:  # filled in at each export as the original does: save_hf.format(rollout_id=rollout_id)
+            args.save_hf.format(rollout_id=0)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(
+                f"--save-hf {args.save_hf!r}: only {{rollout_id}} can be filled in ({type(e).__name__}: {e}); "
+                "write a literal brace as {{ or }}"
+            ) from e
     if args.dump_details is not None and args.save_debug_rollout_data is None:
         args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
 

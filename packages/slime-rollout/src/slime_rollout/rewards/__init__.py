@@ -15,12 +15,12 @@ first reduces the response to its last `\boxed{}` content.
 | random       | 0 or 1                                   |
 
 The graders judge what a careful grader would (`rewards.math`, `rewards.math_utils`, `rewards.answers`,
-`rewards.normalize`): reasoning (`<think>`) never counts, hedged or retracted answers are wrong, units, words,
-choice letters and repeating decimals are read, exact numbers are compared exactly. Every grading ends within its
-budget on any thread (`rewards.deadline`). `async_rm` grades `math` / `deepscaler` (and their `boxed_` forms) with
-the symbolic check in a pool of `--rm-num-workers` processes (`slime_rollout.rewards.pool`); `rule_based_reward`
-always grades inline. A custom or remote reward that raises or returns NaN / a non-reward is one error naming it
-and the sample (`rewards.checks`).
+`rewards.normalize`): reasoning (`<think>`) never counts, hedged or retracted answers are wrong (a corrected one
+counts by its final box), units, words, choice letters and repeating decimals are read, exact numbers are
+compared exactly. Every grading ends within its budget on any thread (`rewards.deadline`). `async_rm` grades
+`math` / `deepscaler` (and their `boxed_` forms) with the symbolic check in a pool of `--rm-num-workers`
+processes (`slime_rollout.rewards.pool`); `rule_based_reward` always grades inline. A custom or remote reward
+that raises or returns NaN / a non-reward is one error naming it and the sample (`rewards.checks`).
 """
 
 from __future__ import annotations

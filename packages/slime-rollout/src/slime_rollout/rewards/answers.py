@@ -9,8 +9,13 @@ What a careful grader reads, and what this module therefore returns:
   its line or formula;
 * a box taken back by the text after it ("wait, that's wrong", "I made a mistake") does not count, and when
   that is the last box the response has no final answer;
-* several different boxes are all returned: the grader decides whether they are one answer, the parts of a
-  multi-part answer, or a hedge (which is wrong).
+* only the boxes of the final statement count: the last box and the boxes offered together with it. Two boxes
+  are offered together when the text between them is a list ("\boxed{2} and \boxed{3}", "\boxed{3},
+  \boxed{5}", "(a) \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge ("or",
+  "either", "maybe", "might also be"); any other text between them (a derivation, a correction: "but after
+  fixing the sign error the result is", a second "Final answer:") makes the later box supersede the earlier
+  one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
+  statement's boxes are one answer, the parts of a multi-part answer, or a hedge (which is wrong).
 
 Everything is linear in the length of the text (braces are matched in one pass), so a 1 MB response is cheap.
 """
@@ -20,7 +25,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
-__all__ = ["Box", "FinalAnswers", "extract_boxed", "find_boxes", "final_boxed_answers", "strip_reasoning"]
+__all__ = [
+    "Box",
+    "FinalAnswers",
+    "extract_boxed",
+    "final_boxed_answers",
+    "find_boxes",
+    "offered_together",
+    "strip_reasoning",
+]
 
 _BOX_START = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _BRACES = re.compile(r"[{}]")
@@ -33,6 +46,18 @@ _RETRACTION = re.compile(
     r"|(?:that|this) can(?:'t|not) be right|the correct answer (?:is|should be)|should actually be)"
 )
 _RETRACTION_WINDOW = 600  # characters after the last box that are searched
+# Words that offer two boxes as alternatives (a hedge): they keep the boxes together whatever else is said.
+_HEDGE_WORDS = re.compile(
+    r"(?i)\b(?:or|either|maybe|perhaps|possibly|alternatively|unsure|not sure|(?:could|might|may)(?: also)? be)\b"
+)
+# Words that only join the items of one list of answers ("x = 2 and y = 3", "(a) ... (b) ...", "i.e.").
+_LIST_WORDS = frozenset(
+    "and both respectively also as well ie eg namely that is equivalently part parts ii iii iv vi vii viii".split()
+)
+# What is dropped before reading the words between two boxes: math delimiters, spacing and text commands.
+_BETWEEN_MARKUP = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{|\\(?:q?quad|[ ,;:!])|\\[\[\]()]|\$")
+_WORD = re.compile(r"[A-Za-z]{2,}")
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 def strip_reasoning(text: str) -> str | None:
@@ -128,12 +153,14 @@ class FinalAnswers:
     """The boxed answers of a response's final part.
 
     Attributes:
-        answers: box contents in order (empty when there is no valid final answer).
+        answers: box contents of the final statement in order (empty when there is no valid final answer).
         reason: why `answers` is empty ("no box", "reasoning never closed", "retracted"), else "".
+        num_superseded: earlier boxes that a later statement replaced (a corrected or restated answer).
     """
 
     answers: list[str]
     reason: str = ""
+    num_superseded: int = 0
 
 
 def final_boxed_answers(response: str) -> FinalAnswers:
@@ -151,12 +178,35 @@ def final_boxed_answers(response: str) -> FinalAnswers:
     boxes = find_boxes(region)
     if not boxes:
         return FinalAnswers(answers=[], reason="no box")
-    starts = [b.start for b in boxes[1:]] + [len(region)]
-    # A box is taken back by what follows it, up to the next box ("\boxed{12}. Wait, that's wrong ...").
-    retracted = [
-        bool(_RETRACTION.search(region[b.end : min(nxt, b.end + _RETRACTION_WINDOW)]))
-        for b, nxt in zip(boxes, starts, strict=True)
-    ]
-    if retracted[-1]:
-        return FinalAnswers(answers=[], reason="retracted")  # the last box was taken back: no final answer
-    return FinalAnswers(answers=[b.content for b, r in zip(boxes, retracted, strict=True) if not r])
+    last = boxes[-1]
+    # The last box is taken back by what follows it ("\boxed{12}. Wait, that's wrong ...").
+    if _RETRACTION.search(region[last.end : last.end + _RETRACTION_WINDOW]):
+        return FinalAnswers(answers=[], reason="retracted")  # no final answer
+    first = len(boxes) - 1
+    while first > 0 and offered_together(region[boxes[first - 1].end : boxes[first].start]):
+        first -= 1
+    return FinalAnswers(answers=[b.content for b in boxes[first:]], num_superseded=first)
+
+
+def offered_together(between: str) -> bool:
+    r"""Whether two boxes with `between` between them are given as one statement (a list or a hedge).
+
+    Args:
+        between: the text from the end of one box to the start of the next.
+
+    Returns:
+        False when the text takes the earlier box back ("that's wrong"). Else True for a hedge ("or",
+        "either", "maybe", "could also be", ... in the sentence right after the earlier box or right before the
+        later one) or a list (only punctuation, math, one-letter names and joining words: "and", "(b)", "x =",
+        "i.e.", "part"); False for anything else (a derivation or a correction), after which the later box
+        supersedes the earlier one.
+    """
+    text = _BETWEEN_MARKUP.sub(" ", between)
+    if _RETRACTION.search(text):
+        return False  # the earlier box was taken back ("\boxed{3}. Oops, it could be \boxed{5}")
+    sentences = _SENTENCE_BREAK.split(text.strip())
+    # A hedge sits right after the earlier box or right before the later one; an "or" deep inside a derivation
+    # between them ("for 2 or more terms") is not one.
+    if _HEDGE_WORDS.search(sentences[0]) or _HEDGE_WORDS.search(sentences[-1]):
+        return True
+    return all(word.lower() in _LIST_WORDS for word in _WORD.findall(text))

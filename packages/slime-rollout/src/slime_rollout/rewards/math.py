@@ -1,9 +1,11 @@
 r"""Rule-based math graders: `--rm-type math` and `--rm-type deepscaler`.
 
-What is graded (`slime_rollout.rewards.answers`): the boxed answers of the response's final part (after its
-reasoning; a box inside `<think>` never counts; a box taken back by the text after it counts as no answer).
-One distinct boxed answer is compared with the label (`math_utils.grade_answer`). Several different ones are a
-hedge and wrong, unless together they are the label's multi-part answer (`\boxed{3}, \boxed{5}` for `3, 5`).
+What is graded (`slime_rollout.rewards.answers`): the boxed answers of the response's final statement (after its
+reasoning; a box inside `<think>` never counts; a box taken back by the text after it counts as no answer; a box
+followed by more derivation or a correction and then another box is superseded by it, as the original's last-box
+rule reads it). One distinct boxed answer is compared with the label (`math_utils.grade_answer`). Several
+different ones offered together (`\boxed{3} or \boxed{5}`, `\boxed{3}, \boxed{5}`) are a hedge and wrong, unless
+together they are the label's multi-part answer (`\boxed{3}, \boxed{5}` for `3, 5`).
 
 `math_reward` / `deepscaler_reward` grade inline, each symbolic check bounded by `WORKER_TIMEOUT_S` on any
 thread. Their `_async` twins, used by `async_rm`, keep the cheap checks inline and send the symbolic check to the

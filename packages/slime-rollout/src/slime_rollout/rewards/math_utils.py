@@ -4,7 +4,10 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 (math-verify's LaTeX parser and comparison, with exactness restored and a bounded budget):
 
 * cleaning (`slime_rollout.rewards.normalize`): units, words around the answer, a choice letter given with its
-  value, number words, repeating decimals, times of day (AM/PM must agree when both give one);
+  value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (AM/PM must agree when
+  both give one);
+* a percent answer equals its number and its value (`50%` = `50` and `50%` = `0.5`, while `50` ≠ `0.5`): the
+  original drops the sign, math-verify reads the value, and the label tells which the question meant;
 * numbers are compared exactly as rationals: `1/3^{40}` ≠ `1/3^{41}`, `0.5` = `\frac12`, `0.\overline{3}` =
   `\frac13`, but a rounded decimal is not the exact value, either way round (`0.333` ≠ `\frac13`, `1.414` ≠
   `\sqrt2`, `2\pi` ≠ `6.28`);
@@ -104,7 +107,12 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
         return False, g.text, p.text
     pred_value, gold_value = parse_number(p.text), parse_number(g.text)
     if pred_value is not None and gold_value is not None:
-        return pred_value == gold_value, g.text, p.text
+        same = pred_value == gold_value
+        if p.percent != g.percent:  # 50% is 0.5 (its value) as well as 50 (the original drops the sign)
+            same = same or (pred_value / 100 if p.percent else pred_value) == (
+                gold_value / 100 if g.percent else gold_value
+            )
+        return same, g.text, p.text
     return None, g.text, p.text
 
 

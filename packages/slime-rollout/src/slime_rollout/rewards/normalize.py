@@ -3,8 +3,16 @@ r"""Cleaning a final answer the way a careful grader reads it (`clean_answer`), 
 A box often holds more than the mathematical answer: units (`5\ \mathrm{kg}`, `12 \text{ cm}^2`), words around
 it (`\text{The total is } 42`, `\text{two million}`), a choice letter with its value (`(B)\ 12`), a time of day
 (`7:30 \text{ AM}`), a repeating decimal (`0.\overline{3}`, `0.1666\ldots`). `clean_answer` reduces it to the
-answer itself plus what matters besides (the letter, AM/PM); `parse_number` turns plain numbers, fractions, mixed
-numbers, repeating decimals and number words into exact `Fraction`s. No model text is ever evaluated.
+answer itself plus what matters besides (the letter, AM/PM, a percent sign); `parse_number` turns plain numbers,
+fractions, mixed numbers, repeating decimals and number words into exact `Fraction`s. No model text is ever
+evaluated.
+
+Number and scale words are values, not units: `3 million` is 3000000 (`3 million dollars` too: only `dollars` is
+a unit), `2.5 thousand` and `2.5k` are 2500, `a dozen` is 12. A percent sign (`50\%`, `50 percent`) is kept aside
+in `CleanAnswer.percent` and the text is the number without it, so `normalize_answer("50%")` is `"50"`;
+`math_utils.grade_fast` then takes `50%` as equal to both `50` (the original's graders drop the sign: a "what
+percent" question labelled `50`) and `0.5` (its value, as math-verify reads it), while `50` and `0.5` stay
+different.
 
 All patterns are linear-time (no nested quantifiers), so a 1 MB answer is cleaned in milliseconds.
 """
@@ -32,6 +40,13 @@ _SENTENCE = re.compile(r"^(?:[A-Za-z',]+\s+){1,12}(?:is|are|was|equals|=|:)\s+(?
 _VARIABLE_PREFIX = re.compile(r"^[a-zA-Z]\s*=\s*(?=\S)")
 # Trailing unit words after a number, a closing brace or parenthesis: "5 kg", "12 cm^2", "3 apples", "45 mph".
 _UNITS = re.compile(r"^(?P<math>.*?[\d})])\s*(?P<unit>(?:[a-zA-Z]{1,20}\.?(?:\s*\^\{?\d\}?)?(?:\s*/\s*|\s+|-)?){1,6})$")
+# A number given in words, then units: "two million dollars", "three apples".
+_WORD_NUMBER_UNITS = re.compile(
+    r"^(?P<math>(?:(?:a|and|zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen"
+    r"|fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred"
+    r"|dozen|thousand|million|billion|trillion)[\s-]+){1,12})(?P<unit>[a-zA-Z]{1,20}\.?(?:\s+[a-zA-Z]{1,20}\.?){0,3})$",
+    re.IGNORECASE,
+)
 _MATH_WORDS = {"sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi", "i", "e", "x", "y", "z", "n", "k"}
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _FRAC_SHORT = re.compile(r"\\frac(\d)(\d)")
@@ -51,11 +66,14 @@ class CleanAnswer:
         text: the answer without units, words around it or a choice letter; spaces removed; may be "".
         letter: a multiple-choice letter given with (or as) the answer, upper case, or None.
         meridiem: "am" / "pm" of a time of day, or None.
+        percent: True when the answer was given in percent (`50%`, `50 percent`); `text` is then the number
+            without the sign (`"50"`).
     """
 
     text: str
     letter: str | None = None
     meridiem: str | None = None
+    percent: bool = False
 
 
 _SMALL = {
@@ -67,10 +85,19 @@ _SMALL = {
 }
 _TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
 _SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+_MULTIPLIERS = {"hundred": 100, "dozen": 12}
+# Words that are (part of) a value: never stripped as units.
+_NUMBER_WORDS = frozenset(_SMALL) | frozenset(_TENS) | frozenset(_SCALES) | frozenset(_MULTIPLIERS) | {"a", "and"}
+_PERCENT = re.compile(r"\\?%|(?i:\bper\s?cent(?:age)?\b|\bpct\b\.?)")
+_THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k": a number of thousands
 
 
 def words_to_number(text: str) -> fractions.Fraction | None:
-    """`"two million"` → 2000000, `"forty-two"` → 42, `"1.5 million"` → 1500000; None if not only number words."""
+    """`"two million"` → 2000000, `"forty-two"` → 42, `"1.5 million"` → 1500000, `"two dozen"` → 24.
+
+    Returns:
+        The value, or None if the text is not only number words (digits alone, `"42"`, are not number words).
+    """
     words = re.split(r"[\s\-]+", text.strip().lower().replace(",", " "))
     if not words or words == [""] or len(words) > 12:
         return None
@@ -82,8 +109,8 @@ def words_to_number(text: str) -> fractions.Fraction | None:
             current += _SMALL.get(w, _TENS.get(w, 0))
         elif re.fullmatch(r"\d+(?:\.\d+)?", w):
             current += fractions.Fraction(w)
-        elif w == "hundred":
-            current = (current or 1) * 100
+        elif w in _MULTIPLIERS:
+            current = (current or 1) * _MULTIPLIERS[w]
         elif w in _SCALES:
             total += (current or 1) * _SCALES[w]
             current = fractions.Fraction(0)
@@ -111,9 +138,27 @@ def _latex_cleanup(s: str) -> str:
     s = _SPACES.sub(" ", s)
     s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\%", "%", "\\$", "$"):
+    for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\$", "$"):
         s = s.replace(token, "")
     return s.strip().rstrip(".").strip()
+
+
+def _take_percent(s: str) -> tuple[str, bool]:
+    """`s` without its percent signs and words, and whether it had any."""
+    without = _PERCENT.sub(" ", s)
+    return (re.sub(r"\s+", " ", without).strip(), True) if without != s else (s, False)
+
+
+def _keep_number_words(math: str, unit: str) -> tuple[str, str]:
+    """Moves the number and scale words that start `unit` back to `math`.
+
+    `("3", "million dollars")` → `("3 million", "dollars")`.
+    """
+    words = unit.split()
+    n = 0
+    while n < len(words) and words[n].lower() in _NUMBER_WORDS:
+        n += 1
+    return " ".join([math, *words[:n]]), " ".join(words[n:])
 
 
 def _strip_words_around(s: str) -> str:
@@ -123,13 +168,14 @@ def _strip_words_around(s: str) -> str:
     if sentence and re.search(r"\d", sentence.group("rest")):
         s = sentence.group("rest").strip().rstrip(".")
     s = _VARIABLE_PREFIX.sub("", s)
-    units = _UNITS.match(s)
+    units = _UNITS.match(s) or _WORD_NUMBER_UNITS.match(s)
     if units:
-        unit = units.group("unit").lower()
+        math, unit = _keep_number_words(units.group("math").strip(), units.group("unit").strip())
+        unit = unit.lower()
         unit_words = set(re.findall(r"[a-z]+", unit))
         # Math symbols are not units, and AM/PM is part of a time of day.
-        if not unit_words & _MATH_WORDS and re.sub(r"[^a-z]", "", unit) not in ("am", "pm"):
-            s = units.group("math").strip()
+        if unit and not unit_words & _MATH_WORDS and re.sub(r"[^a-z]", "", unit) not in ("am", "pm"):
+            s = math
     return s
 
 
@@ -142,7 +188,7 @@ def clean_answer(answer: str) -> CleanAnswer:
     Returns:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
-    s = _latex_cleanup(_strip_delimiters(str(answer)))
+    s, percent = _take_percent(_latex_cleanup(_strip_delimiters(str(answer))))
     letter = None
     only = _LETTER_ONLY.match(s)
     if only:
@@ -164,11 +210,15 @@ def clean_answer(answer: str) -> CleanAnswer:
     s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
     if re.fullmatch(r"-?\d+\.0+", s):
         s = s.split(".")[0]
-    return CleanAnswer(text=s, letter=letter)
+    return CleanAnswer(text=s, letter=letter, percent=percent)
 
 
 def normalize_answer(answer: str) -> str:
-    """The cleaned text of `clean_answer` (string form for equality; AM/PM appended when present)."""
+    """The cleaned text of `clean_answer` (string form for equality; AM/PM appended when present).
+
+    Scale words are part of the value (`"3 million"` → `"3000000"`); a percent sign is dropped (`"50%"` →
+    `"50"`, as the original normalizes it); `grade_fast` also takes `50%` as `0.5`.
+    """
     clean = clean_answer(answer)
     text = clean.text if clean.text or clean.letter is None else clean.letter
     return text + (clean.meridiem or "")
@@ -205,7 +255,9 @@ def parse_number(answer: str) -> fractions.Fraction | None:
     r"""Exact value of a plain number (after `clean_answer`), or None.
 
     Plain numbers are integers, decimals (scientific exponents up to 3 digits), `a/b`, `\frac{a}{b}`, mixed
-    numbers `2\frac{1}{2}` (= 5/2, as a reader takes them), repeating decimals and number words.
+    numbers `2\frac{1}{2}` (= 5/2, as a reader takes them), repeating decimals, number words and a number of
+    thousands (`2.5k` = 2500; only here, where the whole answer is that number, so `3k` in algebra stays `3k`).
+    A percent sign is not part of the value (`50%` → 50; see `CleanAnswer.percent`).
 
     Returns:
         The value, or None if the text is not such a number.
@@ -222,6 +274,9 @@ def parse_number(answer: str) -> fractions.Fraction | None:
 def _parse_clean_number(s: str) -> fractions.Fraction | None:
     if _NUMBER.fullmatch(s):
         return fractions.Fraction(s)
+    match = _THOUSANDS_SUFFIX.fullmatch(s)
+    if match:
+        return fractions.Fraction(match.group(1)) * 1000
     match = _LATEX_FRAC.fullmatch(s)
     if match:
         sign, num, den = match.groups()
