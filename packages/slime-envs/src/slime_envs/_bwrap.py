@@ -56,6 +56,8 @@ SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 _LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/libx32")
 _LIBRARY_FILES = ("/etc/ld.so.cache",)
+# `resource` names -> util-linux prlimit's options.
+_PRLIMIT_OPTIONS = {"RLIMIT_AS": "as", "RLIMIT_CPU": "cpu", "RLIMIT_FSIZE": "fsize", "RLIMIT_CORE": "core"}
 
 
 class BwrapMissingError(RuntimeError):
@@ -155,9 +157,7 @@ def _under(path: str, roots: set[str]) -> bool:
 def _tool(name: str) -> str:
     found = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
     if found is None:
-        raise BwrapMissingError(
-            f"the Python sandbox needs `{name}` (util-linux) when run as root: apt-get install -y util-linux"
-        )
+        raise BwrapMissingError(f"the Python sandbox needs `{name}` (util-linux): apt-get install -y util-linux")
     return found
 
 
@@ -222,6 +222,7 @@ def bwrap_argv(
     info_fd: int,
     block_fd: int,
     env: dict[str, str],
+    rlimits: dict[str, int],
     runner_args: list[str],
 ) -> list[str]:
     """The full bubblewrap command line of one run.
@@ -235,15 +236,24 @@ def bwrap_argv(
         block_fd: bubblewrap waits for one byte on it before starting the runner (the host joins the
             cgroup first).
         env: the sandbox's whole environment (nothing of the host's is kept).
+        rlimits: `RLIMIT_AS`-style name -> soft = hard limit, set on bubblewrap before it starts (util-linux
+            `prlimit`), so that every process of the sandbox inherits it; one of `_PRLIMIT_OPTIONS`.
         runner_args: arguments of the runner script.
 
     Returns:
-        argv, starting with the bwrap executable.
+        argv: `prlimit ... --`, the view's launcher, then bwrap and its options.
 
     Raises:
-        BwrapMissingError: bubblewrap is not installed.
+        BwrapMissingError: bubblewrap (or util-linux's prlimit) is not installed.
+        ValueError: a limit `prlimit` has no option for.
     """
+    unknown = set(rlimits) - set(_PRLIMIT_OPTIONS)
+    if unknown:
+        raise ValueError(f"bwrap_argv: no prlimit option for {sorted(unknown)}; known: {sorted(_PRLIMIT_OPTIONS)}")
     argv = [
+        _tool("prlimit"),
+        *(f"--{_PRLIMIT_OPTIONS[name]}={value}:{value}" for name, value in sorted(rlimits.items())),
+        "--",
         *view.launcher,
         bwrap_path(),
         # user, mount, PID, network, IPC, UTS and cgroup namespaces; no nested user namespace can be made.
@@ -258,6 +268,9 @@ def bwrap_argv(
         # If the host (or bubblewrap's monitor) dies, the sandbox's init gets SIGKILL and takes every
         # process of the PID namespace with it.
         "--die-with-parent",
+        # The runner is pid 1, not bubblewrap's own init: that one is dumpable, shares the code's uid and
+        # would be writable through /proc/1/mem (issue 27); the runner makes itself unreachable first.
+        "--as-pid-1",
         "--clearenv",
     ]  # fmt: skip
     for key, value in env.items():
