@@ -83,7 +83,8 @@ _DEFAULT_PRELOAD = [
     "string",
     "heapq",
     "bisect",
-    # numpy imports ctypes, which dlopen()s at import time; later dlopen/dlsym calls stay blocked.
+    # numpy imports ctypes, which dlopen()s at import time; later dlopen/dlsym calls get the audit hook's readable
+    # refusal (a courtesy only: through ctypes the code reaches no syscall the filters do not allow anyway).
     "ctypes",
 ]
 
@@ -104,7 +105,9 @@ class SandboxConfig(BaseModel):
     max_processes: int = Field(
         16, ge=1, description="Tasks (processes and threads) of the code, itself included (RLIMIT_NPROC, pids cgroup)."
     )
-    max_output_bytes: int = Field(1 << 20, gt=0, description="Max bytes the child may write per file (RLIMIT_FSIZE).")
+    max_output_bytes: int = Field(
+        1 << 20, gt=0, description="Max size of any file written by any process of the sandbox (RLIMIT_FSIZE)."
+    )
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
     tmpfs_mb: int = Field(64, gt=0, description="Size of the private writable /tmp (counted in the memory cgroup).")
     cpus: float = Field(1.0, gt=0, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
