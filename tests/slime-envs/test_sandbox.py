@@ -232,6 +232,17 @@ def test_missing_bubblewrap_is_one_clear_error(monkeypatch):
         _bwrap.bwrap_path()
 
 
+async def test_missing_prlimit_is_one_clear_error(monkeypatch):
+    which = _bwrap.shutil.which
+    monkeypatch.setattr(_bwrap.shutil, "which", lambda name, **kw: None if name == "prlimit" else which(name, **kw))
+    _bwrap.runtime_view.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailableError, match=r"needs `prlimit` \(util-linux\): apt-get install"):
+            await run_python("print(1)")
+    finally:
+        _bwrap.runtime_view.cache_clear()  # the next run builds the real view again
+
+
 async def test_sandbox_unavailable_is_raised_not_returned(monkeypatch):
     def broken_view():
         raise _bwrap.BwrapMissingError("the Python sandbox needs bubblewrap (`bwrap`), which is not installed")

@@ -87,6 +87,7 @@ class RuntimeView:
         binds: sandbox path -> path bubblewrap binds there (read-only).
         links: sandbox path -> symlink target.
         launcher: argv prefix that starts bubblewrap (empty, or nsenter into the staging namespace).
+        prlimit: util-linux `prlimit`, which sets a run's rlimits on bubblewrap before it starts.
         fds: descriptors the launcher needs (the staging namespace), passed to every run.
         python: interpreter path to run inside (the same path as on the host).
         read_roots: directories the runner's audit hook lets the code read.
@@ -95,6 +96,7 @@ class RuntimeView:
     binds: dict[str, str]
     links: dict[str, str]
     launcher: tuple[str, ...]
+    prlimit: str
     fds: tuple[int, ...]
     python: str
     read_roots: tuple[str, ...]
@@ -108,10 +110,11 @@ def runtime_view() -> RuntimeView:
         What the sandbox sees and how to start bubblewrap.
 
     Raises:
-        BwrapMissingError: bubblewrap (or, for a root host, util-linux's unshare/nsenter) is missing.
+        BwrapMissingError: bubblewrap or util-linux's prlimit (and, for a root host, unshare/nsenter) is missing.
         OSError: the staging namespace could not be built (its error output is in the message).
     """
     bwrap_path()
+    prlimit = _tool("prlimit")
     binds: dict[str, str] = {}
     links: dict[str, str] = {}
     prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
@@ -147,7 +150,15 @@ def runtime_view() -> RuntimeView:
         launcher = (_tool("nsenter"), f"--mount=/proc/self/fd/{ns_fd}", "--setuid", str(HOST_UID))
         launcher += ("--setgid", str(HOST_GID), "--")
         fds = (ns_fd,)
-    return RuntimeView(binds=binds, links=links, launcher=launcher, fds=fds, python=exe, read_roots=read_roots)
+    return RuntimeView(
+        binds=binds,
+        links=links,
+        launcher=launcher,
+        prlimit=prlimit,
+        fds=fds,
+        python=exe,
+        read_roots=read_roots,
+    )
 
 
 def _under(path: str, roots: set[str]) -> bool:
@@ -244,14 +255,14 @@ def bwrap_argv(
         argv: `prlimit ... --`, the view's launcher, then bwrap and its options.
 
     Raises:
-        BwrapMissingError: bubblewrap (or util-linux's prlimit) is not installed.
+        BwrapMissingError: bubblewrap is not installed.
         ValueError: a limit `prlimit` has no option for.
     """
     unknown = set(rlimits) - set(_PRLIMIT_OPTIONS)
     if unknown:
         raise ValueError(f"bwrap_argv: no prlimit option for {sorted(unknown)}; known: {sorted(_PRLIMIT_OPTIONS)}")
     argv = [
-        _tool("prlimit"),
+        view.prlimit,
         *(f"--{_PRLIMIT_OPTIONS[name]}={value}:{value}" for name, value in sorted(rlimits.items())),
         "--",
         *view.launcher,
