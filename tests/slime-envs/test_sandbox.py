@@ -60,10 +60,53 @@ async def test_undecodable_source_is_the_codes_syntax_error(code):
     assert r.exit_code == 1 and "SyntaxError" in r.stderr, r.stderr
 
 
-async def test_exit_codes():
-    assert (await run_python("import sys; sys.exit(3)")).exit_code == 3
-    r = await run_python("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
-    assert r.exit_code == -15 and r.to_observation() == "Error: the process was killed by signal SIGTERM."
+@pytest.mark.parametrize(
+    ("code", "exit_code", "observation"),
+    [
+        ("print('fine')", 0, "fine"),
+        ("import sys; sys.exit(3)", 3, "(no output, exit code 3)"),
+        # An exit status above 128 is the code's own number, not a signal (issue 27: 160 raised in
+        # to_observation, 137 was reported as SIGKILL).
+        ("import sys; sys.exit(160)", 160, "(no output, exit code 160)"),
+        ("import sys; sys.exit(137)", 137, "(no output, exit code 137)"),
+        ("import sys; sys.exit(255)", 255, "(no output, exit code 255)"),
+        ("import os; os._exit(137)", 137, "(no output, exit code 137)"),
+        ("import os; os.kill(os.getpid(), 15)", -15, "Error: the process was killed by signal SIGTERM."),
+        ("import os; os.kill(os.getpid(), 9)", -9, "Error: the process was killed by signal SIGKILL."),
+        ("import ctypes; ctypes.string_at(0)", -11, "Error: the process was killed by signal SIGSEGV."),
+        # A real-time signal has no name in `signal.Signals`.
+        ("import os; os.kill(os.getpid(), 40)", -40, "Error: the process was killed by signal 40."),
+    ],
+)
+async def test_exit_status_comes_from_the_wait_status(code, exit_code, observation):
+    r = await run_python(code)
+    assert (r.exit_code, r.to_observation()) == (exit_code, observation), r.stderr
+    assert r.ok == (exit_code == 0) and not r.timed_out
+
+
+def test_exit_code_from_the_inits_report(caplog):
+    assert sandbox._exit_code(b"%d\n" % (160 << 8), timed_out=False) == 160
+    assert sandbox._exit_code(b"%d\n" % 9, timed_out=False) == -9
+    assert sandbox._exit_code(b"%d\n" % (0x80 | 11), timed_out=False) == -11  # core-dump bit set
+    assert caplog.records == []
+    # No report: the init itself was killed (the OOM killer; nothing inside can signal it).
+    assert sandbox._exit_code(b"", timed_out=False) == -9
+    assert "killed before it reported" in caplog.text
+    assert sandbox._exit_code(b"", timed_out=True) == -9
+
+
+async def test_missing_rlimit_is_one_clear_start_up_error(monkeypatch):
+    # A host that failed to set the limits on bubblewrap: the init refuses to start the code.
+    bwrap_argv = sandbox.bwrap_argv
+    monkeypatch.setattr(sandbox, "bwrap_argv", lambda view, **kw: bwrap_argv(view, **{**kw, "rlimits": {}}))
+    with pytest.raises(SandboxUnavailableError, match=r"RLIMIT_AS is \(-1, -1\) in the sandbox's init, not"):
+        await run_python("print('never runs')")
+
+
+@pytest.mark.parametrize("exit_code", [-40, -63, -200, 1000])
+def test_observation_never_raises(exit_code):
+    text = sandbox.SandboxResult(stdout="", stderr="", exit_code=exit_code).to_observation()
+    assert str(abs(exit_code)) in text
 
 
 @pytest.mark.parametrize(
@@ -187,6 +230,17 @@ def test_missing_bubblewrap_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(_bwrap.shutil, "which", lambda *a, **k: None)
     with pytest.raises(_bwrap.BwrapMissingError, match=r"needs bubblewrap .* apt-get install -y bubblewrap"):
         _bwrap.bwrap_path()
+
+
+async def test_missing_prlimit_is_one_clear_error(monkeypatch):
+    which = _bwrap.shutil.which
+    monkeypatch.setattr(_bwrap.shutil, "which", lambda name, **kw: None if name == "prlimit" else which(name, **kw))
+    _bwrap.runtime_view.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailableError, match=r"needs `prlimit` \(util-linux\): apt-get install"):
+            await run_python("print(1)")
+    finally:
+        _bwrap.runtime_view.cache_clear()  # the next run builds the real view again
 
 
 async def test_sandbox_unavailable_is_raised_not_returned(monkeypatch):

@@ -56,6 +56,8 @@ SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 _LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/libx32")
 _LIBRARY_FILES = ("/etc/ld.so.cache",)
+# `resource` names -> util-linux prlimit's options.
+_PRLIMIT_OPTIONS = {"RLIMIT_AS": "as", "RLIMIT_CPU": "cpu", "RLIMIT_FSIZE": "fsize", "RLIMIT_CORE": "core"}
 
 
 class BwrapMissingError(RuntimeError):
@@ -85,6 +87,7 @@ class RuntimeView:
         binds: sandbox path -> path bubblewrap binds there (read-only).
         links: sandbox path -> symlink target.
         launcher: argv prefix that starts bubblewrap (empty, or nsenter into the staging namespace).
+        prlimit: util-linux `prlimit`, which sets a run's rlimits on bubblewrap before it starts.
         fds: descriptors the launcher needs (the staging namespace), passed to every run.
         python: interpreter path to run inside (the same path as on the host).
         read_roots: directories the runner's audit hook lets the code read.
@@ -93,6 +96,7 @@ class RuntimeView:
     binds: dict[str, str]
     links: dict[str, str]
     launcher: tuple[str, ...]
+    prlimit: str
     fds: tuple[int, ...]
     python: str
     read_roots: tuple[str, ...]
@@ -106,10 +110,11 @@ def runtime_view() -> RuntimeView:
         What the sandbox sees and how to start bubblewrap.
 
     Raises:
-        BwrapMissingError: bubblewrap (or, for a root host, util-linux's unshare/nsenter) is missing.
+        BwrapMissingError: bubblewrap or util-linux's prlimit (and, for a root host, unshare/nsenter) is missing.
         OSError: the staging namespace could not be built (its error output is in the message).
     """
     bwrap_path()
+    prlimit = _tool("prlimit")
     binds: dict[str, str] = {}
     links: dict[str, str] = {}
     prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
@@ -145,7 +150,15 @@ def runtime_view() -> RuntimeView:
         launcher = (_tool("nsenter"), f"--mount=/proc/self/fd/{ns_fd}", "--setuid", str(HOST_UID))
         launcher += ("--setgid", str(HOST_GID), "--")
         fds = (ns_fd,)
-    return RuntimeView(binds=binds, links=links, launcher=launcher, fds=fds, python=exe, read_roots=read_roots)
+    return RuntimeView(
+        binds=binds,
+        links=links,
+        launcher=launcher,
+        prlimit=prlimit,
+        fds=fds,
+        python=exe,
+        read_roots=read_roots,
+    )
 
 
 def _under(path: str, roots: set[str]) -> bool:
@@ -155,9 +168,7 @@ def _under(path: str, roots: set[str]) -> bool:
 def _tool(name: str) -> str:
     found = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
     if found is None:
-        raise BwrapMissingError(
-            f"the Python sandbox needs `{name}` (util-linux) when run as root: apt-get install -y util-linux"
-        )
+        raise BwrapMissingError(f"the Python sandbox needs `{name}` (util-linux): apt-get install -y util-linux")
     return found
 
 
@@ -222,6 +233,7 @@ def bwrap_argv(
     info_fd: int,
     block_fd: int,
     env: dict[str, str],
+    rlimits: dict[str, int],
     runner_args: list[str],
 ) -> list[str]:
     """The full bubblewrap command line of one run.
@@ -235,15 +247,24 @@ def bwrap_argv(
         block_fd: bubblewrap waits for one byte on it before starting the runner (the host joins the
             cgroup first).
         env: the sandbox's whole environment (nothing of the host's is kept).
+        rlimits: `RLIMIT_AS`-style name -> soft = hard limit, set on bubblewrap before it starts (util-linux
+            `prlimit`), so that every process of the sandbox inherits it; one of `_PRLIMIT_OPTIONS`.
         runner_args: arguments of the runner script.
 
     Returns:
-        argv, starting with the bwrap executable.
+        argv: `prlimit ... --`, the view's launcher, then bwrap and its options.
 
     Raises:
         BwrapMissingError: bubblewrap is not installed.
+        ValueError: a limit `prlimit` has no option for.
     """
+    unknown = set(rlimits) - set(_PRLIMIT_OPTIONS)
+    if unknown:
+        raise ValueError(f"bwrap_argv: no prlimit option for {sorted(unknown)}; known: {sorted(_PRLIMIT_OPTIONS)}")
     argv = [
+        view.prlimit,
+        *(f"--{_PRLIMIT_OPTIONS[name]}={value}:{value}" for name, value in sorted(rlimits.items())),
+        "--",
         *view.launcher,
         bwrap_path(),
         # user, mount, PID, network, IPC, UTS and cgroup namespaces; no nested user namespace can be made.
@@ -258,6 +279,9 @@ def bwrap_argv(
         # If the host (or bubblewrap's monitor) dies, the sandbox's init gets SIGKILL and takes every
         # process of the PID namespace with it.
         "--die-with-parent",
+        # The runner is pid 1, not bubblewrap's own init: that one is dumpable, shares the code's uid and
+        # would be writable through /proc/1/mem (issue 27); the runner makes itself unreachable first.
+        "--as-pid-1",
         "--clearenv",
     ]  # fmt: skip
     for key, value in env.items():

@@ -1,20 +1,30 @@
-"""Runner inside the Python sandbox: set the limits, arm the guards, then run the model's `/tmp/main.py`.
+"""Runner inside the Python sandbox: the sandbox's init (pid 1), which forks the process that runs the model's code.
 
-Started by `slime_envs.sandbox.run_python` through bubblewrap as
+Started by `slime_envs.sandbox.run_python` through `bwrap --as-pid-1` as
 `python -I -B /opt/slime-sandbox/_sandbox_child.py POLICY_JSON`, already inside its own user, mount, PID,
-network, IPC and UTS namespaces, as an unprivileged uid under the base seccomp filter. Before any of the
-model's code it:
+network, IPC and UTS namespaces, as an unprivileged uid under the base seccomp filter and under the rlimits
+the host set on bubblewrap (every process of the sandbox inherits them). No bubblewrap process lives inside:
+its monitor stays outside the PID namespace, where the code cannot name it.
 
-1. closes every inherited descriptor but stdin/stdout/stderr and the ready pipe;
-2. sets the rlimits (address space, CPU seconds, file size, core dumps, tasks of this user namespace);
-   the code cannot raise a hard limit again (that needs CAP_SYS_RESOURCE in the host's namespace);
-3. imports the preloaded modules;
-4. loads the no-process seccomp filter unless subprocesses are allowed;
-5. installs the audit hook (PEP 578), which turns forbidden actions into readable
-   `PermissionError: sandbox: ...` messages. It is defence in depth only: pure Python can switch it
-   off (through `gc`), and then the OS boundary above is what holds;
-6. writes one byte to the ready pipe, so the host can tell a sandbox that failed to start from code
-   that failed.
+As pid 1 it never runs model code. It shares the code's uid, so it first makes itself unreachable (issue 27:
+code rewrote bubblewrap's own init through `/proc/1/mem` and had it fork a process outside the limits):
+
+1. `PR_SET_DUMPABLE 0`: the kernel then refuses `/proc/1/mem`, `/proc/1/fd`, ptrace and process_vm_* to a
+   process without CAP_SYS_PTRACE in this user namespace, which the code never has; and the kernel drops
+   every signal sent from inside the namespace to an init without a handler (SIGINT is reset to SIG_DFL);
+2. sets RLIMIT_NPROC (counted in this user namespace) and checks that the rlimits the host set on bubblewrap
+   are in place (a host bug is one clear start-up error, not a silent gap);
+3. closes every inherited descriptor but stdin/stdout/stderr, the ready pipe and the status pipe;
+4. forks the code's process (pid 2), then loads the no-process seccomp filter on itself (it never forks
+   again), reaps every process of the namespace and, once pid 2 is gone, writes pid 2's wait status to the
+   status pipe: the host's only source of the exit code and the killing signal, which the code cannot
+   forge (an exit code of 137 is 137, not SIGKILL). It then exits, and the kernel kills whatever is left.
+
+The code's process (pid 2) imports the preloaded modules, loads the no-process seccomp filter unless
+subprocesses are allowed, installs the audit hook (PEP 578; it turns forbidden actions into readable
+`PermissionError: sandbox: ...` messages but is cosmetic: pure Python switches it off through `gc`, and its
+path checks lose symlink and rename races; every documented limit holds without it), writes one byte to the
+ready pipe (so the host can tell a sandbox that failed to start from code that failed) and runs `/tmp/main.py`.
 
 This file is not imported by the package; it only uses the standard library.
 """
@@ -23,6 +33,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 import types
 
@@ -54,6 +65,7 @@ _PATH_EVENTS = (
     "shutil.rmtree",
     "shutil.copyfile",
 )
+_PR_SET_DUMPABLE = 4
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 
@@ -103,6 +115,14 @@ def _make_hook(workdir, read_roots, block_network, block_subprocess):
     return hook
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option, arg, what):
+    if _LIBC.prctl(option, arg, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"sandbox: {what} failed")
+
+
 def _load_seccomp(program):
     """Adds a seccomp filter to this process (bubblewrap already set no_new_privs, which the kernel requires)."""
 
@@ -111,17 +131,43 @@ def _load_seccomp(program):
 
     buf = ctypes.create_string_buffer(program, len(program))
     prog = SockFprog(len(program) // 8, ctypes.addressof(buf))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+    if _LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "sandbox: loading the no-process seccomp filter failed")
 
 
-def _confine(policy):
-    """Steps 1, 2 and 4 of the module docstring's list (preloading, step 3, happens in between)."""
-    os.closerange(3, policy["ready_fd"])
-    os.closerange(policy["ready_fd"] + 1, 65536)
-    for name, value in policy["rlimits"]:
+def _set_and_check_rlimits(own, expected):
+    """Sets the init's own limits and checks all of them (the others were set on bubblewrap).
+
+    A missing one is a host bug: one clear start-up error (no ready byte), before any code runs.
+    """
+    for name, value in own.items():
         resource.setrlimit(getattr(resource, name), (value, value))
+    for name, value in expected.items():
+        got = resource.getrlimit(getattr(resource, name))
+        if got != (value, value):
+            sys.stderr.write(f"sandbox: {name} is {got} in the sandbox's init, not ({value}, {value})\n")
+            os._exit(125)
+
+
+def _init(policy):
+    """Steps 1-3 of the module docstring, as pid 1, before the code's process exists."""
+    _prctl(_PR_SET_DUMPABLE, 0, "making the sandbox's init non-dumpable")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no handler: the kernel drops it from inside the namespace
+    _set_and_check_rlimits(policy["init_rlimits"], policy["rlimits"])
+    keep = sorted({policy["ready_fd"], policy["status_fd"]})
+    os.closerange(3, keep[0])
+    os.closerange(keep[0] + 1, keep[1])
+    os.closerange(keep[1] + 1, 65536)
+
+
+def _reap_until(code_pid, status_fd, no_process_filter):
+    """Step 4 as pid 1: reaps every process; reports pid 2's wait status, then exits (the namespace dies)."""
+    _load_seccomp(no_process_filter)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == code_pid:
+            os.write(status_fd, b"%d\n" % status)
+            os._exit(0)
 
 
 def _report_ready(fd):
@@ -129,9 +175,11 @@ def _report_ready(fd):
     os.close(fd)
 
 
-def main():
-    policy = json.loads(sys.argv[1])
-    _confine(policy)
+def _run_code(policy):
+    """The code's process (pid 2): preloads, filter, audit hook, then `/tmp/main.py`."""
+    os.close(policy["status_fd"])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _prctl(_PR_SET_DUMPABLE, 1, "restoring the code's dumpable flag")  # its own /proc/self, as usual
     for name in policy["preload"]:
         try:
             __import__(name)
@@ -140,7 +188,7 @@ def main():
     workdir = policy["workdir"]
     with open(os.path.join(workdir, "main.py"), "rb") as f:
         source = f.read()  # bytes: an undecodable source is the code's SyntaxError, reported below
-    if policy["no_process_filter"]:
+    if policy["block_subprocess"]:
         _load_seccomp(bytes.fromhex(policy["no_process_filter"]))
     sys.addaudithook(_make_hook(workdir, policy["read_roots"], policy["block_network"], policy["block_subprocess"]))
     # The user's code gets a fresh `__main__` module, so `import __main__` does not reach this runner.
@@ -148,7 +196,6 @@ def main():
     user_main.__file__ = "main.py"
     sys.modules["__main__"] = user_main
     _report_ready(policy["ready_fd"])
-    del policy
     namespace = user_main.__dict__
     try:
         exec(compile(source, "main.py", "exec"), namespace)
@@ -168,6 +215,17 @@ def main():
         sys.stderr.write("".join(lines))
         sys.stderr.flush()
         os._exit(1)
+
+
+def main():
+    policy = json.loads(sys.argv[1])
+    _init(policy)
+    code_pid = os.fork()
+    if code_pid == 0:
+        _run_code(policy)  # returns or raises SystemExit: the interpreter exits as for any script
+        return
+    os.close(policy["ready_fd"])
+    _reap_until(code_pid, policy["status_fd"], bytes.fromhex(policy["no_process_filter"]))
 
 
 main()

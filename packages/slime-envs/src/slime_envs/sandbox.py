@@ -12,17 +12,28 @@ pure Python through `gc`). Each call starts, through bubblewrap:
 * a **seccomp filter** for what namespaces do not isolate (ptrace, mount, keyctl, bpf, perf_event_open,
   io_uring, kexec, modules, ...; see `slime_envs._seccomp`) and, unless `allow_subprocess`, a second one
   refusing fork/exec to every API, `_posixsubprocess.fork_exec` and `os.posix_spawn` included;
-* **limits**: RLIMIT_AS/CPU/FSIZE per process and RLIMIT_NPROC counted in its own user namespace; a cgroup
+* **limits**: RLIMIT_AS/CPU/FSIZE/CORE per process, set on bubblewrap itself (util-linux `prlimit`), so that
+  every process of the sandbox, its init included, inherits them; RLIMIT_NPROC counted in the run's own
+  user namespace, set by the init before it forks the code (set before bubblewrap, it would become the
+  namespace's ceiling at the level of the host uid, one budget shared by every concurrent run); a cgroup
   capping the run's total memory, tasks and CPU share where this machine gives this process one
   (`slime_envs._cgroups`; `SandboxResult.enforcement` says which);
+* a **trusted init**: bubblewrap runs `--as-pid-1`, so no bubblewrap process lives inside; pid 1 is the
+  runner (`slime_envs._sandbox_child`), which makes itself non-dumpable before the code exists (no
+  `/proc/1/mem`, ptrace or `/proc/1/fd` for the code; no signal from inside reaches an init), loads the
+  no-process filter on itself once it has forked the code, and reports the code's wait status through a
+  pipe only it holds: exit codes and signals come from the kernel, not from a number the code chose;
 * a **wall clock**: after `timeout_s` the PID namespace's init is killed, and the kernel kills every
-  process in the namespace with it (no daemonized, `setsid` grandchild survives). The same happens at
-  the end of every run, and if the host itself dies (`--die-with-parent`).
+  process in the namespace with it (no daemonized, `setsid` grandchild survives). The same happens when the
+  code's process exits (the init exits with it), at the end of every run, and if the host itself dies
+  (`--die-with-parent`).
 
-The runner's audit hook stays as defence in depth: it turns the common forbidden actions into readable
-`PermissionError: sandbox: ...` messages. It needs `bwrap` (Debian: `apt-get install -y bubblewrap`), libseccomp
-(`libseccomp2`, present on every Debian) and unprivileged user namespaces; `check_sandbox()` says what is
-missing in one error.
+Every limit above is enforced by the kernel alone. The runner's audit hook only turns the common forbidden
+actions into readable `PermissionError: sandbox: ...` messages; nothing counts on it: pure Python switches
+it off (through `gc`) and its path checks lose symlink and rename races.
+
+The sandbox needs `bwrap` (Debian: `apt-get install -y bubblewrap`), libseccomp (`libseccomp2`, present on
+every Debian) and unprivileged user namespaces; `check_sandbox()` says what is missing in one error.
 
 Example:
     >>> result = asyncio.run(run_python("print(6 * 7)"))
@@ -39,6 +50,7 @@ import dataclasses
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import tempfile
@@ -71,7 +83,8 @@ _DEFAULT_PRELOAD = [
     "string",
     "heapq",
     "bisect",
-    # numpy imports ctypes, which dlopen()s at import time; later dlopen/dlsym calls stay blocked.
+    # numpy imports ctypes, which dlopen()s at import time; later dlopen/dlsym calls get the audit hook's readable
+    # refusal (a courtesy only: through ctypes the code reaches no syscall the filters do not allow anyway).
     "ctypes",
 ]
 
@@ -92,7 +105,9 @@ class SandboxConfig(BaseModel):
     max_processes: int = Field(
         16, ge=1, description="Tasks (processes and threads) of the code, itself included (RLIMIT_NPROC, pids cgroup)."
     )
-    max_output_bytes: int = Field(1 << 20, gt=0, description="Max bytes the child may write per file (RLIMIT_FSIZE).")
+    max_output_bytes: int = Field(
+        1 << 20, gt=0, description="Max size of any file written by any process of the sandbox (RLIMIT_FSIZE)."
+    )
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
     tmpfs_mb: int = Field(64, gt=0, description="Size of the private writable /tmp (counted in the memory cgroup).")
     cpus: float = Field(1.0, gt=0, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
@@ -116,8 +131,9 @@ class SandboxResult:
     Attributes:
         stdout: captured standard output, truncated to `max_output_chars`.
         stderr: captured standard error (tracebacks), truncated likewise.
-        exit_code: the code's exit status; negative: killed by that signal (also reported for an exit
-            status above 128, which bubblewrap uses for death by signal 128+N).
+        exit_code: the exit status of the code's process; negative: killed by that signal. Both come from
+            the kernel's wait status, read by the sandbox's init (so `sys.exit(137)` is 137, not SIGKILL);
+            `-SIGKILL` when the wall clock ran out.
         timed_out: the wall-clock limit was hit.
         output_limited: the output file limit was hit.
         memory_limited: the memory cgroup's limit was hit and the kernel killed a process.
@@ -151,13 +167,21 @@ class SandboxResult:
         elif self.output_limited:
             parts.append("Error: output limit exceeded; further writes failed.")
         elif self.exit_code < 0:
-            parts.append(f"Error: the process was killed by signal {signal.Signals(-self.exit_code).name}.")
+            parts.append(f"Error: the process was killed by signal {_signal_name(-self.exit_code)}.")
         if not parts:
             parts.append("(no output)" if self.exit_code == 0 else f"(no output, exit code {self.exit_code})")
         return "\n".join(parts)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+
+def _signal_name(number: int) -> str:
+    """`SIGKILL` for 9; the bare number for a signal without a name (real-time signals 35..63, anything else)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _read_capped(f: IO[bytes], max_chars: int, *, keep_tail: bool = False) -> str:
@@ -230,37 +254,51 @@ def _enforcement(config: SandboxConfig, cgroup: CgroupLimits | None) -> dict[str
 
     return {
         "isolation": "bubblewrap: user/mount/pid/net/ipc/uts/cgroup namespaces, "
-        f"uid {SANDBOX_UID} (host uid {host_uid})",
+        f"uid {SANDBOX_UID} (host uid {host_uid}), non-dumpable init",
         "network": "empty network namespace + audit hook",
         "files": f"read-only runtime view, private {WORKDIR} tmpfs ({config.tmpfs_mb} MiB) + audit hook",
         "syscalls": f"seccomp: {len(DENIED)} syscalls denied"
-        + ("" if config.allow_subprocess else ", fork/exec denied"),
+        + ("" if config.allow_subprocess else ", fork/exec denied")
+        + " (the init: both, once it has forked the code)",
         "time": "wall clock (SIGKILL of the PID namespace) + RLIMIT_CPU",
         "memory": with_cgroup("memory", "RLIMIT_AS per process"),
         "processes": with_cgroup("pids", "RLIMIT_NPROC in the user namespace")
         + ("" if config.allow_subprocess else " + seccomp (no fork/exec)"),
         "cpu": caps["cpu"] + f" cgroup, {config.cpus:g} CPU" if "cpu" in caps else "no cpu cgroup here",
-        "output": "RLIMIT_FSIZE + truncation",
+        "output": "RLIMIT_FSIZE on every process + truncation",
     }
 
 
-def _policy(config: SandboxConfig, ready_fd: int) -> dict:
-    """What the runner applies before the code (see `_sandbox_child.py`)."""
+def _rlimits(config: SandboxConfig) -> dict[str, int]:
+    """Resource name -> soft = hard limit of every process of the sandbox; NPROC counts the init too, hence + 1."""
+    return {
+        "RLIMIT_AS": config.memory_mb * _MIB,
+        "RLIMIT_CPU": int(config.timeout_s) + 2,
+        "RLIMIT_FSIZE": config.max_output_bytes,
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NPROC": config.max_processes + 1,
+    }
+
+
+# Set by the sandbox's init, once inside its own user namespace (see the module docstring); the others are set
+# on bubblewrap before it starts.
+_INIT_RLIMITS = ("RLIMIT_NPROC",)
+
+
+def _policy(config: SandboxConfig, ready_fd: int, status_fd: int) -> dict:
+    """What the runner checks and applies before the code (see `_sandbox_child.py`)."""
     return {
         "workdir": WORKDIR,
         "ready_fd": ready_fd,
-        # (resource name, soft = hard limit); NPROC counts bubblewrap's init too, hence + 1.
-        "rlimits": [
-            ["RLIMIT_AS", config.memory_mb * _MIB],
-            ["RLIMIT_CPU", int(config.timeout_s) + 2],
-            ["RLIMIT_FSIZE", config.max_output_bytes],
-            ["RLIMIT_CORE", 0],
-            ["RLIMIT_NPROC", config.max_processes + 1],
-        ],
+        "status_fd": status_fd,
+        # The init sets these, and checks that every one of `rlimits` is in place before it forks the code.
+        "init_rlimits": {name: value for name, value in _rlimits(config).items() if name in _INIT_RLIMITS},
+        "rlimits": _rlimits(config),
         "read_roots": list(runtime_view().read_roots),
         "block_network": True,
         "block_subprocess": not config.allow_subprocess,
-        "no_process_filter": None if config.allow_subprocess else no_process_filter().hex(),
+        # The init loads it on itself in any case, once it has forked the code's process.
+        "no_process_filter": no_process_filter().hex(),
         "preload": config.preload,
     }
 
@@ -310,6 +348,7 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
     cgroup = None
     try:
         ready_r, ready_w = fds.pipe()  # the runner writes one byte once the code is about to run
+        status_r, status_w = fds.pipe()  # the sandbox's init writes the code's wait status here
         info_r, info_w = fds.pipe()  # bubblewrap writes the init's pid here
         block_r, block_w = fds.pipe()  # bubblewrap waits on it until the init is in the cgroup
         code_fd = fds.add(_memfd("main.py", code.encode("utf-8", errors="surrogatepass")))
@@ -325,7 +364,8 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
             info_fd=info_w,
             block_fd=block_r,
             env=env,
-            runner_args=[json.dumps(_policy(config, ready_w))],
+            rlimits={name: value for name, value in _rlimits(config).items() if name not in _INIT_RLIMITS},
+            runner_args=[json.dumps(_policy(config, ready_w, status_w))],
         )
         cgroup = CgroupLimits.create(
             memory_bytes=(config.memory_mb + config.tmpfs_mb) * _MIB,
@@ -338,24 +378,21 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                pass_fds=(*view.fds, ready_w, info_w, block_r, code_fd, seccomp_fd),
+                pass_fds=(*view.fds, ready_w, status_w, info_w, block_r, code_fd, seccomp_fd),
                 env={},
                 cwd="/",
                 start_new_session=True,
             )
             # Our copies of the child's ends: the pipes must see EOF when the sandbox closes its own.
-            fds.close(ready_w, info_w, block_r, code_fd, seccomp_fd)
-            timed_out = await _supervise(proc, info_r, block_w, cgroup, config.timeout_s, fds)
-            os.set_blocking(ready_r, False)
-            try:
-                ready = os.read(ready_r, 1) == b"R"
-            except BlockingIOError:
-                ready = False
+            fds.close(ready_w, status_w, info_w, block_r, code_fd, seccomp_fd)
+            timed_out = await _supervise(proc, info_r, block_w, cgroup, config, fds)
+            ready = _read_nonblocking(ready_r) == b"R"
             if not ready and not timed_out:
                 err.seek(0)
                 message = err.read(4000).decode("utf-8", errors="replace").strip()
                 raise SandboxUnavailableError(f"the sandbox failed to start (exit {proc.returncode}): {message}")
-            return _result(config, proc.returncode, timed_out, out, err, cgroup)
+            exit_code = _exit_code(_read_nonblocking(status_r), timed_out)
+            return _result(config, exit_code, timed_out, out, err, cgroup)
     finally:
         fds.close_all()
         if cgroup is not None:
@@ -391,14 +428,14 @@ async def _supervise(
     info_r: int,
     block_w: int,
     cgroup: CgroupLimits | None,
-    timeout_s: float,
+    config: SandboxConfig,
     fds: _Fds,
 ) -> bool:
     """Releases the sandbox, waits for it (at most `timeout_s`), then kills its PID namespace; returns timed_out."""
     pidfd = -1
     timed_out = False
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(config.timeout_s):
             pidfd = await _release(proc, info_r, block_w, cgroup)
             if pidfd >= 0:
                 fds.add(pidfd)
@@ -419,14 +456,39 @@ async def _supervise(
     return timed_out
 
 
+def _read_nonblocking(fd: int) -> bytes:
+    """What a pipe whose writers are gone holds (at most 64 bytes); b"" if nothing was written."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 64)
+    except BlockingIOError:
+        return b""
+
+
+def _exit_code(status: bytes, timed_out: bool) -> int:
+    """The code's exit code (negative: the signal that killed it) from the wait status its init reported.
+
+    Args:
+        status: what the sandbox's init wrote to the status pipe: the decimal wait status of the code's
+            process and a newline, or nothing when the init itself was killed (wall clock, OOM killer).
+        timed_out: the wall clock ran out (the whole namespace was killed with SIGKILL).
+
+    Returns:
+        `os.waitstatus_to_exitcode` of the status; `-SIGKILL` when there is none.
+    """
+    if status.endswith(b"\n") and status[:-1].isdigit():
+        return os.waitstatus_to_exitcode(int(status))
+    if not timed_out:
+        # Only the kernel kills an init it cannot be signalled from inside: the memory cgroup's OOM killer.
+        logger.warning("the sandbox's init was killed before it reported the code's exit status (%r)", status)
+    return -signal.SIGKILL
+
+
 def _result(
-    config: SandboxConfig, returncode: int, timed_out: bool, out: IO[bytes], err: IO[bytes], cgroup: CgroupLimits | None
+    config: SandboxConfig, exit_code: int, timed_out: bool, out: IO[bytes], err: IO[bytes], cgroup: CgroupLimits | None
 ) -> SandboxResult:
-    exit_code = returncode
     if timed_out:
-        exit_code = -signal.SIGKILL
-    elif 128 < exit_code < 128 + signal.NSIG:
-        exit_code = 128 - exit_code  # bubblewrap reports death by signal N as 128 + N
+        exit_code = -signal.SIGKILL  # the status the code had reported before the deadline does not matter
     max_size = max(out.seek(0, os.SEEK_END), err.seek(0, os.SEEK_END))
     return SandboxResult(
         stdout=_read_capped(out, config.max_output_chars),
@@ -441,18 +503,22 @@ def _result(
 
 
 async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, cgroup: CgroupLimits | None) -> int:
-    """Waits for the namespaces, puts their init into the cgroup, lets the runner start; returns init's pidfd.
+    """Waits for the namespaces, puts their first process into the cgroup, lets it start the runner.
 
-    Raises:
-        SandboxUnavailableError: bubblewrap exited before creating the namespaces (its message is kept).
+    That process (bubblewrap's child, about to become the init) is blocked on `--block-fd`: the cgroup it
+    joins now holds every process of the sandbox, which all descend from it.
+
+    Returns:
+        A pidfd of the sandbox's init, or -1 when bubblewrap failed before or while setting it up (the
+        caller then sees no ready byte and raises with bubblewrap's message).
     """
     info = await _read_to_eof(info_r)
     if not info:
         await proc.wait()
-        return -1  # the caller sees no ready byte and raises with bubblewrap's message
+        return -1
     init_pid = json.loads(info)["child-pid"]
     try:
-        # Race-free handle: until block_w is written the init can only exit if bubblewrap's set-up failed.
+        # Until block_w is written the child can only exit if bubblewrap's set-up failed.
         pidfd = os.pidfd_open(init_pid)
     except ProcessLookupError:
         await proc.wait()
@@ -460,10 +526,22 @@ async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, 
     try:
         if cgroup is not None:
             cgroup.join(init_pid)
+        # The pid named bubblewrap's child all along (not a process that took over its number) if the process
+        # the pidfd holds is still alive now (a pid is not reused before its process is reaped) and is that child.
+        if select.select([pidfd], [], [], 0)[0] or _parent_pid(init_pid) != proc.pid:
+            raise ProcessLookupError(init_pid)
         os.write(block_w, b"1")
-    except ProcessLookupError:
+    except (ProcessLookupError, FileNotFoundError):  # exited: bubblewrap's set-up failed
+        os.close(pidfd)
         await proc.wait()
+        return -1
     return pidfd
+
+
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        # The command name (2nd field, in parentheses) may hold spaces: the parent pid follows its ")".
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
 
 
 def _probe() -> dict[str, str]:
