@@ -1,6 +1,7 @@
 """Data source: JSONL/Parquet, keys, chat template (real Qwen3 tokenizer), filtering, shuffling, cursor."""
 
 import json
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -135,7 +136,7 @@ def test_huge_line_is_dropped_by_length_without_tokenizing(tmp_path, qwen3_token
     with caplog.at_level("WARNING"):
         ds = RolloutDataSource(args)
     assert [g[0].label for g in ds.get_samples(2)] == ["1", "3"]
-    assert max(encoded) < 100  # the 10 MB prompt never reached the tokenizer
+    assert max(encoded, default=0) < 100  # the 10 MB prompt never reached the tokenizer (short ones need not)
     assert "dropped 1 of 3 prompts longer than --rollout-max-prompt-len=64 tokens" in caplog.text
 
 
@@ -218,3 +219,69 @@ def test_buffer_group_size_checked(tmp_path):
         ds.add_samples([ds.get_samples(1)[0][:1]])
     with pytest.raises(RuntimeError, match="no buffer"):
         RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS))).add_samples([])
+
+
+def _model_dir(tmp_path, qwen3_tokenizer_dir, max_position_embeddings):
+    """A checkpoint directory as the data source sees it: the real Qwen3 tokenizer and a config.json."""
+    import shutil
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(qwen3_tokenizer_dir / name, model / name)
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "qwen3", "max_position_embeddings": max_position_embeddings})
+    )
+    return model
+
+
+def test_prompts_longer_than_the_model_context_are_dropped_by_default(
+    tmp_path, qwen3_tokenizer_dir, monkeypatch, caplog
+):
+    # Issue 27 #13: without --rollout-max-prompt-len a prompt longer than the model's context was kept (1-token
+    # responses) and a 20 MB line went to the engine. The default limit is max_position_embeddings - 1 (64 - 1 here).
+    from slime_rollout import data_source
+
+    model = _model_dir(tmp_path, qwen3_tokenizer_dir, max_position_embeddings=64)
+    tok = data_source.get_tokenizer(str(model))
+    encoded = []
+    real_encode = tok.encode
+    monkeypatch.setattr(tok, "encode", lambda text, **kw: encoded.append(len(text)) or real_encode(text, **kw))
+    fits = " ".join(["one"] * 40)  # 40 tokens: kept
+    over = " ".join(["one"] * 70)  # 70 tokens > 63: dropped after tokenizing
+    assert (
+        len(real_encode(fits, add_special_tokens=False)) == 40
+        and len(real_encode(over, add_special_tokens=False)) == 70
+    )
+    huge = "word " * 4_000_000  # a 20 MB line
+    rows = [{"question": q, "answer": str(i + 1)} for i, q in enumerate(["short", over, huge, fits, "tiny"])]
+    base = dict(prompt_data=_write_jsonl(tmp_path / "d.jsonl", rows), hf_checkpoint=str(model), n_samples_per_prompt=1)
+    args = _args(**base)
+    assert args.rollout_max_prompt_len is None
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="slime_rollout.data_source"):
+        ds = RolloutDataSource(args)
+    elapsed = time.monotonic() - start
+    assert [g[0].label for g in ds.get_samples(3)] == ["1", "4", "5"]
+    assert max(encoded) < 1000  # the 20 MB prompt never reached the tokenizer
+    assert elapsed < 10.0, elapsed  # reading and parsing the 20 MB line only (measured 0.19 s here)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.data_source"]
+    assert warnings == [
+        f"{tmp_path / 'd.jsonl'}: dropped 2 of 5 prompts longer than --rollout-max-prompt-len (default: the context "
+        "less one token)=63 tokens (rows 2, 3)"
+    ]
+    # --rollout-max-context-len sets the context as in the original (limit 39 here), and the flag itself wins.
+    assert len(RolloutDataSource(_args(**base, rollout_max_context_len=40))) == 2
+    assert len(RolloutDataSource(_args(**base, rollout_max_prompt_len=100))) == 4
+
+
+def test_no_config_json_means_no_default_limit(tmp_path, qwen3_tokenizer_dir):
+    from slime_rollout.prompt_length import default_max_prompt_len, model_context_len
+
+    assert model_context_len(str(qwen3_tokenizer_dir)) is None  # a tokenizer directory, no config.json
+    assert default_max_prompt_len(None, None, str(qwen3_tokenizer_dir)) is None
+    vlm = tmp_path / "vlm"
+    vlm.mkdir()
+    (vlm / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
+    assert default_max_prompt_len(None, None, str(vlm)) == 4095
+    assert default_max_prompt_len(None, 100, str(vlm)) == 99 and default_max_prompt_len(7, 100, str(vlm)) == 7

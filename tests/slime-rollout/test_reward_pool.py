@@ -315,3 +315,52 @@ async def test_a_crash_after_the_pool_worked_counts_that_answer_wrong(monkeypatc
     with caplog.at_level(logging.WARNING, logger="slime_rollout.rewards.math"):
         got = await math_rewards.math_reward_async("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", num_workers=2, sample_index=7)
     assert got == 0.0 and "sample 7" in caplog.text and not math_rewards._pool_unusable.is_set()
+
+
+@pytest.fixture
+def slow_start_up(monkeypatch, tmp_path):
+    """Pool workers whose start-up takes 3 s (a loaded machine's spawn + imports), longer than the deadlines set.
+
+    Spawned workers import the initializer by module name (tests are not importable packages here), so it lives
+    in a module on a path the workers inherit.
+    """
+    (tmp_path / "slow_grading_start.py").write_text(
+        "import time\n"
+        "from slime_rollout.rewards.pool import _warm_up_worker\n\n\n"
+        "def start():\n    time.sleep(3.0)\n    _warm_up_worker()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import slow_grading_start
+
+    pool.shutdown_pool()  # a fresh pool, built with the slow start-up
+    monkeypatch.setattr(pool, "_warm_up_worker", slow_grading_start.start)
+    monkeypatch.setattr(math_rewards, "_pool_unusable", threading.Event())
+    yield
+    pool.shutdown_pool()  # the next test gets a pool with the normal start-up
+
+
+@pytest.mark.timeout(120)
+async def test_slow_worker_start_up_does_not_count_against_the_grading_deadline(slow_start_up, monkeypatch, caplog):
+    """A fresh pool whose workers take 3 s to start still grades a correct answer right under a 1 s deadline:
+    start-up has its own budget, and the deadline starts once every worker reported in."""
+    monkeypatch.setattr(pool, "DEFAULT_DEADLINE_S", 1.0)
+    caplog.set_level(logging.WARNING)
+    generation = pool.pool_generation()
+    samples = [Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}", index=i) for i in range(2 * NUM_WORKERS)]
+    # Needs the symbolic check (no string or number match), so every sample goes to the pool.
+    assert await batched_async_rm(_args(), samples) == [1.0] * len(samples)
+    assert pool.pool_generation() == generation + 1  # one pool, never retired
+    assert not math_rewards._pool_unusable.is_set()
+    assert "stuck or crashed" not in caplog.text and "retiring" not in caplog.text
+
+
+@pytest.mark.timeout(120)
+async def test_a_pool_that_misses_its_start_up_budget_says_so_and_grades_inline(slow_start_up, monkeypatch, caplog):
+    monkeypatch.setattr(pool, "STARTUP_DEADLINE_S", 0.5)
+    with pytest.raises(pool.PoolStartupError, match=r"0 of 2 workers started within its 0.5 s start-up budget"):
+        await pool.run_in_pool(abs, -1, num_workers=NUM_WORKERS)
+    caplog.set_level(logging.ERROR, logger="slime_rollout.rewards.math")
+    # Through the grader: the correct answer is still graded right (inline), with one error naming the cause.
+    assert await async_rm(_args(), Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}", index=3)) == 1.0
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "start-up budget" in errors[0] and "inline" in errors[0]

@@ -69,7 +69,7 @@ async def test_update_sequence_is_pause_flush_send_fence_check_continue(tmp_path
             if request.path == "/model_info":
                 return web.json_response({"weight_version": "7"})
             if request.path == "/update_weights_from_disk":
-                assert (await request.json())["weight_version"] is None  # the version comes after the weights
+                assert (await request.json())["weight_version"] == "7"  # every bucket names its push's version
                 return web.json_response({"success": True, "message": "ok"})
             if request.path == "/update_weight_version":
                 assert await request.json() == {"new_version": "7", "abort_all_requests": False}
@@ -251,9 +251,7 @@ def _tagged_buckets(tag, n):
     return iter([[(f"{tag}{i}", torch.full((2,), float(i)))] for i in range(n)])
 
 
-async def test_overlapping_pushes_to_one_engine_are_serialized_and_the_version_moves_after_the_last_bucket(
-    http_server,
-):
+async def test_overlapping_pushes_to_one_engine_are_serialized_and_every_bucket_carries_its_version(http_server):
     log = []
     url = await http_server(_versioned_engine(log, "e0", delay_s=0.05))
     cfg = _cfg()
@@ -267,8 +265,8 @@ async def test_overlapping_pushes_to_one_engine_are_serialized_and_the_version_m
     tags = "".join(event[-2] for event, _ in buckets)
     assert tags in ("aaaabbbb", "bbbbaaaa"), f"pushes interleaved on the engine: {tags}"
     first, second = ("1", "2") if tags[0] == "a" else ("2", "1")
-    # While a push's buckets land, the engine still reports the version before that push.
-    assert [v for _, v in buckets] == ["0"] * 4 + [first] * 4
+    # The version the engine reports before each bucket lands: SGLang takes each bucket's weight_version.
+    assert [v for _, v in buckets] == ["0"] + [first] * 4 + [second] * 3
     events = [event for _, event, _ in log]
     assert events.count("/pause_generation") == 2 and events[-1] == "/continue_generation"
     final = await RolloutClient([url]).get_weight_versions()
@@ -292,6 +290,87 @@ async def test_an_engine_failing_mid_push_is_dropped_and_named_and_the_others_co
         "/pause_generation", "/flush_cache", "bucket w0", "bucket w1", "bucket w2", "/update_weight_version",
         "/continue_generation",
     ]  # fmt: skip
-    # The failed engine got bucket 0 only, kept its old version and was left paused (it is to be restarted).
-    assert [ev for n, ev, _ in log if n == "bad"] == ["/pause_generation", "/flush_cache", "bucket w0"]
-    assert await RolloutClient([good, bad]).get_weight_versions() == ["5", "0"]
+    # The failed engine got bucket 0 only (which set its version to "5", as SGLang does), was left paused (it is to
+    # be restarted) and relabelled: it never claims version 5 with one bucket of it.
+    assert [ev for n, ev, _ in log if n == "bad"] == [
+        "/pause_generation", "/flush_cache", "bucket w0", "/update_weight_version",
+    ]  # fmt: skip
+    assert await RolloutClient([good, bad]).get_weight_versions() == ["5", "5-incomplete"]
+
+
+def test_interleaved_pushes_from_two_writers_are_refused_by_the_reference_engine(reference_engine, hf_state):
+    """Issue 27 #15: two processes pushing to one engine (no shared lock) interleave their buckets; the engine
+    refuses the second push's bucket (and a whole-model load of its version) until the first push's fence."""
+    from slime_rollout.client import EngineClient
+    from slime_rollout.transport import EngineError
+    from slime_rollout.wire import serialize_named_tensors
+
+    url = reference_engine.urls[0]
+    engine = EngineClient(url)
+    name, tensor = next(iter(hf_state[1].items()))
+
+    async def bucket(version):
+        payload = serialize_named_tensors([(name, tensor.clone())])
+        return await engine.update_weights_from_tensor([payload], weight_version=version)
+
+    async def interleave():
+        before = await engine.get_weight_version()
+        assert (await bucket("a1"))["success"] is True  # writer A's first bucket
+        with pytest.raises(
+            EngineError,
+            match=r"HTTP 400.*refused a bucket of weight_version 'b1'.*1 bucket\(s\) of "
+            r"weight_version 'a1'.*two weight pushes are interleaved",
+        ):
+            await bucket("b1")  # writer B's first bucket, before A's fence
+        assert await engine.get_weight_version() == "a1"  # SGLang's rule: the last accepted bucket's version
+        with pytest.raises(EngineError, match=r"refused a bucket of weight_version 'b1'.*interleaved"):
+            await engine.update_weights_from_disk("/nonexistent", weight_version="b1")  # nor a whole-model load
+        assert (await bucket("a1"))["success"] is True  # A goes on and fences
+        await engine.update_weight_version("a1")
+        assert (await bucket("b1"))["success"] is True  # after A's fence, B's push is a push of its own
+        await engine.update_weight_version("b1")
+        await engine.update_weight_version(before)
+        await engine.aclose()
+
+    asyncio.run(interleave())
+
+
+async def test_two_updaters_interleaving_on_a_guarding_engine_fail_the_second_with_the_refusal(http_server):
+    # A fake engine that guards as the reference engine does, and two updaters with separate locks (as two
+    # processes would have): the second push's first bucket is refused and its push fails naming the engine.
+    from slime_rollout.engines.reference.push_guard import PushGuard
+    from slime_rollout.weight_sync import WeightPushError
+
+    guard, first_bucket_landed, release = PushGuard(), asyncio.Event(), asyncio.Event()
+    reported = {"version": "0"}
+
+    async def handler(request):
+        body = await request.json() if request.can_read_body else {}
+        if request.path == "/model_info":
+            return web.json_response({"weight_version": reported["version"]})
+        if request.path == "/update_weights_from_tensor":
+            refusal = guard.refusal(body["weight_version"], request.path)
+            if refusal:
+                return web.json_response({"success": False, "message": refusal}, status=400)
+            guard.landed(body["weight_version"])
+            reported["version"] = body["weight_version"]
+            first_bucket_landed.set()
+            await release.wait()  # writer A stalls after its first bucket
+        if request.path == "/update_weight_version":
+            guard.close()
+            reported["version"] = body["new_version"]
+        return web.json_response({"success": True})
+
+    url = await http_server(handler)
+    push_a = asyncio.create_task(
+        TensorWeightUpdater(_cfg(), RolloutClient([url]), load_format=None).aupdate(_tagged_buckets("a", 2), "1")
+    )
+    await first_bucket_landed.wait()
+    import slime_rollout.weight_push as weight_push
+
+    weight_push._LOCKS.pop(url, None)  # writer B lives in another process: it does not share A's lock
+    with pytest.raises(WeightPushError, match=r"refused a bucket of weight_version '2'.*interleaved"):
+        await TensorWeightUpdater(_cfg(), RolloutClient([url]), load_format=None).aupdate(_tagged_buckets("b", 2), "2")
+    release.set()
+    await push_a  # writer A completes: its buckets only, under its version
+    assert await RolloutClient([url]).get_weight_versions() == ["1"]

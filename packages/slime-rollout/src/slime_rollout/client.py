@@ -19,6 +19,7 @@ import aiohttp
 
 from slime_core.lora import LORA_NAME
 from slime_rollout import wire
+from slime_rollout.deadlines import DeadlineExceeded, await_with_deadline
 from slime_rollout.engine_pool import EnginePool, EngineState
 from slime_rollout.transport import EngineError, EngineResponse, HttpEndpoint
 
@@ -263,11 +264,14 @@ class RolloutClient:
         router_url: sglang-router base URL; None dispatches `generate` over the engines' `EnginePool`.
         concurrency: the most `/generate` requests in flight per engine (`--sglang-server-concurrency`): the
             size of each engine's connection pool, and of the router's times the number of engines.
-        generate_timeout: read timeout of one `/generate` call in seconds (None: no limit).
+        generate_timeout: deadline of one `/generate` call in seconds (None: no limit).
         failover: re-queue the requests of a failed engine on the others (`--use-fault-tolerance`).
         recovery_timeout: with `failover`, how long a request waits when no engine serves (seconds).
         lora_name: LoRA runs: the adapter every `generate` runs with (`lora_path` of SGLang's `/generate`) unless
             the payload names one.
+        slow_warning_s: seconds between warnings while a `/generate` call runs (`--slow-call-warning-secs`).
+        probe_timeout_s: without `failover`, how long a slow call's engine may take to answer `/health_generate`
+            before it counts as frozen (`--rollout-health-check-timeout`; `slime_rollout.engine_pool`).
         **client_kw: passed to every `EngineClient` (timeout, max_retries, ...).
     """
 
@@ -281,6 +285,8 @@ class RolloutClient:
         failover: bool = False,
         recovery_timeout: float = 600.0,
         lora_name: str | None = None,
+        slow_warning_s: float = 60.0,
+        probe_timeout_s: float = 30.0,
         **client_kw: Any,
     ):
         self._client_kw = {"max_connections": concurrency, **client_kw}
@@ -298,6 +304,8 @@ class RolloutClient:
             failover=failover,
             recovery_timeout_s=recovery_timeout,
             generate_timeout_s=generate_timeout,
+            slow_warning_s=slow_warning_s,
+            probe_timeout_s=probe_timeout_s,
         )
 
     @property
@@ -329,6 +337,8 @@ class RolloutClient:
             recovery_timeout_s=old.recovery_timeout_s,
             generate_timeout_s=old.generate_timeout_s,
             on_suspect=old.on_suspect,
+            slow_warning_s=old.slow_warning_s,
+            probe_timeout_s=old.probe_timeout_s,
         )
         self.pool.stats = old.stats
         return self.urls
@@ -354,7 +364,15 @@ class RolloutClient:
         deadline = asyncio.get_running_loop().time() + self.pool.recovery_timeout_s
         while True:
             try:
-                return await self.router.generate(payload, timeout=self.generate_timeout)
+                return await await_with_deadline(
+                    self.router.generate(payload, timeout=self.generate_timeout),
+                    what=f"/generate through the router {self.router.url}",
+                    deadline_s=self.generate_timeout,
+                    flag="--sglang-router-request-timeout-secs",
+                    warn_every_s=self.pool.slow_warning_s,
+                )
+            except DeadlineExceeded as exc:
+                raise EngineError(self.router.url, "/generate", str(exc), unreachable=True) from None
             except EngineError as exc:
                 gone = exc.unreachable or exc.status_code in (502, 503, 504)
                 if not (self.pool.failover and gone) or asyncio.get_running_loop().time() > deadline:
@@ -462,7 +480,8 @@ def get_client(args: SlimeArgs) -> RolloutClient:
         args: the plugin view (`slime_core.config.PluginArgs`) or any config holding the engine addresses:
             `sglang_router_ip` / `sglang_router_port` (router mode when both are set) and `rollout_engine_urls`
             (base URLs; a comma-separated string is accepted, since plugins may write one on their view); with
-            `lora_rank`, generation runs with the run's adapter (`slime_core.lora.LORA_NAME`).
+            `lora_rank`, generation runs with the run's adapter (`slime_core.lora.LORA_NAME`); the request deadline
+            `sglang_router_request_timeout_secs`, `slow_call_warning_secs`, `rollout_health_check_timeout`.
 
     Raises:
         ValueError: neither a router nor engine URLs are configured.
@@ -485,6 +504,8 @@ def get_client(args: SlimeArgs) -> RolloutClient:
             failover=args.use_fault_tolerance,
             recovery_timeout=args.rollout_engine_recovery_timeout,
             lora_name=lora_name,
+            slow_warning_s=args.slow_call_warning_secs,
+            probe_timeout_s=args.rollout_health_check_timeout,
         )
         ensure_open_files(args.sglang_server_concurrency * max(len(urls), 1))  # one socket per request in flight
         logger.info(

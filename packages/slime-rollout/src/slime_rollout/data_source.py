@@ -3,7 +3,8 @@
 Reads `--prompt-data` (JSONL or Parquet, optional `path@[start:end]` row slice), builds one `Sample`
 per prompt (chat template applied if `--apply-chat-template`; with `--multimodal-keys` the row's images are
 checked, kept in `Sample.multimodal_inputs` and placed by the processor's template), drops prompts longer than
-`--rollout-max-prompt-len` tokens, shuffles per epoch with seed `rollout_seed + epoch`, and hands out
+`--rollout-max-prompt-len` tokens (by default the model's context less one token, `default_max_prompt_len`; each
+dropped row is named in one counted warning), shuffles per epoch with seed `rollout_seed + epoch`, and hands out
 groups of `n_samples_per_prompt` copies with fresh `group_index`/`index`. Partial groups returned by
 the rollout (`add_samples`) are served first. The cursor is saved with the checkpoint so a resumed run
 sees exactly the prompts it would have seen.
@@ -28,6 +29,7 @@ from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout import multimodal
 from slime_rollout.plugins import load_function
+from slime_rollout.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -39,9 +41,8 @@ __all__ = [
     "RolloutDataSourceWithBuffer",
     "count_prompts",
     "get_tokenizer",
-    "encode_prompt",
+    "encode_prompt",  # re-exported from `slime_rollout.prompt_length` (generate functions import it from here)
     "load_prompt_rows",
-    "prompt_too_long",
     "rows_to_samples",
 ]
 
@@ -103,19 +104,20 @@ def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
 def count_prompts(args: SlimeArgs) -> int:
     """Number of prompts one epoch of the run's data source serves (what `--num-epoch` multiplies).
 
-    The default data sources without `--rollout-max-prompt-len` serve every row: the rows are counted (a parquet
-    file's metadata, a JSONL file's non-blank lines) without building samples. Otherwise the data source is built
-    as the run will build it and asked for its `len()`.
+    The default data sources without a prompt-length limit (`default_max_prompt_len`) serve every row: the rows are
+    counted (a parquet file's metadata, a JSONL file's non-blank lines) without building samples. Otherwise the
+    data source is built as the run will build it and asked for its `len()`.
 
     Args:
-        args: the plugin view; reads `prompt_data`, `data_source_path`, `rollout_max_prompt_len` (+ what the data
-            source reads).
+        args: the plugin view; reads `prompt_data`, `data_source_path`, `rollout_max_prompt_len`,
+            `rollout_max_context_len`, `hf_checkpoint` (+ what the data source reads).
 
     Raises:
         TypeError: a custom data source without `__len__`.
     """
     defaults = {f"slime_rollout.data_source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
-    if args.data_source_path in defaults and not args.rollout_max_prompt_len and args.prompt_data:
+    limit = default_max_prompt_len(args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint)
+    if args.data_source_path in defaults and limit is None and args.prompt_data:
         return _count_rows(args.prompt_data)
     source = load_function(args.data_source_path, flag="--data-source-path")(args)
     if not hasattr(source, "__len__"):
@@ -147,40 +149,6 @@ def _maybe_json(value: Any, what: str, where: str) -> Any:
     return value
 
 
-def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: Any = None) -> list[int]:
-    """The ids the engine gets for a prompt: text as is, chat messages through the template (generation prompt on).
-
-    The `--rollout-max-prompt-len` filter and the default generate function both use this, so a prompt is
-    measured exactly as it will be sent.
-    """
-    if not isinstance(prompt, str):
-        prompt = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(prompt, add_special_tokens=False)
-
-
-@functools.cache
-def _max_token_chars(tokenizer: Any) -> int:
-    # No token covers more characters than its vocabulary string has (byte-level BPE: one char per byte).
-    return max((len(t) for t in tokenizer.get_vocab()), default=1)
-
-
-def _prompt_chars(prompt: str | list[dict[str, Any]]) -> int:
-    if isinstance(prompt, str):
-        return len(prompt)
-    return sum(len(str(m.get("content", ""))) for m in prompt if isinstance(m, dict))
-
-
-def prompt_too_long(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: Any, max_prompt_len: int) -> bool:
-    """Whether a prompt has more than `max_prompt_len` tokens, without tokenizing one that certainly has.
-
-    A text of more than `max_prompt_len × (longest vocabulary entry)` characters cannot fit, and tokenizing it
-    would cost memory for nothing (a 50 MB line costs gigabytes in a fast tokenizer): it is refused by length.
-    """
-    if _prompt_chars(prompt) > max_prompt_len * _max_token_chars(tokenizer):
-        return True
-    return len(encode_prompt(tokenizer, prompt, tools)) > max_prompt_len
-
-
 def _is_empty_prompt(prompt: Any) -> bool:
     if isinstance(prompt, str):
         return not prompt.strip()
@@ -203,6 +171,7 @@ def rows_to_samples(
     max_prompt_len: int | None = None,
     multimodal_keys: dict[str, str] | None = None,
     processor_path: str | None = None,
+    max_prompt_len_flag: str = "--rollout-max-prompt-len",
 ) -> list[Sample]:
     """Turns dataset rows into prompt samples (no group/index yet).
 
@@ -217,12 +186,15 @@ def rows_to_samples(
         apply_chat_template: render messages with the tokenizer's template, `add_generation_prompt=True`.
         apply_chat_template_kwargs: extra template kwargs (e.g. `{"enable_thinking": false}`).
         max_prompt_len: drop prompts with more tokens than this, as the engine will get them (`encode_prompt`;
-            prompts with images count their expanded image tokens); order preserved; the number dropped is logged.
+            prompts with images count their expanded image tokens); order preserved; one warning gives the number
+            dropped and their rows. A prompt whose characters alone exceed it is dropped before the chat template
+            and the tokenizer see it (`certainly_too_long`).
         multimodal_keys: `--multimodal-keys`; its `image` column holds one image per `<image>` placeholder of
             the prompt (see `slime_rollout.multimodal`). The prompt is then rendered by the processor's chat
             template and the images are kept in `Sample.multimodal_inputs["images"]`.
         processor_path: the vision-language checkpoint (`--hf-checkpoint`) whose processor renders and counts
             prompts with images; required with `multimodal_keys`.
+        max_prompt_len_flag: how the warning names the limit (the flag, or its default's origin).
 
     Raises:
         ValueError: a row lacks `input_key`, has an empty prompt, malformed metadata/tools, or a missing,
@@ -234,7 +206,7 @@ def rows_to_samples(
     if image_key and processor_path is None:
         raise ValueError("--multimodal-keys needs the vision-language checkpoint's processor (--hf-checkpoint)")
     base_dir = _data_dir(source)
-    samples, num_dropped = [], 0
+    samples, dropped = [], []
     for i, row in enumerate(rows):
         where = f"{source} row {i + 1}"
         if input_key not in row:
@@ -242,6 +214,9 @@ def rows_to_samples(
         prompt = row[input_key]
         if _is_empty_prompt(prompt):
             raise ValueError(f"{where}: empty prompt in --input-key {input_key!r}")
+        if max_prompt_len is not None and certainly_too_long(tokenizer, prompt, max_prompt_len):
+            dropped.append(i + 1)  # before the template, the images and the tokenizer: a huge line costs nothing
+            continue
         metadata = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
         metadata = dict(metadata or {})
         if not isinstance(metadata, dict):
@@ -268,20 +243,26 @@ def rows_to_samples(
             if images
             else prompt_too_long(tokenizer, prompt, tools, max_prompt_len)
         ):
-            num_dropped += 1
+            dropped.append(i + 1)
             continue
         label = row.get(label_key) if label_key else None
         mm_inputs = {"images": images} if images else None
         samples.append(Sample(prompt=prompt, label=label, metadata=metadata, multimodal_inputs=mm_inputs))
-    if num_dropped:
+    if dropped:
+        shown = ", ".join(map(str, dropped[:_ROWS_SHOWN])) + (", ..." if len(dropped) > _ROWS_SHOWN else "")
         logger.warning(
-            "%s: dropped %d of %d prompts longer than --rollout-max-prompt-len=%d tokens",
+            "%s: dropped %d of %d prompts longer than %s=%d tokens (rows %s)",
             source,
-            num_dropped,
+            len(dropped),
             len(rows),
+            max_prompt_len_flag,
             max_prompt_len,
+            shown,
         )
     return samples
+
+
+_ROWS_SHOWN = 20  # dropped rows named in the warning (the count covers them all)
 
 
 def _data_dir(source: str) -> pathlib.Path:
@@ -319,7 +300,8 @@ class RolloutDataSource:
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`; a data source is a `--data-source-path` plugin,
             built as `cls(args)`); reads `prompt_data`, `input_key`, `label_key`, `metadata_key`, `tool_key`,
-            `multimodal_keys`, `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`,
+            `multimodal_keys`, `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`
+            (default: `slime_rollout.prompt_length.default_max_prompt_len`), `rollout_max_context_len`,
             `hf_checkpoint`, `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`,
             `disable_rollout_global_dataset`, `save`, `load`, `buffer_filter_path`.
 
@@ -341,7 +323,14 @@ class RolloutDataSource:
             return
         if not args.prompt_data:
             raise ValueError("--prompt-data is required (or --disable-rollout-global-dataset)")
-        need_tokenizer = args.apply_chat_template or args.rollout_max_prompt_len
+        max_prompt_len = default_max_prompt_len(
+            args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint
+        )
+        flag = "--rollout-max-prompt-len"
+        if args.rollout_max_prompt_len is None and max_prompt_len is not None:
+            flag += " (default: the context less one token)"
+            logger.info("--rollout-max-prompt-len not set: prompts longer than %d tokens are dropped", max_prompt_len)
+        need_tokenizer = args.apply_chat_template or max_prompt_len
         tokenizer = get_tokenizer(args.hf_checkpoint) if need_tokenizer else None
         self.prompts = rows_to_samples(
             load_prompt_rows(args.prompt_data),
@@ -353,9 +342,10 @@ class RolloutDataSource:
             tokenizer=tokenizer,
             apply_chat_template=args.apply_chat_template,
             apply_chat_template_kwargs=dict(args.apply_chat_template_kwargs),
-            max_prompt_len=args.rollout_max_prompt_len,
+            max_prompt_len=max_prompt_len,
             multimodal_keys=args.multimodal_keys,
             processor_path=args.hf_checkpoint,
+            max_prompt_len_flag=flag,
         )
         if not self.prompts:
             raise ValueError(f"--prompt-data {args.prompt_data}: no prompts left after filtering")

@@ -18,6 +18,10 @@ With per-sample sampling seeds (`slime_rollout.seeds`) the new engine draws the 
 would have. When no engine serves, a request waits up to `recovery_timeout_s`, then fails with
 `NoHealthyEngineError`.
 
+Without `failover`, a request still running after `slow_warning_s` is logged and its engine probed
+(`/health_generate`): a frozen engine fails the request at once, naming the engine, instead of at the request
+deadline (`--sglang-router-request-timeout-secs`, 4 h by default), which bounds every request either way.
+
 Counters for the run's metrics: `stats` (restarts, re-queued requests, generation seconds lost).
 """
 
@@ -31,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from slime_rollout.deadlines import DeadlineExceeded, await_with_deadline
 from slime_rollout.transport import EngineError
 
 __all__ = ["EnginePool", "EngineSlot", "EngineState", "FaultStats", "NoHealthyEngineError"]
@@ -109,9 +114,13 @@ class EnginePool:
         clients: one `EngineClient` per engine.
         failover: re-queue requests of failed engines (else an engine error propagates to the caller).
         recovery_timeout_s: how long a request waits for a serving engine when none serves.
-        generate_timeout_s: read timeout of one `/generate` call in seconds.
+        generate_timeout_s: deadline of one `/generate` call in seconds (`--sglang-router-request-timeout-secs`);
+            None: none.
         on_suspect: called with a slot index when a call to it found the engine unreachable (the health
             monitor checks it at once).
+        slow_warning_s: seconds between warnings while a `/generate` call runs (`--slow-call-warning-secs`).
+        probe_timeout_s: without `failover`, at each such warning the engine must answer `/health_generate` within
+            this many seconds (`--rollout-health-check-timeout`), else it is frozen and the call fails at once.
     """
 
     def __init__(
@@ -122,12 +131,16 @@ class EnginePool:
         recovery_timeout_s: float = 600.0,
         generate_timeout_s: float | None = None,
         on_suspect: Callable[[int], None] | None = None,
+        slow_warning_s: float = 60.0,
+        probe_timeout_s: float = 30.0,
     ):
         self.slots = [EngineSlot(index=i, client=c) for i, c in enumerate(clients)]
         self.failover = failover
         self.recovery_timeout_s = recovery_timeout_s
         self.generate_timeout_s = generate_timeout_s
         self.on_suspect = on_suspect
+        self.slow_warning_s = slow_warning_s
+        self.probe_timeout_s = probe_timeout_s
         self.stats = FaultStats()
         self._rr = 0
         self._serving_changed: asyncio.Condition | None = None  # made lazily on the running loop
@@ -247,7 +260,7 @@ class EnginePool:
         slot.calls[call] = start
         slot.outstanding += 1
         try:
-            return await call
+            return await self._bounded(slot, call, payload)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -266,6 +279,38 @@ class EnginePool:
         finally:
             slot.calls.pop(call, None)
             slot.outstanding -= 1
+
+    async def _bounded(self, slot: EngineSlot, call: asyncio.Future, payload: dict[str, Any]) -> Any:
+        """Awaits `call` with warnings, a frozen-engine probe (without failover) and the request deadline.
+
+        Raises:
+            EngineError: the deadline passed, or the engine failed its probe (unreachable: failover re-queues).
+        """
+        rid = payload.get("rid")
+        what = f"/generate on engine {slot.url}" + (f" (rid {rid})" if rid else "")
+
+        async def probe(elapsed_s: float) -> None:
+            if not await slot.client.health_generate(timeout=self.probe_timeout_s):
+                raise EngineError(
+                    slot.url,
+                    "/generate",
+                    f"no reply after {elapsed_s:.0f} s, and /health_generate gave no 200 within "
+                    f"{self.probe_timeout_s:g} s (--rollout-health-check-timeout): the engine is frozen "
+                    "(--use-fault-tolerance restarts such engines)",
+                    unreachable=True,
+                )
+
+        try:
+            return await await_with_deadline(
+                call,
+                what=what,
+                deadline_s=self.generate_timeout_s,
+                flag="--sglang-router-request-timeout-secs",
+                warn_every_s=self.slow_warning_s,
+                on_slow=None if self.failover else probe,  # with failover the health monitor judges engines
+            )
+        except DeadlineExceeded as exc:
+            raise EngineError(slot.url, "/generate", str(exc), unreachable=True) from None
 
     def _count_requeue(self, start: float) -> None:
         self.stats.requeued_requests += 1

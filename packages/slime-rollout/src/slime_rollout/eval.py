@@ -33,6 +33,7 @@ from slime_rollout.data_source import get_tokenizer, load_prompt_rows, rows_to_s
 from slime_rollout.generate import build_sampling_params
 from slime_rollout.group_rollout import RolloutState, generate_and_rm, seeded_params
 from slime_rollout.metrics import flatten_groups, pass_at_k, reward_value
+from slime_rollout.prompt_length import default_max_prompt_len
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -102,7 +103,9 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         cfg: run config; reads `eval_prompt_data`, `eval_config`, and the flag fallbacks: `rm_type`,
             `n_samples_per_eval_prompt`, `eval_input_key` / `eval_label_key` / `eval_tool_key` (else the
             rollout's keys), `metadata_key`, `multimodal_keys`, `apply_chat_template(_kwargs)`,
-            `eval_max_prompt_len` and the eval sampling flags (`build_sampling_params`).
+            `eval_max_prompt_len` (default: `eval_max_context_len`, else the model's context, less one token:
+            `slime_rollout.prompt_length.default_max_prompt_len`) and the eval sampling flags
+            (`build_sampling_params`).
 
     Returns:
         One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params`.
@@ -132,7 +135,7 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         "multimodal_keys": cfg.multimodal_keys,
         "apply_chat_template": cfg.apply_chat_template,
         "apply_chat_template_kwargs": dict(cfg.apply_chat_template_kwargs),
-        "max_prompt_len": cfg.eval_max_prompt_len,
+        "max_prompt_len": default_max_prompt_len(cfg.eval_max_prompt_len, cfg.eval_max_context_len, cfg.hf_checkpoint),
         "custom_rm_path": None,
         "custom_generate_function_path": None,
     }
@@ -168,6 +171,7 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
         max_prompt_len=max_prompt_len,
         multimodal_keys=dict(multimodal_keys) or None,
         processor_path=hf_checkpoint,
+        max_prompt_len_flag="--eval-max-prompt-len",
     )
     return tuple(samples)
 

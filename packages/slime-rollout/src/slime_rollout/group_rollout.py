@@ -17,11 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
+from slime_rollout.deadlines import call_plugin_with_deadline
 from slime_rollout.generate import build_sampling_params
 from slime_rollout.generate import generate as default_generate
 from slime_rollout.metrics import flatten_groups
 from slime_rollout.opd import score_teacher
-from slime_rollout.plugins import accepts_kwarg, call_maybe_async, load_function
+from slime_rollout.plugins import accepts_kwarg, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
 from slime_rollout.seeds import sample_seed
 
@@ -82,10 +83,22 @@ def _generate_fn(args: SlimeArgs, sample: Sample) -> Callable[..., Any]:
     return load_function(path, flag="--custom-generate-function-path") if path else default_generate
 
 
+def _plugin_bounds(args: SlimeArgs) -> dict[str, Any]:
+    """The deadline of one plugin call (`--plugin-timeout-secs`) and its warning interval."""
+    return {
+        "deadline_s": args.plugin_timeout_secs,
+        "flag": "--plugin-timeout-secs",
+        "warn_every_s": args.slow_call_warning_secs,
+    }
+
+
 async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sample:
     for path in args.rollout_sample_hook_path or []:
         hook = load_function(path, flag="--rollout-sample-hook-path")
-        out = await call_maybe_async(hook, args, sample, evaluation=state.evaluation, rollout_id=state.rollout_id)
+        out = await call_plugin_with_deadline(
+            hook, args, sample, evaluation=state.evaluation, rollout_id=state.rollout_id,
+            what=f"--rollout-sample-hook-path {path} on sample {sample.index}", **_plugin_bounds(args),
+        )  # fmt: skip
         if out is not None:
             sample = out
     return sample
@@ -97,7 +110,9 @@ async def generate_and_rm(
     """Generates one sample (unless already finished), runs the sample hooks and scores it.
 
     Args:
-        args: the plugin view; reads `custom_generate_function_path`, `rollout_sample_hook_path`, `group_rm`
+        args: the plugin view; reads `custom_generate_function_path`, `rollout_sample_hook_path`, `group_rm`,
+            `plugin_timeout_secs` and `slow_call_warning_secs` (a custom generate function and each hook are
+            bounded and logged: `slime_rollout.deadlines`)
             (+ what generate and the reward read).
         sample: the sample; finished (COMPLETED/TRUNCATED) samples from the partial-rollout buffer
             are not generated again.
@@ -117,7 +132,12 @@ async def generate_and_rm(
                 return sample
             fn = _generate_fn(args, sample)
             kwargs = {"evaluation": state.evaluation} if accepts_kwarg(fn, "evaluation") else {}
-            result = await fn(args, sample, params, **kwargs)
+            if fn is default_generate:  # ours: its engine requests are bounded and logged themselves
+                result = await fn(args, sample, params, **kwargs)
+            else:
+                what = f"generate function {getattr(fn, '__qualname__', fn)} on sample {sample.index}"
+                result = await call_plugin_with_deadline(fn, args, sample, params, what=what, **_plugin_bounds(args),
+                                                         **kwargs)  # fmt: skip
     if isinstance(result, list):
         result = [await _run_hooks(args, s, state) for s in result]
     else:

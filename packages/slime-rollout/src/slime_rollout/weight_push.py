@@ -1,18 +1,29 @@
 """One weight push to a set of engines: per-engine serialization, the version fence, and per-engine failure.
 
-A push (pause → flush → buckets → version → continue, `slime_rollout.weight_sync`) spans many HTTP calls. Three
+A push (pause → flush → buckets → version → continue, `slime_rollout.weight_sync`) spans many HTTP calls. These
 rules keep an engine from serving mixed weights under a version that claims otherwise:
 
-* **Serialized per engine.** A push holds a lock per engine URL (process-wide) from pause to continue, so two
-  pushes that overlap in time (a restore of a restarted engine and a regular sync, or two threads) run one after
-  the other on each engine. The locks are taken in URL order, so pushes to overlapping sets cannot deadlock.
-* **Version fence.** Buckets are sent without `weight_version`; once every bucket has landed, one
-  `POST /update_weight_version` sets it. Until then the engine reports (and stamps its replies with) the
-  previous version.
+* **Serialized per engine, within a process.** A push holds a lock per engine URL (process-wide) from pause to
+  continue, so two pushes that overlap in time (a restore of a restarted engine and a regular sync, or two threads)
+  run one after the other on each engine. The locks are taken in URL order, so pushes to overlapping sets cannot
+  deadlock. A lock cannot see another process.
+* **Every bucket carries the push's version** (`weight_version`, a field of SGLang's three update requests), and
+  one `POST /update_weight_version` ends the push (the fence). Generation is paused throughout, so no sample is
+  generated from a partly pushed model.
 * **A failed engine is dropped, not the push.** An engine whose call fails is taken out of the rest of the push
-  (it keeps its old version and stays paused); the others receive everything and switch version. The push then
-  raises `WeightPushError` naming the failed engines, which the caller marks unhealthy (restart + restore under
-  `--use-fault-tolerance`, else the run stops).
+  and stays paused; the others receive everything. If it took some buckets, its reported version is then set to
+  `"<version>-incomplete"` (best effort) rather than left at the version of the buckets it got. The push raises
+  `WeightPushError` naming
+  the failed engines, which the caller marks unhealthy (restart + restore under `--use-fault-tolerance`, else
+  the run stops).
+
+What the engines guard. Real SGLang (0.5.16) guards nothing across requests: it applies each bucket as it comes
+and, after each successful request that carries `weight_version`, reports that version. Two writers (two
+processes pushing to one engine) would interleave their buckets and leave the engine with a mix, tagged with
+whichever version came last. Our side prevents that by having one writer: only the trainer's rank 0 pushes, and
+within its process the locks above serialize pushes. The CPU reference engine also checks on its side
+(`slime_rollout.engines.reference.push_guard`): a bucket whose version differs from the buckets landed since the
+last fence is refused, so a second writer fails at its first bucket with one error instead of mixing.
 """
 
 from __future__ import annotations
@@ -86,6 +97,7 @@ class PushSession:
         self.engines = list(engines)
         self.tolerant = tolerant
         self.failed: dict[str, str] = {}
+        self.buckets_landed: dict[str, int] = {}  # engine URL -> weight-update calls that succeeded there
 
     @property
     def live(self) -> list[Any]:
@@ -110,4 +122,23 @@ class PushSession:
                 self.failed[engine.url] = f"{method}: {result}"
             else:
                 out.append(result)
+                if method.startswith("update_weights_from"):
+                    self.buckets_landed[engine.url] = self.buckets_landed.get(engine.url, 0) + 1
         return out
+
+    async def mark_incomplete(self, weight_version: str, *, timeout_s: float = 10.0) -> None:
+        """Sets the reported version of every failed engine that took some buckets to `"<weight_version>-incomplete"`.
+
+        Buckets carry the push's version and SGLang reports it after each one, so such an engine would otherwise
+        claim the new version with part of its weights. An engine that took none keeps its version. Best effort: a
+        dead engine does not answer (logged, not raised).
+        """
+        failed = [e for e in self.engines if e.url in self.failed and self.buckets_landed.get(e.url)]
+        body = {"new_version": f"{weight_version}-incomplete", "abort_all_requests": False}
+        results = await asyncio.gather(
+            *(e.request("POST", "/update_weight_version", body, timeout=timeout_s, max_retries=0) for e in failed),
+            return_exceptions=True,
+        )
+        for engine, result in zip(failed, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning("weight push: could not mark %s's weights incomplete: %s", engine.url, result)

@@ -14,10 +14,11 @@ Three transports, as in slime (`--update-weight-transport`, `--colocate`):
   dtypes and shapes while rank 0 broadcasts the tensors (NCCL on GPUs; gloo works on CPU for tests).
 
 What goes over the wire (request fields, payload format, process group, NCCL setting) is `slime_rollout.wire`,
-which the engine side reads too. Each update does pause_generation -> flush_cache -> send (buckets carry no
+which the engine side reads too. Each update does pause_generation -> flush_cache -> send (each bucket with the
 version) -> update_weight_version -> check `weight_version` -> continue_generation, holding a per-engine lock
-throughout (`slime_rollout.weight_push`: pushes to one engine never overlap, the version changes only after the
-whole push, and an engine that fails mid-push is dropped and reported in `WeightPushError`).
+throughout (`slime_rollout.weight_push`: pushes to one engine never overlap, every bucket carries the push's
+`weight_version`, the fence ends the push, and an engine that fails mid-push is dropped, relabelled incomplete and
+reported in `WeightPushError`).
 Call `update` on the trainer rank that holds the full HF tensors (rank 0); other ranks still have to drain
 their `named_hf_weights` iterator when it is collective.
 """
@@ -116,6 +117,7 @@ class _EngineUpdater:
                     raise RuntimeError(f"weight update to {weight_version!r} not applied: {', '.join(wrong)}")
             finally:
                 await session.each("continue_generation")
+            await session.mark_incomplete(weight_version)
         self._after_update(weight_version)
         if session.failed:
             raise WeightPushError(session.failed, weight_version)
@@ -216,7 +218,7 @@ class DiskWeightUpdater(_EngineUpdater):
             assets_from=self.assets_from,
         )
         self._last_dir = path
-        await self.session.each("update_weights_from_disk", model_path=str(path))
+        await self.session.each("update_weights_from_disk", model_path=str(path), weight_version=weight_version)
 
     def _after_update(self, weight_version: str) -> None:
         if not self.keep_files and self._last_dir is not None:
@@ -288,6 +290,7 @@ class TensorWeightUpdater(_EngineUpdater):
                     serialized_named_tensors=[serialized] * self.tp_size,
                     load_format=self.load_format,
                     flush_cache=False,
+                    weight_version=weight_version,  # on every bucket: engines that guard refuse a mixed push
                 )
                 del payload  # the engine has copied it; let the shared memory / IPC handle go
             if torch.cuda.is_available():
@@ -395,6 +398,7 @@ class DistributedWeightUpdater(_EngineUpdater):
                 shapes=shapes,
                 group_name=self.group_name,
                 flush_cache=False,
+                weight_version=weight_version,
             )
             await asyncio.gather(announce, asyncio.to_thread(self._broadcast, bucket))
 

@@ -95,7 +95,13 @@ class EngineArgs(ArgsGroup):
     sglang_server_concurrency: int = arg(512, "Maximum concurrent requests per engine.", ge=1)
     sglang_router_ip: str | None = arg(None, "IP of an existing router; a router is started when unset.")
     sglang_router_port: int | None = arg(None, "Port of an existing router (or of the router to start).")
-    sglang_router_request_timeout_secs: int = arg(14400, "Router request timeout in seconds.", ge=1)
+    sglang_router_request_timeout_secs: int = arg(
+        14400,
+        "Deadline in seconds of one engine (or router) request; past it the rollout fails naming the engine. A "
+        "request still running after --slow-call-warning-secs is logged, and without --use-fault-tolerance its "
+        "engine is probed (/health_generate, --rollout-health-check-timeout): a frozen engine fails the run at once.",
+        ge=1,
+    )
     sglang_config: str | None = arg(None, "YAML file describing models and server groups (advanced engines).")
     prefill_num_servers: int | None = arg(None, "Number of prefill servers for simple PD disaggregation.", ge=1)
     use_fault_tolerance: bool = arg(

@@ -140,6 +140,23 @@ class RewardArgs(ArgsGroup):
     eval_reward_key: str | None = arg(None, "Key of the eval reward when the reward is a dict.")
     group_rm: bool = arg(False, "Score a whole group at once (batched reward function).")
     rm_url: str | None = arg(None, "URL of a remote reward model (remote_rm).")
+    rm_timeout_secs: float = arg(
+        600.0,
+        "Deadline in seconds of one call of a custom or remote reward function (of one group with --group-rm); "
+        "past it the rollout fails naming the function and the sample.",
+        gt=0,
+    )
+    plugin_timeout_secs: float = arg(
+        14400.0,
+        "Deadline in seconds of one call of other user code the rollout awaits (a custom generate function for one "
+        "sample, a sample hook); past it the rollout fails naming the plugin and the sample.",
+        gt=0,
+    )
+    slow_call_warning_secs: float = arg(
+        60.0,
+        "Seconds between warnings while a reward function, a plugin or an engine request is still running.",
+        gt=0,
+    )
     custom_rm_path: str | None = arg(None, "Import path of a custom reward fn(args, sample) -> float | dict.")
     custom_reward_post_process_path: str | None = arg(
         None, "Import path of fn(args, samples) -> (raw_rewards, rewards) replacing group normalization."

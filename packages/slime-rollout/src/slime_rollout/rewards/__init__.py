@@ -20,7 +20,8 @@ counts by its final box), units, words, choice letters and repeating decimals ar
 compared exactly. Every grading ends within its budget on any thread (`rewards.deadline`). `async_rm` grades
 `math` / `deepscaler` (and their `boxed_` forms) with the symbolic check in a pool of `--rm-num-workers`
 processes (`slime_rollout.rewards.pool`); `rule_based_reward` always grades inline. A custom or remote reward
-that raises or returns NaN / a non-reward is one error naming it and the sample (`rewards.checks`).
+that raises or returns NaN / a non-reward is one error naming it and the sample (`rewards.checks`); so is one
+that runs past `--rm-timeout-secs` (warned about every `--slow-call-warning-secs` while it runs).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample
-from slime_rollout.plugins import call_maybe_async, load_function
+from slime_rollout.deadlines import DeadlineExceeded, call_plugin_with_deadline
+from slime_rollout.plugins import load_function
 from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
@@ -90,12 +92,18 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
     raise KeyError(f"unknown --rm-type {rm_type!r}; known: {', '.join(RM_TYPES)} (each also as boxed_<type>)")
 
 
+def _bounds(args: SlimeArgs) -> dict[str, float]:
+    """`call_reward_plugin`'s deadline and warning interval from the run's flags."""
+    return {"deadline_s": args.rm_timeout_secs, "warn_every_s": args.slow_call_warning_secs}
+
+
 async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
     """Scores one finished sample (original signature `async_rm(args, sample)`).
 
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`), passed to a custom reward function; reads
-            `custom_rm_path`, `rm_type`, `rm_url`, `rm_num_workers` (math and deepscaler grade their symbolic
+            `custom_rm_path`, `rm_type`, `rm_url`, `rm_timeout_secs` and `slow_call_warning_secs` (custom and
+            remote rewards), `rm_num_workers` (math and deepscaler grade their symbolic
             check in that many worker processes; 0 grades inline), `use_opd` (without a reward type the reward
             is 0: pure on-policy distillation).
         sample: the sample (its `custom_rm_path` and `metadata["rm_type"]` override the flags).
@@ -107,14 +115,16 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
     Raises:
         ValueError: no reward type configured.
         KeyError: unknown reward type.
-        RewardFunctionError: a custom or remote reward function raised, or returned NaN/infinity, None or a
-            non-reward type (the message names the function and the sample).
+        RewardFunctionError: a custom or remote reward function raised, returned NaN/infinity, None or a
+            non-reward type, or ran past `--rm-timeout-secs` (the message names the function and the sample).
     """
     custom_path = sample.custom_rm_path or args.custom_rm_path
     if custom_path:
         flag = "sample.custom_rm_path" if sample.custom_rm_path else "--custom-rm-path"
         fn = load_function(custom_path, flag=flag)
-        return await call_reward_plugin(fn, args, sample, source=f"{flag} {custom_path}", sample=sample, **kwargs)
+        return await call_reward_plugin(
+            fn, args, sample, source=f"{flag} {custom_path}", sample=sample, **_bounds(args), **kwargs
+        )
     rm_type = (sample.metadata or {}).get("rm_type") or args.rm_type
     if not rm_type:
         if args.use_opd:
@@ -123,8 +133,10 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
     if rm_type in ("remote_rm", "boxed_remote_rm"):
         response = sample.response if rm_type == "remote_rm" else (extract_boxed(sample.response) or "")
         payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
-        reward = await remote_reward(args.rm_url, payload)
-        return checked_reward(reward, source=f"--rm-type {rm_type} ({args.rm_url})", sample=sample)
+        source = f"--rm-type {rm_type} ({args.rm_url})"
+        reward = await call_reward_plugin(remote_reward, args.rm_url, payload, source=source, sample=sample,
+                                          **_bounds(args))  # fmt: skip
+        return checked_reward(reward, source=source, sample=sample)
     base_type, response = _unbox(rm_type, sample.response)
     graders = {"math": math_reward_async, "deepscaler": deepscaler_reward_async}
     if base_type in graders:  # symbolic check in the pool (inline with --rm-num-workers 0)
@@ -141,7 +153,8 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
     (`fn(args, samples) -> list`); otherwise every sample goes through `async_rm` concurrently.
 
     Args:
-        args: the plugin view (`slime_core.config.PluginArgs`); reads `custom_rm_path`, `group_rm`.
+        args: the plugin view (`slime_core.config.PluginArgs`); reads `custom_rm_path`, `group_rm`,
+            `rm_timeout_secs`, `slow_call_warning_secs`.
         samples: the samples to score.
         **kwargs: passed to the reward function.
 
@@ -155,12 +168,16 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
     custom_path = args.custom_rm_path
     if custom_path and args.group_rm:
         source = f"--custom-rm-path {custom_path} (--group-rm)"
+        indices = [s.index for s in samples]
+        what = f"reward function {source} on samples {indices}"
         try:
-            rewards = await call_maybe_async(
-                load_function(custom_path, flag="--custom-rm-path"), args, samples, **kwargs
-            )
+            rewards = await call_plugin_with_deadline(
+                load_function(custom_path, flag="--custom-rm-path"), args, samples, what=what,
+                flag="--rm-timeout-secs", **_bounds(args), **kwargs,
+            )  # fmt: skip
+        except DeadlineExceeded as e:
+            raise RewardFunctionError(str(e)) from e
         except Exception as e:
-            indices = [s.index for s in samples]
             raise RewardFunctionError(f"{source} raised {type(e).__name__} on samples {indices}: {e}") from e
         if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
             raise ValueError(f"{source} must return a list of {len(samples)} rewards, got {rewards!r:.200}")

@@ -144,6 +144,12 @@ def _pool_symbolic(num_workers: int) -> Symbolic:
                 symbolic_equal_with_timeout, gold_n, pred_n, WORKER_TIMEOUT_S, num_workers=num_workers
             )
             return verdict, None if verdict is not None else f"too costly or over its {WORKER_TIMEOUT_S} s budget"
+        except pool.PoolStartupError as e:
+            # Not the answer's fault: grade it inline (bounded), and every later one, rather than count it wrong.
+            if not _pool_unusable.is_set():
+                _pool_unusable.set()
+                logger.error("%s; grading math answers inline from now on", e)
+            return await _inline(gold_n, pred_n)
         except BrokenProcessPool as e:
             if pool.has_returned():  # it graded before: this input killed its worker; count it wrong
                 return None, f"{type(e).__name__}: {e}"

@@ -14,8 +14,13 @@ call; a call past it *retires* the pool: the pool is dropped from the process-wi
 starts a fresh one) and its workers are killed, which also frees their memory. Other calls that were in
 flight on the retired pool see `BrokenProcessPool` and are retried once on the fresh pool.
 
+Start-up: a fresh pool first starts all its workers (spawn, import sympy and math-verify, one warm-up
+comparison: seconds, far more on a loaded machine) under its own budget, `STARTUP_DEADLINE_S`; each worker reports
+in once warm. No call is submitted before every worker has, so a call's deadline measures grading only. A pool
+that does not start in time is retired with its own error (`PoolStartupError`), never a verdict.
+
 Queueing: at most `num_workers` calls per event loop are submitted at a time (an asyncio semaphore), so
-the deadline measures grading (plus, for a fresh pool, worker start-up), not waiting behind other calls.
+the deadline measures grading, not waiting behind other calls.
 Several event loops sharing the pool may still queue behind each other.
 
 As with every spawn-based pool, the main module of the program must be import-safe
@@ -28,7 +33,10 @@ import asyncio
 import concurrent.futures
 import logging
 import multiprocessing
+import os
+import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -36,13 +44,22 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_DEADLINE_S", "has_returned", "pool_generation", "run_in_pool", "shutdown_pool"]
+__all__ = [
+    "DEFAULT_DEADLINE_S",
+    "STARTUP_DEADLINE_S",
+    "PoolStartupError",
+    "has_returned",
+    "pool_generation",
+    "run_in_pool",
+    "shutdown_pool",
+]
 
 # Parent-side deadline of one call: a safety net for hangs that SIGALRM cannot interrupt. A math grading
-# has a 10 s budget in the worker (`slime_rollout.rewards.math.WORKER_TIMEOUT_S`); the first call on a fresh
-# worker also pays its start-up (spawn + imports of sympy and math-verify, several seconds on a loaded
-# 2-core machine).
+# has a 10 s budget in the worker (`slime_rollout.rewards.math.WORKER_TIMEOUT_S`); worker start-up is not in it.
 DEFAULT_DEADLINE_S = 60.0
+# Budget of a fresh pool's start-up (every worker spawned and warm), read when the pool is created. Generous:
+# on a loaded 2-core machine one worker's imports took over 20 s, and the workers start concurrently.
+STARTUP_DEADLINE_S = 300.0
 
 _BROKEN_TWICE = (
     "the reward grading pool broke twice under one call (a worker died; if every call fails, check that the "
@@ -55,9 +72,14 @@ _pool_workers = 0
 _generation = 0  # bumped whenever a pool is created; names the pool a call ran on
 _exit_hook_registered = False
 _returned = threading.Event()  # set once any call has returned from a worker in this process
+_startup: concurrent.futures.Future | None = None  # the current pool's start-up: done once every worker is warm
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+class PoolStartupError(RuntimeError):
+    """A fresh grading pool's workers did not all start within `STARTUP_DEADLINE_S` (or died while starting)."""
 
 
 def _warm_up_worker() -> None:
@@ -65,6 +87,44 @@ def _warm_up_worker() -> None:
     from slime_rollout.rewards.math_utils import prepare_worker
 
     prepare_worker()
+
+
+def _start_worker(ready: Any, warm_up: Callable[[], None]) -> None:
+    """A worker's initializer: warm up, then report in on `ready` (the parent waits for every worker)."""
+    warm_up()
+    ready.put(os.getpid())
+
+
+def _watch_startup(
+    pool: concurrent.futures.ProcessPoolExecutor, ready: Any, num_workers: int, budget_s: float, done: Any
+) -> None:
+    """Starts every worker of `pool` and resolves `done` once all reported in (a thread; bounded by `budget_s`)."""
+    deadline = time.monotonic() + budget_s
+    # One submission per worker: with no idle worker yet, each submit spawns one (workers start on demand).
+    probes = [pool.submit(os.getpid) for _ in range(num_workers)]
+    started: set[int] = set()
+    error: str | None = None
+    while len(started) < num_workers and error is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            error = (
+                f"only {len(started)} of {num_workers} workers started within its {budget_s:g} s start-up budget "
+                "(spawn + imports of sympy and math-verify; the machine may be overloaded)"
+            )
+            break
+        try:
+            started.add(ready.get(timeout=min(left, 0.2)))
+        except queue.Empty:
+            if any(p.done() and (p.cancelled() or p.exception() is not None) for p in probes):
+                error = "a worker died while starting, or the pool was shut down"
+        except (OSError, ValueError, EOFError):  # the queue was closed: the pool was shut down meanwhile
+            error = "the pool was shut down while starting"
+    ready.close()
+    if not done.done():
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(PoolStartupError(f"reward grading pool: {error}"))
 
 
 def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:
@@ -82,38 +142,48 @@ def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _acquire(num_workers: int) -> tuple[concurrent.futures.ProcessPoolExecutor, int]:
-    """The process-wide pool with `num_workers` workers (created or resized here) and its generation."""
-    global _pool, _pool_workers, _generation, _exit_hook_registered
+def _acquire(num_workers: int) -> tuple[concurrent.futures.ProcessPoolExecutor, int, concurrent.futures.Future]:
+    """The process-wide pool with `num_workers` workers (created or resized here), its generation and start-up."""
+    global _pool, _pool_workers, _generation, _exit_hook_registered, _startup
     old = None
     with _lock:
         if _pool is None or _pool_workers != num_workers:
             old = _pool
+            context = multiprocessing.get_context("spawn")
+            ready = context.Queue()
             _pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=num_workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_warm_up_worker,
+                mp_context=context,
+                initializer=_start_worker,
+                initargs=(ready, _warm_up_worker),
             )
             _pool_workers = num_workers
             _generation += 1
-            logger.info("started the reward grading pool (%d worker processes, spawned on demand)", num_workers)
+            _startup = concurrent.futures.Future()
+            threading.Thread(
+                target=_watch_startup,
+                args=(_pool, ready, num_workers, STARTUP_DEADLINE_S, _startup),
+                name=f"grading-pool-{_generation}-startup",
+                daemon=True,
+            ).start()
+            logger.info("starting the reward grading pool (%d worker processes)", num_workers)
             if not _exit_hook_registered:
                 _register_exit_hook()
                 _exit_hook_registered = True
-        pool, generation = _pool, _generation
+        pool, generation, startup = _pool, _generation, _startup
     if old is not None:
         _kill(old)
-    return pool, generation
+    return pool, generation, startup
 
 
-def _retire(generation: int) -> None:
+def _retire(generation: int, why: str = "a worker is stuck or crashed") -> None:
     """Drops the pool of `generation` (if still current) and kills its workers; the next call starts a new one."""
     global _pool
     with _lock:
         if _pool is None or _generation != generation:
             return  # already replaced by another call
         old, _pool = _pool, None
-    logger.warning("retiring the reward grading pool (a worker is stuck or crashed); the next call starts a new one")
+    logger.warning("retiring the reward grading pool (%s); the next call starts a new one", why)
     _kill(old)
 
 
@@ -170,7 +240,8 @@ async def run_in_pool[T](fn: Callable[..., T], *args: Any, num_workers: int, dea
         *args: picklable arguments.
         num_workers: pool size (`--rm-num-workers`); the pool is resized if it differs.
         deadline_s: seconds the call may run in a worker before it is abandoned and the pool retired
-            (default `DEFAULT_DEADLINE_S`, read at call time).
+            (default `DEFAULT_DEADLINE_S`, read at call time); counted from submission to a started pool, so
+            a fresh pool's start-up (`STARTUP_DEADLINE_S`) is not part of it.
 
     Returns:
         `fn(*args)`.
@@ -178,6 +249,7 @@ async def run_in_pool[T](fn: Callable[..., T], *args: Any, num_workers: int, dea
     Raises:
         ValueError: `num_workers` < 1.
         TimeoutError: the call ran past `deadline_s` (the pool was retired; later calls get a new one).
+        PoolStartupError: a fresh pool did not start within `STARTUP_DEADLINE_S` (retired; nothing was graded).
         concurrent.futures.process.BrokenProcessPool: the pool broke twice under this call (its worker
             crashed, e.g. killed for memory).
         Exception: whatever `fn` raised in the worker.
@@ -188,7 +260,12 @@ async def run_in_pool[T](fn: Callable[..., T], *args: Any, num_workers: int, dea
         deadline_s = DEFAULT_DEADLINE_S
     async with _semaphore(num_workers):
         for attempt in range(2):
-            pool, generation = _acquire(num_workers)
+            pool, generation, startup = _acquire(num_workers)
+            try:
+                await asyncio.wrap_future(startup)  # bounded by the start-up budget (`_watch_startup`)
+            except PoolStartupError as e:
+                _retire(generation, why=str(e))
+                raise
             try:
                 future = pool.submit(fn, *args)
             except (BrokenProcessPool, RuntimeError):  # broken or retired between _acquire and submit

@@ -35,10 +35,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-version", default="default", help="initial weight_version")
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="time to collect requests into one batch")
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--enable-memory-saver", action="store_true",
-                   help="as SGLang: /release_memory_occupation gives the weights up (see --enable-weights-cpu-backup)")
-    p.add_argument("--enable-weights-cpu-backup", action="store_true",
-                   help="as SGLang: the weights survive a release (without it a resume brings them back zeroed)")
+    p.add_argument(
+        "--enable-memory-saver",
+        action="store_true",
+        help="as SGLang: /release_memory_occupation gives the weights up (see --enable-weights-cpu-backup)",
+    )
+    p.add_argument(
+        "--enable-weights-cpu-backup",
+        action="store_true",
+        help="as SGLang: the weights survive a release (without it a resume brings them back zeroed)",
+    )
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 

@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
+from slime_rollout.engines.reference.push_guard import PushGuard
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.scheduler import Scheduler
 from slime_rollout.engines.reference.vision import decode_engine_image
@@ -258,17 +259,33 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
                 await asyncio.to_thread(model.zero_weights)
         return Response(status_code=200)
 
-    async def run_update(fn, weight_version: str | None, abort_all: bool, *, from_disk: bool = False) -> JSONResponse:
+    push_guard = PushGuard()  # refuses a bucket of another push's version (two writers), see push_guard.py
+    update_lock = asyncio.Lock()  # one update at a time, so a bucket's check and its landing are one step
+
+    async def run_update(
+        fn, weight_version: str | None, abort_all: bool, *, endpoint: str, from_disk: bool = False, drain=None
+    ) -> JSONResponse:
         # SGLang answers `num_paused_requests` from /update_weights_from_disk only.
         extra = {"num_paused_requests": 0} if from_disk else {}
-        if abort_all:
-            scheduler.abort(abort_all=True)
-        try:
-            await asyncio.to_thread(fn)
-        except (KeyError, ValueError, FileNotFoundError, TypeError) as exc:
-            return JSONResponse({"success": False, "message": str(exc), **extra}, status_code=400)
-        if weight_version is not None:
-            state["weight_version"] = str(weight_version)
+        async with update_lock:
+            refusal = push_guard.refusal(weight_version, endpoint)
+            if refusal is not None:
+                if drain is not None:
+                    await asyncio.to_thread(drain)  # a collective's sender waits for this rank: receive, discard
+                logger.error("%s", refusal)
+                return JSONResponse({"success": False, "message": refusal, **extra}, status_code=400)
+            if abort_all:
+                scheduler.abort(abort_all=True)
+            try:
+                await asyncio.to_thread(fn)
+            except (KeyError, ValueError, FileNotFoundError, TypeError) as exc:
+                return JSONResponse({"success": False, "message": str(exc), **extra}, status_code=400)
+            if from_disk:
+                push_guard.close()  # every weight replaced: no partial push is left
+            else:
+                push_guard.landed(weight_version)
+            if weight_version is not None:
+                state["weight_version"] = str(weight_version)  # SGLang: after each successful request
         return JSONResponse({"success": True, "message": "Succeeded to update model weights.", **extra})
 
     @app.post("/update_weights_from_disk")
@@ -278,7 +295,11 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             return JSONResponse({"success": False, "message": "model_path is required"}, status_code=400)
         req = UpdateWeightsFromDiskReq.from_json(body)
         return await run_update(
-            lambda: model.load_from_disk(req.model_path), req.weight_version, _abort_all_requests(body), from_disk=True
+            lambda: model.load_from_disk(req.model_path),
+            req.weight_version,
+            _abort_all_requests(body),
+            endpoint="/update_weights_from_disk",
+            from_disk=True,
         )
 
     @app.post("/update_weights_from_tensor")
@@ -292,7 +313,9 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             # One entry per TP rank; the reference engine has a single rank.
             return model.load_named_tensors(deserialize_named_tensors(req.serialized_named_tensors[0], req.load_format))
 
-        return await run_update(load, req.weight_version, _abort_all_requests(body))
+        return await run_update(
+            load, req.weight_version, _abort_all_requests(body), endpoint="/update_weights_from_tensor"
+        )
 
     groups: dict[str, Any] = {}
 
@@ -332,15 +355,21 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         if group is None:
             return JSONResponse({"success": False, "message": "weight update group not initialized"}, status_code=400)
 
-        def receive() -> int:
+        def receive_only() -> list[tuple[str, torch.Tensor]]:
             named = []
             for name, dtype, shape in zip(req.names, req.dtypes, req.shapes, strict=True):
                 t = torch.empty(shape, dtype=dtype_from_name(dtype), device=model.device)
                 torch.distributed.broadcast(t, group=group, group_src=0)
                 named.append((name, t))
-            return model.load_named_tensors(named)
+            return named
 
-        return await run_update(receive, req.weight_version, _abort_all_requests(body))
+        return await run_update(
+            lambda: model.load_named_tensors(receive_only()),
+            req.weight_version,
+            _abort_all_requests(body),
+            endpoint="/update_weights_from_distributed",
+            drain=receive_only,
+        )
 
     lora_paths: dict[str, str] = {}  # every adapter ever loaded: SGLang reloads an unloaded one a request names
 
@@ -412,7 +441,12 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request):
         body = await request.json()
-        state["weight_version"] = str(body["new_version"])
+        async with update_lock:
+            mismatch = push_guard.fence_mismatch(str(body["new_version"]))
+            if mismatch is not None:
+                logger.warning("%s", mismatch)  # accepted, as SGLang does
+            push_guard.close()
+            state["weight_version"] = str(body["new_version"])
         return {"success": True, "message": "Weight version updated", "new_version": state["weight_version"]}
 
     @app.get("/health")

@@ -1,0 +1,141 @@
+"""Bounded, logged waits on user code and on engines (`await_with_deadline`, `call_plugin_with_deadline`).
+
+A reward function that never returns, or an engine that froze, must not stall a run silently. Every such await
+goes through `await_with_deadline`: while it runs, a warning every `warn_every_s` seconds says what is still
+running and for how long; at `deadline_s` the work is cancelled and `DeadlineExceeded` names it, the deadline and
+the flag that sets it. An optional `on_slow` check runs at each warning and may raise (the engine pool probes a
+slow request's engine there, so a frozen engine fails the run at once rather than at the deadline).
+
+A synchronous plugin is run in a thread of its own: on the event loop a call that never returns would block the
+loop and with it every timer, so no deadline could fire. A thread cannot be killed: past the deadline the rollout
+fails and the thread is abandoned. It is a daemon thread, not one of the loop's default executor, whose shutdown
+(at the end of `asyncio.run`) would wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["DeadlineExceeded", "await_with_deadline", "call_plugin_with_deadline"]
+
+logger = logging.getLogger(__name__)
+
+
+class DeadlineExceeded(TimeoutError):
+    """A bounded wait ran past its deadline; the message names what ran, for how long, and the flag."""
+
+
+async def await_with_deadline[T](
+    aw: Awaitable[T],
+    *,
+    what: str,
+    deadline_s: float | None,
+    flag: str,
+    warn_every_s: float,
+    on_slow: Callable[[float], Awaitable[None]] | None = None,
+) -> T:
+    """Awaits `aw`, warning while it runs and cancelling it at the deadline.
+
+    Args:
+        aw: the coroutine or future to wait for.
+        what: names the work in messages, e.g. `"reward fn my.rm for sample 3"`.
+        deadline_s: seconds before it is cancelled (None: no deadline, warnings only).
+        flag: the flag that sets the deadline, named in messages.
+        warn_every_s: seconds between "still running" warnings (> 0).
+        on_slow: `await on_slow(elapsed_s)` at each warning; what it raises cancels the work and propagates.
+
+    Returns:
+        What `aw` returns.
+
+    Raises:
+        DeadlineExceeded: `deadline_s` passed (the work was cancelled).
+        ValueError: `warn_every_s` <= 0.
+        Exception: what `aw` or `on_slow` raised.
+    """
+    if not warn_every_s > 0:
+        raise ValueError(f"warn_every_s must be > 0, got {warn_every_s}")
+    task = asyncio.ensure_future(aw)
+    start = time.monotonic()
+    try:
+        while True:
+            elapsed = time.monotonic() - start
+            wait_s = warn_every_s if deadline_s is None else min(warn_every_s, deadline_s - elapsed)
+            done, _ = await asyncio.wait({task}, timeout=max(wait_s, 0.0))
+            if done:
+                return task.result()
+            elapsed = time.monotonic() - start
+            if deadline_s is not None and elapsed >= deadline_s:
+                raise DeadlineExceeded(f"{what} did not finish within {deadline_s:g} s ({flag}); cancelled")
+            logger.warning("%s still running after %.0f s (deadline %s, %s)", what, elapsed, _shown(deadline_s), flag)
+            if on_slow is not None:
+                await on_slow(elapsed)
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _in_daemon_thread(fn: Callable[..., Any], *args: Any, name: str, **kwargs: Any) -> asyncio.Future:
+    """A future of `fn(*args, **kwargs)` run in a new daemon thread (resolved on the calling loop)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(outcome: Any, failed: bool) -> None:
+        if future.done():
+            return
+        if failed:
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    def target() -> None:
+        try:
+            outcome, failed = fn(*args, **kwargs), False
+        except BaseException as e:  # handed to the awaiting task, which raises it
+            outcome, failed = e, True
+        try:
+            loop.call_soon_threadsafe(settle, outcome, failed)
+        except RuntimeError:  # the loop closed meanwhile (the call was abandoned past its deadline)
+            pass
+
+    threading.Thread(target=target, name=f"plugin: {name}"[:60], daemon=True).start()
+    return future
+
+
+def _shown(deadline_s: float | None) -> str:
+    return "none" if deadline_s is None else f"{deadline_s:g} s"
+
+
+async def call_plugin_with_deadline(
+    fn: Callable[..., Any], *args: Any, what: str, deadline_s: float, flag: str, warn_every_s: float, **kwargs: Any
+) -> Any:
+    """Calls a sync or async plugin under `await_with_deadline` (a sync one in a worker thread).
+
+    Args:
+        fn: the plugin (`async def` or plain function; a plain one returning an awaitable is awaited too).
+        *args: its positional arguments.
+        what: names the plugin and the sample in messages.
+        deadline_s: seconds the call may take, awaiting included.
+        flag: the flag that sets the deadline.
+        warn_every_s: seconds between "still running" warnings.
+        **kwargs: its keyword arguments.
+
+    Raises:
+        DeadlineExceeded: the call ran past `deadline_s`.
+        Exception: what the plugin raised.
+    """
+
+    async def call() -> Any:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
+        result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    return await await_with_deadline(call(), what=what, deadline_s=deadline_s, flag=flag, warn_every_s=warn_every_s)

@@ -1,0 +1,170 @@
+"""Bounded, logged waits (issue 27 #12): a reward function that never returns and a frozen engine end the rollout
+with one line naming them, after warnings while they run; short deadlines here, the flags' defaults in production."""
+
+import asyncio
+import logging
+import time
+
+import pytest
+from aiohttp import web
+
+from slime_core.config import PluginArgs, SlimeArgs
+from slime_core.sample import Sample
+from slime_rollout.client import RolloutClient
+from slime_rollout.deadlines import DeadlineExceeded, await_with_deadline
+from slime_rollout.rewards import async_rm, batched_async_rm
+from slime_rollout.rewards.checks import RewardFunctionError
+from slime_rollout.transport import EngineError
+
+STUCK_REWARDS = """
+import asyncio
+import time
+
+
+async def never_returns(args, sample):
+    await asyncio.Event().wait()
+
+
+def never_returns_sync(args, sample):
+    time.sleep(3600)  # blocks its thread, not the event loop
+
+
+async def never_returns_group(args, samples):
+    await asyncio.Event().wait()
+
+
+async def quick(args, sample):
+    return 1.0
+"""
+
+
+@pytest.fixture
+def stuck_rewards(tmp_path, monkeypatch):
+    """A module of reward functions, importable by `--custom-rm-path` (written to a path on sys.path)."""
+    (tmp_path / "stuck_rewards.py").write_text(STUCK_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "stuck_rewards"
+
+
+def _args(**fields):
+    base = {"rollout_batch_size": 1, "num_rollout": 1, "rm_timeout_secs": 0.6, "slow_call_warning_secs": 0.2}
+    return PluginArgs.from_config(SlimeArgs.from_dict({**base, **fields}))
+
+
+@pytest.mark.parametrize("fn", ["never_returns", "never_returns_sync"])
+async def test_a_reward_function_that_never_returns_fails_naming_it_and_the_sample(stuck_rewards, fn, caplog):
+    path = f"{stuck_rewards}.{fn}"
+    caplog.set_level(logging.WARNING, logger="slime_rollout.deadlines")
+    start = time.monotonic()
+    # The loop keeps running meanwhile (a sync function runs in its own thread): this ticker must advance.
+    ticks = 0
+
+    async def tick():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    with pytest.raises(RewardFunctionError) as e:
+        await async_rm(_args(custom_rm_path=path), Sample(response="x", label="y", index=7))
+    ticker.cancel()
+    elapsed = time.monotonic() - start
+    assert str(e.value) == (
+        f"reward function --custom-rm-path {path} on sample 7 did not finish within 0.6 s (--rm-timeout-secs); "
+        "cancelled"
+    )
+    assert 0.6 <= elapsed < 10.0, elapsed  # the deadline, plus the first import of the plugin module
+    assert ticks >= 5
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) >= 2 and all(
+        w.startswith(f"reward function --custom-rm-path {path} on sample 7 still running after ") for w in warnings
+    )
+    assert warnings[0].endswith("(deadline 0.6 s, --rm-timeout-secs)")
+
+
+async def test_a_group_reward_function_that_never_returns_names_the_samples(stuck_rewards):
+    samples = [Sample(response="x", label="y", index=i) for i in (3, 4)]
+    args = _args(custom_rm_path=f"{stuck_rewards}.never_returns_group", group_rm=True)
+    with pytest.raises(RewardFunctionError, match=r"on samples \[3, 4\] did not finish within 0.6 s \(--rm-timeout"):
+        await batched_async_rm(args, samples)
+
+
+async def test_a_reward_within_its_deadline_is_unchanged(stuck_rewards):
+    assert await async_rm(_args(custom_rm_path=f"{stuck_rewards}.quick"), Sample(response="x", index=1)) == 1.0
+
+
+def test_the_flags_and_their_defaults():
+    from slime_core.config import ConfigError, parse_args
+
+    base = ["--rollout-batch-size", "4", "--num-rollout", "1"]
+    cfg = parse_args(base)
+    assert (cfg.rm_timeout_secs, cfg.plugin_timeout_secs, cfg.slow_call_warning_secs) == (600.0, 14400.0, 60.0)
+    assert cfg.sglang_router_request_timeout_secs == 14400  # the original's default
+    with pytest.raises(ConfigError, match="--rm-timeout-secs"):
+        parse_args([*base, "--rm-timeout-secs", "0"])
+
+
+def _engine(*, health_ok: bool, thaw: asyncio.Event):
+    """A frozen engine: /generate answers only once `thaw` is set; /health_generate answers 200 (`health_ok`) or
+    not before `thaw` either (set at the test's end, so the server shuts down at once)."""
+
+    async def handler(request):
+        if request.path == "/health_generate" and health_ok:
+            return web.Response()
+        await thaw.wait()
+        return web.Response(status=503)
+
+    return handler
+
+
+async def test_a_frozen_engine_fails_the_request_at_its_first_probe_naming_the_engine(http_server, caplog):
+    thaw = asyncio.Event()
+    url = await http_server(_engine(health_ok=False, thaw=thaw))
+    client = RolloutClient([url], generate_timeout=30.0, slow_warning_s=0.3, probe_timeout_s=0.3)
+    caplog.set_level(logging.WARNING, logger="slime_rollout.deadlines")
+    start = time.monotonic()
+    with pytest.raises(EngineError) as e:
+        await client.generate({"input_ids": [1, 2], "sampling_params": {}, "rid": "r1"})
+    elapsed = time.monotonic() - start
+    assert elapsed < 3.0, elapsed  # not the 30 s deadline
+    assert str(e.value) == (
+        f"engine {url}/generate failed: no reply after 0 s, and /health_generate gave no 200 within 0.3 s "
+        "(--rollout-health-check-timeout): the engine is frozen (--use-fault-tolerance restarts such engines)"
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"/generate on engine {url} (rid r1) still running after 0 s (deadline 30 s, "
+        "--sglang-router-request-timeout-secs)"
+    ]
+    thaw.set()
+    await client.aclose()
+
+
+async def test_an_engine_that_answers_health_but_not_the_request_fails_at_the_deadline(http_server, caplog):
+    thaw = asyncio.Event()
+    url = await http_server(_engine(health_ok=True, thaw=thaw))
+    client = RolloutClient([url], generate_timeout=1.0, slow_warning_s=0.3, probe_timeout_s=0.3)
+    caplog.set_level(logging.WARNING, logger="slime_rollout.deadlines")
+    with pytest.raises(EngineError, match=rf"engine {url}/generate failed: /generate on engine {url} did not finish "
+                       r"within 1 s \(--sglang-router-request-timeout-secs\); cancelled"):  # fmt: skip
+        await client.generate({"input_ids": [1, 2], "sampling_params": {}})
+    assert len(caplog.records) >= 2  # warned while it waited
+    thaw.set()
+    await client.aclose()
+
+
+async def test_await_with_deadline_cancels_the_work_and_passes_results_through():
+    cancelled = asyncio.Event()
+
+    async def forever():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(DeadlineExceeded, match=r"^work did not finish within 0.2 s \(--flag\); cancelled$"):
+        await await_with_deadline(forever(), what="work", deadline_s=0.2, flag="--flag", warn_every_s=1.0)
+    await asyncio.sleep(0)
+    assert cancelled.is_set()
+    assert await await_with_deadline(asyncio.sleep(0, result=5), what="w", deadline_s=1, flag="-f", warn_every_s=1) == 5
