@@ -144,7 +144,12 @@ class Run:
         self.start_rollout_id = 0
         # A local Ray instance lives under this process: make sure it dies with it (slime_app.reaper).
         self.reaper = None if (cfg.ray_address or os.environ.get("RAY_ADDRESS")) else start_reaper()
-        init_ray(cfg)
+        try:
+            init_ray(cfg)
+        except BaseException:
+            if self.reaper is not None:  # nothing of the run is left to reap; the caller never gets a Run to close
+                self.reaper.release()
+            raise
         self.placement = create_placement(cfg)
 
     @property
