@@ -96,9 +96,9 @@ class _Manager:
     save = _Call(None)
 
 
-def test_the_loop_reports_rollout_train_save_sync_and_eval_phases(monkeypatch):
-    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 2, "eval_prompt_data": ["d", "/e.jsonl"],
-                               "eval_interval": 2, "save": "/ckpt", "save_interval": 2})  # fmt: skip
+def _loop_phases(monkeypatch, **fields):
+    """The (name, rollout id) of every phase two steps of the loop start, with fake actors."""
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 2, **fields})
 
     class Trainer:
         def train(self, rollout_id, refs):
@@ -120,8 +120,20 @@ def test_the_loop_reports_rollout_train_save_sync_and_eval_phases(monkeypatch):
     run.rollouts = loop.Rollouts(run.manager, cfg.num_rollout, ahead=False, update_weights_interval=1)
     for rollout_id in range(cfg.num_rollout):
         run.step(rollout_id)
-    started = [(e.name, e.rollout_id) for e in run.progress.events if e.kind == "start"]
+    return [(e.name, e.rollout_id) for e in run.progress.events if e.kind == "start"]
+
+
+def test_the_loop_reports_rollout_train_save_sync_and_eval_phases(monkeypatch):
+    started = _loop_phases(monkeypatch, eval_prompt_data=["d", "/e.jsonl"], eval_interval=2, save="/ckpt",
+                           save_interval=2)  # fmt: skip
     assert started == [
         ("rollout", 0), ("train", 0), ("weight sync", None),
         ("rollout", 1), ("train", 1), ("save", 1), ("weight sync", None), ("eval", 2),
     ]  # fmt: skip
+
+
+def test_the_first_step_of_a_compiled_fsdp_run_is_named_compile(monkeypatch):
+    started = _loop_phases(monkeypatch, train_backend="fsdp", fsdp_compile_layers=True)
+    assert [p for p in started if p[0] != "weight sync"] == [
+        ("rollout", 0), ("compile+train", 0), ("rollout", 1), ("train", 1)
+    ]

@@ -240,7 +240,8 @@ class Run:
             compiles = rollout_id == self.start_rollout_id and cfg.train_backend == "fsdp" and (
                 cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._uses_cuda
             )  # the layers compile at their first forward (slime_train_fsdp.model_loading)
-            with self._phase("train", rollout_id, "first step compiles the decoder layers" if compiles else ""):
+            phase = ("compile+train", "--fsdp-compile-layers: the first step compiles") if compiles else ("train", "")
+            with self._phase(phase[0], rollout_id, phase[1]):
                 metrics.update(self.train(rollout_id, batch_refs))
             if cfg.save and (
                 _should_run(cfg.save_interval, rollout_id, cfg.num_rollout, self.per_epoch)

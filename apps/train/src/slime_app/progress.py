@@ -2,8 +2,8 @@
 
 Phases, in the order a run meets them: `ray` (the local node and the placement group), `engines` (engine
 processes up and healthy), `model load` (trainer ranks built, weights read), `weight sync` (a push into the engines),
-then per step `rollout`, `train` (the first one also compiles the decoder layers with `--fsdp-compile-layers`),
-`save`, `weight sync`, and `eval`.
+then per step `rollout`, `train` (`compile+train` for the first step when `--fsdp-compile-layers` compiles the
+decoder layers at their first forward), `save`, `weight sync`, and `eval`.
 
 In a terminal, one rich line shows the current phase with its own timer next to the rollout bar (m/n, elapsed,
 remaining), live from the first phase on. Without a terminal (a log file, CI) nothing is redrawn: each phase logs
@@ -136,13 +136,15 @@ class RunProgress:
         Args:
             name: the phase (see the module docstring).
             rollout_id: the step it belongs to (None during start-up).
-            detail: a short note shown with it (e.g. "first step compiles the decoder layers").
+            detail: a short note logged with it (e.g. "first step compiles the decoder layers"); the live line
+                shows the name only.
         """
         label = _label(name, rollout_id, detail)
         previous = self._progress.tasks[0].fields.get("phase"), self._progress.tasks[0].fields.get("phase_started")
         started = self.clock()
         self.events.append(PhaseEvent(kind="start", name=name, rollout_id=rollout_id))
-        self._progress.update(self._task, phase=label, phase_started=started)
+        # The live line stays short (an 80-column terminal clips it); the log lines carry the detail.
+        self._progress.update(self._task, phase=_label(name, rollout_id, ""), phase_started=started)
         if not self.live:
             logger.info("%s: started", label)
         try:
