@@ -135,5 +135,5 @@ def test_the_loop_reports_rollout_train_save_sync_and_eval_phases(monkeypatch):
 def test_the_first_step_of_a_compiled_fsdp_run_is_named_compile(monkeypatch):
     started = _loop_phases(monkeypatch, train_backend="fsdp", fsdp_compile_layers=True)
     assert [p for p in started if p[0] != "weight sync"] == [
-        ("rollout", 0), ("compile+train", 0), ("rollout", 1), ("train", 1)
-    ]
+        ("rollout", 0), ("compile+train", 0), ("rollout", 1), ("train", 1),
+    ]  # fmt: skip

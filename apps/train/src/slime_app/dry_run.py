@@ -130,10 +130,11 @@ def gpu_plan(cfg: SlimeArgs, *, cuda: bool | None = None) -> tuple[str, str, str
         weight_sync = "distributed" if engine == "sglang" else weight_sync  # the rule of --weight-sync auto on GPUs
     if (engine, weight_sync) == (cfg.rollout_engine, cfg.weight_sync):
         return engine, weight_sync, ""
-    return engine, weight_sync, (
+    note = (
         f" (planned for GPUs; this machine has no CUDA, so a run here uses --rollout-engine {cfg.rollout_engine} "
         f"and --weight-sync {cfg.weight_sync})"
     )
+    return engine, weight_sync, note
 
 
 def _first_prompt(cfg: SlimeArgs) -> list[str]:

@@ -237,8 +237,10 @@ class Run:
             batch_refs, metrics = self.rollouts.take(rollout_id)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
-            compiles = rollout_id == self.start_rollout_id and cfg.train_backend == "fsdp" and (
-                cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._uses_cuda
+            compiles = (
+                rollout_id == self.start_rollout_id
+                and cfg.train_backend == "fsdp"
+                and (cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._uses_cuda)
             )  # the layers compile at their first forward (slime_train_fsdp.model_loading)
             phase = ("compile+train", "--fsdp-compile-layers: the first step compiles") if compiles else ("train", "")
             with self._phase(phase[0], rollout_id, phase[1]):
