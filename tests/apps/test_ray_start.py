@@ -165,19 +165,15 @@ REAL_START = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("late", ["always", "first attempt"])
-def test_real_ray_node_late_agent(tmp_path, late):
-    # Real Ray 2.60: the raylet waits 15 s for its agents, ray.init 30 s for the node; an agent 40 s late fails an
-    # attempt. Checks the exception text `is_startup_timeout` matches Ray's, and that after `ray.shutdown` the retry
-    # starts a working node. (A late agent left behind exits once it finds its raylet gone.)
+def test_real_ray_node_whose_agent_was_late_starts_on_the_retry(tmp_path):
+    # Real Ray 2.60: the raylet waits 15 s for its agents, ray.init 30 s for the node; an agent 20 s late fails the
+    # first attempt (about 35 s). Checks that Ray's exception text is the one `is_startup_timeout` knows, and that
+    # after `ray.shutdown` the retry starts a working node. (The late agent exits once it finds its raylet gone.)
+    # Both attempts failing, with real Ray, was run by hand (one `slime: error` line after about 75 s); the fake
+    # tests above hold that path.
     (tmp_path / "sitecustomize.py").write_text(SLOW_AGENT)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SLOW_AGENT_S": "40", "RAY_ADDRESS": ""}
-    if late == "first attempt":
-        env["SLOW_AGENT_ONCE"] = str(tmp_path / "was-late")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SLOW_AGENT_S": "20", "RAY_ADDRESS": "",
+           "SLOW_AGENT_ONCE": str(tmp_path / "was-late")}  # fmt: skip
     out = subprocess.run([sys.executable, "-c", REAL_START], capture_output=True, text=True, timeout=300, env=env)
     assert out.stderr.count("retrying once") == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    if late == "always":
-        assert out.returncode == 4, out.stdout[-2000:] + out.stderr[-3000:]
-        assert "ONE LINE: Ray's local node did not start twice" in out.stdout
-    else:
-        assert out.returncode == 0 and "STARTED 42" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.returncode == 0 and "STARTED 42" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]

@@ -143,8 +143,8 @@ class Run:
         self.output_dir = cfg.output_dir
         os.makedirs(self.output_dir, exist_ok=True)
         self.progress = RunProgress()
-        self.progress.start()  # live before Ray starts, not when the first rollout does
         self.tracker = Tracker(cfg, self.output_dir, self.progress)
+        self.progress.start()  # live before Ray starts, not when the first rollout does
         self.goodput = GoodputMeter(cfg)
         self.instability = InstabilityMonitor(cfg)
         self.manager = None
