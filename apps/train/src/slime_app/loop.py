@@ -158,9 +158,10 @@ class Run:
             with self._phase("ray", detail="local node and placement group"):
                 init_ray(cfg)
                 self.placement = create_placement(cfg)
-        except BaseException:
+        except BaseException:  # the caller gets no Run to close: tear down what started here
             self.progress.stop()
-            if self.reaper is not None:  # nothing of the run is left to reap; the caller never gets a Run to close
+            ray.shutdown()  # a no-op when Ray did not start
+            if self.reaper is not None:
                 self.reaper.release()
             raise
 
