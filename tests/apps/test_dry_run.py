@@ -139,3 +139,37 @@ def test_a_machine_without_gpus_refuses_eight_trainer_ranks(model, data, monkeyp
                        r"start 8 CPU trainer ranks on one machine with \d+ cores"):  # fmt: skip
         preflight(cfg)
     preflight(cfg, hardware=False)  # --dry-run leaves the hardware to the run
+
+
+def test_dry_run_on_cpu_prints_the_gpu_plan(model, data, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    flags = _flags(model, data, "--num-rollout", "1", "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2")
+    assert main(["--dry-run", *flags]) == 0
+    report = capsys.readouterr().out
+    assert (
+        "engines: 2 × 2 GPU(s) = 4 rollout GPU(s) (sglang), on their own GPUs; weights via distributed (planned for "
+        "GPUs; this machine has no CUDA, so a run here uses --rollout-engine reference and --weight-sync disk)"
+    ) in report
+    assert "  --rollout-engine                           sglang" in report
+    assert "--update-weight-disk-dir" not in report  # set only by the CPU fallback's disk sync
+    # What the user gave is what the GPU run uses too.
+    assert main(["--dry-run", *flags, "--rollout-engine", "reference", "--weight-sync", "disk"]) == 0
+    assert "(reference), on their own GPUs; weights via disk\n" in capsys.readouterr().out
+
+
+def test_gpu_plan_keeps_colocated_tensor_sync_and_cuda_machines_unchanged(model, data):
+    from slime_app.dry_run import gpu_plan
+
+    colocated = parse_args(_flags(model, data, "--num-rollout", "1", "--colocate"))
+    assert gpu_plan(colocated, cuda=False)[:2] == ("sglang", "tensor")
+    cfg = parse_args(_flags(model, data, "--num-rollout", "1", "--rollout-engine", "reference"))
+    assert gpu_plan(cfg, cuda=True) == (cfg.rollout_engine, cfg.weight_sync, "")
+
+
+def test_dry_run_refuses_an_engine_larger_than_the_rollout_gpus(model, data, capsys):
+    flags = _flags(model, data, "--num-rollout", "1", "--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "2")
+    assert main(["--dry-run", *flags]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--rollout-num-gpus 1 is not a multiple of --rollout-num-gpus-per-engine 2" in line

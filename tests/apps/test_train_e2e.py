@@ -9,6 +9,7 @@
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,12 @@ def test_gsm8k_two_rollouts(tiny_qwen3, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert "rollout    1" in proc.stdout
+    # No terminal here: every phase is a plain log line when it ends, start-up phases first.
+    done = re.findall(r"slime_app\.progress: (.+?): done in [\d.]+ s", log)
+    assert done[:3] == ["ray (local node and placement group)", "engines (--rollout-engine reference)",
+                        "model load (--train-backend fsdp)"], done  # fmt: skip
+    assert {"rollout 0", "train 0", "rollout 1", "train 1"} <= set(done), done
+    assert "\x1b[" not in proc.stdout  # no live bar, no escape codes in a log
 
     gsm8k = [json.loads(line) for line in GSM8K.read_text().splitlines()]
     labels = {row["answer"] for row in gsm8k}

@@ -85,6 +85,20 @@ def test_moe_flags_against_the_moe_config():
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("dense", ["Qwen3-4B", "Qwen3-32B", "GLM-Z1-9B-0414"])
+def test_moe_flags_on_a_dense_model_are_mismatches(dense):
+    # Were "not checked" (config.json has no expert keys to compare with); a known dense family has no experts.
+    tokens = ["--num-layers", "2", "--num-experts", "128", "--moe-router-topk", "8", "--moe-layer-freq", "[1]*48"]
+    report = check_architecture(tokens[2:], _config(dense))
+    model_type = _config(dense)["model_type"]
+    assert report.mismatches == [
+        f"--num-experts 128: config.json says a dense model (model_type {model_type!r}, no experts)",
+        f"--moe-router-topk 8: config.json says a dense model (model_type {model_type!r}, no experts)",
+        f"--moe-layer-freq [1]*48: config.json says a dense model (model_type {model_type!r}, no experts)",
+    ]
+    assert report.unchecked == []
+
+
 def test_unknown_families_are_reported_unchecked_not_trusted():
     cfg = {"model_type": "some_new_arch", "num_hidden_layers": 4, "hidden_size": 64}
     report = check_architecture(["--num-layers", "4", "--qk-layernorm", "--post-mlp-layernorm", "--swiglu"], cfg)

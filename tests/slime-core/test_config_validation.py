@@ -65,6 +65,16 @@ BROKEN_RULES = [
     ({"num_rollout": None}, "--num-rollout or --num-epoch is required"),
     ({"num_rollout": None, "num_epoch": 2, "disable_rollout_global_dataset": True}, "--num-epoch counts passes"),
     ({"rollout_num_gpus_per_engine": 16}, "--rollout-num-gpus-per-engine 16 exceeds --num-gpus-per-node 8"),
+    (
+        {"rollout_num_gpus": 1, "rollout_num_gpus_per_engine": 2},
+        "--rollout-num-gpus 1 is not a multiple of --rollout-num-gpus-per-engine 2: one engine needs 2 GPUs and only "
+        "1 are given",
+    ),
+    (
+        {"colocate": True, "actor_num_gpus_per_node": 6, "rollout_num_gpus_per_engine": 4},
+        "--rollout-num-gpus 6 (with --colocate: the actor's GPUs) is not a multiple of --rollout-num-gpus-per-engine "
+        "4: 1 engine(s) of 4 GPUs would leave 2 GPU(s) idle",
+    ),
     ({"offload": True, "rollout_num_gpus": 4}, "--offload-train (or --offload) without --colocate"),
     ({"eval_prompt_data": ["aime", "a.jsonl", "gsm8k"]}, "--eval-prompt-data takes pairs"),
     ({"save_hf": "/out/{step}"}, "--save-hf '/out/{step}': only {rollout_id} can be filled in (KeyError: 'step')"),

@@ -1,4 +1,6 @@
-"""The checkpoint directories a run reads (`--load`, `--ref-load`): what each holds, checked before anything starts.
+"""The checkpoints a run reads (`--load`, `--ref-load`, `--critic-load`): what each holds, checked before starting.
+
+Their architecture is compared with `--hf-checkpoint`'s (`slime_app.checkpoint_shapes`).
 
 Kinds, from the files alone (nothing is loaded):
 
@@ -108,18 +110,93 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
 
 
 def check_checkpoints(cfg: SlimeArgs) -> list[str]:
-    """Checks `--load` and `--ref-load` against the backend; returns one note per directory for the log.
+    """Checks `--load`, `--ref-load` and `--critic-load` against the backend and `--hf-checkpoint`'s architecture.
+
+    Returns:
+        One note per directory for the log.
 
     Raises:
         FileNotFoundError: `--ref-load` holds no checkpoint.
-        ValueError: a checkpoint of a kind the backend cannot read (the message says what to use instead).
+        ValueError: a checkpoint of a kind the backend cannot read (the message says what to use instead), or one
+            whose architecture differs from `--hf-checkpoint`'s (every differing field of every checkpoint, each
+            naming both flags).
     """
     notes: list[str] = []
     if cfg.load:
         _check_load(cfg, notes)
     if cfg.ref_load:
         _check_ref_load(cfg, notes)
+    mismatches, compared = _architecture_check(cfg)
+    notes += compared
+    if mismatches:
+        raise ValueError(
+            f"checkpoints of another architecture than --hf-checkpoint (the model is built from its config.json): "
+            f"{'; '.join(mismatches)}"
+        )
     return notes
+
+
+def _fields_of(flag: str, path: str, kind: str) -> dict[str, int | None] | None:
+    """The architecture fields of the checkpoint at `path` (`slime_app.checkpoint_shapes`); None for other kinds.
+
+    Raises:
+        ValueError: its `.metadata` cannot be read (message names the flag).
+    """
+    from slime_app.checkpoint_shapes import config_fields, dcp_shapes, tensor_fields
+
+    root = pathlib.Path(path)
+    if kind == "hf":
+        return config_fields(root)
+    if kind == "torch_dist":
+        from slime_convert.torch_dist import resolve_iteration_dir
+
+        state = resolve_iteration_dir(root)
+    elif kind == "fsdp":
+        state = (_iteration_dir(root) or root) / "model_and_optim"
+        if not (state / ".metadata").is_file():
+            return None
+    else:
+        return None
+    try:
+        return tensor_fields(dcp_shapes(state))
+    except Exception as e:  # noqa: BLE001 - torch's reader raises pickle/EOF errors on a truncated file
+        raise ValueError(f"{flag} {path}: cannot read {state / '.metadata'} ({type(e).__name__}: {e})") from None
+
+
+def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
+    """Compares `--ref-load`, `--load` and `--critic-load` with `--hf-checkpoint` (`slime_app.checkpoint_shapes`).
+
+    Returns:
+        (one line per differing field, naming both flags; one note per checkpoint saying what was compared).
+    """
+    from slime_app.checkpoint_shapes import architecture_mismatches, config_fields
+
+    if not cfg.hf_checkpoint or not (pathlib.Path(cfg.hf_checkpoint) / "config.json").is_file():
+        return [], []
+    expected = config_fields(cfg.hf_checkpoint)
+    loaded = [("--ref-load", cfg.ref_load), ("--load", cfg.load)]
+    if cfg.use_critic and cfg.critic_load:
+        loaded.append(("--critic-load", cfg.critic_load))
+    mismatches: list[str] = []
+    notes: list[str] = []
+    for flag, path in loaded:
+        if not path or os.path.realpath(path) == os.path.realpath(cfg.hf_checkpoint):
+            continue
+        kind = checkpoint_kind(path)
+        # An HF critic under FSDP is built from its own config.json (slime_train_fsdp.critic_backend).
+        if flag == "--critic-load" and kind == "hf" and cfg.train_backend == "fsdp":
+            notes.append(f"--critic-load {path}: HF, the FSDP value model is built from its own config.json")
+            continue
+        found = _fields_of(flag, path, kind)
+        if found is None:
+            continue
+        mismatches += architecture_mismatches(expected, found, flag=flag, path=path, hf_checkpoint=cfg.hf_checkpoint)
+        shared = [f for f, v in found.items() if v is not None and expected.get(f) is not None]
+        notes.append(
+            f"{flag} {path}: {', '.join(shared)} compared with --hf-checkpoint" if shared
+            else f"{flag} {path}: no architecture field to compare (no config.json or known tensor names)"
+        )  # fmt: skip
+    return mismatches, notes
 
 
 def _converted_dir(cfg: SlimeArgs) -> pathlib.Path:

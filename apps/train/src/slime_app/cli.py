@@ -21,7 +21,11 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
 def main(argv: list[str]) -> int:
-    """Parses the flags, runs the loop, tears down; returns the exit code."""
+    """Parses the flags, runs the loop, tears down; returns the exit code.
+
+    Exit codes: 0 done, 2 bad flags/config/data, 3 stopped by a run-health check, 4 the local Ray node did not
+    start, 130 interrupted.
+    """
     from slime_core.config import ConfigError, parse_args
 
     logging.basicConfig(
@@ -59,6 +63,7 @@ def main(argv: list[str]) -> int:
 
     from slime_app.guards import RunStopped
     from slime_app.loop import Run
+    from slime_app.ray_start import RayStartupError
 
     started = time.perf_counter()
     run = None
@@ -72,6 +77,9 @@ def main(argv: list[str]) -> int:
     except RunStopped as e:
         print(f"slime: stopped: {e}", file=sys.stderr)
         return 3
+    except RayStartupError as e:
+        print(f"slime: error: {e}", file=sys.stderr)
+        return 4
     finally:
         if run is not None:
             run.close()

@@ -22,7 +22,8 @@ import socket
 from typing import Any
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers use this venv, not a uv-made one
-# A loaded 2-core machine (CI) starts Ray's processes slowly; the defaults give up after ~15-60 s.
+# A loaded 2-core machine (CI) starts Ray's processes slowly: more time for workers to register and for the raylet to
+# reach its runtime-env agent. The node's own start-up limits are fixed in Ray 2.60 (slime_app.ray_start).
 os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")
 os.environ.setdefault("RAY_agent_register_timeout_ms", "300000")
 os.environ.setdefault("RAY_worker_register_timeout_seconds", "300")
@@ -33,6 +34,7 @@ import ray  # noqa: E402
 from ray.util.placement_group import PlacementGroup, placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
+from slime_app.ray_start import start_local_ray  # noqa: E402
 from slime_core.config import SlimeArgs  # noqa: E402
 from slime_rollout.engines.launch import nccl_cumem_enable  # noqa: E402
 
@@ -51,6 +53,9 @@ def has_gpu() -> bool:
 
 def init_ray(cfg: SlimeArgs) -> None:
     """Starts a local Ray instance, or connects to `--ray-address` / `RAY_ADDRESS` when given.
+
+    A local node that times out during start-up is tried once more when the machine's load has fallen
+    (`slime_app.ray_start`); a second time-out raises `RayStartupError` with one line.
 
     Workers import `slime_app` (the actor classes live here) and the slime packages from the environment
     they run in: this venv for a local instance (where the workspace installs them), the cluster's own
@@ -76,18 +81,10 @@ def init_ray(cfg: SlimeArgs) -> None:
         if not has_gpu():
             # CPU machine: bundles are logical slots; never let Ray's CPU accounting block the run.
             kwargs["num_cpus"] = max(os.cpu_count() or 1, 8)
-    attempts = 1 if address else 3
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(**kwargs)
-            return
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception on start-up timeouts
-            # On a loaded machine the raylet gives its agents only ~15 s to report their ports; the
-            # first attempt warms the page cache so a retry usually wins.
-            if attempt == attempts or "timed out during startup" not in str(e):
-                raise
-            logger.warning("Ray start-up timed out (attempt %d/%d); retrying", attempt, attempts)
-            ray.shutdown()
+    if address:
+        ray.init(**kwargs)
+    else:
+        start_local_ray(ray.init, ray.shutdown, kwargs, retry_wait_s=cfg.ray_startup_retry_wait)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -2,8 +2,10 @@
 
 Checked: the flags and their cross-field rules (already by `parse_args`), the batch arithmetic, the data files
 and their rows, the tokenizer and its chat template on the first prompt (for SFT, the loss mask of the first
-conversation), the plugins' import paths, the Megatron architecture flags against config.json, and `--load` /
-`--ref-load`. Not touched: Ray, engines, GPUs (what the run would need is printed instead).
+conversation), the plugins' import paths, the Megatron architecture flags against config.json (MoE flags on a
+dense model included), `--load` / `--ref-load` / `--critic-load` against `--hf-checkpoint`'s architecture, and the
+rollout GPUs against `--rollout-num-gpus-per-engine`. Not touched: Ray, engines, GPUs; what the run would need is
+printed instead, as a GPU run would use it (SGLang, its weight sync) also on a machine without CUDA.
 
 `uv run apps/train --dry-run <flags>` exits 0 with the report on stdout, or 2 with one error line.
 """
@@ -20,7 +22,7 @@ from slime_core.config.base import field_to_flag
 from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 
-__all__ = ["dry_run", "render_config"]
+__all__ = ["dry_run", "gpu_plan", "render_config"]
 
 _PASS_THROUGH = ("sglang_args", "router_args", "megatron_args", "custom_config")
 _MEGATRON_KINDS = {
@@ -89,13 +91,50 @@ def _arithmetic(cfg: SlimeArgs) -> list[str]:
             f"--train-backend {cfg.train_backend}"
         )
     if not cfg.debug_train_only:
-        engines = max(1, (cfg.rollout_num_gpus or 1) // cfg.rollout_num_gpus_per_engine)
+        per_engine = cfg.rollout_num_gpus_per_engine
+        engines = max(1, (cfg.rollout_num_gpus or per_engine) // per_engine)
         placement = "colocated with the trainer" if cfg.colocate else "on their own GPUs"
+        engine, weight_sync, cpu_note = gpu_plan(cfg)
         lines.append(
-            f"engines: {engines} × {cfg.rollout_num_gpus_per_engine} GPU(s) ({cfg.rollout_engine}), {placement}; "
-            f"weights via {cfg.weight_sync}"
+            f"engines: {engines} × {per_engine} GPU(s) = {engines * per_engine} rollout GPU(s) ({engine}), "
+            f"{placement}; weights via {weight_sync}{cpu_note}"
         )
     return lines
+
+
+def gpu_plan(cfg: SlimeArgs, *, cuda: bool | None = None) -> tuple[str, str, str]:
+    """The engine and weight sync a GPU run of `cfg` uses, also when this machine has no CUDA.
+
+    Validation resolves `--rollout-engine` and `--weight-sync auto` for the machine it runs on (reference engine,
+    disk sync on CPU); a dry run on a laptop should show what the GPU run will do. Flags the user gave are kept.
+
+    Args:
+        cfg: the validated config.
+        cuda: whether this machine has CUDA (default: asks torch).
+
+    Returns:
+        (engine, weight sync, a note naming this machine's fallback; empty on a CUDA machine or when no default
+        changes).
+    """
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    engine, weight_sync = cfg.rollout_engine, cfg.weight_sync
+    if cuda:
+        return engine, weight_sync, ""
+    given = cfg.model_fields_set
+    if "rollout_engine" not in given:
+        engine = "sglang"
+    if "weight_sync" not in given and weight_sync == "disk" and cfg.update_weight_transport != "disk":
+        weight_sync = "distributed" if engine == "sglang" else weight_sync  # the rule of --weight-sync auto on GPUs
+    if (engine, weight_sync) == (cfg.rollout_engine, cfg.weight_sync):
+        return engine, weight_sync, ""
+    note = (
+        f" (planned for GPUs; this machine has no CUDA, so a run here uses --rollout-engine {cfg.rollout_engine} "
+        f"and --weight-sync {cfg.weight_sync})"
+    )
+    return engine, weight_sync, note
 
 
 def _first_prompt(cfg: SlimeArgs) -> list[str]:
@@ -135,7 +174,11 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
     notes = preflight(cfg, hardware=False)
     cfg, resolved = resolve_config(cfg, convert=False)
     report = ["slime --dry-run: the configuration is valid; nothing was started", ""]
-    report += render_config(cfg)
+    engine, weight_sync, _ = gpu_plan(cfg)  # the GPU run's values, not this machine's CPU fallback
+    shown = {"rollout_engine": engine, "weight_sync": weight_sync}
+    if weight_sync != cfg.weight_sync and "update_weight_disk_dir" not in cfg.model_fields_set:
+        shown["update_weight_disk_dir"] = None  # only the CPU fallback's disk sync sets it
+    report += render_config(cfg.model_copy(update=shown))
     report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg)]
     checks = resolved + notes + _first_prompt(cfg)
     report += ["", "checked:"] + [f"  {line}" for line in checks]

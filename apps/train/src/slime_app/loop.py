@@ -11,6 +11,7 @@ calls `step` for every rollout id. Everything is torn down in `close`, also on e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -24,6 +25,7 @@ from slime_app.cluster import create_placement, init_ray
 from slime_app.goodput import GoodputMeter
 from slime_app.guards import RunStopped, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
+from slime_app.progress import RunProgress
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
@@ -137,13 +139,21 @@ class Run:
 
     Args:
         cfg: the validated run config.
+
+    Attributes:
+        progress: the phase display (`slime_app.progress`): live from the first phase in a terminal, log lines
+            elsewhere; None in tests that build a `Run` by hand.
     """
+
+    progress: RunProgress | None = None
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
         self.output_dir = cfg.output_dir
         os.makedirs(self.output_dir, exist_ok=True)
-        self.tracker = Tracker(cfg, self.output_dir)
+        self.progress = RunProgress()
+        self.tracker = Tracker(cfg, self.output_dir, self.progress)
+        self.progress.start()  # live before Ray starts, not when the first rollout does
         self.goodput = GoodputMeter(cfg)
         self.instability = InstabilityMonitor(cfg)
         self.manager = None
@@ -154,8 +164,27 @@ class Run:
         self.last_hf_export: str | None = None
         # A local Ray instance lives under this process: make sure it dies with it (slime_app.reaper).
         self.reaper = None if (cfg.ray_address or os.environ.get("RAY_ADDRESS")) else start_reaper()
-        init_ray(cfg)
-        self.placement = create_placement(cfg)
+        try:
+            with self._phase("ray", detail="local node and placement group"):
+                init_ray(cfg)
+                self.placement = create_placement(cfg)
+        except BaseException:  # the caller gets no Run to close: tear down what started here
+            self.progress.stop()
+            ray.shutdown()  # a no-op when Ray did not start
+            if self.reaper is not None:
+                self.reaper.release()
+            raise
+
+    @property
+    def _uses_cuda(self) -> bool:
+        placement = getattr(self, "placement", None)
+        return bool(placement is not None and placement.use_gpu)
+
+    def _phase(self, name: str, rollout_id: int | None = None, detail: str = "") -> contextlib.AbstractContextManager:
+        """`RunProgress.phase`, or nothing when the run has no display."""
+        if self.progress is None:
+            return contextlib.nullcontext()
+        return self.progress.phase(name, rollout_id, detail)
 
     @property
     def swap_trainer(self) -> bool:
@@ -179,13 +208,15 @@ class Run:
         """
         cfg = self.cfg
         self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
-        engine_urls = ray.get(self.manager.start.remote())
-        if self.swap_engines:
-            ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
+        with self._phase("engines", detail=f"--rollout-engine {cfg.rollout_engine}"):
+            engine_urls = ray.get(self.manager.start.remote())
+            if self.swap_engines:
+                ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
         start = 0
         if not cfg.debug_rollout_only:
-            self.trainer = make_trainers(cfg, self.placement)  # + the PPO critic's ranks (actor_critic.py)
-            start = self.trainer.init(cfg)
+            with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
+                self.trainer = make_trainers(cfg, self.placement)  # + the PPO critic's ranks (actor_critic.py)
+                start = self.trainer.init(cfg)
             if start > 0:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
                 ray.get(self.manager.load.remote(start - 1))
@@ -223,19 +254,29 @@ class Run:
         """One rollout, top to bottom: samples → train → save → weight sync → log → eval."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        batch_refs, metrics = self.rollouts.take(rollout_id)
+        with self._phase("rollout", rollout_id):
+            batch_refs, metrics = self.rollouts.take(rollout_id)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
-            metrics.update(self.train(rollout_id, batch_refs))
+            compiles = (
+                rollout_id == self.start_rollout_id
+                and cfg.train_backend == "fsdp"
+                and (cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._uses_cuda)
+            )  # the layers compile at their first forward (slime_train_fsdp.model_loading)
+            phase = ("compile+train", "--fsdp-compile-layers: the first step compiles") if compiles else ("train", "")
+            with self._phase(phase[0], rollout_id, phase[1]):
+                metrics.update(self.train(rollout_id, batch_refs))
             # As the original's save_model: the HF export goes with every save (each --save-interval, each
             # epoch's end, the last rollout), and the last rollout also exports without --save.
             if _should_run(cfg.save_interval, rollout_id, cfg.num_rollout, self.per_epoch) or (
                 rollout_id == cfg.num_rollout - 1
             ):
                 if cfg.save:
-                    metrics["perf/save_time"] = self.save(rollout_id)
+                    with self._phase("save", rollout_id):
+                        metrics["perf/save_time"] = self.save(rollout_id)
                 if cfg.save_hf:
-                    metrics["perf/save_hf_time"] = self.save_hf(rollout_id)
+                    with self._phase("save", rollout_id, "--save-hf"):
+                        metrics["perf/save_hf_time"] = self.save_hf(rollout_id)
             if self.rollouts.weights_due(rollout_id):
                 self.rollouts.settle()  # async: the engines never change weights mid-generation
                 metrics.update(self.sync_weights(rollout_id + 1))
@@ -306,6 +347,10 @@ class Run:
         Colocated, the two sides then swap GPU memory: engine weights memory back → push → trainer
         sleeps → engine KV cache back.
         """
+        with self._phase("weight sync", detail=f"weight version {weight_version}"):
+            return self._sync_weights(weight_version)
+
+    def _sync_weights(self, weight_version: int) -> dict[str, float]:
         swap: dict[str, float] = {}
         if self.swap_engines:
             _timed(swap, "perf/engine_resume_weights_time", lambda: ray.get(self.manager.onload.remote(["weights"])))
@@ -324,10 +369,11 @@ class Run:
 
     def evaluate(self, rollout_id: int) -> None:
         """Runs the eval datasets and logs `eval/*`."""
-        ref = self.manager.eval.remote(rollout_id)
-        if self.restorer.enabled:
-            self.restorer.wait(ref)  # restarted engines get their weights while the eval waits for them
-        metrics = ray.get(ref)
+        with self._phase("eval", rollout_id):
+            ref = self.manager.eval.remote(rollout_id)
+            if self.restorer.enabled:
+                self.restorer.wait(ref)  # restarted engines get their weights while the eval waits for them
+            metrics = ray.get(ref)
         self.goodput.add_eval(metrics.get("perf/eval_time"))
         findings = self.instability.observe_eval(rollout_id, metrics)
         metrics.update(InstabilityMonitor.metrics_of(findings))

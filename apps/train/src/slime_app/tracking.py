@@ -1,7 +1,7 @@
 """Metrics sink for the driver.
 
-TensorBoard (default) and W&B (`--use-wandb`), a rich progress bar with one compact line per rollout,
-and the reward/accuracy curve PNG at the end.
+TensorBoard (default) and W&B (`--use-wandb`), one compact line per rollout under the run's progress display
+(`slime_app.progress`), and the reward/accuracy curve PNG at the end.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
+from slime_app.progress import RunProgress
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -98,16 +96,18 @@ class Tracker:
             and the fields of `wandb_init_kwargs` / `wandb_login_kwargs`, `wandb_always_use_train_step` with
             `num_steps_per_rollout`).
         output_dir: where the TensorBoard logs and the curve PNG go when not configured.
+        progress: the run's progress display (default: a new one on stdout).
 
     Attributes:
         tensorboard_dir: where TensorBoard events go; None without `--use-tensorboard`.
     """
 
-    def __init__(self, cfg: SlimeArgs, output_dir: str):
+    def __init__(self, cfg: SlimeArgs, output_dir: str, progress: RunProgress | None = None):
         self.cfg = cfg
         self.output_dir = output_dir
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        self.console = Console(stderr=False, soft_wrap=True)
+        self.progress = progress or RunProgress()
+        self.console = self.progress.console
         self.tensorboard_dir: str | None = None
         self._tb = None
         self._wandb = None
@@ -131,21 +131,11 @@ class Tracker:
             # Every metric against one x-axis (see `x_step`), not W&B's own call counter.
             self._wandb.define_metric("rollout/step")
             self._wandb.define_metric("*", step_metric="rollout/step")
-        self.progress = Progress(
-            TextColumn("[bold]rollout"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=False,
-        )
-        self._task = None
 
     def start(self, start_rollout_id: int, num_rollout: int) -> None:
-        """Shows the progress bar."""
+        """Sets the rollout bar (`start_rollout_id` of `num_rollout` done) and shows the display."""
+        self.progress.set_rollouts(start_rollout_id, num_rollout)
         self.progress.start()
-        self._task = self.progress.add_task("rollout", total=num_rollout, completed=start_rollout_id)
 
     def x_step(self, rollout_id: int) -> int:
         """The x-axis value of rollout `rollout_id` in TensorBoard and W&B.
@@ -175,8 +165,7 @@ class Tracker:
         """Prints the compact line for one rollout and advances the bar."""
         parts = [f"{label}={metrics[key]:.4g}" for key, label in _COMPACT if key in metrics]
         self.console.print(f"[dim]rollout {step:>4}[/dim] " + " ".join(parts))
-        if self._task is not None:
-            self.progress.update(self._task, advance=1)
+        self.progress.advance()
 
     def eval_line(self, step: int, metrics: dict[str, float]) -> None:
         """Prints eval results."""
@@ -220,9 +209,8 @@ class Tracker:
         return path
 
     def close(self) -> None:
-        """Stops the bar and flushes the writers."""
-        if self._task is not None:
-            self.progress.stop()
+        """Stops the display and flushes the writers."""
+        self.progress.stop()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -85,6 +85,16 @@ def _num_experts(cfg: dict[str, Any]) -> Any:
     return _get(cfg, "num_experts", "num_local_experts", "n_routed_experts")
 
 
+def _is_dense(cfg: dict[str, Any]) -> bool:
+    """A model of a family this module knows whose config.json names no experts (so MoE flags cannot apply)."""
+    model_type = str(cfg.get("model_type"))
+    return model_type in _RMSNORM and "moe" not in model_type and _num_experts(cfg) is _UNKNOWN
+
+
+def _is_moe_flag(flag: str) -> bool:
+    return flag == "--num-experts" or flag.startswith("--moe-")
+
+
 def _known_family(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
     """`fn(cfg)` for the families this module knows; unknown model types cannot confirm the trait."""
     return lambda cfg: fn(cfg) if cfg.get("model_type") in _RMSNORM else _UNKNOWN
@@ -300,6 +310,12 @@ def check_architecture(
     for flag, given in values.items():
         rule = MEGATRON_FLAG_RULES.get(flag)
         if rule is None or (rule.megatron if backend == "megatron" else rule.fsdp) != "check":
+            continue
+        if _is_moe_flag(flag) and _is_dense(cfg):
+            shown = "" if given is True else f" {' '.join(given) if isinstance(given, list) else given}"
+            report.mismatches.append(
+                f"{flag}{shown}: config.json says a dense model (model_type {cfg.get('model_type')!r}, no experts)"
+            )
             continue
         expected = _EXPECT[flag](cfg)
         if flag == "--moe-layer-freq" and expected not in (_UNKNOWN, _IGNORED):

@@ -68,6 +68,12 @@ class ClusterArgs(ArgsGroup):
         aliases=("--async",),
     )
     ray_address: str | None = arg(None, "Address of an existing Ray cluster; a local one is started when unset.")
+    ray_startup_retry_wait: float = arg(
+        120.0,
+        "When the local Ray node times out during start-up (a busy machine: Ray 2.60 gives its agents a fixed 15 s), "
+        "the one retry waits at most this many seconds for the 1-minute load average to fall to the core count.",
+        ge=0,
+    )
 
     @field_validator("train_env_vars", mode="before")
     @classmethod

@@ -130,6 +130,22 @@ def _placement(args: SlimeArgs) -> None:
             f"--rollout-num-gpus {args.rollout_num_gpus} is smaller than the {actor_gpus} actor GPUs; "
             "with --colocate it must be 0 or at least --actor-num-nodes * --actor-num-gpus-per-node"
         )
+    _engine_gpus(args)
+
+
+def _engine_gpus(args: SlimeArgs) -> None:
+    """The rollout GPUs split into whole engines (the CPU reference engine ignores the split; a GPU run cannot)."""
+    rollout, per_engine = args.rollout_num_gpus, args.rollout_num_gpus_per_engine
+    if not rollout or args.rollout_engine_urls or args.debug_train_only or rollout % per_engine == 0:
+        return
+    source = " (with --colocate: the actor's GPUs)" if args.colocate else ""
+    if rollout < per_engine:
+        what = f"one engine needs {per_engine} GPUs and only {rollout} are given"
+    else:
+        what = f"{rollout // per_engine} engine(s) of {per_engine} GPUs would leave {rollout % per_engine} GPU(s) idle"
+    raise ConfigError(
+        f"--rollout-num-gpus {rollout}{source} is not a multiple of --rollout-num-gpus-per-engine {per_engine}: {what}"
+    )
 
 
 def _batch_sizes(args: SlimeArgs) -> None:

@@ -1,0 +1,167 @@
+"""What the run is doing now: its start-up phases, then the phase of every step, shown from launch.
+
+Phases, in the order a run meets them: `ray` (the local node and the placement group), `engines` (engine
+processes up and healthy), `model load` (trainer ranks built, weights read), `weight sync` (a push into the engines),
+then per step `rollout`, `train` (`compile+train` for the first step when `--fsdp-compile-layers` compiles the
+decoder layers at their first forward), `save`, `weight sync`, and `eval`.
+
+In a terminal, one rich line shows the current phase with its own timer next to the rollout bar (m/n, elapsed,
+remaining), live from the first phase on. Without a terminal (a log file, CI) nothing is redrawn: each phase logs
+one plain line when it starts and one with its seconds when it ends. Either way every start and end is kept as a
+`PhaseEvent` (tests read them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+__all__ = ["PhaseEvent", "RunProgress"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class PhaseEvent:
+    """One phase starting or ending.
+
+    Attributes:
+        kind: "start" or "end".
+        name: the phase (`ray`, `engines`, `model load`, `rollout`, `train`, `eval`, ...).
+        rollout_id: the step it belongs to (None for start-up phases).
+        seconds: wall seconds the phase took ("end" only; 0.0 for "start").
+
+    Example:
+        >>> PhaseEvent(kind="end", name="eval", rollout_id=0, seconds=112.0)
+        PhaseEvent(kind='end', name='eval', rollout_id=0, seconds=112.0)
+    """
+
+    kind: str
+    name: str
+    rollout_id: int | None
+    seconds: float = 0.0
+
+
+def _label(name: str, rollout_id: int | None, detail: str) -> str:
+    text = name if rollout_id is None else f"{name} {rollout_id}"
+    return f"{text} ({detail})" if detail else text
+
+
+class _PhaseColumn(ProgressColumn):
+    """The current phase and how long it has run, e.g. `eval 0 1:52`."""
+
+    def __init__(self, clock: Callable[[], float]):
+        super().__init__()
+        self.clock = clock
+
+    def render(self, task: Task) -> Text:
+        started = task.fields.get("phase_started")
+        if started is None:
+            return Text(task.fields.get("phase", ""))
+        seconds = int(self.clock() - started)
+        return Text.assemble((task.fields.get("phase", ""), "bold"), f" {seconds // 60}:{seconds % 60:02d}")
+
+
+class RunProgress:
+    """The live phase line and rollout bar in a terminal; plain log lines elsewhere.
+
+    Args:
+        console: where to draw (default: stdout); `console.is_terminal` decides live or plain.
+        live: force live drawing on or off (default: whether `console` is a terminal).
+        clock: monotonic seconds (tests pass a fake).
+
+    Attributes:
+        events: every phase start and end so far.
+        live: whether the bar is drawn (a terminal) or phases are logged.
+    """
+
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        live: bool | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.console = console or Console(soft_wrap=True)
+        self.live = self.console.is_terminal if live is None else live
+        self.clock = clock
+        self.events: list[PhaseEvent] = []
+        self._progress = Progress(
+            _PhaseColumn(clock),
+            TextColumn("[bold]rollout"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self._task = self._progress.add_task("run", total=None, phase="starting", phase_started=None)
+        self._started = False
+
+    def start(self) -> None:
+        """Starts drawing (terminal only); safe to call twice."""
+        if self.live and not self._started:
+            self._progress.start()
+            self._started = True
+
+    def set_rollouts(self, done: int, total: int) -> None:
+        """The rollout bar: `done` of `total` rollouts (a resumed run starts past 0)."""
+        self._progress.update(self._task, completed=done, total=total)
+
+    def advance(self) -> None:
+        """One more rollout done."""
+        self._progress.update(self._task, advance=1)
+
+    @contextlib.contextmanager
+    def phase(self, name: str, rollout_id: int | None = None, detail: str = "") -> Iterator[None]:
+        """Marks a phase for the duration of the `with` block (nested phases show the inner one, then the outer).
+
+        Args:
+            name: the phase (see the module docstring).
+            rollout_id: the step it belongs to (None during start-up).
+            detail: a short note logged with it (e.g. "first step compiles the decoder layers"); the live line
+                shows the name only.
+        """
+        label = _label(name, rollout_id, detail)
+        previous = self._progress.tasks[0].fields.get("phase"), self._progress.tasks[0].fields.get("phase_started")
+        started = self.clock()
+        self.events.append(PhaseEvent(kind="start", name=name, rollout_id=rollout_id))
+        # The live line stays short (an 80-column terminal clips it); the log lines carry the detail.
+        self._progress.update(self._task, phase=_label(name, rollout_id, ""), phase_started=started)
+        if not self.live:
+            logger.info("%s: started", label)
+        try:
+            yield
+        finally:
+            seconds = self.clock() - started
+            self.events.append(PhaseEvent(kind="end", name=name, rollout_id=rollout_id, seconds=seconds))
+            self._progress.update(self._task, phase=previous[0], phase_started=previous[1])
+            if not self.live:
+                logger.info("%s: done in %.1f s", label, seconds)
+
+    def print(self, line: str) -> None:
+        """Prints a line above the live display (or plainly without a terminal)."""
+        self.console.print(line)
+
+    def stop(self) -> None:
+        """Stops drawing, leaving the last state on screen."""
+        if self._started:
+            self._progress.stop()
+            self._started = False

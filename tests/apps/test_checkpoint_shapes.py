@@ -1,0 +1,143 @@
+"""Checkpoints of another size than `--hf-checkpoint` fail before start-up, each differing field naming both flags."""
+
+import json
+import pathlib
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from slime_app.checkpoint_shapes import expected_fields, tensor_fields
+from slime_app.checkpoints import check_checkpoints
+from slime_core.config import parse_args
+
+# dcp.save without a process group (one writer) says so in a warning.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf-configs"
+QWEN3_4B = json.loads((FIXTURES / "Qwen3-4B.json").read_text())
+# A 2-layer Qwen3: hidden 16, 2 query heads and 1 key/value head of 8 dims, MLP 24, vocabulary 256.
+TINY = {**QWEN3_4B, "num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 8, "intermediate_size": 24, "vocab_size": 256}  # fmt: skip
+
+
+def _hf_dir(path: pathlib.Path, config: dict) -> pathlib.Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def _megatron_tiny(path: pathlib.Path) -> pathlib.Path:
+    """A torch_dist save dir of TINY in Megatron's names: layers stacked on the leading axis."""
+    state = {
+        "embedding.word_embeddings.weight": torch.zeros(256, 16),
+        "decoder.layers.self_attention.linear_qkv.weight": torch.zeros(2, (2 + 2 * 1) * 8, 16),  # [L, (H+2G)d, h]
+        "decoder.layers.mlp.linear_fc1.weight": torch.zeros(2, 2 * 24, 16),  # gate and up
+    }
+    dcp.save(state, checkpoint_id=str(path / "iter_0000010"), no_dist=True)
+    (path / "latest_checkpointed_iteration.txt").write_text("10")
+    return path
+
+
+def _cfg(model, *extra):
+    return parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--hf-checkpoint", str(model), *extra])
+
+
+@pytest.fixture
+def big(tmp_path):
+    return _hf_dir(tmp_path / "Qwen3-4B", QWEN3_4B)
+
+
+def test_expected_fields_by_hand():
+    assert expected_fields(QWEN3_4B) == {
+        "num_layers": 36, "hidden_size": 2560, "qkv_rows": (32 + 2 * 8) * 128, "ffn_hidden_size": 9728,
+        "vocab_rows": 151936, "num_experts": None,
+    }  # fmt: skip
+    moe = json.loads((FIXTURES / "Qwen3-30B-A3B.json").read_text())
+    fields = expected_fields(moe)
+    assert (fields["qkv_rows"], fields["ffn_hidden_size"], fields["num_experts"]) == ((32 + 2 * 4) * 128, None, 128)
+
+
+def test_tensor_fields_from_megatron_and_hf_names():
+    megatron = {"embedding.word_embeddings.weight": (384, 16), "decoder.layers.self_attention.linear_qkv.weight":
+                (2, 32, 16), "decoder.layers.mlp.linear_fc1.weight": (2, 48, 16)}  # fmt: skip
+    assert tensor_fields(megatron) == {"num_layers": 2, "hidden_size": 16, "qkv_rows": 32, "ffn_hidden_size": 24,
+                                       "vocab_rows": 384, "num_experts": None}  # fmt: skip
+    hf = {f"model.model.layers.{i}.{name}": shape for i in range(3) for name, shape in (
+        ("self_attn.q_proj.weight", (16, 16)), ("self_attn.k_proj.weight", (8, 16)),
+        ("self_attn.v_proj.weight", (8, 16)), ("mlp.gate_proj.weight", (24, 16)))}  # fmt: skip
+    hf["model.model.embed_tokens.weight"] = (256, 16)
+    hf["optim.state.model.model.layers.7.self_attn.q_proj.weight.exp_avg"] = (16, 16)  # optimizer state: no layer
+    hf["model.visual.blocks.0.layers.9.attn.weight"] = (4, 4)  # an image encoder's layers are not the LM's
+    assert tensor_fields(hf) == {"num_layers": 3, "hidden_size": 16, "qkv_rows": 32, "ffn_hidden_size": 24,
+                                 "vocab_rows": 256, "num_experts": None}  # fmt: skip
+
+
+def test_a_two_layer_torch_dist_ref_load_is_not_the_4b_model(big, tmp_path):
+    ref = _megatron_tiny(tmp_path / "ref")
+    with pytest.raises(ValueError) as info:
+        check_checkpoints(_cfg(big, "--train-backend", "megatron", "--ref-load", str(ref)))
+    message = str(info.value)
+    prefix = f"--ref-load {ref} vs --hf-checkpoint {big}:"
+    for field in ("num_layers 2 vs 36", "hidden_size 16 vs 2560", "qkv_rows 32 vs 6144", "ffn_hidden_size 24 vs 9728",
+                  "vocab_rows 256 vs 151936"):  # fmt: skip
+        assert f"{prefix} {field}" in message
+    assert "the initial and reference weights" not in message
+
+
+def test_the_same_architecture_passes_with_a_note(tmp_path):
+    model = _hf_dir(tmp_path / "tiny", TINY)
+    ref = _megatron_tiny(tmp_path / "ref")
+    notes = check_checkpoints(_cfg(model, "--train-backend", "megatron", "--ref-load", str(ref)))
+    assert f"--ref-load {ref}: torch_dist, the initial and reference weights" in notes
+    compared = "num_layers, hidden_size, qkv_rows, ffn_hidden_size, vocab_rows compared with --hf-checkpoint"
+    assert f"--ref-load {ref}: {compared}" in notes
+
+
+def test_megatron_vocabulary_padding_is_not_a_mismatch(tmp_path):
+    model = _hf_dir(tmp_path / "tiny", {**TINY, "vocab_size": 250})  # Megatron pads 250 rows to 256 (TP 1)
+    ref = _megatron_tiny(tmp_path / "ref")
+    check_checkpoints(_cfg(model, "--train-backend", "megatron", "--ref-load", str(ref)))
+    model_300 = _hf_dir(tmp_path / "tiny300", {**TINY, "vocab_size": 300})  # 256 rows cannot hold 300 tokens
+    with pytest.raises(ValueError, match=r"vocab_rows 256 vs 300"):
+        check_checkpoints(_cfg(model_300, "--train-backend", "megatron", "--ref-load", str(ref)))
+
+
+def test_hf_ref_load_and_fsdp_load_are_compared(big, tmp_path):
+    ref = _hf_dir(tmp_path / "ref-hf", TINY)
+    kl = ("--train-backend", "fsdp", "--use-kl-loss", "--kl-loss-coef", "0.01")
+    with pytest.raises(ValueError, match=rf"--ref-load {ref} vs --hf-checkpoint {big}: num_layers 2 vs 36"):
+        check_checkpoints(_cfg(big, *kl, "--ref-load", str(ref)))
+    # An FSDP --load: HF parameter names in the DCP state of its iteration.
+    load = tmp_path / "save"
+    state = {f"model.model.layers.{i}.self_attn.q_proj.weight": torch.zeros(16, 16) for i in range(2)}
+    dcp.save(state, checkpoint_id=str(load / "iter_0000003" / "model_and_optim"), no_dist=True)
+    (load / "iter_0000003" / "meta.json").write_text("{}")
+    (load / "latest_checkpointed_iteration.txt").write_text("3")
+    with pytest.raises(ValueError, match=rf"--load {load} vs --hf-checkpoint {big}: num_layers 2 vs 36"):
+        check_checkpoints(_cfg(big, "--train-backend", "fsdp", "--load", str(load)))
+
+
+def test_critic_load(big, tmp_path):
+    critic = _hf_dir(tmp_path / "critic-hf", TINY)
+    ppo = ("--advantage-estimator", "ppo", "--critic-load", str(critic))
+    # Megatron builds the value model from --hf-checkpoint and loads the critic's HF weights into it.
+    with pytest.raises(ValueError, match=rf"--critic-load {critic} vs --hf-checkpoint {big}: num_layers 2 vs 36"):
+        check_checkpoints(_cfg(big, "--train-backend", "megatron", *ppo))
+    # FSDP builds it from the critic's own config.json: another size is allowed.
+    notes = check_checkpoints(_cfg(big, "--train-backend", "fsdp", *ppo))
+    assert f"--critic-load {critic}: HF, the FSDP value model is built from its own config.json" in notes
+
+
+def test_a_truncated_metadata_names_the_flag(big, tmp_path):
+    ref = _megatron_tiny(tmp_path / "ref")
+    (ref / "iter_0000010" / ".metadata").write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"--ref-load {ref}: cannot read .*\.metadata \(EOFError"):
+        check_checkpoints(_cfg(big, "--train-backend", "megatron", "--ref-load", str(ref)))
+
+
+def test_the_hf_checkpoint_itself_as_ref_load_is_not_compared(tmp_path):
+    model = _hf_dir(tmp_path / "tiny", TINY)
+    notes = check_checkpoints(_cfg(model, "--train-backend", "megatron", "--ref-load", str(model)))
+    assert notes == [f"--ref-load {model}: hf, the initial and reference weights"]

@@ -1,0 +1,139 @@
+"""The run's phases: events, plain log lines without a terminal, the live line's text in one."""
+
+import io
+import logging
+
+from rich.console import Console
+
+from slime_app import loop
+from slime_app.progress import PhaseEvent, RunProgress
+from slime_core.config import SlimeArgs
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _plain(clock=None):
+    console = Console(file=io.StringIO(), force_terminal=False)
+    return RunProgress(console, clock=clock or FakeClock())
+
+
+def test_without_a_terminal_each_phase_is_two_plain_log_lines(caplog):
+    clock = FakeClock()
+    progress = _plain(clock)
+    assert not progress.live
+    progress.start()  # nothing to draw
+    with caplog.at_level(logging.INFO, logger="slime_app.progress"):
+        with progress.phase("engines", detail="--rollout-engine reference"):
+            clock.now += 12.5
+        with progress.phase("eval", rollout_id=0):
+            clock.now += 112.0
+    assert [r.getMessage() for r in caplog.records] == [
+        "engines (--rollout-engine reference): started",
+        "engines (--rollout-engine reference): done in 12.5 s",
+        "eval 0: started",
+        "eval 0: done in 112.0 s",
+    ]
+    assert progress.events == [
+        PhaseEvent(kind="start", name="engines", rollout_id=None),
+        PhaseEvent(kind="end", name="engines", rollout_id=None, seconds=12.5),
+        PhaseEvent(kind="start", name="eval", rollout_id=0),
+        PhaseEvent(kind="end", name="eval", rollout_id=0, seconds=112.0),
+    ]
+    progress.stop()
+    assert progress.console.file.getvalue() == ""  # no bar, no escape codes in a log file
+
+
+def test_a_failing_phase_still_ends(caplog):
+    progress = _plain()
+    try:
+        with progress.phase("ray"):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert [e.kind for e in progress.events] == ["start", "end"]
+
+
+def _screen(progress: RunProgress) -> str:
+    """What the live display shows now, as plain text."""
+    out = Console(file=io.StringIO(), width=120, force_terminal=False)
+    out.print(progress._progress.get_renderable())
+    return out.file.getvalue()
+
+
+def test_in_a_terminal_the_line_shows_the_current_phase_and_the_rollout_count():
+    clock = FakeClock()
+    progress = RunProgress(Console(file=io.StringIO(), force_terminal=True, width=120), clock=clock)
+    assert progress.live
+    progress.set_rollouts(0, 4)
+    with progress.phase("model load"):
+        with progress.phase("eval", rollout_id=0):
+            clock.now += 75
+            assert "eval 0 1:15" in _screen(progress) and "0/4" in _screen(progress)  # a 75 s eval, not a silent 0/4
+        assert "model load 1:15" in _screen(progress)  # back to the phase around it
+    progress.advance()
+    assert "1/4" in _screen(progress)
+
+
+class _Call:
+    def __init__(self, result):
+        self.result = result
+
+    def remote(self, *args):
+        return self.result
+
+
+class _Manager:
+    """The rollout manager's calls, each answering at once (ray.get is the identity here)."""
+
+    generate = _Call(([], {"rollout/raw_reward": 0.5}))
+    eval = _Call({"eval/d": 0.25})
+    save = _Call(None)
+
+
+def _loop_phases(monkeypatch, **fields):
+    """The (name, rollout id) of every phase two steps of the loop start, with fake actors."""
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 2, **fields})
+
+    class Trainer:
+        def train(self, rollout_id, refs):
+            return {"loss": 0.1}
+
+        def save(self, rollout_id):
+            pass
+
+    monkeypatch.setattr(loop, "ray", type("R", (), {"get": staticmethod(lambda ref, **kw: ref)})())
+    run = loop.Run.__new__(loop.Run)
+    run.cfg, run.manager, run.trainer = cfg, _Manager(), Trainer()
+    run.progress = _plain()
+    run.tracker = type("T", (), {"log": lambda *a: None, "rollout_done": lambda *a: None,
+                                 "eval_line": lambda *a: None})()  # fmt: skip
+    run.start_rollout_id = 0
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    monkeypatch.setattr(run.restorer, "push", lambda version: {"update_weights_time": 0.1})
+    run.rollouts = loop.Rollouts(run.manager, cfg.num_rollout, ahead=False, update_weights_interval=1)
+    for rollout_id in range(cfg.num_rollout):
+        run.step(rollout_id)
+    return [(e.name, e.rollout_id) for e in run.progress.events if e.kind == "start"]
+
+
+def test_the_loop_reports_rollout_train_save_sync_and_eval_phases(monkeypatch):
+    started = _loop_phases(monkeypatch, eval_prompt_data=["d", "/e.jsonl"], eval_interval=2, save="/ckpt",
+                           save_interval=2)  # fmt: skip
+    assert started == [
+        ("rollout", 0), ("train", 0), ("weight sync", None),
+        ("rollout", 1), ("train", 1), ("save", 1), ("weight sync", None), ("eval", 2),
+    ]  # fmt: skip
+
+
+def test_the_first_step_of_a_compiled_fsdp_run_is_named_compile(monkeypatch):
+    started = _loop_phases(monkeypatch, train_backend="fsdp", fsdp_compile_layers=True)
+    assert [p for p in started if p[0] != "weight sync"] == [
+        ("rollout", 0), ("compile+train", 0), ("rollout", 1), ("train", 1),
+    ]  # fmt: skip
