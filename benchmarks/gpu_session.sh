@@ -292,7 +292,7 @@ for step in "$@"; do
     rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset "$P06" "${RO_SIZE[@]}" ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_tuned) engine_down; MAX_TOKENS_PER_GPU="${TUNED_MAX_TOKENS:-16384}" \
-                 EXTRA_FLAGS="${EXTRA_FLAGS:-} --no-offload-train" RUN_DIR=/tmp/slime-bench-e2e/tuned \
+                 EXTRA_FLAGS="${EXTRA_FLAGS:-} --no-offload-train" RUN_DIR=/tmp/slime-bench-e2e/tuned-${TUNED_MAX_TOKENS:-16384} \
                  run_step e2e_tuned 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_disagg) engine_down; DISAGG=1 RUN_DIR=/tmp/slime-bench-e2e/disagg run_step e2e_disagg 600 \
                   bash "$HERE/bench_e2e.sh" ;;
