@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
+from slime_core.config.mismatch import validate_mismatch
 from slime_core.config.opd import validate_opd
 from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_multimodal import check_multimodal
@@ -215,6 +216,7 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
     if args.tis_clip_low > args.tis_clip:
         raise ConfigError(f"--tis-clip-low ({args.tis_clip_low}) must be <= --tis-clip ({args.tis_clip})")
+    validate_mismatch(args)
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
         raise ConfigError("--loss-type custom_loss requires --custom-loss-function-path")
     if args.disable_compute_advantages_and_returns and args.loss_type == "policy_loss":
