@@ -223,8 +223,7 @@ def _chat_messages(
 ) -> list[dict[str, Any]] | None:
     """The conversation as chat messages, or None when some observation was not rendered from chat messages."""
     if isinstance(prompt, str) or any(
-        s["role"] == "observation" and s.get("tool_responses") is None and s.get("messages") is None
-        for s in segments
+        s["role"] == "observation" and s.get("tool_responses") is None and s.get("messages") is None for s in segments
     ):
         return None
     eot = end_of_turn(tokenizer)
