@@ -142,7 +142,8 @@ def _check_plugins(cfg: SlimeArgs) -> None:
                 raise
             if missing == "slime" or missing.startswith("slime."):
                 raise PluginError(
-                    f"{e}; this slime provides the original's plugin modules (slime.utils.*, slime.rollout.*), not "
+                    f"{e}; this slime provides the original's plugin modules (slime.utils.*, slime.rollout.*, "
+                    f"slime.agent.adapters.openai), not "
                     f"{missing} (MIGRATION.md lists what to use instead)"
                 ) from e
             if not remote:
