@@ -207,7 +207,10 @@ def test_plugin_importing_the_originals_training_stack_is_one_line(tmp_path, mon
     body = "from slime.agent.sandbox import Sandbox\n\nasync def gen(args, sample, p):\n    pass\n"
     _plugin_module(tmp_path, monkeypatch, "pf_agent_plugin", body)
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # even for a remote cluster
-    with pytest.raises(ImportError, match=r"No module named 'slime.agent'.*not slime.agent \(MIGRATION.md"):
+    # slime.agent holds only the OpenAI adapter (slime_rollout.agent); the sandbox is the original's own.
+    with pytest.raises(
+        ImportError, match=r"No module named 'slime.agent.sandbox'.*not slime.agent.sandbox \(MIGRATION.md"
+    ):
         preflight(_args(data, "--custom-generate-function-path", "pf_agent_plugin.gen"))
 
 

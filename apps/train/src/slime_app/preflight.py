@@ -143,7 +143,7 @@ def _check_plugins(cfg: SlimeArgs) -> None:
             if missing == "slime" or missing.startswith("slime."):
                 raise PluginError(
                     f"{e}; this slime provides the original's plugin modules (slime.utils.*, slime.rollout.*, "
-                    f"slime.backends.megatron_utils.loss / cp_utils), not "
+                    f"slime.backends.megatron_utils.loss / cp_utils, slime.agent.adapters.openai), not "
                     f"{missing} (MIGRATION.md lists what to use instead)"
                 ) from e
             if not remote:
