@@ -23,7 +23,11 @@ FIXTURES = REPO / "tests" / "fixtures"
 def model(tmp_path):
     out = tmp_path / "Qwen3-4B"
     out.mkdir()
-    (out / "config.json").write_text((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text())
+    config = json.loads((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text())
+    # As the released checkpoint's config.json (4.51.0): without it transformers takes a local tokenizer for a
+    # possible Mistral one and warns on stderr when the prompt-length limit loads it.
+    config.setdefault("transformers_version", "4.51.0")
+    (out / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (out / name).write_bytes((FIXTURES / "qwen3-tokenizer" / name).read_bytes())
     return out
