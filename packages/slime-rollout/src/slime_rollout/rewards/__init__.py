@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.sample import Sample
 from slime_rollout.deadlines import DeadlineExceeded, call_plugin_with_deadline
 from slime_rollout.plugins import load_function
-from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward
+from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward, describe_raised
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
 from slime_rollout.rewards.gpqa import gpqa_reward
@@ -178,7 +178,8 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
         except DeadlineExceeded as e:
             raise RewardFunctionError(str(e)) from e
         except Exception as e:
-            raise RewardFunctionError(f"{source} raised {type(e).__name__} on samples {indices}: {e}") from e
+            name, message = describe_raised(e)
+            raise RewardFunctionError(f"{source} raised {name} on samples {indices}: {message}") from e
         if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
             raise ValueError(f"{source} must return a list of {len(samples)} rewards, got {rewards!r:.200}")
         return [checked_reward(r, source=source, sample=s) for r, s in zip(rewards, samples, strict=True)]
