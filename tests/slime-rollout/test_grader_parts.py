@@ -9,7 +9,7 @@ import pytest
 from slime_rollout.rewards.answers import final_boxed_answers, find_boxes, strip_reasoning
 from slime_rollout.rewards.deadline import REFIRE_S, GradingTimeout, run_with_deadline
 from slime_rollout.rewards.math import math_reward
-from slime_rollout.rewards.math_utils import costly_reason, grade_fast
+from slime_rollout.rewards.math_utils import answer_parts, costly_reason, grade_fast
 from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number, words_to_number
 
 F = fractions.Fraction
@@ -274,3 +274,22 @@ def test_deadline_fires_again_when_the_work_swallows_it():
             time.sleep(REFIRE_S)  # a late firing would land here
     except GradingTimeout:
         pytest.fail("GradingTimeout raised after run_with_deadline returned")
+
+
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("5", ["5"]),
+        ("1, 2", ["1", "2"]),
+        ("(1, 2)", ["1", "2"]),
+        (r"\{3, 5\}", ["3", "5"]),
+        (r"\left[1, 2\right)", ["1", "2"]),
+        ("(1, 2) \\cup (3, 4)", ["(1, 2) \\cup (3, 4)"]),  # the outer brackets do not enclose it all
+        ("3 and 5", ["3", "5"]),
+        (r"3 \text{ and } 5", ["3", "5"]),
+        ("1,000", ["1000"]),
+        (r"f(1, 2), g(3)", ["f(1, 2)", "g(3)"]),
+    ],
+)
+def test_answer_parts(text, parts):
+    assert answer_parts(text) == parts
