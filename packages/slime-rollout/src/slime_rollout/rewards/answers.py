@@ -37,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from slime_rollout.rewards.normalize import normalize_answer, parse_number
+
 __all__ = [
     "Box",
     "FinalAnswers",
@@ -204,10 +206,7 @@ class FinalAnswers:
 
 
 def _normalized(text: str) -> str:
-    # Lazy: `normalize` is a sibling module of plain string work; kept out of the import-time graph of callers
-    # that only find boxes.
-    from slime_rollout.rewards.normalize import normalize_answer, parse_number
-
+    """What two answers are compared by here: the exact value, else the cleaned text (no symbolic check)."""
     value = parse_number(text)
     return str(value) if value is not None else normalize_answer(text).lower()
 
