@@ -10,6 +10,12 @@ A synchronous plugin is run in a thread of its own: on the event loop a call tha
 loop and with it every timer, so no deadline could fire. A thread cannot be killed: past the deadline the rollout
 fails and the thread is abandoned. It is a daemon thread, not one of the loop's default executor, whose shutdown
 (at the end of `asyncio.run`) would wait for it.
+
+A plugin that raises `SystemExit` (a stray `sys.exit()`, `exit()` in a script turned into a plugin) or another
+`BaseException` that is not an `Exception` would end the whole process from inside asyncio with no word of which
+plugin or sample; `call_plugin_with_deadline` turns it into `PluginExit`, an ordinary error its caller names.
+`KeyboardInterrupt` and `asyncio.CancelledError` still propagate: they are the user's and the loop's, not the
+plugin's.
 """
 
 from __future__ import annotations
@@ -22,13 +28,20 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["DeadlineExceeded", "await_with_deadline", "call_plugin_with_deadline"]
+__all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline"]
 
 logger = logging.getLogger(__name__)
 
 
 class DeadlineExceeded(TimeoutError):
     """A bounded wait ran past its deadline; the message names what ran, for how long, and the flag."""
+
+
+class PluginExit(Exception):  # noqa: N818 - it names what the plugin did, not an error of ours
+    """A plugin raised `SystemExit` or another non-`Exception` `BaseException` (chained as `__cause__`).
+
+    The message is the original's type and text (`SystemExit: 3`).
+    """
 
 
 async def await_with_deadline[T](
@@ -127,15 +140,22 @@ async def call_plugin_with_deadline(
 
     Raises:
         DeadlineExceeded: the call ran past `deadline_s`.
+        PluginExit: the plugin raised `SystemExit` or another `BaseException` that is not an `Exception`
+            (`KeyboardInterrupt` and `asyncio.CancelledError` propagate as they are).
         Exception: what the plugin raised.
     """
 
     async def call() -> Any:
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*args, **kwargs)
-        result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(*args, **kwargs)
+            result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except (Exception, KeyboardInterrupt, asyncio.CancelledError):
+            raise
+        except BaseException as e:  # SystemExit & co.: inside a task they would stop the loop and the process
+            raise PluginExit(f"{type(e).__name__}: {e}") from e
 
     return await await_with_deadline(call(), what=what, deadline_s=deadline_s, flag=flag, warn_every_s=warn_every_s)
