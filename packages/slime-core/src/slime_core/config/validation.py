@@ -17,6 +17,7 @@ from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.opd import validate_opd
+from slime_core.config.save_hf import check_save_hf
 from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.estimators import get_estimator
@@ -286,14 +287,7 @@ def _eval(args: SlimeArgs) -> None:
 def _checkpoint_and_dumps(args: SlimeArgs) -> None:
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval requires --save")
-    if args.save_hf is not None:
-        try:  # filled in at each export as the original does: save_hf.format(rollout_id=rollout_id)
-            args.save_hf.format(rollout_id=0)
-        except (KeyError, IndexError, ValueError) as e:
-            raise ConfigError(
-                f"--save-hf {args.save_hf!r}: only {{rollout_id}} can be filled in ({type(e).__name__}: {e}); "
-                "write a literal brace as {{ or }}"
-            ) from e
+    check_save_hf(args)
     if args.dump_details is not None and args.save_debug_rollout_data is None:
         args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
 
