@@ -159,6 +159,15 @@ def test_dry_run_on_cpu_prints_the_gpu_plan(model, data, monkeypatch, capsys):
     assert "(reference), on their own GPUs; weights via disk\n" in capsys.readouterr().out
 
 
+def test_dry_run_plans_colocated_and_rollout_only_gpus_as_the_placement_does(model, data, capsys):
+    # The placement makes max(1, 3) bundles: engine 0 shares the trainer's GPU, engines 1 and 2 have their own.
+    flags = _flags(model, data, "--num-rollout", "1", "--colocate", "--actor-num-gpus-per-node", "1")
+    assert main(["--dry-run", *flags, "--rollout-num-gpus", "3"]) == 0
+    assert "= 3 rollout GPU(s) (sglang), 1 colocated with the trainer, 2 rollout-only; " in capsys.readouterr().out
+    assert main(["--dry-run", *flags]) == 0
+    assert "= 1 rollout GPU(s) (sglang), colocated with the trainer; " in capsys.readouterr().out
+
+
 def test_gpu_plan_keeps_colocated_tensor_sync_and_cuda_machines_unchanged(model, data):
     from slime_app.dry_run import gpu_plan
 

@@ -72,8 +72,13 @@ BROKEN_RULES = [
     ),
     (
         {"colocate": True, "actor_num_gpus_per_node": 6, "rollout_num_gpus_per_engine": 4},
-        "--rollout-num-gpus 6 (with --colocate: the actor's GPUs) is not a multiple of --rollout-num-gpus-per-engine "
-        "4: 1 engine(s) of 4 GPUs would leave 2 GPU(s) idle",
+        "--rollout-num-gpus 6 (with --colocate: 6 shared with the trainer) is not a multiple of "
+        "--rollout-num-gpus-per-engine 4: 1 engine(s) of 4 GPUs would leave 2 GPU(s) idle",
+    ),
+    (
+        {"colocate": True, "actor_num_gpus_per_node": 1, "rollout_num_gpus": 3, "rollout_num_gpus_per_engine": 2},
+        "--rollout-num-gpus 3 (with --colocate: 1 shared with the trainer, 2 rollout-only) is not a multiple of "
+        "--rollout-num-gpus-per-engine 2",
     ),
     ({"offload": True, "rollout_num_gpus": 4}, "--offload-train (or --offload) without --colocate"),
     ({"eval_prompt_data": ["aime", "a.jsonl", "gsm8k"]}, "--eval-prompt-data takes pairs"),
