@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from safetensors.torch import save_file
 
 from slime_app.checkpoints import check_checkpoints, checkpoint_kind
 from slime_app.cli import main
@@ -100,7 +101,7 @@ def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     (fsdp / "iter_0000003").mkdir(parents=True)
     (fsdp / "iter_0000003" / "meta.json").write_text("{}")
     (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
-    (model / "model.safetensors").write_bytes(b"")
+    save_file({}, str(model / "model.safetensors"))  # a header, no tensor
     kinds = [checkpoint_kind(p) for p in (tmp_path / "nope", tmp_path / "empty", torch_dist, fsdp, model)]
     assert kinds == ["missing", "empty", "torch_dist", "fsdp", "hf"]
 
@@ -118,7 +119,7 @@ def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     other_hf = tmp_path / "other-hf"
     other_hf.mkdir()
     (other_hf / "config.json").write_text("{}")
-    (other_hf / "model.safetensors").write_bytes(b"")
+    save_file({}, str(other_hf / "model.safetensors"))
     with pytest.raises(ValueError, match=r"--ref-load .*: a hf checkpoint; the Megatron backend reads --ref-load as "
                        "torch_dist"):  # fmt: skip
         check_checkpoints(cfg("--train-backend", "megatron", "--ref-load", str(other_hf)))
