@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from safetensors.torch import save_file
 
 from slime_app.checkpoints import check_checkpoints, checkpoint_kind
 from slime_app.cli import main
@@ -104,7 +105,7 @@ def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     (fsdp / "iter_0000003").mkdir(parents=True)
     (fsdp / "iter_0000003" / "meta.json").write_text("{}")
     (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
-    (model / "model.safetensors").write_bytes(b"")
+    save_file({}, str(model / "model.safetensors"))  # a header, no tensor
     kinds = [checkpoint_kind(p) for p in (tmp_path / "nope", tmp_path / "empty", torch_dist, fsdp, model)]
     assert kinds == ["missing", "empty", "torch_dist", "fsdp", "hf"]
 
@@ -122,7 +123,7 @@ def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     other_hf = tmp_path / "other-hf"
     other_hf.mkdir()
     (other_hf / "config.json").write_text("{}")
-    (other_hf / "model.safetensors").write_bytes(b"")
+    save_file({}, str(other_hf / "model.safetensors"))
     with pytest.raises(ValueError, match=r"--ref-load .*: a hf checkpoint; the Megatron backend reads --ref-load as "
                        "torch_dist"):  # fmt: skip
         check_checkpoints(cfg("--train-backend", "megatron", "--ref-load", str(other_hf)))
@@ -161,6 +162,15 @@ def test_dry_run_on_cpu_prints_the_gpu_plan(model, data, monkeypatch, capsys):
     # What the user gave is what the GPU run uses too.
     assert main(["--dry-run", *flags, "--rollout-engine", "reference", "--weight-sync", "disk"]) == 0
     assert "(reference), on their own GPUs; weights via disk\n" in capsys.readouterr().out
+
+
+def test_dry_run_plans_colocated_and_rollout_only_gpus_as_the_placement_does(model, data, capsys):
+    # The placement makes max(1, 3) bundles: engine 0 shares the trainer's GPU, engines 1 and 2 have their own.
+    flags = _flags(model, data, "--num-rollout", "1", "--colocate", "--actor-num-gpus-per-node", "1")
+    assert main(["--dry-run", *flags, "--rollout-num-gpus", "3"]) == 0
+    assert "= 3 rollout GPU(s) (sglang), 1 colocated with the trainer, 2 rollout-only; " in capsys.readouterr().out
+    assert main(["--dry-run", *flags]) == 0
+    assert "= 1 rollout GPU(s) (sglang), colocated with the trainer; " in capsys.readouterr().out
 
 
 def test_gpu_plan_keeps_colocated_tensor_sync_and_cuda_machines_unchanged(model, data):

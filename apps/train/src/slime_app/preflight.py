@@ -224,36 +224,21 @@ def _check_hardware(cfg: SlimeArgs) -> None:
         )
 
 
-# The fields that make two checkpoints the same architecture (the trainer loads the teacher's tensors into the
-# student's modules).
-_ARCHITECTURE_FIELDS = (
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "tie_word_embeddings",
-)  # fmt: skip
-
-
 def _check_opd_teacher(cfg: SlimeArgs) -> None:
     """A trainer-side OPD teacher given as an HF directory must have the student's architecture (config.json).
 
     Torch-dist and FSDP checkpoints carry no config.json; their shapes are checked when they load.
 
     Raises:
-        ValueError: a field of `_ARCHITECTURE_FIELDS` differs (message names both values).
+        ValueError: a field of `slime_app.checkpoint_shapes.ARCHITECTURE_FIELDS` differs (message names both values).
     """
-    import json
+    from slime_app.checkpoint_shapes import config_mismatches, read_config
 
     teacher_config = os.path.join(cfg.opd_teacher_load or "", "config.json")
     if not (cfg.use_opd and cfg.opd_teacher_load and cfg.hf_checkpoint and os.path.exists(teacher_config)):
         return
-    with open(teacher_config, encoding="utf-8") as f:
-        teacher = json.load(f)
-    with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
-        student = json.load(f)
-    differ = [
-        f"{k}: teacher {teacher.get(k)!r} vs student {student.get(k)!r}"
-        for k in _ARCHITECTURE_FIELDS
-        if teacher.get(k) != student.get(k)
-    ]
+    mismatches = config_mismatches(read_config(cfg.hf_checkpoint), read_config(cfg.opd_teacher_load))
+    differ = [f"{k}: teacher {teacher!r} vs student {student!r}" for k, teacher, student in mismatches]
     if differ:
         raise ValueError(
             f"--opd-teacher-load {cfg.opd_teacher_load}: the trainer-side teacher must have the student's "

@@ -193,7 +193,10 @@ class CheckpointArgs(ArgsGroup):
     save_hf: str | None = arg(
         None,
         "Export an HF checkpoint to this path at every save (each --save-interval, each epoch's end, the last "
-        "rollout; without --save only the last), {rollout_id} filled in. Written to <path>.tmp, then renamed.",
+        "rollout; without --save only the last), {rollout_id} filled in (the only field). Written to <path>.tmp, then "
+        "swapped in by renames (the old export goes to <path>.old until the new one is in place). Refused: a path "
+        "that is empty or holds a control character, and one that is, contains or lies inside --save, --load, "
+        "--hf-checkpoint, --ref-load, --critic-load or --critic-save (slime_core.config.save_hf).",
     )
     release_train: bool = arg(False, "Kill and recreate trainer processes from the saved checkpoint every step.")
     megatron_config_path: str | None = arg(None, "YAML with Megatron settings for multi-model setups.")
