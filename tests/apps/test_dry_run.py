@@ -76,7 +76,7 @@ def test_dry_run_reports_and_starts_nothing(model, data, tmp_path):
          "config.json says 36"),
         (["--ref-load", "/nonexistent/ckpt"], r"--ref-load /nonexistent/ckpt: no checkpoint there \(missing\)"),
         (["--custom-rm-path", "nowhere_pkg.reward"], r"--custom-rm-path: module 'nowhere_pkg' not found"),
-        (["--input-key", "question"], r"d\.jsonl row 1: no --input-key 'question'"),
+        (["--input-key", "question"], r"d\.jsonl line 1: no --input-key 'question'"),
         (["--num-epoch", "1", "--rollout-batch-size", "16"], r"--prompt-data has 10 prompts, fewer than one "
          r"--rollout-batch-size \(16\)"),
         (["--num-rollout", "2", "--save-interval", "1"], r"--save-interval requires --save"),
