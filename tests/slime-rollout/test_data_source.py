@@ -290,7 +290,7 @@ def test_no_config_json_means_no_default_limit(tmp_path, qwen3_tokenizer_dir):
 def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwen3_tokenizer_dir, caplog):
     """JSONL rows by their 1-based file line (blank lines counted, a slice not restarting the count); Parquet rows by
     their 0-based row index, the index an `@[start:end]` slice uses (issue 28)."""
-    from slime_rollout.data_source import get_tokenizer, read_prompt_rows, rows_to_samples
+    from slime_rollout.data_source import get_tokenizer, rows_to_samples
 
     tok = get_tokenizer(qwen3_tokenizer_dir)
     long = "a" + " a" * 50  # 51 tokens > 20
@@ -306,13 +306,13 @@ def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwe
     for spec, count, where in cases:
         caplog.clear()
         with caplog.at_level("WARNING", logger="slime_rollout.data_source"):
-            rows_to_samples(read_prompt_rows(spec), source=spec, input_key="p", tokenizer=tok, max_prompt_len=20)
+            rows_to_samples(load_prompt_rows(spec), source=spec, input_key="p", tokenizer=tok, max_prompt_len=20)
         assert [r.getMessage() for r in caplog.records] == [
             f"{spec}: {count} longer than --rollout-max-prompt-len=20 tokens {where}"
         ]
     # Errors too; plain rows (not read from a file) keep their 1-based position among the rows.
     path.write_text(json.dumps({"p": "short"}) + "\n\n" + json.dumps({"q": "x"}) + "\n")
     with pytest.raises(ValueError, match=r"blank\.jsonl@\[1:\] line 3: no --input-key 'p'"):
-        rows_to_samples(read_prompt_rows(f"{path}@[1:]"), source=f"{path}@[1:]", input_key="p")
+        rows_to_samples(load_prompt_rows(f"{path}@[1:]"), source=f"{path}@[1:]", input_key="p")
     with pytest.raises(ValueError, match=r"^mem row 2: no --input-key 'p'"):
         rows_to_samples([{"p": "x"}, {"q": "y"}], source="mem", input_key="p")

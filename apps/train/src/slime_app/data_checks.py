@@ -39,14 +39,14 @@ def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
     return rm_type in LABEL_GRADERS
 
 
-def check_prompt_rows(rows: Sequence[Mapping[str, Any]] | PromptRows, cfg: SlimeArgs, *, where: str) -> None:
+def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str) -> None:
     """Checks every row of a prompt file before the run starts.
 
     The `--input-key` must be there and not empty; the `--label-key` must be there and, for the built-in graders
     that compare with it, not null.
 
     Args:
-        rows: the rows of one data file (`read_prompt_rows`: named by line or row index; plain rows: "row N").
+        rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
         cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `rm_type`, `custom_rm_path`.
         where: `"{flag} {path}"` for the messages.
 
@@ -54,7 +54,7 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]] | PromptRows, cfg: Slime
         ValueError: naming `where`, the row and the problem.
     """
     located = PromptRows.of(rows)
-    for position, row in zip(located.positions, located.rows, strict=True):
+    for position, row in zip(located.positions, located, strict=True):
         at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
             raise ValueError(f"{at}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")

@@ -141,12 +141,12 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
     """Loads the tokenizer and renders the first training prompt as the data source / SFT rollout will."""
     if not (cfg.hf_checkpoint and cfg.prompt_data) or cfg.load_debug_rollout_data:
         return []
-    from slime_rollout.data_source import get_tokenizer, read_prompt_rows, rows_to_samples
+    from slime_rollout.data_source import get_tokenizer, load_prompt_rows, rows_to_samples
     from slime_rollout.plugins import load_function
     from slime_rollout.sft import ChatLossMask, generate_sft_rollout
 
     tokenizer = get_tokenizer(cfg.hf_checkpoint)
-    rows = read_prompt_rows(cfg.prompt_data).head(1)
+    rows = load_prompt_rows(cfg.prompt_data).head(1)
     (sample,) = rows_to_samples(
         rows, source=str(cfg.prompt_data), input_key=cfg.input_key, label_key=cfg.label_key,
         metadata_key=cfg.metadata_key, tool_key=cfg.tool_key, tokenizer=tokenizer,

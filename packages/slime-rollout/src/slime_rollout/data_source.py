@@ -13,7 +13,6 @@ sees exactly the prompts it would have seen.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import json
 import logging
@@ -21,7 +20,7 @@ import os
 import pathlib
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,7 +44,6 @@ __all__ = [
     "encode_prompt",  # re-exported from `slime_rollout.prompt_length` (generate functions import it from here)
     "PromptRows",
     "load_prompt_rows",
-    "read_prompt_rows",
     "rows_to_samples",
 ]
 
@@ -60,43 +58,46 @@ def get_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PromptRows:
-    """The rows of a prompt file (after its `@[start:end]` slice) and where each one is in the file.
+class PromptRows(list):
+    """The rows of a prompt file (after its `@[start:end]` slice): a list of dicts that knows where each row is.
 
     Messages name a row by its place in the file, not in the slice: `unit` `"line"` with the 1-based line number
     of a JSONL file (blank lines counted, as an editor shows them), or `unit` `"row index"` with the 0-based row
-    index of a Parquet file (the index a `@[start:end]` slice uses).
+    index of a Parquet file (the index a `@[start:end]` slice uses). A slice or copy of it is a plain list, whose
+    rows are named by their 1-based position in it (`"row N"`); `head` keeps the positions.
 
     Example:
-        `PromptRows(rows=[{"prompt": "2+2?"}], positions=[4], unit="line")`: the only row is on line 4.
+        `PromptRows([{"prompt": "2+2?"}], positions=[4], unit="line")`: the only row is on line 4.
     """
 
-    rows: list[dict[str, Any]]  # one dict per row, in file order
-    positions: list[int]  # per row: its 1-based line (JSONL) or 0-based row index (Parquet)
-    unit: str  # "line" or "row index"
+    def __init__(self, rows: Iterable[dict[str, Any]], *, positions: Sequence[int], unit: str) -> None:
+        super().__init__(rows)
+        if len(positions) != len(self):
+            raise ValueError(f"PromptRows: {len(positions)} positions for {len(self)} rows")
+        self.positions = list(positions)  # per row: its 1-based line (JSONL) or 0-based row index (Parquet)
+        self.unit = unit  # "line", "row index", or "row" (position among plain rows)
 
     def head(self, n: int) -> PromptRows:
         """The first `n` rows, with their positions."""
-        return PromptRows(rows=self.rows[:n], positions=self.positions[:n], unit=self.unit)
+        return PromptRows(self[:n], positions=self.positions[:n], unit=self.unit)
 
     @staticmethod
-    def of(rows: Sequence[dict[str, Any]] | PromptRows) -> PromptRows:
-        """`rows` as they are, or plain rows named by their 1-based position among them (`unit` `"row"`)."""
+    def of(rows: Sequence[dict[str, Any]]) -> PromptRows:
+        """`rows` as they are if a `PromptRows`; plain rows named by their 1-based position among them."""
         if isinstance(rows, PromptRows):
             return rows
-        return PromptRows(rows=list(rows), positions=list(range(1, len(rows) + 1)), unit="row")
+        return PromptRows(rows, positions=range(1, len(rows) + 1), unit="row")
 
 
-def read_prompt_rows(spec: str) -> PromptRows:
-    """Reads the rows of a prompt file with their positions in the file (see `PromptRows`).
+def load_prompt_rows(spec: str) -> PromptRows:
+    """Reads the rows of a prompt file, with their positions in the file (see `PromptRows`).
 
     Args:
         spec: `path.jsonl` or `path.parquet`, optionally with a Python-style row slice
             `path@[start:end]` (negative indices allowed; over rows, JSONL blank lines not counted).
 
     Returns:
-        The rows in file order, each with its line (JSONL) or row index (Parquet).
+        One dict per row, in file order, each with its line (JSONL) or row index (Parquet).
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -113,17 +114,7 @@ def read_prompt_rows(spec: str) -> PromptRows:
         positions, unit = list(range(len(rows))), "row index"
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
-    return PromptRows(rows=rows[start:end], positions=positions[start:end], unit=unit)
-
-
-def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
-    """Reads the rows of a prompt file: `read_prompt_rows(spec).rows` (one dict per row, in file order).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: unknown extension, or a bad JSONL line (message names `file:line`).
-    """
-    return read_prompt_rows(spec).rows
+    return PromptRows(rows[start:end], positions=positions[start:end], unit=unit)
 
 
 def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
@@ -201,7 +192,7 @@ def _is_empty_prompt(prompt: Any) -> bool:
 
 
 def rows_to_samples(
-    rows: Sequence[dict[str, Any]] | PromptRows,
+    rows: Sequence[dict[str, Any]],
     *,
     source: str,
     input_key: str,
@@ -219,7 +210,7 @@ def rows_to_samples(
     """Turns dataset rows into prompt samples (no group/index yet).
 
     Args:
-        rows: dataset rows; a `PromptRows` (from `read_prompt_rows`) names each row in messages by its line (JSONL)
+        rows: dataset rows; a `PromptRows` (from `load_prompt_rows`) names each row in messages by its line (JSONL)
             or row index (Parquet) in the file, plain rows by their 1-based position in `rows` ("row N").
         source: file name for error messages.
         input_key: column with the prompt text or chat messages (`--input-key`).
@@ -252,7 +243,7 @@ def rows_to_samples(
         raise ValueError("--multimodal-keys needs the vision-language checkpoint's processor (--hf-checkpoint)")
     base_dir = _data_dir(source)
     located = PromptRows.of(rows)
-    positions, unit, rows = located.positions, located.unit, located.rows
+    positions, unit = located.positions, located.unit
     samples, dropped = [], []
     for position, row in zip(positions, rows, strict=True):
         where = f"{source} {unit} {position}"
@@ -381,7 +372,7 @@ class RolloutDataSource:
         need_tokenizer = args.apply_chat_template or max_prompt_len
         tokenizer = get_tokenizer(args.hf_checkpoint) if need_tokenizer else None
         self.prompts = rows_to_samples(
-            read_prompt_rows(args.prompt_data),
+            load_prompt_rows(args.prompt_data),
             source=str(args.prompt_data),
             input_key=args.input_key,
             label_key=args.label_key,

@@ -29,7 +29,7 @@ import yaml
 from slime_core.sample import Sample, Status
 from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput
-from slime_rollout.data_source import get_tokenizer, read_prompt_rows, rows_to_samples
+from slime_rollout.data_source import get_tokenizer, load_prompt_rows, rows_to_samples
 from slime_rollout.generate import build_sampling_params
 from slime_rollout.group_rollout import RolloutState, generate_and_rm, seeded_params
 from slime_rollout.metrics import flatten_groups, pass_at_k, reward_value
@@ -159,7 +159,7 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
                        multimodal_keys: tuple = ()) -> tuple[Sample, ...]:  # fmt: skip
     tokenizer = get_tokenizer(hf_checkpoint) if (apply_chat_template or max_prompt_len) else None
     samples = rows_to_samples(
-        read_prompt_rows(path),
+        load_prompt_rows(path),
         source=path,
         input_key=input_key,
         label_key=label_key,
