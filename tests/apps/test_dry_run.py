@@ -81,7 +81,7 @@ def test_dry_run_reports_and_starts_nothing(model, data, tmp_path):
          "config.json says 36"),
         (["--ref-load", "/nonexistent/ckpt"], r"--ref-load /nonexistent/ckpt: no checkpoint there \(missing\)"),
         (["--custom-rm-path", "nowhere_pkg.reward"], r"--custom-rm-path: module 'nowhere_pkg' not found"),
-        (["--input-key", "question"], r"d\.jsonl row 1: no --input-key 'question'"),
+        (["--input-key", "question"], r"d\.jsonl line 1: no --input-key 'question'"),
         (["--num-epoch", "1", "--rollout-batch-size", "16"], r"--prompt-data has 10 prompts, fewer than one "
          r"--rollout-batch-size \(16\)"),
         (["--num-rollout", "2", "--save-interval", "1"], r"--save-interval requires --save"),
@@ -118,15 +118,20 @@ def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     with pytest.raises(ValueError, match=r"a torch_dist checkpoint; --train-backend fsdp resumes its own fsdp .*"
                        r"slime-convert mcore-to-hf"):  # fmt: skip
         check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(torch_dist)))
-    with pytest.raises(ValueError, match=r"a fsdp checkpoint; --train-backend megatron resumes its own torch_dist"):
+    with pytest.raises(ValueError, match=r": an fsdp checkpoint; --train-backend megatron resumes its own torch_dist"):
         check_checkpoints(cfg("--train-backend", "megatron", "--load", str(fsdp)))
     other_hf = tmp_path / "other-hf"
     other_hf.mkdir()
     (other_hf / "config.json").write_text("{}")
     save_file({}, str(other_hf / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"--ref-load .*: a hf checkpoint; the Megatron backend reads --ref-load as "
+    with pytest.raises(ValueError, match=r"--ref-load .*: an hf checkpoint; the Megatron backend reads --ref-load as "
                        "torch_dist"):  # fmt: skip
         check_checkpoints(cfg("--train-backend", "megatron", "--ref-load", str(other_hf)))
+    unknown = tmp_path / "unknown-ckpt"
+    unknown.mkdir()
+    (unknown / "notes.txt").write_text("not weights")
+    with pytest.raises(ValueError, match=r"--load .*: an unknown checkpoint; --train-backend fsdp resumes its own"):
+        check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(unknown)))
     # The reference model of a KL run reads a torch_dist --ref-load through its HF conversion (FSDP).
     kl = cfg("--train-backend", "fsdp", "--ref-load", str(torch_dist), "--use-kl-loss", "--kl-loss-coef", "0.01",
              "--output-dir", str(tmp_path / "out"))  # fmt: skip

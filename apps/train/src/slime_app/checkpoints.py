@@ -63,6 +63,15 @@ def checkpoint_kind(path: str | os.PathLike[str]) -> str:
     return "unknown"
 
 
+# Kinds read with "an": a vowel, or a letter name that starts with one (aitch-eff, eff-ess-dee-pee).
+_AN = frozenset({"hf", "fsdp", "unknown", "empty"})
+
+
+def _a(kind: str) -> str:
+    """`kind` with its article, as messages say it: "an unknown checkpoint", "a torch_dist checkpoint"."""
+    return f"{'an' if kind in _AN else 'a'} {kind} checkpoint"
+
+
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     kind = checkpoint_kind(cfg.load)
     if kind in ("missing", "empty"):
@@ -75,7 +84,7 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
             "hf": "give it as --hf-checkpoint",
         }.get(kind, "point --load at a --save directory of this backend")
         raise ValueError(
-            f"--load {cfg.load}: a {kind} checkpoint; --train-backend {cfg.train_backend} resumes its own {wanted} "
+            f"--load {cfg.load}: {_a(kind)}; --train-backend {cfg.train_backend} resumes its own {wanted} "
             f"checkpoints ({hint})"
         )
     notes.append(f"--load {cfg.load}: {kind} checkpoint, the run resumes from it")
@@ -91,7 +100,7 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
             notes.append(f"--ref-load {cfg.ref_load}: {kind}, the initial and reference weights")
             return
         raise ValueError(
-            f"--ref-load {cfg.ref_load}: a {kind} checkpoint; the Megatron backend reads --ref-load as torch_dist "
+            f"--ref-load {cfg.ref_load}: {_a(kind)}; the Megatron backend reads --ref-load as torch_dist "
             "(slime-convert hf-to-mcore), or leave it out to start from --hf-checkpoint"
         )
     if not cfg.with_ref:
@@ -106,7 +115,7 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
             f"{_converted_dir(cfg)} (converted once, before the run)"
         )
     else:
-        raise ValueError(f"--ref-load {cfg.ref_load}: a {kind} checkpoint; FSDP needs HF weights or torch_dist")
+        raise ValueError(f"--ref-load {cfg.ref_load}: {_a(kind)}; FSDP needs HF weights or torch_dist")
 
 
 def check_checkpoints(cfg: SlimeArgs) -> list[str]:

@@ -153,7 +153,7 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
     from slime_rollout.sft import ChatLossMask, generate_sft_rollout
 
     tokenizer = get_tokenizer(cfg.hf_checkpoint)
-    rows = load_prompt_rows(cfg.prompt_data)[:1]
+    rows = load_prompt_rows(cfg.prompt_data).head(1)
     (sample,) = rows_to_samples(
         rows, source=str(cfg.prompt_data), input_key=cfg.input_key, label_key=cfg.label_key,
         metadata_key=cfg.metadata_key, tool_key=cfg.tool_key, tokenizer=tokenizer,

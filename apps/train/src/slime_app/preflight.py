@@ -18,25 +18,25 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
     from slime_rollout.data_source import load_prompt_rows
 
     try:
-        rows = load_prompt_rows(spec)
+        located = load_prompt_rows(spec)
     except FileNotFoundError:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
     except ValueError as e:  # e.g. "file.jsonl:5: invalid JSON": say which flag named the file
         raise ValueError(f"{flag}: {e}") from None
-    if not rows:
+    if not located:
         raise ValueError(f"{flag} {spec}: no rows")
-    check_prompt_rows(rows, cfg, where=f"{flag} {spec}")
+    check_prompt_rows(located, cfg, where=f"{flag} {spec}")
     image_key = multimodal.image_column(cfg.multimodal_keys)
     if not image_key:
         return
     base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
     num_images = 0
-    for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
-        where = f"{flag} {spec} row {i} (--multimodal-keys column {image_key!r})"
+    for position, row in zip(located.positions, located, strict=True):
+        where = f"{flag} {spec} {located.unit} {position} (--multimodal-keys column {image_key!r})"
         num_images += multimodal.check_row_images(
             row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
         )
-    logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(rows), num_images)
+    logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).
