@@ -7,6 +7,7 @@ rollout_log_probs, loss_masks, **kwargs)` and run `slime_core.algorithms.tis`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,47 +17,34 @@ from slime_core.algorithms import tis
 __all__ = ["icepop_function", "vanilla_tis_function"]
 
 
-def vanilla_tis_function(
-    args: Any,
-    *,
-    pg_loss: torch.Tensor,
-    train_log_probs: list[torch.Tensor],
-    rollout_log_probs: list[torch.Tensor],
-    loss_masks: list[torch.Tensor],
-    **kwargs: Any,
-) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Truncated IS: `pg_loss [T] · clamp(exp(lp_train - lp_rollout), --tis-clip-low, --tis-clip)`, masks unchanged.
-
-    Returns:
-        `(pg_loss [T], loss_masks, {"tis", "tis_clipfrac", "tis_abs": [T]})` (`slime_core.algorithms.tis`).
-    """
-    return tis.vanilla_tis_function(
-        args=args,
-        pg_loss=pg_loss,
-        train_log_probs=train_log_probs,
-        rollout_log_probs=rollout_log_probs,
-        loss_masks=loss_masks,
-    )
+TisResult = tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]
 
 
-def icepop_function(
-    args: Any,
-    *,
-    pg_loss: torch.Tensor,
-    train_log_probs: list[torch.Tensor],
-    rollout_log_probs: list[torch.Tensor],
-    loss_masks: list[torch.Tensor],
-    **kwargs: Any,
-) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
-    """IcePop: the weight `exp(lp_train - lp_rollout)` inside `[--tis-clip-low, --tis-clip]`, 0 outside.
+def _original_call(fn: Callable[..., TisResult], doc: str) -> Callable[..., TisResult]:
+    """`fn` (keyword-only in `slime_core.algorithms.tis`) callable the original's way, `args` positional."""
 
-    Returns:
-        `(pg_loss [T], loss_masks, {"tis", "tis_clipfrac", "tis_abs": [T]})` (`slime_core.algorithms.tis`).
-    """
-    return tis.icepop_function(
-        args=args,
-        pg_loss=pg_loss,
-        train_log_probs=train_log_probs,
-        rollout_log_probs=rollout_log_probs,
-        loss_masks=loss_masks,
-    )
+    def call(
+        args: Any,
+        *,
+        pg_loss: torch.Tensor,
+        train_log_probs: list[torch.Tensor],
+        rollout_log_probs: list[torch.Tensor],
+        loss_masks: list[torch.Tensor],
+        **kwargs: Any,
+    ) -> TisResult:
+        return fn(args=args, pg_loss=pg_loss, train_log_probs=train_log_probs, rollout_log_probs=rollout_log_probs,
+                  loss_masks=loss_masks)  # fmt: skip
+
+    call.__name__ = call.__qualname__ = fn.__name__
+    call.__doc__ = doc + "\n\nReturns:\n    `(pg_loss [T], loss_masks, {\"tis\", \"tis_clipfrac\", \"tis_abs\": [T]})`."
+    return call
+
+
+vanilla_tis_function = _original_call(
+    tis.vanilla_tis_function,
+    "Truncated IS: `pg_loss [T] · clamp(exp(lp_train - lp_rollout), --tis-clip-low, --tis-clip)`, masks unchanged.",
+)
+icepop_function = _original_call(
+    tis.icepop_function,
+    "IcePop: the weight `exp(lp_train - lp_rollout)` inside `[--tis-clip-low, --tis-clip]`, 0 outside.",
+)
