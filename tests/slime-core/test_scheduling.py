@@ -6,6 +6,7 @@ import pytest
 from slime_core.scheduling import (
     DEFAULT_ATTN_COEF,
     assign_to_ranks,
+    balance_token_bins,
     build_schedule,
     chunk_fixed,
     equalize_bin_count,
@@ -58,6 +59,39 @@ def test_packing_budget_never_exceeded_except_alone_and_covers_every_sample():
         fits = [p for p in positions if lengths[p] <= cap]
         lower = -(-sum(lengths[p] for p in fits) // cap)
         assert len(bins) - (len(positions) - len(fits)) <= 11 / 9 * lower + 1
+
+
+def test_balanced_bins_spread_first_fit_decreasings_tail():
+    # FFD: [3,3,3,3] [3,3,3,3] [3,3] -> 12, 12, 6 tokens; spread over the same 3 bins: 12, 9, 9.
+    lengths = [3] * 10
+    ffd = pack_by_tokens(range(10), lengths, 12)
+    assert [sum(lengths[p] for p in b) for b in ffd] == [12, 12, 6]
+    bins = balance_token_bins(ffd, lengths, 12)
+    assert [sum(lengths[p] for p in b) for b in bins] == [12, 9, 9]
+    assert sorted(p for b in bins for p in b) == list(range(10))
+
+
+def test_balanced_bins_keep_count_budget_and_overlong_samples_alone():
+    for seed in range(30):
+        lengths = _lengths(seed, 60, hi=300)
+        cap = 260
+        ffd = pack_by_tokens(range(60), lengths, cap)
+        bins = balance_token_bins(ffd, lengths, cap)
+        assert len(bins) == len(ffd)
+        assert sorted(p for b in bins for p in b) == list(range(60))
+        loads = [sum(lengths[p] for p in b) for b in bins if not (len(b) == 1 and lengths[b[0]] > cap)]
+        assert all(load <= cap for load in loads)
+        for p in (p for p in range(60) if lengths[p] > cap):
+            assert [p] in bins
+        # LPT's spread: at most the longest sample that fits, unless the spread fell back to FFD.
+        if bins != ffd:
+            assert max(loads) - min(loads) <= max(lengths[p] for p in range(60) if lengths[p] <= cap)
+
+
+def test_dynamic_schedule_uses_balanced_micro_batches():
+    sched = build_schedule([3] * 10, list(range(10)), dp_size=1, global_batch_size=10,
+                           use_dynamic_batch_size=True, max_tokens_per_gpu=12)  # fmt: skip
+    assert sorted(len(mb) for mb in sched.rank_micro_batches[0][0]) == [3, 3, 4]
 
 
 def test_packing_rejects_non_positive_budget():

@@ -8,8 +8,10 @@ sample positions:
    global_batch_size`; each step takes the next `global_batch_size` rollouts, trailing rollouts are
    dropped (with a warning).
 2. Per step, pack the step's samples into micro-batches: `--use-dynamic-batch-size` packs by a
-   token budget (`--max-tokens-per-gpu` x context-parallel size) with first-fit decreasing; otherwise
-   fixed chunks of `--micro-batch-size` samples.
+   token budget (`--max-tokens-per-gpu` x context-parallel size): first-fit decreasing finds the fewest
+   micro-batches, then the tokens are spread evenly over that many (`balance_token_bins`, as the
+   original's balanced partition after its minimum micro-batch count); otherwise fixed chunks of
+   `--micro-batch-size` samples.
 3. Round the micro-batch count up to a multiple of the DP size by splitting the costliest bins (or
    adding empty ones when no bin can be split), so that every rank runs the same number of
    micro-batches (the ranks step their optimizers and collectives in lock-step).
@@ -40,6 +42,7 @@ __all__ = [
     "DEFAULT_ATTN_COEF",
     "Schedule",
     "assign_to_ranks",
+    "balance_token_bins",
     "build_schedule",
     "chunk_fixed",
     "equalize_bin_count",
@@ -118,6 +121,43 @@ def pack_by_tokens(positions: Sequence[int], lengths: Sequence[int], max_tokens:
             bins.append([pos])
             loads.append(n)
     return [sorted(b) for b in bins]
+
+
+def balance_token_bins(bins: list[list[int]], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Spreads the samples of `bins` evenly over the same number of bins, each within `max_tokens`.
+
+    First-fit decreasing fills bins to the budget and leaves a small last one. A small tail costs
+    twice: its kernels fill the GPU worse, and a compiled model sees a much shorter micro-batch (a new
+    shape-dependent code path, issue 26). Longest-processing-time order: samples longest first (ties by
+    position), each into the emptiest bin it fits. Samples longer than `max_tokens` keep a bin of their
+    own. If the spread does not fit the budget (possible in rare cases), `bins` is returned unchanged.
+
+    Args:
+        bins: micro-batches of positions, e.g. from `pack_by_tokens`.
+        lengths: token count of every position (indexed by position).
+        max_tokens: the token budget per bin.
+
+    Returns:
+        As many bins as `bins`, each sorted ascending, ordered by decreasing token count (ties by first
+        position).
+    """
+    positions = [p for b in bins for p in b]
+    alone = [[p] for p in positions if lengths[p] > max_tokens]
+    rest = sorted((p for p in positions if lengths[p] <= max_tokens), key=lambda p: (-lengths[p], p))
+    k = len(bins) - len(alone)
+    if k <= 0 or not rest:
+        return bins
+    heap = [(0, i) for i in range(k)]  # (tokens, bin id): the emptiest bin on top
+    out: list[list[int]] = [[] for _ in range(k)]
+    for pos in rest:
+        load, i = heapq.heappop(heap)
+        if load + lengths[pos] > max_tokens:
+            return bins  # the emptiest bin is full: no bin can take it
+        out[i].append(pos)
+        heapq.heappush(heap, (load + lengths[pos], i))
+    result = [sorted(b) for b in out if b] + alone
+    result.sort(key=lambda b: (-sum(lengths[p] for p in b), b[0]))
+    return result
 
 
 def chunk_fixed(positions: Sequence[int], micro_batch_size: int) -> list[list[int]]:
@@ -331,6 +371,7 @@ def build_schedule(
         if use_dynamic_batch_size:
             assert max_tokens_per_gpu is not None
             bins = pack_by_tokens(positions, lengths, max_tokens_per_gpu * cp_size)
+            bins = balance_token_bins(bins, lengths, max_tokens_per_gpu * cp_size)
         else:
             bins = chunk_fixed(positions, micro_batch_size)
         bins = equalize_bin_count(bins, costs, dp_size)
