@@ -181,6 +181,13 @@ def test_named_hf_weights_buckets(single, tiny_ckpt):
     assert len(single["buckets"]) > 1
 
 
+def test_one_rank_keeps_gathered_parameters_through_backward_only(single):
+    # Inside the training block a layer stays gathered after its forward (no re-gather in backward, issue 26);
+    # afterwards, and after a no-grad forward, every parameter is a shard again (swaps, saves, offloads read them).
+    assert single["gathered"] == {"before": True, "after_forward": False, "after_block": True,
+                                  "after_no_grad_forward": True}  # fmt: skip
+
+
 def test_world_size_two_matches_one(single, dp_runs):
     first, _ = dp_runs
     init = single["init_params"]

@@ -42,7 +42,12 @@ from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, save_checkpoin
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
-from slime_train_fsdp.model_loading import build_fsdp_model, default_device, load_hf_weights_into
+from slime_train_fsdp.model_loading import (
+    build_fsdp_model,
+    default_device,
+    gathered_through_backward,
+    load_hf_weights_into,
+)
 from slime_train_fsdp.offload import HostOffloader
 from slime_train_fsdp.packing import (
     PackedMicroBatch,
@@ -353,6 +358,10 @@ class FSDPTrainBackend:
         back-propagated, so FSDP's collectives stay aligned with the ranks that have data.
         """
         self.optimizer.zero_grad(set_to_none=True)
+        with gathered_through_backward(self.model):
+            return self._forward_backward(batch, step, loss_fn, denominator)
+
+    def _forward_backward(self, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss, denominator: float):
         metrics = []
         for ids in batch.micro_batches[step]:
             mb = self._pack(batch, ids)

@@ -18,10 +18,11 @@ the `C` ranks of a group sum their token slices' gradients in FSDP's reduce-scat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PretrainedConfig
 
 from slime_core.config import SlimeArgs
@@ -46,6 +47,7 @@ __all__ = [
     "FillMissing",
     "build_fsdp_model",
     "default_device",
+    "gathered_through_backward",
     "load_hf_weights_into",
     "read_hf_state_dict",
 ]
@@ -158,6 +160,31 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
                 module.compile(dynamic=True)
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
+
+
+@contextlib.contextmanager
+def gathered_through_backward(model: nn.Module) -> Iterator[None]:
+    """Within the block, a one-rank model keeps its gathered (bf16) parameters from forward to backward.
+
+    On one rank a shard is the whole tensor, so FSDP's re-gather in backward only repeats the fp32 -> bf16
+    copy of every parameter (part of the ~93 ms of casts and copies per step that the qwen3-1.7b profile at
+    8 x 1024 tokens shows, issue 26). Backward reshards each unit as usual; the block's exit reshards what is
+    left and restores the default, so no-grad forwards, swaps, saves and offloads see shards as before. With
+    more ranks the block changes nothing (there the re-gather is what keeps memory sharded).
+    """
+    units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+    one_rank = dist.is_initialized() and dist.get_world_size() == 1
+    if not one_rank or not units:
+        yield
+        return
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_reshard_after_forward(True, recurse=False)
+            unit.reshard()
 
 
 def _broadcast_buffers(model: nn.Module) -> None:
