@@ -356,8 +356,9 @@ def gathered_states(b: FSDPTrainBackend, batch: RolloutBatch) -> dict:
     sharded = lambda: all(isinstance(p, DTensor) for p in layer.parameters())  # noqa: E731
     out = {"before": sharded()}
     with gathered_through_backward(b.model):
-        logp, _, anchor = response_log_probs(b.model, b._pack(batch, batch.micro_batches[0][0]), temperature=1.0,
-                                            chunk_size=4)
+        logp, _, anchor = response_log_probs(
+            b.model, b._pack(batch, batch.micro_batches[0][0]), temperature=1.0, chunk_size=4
+        )
         out["after_forward"] = sharded()
         (logp.sum() + anchor).backward()
     out["after_block"] = sharded() and all(isinstance(p, DTensor) for p in b.model.parameters())
