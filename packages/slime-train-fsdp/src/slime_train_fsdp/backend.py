@@ -39,6 +39,7 @@ from slime_core.param_filter import frozen_parameter_names
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, save_checkpoint
+from slime_train_fsdp.compile_cache import load_compile_cache, save_compile_cache
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
@@ -189,6 +190,8 @@ class FSDPTrainBackend:
     def _load_checkpoint(self, cfg: SlimeArgs) -> int:
         """Restores `--load` when it holds a checkpoint; returns the rollout id to start from."""
         start = cfg.start_rollout_id or 0
+        if cfg.load and self._compiles:
+            load_compile_cache(cfg.load)  # before the first forward compiles the layers
         if cfg.load:
             meta = load_checkpoint(
                 cfg.load,
@@ -435,6 +438,14 @@ class FSDPTrainBackend:
             scheduler=self.scheduler,
             save_optim=not self.cfg.no_save_optim,
         )
+        if self._compiles and dist.get_rank() == 0:
+            save_compile_cache(save_dir)
+
+    @property
+    def _compiles(self) -> bool:
+        """Whether the decoder layers are compiled (`--fsdp-compile-layers`, default: on CUDA)."""
+        flag = self.cfg.fsdp_compile_layers
+        return flag if flag is not None else self.device.type == "cuda"
 
     def save_hf(self, path: str | pathlib.Path) -> None:
         """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective).
