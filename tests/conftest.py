@@ -16,6 +16,44 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Two xdist workers each run end-to-end jobs: their engines probe ports from different bases, so two runs that
+# start engines at the same moment do not both pick the first free port (the benchmark scripts keep 15000).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... under xdist
+if _WORKER.startswith("gw"):
+    os.environ.setdefault("SLIME_ENGINE_BASE_PORT", str(16000 + 1000 * int(_WORKER[2:])))
+
+# The whole suite (`uv run pytest`, what CI runs) on 2 workers: an end-to-end run (Ray, engine, trainer in
+# subprocesses) keeps about 1.1 of 2 cores busy, so a second one in parallel shortens the run; more would not
+# fit the memory of a small CI machine. A chosen file or test runs in this process (no worker start-up).
+SUITE_WORKERS = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Workers for `-n auto` (pyproject addopts): `SUITE_WORKERS` for the whole suite, 0 for chosen paths.
+
+    `PYTEST_XDIST_AUTO_NUM_WORKERS` overrides both (as in pytest-xdist); `-n N` on the command line wins.
+    """
+    if env := os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(env)
+    return SUITE_WORKERS if config.args_source == pytest.Config.ArgsSource.TESTPATHS else 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Schedules the suite for `--dist loadgroup`: fast tests first, as one group; slow tests by module.
+
+    The fast tests (about 1500) go to one worker in collection order, next to slow end-to-end tests on the
+    other; a slow module stays on one worker (its module fixtures, e.g. a teacher engine, are built once, and
+    the fault-injection runs do not overlap each other). Without xdist only the order changes.
+    """
+    fast = [item for item in items if item.get_closest_marker("slow") is None]
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    for item in fast:
+        item.add_marker(pytest.mark.xdist_group("fast"))
+    for item in slow:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items[:] = fast + slow
+
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> pathlib.Path:
