@@ -185,6 +185,7 @@ def test_reference_engine_speaks_sglangs_lora_wire(wire_engine, tiny_qwen3_dir, 
     assert_same_wire("lora", got, recorded)
 
 
+@pytest.mark.slow  # several engine processes (10-30 s): the full CI pass runs it
 def test_reference_engine_speaks_sglangs_vl_wire(make_tiny_vlm, private_tmp, reference_args, engine_base_port):
     recorded = wire.load("vl")
     if not recorded:
