@@ -38,18 +38,26 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return SUITE_WORKERS if config.args_source == pytest.Config.ArgsSource.TESTPATHS else 0
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Runs the slow tests first, so that `--dist loadfile` hands out the long end-to-end files first.
+# Test files that must not run at the same time as each other, so xdist gives them to one worker: the sandbox
+# tests look for leftover sandbox processes across the whole machine (/proc), and every slime-envs file runs some.
+SAME_WORKER = {"tests/slime-envs/": "tests/slime-envs/"}
 
-    pytest-xdist gives whole files to workers in this order (`--no-loadscope-reorder`): starting with the
-    longest work and filling in with short files at the end keeps both workers busy until the last minutes
-    (xdist's own order, by number of tests, would leave one 4-minute end-to-end file for the end). A file stays
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Whole files to a worker in collection order (`--dist loadfile`), `SAME_WORKER` folders as one unit.
+
+    A worker runs its files in the order of a plain `pytest` run, so a file never meets process state (e.g.
+    autograd threads before an FSDP test forks its ranks) that it would not meet in one process; a file stays
     on one worker, so a module fixture (a teacher engine, a run several tests assert on) is built once.
-    Without xdist only the order changes.
     """
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    fast = [item for item in items if item.get_closest_marker("slow") is None]
-    items[:] = slow + fast
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((unit for prefix, unit in SAME_WORKER.items() if path.startswith(prefix)), path)
+
+    return FileScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
