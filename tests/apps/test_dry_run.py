@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from safetensors.torch import save_file
 
 from slime_app.checkpoints import check_checkpoints, checkpoint_kind
 from slime_app.cli import main
@@ -23,7 +24,11 @@ FIXTURES = REPO / "tests" / "fixtures"
 def model(tmp_path):
     out = tmp_path / "Qwen3-4B"
     out.mkdir()
-    (out / "config.json").write_text((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text())
+    config = json.loads((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text())
+    # As the released checkpoint's config.json (4.51.0): without it transformers takes a local tokenizer for a
+    # possible Mistral one and warns on stderr when the prompt-length limit loads it.
+    config.setdefault("transformers_version", "4.51.0")
+    (out / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (out / name).write_bytes((FIXTURES / "qwen3-tokenizer" / name).read_bytes())
     return out
@@ -76,7 +81,7 @@ def test_dry_run_reports_and_starts_nothing(model, data, tmp_path):
          "config.json says 36"),
         (["--ref-load", "/nonexistent/ckpt"], r"--ref-load /nonexistent/ckpt: no checkpoint there \(missing\)"),
         (["--custom-rm-path", "nowhere_pkg.reward"], r"--custom-rm-path: module 'nowhere_pkg' not found"),
-        (["--input-key", "question"], r"d\.jsonl row 1: no --input-key 'question'"),
+        (["--input-key", "question"], r"d\.jsonl line 1: no --input-key 'question'"),
         (["--num-epoch", "1", "--rollout-batch-size", "16"], r"--prompt-data has 10 prompts, fewer than one "
          r"--rollout-batch-size \(16\)"),
         (["--num-rollout", "2", "--save-interval", "1"], r"--save-interval requires --save"),
@@ -100,7 +105,7 @@ def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     (fsdp / "iter_0000003").mkdir(parents=True)
     (fsdp / "iter_0000003" / "meta.json").write_text("{}")
     (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
-    (model / "model.safetensors").write_bytes(b"")
+    save_file({}, str(model / "model.safetensors"))  # a header, no tensor
     kinds = [checkpoint_kind(p) for p in (tmp_path / "nope", tmp_path / "empty", torch_dist, fsdp, model)]
     assert kinds == ["missing", "empty", "torch_dist", "fsdp", "hf"]
 
@@ -113,15 +118,20 @@ def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     with pytest.raises(ValueError, match=r"a torch_dist checkpoint; --train-backend fsdp resumes its own fsdp .*"
                        r"slime-convert mcore-to-hf"):  # fmt: skip
         check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(torch_dist)))
-    with pytest.raises(ValueError, match=r"a fsdp checkpoint; --train-backend megatron resumes its own torch_dist"):
+    with pytest.raises(ValueError, match=r": an fsdp checkpoint; --train-backend megatron resumes its own torch_dist"):
         check_checkpoints(cfg("--train-backend", "megatron", "--load", str(fsdp)))
     other_hf = tmp_path / "other-hf"
     other_hf.mkdir()
     (other_hf / "config.json").write_text("{}")
-    (other_hf / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"--ref-load .*: a hf checkpoint; the Megatron backend reads --ref-load as "
+    save_file({}, str(other_hf / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"--ref-load .*: an hf checkpoint; the Megatron backend reads --ref-load as "
                        "torch_dist"):  # fmt: skip
         check_checkpoints(cfg("--train-backend", "megatron", "--ref-load", str(other_hf)))
+    unknown = tmp_path / "unknown-ckpt"
+    unknown.mkdir()
+    (unknown / "notes.txt").write_text("not weights")
+    with pytest.raises(ValueError, match=r"--load .*: an unknown checkpoint; --train-backend fsdp resumes its own"):
+        check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(unknown)))
     # The reference model of a KL run reads a torch_dist --ref-load through its HF conversion (FSDP).
     kl = cfg("--train-backend", "fsdp", "--ref-load", str(torch_dist), "--use-kl-loss", "--kl-loss-coef", "0.01",
              "--output-dir", str(tmp_path / "out"))  # fmt: skip
@@ -157,6 +167,15 @@ def test_dry_run_on_cpu_prints_the_gpu_plan(model, data, monkeypatch, capsys):
     # What the user gave is what the GPU run uses too.
     assert main(["--dry-run", *flags, "--rollout-engine", "reference", "--weight-sync", "disk"]) == 0
     assert "(reference), on their own GPUs; weights via disk\n" in capsys.readouterr().out
+
+
+def test_dry_run_plans_colocated_and_rollout_only_gpus_as_the_placement_does(model, data, capsys):
+    # The placement makes max(1, 3) bundles: engine 0 shares the trainer's GPU, engines 1 and 2 have their own.
+    flags = _flags(model, data, "--num-rollout", "1", "--colocate", "--actor-num-gpus-per-node", "1")
+    assert main(["--dry-run", *flags, "--rollout-num-gpus", "3"]) == 0
+    assert "= 3 rollout GPU(s) (sglang), 1 colocated with the trainer, 2 rollout-only; " in capsys.readouterr().out
+    assert main(["--dry-run", *flags]) == 0
+    assert "= 1 rollout GPU(s) (sglang), colocated with the trainer; " in capsys.readouterr().out
 
 
 def test_gpu_plan_keeps_colocated_tensor_sync_and_cuda_machines_unchanged(model, data):

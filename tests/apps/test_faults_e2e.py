@@ -77,7 +77,8 @@ def _run_with_fault(argv: list[str], sig: signal.Signals) -> tuple[subprocess.Co
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     try:
-        while not any("rollout 0:" in line for line in lines):
+        # After rollout 0 is done (the progress lines also say "rollout 0: started" before it begins).
+        while not any(re.search(r"rollout 0: \d+ groups accepted", line) for line in lines):
             assert proc.poll() is None, "".join(lines[-80:])
             time.sleep(0.2)
         url = sorted(engines)[0]

@@ -24,17 +24,17 @@ def _args(data: pathlib.Path, *extra: str):
 def test_rows_are_numbered_like_lines(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n" + json.dumps({"q": "x", "label": "1"}) + "\n")
-    with pytest.raises(ValueError, match=r"d\.jsonl row 2: no --input-key 'prompt'"):
+    with pytest.raises(ValueError, match=r"d\.jsonl line 2: no --input-key 'prompt'"):
         preflight(_args(data))
 
 
 @pytest.mark.parametrize(
     ("row", "extra", "message"),
     [
-        ({"prompt": "", "label": "2"}, (), r"row 2: empty prompt in --input-key 'prompt'"),
-        ({"prompt": [{"role": "user", "content": " "}], "label": "2"}, (), r"row 2: empty prompt"),
-        ({"prompt": "1+2=", "label": None}, ("--rm-type", "math"), r"row 2: null --label-key 'label'.*math"),
-        ({"prompt": "1+2=", "label": None}, ("--rm-type", "boxed_deepscaler"), r"row 2: null --label-key"),
+        ({"prompt": "", "label": "2"}, (), r"line 2: empty prompt in --input-key 'prompt'"),
+        ({"prompt": [{"role": "user", "content": " "}], "label": "2"}, (), r"line 2: empty prompt"),
+        ({"prompt": "1+2=", "label": None}, ("--rm-type", "math"), r"line 2: null --label-key 'label'.*math"),
+        ({"prompt": "1+2=", "label": None}, ("--rm-type", "boxed_deepscaler"), r"line 2: null --label-key"),
     ],
 )
 def test_empty_prompts_and_null_labels_fail_in_preflight(tmp_path, row, extra, message):
@@ -207,7 +207,10 @@ def test_plugin_importing_the_originals_training_stack_is_one_line(tmp_path, mon
     body = "from slime.agent.sandbox import Sandbox\n\nasync def gen(args, sample, p):\n    pass\n"
     _plugin_module(tmp_path, monkeypatch, "pf_agent_plugin", body)
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # even for a remote cluster
-    with pytest.raises(ImportError, match=r"No module named 'slime.agent'.*not slime.agent \(MIGRATION.md"):
+    # slime.agent holds only the OpenAI adapter (slime_rollout.agent); the sandbox is the original's own.
+    with pytest.raises(
+        ImportError, match=r"No module named 'slime.agent.sandbox'.*not slime.agent.sandbox \(MIGRATION.md"
+    ):
         preflight(_args(data, "--custom-generate-function-path", "pf_agent_plugin.gen"))
 
 
@@ -258,12 +261,12 @@ def test_images_are_checked_row_by_row(tmp_path):
                         "--multimodal-keys", '{"image": "images"}'))  # fmt: skip
 
     check()  # valid: the image is found next to the data file and decodes
-    with pytest.raises(ValueError, match=r"d\.jsonl row 2 \(--multimodal-keys column 'images'\) image 1: image "
+    with pytest.raises(ValueError, match=r"d\.jsonl line 2 \(--multimodal-keys column 'images'\) image 1: image "
                                          r"'gone\.png' is neither an existing file"):  # fmt: skip
         check({"prompt": "<image>?", "label": "1", "images": ["gone.png"]})
-    with pytest.raises(ValueError, match=r"d\.jsonl row 2 .* image 1: image .*broken\.png: cannot be decoded"):
+    with pytest.raises(ValueError, match=r"d\.jsonl line 2 .* image 1: image .*broken\.png: cannot be decoded"):
         check({"prompt": "<image>?", "label": "1", "images": ["broken.png"]})
-    with pytest.raises(ValueError, match=r"d\.jsonl row 3 .*: the prompt has 2 <image> placeholder\(s\) for 1"):
+    with pytest.raises(ValueError, match=r"d\.jsonl line 3 .*: the prompt has 2 <image> placeholder\(s\) for 1"):
         check({"prompt": "<image>?", "label": "1", "images": ["ok.png"]},
               {"prompt": "<image><image>?", "label": "1", "images": ["ok.png"]})  # fmt: skip
 

@@ -3,6 +3,7 @@
 import io
 import logging
 
+import pytest
 from rich.console import Console
 
 from slime_app import loop
@@ -49,14 +50,32 @@ def test_without_a_terminal_each_phase_is_two_plain_log_lines(caplog):
     assert progress.console.file.getvalue() == ""  # no bar, no escape codes in a log file
 
 
-def test_a_failing_phase_still_ends(caplog):
-    progress = _plain()
-    try:
-        with progress.phase("ray"):
+def test_a_failing_phase_still_ends_and_says_it_failed(caplog):
+    clock = FakeClock()
+    progress = _plain(clock)
+    with caplog.at_level(logging.INFO, logger="slime_app.progress"), pytest.raises(RuntimeError, match="boom"):
+        with progress.phase("train", rollout_id=3):
+            clock.now += 2.5
             raise RuntimeError("boom")
-    except RuntimeError:
-        pass
-    assert [e.kind for e in progress.events] == ["start", "end"]
+    assert [r.getMessage() for r in caplog.records] == ["train 3: started", "train 3: failed after 2.5 s: RuntimeError"]
+    assert progress.events[-1] == PhaseEvent(kind="end", name="train", rollout_id=3, seconds=2.5, error="RuntimeError")
+
+
+def test_printed_lines_are_not_read_as_markup():
+    progress = _plain()
+    line = "rollout 3: reward [bold]0.5[/bold] sample '[x=1]' path [/tmp/a]"
+    progress.print(line)  # a closing tag with nothing open raised MarkupError
+    assert progress.console.file.getvalue() == line + "\n"
+
+
+def test_metric_lines_print_user_dataset_names_verbatim(tmp_path):
+    from slime_app.tracking import Tracker
+
+    progress = _plain()
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "use_tensorboard": False})
+    tracker = Tracker(cfg, str(tmp_path), progress)
+    tracker.eval_line(2, {"eval/gsm8k[test]": 0.5, "eval/[bold]": 1.0})
+    assert progress.console.file.getvalue() == "eval @ rollout 2 eval/gsm8k[test]=0.5 eval/[bold]=1\n"
 
 
 def _screen(progress: RunProgress) -> str:

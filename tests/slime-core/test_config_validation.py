@@ -72,13 +72,18 @@ BROKEN_RULES = [
     ),
     (
         {"colocate": True, "actor_num_gpus_per_node": 6, "rollout_num_gpus_per_engine": 4},
-        "--rollout-num-gpus 6 (with --colocate: the actor's GPUs) is not a multiple of --rollout-num-gpus-per-engine "
-        "4: 1 engine(s) of 4 GPUs would leave 2 GPU(s) idle",
+        "--rollout-num-gpus 6 (with --colocate: 6 shared with the trainer) is not a multiple of "
+        "--rollout-num-gpus-per-engine 4: 1 engine(s) of 4 GPUs would leave 2 GPU(s) idle",
+    ),
+    (
+        {"colocate": True, "actor_num_gpus_per_node": 1, "rollout_num_gpus": 3, "rollout_num_gpus_per_engine": 2},
+        "--rollout-num-gpus 3 (with --colocate: 1 shared with the trainer, 2 rollout-only) is not a multiple of "
+        "--rollout-num-gpus-per-engine 2",
     ),
     ({"offload": True, "rollout_num_gpus": 4}, "--offload-train (or --offload) without --colocate"),
     ({"eval_prompt_data": ["aime", "a.jsonl", "gsm8k"]}, "--eval-prompt-data takes pairs"),
-    ({"save_hf": "/out/{step}"}, "--save-hf '/out/{step}': only {rollout_id} can be filled in (KeyError: 'step')"),
-    ({"save_hf": "/out/{}"}, "--save-hf '/out/{}': only {rollout_id} can be filled in (IndexError"),
+    ({"save_hf": "/out/{step}"}, "--save-hf '/out/{step}': cannot be filled in with rollout_id=0 (KeyError: 'step')"),
+    ({"save_hf": "/out/{}"}, "--save-hf '/out/{}': cannot be filled in with rollout_id=0 (KeyError: '')"),
     ({"eval_prompt_data": ["a", "x.jsonl", "a", "y.jsonl"]}, "--eval-prompt-data: duplicate dataset names"),
     ({"eval_interval": 5}, "--eval-interval requires --eval-prompt-data or --eval-config"),
     ({"save_interval": 5}, "--save-interval requires --save"),

@@ -6,6 +6,8 @@ value is known by hand. It plays rank 0 of `dp` identical data-parallel ranks: i
 abs 1e-6.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -275,3 +277,32 @@ def test_opd_without_teacher_log_probs_fails_clearly():
     batch = _batch(1)
     with pytest.raises(ValueError, match="--opd-type fsdp: the batch has no teacher_log_probs and the trainer holds"):
         train_on_rollout(_cfg(use_opd=True, opd_type="fsdp"), FakeBackend(batch), 0, batch)
+
+
+def test_get_mismatch_metrics_with_rollout_log_probs_uses_the_trainers():
+    """`--get-mismatch-metrics --use-rollout-logprobs`: the loss is the engine-old one, the metrics the trainer's.
+
+    Trainer log-probs are -1.0 (the fake model), the engine's -1.2: Δ = 0.2 on every trainable token, so
+    `mis_kl = -0.2` per sample mean, summed over the step's 2 samples and divided by its 2 samples.
+    """
+    batch = _batch(2, rollout_log_probs=True)
+    batch.rollout_log_probs = [torch.full((n,), -1.2) for n in batch.response_lengths]
+    backend = FakeBackend(batch)
+    cfg = _cfg(use_rollout_logprobs=True, get_mismatch_metrics=True)
+    metrics, steps = train_on_rollout(cfg, backend, 0, batch)
+    # Two steps: the trainer's log-probs before training come from one forward, as in the original.
+    assert backend.calls.count("log_probs:actor") == 1
+    # Step 0: loss_denominators are 2 per sample; sample 1 has 2 trainable tokens of its 3.
+    assert steps[0]["train/mis_kl"] == pytest.approx(-0.2, abs=ATOL)
+    assert steps[0]["train/mis_log_ppl_diff"] == pytest.approx(-0.2, abs=ATOL)
+    assert steps[0]["train/mis_training_log_ppl"] == pytest.approx(1.0, abs=ATOL)
+    assert steps[0]["train/mis_rollout_log_ppl"] == pytest.approx(1.2, abs=ATOL)
+    # Step 1 trains on samples the first step's update did not touch (their own parameters): same gap.
+    assert steps[1]["train/mis_kl"] == pytest.approx(-0.2, abs=ATOL)
+    # One step per rollout: the training forward's detached log-probs are the trainer's, no extra forward.
+    single = _batch(1, rollout_log_probs=True)
+    single.rollout_log_probs = [torch.full((n,), -1.2) for n in single.response_lengths]
+    one = FakeBackend(single)
+    out, _ = train_on_rollout(cfg, one, 0, single)
+    assert "log_probs:actor" not in one.calls
+    assert out["train/mis_k3_kl"] == pytest.approx(math.exp(0.2) - 0.2 - 1, abs=ATOL)

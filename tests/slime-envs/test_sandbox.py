@@ -257,3 +257,15 @@ def test_check_sandbox_passes_here():
     enforcement = check_sandbox()
     assert "seccomp" in enforcement["syscalls"]
     assert os.path.exists(_bwrap.bwrap_path())
+
+
+async def test_output_limited_means_output_was_cut_not_that_it_reached_the_limit():
+    """Exactly `max_output_bytes` is written whole and not flagged; one byte more is cut to the limit and flagged."""
+    config = SandboxConfig(max_output_bytes=4096, max_output_chars=10_000)
+    exact = await run_python("import os\nos.write(1, b'x' * 4096)", config)
+    assert (exact.stdout, exact.output_limited, exact.exit_code) == ("x" * 4096, False, 0), exact.stderr
+    assert exact.to_observation() == "x" * 4096
+    over = await run_python("import os\nos.write(1, b'x' * 4096)\nos.write(1, b'y')", config)
+    assert over.output_limited and over.stdout == "x" * 4096  # the byte of headroom landed, and is cut here
+    crossing = await run_python("import os\nos.write(1, b'z' * 5000)\nos.write(1, b'z')", config)
+    assert crossing.output_limited and crossing.stdout == "z" * 4096 and "File too large" in crossing.stderr

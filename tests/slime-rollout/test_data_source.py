@@ -164,7 +164,7 @@ def test_message_prompts_are_measured_as_the_engine_gets_them(tmp_path, qwen3_to
 def test_empty_prompt_names_the_row(tmp_path, prompt):
     rows = [{"question": "fine", "answer": "1"}, {"question": prompt, "answer": "2"}]
     args = _args(prompt_data=_write_jsonl(tmp_path / "e.jsonl", rows))
-    with pytest.raises(ValueError, match=r"e\.jsonl row 2: empty prompt in --input-key 'question'"):
+    with pytest.raises(ValueError, match=r"e\.jsonl line 2: empty prompt in --input-key 'question'"):
         RolloutDataSource(args)
 
 
@@ -268,7 +268,7 @@ def test_prompts_longer_than_the_model_context_are_dropped_by_default(
     warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.data_source"]
     assert warnings == [
         f"{tmp_path / 'd.jsonl'}: dropped 2 of 5 prompts longer than --rollout-max-prompt-len (default: the context "
-        "less one token)=63 tokens (rows 2, 3)"
+        "less one token)=63 tokens (lines 2, 3)"
     ]
     # --rollout-max-context-len sets the context as in the original (limit 39 here), and the flag itself wins.
     assert len(RolloutDataSource(_args(**base, rollout_max_context_len=40))) == 2
@@ -285,3 +285,34 @@ def test_no_config_json_means_no_default_limit(tmp_path, qwen3_tokenizer_dir):
     (vlm / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
     assert default_max_prompt_len(None, None, str(vlm)) == 4095
     assert default_max_prompt_len(None, 100, str(vlm)) == 99 and default_max_prompt_len(7, 100, str(vlm)) == 7
+
+
+def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwen3_tokenizer_dir, caplog):
+    """JSONL rows by their 1-based file line (blank lines counted, a slice not restarting the count); Parquet rows by
+    their 0-based row index, the index an `@[start:end]` slice uses (issue 28)."""
+    from slime_rollout.data_source import get_tokenizer, rows_to_samples
+
+    tok = get_tokenizer(qwen3_tokenizer_dir)
+    long = "a" + " a" * 50  # 51 tokens > 20
+    path = tmp_path / "blank.jsonl"
+    path.write_text(json.dumps({"p": "short"}) + "\n\n\n" + json.dumps({"p": long}) + "\n" + json.dumps({"p": "ok"}))
+    pq.write_table(pa.table({"p": ["short", long, long]}), tmp_path / "x.parquet")
+    cases = [
+        (f"{path}", "dropped 1 of 3 prompts", "(lines 4)"),
+        (f"{path}@[1:]", "dropped 1 of 2 prompts", "(lines 4)"),
+        (f"{tmp_path / 'x.parquet'}", "dropped 2 of 3 prompts", "(row indices 1, 2)"),
+        (f"{tmp_path / 'x.parquet'}@[2:]", "dropped 1 of 1 prompts", "(row indices 2)"),
+    ]
+    for spec, count, where in cases:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="slime_rollout.data_source"):
+            rows_to_samples(load_prompt_rows(spec), source=spec, input_key="p", tokenizer=tok, max_prompt_len=20)
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{spec}: {count} longer than --rollout-max-prompt-len=20 tokens {where}"
+        ]
+    # Errors too; plain rows (not read from a file) keep their 1-based position among the rows.
+    path.write_text(json.dumps({"p": "short"}) + "\n\n" + json.dumps({"q": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"blank\.jsonl@\[1:\] line 3: no --input-key 'p'"):
+        rows_to_samples(load_prompt_rows(f"{path}@[1:]"), source=f"{path}@[1:]", input_key="p")
+    with pytest.raises(ValueError, match=r"^mem row 2: no --input-key 'p'"):
+        rows_to_samples([{"p": "x"}, {"q": "y"}], source="mem", input_key="p")

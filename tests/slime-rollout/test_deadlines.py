@@ -10,8 +10,9 @@ from aiohttp import web
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample
+from slime_rollout import loop_watchdog
 from slime_rollout.client import RolloutClient
-from slime_rollout.deadlines import DeadlineExceeded, await_with_deadline
+from slime_rollout.deadlines import DeadlineExceeded, await_with_deadline, call_plugin_with_deadline
 from slime_rollout.rewards import async_rm, batched_async_rm
 from slime_rollout.rewards.checks import RewardFunctionError
 from slime_rollout.transport import EngineError
@@ -34,6 +35,16 @@ async def never_returns_group(args, samples):
 
 
 async def quick(args, sample):
+    return 1.0
+
+
+async def blocks_the_loop(args, sample):
+    time.sleep(1.5)  # synchronous: holds the event loop itself
+    return 1.0
+
+
+async def blocks_briefly(args, sample):
+    time.sleep(0.05)  # far below --slow-call-warning-secs
     return 1.0
 """
 
@@ -168,3 +179,54 @@ async def test_await_with_deadline_cancels_the_work_and_passes_results_through()
     await asyncio.sleep(0)
     assert cancelled.is_set()
     assert await await_with_deadline(asyncio.sleep(0, result=5), what="w", deadline_s=1, flag="-f", warn_every_s=1) == 5
+
+
+async def test_an_async_reward_that_blocks_the_loop_is_named_and_fails_once_it_returns(stuck_rewards, caplog):
+    """Nothing can preempt a blocked loop: the watchdog thread warns naming the plugin, logs one error past the
+    deadline, and the call fails with the deadline's one-line error when it comes back (issue 28 #12)."""
+    path = f"{stuck_rewards}.blocks_the_loop"
+    caplog.set_level(logging.WARNING, logger="slime_rollout.loop_watchdog")
+    with pytest.raises(RewardFunctionError) as e:
+        await async_rm(_args(custom_rm_path=path), Sample(response="x", label="y", index=7))
+    what = f"reward function --custom-rm-path {path} on sample 7"
+    assert str(e.value).startswith(f"{what} did not finish within 0.6 s (--rm-timeout-secs): it blocked the event loop")
+    records = [(r.levelno, r.getMessage()) for r in caplog.records]
+    warnings = [m for level, m in records if level == logging.WARNING]
+    errors = [m for level, m in records if level == logging.ERROR]
+    assert len(warnings) == 1 and "the event loop has been blocked for 0." in warnings[0] and what in warnings[0]
+    assert errors == [
+        f"{what} is past its 0.6 s deadline (--rm-timeout-secs) but blocks the event loop, so it cannot be "
+        "cancelled; the rollout is stuck until it returns, then fails"
+    ]
+
+
+async def test_calls_delayed_by_a_blocked_loop_name_the_culprit(stuck_rewards, caplog):
+    import stuck_rewards as mod
+
+    async def innocent(args, sample):
+        await asyncio.sleep(0.1)
+        return 2.0
+
+    caplog.set_level(logging.WARNING, logger="slime_rollout.loop_watchdog")
+    bounds = {"deadline_s": 0.6, "flag": "--rm-timeout-secs", "warn_every_s": 0.2}
+    blocker = asyncio.create_task(call_plugin_with_deadline(mod.blocks_the_loop, None, None, what="blocker", **bounds))
+    others = [call_plugin_with_deadline(innocent, None, None, what=f"innocent {i}", **bounds) for i in range(2)]
+    results = await asyncio.gather(blocker, *others, return_exceptions=True)
+    assert str(results[0]).startswith("blocker did not finish within 0.6 s (--rm-timeout-secs): it blocked the event")
+    # Their deadlines passed while the blocker held the loop: they fail too, naming it.
+    assert [str(r) for r in results[1:]] == [
+        f"innocent {i} did not finish within 0.6 s (--rm-timeout-secs); cancelled (the event loop was blocked "
+        "meanwhile by blocker)"
+        for i in range(2)
+    ]
+    assert [r.getMessage().split(" by ")[1].split(":")[0] for r in caplog.records if r.levelno == logging.WARNING] == [
+        "blocker"
+    ]
+    # A short block (under the warning threshold) passes unnoticed and unchanged.
+    assert await call_plugin_with_deadline(mod.blocks_briefly, None, None, what="brief", **bounds) == 1.0
+    # The watchdog thread ends once no watched call is in flight.
+    for _ in range(50):
+        if not loop_watchdog._watchdogs:
+            break
+        await asyncio.sleep(0.1)
+    assert not loop_watchdog._watchdogs

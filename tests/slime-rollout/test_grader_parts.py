@@ -9,7 +9,7 @@ import pytest
 from slime_rollout.rewards.answers import final_boxed_answers, find_boxes, strip_reasoning
 from slime_rollout.rewards.deadline import REFIRE_S, GradingTimeout, run_with_deadline
 from slime_rollout.rewards.math import math_reward
-from slime_rollout.rewards.math_utils import costly_reason, grade_fast
+from slime_rollout.rewards.math_utils import answer_parts, costly_reason, grade_fast
 from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number, words_to_number
 
 F = fractions.Fraction
@@ -55,6 +55,10 @@ def test_extraction_is_linear_on_huge_text():
         ("1.5 million", F(1_500_000)),
         ("a thousand", F(1000)),
         ("two dozen", F(24)),
+        ("-2 hundred", F(-200)),
+        ("minus three million", F(-3_000_000)),
+        ("3 millions", F(3_000_000)),
+        ("two hundredths", F(2, 100)),
         ("42", None),  # digits alone are not number words
         ("a", None),
         ("two apples", None),
@@ -83,9 +87,25 @@ def test_number_words(text, value):
         ("50%", "50"),
         (r"50\%", "50"),
         ("50 percent", "50"),
-        # "k" is read as thousands only as a whole number (`parse_number`); in algebra it is a variable.
-        ("3k", "3k"),
+        # "k" is read as thousands only as a whole number; in algebra it is a variable. normalize_answer and
+        # parse_number agree (issue 28: "2.5k" normalized to "2.5k" while it graded as 2500).
+        ("3k", "3000"),
+        ("2.5k", "2500"),
+        ("-2.5k", "-2500"),
         ("x + 3k", "x+3k"),
+        # The sign stays with a scaled value (issue 28: "-3 million" was "3000000").
+        ("-3 million", "-3000000"),
+        ("-2 hundred", "-200"),
+        ("\u22123 million", "-3000000"),  # a Unicode minus sign
+        ("minus three million", "-3000000"),
+        ("-a dozen", "-12"),
+        # Plural and fractional scales are values; ambiguous abbreviations are kept as written.
+        ("3 millions", "3000000"),
+        ("3 thousandths", r"\frac{3}{1000}"),
+        ("3 hundredths of a meter", r"\frac{3}{100}"),
+        ("3M", "3M"),
+        ("3 mil", "3mil"),
+        ("5 m", "5"),  # metres: a unit
     ],
 )
 def test_normalize_answer_keeps_scale_words(text, normalized):
@@ -108,6 +128,20 @@ def test_percent_is_recorded():
         (r"\boxed{3k}", "3", 0.0),
         (r"\boxed{5000}", "5k", 1.0),
         (r"\boxed{3k+1}", "3001", 0.0),  # an expression in k, not thousands
+        # Issue 28: the sign of a scaled value was dropped; wrong magnitudes were read as the bare number.
+        (r"\boxed{-3 million}", "-3000000", 1.0),
+        (r"\boxed{-3 million}", "3000000", 0.0),
+        ("\\boxed{\u22123 million}", "-3000000", 1.0),
+        (r"\boxed{-2.5k}", "-2500", 1.0),
+        (r"\boxed{3 millions}", "3", 0.0),
+        (r"\boxed{3 millions}", "3000000", 1.0),
+        (r"\boxed{3 thousandths}", "3", 0.0),
+        (r"\boxed{3 thousandths}", "0.003", 1.0),
+        (r"\boxed{3 hundredths}", "3", 0.0),
+        (r"\boxed{3 hundredths}", "0.03", 1.0),
+        (r"\boxed{3M}", "3", 0.0),
+        (r"\boxed{3M}", "3000000", 0.0),  # million or molar: ambiguous, equal to neither
+        (r"\boxed{3 mil}", "3", 0.0),
         # Percent: equal to its number (the original drops the sign) and to its value (math-verify), while a
         # bare 50 is not 0.5.
         (r"\boxed{50\%}", "50", 1.0),
@@ -140,6 +174,8 @@ def test_scale_words_and_percent_are_values(response, label, expected):
         (r"-\frac{3}{4}", F(-3, 4)),
         ("1e3", F(1000)),
         ("2.5k", F(2500)),
+        ("-3 million", F(-3_000_000)),
+        ("3 thousandths", F(3, 1000)),
         ("3 million", F(3_000_000)),
         ("1e100000", None),  # a 100000-digit exponent is not parsed (it would build a huge integer)
         (r"\sqrt{2}", None),
@@ -238,3 +274,22 @@ def test_deadline_fires_again_when_the_work_swallows_it():
             time.sleep(REFIRE_S)  # a late firing would land here
     except GradingTimeout:
         pytest.fail("GradingTimeout raised after run_with_deadline returned")
+
+
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("5", ["5"]),
+        ("1, 2", ["1", "2"]),
+        ("(1, 2)", ["1", "2"]),
+        (r"\{3, 5\}", ["3", "5"]),
+        (r"\left[1, 2\right)", ["1", "2"]),
+        ("(1, 2) \\cup (3, 4)", ["(1, 2) \\cup (3, 4)"]),  # the outer brackets do not enclose it all
+        ("3 and 5", ["3", "5"]),
+        (r"3 \text{ and } 5", ["3", "5"]),
+        ("1,000", ["1000"]),
+        (r"f(1, 2), g(3)", ["f(1, 2)", "g(3)"]),
+    ],
+)
+def test_answer_parts(text, parts):
+    assert answer_parts(text) == parts

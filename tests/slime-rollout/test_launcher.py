@@ -113,14 +113,25 @@ def test_engine_python_flag_then_env_then_this_interpreter(monkeypatch, flag, en
     assert cmd[:3] == [expected, "-m", "sglang.launch_server"]
 
 
-@pytest.mark.parametrize("bad", [{"port": 1}, {"sglang_tp_size": 2}, ["--sglang-model-path", "x"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"port": 1},
+        {"sglang_tp_size": 2},
+        ["--sglang-model-path", "x"],
+        {"tensor_parallel_size": 2},  # SGLang alias
+        ["--sglang-tp", "4"],  # argparse abbreviation of --tp-size
+        ["--sglang-model=x"],
+    ],
+)
 def test_managed_fields_cannot_be_passed_through(bad):
-    with pytest.raises(ValueError, match="set by slime itself"):
+    with pytest.raises(ValueError, match="which slime sets itself for every engine"):
         sglang_passthrough(bad)
 
 
 def test_passthrough_value_kinds():
-    assert sglang_passthrough({"a_b": [1, 2], "c": None, "d": "x y"}) == ["--a-b", "1", "2", "--d", "x y"]
+    got = sglang_passthrough({"a_b": [1, 2], "c": None, "log_level": "x y"})
+    assert got == ["--a-b", "1", "2", "--log-level", "x y"]
     assert sglang_passthrough(None) == []
 
 

@@ -364,3 +364,18 @@ async def test_a_pool_that_misses_its_start_up_budget_says_so_and_grades_inline(
     assert await async_rm(_args(), Sample(response=r"\boxed{\sqrt{8}}", label=r"2\sqrt{2}", index=3)) == 1.0
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "start-up budget" in errors[0] and "inline" in errors[0]
+
+
+@pytest.mark.timeout(120)
+async def test_a_call_cancelled_while_the_pool_starts_leaves_the_pool_usable(slow_start_up):
+    """Cancelling one caller during start-up stops only its wait: the shared start-up goes on, later calls grade."""
+    generation = pool.pool_generation()
+    first = asyncio.create_task(pool.run_in_pool(abs, -3, num_workers=NUM_WORKERS))
+    await asyncio.sleep(0.5)  # the workers take 3 s to start
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert not pool._startup.cancelled()
+    assert pool._startup.cancel() is False  # nobody else can cancel it either
+    assert await asyncio.wait_for(pool.run_in_pool(abs, -5, num_workers=NUM_WORKERS), 60) == 5
+    assert pool.pool_generation() == generation + 1  # the same pool, never retired or restarted

@@ -187,13 +187,48 @@ def bad_group_rm(args, samples):
     return [1.0, None]
 
 
+def exiting_rm(args, sample):
+    raise SystemExit(3)
+
+
+async def exiting_async_rm(args, sample):
+    raise SystemExit("bye")
+
+
+def huge_rm(args, sample):
+    return 10**400
+
+
+def nested_nan_rm(args, sample):
+    return {"score": {"x": float("nan")}, "pred": "x"}
+
+
+def nested_list_rm(args, sample):
+    return {"scores": [1.0, {"y": 10**400}]}
+
+
+def nested_ok_rm(args, sample):
+    return {"score": {"x": 1.0, "tags": ["a", True]}, "pred": "x"}
+
+
+def exiting_group_rm(args, samples):
+    raise SystemExit(4)
+
+
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
         ("nan_rm", r"--custom-rm-path .*\.nan_rm returned a non-finite reward \(nan\) for sample 5"),
         ("raising_rm", r"--custom-rm-path .*\.raising_rm raised KeyError on sample 5: 'answer'"),
         ("text_rm", r"\.text_rm returned str '1\.0', not a number or a dict of scores for sample 5"),
-        ("dict_inf_rm", r"\.dict_inf_rm returned a non-finite score 'score'=inf for sample 5"),
+        ("dict_inf_rm", r"\.dict_inf_rm returned a non-finite score \(inf\) at 'score' for sample 5"),
+        # Issue 28: SystemExit ended the process with no word of the function; 10**400 was a bare OverflowError;
+        # a NaN one level down in the dict passed.
+        ("exiting_rm", r"\.exiting_rm raised SystemExit on sample 5: 3$"),
+        ("exiting_async_rm", r"\.exiting_async_rm raised SystemExit on sample 5: bye$"),
+        ("huge_rm", r"\.huge_rm returned a reward too large for a float \(1000.*401 digits\) for sample 5"),
+        ("nested_nan_rm", r"\.nested_nan_rm returned a non-finite score \(nan\) at 'score'\['x'\] for sample 5"),
+        ("nested_list_rm", r"returned a score too large for a float .* at 'scores'\[1\]\['y'\] for sample 5"),
     ],
 )
 async def test_bad_reward_function_output_names_the_plugin_and_the_sample(fn, message):
@@ -208,6 +243,11 @@ async def test_bad_reward_function_output_names_the_plugin_and_the_sample(fn, me
         await async_rm(_args(rm_type="math"), sample)
 
 
+async def test_nested_finite_reward_dict_is_accepted():
+    out = await async_rm(_args(custom_rm_path=f"{__name__}.nested_ok_rm"), Sample(response="r", index=1))
+    assert out == {"score": {"x": 1.0, "tags": ["a", True]}, "pred": "x"}
+
+
 async def test_bad_group_reward_names_the_sample():
     from slime_rollout.rewards.checks import RewardFunctionError
 
@@ -217,6 +257,9 @@ async def test_bad_group_reward_names_the_sample():
         await batched_async_rm(args, samples)
     args = _args(custom_rm_path=f"{__name__}.raising_rm", group_rm=True)
     with pytest.raises(RewardFunctionError, match=r"raised KeyError on samples \[3, 4\]: 'answer'"):
+        await batched_async_rm(args, samples)
+    args = _args(custom_rm_path=f"{__name__}.exiting_group_rm", group_rm=True)
+    with pytest.raises(RewardFunctionError, match=r"exiting_group_rm \(--group-rm\) raised SystemExit on samples"):
         await batched_async_rm(args, samples)
 
 

@@ -91,3 +91,106 @@ def test_superseded_boxes_are_counted():
 )
 def test_offered_together(between, together):
     assert offered_together(between) is together
+
+
+# Issue 28, item 1: a retraction is about the box itself; later mentions of wrongness, asides and affirmations are
+# not one. Label 5 throughout.
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (r"\boxed{5}. So the correct answer is 5.", 1.0),  # an affirmation
+        (r"Thus \boxed{5}. The correct answer is indeed $5$.", 1.0),
+        (r"\boxed{5}. Option B is incorrect because it double counts.", 1.0),
+        (r"\boxed{5}. The other root -3 is wrong since x>0.", 1.0),
+        (r"\boxed{5}. My mistake earlier was the sign; now it is fixed.", 1.0),
+        (r"\boxed{5}. (A common slip is to think 3; that is wrong.)", 1.0),  # an aside in parentheses
+        (r"\boxed{5}. Wait, that's wrong.", 0.0),
+        (r"\boxed{5}. Hmm, this is incorrect.", 0.0),
+        (r"\boxed{5}. Scratch that.", 0.0),
+        (r"\boxed{5}. My mistake, I misread the question.", 0.0),
+        (r"\boxed{5} is wrong.", 0.0),
+        (r"\boxed{5}. Actually, the correct answer is 6.", 0.0),  # a correction to another value
+        (r"\boxed{5}. I made a mistake in step 2.", 0.0),
+    ],
+)
+def test_retraction_must_be_about_the_box(response, expected):
+    assert rule_based_reward("math", response, "5") == expected
+
+
+# Items 2 and 3: hedges outside the old word list or in a middle sentence; negated boxes are not offered answers;
+# every grader of a final answer applies the same rule.
+@pytest.mark.parametrize(
+    ("grader", "response", "expected"),
+    [
+        ("math", r"\boxed{3} vs \boxed{5}", 0.0),
+        ("math", r"\boxed{3} otherwise \boxed{5}", 0.0),
+        ("math", r"\boxed{3} is possible too; \boxed{5}", 0.0),
+        ("math", r"It is \boxed{3}. I'm not certain. Another possibility is \boxed{5}.", 0.0),
+        ("math", r"\boxed{3}. Since 3 is odd, the other possibility is \boxed{5}.", 0.0),
+        ("math", r"\boxed{5} is correct, not \boxed{3}", 1.0),
+        ("math", r"the answer is \boxed{5}. (Not \boxed{3}.)", 1.0),
+        ("math", r"\boxed{3} is wrong; \boxed{5} is correct", 1.0),
+        ("math", r"\boxed{5}, rather than \boxed{3}", 1.0),
+        ("math", r"The answer is not \boxed{5}.", 0.0),  # its only box is negated: no answer
+        ("boxed_math", r"\boxed{3} or \boxed{5}", 0.0),
+        ("boxed_math", r"\boxed{5}", 1.0),
+        ("boxed_math", "<think>\\boxed{5}", 0.0),  # reasoning that never closed has no answer
+        ("dapo", r"Answer: \boxed{3} or \boxed{5}", 0.0),
+        ("dapo", r"Answer: \boxed{5}", 1.0),
+        ("boxed_dapo", r"So \boxed{3} or maybe \boxed{5}", 0.0),
+        ("boxed_dapo", r"At first \boxed{3}, but fixing the sign gives \boxed{5}", 1.0),
+        ("boxed_f1", r"\boxed{5} or \boxed{7}", 0.0),
+        ("boxed_f1", r"\boxed{5}", 1.0),
+    ],
+)
+def test_hedges_and_negations_on_every_final_answer_grader(grader, response, expected):
+    out = rule_based_reward(grader, response, "5")
+    assert (float(out["acc"]) if "dapo" in grader else float(out)) == expected
+
+
+@pytest.mark.parametrize(
+    ("between", "together"),
+    [
+        (" vs ", True),
+        (" otherwise ", True),
+        (". I'm not certain. Another possibility is ", True),
+        (". Let me check: 2 or 3 terms give 5.\nSo ", False),  # a weak word deep inside a derivation
+        (". Oops, it is possible too that ", False),  # a correction outranks a hedge word
+    ],
+)
+def test_hedge_anywhere_between_boxes(between, together):
+    assert offered_together(between) is together
+
+
+# Item 4: labelled parts are compared in order, and the number of parts must be the label's.
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        (r"(a) \boxed{2} (b) \boxed{1}", "1, 2", 0.0),
+        (r"(a) \boxed{1} (b) \boxed{2}", "1, 2", 1.0),
+        (r"$x = \boxed{2}$, $y = \boxed{1}$", "(1, 2)", 0.0),
+        (r"$x = \boxed{1}$, $y = \boxed{2}$", "(1, 2)", 1.0),
+        (r"\boxed{5}", "5, 5", 0.0),
+        (r"\boxed{5}, \boxed{5}", "5, 5", 1.0),
+        (r"\boxed{1}, \boxed{2}, \boxed{3}", "1, 2", 0.0),
+        (r"\boxed{1, 2}", "1, 2", 1.0),
+        (r"\boxed{3 \text{ or } 5}", "3, 5", 0.0),  # one part, a hedge inside the box
+        (r"\boxed{1,000}", "1000", 1.0),  # a thousands separator is not a part
+    ],
+)
+def test_multi_part_order_and_count(response, label, expected):
+    assert rule_based_reward("math", response, label) == expected
+    assert rule_based_reward("dapo", f"Answer: {response}", label)["acc"] is (expected == 1.0)
+
+
+def test_unlabelled_parts_are_compared_as_a_set():
+    # Roots have no order: math-verify compares the list as a set (dapo, never symbolic, needs the label's order).
+    assert rule_based_reward("math", r"The roots are $\boxed{3}$ and $\boxed{2}$.", "2, 3") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("response", "label"),
+    [(r"\boxed{(-\infty, 3)}", "x<3"), (r"\boxed{1, 2}", r"\{1, 2\}"), (r"\boxed{(1, 2)}", "1, 2")],
+)
+def test_one_bracketed_answer_is_counted_either_way(response, label):
+    assert rule_based_reward("math", response, label) == 1.0

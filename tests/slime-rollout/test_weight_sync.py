@@ -308,6 +308,7 @@ def test_interleaved_pushes_from_two_writers_are_refused_by_the_reference_engine
     url = reference_engine.urls[0]
     engine = EngineClient(url)
     name, tensor = next(iter(hf_state[1].items()))
+    torch.multiprocessing.set_sharing_strategy("file_system")  # as TensorWeightUpdater does (test order-free)
 
     async def bucket(version):
         payload = serialize_named_tensors([(name, tensor.clone())])
@@ -323,8 +324,15 @@ def test_interleaved_pushes_from_two_writers_are_refused_by_the_reference_engine
         ):
             await bucket("b1")  # writer B's first bucket, before A's fence
         assert await engine.get_weight_version() == "a1"  # SGLang's rule: the last accepted bucket's version
-        with pytest.raises(EngineError, match=r"refused a bucket of weight_version 'b1'.*interleaved"):
+        with pytest.raises(EngineError, match=r"refused a whole-model load of weight_version 'b1'.*interleaved"):
             await engine.update_weights_from_disk("/nonexistent", weight_version="b1")  # nor a whole-model load
+        # Issue 28 #13: an untagged load or bucket mid-push is refused too, and leaves the push open (guarded).
+        with pytest.raises(EngineError, match=r"refused a whole-model load without weight_version: 1 bucket"):
+            await engine.update_weights_from_disk("/nonexistent")
+        with pytest.raises(EngineError, match=r"refused a bucket without weight_version: 1 bucket"):
+            await bucket(None)
+        with pytest.raises(EngineError, match=r"refused a bucket of weight_version 'b1'"):
+            await bucket("b1")
         assert (await bucket("a1"))["success"] is True  # A goes on and fences
         await engine.update_weight_version("a1")
         assert (await bucket("b1"))["success"] is True  # after A's fence, B's push is a push of its own
@@ -333,6 +341,29 @@ def test_interleaved_pushes_from_two_writers_are_refused_by_the_reference_engine
         await engine.aclose()
 
     asyncio.run(interleave())
+
+
+def test_push_guard_rule_open_push_takes_only_its_own_version():
+    """While a push is open every update must carry its version (untagged ones included); a whole-model load of
+    that version closes it; outside a push anything goes, as on SGLang (issue 28 #13)."""
+    from slime_rollout.engines.reference.push_guard import PushGuard
+
+    guard, disk, tensor = PushGuard(), "/update_weights_from_disk", "/update_weights_from_tensor"
+    assert [guard.refusal(v, e) for v, e in ((None, disk), (None, tensor), ("7", disk))] == [None, None, None]
+    guard.landed("3")
+    guard.landed("3")
+    assert guard.refusal("3", tensor) is None and guard.refusal("3", disk) is None
+    assert guard.refusal(None, disk) == (
+        "/update_weights_from_disk: refused a whole-model load without weight_version: 2 bucket(s) of weight_version "
+        "'3' have landed since the last /update_weight_version, so two weight pushes are interleaved (two writers); "
+        "send it with weight_version '3', or end that push with /update_weight_version first"
+    )
+    assert guard.refusal(None, tensor).startswith(f"{tensor}: refused a bucket without weight_version: 2 bucket(s)")
+    assert guard.refusal(4, tensor).startswith(f"{tensor}: refused a bucket of weight_version '4': 2 bucket(s)")
+    guard.landed(None)  # never reached through the server (refused above); untracked either way
+    assert (guard.version, guard.num_buckets) == ("3", 2)
+    guard.close()  # the fence, or an accepted whole-model load
+    assert guard.refusal(None, disk) is None and guard.refusal("4", tensor) is None
 
 
 async def test_two_updaters_interleaving_on_a_guarding_engine_fail_the_second_with_the_refusal(http_server):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import importlib.util
 import pathlib
 import sys
 import types
@@ -23,6 +25,12 @@ from slime_core.train_step import can_reuse_old_log_probs
 from slime_train_fsdp import FSDPTrainBackend
 from slime_train_fsdp.hf_export import save_hf
 from slime_train_fsdp.packing import pack_micro_batch, response_log_probs, split_by_lengths
+
+_spec = importlib.util.spec_from_file_location(
+    "slime_fsdp_test_compile_scenario", pathlib.Path(__file__).with_name("_compile_scenario.py")
+)
+_compile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_compile)
 
 TEMPERATURE = 0.8
 NUM_GLOBAL = 8  # samples; 2 optimizer steps of 4
@@ -419,54 +427,6 @@ def scenario_gpu(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     return res
 
 
-def varied_batches(count: int, seed: int = 0) -> list[RolloutBatch]:
-    """`count` one-step rollouts of 8 samples (vocab 64) whose 2 micro-batches hold different numbers of sequences
-    (1 to 7) and lengths (5 to 60 tokens): what dynamic batching feeds the compiled layers in a real run."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for r in range(count):
-        split = 1 + r % 7
-        tokens, resp, masks = [], [], []
-        for _ in range(8):
-            prompt = int(torch.randint(3, 30, (1,), generator=g))
-            response = int(torch.randint(2, 31, (1,), generator=g))
-            tokens.append(torch.randint(0, 64, (prompt + response,), generator=g))
-            resp.append(response)
-            masks.append(torch.ones(response))
-        out.append(RolloutBatch(
-            tokens=tokens, response_lengths=resp, loss_masks=masks,
-            rewards=[1.0 - 2.0 * (i % 2) for i in range(8)], raw_rewards=[0.0] * 8,
-            loss_denominators=[float(m.sum()) for m in masks],
-            micro_batches=[[list(range(split)), list(range(split, 8))]], sample_indices=list(range(8)),
-            step_sample_counts=[8], step_token_counts=[float(sum(float(m.sum()) for m in masks))],
-        ))  # fmt: skip
-    return out
-
-
-def scenario_compile(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
-    """Compiled decoder layers over rollouts whose micro-batches vary in sequence count and length: dynamo's
-    graph and frame counts after the first rollout and after all of them (CPU: dynamo's `eager` backend, same
-    guards as inductor; CUDA: inductor with the flash varlen kernel)."""
-    from torch._dynamo.utils import counters
-
-    if not torch.cuda.is_available():
-        compile_module = torch.nn.Module.compile
-        torch.nn.Module.compile = lambda self, *a, **kw: compile_module(self, *a, **{**kw, "backend": "eager"})
-    torch._dynamo.reset()
-    counters.clear()
-    b = FSDPTrainBackend()
-    b.init(make_args(ckpt, fsdp_compile_layers=True, attn_implementation="slime_varlen", global_batch_size=8),
-           with_ref=False)  # fmt: skip
-    res: dict = {"graphs": [], "frames": [], "compile_time": []}
-    for rid, batch in enumerate(varied_batches(6)):
-        b.compute_log_probs(batch)  # the no-grad forward (old/ref log-probs)
-        res["compile_time"].append(b.train(rid, batch).get("perf/compile_time"))
-        res["graphs"].append(int(counters["stats"]["unique_graphs"]))
-        res["frames"].append(int(counters["frames"]["total"]))
-    res["sequence_counts"] = sorted({len(mb) for batch in varied_batches(6) for mb in batch.micro_batches[0]})
-    return res
-
-
 def scenario_resume_one_rank(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     """Loads the 2-rank checkpoint on 1 rank (DCP reshards) and trains the next rollout on the full batch."""
     b = FSDPTrainBackend()
@@ -605,8 +565,8 @@ SCENARIOS = {
     "resume": scenario_resume,
     "resume1": scenario_resume_one_rank,
     "gpu": scenario_gpu,
-    "compile": scenario_compile,
-    "compile_gpu": scenario_compile,
+    "compile": functools.partial(_compile.scenario_compile, make_args=make_args),
+    "compile_gpu": functools.partial(_compile.scenario_compile, make_args=make_args),
 }
 
 

@@ -38,3 +38,34 @@ def test_export_dtype_matches_config(declared, expected, make_tiny_qwen3, tmp_pa
     assert _tensor_dtypes(tmp_path / "out") == {expected}
     name = str(expected).removeprefix("torch.")
     assert written["dtype"] == name and written.get("torch_dtype", name) == name
+
+
+def test_export_replaces_an_old_export_by_rename_and_survives_a_crash_mid_swap(
+    make_tiny_qwen3, tmp_path, one_rank, monkeypatch
+):
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    from slime_core import dir_swap
+
+    source = make_tiny_qwen3(tmp_path / "src")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "previous").write_text("rollout 0")
+    real_replace = os.replace
+
+    def die_before_the_new_export_lands(src, dst):
+        if str(src) == str(tmp_path / "hf.tmp"):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(dir_swap.os, "replace", die_before_the_new_export_lands)
+    with pytest.raises(KeyboardInterrupt):
+        save_hf(model, out, source_dir=source)
+    monkeypatch.setattr(dir_swap.os, "replace", real_replace)
+    assert (tmp_path / "hf.old" / "previous").read_text() == "rollout 0"  # the last export is still on disk
+    save_hf(model, out, source_dir=source)
+    assert not (out / "previous").exists() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("hf")) == ["hf"]

@@ -63,6 +63,15 @@ def checkpoint_kind(path: str | os.PathLike[str]) -> str:
     return "unknown"
 
 
+# Kinds read with "an": a vowel, or a letter name that starts with one (aitch-eff, eff-ess-dee-pee).
+_AN = frozenset({"hf", "fsdp", "unknown", "empty"})
+
+
+def _a(kind: str) -> str:
+    """`kind` with its article, as messages say it: "an unknown checkpoint", "a torch_dist checkpoint"."""
+    return f"{'an' if kind in _AN else 'a'} {kind} checkpoint"
+
+
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     kind = checkpoint_kind(cfg.load)
     if kind in ("missing", "empty"):
@@ -75,7 +84,7 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
             "hf": "give it as --hf-checkpoint",
         }.get(kind, "point --load at a --save directory of this backend")
         raise ValueError(
-            f"--load {cfg.load}: a {kind} checkpoint; --train-backend {cfg.train_backend} resumes its own {wanted} "
+            f"--load {cfg.load}: {_a(kind)}; --train-backend {cfg.train_backend} resumes its own {wanted} "
             f"checkpoints ({hint})"
         )
     notes.append(f"--load {cfg.load}: {kind} checkpoint, the run resumes from it")
@@ -91,7 +100,7 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
             notes.append(f"--ref-load {cfg.ref_load}: {kind}, the initial and reference weights")
             return
         raise ValueError(
-            f"--ref-load {cfg.ref_load}: a {kind} checkpoint; the Megatron backend reads --ref-load as torch_dist "
+            f"--ref-load {cfg.ref_load}: {_a(kind)}; the Megatron backend reads --ref-load as torch_dist "
             "(slime-convert hf-to-mcore), or leave it out to start from --hf-checkpoint"
         )
     if not cfg.with_ref:
@@ -106,7 +115,7 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
             f"{_converted_dir(cfg)} (converted once, before the run)"
         )
     else:
-        raise ValueError(f"--ref-load {cfg.ref_load}: a {kind} checkpoint; FSDP needs HF weights or torch_dist")
+        raise ValueError(f"--ref-load {cfg.ref_load}: {_a(kind)}; FSDP needs HF weights or torch_dist")
 
 
 def check_checkpoints(cfg: SlimeArgs) -> list[str]:
@@ -166,27 +175,38 @@ def _fields_of(flag: str, path: str, kind: str) -> dict[str, int | None] | None:
 def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
     """Compares `--ref-load`, `--load` and `--critic-load` with `--hf-checkpoint` (`slime_app.checkpoint_shapes`).
 
+    An HF directory is compared by config.json (`ARCHITECTURE_FIELDS`) and by shapes, and its safetensors weights
+    are checked against its own config.json; `--hf-checkpoint`'s weights too.
+
     Returns:
         (one line per differing field, naming both flags; one note per checkpoint saying what was compared).
     """
-    from slime_app.checkpoint_shapes import architecture_mismatches, config_fields
+    from slime_app.checkpoint_shapes import architecture_mismatches, config_fields, config_mismatches, read_config
 
     if not cfg.hf_checkpoint or not (pathlib.Path(cfg.hf_checkpoint) / "config.json").is_file():
         return [], []
     expected = config_fields(cfg.hf_checkpoint)
+    expected_config = read_config(cfg.hf_checkpoint)
+    mismatches = _weights_vs_config("--hf-checkpoint", cfg.hf_checkpoint, cfg.hf_checkpoint)
     loaded = [("--ref-load", cfg.ref_load), ("--load", cfg.load)]
     if cfg.use_critic and cfg.critic_load:
         loaded.append(("--critic-load", cfg.critic_load))
-    mismatches: list[str] = []
     notes: list[str] = []
     for flag, path in loaded:
         if not path or os.path.realpath(path) == os.path.realpath(cfg.hf_checkpoint):
             continue
         kind = checkpoint_kind(path)
+        if kind == "hf" and (pathlib.Path(path) / "config.json").is_file():
+            mismatches += _weights_vs_config(flag, path, cfg.hf_checkpoint)
         # An HF critic under FSDP is built from its own config.json (slime_train_fsdp.critic_backend).
         if flag == "--critic-load" and kind == "hf" and cfg.train_backend == "fsdp":
             notes.append(f"--critic-load {path}: HF, the FSDP value model is built from its own config.json")
             continue
+        if kind == "hf" and (pathlib.Path(path) / "config.json").is_file():
+            mismatches += [
+                f"{flag} {path} vs --hf-checkpoint {cfg.hf_checkpoint}: config.json {field} {have!r} vs {want!r}"
+                for field, have, want in config_mismatches(expected_config, read_config(path))
+            ]
         found = _fields_of(flag, path, kind)
         if found is None:
             continue
@@ -197,6 +217,24 @@ def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
             else f"{flag} {path}: no architecture field to compare (no config.json or known tensor names)"
         )  # fmt: skip
     return mismatches, notes
+
+
+def _weights_vs_config(flag: str, path: str, hf_checkpoint: str) -> list[str]:
+    """An HF directory's safetensors shapes (headers only) against its own config.json, one line per field.
+
+    Raises:
+        ValueError: a safetensors header cannot be read (names the flag and the file).
+    """
+    from slime_app.checkpoint_shapes import architecture_mismatches, config_fields, safetensors_shapes, tensor_fields
+
+    try:
+        found = tensor_fields(safetensors_shapes(path))
+    except ValueError as e:
+        raise ValueError(f"{flag} {path}: {e}") from None
+    return architecture_mismatches(
+        config_fields(path), found, flag=flag, path=f"{path} (weights)", hf_checkpoint=hf_checkpoint,
+        against="its own config.json",
+    )  # fmt: skip
 
 
 def _converted_dir(cfg: SlimeArgs) -> pathlib.Path:

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
 
     from slime_app.guards import RunStopped
     from slime_app.loop import Run
-    from slime_app.ray_start import RayStartupError
+    from slime_app.ray_start import RayAddressError, RayStartupError
 
     started = time.perf_counter()
     run = None
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     except RunStopped as e:
         print(f"slime: stopped: {e}", file=sys.stderr)
         return 3
-    except RayStartupError as e:
+    except (RayStartupError, RayAddressError) as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 4
     finally:

@@ -34,7 +34,7 @@ import ray  # noqa: E402
 from ray.util.placement_group import PlacementGroup, placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from slime_app.ray_start import start_local_ray  # noqa: E402
+from slime_app.ray_start import check_ray_address, start_local_ray  # noqa: E402
 from slime_core.config import SlimeArgs  # noqa: E402
 from slime_rollout.engines.launch import nccl_cumem_enable  # noqa: E402
 
@@ -55,7 +55,9 @@ def init_ray(cfg: SlimeArgs) -> None:
     """Starts a local Ray instance, or connects to `--ray-address` / `RAY_ADDRESS` when given.
 
     A local node that times out during start-up is tried once more when the machine's load has fallen
-    (`slime_app.ray_start`); a second time-out raises `RayStartupError` with one line.
+    (`slime_app.ray_start`); a second time-out raises `RayStartupError` with one line. An explicit address is
+    checked first with one TCP connection (`check_ray_address`): nothing there raises `RayAddressError` with
+    one line within seconds, not after Ray's minutes of retries.
 
     Workers import `slime_app` (the actor classes live here) and the slime packages from the environment
     they run in: this venv for a local instance (where the workspace installs them), the cluster's own
@@ -82,6 +84,8 @@ def init_ray(cfg: SlimeArgs) -> None:
             # CPU machine: bundles are logical slots; never let Ray's CPU accounting block the run.
             kwargs["num_cpus"] = max(os.cpu_count() or 1, 8)
     if address:
+        # Ray's own wait for an unreachable address is minutes of C++ retries: fail in seconds, with one line.
+        check_ray_address(address, flag="--ray-address" if cfg.ray_address else "RAY_ADDRESS")
         ray.init(**kwargs)
     else:
         start_local_ray(ray.init, ray.shutdown, kwargs, retry_wait_s=cfg.ray_startup_retry_wait)

@@ -1,6 +1,7 @@
 """Row checks of the prompt data that preflight runs before anything starts (`check_prompt_rows`).
 
-Each bad row is one error naming the flag, the file and the row (1-based, as editors number JSONL lines), so a
+Each bad row is one error naming the flag, the file and where the row is in the file (its JSONL line, 1-based with
+blank lines counted; its Parquet row index, 0-based; see `slime_rollout.data_source.PromptRows`), so a
 run never discovers a missing key, an empty prompt or a null label in the middle of its rollouts.
 """
 
@@ -10,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_core.config import SlimeArgs
+from slime_rollout.data_source import PromptRows
 
 __all__ = ["LABEL_GRADERS", "check_prompt_rows"]
 
@@ -44,23 +46,25 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
     that compare with it, not null.
 
     Args:
-        rows: the rows of one data file.
+        rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
         cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `rm_type`, `custom_rm_path`.
         where: `"{flag} {path}"` for the messages.
 
     Raises:
         ValueError: naming `where`, the row and the problem.
     """
-    for i, row in enumerate(rows, start=1):
+    located = PromptRows.of(rows)
+    for position, row in zip(located.positions, located, strict=True):
+        at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
-            raise ValueError(f"{where} row {i}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
+            raise ValueError(f"{at}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
         if _empty_prompt(row[cfg.input_key]):
-            raise ValueError(f"{where} row {i}: empty prompt in --input-key {cfg.input_key!r}")
+            raise ValueError(f"{at}: empty prompt in --input-key {cfg.input_key!r}")
         if cfg.label_key:
             if cfg.label_key not in row:
-                raise ValueError(f"{where} row {i}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
+                raise ValueError(f"{at}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
             if row[cfg.label_key] is None and _label_required(cfg, row):
                 raise ValueError(
-                    f"{where} row {i}: null --label-key {cfg.label_key!r}, which --rm-type "
+                    f"{at}: null --label-key {cfg.label_key!r}, which --rm-type "
                     f"{cfg.rm_type or 'metadata rm_type'} grades against"
                 )

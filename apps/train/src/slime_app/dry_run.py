@@ -21,6 +21,7 @@ from slime_core.config import SlimeArgs
 from slime_core.config.base import field_to_flag
 from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
+from slime_core.config.validation import colocated_gpu_split
 
 __all__ = ["dry_run", "gpu_plan", "render_config"]
 
@@ -93,7 +94,13 @@ def _arithmetic(cfg: SlimeArgs) -> list[str]:
     if not cfg.debug_train_only:
         per_engine = cfg.rollout_num_gpus_per_engine
         engines = max(1, (cfg.rollout_num_gpus or per_engine) // per_engine)
-        placement = "colocated with the trainer" if cfg.colocate else "on their own GPUs"
+        shared, own = colocated_gpu_split(cfg)
+        if not cfg.colocate:
+            placement = "on their own GPUs"
+        elif not own:
+            placement = "colocated with the trainer"
+        else:  # the placement adds rollout-only bundles after the trainer's (slime_app.cluster)
+            placement = f"{shared} colocated with the trainer, {own} rollout-only"
         engine, weight_sync, cpu_note = gpu_plan(cfg)
         lines.append(
             f"engines: {engines} × {per_engine} GPU(s) = {engines * per_engine} rollout GPU(s) ({engine}), "
@@ -146,7 +153,7 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
     from slime_rollout.sft import ChatLossMask, generate_sft_rollout
 
     tokenizer = get_tokenizer(cfg.hf_checkpoint)
-    rows = load_prompt_rows(cfg.prompt_data)[:1]
+    rows = load_prompt_rows(cfg.prompt_data).head(1)
     (sample,) = rows_to_samples(
         rows, source=str(cfg.prompt_data), input_key=cfg.input_key, label_key=cfg.label_key,
         metadata_key=cfg.metadata_key, tool_key=cfg.tool_key, tokenizer=tokenizer,

@@ -18,25 +18,25 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
     from slime_rollout.data_source import load_prompt_rows
 
     try:
-        rows = load_prompt_rows(spec)
+        located = load_prompt_rows(spec)
     except FileNotFoundError:
         raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
     except ValueError as e:  # e.g. "file.jsonl:5: invalid JSON": say which flag named the file
         raise ValueError(f"{flag}: {e}") from None
-    if not rows:
+    if not located:
         raise ValueError(f"{flag} {spec}: no rows")
-    check_prompt_rows(rows, cfg, where=f"{flag} {spec}")
+    check_prompt_rows(located, cfg, where=f"{flag} {spec}")
     image_key = multimodal.image_column(cfg.multimodal_keys)
     if not image_key:
         return
     base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
     num_images = 0
-    for i, row in enumerate(rows, start=1):  # 1-based, as editors number lines
-        where = f"{flag} {spec} row {i} (--multimodal-keys column {image_key!r})"
+    for position, row in zip(located.positions, located, strict=True):
+        where = f"{flag} {spec} {located.unit} {position} (--multimodal-keys column {image_key!r})"
         num_images += multimodal.check_row_images(
             row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
         )
-    logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(rows), num_images)
+    logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).
@@ -142,7 +142,8 @@ def _check_plugins(cfg: SlimeArgs) -> None:
                 raise
             if missing == "slime" or missing.startswith("slime."):
                 raise PluginError(
-                    f"{e}; this slime provides the original's plugin modules (slime.utils.*, slime.rollout.*), not "
+                    f"{e}; this slime provides the original's plugin modules (slime.utils.*, slime.rollout.*, "
+                    f"slime.backends.megatron_utils.loss / cp_utils, slime.agent.adapters.openai), not "
                     f"{missing} (MIGRATION.md lists what to use instead)"
                 ) from e
             if not remote:
@@ -223,36 +224,21 @@ def _check_hardware(cfg: SlimeArgs) -> None:
         )
 
 
-# The fields that make two checkpoints the same architecture (the trainer loads the teacher's tensors into the
-# student's modules).
-_ARCHITECTURE_FIELDS = (
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "tie_word_embeddings",
-)  # fmt: skip
-
-
 def _check_opd_teacher(cfg: SlimeArgs) -> None:
     """A trainer-side OPD teacher given as an HF directory must have the student's architecture (config.json).
 
     Torch-dist and FSDP checkpoints carry no config.json; their shapes are checked when they load.
 
     Raises:
-        ValueError: a field of `_ARCHITECTURE_FIELDS` differs (message names both values).
+        ValueError: a field of `slime_app.checkpoint_shapes.ARCHITECTURE_FIELDS` differs (message names both values).
     """
-    import json
+    from slime_app.checkpoint_shapes import config_mismatches, read_config
 
     teacher_config = os.path.join(cfg.opd_teacher_load or "", "config.json")
     if not (cfg.use_opd and cfg.opd_teacher_load and cfg.hf_checkpoint and os.path.exists(teacher_config)):
         return
-    with open(teacher_config, encoding="utf-8") as f:
-        teacher = json.load(f)
-    with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
-        student = json.load(f)
-    differ = [
-        f"{k}: teacher {teacher.get(k)!r} vs student {student.get(k)!r}"
-        for k in _ARCHITECTURE_FIELDS
-        if teacher.get(k) != student.get(k)
-    ]
+    mismatches = config_mismatches(read_config(cfg.hf_checkpoint), read_config(cfg.opd_teacher_load))
+    differ = [f"{k}: teacher {teacher!r} vs student {student!r}" for k, teacher, student in mismatches]
     if differ:
         raise ValueError(
             f"--opd-teacher-load {cfg.opd_teacher_load}: the trainer-side teacher must have the student's "

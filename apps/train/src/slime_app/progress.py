@@ -7,7 +7,8 @@ decoder layers at their first forward), `save`, `weight sync`, and `eval`.
 
 In a terminal, one rich line shows the current phase with its own timer next to the rollout bar (m/n, elapsed,
 remaining), live from the first phase on. Without a terminal (a log file, CI) nothing is redrawn: each phase logs
-one plain line when it starts and one with its seconds when it ends. Either way every start and end is kept as a
+one plain line when it starts and one with its seconds when it ends ("done in X s", or "failed after X s: <exception
+type>" when it raised). Either way every start and end is kept as a
 `PhaseEvent` (tests read them).
 """
 
@@ -46,6 +47,7 @@ class PhaseEvent:
         name: the phase (`ray`, `engines`, `model load`, `rollout`, `train`, `eval`, ...).
         rollout_id: the step it belongs to (None for start-up phases).
         seconds: wall seconds the phase took ("end" only; 0.0 for "start").
+        error: the type name of the exception the phase raised ("end" only; "" when it completed).
 
     Example:
         >>> PhaseEvent(kind="end", name="eval", rollout_id=0, seconds=112.0)
@@ -56,6 +58,7 @@ class PhaseEvent:
     name: str
     rollout_id: int | None
     seconds: float = 0.0
+    error: str = ""
 
 
 def _label(name: str, rollout_id: int | None, detail: str) -> str:
@@ -147,18 +150,29 @@ class RunProgress:
         self._progress.update(self._task, phase=_label(name, rollout_id, ""), phase_started=started)
         if not self.live:
             logger.info("%s: started", label)
+        error = ""
         try:
             yield
+        except BaseException as e:  # recorded and logged, then re-raised as it is
+            error = type(e).__name__
+            raise
         finally:
             seconds = self.clock() - started
-            self.events.append(PhaseEvent(kind="end", name=name, rollout_id=rollout_id, seconds=seconds))
+            self.events.append(PhaseEvent(kind="end", name=name, rollout_id=rollout_id, seconds=seconds, error=error))
             self._progress.update(self._task, phase=previous[0], phase_started=previous[1])
             if not self.live:
-                logger.info("%s: done in %.1f s", label, seconds)
+                if error:
+                    logger.info("%s: failed after %.1f s: %s", label, seconds, error)
+                else:
+                    logger.info("%s: done in %.1f s", label, seconds)
 
     def print(self, line: str) -> None:
-        """Prints a line above the live display (or plainly without a terminal)."""
-        self.console.print(line)
+        """Prints a line above the live display (or plainly without a terminal), as it is.
+
+        The text is not read as rich markup: brackets in data (`[/tmp/a]`, `[x=1]`) print verbatim instead of
+        styling the line or raising `rich.errors.MarkupError`.
+        """
+        self.console.print(line, markup=False)
 
     def stop(self) -> None:
         """Stops drawing, leaving the last state on screen."""

@@ -8,17 +8,31 @@ then raises a bare `Exception("The current node timed out during startup ...")`.
 `RAY_raylet_start_wait_time_s` and `RAY_agent_register_timeout_ms` do not reach them (with the agents delayed 20 s
 the raylet still died after 15 s with both set to 300 s). What a loaded machine can do is retry when the load has
 fallen, or start Ray once by itself and have runs connect to it (`--ray-address`).
+
+Connecting to an explicit address has no such excuse, and Ray's own wait is long: with nothing listening there,
+`ray.init` retries in C++ for minutes (over 240 s measured) and ends in a bare `SystemExit`. `check_ray_address`
+therefore opens one TCP connection to the address first, with a short timeout, and fails with one line naming the
+address and the flag when nothing answers.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STARTUP_TIMEOUT_TEXT", "RayStartupError", "is_startup_timeout", "start_local_ray", "wait_for_load"]
+__all__ = [
+    "STARTUP_TIMEOUT_TEXT",
+    "RayAddressError",
+    "RayStartupError",
+    "check_ray_address",
+    "is_startup_timeout",
+    "start_local_ray",
+    "wait_for_load",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +43,51 @@ _POLL_S = 2.0
 
 class RayStartupError(RuntimeError):
     """The local Ray node did not start, also after the retry; the message is one line naming the knobs."""
+
+
+class RayAddressError(ConnectionError):
+    """Nothing accepts a TCP connection at the explicit Ray address; the message is one line naming it and the flag."""
+
+
+# Seconds the pre-check waits for a TCP connection: a GCS on a reachable host answers in milliseconds.
+ADDRESS_CHECK_TIMEOUT_S = 10.0
+
+
+def check_ray_address(
+    address: str,
+    *,
+    flag: str = "--ray-address",
+    timeout_s: float = ADDRESS_CHECK_TIMEOUT_S,
+    connect: Callable[..., socket.socket] = socket.create_connection,
+) -> None:
+    """Checks that something accepts TCP connections at a Ray address before `ray.init` waits on it for minutes.
+
+    `host:port` is the head's GCS; `ray://host:port` its Ray Client server. `auto`, `local` and an address without
+    a port are left to Ray (they name no socket to try).
+
+    Args:
+        address: `--ray-address` or `RAY_ADDRESS`.
+        flag: where the address came from, named in the error.
+        timeout_s: seconds to wait for the connection.
+        connect: `socket.create_connection` (tests pass a fake).
+
+    Raises:
+        RayAddressError: the connection was refused, timed out or the host is unknown (one line).
+    """
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if address in ("auto", "local") or not sep or not port.isdigit():
+        return
+    host = host.strip("[]")  # an IPv6 literal, [::1]:6379
+    try:
+        connect((host, int(port)), timeout=timeout_s).close()
+    except (OSError, TimeoutError) as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise RayAddressError(
+            f"{flag} {address}: no Ray head answers at {host}:{port} ({reason}, within {timeout_s:g} s); start one "
+            "with `ray start --head` and pass the address it prints (the GCS port, 6379 by default), or leave "
+            f"{flag} unset to start a local Ray"
+        ) from None
 
 
 def is_startup_timeout(error: BaseException) -> bool:

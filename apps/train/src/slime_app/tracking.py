@@ -12,6 +12,8 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
+from rich.markup import escape
+
 from slime_app.progress import RunProgress
 from slime_core.config import SlimeArgs
 
@@ -164,13 +166,14 @@ class Tracker:
     def rollout_done(self, step: int, metrics: dict[str, float]) -> None:
         """Prints the compact line for one rollout and advances the bar."""
         parts = [f"{label}={metrics[key]:.4g}" for key, label in _COMPACT if key in metrics]
-        self.console.print(f"[dim]rollout {step:>4}[/dim] " + " ".join(parts))
+        self.console.print(f"[dim]rollout {step:>4}[/dim] " + escape(" ".join(parts)))
         self.progress.advance()
 
     def eval_line(self, step: int, metrics: dict[str, float]) -> None:
         """Prints eval results."""
         parts = [f"{k}={v:.4g}" for k, v in metrics.items() if "/" in k and k.count("/") == 1]
-        self.console.print(f"[bold cyan]eval @ rollout {step}[/bold cyan] " + " ".join(parts))
+        # Dataset names are the user's: escaped so that brackets in them print verbatim, not as markup.
+        self.console.print(f"[bold cyan]eval @ rollout {step}[/bold cyan] " + escape(" ".join(parts)))
 
     def eval_series(self, key_prefix: str = "eval/") -> dict[str, list[tuple[int, float]]]:
         """The recorded eval curves (one per dataset)."""

@@ -148,6 +148,18 @@ def _old_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch) ->
     return backend.compute_log_probs(batch)
 
 
+def _mismatch_train_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch) -> list[torch.Tensor] | None:
+    """The trainer's log-probs for `--get-mismatch-metrics` when the old ones are the engine's (else None).
+
+    With `--use-rollout-logprobs` the loss never needs the trainer's own old log-probs, but the metrics compare
+    them with the engine's: as in the original, they are computed, or taken from the training forward (detached)
+    when the rollout trains in one step.
+    """
+    if not (cfg.get_mismatch_metrics and cfg.use_rollout_logprobs) or can_reuse_old_log_probs(cfg, batch):
+        return None
+    return backend.compute_log_probs(batch)
+
+
 def _teacher_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch) -> list[torch.Tensor] | None:
     if not cfg.use_opd:
         return None
@@ -194,7 +206,7 @@ def _opd_reverse_kl(cfg: SlimeArgs, inputs: LossInputs, student, teacher) -> tor
     return reduce(diff).detach() if diff is not None else torch.zeros(())
 
 
-def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv, teacher) -> MicroBatchLoss:
+def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv, teacher, trainer=None) -> MicroBatchLoss:
     # The entropy keeps its graph only when a loss term can use it.
     entropy_grad = cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
 
@@ -215,6 +227,7 @@ def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv, teache
             entropy=entropy if entropy_grad else [e.detach() for e in entropy],
             total_lengths=[int(batch.tokens[i].numel()) for i in ids],
             tokens=[batch.tokens[i] for i in ids],
+            train_log_probs=pick(trainer),
         )
         loss, metrics = compute_train_loss(cfg, inputs)
         if teacher is not None:
@@ -277,6 +290,7 @@ def train_on_rollout(
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     old = _old_log_probs(cfg, backend, batch)
+    trainer = _mismatch_train_log_probs(cfg, backend, batch)
     t1 = time.perf_counter()
     ref = backend.compute_log_probs(batch, model="ref") if backend.has_ref else None
     t2 = time.perf_counter()
@@ -285,7 +299,7 @@ def train_on_rollout(
     adv = _advantages(cfg, backend, batch, old, ref, teacher)
     # Goodput: trainable tokens whose advantage is non-zero, summed over data-parallel ranks.
     fates = backend.reduce_metric_sums(trained_token_sums(adv, batch.loss_masks))
-    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher)
+    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer)
     t3 = time.perf_counter()
     per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     times.update({"perf/log_probs_time": t1 - t0, "perf/ref_log_probs_time": t2 - t1})

@@ -106,7 +106,10 @@ class SandboxConfig(BaseModel):
         16, ge=1, description="Tasks (processes and threads) of the code, itself included (RLIMIT_NPROC, pids cgroup)."
     )
     max_output_bytes: int = Field(
-        1 << 20, gt=0, description="Max size of any file written by any process of the sandbox (RLIMIT_FSIZE)."
+        1 << 20,
+        gt=0,
+        description="Max bytes of stdout and of stderr, and (RLIMIT_FSIZE, one byte higher so that output of exactly "
+        "this size is not taken for a cut one) of any file written by any process of the sandbox.",
     )
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
     tmpfs_mb: int = Field(64, gt=0, description="Size of the private writable /tmp (counted in the memory cgroup).")
@@ -135,7 +138,8 @@ class SandboxResult:
             the kernel's wait status, read by the sandbox's init (so `sys.exit(137)` is 137, not SIGKILL);
             `-SIGKILL` when the wall clock ran out.
         timed_out: the wall-clock limit was hit.
-        output_limited: the output file limit was hit.
+        output_limited: stdout or stderr was truncated: a process tried to write more than `max_output_bytes` to
+            it (the write failed with EFBIG, or SIGXFSZ killed a non-Python process); exactly that much is not.
         memory_limited: the memory cgroup's limit was hit and the kernel killed a process.
         enforcement: which mechanism enforced each limit (`isolation`, `network`, `processes`, ...).
     """
@@ -274,7 +278,8 @@ def _rlimits(config: SandboxConfig) -> dict[str, int]:
     return {
         "RLIMIT_AS": config.memory_mb * _MIB,
         "RLIMIT_CPU": int(config.timeout_s) + 2,
-        "RLIMIT_FSIZE": config.max_output_bytes,
+        # One byte of headroom: a file that reaches exactly the limit is then told apart from one that was cut.
+        "RLIMIT_FSIZE": config.max_output_bytes + 1,
         "RLIMIT_CORE": 0,
         "RLIMIT_NPROC": config.max_processes + 1,
     }
@@ -489,14 +494,19 @@ def _result(
 ) -> SandboxResult:
     if timed_out:
         exit_code = -signal.SIGKILL  # the status the code had reported before the deadline does not matter
-    max_size = max(out.seek(0, os.SEEK_END), err.seek(0, os.SEEK_END))
+    # Output past `max_output_bytes` (at most the one byte of headroom RLIMIT_FSIZE leaves) means a write was cut.
+    output_limited = False
+    for f in (out, err):
+        if f.seek(0, os.SEEK_END) > config.max_output_bytes:
+            output_limited = True
+            f.truncate(config.max_output_bytes)
     return SandboxResult(
         stdout=_read_capped(out, config.max_output_chars),
         stderr=_read_capped(err, config.max_output_chars, keep_tail=True),
         exit_code=exit_code,
         timed_out=timed_out,
         # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
-        output_limited=max_size >= config.max_output_bytes,
+        output_limited=output_limited,
         memory_limited=cgroup is not None and cgroup.oom_killed(),
         enforcement=_enforcement(config, cgroup),
     )

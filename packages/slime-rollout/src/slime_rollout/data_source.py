@@ -20,7 +20,7 @@ import os
 import pathlib
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +42,7 @@ __all__ = [
     "count_prompts",
     "get_tokenizer",
     "encode_prompt",  # re-exported from `slime_rollout.prompt_length` (generate functions import it from here)
+    "PromptRows",
     "load_prompt_rows",
     "rows_to_samples",
 ]
@@ -57,15 +58,46 @@ def get_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
 
 
-def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
-    """Reads the rows of a prompt file.
+class PromptRows(list):
+    """The rows of a prompt file (after its `@[start:end]` slice): a list of dicts that knows where each row is.
+
+    Messages name a row by its place in the file, not in the slice: `unit` `"line"` with the 1-based line number
+    of a JSONL file (blank lines counted, as an editor shows them), or `unit` `"row index"` with the 0-based row
+    index of a Parquet file (the index a `@[start:end]` slice uses). A slice or copy of it is a plain list, whose
+    rows are named by their 1-based position in it (`"row N"`); `head` keeps the positions.
+
+    Example:
+        `PromptRows([{"prompt": "2+2?"}], positions=[4], unit="line")`: the only row is on line 4.
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]], *, positions: Sequence[int], unit: str) -> None:
+        super().__init__(rows)
+        if len(positions) != len(self):
+            raise ValueError(f"PromptRows: {len(positions)} positions for {len(self)} rows")
+        self.positions = list(positions)  # per row: its 1-based line (JSONL) or 0-based row index (Parquet)
+        self.unit = unit  # "line", "row index", or "row" (position among plain rows)
+
+    def head(self, n: int) -> PromptRows:
+        """The first `n` rows, with their positions."""
+        return PromptRows(self[:n], positions=self.positions[:n], unit=self.unit)
+
+    @staticmethod
+    def of(rows: Sequence[dict[str, Any]]) -> PromptRows:
+        """`rows` as they are if a `PromptRows`; plain rows named by their 1-based position among them."""
+        if isinstance(rows, PromptRows):
+            return rows
+        return PromptRows(rows, positions=range(1, len(rows) + 1), unit="row")
+
+
+def load_prompt_rows(spec: str) -> PromptRows:
+    """Reads the rows of a prompt file, with their positions in the file (see `PromptRows`).
 
     Args:
         spec: `path.jsonl` or `path.parquet`, optionally with a Python-style row slice
-            `path@[start:end]` (negative indices allowed).
+            `path@[start:end]` (negative indices allowed; over rows, JSONL blank lines not counted).
 
     Returns:
-        One dict per row, in file order.
+        One dict per row, in file order, each with its line (JSONL) or row index (Parquet).
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -73,14 +105,16 @@ def load_prompt_rows(spec: str) -> list[dict[str, Any]]:
     """
     path, start, end = _split_spec(spec)
     if path.suffix == ".jsonl":
-        rows = [row for _, row in iter_jsonl(path)]
+        located = list(iter_jsonl(path))
+        rows, positions, unit = [row for _, row in located], [line for line, _ in located], "line"
     elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         rows = pq.read_table(path).to_pylist()
+        positions, unit = list(range(len(rows))), "row index"
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
-    return rows[start:end]
+    return PromptRows(rows[start:end], positions=positions[start:end], unit=unit)
 
 
 def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
@@ -176,7 +210,8 @@ def rows_to_samples(
     """Turns dataset rows into prompt samples (no group/index yet).
 
     Args:
-        rows: dataset rows.
+        rows: dataset rows; a `PromptRows` (from `load_prompt_rows`) names each row in messages by its line (JSONL)
+            or row index (Parquet) in the file, plain rows by their 1-based position in `rows` ("row N").
         source: file name for error messages.
         input_key: column with the prompt text or chat messages (`--input-key`).
         label_key: column with the ground truth (`--label-key`).
@@ -187,8 +222,9 @@ def rows_to_samples(
         apply_chat_template_kwargs: extra template kwargs (e.g. `{"enable_thinking": false}`).
         max_prompt_len: drop prompts with more tokens than this, as the engine will get them (`encode_prompt`;
             prompts with images count their expanded image tokens); order preserved; one warning gives the number
-            dropped and their rows. A prompt whose characters alone exceed it is dropped before the chat template
-            and the tokenizer see it (`certainly_too_long`).
+            dropped and where they are (lines, row indices or rows, as `rows` names them). A prompt whose
+            characters alone exceed it is dropped before the chat template and the tokenizer see it
+            (`certainly_too_long`).
         multimodal_keys: `--multimodal-keys`; its `image` column holds one image per `<image>` placeholder of
             the prompt (see `slime_rollout.multimodal`). The prompt is then rendered by the processor's chat
             template and the images are kept in `Sample.multimodal_inputs["images"]`.
@@ -206,16 +242,18 @@ def rows_to_samples(
     if image_key and processor_path is None:
         raise ValueError("--multimodal-keys needs the vision-language checkpoint's processor (--hf-checkpoint)")
     base_dir = _data_dir(source)
+    located = PromptRows.of(rows)
+    positions, unit = located.positions, located.unit
     samples, dropped = [], []
-    for i, row in enumerate(rows):
-        where = f"{source} row {i + 1}"
+    for position, row in zip(positions, rows, strict=True):
+        where = f"{source} {unit} {position}"
         if input_key not in row:
             raise ValueError(f"{where}: no --input-key {input_key!r} (keys: {sorted(row)})")
         prompt = row[input_key]
         if _is_empty_prompt(prompt):
             raise ValueError(f"{where}: empty prompt in --input-key {input_key!r}")
         if max_prompt_len is not None and certainly_too_long(tokenizer, prompt, max_prompt_len):
-            dropped.append(i + 1)  # before the template, the images and the tokenizer: a huge line costs nothing
+            dropped.append(position)  # before the template, the images and the tokenizer: a huge line costs nothing
             continue
         metadata = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
         metadata = dict(metadata or {})
@@ -243,7 +281,7 @@ def rows_to_samples(
             if images
             else prompt_too_long(tokenizer, prompt, tools, max_prompt_len)
         ):
-            dropped.append(i + 1)
+            dropped.append(position)
             continue
         label = row.get(label_key) if label_key else None
         mm_inputs = {"images": images} if images else None
@@ -251,12 +289,13 @@ def rows_to_samples(
     if dropped:
         shown = ", ".join(map(str, dropped[:_ROWS_SHOWN])) + (", ..." if len(dropped) > _ROWS_SHOWN else "")
         logger.warning(
-            "%s: dropped %d of %d prompts longer than %s=%d tokens (rows %s)",
+            "%s: dropped %d of %d prompts longer than %s=%d tokens (%s %s)",
             source,
             len(dropped),
             len(rows),
             max_prompt_len_flag,
             max_prompt_len,
+            {"line": "lines", "row index": "row indices"}.get(unit, "rows"),
             shown,
         )
     return samples

@@ -10,6 +10,21 @@ A synchronous plugin is run in a thread of its own: on the event loop a call tha
 loop and with it every timer, so no deadline could fire. A thread cannot be killed: past the deadline the rollout
 fails and the thread is abandoned. It is a daemon thread, not one of the loop's default executor, whose shutdown
 (at the end of `asyncio.run`) would wait for it.
+
+A plugin that raises `SystemExit` (a stray `sys.exit()`, `exit()` in a script turned into a plugin) or another
+`BaseException` that is not an `Exception` would end the whole process from inside asyncio with no word of which
+plugin or sample; `call_plugin_with_deadline` turns it into `PluginExit`, an ordinary error its caller names.
+`KeyboardInterrupt` and `asyncio.CancelledError` still propagate: they are the user's and the loop's, not the
+plugin's.
+
+Limitation: an `async def` plugin that blocks synchronously (`time.sleep`, CPU-bound work, blocking I/O) runs on
+the event loop itself, and nothing on the loop can preempt it: no timer fires while it runs, so the warnings are
+late and the deadline cannot cancel it. `slime_rollout.loop_watchdog` watches the loop from a thread: it logs one
+warning naming the plugin once the loop has been blocked for `min(warn_every_s, deadline_s)`, one error if the block
+outlasts the deadline, and a call that blocked the loop and comes back past its deadline fails with
+`DeadlineExceeded` (its result discarded). Other calls in flight meanwhile lose that time too: one whose deadline
+passes so fails with the culprit named in its error. A block that never ends keeps
+the run stuck: only a plain `def` plugin (run in a thread) is truly bounded.
 """
 
 from __future__ import annotations
@@ -22,13 +37,22 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["DeadlineExceeded", "await_with_deadline", "call_plugin_with_deadline"]
+from slime_rollout.loop_watchdog import watching
+
+__all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline"]
 
 logger = logging.getLogger(__name__)
 
 
 class DeadlineExceeded(TimeoutError):
     """A bounded wait ran past its deadline; the message names what ran, for how long, and the flag."""
+
+
+class PluginExit(Exception):  # noqa: N818 - it names what the plugin did, not an error of ours
+    """A plugin raised `SystemExit` or another non-`Exception` `BaseException` (chained as `__cause__`).
+
+    The message is the original's type and text (`SystemExit: 3`).
+    """
 
 
 async def await_with_deadline[T](
@@ -126,16 +150,46 @@ async def call_plugin_with_deadline(
         **kwargs: its keyword arguments.
 
     Raises:
-        DeadlineExceeded: the call ran past `deadline_s`.
+        DeadlineExceeded: the call ran past `deadline_s`, or it blocked the event loop and came back past it.
+        PluginExit: the plugin raised `SystemExit` or another `BaseException` that is not an `Exception`
+            (`KeyboardInterrupt` and `asyncio.CancelledError` propagate as they are).
         Exception: what the plugin raised.
     """
 
     async def call() -> Any:
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*args, **kwargs)
-        result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(*args, **kwargs)
+            result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except (Exception, KeyboardInterrupt, asyncio.CancelledError):
+            raise
+        except BaseException as e:  # SystemExit & co.: inside a task they would stop the loop and the process
+            raise PluginExit(f"{type(e).__name__}: {e}") from e
 
-    return await await_with_deadline(call(), what=what, deadline_s=deadline_s, flag=flag, warn_every_s=warn_every_s)
+    task = asyncio.ensure_future(call())
+    # An async plugin that blocks the loop cannot be cancelled at its deadline (see the module docstring).
+    warn_after_s = min(warn_every_s, deadline_s)
+    try:
+        with watching(task, what=what, warn_after_s=warn_after_s, deadline_s=deadline_s, flag=flag) as watched:
+            try:
+                result = await await_with_deadline(
+                    task, what=what, deadline_s=deadline_s, flag=flag, warn_every_s=warn_every_s
+                )
+            except DeadlineExceeded as e:
+                if not watched.delayed_by:
+                    raise
+                # Its time ran out while another call held the loop: name the culprit, not only this victim.
+                culprits = "; ".join(sorted(watched.delayed_by))
+                raise DeadlineExceeded(f"{e} (the event loop was blocked meanwhile by {culprits})") from None
+    finally:
+        task.cancel()  # a no-op once done; otherwise (bad arguments) the call never runs
+    if watched.blocked_s > 0 and time.monotonic() - watched.start > deadline_s:
+        raise DeadlineExceeded(
+            f"{what} did not finish within {deadline_s:g} s ({flag}): it blocked the event loop for "
+            f"{watched.blocked_s:.0f} s (synchronous code in an async def), so it could not be cancelled in time; "
+            "its result is discarded"
+        )
+    return result

@@ -40,11 +40,11 @@ from slime_rollout.data_source import get_tokenizer
 from slime_rollout.seeds import continuation_seed
 from slime_rollout.template_check import (
     CONVERSATION_KEY,
-    TEMPLATE_SENTINEL,
     ConsistencyReport,
     check_chat_template_consistency,
     end_of_turn,
     record_segment,
+    render_continuation,
     render_messages,
 )
 from slime_rollout.top_p_replay import parse_top_p_sets
@@ -143,9 +143,8 @@ def build_env(args: SlimeArgs, sample: Sample) -> Env:
 def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, model_turn: str) -> str:
     """The text between an assistant turn and the next assistant turn, as the chat template renders it.
 
-    Renders `[user, assistant(<sentinel>), tool(r) for r in tool_responses]` with the generation prompt
-    and keeps what follows the sentinel, so the wrapper (end of turn, tool role header, grouping of
-    consecutive tool messages, next assistant header) is exactly the template's.
+    `slime_rollout.template_check.render_continuation` of one tool message per response: the wrapper (end of
+    turn, tool role header, grouping of consecutive tool messages, next assistant header) is exactly the template's.
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
@@ -159,19 +158,8 @@ def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, mo
     Raises:
         ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
     """
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": "u"},
-        {"role": "assistant", "content": TEMPLATE_SENTINEL},
-    ]
-    messages += [{"role": "tool", "content": r} for r in tool_responses]
-    rendered = render_messages(tokenizer, messages, add_generation_prompt=True)
-    if TEMPLATE_SENTINEL not in rendered:
-        raise ValueError("chat template does not render assistant content verbatim; cannot derive the tool wrapper")
-    observation = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :]
-    eot = end_of_turn(tokenizer)
-    if eot and model_turn.rstrip().endswith(eot) and observation.startswith(eot):
-        observation = observation[len(eot) :]
-    return observation
+    tool_messages = [{"role": "tool", "content": r} for r in tool_responses]
+    return render_continuation(tokenizer, tool_messages, model_turn=model_turn)
 
 
 # ---- generation ------------------------------------------------------------------------------------

@@ -43,10 +43,12 @@ __all__ = [
     "checkable",
     "end_of_turn",
     "record_segment",
+    "render_continuation",
     "render_messages",
 ]
 
-#: `Sample.metadata` key of the recorded conversation: `{"tools": ..., "segments": [{"role", "content", ...}]}`.
+#: `Sample.metadata` key of the recorded conversation: `{"tools": ..., "segments": [{"role", "content", ...}]}`, plus
+#: `"prompt"` (chat messages) when the sample's rendered prompt did not come from `sample.prompt`.
 CONVERSATION_KEY = "chat_conversation"
 
 
@@ -72,6 +74,40 @@ def end_of_turn(tokenizer: Any) -> str:
     )
     tail = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :]
     return tail.rstrip("\n ")
+
+
+def render_continuation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, model_turn: str) -> str:
+    r"""The chat template's text between an assistant turn and the next one, for the messages that come between.
+
+    Renders `[user, assistant(<sentinel>), *messages]` with the generation prompt and keeps what follows the
+    sentinel, so the wrapper (end of turn, role headers, grouping of consecutive tool messages, the next
+    assistant header) is exactly the template's, e.g. for Qwen3 and one tool message
+    `<|im_end|>\n<|im_start|>user\n<tool_response>\n...\n</tool_response><|im_end|>\n<|im_start|>assistant\n`.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        messages: the chat messages after the assistant turn (tool results, user turns, ...), in order.
+        model_turn: decoded text of the model turn (special tokens kept); when it already ends with the
+            end-of-turn marker (the model emitted `<|im_end|>`), the marker is not repeated.
+
+    Returns:
+        The text to tokenize and append as non-trainable tokens.
+
+    Raises:
+        ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
+    """
+    rendered = render_messages(
+        tokenizer,
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL}, *messages],
+        add_generation_prompt=True,
+    )
+    if TEMPLATE_SENTINEL not in rendered:
+        raise ValueError("chat template does not render assistant content verbatim; cannot derive the turn wrapper")
+    text = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :]
+    eot = end_of_turn(tokenizer)
+    if eot and model_turn.rstrip().endswith(eot) and text.startswith(eot):
+        text = text[len(eot) :]
+    return text
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -155,8 +191,15 @@ def check_chat_template_consistency(
     )
 
 
-def record_segment(sample: Sample, role: str, content: str, *, tool_responses: Sequence[str] | None = None) -> None:
-    """Appends one piece of the sample's conversation (called by the multi-turn generate function).
+def record_segment(
+    sample: Sample,
+    role: str,
+    content: str,
+    *,
+    tool_responses: Sequence[str] | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+) -> None:
+    """Appends one piece of the sample's conversation (multi-turn generate function, agent adapter).
 
     Args:
         sample: the sample being generated.
@@ -164,26 +207,33 @@ def record_segment(sample: Sample, role: str, content: str, *, tool_responses: S
             that was tokenized as observation).
         content: the text.
         tool_responses: for an observation rendered from tool messages, their contents.
+        messages: for an observation rendered from any chat messages (`render_continuation`), those messages.
     """
     record = sample.metadata.setdefault(CONVERSATION_KEY, {"tools": None, "segments": []})
     segment: dict[str, Any] = {"role": role, "content": content}
     if tool_responses is not None:
         segment["tool_responses"] = list(tool_responses)
+    if messages is not None:
+        segment["messages"] = [dict(m) for m in messages]
     record["segments"].append(segment)
 
 
-def _chat_messages(tokenizer: Any, sample: Sample, segments: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """The conversation as chat messages, or None when some observation was not rendered from tool messages."""
-    if isinstance(sample.prompt, str) or any(
-        s["role"] == "observation" and s.get("tool_responses") is None for s in segments
+def _chat_messages(
+    tokenizer: Any, prompt: str | list[dict[str, Any]], segments: list[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """The conversation as chat messages, or None when some observation was not rendered from chat messages."""
+    if isinstance(prompt, str) or any(
+        s["role"] == "observation" and s.get("tool_responses") is None and s.get("messages") is None for s in segments
     ):
         return None
     eot = end_of_turn(tokenizer)
-    messages = list(sample.prompt)
+    messages = list(prompt)
     for segment in segments:
         if segment["role"] == "assistant":
             text = segment["content"].rstrip()
             messages.append({"role": "assistant", "content": text.removesuffix(eot) if eot else text})
+        elif segment.get("messages") is not None:
+            messages += segment["messages"]
         else:
             messages += [{"role": "tool", "content": r} for r in segment["tool_responses"]]
     return messages
@@ -208,7 +258,10 @@ def check_sample(tokenizer: Any, sample: Sample) -> ConsistencyReport | None:
     record = sample.metadata[CONVERSATION_KEY]
     tools = record.get("tools")
     segments = record["segments"]
-    messages = _chat_messages(tokenizer, sample, segments)
+    # The agent adapter records the chat messages its first request was rendered from (sample.prompt stays the
+    # dataset's prompt, which reward functions read).
+    prompt = record.get("prompt", sample.prompt)
+    messages = _chat_messages(tokenizer, prompt, segments)
     if messages is not None:
         report = check_chat_template_consistency(tokenizer, sample, messages, tools=tools)
         if sample.status is Status.TRUNCATED and report.first_mismatch == len(sample.tokens):
@@ -217,7 +270,6 @@ def check_sample(tokenizer: Any, sample: Sample) -> ConsistencyReport | None:
             report.message = "token stream is a prefix of the chat template (last turn cut at the length limit)"
         report.message = f"chat template: {report.message}"
         return report
-    prompt = sample.prompt
     if not isinstance(prompt, str):
         prompt = tokenizer.apply_chat_template(list(prompt), tools=tools, tokenize=False, add_generation_prompt=True)
     text = prompt + "".join(s["content"] for s in segments)

@@ -22,8 +22,9 @@ and, after each successful request that carries `weight_version`, reports that v
 processes pushing to one engine) would interleave their buckets and leave the engine with a mix, tagged with
 whichever version came last. Our side prevents that by having one writer: only the trainer's rank 0 pushes, and
 within its process the locks above serialize pushes. The CPU reference engine also checks on its side
-(`slime_rollout.engines.reference.push_guard`): a bucket whose version differs from the buckets landed since the
-last fence is refused, so a second writer fails at its first bucket with one error instead of mixing.
+(`slime_rollout.engines.reference.push_guard`): an update (bucket or whole-model load) whose version differs from
+the buckets landed since the last fence, or that has none, is refused, so a second writer fails at its first
+update with one error instead of mixing (a second writer of the same version it cannot tell apart).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ import torch
 import torch.multiprocessing
 from safetensors.torch import save_file
 
+from slime_core.dir_swap import swap_in
 from slime_rollout.client import RolloutClient
 from slime_rollout.weight_push import PushSession, WeightPushError, engine_locks
 from slime_rollout.wire import (
@@ -179,9 +180,7 @@ def write_hf_checkpoint(
             for f in pathlib.Path(assets_from).iterdir():
                 if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
                     shutil.copy2(f, tmp / f.name)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

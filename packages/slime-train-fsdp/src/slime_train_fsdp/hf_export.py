@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from slime_core.dir_swap import staging_dir, swap_in
 from slime_core.hf_names import to_checkpoint_name
 from slime_core.weight_buckets import iter_buckets
 
@@ -127,7 +128,7 @@ def save_hf(
     from safetensors.torch import save_file
 
     out = pathlib.Path(path)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = staging_dir(out)
     rank = dist.get_rank()
     if dtype is None:
         # The checkpoint's own dtype, not the training (master) dtype the model was loaded in.
@@ -155,9 +156,7 @@ def save_hf(
         copy_assets(pathlib.Path(source_dir), tmp)
         if len(written) == 1 and (tmp / "config.json").is_file():
             _stamp_dtype(tmp / "config.json", written.pop())
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s (%d shards)", out, len(shards))
     dist.barrier()
 

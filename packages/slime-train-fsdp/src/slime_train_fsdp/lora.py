@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from slime_core.config import SlimeArgs
+from slime_core.dir_swap import staging_dir, swap_in
 from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, adapter_config, scaling
 
 __all__ = [
@@ -200,7 +201,7 @@ def save_adapter(model: nn.Module, cfg: SlimeArgs, path: str | pathlib.Path) -> 
     from safetensors.torch import save_file
 
     out = pathlib.Path(path)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = staging_dir(out)
     rank = dist.get_rank()
     tensors = {name: t.float().cpu().contiguous() for name, t in iter_adapter(model)}  # gathered on every rank
     if rank == 0:
@@ -212,8 +213,6 @@ def save_adapter(model: nn.Module, cfg: SlimeArgs, path: str | pathlib.Path) -> 
         for f in pathlib.Path(cfg.hf_checkpoint).iterdir():
             if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))):
                 shutil.copy2(f, tmp / f.name)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported LoRA adapter (%d tensors) to %s", len(tensors), out)
     dist.barrier()

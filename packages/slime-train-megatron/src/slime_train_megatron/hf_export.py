@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pathlib
 import shutil
 from collections.abc import Iterable
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from slime_convert.hf_io import INDEX_NAME, HFShardedWriter
+from slime_core.dir_swap import staging_dir, swap_in
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def save_hf(
         max_shard_bytes: safetensors shard budget.
     """
     source, out = pathlib.Path(source_dir), pathlib.Path(path)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = staging_dir(out)
     writer = None
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -65,8 +65,6 @@ def save_hf(
         for f in source.iterdir():
             if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name != INDEX_NAME:
                 shutil.copy2(f, tmp / f.name)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s", out)
     dist.barrier()

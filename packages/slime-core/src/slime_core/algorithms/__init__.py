@@ -16,6 +16,7 @@ from slime_core.algorithms.logprobs import (
     log_probs_from_logits,
     shifted_logits,
 )
+from slime_core.algorithms.mis import compute_mis_weights, compute_mis_weights_with_cp, mismatch_metrics
 from slime_core.algorithms.objective import compute_actor_loss, policy_loss_name
 from slime_core.algorithms.policy_loss import (
     compute_cispo_loss,
@@ -46,6 +47,8 @@ __all__ = [
     "compute_approx_kl",
     "compute_cispo_loss",
     "compute_critic_loss",
+    "compute_mis_weights",
+    "compute_mis_weights_with_cp",
     "compute_opsm_mask",
     "compute_policy_loss",
     "compute_sft_loss",
@@ -61,6 +64,7 @@ __all__ = [
     "get_policy_loss",
     "log_probs_and_entropy_from_logits",
     "log_probs_from_logits",
+    "mismatch_metrics",
     "needs_old_log_probs",
     "policy_loss_name",
     "register_advantage",

@@ -18,11 +18,13 @@ import torch
 
 from slime_core.algorithms._flatten import concat_per_sample
 from slime_core.algorithms.kl import compute_approx_kl
+from slime_core.algorithms.mis import compute_mis_weights_with_cp, mismatch_metrics
 from slime_core.algorithms.policy_loss import compute_opsm_mask
 from slime_core.algorithms.reducers import Reducer, default_reducer, segment_sums
 from slime_core.algorithms.registry import get_policy_loss
 from slime_core.algorithms.tis import icepop_function, vanilla_tis_function
 from slime_core.config import SlimeArgs
+from slime_core.config.mismatch import uses_mis_helper
 from slime_core.estimators import get_estimator
 from slime_core.plugins import load_function
 
@@ -55,11 +57,11 @@ def _pg_reducer(cfg: SlimeArgs, total_lengths, response_lengths, loss_masks, def
 
 
 def _check_options(cfg: SlimeArgs, rollout_log_probs, ref_log_probs, entropy) -> None:
-    if cfg.use_tis:
-        if cfg.use_rollout_logprobs:
-            raise ValueError("--use-tis and --use-rollout-logprobs are mutually exclusive")
-        if rollout_log_probs is None:
-            raise ValueError("--use-tis needs rollout_log_probs")
+    if cfg.use_tis and cfg.use_rollout_logprobs:
+        raise ValueError("--use-tis and --use-rollout-logprobs are mutually exclusive")
+    if (cfg.use_tis or cfg.get_mismatch_metrics) and rollout_log_probs is None:
+        flag = "--use-tis" if cfg.use_tis else "--get-mismatch-metrics"
+        raise ValueError(f"{flag} needs rollout_log_probs (the engine's log-probs of every sample)")
     if cfg.use_rollout_logprobs and rollout_log_probs is None:
         raise ValueError("--use-rollout-logprobs needs rollout_log_probs")
     if cfg.use_kl_loss and ref_log_probs is None:
@@ -103,6 +105,8 @@ def _tis_function(cfg: SlimeArgs):
     path = cfg.custom_tis_function_path
     if path:
         return load_function(path, flag="--custom-tis-function-path")
+    if not cfg.use_tis or uses_mis_helper(cfg):
+        return compute_mis_weights_with_cp  # without --use-tis (--get-mismatch-metrics) it only measures
     mode = cfg.tis_mode
     if mode not in _TIS_FUNCTIONS:
         raise ValueError(f"unknown --tis-mode {mode!r}; known: {sorted(_TIS_FUNCTIONS)}")
@@ -121,6 +125,7 @@ def compute_actor_loss(
     rollout_log_probs: list[torch.Tensor] | None = None,
     entropy: list[torch.Tensor] | None = None,
     total_lengths: list[int] | None = None,
+    train_log_probs: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy loss of one micro-batch, a SUM over its samples (see module docstring).
 
@@ -131,14 +136,19 @@ def compute_actor_loss(
     `compute_tis_weights(old, rollout)`, or passed through `--custom-tis-function-path`
     `fn(args=, pg_loss=[T], train_log_probs=N×[L_i], rollout_log_probs=N×[L_i], loss_masks=N×[L_i],
     total_lengths=, response_lengths=) -> (pg_loss [T], modified loss_masks N×[L_i], {name: [T]})`; the
-    modified masks then replace the numerator masks of every term (denominators unchanged).
+    modified masks then replace the numerator masks of every term (denominators unchanged). Without
+    `--custom-tis-function-path`, `--tis-level` other than token, `--tis-mode clip/mask`, `--use-rs` or
+    `--tis-batch-normalize` select the MIS helper (`slime_core.algorithms.mis.compute_mis_weights_with_cp`).
+    `--get-mismatch-metrics` calls the TIS function even without `--use-tis` (the MIS helper by default, which then
+    leaves the loss unchanged) and adds the `mis_*` mismatch metrics (`slime_core.algorithms.mis.mismatch_metrics`).
 
     Args:
         cfg: run config; reads `advantage_estimator`, `eps_clip`, `eps_clip_high` (None → eps_clip),
             `eps_clip_c`, `entropy_coef`, `use_kl_loss`, `kl_loss_coef`, `kl_loss_type`, `use_unbiased_kl`,
             `use_tis`, `tis_clip`, `tis_clip_low`, `tis_mode`, `calculate_per_token_loss`,
             `use_rollout_logprobs`, `custom_pg_loss_reducer_function_path`, `custom_tis_function_path`,
-            `use_opsm`, `opsm_delta`. Plugins (reducer factory, TIS function) receive it as `args`.
+            `use_opsm`, `opsm_delta`, `get_mismatch_metrics` and the MIS settings (`slime_core.config.mismatch`).
+            Plugins (reducer factory, TIS function) receive it as `args`.
         log_probs: N `[L_i]` float32 current log-probs (requires grad).
         old_log_probs: N `[L_i]` log-probs of the policy that produced the data (no grad needed).
         advantages: N `[L_i]`.
@@ -148,12 +158,15 @@ def compute_actor_loss(
         rollout_log_probs: N `[L_i]` engine log-probs; needed with `--use-tis`/`--use-rollout-logprobs`.
         entropy: N `[L_i]` per-token entropies (with grad if `entropy_coef != 0`); needed then.
         total_lengths: N prompt+response lengths, only forwarded to a custom pg reducer (else None).
+        train_log_probs: N `[L_i]` trainer log-probs of the sampling policy for the TIS function and the mismatch
+            metrics; None: `old_log_probs`, or the detached `log_probs` under `--use-rollout-logprobs`.
 
     Returns:
         `(loss, metrics)`: `loss` a scalar with grad (an empty micro-batch gives a zero without grad:
         skip its backward); `metrics` detached scalars, each the same kind of
         sum: loss, pg_loss, pg_clipfrac, ppo_kl, entropy_loss, [kl_loss], [train_rollout_logprob_abs_diff],
-        [opsm_clipfrac], [tis, tis_clipfrac, tis_abs, ois] (or the custom TIS function's metrics). As in the
+        [opsm_clipfrac], [tis, tis_clipfrac, tis_abs, ois] (or the custom TIS function's metrics, or the MIS
+        helper's `mis_*`), [the `mis_*` mismatch metrics with `--get-mismatch-metrics`]. As in the
         original, `tis` is the raw ratio `exp(lp_old - lp_roll)`, TIS metrics and `ois` are averaged over the
         tokens before a custom TIS function's rejections. `opsm_clipfrac` counts each sample's dropped share of
         its own trainable tokens (the original also counts dropped tokens whose loss mask is 0; see
@@ -189,11 +202,15 @@ def compute_actor_loss(
     # Mismatch metrics are means over the tokens before any rejection (the original's pre-RS reducer): a TIS
     # function that rejects tokens must not drive its own metrics towards 0 by removing them from the average.
     metric_reduce = reduce
-    if cfg.use_tis:
+    if cfg.use_tis or cfg.get_mismatch_metrics:
+        if train_log_probs is not None:
+            trainer = concat_per_sample("train_log_probs", train_log_probs, lengths).detach()
+        else:
+            trainer = lp.detach() if use_rollout else old  # under --use-rollout-logprobs `old` is the engine's
         pg_tok, new_masks, tis_metrics = _tis_function(cfg)(
             args=cfg,
             pg_loss=pg_tok,
-            train_log_probs=list(old.split(lengths)),
+            train_log_probs=list(trainer.split(lengths)),
             rollout_log_probs=list(roll.split(lengths)),
             loss_masks=loss_masks,
             total_lengths=total_lengths,
@@ -204,6 +221,10 @@ def compute_actor_loss(
             mask = concat_per_sample("modified loss_masks", new_masks, lengths)
             reduce = default_reducer(per_token, lengths, mask, loss_denominators)
             pg_reduce = _pg_reducer(cfg, total_lengths, lengths, new_masks, reduce)
+        if cfg.get_mismatch_metrics and "mis_kl" not in tis_metrics:
+            # A TIS function without them (token TIS, a user's own): add the helper's, under its names.
+            gap = mismatch_metrics(list(trainer.split(lengths)), list(roll.split(lengths)), loss_masks)
+            metrics.update({f"mis_{k}": metric_reduce(v.to(pg_tok.device)) for k, v in gap.items()})
         metrics.update({k: metric_reduce(v) for k, v in tis_metrics.items()})
         metrics["ois"] = metric_reduce(torch.exp((-ppo_kl_tok.detach()).clamp(-20.0, 20.0)))
 

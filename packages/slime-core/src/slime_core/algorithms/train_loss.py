@@ -58,6 +58,8 @@ class LossInputs:
             or None.
         total_lengths: N prompt+response lengths `T_i` (a custom reducer / custom loss reads them), or None.
         tokens: N `[T_i]` int64 prompt+response ids (only given to a custom loss), or None.
+        train_log_probs: N `[L_i]` trainer log-probs of the sampling policy where `old_log_probs` are the
+            engine's (`--use-rollout-logprobs` with `--get-mismatch-metrics`), or None.
     """
 
     log_probs: list[torch.Tensor]
@@ -70,6 +72,7 @@ class LossInputs:
     entropy: list[torch.Tensor] | None = None
     total_lengths: list[int] | None = None
     tokens: list[torch.Tensor] | None = None
+    train_log_probs: list[torch.Tensor] | None = None
 
     @property
     def response_lengths(self) -> list[int]:
@@ -153,6 +156,7 @@ def compute_train_loss(cfg: SlimeArgs, inputs: LossInputs) -> tuple[torch.Tensor
             rollout_log_probs=inputs.rollout_log_probs,
             entropy=inputs.entropy,
             total_lengths=inputs.total_lengths,
+            train_log_probs=inputs.train_log_probs,
         )
     if loss_type == "sft_loss":
         return compute_sft_loss(

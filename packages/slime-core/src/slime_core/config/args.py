@@ -18,6 +18,7 @@ from pydantic import ConfigDict, ValidationError, model_validator
 
 from slime_core.config.base import ConfigError, arg, field_to_flag
 from slime_core.config.cluster import ClusterArgs, EngineArgs, WeightSyncArgs
+from slime_core.config.mismatch import MismatchArgs
 from slime_core.config.monitoring import DebugArgs, EvalArgs, HealthArgs, LoggingArgs
 from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, RolloutArgs, SamplingArgs
 from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, LoraArgs, OptimizerArgs
@@ -38,6 +39,7 @@ class SlimeArgs(
     LoraArgs,
     FsdpArgs,
     OptimizerArgs,
+    MismatchArgs,
     AlgorithmArgs,
     MultiTurnArgs,
     RewardArgs,

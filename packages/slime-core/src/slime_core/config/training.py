@@ -54,13 +54,19 @@ class AlgorithmArgs(ArgsGroup):
     disable_grpo_std_normalization: bool = arg(False, "GRPO: only subtract the group mean (Dr.GRPO).")
     disable_rewards_normalization: bool = arg(False, "Do not group-normalize rewards.")
     use_rollout_entropy: bool = arg(False, "Report the entropy of the rollout engine distribution.")
-    get_mismatch_metrics: bool = arg(False, "Compute train/inference mismatch metrics (needs a custom TIS fn).")
+    get_mismatch_metrics: bool = arg(
+        False,
+        "Log the train/inference mismatch metrics (train/mis_kl, mis_k3_kl, mis_*_ppl, mis_chi2_*, ois) without "
+        "changing the loss; with --custom-tis-function-path that function is called for them, as in the original.",
+    )
     use_rollout_logprobs: bool = arg(False, "Use engine log-probs as the old policy instead of recomputing.")
     use_tis: bool = arg(False, "Truncated importance sampling for the train/inference mismatch.")
     tis_clip: float = arg(2.0, "Upper clip of the TIS weight.", gt=0)
     tis_clip_low: float = arg(0.0, "Lower clip of the TIS weight.", ge=0)
-    tis_mode: Literal["truncate", "icepop"] = arg(
-        "truncate", "TIS weighting: truncate (clamp to [low, high]) or icepop (zero outside the range)."
+    tis_mode: Literal["truncate", "icepop", "clip", "mask"] = arg(
+        "truncate",
+        "TIS weighting: truncate (clamp to [low, high]), icepop (zero outside the range; token level only), clip "
+        "or mask (the MIS helper's: clamp to, or reject tokens outside, [--tis-lower-bound, --tis-upper-bound]).",
     )
     custom_tis_function_path: str | None = arg(None, "Import path of a custom TIS/MIS weighting function.")
     custom_pg_loss_reducer_function_path: str | None = arg(
@@ -187,7 +193,10 @@ class CheckpointArgs(ArgsGroup):
     save_hf: str | None = arg(
         None,
         "Export an HF checkpoint to this path at every save (each --save-interval, each epoch's end, the last "
-        "rollout; without --save only the last), {rollout_id} filled in. Written to <path>.tmp, then renamed.",
+        "rollout; without --save only the last), {rollout_id} filled in (the only field). Written to <path>.tmp, then "
+        "swapped in by renames (the old export goes to <path>.old until the new one is in place). Refused: a path "
+        "that is empty or holds a control character, and one that is, contains or lies inside --save, --load, "
+        "--hf-checkpoint, --ref-load, --critic-load or --critic-save (slime_core.config.save_hf).",
     )
     release_train: bool = arg(False, "Kill and recreate trainer processes from the saved checkpoint every step.")
     megatron_config_path: str | None = arg(None, "YAML with Megatron settings for multi-model setups.")

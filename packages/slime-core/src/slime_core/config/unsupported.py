@@ -40,7 +40,6 @@ UNSUPPORTED: dict[str, str] = {
     "fetch_trajectory_retry_times": "no rollout buffer server; use --rollout-function-path",
     "fsdp_cpu_backend": "collectives use the default process group (nccl on GPU, gloo on CPU)",
     "fsdp_state_dict_cpu_offload": "checkpoints are sharded (DCP) and HF export gathers tensor by tensor",
-    "get_mismatch_metrics": "use --use-tis (tis, tis_clipfrac, ois metrics) or --custom-tis-function-path",
     "http_proxy": "engine requests always go direct, never through a proxy",
     "keep_old_actor": "old log-probs are recomputed with the weights before each rollout's first step",
     "log_correct_samples": "correct-sample length/entropy statistics are not collected",

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
+from slime_core.config.mismatch import validate_mismatch
 from slime_core.config.opd import validate_opd
+from slime_core.config.save_hf import check_save_hf
+from slime_core.config.sglang_flags import check_managed_sglang_flags
 from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.estimators import get_estimator
@@ -24,7 +27,7 @@ from slime_core.estimators import get_estimator
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
 
-__all__ = ["derive_and_validate"]
+__all__ = ["colocated_gpu_split", "derive_and_validate"]
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +136,29 @@ def _placement(args: SlimeArgs) -> None:
     _engine_gpus(args)
 
 
+def colocated_gpu_split(args: SlimeArgs) -> tuple[int, int]:
+    """With `--colocate`: (rollout GPUs shared with the trainer, rollout-only GPUs); (0, rollout GPUs) without.
+
+    The placement (`slime_app.cluster.create_placement`) makes `max(actor GPUs, rollout GPUs)` bundles; engines take
+    bundles `0..rollout-1` and the trainer `0..actor-1`, so `min(actor, rollout)` GPUs are shared and the rest of the
+    rollout GPUs serve engines alone.
+    """
+    rollout = args.rollout_num_gpus or 0
+    if not args.colocate:
+        return 0, rollout
+    shared = min(args.actor_num_nodes * args.actor_num_gpus_per_node, rollout)
+    return shared, rollout - shared
+
+
 def _engine_gpus(args: SlimeArgs) -> None:
     """The rollout GPUs split into whole engines (the CPU reference engine ignores the split; a GPU run cannot)."""
     rollout, per_engine = args.rollout_num_gpus, args.rollout_num_gpus_per_engine
     if not rollout or args.rollout_engine_urls or args.debug_train_only or rollout % per_engine == 0:
         return
-    source = " (with --colocate: the actor's GPUs)" if args.colocate else ""
+    source = ""
+    if args.colocate:
+        shared, own = colocated_gpu_split(args)
+        source = f" (with --colocate: {shared} shared with the trainer" + (f", {own} rollout-only)" if own else ")")
     if rollout < per_engine:
         what = f"one engine needs {per_engine} GPUs and only {rollout} are given"
     else:
@@ -215,6 +235,7 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
     if args.tis_clip_low > args.tis_clip:
         raise ConfigError(f"--tis-clip-low ({args.tis_clip_low}) must be <= --tis-clip ({args.tis_clip})")
+    validate_mismatch(args)
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
         raise ConfigError("--loss-type custom_loss requires --custom-loss-function-path")
     if args.disable_compute_advantages_and_returns and args.loss_type == "policy_loss":
@@ -286,14 +307,7 @@ def _eval(args: SlimeArgs) -> None:
 def _checkpoint_and_dumps(args: SlimeArgs) -> None:
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval requires --save")
-    if args.save_hf is not None:
-        try:  # filled in at each export as the original does: save_hf.format(rollout_id=rollout_id)
-            args.save_hf.format(rollout_id=0)
-        except (KeyError, IndexError, ValueError) as e:
-            raise ConfigError(
-                f"--save-hf {args.save_hf!r}: only {{rollout_id}} can be filled in ({type(e).__name__}: {e}); "
-                "write a literal brace as {{ or }}"
-            ) from e
+    check_save_hf(args)
     if args.dump_details is not None and args.save_debug_rollout_data is None:
         args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
 
@@ -340,6 +354,7 @@ def _weight_sync(args: SlimeArgs) -> None:
 
 
 def _passthrough(args: SlimeArgs) -> None:
+    check_managed_sglang_flags(args.sglang_args)
     pp = _sglang_int(args, "pp_size", 1)
     if args.rollout_num_gpus_per_engine % pp:
         raise ConfigError(

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from slime_core.config.sglang_flags import MANAGED_SGLANG_FIELDS, check_managed_sglang_flags
 from slime_rollout.wire import nccl_cumem_enable
 
 if TYPE_CHECKING:
@@ -35,23 +36,6 @@ __all__ = [
     "needs_weights_backup",
     "sglang_passthrough",
 ]
-
-# ServerArgs fields slime computes itself; a `--sglang-<field>` for one of them is a config error.
-MANAGED_SGLANG_FIELDS = frozenset(
-    {
-        "model_path",
-        "tp_size",
-        "port",
-        "nccl_port",
-        "base_gpu_id",
-        "random_seed",
-        "enable_memory_saver",
-        "skip_server_warmup",
-        "nnodes",
-        "node_rank",
-        "dist_init_addr",
-    }
-)
 
 # Environment defaults slime gives SGLang (see slime's rollout.py); the user's environment wins.
 _SGLANG_ENV_DEFAULTS = {
@@ -71,7 +55,8 @@ def sglang_passthrough(sglang_args: Mapping[str, Any] | Sequence[str] | None) ->
             tokens (`--sglang-` prefixes are stripped).
 
     Raises:
-        ValueError: a field slime manages itself (e.g. `--sglang-port`), naming the flag.
+        ValueError: a flag slime sets itself, by name, alias or abbreviation (`--sglang-port`, `--sglang-tp`;
+            `slime_core.config.sglang_flags`), naming the flag.
     """
     if not sglang_args:
         return []
@@ -79,15 +64,12 @@ def sglang_passthrough(sglang_args: Mapping[str, Any] | Sequence[str] | None) ->
         sglang_args = shlex.split(sglang_args)
     if not isinstance(sglang_args, Mapping):
         tokens = [("--" + t.removeprefix("--sglang-")) if t.startswith("--sglang-") else t for t in sglang_args]
-        for t in tokens:
-            if t.startswith("--") and t[2:].replace("-", "_").split("=")[0] in MANAGED_SGLANG_FIELDS:
-                raise ValueError(f"--sglang-{t[2:]} is set by slime itself and cannot be passed through")
+        check_managed_sglang_flags(t for t in tokens if t.startswith("--"))
         return tokens
+    check_managed_sglang_flags(sglang_args)
     out: list[str] = []
     for key, value in sglang_args.items():
         field = key.replace("-", "_").removeprefix("sglang_")
-        if field in MANAGED_SGLANG_FIELDS:
-            raise ValueError(f"--sglang-{field.replace('_', '-')} is set by slime itself and cannot be passed through")
         if value is None or value is False:
             continue
         flag = "--" + field.replace("_", "-")

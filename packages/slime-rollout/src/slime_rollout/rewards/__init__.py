@@ -2,7 +2,7 @@ r"""Reward functions (`--rm-type`, `--custom-rm-path`, `--group-rm`).
 
 Resolution order per sample (as in the original `rm_hub`): the sample's own `custom_rm_path`, then
 `--custom-rm-path`, then `sample.metadata["rm_type"]`, then `--rm-type`. A `boxed_` prefix on a type
-first reduces the response to its last `\boxed{}` content.
+makes the grader read the response's final `\boxed{}` answer (`_unbox`; a hedge of several boxes is no answer).
 
 | rm_type      | returns                                  |
 |--------------|------------------------------------------|
@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 from slime_core.sample import Sample
 from slime_rollout.deadlines import DeadlineExceeded, call_plugin_with_deadline
 from slime_rollout.plugins import load_function
-from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward
+from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward, describe_raised
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
 from slime_rollout.rewards.gpqa import gpqa_reward
 from slime_rollout.rewards.math import deepscaler_reward, deepscaler_reward_async, math_reward, math_reward_async
-from slime_rollout.rewards.math_utils import extract_boxed
+from slime_rollout.rewards.math_utils import single_final_answer
 from slime_rollout.rewards.remote import remote_reward
 
 if TYPE_CHECKING:
@@ -52,16 +52,20 @@ __all__ = ["RM_TYPES", "async_rm", "batched_async_rm", "rule_based_reward"]
 RM_TYPES = ("math", "deepscaler", "dapo", "f1", "gpqa", "remote_rm", "random")
 
 
-def _unbox(rm_type: str, response: str) -> tuple[str, str]:
-    """Applies a `boxed_` prefix: the type without it and the response reduced to its last box."""
+def _unbox(rm_type: str, response: str) -> tuple[str, str, bool]:
+    r"""Applies a `boxed_` prefix: `(type without it, response to grade, whether it had the prefix)`.
+
+    math, deepscaler and dapo grade the final box themselves, by the one final-answer rule
+    (`math_utils.final_pairs`; dapo reads its box instead of an `Answer:` line), so they get the whole response;
+    the others get the content of its one final box (`math_utils.single_final_answer`), or "" when there is none
+    or the final statement offers several different ones (a hedge).
+    """
     if not rm_type.startswith("boxed_"):
-        return rm_type, response
+        return rm_type, response, False
     rm_type = rm_type.removeprefix("boxed_")
-    response = extract_boxed(response) or ""
-    if rm_type == "math":
-        # The box is already unwrapped; grade the bare content.
-        response = f"\\boxed{{{response}}}" if response else ""
-    return rm_type, response
+    if rm_type in ("math", "deepscaler", "dapo"):
+        return rm_type, response, True
+    return rm_type, single_final_answer(response) or "", True
 
 
 def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[str, Any] | None = None) -> Any:
@@ -76,13 +80,13 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
     Raises:
         KeyError: unknown `rm_type`, listing the known ones.
     """
-    rm_type, response = _unbox(rm_type, response)
+    rm_type, response, boxed = _unbox(rm_type, response)
     if rm_type == "math":
         return math_reward(response, label)
     if rm_type == "deepscaler":
         return deepscaler_reward(response, label)
     if rm_type == "dapo":
-        return dapo_reward(response, label)
+        return dapo_reward(response, label, strict_box=boxed)
     if rm_type == "f1":
         return f1_reward(response, label)
     if rm_type == "gpqa":
@@ -131,13 +135,13 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
             return 0.0  # pure on-policy distillation: the teacher's term is the whole learning signal
         raise ValueError("no reward function: set --rm-type, --custom-rm-path or metadata['rm_type']")
     if rm_type in ("remote_rm", "boxed_remote_rm"):
-        response = sample.response if rm_type == "remote_rm" else (extract_boxed(sample.response) or "")
+        response = sample.response if rm_type == "remote_rm" else (single_final_answer(sample.response) or "")
         payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
         source = f"--rm-type {rm_type} ({args.rm_url})"
         reward = await call_reward_plugin(remote_reward, args.rm_url, payload, source=source, sample=sample,
                                           **_bounds(args))  # fmt: skip
         return checked_reward(reward, source=source, sample=sample)
-    base_type, response = _unbox(rm_type, sample.response)
+    base_type, response, _ = _unbox(rm_type, sample.response)
     graders = {"math": math_reward_async, "deepscaler": deepscaler_reward_async}
     if base_type in graders:  # symbolic check in the pool (inline with --rm-num-workers 0)
         num_workers = args.rm_num_workers
@@ -178,7 +182,8 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
         except DeadlineExceeded as e:
             raise RewardFunctionError(str(e)) from e
         except Exception as e:
-            raise RewardFunctionError(f"{source} raised {type(e).__name__} on samples {indices}: {e}") from e
+            name, message = describe_raised(e)
+            raise RewardFunctionError(f"{source} raised {name} on samples {indices}: {message}") from e
         if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
             raise ValueError(f"{source} must return a list of {len(samples)} rewards, got {rewards!r:.200}")
         return [checked_reward(r, source=source, sample=s) for r, s in zip(rewards, samples, strict=True)]

@@ -7,15 +7,27 @@ What a careful grader reads, and what this module therefore returns:
 * every `\boxed{...}` / `\fbox{...}` / `\boxed 5` of that text, in order, nested braces balanced; a box whose
   brace never closes (a typo, or a response cut off right after it) still shows its answer up to the end of
   its line or formula;
-* a box taken back by the text after it ("wait, that's wrong", "I made a mistake") does not count, and when
-  that is the last box the response has no final answer;
+* a box taken back by the text after it does not count, and when that is the last box the response has no final
+  answer. A retraction must be about the box itself: a judgement of "that"/"this" or of the box ("that's wrong",
+  "this is incorrect", "\boxed{3} is wrong"), an interjection ("oops", "scratch that", "my mistake.", "I made a
+  mistake" unless it was "earlier"), or a correction to a different value ("the correct answer is 6" after
+  `\boxed{5}`; "the correct answer is 5" affirms it). Any other later mention of wrongness ("Option B is incorrect",
+  "the other root -3 is wrong", "my mistake earlier was the sign") and anything in parentheses is not one;
+* a negated box is not an offered answer: one right after "not" / "rather than" / "instead of" ("\boxed{5} is
+  correct, not \boxed{3}", "(Not \boxed{3}.)") or right before "is wrong" / "is incorrect" / "is not correct" is
+  dropped, with its phrase;
 * only the boxes of the final statement count: the last box and the boxes offered together with it. Two boxes
   are offered together when the text between them is a list ("\boxed{2} and \boxed{3}", "\boxed{3},
-  \boxed{5}", "(a) \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge ("or",
-  "either", "maybe", "might also be"); any other text between them (a derivation, a correction: "but after
-  fixing the sign error the result is", a second "Final answer:") makes the later box supersede the earlier
-  one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
-  statement's boxes are one answer, the parts of a multi-part answer, or a hedge (which is wrong).
+  \boxed{5}", "(a) \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is
+  an expression of doubt or of an alternative anywhere between them ("not sure", "not certain", "maybe",
+  "perhaps", "alternatively", "otherwise", "vs", "another possibility", "possible too"), or a weak one ("or",
+  "either", "could be", "might be") in the sentence right after the earlier box or right before the later one
+  (an "or" deep inside a derivation, "for 2 or more terms", is not one). Any other text between them (a
+  derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and any
+  text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
+  earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
+  statement's boxes are one answer, the parts of a multi-part answer (`FinalAnswers.labelled`: "(a)", "part",
+  "x =" between them: the order counts), or a hedge (which is wrong).
 
 Everything is linear in the length of the text (braces are matched in one pass), so a 1 MB response is cheap.
 """
@@ -24,6 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+
+from slime_rollout.rewards.normalize import normalize_answer, parse_number
 
 __all__ = [
     "Box",
@@ -39,17 +53,42 @@ _BOX_START = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _BRACES = re.compile(r"[{}]")
 # An unclosed box's answer ends at the first of these (the end of its formula or line).
 _UNCLOSED_END = re.compile(r"\$|\\\]|\\\)|\n")
-# Phrases after the last box that take it back. Only explicit ones: "wait, let me verify ... yes" is not.
-_RETRACTION = re.compile(
+# Phrases between two boxes that correct the earlier one: any mention of a mistake or of wrongness.
+_CORRECTION = re.compile(
     r"(?i)\b(?:that(?:'s| is| was) (?:wrong|incorrect|not (?:right|correct))|this is (?:wrong|incorrect)"
     r"|(?:is|was) (?:wrong|incorrect)\b|i made (?:a|an) (?:mistake|error)|my mistake|oops|scratch that"
     r"|(?:that|this) can(?:'t|not) be right|the correct answer (?:is|should be)|should actually be)"
 )
-_RETRACTION_WINDOW = 600  # characters after the last box that are searched
-# Words that offer two boxes as alternatives (a hedge): they keep the boxes together whatever else is said.
-_HEDGE_WORDS = re.compile(
-    r"(?i)\b(?:or|either|maybe|perhaps|possibly|alternatively|unsure|not sure|(?:could|might|may)(?: also)? be)\b"
+# Phrases after the last box that take the box itself back (module docstring): judgements of "that"/"this" and
+# interjections; a mistake placed earlier in the work is not about the box.
+_RETRACTION = re.compile(
+    r"(?i)\b(?:(?:that|this)(?:'s| is| was) (?:wrong|incorrect|not (?:right|correct))"
+    r"|(?:that|this) can(?:'t|not) be right|oops|scratch that|my mistake(?=\s*(?:[.!,;:]|$))"
+    r"|i made (?:a|an) (?:mistake|error)(?!\s+(?:earlier|before|previously|at first|initially|above)))"
 )
+# A correction that names its value: a retraction only when the value differs from the box.
+_CORRECTED_VALUE = re.compile(
+    r"(?i)\b(?:the )?(?:correct|right|actual) answer (?:is|should be|would be)\s*:?\s*(?P<value>.*?)"
+    r"(?=\.(?:\s|$)|[;\n]|$)|\bshould actually be\s*:?\s*(?P<value2>.*?)(?=\.(?:\s|$)|[;\n]|$)"
+)
+# The box judged right after it: "\boxed{3} is wrong".
+_JUDGED_WRONG = re.compile(r"(?i)^\s*\$?\s*(?:is|was)\s+(?:wrong|incorrect|not\s+(?:right|correct|the answer|valid))\b")
+# A box negated right before it: "not \boxed{3}", "(Not $\boxed{3}$", "rather than \boxed{3}".
+_NEGATED_BEFORE = re.compile(r"(?i)\b(?:not|rather than|instead of)\s*(?:\$\s*)?$")
+# Words before a corrected value that are not part of it ("the correct answer is indeed 5").
+_FILLER = re.compile(r"(?i)^(?:(?:indeed|actually|really|still|just|exactly|clearly|definitely|in fact|thus)\b[\s,]*)+")
+_PARENTHESES = re.compile(r"\([^()]*\)")
+_RETRACTION_WINDOW = 600  # characters after the last box that are searched
+# Doubt or an alternative, anywhere between two boxes: a hedge.
+_HEDGE_PHRASES = re.compile(
+    r"(?i)\b(?:not (?:sure|certain)|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
+    r"|(?:an)?other (?:possibility|possible (?:answer|value|solution)|candidate)|possible (?:too|as well)"
+    r"|also possible|or else)\b"
+)
+# Weak hedge words: a hedge only in the sentence right after the earlier box or right before the later one.
+_HEDGE_WORDS = re.compile(r"(?i)\b(?:or|either|(?:could|might|may)(?: also)? be)\b")
+# Part labels between boxes: the parts of a labelled answer, whose order counts.
+_PART_LABEL = re.compile(r"(?i)\(\s*(?:[a-h]|i{1,3}|iv|vi{0,3})\s*\)|\bpart\b|(?<![A-Za-z\\])[A-Za-z]\s*=")
 # Words that only join the items of one list of answers ("x = 2 and y = 3", "(a) ... (b) ...", "i.e.").
 _LIST_WORDS = frozenset(
     "and both respectively also as well ie eg namely that is equivalently part parts ii iii iv vi vii viii".split()
@@ -156,11 +195,60 @@ class FinalAnswers:
         answers: box contents of the final statement in order (empty when there is no valid final answer).
         reason: why `answers` is empty ("no box", "reasoning never closed", "retracted"), else "".
         num_superseded: earlier boxes that a later statement replaced (a corrected or restated answer).
+        labelled: the final statement's boxes are labelled parts ("(a) ... (b) ...", "x = ..., y = ..."), so
+            their order counts.
     """
 
     answers: list[str]
     reason: str = ""
     num_superseded: int = 0
+    labelled: bool = False
+
+
+def _normalized(text: str) -> str:
+    """What two answers are compared by here: the exact value, else the cleaned text (no symbolic check)."""
+    value = parse_number(text)
+    return str(value) if value is not None else normalize_answer(text).lower()
+
+
+def _retracts(after: str, box: Box) -> bool:
+    """Whether the text right after the last box takes that box back (module docstring)."""
+    if _JUDGED_WRONG.match(after):
+        return True
+    window = _PARENTHESES.sub(" ", after[:_RETRACTION_WINDOW])  # an aside is not about the box
+    if _RETRACTION.search(window):
+        return True
+    for m in _CORRECTED_VALUE.finditer(window):
+        value = _FILLER.sub("", (m.group("value") or m.group("value2") or "").strip()).rstrip(".").strip()
+        inner = extract_boxed(value)
+        value = inner if inner is not None else value.strip("$ ")
+        if value and _normalized(value) != _normalized(box.content):
+            return True  # a correction to another value; the same value affirms the box
+    return False
+
+
+def _negated_spans(region: str, boxes: list[Box]) -> dict[int, tuple[int, int]]:
+    """Index of each negated box → the span of the box with its negation phrase (module docstring)."""
+    spans = {}
+    for i, box in enumerate(boxes):
+        before = _NEGATED_BEFORE.search(region[max(0, box.start - 40) : box.start])
+        after = _JUDGED_WRONG.match(region[box.end : box.end + 80])
+        if before or after:
+            start = box.start - (len(before.group()) if before else 0)
+            spans[i] = (start, box.end + (after.end() if after else 0))
+    return spans
+
+
+def _between(region: str, start: int, end: int, cut: list[tuple[int, int]]) -> str:
+    """`region[start:end]` without the cut spans (negated boxes)."""
+    pieces, position = [], start
+    for cut_start, cut_end in cut:
+        if cut_end <= position or cut_start >= end:
+            continue
+        pieces.append(region[position : max(position, cut_start)])
+        position = max(position, cut_end)
+    pieces.append(region[position:end])
+    return " ".join(pieces)
 
 
 def final_boxed_answers(response: str) -> FinalAnswers:
@@ -175,17 +263,27 @@ def final_boxed_answers(response: str) -> FinalAnswers:
     region = strip_reasoning(response or "")
     if region is None:
         return FinalAnswers(answers=[], reason="reasoning never closed")
-    boxes = find_boxes(region)
-    if not boxes:
+    found = find_boxes(region)
+    if not found:
         return FinalAnswers(answers=[], reason="no box")
+    negated = _negated_spans(region, found)
+    boxes = [b for i, b in enumerate(found) if i not in negated]
+    if not boxes:
+        return FinalAnswers(answers=[], reason="retracted")  # every box was negated
     last = boxes[-1]
     # The last box is taken back by what follows it ("\boxed{12}. Wait, that's wrong ...").
-    if _RETRACTION.search(region[last.end : last.end + _RETRACTION_WINDOW]):
+    if _retracts(region[last.end :], last):
         return FinalAnswers(answers=[], reason="retracted")  # no final answer
-    first = len(boxes) - 1
-    while first > 0 and offered_together(region[boxes[first - 1].end : boxes[first].start]):
+    cut = sorted(negated.values())
+    first, labelled = len(boxes) - 1, False
+    while first > 0:
+        between = _between(region, boxes[first - 1].end, boxes[first].start, cut)
+        if not offered_together(between):
+            break
+        labelled = labelled or bool(_PART_LABEL.search(between))
         first -= 1
-    return FinalAnswers(answers=[b.content for b in boxes[first:]], num_superseded=first)
+    num_superseded = len(found) - len(negated) - (len(boxes) - first)
+    return FinalAnswers(answers=[b.content for b in boxes[first:]], num_superseded=num_superseded, labelled=labelled)
 
 
 def offered_together(between: str) -> bool:
@@ -195,18 +293,21 @@ def offered_together(between: str) -> bool:
         between: the text from the end of one box to the start of the next.
 
     Returns:
-        False when the text takes the earlier box back ("that's wrong"). Else True for a hedge ("or",
-        "either", "maybe", "could also be", ... in the sentence right after the earlier box or right before the
-        later one) or a list (only punctuation, math, one-letter names and joining words: "and", "(b)", "x =",
-        "i.e.", "part"); False for anything else (a derivation or a correction), after which the later box
+        False when the text corrects the earlier box ("that's wrong", "I made a mistake", "is incorrect"). Else
+        True for a hedge (doubt or an alternative anywhere: "not sure", "maybe", "otherwise", "vs", "another
+        possibility"; or "or", "either", "could be" in the sentence right after the earlier box or right before
+        the later one) or a list (only punctuation, math, one-letter names and joining words: "and", "(b)",
+        "x =", "i.e.", "part"); False for anything else (a derivation or a correction), after which the later box
         supersedes the earlier one.
     """
     text = _BETWEEN_MARKUP.sub(" ", between)
-    if _RETRACTION.search(text):
+    if _CORRECTION.search(text):
         return False  # the earlier box was taken back ("\boxed{3}. Oops, it could be \boxed{5}")
+    if _HEDGE_PHRASES.search(text):
+        return True
     sentences = _SENTENCE_BREAK.split(text.strip())
-    # A hedge sits right after the earlier box or right before the later one; an "or" deep inside a derivation
-    # between them ("for 2 or more terms") is not one.
+    # A weak hedge word sits right after the earlier box or right before the later one; an "or" deep inside a
+    # derivation between them ("for 2 or more terms") is not one.
     if _HEDGE_WORDS.search(sentences[0]) or _HEDGE_WORDS.search(sentences[-1]):
         return True
     return all(word.lower() in _LIST_WORDS for word in _WORD.findall(text))

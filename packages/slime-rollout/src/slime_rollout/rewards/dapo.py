@@ -5,6 +5,9 @@ never closes has no answer), read in its last 300 characters as the original doe
 (`**Answer:** 73`, `Answer: **73**`, `` `73` ``), `$...$` and a `\boxed{}` are taken off; the value is then
 compared like the math grader's cheap checks (`math_utils.grade_fast`: units, number words, exact numbers:
 `73.0` = `73`, `1,000` = `1000`), never symbolically, so grading stays cheap string work on the event loop.
+Boxes on the answer line (and the boxes of `--rm-type boxed_dapo`, which reads the last box instead of an
+`Answer:` line) follow the math graders' final-answer rule (`math_utils.final_pairs`): `Answer: \boxed{3} or
+\boxed{5}` is a hedge and wrong, a multi-part answer needs the label's number of parts.
 Reference: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
 """
 
@@ -13,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from slime_rollout.rewards.answers import extract_boxed, strip_reasoning
-from slime_rollout.rewards.math_utils import extract_label_answer, grade_fast, normalize_answer
+from slime_rollout.rewards.answers import FinalAnswers, final_boxed_answers, find_boxes, strip_reasoning
+from slime_rollout.rewards.math_utils import extract_label_answer, final_pairs, grade_fast, normalize_answer
 
 __all__ = ["dapo_reward"]
 
@@ -23,17 +26,19 @@ _MARKDOWN = re.compile(r"\*\*|__|`")
 _TAIL_CHARS = 300  # the original reads only the end of the response (MATH-500's longest answer: 159 chars)
 
 
-def _predicted(response: str, strict_box: bool) -> str:
+def _final_answers(response: str, strict_box: bool) -> FinalAnswers:
+    """The answer(s) of the response's last `Answer:` line, or of its final boxes with `strict_box`."""
     region = strip_reasoning(response or "")
     if region is None:
-        return ""
+        return FinalAnswers(answers=[], reason="reasoning never closed")
     tail = _MARKDOWN.sub("", region[-_TAIL_CHARS:])
     if strict_box:
-        return extract_boxed(tail) or ""
+        return final_boxed_answers(tail)
     matches = _ANSWER_LINE.findall(tail)
-    pred = matches[-1].strip().strip("*").strip() if matches else ""
-    boxed = extract_boxed(pred)
-    return boxed if boxed is not None else pred
+    line = matches[-1].strip().strip("*").strip() if matches else ""
+    if find_boxes(line):
+        return final_boxed_answers(line)
+    return FinalAnswers(answers=[line] if line else [], reason="" if line else "no answer line")
 
 
 def dapo_reward(response: str, label: object, *, strict_box: bool = False) -> dict[str, Any]:
@@ -42,15 +47,19 @@ def dapo_reward(response: str, label: object, *, strict_box: bool = False) -> di
     Args:
         response: model output.
         label: ground-truth answer.
-        strict_box: read the answer from the last `\boxed{}` instead of an `Answer:` line.
+        strict_box: read the answer from the final `\boxed{}` (`--rm-type boxed_dapo`) instead of an `Answer:`
+            line.
 
     Returns:
-        `{"score": 1.0 | -1.0, "acc": bool, "pred": str}` (`pred`: the normalized predicted answer).
+        `{"score": 1.0 | -1.0, "acc": bool, "pred": str}` (`pred`: the normalized predicted answer; the parts
+        of a multi-part or hedged answer joined by ", ").
 
     Raises:
         ValueError: if `label` is None.
     """
-    pred = _predicted(response, strict_box)
+    final = _final_answers(response, strict_box)
     gold = extract_label_answer(label)
-    acc = bool(pred) and grade_fast(pred, gold)[0] is True
-    return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": normalize_answer(pred) if pred else ""}
+    pairs = final_pairs(final, gold)
+    acc = pairs is not None and all(grade_fast(pred, gold_part)[0] is True for pred, gold_part in pairs)
+    pred = ", ".join(normalize_answer(answer) for answer in final.answers)
+    return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": pred}

@@ -5,7 +5,8 @@ reasoning; a box inside `<think>` never counts; a box taken back by the text aft
 followed by more derivation or a correction and then another box is superseded by it, as the original's last-box
 rule reads it). One distinct boxed answer is compared with the label (`math_utils.grade_answer`). Several
 different ones offered together (`\boxed{3} or \boxed{5}`, `\boxed{3}, \boxed{5}`) are a hedge and wrong, unless
-together they are the label's multi-part answer (`\boxed{3}, \boxed{5}` for `3, 5`).
+together they are the label's multi-part answer (`\boxed{3}, \boxed{5}` for `3, 5`; as many parts as the label,
+labelled parts in the label's order: `math_utils.final_pairs`).
 
 `math_reward` / `deepscaler_reward` grade inline, each symbolic check bounded by `WORKER_TIMEOUT_S` on any
 thread. Their `_async` twins, used by `async_rm`, keep the cheap checks inline and send the symbolic check to the
@@ -26,6 +27,7 @@ from slime_rollout.rewards import pool
 from slime_rollout.rewards.math_utils import (
     extract_label_answer,
     final_boxed_answers,
+    final_pairs,
     grade_fast,
     preview,
     symbolic_equal_with_timeout,
@@ -43,15 +45,6 @@ _pool_unusable = threading.Event()
 Symbolic = Callable[[str, str], Awaitable[tuple[bool | None, str | None]]]
 
 
-def _distinct(answers: list[str]) -> list[str]:
-    """The answers that differ from every earlier one (by the cheap checks: cleaning and exact numbers)."""
-    out: list[str] = []
-    for answer in answers:
-        if not any(grade_fast(answer, seen)[0] for seen in out):
-            out.append(answer)
-    return out
-
-
 async def grade_final_answers(
     response: str, label: object, symbolic: Symbolic, *, sample_index: int | None = None
 ) -> float:
@@ -67,14 +60,20 @@ async def grade_final_answers(
         ValueError: if `label` is None.
     """
     gold = extract_label_answer(label)
-    answers = _distinct(final_boxed_answers(response).answers)
-    if not answers:
-        return 0.0
-    # One answer, or several: right only as the label's multi-part answer (a hedge between values is wrong).
-    pred = answers[0] if len(answers) == 1 else ", ".join(answers)
+    pairs = final_pairs(final_boxed_answers(response), gold)
+    if pairs is None:
+        return 0.0  # no answer, a hedge, or not the label's number of parts
+    for pred, gold_part in pairs:
+        if not await _equal(pred, gold_part, symbolic, sample_index):
+            return 0.0
+    return 1.0
+
+
+async def _equal(pred: str, gold: str, symbolic: Symbolic, sample_index: int | None) -> bool:
+    """One comparison: the cheap checks, then the symbolic one (undecided counts as not equal, logged)."""
     verdict, gold_n, pred_n = grade_fast(pred, gold)
     if verdict is not None:
-        return 1.0 if verdict else 0.0
+        return verdict
     verdict, failure = await symbolic(gold_n, pred_n)
     if verdict is None:
         logger.warning(
@@ -84,8 +83,8 @@ async def grade_final_answers(
             preview(gold_n),
             failure,
         )
-        return 0.0
-    return 1.0 if verdict else 0.0
+        return False
+    return verdict
 
 
 async def _inline(gold_n: str, pred_n: str) -> tuple[bool | None, str | None]:

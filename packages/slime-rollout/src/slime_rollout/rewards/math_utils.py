@@ -8,6 +8,12 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
   both give one);
 * a percent answer equals its number and its value (`50%` = `50` and `50%` = `0.5`, while `50` ≠ `0.5`): the
   original drops the sign, math-verify reads the value, and the label tells which the question meant;
+* several final boxes (`answers.final_boxed_answers`) are one answer when they restate one value, else the parts of
+  a multi-part answer (`final_pairs`): their number must be the label's number of parts (`answer_parts`: `5` is
+  not `5, 5`), labelled parts ("(a) ... (b) ...", "x = ..., y = ...") are compared with the label's parts in order,
+  unlabelled ones together as one list (math-verify compares it as a set); any other several answers are a hedge,
+  which is wrong. Every grader that reads a final boxed answer (math, deepscaler, dapo, the `boxed_` types) goes
+  through `final_pairs` or `single_final_answer`;
 * numbers are compared exactly as rationals: `1/3^{40}` ≠ `1/3^{41}`, `0.5` = `\frac12`, `0.\overline{3}` =
   `\frac13`, but a rounded decimal is not the exact value, either way round (`0.333` ≠ `\frac13`, `1.414` ≠
   `\sqrt2`, `2\pi` ≠ `6.28`);
@@ -28,7 +34,7 @@ import functools
 import logging
 import re
 
-from slime_rollout.rewards.answers import extract_boxed, final_boxed_answers, strip_reasoning
+from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
 
@@ -36,16 +42,19 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SYMBOLIC_MAX_CHARS",
+    "answer_parts",
     "costly_reason",
     "extract_boxed",
     "extract_label_answer",
     "final_boxed_answers",
+    "final_pairs",
     "grade_answer",
     "grade_fast",
     "normalize_answer",
     "parse_number",
     "prepare_worker",
     "preview",
+    "single_final_answer",
     "strip_reasoning",
     "symbolic_equal",
     "symbolic_equal_with_timeout",
@@ -114,6 +123,99 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
             )
         return same, g.text, p.text
     return None, g.text, p.text
+
+
+_PART_SEPARATOR = re.compile(r",|;|\band\b")
+_TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*and\s*\}")
+_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _depths(text: str) -> list[int]:
+    """Bracket depth before each character of `text` (any of `([{` opens, any of `)]}` closes)."""
+    depths, depth = [], 0
+    for char in text:
+        depths.append(depth)
+        depth += (char in _OPEN) - (char in _CLOSE)
+    return depths
+
+
+def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
+    r"""The parts of a (possibly multi-part) answer: split at top-level `,` `;` `and`.
+
+    With `unwrap`, one pair of brackets around the whole answer is taken off first (`(1, 2)`, `\{1, 2\}`,
+    `[1, 2)` have two parts, as `1, 2` does); a thousands separator is not a split (`1,000` is one part).
+
+    Args:
+        text: an answer (a box's content or a label's answer).
+        unwrap: take off brackets around the whole answer.
+
+    Returns:
+        The stripped parts, in order; one part for a plain answer.
+    """
+    s = _THOUSANDS_COMMA.sub("", _TEXT_AND.sub(" and ", text)).replace("\\left", "").replace("\\right", "")
+    s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
+    depths = _depths(s)
+    if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):
+        s, depths = s[1:-1], [d - 1 for d in depths[1:-1]]
+    parts, start = [], 0
+    for m in _PART_SEPARATOR.finditer(s):
+        if depths[m.start()] == 0:
+            parts.append(s[start : m.start()].strip())
+            start = m.end()
+    parts.append(s[start:].strip())
+    return [p for p in parts if p] or [s]
+
+
+def _distinct(answers: list[str]) -> list[str]:
+    """The answers that differ from every earlier one (by the cheap checks: cleaning and exact numbers)."""
+    out: list[str] = []
+    for answer in answers:
+        if not any(grade_fast(answer, seen)[0] for seen in out):
+            out.append(answer)
+    return out
+
+
+def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
+    """What to compare for a response's final boxed answers: `(prediction, gold)` pairs that must all be equal.
+
+    The rule every final-answer grader shares (module docstring): one answer (restatements of one value count
+    once) is compared with the whole label, if it has as many parts; as many boxes as the label has parts are its
+    parts: in order when labelled, else together; anything else (a hedge, a wrong number of parts) is wrong.
+
+    Args:
+        final: the response's final boxed answers (`answers.final_boxed_answers`).
+        gold: the label's answer (`extract_label_answer`).
+
+    Returns:
+        The pairs, or None when the answer is wrong whatever the values (no answer, a hedge, a part count that
+        is not the label's).
+    """
+    answers, gold_parts = final.answers, answer_parts(gold)
+    if not answers:
+        return None
+    if len(answers) > 1 and len(answers) == len(gold_parts):
+        return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
+    distinct = _distinct(answers)
+    if len(distinct) != 1 or not _same_part_count(distinct[0], gold):
+        return None
+    return [(distinct[0], gold)]
+
+
+def _same_part_count(pred: str, gold: str) -> bool:
+    # Counted as written and with enclosing brackets off: `\{1, 2\}` is `1, 2`, and `(-\infty, 3)` is `x<3`.
+    return any(len(answer_parts(pred, unwrap=u)) == len(answer_parts(gold, unwrap=u)) for u in (False, True))
+
+
+def single_final_answer(text: str) -> str | None:
+    r"""The one final boxed answer of `text` for graders without multi-part answers (`boxed_f1`, `boxed_gpqa`, ...).
+
+    Returns:
+        The content of the final statement's box (restatements of one value count once), or None when there is
+        none (no box, retracted) or several different ones (a hedge: `oxed{3} or oxed{5}`).
+    """
+    distinct = _distinct(final_boxed_answers(text).answers)
+    return distinct[0] if len(distinct) == 1 else None
 
 
 _FACTORIAL = re.compile(r"\d{4,}\s*!")

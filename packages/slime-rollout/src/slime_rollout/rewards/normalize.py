@@ -8,7 +8,11 @@ fractions, mixed numbers, repeating decimals and number words into exact `Fracti
 evaluated.
 
 Number and scale words are values, not units: `3 million` is 3000000 (`3 million dollars` too: only `dollars` is
-a unit), `2.5 thousand` and `2.5k` are 2500, `a dozen` is 12. A percent sign (`50\%`, `50 percent`) is kept aside
+a unit), `3 millions` too, `2.5 thousand` and `2.5k` are 2500 (`normalize_answer` gives `2500` for both), `a dozen`
+is 12, `3 thousandths` is 0.003 (tenths to billionths). The sign stays with the value: `-3 million`, `−3 million`
+(a Unicode minus) and `minus 3 million` are -3000000. A magnitude abbreviation that is not only a unit (`3M`, `3 mil`,
+`3 mn`, `3 bn`: million, mil, molar, ...) is ambiguous: it is kept as written, so it equals neither 3 nor 3000000.
+A percent sign (`50\%`, `50 percent`) is kept aside
 in `CleanAnswer.percent` and the text is the number without it, so `normalize_answer("50%")` is `"50"`;
 `math_utils.grade_fast` then takes `50%` as equal to both `50` (the original's graders drop the sign: a "what
 percent" question labelled `50`) and `0.5` (its value, as math-verify reads it), while `50` and `0.5` stay
@@ -20,6 +24,7 @@ All patterns are linear-time (no nested quantifiers), so a 1 MB answer is cleane
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import fractions
 import re
 
@@ -41,12 +46,6 @@ _VARIABLE_PREFIX = re.compile(r"^[a-zA-Z]\s*=\s*(?=\S)")
 # Trailing unit words after a number, a closing brace or parenthesis: "5 kg", "12 cm^2", "3 apples", "45 mph".
 _UNITS = re.compile(r"^(?P<math>.*?[\d})])\s*(?P<unit>(?:[a-zA-Z]{1,20}\.?(?:\s*\^\{?\d\}?)?(?:\s*/\s*|\s+|-)?){1,6})$")
 # A number given in words, then units: "two million dollars", "three apples".
-_WORD_NUMBER_UNITS = re.compile(
-    r"^(?P<math>(?:(?:a|and|zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen"
-    r"|fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred"
-    r"|dozen|thousand|million|billion|trillion)[\s-]+){1,12})(?P<unit>[a-zA-Z]{1,20}\.?(?:\s+[a-zA-Z]{1,20}\.?){0,3})$",
-    re.IGNORECASE,
-)
 _MATH_WORDS = {"sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi", "i", "e", "x", "y", "z", "n", "k"}
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _FRAC_SHORT = re.compile(r"\\frac(\d)(\d)")
@@ -86,8 +85,23 @@ _SMALL = {
 _TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
 _SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _MULTIPLIERS = {"hundred": 100, "dozen": 12}
-# Words that are (part of) a value: never stripped as units.
-_NUMBER_WORDS = frozenset(_SMALL) | frozenset(_TENS) | frozenset(_SCALES) | frozenset(_MULTIPLIERS) | {"a", "and"}
+# Fractional scales: "3 thousandths" is 3/1000.
+_PARTS = {"tenth": 10, "hundredth": 100, "thousandth": 10**3, "millionth": 10**6, "billionth": 10**9}
+_SIGN_WORDS = {"minus": -1, "negative": -1}
+_MAGNITUDES = frozenset(_SCALES) | frozenset(_MULTIPLIERS) | frozenset(_PARTS)
+# Words that are (part of) a value, plurals included ("3 millions"): never stripped as units.
+_NUMBER_WORDS = frozenset(_SMALL) | frozenset(_TENS) | _MAGNITUDES | {w + "s" for w in _MAGNITUDES} | set(_SIGN_WORDS)
+_NUMBER_WORDS |= {"a", "and"}
+# A number given in words, then units: "two million dollars", "three apples".
+_WORD_NUMBER_UNITS = re.compile(
+    rf"^(?P<math>(?:(?:{'|'.join(sorted(_NUMBER_WORDS))})[\s-]+){{1,12}})"
+    r"(?P<unit>[a-zA-Z]{1,20}\.?(?:\s+[a-zA-Z]{1,20}\.?){0,3})$",
+    re.IGNORECASE,
+)
+# Abbreviations of a magnitude that are also units or symbols ("3M": million or molar; "3 mil": million or a
+# thousandth of an inch): never stripped as units, never read as a value, so "3M" equals neither 3 nor 3000000.
+_AMBIGUOUS_MAGNITUDE = re.compile(r"M|MM|(?i:mil|mln|mn|bn|mio)\.?")
+_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-"})  # the Unicode minus sign and its full-width form
 _PERCENT = re.compile(r"\\?%|(?i:\bper\s?cent(?:age)?\b|\bpct\b\.?)")
 _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k": a number of thousands
 
@@ -95,16 +109,25 @@ _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k
 def words_to_number(text: str) -> fractions.Fraction | None:
     """`"two million"` → 2000000, `"forty-two"` → 42, `"1.5 million"` → 1500000, `"two dozen"` → 24.
 
+    Plural scales count as the singular (`"3 millions"` → 3000000), fractional ones divide (`"3 thousandths"` →
+    3/1000), and a leading sign applies to the whole value (`"-3 million"`, `"minus 3 million"` → -3000000).
+
     Returns:
         The value, or None if the text is not only number words (digits alone, `"42"`, are not number words).
     """
-    words = re.split(r"[\s\-]+", text.strip().lower().replace(",", " "))
+    text = text.strip().lower().translate(_MINUS_SIGNS)
+    sign = -1 if text.startswith("-") else 1
+    words = re.split(r"[\s\-]+", text.lstrip("+-").replace(",", " ").strip())
+    if words and words[0] in _SIGN_WORDS:
+        sign, words = _SIGN_WORDS[words.pop(0)], words
     if not words or words == [""] or len(words) > 12:
         return None
     total, current, number_word = fractions.Fraction(0), fractions.Fraction(0), False
     for w in words:
         if w in ("and", "", "a"):  # "a million": the scale below counts it as one
             continue
+        if w.endswith("s") and w[:-1] in _MAGNITUDES:
+            w = w[:-1]  # "3 millions", "3 thousandths"
         if w in _SMALL or w in _TENS:
             current += _SMALL.get(w, _TENS.get(w, 0))
         elif re.fullmatch(r"\d+(?:\.\d+)?", w):
@@ -114,11 +137,13 @@ def words_to_number(text: str) -> fractions.Fraction | None:
         elif w in _SCALES:
             total += (current or 1) * _SCALES[w]
             current = fractions.Fraction(0)
+        elif w in _PARTS:
+            current = (current or 1) / _PARTS[w]
         else:
             return None
         number_word = number_word or not w[0].isdigit()
     # Digits alone ("42") are not number words; "2 million" is.
-    return total + current if number_word else None
+    return sign * (total + current) if number_word else None
 
 
 def _strip_delimiters(s: str) -> str:
@@ -171,6 +196,8 @@ def _strip_words_around(s: str) -> str:
     units = _UNITS.match(s) or _WORD_NUMBER_UNITS.match(s)
     if units:
         math, unit = _keep_number_words(units.group("math").strip(), units.group("unit").strip())
+        if unit and _AMBIGUOUS_MAGNITUDE.fullmatch(unit.split()[0]):
+            return s  # "3M" is not 3: kept as written (module docstring)
         unit = unit.lower()
         unit_words = set(re.findall(r"[a-z]+", unit))
         # Math symbols are not units, and AM/PM is part of a time of day.
@@ -188,7 +215,7 @@ def clean_answer(answer: str) -> CleanAnswer:
     Returns:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
-    s, percent = _take_percent(_latex_cleanup(_strip_delimiters(str(answer))))
+    s, percent = _take_percent(_latex_cleanup(_strip_delimiters(str(answer).translate(_MINUS_SIGNS))))
     letter = None
     only = _LETTER_ONLY.match(s)
     if only:
@@ -207,6 +234,9 @@ def clean_answer(answer: str) -> CleanAnswer:
     if value is not None:
         s = _fraction_text(value)
     s = _THOUSANDS.sub("", s).replace(" ", "")
+    thousands = _THOUSANDS_SUFFIX.fullmatch(s)
+    if thousands:  # "2.5k" is 2500 here too, so normalize_answer and parse_number agree
+        s = format(decimal.Decimal(thousands.group(1)).scaleb(3), "f")
     s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
     if re.fullmatch(r"-?\d+\.0+", s):
         s = s.split(".")[0]
@@ -256,7 +286,8 @@ def parse_number(answer: str) -> fractions.Fraction | None:
 
     Plain numbers are integers, decimals (scientific exponents up to 3 digits), `a/b`, `\frac{a}{b}`, mixed
     numbers `2\frac{1}{2}` (= 5/2, as a reader takes them), repeating decimals, number words and a number of
-    thousands (`2.5k` = 2500; only here, where the whole answer is that number, so `3k` in algebra stays `3k`).
+    thousands (`2.5k` = 2500, read by `clean_answer`; only where the whole answer is that number, so `3k` in algebra,
+    `x + 3k`, stays `3k`).
     A percent sign is not part of the value (`50%` → 50; see `CleanAnswer.percent`).
 
     Returns:
@@ -274,9 +305,6 @@ def parse_number(answer: str) -> fractions.Fraction | None:
 def _parse_clean_number(s: str) -> fractions.Fraction | None:
     if _NUMBER.fullmatch(s):
         return fractions.Fraction(s)
-    match = _THOUSANDS_SUFFIX.fullmatch(s)
-    if match:
-        return fractions.Fraction(match.group(1)) * 1000
     match = _LATEX_FRAC.fullmatch(s)
     if match:
         sign, num, den = match.groups()

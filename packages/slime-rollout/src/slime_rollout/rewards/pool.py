@@ -19,6 +19,9 @@ comparison: seconds, far more on a loaded machine) under its own budget, `STARTU
 in once warm. No call is submitted before every worker has, so a call's deadline measures grading only. A pool
 that does not start in time is retired with its own error (`PoolStartupError`), never a verdict.
 
+Cancellation: a caller cancelled while the pool starts stops waiting; the start-up it shared with other
+callers goes on (the shared start-up future cannot be cancelled), so later calls still use the pool.
+
 Queueing: at most `num_workers` calls per event loop are submitted at a time (an asyncio semaphore), so
 the deadline measures grading, not waiting behind other calls.
 Several event loops sharing the pool may still queue behind each other.
@@ -160,6 +163,9 @@ def _acquire(num_workers: int) -> tuple[concurrent.futures.ProcessPoolExecutor, 
             _pool_workers = num_workers
             _generation += 1
             _startup = concurrent.futures.Future()
+            # Shared by every caller: mark it running so no caller's cancellation can cancel it (`cancel()` is then
+            # refused), which would make every later call of this process raise CancelledError.
+            _startup.set_running_or_notify_cancel()
             threading.Thread(
                 target=_watch_startup,
                 args=(_pool, ready, num_workers, STARTUP_DEADLINE_S, _startup),
@@ -262,7 +268,9 @@ async def run_in_pool[T](fn: Callable[..., T], *args: Any, num_workers: int, dea
         for attempt in range(2):
             pool, generation, startup = _acquire(num_workers)
             try:
-                await asyncio.wrap_future(startup)  # bounded by the start-up budget (`_watch_startup`)
+                # Bounded by the start-up budget (`_watch_startup`); shielded: a cancelled caller stops only its own
+                # wait, never the start-up that other callers share.
+                await asyncio.shield(asyncio.wrap_future(startup))
             except PoolStartupError as e:
                 _retire(generation, why=str(e))
                 raise

@@ -1,0 +1,116 @@
+"""`--save-hf`: the path template an HF export is written to, checked before the run starts.
+
+The template is filled in at each export as the original does (`save_hf.format(rollout_id=rollout_id)`), and the
+exporter replaces whatever directory is there. So a template is refused when:
+
+* a replacement field is anything but `rollout_id` with an optional conversion and format spec (`{step}`, `{}`,
+  `{rollout_id.x}`, `{rollout_id[0]}`), or formatting raises anything (an unbalanced brace, `{rollout_id:s}`);
+* it formats to an empty path, a path with a NUL or other control character (`{rollout_id:c}` at rollout 0), or a
+  path component longer than 255 bytes (the usual filesystem name limit);
+* a formatted path equals, contains or lies inside a directory the run reads or writes checkpoints in
+  (`--save`, `--load`, `--hf-checkpoint`, `--ref-load`, `--critic-load`, `--critic-save`), compared as absolute,
+  symlink-resolved paths: replacing it would delete those checkpoints or the source model.
+
+Formatted with the rollout ids `SAMPLE_ROLLOUT_IDS` and, when `--num-rollout` is known, every id up to it (at most
+`_MAX_ENUMERATED` of them), so a collision at a later rollout is found too.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from typing import TYPE_CHECKING
+
+from slime_core.config.base import ConfigError
+
+if TYPE_CHECKING:
+    from slime_core.config.args import SlimeArgs
+
+__all__ = ["PROTECTED_PATH_FLAGS", "SAMPLE_ROLLOUT_IDS", "check_save_hf", "save_hf_paths"]
+
+SAMPLE_ROLLOUT_IDS = (0, 1, 12345)
+# The checkpoint directories an export must not replace, by config field.
+PROTECTED_PATH_FLAGS = ("save", "load", "hf_checkpoint", "ref_load", "critic_load", "critic_save")
+_MAX_ENUMERATED = 10_000
+_NAME_MAX = 255  # bytes per path component on ext4/xfs/btrfs
+
+
+def save_hf_paths(template: str, rollout_ids: list[int] | tuple[int, ...]) -> dict[int, str]:
+    """Formats `template` for each rollout id and checks the result is a usable path.
+
+    Args:
+        template: the `--save-hf` value.
+        rollout_ids: the ids to format with.
+
+    Returns:
+        rollout id -> formatted path.
+
+    Raises:
+        ConfigError: formatting raised (any exception), or a result is empty, holds a control character or a
+            component over 255 bytes; the one-line message names `--save-hf`.
+    """
+    out = {}
+    for rollout_id in rollout_ids:
+        try:
+            fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+            if any(field != "rollout_id" for field in fields):  # attribute/index access reaches into the int
+                raise KeyError(next(field for field in fields if field != "rollout_id"))
+            path = template.format(rollout_id=rollout_id)
+        except Exception as e:  # noqa: BLE001 - a user's template may raise anything str.format can
+            raise ConfigError(
+                f"--save-hf {template!r}: cannot be filled in with rollout_id={rollout_id} "
+                f"({type(e).__name__}: {e}); only {{rollout_id}} (with an optional format spec such as "
+                "{rollout_id:05d}) can be filled in; write a literal brace as {{ or }}"
+            ) from None
+        if not path:
+            raise ConfigError(f"--save-hf {template!r}: the path is empty at rollout {rollout_id}")
+        bad = sorted({c for c in path if ord(c) < 0x20 or ord(c) == 0x7F})
+        if bad:
+            raise ConfigError(
+                f"--save-hf {template!r}: the path at rollout {rollout_id} is {path!r}, which holds control "
+                f"character(s) {', '.join(repr(c) for c in bad)}"
+            )
+        long = [part for part in path.split(os.sep) if len(part.encode("utf-8", "surrogatepass")) > _NAME_MAX]
+        if long:
+            raise ConfigError(
+                f"--save-hf {template!r}: at rollout {rollout_id} a path component is {len(long[0])} characters "
+                f"(at most {_NAME_MAX} bytes): {long[0][:40]!r}..."
+            )
+        out[rollout_id] = path
+    return out
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether two absolute, normalized paths are equal or one lies inside the other."""
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep) or b.startswith(a.rstrip(os.sep) + os.sep)
+
+
+def check_save_hf(args: SlimeArgs) -> None:
+    """Refuses a `--save-hf` template that cannot be formatted or would replace a checkpoint (see the module doc).
+
+    Raises:
+        ConfigError: one line naming `--save-hf` (and the other flag for an overlap).
+    """
+    template = args.save_hf
+    if template is None:
+        return
+    ids = set(SAMPLE_ROLLOUT_IDS)
+    if args.num_rollout is not None:
+        ids.update(range(min(args.num_rollout, _MAX_ENUMERATED)))
+    paths = save_hf_paths(template, sorted(ids))
+    protected = [(f, getattr(args, f)) for f in PROTECTED_PATH_FLAGS if getattr(args, f, None)]
+    resolved = {f: os.path.realpath(p) for f, p in protected}
+    seen: set[str] = set()
+    for rollout_id, path in paths.items():
+        if path in seen:  # a template without {rollout_id} is one path
+            continue
+        seen.add(path)
+        here = os.path.realpath(path)
+        for field, other in protected:
+            if _overlap(here, resolved[field]):
+                flag = "--" + field.replace("_", "-")
+                raise ConfigError(
+                    f"--save-hf {template!r} (at rollout {rollout_id}: {here}) overlaps {flag} {other} "
+                    f"({resolved[field]}): each export replaces its whole directory, so it must neither be, contain "
+                    "nor lie inside a checkpoint directory; give --save-hf a directory of its own"
+                )

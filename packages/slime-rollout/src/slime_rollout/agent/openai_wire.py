@@ -1,0 +1,298 @@
+"""OpenAI Chat Completions wire format: request validation and translation, reply bodies.
+
+`parse_request` turns a `/v1/chat/completions` body into a `ChatRequest`: the messages in the shape the
+tokenizer's chat template takes (tool-call arguments as dicts, wire-only ids dropped), one match key per message
+(what must be equal for an echoed assistant message to be the turn the adapter generated), the tools and the
+sampling fields. A field this adapter cannot honour is a `RequestError` (HTTP 400) naming it, never ignored:
+`n` > 1, `stream: true`, `tool_choice` that forces a call, `response_format` other than text, images, ...
+
+`completion_body` builds the reply (`object: chat.completion`) with OpenAI's shapes: `tool_calls[].id`
+(`call_<hex>`), `tool_calls[].function.arguments` as a JSON string, `finish_reason` `stop`/`length`/`tool_calls`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "ChatRequest",
+    "RequestError",
+    "assistant_messages",
+    "completion_body",
+    "error_body",
+    "match_key",
+    "parse_request",
+]
+
+# Fields accepted as they are or translated; anything else is refused with its name.
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_KNOWN_FIELDS = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "stop", "seed", "n", "stream", "tools",
+    "tool_choice", "parallel_tool_calls", "user", "metadata", "logprobs", "top_logprobs", "response_format",
+    *_SAMPLING_FIELDS,
+}  # fmt: skip
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class RequestError(ValueError):
+    """A request this adapter refuses (HTTP 400); `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ChatRequest:
+    """A validated `/v1/chat/completions` request.
+
+    Attributes:
+        model: the `model` field (echoed in the reply).
+        messages: chat-template messages (`role`, `content` str, assistant `tool_calls` with dict arguments,
+            `reasoning_content` when sent).
+        keys: one match key per message (`match_key`).
+        tools: chat-template tool specs (`[{"type": "function", "function": {...}}]`), or None.
+        parse_tools: read tool calls from the output (tools offered and `tool_choice` is not "none").
+        sampling: SGLang sampling fields from the request (`temperature`, `top_p`, ..., `sampling_seed`).
+        max_tokens: `max_completion_tokens` / `max_tokens`, or None.
+        stop: stop strings (removed from the returned content, kept in the trained tokens).
+        logprobs: return per-token log-probs (`choices[0].logprobs.content`).
+    """
+
+    model: str
+    messages: list[dict[str, Any]]
+    keys: list[str]
+    tools: list[dict[str, Any]] | None
+    parse_tools: bool
+    sampling: dict[str, Any]
+    max_tokens: int | None
+    stop: list[str]
+    logprobs: bool
+
+
+def _content(value: Any, where: str) -> str:
+    """A message content as text: a string, None, or a list of text parts (joined by newlines)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise RequestError(f"{where}: content must be a string or a list of parts", where)
+    parts = []
+    for part in value:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text":
+            raise RequestError(f"{where}: content part of type {kind!r} is not supported (text only)", where)
+        parts.append(str(part.get("text") or ""))
+    return "\n".join(parts)
+
+
+def _arguments(value: Any, where: str) -> dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"{where}: arguments are not valid JSON ({e.msg})", where) from None
+    if not isinstance(value, Mapping):
+        raise RequestError(f"{where}: arguments must be a JSON object", where)
+    return dict(value)
+
+
+def _message(raw: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(raw, Mapping):
+        raise RequestError(f"{where}: must be an object", where)
+    role = raw.get("role")
+    if role not in _ROLES:
+        raise RequestError(f"{where}: role {role!r} is not supported (one of {', '.join(_ROLES)})", where)
+    message: dict[str, Any] = {
+        "role": "system" if role == "developer" else role,
+        "content": _content(raw.get("content"), where),
+    }
+    if role == "tool" and raw.get("name"):
+        message["name"] = str(raw["name"])
+    if role == "assistant":
+        if raw.get("reasoning_content"):
+            message["reasoning_content"] = str(raw["reasoning_content"])
+        calls = []
+        for j, call in enumerate(raw.get("tool_calls") or []):
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if not isinstance(function, Mapping) or not function.get("name"):
+                raise RequestError(f"{where}.tool_calls[{j}]: needs function.name", where)
+            args = _arguments(function.get("arguments"), f"{where}.tool_calls[{j}].function")
+            calls.append({"type": "function", "function": {"name": str(function["name"]), "arguments": args}})
+        if calls:
+            message["tool_calls"] = calls
+    return message
+
+
+def match_key(message: Mapping[str, Any]) -> str:
+    """What identifies a chat-template message across requests.
+
+    Role, content (surrounding whitespace ignored), tool calls (name and arguments, key order ignored) and a tool
+    message's name; not `reasoning_content` (clients often drop it when they echo a turn) nor wire-only ids.
+    """
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    key = [message["role"], (message.get("content") or "").strip(), calls, message.get("name")]
+    return json.dumps(key, sort_keys=True, ensure_ascii=False)
+
+
+def _tools(raw: Any) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise RequestError("tools must be a list", "tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if tool.get("type", "function") != "function" or not isinstance(function, Mapping) or not function.get("name"):
+            raise RequestError(f"tools[{i}]: only {{type: function, function: {{name, ...}}}} tools are supported")
+        spec = {"name": str(function["name"]), "description": function.get("description") or ""}
+        spec["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
+        tools.append({"type": "function", "function": spec})
+    return tools or None
+
+
+def _check_unsupported(body: Mapping[str, Any]) -> None:
+    unknown = sorted(set(body) - _KNOWN_FIELDS)
+    if unknown:
+        raise RequestError(f"unsupported field(s) {unknown} (this adapter serves chat completions only)", unknown[0])
+    if body.get("n") not in (None, 1):
+        raise RequestError("n must be 1: each call is one recorded turn (send several requests instead)", "n")
+    if body.get("stream"):
+        raise RequestError("stream: true is not supported; send stream: false", "stream")
+    if body.get("top_logprobs"):
+        raise RequestError("top_logprobs is not supported (only the sampled token's log-prob)", "top_logprobs")
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise RequestError("response_format other than {type: text} is not supported", "response_format")
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise RequestError(
+            "tool_choice must be 'auto' or 'none': forcing a call needs constrained decoding", "tool_choice"
+        )
+
+
+def parse_request(body: Any) -> ChatRequest:
+    """Validates and translates a `/v1/chat/completions` body.
+
+    Args:
+        body: the decoded JSON body.
+
+    Returns:
+        The request.
+
+    Raises:
+        RequestError: a malformed or unsupported field (the message and `param` name it).
+    """
+    if not isinstance(body, Mapping):
+        raise RequestError("the body must be a JSON object")
+    _check_unsupported(body)
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise RequestError("messages must be a non-empty list", "messages")
+    messages = [_message(m, i) for i, m in enumerate(raw_messages)]
+    if messages[-1]["role"] == "assistant":
+        raise RequestError("the last message is an assistant message: continuing it is not supported", "messages")
+    tools = _tools(body.get("tools"))
+    sampling = {k: body[k] for k in _SAMPLING_FIELDS if body.get(k) is not None}
+    if body.get("seed") is not None:
+        sampling["sampling_seed"] = int(body["seed"])
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise RequestError("max_tokens must be a positive integer", "max_tokens")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else list(stop)
+    return ChatRequest(
+        model=str(body.get("model") or "slime-actor"),
+        messages=messages,
+        keys=[match_key(m) for m in messages],
+        tools=tools,
+        parse_tools=tools is not None and body.get("tool_choice") != "none",
+        sampling=sampling,
+        max_tokens=max_tokens,
+        stop=[s for s in stop if s],
+        logprobs=bool(body.get("logprobs")),
+    )
+
+
+def assistant_messages(
+    content: str, tool_calls: list[dict[str, Any]], reasoning: str = ""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The assistant message of a reply in its two shapes: on the wire, and as the chat template takes it.
+
+    Args:
+        content: visible text.
+        tool_calls: `[{"name": str, "arguments": dict}]`.
+        reasoning: `<think>` text, sent as `reasoning_content` when not empty.
+
+    Returns:
+        `(wire, template)`: `wire` has `tool_calls[].id` and JSON-string arguments and `content: null` when a
+        call comes without text; `template` has dict arguments and no ids, so its `match_key` equals the one of
+        the client's echo of `wire`.
+    """
+    wire: dict[str, Any] = {"role": "assistant", "content": content or (None if tool_calls else "")}
+    template: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        wire["reasoning_content"] = template["reasoning_content"] = reasoning
+    if tool_calls:
+        wire["tool_calls"] = [
+            {
+                "id": f"call_{secrets.token_hex(12)}",
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)},
+            }
+            for c in tool_calls
+        ]
+        template["tool_calls"] = [
+            {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in tool_calls
+        ]
+    return wire, template
+
+
+def completion_body(
+    *,
+    model: str,
+    message: dict[str, Any],
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The `chat.completion` reply.
+
+    Args:
+        model: echoed `model`.
+        message: the assistant message (`role`, `content`, optional `tool_calls`, `reasoning_content`).
+        finish_reason: `stop`, `length` or `tool_calls`.
+        prompt_tokens: tokens sent to the engine.
+        completion_tokens: tokens the engine generated.
+        logprobs: `choices[0].logprobs.content` entries, when asked for.
+    """
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+    if logprobs is not None:
+        choice["logprobs"] = {"content": logprobs, "refusal": None}
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape, `{"error": {"message", "type", "param", "code"}}`."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}

@@ -1,0 +1,97 @@
+r"""Model output text -> the visible content, reasoning and tool calls of an OpenAI assistant message.
+
+Formats (the ones the Qwen family is trained on, as SGLang's `hermes`/`qwen25` tool parser and `qwen3`
+reasoning parser read them):
+
+* tool calls: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per call;
+* reasoning: `<think>...</think>` before the answer.
+
+Parsing never raises on model output: a block that is not a well-formed call stays in the content and is counted
+as ill-formed, so the agent sees what the model wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ParsedOutput", "parse_output"]
+
+#: `tool_parser` names read as Hermes/Qwen `<tool_call>` JSON blocks (SGLang's names for that format).
+TOOL_PARSERS = ("hermes", "qwen", "qwen25", "qwen3")
+#: `reasoning_parser` names read as a leading `<think>...</think>` block.
+REASONING_PARSERS = ("qwen3", "deepseek-r1", "qwen3-thinking")
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ParsedOutput:
+    """What one model turn says, split for the OpenAI reply.
+
+    Attributes:
+        content: visible text (tool-call blocks and reasoning removed, stripped).
+        reasoning: the `<think>` text, or "" when there is none or no reasoning parser is set.
+        tool_calls: `[{"name": str, "arguments": dict}]`, in the order the model wrote them.
+        num_ill_formed: `<tool_call>` blocks that were not a JSON object with a string `name` and object
+            `arguments` (left in `content`).
+    """
+
+    content: str
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    num_ill_formed: int = 0
+
+
+def _one_call(body: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(body.strip())
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(arguments, str):
+        # Some models write the arguments as a JSON string (OpenAI's wire shape).
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return {"name": obj["name"], "arguments": arguments}
+
+
+def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool) -> ParsedOutput:
+    """Splits a model turn's text into content, reasoning and tool calls.
+
+    Args:
+        text: the turn decoded from the engine's ids, end-of-turn marker and stop string already removed.
+        parse_tools: read `<tool_call>` blocks (the request offered tools and `tool_choice` is not "none").
+        parse_reasoning: split off a leading `<think>...</think>`.
+
+    Returns:
+        The parsed turn.
+    """
+    reasoning = ""
+    if parse_reasoning and "</think>" in text:
+        reasoning, text = text.split("</think>", 1)
+        reasoning = reasoning.removeprefix("<think>").strip("\n")
+    calls: list[dict[str, Any]] = []
+    ill_formed = 0
+    if parse_tools:
+        kept: list[str] = []
+        last = 0
+        for match in _TOOL_CALL_RE.finditer(text):
+            call = _one_call(match.group(1))
+            if call is None:
+                ill_formed += 1
+                continue  # the malformed block stays in the content
+            calls.append(call)
+            kept.append(text[last : match.start()])
+            last = match.end()
+        kept.append(text[last:])
+        text = "".join(kept)
+    return ParsedOutput(content=text.strip(), reasoning=reasoning, tool_calls=calls, num_ill_formed=ill_formed)

@@ -1,0 +1,89 @@
+"""`--save-hf` template rules (slime_core.config.save_hf): formatting, path characters, checkpoint overlaps."""
+
+import os
+import re
+
+import pytest
+
+from slime_core.config import ConfigError, SlimeArgs, validation
+from slime_core.config import base as config_base
+from slime_core.config.save_hf import save_hf_paths
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch):
+    monkeypatch.setattr(config_base, "_WARNED", set())
+    monkeypatch.setattr(validation, "_cuda_available", lambda: False)
+
+
+def make(**overrides):
+    return SlimeArgs.from_dict({"rollout_batch_size": 4, "num_rollout": 3, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("template", "fragment"),
+    [
+        ("{rollout_id.x}", "cannot be filled in with rollout_id=0 (KeyError: 'rollout_id.x')"),
+        ("{rollout_id[0]}", "cannot be filled in with rollout_id=0 (KeyError: 'rollout_id[0]')"),
+        ("{rollout_id.__class__}", "(KeyError: 'rollout_id.__class__')"),
+        ("{0}", "(KeyError: '0')"),
+        ("{rollout_id:s}", "(ValueError: Unknown format code 's' for object of type 'int')"),
+        ("{rollout_id!z}", "(ValueError: Unknown conversion specifier z)"),
+        ("out/{", "(ValueError: Single '{' encountered in format string)"),
+        ("{rollout_id:{w}}", "(KeyError: 'w')"),
+        ("", "the path is empty at rollout 0"),
+        ("{rollout_id:c}", "the path at rollout 0 is '\\x00', which holds control character(s) '\\x00'"),
+        ("out/\tx", "holds control character(s) '\\t'"),
+        ("{rollout_id:>{rollout_id}}", "at rollout 12345 a path component is 12345 characters (at most 255 bytes)"),
+    ],
+)
+def test_bad_templates_are_one_config_error_naming_the_flag(template, fragment):
+    with pytest.raises(ConfigError) as info:
+        make(save_hf=template)
+    message = str(info.value)
+    assert message.startswith(f"--save-hf {template!r}: ") and "\n" not in message
+    assert fragment in message
+
+
+def test_good_templates_are_kept_and_format_per_rollout():
+    assert make(save_hf="/out/hf_{rollout_id:05d}").save_hf == "/out/hf_{rollout_id:05d}"
+    assert save_hf_paths("/o/{rollout_id}/{{x}}/{rollout_id!r:>3}", [0, 12]) == {0: "/o/0/{x}/  0", 12: "/o/12/{x}/ 12"}
+
+
+@pytest.mark.parametrize(
+    ("flag", "save_hf"),
+    [
+        ("save", "{d}/ckpt"),  # the same directory
+        ("save", "{d}/ckpt/hf"),  # inside it
+        ("hf_checkpoint", "{d}"),  # containing it
+        ("load", "{d}/./ckpt/../ckpt"),  # the same once normalized
+        ("ref_load", "{d}/ckpt"),
+        ("critic_load", "{d}/ckpt"),
+        ("critic_save", "{d}/ckpt/{{rollout_id}}"),
+    ],
+)
+def test_an_export_over_a_checkpoint_directory_is_refused(tmp_path, flag, save_hf):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    template = save_hf.format(d=tmp_path)
+    with pytest.raises(ConfigError) as info:
+        extra = {"advantage_estimator": "ppo"} if flag.startswith("critic") else {}
+        make(save_hf=template, **{flag: str(ckpt)}, **extra)
+    message = str(info.value)
+    assert f"overlaps --{flag.replace('_', '-')} {ckpt} ({os.path.realpath(ckpt)})" in message
+    assert "\n" not in message
+
+
+def test_overlap_is_found_through_a_symlink_and_at_a_later_rollout(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    with pytest.raises(ConfigError, match=re.escape("overlaps --save")):
+        make(save_hf=str(tmp_path / "link"), save=str(tmp_path / "real"))
+    # --load runs/2 is replaced by the export of rollout 2 only.
+    with pytest.raises(ConfigError, match=re.escape(f"(at rollout 2: {tmp_path}/runs/2) overlaps --load")):
+        make(save_hf=f"{tmp_path}/runs/{{rollout_id}}", load=f"{tmp_path}/runs/2")
+
+
+def test_siblings_and_prefix_names_do_not_overlap(tmp_path):
+    cfg = make(save=f"{tmp_path}/ckpt", save_hf=f"{tmp_path}/ckpt_hf", hf_checkpoint=f"{tmp_path}/model")
+    assert cfg.save_hf == f"{tmp_path}/ckpt_hf"

@@ -1,0 +1,52 @@
+"""No `--sglang-*` pass-through flag may reach an SGLang option slime sets itself (slime_core.config.sglang_flags)."""
+
+import pytest
+
+from slime_core.config import ConfigError, SlimeArgs, parse_args, validation
+from slime_core.config import base as config_base
+from slime_core.config.sglang_flags import managed_sglang_field
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch):
+    monkeypatch.setattr(config_base, "_WARNED", set())
+    monkeypatch.setattr(validation, "_cuda_available", lambda: False)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--sglang-tp-size", "4"], "--sglang-tp-size: SGLang's --tp-size, which slime sets itself for every engine"),
+        (["--sglang-tensor-parallel-size", "4"], "--sglang-tensor-parallel-size: an alias of --tp-size, which slime"),
+        (["--sglang-tp", "4"], "--sglang-tp: an abbreviation of --tp-size, which slime sets itself"),
+        (["--sglang-model", "m"], "--sglang-model: an alias of --model-path"),
+        (["--sglang-nccl-init-addr", "h:1"], "--sglang-nccl-init-addr: an alias of --dist-init-addr"),
+        (["--sglang-base-gpu", "1"], "--sglang-base-gpu: an abbreviation of --base-gpu-id"),
+        (["--sglang-enable-memory-saver"], "--sglang-enable-memory-saver: SGLang's --enable-memory-saver"),
+    ],
+)
+def test_flags_slime_sets_are_refused_by_name_alias_and_abbreviation(flags, message):
+    argv = ["--rollout-batch-size", "4", "--num-rollout", "1", "--rollout-num-gpus", "2"]
+    argv += ["--rollout-num-gpus-per-engine", "2", *flags]
+    with pytest.raises(ConfigError) as info:
+        parse_args(argv)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_the_same_rule_applies_to_a_config_file_dict():
+    with pytest.raises(ConfigError, match="--sglang-tp-size: SGLang's --tp-size"):
+        SlimeArgs.from_dict({"rollout_batch_size": 4, "num_rollout": 1, "sglang_args": {"tp_size": "4"}})
+
+
+@pytest.mark.parametrize(
+    "name", ["mem_fraction_static", "dp_size", "pp_size", "ep", "model_loader_extra_config", "port_", "tp_sizes"]
+)
+def test_other_sglang_flags_pass(name):
+    assert managed_sglang_field(name) is None
+
+
+def test_mem_fraction_passes_validation():
+    cfg = SlimeArgs.from_dict(
+        {"rollout_batch_size": 4, "num_rollout": 1, "sglang_args": {"mem_fraction_static": "0.5"}}
+    )
+    assert cfg.sglang_args == {"mem_fraction_static": "0.5"}
