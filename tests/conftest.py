@@ -4,6 +4,7 @@ Kept free of package imports so each package's tests can run in isolation
 (`uv run --exact --package <pkg> --group dev pytest tests/<pkg>`).
 """
 
+import importlib.util
 import os
 import pathlib
 
@@ -16,48 +17,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# Two xdist workers each run end-to-end jobs: their engines probe ports from different bases, so two runs that
-# start engines at the same moment do not both pick the first free port (the benchmark scripts keep 15000).
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... under xdist
-if _WORKER.startswith("gw"):
-    os.environ.setdefault("SLIME_ENGINE_BASE_PORT", str(16000 + 1000 * int(_WORKER[2:])))
-
-# The whole suite (`uv run pytest`, what CI runs) on 2 workers: an end-to-end run (Ray, engine, trainer in
-# subprocesses) keeps about 1.1 of 2 cores busy, so a second one in parallel shortens the run; more would not
-# fit the memory of a small CI machine. A chosen file or test runs in this process (no worker start-up).
-SUITE_WORKERS = 2
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """Workers for `-n auto` (pyproject addopts): `SUITE_WORKERS` for the whole suite, 0 for chosen paths.
-
-    `PYTEST_XDIST_AUTO_NUM_WORKERS` overrides both (as in pytest-xdist); `-n N` on the command line wins.
-    """
-    if env := os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return int(env)
-    return SUITE_WORKERS if config.args_source == pytest.Config.ArgsSource.TESTPATHS else 0
-
-
-# Test files that must not run at the same time as each other, so xdist gives them to one worker: the sandbox
-# tests look for leftover sandbox processes across the whole machine (/proc), and every slime-envs file runs some.
-SAME_WORKER = {"tests/slime-envs/": "tests/slime-envs/"}
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Whole files to a worker in collection order (`--dist loadfile`), `SAME_WORKER` folders as one unit.
-
-    A worker runs its files in the order of a plain `pytest` run, so a file never meets process state (e.g.
-    autograd threads before an FSDP test forks its ranks) that it would not meet in one process; a file stays
-    on one worker, so a module fixture (a teacher engine, a run several tests assert on) is built once.
-    """
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FileScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return next((unit for prefix, unit in SAME_WORKER.items() if path.startswith(prefix)), path)
-
-    return FileScheduling(config, log)
+# How the whole suite is spread over xdist workers (tests/_suite_plan.py): its hooks become this conftest's, and a
+# worker process gets its own Ray temp root and engine ports before any test starts a run.
+_spec = importlib.util.spec_from_file_location("slime_tests_suite_plan", FIXTURES.parent / "_suite_plan.py")
+_suite_plan = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_suite_plan)
+_suite_plan.apply_worker_env()
+pytest_cmdline_main = _suite_plan.pytest_cmdline_main
+pytest_xdist_auto_num_workers = _suite_plan.pytest_xdist_auto_num_workers
+pytest_xdist_make_scheduler = _suite_plan.pytest_xdist_make_scheduler
+pytest_sessionfinish = _suite_plan.pytest_sessionfinish
 
 
 @pytest.fixture(scope="session")
