@@ -68,7 +68,7 @@ def worker_env(worker: str, make_dir=tempfile.mkdtemp) -> dict[str, str]:
     """Environment of one xdist worker process ("gw0", "gw1", ...); empty outside xdist.
 
     - `RAY_TMPDIR`: a temp root of its own (short: Ray's socket paths live under it). While a `ray.cluster_utils`
-      cluster lives (test_nodes_e2e), Ray writes its address to `<temp root>/ray_current_cluster`, and a plain
+      cluster lives (test_nodes_e2e), Ray writes its address to `<root>/ray/ray_current_cluster`, and a plain
       `ray.init()` (what `apps/train` calls without `--ray-address`) connects to that cluster instead of starting
       its own; a run on the other worker would land on the two-node test cluster.
     - `SLIME_ENGINE_BASE_PORT`: `ENGINE_BASE_PORT + 1000 * N`.
