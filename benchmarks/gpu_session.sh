@@ -80,7 +80,9 @@ else
 fi
 
 ENGINE_PID=""
-ENGINE_URL_FILE="/tmp/slime-bench-engine.url"
+# Both paths can be moved (the CPU smoke test gives them its own temp dir: two runs at once must not share them).
+ENGINE_URL_FILE="${ENGINE_URL_FILE:-/tmp/slime-bench-engine.url}"
+WS_DISK_DIR="${WS_DISK_DIR:-/tmp/slime-bench-weight-sync}"
 
 engine_up() {  # starts the shared qwen3-0.6b engine once (not in a subshell: ENGINE_PID must stick)
   if [[ -n "$ENGINE_PID" ]] && kill -0 "$ENGINE_PID" 2>/dev/null && [[ -s "$ENGINE_URL_FILE" ]]; then
@@ -287,7 +289,7 @@ for step in "$@"; do
         --tokens-per-mb 2048 --mbs-per-step 4 --peak-tflops "$(peak_tflops)" ;;
     megatron_attention) run_step megatron_attention 90 python3 "$HERE/probe_megatron_attention.py" "${DEV[@]}" "${MA[@]}" ;;
     weight_sync) shared_engine_step weight_sync 300 "$HERE/bench_weight_sync.py" --preset "$P06" --modes disk,tensor \
-                   "${DEV[@]}" "${WS_EXTRA[@]}" ;;
+                   --disk-dir "$WS_DISK_DIR" "${DEV[@]}" "${WS_EXTRA[@]}" ;;
     weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;
     rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset "$P06" "${RO_SIZE[@]}" ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;

@@ -4,6 +4,7 @@ Kept free of package imports so each package's tests can run in isolation
 (`uv run --exact --package <pkg> --group dev pytest tests/<pkg>`).
 """
 
+import importlib.util
 import os
 import pathlib
 
@@ -15,6 +16,17 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# How the whole suite is spread over xdist workers (tests/_suite_plan.py): its hooks become this conftest's, and a
+# worker process gets its own Ray temp root and engine ports before any test starts a run.
+_spec = importlib.util.spec_from_file_location("slime_tests_suite_plan", FIXTURES.parent / "_suite_plan.py")
+_suite_plan = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_suite_plan)
+_suite_plan.apply_worker_env()
+pytest_cmdline_main = _suite_plan.pytest_cmdline_main
+pytest_xdist_auto_num_workers = _suite_plan.pytest_xdist_auto_num_workers
+pytest_xdist_make_scheduler = _suite_plan.pytest_xdist_make_scheduler
+pytest_sessionfinish = _suite_plan.pytest_sessionfinish
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """End-to-end runs of `apps/train` on CPU: Ray (local), the reference engine, FSDP on gloo.
 
-1. GSM8K with the real Qwen3 tokenizer and a tiny random Qwen3: 2 rollouts complete, chat-template
-   prompts and GSM8K labels reach the reward, the first-step check holds, outputs are written.
+1. GSM8K with the real Qwen3 tokenizer and a tiny random Qwen3 at top-p 0.5 (one run, two tests): 2 rollouts
+   complete, chat-template prompts and GSM8K labels reach the reward, the first-step check holds with the
+   engine's nucleus replayed, outputs are written.
 2. Resume: a run killed with SIGKILL after its rollout-1 checkpoint resumes at rollout 2 with the
    same data order as an uninterrupted run.
 """
@@ -75,18 +76,25 @@ def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars(key)}
 
 
-def test_gsm8k_two_rollouts(tiny_qwen3, tmp_path):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def gsm8k_run(tiny_qwen3, tmp_path_factory) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
+    """One 2-rollout GSM8K run at `--rollout-top-p 0.5`, asserted on by the two tests below (one start-up, not two)."""
+    out = tmp_path_factory.mktemp("gsm8k") / "run"
     proc = subprocess.run(
-        _argv(tiny_qwen3, out, "--num-rollout", "2", "--save-hf", str(out / "hf")),
+        _argv(tiny_qwen3, out, "--num-rollout", "2", "--save-hf", str(out / "hf"), "--rollout-top-p", "0.5"),
         cwd=REPO,
         env=_env(),
         capture_output=True,
         text=True,
         timeout=900,
     )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    return proc, out
+
+
+def test_gsm8k_two_rollouts(gsm8k_run):
+    proc, out = gsm8k_run
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
     assert "rollout    1" in proc.stdout
     # No terminal here: every phase is a plain log line when it ends, start-up phases first.
     done = re.findall(r"slime_app\.progress: (.+?): done in [\d.]+ s", log)
@@ -128,22 +136,14 @@ def test_gsm8k_two_rollouts(tiny_qwen3, tmp_path):
     assert exported.config.num_hidden_layers == 2
 
 
-def test_top_p_replay_trainer_scores_the_engine_nucleus(tiny_qwen3, tmp_path):
+def test_top_p_replay_trainer_scores_the_engine_nucleus(gsm8k_run):
     # Issue 17: with --rollout-top-p < 1 the engine samples from (and reports log-probs of) the nucleus; the trainer
     # replays the engine's kept ids, so on the first step its log-probs equal the engine's. Without replay they
     # would differ by -log(nucleus mass) (~0.7 nats at top-p 0.5 on this near-uniform tiny model).
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        _argv(tiny_qwen3, out, "--num-rollout", "1", "--rollout-top-p", "0.5"),
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    for s in _dump(out, 0):
-        assert len(s["rollout_top_p_token_offsets"]) == s["response_length"] + 1
+    _, out = gsm8k_run
+    for rollout_id in (0, 1):
+        for s in _dump(out, rollout_id):
+            assert len(s["rollout_top_p_token_offsets"]) == s["response_length"] + 1
     diffs = _scalars(out / "tensorboard", "train/train_rollout_logprob_abs_diff")
     assert diffs[0] < 1e-4
 

@@ -183,30 +183,6 @@ def test_megatron_attention_probe_cpu(tmp_path, models):
 
 
 @pytest.mark.slow
-def test_weight_sync_reference_engine(tmp_path, models):
-    r = _run([sys.executable, str(BENCH / "bench_weight_sync.py"), "--device", "cpu", "--engine", "reference",
-              "--preset", "qwen3-tiny", "--repeats", "1", "--disk-dir", str(tmp_path / "disk")],
-             tmp_path, models)  # fmt: skip
-    # 2 pushes per mode (perturbed, restored), each verified by weight_version and a greedy generation.
-    assert r["greedy_checked"] and r["greedy_failures"] == [] and r["final_weight_version"] == "4"
-    for mode in ("disk", "tensor"):
-        assert len(r[mode]["seconds_all"]) == 2
-        assert r[mode]["gb_per_s"] == pytest.approx(r["payload_gb"] / r[mode]["seconds_median"])
-    assert not any((tmp_path / "disk").iterdir())  # disk versions are deleted after each update
-
-
-@pytest.mark.slow
-def test_rollout_reference_engine(tmp_path, models):
-    r = _run([sys.executable, str(BENCH / "bench_rollout.py"), "--engine", "reference", "--preset", "qwen3-tiny",
-              "--num-prompts", "3", "--n", "2", "--max-new-tokens", "6", "--repeats", "1", "--concurrency", "8"],
-             tmp_path, models)  # fmt: skip
-    assert 3 * 2 <= r["tokens_per_round"] <= 3 * 2 * 6
-    assert r["slime_tok_s_median"] > 0 and r["direct_tok_s_median"] > 0
-    b, a = r["direct_tok_s_median"], r["slime_tok_s_median"]
-    assert r["overhead_pct"] == pytest.approx(100 * (b - a) / b)
-
-
-@pytest.mark.slow
 def test_e2e_cpu(tmp_path, models):
     env = {"BENCH_DEVICE": "cpu", "PRESET": "qwen3-tiny", "RBS": "2", "N": "2", "MAXLEN": "6", "NUM_ROLLOUT": "2",
            "RUN_DIR": str(tmp_path / "run"), "PYTHON": sys.executable}  # fmt: skip
@@ -263,15 +239,22 @@ def test_engine_server_serves_until_sigterm(tmp_path, models):
             proc.wait()
 
 
-@pytest.mark.slow
-def test_gpu_session_smoke_mode(tmp_path, models):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def gpu_session(tmp_path_factory, models) -> tuple[pathlib.Path, dict[str, dict]]:
+    """One `gpu_session.sh matmul nosuchstep weight_sync rollout` in CPU smoke mode, asserted on by the three tests
+    below: the session script itself, and weight_sync and rollout on its shared engine (the same scripts and flags
+    as their standalone runs; a script starting its own engine goes through the `_engine.engine` that serves the
+    shared one). Yields `$OUT` and each bench's result line by name."""
+    tmp = tmp_path_factory.mktemp("gpu_session")
+    out = tmp / "out"
     env = {
         **os.environ,
         "OUT": str(out),
         "SLIME_BENCH_MODELS": str(models),
         "BENCH_SMOKE": "1",
-        "BENCH_LOG_DIR": str(tmp_path / "logs"),
+        "BENCH_LOG_DIR": str(tmp / "logs"),
+        "ENGINE_URL_FILE": str(tmp / "engine.url"),
+        "WS_DISK_DIR": str(tmp / "disk"),
         "CUDA_VISIBLE_DEVICES": "",
         "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
     }  # python3 = this interpreter
@@ -280,8 +263,41 @@ def test_gpu_session_smoke_mode(tmp_path, models):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
     steps = {ln["step"]: ln["rc"] for ln in lines if ln["bench"] == "step"}
-    assert steps == {"matmul": 0, "weight_sync": 0, "rollout": 0}
+    assert steps == {"matmul": 0, "weight_sync": 0, "rollout": 0}, (steps, (out / "logs.txt").read_text()[-3000:])
+    results = {ln["bench"]: ln for ln in lines if ln["bench"] != "step"}
+    return out, results
+
+
+@pytest.mark.slow
+def test_gpu_session_smoke_mode(gpu_session):
+    out, results = gpu_session
+    lines = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
     assert [ln["bench"] for ln in lines if ln["bench"] != "step"] == ["matmul", "weight_sync", "rollout"]
     assert "unknown step 'nosuchstep'" in (out / "logs.txt").read_text()
     assert (out / "engine-logs.tar.gz").stat().st_size > 0
     assert len(list(out.iterdir())) <= 8  # what comes back from the device machine
+
+
+@pytest.mark.slow
+def test_weight_sync_reference_engine(gpu_session):
+    out, results = gpu_session
+    r = results["weight_sync"]
+    assert r["engine"] == "reference" and r["preset"] == "qwen3-tiny" and r["repeats"] == 1
+    # 2 pushes per mode (perturbed, restored), each verified by weight_version and a greedy generation.
+    assert r["greedy_checked"] and r["greedy_failures"] == [] and r["final_weight_version"] == "4"
+    for mode in ("disk", "tensor"):
+        assert len(r[mode]["seconds_all"]) == 2
+        assert r[mode]["gb_per_s"] == pytest.approx(r["payload_gb"] / r[mode]["seconds_median"])
+    disk = out.parent / "disk"
+    assert disk.is_dir() and not any(disk.iterdir())  # disk versions are deleted after each update
+
+
+@pytest.mark.slow
+def test_rollout_reference_engine(gpu_session):
+    _, results = gpu_session
+    r = results["rollout"]
+    assert (r["engine"], r["num_prompts"], r["n"], r["max_new_tokens"], r["concurrency"]) == ("reference", 3, 2, 6, 8)
+    assert 3 * 2 <= r["tokens_per_round"] <= 3 * 2 * 6  # 3 prompts x 2 samples, at most 6 new tokens each
+    assert r["slime_tok_s_median"] > 0 and r["direct_tok_s_median"] > 0
+    b, a = r["direct_tok_s_median"], r["slime_tok_s_median"]
+    assert r["overhead_pct"] == pytest.approx(100 * (b - a) / b)

@@ -80,7 +80,9 @@ async def _serve(handler, port: int = 0):
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app, handle_signals=False)
+    # Cleanup cancels handlers still running after 1 s (aiohttp waits 60 s by default): the hung-engine
+    # handlers of the timeout tests sleep far longer than their requests wait.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return f"http://127.0.0.1:{runner.addresses[0][1]}", runner

@@ -252,6 +252,7 @@ def test_sigterm_first_lets_the_main_process_exit_cleanly(tmp_path):
     assert proc.popen.returncode == 0  # exited through its SIGTERM handler, not SIGKILL
 
 
+@pytest.mark.slow  # several engine processes (10-30 s): the full CI pass runs it
 def test_launch_failure_cleans_up(tmp_path, reference_args, engine_base_port):
     args = reference_args(tmp_path / "missing-model")
     before = set(process_mod._LIVE)
@@ -270,6 +271,7 @@ def test_launch_validates_arguments(reference_args, tmp_path):
         launch_engines(reference_args(tmp_path), num_engines=2, gpus_per_engine=1, base_gpu_ids=[0])
 
 
+@pytest.mark.slow  # several engine processes (10-30 s): the full CI pass runs it
 def test_reference_group_restart_and_shutdown_leave_no_process(
     tiny_qwen3_dir, reference_args, tmp_path, engine_base_port
 ):

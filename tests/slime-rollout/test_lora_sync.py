@@ -106,6 +106,7 @@ def test_colocated_lora_engine_backs_up_its_base_weights():
     assert doubled.count("--enable-weights-cpu-backup") == 1
 
 
+@pytest.mark.slow  # several engine processes (10-30 s): the full CI pass runs it
 def test_reference_engine_loses_released_weights_as_sglang(reference_args, tiny_qwen3_dir, private_tmp):
     """The CPU stand-in behaves as SGLang on release/resume: without the backup the weights come back zeroed, so a
     colocated LoRA run on CPU fails its checks as it did on the GPU; the launcher gives it the backup."""
@@ -187,6 +188,7 @@ def test_sglang_reader_refuses_what_sglang_refuses_or_skips(tiny_qwen3_dir, tmp_
         SGL.read_like_sglang(tmp_path / "c", max_lora_rank=4, target_modules=TARGETS)
 
 
+@pytest.mark.slow  # several engine processes (10-30 s): the full CI pass runs it
 def test_reference_engine_serves_base_and_adapter_and_updater_moves_only_adapter(
     reference_engine, tiny_qwen3_dir, tmp_path
 ):

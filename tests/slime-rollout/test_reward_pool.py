@@ -231,6 +231,7 @@ async def test_inline_grading_blocks_the_loop():
     assert reward == 1.0 and during == 0
 
 
+@pytest.mark.slow  # starts, kills or replaces pool worker processes: the full CI pass runs it, not the isolation pass
 @pytest.mark.timeout(120)
 async def test_stuck_worker_past_the_deadline_is_replaced_and_bystanders_are_retried():
     # `time.sleep` stands in for a hang in C code that SIGALRM cannot interrupt (no alarm is set here).
@@ -247,6 +248,7 @@ async def test_stuck_worker_past_the_deadline_is_replaced_and_bystanders_are_ret
     assert pool.pool_generation() == generation + 1  # exactly one replacement
 
 
+@pytest.mark.slow  # starts, kills or replaces pool worker processes: the full CI pass runs it, not the isolation pass
 @pytest.mark.timeout(120)
 async def test_crashing_worker_raises_after_one_retry_and_the_pool_recovers(caplog):
     caplog.set_level(logging.WARNING, logger="slime_rollout.rewards.pool")
@@ -262,6 +264,7 @@ async def test_crashing_worker_raises_after_one_retry_and_the_pool_recovers(capl
         await pool.run_in_pool(abs, -4, num_workers=0)
 
 
+@pytest.mark.slow  # starts, kills or replaces pool worker processes: the full CI pass runs it, not the isolation pass
 @pytest.mark.timeout(120)
 async def test_async_rm_past_the_parent_deadline_is_wrong_and_warns_once(monkeypatch, caplog):
     # The worker budget is longer than the deadline, so only the parent side can end this call.
@@ -339,6 +342,7 @@ def slow_start_up(monkeypatch, tmp_path):
     pool.shutdown_pool()  # the next test gets a pool with the normal start-up
 
 
+@pytest.mark.slow  # starts, kills or replaces pool worker processes: the full CI pass runs it, not the isolation pass
 @pytest.mark.timeout(120)
 async def test_slow_worker_start_up_does_not_count_against_the_grading_deadline(slow_start_up, monkeypatch, caplog):
     """A fresh pool whose workers take 3 s to start still grades a correct answer right under a 1 s deadline:
@@ -354,6 +358,7 @@ async def test_slow_worker_start_up_does_not_count_against_the_grading_deadline(
     assert "stuck or crashed" not in caplog.text and "retiring" not in caplog.text
 
 
+@pytest.mark.slow  # starts, kills or replaces pool worker processes: the full CI pass runs it, not the isolation pass
 @pytest.mark.timeout(120)
 async def test_a_pool_that_misses_its_start_up_budget_says_so_and_grades_inline(slow_start_up, monkeypatch, caplog):
     monkeypatch.setattr(pool, "STARTUP_DEADLINE_S", 0.5)
@@ -366,6 +371,7 @@ async def test_a_pool_that_misses_its_start_up_budget_says_so_and_grades_inline(
     assert len(errors) == 1 and "start-up budget" in errors[0] and "inline" in errors[0]
 
 
+@pytest.mark.slow  # starts, kills or replaces pool worker processes: the full CI pass runs it, not the isolation pass
 @pytest.mark.timeout(120)
 async def test_a_call_cancelled_while_the_pool_starts_leaves_the_pool_usable(slow_start_up):
     """Cancelling one caller during start-up stops only its wait: the shared start-up goes on, later calls grade."""

@@ -150,6 +150,7 @@ def test_fixtures_hold_real_sglang_replies():
     assert checker["success"] and "model.layers.0.self_attn.qkv_proj.weight" in checker["ranks"][0]["checksums"]
 
 
+@pytest.mark.slow  # an engine process of its own: the full CI pass runs it, not the isolation pass
 def test_every_case_runs_against_the_reference_engine(wire_engine, tiny_qwen3_dir, private_tmp):
     """The recorder itself: every case gets an answer (no exception), and the sequences do what they say."""
     adapter = write_lora_adapter(tiny_qwen3_dir, private_tmp / "wire-lora-run" / "adapter")
@@ -166,6 +167,7 @@ def test_every_case_runs_against_the_reference_engine(wire_engine, tiny_qwen3_di
     assert [lora[k]["status"] for k in ("load_lora_adapter", "generate_lora", "unload_lora_adapter")] == [200] * 3
 
 
+@pytest.mark.slow  # an engine process of its own: the full CI pass runs it, not the isolation pass
 def test_reference_engine_speaks_sglangs_text_wire(wire_engine, tiny_qwen3_dir, private_tmp):
     recorded = wire.load("text")
     if not recorded:
@@ -176,6 +178,7 @@ def test_reference_engine_speaks_sglangs_text_wire(wire_engine, tiny_qwen3_dir, 
     assert_same_wire("text", got, recorded)
 
 
+@pytest.mark.slow  # an engine process of its own: the full CI pass runs it, not the isolation pass
 def test_reference_engine_speaks_sglangs_lora_wire(wire_engine, tiny_qwen3_dir, private_tmp):
     recorded = wire.load("lora")
     if not recorded:
@@ -185,6 +188,7 @@ def test_reference_engine_speaks_sglangs_lora_wire(wire_engine, tiny_qwen3_dir, 
     assert_same_wire("lora", got, recorded)
 
 
+@pytest.mark.slow  # several engine processes (10-30 s): the full CI pass runs it
 def test_reference_engine_speaks_sglangs_vl_wire(make_tiny_vlm, private_tmp, reference_args, engine_base_port):
     recorded = wire.load("vl")
     if not recorded:

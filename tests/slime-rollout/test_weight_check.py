@@ -174,6 +174,7 @@ def _check(url, checksums):
     return asyncio.run(go())
 
 
+@pytest.mark.slow  # several engine processes (10-30 s): the full CI pass runs it
 def test_reference_engine_reads_back_pushed_tensors(reference_engine, hf_state, tiny_qwen3_dir):
     from slime_core.config import SlimeArgs
 

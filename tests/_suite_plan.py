@@ -1,0 +1,156 @@
+"""How the whole suite is spread over pytest-xdist workers, and what each worker keeps to itself.
+
+`tests/conftest.py` loads this file by path and uses its hooks; `tests/test_suite_plan.py` tests it. Kept out of
+the conftest so the conftest stays about fixtures, and free of package imports (the isolation runs load it too).
+
+- `uv run pytest` (the whole suite, what CI runs) uses `SUITE_WORKERS` workers; a chosen file or test runs in
+  one process. No `-n` sits in the pyproject's addopts, so `-p no:xdist` still works.
+- Whole files go to a worker, in the order of a one-process run (`FileScheduling`); `SAME_WORKER` folders go
+  to one worker as one unit.
+- Each worker process gets its own Ray temp root and engine port range (`worker_env`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+# An end-to-end run (Ray, engine, trainer in subprocesses) keeps about 1.1 of 2 cores busy, so a second one in
+# parallel shortens the suite; more would not fit the memory of a small CI machine.
+SUITE_WORKERS = 2
+
+# Test files that must not run at the same time as each other: the sandbox tests look for leftover sandbox
+# processes across the whole machine (/proc), and every slime-envs file runs some.
+SAME_WORKER = {"tests/slime-envs/": "tests/slime-envs/"}
+
+# First engine port of worker N (the benchmark scripts keep 15000): two runs starting engines at the same moment
+# on two workers do not both probe the same first free port.
+ENGINE_BASE_PORT = 16000
+ENGINE_PORTS_PER_WORKER = 1000
+
+RAY_TMPDIR_ENV = "RAY_TMPDIR"
+ENGINE_BASE_PORT_ENV = "SLIME_ENGINE_BASE_PORT"  # read by slime_app.engine_hosts
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file, or its `SAME_WORKER` folder.
+
+    Args:
+        nodeid: a pytest node id, `tests/apps/test_x.py::test_y[param]`.
+
+    Returns:
+        The key that xdist schedules as one unit (all tests with the same key run on one worker, in order).
+    """
+    path = nodeid.split("::", 1)[0]
+    return next((unit for prefix, unit in SAME_WORKER.items() if path.startswith(prefix)), path)
+
+
+def suite_workers(config: pytest.Config, environ: dict[str, str] | None = None) -> int:
+    """Workers for a run that did not pass `-n`: `SUITE_WORKERS` for the whole suite, 0 for chosen paths.
+
+    `PYTEST_XDIST_AUTO_NUM_WORKERS` (pytest-xdist's own variable) overrides both.
+
+    Raises:
+        ValueError: `PYTEST_XDIST_AUTO_NUM_WORKERS` is not a whole number.
+    """
+    environ = os.environ if environ is None else environ
+    if env := environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        if not env.isdigit():
+            raise ValueError(f"PYTEST_XDIST_AUTO_NUM_WORKERS={env!r}: expected a whole number of workers")
+        return int(env)
+    return SUITE_WORKERS if config.args_source == pytest.Config.ArgsSource.TESTPATHS else 0
+
+
+def worker_env(worker: str, make_dir=tempfile.mkdtemp) -> dict[str, str]:
+    """Environment of one xdist worker process ("gw0", "gw1", ...); empty outside xdist.
+
+    - `RAY_TMPDIR`: a temp root of its own (short: Ray's socket paths live under it). While a `ray.cluster_utils`
+      cluster lives (test_nodes_e2e), Ray writes its address to `<root>/ray/ray_current_cluster`, and a plain
+      `ray.init()` (what `apps/train` calls without `--ray-address`) connects to that cluster instead of starting
+      its own; a run on the other worker would land on the two-node test cluster.
+    - `SLIME_ENGINE_BASE_PORT`: `ENGINE_BASE_PORT + 1000 * N`.
+
+    Args:
+        worker: the `PYTEST_XDIST_WORKER` value.
+        make_dir: `tempfile.mkdtemp` (tests pass a fake).
+    """
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return {}
+    index = int(worker[2:])
+    return {
+        RAY_TMPDIR_ENV: make_dir(prefix=f"ray-{worker}-", dir="/tmp"),
+        ENGINE_BASE_PORT_ENV: str(ENGINE_BASE_PORT + ENGINE_PORTS_PER_WORKER * index),
+    }
+
+
+# The Ray temp root this process made (removed at the end of a passing run).
+_created_ray_tmpdir: str | None = None
+
+
+def apply_worker_env(environ: dict[str, str] | None = None, make_dir=tempfile.mkdtemp) -> dict[str, str]:
+    """Sets `worker_env` in the environment (this process's by default) where not set already.
+
+    A variable the user set wins; a temp root made for a variable the user set is not made at all.
+
+    Returns:
+        The variables it set.
+    """
+    global _created_ray_tmpdir
+    environ = os.environ if environ is None else environ
+    worker = environ.get("PYTEST_XDIST_WORKER", "")
+    if RAY_TMPDIR_ENV in environ:
+
+        def make_dir(**_) -> str:  # the user's root stays; none is made
+            return environ[RAY_TMPDIR_ENV]
+
+    added = {k: v for k, v in worker_env(worker, make_dir).items() if k not in environ}
+    environ.update(added)
+    if RAY_TMPDIR_ENV in added and environ is os.environ:
+        _created_ray_tmpdir = added[RAY_TMPDIR_ENV]
+    return added
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Spreads the whole suite over workers unless `-n` was given (runs before pytest-xdist reads the options)."""
+    if not config.pluginmanager.has_plugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is None:
+        # --pdb needs one process (pytest-xdist refuses it with workers).
+        config.option.numprocesses = 0 if config.getoption("usepdb", False) else suite_workers(config)
+    if config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "loadfile"
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Workers for an explicit `-n auto`: the same as without `-n`."""
+    return suite_workers(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Whole `work_unit`s to a worker in collection order.
+
+    A worker runs its files in the order of a plain `pytest` run, so a file never meets process state (e.g.
+    autograd threads before an FSDP test forks its ranks) that it would not meet in one process; a file stays
+    on one worker, so a module fixture (a teacher engine, a run several tests assert on) is built once.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # collection order, also under an explicit `-n N`
+    return FileScheduling(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Removes the Ray temp root this worker made after a passing run (kept, with Ray's logs, after a failure)."""
+    if _created_ray_tmpdir and exitstatus == 0:
+        shutil.rmtree(_created_ray_tmpdir, ignore_errors=True)
