@@ -96,8 +96,8 @@ async def _greedy(client):
 def test_sglang_serves_base_and_synced_adapter(lora_engine):
     from peft import get_peft_model_state_dict
 
-    from slime_rollout.client import RolloutClient
-    from slime_rollout.lora_sync import LoraWeightUpdater
+    from slime_rollout.engines.client import RolloutClient
+    from slime_rollout.weight_sync.lora import LoraWeightUpdater
 
     args, group, model_dir = lora_engine
     url = group.urls[0]
@@ -155,8 +155,8 @@ def test_colocated_run_serves_the_trainers_initial_adapter(tmp_path, make_tiny_q
     _needs_sglang_gpu()
     import slime_rollout.engines.commands as commands
     import slime_rollout.engines.launch as launch
-    from slime_rollout.client import EngineClient, RolloutClient
-    from slime_rollout.lora_sync import LoraWeightUpdater
+    from slime_rollout.engines.client import EngineClient, RolloutClient
+    from slime_rollout.weight_sync.lora import LoraWeightUpdater
 
     model_dir = _small_qwen3(make_tiny_qwen3, tmp_path / "model")
     config = {

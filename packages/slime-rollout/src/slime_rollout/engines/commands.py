@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.sglang_flags import MANAGED_SGLANG_FIELDS, check_managed_sglang_flags
-from slime_rollout.wire import nccl_cumem_enable
+from slime_rollout.engines.wire import nccl_cumem_enable
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -164,7 +164,7 @@ def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[st
     """SGLang flags that let an engine serve the run's LoRA adapter (`--lora-rank`); empty without LoRA.
 
     `--enable-lora` with room for an adapter of rank `--lora-rank` on `--lora-target-modules` (the adapter itself
-    is loaded by the first weight sync, `slime_rollout.lora_sync`); a pass-through `--sglang-<same flag>` wins.
+    is loaded by the first weight sync, `slime_rollout.weight_sync.lora`); a pass-through `--sglang-<same flag>` wins.
 
     Args:
         cfg: reads `lora_rank`, `lora_target_modules`.

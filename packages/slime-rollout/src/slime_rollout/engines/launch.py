@@ -29,7 +29,7 @@ from slime_rollout.engines.commands import (
     sglang_passthrough,
 )
 from slime_rollout.engines.process import EngineProcess, find_free_port, port_reusable, start_engine_process
-from slime_rollout.wire import nccl_cumem_enable
+from slime_rollout.engines.wire import nccl_cumem_enable
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -45,7 +45,7 @@ __all__ = [
     "engine_env",
     "engine_python",
     "launch_engines",
-    "nccl_cumem_enable",  # defined in slime_rollout.wire (both ends of a weight update need it)
+    "nccl_cumem_enable",  # defined in slime_rollout.engines.wire (both ends of a weight update need it)
     "sglang_passthrough",
 ]
 

@@ -7,7 +7,7 @@ Routes, methods and field names follow SGLang 0.5.16 so the rollout code cannot 
 `/unload_lora_adapter` (with `lora_path` of `/generate`), `/health`, `/health_generate`, `/v1/loads`,
 `/model_info` (`/get_model_info`), `/server_info` (`/get_server_info`), and the weight-update group routes
 `/init_weights_update_group`, `/update_weights_from_distributed`, `/destroy_weights_update_group`.
-Weight-update bodies and payloads are decoded with `slime_rollout.wire`, the module the trainer side encodes with.
+Weight-update bodies and payloads are decoded with `slime_rollout.engines.wire`, which the trainer encodes with.
 A vision-language checkpoint also takes SGLang's `image_data` on `/generate` (see `vision.py`).
 
 `/update_weights_from_tensor` unpickles what the caller sends (as SGLang does): bind the engine to a
@@ -37,7 +37,7 @@ from slime_rollout.engines.reference.push_guard import PushGuard
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.scheduler import Scheduler
 from slime_rollout.engines.reference.vision import decode_engine_image
-from slime_rollout.wire import (
+from slime_rollout.engines.wire import (
     DestroyWeightsUpdateGroupReq,
     InitWeightsUpdateGroupReq,
     UpdateWeightsFromDiskReq,

@@ -1,6 +1,6 @@
 r"""Generic multi-turn tool-calling generate function driving any `slime_core.protocols.Env`.
 
-Use it as `--custom-generate-function-path slime_rollout.multi_turn.generate` with `--env-path NAME`
+Use it as `--custom-generate-function-path slime_rollout.generation.multi_turn.generate` with `--env-path NAME`
 (a `slime-envs` name such as `search`, `python`, `calculator`, an entry point of the `slime.envs`
 group, or `module:Factory`), or per sample with `metadata["env"]`. Env options come from the
 `env_kwargs` key of the `--custom-config-path` YAML, updated by `metadata["env_kwargs"]`.
@@ -22,7 +22,7 @@ One episode, up to `--max-turns` model turns::
   out the sample is TRUNCATED. An aborted engine request makes the sample ABORTED (partial output kept).
 * `check_chat_template_consistency` compares the incremental token stream with the chat template's
   rendering of the final conversation, the most common multi-turn tokenization bug. Each sample records
-  its conversation (`slime_rollout.template_check.CONVERSATION_KEY`) so that the run checks its first samples.
+  its conversation (`template_check.CONVERSATION_KEY`) so that the run checks its first samples.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
-from slime_rollout import generate as single_turn
-from slime_rollout.data_source import get_tokenizer
-from slime_rollout.seeds import continuation_seed
-from slime_rollout.template_check import (
+from slime_rollout.data.source import get_tokenizer
+from slime_rollout.generation import generate as single_turn
+from slime_rollout.generation.seeds import continuation_seed
+from slime_rollout.generation.template_check import (
     CONVERSATION_KEY,
     ConsistencyReport,
     check_chat_template_consistency,
@@ -47,7 +47,7 @@ from slime_rollout.template_check import (
     render_continuation,
     render_messages,
 )
-from slime_rollout.top_p_replay import parse_top_p_sets
+from slime_rollout.generation.top_p_replay import parse_top_p_sets
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -143,7 +143,7 @@ def build_env(args: SlimeArgs, sample: Sample) -> Env:
 def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, model_turn: str) -> str:
     """The text between an assistant turn and the next assistant turn, as the chat template renders it.
 
-    `slime_rollout.template_check.render_continuation` of one tool message per response: the wrapper (end of
+    `slime_rollout.generation.template_check.render_continuation` of one tool message per response: the wrapper (end of
     turn, tool role header, grouping of consecutive tool messages, next assistant header) is exactly the template's.
 
     Args:
@@ -266,7 +266,7 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`); reads `hf_checkpoint` (tokenizer), `max_turns`,
             `env_path`, `custom_config["env_kwargs"]`, `custom_rm_path`, `rm_type`, and the engine addresses
-            (`slime_rollout.generate.get_client`).
+            (`slime_rollout.generation.generate.get_client`).
         sample: a fresh sample (prompt text or chat messages; `metadata` from `--metadata-key`, tools
             under `metadata["tools"]` from `--tool-key`); filled in place.
         sampling_params: SGLang sampling params; `max_new_tokens` is the budget of the whole response
@@ -293,7 +293,7 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
     env = build_env(args, sample)
     if not sample.tokens:
         sample.tokens = _prompt_ids(tokenizer, sample, env)
-    # The conversation as appended, for the chat-template conformance check (slime_rollout.template_check).
+    # The conversation as appended, for the chat-template conformance check (slime_rollout.generation.template_check).
     tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
     sample.metadata[CONVERSATION_KEY] = {"tools": tools, "segments": []}
     budget = int(sampling_params["max_new_tokens"])
