@@ -102,6 +102,15 @@ def test_a_cycle_would_be_found():
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_documented_multi_turn_plugin_path_still_loads():
+    # `--custom-generate-function-path slime_rollout.multi_turn.generate` is in users' configs (MIGRATION, examples).
+    from slime_rollout.generation import multi_turn
+    from slime_rollout.plugins import load_function
+
+    assert load_function("slime_rollout.multi_turn.generate") is multi_turn.generate
+    assert load_function("slime_rollout.multi_turn.env_reward") is multi_turn.env_reward
+
+
 def test_no_flat_module_left_beside_the_subpackages():
     flat = sorted(p.stem for p in ROOT.glob("*.py"))
-    assert flat == ["__init__", "base_types", "plugins"]
+    assert flat == ["__init__", "base_types", "multi_turn", "plugins"]
