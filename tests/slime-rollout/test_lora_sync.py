@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from slime_core.config import SlimeArgs
 from slime_core.lora import LORA_NAME
 from slime_rollout.engines.client import EngineClient, EngineError, RolloutClient
-from slime_rollout.engines.commands import build_sglang_command, lora_server_args, needs_weights_backup
+from slime_rollout.engines.launch import build_sglang_command, lora_server_args, needs_weights_backup
 from slime_rollout.weight_sync.lora import LoraWeightUpdater, write_adapter
 
 LOGPROB_ATOL = 1e-5

@@ -3,8 +3,8 @@
 Modules, in import order: `wire` (weight-update request bodies and payloads, shared with the trainer side),
 `transport` (retrying HTTP) <- `client` (`EngineClient`, `RolloutClient`) <- `pool` (which engines serve, re-queue
 of failed requests) and `health` (engine health); `plugin_http` (the original's `post`/`get` for plugins);
-`process` (engine subprocesses) <- `router` (sglang-router) <- `launch` (`launch_engines`, `EngineGroup`);
-`commands` (launch command lines); `weight_checksum` (SGLang's per-parameter checksum, both ends); `reference` is
+`process` (engine subprocesses) <- `router` (sglang-router) <- `launch` (by engine kind: `launch_engines`,
+`EngineGroup`); `weight_checksum` (SGLang's per-parameter checksum, both ends); `reference` is
 the CPU engine server.
 """
 
