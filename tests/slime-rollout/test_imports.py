@@ -84,7 +84,7 @@ def test_wire_is_a_leaf_that_engines_and_weight_sync_share():
     graph = _graph(modules=True)
     assert "slime_rollout.engines.wire" not in graph  # imports nothing of slime_rollout
     assert "slime_rollout.engines.wire" in graph["slime_rollout.engines.client"]
-    assert "slime_rollout.engines.wire" in graph["slime_rollout.engines.reference.server"]
+    assert "slime_rollout.engines.wire" in graph["slime_rollout.engines.reference.routes.weights"]
     assert "slime_rollout.engines.wire" in graph["slime_rollout.weight_sync.updaters"]
     # Engines never reach into the trainer side of a push.
     assert not any(dst.startswith("slime_rollout.weight_sync") for dst in _graph()["slime_rollout.engines"])

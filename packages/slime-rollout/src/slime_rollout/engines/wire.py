@@ -2,7 +2,7 @@
 
 Both ends import this module and nothing of each other: the trainer side (`slime_rollout.weight_sync.updaters`, through
 `slime_rollout.engines.client.EngineClient`) encodes, the engine side (the CPU reference engine,
-`slime_rollout.engines.reference.server`) decodes; SGLang 0.5.16 is the other engine that reads it. Three parts:
+`slime_rollout.engines.reference.routes.weights`) decodes; SGLang 0.5.16 is the other engine that reads it. Three parts:
 
 * **Requests**: one frozen dataclass per weight-update endpoint holding the JSON fields slime sends, named as
   SGLang's `io_struct.py` names them (`UpdateWeightsFromTensorReqInput`, ...). The sender calls `to_json()`,
