@@ -112,6 +112,24 @@ def test_documented_multi_turn_plugin_path_still_loads():
     assert load_function("slime_rollout.multi_turn.env_reward") is multi_turn.env_reward
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("slime_rollout.rollout.generate_rollout", "slime_rollout.generation.rollout.generate_rollout"),
+        ("slime_rollout.data_source.RolloutDataSource", "slime_rollout.data.source.RolloutDataSource"),
+        ("slime_rollout.sft.generate_sft_rollout", "slime_rollout.data.sft.generate_sft_rollout"),
+        ("slime_rollout.opd.reward_func", "slime_rollout.generation.opd.reward_func"),
+    ],
+)
+def test_plugin_paths_from_before_the_split_still_load(old, new):
+    # The earlier defaults of --rollout-function-path / --data-source-path sit in saved run configs.
+    from slime_core.plugins import load_function as core_load_function
+    from slime_rollout.plugins import load_function
+
+    assert load_function(old) is load_function(new)
+    assert core_load_function(old, flag="--rollout-function-path") is load_function(new)
+
+
 def test_no_flat_module_left_beside_the_subpackages():
     flat = sorted(p.stem for p in ROOT.glob("*.py"))
     assert flat == ["__init__", "base_types", "multi_turn", "plugins"]
