@@ -43,7 +43,7 @@ def rollout_args(url: str, model_dir: Path, a: argparse.Namespace):
 
 def run_slime(args, data_source, rollout_id: int) -> tuple[float, list[tuple[list[int], int]]]:
     """(a): seconds and `(prompt ids, response length)` of every generated sample."""
-    from slime_rollout.rollout import generate_rollout
+    from slime_rollout.generation.rollout import generate_rollout
 
     t0 = time.perf_counter()
     out = generate_rollout(args, rollout_id, data_source)
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--log-dir", default=os.environ.get("BENCH_LOG_DIR"))
     a = p.parse_args(argv)
     _common.setup_logging()
-    from slime_rollout.data_source import RolloutDataSourceWithBuffer
-    from slime_rollout.generate import build_sampling_params
+    from slime_rollout.data.source import RolloutDataSourceWithBuffer
+    from slime_rollout.generation.generate import build_sampling_params
 
     model_dir, write_s = _common.ensure_model(a.preset, a.model_root)
     with _engine.engine(a.engine, model_dir, url=a.engine_url, log_dir=a.log_dir, mem_fraction=a.mem_fraction,

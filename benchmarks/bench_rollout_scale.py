@@ -111,9 +111,9 @@ def main() -> None:
 def run(a: argparse.Namespace, urls: list[str]) -> dict:
     """One rollout of `a.num_prompts` × `a.n` requests over `urls`; the figures of the JSON line."""
     from slime_core.config import PluginArgs, SlimeArgs
-    from slime_rollout import generate as generate_module
-    from slime_rollout.client import get_client
-    from slime_rollout.rollout import generate_rollout
+    from slime_rollout.engines.client import get_client
+    from slime_rollout.generation import generate as generate_module
+    from slime_rollout.generation.rollout import generate_rollout
 
     cfg = SlimeArgs.from_dict({
         "rollout_batch_size": a.num_prompts, "n_samples_per_prompt": a.n, "num_rollout": 1,
@@ -140,7 +140,7 @@ def run(a: argparse.Namespace, urls: list[str]) -> dict:
     t0 = time.perf_counter()
     out = generate_rollout(args, 0, _Source(a.n))
     wall = time.perf_counter() - t0
-    from slime_rollout import async_utils
+    from slime_rollout.runtime import async_utils
 
     async_utils.run(client.aclose())  # the connections live on the rollout loop
     num = sum(len(g) for g in out.samples)

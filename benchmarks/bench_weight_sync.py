@@ -45,7 +45,7 @@ def buckets(named: list[tuple[str, object]], bucket_bytes: int) -> list[list[tup
 
 async def greedy(url: str, n: int = 12) -> list[int]:
     """Greedy continuation ids of PROMPT_IDS (ignore_eos, so always `n` ids)."""
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
 
     client = RolloutClient([url])
     try:
@@ -60,7 +60,7 @@ async def greedy(url: str, n: int = 12) -> list[int]:
 
 async def weight_version(url: str) -> str | None:
     """The engine's reported weight_version."""
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
 
     client = RolloutClient([url])
     try:
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoModelForCausalLM
 
     from slime_core.config import SlimeArgs
-    from slime_rollout.client import RolloutClient
-    from slime_rollout.weight_sync import DiskWeightUpdater, TensorWeightUpdater
+    from slime_rollout.engines.client import RolloutClient
+    from slime_rollout.weight_sync.updaters import DiskWeightUpdater, TensorWeightUpdater
 
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but no CUDA GPU is visible")

@@ -22,12 +22,12 @@ def test_both_backends_resolve_by_name():
 
 
 def test_every_weight_updater_resolves_by_name():
-    from slime_rollout.weight_sync import DiskWeightUpdater, TensorWeightUpdater
+    from slime_rollout.weight_sync.updaters import DiskWeightUpdater, TensorWeightUpdater
 
     assert WEIGHT_UPDATERS.get("tensor") is TensorWeightUpdater
     assert WEIGHT_UPDATERS.get("disk") is DiskWeightUpdater
     assert WEIGHT_UPDATERS.get("distributed") is distributed_weight_updater
-    from slime_rollout.lora_sync import LoraWeightUpdater
+    from slime_rollout.weight_sync.lora import LoraWeightUpdater
 
     assert WEIGHT_UPDATERS.get("lora") is LoraWeightUpdater
     assert WEIGHT_UPDATERS.names() == ["disk", "distributed", "lora", "tensor"]
@@ -46,7 +46,7 @@ def test_unknown_names_are_rejected_listing_the_known_ones():
 def test_builtins_resolve_without_entry_point_metadata(monkeypatch):
     # The GPU machines run from source on PYTHONPATH: no dist-info, so no entry points.
     monkeypatch.setattr(registry.importlib.metadata, "entry_points", lambda group: [])
-    from slime_rollout.weight_sync import DiskWeightUpdater
+    from slime_rollout.weight_sync.updaters import DiskWeightUpdater
     from slime_train_fsdp import FSDPTrainBackend
 
     assert TRAIN_BACKENDS.get("fsdp") is FSDPTrainBackend
@@ -100,7 +100,7 @@ def test_fsdp_does_not_import_megatron():
 
 
 def test_make_weight_updater_builds_the_configured_transport(tmp_path):
-    from slime_rollout.weight_sync import DiskWeightUpdater
+    from slime_rollout.weight_sync.updaters import DiskWeightUpdater
 
     cfg = SlimeArgs.from_dict(
         {"rollout_batch_size": 1, "num_rollout": 1, "weight_sync": "disk", "output_dir": str(tmp_path)}

@@ -106,11 +106,11 @@ def test_a_launched_router_is_the_plugins_router():
 def test_chat_template_checks_stop_after_the_budget_or_on_single_turn_runs(monkeypatch):
     from slime_app.rollout_manager import check_chat_template
     from slime_core.sample import Sample
-    from slime_rollout import template_check
+    from slime_rollout.generation import template_check
 
     cfg = parse_args([*BASE, "--check-chat-template-samples", "3"])
     assert cfg.check_chat_template_samples == 3
-    monkeypatch.setattr("slime_rollout.data_source.get_tokenizer", lambda path: "tok")
+    monkeypatch.setattr("slime_rollout.data.source.get_tokenizer", lambda path: "tok")
     checked = []
 
     def fake_check_sample(tokenizer, sample):

@@ -206,7 +206,7 @@ def test_resume_after_sigkill(tiny_qwen3, tmp_path):
 
     # Same data order as an uninterrupted run: the data source replayed from scratch gives these prompts.
     from slime_core.config import parse_args
-    from slime_rollout.data_source import RolloutDataSource
+    from slime_rollout.data.source import RolloutDataSource
 
     args = parse_args(_argv(tiny_qwen3, tmp_path / "unused", *flags)[2:])
     source = RolloutDataSource(args)

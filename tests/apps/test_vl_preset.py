@@ -1,7 +1,7 @@
 """The qwen3-vl-tiny preset of `apps/make_model`, and what SGLang 0.5.16 builds from the rollout's image requests.
 
 SGLang is not installed here: its side is written out from its source (`python/sglang/srt/...` of 0.5.16) in
-`smart_resize`, `sglang_prompt` and `sglang_mrope` below, and the rollout (`slime_rollout.multimodal`), the
+`smart_resize`, `sglang_prompt` and `sglang_mrope` below, and the rollout (`slime_rollout.data.multimodal`), the
 trainer (`slime_train_fsdp.vision`) and the CPU reference engine are held to it:
 
 - the images the rollout sends are already at the size the processor resizes them to (16-pixel patches, 2x2 merge,
@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoProcessor, Qwen3VLConfig, Qwen3VLForCon
 import slime_make_model as mm
 from slime_make_model.presets import PRESETS
 from slime_make_model.vl_files import VL_CHAT_TEMPLATE, write_vl_files
-from slime_rollout import multimodal
+from slime_rollout.data import multimodal
 from slime_rollout.engines.reference.vision import mrope_positions
 from slime_train_fsdp.vision import mrope_position_ids
 
@@ -215,7 +215,7 @@ def test_geo3k_rows_become_prompts_of_64_image_tokens(files):
     """The e2e data (`benchmarks/bench_e2e.sh` VL=1): geo3k-style Parquet rows with PNG bytes, read with the
     example's flags (`--input-key problem --label-key answer --multimodal-keys '{"image": "images"}'
     --apply-chat-template`) and the preset's template."""
-    from slime_rollout.data_source import load_prompt_rows, rows_to_samples
+    from slime_rollout.data.source import load_prompt_rows, rows_to_samples
 
     data = Path(__file__).resolve().parents[2] / "examples" / "geo3k-vlm" / "data" / "train.parquet"
     rows = load_prompt_rows(str(data))[:3]
@@ -249,10 +249,10 @@ def test_preset_model_serves_and_trains_with_first_step_parity(tmp_path, monkeyp
     from slime_core.config import PluginArgs, SlimeArgs
     from slime_core.sample import Sample
     from slime_core.train_data import build_rollout_batches
-    from slime_rollout import async_utils
-    from slime_rollout import generate as generate_mod
     from slime_rollout.engines.reference.model import ReferenceModel
     from slime_rollout.engines.reference.server import build_app
+    from slime_rollout.generation import generate as generate_mod
+    from slime_rollout.runtime import async_utils
     from slime_train_fsdp import FSDPTrainBackend
 
     path = mm.make_model("qwen3-vl-tiny", tmp_path / "model", FIXTURE, "bfloat16", seed=0)

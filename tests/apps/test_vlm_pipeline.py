@@ -91,9 +91,9 @@ def setup(request, make_tiny_vlm, tmp_path_factory, process_group):
 
 
 def _rollout(cfg: SlimeArgs, urls: list[str]) -> list:
-    from slime_rollout import async_utils
-    from slime_rollout.data_source import RolloutDataSource
-    from slime_rollout.generate import build_sampling_params, generate
+    from slime_rollout.data.source import RolloutDataSource
+    from slime_rollout.generation.generate import build_sampling_params, generate
+    from slime_rollout.runtime import async_utils
 
     args = PluginArgs.from_config(cfg, engine_urls=urls)
     groups = RolloutDataSource(args).get_samples(cfg.rollout_batch_size)
@@ -119,8 +119,8 @@ def _parity(backend, cfg, samples) -> float:
 
 @pytest.mark.parametrize("freeze", [False, True])
 def test_first_step_parity_and_weight_sync_round_trip(setup, freeze):
-    from slime_rollout.client import RolloutClient
-    from slime_rollout.weight_sync import TensorWeightUpdater, run_sync
+    from slime_rollout.engines.client import RolloutClient
+    from slime_rollout.weight_sync.updaters import TensorWeightUpdater, run_sync
     from slime_train_fsdp import FSDPTrainBackend
 
     fields, group = setup
@@ -167,7 +167,7 @@ def _train_and_sync(cfg, backend, updater, urls, freeze):
     # Round trip: the engine's checksums (SGLang's /weights_checker, SGLang's names) are those of the trainer's bytes.
     import httpx
 
-    from slime_rollout.weight_checksum import sglang_checksums
+    from slime_rollout.engines.weight_checksum import sglang_checksums
 
     want = sglang_checksums(trained.items(), dtype=torch.float32)  # the reference engine holds fp32
     with httpx.Client(base_url=urls[0], timeout=120) as http:

@@ -6,9 +6,9 @@ import torch
 
 from slime_app import weights
 from slime_core.config import SlimeArgs
-from slime_rollout import weight_check
-from slime_rollout.weight_check import WeightCheckEmpty, WeightCheckReport, WeightSyncMismatch
-from slime_rollout.weight_checksum import sglang_param_name
+from slime_rollout.engines.weight_checksum import sglang_param_name
+from slime_rollout.weight_sync import check as weight_check
+from slime_rollout.weight_sync.check import WeightCheckEmpty, WeightCheckReport, WeightSyncMismatch
 
 
 def _cfg(**fields):

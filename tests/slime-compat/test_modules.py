@@ -94,7 +94,7 @@ def test_hand_set_response_then_append_keeps_the_original_mask_rule():
 
 def test_misc_helpers():
     from slime.utils.misc import SingletonMeta, load_function, should_run_periodic_action
-    from slime_rollout.rollout import generate_rollout
+    from slime_rollout.generation.rollout import generate_rollout
 
     class Once(metaclass=SingletonMeta):
         def __init__(self, value):
@@ -185,7 +185,7 @@ def test_generate_and_rm_group_adapter_uses_the_callers_sampling_params(monkeypa
     from slime.rollout import sglang_rollout
     from slime.utils.misc import SingletonMeta
     from slime.utils.types import Sample
-    from slime_rollout import group_rollout
+    from slime_rollout.generation import group_rollout
 
     seen = []
 
@@ -204,7 +204,7 @@ def test_generate_and_rm_group_adapter_uses_the_callers_sampling_params(monkeypa
         group = [Sample(prompt="a"), Sample(prompt="a")]
         out = asyncio.run(sglang_rollout.generate_and_rm_group(args, group, {"temperature": 0.1, "max_new_tokens": 3}))
         assert [s.session_id is not None for s in out] == [True, True]
-        # The caller's params, plus each sample's own seed (slime_rollout.seeds: rollout seed, prompt, index).
+        # The caller's params, plus each sample's own seed (generation.seeds: rollout seed, prompt, index).
         assert [{k: v for k, v in p.items() if k != "sampling_seed"} for p in seen] == [
             {"temperature": 0.1, "max_new_tokens": 3}
         ] * 2

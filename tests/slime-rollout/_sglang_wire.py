@@ -163,7 +163,7 @@ async def memory_cases(ctx: Ctx) -> dict[str, Exchange]:
 
 async def weight_cases(ctx: Ctx) -> dict[str, Exchange]:
     """Weight updates (disk, tensor), checksums, and `/get_weights_by_name` for every Qwen3 parameter kind."""
-    from slime_rollout.wire import serialize_named_tensors
+    from slime_rollout.engines.wire import serialize_named_tensors
 
     out = {
         "update_weights_from_disk": await ctx.call(

@@ -14,9 +14,9 @@ import pytest
 
 from slime_core.sample import Sample, Status
 from slime_rollout.agent import OpenAIAdapter
-from slime_rollout.client import EngineClient
-from slime_rollout.data_source import get_tokenizer
-from slime_rollout.template_check import check_sample
+from slime_rollout.data.source import get_tokenizer
+from slime_rollout.engines.client import EngineClient
+from slime_rollout.generation.template_check import check_sample
 
 CALC_TOOL = {
     "type": "function",
@@ -119,7 +119,7 @@ async def test_two_call_tool_episode_against_reference_engine(reference_engine, 
     assert (s.index, s.rollout_id, s.label, s.prompt, s.session_id) == (3, 3, "42", "6*7", "episode-1")
     assert [t["trained"] for t in s.metadata["agent"]["turns"]] == [True, True]
 
-    # Conformance of the whole sample (slime_rollout.template_check): Qwen3's template renders the last assistant
+    # Conformance of the whole sample (generation.template_check): Qwen3's template renders the last assistant
     # turn with an empty `<think>\n\n</think>\n\n` the model never wrote; the check finds it where the second
     # turn starts (earlier only if the first turn's decoded text re-encodes to other ids).
     report = check_sample(tok, s)
@@ -342,7 +342,7 @@ async def test_engine_seed_is_derived_per_call_when_the_agent_sends_none(scripte
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "r"}]
     await agent.chat.completions.create(model="m", messages=msgs)
     seeds = [p["sampling_params"]["sampling_seed"] for p in engine.payloads]
-    from slime_rollout.seeds import continuation_seed
+    from slime_rollout.generation.seeds import continuation_seed
 
     assert seeds == [continuation_seed(11, len(p["input_ids"])) for p in engine.payloads]
     assert seeds[0] != seeds[1]
@@ -355,7 +355,7 @@ async def test_engine_abort_error_and_context_limit(tok, scripted):
     assert err.value.status_code == 503
     assert await adapter.finish_session("s", base_sample=Sample()) == []  # an aborted call is not recorded
 
-    from slime_rollout.transport import EngineError
+    from slime_rollout.engines.transport import EngineError
 
     adapter, engine, agent = await scripted(["a"], sid="t", fail=EngineError("http://e", "/generate", "boom", 500))
     with pytest.raises(openai.APIStatusError, match="boom") as err:

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from slime_core.config import PluginArgs, SlimeArgs
-from slime_rollout.client import (
+from slime_rollout.engines.client import (
     EngineClient,
     EngineError,
     EngineResponse,
@@ -367,7 +367,7 @@ def test_default_concurrency_is_the_originals_and_is_logged_once(caplog):
     assert RolloutClient(["http://e0:1"]).concurrency == 512
     reset_client_cache()
     args = PluginArgs.from_config(cfg, engine_urls=["http://e0:1", "http://e1:1"])
-    with caplog.at_level("INFO", logger="slime_rollout.client"):
+    with caplog.at_level("INFO", logger="slime_rollout.engines.client"):
         for _ in range(3):
             get_client(args)
     lines = [r.getMessage() for r in caplog.records if "requests in flight per engine" in r.getMessage()]
@@ -379,7 +379,7 @@ def test_default_concurrency_is_the_originals_and_is_logged_once(caplog):
 def test_open_file_limit_is_raised_to_fit_the_requests_in_flight():
     import resource
 
-    from slime_rollout.client import ensure_open_files
+    from slime_rollout.engines.client import ensure_open_files
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     open_now = len(os.listdir("/proc/self/fd"))

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from slime_core.config import PluginArgs, SlimeArgs
-from slime_rollout.data_source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
+from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
 
 
 def _args(**kw):
@@ -119,7 +119,7 @@ def test_max_prompt_len_filter_preserves_order(tmp_path, qwen3_tokenizer_dir):
 def test_huge_line_is_dropped_by_length_without_tokenizing(tmp_path, qwen3_tokenizer_dir, monkeypatch, caplog):
     # Issue 17: a 50 MB line was tokenized whole (~290 MB of memory per MB) only to be dropped. Now a prompt longer
     # than limit × (longest vocabulary entry) characters is refused by its length; the rest are tokenized.
-    from slime_rollout import data_source
+    from slime_rollout.data import source as data_source
 
     tok = data_source.get_tokenizer(str(qwen3_tokenizer_dir))
     encoded = []
@@ -143,7 +143,7 @@ def test_huge_line_is_dropped_by_length_without_tokenizing(tmp_path, qwen3_token
 def test_message_prompts_are_measured_as_the_engine_gets_them(tmp_path, qwen3_tokenizer_dir):
     # Without --apply-chat-template the generate function applies the template (generation prompt on, tools):
     # the filter counts the same tokens.
-    from slime_rollout.data_source import encode_prompt, get_tokenizer
+    from slime_rollout.data.source import encode_prompt, get_tokenizer
 
     tok = get_tokenizer(str(qwen3_tokenizer_dir))
     messages = [{"role": "user", "content": "hi"}]
@@ -240,7 +240,7 @@ def test_prompts_longer_than_the_model_context_are_dropped_by_default(
 ):
     # Issue 27 #13: without --rollout-max-prompt-len a prompt longer than the model's context was kept (1-token
     # responses) and a 20 MB line went to the engine. The default limit is max_position_embeddings - 1 (64 - 1 here).
-    from slime_rollout import data_source
+    from slime_rollout.data import source as data_source
 
     model = _model_dir(tmp_path, qwen3_tokenizer_dir, max_position_embeddings=64)
     tok = data_source.get_tokenizer(str(model))
@@ -259,13 +259,13 @@ def test_prompts_longer_than_the_model_context_are_dropped_by_default(
     args = _args(**base)
     assert args.rollout_max_prompt_len is None
     start = time.monotonic()
-    with caplog.at_level("WARNING", logger="slime_rollout.data_source"):
+    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
         ds = RolloutDataSource(args)
     elapsed = time.monotonic() - start
     assert [g[0].label for g in ds.get_samples(3)] == ["1", "4", "5"]
     assert max(encoded) < 1000  # the 20 MB prompt never reached the tokenizer
     assert elapsed < 10.0, elapsed  # reading and parsing the 20 MB line only (measured 0.19 s here)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.data_source"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.data.source"]
     assert warnings == [
         f"{tmp_path / 'd.jsonl'}: dropped 2 of 5 prompts longer than --rollout-max-prompt-len (default: the context "
         "less one token)=63 tokens (lines 2, 3)"
@@ -276,7 +276,7 @@ def test_prompts_longer_than_the_model_context_are_dropped_by_default(
 
 
 def test_no_config_json_means_no_default_limit(tmp_path, qwen3_tokenizer_dir):
-    from slime_rollout.prompt_length import default_max_prompt_len, model_context_len
+    from slime_rollout.data.prompt_length import default_max_prompt_len, model_context_len
 
     assert model_context_len(str(qwen3_tokenizer_dir)) is None  # a tokenizer directory, no config.json
     assert default_max_prompt_len(None, None, str(qwen3_tokenizer_dir)) is None
@@ -290,7 +290,7 @@ def test_no_config_json_means_no_default_limit(tmp_path, qwen3_tokenizer_dir):
 def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwen3_tokenizer_dir, caplog):
     """JSONL rows by their 1-based file line (blank lines counted, a slice not restarting the count); Parquet rows by
     their 0-based row index, the index an `@[start:end]` slice uses (issue 28)."""
-    from slime_rollout.data_source import get_tokenizer, rows_to_samples
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
 
     tok = get_tokenizer(qwen3_tokenizer_dir)
     long = "a" + " a" * 50  # 51 tokens > 20
@@ -305,7 +305,7 @@ def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwe
     ]
     for spec, count, where in cases:
         caplog.clear()
-        with caplog.at_level("WARNING", logger="slime_rollout.data_source"):
+        with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
             rows_to_samples(load_prompt_rows(spec), source=spec, input_key="p", tokenizer=tok, max_prompt_len=20)
         assert [r.getMessage() for r in caplog.records] == [
             f"{spec}: {count} longer than --rollout-max-prompt-len=20 tokens {where}"

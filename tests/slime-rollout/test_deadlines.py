@@ -10,12 +10,12 @@ from aiohttp import web
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample
-from slime_rollout import loop_watchdog
-from slime_rollout.client import RolloutClient
-from slime_rollout.deadlines import DeadlineExceeded, await_with_deadline, call_plugin_with_deadline
+from slime_rollout.engines.client import RolloutClient
+from slime_rollout.engines.transport import EngineError
 from slime_rollout.rewards import async_rm, batched_async_rm
 from slime_rollout.rewards.checks import RewardFunctionError
-from slime_rollout.transport import EngineError
+from slime_rollout.runtime import loop_watchdog
+from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline, call_plugin_with_deadline
 
 STUCK_REWARDS = """
 import asyncio
@@ -65,7 +65,7 @@ def _args(**fields):
 @pytest.mark.parametrize("fn", ["never_returns", "never_returns_sync"])
 async def test_a_reward_function_that_never_returns_fails_naming_it_and_the_sample(stuck_rewards, fn, caplog):
     path = f"{stuck_rewards}.{fn}"
-    caplog.set_level(logging.WARNING, logger="slime_rollout.deadlines")
+    caplog.set_level(logging.WARNING, logger="slime_rollout.runtime.deadlines")
     start = time.monotonic()
     # The loop keeps running meanwhile (a sync function runs in its own thread): this ticker must advance.
     ticks = 0
@@ -133,7 +133,7 @@ async def test_a_frozen_engine_fails_the_request_at_its_first_probe_naming_the_e
     thaw = asyncio.Event()
     url = await http_server(_engine(health_ok=False, thaw=thaw))
     client = RolloutClient([url], generate_timeout=30.0, slow_warning_s=0.3, probe_timeout_s=0.3)
-    caplog.set_level(logging.WARNING, logger="slime_rollout.deadlines")
+    caplog.set_level(logging.WARNING, logger="slime_rollout.runtime.deadlines")
     start = time.monotonic()
     with pytest.raises(EngineError) as e:
         await client.generate({"input_ids": [1, 2], "sampling_params": {}, "rid": "r1"})
@@ -155,7 +155,7 @@ async def test_an_engine_that_answers_health_but_not_the_request_fails_at_the_de
     thaw = asyncio.Event()
     url = await http_server(_engine(health_ok=True, thaw=thaw))
     client = RolloutClient([url], generate_timeout=1.0, slow_warning_s=0.3, probe_timeout_s=0.3)
-    caplog.set_level(logging.WARNING, logger="slime_rollout.deadlines")
+    caplog.set_level(logging.WARNING, logger="slime_rollout.runtime.deadlines")
     with pytest.raises(EngineError, match=rf"engine {url}/generate failed: /generate on engine {url} did not finish "
                        r"within 1 s \(--sglang-router-request-timeout-secs\); cancelled"):  # fmt: skip
         await client.generate({"input_ids": [1, 2], "sampling_params": {}})
@@ -185,7 +185,7 @@ async def test_an_async_reward_that_blocks_the_loop_is_named_and_fails_once_it_r
     """Nothing can preempt a blocked loop: the watchdog thread warns naming the plugin, logs one error past the
     deadline, and the call fails with the deadline's one-line error when it comes back (issue 28 #12)."""
     path = f"{stuck_rewards}.blocks_the_loop"
-    caplog.set_level(logging.WARNING, logger="slime_rollout.loop_watchdog")
+    caplog.set_level(logging.WARNING, logger="slime_rollout.runtime.loop_watchdog")
     with pytest.raises(RewardFunctionError) as e:
         await async_rm(_args(custom_rm_path=path), Sample(response="x", label="y", index=7))
     what = f"reward function --custom-rm-path {path} on sample 7"
@@ -207,7 +207,7 @@ async def test_calls_delayed_by_a_blocked_loop_name_the_culprit(stuck_rewards, c
         await asyncio.sleep(0.1)
         return 2.0
 
-    caplog.set_level(logging.WARNING, logger="slime_rollout.loop_watchdog")
+    caplog.set_level(logging.WARNING, logger="slime_rollout.runtime.loop_watchdog")
     bounds = {"deadline_s": 0.6, "flag": "--rm-timeout-secs", "warn_every_s": 0.2}
     blocker = asyncio.create_task(call_plugin_with_deadline(mod.blocks_the_loop, None, None, what="blocker", **bounds))
     others = [call_plugin_with_deadline(innocent, None, None, what=f"innocent {i}", **bounds) for i in range(2)]

@@ -5,7 +5,7 @@ import torch
 
 from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
-from slime_rollout.debug_dump import dump_path, load_debug_rollout_data, regroup, save_debug_rollout_data
+from slime_rollout.runtime.debug_dump import dump_path, load_debug_rollout_data, regroup, save_debug_rollout_data
 
 
 def _cfg(**fields):

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from slime_rollout.client import EngineClient, RolloutClient
-from slime_rollout.engine_pool import EngineState, NoHealthyEngineError
+from slime_rollout.engines.client import EngineClient, RolloutClient
 from slime_rollout.engines.health import HealthMonitor
+from slime_rollout.engines.pool import EngineState, NoHealthyEngineError
 
 
 def _engine(name, state, log):
@@ -139,7 +139,7 @@ async def test_with_no_healthy_engine_a_request_fails_after_the_recovery_timeout
 
 async def test_without_fault_tolerance_an_unreachable_engine_fails_the_request():
     from slime_rollout.engines.process import find_free_port
-    from slime_rollout.transport import EngineError
+    from slime_rollout.engines.transport import EngineError
 
     client = RolloutClient([f"http://127.0.0.1:{find_free_port(start=42000)}"], max_retries=1, backoff_s=0.01)
     with pytest.raises(EngineError) as e:

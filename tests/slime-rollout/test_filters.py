@@ -5,7 +5,7 @@ import pytest
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.protocols import DynamicFilterOutput
 from slime_core.sample import Sample
-from slime_rollout.filters import check_reward_nonzero_std, normalize_filter_output
+from slime_rollout.generation.filters import check_reward_nonzero_std, normalize_filter_output
 from slime_rollout.plugins import load_function
 
 

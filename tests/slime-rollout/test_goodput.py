@@ -1,7 +1,7 @@
-"""Token buckets of a rollout (`slime_rollout.goodput`), on hand-built samples."""
+"""Token buckets of a rollout (`slime_rollout.runtime.goodput`), on hand-built samples."""
 
 from slime_core.sample import Sample, Status
-from slime_rollout.goodput import batch_token_fates, model_tokens, rollout_token_fates
+from slime_rollout.runtime.goodput import batch_token_fates, model_tokens, rollout_token_fates
 
 
 def _sample(n_model, n_tool=0, status=Status.COMPLETED):

@@ -1,7 +1,7 @@
 """The import graph of slime_rollout has one direction (no cycles between its modules and subpackages).
 
 Read from the source with `ast` (lazy imports inside functions count too): e.g. the engines and the weight
-updaters meet only in `slime_rollout.wire`, and `engines.process <- engines.router <- engines.launch`.
+updaters meet only in `slime_rollout.engines.wire`, and `engines.process <- engines.router <- engines.launch`.
 """
 
 import ast
@@ -74,20 +74,62 @@ def test_no_import_cycle(modules):
 
 def test_engine_launch_router_process_direction():
     graph = _graph(modules=True)
-    assert graph["slime_rollout.engines.launch"] >= {"slime_rollout.engines.router", "slime_rollout.engines.process"}
+    assert "slime_rollout.engines.router" in graph["slime_rollout.engines.launch.group"]
+    assert "slime_rollout.engines.process" in graph["slime_rollout.engines.launch.launcher"]
     assert graph["slime_rollout.engines.router"] == {"slime_rollout.engines.process"}
     assert "slime_rollout.engines.process" not in graph
 
 
 def test_wire_is_a_leaf_that_engines_and_weight_sync_share():
+    graph = _graph(modules=True)
+    assert "slime_rollout.engines.wire" not in graph  # imports nothing of slime_rollout
+    assert "slime_rollout.engines.wire" in graph["slime_rollout.engines.client"]
+    assert "slime_rollout.engines.wire" in graph["slime_rollout.engines.reference.routes.weights"]
+    assert "slime_rollout.engines.wire" in graph["slime_rollout.weight_sync.updaters"]
+    # Engines never reach into the trainer side of a push.
+    assert not any(dst.startswith("slime_rollout.weight_sync") for dst in _graph()["slime_rollout.engines"])
+
+
+def test_subpackages_import_downward():
     graph = _graph()
-    assert "slime_rollout.wire" not in graph  # imports nothing of slime_rollout
-    assert "slime_rollout.wire" in graph["slime_rollout.engines"]
-    assert "slime_rollout.wire" in graph["slime_rollout.weight_sync"]
-    assert "slime_rollout.weight_sync" not in graph["slime_rollout.engines"]
-    assert "slime_rollout.engines" not in graph["slime_rollout.weight_sync"]
+    assert graph["slime_rollout.weight_sync"] <= {"slime_rollout.engines", "slime_rollout.runtime"}
+    assert graph["slime_rollout.runtime"] <= {"slime_rollout.plugins"}
+    assert "slime_rollout.generation" not in graph["slime_rollout.data"]
+    assert "slime_rollout.plugins" not in graph  # the plugin loader sits below everything it loads
 
 
 def test_a_cycle_would_be_found():
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_documented_multi_turn_plugin_path_still_loads():
+    # `--custom-generate-function-path slime_rollout.multi_turn.generate` is in users' configs (MIGRATION, examples).
+    from slime_rollout.generation import multi_turn
+    from slime_rollout.plugins import load_function
+
+    assert load_function("slime_rollout.multi_turn.generate") is multi_turn.generate
+    assert load_function("slime_rollout.multi_turn.env_reward") is multi_turn.env_reward
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("slime_rollout.rollout.generate_rollout", "slime_rollout.generation.rollout.generate_rollout"),
+        ("slime_rollout.data_source.RolloutDataSource", "slime_rollout.data.source.RolloutDataSource"),
+        ("slime_rollout.sft.generate_sft_rollout", "slime_rollout.data.sft.generate_sft_rollout"),
+        ("slime_rollout.opd.reward_func", "slime_rollout.generation.opd.reward_func"),
+    ],
+)
+def test_plugin_paths_from_before_the_split_still_load(old, new):
+    # The earlier defaults of --rollout-function-path / --data-source-path sit in saved run configs.
+    from slime_core.plugins import load_function as core_load_function
+    from slime_rollout.plugins import load_function
+
+    assert load_function(old) is load_function(new)
+    assert core_load_function(old, flag="--rollout-function-path") is load_function(new)
+
+
+def test_no_flat_module_left_beside_the_subpackages():
+    flat = sorted(p.stem for p in ROOT.glob("*.py"))
+    assert flat == ["__init__", "base_types", "multi_turn", "plugins"]

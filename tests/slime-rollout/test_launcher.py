@@ -69,6 +69,24 @@ def test_sglang_command_line(monkeypatch):
     assert emitted <= SGLANG_FIELDS
 
 
+def test_engine_kinds_start_by_index(monkeypatch):
+    # The launcher knows kinds only through ENGINE_KINDS: SGLang takes the next free port as its NCCL port and
+    # defaults its first GPU to index * gpus_per_engine; the reference engine binds one port and takes no GPU.
+    from slime_rollout.engines.launch import ENGINE_KINDS, EngineLauncher
+
+    monkeypatch.delenv("SLIME_SGLANG_ARGS", raising=False)
+    port = find_free_port("127.0.0.1", 21000)
+    common = dict(host="127.0.0.1", port=port, index=2, gpus_per_engine=4, base_gpu_id=None, random_seed=9)
+    cmd, last = ENGINE_KINDS["sglang"].command(sglang_args(), memory_saver=False, mem_fraction_static=None, **common)
+    assert last > port and cmd[cmd.index("--nccl-port") + 1] == str(last)
+    assert cmd[cmd.index("--base-gpu-id") + 1] == "8" and cmd[cmd.index("--tp-size") + 1] == "4"
+    cmd, last = ENGINE_KINDS["reference"].command(sglang_args(), memory_saver=False, mem_fraction_static=None, **common)
+    assert last == port and cmd[cmd.index("--random-seed") + 1] == "9" and "--base-gpu-id" not in cmd
+    assert list(ENGINE_KINDS) == ["sglang", "reference"]
+    with pytest.raises(ValueError, match="--rollout-engine must be 'sglang' or 'reference', got 'vllm'"):
+        EngineLauncher(sglang_args().model_copy(update={"rollout_engine": "vllm"}), gpus_per_engine=1)
+
+
 def test_sglang_command_no_saver_passthrough_overrides_and_env_args(monkeypatch):
     monkeypatch.setenv("SLIME_SGLANG_ARGS", "--log-level debug --attention-backend 'fa3'")
     cmd = build_sglang_command(

@@ -6,7 +6,7 @@ from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.plugins import PluginError
 from slime_core.sample import Sample
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slime_rollout.rollout import run_rollout
+from slime_rollout.generation.rollout import run_rollout
 
 CALLS = []
 
@@ -87,7 +87,7 @@ def test_eval_hook(skip_default, expected):
 
 
 def test_hook_not_called_on_replayed_dumps_and_bad_path_names_the_flag(tmp_path):
-    from slime_rollout.debug_dump import save_debug_rollout_data
+    from slime_rollout.runtime.debug_dump import save_debug_rollout_data
 
     dump = str(tmp_path / "d_{rollout_id}.pt")
     save_debug_rollout_data(_args(save_debug_rollout_data=dump), 0, [Sample(index=0, group_index=0)])

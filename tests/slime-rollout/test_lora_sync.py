@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM
 
 from slime_core.config import SlimeArgs
 from slime_core.lora import LORA_NAME
-from slime_rollout.client import EngineClient, EngineError, RolloutClient
-from slime_rollout.engines.commands import build_sglang_command, lora_server_args, needs_weights_backup
-from slime_rollout.lora_sync import LoraWeightUpdater, write_adapter
+from slime_rollout.engines.client import EngineClient, EngineError, RolloutClient
+from slime_rollout.engines.launch import build_sglang_command, lora_server_args, needs_weights_backup
+from slime_rollout.weight_sync.lora import LoraWeightUpdater, write_adapter
 
 LOGPROB_ATOL = 1e-5
 PROMPT = [785, 4226, 374, 220, 17, 10, 17, 28]
@@ -112,7 +112,7 @@ def test_reference_engine_loses_released_weights_as_sglang(reference_args, tiny_
     colocated LoRA run on CPU fails its checks as it did on the GPU; the launcher gives it the backup."""
     import asyncio
 
-    from slime_rollout.client import EngineClient
+    from slime_rollout.engines.client import EngineClient
     from slime_rollout.engines.launch import build_reference_command, launch_engines
 
     full = reference_args(tiny_qwen3_dir)

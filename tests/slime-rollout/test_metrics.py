@@ -7,7 +7,7 @@ import pytest
 
 from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
-from slime_rollout.metrics import compute_rollout_metrics, pass_at_k
+from slime_rollout.runtime.metrics import compute_rollout_metrics, pass_at_k
 
 
 def _brute_pass_at_k(rewards, k):

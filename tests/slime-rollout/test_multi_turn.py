@@ -12,9 +12,9 @@ import pytest
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample, Status
 from slime_envs.calculator import CalculatorEnv
-from slime_rollout import generate as single_turn
-from slime_rollout import multi_turn
-from slime_rollout.data_source import get_tokenizer
+from slime_rollout.data.source import get_tokenizer
+from slime_rollout.generation import generate as single_turn
+from slime_rollout.generation import multi_turn
 
 QWEN_OBS_42 = "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 TOOL_TURN = (
@@ -329,8 +329,8 @@ def test_example_config_runs_one_rollout(example, reference_engine, tiny_qwen3_d
     import torch
     from transformers import AutoModelForCausalLM
 
-    from slime_rollout.client import reset_client_cache
-    from slime_rollout.rollout import create_data_source, generate_rollout
+    from slime_rollout.engines.client import reset_client_cache
+    from slime_rollout.generation.rollout import create_data_source, generate_rollout
 
     monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[2])  # example paths are relative to the repo
     reset_client_cache()
@@ -420,10 +420,10 @@ async def test_env_exception_fails_only_the_sample(tok, qwen3_tokenizer_dir, mon
     assert out.loss_mask == [1] * len(enc(tok, TOOL_TURN))
 
 
-# ---- chat-template conformance in the loop (slime_rollout.template_check) ---------------------------------------
+# ---- chat-template conformance in the loop (slime_rollout.generation.template_check) ---------------------------------
 
 from slime_core.protocols import EnvStep  # noqa: E402
-from slime_rollout.template_check import CONVERSATION_KEY, check_sample, check_samples  # noqa: E402
+from slime_rollout.generation.template_check import CONVERSATION_KEY, check_sample, check_samples  # noqa: E402
 
 
 async def test_episode_records_its_conversation_and_conforms(tok, qwen3_tokenizer_dir, monkeypatch):

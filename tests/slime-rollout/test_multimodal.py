@@ -1,4 +1,4 @@
-"""Images through data and rollout: `slime_rollout.multimodal`, `rows_to_samples` with `--multimodal-keys`, and
+"""Images through data and rollout: `slime_rollout.data.multimodal`, `rows_to_samples` with `--multimodal-keys`, and
 the default generate's `/generate` request with `image_data`.
 
 Models are tiny random Qwen2.5-VL / Qwen3-VL checkpoints with the real Qwen tokenizer (`make_tiny_vlm`): image
@@ -18,9 +18,9 @@ import torch
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample, Status
-from slime_rollout import generate as generate_mod
-from slime_rollout import multimodal
-from slime_rollout.data_source import load_prompt_rows, rows_to_samples
+from slime_rollout.data import multimodal
+from slime_rollout.data.source import load_prompt_rows, rows_to_samples
+from slime_rollout.generation import generate as generate_mod
 
 _spec = importlib.util.spec_from_file_location(
     "slime_test_qwen_vl_rules", pathlib.Path(__file__).resolve().parents[1] / "_qwen_vl_rules.py"

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from slime_core.config import PluginArgs
 from slime_core.plugins import load_function
 from slime_core.sample import Sample, Status
-from slime_rollout.opd import score_teacher, teacher_log_probs_from_reply
+from slime_rollout.generation.opd import score_teacher, teacher_log_probs_from_reply
 from slime_rollout.rewards import async_rm
 
 ATOL = 1e-5
@@ -60,7 +60,7 @@ def test_builtin_scoring_matches_transformers_and_skips_aborted(args, tiny_qwen3
 
 def test_original_plugins_give_the_same_log_probs_and_zero_rewards(args, tiny_qwen3_dir):
     # The original's paths resolve in slime-core's loader too (the post-process hook is loaded there).
-    from slime_rollout import opd
+    from slime_rollout.generation import opd
 
     reward_path = "slime.rollout.on_policy_distillation.reward_func"
     assert load_function(reward_path, flag="--custom-rm-path") is opd.reward_func
@@ -129,7 +129,7 @@ def test_a_request_from_the_response_start_gets_a_none_and_says_so():
 
 
 def test_builtin_scoring_asks_from_before_the_response(args, reference_engine):
-    from slime_rollout.opd import teacher_payload
+    from slime_rollout.generation.opd import teacher_payload
 
     sample = _samples()[0]
     payload = teacher_payload(args, sample, logprob_start_len=sample.prompt_length - 1)

@@ -1,11 +1,11 @@
-"""`slime_rollout.plugin_http.post/get`: the original's retry semantics against a real local aiohttp server."""
+"""`slime_rollout.engines.plugin_http.post/get`: the original's retry semantics against a real local aiohttp server."""
 
 import pytest
 from aiohttp import web
 
 from slime_core.config import PluginArgs, SlimeArgs
-from slime_rollout import plugin_http
-from slime_rollout.transport import EngineError
+from slime_rollout.engines import plugin_http
+from slime_rollout.engines.transport import EngineError
 
 
 @pytest.fixture(autouse=True)

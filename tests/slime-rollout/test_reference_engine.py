@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from slime_rollout.client import EngineClient, EngineError, RolloutClient
+from slime_rollout.engines.client import EngineClient, EngineError, RolloutClient
 from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
 from slime_rollout.engines.reference.sampling import SamplingParams, sample_next_token, sample_with_kept_ids
 
@@ -75,7 +75,7 @@ async def test_top_p_replay_returns_the_kept_ids_and_renormalized_log_probs(engi
     # Issue 17: with custom_params.return_top_p_token_ids the engine reports each step's nucleus (SGLang-with-patch
     # field names) and the log-prob of the distribution it sampled from: softmax(logits/T) renormalized over it.
     from slime_core.algorithms import KeptTokens, log_probs_from_logits
-    from slime_rollout.top_p_replay import parse_top_p_sets
+    from slime_rollout.generation.top_p_replay import parse_top_p_sets
 
     model, tok = hf
     ids = prompt(tok)

@@ -165,7 +165,7 @@ def test_http_generate_with_image_data_and_weight_updates_by_checkpoint_name(vlm
 def test_checkpoint_names_check_by_sglangs_names(vlm):
     """As SGLang for Qwen-VL: /get_weights_by_name answers 400, /weights_checker lists the vision tower under
     SGLang's names (`visual.*`, `attn.qkv_proj`) with the checksum of the bytes pushed by checkpoint name."""
-    from slime_rollout.weight_checksum import sglang_param_name, tensor_checksum
+    from slime_rollout.engines.weight_checksum import sglang_param_name, tensor_checksum
 
     engine, _ = vlm
     checkpoint_name = "visual.blocks.0.attn.qkv.weight" if engine.model_type == "qwen2_5_vl" else None

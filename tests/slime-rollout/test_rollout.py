@@ -97,10 +97,10 @@ import torch  # noqa: E402
 
 from slime_core.config import PluginArgs, SlimeArgs  # noqa: E402
 from slime_core.sample import Sample, Status  # noqa: E402
-from slime_rollout import generate as generate_mod  # noqa: E402
-from slime_rollout import rollout as rollout_mod  # noqa: E402
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput  # noqa: E402
-from slime_rollout.rollout import generate_rollout, generate_rollout_async, run_rollout  # noqa: E402
+from slime_rollout.generation import generate as generate_mod  # noqa: E402
+from slime_rollout.generation import rollout as rollout_mod  # noqa: E402
+from slime_rollout.generation.rollout import generate_rollout, generate_rollout_async, run_rollout  # noqa: E402
 
 A, B = ord("A"), ord("B")
 
@@ -218,7 +218,7 @@ async def test_dynamic_sampling_that_keeps_nothing_stops_after_bounded_empty_rou
         rollout_max_response_len=8,
     )
     ds = ListDataSource(n=2)
-    with caplog.at_level("INFO", logger="slime_rollout.rollout"):
+    with caplog.at_level("INFO", logger="slime_rollout.generation.rollout"):
         with pytest.raises(RuntimeError, match=r"rollout 0: 3 over-sampling rounds in a row kept no group \(0/2 "
                            r"kept, dropped: zero_std_1\.0: \d+\).*--dynamic-sampling-max-empty-rounds"):  # fmt: skip
             await generate_rollout_async(args, 0, ds)
@@ -383,7 +383,7 @@ def test_run_rollout_custom_function_and_debug_dump_round_trip(tmp_path):
     # Replay: a generated sample with log-probs survives unchanged.
     s.append_response_tokens([A, B], log_probs=[-0.25, -1.5], text="AB", meta_info={"finish_reason": {"type": "stop"}})
     s.reward = {"score": 1.0}
-    from slime_rollout.debug_dump import save_debug_rollout_data
+    from slime_rollout.runtime.debug_dump import save_debug_rollout_data
 
     save_debug_rollout_data(args, 4, [s, out.samples[0][1]])
     replay_args = _args(load_debug_rollout_data=str(tmp_path / "dump_{rollout_id}.pt"))
@@ -472,7 +472,7 @@ async def test_eval_rollout_passes_evaluation_to_the_default_generate(use_client
 
 def test_rollout_with_real_config(use_client, fixtures_dir, qwen3_tokenizer_dir):
     from slime_core.config import parse_args
-    from slime_rollout.rollout import create_data_source
+    from slime_rollout.generation.rollout import create_data_source
 
     class AnyPromptClient(FakeClient):
         async def generate(self, payload):
@@ -521,7 +521,7 @@ async def test_every_sample_has_its_own_seed_from_rollout_seed_rollout_id_prompt
 def test_eval_config_yaml_resolution_and_rollout(use_client, tmp_path, qwen3_tokenizer_dir):
     import json
 
-    from slime_rollout.eval import eval_datasets
+    from slime_rollout.generation.eval import eval_datasets
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"q": f"q{i}", "a": "AA"}) + "\n" for i in range(2)))
@@ -569,7 +569,7 @@ def test_eval_config_yaml_resolution_and_rollout(use_client, tmp_path, qwen3_tok
 
 
 async def test_group_prompt_is_templated_and_tokenized_once(use_client, qwen3_tokenizer_dir, monkeypatch):
-    from slime_rollout.data_source import get_tokenizer
+    from slime_rollout.data.source import get_tokenizer
 
     tokenizer = get_tokenizer(str(qwen3_tokenizer_dir))
     calls = collections.Counter()

@@ -12,9 +12,9 @@ import torch
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Status
-from slime_rollout.client import EngineClient
-from slime_rollout.data_source import RolloutDataSourceWithBuffer
-from slime_rollout.rollout import generate_rollout
+from slime_rollout.data.source import RolloutDataSourceWithBuffer
+from slime_rollout.engines.client import EngineClient
+from slime_rollout.generation.rollout import generate_rollout
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -91,7 +91,7 @@ async def slow_even_fake_odd(args, sample, sampling_params):
     """Test generate: even prompt groups go to the engine; odd ones wait until the engine is busy with
     them, then answer without the engine (a fixed 3-token response). The reference engine batches
     statically, so this is how an odd group can finish while even groups are still mid-generation."""
-    from slime_rollout.generate import generate
+    from slime_rollout.generation.generate import generate
 
     if sample.group_index % 2 == 0:
         return await generate(args, sample, sampling_params)

@@ -9,8 +9,8 @@ import logging
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample, Status
-from slime_rollout import generate as generate_mod
-from slime_rollout.rollout import generate_rollout_async
+from slime_rollout.generation import generate as generate_mod
+from slime_rollout.generation.rollout import generate_rollout_async
 
 A, B = ord("A"), ord("B")
 
@@ -101,7 +101,7 @@ async def empty_for_odd_generate(args, sample, sampling_params):
 
 async def test_empty_responses_are_counted_and_not_trained_on(monkeypatch, caplog):
     args = _args(monkeypatch, custom_generate_function_path=f"{__name__}.empty_for_odd_generate", rollout_batch_size=2)
-    with caplog.at_level(logging.WARNING, logger="slime_rollout.rollout"):
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.generation.rollout"):
         out, _ = await generate_rollout_async(args, 3, _DataSource(n=2))
     flat = [s for g in out.samples for s in g]
     assert [s.remove_sample for s in flat] == [False, True, False, True]

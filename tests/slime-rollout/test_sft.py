@@ -7,8 +7,8 @@ import pytest
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample, Status
-from slime_rollout.data_source import get_tokenizer
-from slime_rollout.sft import ChatLossMask, generate_sft_rollout, response_lengths
+from slime_rollout.data.sft import ChatLossMask, generate_sft_rollout, response_lengths
+from slime_rollout.data.source import get_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "S"},

@@ -68,7 +68,7 @@ PROMPT = [785, 4226, 374, 220, 17, 10, 17, 28]
 
 
 async def _greedy(url, n=6):
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
 
     client = RolloutClient([url])
     out = await client.generate(
@@ -101,9 +101,9 @@ def test_generate_fields_and_logprobs(sglang_engine, small_qwen3_dir):
 def test_weight_updates_disk_tensor_distributed(sglang_engine, small_qwen3_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
     from slime_rollout.engines.process import find_free_port
-    from slime_rollout.weight_sync import DiskWeightUpdater, DistributedWeightUpdater, TensorWeightUpdater
+    from slime_rollout.weight_sync.updaters import DiskWeightUpdater, DistributedWeightUpdater, TensorWeightUpdater
 
     args, group = sglang_engine
     args = args.model_copy(update={"update_weight_disk_dir": str(tmp_path)})
@@ -138,7 +138,7 @@ def test_weight_updates_disk_tensor_distributed(sglang_engine, small_qwen3_dir, 
 
 
 def test_abort_all(sglang_engine):
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
 
     _, group = sglang_engine
 
@@ -158,7 +158,7 @@ def test_abort_all(sglang_engine):
 
 def test_release_and_resume_memory(sglang_engine):
     """release_memory_occupation really frees the engine's GPU memory; resume takes it back."""
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
 
     _, group = sglang_engine
     client = RolloutClient(group.urls)
@@ -184,7 +184,7 @@ def test_release_and_resume_memory(sglang_engine):
     # Resumed weights memory holds no weights (no CPU backup): the trainer always pushes them next, as here.
     from transformers import AutoModelForCausalLM
 
-    from slime_rollout.weight_sync import TensorWeightUpdater
+    from slime_rollout.weight_sync.updaters import TensorWeightUpdater
 
     args, _ = sglang_engine
     state = AutoModelForCausalLM.from_pretrained(args.hf_checkpoint, dtype=torch.bfloat16).state_dict()
@@ -255,7 +255,7 @@ def test_first_step_trainer_logprobs_match_engine(sglang_engine, small_qwen3_dir
 
 
 async def _sample(url, prompt):
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
 
     client = RolloutClient([url])
     out = await client.generate(
@@ -275,8 +275,8 @@ def test_weight_content_check_against_sglang_checksums(sglang_engine, small_qwen
     All of them (k = all), fused `qkv_proj` / `gate_up_proj` included, so a naming or fusing rule that SGLang does
     not follow fails here, not silently in a run.
     """
-    from slime_rollout.client import EngineClient
-    from slime_rollout.weight_check import PushChecksums, check_engines, engine_checksums
+    from slime_rollout.engines.client import EngineClient
+    from slime_rollout.weight_sync.check import PushChecksums, check_engines, engine_checksums
 
     _, group = sglang_engine
 

@@ -96,8 +96,8 @@ async def _greedy(client):
 def test_sglang_serves_base_and_synced_adapter(lora_engine):
     from peft import get_peft_model_state_dict
 
-    from slime_rollout.client import RolloutClient
-    from slime_rollout.lora_sync import LoraWeightUpdater
+    from slime_rollout.engines.client import RolloutClient
+    from slime_rollout.weight_sync.lora import LoraWeightUpdater
 
     args, group, model_dir = lora_engine
     url = group.urls[0]
@@ -153,10 +153,10 @@ def test_colocated_run_serves_the_trainers_initial_adapter(tmp_path, make_tiny_q
     test asserts that failure, so if SGLang ever keeps weights across a release without the backup it says so.
     """
     _needs_sglang_gpu()
-    import slime_rollout.engines.commands as commands
     import slime_rollout.engines.launch as launch
-    from slime_rollout.client import EngineClient, RolloutClient
-    from slime_rollout.lora_sync import LoraWeightUpdater
+    import slime_rollout.engines.launch.sglang as sglang_kind
+    from slime_rollout.engines.client import EngineClient, RolloutClient
+    from slime_rollout.weight_sync.lora import LoraWeightUpdater
 
     model_dir = _small_qwen3(make_tiny_qwen3, tmp_path / "model")
     config = {
@@ -170,7 +170,7 @@ def test_colocated_run_serves_the_trainers_initial_adapter(tmp_path, make_tiny_q
     if not _memory_saver_on_engine_side(args):
         pytest.skip("torch_memory_saver is not importable on the SGLang side (colocation needs it)")
     if not weights_backup:
-        monkeypatch.setattr(commands, "needs_weights_backup", lambda cfg, **_: False)
+        monkeypatch.setattr(sglang_kind, "needs_weights_backup", lambda cfg, **_: False)
     (tmp_path / "config.json").write_text(json.dumps(config))
     log_dir = os.environ.get("SLIME_TEST_LOG_DIR") or tmp_path / "logs"
     with launch.launch_engines(args, num_engines=1, gpus_per_engine=1, colocate=True, mem_fraction_static=0.3,

@@ -39,7 +39,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 def write_lora_adapter(model_dir: pathlib.Path, out: pathlib.Path, rank: int = 8) -> pathlib.Path:
     """A PEFT adapter for every linear layer of a Qwen3 checkpoint (random A and B, seed 0), via slime's writer."""
     from slime_core.lora import PEFT_PREFIX
-    from slime_rollout.lora_sync import write_adapter
+    from slime_rollout.weight_sync.lora import write_adapter
 
     config = json.loads((model_dir / "config.json").read_text())
     hidden, inter, head_dim = config["hidden_size"], config["intermediate_size"], config["head_dim"]
@@ -83,7 +83,7 @@ def vl_request(model_dir: pathlib.Path) -> dict:
 
     from PIL import Image, ImageDraw
 
-    from slime_rollout.multimodal import prepare_vision_prompt
+    from slime_rollout.data.multimodal import prepare_vision_prompt
 
     image = Image.new("RGB", (64, 64), (255, 255, 255))
     ImageDraw.Draw(image).ellipse([8, 8, 40, 40], fill=(220, 40, 40))
@@ -265,7 +265,7 @@ def test_record_and_diff_real_sglang(tmp_path_factory, make_tiny_qwen3):
     errors = {f"{s}/{c}": e["error"] for s, r in recordings.items() for c, e in r.items() if "error" in e}
     assert not errors, errors
     # Our checksum of the checkpoint's bytes equals SGLang's for every parameter it holds (fused ones included).
-    from slime_rollout.weight_check import PushChecksums
+    from slime_rollout.weight_sync.check import PushChecksums
 
     engine = recordings["text"]["weights_checker"]["reply"]["ranks"][0]["checksums"]
     ours = PushChecksums.from_checkpoint(model_dir, len(engine), seed=0, dtype=torch.bfloat16, engine_names=engine)

@@ -7,9 +7,9 @@ import pytest
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample
-from slime_rollout import generate as generate_mod
-from slime_rollout.generate import build_sampling_params
-from slime_rollout.top_p_replay import parse_top_p_sets
+from slime_rollout.generation import generate as generate_mod
+from slime_rollout.generation.generate import build_sampling_params
+from slime_rollout.generation.top_p_replay import parse_top_p_sets
 
 
 def _args(**kw):

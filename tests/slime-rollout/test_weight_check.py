@@ -13,11 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_rollout.client import EngineClient, RolloutClient
-from slime_rollout.transport import EngineError
-from slime_rollout.weight_check import PushChecksums, check_engines, engine_checksums, engine_weight_dtype
-from slime_rollout.weight_checksum import sglang_checksums, sglang_param_name, tensor_checksum
-from slime_rollout.weight_sync import TensorWeightUpdater
+from slime_rollout.engines.client import EngineClient, RolloutClient
+from slime_rollout.engines.transport import EngineError
+from slime_rollout.engines.weight_checksum import sglang_checksums, sglang_param_name, tensor_checksum
+from slime_rollout.weight_sync.check import PushChecksums, check_engines, engine_checksums, engine_weight_dtype
+from slime_rollout.weight_sync.updaters import TensorWeightUpdater
 
 # (input, SGLang's checksum): several tiles, a padded last word, several dtypes.
 KNOWN = [

@@ -10,9 +10,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from slime_core.config import SlimeArgs
-from slime_rollout.client import RolloutClient
+from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.process import find_free_port
-from slime_rollout.weight_sync import (
+from slime_rollout.weight_sync.updaters import (
     DiskWeightUpdater,
     DistributedWeightUpdater,
     TensorWeightUpdater,
@@ -202,7 +202,7 @@ def test_disk_tensor_and_distributed_updates_change_outputs(reference_engine, hf
 
 
 def test_bad_tensor_name_is_a_clear_error_and_the_engine_keeps_its_version(reference_engine, hf_state):
-    from slime_rollout.weight_sync import WeightPushError
+    from slime_rollout.weight_sync.updaters import WeightPushError
 
     url = reference_engine.urls[0]
     client = RolloutClient([url])
@@ -274,7 +274,7 @@ async def test_overlapping_pushes_to_one_engine_are_serialized_and_every_bucket_
 
 
 async def test_an_engine_failing_mid_push_is_dropped_and_named_and_the_others_complete(http_server):
-    from slime_rollout.weight_sync import WeightPushError
+    from slime_rollout.weight_sync.updaters import WeightPushError
 
     log = []
     good = await http_server(_versioned_engine(log, "good"))
@@ -301,9 +301,9 @@ async def test_an_engine_failing_mid_push_is_dropped_and_named_and_the_others_co
 def test_interleaved_pushes_from_two_writers_are_refused_by_the_reference_engine(reference_engine, hf_state):
     """Issue 27 #15: two processes pushing to one engine (no shared lock) interleave their buckets; the engine
     refuses the second push's bucket (and a whole-model load of its version) until the first push's fence."""
-    from slime_rollout.client import EngineClient
-    from slime_rollout.transport import EngineError
-    from slime_rollout.wire import serialize_named_tensors
+    from slime_rollout.engines.client import EngineClient
+    from slime_rollout.engines.transport import EngineError
+    from slime_rollout.engines.wire import serialize_named_tensors
 
     url = reference_engine.urls[0]
     engine = EngineClient(url)
@@ -370,7 +370,7 @@ async def test_two_updaters_interleaving_on_a_guarding_engine_fail_the_second_wi
     # A fake engine that guards as the reference engine does, and two updaters with separate locks (as two
     # processes would have): the second push's first bucket is refused and its push fails naming the engine.
     from slime_rollout.engines.reference.push_guard import PushGuard
-    from slime_rollout.weight_sync import WeightPushError
+    from slime_rollout.weight_sync.updaters import WeightPushError
 
     guard, first_bucket_landed, release = PushGuard(), asyncio.Event(), asyncio.Event()
     reported = {"version": "0"}
@@ -397,7 +397,7 @@ async def test_two_updaters_interleaving_on_a_guarding_engine_fail_the_second_wi
         TensorWeightUpdater(_cfg(), RolloutClient([url]), load_format=None).aupdate(_tagged_buckets("a", 2), "1")
     )
     await first_bucket_landed.wait()
-    import slime_rollout.weight_push as weight_push
+    import slime_rollout.weight_sync.push as weight_push
 
     weight_push._LOCKS.pop(url, None)  # writer B lives in another process: it does not share A's lock
     with pytest.raises(WeightPushError, match=r"refused a bucket of weight_version '2'.*interleaved"):

@@ -1,7 +1,7 @@
 """The weight-update wire format: request records, the named-tensor payload, the broadcast helpers.
 
 The trainer side (`weight_sync`, through `EngineClient`) and the engine side (the reference engine) both use
-`slime_rollout.wire`; these tests pin what goes over the wire, independently of either end.
+`slime_rollout.engines.wire`; these tests pin what goes over the wire, independently of either end.
 """
 
 import dataclasses
@@ -10,9 +10,10 @@ import types
 import pytest
 import torch
 
-from slime_rollout import weight_sync, wire
+from slime_rollout.engines import wire
 from slime_rollout.engines.process import find_free_port
-from slime_rollout.wire import deserialize_named_tensors, init_custom_process_group, serialize_named_tensors
+from slime_rollout.engines.wire import deserialize_named_tensors, init_custom_process_group, serialize_named_tensors
+from slime_rollout.weight_sync import updaters as weight_sync
 
 REQUESTS = [
     wire.UpdateWeightsFromDiskReq(model_path="/ckpt/weight_v000003", weight_version="3"),

@@ -113,9 +113,9 @@ def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(cpu_backend_e
     from transformers import AutoModelForCausalLM
 
     from slime_convert.mapping import mcore_to_hf
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
     from slime_rollout.engines.launch import launch_engines
-    from slime_rollout.weight_sync import TensorWeightUpdater
+    from slime_rollout.weight_sync.updaters import TensorWeightUpdater
 
     # The full Qwen3 vocab: the engine's health check generates from real token ids.
     hf_dir = make_tiny_qwen3(tmp_path / "hf")

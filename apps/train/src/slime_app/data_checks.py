@@ -1,7 +1,7 @@
 """Row checks of the prompt data that preflight runs before anything starts (`check_prompt_rows`).
 
 Each bad row is one error naming the flag, the file and where the row is in the file (its JSONL line, 1-based with
-blank lines counted; its Parquet row index, 0-based; see `slime_rollout.data_source.PromptRows`), so a
+blank lines counted; its Parquet row index, 0-based; see `slime_rollout.data.source.PromptRows`), so a
 run never discovers a missing key, an empty prompt or a null label in the middle of its rollouts.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_core.config import SlimeArgs
-from slime_rollout.data_source import PromptRows
+from slime_rollout.data.source import PromptRows
 
 __all__ = ["LABEL_GRADERS", "check_prompt_rows"]
 

@@ -148,9 +148,9 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
     """Loads the tokenizer and renders the first training prompt as the data source / SFT rollout will."""
     if not (cfg.hf_checkpoint and cfg.prompt_data) or cfg.load_debug_rollout_data:
         return []
-    from slime_rollout.data_source import get_tokenizer, load_prompt_rows, rows_to_samples
+    from slime_rollout.data.sft import ChatLossMask, generate_sft_rollout
+    from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
     from slime_rollout.plugins import load_function
-    from slime_rollout.sft import ChatLossMask, generate_sft_rollout
 
     tokenizer = get_tokenizer(cfg.hf_checkpoint)
     rows = load_prompt_rows(cfg.prompt_data).head(1)

@@ -20,10 +20,10 @@ import logging
 from typing import Any
 
 from slime_core.config import SlimeArgs
-from slime_rollout import async_utils
-from slime_rollout.client import EngineClient
-from slime_rollout.engine_pool import EngineState
+from slime_rollout.engines.client import EngineClient
 from slime_rollout.engines.health import HealthMonitor
+from slime_rollout.engines.pool import EngineState
+from slime_rollout.runtime import async_utils
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 rollout and cumulative, `goodput/cum/*`) that go to TensorBoard / W&B; `summary` is the one-screen report at
 the end of the run. Its sources:
 
-* tokens: `goodput/tokens_*` from the rollout (`slime_rollout.goodput`: generated, filtered, aborted, surplus,
+* tokens: `goodput/tokens_*` from the rollout (`slime_rollout.runtime.goodput`: generated, filtered, aborted, surplus,
   unscheduled, truncated) and from the trainer (`slime_core.goodput`: trained = non-zero advantage and loss
   mask, zero advantage);
 * time (wall seconds of the driver): `perf/rollout_wait_time` (waiting for samples: all of the generation in

@@ -14,8 +14,8 @@ logger = logging.getLogger(__name__)
 
 def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
     from slime_app.data_checks import check_prompt_rows
-    from slime_rollout import multimodal
-    from slime_rollout.data_source import load_prompt_rows
+    from slime_rollout.data import multimodal
+    from slime_rollout.data.source import load_prompt_rows
 
     try:
         located = load_prompt_rows(spec)

@@ -122,15 +122,15 @@ CRITIC_BACKENDS = Registry(
 )
 
 #: `--weight-sync` (after validation resolved `auto`): `factory(cfg, client)` returning an object with
-#: `update(buckets, weight_version)`; `client` is a `slime_rollout.client.RolloutClient` of the engines.
+#: `update(buckets, weight_version)`; `client` is a `slime_rollout.engines.client.RolloutClient` of the engines.
 WEIGHT_UPDATERS = Registry(
     "slime.weight_updaters",
     flag="--weight-sync",
     kind="transport",
     builtins={
-        "tensor": "slime_rollout.weight_sync:TensorWeightUpdater",
-        "disk": "slime_rollout.weight_sync:DiskWeightUpdater",
+        "tensor": "slime_rollout.weight_sync.updaters:TensorWeightUpdater",
+        "disk": "slime_rollout.weight_sync.updaters:DiskWeightUpdater",
         "distributed": "slime_app.weights:distributed_weight_updater",
-        "lora": "slime_rollout.lora_sync:LoraWeightUpdater",
+        "lora": "slime_rollout.weight_sync.lora:LoraWeightUpdater",
     },
 )

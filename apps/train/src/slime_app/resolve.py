@@ -34,7 +34,7 @@ def resolve_config(cfg: SlimeArgs, *, convert: bool = True) -> tuple[SlimeArgs, 
     updates: dict[str, object] = {}
     notes: list[str] = []
     if cfg.num_rollout is None:
-        from slime_rollout.data_source import count_prompts
+        from slime_rollout.data.source import count_prompts
 
         prompts = count_prompts(PluginArgs.from_config(cfg))
         per_epoch = prompts // cfg.rollout_batch_size

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 
 from slime_core.config import SlimeArgs
-from slime_rollout.weight_push import WeightPushError
+from slime_rollout.weight_sync.push import WeightPushError
 
 logger = logging.getLogger(__name__)
 

@@ -93,7 +93,7 @@ def plugin_args(cfg: SlimeArgs, addresses: EngineAddresses) -> PluginArgs:
     engines were registered with (`--sglang-router-ip` / `--sglang-router-port`); with one engine and no
     router, that engine (original custom generate functions post to
     `http://{sglang_router_ip}:{sglang_router_port}/generate`, which an engine serves too). With several
-    engines and no router it stays None: custom code should use `slime_rollout.client.get_client(args)`,
+    engines and no router it stays None: custom code should use `slime_rollout.engines.client.get_client(args)`,
     which spreads requests over the engines (or start a router with `--use-sglang-router`).
 
     Args:
@@ -114,7 +114,7 @@ def plugin_args(cfg: SlimeArgs, addresses: EngineAddresses) -> PluginArgs:
         elif len(urls) > 1 and cfg.custom_generate_function_path:
             logger.warning(
                 "%d engines and no router: args.sglang_router_ip/port are None in %s; use "
-                "slime_rollout.client.get_client(args).generate(payload) or --use-sglang-router",
+                "slime_rollout.engines.client.get_client(args).generate(payload) or --use-sglang-router",
                 len(urls),
                 cfg.custom_generate_function_path,
             )
@@ -126,7 +126,7 @@ def goodput_fates(samples: list[Any], batches: list[Any], metrics: dict[str, flo
 
     A custom rollout function reports no buckets: its accepted samples then count as all that was generated.
     """
-    from slime_rollout.goodput import batch_token_fates, rollout_token_fates
+    from slime_rollout.runtime.goodput import batch_token_fates, rollout_token_fates
 
     out = {} if "goodput/tokens_generated" in metrics else rollout_token_fates(samples, {})
     out.update(batch_token_fates(samples, [float(sum(float(m.sum()) for m in b.loss_masks)) for b in batches]))
@@ -134,7 +134,7 @@ def goodput_fates(samples: list[Any], batches: list[Any], metrics: dict[str, flo
 
 
 def check_chat_template(cfg: SlimeArgs, samples: list[Any], left: int) -> tuple[dict[str, float], int]:
-    """Checks a run's first multi-turn samples against the chat template (`slime_rollout.template_check`).
+    """Checks a run's first multi-turn samples against the chat template (`slime_rollout.generation.template_check`).
 
     Args:
         cfg: the run config (`hf_checkpoint`: the tokenizer).
@@ -145,8 +145,8 @@ def check_chat_template(cfg: SlimeArgs, samples: list[Any], left: int) -> tuple[
         The `rollout/chat_template/*` metrics and the samples left to check; a rollout without recorded
         conversations (a single-turn run) ends the checks (0 left).
     """
-    from slime_rollout.data_source import get_tokenizer
-    from slime_rollout.template_check import check_samples
+    from slime_rollout.data.source import get_tokenizer
+    from slime_rollout.generation.template_check import check_samples
 
     out = check_samples(get_tokenizer(cfg.hf_checkpoint), samples, left)
     return out, (left - int(out.get("rollout/chat_template/checked", 0)) if out else 0)
@@ -183,9 +183,9 @@ class RolloutManager:
 
     def start(self) -> list[str]:
         """Launches (or attaches to external) engines and builds the data source; returns the engine URLs."""
-        from slime_rollout.client import get_client
-        from slime_rollout.plugin_http import init_http_client
-        from slime_rollout.rollout import create_data_source
+        from slime_rollout.engines.client import get_client
+        from slime_rollout.engines.plugin_http import init_http_client
+        from slime_rollout.generation.rollout import create_data_source
 
         cfg = self.cfg
         no_engines = cfg.debug_train_only or cfg.load_debug_rollout_data
@@ -234,7 +234,7 @@ class RolloutManager:
     def generate(self, rollout_id: int) -> tuple[list[ray.ObjectRef], dict[str, float]]:
         """Runs one training rollout; returns per-DP-rank batch refs and `rollout/*`, `perf/*` metrics."""
         from slime_core.train_data import build_rollout_batches
-        from slime_rollout.rollout import run_rollout
+        from slime_rollout.generation.rollout import run_rollout
 
         args = self.args
         t0 = time.perf_counter()
@@ -262,7 +262,7 @@ class RolloutManager:
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Runs the eval datasets; returns `eval/*` metrics."""
-        from slime_rollout.rollout import run_rollout
+        from slime_rollout.generation.rollout import run_rollout
 
         t0 = time.perf_counter()
         with self._monitored():
@@ -330,7 +330,7 @@ class RolloutManager:
                 self.offloaded = False
 
     def _broadcast(self, method: str, **kwargs: Any) -> None:
-        from slime_rollout.async_utils import run
+        from slime_rollout.runtime.async_utils import run
 
         run(self.client.broadcast(method, **kwargs))
 

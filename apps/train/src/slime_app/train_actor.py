@@ -330,7 +330,7 @@ class TrainGroup:
         Raises:
             slime_app.guards.RunStopped: the weight-content check found other values on an engine.
         """
-        from slime_rollout.weight_check import WeightSyncMismatch
+        from slime_rollout.weight_sync.check import WeightSyncMismatch
 
         try:
             return self._all("update_weights", weight_version, engine_urls)[0]

@@ -32,7 +32,7 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
     """
     if rank != 0 or not engine_urls:
         return None
-    from slime_rollout.client import RolloutClient
+    from slime_rollout.engines.client import RolloutClient
 
     if cfg.weight_sync == "tensor":
         import ray
@@ -65,7 +65,7 @@ def release_weight_updater(updater: Any) -> None:
     """Tears down an updater's engine connection (the broadcast group), tolerating engines that are gone."""
     if updater is None or not hasattr(updater, "adisconnect"):
         return
-    from slime_rollout.weight_sync import run_sync
+    from slime_rollout.weight_sync.updaters import run_sync
 
     try:
         run_sync(updater.adisconnect())
@@ -80,13 +80,13 @@ def distributed_weight_updater(cfg: SlimeArgs, client: Any) -> Any:
 
     Args:
         cfg: the run config.
-        client: a `slime_rollout.client.RolloutClient` of the engines that join the group.
+        client: a `slime_rollout.engines.client.RolloutClient` of the engines that join the group.
     """
     import ray
     import torch
 
     from slime_app.cluster import free_port
-    from slime_rollout.weight_sync import DistributedWeightUpdater
+    from slime_rollout.weight_sync.updaters import DistributedWeightUpdater
 
     return DistributedWeightUpdater(
         cfg,
@@ -98,11 +98,11 @@ def distributed_weight_updater(cfg: SlimeArgs, client: Any) -> Any:
 
 
 class SyncChecker:
-    """Rank 0's weight-content check (`slime_rollout.weight_check`): on the first sync and every N after it.
+    """Rank 0's weight-content check (`slime_rollout.weight_sync.check`): on the first sync and every N after it.
 
     Args:
         cfg: reads `check_weight_sync_interval` (N; 0: the first sync only), `check_weight_sync_tensors`, `seed`,
-            and what `slime_rollout.weight_check.engine_weight_dtype` reads.
+            and what `slime_rollout.weight_sync.check.engine_weight_dtype` reads.
         engine_urls: the engines to check.
     """
 
@@ -113,7 +113,7 @@ class SyncChecker:
         self._engine_names: set[str] | None = None  # what the first engine holds: asked once, it never changes
 
     def _engines(self) -> list[Any]:
-        from slime_rollout.client import EngineClient
+        from slime_rollout.engines.client import EngineClient
 
         return [EngineClient(url, timeout=120.0) for url in self.engine_urls]
 
@@ -123,8 +123,8 @@ class SyncChecker:
         The first engine's parameter names are read before the first checked push (and kept), so that only tensors
         it holds are drawn.
         """
-        from slime_rollout.weight_check import PushChecksums, engine_checksums, engine_weight_dtype
-        from slime_rollout.weight_sync import run_sync
+        from slime_rollout.weight_sync.check import PushChecksums, engine_checksums, engine_weight_dtype
+        from slime_rollout.weight_sync.updaters import run_sync
 
         index, self.num_syncs = self.num_syncs, self.num_syncs + 1
         interval = self.cfg.check_weight_sync_interval
@@ -153,11 +153,11 @@ class SyncChecker:
         """Compares every engine's checksums with the pushed ones; returns `weight_check/*` and its time.
 
         Raises:
-            slime_rollout.weight_check.WeightSyncMismatch: an engine holds other values (names engine and tensor).
-            slime_rollout.weight_check.WeightCheckEmpty: no tensor could be compared (the check would prove nothing).
+            slime_rollout.weight_sync.check.WeightSyncMismatch: an engine holds other values (names engine and tensor).
+            slime_rollout.weight_sync.check.WeightCheckEmpty: no tensor could be compared (the check proves nothing).
         """
-        from slime_rollout.weight_check import WeightCheckEmpty, WeightSyncMismatch, check_engines
-        from slime_rollout.weight_sync import run_sync
+        from slime_rollout.weight_sync.check import WeightCheckEmpty, WeightSyncMismatch, check_engines
+        from slime_rollout.weight_sync.updaters import run_sync
 
         t0 = time.perf_counter()
 
@@ -215,7 +215,7 @@ def push_weights(
             tensors is read back from the engines afterwards (`weight_check/*`, `perf/weight_check_time`).
 
     Raises:
-        slime_rollout.weight_check.WeightSyncMismatch: the check found other values on an engine.
+        slime_rollout.weight_sync.check.WeightSyncMismatch: the check found other values on an engine.
     """
     sample = checker.start() if checker is not None else None
     t0 = time.perf_counter()

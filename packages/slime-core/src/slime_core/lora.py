@@ -5,7 +5,7 @@ An adapter directory holds `adapter_config.json` and `adapter_model.safetensors`
 `<module>` being the Hugging Face name of the adapted linear layer (`model.layers.0.self_attn.q_proj`). The
 adapted layer computes `W x + (alpha / r) · B A x` (Hu et al. 2021, "LoRA", eq. 3). PEFT loads it
 (`PeftModel.from_pretrained`), SGLang serves it (`/load_lora_adapter`, `--lora-paths`), and the reference engine
-reads the same files. The trainer (`slime_train_fsdp.lora`) writes it; `slime_rollout.lora_sync` ships it.
+reads the same files. The trainer (`slime_train_fsdp.lora`) writes it; `slime_rollout.weight_sync.lora` ships it.
 """
 
 from __future__ import annotations

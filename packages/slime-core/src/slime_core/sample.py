@@ -139,7 +139,7 @@ class Sample:
         custom_rm_path: per-sample override of `--custom-rm-path` (eval datasets).
         apply_chat_template_kwargs: per-sample chat-template kwargs (original field; prompts arrive rendered).
         multimodal_inputs: raw media of the prompt, `{"images": [image, ...]}` in placeholder order; an image is
-            a file path or a `data:image/...;base64,` URI (`slime_rollout.multimodal` normalizes dataset values).
+            a file path or a `data:image/...;base64,` URI (`slime_rollout.data.multimodal` normalizes dataset values).
             None for text-only prompts.
         multimodal_train_inputs: the processor's vision tensors for the trainer's forward, e.g.
             `{"pixel_values": [P, C*T*p*p] float32, "image_grid_thw": [num_images, 3] int64}` (`P` patches over

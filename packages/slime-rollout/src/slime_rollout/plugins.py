@@ -18,23 +18,40 @@ from slime_core.plugins import load_function as _core_load_function
 __all__ = ["ORIGINAL_PATH_ALIASES", "accepts_kwarg", "call_maybe_async", "load_function"]
 
 ORIGINAL_PATH_ALIASES: dict[str, str] = {
-    "slime.rollout.sglang_rollout.generate_rollout": "slime_rollout.rollout.generate_rollout",
-    "slime.rollout.sglang_rollout.generate": "slime_rollout.generate.generate",
-    "slime.rollout.sglang_rollout.eval_rollout": "slime_rollout.eval.eval_rollout",
-    "slime.rollout.data_source.RolloutDataSourceWithBuffer": "slime_rollout.data_source.RolloutDataSourceWithBuffer",
-    "slime.rollout.data_source.RolloutDataSource": "slime_rollout.data_source.RolloutDataSource",
+    "slime.rollout.sglang_rollout.generate_rollout": "slime_rollout.generation.rollout.generate_rollout",
+    "slime.rollout.sglang_rollout.generate": "slime_rollout.generation.generate.generate",
+    "slime.rollout.sglang_rollout.eval_rollout": "slime_rollout.generation.eval.eval_rollout",
+    "slime.rollout.data_source.RolloutDataSourceWithBuffer": "slime_rollout.data.source.RolloutDataSourceWithBuffer",
+    "slime.rollout.data_source.RolloutDataSource": "slime_rollout.data.source.RolloutDataSource",
     "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std": (
-        "slime_rollout.filters.check_reward_nonzero_std"
+        "slime_rollout.generation.filters.check_reward_nonzero_std"
     ),
     "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback": (
-        "slime_rollout.filters.check_reward_nonzero_std_with_fallback"
+        "slime_rollout.generation.filters.check_reward_nonzero_std_with_fallback"
     ),
     "slime.rollout.rm_hub.async_rm": "slime_rollout.rewards.async_rm",
     "slime.rollout.rm_hub.batched_async_rm": "slime_rollout.rewards.batched_async_rm",
-    "slime.rollout.sft_rollout.generate_rollout": "slime_rollout.sft.generate_sft_rollout",
-    "slime.rollout.on_policy_distillation.reward_func": "slime_rollout.opd.reward_func",
-    "slime.rollout.on_policy_distillation.post_process_rewards": "slime_rollout.opd.post_process_rewards",
+    "slime.rollout.sft_rollout.generate_rollout": "slime_rollout.data.sft.generate_sft_rollout",
+    "slime.rollout.on_policy_distillation.reward_func": "slime_rollout.generation.opd.reward_func",
+    "slime.rollout.on_policy_distillation.post_process_rewards": "slime_rollout.generation.opd.post_process_rewards",
 }
+# This package's plugin paths before its modules moved into sub-packages (issue 28): earlier defaults of
+# --rollout-function-path / --data-source-path, kept in saved run configs and users' scripts.
+FLAT_PATH_ALIASES: dict[str, str] = {
+    "slime_rollout.rollout.generate_rollout": "slime_rollout.generation.rollout.generate_rollout",
+    "slime_rollout.generate.generate": "slime_rollout.generation.generate.generate",
+    "slime_rollout.eval.eval_rollout": "slime_rollout.generation.eval.eval_rollout",
+    "slime_rollout.data_source.RolloutDataSourceWithBuffer": "slime_rollout.data.source.RolloutDataSourceWithBuffer",
+    "slime_rollout.data_source.RolloutDataSource": "slime_rollout.data.source.RolloutDataSource",
+    "slime_rollout.filters.check_reward_nonzero_std": "slime_rollout.generation.filters.check_reward_nonzero_std",
+    "slime_rollout.filters.check_reward_nonzero_std_with_fallback": (
+        "slime_rollout.generation.filters.check_reward_nonzero_std_with_fallback"
+    ),
+    "slime_rollout.sft.generate_sft_rollout": "slime_rollout.data.sft.generate_sft_rollout",
+    "slime_rollout.opd.reward_func": "slime_rollout.generation.opd.reward_func",
+    "slime_rollout.opd.post_process_rewards": "slime_rollout.generation.opd.post_process_rewards",
+}
+ORIGINAL_PATH_ALIASES.update(FLAT_PATH_ALIASES)
 PATH_ALIASES.update(ORIGINAL_PATH_ALIASES)  # also for paths slime-core loads (--custom-reward-post-process-path)
 
 

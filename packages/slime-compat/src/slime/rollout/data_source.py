@@ -7,6 +7,6 @@
 """
 
 from slime_core.protocols import DataSource
-from slime_rollout.data_source import RolloutDataSource, RolloutDataSourceWithBuffer
+from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer
 
 __all__ = ["DataSource", "RolloutDataSource", "RolloutDataSourceWithBuffer"]

@@ -1,8 +1,8 @@
 """`slime.rollout.sglang_rollout`: the default rollout and its building blocks (original module path).
 
 `generate_rollout` (the default `--rollout-function-path`) and `generate` (the default generate function)
-are this project's (`slime_rollout.rollout`, `slime_rollout.generate`). `GenerateState` and the
-`generate_and_rm*` functions are adapters with the original's signatures over `slime_rollout.group_rollout`,
+are this project's (`slime_rollout.generation.rollout`, `slime_rollout.generation.generate`). `GenerateState` and the
+`generate_and_rm*` functions are adapters with the original's signatures over `slime_rollout.generation.group_rollout`,
 for custom rollout functions that schedule groups themselves and custom generate functions that read
 `GenerateState(args).tokenizer` / `.sampling_params`.
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 from slime.utils.misc import SingletonMeta
 from slime_core.sample import Sample
-from slime_rollout import group_rollout
-from slime_rollout.data_source import get_tokenizer
-from slime_rollout.eval import eval_rollout_async
-from slime_rollout.generate import build_sampling_params, generate
-from slime_rollout.group_rollout import RolloutState, num_engines
-from slime_rollout.rollout import generate_rollout, generate_rollout_async
+from slime_rollout.data.source import get_tokenizer
+from slime_rollout.generation import group_rollout
+from slime_rollout.generation.eval import eval_rollout_async
+from slime_rollout.generation.generate import build_sampling_params, generate
+from slime_rollout.generation.group_rollout import RolloutState, num_engines
+from slime_rollout.generation.rollout import generate_rollout, generate_rollout_async
 
 __all__ = [
     "GenerateState",
@@ -86,7 +86,7 @@ class GenerateState(metaclass=SingletonMeta):
             state.aborted = bool(value)
 
     def state(self, evaluation: bool = False) -> RolloutState:
-        """The `slime_rollout.group_rollout.RolloutState` this object stands for."""
+        """The `slime_rollout.generation.group_rollout.RolloutState` this object stands for."""
         return self._states[evaluation]
 
     @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """`slime.utils.async_utils`: `run(coro)` on the rollout's background event loop (original module path)."""
 
-from slime_rollout.async_utils import run
+from slime_rollout.runtime.async_utils import run
 
 __all__ = ["run"]

@@ -1,7 +1,7 @@
 """`slime.utils.http_utils`: `post` / `get` for custom generate functions (original module path).
 
 `post(url, payload, max_retries=60, headers=None)` retries any failure up to `max_retries` attempts, one
-second apart, and returns the decoded JSON (see `slime_rollout.plugin_http`). The port helpers are the
+second apart, and returns the decoded JSON (see `slime_rollout.engines.plugin_http`). The port helpers are the
 original's: `is_port_available`, `find_available_port`, `get_host_info`.
 """
 
@@ -11,7 +11,7 @@ import os
 import random
 import socket
 
-from slime_rollout.plugin_http import get, init_http_client, post
+from slime_rollout.engines.plugin_http import get, init_http_client, post
 
 __all__ = ["find_available_port", "get", "get_host_info", "init_http_client", "is_port_available", "post"]
 

@@ -1,6 +1,6 @@
 """`slime.utils.processing_utils`: tokenizer/processor loading and the image helpers of the original's VLM plugins.
 
-Adapters over `slime_rollout.multimodal` with the original's signatures (THUDM/slime
+Adapters over `slime_rollout.data.multimodal` with the original's signatures (THUDM/slime
 `slime/utils/processing_utils.py`). Images are supported (Qwen-VL processors); an image may be a `PIL.Image` (as
 the original's plugins pass) or any form `Sample.multimodal_inputs` or a dataset holds (path, `data:` URI, base64,
 bytes). Videos and audio are not implemented and fail with one line. No image is fetched over the network.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from slime_rollout import multimodal
+from slime_rollout.data import multimodal
 
 __all__ = [
     "build_processor_kwargs",
@@ -23,7 +23,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_NO_VIDEO = "videos are not implemented in this version (images only: slime_rollout.multimodal)"
+_NO_VIDEO = "videos are not implemented in this version (images only: slime_rollout.data.multimodal)"
 # Media keys of the original's processor kwargs that this version cannot process.
 _UNSUPPORTED_MEDIA = ("videos", "audio", "audios")
 
@@ -38,7 +38,7 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
 def load_processor(name_or_path: str, **kwargs: Any) -> Any | None:
     """The checkpoint's vision-language processor, or None (text-only checkpoint, or none loadable), as the original.
 
-    Without `kwargs` this is the framework's cached `slime_rollout.multimodal.get_processor`.
+    Without `kwargs` this is the framework's cached `slime_rollout.data.multimodal.get_processor`.
     """
     try:
         if not kwargs:
@@ -127,7 +127,7 @@ def process_vision_info(prompt: Any, processor: Any) -> dict[str, Any]:
 
     As the original (qwen_vl_utils' `process_vision_info` with the processor's patch size): each image content part
     becomes an RGB `PIL.Image` at a multiple of patch size × merge size, here the exact size the processor's own
-    image processor picks (`slime_rollout.multimodal.resize_to_processor`), so processing it again leaves it as is.
+    image processor picks (`slime_rollout.data.multimodal.resize_to_processor`), so processing it again leaves it as is.
 
     Args:
         prompt: chat messages whose `content` may be a list of parts; a string prompt has no images.

@@ -101,8 +101,9 @@ class DebugArgs(ArgsGroup):
 class HealthArgs(ArgsGroup):
     """Run-health checks: weight-sync content, the first-step log-prob gate, chat-template conformance, instability.
 
-    The weight check is `slime_rollout.weight_check`, the template check `slime_rollout.template_check`; the
-    instability rules live in `slime_app.instability` (a threshold of 0 turns its rule off).
+    The weight check is `slime_rollout.weight_sync.check`, the template check
+    `slime_rollout.generation.template_check`; the instability rules live in `slime_app.instability` (a threshold of 0
+    turns its rule off).
     """
 
     first_step_logprob_diff_threshold: float = arg(

@@ -17,7 +17,8 @@ class RolloutArgs(ArgsGroup):
     hf_checkpoint: str | None = arg(None, "Hugging Face model directory (engines, tokenizer, FSDP weights).")
     model_name: str | None = arg(None, "Model family name for weight conversion (default: from the HF config).")
     rollout_function_path: str = arg(
-        "slime_rollout.rollout.generate_rollout", "Import path of the rollout function (args, rollout_id, data_source)."
+        "slime_rollout.generation.rollout.generate_rollout",
+        "Import path of the rollout function (args, rollout_id, data_source).",
     )
     rollout_batch_size: int = arg(..., "Number of prompts per rollout.", ge=1)
     n_samples_per_prompt: int = arg(1, "Number of responses generated per prompt.", ge=1)
@@ -88,7 +89,7 @@ class DataArgs(ArgsGroup):
     )
     disable_rollout_global_dataset: bool = arg(False, "No prompt dataset; custom generate functions make prompts.")
     data_source_path: str = arg(
-        "slime_rollout.data_source.RolloutDataSourceWithBuffer", "Import path of the data source class."
+        "slime_rollout.data.source.RolloutDataSourceWithBuffer", "Import path of the data source class."
     )
     prompt_data: str | None = arg(None, "Prompt dataset (.jsonl or .parquet, optional path@[start:end] slice).")
     rollout_shuffle: bool = arg(False, "Shuffle the prompt dataset every epoch (seed: --rollout-seed + epoch).")
@@ -172,5 +173,5 @@ class MultiTurnArgs(ArgsGroup):
     max_turns: int = arg(1, "Maximum model turns per trajectory in multi-turn rollouts.", ge=1)
     env_path: str | None = arg(None, "Import path (or entry-point name) of the multi-turn environment.")
     loss_mask_type: Literal["qwen", "qwen3", "qwen3_5", "distill_qwen"] = arg(
-        "qwen", "Chat format of the SFT loss masks (slime_rollout.sft): qwen, qwen3, qwen3_5 or distill_qwen."
+        "qwen", "Chat format of the SFT loss masks (slime_rollout.data.sft): qwen, qwen3, qwen3_5 or distill_qwen."
     )

@@ -1,7 +1,7 @@
 """The SGLang server flags slime sets itself, and the check that no `--sglang-*` pass-through flag reaches them.
 
 slime launches each engine with `--model-path`, `--tp-size` (= `--rollout-num-gpus-per-engine`), `--port`, ... and
-appends the `--sglang-*` flags after them (`slime_rollout.engines.commands`). SGLang parses that command line with
+appends the `--sglang-*` flags after them (`slime_rollout.engines.launch.sglang`). SGLang parses that command line with
 argparse, where the last value wins and an option may be given by any other option string of the same field (an
 alias) or by an unambiguous prefix (argparse's `allow_abbrev`, on in SGLang 0.5.16). So `--sglang-tp 4` or
 `--sglang-tensor-parallel-size 4` would silently override the engine size slime planned its GPUs for.
@@ -19,7 +19,7 @@ from slime_core.config.base import ConfigError
 
 __all__ = ["MANAGED_SGLANG_FIELDS", "SGLANG_FIELD_ALIASES", "check_managed_sglang_flags", "managed_sglang_field"]
 
-# ServerArgs fields slime computes itself (slime_rollout.engines.commands.build_sglang_command).
+# ServerArgs fields slime computes itself (slime_rollout.engines.launch.sglang.build_sglang_command).
 MANAGED_SGLANG_FIELDS = frozenset(
     {
         "model_path",

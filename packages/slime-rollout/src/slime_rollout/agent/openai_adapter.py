@@ -43,9 +43,9 @@ from slime_rollout.agent.openai_wire import (
 )
 from slime_rollout.agent.output_parsing import REASONING_PARSERS, TOOL_PARSERS, parse_output
 from slime_rollout.agent.trajectory import AgentSession, TurnRecord
-from slime_rollout.client import EngineClient
-from slime_rollout.seeds import continuation_seed
-from slime_rollout.transport import EngineError
+from slime_rollout.engines.client import EngineClient
+from slime_rollout.engines.transport import EngineError
+from slime_rollout.generation.seeds import continuation_seed
 
 __all__ = ["OpenAIAdapter"]
 
@@ -82,7 +82,7 @@ class OpenAIAdapter:
 
     Args:
         tokenizer: the served model's tokenizer, or its path (`--hf-checkpoint`).
-        client: the engine client (`slime_rollout.generate.get_client(args)`: router or engine pool, with the
+        client: the engine client (`slime_rollout.generation.generate.get_client(args)`: router or engine pool, with the
             run's deadlines); anything with `async generate(payload) -> SGLang reply`.
         sglang_url: an engine or router base URL instead of `client` (the original's argument).
         tool_parser: tool-call format of the model output; None or one of `TOOL_PARSERS` (all Qwen/Hermes
@@ -120,7 +120,7 @@ class OpenAIAdapter:
                 f"OpenAIAdapter: reasoning_parser {reasoning_parser!r} is not supported; one of {REASONING_PARSERS}"
             )
         if isinstance(tokenizer, str):
-            from slime_rollout.data_source import get_tokenizer
+            from slime_rollout.data.source import get_tokenizer
 
             tokenizer = get_tokenizer(tokenizer)
         self.tokenizer = tokenizer

@@ -10,7 +10,7 @@ branch, the exact stream it sent and got back::
 
 A call whose messages start with a branch's messages up to one of its assistant turns continues from that
 turn's tokens: only the new messages (tool results, user turns) are rendered, by the chat template's own
-wrapper (`slime_rollout.template_check.render_continuation`), and tokenized. Continuing from the last turn
+wrapper (`slime_rollout.generation.template_check.render_continuation`), and tokenized. Continuing from the last turn
 extends the branch; from an earlier one (the agent retried or edited its history) forks a new branch that
 carries the shared turns as masked context, so each generated turn is trained once. A call that matches no
 branch starts a new one from the chat template. Each branch becomes one `Sample`.
@@ -31,7 +31,7 @@ from typing import Any
 
 from slime_core.sample import Sample, Status
 from slime_rollout.agent.openai_wire import ChatRequest, match_key
-from slime_rollout.template_check import CONVERSATION_KEY, record_segment, render_continuation
+from slime_rollout.generation.template_check import CONVERSATION_KEY, record_segment, render_continuation
 
 __all__ = ["AgentSession", "Plan", "TurnRecord"]
 

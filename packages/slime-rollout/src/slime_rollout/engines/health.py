@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from slime_rollout.engine_pool import EnginePool, EngineState
+from slime_rollout.engines.pool import EnginePool, EngineState
 
 __all__ = ["HealthMonitor"]
 
@@ -36,7 +36,7 @@ class HealthMonitor:
     """Checks the engines of `pool` and recovers the failed ones.
 
     Args:
-        pool: the engines' serving state (`slime_rollout.engine_pool.EnginePool`).
+        pool: the engines' serving state (`slime_rollout.engines.pool.EnginePool`).
         interval_s: seconds between checks (`--rollout-health-check-interval`).
         timeout_s: seconds one `/health_generate` may take (`--rollout-health-check-timeout`).
         first_wait_s: seconds to wait after each `resume` before the first check (`--rollout-health-check-first-wait`).

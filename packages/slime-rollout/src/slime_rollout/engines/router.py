@@ -3,7 +3,7 @@
 When the `sglang-router` package is installed (`slime-rollout[router]`) and asked for, `start_router`
 launches `python -m sglang_router.launch_router` and engines are registered with `POST /workers
 {"url", "worker_type"}` (the gateway's worker API; older routers' `POST /add_worker?url=` is the fallback).
-Without a router, `slime_rollout.client.RolloutClient` dispatches requests itself (least outstanding).
+Without a router, `slime_rollout.engines.client.RolloutClient` dispatches requests itself (least outstanding).
 """
 
 from __future__ import annotations

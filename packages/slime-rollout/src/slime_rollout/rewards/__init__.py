@@ -32,7 +32,6 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample
-from slime_rollout.deadlines import DeadlineExceeded, call_plugin_with_deadline
 from slime_rollout.plugins import load_function
 from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward, describe_raised
 from slime_rollout.rewards.dapo import dapo_reward
@@ -41,6 +40,7 @@ from slime_rollout.rewards.gpqa import gpqa_reward
 from slime_rollout.rewards.math import deepscaler_reward, deepscaler_reward_async, math_reward, math_reward_async
 from slime_rollout.rewards.math_utils import single_final_answer
 from slime_rollout.rewards.remote import remote_reward
+from slime_rollout.runtime.deadlines import DeadlineExceeded, call_plugin_with_deadline
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs

@@ -5,7 +5,7 @@ a float (`10**400`), None or any other type would otherwise surface later as a b
 `OverflowError` in training, or a broken advantage; here it is an error naming the reward function and the sample.
 The numbers of a dict are checked however deeply they are nested (`{"score": {"x": nan}}`, a list of scores), since
 `--reward-key` may pick any of them. So is an exception the function raises (`SystemExit` included: see
-`slime_rollout.deadlines.PluginExit`), and a call that runs past its deadline (`--rm-timeout-secs`; warned about
+`slime_rollout.runtime.deadlines.PluginExit`), and a call that runs past its deadline (`--rm-timeout-secs`; warned about
 every `--slow-call-warning-secs` while it runs).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slime_core.sample import Sample
-from slime_rollout.deadlines import DeadlineExceeded, PluginExit, call_plugin_with_deadline
+from slime_rollout.runtime.deadlines import DeadlineExceeded, PluginExit, call_plugin_with_deadline
 
 __all__ = [
     "DEFAULT_RM_TIMEOUT_S",
@@ -114,7 +114,7 @@ async def call_reward_plugin(
     """Calls a (sync or async) reward function under a deadline; what goes wrong is one error naming it and the sample.
 
     A sync function runs in a worker thread, so one that never returns cannot block the event loop
-    (`slime_rollout.deadlines`); a warning every `warn_every_s` seconds says it is still running.
+    (`slime_rollout.runtime.deadlines`); a warning every `warn_every_s` seconds says it is still running.
 
     Args:
         fn: the reward function.

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slime_core.protocols import DynamicFilterOutput
-from slime_rollout.filters import normalize_filter_output
+from slime_rollout.generation.filters import normalize_filter_output
 
 __all__ = ["DynamicFilterOutput", "call_dynamic_filter"]
 

@@ -39,7 +39,7 @@ from slime_rollout.engines.reference.sampling import (
     trim_stop,
 )
 from slime_rollout.engines.reference.vision import VisionInputs, VisionPreprocessor, mrope_positions
-from slime_rollout.weight_checksum import sglang_checksums
+from slime_rollout.engines.weight_checksum import sglang_checksums
 
 __all__ = ["GenRequest", "ReferenceModel", "abort_reason"]
 
@@ -447,7 +447,7 @@ class ReferenceModel:
                 param.zero_()
 
     def weight_checksums(self) -> dict[str, str]:
-        """SGLang's `/weights_checker` checksums of the weights held (`slime_rollout.weight_checksum`).
+        """SGLang's `/weights_checker` checksums of the weights held (`slime_rollout.engines.weight_checksum`).
 
         Names as SGLang's (fused `qkv_proj` / `gate_up_proj`); a tied `lm_head.weight` is the embedding and, as in
         SGLang's Qwen3, not listed; non-persistent buffers (rotary tables) are not weights.

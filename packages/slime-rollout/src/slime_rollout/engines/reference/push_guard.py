@@ -1,7 +1,7 @@
 """The reference engine's guard against mixed weight pushes (`PushGuard`).
 
 A push is the weight buckets an engine receives between two `/update_weight_version` calls (the fence that ends
-every push of `slime_rollout.weight_sync`). Every bucket names the push's version (`weight_version`, a field of
+every push of `slime_rollout.weight_sync.updaters`). Every bucket names the push's version (`weight_version`, a field of
 SGLang's update requests), so the engine can tell two pushes apart.
 
 The rule: once a bucket of version V has landed, the push is open until the fence, and every update until then
@@ -19,7 +19,7 @@ push's buckets arriving after another writer's fence closed it early (they open 
 Telling writers apart would need a writer id on the wire, which SGLang's requests do not have.
 
 Real SGLang (0.5.16) has no such guard: it applies every bucket and sets its reported version to the bucket's
-`weight_version` after each successful request. The client side (`slime_rollout.weight_push`) makes interleaving
+`weight_version` after each successful request. The client side (`slime_rollout.weight_sync.push`) makes interleaving
 impossible among its own pushes; this guard is what catches a second writer it does not know about.
 """
 

@@ -8,7 +8,7 @@ How: SGLang's `POST /weights_checker {"action": "checksum"}` answers a checksum 
 its own names (fused `qkv_proj` / `gate_up_proj`; the reference engine answers the same). While the buckets of a
 push stream past, `PushChecksums` draws `k` of the engine's parameters (reservoir sampling over the engine names
 the push touches, seeded by the sync index so that successive checks cover different tensors), assembles their
-parts and computes the same checksum (`slime_rollout.weight_checksum`) of the bytes the engine should now hold
+parts and computes the same checksum (`slime_rollout.engines.weight_checksum`) of the bytes the engine should now hold
 (cast to its dtype). `check_engines` then asks every engine and compares: equal bytes or a mismatch, no tolerance.
 
 SGLang's `/get_weights_by_name` is not used: it is implemented per model class, and not for Qwen3 (HTTP 400 for
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from slime_rollout.transport import EngineError
-from slime_rollout.weight_checksum import sglang_param_name, strip_wrappers, tensor_checksum
+from slime_rollout.engines.transport import EngineError
+from slime_rollout.engines.weight_checksum import sglang_param_name, strip_wrappers, tensor_checksum
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -248,7 +248,7 @@ async def engine_checksums(engine: Any) -> list[dict[str, str]] | None:
     """One engine's checksums, one dict per TP rank (`/weights_checker {"action": "checksum"}`).
 
     Args:
-        engine: a `slime_rollout.client.EngineClient` (anything with `url` and `request`).
+        engine: a `slime_rollout.engines.client.EngineClient` (anything with `url` and `request`).
 
     Returns:
         `[{SGLang name: 16 hex digits}, ...]`, wrapper-free names (`strip_wrappers`); None when the engine has no
@@ -271,7 +271,7 @@ async def check_engines(engines: Iterable[Any], expected: dict[str, str]) -> Wei
     """Compares every engine's checksums with the trainer's for the drawn parameters.
 
     Args:
-        engines: `slime_rollout.client.EngineClient`s.
+        engines: `slime_rollout.engines.client.EngineClient`s.
         expected: `{SGLang name: checksum}` of what was pushed (`PushChecksums.checksums`).
 
     Returns:

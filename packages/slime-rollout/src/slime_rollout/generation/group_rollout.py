@@ -1,7 +1,7 @@
 """One prompt group through generate → sample hooks → reward, and the per-rollout state its tasks share.
 
-The training rollout (`slime_rollout.rollout`) and the eval rollout (`slime_rollout.eval`) both schedule these
-coroutines (original `sglang_rollout.generate_and_rm` / `generate_and_rm_group` / `GenerateState`).
+The training rollout (`slime_rollout.generation.rollout`) and the eval rollout (`slime_rollout.generation.eval`) both
+schedule these coroutines (original `sglang_rollout.generate_and_rm` / `generate_and_rm_group` / `GenerateState`).
 
 `args` here is the plugin view (`slime_core.config.PluginArgs`): it is handed on unchanged to the generate,
 hook and reward functions, which may be user plugins with the original signatures.
@@ -17,14 +17,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
-from slime_rollout.deadlines import call_plugin_with_deadline
-from slime_rollout.generate import build_sampling_params
-from slime_rollout.generate import generate as default_generate
-from slime_rollout.metrics import flatten_groups
-from slime_rollout.opd import score_teacher
+from slime_rollout.generation.generate import build_sampling_params
+from slime_rollout.generation.generate import generate as default_generate
+from slime_rollout.generation.opd import score_teacher
+from slime_rollout.generation.seeds import sample_seed
 from slime_rollout.plugins import accepts_kwarg, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
-from slime_rollout.seeds import sample_seed
+from slime_rollout.runtime.deadlines import call_plugin_with_deadline
+from slime_rollout.runtime.metrics import flatten_groups
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -112,7 +112,7 @@ async def generate_and_rm(
     Args:
         args: the plugin view; reads `custom_generate_function_path`, `rollout_sample_hook_path`, `group_rm`,
             `plugin_timeout_secs` and `slow_call_warning_secs` (a custom generate function and each hook are
-            bounded and logged: `slime_rollout.deadlines`)
+            bounded and logged: `slime_rollout.runtime.deadlines`)
             (+ what generate and the reward read).
         sample: the sample; finished (COMPLETED/TRUNCATED) samples from the partial-rollout buffer
             are not generated again.
@@ -160,7 +160,7 @@ async def generate_and_rm(
 def seeded_params(
     args: SlimeArgs, state: RolloutState, sample: Sample, params: dict[str, Any], *, prompt_position: int, position: int
 ) -> dict[str, Any]:
-    """`params` with the sample's own `sampling_seed` (`slime_rollout.seeds.sample_seed`), unless one is set.
+    """`params` with the sample's own `sampling_seed` (`slime_rollout.generation.seeds.sample_seed`), unless one is set.
 
     Args:
         args: the plugin view; reads `rollout_seed`.

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnTrainOutput
-from slime_rollout.data_source import get_tokenizer
+from slime_rollout.data.source import get_tokenizer
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs

@@ -7,8 +7,8 @@ when the two differ, the policy was trained on a stream nobody will ever feed it
 template rewrites earlier turns (drops `<think>` blocks, inserts an empty one), merges whitespace, or
 re-tokenizing the model's text gives other ids than it sampled.
 
-`slime_rollout.multi_turn.generate` records each sample's conversation under `metadata[CONVERSATION_KEY]`: the
-tools the prompt was rendered with and one segment per appended piece of text (`assistant`: the model turn
+`slime_rollout.generation.multi_turn.generate` records each sample's conversation under `metadata[CONVERSATION_KEY]`:
+the tools the prompt was rendered with and one segment per appended piece of text (`assistant`: the model turn
 decoded with special tokens kept; `observation`: the exact observation text, with the tool messages it
 renders when it came from the chat template). `check_sample` then compares `sample.tokens` with
 
@@ -19,7 +19,7 @@ renders when it came from the chat template). `check_sample` then compares `samp
 `check_samples` runs it on the first `--check-chat-template-samples` recorded samples and reports mismatches
 with the token position and decoded context around it. The chat-template helpers the multi-turn generate
 function renders observations with (`render_messages`, `end_of_turn`) live here too, so that this module
-depends on nothing of `slime_rollout.multi_turn`.
+depends on nothing of `slime_rollout.generation.multi_turn`.
 """
 
 from __future__ import annotations

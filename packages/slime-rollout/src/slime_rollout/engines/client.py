@@ -1,9 +1,9 @@
 """Async HTTP clients for inference engines (SGLang or the CPU reference engine) and the router.
 
 `EngineClient(url)` wraps one engine's control surface (SGLang 0.5.16 routes and field names) on the retrying
-transport of `slime_rollout.transport`; the request bodies of the weight-update endpoints are the records of
-`slime_rollout.wire`. `RolloutClient(engine_urls, router_url=None)` is what the rollout loop uses: `generate`
-goes through the router when there is one, otherwise to the engine with the fewest outstanding requests;
+transport of `slime_rollout.engines.transport`; the request bodies of the weight-update endpoints are the records of
+`slime_rollout.engines.wire`. `RolloutClient(engine_urls, router_url=None)` is what the rollout loop uses:
+`generate` goes through the router when there is one, otherwise to the engine with the fewest outstanding requests;
 `abort_all` and `broadcast` fan out to every engine. `get_client(args)` returns one cached `RolloutClient` per
 process. Every error names the engine URL and endpoint (`EngineError`).
 """
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from slime_core.lora import LORA_NAME
-from slime_rollout import wire
-from slime_rollout.deadlines import DeadlineExceeded, await_with_deadline
-from slime_rollout.engine_pool import EnginePool, EngineState
-from slime_rollout.transport import EngineError, EngineResponse, HttpEndpoint
+from slime_rollout.engines import wire
+from slime_rollout.engines.pool import EnginePool, EngineState
+from slime_rollout.engines.transport import EngineError, EngineResponse, HttpEndpoint
+from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -44,8 +44,8 @@ class EngineClient(HttpEndpoint):
 
     Args:
         url: base URL, e.g. "http://127.0.0.1:30000" ("host:port" is accepted).
-        timeout: read timeout of control calls in seconds (`slime_rollout.transport.DEFAULT_TIMEOUT_S`).
-        **kw: connection settings of `slime_rollout.transport.HttpEndpoint` (connect_timeout, max_retries, ...).
+        timeout: read timeout of control calls in seconds (`slime_rollout.engines.transport.DEFAULT_TIMEOUT_S`).
+        **kw: connection settings of `slime_rollout.engines.transport.HttpEndpoint` (connect_timeout, max_retries, ...).
     """
 
     async def generate(
@@ -87,7 +87,7 @@ class EngineClient(HttpEndpoint):
     async def update_weights_from_disk(
         self, model_path: str, *, load_format: str | None = None, weight_version: str | None = None
     ) -> dict:
-        """POST /update_weights_from_disk (`slime_rollout.wire.UpdateWeightsFromDiskReq`)."""
+        """POST /update_weights_from_disk (`slime_rollout.engines.wire.UpdateWeightsFromDiskReq`)."""
         return await self._post(
             wire.UpdateWeightsFromDiskReq(model_path=model_path, load_format=load_format, weight_version=weight_version)
         )
@@ -100,7 +100,7 @@ class EngineClient(HttpEndpoint):
         flush_cache: bool = False,
         weight_version: str | None = None,
     ) -> dict:
-        """POST /update_weights_from_tensor (`slime_rollout.wire.UpdateWeightsFromTensorReq`); one entry per TP rank."""
+        """POST /update_weights_from_tensor (`weight_sync.wire.UpdateWeightsFromTensorReq`); one entry per TP rank."""
         return await self._post(
             wire.UpdateWeightsFromTensorReq(
                 serialized_named_tensors=serialized_named_tensors,
@@ -120,7 +120,7 @@ class EngineClient(HttpEndpoint):
         group_name: str = wire.DEFAULT_GROUP_NAME,
         backend: str = "nccl",
     ) -> dict:
-        """POST /init_weights_update_group (`slime_rollout.wire.InitWeightsUpdateGroupReq`)."""
+        """POST /init_weights_update_group (`slime_rollout.engines.wire.InitWeightsUpdateGroupReq`)."""
         return await self._post(
             wire.InitWeightsUpdateGroupReq(
                 master_address=master_address,
@@ -133,7 +133,7 @@ class EngineClient(HttpEndpoint):
         )
 
     async def destroy_weights_update_group(self, group_name: str = wire.DEFAULT_GROUP_NAME) -> dict:
-        """POST /destroy_weights_update_group (`slime_rollout.wire.DestroyWeightsUpdateGroupReq`)."""
+        """POST /destroy_weights_update_group (`slime_rollout.engines.wire.DestroyWeightsUpdateGroupReq`)."""
         return await self._post(wire.DestroyWeightsUpdateGroupReq(group_name=group_name))
 
     async def update_weights_from_distributed(
@@ -147,7 +147,7 @@ class EngineClient(HttpEndpoint):
         weight_version: str | None = None,
         load_format: str | None = None,
     ) -> dict:
-        """POST /update_weights_from_distributed (`slime_rollout.wire.UpdateWeightsFromDistributedReq`).
+        """POST /update_weights_from_distributed (`slime_rollout.engines.wire.UpdateWeightsFromDistributedReq`).
 
         The engine then receives the tensors by broadcast from rank 0 of the group.
         """
@@ -170,7 +170,7 @@ class EngineClient(HttpEndpoint):
         )
 
     async def _post(self, req: wire.WeightUpdateRequest) -> Any:
-        """POSTs a `slime_rollout.wire` request record to its endpoint."""
+        """POSTs a `slime_rollout.engines.wire` request record to its endpoint."""
         return await self.request("POST", req.endpoint, req.to_json())
 
     async def load_lora_adapter(self, lora_name: str, lora_path: str, *, pinned: bool = False) -> dict:
@@ -271,7 +271,7 @@ class RolloutClient:
             the payload names one.
         slow_warning_s: seconds between warnings while a `/generate` call runs (`--slow-call-warning-secs`).
         probe_timeout_s: without `failover`, how long a slow call's engine may take to answer `/health_generate`
-            before it counts as frozen (`--rollout-health-check-timeout`; `slime_rollout.engine_pool`).
+            before it counts as frozen (`--rollout-health-check-timeout`; `slime_rollout.engines.pool`).
         **client_kw: passed to every `EngineClient` (timeout, max_retries, ...).
     """
 
@@ -347,7 +347,7 @@ class RolloutClient:
         """POST /generate through the router, else on the serving engine with the fewest requests in flight.
 
         Ties go round-robin so idle engines share the load. With `failover`, a request whose engine fails is
-        sent again to another engine (`slime_rollout.engine_pool`).
+        sent again to another engine (`slime_rollout.engines.pool`).
 
         Raises:
             EngineError: the engine/router failed (the message names its URL).

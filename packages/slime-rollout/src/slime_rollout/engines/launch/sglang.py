@@ -1,6 +1,6 @@
-"""The command line and environment of one engine process: SGLang server or CPU reference engine.
+"""SGLang engines: the command line and environment of one `sglang.launch_server` process, and their `EngineKind`.
 
-SGLang command line (flag names of SGLang 0.5.16 `ServerArgs`)::
+Command line (flag names of SGLang 0.5.16 `ServerArgs`)::
 
     <engine python> -m sglang.launch_server --model-path <hf_checkpoint> --host H --port P --tp-size G
         --nccl-port N --base-gpu-id B --random-seed S --trust-remote-code --skip-server-warmup
@@ -9,7 +9,7 @@ SGLang command line (flag names of SGLang 0.5.16 `ServerArgs`)::
 
 The SGLang interpreter is `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one (`engine_python`).
 Environment: `SLIME_SGLANG_PYTHONPATH` becomes the engine's PYTHONPATH, `SLIME_SGLANG_ARGS` is appended (shell-split).
-`slime_rollout.engines.launch` starts the processes these describe.
+`slime_rollout.engines.launch.launcher` starts the processes these describe.
 """
 
 from __future__ import annotations
@@ -21,19 +21,21 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.sglang_flags import MANAGED_SGLANG_FIELDS, check_managed_sglang_flags
-from slime_rollout.wire import nccl_cumem_enable
+from slime_rollout.engines.launch.common import needs_weights_backup
+from slime_rollout.engines.process import find_free_port
+from slime_rollout.engines.wire import nccl_cumem_enable
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
+    from slime_rollout.engines.process import EngineProcess
 
 __all__ = [
     "MANAGED_SGLANG_FIELDS",
-    "build_reference_command",
+    "SGLangKind",
     "build_sglang_command",
-    "engine_env",
     "engine_python",
     "lora_server_args",
-    "needs_weights_backup",
+    "sglang_env",
     "sglang_passthrough",
 ]
 
@@ -164,7 +166,7 @@ def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[st
     """SGLang flags that let an engine serve the run's LoRA adapter (`--lora-rank`); empty without LoRA.
 
     `--enable-lora` with room for an adapter of rank `--lora-rank` on `--lora-target-modules` (the adapter itself
-    is loaded by the first weight sync, `slime_rollout.lora_sync`); a pass-through `--sglang-<same flag>` wins.
+    is loaded by the first weight sync, `slime_rollout.weight_sync.lora`); a pass-through `--sglang-<same flag>` wins.
 
     Args:
         cfg: reads `lora_rank`, `lora_target_modules`.
@@ -182,70 +184,55 @@ def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[st
     return [token for flag, values in wanted.items() if flag not in given for token in (flag, *values)]
 
 
-def needs_weights_backup(cfg: SlimeArgs, *, memory_saver: bool) -> bool:
-    """Whether engines must keep a host copy of their weights across a memory release (`--enable-weights-cpu-backup`).
-
-    With the memory saver (colocated or `--offload-rollout`), SGLang's `/release_memory_occupation` unmaps the
-    weights' GPU memory and `/resume_memory_occupation` maps fresh memory whose contents are lost unless backed up
-    to the host (`sglang/srt/managers/scheduler_components/weight_updater.py`, `load_model_with_memory_saver`). A full
-    weight sync rewrites every tensor after each resume; runs whose syncs leave weights out need the backup: a LoRA
-    sync sends only the adapter (without it the engine served the adapter on zeroed base weights: issue 25), and
-    `--freeze-vision-tower` sends the frozen tower on the first sync only. (The original slime keeps the MTP draft
-    model, which it never syncs, the same way: `enable_draft_weights_cpu_backup`.)
-    """
-    return memory_saver and bool(cfg.lora_rank or cfg.freeze_vision_tower)
-
-
-def build_reference_command(
-    cfg: SlimeArgs, *, host: str, port: int, random_seed: int, memory_saver: bool = False
-) -> list[str]:
-    """Command line of one CPU reference engine.
-
-    Args:
-        cfg: run config; reads `hf_checkpoint`, `lora_rank` and, from `sglang_args`, `max_running_requests` (64),
-            `dtype` ("float32") and `num_threads` when given.
-        host: interface the server binds.
-        port: its HTTP port.
-        random_seed: its sampling seed.
-        memory_saver: `--enable-memory-saver`, as an SGLang engine of the run gets it (the reference engine then
-            loses its weights on a release as SGLang does, unless `--enable-weights-cpu-backup`: LoRA runs).
-    """
-    extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
-    cmd = [
-        sys.executable,
-        "-m",
-        "slime_rollout.engines.reference",
-        "--model-path",
-        str(cfg.hf_checkpoint),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--random-seed",
-        str(random_seed),
-        "--dtype",
-        str(extra.get("dtype", "float32")),
-        "--max-running-requests",
-        str(extra.get("max_running_requests", 64)),
-    ]
-    if extra.get("num_threads"):
-        cmd += ["--num-threads", str(extra["num_threads"])]
-    if memory_saver:
-        cmd.append("--enable-memory-saver")
-    if needs_weights_backup(cfg, memory_saver=memory_saver):
-        cmd.append("--enable-weights-cpu-backup")
-    return cmd
-
-
-def engine_env(kind: str) -> dict[str, str]:
-    """Environment of an engine process (SGLang defaults, `SLIME_SGLANG_PYTHONPATH`)."""
+def sglang_env() -> dict[str, str]:
+    """Environment of an SGLang process: this one's, plus SGLang defaults and `SLIME_SGLANG_PYTHONPATH`."""
     env = dict(os.environ)
-    if kind == "sglang":
-        for k, v in _SGLANG_ENV_DEFAULTS.items():
-            env.setdefault(k, v)
-        # The trainer's allocator settings (e.g. expandable segments) break SGLang's memory saver.
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        env["NCCL_CUMEM_ENABLE"] = nccl_cumem_enable()  # the trainer side pins the same value
-        if os.environ.get("SLIME_SGLANG_PYTHONPATH"):
-            env["PYTHONPATH"] = os.environ["SLIME_SGLANG_PYTHONPATH"]
+    for k, v in _SGLANG_ENV_DEFAULTS.items():
+        env.setdefault(k, v)
+    # The trainer's allocator settings (e.g. expandable segments) break SGLang's memory saver.
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env["NCCL_CUMEM_ENABLE"] = nccl_cumem_enable()  # the trainer side pins the same value
+    if os.environ.get("SLIME_SGLANG_PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["SLIME_SGLANG_PYTHONPATH"]
     return env
+
+
+class SGLangKind:
+    """`--rollout-engine sglang`: one `sglang.launch_server` per engine, TP over `gpus_per_engine` GPUs."""
+
+    name = "sglang"
+
+    def command(
+        self,
+        cfg: SlimeArgs,
+        *,
+        host: str,
+        port: int,
+        index: int,
+        gpus_per_engine: int,
+        base_gpu_id: int | None,
+        random_seed: int,
+        memory_saver: bool,
+        mem_fraction_static: float | None,
+    ) -> tuple[list[str], int]:
+        """Command line of engine `index` and the highest port it binds (its NCCL port: the next free one)."""
+        nccl_port = find_free_port(host, port + 1)
+        cmd = build_sglang_command(
+            cfg,
+            host=host,
+            port=port,
+            nccl_port=nccl_port,
+            tp_size=gpus_per_engine,
+            base_gpu_id=base_gpu_id if base_gpu_id is not None else index * gpus_per_engine,
+            random_seed=random_seed,
+            memory_saver=memory_saver,
+            mem_fraction_static=mem_fraction_static,
+        )
+        return cmd, nccl_port
+
+    def env(self) -> dict[str, str]:
+        """See `sglang_env`."""
+        return sglang_env()
+
+    def check_own(self, proc: EngineProcess) -> None:
+        """Nothing SGLang-specific: the launcher's liveness check after the health wait catches a lost bind race."""

@@ -1,6 +1,6 @@
 """One weight push to a set of engines: per-engine serialization, the version fence, and per-engine failure.
 
-A push (pause → flush → buckets → version → continue, `slime_rollout.weight_sync`) spans many HTTP calls. These
+A push (pause → flush → buckets → version → continue, `slime_rollout.weight_sync.updaters`) spans many HTTP calls. These
 rules keep an engine from serving mixed weights under a version that claims otherwise:
 
 * **Serialized per engine, within a process.** A push holds a lock per engine URL (process-wide) from pause to
@@ -36,7 +36,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from slime_rollout.transport import EngineError
+from slime_rollout.engines.transport import EngineError
 
 __all__ = ["PushSession", "WeightPushError", "engine_locks"]
 
@@ -89,7 +89,7 @@ class PushSession:
     """Calls on the engines of one push, dropping an engine at its first failure.
 
     Args:
-        engines: `slime_rollout.client.EngineClient`s to push to.
+        engines: `slime_rollout.engines.client.EngineClient`s to push to.
         tolerant: drop a failing engine and go on with the others (False: raise at once, as a collective
             transport must, since its other members wait on the failed one).
     """

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from slime_core.sample import Sample, Status
-from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput
-from slime_rollout.data_source import get_tokenizer, load_prompt_rows, rows_to_samples
-from slime_rollout.generate import build_sampling_params
-from slime_rollout.group_rollout import RolloutState, generate_and_rm, seeded_params
-from slime_rollout.metrics import flatten_groups, pass_at_k, reward_value
-from slime_rollout.prompt_length import default_max_prompt_len
+from slime_rollout.data.prompt_length import default_max_prompt_len
+from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
+from slime_rollout.generation.generate import build_sampling_params
+from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, seeded_params
+from slime_rollout.runtime import async_utils
+from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, reward_value
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -104,7 +104,7 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
             `n_samples_per_eval_prompt`, `eval_input_key` / `eval_label_key` / `eval_tool_key` (else the
             rollout's keys), `metadata_key`, `multimodal_keys`, `apply_chat_template(_kwargs)`,
             `eval_max_prompt_len` (default: `eval_max_context_len`, else the model's context, less one token:
-            `slime_rollout.prompt_length.default_max_prompt_len`) and the eval sampling flags
+            `slime_rollout.data.prompt_length.default_max_prompt_len`) and the eval sampling flags
             (`build_sampling_params`).
 
     Returns:

@@ -14,7 +14,7 @@ engine:
 
 A re-queued request is sent again from its original payload: the partial output of the failed engine is
 discarded (a `/generate` reply is all or nothing), so each sample is generated exactly once in the result.
-With per-sample sampling seeds (`slime_rollout.seeds`) the new engine draws the same tokens the failed one
+With per-sample sampling seeds (`slime_rollout.generation.seeds`) the new engine draws the same tokens the failed one
 would have. When no engine serves, a request waits up to `recovery_timeout_s`, then fails with
 `NoHealthyEngineError`.
 
@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from slime_rollout.deadlines import DeadlineExceeded, await_with_deadline
-from slime_rollout.transport import EngineError
+from slime_rollout.engines.transport import EngineError
+from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline
 
 __all__ = ["EnginePool", "EngineSlot", "EngineState", "FaultStats", "NoHealthyEngineError"]
 
@@ -62,7 +62,7 @@ class EngineSlot:
 
     Attributes:
         index: position of the engine in the run's engine list.
-        client: the engine's `slime_rollout.client.EngineClient` (replaced when a restart changes the URL).
+        client: the engine's `slime_rollout.engines.client.EngineClient` (replaced when a restart changes the URL).
         state: where the engine is in its life cycle.
         outstanding: generation requests in flight on it.
         calls: the in-flight `/generate` calls (tasks), cancelled by `EnginePool.mark_failed`.

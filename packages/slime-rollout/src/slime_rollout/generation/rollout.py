@@ -11,7 +11,7 @@ Flow of one training rollout::
 
 Concurrency is bounded by a semaphore of `sglang_server_concurrency × number of engines` requests.
 `generate_rollout` is the synchronous entry point; `generate_rollout_async` can be awaited from a
-running loop. One group's generate → hooks → reward is `slime_rollout.group_rollout`.
+running loop. One group's generate → hooks → reward is `slime_rollout.generation.group_rollout`.
 
 The `args` these functions take is the plugin view of the run (`slime_core.config.PluginArgs`: the frozen
 config plus the engine addresses); it is handed unchanged to the rollout's plugins (data source, generate,
@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
-from slime_rollout import async_utils, debug_dump, log_hooks
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
-from slime_rollout.eval import eval_rollout
-from slime_rollout.filters import flatten_group, normalize_filter_output
-from slime_rollout.generate import abort_all
-from slime_rollout.goodput import rollout_token_fates
-from slime_rollout.group_rollout import RolloutState, generate_and_rm, generate_and_rm_group, num_engines
-from slime_rollout.metrics import compute_rollout_metrics, flatten_groups
-from slime_rollout.opd import score_teacher
+from slime_rollout.generation.eval import eval_rollout
+from slime_rollout.generation.filters import flatten_group, normalize_filter_output
+from slime_rollout.generation.generate import abort_all
+from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, generate_and_rm_group, num_engines
+from slime_rollout.generation.opd import score_teacher
 from slime_rollout.plugins import load_function
+from slime_rollout.runtime import async_utils, debug_dump, log_hooks
+from slime_rollout.runtime.goodput import rollout_token_fates
+from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -293,7 +293,7 @@ def generate_rollout(
         args: the plugin view (`slime_core.config.PluginArgs`).
         rollout_id: id of this rollout.
         data_source: the prompt source; unfinished groups go back into it (`add_samples`).
-        evaluation: run the eval datasets instead (`slime_rollout.eval.eval_rollout`).
+        evaluation: run the eval datasets instead (`slime_rollout.generation.eval.eval_rollout`).
 
     Returns:
         `RolloutFnTrainOutput`, or `RolloutFnEvalOutput` when `evaluation`.
@@ -323,7 +323,7 @@ def run_rollout(
     `--load-debug-rollout-data` replays a dump instead of generating (training rollouts only);
     `--rollout-function-path` / `--eval-function-path` replace the rollout function; legacy bare return
     values are wrapped; `--save-debug-rollout-data` dumps the result; `--custom-rollout-log-function-path` /
-    `--custom-eval-rollout-log-function-path` see the result and decide its metrics (`slime_rollout.log_hooks`).
+    `--custom-eval-rollout-log-function-path` see the result and decide its metrics (`slime_rollout.runtime.log_hooks`).
 
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`), passed to the rollout function and the hooks.

@@ -1,8 +1,8 @@
 """The weight-update wire format: what travels between a trainer and an engine, in one place.
 
-Both ends import this module and nothing of each other: the trainer side (`slime_rollout.weight_sync`, through
-`slime_rollout.client.EngineClient`) encodes, the engine side (the CPU reference engine,
-`slime_rollout.engines.reference.server`) decodes; SGLang 0.5.16 is the other engine that reads it. Three parts:
+Both ends import this module and nothing of each other: the trainer side (`slime_rollout.weight_sync.updaters`, through
+`slime_rollout.engines.client.EngineClient`) encodes, the engine side (the CPU reference engine,
+`slime_rollout.engines.reference.routes.weights`) decodes; SGLang 0.5.16 is the other engine that reads it. Three parts:
 
 * **Requests**: one frozen dataclass per weight-update endpoint holding the JSON fields slime sends, named as
   SGLang's `io_struct.py` names them (`UpdateWeightsFromTensorReqInput`, ...). The sender calls `to_json()`,

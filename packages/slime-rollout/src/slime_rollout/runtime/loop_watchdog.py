@@ -1,8 +1,8 @@
 """Detects an event loop blocked by synchronous code in an `async def` plugin (`watching`).
 
 Nothing on an event loop can preempt a coroutine that blocks it (`time.sleep`, CPU-bound work, blocking I/O inside
-an `async def` reward): while it runs no timer fires, so neither the deadline of `slime_rollout.deadlines` nor its
-"still running" warnings can. A thread outside the loop still can see it: it posts a no-op callback to the loop
+an `async def` reward): while it runs no timer fires, so neither the deadline of `slime_rollout.runtime.deadlines` nor
+its "still running" warnings can. A thread outside the loop still can see it: it posts a no-op callback to the loop
 every `_PERIOD_S` and waits; a callback that has not run after the watched call's `warn_after_s` means the loop is
 blocked, and the task the loop is running is the one that blocks it.
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.config.opd import builtin_teacher_scoring
 from slime_core.sample import Sample, Status
-from slime_rollout.transport import HttpEndpoint
+from slime_rollout.engines.transport import HttpEndpoint
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -140,7 +140,7 @@ async def score_teacher(args: SlimeArgs, samples: Sequence[Sample]) -> int:
         The number of samples scored.
 
     Raises:
-        slime_rollout.transport.EngineError: the teacher failed or is unreachable.
+        slime_rollout.engines.transport.EngineError: the teacher failed or is unreachable.
         ValueError: a reply that does not fit its sample.
     """
     if not builtin_teacher_scoring(args):

@@ -6,7 +6,7 @@ written to a temporary name and renamed), then on every engine, generation pause
 previous version (an engine that holds none answers 400: the first update, a restarted engine), then
 `/load_lora_adapter {lora_name, lora_path}`; the shared push sequence then sets the version
 (`/update_weight_version`, which loading an adapter does not change). Requests select the adapter by name
-(`lora_path` of `/generate`, set by `slime_rollout.client.RolloutClient`).
+(`lora_path` of `/generate`, set by `slime_rollout.engines.client.RolloutClient`).
 
 The directory must be readable by the engines (a shared file system across machines). An adapter is small (for
 rank r, `r · (in + out)` values per adapted layer), so the files cost milliseconds, not the model's gigabytes.
@@ -27,9 +27,9 @@ import torch
 from safetensors.torch import save_file
 
 from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_NAME, adapter_config
-from slime_rollout.client import RolloutClient
-from slime_rollout.transport import EngineError
-from slime_rollout.weight_sync import Bucket, _EngineUpdater, _version_dir_name
+from slime_rollout.engines.client import RolloutClient
+from slime_rollout.engines.transport import EngineError
+from slime_rollout.weight_sync.updaters import Bucket, _EngineUpdater, _version_dir_name
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs

@@ -4,8 +4,8 @@ Custom generate functions written for the original (`from slime.utils.http_utils
 requests to the router (`http://{args.sglang_router_ip}:{args.sglang_router_port}/generate`) with `post`,
 which retries every failure (connection errors and error statuses alike) up to `max_retries` times, one
 second apart, and returns the decoded JSON body (the text when it is not JSON). The engines' own control
-traffic goes through `slime_rollout.client`; this module is the plugin-facing door, built on the same
-transport (`slime_rollout.transport.HttpEndpoint`, aiohttp, one session per base URL and event loop).
+traffic goes through `slime_rollout.engines.client`; this module is the plugin-facing door, built on the same
+transport (`slime_rollout.engines.transport.HttpEndpoint`, aiohttp, one session per base URL and event loop).
 
 Every request has a read timeout: `--sglang-router-request-timeout-secs` once `init_http_client(args)` ran
 (the rollout manager calls it), 14400 s before.
@@ -18,7 +18,7 @@ import logging
 import urllib.parse
 from typing import Any
 
-from slime_rollout.transport import EngineError, HttpEndpoint
+from slime_rollout.engines.transport import EngineError, HttpEndpoint
 
 __all__ = ["DEFAULT_TIMEOUT_S", "get", "init_http_client", "post"]
 
@@ -78,7 +78,7 @@ async def post(url: str, payload: dict[str, Any] | None = None, max_retries: int
         The decoded JSON body, or the body text when it is not JSON (None for an empty body).
 
     Raises:
-        slime_rollout.transport.EngineError: every attempt failed (the last failure's message, with URL and
+        slime_rollout.engines.transport.EngineError: every attempt failed (the last failure's message, with URL and
             HTTP status).
         ValueError: `url` is not an http URL.
     """
@@ -103,7 +103,7 @@ async def get(url: str) -> Any:
     """GETs `url` once and returns the decoded JSON body (original `slime.utils.http_utils.get`).
 
     Raises:
-        slime_rollout.transport.EngineError: an error status or no response within the timeout.
+        slime_rollout.engines.transport.EngineError: an error status or no response within the timeout.
     """
     endpoint, path = _endpoint(url)
     return await endpoint.request("GET", path, check_success=False)

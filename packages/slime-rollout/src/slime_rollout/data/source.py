@@ -27,9 +27,9 @@ import numpy as np
 
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
-from slime_rollout import multimodal
+from slime_rollout.data import multimodal
+from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.plugins import load_function
-from slime_rollout.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -41,7 +41,7 @@ __all__ = [
     "RolloutDataSourceWithBuffer",
     "count_prompts",
     "get_tokenizer",
-    "encode_prompt",  # re-exported from `slime_rollout.prompt_length` (generate functions import it from here)
+    "encode_prompt",  # re-exported from `slime_rollout.data.prompt_length` (generate functions import it from here)
     "PromptRows",
     "load_prompt_rows",
     "rows_to_samples",
@@ -149,7 +149,7 @@ def count_prompts(args: SlimeArgs) -> int:
     Raises:
         TypeError: a custom data source without `__len__`.
     """
-    defaults = {f"slime_rollout.data_source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
+    defaults = {f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
     limit = default_max_prompt_len(args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint)
     if args.data_source_path in defaults and limit is None and args.prompt_data:
         return _count_rows(args.prompt_data)
@@ -226,7 +226,7 @@ def rows_to_samples(
             characters alone exceed it is dropped before the chat template and the tokenizer see it
             (`certainly_too_long`).
         multimodal_keys: `--multimodal-keys`; its `image` column holds one image per `<image>` placeholder of
-            the prompt (see `slime_rollout.multimodal`). The prompt is then rendered by the processor's chat
+            the prompt (see `slime_rollout.data.multimodal`). The prompt is then rendered by the processor's chat
             template and the images are kept in `Sample.multimodal_inputs["images"]`.
         processor_path: the vision-language checkpoint (`--hf-checkpoint`) whose processor renders and counts
             prompts with images; required with `multimodal_keys`.
@@ -340,7 +340,7 @@ class RolloutDataSource:
         args: the plugin view (`slime_core.config.PluginArgs`; a data source is a `--data-source-path` plugin,
             built as `cls(args)`); reads `prompt_data`, `input_key`, `label_key`, `metadata_key`, `tool_key`,
             `multimodal_keys`, `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`
-            (default: `slime_rollout.prompt_length.default_max_prompt_len`), `rollout_max_context_len`,
+            (default: `slime_rollout.data.prompt_length.default_max_prompt_len`), `rollout_max_context_len`,
             `hf_checkpoint`, `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`,
             `disable_rollout_global_dataset`, `save`, `load`, `buffer_filter_path`.
 

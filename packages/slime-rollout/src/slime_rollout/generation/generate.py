@@ -6,10 +6,10 @@ the sample (never decoded and re-tokenized). The engine behind the client may be
 reference engine; this code does not know which.
 
 A prompt with images (`Sample.multimodal_inputs`) goes through the model's processor first
-(`slime_rollout.multimodal.prepare_vision_prompt`): the sample holds the prompt ids with every image expanded to
+(`slime_rollout.data.multimodal.prepare_vision_prompt`): the sample holds the prompt ids with every image expanded to
 one token per merged patch and the vision tensors for the trainer; the request carries the images as SGLang's
 `image_data` and the same ids with each image's run collapsed to one `<|image_pad|>`, which SGLang expands again
-(it rejects ids that are already expanded; see `slime_rollout.multimodal`). The engine's
+(it rejects ids that are already expanded; see `slime_rollout.data.multimodal`). The engine's
 `meta_info.prompt_tokens` must equal the expanded prompt length (else the two sides disagree on the image tokens).
 """
 
@@ -23,9 +23,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
-from slime_rollout.data_source import encode_prompt, get_tokenizer
-from slime_rollout.multimodal import VisionPrompt, prepare_vision_prompt, sample_images, vision_token_ids
-from slime_rollout.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
+from slime_rollout.data.multimodal import VisionPrompt, prepare_vision_prompt, sample_images, vision_token_ids
+from slime_rollout.data.source import encode_prompt, get_tokenizer
+from slime_rollout.generation.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -47,7 +47,7 @@ def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[s
     Returns:
         `{temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids, skip_special_tokens,
         no_stop_trim=True, spaces_between_special_tokens=False}` (+ `min_new_tokens` for eval; + `custom_params`
-        asking for the kept token ids with `--rollout-top-p < 1`, `slime_rollout.top_p_replay`).
+        asking for the kept token ids with `--rollout-top-p < 1`, `slime_rollout.generation.top_p_replay`).
 
     Raises:
         ValueError: no response length budget is configured.
@@ -81,11 +81,11 @@ def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[s
 
 
 def get_client(args: SlimeArgs) -> Any:
-    """The engine client of this process (`slime_rollout.client.get_client` of the plugin view `args`).
+    """The engine client of this process (`slime_rollout.engines.client.get_client` of the plugin view `args`).
 
     The rollout reaches the engines only through this function, so tests can stand in a scripted client.
     """
-    from slime_rollout.client import get_client as _get_client
+    from slime_rollout.engines.client import get_client as _get_client
 
     return _get_client(args)
 

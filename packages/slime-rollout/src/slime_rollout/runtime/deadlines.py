@@ -19,8 +19,8 @@ plugin's.
 
 Limitation: an `async def` plugin that blocks synchronously (`time.sleep`, CPU-bound work, blocking I/O) runs on
 the event loop itself, and nothing on the loop can preempt it: no timer fires while it runs, so the warnings are
-late and the deadline cannot cancel it. `slime_rollout.loop_watchdog` watches the loop from a thread: it logs one
-warning naming the plugin once the loop has been blocked for `min(warn_every_s, deadline_s)`, one error if the block
+late and the deadline cannot cancel it. `slime_rollout.runtime.loop_watchdog` watches the loop from a thread: it logs
+one warning naming the plugin once the loop has been blocked for `min(warn_every_s, deadline_s)`, one error if the block
 outlasts the deadline, and a call that blocked the loop and comes back past its deadline fails with
 `DeadlineExceeded` (its result discarded). Other calls in flight meanwhile lose that time too: one whose deadline
 passes so fails with the culprit named in its error. A block that never ends keeps
@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from slime_rollout.loop_watchdog import watching
+from slime_rollout.runtime.loop_watchdog import watching
 
 __all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline"]
 

@@ -4,7 +4,7 @@ Three transports, as in slime (`--update-weight-transport`, `--colocate`):
 
 * `DiskWeightUpdater`: writes an HF safetensors checkpoint atomically to
   `<update_weight_disk_dir>/weight_v<N>` and calls `/update_weights_from_disk` (works across machines).
-* `TensorWeightUpdater` (colocated): serializes each bucket with `slime_rollout.wire.serialize_named_tensors`
+* `TensorWeightUpdater` (colocated): serializes each bucket with `wire.serialize_named_tensors`
   (SGLang's `MultiprocessingSerializer` format): CUDA tensors become IPC handles, CPU tensors go through shared
   memory (the `file_system` sharing strategy, so an unrelated process can open them). With SGLang installed the
   bucket is flattened (`load_format="flattened_bucket"`, SGLang's `FlattenedTensorBucket`), else it is a
@@ -13,12 +13,12 @@ Three transports, as in slime (`--update-weight-transport`, `--colocate`):
   (`/init_weights_update_group`), then for each bucket `/update_weights_from_distributed` announces names,
   dtypes and shapes while rank 0 broadcasts the tensors (NCCL on GPUs; gloo works on CPU for tests).
 
-What goes over the wire (request fields, payload format, process group, NCCL setting) is `slime_rollout.wire`,
-which the engine side reads too. Each update does pause_generation -> flush_cache -> send (each bucket with the
-version) -> update_weight_version -> check `weight_version` -> continue_generation, holding a per-engine lock
-throughout (`slime_rollout.weight_push`: pushes to one engine never overlap, every bucket carries the push's
-`weight_version`, the fence ends the push, and an engine that fails mid-push is dropped, relabelled incomplete and
-reported in `WeightPushError`).
+What goes over the wire (request fields, payload format, process group, NCCL setting) is
+`slime_rollout.engines.wire`, which the engine side reads too. Each update does pause_generation -> flush_cache ->
+send (each bucket with the version) -> update_weight_version -> check `weight_version` -> continue_generation, holding
+a per-engine lock throughout (`slime_rollout.weight_sync.push`: pushes to one engine never overlap, every bucket
+carries the push's `weight_version`, the fence ends the push, and an engine that fails mid-push is dropped,
+relabelled incomplete and reported in `WeightPushError`).
 Call `update` on the trainer rank that holds the full HF tensors (rank 0); other ranks still have to drain
 their `named_hf_weights` iterator when it is collective.
 """
@@ -41,15 +41,15 @@ import torch.multiprocessing
 from safetensors.torch import save_file
 
 from slime_core.dir_swap import swap_in
-from slime_rollout.client import RolloutClient
-from slime_rollout.weight_push import PushSession, WeightPushError, engine_locks
-from slime_rollout.wire import (
+from slime_rollout.engines.client import RolloutClient
+from slime_rollout.engines.wire import (
     deserialize_named_tensors,
     dtype_name,
     init_custom_process_group,
     nccl_cumem_enable,
     serialize_named_tensors,
 )
+from slime_rollout.weight_sync.push import PushSession, WeightPushError, engine_locks
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -60,7 +60,7 @@ __all__ = [
     "TensorWeightUpdater",
     "WeightPushError",
     "write_hf_checkpoint",
-    # The payload codec and the process-group helper live in `slime_rollout.wire`; importable from here too.
+    # The payload codec and the process-group helper live in `slime_rollout.engines.wire`; importable from here too.
     "deserialize_named_tensors",
     "init_custom_process_group",
     "serialize_named_tensors",
@@ -82,7 +82,7 @@ def run_sync(coro: Coroutine) -> Any:
 
 
 class _EngineUpdater:
-    """Shared pause -> flush -> send -> version fence -> verify -> continue sequence (`slime_rollout.weight_push`)."""
+    """Shared pause -> flush -> send -> version fence -> verify -> continue sequence (`weight_sync.push`)."""
 
     tolerant = True  # a failed engine is dropped from the push (collective transports override)
 

@@ -1,0 +1,98 @@
+"""CPU reference engines (`--rollout-engine reference`): the command line of one, and their `EngineKind`.
+
+The server itself is `slime_rollout.engines.reference` (`python -m slime_rollout.engines.reference`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from slime_rollout.engines.launch.common import PortTaken, needs_weights_backup
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+    from slime_rollout.engines.process import EngineProcess
+
+__all__ = ["ReferenceKind", "build_reference_command"]
+
+
+def build_reference_command(
+    cfg: SlimeArgs, *, host: str, port: int, random_seed: int, memory_saver: bool = False
+) -> list[str]:
+    """Command line of one CPU reference engine.
+
+    Args:
+        cfg: run config; reads `hf_checkpoint`, `lora_rank` and, from `sglang_args`, `max_running_requests` (64),
+            `dtype` ("float32") and `num_threads` when given.
+        host: interface the server binds.
+        port: its HTTP port.
+        random_seed: its sampling seed.
+        memory_saver: `--enable-memory-saver`, as an SGLang engine of the run gets it (the reference engine then
+            loses its weights on a release as SGLang does, unless `--enable-weights-cpu-backup`: LoRA runs).
+    """
+    extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
+    cmd = [
+        sys.executable,
+        "-m",
+        "slime_rollout.engines.reference",
+        "--model-path",
+        str(cfg.hf_checkpoint),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--random-seed",
+        str(random_seed),
+        "--dtype",
+        str(extra.get("dtype", "float32")),
+        "--max-running-requests",
+        str(extra.get("max_running_requests", 64)),
+    ]
+    if extra.get("num_threads"):
+        cmd += ["--num-threads", str(extra["num_threads"])]
+    if memory_saver:
+        cmd.append("--enable-memory-saver")
+    if needs_weights_backup(cfg, memory_saver=memory_saver):
+        cmd.append("--enable-weights-cpu-backup")
+    return cmd
+
+
+class ReferenceKind:
+    """`--rollout-engine reference`: one transformers-backed CPU server per engine (GPU counts do not apply)."""
+
+    name = "reference"
+
+    def command(
+        self,
+        cfg: SlimeArgs,
+        *,
+        host: str,
+        port: int,
+        index: int,
+        gpus_per_engine: int,
+        base_gpu_id: int | None,
+        random_seed: int,
+        memory_saver: bool,
+        mem_fraction_static: float | None,
+    ) -> tuple[list[str], int]:
+        """Command line of engine `index` and the one port it binds (GPU arguments do not apply)."""
+        cmd = build_reference_command(cfg, host=host, port=port, random_seed=random_seed, memory_saver=memory_saver)
+        return cmd, port
+
+    def env(self) -> dict[str, str]:
+        """This process's environment."""
+        return dict(os.environ)
+
+    def check_own(self, proc: EngineProcess) -> None:
+        """Asks `/server_info` for the server's pid: another process on the port answers health checks too.
+
+        Raises:
+            PortTaken: the pid is not `proc`'s.
+        """
+        import httpx
+
+        pid = httpx.get(proc.url + "/server_info", timeout=30, trust_env=False).json().get("pid")
+        if pid != proc.pid:
+            raise PortTaken(f"{proc.url} is served by pid {pid}, not by engine pid {proc.pid}")

@@ -1,0 +1,67 @@
+"""Serving control: pause/continue generation, flush the cache, release/resume memory (SGLang's sleep and wake)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from slime_rollout.engines.reference.routes.state import engine_of, error, json_or_empty
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache():
+    """SGLang's reply; there is nothing to flush."""
+    # No prefix cache to drop: every batch starts from an empty KV cache.
+    return Response(content="Cache flushed.\n", status_code=200)
+
+
+@router.post("/pause_generation")
+async def pause_generation(request: Request):
+    """Pauses the scheduler (`mode`: abort, retract or in_place, as SGLang)."""
+    body = await json_or_empty(request)
+    try:
+        engine_of(request).scheduler.pause(body.get("mode", "abort"))
+    except ValueError as exc:
+        return error(str(exc))
+    return {"message": "Generation paused successfully.", "status": "ok"}
+
+
+@router.post("/continue_generation")
+async def continue_generation(request: Request):
+    """Resumes a paused scheduler."""
+    engine_of(request).scheduler.resume()
+    return {"message": "Generation continued successfully.", "status": "ok"}
+
+
+def _weight_tags(body: dict[str, Any]) -> bool:
+    tags = body.get("tags")  # SGLang: None or [] means every tag ("weights", "kv_cache", "cuda_graph")
+    return not tags or "weights" in tags
+
+
+@router.api_route("/release_memory_occupation", methods=["GET", "POST"])
+async def release_memory_occupation(request: Request):
+    """Marks the weights released when the memory saver is on and the `tags` include weights."""
+    engine = engine_of(request)
+    # As SGLang with --enable-memory-saver: released weights come back as fresh memory on resume, i.e. lost,
+    # unless --enable-weights-cpu-backup (a LoRA sync, which never rewrites them, needs the backup).
+    if engine.server_args.get("enable_memory_saver") and _weight_tags(await json_or_empty(request)):
+        engine.weights_released = True
+    return Response(status_code=200)
+
+
+@router.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+async def resume_memory_occupation(request: Request):
+    """Brings released weights back: zeroed (lost, as SGLang's) unless `--enable-weights-cpu-backup`."""
+    engine = engine_of(request)
+    if engine.weights_released and _weight_tags(await json_or_empty(request)):
+        engine.weights_released = False
+        if not engine.server_args.get("enable_weights_cpu_backup"):
+            await asyncio.to_thread(engine.model.zero_weights)
+    return Response(status_code=200)

@@ -1,0 +1,90 @@
+"""Health and information routes: `/health`, `/health_generate`, `/v1/loads`, `/model_info`, `/server_info`.
+
+`/get_model_info` and `/get_server_info` are SGLang's older names of the last two, served with the same replies.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from slime_rollout.engines.reference.routes.generate import submit_one
+from slime_rollout.engines.reference.routes.state import engine_of
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health():
+    """Alive."""
+    return Response(status_code=200)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request):
+    """Healthy when busy or paused (as SGLang), else when a one-token generation finishes."""
+    engine = engine_of(request)
+    scheduler = engine.scheduler
+    if scheduler.paused or scheduler.num_running:
+        return Response(status_code=200)  # busy or paused is healthy; SGLang answers likewise
+    req = await submit_one(engine, [engine.model.pad_token_id], None, {"max_new_tokens": 1, "temperature": 0.0}, None)
+    return Response(status_code=200 if req.finished else 503)
+
+
+@router.get("/v1/loads")
+async def loads(request: Request):
+    """SGLang's load report (one DP rank)."""
+    engine = engine_of(request)
+    scheduler = engine.scheduler
+    # SGLang's fields; no KV pool or cache here, so the token counts and rates are 0.
+    now = time.time()
+    load = {"dp_rank": 0, "num_running_reqs": scheduler.num_running, "num_waiting_reqs": scheduler.num_waiting,
+            "max_running_requests": engine.max_running_requests, "max_total_num_tokens": 0, "num_total_tokens": 0,
+            "num_used_tokens": 0, "num_waiting_uncached_tokens": 0, "token_usage": 0.0, "utilization": 0.0,
+            "cache_hit_rate": 0.0, "gen_throughput": 0.0, "timestamp": now}  # fmt: skip
+    stamp = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat()
+    return {"loads": [load], "timestamp": stamp, "version": "slime-reference"}
+
+
+def model_info(request: Request) -> dict[str, Any]:
+    """SGLang's `/model_info` fields (the weight version included)."""
+    engine = engine_of(request)
+    model = engine.model
+    return {
+        "model_path": model.model_path,
+        "tokenizer_path": model.tokenizer_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": engine.weight_version,
+        "has_image_understanding": model.is_vlm,
+        "has_audio_understanding": False,
+        "model_type": model.model.config.model_type,
+        "architectures": getattr(model.model.config, "architectures", None),
+    }
+
+
+def server_info(request: Request) -> dict[str, Any]:
+    """The parsed CLI flags plus SGLang's run-time fields (`pid` tells a launcher it reached its own engine)."""
+    engine = engine_of(request)
+    return {
+        **engine.server_args,
+        "weight_version": engine.weight_version,
+        "tp_size": 1,
+        "dp_size": 1,
+        "version": "slime-reference",
+        "pid": os.getpid(),
+        "internal_states": [{"num_running_reqs": engine.scheduler.num_running, "paused": engine.scheduler.paused}],
+    }
+
+
+router.add_api_route("/model_info", model_info, methods=["GET"])
+router.add_api_route("/get_model_info", model_info, methods=["GET"])
+router.add_api_route("/server_info", server_info, methods=["GET"])
+router.add_api_route("/get_server_info", server_info, methods=["GET"])

@@ -1,0 +1,345 @@
+r"""Generic multi-turn tool-calling generate function driving any `slime_core.protocols.Env`.
+
+Use it as `--custom-generate-function-path slime_rollout.generation.multi_turn.generate` with `--env-path NAME`
+(a `slime-envs` name such as `search`, `python`, `calculator`, an entry point of the `slime.envs`
+group, or `module:Factory`), or per sample with `metadata["env"]`. Env options come from the
+`env_kwargs` key of the `--custom-config-path` YAML, updated by `metadata["env_kwargs"]`.
+
+One episode, up to `--max-turns` model turns::
+
+    tokens = prompt ids | model turn 1 | observation 1 | model turn 2 | ... | model turn n
+    loss_mask          =  1 ... 1      |  0 ... 0      |  1 ... 1     | ... |  1 ... 1
+    rollout_log_probs  =  engine lps   |  0.0 ...      |  engine lps  | ... |  engine lps
+
+* Model turns are the engine's own token ids and log-probs (never decoded and re-tokenized); the
+  decoded text is only shown to the environment.
+* Observations are tokenized once. Chat-template tools (`EnvStep.tool_responses`) are rendered as
+  `tool` messages by the tokenizer's own chat template, e.g. for Qwen3
+  `\n<|im_start|>user\n<tool_response>\n...\n</tool_response><|im_end|>\n<|im_start|>assistant\n`
+  after a turn that ended with `<|im_end|>` (the end-of-turn marker is prepended when the turn was
+  cut by a stop string); tag-style environments (Search-R1) give the observation text verbatim.
+* The response-length budget (`max_new_tokens`) is shared by all turns and observations; when it runs
+  out the sample is TRUNCATED. An aborted engine request makes the sample ABORTED (partial output kept).
+* `check_chat_template_consistency` compares the incremental token stream with the chat template's
+  rendering of the final conversation, the most common multi-turn tokenization bug. Each sample records
+  its conversation (`template_check.CONVERSATION_KEY`) so that the run checks its first samples.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from slime_core.protocols import Env, EnvStep
+from slime_core.sample import Sample, Status
+from slime_rollout.data.source import get_tokenizer
+from slime_rollout.generation import generate as single_turn
+from slime_rollout.generation.seeds import continuation_seed
+from slime_rollout.generation.template_check import (
+    CONVERSATION_KEY,
+    ConsistencyReport,
+    check_chat_template_consistency,
+    end_of_turn,
+    record_segment,
+    render_continuation,
+    render_messages,
+)
+from slime_rollout.generation.top_p_replay import parse_top_p_sets
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+
+__all__ = [
+    "ConsistencyReport",
+    "build_env",
+    "check_chat_template_consistency",
+    "end_of_turn",
+    "env_reward",
+    "generate",
+    "render_tool_observation",
+]
+
+logger = logging.getLogger(__name__)
+
+
+# ---- environment ----------------------------------------------------------------------------------
+
+
+def _as_dict(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: must be a JSON object / mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def _env_factory(name: str) -> Any:
+    """Env class/factory by name: a `slime.envs` entry point, else an import path `module:attr`.
+
+    slime-envs and third-party packages declare their environments in the `slime.envs` entry-point group,
+    so slime-rollout finds them without importing slime-envs.
+    """
+    import importlib.metadata
+
+    from slime_core.plugins import load_function
+
+    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group="slime.envs")}
+    if name in entry_points:
+        return entry_points[name].load()
+    if "." in name or ":" in name:
+        return load_function(name, flag="--env-path")
+    raise KeyError(
+        f"unknown env {name!r} (--env-path); installed: {sorted(entry_points)} "
+        "(pip install slime-envs for search/python/calculator) or an import path module:attr"
+    )
+
+
+def build_env(args: SlimeArgs, sample: Sample) -> Env:
+    """Builds and resets the environment of one sample.
+
+    The name is `sample.metadata["env"]`, else `args.env_path`; options are, later ones winning,
+    `args.custom_config["env_kwargs"]` (the `--custom-config-path` YAML) and `sample.metadata["env_kwargs"]`
+    (dicts or JSON strings).
+
+    Args:
+        args: the plugin view (`slime_core.config.PluginArgs`).
+        sample: the sample whose episode starts.
+
+    Returns:
+        The environment, reset with the sample's prompt, label and metadata.
+
+    Raises:
+        ValueError: no environment configured, or malformed options.
+        KeyError: unknown name (lists the installed `slime.envs` entry points).
+        ImportError: an entry point or import path that does not import.
+        TypeError: the factory's result does not implement `slime_core.protocols.Env`.
+    """
+    name = sample.metadata.get("env") or args.env_path
+    if not name:
+        raise ValueError(
+            "multi-turn generate needs an environment: set --env-path (e.g. search, python, calculator) "
+            "or metadata['env'] in the dataset"
+        )
+    kwargs = _as_dict(args.custom_config.get("env_kwargs"), "--custom-config-path key env_kwargs")
+    kwargs.update(_as_dict(sample.metadata.get("env_kwargs"), f"sample {sample.index} metadata['env_kwargs']"))
+    env = _env_factory(str(name))(**kwargs)
+    if not isinstance(env, Env):
+        raise TypeError(f"env {name!r} built {type(env).__name__}, which lacks reset()/step() of slime_core Env")
+    env.reset(prompt=sample.prompt, label=sample.label, metadata=sample.metadata)
+    return env
+
+
+# ---- chat template helpers ------------------------------------------------------------------------
+
+
+def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, model_turn: str) -> str:
+    """The text between an assistant turn and the next assistant turn, as the chat template renders it.
+
+    `slime_rollout.generation.template_check.render_continuation` of one tool message per response: the wrapper (end of
+    turn, tool role header, grouping of consecutive tool messages, next assistant header) is exactly the template's.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        tool_responses: contents of the tool messages, in call order.
+        model_turn: decoded text of the model turn just generated; if it already ends with the
+            end-of-turn marker (the model emitted `<|im_end|>`), the marker is not repeated.
+
+    Returns:
+        The observation text (to be tokenized and appended as non-trainable tokens).
+
+    Raises:
+        ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
+    """
+    tool_messages = [{"role": "tool", "content": r} for r in tool_responses]
+    return render_continuation(tokenizer, tool_messages, model_turn=model_turn)
+
+
+# ---- generation ------------------------------------------------------------------------------------
+
+
+def _prompt_ids(tokenizer: Any, sample: Sample, env: Env) -> list[int]:
+    if (sample.multimodal_inputs or {}).get("images"):
+        # Tokenizing the text alone would leave the image placeholders unexpanded and send no image_data.
+        raise ValueError(
+            f"sample {sample.index}: multi-turn generate does not send images yet; prompts with --multimodal-keys "
+            "images use the default generate"
+        )
+    prompt = sample.prompt
+    if not isinstance(prompt, str):
+        tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
+        prompt = render_messages(tokenizer, list(prompt), add_generation_prompt=True, tools=tools)
+    return tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def _parse_reply(reply: Mapping[str, Any]) -> tuple[list[int], list[float], Mapping[str, Any]]:
+    meta = reply.get("meta_info") or {}
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise ValueError("engine reply has no meta_info.output_token_logprobs (was return_logprob sent?)")
+    return [int(e[1]) for e in entries], [float(e[0]) for e in entries], meta
+
+
+def _reset_response(sample: Sample) -> None:
+    del sample.tokens[sample.prompt_length :]
+    sample.response_length = 0
+    sample.response = ""
+    sample.loss_mask = None
+    sample.rollout_log_probs = None
+    sample.rollout_top_p_token_ids = sample.rollout_top_p_token_offsets = None
+    sample.status = Status.PENDING
+    sample.weight_versions.clear()
+    sample.metadata.pop(CONVERSATION_KEY, None)
+
+
+def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
+    if step.tool_responses is not None:
+        return render_tool_observation(tokenizer, step.tool_responses, model_turn=model_turn)
+    return step.observation
+
+
+async def _model_turn(
+    client: Any, tokenizer: Any, sample: Sample, params: dict[str, Any], budget: int
+) -> tuple[str, str]:
+    """Generates one model turn into `sample`; returns (engine text, text decoded from the engine ids)."""
+    params = dict(params, max_new_tokens=budget - sample.response_length)
+    if params.get("sampling_seed") is not None:
+        # Each turn of the sample draws from its own seed (same turns, same seeds: reproducible).
+        params["sampling_seed"] = continuation_seed(int(params["sampling_seed"]), sample.response_length)
+    payload = {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True}
+    reply = await single_turn.call_client(client.generate, payload)
+    tokens, log_probs, meta = _parse_reply(reply)
+    # Decoded from the ids, special tokens kept, whatever `skip_special_tokens` the engine used: this is
+    # what tells whether the turn ended with the template's end-of-turn token.
+    token_text = tokenizer.decode(tokens)
+    text = reply.get("text")
+    if text is None:
+        text = token_text
+    sample.status = Status.PENDING
+    top_p = parse_top_p_sets(meta, len(tokens))  # top-p replay sets, when the engine returned them
+    sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta, top_p=top_p)
+    if sample.status is Status.PENDING:
+        sample.status = Status.COMPLETED
+    return text, token_text
+
+
+async def _env_step(env: Env, sample: Sample, text: str) -> EnvStep | None:
+    """Steps the env; an exception marks the sample FAILED (and removed from training) and returns None."""
+    start = time.monotonic()
+    try:
+        return await env.step(text)
+    except Exception as e:  # a broken env fails this sample, not the whole rollout
+        logger.warning("sample %s: env step failed: %r", sample.index, e)
+        sample.status = Status.FAILED
+        sample.remove_sample = True  # keep the group's shape, train on none of it
+        sample.metadata["env_error"] = f"{type(e).__name__}: {e}"
+        return None
+    finally:
+        sample.non_generation_time += time.monotonic() - start
+
+
+def _append_observation(tokenizer: Any, sample: Sample, text: str, budget: int) -> bool:
+    """Appends the observation as masked tokens; False (sample TRUNCATED) when it uses up the budget."""
+    obs_ids = tokenizer.encode(text, add_special_tokens=False)
+    room = budget - sample.response_length
+    if len(obs_ids) >= room:
+        # No room left for another model token after it: keep what fits and stop.
+        obs_ids = obs_ids[:room]
+        sample.append_response_tokens(obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
+        sample.status = Status.TRUNCATED
+        sample.metadata[CONVERSATION_KEY]["cut"] = True  # the conversation no longer renders as recorded
+        return False
+    sample.append_response_tokens(obs_ids, trainable=False, text=text)
+    return True
+
+
+async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """Runs one multi-turn episode against the sample's environment.
+
+    Args:
+        args: the plugin view (`slime_core.config.PluginArgs`); reads `hf_checkpoint` (tokenizer), `max_turns`,
+            `env_path`, `custom_config["env_kwargs"]`, `custom_rm_path`, `rm_type`, and the engine addresses
+            (`slime_rollout.generation.generate.get_client`).
+        sample: a fresh sample (prompt text or chat messages; `metadata` from `--metadata-key`, tools
+            under `metadata["tools"]` from `--tool-key`); filled in place.
+        sampling_params: SGLang sampling params; `max_new_tokens` is the budget of the whole response
+            (all turns and observations); the env's `stop` strings are added and `no_stop_trim` is set.
+
+    Returns:
+        The sample with model turns (trainable, engine log-probs) and observations (masked, 0.0)
+        appended; `metadata["env_reward"]`, `["num_turns"]`, `["env_info"]`. An exception raised by the
+        env's `step` marks the sample FAILED with `remove_sample` (`metadata["env_error"]`). If the env
+        gave a reward and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
+
+    Raises:
+        ValueError: no environment configured, or a malformed engine reply.
+
+    A sample that already holds a partial response (an aborted episode from the partial-rollout
+    buffer) is restarted from its prompt: the environment's state cannot be resumed.
+    """
+    if sample.response_length > 0:
+        # A partial episode (aborted, back from the partial-rollout buffer): the env state is gone, so the
+        # episode restarts from the prompt.
+        logger.debug("sample %s: restarting a partial multi-turn episode from its prompt", sample.index)
+        _reset_response(sample)
+    tokenizer = get_tokenizer(args.hf_checkpoint)
+    env = build_env(args, sample)
+    if not sample.tokens:
+        sample.tokens = _prompt_ids(tokenizer, sample, env)
+    # The conversation as appended, for the chat-template conformance check (slime_rollout.generation.template_check).
+    tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
+    sample.metadata[CONVERSATION_KEY] = {"tools": tools, "segments": []}
+    budget = int(sampling_params["max_new_tokens"])
+    params = dict(sampling_params)
+    stop = list(params.get("stop") or [])
+    stop += [s for s in getattr(env, "stop", None) or [] if s not in stop]
+    params["stop"] = stop or None
+    params["no_stop_trim"] = True  # the stop tag must stay in the output so ids and text agree
+    client = single_turn.get_client(args)
+
+    env_reward: float | None = None
+    infos: list[dict[str, Any]] = []
+    num_turns = 0
+    max_turns = args.max_turns
+    for turn in range(max_turns):
+        if budget - sample.response_length <= 0:
+            sample.status = Status.TRUNCATED
+            break
+        text, token_text = await _model_turn(client, tokenizer, sample, params, budget)
+        record_segment(sample, "assistant", token_text)
+        num_turns += 1
+        if sample.status in (Status.ABORTED, Status.TRUNCATED):
+            break  # aborted, or the turn used up the rest of the shared budget
+        step = await _env_step(env, sample, text)
+        if step is None:
+            break
+        infos.append(dict(step.info))
+        if step.reward is not None:
+            env_reward = step.reward
+        if step.done or turn == max_turns - 1:
+            # No turn left to read an observation: the response ends on the model's tokens.
+            break
+        observation = _observation_text(tokenizer, step, token_text)
+        record_segment(sample, "observation", observation, tool_responses=step.tool_responses)
+        if not _append_observation(tokenizer, sample, observation, budget):
+            break
+
+    sample.metadata["num_turns"] = num_turns
+    sample.metadata["env_info"] = infos
+    if env_reward is not None:
+        sample.metadata["env_reward"] = env_reward
+        if not args.custom_rm_path and not args.rm_type:
+            sample.reward = env_reward
+    return sample
+
+
+async def env_reward(args: SlimeArgs, sample: Sample) -> float:
+    """`--custom-rm-path slime_rollout.multi_turn.env_reward`: the reward the environment gave (0.0 if none)."""
+    return float(sample.metadata.get("env_reward", 0.0))

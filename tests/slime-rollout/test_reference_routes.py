@@ -1,0 +1,43 @@
+"""The reference engine's app as assembled from its route groups (`engines/reference/routes/`)."""
+
+from fastapi.testclient import TestClient
+
+from slime_rollout.engines.reference.model import ReferenceModel
+from slime_rollout.engines.reference.server import build_app
+
+# SGLang 0.5.16's routes the engine serves (tests/fixtures/sglang-wire/README.md), with their methods.
+SGLANG_ROUTES = {
+    "/generate": {"POST"}, "/abort_request": {"POST"}, "/flush_cache": {"GET", "POST"},
+    "/pause_generation": {"POST"}, "/continue_generation": {"POST"},
+    "/release_memory_occupation": {"GET", "POST"}, "/resume_memory_occupation": {"GET", "POST"},
+    "/update_weights_from_disk": {"POST"}, "/update_weights_from_tensor": {"POST"},
+    "/init_weights_update_group": {"POST"}, "/update_weights_from_distributed": {"POST"},
+    "/destroy_weights_update_group": {"POST"}, "/get_weight_version": {"GET"}, "/update_weight_version": {"POST"},
+    "/get_weights_by_name": {"GET", "POST"}, "/weights_checker": {"GET", "POST"},
+    "/load_lora_adapter": {"POST"}, "/unload_lora_adapter": {"POST"},
+    "/health": {"GET"}, "/health_generate": {"GET"}, "/v1/loads": {"GET"},
+    "/model_info": {"GET"}, "/get_model_info": {"GET"}, "/server_info": {"GET"}, "/get_server_info": {"GET"},
+}  # fmt: skip
+
+
+def test_every_route_group_is_mounted_with_sglangs_methods(tiny_qwen3_dir):
+    app = build_app(ReferenceModel(str(tiny_qwen3_dir)), max_running_requests=2, random_seed=0, server_args={})
+    served = {path: {m.upper() for m in methods} for path, methods in app.openapi()["paths"].items()}
+    assert served == SGLANG_ROUTES
+
+
+def test_two_apps_keep_their_own_state(tiny_qwen3_dir):
+    # The routers are module-level objects shared by every app: each route must read its own app's engine.
+    model = ReferenceModel(str(tiny_qwen3_dir))
+    first = build_app(model, max_running_requests=2, random_seed=0, server_args={"weight_version": "a"})
+    second = build_app(model, max_running_requests=3, random_seed=0, server_args={"weight_version": "b"})
+    with TestClient(first) as one, TestClient(second) as two:
+        assert one.post("/update_weight_version", json={"new_version": "a2"}).json()["new_version"] == "a2"
+        assert one.get("/model_info").json()["weight_version"] == "a2"
+        assert two.get("/model_info").json()["weight_version"] == "b"
+        assert two.get("/server_info").json()["weight_version"] == "b"
+        assert [one.get("/v1/loads").json()["loads"][0]["max_running_requests"],
+                two.get("/v1/loads").json()["loads"][0]["max_running_requests"]] == [2, 3]  # fmt: skip
+        assert one.post("/pause_generation").status_code == 200
+        assert two.get("/server_info").json()["internal_states"][0]["paused"] is False
+        assert one.get("/server_info").json()["internal_states"][0]["paused"] is True
