@@ -42,6 +42,7 @@ from slime_core.config import SlimeArgs
 from slime_core.param_filter import frozen_parameter_names
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
+from slime_core.weight_swap import WeightSwap
 from slime_train_megatron.attention import AttentionKind, attention_kind
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
 from slime_train_megatron.hf_export import save_hf
@@ -62,6 +63,11 @@ from slime_train_megatron.sleep import offload_to_cpu, reload_from_cpu
 logger = logging.getLogger(__name__)
 
 __all__ = ["MegatronTrainBackend"]
+
+_MISSING = {
+    "ref": "no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)",
+    "teacher": "no teacher model: --use-opd --opd-type megatron --opd-teacher-load DIR",
+}
 
 
 class _GatherCP(torch.autograd.Function):
@@ -104,8 +110,7 @@ class MegatronTrainBackend:
         self.module: Any = None  # the GPTModel
         self.optimizer: Any = None
         self.scheduler: Any = None
-        self._ref: dict[str, torch.Tensor] | None = None
-        self._teacher: dict[str, torch.Tensor] | None = None
+        self.weights = WeightSwap(lambda: self.module.named_parameters(), missing=_MISSING)  # ref / OPD teacher
         self._asleep = False
         self.attention: AttentionKind = "transformer_engine"
         self._sleep_state: Any = None
@@ -199,23 +204,23 @@ class MegatronTrainBackend:
             load_hf_weights(self.module, self.cfg.hf_checkpoint, self.model_args, s)
         self.optimizer.reload_model_params()  # fp32 main params from the loaded weights
         if with_ref:
-            self._ref = self._snapshot()
+            self.weights.hold("ref")
         if self.cfg.use_opd and self.cfg.opd_type in ("megatron", "fsdp"):
-            self._teacher = self._load_teacher()
+            self._load_teacher()
         return self._resume()
 
-    def _load_teacher(self) -> dict[str, torch.Tensor]:
-        """CPU copy of the OPD teacher's parameters (`--opd-teacher-load`); the actor's weights are put back."""
+    def _load_teacher(self) -> None:
+        """Holds a CPU copy of the OPD teacher's parameters (`--opd-teacher-load`); the actor's weights are put back."""
         path = self.cfg.opd_teacher_load
-        actor = self._snapshot()
-        if is_megatron_checkpoint(path):
-            load_checkpoint(path, self.module, None, None, load_rng=False, ckpt_step=self.cfg.opd_teacher_ckpt_step)
-        else:
-            load_hf_weights(self.module, path, self.model_args, self.settings)
-        teacher = self._snapshot()
-        self._restore(actor)
+
+        def load() -> None:
+            if is_megatron_checkpoint(path):
+                load_checkpoint(path, self.module, None, None, load_rng=False, ckpt_step=self.cfg.opd_teacher_ckpt_step)
+            else:
+                load_hf_weights(self.module, path, self.model_args, self.settings)
+
+        self.weights.capture("teacher", load)
         logger.info("on-policy-distillation teacher loaded from %s", path)
-        return teacher
 
     def _resume(self) -> int:
         """Loads `--load` when it is a Megatron checkpoint; returns the rollout id to start from."""
@@ -235,14 +240,6 @@ class MegatronTrainBackend:
             start = 0 if (rollout_id is None or s.finetune) else rollout_id + 1
         return start
 
-    def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().to("cpu", copy=True) for n, p in self.module.named_parameters()}
-
-    @torch.no_grad()
-    def _restore(self, snapshot: dict[str, torch.Tensor]) -> None:
-        for n, p in self.module.named_parameters():
-            p.copy_(snapshot[n], non_blocking=True)
-
     @property
     def dp_rank(self) -> int:
         """Data-parallel rank (megatron-core's parallel state): which per-DP-rank batch this rank trains on."""
@@ -256,12 +253,12 @@ class MegatronTrainBackend:
     @property
     def has_ref(self) -> bool:
         """Whether reference weights are held (`init(..., with_ref=True)`)."""
-        return self._ref is not None
+        return self.weights.holds("ref")
 
     @property
     def has_teacher(self) -> bool:
         """Whether on-policy-distillation teacher weights are held (`--opd-type megatron`)."""
-        return self._teacher is not None
+        return self.weights.holds("teacher")
 
     def _pad_multiple(self) -> int:
         s = self.settings
@@ -402,17 +399,10 @@ class MegatronTrainBackend:
         Raises:
             ValueError: unknown `model`, or "ref" / "teacher" without those weights.
         """
-        others = {"ref": self._ref, "teacher": self._teacher}
-        if model != "actor" and model not in others:
-            raise ValueError(f"model must be 'actor', 'ref' or 'teacher', got {model!r}")
-        if model == "ref" and self._ref is None:
-            raise ValueError("no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)")
-        if model == "teacher" and self._teacher is None:
-            raise ValueError("no teacher model: --use-opd --opd-type megatron --opd-teacher-load DIR")
-        backup = None
-        if model != "actor":
-            backup = self._snapshot()
-            self._restore(others[model])
+        with self.weights.swapped(model):
+            return self._log_probs(batch)
+
+    def _log_probs(self, batch: RolloutBatch) -> list[torch.Tensor]:
         self.model.eval()
         try:
             out: dict[int, torch.Tensor] = {}
@@ -429,8 +419,6 @@ class MegatronTrainBackend:
                         out[i] = piece
         finally:
             self.model.train()
-            if backup is not None:
-                self._restore(backup)
         missing = [i for i in range(batch.num_samples) if i not in out]
         if missing:
             raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
@@ -504,7 +492,7 @@ class MegatronTrainBackend:
 
     def update_ref(self) -> None:
         """Copies the current weights into the reference snapshot (`--ref-update-interval`)."""
-        self._ref = self._snapshot()
+        self.weights.hold("ref")
 
     # ---------------------------------------------------------------- checkpoints and weights
     def save(self, rollout_id: int) -> None:
