@@ -58,7 +58,7 @@ from slime_train_fsdp.trainer_parts import (
     reduce_metric_sums,
     resume,
 )
-from slime_train_fsdp.vision import is_vision_language, mrope_position_ids, vision_tower_names
+from slime_train_fsdp.vision import frozen_vision_tower, is_vision_language, mrope_position_ids
 
 logger = logging.getLogger(__name__)
 
@@ -191,13 +191,8 @@ class FSDPTrainBackend:
         """
         if is_vision_language(self.config):
             self._mrope = functools.partial(mrope_position_ids, self.model.model)
-        if not cfg.freeze_vision_tower:
-            return set()
-        names = vision_tower_names(self.model)
-        if not names:
-            raise ValueError(f"--freeze-vision-tower: --hf-checkpoint {cfg.hf_checkpoint} has no vision tower")
+        names = frozen_vision_tower(self.model, cfg)
         self._frozen_vision = frozenset(names)
-        logger.info("--freeze-vision-tower: %d vision tensors frozen", len(names))
         return names
 
     def _pack(self, batch: RolloutBatch, ids: list[int]) -> PackedMicroBatch:
