@@ -240,4 +240,3 @@ def train_critic_on_rollout(
     metrics = {f"train/critic-{key}": value for key, value in metrics.items()}
     logger.debug("rollout %d critic: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
     return metrics, values
-
