@@ -89,7 +89,7 @@ def worker(model_dir: str, tp: int, pp: int, cp: int, out_path: str) -> None:
     backend.init(cfg, with_ref=False)
     dp = parallel_state.get_data_parallel_world_size()
     result: dict = {"layout": [tp, pp, cp], "dp": dp}
-    start = backend._snapshot()
+    start = backend.weights.snapshot()
     for mode, per_token in LOSS_MODES.items():
         backend.cfg = cfg.model_copy(update={"calculate_per_token_loss": per_token})  # read by train() per call
         batch = build_rollout_batches(backend.cfg, _samples(backend.model_args.vocab_size), dp_size=dp)[
@@ -106,7 +106,7 @@ def worker(model_dir: str, tp: int, pp: int, cp: int, out_path: str) -> None:
             "mean_log_prob": float(torch.cat(lp).mean()),
             "seconds": time.perf_counter() - t0,
         }
-        backend._restore(start)
+        backend.weights.restore(start)
         backend.optimizer.reload_model_params()
     result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     ps = parallel_state

@@ -98,12 +98,12 @@ def _cpu_shims() -> None:
     import torch
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    from slime_train_megatron import backend
+    from slime_train_megatron import pipeline, trainer_parts
 
     torch.cuda.current_device = lambda: "cpu"  # RoPE buffers and the attention dropout RNG ask for it
     get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    backend.get_megatron_optimizer = _CpuAdam
-    backend.get_forward_backward_func = lambda: _cpu_schedule
+    trainer_parts.get_megatron_optimizer = _CpuAdam
+    pipeline.get_forward_backward_func = lambda: _cpu_schedule
 
 
 def main(argv: list[str] | None = None) -> dict:

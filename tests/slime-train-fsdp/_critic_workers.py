@@ -104,12 +104,6 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     resumed = FSDPCriticBackend()
     res["resumed_start"] = resumed.init(make_cfg(ckpt, load=str(work / "run")))
     res["resumed_values"] = resumed.compute_values(batch)
-    calls = {"log_probs": lambda: critic.compute_log_probs(batch), "train": lambda: critic.train(0, batch)}
-    for name, call in calls.items():
-        try:
-            call()
-        except TypeError as exc:
-            res[f"{name}_error"] = str(exc)
     try:
         FSDPCriticBackend().init(make_cfg(ckpt, critic_load=str(work)))
     except ValueError as exc:

@@ -426,15 +426,15 @@ def scenario_gpu(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     params_before, states_before = full_params(b), optimizer_states(b)
     b.sleep()
     res["mem_before_after_sleep"] = (before, torch.cuda.memory_allocated())
-    host = b._host._buffers
-    res["pinned_buffers"] = (len(host), all(t.is_pinned() for t in host), b._host.pinned_bytes)
+    host = b.residency._host._buffers
+    res["pinned_buffers"] = (len(host), all(t.is_pinned() for t in host), b.residency._host.pinned_bytes)
     ptrs = [t.data_ptr() for t in host]
     b.wake_up()
     res["wake_params_equal"] = all(torch.equal(v, params_before[k]) for k, v in full_params(b).items())
     res["wake_states_equal"] = all(torch.equal(v, states_before[k]) for k, v in optimizer_states(b).items())
     res["states_device"] = sorted({t.device.type for t in optimizer_states(b, to_cpu=False).values()})
     b.sleep()  # the second sleep writes into the same pinned buffers
-    res["buffers_reused"] = [t.data_ptr() for t in b._host._buffers] == ptrs
+    res["buffers_reused"] = [t.data_ptr() for t in b.residency._host._buffers] == ptrs
     b.wake_up()
     b.train(2, batch)
     bucket = next(iter(b.named_hf_weights(1 << 20)))

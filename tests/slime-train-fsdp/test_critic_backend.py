@@ -24,6 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threade
 
 WORKER = pathlib.Path(__file__).with_name("_critic_workers.py")
 TOL = 1e-5
+# What only a policy has: token log-probs, the RL step, reference/teacher weights, HF export and engine weight push.
+ACTOR_ONLY = ("compute_log_probs", "train", "update_ref", "has_ref", "has_teacher", "save_hf", "named_hf_weights")
 
 
 _LAUNCH = pathlib.Path(__file__).with_name("_launch.py")
@@ -85,9 +87,20 @@ def test_checkpoint_resumes_exactly(single):
         assert torch.equal(a, b)
 
 
-def test_actor_only_calls_and_bad_critic_load_fail_clearly(single):
-    assert "has no log-probs" in single["log_probs_error"]
-    assert "trains with train_critic" in single["train_error"]
+def test_the_critic_is_a_critic_backend_and_nothing_of_the_actor():
+    """Composition, not an actor subclass that refuses: the actor-only API does not exist on the critic."""
+    from slime_core.critic import CriticStepBackend
+    from slime_core.protocols import CriticBackend, TrainBackend
+    from slime_train_fsdp import FSDPCriticBackend, FSDPTrainBackend
+
+    assert not issubclass(FSDPCriticBackend, FSDPTrainBackend)
+    critic = FSDPCriticBackend()
+    assert isinstance(critic, CriticBackend) and isinstance(critic, CriticStepBackend)
+    assert not isinstance(critic, TrainBackend)
+    assert [m for m in ACTOR_ONLY if hasattr(critic, m)] == []
+
+
+def test_bad_critic_load_fails_clearly(single):
     assert (
         "neither a critic checkpoint (latest_checkpointed_iteration.txt) nor an HF directory"
         in (single["bad_load_error"])

@@ -104,7 +104,7 @@ def main() -> None:
         free_before = torch.cuda.mem_get_info()[0]
         backend.sleep()
         result["freed"] = torch.cuda.mem_get_info()[0] - free_before
-        result["offloaded"] = sum(b.numel() for _, b in backend._sleep_state)
+        result["offloaded"] = sum(b.numel() for _, b in backend.residency.state)
         result["param_bytes"] = sum(p.numel() * p.element_size() for p in backend.module.parameters())
         backend.wake_up()
         result["after"] = backend.compute_log_probs(b)

@@ -136,9 +136,10 @@ def _cpu_schedule(  # megatron-core's `forward_backward_no_pipelining`, minus CU
 @pytest.fixture()
 def cpu_backend_env(monkeypatch, megatron_cpu_world):
     """The backend module with CPU stand-ins for megatron-core's CUDA-only optimizer and schedule."""
-    from slime_train_megatron import backend
+    from slime_train_megatron import backend, pipeline, trainer_parts
 
-    monkeypatch.setattr(backend, "get_megatron_optimizer", _CpuAdam)
-    monkeypatch.setattr(backend, "get_forward_backward_func", lambda: _cpu_schedule)
+    # Where the actor and the critic get them (both are built from trainer_parts and run through pipeline).
+    monkeypatch.setattr(trainer_parts, "get_megatron_optimizer", _CpuAdam)
+    monkeypatch.setattr(pipeline, "get_forward_backward_func", lambda: _cpu_schedule)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     return backend

@@ -83,10 +83,23 @@ def test_critic_values_training_checkpoint(cpu_backend_env, tiny_hf, tmp_path):
     assert resumed.init(critic_config(cfg.model_copy(update={"load": str(tmp_path / "run")}))) == 12
     for a, b in zip(saved, resumed.compute_values(batch), strict=True):
         assert torch.equal(a, b)
-    with pytest.raises(TypeError, match="has no log-probs"):
-        critic.compute_log_probs(batch)
     with pytest.raises(ValueError, match="neither a critic torch_dist checkpoint nor an HF directory"):
         _critic_cls().init(critic_config(cfg.model_copy(update={"critic_load": "/nope"})))
+
+
+def test_the_critic_is_a_critic_backend_and_nothing_of_the_actor():
+    """Composition, not an actor subclass that refuses: the actor-only API does not exist on the critic."""
+    from slime_core.critic import CriticStepBackend
+    from slime_core.protocols import CriticBackend, TrainBackend
+    from slime_train_megatron.backend import MegatronTrainBackend
+    from slime_train_megatron.critic_backend import MegatronCriticBackend
+
+    assert not issubclass(MegatronCriticBackend, MegatronTrainBackend)
+    critic = MegatronCriticBackend()
+    assert isinstance(critic, CriticBackend) and isinstance(critic, CriticStepBackend)
+    assert not isinstance(critic, TrainBackend)
+    actor_only = ("compute_log_probs", "train", "update_ref", "has_ref", "has_teacher", "save_hf", "named_hf_weights")
+    assert [m for m in actor_only if hasattr(critic, m)] == []
 
 
 def test_opd_teacher_from_hf_and_from_a_checkpoint(cpu_backend_env, tiny_hf, tmp_path):

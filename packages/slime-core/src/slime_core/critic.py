@@ -37,7 +37,6 @@ from slime_core.train_step import step_denominator
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ActorMethodsRefused",
     "CriticStepBackend",
     "ValueLoss",
     "critic_config",
@@ -241,28 +240,3 @@ def train_critic_on_rollout(
     metrics = {f"train/critic-{key}": value for key, value in metrics.items()}
     logger.debug("rollout %d critic: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
     return metrics, values
-
-
-class ActorMethodsRefused:
-    """Mixin for critic backends built on an actor backend: the actor-only methods raise `TypeError`.
-
-    A value model has no token distribution, trains with `train_critic`, is checkpointed but never exported
-    as a causal LM, and is never pushed to the engines. Put it first in the bases
-    (`class XCriticBackend(ActorMethodsRefused, XTrainBackend)`).
-    """
-
-    def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
-        """Not available: a value model has no token distribution. Raises `TypeError`."""
-        raise TypeError(f"{type(self).__name__} has no log-probs; use compute_values")
-
-    def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
-        """Not available: the critic trains with `train_critic`. Raises `TypeError`."""
-        raise TypeError(f"{type(self).__name__} trains with train_critic(rollout_id, batch)")
-
-    def save_hf(self, path: object) -> None:
-        """Not available: the critic is checkpointed (`save`), never exported. Raises `TypeError`."""
-        raise TypeError("the critic has no HF causal-LM export; its checkpoints are written by save()")
-
-    def named_hf_weights(self, bucket_bytes: int | None = None) -> object:
-        """Not available: engines serve the actor only. Raises `TypeError`."""
-        raise TypeError("the critic's weights are never pushed to the engines")

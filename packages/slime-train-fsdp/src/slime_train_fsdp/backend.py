@@ -35,21 +35,19 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.param_filter import frozen_parameter_names
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
+from slime_core.weight_swap import WeightSwap
 from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, save_checkpoint
 from slime_train_fsdp.compile_cache import load_compile_cache, save_compile_cache
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
-from slime_train_fsdp.lr_schedule import build_lr_scheduler
 from slime_train_fsdp.model_loading import (
     build_fsdp_model,
     default_device,
     gathered_through_backward,
     load_hf_weights_into,
 )
-from slime_train_fsdp.offload import HostOffloader
 from slime_train_fsdp.packing import (
     PackedMicroBatch,
     install_response_forward,
@@ -57,12 +55,25 @@ from slime_train_fsdp.packing import (
     response_log_probs,
     split_by_lengths,
 )
-from slime_train_fsdp.vision import is_vision_language, mrope_position_ids, vision_tower_names
+from slime_train_fsdp.trainer_parts import (
+    Residency,
+    all_reduce_sum,
+    build_optimizer,
+    clip_and_step,
+    cp_size,
+    reduce_metric_sums,
+    resume,
+)
+from slime_train_fsdp.vision import frozen_vision_tower, is_vision_language, mrope_position_ids
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["FSDPTrainBackend"]
 
+_MISSING = {
+    "ref": "no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)",
+    "teacher": "no teacher model: --use-opd --opd-type fsdp --opd-teacher-load DIR",
+}
 _DEFAULT_CHUNK = 1024  # response tokens per lm_head chunk when --log-probs-chunk-size is unset (-1)
 
 
@@ -106,10 +117,8 @@ class FSDPTrainBackend:
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.device = torch.device("cpu")
         self.global_step = 0
-        self._ref_shards: dict[str, torch.Tensor] | None = None
-        self._teacher_shards: dict[str, torch.Tensor] | None = None
-        self._asleep = False
-        self._host: HostOffloader | None = None
+        self.weights = WeightSwap(self._local_params, missing=_MISSING)  # reference / OPD teacher host copies
+        self.residency: Residency | None = None  # sleep/wake, made with the optimizer
         self.step_metrics: list[dict[str, float]] = []
         self._mrope = None  # per-sequence 3-D rotary positions of a vision-language model
         self._frozen_vision: frozenset[str] = frozenset()
@@ -146,64 +155,40 @@ class FSDPTrainBackend:
                 lora_init = cfg.lora_rank and dist.get_rank() == 0
                 adapters = initial_adapter_state(self.model, cfg.seed) if lora_init else None
                 load_hf_weights_into(self.model, ref_path, extra=adapters)
-                self._ref_shards = self._snapshot()
+                self.weights.hold("ref")
                 load_hf_weights_into(self.model, cfg.hf_checkpoint, extra=adapters)
             else:
-                self._ref_shards = self._snapshot()
+                self.weights.hold("ref")
         self._build_optimizer(cfg)
         if cfg.use_opd and cfg.opd_type in ("fsdp", "megatron"):
-            self._teacher_shards = self._load_teacher(cfg)
+            self._load_teacher(cfg)
         return self._load_checkpoint(cfg)
 
     def _build_optimizer(self, cfg: SlimeArgs) -> None:
         """Freezes the `--*-params-name-list` and frozen-vision-tower parameters, builds AdamW and the LR schedule."""
-        names = [n for n, _ in self.model.named_parameters()]
-        frozen = frozen_parameter_names(names, cfg) | self._vision_setup(cfg)
-        for name, param in self.model.named_parameters():
-            if name in frozen:
-                param.requires_grad_(False)  # FSDP2 then neither computes nor reduce-scatters its gradient
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=float(cfg.lr),
-            betas=(float(cfg.adam_beta1), float(cfg.adam_beta2)),
-            eps=float(cfg.adam_eps),
-            weight_decay=float(cfg.weight_decay),
-            # One fused kernel per step on the GPU instead of foreach launches per parameter group and op.
-            fused=(self.device.type == "cuda" and not cfg.fsdp_cpu_offload) or None,
-        )
-        self.scheduler = build_lr_scheduler(self.optimizer, cfg)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.device, self._vision_setup(cfg))
+        self.residency = Residency(self.model, self.optimizer, self.device, cpu_offload=cfg.fsdp_cpu_offload,
+                                   pin_memory=cfg.offload_train_pin_memory)  # fmt: skip
 
-    def _load_teacher(self, cfg: SlimeArgs) -> dict[str, torch.Tensor]:
-        """CPU shards of the OPD teacher `--opd-teacher-load` (an HF directory or an FSDP checkpoint directory)."""
-        actor = self._snapshot()
+    def _load_teacher(self, cfg: SlimeArgs) -> None:
+        """Holds the CPU shards of the OPD teacher `--opd-teacher-load` (an HF directory or an FSDP checkpoint)."""
         path = pathlib.Path(cfg.opd_teacher_load)
-        if (path / TRACKER).exists() or cfg.opd_teacher_ckpt_step is not None:
-            load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                            ckpt_step=cfg.opd_teacher_ckpt_step, load_optim=False, load_rng=False)  # fmt: skip
-        else:
-            load_hf_weights_into(self.model, path)
-        teacher = self._snapshot()
-        self._load_shards(actor)
+
+        def load() -> None:
+            if (path / TRACKER).exists() or cfg.opd_teacher_ckpt_step is not None:
+                load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                ckpt_step=cfg.opd_teacher_ckpt_step, load_optim=False, load_rng=False)  # fmt: skip
+            else:
+                load_hf_weights_into(self.model, path)
+
+        self.weights.capture("teacher", load)
         logger.info("on-policy-distillation teacher loaded from %s", path)
-        return teacher
 
     def _load_checkpoint(self, cfg: SlimeArgs) -> int:
         """Restores `--load` when it holds a checkpoint; returns the rollout id to start from."""
-        start = cfg.start_rollout_id or 0
         if cfg.load and self._compiles:
             load_compile_cache(cfg.load)  # before the first forward compiles the layers
-        if cfg.load:
-            meta = load_checkpoint(
-                cfg.load,
-                model=self.model,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                ckpt_step=cfg.ckpt_step,
-                load_optim=not cfg.no_load_optim,
-                load_rng=not cfg.no_load_rng,
-            )
-            if meta is not None:
-                start, self.global_step = int(meta["next_rollout_id"]), int(meta["global_step"])
+        start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler)
         return start
 
     def _vision_setup(self, cfg: SlimeArgs) -> set[str]:
@@ -214,13 +199,8 @@ class FSDPTrainBackend:
         """
         if is_vision_language(self.config):
             self._mrope = functools.partial(mrope_position_ids, self.model.model)
-        if not cfg.freeze_vision_tower:
-            return set()
-        names = vision_tower_names(self.model)
-        if not names:
-            raise ValueError(f"--freeze-vision-tower: --hf-checkpoint {cfg.hf_checkpoint} has no vision tower")
+        names = frozen_vision_tower(self.model, cfg)
         self._frozen_vision = frozenset(names)
-        logger.info("--freeze-vision-tower: %d vision tensors frozen", len(names))
         return names
 
     def _pack(self, batch: RolloutBatch, ids: list[int]) -> PackedMicroBatch:
@@ -228,9 +208,8 @@ class FSDPTrainBackend:
                                 multimodal=batch.multimodal_train_inputs, mrope=self._mrope)  # fmt: skip
 
     def _require_awake(self, what: str) -> None:
-        # Asleep, the shards live on CPU; NCCL collectives on them would fail deep inside FSDP.
-        if self._asleep:
-            raise RuntimeError(f"{what}() called while the backend is asleep; call wake_up() first")
+        if self.residency is not None:
+            self.residency.require_awake(what)
 
     @property
     def dp_size(self) -> int:
@@ -245,26 +224,20 @@ class FSDPTrainBackend:
     @property
     def cp_size(self) -> int:
         """Context-parallel group size (`--context-parallel-size`; 1 without context parallelism)."""
-        group = self.model.slime_forward_options.cp_group
-        return 1 if group is None else dist.get_world_size(group)
+        return cp_size(self.model)
 
     @property
     def has_ref(self) -> bool:
         """Whether reference weights are held (`init(..., with_ref=True)`)."""
-        return self._ref_shards is not None
+        return self.weights.holds("ref")
 
     @property
     def has_teacher(self) -> bool:
         """Whether on-policy-distillation teacher weights are held (`--opd-type fsdp` / `megatron`)."""
-        return self._teacher_shards is not None
+        return self.weights.holds("teacher")
 
-    def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {n: _local(p).detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
-
-    @torch.no_grad()
-    def _load_shards(self, shards: dict[str, torch.Tensor]) -> None:
-        for n, p in self.model.named_parameters():
-            _local(p).copy_(shards[n])
+    def _local_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return ((n, _local(p)) for n, p in self.model.named_parameters())
 
     # ------------------------------------------------------------- log-probs
     def _chunk_size(self) -> int:
@@ -288,18 +261,7 @@ class FSDPTrainBackend:
             RuntimeError: while asleep.
         """
         self._require_awake("compute_log_probs")
-        others = {"ref": self._ref_shards, "teacher": self._teacher_shards}
-        if model != "actor" and model not in others:
-            raise ValueError(f"model must be 'actor', 'ref' or 'teacher', got {model!r}")
-        if model == "ref" and self._ref_shards is None:
-            raise ValueError("no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)")
-        if model == "teacher" and self._teacher_shards is None:
-            raise ValueError("no teacher model: --use-opd --opd-type fsdp --opd-teacher-load DIR")
-        backup = None
-        if model != "actor":
-            backup = self._snapshot()
-            self._load_shards(others[model])
-        try:
+        with self.weights.swapped(model):
             out: list[torch.Tensor | None] = [None] * batch.num_samples
             for step in batch.micro_batches:
                 for ids in step:
@@ -309,9 +271,6 @@ class FSDPTrainBackend:
                     )
                     for i, lp in zip(ids, split_by_lengths(logp, mb.response_lengths), strict=True):
                         out[i] = lp.float().cpu()
-        finally:
-            if backup is not None:
-                self._load_shards(backup)
         missing = [i for i, t in enumerate(out) if t is None]
         if missing:
             raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
@@ -348,9 +307,7 @@ class FSDPTrainBackend:
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum of `tensor` over all ranks (the DP group), returned on CPU."""
-        reduced = tensor.to(self.device)
-        dist.all_reduce(reduced)
-        return reduced.cpu()
+        return all_reduce_sum(tensor, self.device)
 
     def forward_backward(
         self, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss, *, denominator: float
@@ -388,16 +345,9 @@ class FSDPTrainBackend:
 
     def optimizer_step(self) -> tuple[float, float]:
         """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate)."""
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        max_norm = self.cfg.clip_grad
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        self.optimizer.step()
-        self.scheduler.step()
+        norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.clip_grad)
         self.global_step += 1
-        return float(norm), lr
+        return norm, lr
 
     def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
         """Metric sums over data-parallel ranks.
@@ -405,14 +355,7 @@ class FSDPTrainBackend:
         A rank whose micro-batches were all empty has no names, so names are agreed first. The CP ranks of a DP
         group all compute the group's full sums, so the sum over all ranks is divided by `cp_size`.
         """
-        gathered: list[list[str] | None] = [None] * self.dp_size
-        dist.all_gather_object(gathered, sorted(sums))
-        names = sorted({k for g in gathered for k in (g or [])})
-        if not names:
-            return {}
-        vec = torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64, device=self.device)
-        dist.all_reduce(vec)
-        return {k: v / self.cp_size for k, v in zip(names, vec.cpu().tolist(), strict=True)}
+        return reduce_metric_sums(sums, self.device, self.cp_size)
 
     def reset_optimizer_states(self) -> None:
         """Drops AdamW's moments and step counts (`--reset-optimizer-states`)."""
@@ -420,7 +363,7 @@ class FSDPTrainBackend:
 
     def update_ref(self) -> None:
         """Copies the current weights into the reference snapshot (`--ref-update-interval`)."""
-        self._ref_shards = self._snapshot()
+        self.weights.hold("ref")
 
     # ------------------------------------------------------------ checkpoints
     def save(self, rollout_id: int) -> None:
@@ -490,30 +433,14 @@ class FSDPTrainBackend:
         self._pushed_once = True
 
     # ----------------------------------------------------------- offloading
-    def _offloader(self) -> HostOffloader:
-        if self._host is None:
-            self._host = HostOffloader(self.model, self.optimizer, pin_memory=self.cfg.offload_train_pin_memory)
-        return self._host
-
     def sleep(self) -> None:
         """Moves parameters, buffers and optimizer states to host memory and frees accelerator memory.
 
         Gradients are dropped (set to None): a sleep comes after a finished optimizer step. On CUDA the
         host copies go to pinned buffers kept across steps (see `slime_train_fsdp.offload`).
         """
-        if self._asleep:
-            return
-        self.model.zero_grad(set_to_none=True)
-        self._offloader().to_host()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self._asleep = True
+        self.residency.sleep()
 
     def wake_up(self) -> None:
         """Moves what `sleep` offloaded back to this rank's device (to CPU under `--fsdp-cpu-offload`)."""
-        if not self._asleep:
-            return
-        offloaded = self.device.type == "cuda" and self.cfg.fsdp_cpu_offload
-        if not offloaded:
-            self._offloader().to_device(self.device)
-        self._asleep = False
+        self.residency.wake_up()

@@ -1,9 +1,10 @@
 """`FSDPCriticBackend`: the PPO critic on FSDP2 (implements `slime_core.protocols.CriticBackend`).
 
-The value model (`value_model.py`: the policy's decoder with a scalar head) is sharded, optimized,
-checkpointed and offloaded exactly like the actor (`FSDPTrainBackend`, whose machinery it inherits);
-`train_critic` is the shared critic step (`slime_core.critic.train_critic_on_rollout`), for which this class
-supplies the value forward/backward.
+The value model (`value_model.py`: the policy's decoder with a scalar head) is built, sharded, optimized,
+checkpointed and offloaded by the same pieces as the actor (`model_loading.build_fsdp_model`, `trainer_parts`,
+`checkpoint`), composed here rather than inherited: the critic has only the critic's methods. `train_critic` is the
+shared critic step (`slime_core.critic.train_critic_on_rollout`), for which this class supplies the value
+forward/backward.
 
 Where the critic starts (`cfg` is `slime_core.critic.critic_config(run config)`, so `cfg.load` is `--critic-load`
 or `<--load>/critic`): a critic checkpoint there is resumed (model, optimizer, schedule, RNG); an HF directory
@@ -21,17 +22,26 @@ import torch.distributed as dist
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.critic import ActorMethodsRefused, ValueLoss, train_critic_on_rollout
-from slime_train_fsdp.backend import FSDPTrainBackend
-from slime_train_fsdp.checkpoint import TRACKER
+from slime_core.critic import ValueLoss, train_critic_on_rollout
+from slime_train_fsdp.checkpoint import TRACKER, save_checkpoint
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device
 from slime_train_fsdp.packing import pack_micro_batch, split_by_lengths
+from slime_train_fsdp.trainer_parts import (
+    Residency,
+    all_reduce_sum,
+    build_optimizer,
+    clip_and_step,
+    cp_size,
+    reduce_metric_sums,
+    resume,
+)
 from slime_train_fsdp.value_model import (
     construct_value_model,
     fill_value_head,
     install_value_forward,
     response_values,
 )
+from slime_train_fsdp.vision import frozen_vision_tower
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +69,12 @@ def _critic_source(cfg: SlimeArgs) -> tuple[str, bool]:
     return str(cfg.hf_checkpoint), False
 
 
-class FSDPCriticBackend(ActorMethodsRefused, FSDPTrainBackend):
+class FSDPCriticBackend:
     """FSDP2 value model for PPO; one instance per rank, `torch.distributed` set up by the caller.
+
+    Implements `slime_core.protocols.CriticBackend` and `slime_core.critic.CriticStepBackend` and nothing else: it
+    owns its value model, optimizer, checkpoints and residency (built from `trainer_parts.py`, as the actor is)
+    and has no log-probs, no RL `train`, no HF export and no weight push.
 
     Example:
         >>> critic = FSDPCriticBackend()
@@ -68,22 +82,31 @@ class FSDPCriticBackend(ActorMethodsRefused, FSDPTrainBackend):
         >>> metrics, values = critic.train_critic(start, batch)  # doctest: +SKIP
     """
 
-    def init(self, cfg: SlimeArgs, *, with_ref: bool = False) -> int:
+    def __init__(self) -> None:
+        """Creates an uninitialized critic; call `init`."""
+        self.cfg: SlimeArgs | None = None
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.device = torch.device("cpu")
+        self.global_step = 0
+        self.residency: Residency | None = None
+        self.step_metrics: list[dict[str, float]] = []
+
+    def init(self, cfg: SlimeArgs) -> int:
         """Builds the value model, optimizer and schedule; resumes a critic checkpoint (collective).
 
         Args:
             cfg: the critic's config (`slime_core.critic.critic_config`).
-            with_ref: must be False (a critic has no reference model).
 
         Returns:
             The rollout id to start from (`next_rollout_id` of a resumed checkpoint, else `--start-rollout-id`
             or 0).
 
         Raises:
-            ValueError: missing `--hf-checkpoint`, `with_ref`, or a bad `--critic-load`.
+            ValueError: missing `--hf-checkpoint`, no process group, `--freeze-vision-tower` without a vision tower,
+                or a bad `--critic-load`.
         """
-        if with_ref:
-            raise ValueError("a critic has no reference model (with_ref=True)")
         if not cfg.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required by the FSDP backend")
         if not dist.is_initialized():
@@ -91,13 +114,30 @@ class FSDPCriticBackend(ActorMethodsRefused, FSDPTrainBackend):
         self.cfg = cfg
         self.device = default_device()
         torch.manual_seed(cfg.seed)
-        source, resume = _critic_source(cfg)
+        source, resume_ckpt = _critic_source(cfg)
         self.model, self.config = build_fsdp_model(
             cfg, source, self.device, construct=construct_value_model, fill_missing=fill_value_head,
             install=install_value_forward,
         )  # fmt: skip
-        self._build_optimizer(cfg)
-        return self._load_checkpoint(cfg) if resume else (cfg.start_rollout_id or 0)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, cfg, self.device, frozen_vision_tower(self.model, cfg)
+        )
+        self.residency = Residency(self.model, self.optimizer, self.device, cpu_offload=cfg.fsdp_cpu_offload,
+                                   pin_memory=cfg.offload_train_pin_memory)  # fmt: skip
+        if not resume_ckpt:
+            return cfg.start_rollout_id or 0
+        start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler)
+        return start
+
+    @property
+    def dp_size(self) -> int:
+        """Number of ranks FSDP2 averages gradients over: all critic ranks (data-parallel × context-parallel)."""
+        return dist.get_world_size()
+
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank (the actor's layout: ranks `d·C .. d·C + C-1` form DP group d)."""
+        return dist.get_rank() // cp_size(self.model)
 
     # ---------------------------------------------------------------- values
     @torch.no_grad()
@@ -114,7 +154,7 @@ class FSDPCriticBackend(ActorMethodsRefused, FSDPTrainBackend):
             ValueError: a sample in no micro-batch of the schedule.
             RuntimeError: while asleep.
         """
-        self._require_awake("compute_values")
+        self.residency.require_awake("compute_values")
         out: list[torch.Tensor | None] = [None] * batch.num_samples
         for step in batch.micro_batches:
             for ids in step:
@@ -132,8 +172,9 @@ class FSDPCriticBackend(ActorMethodsRefused, FSDPTrainBackend):
     ) -> list[dict[str, torch.Tensor]]:
         """Forward + backward of step `step`'s micro-batches with the value loss (`CriticStepBackend`).
 
-        Scaled like the actor's (`FSDPTrainBackend.forward_backward`); empty micro-batches still run a forward and
-        back-propagate its zero anchor so FSDP's collectives line up.
+        Scaled like the actor's (`FSDPTrainBackend.forward_backward`: FSDP2 averages gradients over ranks, so the
+        loss is multiplied by the DP size); empty micro-batches still run a forward and back-propagate its zero
+        anchor so FSDP's collectives line up.
         """
         self.optimizer.zero_grad(set_to_none=True)
         metrics = []
@@ -148,6 +189,24 @@ class FSDPCriticBackend(ActorMethodsRefused, FSDPTrainBackend):
             metrics.append(mb_metrics)
         return metrics
 
+    def optimizer_step(self) -> tuple[float, float]:
+        """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate)."""
+        norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.clip_grad)
+        self.global_step += 1
+        return norm, lr
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum of `tensor` over all critic ranks, returned on CPU."""
+        return all_reduce_sum(tensor, self.device)
+
+    def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """Metric sums over data-parallel ranks (see `trainer_parts.reduce_metric_sums`)."""
+        return reduce_metric_sums(sums, self.device, cp_size(self.model))
+
+    def reset_optimizer_states(self) -> None:
+        """Drops AdamW's moments and step counts (`--reset-optimizer-states`)."""
+        self.optimizer.state.clear()
+
     def train_critic(self, rollout_id: int, batch: RolloutBatch) -> tuple[dict[str, float], list[torch.Tensor]]:
         """The shared critic step (`slime_core.critic.train_critic_on_rollout`; collective).
 
@@ -157,13 +216,30 @@ class FSDPCriticBackend(ActorMethodsRefused, FSDPTrainBackend):
         Raises:
             RuntimeError: while asleep.
         """
-        self._require_awake("train_critic")
+        self.residency.require_awake("train_critic")
         metrics, values = train_critic_on_rollout(self.cfg, self, rollout_id, batch)
         self.step_metrics = [metrics]
         return metrics, values
 
-    # ------------------------------------------------------- actor-only methods
-    @property
-    def has_ref(self) -> bool:
-        """Always False: a critic has no reference model."""
-        return False
+    # ------------------------------------------------------- checkpoints, memory
+    def save(self, rollout_id: int) -> None:
+        """Writes `{--critic-save}/iter_{rollout_id+1:07d}` atomically (collective); see `checkpoint.py`.
+
+        Raises:
+            ValueError: no `--critic-save` / `--save`.
+            RuntimeError: while asleep.
+        """
+        self.residency.require_awake("save")
+        if not self.cfg.save:
+            raise ValueError("save() needs --critic-save or --save")
+        save_checkpoint(self.cfg.save, rollout_id=rollout_id, global_step=self.global_step, model=self.model,
+                        optimizer=self.optimizer, scheduler=self.scheduler,
+                        save_optim=not self.cfg.no_save_optim)  # fmt: skip
+
+    def sleep(self) -> None:
+        """Moves parameters, buffers and optimizer states to host memory and frees accelerator memory."""
+        self.residency.sleep()
+
+    def wake_up(self) -> None:
+        """Moves what `sleep` offloaded back to this rank's device."""
+        self.residency.wake_up()

@@ -3,8 +3,8 @@
 `iter_hf_buckets` gathers one parameter at a time (`DTensor.full_tensor()`, a collective: every rank must
 iterate in lockstep) and groups them into buckets of at most `bucket_bytes` (a tensor larger than the budget
 gets a bucket of its own). At no point does a rank hold more than one bucket of full tensors.
-`save_hf` writes those buckets from rank 0 as safetensors shards with an index, plus the config/tokenizer
-files of the source checkpoint, so `AutoModelForCausalLM.from_pretrained` loads the result.
+`save_hf` streams the same full tensors into `slime_core.hf_checkpoint` (the HF writer both backends share), so
+`AutoModelForCausalLM.from_pretrained` loads the result.
 
 Names are checkpoint names (`slime_core.hf_names.to_checkpoint_name`): what the source checkpoint holds, what
 SGLang loads, e.g. `visual.*` and `model.layers.*` for a Qwen2.5-VL whose modules are `model.visual.*` and
@@ -13,11 +13,7 @@ SGLang loads, e.g. `visual.*` and `model.layers.*` for a Qwen2.5-VL whose module
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import pathlib
-import shutil
 from collections.abc import Iterator
 
 import torch
@@ -25,32 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from slime_core.dir_swap import staging_dir, swap_in
+from slime_core.hf_checkpoint import source_dtype, write_hf_checkpoint
 from slime_core.hf_names import to_checkpoint_name
 from slime_core.weight_buckets import iter_buckets
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["copy_assets", "iter_hf_buckets", "save_hf"]
-
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
-def _source_dtype(source_dir: pathlib.Path) -> torch.dtype | None:
-    """The dtype the source checkpoint's config.json declares (`dtype`, formerly `torch_dtype`), if any."""
-    config = json.loads((source_dir / "config.json").read_text())
-    name = config.get("dtype") or config.get("torch_dtype")
-    return next((dtype for dtype, n in _DTYPE_NAMES.items() if n == name), None)
-
-
-def _stamp_dtype(config_path: pathlib.Path, dtype: torch.dtype) -> None:
-    """Writes the dtype of the exported tensors into the copied config.json (`dtype`, and `torch_dtype` if present)."""
-    config = json.loads(config_path.read_text())
-    config["dtype"] = _DTYPE_NAMES[dtype]
-    if "torch_dtype" in config:
-        config["torch_dtype"] = _DTYPE_NAMES[dtype]
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+__all__ = ["iter_hf_buckets", "save_hf"]
 
 
 def _hf_named_tensors(model: nn.Module, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
@@ -65,6 +40,15 @@ def _hf_named_tensors(model: nn.Module, skip: frozenset[str] = frozenset()) -> I
             continue
         seen.add(id(tensor))
         yield to_checkpoint_name(name, model_type), tensor
+
+
+def _full_tensors(
+    model: nn.Module, dtype: torch.dtype | None, skip: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full tensors by checkpoint name, cast to `dtype` on the device (collective: one gather per sharded tensor)."""
+    for name, tensor in _hf_named_tensors(model, skip):
+        full = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+        yield name, (full if dtype is None else full.to(dtype))
 
 
 def iter_hf_buckets(
@@ -85,20 +69,7 @@ def iter_hf_buckets(
     Raises:
         ValueError: when `bucket_bytes` is not positive.
     """
-
-    def full_tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in _hf_named_tensors(model, skip):
-            full = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
-            yield name, (full if dtype is None else full.to(dtype))
-
-    return iter_buckets(full_tensors(), bucket_bytes)
-
-
-def copy_assets(src: pathlib.Path, dst: pathlib.Path) -> None:
-    """Copies the config, tokenizer and generation files of an HF checkpoint directory (not its weights)."""
-    for f in src.iterdir():
-        if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
-            shutil.copy2(f, dst / f.name)
+    return iter_buckets(_full_tensors(model, dtype, skip), bucket_bytes)
 
 
 def save_hf(
@@ -112,8 +83,9 @@ def save_hf(
 ) -> None:
     """Exports the model as an HF checkpoint directory (collective; rank 0 writes).
 
-    Written to `path.tmp` then renamed. Shards are `model-XXXXX-of-YYYYY.safetensors` with
-    `model.safetensors.index.json`, or a single `model.safetensors` when one shard suffices.
+    The files are written by `slime_core.hf_checkpoint` (the writer both backends share): safetensors shards
+    (`model.safetensors`, or `model-XXXXX-of-YYYYY.safetensors` with `model.safetensors.index.json`), the source
+    checkpoint's config/tokenizer/generation files, into `path.tmp`, then renamed.
 
     Args:
         model: FSDP2-sharded HF causal LM.
@@ -123,53 +95,12 @@ def save_hf(
         dtype: cast weights to this dtype (default: the source config's `dtype`, else the master dtype). The
             copied config.json records the dtype the tensors were written in.
         tensors: full `(hf_name, tensor)` pairs to write instead of the model's own (e.g. LoRA-merged weights,
-            `slime_train_fsdp.lora.iter_merged`); collective like `iter_hf_buckets`.
+            `slime_train_fsdp.lora.iter_merged`), written as given; collective like `iter_hf_buckets`.
     """
-    from safetensors.torch import save_file
-
-    out = pathlib.Path(path)
-    tmp = staging_dir(out)
-    rank = dist.get_rank()
     if dtype is None:
         # The checkpoint's own dtype, not the training (master) dtype the model was loaded in.
-        dtype = _source_dtype(pathlib.Path(source_dir))
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    shards: list[tuple[str, list[str]]] = []
-    total = 0
-    written: set[torch.dtype] = set()
-    buckets = (
-        iter_hf_buckets(model, max_shard_bytes, dtype=dtype)
-        if tensors is None
-        else iter_buckets(tensors, max_shard_bytes)
-    )
-    for i, bucket in enumerate(buckets):
-        if rank == 0:
-            name = f"shard-{i:05d}.safetensors"
-            save_file({k: v.cpu().contiguous() for k, v in bucket}, str(tmp / name), metadata={"format": "pt"})
-            shards.append((name, [k for k, _ in bucket]))
-            total += sum(v.numel() * v.element_size() for _, v in bucket)
-            written.update(v.dtype for _, v in bucket if v.is_floating_point())
-    if rank == 0:
-        _finish_shards(tmp, shards, total)
-        copy_assets(pathlib.Path(source_dir), tmp)
-        if len(written) == 1 and (tmp / "config.json").is_file():
-            _stamp_dtype(tmp / "config.json", written.pop())
-        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
-        logger.info("exported HF checkpoint to %s (%d shards)", out, len(shards))
+        dtype = source_dtype(source_dir)
+    named = _full_tensors(model, dtype) if tensors is None else tensors
+    write_hf_checkpoint(named, path, source_dir=source_dir, is_writer=dist.get_rank() == 0,
+                        max_shard_bytes=max_shard_bytes)  # fmt: skip
     dist.barrier()
-
-
-def _finish_shards(tmp: pathlib.Path, shards: list[tuple[str, list[str]]], total: int) -> None:
-    """Renames shards to HF's names and writes the index when there is more than one."""
-    if len(shards) == 1:
-        os.replace(tmp / shards[0][0], tmp / "model.safetensors")
-        return
-    weight_map = {}
-    for i, (name, keys) in enumerate(shards):
-        final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        os.replace(tmp / name, tmp / final)
-        weight_map.update(dict.fromkeys(keys, final))
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

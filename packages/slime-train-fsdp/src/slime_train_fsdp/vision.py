@@ -22,6 +22,7 @@ Legend: `S` packed row length, `P` image patches, `T_i` length of sequence i.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,9 +31,12 @@ from torch import nn
 
 from slime_core.hf_names import is_vision_tower_param
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "VISION_INPUT_KEYS",
     "dummy_vision_inputs",
+    "frozen_vision_tower",
     "install_placeholder_guard",
     "is_vision_language",
     "mrope_position_ids",
@@ -162,3 +166,22 @@ def vision_tower_anchor(outputs: Sequence[Any]) -> torch.Tensor:
 def vision_tower_names(model: nn.Module) -> set[str]:
     """Module names of the vision tower's parameters (patch embedding, blocks, merger)."""
     return {name for name, _ in model.named_parameters() if is_vision_tower_param(name)}
+
+
+def frozen_vision_tower(model: nn.Module, cfg: Any) -> set[str]:
+    """The vision tower's parameter names to freeze under `--freeze-vision-tower` (empty without the flag).
+
+    Args:
+        model: the model (actor or value model).
+        cfg: the run config (`freeze_vision_tower`, `hf_checkpoint`).
+
+    Raises:
+        ValueError: `--freeze-vision-tower` on a model without a vision tower.
+    """
+    if not cfg.freeze_vision_tower:
+        return set()
+    names = vision_tower_names(model)
+    if not names:
+        raise ValueError(f"--freeze-vision-tower: --hf-checkpoint {cfg.hf_checkpoint} has no vision tower")
+    logger.info("--freeze-vision-tower: %d vision tensors frozen", len(names))
+    return names

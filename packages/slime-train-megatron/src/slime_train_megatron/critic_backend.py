@@ -1,9 +1,10 @@
 """`MegatronCriticBackend`: the PPO critic on megatron-core (implements `slime_core.protocols.CriticBackend`).
 
 The value model is the policy's `GPTModel` with a `ValueHead` as `output_layer` (untied embeddings). Parallel
-layout, DDP, the distributed optimizer, checkpoints and offloading are the actor's (`MegatronTrainBackend`,
-whose machinery it inherits); `train_critic` is the shared critic step (`slime_core.critic.train_critic_on_rollout`),
-for which this class supplies the value forward/backward through megatron-core's pipeline schedule.
+layout, DDP, the distributed optimizer, checkpoints and offloading come from the same pieces as the actor's
+(`trainer_parts`, `pipeline`, `checkpoint`), composed here rather than inherited: the critic has only the critic's
+methods. `train_critic` is the shared critic step (`slime_core.critic.train_critic_on_rollout`), for which this
+class supplies the value forward/backward through megatron-core's pipeline schedule.
 
 Where the critic starts (`cfg` is `slime_core.critic.critic_config(run config)`, so the settings' `load` is
 `--critic-load` or `<--load>/critic`): a critic torch_dist checkpoint there is resumed; an HF directory there
@@ -20,46 +21,81 @@ from typing import Any
 import torch
 from megatron.core import parallel_state
 
+from slime_convert import ModelArgs
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.critic import ActorMethodsRefused, ValueLoss, train_critic_on_rollout
-from slime_train_megatron.backend import MegatronTrainBackend, _GatherCP, _MicroBatch
-from slime_train_megatron.checkpoint import is_megatron_checkpoint
-from slime_train_megatron.model import build_gpt_model, load_hf_weights
-from slime_train_megatron.packing import cp_zigzag_indices
+from slime_core.critic import ValueLoss, train_critic_on_rollout
+from slime_train_megatron.checkpoint import is_megatron_checkpoint, save_checkpoint
+from slime_train_megatron.model import load_hf_weights
+from slime_train_megatron.optimizer_state import reset_adam_moments
+from slime_train_megatron.pipeline import MicroBatch, PipelineRunner
+from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.trainer_parts import (
+    Residency,
+    all_reduce_sum,
+    build_optimizer,
+    build_parallel_model,
+    optimizer_step,
+    reduce_metric_sums,
+    resume,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MegatronCriticBackend"]
 
 
-class MegatronCriticBackend(ActorMethodsRefused, MegatronTrainBackend):
-    """megatron-core value model for PPO; one instance per rank, `torch.distributed` set up by the caller."""
+class MegatronCriticBackend:
+    """megatron-core value model for PPO; one instance per rank, `torch.distributed` set up by the caller.
 
-    def init(self, cfg: SlimeArgs, *, with_ref: bool = False) -> int:
+    Implements `slime_core.protocols.CriticBackend` and `slime_core.critic.CriticStepBackend` and nothing else: it
+    owns its model stage, optimizer, checkpoints and residency (built from `trainer_parts.py` and run through
+    `pipeline.PipelineRunner`, as the actor is) and has no log-probs, no RL `train`, no HF export and no weight push.
+    """
+
+    def __init__(self) -> None:
+        """Creates an uninitialized critic; call `init`."""
+        self.cfg: SlimeArgs | None = None
+        self.settings: MegatronSettings | None = None
+        self.model_args: ModelArgs | None = None
+        self.model: Any = None  # DDP-wrapped
+        self.module: Any = None  # the GPTModel with a ValueHead as output layer
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.runner: PipelineRunner | None = None
+        self.residency: Residency | None = None
+        self.global_step = 0
+        self.step_metrics: list[dict[str, float]] = []
+
+    def init(self, cfg: SlimeArgs) -> int:
         """Builds the value model, optimizer and schedule; resumes a critic checkpoint (collective).
 
         Args:
             cfg: the critic's config (`slime_core.critic.critic_config`).
-            with_ref: must be False (a critic has no reference model).
 
         Returns:
             The rollout id to start from.
 
         Raises:
-            ValueError: `with_ref`, bad settings, or a `--critic-load` that is neither a checkpoint nor an HF dir.
+            ValueError: bad settings, no `--hf-checkpoint`, or a `--critic-load` that is neither a checkpoint nor an
+                HF dir.
         """
-        if with_ref:
-            raise ValueError("a critic has no reference model (with_ref=True)")
-        return super().init(cfg, with_ref=False)
+        self.cfg = cfg
+        s = self.settings = MegatronSettings.from_config(cfg)
+        if not cfg.hf_checkpoint:
+            raise ValueError("--hf-checkpoint is required (model architecture and tokenizer)")
+        self.model_args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
+        parts = build_parallel_model(cfg, s, self.model_args, value_head=True)
+        self.module, self.model = parts.module, parts.model
+        self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
+        self.runner = PipelineRunner(self.model, self.module, s, parts.attention)
+        self.residency = Residency(self.model, self.optimizer)
+        return self._load_initial_weights()
 
-    def _build_module(self, config: Any) -> Any:
-        return build_gpt_model(self.model_args, self.settings, config, value_head=True)
-
-    def _load_initial_weights(self, with_ref: bool) -> int:
+    def _load_initial_weights(self) -> int:
         s, cfg = self.settings, self.cfg
         if s.load and is_megatron_checkpoint(s.load):
-            return self._resume()  # a critic checkpoint: model, optimizer, schedule, RNG
+            return resume(s, self.module, self.optimizer, self.scheduler)  # model, optimizer, schedule, RNG
         source = cfg.hf_checkpoint
         if s.load and (pathlib.Path(s.load) / "config.json").exists():
             source = s.load
@@ -73,21 +109,18 @@ class MegatronCriticBackend(ActorMethodsRefused, MegatronTrainBackend):
         self.optimizer.reload_model_params()
         return 0
 
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank (megatron-core's parallel state)."""
+        return parallel_state.get_data_parallel_rank()
+
     # ---------------------------------------------------------------- values
-    def _response_values(self, output: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
+    def _response_values(self, output: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
         """Values `[R]` of a micro-batch's response tokens from this rank's head output `[1, T_local, 1]`."""
-        p = mb.packed
         values = output[0, :, 0]
-        device = values.device
-        cp = self.settings.context_parallel_size
-        if cp == 1:
-            return values[p.logit_index.to(device)]
-        # Each CP rank holds its zigzag positions; gather them all, then pick the response-predicting ones.
-        group, rank = parallel_state.get_context_parallel_group(), parallel_state.get_context_parallel_rank()
-        order = torch.cat([cp_zigzag_indices(p.cu_seqlens, r, cp) for r in range(cp)]).to(device)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=device)
-        return _GatherCP.apply(values, group, cp, rank)[inverse[p.logit_index.to(device)]]
+        if self.settings.context_parallel_size == 1:
+            return values[mb.packed.logit_index.to(values.device)]
+        return self.runner.gather_cp(values, mb)  # each CP rank holds its zigzag positions
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> list[torch.Tensor]:
@@ -97,35 +130,16 @@ class MegatronCriticBackend(ActorMethodsRefused, MegatronTrainBackend):
             RuntimeError: called while asleep.
             ValueError: a sample in no micro-batch of the schedule.
         """
-        if self._asleep:
-            raise RuntimeError("compute_values() called while asleep; call wake_up() first")
-        self.model.eval()
-        try:
-            out: dict[int, torch.Tensor] = {}
-            for step in range(batch.num_steps):
-
-                def loss_fn(output, mb):
-                    values = self._response_values(output, mb)
-                    return torch.zeros((), device=values.device), (mb, values.float().cpu())
-
-                results = self._run(batch, step, loss_fn, forward_only=True)
-                pairs = [(mb.ids, mb.packed.response_lengths, v) for mb, v in results if not mb.dummy]
-                for ids, lens, values in self._broadcast_from_last_stage(pairs):
-                    for i, piece in zip(ids, values.split(lens), strict=True):
-                        out[i] = piece
-        finally:
-            self.model.train()
-        missing = [i for i in range(batch.num_samples) if i not in out]
-        if missing:
-            raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
-        return [out[i] for i in range(batch.num_samples)]
+        self.residency.require_awake("compute_values")
+        return self.runner.forward_only_per_sample(batch, self._response_values)
 
     def forward_backward(
         self, batch: RolloutBatch, step: int, loss_fn: ValueLoss, *, denominator: float
     ) -> list[dict[str, torch.Tensor]]:
         """Step `step`'s micro-batches with the value loss through megatron-core's schedule (`CriticStepBackend`).
 
-        Scaled and kept collective like the actor's (`MegatronTrainBackend.forward_backward`).
+        Scaled and kept collective like the actor's (`MegatronTrainBackend.forward_backward`): loss / denominator,
+        summed over DP by megatron-core; empty slots run a dummy with a zero loss.
         """
 
         def mb_loss(output, mb):
@@ -137,7 +151,25 @@ class MegatronCriticBackend(ActorMethodsRefused, MegatronTrainBackend):
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        return [m for m in self._run(batch, step, mb_loss, forward_only=False) if m]
+        return [m for m in self.runner.run(batch, step, mb_loss, forward_only=False) if m]
+
+    def optimizer_step(self) -> tuple[float, float]:
+        """Steps the megatron optimizer (it clips) and the LR schedule; returns (grad norm, this step's rate)."""
+        norm, lr = optimizer_step(self.optimizer, self.scheduler)
+        self.global_step += 1
+        return norm, lr
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum of `tensor` over the data-parallel group, returned on CPU."""
+        return all_reduce_sum(tensor, self.runner.device)
+
+    def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """Sums over DP on the last pipeline stage, then broadcast to every stage."""
+        return reduce_metric_sums(sums, self.runner.device, self.runner.broadcast_from_last_stage)
+
+    def reset_optimizer_states(self) -> None:
+        """Zeroes the Adam moments and step counts (`--reset-optimizer-states`)."""
+        reset_adam_moments(self.optimizer)
 
     def train_critic(self, rollout_id: int, batch: RolloutBatch) -> tuple[dict[str, float], list[torch.Tensor]]:
         """The shared critic step (`slime_core.critic.train_critic_on_rollout`; collective).
@@ -148,8 +180,26 @@ class MegatronCriticBackend(ActorMethodsRefused, MegatronTrainBackend):
         Raises:
             RuntimeError: called while asleep.
         """
-        if self._asleep:
-            raise RuntimeError("train_critic() called while asleep; call wake_up() first")
+        self.residency.require_awake("train_critic")
         metrics, values = train_critic_on_rollout(self.cfg, self, rollout_id, batch)
         self.step_metrics = [metrics]
         return metrics, values
+
+    # ---------------------------------------------------------------- checkpoints, memory
+    def save(self, rollout_id: int) -> None:
+        """Writes `<--critic-save>/iter_{rollout_id:07d}` (model, optimizer, scheduler, RNG) atomically.
+
+        Raises:
+            ValueError: no `--critic-save` / `--save`.
+        """
+        if not self.settings.save:
+            raise ValueError("save() needs --critic-save or --save")
+        save_checkpoint(self.settings.save, rollout_id, self.module, self.optimizer, self.scheduler)
+
+    def sleep(self) -> None:
+        """Moves parameters, gradient buffers and optimizer state to CPU and frees accelerator memory."""
+        self.residency.sleep()
+
+    def wake_up(self) -> None:
+        """Restores what `sleep` moved out."""
+        self.residency.wake_up()

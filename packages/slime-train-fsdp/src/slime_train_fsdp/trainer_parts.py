@@ -1,0 +1,180 @@
+"""The pieces an FSDP2 trainer is built from, shared by the actor (`backend.py`) and the critic (`critic_backend.py`).
+
+Each backend owns its model and calls these: AdamW over the trainable parameters with the LR schedule, the clipped
+optimizer step, the data-parallel reductions of the shared steps (`slime_core.train_step.StepBackend`,
+`slime_core.critic.CriticStepBackend`), the resume from `--load`, and `Residency` (sleep/wake through host memory).
+The default process group is the trainer's: data-parallel × context-parallel ranks (1-D mesh `("dp",)`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from slime_core.config import SlimeArgs
+from slime_core.param_filter import frozen_parameter_names
+from slime_train_fsdp.checkpoint import load_checkpoint
+from slime_train_fsdp.lr_schedule import build_lr_scheduler
+from slime_train_fsdp.offload import HostOffloader
+
+__all__ = [
+    "Residency",
+    "all_reduce_sum",
+    "build_optimizer",
+    "clip_and_step",
+    "cp_size",
+    "reduce_metric_sums",
+    "resume",
+]
+
+
+def build_optimizer(
+    model: nn.Module, cfg: SlimeArgs, device: torch.device, frozen: set[str] | frozenset[str] = frozenset()
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """Freezes `--*-params-name-list` and `frozen`, then builds AdamW (`--lr`, `--adam-*`) and the LR schedule.
+
+    Args:
+        model: the FSDP2-sharded module.
+        cfg: the run (or critic) config.
+        device: this rank's device (a fused AdamW on CUDA without `--fsdp-cpu-offload`).
+        frozen: further parameter names to freeze (e.g. a `--freeze-vision-tower` tower).
+
+    Returns:
+        `(optimizer, scheduler)`; the frozen parameters have `requires_grad=False` and are not in the optimizer.
+    """
+    names = [n for n, _ in model.named_parameters()]
+    frozen = frozen_parameter_names(names, cfg) | set(frozen)
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)  # FSDP2 then neither computes nor reduce-scatters its gradient
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=float(cfg.lr),
+        betas=(float(cfg.adam_beta1), float(cfg.adam_beta2)),
+        eps=float(cfg.adam_eps),
+        weight_decay=float(cfg.weight_decay),
+        # One fused kernel per step on the GPU instead of foreach launches per parameter group and op.
+        fused=(device.type == "cuda" and not cfg.fsdp_cpu_offload) or None,
+    )
+    return optimizer, build_lr_scheduler(optimizer, cfg)
+
+
+def clip_and_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    clip_grad: float,
+) -> tuple[float, float]:
+    """Clips gradients to `clip_grad` (≤ 0: no clipping), steps the optimizer and the schedule.
+
+    Returns:
+        `(pre-clip global grad norm, learning rate of this step)`.
+    """
+    lr = float(optimizer.param_groups[0]["lr"])
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, clip_grad if clip_grad > 0 else float("inf"))
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    optimizer.step()
+    scheduler.step()
+    return float(norm), lr
+
+
+def cp_size(model: nn.Module) -> int:
+    """Context-parallel group size of a model built by `build_fsdp_model` (1 without context parallelism)."""
+    group = model.slime_forward_options.cp_group
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum of `tensor` over all ranks (the DP group), returned on CPU."""
+    reduced = tensor.to(device)
+    dist.all_reduce(reduced)
+    return reduced.cpu()
+
+
+def reduce_metric_sums(sums: dict[str, float], device: torch.device, cp: int) -> dict[str, float]:
+    """Metric sums over data-parallel ranks (collective).
+
+    A rank whose micro-batches were all empty has no names, so names are agreed first. The `cp` context-parallel
+    ranks of a DP group all compute the group's full sums, so the sum over all ranks is divided by `cp`.
+    """
+    gathered: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sorted(sums))
+    names = sorted({k for g in gathered for k in (g or [])})
+    if not names:
+        return {}
+    vec = torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64, device=device)
+    dist.all_reduce(vec)
+    return {k: v / cp for k, v in zip(names, vec.cpu().tolist(), strict=True)}
+
+
+def resume(
+    cfg: SlimeArgs, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> tuple[int, int]:
+    """Restores `--load` when it holds a checkpoint (`--ckpt-step`, `--no-load-optim`, `--no-load-rng`).
+
+    Returns:
+        `(rollout id to start from, global optimizer step)`: the checkpoint's `next_rollout_id` and step, else
+        `(--start-rollout-id or 0, 0)`.
+    """
+    start, step = cfg.start_rollout_id or 0, 0
+    if cfg.load:
+        meta = load_checkpoint(cfg.load, model=model, optimizer=optimizer, scheduler=scheduler,
+                               ckpt_step=cfg.ckpt_step, load_optim=not cfg.no_load_optim,
+                               load_rng=not cfg.no_load_rng)  # fmt: skip
+        if meta is not None:
+            start, step = int(meta["next_rollout_id"]), int(meta["global_step"])
+    return start, step
+
+
+class Residency:
+    """Where a trainer's state lives: on its device (awake) or in host memory (asleep, `--colocate`).
+
+    Args:
+        model: the FSDP2-sharded module.
+        optimizer: its optimizer (tensor states move with the model).
+        device: this rank's device.
+        cpu_offload: `--fsdp-cpu-offload` (the state stays on the host: waking moves nothing back).
+        pin_memory: `--offload-train-pin-memory` (pinned host buffers kept across steps; see `offload.py`).
+    """
+
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, *, cpu_offload: bool,
+        pin_memory: bool,
+    ) -> None:  # fmt: skip
+        """Starts awake; the host buffers are made on the first sleep."""
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self.cpu_offload, self.pin_memory = cpu_offload, pin_memory
+        self.asleep = False
+        self._host: HostOffloader | None = None
+
+    def require_awake(self, what: str) -> None:
+        """Raises `RuntimeError` naming `what` while asleep (collectives on host shards would fail deep in FSDP)."""
+        if self.asleep:
+            raise RuntimeError(f"{what}() called while the backend is asleep; call wake_up() first")
+
+    def _offloader(self) -> HostOffloader:
+        if self._host is None:
+            self._host = HostOffloader(self.model, self.optimizer, pin_memory=self.pin_memory)
+        return self._host
+
+    def sleep(self) -> None:
+        """Drops gradients, moves parameters, buffers and optimizer states to host memory, frees the cache."""
+        if self.asleep:
+            return
+        self.model.zero_grad(set_to_none=True)  # a sleep comes after a finished optimizer step
+        self._offloader().to_host()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.asleep = True
+
+    def wake_up(self) -> None:
+        """Moves what `sleep` offloaded back to the device (nothing moves under `--fsdp-cpu-offload` on CUDA)."""
+        if not self.asleep:
+            return
+        if not (self.device.type == "cuda" and self.cpu_offload):
+            self._offloader().to_device(self.device)
+        self.asleep = False

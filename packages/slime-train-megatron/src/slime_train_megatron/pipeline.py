@@ -1,0 +1,214 @@
+"""Packed micro-batches through megatron-core's pipeline schedule: the forward both Megatron backends run.
+
+`PipelineRunner.run` packs a step's micro-batches into THD rows (`packing.pack_thd`), feeds them to
+`get_forward_backward_func()` (so PP works unchanged) and collects what the caller's loss function returns on the
+last stage; the actor reads log-probs from the output, the critic values. Empty schedule slots run a 2-token dummy
+so the pipeline's and DDP's collectives stay aligned. Under context parallelism each rank holds its zigzag share of
+the positions (`packing.cp_zigzag_indices`); `gather_cp` puts per-position outputs back in sequence order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from slime_core.algorithms import KeptTokens
+from slime_core.batch import RolloutBatch
+from slime_train_megatron.attention import AttentionKind
+from slime_train_megatron.packing import PackedBatch, cp_zigzag_indices, pack_thd
+from slime_train_megatron.settings import MegatronSettings
+
+__all__ = ["GatherCP", "MicroBatch", "PipelineRunner"]
+
+
+class GatherCP(torch.autograd.Function):
+    """All-gather along dim 0 over CP; backward keeps this rank's slice (every rank computes the same loss)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, size: int, rank: int) -> torch.Tensor:  # noqa: D102
+        ctx.rank, ctx.n = rank, x.shape[0]
+        out = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(out, x.contiguous(), group=group)
+        return torch.cat(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: D102
+        return grad[ctx.rank * ctx.n : (ctx.rank + 1) * ctx.n], None, None, None
+
+
+@dataclasses.dataclass(slots=True)
+class MicroBatch:
+    """One schedule slot: its samples, their packed row, and the top-p replay sets of their responses."""
+
+    ids: list[int]
+    packed: PackedBatch
+    dummy: bool  # an empty schedule slot filled with a 2-token sample so collectives stay aligned
+    kept: KeptTokens | None = None  # top-p replay sets of the response rows (`RolloutBatch.kept_tokens(ids)`)
+
+
+class PipelineRunner:
+    """Runs a rank's DDP-wrapped `GPTModel` stage over packed micro-batches (collective over the model's groups).
+
+    Args:
+        model: the DDP-wrapped model (what the schedule calls).
+        module: the unwrapped `GPTModel` (its parameters' device is where inputs go).
+        settings: the parallel layout (`--sequence-parallel`, `--context-parallel-size`, ...).
+        attention: how attention runs (`"dense"` takes a `[T, T]` mask; the others THD rows).
+    """
+
+    def __init__(self, model: Any, module: Any, settings: MegatronSettings, attention: AttentionKind) -> None:
+        """Keeps references; builds nothing."""
+        self.model, self.module, self.settings, self.attention = model, module, settings, attention
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's parameters (and so the inputs) live."""
+        return next(self.module.parameters()).device
+
+    def _pad_multiple(self) -> int:
+        s = self.settings
+        multiple = s.tensor_model_parallel_size if s.sequence_parallel else 1
+        if s.context_parallel_size > 1:
+            multiple = max(multiple, 1) * 2 * s.context_parallel_size
+        return multiple
+
+    def micro_batches(self, batch: RolloutBatch, step: int) -> list[MicroBatch]:
+        """Step `step`'s schedule slots packed as THD rows (a dummy row for an empty slot)."""
+        out = []
+        for ids in batch.micro_batches[step]:
+            if ids:
+                tokens = [batch.tokens[i] for i in ids]
+                resp = [batch.response_lengths[i] for i in ids]
+                packed = pack_thd(tokens, resp, pad_multiple=self._pad_multiple())
+                out.append(MicroBatch(ids, packed, False, batch.kept_tokens(ids)))
+            else:
+                dummy = pack_thd([torch.zeros(2, dtype=torch.long)], [1], pad_multiple=self._pad_multiple())
+                out.append(MicroBatch([], dummy, True))
+        return out
+
+    def forward(self, model: Any, mb: MicroBatch) -> torch.Tensor:
+        """Runs one packed micro-batch; returns this rank's output (logits `[1, T_local, V/TP]` on the last stage)."""
+        p, device = mb.packed, self.device
+        tokens, positions = p.tokens, p.position_ids
+        cp = self.settings.context_parallel_size
+        if cp > 1:
+            index = cp_zigzag_indices(p.cu_seqlens, parallel_state.get_context_parallel_rank(), cp)
+            tokens, positions = tokens[:, index], positions[:, index]
+        if self.attention == "dense":
+            # DotProductAttention has no THD kernel: same packing, block-diagonal causal mask (True = masked).
+            seg = torch.repeat_interleave(
+                torch.arange(len(p.cu_seqlens) - 1), (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).long()
+            )
+            allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
+            mask = (~allowed)[None, None].to(device)
+            return model(tokens.to(device), positions.to(device), attention_mask=mask)
+        cu = p.cu_seqlens.to(device)
+        # Samples are padded inside their own segment, so padded and real boundaries coincide. For slime's packed
+        # attention the padded copies stay on the host: megatron-core's THD RoPE reads them with `.tolist()` in
+        # every layer (a device sync each time on CUDA tensors), and the attention's exact fallback needs them too.
+        padded = p.cu_seqlens if self.attention == "packed" else cu
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu,
+            cu_seqlens_kv=cu,
+            cu_seqlens_q_padded=padded,
+            cu_seqlens_kv_padded=padded,
+            max_seqlen_q=p.max_seqlen,
+            max_seqlen_kv=p.max_seqlen,
+        )
+        return model(tokens.to(device), positions.to(device), attention_mask=None, packed_seq_params=params)
+
+    def gather_cp(self, per_position: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        """`[T_local]` values at this CP rank's positions → `[R]` at the micro-batch's response-predicting positions.
+
+        All-gathers over the CP group (backward keeps this rank's slice) and undoes the zigzag order.
+        """
+        p, cp = mb.packed, self.settings.context_parallel_size
+        device = per_position.device
+        group, rank = parallel_state.get_context_parallel_group(), parallel_state.get_context_parallel_rank()
+        order = torch.cat([cp_zigzag_indices(p.cu_seqlens, r, cp) for r in range(cp)]).to(device)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=device)
+        return GatherCP.apply(per_position, group, cp, rank)[inverse[p.logit_index.to(device)]]
+
+    def run(self, batch: RolloutBatch, step: int, loss_fn, forward_only: bool) -> list[Any]:
+        """Step `step` through megatron-core's schedule; returns the `extra` of each `loss_fn(output, mb)`.
+
+        Args:
+            batch: this rank's data.
+            step: optimizer step index into `batch.micro_batches`.
+            loss_fn: `(output, MicroBatch) -> (loss, extra)` on the last stage.
+            forward_only: no backward (log-probs, values).
+
+        Returns:
+            The extras in schedule order (empty on non-last pipeline stages).
+        """
+        mbs = self.micro_batches(batch, step)
+        it = iter(mbs)
+        results: list[Any] = []
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            output = self.forward(model, mb)
+
+            def loss_func(output_tensor):
+                loss, extra = loss_fn(output_tensor, mb)
+                results.append(extra)
+                return loss, torch.tensor(1, dtype=torch.int, device=loss.device), {}
+
+            return output, loss_func
+
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=it,
+            model=[self.model],
+            num_microbatches=len(mbs),
+            seq_length=max(mb.packed.tokens.shape[1] for mb in mbs),
+            micro_batch_size=1,
+            forward_only=forward_only,
+        )
+        return results
+
+    def broadcast_from_last_stage(self, obj: Any) -> Any:
+        """`obj` of the last pipeline stage on every stage (identity without PP)."""
+        if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+            return obj
+        group = parallel_state.get_pipeline_model_parallel_group()
+        box = [obj]
+        dist.broadcast_object_list(box, src=parallel_state.get_pipeline_model_parallel_last_rank(), group=group)
+        return box[0]
+
+    def forward_only_per_sample(self, batch: RolloutBatch, read) -> list[torch.Tensor]:
+        """Per-sample `[L_i]` float32 CPU tensors of `read(output, mb) -> [R]` over all steps, on every rank.
+
+        Runs in eval mode without grad (the caller's `no_grad`), broadcasts from the last stage.
+
+        Raises:
+            ValueError: a sample in no micro-batch of the schedule.
+        """
+        self.model.eval()
+        try:
+            out: dict[int, torch.Tensor] = {}
+            for step in range(batch.num_steps):
+
+                def loss_fn(output, mb):
+                    values = read(output, mb)
+                    return torch.zeros((), device=values.device), (mb, values.float().cpu())
+
+                results = self.run(batch, step, loss_fn, forward_only=True)
+                pairs = [(mb.ids, mb.packed.response_lengths, v) for mb, v in results if not mb.dummy]
+                for ids, lens, values in self.broadcast_from_last_stage(pairs):
+                    for i, piece in zip(ids, values.split(lens), strict=True):
+                        out[i] = piece
+        finally:
+            self.model.train()
+        missing = [i for i in range(batch.num_samples) if i not in out]
+        if missing:
+            raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
+        return [out[i] for i in range(batch.num_samples)]

@@ -1,0 +1,226 @@
+"""The pieces a megatron-core trainer is built from, shared by the actor (`backend.py`) and the critic.
+
+Each backend owns its model and calls these: the parallel groups and the DDP-wrapped `GPTModel` stage
+(`build_parallel_model`, with a value head for the critic), the distributed optimizer with the LR schedule and the
+model-config hooks megatron-core's schedule calls, the resume from a torch_dist `--load`, the optimizer step, the
+data-parallel reductions of the shared steps, and `Residency` (sleep/wake through host memory).
+
+Loss scaling (both backends): the model config's `calculate_per_token_loss=True` makes megatron-core neither divide
+by the micro-batch count nor average gradients over DP ranks, and `finalize_model_grads` is called without token
+normalization, so a micro-batch loss divided by the step's global denominator sums to the global-batch mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+from slime_convert import ModelArgs
+from slime_core.config import SlimeArgs
+from slime_core.param_filter import frozen_parameter_names
+from slime_train_megatron.attention import AttentionKind, attention_kind
+from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint
+from slime_train_megatron.lr_schedule import build_lr_scheduler
+from slime_train_megatron.model import build_gpt_model, build_transformer_config, use_transformer_engine
+from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.sleep import offload_to_cpu, reload_from_cpu
+
+__all__ = [
+    "ParallelModel",
+    "Residency",
+    "all_reduce_sum",
+    "build_optimizer",
+    "build_parallel_model",
+    "optimizer_step",
+    "reduce_metric_sums",
+    "resume",
+]
+
+
+@dataclasses.dataclass(slots=True)
+class ParallelModel:
+    """This rank's model stage: the transformer config, how attention runs, the `GPTModel` and its DDP wrapper."""
+
+    config: Any
+    attention: AttentionKind
+    module: Any
+    model: Any
+
+
+def build_parallel_model(
+    cfg: SlimeArgs, settings: MegatronSettings, model_args: ModelArgs, *, value_head: bool = False
+) -> ParallelModel:
+    """Initializes the parallel groups (once per process) and builds this rank's DDP-wrapped `GPTModel` stage.
+
+    The `--*-params-name-list` parameters are frozen before DDP (no grad buffer; the optimizer skips them).
+
+    Args:
+        cfg: the run (or critic) config.
+        settings: the Megatron settings of `cfg` (`MegatronSettings.from_config`).
+        model_args: the architecture (`ModelArgs.from_hf_dir(--hf-checkpoint)`).
+        value_head: the critic's `ValueHead` as output layer (untied embeddings) instead of the LM head.
+
+    Raises:
+        ValueError: a parallel layout that does not divide the world size.
+    """
+    s = settings
+    s.world_layout(dist.get_world_size())
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=s.tensor_model_parallel_size,
+            pipeline_model_parallel_size=s.pipeline_model_parallel_size,
+            context_parallel_size=s.context_parallel_size,
+            expert_model_parallel_size=s.expert_model_parallel_size,
+        )
+    cuda = torch.cuda.is_available()
+    if cuda:
+        tensor_parallel.model_parallel_cuda_manual_seed(s.seed)
+    torch.manual_seed(s.seed)
+    config = build_transformer_config(model_args, s, cpu=not cuda)
+    # "packed"/"transformer_engine" take THD rows; "dense" (megatron-core's DotProductAttention) a [T, T] mask.
+    attention = attention_kind(s, use_transformer_engine(s))
+    module = build_gpt_model(model_args, s, config, value_head=value_head)
+    if cuda:
+        module.cuda(torch.cuda.current_device())
+    frozen = frozen_parameter_names([n for n, _ in module.named_parameters()], cfg)
+    for name, param in module.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)  # before DDP: no grad buffer, and the optimizer skips it
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=s.use_distributed_optimizer
+    )
+    model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
+    return ParallelModel(config=config, attention=attention, module=module, model=model)
+
+
+def build_optimizer(parts: ParallelModel, settings: MegatronSettings, cfg: SlimeArgs) -> tuple[Any, Any]:
+    """The distributed Adam and the LR schedule; installs the model-config hooks megatron-core's schedule calls.
+
+    Returns:
+        `(optimizer, scheduler)`.
+    """
+    s = settings
+    opt_config = OptimizerConfig(
+        optimizer="adam",
+        lr=s.lr,
+        min_lr=s.min_lr,
+        weight_decay=s.weight_decay,
+        adam_beta1=s.adam_beta1,
+        adam_beta2=s.adam_beta2,
+        adam_eps=s.adam_eps,
+        clip_grad=s.clip_grad,
+        bf16=s.bf16,
+        fp16=s.fp16,
+        params_dtype=parts.config.params_dtype,
+        use_distributed_optimizer=s.use_distributed_optimizer,
+        optimizer_cpu_offload=s.optimizer_cpu_offload,
+        overlap_cpu_optimizer_d2h_h2d=s.overlap_cpu_optimizer_d2h_h2d,
+        optimizer_offload_fraction=s.optimizer_offload_fraction,
+        use_precision_aware_optimizer=s.use_precision_aware_optimizer,
+    )
+    optimizer = get_megatron_optimizer(opt_config, [parts.model])
+    scheduler = build_lr_scheduler(optimizer, s, cfg)
+    config = parts.config
+    # Sum gradients over DP without megatron's token normalization (see the module docstring).
+    config.finalize_model_grads_func = lambda models, num_tokens=None, **kw: finalize_model_grads(models, None, **kw)
+    config.grad_scale_func = optimizer.scale_loss
+    config.no_sync_func = parts.model.no_sync
+    return optimizer, scheduler
+
+
+def resume(settings: MegatronSettings, module: Any, optimizer: Any, scheduler: Any) -> int:
+    """Loads `--load` when it is a torch_dist checkpoint (`--ckpt-step`, `--no-load-optim`, `--finetune`, ...).
+
+    Returns:
+        The rollout id to start from: the checkpoint's + 1, or 0 (no checkpoint, or `--finetune`).
+    """
+    s = settings
+    if not (s.load and is_megatron_checkpoint(s.load)):
+        return 0
+    rollout_id = load_checkpoint(
+        s.load,
+        module,
+        None if (s.no_load_optim or s.finetune) else optimizer,
+        scheduler,
+        load_rng=not (s.no_load_rng or s.finetune),
+        ckpt_step=s.ckpt_step,
+    )
+    if s.no_load_optim or s.finetune or rollout_id is None:
+        optimizer.reload_model_params()
+    return 0 if (rollout_id is None or s.finetune) else rollout_id + 1
+
+
+def optimizer_step(optimizer: Any, scheduler: Any) -> tuple[float, float]:
+    """Steps the megatron optimizer (it clips to `--clip-grad`) and the LR schedule.
+
+    Returns:
+        `(grad norm, NaN when the optimizer reports none; rate of this step)`.
+    """
+    _, grad_norm, _ = optimizer.step()
+    lr = float(optimizer.param_groups[0]["lr"])
+    scheduler.step(increment=1)
+    return (float(grad_norm) if grad_norm is not None else float("nan")), lr
+
+
+def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum of `tensor` over the data-parallel group, returned on CPU."""
+    reduced = tensor.to(device)
+    dist.all_reduce(reduced, group=parallel_state.get_data_parallel_group())
+    return reduced.cpu()
+
+
+def reduce_metric_sums(sums: dict[str, float], device: torch.device, broadcast) -> dict[str, float]:
+    """Sums over DP on the last pipeline stage (the only one with losses), then `broadcast` to every stage.
+
+    Args:
+        sums: this rank's metric sums.
+        device: this rank's device.
+        broadcast: `PipelineRunner.broadcast_from_last_stage`.
+    """
+    names = sorted(sums)
+    # All DP ranks run the same loss (same options), so they report the same metric names.
+    vec = torch.tensor([sums[k] for k in names], dtype=torch.float64, device=device)
+    if names and parallel_state.is_pipeline_last_stage():
+        dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
+    return broadcast(dict(zip(names, vec.tolist(), strict=True)))
+
+
+class Residency:
+    """Where a trainer's state lives: on the GPU (awake) or in host memory (asleep, `--colocate` / a shared critic).
+
+    Args:
+        model: the DDP-wrapped model (parameters and its contiguous gradient buffers move).
+        optimizer: the megatron optimizer (its states move).
+    """
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        """Starts awake."""
+        self.model, self.optimizer = model, optimizer
+        self.state: Any = None  # what `offload_to_cpu` moved, while asleep
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the state is in host memory."""
+        return self.state is not None
+
+    def require_awake(self, what: str) -> None:
+        """Raises `RuntimeError` naming `what` while asleep."""
+        if self.asleep:
+            raise RuntimeError(f"{what}() called while asleep; call wake_up() first")
+
+    def sleep(self) -> None:
+        """Moves parameters, gradient buffers and optimizer state to CPU and frees accelerator memory."""
+        if not self.asleep:
+            self.state = offload_to_cpu(self.model, self.optimizer)
+
+    def wake_up(self) -> None:
+        """Restores what `sleep` moved out."""
+        if self.asleep:
+            reload_from_cpu(self.state)
+            self.state = None
