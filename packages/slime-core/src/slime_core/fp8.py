@@ -43,6 +43,8 @@ __all__ = [
     "quantize_buckets",
     "quantize_named",
     "read_fp8_config",
+    "strip_quantization_config",
+    "trainer_weights_dir",
 ]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -133,6 +135,46 @@ def read_fp8_config(hf_dir: str | pathlib.Path | None) -> Fp8Config | None:
             "or blockwise-FP8 checkpoints only (convert a BF16 checkpoint with `slime-convert hf-to-fp8`)"
         )
     return Fp8Config.from_quantization_config(qc, source=str(path))
+
+
+def trainer_weights_dir(hf_checkpoint: str | pathlib.Path, ref_load: str | pathlib.Path | None) -> str:
+    """Where the trainer's initial BF16 weights come from (before `--load`), given an FP8 or unquantized checkpoint.
+
+    The original's BF16-training + FP8-rollout rule: `--hf-checkpoint` is what the engines serve (and the tokenizer
+    and architecture); when it is an FP8 serving checkpoint, the trainer starts from the BF16 weights in `--ref-load`
+    and never from the FP8 ones.
+
+    Args:
+        hf_checkpoint: `--hf-checkpoint`.
+        ref_load: `--ref-load` (an HF directory for FSDP; torch_dist or HF for Megatron).
+
+    Returns:
+        `hf_checkpoint` when it is unquantized, else `ref_load`.
+
+    Raises:
+        ValueError: `--hf-checkpoint` is FP8 and `--ref-load` is not given.
+    """
+    if read_fp8_config(hf_checkpoint) is None:
+        return str(hf_checkpoint)
+    if not ref_load:
+        raise ValueError(
+            f"--hf-checkpoint {hf_checkpoint} is an FP8 serving checkpoint (quantization_config fp8): the trainer "
+            "trains BF16 weights, pass them as --ref-load (the BF16 model, or its torch_dist for Megatron)"
+        )
+    return str(ref_load)
+
+
+def strip_quantization_config(config_path: str | pathlib.Path) -> None:
+    """Removes `quantization_config` from a config.json copied next to unquantized weights (an HF export).
+
+    A trainer's export holds BF16 weights even when `--hf-checkpoint` (whose config is copied) is FP8.
+    """
+    path = pathlib.Path(config_path)
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    if config.pop("quantization_config", None) is not None:
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _blocks(shape: torch.Size, block: tuple[int, int]) -> tuple[int, int, int, int]:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from slime_core.dir_swap import staging_dir, swap_in
+from slime_core.fp8 import strip_quantization_config
 from slime_core.hf_names import to_checkpoint_name
 from slime_core.weight_buckets import iter_buckets
 
@@ -156,6 +157,7 @@ def save_hf(
         copy_assets(pathlib.Path(source_dir), tmp)
         if len(written) == 1 and (tmp / "config.json").is_file():
             _stamp_dtype(tmp / "config.json", written.pop())
+        strip_quantization_config(tmp / "config.json")  # BF16 weights, even when --hf-checkpoint serves FP8
         swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s (%d shards)", out, len(shards))
     dist.barrier()

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from slime_convert.hf_io import INDEX_NAME, HFShardedWriter
 from slime_core.dir_swap import staging_dir, swap_in
+from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ def save_hf(
         for f in source.iterdir():
             if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name != INDEX_NAME:
                 shutil.copy2(f, tmp / f.name)
+        strip_quantization_config(tmp / "config.json")  # BF16 weights, even when --hf-checkpoint serves FP8
         swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s", out)
     dist.barrier()
