@@ -94,3 +94,19 @@ def test_preflight_needs_the_bf16_ref_load_refuses_lora_and_recommends_tis(tmp_p
     check_fp8_rollout(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir, use_tis=True))
     assert "--use-tis" not in caplog.text
     assert check_fp8_rollout(_cfg(hf_checkpoint=bf16_dir)) == []
+
+
+def test_fsdp_converts_a_torch_dist_ref_load_for_fp8_serving_even_without_kl(tmp_path):
+    from slime_app.checkpoints import fsdp_reference_dir
+
+    fp8_dir = _checkpoint(tmp_path / "fp8", fp8=True)
+    torch_dist = tmp_path / "ref_torch_dist"
+    torch_dist.mkdir()
+    (torch_dist / ".metadata").write_bytes(b"")
+    fields = dict(train_backend="fsdp", ref_load=str(torch_dist), output_dir=str(tmp_path / "out"))
+    assert not _cfg(hf_checkpoint=fp8_dir, **fields).with_ref
+    assert fsdp_reference_dir(_cfg(hf_checkpoint=fp8_dir, **fields), convert=False) == str(
+        tmp_path / "out" / "ref_load_hf"
+    )
+    bf16_dir = _checkpoint(tmp_path / "bf16", fp8=False)
+    assert fsdp_reference_dir(_cfg(hf_checkpoint=bf16_dir, **fields), convert=False) is None  # no KL, BF16 serving

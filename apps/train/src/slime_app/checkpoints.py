@@ -22,7 +22,9 @@ import logging
 import os
 import pathlib
 
+from slime_app.fp8_rollout import serving_fp8
 from slime_core.config import SlimeArgs
+from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +276,8 @@ def fsdp_reference_dir(cfg: SlimeArgs, *, convert: bool) -> str | None:
     Returns:
         The directory to use as `--ref-load`, or None when no conversion is needed.
     """
-    if cfg.train_backend != "fsdp" or not cfg.with_ref or not cfg.ref_load:
+    # FP8 serving: the trainer's own start weights are the BF16 --ref-load (slime_app.fp8_rollout), KL or not.
+    if cfg.train_backend != "fsdp" or not cfg.ref_load or not (cfg.with_ref or serving_fp8(cfg) is not None):
         return None
     if checkpoint_kind(cfg.ref_load) != "torch_dist":
         return None
@@ -292,5 +295,6 @@ def fsdp_reference_dir(cfg: SlimeArgs, *, convert: bool) -> str | None:
         "--ref-load %s is torch_dist: converting it to HF in %s for the FSDP reference model", cfg.ref_load, out
     )
     mcore_to_hf(cfg.ref_load, out, cfg.hf_checkpoint, force=True, progress=False)
+    strip_quantization_config(out / "config.json")  # BF16 weights, even when the config came from an FP8 checkpoint
     marker.write_text(json.dumps(stamp))
     return str(out)
