@@ -1,4 +1,4 @@
-"""FP8 rollout on the reference engine: it serves a blockwise-FP8 checkpoint and FP8 pushes (disk and tensor).
+"""FP8 rollout on the reference engine: it serves a blockwise-FP8 checkpoint and FP8 pushes (disk, tensor, gloo).
 
 The engine must hold exactly dequant(quant(w)) (float32 engine: bit-equal), report SGLang's checksums of the e4m3
 bytes and scales it received, and refuse an FP8 weight without its scale.
@@ -14,9 +14,15 @@ from transformers import AutoModelForCausalLM
 
 from slime_core.fp8 import FP8_DTYPE, Fp8Config, dequantize_blockwise, quantize_blockwise, quantize_buckets
 from slime_rollout.client import RolloutClient
+from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.reference.model import ReferenceModel
 from slime_rollout.weight_check import PushChecksums
-from slime_rollout.weight_sync import DiskWeightUpdater, TensorWeightUpdater, write_hf_checkpoint
+from slime_rollout.weight_sync import (
+    DiskWeightUpdater,
+    DistributedWeightUpdater,
+    TensorWeightUpdater,
+    write_hf_checkpoint,
+)
 
 FP8 = Fp8Config(weight_block_size=(32, 32))  # hidden 64: 2×2 blocks per attention projection
 PROMPT = [785, 4226, 374, 220, 17, 10, 17, 28]
@@ -111,7 +117,7 @@ def _expected(model, state, ids):
     return torch.log_softmax(logits, -1)[torch.arange(len(ids)), torch.tensor(ids)]
 
 
-def test_fp8_engine_serves_disk_and_tensor_pushes(
+def test_fp8_engine_serves_disk_tensor_and_distributed_pushes(
     private_tmp, tiny_qwen3_dir, bf16_state, reference_args, engine_base_port
 ):
     from slime_rollout.engines.launch import launch_engines
@@ -127,14 +133,17 @@ def test_fp8_engine_serves_disk_and_tensor_pushes(
         ids, got = _logprobs(url)
         torch.testing.assert_close(got, _expected(model, _served(state), ids), atol=1e-5, rtol=0)
         client = RolloutClient([url])
-        for i, updater in enumerate(
-            (DiskWeightUpdater(args, client), TensorWeightUpdater(args, client, load_format=None))
-        ):
+        distributed = DistributedWeightUpdater(  # gloo carries the FP8 tensors as their bytes (wire.broadcast_buffer)
+            args, client, master_address="127.0.0.1", master_port=find_free_port(start=29700), backend="gloo"
+        )
+        updaters = (DiskWeightUpdater(args, client), TensorWeightUpdater(args, client, load_format=None), distributed)
+        for i, updater in enumerate(updaters):
             new = _perturbed(state, 10 + i)
             buckets = quantize_buckets(iter([list(new.items())[j : j + 7] for j in range(0, len(new), 7)]), FP8)
             updater.update(buckets, str(i + 1))
             ids, got = _logprobs(url)
             torch.testing.assert_close(got, _expected(model, _served(new), ids), atol=1e-5, rtol=0)
+        asyncio.run(distributed.adisconnect())
         # The disk push wrote FP8 safetensors with scales (the engine reloaded that directory).
         written = {}
         for f in (private_tmp / "push" / "weight_v000001").glob("*.safetensors"):

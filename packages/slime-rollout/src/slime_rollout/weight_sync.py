@@ -44,6 +44,7 @@ from slime_core.dir_swap import swap_in
 from slime_rollout.client import RolloutClient
 from slime_rollout.weight_push import PushSession, WeightPushError, engine_locks
 from slime_rollout.wire import (
+    broadcast_buffer,
     deserialize_named_tensors,
     dtype_name,
     init_custom_process_group,
@@ -403,7 +404,9 @@ class DistributedWeightUpdater(_EngineUpdater):
 
     def _broadcast(self, bucket: Bucket) -> None:
         handles = [
-            torch.distributed.broadcast(t.detach().contiguous(), group=self._group, group_src=0, async_op=True)
+            torch.distributed.broadcast(
+                broadcast_buffer(t.detach().contiguous(), self.backend), group=self._group, group_src=0, async_op=True
+            )
             for _, t in bucket
         ]
         for h in handles:

@@ -43,6 +43,7 @@ from slime_rollout.wire import (
     UpdateWeightsFromDiskReq,
     UpdateWeightsFromDistributedReq,
     UpdateWeightsFromTensorReq,
+    broadcast_buffer,
     deserialize_named_tensors,
     dtype_from_name,
     init_custom_process_group,
@@ -359,7 +360,8 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
             named = []
             for name, dtype, shape in zip(req.names, req.dtypes, req.shapes, strict=True):
                 t = torch.empty(shape, dtype=dtype_from_name(dtype), device=model.device)
-                torch.distributed.broadcast(t, group=group, group_src=0)
+                buffer = broadcast_buffer(t, torch.distributed.get_backend(group))  # FP8 over gloo: its bytes
+                torch.distributed.broadcast(buffer, group=group, group_src=0)
                 named.append((name, t))
             return named
 
