@@ -110,3 +110,18 @@ def test_fsdp_converts_a_torch_dist_ref_load_for_fp8_serving_even_without_kl(tmp
     )
     bf16_dir = _checkpoint(tmp_path / "bf16", fp8=False)
     assert fsdp_reference_dir(_cfg(hf_checkpoint=bf16_dir, **fields), convert=False) is None  # no KL, BF16 serving
+
+
+def test_preflight_notes_say_the_ref_load_is_the_trainers_start_with_fp8(tmp_path):
+    from safetensors.torch import save_file
+
+    from slime_app.checkpoints import check_checkpoints
+
+    fp8_dir = _checkpoint(tmp_path / "fp8", fp8=True)
+    bf16_dir = _checkpoint(tmp_path / "bf16", fp8=False)
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "bf16" / "model.safetensors"))
+    notes = check_checkpoints(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir, train_backend="fsdp"))
+    assert f"--ref-load {bf16_dir}: HF weights of the trainer (FP8 serving)" in notes
+    # Megatron reads an HF --ref-load too when it holds the BF16 weights of an FP8-serving run.
+    notes = check_checkpoints(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir, train_backend="megatron"))
+    assert any(n.startswith(f"--ref-load {bf16_dir}: hf") for n in notes)

@@ -97,23 +97,27 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
     if kind in ("missing", "empty"):
         raise FileNotFoundError(f"--ref-load {cfg.ref_load}: no checkpoint there ({kind})")
     same_as_hf = cfg.hf_checkpoint and os.path.realpath(cfg.ref_load) == os.path.realpath(cfg.hf_checkpoint)
+    fp8 = serving_fp8(cfg) is not None  # FP8 serving: --ref-load holds the trainer's BF16 start weights
     if cfg.train_backend == "megatron":
-        if kind == "torch_dist" or same_as_hf:
+        if kind == "torch_dist" or same_as_hf or (fp8 and kind == "hf"):
             notes.append(f"--ref-load {cfg.ref_load}: {kind}, the initial and reference weights")
             return
         raise ValueError(
             f"--ref-load {cfg.ref_load}: {_a(kind)}; the Megatron backend reads --ref-load as torch_dist "
             "(slime-convert hf-to-mcore), or leave it out to start from --hf-checkpoint"
         )
-    if not cfg.with_ref:
+    if not cfg.with_ref and not fp8:
         # FSDP starts from --hf-checkpoint; --ref-load only feeds the reference model of a KL term.
         notes.append(f"--ref-load {cfg.ref_load}: not read (no KL term, so no reference model under FSDP)")
     elif kind == "hf":
-        notes.append(f"--ref-load {cfg.ref_load}: HF weights of the reference model")
+        notes.append(
+            f"--ref-load {cfg.ref_load}: HF weights of the {'trainer (FP8 serving)' if fp8 else 'reference model'}"
+        )
     elif kind == "torch_dist":
         _convertible(cfg)
         notes.append(
-            f"--ref-load {cfg.ref_load}: torch_dist; the FSDP reference model reads it converted to HF in "
+            f"--ref-load {cfg.ref_load}: torch_dist; the FSDP {'trainer' if fp8 else 'reference model'} reads it "
+            "converted to HF in "
             f"{_converted_dir(cfg)} (converted once, before the run)"
         )
     else:
