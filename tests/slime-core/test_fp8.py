@@ -107,6 +107,7 @@ def _named():
         ("model.layers.0.self_attn.q_proj.bias", torch.randn(4)),
         ("model.layers.0.self_attn.q_norm.weight", torch.ones(2)),
         ("model.layers.0.mlp.gate.weight", torch.randn(2, 4)),  # MoE router
+        ("model.layers.0.mlp.shared_expert_gate.weight", torch.randn(1, 4)),  # Qwen2-MoE: a plain Linear in SGLang
         ("model.layers.0.mlp.gate_proj.weight", torch.randn(8, 4)),
         ("model.layers.1.mlp.experts.3.down_proj.weight", torch.randn(4, 8)),
         ("model.norm.weight", torch.ones(4)),

@@ -53,8 +53,9 @@ SCALE_SUFFIX = ".weight_scale_inv"
 _AMAX_FLOOR = 1e-12  # an all-zero block (padding, an unused expert) would give 0/0 = NaN otherwise
 
 # Never quantized (the original's converter and SGLang's FP8 models keep these in BF16): embeddings, the output head,
-# norms, MoE routers (`mlp.gate.`, not `gate_proj`), vision towers.
-_KEEP = re.compile(r"embed|lm_head|norm|\.mlp\.gate\.|router|visual|vision")
+# norms, MoE routers (`mlp.gate.`, not `gate_proj`) and Qwen2-MoE's shared-expert gate (a plain Linear in SGLang),
+# MTP projections, vision towers.
+_KEEP = re.compile(r"embed|lm_head|norm|\.mlp\.gate\.|router|shared_expert_gate|eh_proj|visual|vision")
 _IN_LAYER = re.compile(r"(^|\.)layers\.\d+\.")
 
 
