@@ -8,6 +8,7 @@
 #   TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 bash benchmarks/bench_e2e.sh   # Megatron (local spec)
 #   LABEL=qwen3-0.6b-fsdp-ppo EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages" bash ...   # PPO
 #   VL=1 bash benchmarks/bench_e2e.sh                 # vision-language GRPO (label qwen3-vl-tiny-fsdp), see below
+#   FP8=1 bash benchmarks/bench_e2e.sh                # FP8 rollout (label qwen3-0.6b-fsdp-fp8), see below
 # CPU smoke:
 #   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
 #   BENCH_DEVICE=cpu VL=1 RBS=2 N=2 MAXLEN=6 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
@@ -16,6 +17,11 @@
 # Qwen3-VL with Qwen3-0.6B's head geometry; a 64x64 picture is 64 image tokens), FSDP only. SGLang runs its
 # vision tower with --mm-attention-backend triton_attn: its default on an H200 is FA3, whose kernels the staged
 # sglang-kernel leaves out (shared/device/bundle.sh).
+# FP8=1: BF16 training, FP8 serving (issue 30 item 3). The preset is converted once with `slime-convert hf-to-fp8`
+# (e4m3, 128x128 blocks) next to it; the engines serve that as --hf-checkpoint, the trainer starts from the BF16
+# preset as --ref-load and quantizes every push; --use-tis as the original recommends. SGLang picks its block-FP8
+# GEMM itself; FP8_DEEPGEMM=0 (the default here) sets SGLANG_ENABLE_JIT_DEEPGEMM=0, i.e. its Triton kernel on an
+# H200, so no DeepGEMM JIT compile eats the step's budget (FP8_DEEPGEMM=1: SGLang's default).
 # Colocated SGLang needs torch_memory_saver on the SGLang side (--enable-memory-saver); the staged stack
 # lacks it unless bundle.sh was run with `--sglang torch-memory-saver==<ver>`: this script checks first.
 # Budget on an H200: model write ~20 s, Ray + trainer + SGLang start ~120 s, 4 rollouts ~4 x 20 s: ~4 min.
@@ -48,6 +54,18 @@ fi
 MODEL_DIR="$($PY "$HERE/_common.py" "$PRESET" "$MODEL_ROOT")" \
   || { echo "bench_e2e: could not build the $PRESET checkpoint" >&2; exit 2; }
 
+CKPT_FLAGS=(--hf-checkpoint "$MODEL_DIR")
+FP8="${FP8:-0}"
+if [[ "$FP8" == 1 ]]; then
+  FP8_DIR="$MODEL_ROOT/$PRESET-fp8"
+  if [[ ! -f "$FP8_DIR/config.json" ]]; then
+    $PY -m slime_convert.cli hf-to-fp8 --hf-checkpoint "$MODEL_DIR" --save "$FP8_DIR" --force --no-progress \
+      || { echo "bench_e2e: could not convert $MODEL_DIR to FP8" >&2; exit 2; }
+  fi
+  CKPT_FLAGS=(--hf-checkpoint "$FP8_DIR" --ref-load "$MODEL_DIR" --use-tis)
+  export SGLANG_ENABLE_JIT_DEEPGEMM="${FP8_DEEPGEMM:-0}"
+fi
+
 ENGINE_FLAGS=()
 PLACEMENT=(--colocate)
 MEM_FRACTION=0.3
@@ -78,7 +96,7 @@ fi
 mkdir -p "$RUN_DIR"
 start=$(date +%s)
 $PY "$REPO/apps/train" \
-  --train-backend "$TRAIN_BACKEND" --hf-checkpoint "$MODEL_DIR" \
+  --train-backend "$TRAIN_BACKEND" "${CKPT_FLAGS[@]}" \
   "${DATA_FLAGS[@]}" --apply-chat-template --rm-type math --advantage-estimator grpo \
   --num-rollout "$NUM_ROLLOUT" --rollout-batch-size "$RBS" --n-samples-per-prompt "$N" \
   --global-batch-size $((RBS * N)) --rollout-max-response-len "$MAXLEN" --rollout-temperature 1.0 \
@@ -89,5 +107,5 @@ rc=$?
 echo "bench_e2e: app exited $rc after $(( $(date +%s) - start )) s (run dir $RUN_DIR)" >&2
 [[ $rc -eq 0 ]] || exit $rc
 $PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --skip-first 1 \
-  --label "${LABEL:-$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)}" \
+  --label "${LABEL:-$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)$([[ $FP8 == 1 ]] && echo -fp8)}" \
   --extra-flags "${EXTRA_FLAGS:-} --max-tokens-per-gpu ${MAX_TOKENS_PER_GPU:-8192}"

@@ -38,6 +38,9 @@
 #   weight_sync_4b 300  the same for qwen3-4b (starts and stops its own engine)
 #   rollout        150  slime rollout vs direct /generate, 64 prompts x 8 x 256 tokens, shared engine
 #   e2e            420  apps/train GRPO, 4 rollouts of 32x8 (needs torch_memory_saver staged for SGLang)
+#   e2e_fp8        450  the e2e run with FP8 rollout (bench_e2e.sh FP8=1: SGLang serves a 128x128 block-FP8 copy, the
+#                       trainer trains BF16 and quantizes each push; label qwen3-0.6b-fsdp-fp8): run `e2e e2e_fp8` in
+#                       one call (≈ 9 min) for tokens/s and first_step_logprob_abs_diff vs BF16 side by side
 #   e2e_tuned      420  the e2e run with 16k-token micro-batches (TUNED_MAX_TOKENS) and --no-offload-train
 #   e2e_disagg     420  the same on 2 GPUs: trainer on GPU 0, SGLang on GPU 1, NCCL weight sync
 #   e2e_lora       420  the same with LoRA (rank 16, alpha 32, default target modules, lr 1e-5): memory and sync time vs e2e
@@ -293,6 +296,7 @@ for step in "$@"; do
     weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;
     rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset "$P06" "${RO_SIZE[@]}" ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_fp8) engine_down; FP8=1 RUN_DIR=/tmp/slime-bench-e2e/fp8 run_step e2e_fp8 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_tuned) engine_down; MAX_TOKENS_PER_GPU="${TUNED_MAX_TOKENS:-16384}" \
                  EXTRA_FLAGS="${EXTRA_FLAGS:-} --no-offload-train" RUN_DIR=/tmp/slime-bench-e2e/tuned-${TUNED_MAX_TOKENS:-16384} \
                  run_step e2e_tuned 600 bash "$HERE/bench_e2e.sh" ;;

@@ -22,7 +22,9 @@ import logging
 import os
 import pathlib
 
+from slime_app.fp8_rollout import serving_fp8
 from slime_core.config import SlimeArgs
+from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
 
@@ -95,23 +97,27 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
     if kind in ("missing", "empty"):
         raise FileNotFoundError(f"--ref-load {cfg.ref_load}: no checkpoint there ({kind})")
     same_as_hf = cfg.hf_checkpoint and os.path.realpath(cfg.ref_load) == os.path.realpath(cfg.hf_checkpoint)
+    fp8 = serving_fp8(cfg) is not None  # FP8 serving: --ref-load holds the trainer's BF16 start weights
     if cfg.train_backend == "megatron":
-        if kind == "torch_dist" or same_as_hf:
+        if kind == "torch_dist" or same_as_hf or (fp8 and kind == "hf"):
             notes.append(f"--ref-load {cfg.ref_load}: {kind}, the initial and reference weights")
             return
         raise ValueError(
             f"--ref-load {cfg.ref_load}: {_a(kind)}; the Megatron backend reads --ref-load as torch_dist "
             "(slime-convert hf-to-mcore), or leave it out to start from --hf-checkpoint"
         )
-    if not cfg.with_ref:
+    if not cfg.with_ref and not fp8:
         # FSDP starts from --hf-checkpoint; --ref-load only feeds the reference model of a KL term.
         notes.append(f"--ref-load {cfg.ref_load}: not read (no KL term, so no reference model under FSDP)")
     elif kind == "hf":
-        notes.append(f"--ref-load {cfg.ref_load}: HF weights of the reference model")
+        notes.append(
+            f"--ref-load {cfg.ref_load}: HF weights of the {'trainer (FP8 serving)' if fp8 else 'reference model'}"
+        )
     elif kind == "torch_dist":
         _convertible(cfg)
         notes.append(
-            f"--ref-load {cfg.ref_load}: torch_dist; the FSDP reference model reads it converted to HF in "
+            f"--ref-load {cfg.ref_load}: torch_dist; the FSDP {'trainer' if fp8 else 'reference model'} reads it "
+            "converted to HF in "
             f"{_converted_dir(cfg)} (converted once, before the run)"
         )
     else:
@@ -274,7 +280,8 @@ def fsdp_reference_dir(cfg: SlimeArgs, *, convert: bool) -> str | None:
     Returns:
         The directory to use as `--ref-load`, or None when no conversion is needed.
     """
-    if cfg.train_backend != "fsdp" or not cfg.with_ref or not cfg.ref_load:
+    # FP8 serving: the trainer's own start weights are the BF16 --ref-load (slime_app.fp8_rollout), KL or not.
+    if cfg.train_backend != "fsdp" or not cfg.ref_load or not (cfg.with_ref or serving_fp8(cfg) is not None):
         return None
     if checkpoint_kind(cfg.ref_load) != "torch_dist":
         return None
@@ -292,5 +299,6 @@ def fsdp_reference_dir(cfg: SlimeArgs, *, convert: bool) -> str | None:
         "--ref-load %s is torch_dist: converting it to HF in %s for the FSDP reference model", cfg.ref_load, out
     )
     mcore_to_hf(cfg.ref_load, out, cfg.hf_checkpoint, force=True, progress=False)
+    strip_quantization_config(out / "config.json")  # BF16 weights, even when the config came from an FP8 checkpoint
     marker.write_text(json.dumps(stamp))
     return str(out)

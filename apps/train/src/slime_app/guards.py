@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from slime_app.fp8_rollout import logprob_gate_thresholds
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,9 @@ def first_step_logprob_gate(cfg: SlimeArgs, metrics: Mapping[str, float]) -> Non
     weight fixes.
 
     Args:
-        cfg: reads `first_step_logprob_diff_threshold` (0: only the warning) and `load_debug_rollout_data`
-            (a replayed dump: only the warning).
+        cfg: reads `first_step_logprob_diff_threshold` (0: only the warning; unset with an FP8 `--hf-checkpoint`:
+            `slime_app.fp8_rollout.FP8_LOGPROB_DIFF_THRESHOLD`) and `load_debug_rollout_data` (a replayed dump: only
+            the warning).
         metrics: the first trained rollout's metrics (nothing happens without the gap metric: no rollout
             log-probs, e.g. a custom generate function that returns none).
 
@@ -48,16 +50,18 @@ def first_step_logprob_gate(cfg: SlimeArgs, metrics: Mapping[str, float]) -> Non
         logger.info("first-step log-prob check skipped: no %s (samples carry no rollout log-probs)", DIFF_KEY)
         return
     # A replayed dump (--load-debug-rollout-data) may come from other weights than the trainer's start: warn only.
-    threshold = 0.0 if cfg.load_debug_rollout_data else cfg.first_step_logprob_diff_threshold
+    # FP8 serving (an FP8 --hf-checkpoint) has its own defaults: slime_app.fp8_rollout.
+    threshold, warn = logprob_gate_thresholds(cfg, LOGPROB_DIFF_WARN)
+    threshold = 0.0 if cfg.load_debug_rollout_data else threshold
     if threshold and diff > threshold:
         raise RunStopped(
             f"first-step check failed: mean |trainer log-prob - rollout log-prob| = {diff:.4g} > {threshold:g} "
             "(--first-step-logprob-diff-threshold): engine weights, temperature or masks disagree with the trainer"
         )
-    if diff > LOGPROB_DIFF_WARN:
+    if diff > warn:
         logger.warning(
             "FIRST-STEP CHECK: mean |trainer log-prob - rollout log-prob| = %.4g > %.2g. "
             "Engine weights, temperature or masks may disagree with the trainer.",
             diff,
-            LOGPROB_DIFF_WARN,
+            warn,
         )

@@ -7,6 +7,7 @@ import os
 import pathlib
 
 from slime_app.checkpoints import check_checkpoints
+from slime_app.fp8_rollout import check_fp8_rollout
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -354,7 +355,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
             "(no image processor: not a vision-language checkpoint)"
         )
     _check_opd_teacher(cfg)
-    notes = _check_pass_through_flags(cfg)
+    notes = check_fp8_rollout(cfg)
+    notes += _check_pass_through_flags(cfg)
     notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
     if cfg.prompt_data and not cfg.load_debug_rollout_data:

@@ -12,8 +12,10 @@ import time
 import urllib.parse
 from typing import Any
 
+from slime_app.fp8_rollout import serving_fp8
 from slime_app.registry import WEIGHT_UPDATERS
 from slime_core.config import SlimeArgs
+from slime_core.fp8 import quantize_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +210,8 @@ def push_weights(
     Args:
         backend: this rank's `TrainBackend` (its `named_hf_weights` is collective: every rank walks it).
         updater: rank 0's weight updater; None on the other ranks.
-        cfg: the run config (`update_weight_buffer_size`, bytes per bucket).
+        cfg: the run config (`update_weight_buffer_size`, bytes per bucket; an FP8 `--hf-checkpoint`: each bucket
+            is quantized blockwise first, `slime_app.fp8_rollout`).
         weight_version: the version the engines report afterwards.
         rank: this trainer rank.
         checker: rank 0's weight-content check (None: no check); when this sync is due, a sample of the pushed
@@ -227,7 +230,12 @@ def push_weights(
             num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
             yield bucket
 
-    buckets = counted(backend.named_hf_weights(cfg.update_weight_buffer_size))
+    buckets = backend.named_hf_weights(cfg.update_weight_buffer_size)
+    fp8 = serving_fp8(cfg)
+    if fp8 is not None and updater is not None:
+        # FP8 serving: rank 0 quantizes each bucket blockwise (e4m3 + weight_scale_inv) before any transport sends it.
+        buckets = quantize_buckets(buckets, fp8)
+    buckets = counted(buckets)
     if sample is not None:
         buckets = sample.watch(buckets)
     if updater is None:

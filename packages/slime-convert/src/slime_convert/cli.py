@@ -5,6 +5,7 @@ Usage:
     slime-convert mcore-to-hf --input-dir /ckpt/run/iter_0000100 --output-dir /models/out \
         --origin-hf-dir /models/Qwen3-4B
     slime-convert megatron-args --hf-checkpoint /models/Qwen3-4B
+    slime-convert hf-to-fp8 --hf-checkpoint /models/Qwen3-4B --save /models/Qwen3-4B-FP8 [--block-size 128 128]
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     to_hf.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir")
     to_hf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+    fp8 = sub.add_parser("hf-to-fp8", help="BF16 HF → blockwise-FP8 HF serving checkpoint (FP8 rollout)")
+    fp8.add_argument("--hf-checkpoint", required=True, help="unquantized HF model directory")
+    fp8.add_argument("--save", required=True, help="output HF directory (the run's FP8 --hf-checkpoint)")
+    fp8.add_argument("--block-size", type=int, nargs=2, default=[128, 128], help="rows and columns per scale")
+    fp8.add_argument("-f", "--force", action="store_true", help="overwrite --save")
+    fp8.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
     flags = sub.add_parser("megatron-args", help="print the Megatron model flags equivalent to a HF config")
     flags.add_argument("--hf-checkpoint", required=True, help="HF model directory")
     return parser
@@ -74,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "megatron-args":
             sys.stdout.write(shlex.join(ModelArgs.from_hf_dir(ns.hf_checkpoint).megatron_flags()) + "\n")
+        elif ns.command == "hf-to-fp8":
+            from slime_convert.fp8 import hf_to_fp8
+
+            hf_to_fp8(ns.hf_checkpoint, ns.save, block_size=tuple(ns.block_size), force=ns.force,
+                      progress=not ns.no_progress)  # fmt: skip
         elif ns.command == "hf-to-mcore":
             from slime_convert.convert import hf_to_mcore
 

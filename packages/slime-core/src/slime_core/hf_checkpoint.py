@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from slime_core.dir_swap import staging_dir, swap_in
+from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class HFCheckpointWriter:
         # A config stating bf16 over fp32 tensors would make from_pretrained(dtype="auto") pick the wrong dtype.
         if len(self._dtypes) == 1 and (self.tmp / "config.json").is_file():
             _stamp_dtype(self.tmp / "config.json", next(iter(self._dtypes)))
+        strip_quantization_config(self.tmp / "config.json")  # unquantized weights, even when the source serves FP8
         swap_in(self.tmp, self.path)  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s (%d shards)", self.path, len(self._shards))
         return self.path

@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
+from slime_core.fp8 import trainer_weights_dir
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
@@ -146,17 +147,19 @@ class FSDPTrainBackend:
         self.cfg = cfg
         self.device = default_device()
         torch.manual_seed(cfg.seed)
-        self.model, self.config = build_fsdp_model(cfg, cfg.hf_checkpoint, self.device)
+        # An FP8 --hf-checkpoint is only served: the trainer starts from the BF16 --ref-load (slime_core.fp8).
+        weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
+        self.model, self.config = build_fsdp_model(cfg, weights, self.device)
         install_response_forward(self.model)
         if with_ref:
             ref_path = cfg.ref_load or cfg.hf_checkpoint
-            if str(ref_path) != str(cfg.hf_checkpoint):
+            if str(ref_path) != weights:
                 # With LoRA the reference is the ref weights with the zero-update initial adapter (B = 0).
                 lora_init = cfg.lora_rank and dist.get_rank() == 0
                 adapters = initial_adapter_state(self.model, cfg.seed) if lora_init else None
                 load_hf_weights_into(self.model, ref_path, extra=adapters)
                 self.weights.hold("ref")
-                load_hf_weights_into(self.model, cfg.hf_checkpoint, extra=adapters)
+                load_hf_weights_into(self.model, weights, extra=adapters)
             else:
                 self.weights.hold("ref")
         self._build_optimizer(cfg)

@@ -32,6 +32,7 @@ from megatron.core import parallel_state
 from slime_convert import ModelArgs
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
+from slime_core.fp8 import trainer_weights_dir
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
@@ -115,7 +116,8 @@ class MegatronTrainBackend:
         if s.ref_load and is_megatron_checkpoint(s.ref_load):
             load_checkpoint(s.ref_load, self.module, None, None, load_rng=False)
         else:
-            load_hf_weights(self.module, self.cfg.hf_checkpoint, self.model_args, s)
+            # An FP8 --hf-checkpoint is only served: HF weights come from the BF16 --ref-load (slime_core.fp8).
+            load_hf_weights(self.module, trainer_weights_dir(self.cfg.hf_checkpoint, s.ref_load), self.model_args, s)
         self.optimizer.reload_model_params()  # fp32 main params from the loaded weights
         if with_ref:
             self.weights.hold("ref")

@@ -124,8 +124,8 @@ MEGATRON_FLAG_RULES.update({
     # -- precision --------------------------------------------------------------------------------------------
     "--accumulate-allreduce-grads-in-fp32": FlagRule("same", "same", "gradients are always reduced in fp32"),
     "--attention-softmax-in-fp32": FlagRule("read", "same", "the attention kernels compute the softmax in fp32"),
-    "--fp8-format": FlagRule("error", "error", "no FP8 training; train in bf16 (an FP8 --hf-checkpoint still "
-                             "serves the engines)"),
+    "--fp8-format": FlagRule("error", "error", "no FP8 training; train in bf16 (FP8 rollout: an FP8 --hf-checkpoint "
+                             "and the bf16 --ref-load)"),
     "--fp8-recipe": FlagRule("error", "error", "no FP8 training; drop it"),
     "--fp8-param-gather": FlagRule("error", "error", "no FP8 training; drop it"),
     "--fp8-amax-history-len": FlagRule("error", "error", "no FP8 training; drop it"),

@@ -28,7 +28,9 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["sglang_checksums", "sglang_param_name", "strip_wrappers", "tensor_checksum"]
+from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX
+
+__all__ = ["hash_dtype", "sglang_checksums", "sglang_param_name", "strip_wrappers", "tensor_checksum"]
 
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
@@ -154,6 +156,14 @@ def sglang_param_name(hf_name: str) -> tuple[str, int, int]:
     return name, 0, 1
 
 
+def hash_dtype(name: str, tensor: torch.Tensor, engine_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor is hashed in: FP8 weights and scales as they are, every other tensor in the engine's.
+
+    An FP8 engine (SGLang's `Fp8Config`) holds e4m3 `*.weight` and float32 `*.weight_scale_inv` as they came.
+    """
+    return tensor.dtype if tensor.dtype == FP8_DTYPE or name.endswith(SCALE_SUFFIX) else engine_dtype
+
+
 def strip_wrappers(engine_name: str) -> str:
     """An engine parameter name without SGLang's LoRA wrapper (`qkv_proj.base_layer.weight` → `qkv_proj.weight`)."""
     return engine_name.replace(".base_layer.", ".")
@@ -164,7 +174,7 @@ def sglang_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: t
 
     Args:
         named_tensors: `(HF name, tensor)`, every part of a fused parameter present.
-        dtype: the dtype the engine holds (tensors are cast first).
+        dtype: the dtype the engine holds (tensors are cast first, except FP8 weights and scales: `hash_dtype`).
 
     Returns:
         `{SGLang name: 16 hex digits}`.
@@ -182,5 +192,6 @@ def sglang_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: t
     for name, by_index in parts.items():
         if len(by_index) != counts[name]:
             raise ValueError(f"{name}: parts {sorted(by_index)} of {counts[name]} given")
-        out[name] = tensor_checksum(torch.cat([by_index[i].to(dtype).reshape(-1) for i in range(counts[name])]))
+        pieces = [by_index[i].to(hash_dtype(name, by_index[i], dtype)).reshape(-1) for i in range(counts[name])]
+        out[name] = tensor_checksum(torch.cat(pieces))
     return out

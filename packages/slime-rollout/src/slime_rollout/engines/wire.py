@@ -233,6 +233,19 @@ def deserialize_named_tensors(payload: str | bytes, load_format: str | None) -> 
 # ------------------------------------------------------------------------------------------- broadcast
 
 
+def broadcast_buffer(tensor: torch.Tensor, backend: str) -> torch.Tensor:
+    """What to pass to `broadcast` for `tensor`: gloo has no float8 type, so an FP8 tensor goes as its uint8 view.
+
+    The view shares the tensor's storage, so receiving into it fills the FP8 tensor; the bytes on the wire are the
+    same either way (NCCL, which SGLang uses, takes the FP8 tensor itself).
+    """
+    import torch
+
+    if backend == "gloo" and tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return tensor.view(torch.uint8)
+    return tensor
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """`torch.bfloat16` -> "bfloat16": how `UpdateWeightsFromDistributedReq.dtypes` names a dtype."""
     return str(dtype).removeprefix("torch.")

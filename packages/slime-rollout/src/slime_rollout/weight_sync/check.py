@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slime_rollout.engines.transport import EngineError
-from slime_rollout.engines.weight_checksum import sglang_param_name, strip_wrappers, tensor_checksum
+from slime_rollout.engines.weight_checksum import hash_dtype, sglang_param_name, strip_wrappers, tensor_checksum
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -145,7 +145,7 @@ class PushChecksums:
         if parts is None:
             return
         # A copy in the engine's dtype: the trainer may reuse the bucket's memory after sending it.
-        parts[index] = tensor.detach().to(self.dtype, copy=True).reshape(-1)
+        parts[index] = tensor.detach().to(hash_dtype(name, tensor, self.dtype), copy=True).reshape(-1)
         if len(parts) == count:
             del self._drawn[name]
             self.checksums[name] = tensor_checksum(torch.cat([parts[i] for i in range(count)]))

@@ -43,6 +43,7 @@ from safetensors.torch import save_file
 from slime_core.dir_swap import swap_in
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.wire import (
+    broadcast_buffer,
     deserialize_named_tensors,
     dtype_name,
     init_custom_process_group,
@@ -403,7 +404,9 @@ class DistributedWeightUpdater(_EngineUpdater):
 
     def _broadcast(self, bucket: Bucket) -> None:
         handles = [
-            torch.distributed.broadcast(t.detach().contiguous(), group=self._group, group_src=0, async_op=True)
+            torch.distributed.broadcast(
+                broadcast_buffer(t.detach().contiguous(), self.backend), group=self._group, group_src=0, async_op=True
+            )
             for _, t in bucket
         ]
         for h in handles:

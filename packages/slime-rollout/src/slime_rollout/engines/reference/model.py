@@ -25,11 +25,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 from transformers.cache_utils import DynamicLayer
 
+from slime_core.fp8 import read_fp8_config
 from slime_core.hf_names import to_module_name
+from slime_rollout.engines.reference.fp8 import ServedFp8, build_empty
 from slime_rollout.engines.reference.lora import LoraAdapters
 from slime_rollout.engines.reference.sampling import (
     SamplingParams,
@@ -141,7 +144,11 @@ class ReferenceModel:
         config = AutoConfig.from_pretrained(self.model_path)
         self.is_vlm = getattr(config, "vision_config", None) is not None
         model_cls = AutoModelForImageTextToText if self.is_vlm else AutoModelForCausalLM
-        self.model = model_cls.from_pretrained(self.model_path, dtype=torch_dtype).to(self.device).eval()
+        self.fp8 = ServedFp8(read_fp8_config(self.model_path))  # an FP8 checkpoint: dequantized on load
+        if self.fp8.cfg is None:
+            self.model = model_cls.from_pretrained(self.model_path, dtype=torch_dtype).to(self.device).eval()
+        else:
+            self.model = build_empty(model_cls, config, torch_dtype).to(self.device).eval()
         self.model_type = config.model_type
         self.vision: VisionPreprocessor | None = None
         if self.is_vlm:
@@ -157,6 +164,8 @@ class ReferenceModel:
         text_config = config.get_text_config()
         self.max_context_len = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self.adapters = LoraAdapters(self.model)
+        if self.fp8.cfg is not None:
+            self._load_fp8_checkpoint()
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -426,7 +435,7 @@ class ReferenceModel:
         state = self.model.state_dict()
         n = 0
         with self.lock, torch.no_grad():
-            for name, tensor in named_tensors:
+            for name, tensor in self.fp8.dequantized(named_tensors):
                 name = to_module_name(name, self.model_type)
                 if name not in state:
                     raise KeyError(f"update_weights: unknown parameter {name!r}")
@@ -456,7 +465,8 @@ class ReferenceModel:
         if getattr(self.model.config.get_text_config(), "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         with self.lock:
-            return sglang_checksums(((k, v.detach()) for k, v in state.items()), dtype=self.model.dtype)
+            items = self.fp8.checksum_items({k: v.detach() for k, v in state.items()})  # FP8: the e4m3 bytes held
+            return sglang_checksums(items, dtype=self.model.dtype)
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).
@@ -490,6 +500,24 @@ class ReferenceModel:
         """Forgets adapter `name` (`LoraAdapters.unload`)."""
         with self.lock:
             self.adapters.unload(name)
+
+    def _load_fp8_checkpoint(self) -> None:
+        """Loads the FP8 serving checkpoint the engine was started on; every weight of the model must be in it.
+
+        Raises:
+            ValueError: the checkpoint lacks some of the model's weights (names a few).
+        """
+        state = self.model.state_dict()
+        if getattr(self.model.config.get_text_config(), "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # the embedding, loaded under its own name
+        held = set()
+        for f in pathlib.Path(self.model_path).glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as handle:
+                held.update(to_module_name(k, self.model_type) for k in handle.keys())  # noqa: SIM118
+        missing = sorted(set(state) - held)
+        if missing:
+            raise ValueError(f"{self.model_path}: the FP8 checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
+        self.load_from_disk(self.model_path)
 
     def load_from_disk(self, model_path: str) -> int:
         """Loads every `*.safetensors` file of an HF checkpoint directory into the model.

@@ -30,6 +30,7 @@ from slime_rollout.engines.wire import (
     UpdateWeightsFromDiskReq,
     UpdateWeightsFromDistributedReq,
     UpdateWeightsFromTensorReq,
+    broadcast_buffer,
     deserialize_named_tensors,
     dtype_from_name,
     init_custom_process_group,
@@ -161,7 +162,8 @@ async def update_weights_from_distributed(request: Request):
         named = []
         for name, dtype, shape in zip(req.names, req.dtypes, req.shapes, strict=True):
             t = torch.empty(shape, dtype=dtype_from_name(dtype), device=engine.model.device)
-            torch.distributed.broadcast(t, group=group, group_src=0)
+            buffer = broadcast_buffer(t, torch.distributed.get_backend(group))  # FP8 over gloo: its bytes
+            torch.distributed.broadcast(buffer, group=group, group_src=0)
             named.append((name, t))
         return named
 

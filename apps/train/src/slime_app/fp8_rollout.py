@@ -1,0 +1,94 @@
+"""FP8 rollout (BF16 training, FP8 serving): when it is on, what it needs, and how loose the first-step gate is.
+
+As in the original slime, nothing but the checkpoint switches it on: `--hf-checkpoint` names a blockwise-FP8 serving
+checkpoint (`slime-convert hf-to-fp8`, or a published `*-FP8` model) whose config.json carries an FP8
+`quantization_config`. Then the engines load that checkpoint, the trainer starts from the BF16 `--ref-load`
+(`slime_core.fp8.trainer_weights_dir`), and every weight push quantizes the trainer's weights blockwise on the
+trainer side (`slime_app.weights.push_weights`), so the engines keep serving FP8.
+
+Rollout log-probs then come from FP8 weights and the trainer's from BF16 ones: a larger train/inference mismatch
+than BF16 serving. The original pairs FP8 rollout with truncated importance sampling (`--use-tis`, added "for fp8
+rollout" in its v0.1.0 release); this run warns when it is off. The first-step gate keeps catching broken syncs
+(an engine with other weights is off by far more than 1 nat per token) with a default threshold that FP8 error
+alone does not reach: `FP8_LOGPROB_DIFF_THRESHOLD` unless `--first-step-logprob-diff-threshold` is given.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from slime_core.config import SlimeArgs
+from slime_core.fp8 import Fp8Config, read_fp8_config, trainer_weights_dir
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FP8_LOGPROB_DIFF_THRESHOLD",
+    "FP8_LOGPROB_DIFF_WARN",
+    "check_fp8_rollout",
+    "logprob_gate_thresholds",
+    "serving_fp8",
+]
+
+# First-step mean |trainer - rollout log-prob| with FP8 serving: 3× the BF16 defaults (0.1 stop, 0.05 warning).
+# e4m3 keeps 3 mantissa bits (weights within 2^-4 relative of BF16 ones), so FP8 error is a few times BF16's;
+# an engine holding the wrong weights is off by ≫ 0.3.
+FP8_LOGPROB_DIFF_THRESHOLD = 0.3
+FP8_LOGPROB_DIFF_WARN = 0.15
+_FLAG = "first_step_logprob_diff_threshold"
+
+
+@functools.cache
+def _read(hf_checkpoint: str) -> Fp8Config | None:
+    return read_fp8_config(hf_checkpoint)
+
+
+def serving_fp8(cfg: SlimeArgs) -> Fp8Config | None:
+    """The FP8 config of what the engines serve (`--hf-checkpoint`), or None for unquantized serving.
+
+    Raises:
+        ValueError: `--hf-checkpoint` has a `quantization_config` other than blockwise FP8 (names the file).
+    """
+    return _read(str(cfg.hf_checkpoint)) if cfg.hf_checkpoint else None
+
+
+def logprob_gate_thresholds(cfg: SlimeArgs, default_warn: float) -> tuple[float, float]:
+    """`(stop, warn)` thresholds of the first-step log-prob gate (`slime_app.guards`).
+
+    Args:
+        cfg: reads `first_step_logprob_diff_threshold` (a value given on the command line or in YAML always wins)
+            and `hf_checkpoint`.
+        default_warn: the BF16 warning threshold.
+    """
+    if serving_fp8(cfg) is None or _FLAG in cfg.model_fields_set:
+        return cfg.first_step_logprob_diff_threshold, default_warn
+    return FP8_LOGPROB_DIFF_THRESHOLD, FP8_LOGPROB_DIFF_WARN
+
+
+def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
+    """Preflight of an FP8-serving run; returns notes for the log (none when the run serves BF16).
+
+    Raises:
+        ValueError: FP8 serving without the BF16 `--ref-load` the trainer starts from, or with LoRA (the engine would
+            need an FP8 base plus BF16 adapters, which this version does not push).
+    """
+    fp8 = serving_fp8(cfg)
+    if fp8 is None:
+        return []
+    if cfg.lora_rank:
+        raise ValueError(
+            f"--lora-rank with an FP8 --hf-checkpoint {cfg.hf_checkpoint}: LoRA weight sync pushes BF16 adapters onto "
+            "the served base, which is not supported for an FP8 base; use a BF16 --hf-checkpoint"
+        )
+    weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
+    if not cfg.use_tis:
+        logger.warning(
+            "FP8 rollout without --use-tis: the original pairs FP8 serving with truncated importance sampling "
+            "(--use-tis [--tis-clip 2]) to correct the larger train/inference mismatch"
+        )
+    stop, _ = logprob_gate_thresholds(cfg, 0.0)
+    return [
+        f"FP8 rollout: engines serve {cfg.hf_checkpoint} (e4m3, {fp8.weight_block_size[0]}x{fp8.weight_block_size[1]} "
+        f"blocks), the trainer trains BF16 weights from {weights} and quantizes every push; first-step gate {stop:g}"
+    ]

@@ -1,0 +1,127 @@
+"""FP8 rollout in the app: pushes are quantized on rank 0, the first-step gate has FP8 defaults, preflight rules."""
+
+import json
+
+import pytest
+import torch
+
+from slime_app import weights
+from slime_app.fp8_rollout import FP8_LOGPROB_DIFF_THRESHOLD, check_fp8_rollout, logprob_gate_thresholds
+from slime_app.guards import LOGPROB_DIFF_WARN, RunStopped, first_step_logprob_gate
+from slime_core.config import SlimeArgs
+from slime_core.fp8 import FP8_DTYPE, Fp8Config, quantize_blockwise
+
+DIFF = "train/train_rollout_logprob_abs_diff"
+
+
+def _checkpoint(path, fp8: bool):
+    path.mkdir()
+    config = {"model_type": "qwen3"}
+    if fp8:
+        config["quantization_config"] = Fp8Config(weight_block_size=(2, 2)).to_quantization_config()
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def _cfg(**fields):
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
+
+
+class _Backend:
+    def __init__(self):
+        torch.manual_seed(0)
+        self.up = torch.randn(4, 6)
+        self.norm = torch.ones(4)
+
+    def named_hf_weights(self, bucket_bytes):
+        yield [("model.layers.0.mlp.up_proj.weight", self.up), ("model.norm.weight", self.norm)]
+
+
+class _Updater:
+    def __init__(self):
+        self.pushed = []
+
+    def update(self, buckets, version):
+        self.pushed += [pair for bucket in buckets for pair in bucket]
+
+
+def test_every_push_is_quantized_blockwise_when_the_engines_serve_fp8(tmp_path):
+    backend, updater = _Backend(), _Updater()
+    cfg = _cfg(hf_checkpoint=_checkpoint(tmp_path / "fp8", fp8=True))
+    metrics = weights.push_weights(backend, updater, cfg, 1, rank=0)
+    names = [n for n, _ in updater.pushed]
+    assert names == ["model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight_scale_inv",
+                     "model.norm.weight"]  # fmt: skip
+    q, s = quantize_blockwise(backend.up, (2, 2))
+    pushed = dict(updater.pushed)
+    assert pushed["model.layers.0.mlp.up_proj.weight"].dtype == FP8_DTYPE
+    assert torch.equal(pushed["model.layers.0.mlp.up_proj.weight"].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(pushed["model.layers.0.mlp.up_proj.weight_scale_inv"], s)
+    assert pushed["model.norm.weight"] is backend.norm
+    # Bytes sent: 24 e4m3 + 2×3 fp32 scales + 4 fp32 norm weights.
+    assert metrics["perf/update_weights_gb_per_s"] * metrics["perf/update_weights_time"] * 1e9 == pytest.approx(64)
+
+    plain = _Updater()
+    weights.push_weights(backend, plain, _cfg(hf_checkpoint=_checkpoint(tmp_path / "bf16", fp8=False)), 1, rank=0)
+    assert [t for _, t in plain.pushed] == [backend.up, backend.norm]
+
+
+def test_first_step_gate_has_fp8_defaults_unless_the_flag_is_given(tmp_path, caplog):
+    fp8_dir = _checkpoint(tmp_path / "fp8", fp8=True)
+    cfg = _cfg(hf_checkpoint=fp8_dir)
+    assert logprob_gate_thresholds(cfg, LOGPROB_DIFF_WARN) == (FP8_LOGPROB_DIFF_THRESHOLD, 0.15)
+    first_step_logprob_gate(cfg, {DIFF: 0.2})  # above BF16's 0.1: only a warning in FP8 mode
+    assert "0.2 > 0.15" in caplog.text
+    with pytest.raises(RunStopped, match=r"0.35 > 0.3 \(--first-step-logprob-diff-threshold\)"):
+        first_step_logprob_gate(cfg, {DIFF: 0.35})
+    explicit = _cfg(hf_checkpoint=fp8_dir, first_step_logprob_diff_threshold=0.1)
+    with pytest.raises(RunStopped, match=r"0.2 > 0.1"):
+        first_step_logprob_gate(explicit, {DIFF: 0.2})
+    bf16 = _cfg(hf_checkpoint=_checkpoint(tmp_path / "bf16", fp8=False))
+    assert logprob_gate_thresholds(bf16, LOGPROB_DIFF_WARN) == (0.1, LOGPROB_DIFF_WARN)
+
+
+def test_preflight_needs_the_bf16_ref_load_refuses_lora_and_recommends_tis(tmp_path, caplog):
+    fp8_dir, bf16_dir = _checkpoint(tmp_path / "fp8", fp8=True), _checkpoint(tmp_path / "bf16", fp8=False)
+    with pytest.raises(ValueError, match="FP8 serving checkpoint.*pass them as --ref-load"):
+        check_fp8_rollout(_cfg(hf_checkpoint=fp8_dir))
+    with pytest.raises(ValueError, match="--lora-rank with an FP8 --hf-checkpoint"):
+        check_fp8_rollout(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir, lora_rank=8, train_backend="fsdp"))
+    [note] = check_fp8_rollout(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir))
+    assert f"BF16 weights from {bf16_dir}" in note and "2x2 blocks" in note and "gate 0.3" in note
+    assert "FP8 rollout without --use-tis" in caplog.text
+    caplog.clear()
+    check_fp8_rollout(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir, use_tis=True))
+    assert "--use-tis" not in caplog.text
+    assert check_fp8_rollout(_cfg(hf_checkpoint=bf16_dir)) == []
+
+
+def test_fsdp_converts_a_torch_dist_ref_load_for_fp8_serving_even_without_kl(tmp_path):
+    from slime_app.checkpoints import fsdp_reference_dir
+
+    fp8_dir = _checkpoint(tmp_path / "fp8", fp8=True)
+    torch_dist = tmp_path / "ref_torch_dist"
+    torch_dist.mkdir()
+    (torch_dist / ".metadata").write_bytes(b"")
+    fields = dict(train_backend="fsdp", ref_load=str(torch_dist), output_dir=str(tmp_path / "out"))
+    assert not _cfg(hf_checkpoint=fp8_dir, **fields).with_ref
+    assert fsdp_reference_dir(_cfg(hf_checkpoint=fp8_dir, **fields), convert=False) == str(
+        tmp_path / "out" / "ref_load_hf"
+    )
+    bf16_dir = _checkpoint(tmp_path / "bf16", fp8=False)
+    assert fsdp_reference_dir(_cfg(hf_checkpoint=bf16_dir, **fields), convert=False) is None  # no KL, BF16 serving
+
+
+def test_preflight_notes_say_the_ref_load_is_the_trainers_start_with_fp8(tmp_path):
+    from safetensors.torch import save_file
+
+    from slime_app.checkpoints import check_checkpoints
+
+    fp8_dir = _checkpoint(tmp_path / "fp8", fp8=True)
+    bf16_dir = _checkpoint(tmp_path / "bf16", fp8=False)
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "bf16" / "model.safetensors"))
+    notes = check_checkpoints(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir, train_backend="fsdp"))
+    assert f"--ref-load {bf16_dir}: HF weights of the trainer (FP8 serving)" in notes
+    # Megatron reads an HF --ref-load too when it holds the BF16 weights of an FP8-serving run.
+    notes = check_checkpoints(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir, train_backend="megatron"))
+    assert any(n.startswith(f"--ref-load {bf16_dir}: hf") for n in notes)
