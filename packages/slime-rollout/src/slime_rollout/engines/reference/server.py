@@ -32,11 +32,13 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from slime_rollout.engines.reference.delta import apply_delta_request, base_refusal
 from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
 from slime_rollout.engines.reference.push_guard import PushGuard
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.scheduler import Scheduler
 from slime_rollout.engines.reference.vision import decode_engine_image
+from slime_rollout.weight_delta import UpdateWeightsFromDeltaReq
 from slime_rollout.wire import (
     DestroyWeightsUpdateGroupReq,
     InitWeightsUpdateGroupReq,
@@ -315,6 +317,26 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
 
         return await run_update(
             load, req.weight_version, _abort_all_requests(body), endpoint="/update_weights_from_tensor"
+        )
+
+    @app.post("/update_weights_from_delta")
+    async def update_weights_from_delta(request: Request):
+        body = await request.json()
+        try:
+            req = UpdateWeightsFromDeltaReq.from_json(body)
+        except ValueError as exc:
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+
+        def load() -> int:
+            # Checked under the update lock, so no other update moves the version in between.
+            refusal = base_refusal(req, state["weight_version"], push_guard.version)
+            if refusal is not None:
+                raise ValueError(refusal)
+            named = deserialize_named_tensors(req.serialized_named_tensors[0], None)
+            return apply_delta_request(model, named, req)
+
+        return await run_update(
+            load, req.weight_version, _abort_all_requests(body), endpoint="/update_weights_from_delta"
         )
 
     groups: dict[str, Any] = {}
