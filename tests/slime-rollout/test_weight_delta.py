@@ -105,7 +105,8 @@ def test_delta_base_sends_only_changed_tensors_and_counts_bytes():
     deltas = base.encode_bucket([("a", a), ("b", b + 1)])  # a frozen, b changed
     assert [d.name for d in deltas] == ["b"]
     s = base.stats
-    assert (s.num_tensors, s.num_sent, s.total_bytes, s.changed_bytes) == (2, 1, 48, 16)  # bf16 0 -> 1.0 = 0x3F80: both bytes of all 8
+    # b: bf16 0 -> 1.0 (0x0000 -> 0x3F80) changes both bytes of all 8 elements
+    assert (s.num_tensors, s.num_sent, s.total_bytes, s.changed_bytes) == (2, 1, 48, 16)
     assert s.metrics()["perf/update_weights_sent_fraction"] == 0.5
     base.invalidate()
     assert base.begin() is False
