@@ -213,17 +213,46 @@ def test_tensor_delta_push_sends_less_and_the_engine_holds_the_trainer_weights(
         _restore(url, tiny_qwen3_dir)
 
 
-def test_engine_refuses_a_delta_on_another_base_version(reference_engine, model_state, tiny_qwen3_dir):
+def test_a_restarted_engine_gets_a_full_push_and_refuses_a_delta_on_another_base(
+    reference_engine, model_state, tiny_qwen3_dir
+):
+    from slime_rollout.transport import EngineError
+    from slime_rollout.weight_delta import UpdateWeightsFromDeltaReq, encode, tensor_bytes
+    from slime_rollout.wire import serialize_named_tensors
+
     url = reference_engine.urls[0]
     updater = DeltaTensorWeightUpdater(_cfg(weight_sync="tensor"), RolloutClient([url]))
     try:
         updater.update(_buckets(model_state), "7")
-        # The engine restarts (its version is back at the checkpoint's) while the trainer still holds v7 as base.
+        # The engine restarts in place (its version is back at the checkpoint's) while the trainer's base is v7.
         _restore(url, tiny_qwen3_dir)
-        with pytest.raises(WeightPushError, match="applies to weight_version '7' but this engine holds 'default'"):
-            updater.update(_buckets(_train_step(model_state, 8)), "8")
-        updater.update(_buckets(_train_step(model_state, 8)), "9")
+        v8 = _train_step(model_state, 8)
+        updater.update(_buckets(v8), "8")
         assert updater.delta_stats.full
+        _engine_matches(url, v8)
+
+        # The engine's own guard: a delta on a base it does not hold is refused, naming both versions.
+        name = "model.norm.weight"
+        old = tensor_bytes(v8[name])
+        new = tensor_bytes(v8[name] + 1)
+        payload, _ = encode(new, old, "xor")
+        req = UpdateWeightsFromDeltaReq(
+            serialized_named_tensors=[serialize_named_tensors([(name, torch.from_numpy(payload.copy()))])],
+            checksums={name: checksum("xxh3-128", new)},
+            base_version="7",
+            weight_version="9",
+        )
+
+        async def send():
+            engine = EngineClient(url, timeout=60.0)
+            try:
+                return await engine.update_weights_from_delta(req)
+            finally:
+                await engine.aclose()
+
+        with pytest.raises(EngineError, match="applies to weight_version '7' but this engine holds '8'"):
+            asyncio.run(send())
+        _engine_matches(url, v8)  # nothing applied
     finally:
         _restore(url, tiny_qwen3_dir)
 

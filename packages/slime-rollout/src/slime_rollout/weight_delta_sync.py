@@ -1,9 +1,10 @@
 """Delta weight pushes (`--update-weight-mode delta`) over the tensor and disk transports.
 
-A push goes in full the first time, after any failed push (a checksum mismatch included), and whenever a new
-updater is built (a resumed run, a restarted or replaced engine: `slime_app` rebuilds the updater when the engine
-set changes). Otherwise only the tensors that changed since the last acknowledged push travel, each encoded and
-checksummed by `slime_rollout.weight_delta`, and the receiver verifies every checksum before it applies anything:
+A push goes in full the first time, after any failed push (a checksum mismatch included), whenever a new
+updater is built (a resumed run; `slime_app` also rebuilds it when the engine set changes), and when an engine does
+not report the base's weight version before the push (restarted in place, or it missed a push). Otherwise only the
+tensors that changed since the last acknowledged push travel, each encoded and checksummed by
+`slime_rollout.weight_delta`, and the receiver verifies every checksum before it applies anything:
 
 * **tensor** (`DeltaTensorWeightUpdater`): the compressed payloads go through shared memory to
   `POST /update_weights_from_delta` (`UpdateWeightsFromDeltaReq`), which the reference engine implements
@@ -26,6 +27,7 @@ and the engines load it from there. Memory: the trainer keeps one copy of the mo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from slime_rollout.client import RolloutClient
 from slime_rollout.weight_check import engine_weight_dtype
@@ -90,6 +92,8 @@ class _DeltaMixin:
 
     async def aupdate(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         """Pushes `buckets` in full or as deltas; any failure drops the base so the next push is full."""
+        if self.base.valid:
+            await self._check_engines_hold_base()
         self._delta_push = self.base.begin()
         try:
             await super().aupdate(buckets, weight_version)  # type: ignore[misc]
@@ -103,6 +107,17 @@ class _DeltaMixin:
             weight_version, "in full" if s.full else "as deltas", s.num_sent, s.num_tensors, s.wire_bytes / 1e9,
             s.total_bytes / 1e9, self.base.nbytes / 1e9,
         )  # fmt: skip
+
+    async def _check_engines_hold_base(self, timeout_s: float = 30.0) -> None:
+        """Drops the base (full push) when an engine does not report the base's version (restarted, or missed one)."""
+        engines = self.client.engines  # type: ignore[attr-defined]
+        versions = await asyncio.gather(
+            *(asyncio.wait_for(e.get_weight_version(), timeout_s) for e in engines), return_exceptions=True
+        )
+        off = [f"{e.url}={v!r}" for e, v in zip(engines, versions, strict=True) if v != self.base.version]
+        if off:
+            logger.warning("delta push: engines not at base v%s (%s): pushing in full", self.base.version, off)
+            self.base.invalidate()
 
 
 class DeltaTensorWeightUpdater(_DeltaMixin, TensorWeightUpdater):
@@ -241,8 +256,6 @@ def apply_delta_dir(delta_dir: str | os.PathLike, local_dir: str | os.PathLike) 
 
 
 def _load_payloads(delta_dir: pathlib.Path, weight_map: dict[str, str]) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
     out: dict[str, np.ndarray] = {}
     for shard in sorted(set(weight_map.values())):
         out.update(load_file(str(delta_dir / shard)))
@@ -270,8 +283,6 @@ class DeltaDiskWeightUpdater(_DeltaMixin, DiskWeightUpdater):
         self._init_base(cfg)
 
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
-        import asyncio
-
         self._last_dir = None  # the local checkpoint is never cleaned up; only delta dirs are
         if not self._delta_push:
             full = (self.base.record_full(b) for b in buckets)
