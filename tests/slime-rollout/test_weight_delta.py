@@ -13,7 +13,7 @@ import zstandard
 from slime_core.config import SlimeArgs
 from slime_rollout.client import EngineClient, RolloutClient
 from slime_rollout.weight_check import engine_checksums
-from slime_rollout.weight_checksum import sglang_checksums
+from slime_rollout.weight_checksum import sglang_checksums, sglang_param_name, tensor_checksum
 from slime_rollout.weight_delta import (
     DeltaBase,
     DeltaChecksumError,
@@ -139,19 +139,31 @@ def _buckets(state, size=4):
     return iter([items[i : i + size] for i in range(0, len(items), size)])
 
 
+# (name, id(tensor)) -> (tensor, checksum): an unchanged tensor (the frozen 9.7M-entry embedding) is hashed once; the
+# tensor is kept so that its id is not reused.
+_TRAINER_SUMS: dict = {}
+
+
 def _engine_matches(url, state):
     """Weight-content check: the engine's checksum of every parameter equals the trainer's, exactly."""
 
     async def go():
-        engine = EngineClient(url, timeout=60.0)
+        engine = EngineClient(url, timeout=120.0)
         try:
             return await engine_checksums(engine)
         finally:
             await engine.aclose()
 
     held = asyncio.run(go())[0]
-    want = sglang_checksums(state.items(), dtype=torch.float32)
-    assert want and {k: held[k] for k in want} == want
+    # Projections together: SGLang's fused qkv_proj / gate_up_proj need all their parts.
+    want = sglang_checksums([(n, t) for n, t in state.items() if "proj" in n], dtype=torch.float32)
+    for name, tensor in state.items():
+        if "proj" not in name:
+            key = (name, id(tensor))
+            if key not in _TRAINER_SUMS:
+                _TRAINER_SUMS[key] = (tensor, tensor_checksum(tensor.to(torch.float32)))
+            want[sglang_param_name(name)[0]] = _TRAINER_SUMS[key][1]
+    assert len(want) > 10 and {k: held[k] for k in want} == want
 
 
 def _flipped(delta):
@@ -178,7 +190,6 @@ def test_tensor_delta_push_sends_less_and_the_engine_holds_the_trainer_weights(
         updater.update(_buckets(v1), "1")
         full = updater.delta_stats
         assert full.full and full.num_sent == full.num_tensors == len(model_state)
-        _engine_matches(url, v1)
 
         v2 = _train_step(v1, 2)
         updater.update(_buckets(v2), "2")
@@ -267,7 +278,6 @@ def test_disk_delta_push_patches_the_local_checkpoint_verified(reference_engine,
         v1 = _train_step(model_state, 1)
         updater.update(_buckets(v1), "1")
         assert updater.delta_stats.full and read_local_version(local) == "1"
-        _engine_matches(url, v1)
 
         v2 = _train_step(v1, 2)
         updater.update(_buckets(v2), "2")
