@@ -330,3 +330,14 @@ def test_delta_config_is_validated():
         _cfg(weight_sync="tensor", rollout_engine="sglang")
     cfg = _cfg(weight_sync="disk", update_weight_delta_encoding="overwrite", update_weight_delta_checksum="adler32")
     assert cfg.update_weight_local_checkpoint_dir.endswith("local")
+
+
+def test_delta_request_round_trips_and_names_missing_fields():
+    from slime_rollout.weight_delta import UpdateWeightsFromDeltaReq
+
+    req = UpdateWeightsFromDeltaReq(serialized_named_tensors=["x"], checksums={"w": "ab"}, base_version="3")
+    body = req.to_json()
+    assert body["delta_encoding"] == "xor" and body["compression_format"] == "zstd"
+    assert UpdateWeightsFromDeltaReq.from_json(body) == req
+    with pytest.raises(ValueError, match=r"/update_weights_from_delta: missing field\(s\) checksums, base_version"):
+        UpdateWeightsFromDeltaReq.from_json({"serialized_named_tensors": ["x"]})
