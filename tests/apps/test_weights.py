@@ -133,3 +133,4 @@ def test_delta_mode_builds_the_delta_updater_and_reports_what_each_push_sent(tmp
     assert again["perf/update_weights_full"] == 0.0 and again["perf/update_weights_sent_fraction"] == 0.0
     assert again["perf/update_weights_wire_bytes"] == 0.0 and again["perf/update_weights_density"] == 0.0
     assert first["perf/update_weights_wire_bytes"] == (6 + 4) * 4  # fp32, whole
+    assert again["perf/update_weights_delta_base_gb"] == (6 + 4) * 4 / 1e9  # the trainer's copy of the last push

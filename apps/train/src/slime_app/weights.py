@@ -210,8 +210,8 @@ def push_weights(
     """Sends the backend's current weights to the engines; returns `perf/update_weights_time` and GB/s.
 
     With `--update-weight-mode delta` also `perf/update_weights_density` (changed bytes / model bytes),
-    `perf/update_weights_wire_bytes`, `perf/update_weights_sent_fraction` (tensors sent / tensors) and
-    `perf/update_weights_full` (1 for a full push).
+    `perf/update_weights_wire_bytes`, `perf/update_weights_sent_fraction` (tensors sent / tensors),
+    `perf/update_weights_full` (1 for a full push) and `perf/update_weights_delta_base_gb` (rank 0's base copy).
 
     Args:
         backend: this rank's `TrainBackend` (its `named_hf_weights` is collective: every rank walks it).

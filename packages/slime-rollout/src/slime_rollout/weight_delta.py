@@ -249,6 +249,7 @@ class DeltaStats:
         total_bytes: bytes of the whole model in the engine's dtype.
         changed_bytes: bytes that differ from the last push (`total_bytes` for a full push).
         wire_bytes: bytes put on the transport (compressed payloads; the raw tensors for a full push).
+        base_bytes: memory of the sender's copy of the last push (`DeltaBase.nbytes`) after this push.
     """
 
     full: bool = True
@@ -257,14 +258,20 @@ class DeltaStats:
     total_bytes: int = 0
     changed_bytes: int = 0
     wire_bytes: int = 0
+    base_bytes: int = 0
 
     def metrics(self) -> dict[str, float]:
-        """`perf/update_weights_*`: density and wire bytes (the original's names), tensors sent, full or delta."""
+        """`perf/update_weights_*` of this push.
+
+        Density and wire bytes (the original's names), the fraction of tensors sent, 1 for a full push, and the
+        trainer's base copy in GB.
+        """
         return {
             "perf/update_weights_density": self.changed_bytes / max(self.total_bytes, 1),
             "perf/update_weights_wire_bytes": float(self.wire_bytes),
             "perf/update_weights_sent_fraction": self.num_sent / max(self.num_tensors, 1),
             "perf/update_weights_full": float(self.full),
+            "perf/update_weights_delta_base_gb": self.base_bytes / 1e9,
         }
 
 
@@ -358,6 +365,7 @@ class DeltaBase:
     def commit(self, version: str) -> None:
         """The engines acknowledged `version`: the held bytes are now their base."""
         self.version = str(version)
+        self.stats.base_bytes = self.nbytes
 
     def _count(self, nbytes: int, *, changed: int, wire: int, sent: bool) -> None:
         s = self.stats
