@@ -341,3 +341,16 @@ def test_delta_request_round_trips_and_names_missing_fields():
     assert UpdateWeightsFromDeltaReq.from_json(body) == req
     with pytest.raises(ValueError, match=r"/update_weights_from_delta: missing field\(s\) checksums, base_version"):
         UpdateWeightsFromDeltaReq.from_json({"serialized_named_tensors": ["x"]})
+
+
+def test_engines_that_release_memory_keep_their_weights_for_tensor_deltas():
+    """A colocated engine's weights are lost on a memory release unless backed up; a delta applies to them."""
+    from slime_rollout.engines.commands import build_reference_command
+
+    def backup(**fields):
+        cmd = build_reference_command(_cfg(**fields), host="h", port=1, random_seed=0, memory_saver=True)
+        return "--enable-weights-cpu-backup" in cmd
+
+    assert backup(weight_sync="tensor")
+    assert not backup(weight_sync="tensor", update_weight_mode="full")
+    assert not backup(weight_sync="disk")  # a disk delta reloads the whole local checkpoint

@@ -152,7 +152,8 @@ class WeightSyncArgs(ArgsGroup):
         "acknowledged, encoded (--update-weight-delta-encoding) and checksummed (--update-weight-delta-checksum); "
         "the receiver verifies before applying. --weight-sync tensor (reference engine) or disk (any engine). The "
         "first push, and any after a failure, restart or resume, goes in full. Costs one copy of the model in the "
-        "engine's dtype in trainer rank 0's CPU memory.",
+        "engine's dtype in trainer rank 0's CPU memory (and, over tensor with engines that release memory, a host "
+        "copy in each engine: --enable-weights-cpu-backup).",
     )
     update_weight_delta_encoding: Literal["xor", "overwrite"] = arg(
         "xor",
