@@ -21,7 +21,9 @@ dropped when a push fails, so the next push goes in full.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 import zlib
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -51,6 +53,8 @@ CHECKSUMS = ("xxh3-128", "blake3", "adler32")
 COMPRESSION = "zstd"
 _ZSTD_LEVEL = 1  # the original's fixed choice: fastest level, and the diffs are mostly zeros anyway
 _U4_MAX = 2**32 - 1
+# Encoder threads: each diff/compress/hash is a few big GIL-releasing calls, bound by memory bandwidth.
+_NUM_WORKERS = max(1, min(16, os.cpu_count() or 1))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -310,6 +314,7 @@ class DeltaBase:
         self._bytes: dict[str, np.ndarray] = {}
         self.version: str | None = None  # the version the engines acknowledged for `_bytes`; None: push in full
         self.stats = DeltaStats()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_NUM_WORKERS, thread_name_prefix="delta")
 
     @property
     def valid(self) -> bool:
@@ -345,22 +350,32 @@ class DeltaBase:
     def encode_bucket(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> list[DeltaTensor]:
         """The deltas of a bucket's changed tensors; the base moves to the new bytes as it goes.
 
+        The device-to-host copies run in this thread, in order; diff, compression and checksum run on a thread pool
+        (numpy and zstd release the GIL), as the original parallelizes them over tensors.
+
         Raises:
             ValueError: a tensor the base does not hold, or whose size changed (the caller falls back to full).
         """
-        out = []
+        jobs = []
         for name, tensor in bucket:
             old = self._bytes.get(name)
             if old is None:
                 raise ValueError(f"delta push: {name!r} was not in the last push; push in full")
             new = tensor_bytes(tensor, self.dtype)
-            payload, changed = encode(new, old, self.encoding)
+            jobs.append((name, new, self._pool.submit(self._encode_one, new, old)))
+        out = []
+        for name, new, job in jobs:
+            payload, changed, digest = job.result()
             wire = 0 if payload is None else payload.nbytes
             self._count(new.nbytes, changed=changed, wire=wire, sent=payload is not None)
             if payload is not None:
-                out.append(DeltaTensor(name=name, payload=payload, checksum=checksum(self.algorithm, new)))
+                out.append(DeltaTensor(name=name, payload=payload, checksum=digest))
                 self._bytes[name] = new
         return out
+
+    def _encode_one(self, new: np.ndarray, old: np.ndarray) -> tuple[np.ndarray | None, int, str]:
+        payload, changed = encode(new, old, self.encoding)
+        return payload, changed, "" if payload is None else checksum(self.algorithm, new)
 
     def commit(self, version: str) -> None:
         """The engines acknowledged `version`: the held bytes are now their base."""
