@@ -36,6 +36,8 @@
 #   megatron_attention 40  one core attention fwd+bwd, dense mask vs packed, qwen3-1.7b heads, 8 x 1024 tokens
 #   weight_sync    200  disk vs tensor push, qwen3-0.6b, on the shared engine (engine start 60-100 s once)
 #   weight_sync_4b 300  the same for qwen3-4b (starts and stops its own engine)
+#   weight_sync_delta 300  full vs --update-weight-mode delta pushes (disk; tensor delta needs the reference engine),
+#                       qwen3-0.6b, 3 steps with half the tensors frozen, on the shared engine
 #   rollout        150  slime rollout vs direct /generate, 64 prompts x 8 x 256 tokens, shared engine
 #   e2e            420  apps/train GRPO, 4 rollouts of 32x8 (needs torch_memory_saver staged for SGLang)
 #   e2e_fp8        450  the e2e run with FP8 rollout (bench_e2e.sh FP8=1: SGLang serves a 128x128 block-FP8 copy, the
@@ -294,6 +296,8 @@ for step in "$@"; do
     weight_sync) shared_engine_step weight_sync 300 "$HERE/bench_weight_sync.py" --preset "$P06" --modes disk,tensor \
                    --disk-dir "$WS_DISK_DIR" "${DEV[@]}" "${WS_EXTRA[@]}" ;;
     weight_sync_4b) run_step weight_sync_4b 450 python3 "$HERE/bench_weight_sync.py" --preset qwen3-4b --modes disk,tensor ;;
+    weight_sync_delta) shared_engine_step weight_sync_delta 400 "$HERE/bench_weight_sync.py" --preset "$P06" \
+                   --modes disk,tensor --repeats 3 --weight-modes full,delta "${DEV[@]}" "${WS_EXTRA[@]}" ;;
     rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset "$P06" "${RO_SIZE[@]}" ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_fp8) engine_down; FP8=1 RUN_DIR=/tmp/slime-bench-e2e/fp8 run_step e2e_fp8 600 bash "$HERE/bench_e2e.sh" ;;

@@ -96,3 +96,41 @@ def test_tensor_sync_is_refused_towards_an_engine_on_another_machine():
     check_same_machine(["http://10.0.0.7:15000", "http://127.0.0.2:15010", "http://localhost:1"], "10.0.0.7")
     with pytest.raises(ValueError, match=r"engine http://10.0.0.8:15010 is not on trainer rank 0's machine"):
         check_same_machine(["http://10.0.0.7:15000", "http://10.0.0.8:15010"], "10.0.0.7")
+
+
+def test_delta_mode_builds_the_delta_updater_and_reports_what_each_push_sent(tmp_path):
+    from slime_rollout.engines.weight_delta import DeltaBase
+    from slime_rollout.weight_sync.delta_sync import DeltaDiskWeightUpdater
+
+    cfg = _cfg(update_weight_mode="delta", weight_sync="disk", update_weight_disk_dir=str(tmp_path))
+    assert isinstance(weights.make_weight_updater(cfg, ["http://e:1"], rank=0), DeltaDiskWeightUpdater)
+
+    class _DeltaUpdater(_Updater):
+        """Sends like a delta updater: the first push whole, then only what changed."""
+
+        def __init__(self):
+            super().__init__()
+            self.base = DeltaBase(encoding="xor", algorithm="xxh3-128")
+
+        @property
+        def delta_stats(self):
+            return self.base.stats
+
+        def update(self, buckets, version):
+            delta = self.base.begin()
+            for bucket in buckets:
+                if delta:
+                    self.base.encode_bucket(bucket)
+                else:
+                    self.base.record_full(bucket)
+            self.base.commit(version)
+
+    updater = _DeltaUpdater()
+    first = weights.push_weights(_Backend(), updater, _cfg(check_weight_sync=False), 1, rank=0)
+    assert first["perf/update_weights_full"] == 1.0 and first["perf/update_weights_sent_fraction"] == 1.0
+    again = weights.push_weights(_Backend(), updater, _cfg(check_weight_sync=False), 2, rank=0)
+    # _Backend pushes the same tensors again: nothing changed, nothing sent.
+    assert again["perf/update_weights_full"] == 0.0 and again["perf/update_weights_sent_fraction"] == 0.0
+    assert again["perf/update_weights_wire_bytes"] == 0.0 and again["perf/update_weights_density"] == 0.0
+    assert first["perf/update_weights_wire_bytes"] == (6 + 4) * 4  # fp32, whole
+    assert again["perf/update_weights_delta_base_gb"] == (6 + 4) * 4 / 1e9  # the trainer's copy of the last push

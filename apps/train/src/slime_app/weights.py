@@ -41,6 +41,10 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
 
         check_same_machine(engine_urls, ray.util.get_node_ip_address())
 
+    if cfg.update_weight_mode == "delta":  # validation allowed it for tensor and disk only
+        from slime_rollout.weight_sync.delta_sync import make_delta_updater
+
+        return make_delta_updater(cfg, RolloutClient(list(engine_urls)))
     return WEIGHT_UPDATERS.get(cfg.weight_sync)(cfg, RolloutClient(list(engine_urls)))
 
 
@@ -207,6 +211,10 @@ def push_weights(
 ) -> dict[str, float]:
     """Sends the backend's current weights to the engines; returns `perf/update_weights_time` and GB/s.
 
+    With `--update-weight-mode delta` also `perf/update_weights_density` (changed bytes / model bytes),
+    `perf/update_weights_wire_bytes`, `perf/update_weights_sent_fraction` (tensors sent / tensors),
+    `perf/update_weights_full` (1 for a full push) and `perf/update_weights_delta_base_gb` (rank 0's base copy).
+
     Args:
         backend: this rank's `TrainBackend` (its `named_hf_weights` is collective: every rank walks it).
         updater: rank 0's weight updater; None on the other ranks.
@@ -254,6 +262,9 @@ def push_weights(
         "perf/update_weights_time": seconds,
         "perf/update_weights_gb_per_s": num_bytes / 1e9 / max(seconds, 1e-9),
     }
+    stats = getattr(updater, "delta_stats", None)  # --update-weight-mode delta: what this push actually sent
+    if stats is not None:
+        metrics.update(stats.metrics())
     if sample is not None and updater is not None:
         metrics.update(checker.finish(sample, weight_version))
     return metrics

@@ -147,7 +147,29 @@ class WeightSyncArgs(ArgsGroup):
         "auto: lora with --lora-rank, tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
     )
     update_weight_mode: Literal["full", "delta"] = arg(
-        "full", "Original flag: full (the only mode implemented) or delta (changed weights only)."
+        "full",
+        "full: every sync pushes every tensor. delta: only the tensors changed since the last push the engines "
+        "acknowledged, encoded (--update-weight-delta-encoding) and checksummed (--update-weight-delta-checksum); "
+        "the receiver verifies before applying. --weight-sync tensor (reference engine) or disk (any engine). The "
+        "first push, and any after a failure, restart or resume, goes in full. Costs one copy of the model in the "
+        "engine's dtype in trainer rank 0's CPU memory (and, over tensor with engines that release memory, a host "
+        "copy in each engine: --enable-weights-cpu-backup).",
+    )
+    update_weight_delta_encoding: Literal["xor", "overwrite"] = arg(
+        "xor",
+        "Delta encoding (byte-level, zstd-compressed): xor (new ^ old; smallest, applies exactly once on the right "
+        "base) or overwrite (changed byte positions + new values; larger, idempotent).",
+    )
+    update_weight_delta_checksum: Literal["xxh3-128", "blake3", "adler32"] = arg(
+        "xxh3-128",
+        "Per-tensor checksum of each delta-pushed tensor's new bytes, verified by the receiver before applying: "
+        "xxh3-128, blake3 (needs the blake3 package) or adler32.",
+    )
+    update_weight_local_checkpoint_dir: str | None = arg(
+        None,
+        "Delta sync over disk: the full HF checkpoint the deltas are applied into (in place, verified) and the "
+        "engines reload; must be reachable from trainer rank 0 and the engines (default: "
+        "--update-weight-disk-dir/local).",
     )
     update_weight_transport: Literal["nccl", "disk"] | None = arg(
         None, "Original transport flag: nccl or disk (used to resolve --weight-sync auto when given)."

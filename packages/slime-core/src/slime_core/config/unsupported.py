@@ -65,7 +65,6 @@ UNSUPPORTED: dict[str, str] = {
     "save_debug_train_data": "train batches are not dumped; use --save-debug-rollout-data",
     "sglang_config": "no multi-model / server-group engine config; one engine group serves the policy",
     "true_on_policy_mode": "no bitwise trainer/engine numerics alignment; watch train/train_rollout_logprob_abs_diff",
-    "update_weight_mode": "weights are always pushed in full (no delta sync)",
     "use_distributed_post": "engine requests come from the rollout manager's async HTTP client",
     "use_pytorch_profiler": "no built-in profiler; run the trainer under torch.profiler or nsys",
     "use_rollout_entropy": "the reported entropy is the trainer's (train/entropy_loss)",
@@ -75,7 +74,6 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 
-_NO_DELTA = "weights are always pushed in full (no delta sync)"
 _NO_PROFILER = "no built-in profiler; run the trainer under torch.profiler or nsys"
 
 # Original flags that are not even config fields: `parse_args` answers them with the same one-line error.
@@ -96,9 +94,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--profile-step-start": _NO_PROFILER,
     "--profile-step-end": _NO_PROFILER,
     "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store",
-    "--update-weight-delta-checksum": _NO_DELTA,
-    "--update-weight-delta-encoding": _NO_DELTA,
-    "--update-weight-local-checkpoint-dir": _NO_DELTA,
     "--wandb-run-name": "the W&B run is named from --wandb-group (resume one with --wandb-run-id)",
     "--warmup-ratio": "use --lr-warmup-fraction",
 }

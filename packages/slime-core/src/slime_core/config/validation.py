@@ -351,6 +351,25 @@ def _weight_sync(args: SlimeArgs) -> None:
             args.weight_sync = "disk"
     if args.weight_sync == "disk" and args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = os.path.join(args.output_dir, "weight_sync")
+    _delta_weight_sync(args)
+
+
+def _delta_weight_sync(args: SlimeArgs) -> None:
+    if args.update_weight_mode != "delta":
+        return
+    if args.weight_sync not in ("tensor", "disk"):
+        raise ConfigError(
+            f"--update-weight-mode delta: --weight-sync {args.weight_sync} has no delta path; use --weight-sync disk "
+            "(any engine) or tensor (reference engine)"
+        )
+    if args.weight_sync == "tensor" and args.rollout_engine == "sglang":
+        raise ConfigError(
+            "--update-weight-mode delta with --weight-sync tensor: SGLang 0.5.16 cannot verify and apply an encoded "
+            "delta (no /update_weights_from_delta); use --weight-sync disk (deltas verified into "
+            "--update-weight-local-checkpoint-dir, then reloaded) or --update-weight-mode full"
+        )
+    if args.weight_sync == "disk" and args.update_weight_local_checkpoint_dir is None:
+        args.update_weight_local_checkpoint_dir = os.path.join(args.update_weight_disk_dir, "local")
 
 
 def _passthrough(args: SlimeArgs) -> None:

@@ -110,6 +110,10 @@ class EngineClient(HttpEndpoint):
             )
         )
 
+    async def update_weights_from_delta(self, req: wire.WeightUpdateRequest) -> dict:
+        """POST /update_weights_from_delta (`slime_rollout.weight_sync.delta_sync.UpdateWeightsFromDeltaReq`)."""
+        return await self._post(req)
+
     async def init_weights_update_group(
         self,
         *,

@@ -78,7 +78,9 @@ def needs_weights_backup(cfg: SlimeArgs, *, memory_saver: bool) -> bool:
     to the host (`sglang/srt/managers/scheduler_components/weight_updater.py`, `load_model_with_memory_saver`). A full
     weight sync rewrites every tensor after each resume; runs whose syncs leave weights out need the backup: a LoRA
     sync sends only the adapter (without it the engine served the adapter on zeroed base weights: issue 25), and
-    `--freeze-vision-tower` sends the frozen tower on the first sync only. (The original slime keeps the MTP draft
-    model, which it never syncs, the same way: `enable_draft_weights_cpu_backup`.)
+    `--freeze-vision-tower` sends the frozen tower on the first sync only, and a delta sync over tensors
+    (`--update-weight-mode delta`) sends only the changed tensors, as deltas against what the engine holds. (The
+    original slime keeps the MTP draft model, which it never syncs, the same way: `enable_draft_weights_cpu_backup`.)
     """
-    return memory_saver and bool(cfg.lora_rank or cfg.freeze_vision_tower)
+    delta = cfg.update_weight_mode == "delta" and cfg.weight_sync == "tensor"  # disk deltas reload a full checkpoint
+    return memory_saver and bool(cfg.lora_rank or cfg.freeze_vision_tower or delta)

@@ -17,6 +17,7 @@ import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from slime_rollout.engines.reference.delta import apply_delta_request, base_refusal
 from slime_rollout.engines.reference.routes.state import (
     EngineState,
     abort_all_requests,
@@ -24,6 +25,7 @@ from slime_rollout.engines.reference.routes.state import (
     error,
     json_or_empty,
 )
+from slime_rollout.engines.weight_delta import UpdateWeightsFromDeltaReq
 from slime_rollout.engines.wire import (
     DestroyWeightsUpdateGroupReq,
     InitWeightsUpdateGroupReq,
@@ -112,6 +114,32 @@ async def update_weights_from_tensor(request: Request):
 
     return await _run_update(
         engine, load, req.weight_version, abort_all_requests(body), endpoint="/update_weights_from_tensor"
+    )
+
+
+@router.post("/update_weights_from_delta")
+async def update_weights_from_delta(request: Request):
+    """Applies one bucket of weight deltas against the base version the engine holds (ours, not SGLang's).
+
+    The codec is `slime_rollout.engines.weight_delta`; every tensor's checksum is verified before anything is loaded.
+    """
+    engine = engine_of(request)
+    body = await request.json()
+    try:
+        req = UpdateWeightsFromDeltaReq.from_json(body)
+    except ValueError as exc:
+        return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+
+    def load() -> int:
+        # Checked under the update lock, so no other update moves the version in between.
+        refusal = base_refusal(req, engine.weight_version, engine.push_guard.version)
+        if refusal is not None:
+            raise ValueError(refusal)
+        named = deserialize_named_tensors(req.serialized_named_tensors[0], None)
+        return apply_delta_request(engine.model, named, req)
+
+    return await _run_update(
+        engine, load, req.weight_version, abort_all_requests(body), endpoint="/update_weights_from_delta"
     )
 
 

@@ -1,0 +1,79 @@
+"""The reference engine's `/update_weights_from_delta`: rebuild, verify, then load a delta push.
+
+slime's own endpoint (SGLang 0.5.16 has none; `slime_rollout.weight_sync.delta_sync` explains the protocol). A request
+holds compressed deltas of some tensors against the weights of `base_version`. The engine refuses it unless it holds
+that version (or the earlier buckets of this same push have landed), rebuilds every tensor of the request from its
+own bytes, checks each one's checksum, and only when all match copies them in: a corrupt request changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from slime_core.hf_names import to_module_name
+from slime_rollout.engines.reference.model import ReferenceModel
+from slime_rollout.engines.weight_delta import COMPRESSION, UpdateWeightsFromDeltaReq, tensor_bytes, verified_apply
+
+__all__ = ["apply_delta_request", "base_refusal"]
+
+
+def base_refusal(req: UpdateWeightsFromDeltaReq, held_version: str, open_push: str | None) -> str | None:
+    """Why the engine cannot apply `req` on what it holds, or None.
+
+    Args:
+        req: the request.
+        held_version: the engine's reported weight version.
+        open_push: the version of the buckets landed since the last fence (None: no push open).
+    """
+    if open_push is not None and req.weight_version is not None and str(req.weight_version) == open_push:
+        return None  # a later bucket of the push whose first buckets already moved the reported version
+    if str(req.base_version) != str(held_version):
+        return (
+            f"/update_weights_from_delta: the delta applies to weight_version {req.base_version!r} but this engine "
+            f"holds {held_version!r} (restarted, or missed a push); push the weights in full"
+        )
+    return None
+
+
+def apply_delta_request(
+    model: ReferenceModel, named_payloads: Iterable[tuple[str, torch.Tensor]], req: UpdateWeightsFromDeltaReq
+) -> int:
+    """Rebuilds each tensor from the model's bytes and its delta, verifies all checksums, then loads them all.
+
+    Args:
+        model: the engine's model.
+        named_payloads: `(HF name, [m] uint8 compressed delta)`.
+        req: the request (encoding, checksum algorithm, per-tensor checksums).
+
+    Returns:
+        Tensors loaded.
+
+    Raises:
+        KeyError: a name the model does not have.
+        slime_rollout.engines.weight_delta.DeltaChecksumError: a tensor rebuilds to other bytes than the trainer hashed
+            (names it); nothing is loaded.
+        ValueError: a payload without its checksum, or an unknown compression.
+    """
+    if req.compression_format != COMPRESSION:
+        raise ValueError(f"/update_weights_from_delta: compression {req.compression_format!r}, only zstd is known")
+    state = model.model.state_dict()
+    rebuilt = []
+    with model.lock, torch.no_grad():
+        for name, payload in named_payloads:
+            module_name = to_module_name(name, model.model_type)
+            if module_name not in state:
+                raise KeyError(f"update_weights_from_delta: unknown parameter {name!r}")
+            if name not in req.checksums:
+                raise ValueError(f"/update_weights_from_delta: no checksum sent for {name!r}")
+            target = state[module_name]
+            new = verified_apply(
+                name, tensor_bytes(target), payload.numpy(), encoding=req.delta_encoding,
+                algorithm=req.checksum_format, expected=req.checksums[name],
+            )  # fmt: skip
+            rebuilt.append((target, new))
+        for target, new in rebuilt:
+            value = torch.from_numpy(new).view(target.dtype).reshape(target.shape)
+            target.copy_(value.to(target.device))
+    return len(rebuilt)
