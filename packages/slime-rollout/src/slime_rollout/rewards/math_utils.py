@@ -66,6 +66,10 @@ _PREVIEW_CHARS = 200
 _EXACT_DIGITS = 40  # exact constants must agree to this many significant digits
 _FLOAT_REL_TOL = 1e-12  # a decimal equals an exact value only if it is that value (0.5 = 1/2), up to fp noise
 _TIME = re.compile(r"^\d{1,2}:\d{2}$")
+_SPACED_DIGITS = re.compile(r"\d \d")
+_RELATION = re.compile(r"[=<>]|\\(?:[lg]eq?|neq?|ne|to|in|mapsto|approx|sim)(?![a-zA-Z])")
+_COMMAND = re.compile(r"\\[a-zA-Z]+")
+_VARIABLE_LETTERS = frozenset("abcdfghjklmnopqrstuvwxyz")
 
 
 def preview(text: str) -> str:
@@ -110,8 +114,14 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
         return False, g.text, p.text
     if p.meridiem and g.meridiem and p.meridiem != g.meridiem:
         return False, g.text, p.text
-    if p.text.lower() == g.text.lower():
+    # What both sides name must agree: the choice letter, the variable, the unit (one side's alone is dropped).
+    for mine, theirs in ((p.letter, g.letter), (p.variable, g.variable), (p.unit, g.unit)):
+        if mine and theirs and mine != theirs:
+            return False, g.text, p.text
+    if p.text.lower() == g.text.lower():  # case folded as the original does: `\Delta` = `\delta`
         return True, g.text, p.text
+    if _SPACED_DIGITS.search(p.text) or _SPACED_DIGITS.search(g.text):
+        return False, g.text, p.text  # "2 3" is two numbers, not 23 (and not 2·3)
     if _TIME.match(p.text) and _TIME.match(g.text):
         return False, g.text, p.text
     pred_value, gold_value = parse_number(p.text), parse_number(g.text)
@@ -122,11 +132,26 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
                 gold_value / 100 if g.percent else gold_value
             )
         return same, g.text, p.text
+    pred_variables, gold_variables = _variables(p.text), _variables(g.text)
+    if pred_variables is not None and gold_variables is not None and pred_variables != gold_variables:
+        return False, g.text, p.text  # `3s` is not `3t`, nor `3` (math-verify drops `s`, `t` as units)
     return None, g.text, p.text
+
+
+def _variables(text: str) -> frozenset[str] | None:
+    r"""The letters an expression names as variables (case folded; `e` and `i` are constants), or None.
+
+    None (not compared) for an equation, inequality or function definition (`f(x) = 2x` is `2x`), whose letters
+    are not all the answer's.
+    """
+    if _RELATION.search(text):
+        return None
+    return frozenset(_COMMAND.sub(" ", text).lower()) & _VARIABLE_LETTERS
 
 
 _PART_SEPARATOR = re.compile(r",|;|\band\b")
 _TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*and\s*\}")
+_LATEX_SPACE = re.compile(r"\\[,;:! ]")
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _OPEN, _CLOSE = "([{", ")]}"
 
@@ -153,7 +178,8 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
     Returns:
         The stripped parts, in order; one part for a plain answer.
     """
-    s = _THOUSANDS_COMMA.sub("", _TEXT_AND.sub(" and ", text)).replace("\\left", "").replace("\\right", "")
+    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(" and ", text))  # "1\,000": a thin space, not a part separator
+    s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
     s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
     depths = _depths(s)
     if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):
