@@ -140,13 +140,16 @@ def _strip_words_around(s: str) -> tuple[str, str | None, str | None]:
         `(text, variable, unit)`: the variable named before `=` (`x = 5` → "x"), the canonical unit taken off.
     """
     s = _LEAD_IN.sub("", s).strip()
+    variable = None
+    prefix = _VARIABLE_PREFIX.match(s)  # before the sentence rule, which would drop "y =" as words
+    if prefix:
+        variable, s = prefix.group(1), s[prefix.end() :]
     sentence = _SENTENCE.match(s)
     if sentence and re.search(r"\d", sentence.group("rest")):
         s = sentence.group("rest").strip().rstrip(".")
-    variable = None
-    prefix = _VARIABLE_PREFIX.match(s)
-    if prefix:
-        variable, s = prefix.group(1), s[prefix.end() :]
+        prefix = _VARIABLE_PREFIX.match(s)  # "the side length is s = 5"
+        if prefix and variable is None:
+            variable, s = prefix.group(1), s[prefix.end() :]
     rest, unit = split_bare_unit(s)
     if unit is None or _AMBIGUOUS_MAGNITUDE.fullmatch(unit) or not _is_number(rest):
         return s, variable, None  # "3M" is not 3: kept as written (module docstring)
