@@ -68,7 +68,8 @@ _FLOAT_REL_TOL = 1e-12  # a decimal equals an exact value only if it is that val
 _TIME = re.compile(r"^\d{1,2}:\d{2}$")
 _SPACED_DIGITS = re.compile(r"\d \d")
 _RELATION = re.compile(r"[=<>]|\\(?:[lg]eq?|neq?|ne|to|in|mapsto|approx|sim)(?![a-zA-Z])")
-_COMMAND = re.compile(r"\\[a-zA-Z]+")
+# A command with its name-like argument (`\begin{pmatrix}`, `\mathbb{R}`), else a bare command (`\sqrt`, `\pi`).
+_COMMAND = re.compile(r"\\(?:begin|end|mathbb|mathcal|mathfrak|operatorname)\s*\{[^{}]*\}|\\[a-zA-Z]+")
 _VARIABLE_LETTERS = frozenset("abcdfghjklmnopqrstuvwxyz")
 
 

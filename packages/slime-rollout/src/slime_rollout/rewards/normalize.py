@@ -85,6 +85,7 @@ _AMBIGUOUS_MAGNITUDE = re.compile(r"M|MM|(?i:mil|mln|mn|bn|mio)\.?")
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-"})  # the Unicode minus sign and its full-width form
 _PERCENT = re.compile(r"\\?%|(?i:\bper\s?cent(?:age)?\b|\bpct\b\.?)")
 _SPACE_GROUPS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d.])")  # thousands grouped by spaces
+_COMMAND_SPACE = re.compile(r"(\\[a-zA-Z]+) +(?=[a-zA-Z])")
 _NOT_BETWEEN_DIGITS = re.compile(r"(?<!\d) | (?!\d)")
 _SCIENTIFIC = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot)10\^\{?([-+]?\d{1,3})\}?$")
 _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k": a number of thousands
@@ -192,7 +193,8 @@ def clean_answer(answer: str) -> CleanAnswer:
         s = _fraction_text(value)
     s = _THOUSANDS.sub("", re.sub(r"\s+", " ", s))
     s = _SPACE_GROUPS.sub(lambda m: m.group().replace(" ", ""), s)  # "1 000 000" (a thin space \, too)
-    s = _NOT_BETWEEN_DIGITS.sub("", s)  # "2 3" keeps its space: two numbers, not 23
+    s = _COMMAND_SPACE.sub(r"\1\0", s)  # "\pi r" is not the command "\pir"
+    s = _NOT_BETWEEN_DIGITS.sub("", s).replace("\0", " ")  # "2 3" keeps its space: two numbers, not 23
     thousands = _THOUSANDS_SUFFIX.fullmatch(s)
     if thousands:  # "2.5k" is 2500 here too, so normalize_answer and parse_number agree
         s = format(decimal.Decimal(thousands.group(1)).scaleb(3), "f")

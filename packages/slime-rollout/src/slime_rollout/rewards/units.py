@@ -28,7 +28,7 @@ __all__ = ["canonical", "split_bare_unit", "take_text_unit"]
 
 _SPELLINGS = {
     "mm": "millimeter millimetre", "cm": "centimeter centimetre", "m": "meter metre", "km": "kilometer kilometre",
-    "inch": "inches in.", "ft": "foot feet", "yd": "yard yards", "mi": "mile miles",
+    "inch": "inches in in.", "ft": "foot feet", "yd": "yard yards", "mi": "mile miles",
     "mg": "milligram", "g": "gram gm", "kg": "kilogram kgs kilo kilos", "lb": "pound lbs", "oz": "ounce",
     "t": "ton tonne", "ms": "millisecond msec", "s": "second sec secs", "min": "minute mins",
     "h": "hour hr hrs", "day": "", "week": "wk", "month": "", "year": "yr yrs", "decade": "", "century": "centuries",
@@ -42,7 +42,7 @@ _SPELLINGS = {
 _CANONICAL = {name: name for name in _SPELLINGS}
 _CANONICAL.update({alias: name for name, aliases in _SPELLINGS.items() for alias in aliases.split()})
 # Bare symbols that are also common words or letters read only inside `\text{}` (`\text{ in}`, `\text{ a}`).
-_TEXT_ONLY = {"in.", "a", "t", "k", "n", "v", "w", "j", "l", "pt", "sq"}
+_TEXT_ONLY = {"in", "in.", "a", "t", "k", "n", "v", "w", "j", "l", "pt", "sq"}
 # One-letter symbols that may follow a number after a space ("5 m"); any other letter is a variable.
 _SPACED_SYMBOLS = {"m", "g", "s", "h"}
 _POWERS = {"square": "^2", "sq": "^2", "cubic": "^3"}
