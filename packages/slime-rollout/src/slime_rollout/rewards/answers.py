@@ -8,26 +8,23 @@ What a careful grader reads, and what this module therefore returns:
   brace never closes (a typo, or a response cut off right after it) still shows its answer up to the end of
   its line or formula;
 * a box taken back by the text after it does not count, and when that is the last box the response has no final
-  answer. A retraction must be about the box itself: a judgement of "that"/"this" or of the box ("that's wrong",
-  "this is incorrect", "\boxed{3} is wrong"), an interjection ("oops", "scratch that", "my mistake.", "I made a
-  mistake" unless it was "earlier"), or a correction to a different value ("the correct answer is 6" after
-  `\boxed{5}`; "the correct answer is 5" affirms it). Any other later mention of wrongness ("Option B is incorrect",
-  "the other root -3 is wrong", "my mistake earlier was the sign") and anything in parentheses is not one;
-* a negated box is not an offered answer: one right after "not" / "rather than" / "instead of" ("\boxed{5} is
-  correct, not \boxed{3}", "(Not \boxed{3}.)") or right before "is wrong" / "is incorrect" / "is not correct" is
-  dropped, with its phrase;
+  answer; a negated box (`not \boxed{3}`, `It cannot be \boxed{5}`, `\boxed{5} isn't correct`,
+  `\boxed{\text{5 is wrong}}`) is not an offered answer, and its phrase is dropped. Both are read by
+  `slime_rollout.rewards.retraction`, the rule dapo and gpqa share (contractions expanded, negation as a word class);
 * only the boxes of the final statement count: the last box and the boxes offered together with it. Two boxes
   are offered together when the text between them is a list ("\boxed{2} and \boxed{3}", "\boxed{3},
   \boxed{5}", "(a) \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is
   an expression of doubt or of an alternative anywhere between them ("not sure", "not certain", "maybe",
-  "perhaps", "alternatively", "otherwise", "vs", "another possibility", "possible too"), or a weak one ("or",
-  "either", "could be", "might be") in the sentence right after the earlier box or right before the later one
-  (an "or" deep inside a derivation, "for 2 or more terms", is not one). Any other text between them (a
-  derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and any
-  text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
-  earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
-  statement's boxes are one answer, the parts of a multi-part answer (`FinalAnswers.labelled`: "(a)", "part",
-  "x =" between them: the order counts), or a hedge (which is wrong).
+  "perhaps", "alternatively", "otherwise", "vs", "another possibility", "possible too", "I'd also accept",
+  "some might argue", "torn", "unless", "depending"), or a weak one ("or", "either", "could be", "might be", and
+  conditions: "if", "when") in the sentence right after the earlier box or right before the later one (an "or"
+  deep inside a derivation, "for 2 or more terms", is not one); doubt or a condition in the sentence right after
+  the last box (`\boxed{3} if n is even and \boxed{5} otherwise`) makes it a hedge with the box before it. Any
+  other text between them (a derivation, a correction: "but after fixing the sign error the result is", a second
+  "Final answer:"), and any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the
+  later box supersede the earlier one, as a reader (and the original's last-box rule) takes it. The grader then
+  decides whether the final statement's boxes are one answer, the parts of a multi-part answer
+  (`FinalAnswers.labelled`: "(a)", "part", "x =" between them: the order counts), or a hedge (which is wrong).
 
 Everything is linear in the length of the text (braces are matched in one pass), so a 1 MB response is cheap.
 """

@@ -6,6 +6,12 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 * cleaning (`slime_rollout.rewards.normalize`): units, words around the answer, a choice letter given with its
   value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (AM/PM must agree when
   both give one);
+* what both sides name must agree: the choice letter (`(C) 12` ≠ `(B) 12`), the variable (`x = 3` ≠ `y = 3`), the
+  unit (`5\text{ m}` ≠ `5\text{ cm}`, `12 cm^2` ≠ `12 cm`; a unit on one side only is dropped: `5 cm` = `5`), and
+  the variables of an expression (`3s` ≠ `3t` and ≠ `3`, which math-verify takes as equal by dropping `s` and `t`
+  as units). Text is compared case-folded as the original does, so `\Delta` = `\delta` and `X = 5` = `x = 5`
+  (kept on purpose: labels differ in case more often than answers hinge on it); `2 3` is two numbers, equal only
+  to `2 3`;
 * a percent answer equals its number and its value (`50%` = `50` and `50%` = `0.5`, while `50` ≠ `0.5`): the
   original drops the sign, math-verify reads the value, and the label tells which the question meant;
 * several final boxes (`answers.final_boxed_answers`) are one answer when they restate one value, else the parts of
@@ -116,8 +122,9 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
     if p.meridiem and g.meridiem and p.meridiem != g.meridiem:
         return False, g.text, p.text
     # What both sides name must agree: the choice letter, the variable, the unit (one side's alone is dropped).
+    # Case folded like the text (`X = 5` is `x = 5`).
     for mine, theirs in ((p.letter, g.letter), (p.variable, g.variable), (p.unit, g.unit)):
-        if mine and theirs and mine != theirs:
+        if mine and theirs and mine.lower() != theirs.lower():
             return False, g.text, p.text
     if p.text.lower() == g.text.lower():  # case folded as the original does: `\Delta` = `\delta`
         return True, g.text, p.text

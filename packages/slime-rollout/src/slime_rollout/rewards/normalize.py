@@ -18,6 +18,12 @@ in `CleanAnswer.percent` and the text is the number without it, so `normalize_an
 percent" question labelled `50`) and `0.5` (its value, as math-verify reads it), while `50` and `0.5` stay
 different.
 
+A unit comes off only where the value stays a number (`slime_rollout.rewards.units`: known units and `\text{}`
+units, never a bare variable letter: `4r` stays `4r`) and is kept in `CleanAnswer.unit`; the variable of `x = 3`
+in `CleanAnswer.variable`. Number words follow English grammar (`slime_rollout.rewards.number_words`: `two three`
+and a bare `million` are no number). Digits separated by a space stay apart (`2 3` is not 23) unless they group
+thousands (`1 000`, `1\,000` are 1000). `6.02\times10^{23}` is an exact number.
+
 All patterns are linear-time (no nested quantifiers), so a 1 MB answer is cleaned in milliseconds.
 """
 

@@ -52,7 +52,8 @@ _NOT_UNITS = NUMBER_WORDS | frozenset(
     "neither both than less more least most fewer greater smaller larger about approximately approx roughly nearly "
     "almost around exactly only at to from plus minus times over per each all some any if otherwise unless when "
     "else maybe possibly perhaps remainder rem total mil mln mio sin cos tan cot sec csc log ln exp sqrt max min "
-    "mod gcd lcm abs det arg lim sum prod inf infinity undefined percent percentage pct am pm".split()
+    "mod gcd lcm abs det arg lim sum prod inf infinity undefined percent percentage pct am pm minimum maximum "
+    "minimal maximal optimal exact approximate estimated estimate only solution solutions answer answers".split()
 ) - {"min", "sec"}
 _WORD = re.compile(r"[A-Za-z]+\.?")
 _POWER = re.compile(r"\^\s*\{?\s*([23])\s*\}?")
