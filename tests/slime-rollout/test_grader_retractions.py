@@ -31,6 +31,8 @@ RETRACTIONS = [
     ("dapo", "Answer: 5\nActually, that's wrong.", "5", 0.0),  # was 1.0
     ("dapo", "Answer: 5 is wrong", "5", 0.0),
     ("gpqa", "Answer: B. Actually no, it's A.", "B", 0.0),  # was 1.0
+    ("gpqa", "Answer: B. Actually no, it's A.", "A", 1.0),  # the correction names the new pick
+    ("gpqa", "Answer: B. Wait, that's wrong.", "B", 0.0),
     ("gpqa", "A is not correct. The answer is not A.", "A", 0.0),  # was 1.0
     ("gpqa", "Answer: A, C", "A", 0.0),  # was 1.0
     ("gpqa", "Answer: A, C.", "C", 0.0),

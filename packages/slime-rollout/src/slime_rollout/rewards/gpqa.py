@@ -38,6 +38,8 @@ _STATEMENTS = [
     re.compile(rf"(?i:correct\s+(?:option|choice))\s*(?:is|:)?\s*{_LETTER}", re.M),
     re.compile(rf"\\boxed\{{\s*(?:\\text\{{)?{_LETTER}\}}?\s*\}}"),
     re.compile(rf"{_LETTER}\s+(?i:is\s+(?:the\s+)?correct)", re.M),
+    # A correction names the new pick: "Answer: B. Actually no, it's A."
+    re.compile(rf"(?i:\b(?:no|wait|actually)[,:;]?\s+it(?:'s|\u2019s|\s+is)\s+){_LETTER}", re.M),
 ]
 # Two letters joined by or, /, and, &, or a comma: several picks, a hedge ("A or B", "A, C", "A and C").
 _HEDGE = re.compile(
