@@ -16,10 +16,11 @@ What a careful grader reads, and what this module therefore returns:
   \boxed{5}", "(a) \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is
   an expression of doubt or of an alternative anywhere between them ("not sure", "not certain", "maybe",
   "perhaps", "alternatively", "otherwise", "vs", "another possibility", "possible too", "I'd also accept",
-  "some might argue", "torn", "unless", "depending"), or a weak one ("or", "either", "could be", "might be", and
-  conditions: "if", "when") in the sentence right after the earlier box or right before the later one (an "or"
-  deep inside a derivation, "for 2 or more terms", is not one); doubt or a condition in the sentence right after
-  the last box (`\boxed{3} if n is even and \boxed{5} otherwise`) makes it a hedge with the box before it. Any
+  "some might argue", "torn", "unless", "depending"), or a weak one ("or", "either", "could be", "might be") in
+  the sentence right after the earlier box or right before the later one (an "or" deep inside a derivation, "for 2
+  or more terms", is not one), or a condition ("if", "when") in the earlier box's own sentence; doubt or a
+  condition in the sentence right after the last box (`\boxed{3} if n is even and \boxed{5} otherwise`) makes it
+  a hedge with the box before it. Any
   other text between them (a derivation, a correction: "but after fixing the sign error the result is", a second
   "Final answer:"), and any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the
   later box supersede the earlier one, as a reader (and the original's last-box rule) takes it. The grader then
@@ -67,7 +68,9 @@ _HEDGE_PHRASES = re.compile(
 )
 # Weak hedge words: a hedge only in the sentence right after the earlier box or right before the later one. A
 # conditional there ("\boxed{3} (if we count the empty set) and \boxed{5}") offers both answers, each in its case.
-_HEDGE_WORDS = re.compile(r"(?i)\b(?:or|either|(?:could|might|may)(?: also)? be|if|when|in case|provided)\b")
+_HEDGE_WORDS = re.compile(r"(?i)\b(?:or|either|(?:could|might|may)(?: also)? be)\b")
+# A condition in the earlier box's own sentence; one in a later sentence is usually a derivation ("If we recheck").
+_CONDITION = re.compile(r"(?i)\b(?:if|when|in case|provided)\b")
 # Doubt or a condition in the sentence right after the last box: with an earlier box, a hedge ("\boxed{5} otherwise").
 _HEDGE_AFTER = re.compile(rf"{_HEDGE_PHRASES.pattern}|(?i:\b(?:if|unless|otherwise|when)\b)")
 # Part labels between boxes: the parts of a labelled answer, whose order counts.
@@ -289,6 +292,6 @@ def offered_together(between: str) -> bool:
     sentences = _SENTENCE_BREAK.split(text.strip())
     # A weak hedge word sits right after the earlier box or right before the later one; an "or" deep inside a
     # derivation between them ("for 2 or more terms") is not one.
-    if _HEDGE_WORDS.search(sentences[0]) or _HEDGE_WORDS.search(sentences[-1]):
+    if _HEDGE_WORDS.search(sentences[0]) or _HEDGE_WORDS.search(sentences[-1]) or _CONDITION.search(sentences[0]):
         return True
     return all(word.lower() in _LIST_WORDS for word in _WORD.findall(text))

@@ -106,7 +106,7 @@ def canonical(words: str, *, marked: bool, spaced: bool = True) -> str | None:
             parts.append("/")
         elif token.startswith("^") and parts and parts[-1] != "/":
             parts[-1] += token
-        elif token.lower() in ("square", "cubic") and not power:
+        elif token.lower() in _POWERS and not power:
             power = _POWERS[token.lower()]
         else:
             name = _unit_word(token, marked) if _WORD.fullmatch(token) else None
