@@ -65,6 +65,8 @@ HEDGES = [
     ("math", r"Final answer: \boxed{3}. Let me re-check: 2+3=5. Final answer: \boxed{5}", "5", 1.0),
     ("math", r"\boxed{3}. Oops, that's wrong; if we fix the sign it is \boxed{5}.", "5", 1.0),
     ("math", r"\boxed{5}, if I have read the question right.", "5", 1.0),  # one box: no second answer
+    ("math", r"I get \boxed{3}. If I recheck step 2, x = 5, so the answer is \boxed{5}.", "5", 1.0),
+    ("math", r"I get \boxed{3}. When I recheck step 2, the answer is \boxed{5}.", "5", 1.0),
 ]
 
 

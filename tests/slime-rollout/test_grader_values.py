@@ -56,6 +56,7 @@ UNITS = [
     ("math", B(r"5\text{ centimeters}"), r"5\text{ cm}", 1.0),
     ("math", B(r"3\text{ hrs}"), r"3 \text{ hours}", 1.0),
     ("math", B("12 square feet"), r"12\text{ ft}^2", 1.0),
+    ("math", B(r"12\text{ sq ft}"), "12 square feet", 1.0),
     ("math", B("60 miles per hour"), "60 mph", 1.0),
     ("math", B(r"5\text{ cm}"), "5", 1.0),  # the label has no unit: dropped
     ("math", B("5"), r"5\text{ cm}", 1.0),

@@ -11,21 +11,20 @@ What a careful grader reads, and what this module therefore returns:
   answer; a negated box (`not \boxed{3}`, `It cannot be \boxed{5}`, `\boxed{5} isn't correct`,
   `\boxed{\text{5 is wrong}}`) is not an offered answer, and its phrase is dropped. Both are read by
   `slime_rollout.rewards.retraction`, the rule dapo and gpqa share (contractions expanded, negation as a word class);
-* only the boxes of the final statement count: the last box and the boxes offered together with it. Two boxes
-  are offered together when the text between them is a list ("\boxed{2} and \boxed{3}", "\boxed{3},
-  \boxed{5}", "(a) \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is
-  an expression of doubt or of an alternative anywhere between them ("not sure", "not certain", "maybe",
-  "perhaps", "alternatively", "otherwise", "vs", "another possibility", "possible too", "I'd also accept",
-  "some might argue", "torn", "unless", "depending"), or a weak one ("or", "either", "could be", "might be") in
-  the sentence right after the earlier box or right before the later one (an "or" deep inside a derivation, "for 2
-  or more terms", is not one), or a condition ("if", "when") in the earlier box's own sentence; doubt or a
-  condition in the sentence right after the last box (`\boxed{3} if n is even and \boxed{5} otherwise`) makes it
-  a hedge with the box before it. Any
-  other text between them (a derivation, a correction: "but after fixing the sign error the result is", a second
-  "Final answer:"), and any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the
-  later box supersede the earlier one, as a reader (and the original's last-box rule) takes it. The grader then
-  decides whether the final statement's boxes are one answer, the parts of a multi-part answer
-  (`FinalAnswers.labelled`: "(a)", "part", "x =" between them: the order counts), or a hedge (which is wrong).
+* only the boxes of the final statement count: the last box and the boxes offered together with it. Two boxes are
+  offered together when the text between them is a list ("\boxed{2} and \boxed{3}", "\boxed{3}, \boxed{5}", "(a)
+  \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is an expression of doubt or
+  of an alternative anywhere between them ("not sure", "not certain", "maybe", "perhaps", "alternatively",
+  "otherwise", "vs", "another possibility", "possible too", "I'd also accept", "some might argue", "torn", "unless",
+  "depending"), or a weak one ("or", "either", "could be", "might be") in the sentence right after the earlier box or
+  right before the later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a condition
+  ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the last box
+  (`\boxed{3} if n is even and \boxed{5} otherwise`) makes it a hedge with the box before it. Any other text between
+  them (a derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and
+  any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
+  earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
+  statement's boxes are one answer, the parts of a multi-part answer (`FinalAnswers.labelled`: "(a)", "part", "x ="
+  between them: the order counts), or a hedge (which is wrong).
 
 Everything is linear in the length of the text (braces are matched in one pass), so a 1 MB response is cheap.
 """
