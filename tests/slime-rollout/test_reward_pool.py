@@ -184,7 +184,9 @@ async def test_pathological_answer_on_the_main_thread_is_wrong_not_a_hang(short_
     for num_workers in (NUM_WORKERS, 0):
         caplog.clear()
         start = time.monotonic()
-        reward = await async_rm(_args(num_workers), Sample(response=f"\\boxed{{{long_tower}}}", label="5", index=7))
+        # The label names x too, so the check reaches the symbolic step (an answer naming other variables than
+        # the label's is wrong without it).
+        reward = await async_rm(_args(num_workers), Sample(response=f"\\boxed{{{long_tower}}}", label="5x", index=7))
         assert reward == 0.0 and time.monotonic() - start < 30
         warnings = [r for r in caplog.records if r.name == "slime_rollout.rewards.math"]
         assert len(warnings) == 1

@@ -8,26 +8,23 @@ What a careful grader reads, and what this module therefore returns:
   brace never closes (a typo, or a response cut off right after it) still shows its answer up to the end of
   its line or formula;
 * a box taken back by the text after it does not count, and when that is the last box the response has no final
-  answer. A retraction must be about the box itself: a judgement of "that"/"this" or of the box ("that's wrong",
-  "this is incorrect", "\boxed{3} is wrong"), an interjection ("oops", "scratch that", "my mistake.", "I made a
-  mistake" unless it was "earlier"), or a correction to a different value ("the correct answer is 6" after
-  `\boxed{5}`; "the correct answer is 5" affirms it). Any other later mention of wrongness ("Option B is incorrect",
-  "the other root -3 is wrong", "my mistake earlier was the sign") and anything in parentheses is not one;
-* a negated box is not an offered answer: one right after "not" / "rather than" / "instead of" ("\boxed{5} is
-  correct, not \boxed{3}", "(Not \boxed{3}.)") or right before "is wrong" / "is incorrect" / "is not correct" is
-  dropped, with its phrase;
-* only the boxes of the final statement count: the last box and the boxes offered together with it. Two boxes
-  are offered together when the text between them is a list ("\boxed{2} and \boxed{3}", "\boxed{3},
-  \boxed{5}", "(a) \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is
-  an expression of doubt or of an alternative anywhere between them ("not sure", "not certain", "maybe",
-  "perhaps", "alternatively", "otherwise", "vs", "another possibility", "possible too"), or a weak one ("or",
-  "either", "could be", "might be") in the sentence right after the earlier box or right before the later one
-  (an "or" deep inside a derivation, "for 2 or more terms", is not one). Any other text between them (a
-  derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and any
-  text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
+  answer; a negated box (`not \boxed{3}`, `It cannot be \boxed{5}`, `\boxed{5} isn't correct`,
+  `\boxed{\text{5 is wrong}}`) is not an offered answer, and its phrase is dropped. Both are read by
+  `slime_rollout.rewards.retraction`, the rule dapo and gpqa share (contractions expanded, negation as a word class);
+* only the boxes of the final statement count: the last box and the boxes offered together with it. Two boxes are
+  offered together when the text between them is a list ("\boxed{2} and \boxed{3}", "\boxed{3}, \boxed{5}", "(a)
+  \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is an expression of doubt or
+  of an alternative anywhere between them ("not sure", "not certain", "maybe", "perhaps", "alternatively",
+  "otherwise", "vs", "another possibility", "possible too", "I'd also accept", "some might argue", "torn", "unless",
+  "depending"), or a weak one ("or", "either", "could be", "might be") in the sentence right after the earlier box or
+  right before the later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a condition
+  ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the last box
+  (`\boxed{3} if n is even and \boxed{5} otherwise`) makes it a hedge with the box before it. Any other text between
+  them (a derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and
+  any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
   earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
-  statement's boxes are one answer, the parts of a multi-part answer (`FinalAnswers.labelled`: "(a)", "part",
-  "x =" between them: the order counts), or a hedge (which is wrong).
+  statement's boxes are one answer, the parts of a multi-part answer (`FinalAnswers.labelled`: "(a)", "part", "x ="
+  between them: the order counts), or a hedge (which is wrong).
 
 Everything is linear in the length of the text (braces are matched in one pass), so a 1 MB response is cheap.
 """
@@ -38,6 +35,14 @@ import dataclasses
 import re
 
 from slime_rollout.rewards.normalize import normalize_answer, parse_number
+from slime_rollout.rewards.retraction import (
+    expand_contractions,
+    judged_wrong,
+    mentions_mistake,
+    negated_before,
+    negates_itself,
+    retracts,
+)
 
 __all__ = [
     "Box",
@@ -53,40 +58,20 @@ _BOX_START = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _BRACES = re.compile(r"[{}]")
 # An unclosed box's answer ends at the first of these (the end of its formula or line).
 _UNCLOSED_END = re.compile(r"\$|\\\]|\\\)|\n")
-# Phrases between two boxes that correct the earlier one: any mention of a mistake or of wrongness.
-_CORRECTION = re.compile(
-    r"(?i)\b(?:that(?:'s| is| was) (?:wrong|incorrect|not (?:right|correct))|this is (?:wrong|incorrect)"
-    r"|(?:is|was) (?:wrong|incorrect)\b|i made (?:a|an) (?:mistake|error)|my mistake|oops|scratch that"
-    r"|(?:that|this) can(?:'t|not) be right|the correct answer (?:is|should be)|should actually be)"
-)
-# Phrases after the last box that take the box itself back (module docstring): judgements of "that"/"this" and
-# interjections; a mistake placed earlier in the work is not about the box.
-_RETRACTION = re.compile(
-    r"(?i)\b(?:(?:that|this)(?:'s| is| was) (?:wrong|incorrect|not (?:right|correct))"
-    r"|(?:that|this) can(?:'t|not) be right|oops|scratch that|my mistake(?=\s*(?:[.!,;:]|$))"
-    r"|i made (?:a|an) (?:mistake|error)(?!\s+(?:earlier|before|previously|at first|initially|above)))"
-)
-# A correction that names its value: a retraction only when the value differs from the box.
-_CORRECTED_VALUE = re.compile(
-    r"(?i)\b(?:the )?(?:correct|right|actual) answer (?:is|should be|would be)\s*:?\s*(?P<value>.*?)"
-    r"(?=\.(?:\s|$)|[;\n]|$)|\bshould actually be\s*:?\s*(?P<value2>.*?)(?=\.(?:\s|$)|[;\n]|$)"
-)
-# The box judged right after it: "\boxed{3} is wrong".
-_JUDGED_WRONG = re.compile(r"(?i)^\s*\$?\s*(?:is|was)\s+(?:wrong|incorrect|not\s+(?:right|correct|the answer|valid))\b")
-# A box negated right before it: "not \boxed{3}", "(Not $\boxed{3}$", "rather than \boxed{3}".
-_NEGATED_BEFORE = re.compile(r"(?i)\b(?:not|rather than|instead of)\s*(?:\$\s*)?$")
-# Words before a corrected value that are not part of it ("the correct answer is indeed 5").
-_FILLER = re.compile(r"(?i)^(?:(?:indeed|actually|really|still|just|exactly|clearly|definitely|in fact|thus)\b[\s,]*)+")
-_PARENTHESES = re.compile(r"\([^()]*\)")
-_RETRACTION_WINDOW = 600  # characters after the last box that are searched
 # Doubt or an alternative, anywhere between two boxes: a hedge.
 _HEDGE_PHRASES = re.compile(
     r"(?i)\b(?:not (?:sure|certain)|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
     r"|(?:an)?other (?:possibility|possible (?:answer|value|solution)|candidate)|possible (?:too|as well)"
-    r"|also possible|or else)\b"
+    r"|also possible|or else|also accept|(?:might|may|could|would) argue|torn|cannot decide|undecided|hard to say"
+    r"|arguably|depending|unless|or possibly)\b"
 )
-# Weak hedge words: a hedge only in the sentence right after the earlier box or right before the later one.
+# Weak hedge words: a hedge only in the sentence right after the earlier box or right before the later one. A
+# conditional there ("\boxed{3} (if we count the empty set) and \boxed{5}") offers both answers, each in its case.
 _HEDGE_WORDS = re.compile(r"(?i)\b(?:or|either|(?:could|might|may)(?: also)? be)\b")
+# A condition in the earlier box's own sentence; one in a later sentence is usually a derivation ("If we recheck").
+_CONDITION = re.compile(r"(?i)\b(?:if|when|in case|provided)\b")
+# Doubt or a condition in the sentence right after the last box: with an earlier box, a hedge ("\boxed{5} otherwise").
+_HEDGE_AFTER = re.compile(rf"{_HEDGE_PHRASES.pattern}|(?i:\b(?:if|unless|otherwise|when)\b)")
 # Part labels between boxes: the parts of a labelled answer, whose order counts.
 _PART_LABEL = re.compile(r"(?i)\(\s*(?:[a-h]|i{1,3}|iv|vi{0,3})\s*\)|\bpart\b|(?<![A-Za-z\\])[A-Za-z]\s*=")
 # Words that only join the items of one list of answers ("x = 2 and y = 3", "(a) ... (b) ...", "i.e.").
@@ -96,6 +81,7 @@ _LIST_WORDS = frozenset(
 # What is dropped before reading the words between two boxes: math delimiters, spacing and text commands.
 _BETWEEN_MARKUP = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{|\\(?:q?quad|[ ,;:!])|\\[\[\]()]|\$")
 _WORD = re.compile(r"[A-Za-z]{2,}")
+_AFTER_CHARS = 300  # text after the last box read for a hedge in its sentence
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -212,30 +198,24 @@ def _normalized(text: str) -> str:
 
 
 def _retracts(after: str, box: Box) -> bool:
-    """Whether the text right after the last box takes that box back (module docstring)."""
-    if _JUDGED_WRONG.match(after):
-        return True
-    window = _PARENTHESES.sub(" ", after[:_RETRACTION_WINDOW])  # an aside is not about the box
-    if _RETRACTION.search(window):
-        return True
-    for m in _CORRECTED_VALUE.finditer(window):
-        value = _FILLER.sub("", (m.group("value") or m.group("value2") or "").strip()).rstrip(".").strip()
+    """Whether the text right after the last box takes that box back (`retraction.retracts`)."""
+
+    def differs(value: str) -> bool:
         inner = extract_boxed(value)
         value = inner if inner is not None else value.strip("$ ")
-        if value and _normalized(value) != _normalized(box.content):
-            return True  # a correction to another value; the same value affirms the box
-    return False
+        return bool(value) and _normalized(value) != _normalized(box.content)
+
+    return retracts(after, differs)
 
 
 def _negated_spans(region: str, boxes: list[Box]) -> dict[int, tuple[int, int]]:
     """Index of each negated box → the span of the box with its negation phrase (module docstring)."""
     spans = {}
     for i, box in enumerate(boxes):
-        before = _NEGATED_BEFORE.search(region[max(0, box.start - 40) : box.start])
-        after = _JUDGED_WRONG.match(region[box.end : box.end + 80])
-        if before or after:
-            start = box.start - (len(before.group()) if before else 0)
-            spans[i] = (start, box.end + (after.end() if after else 0))
+        before = negated_before(region[max(0, box.start - 60) : box.start])
+        after = judged_wrong(region[box.end : box.end + 80])
+        if before or after or negates_itself(box.content):
+            spans[i] = (box.start - before, box.end + after)
     return spans
 
 
@@ -276,9 +256,12 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         return FinalAnswers(answers=[], reason="retracted")  # no final answer
     cut = sorted(negated.values())
     first, labelled = len(boxes) - 1, False
+    after = expand_contractions(_BETWEEN_MARKUP.sub(" ", region[last.end : last.end + _AFTER_CHARS])).strip()
+    hedged_after = bool(_HEDGE_AFTER.search(_SENTENCE_BREAK.split(after, maxsplit=1)[0]))
     while first > 0:
         between = _between(region, boxes[first - 1].end, boxes[first].start, cut)
-        if not offered_together(between):
+        last_pair = first == len(boxes) - 1
+        if not offered_together(between) and not (last_pair and hedged_after and not mentions_mistake(between)):
             break
         labelled = labelled or bool(_PART_LABEL.search(between))
         first -= 1
@@ -300,14 +283,14 @@ def offered_together(between: str) -> bool:
         "x =", "i.e.", "part"); False for anything else (a derivation or a correction), after which the later box
         supersedes the earlier one.
     """
-    text = _BETWEEN_MARKUP.sub(" ", between)
-    if _CORRECTION.search(text):
+    text = expand_contractions(_BETWEEN_MARKUP.sub(" ", between))  # "I'd also accept" is "I would also accept"
+    if mentions_mistake(text):
         return False  # the earlier box was taken back ("\boxed{3}. Oops, it could be \boxed{5}")
     if _HEDGE_PHRASES.search(text):
         return True
     sentences = _SENTENCE_BREAK.split(text.strip())
     # A weak hedge word sits right after the earlier box or right before the later one; an "or" deep inside a
     # derivation between them ("for 2 or more terms") is not one.
-    if _HEDGE_WORDS.search(sentences[0]) or _HEDGE_WORDS.search(sentences[-1]):
+    if _HEDGE_WORDS.search(sentences[0]) or _HEDGE_WORDS.search(sentences[-1]) or _CONDITION.search(sentences[0]):
         return True
     return all(word.lower() in _LIST_WORDS for word in _WORD.findall(text))

@@ -7,7 +7,9 @@ compared like the math grader's cheap checks (`math_utils.grade_fast`: units, nu
 `73.0` = `73`, `1,000` = `1000`), never symbolically, so grading stays cheap string work on the event loop.
 Boxes on the answer line (and the boxes of `--rm-type boxed_dapo`, which reads the last box instead of an
 `Answer:` line) follow the math graders' final-answer rule (`math_utils.final_pairs`): `Answer: \boxed{3} or
-\boxed{5}` is a hedge and wrong, a multi-part answer needs the label's number of parts.
+\boxed{5}` is a hedge and wrong, a multi-part answer needs the label's number of parts. An answer line taken back
+by the text after it (`Answer: 5\nActually, that's wrong.`) or negated by its own words (`Answer: 5 is wrong`) is
+no answer, by the math graders' rule (`slime_rollout.rewards.retraction`).
 Reference: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 from slime_rollout.rewards.answers import FinalAnswers, final_boxed_answers, find_boxes, strip_reasoning
 from slime_rollout.rewards.math_utils import extract_label_answer, final_pairs, grade_fast, normalize_answer
+from slime_rollout.rewards.retraction import negates_itself, retracts
 
 __all__ = ["dapo_reward"]
 
@@ -34,11 +37,22 @@ def _final_answers(response: str, strict_box: bool) -> FinalAnswers:
     tail = _MARKDOWN.sub("", region[-_TAIL_CHARS:])
     if strict_box:
         return final_boxed_answers(tail)
-    matches = _ANSWER_LINE.findall(tail)
-    line = matches[-1].strip().strip("*").strip() if matches else ""
-    if find_boxes(line):
-        return final_boxed_answers(line)
-    return FinalAnswers(answers=[line] if line else [], reason="" if line else "no answer line")
+    matches = list(_ANSWER_LINE.finditer(tail))
+    if not matches:
+        return FinalAnswers(answers=[], reason="no answer line")
+    line = matches[-1].group(1).strip().strip("*").strip()
+    final = final_boxed_answers(line) if find_boxes(line) else FinalAnswers(answers=[line] if line else [])
+    if not final.answers:
+        return FinalAnswers(answers=[], reason=final.reason or "no answer line")
+    # The same rule as a box's: "Answer: 5\nActually, that's wrong." takes the answer back.
+    if negates_itself(line) or retracts(tail[matches[-1].end() :], lambda value: not _same(value, final.answers)):
+        return FinalAnswers(answers=[], reason="retracted")
+    return final
+
+
+def _same(value: str, answers: list[str]) -> bool:
+    """Whether a corrected value ("the correct answer is 6") is the stated answer (then it affirms it)."""
+    return len(answers) == 1 and grade_fast(value.strip("$ "), answers[0])[0] is True
 
 
 def dapo_reward(response: str, label: object, *, strict_box: bool = False) -> dict[str, Any]:

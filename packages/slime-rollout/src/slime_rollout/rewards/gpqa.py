@@ -8,10 +8,12 @@ choices.
 The response's pick is read from its final part (after the reasoning; an unclosed `<think>` has none):
 
 * the last explicit statement ("the answer is (B)", "Answer: B", "B is correct", `\boxed{B}`); a letter that is
-  not one of the question's options is no pick at all (never replaced by another letter of the text); "A or B"
-  is a hedge, no pick;
+  not one of the question's options is no pick at all (never replaced by another letter of the text); "A or B",
+  "A, C", "A and C" are a hedge, no pick; a statement taken back by the text after it ("Answer: B. Actually no,
+  it's A.") is no pick (`slime_rollout.rewards.retraction`, the math graders' rule);
 * else an option given by its text ("Final answer: 42 J"), when exactly one option's text is stated;
-* else the last standalone capital letter among the options (the original's fallback).
+* else the last standalone capital letter among the options that is not negated ("not A", "A is not correct"; the
+  original's fallback takes any).
 
 Without a determinable correct option, the stated answer must equal the label's text.
 """
@@ -24,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_rollout.rewards.answers import strip_reasoning
+from slime_rollout.rewards.retraction import judged_wrong, negated_before, retracts
 
 __all__ = ["extract_choice_letter", "gpqa_reward"]
 
@@ -35,8 +38,14 @@ _STATEMENTS = [
     re.compile(rf"(?i:correct\s+(?:option|choice))\s*(?:is|:)?\s*{_LETTER}", re.M),
     re.compile(rf"\\boxed\{{\s*(?:\\text\{{)?{_LETTER}\}}?\s*\}}"),
     re.compile(rf"{_LETTER}\s+(?i:is\s+(?:the\s+)?correct)", re.M),
+    # A correction names the new pick: "Answer: B. Actually no, it's A."
+    re.compile(rf"(?i:\b(?:no|wait|actually)[,:;]?\s+it(?:'s|\u2019s|\s+is)\s+){_LETTER}", re.M),
 ]
-_HEDGE = re.compile(r"[A-Za-z]\s*\)?\s*(?:or|/|and)\s*\(?\s*[A-Z]\b")
+# Two letters joined by or, /, and, &, or a comma: several picks, a hedge ("A or B", "A, C", "A and C").
+_HEDGE = re.compile(
+    r"[A-Za-z]\s*\)?\s*(?:or|/|and|&|,)\s*\(?\s*[A-Z]\b(?!')(?!\s+(?:think|believe|guess|am|was|would|will)\b)"
+)
+_LEADING_LETTER = re.compile(r"[A-Za-z]\b")
 _ANSWER_TEXT = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is|:)\s*([^\n]{1,200})")
 
 
@@ -75,7 +84,26 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
         return False, None
     if _HEDGE.match(region, last.start(1)):
         return True, None
-    return True, last.group(1).upper()
+    letter = last.group(1).upper()
+    # Taken back by what follows ("Answer: B. Actually no, it's A."): no pick, by the math graders' rule.
+    if retracts(region[last.end() :], lambda value: _first_letter(value) != letter):
+        return True, None
+    return True, letter
+
+
+def _first_letter(value: str) -> str | None:
+    """The option letter a corrected value starts with ("(C), since ..." → "C"), or None."""
+    m = _LEADING_LETTER.match(value.strip("$(). "))
+    return m.group().upper() if m else None
+
+
+def _standalone_letters(region: str, letters: str) -> list[str]:
+    """Capital option letters standing alone, less those negated ("not A", "A is not correct", "isn't A")."""
+    found = []
+    for m in re.finditer(r"\b([A-Z])\b", region):
+        if m.group(1) in letters and not negated_before(region[: m.start()]) and not judged_wrong(region[m.end() :]):
+            found.append(m.group(1))
+    return found
 
 
 def _named_options(text: str, items: Sequence[tuple[str, str]]) -> set[str]:
@@ -113,7 +141,7 @@ def extract_choice_letter(
     by_text = _stated_choice_text(region, _choice_items(metadata, letters))
     if by_text is not None:
         return by_text
-    standalone = [c for c in re.findall(r"\b([A-Z])\b", region) if c in letters]
+    standalone = _standalone_letters(region, letters)
     return standalone[-1] if standalone else None
 
 

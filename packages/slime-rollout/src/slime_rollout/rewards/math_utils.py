@@ -6,6 +6,12 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 * cleaning (`slime_rollout.rewards.normalize`): units, words around the answer, a choice letter given with its
   value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (AM/PM must agree when
   both give one);
+* what both sides name must agree: the choice letter (`(C) 12` ≠ `(B) 12`), the variable (`x = 3` ≠ `y = 3`), the
+  unit (`5\text{ m}` ≠ `5\text{ cm}`, `12 cm^2` ≠ `12 cm`; a unit on one side only is dropped: `5 cm` = `5`), and
+  the variables of an expression (`3s` ≠ `3t` and ≠ `3`, which math-verify takes as equal by dropping `s` and `t`
+  as units). Text is compared case-folded as the original does, so `\Delta` = `\delta` and `X = 5` = `x = 5`
+  (kept on purpose: labels differ in case more often than answers hinge on it); `2 3` is two numbers, equal only
+  to `2 3`;
 * a percent answer equals its number and its value (`50%` = `50` and `50%` = `0.5`, while `50` ≠ `0.5`): the
   original drops the sign, math-verify reads the value, and the label tells which the question meant;
 * several final boxes (`answers.final_boxed_answers`) are one answer when they restate one value, else the parts of
@@ -66,6 +72,11 @@ _PREVIEW_CHARS = 200
 _EXACT_DIGITS = 40  # exact constants must agree to this many significant digits
 _FLOAT_REL_TOL = 1e-12  # a decimal equals an exact value only if it is that value (0.5 = 1/2), up to fp noise
 _TIME = re.compile(r"^\d{1,2}:\d{2}$")
+_SPACED_DIGITS = re.compile(r"\d \d")
+_RELATION = re.compile(r"[=<>]|\\(?:[lg]eq?|neq?|ne|to|in|mapsto|approx|sim)(?![a-zA-Z])")
+# A command with its name-like argument (`\begin{pmatrix}`, `\mathbb{R}`), else a bare command (`\sqrt`, `\pi`).
+_COMMAND = re.compile(r"\\(?:begin|end|mathbb|mathcal|mathfrak|operatorname)\s*\{[^{}]*\}|\\[a-zA-Z]+")
+_VARIABLE_LETTERS = frozenset("abcdfghjklmnopqrstuvwxyz")
 
 
 def preview(text: str) -> str:
@@ -110,8 +121,15 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
         return False, g.text, p.text
     if p.meridiem and g.meridiem and p.meridiem != g.meridiem:
         return False, g.text, p.text
-    if p.text.lower() == g.text.lower():
+    # What both sides name must agree: the choice letter, the variable, the unit (one side's alone is dropped).
+    # Case folded like the text (`X = 5` is `x = 5`).
+    for mine, theirs in ((p.letter, g.letter), (p.variable, g.variable), (p.unit, g.unit)):
+        if mine and theirs and mine.lower() != theirs.lower():
+            return False, g.text, p.text
+    if p.text.lower() == g.text.lower():  # case folded as the original does: `\Delta` = `\delta`
         return True, g.text, p.text
+    if _SPACED_DIGITS.search(p.text) or _SPACED_DIGITS.search(g.text):
+        return False, g.text, p.text  # "2 3" is two numbers, not 23 (and not 2·3)
     if _TIME.match(p.text) and _TIME.match(g.text):
         return False, g.text, p.text
     pred_value, gold_value = parse_number(p.text), parse_number(g.text)
@@ -122,11 +140,26 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
                 gold_value / 100 if g.percent else gold_value
             )
         return same, g.text, p.text
+    pred_variables, gold_variables = _variables(p.text), _variables(g.text)
+    if pred_variables is not None and gold_variables is not None and pred_variables != gold_variables:
+        return False, g.text, p.text  # `3s` is not `3t`, nor `3` (math-verify drops `s`, `t` as units)
     return None, g.text, p.text
+
+
+def _variables(text: str) -> frozenset[str] | None:
+    r"""The letters an expression names as variables (case folded; `e` and `i` are constants), or None.
+
+    None (not compared) for an equation, inequality or function definition (`f(x) = 2x` is `2x`), whose letters
+    are not all the answer's.
+    """
+    if _RELATION.search(text):
+        return None
+    return frozenset(_COMMAND.sub(" ", text).lower()) & _VARIABLE_LETTERS
 
 
 _PART_SEPARATOR = re.compile(r",|;|\band\b")
 _TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*and\s*\}")
+_LATEX_SPACE = re.compile(r"\\[,;:! ]")
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _OPEN, _CLOSE = "([{", ")]}"
 
@@ -153,7 +186,8 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
     Returns:
         The stripped parts, in order; one part for a plain answer.
     """
-    s = _THOUSANDS_COMMA.sub("", _TEXT_AND.sub(" and ", text)).replace("\\left", "").replace("\\right", "")
+    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(" and ", text))  # "1\,000": a thin space, not a part separator
+    s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
     s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
     depths = _depths(s)
     if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):

@@ -18,6 +18,12 @@ in `CleanAnswer.percent` and the text is the number without it, so `normalize_an
 percent" question labelled `50`) and `0.5` (its value, as math-verify reads it), while `50` and `0.5` stay
 different.
 
+A unit comes off only where the value stays a number (`slime_rollout.rewards.units`: known units and `\text{}`
+units, never a bare variable letter: `4r` stays `4r`) and is kept in `CleanAnswer.unit`; the variable of `x = 3`
+in `CleanAnswer.variable`. Number words follow English grammar (`slime_rollout.rewards.number_words`: `two three`
+and a bare `million` are no number). Digits separated by a space stay apart (`2 3` is not 23) unless they group
+thousands (`1 000`, `1\,000` are 1000). `6.02\times10^{23}` is an exact number.
+
 All patterns are linear-time (no nested quantifiers), so a 1 MB answer is cleaned in milliseconds.
 """
 
@@ -27,6 +33,9 @@ import dataclasses
 import decimal
 import fractions
 import re
+
+from slime_rollout.rewards.number_words import words_to_number
+from slime_rollout.rewards.units import split_bare_unit, take_text_unit
 
 __all__ = ["CleanAnswer", "clean_answer", "normalize_answer", "parse_number", "words_to_number"]
 
@@ -42,11 +51,7 @@ _LEAD_IN = re.compile(
     r"^(?i:(?:so\s*,?\s*)?(?:the\s+)?(?:final\s+|correct\s+)?(?:answer|result|solution|total|value)\s*(?:is|:|=)\s*)"
 )
 _SENTENCE = re.compile(r"^(?:[A-Za-z',]+\s+){1,12}(?:is|are|was|equals|=|:)\s+(?P<rest>\S.*)$")
-_VARIABLE_PREFIX = re.compile(r"^[a-zA-Z]\s*=\s*(?=\S)")
-# Trailing unit words after a number, a closing brace or parenthesis: "5 kg", "12 cm^2", "3 apples", "45 mph".
-_UNITS = re.compile(r"^(?P<math>.*?[\d})])\s*(?P<unit>(?:[a-zA-Z]{1,20}\.?(?:\s*\^\{?\d\}?)?(?:\s*/\s*|\s+|-)?){1,6})$")
-# A number given in words, then units: "two million dollars", "three apples".
-_MATH_WORDS = {"sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi", "i", "e", "x", "y", "z", "n", "k"}
+_VARIABLE_PREFIX = re.compile(r"^([a-zA-Z])\s*=\s*(?=\S)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _FRAC_SHORT = re.compile(r"\\frac(\d)(\d)")
 _REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)(?:\\overline|\\dot)\s*\{?(\d+)\}?$|^(-?)(\d*)\.(\d*)\((\d+)\)$")
@@ -67,83 +72,29 @@ class CleanAnswer:
         meridiem: "am" / "pm" of a time of day, or None.
         percent: True when the answer was given in percent (`50%`, `50 percent`); `text` is then the number
             without the sign (`"50"`).
+        unit: the unit taken off a number, spelled one way (`units.canonical`: `"cm"`, `"cm^2"`, `"apple"`), or
+            None.
+        variable: the variable named before `=` (`x = 3` → `"x"`), or None.
     """
 
     text: str
     letter: str | None = None
     meridiem: str | None = None
     percent: bool = False
+    unit: str | None = None
+    variable: str | None = None
 
 
-_SMALL = {
-    w: i
-    for i, w in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-        "seventeen eighteen nineteen".split()
-    )
-}
-_TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
-_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
-_MULTIPLIERS = {"hundred": 100, "dozen": 12}
-# Fractional scales: "3 thousandths" is 3/1000.
-_PARTS = {"tenth": 10, "hundredth": 100, "thousandth": 10**3, "millionth": 10**6, "billionth": 10**9}
-_SIGN_WORDS = {"minus": -1, "negative": -1}
-_MAGNITUDES = frozenset(_SCALES) | frozenset(_MULTIPLIERS) | frozenset(_PARTS)
-# Words that are (part of) a value, plurals included ("3 millions"): never stripped as units.
-_NUMBER_WORDS = frozenset(_SMALL) | frozenset(_TENS) | _MAGNITUDES | {w + "s" for w in _MAGNITUDES} | set(_SIGN_WORDS)
-_NUMBER_WORDS |= {"a", "and"}
-# A number given in words, then units: "two million dollars", "three apples".
-_WORD_NUMBER_UNITS = re.compile(
-    rf"^(?P<math>(?:(?:{'|'.join(sorted(_NUMBER_WORDS))})[\s-]+){{1,12}})"
-    r"(?P<unit>[a-zA-Z]{1,20}\.?(?:\s+[a-zA-Z]{1,20}\.?){0,3})$",
-    re.IGNORECASE,
-)
 # Abbreviations of a magnitude that are also units or symbols ("3M": million or molar; "3 mil": million or a
 # thousandth of an inch): never stripped as units, never read as a value, so "3M" equals neither 3 nor 3000000.
 _AMBIGUOUS_MAGNITUDE = re.compile(r"M|MM|(?i:mil|mln|mn|bn|mio)\.?")
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-"})  # the Unicode minus sign and its full-width form
 _PERCENT = re.compile(r"\\?%|(?i:\bper\s?cent(?:age)?\b|\bpct\b\.?)")
+_SPACE_GROUPS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d.])")  # thousands grouped by spaces
+_COMMAND_SPACE = re.compile(r"(\\[a-zA-Z]+) +(?=[a-zA-Z])")
+_NOT_BETWEEN_DIGITS = re.compile(r"(?<!\d) | (?!\d)")
+_SCIENTIFIC = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot)10\^\{?([-+]?\d{1,3})\}?$")
 _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k": a number of thousands
-
-
-def words_to_number(text: str) -> fractions.Fraction | None:
-    """`"two million"` → 2000000, `"forty-two"` → 42, `"1.5 million"` → 1500000, `"two dozen"` → 24.
-
-    Plural scales count as the singular (`"3 millions"` → 3000000), fractional ones divide (`"3 thousandths"` →
-    3/1000), and a leading sign applies to the whole value (`"-3 million"`, `"minus 3 million"` → -3000000).
-
-    Returns:
-        The value, or None if the text is not only number words (digits alone, `"42"`, are not number words).
-    """
-    text = text.strip().lower().translate(_MINUS_SIGNS)
-    sign = -1 if text.startswith("-") else 1
-    words = re.split(r"[\s\-]+", text.lstrip("+-").replace(",", " ").strip())
-    if words and words[0] in _SIGN_WORDS:
-        sign, words = _SIGN_WORDS[words.pop(0)], words
-    if not words or words == [""] or len(words) > 12:
-        return None
-    total, current, number_word = fractions.Fraction(0), fractions.Fraction(0), False
-    for w in words:
-        if w in ("and", "", "a"):  # "a million": the scale below counts it as one
-            continue
-        if w.endswith("s") and w[:-1] in _MAGNITUDES:
-            w = w[:-1]  # "3 millions", "3 thousandths"
-        if w in _SMALL or w in _TENS:
-            current += _SMALL.get(w, _TENS.get(w, 0))
-        elif re.fullmatch(r"\d+(?:\.\d+)?", w):
-            current += fractions.Fraction(w)
-        elif w in _MULTIPLIERS:
-            current = (current or 1) * _MULTIPLIERS[w]
-        elif w in _SCALES:
-            total += (current or 1) * _SCALES[w]
-            current = fractions.Fraction(0)
-        elif w in _PARTS:
-            current = (current or 1) / _PARTS[w]
-        else:
-            return None
-        number_word = number_word or not w[0].isdigit()
-    # Digits alone ("42") are not number words; "2 million" is.
-    return sign * (total + current) if number_word else None
 
 
 def _strip_delimiters(s: str) -> str:
@@ -165,7 +116,7 @@ def _latex_cleanup(s: str) -> str:
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\$", "$"):
         s = s.replace(token, "")
-    return s.strip().rstrip(".").strip()
+    return s.strip().rstrip(".,").strip()  # "5," and "5." are 5
 
 
 def _take_percent(s: str) -> tuple[str, bool]:
@@ -174,36 +125,42 @@ def _take_percent(s: str) -> tuple[str, bool]:
     return (re.sub(r"\s+", " ", without).strip(), True) if without != s else (s, False)
 
 
-def _keep_number_words(math: str, unit: str) -> tuple[str, str]:
-    """Moves the number and scale words that start `unit` back to `math`.
+def _is_number(text: str) -> bool:
+    """Whether `text` (before the last cleaning steps) is a plain number or a numeral in words."""
+    if words_to_number(text) is not None:
+        return True
+    try:
+        return _parse_clean_number(_THOUSANDS.sub("", text).replace(" ", "")) is not None
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return False
 
-    `("3", "million dollars")` → `("3 million", "dollars")`.
+
+def _is_constant(text: str) -> bool:
+    r"""Whether `text` is a number or a constant expression (`2\sqrt{3}`, `\frac{\pi}{2}`): no variable letters."""
+    return bool(re.search(r"\d", text)) and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", text))
+
+
+def _strip_words_around(s: str) -> tuple[str, str | None, str | None]:
+    """Drops a lead-in ("the answer is"), a sentence around one value, a variable prefix and a trailing unit.
+
+    Returns:
+        `(text, variable, unit)`: the variable named before `=` (`x = 5` → "x"), the canonical unit taken off.
     """
-    words = unit.split()
-    n = 0
-    while n < len(words) and words[n].lower() in _NUMBER_WORDS:
-        n += 1
-    return " ".join([math, *words[:n]]), " ".join(words[n:])
-
-
-def _strip_words_around(s: str) -> str:
-    """Drops a lead-in ("the answer is"), a sentence around one value, a variable prefix and trailing units."""
     s = _LEAD_IN.sub("", s).strip()
+    variable = None
+    prefix = _VARIABLE_PREFIX.match(s)  # before the sentence rule, which would drop "y =" as words
+    if prefix:
+        variable, s = prefix.group(1), s[prefix.end() :]
     sentence = _SENTENCE.match(s)
     if sentence and re.search(r"\d", sentence.group("rest")):
         s = sentence.group("rest").strip().rstrip(".")
-    s = _VARIABLE_PREFIX.sub("", s)
-    units = _UNITS.match(s) or _WORD_NUMBER_UNITS.match(s)
-    if units:
-        math, unit = _keep_number_words(units.group("math").strip(), units.group("unit").strip())
-        if unit and _AMBIGUOUS_MAGNITUDE.fullmatch(unit.split()[0]):
-            return s  # "3M" is not 3: kept as written (module docstring)
-        unit = unit.lower()
-        unit_words = set(re.findall(r"[a-z]+", unit))
-        # Math symbols are not units, and AM/PM is part of a time of day.
-        if unit and not unit_words & _MATH_WORDS and re.sub(r"[^a-z]", "", unit) not in ("am", "pm"):
-            s = math
-    return s
+        prefix = _VARIABLE_PREFIX.match(s)  # "the side length is s = 5"
+        if prefix and variable is None:
+            variable, s = prefix.group(1), s[prefix.end() :]
+    rest, unit = split_bare_unit(s)
+    if unit is None or _AMBIGUOUS_MAGNITUDE.fullmatch(unit) or not _is_number(rest):
+        return s, variable, None  # "3M" is not 3: kept as written (module docstring)
+    return rest, variable, unit
 
 
 def clean_answer(answer: str) -> CleanAnswer:
@@ -215,7 +172,13 @@ def clean_answer(answer: str) -> CleanAnswer:
     Returns:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
-    s, percent = _take_percent(_latex_cleanup(_strip_delimiters(str(answer).translate(_MINUS_SIGNS))))
+    s = _strip_delimiters(str(answer).translate(_MINUS_SIGNS))
+    rest, unit = take_text_unit(s)
+    if unit is not None and _is_constant(_latex_cleanup(rest)):
+        s = rest  # "5\text{ cm}": the unit is set aside, the value stays
+    else:
+        unit = None
+    s, percent = _take_percent(_latex_cleanup(s))
     letter = None
     only = _LETTER_ONLY.match(s)
     if only:
@@ -224,7 +187,8 @@ def clean_answer(answer: str) -> CleanAnswer:
     if with_value:
         letter = with_value.group(1) or with_value.group(2)
         s = with_value.group(3).strip()
-    s = _strip_words_around(s)
+    s, variable, bare_unit = _strip_words_around(s)
+    unit = unit or bare_unit
     time = _TIME.match(s)
     if time:
         meridiem = time.group(3)
@@ -233,14 +197,17 @@ def clean_answer(answer: str) -> CleanAnswer:
     value = words_to_number(s) if re.search(r"[a-zA-Z]", s) else None
     if value is not None:
         s = _fraction_text(value)
-    s = _THOUSANDS.sub("", s).replace(" ", "")
+    s = _THOUSANDS.sub("", re.sub(r"\s+", " ", s))
+    s = _SPACE_GROUPS.sub(lambda m: m.group().replace(" ", ""), s)  # "1 000 000" (a thin space \, too)
+    s = _COMMAND_SPACE.sub(r"\1\0", s)  # "\pi r" is not the command "\pir"
+    s = _NOT_BETWEEN_DIGITS.sub("", s).replace("\0", " ")  # "2 3" keeps its space: two numbers, not 23
     thousands = _THOUSANDS_SUFFIX.fullmatch(s)
     if thousands:  # "2.5k" is 2500 here too, so normalize_answer and parse_number agree
         s = format(decimal.Decimal(thousands.group(1)).scaleb(3), "f")
     s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
     if re.fullmatch(r"-?\d+\.0+", s):
         s = s.split(".")[0]
-    return CleanAnswer(text=s, letter=letter, percent=percent)
+    return CleanAnswer(text=s, letter=letter, percent=percent, unit=unit, variable=variable)
 
 
 def normalize_answer(answer: str) -> str:
@@ -305,6 +272,9 @@ def parse_number(answer: str) -> fractions.Fraction | None:
 def _parse_clean_number(s: str) -> fractions.Fraction | None:
     if _NUMBER.fullmatch(s):
         return fractions.Fraction(s)
+    match = _SCIENTIFIC.fullmatch(s)
+    if match:  # "6.02\times10^{23}"
+        return fractions.Fraction(match.group(1)) * fractions.Fraction(10) ** int(match.group(2))
     match = _LATEX_FRAC.fullmatch(s)
     if match:
         sign, num, den = match.groups()

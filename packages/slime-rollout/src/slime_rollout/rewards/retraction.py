@@ -1,0 +1,162 @@
+r"""Whether a response takes its answer back or negates it: one rule for the math, dapo and gpqa graders.
+
+Contractions are expanded first (`isn't` → `is not`, `can't` → `cannot`, `that's` → `that is`, `I'm` → `I am`), so
+every phrase below is matched in one spelling. Negation is a class of words, not a list of phrases: not, never,
+cannot, false, wrong, incorrect, invalid, mistaken.
+
+* **Negated** answers are not offered: one right after a negation (`not \boxed{3}`, `never \boxed{5}`, `It cannot
+  be \boxed{5}`, `rather than`, `instead of`: `negated_before`) or judged right after it (`\boxed{5} is false`,
+  `\boxed{5} isn't correct`, `is wrong`: `judged_wrong`), or whose own words negate it (`\boxed{\text{5 is
+  wrong}}`: `negates_itself`).
+* A **retraction** (`retracts`) is text after the final answer about that answer: a judgement of "that"/"this"/"this
+  answer"/"my answer" (`that isn't right`, `this answer is wrong`, `that's not it`), "I was wrong", an interjection
+  (`oops`, `scratch that`, `no wait`, `actually, no,`, `my mistake.`, `I made a mistake` unless placed "earlier"),
+  giving up (`I give up`, `I cannot determine it`), or a correction to a different value (`the correct answer is 6`).
+  Other mentions of wrongness (`Option B is wrong, so ...`, `the other root -3 is wrong`) and asides in parentheses
+  are not about the answer. The original graders read no retraction at all (the last box or `Answer:` line counts).
+* `mentions_mistake` is the weaker test for text between two answers: any correction there makes the later answer
+  supersede the earlier one.
+
+All patterns are linear-time; `retracts` reads at most `WINDOW` characters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+__all__ = [
+    "WINDOW",
+    "expand_contractions",
+    "judged_wrong",
+    "mentions_mistake",
+    "negated_before",
+    "negates_itself",
+    "retracts",
+]
+
+WINDOW = 600  # characters after an answer that are searched for a retraction
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
+_CONTRACTIONS = [
+    (re.compile(r"(?i)\bcan't\b"), "cannot"),
+    (re.compile(r"(?i)\bwon't\b"), "will not"),
+    (re.compile(r"(?i)\bain't\b"), "is not"),
+    (re.compile(r"(?i)n't\b"), " not"),
+    (re.compile(r"(?i)\b(that|this|it|what|there|here|he|she|answer)'s\b"), r"\1 is"),
+    (re.compile(r"(?i)\bI'm\b"), "I am"),
+    (re.compile(r"(?i)'re\b"), " are"),
+    (re.compile(r"(?i)'ve\b"), " have"),
+    (re.compile(r"(?i)'d\b"), " would"),
+    (re.compile(r"(?i)'ll\b"), " will"),
+]
+_NEGATION = r"(?:not|never|cannot|false|wrong|incorrect|invalid|mistaken)"
+_WRONG = (
+    r"(?:(?:definitely|clearly|certainly|actually|also|obviously)\s+)?"
+    r"(?:not\s+(?:right|correct|it|true|valid|the\s+(?:correct\s+|right\s+)?answer)|wrong|incorrect|false|invalid|mistaken)\b"
+)
+_NEGATED_BEFORE = re.compile(
+    r"(?i)\b(?:not|never|rather\s+than|instead\s+of|other\s+than|cannot(?:\s+possibly)?\s+be|not\s+be|not\s+equal)"
+    r"\s*(?:\$\s*)?$"
+)
+_JUDGED_WRONG = re.compile(
+    rf"(?i)^\s*\$?\s*\)?\s*(?:is|was|would\s+be|must\s+be|seems|looks)\s+{_WRONG}|^\s*\$?\s*cannot\s+be\s+(?:right|correct)\b"
+)
+_LATER = r"(?!\s+(?:earlier|before|previously|at\s+first|initially|above))"
+_RETRACTION = re.compile(
+    rf"(?i)\b(?:(?:that|this)(?:\s+(?:answer|result|value|solution))?|(?:my|the)\s+(?:final\s+)?(?:answer|result)"
+    rf"(?:\s+above)?)\s+(?:is|was|seems|looks)\s+{_WRONG}"
+    r"|\b(?:that|this)\s+cannot\s+be\s+(?:right|correct)\b"
+    rf"|\bI\s+(?:was|am)\s+wrong\b{_LATER}"
+    r"|\boops\b|\bscratch\s+that\b|\bmy\s+mistake(?=\s*(?:[.!,;:]|$))"
+    rf"|\bI\s+made\s+(?:a|an)\s+(?:mistake|error)\b{_LATER}"
+    r"|\bno,?\s+wait\b|\bwait,?\s+no\s*[,.!:;]|\bactually,?\s+no\s*[,.!:;]"
+    r"|\bI\s+give\s+up\b|\bI\s+(?:cannot|am\s+(?:not\s+able|unable)\s+to)\s+(?:determine|finish|solve)\b"
+)
+# Any mention of a mistake or of wrongness between two answers: the later one corrects the earlier one.
+_MISTAKE = re.compile(
+    rf"(?i)\b(?:(?:that|this)\s+(?:is|was)\s+{_WRONG}|(?:is|was)\s+(?:wrong|incorrect)\b|I\s+made\s+(?:a|an)\s+"
+    r"(?:mistake|error)|my\s+mistake|oops|scratch\s+that|(?:that|this)\s+cannot\s+be\s+right"
+    r"|the\s+correct\s+answer\s+(?:is|should\s+be)|should\s+actually\s+be)"
+)
+# A correction that names its value: a retraction only when the value differs from the answer.
+_CORRECTED_VALUE = re.compile(
+    r"(?i)\b(?:the )?(?:correct|right|actual) answer (?:is|should be|would be)\s*:?\s*(?P<value>.*?)"
+    r"(?=\.(?:\s|$)|[;\n]|$)|\bshould actually be\s*:?\s*(?P<value2>.*?)(?=\.(?:\s|$)|[;\n]|$)"
+)
+# Words before a corrected value that are not part of it ("the correct answer is indeed 5").
+_FILLER = re.compile(r"(?i)^(?:(?:indeed|actually|really|still|just|exactly|clearly|definitely|in fact|thus)\b[\s,]*)+")
+_PARENTHESES = re.compile(r"\([^()]*\)")
+_TEXT_WORDS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
+
+
+def expand_contractions(text: str) -> str:
+    """`text` with English contractions written out (`isn't` → `is not`, `can't` → `cannot`, `I'd` → `I would`)."""
+    text = text.translate(_APOSTROPHES)
+    for pattern, replacement in _CONTRACTIONS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def negated_before(text: str) -> int:
+    """Characters at the end of `text` (the text right before an answer) that negate it, 0 if none.
+
+    `"It cannot be "` → 13, `"definitely not $"` → 5 (the length is of `text` as written, contractions included).
+    """
+    tail = text[-60:]
+    m = _NEGATED_BEFORE.search(expand_contractions(tail))
+    if not m:
+        return 0
+    # The match is on the expanded text: find how much of the written tail expands to it.
+    for size in range(1, len(tail) + 1):
+        if len(expand_contractions(tail[-size:])) >= len(m.group()):
+            return size
+    return len(tail)
+
+
+def judged_wrong(text: str) -> int:
+    """Characters at the start of `text` (the text right after an answer) that judge it wrong, 0 if none.
+
+    `" is false."` → 9, `" isn't correct"` → 14.
+    """
+    head = text[:80]
+    m = _JUDGED_WRONG.match(expand_contractions(head))
+    if not m:
+        return 0
+    for size in range(1, len(head) + 1):
+        if len(expand_contractions(head[:size])) >= m.end():
+            return size
+    return len(head)
+
+
+def negates_itself(answer: str) -> bool:
+    r"""Whether an answer's own words negate its value (`\text{5 is wrong}`, `\text{not } 5`).
+
+    A word alone is an answer, not a negation (`\text{False}` to a true/false question), so a digit must be there.
+    """
+    words = " ".join(_TEXT_WORDS.findall(answer)) or answer
+    return bool(re.search(r"\d", answer) and re.search(rf"(?i)\b{_NEGATION}\b", expand_contractions(words)))
+
+
+def mentions_mistake(text: str) -> bool:
+    """Whether text between two answers corrects the earlier one ("that's wrong", "I made a mistake", "oops")."""
+    return bool(_MISTAKE.search(expand_contractions(text)))
+
+
+def retracts(after: str, differs: Callable[[str], bool]) -> bool:
+    """Whether the text after a final answer takes that answer back (module docstring).
+
+    Args:
+        after: the text that follows the answer.
+        differs: whether a value named by a correction ("the correct answer is 6") differs from the answer; the
+            same value affirms it.
+    """
+    if judged_wrong(after):
+        return True
+    window = expand_contractions(_PARENTHESES.sub(" ", after[:WINDOW]))  # an aside is not about the answer
+    if _RETRACTION.search(window):
+        return True
+    for m in _CORRECTED_VALUE.finditer(window):
+        value = _FILLER.sub("", (m.group("value") or m.group("value2") or "").strip()).rstrip(".").strip()
+        if value and differs(value):
+            return True
+    return False
