@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from slime_core.dir_swap import staging_dir, swap_in
+from slime_core.dir_swap import prepare_staging, staging_dir, swap_in
 from slime_core.hf_names import to_checkpoint_name
 from slime_core.weight_buckets import iter_buckets
 
@@ -117,7 +117,7 @@ def save_hf(
 
     Args:
         model: FSDP2-sharded HF causal LM.
-        path: output directory (replaced if it exists).
+        path: output directory (replaced if it exists and slime wrote it: `slime_core.dir_swap`).
         source_dir: `--hf-checkpoint`, whose config/tokenizer/generation files are copied.
         max_shard_bytes: shard size budget.
         dtype: cast weights to this dtype (default: the source config's `dtype`, else the master dtype). The
@@ -134,8 +134,7 @@ def save_hf(
         # The checkpoint's own dtype, not the training (master) dtype the model was loaded in.
         dtype = _source_dtype(pathlib.Path(source_dir))
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        prepare_staging(out, flag="--save-hf")  # refuses a folder slime did not write, before any work
     shards: list[tuple[str, list[str]]] = []
     total = 0
     written: set[torch.dtype] = set()
@@ -156,7 +155,7 @@ def save_hf(
         copy_assets(pathlib.Path(source_dir), tmp)
         if len(written) == 1 and (tmp / "config.json").is_file():
             _stamp_dtype(tmp / "config.json", written.pop())
-        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
+        swap_in(tmp, out, flag="--save-hf")  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s (%d shards)", out, len(shards))
     dist.barrier()
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from slime_convert.hf_io import INDEX_NAME, HFShardedWriter
-from slime_core.dir_swap import staging_dir, swap_in
+from slime_core.dir_swap import prepare_staging, staging_dir, swap_in
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def save_hf(
 
     Args:
         weights: `(hf_name, full_tensor)` pairs, the same sequence on every rank (a collective iterator).
-        path: output directory (replaced if it exists).
+        path: output directory (replaced if it exists and slime wrote it: `slime_core.dir_swap`).
         source_dir: `--hf-checkpoint`: its config/tokenizer/generation files are copied and its config's
             dtype is the export dtype (the weights' own dtype when it declares none).
         max_shard_bytes: safetensors shard budget.
@@ -54,7 +54,7 @@ def save_hf(
     tmp = staging_dir(out)
     writer = None
     if dist.get_rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        prepare_staging(out, flag="--save-hf")  # refuses a folder slime did not write, before any work
         writer = HFShardedWriter(tmp, max_shard_bytes=max_shard_bytes)
     dtype = _source_dtype(source)
     for name, tensor in weights:  # every rank iterates: the gathers and broadcasts inside are collective
@@ -65,6 +65,6 @@ def save_hf(
         for f in source.iterdir():
             if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name != INDEX_NAME:
                 shutil.copy2(f, tmp / f.name)
-        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
+        swap_in(tmp, out, flag="--save-hf")  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s", out)
     dist.barrier()
