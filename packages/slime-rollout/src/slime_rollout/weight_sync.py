@@ -155,6 +155,7 @@ def write_hf_checkpoint(
 
     Raises:
         ValueError: a tensor name appears twice.
+        slime_core.dir_swap.ReplaceRefused: `out_dir` (or the temp dir) holds something slime did not write.
     """
     out = pathlib.Path(out_dir)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
