@@ -135,3 +135,10 @@ def test_an_existing_folder_slime_did_not_write_is_refused_and_a_marked_one_is_k
         make(save_hf=f"{tmp_path}/runs/{{rollout_id}}")
     mark(mine)  # an earlier export of this run: replaced at the next save
     assert make(save_hf=str(mine)).save_hf == str(mine)
+
+
+def test_a_dump_template_is_found_through_its_fixed_directory(tmp_path):
+    template = f"{tmp_path}/dumps/{{rollout_id}}.pt"
+    with pytest.raises(ConfigError, match=re.escape(f"is or contains --save-debug-rollout-data {tmp_path}/dumps (")):
+        make(save_hf=str(tmp_path), save_debug_rollout_data=template)
+    assert make(save_hf=f"{tmp_path}/dumps/hf", save_debug_rollout_data=template).save_hf == f"{tmp_path}/dumps/hf"
