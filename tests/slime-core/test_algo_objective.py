@@ -453,3 +453,32 @@ def test_opsm_clipfrac_vs_original(masks, ours, original):
     )
     assert metrics["opsm_clipfrac"].item() == pytest.approx(ours, abs=ATOL)
     assert _original_opsm_clipfrac(lp, old, adv, masks, 0.1) == pytest.approx(original, abs=ATOL)
+
+
+def test_opsm_clipfrac_with_per_token_advantages_counts_the_share_of_a_sample_dropped():
+    # PPO/GAE: per-token advantages. Sample 0 drifted (mean old - lp = 0.5 > δ) and has A < 0 on 2 of its 4
+    # tokens: only those are dropped, so it counts 2/4 = 0.5, not 1 (not "a dropped sequence"). Sample 1 did not
+    # drift (mean 0 ≤ δ): nothing dropped whatever its advantages. Sum 0.5 + 0 = 0.5 (per-sample mode); per-token
+    # mode sums the 2 dropped trainable tokens.
+    lp = [torch.full((4,), -1.5), torch.full((4,), -1.0)]
+    old = [torch.full((4,), -1.0), torch.full((4,), -1.0)]
+    adv = [torch.tensor([-1.0, 1.0, -1.0, 1.0]), torch.tensor([-1.0, -1.0, -1.0, -1.0])]
+    for per_token, expected in ((False, 0.5), (True, 2.0)):
+        args = _args(
+            use_tis=False,
+            use_kl_loss=False,
+            entropy_coef=0.0,
+            eps_clip_c=None,
+            use_opsm=True,
+            opsm_delta=0.1,
+            calculate_per_token_loss=per_token,
+        )
+        _, metrics = compute_actor_loss(
+            args,
+            log_probs=lp,
+            old_log_probs=old,
+            advantages=adv,
+            loss_masks=[torch.ones(4), torch.ones(4)],
+            loss_denominators=[8.0, 8.0],
+        )
+        assert metrics["opsm_clipfrac"].item() == pytest.approx(expected, abs=ATOL), per_token

@@ -87,3 +87,58 @@ def test_overlap_is_found_through_a_symlink_and_at_a_later_rollout(tmp_path):
 def test_siblings_and_prefix_names_do_not_overlap(tmp_path):
     cfg = make(save=f"{tmp_path}/ckpt", save_hf=f"{tmp_path}/ckpt_hf", hf_checkpoint=f"{tmp_path}/model")
     assert cfg.save_hf == f"{tmp_path}/ckpt_hf"
+
+
+def test_the_folder_holding_the_prompt_data_is_refused(tmp_path):
+    """Hostile repro: `--save-hf <the folder of --prompt-data>` used to pass --dry-run and delete train.jsonl."""
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError) as info:
+        make(save_hf=str(tmp_path), prompt_data=f"{tmp_path}/train.jsonl@[0:2]")
+    message = str(info.value)
+    assert f"is or contains --prompt-data {tmp_path}/train.jsonl ({tmp_path}/train.jsonl)" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match=re.escape(f"is or contains --eval-prompt-data {tmp_path}/train.jsonl")):
+        make(save_hf=str(tmp_path), eval_prompt_data=["aime", "/elsewhere.jsonl", "math", f"{tmp_path}/train.jsonl"])
+    with pytest.raises(ConfigError, match=re.escape(f"is or contains --output-dir {tmp_path}/outputs")):
+        make(save_hf=str(tmp_path), output_dir=f"{tmp_path}/outputs")
+
+
+def test_the_working_and_home_directories_and_their_parents_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(ConfigError, match=re.escape(f"(at rollout 0: {tmp_path}) is or contains the current working")):
+        make(save_hf=".")
+    with pytest.raises(ConfigError, match=re.escape("is or contains the current working directory")):
+        make(save_hf="sub/../..")
+    with pytest.raises(ConfigError, match=re.escape(f"is or contains the home directory ({tmp_path}/home)")):
+        make(save_hf=str(tmp_path / "home"))
+    # Inside them, beside --output-dir, is where exports usually go.
+    assert make(save_hf="outputs/hf_{rollout_id}").save_hf == "outputs/hf_{rollout_id}"
+
+
+def test_an_existing_folder_slime_did_not_write_is_refused_and_a_marked_one_is_kept(tmp_path):
+    from slime_core.dir_swap import mark
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError) as info:
+        make(save_hf=str(mine))
+    assert str(info.value) == (
+        f"--save-hf '{mine}' (at rollout 0): {mine} is a non-empty folder that slime did not write (no "
+        ".slime_export file in it); an export replaces its folder, so give --save-hf a new or empty folder of its "
+        "own (or move that one away)"
+    )
+    (tmp_path / "runs" / "2.tmp").mkdir(parents=True)  # a user's folder where rollout 2 would stage its export
+    (tmp_path / "runs" / "2.tmp" / "keep").write_text("x")
+    with pytest.raises(ConfigError, match=re.escape(f"(at rollout 2): {tmp_path}/runs/2.tmp is a non-empty")):
+        make(save_hf=f"{tmp_path}/runs/{{rollout_id}}")
+    mark(mine)  # an earlier export of this run: replaced at the next save
+    assert make(save_hf=str(mine)).save_hf == str(mine)
+
+
+def test_a_dump_template_is_found_through_its_fixed_directory(tmp_path):
+    template = f"{tmp_path}/dumps/{{rollout_id}}.pt"
+    with pytest.raises(ConfigError, match=re.escape(f"is or contains --save-debug-rollout-data {tmp_path}/dumps (")):
+        make(save_hf=str(tmp_path), save_debug_rollout_data=template)
+    assert make(save_hf=f"{tmp_path}/dumps/hf", save_debug_rollout_data=template).save_hf == f"{tmp_path}/dumps/hf"

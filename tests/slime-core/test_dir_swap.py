@@ -5,12 +5,14 @@ import os
 import pytest
 
 from slime_core import dir_swap
-from slime_core.dir_swap import old_dir, recover, staging_dir, swap_in
+from slime_core.dir_swap import MARKER, ReplaceRefused, mark, old_dir, prepare_staging, recover, staging_dir, swap_in
 
 
-def _write(d, text):
+def _write(d, text, *, ours=True):
     d.mkdir(parents=True)
     (d / "weights").write_text(text)
+    if ours:
+        mark(d)
 
 
 def test_swap_replaces_the_old_directory_and_leaves_no_siblings(tmp_path):
@@ -18,7 +20,7 @@ def test_swap_replaces_the_old_directory_and_leaves_no_siblings(tmp_path):
     _write(out, "v1")
     _write(staging_dir(out), "v2")
     assert swap_in(staging_dir(out), out) == out
-    assert (out / "weights").read_text() == "v2"
+    assert (out / "weights").read_text() == "v2" and (out / MARKER).is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
@@ -60,8 +62,54 @@ def test_a_left_over_old_copy_beside_a_finished_swap_is_deleted(tmp_path):
 def test_a_file_in_the_way_is_not_deleted(tmp_path):
     (tmp_path / "hf").write_text("not a checkpoint")
     _write(tmp_path / "hf.tmp", "v1")
-    with pytest.raises(NotADirectoryError, match="hf exists and is not a directory"):
+    with pytest.raises(ReplaceRefused, match="hf: exists and is not a directory; refusing"):
         swap_in(tmp_path / "hf.tmp", tmp_path / "hf")
     assert (tmp_path / "hf").read_text() == "not a checkpoint"
     with pytest.raises(FileNotFoundError, match="does not exist"):
         swap_in(tmp_path / "missing", tmp_path / "y")
+
+
+def test_a_folder_slime_did_not_write_is_never_replaced_nor_deleted(tmp_path):
+    """The hostile repro: `--save-hf` pointing at the folder holding the prompt data."""
+    data = tmp_path / "data"
+    _write(data, "precious", ours=False)
+    _write(staging_dir(data), "export")
+    with pytest.raises(ReplaceRefused) as info:
+        swap_in(staging_dir(data), data, flag="--save-hf")
+    message = str(info.value)
+    assert message.startswith(f"--save-hf {data}: is a non-empty folder that slime did not write (no {MARKER}")
+    assert "\n" not in message
+    assert (data / "weights").read_text() == "precious" and not old_dir(data).exists()
+    with pytest.raises(ReplaceRefused, match="--save-hf .*data: is a non-empty folder"):
+        prepare_staging(data, flag="--save-hf")  # refused before any export work
+
+
+@pytest.mark.parametrize("sibling", [staging_dir, old_dir])
+def test_a_user_folder_named_like_a_staging_or_old_copy_is_not_deleted(tmp_path, sibling):
+    out = tmp_path / "hf"
+    _write(out, "v1")
+    _write(sibling(out), "user's", ours=False)
+    with pytest.raises(ReplaceRefused, match=f"{sibling(out)}: is a non-empty folder"):
+        prepare_staging(out, flag="--save-hf")
+    if sibling is old_dir:
+        _write(staging_dir(out), "v2")
+        with pytest.raises(ReplaceRefused):
+            swap_in(staging_dir(out), out)
+    assert (sibling(out) / "weights").read_text() == "user's" and (out / "weights").read_text() == "v1"
+
+
+def test_empty_absent_and_marked_folders_are_replaced_and_links_are_not(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for name in ("empty", "absent"):
+        tmp = prepare_staging(tmp_path / name)
+        (tmp / "weights").write_text(name)
+        swap_in(tmp, tmp_path / name)
+        assert (tmp_path / name / "weights").read_text() == name and (tmp_path / name / MARKER).is_file()
+    tmp = prepare_staging(tmp_path / "absent")  # the export of the next rollout replaces the marked one
+    (tmp / "weights").write_text("v2")
+    swap_in(tmp, tmp_path / "absent")
+    assert (tmp_path / "absent" / "weights").read_text() == "v2"
+    os.symlink(tmp_path / "empty", tmp_path / "link")
+    with pytest.raises(ReplaceRefused, match="link: is a symbolic link"):
+        prepare_staging(tmp_path / "link")
+    assert (tmp_path / "empty" / "weights").read_text() == "empty"

@@ -171,6 +171,18 @@ def test_written_adapter_as_sglang_reads_it_is_the_synced_model(tiny_qwen3_dir, 
     assert (config["use_rslora"], config["use_dora"]) == (False, False)  # SGLang scales by alpha / r, no DoRA
 
 
+def test_write_adapter_never_replaces_a_folder_slime_did_not_write(tiny_qwen3_dir, tmp_path):
+    from slime_core.dir_swap import ReplaceRefused
+
+    cfg = _cfg(hf_checkpoint=str(tiny_qwen3_dir))
+    user = tmp_path / "lora_v000001"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(ReplaceRefused, match=f"--update-weight-disk-dir {user}: is a non-empty folder"):
+        write_adapter(cfg, [[("x.lora_A.weight", torch.zeros(1))]], user)
+    assert [p.name for p in tmp_path.iterdir()] == ["lora_v000001"] and (user / "notes.txt").read_text() == "mine"
+
+
 def test_sglang_reader_refuses_what_sglang_refuses_or_skips(tiny_qwen3_dir, tmp_path):
     cfg = _cfg(hf_checkpoint=str(tiny_qwen3_dir))
     buckets, _ = _adapter(tiny_qwen3_dir, 6)
@@ -224,7 +236,7 @@ def test_reference_engine_serves_base_and_adapter_and_updater_moves_only_adapter
     # Only the newest adapter directory is kept; it holds the adapter files only (no base weights).
     assert [p.name for p in (tmp_path / "sync").iterdir()] == ["lora_v000002"]
     files = sorted(p.name for p in (tmp_path / "sync" / "lora_v000002").iterdir())
-    assert files == ["adapter_config.json", "adapter_model.safetensors"]
+    assert files == [".slime_export", "adapter_config.json", "adapter_model.safetensors"]  # + slime's marker
 
 
 def test_validation_resolves_and_guards_lora_sync():

@@ -60,6 +60,20 @@ def test_write_hf_checkpoint_duplicate_name_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_write_hf_checkpoint_never_replaces_a_folder_slime_did_not_write(tmp_path):
+    from slime_core.dir_swap import ReplaceRefused
+
+    user = tmp_path / "weight_v000001"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(ReplaceRefused, match=f"--update-weight-disk-dir {user}: is a non-empty folder"):
+        write_hf_checkpoint(iter([[("a", torch.zeros(2))]]), user)
+    assert [p.name for p in tmp_path.iterdir()] == ["weight_v000001"] and (user / "notes.txt").read_text() == "mine"
+    out = write_hf_checkpoint(iter([[("a", torch.zeros(2))]]), tmp_path / "weight_v000002")
+    write_hf_checkpoint(iter([[("a", torch.ones(2))]]), out)  # its own export is replaced
+    assert load_file(str(out / "model-00001.safetensors"))["a"].tolist() == [1.0, 1.0]
+
+
 async def test_update_sequence_is_pause_flush_send_fence_check_continue(tmp_path, http_server):
     calls = []
 

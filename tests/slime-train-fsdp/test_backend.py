@@ -16,6 +16,8 @@ import shutil
 import pytest
 import torch
 
+from slime_core import dir_swap
+
 pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 
 WORKER = pathlib.Path(__file__).with_name("_workers.py")
@@ -65,8 +67,9 @@ def single(tiny_ckpt, tmp_path_factory) -> dict:
 def dp_runs(tiny_ckpt, tmp_path_factory) -> tuple[list[dict], list[dict]]:
     work = tmp_path_factory.mktemp("dp")
     first = launch("dp", 2, work, tiny_ckpt)
-    # A save killed half-way leaves only a .tmp directory; it must be ignored by the resume below.
+    # A save killed half-way leaves only a (marked) .tmp directory; it must be ignored by the resume below.
     (work / "ckpt" / "iter_0000002.tmp" / "model_and_optim").mkdir(parents=True)
+    dir_swap.mark(work / "ckpt" / "iter_0000002.tmp")
     resumed = launch("resume", 2, work, tiny_ckpt)  # new processes: the "killed" run restarts from disk
     resumed_one = launch("resume1", 1, work, tiny_ckpt)
     return first, resumed + resumed_one
@@ -219,7 +222,7 @@ def test_checkpoint_layout(dp_runs):
     root = pathlib.Path(dp_runs[0][0]["ckpt_dir"])
     assert (root / "latest_checkpointed_iteration.txt").read_text() == "1"
     names = {p.name for p in (root / "iter_0000001").iterdir()}
-    assert {"model_and_optim", "meta.json", "scheduler.pt", "rng_0.pt", "rng_1.pt"} <= names
+    assert {"model_and_optim", "meta.json", "scheduler.pt", "rng_0.pt", "rng_1.pt", dir_swap.MARKER} <= names
 
 
 def test_resume_is_bitwise_identical(dp_runs):

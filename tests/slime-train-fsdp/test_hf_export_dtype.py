@@ -54,6 +54,7 @@ def test_export_replaces_an_old_export_by_rename_and_survives_a_crash_mid_swap(
     out = tmp_path / "hf"
     out.mkdir()
     (out / "previous").write_text("rollout 0")
+    dir_swap.mark(out)  # an earlier export of this run
     real_replace = os.replace
 
     def die_before_the_new_export_lands(src, dst):
@@ -69,3 +70,19 @@ def test_export_replaces_an_old_export_by_rename_and_survives_a_crash_mid_swap(
     save_hf(model, out, source_dir=source)
     assert not (out / "previous").exists() and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("hf")) == ["hf"]
+
+
+def test_export_refuses_a_folder_slime_did_not_write_and_deletes_nothing(make_tiny_qwen3, tmp_path, one_rank):
+    from transformers import AutoModelForCausalLM
+
+    from slime_core.dir_swap import ReplaceRefused
+
+    source = make_tiny_qwen3(tmp_path / "src")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text("precious\n")
+    with pytest.raises(ReplaceRefused, match=f"--save-hf {data}: is a non-empty folder that slime did not write"):
+        save_hf(model, data, source_dir=source)
+    assert (data / "train.jsonl").read_text() == "precious\n"
+    assert not (tmp_path / "data.tmp").exists() and not (tmp_path / "data.old").exists()

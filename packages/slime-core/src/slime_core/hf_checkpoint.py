@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import torch
 from safetensors.torch import save_file
 
-from slime_core.dir_swap import staging_dir, swap_in
+from slime_core.dir_swap import prepare_staging, swap_in
 from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
@@ -79,25 +79,31 @@ class HFCheckpointWriter:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, source_dir: str | os.PathLike[str], max_shard_bytes: int = 5 * 1024**3
+        self,
+        path: str | os.PathLike[str],
+        *,
+        source_dir: str | os.PathLike[str],
+        max_shard_bytes: int = 5 * 1024**3,
+        flag: str = "--save-hf",
     ) -> None:
         """Creates an empty `<path>.tmp` (a stale one from a killed run is removed).
 
         Args:
-            path: the export directory (replaced on `commit` if it exists).
+            path: the export directory (replaced on `commit` if it exists and slime wrote it: `slime_core.dir_swap`).
             source_dir: `--hf-checkpoint`, whose config/tokenizer/generation files are copied.
             max_shard_bytes: safetensors shard budget in bytes.
+            flag: the flag that named `path`, for a refusal's message.
 
         Raises:
             ValueError: `max_shard_bytes` ≤ 0.
+            ReplaceRefused: `path` (or its `.tmp`/`.old`) is a folder slime did not write, before any work.
         """
         if max_shard_bytes <= 0:
             raise ValueError(f"HF export shard size must be > 0 bytes, got {max_shard_bytes}")
         self.path, self.source_dir = pathlib.Path(path), pathlib.Path(source_dir)
         self.max_shard_bytes = max_shard_bytes
-        self.tmp = staging_dir(self.path)
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self.tmp.mkdir(parents=True)
+        self.flag = flag
+        self.tmp = prepare_staging(self.path, flag=flag)
         self._buffer: dict[str, torch.Tensor] = {}
         self._buffer_bytes = 0
         self._shards: list[list[str]] = []
@@ -152,7 +158,7 @@ class HFCheckpointWriter:
         if len(self._dtypes) == 1 and (self.tmp / "config.json").is_file():
             _stamp_dtype(self.tmp / "config.json", next(iter(self._dtypes)))
         strip_quantization_config(self.tmp / "config.json")  # unquantized weights, even when the source serves FP8
-        swap_in(self.tmp, self.path)  # rename swap: a crash leaves the old or the new export, never none
+        swap_in(self.tmp, self.path, flag=self.flag)  # a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s (%d shards)", self.path, len(self._shards))
         return self.path
 

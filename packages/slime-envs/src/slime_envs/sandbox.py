@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import logging
@@ -61,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slime_envs._bwrap import HOST_UID, SANDBOX_UID, WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
 from slime_envs._cgroups import CgroupLimits
+from slime_envs._sandbox_proc import Owned, owned_bwrap, parent_pid, uncancellable
 from slime_envs._seccomp import DENIED, SeccompUnavailableError, base_filter, no_process_filter
 
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxUnavailableError", "check_sandbox", "run_python"]
@@ -208,20 +208,6 @@ def _memfd(name: str, data: bytes) -> int:
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
-
-
-async def _until_readable(fd: int, timeout_s: float) -> None:
-    """Waits (at most `timeout_s`) until `fd` polls readable; for a pidfd: until that process has exited."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-    try:
-        async with asyncio.timeout(timeout_s):
-            await ready
-    except TimeoutError:
-        logger.warning("the sandbox's init did not exit %.0f s after SIGKILL", timeout_s)
-    finally:
-        loop.remove_reader(fd)
 
 
 async def _read_to_eof(fd: int) -> bytes:
@@ -378,8 +364,9 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
             cpus=config.cpus,
         )
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
+            # From the spawn on, every exit (a cancel at any await included) kills and reaps bubblewrap's tree.
+            async with owned_bwrap(
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
@@ -387,10 +374,12 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
                 env={},
                 cwd="/",
                 start_new_session=True,
-            )
-            # Our copies of the child's ends: the pipes must see EOF when the sandbox closes its own.
-            fds.close(ready_w, status_w, info_w, block_r, code_fd, seccomp_fd)
-            timed_out = await _supervise(proc, info_r, block_w, cgroup, config, fds)
+            ) as owned:
+                # Our copies of the child's ends: the pipes must see EOF when the sandbox closes its own.
+                fds.close(ready_w, status_w, info_w, block_r, code_fd, seccomp_fd)
+                timed_out = await _supervise(owned, info_r, block_w, cgroup, config, fds)
+            proc = owned.proc
+            assert proc is not None
             ready = _read_nonblocking(ready_r) == b"R"
             if not ready and not timed_out:
                 err.seek(0)
@@ -401,7 +390,7 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
     finally:
         fds.close_all()
         if cgroup is not None:
-            await asyncio.to_thread(cgroup.kill_and_remove)
+            await uncancellable(asyncio.to_thread(cgroup.kill_and_remove))
 
 
 class _Fds:
@@ -429,36 +418,25 @@ class _Fds:
 
 
 async def _supervise(
-    proc: asyncio.subprocess.Process,
+    owned: Owned,
     info_r: int,
     block_w: int,
     cgroup: CgroupLimits | None,
     config: SandboxConfig,
     fds: _Fds,
 ) -> bool:
-    """Releases the sandbox, waits for it (at most `timeout_s`), then kills its PID namespace; returns timed_out."""
-    pidfd = -1
-    timed_out = False
+    """Releases the sandbox and waits for it (at most `timeout_s`); returns timed_out. `owned_bwrap` kills it."""
+    proc = owned.proc
+    assert proc is not None
     try:
         async with asyncio.timeout(config.timeout_s):
             pidfd = await _release(proc, info_r, block_w, cgroup)
             if pidfd >= 0:
-                fds.add(pidfd)
+                owned.init_pidfd = fds.add(pidfd)
             await proc.wait()
     except TimeoutError:
-        timed_out = True
-    finally:
-        # Kill the sandbox's init: the kernel then kills every process of its PID namespace.
-        if pidfd >= 0:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        if pidfd >= 0:
-            # The init exits only after the kernel has killed and reaped every process of its namespace.
-            await _until_readable(pidfd, 5.0)
-    return timed_out
+        return True
+    return False
 
 
 def _read_nonblocking(fd: int) -> bytes:
@@ -538,7 +516,7 @@ async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, 
             cgroup.join(init_pid)
         # The pid named bubblewrap's child all along (not a process that took over its number) if the process
         # the pidfd holds is still alive now (a pid is not reused before its process is reaped) and is that child.
-        if select.select([pidfd], [], [], 0)[0] or _parent_pid(init_pid) != proc.pid:
+        if select.select([pidfd], [], [], 0)[0] or parent_pid(init_pid) != proc.pid:
             raise ProcessLookupError(init_pid)
         os.write(block_w, b"1")
     except (ProcessLookupError, FileNotFoundError):  # exited: bubblewrap's set-up failed
@@ -546,12 +524,6 @@ async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, 
         await proc.wait()
         return -1
     return pidfd
-
-
-def _parent_pid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        # The command name (2nd field, in parentheses) may hold spaces: the parent pid follows its ")".
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
 
 
 def _probe() -> dict[str, str]:

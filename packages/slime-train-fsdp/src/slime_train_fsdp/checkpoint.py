@@ -11,7 +11,8 @@ Layout under `--save` (as the original FSDP backend):
 
 Atomicity: everything is written into `iter_XXXXXXX.tmp`, renamed to its final name by rank 0 after all ranks
 finished, and only then is the tracker file replaced (temp file + `os.replace`). A run killed mid-save leaves
-the previous checkpoint as `latest`.
+the previous checkpoint as `latest`. A checkpoint directory is marked as slime's (`slime_core.dir_swap`): re-saving an
+iteration replaces only a directory slime wrote, never a user's folder of the same name.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
+from slime_core.dir_swap import prepare_staging, swap_in
 from slime_train_fsdp.lr_schedule import load_scheduler_state
 
 logger = logging.getLogger(__name__)
@@ -80,8 +81,7 @@ def save_checkpoint(
     final = root / f"iter_{rollout_id + 1:07d}"
     tmp = root / f"iter_{rollout_id + 1:07d}.tmp"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        prepare_staging(final, flag="--save")  # never deletes a folder slime did not write (slime_core.dir_swap)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd} if save_optim else {"model": model_sd}
@@ -99,9 +99,7 @@ def save_checkpoint(
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     dist.barrier()
     if rank == 0:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        swap_in(tmp, final, flag="--save")
         _write_text_atomic(root / TRACKER, str(rollout_id + 1))
     dist.barrier()
     logger.info("saved checkpoint %s", final)

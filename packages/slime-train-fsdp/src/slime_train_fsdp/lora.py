@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from slime_core.config import SlimeArgs
-from slime_core.dir_swap import staging_dir, swap_in
+from slime_core.dir_swap import prepare_staging, staging_dir, swap_in
 from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, adapter_config, scaling
 
 __all__ = [
@@ -196,7 +196,7 @@ def save_adapter(model: nn.Module, cfg: SlimeArgs, path: str | pathlib.Path) -> 
     Args:
         model: the sharded model with injected adapters.
         cfg: the run config (`hf_checkpoint`, `lora_*`).
-        path: the output directory (replaced if it exists).
+        path: the output directory (replaced if it exists and slime wrote it: `slime_core.dir_swap`).
     """
     from safetensors.torch import save_file
 
@@ -205,14 +205,13 @@ def save_adapter(model: nn.Module, cfg: SlimeArgs, path: str | pathlib.Path) -> 
     rank = dist.get_rank()
     tensors = {name: t.float().cpu().contiguous() for name, t in iter_adapter(model)}  # gathered on every rank
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        prepare_staging(out, flag="--save-hf")  # refuses a folder slime did not write
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         config = adapter_config(cfg, base_model=os.path.abspath(cfg.hf_checkpoint))
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
         for f in pathlib.Path(cfg.hf_checkpoint).iterdir():
             if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))):
                 shutil.copy2(f, tmp / f.name)
-        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
+        swap_in(tmp, out, flag="--save-hf")  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported LoRA adapter (%d tensors) to %s", len(tensors), out)
     dist.barrier()

@@ -3,17 +3,19 @@
 Layout (Megatron-LM's): `<save>/iter_XXXXXXX/` (megatron-core `dist_checkpointing`) and
 `<save>/latest_checkpointed_iteration.txt`; the iteration number is the rollout id. Each checkpoint
 is written to `iter_XXXXXXX.tmp` by all ranks and renamed by rank 0 after a barrier, then the tracker
-is replaced, so a killed run never sees a partial checkpoint. A converted checkpoint (`release`) is
-loaded the same way (weights only).
+is replaced, so a killed run never sees a partial checkpoint. Iteration directories carry slime's marker
+(`slime_core.dir_swap.MARKER`): re-saving an iteration replaces only a directory slime wrote. A converted
+checkpoint (`release`) is loaded the same way (weights only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
 import random
-import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
 from slime_convert.torch_dist import TRACKER_FILE, resolve_iteration_dir
+from slime_core.dir_swap import prepare_staging, swap_in
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,24 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+class _DropMarkerWarning(logging.Filter):
+    """Drops megatron's "Overwriting old incomplete / corrupted checkpoint" warning for our marked staging dir."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Overwriting old incomplete")
+
+
+@contextlib.contextmanager
+def _quiet_marker_warning() -> Iterator[None]:
+    # The staging dir holds only slime's marker file (MARKER), which megatron takes for a corrupted checkpoint.
+    log, drop = logging.getLogger("megatron.core.dist_checkpointing.serialization"), _DropMarkerWarning()
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
+
+
 def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> pathlib.Path:
     """Writes `<save_dir>/iter_{rollout_id:07d}` atomically (collective).
 
@@ -74,9 +95,7 @@ def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, 
     final = root / f"iter_{rollout_id:07d}"
     tmp = root / f"iter_{rollout_id:07d}.tmp"
     if dist.get_rank() == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        prepare_staging(final, flag="--save")  # never deletes a folder slime did not write (slime_core.dir_swap)
     dist.barrier()
     model_sd = model.sharded_state_dict()
     state = {
@@ -92,12 +111,11 @@ def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, 
 
     rank, world = dist.get_rank(), dist.get_world_size()
     state["rng_state"] = ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0)
-    dist_checkpointing.save(state, str(tmp))
+    with _quiet_marker_warning():
+        dist_checkpointing.save(state, str(tmp))
     dist.barrier()
     if rank == 0:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        swap_in(tmp, final, flag="--save")
         tracker_tmp = root / (TRACKER_FILE + ".tmp")
         tracker_tmp.write_text(str(rollout_id))
         os.replace(tracker_tmp, root / TRACKER_FILE)

@@ -73,11 +73,19 @@ def _check_options(cfg: SlimeArgs, rollout_log_probs, ref_log_probs, entropy) ->
 def _opsm_clipfrac(per_token: bool, dropped: torch.Tensor, mask: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     """`opsm_clipfrac`: per sample, the dropped share of its own trainable tokens, summed over the samples.
 
-    Each sample counts `Σ_t d_t·m_t / max(Σ_t m_t, 1)` (`d` the dropped tokens, `m` the loss mask), in [0, 1]:
-    a dropped sequence counts 1, whatever its rollout siblings, so after the division by the step's sample count
-    the metric is the fraction of sequences dropped (what the original documents: "the count of masked
-    sequences"). With `--calculate-per-token-loss` every metric is a token mean: the dropped trainable tokens
-    `Σ_t d_t·m_t` are summed, so the metric is the fraction of trainable tokens dropped.
+    Each sample counts `Σ_t d_t·m_t / max(Σ_t m_t, 1)` (`d` the dropped tokens, `m` the loss mask), in [0, 1],
+    whatever its rollout siblings; after the division by the step's sample count the metric is the mean, over
+    samples, of the share of each sample's trainable tokens that OPSM dropped. OPSM drops a token when its
+    sequence drifted (mean `lp_old - lp` > δ) *and its own advantage* is negative, so:
+
+    * with one advantage per sequence (GRPO, GSPO, CISPO) a drifted sample with A < 0 loses every token and
+      counts 1: the metric is the fraction of sequences dropped (what the original documents:
+      "the count of masked sequences");
+    * with per-token advantages (PPO/GAE, REINFORCE++ returns) only the A < 0 tokens of a drifted sample are
+      dropped, so it counts the fraction it lost (advantages [-1, +1, -1, +1] on a drifted sample: 0.5).
+
+    With `--calculate-per-token-loss` every metric is a token mean: the dropped trainable tokens `Σ_t d_t·m_t`
+    are summed, so the metric is the fraction of trainable tokens dropped.
 
     Differs from the original's code (`slime/utils/ppo_utils.py: compute_opsm_mask`), which counts
     `Σ_t d_t / max(Σ_t m_t, 1)`: its numerator also counts dropped tokens whose loss mask is 0 (tool output,

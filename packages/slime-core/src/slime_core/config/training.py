@@ -194,9 +194,12 @@ class CheckpointArgs(ArgsGroup):
         None,
         "Export an HF checkpoint to this path at every save (each --save-interval, each epoch's end, the last "
         "rollout; without --save only the last), {rollout_id} filled in (the only field). Written to <path>.tmp, then "
-        "swapped in by renames (the old export goes to <path>.old until the new one is in place). Refused: a path "
-        "that is empty or holds a control character, and one that is, contains or lies inside --save, --load, "
-        "--hf-checkpoint, --ref-load, --critic-load or --critic-save (slime_core.config.save_hf).",
+        "swapped in by renames (the old export goes to <path>.old until the new one is in place); only a folder "
+        "slime wrote (a .slime_export file in it) or an empty one is replaced. Refused: a path that is empty or "
+        "holds a control character; an existing file, link or non-empty folder slime did not write; one that is, "
+        "contains or lies inside a checkpoint or model directory (--save, --load, --hf-checkpoint, --ref-load, "
+        "...); one that is or contains the data, output or config paths, the working or the home directory "
+        "(slime_core.config.save_hf).",
     )
     release_train: bool = arg(False, "Kill and recreate trainer processes from the saved checkpoint every step.")
     megatron_config_path: str | None = arg(None, "YAML with Megatron settings for multi-model setups.")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
+from slime_core.dir_swap import prepare_staging, swap_in
 from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_NAME, adapter_config
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.transport import EngineError
@@ -45,18 +46,17 @@ def write_adapter(cfg: SlimeArgs, buckets: Iterable[Bucket], path: str | os.Path
     Args:
         cfg: the run config (`lora_*`, `hf_checkpoint` as the base model).
         buckets: lists of `(PEFT name, tensor)`.
-        path: the directory (must not exist).
+        path: the directory: absent, empty or written by slime (replaced), else refused (`slime_core.dir_swap`).
 
     Returns:
         Bytes of tensor data written.
 
     Raises:
         ValueError: a name occurs twice.
+        slime_core.dir_swap.ReplaceRefused: `path` (or its `.tmp`/`.old`) holds something slime did not write.
     """
     out = pathlib.Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = prepare_staging(out, flag="--update-weight-disk-dir")  # never deletes a folder slime did not write
     tensors: dict[str, torch.Tensor] = {}
     for bucket in buckets:
         for name, tensor in bucket:
@@ -65,7 +65,7 @@ def write_adapter(cfg: SlimeArgs, buckets: Iterable[Bucket], path: str | os.Path
             tensors[name] = tensor.detach().to("cpu").contiguous()
     save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (tmp / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(cfg), indent=2))
-    os.replace(tmp, out)
+    swap_in(tmp, out, flag="--update-weight-disk-dir")
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
@@ -103,8 +103,6 @@ class LoraWeightUpdater(_EngineUpdater):
 
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         path = self.root / _version_dir_name(weight_version).replace("weight_v", "lora_v", 1)
-        if path.exists():
-            shutil.rmtree(path)
         num_bytes = await asyncio.to_thread(write_adapter, self.cfg, buckets, path)
         await asyncio.gather(*(_unload(engine) for engine in self.session.live))
         await self.session.each("load_lora_adapter", lora_name=LORA_NAME, lora_path=str(path.resolve()))

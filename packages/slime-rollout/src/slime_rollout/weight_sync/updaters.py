@@ -40,7 +40,7 @@ import torch
 import torch.multiprocessing
 from safetensors.torch import save_file
 
-from slime_core.dir_swap import swap_in
+from slime_core.dir_swap import check_replaceable, mark, swap_in
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.wire import (
     broadcast_buffer,
@@ -148,7 +148,7 @@ def write_hf_checkpoint(
 
     Args:
         buckets: lists of `(hf_name, tensor)`; any device/dtype, saved as is on CPU.
-        out_dir: final directory (replaced if it exists).
+        out_dir: final directory (replaced if it exists and slime wrote it: `slime_core.dir_swap`).
         assets_from: HF checkpoint whose non-safetensors files are copied.
 
     Returns:
@@ -156,11 +156,14 @@ def write_hf_checkpoint(
 
     Raises:
         ValueError: a tensor name appears twice.
+        slime_core.dir_swap.ReplaceRefused: `out_dir` (or the temp dir) holds something slime did not write.
     """
     out = pathlib.Path(out_dir)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    check_replaceable([out, tmp], "--update-weight-disk-dir")  # never delete a folder slime did not write
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    mark(tmp)
     weight_map: dict[str, str] = {}
     total_size = 0
     try:
@@ -181,7 +184,7 @@ def write_hf_checkpoint(
             for f in pathlib.Path(assets_from).iterdir():
                 if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
                     shutil.copy2(f, tmp / f.name)
-        swap_in(tmp, out)  # rename swap: a crash leaves the old or the new export, never none
+        swap_in(tmp, out, flag="--update-weight-disk-dir")  # a crash leaves the old or the new export, never none
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
