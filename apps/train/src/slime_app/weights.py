@@ -39,7 +39,7 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
 
         check_same_machine(engine_urls, ray.util.get_node_ip_address())
 
-    return WEIGHT_UPDATERS.get(cfg.weight_sync)(cfg, RolloutClient(list(engine_urls)))
+    return WEIGHT_UPDATERS.get(cfg.weight_sync).load()(cfg, RolloutClient(list(engine_urls)))
 
 
 def check_same_machine(engine_urls: list[str], node_ip: str) -> None:

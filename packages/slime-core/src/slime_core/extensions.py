@@ -60,6 +60,7 @@ class TrainBackendSpec(Entry):
         checkpoint_format: the format of its `--save` directories (`"fsdp"`, `"torch_dist"`, ...), which
             `--load` must find.
         lr_decay_styles: the `--lr-decay-style` values it implements.
+        supports_multimodal: trains vision-language models (`--multimodal-keys`, `--freeze-vision-tower`).
         compiles_layers: may compile layers at the first forward (`--fsdp-compile-layers`; the progress display
             names the first step accordingly).
     """
@@ -74,6 +75,7 @@ class TrainBackendSpec(Entry):
     checkpoint_format: str = ""
     lr_decay_styles: tuple[str, ...] = ("constant", "linear", "cosine")
     compiles_layers: bool = False
+    supports_multimodal: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,5 +19,6 @@ FSDP = TrainBackendSpec(
     supports_critic=True,
     checkpoint_format="fsdp",
     lr_decay_styles=("constant", "linear", "cosine"),
-    compiles_layers=True,  # --fsdp-compile-layers
+    compiles_layers=True,
+    supports_multimodal=True,  # slime_train_fsdp.vision  # --fsdp-compile-layers
 )
