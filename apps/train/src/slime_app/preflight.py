@@ -8,6 +8,8 @@ import pathlib
 
 from slime_app.checkpoints import check_checkpoints
 from slime_core.config import SlimeArgs
+from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
+from slime_core.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -165,11 +167,10 @@ def _has_chat_template(model_dir: str) -> bool:
 
 
 def _check_architecture(cfg: SlimeArgs) -> list[str]:
-    """Megatron architecture flags against `--hf-checkpoint`'s config.json; for Megatron, the model type too.
+    """Megatron architecture flags against `--hf-checkpoint`'s config.json.
 
     Raises:
-        ValueError: a flag contradicts config.json (all such flags named), or the Megatron backend cannot build
-            this model type.
+        ValueError: a flag contradicts config.json (all such flags named).
     """
     import json
 
@@ -177,15 +178,6 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
 
     with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
         hf_config = json.load(f)
-    if cfg.train_backend == "megatron":  # the model type first: flag mismatches do not matter if it cannot be built
-        from slime_convert.model_args import ModelArgs
-
-        try:
-            ModelArgs.from_hf_config(hf_config)
-        except ValueError as e:
-            raise ValueError(
-                f"--train-backend megatron cannot build this model ({e}); use --train-backend fsdp"
-            ) from None
     report = check_architecture(list(cfg.megatron_args), hf_config, cfg.train_backend)
     if report.mismatches:
         raise ValueError(
@@ -209,11 +201,13 @@ def _check_hardware(cfg: SlimeArgs) -> None:
 
     if torch.cuda.is_available():
         return
-    if cfg.train_backend == "megatron":
-        raise ValueError(
-            "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
-            "CUDA-only); on this machine use --train-backend fsdp"
-        )
+    selected = [("--train-backend", cfg.train_backend, train_backend_spec(cfg), TRAIN_BACKENDS)]
+    if cfg.rollout_engine and not cfg.rollout_engine_urls:  # engines it starts itself, on this machine
+        selected.append(("--rollout-engine", cfg.rollout_engine, engine_spec(cfg), ROLLOUT_ENGINES))
+    for flag, name, spec, instead in selected:
+        if spec.needs_gpu:  # its capability record says so (slime_core.extensions)
+            cpu = [n for n in instead.names() if _runs_on_cpu(instead, n)]
+            raise ValueError(f"{flag} {name} needs CUDA GPUs; on this machine use {flag} {' or '.join(cpu)}")
     ranks = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
     cores = os.cpu_count() or 1
     if cfg.actor_num_nodes > 1 or ranks > cores:
@@ -222,6 +216,29 @@ def _check_hardware(cfg: SlimeArgs) -> None:
             f"{cfg.actor_num_gpus_per_node} would start {ranks} CPU trainer ranks on one machine with {cores} cores; "
             "on CPU use --actor-num-nodes 1 --actor-num-gpus-per-node 1 (or up to the core count)"
         )
+
+
+def _runs_on_cpu(registry: Registry, name: str) -> bool:
+    try:
+        return not registry.get(name).needs_gpu
+    except ImportError:  # its package is not installed here: not a choice to offer
+        return False
+
+
+def _run_owned_checks(cfg: SlimeArgs) -> list[str]:
+    """Runs the checks each selected registry entry owns (backend, engine, reward, estimator).
+
+    Returns:
+        The notes they report.
+
+    Raises:
+        ValueError: every error they report, in one message.
+    """
+    problems = run_preflight_hooks(cfg, [])
+    errors = [p.message for p in problems if p.severity == "error"]
+    if errors:
+        raise ValueError("; ".join(errors))
+    return [p.message for p in problems]
 
 
 def _check_opd_teacher(cfg: SlimeArgs) -> None:
@@ -355,6 +372,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         )
     _check_opd_teacher(cfg)
     notes = _check_pass_through_flags(cfg)
+    # The entries' own checks first (e.g. Megatron's model type): flag mismatches do not matter if it cannot build.
+    notes += _run_owned_checks(cfg)
     notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
     if cfg.prompt_data and not cfg.load_debug_rollout_data:
