@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from slime_core.registry import Problem, Registry
+from slime_core.registry import Problem, Registry, UnknownNameError
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -166,7 +166,7 @@ class EstimatorRegistry:
             return self._specs[name]
         if name in self._installed:
             return self._installed.get(name)
-        raise KeyError(
+        raise UnknownNameError(
             f"unknown advantage estimator {name!r}; known: {self.names()} (a package adds one under "
             f'[project.entry-points."{self.group}"])'
         )
