@@ -178,7 +178,7 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
 
     with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
         hf_config = json.load(f)
-    report = check_architecture(list(cfg.megatron_args), hf_config, cfg.train_backend)
+    report = check_architecture(list(cfg.megatron_args), hf_config, train_backend_spec(cfg).megatron_native)
     if report.mismatches:
         raise ValueError(
             f"--hf-checkpoint {cfg.hf_checkpoint}: Megatron architecture flags disagree with its config.json (the "

@@ -53,8 +53,12 @@ class TrainBackendSpec(Entry):
         supports_cp: implements `--context-parallel-size` > 1.
         supports_lora: trains LoRA adapters (`--lora-rank`).
         supports_critic: has a PPO critic (a `slime.critic_backends` entry of the same name).
-        model_parallel_flags: reads `--tensor/--pipeline/--expert-model-parallel-size` from the Megatron flags
-            (otherwise those sizes are 1).
+        megatron_native: runs megatron-core itself: reads `--tensor/--pipeline/--expert-model-parallel-size` from
+            the Megatron flags (otherwise those sizes are 1) and the `megatron` column of
+            `slime_core.config.megatron_flags.MEGATRON_FLAG_RULES` applies to it (otherwise the `fsdp` column:
+            flags it translates, ignores or refuses).
+        reads_torch_dist: loads Megatron `torch_dist` checkpoints (`--ref-load`) directly; otherwise a
+            `torch_dist` reference is converted to HF first and an HF critic is built from its own config.json.
         builds_model_from_config: the model is built from `--hf-checkpoint`'s config.json by
             `slime_convert.model_args` (preflight checks the model type can be built).
         checkpoint_format: the format of its `--save` directories (`"fsdp"`, `"torch_dist"`, ...), which
@@ -70,7 +74,8 @@ class TrainBackendSpec(Entry):
     supports_cp: bool = False
     supports_lora: bool = False
     supports_critic: bool = False
-    model_parallel_flags: bool = False
+    megatron_native: bool = False
+    reads_torch_dist: bool = False
     builds_model_from_config: bool = False
     checkpoint_format: str = ""
     lr_decay_styles: tuple[str, ...] = ("constant", "linear", "cosine")

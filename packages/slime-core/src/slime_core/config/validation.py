@@ -368,7 +368,7 @@ def _passthrough(args: SlimeArgs) -> None:
     if _sglang_int(args, "dp_size", 1) > 1 and not args.sglang_args.get("enable_dp_attention"):
         raise ConfigError("--sglang-dp-size > 1 requires --sglang-enable-dp-attention")
     spec = train_backend_spec(args)
-    if spec.model_parallel_flags:
+    if spec.megatron_native:
         # Parse the parallel sizes now so a bad value fails at startup, not inside a worker.
         _ = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size)
         _ = args.expert_model_parallel_size
