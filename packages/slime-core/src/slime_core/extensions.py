@@ -8,6 +8,7 @@
 | reward function     | `--rm-type`             | `slime.rewards`              | `RewardSpec`                  |
 | advantage estimator | `--advantage-estimator` | `slime.advantage_estimators` | `estimators.EstimatorSpec`    |
 | weight transport    | `--weight-sync`         | `slime.weight_updaters`      | `Entry` (registry in the app) |
+| package checks      | (the flags it owns)     | `slime.preflight`            | `fn(cfg) -> list[Problem]`    |
 
 The config checks each name against its registry when it is built, and code outside a provider asks the
 record (`train_backend_spec(cfg).supports_lora`) instead of comparing names. The built-in fallbacks below name
@@ -30,6 +31,7 @@ from slime_core.registry import Entry, Problem, Registry
 
 __all__ = [
     "CRITIC_BACKENDS",
+    "PREFLIGHT_CHECKS",
     "REWARDS",
     "ROLLOUT_ENGINES",
     "TRAIN_BACKENDS",
@@ -105,9 +107,11 @@ class RewardSpec(Entry):
 
     Attributes:
         needs_url: calls a remote service at `--rm-url`.
+        grades_label: compares the response with the sample's label (preflight refuses null labels for it).
     """
 
     needs_url: bool = False
+    grades_label: bool = False
 
 
 TRAIN_BACKENDS: Registry[TrainBackendSpec] = Registry(
@@ -147,6 +151,17 @@ REWARDS: Registry[RewardSpec] = Registry(
 )
 
 
+#: Each package's pre-launch checks of the flags it owns: `factory` is `fn(cfg) -> list[Problem]`; the app's
+#: preflight runs every installed one (`run_preflight_hooks`).
+PREFLIGHT_CHECKS: Registry[Entry] = Registry(
+    "slime.preflight",
+    flag="preflight",
+    kind="package check",
+    entry_type=Entry,
+    builtins={"slime-rollout": "slime_rollout.preflight:check"},
+)
+
+
 def registry_for_group(group: str) -> Any:
     """The registry of entry-point group `group` (`"slime.train_backends"`, ...), for the CLI's help.
 
@@ -179,20 +194,27 @@ def engine_spec(cfg: Any) -> RolloutEngineSpec:
     return ROLLOUT_ENGINES.get(cfg.rollout_engine)
 
 
-def run_preflight_hooks(cfg: Any, hooks: list[tuple[str, Callable[[Any], list[Problem]]]]) -> list[Problem]:
-    """Runs every named hook and the `preflight` of each entry the config selects; collects their problems.
+def run_preflight_hooks(cfg: Any) -> list[Problem]:
+    """Runs the installed packages' checks, then those of the entries the config selects; collects the problems.
+
+    Package checks are `PREFLIGHT_CHECKS`; the selected entries are the backend, engine, reward and estimator.
 
     Args:
         cfg: the validated config.
-        hooks: `(owner, fn)` of package-level checks (`fn(cfg) -> list[Problem]`); the owner prefixes messages.
 
     Returns:
-        Every problem found, each message prefixed with its owner (`"slime-rollout: ..."`, `"--train-backend
-        fsdp: ..."`).
+        Every problem found, in that order. A package's messages name their flags themselves; an entry's are
+        prefixed with its selection (`"--train-backend megatron: ..."`).
+
+    Raises:
+        TypeError: a check returned something other than a list of `Problem`.
     """
     from slime_core.estimators import ESTIMATORS
 
-    owned: list[tuple[str, Callable[[Any], list[Problem]]]] = list(hooks)
+    problems: list[Problem] = []
+    for name in PREFLIGHT_CHECKS.names():
+        problems += Entry(name=name, preflight=PREFLIGHT_CHECKS.get(name).load()).check(cfg)
+    owned: list[tuple[str, Callable[[Any], list[Problem]]]] = []
     owned.append((f"--train-backend {cfg.train_backend}", train_backend_spec(cfg).check))
     if cfg.rollout_engine:
         owned.append((f"--rollout-engine {cfg.rollout_engine}", engine_spec(cfg).check))
@@ -200,7 +222,6 @@ def run_preflight_hooks(cfg: Any, hooks: list[tuple[str, Callable[[Any], list[Pr
         owned.append((f"--rm-type {cfg.rm_type}", REWARDS.get(cfg.rm_type.removeprefix("boxed_")).check))
     spec = ESTIMATORS.get(cfg.advantage_estimator)
     owned.append((f"--advantage-estimator {spec.name}", spec.preflight_problems))
-    problems = []
     for owner, fn in owned:
         problems += [dataclasses.replace(p, message=f"{owner}: {p.message}") for p in fn(cfg)]
     return problems

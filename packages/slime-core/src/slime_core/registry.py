@@ -78,10 +78,13 @@ class Problem:
     Attributes:
         message: what is wrong and what to do, naming the flag (e.g. `"--lora-rank needs ..."`).
         severity: `"error"` stops the launch; `"note"` is logged.
+        exception: the exception class the launch raises for this error (`FileNotFoundError` for a missing
+            path, `ValueError` for bad config or data).
     """
 
     message: str
     severity: str = "error"
+    exception: type[Exception] = ValueError
 
     def __post_init__(self) -> None:
         if self.severity not in ("error", "note"):

@@ -35,10 +35,10 @@ REFERENCE = RolloutEngineSpec(
     supports_colocate=True,
 )
 
-MATH_RM = RewardSpec(name="math")
-DEEPSCALER_RM = RewardSpec(name="deepscaler")
-DAPO_RM = RewardSpec(name="dapo")
-F1_RM = RewardSpec(name="f1")
-GPQA_RM = RewardSpec(name="gpqa")
+MATH_RM = RewardSpec(name="math", grades_label=True)
+DEEPSCALER_RM = RewardSpec(name="deepscaler", grades_label=True)
+DAPO_RM = RewardSpec(name="dapo", grades_label=True)
+F1_RM = RewardSpec(name="f1", grades_label=True)
+GPQA_RM = RewardSpec(name="gpqa", grades_label=True)
 REMOTE_RM_RM = RewardSpec(name="remote_rm", needs_url=True)
 RANDOM_RM = RewardSpec(name="random")
