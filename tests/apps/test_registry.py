@@ -11,7 +11,8 @@ from slime_app.train_actor import make_backend
 from slime_app.weights import distributed_weight_updater, make_weight_updater
 from slime_core import registry
 from slime_core.config import SlimeArgs
-from slime_core.extensions import ROLLOUT_ENGINES, TrainBackendSpec
+from slime_core.extensions import PREFLIGHT_CHECKS, REWARDS, ROLLOUT_ENGINES, TrainBackendSpec
+from slime_rollout.rewards import RM_TYPES
 
 
 def test_both_backends_resolve_by_name_with_their_capabilities():
@@ -58,10 +59,12 @@ def test_builtins_resolve_without_entry_point_metadata(monkeypatch):
 
 
 def test_installed_packages_declare_the_builtins_as_entry_points():
-    for reg in (TRAIN_BACKENDS, CRITIC_BACKENDS, ROLLOUT_ENGINES):
+    for reg in (TRAIN_BACKENDS, CRITIC_BACKENDS, ROLLOUT_ENGINES, REWARDS, PREFLIGHT_CHECKS):
         declared = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=reg.group)}
         builtins = reg._builtins
         assert {name: declared[name] for name in builtins} == builtins, reg.group
+    # The graders slime_rollout.rewards dispatches itself are exactly the built-in reward records.
+    assert set(RM_TYPES) == set(REWARDS._builtins) and all(REWARDS.get(n).factory is None for n in RM_TYPES)
     declared = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=WEIGHT_UPDATERS.group)}
     assert declared.items() <= WEIGHT_UPDATERS._builtins.items()  # `distributed` is the app's own
 
