@@ -84,3 +84,11 @@ def test_preflight_sees_the_engine_capability_and_runs_the_backend_check(monkeyp
     assert "--train-backend toy_backend: toy backend checked --lr" in preflight._run_owned_checks(cfg)
     with pytest.raises(ValueError, match=r"--train-backend toy_backend: --lr -1.0: the toy backend needs a positive"):
         preflight._run_owned_checks(cfg.model_copy(update={"lr": -1.0}))
+
+
+def test_an_engine_slime_cannot_start_needs_the_urls_of_its_servers(tmp_path):
+    cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "rollout_engine": "toy_gpu_engine"})
+    assert ROLLOUT_ENGINES.get("reference").launchable and not ROLLOUT_ENGINES.get("toy_gpu_engine").launchable
+    with pytest.raises(ValueError, match="--rollout-engine toy_gpu_engine: slime does not start this engine's servers"):
+        preflight._check_engine_launch(cfg)
+    preflight._check_engine_launch(cfg.model_copy(update={"rollout_engine_urls": ["http://127.0.0.1:1"]}))

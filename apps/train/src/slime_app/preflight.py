@@ -177,6 +177,15 @@ def _check_hardware(cfg: SlimeArgs) -> None:
         )
 
 
+def _check_engine_launch(cfg: SlimeArgs) -> None:
+    """An engine kind slime cannot start (its record says `launchable=False`) needs servers started elsewhere."""
+    if cfg.rollout_engine and not cfg.rollout_engine_urls and not engine_spec(cfg).launchable:
+        raise ValueError(
+            f"--rollout-engine {cfg.rollout_engine}: slime does not start this engine's servers; start them and "
+            "give their addresses with --rollout-engine-urls"
+        )
+
+
 def _runs_on_cpu(registry: Registry, name: str) -> bool:
     try:
         return not registry.get(name).needs_gpu
@@ -245,6 +254,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     if hardware and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
         _check_hardware(cfg)
     _check_plugins(cfg)
+    _check_engine_launch(cfg)
     if cfg.hf_checkpoint and not os.path.isdir(cfg.hf_checkpoint):
         hint = ""
         if cfg.hf_checkpoint.count("/") == 1 and not cfg.hf_checkpoint.startswith((".", "/", "~")):

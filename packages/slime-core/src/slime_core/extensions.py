@@ -92,10 +92,13 @@ class RolloutEngineSpec(Entry):
     Attributes:
         needs_gpu: cannot run without CUDA.
         supports_colocate: releases and resumes its accelerator memory (`--colocate`, `--offload-rollout`).
+        launchable: slime starts its servers itself (`slime_rollout.engines.launch`); otherwise the run needs
+            `--rollout-engine-urls` of servers started elsewhere.
     """
 
     needs_gpu: bool = False
     supports_colocate: bool = False
+    launchable: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -23,16 +23,16 @@ __all__ = [
 
 SGLANG = RolloutEngineSpec(
     name="sglang",
-    factory="slime_rollout.engines.commands:build_sglang_command",
     needs_gpu=True,
     supports_colocate=True,  # /release_memory_occupation, /resume_memory_occupation
+    launchable=True,  # slime_rollout.engines.commands.build_sglang_command
 )
 
 REFERENCE = RolloutEngineSpec(
     name="reference",
-    factory="slime_rollout.engines.commands:build_reference_command",
     needs_gpu=False,  # transformers on CPU (slime_rollout.engines.reference)
     supports_colocate=True,
+    launchable=True,  # slime_rollout.engines.commands.build_reference_command
 )
 
 MATH_RM = RewardSpec(name="math", grades_label=True)

@@ -85,8 +85,11 @@ class EngineLauncher:
         base_port: int = 15000,
         mem_fraction_static: float | None = None,
     ):
-        if cfg.rollout_engine not in ("sglang", "reference"):
-            raise ValueError(f"--rollout-engine must be 'sglang' or 'reference', got {cfg.rollout_engine!r}")
+        if cfg.rollout_engine not in ("sglang", "reference"):  # the kinds this module starts (launchable=True)
+            raise ValueError(
+                f"--rollout-engine {cfg.rollout_engine!r}: slime starts only sglang and reference servers; give the "
+                "addresses of this engine's servers with --rollout-engine-urls"
+            )
         if not cfg.hf_checkpoint:
             raise ValueError("launching engines needs --hf-checkpoint (the model they serve)")
         if gpus_per_engine < 1:
