@@ -71,6 +71,16 @@ def test_null_labels_are_fine_where_nothing_grades_against_them(tmp_path):
     assert _errors(_cfg(data, "--rm-type", "gpqa")) == []
 
 
+def test_a_remote_reward_needs_its_url(tmp_path):
+    # Used to fail at the first scored sample, mid-rollout.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    assert _errors(_cfg(data, "--rm-type", "boxed_remote_rm")) == [
+        "--rm-type boxed_remote_rm calls a reward service: set --rm-url http://host:port/path"
+    ]
+    assert _errors(_cfg(data, "--rm-type", "remote_rm", "--rm-url", "http://localhost:1/rm")) == []
+    assert _errors(_cfg(data, "--rm-type", "math")) == []
+
+
 def test_whether_a_reward_grades_the_label_is_its_capability(tmp_path):
     # A reward of another package: its record, not a fixed list of grader names, says whether labels matter.
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": None})

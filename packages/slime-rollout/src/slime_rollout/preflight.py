@@ -42,16 +42,16 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     """Every check of this package's flags; errors and notes as `Problem`s (the app raises the errors).
 
     Args:
-        cfg: the validated config; reads `apply_chat_template`, `hf_checkpoint`, `multimodal_keys`,
-            `sglang_args`, `router_args`, `prompt_data`, `load_debug_rollout_data`, `eval_datasets` and the keys
-            `check_prompt_rows` reads.
+        cfg: the validated config; reads `rm_type`, `rm_url`, `custom_rm_path`, `apply_chat_template`,
+            `hf_checkpoint`, `multimodal_keys`, `sglang_args`, `router_args`, `prompt_data`,
+            `load_debug_rollout_data`, `eval_datasets` and the keys `check_prompt_rows` reads.
 
     Returns:
         The problems: `FileNotFoundError` ones for a missing data file or image processor, `ValueError` ones for a
-        malformed file or row, a missing chat template or an unknown `--sglang-*`/`--router-*` flag; notes for
-        what could not be checked here.
+        malformed file or row, a remote reward without `--rm-url`, a missing chat template or an unknown
+        `--sglang-*`/`--router-*` flag; notes for what could not be checked here.
     """
-    problems = _chat_template(cfg) + _image_processor(cfg) + _pass_through_flags(cfg)
+    problems = _reward_url(cfg) + _chat_template(cfg) + _image_processor(cfg) + _pass_through_flags(cfg)
     files = [] if not cfg.prompt_data or cfg.load_debug_rollout_data else [("--prompt-data", cfg.prompt_data)]
     files += [("--eval-prompt-data", path) for _name, path in cfg.eval_datasets]
     for flag, spec in files:
@@ -62,6 +62,15 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
             problems.append(Problem(message=str(e)))
     return problems
+
+
+def _reward_url(cfg: SlimeArgs) -> list[Problem]:
+    """A reward whose record says `needs_url` cannot score anything without `--rm-url`."""
+    if not cfg.rm_type or cfg.custom_rm_path or cfg.rm_url:
+        return []
+    if not REWARDS.get(cfg.rm_type.removeprefix("boxed_")).needs_url:
+        return []
+    return [Problem(message=f"--rm-type {cfg.rm_type} calls a reward service: set --rm-url http://host:port/path")]
 
 
 def _chat_template(cfg: SlimeArgs) -> list[Problem]:
