@@ -92,3 +92,15 @@ def test_an_engine_slime_cannot_start_needs_the_urls_of_its_servers(tmp_path):
     with pytest.raises(ValueError, match="--rollout-engine toy_gpu_engine: slime does not start this engine's servers"):
         preflight._check_engine_launch(cfg)
     preflight._check_engine_launch(cfg.model_copy(update={"rollout_engine_urls": ["http://127.0.0.1:1"]}))
+
+
+def test_capabilities_the_plugin_lacks_are_refused_by_name():
+    # toy_backend declares neither a critic nor colocation; toy_gpu_engine cannot release its memory.
+    with pytest.raises(ConfigError, match="--advantage-estimator ppo trains a critic, which --train-backend "
+                                          "toy_backend does not have"):  # fmt: skip
+        SlimeArgs.from_dict({**BASE, **PLUGIN, "advantage_estimator": "ppo"})
+    with pytest.raises(ConfigError, match="--colocate: --train-backend toy_backend cannot offload its state"):
+        SlimeArgs.from_dict({**BASE, **PLUGIN, "colocate": True})
+    cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "rollout_engine": "toy_gpu_engine"})
+    with pytest.raises(ValueError, match="--colocate: --rollout-engine toy_gpu_engine cannot release its memory"):
+        preflight._check_engine_launch(cfg.model_copy(update={"colocate": True}))

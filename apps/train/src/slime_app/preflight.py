@@ -178,8 +178,19 @@ def _check_hardware(cfg: SlimeArgs) -> None:
 
 
 def _check_engine_launch(cfg: SlimeArgs) -> None:
-    """An engine kind slime cannot start (its record says `launchable=False`) needs servers started elsewhere."""
-    if cfg.rollout_engine and not cfg.rollout_engine_urls and not engine_spec(cfg).launchable:
+    """Checks the engine's record against the run.
+
+    `--colocate` needs `supports_colocate`; without `launchable` the servers must be started elsewhere
+    (`--rollout-engine-urls`).
+
+    Raises:
+        ValueError: naming the flag and the engine.
+    """
+    if not cfg.rollout_engine:
+        return
+    if cfg.colocate and not engine_spec(cfg).supports_colocate:
+        raise ValueError(f"--colocate: --rollout-engine {cfg.rollout_engine} cannot release its memory; drop it")
+    if not cfg.rollout_engine_urls and not engine_spec(cfg).launchable:
         raise ValueError(
             f"--rollout-engine {cfg.rollout_engine}: slime does not start this engine's servers; start them and "
             "give their addresses with --rollout-engine-urls"

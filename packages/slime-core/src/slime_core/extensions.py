@@ -61,8 +61,6 @@ class TrainBackendSpec(Entry):
             flags it translates, ignores or refuses).
         reads_torch_dist: loads Megatron `torch_dist` checkpoints (`--ref-load`) directly; otherwise a
             `torch_dist` reference is converted to HF first and an HF critic is built from its own config.json.
-        builds_model_from_config: the model is built from `--hf-checkpoint`'s config.json by
-            `slime_convert.model_args` (preflight checks the model type can be built).
         checkpoint_format: the format of its `--save` directories (`"fsdp"`, `"torch_dist"`, ...), which
             `--load` must find.
         lr_decay_styles: the `--lr-decay-style` values it implements.
@@ -78,7 +76,6 @@ class TrainBackendSpec(Entry):
     supports_critic: bool = False
     megatron_native: bool = False
     reads_torch_dist: bool = False
-    builds_model_from_config: bool = False
     checkpoint_format: str = ""
     lr_decay_styles: tuple[str, ...] = ("constant", "linear", "cosine")
     compiles_layers: bool = False

@@ -52,7 +52,6 @@ MEGATRON = TrainBackendSpec(
     supports_critic=True,
     megatron_native=True,  # TP/PP/EP and the Megatron flags go to megatron-core
     reads_torch_dist=True,
-    builds_model_from_config=True,
     checkpoint_format="torch_dist",
     lr_decay_styles=("constant", "linear", "cosine", "inverse-square-root"),
 )

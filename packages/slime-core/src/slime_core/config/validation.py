@@ -124,6 +124,8 @@ def _placement(args: SlimeArgs) -> None:
             f"{args.num_gpus_per_node}: engines spanning several nodes are not implemented; use at most "
             f"{args.num_gpus_per_node} GPUs per engine (more engines serve more GPUs)"
         )
+    if args.colocate and not train_backend_spec(args).supports_colocate:
+        raise ConfigError(f"--colocate: --train-backend {args.train_backend} cannot offload its state; drop it")
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.async_train and args.colocate:
         raise ConfigError("--async overlaps rollout and training, which cannot share GPUs: drop --colocate")
