@@ -51,11 +51,18 @@ def test_builtins_resolve_without_entry_point_metadata(monkeypatch):
     monkeypatch.setattr(registry.importlib.metadata, "entry_points", lambda group: [])
     from slime_rollout.weight_sync import DiskWeightUpdater
 
-    for reg in (TRAIN_BACKENDS, WEIGHT_UPDATERS, ROLLOUT_ENGINES):
-        reg._loaded.clear()
-    assert TRAIN_BACKENDS.get("fsdp").name == "fsdp"
-    assert WEIGHT_UPDATERS.get("disk").load() is DiskWeightUpdater
-    assert ROLLOUT_ENGINES.get("reference").needs_gpu is False
+    registries = (TRAIN_BACKENDS, WEIGHT_UPDATERS, ROLLOUT_ENGINES)
+    try:
+        for reg in registries:
+            reg.refresh()
+        assert TRAIN_BACKENDS.get("fsdp").name == "fsdp"
+        assert WEIGHT_UPDATERS.get("disk").load() is DiskWeightUpdater
+        assert ROLLOUT_ENGINES.get("reference").needs_gpu is False
+        assert TRAIN_BACKENDS._entry_points() == {}  # found through the built-in fallback
+    finally:
+        monkeypatch.undo()
+        for reg in registries:
+            reg.refresh()
 
 
 def test_installed_packages_declare_the_builtins_as_entry_points():

@@ -89,3 +89,20 @@ def test_listing_the_builtin_names_imports_no_provider():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_entry_points_are_read_once_until_refreshed(monkeypatch):
+    reads = []
+
+    def entry_points(group):
+        reads.append(group)
+        return []
+
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", entry_points)
+    reg = Registry("slime.things", flag="--thing", kind="thing", entry_type=_Spec, builtins={"a": "builtins:dict"})
+    for _ in range(3):
+        reg.check_name("a")
+    assert reads == ["slime.things"]  # the config checks names on every build: one scan per process
+    reg.refresh()
+    reg.check_name("a")
+    assert reads == ["slime.things", "slime.things"]
