@@ -53,7 +53,9 @@ def test_dry_run_reports_and_starts_nothing(model, data, tmp_path):
     code = (
         "import sys\nfrom slime_app.cli import main\n"
         f"rc = main({['--dry-run', *_flags(model, data, '--num-epoch', '3', '--num-layers', '36')]!r})\n"
-        "print('IMPORTED', sorted(m for m in ('ray', 'slime_app.loop', 'slime_train_fsdp') if m in sys.modules))\n"
+        # The backend's capability record (slime_train_fsdp.spec) is read; the trainer module is not imported.
+        "print('IMPORTED', sorted(m for m in ('ray', 'slime_app.loop', 'slime_train_fsdp.backend')\n"
+        "                        if m in sys.modules))\n"
         "sys.exit(rc)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,

@@ -112,7 +112,7 @@ def swap_paths(flags: list[str], root: pathlib.Path, tokenizer_dir: pathlib.Path
 
 _MULTI_NODE_ENGINE = r"exceeds --num-gpus-per-node 8: engines spanning several nodes are not implemented; use at most 8"
 _NOT_MEGATRON = (
-    r"--train-backend megatron cannot build this model \(model_type='{}' is not supported.*use --train-backend fsdp"
+    r"--train-backend megatron: cannot build this model \(model_type='{}' is not supported.*use --train-backend fsdp"
 )
 
 # Script -> None (the dry run passes) or the one error line it stops with. The scripts default to Megatron.

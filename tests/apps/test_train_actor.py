@@ -40,7 +40,7 @@ def test_make_critic_backend_builds_the_named_backend(name, module, cls):
 
 
 def test_make_backend_rejects_unknown_name():
-    with pytest.raises(ValueError, match="--train-backend: unknown backend 'jax'"):
+    with pytest.raises(ValueError, match="--train-backend: unknown train backend 'jax'"):
         make_backend(_cfg().model_copy(update={"train_backend": "jax"}))  # past the config's Literal
 
 

@@ -70,7 +70,7 @@ def test_spec_names_the_layer_the_megatron_backend_builds():
     ]
     # A model the Megatron backend cannot build: preflight says so first; FSDP runs the HF model, whatever the spec.
     assert check_architecture(glm_spec, {"model_type": "qwen3_next"}).unchecked == ["--spec"]
-    fsdp = check_architecture(glm_spec, _config("Qwen3-4B"), backend="fsdp")
+    fsdp = check_architecture(glm_spec, _config("Qwen3-4B"), megatron_native=False)
     assert (fsdp.checked, fsdp.mismatches, fsdp.unchecked) == ([], [], [])
 
 

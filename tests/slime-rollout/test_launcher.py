@@ -83,7 +83,7 @@ def test_engine_kinds_start_by_index(monkeypatch):
     cmd, last = ENGINE_KINDS["reference"].command(sglang_args(), memory_saver=False, mem_fraction_static=None, **common)
     assert last == port and cmd[cmd.index("--random-seed") + 1] == "9" and "--base-gpu-id" not in cmd
     assert list(ENGINE_KINDS) == ["sglang", "reference"]
-    with pytest.raises(ValueError, match="--rollout-engine must be 'sglang' or 'reference', got 'vllm'"):
+    with pytest.raises(ValueError, match="--rollout-engine 'vllm': slime starts only sglang and reference servers"):
         EngineLauncher(sglang_args().model_copy(update={"rollout_engine": "vllm"}), gpus_per_engine=1)
 
 

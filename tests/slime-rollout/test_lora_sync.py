@@ -242,7 +242,7 @@ def test_reference_engine_serves_base_and_adapter_and_updater_moves_only_adapter
 def test_validation_resolves_and_guards_lora_sync():
     cfg = _cfg()
     assert cfg.weight_sync == "lora" and cfg.update_weight_disk_dir.endswith("weight_sync")
-    with pytest.raises(ValueError, match="--lora-rank needs --train-backend fsdp"):
+    with pytest.raises(ValueError, match=r"--lora-rank needs a LoRA backend \(--train-backend fsdp.*\), got megatron"):
         _cfg(train_backend="megatron")
     with pytest.raises(ValueError, match="with --lora-rank only the adapter is synced"):
         _cfg(weight_sync="tensor")

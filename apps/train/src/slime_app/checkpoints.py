@@ -24,6 +24,7 @@ import pathlib
 
 from slime_app.fp8_rollout import serving_fp8
 from slime_core.config import SlimeArgs
+from slime_core.extensions import train_backend_spec
 from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     if kind in ("missing", "empty"):
         notes.append(f"--load {cfg.load}: no checkpoint yet, the run starts at rollout 0")
         return
-    wanted = "torch_dist" if cfg.train_backend == "megatron" else "fsdp"
+    wanted = train_backend_spec(cfg).checkpoint_format
     if kind != wanted:
         hint = {
             "torch_dist": "convert it to HF (slime-convert mcore-to-hf) and give that as --hf-checkpoint",
@@ -98,7 +99,7 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
         raise FileNotFoundError(f"--ref-load {cfg.ref_load}: no checkpoint there ({kind})")
     same_as_hf = cfg.hf_checkpoint and os.path.realpath(cfg.ref_load) == os.path.realpath(cfg.hf_checkpoint)
     fp8 = serving_fp8(cfg) is not None  # FP8 serving: --ref-load holds the trainer's BF16 start weights
-    if cfg.train_backend == "megatron":
+    if train_backend_spec(cfg).reads_torch_dist:
         if kind == "torch_dist" or same_as_hf or (fp8 and kind == "hf"):
             notes.append(f"--ref-load {cfg.ref_load}: {kind}, the initial and reference weights")
             return
@@ -205,7 +206,7 @@ def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
         if kind == "hf" and (pathlib.Path(path) / "config.json").is_file():
             mismatches += _weights_vs_config(flag, path, cfg.hf_checkpoint)
         # An HF critic under FSDP is built from its own config.json (slime_train_fsdp.critic_backend).
-        if flag == "--critic-load" and kind == "hf" and cfg.train_backend == "fsdp":
+        if flag == "--critic-load" and kind == "hf" and not train_backend_spec(cfg).reads_torch_dist:
             notes.append(f"--critic-load {path}: HF, the FSDP value model is built from its own config.json")
             continue
         if kind == "hf" and (pathlib.Path(path) / "config.json").is_file():
@@ -281,7 +282,8 @@ def fsdp_reference_dir(cfg: SlimeArgs, *, convert: bool) -> str | None:
         The directory to use as `--ref-load`, or None when no conversion is needed.
     """
     # FP8 serving: the trainer's own start weights are the BF16 --ref-load (slime_app.fp8_rollout), KL or not.
-    if cfg.train_backend != "fsdp" or not cfg.ref_load or not (cfg.with_ref or serving_fp8(cfg) is not None):
+    needs_ref = cfg.with_ref or serving_fp8(cfg) is not None
+    if train_backend_spec(cfg).reads_torch_dist or not cfg.ref_load or not needs_ref:
         return None
     if checkpoint_kind(cfg.ref_load) != "torch_dist":
         return None

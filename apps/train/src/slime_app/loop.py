@@ -31,6 +31,7 @@ from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
+from slime_core.extensions import train_backend_spec
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +261,7 @@ class Run:
         if not cfg.debug_rollout_only:
             compiles = (
                 rollout_id == self.start_rollout_id
-                and cfg.train_backend == "fsdp"
+                and train_backend_spec(cfg).compiles_layers
                 and (cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._uses_cuda)
             )  # the layers compile at their first forward (slime_train_fsdp.model_loading)
             phase = ("compile+train", "--fsdp-compile-layers: the first step compiles") if compiles else ("train", "")

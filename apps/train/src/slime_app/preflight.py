@@ -4,40 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-import pathlib
 
 from slime_app.checkpoints import check_checkpoints
 from slime_app.fp8_rollout import check_fp8_rollout
 from slime_core.config import SlimeArgs
+from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
+from slime_core.registry import Registry
 
 logger = logging.getLogger(__name__)
-
-
-def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
-    from slime_app.data_checks import check_prompt_rows
-    from slime_rollout.data import multimodal
-    from slime_rollout.data.source import load_prompt_rows
-
-    try:
-        located = load_prompt_rows(spec)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
-    except ValueError as e:  # e.g. "file.jsonl:5: invalid JSON": say which flag named the file
-        raise ValueError(f"{flag}: {e}") from None
-    if not located:
-        raise ValueError(f"{flag} {spec}: no rows")
-    check_prompt_rows(located, cfg, where=f"{flag} {spec}")
-    image_key = multimodal.image_column(cfg.multimodal_keys)
-    if not image_key:
-        return
-    base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
-    num_images = 0
-    for position, row in zip(located.positions, located, strict=True):
-        where = f"{flag} {spec} {located.unit} {position} (--multimodal-keys column {image_key!r})"
-        num_images += multimodal.check_row_images(
-            row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
-        )
-    logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
 
 
 # Fields naming a function or class by import path (env_path names an env; *_config_path are files).
@@ -152,25 +126,11 @@ def _check_plugins(cfg: SlimeArgs) -> None:
             logger.warning("%s (left to the workers of the remote cluster)", e)
 
 
-def _has_chat_template(model_dir: str) -> bool:
-    """Whether the HF tokenizer files in `model_dir` carry a chat template (True when it cannot tell)."""
-    import json
-
-    if any(os.path.exists(os.path.join(model_dir, f)) for f in ("chat_template.jinja", "chat_template.json")):
-        return True
-    config = os.path.join(model_dir, "tokenizer_config.json")
-    if not os.path.exists(config):
-        return True  # no tokenizer files here: the tokenizer's own loader reports that
-    with open(config, encoding="utf-8") as f:
-        return bool(json.load(f).get("chat_template"))
-
-
 def _check_architecture(cfg: SlimeArgs) -> list[str]:
-    """Megatron architecture flags against `--hf-checkpoint`'s config.json; for Megatron, the model type too.
+    """Megatron architecture flags against `--hf-checkpoint`'s config.json.
 
     Raises:
-        ValueError: a flag contradicts config.json (all such flags named), or the Megatron backend cannot build
-            this model type.
+        ValueError: a flag contradicts config.json (all such flags named).
     """
     import json
 
@@ -178,16 +138,7 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
 
     with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
         hf_config = json.load(f)
-    if cfg.train_backend == "megatron":  # the model type first: flag mismatches do not matter if it cannot be built
-        from slime_convert.model_args import ModelArgs
-
-        try:
-            ModelArgs.from_hf_config(hf_config)
-        except ValueError as e:
-            raise ValueError(
-                f"--train-backend megatron cannot build this model ({e}); use --train-backend fsdp"
-            ) from None
-    report = check_architecture(list(cfg.megatron_args), hf_config, cfg.train_backend)
+    report = check_architecture(list(cfg.megatron_args), hf_config, train_backend_spec(cfg).megatron_native)
     if report.mismatches:
         raise ValueError(
             f"--hf-checkpoint {cfg.hf_checkpoint}: Megatron architecture flags disagree with its config.json (the "
@@ -210,11 +161,13 @@ def _check_hardware(cfg: SlimeArgs) -> None:
 
     if torch.cuda.is_available():
         return
-    if cfg.train_backend == "megatron":
-        raise ValueError(
-            "--train-backend megatron needs CUDA GPUs (megatron-core's optimizer and pipeline schedules are "
-            "CUDA-only); on this machine use --train-backend fsdp"
-        )
+    selected = [("--train-backend", cfg.train_backend, train_backend_spec(cfg), TRAIN_BACKENDS)]
+    if cfg.rollout_engine and not cfg.rollout_engine_urls:  # engines it starts itself, on this machine
+        selected.append(("--rollout-engine", cfg.rollout_engine, engine_spec(cfg), ROLLOUT_ENGINES))
+    for flag, name, spec, instead in selected:
+        if spec.needs_gpu:  # its capability record says so (slime_core.extensions)
+            cpu = [n for n in instead.names() if _runs_on_cpu(instead, n)]
+            raise ValueError(f"{flag} {name} needs CUDA GPUs; on this machine use {flag} {' or '.join(cpu)}")
     ranks = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
     cores = os.cpu_count() or 1
     if cfg.actor_num_nodes > 1 or ranks > cores:
@@ -223,6 +176,49 @@ def _check_hardware(cfg: SlimeArgs) -> None:
             f"{cfg.actor_num_gpus_per_node} would start {ranks} CPU trainer ranks on one machine with {cores} cores; "
             "on CPU use --actor-num-nodes 1 --actor-num-gpus-per-node 1 (or up to the core count)"
         )
+
+
+def _check_engine_launch(cfg: SlimeArgs) -> None:
+    """Checks the engine's record against the run.
+
+    `--colocate` needs `supports_colocate`; without `launchable` the servers must be started elsewhere
+    (`--rollout-engine-urls`).
+
+    Raises:
+        ValueError: naming the flag and the engine.
+    """
+    if not cfg.rollout_engine:
+        return
+    if cfg.colocate and not engine_spec(cfg).supports_colocate:
+        raise ValueError(f"--colocate: --rollout-engine {cfg.rollout_engine} cannot release its memory; drop it")
+    if not cfg.rollout_engine_urls and not engine_spec(cfg).launchable:
+        raise ValueError(
+            f"--rollout-engine {cfg.rollout_engine}: slime does not start this engine's servers; start them and "
+            "give their addresses with --rollout-engine-urls"
+        )
+
+
+def _runs_on_cpu(registry: Registry, name: str) -> bool:
+    try:
+        return not registry.get(name).needs_gpu
+    except ImportError:  # its package is not installed here: not a choice to offer
+        return False
+
+
+def _run_owned_checks(cfg: SlimeArgs) -> list[str]:
+    """Runs the checks each package owns (`slime.preflight`) and those of the selected registry entries.
+
+    Returns:
+        The notes they report.
+
+    Raises:
+        FileNotFoundError / ValueError: every error they report, in one message; the class is the first error's.
+    """
+    problems = run_preflight_hooks(cfg)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise errors[0].exception("; ".join(p.message for p in errors))
+    return [p.message for p in problems]
 
 
 def _check_opd_teacher(cfg: SlimeArgs) -> None:
@@ -248,70 +244,6 @@ def _check_opd_teacher(cfg: SlimeArgs) -> None:
         )
 
 
-# Where the pass-through flags go: `--sglang-<field>` to SGLang's ServerArgs, `--router-<field>` to sglang-router's
-# RouterArgs (both dataclasses; the original slime builds its `--sglang-*` flags from the same fields).
-_PASS_THROUGH_TARGETS = (
-    ("sglang_args", "--sglang-", "sglang.srt.server_args", "ServerArgs"),
-    ("router_args", "--router-", "sglang_router.router_args", "RouterArgs"),
-)
-
-
-def _dataclass_fields(module_name: str, class_name: str) -> set[str] | None:
-    """Field names of a dataclass of an installed package, or None when it cannot be imported here."""
-    import dataclasses
-    import importlib
-
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-        return {f.name for f in dataclasses.fields(cls)}
-    except Exception:  # not installed (CPU runs), or an engine environment other than the driver's
-        return None
-
-
-def _check_pass_through_flags(cfg: SlimeArgs) -> list[str]:
-    """Checks `--sglang-*` / `--router-*` names against the installed SGLang / sglang-router, as the original does.
-
-    Returns:
-        Notes for the flags that could not be checked (the package is not installed where the driver runs).
-
-    Raises:
-        ValueError: a flag the target does not have (message names it, with the closest match).
-    """
-    import difflib
-
-    notes = []
-    for field, prefix, module_name, class_name in _PASS_THROUGH_TARGETS:
-        given = getattr(cfg, field)
-        if not given:
-            continue
-        known = _dataclass_fields(module_name, class_name)
-        if known is None:
-            notes.append(f"{prefix}* flags not checked: {module_name} is not importable here")
-            continue
-        for key in given:
-            name = key.replace("-", "_").removeprefix("router_") if field == "router_args" else key.replace("-", "_")
-            if name not in known:
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f"; did you mean {prefix}{close[0].replace('_', '-')}?" if close else ""
-                raise ValueError(
-                    f"{prefix}{key.replace('_', '-')}: {module_name}.{class_name} has no field {name!r}{hint}"
-                )
-    return notes
-
-
-def _has_image_processor(model_dir: str) -> bool:
-    """Whether `model_dir` holds an image processor config (a vision-language checkpoint's processor)."""
-    names = ("preprocessor_config.json", "processor_config.json")
-    if not any(os.path.exists(os.path.join(model_dir, n)) for n in names):
-        return False
-    if os.path.exists(os.path.join(model_dir, "preprocessor_config.json")):
-        return True
-    import json
-
-    with open(os.path.join(model_dir, "processor_config.json"), encoding="utf-8") as f:
-        return "image_processor" in json.load(f)
-
-
 def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     """Validates paths, data files, plugins, architecture flags and checkpoints named by the config.
 
@@ -334,11 +266,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     if hardware and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
         _check_hardware(cfg)
     _check_plugins(cfg)
-    if cfg.apply_chat_template and cfg.hf_checkpoint and not _has_chat_template(cfg.hf_checkpoint):
-        raise ValueError(
-            f"--apply-chat-template: the tokenizer of --hf-checkpoint {cfg.hf_checkpoint} has no chat template "
-            "(no 'chat_template' in tokenizer_config.json, no chat_template.jinja); drop the flag or add one"
-        )
+    _check_engine_launch(cfg)
     if cfg.hf_checkpoint and not os.path.isdir(cfg.hf_checkpoint):
         hint = ""
         if cfg.hf_checkpoint.count("/") == 1 and not cfg.hf_checkpoint.startswith((".", "/", "~")):
@@ -349,18 +277,11 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}{hint}")
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
-    if cfg.multimodal_keys and cfg.hf_checkpoint and not _has_image_processor(cfg.hf_checkpoint):
-        raise FileNotFoundError(
-            f"--multimodal-keys: --hf-checkpoint {cfg.hf_checkpoint} has no preprocessor_config.json "
-            "(no image processor: not a vision-language checkpoint)"
-        )
     _check_opd_teacher(cfg)
     notes = check_fp8_rollout(cfg)
-    notes += _check_pass_through_flags(cfg)
+    # The packages' and entries' own checks (data, engine flags, Megatron's model type): architecture flag
+    # mismatches do not matter if the model cannot be built.
+    notes += _run_owned_checks(cfg)
     notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
-    if cfg.prompt_data and not cfg.load_debug_rollout_data:
-        _check_rows(cfg.prompt_data, cfg, "--prompt-data")
-    for _name, path in cfg.eval_datasets:
-        _check_rows(path, cfg, "--eval-prompt-data")
     return notes

@@ -32,7 +32,7 @@ def make_backend(cfg: SlimeArgs) -> Any:
         slime_app.registry.UnknownNameError: (a KeyError and a ValueError) no backend of that name.
         ImportError: the backend's package or extra is not installed (e.g. megatron-core).
     """
-    return TRAIN_BACKENDS.get(cfg.train_backend)()
+    return TRAIN_BACKENDS.get(cfg.train_backend).load()()
 
 
 def make_critic_backend(cfg: SlimeArgs) -> Any:
@@ -42,7 +42,7 @@ def make_critic_backend(cfg: SlimeArgs) -> Any:
         slime_app.registry.UnknownNameError: the backend has no critic.
         ImportError: the backend's package or extra is not installed.
     """
-    return CRITIC_BACKENDS.get(cfg.train_backend)()
+    return CRITIC_BACKENDS.get(cfg.train_backend).load()()
 
 
 def trainer_runtime_env(cfg: SlimeArgs) -> dict[str, Any] | None:

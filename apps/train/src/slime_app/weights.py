@@ -45,7 +45,7 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
         from slime_rollout.weight_sync.delta_sync import make_delta_updater
 
         return make_delta_updater(cfg, RolloutClient(list(engine_urls)))
-    return WEIGHT_UPDATERS.get(cfg.weight_sync)(cfg, RolloutClient(list(engine_urls)))
+    return WEIGHT_UPDATERS.get(cfg.weight_sync).load()(cfg, RolloutClient(list(engine_urls)))
 
 
 def check_same_machine(engine_urls: list[str], node_ip: str) -> None:

@@ -24,6 +24,8 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
+from slime_core.registry import Problem, Registry, UnknownNameError
+
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
 
@@ -73,6 +75,7 @@ class EstimatorSpec:
             separate forward (the weights have not moved, so they are equal).
         required_flags: boolean config fields that must be set (e.g. `("normalize_advantages",)`).
         check: extra validation `fn(cfg)` run once with the config (raises `ConfigError`, may warn).
+        preflight: pre-launch check `fn(cfg) -> list[Problem]` run by the app before anything starts.
     """
 
     name: str
@@ -84,6 +87,7 @@ class EstimatorSpec:
     reuses_old_log_probs: bool = False
     required_flags: tuple[str, ...] = ()
     check: Callable[[SlimeArgs], None] | None = None
+    preflight: Callable[[SlimeArgs], list[Problem]] | None = None
 
     def __post_init__(self) -> None:
         if self.rewards not in _REWARD_NORMALIZATIONS:
@@ -121,12 +125,24 @@ class EstimatorSpec:
         if self.check is not None:
             self.check(cfg)
 
+    def preflight_problems(self, cfg: SlimeArgs) -> list[Problem]:
+        """The problems its `preflight` hook finds (none without a hook)."""
+        return [] if self.preflight is None else self.preflight(cfg)
+
 
 class EstimatorRegistry:
-    """Estimator specs by name, in registration order."""
+    """Estimator specs by name.
+
+    The built-ins and in-process registrations come in registration order, then the
+    `slime.advantage_estimators` entry points of installed packages (each naming an `EstimatorSpec`).
+    """
+
+    group = "slime.advantage_estimators"
 
     def __init__(self) -> None:
         self._specs: dict[str, EstimatorSpec] = {}
+        self._installed = Registry(self.group, flag="--advantage-estimator", kind="advantage estimator",
+                                   entry_type=EstimatorSpec)  # fmt: skip
 
     def register(self, spec: EstimatorSpec) -> EstimatorSpec:
         """Adds `spec` under `spec.name` and returns it.
@@ -140,25 +156,39 @@ class EstimatorRegistry:
         return spec
 
     def get(self, name: str) -> EstimatorSpec:
-        """The spec registered as `name`.
+        """The spec registered as `name` (an entry point's is imported on first use).
 
         Raises:
-            KeyError: unknown name; the message lists the known ones.
+            KeyError: unknown name; the message lists the known ones and the entry-point group.
+            ImportError: an entry point's module does not import.
         """
-        try:
+        if name in self._specs:
             return self._specs[name]
-        except KeyError:
-            raise KeyError(f"unknown advantage estimator {name!r}; known: {self.names()}") from None
+        if name in self._installed:
+            return self._installed.get(name)
+        raise UnknownNameError(
+            f"unknown advantage estimator {name!r}; known: {self.names()} (a package adds one under "
+            f'[project.entry-points."{self.group}"])'
+        )
+
+    def check_name(self, name: str) -> None:
+        """Raises the `KeyError` of `get` unless `name` is registered (imports nothing)."""
+        if name not in self:
+            self.get(name)
 
     def names(self) -> list[str]:
         """The registered names, sorted."""
-        return sorted(self._specs)
+        return sorted(set(self._specs) | set(self._installed.names()))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._specs
+        return name in self._specs or name in self._installed
 
     def __iter__(self) -> Iterator[EstimatorSpec]:
-        return iter(self._specs.values())
+        """The specs: built-ins and in-process registrations, then installed entry points (imported here)."""
+        yield from self._specs.values()
+        for name in self._installed.names():
+            if name not in self._specs:
+                yield self._installed.get(name)
 
 
 ESTIMATORS = EstimatorRegistry()
@@ -186,8 +216,9 @@ def get_estimator(name: str) -> EstimatorSpec:
 
 
 def estimator_names() -> tuple[str, ...]:
-    """Registered estimator names in registration order (the order `--help` lists them in)."""
-    return tuple(spec.name for spec in ESTIMATORS)
+    """Registered estimator names: built-ins in registration order, then installed ones sorted (imports nothing)."""
+    builtin = tuple(ESTIMATORS._specs)
+    return builtin + tuple(n for n in ESTIMATORS.names() if n not in builtin)
 
 
 # ---------------------------------------------------------------- built-in estimators

@@ -288,7 +288,7 @@ def _matches(given: Any, expected: Any) -> bool:
 
 
 def check_architecture(
-    megatron_args: list[str], hf_config: dict[str, Any], backend: str = "megatron"
+    megatron_args: list[str], hf_config: dict[str, Any], megatron_native: bool = True
 ) -> ArchitectureReport:
     """Compares the architecture flags among `megatron_args` with `hf_config`.
 
@@ -296,8 +296,9 @@ def check_architecture(
         megatron_args: the raw Megatron tokens of the config (`SlimeArgs.megatron_args`).
         hf_config: the parsed config.json of `--hf-checkpoint` (for multimodal configs, the text part
             `text_config` is used when present).
-        backend: `--train-backend`; only the flags whose rule for it is `check` are compared (`--spec` is
-            checked for Megatron only: FSDP runs the HF model whatever the spec).
+        megatron_native: the backend's capability (`TrainBackendSpec.megatron_native`): only the flags whose
+            rule in its column (`megatron`, else `fsdp`) is `check` are compared (`--spec` is checked for
+            Megatron only: FSDP runs the HF model whatever the spec).
 
     Returns:
         The mismatches, the flags that could not be checked and the ones that agree.
@@ -309,7 +310,7 @@ def check_architecture(
     report = ArchitectureReport(mismatches=[], unchecked=[], checked=[])
     for flag, given in values.items():
         rule = MEGATRON_FLAG_RULES.get(flag)
-        if rule is None or (rule.megatron if backend == "megatron" else rule.fsdp) != "check":
+        if rule is None or (rule.megatron if megatron_native else rule.fsdp) != "check":
             continue
         if _is_moe_flag(flag) and _is_dense(cfg):
             shown = "" if given is True else f" {' '.join(given) if isinstance(given, list) else given}"

@@ -124,14 +124,21 @@ class SlimeArgs(
             raise ConfigError(f"{flag}: expected an integer, got {value!r}") from None
 
     @property
+    def _megatron_native(self) -> bool:
+        """Whether the backend reads TP/PP/EP from the Megatron flags (its capability record says)."""
+        from slime_core.extensions import train_backend_spec  # extensions imports no config module
+
+        return train_backend_spec(self).megatron_native
+
+    @property
     def tensor_model_parallel_size(self) -> int:
-        """Megatron TP size from `--tensor-model-parallel-size` (1 when absent or with FSDP)."""
-        return self._parallel_size("--tensor-model-parallel-size") if self.train_backend == "megatron" else 1
+        """Megatron TP size from `--tensor-model-parallel-size` (1 when absent or the backend does not read it)."""
+        return self._parallel_size("--tensor-model-parallel-size") if self._megatron_native else 1
 
     @property
     def pipeline_model_parallel_size(self) -> int:
-        """Megatron PP size from `--pipeline-model-parallel-size` (1 when absent or with FSDP)."""
-        return self._parallel_size("--pipeline-model-parallel-size") if self.train_backend == "megatron" else 1
+        """Megatron PP size from `--pipeline-model-parallel-size` (1 when absent or the backend does not read it)."""
+        return self._parallel_size("--pipeline-model-parallel-size") if self._megatron_native else 1
 
     @property
     def context_parallel_size(self) -> int:
@@ -140,8 +147,8 @@ class SlimeArgs(
 
     @property
     def expert_model_parallel_size(self) -> int:
-        """Megatron EP size from `--expert-model-parallel-size` (1 when absent or with FSDP)."""
-        return self._parallel_size("--expert-model-parallel-size") if self.train_backend == "megatron" else 1
+        """Megatron EP size from `--expert-model-parallel-size` (1 when absent or the backend does not read it)."""
+        return self._parallel_size("--expert-model-parallel-size") if self._megatron_native else 1
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as JSON-compatible values (for Ray transport and saving next to checkpoints)."""

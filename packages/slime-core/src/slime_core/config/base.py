@@ -36,6 +36,7 @@ def arg(
     *,
     cli: bool = True,
     aliases: tuple[str, ...] = (),
+    registry: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """Declares a config field; `help` becomes the field description and the `--flag` help text.
@@ -45,6 +46,8 @@ def arg(
         help: One-sentence help text.
         cli: False for fields not generated as a command-line flag (pass-through collections).
         aliases: Extra option strings for the flag (e.g. `("--async",)`).
+        registry: the entry-point group whose names the value must be (`slime_core.extensions`); the CLI's
+            help lists the registered names. The field's validator calls `check_registered`.
         **kwargs: Passed to `pydantic.Field` (e.g. `gt=0`).
 
     Returns:
@@ -55,7 +58,26 @@ def arg(
         extra["cli"] = False
     if aliases:
         extra["aliases"] = list(aliases)
+    if registry:
+        extra["registry"] = registry
     return Field(default, description=help, json_schema_extra=extra or None, **kwargs)
+
+
+def check_registered(value: str, *, group: str, flag: str) -> str:
+    """Returns `value` when the registry of entry-point group `group` has it (imports no provider).
+
+    Raises:
+        ConfigError: an unregistered name; the message names the flag, lists the registered names and says which
+            entry-point group a package adds one to.
+    """
+    from slime_core.extensions import registry_for_group  # extensions imports no config module
+
+    try:
+        registry_for_group(group).check_name(value)
+    except KeyError as e:
+        message = str(e.args[0])
+        raise ConfigError(message if message.startswith(flag) else f"{flag}: {message}") from None
+    return value
 
 
 def field_to_flag(name: str) -> str:

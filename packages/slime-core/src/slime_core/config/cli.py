@@ -63,6 +63,11 @@ def _add_field(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: 
         help_text = f"NOT IMPLEMENTED ({UNSUPPORTED[name]}). ".replace("%", "%%") + help_text
     if not field.is_required() and field.default not in (None, False, [], {}):
         help_text += f" (default: {field.default})".replace("%", "%%")
+    if extra.get("registry"):
+        from slime_core.extensions import registry_for_group
+
+        names = ", ".join(registry_for_group(extra["registry"]).names())
+        help_text += f" Registered: {names} (entry-point group {extra['registry']})."
     annotation = _unwrap_optional(field.annotation)
     origin = typing.get_origin(annotation)
     kwargs: dict[str, Any] = {"dest": name, "help": help_text}

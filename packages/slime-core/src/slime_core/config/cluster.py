@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from slime_core.config.base import ArgsGroup, arg, parse_json_dict
+from slime_core.config.base import ArgsGroup, arg, check_registered, parse_json_dict
 
 __all__ = ["ClusterArgs", "EngineArgs", "WeightSyncArgs"]
 
@@ -14,8 +14,10 @@ __all__ = ["ClusterArgs", "EngineArgs", "WeightSyncArgs"]
 class ClusterArgs(ArgsGroup):
     """Where the trainer and the engines run."""
 
-    train_backend: Literal["megatron", "fsdp"] = arg(
-        "megatron", "Training backend: megatron (megatron-core, GPU) or fsdp (PyTorch FSDP2, CPU or GPU)."
+    train_backend: str = arg(
+        "megatron",
+        "Training backend: megatron (megatron-core, GPU), fsdp (PyTorch FSDP2, CPU or GPU) or an installed one.",
+        registry="slime.train_backends",
     )
     actor_num_nodes: int = arg(1, "Number of nodes for the actor (trainer).", ge=1)
     actor_num_gpus_per_node: int = arg(8, "Number of GPUs per node for the actor (trainer).", ge=1)
@@ -75,6 +77,11 @@ class ClusterArgs(ArgsGroup):
         ge=0,
     )
 
+    @field_validator("train_backend")
+    @classmethod
+    def _registered_backend(cls, value: str) -> str:
+        return check_registered(value, group="slime.train_backends", flag="--train-backend")
+
     @field_validator("train_env_vars", mode="before")
     @classmethod
     def _parse_env_vars(cls, value: Any) -> Any:
@@ -84,11 +91,20 @@ class ClusterArgs(ArgsGroup):
 class EngineArgs(ArgsGroup):
     """Rollout engines, router and engine health checks."""
 
-    rollout_engine: Literal["sglang", "reference"] | None = arg(
+    rollout_engine: str | None = arg(
         None,
-        "Inference engine: sglang (GPU) or reference (CPU transformers server speaking the same HTTP "
-        "API). Default: sglang when CUDA is available, else reference.",
+        "Inference engine: sglang (GPU), reference (CPU transformers server speaking the same HTTP "
+        "API) or an installed one. Default: sglang when CUDA is available, else reference.",
+        registry="slime.rollout_engines",
     )
+
+    @field_validator("rollout_engine")
+    @classmethod
+    def _registered_engine(cls, value: str | None) -> str | None:
+        if value is None:  # resolved by validation from the hardware
+            return None
+        return check_registered(value, group="slime.rollout_engines", flag="--rollout-engine")
+
     engine_python: str | None = arg(
         None, "Python executable that runs the SGLang servers (default: $SLIME_SGLANG_PYTHON, else this interpreter)."
     )

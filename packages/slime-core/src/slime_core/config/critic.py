@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError, field_to_flag
 from slime_core.estimators import get_estimator
+from slime_core.extensions import train_backend_spec
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -34,8 +35,8 @@ def validate_critic(args: SlimeArgs) -> None:
     """Rejects critic flags without a critic; fills and checks the critic's own-GPU placement.
 
     Raises:
-        ConfigError: a critic flag without `--advantage-estimator ppo`, or own critic GPUs whose count differs
-            from the actor's.
+        ConfigError: a critic flag without `--advantage-estimator ppo`, a backend without a critic
+            (`TrainBackendSpec.supports_critic`), or own critic GPUs whose count differs from the actor's.
     """
     from slime_core.config.args import SlimeArgs  # the class (`args` may be validation's writable view)
 
@@ -48,6 +49,11 @@ def validate_critic(args: SlimeArgs) -> None:
                     f"{args.advantage_estimator} (use --advantage-estimator ppo, or remove it)"
                 )
         return
+    if not train_backend_spec(args).supports_critic:
+        raise ConfigError(
+            f"--advantage-estimator {args.advantage_estimator} trains a critic, which --train-backend "
+            f"{args.train_backend} does not have"
+        )
     if args.critic_num_nodes is None and args.critic_num_gpus_per_node is None:
         return  # the critic shares the actor's GPUs
     if args.critic_num_nodes is None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
+from slime_core.extensions import train_backend_spec
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -60,6 +61,7 @@ def check_megatron_flags(args: SlimeArgs) -> None:
             the message names the flag and says what to use instead.
     """
     backend = args.train_backend
+    native = train_backend_spec(args).megatron_native
     values = megatron_flag_values(list(args.megatron_args))
     noop = []
     for flag, value in values.items():
@@ -67,10 +69,10 @@ def check_megatron_flags(args: SlimeArgs) -> None:
         if rule is None:
             # Only a raw `megatron_args` list (YAML, code) holds flags outside the table: the Megatron backend's own
             # parser judges them (and rejects the ones it does not know); FSDP has nothing to do with them.
-            if backend == "fsdp":
+            if not native:
                 raise ConfigError(f"megatron_args: {flag} is not a Megatron flag slime knows (MIGRATION.md)")
             continue
-        kind = rule.megatron if backend == "megatron" else rule.fsdp
+        kind = rule.megatron if native else rule.fsdp
         if kind == "error":
             raise ConfigError(f"{flag} is not implemented with --train-backend {backend} ({rule.note}); remove it")
         if kind == "neutral" and not _same_value(value, rule.neutral or ""):
@@ -80,7 +82,7 @@ def check_megatron_flags(args: SlimeArgs) -> None:
             )
         if kind == "noop":
             noop.append(flag)
-    if backend == "fsdp":
+    if not native:
         _fsdp_recompute(args, values)
     if noop:
         warn_once(

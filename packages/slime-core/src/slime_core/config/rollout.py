@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from slime_core.config.base import ArgsGroup, arg, parse_json_dict
+from slime_core.config.base import ArgsGroup, arg, check_registered, parse_json_dict
 
 __all__ = ["DataArgs", "MultiTurnArgs", "RewardArgs", "RolloutArgs", "SamplingArgs"]
 
@@ -133,7 +133,20 @@ class DataArgs(ArgsGroup):
 class RewardArgs(ArgsGroup):
     """Reward functions."""
 
-    rm_type: str | None = arg(None, "Built-in reward: math, deepscaler, dapo, f1, gpqa, remote_rm, boxed_<type>.")
+    rm_type: str | None = arg(
+        None,
+        "Reward function by name: math, deepscaler, dapo, f1, gpqa, remote_rm, random or an installed one; "
+        "boxed_<type> grades the final \\boxed{} answer.",
+        registry="slime.rewards",
+    )
+
+    @field_validator("rm_type")
+    @classmethod
+    def _registered_reward(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_registered(value.removeprefix("boxed_"), group="slime.rewards", flag="--rm-type")
+        return value
+
     rm_num_workers: int = arg(
         4, "Processes that grade math answers symbolically; 0 grades inline on the rollout's event loop.", ge=0
     )

@@ -24,6 +24,7 @@ from slime_core.config.sglang_flags import check_managed_sglang_flags
 from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.estimators import get_estimator
+from slime_core.extensions import TRAIN_BACKENDS, train_backend_spec
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -125,6 +126,8 @@ def _placement(args: SlimeArgs) -> None:
             f"{args.num_gpus_per_node}: engines spanning several nodes are not implemented; use at most "
             f"{args.num_gpus_per_node} GPUs per engine (more engines serve more GPUs)"
         )
+    if args.colocate and not train_backend_spec(args).supports_colocate:
+        raise ConfigError(f"--colocate: --train-backend {args.train_backend} cannot offload its state; drop it")
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.async_train and args.colocate:
         raise ConfigError("--async overlaps rollout and training, which cannot share GPUs: drop --colocate")
@@ -247,10 +250,11 @@ def _algorithm(args: SlimeArgs) -> None:
         )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
-    if args.lr_decay_style == "WSD" or (args.lr_decay_style == "inverse-square-root" and args.train_backend == "fsdp"):
+    styles = train_backend_spec(args).lr_decay_styles
+    if args.lr_decay_style not in styles:
         raise ConfigError(
             f"--lr-decay-style {args.lr_decay_style} is not implemented with --train-backend {args.train_backend}; use "
-            "constant, linear or cosine"
+            f"{', '.join(styles[:-1])} or {styles[-1]}"
         )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-iters and --lr-warmup-fraction are mutually exclusive")
@@ -319,8 +323,10 @@ def _lora(args: SlimeArgs) -> None:
         if args.weight_sync == "lora":
             raise ConfigError("--weight-sync lora syncs a LoRA adapter: set --lora-rank")
         return
-    if args.train_backend != "fsdp":
-        raise ConfigError(f"--lora-rank needs --train-backend fsdp (peft), got {args.train_backend}")
+    if not train_backend_spec(args).supports_lora:
+        supported = [n for n in TRAIN_BACKENDS.names() if _supports_lora(n)]
+        raise ConfigError(f"--lora-rank needs a LoRA backend (--train-backend {' or '.join(supported)}), "
+                          f"got {args.train_backend}")  # fmt: skip
     if args.use_critic:
         raise ConfigError(f"--lora-rank with --advantage-estimator {args.advantage_estimator}: the critic has no LoRA")
     if args.use_opd and args.opd_type != "sglang":
@@ -384,19 +390,30 @@ def _passthrough(args: SlimeArgs) -> None:
         )
     if _sglang_int(args, "dp_size", 1) > 1 and not args.sglang_args.get("enable_dp_attention"):
         raise ConfigError("--sglang-dp-size > 1 requires --sglang-enable-dp-attention")
-    if args.train_backend == "megatron":
+    spec = train_backend_spec(args)
+    if spec.megatron_native:
         # Parse the parallel sizes now so a bad value fails at startup, not inside a worker.
         _ = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size)
         _ = args.expert_model_parallel_size
-    if args.train_backend == "fsdp":
+    else:
         _fsdp_context_parallel(args)
     check_megatron_flags(args)
 
 
+def _supports_lora(name: str) -> bool:
+    try:
+        return TRAIN_BACKENDS.get(name).supports_lora
+    except ImportError:  # a backend whose package is not importable here is not offered
+        return False
+
+
 def _fsdp_context_parallel(args: SlimeArgs) -> None:
+    """`--context-parallel-size` of a backend that does not take Megatron's parallel flags (FSDP's Ulysses)."""
     cp = args.context_parallel_size
     if cp == 1:
         return
+    if not train_backend_spec(args).supports_cp:
+        raise ConfigError(f"--context-parallel-size {cp}: --train-backend {args.train_backend} has no context parallel")
     world = args.actor_num_nodes * args.actor_num_gpus_per_node
     if cp < 1 or world % cp:
         raise ConfigError(

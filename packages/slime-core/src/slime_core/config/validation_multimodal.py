@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError
+from slime_core.extensions import train_backend_spec
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -29,7 +30,7 @@ def check_multimodal(args: SlimeArgs) -> None:
             parallelism; `--freeze-vision-tower` on the Megatron backend.
     """
     keys = args.multimodal_keys
-    if args.freeze_vision_tower and args.train_backend != "fsdp":
+    if args.freeze_vision_tower and not train_backend_spec(args).supports_multimodal:
         raise ConfigError(
             "--freeze-vision-tower is an FSDP option (vision-language models train on --train-backend fsdp)"
         )
@@ -47,7 +48,7 @@ def check_multimodal(args: SlimeArgs) -> None:
             "--multimodal-keys needs --apply-chat-template: images enter the prompt where the processor's chat "
             "template renders their <image> placeholders"
         )
-    if args.train_backend == "megatron":
+    if not train_backend_spec(args).supports_multimodal:
         raise ConfigError(
             "--multimodal-keys: the Megatron backend builds text-only GPT models; train vision-language models with "
             "--train-backend fsdp"

@@ -13,6 +13,10 @@ makes the grader read the response's final `\boxed{}` answer (`_unbox`; a hedge 
 | gpqa         | 1.0 / 0.0 (the option picked)            |
 | remote_rm    | the JSON reply of `--rm-url`             |
 | random       | 0 or 1                                   |
+| other        | a `slime.rewards` entry point's function |
+
+Any other name is a reward function an installed package registers (`slime_core.extensions.REWARDS`), called as
+a `--custom-rm-path` function is.
 
 The graders judge what a careful grader would (`rewards.math`, `rewards.math_utils`, `rewards.answers`,
 `rewards.normalize`): reasoning (`<think>`) never counts, hedged or retracted answers are wrong (a corrected one
@@ -31,6 +35,7 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
+from slime_core.extensions import REWARDS
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
 from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward, describe_raised
@@ -141,6 +146,8 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         reward = await call_reward_plugin(remote_reward, args.rm_url, payload, source=source, sample=sample,
                                           **_bounds(args))  # fmt: skip
         return checked_reward(reward, source=source, sample=sample)
+    if rm_type.removeprefix("boxed_") not in RM_TYPES:  # a reward function of an installed package
+        return await _registered_reward(args, sample, rm_type, **kwargs)
     base_type, response, _ = _unbox(rm_type, sample.response)
     graders = {"math": math_reward_async, "deepscaler": deepscaler_reward_async}
     if base_type in graders:  # symbolic check in the pool (inline with --rm-num-workers 0)
@@ -148,6 +155,21 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         return await graders[base_type](response, sample.label, num_workers=num_workers, sample_index=sample.index)
     # Everything else is cheap string work (dapo compares normalized strings): inline.
     return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
+
+
+async def _registered_reward(args: SlimeArgs, sample: Sample, rm_type: str, **kwargs: Any) -> Any:
+    """Calls the `slime.rewards` entry `rm_type` as a custom reward (`fn(args, sample)`, bounded by its deadline).
+
+    Raises:
+        ValueError: a `boxed_` prefix on it.
+        KeyError: no reward function of that name (the message lists the registered ones and the group).
+        RewardFunctionError: it raised, returned a non-reward, or ran past `--rm-timeout-secs`.
+    """
+    if rm_type.startswith("boxed_"):  # the function sees the whole sample: it extracts what it grades itself
+        raise ValueError(f"--rm-type {rm_type}: the boxed_ prefix applies to the built-in graders only")
+    spec = REWARDS.get(rm_type)
+    source = f"--rm-type {rm_type} ({spec.factory})"
+    return await call_reward_plugin(spec.load(), args, sample, source=source, sample=sample, **_bounds(args), **kwargs)
 
 
 async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any) -> list[Any]:

@@ -73,8 +73,12 @@ class EngineLauncher:
         mem_fraction_static: float | None = None,
     ):
         if cfg.rollout_engine not in ENGINE_KINDS:
-            known = " or ".join(repr(name) for name in ENGINE_KINDS)
-            raise ValueError(f"--rollout-engine must be {known}, got {cfg.rollout_engine!r}")
+            # A registered engine slime cannot start (its record has launchable=False) serves at given addresses.
+            known = " and ".join(ENGINE_KINDS)
+            raise ValueError(
+                f"--rollout-engine {cfg.rollout_engine!r}: slime starts only {known} servers; give the addresses of "
+                "this engine's servers with --rollout-engine-urls"
+            )
         if not cfg.hf_checkpoint:
             raise ValueError("launching engines needs --hf-checkpoint (the model they serve)")
         if gpus_per_engine < 1:

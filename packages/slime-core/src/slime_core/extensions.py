@@ -1,0 +1,227 @@
+"""The extension points: one `Registry` per kind, each entry a small frozen capability record.
+
+| kind                | flag                    | entry-point group            | record                        |
+|---------------------|-------------------------|------------------------------|-------------------------------|
+| training backend    | `--train-backend`       | `slime.train_backends`       | `TrainBackendSpec`            |
+| PPO critic backend  | `--train-backend`       | `slime.critic_backends`      | `Entry`                       |
+| rollout engine      | `--rollout-engine`      | `slime.rollout_engines`      | `RolloutEngineSpec`           |
+| reward function     | `--rm-type`             | `slime.rewards`              | `RewardSpec`                  |
+| advantage estimator | `--advantage-estimator` | `slime.advantage_estimators` | `estimators.EstimatorSpec`    |
+| weight transport    | `--weight-sync`         | `slime.weight_updaters`      | `Entry` (registry in the app) |
+| package checks      | (the flags it owns)     | `slime.preflight`            | `fn(cfg) -> list[Problem]`    |
+
+The config checks each name against its registry when it is built, and code outside a provider asks the
+record (`train_backend_spec(cfg).supports_lora`) instead of comparing names. The built-in fallbacks below name
+the providers' own records; they are used only where the providers' entry-point metadata is missing (a source
+checkout on `PYTHONPATH`).
+
+Example:
+    >>> TRAIN_BACKENDS.check_name("fsdp")
+    >>> sorted(ROLLOUT_ENGINES.names())[:2]
+    ['reference', 'sglang']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from slime_core.registry import Entry, Problem, Registry
+
+__all__ = [
+    "CRITIC_BACKENDS",
+    "PREFLIGHT_CHECKS",
+    "REWARDS",
+    "ROLLOUT_ENGINES",
+    "TRAIN_BACKENDS",
+    "RewardSpec",
+    "RolloutEngineSpec",
+    "TrainBackendSpec",
+    "engine_spec",
+    "registry_for_group",
+    "run_preflight_hooks",
+    "train_backend_spec",
+]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TrainBackendSpec(Entry):
+    """A training backend: `factory()` returns a `slime_core.protocols.TrainBackend`.
+
+    Attributes:
+        needs_gpu: cannot run without CUDA (preflight refuses a CPU-only machine).
+        supports_colocate: can offload its state while the engines generate (`--colocate`).
+        supports_cp: implements `--context-parallel-size` > 1.
+        supports_lora: trains LoRA adapters (`--lora-rank`).
+        supports_critic: has a PPO critic (a `slime.critic_backends` entry of the same name).
+        megatron_native: runs megatron-core itself: reads `--tensor/--pipeline/--expert-model-parallel-size` from
+            the Megatron flags (otherwise those sizes are 1) and the `megatron` column of
+            `slime_core.config.megatron_flags.MEGATRON_FLAG_RULES` applies to it (otherwise the `fsdp` column:
+            flags it translates, ignores or refuses).
+        reads_torch_dist: loads Megatron `torch_dist` checkpoints (`--ref-load`) directly; otherwise a
+            `torch_dist` reference is converted to HF first and an HF critic is built from its own config.json.
+        checkpoint_format: the format of its `--save` directories (`"fsdp"`, `"torch_dist"`, ...), which
+            `--load` must find.
+        lr_decay_styles: the `--lr-decay-style` values it implements.
+        supports_multimodal: trains vision-language models (`--multimodal-keys`, `--freeze-vision-tower`).
+        compiles_layers: may compile layers at the first forward (`--fsdp-compile-layers`; the progress display
+            names the first step accordingly).
+    """
+
+    needs_gpu: bool = True
+    supports_colocate: bool = False
+    supports_cp: bool = False
+    supports_lora: bool = False
+    supports_critic: bool = False
+    megatron_native: bool = False
+    reads_torch_dist: bool = False
+    checkpoint_format: str = ""
+    lr_decay_styles: tuple[str, ...] = ("constant", "linear", "cosine")
+    compiles_layers: bool = False
+    supports_multimodal: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RolloutEngineSpec(Entry):
+    """An inference engine speaking SGLang's HTTP API (tests/fixtures/sglang-wire/CONTRACT.md).
+
+    Attributes:
+        needs_gpu: cannot run without CUDA.
+        supports_colocate: releases and resumes its accelerator memory (`--colocate`, `--offload-rollout`).
+        launchable: slime starts its servers itself (`slime_rollout.engines.launch`); otherwise the run needs
+            `--rollout-engine-urls` of servers started elsewhere.
+    """
+
+    needs_gpu: bool = False
+    supports_colocate: bool = False
+    launchable: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RewardSpec(Entry):
+    """A reward function: `factory` is `fn(args, sample) -> float | dict` (sync or async), as `--custom-rm-path`.
+
+    The built-in graders' records carry no factory: their provider (`slime_rollout.rewards`) grades them itself
+    (in a process pool, with `boxed_` forms).
+
+    Attributes:
+        needs_url: calls a remote service at `--rm-url`.
+        grades_label: compares the response with the sample's label (preflight refuses null labels for it).
+    """
+
+    needs_url: bool = False
+    grades_label: bool = False
+
+
+TRAIN_BACKENDS: Registry[TrainBackendSpec] = Registry(
+    "slime.train_backends",
+    flag="--train-backend",
+    kind="train backend",
+    entry_type=TrainBackendSpec,
+    builtins={"fsdp": "slime_train_fsdp.spec:FSDP", "megatron": "slime_train_megatron.spec:MEGATRON"},
+)
+
+#: The PPO critic of `--train-backend NAME`: `factory()` returns a `slime_core.protocols.CriticBackend`.
+CRITIC_BACKENDS: Registry[Entry] = Registry(
+    "slime.critic_backends",
+    flag="--train-backend",
+    kind="critic backend",
+    entry_type=Entry,
+    builtins={"fsdp": "slime_train_fsdp:FSDPCriticBackend", "megatron": "slime_train_megatron:MegatronCriticBackend"},
+)
+
+ROLLOUT_ENGINES: Registry[RolloutEngineSpec] = Registry(
+    "slime.rollout_engines",
+    flag="--rollout-engine",
+    kind="rollout engine",
+    entry_type=RolloutEngineSpec,
+    builtins={"sglang": "slime_rollout.entries:SGLANG", "reference": "slime_rollout.entries:REFERENCE"},
+)
+
+REWARDS: Registry[RewardSpec] = Registry(
+    "slime.rewards",
+    flag="--rm-type",
+    kind="reward function",
+    entry_type=RewardSpec,
+    builtins={
+        name: f"slime_rollout.entries:{name.upper()}_RM"
+        for name in ("math", "deepscaler", "dapo", "f1", "gpqa", "remote_rm", "random")
+    },
+)
+
+
+#: Each package's pre-launch checks of the flags it owns: `factory` is `fn(cfg) -> list[Problem]`; the app's
+#: preflight runs every installed one (`run_preflight_hooks`).
+PREFLIGHT_CHECKS: Registry[Entry] = Registry(
+    "slime.preflight",
+    flag="preflight",
+    kind="package check",
+    entry_type=Entry,
+    builtins={"slime-rollout": "slime_rollout.preflight:check"},
+)
+
+
+def registry_for_group(group: str) -> Any:
+    """The registry of entry-point group `group` (`"slime.train_backends"`, ...), for the CLI's help.
+
+    Raises:
+        KeyError: no registry has that group.
+    """
+    from slime_core.estimators import ESTIMATORS  # estimators imports nothing of this module
+
+    registries = {r.group: r for r in (TRAIN_BACKENDS, CRITIC_BACKENDS, ROLLOUT_ENGINES, REWARDS)}
+    registries[ESTIMATORS.group] = ESTIMATORS
+    return registries[group]
+
+
+def train_backend_spec(cfg: Any) -> TrainBackendSpec:
+    """The capability record of `cfg.train_backend`.
+
+    Raises:
+        UnknownNameError: not registered.
+        ImportError: its provider is not installed here (the message names the entry).
+    """
+    return TRAIN_BACKENDS.get(cfg.train_backend)
+
+
+def engine_spec(cfg: Any) -> RolloutEngineSpec:
+    """The capability record of `cfg.rollout_engine` (resolved by validation: never None on a validated config).
+
+    Raises:
+        UnknownNameError: not registered.
+    """
+    return ROLLOUT_ENGINES.get(cfg.rollout_engine)
+
+
+def run_preflight_hooks(cfg: Any) -> list[Problem]:
+    """Runs the installed packages' checks, then those of the entries the config selects; collects the problems.
+
+    Package checks are `PREFLIGHT_CHECKS`; the selected entries are the backend, engine, reward and estimator.
+
+    Args:
+        cfg: the validated config.
+
+    Returns:
+        Every problem found, in that order. A package's messages name their flags themselves; an entry's are
+        prefixed with its selection (`"--train-backend megatron: ..."`).
+
+    Raises:
+        TypeError: a check returned something other than a list of `Problem`.
+    """
+    from slime_core.estimators import ESTIMATORS
+
+    problems: list[Problem] = []
+    for name in PREFLIGHT_CHECKS.names():
+        problems += Entry(name=name, preflight=PREFLIGHT_CHECKS.get(name).load()).check(cfg)
+    owned: list[tuple[str, Callable[[Any], list[Problem]]]] = []
+    owned.append((f"--train-backend {cfg.train_backend}", train_backend_spec(cfg).check))
+    if cfg.rollout_engine:
+        owned.append((f"--rollout-engine {cfg.rollout_engine}", engine_spec(cfg).check))
+    if cfg.rm_type and not cfg.custom_rm_path:
+        owned.append((f"--rm-type {cfg.rm_type}", REWARDS.get(cfg.rm_type.removeprefix("boxed_")).check))
+    spec = ESTIMATORS.get(cfg.advantage_estimator)
+    owned.append((f"--advantage-estimator {spec.name}", spec.preflight_problems))
+    for owner, fn in owned:
+        problems += [dataclasses.replace(p, message=f"{owner}: {p.message}") for p in fn(cfg)]
+    return problems

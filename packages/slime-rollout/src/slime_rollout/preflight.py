@@ -1,0 +1,231 @@
+"""slime-rollout's pre-launch checks of its own flags: prompt data, chat template, images, SGLang/router flags.
+
+`check(cfg)` is this package's `slime.preflight` entry point; the app's preflight runs it (and every other
+installed package's) before anything starts, so a bad row or flag is one line naming it, not a failure in the
+middle of a rollout. Each bad row names the flag, the file and where the row is (its JSONL line, 1-based with
+blank lines counted; its Parquet row index, 0-based; see `slime_rollout.data.source.PromptRows`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from slime_core.extensions import REWARDS
+from slime_core.registry import Problem
+from slime_rollout.data import multimodal
+from slime_rollout.data.source import PromptRows, load_prompt_rows
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check", "check_prompt_rows"]
+
+# Where the pass-through flags go: `--sglang-<field>` to SGLang's ServerArgs, `--router-<field>` to sglang-router's
+# RouterArgs (both dataclasses; the original slime builds its `--sglang-*` flags from the same fields).
+_PASS_THROUGH_TARGETS = (
+    ("sglang_args", "--sglang-", "sglang.srt.server_args", "ServerArgs"),
+    ("router_args", "--router-", "sglang_router.router_args", "RouterArgs"),
+)
+
+
+def check(cfg: SlimeArgs) -> list[Problem]:
+    """Every check of this package's flags; errors and notes as `Problem`s (the app raises the errors).
+
+    Args:
+        cfg: the validated config; reads `rm_type`, `rm_url`, `custom_rm_path`, `apply_chat_template`,
+            `hf_checkpoint`, `multimodal_keys`, `sglang_args`, `router_args`, `prompt_data`,
+            `load_debug_rollout_data`, `eval_datasets` and the keys `check_prompt_rows` reads.
+
+    Returns:
+        The problems: `FileNotFoundError` ones for a missing data file or image processor, `ValueError` ones for a
+        malformed file or row, a remote reward without `--rm-url`, a missing chat template or an unknown
+        `--sglang-*`/`--router-*` flag; notes for what could not be checked here.
+    """
+    problems = _reward_url(cfg) + _chat_template(cfg) + _image_processor(cfg) + _pass_through_flags(cfg)
+    files = [] if not cfg.prompt_data or cfg.load_debug_rollout_data else [("--prompt-data", cfg.prompt_data)]
+    files += [("--eval-prompt-data", path) for _name, path in cfg.eval_datasets]
+    for flag, spec in files:
+        try:
+            _check_rows(spec, cfg, flag)
+        except FileNotFoundError as e:
+            problems.append(Problem(message=str(e), exception=FileNotFoundError))
+        except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
+            problems.append(Problem(message=str(e)))
+    return problems
+
+
+def _reward_url(cfg: SlimeArgs) -> list[Problem]:
+    """A reward whose record says `needs_url` cannot score anything without `--rm-url`."""
+    if not cfg.rm_type or cfg.custom_rm_path or cfg.rm_url:
+        return []
+    if not REWARDS.get(cfg.rm_type.removeprefix("boxed_")).needs_url:
+        return []
+    return [Problem(message=f"--rm-type {cfg.rm_type} calls a reward service: set --rm-url http://host:port/path")]
+
+
+def _chat_template(cfg: SlimeArgs) -> list[Problem]:
+    if not (cfg.apply_chat_template and cfg.hf_checkpoint) or _has_chat_template(cfg.hf_checkpoint):
+        return []
+    return [
+        Problem(
+            message=f"--apply-chat-template: the tokenizer of --hf-checkpoint {cfg.hf_checkpoint} has no chat "
+            "template (no 'chat_template' in tokenizer_config.json, no chat_template.jinja); drop the flag or add one"
+        )
+    ]
+
+
+def _has_chat_template(model_dir: str) -> bool:
+    """Whether the HF tokenizer files in `model_dir` carry a chat template (True when it cannot tell)."""
+    if any(os.path.exists(os.path.join(model_dir, f)) for f in ("chat_template.jinja", "chat_template.json")):
+        return True
+    config = os.path.join(model_dir, "tokenizer_config.json")
+    if not os.path.exists(config):
+        return True  # no tokenizer files here: the tokenizer's own loader reports that
+    with open(config, encoding="utf-8") as f:
+        return bool(json.load(f).get("chat_template"))
+
+
+def _image_processor(cfg: SlimeArgs) -> list[Problem]:
+    if not (cfg.multimodal_keys and cfg.hf_checkpoint) or _has_image_processor(cfg.hf_checkpoint):
+        return []
+    message = (
+        f"--multimodal-keys: --hf-checkpoint {cfg.hf_checkpoint} has no preprocessor_config.json "
+        "(no image processor: not a vision-language checkpoint)"
+    )
+    return [Problem(message=message, exception=FileNotFoundError)]
+
+
+def _has_image_processor(model_dir: str) -> bool:
+    """Whether `model_dir` holds an image processor config (a vision-language checkpoint's processor)."""
+    names = ("preprocessor_config.json", "processor_config.json")
+    if not any(os.path.exists(os.path.join(model_dir, n)) for n in names):
+        return False
+    if os.path.exists(os.path.join(model_dir, "preprocessor_config.json")):
+        return True
+    with open(os.path.join(model_dir, "processor_config.json"), encoding="utf-8") as f:
+        return "image_processor" in json.load(f)
+
+
+def _dataclass_fields(module_name: str, class_name: str) -> set[str] | None:
+    """Field names of a dataclass of an installed package, or None when it cannot be imported here."""
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        return {f.name for f in dataclasses.fields(cls)}
+    except Exception:  # not installed (CPU runs), or an engine environment other than the driver's
+        return None
+
+
+def _pass_through_flags(cfg: SlimeArgs) -> list[Problem]:
+    """`--sglang-*` / `--router-*` names against the installed SGLang / sglang-router, as the original checks them.
+
+    A flag the target does not have is an error (naming it, with the closest match); a target that is not
+    installed where the driver runs is a note.
+    """
+    problems = []
+    for field, prefix, module_name, class_name in _PASS_THROUGH_TARGETS:
+        given = getattr(cfg, field)
+        if not given:
+            continue
+        known = _dataclass_fields(module_name, class_name)
+        if known is None:
+            problems.append(Problem(message=f"{prefix}* flags not checked: {module_name} is not importable here",
+                                    severity="note"))  # fmt: skip
+            continue
+        for key in given:
+            name = key.replace("-", "_").removeprefix("router_") if field == "router_args" else key.replace("-", "_")
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {prefix}{close[0].replace('_', '-')}?" if close else ""
+                problems.append(Problem(
+                    message=f"{prefix}{key.replace('_', '-')}: {module_name}.{class_name} has no field {name!r}{hint}"
+                ))  # fmt: skip
+    return problems
+
+
+def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
+    """Loads one prompt file named by `flag` and checks its rows (and images, with `--multimodal-keys`).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: the file, a row or an image is malformed (the message names the flag, file and row).
+    """
+    try:
+        located = load_prompt_rows(spec)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{flag}: file not found: {spec}") from None
+    except ValueError as e:  # e.g. "file.jsonl:5: invalid JSON": say which flag named the file
+        raise ValueError(f"{flag}: {e}") from None
+    if not located:
+        raise ValueError(f"{flag} {spec}: no rows")
+    check_prompt_rows(located, cfg, where=f"{flag} {spec}")
+    image_key = multimodal.image_column(cfg.multimodal_keys)
+    if not image_key:
+        return
+    base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
+    num_images = 0
+    for position, row in zip(located.positions, located, strict=True):
+        where = f"{flag} {spec} {located.unit} {position} (--multimodal-keys column {image_key!r})"
+        num_images += multimodal.check_row_images(
+            row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
+        )
+    logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
+
+
+def _empty_prompt(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return not prompt.strip()
+    if isinstance(prompt, list):
+        return not any(isinstance(m, Mapping) and str(m.get("content") or "").strip() for m in prompt)
+    return prompt is None
+
+
+def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
+    if cfg.custom_rm_path:
+        return False  # a custom reward decides what it needs
+    metadata = row.get(cfg.metadata_key) if cfg.metadata_key else None
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    rm_type = str(metadata.get("rm_type") or cfg.rm_type or "").removeprefix("boxed_")
+    if rm_type == "gpqa" and metadata.get("correct_letter"):  # gpqa may take its answer from the metadata
+        return False
+    return rm_type in REWARDS and REWARDS.get(rm_type).grades_label
+
+
+def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str) -> None:
+    """Checks every row of a prompt file before the run starts.
+
+    The `--input-key` must be there and not empty; the `--label-key` must be there and, for the built-in graders
+    that compare with it, not null.
+
+    Args:
+        rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
+        cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `rm_type`, `custom_rm_path`.
+        where: `"{flag} {path}"` for the messages.
+
+    Raises:
+        ValueError: naming `where`, the row and the problem.
+    """
+    located = PromptRows.of(rows)
+    for position, row in zip(located.positions, located, strict=True):
+        at = f"{where} {located.unit} {position}"
+        if cfg.input_key not in row:
+            raise ValueError(f"{at}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
+        if _empty_prompt(row[cfg.input_key]):
+            raise ValueError(f"{at}: empty prompt in --input-key {cfg.input_key!r}")
+        if cfg.label_key:
+            if cfg.label_key not in row:
+                raise ValueError(f"{at}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
+            if row[cfg.label_key] is None and _label_required(cfg, row):
+                raise ValueError(
+                    f"{at}: null --label-key {cfg.label_key!r}, which --rm-type "
+                    f"{cfg.rm_type or 'metadata rm_type'} grades against"
+                )

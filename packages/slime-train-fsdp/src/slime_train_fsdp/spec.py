@@ -1,0 +1,24 @@
+"""The FSDP backend's capability record (`--train-backend fsdp`), found through `slime.train_backends`.
+
+Imports nothing heavy: the config reads it when it validates `--train-backend`.
+"""
+
+from __future__ import annotations
+
+from slime_core.extensions import TrainBackendSpec
+
+__all__ = ["FSDP"]
+
+FSDP = TrainBackendSpec(
+    name="fsdp",
+    factory="slime_train_fsdp.backend:FSDPTrainBackend",
+    needs_gpu=False,  # gloo on CPU
+    supports_colocate=True,
+    supports_cp=True,  # Ulysses all-to-all (slime_train_fsdp.context_parallel)
+    supports_lora=True,  # peft (slime_train_fsdp.lora)
+    supports_critic=True,
+    checkpoint_format="fsdp",
+    lr_decay_styles=("constant", "linear", "cosine"),
+    compiles_layers=True,
+    supports_multimodal=True,  # slime_train_fsdp.vision  # --fsdp-compile-layers
+)

@@ -1,0 +1,57 @@
+"""The Megatron backend's capability record (`--train-backend megatron`), found through `slime.train_backends`.
+
+Imports nothing of megatron-core: the config reads it when it validates `--train-backend`, and its preflight
+runs on a driver that may not have the `megatron` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from slime_core.extensions import TrainBackendSpec
+from slime_core.registry import Problem
+
+__all__ = ["MEGATRON", "preflight"]
+
+
+def preflight(cfg: Any) -> list[Problem]:
+    """The model type of `--hf-checkpoint` must be one `slime_convert.model_args` can build as a GPTModel.
+
+    Checked first in the app's preflight: architecture-flag mismatches do not matter if the model cannot be built.
+
+    Args:
+        cfg: the validated config (reads `hf_checkpoint`).
+
+    Returns:
+        One error when config.json describes a model this backend cannot build; none without `--hf-checkpoint`.
+    """
+    config = os.path.join(cfg.hf_checkpoint or "", "config.json")
+    if not cfg.hf_checkpoint or not os.path.exists(config):
+        return []  # the app's own path checks name a missing --hf-checkpoint
+    from slime_convert.model_args import ModelArgs
+
+    with open(config, encoding="utf-8") as f:
+        hf_config = json.load(f)
+    try:
+        ModelArgs.from_hf_config(hf_config)
+    except ValueError as e:
+        return [Problem(message=f"cannot build this model ({e}); use --train-backend fsdp")]
+    return []
+
+
+MEGATRON = TrainBackendSpec(
+    name="megatron",
+    factory="slime_train_megatron:MegatronTrainBackend",
+    preflight="slime_train_megatron.spec:preflight",
+    needs_gpu=True,  # megatron-core's optimizer and pipeline schedules are CUDA-only
+    supports_colocate=True,
+    supports_cp=True,
+    supports_lora=False,
+    supports_critic=True,
+    megatron_native=True,  # TP/PP/EP and the Megatron flags go to megatron-core
+    reads_torch_dist=True,
+    checkpoint_format="torch_dist",
+    lr_decay_styles=("constant", "linear", "cosine", "inverse-square-root"),
+)

@@ -1,0 +1,106 @@
+"""A separately installed package (tests/plugin_pkg) extends slime through entry points alone.
+
+It registers a train backend, a rollout engine, a reward function and an advantage estimator; each is found,
+validated by the config and used. Tolerance: advantages are exact (10 × a centred reward of 0.25 steps).
+"""
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from slime_app import preflight
+from slime_app.train_actor import make_backend
+from slime_core.algorithms import compute_advantages_and_returns
+from slime_core.config import ConfigError, SlimeArgs, build_parser
+from slime_core.extensions import REWARDS, ROLLOUT_ENGINES, TRAIN_BACKENDS
+from slime_core.sample import Sample
+from slime_core.train_data import postprocess_rewards
+from slime_rollout.rewards import async_rm
+
+BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 1}
+PLUGIN = {
+    "train_backend": "toy_backend",
+    "rm_type": "response_length",
+    "advantage_estimator": "toy_centred_x10",
+    "rollout_engine": "reference",
+}
+
+
+def test_the_entries_come_from_the_installed_distribution():
+    dist = importlib.metadata.distribution("slime-test-plugin")
+    groups = {(ep.group, ep.name) for ep in dist.entry_points}
+    assert groups == {
+        ("slime.train_backends", "toy_backend"),
+        ("slime.rollout_engines", "toy_gpu_engine"),
+        ("slime.rewards", "response_length"),
+        ("slime.advantage_estimators", "toy_centred_x10"),
+    }
+    help_text = {a.dest: a.help for a in build_parser()._actions}
+    assert "toy_backend" in help_text["train_backend"] and "toy_gpu_engine" in help_text["rollout_engine"]
+    assert "response_length" in help_text["rm_type"] and "toy_centred_x10" in help_text["advantage_estimator"]
+
+
+def test_the_config_accepts_them_and_asks_their_capabilities():
+    cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "lora_rank": 4})  # toy_backend declares supports_lora
+    assert (cfg.train_backend, cfg.rm_type, cfg.advantage_estimator) == tuple(PLUGIN.values())[:3]
+    assert cfg.weight_sync == "lora"
+    with pytest.raises(ConfigError, match=r"--lora-rank needs a LoRA backend \(--train-backend .*toy_backend"):
+        SlimeArgs.from_dict({**BASE, **PLUGIN, "train_backend": "megatron", "lora_rank": 4})
+    with pytest.raises(ConfigError, match=r'--rm-type: unknown reward function .*"slime.rewards"'):
+        SlimeArgs.from_dict({**BASE, **PLUGIN, "rm_type": "response_lenght"})
+
+
+def test_the_app_factory_builds_the_plugin_backend():
+    from slime_test_plugin import ToyBackend
+
+    assert type(make_backend(SlimeArgs.from_dict({**BASE, **PLUGIN}))) is ToyBackend
+
+
+async def test_the_rollout_scores_with_the_plugin_reward():
+    cfg = SlimeArgs.from_dict({**BASE, **PLUGIN})
+    sample = Sample(prompt="q", tokens=[1, 2, 3], response="twelve chars", response_length=2, label="x")
+    assert await async_rm(cfg, sample) == pytest.approx(1.2)
+    assert REWARDS.get("response_length").needs_url is False
+
+
+def test_the_shared_step_computes_advantages_with_the_plugin_estimator():
+    cfg = SlimeArgs.from_dict({**BASE, **PLUGIN})
+    samples = [Sample(tokens=[1, 2], response_length=1, reward=r, index=i) for i, r in enumerate([1.0, 0.5, 0.0, 0.0])]
+    _, rewards = postprocess_rewards(cfg, samples)  # the spec's group_mean normalization
+    assert rewards == pytest.approx([0.25, -0.25, 0.0, 0.0], abs=1e-6)
+    adv, returns = compute_advantages_and_returns(cfg, rewards=rewards[:2], loss_masks=[torch.ones(2), torch.ones(1)])
+    assert [a.tolist() for a in adv] == [[2.5, 2.5], [-2.5]]
+    assert [r.tolist() for r in returns] == [[2.5, 2.5], [-2.5]]
+
+
+def test_preflight_sees_the_engine_capability_and_runs_the_backend_check(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ROLLOUT_ENGINES.get("toy_gpu_engine").needs_gpu and not TRAIN_BACKENDS.get("toy_backend").needs_gpu
+    cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "rollout_engine": "toy_gpu_engine", "actor_num_gpus_per_node": 1})
+    with pytest.raises(ValueError, match=r"--rollout-engine toy_gpu_engine needs CUDA GPUs; .*engine reference"):
+        preflight._check_hardware(cfg)
+    preflight._check_hardware(cfg.model_copy(update={"rollout_engine": "reference"}))
+    assert "--train-backend toy_backend: toy backend checked --lr" in preflight._run_owned_checks(cfg)
+    with pytest.raises(ValueError, match=r"--train-backend toy_backend: --lr -1.0: the toy backend needs a positive"):
+        preflight._run_owned_checks(cfg.model_copy(update={"lr": -1.0}))
+
+
+def test_an_engine_slime_cannot_start_needs_the_urls_of_its_servers(tmp_path):
+    cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "rollout_engine": "toy_gpu_engine"})
+    assert ROLLOUT_ENGINES.get("reference").launchable and not ROLLOUT_ENGINES.get("toy_gpu_engine").launchable
+    with pytest.raises(ValueError, match="--rollout-engine toy_gpu_engine: slime does not start this engine's servers"):
+        preflight._check_engine_launch(cfg)
+    preflight._check_engine_launch(cfg.model_copy(update={"rollout_engine_urls": ["http://127.0.0.1:1"]}))
+
+
+def test_capabilities_the_plugin_lacks_are_refused_by_name():
+    # toy_backend declares neither a critic nor colocation; toy_gpu_engine cannot release its memory.
+    with pytest.raises(ConfigError, match="--advantage-estimator ppo trains a critic, which --train-backend "
+                                          "toy_backend does not have"):  # fmt: skip
+        SlimeArgs.from_dict({**BASE, **PLUGIN, "advantage_estimator": "ppo"})
+    with pytest.raises(ConfigError, match="--colocate: --train-backend toy_backend cannot offload its state"):
+        SlimeArgs.from_dict({**BASE, **PLUGIN, "colocate": True})
+    cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "rollout_engine": "toy_gpu_engine"})
+    with pytest.raises(ValueError, match="--colocate: --rollout-engine toy_gpu_engine cannot release its memory"):
+        preflight._check_engine_launch(cfg.model_copy(update={"colocate": True}))

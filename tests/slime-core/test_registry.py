@@ -1,0 +1,108 @@
+"""The generic open registry: lazy entry points, duplicate and unknown names, records and bare factories."""
+
+import dataclasses
+import subprocess
+import sys
+import types
+
+import pytest
+
+from slime_core import registry
+from slime_core.registry import DuplicateNameError, Entry, Problem, Registry, UnknownNameError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Spec(Entry):
+    fast: bool = False
+
+
+def _ep(name, value, dist, obj=None):
+    loads = []
+
+    def load():
+        loads.append(name)
+        return obj
+
+    return types.SimpleNamespace(name=name, value=value, group="slime.things",
+                                 dist=types.SimpleNamespace(name=dist), load=load, loads=loads)  # fmt: skip
+
+
+def _registry(monkeypatch, eps, builtins=None):
+    installed = {"slime.things": eps}
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", lambda group: installed.get(group, []))
+    return Registry("slime.things", flag="--thing", kind="thing", entry_type=_Spec, builtins=builtins)
+
+
+def test_names_read_metadata_only_and_records_load_once(monkeypatch):
+    fast = _Spec(name="fast_one", fast=True)
+    ep = _ep("fast_one", "pkg:FAST", "pkg-a", fast)
+    reg = _registry(monkeypatch, [ep], builtins={"dict_thing": "builtins:dict"})
+    assert reg.names() == ["dict_thing", "fast_one"] and ep.loads == []  # listing imports nothing
+    assert reg.get("fast_one") is fast and reg.get("fast_one") is fast
+    assert ep.loads == ["fast_one"]
+    wrapped = reg.get("dict_thing")  # a bare factory gets the default (conservative) capabilities
+    assert (wrapped.name, wrapped.load(), wrapped.fast) == ("dict_thing", dict, False)
+
+
+def test_the_same_name_from_two_distributions_names_both(monkeypatch):
+    reg = _registry(monkeypatch, [_ep("x", "pkg_a:X", "pkg-a"), _ep("x", "pkg_b:X", "pkg-b")])
+    with pytest.raises(DuplicateNameError, match=r"'x' is declared by two .*distribution pkg-a \(pkg_a:X\) and "
+                                                  r"distribution pkg-b \(pkg_b:X\)"):  # fmt: skip
+        reg.names()
+
+
+def test_unknown_name_lists_the_registered_ones_and_the_group(monkeypatch):
+    reg = _registry(monkeypatch, [_ep("b", "pkg:B", "pkg-b", _Spec(name="b"))], builtins={"a": "builtins:dict"})
+    message = r"""--thing: unknown thing 'c' \(registered: a, b; a package adds one under \[project.entry-points."""
+    with pytest.raises(UnknownNameError, match=message + r'"slime.things"\]\)'):
+        reg.get("c")
+    with pytest.raises(UnknownNameError):
+        reg.check_name("c")
+    reg.check_name("a")
+
+
+def test_a_record_of_another_name_or_type_is_refused(monkeypatch):
+    reg = _registry(monkeypatch, [_ep("a", "pkg:A", "pkg-a", _Spec(name="b")), _ep("n", "pkg:N", "pkg-a", 3)])
+    with pytest.raises(TypeError, match=r"entry point slime.things:a of distribution pkg-a .* named 'b', not 'a'"):
+        reg.get("a")
+    with pytest.raises(TypeError, match=r"expected a _Spec or a callable, got 3"):
+        reg.get("n")
+    with pytest.raises(TypeError, match="expected a _Spec"):
+        reg.register(Entry(name="plain"))
+
+
+def test_preflight_hooks_must_return_problems():
+    ok = Entry(name="ok", preflight=lambda cfg: [Problem(message=f"lr {cfg}", severity="note")])
+    assert ok.check(0.1) == [Problem(message="lr 0.1", severity="note")]
+    with pytest.raises(TypeError, match="'bad' preflight must return a list of Problem"):
+        Entry(name="bad", preflight=lambda cfg: "fine").check(None)
+    with pytest.raises(ValueError, match="severity must be 'error' or 'note'"):
+        Problem(message="x", severity="warning")
+
+
+def test_listing_the_builtin_names_imports_no_provider():
+    code = (
+        "import sys\nfrom slime_core.extensions import TRAIN_BACKENDS, ROLLOUT_ENGINES, REWARDS\n"
+        "names = TRAIN_BACKENDS.names() + ROLLOUT_ENGINES.names() + REWARDS.names()\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('slime_train', 'slime_rollout', 'torch'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_entry_points_are_read_once_until_refreshed(monkeypatch):
+    reads = []
+
+    def entry_points(group):
+        reads.append(group)
+        return []
+
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", entry_points)
+    reg = Registry("slime.things", flag="--thing", kind="thing", entry_type=_Spec, builtins={"a": "builtins:dict"})
+    for _ in range(3):
+        reg.check_name("a")
+    assert reads == ["slime.things"]  # the config checks names on every build: one scan per process
+    reg.refresh()
+    reg.check_name("a")
+    assert reads == ["slime.things", "slime.things"]

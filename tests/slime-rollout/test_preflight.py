@@ -1,0 +1,167 @@
+"""slime-rollout's own pre-launch checks (`slime_rollout.preflight.check`): rows, labels, images, engine flags.
+
+Moved with the code from tests/apps/test_preflight.py; the app's preflight runs this check (`slime.preflight`
+entry point), which tests/apps/test_preflight.py still covers end to end.
+"""
+
+import dataclasses
+import importlib.metadata
+import json
+import pathlib
+import re
+import sys
+import types
+
+import pytest
+
+from slime_core.config import parse_args
+from slime_core.extensions import PREFLIGHT_CHECKS, REWARDS, RewardSpec
+from slime_core.registry import Problem
+from slime_rollout.preflight import check
+
+
+def _cfg(data: pathlib.Path, *extra: str):
+    return parse_args(
+        ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--label-key", "label",
+         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout",
+         "1", "--rollout-max-response-len", "8", "--actor-num-gpus-per-node", "1", *extra]
+    )  # fmt: skip
+
+
+def _errors(cfg) -> list[str]:
+    return [p.message for p in check(cfg) if p.severity == "error"]
+
+
+def _write(path: pathlib.Path, *rows) -> pathlib.Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_it_is_this_packages_preflight_entry_point():
+    declared = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="slime.preflight")}
+    assert declared["slime-rollout"] == "slime_rollout.preflight:check"
+    assert PREFLIGHT_CHECKS.get("slime-rollout").load() is check
+
+
+def test_rows_are_numbered_like_lines(tmp_path):
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"}, {"q": "x", "label": "1"})
+    (error,) = _errors(_cfg(data))
+    assert error.startswith(f"--prompt-data {data} line 2: no --input-key 'prompt'")
+
+
+@pytest.mark.parametrize(
+    ("row", "extra", "message"),
+    [
+        ({"prompt": "", "label": "2"}, (), r"line 2: empty prompt in --input-key 'prompt'"),
+        ({"prompt": [{"role": "user", "content": " "}], "label": "2"}, (), r"line 2: empty prompt"),
+        ({"prompt": "1+2=", "label": None}, ("--rm-type", "math"), r"line 2: null --label-key 'label'.*math"),
+        ({"prompt": "1+2=", "label": None}, ("--rm-type", "boxed_deepscaler"), r"line 2: null --label-key"),
+    ],
+)
+def test_empty_prompts_and_null_labels_are_problems(tmp_path, row, extra, message):
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"}, row)
+    (error,) = _errors(_cfg(data, *extra))
+    assert re.search(rf"--prompt-data .*d\.jsonl {message}", error), error
+
+
+def test_null_labels_are_fine_where_nothing_grades_against_them(tmp_path):
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": None})
+    assert _errors(_cfg(data, "--rm-type", "remote_rm", "--rm-url", "http://localhost:1")) == []
+    _write(data, {"prompt": "Pick one", "label": None, "metadata": {"correct_letter": "B"}})
+    assert _errors(_cfg(data, "--rm-type", "gpqa")) == []
+
+
+def test_a_remote_reward_needs_its_url(tmp_path):
+    # Used to fail at the first scored sample, mid-rollout.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    assert _errors(_cfg(data, "--rm-type", "boxed_remote_rm")) == [
+        "--rm-type boxed_remote_rm calls a reward service: set --rm-url http://host:port/path"
+    ]
+    assert _errors(_cfg(data, "--rm-type", "remote_rm", "--rm-url", "http://localhost:1/rm")) == []
+    assert _errors(_cfg(data, "--rm-type", "math")) == []
+
+
+def test_whether_a_reward_grades_the_label_is_its_capability(tmp_path):
+    # A reward of another package: its record, not a fixed list of grader names, says whether labels matter.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": None})
+    REWARDS.register(RewardSpec(name="judge_free", factory=lambda args, sample: 1.0))
+    REWARDS.register(RewardSpec(name="judge_label", factory=lambda args, sample: 1.0, grades_label=True))
+    try:
+        assert _errors(_cfg(data, "--rm-type", "judge_free")) == []
+        (error,) = _errors(_cfg(data, "--rm-type", "judge_label"))
+        assert "null --label-key 'label', which --rm-type judge_label grades against" in error
+    finally:
+        REWARDS.unregister("judge_free")
+        REWARDS.unregister("judge_label")
+
+
+def test_missing_and_malformed_files_keep_their_exception_class(tmp_path):
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    assert check(_cfg(data)) == []
+    (missing,) = check(_cfg(tmp_path / "nope.jsonl"))
+    assert (missing.exception, missing.message) == (FileNotFoundError, f"--prompt-data: file not found: "
+                                                                        f"{tmp_path / 'nope.jsonl'}")  # fmt: skip
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1"}\n{"prompt": \n')
+    (malformed,) = check(_cfg(data, "--eval-prompt-data", "e", str(bad)))
+    assert malformed.exception is ValueError and malformed.message.startswith("--eval-prompt-data: ")
+    assert "bad.jsonl:2: invalid JSON" in malformed.message
+
+
+def _vlm_dir(tmp_path) -> pathlib.Path:
+    model = tmp_path / "vlm"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    (model / "processor_config.json").write_text(json.dumps({"image_processor": {"patch_size": 14}}))
+    return model
+
+
+def test_images_are_checked_row_by_row(tmp_path):
+    from PIL import Image
+
+    model = _vlm_dir(tmp_path)
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp_path / "ok.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    ok = {"prompt": "<image>How many?", "label": "2", "images": ["ok.png"]}
+
+    def errors(*rows):
+        data = _write(tmp_path / "d.jsonl", ok, *rows)
+        return _errors(_cfg(data, "--hf-checkpoint", str(model), "--apply-chat-template",
+                            "--multimodal-keys", '{"image": "images"}'))  # fmt: skip
+
+    assert errors() == []  # the image is found next to the data file and decodes
+    (gone,) = errors({"prompt": "<image>?", "label": "1", "images": ["gone.png"]})
+    assert "d.jsonl line 2 (--multimodal-keys column 'images') image 1: image 'gone.png' is neither" in gone
+    (broken,) = errors({"prompt": "<image>?", "label": "1", "images": ["broken.png"]})
+    assert "broken.png: cannot be decoded" in broken
+    (surplus,) = errors(ok, {"prompt": "<image><image>?", "label": "1", "images": ["ok.png"]})
+    assert "d.jsonl line 3" in surplus and "the prompt has 2 <image> placeholder(s) for 1" in surplus
+    (model / "processor_config.json").unlink()
+    cfg = _cfg(tmp_path / "d.jsonl", "--hf-checkpoint", str(model), "--apply-chat-template",
+               "--multimodal-keys", '{"image": "images"}')  # fmt: skip
+    no_processor = next(p for p in check(cfg) if p.severity == "error")
+    assert no_processor.exception is FileNotFoundError and "has no preprocessor_config.json" in no_processor.message
+
+
+def test_sglang_and_router_flags_are_checked_against_the_installed_packages(tmp_path, monkeypatch):
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    flags = ("--sglang-mem-fraction-statc", "0.5", "--router-policy", "round_robin")
+    # Not installed here (CPU): a note says they were not checked.
+    assert Problem(message="--sglang-* flags not checked: sglang.srt.server_args is not importable here",
+                   severity="note") in check(_cfg(data, *flags))  # fmt: skip
+    # Installed: the dataclasses' fields decide, as the original's argparse does.
+    server = types.ModuleType("sglang.srt.server_args")
+    server.ServerArgs = dataclasses.make_dataclass("ServerArgs", [("mem_fraction_static", float), ("tp_size", int)])
+    router = types.ModuleType("sglang_router.router_args")
+    router.RouterArgs = dataclasses.make_dataclass("RouterArgs", [("policy", str)])
+    monkeypatch.setitem(sys.modules, "sglang.srt.server_args", server)
+    monkeypatch.setitem(sys.modules, "sglang_router.router_args", router)
+    assert _errors(_cfg(data, *flags)) == [
+        "--sglang-mem-fraction-statc: sglang.srt.server_args.ServerArgs has no field 'mem_fraction_statc'; "
+        "did you mean --sglang-mem-fraction-static?"
+    ]
+    assert check(_cfg(data, "--sglang-mem-fraction-static", "0.5", *flags[2:])) == []
+    assert _errors(_cfg(data, "--router-foo", "3")) == [
+        "--router-foo: sglang_router.router_args.RouterArgs has no field 'foo'"
+    ]
