@@ -18,7 +18,6 @@ from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.mismatch import validate_mismatch
 from slime_core.config.opd import validate_opd
-from slime_core.config.reward_checks import check_reward_flags
 from slime_core.config.save_hf import check_save_hf
 from slime_core.config.sglang_flags import check_managed_sglang_flags
 from slime_core.config.unsupported import check_unsupported
@@ -51,7 +50,6 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _dynamic_batch(args)
     _lengths(args)
     _eval(args)
-    check_reward_flags(args)
     _checkpoint_and_dumps(args)
     _lora(args)
     _weight_sync(args)
