@@ -3,7 +3,8 @@
 The original's launch flags (`--rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async`,
 engines on their own GPU, `--partial-rollout`) plus `--max-weight-staleness`: the run completes, every trained sample
 carries the engine version it came from and is at most the bound behind, the staleness reaches TensorBoard, and each
-checkpoint holds the producer's groups next to the data cursor.
+checkpoint holds the producer's groups next to the data cursor, and a run resumed from it continues the prompt
+stream (the held groups first, then the cursor's next prompts; none trained twice, none skipped).
 """
 
 import json
@@ -74,3 +75,20 @@ def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path)
     staleness = _scalars(out / "tensorboard", "rollout/staleness_max")
     assert sorted(staleness) == [0, 1, 2] and all(0 <= v <= BOUND for v in staleness.values()), staleness
     assert sorted(_scalars(out / "tensorboard", "rollout/stale_groups_dropped")) == [0, 1, 2]
+
+    # Resume from the last checkpoint: the held groups, then the data source's next prompts.
+    held = [g[0]["group_index"] for g in json.loads((ckpt / "rollout" / "fully_async_2.json").read_text())["held"]]
+    cursor = json.loads((ckpt / "rollout" / "data_source_2.json").read_text())["sample_group_index"]
+    out2 = tmp_path / "run2"
+    argv = _argv(tiny_qwen3, out2, *extra[2:], "--num-rollout", "5", "--load", str(ckpt))
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    before = [{s["group_index"] for s in _dump(out, r)} for r in range(3)]
+    after = [{s["group_index"] for s in _dump(out2, r)} for r in (3, 4)]
+    trained = sorted(i for groups in before + after for i in groups)
+    assert len(trained) == len(set(trained)) == 10  # 5 rollouts × 2 groups, none twice
+    assert min(set().union(*after) - set(held)) >= cursor  # fresh prompts come after the checkpoint's cursor
+    # Every prompt drawn in either run was trained or is held at the last checkpoint: none skipped.
+    held_last = {g[0]["group_index"] for g in json.loads((ckpt / "rollout" / "fully_async_4.json").read_text())["held"]}
+    cursor_last = json.loads((ckpt / "rollout" / "data_source_4.json").read_text())["sample_group_index"]
+    assert not held_last & set(trained) and held_last | set(trained) == set(range(cursor_last))

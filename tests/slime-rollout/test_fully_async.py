@@ -95,7 +95,8 @@ def test_staleness_bound_drops_and_counts_groups_a_slow_trainer_left_behind(engi
     assert out0.metrics["rollout/staleness_max"] == 0.0 and out0.metrics["rollout/stale_groups_dropped"] == 0.0
 
     # The trainer is slow: the producer fills its waiting room under version 0, then version 1 is pushed.
-    _wait_quiet()
+    # It draws no prompt beyond (bound + 1) x --rollout-batch-size = 2 outstanding groups: a third would be dropped.
+    assert _wait_quiet().num_ready == 2
     push(engine, 1)
     out1 = generate_rollout_fully_async(args, 1, ds)
     assert _versions(out1.samples) == [["0"], ["0"]]  # one version behind: within the bound

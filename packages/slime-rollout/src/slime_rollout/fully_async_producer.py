@@ -63,7 +63,8 @@ class FullyAsyncProducer:
     Args:
         args: the plugin view; reads `sglang_server_concurrency` (× engines: groups in flight and the most finished
             groups waiting, as the original), `n_samples_per_prompt`, `partial_rollout`,
-            `mask_offpolicy_in_partial_rollout`, `dynamic_sampling_filter_path` (+ what generate and rewards read).
+            `mask_offpolicy_in_partial_rollout`, `dynamic_sampling_filter_path`, `max_weight_staleness` and
+            `rollout_batch_size` (the most groups outstanding with a bound) (+ what generate and rewards read).
         data_source: the prompt source (`get_samples(1)` per new group).
         restored: groups held at the checkpoint this run resumed from (`load_state`), generated first.
         version: the rollout id the first training rollout asks for (the trainer's weight version then).
@@ -75,6 +76,10 @@ class FullyAsyncProducer:
         self.capacity = args.sglang_server_concurrency * num_engines(args)
         self.version = version
         self.state = RolloutState.create(args, rollout_id=version)
+        bound = args.max_weight_staleness
+        # A group drawn behind (bound + 1) batches of outstanding groups would be trained at least bound + 1 versions
+        # later and dropped: with a bound, no new prompt is drawn past that (recycled groups still go).
+        self.outstanding_limit = None if bound is None else (bound + 1) * args.rollout_batch_size
         path = args.dynamic_sampling_filter_path
         self._filter = load_function(path, flag="--dynamic-sampling-filter-path") if path else None
         self._order = itertools.count()
@@ -130,6 +135,9 @@ class FullyAsyncProducer:
     def _top_up(self) -> bool:
         """Submits groups while there is room; returns False when the data source gave none."""
         while len(self._in_flight) < self.capacity and len(self._ready) < self.capacity:
+            outstanding = len(self._in_flight) + len(self._ready) + len(self._recycled)
+            if not self._recycled and self.outstanding_limit is not None and outstanding >= self.outstanding_limit:
+                break
             held = self._next()
             if held is None:
                 return False
