@@ -244,8 +244,10 @@ class FullyAsyncProducer:
                 if bound is not None and behind > bound:
                     self.counts["stale_groups_dropped"] += 1
                     self._discarded["stale"].append(held.group)
-                    logger.info("rollout %d: dropped a group of version %d (%d behind > %d)", rollout_id, version,
-                                behind, bound)  # fmt: skip
+                    logger.info(
+                        "rollout %d: dropped prompt group %s of version %d (%d behind > --max-weight-staleness %d)",
+                        rollout_id, flatten_groups([held.group])[0].group_index, version, behind, bound,
+                    )  # fmt: skip
                     continue
                 accepted.append(held.group)
                 staleness.extend([behind] * len(flatten_groups([held.group])))
