@@ -45,6 +45,9 @@
 #                       one call (≈ 9 min) for tokens/s and first_step_logprob_abs_diff vs BF16 side by side
 #   e2e_tuned      420  the e2e run with 16k-token micro-batches (TUNED_MAX_TOKENS) and --no-offload-train
 #   e2e_disagg     420  the same on 2 GPUs: trainer on GPU 0, SGLang on GPU 1, NCCL weight sync
+#   e2e_async_disagg 420  e2e_disagg with --async (one-step-ahead rollout): the baseline of e2e_fully_async
+#   e2e_fully_async 420  e2e_disagg with the fully-async rollout (--max-weight-staleness 1, --partial-rollout): tokens/s
+#                       and rollout/staleness_* vs e2e_disagg (sync) and e2e_async_disagg (2 GPUs)
 #   e2e_lora       420  the same with LoRA (rank 16, alpha 32, default target modules, lr 1e-5): memory and sync time vs e2e
 #   e2e_megatron   420  the same (colocated, 1 GPU) with --train-backend megatron, 2048-token micro-batches
 #   e2e_ppo        450  the e2e run with --advantage-estimator ppo (critic colocated, actor and critic offloaded in turn)
@@ -306,6 +309,11 @@ for step in "$@"; do
                  run_step e2e_tuned 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_disagg) engine_down; DISAGG=1 RUN_DIR=/tmp/slime-bench-e2e/disagg run_step e2e_disagg 600 \
                   bash "$HERE/bench_e2e.sh" ;;
+    e2e_async_disagg) engine_down; DISAGG=1 EXTRA_FLAGS="${EXTRA_FLAGS:-} --async" LABEL="$P06-fsdp-disagg-async" \
+                        RUN_DIR=/tmp/slime-bench-e2e/async-disagg run_step e2e_async_disagg 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_fully_async) engine_down; DISAGG=1 LABEL="$P06-fsdp-disagg-fully-async" RUN_DIR=/tmp/slime-bench-e2e/fully-async \
+                       EXTRA_FLAGS="${EXTRA_FLAGS:-} --rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async --max-weight-staleness 1 --partial-rollout" \
+                       run_step e2e_fully_async 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_lora) engine_down; EXTRA_FLAGS="${EXTRA_FLAGS:-} --lora-rank 16 --lora-alpha 32 --lr 1e-5" \
                 RUN_DIR=/tmp/slime-bench-e2e/lora run_step e2e_lora 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_megatron) engine_down; TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 RUN_DIR=/tmp/slime-bench-e2e/megatron \

@@ -35,6 +35,7 @@ ORIGINAL_IMPORTS = {
     "slime.rollout.rm_hub.math_utils": ["extract_answer", "grade_answer_verl"],
     "slime.rollout.rm_hub.math_dapo_utils": ["compute_score"],
     "slime.rollout.sft_rollout": ["generate_rollout"],
+    "slime.rollout.fully_async_rollout": ["generate_rollout_fully_async", "AsyncRolloutWorker"],
     "slime.agent.adapters": ["OpenAIAdapter"],
     "slime.agent.adapters.openai": ["OpenAIAdapter"],
 }  # fmt: skip

@@ -20,6 +20,7 @@ import ray
 
 from slime_app.cluster import Placement
 from slime_core.config import PluginArgs, SlimeArgs
+from slime_core.config.validation_fully_async import is_fully_async
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +222,11 @@ class RolloutManager:
         )
 
     def dispose(self) -> None:
-        """Stops the health monitor and the engines (no orphan processes)."""
+        """Stops the fully-async producer, the health monitor and the engines (no orphan processes)."""
+        if is_fully_async(self.cfg):
+            from slime_rollout.generation.fully_async import stop_producer
+
+            stop_producer()  # before the engines go: its requests are aborted, not cut off
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None
@@ -335,11 +340,21 @@ class RolloutManager:
         run(self.client.broadcast(method, **kwargs))
 
     def save(self, rollout_id: int) -> None:
-        """Saves the data-source cursor next to the checkpoint."""
-        if self.data_source is not None:
+        """Saves the data-source cursor next to the checkpoint (fully async: with the producer's held groups)."""
+        if self.data_source is None:
+            return
+        if is_fully_async(self.cfg):
+            from slime_rollout.generation.fully_async import save_state
+
+            save_state(self.args, self.data_source, rollout_id)
+        else:
             self.data_source.save(rollout_id)
 
     def load(self, rollout_id: int) -> None:
-        """Restores the data-source cursor saved at `rollout_id`."""
+        """Restores the data-source cursor saved at `rollout_id` (fully async: the held groups come first)."""
         if self.data_source is not None:
             self.data_source.load(rollout_id)
+            if is_fully_async(self.cfg):
+                from slime_rollout.generation.fully_async import load_state
+
+                load_state(self.args, rollout_id)

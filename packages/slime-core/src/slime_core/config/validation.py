@@ -21,6 +21,7 @@ from slime_core.config.opd import validate_opd
 from slime_core.config.save_hf import check_save_hf
 from slime_core.config.sglang_flags import check_managed_sglang_flags
 from slime_core.config.unsupported import check_unsupported
+from slime_core.config.validation_fully_async import check_fully_async
 from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.estimators import get_estimator
 from slime_core.extensions import TRAIN_BACKENDS, train_backend_spec
@@ -44,6 +45,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _engines(args)
     _debug_modes(args)
     _placement(args)
+    check_fully_async(args)
     _batch_sizes(args)
     _num_rollout(args)
     _algorithm(args)

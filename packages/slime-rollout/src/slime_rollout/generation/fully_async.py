@@ -1,0 +1,194 @@
+"""Fully-async rollout (original `slime.rollout.fully_async_rollout`): a background producer over the engine pool.
+
+Use with `--rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async` (the original's
+path, served by slime-compat) or `slime_rollout.generation.fully_async.generate_rollout_fully_async`, on engines of
+their own (no `--colocate`). Flow::
+
+    producer task (on the rollout loop; started by the first training rollout, lives until `stop_producer`)
+      keeps up to `--sglang-server-concurrency` × engines groups in flight (the original's pool) while fewer than
+      that many finished groups wait; each new group is, in order: a recycled group, a group held at the
+      checkpoint this run resumed from, or `data_source.get_samples(1)`
+      a finished group with an ABORTED sample (a weight push pauses the engines with abort) is recycled:
+          --partial-rollout: continued from its tokens (`metadata["off_policy_tokens"]` = the response tokens
+          generated before the push); else restarted from its prompt
+      the dynamic-sampling filter drops a group (counted), else it waits in the ready queue
+    generate_rollout_fully_async(args, rollout_id, data_source)   (each training rollout)
+      takes ready groups in completion order until --rollout-batch-size of them are at most
+      --max-weight-staleness versions behind the trainer (`slime_rollout.generation.staleness`); staler ones are dropped
+      and counted; the producer's exception, if it died, is raised here.
+
+Resume: `save_state` writes the data-source cursor and every group the producer holds (in flight, ready, recycled)
+in one step of the loop, so nothing is drawn in between; a resumed run regenerates those held groups from their
+prompts first (under the resumed weights), then continues the data source's stream. Generated tokens are not kept
+across a restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import pathlib
+import time
+from typing import TYPE_CHECKING
+
+from slime_core.protocols import DataSource
+from slime_core.sample import Sample
+from slime_rollout import async_utils
+from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slime_rollout.data_source import atomic_write_text
+from slime_rollout.eval import eval_rollout
+from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
+from slime_rollout.goodput import rollout_token_fates
+from slime_rollout.metrics import compute_rollout_metrics, flatten_groups
+from slime_rollout.plugins import load_function
+from slime_rollout.rollout import _exclude_empty_responses
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FullyAsyncProducer",
+    "active_producer",
+    "generate_rollout_fully_async",
+    "load_state",
+    "save_state",
+    "state_path",
+    "stop_producer",
+]
+
+# ---- the process's producer (one per rollout manager, as the original's global worker) -----------
+
+_producer: FullyAsyncProducer | None = None
+_restored: list[list[Sample]] = []
+
+
+def active_producer() -> FullyAsyncProducer | None:
+    """The running producer of this process, or None before the first fully-async rollout."""
+    return _producer
+
+
+def state_path(root: str | pathlib.Path, rollout_id: int) -> pathlib.Path:
+    """Where the producer's held groups of checkpoint `rollout_id` live: `{root}/rollout/fully_async_{id}.json`."""
+    return pathlib.Path(root) / "rollout" / f"fully_async_{rollout_id}.json"
+
+
+async def _ensure_producer(args: SlimeArgs, data_source: DataSource, rollout_id: int) -> FullyAsyncProducer:
+    global _producer, _restored
+    if _producer is not None and _producer.data_source is not data_source:
+        raise RuntimeError("fully-async rollout: a producer already runs on another data source; stop_producer() first")
+    if _producer is None:
+        _producer = FullyAsyncProducer(args, data_source, restored=_restored, version=rollout_id)
+        _restored = []
+        _producer.start()
+        logger.info("fully-async rollout: producer started, up to %d groups in flight", _producer.capacity)
+    return _producer
+
+
+async def _collect(args: SlimeArgs, rollout_id: int, data_source: DataSource) -> RolloutFnTrainOutput:
+    producer = await _ensure_producer(args, data_source, rollout_id)
+    t0 = time.perf_counter()
+    data, metrics = await producer.take(rollout_id, args.rollout_batch_size, args.max_weight_staleness)
+    wait = time.perf_counter() - t0
+    discarded, drops, reward_seconds, wall = producer.take_discarded()
+    data.sort(key=lambda g: flatten_groups([g])[0].index or 0)
+    _exclude_empty_responses(args, rollout_id, data)
+    if args.rollout_sample_filter_path:
+        load_function(args.rollout_sample_filter_path, flag="--rollout-sample-filter-path")(args, data)
+    if args.rollout_all_samples_process_path:
+        fn = load_function(args.rollout_all_samples_process_path, flag="--rollout-all-samples-process-path")
+        fn(args, [*data, *discarded["filtered"], *discarded["stale"]], data_source)
+    # Generation overlaps training: the rollout's wall time is the time since the previous one was taken.
+    out = compute_rollout_metrics(args, data, rollout_time=wall, drop_counts=drops)
+    out.update(rollout_token_fates(data, discarded))
+    out.update(metrics)
+    out["perf/reward_time"] = reward_seconds
+    out["perf/fully_async_wait_time"] = wait
+    logger.info(
+        "fully-async rollout %d: %d groups in %.1fs (waited %.1fs), staleness max %s, %d stale dropped, %d ready",
+        rollout_id, len(data), wall, wait, metrics.get("rollout/staleness_max"),
+        int(metrics["rollout/stale_groups_dropped"]), producer.num_ready,
+    )  # fmt: skip
+    return RolloutFnTrainOutput(samples=data, metrics=out)
+
+
+def generate_rollout_fully_async(
+    args: SlimeArgs, rollout_id: int, data_source: DataSource, evaluation: bool = False
+) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    """The fully-async `--rollout-function-path` (original signature).
+
+    Args:
+        args: the plugin view; reads `rollout_batch_size`, `max_weight_staleness`, `rollout_sample_filter_path`,
+            `rollout_all_samples_process_path` (+ what `FullyAsyncProducer` reads).
+        rollout_id: the training rollout; the trainer holds weight version `rollout_id` when it trains it.
+        data_source: the prompt source, read by the producer.
+        evaluation: run the eval datasets (`slime_rollout.eval.eval_rollout`) on the same engines while the producer
+            keeps generating (the original refuses evaluation here).
+
+    Returns:
+        `rollout_batch_size` groups sorted by sample index with `rollout/*` metrics (`rollout/staleness_*`
+        among them), or `RolloutFnEvalOutput` when `evaluation`.
+
+    Raises:
+        RuntimeError: the producer died (its exception chained).
+    """
+    if evaluation:
+        return eval_rollout(args, rollout_id)
+    return async_utils.run(_collect(args, rollout_id, data_source))
+
+
+def stop_producer() -> None:
+    """Stops this process's producer (teardown, before the engines stop); a no-op without one."""
+    global _producer
+    if _producer is not None:
+        producer, _producer = _producer, None
+        async_utils.run(producer.stop())
+
+
+async def _write_state(args: SlimeArgs, data_source: DataSource, rollout_id: int) -> int:
+    # No await in here: the cursor and the held groups are read in one step of the loop, so the producer
+    # cannot draw a group in between.
+    held = _producer.held_prompts() if _producer is not None else [copy.deepcopy(g) for g in _restored]
+    data_source.save(rollout_id)
+    atomic_write_text(state_path(args.save, rollout_id), json.dumps({"held": [[s.to_dict() for s in g] for g in held]}))
+    return len(held)
+
+
+def save_state(args: SlimeArgs, data_source: DataSource, rollout_id: int) -> None:
+    """Checkpoints the prompt stream: the data-source cursor and the producer's held groups (no-op without --save).
+
+    Raises:
+        TypeError: a held sample holds a value JSON cannot store.
+    """
+    if not args.save:
+        return
+    num_held = async_utils.run(_write_state(args, data_source, rollout_id))
+    logger.info("fully-async rollout: saved the cursor and %d held group(s) at rollout %d", num_held, rollout_id)
+
+
+def load_state(args: SlimeArgs, rollout_id: int) -> int:
+    """Reads the held groups of checkpoint `rollout_id` under `--load`; the next producer generates them first.
+
+    Call after the data source restored its cursor (`data_source.load(rollout_id)`).
+
+    Returns:
+        The number of groups restored (0 without `--load` or when the checkpoint holds none).
+
+    Raises:
+        ValueError: the file exists but is not a valid state.
+    """
+    global _restored
+    if not args.load:
+        return 0
+    path = state_path(args.load, rollout_id)
+    if not path.exists():
+        logger.info("fully-async rollout: no held groups at %s (a checkpoint of another rollout function)", path)
+        return 0
+    try:
+        _restored = [[Sample.from_dict(d) for d in g] for g in json.loads(path.read_text(encoding="utf-8"))["held"]]
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{path}: bad fully-async rollout state ({e})") from e
+    logger.info("fully-async rollout: %d held group(s) from %s are generated first", len(_restored), path)
+    return len(_restored)

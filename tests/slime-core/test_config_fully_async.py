@@ -1,0 +1,39 @@
+"""Fully-async rollout rules (`slime_core.config.validation_fully_async`)."""
+
+import pytest
+
+from slime_core.config import ConfigError, SlimeArgs, parse_args
+from slime_core.config.validation_fully_async import is_fully_async
+
+BASE = {"rollout_batch_size": 4, "num_rollout": 1, "train_backend": "fsdp"}
+ORIGINAL_PATH = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+
+
+def make(**overrides):
+    return SlimeArgs.from_dict({**BASE, **overrides})
+
+
+def test_original_launch_flags_parse_with_a_staleness_bound():
+    args = parse_args(["--rollout-batch-size", "4", "--num-rollout", "1", "--async", "--rollout-function-path",
+                       ORIGINAL_PATH, "--max-weight-staleness", "2", "--partial-rollout"])  # fmt: skip
+    assert is_fully_async(args) and args.max_weight_staleness == 2 and args.async_train
+    ours = "slime_rollout.generation.fully_async.generate_rollout_fully_async"
+    assert is_fully_async(make(rollout_function_path=ours))
+    assert not is_fully_async(make())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_weight_staleness": 1}, "--max-weight-staleness bounds the fully-async rollout only"),
+        ({"rollout_function_path": ORIGINAL_PATH, "colocate": True}, "cannot share GPUs: drop --colocate"),
+        (
+            {"rollout_function_path": ORIGINAL_PATH, "max_weight_staleness": -1},
+            "--max-weight-staleness: Input should be greater than or equal to 0",
+        ),
+    ],
+)
+def test_broken_rules_are_one_line_errors_naming_the_flags(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        make(**overrides)
+    assert message in str(err.value)
