@@ -15,8 +15,8 @@ import pytest
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample
-from slime_rollout.client import EngineClient
-from slime_rollout.data_source import RolloutDataSourceWithBuffer
+from slime_rollout.data.source import RolloutDataSourceWithBuffer
+from slime_rollout.engines.client import EngineClient
 from slime_rollout.generation import fully_async
 from slime_rollout.generation.fully_async import generate_rollout_fully_async, load_state, save_state, stop_producer
 from slime_rollout.generation.staleness import group_version
@@ -46,7 +46,7 @@ def _args(engine, model_dir, fixtures_dir, **kw):
 
 
 async def _push(url: str, version: str) -> None:
-    """What a weight sync does to an engine around its buckets (`slime_rollout.weight_sync`).
+    """What a weight sync does to an engine around its buckets (`slime_rollout.weight_sync.updaters`).
 
     The running requests' abort replies go out before the version changes, as in a real push (SGLang answers an
     abort within a scheduler step; the buckets take longer). Requests that arrive while paused wait for the new

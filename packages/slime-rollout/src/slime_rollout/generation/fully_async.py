@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING
 
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample
-from slime_rollout import async_utils
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slime_rollout.data_source import atomic_write_text
-from slime_rollout.eval import eval_rollout
+from slime_rollout.data.source import atomic_write_text
+from slime_rollout.generation.eval import eval_rollout
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
-from slime_rollout.goodput import rollout_token_fates
-from slime_rollout.metrics import compute_rollout_metrics, flatten_groups
+from slime_rollout.generation.rollout import _exclude_empty_responses
 from slime_rollout.plugins import load_function
-from slime_rollout.rollout import _exclude_empty_responses
+from slime_rollout.runtime import async_utils
+from slime_rollout.runtime.goodput import rollout_token_fates
+from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -124,8 +124,8 @@ def generate_rollout_fully_async(
             `rollout_all_samples_process_path` (+ what `FullyAsyncProducer` reads).
         rollout_id: the training rollout; the trainer holds weight version `rollout_id` when it trains it.
         data_source: the prompt source, read by the producer.
-        evaluation: run the eval datasets (`slime_rollout.eval.eval_rollout`) on the same engines while the producer
-            keeps generating (the original refuses evaluation here).
+        evaluation: run the eval datasets (`slime_rollout.generation.eval.eval_rollout`) on the same engines while
+            the producer keeps generating (the original refuses evaluation here).
 
     Returns:
         `rollout_batch_size` groups sorted by sample index with `rollout/*` metrics (`rollout/staleness_*`

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
-from slime_rollout.filters import flatten_group, normalize_filter_output
-from slime_rollout.generate import abort_all
+from slime_rollout.generation.filters import flatten_group, normalize_filter_output
+from slime_rollout.generation.generate import abort_all
+from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm_group, num_engines
 from slime_rollout.generation.staleness import group_version, staleness_metrics
-from slime_rollout.group_rollout import RolloutState, generate_and_rm_group, num_engines
-from slime_rollout.metrics import flatten_groups
 from slime_rollout.plugins import load_function
+from slime_rollout.runtime.metrics import flatten_groups
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -58,7 +58,7 @@ class _Held:
 class FullyAsyncProducer:
     """Generates prompt groups continuously on the rollout loop; the training rollouts take finished ones.
 
-    Create and use it on the rollout loop (`slime_rollout.async_utils`); `generate_rollout_fully_async` does.
+    Create and use it on the rollout loop (`slime_rollout.runtime.async_utils`); `generate_rollout_fully_async` does.
 
     Args:
         args: the plugin view; reads `sglang_server_concurrency` (× engines: groups in flight and the most finished

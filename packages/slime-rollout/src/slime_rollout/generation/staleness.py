@@ -25,7 +25,7 @@ def parse_version(version: str | None) -> int | None:
     """The integer of an engine `weight_version` string, or None for a non-integer one.
 
     An engine that has not received weights yet reports SGLang's "default"; a push that failed part way tags the
-    engine `"<v>-incomplete"` (`slime_rollout.weight_push`). Neither is a policy version.
+    engine `"<v>-incomplete"` (`slime_rollout.weight_sync.push`). Neither is a policy version.
     """
     if version is None:
         return None
