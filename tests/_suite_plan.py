@@ -31,6 +31,18 @@ SAME_WORKER = {"tests/slime-envs/": "tests/slime-envs/"}
 ENGINE_BASE_PORT = 16000
 ENGINE_PORTS_PER_WORKER = 1000
 
+# Test files that fork ranks from the pytest process. A forked child cannot run autograd once its parent has run a
+# backward pass (torch: "Unable to handle autograd's threading in combination with fork-based multiprocessing"), so
+# these files run first in every process, before any other test's backward (`fork_first`).
+FORKS_RANKS = (
+    "tests/slime-train-fsdp/test_backend.py",
+    "tests/slime-train-fsdp/test_context_parallel.py",
+    "tests/slime-train-fsdp/test_critic_backend.py",
+    "tests/slime-train-fsdp/test_lora.py",
+    "tests/slime-train-fsdp/test_vlm.py",
+    "tests/slime-train-megatron/test_logprobs.py",
+)
+
 RAY_TMPDIR_ENV = "RAY_TMPDIR"
 ENGINE_BASE_PORT_ENV = "SLIME_ENGINE_BASE_PORT"  # read by slime_app.engine_hosts
 
@@ -148,6 +160,30 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     config.option.loadscopereorder = False  # collection order, also under an explicit `-n N`
     return FileScheduling(config, log)
+
+
+def fork_first(nodeids: list[str]) -> list[int]:
+    """The order to run tests in: those of `FORKS_RANKS` files first (in `FORKS_RANKS` order), then the rest as given.
+
+    Args:
+        nodeids: the collected node ids, in collection order.
+
+    Returns:
+        A permutation of `range(len(nodeids))`; files stay whole and keep their own test order.
+    """
+    rank = {path: i for i, path in enumerate(FORKS_RANKS)}
+
+    def key(i: int) -> tuple[int, int]:
+        path = nodeids[i].split("::", 1)[0]
+        return (rank[path], i) if path in rank else (len(FORKS_RANKS), i)
+
+    return sorted(range(len(nodeids)), key=key)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Runs the files that fork ranks before all others (see `FORKS_RANKS`); xdist schedules in this order too."""
+    order = fork_first([item.nodeid for item in items])
+    items[:] = [items[i] for i in order]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

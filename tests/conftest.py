@@ -27,6 +27,7 @@ pytest_cmdline_main = _suite_plan.pytest_cmdline_main
 pytest_xdist_auto_num_workers = _suite_plan.pytest_xdist_auto_num_workers
 pytest_xdist_make_scheduler = _suite_plan.pytest_xdist_make_scheduler
 pytest_sessionfinish = _suite_plan.pytest_sessionfinish
+pytest_collection_modifyitems = _suite_plan.pytest_collection_modifyitems
 
 
 # A config names a training backend (default `megatron`) whose capability record its validation reads. A package's

@@ -29,7 +29,9 @@ def _tensors():
 def test_one_shard_is_model_safetensors_with_the_assets(source, tmp_path):
     write_hf_checkpoint(_tensors(), tmp_path / "out", source_dir=source, is_writer=True)
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    # `.slime_export` marks a folder slime wrote: the next export may replace it (slime_core.dir_swap).
+    assert sorted(p.name for p in out.iterdir()) == [".slime_export", "config.json", "model.safetensors",
+                                                      "tokenizer.json"]  # fmt: skip
     got = load_file(str(out / "model.safetensors"))
     assert {k: v.tolist() for k, v in got.items()} == {"a": [0, 1, 2, 3], "b": [1, 1, 1], "c": [7, 7]}
     # The tensors are float32, so the copied config says so (its legacy key too), whatever the source declared.
@@ -73,12 +75,13 @@ def test_a_reader_rank_writes_nothing_but_drains_the_collective_iterator(source,
 
 def test_an_old_export_and_a_stale_staging_dir_are_replaced(source, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "previous").write_text("rollout 0")
+    write_hf_checkpoint(_tensors(), out, source_dir=source, is_writer=True)  # rollout 0's export
     (tmp_path / "out.tmp").mkdir()
+    (tmp_path / "out.tmp" / ".slime_export").write_text("")  # a killed export's staging dir (marked)
     (tmp_path / "out.tmp" / "half-written").write_text("")
     write_hf_checkpoint(_tensors(), out, source_dir=source, is_writer=True)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".slime_export", "config.json", "model.safetensors",
+                                                      "tokenizer.json"]  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
 
 
