@@ -1,14 +1,18 @@
-"""The compile scenario of `_workers.py` (`compile`, `compile_gpu`): compiled decoder layers over micro-batches
-whose sequence count and lengths vary, as dynamic batching feeds them; `make_args` is `_workers.make_args`."""
+"""How `_workers.py`'s layers run: the compile scenario (`compile`, `compile_gpu`: compiled decoder layers over
+micro-batches whose sequence count and lengths vary, as dynamic batching feeds them; `make_args` is
+`_workers.make_args`) and `gathered_states` (when a layer's parameters are gathered or sharded on one rank)."""
 
 from __future__ import annotations
 
 import pathlib
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from slime_core.batch import RolloutBatch
 from slime_train_fsdp import FSDPTrainBackend
+from slime_train_fsdp.model_loading import gathered_through_backward
+from slime_train_fsdp.packing import response_log_probs
 
 
 def varied_batches(count: int, seed: int = 0) -> list[RolloutBatch]:
@@ -57,3 +61,21 @@ def scenario_compile(ckpt: str, out: pathlib.Path, work: pathlib.Path, *, make_a
         res["frames"].append(int(counters["frames"]["total"]))
     res["sequence_counts"] = sorted({len(mb) for batch in varied_batches(6) for mb in batch.micro_batches[0]})
     return res
+
+
+def gathered_states(b: FSDPTrainBackend, batch: RolloutBatch) -> dict:
+    """Whether a decoder layer's parameters are DTensor shards: after a forward inside and after the block."""
+    layer = b.model.model.layers[0]
+    sharded = lambda: all(isinstance(p, DTensor) for p in layer.parameters())  # noqa: E731
+    out = {"before": sharded()}
+    with gathered_through_backward(b.model):
+        logp, _, anchor = response_log_probs(
+            b.model, b._pack(batch, batch.micro_batches[0][0]), temperature=1.0, chunk_size=4
+        )
+        out["after_forward"] = sharded()
+        (logp.sum() + anchor).backward()
+    out["after_block"] = sharded() and all(isinstance(p, DTensor) for p in b.model.parameters())
+    b.optimizer.zero_grad(set_to_none=True)
+    b.compute_log_probs(batch)
+    out["after_no_grad_forward"] = sharded()
+    return out

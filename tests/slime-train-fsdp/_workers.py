@@ -344,28 +344,8 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     res["per_token_params"] = full_params(t)
     res["per_token_steps"] = t.step_metrics
     # 11. one rank keeps a layer's gathered parameters from forward to backward, then everything is sharded again.
-    res["gathered"] = gathered_states(t, batch)
+    res["gathered"] = _compile.gathered_states(t, batch)
     return res
-
-
-def gathered_states(b: FSDPTrainBackend, batch: RolloutBatch) -> dict:
-    """Whether a decoder layer's parameters are DTensor shards: after a forward inside and after the block."""
-    from slime_train_fsdp.model_loading import gathered_through_backward
-
-    layer = b.model.model.layers[0]
-    sharded = lambda: all(isinstance(p, DTensor) for p in layer.parameters())  # noqa: E731
-    out = {"before": sharded()}
-    with gathered_through_backward(b.model):
-        logp, _, anchor = response_log_probs(
-            b.model, b._pack(batch, batch.micro_batches[0][0]), temperature=1.0, chunk_size=4
-        )
-        out["after_forward"] = sharded()
-        (logp.sum() + anchor).backward()
-    out["after_block"] = sharded() and all(isinstance(p, DTensor) for p in b.model.parameters())
-    b.optimizer.zero_grad(set_to_none=True)
-    b.compute_log_probs(batch)
-    out["after_no_grad_forward"] = sharded()
-    return out
 
 
 def scenario_dp(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:

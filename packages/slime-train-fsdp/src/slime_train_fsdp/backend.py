@@ -45,6 +45,7 @@ from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
 from slime_train_fsdp.model_loading import (
     build_fsdp_model,
+    compiles_layers,
     default_device,
     gathered_through_backward,
     load_hf_weights_into,
@@ -189,7 +190,7 @@ class FSDPTrainBackend:
 
     def _load_checkpoint(self, cfg: SlimeArgs) -> int:
         """Restores `--load` when it holds a checkpoint; returns the rollout id to start from."""
-        if cfg.load and self._compiles:
+        if cfg.load and compiles_layers(cfg, self.device):
             load_compile_cache(cfg.load)  # before the first forward compiles the layers
         start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler)
         return start
@@ -384,14 +385,8 @@ class FSDPTrainBackend:
             scheduler=self.scheduler,
             save_optim=not self.cfg.no_save_optim,
         )
-        if self._compiles and dist.get_rank() == 0:
+        if compiles_layers(self.cfg, self.device) and dist.get_rank() == 0:
             save_compile_cache(save_dir)
-
-    @property
-    def _compiles(self) -> bool:
-        """Whether the decoder layers are compiled (`--fsdp-compile-layers`, default: on CUDA)."""
-        flag = self.cfg.fsdp_compile_layers
-        return flag if flag is not None else self.device.type == "cuda"
 
     def save_hf(self, path: str | pathlib.Path) -> None:
         """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective).

@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "FillMissing",
     "build_fsdp_model",
+    "compiles_layers",
     "default_device",
     "gathered_through_backward",
     "load_hf_weights_into",
@@ -138,6 +139,11 @@ def _layer_classes(model: nn.Module) -> tuple[type, ...]:
     return tuple(classes)
 
 
+def compiles_layers(cfg: SlimeArgs, device: torch.device) -> bool:
+    """Whether the decoder layers are compiled: `--fsdp-compile-layers`, by default on CUDA only."""
+    return cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else device.type == "cuda"
+
+
 def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torch.device) -> None:
     """One FSDP unit per decoder layer, then the root (embeddings, final norm, lm_head stay in the root unit)."""
     kwargs: dict[str, Any] = {"mesh": mesh}
@@ -149,7 +155,7 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
     elif cfg.fsdp_cpu_offload:
         logger.warning("--fsdp-cpu-offload has no effect on CPU")
     layer_types = _layer_classes(model)
-    compile_layers = cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else device.type == "cuda"
+    compile_layers = compiles_layers(cfg, device)
     vision_blocks = {id(m) for n, m in model.named_modules() if is_vision_tower_param(n + ".")}
     for module in model.modules():
         if isinstance(module, layer_types):

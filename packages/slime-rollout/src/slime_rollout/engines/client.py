@@ -111,7 +111,7 @@ class EngineClient(HttpEndpoint):
         )
 
     async def update_weights_from_delta(self, req: wire.WeightUpdateRequest) -> dict:
-        """POST /update_weights_from_delta (`slime_rollout.weight_sync.delta_sync.UpdateWeightsFromDeltaReq`)."""
+        """POST /update_weights_from_delta (`slime_rollout.engines.weight_delta.UpdateWeightsFromDeltaReq`)."""
         return await self._post(req)
 
     async def init_weights_update_group(
