@@ -24,9 +24,9 @@ from slime_train_fsdp import FSDPCriticBackend, FSDPTrainBackend
 def make_cfg(ckpt: str, **overrides) -> SlimeArgs:
     """The critic's config of a PPO run over 8 samples in 2 optimizer steps of 4."""
     base = dict(
-        hf_checkpoint=ckpt, advantage_estimator="ppo", rollout_batch_size=4, n_samples_per_prompt=2,
-        global_batch_size=4, num_rollout=40, lr=1e-6, critic_lr=3e-3, attn_implementation="sdpa", seed=1234,
-        rollout_temperature=0.7,  # values must ignore it
+        hf_checkpoint=ckpt, train_backend="fsdp", advantage_estimator="ppo", rollout_batch_size=4,
+        n_samples_per_prompt=2, global_batch_size=4, num_rollout=40, lr=1e-6, critic_lr=3e-3,
+        attn_implementation="sdpa", seed=1234, rollout_temperature=0.7,  # values must ignore it
     )  # fmt: skip
     base.update(overrides)
     return critic_config(SlimeArgs.from_dict(base))
