@@ -67,6 +67,7 @@ class TrainBackendSpec(Entry):
         supports_multimodal: trains vision-language models (`--multimodal-keys`, `--freeze-vision-tower`).
         compiles_layers: may compile layers at the first forward (`--fsdp-compile-layers`; the progress display
             names the first step accordingly).
+        supports_true_on_policy: reproduces SGLang's log-probs bit for bit (`--true-on-policy-mode`).
     """
 
     needs_gpu: bool = True
@@ -80,6 +81,7 @@ class TrainBackendSpec(Entry):
     lr_decay_styles: tuple[str, ...] = ("constant", "linear", "cosine")
     compiles_layers: bool = False
     supports_multimodal: bool = False
+    supports_true_on_policy: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

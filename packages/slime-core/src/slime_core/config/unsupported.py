@@ -64,7 +64,6 @@ UNSUPPORTED: dict[str, str] = {
     "rollout_task_type": "no rollout buffer server; use --rollout-function-path",
     "save_debug_train_data": "train batches are not dumped; use --save-debug-rollout-data",
     "sglang_config": "no multi-model / server-group engine config; one engine group serves the policy",
-    "true_on_policy_mode": "no bitwise trainer/engine numerics alignment; watch train/train_rollout_logprob_abs_diff",
     "use_distributed_post": "engine requests come from the rollout manager's async HTTP client",
     "use_pytorch_profiler": "no built-in profiler; run the trainer under torch.profiler or nsys",
     "use_rollout_entropy": "the reported entropy is the trainer's (train/entropy_loss)",

@@ -20,6 +20,7 @@ from slime_core.config.mismatch import validate_mismatch
 from slime_core.config.opd import validate_opd
 from slime_core.config.save_hf import check_save_hf
 from slime_core.config.sglang_flags import check_managed_sglang_flags
+from slime_core.config.true_on_policy import check_true_on_policy
 from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_fully_async import check_fully_async
 from slime_core.config.validation_multimodal import check_multimodal
@@ -57,6 +58,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _weight_sync(args)
     _passthrough(args)
     check_multimodal(args)
+    check_true_on_policy(args)
 
 
 class _Draft:

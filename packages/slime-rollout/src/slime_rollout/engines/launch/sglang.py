@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.sglang_flags import MANAGED_SGLANG_FIELDS, check_managed_sglang_flags
+from slime_core.config.true_on_policy import true_on_policy_server_args
 from slime_rollout.engines.launch.common import needs_weights_backup
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.wire import nccl_cumem_enable
@@ -155,6 +156,7 @@ def build_sglang_command(
     if memory_saver:
         cmd.append("--enable-memory-saver")
     cmd += lora_server_args(cfg, passthrough)
+    cmd += true_on_policy_server_args(cfg)
     if needs_weights_backup(cfg, memory_saver=memory_saver) and "--enable-weights-cpu-backup" not in passthrough:
         cmd.append("--enable-weights-cpu-backup")
     cmd += passthrough
