@@ -39,6 +39,7 @@ from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
 from slime_train_fsdp.packing import ForwardOptions, install_response_forward
+from slime_train_fsdp.true_on_policy import install_mirrored_qwen3
 from slime_train_fsdp.vision import is_vision_language
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_lan
         raise ValueError(f"--log-probs-head {head!r}: known heads are {sorted(HEADS)}")
     cp = cfg.context_parallel_size
     if cp == 1:
-        return ForwardOptions(head=head, vision_language=vision_language)
+        return ForwardOptions(head=head, vision_language=vision_language, true_on_policy=cfg.true_on_policy_mode)
     world = dist.get_world_size()
     if world % cp:
         raise ValueError(f"--context-parallel-size {cp} must divide the number of trainer ranks ({world})")
@@ -141,6 +142,8 @@ def _layer_classes(model: nn.Module) -> tuple[type, ...]:
 
 def compiles_layers(cfg: SlimeArgs, device: torch.device) -> bool:
     """Whether the decoder layers are compiled: `--fsdp-compile-layers`, by default on CUDA only."""
+    if cfg.true_on_policy_mode:  # the mode runs its own uncompiled layer forward (compilation changes rounding)
+        return False
     return cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else device.type == "cuda"
 
 
@@ -315,6 +318,8 @@ def build_fsdp_model(
     load_hf_weights_into(model, path, extra=adapters, fill_missing=fill_missing)
     model.train()
     install(model, options)
+    if cfg.true_on_policy_mode:
+        install_mirrored_qwen3(model, device)
     cp = 1 if options.cp_group is None else dist.get_world_size(options.cp_group)
     logger.info("loaded %s (%s, attn=%s, head=%s, cp=%d) sharded over %d ranks", path, type(model).__name__, attn,
                 options.head, cp, mesh.size())  # fmt: skip

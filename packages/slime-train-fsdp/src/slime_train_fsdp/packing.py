@@ -36,6 +36,7 @@ from slime_core.algorithms import KeptTokens
 from slime_train_fsdp.attention import packed_attention_kwargs
 from slime_train_fsdp.context_parallel import gather_response_values, shard_row
 from slime_train_fsdp.logprob_head import DEFAULT_CPU_HEAD, head_log_probs
+from slime_train_fsdp.true_on_policy import mirrored_response_forward
 from slime_train_fsdp.vision import (
     dummy_vision_inputs,
     install_placeholder_guard,
@@ -64,11 +65,13 @@ class ForwardOptions:
         head: `--log-probs-head`, a key of `logprob_head.HEADS`.
         cp_group: the context-parallel group of this rank, or None without context parallelism.
         vision_language: the model has a vision tower (`model.model.visual`) that every forward must run.
+        true_on_policy: `--true-on-policy-mode`: the row runs `true_on_policy.mirrored_response_forward` instead.
     """
 
     head: str = DEFAULT_CPU_HEAD
     cp_group: dist.ProcessGroup | None = None
     vision_language: bool = False
+    true_on_policy: bool = False
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -210,6 +213,10 @@ def _response_forward(
     runs its vision tower on the row's images, or on a dummy image when the row has none (`vision.py`).
     """
     opts: ForwardOptions = getattr(self, _OPTIONS_ATTR)
+    if opts.true_on_policy:  # SGLang's op order and kernels (no CP, no vision: refused by the config)
+        lengths = list(seq_lengths) if seq_lengths else [int(input_ids.shape[-1])]
+        return mirrored_response_forward(self, input_ids, position_ids, predict_index, targets, temperature,
+                                         with_entropy, lengths)  # fmt: skip
     visual = getattr(self.model, "visual", None) if opts.vision_language else None
     vision_kwargs: dict[str, torch.Tensor] = {}
     if visual is not None:

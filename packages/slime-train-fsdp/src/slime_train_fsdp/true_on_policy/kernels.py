@@ -1,0 +1,100 @@
+"""SGLang's own kernels for the trainer's mirrored forward, imported lazily and only on CUDA.
+
+SGLang is a server-only dependency (`slime-rollout[sglang]`): CPU CI and the package-isolation runs do not have
+it, so nothing here imports it at module load. On CUDA, `--true-on-policy-mode` needs it (the exact kernels
+exist nowhere else) and a missing SGLang is one clear error; on CPU the mode runs the pure-torch fallback of the
+same op order and says once that bit-exactness is only promised on the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import types
+
+import torch
+
+__all__ = ["SGLangKernels", "enable_batch_invariant_ops", "load_kernels"]
+
+logger = logging.getLogger(__name__)
+
+_INSTALL_HINT = "install the engine's SGLang (slime-rollout[sglang], sglang==0.5.16) in the trainer's environment"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SGLangKernels:
+    """The SGLang 0.5.16 triton attention kernels the engine runs under `--enable-deterministic-inference`.
+
+    Attributes:
+        extend_unified: `sglang.kernels.ops.attention.extend_attention.extend_attention_fwd_unified`, the 1-stage
+            prefill kernel (prefix and new tokens read through one `kv_indices`).
+        decode: `sglang.kernels.ops.attention.decode_attention.decode_attention_fwd`, the split-KV decode kernel.
+        split_tile_size: KV tokens per decode split (`SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE`, SGLang's default 256).
+    """
+
+    extend_unified: types.FunctionType
+    decode: types.FunctionType
+    split_tile_size: int
+
+
+_STATE: dict[str, object] = {}
+
+
+def _import(module: str, name: str):
+    try:
+        mod = __import__(module, fromlist=[name])
+    except ImportError as e:
+        raise RuntimeError(f"--true-on-policy-mode on CUDA needs {module}.{name} ({e}); {_INSTALL_HINT}") from e
+    return getattr(mod, name)
+
+
+def enable_batch_invariant_ops(device: torch.device) -> bool:
+    """Installs SGLang's batch-invariant `aten::mm/addmm/_log_softmax/mean.dim/rms_norm` overrides (CUDA only).
+
+    The same call the original slime's FSDP actor makes for the mode
+    (`sglang.srt.batch_invariant_ops.enable_batch_invariant_mode(enable_bmm=False)`): the engine runs with them
+    (`--enable-deterministic-inference`), so the trainer must too for its matmuls to round the same way. They
+    apply process-wide from then on (backward and the optimizer included), which is part of the mode's cost.
+
+    Args:
+        device: the trainer's device; on CPU nothing is installed and a warning says so, once.
+
+    Returns:
+        True when the overrides are active.
+
+    Raises:
+        RuntimeError: on CUDA without SGLang.
+    """
+    if device.type != "cuda":
+        if not _STATE.get("cpu_warned"):
+            _STATE["cpu_warned"] = True
+            logger.warning(
+                "--true-on-policy-mode on %s: running the mirrored Qwen3 forward with pure-torch ops; its log-probs "
+                "equal SGLang's bit for bit only on CUDA with SGLang's kernels",
+                device.type,
+            )
+        return False
+    enable = _import("sglang.srt.batch_invariant_ops", "enable_batch_invariant_mode")
+    enable(enable_bmm=False)
+    logger.info("--true-on-policy-mode: SGLang batch-invariant ops enabled in the trainer")
+    return True
+
+
+def load_kernels(device: torch.device) -> SGLangKernels | None:
+    """SGLang's triton attention kernels on CUDA, None on CPU (the caller then uses the torch fallback).
+
+    Raises:
+        RuntimeError: on CUDA without SGLang.
+    """
+    if device.type != "cuda":
+        return None
+    if "kernels" not in _STATE:
+        _STATE["kernels"] = SGLangKernels(
+            extend_unified=_import("sglang.kernels.ops.attention.extend_attention", "extend_attention_fwd_unified"),
+            decode=_import("sglang.kernels.ops.attention.decode_attention", "decode_attention_fwd"),
+            # SGLang reads the same variable (triton_backend.py, deterministic branch); the engine inherits this
+            # process's environment, so both see one value.
+            split_tile_size=int(os.environ.get("SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE", "256")),
+        )
+    return _STATE["kernels"]  # type: ignore[return-value]
