@@ -1,0 +1,152 @@
+"""`--true-on-policy-mode` on CPU: the mirrored Qwen3 forward, its attention backward, the sampler's log-softmax.
+
+Bit-exactness against SGLang is a GPU property (tests/gpu/test_true_on_policy_gpu.py); here the CPU fallback of
+the same op order is checked against independent references: the HF forward in fp32 (tolerance 1e-5 on
+log-probs: only summation order differs), SDPA's gradients (1e-5), and the sampler formula written out below.
+"""
+
+import math
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from slime_train_fsdp.packing import ForwardOptions, install_response_forward, pack_micro_batch, response_log_probs
+from slime_train_fsdp.true_on_policy import install_mirrored_qwen3, qwen3
+from slime_train_fsdp.true_on_policy.attention import MirroredAttention, plan_attention
+from slime_train_fsdp.true_on_policy.ops import sampler_log_probs
+
+CPU = torch.device("cpu")
+
+
+def _tiny_qwen3(seed=0):
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        architectures=["Qwen3ForCausalLM"], attn_implementation="sdpa",
+    )  # fmt: skip
+    model = Qwen3ForCausalLM(config).float().eval()
+    with torch.no_grad():  # non-trivial norm weights, so a wrong weight mapping shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    return model
+
+
+def _hf_log_probs(model, seqs, response_lengths, temperature):
+    out = []
+    for tokens, r in zip(seqs, response_lengths, strict=True):
+        logits = model(input_ids=tokens[None]).logits[0].float()  # [T, V]
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        t = tokens.numel()
+        out.append(logp[t - r - 1 : t - 1].gather(-1, tokens[t - r :, None]).squeeze(-1))
+    return torch.cat(out)
+
+
+def test_mirrored_forward_equals_the_hf_forward_in_fp32():
+    model = _tiny_qwen3()
+    seqs = [torch.randint(0, 97, (11,)), torch.randint(0, 97, (7,))]
+    response_lengths = [4, 3]
+    expected = _hf_log_probs(model, seqs, response_lengths, temperature=0.7)
+    install_response_forward(model, ForwardOptions(head="fp32", true_on_policy=True))
+    install_mirrored_qwen3(model, CPU)
+    mb = pack_micro_batch(seqs, response_lengths, [0, 1], CPU)
+    with torch.no_grad():
+        logp, _, _ = response_log_probs(model, mb, temperature=0.7, chunk_size=4)
+    torch.testing.assert_close(logp, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_mode_routes_the_response_forward_through_the_mirror(monkeypatch):
+    model = _tiny_qwen3()
+    install_response_forward(model, ForwardOptions(head="fp32", true_on_policy=True))
+    install_mirrored_qwen3(model, CPU)
+    calls = []
+    original = qwen3._layer_forward
+    monkeypatch.setattr(qwen3, "_layer_forward", lambda *a: calls.append(1) or original(*a))
+    install_mirrored_qwen3(model, CPU)  # re-binds the layers to the counting wrapper
+    mb = pack_micro_batch([torch.tensor([3, 4, 5, 6])], [2], [0], CPU)
+    response_log_probs(model, mb, temperature=1.0, chunk_size=4)
+    assert len(calls) == 2  # both decoder layers, through the mirrored method
+
+
+def test_other_architectures_are_refused():
+    model = _tiny_qwen3()
+    model.config.architectures = ["Qwen3MoeForCausalLM"]
+    with pytest.raises(ValueError, match="Qwen3MoeForCausalLM is not a dense Qwen3"):
+        install_mirrored_qwen3(model, CPU)
+
+
+def test_attention_plan_splits_prompt_and_response_positions():
+    plan = plan_attention([4, 3], [2, 3], CPU, split_tile_size=2)
+    assert plan.extend_index.tolist() == [0, 1, 4, 5, 6]
+    assert plan.extend_indptr.tolist() == [0, 2, 5]
+    assert plan.decode_index.tolist() == [2, 3]  # the second sequence generated nothing after its prompt
+    assert plan.decode_kv_indptr.tolist() == [0, 3, 7]
+    assert plan.decode_kv_indices.tolist() == [0, 1, 2, 0, 1, 2, 3]
+    assert plan.num_kv_splits.tolist() == [2, 2]  # ceil(3/2), ceil(4/2)
+    with pytest.raises(ValueError, match="sequence 0: prompt length 0 outside"):
+        plan_attention([4], [0], CPU)
+
+
+def test_prompt_lengths_from_predict_positions():
+    predict = torch.tensor([1, 2, 3, 6])  # seq 0 (T=5) predicts 3 tokens, seq 1 (T=3) one
+    assert qwen3.prompt_lengths([5, 3], predict) == [2, 2]
+
+
+def test_attention_backward_equals_sdpa_gradients():
+    torch.manual_seed(1)
+    lengths = [5, 3]
+    q = torch.randn(8, 4, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(8, 2, 16, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(8, 2, 16, dtype=torch.float64, requires_grad=True)
+    plan = plan_attention(lengths, [2, 1], CPU)
+    grad = torch.randn(8, 4, 16, dtype=torch.float64)
+    MirroredAttention.apply(q, k, v, plan, 0.25, None).backward(grad)
+    ours = [t.grad.clone() for t in (q, k, v)]
+    # Reference: dense causal attention per sequence, heads repeated for GQA, written out.
+    refs = []
+    for t in (q, k, v):
+        t.grad = None
+    outs = []
+    for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
+        ks, vs = ks.repeat_interleave(2, dim=1), vs.repeat_interleave(2, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) * 0.25
+        mask = torch.ones(len(qs), len(qs), dtype=torch.bool).tril()
+        probs = scores.masked_fill(~mask, -math.inf).softmax(-1)
+        outs.append(torch.einsum("hqk,khd->qhd", probs, vs))
+    torch.cat(outs).backward(grad)
+    refs = [t.grad for t in (q, k, v)]
+    for a, b in zip(ours, refs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_sampler_log_probs_match_the_formula_written_out():
+    torch.manual_seed(2)
+    logits = (torch.randn(3, 11) * 4).bfloat16()
+    targets = torch.tensor([0, 5, 10])
+    logp, entropy = sampler_log_probs(logits, targets, 0.6, with_entropy=True)
+    # SGLang: fp32 division of the bf16 logits, rounded to bf16, log-softmax in bf16 (bf16 result).
+    scaled = (logits.float() / torch.tensor(0.6, dtype=torch.float32)).bfloat16()
+    expected = torch.log_softmax(scaled, dim=-1)[torch.arange(3), targets].float()
+    assert logp.dtype == torch.float32
+    assert torch.equal(logp, expected)
+    assert torch.equal(logp, logp.bfloat16().float())  # bf16 values, like the engine's
+    p = torch.log_softmax(scaled, dim=-1).float()
+    torch.testing.assert_close(entropy, -(p.exp() * p).sum(-1))
+
+
+def test_mirrored_forward_gradients_equal_the_hf_gradients():
+    model = _tiny_qwen3(seed=3)
+    seqs, response_lengths = [torch.randint(0, 97, (9,)), torch.randint(0, 97, (6,))], [3, 2]
+    _hf_log_probs(model, seqs, response_lengths, temperature=1.0).sum().backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    install_response_forward(model, ForwardOptions(head="fp32", true_on_policy=True))
+    install_mirrored_qwen3(model, CPU)
+    mb = pack_micro_batch(seqs, response_lengths, [0, 1], CPU)
+    logp, entropy, anchor = response_log_probs(model, mb, temperature=1.0, chunk_size=4, with_entropy=True)
+    assert entropy.shape == (5,)
+    (logp.sum() + anchor).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], atol=1e-5, rtol=1e-4, msg=name)
