@@ -9,6 +9,8 @@
 #   LABEL=qwen3-0.6b-fsdp-ppo EXTRA_FLAGS="--advantage-estimator ppo --normalize-advantages" bash ...   # PPO
 #   VL=1 bash benchmarks/bench_e2e.sh                 # vision-language GRPO (label qwen3-vl-tiny-fsdp), see below
 #   FP8=1 bash benchmarks/bench_e2e.sh                # FP8 rollout (label qwen3-0.6b-fsdp-fp8), see below
+#   TRUE_ON_POLICY=1 bash benchmarks/bench_e2e.sh     # --true-on-policy-mode (label qwen3-0.6b-fsdp-true-on-policy):
+#                                                     # first_step_logprob_abs_diff must be 0 (<= 1e-6), issue 29
 # CPU smoke:
 #   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
 #   BENCH_DEVICE=cpu VL=1 RBS=2 N=2 MAXLEN=6 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
@@ -66,6 +68,9 @@ if [[ "$FP8" == 1 ]]; then
   export SGLANG_ENABLE_JIT_DEEPGEMM="${FP8_DEEPGEMM:-0}"
 fi
 
+TRUE_ON_POLICY="${TRUE_ON_POLICY:-0}"
+[[ "$TRUE_ON_POLICY" == 1 ]] && EXTRA_FLAGS="${EXTRA_FLAGS:-} --true-on-policy-mode"
+
 ENGINE_FLAGS=()
 PLACEMENT=(--colocate)
 MEM_FRACTION=0.3
@@ -107,5 +112,6 @@ rc=$?
 echo "bench_e2e: app exited $rc after $(( $(date +%s) - start )) s (run dir $RUN_DIR)" >&2
 [[ $rc -eq 0 ]] || exit $rc
 $PY "$HERE/e2e_report.py" "$RUN_DIR" --rollout-batch-size "$RBS" --n "$N" --skip-first 1 \
-  --label "${LABEL:-$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)$([[ $FP8 == 1 ]] && echo -fp8)}" \
+  --label "${LABEL:-$PRESET-$TRAIN_BACKEND$([[ $DISAGG == 1 ]] && echo -disagg)$([[ $FP8 == 1 ]] && echo -fp8)$(
+    [[ $TRUE_ON_POLICY == 1 ]] && echo -true-on-policy)}" \
   --extra-flags "${EXTRA_FLAGS:-} --max-tokens-per-gpu ${MAX_TOKENS_PER_GPU:-8192}"

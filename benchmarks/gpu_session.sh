@@ -43,6 +43,9 @@
 #   e2e_fp8        450  the e2e run with FP8 rollout (bench_e2e.sh FP8=1: SGLang serves a 128x128 block-FP8 copy, the
 #                       trainer trains BF16 and quantizes each push; label qwen3-0.6b-fsdp-fp8): run `e2e e2e_fp8` in
 #                       one call (≈ 9 min) for tokens/s and first_step_logprob_abs_diff vs BF16 side by side
+#   e2e_true_on_policy 450  the e2e run with --true-on-policy-mode (bench_e2e.sh TRUE_ON_POLICY=1, label
+#                       qwen3-0.6b-fsdp-true-on-policy): run `e2e e2e_true_on_policy` in one call for tokens/s (>= 0.8x
+#                       the plain row) and first_step_logprob_abs_diff (<= 1e-6) side by side (issue 29)
 #   e2e_tuned      420  the e2e run with 16k-token micro-batches (TUNED_MAX_TOKENS) and --no-offload-train
 #   e2e_disagg     420  the same on 2 GPUs: trainer on GPU 0, SGLang on GPU 1, NCCL weight sync
 #   e2e_async_disagg 420  e2e_disagg with --async (one-step-ahead rollout): the baseline of e2e_fully_async
@@ -304,6 +307,8 @@ for step in "$@"; do
     rollout) shared_engine_step rollout 240 "$HERE/bench_rollout.py" --preset "$P06" "${RO_SIZE[@]}" ;;
     e2e) engine_down; RUN_DIR=/tmp/slime-bench-e2e/run run_step e2e 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_fp8) engine_down; FP8=1 RUN_DIR=/tmp/slime-bench-e2e/fp8 run_step e2e_fp8 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_true_on_policy) engine_down; TRUE_ON_POLICY=1 RUN_DIR=/tmp/slime-bench-e2e/true-on-policy \
+                  run_step e2e_true_on_policy 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_tuned) engine_down; MAX_TOKENS_PER_GPU="${TUNED_MAX_TOKENS:-16384}" \
                  EXTRA_FLAGS="${EXTRA_FLAGS:-} --no-offload-train" RUN_DIR=/tmp/slime-bench-e2e/tuned-${TUNED_MAX_TOKENS:-16384} \
                  run_step e2e_tuned 600 bash "$HERE/bench_e2e.sh" ;;
