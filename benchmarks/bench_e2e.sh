@@ -69,7 +69,11 @@ if [[ "$FP8" == 1 ]]; then
 fi
 
 TRUE_ON_POLICY="${TRUE_ON_POLICY:-0}"
-[[ "$TRUE_ON_POLICY" == 1 ]] && EXTRA_FLAGS="${EXTRA_FLAGS:-} --true-on-policy-mode"
+if [[ "$TRUE_ON_POLICY" == 1 ]]; then
+  EXTRA_FLAGS="${EXTRA_FLAGS:-} --true-on-policy-mode"
+  # Engine and trainer must pick the same batch-invariant matmul; Triton's (no DeepGEMM JIT) in both, inherited.
+  export SGLANG_ENABLE_JIT_DEEPGEMM="${TRUE_ON_POLICY_DEEPGEMM:-0}"
+fi
 
 ENGINE_FLAGS=()
 PLACEMENT=(--colocate)

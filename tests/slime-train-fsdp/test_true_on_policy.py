@@ -150,3 +150,30 @@ def test_mirrored_forward_gradients_equal_the_hf_gradients():
     (logp.sum() + anchor).backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_cpu_says_exactness_is_a_gpu_property(caplog):
+    from slime_train_fsdp.true_on_policy import kernels
+
+    kernels._STATE.pop("cpu_warned", None)
+    with caplog.at_level("WARNING", logger=kernels.__name__):
+        assert kernels.enable_batch_invariant_ops(CPU) is False
+    assert "bit for bit only on CUDA with SGLang's kernels" in caplog.text
+    assert kernels.load_kernels(CPU) is None
+
+
+def test_kernels_import_from_the_staged_sglang_site_dir(tmp_path, monkeypatch):
+    import sys
+
+    from slime_train_fsdp.true_on_policy import kernels
+
+    pkg = tmp_path / "fake_sgl_top"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("def kernel():\n    return 7\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("SLIME_SGLANG_PYTHONPATH", str(tmp_path))
+    assert kernels._import("fake_sgl_top", "kernel")() == 7
+    assert sys.path[-1] == str(tmp_path)  # appended last: the trainer's packages keep precedence
+    monkeypatch.setenv("SLIME_SGLANG_PYTHONPATH", "")
+    with pytest.raises(RuntimeError, match="needs no_such_sgl_mod.x"):
+        kernels._import("no_such_sgl_mod", "x")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import types
 
 import torch
@@ -41,11 +42,37 @@ class SGLangKernels:
 _STATE: dict[str, object] = {}
 
 
+# Environment variables that pick SGLang's matmul and decode-split kernels; the engine inherits them from the same
+# driver, and they must be equal in both processes for the numerics to match (logged once here to make that visible).
+KERNEL_ENV = (
+    "SGLANG_ENABLE_JIT_DEEPGEMM",
+    "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM",
+    "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_FALLBACK_VARIANT",
+    "SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE",
+)
+
+
 def _import(module: str, name: str):
+    """`module.name`, falling back to the engine's staged site dir (`SLIME_SGLANG_PYTHONPATH`, appended last)."""
     try:
         mod = __import__(module, fromlist=[name])
-    except ImportError as e:
-        raise RuntimeError(f"--true-on-policy-mode on CUDA needs {module}.{name} ({e}); {_INSTALL_HINT}") from e
+    except ImportError as first:
+        staged = [p for p in os.environ.get("SLIME_SGLANG_PYTHONPATH", "").split(os.pathsep) if p]
+        missing = [p for p in staged if p not in sys.path]
+        if not missing:
+            raise RuntimeError(
+                f"--true-on-policy-mode on CUDA needs {module}.{name} ({first}); {_INSTALL_HINT}"
+            ) from first
+        # Appended, not prepended: the trainer's own packages (torch, transformers) keep precedence.
+        sys.path.extend(missing)
+        logger.info("--true-on-policy-mode: importing SGLang's kernels from SLIME_SGLANG_PYTHONPATH %s", missing)
+        try:
+            mod = __import__(module, fromlist=[name])
+        except ImportError as e:
+            raise RuntimeError(
+                f"--true-on-policy-mode on CUDA needs {module}.{name} (also not under SLIME_SGLANG_PYTHONPATH: {e}); "
+                f"{_INSTALL_HINT}"
+            ) from e
     return getattr(mod, name)
 
 
@@ -77,7 +104,10 @@ def enable_batch_invariant_ops(device: torch.device) -> bool:
         return False
     enable = _import("sglang.srt.batch_invariant_ops", "enable_batch_invariant_mode")
     enable(enable_bmm=False)
-    logger.info("--true-on-policy-mode: SGLang batch-invariant ops enabled in the trainer")
+    logger.info(
+        "--true-on-policy-mode: SGLang batch-invariant ops enabled in the trainer (%s; the engine must see the same)",
+        ", ".join(f"{k}={os.environ.get(k, '<unset>')}" for k in KERNEL_ENV),
+    )
     return True
 
 
