@@ -13,6 +13,8 @@
 # Steps:
 #   tests          420  pytest -m "gpu or sglang" over slime-core, slime-train-fsdp, slime-rollout (-x)
 #   tests_sglang   300  pytest -m "gpu or sglang" over tests/slime-rollout/test_sglang_engine.py (2 GPUs: + NCCL sync)
+#   tests_true_on_policy 300  tests/slime-train-fsdp/test_true_on_policy_gpu.py in its own process (it turns on
+#                       SGLang's batch-invariant ops process-wide): trainer == SGLang log-probs, same seed same tokens
 #   tests_megatron 360  pytest -m "gpu and megatron" over tests/slime-train-megatron (2 GPUs: + TP=2 vs TP=1)
 #   megatron_parallel 300  Megatron GRPO step under (TP,PP,CP) = 1,1,1 2,1,1 1,2,1 1,1,2: same loss/grad norm
 #   matmul          30  bf16 8192^3 matmul ceiling
@@ -258,7 +260,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >>
 for step in "$@"; do
   case "$step" in
     tests) run_step tests 600 python3 -m pytest -m "gpu or sglang" -q -x -p no:cacheprovider \
+             --ignore tests/slime-train-fsdp/test_true_on_policy_gpu.py \
              tests/slime-core tests/slime-train-fsdp tests/slime-rollout ;;
+    tests_true_on_policy) SLIME_TEST_LOG_DIR="$BENCH_LOG_DIR/true-on-policy-tests" run_step tests_true_on_policy 300 \
+                    python3 -m pytest -m "gpu or sglang" -q -rA -p no:cacheprovider \
+                    tests/slime-train-fsdp/test_true_on_policy_gpu.py ;;
     tests_sglang) SLIME_TEST_LOG_DIR="$BENCH_LOG_DIR/sglang-tests" run_step tests_sglang 300 python3 -m pytest \
                     -m "gpu or sglang" -q -rA -p no:cacheprovider -o faulthandler_timeout=120 \
                     tests/slime-rollout/test_sglang_engine.py ;;
