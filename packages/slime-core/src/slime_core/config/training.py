@@ -104,7 +104,12 @@ class AlgorithmArgs(ArgsGroup):
     opd_teacher_ckpt_step: int | None = arg(
         None, "Iteration of a Megatron --opd-teacher-load to load (default: latest)."
     )
-    true_on_policy_mode: bool = arg(False, "Align trainer and engine numerics exactly (FSDP).")
+    true_on_policy_mode: bool = arg(
+        False,
+        "Trainer log-probs bit-identical to SGLang's (FSDP, dense Qwen3, 1-GPU engines; exact on CUDA): engines get "
+        "--rl-on-policy-target fsdp --enable-deterministic-inference --attention-backend triton, the trainer "
+        "replays their op order and kernels (slime_train_fsdp.true_on_policy)",
+    )
 
 
 class OptimizerArgs(ArgsGroup):
