@@ -102,3 +102,8 @@ def test_flag_is_no_longer_listed_unsupported():
     from slime_core.config.unsupported import UNSUPPORTED
 
     assert "true_on_policy_mode" not in UNSUPPORTED
+
+
+def test_multi_turn_environments_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="--env-path/--max-turns 3: tool output is prefilled"):
+        make(hf_checkpoint=_checkpoint(tmp_path), max_turns=3)

@@ -177,3 +177,12 @@ def test_kernels_import_from_the_staged_sglang_site_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIME_SGLANG_PYTHONPATH", "")
     with pytest.raises(RuntimeError, match="needs no_such_sgl_mod.x"):
         kernels._import("no_such_sgl_mod", "x")
+
+
+def test_multi_turn_samples_are_refused_by_name():
+    from slime_train_fsdp.true_on_policy import check_single_turn
+
+    masks = [torch.tensor([1.0, 1.0, 0.0]), torch.tensor([1.0, 0.0, 0.0, 1.0])]
+    check_single_turn(masks, [0])  # a trailing masked run is fine: nothing was generated after it
+    with pytest.raises(ValueError, match="sample 1 has trained tokens after masked ones"):
+        check_single_turn(masks, [0, 1])

@@ -66,6 +66,7 @@ from slime_train_fsdp.trainer_parts import (
     reduce_metric_sums,
     resume,
 )
+from slime_train_fsdp.true_on_policy import check_single_turn
 from slime_train_fsdp.vision import frozen_vision_tower, is_vision_language, mrope_position_ids
 
 logger = logging.getLogger(__name__)
@@ -208,6 +209,8 @@ class FSDPTrainBackend:
         return names
 
     def _pack(self, batch: RolloutBatch, ids: list[int]) -> PackedMicroBatch:
+        if self.cfg.true_on_policy_mode:
+            check_single_turn(batch.loss_masks, ids)
         return pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device, batch.kept_tokens(ids),
                                 multimodal=batch.multimodal_train_inputs, mrope=self._mrope)  # fmt: skip
 

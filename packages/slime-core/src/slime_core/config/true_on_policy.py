@@ -9,8 +9,8 @@ same op order with the same kernels (`slime_train_fsdp.true_on_policy`).
 What it does not cover is refused here, one line per rule, before anything starts: another training backend,
 a model other than a dense Qwen3 (read from `--hf-checkpoint`'s config.json), trainer or engine parallelism that
 splits a matmul or the sequence, FP8 rollout, LoRA, top-p/top-k sampling (SGLang then samples from filtered
-probabilities while it still returns the plain log-probs), partial rollouts, and an attention backend other than
-the one the trainer mirrors.
+probabilities while it still returns the plain log-probs), partial rollouts, multi-turn environments, and an
+attention backend other than the one the trainer mirrors.
 """
 
 from __future__ import annotations
@@ -142,6 +142,11 @@ def check_true_on_policy(cfg: SlimeArgs) -> None:
         )
     if cfg.partial_rollout:
         raise ConfigError(f"{flag} with --partial-rollout: a resumed sample's prefix is re-prefilled; drop it")
+    if cfg.env_path or cfg.max_turns > 1:
+        raise ConfigError(
+            f"{flag} with --env-path/--max-turns {cfg.max_turns}: tool output is prefilled mid-response, which the "
+            "mirrored forward does not reproduce; the mode covers single-turn samples"
+        )
     if cfg.multimodal_keys:
         raise ConfigError(f"{flag} with --multimodal-keys: vision-language models are not covered")
     # The mode fixes the trainer's kernels itself; a flag choosing other ones would be ignored.

@@ -5,6 +5,6 @@ Modules: `ops` (SGLang's row-wise ops restated: RMSNorm, RoPE, SiLU-mul, the sam
 batch-invariant matmuls), `qwen3` (the mirrored decoder forward over the HF model's weights).
 """
 
-from slime_train_fsdp.true_on_policy.qwen3 import install_mirrored_qwen3, mirrored_response_forward
+from slime_train_fsdp.true_on_policy.qwen3 import check_single_turn, install_mirrored_qwen3, mirrored_response_forward
 
-__all__ = ["install_mirrored_qwen3", "mirrored_response_forward"]
+__all__ = ["check_single_turn", "install_mirrored_qwen3", "mirrored_response_forward"]

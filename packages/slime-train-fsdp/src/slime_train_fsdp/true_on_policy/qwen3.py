@@ -39,7 +39,7 @@ from slime_train_fsdp.true_on_policy.ops import (
     silu_and_mul,
 )
 
-__all__ = ["install_mirrored_qwen3", "mirrored_response_forward", "prompt_lengths"]
+__all__ = ["check_single_turn", "install_mirrored_qwen3", "mirrored_response_forward", "prompt_lengths"]
 
 _LAYER_METHOD = "slime_mirrored_forward"
 _STATE_ATTR = "slime_true_on_policy"
@@ -116,6 +116,31 @@ def _layer_forward(self: nn.Module, hidden, residual, cos, sin, plan, mirror: _M
     w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dt)
     h = F.linear(silu_and_mul(F.linear(x, w_gate_up)), mlp.down_proj.weight.to(dt))
     return h, residual
+
+
+def check_single_turn(loss_masks: list[torch.Tensor], ids: list[int]) -> None:
+    """Refuses samples the mirror cannot reproduce: a masked run followed by trained tokens in a response.
+
+    That is a multi-turn sample: SGLang prefilled its tool output (and the turn's last model token) as a new extend
+    request, while the mirror treats every response position as decoded.
+
+    Args:
+        loss_masks: `[L_i]` masks of the batch's samples.
+        ids: the samples of the micro-batch being packed.
+
+    Raises:
+        ValueError: naming the first such sample.
+    """
+    for i in ids:
+        mask = loss_masks[i]
+        if mask.numel() < 2:
+            continue
+        trained_after_masked = (mask[1:] > 0) & (mask[:-1] == 0)
+        if bool(trained_after_masked.any()):
+            raise ValueError(
+                f"--true-on-policy-mode: sample {i} has trained tokens after masked ones (a multi-turn sample whose "
+                "tool output SGLang prefilled); the mode reproduces single-turn samples only"
+            )
 
 
 def prompt_lengths(seq_lengths: list[int], predict_index: torch.Tensor) -> list[int]:
