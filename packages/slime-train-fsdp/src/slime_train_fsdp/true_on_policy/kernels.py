@@ -32,11 +32,14 @@ class SGLangKernels:
             prefill kernel (prefix and new tokens read through one `kv_indices`).
         decode: `sglang.kernels.ops.attention.decode_attention.decode_attention_fwd`, the split-KV decode kernel.
         split_tile_size: KV tokens per decode split (`SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE`, SGLang's default 256).
+        rotary: `sglang.srt.layers.rotary_embedding.utils.apply_rotary_emb` wrapped in `torch.compile(dynamic=True)`,
+            as SGLang wraps it under `rl_on_policy_target` (`rotary_embedding/base.py`).
     """
 
     extend_unified: types.FunctionType
     decode: types.FunctionType
     split_tile_size: int
+    rotary: types.FunctionType
 
 
 _STATE: dict[str, object] = {}
@@ -126,5 +129,6 @@ def load_kernels(device: torch.device) -> SGLangKernels | None:
             # SGLang reads the same variable (triton_backend.py, deterministic branch); the engine inherits this
             # process's environment, so both see one value.
             split_tile_size=int(os.environ.get("SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE", "256")),
+            rotary=torch.compile(dynamic=True)(_import("sglang.srt.layers.rotary_embedding.utils", "apply_rotary_emb")),
         )
     return _STATE["kernels"]  # type: ignore[return-value]

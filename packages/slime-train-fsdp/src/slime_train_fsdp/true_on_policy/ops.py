@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["apply_rotary", "rms_norm", "rope_cos_sin_cache", "sampler_log_probs", "silu_and_mul"]
+__all__ = ["Rotary", "apply_rotary", "rms_norm", "rope_cos_sin_cache", "sampler_log_probs", "silu_and_mul"]
 
 
 def rms_norm(
@@ -53,41 +53,70 @@ def rms_norm(
 
 
 def rope_cos_sin_cache(head_dim: int, base: float, max_position: int, device: torch.device) -> torch.Tensor:
-    """SGLang's `RotaryEmbedding._compute_cos_sin_cache` under the on-policy mode: built on CPU in fp32.
+    """SGLang's `RotaryEmbedding._compute_cos_sin_cache` under the on-policy mode.
 
-    Source: `sglang/srt/layers/rotary_embedding/base.py` (`_compute_inv_freq` on "cpu" when `rl_on_policy_target`
-    is set; `einsum("i,j -> ij")` of positions and inverse frequencies; the cache stays fp32 on CUDA).
+    Source: `sglang/srt/layers/rotary_embedding/base.py`: with `rl_on_policy_target` set, the inverse frequencies
+    are computed on CPU in fp32 (to match HF) and moved to the GPU; positions, their outer product and cos/sin are
+    computed on the model's device (SGLang builds the model under its CUDA device), and the cache stays fp32.
 
     Args:
         head_dim: rotary dim (Qwen3 rotates the whole head).
         base: `rope_theta`.
         max_position: rows of the cache (positions `0 .. max_position-1`).
-        device: where the cache is moved after it is built on CPU.
+        device: the model's device (where SGLang computes cos/sin; CPU and CUDA may differ in the last ulp).
 
     Returns:
         `[max_position, head_dim]` fp32: `cos` in the first half of the columns, `sin` in the second.
     """
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu") / head_dim))
-    t = torch.arange(max_position, dtype=torch.float)
+    inv_freq = inv_freq.to(device)
+    t = torch.arange(max_position, dtype=torch.float, device=device)
     freqs = torch.einsum("i,j -> ij", t, inv_freq)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox-style rotation, SGLang's `apply_rotary_emb` (`sglang/srt/layers/rotary_embedding/utils.py`).
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_style: bool = True) -> torch.Tensor:
+    """Neox-style rotation, SGLang's `apply_rotary_emb` (`sglang/srt/layers/rotary_embedding/utils.py`), eager.
 
     Args:
         x: `[T, N, D]`.
         cos: `[T, D/2]` (any float dtype; cast to `x`'s dtype as SGLang does).
         sin: `[T, D/2]`.
+        is_neox_style: must be True (Qwen3); kept for SGLang's signature.
 
     Returns:
         `[T, N, D]` in `x`'s dtype.
     """
+    if not is_neox_style:
+        raise ValueError("only neox-style rotary embeddings are mirrored")
     cos = cos.unsqueeze(-2).to(x.dtype)
     sin = sin.unsqueeze(-2).to(x.dtype)
     x1, x2 = torch.chunk(x, 2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Rotary(torch.autograd.Function):
+    """`apply(x, cos, sin, fn) -> fn(x, cos, sin, True)` with the analytic backward of the rotation.
+
+    SGLang runs `apply_rotary_emb` through `torch.compile(dynamic=True)` in the mode (`rotary_embedding/base.py`);
+    the compiled kernel may contract `a*b - c*d` into FMAs, so the trainer calls the same compiled function (`fn`,
+    from `kernels.load_kernels`) for an identical forward, outside autograd, and differentiates the rotation by
+    hand: `dx1 = g1*cos + g2*sin`, `dx2 = g2*cos - g1*sin`.
+    """
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, fn):  # noqa: D102
+        ctx.save_for_backward(cos, sin)
+        with torch.no_grad():
+            return fn(x, cos, sin, True)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        cos, sin = ctx.saved_tensors
+        cos = cos.unsqueeze(-2).to(grad.dtype)
+        sin = sin.unsqueeze(-2).to(grad.dtype)
+        g1, g2 = torch.chunk(grad, 2, dim=-1)
+        return torch.cat((g1 * cos + g2 * sin, g2 * cos - g1 * sin), dim=-1), None, None, None
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from slime_core.config.true_on_policy import SUPPORTED_ARCHITECTURES
 from slime_train_fsdp.true_on_policy.attention import MirroredAttention, plan_attention
 from slime_train_fsdp.true_on_policy.kernels import enable_batch_invariant_ops, load_kernels
 from slime_train_fsdp.true_on_policy.ops import (
+    Rotary,
     apply_rotary,
     rms_norm,
     rope_cos_sin_cache,
@@ -61,6 +62,7 @@ class _Mirror:
         self.cos_sin = rope_cos_sin_cache(self.head_dim, float(theta), config.max_position_embeddings, device)
         self.kernels = load_kernels(device)
         self.split_tile_size = self.kernels.split_tile_size if self.kernels is not None else 256
+        self.rotary = self.kernels.rotary if self.kernels is not None else apply_rotary
 
 
 def install_mirrored_qwen3(model: nn.Module, device: torch.device) -> None:
@@ -106,8 +108,8 @@ def _layer_forward(self: nn.Module, hidden, residual, cos, sin, plan, mirror: _M
     # SGLang normalizes the heads as [S*N, D] rows (`_reshape_for_qk_norm`); the fp32 weight makes the result fp32.
     q, _ = rms_norm(q.reshape(-1, mirror.head_dim), attn.q_norm.weight, mirror.eps)
     k, _ = rms_norm(k.reshape(-1, mirror.head_dim), attn.k_norm.weight, mirror.eps)
-    q = apply_rotary(q.view(s, mirror.heads, mirror.head_dim), cos, sin).to(dt)
-    k = apply_rotary(k.view(s, mirror.kv_heads, mirror.head_dim), cos, sin).to(dt)
+    q = Rotary.apply(q.view(s, mirror.heads, mirror.head_dim), cos, sin, mirror.rotary).to(dt)
+    k = Rotary.apply(k.view(s, mirror.kv_heads, mirror.head_dim), cos, sin, mirror.rotary).to(dt)
     v = v.reshape(s, mirror.kv_heads, mirror.head_dim)
     o = MirroredAttention.apply(q, k, v, plan, mirror.scale, mirror.kernels)
     o = F.linear(o.reshape(s, q_size), attn.o_proj.weight.to(dt))
