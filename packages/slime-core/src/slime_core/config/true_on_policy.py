@@ -68,19 +68,17 @@ def true_on_policy_server_args(cfg: SlimeArgs) -> list[str]:
     ]
 
 
-def _hf_architecture(hf_checkpoint: str | None) -> tuple[str | None, str | None]:
-    """(`model_type`, `architectures[0]`) of `hf_checkpoint/config.json`, (None, None) when there is none."""
+def _hf_config(hf_checkpoint: str | None) -> dict:
+    """`hf_checkpoint/config.json` as a dict, `{}` when there is none (yet)."""
     if not hf_checkpoint:
-        return None, None
+        return {}
     path = pathlib.Path(hf_checkpoint) / "config.json"
     if not path.is_file():
-        return None, None
+        return {}
     try:
-        config = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"--true-on-policy-mode: cannot read {path}: {e}") from e
-    archs = config.get("architectures") or [None]
-    return config.get("model_type"), archs[0]
 
 
 def _sglang_value(cfg: SlimeArgs, key: str) -> object:
@@ -106,12 +104,17 @@ def check_true_on_policy(cfg: SlimeArgs) -> None:
         raise ConfigError(
             f"{flag} is implemented by --train-backend fsdp only, got --train-backend {cfg.train_backend}"
         )
-    model_type, arch = _hf_architecture(cfg.hf_checkpoint)
+    hf = _hf_config(cfg.hf_checkpoint)
+    model_type, arch = hf.get("model_type"), (hf.get("architectures") or [None])[0]
     if arch is not None and arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(
             f"{flag}: {cfg.hf_checkpoint}/config.json has architectures [{arch!r}] (model_type {model_type!r}); the "
             f"mirrored forward covers dense Qwen3 ({', '.join(SUPPORTED_ARCHITECTURES)}) only"
         )
+    dtype = hf.get("torch_dtype") or hf.get("dtype")
+    if dtype is not None and dtype != "bfloat16":
+        # The engine serves (and weight syncs push) the checkpoint dtype; the mirror's casts are bf16.
+        raise ConfigError(f"{flag}: {cfg.hf_checkpoint}/config.json has dtype {dtype!r}; the mode needs bfloat16")
     if cfg.context_parallel_size > 1:
         raise ConfigError(
             f"{flag} with --context-parallel-size {cfg.context_parallel_size}: use 1 (CP splits attention)"
