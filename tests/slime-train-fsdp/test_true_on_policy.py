@@ -186,3 +186,15 @@ def test_multi_turn_samples_are_refused_by_name():
     check_single_turn(masks, [0])  # a trailing masked run is fine: nothing was generated after it
     with pytest.raises(ValueError, match="sample 1 has trained tokens after masked ones"):
         check_single_turn(masks, [0, 1])
+
+
+def test_fsdp_keeps_the_fp32_residual_stream_uncast_in_the_mode():
+    from slime_core.config import SlimeArgs
+    from slime_train_fsdp.model_loading import compiles_layers, mixed_precision_policy
+
+    base = {"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "fsdp"}
+    on, off = SlimeArgs.from_dict({**base, "true_on_policy_mode": True}), SlimeArgs.from_dict(base)
+    assert mixed_precision_policy(on).cast_forward_inputs is False
+    assert mixed_precision_policy(off).cast_forward_inputs is True
+    assert mixed_precision_policy(on).param_dtype == torch.bfloat16
+    assert compiles_layers(on, torch.device("cuda")) is False  # compiled layers would round differently

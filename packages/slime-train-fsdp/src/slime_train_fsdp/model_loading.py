@@ -147,12 +147,22 @@ def compiles_layers(cfg: SlimeArgs, device: torch.device) -> bool:
     return cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else device.type == "cuda"
 
 
+def mixed_precision_policy(cfg: SlimeArgs) -> MixedPrecisionPolicy:
+    """bf16 compute, fp32 master weights and fp32 gradient reduction (CUDA).
+
+    With `--true-on-policy-mode` the units do not cast their floating-point inputs to bf16: the mirrored layers
+    take SGLang's fp32 residual stream and fp32 rotary tables as inputs (`true_on_policy.qwen3`).
+    """
+    return MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=not cfg.true_on_policy_mode
+    )
+
+
 def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torch.device) -> None:
     """One FSDP unit per decoder layer, then the root (embeddings, final norm, lm_head stay in the root unit)."""
     kwargs: dict[str, Any] = {"mesh": mesh}
     if device.type == "cuda":
-        # bf16 compute, fp32 master weights and fp32 gradient reduction.
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kwargs["mp_policy"] = mixed_precision_policy(cfg)
         if cfg.fsdp_cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
     elif cfg.fsdp_cpu_offload:
