@@ -91,11 +91,6 @@ def test_models_other_than_dense_qwen3_are_refused(tmp_path, arch, model_type):
         make(hf_checkpoint=_checkpoint(tmp_path, arch, model_type))
 
 
-def test_non_bf16_checkpoint_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="config.json has dtype 'float32'; the mode needs bfloat16"):
-        make(hf_checkpoint=_checkpoint(tmp_path, torch_dtype="float32"))
-
-
 def test_fp8_checkpoint_is_refused(tmp_path):
     quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     path = _checkpoint(tmp_path, quantization_config=quant)

@@ -111,10 +111,6 @@ def check_true_on_policy(cfg: SlimeArgs) -> None:
             f"{flag}: {cfg.hf_checkpoint}/config.json has architectures [{arch!r}] (model_type {model_type!r}); the "
             f"mirrored forward covers dense Qwen3 ({', '.join(SUPPORTED_ARCHITECTURES)}) only"
         )
-    dtype = hf.get("torch_dtype") or hf.get("dtype")
-    if dtype is not None and dtype != "bfloat16":
-        # The engine serves (and weight syncs push) the checkpoint dtype; the mirror's casts are bf16.
-        raise ConfigError(f"{flag}: {cfg.hf_checkpoint}/config.json has dtype {dtype!r}; the mode needs bfloat16")
     if cfg.context_parallel_size > 1:
         raise ConfigError(
             f"{flag} with --context-parallel-size {cfg.context_parallel_size}: use 1 (CP splits attention)"
