@@ -49,6 +49,12 @@ def first_step_logprob_gate(cfg: SlimeArgs, metrics: Mapping[str, float]) -> Non
     if diff is None:
         logger.info("first-step log-prob check skipped: no %s (samples carry no rollout log-probs)", DIFF_KEY)
         return
+    if cfg.true_on_policy_mode and diff > 0:
+        logger.warning(
+            "--true-on-policy-mode: first-step mean |trainer - rollout log-prob| = %.4g, not 0: the trainer does not "
+            "reproduce the engine (exact only on CUDA with SGLang's kernels; see README, true on-policy mode)",
+            diff,
+        )
     # A replayed dump (--load-debug-rollout-data) may come from other weights than the trainer's start: warn only.
     # FP8 serving (an FP8 --hf-checkpoint) has its own defaults: slime_app.fp8_rollout.
     threshold, warn = logprob_gate_thresholds(cfg, LOGPROB_DIFF_WARN)
