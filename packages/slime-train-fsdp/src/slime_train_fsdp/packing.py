@@ -216,7 +216,7 @@ def _response_forward(
     if opts.true_on_policy:  # SGLang's op order and kernels (no CP, no vision: refused by the config)
         lengths = list(seq_lengths) if seq_lengths else [int(input_ids.shape[-1])]
         return mirrored_response_forward(self, input_ids, position_ids, predict_index, targets, temperature,
-                                         with_entropy, lengths)  # fmt: skip
+                                         with_entropy, lengths, chunk_size)  # fmt: skip
     visual = getattr(self.model, "visual", None) if opts.vision_language else None
     vision_kwargs: dict[str, torch.Tensor] = {}
     if visual is not None:

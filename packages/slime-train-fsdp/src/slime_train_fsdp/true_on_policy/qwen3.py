@@ -172,6 +172,7 @@ def mirrored_response_forward(
     temperature: float,
     with_entropy: bool,
     seq_lengths: list[int],
+    chunk_size: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The packed row through the mirrored forward: SGLang's log-probs of the response tokens.
 
@@ -187,6 +188,8 @@ def mirrored_response_forward(
         temperature: `--rollout-temperature`.
         with_entropy: also return the entropy.
         seq_lengths: `T_i` per packed sequence.
+        chunk_size: response rows per `lm_head` + log-softmax chunk (`[chunk, V]` logits at a time; row-wise ops,
+            so chunking does not change a value); each chunk is recomputed in backward instead of stored.
 
     Returns:
         (`[R]` fp32 log-probs, `[R]` fp32 entropy or `[0]`, scalar zero anchor connected to the parameters).
@@ -209,7 +212,22 @@ def mirrored_response_forward(
     out, _ = rms_norm(hidden, model.model.norm.weight, mirror.eps, residual, out_dtype=torch.float32)
     weight = model.get_output_embeddings().weight
     anchor = (out[:1, :1].sum() + weight[:1, :1].float().sum()) * 0.0
-    h_resp = out.index_select(0, predict_index).to(mirror.dtype)
-    logits = torch.matmul(h_resp, weight.T.to(mirror.dtype))[:, : mirror.vocab_size]
-    logp, entropy = sampler_log_probs(logits, targets, temperature, with_entropy=with_entropy, dtype=mirror.dtype)
+    h_resp = out.index_select(0, predict_index)  # [R, H] fp32
+
+    def head(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # SGLang: torch.matmul(hidden.bfloat16(), lm_head.weight.T.bfloat16()), cut to the vocabulary.
+        logits = torch.matmul(h.to(mirror.dtype), w.T.to(mirror.dtype))[:, : mirror.vocab_size]
+        return sampler_log_probs(logits, t, temperature, with_entropy=with_entropy, dtype=mirror.dtype)
+
+    parts = []
+    for start in range(0, h_resp.shape[0], max(1, chunk_size)):
+        args = (h_resp[start : start + chunk_size], weight, targets[start : start + chunk_size])
+        if torch.is_grad_enabled():
+            parts.append(torch.utils.checkpoint.checkpoint(head, *args, use_reentrant=False))
+        else:
+            parts.append(head(*args))
+    if not parts:
+        return h_resp.new_zeros(0), h_resp.new_zeros(0), anchor
+    logp = torch.cat([lp for lp, _ in parts])
+    entropy = torch.cat([e for _, e in parts]) if with_entropy else logp.new_zeros(0)
     return logp, entropy, anchor
