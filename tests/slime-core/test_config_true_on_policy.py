@@ -107,3 +107,8 @@ def test_flag_is_no_longer_listed_unsupported():
 def test_multi_turn_environments_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="--env-path/--max-turns 3: tool output is prefilled"):
         make(hf_checkpoint=_checkpoint(tmp_path), max_turns=3)
+
+
+def test_delta_weight_sync_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="--update-weight-mode delta: the engine holds embeddings and norms in fp32"):
+        make(hf_checkpoint=_checkpoint(tmp_path), update_weight_mode="delta")

@@ -153,7 +153,9 @@ class SyncChecker:
             return PushChecksums.from_checkpoint(
                 self.cfg.hf_checkpoint, k, seed=seed, dtype=dtype, engine_names=self._engine_names
             )
-        return PushChecksums(k, seed=seed, dtype=dtype, engine_names=self._engine_names)
+        return PushChecksums(
+            k, seed=seed, dtype=dtype, engine_names=self._engine_names, fp32_params=self.cfg.true_on_policy_mode
+        )
 
     def finish(self, sample: Any, weight_version: int) -> dict[str, float]:
         """Compares every engine's checksums with the pushed ones; returns `weight_check/*` and its time.

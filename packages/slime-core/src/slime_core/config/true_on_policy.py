@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
 
 __all__ = [
+    "ENGINE_FP32_PARAM_SUFFIXES",
     "MIRRORED_ATTENTION_BACKEND",
     "SUPPORTED_ARCHITECTURES",
     "check_true_on_policy",
@@ -36,6 +37,11 @@ __all__ = [
 #: SGLang attention backend the trainer reproduces (its triton extend/decode kernels; FA3 is absent on the
 #: GPU image, and `--enable-deterministic-inference` refuses backends that are not batch invariant).
 MIRRORED_ATTENTION_BACKEND = "triton"
+
+#: Parameters SGLang holds in fp32 under `--rl-on-policy-target` (its Qwen2/Qwen3 `embed_tokens` with
+#: `params_dtype=fp32`, every RMSNorm with `weight_dtype=fp32`), whatever the checkpoint dtype: weight checks hash
+#: the pushed (bf16) values in fp32 for them.
+ENGINE_FP32_PARAM_SUFFIXES = ("embed_tokens.weight", "norm.weight")
 
 #: `architectures[0]` of the HF configs the mirrored forward implements (SGLang's `Qwen3ForCausalLM`).
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -145,6 +151,11 @@ def check_true_on_policy(cfg: SlimeArgs) -> None:
         raise ConfigError(
             f"{flag} with --env-path/--max-turns {cfg.max_turns}: tool output is prefilled mid-response, which the "
             "mirrored forward does not reproduce; the mode covers single-turn samples"
+        )
+    if cfg.update_weight_mode == "delta":
+        raise ConfigError(
+            f"{flag} with --update-weight-mode delta: the engine holds embeddings and norms in fp32 under the mode, "
+            "which byte deltas of the pushed bf16 tensors do not describe; use full"
         )
     if cfg.multimodal_keys:
         raise ConfigError(f"{flag} with --multimodal-keys: vision-language models are not covered")

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 
 import torch
 
+from slime_core.config.true_on_policy import ENGINE_FP32_PARAM_SUFFIXES
 from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX
 
 __all__ = ["hash_dtype", "sglang_checksums", "sglang_param_name", "strip_wrappers", "tensor_checksum"]
@@ -156,12 +157,18 @@ def sglang_param_name(hf_name: str) -> tuple[str, int, int]:
     return name, 0, 1
 
 
-def hash_dtype(name: str, tensor: torch.Tensor, engine_dtype: torch.dtype) -> torch.dtype:
+def hash_dtype(name: str, tensor: torch.Tensor, engine_dtype: torch.dtype, *, fp32_params: bool = False) -> torch.dtype:
     """The dtype a tensor is hashed in: FP8 weights and scales as they are, every other tensor in the engine's.
 
     An FP8 engine (SGLang's `Fp8Config`) holds e4m3 `*.weight` and float32 `*.weight_scale_inv` as they came.
+    With `fp32_params` (`--true-on-policy-mode`) the embeddings and norms are held in float32
+    (`slime_core.config.true_on_policy.ENGINE_FP32_PARAM_SUFFIXES`).
     """
-    return tensor.dtype if tensor.dtype == FP8_DTYPE or name.endswith(SCALE_SUFFIX) else engine_dtype
+    if tensor.dtype == FP8_DTYPE or name.endswith(SCALE_SUFFIX):
+        return tensor.dtype
+    if fp32_params and name.endswith(ENGINE_FP32_PARAM_SUFFIXES):
+        return torch.float32
+    return engine_dtype
 
 
 def strip_wrappers(engine_name: str) -> str:

@@ -103,6 +103,7 @@ class PushChecksums:
         dtype: the dtype the engine holds its weights in (the pushed tensors are cast to it before hashing).
         engine_names: the parameter names the engine holds (from `engine_checksums` before the push); a pushed
             tensor whose SGLang name is not among them is counted in `unmatched`, not drawn. None: no filter.
+        fp32_params: the engine holds embeddings and norms in float32 (`--true-on-policy-mode`; `hash_dtype`).
 
     Attributes:
         checksums: `{SGLang name: 16 hex digits}` of the drawn parameters whose parts all arrived.
@@ -110,8 +111,16 @@ class PushChecksums:
         incomplete: drawn fused parameters with parts missing from the push.
     """
 
-    def __init__(self, k: int, *, seed: int, dtype: torch.dtype, engine_names: Iterable[str] | None = None) -> None:
-        self.k, self.dtype = k, dtype
+    def __init__(
+        self,
+        k: int,
+        *,
+        seed: int,
+        dtype: torch.dtype,
+        engine_names: Iterable[str] | None = None,
+        fp32_params: bool = False,
+    ) -> None:
+        self.k, self.dtype, self.fp32_params = k, dtype, fp32_params
         self.engine_names = None if engine_names is None else {strip_wrappers(n) for n in engine_names}
         self._rng = random.Random(seed)
         self._seen: set[str] = set()
@@ -145,7 +154,8 @@ class PushChecksums:
         if parts is None:
             return
         # A copy in the engine's dtype: the trainer may reuse the bucket's memory after sending it.
-        parts[index] = tensor.detach().to(hash_dtype(name, tensor, self.dtype), copy=True).reshape(-1)
+        dtype = hash_dtype(name, tensor, self.dtype, fp32_params=self.fp32_params)
+        parts[index] = tensor.detach().to(dtype, copy=True).reshape(-1)
         if len(parts) == count:
             del self._drawn[name]
             self.checksums[name] = tensor_checksum(torch.cat([parts[i] for i in range(count)]))
