@@ -66,7 +66,7 @@ from slime_train_fsdp.trainer_parts import (
     reduce_metric_sums,
     resume,
 )
-from slime_train_fsdp.true_on_policy import check_single_turn
+from slime_train_fsdp.true_on_policy import check_single_turn, install_mirrored_qwen3
 from slime_train_fsdp.vision import frozen_vision_tower, is_vision_language, mrope_position_ids
 
 logger = logging.getLogger(__name__)
@@ -153,6 +153,8 @@ class FSDPTrainBackend:
         weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
         self.model, self.config = build_fsdp_model(cfg, weights, self.device)
         install_response_forward(self.model)
+        if cfg.true_on_policy_mode:  # the actor's log-prob forwards replay SGLang's (a critic keeps the HF forward)
+            install_mirrored_qwen3(self.model, self.device)
         if with_ref:
             ref_path = cfg.ref_load or cfg.hf_checkpoint
             if str(ref_path) != weights:

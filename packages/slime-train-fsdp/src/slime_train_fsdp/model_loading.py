@@ -39,7 +39,6 @@ from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
 from slime_train_fsdp.packing import ForwardOptions, install_response_forward
-from slime_train_fsdp.true_on_policy import install_mirrored_qwen3
 from slime_train_fsdp.vision import is_vision_language
 
 logger = logging.getLogger(__name__)
@@ -328,8 +327,6 @@ def build_fsdp_model(
     load_hf_weights_into(model, path, extra=adapters, fill_missing=fill_missing)
     model.train()
     install(model, options)
-    if cfg.true_on_policy_mode:
-        install_mirrored_qwen3(model, device)
     cp = 1 if options.cp_group is None else dist.get_world_size(options.cp_group)
     logger.info("loaded %s (%s, attn=%s, head=%s, cp=%d) sharded over %d ranks", path, type(model).__name__, attn,
                 options.head, cp, mesh.size())  # fmt: skip
