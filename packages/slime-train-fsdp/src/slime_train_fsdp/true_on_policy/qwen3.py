@@ -80,7 +80,8 @@ def install_mirrored_qwen3(model: nn.Module, device: torch.device) -> None:
         RuntimeError: on CUDA without SGLang.
     """
     config = model.config
-    arch = (getattr(config, "architectures", None) or [type(model).__name__])[0]
+    # FSDP2 renames the class `FSDP<name>`; a config built in code may lack `architectures`.
+    arch = (getattr(config, "architectures", None) or [type(model).__name__.removeprefix("FSDP")])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"--true-on-policy-mode: {arch} is not a dense Qwen3 ({', '.join(SUPPORTED_ARCHITECTURES)})")
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
