@@ -62,6 +62,8 @@ def test_engine_flags_in_the_mode_and_none_without():
         ({"sglang_args": {"attention_backend": "fa3"}}, "--sglang-attention-backend fa3: the trainer mirrors"),
         ({"sglang_args": {"dp_size": "2", "enable_dp_attention": True}}, "--sglang-dp-size 2: use 1"),
         ({"lora_rank": 8}, "--lora-rank 8: LoRA adds matmuls"),
+        ({"sglang_args": {"enable_mixed_chunk": True}}, "--sglang-enable-mixed-chunk True: generated tokens"),
+        ({"sglang_args": {"speculative_algorithm": "EAGLE"}}, "--sglang-speculative-algorithm EAGLE"),
         ({"rollout_top_p": 0.9}, "--rollout-top-p 0.9 / --rollout-top-k -1"),
         ({"rollout_top_k": 20}, "--rollout-top-k 20"),
         ({"partial_rollout": True, "over_sampling_batch_size": 8}, "--partial-rollout: a resumed sample"),

@@ -130,6 +130,14 @@ def check_true_on_policy(cfg: SlimeArgs) -> None:
         value = _sglang_value(cfg, key)
         if value is not None and int(value) != 1:  # type: ignore[call-overload]
             raise ConfigError(f"{flag} with --sglang-{key.replace('_', '-')} {value}: use 1")
+    # These run generated tokens through the prefill kernel instead of the decode kernel the trainer mirrors.
+    for key in ("enable_mixed_chunk", "speculative_algorithm"):
+        value = _sglang_value(cfg, key)
+        if value not in (None, False, "", "None"):
+            raise ConfigError(
+                f"{flag} with --sglang-{key.replace('_', '-')} {value}: generated tokens would be scored by SGLang's "
+                "prefill kernel, not the decode kernel the trainer mirrors; drop it"
+            )
     backend = _sglang_value(cfg, "attention_backend")
     if backend is not None and backend != MIRRORED_ATTENTION_BACKEND:
         raise ConfigError(
