@@ -98,3 +98,59 @@ def test_trainer_log_probs_equal_the_engine_log_probs(engine):
     engine_logp = torch.tensor([x for _, _, lp in samples for x in lp], dtype=torch.float32)
     diff = (logp.cpu() - engine_logp).abs()
     assert torch.equal(logp.cpu(), engine_logp), f"max |diff| {diff.max():.3g}, mean {diff.mean():.3g}"
+
+
+def _cuda_with_sglang():
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if importlib.util.find_spec("sglang") is None and not os.environ.get("SLIME_SGLANG_PYTHONPATH"):
+        pytest.skip("needs SGLang (installed, or staged with SLIME_SGLANG_PYTHONPATH)")
+
+
+def test_sglang_attention_kernels_agree_with_sdpa_and_are_batch_invariant():
+    """Diagnostic for the trainer side alone: the kernels compute attention, and a row's values do not depend on
+    what else is packed with it (bf16 vs SDPA: 2e-2)."""
+    _cuda_with_sglang()
+    from slime_train_fsdp.true_on_policy.attention import MirroredAttention, plan_attention, sdpa_packed
+    from slime_train_fsdp.true_on_policy.kernels import load_kernels
+
+    device = torch.device("cuda")
+    kernels = load_kernels(device)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths, prompts = [300, 45, 700], [120, 44, 10]
+    t = sum(lengths)
+    q = torch.randn(t, 16, 128, device=device, generator=g).bfloat16()
+    k = torch.randn(t, 8, 128, device=device, generator=g).bfloat16()
+    v = torch.randn(t, 8, 128, device=device, generator=g).bfloat16()
+    plan = plan_attention(lengths, prompts, device, kernels.split_tile_size)
+    out = MirroredAttention.apply(q, k, v, plan, 128**-0.5, kernels)
+    torch.testing.assert_close(out, sdpa_packed(q, k, v, lengths, 128**-0.5), atol=2e-2, rtol=2e-2)
+    # The last sequence alone gives bit-identical rows.
+    alone = MirroredAttention.apply(
+        q[-700:], k[-700:], v[-700:], plan_attention([700], [10], device, kernels.split_tile_size), 128**-0.5, kernels
+    )
+    assert torch.equal(alone, out[-700:])
+
+
+def test_trainer_log_probs_do_not_depend_on_packing(engine):
+    from transformers import AutoModelForCausalLM
+
+    from slime_train_fsdp.packing import ForwardOptions, install_response_forward, pack_micro_batch, response_log_probs
+    from slime_train_fsdp.true_on_policy import install_mirrored_qwen3
+
+    model_dir, url = engine
+    samples = asyncio.run(_generate(url, [31]))
+    device = torch.device("cuda")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    install_response_forward(model, ForwardOptions(true_on_policy=True))
+    install_mirrored_qwen3(model, device)
+    seqs = [torch.tensor(p + t) for p, t, _ in samples]
+    lengths = [len(t) for _, t, _ in samples]
+    with torch.no_grad():
+        packed, _, _ = response_log_probs(model, pack_micro_batch(seqs, lengths, list(range(len(seqs))), device),
+                                          temperature=0.8, chunk_size=7)  # fmt: skip
+        alone = [response_log_probs(model, pack_micro_batch([s], [n], [0], device), temperature=0.8, chunk_size=1024)[0]
+                 for s, n in zip(seqs, lengths, strict=True)]  # fmt: skip
+    assert torch.equal(packed, torch.cat(alone))
