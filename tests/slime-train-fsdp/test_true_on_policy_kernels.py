@@ -6,7 +6,8 @@ do not depend on what is packed with it, and SGLang's unified prefill kernel giv
 radix-cache prefix (the assumption that lets the trainer prefill every prompt from position 0).
 
 Needs the SGLang 0.5.16 source: `SLIME_SGLANG_SRC` (a directory holding the `sglang` package), the staged
-`SLIME_SGLANG_PYTHONPATH`, or an installed `sglang`. Only the four kernel files are used, under a stub `sglang.srt.utils`, so SGLang's dependencies are not.
+`SLIME_SGLANG_PYTHONPATH`, or an installed `sglang`. Only the four kernel files are used, under a stub
+`sglang.srt.utils`, so SGLang's dependencies are not needed.
 """
 
 import importlib.util
