@@ -93,6 +93,14 @@ def test_models_other_than_dense_qwen3_are_refused(tmp_path, arch, model_type):
         make(hf_checkpoint=_checkpoint(tmp_path, arch, model_type))
 
 
+@pytest.mark.parametrize(("stored", "sglang_args"), [("float32", {}), ("bfloat16", {"dtype": "float16"})])
+def test_a_gpu_engine_serving_other_than_bf16_is_refused(tmp_path, stored, sglang_args):
+    path = _checkpoint(tmp_path, torch_dtype=stored)
+    with pytest.raises(ConfigError, match="the engine would serve .* weights"):
+        make(hf_checkpoint=path, rollout_engine="sglang", sglang_args=sglang_args)
+    make(hf_checkpoint=_checkpoint(tmp_path, torch_dtype="bfloat16"), rollout_engine="sglang")  # bf16: fine
+
+
 def test_fp8_checkpoint_is_refused(tmp_path):
     quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     path = _checkpoint(tmp_path, quantization_config=quant)

@@ -198,3 +198,21 @@ def test_fsdp_keeps_the_fp32_residual_stream_uncast_in_the_mode():
     assert mixed_precision_policy(off).cast_forward_inputs is True
     assert mixed_precision_policy(on).param_dtype == torch.bfloat16
     assert compiles_layers(on, torch.device("cuda")) is False  # compiled layers would round differently
+
+
+def test_pushes_are_bf16_on_cuda_in_the_mode():
+    import types as pytypes
+
+    from slime_train_fsdp.backend import FSDPTrainBackend
+
+    # from_config(dtype=float32) rewrites the config's dtype, so without the mode the pushes would be fp32, and the
+    # engine's fp32 embeddings/norms would hold unrounded masters while this trainer computes with bf16 casts.
+    def stub(mode, device):
+        cfg = pytypes.SimpleNamespace(true_on_policy_mode=mode)
+        return pytypes.SimpleNamespace(
+            cfg=cfg, device=torch.device(device), config=pytypes.SimpleNamespace(dtype=torch.float32)
+        )
+
+    assert FSDPTrainBackend._checkpoint_dtype(stub(True, "cuda")) == torch.bfloat16
+    assert FSDPTrainBackend._checkpoint_dtype(stub(False, "cuda")) == torch.float32
+    assert FSDPTrainBackend._checkpoint_dtype(stub(True, "cpu")) == torch.float32

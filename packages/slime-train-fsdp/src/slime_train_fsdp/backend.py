@@ -411,6 +411,10 @@ class FSDPTrainBackend:
             save_hf(self.model, pathlib.Path(path) / "merged", source_dir=cfg.hf_checkpoint, tensors=merged)
 
     def _checkpoint_dtype(self) -> torch.dtype | None:
+        if self.cfg.true_on_policy_mode and self.device.type == "cuda":
+            # The engine must hold exactly the bf16 values this trainer's forward computes with (FSDP's bf16 cast
+            # of the fp32 masters), also in the embeddings and norms it keeps in fp32 under the mode.
+            return torch.bfloat16
         dtype = getattr(self.config, "dtype", None)
         return dtype if isinstance(dtype, torch.dtype) else None
 

@@ -20,7 +20,7 @@ import pathlib
 from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError
-from slime_core.extensions import train_backend_spec
+from slime_core.extensions import engine_spec, train_backend_spec
 from slime_core.fp8 import read_fp8_config
 
 if TYPE_CHECKING:
@@ -117,6 +117,15 @@ def check_true_on_policy(cfg: SlimeArgs) -> None:
             f"{flag}: {cfg.hf_checkpoint}/config.json has architectures [{arch!r}] (model_type {model_type!r}); the "
             f"mirrored forward covers dense Qwen3 ({', '.join(SUPPORTED_ARCHITECTURES)}) only"
         )
+    if engine_spec(cfg).needs_gpu:  # a GPU engine (SGLang) serves the checkpoint's dtype; the mirror casts to bf16
+        dtype = str(_sglang_value(cfg, "dtype") or "auto")
+        if dtype == "auto":
+            dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16")
+        if dtype != "bfloat16":
+            raise ConfigError(
+                f"{flag}: the engine would serve {dtype} weights ({cfg.hf_checkpoint}/config.json or --sglang-dtype); "
+                "the mode mirrors SGLang's bf16 path: use a bfloat16 checkpoint"
+            )
     if cfg.context_parallel_size > 1:
         raise ConfigError(
             f"{flag} with --context-parallel-size {cfg.context_parallel_size}: use 1 (CP splits attention)"

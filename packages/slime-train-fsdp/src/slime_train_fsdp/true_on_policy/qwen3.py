@@ -75,8 +75,8 @@ def install_mirrored_qwen3(model: nn.Module, device: torch.device) -> None:
         device: the trainer's device (CUDA: bf16 compute with SGLang's kernels; else the model's dtype, torch ops).
 
     Raises:
-        ValueError: the model is not a dense Qwen3 (`config.architectures`), uses rope scaling or sliding
-            windows the mirrored forward does not implement, or (on CUDA) its checkpoint dtype is not bf16.
+        ValueError: the model is not a dense Qwen3 (`config.architectures`), or uses rope scaling or sliding
+            windows the mirrored forward does not implement.
         RuntimeError: on CUDA without SGLang.
     """
     config = model.config
@@ -87,12 +87,6 @@ def install_mirrored_qwen3(model: nn.Module, device: torch.device) -> None:
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     if rope_type != "default" or getattr(config, "use_sliding_window", False):
         raise ValueError(f"--true-on-policy-mode: rope_type {rope_type!r} / sliding windows are not mirrored")
-    checkpoint_dtype = getattr(config, "dtype", None)
-    if device.type == "cuda" and checkpoint_dtype not in (None, torch.bfloat16):
-        # The engine serves (and weight syncs push) the checkpoint dtype; the mirror's casts are SGLang's bf16 ones.
-        raise ValueError(
-            f"--true-on-policy-mode: the checkpoint's dtype is {checkpoint_dtype}; the mode needs bfloat16"
-        )
     enable_batch_invariant_ops(device)
     dtype = torch.bfloat16 if device.type == "cuda" else next(model.parameters()).dtype
     setattr(model, _STATE_ATTR, _Mirror(config, device, dtype))
