@@ -216,3 +216,23 @@ def test_pushes_are_bf16_on_cuda_in_the_mode():
     assert FSDPTrainBackend._checkpoint_dtype(stub(True, "cuda")) == torch.bfloat16
     assert FSDPTrainBackend._checkpoint_dtype(stub(False, "cuda")) == torch.float32
     assert FSDPTrainBackend._checkpoint_dtype(stub(True, "cpu")) == torch.float32
+
+
+def test_linear_backward_runs_bmm_not_mm():
+    from torch.profiler import profile
+
+    from slime_train_fsdp.true_on_policy.ops import Linear
+
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    y = Linear.apply(x, w, b)
+    torch.testing.assert_close(y, x @ w.T + b, atol=1e-12, rtol=0)
+    g = torch.randn(5, 4, dtype=torch.float64)
+    with profile() as prof:
+        y.backward(g)
+    ops = {e.name for e in prof.events()}
+    assert "aten::bmm" in ops and "aten::mm" not in ops  # the batch-invariant override (aten::mm) is left alone
+    torch.testing.assert_close(x.grad, g @ w, atol=1e-12, rtol=0)
+    torch.testing.assert_close(w.grad, g.T @ x, atol=1e-12, rtol=0)
+    torch.testing.assert_close(b.grad, g.sum(0), atol=1e-12, rtol=0)

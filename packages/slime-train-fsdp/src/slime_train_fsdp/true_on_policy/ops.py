@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Rotary", "apply_rotary", "rms_norm", "rope_cos_sin_cache", "sampler_log_probs", "silu_and_mul"]
+__all__ = ["Linear", "Rotary", "apply_rotary", "rms_norm", "rope_cos_sin_cache", "sampler_log_probs", "silu_and_mul"]
 
 
 def rms_norm(
@@ -117,6 +117,29 @@ class Rotary(torch.autograd.Function):
         sin = sin.unsqueeze(-2).to(grad.dtype)
         g1, g2 = torch.chunk(grad, 2, dim=-1)
         return torch.cat((g1 * cos + g2 * sin, g2 * cos - g1 * sin), dim=-1), None, None, None
+
+
+class Linear(torch.autograd.Function):
+    """`apply(x [T, K], w [N, K], b [N] or None) -> x @ w^T + b [T, N]`: exact forward, fast backward.
+
+    The forward is `F.linear`, i.e. `aten::mm(x, w.t())` as SGLang's `UnquantizedLinearMethod` and `lm_head` call it,
+    which SGLang's batch-invariant kernel serves once installed (`kernels.enable_batch_invariant_ops`). Gradients
+    need not be bit-exact, so the backward goes through `torch.bmm`, which the mode leaves to cuBLAS
+    (`enable_bmm=False`, as in the original), instead of the slower batch-invariant matmul.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, b):  # noqa: D102
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return F.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        x, w = ctx.saved_tensors
+        grad_x = torch.bmm(grad.unsqueeze(0), w.unsqueeze(0)).squeeze(0)
+        grad_w = torch.bmm(grad.t().unsqueeze(0), x.unsqueeze(0)).squeeze(0)
+        return grad_x, grad_w, grad.sum(0) if ctx.has_bias else None
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

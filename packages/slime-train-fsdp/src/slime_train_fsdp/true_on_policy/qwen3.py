@@ -32,6 +32,7 @@ from slime_core.config.true_on_policy import SUPPORTED_ARCHITECTURES
 from slime_train_fsdp.true_on_policy.attention import MirroredAttention, plan_attention
 from slime_train_fsdp.true_on_policy.kernels import enable_batch_invariant_ops, load_kernels
 from slime_train_fsdp.true_on_policy.ops import (
+    Linear,
     Rotary,
     apply_rotary,
     rms_norm,
@@ -102,7 +103,7 @@ def _layer_forward(self: nn.Module, hidden, residual, cos, sin, plan, mirror: _M
     x = x.to(dt)
     w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).to(dt)
     b_qkv = None if attn.q_proj.bias is None else torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-    qkv = F.linear(x, w_qkv, b_qkv)
+    qkv = Linear.apply(x, w_qkv, b_qkv)
     q_size, kv_size = mirror.heads * mirror.head_dim, mirror.kv_heads * mirror.head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     s = q.shape[0]
@@ -113,11 +114,11 @@ def _layer_forward(self: nn.Module, hidden, residual, cos, sin, plan, mirror: _M
     k = Rotary.apply(k.view(s, mirror.kv_heads, mirror.head_dim), cos, sin, mirror.rotary).to(dt)
     v = v.reshape(s, mirror.kv_heads, mirror.head_dim)
     o = MirroredAttention.apply(q, k, v, plan, mirror.scale, mirror.kernels)
-    o = F.linear(o.reshape(s, q_size), attn.o_proj.weight.to(dt))
+    o = Linear.apply(o.reshape(s, q_size), attn.o_proj.weight.to(dt), None)
     x, residual = rms_norm(o, self.post_attention_layernorm.weight, mirror.eps, residual, out_dtype=torch.float32)
     x = x.to(dt)
     w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dt)
-    h = F.linear(silu_and_mul(F.linear(x, w_gate_up)), mlp.down_proj.weight.to(dt))
+    h = Linear.apply(silu_and_mul(Linear.apply(x, w_gate_up, None)), mlp.down_proj.weight.to(dt), None)
     return h, residual
 
 
@@ -210,8 +211,9 @@ def mirrored_response_forward(
     h_resp = out.index_select(0, predict_index)  # [R, H] fp32
 
     def head(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # SGLang: torch.matmul(hidden.bfloat16(), lm_head.weight.T.bfloat16()), cut to the vocabulary.
-        logits = torch.matmul(h.to(mirror.dtype), w.T.to(mirror.dtype))[:, : mirror.vocab_size]
+        # SGLang: torch.matmul(hidden.bfloat16(), lm_head.weight.T.bfloat16()), i.e. aten::mm(h, W.t()) as F.linear
+        # issues it; cut to the vocabulary.
+        logits = Linear.apply(h.to(mirror.dtype), w.to(mirror.dtype), None)[:, : mirror.vocab_size]
         return sampler_log_probs(logits, t, temperature, with_entropy=with_entropy, dtype=mirror.dtype)
 
     parts = []
