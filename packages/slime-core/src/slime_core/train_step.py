@@ -144,8 +144,10 @@ def step_denominator(cfg: SlimeArgs, batch: RolloutBatch, step: int) -> float:
 
 
 def records_routes(cfg: SlimeArgs) -> bool:
-    """`--use-routing-replay` without `--use-rollout-routing-replay`: the old-log-prob forward records the MoE
-    routes that the training forwards replay, so that forward always runs."""
+    """Whether the old-log-prob forward records MoE routes (`--use-routing-replay` alone).
+
+    The training forwards replay what it recorded, so that forward always runs.
+    """
     return cfg.use_routing_replay and not cfg.use_rollout_routing_replay
 
 

@@ -24,7 +24,8 @@ def build_reference_command(
     """Command line of one CPU reference engine.
 
     Args:
-        cfg: run config; reads `hf_checkpoint`, `lora_rank`, `use_rollout_routing_replay` and, from `sglang_args`, `max_running_requests` (64),
+        cfg: run config; reads `hf_checkpoint`, `lora_rank`, `use_rollout_routing_replay` and, from `sglang_args`,
+            `max_running_requests` (64),
             `dtype` ("float32") and `num_threads` when given.
         host: interface the server binds.
         port: its HTTP port.
