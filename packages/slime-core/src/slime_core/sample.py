@@ -453,8 +453,9 @@ class Sample:
             kwargs["multimodal_train_inputs"] = {
                 k: _decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()
             }
-        if isinstance(kwargs.get("rollout_routed_experts"), Mapping):
-            kwargs["rollout_routed_experts"] = _decode_tensor(kwargs["rollout_routed_experts"])
+        routes = kwargs.get("rollout_routed_experts")
+        if isinstance(routes, Mapping):
+            kwargs["rollout_routed_experts"] = _decode_tensor(routes, "rollout_routed_experts")
         sample = cls(**kwargs)
         sample.validate()
         return sample
@@ -485,7 +486,7 @@ def _as_int32(value: Any) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.int32)
 
 
-def _decode_tensor(value: Any) -> torch.Tensor:
+def _decode_tensor(value: Any, field: str = "multimodal_train_inputs") -> torch.Tensor:
     """Inverse of `_encode_tensor`; a tensor passes through (dumps made by `torch.save` keep real tensors)."""
     import torch
 
@@ -495,4 +496,4 @@ def _decode_tensor(value: Any) -> torch.Tensor:
         dtype = getattr(torch, value["dtype"])
         return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
-        raise ValueError(f"Sample.from_dict: bad tensor field ({e})") from None
+        raise ValueError(f"Sample.from_dict: bad {field} tensor ({e})") from None
