@@ -202,3 +202,33 @@ def test_real_sglang_returns_routed_experts(tmp_path_factory, make_tiny_qwen3_mo
     assert routes.shape[0] == meta["prompt_tokens"] + meta["completion_tokens"] - 1
     assert int(routes.min()) >= 0 and int(routes.max()) < NUM_EXPERTS
     assert all(len(set(row)) == TOPK for row in routes.reshape(-1, TOPK).tolist())  # distinct experts per token
+
+
+def test_reference_engine_takes_per_expert_matrices_into_its_fused_experts(served):
+    # What the FSDP trainer pushes (and SGLang loads): one matrix per expert, under the checkpoint's names.
+    fused = served.model.state_dict()["model.layers.1.mlp.experts.gate_up_proj"]
+    before = fused.clone()
+    up = torch.full((fused.shape[1] // 2, fused.shape[2]), 0.25)
+    assert served.load_named_tensors([("model.layers.1.mlp.experts.5.up_proj.weight", up)]) == 1
+    assert torch.equal(fused[5, fused.shape[1] // 2 :], up)
+    assert torch.equal(fused[5, : fused.shape[1] // 2], before[5, : fused.shape[1] // 2])  # gate rows untouched
+    assert torch.equal(fused[:5], before[:5]) and torch.equal(fused[6:], before[6:])
+    served.load_named_tensors([("model.layers.1.mlp.experts.gate_up_proj", before)])  # restore
+    with pytest.raises(ValueError, match="shape mismatch"):
+        served.load_named_tensors([("model.layers.1.mlp.experts.5.up_proj.weight", torch.zeros(3, 3))])
+
+
+async def test_multi_turn_model_turns_keep_the_routes(moe_dir):
+    from slime_rollout.generation.multi_turn import _model_turn
+
+    class _Tok:
+        def decode(self, ids):
+            return "ab"
+
+    client, sample = _Client(), Sample(tokens=[1, 2, 3], index=4)
+    await _model_turn(client, _Tok(), sample, {"max_new_tokens": 8}, 8, _args(moe_dir))
+    assert client.payloads[0]["return_routed_experts"] is True
+    assert sample.rollout_routed_experts[:, 0, 0].tolist() == [0, 1, 2, 3]
+    sample.append_response_tokens([9], trainable=False)  # a tool observation, then the next model turn
+    await _model_turn(client, _Tok(), sample, {"max_new_tokens": 8}, 8, _args(moe_dir))
+    assert sample.rollout_routed_experts.shape[0] == len(sample.tokens) - 1 == 7

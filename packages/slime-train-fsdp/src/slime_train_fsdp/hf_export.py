@@ -23,8 +23,8 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.hf_checkpoint import source_dtype, write_hf_checkpoint
 from slime_core.hf_names import to_checkpoint_name
+from slime_core.moe_experts import split_experts
 from slime_core.weight_buckets import iter_buckets
-from slime_train_fsdp.moe_weights import split_experts
 
 __all__ = ["iter_hf_buckets", "save_hf"]
 

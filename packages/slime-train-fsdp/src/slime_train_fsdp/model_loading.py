@@ -35,10 +35,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 from slime_core.config import SlimeArgs
 from slime_core.hf_names import is_vision_tower_param, to_module_name
+from slime_core.moe_experts import fuse_experts
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
-from slime_train_fsdp.moe_weights import fuse_experts
 from slime_train_fsdp.packing import ForwardOptions, install_response_forward
 from slime_train_fsdp.vision import is_vision_language
 
