@@ -191,6 +191,7 @@ class RoutingReplay:
         if self.count_mismatch:
             with torch.no_grad():
                 differ_S = (natural_SK.sort(dim=-1).values != forced_SK.sort(dim=-1).values).any(dim=-1)
-                self.mismatched += (differ_S & self._valid_S).sum().double().cpu()
-                self.counted += self._valid_S.sum().double().cpu()
+                # Summed on the device: no host sync per layer (read once per rollout).
+                self.mismatched = self.mismatched.to(differ_S.device) + (differ_S & self._valid_S).sum().double()
+                self.counted = self.counted.to(differ_S.device) + self._valid_S.sum().double()
         return logits_SE, probs_SK.to(logits_SE.dtype), forced_SK
