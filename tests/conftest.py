@@ -109,6 +109,39 @@ def make_tiny_qwen3(qwen3_tokenizer_dir):
     return make
 
 
+@pytest.fixture(scope="session")
+def make_tiny_qwen3_moe(qwen3_tokenizer_dir):
+    """Factory `make_tiny_qwen3_moe(out_dir, **config) -> out_dir`: a random-weight Qwen3-MoE (routing replay tests).
+
+    Seed 0, fp32; 2 layers, hidden 64, 4 heads / 2 KV heads of 16, 8 experts of 32 with top-2 (renormalized, as
+    Qwen3-MoE), tied embeddings, the full Qwen3 vocab and the real tokenizer files (the reference engine loads it).
+    """
+    import shutil
+
+    def make(out_dir: pathlib.Path, **config) -> pathlib.Path:
+        import torch
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        fields = dict(
+            vocab_size=151936, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True,
+            **QWEN3_SPECIAL_IDS,
+        )  # fmt: skip
+        fields.update(config)
+        torch.manual_seed(0)
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**fields))
+        with torch.no_grad():  # larger router weights than the init: routes then clearly depend on the token
+            for layer in model.model.layers:
+                layer.mlp.gate.weight.normal_(0.0, 0.5)
+        model.save_pretrained(out_dir)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(qwen3_tokenizer_dir / name, pathlib.Path(out_dir) / name)
+        return pathlib.Path(out_dir)
+
+    return make
+
+
 # A compact Qwen2-VL-style chat template: string or part-list contents, one
 # <|vision_start|><|image_pad|><|vision_end|> per image part (what the Qwen-VL processors expand).
 QWEN_VL_CHAT_TEMPLATE = (

@@ -20,7 +20,10 @@ import torch
 
 from slime_train_fsdp.value_model import fill_value_head
 
-pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+pytestmark = [
+    pytest.mark.slow,  # multi-process: ranks in subprocesses
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
 
 WORKER = pathlib.Path(__file__).with_name("_critic_workers.py")
 TOL = 1e-5

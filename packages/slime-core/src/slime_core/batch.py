@@ -60,6 +60,9 @@ class RolloutBatch:
             sample without images), or None when no sample of the rollout has any (text-only runs).
         teacher_log_probs: N tensors `[L_i]` float32, the on-policy-distillation teacher's log-probs of the
             response tokens scored during the rollout (`--opd-type sglang`), or None.
+        rollout_routed_experts: N tensors `[T_i - 1, L, K]` int32, the experts the engine routed each token it ran to
+            (`L` decoder layers, `K` experts per token; `--use-rollout-routing-replay`, `slime_core.routing_replay`),
+            or None.
         values: N tensors `[L_i]` float32, the PPO critic's values of the response tokens before its update
             (attached by the trainer app after the critic step; `V_t` is the value of the state that emits
             response token t), or None.
@@ -82,6 +85,7 @@ class RolloutBatch:
     metadata: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     multimodal_train_inputs: list[dict[str, torch.Tensor] | None] | None = None
     teacher_log_probs: list[torch.Tensor] | None = None
+    rollout_routed_experts: list[torch.Tensor] | None = None
     values: list[torch.Tensor] | None = None
 
     @property

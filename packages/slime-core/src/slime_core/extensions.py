@@ -67,6 +67,7 @@ class TrainBackendSpec(Entry):
         supports_multimodal: trains vision-language models (`--multimodal-keys`, `--freeze-vision-tower`).
         compiles_layers: may compile layers at the first forward (`--fsdp-compile-layers`; the progress display
             names the first step accordingly).
+        supports_routing_replay: replays MoE routes (`--use-routing-replay`, `--use-rollout-routing-replay`).
         supports_true_on_policy: reproduces SGLang's log-probs bit for bit (`--true-on-policy-mode`).
     """
 
@@ -81,6 +82,7 @@ class TrainBackendSpec(Entry):
     lr_decay_styles: tuple[str, ...] = ("constant", "linear", "cosine")
     compiles_layers: bool = False
     supports_multimodal: bool = False
+    supports_routing_replay: bool = False
     supports_true_on_policy: bool = False
 
 
@@ -93,11 +95,14 @@ class RolloutEngineSpec(Entry):
         supports_colocate: releases and resumes its accelerator memory (`--colocate`, `--offload-rollout`).
         launchable: slime starts its servers itself (`slime_rollout.engines.launch`); otherwise the run needs
             `--rollout-engine-urls` of servers started elsewhere.
+        returns_routed_experts: answers `return_routed_experts` with `meta_info.routed_experts` when started with
+            `--enable-return-routed-experts` (`--use-rollout-routing-replay`).
     """
 
     needs_gpu: bool = False
     supports_colocate: bool = False
     launchable: bool = False
+    returns_routed_experts: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -145,8 +145,9 @@ class Sample:
             `{"pixel_values": [P, C*T*p*p] float32, "image_grid_thw": [num_images, 3] int64}` (`P` patches over
             all images); None for text-only samples. Samples of one prompt group may share the tensors.
         multimodal_train_input_id: cache id of `multimodal_train_inputs` (original field).
-        rollout_routed_experts: MoE routing from the engine (original field; routing replay is not
-            implemented, rejected when set).
+        rollout_routed_experts: `[len(tokens) - 1, num_hidden_layers, num_experts_per_tok]` int32 tensor, the
+            experts the engine routed every token it ran to (`--use-rollout-routing-replay`; SGLang's
+            `meta_info.routed_experts`, `slime_core.routing_replay`), or None.
         teacher_log_probs: `[response_length]` float, natural-log probability of each response token under the
             on-policy-distillation teacher (`--use-opd --opd-type sglang`), or None.
     """
@@ -179,9 +180,8 @@ class Sample:
     multimodal_inputs: dict[str, Any] | None = None
     multimodal_train_inputs: dict[str, torch.Tensor] | None = None
     teacher_log_probs: Any = None  # list[float]; the original's OPD post-process stores a float32 tensor
-    # Original fields this version does not train with; `unsupported_fields()` names the ones a sample sets.
-    multimodal_train_input_id: str | None = None
-    rollout_routed_experts: Any = None
+    multimodal_train_input_id: str | None = None  # the original's cache id; not read here
+    rollout_routed_experts: Any = None  # torch.Tensor [T - 1, L, K] int32 (nested int lists are accepted)
 
     # ---- derived views -------------------------------------------------------------------------
 
@@ -225,13 +225,11 @@ class Sample:
         return float(self.reward)
 
     def unsupported_fields(self) -> list[str]:
-        """Names of the original fields this sample sets that this version cannot train with.
+        """Names of the original fields this sample sets that this version cannot train with (none left).
 
-        MoE routing replay would change the training computation; a sample carrying it is refused rather than
-        trained without it.
+        Kept for plugins and for a field that a later original adds: training data refuses what it names.
         """
-        names = ("rollout_routed_experts",)
-        return [name for name in names if getattr(self, name) not in (None, {}, [])]
+        return []
 
     # ---- building the response -----------------------------------------------------------------
 
@@ -428,6 +426,8 @@ class Sample:
             }
         if self.multimodal_train_inputs is not None:
             out["multimodal_train_inputs"] = {k: _encode_tensor(v) for k, v in self.multimodal_train_inputs.items()}
+        if self.rollout_routed_experts is not None:
+            out["rollout_routed_experts"] = _encode_tensor(_as_int32(self.rollout_routed_experts))
         return out
 
     @classmethod
@@ -453,6 +453,9 @@ class Sample:
             kwargs["multimodal_train_inputs"] = {
                 k: _decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()
             }
+        routes = kwargs.get("rollout_routed_experts")
+        if isinstance(routes, Mapping):
+            kwargs["rollout_routed_experts"] = _decode_tensor(routes, "rollout_routed_experts")
         sample = cls(**kwargs)
         sample.validate()
         return sample
@@ -476,7 +479,14 @@ def _encode_tensor(tensor: Any) -> dict[str, Any]:
     return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": t.reshape(-1).tolist()}
 
 
-def _decode_tensor(value: Any) -> torch.Tensor:
+def _as_int32(value: Any) -> torch.Tensor:
+    """Routes given as a tensor or nested int lists, as an int32 tensor."""
+    import torch
+
+    return torch.as_tensor(value, dtype=torch.int32)
+
+
+def _decode_tensor(value: Any, field: str = "multimodal_train_inputs") -> torch.Tensor:
     """Inverse of `_encode_tensor`; a tensor passes through (dumps made by `torch.save` keep real tensors)."""
     import torch
 
@@ -486,4 +496,4 @@ def _decode_tensor(value: Any) -> torch.Tensor:
         dtype = getattr(torch, value["dtype"])
         return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
-        raise ValueError(f"Sample.from_dict: bad multimodal_train_inputs tensor ({e})") from None
+        raise ValueError(f"Sample.from_dict: bad {field} tensor ({e})") from None

@@ -20,6 +20,7 @@ from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
 from slime_core.plugins import load_function
+from slime_core.routing_replay import validate_routes
 from slime_core.sample import Sample, Status
 from slime_core.scheduling import build_schedule
 
@@ -241,6 +242,36 @@ def _sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
 
 
 _warned_no_top_p_sets = False
+_warned_unused_routes = False
+
+
+def _routed_experts(cfg: SlimeArgs, samples: Sequence[Sample]) -> list[torch.Tensor] | None:
+    """Each sample's engine routes `[T_i - 1, L, K]` int32 with `--use-rollout-routing-replay`, else None.
+
+    Raises:
+        ValueError: the flag is set and a sample carries no routes, or routes that do not match its tokens
+            (`slime_core.routing_replay.validate_routes`).
+    """
+    global _warned_unused_routes
+    have = [s.rollout_routed_experts is not None for s in samples]
+    if not cfg.use_rollout_routing_replay:
+        if any(have) and not _warned_unused_routes:
+            _warned_unused_routes = True
+            logger.warning(
+                "%d samples carry rollout_routed_experts but --use-rollout-routing-replay is off: the trainer routes "
+                "with its own router (set the flag to replay them)",
+                sum(have),
+            )
+        return None
+    if not all(have):
+        missing = [s.index for s, h in zip(samples, have, strict=True) if not h]
+        raise ValueError(
+            f"--use-rollout-routing-replay: samples {missing[:5]} carry no rollout_routed_experts ({sum(have)} of "
+            f"{len(samples)} do); the engine must run with --enable-return-routed-experts and a custom generate "
+            "function must send return_routed_experts and keep meta_info.routed_experts "
+            "(slime_rollout.generation.routed_experts.attach_routed_experts)"
+        )
+    return [validate_routes(s.rollout_routed_experts, len(s.tokens), f"sample {s.index}") for s in samples]
 
 
 def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
@@ -270,7 +301,8 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
 
     Steps: sort by `Sample.index`; `postprocess_rewards`; training masks (`remove_sample` zeroes);
     `loss_denominators`; tensorize once (tokens `[T_i]` int64, masks `[L_i]` float32, rollout
-    log-probs `[L_i]` float32; vision tensors `Sample.multimodal_train_inputs` when any sample has them);
+    log-probs `[L_i]` float32; vision tensors `Sample.multimodal_train_inputs` when any sample has them; engine
+    routes `[T_i - 1, L, K]` int32 with `--use-rollout-routing-replay`);
     `scheduling.build_schedule` over total lengths and rollout ids; slice
     per rank. `raw_rewards` takes `metadata["raw_reward"]` when a sample carries it (set by reward
     shaping upstream). Samples in trailing rollouts that do not fill an optimizer step are dropped.
@@ -288,7 +320,8 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
 
     Raises:
         ValueError: on empty input, mixed presence of `index` or of `rollout_log_probs` (a sample without
-            trainable tokens may lack them: it gets zeros), inconsistent sample lengths, a sample that sets an
+            trainable tokens may lack them: it gets zeros), inconsistent sample lengths, missing or misaligned
+            routes with `--use-rollout-routing-replay` (`_routed_experts`), a sample that sets an
             original field this version cannot train with (`Sample.unsupported_fields`), or any error of
             `postprocess_rewards` / `build_schedule`.
     """
@@ -299,8 +332,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
         s.validate()
         if unsupported := s.unsupported_fields():
             raise ValueError(
-                f"sample {s.index} sets {', '.join(unsupported)}: routing replay is "
-                "not implemented in this version; leave this field None"
+                f"sample {s.index} sets {', '.join(unsupported)}: not implemented in this version; leave it None"
             )
     raw, rewards = postprocess_rewards(cfg, ordered)
     raw = [float(s.metadata.get("raw_reward", r)) for s, r in zip(ordered, raw, strict=True)]
@@ -324,6 +356,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
     # Vision tensors travel only when some sample has images; text-only batches keep the field None.
     with_mm = any(s.multimodal_train_inputs is not None for s in ordered)
     teacher_t = _teacher_log_probs(cfg, ordered)
+    routes_t = _routed_experts(cfg, ordered)
 
     schedule = build_schedule(
         [len(s.tokens) for s in ordered],
@@ -362,6 +395,7 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
                 metadata=[dict(ordered[p].train_metadata or {}) for p in mine],
                 multimodal_train_inputs=[ordered[p].multimodal_train_inputs for p in mine] if with_mm else None,
                 teacher_log_probs=None if teacher_t is None else [teacher_t[p] for p in mine],
+                rollout_routed_experts=None if routes_t is None else [routes_t[p] for p in mine],
             )
         )
     return batches

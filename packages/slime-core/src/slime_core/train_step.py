@@ -52,6 +52,7 @@ __all__ = [
     "MicroBatchLoss",
     "StepBackend",
     "can_reuse_old_log_probs",
+    "records_routes",
     "step_denominator",
     "train_on_rollout",
 ]
@@ -119,10 +120,12 @@ def can_reuse_old_log_probs(cfg: SlimeArgs, batch: RolloutBatch) -> bool:
     True when the rollout trains in one optimizer step (every micro-batch then sees the weights the data
     was scored with, so `old = detach(current)` exactly), without reward-shaping KL or on-policy distillation
     (`--kl-coef` and `--use-opd` need the old log-probs before training, for the advantages), and the
-    estimator's spec allows it.
+    estimator's spec allows it; never when `--use-routing-replay` records routes there (`records_routes`).
     """
     if batch.num_steps != 1 or cfg.kl_coef != 0 or cfg.use_opd:
         return False
+    if records_routes(cfg):
+        return False  # --use-routing-replay records its routes in the old-log-prob forward (as the original)
     return get_estimator(cfg.advantage_estimator).reuses_old_log_probs
 
 
@@ -140,10 +143,18 @@ def step_denominator(cfg: SlimeArgs, batch: RolloutBatch, step: int) -> float:
     return max(float(counts[step]), 1.0)
 
 
+def records_routes(cfg: SlimeArgs) -> bool:
+    """Whether the old-log-prob forward records MoE routes (`--use-routing-replay` alone).
+
+    The training forwards replay what it recorded, so that forward always runs.
+    """
+    return cfg.use_routing_replay and not cfg.use_rollout_routing_replay
+
+
 def _old_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch) -> list[torch.Tensor] | None:
     if cfg.use_rollout_logprobs:
         return list(batch.rollout_log_probs)
-    if can_reuse_old_log_probs(cfg, batch) or not needs_old_log_probs(cfg):
+    if (can_reuse_old_log_probs(cfg, batch) or not needs_old_log_probs(cfg)) and not records_routes(cfg):
         return None  # the micro-batch loss takes detach(current); sft_loss never reads them
     return backend.compute_log_probs(batch)
 

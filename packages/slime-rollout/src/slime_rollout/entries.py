@@ -26,6 +26,7 @@ SGLANG = RolloutEngineSpec(
     needs_gpu=True,
     supports_colocate=True,  # /release_memory_occupation, /resume_memory_occupation
     launchable=True,  # slime_rollout.engines.commands.build_sglang_command
+    returns_routed_experts=True,  # --enable-return-routed-experts
 )
 
 REFERENCE = RolloutEngineSpec(
@@ -33,6 +34,7 @@ REFERENCE = RolloutEngineSpec(
     needs_gpu=False,  # transformers on CPU (slime_rollout.engines.reference)
     supports_colocate=True,
     launchable=True,  # slime_rollout.engines.commands.build_reference_command
+    returns_routed_experts=True,  # slime_rollout.engines.reference.routed_experts
 )
 
 MATH_RM = RewardSpec(name="math", grades_label=True)

@@ -24,6 +24,7 @@ once (the first sync, in case `--load` restored a tower the engines do not have)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import pathlib
@@ -57,6 +58,7 @@ from slime_train_fsdp.packing import (
     response_log_probs,
     split_by_lengths,
 )
+from slime_train_fsdp.routing_replay import RoutingReplay, phase_for
 from slime_train_fsdp.trainer_parts import (
     Residency,
     all_reduce_sum,
@@ -126,6 +128,7 @@ class FSDPTrainBackend:
         self._mrope = None  # per-sequence 3-D rotary positions of a vision-language model
         self._frozen_vision: frozenset[str] = frozenset()
         self._pushed_once = False
+        self.routing: RoutingReplay | None = None  # MoE routing replay hooks (--use-routing-replay)
 
     # ------------------------------------------------------------------ setup
     def init(self, cfg: SlimeArgs, *, with_ref: bool) -> int:
@@ -153,6 +156,9 @@ class FSDPTrainBackend:
         weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
         self.model, self.config = build_fsdp_model(cfg, weights, self.device)
         install_response_forward(self.model)
+        if cfg.use_routing_replay:
+            text_config = getattr(self.config, "text_config", None) or self.config
+            self.routing = RoutingReplay(self.model, int(text_config.num_hidden_layers))
         if cfg.true_on_policy_mode:  # the actor's log-prob forwards replay SGLang's (a critic keeps the HF forward)
             install_mirrored_qwen3(self.model, self.device)
         if with_ref:
@@ -216,6 +222,13 @@ class FSDPTrainBackend:
         return pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device, batch.kept_tokens(ids),
                                 multimodal=batch.multimodal_train_inputs, mrope=self._mrope)  # fmt: skip
 
+    def _routing(self, model: str, *, training: bool):
+        """The routers' phase for one pass over the data (a no-op block without routing replay)."""
+        if self.routing is None:
+            return contextlib.nullcontext()
+        phase = phase_for(self.cfg.use_routing_replay, self.cfg.use_rollout_routing_replay, model, training)
+        return self.routing.running(phase, count_mismatch=phase == "replay")
+
     def _require_awake(self, what: str) -> None:
         if self.residency is not None:
             self.residency.require_awake(what)
@@ -270,14 +283,18 @@ class FSDPTrainBackend:
             RuntimeError: while asleep.
         """
         self._require_awake("compute_log_probs")
-        with self.weights.swapped(model):
+        with self.weights.swapped(model), self._routing(model, training=False):
             out: list[torch.Tensor | None] = [None] * batch.num_samples
             for step in batch.micro_batches:
                 for ids in step:
                     mb = self._pack(batch, ids)
+                    if self.routing is not None:
+                        self.routing.before_forward(batch, mb)
                     logp, _, _ = response_log_probs(
                         self.model, mb, temperature=self.cfg.rollout_temperature, chunk_size=self._chunk_size()
                     )
+                    if self.routing is not None:
+                        self.routing.after_forward(mb)
                     for i, lp in zip(ids, split_by_lengths(logp, mb.response_lengths), strict=True):
                         out[i] = lp.float().cpu()
         missing = [i for i, t in enumerate(out) if t is None]
@@ -305,7 +322,11 @@ class FSDPTrainBackend:
         """
         self._require_awake("train")
         compile_before = _compile_seconds()
+        if self.routing is not None:
+            self.routing.reset()
         metrics, self.step_metrics = train_on_rollout(self.cfg, self, rollout_id, batch)
+        if self.routing is not None:
+            metrics.update(self._routing_metrics())
         compiled = _compile_seconds() - compile_before
         if compiled > 0:
             graphs = _compiled_graphs()
@@ -313,6 +334,18 @@ class FSDPTrainBackend:
             metrics["perf/compile_time"] = compiled
             metrics["perf/compiled_graphs"] = float(graphs)
         return metrics
+
+    def _routing_metrics(self) -> dict[str, float]:
+        """`train/routing_replay_mismatch` of the rollout (collective).
+
+        Over every replayed forward of the rollout on all DP ranks: the fraction of (token, MoE layer) pairs whose
+        router's own top-k experts differ (as a set) from the replayed ones.
+        """
+        sums = self.reduce_metric_sums(
+            {"mismatched": float(self.routing.mismatched), "counted": float(self.routing.counted)}
+        )
+        self.routing.reset()  # the recorded routes are this rollout's only
+        return {"train/routing_replay_mismatch": sums["mismatched"] / max(sums["counted"], 1.0)}
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum of `tensor` over all ranks (the DP group), returned on CPU."""
@@ -327,13 +360,15 @@ class FSDPTrainBackend:
         back-propagated, so FSDP's collectives stay aligned with the ranks that have data.
         """
         self.optimizer.zero_grad(set_to_none=True)
-        with gathered_through_backward(self.model):
+        with gathered_through_backward(self.model), self._routing("actor", training=True):
             return self._forward_backward(batch, step, loss_fn, denominator)
 
     def _forward_backward(self, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss, denominator: float):
         metrics = []
         for ids in batch.micro_batches[step]:
             mb = self._pack(batch, ids)
+            if self.routing is not None:
+                self.routing.before_forward(batch, mb)  # the routes stay set through this micro-batch's backward
             logp, ent, anchor = response_log_probs(
                 self.model,
                 mb,

@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.hf_checkpoint import source_dtype, write_hf_checkpoint
 from slime_core.hf_names import to_checkpoint_name
+from slime_core.moe_experts import split_experts
 from slime_core.weight_buckets import iter_buckets
 
 __all__ = ["iter_hf_buckets", "save_hf"]
@@ -48,7 +49,7 @@ def _full_tensors(
     """Full tensors by checkpoint name, cast to `dtype` on the device (collective: one gather per sharded tensor)."""
     for name, tensor in _hf_named_tensors(model, skip):
         full = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
-        yield name, (full if dtype is None else full.to(dtype))
+        yield from split_experts(name, full if dtype is None else full.to(dtype))  # MoE: per-expert names
 
 
 def iter_hf_buckets(

@@ -35,6 +35,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 from slime_core.config import SlimeArgs
 from slime_core.hf_names import is_vision_tower_param, to_module_name
+from slime_core.moe_experts import fuse_experts
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
@@ -243,6 +244,7 @@ def load_hf_weights_into(
         # Checkpoint names (e.g. `visual.*` of Qwen2.5-VL) become module names; text models' are the same.
         model_type = model.config.model_type
         checkpoint = {to_module_name(k, model_type): v for k, v in read_hf_state_dict(path).items()}
+        checkpoint = fuse_experts(checkpoint, {hf_name(k) for k in model.state_dict()})  # MoE: transformers' layout
         if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in checkpoint:
             tied = next((v for k, v in checkpoint.items() if k.endswith("embed_tokens.weight")), None)
             if tied is not None:

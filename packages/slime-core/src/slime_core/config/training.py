@@ -83,8 +83,16 @@ class AlgorithmArgs(ArgsGroup):
     calculate_per_token_loss: bool = arg(False, "Average the loss over all tokens instead of per sample.")
     use_opsm: bool = arg(False, "Off-policy sequence masking of negative-advantage tokens.")
     opsm_delta: float = arg(1e-4, "OPSM sequence-KL threshold.", ge=0)
-    use_routing_replay: bool = arg(False, "MoE: replay routing of the old-logprob forward in training.")
-    use_rollout_routing_replay: bool = arg(False, "MoE: replay the engine routing in training (R3).")
+    use_routing_replay: bool = arg(
+        False,
+        "MoE: the old-log-prob forward records each MoE layer's top-k experts and the training forwards replay them "
+        "(combine weights from the current router logits); FSDP backend, train/routing_replay_mismatch.",
+    )
+    use_rollout_routing_replay: bool = arg(
+        False,
+        "MoE (R3): every actor forward, old log-probs included, replays the experts the engine routed to "
+        "(SGLang --enable-return-routed-experts, meta_info.routed_experts); implies --use-routing-replay.",
+    )
     num_critic_only_steps: int = arg(
         0, "Rollouts that train only the critic at the start (PPO); >= --num-rollout trains the critic only.", ge=0
     )

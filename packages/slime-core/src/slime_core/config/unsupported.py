@@ -67,8 +67,6 @@ UNSUPPORTED: dict[str, str] = {
     "use_distributed_post": "engine requests come from the rollout manager's async HTTP client",
     "use_pytorch_profiler": "no built-in profiler; run the trainer under torch.profiler or nsys",
     "use_rollout_entropy": "the reported entropy is the trainer's (train/entropy_loss)",
-    "use_rollout_routing_replay": "no MoE routing replay",
-    "use_routing_replay": "no MoE routing replay",
     "use_stateless_adam": "Adam keeps its moments; --reset-optimizer-states zeroes them every rollout",
 }
 

@@ -24,6 +24,7 @@ from slime_core.config.true_on_policy import check_true_on_policy
 from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_fully_async import check_fully_async
 from slime_core.config.validation_multimodal import check_multimodal
+from slime_core.config.validation_routing_replay import check_routing_replay
 from slime_core.estimators import get_estimator
 from slime_core.extensions import TRAIN_BACKENDS, train_backend_spec
 
@@ -58,6 +59,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _weight_sync(args)
     _passthrough(args)
     check_multimodal(args)
+    check_routing_replay(args)
     check_true_on_policy(args)
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.sample import Sample, Status
 from slime_rollout.data.multimodal import VisionPrompt, prepare_vision_prompt, sample_images, vision_token_ids
 from slime_rollout.data.source import encode_prompt, get_tokenizer
+from slime_rollout.generation.routed_experts import ROUTED_EXPERTS_REQUEST, attach_routed_experts, wants_routed_experts
 from slime_rollout.generation.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
 
 if TYPE_CHECKING:
@@ -226,6 +227,8 @@ async def generate(
         return sample
 
     payload = {"input_ids": list(sample.tokens), "sampling_params": sampling_params, "return_logprob": True}
+    if wants_routed_experts(args):
+        payload.update(ROUTED_EXPERTS_REQUEST)
     if vision is not None:
         engine_ids = _engine_ids(args, sample, vision)
         if engine_ids is None:
@@ -248,6 +251,7 @@ async def generate(
     sample.append_response_tokens(
         tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=reply["meta_info"], top_p=top_p
     )
+    attach_routed_experts(args, sample, reply["meta_info"])
     if sample.status is Status.PENDING:
         logger.warning(
             "sample %s: engine gave no known finish_reason (%r)", sample.index, reply["meta_info"].get("finish_reason")

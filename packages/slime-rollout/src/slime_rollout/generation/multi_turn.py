@@ -37,6 +37,7 @@ from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout.data.source import get_tokenizer
 from slime_rollout.generation import generate as single_turn
+from slime_rollout.generation.routed_experts import ROUTED_EXPERTS_REQUEST, attach_routed_experts, wants_routed_experts
 from slime_rollout.generation.seeds import continuation_seed
 from slime_rollout.generation.template_check import (
     CONVERSATION_KEY,
@@ -206,14 +207,19 @@ def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
 
 
 async def _model_turn(
-    client: Any, tokenizer: Any, sample: Sample, params: dict[str, Any], budget: int
+    client: Any, tokenizer: Any, sample: Sample, params: dict[str, Any], budget: int, args: Any = None
 ) -> tuple[str, str]:
-    """Generates one model turn into `sample`; returns (engine text, text decoded from the engine ids)."""
+    """Generates one model turn into `sample`; returns (engine text, text decoded from the engine ids).
+
+    `args` (the run config) decides whether the engine's MoE routes are asked for and kept (`routed_experts.py`).
+    """
     params = dict(params, max_new_tokens=budget - sample.response_length)
     if params.get("sampling_seed") is not None:
         # Each turn of the sample draws from its own seed (same turns, same seeds: reproducible).
         params["sampling_seed"] = continuation_seed(int(params["sampling_seed"]), sample.response_length)
     payload = {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True}
+    if wants_routed_experts(args):
+        payload.update(ROUTED_EXPERTS_REQUEST)
     reply = await single_turn.call_client(client.generate, payload)
     tokens, log_probs, meta = _parse_reply(reply)
     # Decoded from the ids, special tokens kept, whatever `skip_special_tokens` the engine used: this is
@@ -225,6 +231,7 @@ async def _model_turn(
     sample.status = Status.PENDING
     top_p = parse_top_p_sets(meta, len(tokens))  # top-p replay sets, when the engine returned them
     sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta, top_p=top_p)
+    attach_routed_experts(args, sample, meta)
     if sample.status is Status.PENDING:
         sample.status = Status.COMPLETED
     return text, token_text
@@ -312,7 +319,7 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
         if budget - sample.response_length <= 0:
             sample.status = Status.TRUNCATED
             break
-        text, token_text = await _model_turn(client, tokenizer, sample, params, budget)
+        text, token_text = await _model_turn(client, tokenizer, sample, params, budget, args)
         record_segment(sample, "assistant", token_text)
         num_turns += 1
         if sample.status in (Status.ABORTED, Status.TRUNCATED):

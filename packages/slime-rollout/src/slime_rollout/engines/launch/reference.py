@@ -24,7 +24,8 @@ def build_reference_command(
     """Command line of one CPU reference engine.
 
     Args:
-        cfg: run config; reads `hf_checkpoint`, `lora_rank` and, from `sglang_args`, `max_running_requests` (64),
+        cfg: run config; reads `hf_checkpoint`, `lora_rank`, `use_rollout_routing_replay` and, from `sglang_args`,
+            `max_running_requests` (64),
             `dtype` ("float32") and `num_threads` when given.
         host: interface the server binds.
         port: its HTTP port.
@@ -56,6 +57,8 @@ def build_reference_command(
         cmd.append("--enable-memory-saver")
     if needs_weights_backup(cfg, memory_saver=memory_saver):
         cmd.append("--enable-weights-cpu-backup")
+    if cfg.use_rollout_routing_replay:
+        cmd.append("--enable-return-routed-experts")  # as SGLang's engines of the run
     return cmd
 
 

@@ -117,7 +117,8 @@ def build_sglang_command(
     """Command line of one SGLang server (see the module docstring).
 
     Args:
-        cfg: run config; reads `hf_checkpoint`, `engine_python` (see `engine_python`) and `sglang_args`.
+        cfg: run config; reads `hf_checkpoint`, `engine_python` (see `engine_python`), `sglang_args` and
+            `use_rollout_routing_replay` (adds `--enable-return-routed-experts`).
         host: interface the server binds.
         port: its HTTP port.
         nccl_port: its NCCL port (TP > 1).
@@ -159,6 +160,8 @@ def build_sglang_command(
     cmd += true_on_policy_server_args(cfg)
     if needs_weights_backup(cfg, memory_saver=memory_saver) and "--enable-weights-cpu-backup" not in passthrough:
         cmd.append("--enable-weights-cpu-backup")
+    if cfg.use_rollout_routing_replay and "--enable-return-routed-experts" not in passthrough:
+        cmd.append("--enable-return-routed-experts")  # R3: replies carry meta_info.routed_experts
     cmd += passthrough
     cmd += shlex.split(os.environ.get("SLIME_SGLANG_ARGS", ""))
     return cmd

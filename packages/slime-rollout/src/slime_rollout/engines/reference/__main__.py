@@ -45,6 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="as SGLang: the weights survive a release (without it a resume brings them back zeroed)",
     )
+    p.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="as SGLang: requests with return_routed_experts get meta_info.routed_experts (MoE models)",
+    )
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 

@@ -32,6 +32,7 @@ from transformers.cache_utils import DynamicLayer
 
 from slime_core.fp8 import read_fp8_config
 from slime_core.hf_names import to_module_name
+from slime_core.moe_experts import expert_slice
 from slime_rollout.engines.reference.fp8 import ServedFp8, build_empty
 from slime_rollout.engines.reference.lora import LoraAdapters
 from slime_rollout.engines.reference.sampling import (
@@ -423,7 +424,8 @@ class ReferenceModel:
         """Copies tensors into the model's parameters/buffers by Hugging Face checkpoint name.
 
         Checkpoint names (what SGLang loads, e.g. `visual.*` for Qwen2.5-VL) are mapped to this model's module
-        names first (`slime_core.hf_names.to_module_name`); module names pass unchanged.
+        names first (`slime_core.hf_names.to_module_name`); module names pass unchanged. A per-expert MoE matrix
+        lands in its slice of transformers' fused expert parameter (`slime_core.moe_experts.expert_slice`).
 
         Returns:
             Number of tensors loaded.
@@ -437,9 +439,14 @@ class ReferenceModel:
         with self.lock, torch.no_grad():
             for name, tensor in self.fp8.dequantized(named_tensors):
                 name = to_module_name(name, self.model_type)
-                if name not in state:
+                target = state.get(name)
+                if target is None and (where := expert_slice(name, state)) is not None:
+                    fused, expert, half = where  # transformers' fused MoE experts (slime_core.moe_experts)
+                    target = state[fused][expert]
+                    if half is not None:
+                        target = target.chunk(2, dim=0)[half]
+                if target is None:
                     raise KeyError(f"update_weights: unknown parameter {name!r}")
-                target = state[name]
                 if tuple(target.shape) != tuple(tensor.shape):
                     raise ValueError(
                         f"update_weights: shape mismatch for {name!r}: engine {tuple(target.shape)}, "

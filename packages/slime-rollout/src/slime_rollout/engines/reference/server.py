@@ -22,6 +22,7 @@ import contextlib
 from fastapi import FastAPI
 
 from slime_rollout.engines.reference.model import ReferenceModel
+from slime_rollout.engines.reference.routed_experts import RouteCapture
 from slime_rollout.engines.reference.routes import control, generate, info, lora, weights
 from slime_rollout.engines.reference.routes.state import EngineState
 from slime_rollout.engines.reference.scheduler import Scheduler
@@ -37,7 +38,8 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         max_running_requests: largest generation batch.
         random_seed: engine seed for requests without `sampling_seed`.
         server_args: what /server_info reports (the parsed CLI flags); reads `weight_version` (initial version,
-            default "default"), `batch_wait_ms` (default 5), `enable_memory_saver`, `enable_weights_cpu_backup`.
+            default "default"), `batch_wait_ms` (default 5), `enable_memory_saver`, `enable_weights_cpu_backup`,
+            `enable_return_routed_experts`.
     """
     scheduler = Scheduler(
         model,
@@ -45,12 +47,14 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         batch_wait_s=float(server_args.get("batch_wait_ms", 5)) / 1000.0,
         random_seed=random_seed,
     )
+    routes = RouteCapture(model.model) if server_args.get("enable_return_routed_experts") else None
     engine = EngineState(
         model=model,
         scheduler=scheduler,
         server_args=server_args,
         max_running_requests=max_running_requests,
         weight_version=server_args.get("weight_version") or "default",
+        routes=routes,
     )
 
     @contextlib.asynccontextmanager

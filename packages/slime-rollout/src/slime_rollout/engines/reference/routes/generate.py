@@ -68,6 +68,35 @@ def to_output(engine: EngineState, r: GenRequest, return_logprob: bool) -> dict[
     return {"text": model.output_text(r), "output_ids": list(r.output_ids), "meta_info": meta}
 
 
+def _check_routes_request(engine: EngineState, want: bool, start: int, prompt_len: int | None) -> None:
+    """SGLang's checks of `routed_experts_start_len` (scheduler.py; SGLang finishes the request with an abort)."""
+    if not want:
+        return
+    if start < 0:
+        raise ValueError(f"{start=} is lower than 0. Please use a non-negative routed_experts_start_len.")
+    if prompt_len is not None and start > prompt_len:
+        raise ValueError(
+            f"{start=} is higher than the number of input tokens {prompt_len}. Please use a smaller "
+            "routed_experts_start_len."
+        )
+
+
+async def add_routed_experts(engine: EngineState, r: GenRequest, out: dict[str, Any], start: int) -> dict[str, Any]:
+    """Adds `meta_info["routed_experts"]` to the reply `out` of request `r`, as SGLang does.
+
+    Without `--enable-return-routed-experts` SGLang adds nothing, and neither does this.
+    """
+    if engine.routes is None:
+        return out
+
+    def compute() -> str:
+        with engine.model.lock:
+            return engine.routes.encoded([*r.input_ids, *r.output_ids], start)
+
+    out["meta_info"]["routed_experts"] = await asyncio.to_thread(compute)
+    return out
+
+
 async def submit_one(
     engine: EngineState,
     input_ids: list[int] | None,
@@ -152,11 +181,15 @@ async def generate(request: Request):
     start = body.get("logprob_start_len", -1) if return_logprob else -1
     lora = body.get("lora_path")  # SGLang: the adapter's name (or a list, one per batched prompt)
     top = body.get("top_logprobs_num", 0) if return_logprob else 0
+    want_routes = bool(body.get("return_routed_experts", False))
+    routes_start = int(body.get("routed_experts_start_len", 0) or 0)
     batched = (isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)) or isinstance(text, list)
     try:
         if not batched:
+            _check_routes_request(engine, want_routes, routes_start, None if input_ids is None else len(input_ids))
             req = await submit_one(engine, input_ids, text, sp or {}, rid, start, image_data, lora, top)
-            return to_output(engine, req, bool(return_logprob))
+            out = to_output(engine, req, bool(return_logprob))
+            return await add_routed_experts(engine, req, out, routes_start) if want_routes else out
         n = len(input_ids if input_ids is not None else text)
         pick = lambda v, i: v[i] if isinstance(v, list) else v  # noqa: E731
         reqs = await asyncio.gather(
@@ -175,7 +208,10 @@ async def generate(request: Request):
                 for i in range(n)
             )
         )
-        return [to_output(engine, r, bool(pick(return_logprob, i))) for i, r in enumerate(reqs)]
+        outs = [to_output(engine, r, bool(pick(return_logprob, i))) for i, r in enumerate(reqs)]
+        if want_routes:
+            outs = [await add_routed_experts(engine, r, o, routes_start) for r, o in zip(reqs, outs, strict=True)]
+        return outs
     except (ValueError, TypeError) as exc:
         return error(str(exc))
 

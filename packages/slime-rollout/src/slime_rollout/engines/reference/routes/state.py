@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from slime_rollout.engines.reference.model import ReferenceModel
 from slime_rollout.engines.reference.push_guard import PushGuard
+from slime_rollout.engines.reference.routed_experts import RouteCapture
 from slime_rollout.engines.reference.scheduler import Scheduler
 
 __all__ = ["EngineState", "abort_all_requests", "engine_of", "error", "json_or_empty"]
@@ -32,6 +33,7 @@ class EngineState:
         push_guard: refuses a bucket of another push's version (two writers), see `push_guard.py`.
         update_lock: one weight update at a time, so a bucket's check and its landing are one step.
         groups: weight-update process groups by name (`/init_weights_update_group`).
+        routes: the MoE router hooks (`--enable-return-routed-experts`), else None.
     """
 
     model: ReferenceModel
@@ -44,6 +46,7 @@ class EngineState:
     push_guard: PushGuard = dataclasses.field(default_factory=PushGuard)
     update_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     groups: dict[str, Any] = dataclasses.field(default_factory=dict)
+    routes: RouteCapture | None = None
 
 
 def engine_of(request: Request) -> EngineState:

@@ -1,0 +1,130 @@
+"""MoE routing replay (`--use-routing-replay`, `--use-rollout-routing-replay`): the routes and their alignment.
+
+A route is the top-k expert choice of one token in one MoE layer. SGLang (`--enable-return-routed-experts`, request
+flag `return_routed_experts`) returns them in `meta_info["routed_experts"]`: the base64 of a C-order int32 array
+`[seqlen - 1 - routed_experts_start_len, num_hidden_layers, num_experts_per_tok]` (sglang 0.5.16:
+`srt/managers/scheduler_components/batch_result_processor.py::_maybe_collect_routed_experts`,
+`srt/state_capturer/base.py::get_topk`, `srt/managers/detokenizer_manager.py::_b64_encode_per_request`). `seqlen` is
+prompt + output tokens, so the rows cover every token the engine ran the model on: all but the last one. Dense
+layers of a mixed model have rows of zeros.
+
+`Sample.rollout_routed_experts` keeps that array as a tensor (the original's field), `RolloutBatch` carries it to
+the trainer, and a trainer forward appends one row for the last token (`routes_for_tokens`) so that the routes
+follow the tokens one to one through packing.
+
+Legend: `T` tokens of a sample, `L` decoder layers (`num_hidden_layers`), `K` experts per token.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ROUTED_EXPERTS_KEY",
+    "decode_routed_experts",
+    "encode_routed_experts",
+    "moe_shape",
+    "routes_for_tokens",
+    "validate_routes",
+]
+
+#: The `meta_info` key of SGLang's reply (and the `/generate` flag is `return_routed_experts`).
+ROUTED_EXPERTS_KEY = "routed_experts"
+
+
+def moe_shape(hf_config: dict[str, Any]) -> tuple[int, int] | None:
+    """`(num_hidden_layers, num_experts_per_tok)` of an MoE `config.json` (its text part), or None for a dense one.
+
+    These are the two trailing dimensions of SGLang's routed-experts array (its `RoutedExpertsCapturer`).
+    """
+    cfg = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else hf_config
+    # transformers >= 5 writes `num_local_experts` for Qwen3-MoE; older configs `num_experts`; DeepSeek-style ones
+    # `n_routed_experts`.
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+    topk = cfg.get("num_experts_per_tok")
+    if not experts or not topk:
+        return None
+    return int(cfg["num_hidden_layers"]), int(topk)
+
+
+def encode_routed_experts(routes_TLK: torch.Tensor) -> str:
+    """SGLang's wire form: base64 of the int32 bytes, C order (`routes_TLK` any int dtype)."""
+    data = routes_TLK.detach().to(device="cpu", dtype=torch.int32).contiguous().numpy().tobytes()
+    return base64.b64encode(data).decode("ascii")
+
+
+def decode_routed_experts(value: Any, *, num_layers: int, topk: int, what: str = "reply") -> torch.Tensor:
+    """Decodes `meta_info["routed_experts"]` into `[rows, L, K]` int32.
+
+    Args:
+        value: the base64 string SGLang sends; nested int lists or a tensor are accepted too (the original's
+            plugins may store either).
+        num_layers: `num_hidden_layers` of the served model.
+        topk: `num_experts_per_tok`.
+        what: names the reply in errors (e.g. `"sample 3"`).
+
+    Returns:
+        `[rows, num_layers, topk]` int32 on CPU.
+
+    Raises:
+        ValueError: not base64, or an element count that is not a multiple of `num_layers * topk`.
+    """
+    if isinstance(value, str):
+        try:
+            raw = base64.b64decode(value.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError) as e:
+            raise ValueError(f"{what}: meta_info.routed_experts is not base64 ({e})") from None
+        if len(raw) % 4:
+            raise ValueError(f"{what}: meta_info.routed_experts has {len(raw)} bytes, not int32 values")
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.int32) if raw else torch.zeros(0, dtype=torch.int32)
+    else:
+        flat = torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+    per_row = num_layers * topk
+    if flat.numel() % per_row:
+        raise ValueError(
+            f"{what}: meta_info.routed_experts has {flat.numel()} values, not a multiple of num_hidden_layers × "
+            f"num_experts_per_tok = {num_layers} × {topk} (is the engine serving --hf-checkpoint?)"
+        )
+    return flat.reshape(-1, num_layers, topk).clone()
+
+
+def validate_routes(routes: Any, num_tokens: int, what: str) -> torch.Tensor:
+    """Checks a sample's routes against its tokens; returns them as `[T - 1, L, K]` int32.
+
+    Raises:
+        ValueError: not 3-D, or not one row per token the engine ran (`T - 1`). A multi-turn sample whose last
+            span (a tool observation) was appended after the last engine call has no routes for that span.
+    """
+    t = torch.as_tensor(routes, dtype=torch.int32)
+    if t.ndim != 3:
+        raise ValueError(f"{what}: rollout_routed_experts must be [T - 1, layers, top-k], got shape {tuple(t.shape)}")
+    if t.shape[0] != num_tokens - 1:
+        raise ValueError(
+            f"{what}: rollout_routed_experts has {t.shape[0]} rows, its {num_tokens} tokens need {num_tokens - 1} "
+            "(one per token the engine ran); tokens appended after the last engine call (e.g. a final tool "
+            "observation) have no routes: end the sample with a model turn or leave --use-rollout-routing-replay off"
+        )
+    return t
+
+
+def routes_for_tokens(routes_RLK: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """One route row per token: the engine's `T - 1` rows plus a filler for the last token.
+
+    The last token's hidden state predicts nothing that is scored, and MoE layers act per token, so its route
+    changes no log-prob; it gets experts `0..K-1` (distinct, like any real route).
+
+    Returns:
+        `[num_tokens, L, K]` int64.
+
+    Raises:
+        ValueError: `routes_RLK` does not have `num_tokens - 1` rows.
+    """
+    rows, num_layers, topk = routes_RLK.shape
+    if rows != num_tokens - 1:
+        raise ValueError(f"routes have {rows} rows for {num_tokens} tokens (need {num_tokens - 1})")
+    filler = torch.arange(topk, dtype=torch.int64).expand(1, num_layers, topk)
+    return torch.cat([routes_RLK.to(torch.int64), filler])
