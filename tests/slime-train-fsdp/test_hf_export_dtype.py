@@ -86,3 +86,24 @@ def test_export_refuses_a_folder_slime_did_not_write_and_deletes_nothing(make_ti
         save_hf(model, data, source_dir=source)
     assert (data / "train.jsonl").read_text() == "precious\n"
     assert not (tmp_path / "data.tmp").exists() and not (tmp_path / "data.old").exists()
+
+
+@pytest.mark.parametrize("declared, expected", [("bfloat16", torch.bfloat16), ("float32", torch.float32)])
+def test_weight_push_dtype_is_the_checkpoint_dtype(declared, expected, make_tiny_qwen3, tmp_path, one_rank):
+    """The pushed tensors have the checkpoint's dtype, not the fp32 master's (building the fp32 model rewrites the
+    config object's dtype; a bf16 checkpoint's pushes went out in fp32, twice the bytes)."""
+    from slime_core.config import SlimeArgs
+    from slime_train_fsdp import FSDPTrainBackend
+
+    source = make_tiny_qwen3(tmp_path / "src")
+    config = json.loads((source / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    config["dtype"] = declared
+    (source / "config.json").write_text(json.dumps(config))
+    backend = FSDPTrainBackend()
+    fields = dict(hf_checkpoint=str(source), train_backend="fsdp", attn_implementation="sdpa", rollout_batch_size=2,
+                  n_samples_per_prompt=2, global_batch_size=4, num_rollout=1)  # fmt: skip
+    backend.init(SlimeArgs.from_dict(fields), with_ref=False)
+    pushed = {t.dtype for bucket in backend.named_hf_weights(1 << 30) for _, t in bucket}
+    assert pushed == {expected}
+    assert all(p.dtype == torch.float32 for p in backend.model.parameters())  # the masters stay fp32

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.fp8 import trainer_weights_dir
+from slime_core.hf_checkpoint import source_dtype
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
@@ -155,6 +156,8 @@ class FSDPTrainBackend:
         # An FP8 --hf-checkpoint is only served: the trainer starts from the BF16 --ref-load (slime_core.fp8).
         weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
         self.model, self.config = build_fsdp_model(cfg, weights, self.device)
+        # Read from the file: building the fp32 master model rewrites the config object's dtype to float32.
+        self._hf_dtype = source_dtype(weights)
         install_response_forward(self.model)
         if cfg.use_routing_replay:
             text_config = getattr(self.config, "text_config", None) or self.config
@@ -450,8 +453,7 @@ class FSDPTrainBackend:
             # The engine must hold exactly the bf16 values this trainer's forward computes with (FSDP's bf16 cast
             # of the fp32 masters), also in the embeddings and norms it keeps in fp32 under the mode.
             return torch.bfloat16
-        dtype = getattr(self.config, "dtype", None)
-        return dtype if isinstance(dtype, torch.dtype) else None
+        return self._hf_dtype
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full tensors under HF names (collective: all ranks must iterate together).
