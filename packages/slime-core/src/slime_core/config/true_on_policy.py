@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError
 from slime_core.extensions import engine_spec, train_backend_spec
-from slime_core.fp8 import read_fp8_config
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -153,6 +152,8 @@ def check_true_on_policy(cfg: SlimeArgs) -> None:
             f"{flag} with --sglang-attention-backend {backend}: the trainer mirrors SGLang's "
             f"{MIRRORED_ATTENTION_BACKEND} kernels; drop the flag"
         )
+    from slime_core.fp8 import read_fp8_config  # imports torch: not at config import (--help stays torch-free)
+
     if read_fp8_config(cfg.hf_checkpoint) is not None:
         raise ConfigError(f"{flag}: {cfg.hf_checkpoint} is an FP8 checkpoint; the engine must serve the bf16 weights")
     if cfg.lora_rank:

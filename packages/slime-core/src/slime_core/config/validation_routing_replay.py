@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError
 from slime_core.extensions import engine_spec, train_backend_spec
-from slime_core.routing_replay import moe_shape
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -57,6 +56,8 @@ def check_routing_replay(args: SlimeArgs) -> None:
     if args.hf_checkpoint and os.path.isfile(config_json):
         with open(config_json, encoding="utf-8") as f:
             hf_config = json.load(f)
+        from slime_core.routing_replay import moe_shape  # imports torch: not at config import
+
         if moe_shape(hf_config) is None:
             raise ConfigError(
                 f"{flag}: --hf-checkpoint {args.hf_checkpoint} is a dense model (model_type "
