@@ -22,6 +22,7 @@ GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
 pytestmark = pytest.mark.slow
 
 BOUND = 1
+FIRST, TOTAL = 2, 4  # rollouts of the first run, and of the resumed one (from the last checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,11 @@ def _dump(out: pathlib.Path, rollout_id: int) -> list[dict]:
     return torch.load(out / "dumps" / f"rollout_{rollout_id}.pt", weights_only=False)["samples"]
 
 
+def _held(ckpt: pathlib.Path, rollout_id: int) -> list[list[dict]]:
+    """The groups the producer held at the checkpoint of `rollout_id`."""
+    return json.loads((ckpt / "rollout" / f"fully_async_{rollout_id}.json").read_text())["held"]
+
+
 def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -58,7 +64,7 @@ def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
 def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path):
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     extra = [
-        "--num-rollout", "3", "--rollout-num-gpus", "1", "--sglang-server-concurrency", "2",
+        "--num-rollout", str(FIRST), "--rollout-num-gpus", "1", "--sglang-server-concurrency", "2",
         "--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async",
         "--max-weight-staleness", str(BOUND), "--partial-rollout", "--save", str(ckpt), "--save-interval", "1",
     ]  # fmt: skip
@@ -66,32 +72,32 @@ def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path)
     argv = _argv(tiny_qwen3, out, *extra)
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    for rollout_id in range(3):
+    for rollout_id in range(FIRST):
         versions = [int(v) for s in _dump(out, rollout_id) for v in s["weight_versions"]]
         # Rollout r trains with weight version r: its samples come from versions r - BOUND .. r.
         assert versions and all(rollout_id - BOUND <= v <= rollout_id for v in versions), (rollout_id, versions)
         held = json.loads((ckpt / "rollout" / f"fully_async_{rollout_id}.json").read_text())["held"]
         assert all(len(g) == 2 for g in held)
     staleness = _scalars(out / "tensorboard", "rollout/staleness_max")
-    assert sorted(staleness) == [0, 1, 2] and all(0 <= v <= BOUND for v in staleness.values()), staleness
-    assert sorted(_scalars(out / "tensorboard", "rollout/stale_groups_dropped")) == [0, 1, 2]
+    assert sorted(staleness) == list(range(FIRST)) and all(0 <= v <= BOUND for v in staleness.values()), staleness
+    assert sorted(_scalars(out / "tensorboard", "rollout/stale_groups_dropped")) == list(range(FIRST))
 
     # Resume from the last checkpoint: the held groups, then the data source's next prompts.
-    held = [g[0]["group_index"] for g in json.loads((ckpt / "rollout" / "fully_async_2.json").read_text())["held"]]
-    cursor = json.loads((ckpt / "rollout" / "data_source_2.json").read_text())["sample_group_index"]
+    held = [g[0]["group_index"] for g in _held(ckpt, FIRST - 1)]
+    cursor = json.loads((ckpt / "rollout" / f"data_source_{FIRST - 1}.json").read_text())["sample_group_index"]
     out2 = tmp_path / "run2"
-    argv = _argv(tiny_qwen3, out2, *extra[2:], "--num-rollout", "5", "--load", str(ckpt))
+    argv = _argv(tiny_qwen3, out2, *extra[2:], "--num-rollout", str(TOTAL), "--load", str(ckpt))
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    before = [{s["group_index"] for s in _dump(out, r)} for r in range(3)]
-    after = [{s["group_index"] for s in _dump(out2, r)} for r in (3, 4)]
+    before = [{s["group_index"] for s in _dump(out, r)} for r in range(FIRST)]
+    after = [{s["group_index"] for s in _dump(out2, r)} for r in range(FIRST, TOTAL)]
     trained = sorted(i for groups in before + after for i in groups)
-    assert len(trained) == len(set(trained)) == 10  # 5 rollouts × 2 groups, none twice
+    assert len(trained) == len(set(trained)) == 2 * TOTAL  # 2 groups per rollout, none twice
     assert min(set().union(*after) - set(held)) >= cursor  # fresh prompts come after the checkpoint's cursor
     # Every prompt drawn in either run was trained, dropped as stale (counted), or is held at the last checkpoint.
-    held_last = {g[0]["group_index"] for g in json.loads((ckpt / "rollout" / "fully_async_4.json").read_text())["held"]}
-    cursor_last = json.loads((ckpt / "rollout" / "data_source_4.json").read_text())["sample_group_index"]
+    held_last = {g[0]["group_index"] for g in _held(ckpt, TOTAL - 1)}
+    cursor_last = json.loads((ckpt / "rollout" / f"data_source_{TOTAL - 1}.json").read_text())["sample_group_index"]
     assert not held_last & set(trained)
     dropped = [_scalars(o / "tensorboard", "rollout/stale_groups_dropped") for o in (out, out2)]
-    num_dropped = sum(dropped[0][r] for r in range(3)) + sum(dropped[1][r] for r in (3, 4))
+    num_dropped = sum(dropped[0][r] for r in range(FIRST)) + sum(dropped[1][r] for r in range(FIRST, TOTAL))
     assert len(set(range(cursor_last)) - held_last - set(trained)) == num_dropped, (dropped, held_last, trained)
