@@ -205,13 +205,11 @@ def test_pushes_are_bf16_on_cuda_in_the_mode():
 
     from slime_train_fsdp.backend import FSDPTrainBackend
 
-    # from_config(dtype=float32) rewrites the config's dtype, so without the mode the pushes would be fp32, and the
-    # engine's fp32 embeddings/norms would hold unrounded masters while this trainer computes with bf16 casts.
+    # In the mode on CUDA the pushes are bf16 whatever the checkpoint declares: the engine's fp32 embeddings/norms
+    # must hold the bf16 casts this trainer computes with, not the unrounded masters.
     def stub(mode, device):
         cfg = pytypes.SimpleNamespace(true_on_policy_mode=mode)
-        return pytypes.SimpleNamespace(
-            cfg=cfg, device=torch.device(device), config=pytypes.SimpleNamespace(dtype=torch.float32)
-        )
+        return pytypes.SimpleNamespace(cfg=cfg, device=torch.device(device), _hf_dtype=torch.float32)
 
     assert FSDPTrainBackend._checkpoint_dtype(stub(True, "cuda")) == torch.bfloat16
     assert FSDPTrainBackend._checkpoint_dtype(stub(False, "cuda")) == torch.float32
