@@ -4,6 +4,11 @@ import json
 
 import pytest
 
+# Validating the mode reads the capability records of the FSDP backend and the engines: their packages must be
+# installed (the workspace suite; the slime-core isolation run only imports this module).
+pytest.importorskip("slime_train_fsdp")
+pytest.importorskip("slime_rollout")
+
 from slime_core.config import ConfigError, SlimeArgs, parse_args, validation
 from slime_core.config import base as config_base
 from slime_core.config.true_on_policy import true_on_policy_server_args

@@ -16,7 +16,10 @@ import shutil
 import pytest
 import torch
 
-pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+pytestmark = [
+    pytest.mark.slow,  # multi-process: ranks forked
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
 
 _spec = importlib.util.spec_from_file_location("slime_fsdp_test_launch", pathlib.Path(__file__).with_name("_launch.py"))
 _launch = importlib.util.module_from_spec(_spec)

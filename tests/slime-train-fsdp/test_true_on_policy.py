@@ -189,6 +189,7 @@ def test_multi_turn_samples_are_refused_by_name():
 
 
 def test_fsdp_keeps_the_fp32_residual_stream_uncast_in_the_mode():
+    pytest.importorskip("slime_rollout", reason="validating the mode reads the engine's record (slime-rollout)")
     from slime_core.config import SlimeArgs
     from slime_train_fsdp.model_loading import compiles_layers, mixed_precision_policy
 
