@@ -166,7 +166,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 def test_resume_after_sigkill(tiny_qwen3, tmp_path):
     ckpt = tmp_path / "ckpt"
-    flags = ["--num-rollout", "4", "--rollout-shuffle", "--save", str(ckpt), "--save-interval", "1"]
+    flags = ["--num-rollout", "3", "--rollout-shuffle", "--save", str(ckpt), "--save-interval", "1"]
 
     # Run 1: killed once the checkpoint of rollout 1 is committed.
     out1 = tmp_path / "run1"
@@ -201,8 +201,8 @@ def test_resume_after_sigkill(tiny_qwen3, tmp_path):
     log = proc2.stdout + proc2.stderr
     assert proc2.returncode == 0, log[-6000:]
     assert "rollout    0" not in proc2.stdout and "rollout    1" not in proc2.stdout
-    assert "rollout    2" in proc2.stdout and "rollout    3" in proc2.stdout
-    assert tracker.read_text().strip() == "4"
+    assert "rollout    2" in proc2.stdout
+    assert tracker.read_text().strip() == "3"
 
     # Same data order as an uninterrupted run: the data source replayed from scratch gives these prompts.
     from slime_core.config import parse_args
@@ -210,8 +210,8 @@ def test_resume_after_sigkill(tiny_qwen3, tmp_path):
 
     args = parse_args(_argv(tiny_qwen3, tmp_path / "unused", *flags)[2:])
     source = RolloutDataSource(args)
-    expected = [[g[0].prompt for g in source.get_samples(2)] for _ in range(4)]
-    for rollout_id in (2, 3):
+    expected = [[g[0].prompt for g in source.get_samples(2)] for _ in range(3)]
+    for rollout_id in (2,):
         got = sorted({s["prompt"] for s in _dump(out2, rollout_id)}, key=expected[rollout_id].index)
         assert got == expected[rollout_id]
     # The killed run really saw rollouts 0 and 1, and they differ from 2 (the cursor moved on).

@@ -30,6 +30,8 @@ PATHOLOGICAL = r"9^{9^{9^{9}}}"  # math-verify / sympy try to evaluate the tower
 SLOW = ("(x+1)^{3000}", "(x+2)^{3000}")
 SLOW_OTHER = ("(x+3)^{3000}", "(x+4)^{3000}")  # a second, uncached pair for a second stopped attempt
 
+pytestmark = pytest.mark.slow  # multi-process: a pool of grading worker processes
+
 
 @pytest.fixture(scope="module", autouse=True)
 def grading_pool():
