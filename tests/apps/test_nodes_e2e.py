@@ -60,6 +60,9 @@ def two_nodes():
             "include_dashboard": True,
             "dashboard_host": "127.0.0.1",
             "dashboard_port": dashboard_port,
+            # Not Ray's fixed default (52365): a local Ray of a run on the other xdist worker may hold it, and the
+            # head's job agent then never comes up ("No available agent to submit job").
+            "dashboard_agent_listen_port": _free_port(),
         },
     )
     try:
