@@ -22,15 +22,34 @@ import binascii
 from typing import Any
 
 import torch
+from torch import nn
 
 __all__ = [
     "ROUTED_EXPERTS_KEY",
     "decode_routed_experts",
     "encode_routed_experts",
+    "find_routers",
     "moe_shape",
     "routes_for_tokens",
     "validate_routes",
 ]
+
+
+def find_routers(model: nn.Module) -> dict[int, nn.Module]:
+    """The MoE routers of an HF causal LM by decoder-layer index (`model.model.layers[i].mlp.gate`).
+
+    A router is recognised by its attributes `top_k` and `num_experts` (HF's `*TopKRouter` modules, which return
+    `(logits, weights, ids)`); dense layers have none. The trainer's replay hooks and the reference engine's route
+    capture both hook these modules.
+    """
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    out = {}
+    for i, layer in enumerate(layers):
+        gate = getattr(getattr(layer, "mlp", None), "gate", None)
+        if isinstance(gate, nn.Module) and hasattr(gate, "top_k") and hasattr(gate, "num_experts"):
+            out[i] = gate
+    return out
+
 
 #: The `meta_info` key of SGLang's reply (and the `/generate` flag is `return_routed_experts`).
 ROUTED_EXPERTS_KEY = "routed_experts"

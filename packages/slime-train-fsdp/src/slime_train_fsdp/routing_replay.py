@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import nn
 
-from slime_core.routing_replay import routes_for_tokens
+from slime_core.routing_replay import find_routers, routes_for_tokens
 
 if TYPE_CHECKING:
     from slime_core.batch import RolloutBatch
@@ -36,24 +36,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Phase", "RoutingReplay", "find_routers", "phase_for"]
+__all__ = ["Phase", "RoutingReplay", "phase_for"]
 
 Phase = Literal["off", "record", "replay"]
-
-
-def find_routers(model: nn.Module) -> dict[int, nn.Module]:
-    """The MoE routers of a causal LM by decoder-layer index (`model.model.layers[i].mlp.gate`).
-
-    A router is recognised by its attributes `top_k` and `num_experts` (HF's `*TopKRouter` modules, which return
-    `(logits, weights, ids)`); dense layers have none.
-    """
-    layers = getattr(getattr(model, "model", None), "layers", None) or []
-    out = {}
-    for i, layer in enumerate(layers):
-        gate = getattr(getattr(layer, "mlp", None), "gate", None)
-        if isinstance(gate, nn.Module) and hasattr(gate, "top_k") and hasattr(gate, "num_experts"):
-            out[i] = gate
-    return out
 
 
 def phase_for(use_routing_replay: bool, use_rollout_routing_replay: bool, model: str, training: bool) -> Phase:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from slime_core.routing_replay import encode_routed_experts
+from slime_core.routing_replay import encode_routed_experts, find_routers
 
 __all__ = ["RouteCapture"]
 
@@ -33,12 +33,7 @@ class RouteCapture:
 
     def __init__(self, model: nn.Module) -> None:
         config = model.config.get_text_config()
-        layers = getattr(getattr(model, "model", None), "layers", None) or []
-        routers = {}
-        for i, layer in enumerate(layers):
-            gate = getattr(getattr(layer, "mlp", None), "gate", None)
-            if isinstance(gate, nn.Module) and hasattr(gate, "top_k") and hasattr(gate, "num_experts"):
-                routers[i] = gate
+        routers = find_routers(model)
         if not routers or not getattr(config, "num_experts_per_tok", None):
             raise ValueError(
                 f"--enable-return-routed-experts: {type(model).__name__} has no MoE router (a dense model)"
