@@ -179,6 +179,40 @@ def test_kernels_import_from_the_staged_sglang_site_dir(tmp_path, monkeypatch):
         kernels._import("no_such_sgl_mod", "x")
 
 
+def test_sglang_config_registrations_do_not_clash_with_the_trainers_transformers(tmp_path, monkeypatch):
+    """SGLang 0.5.16's `sglang.srt.configs` registers `qwen3_asr`, which transformers 5.x already has: on the H200
+    the import raised `ValueError: 'qwen3_asr' is already used` and the mode could not start."""
+    import sys
+
+    from transformers import AutoConfig, PretrainedConfig, Qwen3Config
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from slime_train_fsdp.true_on_policy import kernels
+
+    pkg = tmp_path / "fake_sgl_configs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from transformers import AutoConfig, PretrainedConfig\n"
+        "class ShadowQwen3(PretrainedConfig):\n    model_type = 'qwen3'\n"
+        "class BrandNew(PretrainedConfig):\n    model_type = 'slime_brand_new_test_type'\n"
+        "AutoConfig.register('qwen3', ShadowQwen3)\n"
+        "AutoConfig.register('slime_brand_new_test_type', BrandNew)\n"
+        "def kernel():\n    return 11\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fake_sgl_configs", raising=False)
+    assert kernels._import("fake_sgl_configs", "kernel")() == 11
+    assert CONFIG_MAPPING["qwen3"] is Qwen3Config  # the trainer's own config class is kept
+    assert CONFIG_MAPPING["slime_brand_new_test_type"].__name__ == "BrandNew"  # new types still register
+    # Restored: outside the import a clash raises again, as transformers intends.
+
+    class Clash(PretrainedConfig):
+        model_type = "qwen3"
+
+    with pytest.raises(ValueError, match="already used"):
+        AutoConfig.register("qwen3", Clash)
+
+
 def test_multi_turn_samples_are_refused_by_name():
     from slime_train_fsdp.true_on_policy import check_single_turn
 

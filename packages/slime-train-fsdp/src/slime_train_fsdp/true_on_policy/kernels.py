@@ -8,6 +8,7 @@ same op order and says once that bit-exactness is only promised on the GPU.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -55,8 +56,46 @@ KERNEL_ENV = (
 )
 
 
+@contextlib.contextmanager
+def keep_trainer_configs():
+    """While SGLang's modules import, skips their `AutoConfig.register` of model types transformers already has.
+
+    `sglang.srt.configs` (pulled in by the batch-invariant ops) registers its own copies of some configs
+    (`qwen3_asr`, ...) with transformers' `AutoConfig`. A newer transformers in the trainer ships them and raises
+    `ValueError: 'qwen3_asr' is already used by a Transformers config` (seen on the H200 with SGLang 0.5.16 and
+    transformers 5.x). The trainer keeps its own config classes; new model types still register. Restored on exit.
+    """
+    try:
+        from transformers import AutoConfig
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        yield []
+        return
+    original = AutoConfig.__dict__["register"]
+    skipped: list[str] = []
+
+    def register(model_type, config, exist_ok=False):
+        if model_type in CONFIG_MAPPING and not exist_ok:
+            skipped.append(model_type)
+            return None
+        return original.__func__(model_type, config, exist_ok=exist_ok)
+
+    AutoConfig.register = staticmethod(register)
+    try:
+        yield skipped
+    finally:
+        AutoConfig.register = original
+        if skipped:
+            logger.info("SGLang's config registrations skipped (transformers has them): %s", ", ".join(skipped))
+
+
 def _import(module: str, name: str):
     """`module.name`, falling back to the engine's staged site dir (`SLIME_SGLANG_PYTHONPATH`, appended last)."""
+    with keep_trainer_configs():
+        return _import_unguarded(module, name)
+
+
+def _import_unguarded(module: str, name: str):
     try:
         mod = __import__(module, fromlist=[name])
     except ImportError as first:
