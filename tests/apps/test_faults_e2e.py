@@ -136,15 +136,14 @@ def _check(
 
 def test_kill_9_of_an_engine_mid_rollout_loses_no_sample(tiny_qwen3, tmp_path):
     out = tmp_path / "run"
+    # The only engine: its requests wait for the restart (failover to another engine is in test_engine_health.py).
     # A 30 s health-check timeout: a dead engine needs none (its process exited, its connections are refused), and
-    # a live engine slowed by a loaded 2-core machine must not be taken for a hung one. The other engine may finish
-    # rollout 1 alone: rollout 2 must last long enough (256 tokens) for the restarted engine to be back in service,
-    # and counted, before the run ends.
-    argv = _argv(tiny_qwen3, out, 3, 256, "--rollout-num-gpus", "2", "--rollout-health-check-timeout", "30")
+    # a live engine slowed by a loaded 2-core machine must not be taken for a hung one.
+    argv = _argv(tiny_qwen3, out, 2, 48, "--rollout-health-check-timeout", "30")
     result, fault = _run_with_fault(argv, signal.SIGKILL)
-    _check(out, result, fault, rollouts=3, sole_engine=False)
-    # Found dead, by the health check ("process exited") or by its requests' refused connections, and
-    # never mistaken for a hung engine (which would wait out the health-check timeout first).
+    _check(out, result, fault, rollouts=2, sole_engine=True)
+    # Found dead, by its host ("process exited") or by the refused/reset /health_generate connection ("process
+    # gone", also when the host's alive call timed out on a loaded machine), never taken for a hung engine.
     reasons = re.findall(r"engine \d+ recovered in [\d.]+s \((.*)\)", result.stdout)
     assert reasons and not any("hung" in r for r in reasons), reasons
 
