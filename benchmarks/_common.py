@@ -172,10 +172,10 @@ def transformer_flops(config: Any, seq_lens: list[int], *, lm_head_tokens: int, 
 
 
 if __name__ == "__main__":
-    # `python3 benchmarks/_common.py PRESET ROOT` prints the checkpoint dir, writing it once (bench_e2e.sh).
-    if len(sys.argv) != 3:
-        sys.exit("usage: _common.py PRESET MODEL_ROOT")
-    print(ensure_model(sys.argv[1], sys.argv[2])[0])
+    # `python3 benchmarks/_common.py PRESET ROOT [DTYPE]` prints the checkpoint dir, writing it once (bench_e2e.sh).
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: _common.py PRESET MODEL_ROOT [DTYPE (default bfloat16)]")
+    print(ensure_model(*sys.argv[1:])[0])
 
 
 # Kernel-name fragments -> the category a profile summary puts them in (first match wins).

@@ -11,7 +11,7 @@
 #   FP8=1 bash benchmarks/bench_e2e.sh                # FP8 rollout (label qwen3-0.6b-fsdp-fp8), see below
 #   TRUE_ON_POLICY=1 bash benchmarks/bench_e2e.sh     # --true-on-policy-mode (label qwen3-0.6b-fsdp-true-on-policy):
 #                                                     # first_step_logprob_abs_diff must be 0 (<= 1e-6), issue 29
-# CPU smoke:
+# CPU smoke (MODEL_DTYPE: the preset's dtype, default bfloat16; tests/apps/test_train_e2e.py runs it in float32):
 #   BENCH_DEVICE=cpu PRESET=qwen3-tiny RBS=2 N=2 MAXLEN=8 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
 #   BENCH_DEVICE=cpu VL=1 RBS=2 N=2 MAXLEN=6 NUM_ROLLOUT=2 PYTHON="uv run python" bash benchmarks/bench_e2e.sh
 # VL=1: the geo3k-style picture questions of examples/geo3k-vlm/data/train.parquet (`problem` with an <image>
@@ -53,7 +53,7 @@ if [[ "$VL" == 1 ]]; then
               --multimodal-keys '{"image": "images"}')
 fi
 
-MODEL_DIR="$($PY "$HERE/_common.py" "$PRESET" "$MODEL_ROOT")" \
+MODEL_DIR="$($PY "$HERE/_common.py" "$PRESET" "$MODEL_ROOT" "${MODEL_DTYPE:-bfloat16}")" \
   || { echo "bench_e2e: could not build the $PRESET checkpoint" >&2; exit 2; }
 
 CKPT_FLAGS=(--hf-checkpoint "$MODEL_DIR")

@@ -23,15 +23,7 @@ GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
 pytestmark = pytest.mark.slow
 
 
-def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tb_dir))
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(key)}
-
-
-def test_fp8_rollout_two_rollouts(tmp_path, make_tiny_qwen3):
+def test_fp8_rollout_two_rollouts(tmp_path, make_tiny_qwen3, tb_scalars):
     bf16 = make_tiny_qwen3(tmp_path / "bf16", hidden_size=64, intermediate_size=128, head_dim=16,
                            max_position_embeddings=1024)  # fmt: skip
     fp8 = tmp_path / "fp8"
@@ -56,10 +48,10 @@ def test_fp8_rollout_two_rollouts(tmp_path, make_tiny_qwen3):
 
     tb = out / "tensorboard"
     # Each push: all engine tensors (2 layers × qkv, o, gate_up, down with their scales, norms, embedding) equal.
-    checked = _scalars(tb, "weight_check/tensors_checked")
+    checked = tb_scalars(tb, "weight_check/tensors_checked")
     assert set(checked) == {0, 1} and min(checked.values()) >= 17, checked
-    assert set(_scalars(tb, "weight_check/mismatches").values()) == {0.0}
-    diff = _scalars(tb, "train/train_rollout_logprob_abs_diff")
+    assert set(tb_scalars(tb, "weight_check/mismatches").values()) == {0.0}
+    diff = tb_scalars(tb, "train/train_rollout_logprob_abs_diff")
     # fp32 trainer vs FP8 engine: above plain serving's < 1e-4 (test_train_e2e), below the FP8 gate.
     assert 1e-4 < diff[0] < 0.3, diff
     print(f"first-step |dlogp| with FP8 serving: {diff[0]:.4g}")

@@ -25,14 +25,6 @@ BOUND = 1
 FIRST, TOTAL = 2, 4  # rollouts of the first run, and of the resumed one (from the last checkpoint)
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory, make_tiny_qwen3) -> pathlib.Path:
-    return make_tiny_qwen3(
-        tmp_path_factory.mktemp("tiny-qwen3"), hidden_size=32, intermediate_size=64, head_dim=8,
-        max_position_embeddings=1024,
-    )  # fmt: skip
-
-
 def _argv(model: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
     return [
         sys.executable, str(REPO / "apps" / "train"), "--train-backend", "fsdp", "--hf-checkpoint", str(model),
@@ -53,15 +45,7 @@ def _held(ckpt: pathlib.Path, rollout_id: int) -> list[list[dict]]:
     return json.loads((ckpt / "rollout" / f"fully_async_{rollout_id}.json").read_text())["held"]
 
 
-def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tb_dir))
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(key)}
-
-
-def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path):
+def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path, tb_scalars):
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     extra = [
         "--num-rollout", str(FIRST), "--rollout-num-gpus", "1", "--sglang-server-concurrency", "2",
@@ -78,9 +62,9 @@ def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path)
         assert versions and all(rollout_id - BOUND <= v <= rollout_id for v in versions), (rollout_id, versions)
         held = json.loads((ckpt / "rollout" / f"fully_async_{rollout_id}.json").read_text())["held"]
         assert all(len(g) == 2 for g in held)
-    staleness = _scalars(out / "tensorboard", "rollout/staleness_max")
+    staleness = tb_scalars(out / "tensorboard", "rollout/staleness_max")
     assert sorted(staleness) == list(range(FIRST)) and all(0 <= v <= BOUND for v in staleness.values()), staleness
-    assert sorted(_scalars(out / "tensorboard", "rollout/stale_groups_dropped")) == list(range(FIRST))
+    assert sorted(tb_scalars(out / "tensorboard", "rollout/stale_groups_dropped")) == list(range(FIRST))
 
     # Resume from the last checkpoint: the held groups, then the data source's next prompts.
     held = [g[0]["group_index"] for g in _held(ckpt, FIRST - 1)]
@@ -98,6 +82,6 @@ def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path)
     held_last = {g[0]["group_index"] for g in _held(ckpt, TOTAL - 1)}
     cursor_last = json.loads((ckpt / "rollout" / f"data_source_{TOTAL - 1}.json").read_text())["sample_group_index"]
     assert not held_last & set(trained)
-    dropped = [_scalars(o / "tensorboard", "rollout/stale_groups_dropped") for o in (out, out2)]
+    dropped = [tb_scalars(o / "tensorboard", "rollout/stale_groups_dropped") for o in (out, out2)]
     num_dropped = sum(dropped[0][r] for r in range(FIRST)) + sum(dropped[1][r] for r in range(FIRST, TOTAL))
     assert len(set(range(cursor_last)) - held_last - set(trained)) == num_dropped, (dropped, held_last, trained)

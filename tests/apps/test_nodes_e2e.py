@@ -72,14 +72,6 @@ def two_nodes():
         cluster.shutdown()
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory, make_tiny_qwen3) -> pathlib.Path:
-    return make_tiny_qwen3(
-        tmp_path_factory.mktemp("tiny-qwen3"), hidden_size=32, intermediate_size=64, head_dim=8,
-        max_position_embeddings=1024,
-    )  # fmt: skip
-
-
 def test_job_over_two_nodes_places_ranks_and_engines_on_both_and_completes(two_nodes, tiny_qwen3, tmp_path):
     out = tmp_path / "run"
     run = [

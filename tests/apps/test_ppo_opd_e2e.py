@@ -55,31 +55,23 @@ def _run(argv: list[str]) -> str:
     return log
 
 
-def _scalars(out: pathlib.Path, key: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(out / "tensorboard"))
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(key)}
-
-
 CRITIC_METRICS = ("value_loss", "value_clipfrac", "explained_variance", "value_mean", "return_mean", "grad_norm")
 
 
-def test_ppo_trains_the_critic_and_resumes_it_exactly(tmp_path):
+def test_ppo_trains_the_critic_and_resumes_it_exactly(tmp_path, tb_scalars):
     ckpt, dumps = tmp_path / "ckpt", tmp_path / "dumps" / "rollout_{rollout_id}.pt"
     ppo = ["--advantage-estimator", "ppo", "--normalize-advantages", "--lr", "5e-4", "--critic-lr", "3e-3",
            "--num-critic-only-steps", "1", "--num-rollout", "3"]  # fmt: skip
     first = tmp_path / "run1"
     log = _run(_argv(first, *ppo, "--save", str(ckpt), "--save-interval", "2", "--save-debug-rollout-data", str(dumps)))
     assert "rollout 0: the critic trains alone" in log
-    critic = {key: _scalars(first, f"train/critic-{key}") for key in CRITIC_METRICS}
+    critic = {key: tb_scalars(first / "tensorboard", f"train/critic-{key}") for key in CRITIC_METRICS}
     for key, series in critic.items():
         assert sorted(series) == [0, 1, 2] and all(math.isfinite(v) for v in series.values()), (key, series)
     assert all(v > 0 for v in critic["value_loss"].values()) and all(
         0 <= v <= 1 for v in critic["value_clipfrac"].values()
     )
-    pg_loss = _scalars(first, "train/pg_loss")
+    pg_loss = tb_scalars(first / "tensorboard", "train/pg_loss")
     assert sorted(pg_loss) == [1, 2]  # the actor trains from rollout 1 on
     for tracker in (ckpt / "critic", ckpt):
         assert (tracker / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
@@ -91,11 +83,11 @@ def test_ppo_trains_the_critic_and_resumes_it_exactly(tmp_path):
     log = _run(_argv(second, *ppo, *replay))
     assert "the critic resumes at rollout" not in log  # actor and critic checkpoints agree
     for key in ("value_loss", "value_mean", "explained_variance", "grad_norm"):
-        resumed = _scalars(second, f"train/critic-{key}")
+        resumed = tb_scalars(second / "tensorboard", f"train/critic-{key}")
         assert sorted(resumed) == [2], (key, resumed)
         for r in (2,):  # fp32 CPU kernels, same inputs: equal up to summation order
             assert resumed[r] == pytest.approx(critic[key][r], rel=1e-4, abs=1e-6), (key, r, resumed, critic[key])
-    resumed_pg = _scalars(second, "train/pg_loss")
+    resumed_pg = tb_scalars(second / "tensorboard", "train/pg_loss")
     assert resumed_pg == pytest.approx({2: pg_loss[2]}, rel=1e-4, abs=1e-6)
 
 
@@ -164,36 +156,37 @@ def _response_log_probs(model_dir: pathlib.Path, samples: list[dict]) -> list[to
     return out
 
 
-def _check_first_rollout(out: pathlib.Path, dumps: str, teacher: pathlib.Path) -> list[dict]:
+def _check_first_rollout(out: pathlib.Path, dumps: str, teacher: pathlib.Path, tb_scalars) -> list[dict]:
     """Rollout 0's `train/opd_reverse_kl` is the per-sample token mean of `log p_student - log p_teacher`,
     averaged over samples, recomputed here with transformers from the rollout's own tokens (tolerance 1e-4)."""
     samples = torch.load(dumps.format(rollout_id=0), weights_only=False)["samples"]
     assert len(samples) == 64 and all(s["loss_mask"] is None or all(s["loss_mask"]) for s in samples)
     student, teacher_lp = _response_log_probs(MODEL_DIR, samples), _response_log_probs(teacher, samples)
     expected = sum(float((s - t).mean()) for s, t in zip(student, teacher_lp, strict=True)) / len(samples)
-    kl = _scalars(out, "train/opd_reverse_kl")
+    kl = tb_scalars(out / "tensorboard", "train/opd_reverse_kl")
     assert sorted(kl) == [0, 1]
     assert expected > 0.02  # the teacher differs: a zero or misaligned teacher term would not match below
     assert kl[0] == pytest.approx(expected, rel=1e-4, abs=1e-6), (kl, expected)
-    assert sorted(_scalars(out, "train/pg_loss")) == [0, 1]
+    assert sorted(tb_scalars(out / "tensorboard", "train/pg_loss")) == [0, 1]
     return samples
 
 
-def test_opd_with_a_teacher_engine_pure_distillation(sharp_teacher, teacher_engine, tmp_path):
+def test_opd_with_a_teacher_engine_pure_distillation(sharp_teacher, teacher_engine, tmp_path, tb_scalars):
     out, dumps = tmp_path / "run", str(tmp_path / "dumps" / "rollout_{rollout_id}.pt")
     opd = ["--opd-type", "sglang", "--rm-url", f"{teacher_engine}/generate", "--save-debug-rollout-data", dumps]
     _run(_argv(out, *OPD_FLAGS, *opd, reward=False))
-    samples = _check_first_rollout(out, dumps, sharp_teacher)
+    samples = _check_first_rollout(out, dumps, sharp_teacher, tb_scalars)
     # What the engine returned for each response is the teacher's log-probs of exactly those tokens.
     for s, t in zip(samples, _response_log_probs(sharp_teacher, samples), strict=True):
         assert torch.tensor(s["teacher_log_probs"]) == pytest.approx(t, abs=1e-4), s["index"]
-    assert set(_scalars(out, "rollout/raw_reward").values()) == {0.0}  # no task reward: the OPD term alone
+    # No task reward: the OPD term alone.
+    assert set(tb_scalars(out / "tensorboard", "rollout/raw_reward").values()) == {0.0}
 
 
-def test_opd_with_the_teacher_in_the_trainer_and_a_task_reward(sharp_teacher, tmp_path):
+def test_opd_with_the_teacher_in_the_trainer_and_a_task_reward(sharp_teacher, tmp_path, tb_scalars):
     out, dumps = tmp_path / "run", str(tmp_path / "dumps" / "rollout_{rollout_id}.pt")
     opd = ["--opd-type", "fsdp", "--opd-teacher-load", str(sharp_teacher), "--save-debug-rollout-data", dumps]
     _run(_argv(out, *OPD_FLAGS, *opd))
-    samples = _check_first_rollout(out, dumps, sharp_teacher)
+    samples = _check_first_rollout(out, dumps, sharp_teacher, tb_scalars)
     assert all(s["teacher_log_probs"] is None for s in samples)  # scored in the trainer, not the rollout
-    assert max(_scalars(out, "rollout/raw_reward").values()) > 0  # the math reward is still given
+    assert max(tb_scalars(out / "tensorboard", "rollout/raw_reward").values()) > 0  # the math reward is still given

@@ -18,15 +18,7 @@ GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
 pytestmark = pytest.mark.slow
 
 
-def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tb_dir))
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(key)}
-
-
-def test_rollout_routing_replay_two_rollouts(tmp_path, make_tiny_qwen3_moe):
+def test_rollout_routing_replay_two_rollouts(tmp_path, make_tiny_qwen3_moe, tb_scalars):
     model = make_tiny_qwen3_moe(tmp_path / "moe", max_position_embeddings=1024)
     out = tmp_path / "run"
     argv = [
@@ -43,9 +35,9 @@ def test_rollout_routing_replay_two_rollouts(tmp_path, make_tiny_qwen3_moe):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     tb = out / "tensorboard"
-    mismatch = _scalars(tb, "train/routing_replay_mismatch")
+    mismatch = tb_scalars(tb, "train/routing_replay_mismatch")
     assert set(mismatch) == {0, 1} and all(0.0 <= v < 0.5 for v in mismatch.values()), mismatch
-    diff = _scalars(tb, "train/train_rollout_logprob_abs_diff")
+    diff = tb_scalars(tb, "train/train_rollout_logprob_abs_diff")
     # Same weights and the engine's routes: the first step's trainer log-probs match the engine's (fp32 both).
     assert diff[0] < 1e-3, diff
     print(f"routing replay e2e: mismatch {mismatch}, first-step |dlogp| {diff[0]:.3g}")

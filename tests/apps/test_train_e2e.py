@@ -1,8 +1,9 @@
 """End-to-end runs of `apps/train` on CPU: Ray (local), the reference engine, FSDP on gloo.
 
-1. GSM8K with the real Qwen3 tokenizer and a tiny random Qwen3 at top-p 0.5 (one run, two tests): 2 rollouts
-   complete, chat-template prompts and GSM8K labels reach the reward, the first-step check holds with the
-   engine's nucleus replayed, outputs are written.
+1. GSM8K with the real Qwen3 tokenizer and a tiny random Qwen3 at top-p 0.5 (one run, three tests), started by
+   `benchmarks/bench_e2e.sh` in its CPU smoke mode: 2 rollouts complete, chat-template prompts and GSM8K labels
+   reach the reward, the first-step check holds with the engine's nucleus replayed, outputs are written, and the
+   benchmark prints and appends one well-formed result line.
 2. Resume: a run killed with SIGKILL after its rollout-1 checkpoint resumes at rollout 2 with the
    same data order as an uninterrupted run.
 """
@@ -23,14 +24,6 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory, make_tiny_qwen3) -> pathlib.Path:
-    return make_tiny_qwen3(
-        tmp_path_factory.mktemp("tiny-qwen3"), hidden_size=32, intermediate_size=64, head_dim=8,
-        max_position_embeddings=1024,
-    )  # fmt: skip
 
 
 def _argv(model: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
@@ -68,31 +61,35 @@ def _dump(out: pathlib.Path, rollout_id: int) -> list[dict]:
     return torch.load(out / "dumps" / f"rollout_{rollout_id}.pt", weights_only=False)["samples"]
 
 
-def _scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tb_dir))
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(key)}
-
-
 @pytest.fixture(scope="module")
-def gsm8k_run(tiny_qwen3, tmp_path_factory) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
-    """One 2-rollout GSM8K run at `--rollout-top-p 0.5`, asserted on by the two tests below (one start-up, not two)."""
-    out = tmp_path_factory.mktemp("gsm8k") / "run"
+def gsm8k_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
+    """One 2-rollout GSM8K run at `--rollout-top-p 0.5`, asserted on by the three tests below (one start-up, not three).
+
+    `benchmarks/bench_e2e.sh` starts it (the benchmark's CPU smoke): the script writes the qwen3-tiny preset (2
+    layers, the real Qwen3 tokenizer; float32 here, so the trainer's log-probs can match the engine's to 1e-4) and
+    runs `apps/train` with the GSM8K flags of `_argv` (4 samples per rollout, 8-token responses, colocated) plus
+    `--use-dynamic-batch-size --lr 1e-6`; EXTRA_FLAGS adds what the tests read. stdout: the app's, then the
+    benchmark's JSON line; `results.jsonl` next to the run dir: the line it appended.
+    """
+    tmp = tmp_path_factory.mktemp("gsm8k")
+    out = tmp / "run"
+    extra = ["--save-hf", str(out / "hf"), "--rollout-top-p", "0.5",
+             "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt")]  # fmt: skip
+    env = {**_env(), "BENCH_DEVICE": "cpu", "PRESET": "qwen3-tiny", "MODEL_DTYPE": "float32", "RBS": "2", "N": "2",
+           "MAXLEN": "8", "NUM_ROLLOUT": "2", "RUN_DIR": str(out), "PYTHON": sys.executable,
+           "EXTRA_FLAGS": " ".join(extra), "SLIME_BENCH_MODELS": str(tmp / "models"),
+           "BENCH_RESULTS": str(tmp / "results.jsonl"), "BENCH_LOG_DIR": str(tmp / "logs"),
+           "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    (tmp / "logs").mkdir()
     proc = subprocess.run(
-        _argv(tiny_qwen3, out, "--num-rollout", "2", "--save-hf", str(out / "hf"), "--rollout-top-p", "0.5"),
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
+        ["bash", str(REPO / "benchmarks" / "bench_e2e.sh")], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=900,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     return proc, out
 
 
-def test_gsm8k_two_rollouts(gsm8k_run):
+def test_gsm8k_two_rollouts(gsm8k_run, tb_scalars):
     proc, out = gsm8k_run
     log = proc.stdout + proc.stderr
     assert "rollout    1" in proc.stdout
@@ -117,18 +114,18 @@ def test_gsm8k_two_rollouts(gsm8k_run):
             assert len(s["rollout_log_probs"]) == len(s["loss_mask"]) == s["response_length"]
             assert s["status"] in ("completed", "truncated")
     # First step: the trainer's log-probs of the rollout tokens match the engine's (fp32 on both sides).
-    diffs = _scalars(out / "tensorboard", "train/train_rollout_logprob_abs_diff")
+    diffs = tb_scalars(out / "tensorboard", "train/train_rollout_logprob_abs_diff")
     assert diffs[0] < 1e-4
     assert (out / "reward_curve.png").stat().st_size > 0
     # Goodput: every accepted model token is counted; the random model scores 0, so no advantage is non-zero.
     generated = {r: float(sum(sum(s["loss_mask"]) for s in _dump(out, r))) for r in (0, 1)}
-    assert _scalars(out / "tensorboard", "goodput/tokens_generated") == generated
-    assert _scalars(out / "tensorboard", "goodput/cum/tokens_zero_advantage")[1] == generated[0] + generated[1]
-    assert _scalars(out / "tensorboard", "goodput/cum/tokens_trained")[1] == 0.0
+    assert tb_scalars(out / "tensorboard", "goodput/tokens_generated") == generated
+    assert tb_scalars(out / "tensorboard", "goodput/cum/tokens_zero_advantage")[1] == generated[0] + generated[1]
+    assert tb_scalars(out / "tensorboard", "goodput/cum/tokens_trained")[1] == 0.0
     assert "0.0% of generated tokens trained on" in proc.stdout and (out / "goodput.json").exists()
     # Weight-content check: the first sync (logged at rollout 0) compared 4 engine checksums, all equal.
-    assert _scalars(out / "tensorboard", "weight_check/tensors_checked") == {0: 4.0}
-    assert _scalars(out / "tensorboard", "weight_check/mismatches") == {0: 0.0}
+    assert tb_scalars(out / "tensorboard", "weight_check/tensors_checked") == {0: 4.0}
+    assert tb_scalars(out / "tensorboard", "weight_check/mismatches") == {0: 0.0}
 
     from transformers import AutoModelForCausalLM
 
@@ -136,7 +133,7 @@ def test_gsm8k_two_rollouts(gsm8k_run):
     assert exported.config.num_hidden_layers == 2
 
 
-def test_top_p_replay_trainer_scores_the_engine_nucleus(gsm8k_run):
+def test_top_p_replay_trainer_scores_the_engine_nucleus(gsm8k_run, tb_scalars):
     # Issue 17: with --rollout-top-p < 1 the engine samples from (and reports log-probs of) the nucleus; the trainer
     # replays the engine's kept ids, so on the first step its log-probs equal the engine's. Without replay they
     # would differ by -log(nucleus mass) (~0.7 nats at top-p 0.5 on this near-uniform tiny model).
@@ -144,8 +141,21 @@ def test_top_p_replay_trainer_scores_the_engine_nucleus(gsm8k_run):
     for rollout_id in (0, 1):
         for s in _dump(out, rollout_id):
             assert len(s["rollout_top_p_token_offsets"]) == s["response_length"] + 1
-    diffs = _scalars(out / "tensorboard", "train/train_rollout_logprob_abs_diff")
+    diffs = tb_scalars(out / "tensorboard", "train/train_rollout_logprob_abs_diff")
     assert diffs[0] < 1e-4
+
+
+def test_bench_e2e_prints_one_self_consistent_result_line(gsm8k_run):
+    """`benchmarks/bench_e2e.sh` ends with `e2e_report.py`'s summary of the run (the numbers mean nothing on CPU)."""
+    proc, out = gsm8k_run
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, proc.stdout  # exactly one result line on stdout
+    r = json.loads(lines[0])
+    saved = [json.loads(ln) for ln in (out.parent / "results.jsonl").read_text().splitlines()]
+    assert saved[-1] == r  # the same line was appended to $BENCH_RESULTS
+    assert r["steps"] == [0, 1] and r["steps_measured"] == [1]
+    assert r["perf/step_time"]["median"] > 0 and r["perf/train_time"]["median"] > 0
+    assert 0 < r["generated_tokens"] <= 2 * 2 * 8  # rollout-batch 2 x 2 samples x at most 8 tokens
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -219,14 +229,16 @@ def test_resume_after_sigkill(tiny_qwen3, tmp_path):
     assert set(expected[1]) != set(expected[2])
 
 
-def test_async_disaggregated_one_step_off_policy(tiny_qwen3, tmp_path):
-    """`--async`: rollout N+1 is generated while N trains; weights change only between generations."""
+def test_async_disaggregated_one_step_off_policy(make_tiny_qwen3, tmp_path, tb_scalars):
+    """`--async`: rollout N+1 is generated while N trains; weights change only between generations.
+
+    On a bfloat16 checkpoint (the GPU default), the only CPU run of the whole loop in that dtype.
+    """
+    model = make_tiny_qwen3(tmp_path / "bf16", dtype=torch.bfloat16, hidden_size=32, intermediate_size=64,
+                            head_dim=8, max_position_embeddings=1024)  # fmt: skip
     out = tmp_path / "run"
-    argv = [
-        a
-        for a in _argv(tiny_qwen3, out, "--num-rollout", "3", "--async", "--rollout-num-gpus", "1")
-        if a != "--colocate"
-    ]
+    flags = ["--num-rollout", "3", "--async", "--rollout-num-gpus", "1"]
+    argv = [a for a in _argv(model, out, *flags) if a != "--colocate"]
     proc = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     assert "rollout    2" in proc.stdout
@@ -237,12 +249,12 @@ def test_async_disaggregated_one_step_off_policy(tiny_qwen3, tmp_path):
     # has no next generation to update weights for.
     tb = out / "tensorboard"
     for key in ("perf/rollout_time", "perf/train_time", "perf/step_time"):
-        times = _scalars(tb, key)
+        times = tb_scalars(tb, key)
         assert sorted(times) == [0, 1, 2] and all(t > 0 for t in times.values()), (key, times)
-    assert sorted(_scalars(tb, "perf/update_weights_time")) == [0, 1]
+    assert sorted(tb_scalars(tb, "perf/update_weights_time")) == [0, 1]
 
 
-def test_lora_two_rollouts(tiny_qwen3, tmp_path):
+def test_lora_two_rollouts(tiny_qwen3, tmp_path, tb_scalars):
     """LoRA through the real loop: the engine serves base + the synced adapter (first-step log-probs agree), only
     the adapter is written for the sync, and `--save-hf` exports a PEFT adapter that peft loads on the base."""
     out = tmp_path / "run"
@@ -270,11 +282,11 @@ def test_lora_two_rollouts(tiny_qwen3, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     tb = out / "tensorboard"
-    assert _scalars(tb, "train/train_rollout_logprob_abs_diff")[0] < 1e-4  # base + adapter on both sides
+    assert tb_scalars(tb, "train/train_rollout_logprob_abs_diff")[0] < 1e-4  # base + adapter on both sides
     # The engine's base weights equal the checkpoint's (issue 25: a colocated engine without
     # --enable-weights-cpu-backup lost them on the first memory release, and a LoRA sync never rewrites them).
-    assert _scalars(tb, "weight_check/tensors_checked") == {0: 4.0}
-    assert sorted(_scalars(tb, "perf/update_weights_time")) == [0, 1]  # initial push at 0, then after rollout 0
+    assert tb_scalars(tb, "weight_check/tensors_checked") == {0: 4.0}
+    assert sorted(tb_scalars(tb, "perf/update_weights_time")) == [0, 1]  # initial push at 0, then after rollout 0
     assert sorted(p.name for p in (out / "weight_sync").iterdir()) == ["lora_v000002"]  # adapter files only
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (out / "hf").iterdir()}
 

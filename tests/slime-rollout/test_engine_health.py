@@ -145,3 +145,35 @@ async def test_without_fault_tolerance_an_unreachable_engine_fails_the_request()
     with pytest.raises(EngineError) as e:
         await client.generate({"id": 0})
     assert e.value.unreachable
+
+
+async def test_a_refused_connection_is_a_dead_engine_when_its_host_does_not_say(http_server):
+    """The host's `alive` call timed out (it answers True: not known); the refused /health_generate decides."""
+    from slime_rollout.engines.process import find_free_port
+
+    live = await http_server(_engine("e0", {"hung": False}, []))
+    dead = f"http://127.0.0.1:{find_free_port(start=42000)}"  # the killed engine's port: connection refused
+    client = RolloutClient([live, dead], failover=True, recovery_timeout=30)
+    reasons, found = [], asyncio.Event()
+
+    def restart(index):
+        reasons.append(client.pool.slots[index].reason)
+        found.set()
+        return live
+
+    async def host_does_not_know(index):
+        return True  # what HostedEngines.alive answers when the host's call times out
+
+    monitor = HealthMonitor(
+        client.pool, interval_s=3600, timeout_s=30, is_alive=host_does_not_know, restart=restart,
+        make_client=EngineClient, restore=None,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    monitor.start()
+    monitor.resume()
+    await asyncio.wait_for(found.wait(), 10)
+    await monitor.stop()
+    assert loop.time() - t0 < 5  # found at the first check, without waiting out the 30 s probe timeout
+    assert len(reasons) == 1 and reasons[0].startswith("process gone: /health_generate ClientConnectorError")
+    assert "hung" not in reasons[0]

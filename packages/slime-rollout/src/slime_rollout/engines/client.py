@@ -20,6 +20,7 @@ import aiohttp
 from slime_core.lora import LORA_NAME
 from slime_rollout.engines import wire
 from slime_rollout.engines.pool import EnginePool, EngineState
+from slime_rollout.engines.probe import ProbeResult, probe
 from slime_rollout.engines.transport import EngineError, EngineResponse, HttpEndpoint
 from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline
 
@@ -213,6 +214,10 @@ class EngineClient(HttpEndpoint):
     async def health_generate(self, timeout: float | None = 30.0) -> bool:
         """GET /health_generate (runs a one-token generation on SGLang); False on any failure."""
         return await self._probe("/health_generate", timeout)
+
+    async def probe_health_generate(self, timeout: float | None = 30.0) -> ProbeResult:
+        """GET /health_generate on a new connection: OK, or whether the engine is down, timed out or unhealthy."""
+        return await probe(self.url, "/health_generate", timeout)
 
     async def _probe(self, endpoint: str, timeout: float | None) -> bool:
         try:

@@ -5,9 +5,11 @@ monitor likewise runs only while engines are loaded). After `--rollout-health-ch
 checks every serving engine each `--rollout-health-check-interval` seconds, and at once when a request found an
 engine unreachable:
 
-* **dead**: the engine's process exited (`kill -9`, OOM, crash);
-* **hung**: `GET /health_generate` gives no 200 within `--rollout-health-check-timeout` (a stopped or wedged
-  engine accepts connections but never answers).
+* **dead**: the engine's process exited (`kill -9`, OOM, crash): its host says so, or `GET /health_generate`'s
+  connection is refused or reset (which decides when the host's answer is not known);
+* **hung**: `GET /health_generate` gives no reply within `--rollout-health-check-timeout` (a stopped or wedged
+  engine accepts connections but never answers);
+* **unhealthy**: it answers, but not 200 (SGLang answers 503 when its test generation fails).
 
 A failed engine is recovered in one task: `EnginePool.mark_failed` cancels its in-flight requests, which go to
 the healthy engines; the process group is killed and a new engine started (same port when possible, so its URL
@@ -26,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slime_rollout.engines.pool import EnginePool, EngineState
+from slime_rollout.engines.probe import Probe
 
 __all__ = ["HealthMonitor"]
 
@@ -136,17 +139,26 @@ class HealthMonitor:
             self._recovering[index] = asyncio.get_running_loop().create_task(self._recover(index, reason))
 
     async def _check(self, index: int) -> str | None:
-        """None when engine `index` is healthy, else why not."""
+        """None when engine `index` is healthy, else why not.
+
+        `is_alive` answers True when it does not know (an engine host's call timed out), so the probe's own
+        failure decides: a refused or reset connection is a dead engine; only a timeout makes it hung.
+        """
         slot = self.pool.slots[index]
         if slot.state is EngineState.FAILED:
             return slot.reason or "failed"  # an earlier restart failed: try again
         if not await self._alive(index):
             return "process exited"
-        if not await slot.client.health_generate(timeout=self.timeout_s):
-            if not await self._alive(index):
-                return "process exited"
-            return f"no healthy answer to /health_generate within {self.timeout_s:.0f}s (hung)"
-        return None
+        result = await slot.client.probe_health_generate(timeout=self.timeout_s)
+        if result.ok:
+            return None
+        if result.verdict is Probe.DOWN:
+            return f"process gone: /health_generate {result.detail}"
+        if not await self._alive(index):
+            return "process exited"
+        if result.verdict is Probe.TIMEOUT:
+            return f"no answer to /health_generate within {self.timeout_s:.0f}s (hung)"
+        return f"/health_generate answered {result.detail} (unhealthy)"
 
     async def _alive(self, index: int) -> bool:
         if self.is_alive is None:

@@ -1,0 +1,35 @@
+"""Fixtures shared by the end-to-end tests of the apps: the tiny Qwen3 they train and a TensorBoard scalar reader."""
+
+import pathlib
+from collections.abc import Callable
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory, make_tiny_qwen3) -> pathlib.Path:
+    """A tiny random Qwen3 (2 layers, hidden 32, 4 heads / 2 KV heads of 8, fp32, seed 0, the real Qwen3 tokenizer).
+
+    Written once per test process; runs only read it (`--hf-checkpoint`), and write their outputs elsewhere.
+    """
+    return make_tiny_qwen3(
+        tmp_path_factory.mktemp("tiny-qwen3"), hidden_size=32, intermediate_size=64, head_dim=8,
+        max_position_embeddings=1024,
+    )  # fmt: skip
+
+
+def _read_scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(key)}
+
+
+@pytest.fixture(scope="session")
+def tb_scalars() -> Callable[[pathlib.Path, str], dict[int, float]]:
+    """`tb_scalars(tb_dir, key) -> {step: value}`: one scalar series of a run's TensorBoard logs.
+
+    `tb_dir` is the run's `<--output-dir>/tensorboard`; an unknown `key` raises KeyError (TensorBoard's).
+    """
+    return _read_scalars
