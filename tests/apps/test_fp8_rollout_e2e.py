@@ -2,7 +2,8 @@
 
 `apps/train` runs with an FP8 `--hf-checkpoint` (made by `slime-convert hf-to-fp8`) and the unquantized weights as
 `--ref-load`. Every push is quantized by the trainer; after each one the weight check compares every engine tensor
-(e4m3 bytes and fp32 scales, fused as SGLang fuses them) with the trainer's quantization of its weights, so the
+(each FP8 weight and its scale, fused as SGLang fuses them, hashed dequantized as SGLang's checker does) with the
+trainer's quantization of its weights, so the
 engine holds exactly dequant(quant(trainer weights)). The first-step |Δlogp| is reported and is larger than the
 fp32-vs-fp32 gap of plain serving, yet under the FP8 gate.
 """

@@ -16,6 +16,7 @@ from slime_core.fp8 import FP8_DTYPE, Fp8Config, dequantize_blockwise, quantize_
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.reference.model import ReferenceModel
+from slime_rollout.engines.weight_checksum import tensor_checksum
 from slime_rollout.weight_sync.check import PushChecksums
 from slime_rollout.weight_sync.updaters import (
     DiskWeightUpdater,
@@ -75,9 +76,19 @@ def test_reference_model_loads_fp8_and_fp8_pushes_exactly(private_tmp, tiny_qwen
     for name, w in _served(new).items():
         assert torch.equal(held[name], w), name
 
-    # /weights_checker: the e4m3 bytes and scales, fused as SGLang fuses them, equal the trainer-side checksums.
+    # /weights_checker as SGLang 0.5.16 answers it for a block-FP8 model (seen on the H200: 226 tensors for
+    # qwen3-0.6b, FP8 or not): no scale is listed, and an FP8 weight hashes as its dequantized bfloat16
+    # (`Fp8BlockComparable.dequantize` = `block_quant_dequant`: q·s in float32 per block, one rounding to bf16).
     checksums = engine.weight_checksums()
-    assert "model.layers.0.self_attn.qkv_proj.weight_scale_inv" in checksums
+    assert not [k for k in checksums if k.endswith("weight_scale_inv")]
+    pair = dict(pushed[0])
+    q = torch.cat([pair[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
+    s = torch.cat([pair[f"model.layers.0.self_attn.{p}_proj.weight_scale_inv"] for p in "qkv"])
+    b = q.shape[-1] // s.shape[-1]
+    grid = s.float().repeat_interleave(b, 0).repeat_interleave(b, 1)[: q.shape[0], : q.shape[1]]
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    assert checksums[qkv] == tensor_checksum((q.float() * grid).to(torch.bfloat16))
+    assert checksums[qkv] != tensor_checksum(q)  # not the e4m3 bytes (what the H200 run compared, and failed)
     watcher = PushChecksums(8, seed=0, dtype=torch.float32, engine_names=set(checksums))
     for _ in watcher.watch(iter(pushed)):
         pass

@@ -211,3 +211,27 @@ def test_reference_engine_reads_back_pushed_tensors(reference_engine, hf_state, 
         asyncio.run(restore)
     base = PushChecksums.from_checkpoint(tiny_qwen3_dir, 2, seed=0, dtype=torch.float32, engine_names=engine_names)
     assert _check(url, base.checksums).checked == 2 and _check(url, base.checksums).mismatches == []
+
+
+def test_fp8_weights_hash_dequantized_as_sglangs_checker_and_scales_are_not_listed():
+    """SGLang 0.5.16 hashes a block-FP8 weight as `block_quant_dequant(q, s)` in bfloat16 and lists no scale; the
+    H200 FP8 run compared raw e4m3 bytes and stopped at the first weight check."""
+    from slime_core.fp8 import quantize_blockwise
+    from slime_rollout.engines.weight_checksum import pair_fp8, sglang_fp8_comparable
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(256, 384, generator=g)
+    q, s = quantize_blockwise(w, (128, 128))
+    want = tensor_checksum((q.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1)).to(torch.bfloat16))
+    assert tensor_checksum(sglang_fp8_comparable(q, s)) == want
+    name = "model.layers.0.mlp.down_proj.weight"
+    norm = ("model.layers.0.input_layernorm.weight", torch.ones(8))
+    for bucket in ([(name, q), (name + "_scale_inv", s), norm], [(name + "_scale_inv", s), norm, (name, q)]):
+        sample = PushChecksums(10, seed=0, dtype=torch.bfloat16, engine_names={name, norm[0]})
+        for _ in sample.watch([bucket]):
+            pass
+        assert sample.checksums[name] == want
+        assert sample.unmatched == 0  # the scale is hashed with its weight, not looked up as an engine name
+        assert sglang_checksums(bucket, dtype=torch.bfloat16) == sample.checksums
+    with pytest.raises(ValueError, match=r"down_proj.weight_scale_inv: an FP8 weight and its scale"):
+        list(pair_fp8([(name + "_scale_inv", s)]))

@@ -24,14 +24,27 @@ for a large model; the weight check runs on the first sync and every `--check-we
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from slime_core.config.true_on_policy import ENGINE_FP32_PARAM_SUFFIXES
 from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX
 
-__all__ = ["hash_dtype", "sglang_checksums", "sglang_param_name", "strip_wrappers", "tensor_checksum"]
+# One pushed part of a parameter: a tensor, or a block-FP8 `(weight, weight_scale_inv)` pair (`pair_fp8`).
+Part = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+__all__ = [
+    "Part",
+    "hash_dtype",
+    "hash_parts",
+    "pair_fp8",
+    "sglang_checksums",
+    "sglang_fp8_comparable",
+    "sglang_param_name",
+    "strip_wrappers",
+    "tensor_checksum",
+]
 
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
@@ -158,17 +171,86 @@ def sglang_param_name(hf_name: str) -> tuple[str, int, int]:
 
 
 def hash_dtype(name: str, tensor: torch.Tensor, engine_dtype: torch.dtype, *, fp32_params: bool = False) -> torch.dtype:
-    """The dtype a tensor is hashed in: FP8 weights and scales as they are, every other tensor in the engine's.
+    """The dtype an unquantized tensor is hashed in: the engine's (block-FP8 weights: `sglang_fp8_comparable`).
 
-    An FP8 engine (SGLang's `Fp8Config`) holds e4m3 `*.weight` and float32 `*.weight_scale_inv` as they came.
     With `fp32_params` (`--true-on-policy-mode`) the embeddings and norms are held in float32
     (`slime_core.config.true_on_policy.ENGINE_FP32_PARAM_SUFFIXES`).
     """
-    if tensor.dtype == FP8_DTYPE or name.endswith(SCALE_SUFFIX):
-        return tensor.dtype
     if fp32_params and name.endswith(ENGINE_FP32_PARAM_SUFFIXES):
         return torch.float32
     return engine_dtype
+
+
+def sglang_fp8_comparable(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """What SGLang's weight checker hashes for a block-FP8 weight: the weight dequantized to bfloat16.
+
+    SGLang (0.5.16, `utils/weight_checker.py`) hashes `Fp8BlockComparable.dequantize()`, i.e. `(q · s)` in float32
+    per square block of `k / s.shape[-1]` columns, cast to bfloat16, so two (weight, scale) pairs that dequantize
+    alike hash alike; it lists no `*.weight_scale_inv`. Fused parameters are dequantized whole (parts concatenated
+    along dim 0 first), as the engine holds them.
+
+    Args:
+        weight: `[..., M, N]` float8_e4m3fn.
+        scale_inv: `[..., ceil(M/b), N/b]` float32 (or any float dtype; used in float32).
+
+    Returns:
+        `[..., M, N]` bfloat16.
+
+    Raises:
+        ValueError: `N` is not a multiple of the scale's column count, or the scale's shape does not fit the weight.
+    """
+    n, cols = weight.shape[-1], scale_inv.shape[-1]
+    if cols == 0 or n % cols:
+        raise ValueError(f"FP8 weight {tuple(weight.shape)}: {cols} scale columns do not divide {n} columns")
+    block, m = n // cols, weight.shape[-2]
+    # SGLang's block_quant_dequant: scales repeated over the grid and cut to the weight (a fused weight's part
+    # boundaries need not be block-aligned), one float32 product, one rounding to bfloat16.
+    s = scale_inv.float().repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)[..., :m, :n]
+    if s.shape[-2] != m:
+        raise ValueError(f"FP8 weight {tuple(weight.shape)}: scales {tuple(scale_inv.shape)} cover {s.shape[-2]} rows")
+    return (weight.float() * s).to(torch.bfloat16)
+
+
+def pair_fp8(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, Part]]:
+    """Joins each FP8 `X.weight` with its `X.weight_scale_inv` (either order) into `(X.weight, (weight, scale))`.
+
+    Unquantized tensors pass as they come. A weight travels with its scale in one bucket (`quantize_buckets`).
+
+    Raises:
+        ValueError: an FP8 weight or a scale without its partner at the end (names it).
+    """
+    weights: dict[str, torch.Tensor] = {}
+    scales: dict[str, torch.Tensor] = {}
+    for name, tensor in named:
+        if name.endswith(SCALE_SUFFIX):
+            module, store = name.removesuffix(SCALE_SUFFIX), scales
+        elif tensor.dtype == FP8_DTYPE:
+            module, store = name.removesuffix(".weight"), weights
+        else:
+            yield name, tensor
+            continue
+        store[module] = tensor
+        if module in weights and module in scales:
+            yield module + ".weight", (weights.pop(module), scales.pop(module))
+    if weights or scales:
+        half = sorted([f"{m}.weight" for m in weights] + [m + SCALE_SUFFIX for m in scales])[0]
+        raise ValueError(f"{half}: an FP8 weight and its scale must come together (the other half is missing)")
+
+
+def hash_parts(
+    name: str,
+    parts: list[Part],
+    engine_dtype: torch.dtype,
+    *,
+    fp32_params: bool = False,
+) -> str:
+    """SGLang's checksum of one parameter from its parts in order (`sglang_param_name`): tensors, or FP8 pairs."""
+    if isinstance(parts[0], tuple):
+        weight = torch.cat([w for w, _ in parts], dim=0)  # type: ignore[misc]
+        scale = torch.cat([s for _, s in parts], dim=0)  # type: ignore[misc]
+        return tensor_checksum(sglang_fp8_comparable(weight, scale))
+    pieces = [p.to(hash_dtype(name, p, engine_dtype, fp32_params=fp32_params)).reshape(-1) for p in parts]  # type: ignore[union-attr]
+    return tensor_checksum(torch.cat(pieces))
 
 
 def strip_wrappers(engine_name: str) -> str:
@@ -176,29 +258,32 @@ def strip_wrappers(engine_name: str) -> str:
     return engine_name.replace(".base_layer.", ".")
 
 
-def sglang_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> dict[str, str]:
+def sglang_checksums(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, *, fp32_params: bool = False
+) -> dict[str, str]:
     """Checksums of HF-named tensors under SGLang's names, fused parameters assembled (`tensor_checksum`).
 
     Args:
-        named_tensors: `(HF name, tensor)`, every part of a fused parameter present.
-        dtype: the dtype the engine holds (tensors are cast first, except FP8 weights and scales: `hash_dtype`).
+        named_tensors: `(HF name, tensor)`, every part of a fused parameter present; a block-FP8 weight with its
+            `*.weight_scale_inv` (hashed dequantized, the scale not listed: `sglang_fp8_comparable`).
+        dtype: the dtype the engine holds (unquantized tensors are cast first: `hash_dtype`).
+        fp32_params: the engine holds embeddings and norms in float32 (`--true-on-policy-mode`).
 
     Returns:
         `{SGLang name: 16 hex digits}`.
 
     Raises:
-        ValueError: a fused parameter lacks a part.
+        ValueError: a fused parameter lacks a part, or an FP8 weight its scale.
     """
-    parts: dict[str, dict[int, torch.Tensor]] = {}
+    parts: dict[str, dict[int, Part]] = {}
     counts: dict[str, int] = {}
-    for hf_name, tensor in named_tensors:
+    for hf_name, item in pair_fp8(named_tensors):
         name, index, count = sglang_param_name(hf_name)
-        parts.setdefault(name, {})[index] = tensor
+        parts.setdefault(name, {})[index] = item
         counts[name] = count
     out = {}
     for name, by_index in parts.items():
         if len(by_index) != counts[name]:
             raise ValueError(f"{name}: parts {sorted(by_index)} of {counts[name]} given")
-        pieces = [by_index[i].to(hash_dtype(name, by_index[i], dtype)).reshape(-1) for i in range(counts[name])]
-        out[name] = tensor_checksum(torch.cat(pieces))
+        out[name] = hash_parts(name, [by_index[i] for i in range(counts[name])], dtype, fp32_params=fp32_params)
     return out

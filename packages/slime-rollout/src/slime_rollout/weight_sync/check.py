@@ -31,7 +31,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slime_rollout.engines.transport import EngineError
-from slime_rollout.engines.weight_checksum import hash_dtype, sglang_param_name, strip_wrappers, tensor_checksum
+from slime_rollout.engines.weight_checksum import (
+    Part,
+    hash_dtype,
+    hash_parts,
+    pair_fp8,
+    sglang_param_name,
+    strip_wrappers,
+    tensor_checksum,
+)
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -124,14 +132,15 @@ class PushChecksums:
         self.engine_names = None if engine_names is None else {strip_wrappers(n) for n in engine_names}
         self._rng = random.Random(seed)
         self._seen: set[str] = set()
-        self._drawn: dict[str, dict[int, torch.Tensor]] = {}  # engine name → parts held so far
+        self._drawn: dict[str, dict[int, Part]] = {}  # engine name → parts held so far
         self._num_parts: dict[str, int] = {}
         self.checksums: dict[str, str] = {}
         self.unmatched = 0
         self.unmatched_example = ""
         self._frozen = False
 
-    def _offer(self, hf_name: str, tensor: torch.Tensor) -> None:
+    def _offer(self, hf_name: str, item: Part) -> None:
+        """Draws or skips one pushed tensor (an FP8 weight comes as `(weight, scale)`: `pair_fp8`)."""
         name, index, count = sglang_param_name(hf_name)
         if self.engine_names is not None and name not in self.engine_names:
             self.unmatched += 1
@@ -153,12 +162,17 @@ class PushChecksums:
         parts = self._drawn.get(name)
         if parts is None:
             return
-        # A copy in the engine's dtype: the trainer may reuse the bucket's memory after sending it.
-        dtype = hash_dtype(name, tensor, self.dtype, fp32_params=self.fp32_params)
-        parts[index] = tensor.detach().to(dtype, copy=True).reshape(-1)
+        # A copy (unquantized: in the engine's dtype): the trainer may reuse the bucket's memory after sending it.
+        if isinstance(item, tuple):
+            parts[index] = (item[0].detach().clone(), item[1].detach().clone())
+        else:
+            dtype = hash_dtype(name, item, self.dtype, fp32_params=self.fp32_params)
+            parts[index] = item.detach().to(dtype, copy=True)
         if len(parts) == count:
             del self._drawn[name]
-            self.checksums[name] = tensor_checksum(torch.cat([parts[i] for i in range(count)]))
+            self.checksums[name] = hash_parts(
+                name, [parts[i] for i in range(count)], self.dtype, fp32_params=self.fp32_params
+            )
 
     @property
     def incomplete(self) -> list[str]:
@@ -220,9 +234,9 @@ class PushChecksums:
             yield from buckets
             return
         for bucket in buckets:
-            for name, tensor in bucket:
-                if tensor.dim() > 0:
-                    self._offer(name, tensor)
+            for name, item in pair_fp8(bucket):
+                if isinstance(item, tuple) or item.dim() > 0:
+                    self._offer(name, item)
             yield bucket
 
 

@@ -3,8 +3,8 @@
 SGLang keeps an FP8 checkpoint's linear weights as e4m3 plus `weight_scale_inv` and multiplies in FP8; this CPU
 engine dequantizes every FP8 weight on load (`slime_core.fp8.dequantize_blockwise`, in float32, then cast to the
 engine's dtype), so it computes with exactly the values SGLang's weights stand for, without FP8 kernels. What it
-received is kept as is, so `/weights_checker` reports SGLang's checksums: the e4m3 bytes under `*.weight` and the
-float32 scales under `*.weight_scale_inv` (fused `qkv_proj`/`gate_up_proj` as SGLang fuses them).
+received is kept as is, so `/weights_checker` reports SGLang's checksums: each FP8 `*.weight` (fused
+`qkv_proj`/`gate_up_proj` as SGLang fuses them) hashed as its bfloat16 dequantization, no scale listed.
 """
 
 from __future__ import annotations
@@ -65,7 +65,10 @@ class ServedFp8:
         self.held.update(staged)  # only once the whole stream was consistent
 
     def checksum_items(self, state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-        """`state` with each FP8-served weight replaced by its e4m3 bytes and its scale added, as SGLang holds them."""
+        """`state` with each FP8-served weight replaced by its e4m3 bytes and its scale added, as SGLang holds them.
+
+        `sglang_checksums` then hashes each pair dequantized to bfloat16 and lists no scale, as SGLang's checker.
+        """
         items = dict(state)
         items.update(self.held)
         return list(items.items())

@@ -472,7 +472,7 @@ class ReferenceModel:
         if getattr(self.model.config.get_text_config(), "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         with self.lock:
-            items = self.fp8.checksum_items({k: v.detach() for k, v in state.items()})  # FP8: the e4m3 bytes held
+            items = self.fp8.checksum_items({k: v.detach() for k, v in state.items()})  # FP8: e4m3 + scales held
             return sglang_checksums(items, dtype=self.model.dtype)
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
