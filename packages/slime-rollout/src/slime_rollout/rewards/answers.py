@@ -63,15 +63,23 @@ _HEDGE_PHRASES = re.compile(
     r"(?i)\b(?:not (?:sure|certain)|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
     r"|(?:an)?other (?:possibility|possible (?:answer|value|solution)|candidate)|possible (?:too|as well)"
     r"|also possible|or else|also accept|(?:might|may|could|would) argue|torn|cannot decide|undecided|hard to say"
-    r"|arguably|depending|unless|or possibly)\b"
+    r"|arguably|depending|unless|or possibly|not confident|less (?:sure|certain|confident)"
+    r"|on the other hand|equally (?:likely|plausible|valid|possible)|(?:second|alternative|other) guess"
+    r"|also (?:(?:seems|looks|is|be) )?(?:plausible|possible|valid|likely|acceptable)"
+    r"|also (?:seems|looks) (?:right|correct))\b"
 )
+# Doubt about the box it follows: a hedge with the box before when it is in the sentence right after the last box
+# ("\boxed{5} is also plausible", "\boxed{5} is another") or right after the earlier one ("\boxed{3} is one
+# candidate"); deep inside a derivation between the boxes it is not one.
+_DOUBT = r"\b(?:plausible|probably|likely|guess(?:ing)?|candidate|(?:is|as|be) another|one option|an option)\b"
+_DOUBT_WORDS = re.compile(_DOUBT, re.IGNORECASE)
 # Weak hedge words: a hedge only in the sentence right after the earlier box or right before the later one. A
 # conditional there ("\boxed{3} (if we count the empty set) and \boxed{5}") offers both answers, each in its case.
 _HEDGE_WORDS = re.compile(r"(?i)\b(?:or|either|(?:could|might|may)(?: also)? be)\b")
 # A condition in the earlier box's own sentence; one in a later sentence is usually a derivation ("If we recheck").
 _CONDITION = re.compile(r"(?i)\b(?:if|when|in case|provided)\b")
 # Doubt or a condition in the sentence right after the last box: with an earlier box, a hedge ("\boxed{5} otherwise").
-_HEDGE_AFTER = re.compile(rf"{_HEDGE_PHRASES.pattern}|(?i:\b(?:if|unless|otherwise|when)\b)")
+_HEDGE_AFTER = re.compile(rf"{_HEDGE_PHRASES.pattern}|{_DOUBT}|\b(?:if|unless|otherwise|when)\b", re.IGNORECASE)
 # Part labels between boxes: the parts of a labelled answer, whose order counts.
 _PART_LABEL = re.compile(r"(?i)\(\s*(?:[a-h]|i{1,3}|iv|vi{0,3})\s*\)|\bpart\b|(?<![A-Za-z\\])[A-Za-z]\s*=")
 # Words that only join the items of one list of answers ("x = 2 and y = 3", "(a) ... (b) ...", "i.e.").
@@ -292,5 +300,7 @@ def offered_together(between: str) -> bool:
     # A weak hedge word sits right after the earlier box or right before the later one; an "or" deep inside a
     # derivation between them ("for 2 or more terms") is not one.
     if _HEDGE_WORDS.search(sentences[0]) or _HEDGE_WORDS.search(sentences[-1]) or _CONDITION.search(sentences[0]):
+        return True
+    if _DOUBT_WORDS.search(sentences[0]) or _DOUBT_WORDS.search(sentences[-1]):
         return True
     return all(word.lower() in _LIST_WORDS for word in _WORD.findall(text))

@@ -1,0 +1,30 @@
+r"""Grader cases found by the fourth hostile pass on issue 27 (items 1 and 2); each row was written by hand.
+
+Rows marked "was" scored the other way before the fix. The others pin the corrections and lists that must stay
+right next to them.
+"""
+
+import pytest
+
+from slime_rollout.rewards import rule_based_reward
+
+# Item 1: doubt about the later box ("is also plausible", "is another", "a second guess") is a hedge.
+HEDGES = [
+    (r"I'd say \boxed{3}, but \boxed{5} is also plausible.", "5", 0.0),  # was 1.0
+    (r"I think it's \boxed{3}. Though \boxed{5} is also plausible.", "5", 0.0),  # was 1.0
+    (r"\boxed{3} is one candidate. \boxed{5} is another.", "5", 0.0),  # was 1.0
+    (r"My best guess is \boxed{3}. A second guess is \boxed{5}.", "5", 0.0),  # was 1.0
+    (r"\boxed{3} seems right. Then again, \boxed{5} also seems right.", "5", 0.0),  # was 1.0
+    (r"\boxed{3}. I'm not confident. \boxed{5}", "5", 0.0),  # was 1.0
+    # Kept right: corrections that use the same words, and one box with doubt after it.
+    (r"My first guess was \boxed{3}, but computing carefully gives \boxed{5}.", "5", 1.0),
+    (r"\boxed{3}. Hmm, likely I dropped a sign. Redoing it: \boxed{5}.", "5", 1.0),
+    (r"\boxed{3}. The candidate 3 fails the check x^2=25. So \boxed{5}.", "5", 1.0),
+    (r"\boxed{3} was a draft. The final answer is \boxed{5}, which is also right by symmetry.", "5", 1.0),
+    (r"First I tried \boxed{3}. Then again I re-did step 2 and got \boxed{5}.", "5", 1.0),
+    (r"The answer is \boxed{5}. It's likely the intended answer.", "5", 1.0),
+]
+
+@pytest.mark.parametrize(("response", "label", "expected"), HEDGES)
+def test_math_grade(response, label, expected):
+    assert rule_based_reward("math", response, label) == expected
