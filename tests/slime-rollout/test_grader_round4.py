@@ -7,6 +7,8 @@ right next to them.
 import pytest
 
 from slime_rollout.rewards import rule_based_reward
+from slime_rollout.rewards.math_utils import answer_parts
+from slime_rollout.rewards.number_words import words_to_number
 
 # Item 1: doubt about the later box ("is also plausible", "is another", "a second guess") is a hedge.
 HEDGES = [
@@ -25,6 +27,45 @@ HEDGES = [
     (r"The answer is \boxed{5}. It's likely the intended answer.", "5", 1.0),
 ]
 
-@pytest.mark.parametrize(("response", "label", "expected"), HEDGES)
+# Item 2: "and" inside a numeral in words, "a hundred", and a list joined by "and" or ";".
+VALUES = [
+    (r"\boxed{one hundred and twenty}", "120", 1.0),  # was 0.0 (split into two parts at "and")
+    (r"\boxed{two thousand and five}", "2005", 1.0),  # was 0.0
+    (r"\boxed{one and a half}", "1.5", 1.0),  # was 0.0
+    (r"\boxed{1.5}", "one and a half", 1.0),  # was 0.0 (the label split too)
+    (r"\boxed{a hundred}", "100", 1.0),  # was 0.0
+    (r"\boxed{a hundred and five}", "105", 1.0),  # was 0.0
+    (r"\boxed{2 and 3}", "2, 3", 1.0),  # was 0.0
+    (r"\boxed{2; 3}", "2, 3", 1.0),  # was 0.0
+    (r"\boxed{2 and 3}", "2, 4", 0.0),
+    (r"\boxed{2 and 3}", "5", 0.0),
+    (r"\boxed{two and three}", "5", 0.0),  # a list of two numbers, not one numeral
+    (r"\boxed{(2, 1)}", "(1, 2)", 0.0),  # an ordered pair keeps its order
+    (r"\boxed{(1, 2)}", "(1, 2)", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "label", "expected"), HEDGES + VALUES)
 def test_math_grade(response, label, expected):
     assert rule_based_reward("math", response, label) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("one hundred and twenty", ["one hundred and twenty"]),
+        ("one and a half, two thousand and five", ["one and a half", "two thousand and five"]),
+        ("two and three", ["two", "three"]),
+        ("2 and 3", ["2", "3"]),
+        ("x and y", ["x", "y"]),
+    ],
+)
+def test_answer_parts_keep_a_numeral_in_words_whole(text, parts):
+    assert answer_parts(text) == parts
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("a hundred", 100), ("a hundred and five", 105), ("a hundred twelve", 112)]
+)
+def test_a_counts_one_hundred(text, value):
+    assert words_to_number(text) == value

@@ -43,6 +43,7 @@ import re
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
+from slime_rollout.rewards.number_words import words_to_number
 
 logger = logging.getLogger(__name__)
 
@@ -192,12 +193,21 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
     depths = _depths(s)
     if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):
         s, depths = s[1:-1], [d - 1 for d in depths[1:-1]]
-    parts, start = [], 0
+    pieces, joiners, start = [], [], 0
     for m in _PART_SEPARATOR.finditer(s):
         if depths[m.start()] == 0:
-            parts.append(s[start : m.start()].strip())
+            pieces.append(s[start : m.start()].strip())
+            joiners.append(m.group())
             start = m.end()
-    parts.append(s[start:].strip())
+    pieces.append(s[start:].strip())
+    parts = pieces[:1]
+    for joiner, piece in zip(joiners, pieces[1:], strict=True):
+        # An "and" inside one numeral in words ("two thousand and five", "one and a half") joins, not splits.
+        joined = f"{parts[-1]} and {piece}"
+        if joiner == "and" and parts[-1] and words_to_number(joined) is not None:
+            parts[-1] = joined
+        else:
+            parts.append(piece)
     return [p for p in parts if p] or [s]
 
 
@@ -233,7 +243,13 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     distinct = _distinct(answers)
     if len(distinct) != 1 or not _same_part_count(distinct[0], gold):
         return None
-    return [(distinct[0], gold)]
+    return [(_one_joiner(distinct[0]), _one_joiner(gold))]
+
+
+def _one_joiner(answer: str) -> str:
+    """A list answer with its top-level parts joined by ", " ("2 and 3", "2; 3" → "2, 3"); others unchanged."""
+    parts = answer_parts(answer, unwrap=False)
+    return ", ".join(parts) if len(parts) > 1 else answer
 
 
 def _same_part_count(pred: str, gold: str) -> bool:
