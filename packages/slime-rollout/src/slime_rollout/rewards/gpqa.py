@@ -47,6 +47,14 @@ _HEDGE = re.compile(
 )
 _LEADING_LETTER = re.compile(r"[A-Za-z]\b")
 _ANSWER_TEXT = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is|:)\s*([^\n]{1,200})")
+# A run of whitespace, read as one space (one newline if it holds one): the patterns above try `\s*` at every
+# position, so a long run made them quadratic (200,000 spaces took 308 s on the event loop).
+_SPACE_RUN = re.compile(r"\s+")
+
+
+def _squeezed(region: str) -> str:
+    """`region` with each whitespace run as one newline (if it holds one) or one space: linear-time matching."""
+    return _SPACE_RUN.sub(lambda m: "\n" if "\n" in m.group() else " ", region)
 
 
 def _normalize_text(text: str) -> str:
@@ -133,6 +141,7 @@ def extract_choice_letter(
     region = strip_reasoning(response or "")
     if region is None:
         return None
+    region = _squeezed(region)
     metadata = {"valid_letters": valid_letters, "choices": choices}
     letters = _valid_letters(metadata)
     found, letter = _stated_letter(region)
@@ -175,7 +184,7 @@ def gpqa_reward(response: str, label: Any, metadata: Mapping[str, Any] | None = 
         picked = extract_choice_letter(response, letters, metadata.get("choices"))
         return 1.0 if picked == correct else 0.0
     region = strip_reasoning(response or "")
-    stated = _ANSWER_TEXT.findall(region or "")
+    stated = _ANSWER_TEXT.findall(_squeezed(region or ""))
     if label is None or not stated:
         return 0.0
     return 1.0 if _normalize_text(stated[-1]) == _normalize_text(str(label)) else 0.0
