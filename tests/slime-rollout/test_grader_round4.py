@@ -90,3 +90,18 @@ def test_graders_are_linear_in_whitespace_runs(grader, filler):
 )
 def test_gpqa_reads_through_whitespace_runs(response, expected):
     assert rule_based_reward("gpqa", response, "B", {}) == expected
+
+
+# Item 1 in gpqa: a later pick doubted in its own sentence, after a different earlier pick, is a hedge (as in math).
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("Answer: A. Answer: B is also plausible", 0.0),  # was 1.0
+        ("Answer: A. Hmm, Answer: B probably.", 0.0),  # was 1.0
+        ("Answer: A. After checking, Answer: B", 1.0),  # a correction settles on the last pick
+        ("Answer: B. B is also plausible since x", 1.0),  # no other pick before it
+        ("Answer: B, I think.", 1.0),
+    ],
+)
+def test_gpqa_doubted_second_pick_is_a_hedge(response, expected):
+    assert rule_based_reward("gpqa", response, "B", {}) == expected

@@ -47,6 +47,7 @@ from slime_rollout.rewards.retraction import (
 __all__ = [
     "Box",
     "FinalAnswers",
+    "doubted_after",
     "extract_boxed",
     "final_boxed_answers",
     "find_boxes",
@@ -264,8 +265,7 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         return FinalAnswers(answers=[], reason="retracted")  # no final answer
     cut = sorted(negated.values())
     first, labelled = len(boxes) - 1, False
-    after = expand_contractions(_BETWEEN_MARKUP.sub(" ", region[last.end : last.end + _AFTER_CHARS])).strip()
-    hedged_after = bool(_HEDGE_AFTER.search(_SENTENCE_BREAK.split(after, maxsplit=1)[0]))
+    hedged_after = doubted_after(region[last.end :])
     while first > 0:
         between = _between(region, boxes[first - 1].end, boxes[first].start, cut)
         last_pair = first == len(boxes) - 1
@@ -275,6 +275,19 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         first -= 1
     num_superseded = len(found) - len(negated) - (len(boxes) - first)
     return FinalAnswers(answers=[b.content for b in boxes[first:]], num_superseded=num_superseded, labelled=labelled)
+
+
+def doubted_after(after: str) -> bool:
+    r"""Whether the sentence right after an answer doubts it or names a condition ("\boxed{5} is also plausible").
+
+    With an earlier, different answer this makes the two a hedge (the module docstring); the math graders and gpqa
+    read it alike.
+
+    Args:
+        after: the text that follows the answer (only its first `_AFTER_CHARS` characters are read).
+    """
+    text = expand_contractions(_BETWEEN_MARKUP.sub(" ", after[:_AFTER_CHARS])).strip()
+    return bool(_HEDGE_AFTER.search(_SENTENCE_BREAK.split(text, maxsplit=1)[0]))
 
 
 def offered_together(between: str) -> bool:

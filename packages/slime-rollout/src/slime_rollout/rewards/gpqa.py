@@ -25,7 +25,7 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_rollout.rewards.answers import strip_reasoning
+from slime_rollout.rewards.answers import doubted_after, strip_reasoning
 from slime_rollout.rewards.retraction import judged_wrong, negated_before, retracts
 
 __all__ = ["extract_choice_letter", "gpqa_reward"]
@@ -96,7 +96,15 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
     # Taken back by what follows ("Answer: B. Actually no, it's A."): no pick, by the math graders' rule.
     if retracts(region[last.end() :], lambda value: _first_letter(value) != letter):
         return True, None
+    # Doubted with another pick stated before ("Answer: A. Answer: B is also plausible"): a hedge, as in math.
+    if doubted_after(region[last.end() :]) and any(m.upper() != letter for m in _earlier_letters(region, last)):
+        return True, None
     return True, letter
+
+
+def _earlier_letters(region: str, last: re.Match[str]) -> list[str]:
+    """The letters of the explicit statements before `last`."""
+    return [m.group(1) for pattern in _STATEMENTS for m in pattern.finditer(region, 0, last.start()) if m.group(1)]
 
 
 def _first_letter(value: str) -> str | None:
