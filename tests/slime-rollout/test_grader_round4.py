@@ -25,6 +25,7 @@ HEDGES = [
     (r"\boxed{3} was a draft. The final answer is \boxed{5}, which is also right by symmetry.", "5", 1.0),
     (r"First I tried \boxed{3}. Then again I re-did step 2 and got \boxed{5}.", "5", 1.0),
     (r"The answer is \boxed{5}. It's likely the intended answer.", "5", 1.0),
+    (r"\boxed{3}. Fixing the sign gives \boxed{5}, which is likely correct.", "5", 1.0),  # confidence, not a hedge
 ]
 
 # Item 2: "and" inside a numeral in words, "a hundred", and a list joined by "and" or ";".
@@ -97,7 +98,7 @@ def test_gpqa_reads_through_whitespace_runs(response, expected):
     ("response", "expected"),
     [
         ("Answer: A. Answer: B is also plausible", 0.0),  # was 1.0
-        ("Answer: A. Hmm, Answer: B probably.", 0.0),  # was 1.0
+        ("Answer: A. Answer: B is another candidate.", 0.0),  # was 1.0
         ("Answer: A. After checking, Answer: B", 1.0),  # a correction settles on the last pick
         ("Answer: B. B is also plausible since x", 1.0),  # no other pick before it
         ("Answer: B, I think.", 1.0),

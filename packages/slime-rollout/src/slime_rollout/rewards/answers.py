@@ -72,7 +72,7 @@ _HEDGE_PHRASES = re.compile(
 # Doubt about the box it follows: a hedge with the box before when it is in the sentence right after the last box
 # ("\boxed{5} is also plausible", "\boxed{5} is another") or right after the earlier one ("\boxed{3} is one
 # candidate"); deep inside a derivation between the boxes it is not one.
-_DOUBT = r"\b(?:plausible|probably|likely|guess(?:ing)?|candidate|(?:is|as|be) another|one option|an option)\b"
+_DOUBT = r"\b(?:guess(?:ing)?|candidate|(?:is|as|be) another|one option|an option)\b"
 _DOUBT_WORDS = re.compile(_DOUBT, re.IGNORECASE)
 # Weak hedge words: a hedge only in the sentence right after the earlier box or right before the later one. A
 # conditional there ("\boxed{3} (if we count the empty set) and \boxed{5}") offers both answers, each in its case.
