@@ -16,10 +16,12 @@ What a careful grader reads, and what this module therefore returns:
   \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is an expression of doubt or
   of an alternative anywhere between them ("not sure", "not certain", "maybe", "perhaps", "alternatively",
   "otherwise", "vs", "another possibility", "possible too", "I'd also accept", "some might argue", "torn", "unless",
-  "depending"), or a weak one ("or", "either", "could be", "might be") in the sentence right after the earlier box or
-  right before the later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a condition
+  "depending", "not confident", "also plausible", "a second guess"), or a weak one ("or", "either", "could be",
+  "might be", "candidate", "guess", "is another") in the sentence right after the earlier box or right before the
+  later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a condition
   ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the last box
-  (`\boxed{3} if n is even and \boxed{5} otherwise`) makes it a hedge with the box before it. Any other text between
+  (`\boxed{3} if n is even and \boxed{5} otherwise`, `\boxed{5} is also plausible`, `\boxed{5} is another`) makes it
+  a hedge with the box before it; confidence words alone ("likely", "probably") do not. Any other text between
   them (a derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and
   any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
   earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
