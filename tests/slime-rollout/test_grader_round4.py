@@ -43,6 +43,10 @@ VALUES = [
     (r"\boxed{two and three}", "5", 0.0),  # a list of two numbers, not one numeral
     (r"\boxed{(2, 1)}", "(1, 2)", 0.0),  # an ordered pair keeps its order
     (r"\boxed{(1, 2)}", "(1, 2)", 1.0),
+    (r"\boxed{two, three}", "2, 3", 1.0),  # was 0.0: a list's numerals in words
+    (r"\boxed{two and three}", "2, 3", 1.0),  # was 0.0
+    (r"\boxed{one and a half, 2}", "3/2, 2", 1.0),  # was 0.0
+    (r"\boxed{two, four}", "2, 3", 0.0),
 ]
 
 

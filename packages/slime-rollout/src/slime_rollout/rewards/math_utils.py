@@ -247,9 +247,20 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
 
 
 def _one_joiner(answer: str) -> str:
-    """A list answer with its top-level parts joined by ", " ("2 and 3", "2; 3" → "2, 3"); others unchanged."""
+    """A list answer's top-level parts joined by ", ", numerals in words as digits ("two and 3" → "2, 3").
+
+    A one-part answer is returned unchanged: the single-answer checks read number words themselves.
+    """
     parts = answer_parts(answer, unwrap=False)
-    return ", ".join(parts) if len(parts) > 1 else answer
+    return ", ".join(_digits(part) for part in parts) if len(parts) > 1 else answer
+
+
+def _digits(part: str) -> str:
+    """A numeral in words as its exact value ("two" → "2", "one and a half" → "3/2"); anything else unchanged."""
+    value = words_to_number(part)
+    if value is None:
+        return part
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
 def _same_part_count(pred: str, gold: str) -> bool:
