@@ -135,10 +135,17 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
     import json
 
     from slime_core.config.architecture import check_architecture
+    from slime_core.config.sglang_moe import dense_model_moe_flags
 
     with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
         hf_config = json.load(f)
     report = check_architecture(list(cfg.megatron_args), hf_config, train_backend_spec(cfg).megatron_native)
+    engine_moe = dense_model_moe_flags(dict(cfg.sglang_args), hf_config)
+    if engine_moe:
+        raise ValueError(
+            f"--hf-checkpoint {cfg.hf_checkpoint} is a dense model (model_type {hf_config.get('model_type')!r}, its "
+            f"config.json names no experts): SGLang MoE flags cannot apply: {' '.join(engine_moe)}"
+        )
     if report.mismatches:
         raise ValueError(
             f"--hf-checkpoint {cfg.hf_checkpoint}: Megatron architecture flags disagree with its config.json (the "

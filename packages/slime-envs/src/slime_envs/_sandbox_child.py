@@ -200,21 +200,41 @@ def _run_code(policy):
     try:
         exec(compile(source, "main.py", "exec"), namespace)
     except SystemExit:
-        sys.stdout.flush()
+        _flush_quietly("stdout")  # the interpreter's exit flushes again and reports what fails, as for any script
         raise
     except BaseException:
-        import traceback  # only on this path: it costs a few ms of every call's start-up
+        try:
+            _report_exception(sys.exc_info()[1])
+        finally:
+            _exit(1)  # whatever the code did to its streams: it failed, and 1 is what Python exits with
 
-        # Show the user's frames (and library frames), not this runner's or its audit hook's.
-        exc = sys.exc_info()[1]
-        lines = ["Traceback (most recent call last):\n"]
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-        lines += traceback.format_list(frames)
-        lines += traceback.format_exception_only(exc)
-        sys.stdout.flush()
+
+_exit = os._exit  # taken before the code runs, which may rebind `os._exit`
+
+
+def _flush_quietly(name):
+    """Flushes `sys.<name>` if the code left it flushable (it may have closed, replaced or removed it)."""
+    try:
+        getattr(sys, name).flush()
+    except Exception:  # noqa: BLE001 - a stream the code broke is its own; the runner must not fail on it
+        pass
+
+
+def _report_exception(exc):
+    """Writes the code's traceback to its `sys.stderr`, as Python does for an uncaught exception."""
+    import traceback  # only on this path: it costs a few ms of every call's start-up
+
+    # Show the user's frames (and library frames), not this runner's or its audit hook's.
+    lines = ["Traceback (most recent call last):\n"]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+    lines += traceback.format_list(frames)
+    lines += traceback.format_exception_only(exc)
+    _flush_quietly("stdout")
+    try:
         sys.stderr.write("".join(lines))
-        sys.stderr.flush()
-        os._exit(1)
+    except Exception:  # noqa: BLE001 - no usable stderr (closed, None): Python then prints nothing either
+        return
+    _flush_quietly("stderr")
 
 
 def main():

@@ -45,6 +45,9 @@ DENIED = (
     "quotactl", "quotactl_fd", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "stime", "sethostname", "setdomainname", "lookup_dcookie", "nfsservctl", "uselib", "vhangup",
     "sysfs", "_sysctl", "ustat",
+    # System V shared memory: a segment holds memory after it is detached, counted by no rlimit (only a memory
+    # cgroup); POSIX shared memory and memfds are files, capped by RLIMIT_FSIZE and RLIMIT_NOFILE
+    "shmget",
     # raw hardware access (x86)
     "iopl", "ioperm", "modify_ldt", "vm86", "vm86old",
 )  # fmt: skip

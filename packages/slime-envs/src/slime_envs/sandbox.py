@@ -119,6 +119,13 @@ class SandboxConfig(BaseModel):
         ge=1,
         description="Sandboxed processes running at once in this process (others wait); the first run's value wins.",
     )
+    max_open_files: int = Field(
+        64,
+        ge=16,
+        description="Descriptors per process (RLIMIT_NOFILE). Without a memory cgroup this bounds the memory held "
+        "outside the address space (memfds, pipe and socket buffers): about this many times max(max_output_bytes, "
+        "1 MiB) per process.",
+    )
     allow_subprocess: bool = Field(False, description="Let the code start processes (still capped by the limits).")
     preload: list[str] = Field(
         default_factory=lambda: list(_DEFAULT_PRELOAD),
@@ -251,7 +258,7 @@ def _enforcement(config: SandboxConfig, cgroup: CgroupLimits | None) -> dict[str
         + ("" if config.allow_subprocess else ", fork/exec denied")
         + " (the init: both, once it has forked the code)",
         "time": "wall clock (SIGKILL of the PID namespace) + RLIMIT_CPU",
-        "memory": with_cgroup("memory", "RLIMIT_AS per process"),
+        "memory": with_cgroup("memory", "RLIMIT_AS per process + RLIMIT_NOFILE + no System V shm"),
         "processes": with_cgroup("pids", "RLIMIT_NPROC in the user namespace")
         + ("" if config.allow_subprocess else " + seccomp (no fork/exec)"),
         "cpu": caps["cpu"] + f" cgroup, {config.cpus:g} CPU" if "cpu" in caps else "no cpu cgroup here",
@@ -268,12 +275,14 @@ def _rlimits(config: SandboxConfig) -> dict[str, int]:
         "RLIMIT_FSIZE": config.max_output_bytes + 1,
         "RLIMIT_CORE": 0,
         "RLIMIT_NPROC": config.max_processes + 1,
+        # Each descriptor can hold memory RLIMIT_AS does not count (a memfd, a pipe or socket buffer).
+        "RLIMIT_NOFILE": config.max_open_files,
     }
 
 
 # Set by the sandbox's init, once inside its own user namespace (see the module docstring); the others are set
 # on bubblewrap before it starts.
-_INIT_RLIMITS = ("RLIMIT_NPROC",)
+_INIT_RLIMITS = ("RLIMIT_NPROC", "RLIMIT_NOFILE")  # NOFILE: bubblewrap itself needs more descriptors
 
 
 def _policy(config: SandboxConfig, ready_fd: int, status_fd: int) -> dict:

@@ -25,7 +25,7 @@ from typing import Any
 from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 
-__all__ = ["ArchitectureReport", "check_architecture", "parse_moe_layer_freq"]
+__all__ = ["ArchitectureReport", "check_architecture", "is_dense_config", "parse_moe_layer_freq"]
 
 _UNKNOWN = object()
 _IGNORED = object()
@@ -89,6 +89,20 @@ def _is_dense(cfg: dict[str, Any]) -> bool:
     """A model of a family this module knows whose config.json names no experts (so MoE flags cannot apply)."""
     model_type = str(cfg.get("model_type"))
     return model_type in _RMSNORM and "moe" not in model_type and _num_experts(cfg) is _UNKNOWN
+
+
+def is_dense_config(hf_config: dict[str, Any]) -> bool:
+    """Whether `hf_config` (a config.json, its `text_config` for a multimodal one) is a dense model of a known family.
+
+    False for a MoE model and for a family this module does not know (nothing can then be said).
+    """
+    text = hf_config.get("text_config")
+    cfg = (
+        {**text, "model_type": text.get("model_type", hf_config.get("model_type"))}
+        if isinstance(text, dict)
+        else hf_config
+    )
+    return _is_dense(cfg)
 
 
 def _is_moe_flag(flag: str) -> bool:

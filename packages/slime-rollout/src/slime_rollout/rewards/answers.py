@@ -16,10 +16,12 @@ What a careful grader reads, and what this module therefore returns:
   \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is an expression of doubt or
   of an alternative anywhere between them ("not sure", "not certain", "maybe", "perhaps", "alternatively",
   "otherwise", "vs", "another possibility", "possible too", "I'd also accept", "some might argue", "torn", "unless",
-  "depending"), or a weak one ("or", "either", "could be", "might be") in the sentence right after the earlier box or
-  right before the later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a condition
+  "depending", "not confident", "also plausible", "a second guess"), or a weak one ("or", "either", "could be",
+  "might be", "candidate", "guess", "is another") in the sentence right after the earlier box or right before the
+  later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a condition
   ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the last box
-  (`\boxed{3} if n is even and \boxed{5} otherwise`) makes it a hedge with the box before it. Any other text between
+  (`\boxed{3} if n is even and \boxed{5} otherwise`, `\boxed{5} is also plausible`, `\boxed{5} is another`) makes it
+  a hedge with the box before it; confidence words alone ("likely", "probably") do not. Any other text between
   them (a derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and
   any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
   earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
@@ -47,6 +49,7 @@ from slime_rollout.rewards.retraction import (
 __all__ = [
     "Box",
     "FinalAnswers",
+    "doubted_after",
     "extract_boxed",
     "final_boxed_answers",
     "find_boxes",
@@ -63,15 +66,23 @@ _HEDGE_PHRASES = re.compile(
     r"(?i)\b(?:not (?:sure|certain)|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
     r"|(?:an)?other (?:possibility|possible (?:answer|value|solution)|candidate)|possible (?:too|as well)"
     r"|also possible|or else|also accept|(?:might|may|could|would) argue|torn|cannot decide|undecided|hard to say"
-    r"|arguably|depending|unless|or possibly)\b"
+    r"|arguably|depending|unless|or possibly|not confident|less (?:sure|certain|confident)"
+    r"|on the other hand|equally (?:likely|plausible|valid|possible)|(?:second|alternative|other) guess"
+    r"|also (?:(?:seems|looks|is|be) )?(?:plausible|possible|valid|likely|acceptable)"
+    r"|also (?:seems|looks) (?:right|correct))\b"
 )
+# Doubt about the box it follows: a hedge with the box before when it is in the sentence right after the last box
+# ("\boxed{5} is also plausible", "\boxed{5} is another") or right after the earlier one ("\boxed{3} is one
+# candidate"); deep inside a derivation between the boxes it is not one.
+_DOUBT = r"\b(?:guess(?:ing)?|candidate|(?:is|as|be) another|one option|an option)\b"
+_DOUBT_WORDS = re.compile(_DOUBT, re.IGNORECASE)
 # Weak hedge words: a hedge only in the sentence right after the earlier box or right before the later one. A
 # conditional there ("\boxed{3} (if we count the empty set) and \boxed{5}") offers both answers, each in its case.
 _HEDGE_WORDS = re.compile(r"(?i)\b(?:or|either|(?:could|might|may)(?: also)? be)\b")
 # A condition in the earlier box's own sentence; one in a later sentence is usually a derivation ("If we recheck").
 _CONDITION = re.compile(r"(?i)\b(?:if|when|in case|provided)\b")
 # Doubt or a condition in the sentence right after the last box: with an earlier box, a hedge ("\boxed{5} otherwise").
-_HEDGE_AFTER = re.compile(rf"{_HEDGE_PHRASES.pattern}|(?i:\b(?:if|unless|otherwise|when)\b)")
+_HEDGE_AFTER = re.compile(rf"{_HEDGE_PHRASES.pattern}|{_DOUBT}|\b(?:if|unless|otherwise|when)\b", re.IGNORECASE)
 # Part labels between boxes: the parts of a labelled answer, whose order counts.
 _PART_LABEL = re.compile(r"(?i)\(\s*(?:[a-h]|i{1,3}|iv|vi{0,3})\s*\)|\bpart\b|(?<![A-Za-z\\])[A-Za-z]\s*=")
 # Words that only join the items of one list of answers ("x = 2 and y = 3", "(a) ... (b) ...", "i.e.").
@@ -256,8 +267,7 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         return FinalAnswers(answers=[], reason="retracted")  # no final answer
     cut = sorted(negated.values())
     first, labelled = len(boxes) - 1, False
-    after = expand_contractions(_BETWEEN_MARKUP.sub(" ", region[last.end : last.end + _AFTER_CHARS])).strip()
-    hedged_after = bool(_HEDGE_AFTER.search(_SENTENCE_BREAK.split(after, maxsplit=1)[0]))
+    hedged_after = doubted_after(region[last.end :])
     while first > 0:
         between = _between(region, boxes[first - 1].end, boxes[first].start, cut)
         last_pair = first == len(boxes) - 1
@@ -267,6 +277,19 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         first -= 1
     num_superseded = len(found) - len(negated) - (len(boxes) - first)
     return FinalAnswers(answers=[b.content for b in boxes[first:]], num_superseded=num_superseded, labelled=labelled)
+
+
+def doubted_after(after: str) -> bool:
+    r"""Whether the sentence right after an answer doubts it or names a condition ("\boxed{5} is also plausible").
+
+    With an earlier, different answer this makes the two a hedge (the module docstring); the math graders and gpqa
+    read it alike.
+
+    Args:
+        after: the text that follows the answer (only its first `_AFTER_CHARS` characters are read).
+    """
+    text = expand_contractions(_BETWEEN_MARKUP.sub(" ", after[:_AFTER_CHARS])).strip()
+    return bool(_HEDGE_AFTER.search(_SENTENCE_BREAK.split(text, maxsplit=1)[0]))
 
 
 def offered_together(between: str) -> bool:
@@ -292,5 +315,7 @@ def offered_together(between: str) -> bool:
     # A weak hedge word sits right after the earlier box or right before the later one; an "or" deep inside a
     # derivation between them ("for 2 or more terms") is not one.
     if _HEDGE_WORDS.search(sentences[0]) or _HEDGE_WORDS.search(sentences[-1]) or _CONDITION.search(sentences[0]):
+        return True
+    if _DOUBT_WORDS.search(sentences[0]) or _DOUBT_WORDS.search(sentences[-1]):
         return True
     return all(word.lower() in _LIST_WORDS for word in _WORD.findall(text))

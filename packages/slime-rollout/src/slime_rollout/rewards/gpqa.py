@@ -25,7 +25,7 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_rollout.rewards.answers import strip_reasoning
+from slime_rollout.rewards.answers import doubted_after, strip_reasoning
 from slime_rollout.rewards.retraction import judged_wrong, negated_before, retracts
 
 __all__ = ["extract_choice_letter", "gpqa_reward"]
@@ -47,6 +47,14 @@ _HEDGE = re.compile(
 )
 _LEADING_LETTER = re.compile(r"[A-Za-z]\b")
 _ANSWER_TEXT = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is|:)\s*([^\n]{1,200})")
+# A run of whitespace, read as one space (one newline if it holds one): the patterns above try `\s*` at every
+# position, so a long run made them quadratic (200,000 spaces took 308 s on the event loop).
+_SPACE_RUN = re.compile(r"\s+")
+
+
+def _squeezed(region: str) -> str:
+    """`region` with each whitespace run as one newline (if it holds one) or one space: linear-time matching."""
+    return _SPACE_RUN.sub(lambda m: "\n" if "\n" in m.group() else " ", region)
 
 
 def _normalize_text(text: str) -> str:
@@ -88,7 +96,15 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
     # Taken back by what follows ("Answer: B. Actually no, it's A."): no pick, by the math graders' rule.
     if retracts(region[last.end() :], lambda value: _first_letter(value) != letter):
         return True, None
+    # Doubted with another pick stated before ("Answer: A. Answer: B is also plausible"): a hedge, as in math.
+    if doubted_after(region[last.end() :]) and any(m.upper() != letter for m in _earlier_letters(region, last)):
+        return True, None
     return True, letter
+
+
+def _earlier_letters(region: str, last: re.Match[str]) -> list[str]:
+    """The letters of the explicit statements before `last`."""
+    return [m.group(1) for pattern in _STATEMENTS for m in pattern.finditer(region, 0, last.start()) if m.group(1)]
 
 
 def _first_letter(value: str) -> str | None:
@@ -133,6 +149,7 @@ def extract_choice_letter(
     region = strip_reasoning(response or "")
     if region is None:
         return None
+    region = _squeezed(region)
     metadata = {"valid_letters": valid_letters, "choices": choices}
     letters = _valid_letters(metadata)
     found, letter = _stated_letter(region)
@@ -175,7 +192,7 @@ def gpqa_reward(response: str, label: Any, metadata: Mapping[str, Any] | None = 
         picked = extract_choice_letter(response, letters, metadata.get("choices"))
         return 1.0 if picked == correct else 0.0
     region = strip_reasoning(response or "")
-    stated = _ANSWER_TEXT.findall(region or "")
+    stated = _ANSWER_TEXT.findall(_squeezed(region or ""))
     if label is None or not stated:
         return 0.0
     return 1.0 if _normalize_text(stated[-1]) == _normalize_text(str(label)) else 0.0

@@ -43,6 +43,7 @@ import re
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
+from slime_rollout.rewards.number_words import words_to_number
 
 logger = logging.getLogger(__name__)
 
@@ -192,12 +193,21 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
     depths = _depths(s)
     if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):
         s, depths = s[1:-1], [d - 1 for d in depths[1:-1]]
-    parts, start = [], 0
+    pieces, joiners, start = [], [], 0
     for m in _PART_SEPARATOR.finditer(s):
         if depths[m.start()] == 0:
-            parts.append(s[start : m.start()].strip())
+            pieces.append(s[start : m.start()].strip())
+            joiners.append(m.group())
             start = m.end()
-    parts.append(s[start:].strip())
+    pieces.append(s[start:].strip())
+    parts = pieces[:1]
+    for joiner, piece in zip(joiners, pieces[1:], strict=True):
+        # An "and" inside one numeral in words ("two thousand and five", "one and a half") joins, not splits.
+        joined = f"{parts[-1]} and {piece}"
+        if joiner == "and" and parts[-1] and words_to_number(joined) is not None:
+            parts[-1] = joined
+        else:
+            parts.append(piece)
     return [p for p in parts if p] or [s]
 
 
@@ -233,7 +243,24 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     distinct = _distinct(answers)
     if len(distinct) != 1 or not _same_part_count(distinct[0], gold):
         return None
-    return [(distinct[0], gold)]
+    return [(_one_joiner(distinct[0]), _one_joiner(gold))]
+
+
+def _one_joiner(answer: str) -> str:
+    """A list answer's top-level parts joined by ", ", numerals in words as digits ("two and 3" → "2, 3").
+
+    A one-part answer is returned unchanged: the single-answer checks read number words themselves.
+    """
+    parts = answer_parts(answer, unwrap=False)
+    return ", ".join(_digits(part) for part in parts) if len(parts) > 1 else answer
+
+
+def _digits(part: str) -> str:
+    """A numeral in words as its exact value ("two" → "2", "one and a half" → "3/2"); anything else unchanged."""
+    value = words_to_number(part)
+    if value is None:
+        return part
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
 def _same_part_count(pred: str, gold: str) -> bool:

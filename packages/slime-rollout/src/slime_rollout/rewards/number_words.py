@@ -93,12 +93,11 @@ def _group(w: _Words, first: bool) -> tuple[fractions.Fraction, bool] | None:
         return None
     if first and word == "a" and w.peek(1) is not None:
         w.take()
-        return (
-            (fractions.Fraction(1), True)
-            if _singular(w.peek() or "") in {*_SCALES, *_PARTS, "hundred", "dozen"}
-            else None
-        )
-    if _DIGITS.fullmatch(word):
+        if _singular(w.peek() or "") not in {*_SCALES, *_PARTS, "hundred", "dozen"}:
+            return None
+        # "a" is a count of one: "a hundred" (and five) goes on to the hundreds below, as "one hundred" does.
+        value, in_words = fractions.Fraction(1), True
+    elif _DIGITS.fullmatch(word):
         value, in_words = fractions.Fraction(w.take()), False
     else:
         small = _below100(w)

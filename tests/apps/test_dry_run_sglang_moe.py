@@ -1,0 +1,43 @@
+"""`--dry-run` refuses SGLang MoE flags on a dense `--hf-checkpoint` in one line (issue 27, item 8).
+
+Before, `--sglang-ep-size 2` on Qwen3-4B passed the dry run ("--sglang-* flags not checked" without SGLang).
+"""
+
+import json
+import pathlib
+
+import pytest
+
+from slime_app.cli import main
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture
+def flags(tmp_path):
+    model = tmp_path / "Qwen3-4B"
+    model.mkdir()
+    config = {**json.loads((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text()), "transformers_version": "4.51.0"}
+    (model / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((FIXTURES / "qwen3-tokenizer" / name).read_bytes())
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + 1 = ?", "label": str(i + 1)}) + "\n" for i in range(8)))
+    return ["--dry-run", "--train-backend", "fsdp", "--hf-checkpoint", str(model), "--prompt-data", str(data),
+            "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "4", "--n-samples-per-prompt",
+            "2", "--rollout-max-response-len", "16", "--actor-num-gpus-per-node", "2",
+            "--num-rollout", "2"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [(["--sglang-ep-size", "2"], "--sglang-ep-size 2"), (["--sglang-enable-eplb"], "--sglang-enable-eplb")],
+)
+def test_sglang_moe_flags_on_a_dense_model_fail_the_dry_run(flags, extra, named, capsys):
+    assert main([*flags, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a dense model" in err[0] and err[0].endswith(named), err
+
+
+def test_sglang_defaults_pass(flags, capsys):
+    assert main([*flags, "--sglang-ep-size", "1", "--sglang-moe-a2a-backend", "none"]) == 0, capsys.readouterr().err
