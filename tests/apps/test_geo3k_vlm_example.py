@@ -120,8 +120,8 @@ def test_example_config_runs_two_small_rollouts(tmp_path):
     out = tmp_path / "run"
     argv = [
         sys.executable, str(REPO / "apps" / "train"), "--config", str(EXAMPLE / "cpu.yaml"),
-        "--num-rollout", "2", "--rollout-batch-size", "8", "--global-batch-size", "64", "--micro-batch-size", "32",
-        "--eval-interval", "2", "--output-dir", str(out),
+        "--num-rollout", "2", "--rollout-batch-size", "4", "--global-batch-size", "32", "--micro-batch-size", "32",
+        "--eval-interval", "2", "--n-samples-per-eval-prompt", "2", "--output-dir", str(out),
         "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt"),
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=880)
@@ -133,7 +133,7 @@ def test_example_config_runs_two_small_rollouts(tmp_path):
     assert len(gaps) == 2 and max(gaps) < 1e-4, gaps
 
     samples = torch.load(out / "dumps" / "rollout_0.pt", weights_only=False)["samples"]
-    assert len(samples) == 8 * 8
+    assert len(samples) == 4 * 8
     for s in map(Sample.from_dict, samples):
         assert len(s.multimodal_inputs["images"]) == 1
         assert s.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 4, 4]]

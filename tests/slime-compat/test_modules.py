@@ -150,6 +150,7 @@ def test_call_rollout_fn_wraps_legacy_returns():
     assert out == RolloutFnEvalOutput(data={"d": {}})
 
 
+@pytest.mark.slow  # 5-12 s: runs in the full suite, not in the per-package isolation run
 def test_generate_state_and_model_url(qwen3_tokenizer_dir):
     from slime.rollout.sglang_rollout import GenerateState, get_model_url
     from slime.utils.misc import SingletonMeta

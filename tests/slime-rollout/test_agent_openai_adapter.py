@@ -74,6 +74,7 @@ async def served():
         await a.stop()
 
 
+@pytest.mark.slow  # 5-12 s: runs in the full suite, not in the per-package isolation run
 async def test_two_call_tool_episode_against_reference_engine(reference_engine, tiny_qwen3_dir, served):
     tok = get_tokenizer(str(tiny_qwen3_dir))
     engine = EngineClient(reference_engine.urls[0])

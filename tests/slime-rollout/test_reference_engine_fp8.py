@@ -128,6 +128,7 @@ def _expected(model, state, ids):
     return torch.log_softmax(logits, -1)[torch.arange(len(ids)), torch.tensor(ids)]
 
 
+@pytest.mark.slow  # 5-12 s: runs in the full suite, not in the per-package isolation run
 def test_fp8_engine_serves_disk_tensor_and_distributed_pushes(
     private_tmp, tiny_qwen3_dir, bf16_state, reference_args, engine_base_port
 ):

@@ -179,6 +179,7 @@ def _restore(url, tiny_qwen3_dir):
     asyncio.run(client.broadcast("continue_generation"))
 
 
+@pytest.mark.slow  # 5-12 s: runs in the full suite, not in the per-package isolation run
 def test_tensor_delta_push_sends_less_and_the_engine_holds_the_trainer_weights(
     reference_engine, model_state, tiny_qwen3_dir
 ):
