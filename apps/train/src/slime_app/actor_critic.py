@@ -51,6 +51,11 @@ class ActorCritic:
         self.cfg, self.actor, self.critic, self.shared = cfg, actor, critic, shared
         self._actor_awake = self._critic_awake = True  # backends start awake
 
+    def preload(self, cfg: SlimeArgs) -> None:
+        """Both groups import their backends without waiting (`TrainGroup.preload`)."""
+        self.actor.preload(cfg)
+        self.critic.preload(cfg)
+
     # ------------------------------------------------------------------ memory
     def _set_actor(self, awake: bool) -> None:
         if awake != self._actor_awake:

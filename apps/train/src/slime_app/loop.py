@@ -210,13 +210,18 @@ class Run:
         cfg = self.cfg
         self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
         with self._phase("engines", detail=f"--rollout-engine {cfg.rollout_engine}"):
-            engine_urls = ray.get(self.manager.start.remote())
+            engines_up = self.manager.start.remote()
+            if not cfg.debug_rollout_only:
+                # The trainer ranks' processes start and import their backend while the engines come up; no
+                # device memory is touched before `init` (+ the PPO critic's ranks: actor_critic.py).
+                self.trainer = make_trainers(cfg, self.placement)
+                self.trainer.preload(cfg)
+            engine_urls = ray.get(engines_up)
             if self.swap_engines:
                 ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
         start = 0
-        if not cfg.debug_rollout_only:
+        if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
-                self.trainer = make_trainers(cfg, self.placement)  # + the PPO critic's ranks (actor_critic.py)
                 start = self.trainer.init(cfg)
             if start > 0:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)

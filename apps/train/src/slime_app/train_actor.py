@@ -90,6 +90,16 @@ class TrainActor:
         self.updater = None
         self.sync_checker = None
 
+    def preload(self, cfg: SlimeArgs, role: str = "actor") -> None:
+        """Imports the role's backend (torch and its modules) ahead of `init`; no device is touched.
+
+        Runs while the engines start. A failure is left to `init`, which raises it with the same cause.
+        """
+        try:
+            (CRITIC_BACKENDS if role == "critic" else TRAIN_BACKENDS).get(cfg.train_backend).load()
+        except Exception:  # noqa: BLE001 - `init` raises it (an unretrieved Ray error would only log it)
+            logger.debug("preload of the %s backend %r failed; init will raise", role, cfg.train_backend)
+
     def rendezvous(self) -> tuple[str, int]:
         """Address of rank 0's rendezvous (given to the other ranks)."""
         return self.master_addr, self.master_port
@@ -254,6 +264,14 @@ class TrainGroup:
             if rank == 0:
                 master = ray.get(actor.rendezvous.remote())
             self.actors.append(actor)
+
+    def preload(self, cfg: SlimeArgs) -> None:
+        """Starts every rank's `TrainActor.preload` without waiting.
+
+        Ray runs one rank's calls in order, so `init` follows it.
+        """
+        for actor in self.actors:
+            actor.preload.remote(cfg, self.role)
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         return get_all_or_raise([getattr(a, method).remote(*args) for a in self.actors])
