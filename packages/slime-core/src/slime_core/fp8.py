@@ -38,6 +38,7 @@ __all__ = [
     "Fp8Config",
     "dequantize_blockwise",
     "dequantize_named",
+    "pair_fp8",
     "is_quantized_weight",
     "quantize_blockwise",
     "quantize_buckets",
@@ -276,21 +277,15 @@ def quantize_buckets(
         yield list(quantize_named(bucket, cfg))
 
 
-def dequantize_named(
-    named: Iterable[tuple[str, torch.Tensor]], block: tuple[int, int] | None, dtype: torch.dtype = torch.float32
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Joins each FP8 `*.weight` with its `*.weight_scale_inv` and yields the dequantized weight (in either order).
+def pair_fp8(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]]:
+    """Joins each FP8 `X.weight` with its `X.weight_scale_inv` (in either order) into `(X.weight, (weight, scale))`.
 
     Unquantized tensors pass through as they come; a pair is yielded once both halves have arrived.
 
-    Args:
-        named: HF-named tensors, e.g. one safetensors file or one pushed bucket.
-        block: the serving checkpoint's `weight_block_size`; None when the engine serves an unquantized model.
-        dtype: dtype of the dequantized weights.
-
     Raises:
-        ValueError: an FP8 weight or a scale without its partner at the end of the stream, or an FP8 tensor when
-            `block` is None (names the tensor).
+        ValueError: an FP8 weight or a scale without its partner at the end of the stream (names up to three).
     """
     weights: dict[str, torch.Tensor] = {}
     scales: dict[str, torch.Tensor] = {}
@@ -302,13 +297,38 @@ def dequantize_named(
         else:
             yield name, tensor
             continue
-        if block is None:
-            raise ValueError(
-                f"{name}: an FP8 tensor, but this model is served unquantized (no FP8 quantization_config)"
-            )
         store[module] = tensor
         if module in weights and module in scales:
-            yield module + ".weight", dequantize_blockwise(weights.pop(module), scales.pop(module), block, dtype)
+            yield module + ".weight", (weights.pop(module), scales.pop(module))
     if weights or scales:
         lone = sorted([f"{m}.weight (no scale)" for m in weights] + [f"{m}{SCALE_SUFFIX} (no weight)" for m in scales])
         raise ValueError(f"FP8 tensors without their partner: {', '.join(lone[:3])}{' ...' if len(lone) > 3 else ''}")
+
+
+def dequantize_named(
+    named: Iterable[tuple[str, torch.Tensor]], block: tuple[int, int] | None, dtype: torch.dtype = torch.float32
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Joins each FP8 `*.weight` with its `*.weight_scale_inv` and yields the dequantized weight (in either order).
+
+    Unquantized tensors pass through as they come; a pair is yielded once both halves have arrived (`pair_fp8`).
+
+    Args:
+        named: HF-named tensors, e.g. one safetensors file or one pushed bucket.
+        block: the serving checkpoint's `weight_block_size`; None when the engine serves an unquantized model.
+        dtype: dtype of the dequantized weights.
+
+    Raises:
+        ValueError: an FP8 weight or a scale without its partner at the end of the stream, or an FP8 tensor when
+            `block` is None (names the tensor).
+    """
+
+    def refuse_fp8_if_unquantized() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in named:
+            if block is None and (name.endswith(SCALE_SUFFIX) or tensor.dtype == FP8_DTYPE):
+                raise ValueError(
+                    f"{name}: an FP8 tensor, but this model is served unquantized (no FP8 quantization_config)"
+                )
+            yield name, tensor
+
+    for name, item in pair_fp8(refuse_fp8_if_unquantized()):
+        yield name, (dequantize_blockwise(*item, block, dtype) if isinstance(item, tuple) else item)

@@ -24,21 +24,20 @@ for a large model; the weight check runs on the first sync and every `--check-we
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 
 from slime_core.config.true_on_policy import ENGINE_FP32_PARAM_SUFFIXES
-from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX
+from slime_core.fp8 import pair_fp8
 
-# One pushed part of a parameter: a tensor, or a block-FP8 `(weight, weight_scale_inv)` pair (`pair_fp8`).
+# One pushed part of a parameter: a tensor, or a block-FP8 `(weight, weight_scale_inv)` pair (`fp8.pair_fp8`).
 Part = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 __all__ = [
     "Part",
     "hash_dtype",
     "hash_parts",
-    "pair_fp8",
     "sglang_checksums",
     "sglang_fp8_comparable",
     "sglang_param_name",
@@ -209,32 +208,6 @@ def sglang_fp8_comparable(weight: torch.Tensor, scale_inv: torch.Tensor) -> torc
     if s.shape[-2] != m:
         raise ValueError(f"FP8 weight {tuple(weight.shape)}: scales {tuple(scale_inv.shape)} cover {s.shape[-2]} rows")
     return (weight.float() * s).to(torch.bfloat16)
-
-
-def pair_fp8(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, Part]]:
-    """Joins each FP8 `X.weight` with its `X.weight_scale_inv` (either order) into `(X.weight, (weight, scale))`.
-
-    Unquantized tensors pass as they come. A weight travels with its scale in one bucket (`quantize_buckets`).
-
-    Raises:
-        ValueError: an FP8 weight or a scale without its partner at the end (names it).
-    """
-    weights: dict[str, torch.Tensor] = {}
-    scales: dict[str, torch.Tensor] = {}
-    for name, tensor in named:
-        if name.endswith(SCALE_SUFFIX):
-            module, store = name.removesuffix(SCALE_SUFFIX), scales
-        elif tensor.dtype == FP8_DTYPE:
-            module, store = name.removesuffix(".weight"), weights
-        else:
-            yield name, tensor
-            continue
-        store[module] = tensor
-        if module in weights and module in scales:
-            yield module + ".weight", (weights.pop(module), scales.pop(module))
-    if weights or scales:
-        half = sorted([f"{m}.weight" for m in weights] + [m + SCALE_SUFFIX for m in scales])[0]
-        raise ValueError(f"{half}: an FP8 weight and its scale must come together (the other half is missing)")
 
 
 def hash_parts(

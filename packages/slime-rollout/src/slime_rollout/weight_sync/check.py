@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from slime_core.fp8 import pair_fp8
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.engines.weight_checksum import (
     Part,
     hash_dtype,
     hash_parts,
-    pair_fp8,
     sglang_param_name,
     strip_wrappers,
     tensor_checksum,
