@@ -15,8 +15,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from slime_core.lora import LORA_NAME
 from slime_rollout.engines import wire
 from slime_rollout.engines.pool import EnginePool, EngineState
@@ -220,13 +218,7 @@ class EngineClient(HttpEndpoint):
         return await probe(self.url, "/health_generate", timeout)
 
     async def _probe(self, endpoint: str, timeout: float | None) -> bool:
-        try:
-            session = await self._http()
-            async with session.get(self.url + endpoint, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                await resp.read()
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+        return (await probe(self.url, endpoint, timeout)).ok
 
     async def get_loads(self) -> dict:
         """GET /v1/loads?include=core (per-DP-rank running/waiting request counts)."""
