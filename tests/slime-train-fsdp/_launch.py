@@ -33,22 +33,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _backward_in_child() -> None:
-    try:
-        torch.ones(1, requires_grad=True).sum().backward()
-    except RuntimeError:  # "Unable to handle autograd's threading in combination with fork-based multiprocessing"
-        os._exit(3)
-    os._exit(0)
-
-
-def autograd_survives_fork() -> bool:
-    """Whether a child forked from this process can run backward (not once autograd's worker threads started here)."""
-    child = multiprocessing.get_context("fork").Process(target=_backward_in_child)
-    child.start()
-    child.join(timeout=60)
-    return child.exitcode == 0
-
-
 def _rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     return dict(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port))  # fmt: skip
@@ -82,13 +66,7 @@ class RankLauncher:
             raise
 
     def forked(self, scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
-        """Runs `scenario` on `world` ranks forked from this process (imports are shared); each rank's results.
-
-        When an earlier test in this process started autograd's threads, a forked rank could not run backward: the
-        ranks then run as fresh interpreters (`subprocesses`; the worker must be runnable as a script).
-        """
-        if not autograd_survives_fork():
-            return self.subprocesses(scenario, world, work, ckpt)
+        """Runs `scenario` on `world` ranks forked from this process (imports are shared); each rank's results."""
         out = work / f"out_{scenario}_{world}"
         out.mkdir(parents=True, exist_ok=True)
         port = _free_port()
