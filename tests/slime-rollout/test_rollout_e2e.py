@@ -87,16 +87,23 @@ def test_rollout_against_reference_engine(reference_engine, tiny_qwen3_dir, fixt
     assert -20 < m["rollout/log_probs"] < 0
 
 
+EVEN_SAMPLES = 4  # the oversampling test's first rollout: groups 0 and 2, two samples each
+
+
 async def slow_even_fake_odd(args, sample, sampling_params):
-    """Test generate: even prompt groups go to the engine; odd ones wait until the engine is busy with
-    them, then answer without the engine (a fixed 3-token response). The reference engine batches
-    statically, so this is how an odd group can finish while even groups are still mid-generation."""
+    """Test generate: even prompt groups go to the engine; odd ones wait until all even samples are on the
+    engine and have had 0.3 s to decode, then answer without the engine (a fixed 3-token response). The
+    reference engine batches statically, so this is how an odd group can finish while even groups are still
+    mid-generation. (Waiting for the first even request only was flaky: the abort could reach the engine before
+    the last even requests, which then ran to the length limit before the 3 s abort retry.)"""
     from slime_rollout.generation.generate import generate
 
     if sample.group_index % 2 == 0:
         return await generate(args, sample, sampling_params)
     engine = EngineClient(args.rollout_engine_urls[0], timeout=60)
-    while await engine.num_unfinished_requests() == 0:
+    deadline = asyncio.get_running_loop().time() + 120
+    while await engine.num_unfinished_requests() < EVEN_SAMPLES:
+        assert asyncio.get_running_loop().time() < deadline, "the even samples never all reached the engine"
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)
     sample.tokens = [151644, 77091, 198]  # stands in for a prompt
@@ -127,11 +134,12 @@ def test_oversampling_abort_and_partial_rollout_against_reference_engine(
         rollout_max_response_len=300,
     )
     ds = RolloutDataSourceWithBuffer(args)
+    engine = EngineClient(reference_engine.urls[0], timeout=60)
+    assert asyncio.run(engine.num_unfinished_requests()) == 0  # no other test's request left on the shared engine
     out0 = generate_rollout(args, 0, ds)
     assert len(out0.samples) == 1 and out0.samples[0][0].group_index % 2 == 1
     assert ds.sample_group_index == 4  # one top-up of --over-sampling-batch-size groups was submitted
     # Nothing is left running on the engine after the rollout returned.
-    engine = EngineClient(reference_engine.urls[0], timeout=60)
     assert asyncio.run(engine.num_unfinished_requests()) == 0
     # The surplus groups went back to the buffer (partial ones marked with their start rollout).
     buffered = [s for g in ds.buffer for s in g]
