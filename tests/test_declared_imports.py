@@ -97,10 +97,14 @@ def _closure(dist: str, extras: frozenset[str]) -> set[str]:
 
 
 def _is_optional(parents: list[ast.AST]) -> bool:
-    for node in parents:
+    """Whether the import under `parents` (outermost first, the import's parent last) is guarded.
+
+    Only a `try`'s body is guarded by its handlers: an import in a handler, `else` or `finally` runs unguarded.
+    """
+    for node, child in zip(parents, parents[1:] + [None], strict=True):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             return True
-        if isinstance(node, ast.Try):
+        if isinstance(node, ast.Try) and any(child is stmt for stmt in node.body):
             for handler in node.handlers:
                 caught = handler.type
                 names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
@@ -117,9 +121,9 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str, bool]]:
         node, parents = stack.pop()
         stack += [(child, [*parents, node]) for child in ast.iter_child_nodes(node)]
         if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name, _is_optional(parents)) for alias in node.names]
+            out += [(node.lineno, alias.name, _is_optional([*parents, node])) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, node.module, _is_optional(parents)))
+            out.append((node.lineno, node.module, _is_optional([*parents, node])))
     return out
 
 
@@ -167,3 +171,20 @@ def test_an_undeclared_lazy_import_is_found(tmp_path):
     bad = undeclared_imports(member, root=tmp_path)
     # slime-core declares torch; transformers is imported lazily and undeclared; peft is optional (guarded).
     assert bad == ["pkg/src/pkg/mod.py:4: transformers (from transformers, not a dependency of slime-core)"], bad
+
+
+def test_an_import_in_an_import_error_handler_is_not_guarded(tmp_path):
+    member = tmp_path / "pkg"
+    (member / "src" / "pkg").mkdir(parents=True)
+    (member / "pyproject.toml").write_text('[project]\nname = "slime-core"\nversion = "0"\n')
+    (member / "src" / "pkg" / "mod.py").write_text(
+        "def f():\n    try:\n        import peft\n    except ImportError:\n        import transformers\n"
+        "    else:\n        import accelerate\n    finally:\n        import datasets\n"
+    )
+    bad = undeclared_imports(member, root=tmp_path)
+    # Only the try body (peft) is guarded; the fallback, else and finally imports run whatever happened.
+    assert sorted(line.split(" (")[0] for line in bad) == [
+        "pkg/src/pkg/mod.py:5: transformers",
+        "pkg/src/pkg/mod.py:7: accelerate",
+        "pkg/src/pkg/mod.py:9: datasets",
+    ], bad
