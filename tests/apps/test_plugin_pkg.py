@@ -104,3 +104,20 @@ def test_capabilities_the_plugin_lacks_are_refused_by_name():
     cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "rollout_engine": "toy_gpu_engine"})
     with pytest.raises(ValueError, match="--colocate: --rollout-engine toy_gpu_engine cannot release its memory"):
         preflight._check_engine_launch(cfg.model_copy(update={"colocate": True}))
+
+
+def test_the_engine_record_not_its_name_picks_the_weight_sync(monkeypatch):
+    from slime_app.dry_run import gpu_plan
+
+    gpu_engine = {**BASE, **PLUGIN, "rollout_engine": "toy_gpu_engine"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert SlimeArgs.from_dict(gpu_engine).weight_sync == "distributed"  # needs_gpu: NCCL broadcasts, as SGLang
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu_run = SlimeArgs.from_dict(gpu_engine)
+    assert cpu_run.weight_sync == "disk"
+    assert gpu_plan(cpu_run, cuda=False)[:2] == ("toy_gpu_engine", "distributed")
+    # Tensor deltas need /update_weights_from_delta, which only a record with applies_weight_deltas serves.
+    delta = {"update_weight_mode": "delta", "weight_sync": "tensor"}
+    with pytest.raises(ConfigError, match="--rollout-engine toy_gpu_engine cannot verify and apply an encoded delta"):
+        SlimeArgs.from_dict({**gpu_engine, **delta})
+    assert SlimeArgs.from_dict({**BASE, **PLUGIN, **delta}).weight_sync == "tensor"  # the reference engine

@@ -327,7 +327,7 @@ def test_delta_config_is_validated():
 
     with pytest.raises(ConfigError, match="--weight-sync distributed has no delta path"):
         _cfg(weight_sync="distributed")
-    with pytest.raises(ConfigError, match="SGLang 0.5.16 cannot verify and apply"):
+    with pytest.raises(ConfigError, match="--rollout-engine sglang cannot verify and apply an encoded delta"):
         _cfg(weight_sync="tensor", rollout_engine="sglang")
     cfg = _cfg(weight_sync="disk", update_weight_delta_encoding="overwrite", update_weight_delta_checksum="adler32")
     assert cfg.update_weight_local_checkpoint_dir.endswith("local")

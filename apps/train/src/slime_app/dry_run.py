@@ -22,6 +22,7 @@ from slime_core.config.base import field_to_flag
 from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 from slime_core.config.validation import colocated_gpu_split
+from slime_core.extensions import ROLLOUT_ENGINES
 
 __all__ = ["dry_run", "gpu_plan", "render_config"]
 
@@ -134,7 +135,8 @@ def gpu_plan(cfg: SlimeArgs, *, cuda: bool | None = None) -> tuple[str, str, str
     if "rollout_engine" not in given:
         engine = "sglang"
     if "weight_sync" not in given and weight_sync == "disk" and cfg.update_weight_transport != "disk":
-        weight_sync = "distributed" if engine == "sglang" else weight_sync  # the rule of --weight-sync auto on GPUs
+        # The rule of --weight-sync auto on GPUs: a GPU engine gets NCCL broadcasts.
+        weight_sync = "distributed" if ROLLOUT_ENGINES.get(engine).needs_gpu else weight_sync
     if (engine, weight_sync) == (cfg.rollout_engine, cfg.weight_sync):
         return engine, weight_sync, ""
     note = (

@@ -88,7 +88,7 @@ class TrainBackendSpec(Entry):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class RolloutEngineSpec(Entry):
-    """An inference engine speaking SGLang's HTTP API (tests/fixtures/sglang-wire/CONTRACT.md).
+    """An inference engine speaking SGLang's HTTP API (tests/fixtures/sglang-wire/README.md).
 
     Attributes:
         needs_gpu: cannot run without CUDA.
@@ -97,12 +97,18 @@ class RolloutEngineSpec(Entry):
             `--rollout-engine-urls` of servers started elsewhere.
         returns_routed_experts: answers `return_routed_experts` with `meta_info.routed_experts` when started with
             `--enable-return-routed-experts` (`--use-rollout-routing-replay`).
+        applies_weight_deltas: serves `/update_weights_from_delta` (slime's endpoint, not SGLang's), which
+            `--update-weight-mode delta --weight-sync tensor` needs; other engines take deltas over disk only.
+
+    A GPU engine (`needs_gpu`) that is not colocated receives weights by NCCL broadcast under `--weight-sync auto`
+    (`/init_weights_update_group`, `/update_weights_from_distributed`); a CPU engine reloads them from disk.
     """
 
     needs_gpu: bool = False
     supports_colocate: bool = False
     launchable: bool = False
     returns_routed_experts: bool = False
+    applies_weight_deltas: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

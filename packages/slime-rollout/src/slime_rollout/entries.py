@@ -25,7 +25,7 @@ SGLANG = RolloutEngineSpec(
     name="sglang",
     needs_gpu=True,
     supports_colocate=True,  # /release_memory_occupation, /resume_memory_occupation
-    launchable=True,  # slime_rollout.engines.commands.build_sglang_command
+    launchable=True,  # slime_rollout.engines.launch.sglang.build_sglang_command
     returns_routed_experts=True,  # --enable-return-routed-experts
 )
 
@@ -33,8 +33,9 @@ REFERENCE = RolloutEngineSpec(
     name="reference",
     needs_gpu=False,  # transformers on CPU (slime_rollout.engines.reference)
     supports_colocate=True,
-    launchable=True,  # slime_rollout.engines.commands.build_reference_command
+    launchable=True,  # slime_rollout.engines.launch.reference.build_reference_command
     returns_routed_experts=True,  # slime_rollout.engines.reference.routed_experts
+    applies_weight_deltas=True,  # slime_rollout.engines.reference.routes.weights: /update_weights_from_delta
 )
 
 MATH_RM = RewardSpec(name="math", grades_label=True)

@@ -26,7 +26,7 @@ from slime_core.config.validation_fully_async import check_fully_async
 from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.config.validation_routing_replay import check_routing_replay
 from slime_core.estimators import get_estimator
-from slime_core.extensions import TRAIN_BACKENDS, train_backend_spec
+from slime_core.extensions import TRAIN_BACKENDS, engine_spec, train_backend_spec
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -357,7 +357,7 @@ def _weight_sync(args: SlimeArgs) -> None:
             args.weight_sync = "disk"
         elif args.colocate:
             args.weight_sync = "tensor"
-        elif args.update_weight_transport == "nccl" or (args.rollout_engine == "sglang" and _cuda_available()):
+        elif args.update_weight_transport == "nccl" or (engine_spec(args).needs_gpu and _cuda_available()):
             args.weight_sync = "distributed"
         else:
             args.weight_sync = "disk"
@@ -374,11 +374,12 @@ def _delta_weight_sync(args: SlimeArgs) -> None:
             f"--update-weight-mode delta: --weight-sync {args.weight_sync} has no delta path; use --weight-sync disk "
             "(any engine) or tensor (reference engine)"
         )
-    if args.weight_sync == "tensor" and args.rollout_engine == "sglang":
+    if args.weight_sync == "tensor" and not engine_spec(args).applies_weight_deltas:
         raise ConfigError(
-            "--update-weight-mode delta with --weight-sync tensor: SGLang 0.5.16 cannot verify and apply an encoded "
-            "delta (no /update_weights_from_delta); use --weight-sync disk (deltas verified into "
-            "--update-weight-local-checkpoint-dir, then reloaded) or --update-weight-mode full"
+            f"--update-weight-mode delta with --weight-sync tensor: --rollout-engine {args.rollout_engine} cannot "
+            "verify and apply an encoded delta (no /update_weights_from_delta; SGLang 0.5.16 has none); use "
+            "--weight-sync disk (deltas verified into --update-weight-local-checkpoint-dir, then reloaded) or "
+            "--update-weight-mode full"
         )
     if args.weight_sync == "disk" and args.update_weight_local_checkpoint_dir is None:
         args.update_weight_local_checkpoint_dir = os.path.join(args.update_weight_disk_dir, "local")
