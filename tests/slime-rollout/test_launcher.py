@@ -83,8 +83,53 @@ def test_engine_kinds_start_by_index(monkeypatch):
     cmd, last = ENGINE_KINDS["reference"].command(sglang_args(), memory_saver=False, mem_fraction_static=None, **common)
     assert last == port and cmd[cmd.index("--random-seed") + 1] == "9" and "--base-gpu-id" not in cmd
     assert list(ENGINE_KINDS) == ["sglang", "reference"]
-    with pytest.raises(ValueError, match="--rollout-engine 'vllm': slime starts only sglang and reference servers"):
+    with pytest.raises(KeyError, match=r"--rollout-engine: unknown rollout engine 'vllm' \(registered: "):
         EngineLauncher(sglang_args().model_copy(update={"rollout_engine": "vllm"}), gpus_per_engine=1)
+
+
+class _EchoKind:
+    """A third-party engine kind: serves the reference engine's command under another name."""
+
+    name = "echo"
+
+    def command(self, cfg, **kw):
+        return ["echo-server", "--port", str(kw["port"])], kw["port"]
+
+    def env(self):
+        return {"ECHO": "1"}
+
+    def check_own(self, proc):
+        return None
+
+
+@pytest.fixture
+def registered_engines():
+    from slime_core.extensions import ROLLOUT_ENGINES, RolloutEngineSpec
+
+    specs = [
+        RolloutEngineSpec(name="echo", launchable=True, factory=_EchoKind),
+        RolloutEngineSpec(name="remote_only"),
+        RolloutEngineSpec(name="launchable_no_factory", launchable=True),
+        RolloutEngineSpec(name="bad_factory", launchable=True, factory=dict),
+    ]
+    yield [ROLLOUT_ENGINES.register(s) for s in specs]
+    for s in specs:
+        ROLLOUT_ENGINES.unregister(s.name)
+
+
+def test_a_launchable_engine_of_another_package_starts_through_its_record(registered_engines):
+    # Preflight lets a launchable record through, so the launcher must start it: the record's factory is its kind.
+    from slime_rollout.engines.launch import EngineLauncher, engine_env, engine_kind
+
+    launcher = EngineLauncher(sglang_args().model_copy(update={"rollout_engine": "echo"}), gpus_per_engine=1)
+    assert isinstance(launcher.kind, _EchoKind) and engine_env("echo") == {"ECHO": "1"}
+    with pytest.raises(ValueError, match=r"'remote_only': slime does not start .*\(its record is not launchable\); "
+                                         "give their addresses with --rollout-engine-urls"):  # fmt: skip
+        engine_kind("remote_only")
+    with pytest.raises(ValueError, match=r"'launchable_no_factory': .*\(its launchable record names no factory\)"):
+        engine_kind("launchable_no_factory")
+    with pytest.raises(ValueError, match="'bad_factory': its factory built dict, which lacks command, env, check_own"):
+        engine_kind("bad_factory")
 
 
 def test_sglang_command_no_saver_passthrough_overrides_and_env_args(monkeypatch):

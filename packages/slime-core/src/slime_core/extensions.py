@@ -93,8 +93,9 @@ class RolloutEngineSpec(Entry):
     Attributes:
         needs_gpu: cannot run without CUDA.
         supports_colocate: releases and resumes its accelerator memory (`--colocate`, `--offload-rollout`).
-        launchable: slime starts its servers itself (`slime_rollout.engines.launch`); otherwise the run needs
-            `--rollout-engine-urls` of servers started elsewhere.
+        launchable: slime starts its servers itself (`slime_rollout.engines.launch`; another package's record
+            sets `factory` to a no-argument callable returning a `slime_rollout.engines.launch.common.EngineKind`);
+            otherwise the run needs `--rollout-engine-urls` of servers started elsewhere.
         returns_routed_experts: answers `return_routed_experts` with `meta_info.routed_experts` when started with
             `--enable-return-routed-experts` (`--use-rollout-routing-replay`).
         applies_weight_deltas: serves `/update_weights_from_delta` (slime's endpoint, not SGLang's), which

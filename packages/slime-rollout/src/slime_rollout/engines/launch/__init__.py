@@ -7,7 +7,7 @@ index) <- `group` (`EngineGroup`, `launch_engines`, `attach_router`).
 
 from slime_rollout.engines.launch.common import EngineKind, needs_weights_backup
 from slime_rollout.engines.launch.group import EngineGroup, attach_router, launch_engines
-from slime_rollout.engines.launch.launcher import ENGINE_KINDS, EngineLauncher, engine_env
+from slime_rollout.engines.launch.launcher import ENGINE_KINDS, EngineLauncher, engine_env, engine_kind
 from slime_rollout.engines.launch.reference import build_reference_command
 from slime_rollout.engines.launch.sglang import (
     build_sglang_command,
@@ -26,6 +26,7 @@ __all__ = [
     "build_reference_command",
     "build_sglang_command",
     "engine_env",
+    "engine_kind",
     "engine_python",
     "launch_engines",
     "lora_server_args",

@@ -1,8 +1,10 @@
 """Starts engines one index at a time (`EngineLauncher`): command line by engine kind, port, log file, health wait.
 
 The kinds (`--rollout-engine`) are `ENGINE_KINDS`: `sglang.SGLangKind` and `reference.ReferenceKind`, each an
-`EngineKind` (`common.py`). A port probed free can be taken before the engine binds it (another engine host on this
-machine): the launcher then restarts the engine on another port, `_PORT_RETRIES` times at most.
+`EngineKind` (`common.py`); another package's engine that slime starts is a `slime.rollout_engines` record with
+`launchable=True` whose `factory` builds its `EngineKind` (`engine_kind`). A port probed free can be taken before
+the engine binds it (another engine host on this machine): the launcher then restarts the engine on another port,
+`_PORT_RETRIES` times at most.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pathlib
 import time
 from typing import TYPE_CHECKING
 
+from slime_core.extensions import ROLLOUT_ENGINES
 from slime_rollout.engines.launch.common import EngineKind, PortTaken
 from slime_rollout.engines.launch.reference import ReferenceKind
 from slime_rollout.engines.launch.sglang import SGLangKind
@@ -21,22 +24,47 @@ from slime_rollout.engines.process import EngineProcess, find_free_port, port_re
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["ENGINE_KINDS", "EngineLauncher", "engine_env"]
+__all__ = ["ENGINE_KINDS", "EngineLauncher", "engine_env", "engine_kind"]
 
 logger = logging.getLogger(__name__)
 
 ENGINE_KINDS: dict[str, EngineKind] = {"sglang": SGLangKind(), "reference": ReferenceKind()}
 
 
+def engine_kind(name: str) -> EngineKind:
+    """How engines of `--rollout-engine NAME` start: a built-in kind, else the registered record's `factory()`.
+
+    Raises:
+        slime_core.registry.UnknownNameError: no `slime.rollout_engines` entry has the name (a KeyError).
+        ValueError: the record is not `launchable` or names no factory (give `--rollout-engine-urls`), or its
+            factory built something without `command`, `env` and `check_own`.
+    """
+    if name in ENGINE_KINDS:
+        return ENGINE_KINDS[name]
+    spec = ROLLOUT_ENGINES.get(name)
+    if not spec.launchable or spec.factory is None:
+        why = "its record is not launchable" if not spec.launchable else "its launchable record names no factory"
+        raise ValueError(
+            f"--rollout-engine {name!r}: slime does not start this engine's servers ({why}); give their addresses "
+            "with --rollout-engine-urls"
+        )
+    kind = spec.load()()
+    missing = [m for m in ("command", "env", "check_own") if not callable(getattr(kind, m, None))]
+    if missing:
+        raise ValueError(
+            f"--rollout-engine {name!r}: its factory built {type(kind).__name__}, which lacks {', '.join(missing)} "
+            "(see slime_rollout.engines.launch.common.EngineKind)"
+        )
+    return kind
+
+
 def engine_env(kind: str) -> dict[str, str]:
     """Environment of an engine process of kind `kind` (`--rollout-engine`).
 
     Raises:
-        KeyError: an unknown kind (listing the known ones).
+        KeyError / ValueError: as `engine_kind`.
     """
-    if kind not in ENGINE_KINDS:
-        raise KeyError(f"unknown engine kind {kind!r}; known: {sorted(ENGINE_KINDS)}")
-    return ENGINE_KINDS[kind].env()
+    return engine_kind(kind).env()
 
 
 class EngineLauncher:
@@ -46,7 +74,7 @@ class EngineLauncher:
     trainer app's engine hosts). Engine `i` samples with seed `seed + i * gpus_per_engine` wherever it runs.
 
     Args:
-        cfg: run config; reads `rollout_engine` ("sglang" | "reference"), `hf_checkpoint`, `seed`,
+        cfg: run config; reads `rollout_engine` (a kind of `engine_kind`), `hf_checkpoint`, `seed`,
             `offload_rollout`, `engine_python`, `sglang_args`.
         gpus_per_engine: TP size of each SGLang engine (ignored by the reference engine).
         colocate: engines share GPUs with the trainer: enable SGLang's memory saver.
@@ -72,18 +100,12 @@ class EngineLauncher:
         base_port: int = 15000,
         mem_fraction_static: float | None = None,
     ):
-        if cfg.rollout_engine not in ENGINE_KINDS:
-            # A registered engine slime cannot start (its record has launchable=False) serves at given addresses.
-            known = " and ".join(ENGINE_KINDS)
-            raise ValueError(
-                f"--rollout-engine {cfg.rollout_engine!r}: slime starts only {known} servers; give the addresses of "
-                "this engine's servers with --rollout-engine-urls"
-            )
+        kind = engine_kind(cfg.rollout_engine)
         if not cfg.hf_checkpoint:
             raise ValueError("launching engines needs --hf-checkpoint (the model they serve)")
         if gpus_per_engine < 1:
             raise ValueError(f"need gpus_per_engine >= 1, got {gpus_per_engine}")
-        self.cfg, self.kind, self.gpus_per_engine = cfg, ENGINE_KINDS[cfg.rollout_engine], gpus_per_engine
+        self.cfg, self.kind, self.gpus_per_engine = cfg, kind, gpus_per_engine
         self.memory_saver = bool(colocate or cfg.offload_rollout)
         self.startup_timeout_s, self.host, self.mem_fraction_static = startup_timeout_s, host, mem_fraction_static
         self.log_dir = pathlib.Path(log_dir) if log_dir else None
