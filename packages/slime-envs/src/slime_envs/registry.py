@@ -100,5 +100,7 @@ def make_env(name: str, **kwargs: Any) -> Env:
     """
     env = get_env_factory(name)(**kwargs)
     if not isinstance(env, Env):
-        raise TypeError(f"env {name!r} built {type(env).__name__}, which lacks reset()/step() of slime_core.Env")
+        raise TypeError(
+            f"env {name!r} built {type(env).__name__}, which lacks reset()/step() of slime_core.protocols.Env"
+        )
     return env
