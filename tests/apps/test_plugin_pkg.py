@@ -121,3 +121,23 @@ def test_the_engine_record_not_its_name_picks_the_weight_sync(monkeypatch):
     with pytest.raises(ConfigError, match="--rollout-engine toy_gpu_engine cannot verify and apply an encoded delta"):
         SlimeArgs.from_dict({**gpu_engine, **delta})
     assert SlimeArgs.from_dict({**BASE, **PLUGIN, **delta}).weight_sync == "tensor"  # the reference engine
+
+
+def test_a_registered_weight_transport_is_accepted_and_built(monkeypatch):
+    from slime_app import weights
+    from slime_core.extensions import WEIGHT_UPDATERS
+    from slime_core.registry import Entry
+
+    built = []
+    WEIGHT_UPDATERS.register(Entry(name="toy_sync", factory=lambda cfg, client: built.append(client.urls) or "u"))
+    try:
+        cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "weight_sync": "toy_sync"})
+        assert cfg.weight_sync == "toy_sync"
+        assert weights.make_weight_updater(cfg, ["http://127.0.0.1:1"], rank=0) == "u"
+        assert built == [["http://127.0.0.1:1"]]
+    finally:
+        WEIGHT_UPDATERS.unregister("toy_sync")
+    with pytest.raises(ConfigError, match=r'--weight-sync: unknown transport \'toy_sync\' \(registered: '
+                                          r'disk, distributed, lora, tensor; .*"slime.weight_updaters"'):  # fmt: skip
+        SlimeArgs.from_dict({**BASE, **PLUGIN, "weight_sync": "toy_sync"})
+    assert SlimeArgs.from_dict({**BASE, **PLUGIN}).weight_sync == "disk"  # auto still resolves

@@ -7,7 +7,7 @@
 | rollout engine      | `--rollout-engine`      | `slime.rollout_engines`      | `RolloutEngineSpec`           |
 | reward function     | `--rm-type`             | `slime.rewards`              | `RewardSpec`                  |
 | advantage estimator | `--advantage-estimator` | `slime.advantage_estimators` | `estimators.EstimatorSpec`    |
-| weight transport    | `--weight-sync`         | `slime.weight_updaters`      | `Entry` (registry in the app) |
+| weight transport    | `--weight-sync`         | `slime.weight_updaters`      | `Entry`                       |
 | package checks      | (the flags it owns)     | `slime.preflight`            | `fn(cfg) -> list[Problem]`    |
 
 The config checks each name against its registry when it is built, and code outside a provider asks the
@@ -35,6 +35,7 @@ __all__ = [
     "REWARDS",
     "ROLLOUT_ENGINES",
     "TRAIN_BACKENDS",
+    "WEIGHT_UPDATERS",
     "RewardSpec",
     "RolloutEngineSpec",
     "TrainBackendSpec",
@@ -164,6 +165,22 @@ REWARDS: Registry[RewardSpec] = Registry(
     },
 )
 
+#: `--weight-sync` (after validation resolved `auto`): `factory(cfg, client)` returns an object with
+#: `update(buckets, weight_version)`; `client` is a `slime_rollout.engines.client.RolloutClient` of the engines.
+#: `distributed` is the app's (it needs the trainer's node address), named here as the backends are: by import path.
+WEIGHT_UPDATERS: Registry[Entry] = Registry(
+    "slime.weight_updaters",
+    flag="--weight-sync",
+    kind="transport",
+    entry_type=Entry,
+    builtins={
+        "tensor": "slime_rollout.weight_sync.updaters:TensorWeightUpdater",
+        "disk": "slime_rollout.weight_sync.updaters:DiskWeightUpdater",
+        "distributed": "slime_app.weights:distributed_weight_updater",
+        "lora": "slime_rollout.weight_sync.lora:LoraWeightUpdater",
+    },
+)
+
 
 #: Each package's pre-launch checks of the flags it owns: `factory` is `fn(cfg) -> list[Problem]`; the app's
 #: preflight runs every installed one (`run_preflight_hooks`).
@@ -184,7 +201,7 @@ def registry_for_group(group: str) -> Any:
     """
     from slime_core.estimators import ESTIMATORS  # estimators imports nothing of this module
 
-    registries = {r.group: r for r in (TRAIN_BACKENDS, CRITIC_BACKENDS, ROLLOUT_ENGINES, REWARDS)}
+    registries = {r.group: r for r in (TRAIN_BACKENDS, CRITIC_BACKENDS, ROLLOUT_ENGINES, REWARDS, WEIGHT_UPDATERS)}
     registries[ESTIMATORS.group] = ESTIMATORS
     return registries[group]
 

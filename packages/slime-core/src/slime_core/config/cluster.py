@@ -156,12 +156,21 @@ class EngineArgs(ArgsGroup):
 class WeightSyncArgs(ArgsGroup):
     """How new weights reach the engines."""
 
-    weight_sync: Literal["auto", "tensor", "disk", "distributed", "lora"] = arg(
+    weight_sync: str = arg(
         "auto",
         "Weight sync method: tensor (shared tensors / CUDA IPC), distributed (NCCL broadcast), disk (HF "
-        "checkpoint reload), lora (adapter files reloaded with /load_lora_adapter; the one method with --lora-rank). "
+        "checkpoint reload), lora (adapter files reloaded with /load_lora_adapter; the one method with --lora-rank), "
+        "or an installed one. "
         "auto: lora with --lora-rank, tensor when colocated, else distributed on GPU with SGLang, disk otherwise.",
+        registry="slime.weight_updaters",
     )
+
+    @field_validator("weight_sync")
+    @classmethod
+    def _registered_transport(cls, value: str) -> str:
+        if value == "auto":  # resolved by validation from the placement and the engine
+            return value
+        return check_registered(value, group="slime.weight_updaters", flag="--weight-sync")
     update_weight_mode: Literal["full", "delta"] = arg(
         "full",
         "full: every sync pushes every tensor. delta: only the tensors changed since the last push the engines "
