@@ -95,6 +95,17 @@ def test_whether_a_reward_grades_the_label_is_its_capability(tmp_path):
         REWARDS.unregister("judge_label")
 
 
+def test_a_rows_own_reward_must_be_registered(tmp_path):
+    # metadata["rm_type"] overrides --rm-type per sample; a typo used to pass preflight and stop the rollout.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2", "metadata": {"rm_type": "boxed_f1"}},
+                  {"prompt": "1+2=", "label": "3", "metadata": {"rm_type": "mth"}})  # fmt: skip
+    (error,) = _errors(_cfg(data, "--rm-type", "math"))
+    assert re.search(r"d\.jsonl line 2: metadata rm_type 'mth' is not a registered reward function \(registered: "
+                     r"dapo, deepscaler, f1, gpqa, math, ", error), error  # fmt: skip
+    _write(data, {"prompt": "1+1=", "label": "2", "metadata": {"rm_type": "boxed_f1"}})
+    assert _errors(_cfg(data, "--rm-type", "math")) == []
+
+
 def test_missing_and_malformed_files_keep_their_exception_class(tmp_path):
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
     assert check(_cfg(data)) == []

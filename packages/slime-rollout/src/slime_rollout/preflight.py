@@ -200,11 +200,27 @@ def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
     return rm_type in REWARDS and REWARDS.get(rm_type).grades_label
 
 
+def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
+    """A row's `metadata["rm_type"]` names a registered reward (else the rollout fails at its first sample).
+
+    Raises:
+        ValueError: naming the row and the registered names.
+    """
+    metadata = row.get(cfg.metadata_key) if cfg.metadata_key else None
+    rm_type = metadata.get("rm_type") if isinstance(metadata, Mapping) and not cfg.custom_rm_path else None
+    if rm_type and str(rm_type).removeprefix("boxed_") not in REWARDS:
+        raise ValueError(
+            f"{at}: metadata rm_type {rm_type!r} is not a registered reward function (registered: "
+            f"{', '.join(REWARDS.names())}; each also as boxed_<name>)"
+        )
+
+
 def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str) -> None:
     """Checks every row of a prompt file before the run starts.
 
     The `--input-key` must be there and not empty; the `--label-key` must be there and, for the built-in graders
-    that compare with it, not null.
+    that compare with it, not null; a row's own reward (`metadata["rm_type"]`, which overrides `--rm-type`) must be
+    registered, as `--rm-type` is.
 
     Args:
         rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
@@ -221,6 +237,7 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
             raise ValueError(f"{at}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
         if _empty_prompt(row[cfg.input_key]):
             raise ValueError(f"{at}: empty prompt in --input-key {cfg.input_key!r}")
+        _check_row_reward(cfg, row, at)
         if cfg.label_key:
             if cfg.label_key not in row:
                 raise ValueError(f"{at}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
