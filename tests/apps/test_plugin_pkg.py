@@ -141,3 +141,19 @@ def test_a_registered_weight_transport_is_accepted_and_built(monkeypatch):
                                           r'disk, distributed, lora, tensor; .*"slime.weight_updaters"'):  # fmt: skip
         SlimeArgs.from_dict({**BASE, **PLUGIN, "weight_sync": "toy_sync"})
     assert SlimeArgs.from_dict({**BASE, **PLUGIN}).weight_sync == "disk"  # auto still resolves
+
+
+def test_a_backend_claiming_a_critic_must_declare_one():
+    # supports_critic names a slime.critic_backends entry of the same name; without it the run failed after start-up.
+    from slime_core.extensions import TrainBackendSpec
+
+    TRAIN_BACKENDS.register(TrainBackendSpec(name="critic_less", factory=dict, needs_gpu=False, supports_critic=True))
+    try:
+        with pytest.raises(ConfigError, match=r"--advantage-estimator ppo: --train-backend critic_less declares "
+                                              r'supports_critic, but no package declares its critic under '
+                                              r'\[project.entry-points."slime.critic_backends"\] \(registered: fsdp, '
+                                              r"megatron\)"):  # fmt: skip
+            SlimeArgs.from_dict({**BASE, **PLUGIN, "train_backend": "critic_less", "advantage_estimator": "ppo"})
+    finally:
+        TRAIN_BACKENDS.unregister("critic_less")
+    assert SlimeArgs.from_dict({**BASE, **PLUGIN, "train_backend": "fsdp", "advantage_estimator": "ppo"}).use_critic

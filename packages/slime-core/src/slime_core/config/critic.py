@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError, field_to_flag
 from slime_core.estimators import get_estimator
-from slime_core.extensions import train_backend_spec
+from slime_core.extensions import CRITIC_BACKENDS, train_backend_spec
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -53,6 +53,12 @@ def validate_critic(args: SlimeArgs) -> None:
         raise ConfigError(
             f"--advantage-estimator {args.advantage_estimator} trains a critic, which --train-backend "
             f"{args.train_backend} does not have"
+        )
+    if args.train_backend not in CRITIC_BACKENDS:  # the record says it has one: its package must declare it
+        raise ConfigError(
+            f"--advantage-estimator {args.advantage_estimator}: --train-backend {args.train_backend} declares "
+            "supports_critic, but no package declares its critic under "
+            f'[project.entry-points."{CRITIC_BACKENDS.group}"] (registered: {", ".join(CRITIC_BACKENDS.names())})'
         )
     if args.critic_num_nodes is None and args.critic_num_gpus_per_node is None:
         return  # the critic shares the actor's GPUs
