@@ -157,3 +157,24 @@ def test_a_backend_claiming_a_critic_must_declare_one():
     finally:
         TRAIN_BACKENDS.unregister("critic_less")
     assert SlimeArgs.from_dict({**BASE, **PLUGIN, "train_backend": "fsdp", "advantage_estimator": "ppo"}).use_critic
+
+
+def test_a_backend_of_its_own_checkpoint_format_resumes_from_its_save_dir(tmp_path):
+    # The app tells hf / torch_dist / fsdp apart; a plugin's own format was "an unknown checkpoint" and refused.
+    from slime_app.checkpoints import check_checkpoints
+    from slime_core.extensions import TrainBackendSpec
+
+    save = tmp_path / "save"
+    save.mkdir()
+    (save / "step_3.bin").write_bytes(b"x")
+    TRAIN_BACKENDS.register(TrainBackendSpec(name="own_format", factory=dict, needs_gpu=False, checkpoint_format="own"))
+    try:
+        cfg = SlimeArgs.from_dict({**BASE, **PLUGIN, "train_backend": "own_format", "load": str(save)})
+        assert check_checkpoints(cfg) == [
+            f"--load {save}: --train-backend own_format saves own checkpoints, which this check does not recognize; "
+            "the backend reads it when it starts"
+        ]
+    finally:
+        TRAIN_BACKENDS.unregister("own_format")
+    with pytest.raises(ValueError, match=r"an unknown checkpoint; --train-backend fsdp resumes its own fsdp"):
+        check_checkpoints(SlimeArgs.from_dict({**BASE, **PLUGIN, "train_backend": "fsdp", "load": str(save)}))

@@ -66,6 +66,9 @@ def checkpoint_kind(path: str | os.PathLike[str]) -> str:
     return "unknown"
 
 
+# The kinds `checkpoint_kind` tells apart (a backend's `checkpoint_format` outside them is left to the backend).
+_RECOGNIZED = frozenset({"hf", "torch_dist", "fsdp"})
+
 # Kinds read with "an": a vowel, or a letter name that starts with one (aitch-eff, eff-ess-dee-pee).
 _AN = frozenset({"hf", "fsdp", "unknown", "empty"})
 
@@ -81,6 +84,12 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
         notes.append(f"--load {cfg.load}: no checkpoint yet, the run starts at rollout 0")
         return
     wanted = train_backend_spec(cfg).checkpoint_format
+    if wanted not in _RECOGNIZED:  # another package's format: its backend checks the directory when it loads it
+        notes.append(
+            f"--load {cfg.load}: --train-backend {cfg.train_backend} saves {wanted or 'its own'} checkpoints, which "
+            "this check does not recognize; the backend reads it when it starts"
+        )
+        return
     if kind != wanted:
         hint = {
             "torch_dist": "convert it to HF (slime-convert mcore-to-hf) and give that as --hf-checkpoint",
