@@ -70,3 +70,45 @@ def test_fraction_of_a_multiple_is_graded_by_value(response, label, expected):
 def test_unit_after_a_fraction_of_a_multiple():
     clean = clean_answer("half of a million dollars")
     assert (clean.text, clean.unit) == ("500000", "dollar")
+
+
+# Item 1 in gpqa without an explicit statement: options offered together are a hedge, by the math graders' rule
+# (the original's fallback takes the last letter, so "A or B" is B there).
+GPQA_NO_STATEMENT = [
+    ("A or B", "B", 0.0),  # was 1.0
+    ("It's A or B.", "B", 0.0),  # was 1.0
+    ("I'd go with A or maybe B", "B", 0.0),  # was 1.0
+    ("A (or possibly B)", "B", 0.0),  # was 1.0
+    ("A, B", "B", 0.0),  # was 1.0
+    ("A/B", "B", 0.0),  # was 1.0
+    ("Probably A, maybe B.", "B", 0.0),  # was 1.0
+    ("A. B is also plausible.", "B", 0.0),  # was 1.0
+    ("The answer is A, or maybe B.", "A", 0.0),  # was 1.0: a statement followed by another option in hedge words
+    ("Answer: B or possibly D", "B", 0.0),  # was 1.0
+    # "I" and "A" as words are not options (the default letters are A-J).
+    ("I'd say B. I checked twice.", "B", 1.0),  # was 0.0
+    ("B. A quick check confirms it.", "B", 1.0),  # was 0.0
+    # Kept right: one pick after the alternatives, a restatement, a pick with its reason.
+    ("Between A and B, I pick A.", "A", 1.0),
+    ("B or C, probably B", "B", 1.0),
+    ("Not B, so A", "A", 1.0),
+    ("Option A is about X, option B is about Y. So B.", "B", 1.0),
+    ("Answer: B. A quick check confirms it.", "B", 1.0),
+    ("Answer: B, since A requires more energy.", "B", 1.0),
+    ("It is I.", "I", 1.0),
+    ("A because the field is uniform", "A", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "label", "expected"), GPQA_NO_STATEMENT)
+def test_gpqa_options_offered_together_are_a_hedge(response, label, expected):
+    assert rule_based_reward("gpqa", response, label, {}) == expected
+
+
+def test_gpqa_fallback_reads_only_the_final_statement():
+    import time
+
+    response = "A " * 500_000  # 1 MB of letters: the backwards walk stops after the final statement
+    start = time.perf_counter()
+    assert rule_based_reward("gpqa", response, "A", {}) == 1.0
+    assert time.perf_counter() - start < 2.0  # every letter's negation check: ~14 s

@@ -13,20 +13,28 @@ The response's pick is read from its final part (after the reasoning; an unclose
   it's A.") is no pick (`slime_rollout.rewards.retraction`, the math graders' rule);
 * else an option given by its text ("Final answer: 42 J"), when exactly one option's text is stated;
 * else the last standalone capital letter among the options that is not negated ("not A", "A is not correct"; the
-  original's fallback takes any).
+  original's fallback takes any) and is not the word "I" or "A" ("I'd say B", "A quick check": a lower-case word
+  that is not a verb or conjunction follows), unless it is offered together with another option (by the math
+  graders' rule, `answers.offered_together`): "A or B", "A, B", "I'd go with A or maybe B", "A. B is also
+  plausible" are a hedge, no pick (the original takes the last letter, B), while "Between A and B, I pick A" picks A.
+
+A statement's pick followed in its sentence by another option in hedge words ("The answer is A, or maybe B") is a
+hedge too; a letter right after it with no words between ("Answer: B. A quick check confirms it") is not, since a
+capital A or I is also a word.
 
 Without a determinable correct option, the stated answer must equal the label's text.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from slime_rollout.rewards.answers import doubted_after, strip_reasoning
-from slime_rollout.rewards.retraction import judged_wrong, negated_before, retracts
+from slime_rollout.rewards.answers import doubted_after, offered_together, strip_reasoning
+from slime_rollout.rewards.retraction import judged_wrong, mentions_mistake, negated_before, retracts
 
 __all__ = ["extract_choice_letter", "gpqa_reward"]
 
@@ -46,6 +54,18 @@ _HEDGE = re.compile(
     r"[A-Za-z]\s*\)?\s*(?:or|/|and|&|,)\s*\(?\s*[A-Z]\b(?!')(?!\s+(?:think|believe|guess|am|was|would|will)\b)"
 )
 _LEADING_LETTER = re.compile(r"[A-Za-z]\b")
+# The next capital letter after a statement's pick within its sentence, with the text before it (group 1).
+_LETTER_AFTER = re.compile(r"([^.!?\n]{0,80}?)\(?\b([A-Z])\b")
+_WORDS = re.compile(r"[A-Za-z]{2,}")
+_CAPITAL = re.compile(r"\b([A-Z])\b")
+# "I" and "A" as words, not options: the pronoun ("I'd say B", "I checked") and the article ("A quick check"). An
+# option letter is followed by punctuation or by a verb or conjunction ("A is", "A because").
+_WORD_NOT_LETTER = re.compile(
+    r"I(?:['\u2019]|\s+(?!(?:is|was|seems|looks|because|since|as|and|or|but|fits|matches|gives|holds)\b)[a-z])"
+    r"|A\s+(?!(?:is|was|seems|looks|because|since|as|and|or|but|fits|matches|gives|holds|would|could|must|should"
+    r"|might|may|can|will|appears|remains|works|satisfies|best)\b)[a-z]"
+)
+_MAX_WALK = 64  # letters read back from the last one: a final statement is short
 _ANSWER_TEXT = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is|:)\s*([^\n]{1,200})")
 # A run of whitespace, read as one space (one newline if it holds one): the patterns above try `\s*` at every
 # position, so a long run made them quadratic (200,000 spaces took 308 s on the event loop).
@@ -99,6 +119,11 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
     # Doubted with another pick stated before ("Answer: A. Answer: B is also plausible"): a hedge, as in math.
     if doubted_after(region[last.end() :]) and any(m.upper() != letter for m in _earlier_letters(region, last)):
         return True, None
+    # Another option offered in hedge words right after it ("The answer is A, or maybe B").
+    following = _LETTER_AFTER.match(region, last.end())
+    if following and following.group(2) != letter and _WORDS.search(following.group(1)):
+        if offered_together(following.group(1)):
+            return True, None
     return True, letter
 
 
@@ -113,13 +138,35 @@ def _first_letter(value: str) -> str | None:
     return m.group().upper() if m else None
 
 
-def _standalone_letters(region: str, letters: str) -> list[str]:
-    """Capital option letters standing alone, less those negated ("not A", "A is not correct", "isn't A")."""
-    found = []
-    for m in re.finditer(r"\b([A-Z])\b", region):
-        if m.group(1) in letters and not negated_before(region[: m.start()]) and not judged_wrong(region[m.end() :]):
-            found.append(m.group(1))
-    return found
+def _standalone_letters_backwards(region: str, letters: str) -> Iterator[re.Match[str]]:
+    """Capital option letters standing alone, last first, less those negated ("not A", "A is not correct")."""
+    for m in reversed(list(_CAPITAL.finditer(region))):
+        before, after = region[max(0, m.start() - 60) : m.start()], region[m.end() : m.end() + 80]
+        if m.group(1) in letters and not _WORD_NOT_LETTER.match(m.group(1) + after) and not negated_before(before):
+            if not judged_wrong(after):
+                yield m
+
+
+def _last_unhedged(region: str, letters: str) -> str | None:
+    """The last standalone letter, or None when there is none or options are offered with it ("A or B").
+
+    Walks back from the last letter while the text between two letters is a list or a hedge, as
+    `answers.final_boxed_answers` walks back over boxes; more than one option in that final statement is a hedge.
+    The walk reads only the final statement (at most `_MAX_WALK` letters), so a long response costs one scan.
+    """
+    found = itertools.islice(_standalone_letters_backwards(region, letters), _MAX_WALK)
+    last = next(found, None)
+    if last is None:
+        return None
+    hedged_after, later = doubted_after(region[last.end() :]), last
+    for earlier in found:
+        between = region[earlier.end() : later.start()]
+        if not offered_together(between) and not (later is last and hedged_after and not mentions_mistake(between)):
+            break
+        if earlier.group(1) != last.group(1):
+            return None
+        later = earlier
+    return last.group(1)
 
 
 def _named_options(text: str, items: Sequence[tuple[str, str]]) -> set[str]:
@@ -158,8 +205,7 @@ def extract_choice_letter(
     by_text = _stated_choice_text(region, _choice_items(metadata, letters))
     if by_text is not None:
         return by_text
-    standalone = _standalone_letters(region, letters)
-    return standalone[-1] if standalone else None
+    return _last_unhedged(region, letters)
 
 
 def _correct_letter(label: Any, metadata: Mapping[str, Any], letters: str) -> str | None:
