@@ -136,7 +136,14 @@ def _shown(deadline_s: float | None) -> str:
 
 
 async def call_plugin_with_deadline(
-    fn: Callable[..., Any], *args: Any, what: str, deadline_s: float, flag: str, warn_every_s: float, **kwargs: Any
+    fn: Callable[..., Any],
+    *args: Any,
+    what: str,
+    deadline_s: float,
+    flag: str,
+    warn_every_s: float,
+    convert: Callable[[Any], Any] | None = None,
+    **kwargs: Any,
 ) -> Any:
     """Calls a sync or async plugin under `await_with_deadline` (a sync one in a worker thread).
 
@@ -147,6 +154,8 @@ async def call_plugin_with_deadline(
         deadline_s: seconds the call may take, awaiting included.
         flag: the flag that sets the deadline.
         warn_every_s: seconds between "still running" warnings.
+        convert: applied to the plugin's value in a worker thread, within the same deadline: reading a returned
+            object (its `__float__`, `__bool__`, `__iter__`) runs the plugin's code too. Returns what it returns.
         **kwargs: its keyword arguments.
 
     Raises:
@@ -159,11 +168,12 @@ async def call_plugin_with_deadline(
     async def call() -> Any:
         try:
             if inspect.iscoroutinefunction(fn):
-                return await fn(*args, **kwargs)
-            result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
+                result = await fn(*args, **kwargs)
+            else:
+                result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            return result if convert is None else await _in_daemon_thread(convert, result, name=what)
         except (Exception, KeyboardInterrupt, asyncio.CancelledError):
             raise
         except BaseException as e:  # SystemExit & co.: inside a task they would stop the loop and the process
