@@ -112,3 +112,29 @@ def test_gpqa_fallback_reads_only_the_final_statement():
     start = time.perf_counter()
     assert rule_based_reward("gpqa", response, "A", {}) == 1.0
     assert time.perf_counter() - start < 2.0  # every letter's negation check: ~14 s
+
+
+# Item 1, fifth pass: an unboxed alternative right after the last box, and two more doubt phrases between boxes.
+MATH_HEDGES = [
+    (r"\boxed{5} or 3", "5", 0.0),  # was 1.0
+    (r"\boxed{5} (or 3)", "5", 0.0),  # was 1.0
+    (r"\boxed{5}, possibly 3", "5", 0.0),  # was 1.0
+    (r"\boxed{5}. It might be 3 though.", "5", 0.0),  # was 1.0
+    (r"\boxed{5}. Though it could also be 3.", "5", 0.0),  # was 1.0
+    (r"\boxed{5} or -5", "5", 0.0),  # was 1.0
+    (r"The answer is \boxed{3} but I could also see \boxed{5}.", "5", 0.0),  # was 1.0
+    (r"\boxed{3}, though I'm leaning towards \boxed{5}", "5", 0.0),  # was 1.0
+    # Kept right: the same value again, a derivation or a count after the box.
+    (r"\boxed{5}, attained when n = 2 or 3.", "5", 1.0),
+    (r"\boxed{5}, or equivalently 10/2", "5", 1.0),
+    (r"\boxed{5} or 5.0", "5", 1.0),
+    (r"\boxed{\frac{1}{2}} or 0.5", "1/2", 1.0),
+    (r"\boxed{5}. Perhaps 2 more checks would help.", "5", 1.0),
+    (r"\boxed{5}. Maybe 5 is right.", "5", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "label", "expected"), MATH_HEDGES)
+def test_unboxed_alternative_after_the_last_box_is_a_hedge(response, label, expected):
+    assert rule_based_reward("math", response, label) == expected
+    assert rule_based_reward("boxed_dapo", response, label)["acc"] == bool(expected)
