@@ -39,7 +39,7 @@ from typing import Any
 
 from slime_rollout.runtime.loop_watchdog import watching
 
-__all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline"]
+__all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline", "plugin_bounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -203,3 +203,19 @@ async def call_plugin_with_deadline(
             "its result is discarded"
         )
     return result
+
+
+def plugin_bounds(args: Any) -> dict[str, Any]:
+    """The deadline of one rollout plugin call (`--plugin-timeout-secs`), its flag and its warning interval.
+
+    Args:
+        args: the run's config or plugin view; reads `plugin_timeout_secs`, `slow_call_warning_secs`.
+
+    Returns:
+        `call_plugin_with_deadline`'s `deadline_s`, `flag` and `warn_every_s`.
+    """
+    return {
+        "deadline_s": args.plugin_timeout_secs,
+        "flag": "--plugin-timeout-secs",
+        "warn_every_s": args.slow_call_warning_secs,
+    }
