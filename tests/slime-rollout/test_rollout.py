@@ -663,3 +663,28 @@ async def test_a_filter_verdict_is_read_into_a_plain_bool(use_client):
     path = f"{__name__}.truthy_verdict_filter"
     out, _ = await generate_rollout_async(_bounded(dynamic_sampling_filter_path=path), 0, ListDataSource(n=2))
     assert len(out.samples) == 2
+
+
+class SlowFloat(float):
+    def __float__(self):
+        time.sleep(5)
+        return 1.0
+
+
+async def generate_with_slow_reward(args, sample, sampling_params):
+    sample.response, sample.status, sample.reward = "x", Status.COMPLETED, SlowFloat(1.0)
+    return sample
+
+
+async def test_a_reward_set_by_a_generate_function_is_read_under_the_reward_deadline(use_client):
+    from slime_rollout.rewards.checks import RewardFunctionError
+
+    use_client(FakeClient({}))
+    path = f"{__name__}.generate_with_slow_reward"
+    args = _args(custom_generate_function_path=path, rollout_batch_size=1, rm_timeout_secs=0.6)
+    start = time.monotonic()
+    with pytest.raises(RewardFunctionError) as e:  # was: the metrics' float() froze the loop for 5 s
+        await generate_rollout_async(args, 0, ListDataSource(n=2))
+    assert time.monotonic() - start < 4.0
+    assert str(e.value).startswith(f"reading the reward that generate function {path} (or a sample hook) set on")
+    assert "did not finish within 0.6 s (--rm-timeout-secs)" in str(e.value)

@@ -27,6 +27,7 @@ __all__ = [
     "NotAReward",
     "RewardFunctionError",
     "call_reward_plugin",
+    "checked_preset_reward",
     "checked_reward",
     "describe_raised",
     "plain_reward",
@@ -169,6 +170,48 @@ def plain_rewards(rewards: Any, *, source: str, samples: list[Sample]) -> list[A
     if items is None or len(items) != len(samples):
         raise RewardFunctionError(f"{source} must return a list of {len(samples)} rewards, got {shown}")
     return [checked_reward(r, source=source, sample=s) for r, s in zip(items, samples, strict=True)]
+
+
+async def checked_preset_reward(
+    value: Any,
+    *,
+    source: str,
+    sample: Sample,
+    deadline_s: float = DEFAULT_RM_TIMEOUT_S,
+    warn_every_s: float = DEFAULT_WARN_EVERY_S,
+) -> Any:
+    """A reward a plugin set on the sample itself (a generate function, a sample hook, an env), as `plain_reward`.
+
+    Such a value is read like a returned one: in a worker thread within `--rm-timeout-secs`, since its conversion
+    is the plugin's code. A finite `float`, an `int` within float range and a `bool` are returned at once.
+
+    Args:
+        value: the sample's `reward`.
+        source: what set it, named in messages.
+        sample: the sample.
+        deadline_s: seconds the conversion may take (`--rm-timeout-secs`).
+        warn_every_s: seconds between "still running" warnings (`--slow-call-warning-secs`).
+
+    Raises:
+        RewardFunctionError: not a reward, a conversion that raised, or one past `deadline_s` (naming both).
+    """
+    if type(value) is bool or (type(value) is float and math.isfinite(value)):
+        return value
+    if type(value) is int and abs(value) < 2**1000:
+        return value
+    what = f"reading the reward that {source} set on sample {sample.index}"
+    try:
+        return await call_plugin_with_deadline(
+            plain_reward, value, what=what, deadline_s=deadline_s, flag="--rm-timeout-secs", warn_every_s=warn_every_s
+        )
+    except DeadlineExceeded as e:
+        raise RewardFunctionError(str(e)) from e
+    except NotAReward as e:
+        raise RewardFunctionError(f"{source} set {e} as the reward of sample {sample.index}") from e
+    except Exception as e:
+        name, message = describe_raised(e)
+        problem = f"a reward on sample {sample.index} that raised {name}: {message}"
+        raise RewardFunctionError(f"{source} set {problem}") from e
 
 
 async def call_reward_plugin(
