@@ -153,4 +153,4 @@ def test_a_huge_width_is_refused_before_it_is_built():
     with pytest.raises(ConfigError, match=r"a width or precision of 1000000000 \(a path component is at most 255\)"):
         save_hf_paths("/o/{rollout_id:1000000000}", [0, 1])
     assert time.perf_counter() - start < 1.0
-    assert save_hf_paths("/o/{rollout_id:05d}-{rollout_id:>255}", [7])[7] == "/o/00007-" + " " * 254 + "7"
+    assert save_hf_paths("/o/{rollout_id:05d}/{rollout_id:>255}", [7])[7] == "/o/00007/" + " " * 254 + "7"
