@@ -21,7 +21,8 @@ QWEN3_4B = {"num_attention_heads": 32, "num_key_value_heads": 8}
         (
             {"engine_tp": 6, "engine_dp_attention": 2},
             [
-                "--rollout-num-gpus-per-engine 6 (attention on 3 GPUs with --sglang-dp-size 2): num_attention_heads 32 "
+                "--rollout-num-gpus-per-engine 6 (attention on 3 GPUs with --sglang-pp-size 1 / --sglang-dp-size 2): "
+                "num_attention_heads 32 "
                 "is not divisible by 3"
             ],
         ),  # fmt: skip
@@ -38,6 +39,13 @@ QWEN3_4B = {"num_attention_heads": 32, "num_key_value_heads": 8}
             ["--context-parallel-size 3: num_attention_heads 32 and num_key_value_heads 8 not divisible by 3"],
         ),
         ({"engine_tp": 1, "megatron_tp": 8, "ulysses_cp": 1}, []),
+        (
+            {"engine_tp": 6, "engine_pp": 2},
+            [
+                "--rollout-num-gpus-per-engine 6 (attention on 3 GPUs with --sglang-pp-size 2 / --sglang-dp-size 1): "
+                "num_attention_heads 32 is not divisible by 3"
+            ],
+        ),  # fmt: skip
     ],
 )
 def test_head_split(kwargs, expected):

@@ -171,16 +171,17 @@ def _head_split(cfg: SlimeArgs, hf_config: dict, megatron_native: bool) -> list[
     from slime_core.config.head_split import head_split_problems
 
     sglang = cfg.rollout_engine == "sglang" or "rollout_engine" not in cfg.model_fields_set
-    dp_attention = 1
-    if cfg.sglang_args.get("enable_dp_attention"):
+    sizes = {}
+    for key in ("dp_size", "pp_size"):
         try:
-            dp_attention = int(cfg.sglang_args.get("dp_size", 1))
+            sizes[key] = int(cfg.sglang_args.get(key, 1))
         except (TypeError, ValueError):
-            dp_attention = 1  # validation names a bad --sglang-dp-size
+            sizes[key] = 1  # validation names a bad --sglang-dp-size / --sglang-pp-size
     return head_split_problems(
         hf_config,
         engine_tp=cfg.rollout_num_gpus_per_engine if sglang else None,
-        engine_dp_attention=dp_attention,
+        engine_dp_attention=sizes["dp_size"] if cfg.sglang_args.get("enable_dp_attention") else 1,
+        engine_pp=sizes["pp_size"],
         megatron_tp=cfg.tensor_model_parallel_size if megatron_native else None,
         ulysses_cp=None if megatron_native else cfg.context_parallel_size,
     )

@@ -4,9 +4,10 @@ A run whose engine or trainer splits the heads unevenly otherwise starts Ray, th
 stops deep in start-up (SGLang: `num_attention_heads must be divisible by tp_size`; Ulysses CP at the first
 micro-batch). The rules, with `H` = `num_attention_heads` and `G` = `num_key_value_heads` of the language model:
 
-* an SGLang engine of `T` GPUs (`--rollout-num-gpus-per-engine`; with `--sglang-enable-dp-attention`, attention
-  runs on `T / --sglang-dp-size` of them): `H % T == 0`, and `G % T == 0` when `G >= T`, else `T % G == 0`
-  (SGLang replicates a KV head over `T / G` ranks), as SGLang's attention layers assert;
+* an SGLang engine of `T`-way TP (`--rollout-num-gpus-per-engine` divided by `--sglang-pp-size`; with
+  `--sglang-enable-dp-attention`, attention runs on `T / --sglang-dp-size` of them): `H % T == 0`, and
+  `G % T == 0` when `G >= T`, else `T % G == 0` (SGLang replicates a KV head over `T / G` ranks), as SGLang's
+  attention layers assert;
 * Megatron's tensor parallelism (`--tensor-model-parallel-size T`): `H % T == 0` and `G % T == 0` (megatron-core
   splits query groups across TP ranks);
 * FSDP's context parallelism (`--context-parallel-size C`, DeepSpeed-Ulysses all-to-all over heads;
@@ -43,6 +44,7 @@ def head_split_problems(
     *,
     engine_tp: int | None,
     engine_dp_attention: int = 1,
+    engine_pp: int = 1,
     megatron_tp: int | None = None,
     ulysses_cp: int | None = None,
 ) -> list[str]:
@@ -53,6 +55,7 @@ def head_split_problems(
         engine_tp: GPUs per SGLang engine, or None when the engine is not SGLang.
         engine_dp_attention: `--sglang-dp-size` with `--sglang-enable-dp-attention` (attention TP is `engine_tp`
             divided by it), else 1.
+        engine_pp: `--sglang-pp-size`: the engine's TP is `engine_tp` divided by it.
         megatron_tp: Megatron's `--tensor-model-parallel-size`, or None for another backend.
         ulysses_cp: FSDP's `--context-parallel-size`, or None for another backend.
 
@@ -66,9 +69,10 @@ def head_split_problems(
     heads, groups = found
     problems = []
     if engine_tp and engine_tp > 1:
-        attention_tp = max(engine_tp // max(engine_dp_attention, 1), 1)
+        attention_tp = max(engine_tp // max(engine_pp, 1) // max(engine_dp_attention, 1), 1)
         how = f"--rollout-num-gpus-per-engine {engine_tp}" + (
-            f" (attention on {attention_tp} GPUs with --sglang-dp-size {engine_dp_attention})"
+            f" (attention on {attention_tp} GPUs with --sglang-pp-size {engine_pp} / --sglang-dp-size "
+            f"{engine_dp_attention})"
             if attention_tp != engine_tp
             else ""
         )
