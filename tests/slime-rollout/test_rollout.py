@@ -688,3 +688,20 @@ async def test_a_reward_set_by_a_generate_function_is_read_under_the_reward_dead
     assert time.monotonic() - start < 4.0
     assert str(e.value).startswith(f"reading the reward that generate function {path} (or a sample hook) set on")
     assert "did not finish within 0.6 s (--rm-timeout-secs)" in str(e.value)
+
+
+class SlowDataSource(ListDataSource):
+    def get_samples(self, num_groups):
+        time.sleep(5)
+        return super().get_samples(num_groups)
+
+
+async def test_a_data_source_that_never_returns_fails_at_the_plugin_deadline(use_client):
+    # Fifth hostile pass on issue 27 (item 12): get_samples (a --data-source-path class, a --buffer-filter-path)
+    # ran on the event loop with no deadline.
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match=r"^SlowDataSource\.get_samples\(2\) \(rollout 0\) did not finish within "
+                       r"0\.6 s \(--plugin-timeout-secs\)"):  # fmt: skip
+        await generate_rollout_async(_bounded(), 0, SlowDataSource(n=2))
+    assert time.monotonic() - start < 4.0

@@ -221,7 +221,10 @@ async def generate_rollout_async(
         while len(data) < target:
             while len(data) + len(pending) < target:
                 rounds.next_round(len(data), drops)
-                groups = data_source.get_samples(over)
+                # A custom data source or --buffer-filter-path is the user's sync code: bounded, off the loop.
+                what = f"{type(data_source).__name__}.get_samples({over}) (rollout {rollout_id})"
+                take = data_source.get_samples
+                groups = await call_plugin_with_deadline(take, over, what=what, **plugin_bounds(args))
                 if not groups:
                     raise RuntimeError("data source returned no samples")
                 for g in groups:
