@@ -138,3 +138,24 @@ MATH_HEDGES = [
 def test_unboxed_alternative_after_the_last_box_is_a_hedge(response, label, expected):
     assert rule_based_reward("math", response, label) == expected
     assert rule_based_reward("boxed_dapo", response, label)["acc"] == bool(expected)
+
+
+# Item 1 in gpqa with a statement: a correction that names only the letter, and options offered with the pick.
+GPQA_STATEMENTS = [
+    ("Answer: A. Correction: B.", "B", 1.0),  # was 0.0 (a retraction with no pick)
+    ("Answer: A. No wait, B.", "B", 1.0),  # was 0.0
+    ("Answer: B\nConfidence: low; A is also possible", "B", 0.0),  # was 1.0
+    (r"\boxed{A} \boxed{B}", "B", 0.0),  # was 1.0
+    ("Either A or B is correct.", "B", 0.0),  # was 1.0
+    # Kept right: a second statement supersedes, a letter judged wrong or named as a distractor is no pick.
+    ("Answer: A\nAnswer: B", "B", 1.0),
+    ("Answer: A. Wait, B is wrong.", "A", 1.0),
+    ("Answer: B (though A is close)", "B", 1.0),
+    ("Answer: B. D is another common mistake.", "B", 1.0),
+    ("I initially thought A, but the answer is B.", "B", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "label", "expected"), GPQA_STATEMENTS)
+def test_gpqa_statement_corrections_and_hedges(response, label, expected):
+    assert rule_based_reward("gpqa", response, label, {}) == expected

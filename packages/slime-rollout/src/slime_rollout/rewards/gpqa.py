@@ -9,8 +9,10 @@ The response's pick is read from its final part (after the reasoning; an unclose
 
 * the last explicit statement ("the answer is (B)", "Answer: B", "B is correct", `\boxed{B}`); a letter that is
   not one of the question's options is no pick at all (never replaced by another letter of the text); "A or B",
-  "A, C", "A and C" are a hedge, no pick; a statement taken back by the text after it ("Answer: B. Actually no,
-  it's A.") is no pick (`slime_rollout.rewards.retraction`, the math graders' rule);
+  "A, C", "A and C", "Either A or B is correct", `\boxed{A} \boxed{B}` (statements offered together, by the math
+  graders' rule) and "Answer: B. A is also possible" are a hedge, no pick; a correction naming the letter alone
+  ("Answer: A. Correction: B.", "No wait, B.") is the pick; a statement taken back by the text after it
+  ("Answer: B. Actually no, it's A.") is no pick (`slime_rollout.rewards.retraction`, the math graders' rule);
 * else an option given by its text ("Final answer: 42 J"), when exactly one option's text is stated;
 * else the last standalone capital letter among the options that is not negated ("not A", "A is not correct"; the
   original's fallback takes any) and is not the word "I" or "A" ("I'd say B", "A quick check": a lower-case word
@@ -48,12 +50,26 @@ _STATEMENTS = [
     re.compile(rf"{_LETTER}\s+(?i:is\s+(?:the\s+)?correct)", re.M),
     # A correction names the new pick: "Answer: B. Actually no, it's A."
     re.compile(rf"(?i:\b(?:no|wait|actually)[,:;]?\s+it(?:'s|\u2019s|\s+is)\s+){_LETTER}", re.M),
+    # ... or names it alone: "Answer: A. Correction: B.", "Answer: A. No wait, B."
+    re.compile(
+        rf"(?i:\b(?:correction|no,?\s+wait|i\s+mean|make\s+that|scratch\s+that)[,:;]?\s+){_LETTER}(?=\s*(?:[.!]|$))",
+        re.M,
+    ),
 ]
 # Two letters joined by or, /, and, &, or a comma: several picks, a hedge ("A or B", "A, C", "A and C").
 _HEDGE = re.compile(
     r"[A-Za-z]\s*\)?\s*(?:or|/|and|&|,)\s*\(?\s*[A-Z]\b(?!')(?!\s+(?:think|believe|guess|am|was|would|will)\b)"
 )
 _LEADING_LETTER = re.compile(r"[A-Za-z]\b")
+# Another option joined to the pick from before it ("Either A or B is correct").
+_HEDGE_BEFORE = re.compile(r"\b[A-Z]\s*\)?\s*(?:or|/|and|&|,)\s*\(?\s*$")
+# An option said to be possible too, right after its letter ("A is also possible", "C also seems right").
+_ALSO_POSSIBLE = re.compile(
+    r"\s*\)?\s*(?:is|seems|looks|could be|might be|may be|would be)?\s*(?:also|equally)\s+"
+    r"(?:(?:seems|looks|be)\s+)?(?:possible|plausible|valid|correct|right|likely|acceptable)\b",
+    re.IGNORECASE,
+)
+_BOX_MARKUP = re.compile(r"\\(?:boxed|fbox)\s*\{|\\text\s*\{|\}")
 # The next capital letter after a statement's pick within its sentence, with the text before it (group 1).
 _LETTER_AFTER = re.compile(r"([^.!?\n]{0,80}?)\(?\b([A-Z])\b")
 _WORDS = re.compile(r"[A-Za-z]{2,}")
@@ -110,9 +126,11 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
                 last = m
     if last is None:
         return False, None
-    if _HEDGE.match(region, last.start(1)):
+    if _HEDGE.match(region, last.start(1)) or _HEDGE_BEFORE.search(region[max(0, last.start(1) - 40) : last.start(1)]):
         return True, None
     letter = last.group(1).upper()
+    if _offered_with_another(region, last, letter):
+        return True, None
     # Taken back by what follows ("Answer: B. Actually no, it's A."): no pick, by the math graders' rule.
     if retracts(region[last.end() :], lambda value: _first_letter(value) != letter):
         return True, None
@@ -125,6 +143,25 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
         if offered_together(following.group(1)):
             return True, None
     return True, letter
+
+
+def _offered_with_another(region: str, last: re.Match[str], letter: str) -> bool:
+    r"""Whether another option is offered together with the pick (by the math graders' rule).
+
+    The statement just before, with only list or hedge text between (`\boxed{A} \boxed{B}`, `Answer: A; maybe
+    B`); or an option after it said to be possible too (`Answer: B. A is also possible`).
+    """
+    end = last.start(1)
+    earlier = [m for pattern in _STATEMENTS for m in pattern.finditer(region, 0, end) if m.end(1) <= end]
+    if earlier:
+        previous = max(earlier, key=lambda m: m.start(1))
+        between = _BOX_MARKUP.sub(" ", region[previous.end(1) : last.start(1)])
+        if previous.group(1).upper() != letter and offered_together(between):
+            return True
+    for m in itertools.islice(_CAPITAL.finditer(region, last.end()), 8):
+        if m.group(1) != letter and _ALSO_POSSIBLE.match(region, m.end()):
+            return True
+    return False
 
 
 def _earlier_letters(region: str, last: re.Match[str]) -> list[str]:
