@@ -159,3 +159,21 @@ GPQA_STATEMENTS = [
 @pytest.mark.parametrize(("response", "label", "expected"), GPQA_STATEMENTS)
 def test_gpqa_statement_corrections_and_hedges(response, label, expected):
     assert rule_based_reward("gpqa", response, label, {}) == expected
+
+
+MORE_MATH_HEDGES = [
+    (r"\boxed{3} (I'm not 100% sure) \boxed{5}", "5", 0.0),  # was 1.0
+    ("\\boxed{5}\n\nAlternatively: 3", "5", 0.0),  # right since the previous commit
+    (r"\boxed{5}; another possible answer is 3", "5", 0.0),  # was 1.0
+    (r"\boxed{5} (3 is also possible)", "5", 0.0),  # was 1.0
+    (r"\boxed{5}. 3 would also work.", "5", 0.0),  # was 1.0
+    # Kept right: a check after the answer is no alternative.
+    (r"\boxed{5}. Check: x = 3 is valid, so y = 5.", "5", 1.0),
+    ("\\boxed{5}\n\nThe value 3 would not work.", "5", 1.0),
+    (r"\boxed{5}. Alternatively, the same 5 follows from symmetry.", "5", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "label", "expected"), MORE_MATH_HEDGES)
+def test_more_alternatives_after_the_last_box(response, label, expected):
+    assert rule_based_reward("math", response, label) == expected

@@ -65,7 +65,8 @@ _BRACES = re.compile(r"[{}]")
 _UNCLOSED_END = re.compile(r"\$|\\\]|\\\)|\n")
 # Doubt or an alternative, anywhere between two boxes: a hedge.
 _HEDGE_PHRASES = re.compile(
-    r"(?i)\b(?:not (?:sure|certain)|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
+    r"(?i)\b(?:not (?:\d+ ?%\s*|entirely |completely |totally |fully |quite |very |too )?(?:sure|certain)"
+    r"|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
     r"|(?:an)?other (?:possibility|possible (?:answer|value|solution)|candidate)|possible (?:too|as well)"
     r"|also possible|or else|also accept|(?:might|may|could|would) argue|torn|cannot decide|undecided|hard to say"
     r"|arguably|depending|unless|or possibly|not confident|less (?:sure|certain|confident)"
@@ -80,6 +81,17 @@ _ALTERNATIVE_AFTER = re.compile(
     r"^[\s,;.:()\-]*(?:(?:though|but|although)\s+)?(?:it\s+)?(?:or|could|might|may|maybe|possibly|perhaps|alternatively)"
     r"(?:\s+(?:also|else|maybe|possibly|perhaps|be|even))*[\s,:]+\$?(?:\\boxed\s*\{)?\s*(-?\d[\d.,/]*\d|-?\d)"
     r"(?=\s*(?:$|[.,;!?)}$]|\s(?:though|instead|too|as well|is|was|would|might|could)\b))",
+    re.IGNORECASE,
+)
+# The same with a strong lead or an "also" verdict, anywhere in the first two sentences after the last box
+# ("Alternatively: 3", "another possible answer is 3", "(3 is also possible)", "3 would also work"; not "x = 3 is
+# valid", a check).
+_NUMBER = r"(-?\d[\d.,/]*\d|-?\d)"
+_ALTERNATIVE_NEAR = re.compile(
+    rf"(?:\balternatively|\banother (?:possible )?(?:answer|value|solution|possibility)(?: (?:is|would be|could be))?)"
+    rf"[\s:,]+\$?{_NUMBER}(?![\d.,/])"
+    rf"|(?<![\d.,/]){_NUMBER}\s+(?:is|would|could|might|may)\s+(?:be\s+)?also\s+(?:be\s+)?"
+    r"(?:possible|plausible|valid|acceptable|work)\b",
     re.IGNORECASE,
 )
 # Doubt about the box it follows: a hedge with the box before when it is in the sentence right after the last box
@@ -276,8 +288,7 @@ def final_boxed_answers(response: str) -> FinalAnswers:
     # The last box is taken back by what follows it ("\boxed{12}. Wait, that's wrong ...").
     if _retracts(region[last.end :], last):
         return FinalAnswers(answers=[], reason="retracted")  # no final answer
-    alternative = _ALTERNATIVE_AFTER.match(region[last.end : last.end + _AFTER_CHARS])
-    if alternative and _normalized(alternative.group(1)) != _normalized(last.content):
+    if _unboxed_alternative(region[last.end : last.end + _AFTER_CHARS], last):
         return FinalAnswers(answers=[], reason="hedge")  # "\boxed{5} or 3"
     cut = sorted(negated.values())
     first, labelled = len(boxes) - 1, False
@@ -291,6 +302,17 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         first -= 1
     num_superseded = len(found) - len(negated) - (len(boxes) - first)
     return FinalAnswers(answers=[b.content for b in boxes[first:]], num_superseded=num_superseded, labelled=labelled)
+
+
+def _unboxed_alternative(after: str, last: Box) -> bool:
+    """Whether the text right after the last box offers another value without a box (`_ALTERNATIVE_AFTER`/`_NEAR`)."""
+    values = []
+    anchored = _ALTERNATIVE_AFTER.match(after)
+    if anchored:
+        values.append(anchored.group(1))
+    near = " ".join(_SENTENCE_BREAK.split(after.strip(), maxsplit=2)[:2])
+    values += [m.group(1) or m.group(2) for m in _ALTERNATIVE_NEAR.finditer(near)]
+    return any(_normalized(v) != _normalized(last.content) for v in values)
 
 
 def doubted_after(after: str) -> bool:
