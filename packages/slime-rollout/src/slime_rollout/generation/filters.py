@@ -87,6 +87,18 @@ def _plain_filter_output(output: Any) -> DynamicFilterOutput:
     )
 
 
+def _is_plain_verdict(output: Any) -> bool:
+    """A bool, or our own `DynamicFilterOutput` holding plain fields: reading it runs no plugin code."""
+    if type(output) is bool:
+        return True
+    return (
+        type(output) is DynamicFilterOutput
+        and type(output.keep) is bool
+        and (output.reason is None or type(output.reason) is str)
+        and type(output.keep_when_insufficient) is bool
+    )
+
+
 async def call_dynamic_filter(args: SlimeArgs, fn: Callable[..., Any], group: Sequence[Any]) -> DynamicFilterOutput:
     """Runs `--dynamic-sampling-filter-path` on one finished group, bounded and off the event loop.
 
@@ -110,5 +122,5 @@ async def call_dynamic_filter(args: SlimeArgs, fn: Callable[..., Any], group: Se
     samples = flatten_group(group)
     what = f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} on samples {[s.index for s in samples]}"
     return await call_plugin_with_deadline(
-        fn, args, samples, what=what, convert=_plain_filter_output, **plugin_bounds(args)
+        fn, args, samples, what=what, convert=_plain_filter_output, plain=_is_plain_verdict, **plugin_bounds(args)
     )

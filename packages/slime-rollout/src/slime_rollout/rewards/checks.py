@@ -82,6 +82,12 @@ def plain_reward(value: Any) -> Any:
         raise NotAReward(f"a {type(value).__name__} whose conversion raised {type(e).__name__}: {e}") from e
 
 
+def _is_plain_number(value: Any) -> bool:
+    """An exact `bool`, a finite `float` or an `int` within float range: a reward that runs no plugin code."""
+    kind = type(value)
+    return kind is bool or (kind is float and math.isfinite(value)) or (kind is int and abs(value) < 2**1000)
+
+
 def _plain_number(value: numbers.Real, what: str, at: str) -> int | float:
     """`value` as a finite float (an exact int stays one), or NotAReward saying why not."""
     try:
@@ -195,9 +201,7 @@ async def checked_preset_reward(
     Raises:
         RewardFunctionError: not a reward, a conversion that raised, or one past `deadline_s` (naming both).
     """
-    if type(value) is bool or (type(value) is float and math.isfinite(value)):
-        return value
-    if type(value) is int and abs(value) < 2**1000:
+    if _is_plain_number(value):
         return value
     what = f"reading the reward that {source} set on sample {sample.index}"
     try:
@@ -247,7 +251,7 @@ async def call_reward_plugin(
     try:
         return await call_plugin_with_deadline(
             fn, *call_args, what=what, deadline_s=deadline_s, flag="--rm-timeout-secs", warn_every_s=warn_every_s,
-            convert=plain_reward, **kwargs,
+            convert=plain_reward, plain=_is_plain_number, **kwargs,
         )  # fmt: skip
     except DeadlineExceeded as e:
         raise RewardFunctionError(str(e)) from e
