@@ -153,6 +153,7 @@ GPQA_STATEMENTS = [
     ("Answer: B (though A is close)", "B", 1.0),
     ("Answer: B. D is another common mistake.", "B", 1.0),
     ("I initially thought A, but the answer is B.", "B", 1.0),
+    ("Comparing A and C, B is correct.", "B", 1.0),
 ]
 
 

@@ -62,7 +62,7 @@ _HEDGE = re.compile(
 )
 _LEADING_LETTER = re.compile(r"[A-Za-z]\b")
 # Another option joined to the pick from before it ("Either A or B is correct").
-_HEDGE_BEFORE = re.compile(r"\b[A-Z]\s*\)?\s*(?:or|/|and|&|,)\s*\(?\s*$")
+_HEDGE_BEFORE = re.compile(r"\b([A-Z])\s*\)?\s*(?:or|/|and|&)\s*\(?\s*$")
 # An option said to be possible too, right after its letter ("A is also possible", "C also seems right").
 _ALSO_POSSIBLE = re.compile(
     r"\s*\)?\s*(?:is|seems|looks|could be|might be|may be|would be)?\s*(?:also|equally)\s+"
@@ -126,9 +126,10 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
                 last = m
     if last is None:
         return False, None
-    if _HEDGE.match(region, last.start(1)) or _HEDGE_BEFORE.search(region[max(0, last.start(1) - 40) : last.start(1)]):
-        return True, None
     letter = last.group(1).upper()
+    before = _HEDGE_BEFORE.search(region[max(0, last.start(1) - 40) : last.start(1)])
+    if _HEDGE.match(region, last.start(1)) or (before and before.group(1) != letter):
+        return True, None
     if _offered_with_another(region, last, letter):
         return True, None
     # Taken back by what follows ("Answer: B. Actually no, it's A."): no pick, by the math graders' rule.
