@@ -31,6 +31,7 @@ that runs past `--rm-timeout-secs` (warned about every `--slow-call-warning-secs
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,13 @@ from typing import TYPE_CHECKING, Any
 from slime_core.extensions import REWARDS
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
-from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward, describe_raised
+from slime_rollout.rewards.checks import (
+    RewardFunctionError,
+    call_reward_plugin,
+    checked_reward,
+    describe_raised,
+    plain_rewards,
+)
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
 from slime_rollout.rewards.gpqa import gpqa_reward
@@ -188,8 +195,8 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
         One reward per sample, in order.
 
     Raises:
-        ValueError: if a batch-mode custom function returns a list of the wrong length.
-        RewardFunctionError: a reward function raised or returned a non-reward (naming it and the sample).
+        RewardFunctionError: a reward function raised, returned a non-reward or a list of the wrong length, or ran
+            (its value's conversion included) past `--rm-timeout-secs`; the message names it and the sample.
     """
     custom_path = args.custom_rm_path
     if custom_path and args.group_rm:
@@ -197,16 +204,16 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
         indices = [s.index for s in samples]
         what = f"reward function {source} on samples {indices}"
         try:
-            rewards = await call_plugin_with_deadline(
+            return await call_plugin_with_deadline(
                 load_function(custom_path, flag="--custom-rm-path"), args, samples, what=what,
-                flag="--rm-timeout-secs", **_bounds(args), **kwargs,
+                flag="--rm-timeout-secs", convert=functools.partial(plain_rewards, source=source, samples=samples),
+                **_bounds(args), **kwargs,
             )  # fmt: skip
         except DeadlineExceeded as e:
             raise RewardFunctionError(str(e)) from e
+        except RewardFunctionError:
+            raise  # from plain_rewards: names the function and the sample
         except Exception as e:
             name, message = describe_raised(e)
             raise RewardFunctionError(f"{source} raised {name} on samples {indices}: {message}") from e
-        if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
-            raise ValueError(f"{source} must return a list of {len(samples)} rewards, got {rewards!r:.200}")
-        return [checked_reward(r, source=source, sample=s) for r, s in zip(rewards, samples, strict=True)]
     return list(await asyncio.gather(*(async_rm(args, s, **kwargs) for s in samples)))
