@@ -35,6 +35,7 @@ PLUGIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "plugin_pkg"
 def _refresh_registries() -> None:
     for registry in [*(r for r in vars(extensions).values() if isinstance(r, Registry)), ESTIMATORS._installed]:
         registry.refresh()
+    build_parser.cache_clear()  # its help lists each registry's names
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -105,13 +105,20 @@ def test_gpqa_options_offered_together_are_a_hedge(response, label, expected):
     assert rule_based_reward("gpqa", response, label, {}) == expected
 
 
-def test_gpqa_fallback_reads_only_the_final_statement():
-    import time
+def test_gpqa_fallback_reads_only_the_final_statement(monkeypatch):
+    from slime_rollout.rewards import gpqa
 
-    response = "A " * 500_000  # 1 MB of letters: the backwards walk stops after the final statement
-    start = time.perf_counter()
-    assert rule_based_reward("gpqa", response, "A", {}) == 1.0
-    assert time.perf_counter() - start < 2.0  # every letter's negation check: ~14 s
+    real = gpqa.negated_before
+
+    def negation_checks(num_letters: int) -> int:
+        calls = []
+        monkeypatch.setattr(gpqa, "negated_before", lambda before: calls.append(1) or real(before))
+        assert rule_based_reward("gpqa", "A " * num_letters, "A", {}) == 1.0
+        return len(calls)
+
+    # Checking every letter for a negation took ~14 s on 1 MB of letters; the backwards walk stops after the final
+    # statement, so the work does not grow with the response.
+    assert 0 < negation_checks(1_000) == negation_checks(500_000) < 1_000
 
 
 # Item 1, fifth pass: an unboxed alternative right after the last box, and two more doubt phrases between boxes.
