@@ -70,6 +70,9 @@ class TrainBackendSpec(Entry):
             names the first step accordingly).
         supports_routing_replay: replays MoE routes (`--use-routing-replay`, `--use-rollout-routing-replay`).
         supports_true_on_policy: reproduces SGLang's log-probs bit for bit (`--true-on-policy-mode`).
+        supports_opd_teacher: holds an on-policy-distillation teacher's weights (`--opd-teacher-load`) and scores
+            the responses with them in the train step (`has_teacher`, `compute_log_probs(model="teacher")`), so
+            `--opd-type` may name it (or the original's `megatron` with it); otherwise only `--opd-type sglang`.
     """
 
     needs_gpu: bool = True
@@ -85,6 +88,7 @@ class TrainBackendSpec(Entry):
     supports_multimodal: bool = False
     supports_routing_replay: bool = False
     supports_true_on_policy: bool = False
+    supports_opd_teacher: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
