@@ -105,6 +105,11 @@ class RolloutEngineSpec(Entry):
             `--enable-return-routed-experts` (`--use-rollout-routing-replay`).
         applies_weight_deltas: serves `/update_weights_from_delta` (slime's endpoint, not SGLang's), which
             `--update-weight-mode delta --weight-sync tensor` needs; other engines take deltas over disk only.
+        default_dtype: the dtype it holds the weights in without `--sglang-dtype` (a torch dtype name or "auto");
+            the weight check casts what it pushed to it before hashing.
+        auto_dtype_as_stored: its "auto" is the checkpoint's dtype as stored (transformers'); otherwise SGLang's
+            rule (`configs/model_config.py:_get_and_verify_dtype`): a float32 checkpoint is served in float16
+            (bfloat16 for Gemma).
 
     A GPU engine (`needs_gpu`) that is not colocated receives weights by NCCL broadcast under `--weight-sync auto`
     (`/init_weights_update_group`, `/update_weights_from_distributed`); a CPU engine reloads them from disk.
@@ -115,6 +120,8 @@ class RolloutEngineSpec(Entry):
     launchable: bool = False
     returns_routed_experts: bool = False
     applies_weight_deltas: bool = False
+    default_dtype: str = "auto"
+    auto_dtype_as_stored: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

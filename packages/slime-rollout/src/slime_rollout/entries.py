@@ -38,6 +38,8 @@ REFERENCE = RolloutEngineSpec(
     launchable=True,  # slime_rollout.engines.launch.reference.build_reference_command
     returns_routed_experts=True,  # slime_rollout.engines.reference.routed_experts
     applies_weight_deltas=True,  # slime_rollout.engines.reference.routes.weights: /update_weights_from_delta
+    default_dtype="float32",  # slime_rollout.engines.reference.__main__: --dtype float32
+    auto_dtype_as_stored=True,  # from_pretrained(dtype="auto")
 )
 
 # The built-in graders: `slime_rollout.rewards.builtin` holds what each record names.
