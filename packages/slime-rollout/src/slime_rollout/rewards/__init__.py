@@ -26,6 +26,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from slime_core.extensions import REWARDS, RewardSpec
+from slime_core.registry import UnknownNameError
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
 from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward, describe_raised
@@ -83,7 +84,10 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
             rules.
     """
     name = rm_type.removeprefix("boxed_")
-    spec = REWARDS.get(name) if name in REWARDS else None
+    try:
+        spec: RewardSpec | None = REWARDS.get(name)
+    except UnknownNameError:
+        spec = None
     if spec is None or spec.grader is None:
         rules = [n for n in REWARDS.names() if REWARDS.get(n).grader is not None]
         raise KeyError(f"unknown --rm-type {name!r}; known: {', '.join(rules)} (each also as boxed_<type>)")
