@@ -194,3 +194,18 @@ def test_dry_run_refuses_an_engine_larger_than_the_rollout_gpus(model, data, cap
     assert main(["--dry-run", *flags]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "--rollout-num-gpus 1 is not a multiple of --rollout-num-gpus-per-engine 2" in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "3"], "--rollout-num-gpus-per-engine 3: "),
+        (["--context-parallel-size", "3", "--actor-num-gpus-per-node", "3"], "--context-parallel-size 3: "),
+    ],
+)
+def test_dry_run_refuses_heads_that_do_not_split(model, data, extra, fragment, capsys):
+    # Fifth hostile pass on issue 27 (item 8): both passed the dry run (32 heads, 8 KV heads on 3 ranks), and
+    # the run then failed in SGLang's start-up or at the first Ulysses all-to-all.
+    assert main(["--dry-run", *_flags(model, data, "--num-rollout", "1", *extra)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "the attention heads do not split: " + fragment in line and "not divisible by 3" in line

@@ -2,21 +2,64 @@
 
 It registers a train backend, a rollout engine, a reward function and an advantage estimator; each is found,
 validated by the config and used. Tolerance: advantages are exact (10 × a centred reward of 0.25 steps).
+
+The package is installed for this module only, as an installer lays it out (its source and a `.dist-info` with
+the entry points of its pyproject.toml on `sys.path`): installed in the workspace, its toy entries would show in
+every user's `uv run apps/train --help`.
 """
 
+import importlib
 import importlib.metadata
+import pathlib
+import sys
+import tomllib
 
 import pytest
 import torch
 
 from slime_app import preflight
 from slime_app.train_actor import make_backend
+from slime_core import extensions
 from slime_core.algorithms import compute_advantages_and_returns
 from slime_core.config import ConfigError, SlimeArgs, build_parser
+from slime_core.estimators import ESTIMATORS
 from slime_core.extensions import REWARDS, ROLLOUT_ENGINES, TRAIN_BACKENDS
+from slime_core.registry import Registry
 from slime_core.sample import Sample
 from slime_core.train_data import postprocess_rewards
 from slime_rollout.rewards import async_rm
+
+PLUGIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "plugin_pkg"
+
+
+def _refresh_registries() -> None:
+    for registry in [*(r for r in vars(extensions).values() if isinstance(r, Registry)), ESTIMATORS._installed]:
+        registry.refresh()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed_plugin(tmp_path_factory):
+    """tests/plugin_pkg installed on `sys.path` (its source, its metadata) while this module runs."""
+    project = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())["project"]
+    site = tmp_path_factory.mktemp("site-packages")
+    info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in
+              project["entry-points"].items()]  # fmt: skip
+    (info / "entry_points.txt").write_text("\n".join(groups))
+    paths = [str(site), str(PLUGIN_DIR / "src")]
+    sys.path[:0] = paths
+    importlib.invalidate_caches()
+    _refresh_registries()
+    yield
+    for path in paths:
+        sys.path.remove(path)
+    importlib.invalidate_caches()
+    _refresh_registries()
+    for name in [m for m in sys.modules if m.split(".")[0] == "slime_test_plugin"]:
+        del sys.modules[name]
+
 
 BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 1}
 PLUGIN = {

@@ -142,3 +142,15 @@ def test_a_dump_template_is_found_through_its_fixed_directory(tmp_path):
     with pytest.raises(ConfigError, match=re.escape(f"is or contains --save-debug-rollout-data {tmp_path}/dumps (")):
         make(save_hf=str(tmp_path), save_debug_rollout_data=template)
     assert make(save_hf=f"{tmp_path}/dumps/hf", save_debug_rollout_data=template).save_hf == f"{tmp_path}/dumps/hf"
+
+
+def test_a_huge_width_is_refused_before_it_is_built():
+    # Fifth hostile pass on issue 27: `{rollout_id:1000000000}` built a 1 GB string per rollout id before the
+    # component-length check refused it (100 MB: 7 s; 1 GB: about 70 s and GBs of memory).
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"a width or precision of 1000000000 \(a path component is at most 255\)"):
+        save_hf_paths("/o/{rollout_id:1000000000}", [0, 1])
+    assert time.perf_counter() - start < 1.0
+    assert save_hf_paths("/o/{rollout_id:05d}/{rollout_id:>255}", [7])[7] == "/o/00007/" + " " * 254 + "7"

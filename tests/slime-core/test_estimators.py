@@ -36,7 +36,7 @@ def _advantages(cfg, *, rewards, loss_masks, kl, values):
 
 
 def test_builtin_specs_are_the_config_choices():
-    # Built-ins first, in registration order; then estimators of installed packages (tests/plugin_pkg).
+    # Built-ins first, in registration order; then estimators of installed packages.
     assert estimator_names()[: len(BUILTINS)] == BUILTINS
     action = next(a for a in build_parser()._actions if a.dest == "advantage_estimator")
     assert all(name in action.help for name in BUILTINS) and "slime.advantage_estimators" in action.help

@@ -28,3 +28,16 @@ async def test_broken_streams_keep_the_codes_outcome(code, exit_code, stderr_tai
     assert r.stderr.endswith(stderr_tail) and "_sandbox_child" not in r.stderr, r.stderr
     if not stderr_tail:
         assert r.stderr == ""
+
+
+async def test_code_that_used_up_its_descriptors_keeps_its_output_and_error():
+    # Fifth hostile pass on issue 27: the runner imported `traceback` before flushing the code's stdout; with no
+    # descriptor left the import failed, and both the printed line and the error were lost ("(no output, exit
+    # code 1)"). CPython itself prints both here.
+    code = (
+        "import os\nfds = []\ntry:\n    while True:\n        fds.append(os.open('/dev/null', os.O_RDONLY))\n"
+        "except OSError as e:\n    print('out of descriptors:', e.errno)\nraise ValueError('boom')\n"
+    )
+    r = await run_python(code, SandboxConfig(timeout_s=10))
+    assert (r.exit_code, r.stdout) == (1, "out of descriptors: 24\n")  # was (1, "")
+    assert r.stderr.endswith("ValueError: boom\n"), r.stderr  # was ""

@@ -409,3 +409,17 @@ def test_router_allows_the_requests_the_client_sends():
     given = cfg.model_copy(update={"router_args": {"router_max_concurrent_requests": 50}})
     cmd = build_router_command(given, host="h", port=1, prometheus_port=2, max_concurrent_requests=600)
     assert cmd.count("--max-concurrent-requests") == 1 and cmd[cmd.index("--max-concurrent-requests") + 1] == "50"
+
+
+def test_an_engine_with_pipeline_stages_splits_its_gpus_into_tp_times_pp(monkeypatch):
+    # Fifth hostile pass on issue 27 (item 8): `--rollout-num-gpus-per-engine 4 --sglang-pp-size 2` launched
+    # `--tp-size 4 --pp-size 2`, 8 GPUs for an engine given 4 (the original: tp = 4 // 2).
+    from slime_rollout.engines.launch import ENGINE_KINDS
+
+    monkeypatch.delenv("SLIME_SGLANG_ARGS", raising=False)
+    port = find_free_port("127.0.0.1", 21000)
+    common = dict(host="127.0.0.1", port=port, index=1, gpus_per_engine=4, base_gpu_id=None, random_seed=9)
+    cfg = sglang_args(rollout_num_gpus_per_engine=4, sglang_args={"pp_size": "2"})
+    cmd, _ = ENGINE_KINDS["sglang"].command(cfg, memory_saver=False, mem_fraction_static=None, **common)
+    assert cmd[cmd.index("--tp-size") + 1] == "2" and cmd[cmd.index("--pp-size") + 1] == "2"  # was --tp-size 4
+    assert cmd[cmd.index("--base-gpu-id") + 1] == "4"

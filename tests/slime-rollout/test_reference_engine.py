@@ -424,3 +424,19 @@ def test_merge_into_running_batch_is_exact(tiny_qwen3_dir):
         torch.testing.assert_close(
             torch.tensor(r.output_logprobs), torch.tensor(ref.output_logprobs), atol=LOGPROB_ATOL, rtol=0
         )
+
+
+def test_a_bucket_with_one_bad_tensor_changes_no_weight(tiny_qwen3_dir):
+    # Fifth hostile pass on issue 27 (item 15): the tensors before the bad one were copied, so a refused bucket
+    # left the engine with a mix of two versions under the old weight version.
+    model = ReferenceModel(str(tiny_qwen3_dir))
+    name = "model.layers.0.mlp.up_proj.weight"
+    before = model.model.state_dict()[name].clone()
+    new = torch.full_like(before, 0.5)
+    with pytest.raises(KeyError, match="unknown parameter 'model.nope.weight'"):
+        model.load_named_tensors([(name, new), ("model.nope.weight", new)])
+    with pytest.raises(ValueError, match="shape mismatch"):
+        model.load_named_tensors([(name, new), ("model.layers.0.mlp.down_proj.weight", torch.zeros(1))])
+    assert torch.equal(model.model.state_dict()[name], before)  # was all 0.5
+    assert model.load_named_tensors([(name, new)]) == 1
+    assert torch.equal(model.model.state_dict()[name], new)

@@ -91,16 +91,19 @@ class ListDataSource:
 
 
 import dataclasses  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from slime_core.config import PluginArgs, SlimeArgs  # noqa: E402
+from slime_core.protocols import DynamicFilterOutput  # noqa: E402
 from slime_core.sample import Sample, Status  # noqa: E402
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput  # noqa: E402
 from slime_rollout.generation import generate as generate_mod  # noqa: E402
 from slime_rollout.generation import rollout as rollout_mod  # noqa: E402
 from slime_rollout.generation.rollout import generate_rollout, generate_rollout_async, run_rollout  # noqa: E402
+from slime_rollout.runtime.deadlines import DeadlineExceeded  # noqa: E402
 
 A, B = ord("A"), ord("B")
 
@@ -596,3 +599,109 @@ async def test_group_prompt_is_templated_and_tokenized_once(use_client, qwen3_to
     expected = tokenizer.encode(real(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
     assert seen == [expected] * 4 and calls["template"] == 1
     assert all(s.tokens[: len(expected)] == expected and s.tokens is not group[0].tokens for s in group[1:])
+
+
+# Issue 27 #12, fifth hostile pass: the dynamic-sampling filter, --rollout-sample-filter-path and
+# --rollout-all-samples-process-path were called on the event loop with no deadline, so one that never returned
+# froze the rollout with no word; a filter verdict's __bool__ is the plugin's code too. The slow plugins sleep 5 s,
+# far past the 0.6 s deadline, so the old code fails these tests instead of hanging them.
+
+
+class SlowTruth:
+    def __bool__(self):
+        time.sleep(5)
+        return True
+
+
+def slow_filter(args, samples):
+    time.sleep(5)
+    return True
+
+
+def slow_verdict_filter(args, samples):
+    return DynamicFilterOutput(keep=SlowTruth())
+
+
+def truthy_verdict_filter(args, samples):
+    return DynamicFilterOutput(keep=1, reason=None)
+
+
+def slow_sample_filter(args, data):
+    time.sleep(5)
+
+
+def slow_all_samples_process(args, all_groups, data_source):
+    time.sleep(5)
+
+
+def _bounded(**kw):
+    return _args(plugin_timeout_secs=0.6, slow_call_warning_secs=0.2, **kw)
+
+
+@pytest.mark.parametrize(
+    ("flag", "fn"),
+    [
+        ("dynamic_sampling_filter_path", "slow_filter"),
+        ("dynamic_sampling_filter_path", "slow_verdict_filter"),
+        ("rollout_sample_filter_path", "slow_sample_filter"),
+        ("rollout_all_samples_process_path", "slow_all_samples_process"),
+    ],
+)
+async def test_a_rollout_plugin_that_never_returns_fails_at_its_deadline_naming_it(use_client, flag, fn):
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    path = f"{__name__}.{fn}"
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as e:  # was: the loop blocked 5 s, then the rollout went on
+        await generate_rollout_async(_bounded(**{flag: path}), 0, ListDataSource(n=2))
+    assert time.monotonic() - start < 4.0
+    message = str(e.value)
+    assert message.startswith(f"--{flag.replace('_', '-')} {path} ") and "(--plugin-timeout-secs)" in message
+
+
+async def test_a_filter_verdict_is_read_into_a_plain_bool(use_client):
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    path = f"{__name__}.truthy_verdict_filter"
+    out, _ = await generate_rollout_async(_bounded(dynamic_sampling_filter_path=path), 0, ListDataSource(n=2))
+    assert len(out.samples) == 2
+
+
+class SlowFloat(float):
+    def __float__(self):
+        time.sleep(5)
+        return 1.0
+
+
+async def generate_with_slow_reward(args, sample, sampling_params):
+    sample.response, sample.status, sample.reward = "x", Status.COMPLETED, SlowFloat(1.0)
+    return sample
+
+
+async def test_a_reward_set_by_a_generate_function_is_read_under_the_reward_deadline(use_client):
+    from slime_rollout.rewards.checks import RewardFunctionError
+
+    use_client(FakeClient({}))
+    path = f"{__name__}.generate_with_slow_reward"
+    args = _args(custom_generate_function_path=path, rollout_batch_size=1, rm_timeout_secs=0.6)
+    start = time.monotonic()
+    with pytest.raises(RewardFunctionError) as e:  # was: the metrics' float() froze the loop for 5 s
+        await generate_rollout_async(args, 0, ListDataSource(n=2))
+    assert time.monotonic() - start < 4.0
+    assert str(e.value).startswith(f"reading the reward that generate function {path} (or a sample hook) set on")
+    assert "did not finish within 0.6 s (--rm-timeout-secs)" in str(e.value)
+
+
+class SlowDataSource(ListDataSource):
+    def get_samples(self, num_groups):
+        time.sleep(5)
+        return super().get_samples(num_groups)
+
+
+async def test_a_data_source_that_never_returns_fails_at_the_plugin_deadline(use_client):
+    # Fifth hostile pass on issue 27 (item 12): get_samples (a --data-source-path class, a --buffer-filter-path)
+    # ran on the event loop with no deadline.
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match=r"^SlowDataSource\.get_samples\(2\) \(rollout 0\) did not finish within "
+                       r"0\.6 s \(--plugin-timeout-secs\)"):  # fmt: skip
+        await generate_rollout_async(_bounded(), 0, SlowDataSource(n=2))
+    assert time.monotonic() - start < 4.0

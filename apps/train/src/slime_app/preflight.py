@@ -139,7 +139,11 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
 
     with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
         hf_config = json.load(f)
-    report = check_architecture(list(cfg.megatron_args), hf_config, train_backend_spec(cfg).megatron_native)
+    megatron_native = train_backend_spec(cfg).megatron_native
+    report = check_architecture(list(cfg.megatron_args), hf_config, megatron_native)
+    split = _head_split(cfg, hf_config, megatron_native)
+    if split:
+        raise ValueError(f"--hf-checkpoint {cfg.hf_checkpoint}: the attention heads do not split: {'; '.join(split)}")
     engine_moe = dense_model_moe_flags(dict(cfg.sglang_args), hf_config)
     if engine_moe:
         raise ValueError(
@@ -160,6 +164,27 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
             f"{' '.join(report.unchecked)}"
         )
     return notes
+
+
+def _head_split(cfg: SlimeArgs, hf_config: dict, megatron_native: bool) -> list[str]:
+    """`slime_core.config.head_split` for the GPU run of `cfg` (SGLang unless `--rollout-engine` says otherwise)."""
+    from slime_core.config.head_split import head_split_problems
+
+    sglang = cfg.rollout_engine == "sglang" or "rollout_engine" not in cfg.model_fields_set
+    sizes = {}
+    for key in ("dp_size", "pp_size"):
+        try:
+            sizes[key] = int(cfg.sglang_args.get(key, 1))
+        except (TypeError, ValueError):
+            sizes[key] = 1  # validation names a bad --sglang-dp-size / --sglang-pp-size
+    return head_split_problems(
+        hf_config,
+        engine_tp=cfg.rollout_num_gpus_per_engine if sglang else None,
+        engine_dp_attention=sizes["dp_size"] if cfg.sglang_args.get("enable_dp_attention") else 1,
+        engine_pp=sizes["pp_size"],
+        megatron_tp=cfg.tensor_model_parallel_size if megatron_native else None,
+        ulysses_cp=None if megatron_native else cfg.context_parallel_size,
+    )
 
 
 def _check_hardware(cfg: SlimeArgs) -> None:

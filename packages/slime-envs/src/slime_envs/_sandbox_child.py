@@ -221,20 +221,37 @@ def _flush_quietly(name):
 
 
 def _report_exception(exc):
-    """Writes the code's traceback to its `sys.stderr`, as Python does for an uncaught exception."""
-    import traceback  # only on this path: it costs a few ms of every call's start-up
+    """Writes the code's traceback to its `sys.stderr`, as Python does for an uncaught exception.
 
-    # Show the user's frames (and library frames), not this runner's or its audit hook's.
-    lines = ["Traceback (most recent call last):\n"]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-    lines += traceback.format_list(frames)
-    lines += traceback.format_exception_only(exc)
+    The code's own output is flushed first, and when the traceback cannot be formatted (the code used up its
+    descriptors, so `import traceback` fails with EMFILE) its last line is written alone: before, both were lost
+    and the run read "(no output, exit code 1)".
+    """
     _flush_quietly("stdout")
+    try:
+        import traceback  # only on this path: it costs a few ms of every call's start-up
+
+        # Show the user's frames (and library frames), not this runner's or its audit hook's.
+        lines = ["Traceback (most recent call last):\n"]
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+        lines += traceback.format_list(frames)
+        lines += traceback.format_exception_only(exc)
+    except Exception:  # noqa: BLE001 - no traceback module to be had: the exception's line is still the answer
+        lines = [_exception_line(exc)]
     try:
         sys.stderr.write("".join(lines))
     except Exception:  # noqa: BLE001 - no usable stderr (closed, None): Python then prints nothing either
         return
     _flush_quietly("stderr")
+
+
+def _exception_line(exc):
+    """`ValueError: boom` as the last line of a traceback (the type alone if the code's `__str__` fails)."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - the code's own __str__
+        message = ""
+    return f"{type(exc).__name__}: {message}\n" if message else f"{type(exc).__name__}\n"
 
 
 def main():

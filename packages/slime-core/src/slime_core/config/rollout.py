@@ -171,14 +171,15 @@ class RewardArgs(ArgsGroup):
     rm_url: str | None = arg(None, "URL of a remote reward model (remote_rm).")
     rm_timeout_secs: float = arg(
         600.0,
-        "Deadline in seconds of one call of a custom or remote reward function (of one group with --group-rm); "
-        "past it the rollout fails naming the function and the sample.",
+        "Deadline in seconds of one call of a custom or remote reward function (of one group with --group-rm), "
+        "reading its value included; past it the rollout fails naming the function and the sample.",
         gt=0,
     )
     plugin_timeout_secs: float = arg(
         14400.0,
-        "Deadline in seconds of one call of other user code the rollout awaits (a custom generate function for one "
-        "sample, a sample hook); past it the rollout fails naming the plugin and the sample.",
+        "Deadline in seconds of one call of other user code the rollout runs (a custom generate function for one "
+        "sample, a sample hook, the dynamic-sampling filter, --rollout-sample-filter-path, "
+        "--rollout-all-samples-process-path, the data source's get_samples); past it the rollout fails naming it.",
         gt=0,
     )
     slow_call_warning_secs: float = arg(

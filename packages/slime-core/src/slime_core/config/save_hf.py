@@ -5,6 +5,7 @@ exporter replaces whatever directory is there. So a template is refused when:
 
 * a replacement field is anything but `rollout_id` with an optional conversion and format spec (`{step}`, `{}`,
   `{rollout_id.x}`, `{rollout_id[0]}`), or formatting raises anything (an unbalanced brace, `{rollout_id:s}`);
+* a format spec holds a width or precision over 255 (checked before formatting: a huge one would allocate GBs);
 * it formats to an empty path, a path with a NUL or other control character (`{rollout_id:c}` at rollout 0), or a
   path component longer than 255 bytes (the usual filesystem name limit);
 * a formatted path equals, contains or lies inside a directory the run reads or writes checkpoints in
@@ -91,9 +92,15 @@ def save_hf_paths(template: str, rollout_ids: list[int] | tuple[int, ...]) -> di
     out = {}
     for rollout_id in rollout_ids:
         try:
-            fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+            parsed = [(field, spec) for _, field, spec, _ in string.Formatter().parse(template) if field is not None]
+            fields = [field for field, _ in parsed]
             if any(field != "rollout_id" for field in fields):  # attribute/index access reaches into the int
                 raise KeyError(next(field for field in fields if field != "rollout_id"))
+            # A width or precision past a name's length is refused before it is built: `{rollout_id:1000000000}`
+            # would allocate a 1 GB string per rollout id (70 s and GBs of memory to then refuse it).
+            sizes = [int(n) for _, spec in parsed for n in re.findall(r"\d+", spec or "")]
+            if any(n > _NAME_MAX for n in sizes):
+                raise ValueError(f"a width or precision of {max(sizes)} (a path component is at most {_NAME_MAX})")
             path = template.format(rollout_id=rollout_id)
         except Exception as e:  # noqa: BLE001 - a user's template may raise anything str.format can
             raise ConfigError(

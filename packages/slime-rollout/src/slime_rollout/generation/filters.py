@@ -7,16 +7,18 @@ are accepted as aliases of the functions here (`slime_rollout.plugins.ORIGINAL_P
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.protocols import DynamicFilterOutput
 from slime_core.sample import Sample
+from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
 __all__ = [
+    "call_dynamic_filter",
     "check_reward_nonzero_std",
     "check_reward_nonzero_std_with_fallback",
     "flatten_group",
@@ -72,3 +74,53 @@ def normalize_filter_output(output: DynamicFilterOutput | bool) -> DynamicFilter
     if isinstance(output, bool):
         return DynamicFilterOutput(keep=output, reason=None if output else "filtered")
     raise TypeError(f"dynamic sampling filter must return DynamicFilterOutput or bool, got {type(output).__name__}")
+
+
+def _plain_filter_output(output: Any) -> DynamicFilterOutput:
+    """`normalize_filter_output` with its fields read into plain `bool`/`str` (their `__bool__` is the plugin's)."""
+    verdict = normalize_filter_output(output)
+    reason = verdict.reason
+    return DynamicFilterOutput(
+        keep=bool(verdict.keep),
+        reason=None if reason is None else str(reason),
+        keep_when_insufficient=bool(verdict.keep_when_insufficient),
+    )
+
+
+def _is_plain_verdict(output: Any) -> bool:
+    """A bool, or our own `DynamicFilterOutput` holding plain fields: reading it runs no plugin code."""
+    if type(output) is bool:
+        return True
+    return (
+        type(output) is DynamicFilterOutput
+        and type(output.keep) is bool
+        and (output.reason is None or type(output.reason) is str)
+        and type(output.keep_when_insufficient) is bool
+    )
+
+
+async def call_dynamic_filter(args: SlimeArgs, fn: Callable[..., Any], group: Sequence[Any]) -> DynamicFilterOutput:
+    """Runs `--dynamic-sampling-filter-path` on one finished group, bounded and off the event loop.
+
+    The filter is the user's code and sync: called on the event loop, one that never returns froze the rollout
+    with no word. It runs in a worker thread under `--plugin-timeout-secs` (warned about every
+    `--slow-call-warning-secs`), its verdict read there too (`slime_rollout.runtime.deadlines`).
+
+    Args:
+        args: the plugin view; reads `dynamic_sampling_filter_path`, `plugin_timeout_secs`, `slow_call_warning_secs`.
+        fn: the loaded filter, `fn(args, samples) -> DynamicFilterOutput | bool`.
+        group: one finished group (fan-out entries are flattened: `flatten_group`).
+
+    Returns:
+        The verdict, with plain fields.
+
+    Raises:
+        DeadlineExceeded: the filter ran past `--plugin-timeout-secs` (the message names it and the samples).
+        TypeError: it returned neither a `DynamicFilterOutput` nor a bool.
+        Exception: what the filter raised.
+    """
+    samples = flatten_group(group)
+    what = f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} on samples {[s.index for s in samples]}"
+    return await call_plugin_with_deadline(
+        fn, args, samples, what=what, convert=_plain_filter_output, plain=_is_plain_verdict, **plugin_bounds(args)
+    )

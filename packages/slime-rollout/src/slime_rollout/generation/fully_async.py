@@ -38,8 +38,7 @@ from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime_rollout.data.source import atomic_write_text
 from slime_rollout.generation.eval import eval_rollout
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
-from slime_rollout.generation.rollout import _exclude_empty_responses
-from slime_rollout.plugins import load_function
+from slime_rollout.generation.rollout import _exclude_empty_responses, run_end_of_rollout_plugins
 from slime_rollout.runtime import async_utils
 from slime_rollout.runtime.goodput import rollout_token_fates
 from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups
@@ -95,11 +94,8 @@ async def _collect(args: SlimeArgs, rollout_id: int, data_source: DataSource) ->
     discarded, drops, reward_seconds, wall = producer.take_discarded()
     data.sort(key=lambda g: flatten_groups([g])[0].index or 0)
     _exclude_empty_responses(args, rollout_id, data)
-    if args.rollout_sample_filter_path:
-        load_function(args.rollout_sample_filter_path, flag="--rollout-sample-filter-path")(args, data)
-    if args.rollout_all_samples_process_path:
-        fn = load_function(args.rollout_all_samples_process_path, flag="--rollout-all-samples-process-path")
-        fn(args, [*data, *discarded["filtered"], *discarded["stale"]], data_source)
+    all_groups = [*data, *discarded["filtered"], *discarded["stale"]]
+    await run_end_of_rollout_plugins(args, rollout_id, data, all_groups, data_source)
     # Generation overlaps training: the rollout's wall time is the time since the previous one was taken.
     out = compute_rollout_metrics(args, data, rollout_time=wall, drop_counts=drops)
     out.update(rollout_token_fates(data, discarded))

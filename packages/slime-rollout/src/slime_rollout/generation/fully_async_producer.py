@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
-from slime_rollout.generation.filters import flatten_group, normalize_filter_output
+from slime_rollout.generation.filters import call_dynamic_filter
 from slime_rollout.generation.generate import abort_all
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm_group, num_engines
 from slime_rollout.generation.staleness import group_version, staleness_metrics
@@ -158,12 +158,12 @@ class FullyAsyncProducer:
                 woken.cancel()
                 self._taken.clear()  # the next `_top_up` sees whatever room the consumer made
                 for task in sorted(done - {woken}, key=lambda t: self._in_flight[t].order):
-                    self._finish(task, self._in_flight.pop(task))
+                    await self._finish(task, self._in_flight.pop(task))
         finally:
             self._arrived.set()  # a consumer waiting for a group wakes up and sees the failure
             await self._cancel_in_flight()
 
-    def _finish(self, task: asyncio.Task[list[Any]], held: _Held) -> None:
+    async def _finish(self, task: asyncio.Task[list[Any]], held: _Held) -> None:
         held.group = task.result()  # a failed group ends the producer: the next take raises it
         n = self.args.n_samples_per_prompt
         if len(held.group) != n:
@@ -172,7 +172,7 @@ class FullyAsyncProducer:
             self._recycle(held)
             return
         if self._filter is not None:
-            verdict = normalize_filter_output(self._filter(self.args, flatten_group(held.group)))
+            verdict = await call_dynamic_filter(self.args, self._filter, held.group)
             if not verdict.keep:
                 self._drops[verdict.reason or "filtered"] += 1
                 self._discarded["filtered"].append(held.group)

@@ -23,7 +23,8 @@ from slime_rollout.generation.opd import score_teacher
 from slime_rollout.generation.seeds import sample_seed
 from slime_rollout.plugins import accepts_kwarg, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
-from slime_rollout.runtime.deadlines import call_plugin_with_deadline
+from slime_rollout.rewards.checks import checked_preset_reward
+from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
 from slime_rollout.runtime.metrics import flatten_groups
 
 if TYPE_CHECKING:
@@ -83,13 +84,12 @@ def _generate_fn(args: SlimeArgs, sample: Sample) -> Callable[..., Any]:
     return load_function(path, flag="--custom-generate-function-path") if path else default_generate
 
 
-def _plugin_bounds(args: SlimeArgs) -> dict[str, Any]:
-    """The deadline of one plugin call (`--plugin-timeout-secs`) and its warning interval."""
-    return {
-        "deadline_s": args.plugin_timeout_secs,
-        "flag": "--plugin-timeout-secs",
-        "warn_every_s": args.slow_call_warning_secs,
-    }
+def _name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+
+
+def _reward_bounds(args: SlimeArgs) -> dict[str, float]:
+    return {"deadline_s": args.rm_timeout_secs, "warn_every_s": args.slow_call_warning_secs}
 
 
 async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sample:
@@ -97,7 +97,7 @@ async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sa
         hook = load_function(path, flag="--rollout-sample-hook-path")
         out = await call_plugin_with_deadline(
             hook, args, sample, evaluation=state.evaluation, rollout_id=state.rollout_id,
-            what=f"--rollout-sample-hook-path {path} on sample {sample.index}", **_plugin_bounds(args),
+            what=f"--rollout-sample-hook-path {path} on sample {sample.index}", **plugin_bounds(args),
         )  # fmt: skip
         if out is not None:
             sample = out
@@ -136,12 +136,16 @@ async def generate_and_rm(
                 result = await fn(args, sample, params, **kwargs)
             else:
                 what = f"generate function {getattr(fn, '__qualname__', fn)} on sample {sample.index}"
-                result = await call_plugin_with_deadline(fn, args, sample, params, what=what, **_plugin_bounds(args),
+                result = await call_plugin_with_deadline(fn, args, sample, params, what=what, **plugin_bounds(args),
                                                          **kwargs)  # fmt: skip
     if isinstance(result, list):
         result = [await _run_hooks(args, s, state) for s in result]
     else:
         result = await _run_hooks(args, result, state)
+    for s in result if isinstance(result, list) else [result]:
+        if s.reward is not None:  # set by the generate function, a hook or an env: read it under the deadline
+            source = f"generate function {_name(_generate_fn(args, sample))} (or a sample hook)"
+            s.reward = await checked_preset_reward(s.reward, source=source, sample=s, **_reward_bounds(args))
     if args.group_rm and not state.evaluation:
         return result
     todo = [s for s in (result if isinstance(result, list) else [result]) if s.status is not Status.ABORTED]

@@ -30,12 +30,13 @@ from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
 from slime_rollout.generation.eval import eval_rollout
-from slime_rollout.generation.filters import flatten_group, normalize_filter_output
+from slime_rollout.generation.filters import call_dynamic_filter
 from slime_rollout.generation.generate import abort_all
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, generate_and_rm_group, num_engines
 from slime_rollout.generation.opd import score_teacher
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime import async_utils, debug_dump, log_hooks
+from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
 from slime_rollout.runtime.goodput import rollout_token_fates
 from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups
 
@@ -220,7 +221,10 @@ async def generate_rollout_async(
         while len(data) < target:
             while len(data) + len(pending) < target:
                 rounds.next_round(len(data), drops)
-                groups = data_source.get_samples(over)
+                # A custom data source or --buffer-filter-path is the user's sync code: bounded, off the loop.
+                what = f"{type(data_source).__name__}.get_samples({over}) (rollout {rollout_id})"
+                take = data_source.get_samples
+                groups = await call_plugin_with_deadline(take, over, what=what, **plugin_bounds(args))
                 if not groups:
                     raise RuntimeError("data source returned no samples")
                 for g in groups:
@@ -246,7 +250,7 @@ async def generate_rollout_async(
                 if filter_fn is not None:
                     # A filter sees the group's samples; a fan-out group (entries that are lists) is flattened,
                     # so plugins written for `list[Sample]` work on it too.
-                    verdict = normalize_filter_output(filter_fn(args, flatten_group(group)))
+                    verdict = await call_dynamic_filter(args, filter_fn, group)
                     # Groups that could still fill the batch: accepted, generating, and the undecided ones of `done`.
                     candidates = len(data) + len(pending) + len(done) - position
                     if not verdict.keep and not (verdict.keep_when_insufficient and candidates <= target):
@@ -265,11 +269,7 @@ async def generate_rollout_async(
 
     data.sort(key=_group_sort_key)
     _exclude_empty_responses(args, rollout_id, data)
-    if args.rollout_sample_filter_path:
-        load_function(args.rollout_sample_filter_path, flag="--rollout-sample-filter-path")(args, data)
-    if args.rollout_all_samples_process_path:
-        fn = load_function(args.rollout_all_samples_process_path, flag="--rollout-all-samples-process-path")
-        fn(args, all_groups, data_source)
+    await run_end_of_rollout_plugins(args, rollout_id, data, all_groups, data_source)
     metrics = compute_rollout_metrics(args, data, rollout_time=time.perf_counter() - start, drop_counts=drops)
     metrics.update(rollout_token_fates(data, discarded, requeued=leftovers))
     metrics["perf/reward_time"] = state.reward_seconds
@@ -282,6 +282,31 @@ async def generate_rollout_async(
         metrics["perf/rollout_time"],
     )
     return RolloutFnTrainOutput(samples=data, metrics=metrics), leftovers
+
+
+async def run_end_of_rollout_plugins(
+    args: SlimeArgs, rollout_id: int, data: list[list[Any]], all_groups: list[list[Any]], data_source: DataSource
+) -> None:
+    """Runs the end-of-rollout plugins, each bounded by `--plugin-timeout-secs` in a worker thread.
+
+    `--rollout-sample-filter-path` is `fn(args, data)`, `--rollout-all-samples-process-path`
+    `fn(args, all_groups, data_source)`. They are sync user code: called on the event loop, one that never
+    returned froze the run with no word.
+
+    Raises:
+        DeadlineExceeded: one ran past `--plugin-timeout-secs` (the message names it and the rollout).
+        Exception: what one raised.
+    """
+    if args.rollout_sample_filter_path:
+        path = args.rollout_sample_filter_path
+        fn = load_function(path, flag="--rollout-sample-filter-path")
+        what = f"--rollout-sample-filter-path {path} (rollout {rollout_id})"
+        await call_plugin_with_deadline(fn, args, data, what=what, **plugin_bounds(args))
+    if args.rollout_all_samples_process_path:
+        path = args.rollout_all_samples_process_path
+        fn = load_function(path, flag="--rollout-all-samples-process-path")
+        what = f"--rollout-all-samples-process-path {path} (rollout {rollout_id})"
+        await call_plugin_with_deadline(fn, args, all_groups, data_source, what=what, **plugin_bounds(args))
 
 
 def generate_rollout(

@@ -22,6 +22,7 @@ while it runs).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,13 @@ from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.registry import UnknownNameError
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
-from slime_rollout.rewards.checks import RewardFunctionError, call_reward_plugin, checked_reward, describe_raised
+from slime_rollout.rewards.checks import (
+    RewardFunctionError,
+    call_reward_plugin,
+    checked_reward,
+    describe_raised,
+    plain_rewards,
+)
 from slime_rollout.rewards.math_utils import single_final_answer
 from slime_rollout.rewards.remote import remote_reward
 from slime_rollout.runtime.deadlines import DeadlineExceeded, call_plugin_with_deadline
@@ -193,8 +200,8 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
         One reward per sample, in order.
 
     Raises:
-        ValueError: if a batch-mode custom function returns a list of the wrong length.
-        RewardFunctionError: a reward function raised or returned a non-reward (naming it and the sample).
+        RewardFunctionError: a reward function raised, returned a non-reward or a list of the wrong length, or ran
+            (its value's conversion included) past `--rm-timeout-secs`; the message names it and the sample.
     """
     custom_path = args.custom_rm_path
     if custom_path and args.group_rm:
@@ -202,16 +209,16 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
         indices = [s.index for s in samples]
         what = f"reward function {source} on samples {indices}"
         try:
-            rewards = await call_plugin_with_deadline(
+            return await call_plugin_with_deadline(
                 load_function(custom_path, flag="--custom-rm-path"), args, samples, what=what,
-                flag="--rm-timeout-secs", **_bounds(args), **kwargs,
+                flag="--rm-timeout-secs", convert=functools.partial(plain_rewards, source=source, samples=samples),
+                **_bounds(args), **kwargs,
             )  # fmt: skip
         except DeadlineExceeded as e:
             raise RewardFunctionError(str(e)) from e
+        except RewardFunctionError:
+            raise  # from plain_rewards: names the function and the sample
         except Exception as e:
             name, message = describe_raised(e)
             raise RewardFunctionError(f"{source} raised {name} on samples {indices}: {message}") from e
-        if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
-            raise ValueError(f"{source} must return a list of {len(samples)} rewards, got {rewards!r:.200}")
-        return [checked_reward(r, source=source, sample=s) for r, s in zip(rewards, samples, strict=True)]
     return list(await asyncio.gather(*(async_rm(args, s, **kwargs) for s in samples)))

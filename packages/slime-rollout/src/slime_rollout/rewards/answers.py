@@ -21,7 +21,9 @@ What a careful grader reads, and what this module therefore returns:
   later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a condition
   ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the last box
   (`\boxed{3} if n is even and \boxed{5} otherwise`, `\boxed{5} is also plausible`, `\boxed{5} is another`) makes it
-  a hedge with the box before it; confidence words alone ("likely", "probably") do not. Any other text between
+  a hedge with the box before it; confidence words alone ("likely", "probably") do not. An unboxed alternative of
+  another value right after the last box is a hedge too (`\boxed{5} or 3`, `\boxed{5}. Though it could also be
+  3`; not `\boxed{5}, attained when n = 2 or 3`). Any other text between
   them (a derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and
   any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
   earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
@@ -63,13 +65,34 @@ _BRACES = re.compile(r"[{}]")
 _UNCLOSED_END = re.compile(r"\$|\\\]|\\\)|\n")
 # Doubt or an alternative, anywhere between two boxes: a hedge.
 _HEDGE_PHRASES = re.compile(
-    r"(?i)\b(?:not (?:sure|certain)|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
+    r"(?i)\b(?:not (?:\d+ ?%\s*|entirely |completely |totally |fully |quite |very |too )?(?:sure|certain)"
+    r"|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
     r"|(?:an)?other (?:possibility|possible (?:answer|value|solution)|candidate)|possible (?:too|as well)"
     r"|also possible|or else|also accept|(?:might|may|could|would) argue|torn|cannot decide|undecided|hard to say"
     r"|arguably|depending|unless|or possibly|not confident|less (?:sure|certain|confident)"
     r"|on the other hand|equally (?:likely|plausible|valid|possible)|(?:second|alternative|other) guess"
     r"|also (?:(?:seems|looks|is|be) )?(?:plausible|possible|valid|likely|acceptable)"
-    r"|also (?:seems|looks) (?:right|correct))\b"
+    r"|also (?:seems|looks) (?:right|correct)|(?:could|can|might) also see|lean(?:ing)? (?:towards?|to))\b"
+)
+# An unboxed alternative right after the last box ("\boxed{5} or 3", "\boxed{5}. Though it could also be 3"): a
+# hedge when its value differs. Only at the start of the text after the box, so a derivation ("attained when n = 2 or
+# 3") is not one.
+_ALTERNATIVE_AFTER = re.compile(
+    r"^[\s,;.:()\-]*(?:(?:though|but|although)\s+)?(?:it\s+)?(?:or|could|might|may|maybe|possibly|perhaps|alternatively)"
+    r"(?:\s+(?:also|else|maybe|possibly|perhaps|be|even))*[\s,:]+\$?(?:\\boxed\s*\{)?\s*(-?\d[\d.,/]*\d|-?\d)"
+    r"(?=\s*(?:$|[.,;!?)}$]|\s(?:though|instead|too|as well|is|was|would|might|could)\b))",
+    re.IGNORECASE,
+)
+# The same with a strong lead or an "also" verdict, anywhere in the first two sentences after the last box
+# ("Alternatively: 3", "another possible answer is 3", "(3 is also possible)", "3 would also work"; not "x = 3 is
+# valid", a check).
+_NUMBER = r"(-?\d[\d.,/]*\d|-?\d)"
+_ALTERNATIVE_NEAR = re.compile(
+    rf"(?:\balternatively|\banother (?:possible )?(?:answer|value|solution|possibility)(?: (?:is|would be|could be))?)"
+    rf"[\s:,]+\$?{_NUMBER}(?![\d.,/])"
+    rf"|(?<![\d.,/]){_NUMBER}\s+(?:is|would|could|might|may)\s+(?:be\s+)?also\s+(?:be\s+)?"
+    r"(?:possible|plausible|valid|acceptable|work)\b",
+    re.IGNORECASE,
 )
 # Doubt about the box it follows: a hedge with the box before when it is in the sentence right after the last box
 # ("\boxed{5} is also plausible", "\boxed{5} is another") or right after the earlier one ("\boxed{3} is one
@@ -190,7 +213,7 @@ class FinalAnswers:
 
     Attributes:
         answers: box contents of the final statement in order (empty when there is no valid final answer).
-        reason: why `answers` is empty ("no box", "reasoning never closed", "retracted"), else "".
+        reason: why `answers` is empty ("no box", "reasoning never closed", "retracted", "hedge"), else "".
         num_superseded: earlier boxes that a later statement replaced (a corrected or restated answer).
         labelled: the final statement's boxes are labelled parts ("(a) ... (b) ...", "x = ..., y = ..."), so
             their order counts.
@@ -265,6 +288,8 @@ def final_boxed_answers(response: str) -> FinalAnswers:
     # The last box is taken back by what follows it ("\boxed{12}. Wait, that's wrong ...").
     if _retracts(region[last.end :], last):
         return FinalAnswers(answers=[], reason="retracted")  # no final answer
+    if _unboxed_alternative(region[last.end : last.end + _AFTER_CHARS], last):
+        return FinalAnswers(answers=[], reason="hedge")  # "\boxed{5} or 3"
     cut = sorted(negated.values())
     first, labelled = len(boxes) - 1, False
     hedged_after = doubted_after(region[last.end :])
@@ -277,6 +302,17 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         first -= 1
     num_superseded = len(found) - len(negated) - (len(boxes) - first)
     return FinalAnswers(answers=[b.content for b in boxes[first:]], num_superseded=num_superseded, labelled=labelled)
+
+
+def _unboxed_alternative(after: str, last: Box) -> bool:
+    """Whether the text right after the last box offers another value without a box (`_ALTERNATIVE_AFTER`/`_NEAR`)."""
+    values = []
+    anchored = _ALTERNATIVE_AFTER.match(after)
+    if anchored:
+        values.append(anchored.group(1))
+    near = " ".join(_SENTENCE_BREAK.split(after.strip(), maxsplit=2)[:2])
+    values += [m.group(1) or m.group(2) for m in _ALTERNATIVE_NEAR.finditer(near)]
+    return any(_normalized(v) != _normalized(last.content) for v in values)
 
 
 def doubted_after(after: str) -> bool:

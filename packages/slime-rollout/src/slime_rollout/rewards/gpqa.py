@@ -9,24 +9,34 @@ The response's pick is read from its final part (after the reasoning; an unclose
 
 * the last explicit statement ("the answer is (B)", "Answer: B", "B is correct", `\boxed{B}`); a letter that is
   not one of the question's options is no pick at all (never replaced by another letter of the text); "A or B",
-  "A, C", "A and C" are a hedge, no pick; a statement taken back by the text after it ("Answer: B. Actually no,
-  it's A.") is no pick (`slime_rollout.rewards.retraction`, the math graders' rule);
+  "A, C", "A and C", "Either A or B is correct", `\boxed{A} \boxed{B}` (statements offered together, by the math
+  graders' rule) and "Answer: B. A is also possible" are a hedge, no pick; a correction naming the letter alone
+  ("Answer: A. Correction: B.", "No wait, B.") is the pick; a statement taken back by the text after it
+  ("Answer: B. Actually no, it's A.") is no pick (`slime_rollout.rewards.retraction`, the math graders' rule);
 * else an option given by its text ("Final answer: 42 J"), when exactly one option's text is stated;
 * else the last standalone capital letter among the options that is not negated ("not A", "A is not correct"; the
-  original's fallback takes any).
+  original's fallback takes any) and is not the word "I" or "A" ("I'd say B", "A quick check": a lower-case word
+  that is not a verb or conjunction follows), unless it is offered together with another option (by the math
+  graders' rule, `answers.offered_together`): "A or B", "A, B", "I'd go with A or maybe B", "A. B is also
+  plausible" are a hedge, no pick (the original takes the last letter, B), while "Between A and B, I pick A" picks A.
+
+A statement's pick followed in its sentence by another option in hedge words ("The answer is A, or maybe B") is a
+hedge too; a letter right after it with no words between ("Answer: B. A quick check confirms it") is not, since a
+capital A or I is also a word.
 
 Without a determinable correct option, the stated answer must equal the label's text.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from slime_rollout.rewards.answers import doubted_after, strip_reasoning
-from slime_rollout.rewards.retraction import judged_wrong, negated_before, retracts
+from slime_rollout.rewards.answers import doubted_after, offered_together, strip_reasoning
+from slime_rollout.rewards.retraction import judged_wrong, mentions_mistake, negated_before, retracts
 
 __all__ = ["extract_choice_letter", "gpqa_reward"]
 
@@ -40,12 +50,38 @@ _STATEMENTS = [
     re.compile(rf"{_LETTER}\s+(?i:is\s+(?:the\s+)?correct)", re.M),
     # A correction names the new pick: "Answer: B. Actually no, it's A."
     re.compile(rf"(?i:\b(?:no|wait|actually)[,:;]?\s+it(?:'s|\u2019s|\s+is)\s+){_LETTER}", re.M),
+    # ... or names it alone: "Answer: A. Correction: B.", "Answer: A. No wait, B."
+    re.compile(
+        rf"(?i:\b(?:correction|no,?\s+wait|i\s+mean|make\s+that|scratch\s+that)[,:;]?\s+){_LETTER}(?=\s*(?:[.!]|$))",
+        re.M,
+    ),
 ]
 # Two letters joined by or, /, and, &, or a comma: several picks, a hedge ("A or B", "A, C", "A and C").
 _HEDGE = re.compile(
     r"[A-Za-z]\s*\)?\s*(?:or|/|and|&|,)\s*\(?\s*[A-Z]\b(?!')(?!\s+(?:think|believe|guess|am|was|would|will)\b)"
 )
 _LEADING_LETTER = re.compile(r"[A-Za-z]\b")
+# Another option joined to the pick from before it ("Either A or B is correct").
+_HEDGE_BEFORE = re.compile(r"\b([A-Z])\s*\)?\s*(?:or|/|and|&)\s*\(?\s*$")
+# An option said to be possible too, right after its letter ("A is also possible", "C also seems right").
+_ALSO_POSSIBLE = re.compile(
+    r"\s*\)?\s*(?:is|seems|looks|could be|might be|may be|would be)?\s*(?:also|equally)\s+"
+    r"(?:(?:seems|looks|be)\s+)?(?:possible|plausible|valid|correct|right|likely|acceptable)\b",
+    re.IGNORECASE,
+)
+_BOX_MARKUP = re.compile(r"\\(?:boxed|fbox)\s*\{|\\text\s*\{|\}")
+# The next capital letter after a statement's pick within its sentence, with the text before it (group 1).
+_LETTER_AFTER = re.compile(r"([^.!?\n]{0,80}?)\(?\b([A-Z])\b")
+_WORDS = re.compile(r"[A-Za-z]{2,}")
+_CAPITAL = re.compile(r"\b([A-Z])\b")
+# "I" and "A" as words, not options: the pronoun ("I'd say B", "I checked") and the article ("A quick check"). An
+# option letter is followed by punctuation or by a verb or conjunction ("A is", "A because").
+_WORD_NOT_LETTER = re.compile(
+    r"I(?:['\u2019]|\s+(?!(?:is|was|seems|looks|because|since|as|and|or|but|fits|matches|gives|holds)\b)[a-z])"
+    r"|A\s+(?!(?:is|was|seems|looks|because|since|as|and|or|but|fits|matches|gives|holds|would|could|must|should"
+    r"|might|may|can|will|appears|remains|works|satisfies|best)\b)[a-z]"
+)
+_MAX_WALK = 64  # letters read back from the last one: a final statement is short
 _ANSWER_TEXT = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is|:)\s*([^\n]{1,200})")
 # A run of whitespace, read as one space (one newline if it holds one): the patterns above try `\s*` at every
 # position, so a long run made them quadratic (200,000 spaces took 308 s on the event loop).
@@ -90,16 +126,43 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
                 last = m
     if last is None:
         return False, None
-    if _HEDGE.match(region, last.start(1)):
-        return True, None
     letter = last.group(1).upper()
+    before = _HEDGE_BEFORE.search(region[max(0, last.start(1) - 40) : last.start(1)])
+    if _HEDGE.match(region, last.start(1)) or (before and before.group(1) != letter):
+        return True, None
+    if _offered_with_another(region, last, letter):
+        return True, None
     # Taken back by what follows ("Answer: B. Actually no, it's A."): no pick, by the math graders' rule.
     if retracts(region[last.end() :], lambda value: _first_letter(value) != letter):
         return True, None
     # Doubted with another pick stated before ("Answer: A. Answer: B is also plausible"): a hedge, as in math.
     if doubted_after(region[last.end() :]) and any(m.upper() != letter for m in _earlier_letters(region, last)):
         return True, None
+    # Another option offered in hedge words right after it ("The answer is A, or maybe B").
+    following = _LETTER_AFTER.match(region, last.end())
+    if following and following.group(2) != letter and _WORDS.search(following.group(1)):
+        if offered_together(following.group(1)):
+            return True, None
     return True, letter
+
+
+def _offered_with_another(region: str, last: re.Match[str], letter: str) -> bool:
+    r"""Whether another option is offered together with the pick (by the math graders' rule).
+
+    The statement just before, with only list or hedge text between (`\boxed{A} \boxed{B}`, `Answer: A; maybe
+    B`); or an option after it said to be possible too (`Answer: B. A is also possible`).
+    """
+    end = last.start(1)
+    earlier = [m for pattern in _STATEMENTS for m in pattern.finditer(region, 0, end) if m.end(1) <= end]
+    if earlier:
+        previous = max(earlier, key=lambda m: m.start(1))
+        between = _BOX_MARKUP.sub(" ", region[previous.end(1) : last.start(1)])
+        if previous.group(1).upper() != letter and offered_together(between):
+            return True
+    for m in itertools.islice(_CAPITAL.finditer(region, last.end()), 8):
+        if m.group(1) != letter and _ALSO_POSSIBLE.match(region, m.end()):
+            return True
+    return False
 
 
 def _earlier_letters(region: str, last: re.Match[str]) -> list[str]:
@@ -113,13 +176,35 @@ def _first_letter(value: str) -> str | None:
     return m.group().upper() if m else None
 
 
-def _standalone_letters(region: str, letters: str) -> list[str]:
-    """Capital option letters standing alone, less those negated ("not A", "A is not correct", "isn't A")."""
-    found = []
-    for m in re.finditer(r"\b([A-Z])\b", region):
-        if m.group(1) in letters and not negated_before(region[: m.start()]) and not judged_wrong(region[m.end() :]):
-            found.append(m.group(1))
-    return found
+def _standalone_letters_backwards(region: str, letters: str) -> Iterator[re.Match[str]]:
+    """Capital option letters standing alone, last first, less those negated ("not A", "A is not correct")."""
+    for m in reversed(list(_CAPITAL.finditer(region))):
+        before, after = region[max(0, m.start() - 60) : m.start()], region[m.end() : m.end() + 80]
+        if m.group(1) in letters and not _WORD_NOT_LETTER.match(m.group(1) + after) and not negated_before(before):
+            if not judged_wrong(after):
+                yield m
+
+
+def _last_unhedged(region: str, letters: str) -> str | None:
+    """The last standalone letter, or None when there is none or options are offered with it ("A or B").
+
+    Walks back from the last letter while the text between two letters is a list or a hedge, as
+    `answers.final_boxed_answers` walks back over boxes; more than one option in that final statement is a hedge.
+    The walk reads only the final statement (at most `_MAX_WALK` letters), so a long response costs one scan.
+    """
+    found = itertools.islice(_standalone_letters_backwards(region, letters), _MAX_WALK)
+    last = next(found, None)
+    if last is None:
+        return None
+    hedged_after, later = doubted_after(region[last.end() :]), last
+    for earlier in found:
+        between = region[earlier.end() : later.start()]
+        if not offered_together(between) and not (later is last and hedged_after and not mentions_mistake(between)):
+            break
+        if earlier.group(1) != last.group(1):
+            return None
+        later = earlier
+    return last.group(1)
 
 
 def _named_options(text: str, items: Sequence[tuple[str, str]]) -> set[str]:
@@ -158,8 +243,7 @@ def extract_choice_letter(
     by_text = _stated_choice_text(region, _choice_items(metadata, letters))
     if by_text is not None:
         return by_text
-    standalone = _standalone_letters(region, letters)
-    return standalone[-1] if standalone else None
+    return _last_unhedged(region, letters)
 
 
 def _correct_letter(label: Any, metadata: Mapping[str, Any], letters: str) -> str | None:

@@ -1,19 +1,24 @@
 """Numbers written in words, read by English grammar (`words_to_number`).
 
 `"two million"` → 2000000, `"five hundred thousand"` → 500000, `"two thousand and five"` → 2005, `"1.5 million"`
-→ 1500000, `"two dozen"` → 24, `"3 thousandths"` → 3/1000, `"one and a half"` → 3/2. A sequence that is not one
+→ 1500000, `"two dozen"` → 24, `"3 thousandths"` → 3/1000, `"one and a half"` → 3/2, and a fraction of a
+multiple: `"half a million"` → 500000, `"a quarter million"`, `"three quarters of a million"`, `"half a dozen"` → 6,
+`"one and a half million"`, `"a million and a half"`, `"a dozen and a half"` → 18. A sequence that is not one
 English numeral is no number at all: `"two three"`, `"five five"`, `"thousand thousand"`, `"five or six"` and a bare
 scale word (`"million"`) are None, where an earlier reader added the words up (5, 10, 2000, 5, 1000000).
 
 The grammar (one pass over the words, no backtracking):
 
-    numeral  := [sign] group (scale group)* [scale] ["and" below100 | "and a half"] [part]
+    numeral  := [sign] (fraction multiple | group (scale group)* [scale] ["and" below100 | "and a half"] [part])
+    fraction := [count] part ["of"] ["a" | "one"]    (the count may be left out only before "half"/"quarter")
     group    := "a" | digits | below100 ["hundred" ["and" below100]]
     below100 := tens [unit] | teen | unit
 
 Scale words (thousand, million, ...) must come in strictly decreasing order; "and" only after "hundred" or a scale
-("one hundred and one"), or before "a half"; a fractional word (tenths ... billionths, halves, thirds, quarters)
-ends the numeral and divides it ("two thirds", "a half"). Plurals of scales count as the singular ("3 millions").
+("one hundred and one"), or before "a half", which after a multiple is half of that multiple ("a million and a
+half", "two and a half million", "a dozen and a half"); a fractional word (tenths ... billionths, halves, thirds,
+quarters) ends the numeral and divides it ("two thirds", "a half"). Plurals of scales count as the singular
+("3 millions").
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import fractions
 import re
 
-__all__ = ["NUMBER_WORDS", "words_to_number"]
+__all__ = ["MULTIPLE_WORDS", "NUMBER_WORDS", "words_to_number"]
 
 _UNITS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine".split())}
 _TEENS = {
@@ -35,6 +40,9 @@ _PARTS = {
     "tenth": 10, "hundredth": 100, "thousandth": 10**3, "millionth": 10**6, "billionth": 10**9,
     "half": 2, "halve": 2, "third": 3, "quarter": 4, "fourth": 4,
 }  # fmt: skip
+# What a fraction can be of: "half a million", "a quarter of a dozen", "half a hundred".
+_MULTIPLES = {**_SCALES, "hundred": 100, "dozen": 12}
+_AND_A_PART = {("and", "a", "half"): fractions.Fraction(1, 2), ("and", "a", "quarter"): fractions.Fraction(1, 4)}
 _SIGN_WORDS = {"minus": -1, "negative": -1}
 _MAX_WORDS = 12
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
@@ -46,6 +54,9 @@ NUMBER_WORDS = frozenset(
     + [w + s for w in [*_SCALES, *_PARTS, "hundred", "dozen"] for s in ("", "s")]
     + ["halves", "fourths"]
 )
+
+# What "of" may join in a numeral ("three quarters of a million"), plurals included.
+MULTIPLE_WORDS = frozenset(w + s for w in _MULTIPLES for s in ("", "s"))
 
 
 def _singular(word: str) -> str:
@@ -135,6 +146,9 @@ def words_to_number(text: str) -> fractions.Fraction | None:
         sign = _SIGN_WORDS[words.pop(0)]
     if not words or len(words) > _MAX_WORDS:
         return None
+    fraction_of = _fraction_of_multiple(_Words(words))
+    if fraction_of is not None:
+        return sign * fraction_of
     w = _Words(words)
     total, in_words, previous_scale = fractions.Fraction(0), False, None
     while True:
@@ -150,6 +164,9 @@ def words_to_number(text: str) -> fractions.Fraction | None:
         if previous_scale is not None and scale >= previous_scale:
             return None  # "thousand million", "five thousand thousand"
         w.take()
+        rest_words = tuple(w.words[w.i :])
+        if previous_scale is None and rest_words in _AND_A_PART:  # "a million and a half": half of that scale
+            return sign * (value + _AND_A_PART[rest_words]) * scale
         total, previous_scale, in_words = total + value * scale, scale, True
         if w.done():
             return sign * total
@@ -166,14 +183,52 @@ def _tail(
     word = _singular(w.peek() or "")
     if word == "dozen":
         w.take()
-        value, in_words = value * 12, True
+        value, in_words = (value + _take_and_a_part(w)) * 12, True  # "a dozen and a half" is 18
     elif word in _PARTS:
         w.take()
         value, in_words = value / _PARTS[word], True
-    elif w.peek() == "and" and w.peek(1) == "a" and w.peek(2) in ("half", "quarter"):
-        value += fractions.Fraction(1, _PARTS[w.words[w.i + 2]])
-        w.i += 3
-        in_words = True
+    elif tuple(w.words[w.i : w.i + 3]) in _AND_A_PART:
+        value, in_words = value + _take_and_a_part(w), True
+        multiple = _singular(w.peek() or "")
+        if total == 0 and multiple in _MULTIPLES:  # "two and a half million"
+            w.take()
+            value *= _MULTIPLES[multiple]
     if not w.done():
         return None
     return sign * (total + value) if in_words else None
+
+
+def _take_and_a_part(w: _Words) -> fractions.Fraction:
+    """Takes "and a half" / "and a quarter" at the cursor and returns its value; 0 (nothing taken) otherwise."""
+    part = _AND_A_PART.get(tuple(w.words[w.i : w.i + 3]), fractions.Fraction(0))
+    w.i += 3 if part else 0
+    return part
+
+
+def _fraction_of_multiple(w: _Words) -> fractions.Fraction | None:
+    """A fraction of one multiple as the whole text ("half a million", "three quarters of a million"), or None.
+
+    None leaves the text to the main grammar ("a half", "two thirds", "one and a half million").
+    """
+    counted = True
+    if w.peek() == "a":
+        w.take()
+        count = fractions.Fraction(1)
+    elif w.peek() is not None and _DIGITS.fullmatch(w.peek() or ""):
+        count = fractions.Fraction(w.take())
+    else:
+        small = _below100(w)
+        counted = small is not None
+        count = fractions.Fraction(small if counted else 1)
+    part = _singular(w.peek() or "")
+    if part not in _PARTS or not (counted or part in ("half", "quarter")):
+        return None
+    w.take()
+    if w.peek() == "of":
+        w.take()
+    if w.peek() in ("a", "one"):
+        w.take()
+    multiple = _singular(w.peek() or "")
+    if multiple not in _MULTIPLES or w.i + 1 != len(w.words):
+        return None
+    return count / _PARTS[part] * _MULTIPLES[multiple]

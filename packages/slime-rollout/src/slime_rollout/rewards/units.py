@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from slime_rollout.rewards.number_words import NUMBER_WORDS
+from slime_rollout.rewards.number_words import MULTIPLE_WORDS, NUMBER_WORDS
 
 __all__ = ["canonical", "split_bare_unit", "take_text_unit"]
 
@@ -139,6 +139,14 @@ _BARE_TAIL = re.compile(
 )
 
 
+def _of_a_multiple(words: list[str]) -> bool:
+    """Whether `words` start with "of (a|one) <multiple>": the numeral goes on ("half of a million dollars")."""
+    lower = [word.lower() for word in words]
+    if lower[1:2] in (["a"], ["one"]):
+        lower.pop(1)
+    return lower[:1] == ["of"] and lower[1:2] != [] and lower[1] in MULTIPLE_WORDS
+
+
 def split_bare_unit(s: str) -> tuple[str, str | None]:
     """Splits `"5 kg"` into `("5", "kg")` when the trailing words are a unit (module docstring).
 
@@ -155,7 +163,7 @@ def split_bare_unit(s: str) -> tuple[str, str | None]:
     words = m.group("unit").split()
     # Number words belong to the value ("3 million dollars"); the unit is what follows them.
     n = 0
-    while n < len(words) and words[n].lower() in NUMBER_WORDS:
+    while n < len(words) and (words[n].lower() in NUMBER_WORDS or _of_a_multiple(words[n : n + 3])):
         n += 1
     if m.start() == 0 and n == 0:
         return s, None  # only words: no number before them

@@ -39,7 +39,7 @@ from typing import Any
 
 from slime_rollout.runtime.loop_watchdog import watching
 
-__all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline"]
+__all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline", "plugin_bounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,15 @@ def _shown(deadline_s: float | None) -> str:
 
 
 async def call_plugin_with_deadline(
-    fn: Callable[..., Any], *args: Any, what: str, deadline_s: float, flag: str, warn_every_s: float, **kwargs: Any
+    fn: Callable[..., Any],
+    *args: Any,
+    what: str,
+    deadline_s: float,
+    flag: str,
+    warn_every_s: float,
+    convert: Callable[[Any], Any] | None = None,
+    plain: Callable[[Any], bool] | None = None,
+    **kwargs: Any,
 ) -> Any:
     """Calls a sync or async plugin under `await_with_deadline` (a sync one in a worker thread).
 
@@ -147,6 +155,10 @@ async def call_plugin_with_deadline(
         deadline_s: seconds the call may take, awaiting included.
         flag: the flag that sets the deadline.
         warn_every_s: seconds between "still running" warnings.
+        convert: applied to the plugin's value in a worker thread, within the same deadline: reading a returned
+            object (its `__float__`, `__bool__`, `__iter__`) runs the plugin's code too. Returns what it returns.
+        plain: `plain(value)` True means `value` runs no plugin code (an exact `float`): `convert` then runs
+            inline, without a thread (a thread costs about 0.2 ms a call).
         **kwargs: its keyword arguments.
 
     Raises:
@@ -159,11 +171,16 @@ async def call_plugin_with_deadline(
     async def call() -> Any:
         try:
             if inspect.iscoroutinefunction(fn):
-                return await fn(*args, **kwargs)
-            result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
+                result = await fn(*args, **kwargs)
+            else:
+                result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            if convert is None:
+                return result
+            if plain is not None and plain(result):
+                return convert(result)
+            return await _in_daemon_thread(convert, result, name=what)
         except (Exception, KeyboardInterrupt, asyncio.CancelledError):
             raise
         except BaseException as e:  # SystemExit & co.: inside a task they would stop the loop and the process
@@ -193,3 +210,19 @@ async def call_plugin_with_deadline(
             "its result is discarded"
         )
     return result
+
+
+def plugin_bounds(args: Any) -> dict[str, Any]:
+    """The deadline of one rollout plugin call (`--plugin-timeout-secs`), its flag and its warning interval.
+
+    Args:
+        args: the run's config or plugin view; reads `plugin_timeout_secs`, `slow_call_warning_secs`.
+
+    Returns:
+        `call_plugin_with_deadline`'s `deadline_s`, `flag` and `warn_every_s`.
+    """
+    return {
+        "deadline_s": args.plugin_timeout_secs,
+        "flag": "--plugin-timeout-secs",
+        "warn_every_s": args.slow_call_warning_secs,
+    }

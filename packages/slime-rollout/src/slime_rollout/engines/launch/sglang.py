@@ -222,12 +222,15 @@ class SGLangKind:
     ) -> tuple[list[str], int]:
         """Command line of engine `index` and the highest port it binds (its NCCL port: the next free one)."""
         nccl_port = find_free_port(host, port + 1)
+        # The engine's GPUs are TP × PP (the original's `tp_size = rollout_num_gpus_per_engine // sglang_pp_size`):
+        # `--tp-size` of all of them with `--pp-size` passed through asked SGLang for PP times as many GPUs.
+        pipeline = int(cfg.sglang_args.get("pp_size", 1))
         cmd = build_sglang_command(
             cfg,
             host=host,
             port=port,
             nccl_port=nccl_port,
-            tp_size=gpus_per_engine,
+            tp_size=gpus_per_engine // pipeline,
             base_gpu_id=base_gpu_id if base_gpu_id is not None else index * gpus_per_engine,
             random_seed=random_seed,
             memory_saver=memory_saver,

@@ -427,6 +427,10 @@ class ReferenceModel:
         names first (`slime_core.hf_names.to_module_name`); module names pass unchanged. A per-expert MoE matrix
         lands in its slice of transformers' fused expert parameter (`slime_core.moe_experts.expert_slice`).
 
+        The whole bucket is checked before any tensor is copied, so a bucket refused for one bad name or shape
+        leaves every weight as it was (copying as it went left the tensors before the bad one applied under the
+        old weight version: a mix of two versions behind a failed request).
+
         Returns:
             Number of tensors loaded.
 
@@ -435,8 +439,8 @@ class ReferenceModel:
             ValueError: a shape mismatch (the message names the tensor).
         """
         state = self.model.state_dict()
-        n = 0
         with self.lock, torch.no_grad():
+            pairs = []
             for name, tensor in self.fp8.dequantized(named_tensors):
                 name = to_module_name(name, self.model_type)
                 target = state.get(name)
@@ -452,9 +456,10 @@ class ReferenceModel:
                         f"update_weights: shape mismatch for {name!r}: engine {tuple(target.shape)}, "
                         f"got {tuple(tensor.shape)}"
                     )
+                pairs.append((target, tensor))
+            for target, tensor in pairs:
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-                n += 1
-        return n
+        return len(pairs)
 
     def zero_weights(self) -> None:
         """Zeroes every parameter: SGLang's weights after a release and resume without a CPU backup."""
