@@ -106,3 +106,26 @@ def test_entry_points_are_read_once_until_refreshed(monkeypatch):
     reg.refresh()
     reg.check_name("a")
     assert reads == ["slime.things", "slime.things"]
+
+
+def test_source_entry_points_read_a_src_layout_pyproject_without_importing(tmp_path, monkeypatch):
+    dist = tmp_path / "packages" / "slime-fake"
+    (dist / "src" / "slime_fake_src").mkdir(parents=True)
+    (dist / "src" / "slime_fake_src" / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (dist / "pyproject.toml").write_text(
+        '[project]\nname = "slime-fake"\n[project.entry-points."slime.things"]\na = "slime_fake_src.e:A"\n'
+    )
+    flat = tmp_path / "flat" / "slime_fake_flat"  # not a src layout: whatever pyproject sits above is not its own
+    flat.mkdir(parents=True)
+    (flat / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text('[project.entry-points."slime.things"]\nb = "x:B"\n')
+    monkeypatch.syspath_prepend(str(dist / "src"))
+    monkeypatch.syspath_prepend(str(tmp_path / "flat"))
+    assert registry.source_entry_points("slime_fake_src", "slime.things") == {"a": "slime_fake_src.e:A"}
+    assert registry.source_entry_points("slime_fake_src", "slime.other") == {}
+    assert registry.source_entry_points("slime_fake_flat", "slime.things") == {}
+    assert registry.source_entry_points("slime_not_installed_anywhere", "slime.things") == {}
+    assert "slime_fake_src" not in sys.modules
+    (dist / "pyproject.toml").write_text("[project\n")
+    with pytest.raises(ValueError, match=r"slime-fake/pyproject.toml: not valid TOML"):
+        registry.source_entry_points("slime_fake_src", "slime.things")

@@ -235,3 +235,27 @@ def test_fp8_weights_hash_dequantized_as_sglangs_checker_and_scales_are_not_list
         assert sglang_checksums(bucket, dtype=torch.bfloat16) == sample.checksums
     with pytest.raises(ValueError, match=r"down_proj.weight_scale_inv \(no weight\)"):
         list(pair_fp8([(name + "_scale_inv", s)]))
+
+
+def test_engine_weight_dtype_asks_the_engine_record(tmp_path):
+    # A package's engine says how it loads weights; nothing compares the engine's name.
+    from slime_core.config import SlimeArgs
+    from slime_core.extensions import ROLLOUT_ENGINES, RolloutEngineSpec
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "torch_dtype": "float32"}')
+    base = {"rollout_batch_size": 1, "num_rollout": 1, "hf_checkpoint": str(tmp_path)}
+    specs = [
+        RolloutEngineSpec(name="stored_engine", auto_dtype_as_stored=True),  # "auto" as transformers reads it
+        RolloutEngineSpec(name="bf16_engine", default_dtype="bfloat16"),
+    ]
+    for spec in specs:
+        ROLLOUT_ENGINES.register(spec)
+    try:
+        stored = SlimeArgs.from_dict({**base, "rollout_engine": "stored_engine"})
+        assert engine_weight_dtype(stored) == torch.float32  # SGLang's rule would serve it in float16
+        assert engine_weight_dtype(SlimeArgs.from_dict({**base, "rollout_engine": "bf16_engine"})) == torch.bfloat16
+        half = SlimeArgs.from_dict({**base, "rollout_engine": "bf16_engine", "sglang_args": {"dtype": "half"}})
+        assert engine_weight_dtype(half) == torch.float16  # the flag wins over the record's default
+    finally:
+        for spec in specs:
+            ROLLOUT_ENGINES.unregister(spec.name)

@@ -12,8 +12,8 @@
 
 The config checks each name against its registry when it is built, and code outside a provider asks the
 record (`train_backend_spec(cfg).supports_lora`) instead of comparing names. The built-in fallbacks below name
-the providers' own records; they are used only where the providers' entry-point metadata is missing (a source
-checkout on `PYTHONPATH`).
+the providers' own records (the rewards' are read from slime-rollout's `pyproject.toml`, `source_entry_points`);
+they are used only where the providers' entry-point metadata is missing (a source checkout on `PYTHONPATH`).
 
 Example:
     >>> TRAIN_BACKENDS.check_name("fsdp")
@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from slime_core.registry import Entry, Problem, Registry
+from slime_core.registry import Entry, Problem, Registry, resolve_path, source_entry_points
 
 __all__ = [
     "CRITIC_BACKENDS",
@@ -70,6 +70,9 @@ class TrainBackendSpec(Entry):
             names the first step accordingly).
         supports_routing_replay: replays MoE routes (`--use-routing-replay`, `--use-rollout-routing-replay`).
         supports_true_on_policy: reproduces SGLang's log-probs bit for bit (`--true-on-policy-mode`).
+        supports_opd_teacher: holds an on-policy-distillation teacher's weights (`--opd-teacher-load`) and scores
+            the responses with them in the train step (`has_teacher`, `compute_log_probs(model="teacher")`), so
+            `--opd-type` may name it (or the original's `megatron` with it); otherwise only `--opd-type sglang`.
     """
 
     needs_gpu: bool = True
@@ -85,6 +88,7 @@ class TrainBackendSpec(Entry):
     supports_multimodal: bool = False
     supports_routing_replay: bool = False
     supports_true_on_policy: bool = False
+    supports_opd_teacher: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,6 +105,11 @@ class RolloutEngineSpec(Entry):
             `--enable-return-routed-experts` (`--use-rollout-routing-replay`).
         applies_weight_deltas: serves `/update_weights_from_delta` (slime's endpoint, not SGLang's), which
             `--update-weight-mode delta --weight-sync tensor` needs; other engines take deltas over disk only.
+        default_dtype: the dtype it holds the weights in without `--sglang-dtype` (a torch dtype name or "auto");
+            the weight check casts what it pushed to it before hashing.
+        auto_dtype_as_stored: its "auto" is the checkpoint's dtype as stored (transformers'); otherwise SGLang's
+            rule (`configs/model_config.py:_get_and_verify_dtype`): a float32 checkpoint is served in float16
+            (bfloat16 for Gemma).
 
     A GPU engine (`needs_gpu`) that is not colocated receives weights by NCCL broadcast under `--weight-sync auto`
     (`/init_weights_update_group`, `/update_weights_from_distributed`); a CPU engine reloads them from disk.
@@ -111,22 +120,48 @@ class RolloutEngineSpec(Entry):
     launchable: bool = False
     returns_routed_experts: bool = False
     applies_weight_deltas: bool = False
+    default_dtype: str = "auto"
+    auto_dtype_as_stored: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class RewardSpec(Entry):
-    """A reward function: `factory` is `fn(args, sample) -> float | dict` (sync or async), as `--custom-rm-path`.
+    r"""A reward function (`--rm-type NAME`), in one of three forms; `slime_rollout.rewards.async_rm` calls it.
 
-    The built-in graders' records carry no factory: their provider (`slime_rollout.rewards`) grades them itself
-    (in a process pool, with `boxed_` forms).
+    - `factory`: `fn(args, sample) -> float | dict` (sync or async), called as a `--custom-rm-path` function.
+    - `grader` (a built-in rule): `grade(response, label, metadata, boxed) -> float | dict`, called inline by
+      `slime_rollout.rewards.rule_based_reward`; `boxed` tells it the type was `boxed_NAME`.
+    - neither: a reward model behind `--rm-url` (`needs_url`): the reward is its JSON reply to
+      `{"prompt", "response", "label"}` (`slime_rollout.rewards.remote`).
 
     Attributes:
-        needs_url: calls a remote service at `--rm-url`.
+        grader: the rule as an object or its import path `"module:attr"`; `metadata` is the sample's dict or None.
+        pooled_grader: `async grade(response, label, metadata, boxed, *, num_workers, sample_index)`, the same
+            rule with its expensive check in the `--rm-num-workers` process pool (`async_rm` prefers it).
+        reads_box: under `boxed_NAME` the grader gets the whole response and reads the final `\boxed{}` itself;
+            otherwise it gets that box's content ("" when there is none or the answer hedges between boxes).
+        needs_url: calls a remote service at `--rm-url` (preflight refuses a run without it).
         grades_label: compares the response with the sample's label (preflight refuses null labels for it).
     """
 
+    grader: str | Callable[..., Any] | None = None
+    pooled_grader: str | Callable[..., Any] | None = None
+    reads_box: bool = False
     needs_url: bool = False
     grades_label: bool = False
+
+    def load_grader(self, *, pooled: bool = False) -> Callable[..., Any]:
+        """The `grader` (or `pooled_grader`), imported on use when given as `"module:attr"`.
+
+        Raises:
+            ValueError: the record has no such grader.
+            ImportError / AttributeError: the path does not resolve (the message names the entry).
+        """
+        which = "pooled_grader" if pooled else "grader"
+        path = self.pooled_grader if pooled else self.grader
+        if path is None:
+            raise ValueError(f"--rm-type {self.name}: its record has no {which}")
+        return resolve_path(path, what=f"--rm-type {self.name} {which}")
 
 
 TRAIN_BACKENDS: Registry[TrainBackendSpec] = Registry(
@@ -159,10 +194,8 @@ REWARDS: Registry[RewardSpec] = Registry(
     flag="--rm-type",
     kind="reward function",
     entry_type=RewardSpec,
-    builtins={
-        name: f"slime_rollout.entries:{name.upper()}_RM"
-        for name in ("math", "deepscaler", "dapo", "f1", "gpqa", "remote_rm", "random")
-    },
+    # slime-rollout's graders, as its pyproject.toml declares them (read, not imported: a source checkout).
+    builtins=source_entry_points("slime_rollout", "slime.rewards"),
 )
 
 #: `--weight-sync` (after validation resolved `auto`): `factory(cfg, client)` returns an object with

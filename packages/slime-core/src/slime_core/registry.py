@@ -24,13 +24,24 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
+import tomllib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DuplicateNameError", "Entry", "Problem", "Registry", "UnknownNameError", "resolve_path"]
+__all__ = [
+    "DuplicateNameError",
+    "Entry",
+    "Problem",
+    "Registry",
+    "UnknownNameError",
+    "resolve_path",
+    "source_entry_points",
+]
 
 
 class UnknownNameError(KeyError, ValueError):
@@ -69,6 +80,39 @@ def resolve_path(path: str | Callable[..., Any], *, what: str) -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise AttributeError(f"{what}: module {module_name} has no attribute {attr!r}") from None
+
+
+def source_entry_points(package: str, group: str) -> dict[str, str]:
+    """The `group` entry points that the `pyproject.toml` of `package`'s source tree declares, imports nothing.
+
+    A registry's built-in fallback reads them so that a provider lists its entries once (its `pyproject.toml`)
+    and a source checkout on `PYTHONPATH` (no dist-info) still finds them. The layout is the workspace's:
+    `packages/<dist>/src/<package>/` next to `packages/<dist>/pyproject.toml`.
+
+    Args:
+        package: the provider's top-level import name, e.g. `"slime_rollout"` (located, not imported).
+        group: the entry-point group, e.g. `"slime.rewards"`.
+
+    Returns:
+        `name -> "module:attr"`; empty when the package is not on the path or ships no `pyproject.toml`
+        (an installed wheel: its dist-info carries the entry points).
+
+    Raises:
+        ValueError: the `pyproject.toml` is not valid TOML (the message names the file).
+    """
+    spec = importlib.util.find_spec(package)  # a top-level name: locates without importing
+    if spec is None or spec.origin is None:
+        logger.debug("%s is not importable here: no source entry points for %s", package, group)
+        return {}
+    source = Path(spec.origin).parent  # <dist>/src/<package>/__init__.py
+    pyproject = source.parent.parent / "pyproject.toml"
+    if source.parent.name != "src" or not pyproject.is_file():
+        return {}
+    try:
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{pyproject}: not valid TOML ({e})") from e
+    return dict(project.get("entry-points", {}).get(group, {}))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

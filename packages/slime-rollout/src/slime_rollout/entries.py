@@ -2,7 +2,9 @@
 
 Declared as entry points in this package's `pyproject.toml` (`slime.rollout_engines`, `slime.rewards`) and
 read by `slime_core.extensions` when the config is validated, so this module imports nothing but the record
-types. The built-in graders carry no factory: `slime_rollout.rewards.async_rm` grades them itself.
+types. The built-in graders' records name their `grader` by import path (`slime_rollout.rewards.builtin`);
+`slime_rollout.rewards.async_rm` calls what the record names. A new grader is its module, its record here and
+its entry point.
 """
 
 from __future__ import annotations
@@ -36,12 +38,24 @@ REFERENCE = RolloutEngineSpec(
     launchable=True,  # slime_rollout.engines.launch.reference.build_reference_command
     returns_routed_experts=True,  # slime_rollout.engines.reference.routed_experts
     applies_weight_deltas=True,  # slime_rollout.engines.reference.routes.weights: /update_weights_from_delta
+    default_dtype="float32",  # slime_rollout.engines.reference.__main__: --dtype float32
+    auto_dtype_as_stored=True,  # from_pretrained(dtype="auto")
 )
 
-MATH_RM = RewardSpec(name="math", grades_label=True)
-DEEPSCALER_RM = RewardSpec(name="deepscaler", grades_label=True)
-DAPO_RM = RewardSpec(name="dapo", grades_label=True)
-F1_RM = RewardSpec(name="f1", grades_label=True)
-GPQA_RM = RewardSpec(name="gpqa", grades_label=True)
-REMOTE_RM_RM = RewardSpec(name="remote_rm", needs_url=True)
-RANDOM_RM = RewardSpec(name="random")
+# The built-in graders: `slime_rollout.rewards.builtin` holds what each record names.
+_G = "slime_rollout.rewards.builtin:grade_"
+MATH_RM = RewardSpec(
+    name="math", grades_label=True, reads_box=True, grader=f"{_G}math", pooled_grader=f"{_G}math_pooled"
+)
+DEEPSCALER_RM = RewardSpec(
+    name="deepscaler",
+    grades_label=True,
+    reads_box=True,
+    grader=f"{_G}deepscaler",
+    pooled_grader=f"{_G}deepscaler_pooled",
+)
+DAPO_RM = RewardSpec(name="dapo", grades_label=True, reads_box=True, grader=f"{_G}dapo")
+F1_RM = RewardSpec(name="f1", grades_label=True, grader=f"{_G}f1")
+GPQA_RM = RewardSpec(name="gpqa", grades_label=True, grader=f"{_G}gpqa")
+REMOTE_RM_RM = RewardSpec(name="remote_rm", needs_url=True)  # no grader: the reply of --rm-url is the reward
+RANDOM_RM = RewardSpec(name="random", grader=f"{_G}random")

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
+from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
 from slime_core.hf_checkpoint import source_dtype
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
@@ -176,7 +177,7 @@ class FSDPTrainBackend:
             else:
                 self.weights.hold("ref")
         self._build_optimizer(cfg)
-        if cfg.use_opd and cfg.opd_type in ("fsdp", "megatron"):
+        if trainer_side_teacher(cfg):
             self._load_teacher(cfg)
         return self._load_checkpoint(cfg)
 

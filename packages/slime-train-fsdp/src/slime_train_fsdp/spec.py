@@ -23,4 +23,5 @@ FSDP = TrainBackendSpec(
     supports_multimodal=True,  # slime_train_fsdp.vision  # --fsdp-compile-layers
     supports_routing_replay=True,  # slime_train_fsdp.routing_replay (HF MoE routers)
     supports_true_on_policy=True,  # slime_train_fsdp.true_on_policy
+    supports_opd_teacher=True,  # FSDPTrainBackend._load_teacher
 )

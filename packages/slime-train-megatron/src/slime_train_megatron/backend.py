@@ -32,6 +32,7 @@ from megatron.core import parallel_state
 from slime_convert import ModelArgs
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
+from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
@@ -121,7 +122,7 @@ class MegatronTrainBackend:
         self.optimizer.reload_model_params()  # fp32 main params from the loaded weights
         if with_ref:
             self.weights.hold("ref")
-        if self.cfg.use_opd and self.cfg.opd_type in ("megatron", "fsdp"):
+        if trainer_side_teacher(self.cfg):
             self._load_teacher()
         return self._resume()
 

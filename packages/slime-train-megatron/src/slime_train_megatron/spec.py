@@ -54,4 +54,5 @@ MEGATRON = TrainBackendSpec(
     reads_torch_dist=True,
     checkpoint_format="torch_dist",
     lr_decay_styles=("constant", "linear", "cosine", "inverse-square-root"),
+    supports_opd_teacher=True,  # MegatronTrainBackend._load_teacher
 )

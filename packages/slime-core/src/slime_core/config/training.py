@@ -99,11 +99,12 @@ class AlgorithmArgs(ArgsGroup):
     use_opd: bool = arg(
         False, "On-policy distillation: subtract --opd-kl-coef x (student - teacher log-prob) from the advantages."
     )
-    opd_type: Literal["sglang", "megatron", "fsdp"] | None = arg(
+    opd_type: str | None = arg(
         None,
         "Where the OPD teacher runs: sglang (an engine at --rm-url scores prompt+response during the rollout), "
-        "megatron or fsdp (the trainer holds the teacher weights of --opd-teacher-load; megatron works with "
-        "either backend, as in original launch scripts).",
+        "or the trainer, which holds the teacher weights of --opd-teacher-load: the --train-backend's name (fsdp, "
+        "megatron, or a package's backend whose record sets supports_opd_teacher) or megatron with any such "
+        "backend, as in original launch scripts.",
     )
     opd_kl_coef: float = arg(1.0, "Weight of the OPD reverse-KL term in the advantages.", ge=0)
     opd_teacher_load: str | None = arg(

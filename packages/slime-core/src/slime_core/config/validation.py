@@ -17,7 +17,7 @@ from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.mismatch import validate_mismatch
-from slime_core.config.opd import validate_opd
+from slime_core.config.opd import trainer_side_teacher, validate_opd
 from slime_core.config.save_hf import check_save_hf
 from slime_core.config.sglang_flags import check_managed_sglang_flags
 from slime_core.config.true_on_policy import check_true_on_policy
@@ -333,7 +333,7 @@ def _lora(args: SlimeArgs) -> None:
                           f"got {args.train_backend}")  # fmt: skip
     if args.use_critic:
         raise ConfigError(f"--lora-rank with --advantage-estimator {args.advantage_estimator}: the critic has no LoRA")
-    if args.use_opd and args.opd_type != "sglang":
+    if trainer_side_teacher(args):
         raise ConfigError(
             f"--lora-rank with --opd-type {args.opd_type}: a trainer-side teacher needs full weights; "
             "use --opd-type sglang (a teacher engine)"

@@ -1,31 +1,22 @@
 r"""Reward functions (`--rm-type`, `--custom-rm-path`, `--group-rm`).
 
 Resolution order per sample (as in the original `rm_hub`): the sample's own `custom_rm_path`, then
-`--custom-rm-path`, then `sample.metadata["rm_type"]`, then `--rm-type`. A `boxed_` prefix on a type
-makes the grader read the response's final `\boxed{}` answer (`_unbox`; a hedge of several boxes is no answer).
-
-| rm_type      | returns                                  |
-|--------------|------------------------------------------|
-| math         | 1.0 / 0.0 (final boxed answer vs label)  |
-| deepscaler   | 1.0 / 0.0 (same, after `</think>`)       |
-| dapo         | {"score": ±1.0, "acc", "pred"}           |
-| f1           | SQuAD token F1 of the final answer       |
-| gpqa         | 1.0 / 0.0 (the option picked)            |
-| remote_rm    | the JSON reply of `--rm-url`             |
-| random       | 0 or 1                                   |
-| other        | a `slime.rewards` entry point's function |
-
-Any other name is a reward function an installed package registers (`slime_core.extensions.REWARDS`), called as
-a `--custom-rm-path` function is.
+`--custom-rm-path`, then `sample.metadata["rm_type"]`, then `--rm-type`. A type is a name in the reward registry
+(`slime_core.extensions.REWARDS`, entry-point group `slime.rewards`), and its record says how to score it: a
+`factory` is called as a `--custom-rm-path` function is, a `grader` is a built-in rule (the built-ins, what
+each returns and their records: `rewards.builtin`, `slime_rollout.entries`), neither is a reward model behind
+`--rm-url` (`remote_rm`). A `boxed_` prefix on a grader's type makes it grade the response's final `\boxed{}`
+answer (`_unbox`; a hedge of several boxes is no answer).
 
 The graders judge what a careful grader would (`rewards.math`, `rewards.math_utils`, `rewards.answers`,
 `rewards.normalize`): reasoning (`<think>`) never counts, hedged or retracted answers are wrong (a corrected one
 counts by its final box), units, words, choice letters and repeating decimals are read, exact numbers are
 compared exactly. Every grading ends within its budget on any thread (`rewards.deadline`). `async_rm` grades
-`math` / `deepscaler` (and their `boxed_` forms) with the symbolic check in a pool of `--rm-num-workers`
-processes (`slime_rollout.rewards.pool`); `rule_based_reward` always grades inline. A custom or remote reward
-that raises or returns NaN / a non-reward is one error naming it and the sample (`rewards.checks`); so is one
-that runs past `--rm-timeout-secs` (warned about every `--slow-call-warning-secs` while it runs).
+a type whose record names a `pooled_grader` (`math`, `deepscaler`) with the symbolic check in a pool of
+`--rm-num-workers` processes (`slime_rollout.rewards.pool`); `rule_based_reward` always grades inline. A custom
+or remote reward that raises or returns NaN / a non-reward is one error naming it and the sample
+(`rewards.checks`); so is one that runs past `--rm-timeout-secs` (warned about every `--slow-call-warning-secs`
+while it runs).
 """
 
 from __future__ import annotations
@@ -33,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 from typing import TYPE_CHECKING, Any
 
-from slime_core.extensions import REWARDS
+from slime_core.extensions import REWARDS, RewardSpec
+from slime_core.registry import UnknownNameError
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
 from slime_rollout.rewards.checks import (
@@ -46,10 +37,6 @@ from slime_rollout.rewards.checks import (
     describe_raised,
     plain_rewards,
 )
-from slime_rollout.rewards.dapo import dapo_reward
-from slime_rollout.rewards.f1 import f1_reward
-from slime_rollout.rewards.gpqa import gpqa_reward
-from slime_rollout.rewards.math import deepscaler_reward, deepscaler_reward_async, math_reward, math_reward_async
 from slime_rollout.rewards.math_utils import single_final_answer
 from slime_rollout.rewards.remote import remote_reward
 from slime_rollout.runtime.deadlines import DeadlineExceeded, call_plugin_with_deadline
@@ -61,51 +48,58 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["RM_TYPES", "async_rm", "batched_async_rm", "rule_based_reward"]
 
-RM_TYPES = ("math", "deepscaler", "dapo", "f1", "gpqa", "remote_rm", "random")
+
+def __getattr__(name: str) -> Any:
+    # `RM_TYPES` is asked of the registry on each use: a package installed or registered later is in it.
+    if name == "RM_TYPES":
+        return _graded_here()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _unbox(rm_type: str, response: str) -> tuple[str, str, bool]:
-    r"""Applies a `boxed_` prefix: `(type without it, response to grade, whether it had the prefix)`.
+def _graded_here() -> tuple[str, ...]:
+    """`RM_TYPES`: the registered types this package scores itself (records without a `factory`), sorted."""
+    return tuple(name for name in REWARDS.names() if REWARDS.get(name).factory is None)
 
-    math, deepscaler and dapo grade the final box themselves, by the one final-answer rule
-    (`math_utils.final_pairs`; dapo reads its box instead of an `Answer:` line), so they get the whole response;
-    the others get the content of its one final box (`math_utils.single_final_answer`), or "" when there is none
-    or the final statement offers several different ones (a hedge).
+
+def _unbox(spec: RewardSpec, rm_type: str, response: str) -> tuple[str, bool]:
+    """Applies a `boxed_` prefix: `(response to grade, whether the type had the prefix)`.
+
+    A grader that reads the final box itself (`spec.reads_box`: math, deepscaler and dapo, by the one
+    final-answer rule `math_utils.final_pairs`; dapo reads its box instead of an `Answer:` line) gets the whole
+    response; the others get the content of its one final box (`math_utils.single_final_answer`), or "" when
+    there is none or the final statement offers several different ones (a hedge).
     """
     if not rm_type.startswith("boxed_"):
-        return rm_type, response, False
-    rm_type = rm_type.removeprefix("boxed_")
-    if rm_type in ("math", "deepscaler", "dapo"):
-        return rm_type, response, True
-    return rm_type, single_final_answer(response) or "", True
+        return response, False
+    if spec.reads_box:
+        return response, True
+    return single_final_answer(response) or "", True
 
 
 def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[str, Any] | None = None) -> Any:
-    """Scores one response with a built-in rule (everything except `remote_rm`).
+    """Scores one response inline with the built-in rule its record names (`RewardSpec.grader`).
 
     Args:
-        rm_type: one of `RM_TYPES` (minus remote_rm), optionally prefixed with `boxed_`.
+        rm_type: a registered type whose record has a `grader` (math, deepscaler, dapo, f1, gpqa, random, or a
+            package's), optionally prefixed with `boxed_`.
         response: model output text.
         label: ground truth.
         metadata: the sample's metadata (gpqa reads choices/letters from it).
 
     Raises:
-        KeyError: unknown `rm_type`, listing the known ones.
+        KeyError: unknown `rm_type`, or one that is not a rule (remote_rm, a package's function), listing the
+            rules.
     """
-    rm_type, response, boxed = _unbox(rm_type, response)
-    if rm_type == "math":
-        return math_reward(response, label)
-    if rm_type == "deepscaler":
-        return deepscaler_reward(response, label)
-    if rm_type == "dapo":
-        return dapo_reward(response, label, strict_box=boxed)
-    if rm_type == "f1":
-        return f1_reward(response, label)
-    if rm_type == "gpqa":
-        return gpqa_reward(response, label, metadata)
-    if rm_type == "random":
-        return float(random.randint(0, 1))
-    raise KeyError(f"unknown --rm-type {rm_type!r}; known: {', '.join(RM_TYPES)} (each also as boxed_<type>)")
+    name = rm_type.removeprefix("boxed_")
+    try:
+        spec: RewardSpec | None = REWARDS.get(name)
+    except UnknownNameError:
+        spec = None
+    if spec is None or spec.grader is None:
+        rules = [n for n in REWARDS.names() if REWARDS.get(n).grader is not None]
+        raise KeyError(f"unknown --rm-type {name!r}; known: {', '.join(rules)} (each also as boxed_<type>)")
+    response, boxed = _unbox(spec, rm_type, response)
+    return spec.load_grader()(response, label, metadata, boxed)
 
 
 def _bounds(args: SlimeArgs) -> dict[str, float]:
@@ -146,35 +140,46 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         if args.use_opd:
             return 0.0  # pure on-policy distillation: the teacher's term is the whole learning signal
         raise ValueError("no reward function: set --rm-type, --custom-rm-path or metadata['rm_type']")
-    if rm_type in ("remote_rm", "boxed_remote_rm"):
-        response = sample.response if rm_type == "remote_rm" else (single_final_answer(sample.response) or "")
-        payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
-        source = f"--rm-type {rm_type} ({args.rm_url})"
-        reward = await call_reward_plugin(remote_reward, args.rm_url, payload, source=source, sample=sample,
-                                          **_bounds(args))  # fmt: skip
-        return checked_reward(reward, source=source, sample=sample)
-    if rm_type.removeprefix("boxed_") not in RM_TYPES:  # a reward function of an installed package
-        return await _registered_reward(args, sample, rm_type, **kwargs)
-    base_type, response, _ = _unbox(rm_type, sample.response)
-    graders = {"math": math_reward_async, "deepscaler": deepscaler_reward_async}
-    if base_type in graders:  # symbolic check in the pool (inline with --rm-num-workers 0)
-        num_workers = args.rm_num_workers
-        return await graders[base_type](response, sample.label, num_workers=num_workers, sample_index=sample.index)
+    spec = REWARDS.get(rm_type.removeprefix("boxed_"))
+    if spec.factory is not None:  # a package's reward function
+        return await _registered_reward(args, sample, rm_type, spec, **kwargs)
+    if spec.grader is None:
+        return await _remote_rm(args, sample, rm_type, spec)
+    if spec.pooled_grader is not None:  # symbolic check in the pool (inline with --rm-num-workers 0)
+        response, boxed = _unbox(spec, rm_type, sample.response)
+        grade = spec.load_grader(pooled=True)
+        return await grade(response, sample.label, sample.metadata, boxed, num_workers=args.rm_num_workers,
+                           sample_index=sample.index)  # fmt: skip
     # Everything else is cheap string work (dapo compares normalized strings): inline.
     return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
 
 
-async def _registered_reward(args: SlimeArgs, sample: Sample, rm_type: str, **kwargs: Any) -> Any:
+async def _remote_rm(args: SlimeArgs, sample: Sample, rm_type: str, spec: RewardSpec) -> Any:
+    """Posts the sample to `--rm-url` (a record with neither factory nor grader) and returns its checked reply.
+
+    Raises:
+        ValueError: the record does not say it needs `--rm-url` either (it names nothing to score with).
+        RewardFunctionError: the service failed, returned a non-reward or ran past `--rm-timeout-secs`.
+    """
+    if not spec.needs_url:
+        raise ValueError(f"--rm-type {rm_type}: its record names no factory and no grader, and needs no --rm-url")
+    response, _ = _unbox(spec, rm_type, sample.response)
+    payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
+    source = f"--rm-type {rm_type} ({args.rm_url})"
+    reward = await call_reward_plugin(remote_reward, args.rm_url, payload, source=source, sample=sample,
+                                      **_bounds(args))  # fmt: skip
+    return checked_reward(reward, source=source, sample=sample)
+
+
+async def _registered_reward(args: SlimeArgs, sample: Sample, rm_type: str, spec: RewardSpec, **kwargs: Any) -> Any:
     """Calls the `slime.rewards` entry `rm_type` as a custom reward (`fn(args, sample)`, bounded by its deadline).
 
     Raises:
         ValueError: a `boxed_` prefix on it.
-        KeyError: no reward function of that name (the message lists the registered ones and the group).
         RewardFunctionError: it raised, returned a non-reward, or ran past `--rm-timeout-secs`.
     """
     if rm_type.startswith("boxed_"):  # the function sees the whole sample: it extracts what it grades itself
         raise ValueError(f"--rm-type {rm_type}: the boxed_ prefix applies to the built-in graders only")
-    spec = REWARDS.get(rm_type)
     source = f"--rm-type {rm_type} ({spec.factory})"
     return await call_reward_plugin(spec.load(), args, sample, source=source, sample=sample, **_bounds(args), **kwargs)
 

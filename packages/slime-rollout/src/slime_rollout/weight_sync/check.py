@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from slime_core.extensions import engine_spec
 from slime_core.fp8 import pair_fp8
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.engines.weight_checksum import (
@@ -76,22 +77,23 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.f
 def engine_weight_dtype(cfg: SlimeArgs) -> torch.dtype:
     """The dtype the run's engines hold their weights in (what a pushed tensor is cast to before hashing).
 
-    The reference engine: its `--sglang-dtype` (float32 by default; "auto": the checkpoint's). SGLang:
-    `--sglang-dtype`, else "auto", which SGLang resolves from the checkpoint's config
-    (`configs/model_config.py:_get_and_verify_dtype`): the config's dtype, except float32 → float16 (bfloat16 for
-    Gemma).
+    `--sglang-dtype`, else the engine record's `default_dtype` (SGLang: "auto"; the reference engine: float32).
+    "auto" is resolved from the checkpoint's config as the record says (`auto_dtype_as_stored`): the config's
+    dtype, which SGLang serves in float16 when it is float32 (bfloat16 for Gemma;
+    `configs/model_config.py:_get_and_verify_dtype`) and the reference engine keeps as stored.
 
     Raises:
-        ValueError: a dtype name neither engine knows.
+        ValueError: a dtype name no engine knows.
+        UnknownNameError: `cfg.rollout_engine` is not registered.
     """
+    spec = engine_spec(cfg)
     extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
-    reference = cfg.rollout_engine == "reference"
-    name = str(extra.get("dtype", "float32" if reference else "auto")).lower()
+    name = str(extra.get("dtype", spec.default_dtype)).lower()
     if name == "auto":
         config_file = pathlib.Path(str(cfg.hf_checkpoint)) / "config.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         name = str(config.get("dtype") or config.get("torch_dtype") or "float32")
-        if name == "float32" and not reference:  # the reference engine's "auto" is transformers' (as stored)
+        if name == "float32" and not spec.auto_dtype_as_stored:
             name = "bfloat16" if str(config.get("model_type", "")).startswith("gemma") else "float16"
     if name not in _DTYPES:
         raise ValueError(f"--sglang-dtype {name!r}: not one of {sorted(_DTYPES)}")
