@@ -150,8 +150,8 @@ class RewardArgs(ArgsGroup):
 
     rm_type: str | None = arg(
         None,
-        "Reward function by name: math, deepscaler, dapo, f1, gpqa, remote_rm, random or an installed one; "
-        "boxed_<type> grades the final \\boxed{} answer.",
+        "Reward function by name (the registered ones are listed below; a package adds one); boxed_<type> grades "
+        "the final \\boxed{} answer.",
         registry="slime.rewards",
     )
 
