@@ -1,0 +1,83 @@
+r"""An unboxed alternative after the last box: `\boxed{6}. I'm not sure, it might be 5.` is a hedge.
+
+A careful grader reads "\boxed{6} or 5", "\boxed{6}. Maybe it's 5.", "\boxed{6}, or perhaps \(\frac12\)",
+"\boxed{6}, unless it is 5" and "\boxed{6}, though 5 is possible too" as two answers offered at once, which is
+wrong whichever is right. `unboxed_alternative` finds them in the first two sentences after the last box:
+
+* a lead that offers another answer ("or", "maybe", "perhaps", "possibly", "alternatively", "otherwise", "unless",
+  "could / might / may (also) be", "another answer is"), then at most a few filler words ("it is", "the answer
+  is", "x ="), then a value (a number, number words, or a formula: `\frac`, `\sqrt`, `\pi`, math in `$...$` or
+  `\(...\)`) that ends its clause ("5.", "5)", "5 though", "5 if n is odd");
+* or a value said to be "also possible / plausible / valid" or "possible too / as well".
+
+The value must differ from the box ("\boxed{5} or 5.0" and "\boxed{\frac12} or 0.5" restate it). A lead right after
+another value is part of a derivation, not an alternative ("attained when n = 2 or 3"), and so is a value that goes
+on ("Perhaps 2 more checks would help").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from slime_rollout.rewards.retraction import expand_contractions
+
+__all__ = ["unboxed_alternative"]
+
+AFTER_CHARS = 300  # text after the last box that is read
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+# Math delimiters and text wrappers are dropped so that "$5$", "\(5\)" and "\text{or 5}" read as "5" and "or 5".
+_MARKUP = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{|\\[\[\]()]|\$|\\[,;:! ]|\\q?quad")
+_NUMBER_WORD = (
+    r"(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen"
+    r"|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|thousand|million"
+    r"|billion|half|halves|thirds?|quarters?|fourths?|fifths?)"
+)
+_BRACED = r"\{[^{}]{0,40}\}"
+_VALUE = (
+    r"(?P<value>-?\s*(?:\\[dt]?frac\s*(?:" + _BRACED + r"|\d)\s*(?:" + _BRACED + r"|\d)"
+    r"|\\sqrt\s*(?:\[[^\]]{0,10}\])?\s*(?:" + _BRACED + r"|\d+)|\\pi\b"
+    r"|\d[\d.,/]*\d(?:\s*\\%|\s*%)?|\d(?:\s*\\%|\s*%)?"
+    r"|(?<![A-Za-z])" + _NUMBER_WORD + r"(?:[\s-]+(?:and\s+|a\s+)*" + _NUMBER_WORD + r")*\b))"
+)
+# What may stand between a lead and its value ("or maybe it is 5", "or the answer is x = 5").
+_FILLER = (
+    r"(?:[\s,:;(]+(?:also|else|maybe|possibly|perhaps|even|just|it|it is|its|is|be|the answer|the answer is|"
+    r"the result is|I think|I guess|[a-z]\s*=))*"
+)
+_LEAD = (
+    r"\b(?:or|maybe|perhaps|possibly|alternatively|otherwise|unless|(?:could|might|may)(?:\s+also)?\s+be"
+    r"|another (?:possible )?(?:answer|value|solution|possibility|option|candidate)"
+    r"(?:\s+(?:is|would be|could be|might be))?)"
+)
+# The value ends its clause: the sentence or bracket ends, or a hedge word or a condition follows.
+_CLAUSE_END = r"(?=\s*(?:$|[.,;!?)\]}]|(?:though|instead|too|as well|if|when|depending|I|but)\b))"
+_LED = re.compile(_LEAD + _FILLER + r"[\s,:;(]*" + _VALUE + _CLAUSE_END, re.IGNORECASE)
+_ALSO_POSSIBLE = re.compile(
+    r"(?<![\w.,/\\])" + _VALUE + r"\s+(?:is|would|could|might|may|seems)\s+(?:be\s+)?(?:also\s+(?:be\s+)?"
+    r"(?:possible|plausible|valid|acceptable|work|correct)|(?:possible|plausible|valid|acceptable|correct)"
+    r"\s+(?:too|as well))\b",
+    re.IGNORECASE,
+)
+# A lead right after a value ("n = 2 or 3", "2, possibly 3") continues a derivation.
+_VALUE_BEFORE = re.compile(r"(?:\d|\}|\\pi)[\s,]*$")
+
+
+def unboxed_alternative(after: str, differs: Callable[[str], bool]) -> bool:
+    r"""Whether the text after the last box offers another value without a box (the module docstring).
+
+    Args:
+        after: the text that follows the last box (only its first `AFTER_CHARS` characters are read).
+        differs: whether a value (its text, e.g. "5", "\frac{1}{2}", "five") differs from the box's answer.
+
+    Returns:
+        True when the first two sentences after the box offer a different value as an alternative.
+    """
+    text = expand_contractions(_MARKUP.sub(" ", after[:AFTER_CHARS])).strip().lstrip(".,;:!? ")
+    near = " ".join(_SENTENCE_BREAK.split(text, maxsplit=2)[:2])
+    for match in _LED.finditer(near):
+        if match.start() > 0 and _VALUE_BEFORE.search(near[: match.start()]):
+            continue
+        if differs(match.group("value")):
+            return True
+    return any(differs(m.group("value")) for m in _ALSO_POSSIBLE.finditer(near))

@@ -1,0 +1,62 @@
+r"""Issue 27, item 1, sixth pass: an unboxed alternative anywhere in the two sentences after the last box is a hedge.
+
+The fifth pass caught one only right after the box and only as digits: "\boxed{6}. I'm not sure, it might be 5",
+"\boxed{6} or \frac{1}{2}" and "\boxed{6}, unless it is 5" scored 1.
+"""
+
+import pytest
+
+from slime_rollout.rewards import rule_based_reward
+
+HEDGES = [
+    r"\boxed{6}. Hmm, or 5.",
+    r"\boxed{6}. I'm not sure, it might be 5.",
+    r"\boxed{6}. I'm not confident though; it might be 5.",
+    r"\boxed{6}. Maybe it's 5.",
+    r"\boxed{6}, or perhaps \(5\).",
+    r"\boxed{6}, or 5 if we include zero.",
+    r"\boxed{6}. The answer might also be 5.",
+    r"\boxed{6} or \frac{1}{2}",
+    r"\boxed{6} or \(\frac{1}{2}\)",
+    r"\boxed{6} or five",
+    r"\boxed{6}, or maybe five.",
+    r"\boxed{6} or \sqrt{2}",
+    r"\boxed{6} or $\sqrt{2}$",
+    r"\boxed{6}, though 5 is possible too.",
+    r"\boxed{6}. Though honestly it could be 5.",
+    r"\boxed{6} (alternatively \(5\))",
+    r"\boxed{6}. Alternatively, \(\frac{1}{2}\).",
+    r"\boxed{6}. Another possible answer is \(\frac12\).",
+    r"\boxed{6}. Or it's 5, I can't tell.",
+    r"\boxed{6}, unless it is 5.",
+    r"\boxed{6}, otherwise 5.",
+]
+
+# A derivation, a check, a restatement or a value that goes on after the box is no alternative.
+NOT_HEDGES = [
+    r"\boxed{6}, attained when n = 2 or 3.",
+    r"\boxed{6}. Perhaps 2 more checks would help.",
+    r"\boxed{6}. Maybe I should double check: 2*3 = 6.",
+    r"\boxed{6}, or equivalently 12/2.",
+    r"\boxed{6} or 6.0",
+    r"\boxed{6}, or six.",
+    r"\boxed{6}. It could be written as \frac{12}{2}.",
+    r"\boxed{6}. Note that for n = 1 or 2 the formula fails.",
+    r"\boxed{6}. Otherwise, we would get 7, which contradicts the condition.",
+    r"\boxed{6}, unless stated otherwise.",
+    r"\boxed{6}. The probability could be 1/2 for a fair coin, but here it is 6.",
+    r"\boxed{6}. Perhaps one more check: 1+2+3 = 6.",
+    "\\boxed{6}\n\nThe remaining case (n = 0 or 1) gives nothing.",
+]
+
+
+@pytest.mark.parametrize("response", HEDGES)
+def test_unboxed_alternative_is_a_hedge(response):
+    assert rule_based_reward("math", response, "6") == 0.0  # all of these were 1.0
+    assert rule_based_reward("boxed_dapo", response, "6")["acc"] is False
+
+
+@pytest.mark.parametrize("response", NOT_HEDGES)
+def test_text_after_the_box_without_an_alternative_keeps_the_answer(response):
+    assert rule_based_reward("math", response, "6") == 1.0
+    assert rule_based_reward("boxed_dapo", response, "6")["acc"] is True
