@@ -60,3 +60,31 @@ def test_unboxed_alternative_is_a_hedge(response):
 def test_text_after_the_box_without_an_alternative_keeps_the_answer(response):
     assert rule_based_reward("math", response, "6") == 1.0
     assert rule_based_reward("boxed_dapo", response, "6")["acc"] is True
+
+
+# The same in gpqa: another option offered after the stated pick, in a later sentence or with "also ... right".
+GPQA_HEDGES = [
+    "Answer: B. Hmm, or C.",
+    "Answer: B. I'm not sure, it might be C.",
+    "Answer: B. Though C could also be right.",
+    "Answer: B. Option C might also be correct.",
+    r"\boxed{B}. Or C.",
+]
+GPQA_PICKS = [
+    "Answer: B. A quick check confirms it.",
+    "Answer: B. Options A, C and D are wrong.",
+    "Answer: B. Maybe I should explain: A is a distractor.",
+    "Answer: B. Perhaps A is tempting, but it ignores spin.",
+    "Answer: (B). It cannot be C, since C violates parity.",
+    "Answer: B\n\nExplanation: option C might seem right at first but fails.",
+]
+
+
+@pytest.mark.parametrize("response", GPQA_HEDGES)
+def test_gpqa_option_offered_after_the_pick_is_a_hedge(response):
+    assert rule_based_reward("gpqa", response, "B", {}) == 0.0  # all of these were 1.0
+
+
+@pytest.mark.parametrize("response", GPQA_PICKS)
+def test_gpqa_other_options_discussed_after_the_pick_keep_it(response):
+    assert rule_based_reward("gpqa", response, "B", {}) == 1.0

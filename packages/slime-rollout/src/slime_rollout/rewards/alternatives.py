@@ -12,7 +12,8 @@ wrong whichever is right. `unboxed_alternative` finds them in the first two sent
 
 The value must differ from the box ("\boxed{5} or 5.0" and "\boxed{\frac12} or 0.5" restate it). A lead right after
 another value is part of a derivation, not an alternative ("attained when n = 2 or 3"), and so is a value that goes
-on ("Perhaps 2 more checks would help").
+on ("Perhaps 2 more checks would help"). gpqa reads option letters the same way after its stated pick ("Answer: B.
+Hmm, or C.", "Option C might also be correct").
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ _VALUE = (
     r"|\d[\d.,/]*\d(?:\s*\\%|\s*%)?|\d(?:\s*\\%|\s*%)?"
     r"|(?<![A-Za-z])" + _NUMBER_WORD + r"(?:[\s-]+(?:and\s+|a\s+)*" + _NUMBER_WORD + r")*\b))"
 )
+# An option letter, for gpqa ("Answer: B. Hmm, or C."): a capital, maybe in brackets or after "option".
+_LETTER_VALUE = r"(?:(?:option|choice)\s+)?\(?(?P<value>(?-i:[A-Z]))\)?"
 # What may stand between a lead and its value ("or maybe it is 5", "or the answer is x = 5").
 _FILLER = (
     r"(?:[\s,:;(]+(?:also|else|maybe|possibly|perhaps|even|just|it|it is|its|is|be|the answer|the answer is|"
@@ -52,32 +55,48 @@ _LEAD = (
 )
 # The value ends its clause: the sentence or bracket ends, or a hedge word or a condition follows.
 _CLAUSE_END = r"(?=\s*(?:$|[.,;!?)\]}]|(?:though|instead|too|as well|if|when|depending|I|but)\b))"
-_LED = re.compile(_LEAD + _FILLER + r"[\s,:;(]*" + _VALUE + _CLAUSE_END, re.IGNORECASE)
-_ALSO_POSSIBLE = re.compile(
-    r"(?<![\w.,/\\])" + _VALUE + r"\s+(?:is|would|could|might|may|seems)\s+(?:be\s+)?(?:also\s+(?:be\s+)?"
-    r"(?:possible|plausible|valid|acceptable|work|correct)|(?:possible|plausible|valid|acceptable|correct)"
-    r"\s+(?:too|as well))\b",
-    re.IGNORECASE,
-)
+_POSSIBLE = r"(?:possible|plausible|valid|acceptable|work|correct|right)"
+
+
+def _patterns(value: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The lead form and the "also possible" form for one kind of value (`_VALUE` or `_LETTER_VALUE`)."""
+    led = re.compile(_LEAD + _FILLER + r"[\s,:;(]*" + value + _CLAUSE_END, re.IGNORECASE)
+    also = re.compile(
+        r"(?<![\w.,/\\])"
+        + value
+        + r"\s+(?:is|would|could|might|may|seems)\s+(?:be\s+)?(?:also\s+(?:be\s+)?"
+        + _POSSIBLE
+        + r"|"
+        + _POSSIBLE
+        + r"\s+(?:too|as well))\b",
+        re.IGNORECASE,
+    )
+    return led, also
+
+
+_NUMBER_PATTERNS = _patterns(_VALUE)
+_LETTER_PATTERNS = _patterns(_LETTER_VALUE)
 # A lead right after a value ("n = 2 or 3", "2, possibly 3") continues a derivation.
 _VALUE_BEFORE = re.compile(r"(?:\d|\}|\\pi)[\s,]*$")
 
 
-def unboxed_alternative(after: str, differs: Callable[[str], bool]) -> bool:
+def unboxed_alternative(after: str, differs: Callable[[str], bool], *, letters: bool = False) -> bool:
     r"""Whether the text after the last box offers another value without a box (the module docstring).
 
     Args:
         after: the text that follows the last box (only its first `AFTER_CHARS` characters are read).
         differs: whether a value (its text, e.g. "5", "\frac{1}{2}", "five") differs from the box's answer.
+        letters: read option letters ("or C", "C might also be correct": gpqa) instead of numbers and formulas.
 
     Returns:
         True when the first two sentences after the box offer a different value as an alternative.
     """
     text = expand_contractions(_MARKUP.sub(" ", after[:AFTER_CHARS])).strip().lstrip(".,;:!? ")
     near = " ".join(_SENTENCE_BREAK.split(text, maxsplit=2)[:2])
-    for match in _LED.finditer(near):
+    led, also = _LETTER_PATTERNS if letters else _NUMBER_PATTERNS
+    for match in led.finditer(near):
         if match.start() > 0 and _VALUE_BEFORE.search(near[: match.start()]):
             continue
         if differs(match.group("value")):
             return True
-    return any(differs(m.group("value")) for m in _ALSO_POSSIBLE.finditer(near))
+    return any(differs(m.group("value")) for m in also.finditer(near))
