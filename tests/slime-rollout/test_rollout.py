@@ -364,6 +364,38 @@ async def test_generate_error_drains_and_propagates(use_client):
     assert not [t for t in others if "generate_and_rm" in repr(t.get_coro())]
 
 
+async def none_generate(args, sample, sampling_params):
+    return None  # forgot the return
+
+
+async def list_with_none_generate(args, sample, sampling_params):
+    return [sample, None]
+
+
+def str_hook(args, sample, evaluation, rollout_id):
+    return "done"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"custom_generate_function_path": f"{__name__}.none_generate"},
+         rf"generate function {__name__}\.none_generate on sample \d+ returned NoneType None, not a Sample or a list "
+         "of Samples"),
+        ({"custom_generate_function_path": f"{__name__}.list_with_none_generate"},
+         r"list_with_none_generate on sample \d+ returned list \[Sample\(.*not a Sample or a list of Samples"),
+        ({"custom_generate_function_path": f"{__name__}.fanout_generate",
+          "rollout_sample_hook_path": [f"{__name__}.str_hook"]},
+         rf"--rollout-sample-hook-path {__name__}\.str_hook on sample \d+ returned str 'done', not a Sample or None"),
+    ],
+)  # fmt: skip
+async def test_a_generate_function_or_hook_returning_a_non_sample_is_named(use_client, fields, message):
+    # Issue 27, item 12: these failed as "'NoneType' object has no attribute 'reward'", naming no plugin.
+    use_client(FakeClient({}))
+    with pytest.raises(TypeError, match=message):
+        await generate_rollout_async(_args(rollout_batch_size=1, **fields), 0, ListDataSource(n=1))
+
+
 def legacy_rollout(args, rollout_id, data_source, evaluation=False):
     """A custom --rollout-function-path returning bare groups (legacy)."""
     return data_source.get_samples(1)
