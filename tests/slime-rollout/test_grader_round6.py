@@ -88,3 +88,21 @@ def test_gpqa_option_offered_after_the_pick_is_a_hedge(response):
 @pytest.mark.parametrize("response", GPQA_PICKS)
 def test_gpqa_other_options_discussed_after_the_pick_keep_it(response):
     assert rule_based_reward("gpqa", response, "B", {}) == 1.0
+
+
+# An alternative considered and rejected right after it keeps the box (these were 0.0 with the rule above).
+REJECTED_ALTERNATIVES = [
+    (r"\boxed{5}. Wait, or is it 6? No, 5 is right.", 1.0),
+    (r"\boxed{5}. Maybe 6? Checking: 6 gives 13, not 12, so 5.", 1.0),
+    (r"\boxed{5}. It might be 6, but 6 gives 13, so no.", 1.0),
+    (r"\boxed{5}. Maybe 6? That fails: 6 + 1 = 7.", 1.0),
+    # Still hedges: doubt that rejects nothing, or a verdict on something else.
+    (r"\boxed{5}, or 6; no idea which.", 0.0),
+    (r"\boxed{5}, or 6 if the first guess is wrong.", 0.0),
+    (r"\boxed{5}. Or 6. So no clear answer.", 0.0),
+]
+
+
+@pytest.mark.parametrize(("response", "expected"), REJECTED_ALTERNATIVES)
+def test_an_alternative_rejected_right_after_it_keeps_the_box(response, expected):
+    assert rule_based_reward("math", response, "5") == expected

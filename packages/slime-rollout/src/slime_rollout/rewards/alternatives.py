@@ -12,8 +12,9 @@ wrong whichever is right. `unboxed_alternative` finds them in the first two sent
 
 The value must differ from the box ("\boxed{5} or 5.0" and "\boxed{\frac12} or 0.5" restate it). A lead right after
 another value is part of a derivation, not an alternative ("attained when n = 2 or 3"), and so is a value that goes
-on ("Perhaps 2 more checks would help"). gpqa reads option letters the same way after its stated pick ("Answer: B.
-Hmm, or C.", "Option C might also be correct").
+on ("Perhaps 2 more checks would help"); an alternative rejected right after it is none either ("Or is it 6? No, 5
+is right.", "It might be 6, but 6 gives 13, so no."). gpqa reads option letters the same way after its stated pick
+("Answer: B. Hmm, or C.", "Option C might also be correct").
 """
 
 from __future__ import annotations
@@ -78,6 +79,39 @@ _NUMBER_PATTERNS = _patterns(_VALUE)
 _LETTER_PATTERNS = _patterns(_LETTER_VALUE)
 # A lead right after a value ("n = 2 or 3", "2, possibly 3") continues a derivation.
 _VALUE_BEFORE = re.compile(r"(?:\d|\}|\\pi)[\s,]*$")
+# An alternative considered and rejected right after it is no hedge ("Or is it 6? No, 5 is right.", "It might be 6,
+# but 6 gives 13, so no.", "Maybe 6? ... so 5."): a "no", a verdict against it, or a conclusion that returns to the box.
+_REJECT_CHARS = 160
+_NO = re.compile(
+    r"(?:^|[.?!;:,]\s*|\b(?:but|so|then)\s+)(?:no|nope|nah)(?=\s*(?:[,.;:!?]|$))",  # "No, ...", not "no idea"
+    re.IGNORECASE,
+)
+_VERDICT = r"(?:fails|does not (?:work|satisfy|fit)|is (?:wrong|incorrect|impossible|ruled out|rejected)|contradicts)\b"
+# A verdict on the alternative itself: right after it ("6? That fails"), or naming it again ("6 gives 13, so 6 fails").
+_AGAINST_AT = re.compile(r"^[\s,;:?.!-]*(?:(?:but|which|and)\s+)?(?:(?:that|this|it)\s+)?" + _VERDICT, re.IGNORECASE)
+_AGAINST_NAMED = re.compile(r"(?<![\w.])(?P<named>[^\s,;:?.!]+)\s+" + _VERDICT, re.IGNORECASE)
+_BACK_TO = re.compile(
+    r"\b(?:so|thus|hence|therefore|answer is|stick with|go with|keep)\s+(?:it is\s+|the answer is\s+)?"
+    + _VALUE
+    + r"|"
+    + _VALUE.replace("?P<value>", "?P<again>")
+    + r"\s+(?:is|it is)\s+(?:right|correct|the answer)\b",
+    re.IGNORECASE,
+)
+
+
+def _rejected(alternative: str, rest: str, differs: Callable[[str], bool]) -> bool:
+    """Whether `rest`, the text right after `alternative`, rejects it (`_NO`, a verdict on it, `_BACK_TO` the box)."""
+    rest = rest[:_REJECT_CHARS]
+    if _NO.search(rest) or _AGAINST_AT.match(rest):
+        return True
+    if any(m.group("named") == alternative.strip() for m in _AGAINST_NAMED.finditer(rest)):
+        return True
+    for m in _BACK_TO.finditer(rest):
+        value = m.group("value") or m.group("again")
+        if value and not differs(value):
+            return True
+    return False
 
 
 def unboxed_alternative(after: str, differs: Callable[[str], bool], *, letters: bool = False) -> bool:
@@ -94,9 +128,10 @@ def unboxed_alternative(after: str, differs: Callable[[str], bool], *, letters: 
     text = expand_contractions(_MARKUP.sub(" ", after[:AFTER_CHARS])).strip().lstrip(".,;:!? ")
     near = " ".join(_SENTENCE_BREAK.split(text, maxsplit=2)[:2])
     led, also = _LETTER_PATTERNS if letters else _NUMBER_PATTERNS
-    for match in led.finditer(near):
-        if match.start() > 0 and _VALUE_BEFORE.search(near[: match.start()]):
+    for match in [*led.finditer(near), *also.finditer(near)]:
+        if match.re is led and match.start() > 0 and _VALUE_BEFORE.search(near[: match.start()]):
             continue
-        if differs(match.group("value")):
+        value = match.group("value")
+        if differs(value) and not _rejected(value, text[match.end() :], differs):
             return True
-    return any(differs(m.group("value")) for m in also.finditer(near))
+    return False
