@@ -106,3 +106,17 @@ REJECTED_ALTERNATIVES = [
 @pytest.mark.parametrize(("response", "expected"), REJECTED_ALTERNATIVES)
 def test_an_alternative_rejected_right_after_it_keeps_the_box(response, expected):
     assert rule_based_reward("math", response, "5") == expected
+
+
+# dapo's Answer: line by the same rule: another value offered on the lines after it is a hedge.
+DAPO_LINES = [
+    ("Answer: 6\nOr maybe 5.", False),  # was True
+    ("Answer: 6\nI am not sure, it might be \\frac{1}{2}.", False),  # was True
+    ("Answer: 6\nOr is it 5? No, 6 is right.", True),
+    ("Answer: 6\nCheck: 2*3 = 6.", True),
+]
+
+
+@pytest.mark.parametrize(("response", "acc"), DAPO_LINES)
+def test_dapo_answer_line_followed_by_another_value_is_a_hedge(response, acc):
+    assert rule_based_reward("dapo", response, "6")["acc"] is acc
