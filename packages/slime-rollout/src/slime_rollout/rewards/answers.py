@@ -22,8 +22,9 @@ What a careful grader reads, and what this module therefore returns:
   ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the last box
   (`\boxed{3} if n is even and \boxed{5} otherwise`, `\boxed{5} is also plausible`, `\boxed{5} is another`) makes it
   a hedge with the box before it; confidence words alone ("likely", "probably") do not. An unboxed alternative of
-  another value right after the last box is a hedge too (`\boxed{5} or 3`, `\boxed{5}. Though it could also be
-  3`; not `\boxed{5}, attained when n = 2 or 3`). Any other text between
+  another value in the two sentences after the last box is a hedge too (`\boxed{5} or 3`, `\boxed{5}. I'm not sure,
+  it might be 3`, unless rejected right after; not `\boxed{5}, attained when n = 2 or 3`: `rewards.alternatives`).
+  Any other text between
   them (a derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and
   any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
   earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
