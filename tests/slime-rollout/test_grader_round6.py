@@ -120,3 +120,20 @@ DAPO_LINES = [
 @pytest.mark.parametrize(("response", "acc"), DAPO_LINES)
 def test_dapo_answer_line_followed_by_another_value_is_a_hedge(response, acc):
     assert rule_based_reward("dapo", response, "6")["acc"] is acc
+
+
+# A counterfactual alternative whose condition is denied, or after which the text returns to the pick, is no hedge;
+# gpqa's "another option in the pick's sentence" rule read past the line break after "Answer: B".
+COUNTERFACTUALS = [
+    ("gpqa", "Answer: B\n\nExplanation: the product could be A if heated, but at room temperature it is B.", "B", 1.0),
+    ("gpqa", "Answer: B\nOr maybe C.", "B", 0.0),
+    ("gpqa", "Answer: B. It might be C, but I am not sure.", "B", 0.0),
+    ("math", r"\boxed{6}. It could be 5 if we counted zero, but we do not.", "6", 1.0),
+    ("math", r"\boxed{6}, or 5 but I am not sure.", "6", 0.0),
+    ("math", r"\boxed{6}, or 5 if zero counts, but it may not.", "6", 0.0),
+]
+
+
+@pytest.mark.parametrize(("rm_type", "response", "label", "expected"), COUNTERFACTUALS)
+def test_a_denied_counterfactual_keeps_the_answer(rm_type, response, label, expected):
+    assert rule_based_reward(rm_type, response, label, {}) == expected

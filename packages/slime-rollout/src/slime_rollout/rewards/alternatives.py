@@ -90,24 +90,41 @@ _VERDICT = r"(?:fails|does not (?:work|satisfy|fit)|is (?:wrong|incorrect|imposs
 # A verdict on the alternative itself: right after it ("6? That fails"), or naming it again ("6 gives 13, so 6 fails").
 _AGAINST_AT = re.compile(r"^[\s,;:?.!-]*(?:(?:but|which|and)\s+)?(?:(?:that|this|it)\s+)?" + _VERDICT, re.IGNORECASE)
 _AGAINST_NAMED = re.compile(r"(?<![\w.])(?P<named>[^\s,;:?.!]+)\s+" + _VERDICT, re.IGNORECASE)
-_BACK_TO = re.compile(
-    r"\b(?:so|thus|hence|therefore|answer is|stick with|go with|keep)\s+(?:it is\s+|the answer is\s+)?"
-    + _VALUE
-    + r"|"
-    + _VALUE.replace("?P<value>", "?P<again>")
-    + r"\s+(?:is|it is)\s+(?:right|correct|the answer)\b",
+# The condition of a counterfactual alternative denied right after it ("5 if we counted zero, but we do not").
+_DENIED = re.compile(
+    r"^[^.?!]{0,80}?\bbut\s+(?:we|it|they|this|that|there|the \w+)\s+(?:do|does|did|is|are|was|were|has|have)\s+not\b",
     re.IGNORECASE,
 )
 
 
-def _rejected(alternative: str, rest: str, differs: Callable[[str], bool]) -> bool:
-    """Whether `rest`, the text right after `alternative`, rejects it (`_NO`, a verdict on it, `_BACK_TO` the box)."""
+def _back_to(value: str) -> re.Pattern[str]:
+    """A conclusion naming a value again ("so 5", "it is B", "5 is right"): with the box's value, a rejection."""
+    return re.compile(
+        r"\b(?:so|thus|hence|therefore|answer is|stick with|go with|keep|it is|this is|that is)\s+"
+        r"(?:it is\s+|the answer is\s+)?"
+        + value
+        + r"|"
+        + value.replace("?P<value>", "?P<again>")
+        + r"\s+(?:is|it is)\s+(?:right|correct|the answer)\b",
+        re.IGNORECASE,
+    )
+
+
+_NUMBER_BACK_TO = _back_to(_VALUE)
+_LETTER_BACK_TO = _back_to(_LETTER_VALUE)
+
+
+def _rejected(alternative: str, rest: str, differs: Callable[[str], bool], back_to: re.Pattern[str]) -> bool:
+    """Whether `rest`, the text right after `alternative`, rejects it.
+
+    By a "no", a verdict on it, its condition denied, or a conclusion `back_to` the box's value.
+    """
     rest = rest[:_REJECT_CHARS]
-    if _NO.search(rest) or _AGAINST_AT.match(rest):
+    if _NO.search(rest) or _AGAINST_AT.match(rest) or _DENIED.match(rest):
         return True
     if any(m.group("named") == alternative.strip() for m in _AGAINST_NAMED.finditer(rest)):
         return True
-    for m in _BACK_TO.finditer(rest):
+    for m in back_to.finditer(rest):
         value = m.group("value") or m.group("again")
         if value and not differs(value):
             return True
@@ -128,10 +145,11 @@ def unboxed_alternative(after: str, differs: Callable[[str], bool], *, letters: 
     text = expand_contractions(_MARKUP.sub(" ", after[:AFTER_CHARS])).strip().lstrip(".,;:!? ")
     near = " ".join(_SENTENCE_BREAK.split(text, maxsplit=2)[:2])
     led, also = _LETTER_PATTERNS if letters else _NUMBER_PATTERNS
+    back_to = _LETTER_BACK_TO if letters else _NUMBER_BACK_TO
     for match in [*led.finditer(near), *also.finditer(near)]:
         if match.re is led and match.start() > 0 and _VALUE_BEFORE.search(near[: match.start()]):
             continue
         value = match.group("value")
-        if differs(value) and not _rejected(value, text[match.end() :], differs):
+        if differs(value) and not _rejected(value, text[match.end() :], differs, back_to):
             return True
     return False

@@ -144,7 +144,7 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
     if doubted_after(region[last.end() :]) and any(m.upper() != letter for m in _earlier_letters(region, last)):
         return True, None
     # Another option offered in hedge words right after it ("The answer is A, or maybe B").
-    following = _LETTER_AFTER.match(region, last.end())
+    following = _LETTER_AFTER.match(region, last.end(1))  # from the letter: its match may end past a line break
     if following and following.group(2) != letter and _WORDS.search(following.group(1)):
         if offered_together(following.group(1)):
             return True, None
