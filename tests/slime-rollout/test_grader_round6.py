@@ -137,3 +137,13 @@ COUNTERFACTUALS = [
 @pytest.mark.parametrize(("rm_type", "response", "label", "expected"), COUNTERFACTUALS)
 def test_a_denied_counterfactual_keeps_the_answer(rm_type, response, label, expected):
     assert rule_based_reward(rm_type, response, label, {}) == expected
+
+
+@pytest.mark.parametrize("tail", [" maybe it is it is it is" * 15, " maybe the answer is the answer is" * 10])
+def test_the_alternative_rule_is_not_exponential_in_filler_words(tail):
+    import time
+
+    start = time.perf_counter()
+    assert rule_based_reward("math", r"\boxed{5}" + tail, "5") == 1.0
+    assert rule_based_reward("gpqa", "Answer: B" + tail, "B", {}) == 1.0
+    assert time.perf_counter() - start < 1.0  # overlapping filler words ("it is", "it" + "is"): minutes

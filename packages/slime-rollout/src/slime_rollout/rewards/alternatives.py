@@ -45,9 +45,11 @@ _VALUE = (
 # An option letter, for gpqa ("Answer: B. Hmm, or C."): a capital, maybe in brackets or after "option".
 _LETTER_VALUE = r"(?:(?:option|choice)\s+)?\(?(?P<value>(?-i:[A-Z]))\)?"
 # What may stand between a lead and its value ("or maybe it is 5", "or the answer is x = 5").
+# One word per step and each step atomic: overlapping choices ("it is" and "it" + "is") made the match exponential in
+# the number of fillers (" it is" × 15 took minutes).
 _FILLER = (
-    r"(?:[\s,:;(]+(?:also|else|maybe|possibly|perhaps|even|just|it|it is|its|is|be|the answer|the answer is|"
-    r"the result is|I think|I guess|[a-z]\s*=))*"
+    r"(?>[\s,:;(]+(?:also|else|maybe|possibly|perhaps|even|just|it|its|is|be|the answer|the result|I think|I guess"
+    r"|[a-z]\s*=)\b)*"
 )
 _LEAD = (
     r"\b(?:or|maybe|perhaps|possibly|alternatively|otherwise|unless|(?:could|might|may)(?:\s+also)?\s+be"
