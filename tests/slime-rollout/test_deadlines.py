@@ -230,3 +230,34 @@ async def test_calls_delayed_by_a_blocked_loop_name_the_culprit(stuck_rewards, c
             break
         await asyncio.sleep(0.1)
     assert not loop_watchdog._watchdogs
+
+
+def _empty_next(args, sample):
+    return next(iter([]))  # a stray next() on an empty iterator raises StopIteration
+
+
+def _raises_keyboard_interrupt(args, sample):
+    raise KeyboardInterrupt("plugin's own")
+
+
+async def test_a_sync_plugin_raising_stop_iteration_or_keyboard_interrupt_fails_at_once():
+    from slime_rollout.runtime.deadlines import PluginExit
+
+    # StopIteration could not be set on the future (a TypeError in the loop's callback): the call waited out its
+    # whole deadline (--plugin-timeout-secs: 4 h) and then blamed a hang.
+    bounds = {"deadline_s": 30.0, "flag": "--plugin-timeout-secs", "warn_every_s": 30.0}
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^StopIteration raised$") as raised:
+        await call_plugin_with_deadline(_empty_next, None, None, what="gen", **bounds)
+    assert isinstance(raised.value.__cause__, StopIteration)
+    # A KeyboardInterrupt from the plugin's thread is the plugin's, not the user's Ctrl-C: it propagated as one.
+    with pytest.raises(PluginExit, match=r"^KeyboardInterrupt: plugin's own$"):
+        await call_plugin_with_deadline(_raises_keyboard_interrupt, None, None, what="gen", **bounds)
+    assert time.monotonic() - start < 5.0
+
+
+async def test_a_reward_function_raising_stop_iteration_is_named():
+    sample = Sample(response="r", label="1", index=5)
+    args = _args(custom_rm_path=f"{__name__}._empty_next", rm_timeout_secs=30.0)
+    with pytest.raises(RewardFunctionError, match=r"_empty_next raised RuntimeError on sample 5: StopIteration raised"):
+        await asyncio.wait_for(async_rm(args, sample), 10)

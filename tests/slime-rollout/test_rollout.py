@@ -358,10 +358,42 @@ async def test_generate_error_drains_and_propagates(use_client):
     client = use_client(FakeClient({}))
     args = _args(custom_generate_function_path=f"{__name__}.failing_generate", rollout_batch_size=3)
     with pytest.raises(RuntimeError, match="boom"):
-        await generate_rollout_async(args, 0, ListDataSource(n=1))
+        await generate_rollout_async(args, 0, ListDataSource(n=2))
     assert client.abort_calls == 1
     others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert not [t for t in others if "generate_and_rm" in repr(t.get_coro())]
+
+
+async def none_generate(args, sample, sampling_params):
+    return None  # forgot the return
+
+
+async def list_with_none_generate(args, sample, sampling_params):
+    return [sample, None]
+
+
+def str_hook(args, sample, evaluation, rollout_id):
+    return "done"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"custom_generate_function_path": f"{__name__}.none_generate"},
+         rf"generate function {__name__}\.none_generate on sample \d+ returned NoneType None, not a Sample or a list "
+         "of Samples"),
+        ({"custom_generate_function_path": f"{__name__}.list_with_none_generate"},
+         r"list_with_none_generate on sample \d+ returned list \[Sample\(.*not a Sample or a list of Samples"),
+        ({"custom_generate_function_path": f"{__name__}.fanout_generate",
+          "rollout_sample_hook_path": [f"{__name__}.str_hook"]},
+         rf"--rollout-sample-hook-path {__name__}\.str_hook on sample \d+ returned str 'done', not a Sample or None"),
+    ],
+)  # fmt: skip
+async def test_a_generate_function_or_hook_returning_a_non_sample_is_named(use_client, fields, message):
+    # Issue 27, item 12: these failed as "'NoneType' object has no attribute 'reward'", naming no plugin.
+    use_client(FakeClient({}))
+    with pytest.raises(TypeError, match=message):
+        await generate_rollout_async(_args(rollout_batch_size=1, **fields), 0, ListDataSource(n=2))
 
 
 def legacy_rollout(args, rollout_id, data_source, evaluation=False):
@@ -705,3 +737,42 @@ async def test_a_data_source_that_never_returns_fails_at_the_plugin_deadline(use
                        r"0\.6 s \(--plugin-timeout-secs\)"):  # fmt: skip
         await generate_rollout_async(_bounded(), 0, SlowDataSource(n=2))
     assert time.monotonic() - start < 4.0
+
+
+class FlatSource(ListDataSource):
+    def get_samples(self, num_groups):
+        return [s for group in super().get_samples(num_groups) for s in group]  # samples, not groups
+
+
+class HangingSource(ListDataSource):
+    def get_samples(self, num_groups):
+        time.sleep(5)
+        return super().get_samples(num_groups)
+
+
+async def test_a_data_source_returning_samples_or_wrong_groups_is_named_before_generating(use_client):
+    # Issue 27, item 12: a flat list failed as "'Sample' object is not iterable" inside a generate task; a group
+    # of another size was generated first and refused after.
+    client = use_client(FakeClient({}))
+    with pytest.raises(TypeError, match=r"^FlatSource\.get_samples\(1\) \(rollout 0\): group 0 is Sample .*not a list"):
+        await generate_rollout_async(_args(rollout_batch_size=1), 0, FlatSource(n=2))
+    with pytest.raises(ValueError, match=r"ListDataSource\.get_samples\(1\) \(rollout 0\): group 0 has 3 samples, "
+                       r"expected 2 \(--n-samples-per-prompt\)"):  # fmt: skip
+        await generate_rollout_async(_args(rollout_batch_size=1), 0, ListDataSource(n=3))
+    assert client.payloads == []
+
+
+async def test_the_fully_async_producer_bounds_a_hanging_data_source(use_client):
+    from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
+
+    # It called get_samples on the event loop: a data source that hung froze the producer with no word.
+    use_client(FakeClient({}))
+    producer = FullyAsyncProducer(_bounded(rollout_batch_size=1), HangingSource(n=2), restored=[], version=0)
+    start = time.monotonic()
+    producer.start()
+    with pytest.raises(RuntimeError, match=r"HangingSource\.get_samples\(1\) \(fully-async producer\) did not finish "
+                       r"within 0\.6 s \(--plugin-timeout-secs\)") as e:  # fmt: skip
+        await producer.take(0, 1, None)
+    assert isinstance(e.value.__cause__, DeadlineExceeded)
+    assert time.monotonic() - start < 4.0
+    await producer.stop()

@@ -45,6 +45,7 @@ from slime_rollout.agent.output_parsing import REASONING_PARSERS, TOOL_PARSERS, 
 from slime_rollout.agent.trajectory import AgentSession, TurnRecord
 from slime_rollout.engines.client import EngineClient
 from slime_rollout.engines.transport import EngineError
+from slime_rollout.generation.engine_reply import parse_generate_reply
 from slime_rollout.generation.seeds import continuation_seed
 
 __all__ = ["OpenAIAdapter"]
@@ -343,12 +344,10 @@ class OpenAIAdapter:
         return params
 
     def _reply(self, session: AgentSession, chat: ChatRequest, plan: Any, reply: Any) -> web.Response:
-        meta = (reply or {}).get("meta_info") if isinstance(reply, Mapping) else None
-        entries = (meta or {}).get("output_token_logprobs")
-        if entries is None:
-            return _error(502, "engine reply has no meta_info.output_token_logprobs", kind="server_error")
-        ids = [int(e[1]) for e in entries]
-        log_probs = [float(e[0]) for e in entries]
+        try:
+            ids, log_probs, meta = parse_generate_reply(reply, what=f"session {session.session_id}")
+        except ValueError as e:
+            return _error(502, str(e), kind="server_error")
         finish = (meta.get("finish_reason") or {}).get("type")
         if finish == "abort":
             # An abort (weight update, shutdown) is not the model's answer: not recorded, the agent may retry.

@@ -22,9 +22,10 @@ from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
 from slime_rollout.generation.filters import call_dynamic_filter
 from slime_rollout.generation.generate import abort_all
-from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm_group, num_engines
+from slime_rollout.generation.group_rollout import RolloutState, checked_groups, generate_and_rm_group, num_engines
 from slime_rollout.generation.staleness import group_version, staleness_metrics
 from slime_rollout.plugins import load_function
+from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
 from slime_rollout.runtime.metrics import flatten_groups
 
 if TYPE_CHECKING:
@@ -116,29 +117,29 @@ class FullyAsyncProducer:
     def _hold(self, group: list[Sample]) -> _Held:
         return _Held(group=group, prompt=copy.deepcopy(group), order=next(self._order))
 
-    def _next(self) -> _Held | None:
+    async def _next(self) -> _Held | None:
         if self._recycled:
             return self._recycled.popleft()
         if self._restored:
             return self._restored.popleft()
-        groups = self.data_source.get_samples(1)
+        # A custom data source is the user's sync code: bounded by --plugin-timeout-secs, off the loop (called on
+        # the loop, one that hung froze the producer and every group in flight with no word).
+        what = f"{type(self.data_source).__name__}.get_samples(1) (fully-async producer)"
+        groups = await call_plugin_with_deadline(self.data_source.get_samples, 1, what=what, **plugin_bounds(self.args))
         if not groups:
             return None
-        n = self.args.n_samples_per_prompt
-        if len(groups) != 1 or len(groups[0]) != n:
-            raise ValueError(
-                f"{type(self.data_source).__name__}.get_samples(1) returned {len(groups)} group(s) of "
-                f"{[len(g) for g in groups]} samples; expected 1 group of --n-samples-per-prompt {n}"
-            )
+        groups = checked_groups(groups, what, self.args.n_samples_per_prompt)
+        if len(groups) != 1:
+            raise ValueError(f"{what} returned {len(groups)} groups, expected 1")
         return self._hold(groups[0])
 
-    def _top_up(self) -> bool:
+    async def _top_up(self) -> bool:
         """Submits groups while there is room; returns False when the data source gave none."""
         while len(self._in_flight) < self.capacity and len(self._ready) < self.capacity:
             outstanding = len(self._in_flight) + len(self._ready) + len(self._recycled)
             if not self._recycled and self.outstanding_limit is not None and outstanding >= self.outstanding_limit:
                 break
-            held = self._next()
+            held = await self._next()
             if held is None:
                 return False
             held.submitted_version = self.version
@@ -151,7 +152,7 @@ class FullyAsyncProducer:
     async def _produce(self) -> None:
         try:
             while True:
-                if not self._top_up() and not self._in_flight and not self._ready:
+                if not await self._top_up() and not self._in_flight and not self._ready:
                     raise RuntimeError("fully-async rollout: the data source returned no samples and none is in flight")
                 woken = asyncio.ensure_future(self._taken.wait())
                 done, _ = await asyncio.wait({*self._in_flight, woken}, return_when=asyncio.FIRST_COMPLETED)

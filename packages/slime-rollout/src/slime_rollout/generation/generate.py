@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.sample import Sample, Status
 from slime_rollout.data.multimodal import VisionPrompt, prepare_vision_prompt, sample_images, vision_token_ids
 from slime_rollout.data.source import encode_prompt, get_tokenizer
+from slime_rollout.generation.engine_reply import parse_generate_reply
 from slime_rollout.generation.routed_experts import ROUTED_EXPERTS_REQUEST, attach_routed_experts, wants_routed_experts
 from slime_rollout.generation.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
 
@@ -168,19 +169,6 @@ def _check_prompt_tokens(sample: Sample, meta: dict[str, Any], expanded: int) ->
         )
 
 
-def _parse_output(reply: dict[str, Any]) -> tuple[list[int], list[float]]:
-    meta = reply.get("meta_info") or {}
-    entries = meta.get("output_token_logprobs")
-    if entries is None:
-        raise ValueError("engine reply has no meta_info.output_token_logprobs (was return_logprob sent?)")
-    tokens = [int(e[1]) for e in entries]
-    log_probs = [float(e[0]) for e in entries]
-    output_ids = reply.get("output_ids")
-    if output_ids is not None and list(output_ids) != tokens:
-        raise ValueError(f"engine reply: output_ids {output_ids[:8]}... disagree with output_token_logprobs ids")
-    return tokens, log_probs
-
-
 async def generate(
     args: SlimeArgs, sample: Sample, sampling_params: dict[str, Any], *, evaluation: bool = False
 ) -> Sample:
@@ -243,18 +231,14 @@ async def generate(
         payload["image_data"] = list(vision.engine_images)
     client = get_client(args)
     reply = await call_client(client.generate, payload)
+    tokens, log_probs, meta = parse_generate_reply(reply, what=f"sample {sample.index}")
     if vision is not None:
-        _check_prompt_tokens(sample, reply.get("meta_info") or {}, len(sample.tokens))
-    tokens, log_probs = _parse_output(reply)
-    top_p = parse_top_p_sets(reply["meta_info"], len(tokens))
+        _check_prompt_tokens(sample, meta, len(sample.tokens))
+    top_p = parse_top_p_sets(meta, len(tokens))
     sample.status = Status.PENDING
-    sample.append_response_tokens(
-        tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=reply["meta_info"], top_p=top_p
-    )
-    attach_routed_experts(args, sample, reply["meta_info"])
+    sample.append_response_tokens(tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=meta, top_p=top_p)
+    attach_routed_experts(args, sample, meta)
     if sample.status is Status.PENDING:
-        logger.warning(
-            "sample %s: engine gave no known finish_reason (%r)", sample.index, reply["meta_info"].get("finish_reason")
-        )
+        logger.warning("sample %s: engine gave no known finish_reason (%r)", sample.index, meta.get("finish_reason"))
         sample.status = Status.COMPLETED
     return sample

@@ -30,7 +30,7 @@ from slime_rollout.runtime.metrics import flatten_groups
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["RolloutState", "generate_and_rm", "generate_and_rm_group", "num_engines", "seeded_params"]
+__all__ = ["RolloutState", "checked_groups", "generate_and_rm", "generate_and_rm_group", "num_engines", "seeded_params"]
 
 
 def num_engines(args: SlimeArgs) -> int:
@@ -92,15 +92,54 @@ def _reward_bounds(args: SlimeArgs) -> dict[str, float]:
     return {"deadline_s": args.rm_timeout_secs, "warn_every_s": args.slow_call_warning_secs}
 
 
+def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
+    """`out` when it is a `Sample` (or, with `fan_out`, a list of them); else one `TypeError` naming `what`.
+
+    A plugin that returned something else failed later as `'NoneType' object has no attribute 'reward'`, naming
+    neither the plugin nor the sample.
+    """
+    if isinstance(out, Sample) or (fan_out and isinstance(out, list) and all(isinstance(s, Sample) for s in out)):
+        return out
+    shown = repr(out) if len(repr(out)) <= 80 else repr(out)[:77] + "..."
+    wanted = "a Sample or a list of Samples" if fan_out else "a Sample or None"
+    raise TypeError(f"{what} returned {type(out).__name__} {shown}, not {wanted}")
+
+
+def checked_groups(groups: Any, what: str, group_size: int) -> list[list[Sample]]:
+    """A data source's `get_samples` value as groups: a list of lists of `group_size` `Sample`s.
+
+    Args:
+        groups: what `get_samples` returned.
+        what: names the call in errors, e.g. "MySource.get_samples(8) (rollout 3)".
+        group_size: `--n-samples-per-prompt`.
+
+    Raises:
+        TypeError: not a list of lists of Samples (a flat list of Samples failed as "'Sample' object is not
+            iterable" inside a generate task, naming no data source).
+        ValueError: a group of another size (it was generated first and refused after).
+    """
+    if not isinstance(groups, list | tuple):
+        raise TypeError(f"{what} returned {type(groups).__name__}, not a list of groups (lists of Samples)")
+    for i, group in enumerate(groups):
+        if not isinstance(group, list) or not all(isinstance(s, Sample) for s in group):
+            shown = repr(group) if len(repr(group)) <= 80 else repr(group)[:77] + "..."
+            raise TypeError(f"{what}: group {i} is {type(group).__name__} {shown}, not a list of Samples")
+        if len(group) != group_size:
+            size = len(group)
+            raise ValueError(f"{what}: group {i} has {size} samples, expected {group_size} (--n-samples-per-prompt)")
+    return list(groups)
+
+
 async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sample:
     for path in args.rollout_sample_hook_path or []:
         hook = load_function(path, flag="--rollout-sample-hook-path")
+        what = f"--rollout-sample-hook-path {path} on sample {sample.index}"
         out = await call_plugin_with_deadline(
-            hook, args, sample, evaluation=state.evaluation, rollout_id=state.rollout_id,
-            what=f"--rollout-sample-hook-path {path} on sample {sample.index}", **plugin_bounds(args),
+            hook, args, sample, evaluation=state.evaluation, rollout_id=state.rollout_id, what=what,
+            **plugin_bounds(args),
         )  # fmt: skip
         if out is not None:
-            sample = out
+            sample = _checked_output(out, what, fan_out=False)
     return sample
 
 
@@ -135,9 +174,10 @@ async def generate_and_rm(
             if fn is default_generate:  # ours: its engine requests are bounded and logged themselves
                 result = await fn(args, sample, params, **kwargs)
             else:
-                what = f"generate function {getattr(fn, '__qualname__', fn)} on sample {sample.index}"
+                what = f"generate function {_name(fn)} on sample {sample.index}"
                 result = await call_plugin_with_deadline(fn, args, sample, params, what=what, **plugin_bounds(args),
                                                          **kwargs)  # fmt: skip
+                result = _checked_output(result, what, fan_out=True)
     if isinstance(result, list):
         result = [await _run_hooks(args, s, state) for s in result]
     else:

@@ -37,6 +37,7 @@ from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout.data.source import get_tokenizer
 from slime_rollout.generation import generate as single_turn
+from slime_rollout.generation.engine_reply import parse_generate_reply
 from slime_rollout.generation.routed_experts import ROUTED_EXPERTS_REQUEST, attach_routed_experts, wants_routed_experts
 from slime_rollout.generation.seeds import continuation_seed
 from slime_rollout.generation.template_check import (
@@ -180,14 +181,6 @@ def _prompt_ids(tokenizer: Any, sample: Sample, env: Env) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=False)
 
 
-def _parse_reply(reply: Mapping[str, Any]) -> tuple[list[int], list[float], Mapping[str, Any]]:
-    meta = reply.get("meta_info") or {}
-    entries = meta.get("output_token_logprobs")
-    if entries is None:
-        raise ValueError("engine reply has no meta_info.output_token_logprobs (was return_logprob sent?)")
-    return [int(e[1]) for e in entries], [float(e[0]) for e in entries], meta
-
-
 def _reset_response(sample: Sample) -> None:
     del sample.tokens[sample.prompt_length :]
     sample.response_length = 0
@@ -221,7 +214,7 @@ async def _model_turn(
     if wants_routed_experts(args):
         payload.update(ROUTED_EXPERTS_REQUEST)
     reply = await single_turn.call_client(client.generate, payload)
-    tokens, log_probs, meta = _parse_reply(reply)
+    tokens, log_probs, meta = parse_generate_reply(reply, what=f"sample {sample.index}")
     # Decoded from the ids, special tokens kept, whatever `skip_special_tokens` the engine used: this is
     # what tells whether the turn ended with the template's end-of-turn token.
     token_text = tokenizer.decode(tokens)

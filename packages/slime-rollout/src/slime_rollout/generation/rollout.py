@@ -32,7 +32,13 @@ from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, 
 from slime_rollout.generation.eval import eval_rollout
 from slime_rollout.generation.filters import call_dynamic_filter
 from slime_rollout.generation.generate import abort_all
-from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, generate_and_rm_group, num_engines
+from slime_rollout.generation.group_rollout import (
+    RolloutState,
+    checked_groups,
+    generate_and_rm,
+    generate_and_rm_group,
+    num_engines,
+)
 from slime_rollout.generation.opd import score_teacher
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime import async_utils, debug_dump, log_hooks
@@ -227,6 +233,7 @@ async def generate_rollout_async(
                 groups = await call_plugin_with_deadline(take, over, what=what, **plugin_bounds(args))
                 if not groups:
                     raise RuntimeError("data source returned no samples")
+                groups = checked_groups(groups, what, n)
                 for g in groups:
                     task = asyncio.create_task(generate_and_rm_group(args, g, state, prompt_position=submitted))
                     order[task] = submitted

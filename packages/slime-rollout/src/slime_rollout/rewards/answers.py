@@ -22,8 +22,9 @@ What a careful grader reads, and what this module therefore returns:
   ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the last box
   (`\boxed{3} if n is even and \boxed{5} otherwise`, `\boxed{5} is also plausible`, `\boxed{5} is another`) makes it
   a hedge with the box before it; confidence words alone ("likely", "probably") do not. An unboxed alternative of
-  another value right after the last box is a hedge too (`\boxed{5} or 3`, `\boxed{5}. Though it could also be
-  3`; not `\boxed{5}, attained when n = 2 or 3`). Any other text between
+  another value in the two sentences after the last box is a hedge too (`\boxed{5} or 3`, `\boxed{5}. I'm not sure,
+  it might be 3`, unless rejected right after; not `\boxed{5}, attained when n = 2 or 3`: `rewards.alternatives`).
+  Any other text between
   them (a derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and
   any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
   earlier one, as a reader (and the original's last-box rule) takes it. The grader then decides whether the final
@@ -38,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from slime_rollout.rewards.alternatives import unboxed_alternative
 from slime_rollout.rewards.normalize import normalize_answer, parse_number
 from slime_rollout.rewards.retraction import (
     expand_contractions,
@@ -73,26 +75,6 @@ _HEDGE_PHRASES = re.compile(
     r"|on the other hand|equally (?:likely|plausible|valid|possible)|(?:second|alternative|other) guess"
     r"|also (?:(?:seems|looks|is|be) )?(?:plausible|possible|valid|likely|acceptable)"
     r"|also (?:seems|looks) (?:right|correct)|(?:could|can|might) also see|lean(?:ing)? (?:towards?|to))\b"
-)
-# An unboxed alternative right after the last box ("\boxed{5} or 3", "\boxed{5}. Though it could also be 3"): a
-# hedge when its value differs. Only at the start of the text after the box, so a derivation ("attained when n = 2 or
-# 3") is not one.
-_ALTERNATIVE_AFTER = re.compile(
-    r"^[\s,;.:()\-]*(?:(?:though|but|although)\s+)?(?:it\s+)?(?:or|could|might|may|maybe|possibly|perhaps|alternatively)"
-    r"(?:\s+(?:also|else|maybe|possibly|perhaps|be|even))*[\s,:]+\$?(?:\\boxed\s*\{)?\s*(-?\d[\d.,/]*\d|-?\d)"
-    r"(?=\s*(?:$|[.,;!?)}$]|\s(?:though|instead|too|as well|is|was|would|might|could)\b))",
-    re.IGNORECASE,
-)
-# The same with a strong lead or an "also" verdict, anywhere in the first two sentences after the last box
-# ("Alternatively: 3", "another possible answer is 3", "(3 is also possible)", "3 would also work"; not "x = 3 is
-# valid", a check).
-_NUMBER = r"(-?\d[\d.,/]*\d|-?\d)"
-_ALTERNATIVE_NEAR = re.compile(
-    rf"(?:\balternatively|\banother (?:possible )?(?:answer|value|solution|possibility)(?: (?:is|would be|could be))?)"
-    rf"[\s:,]+\$?{_NUMBER}(?![\d.,/])"
-    rf"|(?<![\d.,/]){_NUMBER}\s+(?:is|would|could|might|may)\s+(?:be\s+)?also\s+(?:be\s+)?"
-    r"(?:possible|plausible|valid|acceptable|work)\b",
-    re.IGNORECASE,
 )
 # Doubt about the box it follows: a hedge with the box before when it is in the sentence right after the last box
 # ("\boxed{5} is also plausible", "\boxed{5} is another") or right after the earlier one ("\boxed{3} is one
@@ -305,14 +287,8 @@ def final_boxed_answers(response: str) -> FinalAnswers:
 
 
 def _unboxed_alternative(after: str, last: Box) -> bool:
-    """Whether the text right after the last box offers another value without a box (`_ALTERNATIVE_AFTER`/`_NEAR`)."""
-    values = []
-    anchored = _ALTERNATIVE_AFTER.match(after)
-    if anchored:
-        values.append(anchored.group(1))
-    near = " ".join(_SENTENCE_BREAK.split(after.strip(), maxsplit=2)[:2])
-    values += [m.group(1) or m.group(2) for m in _ALTERNATIVE_NEAR.finditer(near)]
-    return any(_normalized(v) != _normalized(last.content) for v in values)
+    """Whether the text right after the last box offers another value without a box (`rewards.alternatives`)."""
+    return unboxed_alternative(after, lambda value: _normalized(value) != _normalized(last.content))
 
 
 def doubted_after(after: str) -> bool:

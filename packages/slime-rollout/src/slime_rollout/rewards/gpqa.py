@@ -20,9 +20,10 @@ The response's pick is read from its final part (after the reasoning; an unclose
   graders' rule, `answers.offered_together`): "A or B", "A, B", "I'd go with A or maybe B", "A. B is also
   plausible" are a hedge, no pick (the original takes the last letter, B), while "Between A and B, I pick A" picks A.
 
-A statement's pick followed in its sentence by another option in hedge words ("The answer is A, or maybe B") is a
-hedge too; a letter right after it with no words between ("Answer: B. A quick check confirms it") is not, since a
-capital A or I is also a word.
+A statement's pick followed in its sentence by another option in hedge words ("The answer is A, or maybe B"), or in
+the two sentences after it by another option offered ("Answer: B. I'm not sure, it might be C.", "C could also be
+right": `rewards.alternatives`, the math graders' rule), is a hedge too; a letter right after it with no words
+between ("Answer: B. A quick check confirms it") is not, since a capital A or I is also a word.
 
 Without a determinable correct option, the stated answer must equal the label's text.
 """
@@ -35,6 +36,7 @@ import string
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from slime_rollout.rewards.alternatives import unboxed_alternative
 from slime_rollout.rewards.answers import doubted_after, offered_together, strip_reasoning
 from slime_rollout.rewards.retraction import judged_wrong, mentions_mistake, negated_before, retracts
 
@@ -132,6 +134,9 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
         return True, None
     if _offered_with_another(region, last, letter):
         return True, None
+    # Another option offered after it without a statement ("Answer: B. I'm not sure, it might be C."), as in math.
+    if unboxed_alternative(region[last.end() :], lambda value: value.upper() != letter, letters=True):
+        return True, None
     # Taken back by what follows ("Answer: B. Actually no, it's A."): no pick, by the math graders' rule.
     if retracts(region[last.end() :], lambda value: _first_letter(value) != letter):
         return True, None
@@ -139,7 +144,7 @@ def _stated_letter(region: str) -> tuple[bool, str | None]:
     if doubted_after(region[last.end() :]) and any(m.upper() != letter for m in _earlier_letters(region, last)):
         return True, None
     # Another option offered in hedge words right after it ("The answer is A, or maybe B").
-    following = _LETTER_AFTER.match(region, last.end())
+    following = _LETTER_AFTER.match(region, last.end(1))  # from the letter: its match may end past a line break
     if following and following.group(2) != letter and _WORDS.search(following.group(1)):
         if offered_together(following.group(1)):
             return True, None

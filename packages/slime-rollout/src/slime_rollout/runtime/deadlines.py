@@ -15,7 +15,9 @@ A plugin that raises `SystemExit` (a stray `sys.exit()`, `exit()` in a script tu
 `BaseException` that is not an `Exception` would end the whole process from inside asyncio with no word of which
 plugin or sample; `call_plugin_with_deadline` turns it into `PluginExit`, an ordinary error its caller names.
 `KeyboardInterrupt` and `asyncio.CancelledError` still propagate: they are the user's and the loop's, not the
-plugin's.
+plugin's; but a `KeyboardInterrupt` raised in a sync plugin's thread is the plugin's own (signals reach only the
+main thread), so it is a `PluginExit` too. A sync plugin's `StopIteration` (a stray `next()` on an empty iterator)
+becomes a `RuntimeError`, as in a coroutine: a future cannot hold it.
 
 Limitation: an `async def` plugin that blocks synchronously (`time.sleep`, CPU-bound work, blocking I/O) runs on
 the event loop itself, and nothing on the loop can preempt it: no timer fires while it runs, so the warnings are
@@ -120,6 +122,15 @@ def _in_daemon_thread(fn: Callable[..., Any], *args: Any, name: str, **kwargs: A
     def target() -> None:
         try:
             outcome, failed = fn(*args, **kwargs), False
+        except StopIteration as e:
+            # A future refuses StopIteration (TypeError in the loop's callback: the await never ended); a coroutine
+            # turns it into RuntimeError (PEP 479), and so does this.
+            outcome, failed = RuntimeError(f"{type(e).__name__} raised: {e}".rstrip(": ")), True
+            outcome.__cause__ = e
+        except KeyboardInterrupt as e:
+            # Signals reach only the main thread: this one is the plugin's own `raise`, not the user's Ctrl-C.
+            outcome, failed = PluginExit(f"{type(e).__name__}: {e}".rstrip(": ")), True
+            outcome.__cause__ = e
         except BaseException as e:  # handed to the awaiting task, which raises it
             outcome, failed = e, True
         try:

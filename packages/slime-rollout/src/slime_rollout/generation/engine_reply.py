@@ -1,0 +1,75 @@
+"""Reading an engine's `/generate` reply: its token ids and log-probs, checked before anything is kept.
+
+SGLang answers `{"text", "output_ids", "meta_info": {"output_token_logprobs": [[logprob, token_id, text], ...],
+"finish_reason", ...}}`. A proxy's HTML error page, an empty body or a broken engine gives something else, and an
+unchecked reply failed far from its cause: `'str' object has no attribute 'get'` naming neither the engine reply nor
+the sample, or worse, it passed: a NaN log-prob poisoned the importance weights of a whole step, a negative or
+fractional token id (-7, 5.7 read as 5) reached the trainer's embedding. `parse_generate_reply` is the one reader
+for the default generate, the multi-turn generate and the agent adapter.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["parse_generate_reply"]
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _token_id(value: Any, at: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 0:
+        raise ValueError(f"{at}: token id {_preview(value)} is not a non-negative integer")
+    return int(value)
+
+
+def _log_prob(value: Any, at: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ValueError(f"{at}: log-prob {_preview(value)} is not a finite number")
+    return float(value)
+
+
+def parse_generate_reply(reply: Any, *, what: str) -> tuple[list[int], list[float], Mapping[str, Any]]:
+    """The generated token ids, their log-probs and `meta_info` of one `/generate` reply, checked.
+
+    Args:
+        reply: the decoded reply body (a dict from SGLang; a str when the body was not JSON, None when empty).
+        what: names the call in errors, e.g. "sample 7".
+
+    Returns:
+        `(token_ids, log_probs, meta_info)`: ids as ints (`[n]`), log-probs as floats (`[n]`, natural log).
+
+    Raises:
+        ValueError: the reply is not a JSON object, has no `meta_info.output_token_logprobs` (was `return_logprob`
+            sent?), an entry is not `[logprob, token_id, ...]`, a log-prob is not finite, a token id is not a
+            non-negative integer, or `output_ids` disagrees with the ids.
+    """
+    if not isinstance(reply, Mapping):
+        raise ValueError(f"{what}: the engine's /generate reply is {type(reply).__name__} {_preview(reply)}, not a "
+                         "JSON object")  # fmt: skip
+    meta = reply.get("meta_info") or {}
+    if not isinstance(meta, Mapping):
+        raise ValueError(f"{what}: engine reply meta_info is {type(meta).__name__} {_preview(meta)}, not an object")
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise ValueError(f"{what}: engine reply has no meta_info.output_token_logprobs (was return_logprob sent?)")
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
+        raise ValueError(f"{what}: engine reply meta_info.output_token_logprobs is {_preview(entries)}, not a list")
+    tokens, log_probs = [], []
+    for i, entry in enumerate(entries):
+        at = f"{what}: engine reply meta_info.output_token_logprobs[{i}]"
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) < 2:
+            raise ValueError(f"{at} is {_preview(entry)}, not [logprob, token_id, ...]")
+        log_probs.append(_log_prob(entry[0], at))
+        tokens.append(_token_id(entry[1], at))
+    output_ids = reply.get("output_ids")
+    if output_ids is not None and list(output_ids) != tokens:
+        raise ValueError(f"{what}: engine reply output_ids {list(output_ids)[:8]}... disagree with the "
+                         "output_token_logprobs ids")  # fmt: skip
+    return tokens, log_probs, meta
