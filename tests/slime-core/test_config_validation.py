@@ -256,3 +256,20 @@ def test_no_effect_warnings(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any("CISPO with --eps-clip 0.2 < 1" in m for m in messages)
     assert any("--kl-loss-coef has no effect without --use-kl-loss" in m for m in messages)
+
+
+def test_a_cpu_config_builds_without_the_engines_package():
+    # slime-core alone (or a trainer package) must build a config: the engine's record is only read where it
+    # decides something (a GPU run's weight transport), so slime_rollout is never imported on CPU.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['slime_rollout'] = None\n"  # `import slime_rollout` now raises ImportError
+        "import torch; torch.cuda.is_available = lambda: False\n"
+        "from slime_core.config import SlimeArgs\n"
+        "cfg = SlimeArgs.from_dict({'rollout_batch_size': 1, 'num_rollout': 1, 'train_backend': 'fsdp'})\n"
+        "print(cfg.weight_sync)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "disk", out.stderr[-2000:]

@@ -33,15 +33,25 @@ def _registry(monkeypatch, eps, builtins=None):
     return Registry("slime.things", flag="--thing", kind="thing", entry_type=_Spec, builtins=builtins)
 
 
-def test_names_read_metadata_only_and_records_load_once(monkeypatch):
+def test_names_read_metadata_only_and_records_load_once(monkeypatch, caplog):
     fast = _Spec(name="fast_one", fast=True)
     ep = _ep("fast_one", "pkg:FAST", "pkg-a", fast)
     reg = _registry(monkeypatch, [ep], builtins={"dict_thing": "builtins:dict"})
     assert reg.names() == ["dict_thing", "fast_one"] and ep.loads == []  # listing imports nothing
     assert reg.get("fast_one") is fast and reg.get("fast_one") is fast
     assert ep.loads == ["fast_one"]
-    wrapped = reg.get("dict_thing")  # a bare factory gets the default (conservative) capabilities
+    with caplog.at_level("INFO", logger="slime_core.registry"):
+        wrapped = reg.get("dict_thing")  # a bare factory gets the default (conservative) capabilities
     assert (wrapped.name, wrapped.load(), wrapped.fast) == ("dict_thing", dict, False)
+    assert "names a bare factory: default capabilities of _Spec" in caplog.text
+
+
+def test_a_bare_factory_of_a_plain_entry_is_wrapped_without_a_log_line(monkeypatch, caplog):
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", lambda group: [])
+    reg = Registry("slime.things", flag="--thing", kind="thing", entry_type=Entry, builtins={"d": "builtins:dict"})
+    with caplog.at_level("INFO", logger="slime_core.registry"):
+        assert reg.get("d").load() is dict
+    assert "bare factory" not in caplog.text  # e.g. every run's slime.preflight entry of slime-rollout
 
 
 def test_the_same_name_from_two_distributions_names_both(monkeypatch):

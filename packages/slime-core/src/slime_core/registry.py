@@ -300,7 +300,8 @@ class Registry[E]:
                 raise TypeError(f"{source}: the record is named {obj.name!r}, not {name!r}")  # type: ignore[attr-defined]
             return obj
         if issubclass(self.entry_type, Entry) and callable(obj) and not isinstance(obj, Entry):
-            logger.info("%s names a bare factory: default capabilities of %s", source, self.entry_type.__name__)
+            if self.entry_type is not Entry:  # a plain Entry has no capabilities to default: nothing to say
+                logger.info("%s names a bare factory: default capabilities of %s", source, self.entry_type.__name__)
             return self.entry_type(name=name, factory=obj)
         raise TypeError(f"{source}: expected a {self.entry_type.__name__} or a callable, got {obj!r:.200}")
 

@@ -357,7 +357,9 @@ def _weight_sync(args: SlimeArgs) -> None:
             args.weight_sync = "disk"
         elif args.colocate:
             args.weight_sync = "tensor"
-        elif args.update_weight_transport == "nccl" or (engine_spec(args).needs_gpu and _cuda_available()):
+        # CUDA first: without it the engine's record is not needed, so a config builds where only slime-core (or
+        # a trainer package) is installed, without the engines' package.
+        elif args.update_weight_transport == "nccl" or (_cuda_available() and engine_spec(args).needs_gpu):
             args.weight_sync = "distributed"
         else:
             args.weight_sync = "disk"
