@@ -394,3 +394,24 @@ def test_open_file_limit_is_raised_to_fit_the_requests_in_flight():
         assert ensure_open_files(10) == wanted + 1024  # already enough: left alone
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_an_abort_is_sent_while_every_generation_slot_is_taken(http_server):
+    # One generation slot (--sglang-server-concurrency 1), taken by a generation the engine holds until the abort:
+    # the abort must not wait for a connection behind it (it did: the over-sampling abort came a response late).
+    aborted = asyncio.Event()
+
+    async def handler(request):
+        if request.path == "/generate":
+            await asyncio.wait_for(aborted.wait(), timeout=30)
+            return web.json_response({"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}})
+        if request.path == "/abort_request":
+            aborted.set()
+        return web.json_response({})
+
+    url = await http_server(handler)
+    engine = EngineClient(url, max_connections=1)
+    generation = asyncio.create_task(engine.request("POST", "/generate", {"input_ids": [1]}))
+    await asyncio.sleep(0.2)  # the generation holds the one planned connection
+    await asyncio.wait_for(engine.abort_request(abort_all=True), timeout=10)
+    assert (await asyncio.wait_for(generation, timeout=10))["meta_info"]["finish_reason"]["type"] == "abort"

@@ -124,8 +124,8 @@ def test_oversampling_abort_and_partial_rollout_against_reference_engine(
         dynamic_sampling_filter_path=f"{__name__}.keep_odd_groups",
         custom_generate_function_path=f"{__name__}.slow_even_fake_odd",
         partial_rollout=True,
-        # An even request that reaches the engine after the abort runs until the rollout's abort retry (3 s later):
-        # the limit must outlast that (300 tokens once did not, on an idle machine).
+        # Long enough that no even request can finish before the abort on a loaded machine. (The flake this test
+        # had was the abort itself waiting for a free connection behind the generations: CONTROL_CONNECTIONS.)
         rollout_max_response_len=1500,
     )
     ds = RolloutDataSourceWithBuffer(args)

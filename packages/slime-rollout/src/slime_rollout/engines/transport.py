@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["EngineError", "EngineResponse", "HttpEndpoint"]
+__all__ = ["CONTROL_CONNECTIONS", "EngineError", "EngineResponse", "HttpEndpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,11 @@ async def _close_with_loop(session: aiohttp.ClientSession) -> AsyncIterator[None
         await session.close()
 
 
+# Connections kept beyond `max_connections` for control calls: with every generation slot taken, the over-sampling
+# abort waited for a generation to finish (a whole response) before it could be sent.
+CONTROL_CONNECTIONS = 16
+
+
 class HttpEndpoint:
     """Retrying JSON requests to one base URL (an engine or a router).
 
@@ -133,7 +138,9 @@ class HttpEndpoint:
         max_retries: retries of a connection-level failure before `EngineError`.
         backoff_s: first retry delay in seconds; doubles per retry.
         max_backoff_s: cap of the retry delay in seconds.
-        max_connections: connection-pool size per event loop.
+        max_connections: the requests in flight the caller plans per event loop (generations: the rollout's
+            semaphore bounds them); the pool holds `CONTROL_CONNECTIONS` more, so an abort, a load report or a
+            health probe never waits behind a full set of generations.
     """
 
     def __init__(
@@ -171,7 +178,8 @@ class HttpEndpoint:
         for other in [lp for lp in self._sessions if lp.is_closed()]:
             # Its loop closed without finalising async generators; the session cannot be closed any more.
             self._sessions.pop(other)[0].detach()
-        connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=_KEEPALIVE_S)
+        limit = self.max_connections + CONTROL_CONNECTIONS
+        connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=_KEEPALIVE_S)
         # trust_env=False: engines live on the cluster network, never behind the user's HTTP proxy.
         session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, trust_env=False)
         closer = _close_with_loop(session)
