@@ -161,27 +161,31 @@ def test_every_import_is_declared():
     assert not bad, "undeclared imports:\n" + "\n".join(bad)
 
 
-def test_an_undeclared_lazy_import_is_found(tmp_path):
+def _core_member(tmp_path: pathlib.Path, source: str) -> pathlib.Path:
+    """A member `pkg` declaring slime-core's dependencies (its name is slime-core), with `source` as its module."""
     member = tmp_path / "pkg"
     (member / "src" / "pkg").mkdir(parents=True)
     (member / "pyproject.toml").write_text('[project]\nname = "slime-core"\nversion = "0"\n')
-    (member / "src" / "pkg" / "mod.py").write_text(
-        "import torch\n\ndef f():\n    import transformers\n\ntry:\n    import peft\nexcept ImportError:\n    pass\n"
+    (member / "src" / "pkg" / "mod.py").write_text(source)
+    return member
+
+
+def test_an_undeclared_lazy_import_is_found(tmp_path):
+    source = (
+        "import torch\n\ndef f():\n    import transformers\n"
+        "\ntry:\n    import peft\nexcept ImportError:\n    pass\n"
     )
-    bad = undeclared_imports(member, root=tmp_path)
+    bad = undeclared_imports(_core_member(tmp_path, source), root=tmp_path)
     # slime-core declares torch; transformers is imported lazily and undeclared; peft is optional (guarded).
     assert bad == ["pkg/src/pkg/mod.py:4: transformers (from transformers, not a dependency of slime-core)"], bad
 
 
 def test_an_import_in_an_import_error_handler_is_not_guarded(tmp_path):
-    member = tmp_path / "pkg"
-    (member / "src" / "pkg").mkdir(parents=True)
-    (member / "pyproject.toml").write_text('[project]\nname = "slime-core"\nversion = "0"\n')
-    (member / "src" / "pkg" / "mod.py").write_text(
+    source = (
         "def f():\n    try:\n        import peft\n    except ImportError:\n        import transformers\n"
         "    else:\n        import accelerate\n    finally:\n        import datasets\n"
     )
-    bad = undeclared_imports(member, root=tmp_path)
+    bad = undeclared_imports(_core_member(tmp_path, source), root=tmp_path)
     # Only the try body (peft) is guarded; the fallback, else and finally imports run whatever happened.
     assert sorted(line.split(" (")[0] for line in bad) == [
         "pkg/src/pkg/mod.py:5: transformers",
