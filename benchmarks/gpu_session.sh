@@ -12,7 +12,7 @@
 # $OUT/engine-logs.tar.gz (SGLang/app logs). Budgets below are seconds on one H200 (timeouts are ~1.5x).
 # Steps:
 #   tests          420  pytest -m "gpu or sglang" over slime-core, slime-train-fsdp, slime-rollout (-x)
-#   tests_sglang   300  pytest -m "gpu or sglang" over tests/slime-rollout/test_sglang_engine.py (2 GPUs: + NCCL sync)
+#   tests_sglang   300  pytest -m "gpu or sglang" over test_sglang_engine.py and test_routed_experts.py (2 GPUs: + NCCL)
 #   tests_true_on_policy 300  tests/slime-train-fsdp/test_true_on_policy_gpu.py in its own process (it turns on
 #                       SGLang's batch-invariant ops process-wide): trainer == SGLang log-probs, same seed same tokens
 #   tests_megatron 360  pytest -m "gpu and megatron" over tests/slime-train-megatron (2 GPUs: + TP=2 vs TP=1)
@@ -267,7 +267,7 @@ for step in "$@"; do
                     tests/slime-train-fsdp/test_true_on_policy_gpu.py ;;
     tests_sglang) SLIME_TEST_LOG_DIR="$BENCH_LOG_DIR/sglang-tests" run_step tests_sglang 300 python3 -m pytest \
                     -m "gpu or sglang" -q -rA -p no:cacheprovider -o faulthandler_timeout=120 \
-                    tests/slime-rollout/test_sglang_engine.py ;;
+                    tests/slime-rollout/test_sglang_engine.py tests/slime-rollout/test_routed_experts.py ;;
     tests_megatron) run_step tests_megatron 360 python3 -m pytest -m "gpu and megatron" -q -rA -p no:cacheprovider \
                       tests/slime-train-megatron ;;
     megatron_parallel) run_step megatron_parallel 400 python3 "$HERE/bench_megatron_parallel.py" --preset qwen3-0.6b \
