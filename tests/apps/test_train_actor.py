@@ -102,3 +102,47 @@ def test_train_env_vars_reach_the_trainer_process_next_to_the_job_env():
         assert env == ("42", "false")  # ours, and one of init_ray's job-level variables
     finally:
         ray.shutdown()
+
+
+def test_preload_starts_the_backends_compile_warm_up_and_the_first_step_waits_for_it(monkeypatch):
+    from types import SimpleNamespace
+
+    import slime_app.train_actor as ta
+
+    events: list[str] = []
+
+    class WarmUp:
+        def wait(self):
+            events.append("wait")
+
+        def stop(self):
+            events.append("stop")
+
+    class Backend:
+        @staticmethod
+        def start_compile_warm_up(cfg):
+            events.append("start")
+            return WarmUp()
+
+        def train(self, rollout_id, batch):
+            events.append(f"train {rollout_id}")
+            return {}
+
+    cfg = _cfg()  # before the registry is patched (the config's checks read it)
+    monkeypatch.setattr(ta.TRAIN_BACKENDS, "get", lambda name: SimpleNamespace(load=lambda: Backend))
+    actor = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
+    actor.preload(cfg)
+    actor.backend = Backend()
+    actor.train(0, object())
+    actor.train(1, object())
+    actor.shutdown()
+    assert events == ["start", "wait", "train 0", "train 1"]  # waited once, before the first step only
+
+    # A rank shutting down before its first step stops the warm-up; a critic rank starts none.
+    events.clear()
+    actor = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
+    actor.preload(cfg)
+    actor.shutdown()
+    monkeypatch.setattr(ta.CRITIC_BACKENDS, "get", lambda name: SimpleNamespace(load=lambda: Backend))
+    actor.preload(cfg, role="critic")
+    assert events == ["start", "stop"]

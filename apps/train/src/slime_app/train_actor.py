@@ -87,18 +87,28 @@ class TrainActor:
         logger.info("trainer rank %d: pid %d on %s", rank, os.getpid(), ray.util.get_node_ip_address())
         self.cfg: SlimeArgs | None = None  # set by `init`
         self.backend = None
+        self.warm_up = None  # the backend's compile warm-up, started by `preload`, awaited before the first step
         self.updater = None
         self.sync_checker = None
 
     def preload(self, cfg: SlimeArgs, role: str = "actor") -> None:
-        """Imports the role's backend (torch and its modules) ahead of `init`; no device is touched.
+        """Imports the role's backend (torch and its modules) ahead of `init`; this process touches no device.
 
-        Runs while the engines start. A failure is left to `init`, which raises it with the same cause.
+        Runs while the engines start. A failure is left to `init`, which raises it with the same cause. An actor
+        backend class with a `start_compile_warm_up(cfg)` (FSDP: `slime_train_fsdp.compile_warmup`) starts it here;
+        `train` waits for it before the first step.
         """
         try:
-            (CRITIC_BACKENDS if role == "critic" else TRAIN_BACKENDS).get(cfg.train_backend).load()
+            backend = (CRITIC_BACKENDS if role == "critic" else TRAIN_BACKENDS).get(cfg.train_backend).load()
         except Exception:  # noqa: BLE001 - `init` raises it (an unretrieved Ray error would only log it)
             logger.debug("preload of the %s backend %r failed; init will raise", role, cfg.train_backend)
+            return
+        start = getattr(backend, "start_compile_warm_up", None) if role == "actor" else None
+        if start is not None:
+            try:
+                self.warm_up = start(cfg)
+            except Exception as exc:  # noqa: BLE001 - an optimization: the first step then compiles by itself
+                logger.warning("compile warm-up not started (%s: %s); the first step compiles", type(exc).__name__, exc)
 
     def rendezvous(self) -> tuple[str, int]:
         """Address of rank 0's rendezvous (given to the other ranks)."""
@@ -159,6 +169,9 @@ class TrainActor:
 
         if values is not None:
             batch = dataclasses.replace(batch, values=list(values))
+        if self.warm_up is not None:
+            self.warm_up.wait()  # its graphs are in inductor's cache now: the first forward loads them
+            self.warm_up = None
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -214,9 +227,12 @@ class TrainActor:
         )
 
     def shutdown(self) -> None:
-        """Leaves the process group."""
+        """Stops a compile warm-up still running and leaves the process group."""
         import torch.distributed as dist
 
+        if self.warm_up is not None:
+            self.warm_up.stop()
+            self.warm_up = None
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -180,7 +180,9 @@ def packed_sdpa(
     depend on the number of sequences, as on CUDA (the CPU tests then check the CUDA path's compile behaviour).
     Shapes as `sdpa_per_sequence`: `[1, H, S, D]` query, `[1, Hkv, S, D]` key/value, `[1, S, H, D]` output.
     """
-    return sdpa_per_sequence(query, key, value, tuple(torch.diff(cu_seqlens).tolist()), scale)
+    # Contiguous, as the fake kernel below says: inductor asserts the real output's strides (a transposed view
+    # failed `assert_size_stride` under --fsdp-compile-layers on CPU).
+    return sdpa_per_sequence(query, key, value, tuple(torch.diff(cu_seqlens).tolist()), scale).contiguous()
 
 
 @packed_sdpa.register_fake

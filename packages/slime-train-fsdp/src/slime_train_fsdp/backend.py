@@ -44,6 +44,7 @@ from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
 from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, save_checkpoint
 from slime_train_fsdp.compile_cache import load_compile_cache, save_compile_cache
+from slime_train_fsdp.compile_warmup import start_compile_warm_up
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
 from slime_train_fsdp.model_loading import (
@@ -115,6 +116,9 @@ class FSDPTrainBackend:
         >>> start_rollout = backend.init(cfg, with_ref=cfg.with_ref)  # doctest: +SKIP
         >>> metrics = backend.train(start_rollout, batch)  # doctest: +SKIP
     """
+
+    #: Started by the trainer rank while the engines start; see `slime_train_fsdp.compile_warmup`.
+    start_compile_warm_up = staticmethod(start_compile_warm_up)
 
     def __init__(self) -> None:
         """Creates an uninitialized backend; call `init`."""

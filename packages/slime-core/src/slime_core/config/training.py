@@ -179,6 +179,12 @@ class FsdpArgs(ArgsGroup):
         "torch.compile every decoder layer (regional compilation, dynamic shapes; compiled once per run). "
         "Default: on with CUDA, off on CPU.",
     )
+    fsdp_compile_warmup: bool = arg(
+        True,
+        "With compiled decoder layers: a side process compiles a one-layer stand-in of the model while the engines "
+        "start (colocated: after they release their memory), so the first step loads the graphs from inductor's "
+        "cache instead of compiling them (slime_train_fsdp.compile_warmup; --no-fsdp-compile-warmup turns it off).",
+    )
     gradient_checkpointing: bool = arg(False, "HF gradient checkpointing.")
     freeze_vision_tower: bool = arg(
         False, "Vision-language models: keep the vision tower (and its merger) frozen; only the language model trains."

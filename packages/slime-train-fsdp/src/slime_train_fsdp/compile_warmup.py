@@ -1,0 +1,340 @@
+"""Compile warm-up: a side process compiles the decoder layer's graphs before the first step needs them (issue 26).
+
+With compiled decoder layers (`--fsdp-compile-layers`, the CUDA default) the first step of a launch on a fresh
+machine spends most of its time in torch.compile: 18 of step 0's 26 s for qwen3-0.6b on one H100, 7.5 s when
+inductor's on-disk caches already hold the graphs. The graphs depend on the layer's architecture, dtypes, attention
+implementation and the regime of the packed length, not on the weights or the vocabulary. So a side process builds
+a one-layer stand-in of the trained model (random weights, a 256-token vocabulary) through the trainer's own code
+path (`FSDPTrainBackend.init`, world size 1), runs the no-grad log-prob forward and a forward + backward on dummy
+packed rows of the run's micro-batch sizes, and exits. Inductor's caches (FX graph and AOT autograd caches, Triton
+kernels; `TORCHINDUCTOR_CACHE_DIR`, by default `/tmp/torchinductor_<user>`) then hold what the real layers compile,
+and their first forward loads instead of compiling.
+
+When it runs (`start_compile_warm_up`, called by the trainer rank before `init`): trainer GPUs of their own start it
+while the engines start; colocated ranks start it after the engines released their memory (SGLang sizes its KV
+cache from the free memory it measures at start-up, which a concurrent warm-up would shrink), so it overlaps the
+model load and the first rollout. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
+cache directory (a file lock); the ranks wait for it before their first forward, at most `WAIT_S`. A warm-up that
+fails or times out is logged with its log's tail and the first step compiles as usual. `--no-fsdp-compile-warmup`
+turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from slime_core.config import SlimeArgs
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ACTIVATION_BUDGET",
+    "ANOTHER_RUNS",
+    "WAIT_S",
+    "CompileWarmUp",
+    "run_warm_up",
+    "start_compile_warm_up",
+    "warm_up_token_counts",
+]
+
+#: Seconds a rank waits for the warm-up before its first forward; then it is killed and the step compiles itself.
+WAIT_S = 300.0
+#: Bytes of saved activations the stand-in layer may hold (it may share the GPU with colocated engines).
+ACTIVATION_BUDGET = 1 << 30
+#: Exit status of a warm-up that found another one holding this node's lock.
+ANOTHER_RUNS = 3
+_LOCK_NAME = "slime-compile-warmup.lock"
+_VOCAB = 256
+_SEQ_LEN = 512  # tokens per dummy sequence: half prompt, half response
+_SMALL = 1024  # a last, short micro-batch: inductor may guard the first graph on the packed length's regime
+
+
+def warm_up_token_counts(cfg: SlimeArgs, hidden_size: int, intermediate_size: int) -> list[int]:
+    """Packed row lengths the warm-up runs: the run's micro-batch size, and a short last micro-batch.
+
+    Args:
+        cfg: reads `use_dynamic_batch_size`, `max_tokens_per_gpu`, `micro_batch_size`, `rollout_max_prompt_len`
+            and `rollout_max_response_len`.
+        hidden_size: the decoder layer's hidden width.
+        intermediate_size: its MLP width (with `hidden_size`, what sizes its activations).
+
+    Returns:
+        Distinct token counts, largest first; the largest is capped so that one layer's saved activations
+        (about `2 * (10 * hidden + 3 * intermediate)` bytes a token in bf16) stay within `ACTIVATION_BUDGET`.
+    """
+    per_token = 2 * (10 * hidden_size + 3 * intermediate_size)
+    cap = max(_SMALL, ACTIVATION_BUDGET // max(per_token, 1))
+    if cfg.use_dynamic_batch_size and cfg.max_tokens_per_gpu:
+        big = int(cfg.max_tokens_per_gpu)
+    else:
+        big = cfg.micro_batch_size * ((cfg.rollout_max_prompt_len or 512) + (cfg.rollout_max_response_len or 512))
+    big = min(big, cap)
+    return sorted({big, min(big, _SMALL)}, reverse=True)
+
+
+def _lock_path() -> pathlib.Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    folder = pathlib.Path(cache_dir())
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / _LOCK_NAME
+
+
+def _trained_config(cfg: SlimeArgs) -> Any:
+    from transformers import AutoConfig
+
+    from slime_core.fp8 import trainer_weights_dir
+
+    return AutoConfig.from_pretrained(trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load))
+
+
+@dataclasses.dataclass
+class CompileWarmUp:
+    """A running warm-up process (`start_compile_warm_up`); `wait` before the first forward.
+
+    Attributes:
+        process: the side process.
+        workdir: its folder (config, stand-in checkpoint, `warmup.log`); removed by `wait`.
+        started: `time.monotonic()` at its start.
+    """
+
+    process: subprocess.Popen
+    workdir: pathlib.Path
+    started: float
+
+    def wait(self, timeout_s: float = WAIT_S) -> dict[str, Any] | None:
+        """Waits for the warm-up (and, if another rank's holds this node's lock, for that one) and logs the outcome.
+
+        Never raises: a failed or late warm-up only means the first step compiles by itself.
+
+        Returns:
+            The warm-up's report (`seconds`, `compile_seconds`, `graphs`, `token_counts`), or None when it failed,
+            timed out or ran in another process.
+        """
+        begun = time.monotonic()
+        deadline = begun + timeout_s
+        log = self.workdir / "warmup.log"
+        try:
+            try:
+                rc = self.process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                logger.warning("compile warm-up still running after %.0f s: stopped; the first step compiles the "
+                               "layers itself (log: %s)", timeout_s, _tail(log))  # fmt: skip
+                return None
+            waited = time.monotonic() - begun
+            if rc == ANOTHER_RUNS:
+                waited = _wait_for_lock(_lock_path(), deadline)
+                logger.info("compile warm-up: another rank's on this node %s", "finished" if waited else "is late")
+                return None
+            if rc != 0:
+                logger.warning("compile warm-up failed (exit status %d), the first step compiles the layers itself: %s",
+                               rc, _tail(log))  # fmt: skip
+                return None
+            report = json.loads((self.workdir / "report.json").read_text())
+            logger.info("compile warm-up: %d graph(s) of a one-layer stand-in compiled in %.1f s in the background "
+                        "(packed rows of %s tokens); the first step waited %.1f s for it", report["graphs"],
+                        report["compile_seconds"], report["token_counts"], waited)  # fmt: skip
+            return report
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def stop(self) -> None:
+        """Kills the process if it still runs (the rank shuts down first) and removes its folder."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _tail(log: pathlib.Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def _wait_for_lock(path: pathlib.Path, deadline: float) -> bool:
+    """Takes and releases `path`'s lock (the other warm-up holds it until it exits); False at the deadline."""
+    with open(path, "a+") as fh:
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.5)
+                continue
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
+    """Starts the warm-up process when it can pay; returns its handle, or None when there is nothing to warm.
+
+    Nothing starts with `--no-fsdp-compile-warmup`, when the layers are not compiled (`compiles_layers`: CPU by
+    default, `--true-on-policy-mode`), or for a vision-language checkpoint (its vision blocks are not compiled and
+    its stand-in would need a vision tower). The process sees this process's environment (the same GPU and inductor
+    cache directory) with a world of one on a free local port.
+
+    Raises:
+        OSError: the process cannot be started (no such interpreter, no space for its folder).
+    """
+    from slime_train_fsdp.model_loading import compiles_layers
+    from slime_train_fsdp.vision import is_vision_language
+
+    if not cfg.fsdp_compile_warmup:
+        return None
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if not compiles_layers(cfg, device) or is_vision_language(_trained_config(cfg)):
+        return None
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="slime-compile-warmup-"))
+    (workdir / "args.json").write_text(json.dumps(cfg.to_dict()))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLIME_WARMUP_PARENT": str(os.getpid())}  # fmt: skip
+    with open(workdir / "warmup.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "slime_train_fsdp.compile_warmup", str(workdir)], env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    logger.info("compile warm-up started (pid %d): a one-layer stand-in of the model compiles in the background",
+                process.pid)  # fmt: skip
+    return CompileWarmUp(process=process, workdir=workdir, started=time.monotonic())
+
+
+def _write_stand_in(source_config: Any, dtype: torch.dtype | None, dest: pathlib.Path) -> Any:
+    """A one-layer, `_VOCAB`-token copy of `source_config` with random weights, saved as an HF checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    config = source_config.__class__.from_dict(source_config.to_dict())
+    config.num_hidden_layers = 1
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types[:1])
+    config.vocab_size = _VOCAB
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value >= _VOCAB:
+            setattr(config, key, 0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.bfloat16)
+    model.save_pretrained(dest, safe_serialization=True)
+    return config
+
+
+def _dummy_batch(token_counts: list[int]) -> Any:
+    """One training step of packed rows of `token_counts` tokens (sequences of `_SEQ_LEN`, half response)."""
+    from slime_core.batch import RolloutBatch
+
+    g = torch.Generator().manual_seed(0)
+    tokens, responses, micro_batches = [], [], []
+    for total in token_counts:
+        ids = []
+        while total > 0:
+            length = min(_SEQ_LEN, total)
+            tokens.append(torch.randint(0, _VOCAB, (length,), generator=g))
+            responses.append(max(length // 2, 1) if length > 1 else 0)
+            ids.append(len(tokens) - 1)
+            total -= length
+        micro_batches.append(ids)
+    masks = [torch.ones(r) for r in responses]
+    n = len(tokens)
+    return RolloutBatch(
+        tokens=tokens, response_lengths=responses, loss_masks=masks, rewards=[0.0] * n, raw_rewards=[0.0] * n,
+        loss_denominators=[max(float(m.sum()), 1.0) for m in masks], micro_batches=[micro_batches],
+        sample_indices=list(range(n)), step_sample_counts=[n], step_token_counts=[float(sum(responses))],
+    )  # fmt: skip
+
+
+def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
+    """The warm-up itself (in the side process, whose world of one is set up by the caller's environment).
+
+    Returns:
+        `{"seconds", "compile_seconds", "graphs", "token_counts"}`.
+    """
+    import torch.distributed as dist
+
+    from slime_core.fp8 import trainer_weights_dir
+    from slime_core.hf_checkpoint import source_dtype
+    from slime_train_fsdp.backend import FSDPTrainBackend, _compile_seconds, _compiled_graphs
+
+    started = time.monotonic()
+    source = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
+    stand_in = workdir / "stand-in"
+    config = _write_stand_in(_trained_config(cfg), source_dtype(source), stand_in)
+    counts = warm_up_token_counts(cfg, int(config.hidden_size), int(config.intermediate_size))
+    # The layer's path as the run takes it, minus what needs real weights or rollout data.
+    local = cfg.model_copy(update={"hf_checkpoint": str(stand_in), "ref_load": None, "load": None, "use_opd": False,
+                                   "use_routing_replay": False, "use_rollout_routing_replay": False})  # fmt: skip
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if use_cuda else "gloo", rank=0, world_size=1)
+    try:
+        backend = FSDPTrainBackend()
+        backend.init(local, with_ref=False)
+        batch = _dummy_batch(counts)
+        backend.compute_log_probs(batch)
+        backend.forward_backward(batch, 0, _sum_of_log_probs, denominator=1.0)
+        if use_cuda:
+            torch.cuda.synchronize()
+    finally:
+        dist.destroy_process_group()
+    return {"seconds": time.monotonic() - started, "compile_seconds": _compile_seconds(),
+            "graphs": _compiled_graphs(), "token_counts": counts}  # fmt: skip
+
+
+def _sum_of_log_probs(ids: list[int], log_probs: list[torch.Tensor], entropy: list[torch.Tensor]):
+    """A loss touching the log-probs and entropy of every sample (the values do not matter, the graph does)."""
+    loss = sum(lp.sum() + ent.sum() for lp, ent in zip(log_probs, entropy, strict=True))
+    return loss, {}
+
+
+def _die_with_parent() -> None:
+    """Linux: the warm-up is killed when the trainer rank that started it dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    parent = os.environ.get("SLIME_WARMUP_PARENT")
+    if parent and os.getppid() != int(parent):
+        sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m slime_train_fsdp.compile_warmup WORKDIR`: runs the warm-up of `WORKDIR/args.json`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _die_with_parent()
+    workdir = pathlib.Path((argv or sys.argv[1:])[0])
+    with open(_lock_path(), "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return ANOTHER_RUNS
+        cfg = SlimeArgs.from_dict(json.loads((workdir / "args.json").read_text()))
+        report = run_warm_up(cfg, workdir)
+        (workdir / "report.json").write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

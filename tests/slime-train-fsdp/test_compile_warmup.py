@@ -1,0 +1,144 @@
+"""`slime_train_fsdp.compile_warmup`: a side process fills inductor's cache with the layer's graphs (issue 26)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+from slime_train_fsdp import FSDPTrainBackend
+from slime_train_fsdp import compile_warmup as cw
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _workers import make_args  # noqa: E402
+
+
+def test_token_counts_follow_the_micro_batch_size_and_are_capped_by_the_activation_budget(tmp_path):
+    cfg = make_args(str(tmp_path), use_dynamic_batch_size=True, max_tokens_per_gpu=8192)
+    assert cw.warm_up_token_counts(cfg, 1024, 3072) == [8192, 1024]
+    # qwen3-32b's widths: one layer's saved activations allow 4096 tokens within 1 GiB.
+    assert cw.warm_up_token_counts(cfg, 5120, 25600) == [cw.ACTIVATION_BUDGET // (2 * (10 * 5120 + 3 * 25600))] + [1024]
+    fixed = make_args(str(tmp_path), micro_batch_size=4, rollout_max_prompt_len=100, rollout_max_response_len=300)
+    assert cw.warm_up_token_counts(fixed, 64, 128) == [1600, 1024]
+    small = make_args(str(tmp_path), use_dynamic_batch_size=True, max_tokens_per_gpu=600)
+    assert cw.warm_up_token_counts(small, 64, 128) == [600]
+
+
+def test_the_dummy_step_packs_rows_of_the_asked_lengths():
+    batch = cw._dummy_batch([1100, 300])
+    (step,) = batch.micro_batches
+    assert [sum(int(batch.tokens[i].numel()) for i in mb) for mb in step] == [1100, 300]
+    assert [int(batch.tokens[i].numel()) for i in step[0]] == [512, 512, 76]
+    assert batch.response_lengths[:3] == [256, 256, 38]
+    assert all(0 <= int(t.max()) < 256 for t in batch.tokens)
+
+
+def test_nothing_starts_where_no_layer_compiles(tmp_path, make_tiny_qwen3):
+    ckpt = str(make_tiny_qwen3(tmp_path / "m"))
+    assert cw.start_compile_warm_up(make_args(ckpt)) is None  # CPU: layers are not compiled by default
+    assert cw.start_compile_warm_up(make_args(ckpt, fsdp_compile_layers=True, fsdp_compile_warmup=False)) is None
+
+
+def _handle(tmp_path: pathlib.Path, code: str) -> cw.CompileWarmUp:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    log = open(workdir / "warmup.log", "wb")  # noqa: SIM115 - the child holds it
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    log.close()
+    return cw.CompileWarmUp(process=proc, workdir=workdir, started=time.monotonic())
+
+
+def test_a_failed_warm_up_is_logged_with_its_log_and_the_run_goes_on(tmp_path, caplog):
+    handle = _handle(tmp_path, "import sys; print('inductor exploded here'); sys.exit(2)")
+    with caplog.at_level(logging.WARNING, logger=cw.__name__):
+        assert handle.wait() is None
+    assert "exit status 2" in caplog.text and "inductor exploded here" in caplog.text
+    assert not handle.workdir.exists()
+
+
+def test_a_late_warm_up_is_stopped_at_the_deadline(tmp_path, caplog):
+    handle = _handle(tmp_path, "import time; print('still compiling', flush=True); time.sleep(60)")
+    time.sleep(1.0)
+    with caplog.at_level(logging.WARNING, logger=cw.__name__):
+        assert handle.wait(timeout_s=0.5) is None
+    assert handle.process.returncode is not None  # killed, not left behind
+    assert "still running after" in caplog.text and "still compiling" in caplog.text
+
+
+def test_a_rank_whose_node_runs_another_warm_up_waits_for_that_one(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    lock = open(cw._lock_path(), "a+")  # noqa: SIM115 - "the other warm-up" holds it
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    released = []
+    timer = threading.Timer(1.5, lambda: (released.append(time.monotonic()), fcntl.flock(lock, fcntl.LOCK_UN)))
+    timer.start()
+    handle = _handle(tmp_path, f"import sys; sys.exit({cw.ANOTHER_RUNS})")
+    with caplog.at_level(logging.INFO, logger=cw.__name__):
+        assert handle.wait(timeout_s=30) is None
+    assert released and time.monotonic() >= released[0]  # it returned only after the lock was released
+    assert "another rank's on this node finished" in caplog.text
+    lock.close()
+
+
+_REAL_STEP = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, sys.argv[2])
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+    from _workers import make_args
+    from slime_train_fsdp import FSDPTrainBackend
+    from slime_train_fsdp import compile_warmup as cw
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    cfg = make_args(sys.argv[1], **json.loads(sys.argv[3]))
+    backend = FSDPTrainBackend()
+    backend.init(cfg, with_ref=False)
+    batch = cw._dummy_batch([700, 300])  # other lengths than the warm-up's: the graphs are dynamic
+    backend.compute_log_probs(batch)
+    backend.forward_backward(batch, 0, cw._sum_of_log_probs, denominator=1.0)
+    print(json.dumps(dict(counters["inductor"])))
+""")
+
+
+@pytest.mark.slow
+def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_tiny_qwen3, monkeypatch):
+    """The stand-in's graphs are the real model's: a fresh trainer process then only hits inductor's cache.
+
+    The tiny model's vocabulary (151936) and depth (2) differ from the stand-in's (256, 1): the graphs must not
+    depend on them.
+    """
+    ckpt = str(make_tiny_qwen3(tmp_path / "m"))
+    overrides = {"fsdp_compile_layers": True, "attn_implementation": "slime_varlen", "use_dynamic_batch_size": True,
+                 "max_tokens_per_gpu": 1024}  # fmt: skip
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    handle = FSDPTrainBackend.start_compile_warm_up(make_args(ckpt, **overrides))
+    assert handle is not None
+    report = handle.wait(timeout_s=600)
+    assert report is not None and report["graphs"] >= 1 and report["token_counts"] == [1024]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cw._free_port()), "RANK": "0",
+           "WORLD_SIZE": "1"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(pathlib.Path(__file__).parent),
+                           json.dumps(overrides)], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    counters = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counters.get("fxgraph_cache_hit", 0) >= 1
+    assert counters.get("fxgraph_cache_miss", 0) == 0, counters
+
+
+def test_the_cpu_fallback_attention_returns_the_layout_its_fake_kernel_promises():
+    from slime_train_fsdp.attention import _packed_sdpa_fake, packed_sdpa
+
+    q, k, v = torch.randn(1, 4, 10, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    out = packed_sdpa(q, k, v, torch.tensor([0, 6, 10], dtype=torch.int32), None)
+    fake = _packed_sdpa_fake(q, k, v, torch.tensor([0, 6, 10], dtype=torch.int32), None)
+    assert out.shape == fake.shape == (1, 10, 4, 8)
+    assert out.stride() == fake.stride()  # inductor asserts this under --fsdp-compile-layers on CPU
