@@ -53,6 +53,10 @@
 #   e2e_async_disagg 420  e2e_disagg with --async (one-step-ahead rollout): the baseline of e2e_fully_async
 #   e2e_fully_async 420  e2e_disagg with the fully-async rollout (--max-weight-staleness 1, --partial-rollout): tokens/s
 #                       and rollout/staleness_* vs e2e_disagg (sync) and e2e_async_disagg (2 GPUs)
+#   e2e_resident   420  issue 30 item 1 on ONE GPU: e2e_tuned with --no-offload-rollout too (trainer and engine stay
+#                       resident on the shared GPU; label -resident): the sync baseline of the two below
+#   e2e_resident_async 420  e2e_resident with --async (rollout N+1 generates while N trains, on the same GPU)
+#   e2e_resident_fully_async 420  e2e_resident with the fully-async rollout (--max-weight-staleness 1, --partial-rollout)
 #   e2e_lora       420  the same with LoRA (rank 16, alpha 32, default target modules, lr 1e-5): memory and sync time vs e2e
 #   e2e_megatron   420  the same (colocated, 1 GPU) with --train-backend megatron, 2048-token micro-batches
 #   e2e_ppo        450  the e2e run with --advantage-estimator ppo (critic colocated, actor and critic offloaded in turn)
@@ -325,6 +329,15 @@ for step in "$@"; do
     e2e_fully_async) engine_down; DISAGG=1 LABEL="$P06-fsdp-disagg-fully-async" RUN_DIR=/tmp/slime-bench-e2e/fully-async \
                        EXTRA_FLAGS="${EXTRA_FLAGS:-} --rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async --max-weight-staleness 1 --partial-rollout" \
                        run_step e2e_fully_async 600 bash "$HERE/bench_e2e.sh" ;;
+    e2e_resident|e2e_resident_async|e2e_resident_fully_async) engine_down
+      case "$step" in
+        e2e_resident) OVERLAP="" ;;
+        e2e_resident_async) OVERLAP="--async" ;;
+        *) OVERLAP="--rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async --max-weight-staleness 1 --partial-rollout" ;;
+      esac
+      MAX_TOKENS_PER_GPU="${TUNED_MAX_TOKENS:-16384}" LABEL="$P06-fsdp$(tr _ - <<< "${step#e2e}")" RUN_DIR="/tmp/slime-bench-e2e/${step#e2e_}" \
+        EXTRA_FLAGS="${EXTRA_FLAGS:-} --no-offload-train --no-offload-rollout $OVERLAP" \
+        run_step "$step" 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_lora) engine_down; EXTRA_FLAGS="${EXTRA_FLAGS:-} --lora-rank 16 --lora-alpha 32 --lr 1e-5" \
                 RUN_DIR=/tmp/slime-bench-e2e/lora run_step e2e_lora 600 bash "$HERE/bench_e2e.sh" ;;
     e2e_megatron) engine_down; TRAIN_BACKEND=megatron MAX_TOKENS_PER_GPU=2048 RUN_DIR=/tmp/slime-bench-e2e/megatron \

@@ -22,6 +22,7 @@ GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
 pytestmark = pytest.mark.slow
 
 BOUND = 1
+ORIGINAL_PATH_FA = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
 FIRST, TOTAL = 2, 4  # rollouts of the first run, and of the resumed one (from the last checkpoint)
 
 
@@ -85,3 +86,28 @@ def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path,
     dropped = [tb_scalars(o / "tensorboard", "rollout/stale_groups_dropped") for o in (out, out2)]
     num_dropped = sum(dropped[0][r] for r in range(FIRST)) + sum(dropped[1][r] for r in range(FIRST, TOTAL))
     assert len(set(range(cursor_last)) - held_last - set(trained)) == num_dropped, (dropped, held_last, trained)
+
+
+def test_fully_async_on_one_shared_gpu_with_both_sides_resident(tiny_qwen3, tmp_path, tb_scalars):
+    """`--colocate --no-offload-train --no-offload-rollout`: the engine keeps generating on the trainer's GPU while
+    it trains (nothing is swapped), the weights go through the colocated tensor transport, and every trained sample
+    is within the staleness bound (issue 30 item 1: what one GPU allows)."""
+    out = tmp_path / "run"
+    extra = [
+        "--num-rollout", "3", "--colocate", "--no-offload-train", "--no-offload-rollout",
+        "--sglang-server-concurrency", "2", "--rollout-function-path", ORIGINAL_PATH_FA,
+        "--max-weight-staleness", str(BOUND), "--partial-rollout",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO"}
+    proc = subprocess.run(_argv(tiny_qwen3, out, *extra), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    assert "weight sync: tensor (tensor handles to colocated engines)" in log
+    for rollout_id in range(3):
+        versions = [int(v) for s in _dump(out, rollout_id) for v in s["weight_versions"]]
+        assert versions and all(rollout_id - BOUND <= v <= rollout_id for v in versions), (rollout_id, versions)
+    staleness = tb_scalars(out / "tensorboard", "rollout/staleness_max")
+    assert sorted(staleness) == [0, 1, 2] and all(0 <= v <= BOUND for v in staleness.values()), staleness
+    with pytest.raises(KeyError):  # no swap was timed: both sides stayed resident
+        tb_scalars(out / "tensorboard", "perf/engine_release_time")

@@ -26,7 +26,11 @@ def test_original_launch_flags_parse_with_a_staleness_bound():
     ("overrides", "message"),
     [
         ({"max_weight_staleness": 1}, "--max-weight-staleness bounds the fully-async rollout only"),
-        ({"rollout_function_path": ORIGINAL_PATH, "colocate": True}, "cannot share GPUs: drop --colocate"),
+        ({"rollout_function_path": ORIGINAL_PATH, "colocate": True}, "cannot swap one GPU's memory between them"),
+        ({"rollout_function_path": ORIGINAL_PATH, "colocate": True, "offload_train": False},
+         "--no-offload-train --no-offload-rollout"),
+        ({"async_train": True, "colocate": True}, "--async overlaps rollout and training"),
+        ({"async_train": True, "colocate": True, "offload_rollout": False}, "--no-offload-train --no-offload-rollout"),
         (
             {"rollout_function_path": ORIGINAL_PATH, "max_weight_staleness": -1},
             "--max-weight-staleness: Input should be greater than or equal to 0",
@@ -37,3 +41,10 @@ def test_broken_rules_are_one_line_errors_naming_the_flags(overrides, message):
     with pytest.raises(ConfigError) as err:
         make(**overrides)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [{"rollout_function_path": ORIGINAL_PATH}, {"async_train": True}])
+def test_colocated_overlap_is_allowed_when_both_sides_stay_resident(overrides):
+    """One GPU (or set) shared by a resident trainer and resident engines: generation runs while it trains."""
+    args = make(colocate=True, offload_train=False, offload_rollout=False, **overrides)
+    assert args.colocate and not args.offload_train and not args.offload_rollout

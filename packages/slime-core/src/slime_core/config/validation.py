@@ -133,8 +133,11 @@ def _placement(args: SlimeArgs) -> None:
     if args.colocate and not train_backend_spec(args).supports_colocate:
         raise ConfigError(f"--colocate: --train-backend {args.train_backend} cannot offload its state; drop it")
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
-    if args.async_train and args.colocate:
-        raise ConfigError("--async overlaps rollout and training, which cannot share GPUs: drop --colocate")
+    if args.async_train and args.colocate and (args.offload_train or args.offload_rollout):
+        raise ConfigError(
+            "--async overlaps rollout and training, which cannot swap one GPU's memory between them: drop --colocate, "
+            "or keep both resident on the shared GPUs with --no-offload-train --no-offload-rollout"
+        )
     if args.colocate and args.rollout_num_gpus is None:
         args.rollout_num_gpus = actor_gpus
     if args.colocate and args.rollout_num_gpus is not None and 0 < args.rollout_num_gpus < actor_gpus:

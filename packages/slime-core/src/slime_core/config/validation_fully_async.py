@@ -27,7 +27,7 @@ def check_fully_async(args: SlimeArgs) -> None:
     """Checks the fully-async flags (after `--colocate` and `--debug-rollout-only` are resolved).
 
     Raises:
-        ConfigError: the fully-async rollout with `--colocate` (its engines never release their GPUs); or
+        ConfigError: the fully-async rollout with `--colocate` and an offload (its engines never release their GPUs); or
             `--max-weight-staleness` with another rollout function (it would bound nothing).
     """
     if not is_fully_async(args):
@@ -38,8 +38,9 @@ def check_fully_async(args: SlimeArgs) -> None:
                 "or drop the flag"
             )
         return
-    if args.colocate:
+    if args.colocate and (args.offload_train or args.offload_rollout):
         raise ConfigError(
             "--rollout-function-path generate_rollout_fully_async generates while the trainer trains, which cannot "
-            "share GPUs: drop --colocate (give the engines their own GPUs with --rollout-num-gpus)"
+            "swap one GPU's memory between them: drop --colocate (give the engines their own GPUs with "
+            "--rollout-num-gpus), or keep both resident on the shared GPUs with --no-offload-train --no-offload-rollout"
         )
