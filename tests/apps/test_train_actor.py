@@ -133,9 +133,9 @@ def test_preload_starts_the_backends_compile_warm_up_and_the_first_step_waits_fo
     actor = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
     actor.preload(cfg)
     actor.backend = Backend()
-    actor.train(0, object())
-    actor.train(1, object())
+    first, second = actor.train(0, object()), actor.train(1, object())
     actor.shutdown()
+    assert first["perf/compile_warmup_wait_time"] >= 0.0 and "perf/compile_warmup_wait_time" not in second
     assert events == ["start", "wait", "train 0", "train 1"]  # waited once, before the first step only
 
     # A rank shutting down before its first step stops the warm-up; a critic rank starts none.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 from typing import Any
 
 import ray
@@ -153,6 +154,7 @@ class TrainActor:
     def train(self, rollout_id: int, batch: Any, values: Any = None) -> dict[str, float]:
         """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray).
 
+        The first step after a compile warm-up (`preload`) waits for it: `perf/compile_warmup_wait_time` (s).
         On CUDA the metrics gain `perf/train_peak_mem_gib`: the peak of memory allocated by this rank's
         tensors during the step (GiB, `torch.cuda.max_memory_allocated`; the caching allocator's reserve
         and other processes, e.g. a colocated engine, are not included).
@@ -169,13 +171,17 @@ class TrainActor:
 
         if values is not None:
             batch = dataclasses.replace(batch, values=list(values))
+        warm_up_wait = None
         if self.warm_up is not None:
+            begun = time.monotonic()
             self.warm_up.wait()  # its graphs are in inductor's cache now: the first forward loads them
-            self.warm_up = None
+            self.warm_up, warm_up_wait = None, time.monotonic() - begun
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         metrics = self.backend.train(rollout_id, batch)
+        if warm_up_wait is not None:
+            metrics = {**metrics, "perf/compile_warmup_wait_time": warm_up_wait}
         if cuda:
             metrics = {**metrics, "perf/train_peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
         return metrics
