@@ -64,6 +64,25 @@ def test_empty_prompts_and_null_labels_are_problems(tmp_path, row, extra, messag
     assert re.search(rf"--prompt-data .*d\.jsonl {message}", error), error
 
 
+@pytest.mark.parametrize("rm_type", ["f1", "math", "gpqa", "boxed_dapo"])
+def test_a_grader_that_compares_with_the_label_needs_a_label_key(tmp_path, rm_type):
+    # Without --label-key every label is None: math failed at the first sample, f1 scored the text "None" as 1.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    args = ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--rollout-batch-size",
+            "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
+            "--actor-num-gpus-per-node", "1", "--rm-type", rm_type]  # fmt: skip
+    (error,) = _errors(parse_args(args))
+    assert error == (
+        f"--prompt-data {data} line 1: --rm-type {rm_type} grades against a label, but no --label-key is set "
+        "(name the column that holds the answer)"
+    )
+    # gpqa may take its answer from the row's metadata; a reward that grades no label needs none.
+    _write(data, {"prompt": "Pick one", "metadata": {"correct_letter": "B"}})
+    expected = 0 if rm_type == "gpqa" else 1
+    assert len(_errors(parse_args([*args, "--metadata-key", "metadata"]))) == expected
+    assert _errors(parse_args([*args[:-2], "--rm-type", "random"])) == []
+
+
 def test_null_labels_are_fine_where_nothing_grades_against_them(tmp_path):
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": None})
     assert _errors(_cfg(data, "--rm-type", "remote_rm", "--rm-url", "http://localhost:1")) == []

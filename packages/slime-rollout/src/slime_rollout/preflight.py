@@ -189,13 +189,21 @@ def _empty_prompt(prompt: Any) -> bool:
     return prompt is None
 
 
+def _row_metadata(cfg: SlimeArgs, row: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = row.get(cfg.metadata_key) if cfg.metadata_key else None
+    return metadata if isinstance(metadata, Mapping) else {}
+
+
+def _row_rm_type(cfg: SlimeArgs, row: Mapping[str, Any]) -> str:
+    """The reward type that scores `row`: its metadata's `rm_type`, else `--rm-type` ("" when neither)."""
+    return str(_row_metadata(cfg, row).get("rm_type") or cfg.rm_type or "")
+
+
 def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
     if cfg.custom_rm_path:
         return False  # a custom reward decides what it needs
-    metadata = row.get(cfg.metadata_key) if cfg.metadata_key else None
-    metadata = metadata if isinstance(metadata, Mapping) else {}
-    rm_type = str(metadata.get("rm_type") or cfg.rm_type or "").removeprefix("boxed_")
-    if rm_type == "gpqa" and metadata.get("correct_letter"):  # gpqa may take its answer from the metadata
+    rm_type = _row_rm_type(cfg, row).removeprefix("boxed_")
+    if rm_type == "gpqa" and _row_metadata(cfg, row).get("correct_letter"):  # gpqa may take it from the metadata
         return False
     return rm_type in REWARDS and REWARDS.get(rm_type).grades_label
 
@@ -218,9 +226,9 @@ def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
 def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str) -> None:
     """Checks every row of a prompt file before the run starts.
 
-    The `--input-key` must be there and not empty; the `--label-key` must be there and, for the built-in graders
-    that compare with it, not null; a row's own reward (`metadata["rm_type"]`, which overrides `--rm-type`) must be
-    registered, as `--rm-type` is.
+    The `--input-key` must be there and not empty; a reward that compares with the label (its record's
+    `grades_label`: the built-in graders) needs a `--label-key`, which must be there and not null; a row's own
+    reward (`metadata["rm_type"]`, which overrides `--rm-type`) must be registered, as `--rm-type` is.
 
     Args:
         rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
@@ -238,7 +246,13 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
         if _empty_prompt(row[cfg.input_key]):
             raise ValueError(f"{at}: empty prompt in --input-key {cfg.input_key!r}")
         _check_row_reward(cfg, row, at)
-        if cfg.label_key:
+        if not cfg.label_key:
+            if _label_required(cfg, row):  # every sample's label would be None: graded against nothing
+                raise ValueError(
+                    f"{at}: --rm-type {_row_rm_type(cfg, row)} grades against a label, but no --label-key is set "
+                    "(name the column that holds the answer)"
+                )
+        else:
             if cfg.label_key not in row:
                 raise ValueError(f"{at}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
             if row[cfg.label_key] is None and _label_required(cfg, row):

@@ -273,10 +273,15 @@ def gpqa_reward(response: str, label: Any, metadata: Mapping[str, Any] | None = 
         response: model output.
         label: the correct option: letter, 0-based index, or its text.
         metadata: the sample's metadata (`valid_letters`, `choices`, `correct_letter`), optional.
+
+    Raises:
+        ValueError: neither a label nor a `correct_letter` in the metadata (nothing to compare with).
     """
     metadata = metadata or {}
     letters = _valid_letters(metadata)
     correct = _correct_letter(label, metadata, letters)
+    if correct is None and label is None:
+        raise ValueError("gpqa reward needs a label (set --label-key) or metadata['correct_letter']")
     if correct is not None:
         picked = extract_choice_letter(response, letters, metadata.get("choices"))
         return 1.0 if picked == correct else 0.0

@@ -129,7 +129,11 @@ def deepscaler_reward(response: str, label: object, *, sample_index: int | None 
     Returns:
         1.0 if that region's final boxed answer equals the label's answer; 0.0 otherwise, including when
         neither marker is present.
+
+    Raises:
+        ValueError: if `label` is None (whether or not the response has a marker).
     """
+    extract_label_answer(label)  # a missing label fails on every response, not only on those with a marker
     region = _deepscaler_region(response)
     return 0.0 if region is None else math_reward(region, label, sample_index=sample_index)
 
@@ -189,6 +193,7 @@ async def deepscaler_reward_async(
     response: str, label: object, *, num_workers: int, sample_index: int | None = None
 ) -> float:
     """`deepscaler_reward` with the symbolic check in the grading pool (see `math_reward_async`)."""
+    extract_label_answer(label)  # raises on a missing label, as `deepscaler_reward` does
     region = _deepscaler_region(response)
     if region is None:
         return 0.0

@@ -97,6 +97,11 @@ _SCIENTIFIC = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot)10\^
 _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k": a number of thousands
 
 
+# A degree sign followed by a temperature scale (`30^\circ C`, `30°F`, `30 ^{\circ}\text{C}` after `\text{}` is
+# unwrapped): read as the unit `degC` / `degF` (`units`), so the letter is not left glued to the number.
+_DEGREES_SCALE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)\s*([CcFf])(?![A-Za-z])")
+
+
 def _strip_delimiters(s: str) -> str:
     s = s.strip()
     changed = True
@@ -114,6 +119,8 @@ def _latex_cleanup(s: str) -> str:
     s = _SPACES.sub(" ", s)
     s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = s.replace("\\varnothing", "\\emptyset")  # two spellings of one set (math-verify parses only the second)
+    s = _DEGREES_SCALE.sub(lambda m: f" deg{m.group(1).upper()} ", s)  # "30^\circ C": the C is a unit, not a 30C
     for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\$", "$"):
         s = s.replace(token, "")
     return s.strip().rstrip(".,").strip()  # "5," and "5." are 5

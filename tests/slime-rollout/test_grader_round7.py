@@ -1,0 +1,83 @@
+r"""Issue 27, fresh hostile pass (round 7): answer forms a careful grader accepts that scored 0, and missing labels.
+
+Each case scored the opposite before this pass: `\log_2 8` was "two numbers side by side" (the space after a
+subscript), `\pm 2` was one part against the two-part label `2, -2`, "x = 2 or x = 3" was cleaned to `2orx=3`,
+`\varnothing` was not `\emptyset`, `30^\circ C` was cleaned to `30C`; f1 compared a missing label as the text
+"None" (a response "None" scored 1), gpqa and deepscaler scored it 0 without a word.
+"""
+
+import pytest
+
+from slime_rollout.rewards import rule_based_reward
+
+
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        # A digit that is a LaTeX argument is not a number of its own; two plain numbers still are.
+        (r"\log_2 8", "3", 1.0),
+        (r"\log_{2} 8", "3", 1.0),
+        (r"\log_2 9", "3", 0.0),
+        (r"2 3", "23", 0.0),
+        (r"2 3", "6", 0.0),
+        # `a \pm b` names two values, as the label's two parts do (`\mp` the other way round); one sign alone
+        # against a one-value label stays wrong.
+        (r"\pm 2", "2, -2", 1.0),
+        (r"2, -2", r"\pm 2", 1.0),
+        (r"x = \pm 2", "-2, 2", 1.0),
+        (r"\mp 2", "2, -2", 1.0),
+        (r"\frac{-1 \pm \sqrt{5}}{2}", r"\frac{-1+\sqrt5}{2}, \frac{-1-\sqrt5}{2}", 1.0),
+        (r"\pm 3", "2, -2", 0.0),
+        (r"\pm 2", "2", 0.0),
+        (r"2", r"\pm 2", 0.0),
+        # "or" inside one box lists the solutions; against a one-value label it is two parts: wrong.
+        (r"x = 2 \text{ or } x = 3", "2, 3", 1.0),
+        (r"2 \text{ or } 3", "3, 2", 1.0),
+        (r"two or three", "2, 3", 1.0),
+        (r"x = 2 \text{ or } x = 3", "3", 0.0),
+        (r"3 or 5", "5", 0.0),
+        # Two spellings of the empty set.
+        (r"\varnothing", r"\emptyset", 1.0),
+        (r"\emptyset", r"\varnothing", 1.0),
+        (r"\varnothing", "0", 0.0),
+        # A temperature's scale is its unit: dropped when one side has none, compared when both do.
+        (r"30^\circ \text{C}", "30", 1.0),
+        (r"30^{\circ}\mathrm{F}", "30", 1.0),
+        ("30 °C", "30", 1.0),
+        (r"-5^\circ C", "-5", 1.0),
+        (r"30^\circ C", r"30 \text{ degrees Celsius}", 1.0),
+        (r"30^\circ C", r"30^\circ F", 0.0),
+        (r"31^\circ C", "30", 0.0),
+    ],
+)
+def test_answer_forms(answer, label, expected):
+    assert rule_based_reward("math", rf"The answer is \boxed{{{answer}}}.", label) == expected
+
+
+def test_two_boxes_are_the_two_values_of_a_plus_minus_label():
+    assert rule_based_reward("math", r"The roots are \boxed{2} and \boxed{-2}.", r"\pm 2") == 1.0
+    assert rule_based_reward("math", r"The roots are \boxed{2} and \boxed{-3}.", r"\pm 2") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("rm_type", "response"),
+    [
+        ("f1", "None"),
+        ("f1", r"\boxed{None}"),
+        ("boxed_f1", r"\boxed{None}"),
+        ("gpqa", "Answer: None"),
+        ("boxed_gpqa", r"\boxed{B}"),
+        ("deepscaler", r"\boxed{6}"),  # no </think>: scored 0 before the label was looked at
+        ("deepscaler", r"<think></think>\boxed{6}"),
+        ("math", r"\boxed{6}"),
+        ("dapo", "Answer: 6"),
+    ],
+)
+def test_a_missing_label_is_an_error_for_every_grader_that_compares_with_it(rm_type, response):
+    with pytest.raises(ValueError, match=r"needs a label \(set --label-key\)"):
+        rule_based_reward(rm_type, response, None, {})
+
+
+def test_gpqa_without_a_label_grades_by_the_metadatas_letter():
+    assert rule_based_reward("gpqa", "Answer: B", None, {"correct_letter": "B"}) == 1.0
+    assert rule_based_reward("gpqa", "Answer: C", None, {"correct_letter": "B"}) == 0.0
