@@ -81,3 +81,20 @@ def test_a_missing_label_is_an_error_for_every_grader_that_compares_with_it(rm_t
 def test_gpqa_without_a_label_grades_by_the_metadatas_letter():
     assert rule_based_reward("gpqa", "Answer: B", None, {"correct_letter": "B"}) == 1.0
     assert rule_based_reward("gpqa", "Answer: C", None, {"correct_letter": "B"}) == 0.0
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        r"\boxed{6} (I'm not sure)",
+        r"Maybe \boxed{6}?",
+        r"The answer is \boxed{6}, but I'm not sure.",
+        r"I'm not confident, but I get \boxed{6}.",
+    ],
+)
+def test_doubt_about_the_one_value_offered_is_graded_by_that_value(response):
+    # A hedge offers several answers; doubt about one is graded by it (as the original, which reads the last box):
+    # marking it wrong would reward hiding doubt, not being right (MIGRATION.md, "Values").
+    assert rule_based_reward("math", response, "6") == 1.0
+    assert rule_based_reward("math", response, "5") == 0.0
+    assert rule_based_reward("math", response + r" It might be \boxed{5}.", "6") == 0.0
