@@ -1,6 +1,7 @@
 """Data source: JSONL/Parquet, keys, chat template (real Qwen3 tokenizer), filtering, shuffling, cursor."""
 
 import json
+import re
 import time
 
 import numpy as np
@@ -166,6 +167,46 @@ def test_empty_prompt_names_the_row(tmp_path, prompt):
     args = _args(prompt_data=_write_jsonl(tmp_path / "e.jsonl", rows))
     with pytest.raises(ValueError, match=r"e\.jsonl line 2: empty prompt in --input-key 'question'"):
         RolloutDataSource(args)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        (5, r"--input-key 'question' holds int 5, not a prompt \(a string, or a list of chat messages"),
+        ({"text": "hi"}, r"--input-key 'question' holds dict \{'text': 'hi'\}, not a prompt"),
+        (["hi", "there"], r"--input-key 'question': message 0 is str 'hi', not a chat message"),
+        ([{"content": "hi"}], r"--input-key 'question': message 0 is dict \{'content': 'hi'\}, not a chat message"),
+    ],
+)
+def test_a_prompt_that_is_neither_text_nor_chat_messages_names_the_row(tmp_path, prompt, message):
+    # A number or a dict passed as "a message list" and failed in the tokenizer mid-rollout; a list of strings was
+    # reported as an empty prompt.
+    rows = [{"question": "fine", "answer": "1"}, {"question": prompt, "answer": "2"}]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "p.jsonl", rows))
+    with pytest.raises(ValueError, match=rf"p\.jsonl line 2: {message}"):
+        RolloutDataSource(args)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "shown"), [([1, 2], "list [1, 2]"), (5, "int 5"), ("[[1, 2]]", "list [[1, 2]]"), ("x", None)]
+)
+def test_metadata_that_is_not_a_dict_names_the_row(tmp_path, metadata, shown):
+    # A list of pairs ("[[1, 2]]") became the dict {1: 2}; [1, 2] and 5 failed naming no row.
+    rows = [
+        {"question": "q", "answer": "1", "metadata": {"k": 1}},
+        {"question": "q", "answer": "2", "metadata": metadata},
+    ]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "m.jsonl", rows))
+    expected = (
+        rf"m\.jsonl line 2: --metadata-key 'metadata' must hold a dict \(or its JSON\), got {re.escape(shown)}$"
+        if shown
+        else r"m\.jsonl line 2: metadata is a string but not valid JSON: 'x'"
+    )
+    with pytest.raises(ValueError, match=expected):
+        RolloutDataSource(args)
+    rows[1]["metadata"] = json.dumps({"k": 2})  # a JSON string of a dict is read as the dict
+    args = _args(prompt_data=_write_jsonl(tmp_path / "m.jsonl", rows))
+    assert [s.metadata for s in RolloutDataSource(args).prompts] == [{"k": 1}, {"k": 2}]
 
 
 def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path):

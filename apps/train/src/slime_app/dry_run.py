@@ -151,7 +151,7 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
     if not (cfg.hf_checkpoint and cfg.prompt_data) or cfg.load_debug_rollout_data:
         return []
     from slime_rollout.data.sft import ChatLossMask, generate_sft_rollout
-    from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
+    from slime_rollout.data.source import encode_prompt, get_tokenizer, load_prompt_rows, rows_to_samples
     from slime_rollout.plugins import load_function
 
     tokenizer = get_tokenizer(cfg.hf_checkpoint)
@@ -167,11 +167,12 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
         )
         trained = f"{sum(mask)} trained on (--loss-mask-type {cfg.loss_mask_type})"
         return [f"SFT, first conversation: {len(ids)} tokens, {trained}"]
-    if isinstance(sample.prompt, str):
-        count = len(tokenizer.encode(sample.prompt, add_special_tokens=False))
-        return [f"tokenizer of --hf-checkpoint: first prompt {count} tokens" + (" (chat template applied)" if
-                cfg.apply_chat_template else "")]  # fmt: skip
-    return ["first prompt is a message list: a custom generate function renders it"]
+    # Measured as the default generate function sends it (`encode_prompt`): a message list goes through the chat
+    # template there, with or without --apply-chat-template.
+    count = len(encode_prompt(tokenizer, sample.prompt, sample.metadata.get("tools")))
+    templated = cfg.apply_chat_template or not isinstance(sample.prompt, str)
+    return [f"tokenizer of --hf-checkpoint: first prompt {count} tokens" + (" (chat template applied)" if templated
+            else "")]  # fmt: skip
 
 
 def dry_run(cfg: SlimeArgs) -> list[str]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.extensions import REWARDS
 from slime_core.registry import Problem
 from slime_rollout.data import multimodal
-from slime_rollout.data.source import PromptRows, load_prompt_rows
+from slime_rollout.data.source import PromptRows, load_prompt_rows, prompt_problem, row_metadata
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -181,17 +181,12 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
     logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
 
 
-def _empty_prompt(prompt: Any) -> bool:
-    if isinstance(prompt, str):
-        return not prompt.strip()
-    if isinstance(prompt, list):
-        return not any(isinstance(m, Mapping) and str(m.get("content") or "").strip() for m in prompt)
-    return prompt is None
-
-
 def _row_metadata(cfg: SlimeArgs, row: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata = row.get(cfg.metadata_key) if cfg.metadata_key else None
-    return metadata if isinstance(metadata, Mapping) else {}
+    # Read as the data source reads it (a JSON string too); a malformed value is reported by `check_prompt_rows`.
+    try:
+        return row_metadata(dict(row), cfg.metadata_key, "")
+    except ValueError:
+        return {}
 
 
 def _row_rm_type(cfg: SlimeArgs, row: Mapping[str, Any]) -> str:
@@ -214,8 +209,7 @@ def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
     Raises:
         ValueError: naming the row and the registered names.
     """
-    metadata = row.get(cfg.metadata_key) if cfg.metadata_key else None
-    rm_type = metadata.get("rm_type") if isinstance(metadata, Mapping) and not cfg.custom_rm_path else None
+    rm_type = None if cfg.custom_rm_path else _row_metadata(cfg, row).get("rm_type")
     if rm_type and str(rm_type).removeprefix("boxed_") not in REWARDS:
         raise ValueError(
             f"{at}: metadata rm_type {rm_type!r} is not a registered reward function (registered: "
@@ -243,8 +237,10 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
         at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
             raise ValueError(f"{at}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
-        if _empty_prompt(row[cfg.input_key]):
-            raise ValueError(f"{at}: empty prompt in --input-key {cfg.input_key!r}")
+        problem = prompt_problem(row[cfg.input_key], cfg.input_key)
+        if problem is not None:
+            raise ValueError(f"{at}: {problem}")
+        row_metadata(dict(row), cfg.metadata_key, at)  # raises naming the row when it is not a dict
         _check_row_reward(cfg, row, at)
         if not cfg.label_key:
             if _label_required(cfg, row):  # every sample's label would be None: graded against nothing

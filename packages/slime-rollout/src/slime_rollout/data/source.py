@@ -44,6 +44,8 @@ __all__ = [
     "encode_prompt",  # re-exported from `slime_rollout.data.prompt_length` (generate functions import it from here)
     "PromptRows",
     "load_prompt_rows",
+    "prompt_problem",
+    "row_metadata",
     "rows_to_samples",
 ]
 
@@ -183,12 +185,59 @@ def _maybe_json(value: Any, what: str, where: str) -> Any:
     return value
 
 
-def _is_empty_prompt(prompt: Any) -> bool:
+def prompt_problem(prompt: Any, input_key: str) -> str | None:
+    """What is wrong with a row's prompt, or None: a non-empty string, or chat messages with some content.
+
+    Chat messages are `{"role": ..., "content": ...}` dicts (an assistant turn with only tool calls may have no
+    content); a number, a dict or a list of strings was let through as "a message list" and failed in the
+    tokenizer mid-rollout, and a list of strings was reported as an empty prompt.
+
+    Args:
+        prompt: the row's `--input-key` value.
+        input_key: the flag's value, for the message.
+
+    Returns:
+        The message naming `--input-key`, or None for a usable prompt.
+    """
     if isinstance(prompt, str):
-        return not prompt.strip()
-    if isinstance(prompt, list):
-        return not any(isinstance(m, dict) and str(m.get("content") or "").strip() for m in prompt)
-    return prompt is None
+        return None if prompt.strip() else f"empty prompt in --input-key {input_key!r}"
+    if not isinstance(prompt, list):
+        return (
+            f"--input-key {input_key!r} holds {type(prompt).__name__} {_preview(prompt)}, not a prompt (a string, "
+            'or a list of chat messages {"role": ..., "content": ...})'
+        )
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict) or "role" not in message:
+            return (
+                f"--input-key {input_key!r}: message {i} is {type(message).__name__} {_preview(message)}, not a chat "
+                'message {"role": ..., "content": ...}'
+            )
+    if not any(str(m.get("content") or "").strip() for m in prompt):
+        return f"empty prompt in --input-key {input_key!r} (no message has content)"
+    return None
+
+
+def row_metadata(row: dict[str, Any], metadata_key: str | None, where: str) -> dict[str, Any]:
+    """A copy of a row's `--metadata-key` value: a dict, or a JSON string of one; {} without the key or value.
+
+    Raises:
+        ValueError: the value (or its JSON) is not a dict (a list of pairs was read as a dict, a number failed as
+            "'int' object is not iterable" naming no row); the message names `where` and the flag.
+    """
+    value = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{where}: --metadata-key {metadata_key!r} must hold a dict (or its JSON), got {type(value).__name__} "
+            f"{_preview(value)}"
+        )
+    return dict(value)
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def rows_to_samples(
@@ -250,15 +299,13 @@ def rows_to_samples(
         if input_key not in row:
             raise ValueError(f"{where}: no --input-key {input_key!r} (keys: {sorted(row)})")
         prompt = row[input_key]
-        if _is_empty_prompt(prompt):
-            raise ValueError(f"{where}: empty prompt in --input-key {input_key!r}")
+        problem = prompt_problem(prompt, input_key)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
         if max_prompt_len is not None and certainly_too_long(tokenizer, prompt, max_prompt_len):
             dropped.append(position)  # before the template, the images and the tokenizer: a huge line costs nothing
             continue
-        metadata = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
-        metadata = dict(metadata or {})
-        if not isinstance(metadata, dict):
-            raise ValueError(f"{where}: --metadata-key {metadata_key!r} must be a dict, got {type(metadata).__name__}")
+        metadata = row_metadata(row, metadata_key, where)
         tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
         if tools is not None:
             metadata["tools"] = tools
