@@ -98,3 +98,19 @@ def test_doubt_about_the_one_value_offered_is_graded_by_that_value(response):
     assert rule_based_reward("math", response, "6") == 1.0
     assert rule_based_reward("math", response, "5") == 0.0
     assert rule_based_reward("math", response + r" It might be \boxed{5}.", "6") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        # A percent restates its value (and its number): no second answer. Before, "or 50%" after \boxed{\frac12}
+        # was read as the other answer 50, a hedge.
+        (r"The probability is \boxed{\frac{1}{2}}, or 50%.", "1/2", 1.0),
+        (r"\boxed{50\%}, or 0.5.", r"50\%", 1.0),
+        (r"\boxed{50\%}, or 50.", "50", 1.0),
+        (r"\boxed{50}, or maybe 0.5.", "50", 0.0),  # no percent sign: two different numbers
+        (r"\boxed{\frac12}, or maybe 40%.", "1/2", 0.0),
+    ],
+)
+def test_a_percent_after_the_box_restates_its_value(response, label, expected):
+    assert rule_based_reward("math", response, label) == expected
