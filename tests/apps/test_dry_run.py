@@ -209,3 +209,21 @@ def test_dry_run_refuses_heads_that_do_not_split(model, data, extra, fragment, c
     assert main(["--dry-run", *_flags(model, data, "--num-rollout", "1", *extra)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "the attention heads do not split: " + fragment in line and "not divisible by 3" in line
+
+
+def test_dry_run_measures_the_prompts_against_the_length_limit(model, data, capsys):
+    # All prompts over --rollout-max-prompt-len passed the dry run ("first prompt 14 tokens"); the run then stopped
+    # at start-up with "no prompts left after filtering".
+    flags = ["--dry-run", *_flags(model, data, "--num-rollout", "2")]
+    assert main(flags) == 0
+    assert "  prompt length: 10 of 10 prompts within 40959 tokens (0 longer are dropped)" in capsys.readouterr().out
+    assert main([*flags, "--rollout-max-prompt-len", "14"]) == 0
+    out = capsys.readouterr().out
+    assert "first prompt 14 tokens" in out  # every prompt here has 14 tokens
+    assert "  prompt length: 10 of 10 prompts within 14 tokens (0 longer are dropped)" in out
+    assert main([*flags, "--rollout-max-prompt-len", "13"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"slime: error: --prompt-data {data}: no prompts left: all 10 are longer than --rollout-max-prompt-len=13 "
+        "tokens"
+    )

@@ -17,7 +17,7 @@ from typing import Any
 
 from slime_app.preflight import preflight
 from slime_app.resolve import resolve_config
-from slime_core.config import SlimeArgs
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.config.base import field_to_flag
 from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
@@ -175,6 +175,31 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
             else "")]  # fmt: skip
 
 
+def _prompt_filter(cfg: SlimeArgs) -> list[str]:
+    """How many training prompts the default data source keeps under its prompt-length limit.
+
+    The run builds the data source at start-up and stops there when no prompt fits (`--rollout-max-prompt-len 2`,
+    a tiny `--rollout-max-context-len`); the first prompt alone said nothing of it. A custom data source, SFT data
+    and a run without a limit are not measured here.
+
+    Raises:
+        ValueError: no prompt is left (the data source's own message).
+    """
+    from slime_rollout.data.prompt_length import default_max_prompt_len
+    from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
+    from slime_rollout.plugins import load_function
+
+    if not cfg.prompt_data or cfg.load_debug_rollout_data or cfg.disable_rollout_global_dataset:
+        return []
+    source_cls = load_function(cfg.data_source_path, flag="--data-source-path")
+    limit = default_max_prompt_len(cfg.rollout_max_prompt_len, cfg.rollout_max_context_len, cfg.hf_checkpoint)
+    if source_cls not in (RolloutDataSource, RolloutDataSourceWithBuffer) or limit is None:
+        return []
+    total = len(load_prompt_rows(cfg.prompt_data))
+    kept = len(source_cls(PluginArgs.from_config(cfg)))  # raises when none is left
+    return [f"prompt length: {kept} of {total} prompts within {limit} tokens ({total - kept} longer are dropped)"]
+
+
 def dry_run(cfg: SlimeArgs) -> list[str]:
     """Runs every check that needs no hardware and returns the report (the resolved config and what was checked).
 
@@ -190,7 +215,7 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
         shown["update_weight_disk_dir"] = None  # only the CPU fallback's disk sync sets it
     report += render_config(cfg.model_copy(update=shown))
     report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg)]
-    checks = resolved + notes + _first_prompt(cfg)
+    checks = resolved + notes + _first_prompt(cfg) + _prompt_filter(cfg)
     report += ["", "checked:"] + [f"  {line}" for line in checks]
     report.append("  not checked here: GPUs, engines, Ray (the run checks them when it starts)")
     return report

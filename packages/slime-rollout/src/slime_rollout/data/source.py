@@ -418,8 +418,9 @@ class RolloutDataSource:
             logger.info("--rollout-max-prompt-len not set: prompts longer than %d tokens are dropped", max_prompt_len)
         need_tokenizer = args.apply_chat_template or max_prompt_len
         tokenizer = get_tokenizer(args.hf_checkpoint) if need_tokenizer else None
+        rows = load_prompt_rows(args.prompt_data)
         self.prompts = rows_to_samples(
-            load_prompt_rows(args.prompt_data),
+            rows,
             source=str(args.prompt_data),
             input_key=args.input_key,
             label_key=args.label_key,
@@ -433,8 +434,13 @@ class RolloutDataSource:
             processor_path=args.hf_checkpoint,
             max_prompt_len_flag=flag,
         )
-        if not self.prompts:
-            raise ValueError(f"--prompt-data {args.prompt_data}: no prompts left after filtering")
+        if not rows:
+            raise ValueError(f"--prompt-data {args.prompt_data}: no rows")
+        if not self.prompts:  # bad rows raise above: only the length limit drops rows
+            raise ValueError(
+                f"--prompt-data {args.prompt_data}: no prompts left: all {len(rows)} are longer than {flag}="
+                f"{max_prompt_len} tokens"
+            )
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
