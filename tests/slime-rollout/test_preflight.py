@@ -195,3 +195,33 @@ def test_sglang_and_router_flags_are_checked_against_the_installed_packages(tmp_
     assert _errors(_cfg(data, "--router-foo", "3")) == [
         "--router-foo: sglang_router.router_args.RouterArgs has no field 'foo'"
     ]
+
+
+def test_eval_files_are_checked_with_their_own_keys(tmp_path):
+    # The eval file was checked with the training keys: a valid --eval-input-key/--eval-label-key run was refused
+    # ("no --input-key 'prompt'"), and the files of an --eval-config were not checked at all.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    evals = _write(tmp_path / "e.jsonl", {"question": "2+2=", "answer": "4"})
+    eval_flags = ("--eval-prompt-data", "ev", str(evals), "--eval-interval", "1")
+    assert _errors(_cfg(data, "--rm-type", "math", *eval_flags, "--eval-input-key", "question",
+                        "--eval-label-key", "answer")) == []  # fmt: skip
+    (error,) = _errors(_cfg(data, "--rm-type", "math", *eval_flags, "--eval-input-key", "question"))
+    assert error == f"--eval-prompt-data {evals} line 1: no --label-key 'label' (keys: ['answer', 'question'])"
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        f"eval:\n  datasets:\n    - {{name: good, path: {evals}, input_key: question, label_key: answer}}\n"
+        f"    - {{name: bad, path: {evals}, input_key: prompt}}\n"
+    )
+    (error,) = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
+    assert error == (
+        f"--eval-config {config} dataset 'bad' {evals} line 1: no --input-key 'prompt' (keys: ['answer', 'question'])"
+    )
+    # A dataset's own reward decides whether it needs a label (f1 does, random does not).
+    for rm_type, expected in (("f1", 1), ("random", 0)):
+        config.write_text(
+            f"eval:\n  datasets:\n    - {{name: r, path: {evals}, input_key: question, label_key: null, "
+            f"rm_type: {rm_type}}}\n"
+        )
+        errors = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
+        assert len(errors) == expected, errors
+        assert all("--rm-type f1 grades against a label, but no --label-key is set" in e for e in errors)

@@ -52,16 +52,48 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         `--sglang-*`/`--router-*` flag; notes for what could not be checked here.
     """
     problems = _reward_url(cfg) + _chat_template(cfg) + _image_processor(cfg) + _pass_through_flags(cfg)
-    files = [] if not cfg.prompt_data or cfg.load_debug_rollout_data else [("--prompt-data", cfg.prompt_data)]
-    files += [("--eval-prompt-data", path) for _name, path in cfg.eval_datasets]
-    for flag, spec in files:
+    files = [] if not cfg.prompt_data or cfg.load_debug_rollout_data else [("--prompt-data", cfg.prompt_data, cfg)]
+    try:
+        files += _eval_files(cfg)
+    except (FileNotFoundError, ValueError) as e:  # a malformed --eval-prompt-data / --eval-config
+        problems.append(Problem(message=str(e), exception=type(e)))
+    for flag, spec, file_cfg in files:
         try:
-            _check_rows(spec, cfg, flag)
+            _check_rows(spec, file_cfg, flag)
         except FileNotFoundError as e:
             problems.append(Problem(message=str(e), exception=FileNotFoundError))
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
             problems.append(Problem(message=str(e)))
     return problems
+
+
+def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs]]:
+    """Each eval dataset's file with the config its rows are read and graded with (`generation.eval.eval_datasets`).
+
+    An eval dataset has its own keys and reward (`--eval-input-key`, `--eval-label-key`, an `--eval-config`
+    dataset's `input_key`, `rm_type`, ...): checked with the training keys, a valid eval file was refused ("no
+    --input-key 'q'") and an `--eval-config` dataset's file was not checked at all.
+    """
+    if not (cfg.eval_prompt_data or cfg.eval_config):
+        return []
+    # Imported here: the eval module pulls in the generation stack (about 1.3 s cold), which runs without eval data
+    # do not need.
+    from slime_rollout.generation.eval import eval_datasets
+
+    files = []
+    for dataset in eval_datasets(cfg):
+        flag = "--eval-prompt-data" if [dataset["name"], dataset["path"]] in _pairs(cfg.eval_prompt_data) else (
+            f"--eval-config {cfg.eval_config} dataset {dataset['name']!r}"
+        )  # fmt: skip
+        keys = {key: dataset[key] for key in ("input_key", "label_key", "metadata_key", "rm_type", "multimodal_keys")}
+        keys["custom_rm_path"] = dataset["custom_rm_path"] or cfg.custom_rm_path
+        files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys)))
+    return files
+
+
+def _pairs(values: Sequence[str] | None) -> list[list[str]]:
+    values = list(values or [])
+    return [list(pair) for pair in zip(values[0::2], values[1::2], strict=False)]
 
 
 def _reward_url(cfg: SlimeArgs) -> list[Problem]:
