@@ -114,3 +114,21 @@ def test_doubt_about_the_one_value_offered_is_graded_by_that_value(response):
 )
 def test_a_percent_after_the_box_restates_its_value(response, label, expected):
     assert rule_based_reward("math", response, label) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        # An inequality is its solution set whichever side is the label (math-verify's default compared them only
+        # when the label was the inequality: `[1,3)` for `1 \le x < 3` scored 1, the other way round 0).
+        (r"1 \le x < 3", "[1,3)", 1.0),
+        (r"x \geq 1", r"[1,\infty)", 1.0),
+        (r"x > 2", r"(2,\infty)", 1.0),
+        ("[1,3)", r"1 \le x < 3", 1.0),
+        (r"1 \le x < 3", "(1,3)", 0.0),
+        (r"x < 2", r"(2,\infty)", 0.0),
+        (r"x > 5", "5", 0.0),
+    ],
+)
+def test_an_inequality_is_its_solution_set(answer, label, expected):
+    assert rule_based_reward("math", rf"\boxed{{{answer}}}", label) == expected

@@ -24,7 +24,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 * numbers are compared exactly as rationals: `1/3^{40}` ≠ `1/3^{41}`, `0.5` = `\frac12`, `0.\overline{3}` =
   `\frac13`, but a rounded decimal is not the exact value, either way round (`0.333` ≠ `\frac13`, `1.414` ≠
   `\sqrt2`, `2\pi` ≠ `6.28`);
-* symbolic forms go to math-verify (`\sqrt8` = `2\sqrt2`, sets, intervals, equations); where it says "equal"
+* symbolic forms go to math-verify (`\sqrt8` = `2\sqrt2`, sets, intervals, equations; an inequality is its solution
+  set: `1 \le x < 3` = `[1, 3)` whichever side is the label); where it says "equal"
   for two exact constants, the equality is re-checked to 40 significant digits (math-verify compares
   `(a - b).evalf(chop=True)` and so takes `e^{-50}` for `e^{-51}`);
 * bounded time on any thread: answers longer than `SYMBOLIC_MAX_CHARS` and expressions whose evaluation
@@ -394,7 +395,9 @@ def _math_verify(gold_text: str, pred_text: str) -> bool | None:
         return None
     if _tree_too_big(gold[0]) or _tree_too_big(pred[0]):
         raise _TooCostly("an integer power or factorial too big to evaluate")
-    if not verify(gold, pred, timeout_seconds=None):
+    # A solution set given as an inequality (`1 \le x < 3` for `[1, 3)`) counts as the set, either way round:
+    # math-verify's default allows it only when the label is the inequality, so the label's form decided.
+    if not verify(gold, pred, timeout_seconds=None, allow_set_relation_comp=True):
         return False
     return _exact_veto(gold[0], pred[0])
 
