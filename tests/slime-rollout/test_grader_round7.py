@@ -132,3 +132,18 @@ def test_a_percent_after_the_box_restates_its_value(response, label, expected):
 )
 def test_an_inequality_is_its_solution_set(answer, label, expected):
     assert rule_based_reward("math", rf"\boxed{{{answer}}}", label) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        # A fraction counts a scale word as a decimal does ("0.5 million" was 500000, "1/2 million" no number).
+        ("1/2 million", "500000", 1.0),
+        (r"\frac{1}{2} million", "500,000", 1.0),
+        (r"\dfrac{3}{4} \text{ billion}", "750000000", 1.0),
+        ("1/2 million", "1/2", 0.0),
+        ("1/2 million", "5000000", 0.0),
+    ],
+)
+def test_a_fraction_of_a_scale_word_is_its_value(answer, label, expected):
+    assert rule_based_reward("math", rf"\boxed{{{answer}}}", label) == expected
