@@ -209,6 +209,19 @@ def test_metadata_that_is_not_a_dict_names_the_row(tmp_path, metadata, shown):
     assert [s.metadata for s in RolloutDataSource(args).prompts] == [{"k": 1}, {"k": 2}]
 
 
+@pytest.mark.parametrize(("tools", "shown"), [({"name": "calc"}, "dict {'name': 'calc'}"), (["calc"], "list ['calc']")])
+def test_tools_that_are_not_a_list_of_schemas_name_the_row(tmp_path, tools, shown):
+    # The chat template refused them naming no row ("Tools should either be a JSON schema, ...").
+    rows = [{"question": "q", "answer": "1"}, {"question": "q", "answer": "2", "tools": tools}]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "t.jsonl", rows))
+    message = r"t\.jsonl line 2: --tool-key 'tools' must hold a list of tool schemas \(dicts\) or its JSON, got "
+    with pytest.raises(ValueError, match=message + re.escape(shown) + "$"):
+        RolloutDataSource(args)
+    rows[1]["tools"] = json.dumps([{"type": "function", "function": {"name": "calc"}}])  # JSON of a list: fine
+    args = _args(prompt_data=_write_jsonl(tmp_path / "t.jsonl", rows))
+    assert RolloutDataSource(args).prompts[1].metadata["tools"] == [{"type": "function", "function": {"name": "calc"}}]
+
+
 def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path):
     rows = [{"question": f"q{i}", "answer": "0"} for i in range(20)]
     path = _write_jsonl(tmp_path / "d.jsonl", rows)

@@ -83,6 +83,22 @@ def test_a_grader_that_compares_with_the_label_needs_a_label_key(tmp_path, rm_ty
     assert _errors(parse_args([*args[:-2], "--rm-type", "random"])) == []
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("prompt", 5, "--input-key 'prompt' holds int 5, not a prompt"),
+        ("prompt", ["hi"], "--input-key 'prompt': message 0 is str 'hi', not a chat message"),
+        ("metadata", [[1, 2]], "--metadata-key 'metadata' must hold a dict (or its JSON), got list [[1, 2]]"),
+        ("tools", {"name": "calc"}, "--tool-key 'tools' must hold a list of tool schemas (dicts) or its JSON"),
+    ],
+)
+def test_malformed_prompts_metadata_and_tools_name_the_row(tmp_path, field, value, message):
+    bad = {"prompt": "2+2=", "label": "4", field: value}
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"}, bad)
+    (error,) = _errors(_cfg(data, "--rm-type", "math"))
+    assert error.startswith(f"--prompt-data {data} line 2: {message}"), error
+
+
 def test_null_labels_are_fine_where_nothing_grades_against_them(tmp_path):
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": None})
     assert _errors(_cfg(data, "--rm-type", "remote_rm", "--rm-url", "http://localhost:1")) == []

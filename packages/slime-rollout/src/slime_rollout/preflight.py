@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.extensions import REWARDS
 from slime_core.registry import Problem
 from slime_rollout.data import multimodal
-from slime_rollout.data.source import PromptRows, load_prompt_rows, prompt_problem, row_metadata
+from slime_rollout.data.source import PromptRows, load_prompt_rows, prompt_problem, row_metadata, row_tools
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -85,7 +85,8 @@ def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs]]:
         flag = "--eval-prompt-data" if [dataset["name"], dataset["path"]] in _pairs(cfg.eval_prompt_data) else (
             f"--eval-config {cfg.eval_config} dataset {dataset['name']!r}"
         )  # fmt: skip
-        keys = {key: dataset[key] for key in ("input_key", "label_key", "metadata_key", "rm_type", "multimodal_keys")}
+        names = ("input_key", "label_key", "metadata_key", "tool_key", "rm_type", "multimodal_keys")
+        keys = {key: dataset[key] for key in names}
         keys["custom_rm_path"] = dataset["custom_rm_path"] or cfg.custom_rm_path
         files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys)))
     return files
@@ -258,7 +259,7 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
 
     Args:
         rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
-        cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `rm_type`, `custom_rm_path`.
+        cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `tool_key`, `rm_type`, `custom_rm_path`.
         where: `"{flag} {path}"` for the messages.
 
     Raises:
@@ -272,7 +273,8 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
         problem = prompt_problem(row[cfg.input_key], cfg.input_key)
         if problem is not None:
             raise ValueError(f"{at}: {problem}")
-        row_metadata(dict(row), cfg.metadata_key, at)  # raises naming the row when it is not a dict
+        row_metadata(dict(row), cfg.metadata_key, at)  # these raise naming the row
+        row_tools(dict(row), cfg.tool_key, at)
         _check_row_reward(cfg, row, at)
         if not cfg.label_key:
             if _label_required(cfg, row):  # every sample's label would be None: graded against nothing

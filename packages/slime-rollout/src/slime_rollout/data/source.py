@@ -46,6 +46,7 @@ __all__ = [
     "load_prompt_rows",
     "prompt_problem",
     "row_metadata",
+    "row_tools",
     "rows_to_samples",
 ]
 
@@ -235,6 +236,22 @@ def row_metadata(row: dict[str, Any], metadata_key: str | None, where: str) -> d
     return dict(value)
 
 
+def row_tools(row: dict[str, Any], tool_key: str | None, where: str) -> list[dict[str, Any]] | None:
+    """A row's `--tool-key` value: a list of tool schemas (dicts), or a JSON string of one; None without it.
+
+    Raises:
+        ValueError: anything else (the chat template refused a dict or a list of names naming no row: "Tools
+            should either be a JSON schema, ..."; the original asserts a list); the message names `where`.
+    """
+    tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ValueError(
+            f"{where}: --tool-key {tool_key!r} must hold a list of tool schemas (dicts) or its JSON, got "
+            f"{type(tools).__name__} {_preview(tools)}"
+        )
+    return tools
+
+
 def _preview(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -306,7 +323,7 @@ def rows_to_samples(
             dropped.append(position)  # before the template, the images and the tokenizer: a huge line costs nothing
             continue
         metadata = row_metadata(row, metadata_key, where)
-        tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
+        tools = row_tools(row, tool_key, where)
         if tools is not None:
             metadata["tools"] = tools
         images = multimodal.normalize_images(row.get(image_key), base_dir=base_dir, where=where) if image_key else []
