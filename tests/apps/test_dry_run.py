@@ -171,6 +171,15 @@ def test_dry_run_on_cpu_prints_the_gpu_plan(model, data, monkeypatch, capsys):
     assert "(reference), on their own GPUs; weights via disk\n" in capsys.readouterr().out
 
 
+def test_dry_run_plans_outside_engines_and_refuses_zero_rollout_gpus_without_them(model, data, capsys):
+    # --rollout-num-gpus 0 was "the router only" in --help, "1 × 1 GPU(s)" in the plan, and one started engine.
+    flags = ["--dry-run", *_flags(model, data, "--num-rollout", "1", "--rollout-num-gpus", "0")]
+    assert main(flags) == 2
+    assert "--rollout-num-gpus 0 starts no engine" in capsys.readouterr().err
+    assert main([*flags, "--rollout-engine-urls", "http://h:1", "http://h:2"]) == 0
+    assert "  engines: 2 outside engine(s) (--rollout-engine-urls), none started\n" in capsys.readouterr().out
+
+
 def test_dry_run_plans_colocated_and_rollout_only_gpus_as_the_placement_does(model, data, capsys):
     # The placement makes max(1, 3) bundles: engine 0 shares the trainer's GPU, engines 1 and 2 have their own.
     flags = _flags(model, data, "--num-rollout", "1", "--colocate", "--actor-num-gpus-per-node", "1")

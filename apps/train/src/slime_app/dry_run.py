@@ -92,7 +92,9 @@ def _arithmetic(cfg: SlimeArgs) -> list[str]:
             f"{world // model_parallel if world % model_parallel == 0 else '?'} (TP×PP×CP = {model_parallel}), "
             f"--train-backend {cfg.train_backend}"
         )
-    if not cfg.debug_train_only:
+    if not cfg.debug_train_only and cfg.rollout_engine_urls:
+        lines.append(f"engines: {len(cfg.rollout_engine_urls)} outside engine(s) (--rollout-engine-urls), none started")
+    elif not cfg.debug_train_only:
         per_engine = cfg.rollout_num_gpus_per_engine
         engines = max(1, (cfg.rollout_num_gpus or per_engine) // per_engine)
         shared, own = colocated_gpu_split(cfg)

@@ -162,6 +162,14 @@ def colocated_gpu_split(args: SlimeArgs) -> tuple[int, int]:
 def _engine_gpus(args: SlimeArgs) -> None:
     """The rollout GPUs split into whole engines (the CPU reference engine ignores the split; a GPU run cannot)."""
     rollout, per_engine = args.rollout_num_gpus, args.rollout_num_gpus_per_engine
+    if rollout == 0 and not (args.rollout_engine_urls or args.debug_train_only):
+        # The launcher starts at least one engine: 0 was accepted and one engine started anyway (on no GPU of its
+        # own). The original's router-only mode, where engines register themselves with the router, is not here.
+        raise ConfigError(
+            "--rollout-num-gpus 0 starts no engine, and registering outside engines with the router is not "
+            "implemented: give their addresses with --rollout-engine-urls (--rollout-external-engine-addrs), or "
+            "give the engines GPUs"
+        )
     if not rollout or args.rollout_engine_urls or args.debug_train_only or rollout % per_engine == 0:
         return
     source = ""
