@@ -147,3 +147,17 @@ def test_an_inequality_is_its_solution_set(answer, label, expected):
 )
 def test_a_fraction_of_a_scale_word_is_its_value(answer, label, expected):
     assert rule_based_reward("math", rf"\boxed{{{answer}}}", label) == expected
+
+
+def test_deepscaler_says_when_responses_score_0_for_lack_of_a_marker(monkeypatch, caplog):
+    # A model that does not reason in <think> tags scored 0 on every sample without a word (as in the original).
+    from slime_rollout.rewards import math as math_rewards
+
+    monkeypatch.setattr(math_rewards, "_num_without_marker", 0)
+    with caplog.at_level("WARNING", logger="slime_rollout.rewards.math"):
+        scores = [rule_based_reward("deepscaler", r"\boxed{6}", "6") for _ in range(12)]
+        assert rule_based_reward("deepscaler", r"<think>x</think>\boxed{6}", "6") == 1.0
+    assert scores == [0.0] * 12
+    warnings = [r.getMessage() for r in caplog.records]
+    assert [w.split(" response(s)")[0] for w in warnings] == ["--rm-type deepscaler: 1", "--rm-type deepscaler: 10"]
+    assert "had no </think> (or ###Response) and scored 0" in warnings[0]
