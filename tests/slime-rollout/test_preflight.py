@@ -159,6 +159,7 @@ def _vlm_dir(tmp_path) -> pathlib.Path:
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
     (model / "chat_template.jinja").write_text("{{ messages }}")
+    (model / "tokenizer_config.json").write_text("{}")  # a checkpoint holds its tokenizer's files
     (model / "processor_config.json").write_text(json.dumps({"image_processor": {"patch_size": 14}}))
     return model
 
@@ -241,3 +242,23 @@ def test_eval_files_are_checked_with_their_own_keys(tmp_path):
         errors = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
         assert len(errors) == expected, errors
         assert all("--rm-type f1 grades against a label, but no --label-key is set" in e for e in errors)
+
+
+def test_a_checkpoint_without_tokenizer_files_is_refused(tmp_path, qwen3_tokenizer_dir):
+    # transformers built an empty tokenizer from config.json alone: --dry-run showed "first prompt 0 tokens".
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    (problem,) = check(_cfg(data, "--hf-checkpoint", str(model)))
+    assert problem.exception is FileNotFoundError and problem.message.startswith(
+        f"--hf-checkpoint {model}: no tokenizer files (tokenizer.json, tokenizer_config.json, tokenizer.model, "
+        "vocab.json, vocab.txt); every prompt would be encoded by an empty tokenizer"
+    )
+    from slime_rollout.data.source import get_tokenizer
+
+    with pytest.raises(ValueError, match=r"its tokenizer is empty \(1 token\)"):
+        get_tokenizer(str(model))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((qwen3_tokenizer_dir / name).read_bytes())
+    assert check(_cfg(data, "--hf-checkpoint", str(model))) == []

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 from slime_core.extensions import REWARDS
 from slime_core.registry import Problem
 from slime_rollout.data import multimodal
-from slime_rollout.data.source import PromptRows, load_prompt_rows, prompt_problem, row_metadata, row_tools
+from slime_rollout.data.source import (
+    TOKENIZER_FILES,
+    PromptRows,
+    load_prompt_rows,
+    prompt_problem,
+    row_metadata,
+    row_tools,
+)
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -51,7 +58,8 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         malformed file or row, a remote reward without `--rm-url`, a missing chat template or an unknown
         `--sglang-*`/`--router-*` flag; notes for what could not be checked here.
     """
-    problems = _reward_url(cfg) + _chat_template(cfg) + _image_processor(cfg) + _pass_through_flags(cfg)
+    problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
+    problems += _pass_through_flags(cfg)
     files = [] if not cfg.prompt_data or cfg.load_debug_rollout_data else [("--prompt-data", cfg.prompt_data, cfg)]
     try:
         files += _eval_files(cfg)
@@ -104,6 +112,22 @@ def _reward_url(cfg: SlimeArgs) -> list[Problem]:
     if not REWARDS.get(cfg.rm_type.removeprefix("boxed_")).needs_url:
         return []
     return [Problem(message=f"--rm-type {cfg.rm_type} calls a reward service: set --rm-url http://host:port/path")]
+
+
+def _tokenizer_files(cfg: SlimeArgs) -> list[Problem]:
+    """A local `--hf-checkpoint` must hold tokenizer files: without them transformers builds an empty tokenizer."""
+    root = pathlib.Path(cfg.hf_checkpoint or "")
+    if not cfg.hf_checkpoint or not (root / "config.json").is_file():
+        return []  # not a local model directory: the flag's own check reports it
+    if any((root / name).is_file() for name in TOKENIZER_FILES):
+        return []
+    return [
+        Problem(
+            message=f"--hf-checkpoint {root}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); every prompt would "
+            "be encoded by an empty tokenizer; copy them from the model the checkpoint came from",
+            exception=FileNotFoundError,
+        )
+    ]
 
 
 def _chat_template(cfg: SlimeArgs) -> list[Problem]:

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "RolloutDataSource",
     "RolloutDataSourceWithBuffer",
+    "TOKENIZER_FILES",
     "count_prompts",
     "get_tokenizer",
     "encode_prompt",  # re-exported from `slime_rollout.data.prompt_length` (generate functions import it from here)
@@ -55,10 +56,25 @@ _SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
 
 @functools.cache
 def get_tokenizer(path: str) -> Any:
-    """The Hugging Face tokenizer at `path` (cached; `--hf-checkpoint` or a tokenizer dir)."""
+    """The Hugging Face tokenizer at `path` (cached; `--hf-checkpoint` or a tokenizer dir).
+
+    Raises:
+        ValueError: the tokenizer has fewer than 2 tokens: a directory without tokenizer files gives an empty one
+            (transformers builds it from config.json alone), which encoded every prompt as 0 tokens.
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    if len(tokenizer) < 2:
+        raise ValueError(
+            f"--hf-checkpoint {path}: its tokenizer is empty ({len(tokenizer)} token): no tokenizer files there "
+            f"({', '.join(TOKENIZER_FILES)}); copy them from the model the checkpoint came from"
+        )
+    return tokenizer
+
+
+# Files a Hugging Face tokenizer is read from; a checkpoint directory holds at least one of them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 class PromptRows(list):
