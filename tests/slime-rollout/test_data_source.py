@@ -161,7 +161,7 @@ def test_message_prompts_are_measured_as_the_engine_gets_them(tmp_path, qwen3_to
         assert len(RolloutDataSource(args)) == 1 + kept
 
 
-@pytest.mark.parametrize("prompt", ["", "   ", [], [{"role": "user", "content": ""}]])
+@pytest.mark.parametrize("prompt", ["", "   ", None, [], [{"role": "user", "content": ""}]])
 def test_empty_prompt_names_the_row(tmp_path, prompt):
     rows = [{"question": "fine", "answer": "1"}, {"question": prompt, "answer": "2"}]
     args = _args(prompt_data=_write_jsonl(tmp_path / "e.jsonl", rows))

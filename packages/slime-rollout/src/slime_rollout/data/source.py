@@ -218,6 +218,8 @@ def prompt_problem(prompt: Any, input_key: str) -> str | None:
     """
     if isinstance(prompt, str):
         return None if prompt.strip() else f"empty prompt in --input-key {input_key!r}"
+    if prompt is None:
+        return f"empty prompt in --input-key {input_key!r} (null)"
     if not isinstance(prompt, list):
         return (
             f"--input-key {input_key!r} holds {type(prompt).__name__} {_preview(prompt)}, not a prompt (a string, "
