@@ -8,7 +8,7 @@ subscript), `\pm 2` was one part against the two-part label `2, -2`, "x = 2 or x
 
 import pytest
 
-from slime_rollout.rewards import rule_based_reward
+from slime_rollout.rewards import async_rm, rule_based_reward
 
 
 @pytest.mark.parametrize(
@@ -161,3 +161,23 @@ def test_deepscaler_says_when_responses_score_0_for_lack_of_a_marker(monkeypatch
     warnings = [r.getMessage() for r in caplog.records]
     assert [w.split(" response(s)")[0] for w in warnings] == ["--rm-type deepscaler: 1", "--rm-type deepscaler: 10"]
     assert "had no </think> (or ###Response) and scored 0" in warnings[0]
+
+
+@pytest.mark.parametrize("rm_type", ["math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1"])
+@pytest.mark.parametrize("response", [None, 5, b"\\boxed{5}"])
+def test_a_response_that_is_not_text_is_one_error_for_every_grader(rm_type, response):
+    # None scored 0 in most graders and failed in deepscaler as "argument of type 'NoneType' is not iterable".
+    with pytest.raises(TypeError, match=rf"^--rm-type {rm_type}: the response to grade must be text, got "):
+        rule_based_reward(rm_type, response, "5", {})
+
+
+def test_async_rm_names_the_sample_whose_response_is_not_text():
+    import asyncio
+
+    from slime_core.config import PluginArgs, SlimeArgs
+    from slime_core.sample import Sample
+
+    args = PluginArgs.from_config(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "rm_type": "math"}))
+    sample = Sample(prompt="1+1=", response=None, label="2", index=7)
+    with pytest.raises(TypeError, match=r"^--rm-type math on sample 7: the response to grade must be text, got None"):
+        asyncio.run(async_rm(args, sample))
