@@ -281,3 +281,19 @@ def test_zero_rollout_gpus_need_outside_engines(colocate):
     # It was accepted as "the router only", and the launcher started one engine anyway (on no GPU of its own).
     with pytest.raises(ConfigError, match=r"--rollout-num-gpus 0 starts no engine, and registering outside engines"):
         make(colocate=colocate, rollout_num_gpus=0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flag"),
+    [
+        ({"save": "~/ckpt"}, "--save '~/ckpt'"),
+        ({"save_hf": "~/hf_{rollout_id}"}, "--save-hf '~/hf_{rollout_id}'"),
+        ({"output_dir": "~user/out"}, "--output-dir '~user/out'"),
+        ({"eval_prompt_data": ["ev", "~/e.jsonl"], "eval_interval": 1}, "--eval-prompt-data '~/e.jsonl'"),
+    ],
+)
+def test_a_path_starting_with_a_tilde_is_refused(overrides, flag):
+    # Quoted on the command line or written in a --config YAML, "~/ckpt" reached the run as written: the run made a
+    # folder named "~" in the working directory.
+    with pytest.raises(ConfigError, match=re.escape(f"{flag}: starts with '~', which nothing expands here")):
+        make(**overrides)
