@@ -181,3 +181,20 @@ def test_async_rm_names_the_sample_whose_response_is_not_text():
     sample = Sample(prompt="1+1=", response=None, label="2", index=7)
     with pytest.raises(TypeError, match=r"^--rm-type math on sample 7: the response to grade must be text, got None"):
         asyncio.run(async_rm(args, sample))
+
+
+@pytest.mark.parametrize(
+    ("label", "metadata"),
+    [
+        ("E", {"choices": ["40 J", "42 J", "44 J", "46 J"]}),
+        ("C", {"valid_letters": ["A", "B"]}),
+        (4, {"choices": ["a", "b", "c", "d"]}),
+        (None, {"correct_letter": "F", "valid_letters": "ABCD"}),
+    ],
+)
+def test_a_gpqa_label_that_names_no_option_is_an_error(label, metadata):
+    # No response can pick it: every sample of the row scored 0 without a word.
+    with pytest.raises(ValueError, match=r"^gpqa label .* names no option: the options are A, B"):
+        rule_based_reward("gpqa", "Answer: A", label, metadata)
+    options = {key: value for key, value in metadata.items() if key != "correct_letter"}
+    assert rule_based_reward("gpqa", "Answer: B", "B", options) == 1.0
