@@ -198,3 +198,15 @@ def test_a_gpqa_label_that_names_no_option_is_an_error(label, metadata):
         rule_based_reward("gpqa", "Answer: A", label, metadata)
     options = {key: value for key, value in metadata.items() if key != "correct_letter"}
     assert rule_based_reward("gpqa", "Answer: B", "B", options) == 1.0
+
+
+def test_async_rm_names_the_sample_whose_data_a_grader_refuses():
+    import asyncio
+
+    from slime_core.config import PluginArgs, SlimeArgs
+    from slime_core.sample import Sample
+
+    args = PluginArgs.from_config(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "rm_type": "gpqa"}))
+    sample = Sample(prompt="q", response="Answer: A", label="E", index=3, metadata={"choices": ["a", "b", "c", "d"]})
+    with pytest.raises(ValueError, match=r"^--rm-type gpqa on sample 3 \(label 'E'\): gpqa label 'E' .* names no"):
+        asyncio.run(async_rm(args, sample))

@@ -132,7 +132,8 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         A float or a dict of scores (select with `--reward-key`).
 
     Raises:
-        ValueError: no reward type configured.
+        ValueError: no reward type configured, or a built-in grader refused the sample's data (a missing label,
+            a label naming no option; the message names the sample and its label).
         KeyError: unknown reward type.
         RewardFunctionError: a custom or remote reward function raised, returned NaN/infinity, None or a
             non-reward type, or ran past `--rm-timeout-secs` (the message names the function and the sample).
@@ -155,13 +156,16 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
     if spec.grader is None:
         return await _remote_rm(args, sample, rm_type, spec)
     _check_text(sample.response, f"--rm-type {rm_type} on sample {sample.index}")
-    if spec.pooled_grader is not None:  # symbolic check in the pool (inline with --rm-num-workers 0)
-        response, boxed = _unbox(spec, rm_type, sample.response)
-        grade = spec.load_grader(pooled=True)
-        return await grade(response, sample.label, sample.metadata, boxed, num_workers=args.rm_num_workers,
-                           sample_index=sample.index)  # fmt: skip
-    # Everything else is cheap string work (dapo compares normalized strings): inline.
-    return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
+    try:
+        if spec.pooled_grader is not None:  # symbolic check in the pool (inline with --rm-num-workers 0)
+            response, boxed = _unbox(spec, rm_type, sample.response)
+            grade = spec.load_grader(pooled=True)
+            return await grade(response, sample.label, sample.metadata, boxed, num_workers=args.rm_num_workers,
+                               sample_index=sample.index)  # fmt: skip
+        # Everything else is cheap string work (dapo compares normalized strings): inline.
+        return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
+    except ValueError as e:  # bad data in the sample (no label, a label naming no option): say which sample
+        raise ValueError(f"--rm-type {rm_type} on sample {sample.index} (label {sample.label!r:.60}): {e}") from e
 
 
 async def _remote_rm(args: SlimeArgs, sample: Sample, rm_type: str, spec: RewardSpec) -> Any:
