@@ -36,6 +36,11 @@ from slime_rollout.rewards import async_rm, rule_based_reward
         (r"two or three", "2, 3", 1.0),
         (r"x = 2 \text{ or } x = 3", "3", 0.0),
         (r"3 or 5", "5", 0.0),
+        # A unary plus is no part of the value.
+        (r"+\infty", r"\infty", 1.0),
+        (r"\infty", r"+\infty", 1.0),
+        (r"+5", "5", 1.0),
+        (r"+5", "-5", 0.0),
         # Two spellings of the empty set.
         (r"\varnothing", r"\emptyset", 1.0),
         (r"\emptyset", r"\varnothing", 1.0),
