@@ -236,3 +236,14 @@ def test_dry_run_measures_the_prompts_against_the_length_limit(model, data, caps
         f"slime: error: --prompt-data {data}: no prompts left: all 10 are longer than --rollout-max-prompt-len=13 "
         "tokens"
     )
+
+
+def test_dry_run_alone_checks_the_demo(capsys, monkeypatch, tmp_path):
+    # `uv run apps/train --dry-run` said "--rollout-batch-size is required": the demo runs with no flags, so
+    # `--dry-run` alone checks the demo's flags.
+    monkeypatch.chdir(tmp_path)  # the demo's outputs are relative to the working directory (none is written)
+    assert main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("slime: no flags given, checking the embedded demo")
+    assert "slime --dry-run: the configuration is valid; nothing was started" in out
+    assert not any(tmp_path.iterdir())
