@@ -262,3 +262,18 @@ def test_a_checkpoint_without_tokenizer_files_is_refused(tmp_path, qwen3_tokeniz
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (model / name).write_bytes((qwen3_tokenizer_dir / name).read_bytes())
     assert check(_cfg(data, "--hf-checkpoint", str(model))) == []
+
+
+@pytest.mark.parametrize(
+    ("rm_type", "label"), [("math", {"answer": "2"}), ("boxed_dapo", ["2", "two"]), ("gpqa", ["B"])]
+)
+def test_a_dict_or_list_label_is_refused_where_the_grader_compares_one_answer(tmp_path, rm_type, label):
+    # Compared as its Python text ("{'answer': '2'}"), it scored 0 on every sample of the row.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"}, {"prompt": "1+1=", "label": label})
+    (error,) = _errors(_cfg(data, "--rm-type", rm_type))
+    assert error.startswith(f"--prompt-data {data} line 2: --label-key 'label' holds a {type(label).__name__} ")
+    assert error.endswith(f"but --rm-type {rm_type.removeprefix('boxed_')} grades one answer (text or a number); "
+                          "point --label-key at the answer itself")  # fmt: skip
+    # f1 takes a list of references; the record (`RewardSpec.label_is_value`) says so, not a list of names here.
+    _write(data, {"prompt": "1+1=", "label": ["2", "two"]})
+    assert _errors(_cfg(data, "--rm-type", "f1")) == []

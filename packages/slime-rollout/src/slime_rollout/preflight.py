@@ -260,6 +260,27 @@ def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
     return rm_type in REWARDS and REWARDS.get(rm_type).grades_label
 
 
+def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
+    """The label of a reward whose record says `label_is_value` is text or a number, not a dict or a list.
+
+    Such a grader compares a dict or list label as its Python text ("{'answer': '5'}"), which no response equals:
+    every sample of the row scored 0.
+
+    Raises:
+        ValueError: naming the row, the flag and the label's type.
+    """
+    label = row[cfg.label_key]
+    rm_type = _row_rm_type(cfg, row).removeprefix("boxed_")
+    if cfg.custom_rm_path or rm_type not in REWARDS or not isinstance(label, Mapping | list | tuple):
+        return
+    if not REWARDS.get(rm_type).label_is_value:
+        return
+    raise ValueError(
+        f"{at}: --label-key {cfg.label_key!r} holds a {type(label).__name__} ({str(label)[:60]}), but --rm-type "
+        f"{rm_type} grades one answer (text or a number); point --label-key at the answer itself"
+    )
+
+
 def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
     """A row's `metadata["rm_type"]` names a registered reward (else the rollout fails at its first sample).
 
@@ -314,3 +335,4 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
                     f"{at}: null --label-key {cfg.label_key!r}, which --rm-type "
                     f"{cfg.rm_type or 'metadata rm_type'} grades against"
                 )
+            _check_label_type(cfg, row, at)
