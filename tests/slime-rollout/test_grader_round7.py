@@ -36,6 +36,11 @@ from slime_rollout.rewards import async_rm, rule_based_reward
         (r"two or three", "2, 3", 1.0),
         (r"x = 2 \text{ or } x = 3", "3", 0.0),
         (r"3 or 5", "5", 0.0),
+        # `\frac` with unbraced one-token arguments, as TeX reads it (only digit pairs were read: `\frac ab` was 0).
+        (r"\frac ab", r"\frac{a}{b}", 1.0),
+        (r"\dfrac ab", "a/b", 1.0),
+        (r"\frac 1x", "1/x", 1.0),
+        (r"\frac ab", r"\frac{b}{a}", 0.0),
         # A unary plus is no part of the value.
         (r"+\infty", r"\infty", 1.0),
         (r"\infty", r"+\infty", 1.0),
@@ -215,3 +220,10 @@ def test_async_rm_names_the_sample_whose_data_a_grader_refuses():
     sample = Sample(prompt="q", response="Answer: A", label="E", index=3, metadata={"choices": ["a", "b", "c", "d"]})
     with pytest.raises(ValueError, match=r"^--rm-type gpqa on sample 3 \(label 'E'\): gpqa label 'E' .* names no"):
         asyncio.run(async_rm(args, sample))
+
+
+def test_a_command_whose_name_starts_with_frac_is_not_a_fraction():
+    from slime_rollout.rewards.normalize import normalize_answer
+
+    assert normalize_answer(r"\frac abc") == r"\frac{a}{b}c"  # TeX: \frac takes one token per argument
+    assert normalize_answer(r"\fraction") == r"\fraction"

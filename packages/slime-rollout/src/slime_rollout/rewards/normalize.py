@@ -53,7 +53,9 @@ _LEAD_IN = re.compile(
 _SENTENCE = re.compile(r"^(?:[A-Za-z',]+\s+){1,12}(?:is|are|was|equals|=|:)\s+(?P<rest>\S.*)$")
 _VARIABLE_PREFIX = re.compile(r"^([a-zA-Z])\s*=\s*(?=\S)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_FRAC_SHORT = re.compile(r"\\frac(\d)(\d)")
+# `\frac` with unbraced one-token arguments, as TeX reads it: `\frac12`, `\frac ab`, `\frac 1x` (`\frac abc` is
+# `\frac{a}{b}c`; a letter right after `\frac` continues the command's name: `\fraction` is not a fraction).
+_FRAC_SHORT = re.compile(r"\\frac(?![A-Za-z])\s*([0-9A-Za-z])\s*([0-9A-Za-z])")
 _REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)(?:\\overline|\\dot)\s*\{?(\d+)\}?$|^(-?)(\d*)\.(\d*)\((\d+)\)$")
 _ELLIPSIS_DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+?)(?:\\ldots|\\dots|\.\.\.|…)$")
 _NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3})?$")
