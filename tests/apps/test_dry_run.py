@@ -171,6 +171,15 @@ def test_dry_run_on_cpu_prints_the_gpu_plan(model, data, monkeypatch, capsys):
     assert "(reference), on their own GPUs; weights via disk\n" in capsys.readouterr().out
 
 
+def test_dry_run_plans_outside_engines_and_refuses_zero_rollout_gpus_without_them(model, data, capsys):
+    # --rollout-num-gpus 0 was "the router only" in --help, "1 × 1 GPU(s)" in the plan, and one started engine.
+    flags = ["--dry-run", *_flags(model, data, "--num-rollout", "1", "--rollout-num-gpus", "0")]
+    assert main(flags) == 2
+    assert "--rollout-num-gpus 0 starts no engine" in capsys.readouterr().err
+    assert main([*flags, "--rollout-engine-urls", "http://h:1", "http://h:2"]) == 0
+    assert "  engines: 2 outside engine(s) (--rollout-engine-urls), none started\n" in capsys.readouterr().out
+
+
 def test_dry_run_plans_colocated_and_rollout_only_gpus_as_the_placement_does(model, data, capsys):
     # The placement makes max(1, 3) bundles: engine 0 shares the trainer's GPU, engines 1 and 2 have their own.
     flags = _flags(model, data, "--num-rollout", "1", "--colocate", "--actor-num-gpus-per-node", "1")
@@ -209,3 +218,32 @@ def test_dry_run_refuses_heads_that_do_not_split(model, data, extra, fragment, c
     assert main(["--dry-run", *_flags(model, data, "--num-rollout", "1", *extra)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "the attention heads do not split: " + fragment in line and "not divisible by 3" in line
+
+
+def test_dry_run_measures_the_prompts_against_the_length_limit(model, data, capsys):
+    # All prompts over --rollout-max-prompt-len passed the dry run ("first prompt 14 tokens"); the run then stopped
+    # at start-up with "no prompts left after filtering".
+    flags = ["--dry-run", *_flags(model, data, "--num-rollout", "2")]
+    assert main(flags) == 0
+    assert "  prompt length: 10 of 10 prompts within 40959 tokens (0 longer are dropped)" in capsys.readouterr().out
+    assert main([*flags, "--rollout-max-prompt-len", "14"]) == 0
+    out = capsys.readouterr().out
+    assert "first prompt 14 tokens" in out  # every prompt here has 14 tokens
+    assert "  prompt length: 10 of 10 prompts within 14 tokens (0 longer are dropped)" in out
+    assert main([*flags, "--rollout-max-prompt-len", "13"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"slime: error: --prompt-data {data}: no prompts left: all 10 are longer than --rollout-max-prompt-len=13 "
+        "tokens"
+    )
+
+
+def test_dry_run_alone_checks_the_demo(capsys, monkeypatch, tmp_path):
+    # `uv run apps/train --dry-run` said "--rollout-batch-size is required": the demo runs with no flags, so
+    # `--dry-run` alone checks the demo's flags.
+    monkeypatch.chdir(tmp_path)  # the demo's outputs are relative to the working directory (none is written)
+    assert main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("slime: no flags given, checking the embedded demo")
+    assert "slime --dry-run: the configuration is valid; nothing was started" in out
+    assert not any(tmp_path.iterdir())

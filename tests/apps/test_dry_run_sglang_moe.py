@@ -41,3 +41,16 @@ def test_sglang_moe_flags_on_a_dense_model_fail_the_dry_run(flags, extra, named,
 
 def test_sglang_defaults_pass(flags, capsys):
     assert main([*flags, "--sglang-ep-size", "1", "--sglang-moe-a2a-backend", "none"]) == 0, capsys.readouterr().err
+
+
+def test_megatron_expert_parallelism_on_a_dense_model_fails_the_dry_run(flags, capsys):
+    # It passed: --expert-model-parallel-size is a parallelism flag, not an architecture one, so the MoE-on-dense
+    # check never saw it (Megatron-LM refuses EP without --num-experts).
+    megatron = [*flags[: flags.index("--train-backend") + 1], "megatron", *flags[flags.index("--train-backend") + 2 :]]
+    assert main([*megatron, "--expert-model-parallel-size", "2"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("slime: error: --expert-model-parallel-size 2: --hf-checkpoint ") and err.endswith(
+        "is a dense model (model_type 'qwen3', its config.json names no experts): there are no experts to split; "
+        "remove the flag"
+    ), err
+    assert main([*megatron, "--expert-model-parallel-size", "1"]) == 0, capsys.readouterr().err

@@ -133,7 +133,8 @@ def test_valid_combinations_pass():
     assert make(eval_interval=5, eval_prompt_data=["gsm8k", "g.jsonl"]).eval_datasets == [("gsm8k", "g.jsonl")]
     assert make(sglang_args={"dp_size": "2", "enable_dp_attention": True}).sglang_args["dp_size"] == "2"
     assert make(rollout_num_gpus_per_engine=4, sglang_args={"pp_size": "2"}).rollout_num_gpus_per_engine == 4
-    assert make(colocate=True, rollout_num_gpus=0).rollout_num_gpus == 0  # router only
+    assert make(colocate=True, rollout_num_gpus=0, rollout_engine_urls=["http://h:1"]).rollout_num_gpus == 0
+    assert make(rollout_num_gpus=0, debug_train_only=True).rollout_num_gpus == 0
     assert make(colocate=True, rollout_num_gpus=12).rollout_num_gpus == 12  # extra rollout-only GPUs
 
 
@@ -273,3 +274,26 @@ def test_a_cpu_config_builds_without_the_engines_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "disk", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("colocate", [True, False])
+def test_zero_rollout_gpus_need_outside_engines(colocate):
+    # It was accepted as "the router only", and the launcher started one engine anyway (on no GPU of its own).
+    with pytest.raises(ConfigError, match=r"--rollout-num-gpus 0 starts no engine, and registering outside engines"):
+        make(colocate=colocate, rollout_num_gpus=0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flag"),
+    [
+        ({"save": "~/ckpt"}, "--save '~/ckpt'"),
+        ({"save_hf": "~/hf_{rollout_id}"}, "--save-hf '~/hf_{rollout_id}'"),
+        ({"output_dir": "~user/out"}, "--output-dir '~user/out'"),
+        ({"eval_prompt_data": ["ev", "~/e.jsonl"], "eval_interval": 1}, "--eval-prompt-data '~/e.jsonl'"),
+    ],
+)
+def test_a_path_starting_with_a_tilde_is_refused(overrides, flag):
+    # Quoted on the command line or written in a --config YAML, "~/ckpt" reached the run as written: the run made a
+    # folder named "~" in the working directory.
+    with pytest.raises(ConfigError, match=re.escape(f"{flag}: starts with '~', which nothing expands here")):
+        make(**overrides)

@@ -27,3 +27,14 @@ def test_non_utf8_bytes_name_the_line_and_column(tmp_path):
     good = tmp_path / "utf8.jsonl"
     good.write_text('{"x": "café ∑"}\n', encoding="utf-8")
     assert list(iter_jsonl(good)) == [(1, {"x": "café ∑"})]
+
+
+def test_a_byte_order_mark_at_the_start_is_skipped(tmp_path):
+    # Windows editors and Excel exports write one; json.loads failed on line 1 with "Unexpected UTF-8 BOM".
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"x": 1}\r\n{"x": 2}\r\n')
+    assert list(iter_jsonl(path)) == [(1, {"x": 1}), (2, {"x": 2})]
+    # Only at the start of the file: a mark inside a later line is a stray character there, named by its line.
+    path.write_bytes(b'{"x": 1}\n\xef\xbb\xbf{"x": 2}\n')
+    with pytest.raises(ValueError, match=r"bom\.jsonl:2: invalid JSON"):
+        list(iter_jsonl(path))

@@ -1,6 +1,7 @@
 """Data source: JSONL/Parquet, keys, chat template (real Qwen3 tokenizer), filtering, shuffling, cursor."""
 
 import json
+import re
 import time
 
 import numpy as np
@@ -160,12 +161,65 @@ def test_message_prompts_are_measured_as_the_engine_gets_them(tmp_path, qwen3_to
         assert len(RolloutDataSource(args)) == 1 + kept
 
 
-@pytest.mark.parametrize("prompt", ["", "   ", [], [{"role": "user", "content": ""}]])
+@pytest.mark.parametrize("prompt", ["", "   ", None, [], [{"role": "user", "content": ""}]])
 def test_empty_prompt_names_the_row(tmp_path, prompt):
     rows = [{"question": "fine", "answer": "1"}, {"question": prompt, "answer": "2"}]
     args = _args(prompt_data=_write_jsonl(tmp_path / "e.jsonl", rows))
     with pytest.raises(ValueError, match=r"e\.jsonl line 2: empty prompt in --input-key 'question'"):
         RolloutDataSource(args)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        (5, r"--input-key 'question' holds int 5, not a prompt \(a string, or a list of chat messages"),
+        ({"text": "hi"}, r"--input-key 'question' holds dict \{'text': 'hi'\}, not a prompt"),
+        (["hi", "there"], r"--input-key 'question': message 0 is str 'hi', not a chat message"),
+        ([{"content": "hi"}], r"--input-key 'question': message 0 is dict \{'content': 'hi'\}, not a chat message"),
+    ],
+)
+def test_a_prompt_that_is_neither_text_nor_chat_messages_names_the_row(tmp_path, prompt, message):
+    # A number or a dict passed as "a message list" and failed in the tokenizer mid-rollout; a list of strings was
+    # reported as an empty prompt.
+    rows = [{"question": "fine", "answer": "1"}, {"question": prompt, "answer": "2"}]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "p.jsonl", rows))
+    with pytest.raises(ValueError, match=rf"p\.jsonl line 2: {message}"):
+        RolloutDataSource(args)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "shown"), [([1, 2], "list [1, 2]"), (5, "int 5"), ("[[1, 2]]", "list [[1, 2]]"), ("x", None)]
+)
+def test_metadata_that_is_not_a_dict_names_the_row(tmp_path, metadata, shown):
+    # A list of pairs ("[[1, 2]]") became the dict {1: 2}; [1, 2] and 5 failed naming no row.
+    rows = [
+        {"question": "q", "answer": "1", "metadata": {"k": 1}},
+        {"question": "q", "answer": "2", "metadata": metadata},
+    ]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "m.jsonl", rows))
+    expected = (
+        rf"m\.jsonl line 2: --metadata-key 'metadata' must hold a dict \(or its JSON\), got {re.escape(shown)}$"
+        if shown
+        else r"m\.jsonl line 2: metadata is a string but not valid JSON: 'x'"
+    )
+    with pytest.raises(ValueError, match=expected):
+        RolloutDataSource(args)
+    rows[1]["metadata"] = json.dumps({"k": 2})  # a JSON string of a dict is read as the dict
+    args = _args(prompt_data=_write_jsonl(tmp_path / "m.jsonl", rows))
+    assert [s.metadata for s in RolloutDataSource(args).prompts] == [{"k": 1}, {"k": 2}]
+
+
+@pytest.mark.parametrize(("tools", "shown"), [({"name": "calc"}, "dict {'name': 'calc'}"), (["calc"], "list ['calc']")])
+def test_tools_that_are_not_a_list_of_schemas_name_the_row(tmp_path, tools, shown):
+    # The chat template refused them naming no row ("Tools should either be a JSON schema, ...").
+    rows = [{"question": "q", "answer": "1"}, {"question": "q", "answer": "2", "tools": tools}]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "t.jsonl", rows))
+    message = r"t\.jsonl line 2: --tool-key 'tools' must hold a list of tool schemas \(dicts\) or its JSON, got "
+    with pytest.raises(ValueError, match=message + re.escape(shown) + "$"):
+        RolloutDataSource(args)
+    rows[1]["tools"] = json.dumps([{"type": "function", "function": {"name": "calc"}}])  # JSON of a list: fine
+    args = _args(prompt_data=_write_jsonl(tmp_path / "t.jsonl", rows))
+    assert RolloutDataSource(args).prompts[1].metadata["tools"] == [{"type": "function", "function": {"name": "calc"}}]
 
 
 def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path):

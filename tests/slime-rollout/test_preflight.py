@@ -64,6 +64,41 @@ def test_empty_prompts_and_null_labels_are_problems(tmp_path, row, extra, messag
     assert re.search(rf"--prompt-data .*d\.jsonl {message}", error), error
 
 
+@pytest.mark.parametrize("rm_type", ["f1", "math", "gpqa", "boxed_dapo"])
+def test_a_grader_that_compares_with_the_label_needs_a_label_key(tmp_path, rm_type):
+    # Without --label-key every label is None: math failed at the first sample, f1 scored the text "None" as 1.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    args = ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--rollout-batch-size",
+            "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
+            "--actor-num-gpus-per-node", "1", "--rm-type", rm_type]  # fmt: skip
+    (error,) = _errors(parse_args(args))
+    assert error == (
+        f"--prompt-data {data} line 1: --rm-type {rm_type} grades against a label, but no --label-key is set "
+        "(name the column that holds the answer)"
+    )
+    # gpqa may take its answer from the row's metadata; a reward that grades no label needs none.
+    _write(data, {"prompt": "Pick one", "metadata": {"correct_letter": "B"}})
+    expected = 0 if rm_type == "gpqa" else 1
+    assert len(_errors(parse_args([*args, "--metadata-key", "metadata"]))) == expected
+    assert _errors(parse_args([*args[:-2], "--rm-type", "random"])) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("prompt", 5, "--input-key 'prompt' holds int 5, not a prompt"),
+        ("prompt", ["hi"], "--input-key 'prompt': message 0 is str 'hi', not a chat message"),
+        ("metadata", [[1, 2]], "--metadata-key 'metadata' must hold a dict (or its JSON), got list [[1, 2]]"),
+        ("tools", {"name": "calc"}, "--tool-key 'tools' must hold a list of tool schemas (dicts) or its JSON"),
+    ],
+)
+def test_malformed_prompts_metadata_and_tools_name_the_row(tmp_path, field, value, message):
+    bad = {"prompt": "2+2=", "label": "4", field: value}
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"}, bad)
+    (error,) = _errors(_cfg(data, "--rm-type", "math"))
+    assert error.startswith(f"--prompt-data {data} line 2: {message}"), error
+
+
 def test_null_labels_are_fine_where_nothing_grades_against_them(tmp_path):
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": None})
     assert _errors(_cfg(data, "--rm-type", "remote_rm", "--rm-url", "http://localhost:1")) == []
@@ -124,6 +159,7 @@ def _vlm_dir(tmp_path) -> pathlib.Path:
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
     (model / "chat_template.jinja").write_text("{{ messages }}")
+    (model / "tokenizer_config.json").write_text("{}")  # a checkpoint holds its tokenizer's files
     (model / "processor_config.json").write_text(json.dumps({"image_processor": {"patch_size": 14}}))
     return model
 
@@ -176,3 +212,68 @@ def test_sglang_and_router_flags_are_checked_against_the_installed_packages(tmp_
     assert _errors(_cfg(data, "--router-foo", "3")) == [
         "--router-foo: sglang_router.router_args.RouterArgs has no field 'foo'"
     ]
+
+
+def test_eval_files_are_checked_with_their_own_keys(tmp_path):
+    # The eval file was checked with the training keys: a valid --eval-input-key/--eval-label-key run was refused
+    # ("no --input-key 'prompt'"), and the files of an --eval-config were not checked at all.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    evals = _write(tmp_path / "e.jsonl", {"question": "2+2=", "answer": "4"})
+    eval_flags = ("--eval-prompt-data", "ev", str(evals), "--eval-interval", "1")
+    assert _errors(_cfg(data, "--rm-type", "math", *eval_flags, "--eval-input-key", "question",
+                        "--eval-label-key", "answer")) == []  # fmt: skip
+    (error,) = _errors(_cfg(data, "--rm-type", "math", *eval_flags, "--eval-input-key", "question"))
+    assert error == f"--eval-prompt-data {evals} line 1: no --label-key 'label' (keys: ['answer', 'question'])"
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        f"eval:\n  datasets:\n    - {{name: good, path: {evals}, input_key: question, label_key: answer}}\n"
+        f"    - {{name: bad, path: {evals}, input_key: prompt}}\n"
+    )
+    (error,) = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
+    assert error == (
+        f"--eval-config {config} dataset 'bad' {evals} line 1: no --input-key 'prompt' (keys: ['answer', 'question'])"
+    )
+    # A dataset's own reward decides whether it needs a label (f1 does, random does not).
+    for rm_type, expected in (("f1", 1), ("random", 0)):
+        config.write_text(
+            f"eval:\n  datasets:\n    - {{name: r, path: {evals}, input_key: question, label_key: null, "
+            f"rm_type: {rm_type}}}\n"
+        )
+        errors = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
+        assert len(errors) == expected, errors
+        assert all("--rm-type f1 grades against a label, but no --label-key is set" in e for e in errors)
+
+
+def test_a_checkpoint_without_tokenizer_files_is_refused(tmp_path, qwen3_tokenizer_dir):
+    # transformers built an empty tokenizer from config.json alone: --dry-run showed "first prompt 0 tokens".
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    (problem,) = check(_cfg(data, "--hf-checkpoint", str(model)))
+    assert problem.exception is FileNotFoundError and problem.message.startswith(
+        f"--hf-checkpoint {model}: no tokenizer files (tokenizer.json, tokenizer_config.json, tokenizer.model, "
+        "vocab.json, vocab.txt); every prompt would be encoded by an empty tokenizer"
+    )
+    from slime_rollout.data.source import get_tokenizer
+
+    with pytest.raises(ValueError, match=r"its tokenizer is empty \(1 token\)"):
+        get_tokenizer(str(model))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((qwen3_tokenizer_dir / name).read_bytes())
+    assert check(_cfg(data, "--hf-checkpoint", str(model))) == []
+
+
+@pytest.mark.parametrize(
+    ("rm_type", "label"), [("math", {"answer": "2"}), ("boxed_dapo", ["2", "two"]), ("gpqa", ["B"])]
+)
+def test_a_dict_or_list_label_is_refused_where_the_grader_compares_one_answer(tmp_path, rm_type, label):
+    # Compared as its Python text ("{'answer': '2'}"), it scored 0 on every sample of the row.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"}, {"prompt": "1+1=", "label": label})
+    (error,) = _errors(_cfg(data, "--rm-type", rm_type))
+    assert error.startswith(f"--prompt-data {data} line 2: --label-key 'label' holds a {type(label).__name__} ")
+    assert error.endswith(f"but --rm-type {rm_type.removeprefix('boxed_')} grades one answer (text or a number); "
+                          "point --label-key at the answer itself")  # fmt: skip
+    # f1 takes a list of references; the record (`RewardSpec.label_is_value`) says so, not a list of names here.
+    _write(data, {"prompt": "1+1=", "label": ["2", "two"]})
+    assert _errors(_cfg(data, "--rm-type", "f1")) == []

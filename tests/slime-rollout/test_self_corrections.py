@@ -174,7 +174,10 @@ def test_hedge_anywhere_between_boxes(between, together):
         (r"\boxed{5}, \boxed{5}", "5, 5", 1.0),
         (r"\boxed{1}, \boxed{2}, \boxed{3}", "1, 2", 0.0),
         (r"\boxed{1, 2}", "1, 2", 1.0),
-        (r"\boxed{3 \text{ or } 5}", "3, 5", 0.0),  # one part, a hedge inside the box
+        # "or" inside one box lists values ("x = 3 or x = 5" is how a solution set is stated): right for the
+        # two-part label, and still a hedge (two parts) for a one-value one.
+        (r"\boxed{3 \text{ or } 5}", "3, 5", 1.0),
+        (r"\boxed{3 \text{ or } 5}", "5", 0.0),
         (r"\boxed{1,000}", "1000", 1.0),  # a thousands separator is not a part
     ],
 )

@@ -48,7 +48,10 @@ def test_sglang_names_and_fused_parameters():
     assert sglang_param_name(layer + "mlp.up_proj.weight") == (layer + "mlp.gate_up_proj.weight", 1, 2)
     assert sglang_param_name(layer + "self_attn.q_norm.weight") == (layer + "self_attn.q_norm.weight", 0, 1)
     assert sglang_param_name("model.language_model.layers.0.mlp.down_proj.weight") == (
-        "model.layers.0.mlp.down_proj.weight", 0, 1)
+        "model.layers.0.mlp.down_proj.weight",
+        0,
+        1,
+    )
     assert sglang_param_name("model.visual.blocks.0.attn.qkv.weight") == ("visual.blocks.0.attn.qkv_proj.weight", 0, 1)
     q, k, v = (torch.full((r, 4), float(i)) for i, r in enumerate((4, 2, 2)))
     named = [("m.layers.0.self_attn.v_proj.weight", v), ("m.layers.0.self_attn.q_proj.weight", q),
@@ -126,7 +129,8 @@ def test_check_engines_compares_and_names_the_difference():
     del wrong.ranks[0]["a.qkv_proj.weight"]
     report = asyncio.run(check_engines([wrong], want))
     assert report.checked == 2 and report.mismatches == [
-        f"http://fake:1 a.qkv_proj.weight: engine checksum {'3' * 16} (TP rank 0), expected {'1' * 16}"]
+        f"http://fake:1 a.qkv_proj.weight: engine checksum {'3' * 16} (TP rank 0), expected {'1' * 16}"
+    ]
     tp2 = FakeEngine([dict(want), {**want, "a.qkv_proj.weight": "9" * 16}])  # shards differ per rank
     report = asyncio.run(check_engines([tp2], want))
     assert (report.checked, report.sharded, report.mismatches) == (1, 1, [])  # the norm, replicated, compared

@@ -156,9 +156,24 @@ def check_checkpoints(cfg: SlimeArgs) -> list[str]:
     if mismatches:
         raise ValueError(
             f"checkpoints of another architecture than --hf-checkpoint (the model is built from its config.json): "
-            f"{'; '.join(mismatches)}"
+            f"{_grouped(mismatches)}"
         )
     return notes
+
+
+def _grouped(mismatches: list[str]) -> str:
+    """`"A vs B: fact"` lines as one clause per checkpoint pair, each fact once.
+
+    A 2-layer `--ref-load` against a 36-layer model gave 13 clauses repeating both paths, and the same size twice
+    (`config.json hidden_size 16 vs 2560`, then `hidden_size 16 vs 2560` read from the weights).
+    """
+    groups: dict[str, list[str]] = {}
+    for line in mismatches:
+        pair, _, fact = line.rpartition(": ")
+        facts = groups.setdefault(pair, [])
+        if fact not in facts and f"config.json {fact}" not in facts:
+            facts.append(fact)
+    return "; ".join(f"{pair}: {', '.join(facts)}" for pair, facts in groups.items())
 
 
 def _fields_of(flag: str, path: str, kind: str) -> dict[str, int | None] | None:

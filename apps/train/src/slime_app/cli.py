@@ -35,12 +35,14 @@ def main(argv: list[str]) -> int:
     )
     for noisy in ("httpx", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    demo = not argv
+    demo = not argv or argv == ["--dry-run"]  # `--dry-run` alone checks the demo's flags (it said a flag was missing)
     if demo:
         from slime_app.demo import default_demo_argv
 
-        argv = default_demo_argv()
-        print("slime: no flags given, running the embedded demo (GRPO on a tiny model, CPU)", flush=True)
+        dry = argv == ["--dry-run"]
+        argv = default_demo_argv() + (["--dry-run"] if dry else [])
+        what = "checking" if dry else "running"
+        print(f"slime: no flags given, {what} the embedded demo (GRPO on a tiny model, CPU)", flush=True)
     try:
         cfg = parse_args(argv)
         if cfg.dry_run:

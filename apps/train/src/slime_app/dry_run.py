@@ -17,7 +17,7 @@ from typing import Any
 
 from slime_app.preflight import preflight
 from slime_app.resolve import resolve_config
-from slime_core.config import SlimeArgs
+from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.config.base import field_to_flag
 from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
@@ -92,7 +92,9 @@ def _arithmetic(cfg: SlimeArgs) -> list[str]:
             f"{world // model_parallel if world % model_parallel == 0 else '?'} (TP×PP×CP = {model_parallel}), "
             f"--train-backend {cfg.train_backend}"
         )
-    if not cfg.debug_train_only:
+    if not cfg.debug_train_only and cfg.rollout_engine_urls:
+        lines.append(f"engines: {len(cfg.rollout_engine_urls)} outside engine(s) (--rollout-engine-urls), none started")
+    elif not cfg.debug_train_only:
         per_engine = cfg.rollout_num_gpus_per_engine
         engines = max(1, (cfg.rollout_num_gpus or per_engine) // per_engine)
         shared, own = colocated_gpu_split(cfg)
@@ -151,7 +153,7 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
     if not (cfg.hf_checkpoint and cfg.prompt_data) or cfg.load_debug_rollout_data:
         return []
     from slime_rollout.data.sft import ChatLossMask, generate_sft_rollout
-    from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
+    from slime_rollout.data.source import encode_prompt, get_tokenizer, load_prompt_rows, rows_to_samples
     from slime_rollout.plugins import load_function
 
     tokenizer = get_tokenizer(cfg.hf_checkpoint)
@@ -167,11 +169,37 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
         )
         trained = f"{sum(mask)} trained on (--loss-mask-type {cfg.loss_mask_type})"
         return [f"SFT, first conversation: {len(ids)} tokens, {trained}"]
-    if isinstance(sample.prompt, str):
-        count = len(tokenizer.encode(sample.prompt, add_special_tokens=False))
-        return [f"tokenizer of --hf-checkpoint: first prompt {count} tokens" + (" (chat template applied)" if
-                cfg.apply_chat_template else "")]  # fmt: skip
-    return ["first prompt is a message list: a custom generate function renders it"]
+    # Measured as the default generate function sends it (`encode_prompt`): a message list goes through the chat
+    # template there, with or without --apply-chat-template.
+    count = len(encode_prompt(tokenizer, sample.prompt, sample.metadata.get("tools")))
+    templated = cfg.apply_chat_template or not isinstance(sample.prompt, str)
+    return [f"tokenizer of --hf-checkpoint: first prompt {count} tokens" + (" (chat template applied)" if templated
+            else "")]  # fmt: skip
+
+
+def _prompt_filter(cfg: SlimeArgs) -> list[str]:
+    """How many training prompts the default data source keeps under its prompt-length limit.
+
+    The run builds the data source at start-up and stops there when no prompt fits (`--rollout-max-prompt-len 2`,
+    a tiny `--rollout-max-context-len`); the first prompt alone said nothing of it. A custom data source, SFT data
+    and a run without a limit are not measured here.
+
+    Raises:
+        ValueError: no prompt is left (the data source's own message).
+    """
+    from slime_rollout.data.prompt_length import default_max_prompt_len
+    from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
+    from slime_rollout.plugins import load_function
+
+    if not cfg.prompt_data or cfg.load_debug_rollout_data or cfg.disable_rollout_global_dataset:
+        return []
+    source_cls = load_function(cfg.data_source_path, flag="--data-source-path")
+    limit = default_max_prompt_len(cfg.rollout_max_prompt_len, cfg.rollout_max_context_len, cfg.hf_checkpoint)
+    if source_cls not in (RolloutDataSource, RolloutDataSourceWithBuffer) or limit is None:
+        return []
+    total = len(load_prompt_rows(cfg.prompt_data))
+    kept = len(source_cls(PluginArgs.from_config(cfg)))  # raises when none is left
+    return [f"prompt length: {kept} of {total} prompts within {limit} tokens ({total - kept} longer are dropped)"]
 
 
 def dry_run(cfg: SlimeArgs) -> list[str]:
@@ -189,7 +217,7 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
         shown["update_weight_disk_dir"] = None  # only the CPU fallback's disk sync sets it
     report += render_config(cfg.model_copy(update=shown))
     report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg)]
-    checks = resolved + notes + _first_prompt(cfg)
+    checks = resolved + notes + _first_prompt(cfg) + _prompt_filter(cfg)
     report += ["", "checked:"] + [f"  {line}" for line in checks]
     report.append("  not checked here: GPUs, engines, Ray (the run checks them when it starts)")
     return report

@@ -134,7 +134,7 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
     """
     import json
 
-    from slime_core.config.architecture import check_architecture
+    from slime_core.config.architecture import check_architecture, is_dense_config
     from slime_core.config.sglang_moe import dense_model_moe_flags
 
     with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
@@ -149,6 +149,14 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
         raise ValueError(
             f"--hf-checkpoint {cfg.hf_checkpoint} is a dense model (model_type {hf_config.get('model_type')!r}, its "
             f"config.json names no experts): SGLang MoE flags cannot apply: {' '.join(engine_moe)}"
+        )
+    if megatron_native and cfg.expert_model_parallel_size > 1 and is_dense_config(hf_config):
+        # Megatron-LM refuses EP without --num-experts; megatron-core alone would build empty expert groups and
+        # spend the ranks on data parallelism the flag did not ask for.
+        raise ValueError(
+            f"--expert-model-parallel-size {cfg.expert_model_parallel_size}: --hf-checkpoint {cfg.hf_checkpoint} is "
+            f"a dense model (model_type {hf_config.get('model_type')!r}, its config.json names no experts): there "
+            "are no experts to split; remove the flag"
         )
     if report.mismatches:
         raise ValueError(

@@ -142,6 +142,8 @@ class RewardSpec(Entry):
             otherwise it gets that box's content ("" when there is none or the answer hedges between boxes).
         needs_url: calls a remote service at `--rm-url` (preflight refuses a run without it).
         grades_label: compares the response with the sample's label (preflight refuses null labels for it).
+        label_is_value: its label is one answer, text or a number (preflight refuses a dict or list label, which
+            it would compare as its Python text); False for graders that take a list of references (f1).
     """
 
     grader: str | Callable[..., Any] | None = None
@@ -149,6 +151,7 @@ class RewardSpec(Entry):
     reads_box: bool = False
     needs_url: bool = False
     grades_label: bool = False
+    label_is_value: bool = False
 
     def load_grader(self, *, pooled: bool = False) -> Callable[..., Any]:
         """The `grader` (or `pooled_grader`), imported on use when given as `"module:attr"`.

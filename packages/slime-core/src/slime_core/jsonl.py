@@ -14,7 +14,8 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
     """Yields `(line_number, object)` for each non-blank line of a JSONL file (1-based line numbers).
 
     Lines are read as bytes and decoded one by one, so bad bytes are reported with their line (a text-mode file
-    fails somewhere in a buffered read, naming no line).
+    fails somewhere in a buffered read, naming no line). A UTF-8 byte-order mark at the start of the file (what
+    some Windows editors and Excel exports write) is skipped: it is not part of the first object.
 
     Raises:
         ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`
@@ -23,7 +24,7 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(
                     f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "

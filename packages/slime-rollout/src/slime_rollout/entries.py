@@ -45,17 +45,23 @@ REFERENCE = RolloutEngineSpec(
 # The built-in graders: `slime_rollout.rewards.builtin` holds what each record names.
 _G = "slime_rollout.rewards.builtin:grade_"
 MATH_RM = RewardSpec(
-    name="math", grades_label=True, reads_box=True, grader=f"{_G}math", pooled_grader=f"{_G}math_pooled"
+    name="math",
+    grades_label=True,
+    label_is_value=True,
+    reads_box=True,
+    grader=f"{_G}math",
+    pooled_grader=f"{_G}math_pooled",
 )
 DEEPSCALER_RM = RewardSpec(
     name="deepscaler",
     grades_label=True,
+    label_is_value=True,
     reads_box=True,
     grader=f"{_G}deepscaler",
     pooled_grader=f"{_G}deepscaler_pooled",
 )
-DAPO_RM = RewardSpec(name="dapo", grades_label=True, reads_box=True, grader=f"{_G}dapo")
+DAPO_RM = RewardSpec(name="dapo", grades_label=True, label_is_value=True, reads_box=True, grader=f"{_G}dapo")
 F1_RM = RewardSpec(name="f1", grades_label=True, grader=f"{_G}f1")
-GPQA_RM = RewardSpec(name="gpqa", grades_label=True, grader=f"{_G}gpqa")
+GPQA_RM = RewardSpec(name="gpqa", grades_label=True, label_is_value=True, grader=f"{_G}gpqa")
 REMOTE_RM_RM = RewardSpec(name="remote_rm", needs_url=True)  # no grader: the reply of --rm-url is the reward
 RANDOM_RM = RewardSpec(name="random", grader=f"{_G}random")

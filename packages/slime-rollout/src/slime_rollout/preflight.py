@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 from slime_core.extensions import REWARDS
 from slime_core.registry import Problem
 from slime_rollout.data import multimodal
-from slime_rollout.data.source import PromptRows, load_prompt_rows
+from slime_rollout.data.source import (
+    TOKENIZER_FILES,
+    PromptRows,
+    load_prompt_rows,
+    prompt_problem,
+    row_metadata,
+    row_tools,
+)
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -51,17 +58,51 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         malformed file or row, a remote reward without `--rm-url`, a missing chat template or an unknown
         `--sglang-*`/`--router-*` flag; notes for what could not be checked here.
     """
-    problems = _reward_url(cfg) + _chat_template(cfg) + _image_processor(cfg) + _pass_through_flags(cfg)
-    files = [] if not cfg.prompt_data or cfg.load_debug_rollout_data else [("--prompt-data", cfg.prompt_data)]
-    files += [("--eval-prompt-data", path) for _name, path in cfg.eval_datasets]
-    for flag, spec in files:
+    problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
+    problems += _pass_through_flags(cfg)
+    files = [] if not cfg.prompt_data or cfg.load_debug_rollout_data else [("--prompt-data", cfg.prompt_data, cfg)]
+    try:
+        files += _eval_files(cfg)
+    except (FileNotFoundError, ValueError) as e:  # a malformed --eval-prompt-data / --eval-config
+        problems.append(Problem(message=str(e), exception=type(e)))
+    for flag, spec, file_cfg in files:
         try:
-            _check_rows(spec, cfg, flag)
+            _check_rows(spec, file_cfg, flag)
         except FileNotFoundError as e:
             problems.append(Problem(message=str(e), exception=FileNotFoundError))
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
             problems.append(Problem(message=str(e)))
     return problems
+
+
+def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs]]:
+    """Each eval dataset's file with the config its rows are read and graded with (`generation.eval.eval_datasets`).
+
+    An eval dataset has its own keys and reward (`--eval-input-key`, `--eval-label-key`, an `--eval-config`
+    dataset's `input_key`, `rm_type`, ...): checked with the training keys, a valid eval file was refused ("no
+    --input-key 'q'") and an `--eval-config` dataset's file was not checked at all.
+    """
+    if not (cfg.eval_prompt_data or cfg.eval_config):
+        return []
+    # Imported here: the eval module pulls in the generation stack (about 1.3 s cold), which runs without eval data
+    # do not need.
+    from slime_rollout.generation.eval import eval_datasets
+
+    files = []
+    for dataset in eval_datasets(cfg):
+        flag = "--eval-prompt-data" if [dataset["name"], dataset["path"]] in _pairs(cfg.eval_prompt_data) else (
+            f"--eval-config {cfg.eval_config} dataset {dataset['name']!r}"
+        )  # fmt: skip
+        names = ("input_key", "label_key", "metadata_key", "tool_key", "rm_type", "multimodal_keys")
+        keys = {key: dataset[key] for key in names}
+        keys["custom_rm_path"] = dataset["custom_rm_path"] or cfg.custom_rm_path
+        files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys)))
+    return files
+
+
+def _pairs(values: Sequence[str] | None) -> list[list[str]]:
+    values = list(values or [])
+    return [list(pair) for pair in zip(values[0::2], values[1::2], strict=False)]
 
 
 def _reward_url(cfg: SlimeArgs) -> list[Problem]:
@@ -71,6 +112,22 @@ def _reward_url(cfg: SlimeArgs) -> list[Problem]:
     if not REWARDS.get(cfg.rm_type.removeprefix("boxed_")).needs_url:
         return []
     return [Problem(message=f"--rm-type {cfg.rm_type} calls a reward service: set --rm-url http://host:port/path")]
+
+
+def _tokenizer_files(cfg: SlimeArgs) -> list[Problem]:
+    """A local `--hf-checkpoint` must hold tokenizer files: without them transformers builds an empty tokenizer."""
+    root = pathlib.Path(cfg.hf_checkpoint or "")
+    if not cfg.hf_checkpoint or not (root / "config.json").is_file():
+        return []  # not a local model directory: the flag's own check reports it
+    if any((root / name).is_file() for name in TOKENIZER_FILES):
+        return []
+    return [
+        Problem(
+            message=f"--hf-checkpoint {root}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); every prompt would "
+            "be encoded by an empty tokenizer; copy them from the model the checkpoint came from",
+            exception=FileNotFoundError,
+        )
+    ]
 
 
 def _chat_template(cfg: SlimeArgs) -> list[Problem]:
@@ -181,23 +238,47 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
     logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
 
 
-def _empty_prompt(prompt: Any) -> bool:
-    if isinstance(prompt, str):
-        return not prompt.strip()
-    if isinstance(prompt, list):
-        return not any(isinstance(m, Mapping) and str(m.get("content") or "").strip() for m in prompt)
-    return prompt is None
+def _row_metadata(cfg: SlimeArgs, row: Mapping[str, Any]) -> Mapping[str, Any]:
+    # Read as the data source reads it (a JSON string too); a malformed value is reported by `check_prompt_rows`.
+    try:
+        return row_metadata(dict(row), cfg.metadata_key, "")
+    except ValueError:
+        return {}
+
+
+def _row_rm_type(cfg: SlimeArgs, row: Mapping[str, Any]) -> str:
+    """The reward type that scores `row`: its metadata's `rm_type`, else `--rm-type` ("" when neither)."""
+    return str(_row_metadata(cfg, row).get("rm_type") or cfg.rm_type or "")
 
 
 def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
     if cfg.custom_rm_path:
         return False  # a custom reward decides what it needs
-    metadata = row.get(cfg.metadata_key) if cfg.metadata_key else None
-    metadata = metadata if isinstance(metadata, Mapping) else {}
-    rm_type = str(metadata.get("rm_type") or cfg.rm_type or "").removeprefix("boxed_")
-    if rm_type == "gpqa" and metadata.get("correct_letter"):  # gpqa may take its answer from the metadata
+    rm_type = _row_rm_type(cfg, row).removeprefix("boxed_")
+    if rm_type == "gpqa" and _row_metadata(cfg, row).get("correct_letter"):  # gpqa may take it from the metadata
         return False
     return rm_type in REWARDS and REWARDS.get(rm_type).grades_label
+
+
+def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
+    """The label of a reward whose record says `label_is_value` is text or a number, not a dict or a list.
+
+    Such a grader compares a dict or list label as its Python text ("{'answer': '5'}"), which no response equals:
+    every sample of the row scored 0.
+
+    Raises:
+        ValueError: naming the row, the flag and the label's type.
+    """
+    label = row[cfg.label_key]
+    rm_type = _row_rm_type(cfg, row).removeprefix("boxed_")
+    if cfg.custom_rm_path or rm_type not in REWARDS or not isinstance(label, Mapping | list | tuple):
+        return
+    if not REWARDS.get(rm_type).label_is_value:
+        return
+    raise ValueError(
+        f"{at}: --label-key {cfg.label_key!r} holds a {type(label).__name__} ({str(label)[:60]}), but --rm-type "
+        f"{rm_type} grades one answer (text or a number); point --label-key at the answer itself"
+    )
 
 
 def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
@@ -206,8 +287,7 @@ def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
     Raises:
         ValueError: naming the row and the registered names.
     """
-    metadata = row.get(cfg.metadata_key) if cfg.metadata_key else None
-    rm_type = metadata.get("rm_type") if isinstance(metadata, Mapping) and not cfg.custom_rm_path else None
+    rm_type = None if cfg.custom_rm_path else _row_metadata(cfg, row).get("rm_type")
     if rm_type and str(rm_type).removeprefix("boxed_") not in REWARDS:
         raise ValueError(
             f"{at}: metadata rm_type {rm_type!r} is not a registered reward function (registered: "
@@ -218,13 +298,13 @@ def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
 def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str) -> None:
     """Checks every row of a prompt file before the run starts.
 
-    The `--input-key` must be there and not empty; the `--label-key` must be there and, for the built-in graders
-    that compare with it, not null; a row's own reward (`metadata["rm_type"]`, which overrides `--rm-type`) must be
-    registered, as `--rm-type` is.
+    The `--input-key` must be there and not empty; a reward that compares with the label (its record's
+    `grades_label`: the built-in graders) needs a `--label-key`, which must be there and not null; a row's own
+    reward (`metadata["rm_type"]`, which overrides `--rm-type`) must be registered, as `--rm-type` is.
 
     Args:
         rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
-        cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `rm_type`, `custom_rm_path`.
+        cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `tool_key`, `rm_type`, `custom_rm_path`.
         where: `"{flag} {path}"` for the messages.
 
     Raises:
@@ -235,10 +315,19 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
         at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
             raise ValueError(f"{at}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
-        if _empty_prompt(row[cfg.input_key]):
-            raise ValueError(f"{at}: empty prompt in --input-key {cfg.input_key!r}")
+        problem = prompt_problem(row[cfg.input_key], cfg.input_key)
+        if problem is not None:
+            raise ValueError(f"{at}: {problem}")
+        row_metadata(dict(row), cfg.metadata_key, at)  # these raise naming the row
+        row_tools(dict(row), cfg.tool_key, at)
         _check_row_reward(cfg, row, at)
-        if cfg.label_key:
+        if not cfg.label_key:
+            if _label_required(cfg, row):  # every sample's label would be None: graded against nothing
+                raise ValueError(
+                    f"{at}: --rm-type {_row_rm_type(cfg, row)} grades against a label, but no --label-key is set "
+                    "(name the column that holds the answer)"
+                )
+        else:
             if cfg.label_key not in row:
                 raise ValueError(f"{at}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
             if row[cfg.label_key] is None and _label_required(cfg, row):
@@ -246,3 +335,4 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
                     f"{at}: null --label-key {cfg.label_key!r}, which --rm-type "
                     f"{cfg.rm_type or 'metadata rm_type'} grades against"
                 )
+            _check_label_type(cfg, row, at)

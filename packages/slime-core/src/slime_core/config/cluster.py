@@ -33,7 +33,8 @@ class ClusterArgs(ArgsGroup):
     rollout_num_gpus: int | None = arg(
         None,
         "Number of GPUs for rollout engines; with --colocate defaults to the actor GPU count "
-        "(a larger value adds rollout-only GPUs, 0 starts the router only).",
+        "(a larger value adds rollout-only GPUs); 0 (no engine started) only with --rollout-engine-urls or "
+        "--debug-train-only.",
         ge=0,
     )
     rollout_num_gpus_per_engine: int = arg(1, "GPUs per rollout engine (the engine's TP size).", ge=1)
@@ -171,6 +172,7 @@ class WeightSyncArgs(ArgsGroup):
         if value == "auto":  # resolved by validation from the placement and the engine
             return value
         return check_registered(value, group="slime.weight_updaters", flag="--weight-sync")
+
     update_weight_mode: Literal["full", "delta"] = arg(
         "full",
         "full: every sync pushes every tensor. delta: only the tensors changed since the last push the engines "

@@ -18,7 +18,7 @@ from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.mismatch import validate_mismatch
 from slime_core.config.opd import trainer_side_teacher, validate_opd
-from slime_core.config.save_hf import check_save_hf
+from slime_core.config.save_hf import CONTAINED_PATH_FLAGS, PROTECTED_PATH_FLAGS, check_save_hf
 from slime_core.config.sglang_flags import check_managed_sglang_flags
 from slime_core.config.true_on_policy import check_true_on_policy
 from slime_core.config.unsupported import check_unsupported
@@ -165,6 +165,14 @@ def colocated_gpu_split(args: SlimeArgs) -> tuple[int, int]:
 def _engine_gpus(args: SlimeArgs) -> None:
     """The rollout GPUs split into whole engines (the CPU reference engine ignores the split; a GPU run cannot)."""
     rollout, per_engine = args.rollout_num_gpus, args.rollout_num_gpus_per_engine
+    if rollout == 0 and not (args.rollout_engine_urls or args.debug_train_only):
+        # The launcher starts at least one engine: 0 was accepted and one engine started anyway (on no GPU of its
+        # own). The original's router-only mode, where engines register themselves with the router, is not here.
+        raise ConfigError(
+            "--rollout-num-gpus 0 starts no engine, and registering outside engines with the router is not "
+            "implemented: give their addresses with --rollout-engine-urls (--rollout-external-engine-addrs), or "
+            "give the engines GPUs"
+        )
     if not rollout or args.rollout_engine_urls or args.debug_train_only or rollout % per_engine == 0:
         return
     source = ""
@@ -302,6 +310,23 @@ def _lengths(args: SlimeArgs) -> None:
         args.eval_max_context_len = ctx
 
 
+def _no_tilde_paths(args: SlimeArgs) -> None:
+    """Refuses a path flag that starts with `~`: nothing here expands it.
+
+    A shell expands `~` only when it is unquoted at the start of a word; `--save '~/ckpt'` or `save: ~/ckpt` in a
+    `--config` YAML reached the run as written, and the run created a folder named `~` in the working directory.
+    """
+    for field in ("save_hf", *PROTECTED_PATH_FLAGS, *CONTAINED_PATH_FLAGS):
+        value = getattr(args, field, None)
+        paths = list(value[1::2]) if field == "eval_prompt_data" and value else [value]
+        for path in paths:
+            if isinstance(path, str) and path.startswith("~"):
+                raise ConfigError(
+                    f"--{field.replace('_', '-')} {path!r}: starts with '~', which nothing expands here (it was "
+                    f"quoted, or came from --config); write the full path, e.g. {os.path.expanduser(path)!r}"
+                )
+
+
 def _eval(args: SlimeArgs) -> None:
     data = args.eval_prompt_data
     if data is not None and len(data) == 1:
@@ -320,6 +345,7 @@ def _eval(args: SlimeArgs) -> None:
 def _checkpoint_and_dumps(args: SlimeArgs) -> None:
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval requires --save")
+    _no_tilde_paths(args)
     check_save_hf(args)
     if args.dump_details is not None and args.save_debug_rollout_data is None:
         args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")

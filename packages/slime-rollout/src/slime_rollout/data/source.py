@@ -39,11 +39,15 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "RolloutDataSource",
     "RolloutDataSourceWithBuffer",
+    "TOKENIZER_FILES",
     "count_prompts",
     "get_tokenizer",
     "encode_prompt",  # re-exported from `slime_rollout.data.prompt_length` (generate functions import it from here)
     "PromptRows",
     "load_prompt_rows",
+    "prompt_problem",
+    "row_metadata",
+    "row_tools",
     "rows_to_samples",
 ]
 
@@ -52,10 +56,25 @@ _SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
 
 @functools.cache
 def get_tokenizer(path: str) -> Any:
-    """The Hugging Face tokenizer at `path` (cached; `--hf-checkpoint` or a tokenizer dir)."""
+    """The Hugging Face tokenizer at `path` (cached; `--hf-checkpoint` or a tokenizer dir).
+
+    Raises:
+        ValueError: the tokenizer has fewer than 2 tokens: a directory without tokenizer files gives an empty one
+            (transformers builds it from config.json alone), which encoded every prompt as 0 tokens.
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    if len(tokenizer) < 2:
+        raise ValueError(
+            f"--hf-checkpoint {path}: its tokenizer is empty ({len(tokenizer)} token): no tokenizer files there "
+            f"({', '.join(TOKENIZER_FILES)}); copy them from the model the checkpoint came from"
+        )
+    return tokenizer
+
+
+# Files a Hugging Face tokenizer is read from; a checkpoint directory holds at least one of them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 class PromptRows(list):
@@ -183,12 +202,77 @@ def _maybe_json(value: Any, what: str, where: str) -> Any:
     return value
 
 
-def _is_empty_prompt(prompt: Any) -> bool:
+def prompt_problem(prompt: Any, input_key: str) -> str | None:
+    """What is wrong with a row's prompt, or None: a non-empty string, or chat messages with some content.
+
+    Chat messages are `{"role": ..., "content": ...}` dicts (an assistant turn with only tool calls may have no
+    content); a number, a dict or a list of strings was let through as "a message list" and failed in the
+    tokenizer mid-rollout, and a list of strings was reported as an empty prompt.
+
+    Args:
+        prompt: the row's `--input-key` value.
+        input_key: the flag's value, for the message.
+
+    Returns:
+        The message naming `--input-key`, or None for a usable prompt.
+    """
     if isinstance(prompt, str):
-        return not prompt.strip()
-    if isinstance(prompt, list):
-        return not any(isinstance(m, dict) and str(m.get("content") or "").strip() for m in prompt)
-    return prompt is None
+        return None if prompt.strip() else f"empty prompt in --input-key {input_key!r}"
+    if prompt is None:
+        return f"empty prompt in --input-key {input_key!r} (null)"
+    if not isinstance(prompt, list):
+        return (
+            f"--input-key {input_key!r} holds {type(prompt).__name__} {_preview(prompt)}, not a prompt (a string, "
+            'or a list of chat messages {"role": ..., "content": ...})'
+        )
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict) or "role" not in message:
+            return (
+                f"--input-key {input_key!r}: message {i} is {type(message).__name__} {_preview(message)}, not a chat "
+                'message {"role": ..., "content": ...}'
+            )
+    if not any(str(m.get("content") or "").strip() for m in prompt):
+        return f"empty prompt in --input-key {input_key!r} (no message has content)"
+    return None
+
+
+def row_metadata(row: dict[str, Any], metadata_key: str | None, where: str) -> dict[str, Any]:
+    """A copy of a row's `--metadata-key` value: a dict, or a JSON string of one; {} without the key or value.
+
+    Raises:
+        ValueError: the value (or its JSON) is not a dict (a list of pairs was read as a dict, a number failed as
+            "'int' object is not iterable" naming no row); the message names `where` and the flag.
+    """
+    value = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{where}: --metadata-key {metadata_key!r} must hold a dict (or its JSON), got {type(value).__name__} "
+            f"{_preview(value)}"
+        )
+    return dict(value)
+
+
+def row_tools(row: dict[str, Any], tool_key: str | None, where: str) -> list[dict[str, Any]] | None:
+    """A row's `--tool-key` value: a list of tool schemas (dicts), or a JSON string of one; None without it.
+
+    Raises:
+        ValueError: anything else (the chat template refused a dict or a list of names naming no row: "Tools
+            should either be a JSON schema, ..."; the original asserts a list); the message names `where`.
+    """
+    tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ValueError(
+            f"{where}: --tool-key {tool_key!r} must hold a list of tool schemas (dicts) or its JSON, got "
+            f"{type(tools).__name__} {_preview(tools)}"
+        )
+    return tools
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def rows_to_samples(
@@ -250,16 +334,14 @@ def rows_to_samples(
         if input_key not in row:
             raise ValueError(f"{where}: no --input-key {input_key!r} (keys: {sorted(row)})")
         prompt = row[input_key]
-        if _is_empty_prompt(prompt):
-            raise ValueError(f"{where}: empty prompt in --input-key {input_key!r}")
+        problem = prompt_problem(prompt, input_key)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
         if max_prompt_len is not None and certainly_too_long(tokenizer, prompt, max_prompt_len):
             dropped.append(position)  # before the template, the images and the tokenizer: a huge line costs nothing
             continue
-        metadata = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
-        metadata = dict(metadata or {})
-        if not isinstance(metadata, dict):
-            raise ValueError(f"{where}: --metadata-key {metadata_key!r} must be a dict, got {type(metadata).__name__}")
-        tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
+        metadata = row_metadata(row, metadata_key, where)
+        tools = row_tools(row, tool_key, where)
         if tools is not None:
             metadata["tools"] = tools
         images = multimodal.normalize_images(row.get(image_key), base_dir=base_dir, where=where) if image_key else []
@@ -371,8 +453,9 @@ class RolloutDataSource:
             logger.info("--rollout-max-prompt-len not set: prompts longer than %d tokens are dropped", max_prompt_len)
         need_tokenizer = args.apply_chat_template or max_prompt_len
         tokenizer = get_tokenizer(args.hf_checkpoint) if need_tokenizer else None
+        rows = load_prompt_rows(args.prompt_data)
         self.prompts = rows_to_samples(
-            load_prompt_rows(args.prompt_data),
+            rows,
             source=str(args.prompt_data),
             input_key=args.input_key,
             label_key=args.label_key,
@@ -386,8 +469,13 @@ class RolloutDataSource:
             processor_path=args.hf_checkpoint,
             max_prompt_len_flag=flag,
         )
-        if not self.prompts:
-            raise ValueError(f"--prompt-data {args.prompt_data}: no prompts left after filtering")
+        if not rows:
+            raise ValueError(f"--prompt-data {args.prompt_data}: no rows")
+        if not self.prompts:  # bad rows raise above: only the length limit drops rows
+            raise ValueError(
+                f"--prompt-data {args.prompt_data}: no prompts left: all {len(rows)} are longer than {flag}="
+                f"{max_prompt_len} tokens"
+            )
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:

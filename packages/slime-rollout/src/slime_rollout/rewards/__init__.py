@@ -89,7 +89,10 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
     Raises:
         KeyError: unknown `rm_type`, or one that is not a rule (remote_rm, a package's function), listing the
             rules.
+        TypeError: `response` is not text (None from a broken generate function failed deep inside one grader as
+            "argument of type 'NoneType' is not iterable" and scored 0 in the others).
     """
+    _check_text(response, f"--rm-type {rm_type}")
     name = rm_type.removeprefix("boxed_")
     try:
         spec: RewardSpec | None = REWARDS.get(name)
@@ -100,6 +103,12 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
         raise KeyError(f"unknown --rm-type {name!r}; known: {', '.join(rules)} (each also as boxed_<type>)")
     response, boxed = _unbox(spec, rm_type, response)
     return spec.load_grader()(response, label, metadata, boxed)
+
+
+def _check_text(response: Any, what: str) -> None:
+    """Raises TypeError naming `what` when a response to grade is not a str."""
+    if not isinstance(response, str):
+        raise TypeError(f"{what}: the response to grade must be text, got {type(response).__name__} {response!r:.60}")
 
 
 def _bounds(args: SlimeArgs) -> dict[str, float]:
@@ -123,7 +132,8 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         A float or a dict of scores (select with `--reward-key`).
 
     Raises:
-        ValueError: no reward type configured.
+        ValueError: no reward type configured, or a built-in grader refused the sample's data (a missing label,
+            a label naming no option; the message names the sample and its label).
         KeyError: unknown reward type.
         RewardFunctionError: a custom or remote reward function raised, returned NaN/infinity, None or a
             non-reward type, or ran past `--rm-timeout-secs` (the message names the function and the sample).
@@ -145,13 +155,17 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         return await _registered_reward(args, sample, rm_type, spec, **kwargs)
     if spec.grader is None:
         return await _remote_rm(args, sample, rm_type, spec)
-    if spec.pooled_grader is not None:  # symbolic check in the pool (inline with --rm-num-workers 0)
-        response, boxed = _unbox(spec, rm_type, sample.response)
-        grade = spec.load_grader(pooled=True)
-        return await grade(response, sample.label, sample.metadata, boxed, num_workers=args.rm_num_workers,
-                           sample_index=sample.index)  # fmt: skip
-    # Everything else is cheap string work (dapo compares normalized strings): inline.
-    return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
+    _check_text(sample.response, f"--rm-type {rm_type} on sample {sample.index}")
+    try:
+        if spec.pooled_grader is not None:  # symbolic check in the pool (inline with --rm-num-workers 0)
+            response, boxed = _unbox(spec, rm_type, sample.response)
+            grade = spec.load_grader(pooled=True)
+            return await grade(response, sample.label, sample.metadata, boxed, num_workers=args.rm_num_workers,
+                               sample_index=sample.index)  # fmt: skip
+        # Everything else is cheap string work (dapo compares normalized strings): inline.
+        return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
+    except ValueError as e:  # bad data in the sample (no label, a label naming no option): say which sample
+        raise ValueError(f"--rm-type {rm_type} on sample {sample.index} (label {sample.label!r:.60}): {e}") from e
 
 
 async def _remote_rm(args: SlimeArgs, sample: Sample, rm_type: str, spec: RewardSpec) -> Any:

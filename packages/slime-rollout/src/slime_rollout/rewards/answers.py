@@ -40,7 +40,7 @@ import dataclasses
 import re
 
 from slime_rollout.rewards.alternatives import unboxed_alternative
-from slime_rollout.rewards.normalize import normalize_answer, parse_number
+from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
 from slime_rollout.rewards.retraction import (
     expand_contractions,
     judged_wrong,
@@ -207,10 +207,21 @@ class FinalAnswers:
     labelled: bool = False
 
 
-def _normalized(text: str) -> str:
-    """What two answers are compared by here: the exact value, else the cleaned text (no symbolic check)."""
+def _readings(text: str) -> set[str]:
+    r"""What an answer may mean here: its exact value, else its cleaned text (no symbolic check).
+
+    A percent has two readings, its number and its value (`50%` is `50` and `0.5`, as `math_utils.grade_fast`
+    takes it), so "\boxed{\frac12}, or 50%" restates the box instead of offering another answer.
+    """
     value = parse_number(text)
-    return str(value) if value is not None else normalize_answer(text).lower()
+    if value is None:
+        return {normalize_answer(text).lower()}
+    return {str(value), str(value / 100)} if clean_answer(text).percent else {str(value)}
+
+
+def _differ(a: str, b: str) -> bool:
+    """Whether two answers share no reading (`_readings`)."""
+    return not _readings(a) & _readings(b)
 
 
 def _retracts(after: str, box: Box) -> bool:
@@ -219,7 +230,7 @@ def _retracts(after: str, box: Box) -> bool:
     def differs(value: str) -> bool:
         inner = extract_boxed(value)
         value = inner if inner is not None else value.strip("$ ")
-        return bool(value) and _normalized(value) != _normalized(box.content)
+        return bool(value) and _differ(value, box.content)
 
     return retracts(after, differs)
 
@@ -288,7 +299,7 @@ def final_boxed_answers(response: str) -> FinalAnswers:
 
 def _unboxed_alternative(after: str, last: Box) -> bool:
     """Whether the text right after the last box offers another value without a box (`rewards.alternatives`)."""
-    return unboxed_alternative(after, lambda value: _normalized(value) != _normalized(last.content))
+    return unboxed_alternative(after, lambda value: _differ(value, last.content))
 
 
 def doubted_after(after: str) -> bool:

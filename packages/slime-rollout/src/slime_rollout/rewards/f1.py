@@ -67,7 +67,13 @@ def f1_reward(response: str, label: object) -> float:
     Args:
         response: model output.
         label: ground-truth answer (a list of references takes the best F1).
+
+    Raises:
+        ValueError: if `label` (or one of its references) is None: compared as the text "None", any response
+            "None" scored 1.
     """
+    if label is None:
+        raise ValueError("f1 reward needs a label (set --label-key)")
     if isinstance(label, list | tuple):
         return max((f1_reward(response, ref) for ref in label), default=0.0)
     return f1_precision_recall(answer_text(response), str(label))[0]

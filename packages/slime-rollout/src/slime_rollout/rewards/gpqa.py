@@ -3,7 +3,8 @@ r"""`--rm-type gpqa`: multiple-choice grading by option (GPQA, Rein et al., 2023
 The question's options decide what an answer can be: `metadata["valid_letters"]` (a string or a list), else
 one letter per entry of `metadata["choices"]` (a list, or a dict letter → text), else A-J. The correct option
 is `metadata["correct_letter"]`, a letter label, a 0-based index label, or the label's text matched against the
-choices.
+choices; a correct option that is not one of the options (label "E" of four, index 4) is an error, not a row that
+scores 0 whatever the response (the original scores it 0).
 
 The response's pick is read from its final part (after the reasoning; an unclosed `<think>` has none):
 
@@ -259,7 +260,7 @@ def _correct_letter(label: Any, metadata: Mapping[str, Any], letters: str) -> st
         return letters[index] if 0 <= index < len(letters) else None
     text = str(label).strip() if label is not None else ""
     if len(text) == 1 and text.upper() in string.ascii_uppercase:
-        return text.upper()  # a letter label; one outside the options can never be picked
+        return text.upper()  # a letter label (one outside the options is refused by `gpqa_reward`)
     for letter, choice in _choice_items(metadata, letters):
         if text and _normalize_text(choice) == _normalize_text(text):
             return letter
@@ -273,10 +274,23 @@ def gpqa_reward(response: str, label: Any, metadata: Mapping[str, Any] | None = 
         response: model output.
         label: the correct option: letter, 0-based index, or its text.
         metadata: the sample's metadata (`valid_letters`, `choices`, `correct_letter`), optional.
+
+    Raises:
+        ValueError: neither a label nor a `correct_letter` in the metadata (nothing to compare with), or they name
+            no option (a letter outside the options, an index out of range).
     """
     metadata = metadata or {}
     letters = _valid_letters(metadata)
     correct = _correct_letter(label, metadata, letters)
+    if correct is None and label is None:
+        raise ValueError("gpqa reward needs a label (set --label-key) or metadata['correct_letter']")
+    out_of_range = isinstance(label, int | float) and not isinstance(label, bool) and correct is None
+    if out_of_range or (correct is not None and correct not in letters):
+        # No response can pick it: every sample of the row scored 0 without a word.
+        raise ValueError(
+            f"gpqa label {label!r} (metadata correct_letter {metadata.get('correct_letter')!r}) names no option: "
+            f"the options are {', '.join(letters)} (metadata valid_letters / choices)"
+        )
     if correct is not None:
         picked = extract_choice_letter(response, letters, metadata.get("choices"))
         return 1.0 if picked == correct else 0.0

@@ -19,6 +19,7 @@ answer.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -115,12 +116,33 @@ def math_reward(response: str, label: object, *, sample_index: int | None = None
     return _run_sync(grade_final_answers(response, label, _inline, sample_index=sample_index))
 
 
-def _deepscaler_region(response: str) -> str | None:
+_num_without_marker = 0  # responses deepscaler scored 0 for lack of a marker, this process
+
+
+def _deepscaler_region(response: str, sample_index: int | None) -> str | None:
     if "</think>" in response:
         return response.rsplit("</think>", 1)[1]
     if "###Response" in response:
         return response.rsplit("###Response", 1)[1]
+    _note_without_marker(sample_index)
     return None
+
+
+def _note_without_marker(sample_index: int | None) -> None:
+    """Counts a response scored 0 for having no marker; warns at the 1st, 10th, 100th, ... (as the original, 0).
+
+    A model that does not reason inside `<think>` tags gets no reward at all from deepscaler: said, not silent.
+    """
+    global _num_without_marker
+    _num_without_marker += 1
+    if math.log10(_num_without_marker).is_integer():
+        logger.warning(
+            "--rm-type deepscaler: %d response(s) so far had no </think> (or ###Response) and scored 0 (latest: "
+            "sample %s); a model that does not reason in <think> tags gets no reward from it (--rm-type math "
+            "grades the whole response)",
+            _num_without_marker,
+            sample_index,
+        )
 
 
 def deepscaler_reward(response: str, label: object, *, sample_index: int | None = None) -> float:
@@ -128,9 +150,13 @@ def deepscaler_reward(response: str, label: object, *, sample_index: int | None 
 
     Returns:
         1.0 if that region's final boxed answer equals the label's answer; 0.0 otherwise, including when
-        neither marker is present.
+        neither marker is present (counted, with a warning at the 1st, 10th, 100th, ... such response).
+
+    Raises:
+        ValueError: if `label` is None (whether or not the response has a marker).
     """
-    region = _deepscaler_region(response)
+    extract_label_answer(label)  # a missing label fails on every response, not only on those with a marker
+    region = _deepscaler_region(response, sample_index)
     return 0.0 if region is None else math_reward(region, label, sample_index=sample_index)
 
 
@@ -189,7 +215,8 @@ async def deepscaler_reward_async(
     response: str, label: object, *, num_workers: int, sample_index: int | None = None
 ) -> float:
     """`deepscaler_reward` with the symbolic check in the grading pool (see `math_reward_async`)."""
-    region = _deepscaler_region(response)
+    extract_label_answer(label)  # raises on a missing label, as `deepscaler_reward` does
+    region = _deepscaler_region(response, sample_index)
     if region is None:
         return 0.0
     return await math_reward_async(region, label, num_workers=num_workers, sample_index=sample_index)

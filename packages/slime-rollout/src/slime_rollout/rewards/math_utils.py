@@ -16,14 +16,16 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
   original drops the sign, math-verify reads the value, and the label tells which the question meant;
 * several final boxes (`answers.final_boxed_answers`) are one answer when they restate one value, else the parts of
   a multi-part answer (`final_pairs`): their number must be the label's number of parts (`answer_parts`: `5` is
-  not `5, 5`), labelled parts ("(a) ... (b) ...", "x = ..., y = ...") are compared with the label's parts in order,
-  unlabelled ones together as one list (math-verify compares it as a set); any other several answers are a hedge,
-  which is wrong. Every grader that reads a final boxed answer (math, deepscaler, dapo, the `boxed_` types) goes
-  through `final_pairs` or `single_final_answer`;
+  not `5, 5`; `\pm 2` is the two parts `2, -2`; "x = 2 or x = 3" inside one box lists two), labelled parts
+  ("(a) ... (b) ...", "x = ..., y = ...") are compared with the label's parts in order, unlabelled ones together
+  as one list (math-verify compares it as a set); any other several answers are a hedge, which is wrong. Every
+  grader that reads a final boxed answer (math, deepscaler, dapo, the `boxed_` types) goes through `final_pairs`
+  or `single_final_answer`;
 * numbers are compared exactly as rationals: `1/3^{40}` ≠ `1/3^{41}`, `0.5` = `\frac12`, `0.\overline{3}` =
   `\frac13`, but a rounded decimal is not the exact value, either way round (`0.333` ≠ `\frac13`, `1.414` ≠
   `\sqrt2`, `2\pi` ≠ `6.28`);
-* symbolic forms go to math-verify (`\sqrt8` = `2\sqrt2`, sets, intervals, equations); where it says "equal"
+* symbolic forms go to math-verify (`\sqrt8` = `2\sqrt2`, sets, intervals, equations; an inequality is its solution
+  set: `1 \le x < 3` = `[1, 3)` whichever side is the label); where it says "equal"
   for two exact constants, the equality is re-checked to 40 significant digits (math-verify compares
   `(a - b).evalf(chop=True)` and so takes `e^{-50}` for `e^{-51}`);
 * bounded time on any thread: answers longer than `SYMBOLIC_MAX_CHARS` and expressions whose evaluation
@@ -74,6 +76,9 @@ _EXACT_DIGITS = 40  # exact constants must agree to this many significant digits
 _FLOAT_REL_TOL = 1e-12  # a decimal equals an exact value only if it is that value (0.5 = 1/2), up to fp noise
 _TIME = re.compile(r"^\d{1,2}:\d{2}$")
 _SPACED_DIGITS = re.compile(r"\d \d")
+# A digit that is a LaTeX argument, not a number of its own: a sub/superscript (`\log_2 8`, `x^2 3`) or a
+# command's bare argument (`\sqrt 2 3`, `\binom 5 2`); the space after it separates arguments, not numbers.
+_DIGIT_ARGUMENT = re.compile(r"(?:[_^]|\\[a-zA-Z]+)\s*\d")
 _RELATION = re.compile(r"[=<>]|\\(?:[lg]eq?|neq?|ne|to|in|mapsto|approx|sim)(?![a-zA-Z])")
 # A command with its name-like argument (`\begin{pmatrix}`, `\mathbb{R}`), else a bare command (`\sqrt`, `\pi`).
 _COMMAND = re.compile(r"\\(?:begin|end|mathbb|mathcal|mathfrak|operatorname)\s*\{[^{}]*\}|\\[a-zA-Z]+")
@@ -129,7 +134,7 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
             return False, g.text, p.text
     if p.text.lower() == g.text.lower():  # case folded as the original does: `\Delta` = `\delta`
         return True, g.text, p.text
-    if _SPACED_DIGITS.search(p.text) or _SPACED_DIGITS.search(g.text):
+    if _two_numbers(p.text) or _two_numbers(g.text):
         return False, g.text, p.text  # "2 3" is two numbers, not 23 (and not 2·3)
     if _TIME.match(p.text) and _TIME.match(g.text):
         return False, g.text, p.text
@@ -147,6 +152,11 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
     return None, g.text, p.text
 
 
+def _two_numbers(text: str) -> bool:
+    """Whether `text` has two numbers side by side ("2 3"); a digit that is a LaTeX argument is not one."""
+    return bool(_SPACED_DIGITS.search(_DIGIT_ARGUMENT.sub("x", text)))
+
+
 def _variables(text: str) -> frozenset[str] | None:
     r"""The letters an expression names as variables (case folded; `e` and `i` are constants), or None.
 
@@ -158,8 +168,11 @@ def _variables(text: str) -> frozenset[str] | None:
     return frozenset(_COMMAND.sub(" ", text).lower()) & _VARIABLE_LETTERS
 
 
-_PART_SEPARATOR = re.compile(r",|;|\band\b")
-_TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*and\s*\}")
+# "or" inside one answer lists its values ("x = 2 \text{ or } x = 3"); for a one-value label that is two parts,
+# so a hedge inside a box (`\boxed{3 \text{ or } 5}` for `5`) is still wrong.
+_PART_SEPARATOR = re.compile(r",|;|\b(?:and|or)\b")
+_TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*(and|or)\s*\}")
+_PLUS_MINUS = re.compile(r"\\(pm|mp)(?![a-zA-Z])|±")
 _LATEX_SPACE = re.compile(r"\\[,;:! ]")
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _OPEN, _CLOSE = "([{", ")]}"
@@ -175,7 +188,7 @@ def _depths(text: str) -> list[int]:
 
 
 def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
-    r"""The parts of a (possibly multi-part) answer: split at top-level `,` `;` `and`.
+    r"""The parts of a (possibly multi-part) answer: split at top-level `,` `;` `and` `or`; `a \pm b` is two.
 
     With `unwrap`, one pair of brackets around the whole answer is taken off first (`(1, 2)`, `\{1, 2\}`,
     `[1, 2)` have two parts, as `1, 2` does); a thousands separator is not a split (`1,000` is one part).
@@ -187,7 +200,7 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
     Returns:
         The stripped parts, in order; one part for a plain answer.
     """
-    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(" and ", text))  # "1\,000": a thin space, not a part separator
+    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", text))  # "1\,000": a thin space, not a part separator
     s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
     s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
     depths = _depths(s)
@@ -208,7 +221,20 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
             parts[-1] = joined
         else:
             parts.append(piece)
-    return [p for p in parts if p] or [s]
+    return [value for p in parts if p for value in _plus_minus(p)] or [s]
+
+
+def _plus_minus(part: str) -> list[str]:
+    r"""The two values of a part with one `\pm` (`\pm 2` → `+2`, `-2`; `\mp` the other way round), else `[part]`.
+
+    `a \pm b` names two answers, as math-verify reads it; counted as one part, `\pm 2` failed the part count
+    against the label `2, -2`. Two or more signs are ambiguous (correlated or not) and stay one part.
+    """
+    signs = _PLUS_MINUS.findall(part)
+    if len(signs) != 1:
+        return [part]
+    first, second = ("-", "+") if signs[0] == "mp" else ("+", "-")
+    return [_PLUS_MINUS.sub(first, part), _PLUS_MINUS.sub(second, part)]
 
 
 def _distinct(answers: list[str]) -> list[str]:
@@ -369,7 +395,9 @@ def _math_verify(gold_text: str, pred_text: str) -> bool | None:
         return None
     if _tree_too_big(gold[0]) or _tree_too_big(pred[0]):
         raise _TooCostly("an integer power or factorial too big to evaluate")
-    if not verify(gold, pred, timeout_seconds=None):
+    # A solution set given as an inequality (`1 \le x < 3` for `[1, 3)`) counts as the set, either way round:
+    # math-verify's default allows it only when the label is the inequality, so the label's form decided.
+    if not verify(gold, pred, timeout_seconds=None, allow_set_relation_comp=True):
         return False
     return _exact_veto(gold[0], pred[0])
 

@@ -53,7 +53,9 @@ _LEAD_IN = re.compile(
 _SENTENCE = re.compile(r"^(?:[A-Za-z',]+\s+){1,12}(?:is|are|was|equals|=|:)\s+(?P<rest>\S.*)$")
 _VARIABLE_PREFIX = re.compile(r"^([a-zA-Z])\s*=\s*(?=\S)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_FRAC_SHORT = re.compile(r"\\frac(\d)(\d)")
+# `\frac` with unbraced one-token arguments, as TeX reads it: `\frac12`, `\frac ab`, `\frac 1x` (`\frac abc` is
+# `\frac{a}{b}c`; a letter right after `\frac` continues the command's name: `\fraction` is not a fraction).
+_FRAC_SHORT = re.compile(r"\\frac(?![A-Za-z])\s*([0-9A-Za-z])\s*([0-9A-Za-z])")
 _REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)(?:\\overline|\\dot)\s*\{?(\d+)\}?$|^(-?)(\d*)\.(\d*)\((\d+)\)$")
 _ELLIPSIS_DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+?)(?:\\ldots|\\dots|\.\.\.|…)$")
 _NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3})?$")
@@ -97,6 +99,11 @@ _SCIENTIFIC = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot)10\^
 _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k": a number of thousands
 
 
+# A degree sign followed by a temperature scale (`30^\circ C`, `30°F`, `30 ^{\circ}\text{C}` after `\text{}` is
+# unwrapped): read as the unit `degC` / `degF` (`units`), so the letter is not left glued to the number.
+_DEGREES_SCALE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)\s*([CcFf])(?![A-Za-z])")
+
+
 def _strip_delimiters(s: str) -> str:
     s = s.strip()
     changed = True
@@ -114,9 +121,12 @@ def _latex_cleanup(s: str) -> str:
     s = _SPACES.sub(" ", s)
     s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = s.replace("\\varnothing", "\\emptyset")  # two spellings of one set (math-verify parses only the second)
+    s = _DEGREES_SCALE.sub(lambda m: f" deg{m.group(1).upper()} ", s)  # "30^\circ C": the C is a unit, not a 30C
     for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\$", "$"):
         s = s.replace(token, "")
-    return s.strip().rstrip(".,").strip()  # "5," and "5." are 5
+    s = s.strip().rstrip(".,").strip()  # "5," and "5." are 5
+    return s[1:].lstrip() if s.startswith("+") and not s.startswith("++") else s  # a unary plus: "+\infty" is \infty
 
 
 def _take_percent(s: str) -> tuple[str, bool]:

@@ -46,6 +46,8 @@ _AND_A_PART = {("and", "a", "half"): fractions.Fraction(1, 2), ("and", "a", "qua
 _SIGN_WORDS = {"minus": -1, "negative": -1}
 _MAX_WORDS = 12
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
+_LATEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_SLASH_FRACTION = re.compile(r"\d+/[1-9]\d*")  # "1/2 million": a count of a scale word, as "0.5 million" is
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 # Words that are (part of) a value, plurals included: never units.
@@ -110,6 +112,8 @@ def _group(w: _Words, first: bool) -> tuple[fractions.Fraction, bool] | None:
         value, in_words = fractions.Fraction(1), True
     elif _DIGITS.fullmatch(word):
         value, in_words = fractions.Fraction(w.take()), False
+    elif first and _SLASH_FRACTION.fullmatch(word) and _singular(w.peek(1) or "") in _SCALES:
+        value, in_words = fractions.Fraction(w.take()), False
     else:
         small = _below100(w)
         if small is None:
@@ -140,6 +144,7 @@ def words_to_number(text: str) -> fractions.Fraction | None:
         words; nor is a scale word without a count, `"million"`, or a list of numbers, `"two three"`).
     """
     text = _THOUSANDS.sub("", text.strip().lower().translate({0x2212: "-", 0xFF0D: "-"}))
+    text = _LATEX_FRACTION.sub(r"\1/\2", text)  # "\frac{1}{2} million" is "1/2 million"
     sign = -1 if text.startswith("-") else 1
     words = [word for word in re.split(r"[\s\-,]+", text.lstrip("+-")) if word]
     if words and words[0] in _SIGN_WORDS:

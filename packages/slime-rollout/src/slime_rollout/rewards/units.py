@@ -35,7 +35,8 @@ _SPELLINGS = {
     "mi/h": "mph", "km/h": "kph kmh", "ml": "milliliter millilitre", "l": "liter litre", "gal": "gallon",
     "quart": "qt", "pint": "pt", "cup": "", "deg": "degree", "rad": "radian", "dollar": "usd dollars bucks",
     "cent": "cents", "euro": "eur", "yen": "", "yuan": "rmb", "rupee": "", "unit": "", "j": "joule", "kj": "kilojoule",
-    "cal": "calorie", "kcal": "kilocalorie", "w": "watt", "kw": "kilowatt", "v": "volt", "n": "newton",
+    "degc": "celsius", "degf": "fahrenheit", "cal": "calorie", "kcal": "kilocalorie", "w": "watt", "kw": "kilowatt",
+    "v": "volt", "n": "newton",
     "pa": "pascal", "hz": "hertz", "k": "kelvin", "a": "ampere amp", "ohm": "ohms", "mol": "mole",
     "acre": "", "hectare": "ha", "sq": "",
 }  # fmt: skip
@@ -112,6 +113,8 @@ def canonical(words: str, *, marked: bool, spaced: bool = True) -> str | None:
             name = _unit_word(token, marked) if _WORD.fullmatch(token) else None
             if name is None or (len(name) == 1 and not marked and not spaced):
                 return None
+            if name in ("degc", "degf") and parts and parts[-1] == "deg":
+                parts.pop()  # "degrees Celsius" is one unit, the one "30°C" names
             parts.append(name + power)
             power = ""
     if power or not parts or parts[0] == "/" or parts[-1] == "/" or "//" in "".join(parts):
