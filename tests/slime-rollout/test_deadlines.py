@@ -111,6 +111,10 @@ def test_the_flags_and_their_defaults():
     base = ["--rollout-batch-size", "4", "--num-rollout", "1"]
     cfg = parse_args(base)
     assert (cfg.rm_timeout_secs, cfg.plugin_timeout_secs, cfg.slow_call_warning_secs) == (600.0, 14400.0, 60.0)
+    assert cfg.rollout_timeout_secs == 14400.0
+    assert parse_args([*base, "--rollout-timeout-secs", "90"]).rollout_timeout_secs == 90.0
+    with pytest.raises(ConfigError, match="--rollout-timeout-secs"):
+        parse_args([*base, "--rollout-timeout-secs", "-1"])
     assert cfg.sglang_router_request_timeout_secs == 14400  # the original's default
     with pytest.raises(ConfigError, match="--rm-timeout-secs"):
         parse_args([*base, "--rm-timeout-secs", "0"])

@@ -42,7 +42,12 @@ from slime_rollout.generation.group_rollout import (
 from slime_rollout.generation.opd import score_teacher
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime import async_utils, debug_dump, log_hooks
-from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
+from slime_rollout.runtime.deadlines import (
+    call_plugin_with_deadline,
+    call_plugin_with_deadline_sync,
+    plugin_bounds,
+    rollout_function_bounds,
+)
 from slime_rollout.runtime.goodput import rollout_token_fates
 from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups
 
@@ -353,7 +358,8 @@ def run_rollout(
     """What the rollout manager calls: the configured rollout function plus debug dump/replay.
 
     `--load-debug-rollout-data` replays a dump instead of generating (training rollouts only);
-    `--rollout-function-path` / `--eval-function-path` replace the rollout function; legacy bare return
+    `--rollout-function-path` / `--eval-function-path` replace the rollout function, which runs in a worker thread
+    under `--rollout-timeout-secs` (the log functions under `--plugin-timeout-secs`); legacy bare return
     values are wrapped; `--save-debug-rollout-data` dumps the result; `--custom-rollout-log-function-path` /
     `--custom-eval-rollout-log-function-path` see the result and decide its metrics (`slime_rollout.runtime.log_hooks`).
 
@@ -365,6 +371,12 @@ def run_rollout(
 
     Returns:
         The rollout function's output (wrapped) with the metrics the log hooks decided.
+
+    Raises:
+        DeadlineExceeded: the rollout function ran past `--rollout-timeout-secs`, or a log function past
+            `--plugin-timeout-secs` (the message names its flag, import path and the rollout).
+        slime_core.plugins.PluginError: a function that cannot be imported.
+        Exception: what the rollout function or a log function raised.
     """
     if not evaluation and args.load_debug_rollout_data:
         samples = debug_dump.load_debug_rollout_data(args, rollout_id)
@@ -374,7 +386,12 @@ def run_rollout(
         path, flag = args.eval_function_path, "--eval-function-path"
     fn = load_function(path, flag=flag)
     start = time.perf_counter()
-    output = wrap_rollout_output(fn(args, rollout_id, data_source, evaluation=evaluation), evaluation=evaluation)
+    # Bounded like every other user call: a rollout function that never returns failed nothing and logged nothing.
+    what = f"{flag} {path} ({'eval' if evaluation else 'rollout'} {rollout_id})"
+    value = call_plugin_with_deadline_sync(
+        fn, args, rollout_id, data_source, evaluation=evaluation, what=what, **rollout_function_bounds(args)
+    )
+    output = wrap_rollout_output(value, evaluation=evaluation)
     rollout_time = time.perf_counter() - start
     if isinstance(output, RolloutFnEvalOutput):
         samples = [s for d in output.data.values() for s in d.get("samples", [])]

@@ -39,9 +39,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from slime_rollout.runtime import async_utils
 from slime_rollout.runtime.loop_watchdog import watching
 
-__all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline", "plugin_bounds"]
+__all__ = [
+    "DeadlineExceeded",
+    "PluginExit",
+    "await_with_deadline",
+    "call_plugin_with_deadline",
+    "call_plugin_with_deadline_sync",
+    "plugin_bounds",
+    "rollout_function_bounds",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +230,57 @@ async def call_plugin_with_deadline(
             "its result is discarded"
         )
     return result
+
+
+def call_plugin_with_deadline_sync(
+    fn: Callable[..., Any], *args: Any, what: str, deadline_s: float, flag: str, warn_every_s: float, **kwargs: Any
+) -> Any:
+    """`call_plugin_with_deadline` for synchronous callers (the rollout manager's thread), on the rollout loop.
+
+    The plugin runs in a daemon thread (an `async def` one on the rollout loop), so a plugin that itself calls
+    `async_utils.run` (the default rollout function does) still finds the loop free. Past the deadline its thread is
+    abandoned, and work it handed to the loop goes on until the process ends: the caller is expected to fail the run.
+
+    Args:
+        fn: the plugin.
+        *args: its positional arguments.
+        what: names the plugin (its flag and import path) and the rollout in messages.
+        deadline_s: seconds the call may take.
+        flag: the flag that sets the deadline.
+        warn_every_s: seconds between "still running" warnings.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        What the plugin returned.
+
+    Raises:
+        DeadlineExceeded: the call ran past `deadline_s`.
+        PluginExit: the plugin raised `SystemExit` or another non-`Exception` `BaseException`.
+        RuntimeError: called from the rollout loop's own thread (await `call_plugin_with_deadline` there).
+        Exception: what the plugin raised.
+    """
+    bounds = {"what": what, "deadline_s": deadline_s, "flag": flag, "warn_every_s": warn_every_s}
+    return async_utils.run(call_plugin_with_deadline(fn, *args, **bounds, **kwargs))
+
+
+def rollout_function_bounds(args: Any) -> dict[str, Any]:
+    """The deadline of one `--rollout-function-path`/`--eval-function-path` call (`--rollout-timeout-secs`).
+
+    A whole rollout runs for minutes as a matter of course, so its "still running" warnings come at each quarter
+    of the deadline (never more often than `--slow-call-warning-secs`), not every `--slow-call-warning-secs`.
+
+    Args:
+        args: the run's config or plugin view; reads `rollout_timeout_secs`, `slow_call_warning_secs`.
+
+    Returns:
+        `call_plugin_with_deadline`'s `deadline_s`, `flag` and `warn_every_s`.
+    """
+    deadline_s = args.rollout_timeout_secs
+    return {
+        "deadline_s": deadline_s,
+        "flag": "--rollout-timeout-secs",
+        "warn_every_s": max(deadline_s / 4, args.slow_call_warning_secs),
+    }
 
 
 def plugin_bounds(args: Any) -> dict[str, Any]:
