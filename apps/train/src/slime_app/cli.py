@@ -19,14 +19,18 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # first one and fold the others into "[repeated Nx across cluster]".
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+from slime_app import interrupts  # noqa: E402 - after the environment above (it imports no ray)
+
 
 def main(argv: list[str]) -> int:
     """Parses the flags, runs the loop, tears down; returns the exit code.
 
     Exit codes: 0 done, 2 bad flags/config/data, 3 stopped by a run-health check, 4 the local Ray node did not
-    start, 130 interrupted.
+    start, 128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
     """
     from slime_core.config import ConfigError, parse_args
+
+    interrupts.install()
 
     logging.basicConfig(
         level=os.environ.get("SLIME_LOG_LEVEL", "INFO"),
@@ -71,9 +75,9 @@ def main(argv: list[str]) -> int:
         run = Run(cfg)
         run.run()
         outputs = run.finish()
-    except KeyboardInterrupt:
-        print("slime: interrupted, shutting down", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # SIGTERM too (slime_app.interrupts); `finally` stops engines, actors and Ray
+        print(interrupts.interrupted_line(), file=sys.stderr, flush=True)
+        return interrupts.exit_status()
     except RunStopped as e:
         print(f"slime: stopped: {e}", file=sys.stderr)
         return 3
@@ -103,4 +107,9 @@ def main(argv: list[str]) -> int:
 
 def entry_point() -> None:
     """The `slime-train` console script: `main` on the command line's flags, exiting with its code."""
-    sys.exit(main(sys.argv[1:]))
+    try:
+        code = main(sys.argv[1:])
+    except KeyboardInterrupt:  # before the run was built (flags, preflight, dry run): nothing to tear down
+        print(interrupts.interrupted_line().removesuffix(", shutting down"), file=sys.stderr, flush=True)
+        code = interrupts.exit_status()
+    sys.exit(code)
