@@ -25,8 +25,9 @@ from slime_app import interrupts  # noqa: E402 - after the environment above (it
 def main(argv: list[str]) -> int:
     """Parses the flags, runs the loop, tears down; returns the exit code.
 
-    Exit codes: 0 done, 2 bad flags/config/data, 3 stopped by a run-health check, 4 the local Ray node did not
-    start, 128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
+    Exit codes: 0 done, 2 bad flags/config/data or an output folder that cannot be written, 3 stopped by a
+    run-health check, 4 the local Ray node did not start, 5 a checkpoint or HF export could not be written,
+    128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
     """
     from slime_core.config import ConfigError, parse_args
 
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> int:
 
             print("\n".join(dry_run(cfg)))
             return 0
+        from slime_app.outputs import check_writable
         from slime_app.preflight import preflight
         from slime_app.resolve import resolve_config
 
@@ -60,6 +62,9 @@ def main(argv: list[str]) -> int:
         cfg, resolved = resolve_config(cfg)
         for note in resolved:
             logging.getLogger("slime_app.resolve").info("%s", note)
+        if not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+            # On a cluster the trainer ranks write from other hosts: this host's view of the paths says little.
+            check_writable(cfg)
     # ImportError: PluginError; OSError: an unreadable file or tokenizer; TypeError: a data source without len().
     except (ConfigError, ValueError, OSError, ImportError, TypeError) as e:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
@@ -67,6 +72,7 @@ def main(argv: list[str]) -> int:
 
     from slime_app.guards import RunStopped
     from slime_app.loop import Run
+    from slime_app.outputs import SaveFailed
     from slime_app.ray_start import RayAddressError, RayStartupError
 
     started = time.perf_counter()
@@ -84,6 +90,9 @@ def main(argv: list[str]) -> int:
     except (RayStartupError, RayAddressError) as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 4
+    except SaveFailed as e:
+        print(f"slime: error: {e}", file=sys.stderr)
+        return 5
     finally:
         if run is not None:
             run.close()

@@ -25,6 +25,7 @@ from slime_app.cluster import create_placement, init_ray
 from slime_app.goodput import GoodputMeter
 from slime_app.guards import RunStopped, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
+from slime_app.outputs import save_failed
 from slime_app.progress import RunProgress
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
@@ -327,11 +328,19 @@ class Run:
         return metrics
 
     def save(self, rollout_id: int) -> float:
-        """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took."""
+        """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took.
+
+        Raises:
+            SaveFailed: a rank or the rollout manager could not write it (one line: `slime_app.outputs`).
+        """
         t0 = time.perf_counter()
-        # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
-        ray.get(self.manager.save.remote(rollout_id))
-        self.trainer.save(rollout_id)
+        try:
+            # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
+            ray.get(self.manager.save.remote(rollout_id))
+            self.trainer.save(rollout_id)
+        except Exception as e:  # a full disk, a read-only mount: one line naming --save, not a rank's traceback
+            logger.debug("the save of rollout %d failed", rollout_id, exc_info=True)
+            raise save_failed(f"the checkpoint of rollout {rollout_id}", "--save", self.cfg.save, e) from e
         return time.perf_counter() - t0
 
     def save_hf(self, rollout_id: int) -> float:
@@ -342,7 +351,11 @@ class Run:
         """
         t0 = time.perf_counter()
         path = hf_export_path(self.cfg.save_hf, rollout_id)
-        self.trainer.save_hf(path)
+        try:
+            self.trainer.save_hf(path)
+        except Exception as e:
+            logger.debug("the HF export of rollout %d failed", rollout_id, exc_info=True)
+            raise save_failed(f"the HF export of rollout {rollout_id}", "--save-hf", path, e) from e
         self.last_hf_export = path
         logger.info("rollout %d: HF checkpoint exported to %s", rollout_id, path)
         return time.perf_counter() - t0
