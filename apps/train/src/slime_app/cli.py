@@ -25,8 +25,9 @@ from slime_app import interrupts  # noqa: E402 - after the environment above (it
 def main(argv: list[str]) -> int:
     """Parses the flags, runs the loop, tears down; returns the exit code.
 
-    Exit codes: 0 done, 2 bad flags/config/data or an output folder that cannot be written, 3 stopped by a
-    run-health check, 4 the local Ray node did not start, 5 a checkpoint or HF export could not be written,
+    Exit codes: 0 done, 2 bad flags/config/data (a damaged --load included) or an unwritable output folder,
+    3 stopped by a run-health check, 4 the local Ray node did not start, 5 a checkpoint or HF export could not be
+    written,
     128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
     """
     from slime_core.config import ConfigError, parse_args
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
-    from slime_app.guards import RunStopped
+    from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
     from slime_app.outputs import SaveFailed
     from slime_app.ray_start import RayAddressError, RayStartupError
@@ -93,6 +94,9 @@ def main(argv: list[str]) -> int:
     except SaveFailed as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 5
+    except StartRefused as e:
+        print(f"slime: error: {e}", file=sys.stderr)
+        return 2
     finally:
         if run is not None:
             run.close()

@@ -23,9 +23,9 @@ import ray
 from slime_app.actor_critic import make_trainers
 from slime_app.cluster import create_placement, init_ray
 from slime_app.goodput import GoodputMeter
-from slime_app.guards import RunStopped, first_step_logprob_gate
+from slime_app.guards import RunStopped, StartRefused, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
-from slime_app.outputs import save_failed
+from slime_app.outputs import root_cause, save_failed
 from slime_app.progress import RunProgress
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
@@ -207,6 +207,10 @@ class Run:
         """Starts engines and trainer ranks, pushes the initial weights; returns the start rollout id.
 
         The start rollout id is the one after `--load`'s checkpoint (0 without one), or `--start-rollout-id`.
+
+        Raises:
+            StartRefused: a trainer rank refused its input (`ValueError`/`FileNotFoundError`, e.g. a damaged
+                `--load` checkpoint); the message is that error's, in one line.
         """
         cfg = self.cfg
         self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
@@ -223,7 +227,15 @@ class Run:
         start = 0
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
-                start = self.trainer.init(cfg)
+                try:
+                    start = self.trainer.init(cfg)
+                except Exception as e:
+                    cause = root_cause(e)
+                    # Bad input (a damaged --load, a missing file) is one line, not a rank's traceback.
+                    if isinstance(cause, (ValueError, FileNotFoundError)):
+                        logger.debug("the trainer ranks did not start", exc_info=True)
+                        raise StartRefused(" ".join(str(cause).split())) from e
+                    raise
             if start > 0:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
                 ray.get(self.manager.load.remote(start - 1))
