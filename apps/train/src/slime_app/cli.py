@@ -26,8 +26,8 @@ def main(argv: list[str]) -> int:
     """Parses the flags, runs the loop, tears down; returns the exit code.
 
     Exit codes: 0 done, 2 bad flags/config/data (a damaged --load included) or an unwritable output folder,
-    3 stopped by a run-health check, 4 the local Ray node did not start, 5 a checkpoint or HF export could not be
-    written,
+    1 an engine failed (one line) or an unexpected error (its traceback), 3 stopped by a run-health check,
+    4 the local Ray node did not start, 5 a checkpoint or HF export could not be written,
     128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
     """
     from slime_core.config import ConfigError, parse_args
@@ -71,9 +71,9 @@ def main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
+    from slime_app.failures import SaveFailed, engine_failure
     from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
-    from slime_app.outputs import SaveFailed
     from slime_app.ray_start import RayAddressError, RayStartupError
 
     started = time.perf_counter()
@@ -97,6 +97,12 @@ def main(argv: list[str]) -> int:
     except StartRefused as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        line = engine_failure(e, cfg)
+        if line is None:
+            raise
+        print(f"slime: error: {line}", file=sys.stderr)
+        return 1
     finally:
         if run is not None:
             run.close()

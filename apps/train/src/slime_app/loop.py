@@ -22,10 +22,10 @@ import ray
 
 from slime_app.actor_critic import make_trainers
 from slime_app.cluster import create_placement, init_ray
+from slime_app.failures import root_cause, save_failed
 from slime_app.goodput import GoodputMeter
 from slime_app.guards import RunStopped, StartRefused, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
-from slime_app.outputs import root_cause, save_failed
 from slime_app.progress import RunProgress
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
@@ -343,7 +343,7 @@ class Run:
         """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took.
 
         Raises:
-            SaveFailed: a rank or the rollout manager could not write it (one line: `slime_app.outputs`).
+            SaveFailed: a rank or the rollout manager could not write it (one line: `slime_app.failures`).
         """
         t0 = time.perf_counter()
         try:

@@ -79,6 +79,23 @@ def _has_aborted(group: list[Any]) -> bool:
     return any(s.status is Status.ABORTED for s in flatten_groups([group]))
 
 
+async def _abort_or_cancel(args: SlimeArgs, pending: set[asyncio.Task[Any]]) -> Exception | None:
+    """Aborts the engines' requests; when the abort itself fails (a dead engine), cancels `pending` instead.
+
+    Returns:
+        The abort's error (raised by the caller once every task is drained), or None.
+    """
+    try:
+        await abort_all(args)
+    except Exception as e:  # noqa: BLE001 - returned to the caller, which raises it after draining
+        # The engines cannot be told to stop: stop waiting on them (a cancelled request closes its connection,
+        # which ends it on SGLang too), or the drain below would wait on each task's own retries.
+        for task in pending:
+            task.cancel()
+        return e
+    return None
+
+
 async def _abort_and_drain(
     args: SlimeArgs,
     state: RolloutState,
@@ -93,16 +110,17 @@ async def _abort_and_drain(
     state.aborted = True
     leftovers: list[list[Sample]] = []
     dropped = [] if dropped is None else dropped
-    if pending:
-        await abort_all(args)
-    partial = args.partial_rollout
+    abort_error = await _abort_or_cancel(args, pending) if pending else None
     error: BaseException | None = None
+    partial = args.partial_rollout
     while pending:
         done, pending = await asyncio.wait(pending, timeout=_ABORT_RETRY_S)
-        if not done and pending:
+        if not done and pending and abort_error is None:
             # A request that reached the engine after the abort: abort again (original retries every 3 s).
-            await abort_all(args)
+            abort_error = await _abort_or_cancel(args, pending)
         for task in done:
+            if task.cancelled():  # cut short after a failed abort: its group goes with the abort's error
+                continue
             if task.exception() is not None:
                 # Keep draining so nothing is left running; raise the first error afterwards.
                 error = error or task.exception()
@@ -119,6 +137,7 @@ async def _abort_and_drain(
                 if sample.response_length > 0 and "start_rollout_id" not in sample.metadata:
                     sample.metadata["start_rollout_id"] = rollout_id
             leftovers.append(group)
+    error = error or abort_error
     if error is not None:
         raise error
     return leftovers
@@ -273,9 +292,16 @@ async def generate_rollout_async(
                     data.append(group)
                 else:
                     discarded["surplus"].append(group)
-    finally:
-        # Also on errors: never leave requests running on the engines or tasks on the loop.
-        leftovers = await _abort_and_drain(args, state, pending, rollout_id, discarded["aborted"])
+    except BaseException as error:
+        # Also on errors: never leave requests running on the engines or tasks on the loop. The cleanup meets the
+        # same broken engine (its abort failed after retries) and must not replace the error that explains it.
+        try:
+            await _abort_and_drain(args, state, pending, rollout_id, discarded["aborted"])
+        except Exception as cleanup_error:  # noqa: BLE001 - reported, and the first error is raised
+            logger.warning("rollout %d: the clean-up after %s failed too: %s", rollout_id, type(error).__name__,
+                           " ".join(str(cleanup_error).split())[:300])  # fmt: skip
+        raise
+    leftovers = await _abort_and_drain(args, state, pending, rollout_id, discarded["aborted"])
     # Deterministic buffer order (by sample index) whatever order the aborted tasks finished in.
     leftovers = sorted(requeue + leftovers, key=_group_sort_key)
 
