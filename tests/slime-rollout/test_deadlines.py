@@ -251,11 +251,11 @@ async def test_a_sync_plugin_raising_stop_iteration_or_keyboard_interrupt_fails_
     # whole deadline (--plugin-timeout-secs: 4 h) and then blamed a hang.
     bounds = {"deadline_s": 30.0, "flag": "--plugin-timeout-secs", "warn_every_s": 30.0}
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"^StopIteration raised$") as raised:
+    with pytest.raises(RuntimeError, match=r"^StopIteration raised\n\(raised by gen\)$") as raised:  # + the note
         await call_plugin_with_deadline(_empty_next, None, None, what="gen", **bounds)
     assert isinstance(raised.value.__cause__, StopIteration)
     # A KeyboardInterrupt from the plugin's thread is the plugin's, not the user's Ctrl-C: it propagated as one.
-    with pytest.raises(PluginExit, match=r"^KeyboardInterrupt: plugin's own$"):
+    with pytest.raises(PluginExit, match=r"^KeyboardInterrupt: plugin's own\n\(raised by gen\)$"):
         await call_plugin_with_deadline(_raises_keyboard_interrupt, None, None, what="gen", **bounds)
     assert time.monotonic() - start < 5.0
 

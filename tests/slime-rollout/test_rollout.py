@@ -91,6 +91,8 @@ class ListDataSource:
 
 
 import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
 
 import pytest  # noqa: E402
@@ -816,3 +818,20 @@ async def test_an_engine_dying_mid_rollout_raises_its_own_error_and_leaves_nothi
     warnings = [r.getMessage() for r in caplog.records if "clean-up" in r.getMessage()]
     assert warnings == ["rollout 0: the clean-up after EngineError failed too: engine http://e:1/abort_request "
                         "failed: unreachable after 9 attempts"]  # fmt: skip
+
+
+def generate_that_raises(args, sample, sampling_params):
+    raise KeyError("tool_result")  # a bug in the user's generate function
+
+
+async def test_a_plugin_error_keeps_its_type_and_names_the_plugin_and_sample(use_client, caplog):
+    use_client(FakeClient({0: [A], 1: [A]}))
+    args = _args(custom_generate_function_path=f"{__name__}.generate_that_raises")
+    with pytest.raises(KeyError) as e:  # was: a bare KeyError('tool_result'), no word of which plugin or sample
+        await generate_rollout_async(args, 0, ListDataSource(n=2))
+    (note,) = e.value.__notes__
+    assert re.fullmatch(rf"\(raised by generate function {__name__}\.generate_that_raises on sample \d\)", note)
+    # The other groups failed alike; their errors were read, not left for asyncio to log at garbage collection.
+    del e  # its traceback holds the rollout's frame, and with it the failed tasks
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -77,7 +77,7 @@ class EngineError(RuntimeError):
 
 
 def _said(exc: BaseException) -> str:
-    """`Type: message` of a client exception (its repr spelled out aiohttp's whole connection key), or the type alone."""
+    """`Type: message` of a client exception, or its type alone (its repr spelled out aiohttp's connection key)."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -247,6 +247,7 @@ async def generate_rollout_async(
     discarded: dict[str, list[list[Any]]] = {"filtered": [], "aborted": [], "surplus": []}  # goodput accounting
     submitted = 0
     order: dict[asyncio.Task[Any], int] = {}
+    done: set[asyncio.Task[Any]] = set()
     try:
         while len(data) < target:
             while len(data) + len(pending) < target:
@@ -293,6 +294,11 @@ async def generate_rollout_async(
                 else:
                     discarded["surplus"].append(group)
     except BaseException as error:
+        # Groups that finished with the one that raised: their errors are this one's siblings, not news (unread,
+        # asyncio logged each at garbage collection as "Task exception was never retrieved", in a later test or step).
+        for task in done:
+            if not task.cancelled():
+                task.exception()
         # Also on errors: never leave requests running on the engines or tasks on the loop. The cleanup meets the
         # same broken engine (its abort failed after retries) and must not replace the error that explains it.
         try:

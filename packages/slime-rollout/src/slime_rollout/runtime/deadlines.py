@@ -185,7 +185,7 @@ async def call_plugin_with_deadline(
         DeadlineExceeded: the call ran past `deadline_s`, or it blocked the event loop and came back past it.
         PluginExit: the plugin raised `SystemExit` or another `BaseException` that is not an `Exception`
             (`KeyboardInterrupt` and `asyncio.CancelledError` propagate as they are).
-        Exception: what the plugin raised.
+        Exception: what the plugin raised, with a note `(raised by <what>)` shown in its traceback.
     """
 
     async def call() -> Any:
@@ -201,7 +201,13 @@ async def call_plugin_with_deadline(
             if plain is not None and plain(result):
                 return convert(result)
             return await _in_daemon_thread(convert, result, name=what)
-        except (Exception, KeyboardInterrupt, asyncio.CancelledError):
+        except DeadlineExceeded:  # its own: names the call already
+            raise
+        except Exception as e:
+            # The type stays the caller's to catch; the traceback (Ray's included) says which plugin and sample.
+            e.add_note(f"(raised by {what})")
+            raise
+        except (KeyboardInterrupt, asyncio.CancelledError):
             raise
         except BaseException as e:  # SystemExit & co.: inside a task they would stop the loop and the process
             raise PluginExit(f"{type(e).__name__}: {e}") from e
