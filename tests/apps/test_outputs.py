@@ -70,7 +70,16 @@ def test_the_cli_refuses_an_unwritable_save_before_ray_starts(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_output_dirs_of_a_relative_save_hf(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    flags = dict(output_dirs(_cfg(tmp_path, save_hf="exports/{rollout_id}")))
-    assert flags["--save-hf"] == pathlib.Path(tmp_path / "exports")
+def test_templates_give_the_folder_no_field_changes(tmp_path):
+    cfg = _cfg(
+        tmp_path,
+        save_hf="exports/{rollout_id}",
+        save_debug_rollout_data=str(tmp_path / "dumps_{rollout_id}" / "rollout.pt"),
+        tensorboard_dir=str(tmp_path / "tb"),
+    )
+    assert dict(output_dirs(cfg)) == {
+        "--output-dir": tmp_path / "out",
+        "--tensorboard-dir": tmp_path / "tb",
+        "--save-hf": pathlib.Path("exports"),
+        "--save-debug-rollout-data": tmp_path,
+    }

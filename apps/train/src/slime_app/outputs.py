@@ -16,24 +16,38 @@ from slime_core.config import SlimeArgs
 __all__ = ["check_writable", "output_dirs"]
 
 
+def _fixed_folder(template: str) -> pathlib.Path:
+    """The deepest folder of a path template that no `{field}` changes.
+
+    `runs/dumps/rollout_{rollout_id}.pt` -> `runs/dumps`; `runs/hf/{rollout_id}` -> `runs/hf`.
+    """
+    folder = pathlib.Path(template).parent
+    while "{" in str(folder) and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
     """(flag, folder) of every place the run writes into.
 
-    `--output-dir`, `--save`, and the folder `--save-hf`'s exports go into (the parent of the templated path,
-    `{rollout_id}` filled with 0).
+    `--output-dir`, `--save`, `--tensorboard-dir`, and for the path templates (`--save-hf`,
+    `--save-debug-rollout-data`) the deepest folder no `{field}` of theirs changes.
     """
     yield "--output-dir", pathlib.Path(cfg.output_dir)
     if cfg.save:
         yield "--save", pathlib.Path(cfg.save)
-    if cfg.save_hf:
-        yield "--save-hf", pathlib.Path(cfg.save_hf.format(rollout_id=0)).resolve().parent
+    if cfg.tensorboard_dir:
+        yield "--tensorboard-dir", pathlib.Path(cfg.tensorboard_dir)
+    for flag, template in (("--save-hf", cfg.save_hf), ("--save-debug-rollout-data", cfg.save_debug_rollout_data)):
+        if template:
+            yield flag, _fixed_folder(template)
 
 
 def check_writable(cfg: SlimeArgs) -> None:
     """Creates each output folder and writes and removes one probe file in it.
 
     Args:
-        cfg: reads `output_dir`, `save`, `save_hf`.
+        cfg: reads the flags `output_dirs` lists.
 
     Raises:
         OSError: a folder cannot be created or written (the message names the flag and the folder); the
