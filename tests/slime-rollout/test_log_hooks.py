@@ -174,3 +174,45 @@ def test_a_plugin_exit_in_a_rollout_function_is_named_not_a_process_exit():
 
 def exits(args, rollout_id, data_source, evaluation=False):
     sys.exit(3)
+
+
+# ---- what a rollout function returns (fault injection: a plugin returning the wrong thing) --------------------------
+
+
+def flat_rollout(args, rollout_id, data_source, evaluation=False):
+    return [Sample(index=0, reward=1.0), Sample(index=1, reward=0.0)]  # no groups: the original flattens anyway
+
+
+def none_inside(args, rollout_id, data_source, evaluation=False):
+    return [[Sample(index=0), None]]
+
+
+def returns_none(args, rollout_id, data_source, evaluation=False):
+    return None
+
+
+def eval_of_lists(args, rollout_id, data_source, evaluation=False):
+    return {"toy": [1.0, 0.0]}
+
+
+def test_a_flat_list_of_samples_is_accepted_as_the_original_does():
+    args = _args(rollout_function_path=f"{__name__}.flat_rollout",
+                 custom_rollout_log_function_path=f"{__name__}.log_and_keep_default")  # fmt: skip
+    out = run_rollout(args, 1, None)  # was: TypeError: 'Sample' object is not iterable
+    assert [s.index for s in out.samples] == [0, 1] and CALLS[0][2] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("fn", "evaluation", "message"),
+    [
+        ("returns_none", False, "returned NoneType, not a RolloutFnTrainOutput or a list of groups"),
+        ("none_inside", False, "returned NoneType at samples[0][1], not a Sample or a list of them"),
+        ("eval_of_lists", True, "returned list for dataset 'toy', not a dict of rewards, truncated and samples"),
+    ],
+)
+def test_a_wrong_return_value_is_one_error_naming_the_function(fn, evaluation, message):
+    flag = "eval_function_path" if evaluation else "rollout_function_path"
+    with pytest.raises(TypeError) as e:
+        run_rollout(_args(**{flag: f"{__name__}.{fn}"}), 3, None, evaluation=evaluation)
+    kind = "eval" if evaluation else "rollout"
+    assert str(e.value) == f"--{flag.replace('_', '-')} {__name__}.{fn} ({kind} 3) {message}"
