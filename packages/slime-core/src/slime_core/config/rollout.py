@@ -180,7 +180,8 @@ class RewardArgs(ArgsGroup):
         "Deadline in seconds of one call of other user code the rollout runs (a custom generate function for one "
         "sample, a sample hook, the dynamic-sampling filter, --rollout-sample-filter-path, "
         "--rollout-all-samples-process-path, the data source's get_samples, the custom rollout and eval log "
-        "functions, a multi-turn environment's construction, reset and step); past it the rollout fails naming it.",
+        "functions, --custom-reward-post-process-path, a multi-turn environment's construction, reset and step); "
+        "past it the rollout fails naming it.",
         gt=0,
     )
     rollout_timeout_secs: float = arg(
