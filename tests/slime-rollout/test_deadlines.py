@@ -265,3 +265,18 @@ async def test_a_reward_function_raising_stop_iteration_is_named():
     args = _args(custom_rm_path=f"{__name__}._empty_next", rm_timeout_secs=30.0)
     with pytest.raises(RewardFunctionError, match=r"_empty_next raised RuntimeError on sample 5: StopIteration raised"):
         await asyncio.wait_for(async_rm(args, sample), 10)
+
+
+STORED = KeyError("the same object every call")
+
+
+def _raises_stored(args, sample):
+    raise STORED
+
+
+async def test_a_plugin_error_is_noted_once_even_when_raised_again():
+    bounds = {"deadline_s": 30.0, "flag": "--plugin-timeout-secs", "warn_every_s": 30.0}
+    for index in range(3):
+        with pytest.raises(KeyError):
+            await call_plugin_with_deadline(_raises_stored, None, None, what=f"gen on sample {index}", **bounds)
+    assert STORED.__notes__ == ["(raised by gen on sample 0)"]  # not one more per call

@@ -205,7 +205,10 @@ async def call_plugin_with_deadline(
             raise
         except Exception as e:
             # The type stays the caller's to catch; the traceback (Ray's included) says which plugin and sample.
-            e.add_note(f"(raised by {what})")
+            # Once only: the innermost call names it best, and a plugin re-raising one stored error object must not
+            # grow its notes call after call.
+            if not any(str(n).startswith("(raised by ") for n in getattr(e, "__notes__", ())):
+                e.add_note(f"(raised by {what})")
             raise
         except (KeyboardInterrupt, asyncio.CancelledError):
             raise
