@@ -132,3 +132,11 @@ def test_the_demo_driver_stops_cleanly_on_a_signal(tmp_path, tb_scalars, sig):
     assert engine_pids and not any(os.path.exists(f"/proc/{pid}") for pid in engine_pids)
     # The metrics of the finished rollouts reached TensorBoard (the writer was flushed and closed).
     assert set(tb_scalars(tmp_path / "run" / "tensorboard", "rollout/raw_reward")) >= {0, 1}
+
+
+def test_main_puts_the_handlers_back_for_a_program_that_calls_it():
+    from slime_app.cli import main
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    assert main(["--no-such-flag"]) == 2  # in this process: pytest's own Ctrl-C handling must survive it
+    assert {sig: signal.getsignal(sig) for sig in before} == before

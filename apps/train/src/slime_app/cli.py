@@ -22,17 +22,28 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 from slime_app import interrupts  # noqa: E402 - after the environment above (it imports no ray)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], *, keep_signal_handlers: bool = False) -> int:
     """Parses the flags, runs the loop, tears down; returns the exit code.
+
+    SIGTERM and SIGINT stop the run cleanly while it runs (`slime_app.interrupts`); the handlers they had before
+    are put back on return, unless `keep_signal_handlers` (the console script, which exits next: a copy of the
+    signal `uv run` forwards late must still find them).
 
     Exit codes: 0 done, 2 bad flags/config/data (a damaged --load included) or an unwritable output folder,
     1 an engine failed (one line) or an unexpected error (its traceback), 3 stopped by a run-health check,
     4 the local Ray node did not start, 5 a checkpoint or HF export could not be written,
     128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
     """
-    from slime_core.config import ConfigError, parse_args
+    previous = interrupts.install()
+    try:
+        return _main(argv)
+    finally:
+        if not keep_signal_handlers:
+            interrupts.restore(previous)
 
-    interrupts.install()
+
+def _main(argv: list[str]) -> int:
+    from slime_core.config import ConfigError, parse_args
 
     logging.basicConfig(
         level=os.environ.get("SLIME_LOG_LEVEL", "INFO"),
@@ -127,7 +138,7 @@ def main(argv: list[str]) -> int:
 def entry_point() -> None:
     """The `slime-train` console script: `main` on the command line's flags, exiting with its code."""
     try:
-        code = main(sys.argv[1:])
+        code = main(sys.argv[1:], keep_signal_handlers=True)
     except KeyboardInterrupt:  # before the run was built (flags, preflight, dry run): nothing to tear down
         print(interrupts.interrupted_line().removesuffix(", shutting down"), file=sys.stderr, flush=True)
         code = interrupts.exit_status()

@@ -20,8 +20,9 @@ import os
 import signal
 import threading
 from types import FrameType
+from typing import Any
 
-__all__ = ["HANDLED", "exit_status", "install", "interrupted_line", "reclaim", "received"]
+__all__ = ["HANDLED", "exit_status", "install", "interrupted_line", "reclaim", "received", "restore"]
 
 #: The signals that end the run cleanly.
 HANDLED = (signal.SIGTERM, signal.SIGINT)
@@ -47,8 +48,11 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     os._exit(128 + first)
 
 
-def install() -> None:
+def install() -> dict[int, Any]:
     """Installs the handler on SIGTERM and SIGINT and forgets earlier signals (call from the main thread).
+
+    Returns:
+        The handlers it replaced, for `restore`.
 
     Raises:
         ValueError: called from another thread than the main one (Python's rule for `signal.signal`).
@@ -56,8 +60,19 @@ def install() -> None:
     global _installed
     with _lock:
         _received.clear()
+    previous = {sig: signal.getsignal(sig) for sig in HANDLED}
     _installed = True
     reclaim()
+    return previous
+
+
+def restore(previous: dict[int, Any]) -> None:
+    """Puts back the handlers `install` replaced, and stops `reclaim` (a driver run inside another program, a test)."""
+    global _installed
+    _installed = False
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def reclaim() -> None:
