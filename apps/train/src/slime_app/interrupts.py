@@ -27,7 +27,9 @@ __all__ = ["HANDLED", "exit_status", "install", "interrupted_line", "reclaim", "
 #: The signals that end the run cleanly.
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 
-_lock = threading.Lock()
+# Reentrant: the handler runs in the main thread between two bytecodes, possibly while that thread holds the lock
+# in `received()`; a plain Lock would deadlock there.
+_lock = threading.RLock()
 _received: list[int] = []  # signal numbers, in order of arrival
 _installed = False  # install() ran: only then does reclaim() take the signals back (init_ray is also a library call)
 
