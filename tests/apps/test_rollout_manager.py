@@ -3,6 +3,7 @@
 Engine and router addresses come back as values; plugins see them on the one `PluginArgs` view built from them.
 """
 
+import threading
 import types
 
 import pytest
@@ -124,3 +125,31 @@ def test_chat_template_checks_stop_after_the_budget_or_on_single_turn_runs(monke
     metrics, left = check_chat_template(cfg, recorded[2:], left)
     assert (metrics["rollout/chat_template/checked"], left, checked) == (1.0, 0, [0, 1, 2])  # the budget is spent
     assert check_chat_template(cfg, [Sample(index=9)], 3) == ({}, 0)  # single-turn: nothing recorded, stop
+
+
+RELEASE = threading.Event()
+
+
+def hung_post_process(args, samples):
+    RELEASE.wait()  # e.g. a reward service that never answers
+
+
+def test_a_reward_post_process_that_never_returns_fails_naming_it():
+    from slime_app.rollout_manager import rollout_batches
+    from slime_core.config import PluginArgs
+    from slime_core.sample import Sample
+    from slime_rollout.runtime.deadlines import DeadlineExceeded
+
+    path = f"{__name__}.hung_post_process"
+    cfg = parse_args([*BASE, "--custom-reward-post-process-path", path, "--plugin-timeout-secs", "0.3",
+                      "--slow-call-warning-secs", "0.1"])  # fmt: skip
+    samples = [Sample(index=0, tokens=[1, 2], response_length=1, reward=1.0, loss_mask=[1])]
+    try:
+        with pytest.raises(DeadlineExceeded) as e:  # was: the run stalled after the rollout with no word
+            rollout_batches(PluginArgs.from_config(cfg), samples, dp_size=1, rollout_id=4)
+    finally:
+        RELEASE.set()
+    assert str(e.value) == (
+        f"--custom-reward-post-process-path {path} (rollout 4) did not finish within 0.3 s (--plugin-timeout-secs); "
+        "cancelled"
+    )

@@ -6,6 +6,8 @@ import asyncio
 import os
 import pathlib
 import socket
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -591,3 +593,25 @@ async def test_output_limit_holds_for_every_process(monkeypatch):
     # EFBIG everywhere; the host's file cannot even be opened again (EACCES: it belongs to the host's uid).
     assert reports.pop("reopen") in ("27", "13"), r.stderr
     assert reports == {"child0": "27", "child1": "27", "child2": "27", "ftruncate": "27", "pwrite": "27"}, r.stderr
+
+
+def test_the_code_starts_only_once_the_init_is_under_its_filter(tmp_path):
+    # A loaded machine let the code's process reach the code before the init had loaded its no-process filter
+    # ("init 1 2 1" once in a full test run). Here the init is made slow on purpose (a copy of the runner that sleeps
+    # before loading it), so the order is the code's to keep, not the scheduler's.
+    runner = pathlib.Path(_bwrap.__file__).with_name("_sandbox_child.py").read_text()
+    marker = "    _load_seccomp(no_process_filter)\n"
+    assert runner.count(marker) == 1
+    slow = tmp_path / "_sandbox_child.py"
+    slow.write_text(runner.replace(marker, "    __import__('time').sleep(1.0)\n" + marker))
+    script = f"""
+import asyncio
+from slime_envs import _bwrap
+from slime_envs.sandbox import SandboxConfig, run_python
+_bwrap._CHILD = __import__("pathlib").Path({str(slow)!r})
+code = {BREAK_GUARD!r} + 'print(dict(l.split(":", 1) for l in open("/proc/1/status"))["Seccomp_filters"].strip())'
+result = asyncio.run(run_python(code, SandboxConfig(timeout_s=20)))
+print(result.stdout.strip(), result.exit_code)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout == "2 0\n", out.stdout + out.stderr  # was "1 0": the base filter only

@@ -111,6 +111,10 @@ def test_the_flags_and_their_defaults():
     base = ["--rollout-batch-size", "4", "--num-rollout", "1"]
     cfg = parse_args(base)
     assert (cfg.rm_timeout_secs, cfg.plugin_timeout_secs, cfg.slow_call_warning_secs) == (600.0, 14400.0, 60.0)
+    assert cfg.rollout_timeout_secs == 14400.0
+    assert parse_args([*base, "--rollout-timeout-secs", "90"]).rollout_timeout_secs == 90.0
+    with pytest.raises(ConfigError, match="--rollout-timeout-secs"):
+        parse_args([*base, "--rollout-timeout-secs", "-1"])
     assert cfg.sglang_router_request_timeout_secs == 14400  # the original's default
     with pytest.raises(ConfigError, match="--rm-timeout-secs"):
         parse_args([*base, "--rm-timeout-secs", "0"])
@@ -247,11 +251,11 @@ async def test_a_sync_plugin_raising_stop_iteration_or_keyboard_interrupt_fails_
     # whole deadline (--plugin-timeout-secs: 4 h) and then blamed a hang.
     bounds = {"deadline_s": 30.0, "flag": "--plugin-timeout-secs", "warn_every_s": 30.0}
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"^StopIteration raised$") as raised:
+    with pytest.raises(RuntimeError, match=r"^StopIteration raised\n\(raised by gen\)$") as raised:  # + the note
         await call_plugin_with_deadline(_empty_next, None, None, what="gen", **bounds)
     assert isinstance(raised.value.__cause__, StopIteration)
     # A KeyboardInterrupt from the plugin's thread is the plugin's, not the user's Ctrl-C: it propagated as one.
-    with pytest.raises(PluginExit, match=r"^KeyboardInterrupt: plugin's own$"):
+    with pytest.raises(PluginExit, match=r"^KeyboardInterrupt: plugin's own\n\(raised by gen\)$"):
         await call_plugin_with_deadline(_raises_keyboard_interrupt, None, None, what="gen", **bounds)
     assert time.monotonic() - start < 5.0
 
@@ -261,3 +265,18 @@ async def test_a_reward_function_raising_stop_iteration_is_named():
     args = _args(custom_rm_path=f"{__name__}._empty_next", rm_timeout_secs=30.0)
     with pytest.raises(RewardFunctionError, match=r"_empty_next raised RuntimeError on sample 5: StopIteration raised"):
         await asyncio.wait_for(async_rm(args, sample), 10)
+
+
+STORED = KeyError("the same object every call")
+
+
+def _raises_stored(args, sample):
+    raise STORED
+
+
+async def test_a_plugin_error_is_noted_once_even_when_raised_again():
+    bounds = {"deadline_s": 30.0, "flag": "--plugin-timeout-secs", "warn_every_s": 30.0}
+    for index in range(3):
+        with pytest.raises(KeyError):
+            await call_plugin_with_deadline(_raises_stored, None, None, what=f"gen on sample {index}", **bounds)
+    assert STORED.__notes__ == ["(raised by gen on sample 0)"]  # not one more per call

@@ -1,5 +1,9 @@
 """`--custom-rollout-log-function-path` / `--custom-eval-rollout-log-function-path` through `run_rollout`."""
 
+import asyncio
+import sys
+import threading
+
 import pytest
 
 from slime_core.config import PluginArgs, SlimeArgs
@@ -7,6 +11,7 @@ from slime_core.plugins import PluginError
 from slime_core.sample import Sample
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime_rollout.generation.rollout import run_rollout
+from slime_rollout.runtime.deadlines import DeadlineExceeded, PluginExit
 
 CALLS = []
 
@@ -95,3 +100,119 @@ def test_hook_not_called_on_replayed_dumps_and_bad_path_names_the_flag(tmp_path)
     assert run_rollout(args, 0, None).metrics is None and CALLS == []
     with pytest.raises(PluginError, match="--custom-rollout-log-function-path"):
         run_rollout(_args(custom_rollout_log_function_path=f"{__name__}.missing"), 0, None)
+
+
+# ---- deadlines (issue 27 #12): the rollout and eval functions and the log functions are bounded and named -----------
+
+RELEASE = threading.Event()  # set at teardown: the abandoned threads of the hung functions then return
+
+
+@pytest.fixture
+def release_hung_functions():
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
+def hung_rollout(args, rollout_id, data_source, evaluation=False):
+    CALLS.append(("rollout", rollout_id, evaluation))
+    RELEASE.wait()  # e.g. waiting on an engine that will never answer
+
+
+async def hung_async_rollout(args, rollout_id, data_source, evaluation=False):
+    CALLS.append(("async rollout", rollout_id, evaluation))
+    await asyncio.Event().wait()
+
+
+def hung_log(*args):
+    CALLS.append(("log", args[0]))
+    RELEASE.wait()  # e.g. a metrics service that never answers
+
+
+def _bounded(**kw):
+    return _args(rollout_timeout_secs=0.8, plugin_timeout_secs=0.5, slow_call_warning_secs=0.1, **kw)
+
+
+@pytest.mark.parametrize("fn", ["hung_rollout", "hung_async_rollout"])
+def test_a_rollout_function_that_never_returns_fails_naming_it_and_the_rollout(release_hung_functions, caplog, fn):
+    path = f"{__name__}.{fn}"
+    with pytest.raises(DeadlineExceeded) as e:  # was: the run stalled with no word
+        run_rollout(_bounded(rollout_function_path=path), 4, None)
+    assert str(e.value) == (
+        f"--rollout-function-path {path} (rollout 4) did not finish within 0.8 s (--rollout-timeout-secs); cancelled"
+    )
+    assert len(CALLS) == 1 and CALLS[0][1:] == (4, False)
+    # Warned at each quarter of the deadline (0.2 s here: more than --slow-call-warning-secs), not every 0.1 s.
+    warnings = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert 1 <= len(warnings) <= 3 and all(m.startswith(f"--rollout-function-path {path} ") for m in warnings)
+
+
+def test_an_eval_function_that_never_returns_fails_naming_it(release_hung_functions):
+    path = f"{__name__}.hung_rollout"
+    with pytest.raises(DeadlineExceeded, match=rf"^--eval-function-path {path} \(eval 6\) did not finish within 0\.8"):
+        run_rollout(_bounded(eval_function_path=path), 6, None, evaluation=True)
+    assert CALLS == [("rollout", 6, True)]
+
+
+@pytest.mark.parametrize(
+    ("flag", "evaluation"),
+    [("custom_rollout_log_function_path", False), ("custom_eval_rollout_log_function_path", True)],
+)
+def test_a_log_function_that_never_returns_fails_naming_it(release_hung_functions, flag, evaluation):
+    path = f"{__name__}.hung_log"
+    shown = "--" + flag.replace("_", "-")
+    with pytest.raises(DeadlineExceeded) as e:
+        run_rollout(_bounded(**{flag: path}), 2, None, evaluation=evaluation)
+    assert str(e.value) == f"{shown} {path} (rollout 2) did not finish within 0.5 s (--plugin-timeout-secs); cancelled"
+    assert CALLS == [("log", 2)]
+
+
+def test_a_plugin_exit_in_a_rollout_function_is_named_not_a_process_exit():
+    with pytest.raises(PluginExit, match=r"^SystemExit: 3$"):
+        run_rollout(_args(rollout_function_path=f"{__name__}.exits"), 0, None)
+
+
+def exits(args, rollout_id, data_source, evaluation=False):
+    sys.exit(3)
+
+
+# ---- what a rollout function returns (fault injection: a plugin returning the wrong thing) --------------------------
+
+
+def flat_rollout(args, rollout_id, data_source, evaluation=False):
+    return [Sample(index=0, reward=1.0), Sample(index=1, reward=0.0)]  # no groups: the original flattens anyway
+
+
+def none_inside(args, rollout_id, data_source, evaluation=False):
+    return [[Sample(index=0), None]]
+
+
+def returns_none(args, rollout_id, data_source, evaluation=False):
+    return None
+
+
+def eval_of_lists(args, rollout_id, data_source, evaluation=False):
+    return {"toy": [1.0, 0.0]}
+
+
+def test_a_flat_list_of_samples_is_accepted_as_the_original_does():
+    args = _args(rollout_function_path=f"{__name__}.flat_rollout",
+                 custom_rollout_log_function_path=f"{__name__}.log_and_keep_default")  # fmt: skip
+    out = run_rollout(args, 1, None)  # was: TypeError: 'Sample' object is not iterable
+    assert [s.index for s in out.samples] == [0, 1] and CALLS[0][2] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("fn", "evaluation", "message"),
+    [
+        ("returns_none", False, "returned NoneType, not a RolloutFnTrainOutput or a list of groups"),
+        ("none_inside", False, "returned NoneType at samples[0][1], not a Sample or a list of them"),
+        ("eval_of_lists", True, "returned list for dataset 'toy', not a dict of rewards, truncated and samples"),
+    ],
+)
+def test_a_wrong_return_value_is_one_error_naming_the_function(fn, evaluation, message):
+    flag = "eval_function_path" if evaluation else "rollout_function_path"
+    with pytest.raises(TypeError) as e:
+        run_rollout(_args(**{flag: f"{__name__}.{fn}"}), 3, None, evaluation=evaluation)
+    kind = "eval" if evaluation else "rollout"
+    assert str(e.value) == f"--{flag.replace('_', '-')} {__name__}.{fn} ({kind} 3) {message}"

@@ -498,3 +498,83 @@ async def test_text_prompt_checks_retokenization_drift(tok, qwen3_tokenizer_dir,
     report = check_sample(tok, out)
     turn2_start = len(enc(tok, "Q: 6*7?\n")) + len(enc(tok, turn1)) + len(enc(tok, " <result>42</result> "))
     assert not report.consistent and report.first_mismatch == turn2_start, report.message  # " ", "T" vs " The"
+
+
+# ---- deadlines on the env's code (issue 27 #12: every await on user code is bounded and named) -----------------------
+
+import asyncio  # noqa: E402
+import threading  # noqa: E402
+
+from slime_rollout.runtime.deadlines import DeadlineExceeded  # noqa: E402
+
+RELEASE = threading.Event()  # set at teardown: abandoned threads of a hung env then return
+
+
+@pytest.fixture
+def release_hung_envs():
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
+class HangsInReset:
+    def reset(self, *, prompt, label, metadata):
+        RELEASE.wait()  # sync code that never returns: it used to freeze the event loop itself
+
+    async def step(self, model_turn):
+        return EnvStep(observation="", done=True)
+
+
+class HangsInStep:
+    steps = 0
+
+    def reset(self, *, prompt, label, metadata):
+        pass
+
+    async def step(self, model_turn):
+        HangsInStep.steps += 1
+        await asyncio.Event().wait()
+
+
+class HangsWhenBuilt:
+    def __init__(self):
+        RELEASE.wait()  # e.g. a tool server that never accepts the connection
+
+
+def _bounded(tok_dir, env):
+    return make_args(tok_dir, env_path=f"{__name__}:{env}", plugin_timeout_secs=0.5, slow_call_warning_secs=0.2)
+
+
+@pytest.mark.parametrize(("env", "phase"), [("HangsInReset", "reset"), ("HangsWhenBuilt", "construction")])
+async def test_an_env_that_hangs_before_the_first_turn_fails_naming_it_and_the_sample(
+    tok, qwen3_tokenizer_dir, monkeypatch, release_hung_envs, caplog, env, phase
+):
+    engine = ScriptedEngine(tok, [FINAL_TURN])
+    install(monkeypatch, engine)
+    args = _bounded(qwen3_tokenizer_dir, env)
+    with pytest.raises(DeadlineExceeded) as e:
+        await multi_turn.generate(args, Sample(prompt="x", index=5), params())
+    assert str(e.value) == (
+        f"env '{__name__}:{env}' {phase} for sample 5 did not finish within 0.5 s (--plugin-timeout-secs); cancelled"
+    )
+    assert engine.payloads == []  # no turn was generated for an episode that never started
+    assert any("still running" in r.getMessage() and phase in r.getMessage() for r in caplog.records)
+
+
+async def test_an_env_step_that_hangs_fails_the_rollout_not_the_sample_quietly(
+    tok, qwen3_tokenizer_dir, monkeypatch, release_hung_envs
+):
+    HangsInStep.steps = 0
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN]))
+    sample = Sample(prompt="x", index=2)
+    with pytest.raises(DeadlineExceeded, match=rf"^env '{__name__}:HangsInStep' step for sample 2 did not finish "):
+        await multi_turn.generate(_bounded(qwen3_tokenizer_dir, "HangsInStep"), sample, params())
+    assert HangsInStep.steps == 1 and "env_error" not in sample.metadata
+
+
+async def test_env_options_named_like_deadline_arguments_reach_the_env(tok, qwen3_tokenizer_dir, monkeypatch):
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
+    sample = Sample(prompt="x", metadata={"env_kwargs": {"what": "w", "flag": "f"}}, index=0)
+    args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:RecordingEnv")
+    await multi_turn.generate(args, sample, params())
+    assert RecordingEnv.seen[-1]["kwargs"] == {"what": "w", "flag": "f"}

@@ -91,6 +91,8 @@ class ListDataSource:
 
 
 import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
 
 import pytest  # noqa: E402
@@ -776,3 +778,60 @@ async def test_the_fully_async_producer_bounds_a_hanging_data_source(use_client)
     assert isinstance(e.value.__cause__, DeadlineExceeded)
     assert time.monotonic() - start < 4.0
     await producer.stop()
+
+
+# ---- an engine that dies mid-rollout (fault injection) ---------------------------------------------------------------
+
+from slime_rollout.engines.transport import EngineError  # noqa: E402
+
+
+class DyingEngineClient(FakeClient):
+    """Prompt 1's requests fail as a killed engine's do; the others hang until cancelled; the abort cannot reach it."""
+
+    def __init__(self):
+        super().__init__({0: [A], 1: [A]})
+        self.cancelled = 0
+
+    async def generate(self, payload):
+        if payload["input_ids"][0] == 1:
+            await asyncio.sleep(0)
+            raise EngineError("http://e:1", "/generate", "unreachable after 9 attempts: ClientConnectorError",
+                              unreachable=True)  # fmt: skip
+        try:
+            await asyncio.Event().wait()  # on the engine that died: no answer ever comes
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def abort_all(self):
+        self.abort_calls += 1
+        raise EngineError("http://e:1", "/abort_request", "unreachable after 9 attempts", unreachable=True)
+
+
+async def test_an_engine_dying_mid_rollout_raises_its_own_error_and_leaves_nothing_running(use_client, caplog):
+    client = use_client(DyingEngineClient())
+    with pytest.raises(EngineError, match=r"^engine http://e:1/generate failed: unreachable"):  # was: the abort's
+        await generate_rollout_async(_args(), 0, ListDataSource(n=2))
+    # The failed abort cancelled the requests still waiting on the dead engine (was: they ran on, never drained).
+    assert client.abort_calls == 1 and client.cancelled == 2
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    warnings = [r.getMessage() for r in caplog.records if "clean-up" in r.getMessage()]
+    assert warnings == ["rollout 0: the clean-up after EngineError failed too: engine http://e:1/abort_request "
+                        "failed: unreachable after 9 attempts"]  # fmt: skip
+
+
+def generate_that_raises(args, sample, sampling_params):
+    raise KeyError("tool_result")  # a bug in the user's generate function
+
+
+async def test_a_plugin_error_keeps_its_type_and_names_the_plugin_and_sample(use_client, caplog):
+    use_client(FakeClient({0: [A], 1: [A]}))
+    args = _args(custom_generate_function_path=f"{__name__}.generate_that_raises")
+    with pytest.raises(KeyError) as e:  # was: a bare KeyError('tool_result'), no word of which plugin or sample
+        await generate_rollout_async(args, 0, ListDataSource(n=2))
+    (note,) = e.value.__notes__
+    assert re.fullmatch(rf"\(raised by generate function {__name__}\.generate_that_raises on sample \d\)", note)
+    # The other groups failed alike; their errors were read, not left for asyncio to log at garbage collection.
+    del e  # its traceback holds the rollout's frame, and with it the failed tasks
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -1,12 +1,14 @@
 """Checkpoint directories under --save are replaced only when slime wrote them (slime_core.dir_swap marker)."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from slime_core.dir_swap import MARKER, ReplaceRefused
-from slime_train_fsdp.checkpoint import save_checkpoint
+from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
 
 
 @pytest.fixture
@@ -41,3 +43,70 @@ def test_a_checkpoint_slime_wrote_is_replaced_when_its_iteration_is_saved_again(
     (first / "stale").write_text("x")
     assert _save(root, 0) == first and not (first / "stale").exists()
     assert sorted(p.name for p in root.iterdir()) == ["iter_0000001", "latest_checkpointed_iteration.txt"]
+
+
+# ---- resuming from a damaged checkpoint (fault injection: a truncated shard, an emptied tracker) ---------------------
+
+
+def _parts():
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def _load(root, **kw):
+    model, optimizer, scheduler = _parts()
+    return load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler, **kw)
+
+
+def test_a_truncated_shard_is_one_error_naming_load_the_iteration_and_the_one_to_resume_from(tmp_path, one_rank):
+    root = tmp_path / "save"
+    _save(root, 0)
+    last = _save(root, 1)
+    shard = next((last / "model_and_optim").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # cut short as by a crash or a partial copy
+    with pytest.raises(ValueError) as e:  # was: DCP's CheckpointException, a BaseException, with a rank traceback
+        _load(root)
+    message = str(e.value)
+    # The cause as torch reports it for this cut (a pickle that ends early; a zip without its directory for others).
+    assert message.startswith(f"--load {root}: iter_0000002 cannot be read (EOFError); it was damaged after it")
+    assert message.endswith("other checkpoints there: iterations 1; resume with --ckpt-step 1")
+    assert _load(root, ckpt_step=1)["next_rollout_id"] == 1  # the suggested one loads
+
+
+@pytest.mark.parametrize("text", ["", "2\x00\x00"])
+def test_a_tracker_that_names_no_iteration_is_one_error(tmp_path, one_rank, text):
+    root = tmp_path / "save"
+    _save(root, 0)
+    (root / "latest_checkpointed_iteration.txt").write_text(text)
+    with pytest.raises(ValueError, match=r"latest_checkpointed_iteration.txt holds .*, not an iteration; other "
+                                         r"checkpoints there: iterations 1; resume with --ckpt-step 1$"):  # fmt: skip
+        _load(root)
+
+
+def test_the_save_flushes_every_file_before_the_renames_that_publish_it(tmp_path, one_rank, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    root = tmp_path / "save"
+    final = _save(root, 0)
+    staged = str(root / "iter_0000001.tmp")
+    publish = events.index(("replace", staged, str(final)))
+    flushed = {e[1] for e in events[:publish] if e[0] == "fsync"}
+    written = {str(p).replace(str(final), staged) for p in final.rglob("*")} | {staged}
+    assert written <= flushed  # every file and folder of the checkpoint, before its final name exists
+    tracker = str(root / "latest_checkpointed_iteration.txt")
+    commit = events.index(("replace", tracker + ".tmp", tracker))
+    assert ("fsync", tracker + ".tmp") in events[publish:commit]  # the tracker's text before its rename
+    assert ("fsync", str(root)) in events[commit:]  # and the rename itself

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 
 from slime_app.fp8_rollout import serving_fp8
 from slime_core.config import SlimeArgs
@@ -29,7 +30,7 @@ from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_checkpoints", "checkpoint_kind", "fsdp_reference_dir"]
+__all__ = ["check_checkpoints", "checkpoint_kind", "complete_iterations", "fsdp_reference_dir"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _WEIGHTS = (".safetensors", ".bin")
@@ -41,6 +42,8 @@ def _iteration_dir(root: pathlib.Path) -> pathlib.Path | None:
     if not tracker.is_file():
         return None
     text = tracker.read_text().strip()
+    if not text:  # emptied by a crash: `root / ""` would be `root` itself
+        return None
     name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else text
     path = root / name
     return path if path.is_dir() else None
@@ -78,8 +81,62 @@ def _a(kind: str) -> str:
     return f"{'an' if kind in _AN else 'a'} {kind} checkpoint"
 
 
+_ITERATION = re.compile(r"iter_(\d{7})")
+
+
+def complete_iterations(root: str | os.PathLike[str]) -> list[int]:
+    """The iterations under a `--save` directory whose folder is complete, ascending.
+
+    Complete: an `iter_XXXXXXX` folder (not a `.tmp` staging one) holding FSDP's `meta.json` or torch_dist's
+    `.metadata`, both written last before the folder gets its final name.
+    """
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _ITERATION.fullmatch(child.name)
+        if match and ((child / "meta.json").is_file() or (child / ".metadata").is_file()):
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def _recovery_hint(root: pathlib.Path) -> str:
+    iterations = complete_iterations(root)
+    if not iterations:
+        return "no complete checkpoint is there: leave out --load to start afresh"
+    return (
+        f"complete checkpoints there: iterations {', '.join(map(str, iterations))}; resume from one with "
+        f"--ckpt-step {iterations[-1]}"
+    )
+
+
+def _tracker_problem(root: pathlib.Path) -> str | None:
+    """Why `root`'s tracker file names no usable iteration (None: no tracker, or it names one)."""
+    tracker = root / TRACKER
+    if not tracker.is_file() or _iteration_dir(root) is not None:
+        return None
+    text = tracker.read_text(errors="replace").strip()
+    said = "is empty" if not text else f"names {text!r}, which is not an iteration folder there"
+    # The tracker is replaced only after its iteration is in place: a cut-short copy or a crash before the data
+    # reached the disk, not a save of ours, leaves it so.
+    return f"{TRACKER} {said} (a partial copy, or a crash before the last save reached the disk)"
+
+
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
-    kind = checkpoint_kind(cfg.load)
+    root = pathlib.Path(cfg.load)
+    if cfg.ckpt_step is not None and root.is_dir():
+        step_dir = root / f"iter_{cfg.ckpt_step:07d}"
+        if cfg.ckpt_step not in complete_iterations(root):
+            raise ValueError(
+                f"--ckpt-step {cfg.ckpt_step}: --load {root} has no complete {step_dir.name}; {_recovery_hint(root)}"
+            )
+        kind = "fsdp" if (step_dir / "meta.json").is_file() else "torch_dist"
+    else:
+        kind = checkpoint_kind(cfg.load)
+        problem = _tracker_problem(root) if kind == "unknown" else None
+        if problem:
+            raise ValueError(f"--load {root}: {problem}; {_recovery_hint(root)}")
     if kind in ("missing", "empty"):
         notes.append(f"--load {cfg.load}: no checkpoint yet, the run starts at rollout 0")
         return

@@ -19,13 +19,30 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # first one and fold the others into "[repeated Nx across cluster]".
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+from slime_app import interrupts  # noqa: E402 - after the environment above (it imports no ray)
 
-def main(argv: list[str]) -> int:
+
+def main(argv: list[str], *, keep_signal_handlers: bool = False) -> int:
     """Parses the flags, runs the loop, tears down; returns the exit code.
 
-    Exit codes: 0 done, 2 bad flags/config/data, 3 stopped by a run-health check, 4 the local Ray node did not
-    start, 130 interrupted.
+    SIGTERM and SIGINT stop the run cleanly while it runs (`slime_app.interrupts`); the handlers they had before
+    are put back on return, unless `keep_signal_handlers` (the console script, which exits next: a copy of the
+    signal `uv run` forwards late must still find them).
+
+    Exit codes: 0 done, 2 bad flags/config/data (a damaged --load included) or an unwritable output folder,
+    1 an engine failed (one line) or an unexpected error (its traceback), 3 stopped by a run-health check,
+    4 the local Ray node did not start, 5 a checkpoint or HF export could not be written,
+    128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
     """
+    previous = interrupts.install()
+    try:
+        return _main(argv)
+    finally:
+        if not keep_signal_handlers:
+            interrupts.restore(previous)
+
+
+def _main(argv: list[str]) -> int:
     from slime_core.config import ConfigError, parse_args
 
     logging.basicConfig(
@@ -50,6 +67,7 @@ def main(argv: list[str]) -> int:
 
             print("\n".join(dry_run(cfg)))
             return 0
+        from slime_app.outputs import check_writable
         from slime_app.preflight import preflight
         from slime_app.resolve import resolve_config
 
@@ -58,12 +76,16 @@ def main(argv: list[str]) -> int:
         cfg, resolved = resolve_config(cfg)
         for note in resolved:
             logging.getLogger("slime_app.resolve").info("%s", note)
+        if not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+            # On a cluster the trainer ranks write from other hosts: this host's view of the paths says little.
+            check_writable(cfg)
     # ImportError: PluginError; OSError: an unreadable file or tokenizer; TypeError: a data source without len().
     except (ConfigError, ValueError, OSError, ImportError, TypeError) as e:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
-    from slime_app.guards import RunStopped
+    from slime_app.failures import SaveFailed, engine_failure
+    from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
     from slime_app.ray_start import RayAddressError, RayStartupError
 
@@ -73,15 +95,27 @@ def main(argv: list[str]) -> int:
         run = Run(cfg)
         run.run()
         outputs = run.finish()
-    except KeyboardInterrupt:
-        print("slime: interrupted, shutting down", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # SIGTERM too (slime_app.interrupts); `finally` stops engines, actors and Ray
+        print(interrupts.interrupted_line(), file=sys.stderr, flush=True)
+        return interrupts.exit_status()
     except RunStopped as e:
         print(f"slime: stopped: {e}", file=sys.stderr)
         return 3
     except (RayStartupError, RayAddressError) as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 4
+    except SaveFailed as e:
+        print(f"slime: error: {e}", file=sys.stderr)
+        return 5
+    except StartRefused as e:
+        print(f"slime: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        line = engine_failure(e, cfg)
+        if line is None:
+            raise
+        print(f"slime: error: {line}", file=sys.stderr)
+        return 1
     finally:
         if run is not None:
             run.close()
@@ -105,4 +139,9 @@ def main(argv: list[str]) -> int:
 
 def entry_point() -> None:
     """The `slime-train` console script: `main` on the command line's flags, exiting with its code."""
-    sys.exit(main(sys.argv[1:]))
+    try:
+        code = main(sys.argv[1:], keep_signal_handlers=True)
+    except KeyboardInterrupt:  # before the run was built (flags, preflight, dry run): nothing to tear down
+        print(interrupts.interrupted_line().removesuffix(", shutting down"), file=sys.stderr, flush=True)
+        code = interrupts.exit_status()
+    sys.exit(code)

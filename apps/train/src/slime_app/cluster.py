@@ -34,6 +34,7 @@ import ray  # noqa: E402
 from ray.util.placement_group import PlacementGroup, placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
+from slime_app import interrupts  # noqa: E402
 from slime_app.ray_start import check_ray_address, start_local_ray  # noqa: E402
 from slime_core.config import SlimeArgs  # noqa: E402
 from slime_rollout.engines.launch import nccl_cumem_enable  # noqa: E402
@@ -89,6 +90,8 @@ def init_ray(cfg: SlimeArgs) -> None:
         ray.init(**kwargs)
     else:
         start_local_ray(ray.init, ray.shutdown, kwargs, retry_wait_s=cfg.ray_startup_retry_wait)
+    # ray.init replaced the driver's SIGTERM handler and its core worker put a stack-printing one on top.
+    interrupts.reclaim()
 
 
 @dataclasses.dataclass(kw_only=True)

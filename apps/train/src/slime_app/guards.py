@@ -26,6 +26,10 @@ class RunStopped(RuntimeError):
     """A check stopped the run; the message is the one line to show."""
 
 
+class StartRefused(ValueError):
+    """A trainer rank refused the run's input while starting (a damaged `--load` checkpoint); the one line to show."""
+
+
 def first_step_logprob_gate(cfg: SlimeArgs, metrics: Mapping[str, float]) -> None:
     """Checks the first step's trainer-vs-rollout log-prob gap.
 

@@ -22,8 +22,9 @@ import ray
 
 from slime_app.actor_critic import make_trainers
 from slime_app.cluster import create_placement, init_ray
+from slime_app.failures import root_cause, save_failed
 from slime_app.goodput import GoodputMeter
-from slime_app.guards import RunStopped, first_step_logprob_gate
+from slime_app.guards import RunStopped, StartRefused, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
 from slime_app.progress import RunProgress
 from slime_app.reaper import start_reaper
@@ -206,6 +207,10 @@ class Run:
         """Starts engines and trainer ranks, pushes the initial weights; returns the start rollout id.
 
         The start rollout id is the one after `--load`'s checkpoint (0 without one), or `--start-rollout-id`.
+
+        Raises:
+            StartRefused: a trainer rank refused its input (`ValueError`/`FileNotFoundError`, e.g. a damaged
+                `--load` checkpoint); the message is that error's, in one line.
         """
         cfg = self.cfg
         self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
@@ -222,7 +227,15 @@ class Run:
         start = 0
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
-                start = self.trainer.init(cfg)
+                try:
+                    start = self.trainer.init(cfg)
+                except Exception as e:
+                    cause = root_cause(e)
+                    # Bad input (a damaged --load, a missing file) is one line, not a rank's traceback.
+                    if isinstance(cause, (ValueError, FileNotFoundError)):
+                        logger.debug("the trainer ranks did not start", exc_info=True)
+                        raise StartRefused(" ".join(str(cause).split())) from e
+                    raise
             if start > 0:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
                 ray.get(self.manager.load.remote(start - 1))
@@ -327,11 +340,19 @@ class Run:
         return metrics
 
     def save(self, rollout_id: int) -> float:
-        """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took."""
+        """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took.
+
+        Raises:
+            SaveFailed: a rank or the rollout manager could not write it (one line: `slime_app.failures`).
+        """
         t0 = time.perf_counter()
-        # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
-        ray.get(self.manager.save.remote(rollout_id))
-        self.trainer.save(rollout_id)
+        try:
+            # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
+            ray.get(self.manager.save.remote(rollout_id))
+            self.trainer.save(rollout_id)
+        except Exception as e:  # a full disk, a read-only mount: one line naming --save, not a rank's traceback
+            logger.debug("the save of rollout %d failed", rollout_id, exc_info=True)
+            raise save_failed(f"the checkpoint of rollout {rollout_id}", "--save", self.cfg.save, e) from e
         return time.perf_counter() - t0
 
     def save_hf(self, rollout_id: int) -> float:
@@ -342,7 +363,11 @@ class Run:
         """
         t0 = time.perf_counter()
         path = hf_export_path(self.cfg.save_hf, rollout_id)
-        self.trainer.save_hf(path)
+        try:
+            self.trainer.save_hf(path)
+        except Exception as e:
+            logger.debug("the HF export of rollout %d failed", rollout_id, exc_info=True)
+            raise save_failed(f"the HF export of rollout {rollout_id}", "--save-hf", path, e) from e
         self.last_hf_export = path
         logger.info("rollout %d: HF checkpoint exported to %s", rollout_id, path)
         return time.perf_counter() - t0

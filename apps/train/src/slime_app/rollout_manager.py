@@ -35,6 +35,36 @@ def _flatten(groups: list[Any]) -> list[Any]:
     return out
 
 
+def rollout_batches(args: Any, samples: list[Any], *, dp_size: int, rollout_id: int) -> list[Any]:
+    """`slime_core.train_data.build_rollout_batches`, bounded by `--plugin-timeout-secs` when it runs a plugin.
+
+    With `--custom-reward-post-process-path` it calls user code, which ran with no deadline: one that never returned
+    stalled the run after the rollout with no word. It then runs in a worker thread under the plugin deadline.
+
+    Args:
+        args: the plugin view (`slime_core.config.PluginArgs`).
+        samples: the rollout's samples, flat.
+        dp_size: data-parallel ranks of the trainer.
+        rollout_id: named in the deadline's message.
+
+    Returns:
+        One `RolloutBatch` per data-parallel rank.
+
+    Raises:
+        DeadlineExceeded: the plugin ran past `--plugin-timeout-secs` (names it and the rollout).
+    """
+    from slime_core.train_data import build_rollout_batches
+    from slime_rollout.runtime.deadlines import call_plugin_with_deadline_sync, plugin_bounds
+
+    path = args.custom_reward_post_process_path
+    if not path:
+        return build_rollout_batches(args, samples, dp_size=dp_size)
+    what = f"--custom-reward-post-process-path {path} (rollout {rollout_id})"
+    return call_plugin_with_deadline_sync(
+        build_rollout_batches, args, samples, dp_size=dp_size, what=what, **plugin_bounds(args)
+    )
+
+
 def dp_size_of(cfg: SlimeArgs) -> int:
     """Number of data-parallel ranks of the trainer (world size over the model-parallel product TP×PP×CP).
 
@@ -238,7 +268,6 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> tuple[list[ray.ObjectRef], dict[str, float]]:
         """Runs one training rollout; returns per-DP-rank batch refs and `rollout/*`, `perf/*` metrics."""
-        from slime_core.train_data import build_rollout_batches
         from slime_rollout.generation.rollout import run_rollout
 
         args = self.args
@@ -256,7 +285,7 @@ class RolloutManager:
             return [], metrics
         t0 = time.perf_counter()
         # The plugin view, not the bare config: --custom-reward-post-process-path is a plugin too.
-        batches = build_rollout_batches(args, samples, dp_size=dp_size_of(self.cfg))
+        batches = rollout_batches(args, samples, dp_size=dp_size_of(self.cfg), rollout_id=rollout_id)
         metrics["perf/data_preprocess_time"] = time.perf_counter() - t0
         metrics.update(goodput_fates(samples, batches, metrics))
         return [ray.put(b) for b in batches], metrics

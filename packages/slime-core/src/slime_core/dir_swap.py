@@ -3,7 +3,8 @@
 Writers fill `<path>.tmp` (`prepare_staging`), then `swap_in` renames: old `<path>` -> `<path>.old`, `<path>.tmp` ->
 `<path>`, then deletes `<path>.old`. Each rename is atomic on one filesystem, so at every instant `<path>` or
 `<path>.old` holds a complete export, and the next `swap_in` (or `recover`) puts a left-over `.old` back when a
-crash fell between the two renames.
+crash fell between the two renames. The new directory's files are flushed to the disk before the renames and the
+renames after them (`sync_tree`), so a power loss cannot publish a name whose files were never written.
 
 Only slime's own directories are ever replaced or deleted: every directory written through this module carries the
 marker file `MARKER`, and a path that is a file, a symbolic link or a non-empty directory without the marker is
@@ -30,6 +31,8 @@ __all__ = [
     "refusal",
     "staging_dir",
     "swap_in",
+    "sync_tree",
+    "write_text_atomic",
 ]
 
 logger = logging.getLogger(__name__)
@@ -161,9 +164,65 @@ def swap_in(tmp: str | os.PathLike[str], path: str | os.PathLike[str], *, flag: 
     recover(out, flag=flag)
     check_replaceable([out], flag)
     mark(new)
+    sync_tree(new)  # the renames below must not reach the disk before the data they publish
     if out.exists():
         os.replace(out, old)
     os.replace(new, out)
+    sync_tree(out.parent, recursive=False)  # the renames themselves
     if old.exists():
         shutil.rmtree(old)
     return out
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Replaces the file `path` by one holding `text`, atomically and durably (a checkpoint's tracker file).
+
+    Written to `<path>.tmp`, flushed to the disk, renamed over `path`, and the rename flushed: after a crash the
+    file holds the old text or the new one, never an empty or partial one.
+
+    Raises:
+        OSError: the file could not be written, flushed or renamed.
+    """
+    out = pathlib.Path(path)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    sync_tree(out.parent, recursive=False)
+
+
+def _fsync(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(directory: str | os.PathLike[str], *, recursive: bool = True) -> None:
+    """Flushes every regular file under `directory`, then the directories themselves, to the disk (`fsync`).
+
+    A rename is atomic, but without this a crash or power loss soon after it can leave the new name pointing at
+    files the kernel had not written yet: a checkpoint whose shards are empty or truncated under its final name,
+    which a resume then reads (POSIX orders neither data before a rename nor a rename before a crash).
+
+    Args:
+        directory: the folder to flush (its files and sub-folders too unless `recursive` is False).
+        recursive: False flushes only `directory`'s own entry list (after renaming something into it).
+
+    Raises:
+        OSError: a file or folder could not be opened or flushed.
+    """
+    root = pathlib.Path(directory)
+    if recursive:
+        for parent, dirs, files in os.walk(root, topdown=False):
+            for name in files:
+                file = pathlib.Path(parent) / name
+                if file.is_file() and not file.is_symlink():
+                    _fsync(file)
+            for name in dirs:
+                if not (pathlib.Path(parent) / name).is_symlink():
+                    _fsync(pathlib.Path(parent) / name)
+    _fsync(root)

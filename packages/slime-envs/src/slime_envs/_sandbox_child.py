@@ -15,10 +15,11 @@ code rewrote bubblewrap's own init through `/proc/1/mem` and had it fork a proce
 2. sets RLIMIT_NPROC (counted in this user namespace) and checks that the rlimits the host set on bubblewrap
    are in place (a host bug is one clear start-up error, not a silent gap);
 3. closes every inherited descriptor but stdin/stdout/stderr, the ready pipe and the status pipe;
-4. forks the code's process (pid 2), then loads the no-process seccomp filter on itself (it never forks
-   again), reaps every process of the namespace and, once pid 2 is gone, writes pid 2's wait status to the
-   status pipe: the host's only source of the exit code and the killing signal, which the code cannot
-   forge (an exit code of 137 is 137, not SIGKILL). It then exits, and the kernel kills whatever is left.
+4. forks the code's process (pid 2), loads the no-process seccomp filter on itself (it never forks again)
+   and only then lets pid 2 run the code (it closes a pipe pid 2 waits on); reaps every process of the
+   namespace and, once pid 2 is gone, writes pid 2's wait status to the status pipe: the host's only source
+   of the exit code and the killing signal, which the code cannot forge (an exit code of 137 is 137, not
+   SIGKILL). It then exits, and the kernel kills whatever is left.
 
 The code's process (pid 2) imports the preloaded modules, loads the no-process seccomp filter unless
 subprocesses are allowed, installs the audit hook (PEP 578; it turns forbidden actions into readable
@@ -160,9 +161,10 @@ def _init(policy):
     os.closerange(keep[1] + 1, 65536)
 
 
-def _reap_until(code_pid, status_fd, no_process_filter):
-    """Step 4 as pid 1: reaps every process; reports pid 2's wait status, then exits (the namespace dies)."""
+def _reap_until(code_pid, status_fd, no_process_filter, go_fd):
+    """Step 4 as pid 1: filters itself, then lets pid 2 run the code; reaps, reports pid 2's wait status, exits."""
     _load_seccomp(no_process_filter)
+    os.close(go_fd)  # pid 2 reads EOF: the code starts only now that this process is under the filter too
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == code_pid:
@@ -175,8 +177,8 @@ def _report_ready(fd):
     os.close(fd)
 
 
-def _run_code(policy):
-    """The code's process (pid 2): preloads, filter, audit hook, then `/tmp/main.py`."""
+def _run_code(policy, go_fd):
+    """The code's process (pid 2): preloads, filter, audit hook, waits for pid 1's filter, then `/tmp/main.py`."""
     os.close(policy["status_fd"])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _prctl(_PR_SET_DUMPABLE, 1, "restoring the code's dumpable flag")  # its own /proc/self, as usual
@@ -190,6 +192,11 @@ def _run_code(policy):
         source = f.read()  # bytes: an undecodable source is the code's SyntaxError, reported below
     if policy["block_subprocess"]:
         _load_seccomp(bytes.fromhex(policy["no_process_filter"]))
+    # Until pid 1 is under its own no-process filter (on a loaded machine pid 2 got here first: the code then ran
+    # beside an init holding the base filter only). EOF, not a byte: an init that died lets it go on into the
+    # namespace's end.
+    os.read(go_fd, 1)
+    os.close(go_fd)
     sys.addaudithook(_make_hook(workdir, policy["read_roots"], policy["block_network"], policy["block_subprocess"]))
     # The user's code gets a fresh `__main__` module, so `import __main__` does not reach this runner.
     user_main = types.ModuleType("__main__")
@@ -257,12 +264,15 @@ def _exception_line(exc):
 def main():
     policy = json.loads(sys.argv[1])
     _init(policy)
+    go_r, go_w = os.pipe()  # pid 1 closes its end once it is under the no-process filter
     code_pid = os.fork()
     if code_pid == 0:
-        _run_code(policy)  # returns or raises SystemExit: the interpreter exits as for any script
+        os.close(go_w)
+        _run_code(policy, go_r)  # returns or raises SystemExit: the interpreter exits as for any script
         return
+    os.close(go_r)
     os.close(policy["ready_fd"])
-    _reap_until(code_pid, policy["status_fd"], bytes.fromhex(policy["no_process_filter"]))
+    _reap_until(code_pid, policy["status_fd"], bytes.fromhex(policy["no_process_filter"]), go_w)
 
 
 main()

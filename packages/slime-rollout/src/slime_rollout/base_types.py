@@ -37,14 +37,25 @@ class RolloutFnEvalOutput:
     metrics: dict[str, float] | None = None
 
 
-def wrap_rollout_output(output: Any, *, evaluation: bool) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
-    """Wraps the bare return value of a legacy custom rollout function (groups list or eval dict)."""
+def wrap_rollout_output(
+    output: Any, *, evaluation: bool, what: str = "the rollout function"
+) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    """Wraps the bare return value of a legacy custom rollout function (groups list or eval dict).
+
+    Args:
+        output: what the function returned.
+        evaluation: it ran an eval rollout.
+        what: names the function in errors (its flag and import path).
+
+    Raises:
+        TypeError: neither the output type nor its legacy bare form (the message names `what`).
+    """
     if isinstance(output, RolloutFnTrainOutput | RolloutFnEvalOutput):
         return output
     if evaluation:
         if not isinstance(output, dict):
-            raise TypeError(f"eval rollout function must return RolloutFnEvalOutput or a dict, got {type(output)}")
+            raise TypeError(f"{what} returned {type(output).__name__}, not a RolloutFnEvalOutput or a dict")
         return RolloutFnEvalOutput(data=output)
     if not isinstance(output, list):
-        raise TypeError(f"rollout function must return RolloutFnTrainOutput or a list of groups, got {type(output)}")
+        raise TypeError(f"{what} returned {type(output).__name__}, not a RolloutFnTrainOutput or a list of groups")
     return RolloutFnTrainOutput(samples=output)

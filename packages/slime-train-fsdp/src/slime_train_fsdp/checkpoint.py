@@ -10,7 +10,8 @@ Layout under `--save` (as the original FSDP backend):
     latest_checkpointed_iteration.txt
 
 Atomicity: everything is written into `iter_XXXXXXX.tmp`, renamed to its final name by rank 0 after all ranks
-finished, and only then is the tracker file replaced (temp file + `os.replace`). A run killed mid-save leaves
+finished, and only then is the tracker file replaced (`slime_core.dir_swap.write_text_atomic`); files are flushed
+to the disk before each rename. A run killed mid-save leaves
 the previous checkpoint as `latest`. A checkpoint directory is marked as slime's (`slime_core.dir_swap`): re-saving an
 iteration replaces only a directory slime wrote, never a user's folder of the same name.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pathlib
 from typing import Any
 
@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
-from slime_core.dir_swap import prepare_staging, swap_in
+from slime_core.dir_swap import prepare_staging, swap_in, write_text_atomic
 from slime_train_fsdp.lr_schedule import load_scheduler_state
 
 logger = logging.getLogger(__name__)
@@ -37,12 +38,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["TRACKER", "load_checkpoint", "save_checkpoint"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
-
-
-def _write_text_atomic(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -100,10 +95,59 @@ def save_checkpoint(
     dist.barrier()
     if rank == 0:
         swap_in(tmp, final, flag="--save")
-        _write_text_atomic(root / TRACKER, str(rollout_id + 1))
+        write_text_atomic(root / TRACKER, str(rollout_id + 1))
     dist.barrier()
     logger.info("saved checkpoint %s", final)
     return final
+
+
+def _first_failure(error: BaseException) -> BaseException:
+    """The first rank's error inside DCP's `CheckpointException`, else `error`."""
+    if isinstance(error, CheckpointException) and error.failures:
+        return next(iter(error.failures.values()))[0]
+    return error
+
+
+def _recovery_hint(root: pathlib.Path, damaged: pathlib.Path | None = None) -> str:
+    """Which other iterations under `root` look complete (`meta.json`), as a `--ckpt-step` to resume from."""
+    steps = sorted(
+        int(p.name.removeprefix("iter_"))
+        for p in root.glob("iter_[0-9][0-9][0-9][0-9][0-9][0-9][0-9]")
+        if p != damaged and (p / "meta.json").is_file()
+    )
+    if not steps:
+        return "no other checkpoint is there"
+    return f"other checkpoints there: iterations {', '.join(map(str, steps))}; resume with --ckpt-step {steps[-1]}"
+
+
+def _read(
+    path: pathlib.Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    load_optim: bool,
+    load_rng: bool,
+) -> dict[str, Any]:
+    """Reads the checkpoint at `path` into the model, optimizer, scheduler and RNG; returns its `meta.json`."""
+    meta = json.loads((path / "meta.json").read_text())
+    has_optim = (path / "scheduler.pt").exists()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd} if (load_optim and has_optim) else {"model": model_sd}
+    dcp.load(state, checkpoint_id=str(path / "model_and_optim"))
+    if "optim" in state:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        set_model_state_dict(model, state["model"])
+    if load_optim and has_optim:
+        load_scheduler_state(scheduler, torch.load(path / "scheduler.pt", weights_only=False))
+    rng_file = path / f"rng_{dist.get_rank()}.pt"
+    if load_rng and rng_file.exists():
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return meta
 
 
 def load_checkpoint(
@@ -131,7 +175,9 @@ def load_checkpoint(
         The checkpoint's `meta.json`, or None when `load_dir` holds no checkpoint.
 
     Raises:
-        FileNotFoundError: when `ckpt_step` names a missing checkpoint.
+        FileNotFoundError: when `ckpt_step` (or the tracker) names a missing checkpoint.
+        ValueError: the tracker names no iteration, or the checkpoint's files cannot be read (truncated, corrupt);
+            the message names `--load`, the iteration and the cause, and lists the other complete iterations.
     """
     root = pathlib.Path(load_dir)
     if ckpt_step is None:
@@ -139,27 +185,23 @@ def load_checkpoint(
         if not tracker.exists():
             logger.warning("--load %s has no %s; starting from the HF checkpoint", root, TRACKER)
             return None
-        ckpt_step = int(tracker.read_text().strip())
+        text = tracker.read_text(errors="replace").strip()
+        if not text.isdigit():
+            raise ValueError(f"--load {root}: {TRACKER} holds {text!r}, not an iteration; {_recovery_hint(root)}")
+        ckpt_step = int(text)
     path = root / f"iter_{ckpt_step:07d}"
     if not (path / "meta.json").exists():
-        raise FileNotFoundError(f"--load {root}: checkpoint {path} is missing or incomplete")
-    meta = json.loads((path / "meta.json").read_text())
-    has_optim = (path / "scheduler.pt").exists()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd} if (load_optim and has_optim) else {"model": model_sd}
-    dcp.load(state, checkpoint_id=str(path / "model_and_optim"))
-    if "optim" in state:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    else:
-        set_model_state_dict(model, state["model"])
-    if load_optim and has_optim:
-        load_scheduler_state(scheduler, torch.load(path / "scheduler.pt", weights_only=False))
-    rng_file = path / f"rng_{dist.get_rank()}.pt"
-    if load_rng and rng_file.exists():
-        rng = torch.load(rng_file, weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
+        raise FileNotFoundError(f"--load {root}: checkpoint {path} is missing or incomplete; {_recovery_hint(root)}")
+    try:
+        meta = _read(path, model, optimizer, scheduler, load_optim=load_optim, load_rng=load_rng)
+    except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
+        cause = _first_failure(e)
+        text = " ".join(str(cause).split()).split(". ")[0][:200]  # torch's advice after the first sentence is long
+        detail = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+        raise ValueError(
+            f"--load {root}: {path.name} cannot be read ({detail}); it was damaged "
+            f"after it was written (a partial copy, a crash before it reached the disk); {_recovery_hint(root, path)}"
+        ) from e
     dist.barrier()
     logger.info("loaded checkpoint %s (next rollout %d)", path, meta["next_rollout_id"])
     return meta

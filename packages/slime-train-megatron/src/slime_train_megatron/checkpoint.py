@@ -24,7 +24,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
 from slime_convert.torch_dist import TRACKER_FILE, resolve_iteration_dir
-from slime_core.dir_swap import prepare_staging, swap_in
+from slime_core.dir_swap import prepare_staging, swap_in, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +116,7 @@ def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, 
     dist.barrier()
     if rank == 0:
         swap_in(tmp, final, flag="--save")
-        tracker_tmp = root / (TRACKER_FILE + ".tmp")
-        tracker_tmp.write_text(str(rollout_id))
-        os.replace(tracker_tmp, root / TRACKER_FILE)
+        write_text_atomic(root / TRACKER_FILE, str(rollout_id))  # flushed: a crash leaves no empty tracker
     dist.barrier()
     logger.info("saved checkpoint %s", final)
     return final

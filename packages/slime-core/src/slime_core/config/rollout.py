@@ -179,7 +179,16 @@ class RewardArgs(ArgsGroup):
         14400.0,
         "Deadline in seconds of one call of other user code the rollout runs (a custom generate function for one "
         "sample, a sample hook, the dynamic-sampling filter, --rollout-sample-filter-path, "
-        "--rollout-all-samples-process-path, the data source's get_samples); past it the rollout fails naming it.",
+        "--rollout-all-samples-process-path, the data source's get_samples, the custom rollout and eval log "
+        "functions, --custom-reward-post-process-path, a multi-turn environment's construction, reset and step); "
+        "past it the rollout fails naming it.",
+        gt=0,
+    )
+    rollout_timeout_secs: float = arg(
+        14400.0,
+        "Deadline in seconds of one call of --rollout-function-path or --eval-function-path (a whole rollout or "
+        "eval, the default rollout function included); warned about at each quarter of it, and past it the run "
+        "fails naming the function and the rollout.",
         gt=0,
     )
     slow_call_warning_secs: float = arg(

@@ -76,6 +76,12 @@ class EngineError(RuntimeError):
         return (_rebuild_engine_error, (self.url, self.endpoint, self.message, self.status_code, self.unreachable))
 
 
+def _said(exc: BaseException) -> str:
+    """`Type: message` of a client exception, or its type alone (its repr spelled out aiohttp's connection key)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _rebuild_engine_error(
     url: str, endpoint: str, message: str, status_code: int | None, unreachable: bool
 ) -> EngineError:
@@ -237,18 +243,18 @@ class HttpEndpoint:
                     out = EngineResponse(resp.status, resp.headers, await resp.read())
                 break
             except _NOT_RETRYABLE as exc:
-                raise EngineError(self.url, endpoint, repr(exc), unreachable=True) from exc
+                raise EngineError(self.url, endpoint, _said(exc), unreachable=True) from exc
             except _RETRYABLE as exc:
                 if attempt >= max_retries:
                     raise EngineError(
-                        self.url, endpoint, f"unreachable after {attempt + 1} attempts: {exc!r}", unreachable=True
+                        self.url, endpoint, f"unreachable after {attempt + 1} attempts: {_said(exc)}", unreachable=True
                     ) from exc
                 logger.debug("%s%s: %r, retry %d in %.2fs", self.url, endpoint, exc, attempt + 1, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 # A read timeout or a broken reply: the engine took the request but gave no usable answer.
-                raise EngineError(self.url, endpoint, repr(exc), unreachable=True) from exc
+                raise EngineError(self.url, endpoint, _said(exc), unreachable=True) from exc
         if out.status_code >= 400:
             raise EngineError(self.url, endpoint, out.text[:1000], out.status_code)
         if raw:

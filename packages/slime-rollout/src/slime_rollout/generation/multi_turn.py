@@ -27,6 +27,7 @@ One episode, up to `--max-turns` model turns::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -50,6 +51,7 @@ from slime_rollout.generation.template_check import (
     render_messages,
 )
 from slime_rollout.generation.top_p_replay import parse_top_p_sets
+from slime_rollout.runtime.deadlines import DeadlineExceeded, call_plugin_with_deadline, plugin_bounds
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -104,8 +106,15 @@ def _env_factory(name: str) -> Any:
     )
 
 
-def build_env(args: SlimeArgs, sample: Sample) -> Env:
+def _env_name(args: SlimeArgs, sample: Sample) -> str:
+    return str(sample.metadata.get("env") or args.env_path or "")
+
+
+async def build_env(args: SlimeArgs, sample: Sample) -> Env:
     """Builds and resets the environment of one sample.
+
+    The factory and `reset` are the user's sync code: each runs in a worker thread under `--plugin-timeout-secs`, so
+    one that never returns fails the rollout naming the env and the sample instead of freezing the event loop.
 
     The name is `sample.metadata["env"]`, else `args.env_path`; options are, later ones winning,
     `args.custom_config["env_kwargs"]` (the `--custom-config-path` YAML) and `sample.metadata["env_kwargs"]`
@@ -123,8 +132,10 @@ def build_env(args: SlimeArgs, sample: Sample) -> Env:
         KeyError: unknown name (lists the installed `slime.envs` entry points).
         ImportError: an entry point or import path that does not import.
         TypeError: the factory's result does not implement `slime_core.protocols.Env`.
+        DeadlineExceeded: the factory or `reset` ran past `--plugin-timeout-secs`.
+        Exception: what the factory or `reset` raised.
     """
-    name = sample.metadata.get("env") or args.env_path
+    name = _env_name(args, sample)
     if not name:
         raise ValueError(
             "multi-turn generate needs an environment: set --env-path (e.g. search, python, calculator) "
@@ -132,10 +143,16 @@ def build_env(args: SlimeArgs, sample: Sample) -> Env:
         )
     kwargs = _as_dict(args.custom_config.get("env_kwargs"), "--custom-config-path key env_kwargs")
     kwargs.update(_as_dict(sample.metadata.get("env_kwargs"), f"sample {sample.index} metadata['env_kwargs']"))
-    env = _env_factory(str(name))(**kwargs)
+    factory = _env_factory(name)
+    bounds = plugin_bounds(args)
+    # partial: the env's own options may use any name, `what` and `flag` included.
+    make = functools.partial(factory, **kwargs)
+    env = await call_plugin_with_deadline(make, what=f"env {name!r} construction for sample {sample.index}", **bounds)
     if not isinstance(env, Env):
         raise TypeError(f"env {name!r} built {type(env).__name__}, which lacks reset()/step() of slime_core Env")
-    env.reset(prompt=sample.prompt, label=sample.label, metadata=sample.metadata)
+    what = f"env {name!r} reset for sample {sample.index}"
+    reset = functools.partial(env.reset, prompt=sample.prompt, label=sample.label, metadata=sample.metadata)
+    await call_plugin_with_deadline(reset, what=what, **bounds)
     return env
 
 
@@ -230,11 +247,19 @@ async def _model_turn(
     return text, token_text
 
 
-async def _env_step(env: Env, sample: Sample, text: str) -> EnvStep | None:
-    """Steps the env; an exception marks the sample FAILED (and removed from training) and returns None."""
+async def _env_step(args: SlimeArgs, env: Env, sample: Sample, text: str) -> EnvStep | None:
+    """Steps the env under `--plugin-timeout-secs`; an exception fails the sample (FAILED, removed), returns None.
+
+    Raises:
+        DeadlineExceeded: the step ran past `--plugin-timeout-secs` (names the env and the sample). A step that
+            hangs is a broken tool service, not a bad answer: it fails the rollout rather than every sample quietly.
+    """
     start = time.monotonic()
+    what = f"env {_env_name(args, sample)!r} step for sample {sample.index}"
     try:
-        return await env.step(text)
+        return await call_plugin_with_deadline(env.step, text, what=what, **plugin_bounds(args))
+    except DeadlineExceeded:
+        raise
     except Exception as e:  # a broken env fails this sample, not the whole rollout
         logger.warning("sample %s: env step failed: %r", sample.index, e)
         sample.status = Status.FAILED
@@ -280,6 +305,7 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
 
     Raises:
         ValueError: no environment configured, or a malformed engine reply.
+        DeadlineExceeded: the env's construction, `reset` or `step` ran past `--plugin-timeout-secs`.
 
     A sample that already holds a partial response (an aborted episode from the partial-rollout
     buffer) is restarted from its prompt: the environment's state cannot be resumed.
@@ -290,7 +316,7 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
         logger.debug("sample %s: restarting a partial multi-turn episode from its prompt", sample.index)
         _reset_response(sample)
     tokenizer = get_tokenizer(args.hf_checkpoint)
-    env = build_env(args, sample)
+    env = await build_env(args, sample)
     if not sample.tokens:
         sample.tokens = _prompt_ids(tokenizer, sample, env)
     # The conversation as appended, for the chat-template conformance check (slime_rollout.generation.template_check).
@@ -317,7 +343,7 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
         num_turns += 1
         if sample.status in (Status.ABORTED, Status.TRUNCATED):
             break  # aborted, or the turn used up the rest of the shared budget
-        step = await _env_step(env, sample, text)
+        step = await _env_step(args, env, sample, text)
         if step is None:
             break
         infos.append(dict(step.info))

@@ -42,7 +42,12 @@ from slime_rollout.generation.group_rollout import (
 from slime_rollout.generation.opd import score_teacher
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime import async_utils, debug_dump, log_hooks
-from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
+from slime_rollout.runtime.deadlines import (
+    call_plugin_with_deadline,
+    call_plugin_with_deadline_sync,
+    plugin_bounds,
+    rollout_function_bounds,
+)
 from slime_rollout.runtime.goodput import rollout_token_fates
 from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups
 
@@ -74,6 +79,23 @@ def _has_aborted(group: list[Any]) -> bool:
     return any(s.status is Status.ABORTED for s in flatten_groups([group]))
 
 
+async def _abort_or_cancel(args: SlimeArgs, pending: set[asyncio.Task[Any]]) -> Exception | None:
+    """Aborts the engines' requests; when the abort itself fails (a dead engine), cancels `pending` instead.
+
+    Returns:
+        The abort's error (raised by the caller once every task is drained), or None.
+    """
+    try:
+        await abort_all(args)
+    except Exception as e:  # noqa: BLE001 - returned to the caller, which raises it after draining
+        # The engines cannot be told to stop: stop waiting on them (a cancelled request closes its connection,
+        # which ends it on SGLang too), or the drain below would wait on each task's own retries.
+        for task in pending:
+            task.cancel()
+        return e
+    return None
+
+
 async def _abort_and_drain(
     args: SlimeArgs,
     state: RolloutState,
@@ -88,16 +110,17 @@ async def _abort_and_drain(
     state.aborted = True
     leftovers: list[list[Sample]] = []
     dropped = [] if dropped is None else dropped
-    if pending:
-        await abort_all(args)
-    partial = args.partial_rollout
+    abort_error = await _abort_or_cancel(args, pending) if pending else None
     error: BaseException | None = None
+    partial = args.partial_rollout
     while pending:
         done, pending = await asyncio.wait(pending, timeout=_ABORT_RETRY_S)
-        if not done and pending:
+        if not done and pending and abort_error is None:
             # A request that reached the engine after the abort: abort again (original retries every 3 s).
-            await abort_all(args)
+            abort_error = await _abort_or_cancel(args, pending)
         for task in done:
+            if task.cancelled():  # cut short after a failed abort: its group goes with the abort's error
+                continue
             if task.exception() is not None:
                 # Keep draining so nothing is left running; raise the first error afterwards.
                 error = error or task.exception()
@@ -114,6 +137,7 @@ async def _abort_and_drain(
                 if sample.response_length > 0 and "start_rollout_id" not in sample.metadata:
                     sample.metadata["start_rollout_id"] = rollout_id
             leftovers.append(group)
+    error = error or abort_error
     if error is not None:
         raise error
     return leftovers
@@ -223,6 +247,7 @@ async def generate_rollout_async(
     discarded: dict[str, list[list[Any]]] = {"filtered": [], "aborted": [], "surplus": []}  # goodput accounting
     submitted = 0
     order: dict[asyncio.Task[Any], int] = {}
+    done: set[asyncio.Task[Any]] = set()
     try:
         while len(data) < target:
             while len(data) + len(pending) < target:
@@ -268,9 +293,21 @@ async def generate_rollout_async(
                     data.append(group)
                 else:
                     discarded["surplus"].append(group)
-    finally:
-        # Also on errors: never leave requests running on the engines or tasks on the loop.
-        leftovers = await _abort_and_drain(args, state, pending, rollout_id, discarded["aborted"])
+    except BaseException as error:
+        # Groups that finished with the one that raised: their errors are this one's siblings, not news (unread,
+        # asyncio logged each at garbage collection as "Task exception was never retrieved", in a later test or step).
+        for task in done:
+            if not task.cancelled():
+                task.exception()
+        # Also on errors: never leave requests running on the engines or tasks on the loop. The cleanup meets the
+        # same broken engine (its abort failed after retries) and must not replace the error that explains it.
+        try:
+            await _abort_and_drain(args, state, pending, rollout_id, discarded["aborted"])
+        except Exception as cleanup_error:  # noqa: BLE001 - reported, and the first error is raised
+            logger.warning("rollout %d: the clean-up after %s failed too: %s", rollout_id, type(error).__name__,
+                           " ".join(str(cleanup_error).split())[:300])  # fmt: skip
+        raise
+    leftovers = await _abort_and_drain(args, state, pending, rollout_id, discarded["aborted"])
     # Deterministic buffer order (by sample index) whatever order the aborted tasks finished in.
     leftovers = sorted(requeue + leftovers, key=_group_sort_key)
 
@@ -347,13 +384,41 @@ def create_data_source(args: SlimeArgs) -> DataSource:
     return load_function(args.data_source_path, flag="--data-source-path")(args)
 
 
+def _flat_samples(value: Any, what: str, where: str) -> list[Sample]:
+    """The samples of a rollout function's (nested) lists, flattened as the original does; else one named error.
+
+    A flat list of samples is accepted like groups (the original flattens any nesting); anything else failed far
+    from its cause (`'Sample' object is not iterable`, or a None reaching the trainer).
+
+    Raises:
+        TypeError: an entry that is neither a Sample nor a list (names `what` and the entry's position).
+    """
+    if isinstance(value, Sample):
+        return [value]
+    if not isinstance(value, list):
+        raise TypeError(f"{what} returned {type(value).__name__} at {where}, not a Sample or a list of them")
+    return [s for i, item in enumerate(value) for s in _flat_samples(item, what, f"{where}[{i}]")]
+
+
+def _eval_samples(data: Any, what: str) -> list[Sample]:
+    """The samples of an eval output `{name: {"rewards", "truncated", "samples"}}`, checked."""
+    out: list[Sample] = []
+    for name, entry in data.items():
+        if not isinstance(entry, dict):
+            raise TypeError(f"{what} returned {type(entry).__name__} for dataset {name!r}, not a dict of rewards, "
+                            "truncated and samples")  # fmt: skip
+        out += _flat_samples(entry.get("samples", []), what, f"[{name!r}]['samples']")
+    return out
+
+
 def run_rollout(
     args: SlimeArgs, rollout_id: int, data_source: DataSource | None, *, evaluation: bool = False
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     """What the rollout manager calls: the configured rollout function plus debug dump/replay.
 
     `--load-debug-rollout-data` replays a dump instead of generating (training rollouts only);
-    `--rollout-function-path` / `--eval-function-path` replace the rollout function; legacy bare return
+    `--rollout-function-path` / `--eval-function-path` replace the rollout function, which runs in a worker thread
+    under `--rollout-timeout-secs` (the log functions under `--plugin-timeout-secs`); legacy bare return
     values are wrapped; `--save-debug-rollout-data` dumps the result; `--custom-rollout-log-function-path` /
     `--custom-eval-rollout-log-function-path` see the result and decide its metrics (`slime_rollout.runtime.log_hooks`).
 
@@ -365,6 +430,12 @@ def run_rollout(
 
     Returns:
         The rollout function's output (wrapped) with the metrics the log hooks decided.
+
+    Raises:
+        DeadlineExceeded: the rollout function ran past `--rollout-timeout-secs`, or a log function past
+            `--plugin-timeout-secs` (the message names its flag, import path and the rollout).
+        slime_core.plugins.PluginError: a function that cannot be imported.
+        Exception: what the rollout function or a log function raised.
     """
     if not evaluation and args.load_debug_rollout_data:
         samples = debug_dump.load_debug_rollout_data(args, rollout_id)
@@ -374,13 +445,18 @@ def run_rollout(
         path, flag = args.eval_function_path, "--eval-function-path"
     fn = load_function(path, flag=flag)
     start = time.perf_counter()
-    output = wrap_rollout_output(fn(args, rollout_id, data_source, evaluation=evaluation), evaluation=evaluation)
+    # Bounded like every other user call: a rollout function that never returns failed nothing and logged nothing.
+    what = f"{flag} {path} ({'eval' if evaluation else 'rollout'} {rollout_id})"
+    value = call_plugin_with_deadline_sync(
+        fn, args, rollout_id, data_source, evaluation=evaluation, what=what, **rollout_function_bounds(args)
+    )
+    output = wrap_rollout_output(value, evaluation=evaluation, what=what)
     rollout_time = time.perf_counter() - start
     if isinstance(output, RolloutFnEvalOutput):
-        samples = [s for d in output.data.values() for s in d.get("samples", [])]
+        samples = _eval_samples(output.data, what)
         output.metrics = log_hooks.apply_eval_log_function(args, rollout_id, output.data, output.metrics)
     else:
-        samples = flatten_groups(output.samples)
+        samples = _flat_samples(output.samples, what, "samples")
         # --opd-type sglang: samples a custom rollout function (or --group-rm) left without teacher log-probs.
         async_utils.run(score_teacher(args, samples))
         output.metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, output.metrics, rollout_time)

@@ -39,9 +39,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from slime_rollout.runtime import async_utils
 from slime_rollout.runtime.loop_watchdog import watching
 
-__all__ = ["DeadlineExceeded", "PluginExit", "await_with_deadline", "call_plugin_with_deadline", "plugin_bounds"]
+__all__ = [
+    "DeadlineExceeded",
+    "PluginExit",
+    "await_with_deadline",
+    "call_plugin_with_deadline",
+    "call_plugin_with_deadline_sync",
+    "plugin_bounds",
+    "rollout_function_bounds",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +185,7 @@ async def call_plugin_with_deadline(
         DeadlineExceeded: the call ran past `deadline_s`, or it blocked the event loop and came back past it.
         PluginExit: the plugin raised `SystemExit` or another `BaseException` that is not an `Exception`
             (`KeyboardInterrupt` and `asyncio.CancelledError` propagate as they are).
-        Exception: what the plugin raised.
+        Exception: what the plugin raised, with a note `(raised by <what>)` shown in its traceback.
     """
 
     async def call() -> Any:
@@ -192,7 +201,16 @@ async def call_plugin_with_deadline(
             if plain is not None and plain(result):
                 return convert(result)
             return await _in_daemon_thread(convert, result, name=what)
-        except (Exception, KeyboardInterrupt, asyncio.CancelledError):
+        except DeadlineExceeded:  # its own: names the call already
+            raise
+        except Exception as e:
+            # The type stays the caller's to catch; the traceback (Ray's included) says which plugin and sample.
+            # Once only: the innermost call names it best, and a plugin re-raising one stored error object must not
+            # grow its notes call after call.
+            if not any(str(n).startswith("(raised by ") for n in getattr(e, "__notes__", ())):
+                e.add_note(f"(raised by {what})")
+            raise
+        except (KeyboardInterrupt, asyncio.CancelledError):
             raise
         except BaseException as e:  # SystemExit & co.: inside a task they would stop the loop and the process
             raise PluginExit(f"{type(e).__name__}: {e}") from e
@@ -221,6 +239,57 @@ async def call_plugin_with_deadline(
             "its result is discarded"
         )
     return result
+
+
+def call_plugin_with_deadline_sync(
+    fn: Callable[..., Any], *args: Any, what: str, deadline_s: float, flag: str, warn_every_s: float, **kwargs: Any
+) -> Any:
+    """`call_plugin_with_deadline` for synchronous callers (the rollout manager's thread), on the rollout loop.
+
+    The plugin runs in a daemon thread (an `async def` one on the rollout loop), so a plugin that itself calls
+    `async_utils.run` (the default rollout function does) still finds the loop free. Past the deadline its thread is
+    abandoned, and work it handed to the loop goes on until the process ends: the caller is expected to fail the run.
+
+    Args:
+        fn: the plugin.
+        *args: its positional arguments.
+        what: names the plugin (its flag and import path) and the rollout in messages.
+        deadline_s: seconds the call may take.
+        flag: the flag that sets the deadline.
+        warn_every_s: seconds between "still running" warnings.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        What the plugin returned.
+
+    Raises:
+        DeadlineExceeded: the call ran past `deadline_s`.
+        PluginExit: the plugin raised `SystemExit` or another non-`Exception` `BaseException`.
+        RuntimeError: called from the rollout loop's own thread (await `call_plugin_with_deadline` there).
+        Exception: what the plugin raised.
+    """
+    bounds = {"what": what, "deadline_s": deadline_s, "flag": flag, "warn_every_s": warn_every_s}
+    return async_utils.run(call_plugin_with_deadline(fn, *args, **bounds, **kwargs))
+
+
+def rollout_function_bounds(args: Any) -> dict[str, Any]:
+    """The deadline of one `--rollout-function-path`/`--eval-function-path` call (`--rollout-timeout-secs`).
+
+    A whole rollout runs for minutes as a matter of course, so its "still running" warnings come at each quarter
+    of the deadline (never more often than `--slow-call-warning-secs`), not every `--slow-call-warning-secs`.
+
+    Args:
+        args: the run's config or plugin view; reads `rollout_timeout_secs`, `slow_call_warning_secs`.
+
+    Returns:
+        `call_plugin_with_deadline`'s `deadline_s`, `flag` and `warn_every_s`.
+    """
+    deadline_s = args.rollout_timeout_secs
+    return {
+        "deadline_s": deadline_s,
+        "flag": "--rollout-timeout-secs",
+        "warn_every_s": max(deadline_s / 4, args.slow_call_warning_secs),
+    }
 
 
 def plugin_bounds(args: Any) -> dict[str, Any]:

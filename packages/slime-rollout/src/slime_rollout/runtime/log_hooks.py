@@ -10,6 +10,9 @@ Signatures (as in the original slime)::
 reported). The function may add or change entries in place. Returning True skips the default logging: then
 only the entries the function added or changed are logged (the original logs nothing and leaves logging to the
 function; here the metrics sink lives in the driver process, so additions are the way to log).
+
+Each call runs in a worker thread under `--plugin-timeout-secs` (`slime_rollout.runtime.deadlines`): a logger stuck
+on a network write fails the rollout with its flag and path named instead of stalling it with no word.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
+from slime_rollout.runtime.deadlines import call_plugin_with_deadline_sync, plugin_bounds
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -30,7 +34,12 @@ __all__ = ["apply_eval_log_function", "apply_rollout_log_function"]
 
 
 def _run(
-    path: str | None, flag: str, metrics: dict[str, Any] | None, call: Callable[[Callable, dict[str, Any]], Any]
+    args: SlimeArgs,
+    rollout_id: int,
+    path: str | None,
+    flag: str,
+    metrics: dict[str, Any] | None,
+    call: Callable[[Callable, dict[str, Any]], Any],
 ) -> dict[str, Any] | None:
     """Calls the hook at `path` (named by `flag`) through `call(fn, metrics)`; returns the metrics to log."""
     if not path:
@@ -38,7 +47,8 @@ def _run(
     fn = load_function(path, flag=flag)
     metrics = dict(metrics or {})
     before = dict(metrics)
-    if not call(fn, metrics):
+    what = f"{flag} {path} (rollout {rollout_id})"
+    if not call_plugin_with_deadline_sync(call, fn, metrics, what=what, **plugin_bounds(args)):
         return metrics
     return {k: v for k, v in metrics.items() if k not in before or before[k] != v}
 
@@ -62,8 +72,11 @@ def apply_rollout_log_function(
 
     Raises:
         slime_core.plugins.PluginError: the function cannot be imported.
+        DeadlineExceeded: it ran past `--plugin-timeout-secs` (the message names its flag, path and the rollout).
     """
     return _run(
+        args,
+        rollout_id,
         args.custom_rollout_log_function_path,
         "--custom-rollout-log-function-path",
         metrics,
@@ -88,8 +101,11 @@ def apply_eval_log_function(
 
     Raises:
         slime_core.plugins.PluginError: the function cannot be imported.
+        DeadlineExceeded: it ran past `--plugin-timeout-secs` (the message names its flag, path and the rollout).
     """
     return _run(
+        args,
+        rollout_id,
         args.custom_eval_rollout_log_function_path,
         "--custom-eval-rollout-log-function-path",
         metrics,

@@ -1,0 +1,115 @@
+"""The driver's one-line failures: a save that could not be written, a run ended by an engine failure.
+
+A full disk during a save ended the run in a 60-line traceback whose last line was torch's zip writer
+(`unexpected pos 704 vs 598`), naming neither `--save` nor the disk; an engine killed mid-rollout ended it in a
+150-line traceback of the rollout manager's task. Both reach the driver wrapped by Ray (and by DCP's per-rank
+collection); `root_cause` unwraps them and the messages here say what failed, where, and what to do: for a save,
+the underlying error, the free space left there and the last complete checkpoint, which the atomic save
+(`slime_core.dir_swap`) left intact.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+import ray.exceptions
+
+from slime_core.config import SlimeArgs
+from slime_rollout.engines.transport import EngineError
+
+__all__ = ["SaveFailed", "engine_failure", "root_cause", "save_failed"]
+
+TRACKER = "latest_checkpointed_iteration.txt"  # the tracker file of FSDP and Megatron checkpoints
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint or HF export could not be written; the message is the one line to show."""
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The error underneath Ray's task wrapper, DCP's per-rank collection and explicit `raise ... from` chains."""
+    seen: set[int] = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, BaseException):
+            error = error.cause
+            continue
+        failures = getattr(error, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict) and failures:
+            first = next(iter(failures.values()))
+            if isinstance(first, tuple) and first and isinstance(first[0], BaseException):
+                error = first[0]
+                continue
+        if error.__cause__ is not None:
+            error = error.__cause__
+            continue
+        break
+    return error
+
+
+def _free_space(path: pathlib.Path) -> str:
+    """`"12.3 GiB free there"` for the filesystem holding `path` (its nearest existing ancestor)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = float(shutil.disk_usage(probe).free)
+    except OSError:
+        return "free space unknown"
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while free >= 1024 and i < len(units) - 1:
+        free /= 1024
+        i += 1
+    return f"{free:.0f} B free there" if i == 0 else f"{free:.1f} {units[i]} free there"
+
+
+def _last_checkpoint(save: pathlib.Path) -> str:
+    try:
+        step = (save / TRACKER).read_text().strip()
+    except OSError:
+        return "no complete checkpoint there yet"
+    return f"the last complete checkpoint there (iteration {step}) is intact: resume with --load {save}"
+
+
+def save_failed(what: str, flag: str, path: str | os.PathLike[str], error: BaseException) -> SaveFailed:
+    """The one-line error of a failed save.
+
+    Args:
+        what: what was being saved, e.g. `"the checkpoint of rollout 3"`.
+        flag: `--save` or `--save-hf`.
+        path: where it was going.
+        error: what the save raised (a Ray task error wrapping the rank's error, possibly DCP's collection).
+
+    Returns:
+        `SaveFailed`, e.g. `saving the checkpoint of rollout 0 to --save /ckpt failed: RuntimeError: [enforce fail
+        at inline_container.cc:672] . unexpected pos 704 vs 598 (0 B free there); no complete checkpoint there yet`.
+    """
+    cause = root_cause(error)
+    text = " ".join(str(cause).split()) or "(no message)"
+    folder = pathlib.Path(path)
+    line = f"saving {what} to {flag} {folder} failed: {type(cause).__name__}: {text[:300]} ({_free_space(folder)})"
+    if flag == "--save":
+        line += f"; {_last_checkpoint(folder)}"
+    return SaveFailed(line)
+
+
+def engine_failure(error: BaseException, cfg: SlimeArgs) -> str | None:
+    """The one line for a run ended by an engine that died or stopped answering, or None for other errors.
+
+    An engine killed mid-rollout (without `--use-fault-tolerance`) ended the run in a 150-line traceback of the
+    rollout manager's task; what the user needs is which engine, what the client saw, and what to do.
+
+    Args:
+        error: what the driver caught (Ray's task error around the rollout manager's `EngineError`).
+        cfg: reads `use_fault_tolerance` and `save`, for the advice.
+    """
+    cause = root_cause(error)
+    if not isinstance(cause, EngineError):
+        return None
+    advice = [] if cfg.use_fault_tolerance else ["--use-fault-tolerance restarts an engine that dies"]
+    if cfg.save:
+        advice.append(f"resume from the last checkpoint with --load {cfg.save}")
+    return f"{cause}" + (f" ({'; '.join(advice)})" if advice else "")

@@ -1,0 +1,62 @@
+"""Where the run writes (`--output-dir`, `--save`, `--save-hf`): created and probed before the run starts.
+
+A `--save` the run cannot write (a read-only mount, a path under a file) was found only at the first save, after the
+engines started and a whole rollout trained. `check_writable` creates each output folder and writes one probe file
+there before anything starts; a failed save later is one line (`slime_app.failures.save_failed`).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import tempfile
+from collections.abc import Iterator
+
+from slime_core.config import SlimeArgs
+
+__all__ = ["check_writable", "output_dirs"]
+
+
+def _fixed_folder(template: str) -> pathlib.Path:
+    """The deepest folder of a path template that no `{field}` changes.
+
+    `runs/dumps/rollout_{rollout_id}.pt` -> `runs/dumps`; `runs/hf/{rollout_id}` -> `runs/hf`.
+    """
+    folder = pathlib.Path(template).parent
+    while "{" in str(folder) and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
+    """(flag, folder) of every place the run writes into.
+
+    `--output-dir`, `--save`, `--tensorboard-dir`, and for the path templates (`--save-hf`,
+    `--save-debug-rollout-data`) the deepest folder no `{field}` of theirs changes.
+    """
+    yield "--output-dir", pathlib.Path(cfg.output_dir)
+    if cfg.save:
+        yield "--save", pathlib.Path(cfg.save)
+    if cfg.tensorboard_dir:
+        yield "--tensorboard-dir", pathlib.Path(cfg.tensorboard_dir)
+    for flag, template in (("--save-hf", cfg.save_hf), ("--save-debug-rollout-data", cfg.save_debug_rollout_data)):
+        if template:
+            yield flag, _fixed_folder(template)
+
+
+def check_writable(cfg: SlimeArgs) -> None:
+    """Creates each output folder and writes and removes one probe file in it.
+
+    Args:
+        cfg: reads the flags `output_dirs` lists.
+
+    Raises:
+        OSError: a folder cannot be created or written (the message names the flag and the folder); the
+            driver prints it as one line before anything starts.
+    """
+    for flag, folder in output_dirs(cfg):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".slime-write-check-"):
+                pass
+        except OSError as e:
+            raise OSError(f"{flag} {folder} is not writable: {e.strerror or e}") from e

@@ -1,0 +1,120 @@
+"""The driver's one-line failures (`slime_app.failures`): a failed save, an engine that died mid-rollout.
+
+Found by fault injection: a demo run with `--save` on a 2 MiB tmpfs ended after its first rollout in a 60-line
+traceback whose last line was `RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598`
+(exit 1); an engine killed with SIGKILL during rollout 3 ended it in a 150-line traceback of the rollout manager.
+"""
+
+import errno
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+import ray.exceptions
+from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+from slime_app import loop
+from slime_app.failures import SaveFailed, engine_failure, root_cause, save_failed
+from slime_core.config import SlimeArgs
+from slime_rollout.engines.transport import EngineError
+
+BASE = {"rollout_batch_size": 1, "num_rollout": 1}
+
+
+def _cfg(tmp_path, **fields) -> SlimeArgs:
+    return SlimeArgs.from_dict({**BASE, "output_dir": str(tmp_path / "out"), **fields})
+
+
+def _disk_full_from_rank_0() -> BaseException:
+    """What the driver gets when rank 0's DCP write meets a full disk: Ray's task error around DCP's collection."""
+    full = OSError(errno.ENOSPC, "No space left on device")
+    collected = CheckpointException("write", {0: _wrap_exception(full)})
+    return ray.exceptions.RayTaskError("TrainActor.save", "Traceback ...", collected).as_instanceof_cause()
+
+
+def test_root_cause_sees_through_ray_and_dcp():
+    cause = root_cause(_disk_full_from_rank_0())
+    assert isinstance(cause, OSError) and cause.errno == errno.ENOSPC
+    plain = ValueError("x")
+    assert root_cause(plain) is plain
+
+
+def test_a_failed_save_is_one_line_naming_the_flag_the_cause_and_the_last_checkpoint(tmp_path):
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    (save / "latest_checkpointed_iteration.txt").write_text("3\n")
+    line = str(save_failed("the checkpoint of rollout 4", "--save", save, _disk_full_from_rank_0()))
+    assert re.fullmatch(
+        rf"saving the checkpoint of rollout 4 to --save {re.escape(str(save))} failed: OSError: \[Errno 28\] No space "
+        rf"left on device \([0-9.]+ (B|KiB|MiB|GiB|TiB) free there\); the last complete checkpoint there \(iteration "
+        rf"3\) is intact: resume with --load {re.escape(str(save))}",
+        line,
+    ), line
+    fresh = save_failed("the checkpoint of rollout 0", "--save", tmp_path / "new" / "ckpt", RuntimeError("boom"))
+    assert re.search(r"failed: RuntimeError: boom \([0-9.]+ \w+ free there\); no complete checkpoint there yet$",
+                     str(fresh))  # fmt: skip
+    hf = save_failed("the HF export of rollout 2", "--save-hf", tmp_path / "hf" / "2", RuntimeError("boom"))
+    assert "checkpoint there" not in str(hf) and str(hf).startswith("saving the HF export of rollout 2 to --save-hf ")
+
+
+def test_run_save_raises_save_failed_from_the_trainers_error(tmp_path, monkeypatch):
+    save = tmp_path / "ckpt"
+
+    class Trainer:
+        def save(self, rollout_id):
+            raise _disk_full_from_rank_0()
+
+    manager = types.SimpleNamespace(save=types.SimpleNamespace(remote=lambda rollout_id: ("cursor", rollout_id)))
+    run = types.SimpleNamespace(cfg=_cfg(tmp_path, save=str(save)), manager=manager, trainer=Trainer())
+    monkeypatch.setattr(loop.ray, "get", lambda ref: ref)
+    with pytest.raises(SaveFailed, match=r"^saving the checkpoint of rollout 7 to --save .* No space left on device"):
+        loop.Run.save(run, 7)
+
+
+def test_the_save_failure_reaches_the_cli_as_exit_5(tmp_path):
+    # The real CLI with a Run whose save fails as a full disk makes it: one line, exit 5, no traceback.
+    script = f"""
+import sys
+from slime_app import failures, loop
+class Run:
+    def __init__(self, cfg):
+        self.cfg = cfg
+    def run(self):
+        raise failures.save_failed("the checkpoint of rollout 0", "--save", {str(tmp_path / "ckpt")!r},
+                                  OSError(28, "No space left on device"))
+    def close(self):
+        print("closed", flush=True)
+loop.Run = Run
+from slime_app.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+    argv = ["--rollout-batch-size", "1", "--num-rollout", "1", "--output-dir", str(tmp_path / "out"),
+            "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"]  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    assert out.returncode == 5, out.stderr[-3000:]
+    assert out.stdout == "closed\n"
+    assert out.stderr.splitlines()[-1].startswith(
+        f"slime: error: saving the checkpoint of rollout 0 to --save {tmp_path / 'ckpt'} failed: OSError: [Errno 28] "
+    )
+    assert "Traceback" not in out.stderr
+
+
+def _engine_died() -> BaseException:
+    died = EngineError("http://10.0.0.5:15000", "/generate", "unreachable after 9 attempts: ClientConnectorError: "
+                       "Cannot connect to host 10.0.0.5:15000", unreachable=True)  # fmt: skip
+    return ray.exceptions.RayTaskError("RolloutManager.generate", "Traceback ...", died).as_instanceof_cause()
+
+
+def test_an_engine_failure_is_one_line_with_what_to_do(tmp_path):
+    line = engine_failure(_engine_died(), _cfg(tmp_path, save=str(tmp_path / "ckpt")))
+    assert line == (
+        "engine http://10.0.0.5:15000/generate failed: unreachable after 9 attempts: ClientConnectorError: Cannot "
+        f"connect to host 10.0.0.5:15000 (--use-fault-tolerance restarts an engine that dies; resume from the last "
+        f"checkpoint with --load {tmp_path / 'ckpt'})"
+    )
+    assert engine_failure(_engine_died(), _cfg(tmp_path, use_fault_tolerance=True)).endswith(":15000")
+    assert engine_failure(ValueError("a bug"), _cfg(tmp_path)) is None  # other errors keep their traceback

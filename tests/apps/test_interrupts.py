@@ -1,0 +1,142 @@
+"""SIGTERM and SIGINT end the driver cleanly (issue 27 follow-up; `slime_app.interrupts`).
+
+A SIGTERM to `uv run apps/train` printed Ray's C++ stack ("*** SIGTERM received ***", `logging.cc`) and exited 15
+or 134. Now: one line naming the signal, the run torn down (engines, actors, Ray, the TensorBoard writer flushed),
+exit status 128 + the signal's number. The first tests drive the handler in a small program (no Ray); the last one
+runs the real demo under Ray and signals it once its second rollout has started.
+"""
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# A driver in miniature: the handler installed, a "run" that waits until interrupted, then a "teardown" that waits
+# for the test's go (stdin) so that signals can be sent while it runs.
+PROGRAM = r"""
+import sys, time
+from slime_app import interrupts
+interrupts.install()
+try:
+    print("running", flush=True)
+    while True:
+        time.sleep(0.05)
+except KeyboardInterrupt:
+    print(interrupts.interrupted_line(), flush=True)
+    print("tearing down", flush=True)
+    sys.stdin.readline()  # a signal sent before the go interrupts this read: its handler has run by the next line
+    print(f"teardown done after {len(interrupts._received)} signal(s)", flush=True)
+    sys.exit(interrupts.exit_status())
+"""
+
+
+def _start(program: str = PROGRAM) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stdout.readline() == "running\n"
+    return proc
+
+
+def _wait_for(proc: subprocess.Popen, line: str) -> None:
+    got = proc.stdout.readline()
+    assert got == line, f"expected {line!r}, got {got!r}; stderr: {proc.stderr.read()}"
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_interrupts_the_run_and_the_teardown_runs(sig, status):
+    proc = _start()
+    proc.send_signal(sig)
+    _wait_for(proc, f"slime: interrupted by {sig.name}, shutting down\n")
+    _wait_for(proc, "tearing down\n")
+    out, err = proc.communicate("go\n", timeout=60)
+    assert (proc.returncode, out, err) == (status, "teardown done after 1 signal(s)\n", "")
+
+
+def test_the_copy_uv_forwards_is_ignored_and_another_signal_exits_at_once():
+    proc = _start()
+    proc.send_signal(signal.SIGINT)
+    _wait_for(proc, "slime: interrupted by SIGINT, shutting down\n")
+    _wait_for(proc, "tearing down\n")
+    proc.send_signal(signal.SIGINT)  # what `uv run` forwards of one Ctrl-C: the teardown goes on
+    proc.send_signal(signal.SIGTERM)  # a second request: out at once, with the first signal's status
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and out == ""
+    assert err == "slime: SIGTERM during the shutdown: exiting at once (the reaper stops what is left)\n"
+
+
+def test_the_ignored_copy_leaves_the_teardown_to_finish():
+    proc = _start()
+    proc.send_signal(signal.SIGTERM)
+    _wait_for(proc, "slime: interrupted by SIGTERM, shutting down\n")
+    _wait_for(proc, "tearing down\n")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate("go\n", timeout=60)
+    assert (proc.returncode, out, err) == (143, "teardown done after 2 signal(s)\n", "")
+
+
+def test_reclaim_takes_the_signals_back_only_after_install():
+    program = r"""
+import signal
+from slime_app import interrupts
+def other(signum, frame):
+    pass
+signal.signal(signal.SIGTERM, other)
+interrupts.reclaim()  # not installed: a library caller of init_ray keeps its handlers
+print(signal.getsignal(signal.SIGTERM) is other)
+interrupts.install()
+signal.signal(signal.SIGTERM, other)  # what ray.init does
+interrupts.reclaim()
+print([signal.getsignal(s) is interrupts._handler for s in (signal.SIGTERM, signal.SIGINT)])
+"""
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout == "True\n[True, True]\n"
+
+
+# ---- the real driver under Ray --------------------------------------------------------------------------------------
+
+RAY_STACK = re.compile(r"SIGTERM received|logging\.cc|core dumped|Traceback|\(unknown\)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_demo_driver_stops_cleanly_on_a_signal(tmp_path, tb_scalars, sig):
+    from slime_app.demo import default_demo_argv
+
+    argv = [sys.executable, str(REPO / "apps" / "train"), *default_demo_argv(tmp_path / "run"), "--num-rollout", "50"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "rollout 2: started" in line:  # a known phase: two steps logged, engines and trainer up
+            break
+    else:
+        pytest.fail("the demo ended before its third rollout:\n" + "".join(lines[-30:]))
+    proc.send_signal(sig)
+    rest = proc.stdout.read()
+    status = proc.wait(timeout=300)
+    output = "".join(lines) + rest
+    assert status == 128 + sig, rest[-3000:]
+    assert rest.count(f"slime: interrupted by {sig.name}, shutting down\n") == 1
+    assert not RAY_STACK.search(rest), rest[-3000:]
+    # The engines were stopped with the run (not left to the reaper: the driver exited normally).
+    engine_pids = [int(p) for p in re.findall(r"started engine pid (\d+)", output)]
+    assert engine_pids and not any(os.path.exists(f"/proc/{pid}") for pid in engine_pids)
+    # The metrics of the finished rollouts reached TensorBoard (the writer was flushed and closed).
+    assert set(tb_scalars(tmp_path / "run" / "tensorboard", "rollout/raw_reward")) >= {0, 1}
+
+
+def test_main_puts_the_handlers_back_for_a_program_that_calls_it():
+    from slime_app.cli import main
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    assert main(["--no-such-flag"]) == 2  # in this process: pytest's own Ctrl-C handling must survive it
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -1,0 +1,85 @@
+"""Where the run writes (`slime_app.outputs`): unwritable folders fail in one line before anything starts.
+
+Found by fault injection: with `--save` on a read-only mount the demo failed only at its first save, after the
+engines started and a rollout trained.
+"""
+
+import errno
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from slime_app.outputs import check_writable, output_dirs
+from slime_core.config import SlimeArgs
+
+BASE = {"rollout_batch_size": 1, "num_rollout": 1}
+
+
+def _cfg(tmp_path, **fields) -> SlimeArgs:
+    return SlimeArgs.from_dict({**BASE, "output_dir": str(tmp_path / "out"), **fields})
+
+
+def test_every_output_folder_is_created_and_probed(tmp_path):
+    cfg = _cfg(tmp_path, save=str(tmp_path / "ckpt"), save_hf=str(tmp_path / "hf" / "iter_{rollout_id}"))
+    assert [(flag, str(path)) for flag, path in output_dirs(cfg)] == [
+        ("--output-dir", str(tmp_path / "out")),
+        ("--save", str(tmp_path / "ckpt")),
+        ("--save-hf", str(tmp_path / "hf")),
+    ]
+    check_writable(cfg)
+    for folder in ("out", "ckpt", "hf"):
+        assert os.listdir(tmp_path / folder) == []  # created, and the probe file removed
+
+
+def test_a_folder_under_a_file_names_its_flag(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(OSError, match=rf"^--save {re.escape(str(tmp_path / 'a-file' / 'ckpt'))} is not writable: "):
+        check_writable(_cfg(tmp_path, save=str(tmp_path / "a-file" / "ckpt")))
+
+
+def test_a_read_only_folder_names_its_flag(tmp_path, monkeypatch):
+    # Root ignores file modes; the probe's open failing as on a read-only mount stands in for one.
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.NamedTemporaryFile", read_only)
+    hf = tmp_path / "hf" / "{rollout_id}"
+    with pytest.raises(OSError, match=r"^--output-dir .* is not writable: Read-only file system$"):
+        check_writable(_cfg(tmp_path, save_hf=str(hf)))
+
+
+def test_the_cli_refuses_an_unwritable_save_before_ray_starts(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    from slime_app.demo import default_demo_argv
+
+    argv = [*default_demo_argv(tmp_path / "run"), "--save", str(tmp_path / "a-file" / "ckpt")]
+    script = "import sys, ray\nray.init = None  # any start of Ray fails the test\nfrom slime_app.cli import main\n"
+    script += "sys.exit(main(sys.argv[1:]))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.splitlines()[-1] == (
+        f"slime: error: --save {tmp_path / 'a-file' / 'ckpt'} is not writable: Not a directory"
+    )
+    assert "Traceback" not in out.stderr
+
+
+def test_templates_give_the_folder_no_field_changes(tmp_path):
+    cfg = _cfg(
+        tmp_path,
+        save_hf="exports/{rollout_id}",
+        save_debug_rollout_data=str(tmp_path / "dumps_{rollout_id}" / "rollout.pt"),
+        tensorboard_dir=str(tmp_path / "tb"),
+    )
+    assert dict(output_dirs(cfg)) == {
+        "--output-dir": tmp_path / "out",
+        "--tensorboard-dir": tmp_path / "tb",
+        "--save-hf": pathlib.Path("exports"),
+        "--save-debug-rollout-data": tmp_path,
+    }

@@ -1,0 +1,98 @@
+"""Resuming from a damaged `--load` (fault injection): one line naming what is wrong and the iteration to resume from.
+
+Found with the demo's own checkpoints: an emptied tracker file (`latest_checkpointed_iteration.txt`, as a crash
+before the data reached the disk leaves it) and a tracker naming an iteration that is not there were both refused as
+"an unknown checkpoint ... point --load at a --save directory of this backend", and `--ckpt-step` could not get
+round it (the check read only the tracker); a truncated shard ended in a rank's traceback (exit 1).
+"""
+
+import types
+
+import pytest
+import ray.exceptions
+
+from slime_app import loop
+from slime_app.checkpoints import check_checkpoints, complete_iterations
+from slime_app.guards import StartRefused
+from slime_core.config import parse_args
+
+
+@pytest.fixture
+def save(tmp_path):
+    """A --save directory of FSDP checkpoints 1 and 2 (the tracker names 2), a staging left-over of 3."""
+    root = tmp_path / "save"
+    for step in (1, 2):
+        (root / f"iter_{step:07d}").mkdir(parents=True)
+        (root / f"iter_{step:07d}" / "meta.json").write_text("{}")
+    (root / "iter_0000003.tmp").mkdir()  # a save that was cut short: never a complete checkpoint
+    (root / "iter_0000003.tmp" / "meta.json").write_text("{}")
+    (root / "latest_checkpointed_iteration.txt").write_text("2")
+    return root
+
+
+def _cfg(save, *extra):
+    return parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", "fsdp", "--load",
+                       str(save), *extra])  # fmt: skip
+
+
+def test_complete_iterations_leave_out_staging_and_unfinished_folders(save):
+    (save / "iter_0000004").mkdir()  # no meta.json
+    assert complete_iterations(save) == [1, 2]
+    assert complete_iterations(save / "nope") == []
+
+
+def test_an_emptied_tracker_names_the_file_and_the_step_to_resume_from(save):
+    (save / "latest_checkpointed_iteration.txt").write_text("")
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(save))
+    assert str(e.value) == (
+        f"--load {save}: latest_checkpointed_iteration.txt is empty (a partial copy, or a crash before the last save "
+        "reached the disk); complete checkpoints there: iterations 1, 2; resume from one with --ckpt-step 2"
+    )
+
+
+def test_a_tracker_naming_a_missing_iteration_is_named(save):
+    (save / "latest_checkpointed_iteration.txt").write_text("7")
+    with pytest.raises(ValueError, match=r"latest_checkpointed_iteration.txt names '7', which is not an iteration "
+                                         r"folder there .*--ckpt-step 2$"):  # fmt: skip
+        check_checkpoints(_cfg(save))
+
+
+def test_ckpt_step_gets_round_a_damaged_tracker(save):
+    (save / "latest_checkpointed_iteration.txt").write_text("")
+    assert check_checkpoints(_cfg(save, "--ckpt-step", "1")) == [f"--load {save}: fsdp checkpoint, the run resumes "
+                                                                  "from it"]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", ["3", "9"])
+def test_ckpt_step_of_an_incomplete_or_missing_iteration_is_refused(save, step):
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(save, "--ckpt-step", step))
+    assert str(e.value) == (
+        f"--ckpt-step {step}: --load {save} has no complete iter_000000{step}; complete checkpoints there: "
+        "iterations 1, 2; resume from one with --ckpt-step 2"
+    )
+
+
+def test_a_rank_refusing_its_checkpoint_stops_the_start_in_one_line(save, monkeypatch):
+    message = f"--load {save}: iter_0000002 cannot be read (EOFError); it was damaged after it was written"
+
+    class Trainer:
+        def preload(self, cfg):
+            pass
+
+        def init(self, cfg):  # what the driver gets from rank 0: Ray's task error around the rank's ValueError
+            raise ray.exceptions.RayTaskError(
+                "TrainActor.init", "Traceback ...", ValueError(message)
+            ).as_instanceof_cause()
+
+    manager = types.SimpleNamespace(start=types.SimpleNamespace(remote=lambda: []))
+    monkeypatch.setattr(loop, "RolloutManager", types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(
+        remote=lambda cfg, placement: manager)))  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: Trainer())
+    monkeypatch.setattr(loop.ray, "get", lambda ref: ref)
+    run = loop.Run.__new__(loop.Run)  # the parts build() reads; no Ray, engines or ranks
+    run.cfg, run.placement, run.trainer = _cfg(save), None, None
+    with pytest.raises(StartRefused) as e:  # was: the rank's traceback, exit 1
+        run.build()
+    assert str(e.value) == message
