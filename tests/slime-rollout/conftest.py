@@ -2,17 +2,29 @@
 
 `tiny_qwen3_dir` is a session-wide HF directory (2 layers, hidden 64, real Qwen3 tokenizer and vocab);
 `reference_engine` is one CPU reference engine subprocess on a free port, shared by the session.
+
+`_rollout_fakes.py` (the rollout loop's test doubles) is importable as module `slime_rollout_fakes`: registered
+here, before any test module is imported (pytest runs with `--import-mode=importlib`, so this folder is not on
+`sys.path`); its functions are also plugin paths the rollout imports by name.
 """
 
+import importlib.util
 import os
 import pathlib
 import random
 import shutil
+import sys
 import tempfile
 
 import pytest
 
 from slime_core.config import SlimeArgs
+
+_FAKES = importlib.util.spec_from_file_location(
+    "slime_rollout_fakes", pathlib.Path(__file__).with_name("_rollout_fakes.py")
+)
+sys.modules[_FAKES.name] = importlib.util.module_from_spec(_FAKES)
+_FAKES.loader.exec_module(sys.modules[_FAKES.name])
 
 # A random port range per session: concurrent test sessions would otherwise race for 15000.
 ENGINE_BASE_PORT = random.Random(os.getpid()).randrange(20000, 40000, 100)
@@ -128,3 +140,15 @@ def threaded_http_server():
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=30)
     loop.close()
+
+
+@pytest.fixture
+def use_client(monkeypatch):
+    """`use_client(client) -> client`: the default generate function talks to `client` (e.g. `FakeClient`)."""
+    from slime_rollout.generation import generate as generate_mod
+
+    def install(client):
+        monkeypatch.setattr(generate_mod, "get_client", lambda args: client)
+        return client
+
+    return install

@@ -1,0 +1,220 @@
+"""Plugins the rollout loop calls (filters, hooks, data sources, generate functions): deadlines, verdicts and errors
+that name the plugin (issue 27)."""
+
+import asyncio
+import gc
+import re
+import time
+
+import pytest
+from slime_rollout_fakes import FakeClient, ListDataSource
+from slime_rollout_fakes import rollout_args as _args
+
+from slime_core.protocols import DynamicFilterOutput
+from slime_core.sample import Status
+from slime_rollout.generation.rollout import generate_rollout_async
+from slime_rollout.runtime.deadlines import DeadlineExceeded
+
+A, B = ord("A"), ord("B")
+
+
+# Issue 27 #12, fifth hostile pass: the dynamic-sampling filter, --rollout-sample-filter-path and
+# --rollout-all-samples-process-path were called on the event loop with no deadline, so one that never returned
+# froze the rollout with no word; a filter verdict's __bool__ is the plugin's code too. The slow plugins sleep 5 s,
+# far past the 0.6 s deadline, so the old code fails these tests instead of hanging them.
+
+
+class SlowTruth:
+    def __bool__(self):
+        time.sleep(5)
+        return True
+
+
+def slow_filter(args, samples):
+    time.sleep(5)
+    return True
+
+
+def slow_verdict_filter(args, samples):
+    return DynamicFilterOutput(keep=SlowTruth())
+
+
+def truthy_verdict_filter(args, samples):
+    return DynamicFilterOutput(keep=1, reason=None)
+
+
+def slow_sample_filter(args, data):
+    time.sleep(5)
+
+
+def slow_all_samples_process(args, all_groups, data_source):
+    time.sleep(5)
+
+
+def _bounded(**kw):
+    return _args(plugin_timeout_secs=0.6, slow_call_warning_secs=0.2, **kw)
+
+
+@pytest.mark.parametrize(
+    ("flag", "fn"),
+    [
+        ("dynamic_sampling_filter_path", "slow_filter"),
+        ("dynamic_sampling_filter_path", "slow_verdict_filter"),
+        ("rollout_sample_filter_path", "slow_sample_filter"),
+        ("rollout_all_samples_process_path", "slow_all_samples_process"),
+    ],
+)
+async def test_a_rollout_plugin_that_never_returns_fails_at_its_deadline_naming_it(use_client, flag, fn):
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    path = f"{__name__}.{fn}"
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as e:  # was: the loop blocked 5 s, then the rollout went on
+        await generate_rollout_async(_bounded(**{flag: path}), 0, ListDataSource(n=2))
+    assert time.monotonic() - start < 4.0
+    message = str(e.value)
+    assert message.startswith(f"--{flag.replace('_', '-')} {path} ") and "(--plugin-timeout-secs)" in message
+
+
+async def test_a_filter_verdict_is_read_into_a_plain_bool(use_client):
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    path = f"{__name__}.truthy_verdict_filter"
+    out, _ = await generate_rollout_async(_bounded(dynamic_sampling_filter_path=path), 0, ListDataSource(n=2))
+    assert len(out.samples) == 2
+
+
+class SlowFloat(float):
+    def __float__(self):
+        time.sleep(5)
+        return 1.0
+
+
+async def generate_with_slow_reward(args, sample, sampling_params):
+    sample.response, sample.status, sample.reward = "x", Status.COMPLETED, SlowFloat(1.0)
+    return sample
+
+
+async def test_a_reward_set_by_a_generate_function_is_read_under_the_reward_deadline(use_client):
+    from slime_rollout.rewards.checks import RewardFunctionError
+
+    use_client(FakeClient({}))
+    path = f"{__name__}.generate_with_slow_reward"
+    args = _args(custom_generate_function_path=path, rollout_batch_size=1, rm_timeout_secs=0.6)
+    start = time.monotonic()
+    with pytest.raises(RewardFunctionError) as e:  # was: the metrics' float() froze the loop for 5 s
+        await generate_rollout_async(args, 0, ListDataSource(n=2))
+    assert time.monotonic() - start < 4.0
+    assert str(e.value).startswith(f"reading the reward that generate function {path} (or a sample hook) set on")
+    assert "did not finish within 0.6 s (--rm-timeout-secs)" in str(e.value)
+
+
+class SlowDataSource(ListDataSource):
+    def get_samples(self, num_groups):
+        time.sleep(5)
+        return super().get_samples(num_groups)
+
+
+async def test_a_data_source_that_never_returns_fails_at_the_plugin_deadline(use_client):
+    # Fifth hostile pass on issue 27 (item 12): get_samples (a --data-source-path class, a --buffer-filter-path)
+    # ran on the event loop with no deadline.
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match=r"^SlowDataSource\.get_samples\(2\) \(rollout 0\) did not finish within "
+                       r"0\.6 s \(--plugin-timeout-secs\)"):  # fmt: skip
+        await generate_rollout_async(_bounded(), 0, SlowDataSource(n=2))
+    assert time.monotonic() - start < 4.0
+
+
+class FlatSource(ListDataSource):
+    def get_samples(self, num_groups):
+        return [s for group in super().get_samples(num_groups) for s in group]  # samples, not groups
+
+
+class HangingSource(ListDataSource):
+    def get_samples(self, num_groups):
+        time.sleep(5)
+        return super().get_samples(num_groups)
+
+
+async def test_a_data_source_returning_samples_or_wrong_groups_is_named_before_generating(use_client):
+    # Issue 27, item 12: a flat list failed as "'Sample' object is not iterable" inside a generate task; a group
+    # of another size was generated first and refused after.
+    client = use_client(FakeClient({}))
+    with pytest.raises(TypeError, match=r"^FlatSource\.get_samples\(1\) \(rollout 0\): group 0 is Sample .*not a list"):
+        await generate_rollout_async(_args(rollout_batch_size=1), 0, FlatSource(n=2))
+    with pytest.raises(ValueError, match=r"ListDataSource\.get_samples\(1\) \(rollout 0\): group 0 has 3 samples, "
+                       r"expected 2 \(--n-samples-per-prompt\)"):  # fmt: skip
+        await generate_rollout_async(_args(rollout_batch_size=1), 0, ListDataSource(n=3))
+    assert client.payloads == []
+
+
+async def test_the_fully_async_producer_bounds_a_hanging_data_source(use_client):
+    from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
+
+    # It called get_samples on the event loop: a data source that hung froze the producer with no word.
+    use_client(FakeClient({}))
+    producer = FullyAsyncProducer(_bounded(rollout_batch_size=1), HangingSource(n=2), restored=[], version=0)
+    start = time.monotonic()
+    producer.start()
+    with pytest.raises(RuntimeError, match=r"HangingSource\.get_samples\(1\) \(fully-async producer\) did not finish "
+                       r"within 0\.6 s \(--plugin-timeout-secs\)") as e:  # fmt: skip
+        await producer.take(0, 1, None)
+    assert isinstance(e.value.__cause__, DeadlineExceeded)
+    assert time.monotonic() - start < 4.0
+    await producer.stop()
+
+
+# ---- an engine that dies mid-rollout (fault injection) ---------------------------------------------------------------
+
+from slime_rollout.engines.transport import EngineError  # noqa: E402
+
+
+class DyingEngineClient(FakeClient):
+    """Prompt 1's requests fail as a killed engine's do; the others hang until cancelled; the abort cannot reach it."""
+
+    def __init__(self):
+        super().__init__({0: [A], 1: [A]})
+        self.cancelled = 0
+
+    async def generate(self, payload):
+        if payload["input_ids"][0] == 1:
+            await asyncio.sleep(0)
+            raise EngineError("http://e:1", "/generate", "unreachable after 9 attempts: ClientConnectorError",
+                              unreachable=True)  # fmt: skip
+        try:
+            await asyncio.Event().wait()  # on the engine that died: no answer ever comes
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def abort_all(self):
+        self.abort_calls += 1
+        raise EngineError("http://e:1", "/abort_request", "unreachable after 9 attempts", unreachable=True)
+
+
+async def test_an_engine_dying_mid_rollout_raises_its_own_error_and_leaves_nothing_running(use_client, caplog):
+    client = use_client(DyingEngineClient())
+    with pytest.raises(EngineError, match=r"^engine http://e:1/generate failed: unreachable"):  # was: the abort's
+        await generate_rollout_async(_args(), 0, ListDataSource(n=2))
+    # The failed abort cancelled the requests still waiting on the dead engine (was: they ran on, never drained).
+    assert client.abort_calls == 1 and client.cancelled == 2
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    warnings = [r.getMessage() for r in caplog.records if "clean-up" in r.getMessage()]
+    assert warnings == ["rollout 0: the clean-up after EngineError failed too: engine http://e:1/abort_request "
+                        "failed: unreachable after 9 attempts"]  # fmt: skip
+
+
+def generate_that_raises(args, sample, sampling_params):
+    raise KeyError("tool_result")  # a bug in the user's generate function
+
+
+async def test_a_plugin_error_keeps_its_type_and_names_the_plugin_and_sample(use_client, caplog):
+    use_client(FakeClient({0: [A], 1: [A]}))
+    args = _args(custom_generate_function_path=f"{__name__}.generate_that_raises")
+    with pytest.raises(KeyError) as e:  # was: a bare KeyError('tool_result'), no word of which plugin or sample
+        await generate_rollout_async(args, 0, ListDataSource(n=2))
+    (note,) = e.value.__notes__
+    assert re.fullmatch(rf"\(raised by generate function {__name__}\.generate_that_raises on sample \d\)", note)
+    # The other groups failed alike; their errors were read, not left for asyncio to log at garbage collection.
+    del e  # its traceback holds the rollout's frame, and with it the failed tasks
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
