@@ -227,3 +227,28 @@ def make_tiny_vlm(qwen3_tokenizer_dir):
         return pathlib.Path(out_dir)
 
     return make
+
+
+@pytest.fixture
+def fsync_and_rename_log(monkeypatch) -> list[tuple[str, ...]]:
+    """Records, in order, every `os.fsync` (`("fsync", path)`) and `os.replace` (`("replace", src, dst)`) of the test.
+
+    The calls still happen; durability tests assert that each file is flushed before the rename that publishes it.
+    """
+    import os
+
+    events: list[tuple[str, ...]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+

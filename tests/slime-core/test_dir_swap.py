@@ -115,29 +115,14 @@ def test_empty_absent_and_marked_folders_are_replaced_and_links_are_not(tmp_path
     assert (tmp_path / "empty" / "weights").read_text() == "empty"
 
 
-def _record_fsyncs_and_renames(monkeypatch):
-    events = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    def replace(src, dst):
-        events.append(("replace", str(src), str(dst)))
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
-    return events
 
 
-def test_swap_flushes_the_new_files_before_the_renames_and_the_renames_after(tmp_path, monkeypatch):
+def test_swap_flushes_the_new_files_before_the_renames_and_the_renames_after(tmp_path, fsync_and_rename_log):
     out = tmp_path / "hf"
     _write(out, "v1")
     new = staging_dir(out)
     _write(new / "shards", "v2")
-    events = _record_fsyncs_and_renames(monkeypatch)
+    events = fsync_and_rename_log
     swap_in(new, out)
     first_rename = next(i for i, e in enumerate(events) if e[0] == "replace")
     flushed = {e[1] for e in events[:first_rename]}
@@ -147,10 +132,10 @@ def test_swap_flushes_the_new_files_before_the_renames_and_the_renames_after(tmp
     assert (out / "shards" / "weights").read_text() == "v2"
 
 
-def test_write_text_atomic_flushes_the_text_then_the_rename(tmp_path, monkeypatch):
+def test_write_text_atomic_flushes_the_text_then_the_rename(tmp_path, fsync_and_rename_log):
     tracker = tmp_path / "latest_checkpointed_iteration.txt"
     tracker.write_text("1")
-    events = _record_fsyncs_and_renames(monkeypatch)
+    events = fsync_and_rename_log
     dir_swap.write_text_atomic(tracker, "2")
     tmp = str(tracker) + ".tmp"
     assert events == [("fsync", tmp), ("replace", tmp, str(tracker)), ("fsync", str(tmp_path))]

@@ -1,6 +1,5 @@
 """Checkpoint directories under --save are replaced only when slime wrote them (slime_core.dir_swap marker)."""
 
-import os
 
 import pytest
 import torch
@@ -85,20 +84,8 @@ def test_a_tracker_that_names_no_iteration_is_one_error(tmp_path, one_rank, text
         _load(root)
 
 
-def test_the_save_flushes_every_file_before_the_renames_that_publish_it(tmp_path, one_rank, monkeypatch):
-    events = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    def replace(src, dst):
-        events.append(("replace", str(src), str(dst)))
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
+def test_the_save_flushes_every_file_before_the_renames_that_publish_it(tmp_path, one_rank, fsync_and_rename_log):
+    events = fsync_and_rename_log
     root = tmp_path / "save"
     final = _save(root, 0)
     staged = str(root / "iter_0000001.tmp")
