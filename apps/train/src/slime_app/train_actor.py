@@ -102,9 +102,9 @@ class TrainActor:
             logger.debug("preload of the %s backend %r failed; init will raise", role, cfg.train_backend)
 
     def start_compile_warm_up(self, cfg: SlimeArgs, role: str = "actor") -> None:
-        """Starts the backend's compile warm-up, if its class has a `start_compile_warm_up(cfg)` (FSDP:
-        `slime_train_fsdp.compile_warmup`); `train` waits for it before the first step.
+        """Starts the backend's compile warm-up (`train` waits for it before the first step).
 
+        Only a backend class with a `start_compile_warm_up(cfg)` has one (FSDP: `slime_train_fsdp.compile_warmup`).
         The driver calls it before `init`: disaggregated while the engines start, colocated once they are up (and
         released their memory), since a warm-up on a GPU an engine is sizing its KV cache on would shrink it. The
         critic starts none. Never raises: a warm-up that cannot start only means the first step compiles by itself.
