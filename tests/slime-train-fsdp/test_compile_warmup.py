@@ -142,3 +142,62 @@ def test_the_cpu_fallback_attention_returns_the_layout_its_fake_kernel_promises(
     fake = _packed_sdpa_fake(q, k, v, torch.tensor([0, 6, 10], dtype=torch.int32), None)
     assert out.shape == fake.shape == (1, 10, 4, 8)
     assert out.stride() == fake.stride()  # inductor asserts this under --fsdp-compile-layers on CPU
+
+
+def test_no_warm_up_under_context_parallelism_and_the_log_says_why(tmp_path, make_tiny_qwen3, caplog):
+    """A world of one cannot build the CP group the attention needs: the side process would fail every run."""
+    ckpt = str(make_tiny_qwen3(tmp_path / "m"))
+    cfg = make_args(
+        ckpt,
+        fsdp_compile_layers=True,
+        attn_implementation="slime_varlen",
+        megatron_args=["--context-parallel-size", "2"],
+    )
+    with caplog.at_level(logging.INFO, logger=cw.__name__):
+        assert cw.start_compile_warm_up(cfg) is None
+    assert "not with --context-parallel-size 2" in caplog.text
+
+
+def test_folders_of_killed_ranks_are_removed_and_live_ones_kept(tmp_path, caplog):
+    def folder(name: str) -> pathlib.Path:
+        path = tmp_path / f"{cw.WORKDIR_PREFIX}{name}"
+        (path / "stand-in").mkdir(parents=True)
+        (path / "stand-in" / "model.safetensors").write_bytes(b"0" * 1024)
+        return path
+
+    killed, live, creating = folder("killed"), folder("live"), folder("creating")
+    # A rank that held its folder's lock and was killed (SIGKILL: no clean-up of its own ran).
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, sys, time
+        fh = open({str(killed / "owner.lock")!r}, "w")
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline().strip() == "locked"
+    holder.kill()
+    holder.wait()
+    owner = open(live / "owner.lock", "w")  # noqa: SIM115 - a live rank's lock
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    with caplog.at_level(logging.INFO, logger=cw.__name__):
+        assert cw.remove_orphaned_workdirs(str(tmp_path)) == 1
+    assert not killed.exists() and live.exists() and creating.exists()
+    assert "removed 1 folder(s) left by killed ranks" in caplog.text
+    owner.close()
+    assert cw.remove_orphaned_workdirs(str(tmp_path)) == 1  # the live rank has gone too
+    assert not live.exists() and creating.exists()
+
+
+def test_a_started_warm_up_holds_its_folder_until_it_is_stopped(tmp_path, make_tiny_qwen3, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(cw.tempfile, "tempdir", None)  # re-read TMPDIR
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    ckpt = str(make_tiny_qwen3(tmp_path / "m"))
+    handle = cw.start_compile_warm_up(make_args(ckpt, fsdp_compile_layers=True))
+    assert handle is not None and handle.workdir.parent == tmp_path / "tmp"
+    try:
+        assert cw.remove_orphaned_workdirs() == 0 and handle.workdir.exists()  # its rank lives
+    finally:
+        handle.stop()
+    assert not handle.workdir.exists() and list((tmp_path / "tmp").iterdir()) == []

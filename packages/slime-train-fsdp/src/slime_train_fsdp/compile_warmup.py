@@ -16,7 +16,12 @@ cache from the free memory it measures at start-up, which a concurrent warm-up w
 model load and the first rollout. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
 cache directory (a file lock); the ranks wait for it before their first forward, at most `WAIT_S`. A warm-up that
 fails or times out is logged with its log's tail and the first step compiles as usual. `--no-fsdp-compile-warmup`
-turns it off.
+turns it off. With `--context-parallel-size` > 1 none starts: its attention needs a CP group that a world of one
+does not have.
+
+The rank removes the process's folder (`WORKDIR_PREFIX*` under the temp directory: the stand-in checkpoint, up to a
+GiB for a wide MoE layer) when the warm-up ends or the rank shuts down, and holds a lock on it while it lives; a
+rank that was killed leaves its folder unlocked, and the next warm-up on the node removes it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ __all__ = [
     "ACTIVATION_BUDGET",
     "ANOTHER_RUNS",
     "WAIT_S",
+    "WORKDIR_PREFIX",
     "CompileWarmUp",
     "run_warm_up",
     "start_compile_warm_up",
@@ -60,6 +66,9 @@ ACTIVATION_BUDGET = 1 << 30
 #: Exit status of a warm-up that found another one holding this node's lock.
 ANOTHER_RUNS = 3
 _LOCK_NAME = "slime-compile-warmup.lock"
+#: Name prefix of a warm-up's folder in the temp directory.
+WORKDIR_PREFIX = "slime-compile-warmup-"
+_OWNER = "owner.lock"  # held by the rank that owns the folder, for as long as it lives
 _VOCAB = 256
 _SEQ_LEN = 512  # tokens per dummy sequence: half prompt, half response
 _SMALL = 1024  # a last, short micro-batch: inductor may guard the first graph on the packed length's regime
@@ -112,11 +121,20 @@ class CompileWarmUp:
         process: the side process.
         workdir: its folder (config, stand-in checkpoint, `warmup.log`); removed by `wait`.
         started: `time.monotonic()` at its start.
+        owner: the open `owner.lock` of `workdir`, locked while this rank lives (`remove_orphaned_workdirs`);
+            None in tests that build a handle by hand.
     """
 
     process: subprocess.Popen
     workdir: pathlib.Path
     started: float
+    owner: Any = None
+
+    def _remove_workdir(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.owner is not None:
+            self.owner.close()  # releases its lock
+            self.owner = None
 
     def wait(self, timeout_s: float = WAIT_S) -> dict[str, Any] | None:
         """Waits for the warm-up (and, if another rank's holds this node's lock, for that one) and logs the outcome.
@@ -154,14 +172,14 @@ class CompileWarmUp:
                         report["compile_seconds"], report["token_counts"], waited)  # fmt: skip
             return report
         finally:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            self._remove_workdir()
 
     def stop(self) -> None:
         """Kills the process if it still runs (the rank shuts down first) and removes its folder."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self._remove_workdir()
 
 
 def _tail(log: pathlib.Path, lines: int = 15) -> str:
@@ -184,6 +202,34 @@ def _wait_for_lock(path: pathlib.Path, deadline: float) -> bool:
                 continue
             fcntl.flock(fh, fcntl.LOCK_UN)
             return True
+
+
+def remove_orphaned_workdirs(temp_dir: str | None = None) -> int:
+    """Removes the warm-up folders whose rank died before it could remove them; returns how many.
+
+    A live rank holds its folder's `owner.lock` (an `flock`, released by the kernel when the process dies, also
+    on SIGKILL), so a folder whose lock can be taken has no owner. A folder without the lock file is one being
+    created right now, or one of a version before the lock: it is left alone.
+
+    Args:
+        temp_dir: where the folders are (default: `tempfile.gettempdir()`, where `start_compile_warm_up` puts them).
+    """
+    removed = 0
+    for folder in pathlib.Path(temp_dir or tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
+        try:
+            fh = open(folder / _OWNER)  # noqa: SIM115 - closed below, after the folder is gone
+        except OSError:
+            continue
+        with fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its rank lives
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    if removed:
+        logger.info("compile warm-up: removed %d folder(s) left by killed ranks (%s*)", removed, WORKDIR_PREFIX)
+    return removed
 
 
 def _free_port() -> int:
@@ -211,7 +257,15 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if not compiles_layers(cfg, device) or is_vision_language(_trained_config(cfg)):
         return None
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="slime-compile-warmup-"))
+    if cfg.context_parallel_size > 1:
+        logger.info("compile warm-up: not with --context-parallel-size %d (its attention needs a CP group; the "
+                    "stand-in runs in a world of one); the first step compiles the layers",
+                    cfg.context_parallel_size)  # fmt: skip
+        return None
+    remove_orphaned_workdirs()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+    owner = open(workdir / _OWNER, "w")  # noqa: SIM115 - held (locked) for as long as the warm-up's folder exists
+    fcntl.flock(owner, fcntl.LOCK_EX)
     (workdir / "args.json").write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
            "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLIME_WARMUP_PARENT": str(os.getpid())}  # fmt: skip
@@ -220,7 +274,7 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
     logger.info("compile warm-up started (pid %d): a one-layer stand-in of the model compiles in the background",
                 process.pid)  # fmt: skip
-    return CompileWarmUp(process=process, workdir=workdir, started=time.monotonic())
+    return CompileWarmUp(process=process, workdir=workdir, started=time.monotonic(), owner=owner)
 
 
 def _write_stand_in(source_config: Any, dtype: torch.dtype | None, dest: pathlib.Path) -> Any:
