@@ -201,3 +201,24 @@ def test_a_started_warm_up_holds_its_folder_until_it_is_stopped(tmp_path, make_t
     finally:
         handle.stop()
     assert not handle.workdir.exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_stand_in_keeps_one_layer_of_each_kind(tmp_path):
+    """Sliding-window and full-attention layers compile to different graphs: both must be in the stand-in."""
+    from transformers import Qwen3Config
+
+    assert cw._stand_in_depth(None) == 1
+    assert cw._stand_in_depth(["full_attention"] * 28) == 1
+    kinds = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"] * 3
+    assert cw._stand_in_depth(kinds) == 3
+    source = Qwen3Config(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=12,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, use_sliding_window=True,
+                         sliding_window=16, layer_types=kinds)  # fmt: skip
+    config = cw._write_stand_in(source, torch.float32, tmp_path / "stand-in")
+    assert config.num_hidden_layers == 3 and config.layer_types == kinds[:3] and config.vocab_size == 256
+    saved = json.loads((tmp_path / "stand-in" / "config.json").read_text())
+    assert saved["num_hidden_layers"] == 3 and saved["layer_types"] == kinds[:3]
+    # The activation cap covers all of the stand-in's layers.
+    cfg = make_args(str(tmp_path), use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)
+    per_token = 2 * (10 * 5120 + 3 * 25600)
+    assert cw.warm_up_token_counts(cfg, 5120, 25600, num_layers=3)[0] == cw.ACTIVATION_BUDGET // (3 * per_token)
