@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -19,8 +20,11 @@ import torch
 from slime_train_fsdp import FSDPTrainBackend
 from slime_train_fsdp import compile_warmup as cw
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _workers import make_args  # noqa: E402
+_WORKERS = pathlib.Path(__file__).with_name("_workers.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_compile_warmup_workers", _WORKERS)
+_workers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_workers)
+make_args = _workers.make_args
 
 
 def test_token_counts_follow_the_micro_batch_size_and_are_capped_by_the_activation_budget(tmp_path):
@@ -91,11 +95,13 @@ def test_a_rank_whose_node_runs_another_warm_up_waits_for_that_one(tmp_path, mon
 
 
 _REAL_STEP = textwrap.dedent("""
-    import json, os, sys
-    sys.path.insert(0, sys.argv[2])
+    import importlib.util, json, os, sys
+    spec = importlib.util.spec_from_file_location("slime_fsdp_compile_warmup_workers", sys.argv[2])
+    workers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workers)
+    make_args = workers.make_args
     import torch.distributed as dist
     from torch._dynamo.utils import counters
-    from _workers import make_args
     from slime_train_fsdp import FSDPTrainBackend
     from slime_train_fsdp import compile_warmup as cw
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -126,7 +132,7 @@ def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_t
     assert report is not None and report["graphs"] >= 1 and report["token_counts"] == [1024]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cw._free_port()), "RANK": "0",
            "WORLD_SIZE": "1"}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(pathlib.Path(__file__).parent),
+    done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(_WORKERS),
                            json.dumps(overrides)], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     counters = json.loads(done.stdout.strip().splitlines()[-1])
