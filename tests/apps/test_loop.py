@@ -24,6 +24,8 @@ class _FakeRay:
             return [], {"rollout/raw_reward": 0.5}
         if kind == "eval":
             return {"eval/demo": 0.25}
+        if kind == "start":
+            self.events.append(("engines up",))
         return None
 
     def wait(self, refs, num_returns):
@@ -244,3 +246,49 @@ def test_two_saves_give_two_loadable_hf_exports_fsdp(monkeypatch, tmp_path, make
     for rollout_id, expected in ((1, 1.0 + 1 + 2), (2, 1.0 + 1 + 2 + 3)):
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / f"iter_{rollout_id}", dtype=torch.float32)
         assert torch.equal(model.get_parameter(norm), torch.full((64,), expected)), rollout_id
+
+
+class _BuildTrainer:
+    def __init__(self, events):
+        self.events = events
+
+    def preload(self, cfg):
+        self.events.append(("trainer.preload",))
+
+    def start_compile_warm_up(self, cfg):
+        self.events.append(("trainer.start_compile_warm_up",))
+
+    def init(self, cfg):
+        self.events.append(("trainer.init",))
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        # Own GPUs: the warm-up overlaps the engines' start.
+        ({}, ["start", "trainer.preload", "trainer.start_compile_warm_up", "engines up", "trainer.init"]),
+        # Colocated: only once the engines measured their free memory, and (swapping) released it.
+        ({"colocate": True},
+         ["start", "trainer.preload", "engines up", "offload", "trainer.start_compile_warm_up", "trainer.init",
+          "onload"]),
+        ({"colocate": True, "offload_train": False, "offload_rollout": False, "async_train": True},
+         ["start", "trainer.preload", "engines up", "trainer.start_compile_warm_up", "trainer.init"]),
+    ],
+)  # fmt: skip
+def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_engines_start(
+    monkeypatch, fields, expected
+):
+    """A warm-up on a GPU whose engine is measuring its free memory would shrink the engine's KV cache."""
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    monkeypatch.setattr(
+        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
+            remote=lambda *args: _Actor(events)))
+    )  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: _BuildTrainer(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement = cfg, None
+    assert run.build() == 0
+    assert [e[0] for e in events] == expected

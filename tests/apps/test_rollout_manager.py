@@ -153,3 +153,23 @@ def test_a_reward_post_process_that_never_returns_fails_naming_it():
         f"--custom-reward-post-process-path {path} (rollout 4) did not finish within 0.3 s (--plugin-timeout-secs); "
         "cancelled"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "saver"),
+    [
+        ([], False),
+        (["--colocate"], True),  # released while the trainer trains
+        (["--colocate", "--no-offload-train", "--no-offload-rollout"], False),  # resident: never released
+    ],
+)
+def test_engines_get_the_memory_saver_only_where_the_loop_releases_their_memory(monkeypatch, tmp_path, flags, saver):
+    """SGLang's memory saver (and, for partial syncs, a host copy of the weights) costs memory and time on every
+    engine; colocated engines that stay resident share the GPU without ever releasing anything."""
+    from slime_app import engine_hosts
+
+    monkeypatch.setattr(engine_hosts.ray.util, "get_node_ip_address", lambda: "10.0.0.1")
+    cfg = parse_args([*BASE[:-2], "--actor-num-gpus-per-node", "2", *flags])
+    host = engine_hosts.EngineHost(cfg, EngineSite(index=0, bundle=None, base_gpu_id=None), log_dir=str(tmp_path),
+                                   base_port=15000)  # fmt: skip
+    assert host.launcher.memory_saver is saver

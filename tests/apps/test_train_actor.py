@@ -104,7 +104,7 @@ def test_train_env_vars_reach_the_trainer_process_next_to_the_job_env():
         ray.shutdown()
 
 
-def test_preload_starts_the_backends_compile_warm_up_and_the_first_step_waits_for_it(monkeypatch):
+def test_the_backends_compile_warm_up_starts_when_asked_and_the_first_step_waits_for_it(monkeypatch):
     from types import SimpleNamespace
 
     import slime_app.train_actor as ta
@@ -132,6 +132,8 @@ def test_preload_starts_the_backends_compile_warm_up_and_the_first_step_waits_fo
     monkeypatch.setattr(ta.TRAIN_BACKENDS, "get", lambda name: SimpleNamespace(load=lambda: Backend))
     actor = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
     actor.preload(cfg)
+    assert events == []  # importing the backend starts nothing: the driver says when (slime_app.loop.Run.build)
+    actor.start_compile_warm_up(cfg)
     actor.backend = Backend()
     first, second = actor.train(0, object()), actor.train(1, object())
     actor.shutdown()
@@ -141,8 +143,7 @@ def test_preload_starts_the_backends_compile_warm_up_and_the_first_step_waits_fo
     # A rank shutting down before its first step stops the warm-up; a critic rank starts none.
     events.clear()
     actor = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
-    actor.preload(cfg)
+    actor.start_compile_warm_up(cfg)
     actor.shutdown()
-    monkeypatch.setattr(ta.CRITIC_BACKENDS, "get", lambda name: SimpleNamespace(load=lambda: Backend))
-    actor.preload(cfg, role="critic")
+    actor.start_compile_warm_up(cfg, role="critic")
     assert events == ["start", "stop"]

@@ -48,3 +48,21 @@ def test_colocated_overlap_is_allowed_when_both_sides_stay_resident(overrides):
     """One GPU (or set) shared by a resident trainer and resident engines: generation runs while it trains."""
     args = make(colocate=True, offload_train=False, offload_rollout=False, **overrides)
     assert args.colocate and not args.offload_train and not args.offload_rollout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        ({}, True),
+        ({"sglang_args": {"mem_fraction_static": "0.4"}}, False),  # sized by the user
+        ({"offload_rollout": True, "offload_train": True}, False),  # released while the trainer trains
+    ],
+)
+def test_resident_colocated_engines_without_a_memory_fraction_warn(monkeypatch, caplog, overrides, warned):
+    from slime_core.config import base as config_base
+
+    monkeypatch.setattr(config_base, "_WARNED", set())  # warn_once remembers keys per process
+    fields = {"colocate": True, "offload_train": False, "offload_rollout": False, "rollout_engine": "sglang"}
+    with caplog.at_level("WARNING"):
+        make(**{**fields, **overrides})
+    assert ("give --sglang-mem-fraction-static so that the trainer fits" in caplog.text) is warned

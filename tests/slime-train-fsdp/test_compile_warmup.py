@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -19,8 +20,11 @@ import torch
 from slime_train_fsdp import FSDPTrainBackend
 from slime_train_fsdp import compile_warmup as cw
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _workers import make_args  # noqa: E402
+_WORKERS = pathlib.Path(__file__).with_name("_workers.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_compile_warmup_workers", _WORKERS)
+_workers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_workers)
+make_args = _workers.make_args
 
 
 def test_token_counts_follow_the_micro_batch_size_and_are_capped_by_the_activation_budget(tmp_path):
@@ -91,11 +95,13 @@ def test_a_rank_whose_node_runs_another_warm_up_waits_for_that_one(tmp_path, mon
 
 
 _REAL_STEP = textwrap.dedent("""
-    import json, os, sys
-    sys.path.insert(0, sys.argv[2])
+    import importlib.util, json, os, sys
+    spec = importlib.util.spec_from_file_location("slime_fsdp_compile_warmup_workers", sys.argv[2])
+    workers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workers)
+    make_args = workers.make_args
     import torch.distributed as dist
     from torch._dynamo.utils import counters
-    from _workers import make_args
     from slime_train_fsdp import FSDPTrainBackend
     from slime_train_fsdp import compile_warmup as cw
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -126,7 +132,7 @@ def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_t
     assert report is not None and report["graphs"] >= 1 and report["token_counts"] == [1024]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cw._free_port()), "RANK": "0",
            "WORLD_SIZE": "1"}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(pathlib.Path(__file__).parent),
+    done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(_WORKERS),
                            json.dumps(overrides)], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     counters = json.loads(done.stdout.strip().splitlines()[-1])
@@ -142,3 +148,83 @@ def test_the_cpu_fallback_attention_returns_the_layout_its_fake_kernel_promises(
     fake = _packed_sdpa_fake(q, k, v, torch.tensor([0, 6, 10], dtype=torch.int32), None)
     assert out.shape == fake.shape == (1, 10, 4, 8)
     assert out.stride() == fake.stride()  # inductor asserts this under --fsdp-compile-layers on CPU
+
+
+def test_no_warm_up_under_context_parallelism_and_the_log_says_why(tmp_path, make_tiny_qwen3, caplog):
+    """A world of one cannot build the CP group the attention needs: the side process would fail every run."""
+    ckpt = str(make_tiny_qwen3(tmp_path / "m"))
+    cfg = make_args(
+        ckpt,
+        fsdp_compile_layers=True,
+        attn_implementation="slime_varlen",
+        megatron_args=["--context-parallel-size", "2"],
+    )
+    with caplog.at_level(logging.INFO, logger=cw.__name__):
+        assert cw.start_compile_warm_up(cfg) is None
+    assert "not with --context-parallel-size 2" in caplog.text
+
+
+def test_folders_of_killed_ranks_are_removed_and_live_ones_kept(tmp_path, caplog):
+    def folder(name: str) -> pathlib.Path:
+        path = tmp_path / f"{cw.WORKDIR_PREFIX}{name}"
+        (path / "stand-in").mkdir(parents=True)
+        (path / "stand-in" / "model.safetensors").write_bytes(b"0" * 1024)
+        return path
+
+    killed, live, creating = folder("killed"), folder("live"), folder("creating")
+    # A rank that held its folder's lock and was killed (SIGKILL: no clean-up of its own ran).
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, sys, time
+        fh = open({str(killed / "owner.lock")!r}, "w")
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline().strip() == "locked"
+    holder.kill()
+    holder.wait()
+    owner = open(live / "owner.lock", "w")  # noqa: SIM115 - a live rank's lock
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    with caplog.at_level(logging.INFO, logger=cw.__name__):
+        assert cw.remove_orphaned_workdirs(str(tmp_path)) == 1
+    assert not killed.exists() and live.exists() and creating.exists()
+    assert "removed 1 folder(s) left by killed ranks" in caplog.text
+    owner.close()
+    assert cw.remove_orphaned_workdirs(str(tmp_path)) == 1  # the live rank has gone too
+    assert not live.exists() and creating.exists()
+
+
+def test_a_started_warm_up_holds_its_folder_until_it_is_stopped(tmp_path, make_tiny_qwen3, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(cw.tempfile, "tempdir", None)  # re-read TMPDIR
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    ckpt = str(make_tiny_qwen3(tmp_path / "m"))
+    handle = cw.start_compile_warm_up(make_args(ckpt, fsdp_compile_layers=True))
+    assert handle is not None and handle.workdir.parent == tmp_path / "tmp"
+    try:
+        assert cw.remove_orphaned_workdirs() == 0 and handle.workdir.exists()  # its rank lives
+    finally:
+        handle.stop()
+    assert not handle.workdir.exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_stand_in_keeps_one_layer_of_each_kind(tmp_path):
+    """Sliding-window and full-attention layers compile to different graphs: both must be in the stand-in."""
+    from transformers import Qwen3Config
+
+    assert cw._stand_in_depth(None) == 1
+    assert cw._stand_in_depth(["full_attention"] * 28) == 1
+    kinds = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"] * 3
+    assert cw._stand_in_depth(kinds) == 3
+    source = Qwen3Config(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=12,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, use_sliding_window=True,
+                         sliding_window=16, layer_types=kinds)  # fmt: skip
+    config = cw._write_stand_in(source, torch.float32, tmp_path / "stand-in")
+    assert config.num_hidden_layers == 3 and config.layer_types == kinds[:3] and config.vocab_size == 256
+    saved = json.loads((tmp_path / "stand-in" / "config.json").read_text())
+    assert saved["num_hidden_layers"] == 3 and saved["layer_types"] == kinds[:3]
+    # The activation cap covers all of the stand-in's layers.
+    cfg = make_args(str(tmp_path), use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)
+    per_token = 2 * (10 * 5120 + 3 * 25600)
+    assert cw.warm_up_token_counts(cfg, 5120, 25600, num_layers=3)[0] == cw.ACTIVATION_BUDGET // (3 * per_token)

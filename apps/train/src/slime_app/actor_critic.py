@@ -56,6 +56,10 @@ class ActorCritic:
         self.actor.preload(cfg)
         self.critic.preload(cfg)
 
+    def start_compile_warm_up(self, cfg: SlimeArgs) -> None:
+        """The actor's ranks start their compile warm-up (`TrainGroup.start_compile_warm_up`); the critic none."""
+        self.actor.start_compile_warm_up(cfg)
+
     # ------------------------------------------------------------------ memory
     def _set_actor(self, awake: bool) -> None:
         if awake != self._actor_awake:

@@ -98,7 +98,9 @@ class EngineHost:
         self.launcher = EngineLauncher(
             cfg,
             gpus_per_engine=cfg.rollout_num_gpus_per_engine,
-            colocate=cfg.colocate,
+            # The memory saver (and, for partial syncs, a host copy of the weights) only where the loop releases
+            # the engines' memory: colocated engines that stay resident (--no-offload-rollout) never release it.
+            colocate=bool(cfg.colocate and cfg.offload_rollout),
             startup_timeout_s=STARTUP_TIMEOUT_S,
             log_dir=log_dir,
             host=self.node_ip,  # the node's address, not loopback: reached from the other nodes

@@ -88,23 +88,35 @@ class TrainActor:
         logger.info("trainer rank %d: pid %d on %s", rank, os.getpid(), ray.util.get_node_ip_address())
         self.cfg: SlimeArgs | None = None  # set by `init`
         self.backend = None
-        self.warm_up = None  # the backend's compile warm-up, started by `preload`, awaited before the first step
+        self.warm_up = None  # the backend's compile warm-up (`start_compile_warm_up`), awaited before the first step
         self.updater = None
         self.sync_checker = None
 
     def preload(self, cfg: SlimeArgs, role: str = "actor") -> None:
         """Imports the role's backend (torch and its modules) ahead of `init`; this process touches no device.
 
-        Runs while the engines start. A failure is left to `init`, which raises it with the same cause. An actor
-        backend class with a `start_compile_warm_up(cfg)` (FSDP: `slime_train_fsdp.compile_warmup`) starts it here;
-        `train` waits for it before the first step.
+        Runs while the engines start. A failure is left to `init`, which raises it with the same cause.
         """
         try:
-            backend = (CRITIC_BACKENDS if role == "critic" else TRAIN_BACKENDS).get(cfg.train_backend).load()
+            (CRITIC_BACKENDS if role == "critic" else TRAIN_BACKENDS).get(cfg.train_backend).load()
         except Exception:  # noqa: BLE001 - `init` raises it (an unretrieved Ray error would only log it)
             logger.debug("preload of the %s backend %r failed; init will raise", role, cfg.train_backend)
+
+    def start_compile_warm_up(self, cfg: SlimeArgs, role: str = "actor") -> None:
+        """Starts the backend's compile warm-up (`train` waits for it before the first step).
+
+        Only a backend class with a `start_compile_warm_up(cfg)` has one (FSDP: `slime_train_fsdp.compile_warmup`).
+        The driver calls it before `init`: disaggregated while the engines start, colocated once they are up (and
+        released their memory), since a warm-up on a GPU an engine is sizing its KV cache on would shrink it. The
+        critic starts none. Never raises: a warm-up that cannot start only means the first step compiles by itself.
+        """
+        if role != "actor":
             return
-        start = getattr(backend, "start_compile_warm_up", None) if role == "actor" else None
+        try:
+            backend = TRAIN_BACKENDS.get(cfg.train_backend).load()
+        except Exception:  # noqa: BLE001 - `init` raises it (an unretrieved Ray error would only log it)
+            return
+        start = getattr(backend, "start_compile_warm_up", None)
         if start is not None:
             try:
                 self.warm_up = start(cfg)
@@ -294,6 +306,11 @@ class TrainGroup:
         """
         for actor in self.actors:
             actor.preload.remote(cfg, self.role)
+
+    def start_compile_warm_up(self, cfg: SlimeArgs) -> None:
+        """Starts every rank's `TrainActor.start_compile_warm_up` without waiting (before `init`, in Ray's order)."""
+        for actor in self.actors:
+            actor.start_compile_warm_up.remote(cfg, self.role)
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         return get_all_or_raise([getattr(a, method).remote(*args) for a in self.actors])

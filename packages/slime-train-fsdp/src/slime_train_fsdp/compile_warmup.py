@@ -4,7 +4,8 @@ With compiled decoder layers (`--fsdp-compile-layers`, the CUDA default) the fir
 machine spends most of its time in torch.compile: 18 of step 0's 26 s for qwen3-0.6b on one H100, 7.5 s when
 inductor's on-disk caches already hold the graphs. The graphs depend on the layer's architecture, dtypes, attention
 implementation and the regime of the packed length, not on the weights or the vocabulary. So a side process builds
-a one-layer stand-in of the trained model (random weights, a 256-token vocabulary) through the trainer's own code
+a stand-in of the trained model with one layer (one of each kind where `layer_types` mixes kinds; random weights, a
+256-token vocabulary) through the trainer's own code
 path (`FSDPTrainBackend.init`, world size 1), runs the no-grad log-prob forward and a forward + backward on dummy
 packed rows of the run's micro-batch sizes, and exits. Inductor's caches (FX graph and AOT autograd caches, Triton
 kernels; `TORCHINDUCTOR_CACHE_DIR`, by default `/tmp/torchinductor_<user>`) then hold what the real layers compile,
@@ -16,7 +17,12 @@ cache from the free memory it measures at start-up, which a concurrent warm-up w
 model load and the first rollout. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
 cache directory (a file lock); the ranks wait for it before their first forward, at most `WAIT_S`. A warm-up that
 fails or times out is logged with its log's tail and the first step compiles as usual. `--no-fsdp-compile-warmup`
-turns it off.
+turns it off. With `--context-parallel-size` > 1 none starts: its attention needs a CP group that a world of one
+does not have.
+
+The rank removes the process's folder (`WORKDIR_PREFIX*` under the temp directory: the stand-in checkpoint, up to a
+GiB for a wide MoE layer) when the warm-up ends or the rank shuts down, and holds a lock on it while it lives; a
+rank that was killed leaves its folder unlocked, and the next warm-up on the node removes it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ __all__ = [
     "ACTIVATION_BUDGET",
     "ANOTHER_RUNS",
     "WAIT_S",
+    "WORKDIR_PREFIX",
     "CompileWarmUp",
     "run_warm_up",
     "start_compile_warm_up",
@@ -60,12 +67,15 @@ ACTIVATION_BUDGET = 1 << 30
 #: Exit status of a warm-up that found another one holding this node's lock.
 ANOTHER_RUNS = 3
 _LOCK_NAME = "slime-compile-warmup.lock"
+#: Name prefix of a warm-up's folder in the temp directory.
+WORKDIR_PREFIX = "slime-compile-warmup-"
+_OWNER = "owner.lock"  # held by the rank that owns the folder, for as long as it lives
 _VOCAB = 256
 _SEQ_LEN = 512  # tokens per dummy sequence: half prompt, half response
 _SMALL = 1024  # a last, short micro-batch: inductor may guard the first graph on the packed length's regime
 
 
-def warm_up_token_counts(cfg: SlimeArgs, hidden_size: int, intermediate_size: int) -> list[int]:
+def warm_up_token_counts(cfg: SlimeArgs, hidden_size: int, intermediate_size: int, num_layers: int = 1) -> list[int]:
     """Packed row lengths the warm-up runs: the run's micro-batch size, and a short last micro-batch.
 
     Args:
@@ -73,12 +83,14 @@ def warm_up_token_counts(cfg: SlimeArgs, hidden_size: int, intermediate_size: in
             and `rollout_max_response_len`.
         hidden_size: the decoder layer's hidden width.
         intermediate_size: its MLP width (with `hidden_size`, what sizes its activations).
+        num_layers: decoder layers of the stand-in (one per kind of layer, `_stand_in_depth`).
 
     Returns:
-        Distinct token counts, largest first; the largest is capped so that one layer's saved activations
-        (about `2 * (10 * hidden + 3 * intermediate)` bytes a token in bf16) stay within `ACTIVATION_BUDGET`.
+        Distinct token counts, largest first; the largest is capped so that the stand-in's saved activations
+        (about `2 * (10 * hidden + 3 * intermediate)` bytes a token and layer in bf16) stay within
+        `ACTIVATION_BUDGET`.
     """
-    per_token = 2 * (10 * hidden_size + 3 * intermediate_size)
+    per_token = 2 * (10 * hidden_size + 3 * intermediate_size) * max(num_layers, 1)
     cap = max(_SMALL, ACTIVATION_BUDGET // max(per_token, 1))
     if cfg.use_dynamic_batch_size and cfg.max_tokens_per_gpu:
         big = int(cfg.max_tokens_per_gpu)
@@ -112,11 +124,20 @@ class CompileWarmUp:
         process: the side process.
         workdir: its folder (config, stand-in checkpoint, `warmup.log`); removed by `wait`.
         started: `time.monotonic()` at its start.
+        owner: the open `owner.lock` of `workdir`, locked while this rank lives (`remove_orphaned_workdirs`);
+            None in tests that build a handle by hand.
     """
 
     process: subprocess.Popen
     workdir: pathlib.Path
     started: float
+    owner: Any = None
+
+    def _remove_workdir(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.owner is not None:
+            self.owner.close()  # releases its lock
+            self.owner = None
 
     def wait(self, timeout_s: float = WAIT_S) -> dict[str, Any] | None:
         """Waits for the warm-up (and, if another rank's holds this node's lock, for that one) and logs the outcome.
@@ -149,19 +170,19 @@ class CompileWarmUp:
                                rc, _tail(log))  # fmt: skip
                 return None
             report = json.loads((self.workdir / "report.json").read_text())
-            logger.info("compile warm-up: %d graph(s) of a one-layer stand-in compiled in %.1f s in the background "
+            logger.info("compile warm-up: %d graph(s) of the model's stand-in compiled in %.1f s in the background "
                         "(packed rows of %s tokens); the first step waited %.1f s for it", report["graphs"],
                         report["compile_seconds"], report["token_counts"], waited)  # fmt: skip
             return report
         finally:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            self._remove_workdir()
 
     def stop(self) -> None:
         """Kills the process if it still runs (the rank shuts down first) and removes its folder."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self._remove_workdir()
 
 
 def _tail(log: pathlib.Path, lines: int = 15) -> str:
@@ -184,6 +205,34 @@ def _wait_for_lock(path: pathlib.Path, deadline: float) -> bool:
                 continue
             fcntl.flock(fh, fcntl.LOCK_UN)
             return True
+
+
+def remove_orphaned_workdirs(temp_dir: str | None = None) -> int:
+    """Removes the warm-up folders whose rank died before it could remove them; returns how many.
+
+    A live rank holds its folder's `owner.lock` (an `flock`, released by the kernel when the process dies, also
+    on SIGKILL), so a folder whose lock can be taken has no owner. A folder without the lock file is one being
+    created right now, or one of a version before the lock: it is left alone.
+
+    Args:
+        temp_dir: where the folders are (default: `tempfile.gettempdir()`, where `start_compile_warm_up` puts them).
+    """
+    removed = 0
+    for folder in pathlib.Path(temp_dir or tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
+        try:
+            fh = open(folder / _OWNER)  # noqa: SIM115 - closed below, after the folder is gone
+        except OSError:
+            continue
+        with fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its rank lives
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    if removed:
+        logger.info("compile warm-up: removed %d folder(s) left by killed ranks (%s*)", removed, WORKDIR_PREFIX)
+    return removed
 
 
 def _free_port() -> int:
@@ -211,26 +260,46 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if not compiles_layers(cfg, device) or is_vision_language(_trained_config(cfg)):
         return None
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="slime-compile-warmup-"))
+    if cfg.context_parallel_size > 1:
+        logger.info("compile warm-up: not with --context-parallel-size %d (its attention needs a CP group; the "
+                    "stand-in runs in a world of one); the first step compiles the layers",
+                    cfg.context_parallel_size)  # fmt: skip
+        return None
+    remove_orphaned_workdirs()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+    owner = open(workdir / _OWNER, "w")  # noqa: SIM115 - held (locked) for as long as the warm-up's folder exists
+    fcntl.flock(owner, fcntl.LOCK_EX)
     (workdir / "args.json").write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
            "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLIME_WARMUP_PARENT": str(os.getpid())}  # fmt: skip
     with open(workdir / "warmup.log", "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "slime_train_fsdp.compile_warmup", str(workdir)], env=env,
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-    logger.info("compile warm-up started (pid %d): a one-layer stand-in of the model compiles in the background",
+    logger.info("compile warm-up started (pid %d): a stand-in of the model's decoder layers compiles in the background",
                 process.pid)  # fmt: skip
-    return CompileWarmUp(process=process, workdir=workdir, started=time.monotonic())
+    return CompileWarmUp(process=process, workdir=workdir, started=time.monotonic(), owner=owner)
+
+
+def _stand_in_depth(layer_types: list[str] | None) -> int:
+    """Layers the stand-in keeps: up to the first layer of each kind in `layer_types` (one without a list).
+
+    A layer's kind (`sliding_attention`, `full_attention`, `linear_attention`, ...) changes its graph, so a model
+    that mixes kinds needs one layer of each in the stand-in, or its first step compiles the missing kinds.
+    """
+    if not layer_types:
+        return 1
+    return max(layer_types.index(kind) for kind in set(layer_types)) + 1
 
 
 def _write_stand_in(source_config: Any, dtype: torch.dtype | None, dest: pathlib.Path) -> Any:
-    """A one-layer, `_VOCAB`-token copy of `source_config` with random weights, saved as an HF checkpoint."""
+    """A `_VOCAB`-token copy of `source_config` with random weights and one layer of each kind, saved as HF."""
     from transformers import AutoModelForCausalLM
 
     config = source_config.__class__.from_dict(source_config.to_dict())
-    config.num_hidden_layers = 1
-    if getattr(config, "layer_types", None):
-        config.layer_types = list(config.layer_types[:1])
+    types = list(getattr(config, "layer_types", None) or [])
+    config.num_hidden_layers = _stand_in_depth(types)
+    if types:
+        config.layer_types = types[: config.num_hidden_layers]
     config.vocab_size = _VOCAB
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
         value = getattr(config, key, None)
@@ -281,7 +350,9 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     source = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
     stand_in = workdir / "stand-in"
     config = _write_stand_in(_trained_config(cfg), source_dtype(source), stand_in)
-    counts = warm_up_token_counts(cfg, int(config.hidden_size), int(config.intermediate_size))
+    counts = warm_up_token_counts(
+        cfg, int(config.hidden_size), int(config.intermediate_size), int(config.num_hidden_layers)
+    )
     # The layer's path as the run takes it, minus what needs real weights or rollout data.
     local = cfg.model_copy(update={"hf_checkpoint": str(stand_in), "ref_load": None, "load": None, "use_opd": False,
                                    "use_routing_replay": False, "use_rollout_routing_replay": False})  # fmt: skip

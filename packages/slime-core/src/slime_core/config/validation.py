@@ -138,6 +138,15 @@ def _placement(args: SlimeArgs) -> None:
             "--async overlaps rollout and training, which cannot swap one GPU's memory between them: drop --colocate, "
             "or keep both resident on the shared GPUs with --no-offload-train --no-offload-rollout"
         )
+    resident = args.colocate and not args.offload_rollout and not args.rollout_external_engine_addrs
+    if resident and args.rollout_engine == "sglang" and "mem_fraction_static" not in args.sglang_args:
+        # SGLang sizes its pool from the GPU's total memory; with nothing released, the trainer gets the rest.
+        warn_once(
+            "colocate_resident_mem_fraction",
+            "--colocate --no-offload-rollout: the engines keep their memory while the trainer trains on the same "
+            "GPUs, and SGLang's default --mem-fraction-static takes most of each GPU; give "
+            "--sglang-mem-fraction-static so that the trainer fits next to them",
+        )
     if args.colocate and args.rollout_num_gpus is None:
         args.rollout_num_gpus = actor_gpus
     if args.colocate and args.rollout_num_gpus is not None and 0 < args.rollout_num_gpus < actor_gpus:

@@ -2,7 +2,8 @@
 
 Use with `--rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async` (the original's
 path, served by slime-compat) or `slime_rollout.generation.fully_async.generate_rollout_fully_async`, on engines of
-their own (no `--colocate`). Flow::
+their own, or on the trainer's GPUs when neither side is swapped out (`--colocate --no-offload-train
+--no-offload-rollout`). Flow::
 
     producer task (on the rollout loop; started by the first training rollout, lives until `stop_producer`)
       keeps up to `--sglang-server-concurrency` × engines groups in flight (the original's pool) while fewer than

@@ -140,7 +140,8 @@ def launch_engines(
         num_engines: how many engines.
         gpus_per_engine: TP size of each SGLang engine (ignored by the reference engine).
         base_gpu_ids: first GPU of each engine (default `i * gpus_per_engine`).
-        colocate: engines share GPUs with the trainer: enable SGLang's memory saver.
+        colocate: the engines release their memory while a trainer on their GPUs runs (colocated with
+            `--offload-rollout`): enable SGLang's memory saver.
         startup_timeout_s: per-engine health wait.
         log_dir: write each engine's output to `<log_dir>/engine_<i>.log` (None: inherit stdout).
         host: interface the engines bind (and the router started here).

@@ -77,7 +77,8 @@ class EngineLauncher:
         cfg: run config; reads `rollout_engine` (a kind of `engine_kind`), `hf_checkpoint`, `seed`,
             `offload_rollout`, `engine_python`, `sglang_args`.
         gpus_per_engine: TP size of each SGLang engine (ignored by the reference engine).
-        colocate: engines share GPUs with the trainer: enable SGLang's memory saver.
+        colocate: the engines release their memory while a trainer on their GPUs runs (colocated with
+            `--offload-rollout`): enable SGLang's memory saver.
         startup_timeout_s: per-engine health wait in seconds.
         log_dir: write each engine's output to `<log_dir>/engine_<i>.log` (None: inherit stdout).
         host: interface the engines bind; also the host of their URLs.
