@@ -36,7 +36,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -123,14 +122,12 @@ class CompileWarmUp:
     Attributes:
         process: the side process.
         workdir: its folder (config, stand-in checkpoint, `warmup.log`); removed by `wait`.
-        started: `time.monotonic()` at its start.
         owner: the open `owner.lock` of `workdir`, locked while this rank lives (`remove_orphaned_workdirs`);
             None in tests that build a handle by hand.
     """
 
     process: subprocess.Popen
     workdir: pathlib.Path
-    started: float
     owner: Any = None
 
     def _remove_workdir(self) -> None:
@@ -235,19 +232,13 @@ def remove_orphaned_workdirs(temp_dir: str | None = None) -> int:
     return removed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     """Starts the warm-up process when it can pay; returns its handle, or None when there is nothing to warm.
 
     Nothing starts with `--no-fsdp-compile-warmup`, when the layers are not compiled (`compiles_layers`: CPU by
     default, `--true-on-policy-mode`), or for a vision-language checkpoint (its vision blocks are not compiled and
     its stand-in would need a vision tower). The process sees this process's environment (the same GPU and inductor
-    cache directory) with a world of one on a free local port.
+    cache directory); its world of one needs no port (an in-memory store).
 
     Raises:
         OSError: the process cannot be started (no such interpreter, no space for its folder).
@@ -270,14 +261,13 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     owner = open(workdir / _OWNER, "w")  # noqa: SIM115 - held (locked) for as long as the warm-up's folder exists
     fcntl.flock(owner, fcntl.LOCK_EX)
     (workdir / "args.json").write_text(json.dumps(cfg.to_dict()))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLIME_WARMUP_PARENT": str(os.getpid())}  # fmt: skip
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLIME_WARMUP_PARENT": str(os.getpid())}
     with open(workdir / "warmup.log", "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "slime_train_fsdp.compile_warmup", str(workdir)], env=env,
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
     logger.info("compile warm-up started (pid %d): a stand-in of the model's decoder layers compiles in the background",
                 process.pid)  # fmt: skip
-    return CompileWarmUp(process=process, workdir=workdir, started=time.monotonic(), owner=owner)
+    return CompileWarmUp(process=process, workdir=workdir, owner=owner)
 
 
 def _stand_in_depth(layer_types: list[str] | None) -> int:
@@ -335,7 +325,7 @@ def _dummy_batch(token_counts: list[int]) -> Any:
 
 
 def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
-    """The warm-up itself (in the side process, whose world of one is set up by the caller's environment).
+    """The warm-up itself (in the side process; it joins a world of one through an in-memory store).
 
     Returns:
         `{"seconds", "compile_seconds", "graphs", "token_counts"}`.
@@ -359,7 +349,7 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=0, world_size=1)
+    dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         backend = FSDPTrainBackend()
         backend.init(local, with_ref=False)
