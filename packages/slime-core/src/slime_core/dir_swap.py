@@ -177,15 +177,16 @@ def swap_in(tmp: str | os.PathLike[str], path: str | os.PathLike[str], *, flag: 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Replaces the file `path` by one holding `text`, atomically and durably (a checkpoint's tracker file).
 
-    Written to `<path>.tmp`, flushed to the disk, renamed over `path`, and the rename flushed: after a crash the
-    file holds the old text or the new one, never an empty or partial one.
+    Written to `<path>.tmp` (its folder created if missing), flushed to the disk, renamed over `path`, and the
+    rename flushed: after a crash the file holds the old text or the new one, never an empty or partial one.
 
     Raises:
         OSError: the file could not be written, flushed or renamed.
     """
     out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w") as f:
+    with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

@@ -21,14 +21,8 @@ from typing import TYPE_CHECKING, Any
 from slime_core.extensions import REWARDS
 from slime_core.registry import Problem
 from slime_rollout.data import multimodal
-from slime_rollout.data.source import (
-    TOKENIZER_FILES,
-    PromptRows,
-    load_prompt_rows,
-    prompt_problem,
-    row_metadata,
-    row_tools,
-)
+from slime_rollout.data.rows import prompt_problem, row_metadata, row_tools
+from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs

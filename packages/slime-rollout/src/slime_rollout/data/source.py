@@ -19,16 +19,17 @@ import logging
 import os
 import pathlib
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from slime_core.dir_swap import write_text_atomic
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
+from slime_rollout.data.rows import prompt_problem, row_metadata, row_tools
 from slime_rollout.plugins import load_function
 
 if TYPE_CHECKING:
@@ -193,88 +194,6 @@ def _count_rows(spec: str) -> int:
     return len(range(total)[start:end])
 
 
-def _maybe_json(value: Any, what: str, where: str) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(f"{where}: {what} is a string but not valid JSON: {value[:80]!r}") from None
-    return value
-
-
-def prompt_problem(prompt: Any, input_key: str) -> str | None:
-    """What is wrong with a row's prompt, or None: a non-empty string, or chat messages with some content.
-
-    Chat messages are `{"role": ..., "content": ...}` dicts (an assistant turn with only tool calls may have no
-    content); a number, a dict or a list of strings was let through as "a message list" and failed in the
-    tokenizer mid-rollout, and a list of strings was reported as an empty prompt.
-
-    Args:
-        prompt: the row's `--input-key` value.
-        input_key: the flag's value, for the message.
-
-    Returns:
-        The message naming `--input-key`, or None for a usable prompt.
-    """
-    if isinstance(prompt, str):
-        return None if prompt.strip() else f"empty prompt in --input-key {input_key!r}"
-    if prompt is None:
-        return f"empty prompt in --input-key {input_key!r} (null)"
-    if not isinstance(prompt, list):
-        return (
-            f"--input-key {input_key!r} holds {type(prompt).__name__} {_preview(prompt)}, not a prompt (a string, "
-            'or a list of chat messages {"role": ..., "content": ...})'
-        )
-    for i, message in enumerate(prompt):
-        if not isinstance(message, dict) or "role" not in message:
-            return (
-                f"--input-key {input_key!r}: message {i} is {type(message).__name__} {_preview(message)}, not a chat "
-                'message {"role": ..., "content": ...}'
-            )
-    if not any(str(m.get("content") or "").strip() for m in prompt):
-        return f"empty prompt in --input-key {input_key!r} (no message has content)"
-    return None
-
-
-def row_metadata(row: dict[str, Any], metadata_key: str | None, where: str) -> dict[str, Any]:
-    """A copy of a row's `--metadata-key` value: a dict, or a JSON string of one; {} without the key or value.
-
-    Raises:
-        ValueError: the value (or its JSON) is not a dict (a list of pairs was read as a dict, a number failed as
-            "'int' object is not iterable" naming no row); the message names `where` and the flag.
-    """
-    value = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"{where}: --metadata-key {metadata_key!r} must hold a dict (or its JSON), got {type(value).__name__} "
-            f"{_preview(value)}"
-        )
-    return dict(value)
-
-
-def row_tools(row: dict[str, Any], tool_key: str | None, where: str) -> list[dict[str, Any]] | None:
-    """A row's `--tool-key` value: a list of tool schemas (dicts), or a JSON string of one; None without it.
-
-    Raises:
-        ValueError: anything else (the chat template refused a dict or a list of names naming no row: "Tools
-            should either be a JSON schema, ..."; the original asserts a list); the message names `where`.
-    """
-    tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise ValueError(
-            f"{where}: --tool-key {tool_key!r} must hold a list of tool schemas (dicts) or its JSON, got "
-            f"{type(tools).__name__} {_preview(tools)}"
-        )
-    return tools
-
-
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def rows_to_samples(
     rows: Sequence[dict[str, Any]],
     *,
@@ -398,21 +317,6 @@ def _prompt_len(tokenizer: Any, prompt: Any, images: list[str], processor_path: 
     if images:
         return len(multimodal.prepare_vision_prompt(processor_path, text, images).input_ids)
     return len(tokenizer.encode(text, add_special_tokens=False))
-
-
-def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    """Writes `text` to `path` via a temporary file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class RolloutDataSource:
@@ -550,7 +454,7 @@ class RolloutDataSource:
         if not root:
             return
         path = self.state_path(root, rollout_id)
-        atomic_write_text(path, json.dumps(self._state()))
+        write_text_atomic(path, json.dumps(self._state()))
         logger.info("saved data-source cursor to %s", path)
 
     def load(self, rollout_id: int | None = None) -> None:

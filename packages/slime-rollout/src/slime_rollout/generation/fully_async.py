@@ -33,10 +33,10 @@ import pathlib
 import time
 from typing import TYPE_CHECKING
 
+from slime_core.dir_swap import write_text_atomic
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slime_rollout.data.source import atomic_write_text
 from slime_rollout.generation.eval import eval_rollout
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
 from slime_rollout.generation.rollout import _exclude_empty_responses, run_end_of_rollout_plugins
@@ -149,7 +149,7 @@ async def _write_state(args: SlimeArgs, data_source: DataSource, rollout_id: int
     # cannot draw a group in between.
     held = _producer.held_prompts() if _producer is not None else [copy.deepcopy(g) for g in _restored]
     data_source.save(rollout_id)
-    atomic_write_text(state_path(args.save, rollout_id), json.dumps({"held": [[s.to_dict() for s in g] for g in held]}))
+    write_text_atomic(state_path(args.save, rollout_id), json.dumps({"held": [[s.to_dict() for s in g] for g in held]}))
     return len(held)
 
 
