@@ -11,8 +11,10 @@ reproduces every position exactly by calling the same two kernels on the whole r
   `kv_indices` into the row's K/V), with SGLang's `num_kv_splits = ceil(len / split_tile_size)`.
 
 `MirroredAttention` is a custom autograd function: the forward is those kernels (bit-exact), the backward
-recomputes attention with `scaled_dot_product_attention` per sequence and differentiates that (gradients need to
-be right, not bit-identical). On CPU the forward is that same SDPA computation (the wiring stays testable).
+recomputes attention and differentiates that (gradients need to be right, not bit-identical): on CUDA with the
+flash varlen kernel over the whole row (one call per layer, as the default trainer's attention), on CPU with
+`scaled_dot_product_attention` per sequence. On CPU the forward is that same SDPA computation (the wiring stays
+testable).
 
 Legend: `T` tokens of the row, `Nq`/`Nkv` query/KV heads, `D` head dim, `B` sequences, `E`/`Q` prompt/response
 positions of the row.
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 
 from slime_train_fsdp.true_on_policy.kernels import SGLangKernels
 
-__all__ = ["AttentionPlan", "MirroredAttention", "plan_attention", "sdpa_packed"]
+__all__ = ["AttentionPlan", "MirroredAttention", "plan_attention", "sdpa_packed", "varlen_packed"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,6 +38,7 @@ class AttentionPlan:
 
     Attributes:
         seq_lengths: `T_i` per sequence (sum `T`).
+        cu_seqlens: `[B+1]` int32 cumulative sequence starts of the row (the varlen backward's layout).
         prompt_lengths: `P_i` per sequence: positions `< P_i` were prefilled, `>= P_i` decoded.
         extend_index: `[E]` int64 row positions of prompt tokens (extend queries, in order).
         extend_indptr: `[B+1]` int32 cumulative prompt lengths (query and KV offsets of each extend request).
@@ -48,6 +51,7 @@ class AttentionPlan:
     """
 
     seq_lengths: list[int]
+    cu_seqlens: torch.Tensor
     prompt_lengths: list[int]
     extend_index: torch.Tensor
     extend_indptr: torch.Tensor
@@ -96,6 +100,7 @@ def plan_attention(
     empty = torch.zeros(0, dtype=torch.int64)
     return AttentionPlan(
         seq_lengths=list(seq_lengths),
+        cu_seqlens=torch.tensor([0, *seq_lengths], dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32),
         prompt_lengths=list(prompt_lengths),
         extend_index=(torch.cat(ext) if ext else empty).to(device),
         extend_indptr=torch.tensor(ext_ptr, dtype=torch.int32, device=device),
@@ -130,6 +135,16 @@ def sdpa_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lengths: 
     return torch.cat(outs) if outs else q.new_zeros(q.shape)
 
 
+def varlen_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan, scale: float):
+    """`sdpa_packed` in one flash varlen call over the row (CUDA): `[T, Nq, D]`, `[T, Nkv, D]` x2 -> `[T, Nq, D]`."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    longest = max(plan.seq_lengths)
+    cu = plan.cu_seqlens
+    # window (-1, 0): causal; GQA is native (fewer K/V heads than query heads).
+    return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0))
+
+
 def _sglang_forward(q, k, v, plan: AttentionPlan, scale: float, kernels: SGLangKernels) -> torch.Tensor:
     """The engine's kernels on the row (see the module docstring); `[T, Nq, D]` bf16."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -159,7 +174,10 @@ def _sglang_forward(q, k, v, plan: AttentionPlan, scale: float, kernels: SGLangK
 
 
 class MirroredAttention(torch.autograd.Function):
-    """Forward: SGLang's prefill/decode kernels (CUDA) or SDPA (CPU); backward: SDPA recomputed and differentiated.
+    """Forward: SGLang's prefill/decode kernels (CUDA) or SDPA (CPU); backward: recomputed and differentiated.
+
+    The backward recomputes with flash varlen attention on CUDA (one call for the row; a loop of per-sequence SDPA
+    calls there cost ~256 small launches per layer at the e2e shape) and per-sequence SDPA on CPU.
 
     `apply(q [T,Nq,D], k [T,Nkv,D], v [T,Nkv,D], plan, scale, kernels or None) -> [T,Nq,D]`.
     """
@@ -177,6 +195,9 @@ class MirroredAttention(torch.autograd.Function):
         q, k, v = ctx.saved_tensors
         with torch.enable_grad():
             q_, k_, v_ = (t.detach().requires_grad_(True) for t in (q, k, v))
-            out = sdpa_packed(q_, k_, v_, ctx.plan.seq_lengths, ctx.scale)
+            if q.device.type == "cuda":
+                out = varlen_packed(q_, k_, v_, ctx.plan, ctx.scale)
+            else:
+                out = sdpa_packed(q_, k_, v_, ctx.plan.seq_lengths, ctx.scale)
             dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), grad_out)
         return dq, dk, dv, None, None, None
