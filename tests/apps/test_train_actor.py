@@ -104,7 +104,7 @@ def test_train_env_vars_reach_the_trainer_process_next_to_the_job_env():
         ray.shutdown()
 
 
-def test_the_backends_compile_warm_up_starts_when_asked_and_the_first_step_waits_for_it(monkeypatch):
+def test_the_backends_compile_warm_up_starts_when_asked_and_the_first_step_takes_its_outcome(monkeypatch):
     from types import SimpleNamespace
 
     import slime_app.train_actor as ta
@@ -114,6 +114,7 @@ def test_the_backends_compile_warm_up_starts_when_asked_and_the_first_step_waits
     class WarmUp:
         def wait(self):
             events.append("wait")
+            return {"graphs": 1}  # a finished warm-up's report
 
         def stop(self):
             events.append("stop")
@@ -138,6 +139,7 @@ def test_the_backends_compile_warm_up_starts_when_asked_and_the_first_step_waits
     first, second = actor.train(0, object()), actor.train(1, object())
     actor.shutdown()
     assert first["perf/compile_warmup_wait_time"] >= 0.0 and "perf/compile_warmup_wait_time" not in second
+    assert first["perf/compile_warmup_finished"] == 1.0
     assert events == ["start", "wait", "train 0", "train 1"]  # waited once, before the first step only
 
     # A rank shutting down before its first step stops the warm-up; a critic rank starts none.

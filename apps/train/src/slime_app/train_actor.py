@@ -166,7 +166,8 @@ class TrainActor:
     def train(self, rollout_id: int, batch: Any, values: Any = None) -> dict[str, float]:
         """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray).
 
-        The first step after a compile warm-up (`preload`) waits for it: `perf/compile_warmup_wait_time` (s).
+        The first step after a compile warm-up (`preload`) takes what it finished: `perf/compile_warmup_finished`
+        (1 or 0: stopped unfinished) and `perf/compile_warmup_wait_time` (s, ~0: it never delays the step).
         On CUDA the metrics gain `perf/train_peak_mem_gib`: the peak of memory allocated by this rank's
         tensors during the step (GiB, `torch.cuda.max_memory_allocated`; the caching allocator's reserve
         and other processes, e.g. a colocated engine, are not included).
@@ -186,14 +187,17 @@ class TrainActor:
         warm_up_wait = None
         if self.warm_up is not None:
             begun = time.monotonic()
-            self.warm_up.wait()  # its graphs are in inductor's cache now: the first forward loads them
+            # Finished: its graphs are in inductor's cache and the first forward loads them. Not finished: it is
+            # stopped (it never delays the step) and the step compiles what it had not.
+            finished = self.warm_up.wait() is not None
             self.warm_up, warm_up_wait = None, time.monotonic() - begun
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         metrics = self.backend.train(rollout_id, batch)
         if warm_up_wait is not None:
-            metrics = {**metrics, "perf/compile_warmup_wait_time": warm_up_wait}
+            metrics = {**metrics, "perf/compile_warmup_wait_time": warm_up_wait,
+                       "perf/compile_warmup_finished": float(finished)}  # fmt: skip
         if cuda:
             metrics = {**metrics, "perf/train_peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
         return metrics

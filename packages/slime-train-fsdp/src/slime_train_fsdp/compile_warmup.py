@@ -15,8 +15,10 @@ When it runs (`start_compile_warm_up`, called by the trainer rank before `init`)
 while the engines start; colocated ranks start it after the engines released their memory (SGLang sizes its KV
 cache from the free memory it measures at start-up, which a concurrent warm-up would shrink), so it overlaps the
 model load and the first rollout. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
-cache directory (a file lock); the ranks wait for it before their first forward, at most `WAIT_S`. A warm-up that
-fails or times out is logged with its log's tail and the first step compiles as usual. `--no-fsdp-compile-warmup`
+cache directory (a file lock). It never delays a step: at the first forward a warm-up that has not finished is
+stopped (`WAIT_S` is 0), the graphs it finished stay in the cache and the step compiles the rest; measured on one
+H100 (qwen3-0.6b colocated, 2c37186), waiting for an unfinished one cost 45 s to save 11 s of compiling. A warm-up
+that fails or is stopped is logged with its log's tail. `--no-fsdp-compile-warmup`
 turns it off. With `--context-parallel-size` > 1 none starts: its attention needs a CP group that a world of one
 does not have.
 
@@ -59,8 +61,9 @@ __all__ = [
     "warm_up_token_counts",
 ]
 
-#: Seconds a rank waits for the warm-up before its first forward; then it is killed and the step compiles itself.
-WAIT_S = 300.0
+#: Seconds the first forward waits for a warm-up that has not finished; then it is stopped and the step compiles
+#: what is not in the cache yet. 0: the warm-up only ever uses time the rank would spend waiting anyway.
+WAIT_S = 0.0
 #: Bytes of saved activations the stand-in layer may hold (it may share the GPU with colocated engines).
 ACTIVATION_BUDGET = 1 << 30
 #: Exit status of a warm-up that found another one holding this node's lock.
@@ -154,8 +157,8 @@ class CompileWarmUp:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-                logger.warning("compile warm-up still running after %.0f s: stopped; the first step compiles the "
-                               "layers itself (log: %s)", timeout_s, _tail(log))  # fmt: skip
+                logger.warning("compile warm-up not finished when the first step began (waited %.1f s): stopped; the "
+                               "step compiles what is not in the cache yet (log: %s)", timeout_s, _tail(log))  # fmt: skip
                 return None
             waited = time.monotonic() - begun
             if rc == ANOTHER_RUNS:
