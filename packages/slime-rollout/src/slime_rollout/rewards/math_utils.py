@@ -44,7 +44,8 @@ import re
 
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
-from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
+from slime_rollout.rewards.inequalities import as_interval_union
+from slime_rollout.rewards.normalize import CleanAnswer, clean_answer, normalize_answer, parse_number
 from slime_rollout.rewards.number_words import words_to_number
 
 logger = logging.getLogger(__name__)
@@ -125,8 +126,8 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
         return p.letter == g.letter, g.text, p.letter
     if not p.text or not g.text:
         return False, g.text, p.text
-    if p.meridiem and g.meridiem and p.meridiem != g.meridiem:
-        return False, g.text, p.text
+    if _TIME.match(p.text) and _TIME.match(g.text):
+        return _same_time(p, g), g.text, p.text
     # What both sides name must agree: the choice letter, the variable, the unit (one side's alone is dropped).
     # Case folded like the text (`X = 5` is `x = 5`).
     for mine, theirs in ((p.letter, g.letter), (p.variable, g.variable), (p.unit, g.unit)):
@@ -136,8 +137,6 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
         return True, g.text, p.text
     if _two_numbers(p.text) or _two_numbers(g.text):
         return False, g.text, p.text  # "2 3" is two numbers, not 23 (and not 2·3)
-    if _TIME.match(p.text) and _TIME.match(g.text):
-        return False, g.text, p.text
     pred_value, gold_value = parse_number(p.text), parse_number(g.text)
     if pred_value is not None and gold_value is not None:
         same = pred_value == gold_value
@@ -150,6 +149,29 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
     if pred_variables is not None and gold_variables is not None and pred_variables != gold_variables:
         return False, g.text, p.text  # `3s` is not `3t`, nor `3` (math-verify drops `s`, `t` as units)
     return None, g.text, p.text
+
+
+def _same_time(p: CleanAnswer, g: CleanAnswer) -> bool:
+    """Whether two times of day (`clean_answer` texts `h:mm`, AM/PM in `meridiem`) are the same time.
+
+    A time with AM/PM, or a 24-hour one (hour 0 or 13-23), names one minute of the day: two such are compared as
+    that minute (`5:30 PM` = `17:30`, `12:15 AM` = `0:15`; `5:30 AM` ≠ `17:30`). Otherwise they are compared as
+    written, AM/PM on one side only dropped like a unit (`5:30 PM` = `5:30`; `5:30` ≠ `17:30`).
+    """
+    minutes = [_minute_of_day(c) for c in (p, g)]
+    if None not in minutes:
+        return minutes[0] == minutes[1]
+    return p.text == g.text
+
+
+def _minute_of_day(clean: CleanAnswer) -> int | None:
+    """The minute since midnight that a time names, or None when it could be AM or PM (`5:30`, `12:00`)."""
+    hour, minute = (int(n) for n in clean.text.split(":"))
+    if minute > 59 or (clean.meridiem and not 1 <= hour <= 12):
+        return None  # not a time of day (`5:75 PM`, `13:00 PM`): compared as written
+    if clean.meridiem:
+        return ((hour % 12) + (12 if clean.meridiem == "pm" else 0)) * 60 + minute
+    return hour * 60 + minute if hour == 0 or 13 <= hour <= 23 else None
 
 
 def _two_numbers(text: str) -> bool:
@@ -267,9 +289,31 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     if len(answers) > 1 and len(answers) == len(gold_parts):
         return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
     distinct = _distinct(answers)
+    if len(distinct) == 1:
+        applies, union = _union_pair(distinct[0], gold)
+        if applies:
+            return None if union is None else [union]
     if len(distinct) != 1 or not _same_part_count(distinct[0], gold):
         return None
     return [(_one_joiner(distinct[0]), _one_joiner(gold))]
+
+
+def _union_pair(pred: str, gold: str) -> tuple[bool, tuple[str, str] | None]:
+    r"""`(applies, pair)` for a solution set given as inequalities joined by "or" on either side.
+
+    `x<1 \text{ or } x>2` is one answer, the union `(-\infty,1)\cup(2,\infty)` (`inequalities`), not the two
+    parts "or" lists elsewhere. When either side is such a union, both are compared as sets in interval notation
+    (the other side read as one inequality if it is one, else as written); different variables are wrong
+    (`pair` None). `applies` is False when neither side is a union of inequalities.
+    """
+    pred_set, gold_set = as_interval_union(pred), as_interval_union(gold)
+    if pred_set is None and gold_set is None:
+        return False, None
+    pred_set = pred_set or as_interval_union(pred, min_pieces=1)
+    gold_set = gold_set or as_interval_union(gold, min_pieces=1)
+    if pred_set and gold_set and pred_set[0].lower() != gold_set[0].lower():
+        return True, None  # `y<1 or y>2` for `x<1 or x>2`
+    return True, (pred_set[1] if pred_set else pred, gold_set[1] if gold_set else gold)
 
 
 def _one_joiner(answer: str) -> str:

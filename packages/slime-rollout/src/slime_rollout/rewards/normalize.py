@@ -42,6 +42,14 @@ __all__ = ["CleanAnswer", "clean_answer", "normalize_answer", "parse_number", "w
 _TEXT_COMMANDS = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
 )
+# Functions math-verify parses as commands (`\lcm(4,6)` is 12). Wrapped (`\operatorname{lcm}`, `\mathrm{gcd}`,
+# `\text{max}`) or bare before `(`, they were unwrapped to letters, which it reads as a product (l·c·m(4, 6)):
+# `\operatorname{lcm}(4,6)` scored 0 against 12. They are written as the command instead.
+_FUNCTION_NAMES = (
+    "gcd|lcm|max|min|det|floor|exp|ln|log|sinh|cosh|tanh|arcsin|arccos|arctan|arccot|sin|cos|tan|cot|sec|csc"
+)
+_WRAPPED_FUNCTION = re.compile(rf"\\(?:operatorname\*?|mathrm|textrm|text|rm)\s*\{{\s*({_FUNCTION_NAMES})\s*\}}")
+_BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_FUNCTION_NAMES})(?=\s*\()")
 _SPACES = re.compile(r"\\[ ,;:!]|\\q?quad\b|~")
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _LETTER_ONLY = re.compile(r"^\(?([A-J])\)?\.?$")
@@ -116,6 +124,7 @@ def _strip_delimiters(s: str) -> str:
 
 
 def _latex_cleanup(s: str) -> str:
+    s = _BARE_FUNCTION.sub(r"\\\1", _WRAPPED_FUNCTION.sub(r"\\\1", s))  # `\operatorname{lcm}(4,6)` → `\lcm(4,6)`
     for _ in range(2):  # \text{\textbf{x}}
         s = _TEXT_COMMANDS.sub(r" \1 ", s)
     s = _SPACES.sub(" ", s)

@@ -1,0 +1,86 @@
+r"""Issue 27, fresh hostile pass (round 8): solution sets joined by "or", 12/24-hour times, wrapped functions.
+
+Each 1.0 case scored 0 before this pass: `x<1 \text{ or } x>2` was split at "or" into two parts against the
+label's one union (either side the label); `5:30 PM` was compared with `17:30` as the text `5:30`;
+`\operatorname{lcm}(4,6)` was unwrapped to the letters `lcm(4,6)`, which math-verify reads as l·c·m(4, 6). The
+0.0 cases are the near misses that must stay wrong.
+"""
+
+import pytest
+
+from slime_rollout.rewards import rule_based_reward
+from slime_rollout.rewards.inequalities import as_interval_union
+
+
+def _score(answer: str, label: str) -> float:
+    return rule_based_reward("math", f"So the answer is $\\boxed{{{answer}}}$.", label)
+
+
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        # A union of intervals written as inequalities joined by "or", either side the label.
+        (r"x<1 \text{ or } x>2", r"(-\infty,1)\cup(2,\infty)", 1.0),
+        (r"x < 1 or x > 2", r"(-\infty, 1) \cup (2, \infty)", 1.0),
+        (r"(-\infty,1)\cup(2,\infty)", r"x<1 \text{ or } x>2", 1.0),
+        (r"x \le -1 \lor x \ge 3", r"(-\infty,-1]\cup[3,\infty)", 1.0),
+        (r"1 < x < 2 \text{ or } x \geq 5", r"(1,2)\cup[5,\infty)", 1.0),
+        (r"2 > x > 1 \text{ or } x > 5", r"(1,2)\cup(5,\infty)", 1.0),
+        (r"x<\frac{1}{2} \text{ or } x>\sqrt{2}", r"(-\infty,\frac12)\cup(\sqrt2,\infty)", 1.0),
+        (r"x>2 \text{ or } x<1", r"x<1 \text{ or } x>2", 1.0),
+        # Near misses: another endpoint, a closed end for an open one, another variable, one piece only.
+        (r"x<1 \text{ or } x>3", r"(-\infty,1)\cup(2,\infty)", 0.0),
+        (r"x \le 1 \text{ or } x>2", r"(-\infty,1)\cup(2,\infty)", 0.0),
+        (r"(-\infty,1]\cup(2,\infty)", r"x<1 \text{ or } x>2", 0.0),
+        (r"y<1 \text{ or } y>2", r"x<1 \text{ or } x>2", 0.0),
+        (r"x<1", r"x<1 \text{ or } x>2", 0.0),
+        (r"x<1 \text{ or } x>2", r"x<1", 0.0),
+        (r"x>2", r"(-\infty,1)\cup(2,\infty)", 0.0),
+        (r"1<x<2", r"x<1 \text{ or } x>2", 0.0),
+        # Times of day: 12-hour with AM/PM and 24-hour name one minute of the day.
+        (r"5:30 PM", "17:30", 1.0),
+        (r"5:30 \text{ p.m.}", "17:30", 1.0),
+        (r"17:30", r"5:30\text{ PM}", 1.0),
+        (r"12:15 AM", "0:15", 1.0),
+        (r"12:15 AM", "00:15", 1.0),
+        (r"12:15 PM", "12:15", 1.0),
+        (r"7:05pm", "19:05", 1.0),
+        (r"5:30 AM", "17:30", 0.0),
+        (r"5:30", "17:30", 0.0),
+        (r"12:15 PM", "0:15", 0.0),
+        (r"5:30 PM", "5:30 AM", 0.0),
+        (r"5:75 PM", "18:15", 0.0),
+        # Functions written as `\operatorname{...}`, `\mathrm{...}`, `\text{...}` or bare before "(".
+        (r"\operatorname{lcm}(4,6)", "12", 1.0),
+        (r"\operatorname{gcd}(12,18)", "6", 1.0),
+        (r"\mathrm{lcm}(4, 6)", "12", 1.0),
+        (r"\text{gcd}(12, 18)", "6", 1.0),
+        (r"lcm(4,6)", "12", 1.0),
+        (r"\operatorname{max}(3, 5)", "5", 1.0),
+        (r"\operatorname{lcm}(4,6)", r"\text{lcm}(4,6)", 1.0),
+        (r"\operatorname{arctan}(1)", r"\frac{\pi}{4}", 1.0),
+        (r"\operatorname{lcm}(4,6)", "24", 0.0),
+        (r"\operatorname{gcd}(12,18)", "3", 0.0),
+        (r"\operatorname{min}(3, 5)", "5", 0.0),
+        (r"\operatorname{arctan}(1)", r"\frac{\pi}{3}", 0.0),
+    ],
+)
+def test_round8_answer_forms(answer: str, label: str, expected: float) -> None:
+    assert _score(answer, label) == expected
+
+
+def test_interval_union_reads_pieces_and_refuses_the_rest() -> None:
+    assert as_interval_union(r"x<1 \text{ or } x\geq 2") == ("x", r"(-\infty,1)\cup[2,\infty)")
+    assert as_interval_union(r"-3 \le t < 0 \vee t > 4") == ("t", r"[-3,0)\cup(4,\infty)")
+    assert as_interval_union("x > 2") is None  # one piece: only with min_pieces=1
+    assert as_interval_union("x > 2", min_pieces=1) == ("x", r"(2,\infty)")
+    assert as_interval_union("x < a or x > b") is None  # letter endpoints
+    assert as_interval_union("x < 1 or y > 2") is None  # two variables
+    assert as_interval_union("x = 1 or x = 2") is None  # equations are listed answers, not a set
+    assert as_interval_union("1 < x > 2 or x < 0") is None  # no interval
+    assert as_interval_union("x < 1 or x > 2" * 100) is None  # too long to be one solution set
+
+
+def test_a_hedge_between_boxed_unions_stays_wrong() -> None:
+    response = r"Either $\boxed{x<1 \text{ or } x>2}$ or $\boxed{x<0 \text{ or } x>3}$."
+    assert rule_based_reward("math", response, r"(-\infty,1)\cup(2,\infty)") == 0.0
