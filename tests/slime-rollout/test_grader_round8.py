@@ -2,8 +2,8 @@ r"""Issue 27, fresh hostile pass (round 8): solution sets joined by "or", 12/24-
 
 Each 1.0 case scored 0 before this pass: `x<1 \text{ or } x>2` was split at "or" into two parts against the
 label's one union (either side the label); `5:30 PM` was compared with `17:30` as the text `5:30`;
-`\operatorname{lcm}(4,6)` was unwrapped to the letters `lcm(4,6)`, which math-verify reads as l·c·m(4, 6). The
-0.0 cases are the near misses that must stay wrong.
+`\operatorname{lcm}(4,6)` was unwrapped to the letters `lcm(4,6)`, which math-verify reads as l·c·m(4, 6); "infinity"
+in words stayed letters. The 0.0 cases are the near misses that must stay wrong.
 """
 
 import pytest
@@ -63,6 +63,12 @@ def _score(answer: str, label: str) -> float:
         (r"\operatorname{gcd}(12,18)", "3", 0.0),
         (r"\operatorname{min}(3, 5)", "5", 0.0),
         (r"\operatorname{arctan}(1)", r"\frac{\pi}{3}", 0.0),
+        # Infinity in words is the value.
+        (r"\infty", "infinity", 1.0),
+        (r"\text{Infinity}", r"\infty", 1.0),
+        (r"(-\text{infinity}, 1)", r"(-\infty,1)", 1.0),
+        (r"-\text{infinity}", r"\infty", 0.0),
+        (r"\text{infinitely many}", r"\infty", 0.0),
     ],
 )
 def test_round8_answer_forms(answer: str, label: str, expected: float) -> None:
@@ -84,3 +90,23 @@ def test_interval_union_reads_pieces_and_refuses_the_rest() -> None:
 def test_a_hedge_between_boxed_unions_stays_wrong() -> None:
     response = r"Either $\boxed{x<1 \text{ or } x>2}$ or $\boxed{x<0 \text{ or } x>3}$."
     assert rule_based_reward("math", response, r"(-\infty,1)\cup(2,\infty)") == 0.0
+
+
+def test_many_different_boxes_are_a_hedge_judged_in_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every box was compared with every earlier distinct one: 1,000 different boxes (12 KB) took 29 s of inline
+    # CPU, 3,000 took 291 s. Now the answers are compared with the first one only, and stop at a difference.
+    from slime_rollout.rewards import math_utils
+
+    calls = []
+    real = math_utils.grade_fast
+    monkeypatch.setattr(math_utils, "grade_fast", lambda p, g: calls.append(p) or real(p, g))
+    response = " ".join(rf"\boxed{{{i}}}" for i in range(1000))
+    assert rule_based_reward("math", response, "5") == 0.0
+    assert len(calls) <= 2
+    # One value restated in a few spellings is still one answer; the same box repeated is compared once.
+    calls.clear()
+    assert rule_based_reward("math", r"\boxed{5} " * 1000 + r"so $\boxed{5.0}$, i.e. $\boxed{x = 5}$", "5") == 1.0
+    assert len(calls) <= 4
+    # More spellings than a restatement has: a hedge.
+    spellings = " ".join(rf"\boxed{{5{'.' if k else ''}{'0' * k}}}" for k in range(20))
+    assert rule_based_reward("math", spellings, "5") == 0.0

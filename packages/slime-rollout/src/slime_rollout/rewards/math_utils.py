@@ -259,13 +259,24 @@ def _plus_minus(part: str) -> list[str]:
     return [_PLUS_MINUS.sub(first, part), _PLUS_MINUS.sub(second, part)]
 
 
+# Different spellings one final statement may restate its answer in (`5`, `5.0`, `x = 5`); more is no answer.
+_MAX_SPELLINGS = 16
+
+
 def _distinct(answers: list[str]) -> list[str]:
-    """The answers that differ from every earlier one (by the cheap checks: cleaning and exact numbers)."""
-    out: list[str] = []
-    for answer in answers:
-        if not any(grade_fast(answer, seen)[0] for seen in out):
-            out.append(answer)
-    return out
+    """The first answer, then the first that differs from it (cheap checks: cleaning, exact numbers), if any.
+
+    Callers only ask whether there is exactly one distinct answer, so this stops at the second: comparing every
+    answer with every earlier one took 29 s of inline CPU for a 12 KB response of 1,000 different boxes (291 s
+    for 3,000). A repeated spelling is compared once; more than `_MAX_SPELLINGS` spellings count as a hedge.
+    """
+    spellings = list(dict.fromkeys(answers))
+    if len(spellings) > _MAX_SPELLINGS:
+        return spellings[:2]
+    for answer in spellings[1:]:
+        if not grade_fast(answer, spellings[0])[0]:
+            return [spellings[0], answer]
+    return spellings[:1]
 
 
 def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:

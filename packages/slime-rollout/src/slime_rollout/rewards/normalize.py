@@ -50,6 +50,7 @@ _FUNCTION_NAMES = (
 )
 _WRAPPED_FUNCTION = re.compile(rf"\\(?:operatorname\*?|mathrm|textrm|text|rm)\s*\{{\s*({_FUNCTION_NAMES})\s*\}}")
 _BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_FUNCTION_NAMES})(?=\s*\()")
+_INFINITY = re.compile(r"(?<![\\A-Za-z])(?i:infinity)(?![A-Za-z])|∞")
 _SPACES = re.compile(r"\\[ ,;:!]|\\q?quad\b|~")
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _LETTER_ONLY = re.compile(r"^\(?([A-J])\)?\.?$")
@@ -128,6 +129,7 @@ def _latex_cleanup(s: str) -> str:
     for _ in range(2):  # \text{\textbf{x}}
         s = _TEXT_COMMANDS.sub(r" \1 ", s)
     s = _SPACES.sub(" ", s)
+    s = _INFINITY.sub(r"\\infty", s)  # "infinity", "∞": the value `\infty` (the word was left as letters)
     s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = s.replace("\\varnothing", "\\emptyset")  # two spellings of one set (math-verify parses only the second)
