@@ -130,6 +130,23 @@ def test_whether_a_reward_grades_the_label_is_its_capability(tmp_path):
         REWARDS.unregister("judge_label")
 
 
+def test_a_label_stand_in_in_the_metadata_is_the_records_field(tmp_path):
+    # gpqa's `correct_letter` was special-cased by name: a package's reward with the same kind of stand-in was
+    # refused ("null --label-key") though it grades from the metadata. Its record now says which key it reads.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "Pick one", "label": None, "metadata": {"gold": "B"}})
+    REWARDS.register(RewardSpec(name="judge_meta", factory=lambda args, sample: 1.0, grades_label=True,
+                                label_in_metadata="gold"))  # fmt: skip
+    try:
+        assert _errors(_cfg(data, "--rm-type", "judge_meta", "--metadata-key", "metadata")) == []
+        _write(data, {"prompt": "Pick one", "label": None, "metadata": {"correct_letter": "B"}})
+        (error,) = _errors(_cfg(data, "--rm-type", "judge_meta", "--metadata-key", "metadata"))
+        assert "null --label-key 'label', which --rm-type judge_meta grades against" in error
+        assert _errors(_cfg(data, "--rm-type", "gpqa", "--metadata-key", "metadata")) == []
+        assert REWARDS.get("gpqa").label_in_metadata == "correct_letter"
+    finally:
+        REWARDS.unregister("judge_meta")
+
+
 def test_a_rows_own_reward_must_be_registered(tmp_path):
     # metadata["rm_type"] overrides --rm-type per sample; a typo used to pass preflight and stop the rollout.
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2", "metadata": {"rm_type": "boxed_f1"}},

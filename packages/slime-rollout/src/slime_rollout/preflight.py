@@ -246,12 +246,20 @@ def _row_rm_type(cfg: SlimeArgs, row: Mapping[str, Any]) -> str:
 
 
 def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
+    """Whether `row` needs a label: its reward's record `grades_label`, and its metadata has no stand-in for it.
+
+    The stand-in is the record's `label_in_metadata` key (gpqa's `correct_letter`), so a package's reward declares
+    it in its record as the built-ins do (gpqa was special-cased here by name).
+    """
     if cfg.custom_rm_path:
         return False  # a custom reward decides what it needs
     rm_type = _row_rm_type(cfg, row).removeprefix("boxed_")
-    if rm_type == "gpqa" and _row_metadata(cfg, row).get("correct_letter"):  # gpqa may take it from the metadata
+    if rm_type not in REWARDS:
         return False
-    return rm_type in REWARDS and REWARDS.get(rm_type).grades_label
+    spec = REWARDS.get(rm_type)
+    if spec.label_in_metadata and _row_metadata(cfg, row).get(spec.label_in_metadata):
+        return False
+    return spec.grades_label
 
 
 def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
