@@ -248,7 +248,8 @@ def test_eval_files_are_checked_with_their_own_keys(tmp_path):
     )
     (error,) = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
     assert error == (
-        f"--eval-config {config} dataset 'bad' {evals} line 1: no --input-key 'prompt' (keys: ['answer', 'question'])"
+        f"--eval-config {config} dataset 'bad' {evals} line 1: no --eval-config {config} dataset 'bad' input_key "
+        "'prompt' (keys: ['answer', 'question'])"
     )
     # A dataset's own reward decides whether it needs a label (f1 does, random does not).
     for rm_type, expected in (("f1", 1), ("random", 0)):
@@ -258,7 +259,52 @@ def test_eval_files_are_checked_with_their_own_keys(tmp_path):
         )
         errors = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
         assert len(errors) == expected, errors
-        assert all("--rm-type f1 grades against a label, but no --label-key is set" in e for e in errors)
+        # The dataset's own `label_key: null` is what is at fault, so the message names it.
+        assert all(f"--rm-type f1 grades against a label, but no --eval-config {config} dataset 'r' label_key is set"
+                   in e for e in errors)  # fmt: skip
+
+
+def test_eval_row_errors_name_the_flag_that_set_the_key(tmp_path):
+    # "no --input-key 'q'" was said when --eval-input-key q (or the dataset's own input_key) named the column:
+    # --input-key was not at fault and changing it changed nothing.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    evals = _write(tmp_path / "e.jsonl", {"question": "2+2=", "answer": "4"}, {"q": "3+3=", "answer": "6"},
+                   {"question": "", "answer": "1"})  # fmt: skip
+    eval_flags = ("--rm-type", "math", "--eval-prompt-data", "ev", str(evals), "--eval-interval", "1",
+                  "--eval-input-key", "question", "--eval-label-key", "answer")  # fmt: skip
+    (error,) = _errors(_cfg(data, *eval_flags))
+    assert error == f"--eval-prompt-data {evals} line 2: no --eval-input-key 'question' (keys: ['answer', 'q'])"
+    _write(evals, {"question": "2+2=", "answer": "4"}, {"question": "", "answer": "1"})
+    (error,) = _errors(_cfg(data, *eval_flags))
+    assert error == f"--eval-prompt-data {evals} line 2: empty prompt in --eval-input-key 'question'"
+    _write(evals, {"question": "2+2=", "answer": None})
+    (error,) = _errors(_cfg(data, *eval_flags))
+    assert error.startswith(f"--eval-prompt-data {evals} line 1: null --eval-label-key 'answer', which --rm-type math")
+    _write(evals, {"question": "2+2=", "answer": {"value": 4}})
+    (error,) = _errors(_cfg(data, *eval_flags))
+    assert "--eval-label-key 'answer' holds a dict" in error and "point --eval-label-key at the answer" in error
+    # A key set in --eval-config's defaults is named there; the training file keeps the training flags.
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  defaults: {{input_key: qq}}\n  datasets:\n    - {{name: d, path: {evals}}}\n")
+    (error,) = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
+    assert f"line 1: no --eval-config {config} eval.defaults input_key 'qq'" in error
+    _write(data, {"question": "1+1=", "label": "2"})
+    (error,) = _errors(_cfg(data, "--rm-type", "math"))
+    assert error == f"--prompt-data {data} line 1: no --input-key 'prompt' (keys: ['label', 'question'])"
+
+
+def test_eval_prompts_at_run_time_name_the_eval_flag(tmp_path):
+    # The same rows read by the eval rollout itself (`rows_to_samples`), not only by preflight.
+    from slime_rollout.generation import eval as eval_module
+
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    evals = _write(tmp_path / "e.jsonl", {"q": "3+3=", "answer": "6"})
+    cfg = _cfg(data, "--rm-type", "math", "--eval-prompt-data", "ev", str(evals), "--eval-interval", "1",
+               "--eval-input-key", "question", "--eval-label-key", "answer")  # fmt: skip
+    (dataset,) = eval_module.eval_datasets(cfg)
+    dataset["max_prompt_len"] = None  # no tokenizer in this test
+    with pytest.raises(ValueError, match=r"e\.jsonl line 1: no --eval-input-key 'question' \(keys: \['answer', 'q'\]\)"):
+        eval_module._prompts(cfg, dataset)
 
 
 def test_a_checkpoint_without_tokenizer_files_is_refused(tmp_path, qwen3_tokenizer_dir):
