@@ -303,7 +303,8 @@ def test_eval_prompts_at_run_time_name_the_eval_flag(tmp_path):
                "--eval-input-key", "question", "--eval-label-key", "answer")  # fmt: skip
     (dataset,) = eval_module.eval_datasets(cfg)
     dataset["max_prompt_len"] = None  # no tokenizer in this test
-    with pytest.raises(ValueError, match=r"e\.jsonl line 1: no --eval-input-key 'question' \(keys: \['answer', 'q'\]\)"):
+    expected = r"e\.jsonl line 1: no --eval-input-key 'question' \(keys: \['answer', 'q'\]\)"
+    with pytest.raises(ValueError, match=expected):
         eval_module._prompts(cfg, dataset)
 
 
