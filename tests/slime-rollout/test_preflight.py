@@ -147,6 +147,27 @@ def test_a_label_stand_in_in_the_metadata_is_the_records_field(tmp_path):
         REWARDS.unregister("judge_meta")
 
 
+@pytest.mark.parametrize(
+    ("label", "rm_type", "message"),
+    [
+        ("", "math", "holds an empty label '', which --rm-type math grades against"),
+        ("  ", "f1", "holds an empty label '  ', which --rm-type f1 grades against"),
+        (float("nan"), "math", "holds nan (a JSON NaN/Infinity), not an answer, which --rm-type math grades against"),
+        (float("inf"), "boxed_gpqa", "holds inf (a JSON NaN/Infinity), not an answer"),
+    ],
+)
+def test_an_empty_or_nan_label_is_refused_naming_the_row(tmp_path, label, rm_type, message):
+    # Graded as the text "" or "nan" (a missing value a data tool wrote), which no answer equals: every sample of
+    # the row scored 0 without a word.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"}, {"prompt": "1+2=", "label": label})
+    (error,) = _errors(_cfg(data, "--rm-type", rm_type))
+    assert error.startswith(f"--prompt-data {data} line 2: --label-key 'label' {message}"), error
+    # Not where nothing grades against the label, nor for a bool (`\boxed{True}` is an answer to `true`).
+    assert _errors(_cfg(data, "--rm-type", "random")) == []
+    _write(data, {"prompt": "Is 2 prime?", "label": True})
+    assert _errors(_cfg(data, "--rm-type", rm_type)) == []
+
+
 def test_a_rows_own_reward_must_be_registered(tmp_path):
     # metadata["rm_type"] overrides --rm-type per sample; a typo used to pass preflight and stop the rollout.
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2", "metadata": {"rm_type": "boxed_f1"}},

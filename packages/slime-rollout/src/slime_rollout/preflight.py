@@ -13,6 +13,7 @@ import difflib
 import importlib
 import json
 import logging
+import math
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -288,6 +289,29 @@ def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_fla
     )
 
 
+def _check_label_value(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_flag: str) -> None:
+    """A label the row's reward grades against holds an answer: not empty text, not NaN or infinity.
+
+    Both were accepted and graded as their text ("" or "nan": a missing value written by a data tool), which no
+    real answer equals: every sample of the row scored 0 and the run learned from rows that teach nothing, with no
+    word about them. (A bool is an answer: `\boxed{True}` equals the label `true`.)
+
+    Raises:
+        ValueError: naming the row, the flag and the value.
+    """
+    label = row[cfg.label_key]
+    if label is None or not _label_required(cfg, row):
+        return
+    rm_type = _row_rm_type(cfg, row)
+    if isinstance(label, str) and not label.strip():
+        problem = f"an empty label {label!r}"
+    elif isinstance(label, float) and not math.isfinite(label):
+        problem = f"{label} (a JSON NaN/Infinity), not an answer"
+    else:
+        return
+    raise ValueError(f"{at}: {label_flag} {cfg.label_key!r} holds {problem}, which --rm-type {rm_type} grades against")
+
+
 def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
     """A row's `metadata["rm_type"]` names a registered reward (else the rollout fails at its first sample).
 
@@ -346,3 +370,4 @@ def check_prompt_rows(
                     f"{_row_rm_type(cfg, row)} grades against"
                 )
             _check_label_type(cfg, row, at, key_flags.label_key)
+            _check_label_value(cfg, row, at, key_flags.label_key)
