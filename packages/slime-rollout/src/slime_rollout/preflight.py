@@ -290,7 +290,7 @@ def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_fla
 
 
 def _check_label_value(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_flag: str) -> None:
-    """A label the row's reward grades against holds an answer: not empty text, not NaN or infinity.
+    r"""A label the row's reward grades against holds an answer: not empty text, not NaN or infinity.
 
     Both were accepted and graded as their text ("" or "nan": a missing value written by a data tool), which no
     real answer equals: every sample of the row scored 0 and the run learned from rows that teach nothing, with no
