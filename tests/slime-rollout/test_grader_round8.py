@@ -63,6 +63,10 @@ def _score(answer: str, label: str) -> float:
         (r"\operatorname{gcd}(12,18)", "3", 0.0),
         (r"\operatorname{min}(3, 5)", "5", 0.0),
         (r"\operatorname{arctan}(1)", r"\frac{\pi}{3}", 0.0),
+        # Unit words that are also function names stay units.
+        (r"5\text{ min}", "5", 1.0),
+        (r"5\text{ min}", r"5\text{ sec}", 0.0),
+        (r"30\text{ sec}", r"30 \text{ s}", 1.0),
         # Infinity in words is the value.
         (r"\infty", "infinity", 1.0),
         (r"\text{Infinity}", r"\infty", 1.0),

@@ -42,14 +42,17 @@ __all__ = ["CleanAnswer", "clean_answer", "normalize_answer", "parse_number", "w
 _TEXT_COMMANDS = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
 )
-# Functions math-verify parses as commands (`\lcm(4,6)` is 12). Wrapped (`\operatorname{lcm}`, `\mathrm{gcd}`,
-# `\text{max}`) or bare before `(`, they were unwrapped to letters, which it reads as a product (l·c·m(4, 6)):
-# `\operatorname{lcm}(4,6)` scored 0 against 12. They are written as the command instead.
-_FUNCTION_NAMES = (
-    "gcd|lcm|max|min|det|floor|exp|ln|log|sinh|cosh|tanh|arcsin|arccos|arctan|arccot|sin|cos|tan|cot|sec|csc"
+# Functions math-verify parses as commands (`\lcm(4,6)` is 12). Wrapped (`\operatorname{lcm}`, `\mathrm{gcd}(`,
+# `\text{max}(`) or bare right before `(`, they were unwrapped to letters, which it reads as a product
+# (l·c·m(4, 6)): `\operatorname{lcm}(4,6)` scored 0 against 12. They are written as the command instead. `\text`
+# and `\mathrm` only before an argument (`5\text{ min}` is a unit), bare names not `min`/`sec` (units too).
+_BARE_NAMES = "gcd|lcm|max|det|floor|exp|ln|log|sinh|cosh|tanh|arcsin|arccos|arctan|arccot|sin|cos|tan|cot|csc"
+_FUNCTION_NAMES = _BARE_NAMES + "|min|sec"
+_WRAPPED_FUNCTION = re.compile(
+    rf"\\operatorname\*?\s*\{{\s*({_FUNCTION_NAMES})\s*\}}"
+    rf"|\\(?:mathrm|textrm|text|rm)\s*\{{\s*({_FUNCTION_NAMES})\s*\}}(?=\s*(?:\(|\\left))"
 )
-_WRAPPED_FUNCTION = re.compile(rf"\\(?:operatorname\*?|mathrm|textrm|text|rm)\s*\{{\s*({_FUNCTION_NAMES})\s*\}}")
-_BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_FUNCTION_NAMES})(?=\s*\()")
+_BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_BARE_NAMES})(?=\()")
 _INFINITY = re.compile(r"(?<![\\A-Za-z])(?i:infinity)(?![A-Za-z])|∞")
 _SPACES = re.compile(r"\\[ ,;:!]|\\q?quad\b|~")
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
@@ -125,7 +128,8 @@ def _strip_delimiters(s: str) -> str:
 
 
 def _latex_cleanup(s: str) -> str:
-    s = _BARE_FUNCTION.sub(r"\\\1", _WRAPPED_FUNCTION.sub(r"\\\1", s))  # `\operatorname{lcm}(4,6)` → `\lcm(4,6)`
+    # `\operatorname{lcm}(4,6)` → `\lcm(4,6)`
+    s = _BARE_FUNCTION.sub(r"\\\1", _WRAPPED_FUNCTION.sub(lambda m: "\\" + (m.group(1) or m.group(2)), s))
     for _ in range(2):  # \text{\textbf{x}}
         s = _TEXT_COMMANDS.sub(r" \1 ", s)
     s = _SPACES.sub(" ", s)
