@@ -28,6 +28,9 @@ def _score(answer: str, label: str) -> float:
         (r"2 > x > 1 \text{ or } x > 5", r"(1,2)\cup(5,\infty)", 1.0),
         (r"x<\frac{1}{2} \text{ or } x>\sqrt{2}", r"(-\infty,\frac12)\cup(\sqrt2,\infty)", 1.0),
         (r"x>2 \text{ or } x<1", r"x<1 \text{ or } x>2", 1.0),
+        (r"x < 1 \text{ or } x > 2", r"\{x \mid x<1 \text{ or } x>2\}", 1.0),
+        (r"\{x : x \le 1 \lor x > 2\}", r"(-\infty,1]\cup(2,\infty)", 1.0),
+        (r"\{x \mid x<1 \text{ or } x>3\}", r"x<1 \text{ or } x>2", 0.0),
         # Near misses: another endpoint, a closed end for an open one, another variable, one piece only.
         (r"x<1 \text{ or } x>3", r"(-\infty,1)\cup(2,\infty)", 0.0),
         (r"x \le 1 \text{ or } x>2", r"(-\infty,1)\cup(2,\infty)", 0.0),
@@ -89,6 +92,7 @@ def test_interval_union_reads_pieces_and_refuses_the_rest() -> None:
     assert as_interval_union("x = 1 or x = 2") is None  # equations are listed answers, not a set
     assert as_interval_union("1 < x > 2 or x < 0") is None  # no interval
     assert as_interval_union("x < 1 or x > 2" * 100) is None  # too long to be one solution set
+    assert as_interval_union(r"\{y \mid x<1 \text{ or } x>2\}") is None  # the set's variable is not the pieces'
 
 
 def test_a_hedge_between_boxed_unions_stays_wrong() -> None:

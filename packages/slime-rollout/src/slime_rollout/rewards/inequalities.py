@@ -6,10 +6,10 @@ against the label's one and scored 0 whichever side was the label; math-verify, 
 two relations, not their union. `as_interval_union` rewrites it in interval notation, which math-verify compares
 as sets (endpoints and open/closed ends included: `x \le 1 \text{ or } x > 2` is `(-\infty,1]\cup(2,\infty)`).
 
-Read: two or more pieces joined by `or` (plain, in `\text{}`/`\mathrm{}`), `\lor`, `\vee`; each piece is `x < a`,
-`a < x` or a chain `a < x \le b` (relations `<`, `>`, `\le`, `\leq`, `\leqslant`, `≤` and their `>` forms), one
-variable letter in all pieces, endpoints without variable letters (numbers, `\frac{1}{2}`, `\sqrt{2}`, `\pi`).
-Anything else (different variables, an equation, a letter endpoint such as `x < a`) is left as written.
+Read: two or more pieces joined by `or` (plain, in `\text{}`/`\mathrm{}`), `\lor`, `\vee`, optionally in
+set-builder notation (`\{x \mid ...\}`); each piece is `x < a`, `a < x` or a chain `a < x \le b` (relations `<`,
+`>`, `\le`, `\leq`, `\leqslant`, `≤` and their `>` forms), one variable letter in all pieces, endpoints without
+variable letters (numbers, `\frac{1}{2}`, `\sqrt{2}`, `\pi`). Anything else (different variables, an equation, a letter endpoint such as `x < a`) is left as written.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ _RELATIONS = (
 _SPLIT_RELATION = re.compile(r"(<=|>=|<|>)")
 _VARIABLE = re.compile(r"[a-zA-Z]")
 _LATEX_SPACE = re.compile(r"\\[,;:! ]|~")
+# Set-builder notation around the pieces: `\{x \mid x<1 \text{ or } x>2\}` (also `|` or `:` for "such that").
+_SET_BUILDER = re.compile(r"^\\\{\s*([a-zA-Z])\s*(?:\\mid|\||:)(.*)\\\}$", re.DOTALL)
 _MAX_CHARS = 500  # an answer longer than this is not a short solution set: left to the other checks
 
 
@@ -48,6 +50,9 @@ def as_interval_union(text: str, *, min_pieces: int = 2) -> tuple[str, str] | No
     s = _LATEX_SPACE.sub(" ", text).replace("\\left", "").replace("\\right", "").strip().strip("$").strip()
     for pattern, relation in _RELATIONS:
         s = pattern.sub(relation, s)
+    builder = _SET_BUILDER.match(s)
+    if builder:
+        s = builder.group(2)
     pieces = _OR.split(s)
     if len(pieces) < min_pieces:
         return None
@@ -58,7 +63,7 @@ def as_interval_union(text: str, *, min_pieces: int = 2) -> tuple[str, str] | No
             return None
         variables.add(read[0])
         intervals.append(read[1])
-    if len(variables) != 1:
+    if len(variables) != 1 or (builder and builder.group(1) not in variables):
         return None
     return variables.pop(), "\\cup".join(intervals)
 
