@@ -9,7 +9,8 @@ as sets (endpoints and open/closed ends included: `x \le 1 \text{ or } x > 2` is
 Read: two or more pieces joined by `or` (plain, in `\text{}`/`\mathrm{}`), `\lor`, `\vee`, optionally in
 set-builder notation (`\{x \mid ...\}`); each piece is `x < a`, `a < x` or a chain `a < x \le b` (relations `<`,
 `>`, `\le`, `\leq`, `\leqslant`, `≤` and their `>` forms), one variable letter in all pieces, endpoints without
-variable letters (numbers, `\frac{1}{2}`, `\sqrt{2}`, `\pi`). Anything else (different variables, an equation, a letter endpoint such as `x < a`) is left as written.
+variable letters (numbers, `\frac{1}{2}`, `\sqrt{2}`, `\pi`). Anything else (different variables, an equation, a
+letter endpoint such as `x < a`) is left as written.
 """
 
 from __future__ import annotations
