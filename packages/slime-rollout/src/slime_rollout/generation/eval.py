@@ -277,7 +277,15 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
     data = {dataset["name"]: result for dataset, result in zip(datasets, results, strict=True)}
     metrics: dict[str, float] = {}
     for dataset, (name, result) in zip(datasets, data.items(), strict=True):
-        if not result["samples"]:
+        if not result["samples"]:  # said, not silent: a dashboard would just lose the curve
+            logger.warning(
+                "eval %d: dataset %s has no samples (%s: every prompt was dropped, see the warning above, or the file "
+                "has no rows); it has no eval/%s metric this time",
+                rollout_id,
+                name,
+                dataset["path"],
+                name,
+            )
             continue
         if args.log_passrate:
             n, rewards = int(dataset["n_samples_per_eval_prompt"]), result["rewards"]
