@@ -130,6 +130,20 @@ def test_whether_a_reward_grades_the_label_is_its_capability(tmp_path):
         REWARDS.unregister("judge_label")
 
 
+def test_a_binary_parquet_label_is_refused_naming_the_row(tmp_path):
+    # A binary column reads as bytes, graded as the text "b'4'": every sample of the row scored 0.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["1+1=", "2+2="], "label": pa.array([b"2", b"4"], type=pa.binary())}), data)
+    (error,) = _errors(_cfg(data, "--rm-type", "math"))
+    assert error == (
+        f"--prompt-data {data} row index 0: --label-key 'label' holds bytes b'2' (a binary Parquet column; store it "
+        "as strings), not text, which --rm-type math grades against"
+    )
+
+
 def test_a_label_stand_in_in_the_metadata_is_the_records_field(tmp_path):
     # gpqa's `correct_letter` was special-cased by name: a package's reward with the same kind of stand-in was
     # refused ("null --label-key") though it grades from the metadata. Its record now says which key it reads.

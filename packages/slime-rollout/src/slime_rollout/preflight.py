@@ -290,11 +290,11 @@ def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_fla
 
 
 def _check_label_value(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_flag: str) -> None:
-    r"""A label the row's reward grades against holds an answer: not empty text, not NaN or infinity.
+    r"""A label the row's reward grades against holds an answer: not empty text, not NaN or infinity, not bytes.
 
-    Both were accepted and graded as their text ("" or "nan": a missing value written by a data tool), which no
-    real answer equals: every sample of the row scored 0 and the run learned from rows that teach nothing, with no
-    word about them. (A bool is an answer: `\boxed{True}` equals the label `true`.)
+    Each was accepted and graded as its text ("", "nan" or "b'5'": a missing value or a binary column written by
+    a data tool), which no real answer equals: every sample of the row scored 0 and the run learned from rows that
+    teach nothing, with no word about them. (A bool is an answer: `\boxed{True}` equals the label `true`.)
 
     Raises:
         ValueError: naming the row, the flag and the value.
@@ -307,6 +307,8 @@ def _check_label_value(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_fl
         problem = f"an empty label {label!r}"
     elif isinstance(label, float) and not math.isfinite(label):
         problem = f"{label} (a JSON NaN/Infinity), not an answer"
+    elif isinstance(label, bytes | bytearray):
+        problem = f"bytes {label[:40]!r} (a binary Parquet column; store it as strings), not text"
     else:
         return
     raise ValueError(f"{at}: {label_flag} {cfg.label_key!r} holds {problem}, which --rm-type {rm_type} grades against")
