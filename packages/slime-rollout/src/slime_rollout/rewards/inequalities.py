@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["as_interval_union"]
+__all__ = ["as_interval_union", "union_pair"]
 
 _OR = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*or\s*\}|\\(?:lor|vee)(?![a-zA-Z])|\bor\b")
 _RELATIONS = (
@@ -102,3 +102,28 @@ def _is_variable(term: str) -> bool:
 def _without_commands(term: str) -> str:
     r"""`term` without LaTeX commands (`\frac`, `\sqrt`, `\pi`, `\infty`), so only variable letters remain."""
     return re.sub(r"\\[a-zA-Z]+", "", term)
+
+
+def union_pair(pred: str, gold: str) -> tuple[bool, tuple[str, str] | None]:
+    r"""`(applies, pair)` for a solution set given as inequalities joined by "or" on either side.
+
+    `x<1 \text{ or } x>2` is one answer, the union `(-\infty,1)\cup(2,\infty)` (module docstring), not the two
+    parts "or" lists elsewhere (`math_utils.final_pairs` asks this first).
+
+    Args:
+        pred: the response's one final answer.
+        gold: the label's answer.
+
+    Returns:
+        `applies`: whether either side is a union of inequalities (False: grade as usual). `pair`: both sides in
+        interval notation (the other side read as one inequality if it is one, else as written), or None when
+        they name different variables (wrong).
+    """
+    pred_set, gold_set = as_interval_union(pred), as_interval_union(gold)
+    if pred_set is None and gold_set is None:
+        return False, None
+    pred_set = pred_set or as_interval_union(pred, min_pieces=1)
+    gold_set = gold_set or as_interval_union(gold, min_pieces=1)
+    if pred_set and gold_set and pred_set[0].lower() != gold_set[0].lower():
+        return True, None  # `y<1 or y>2` for `x<1 or x>2`
+    return True, (pred_set[1] if pred_set else pred, gold_set[1] if gold_set else gold)

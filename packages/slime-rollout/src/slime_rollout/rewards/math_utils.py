@@ -4,8 +4,9 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 (math-verify's LaTeX parser and comparison, with exactness restored and a bounded budget):
 
 * cleaning (`slime_rollout.rewards.normalize`): units, words around the answer, a choice letter given with its
-  value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (AM/PM must agree when
-  both give one);
+  value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (`5:30 PM` = `17:30`;
+  AM/PM given on one side only of an hour 1-12 is dropped), function names written as text
+  (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity";
 * what both sides name must agree: the choice letter (`(C) 12` ≠ `(B) 12`), the variable (`x = 3` ≠ `y = 3`), the
   unit (`5\text{ m}` ≠ `5\text{ cm}`, `12 cm^2` ≠ `12 cm`; a unit on one side only is dropped: `5 cm` = `5`), and
   the variables of an expression (`3s` ≠ `3t` and ≠ `3`, which math-verify takes as equal by dropping `s` and `t`
@@ -25,7 +26,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
   `\frac13`, but a rounded decimal is not the exact value, either way round (`0.333` ≠ `\frac13`, `1.414` ≠
   `\sqrt2`, `2\pi` ≠ `6.28`);
 * symbolic forms go to math-verify (`\sqrt8` = `2\sqrt2`, sets, intervals, equations; an inequality is its solution
-  set: `1 \le x < 3` = `[1, 3)` whichever side is the label); where it says "equal"
+  set: `1 \le x < 3` = `[1, 3)` whichever side is the label, and inequalities joined by "or" are one set, their
+  union: `x<1 \text{ or } x>2` = `(-\infty,1)\cup(2,\infty)`, `rewards.inequalities`); where it says "equal"
   for two exact constants, the equality is re-checked to 40 significant digits (math-verify compares
   `(a - b).evalf(chop=True)` and so takes `e^{-50}` for `e^{-51}`);
 * bounded time on any thread: answers longer than `SYMBOLIC_MAX_CHARS` and expressions whose evaluation
@@ -44,9 +46,10 @@ import re
 
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
-from slime_rollout.rewards.inequalities import as_interval_union
-from slime_rollout.rewards.normalize import CleanAnswer, clean_answer, normalize_answer, parse_number
+from slime_rollout.rewards.inequalities import union_pair
+from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
 from slime_rollout.rewards.number_words import words_to_number
+from slime_rollout.rewards.times import same_time
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +130,7 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
     if not p.text or not g.text:
         return False, g.text, p.text
     if _TIME.match(p.text) and _TIME.match(g.text):
-        return _same_time(p, g), g.text, p.text
+        return same_time(p, g), g.text, p.text
     # What both sides name must agree: the choice letter, the variable, the unit (one side's alone is dropped).
     # Case folded like the text (`X = 5` is `x = 5`).
     for mine, theirs in ((p.letter, g.letter), (p.variable, g.variable), (p.unit, g.unit)):
@@ -149,29 +152,6 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
     if pred_variables is not None and gold_variables is not None and pred_variables != gold_variables:
         return False, g.text, p.text  # `3s` is not `3t`, nor `3` (math-verify drops `s`, `t` as units)
     return None, g.text, p.text
-
-
-def _same_time(p: CleanAnswer, g: CleanAnswer) -> bool:
-    """Whether two times of day (`clean_answer` texts `h:mm`, AM/PM in `meridiem`) are the same time.
-
-    A time with AM/PM, or a 24-hour one (hour 0 or 13-23), names one minute of the day: two such are compared as
-    that minute (`5:30 PM` = `17:30`, `12:15 AM` = `0:15`; `5:30 AM` ≠ `17:30`). Otherwise they are compared as
-    written, AM/PM on one side only dropped like a unit (`5:30 PM` = `5:30`; `5:30` ≠ `17:30`).
-    """
-    minutes = [_minute_of_day(c) for c in (p, g)]
-    if None not in minutes:
-        return minutes[0] == minutes[1]
-    return p.text == g.text
-
-
-def _minute_of_day(clean: CleanAnswer) -> int | None:
-    """The minute since midnight that a time names, or None when it could be AM or PM (`5:30`, `12:00`)."""
-    hour, minute = (int(n) for n in clean.text.split(":"))
-    if minute > 59 or (clean.meridiem and not 1 <= hour <= 12):
-        return None  # not a time of day (`5:75 PM`, `13:00 PM`): compared as written
-    if clean.meridiem:
-        return ((hour % 12) + (12 if clean.meridiem == "pm" else 0)) * 60 + minute
-    return hour * 60 + minute if hour == 0 or 13 <= hour <= 23 else None
 
 
 def _two_numbers(text: str) -> bool:
@@ -301,30 +281,12 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
         return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
     distinct = _distinct(answers)
     if len(distinct) == 1:
-        applies, union = _union_pair(distinct[0], gold)
+        applies, union = union_pair(distinct[0], gold)
         if applies:
             return None if union is None else [union]
     if len(distinct) != 1 or not _same_part_count(distinct[0], gold):
         return None
     return [(_one_joiner(distinct[0]), _one_joiner(gold))]
-
-
-def _union_pair(pred: str, gold: str) -> tuple[bool, tuple[str, str] | None]:
-    r"""`(applies, pair)` for a solution set given as inequalities joined by "or" on either side.
-
-    `x<1 \text{ or } x>2` is one answer, the union `(-\infty,1)\cup(2,\infty)` (`inequalities`), not the two
-    parts "or" lists elsewhere. When either side is such a union, both are compared as sets in interval notation
-    (the other side read as one inequality if it is one, else as written); different variables are wrong
-    (`pair` None). `applies` is False when neither side is a union of inequalities.
-    """
-    pred_set, gold_set = as_interval_union(pred), as_interval_union(gold)
-    if pred_set is None and gold_set is None:
-        return False, None
-    pred_set = pred_set or as_interval_union(pred, min_pieces=1)
-    gold_set = gold_set or as_interval_union(gold, min_pieces=1)
-    if pred_set and gold_set and pred_set[0].lower() != gold_set[0].lower():
-        return True, None  # `y<1 or y>2` for `x<1 or x>2`
-    return True, (pred_set[1] if pred_set else pred, gold_set[1] if gold_set else gold)
 
 
 def _one_joiner(answer: str) -> str:
