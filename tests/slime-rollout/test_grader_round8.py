@@ -118,3 +118,19 @@ def test_many_different_boxes_are_a_hedge_judged_in_linear_work(monkeypatch: pyt
     # More spellings than a restatement has: a hedge.
     spellings = " ".join(rf"\boxed{{5{'.' if k else ''}{'0' * k}}}" for k in range(20))
     assert rule_based_reward("math", spellings, "5") == 0.0
+
+
+def test_only_the_last_boxes_are_read_for_the_final_statement(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every box of the response went through the negation checks (~75 µs each): 100,000 boxes (1 MB) held the
+    # event loop, where grading runs, for 4.5 s. The final statement is at the end: the last 256 boxes are read.
+    from slime_rollout.rewards import answers
+
+    checked = []
+    real = answers.negated_before
+    monkeypatch.setattr(answers, "negated_before", lambda text: checked.append(text) or real(text))
+    final = answers.final_boxed_answers(r"\boxed{5} " * 10_000)
+    assert final.answers == ["5"] * 256 and final.num_superseded == 10_000 - 256
+    assert len(checked) == 256
+    assert rule_based_reward("math", r"\boxed{5} " * 10_000, "5") == 1.0
+    assert rule_based_reward("math", r"\boxed{4}. Hmm. " * 5_000 + r"So $\boxed{5}$.", "5") == 1.0
+    assert rule_based_reward("math", " ".join(rf"\boxed{{{i}}}" for i in range(5_000)), "4999") == 0.0  # a hedge
