@@ -134,3 +134,16 @@ def test_only_the_last_boxes_are_read_for_the_final_statement(monkeypatch: pytes
     assert rule_based_reward("math", r"\boxed{5} " * 10_000, "5") == 1.0
     assert rule_based_reward("math", r"\boxed{4}. Hmm. " * 5_000 + r"So $\boxed{5}$.", "5") == 1.0
     assert rule_based_reward("math", " ".join(rf"\boxed{{{i}}}" for i in range(5_000)), "4999") == 0.0  # a hedge
+
+
+def test_gpqa_reads_only_the_last_letters_for_its_fallback_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every capital letter got a negation check: "not A, " × 140,000 (1 MB) held the event loop 4.7 s.
+    from slime_rollout.rewards import gpqa
+
+    checked = []
+    real = gpqa.negated_before
+    monkeypatch.setattr(gpqa, "negated_before", lambda text: checked.append(text) or real(text))
+    metadata = {"choices": ["12 J", "42 J", "7 J", "0 J"]}
+    assert rule_based_reward("gpqa", "not A, " * 10_000, "A", metadata) == 0.0
+    assert len(checked) <= 256
+    assert rule_based_reward("gpqa", "Hmm. " * 10_000 + "I pick B", "B", metadata) == 1.0
