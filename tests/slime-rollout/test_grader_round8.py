@@ -28,6 +28,8 @@ def _score(answer: str, label: str) -> float:
         (r"2 > x > 1 \text{ or } x > 5", r"(1,2)\cup(5,\infty)", 1.0),
         (r"x<\frac{1}{2} \text{ or } x>\sqrt{2}", r"(-\infty,\frac12)\cup(\sqrt2,\infty)", 1.0),
         (r"x>2 \text{ or } x<1", r"x<1 \text{ or } x>2", 1.0),
+        (r"x < 1,000 \text{ or } x > 2{,}000", r"(-\infty,1000)\cup(2000,\infty)", 1.0),
+        (r"x < 1,000 \text{ or } x > 2{,}000", r"(-\infty,100)\cup(2000,\infty)", 0.0),
         (r"x < 1 \text{ or } x > 2", r"\{x \mid x<1 \text{ or } x>2\}", 1.0),
         (r"\{x : x \le 1 \lor x > 2\}", r"(-\infty,1]\cup(2,\infty)", 1.0),
         (r"\{x \mid x<1 \text{ or } x>3\}", r"x<1 \text{ or } x>2", 0.0),

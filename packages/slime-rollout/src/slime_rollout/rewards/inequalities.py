@@ -28,6 +28,7 @@ _RELATIONS = (
 )
 _SPLIT_RELATION = re.compile(r"(<=|>=|<|>)")
 _VARIABLE = re.compile(r"[a-zA-Z]")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _LATEX_SPACE = re.compile(r"\\[,;:! ]|~")
 # Set-builder notation around the pieces: `\{x \mid x<1 \text{ or } x>2\}` (also `|` or `:` for "such that").
 _SET_BUILDER = re.compile(r"^\\\{\s*([a-zA-Z])\s*(?:\\mid|\||:)(.*)\\\}$", re.DOTALL)
@@ -71,7 +72,8 @@ def as_interval_union(text: str, *, min_pieces: int = 2) -> tuple[str, str] | No
 
 def _interval(piece: str) -> tuple[str, str] | None:
     """`(variable, interval)` of one piece: `x < a`, `a < x` or `a < x < b` (either direction), else None."""
-    tokens = [t.strip() for t in _SPLIT_RELATION.split(piece)]
+    # A thousands separator is not the interval's comma: `x < 1,000` ends at 1000.
+    tokens = [_THOUSANDS.sub("", t.replace("{,}", ",")).strip() for t in _SPLIT_RELATION.split(piece)]
     if len(tokens) not in (3, 5) or any(not t for t in tokens):
         return None
     terms, relations = tokens[0::2], tokens[1::2]
