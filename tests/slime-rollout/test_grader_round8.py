@@ -1,9 +1,10 @@
-r"""Issue 27, fresh hostile pass (round 8): solution sets joined by "or", 12/24-hour times, wrapped functions.
+r"""Issue 27, fresh hostile pass (round 8): "or" solution sets, 12/24-hour times, wrapped functions, Unicode math.
 
 Each 1.0 case scored 0 before this pass: `x<1 \text{ or } x>2` was split at "or" into two parts against the
 label's one union (either side the label); `5:30 PM` was compared with `17:30` as the text `5:30`;
 `\operatorname{lcm}(4,6)` was unwrapped to the letters `lcm(4,6)`, which math-verify reads as l·c·m(4, 6); "infinity"
-in words stayed letters. The 0.0 cases are the near misses that must stay wrong.
+in words stayed letters; Unicode math (`√2`, `x²`, `½`, `3·4`) was read by nothing. The 0.0 cases are the near
+misses that must stay wrong.
 """
 
 import pytest
@@ -68,6 +69,25 @@ def _score(answer: str, label: str) -> float:
         (r"\operatorname{gcd}(12,18)", "3", 0.0),
         (r"\operatorname{min}(3, 5)", "5", 0.0),
         (r"\operatorname{arctan}(1)", r"\frac{\pi}{3}", 0.0),
+        # Unicode math, as chat models write it, is the LaTeX it stands for.
+        ("√2", r"\sqrt{2}", 1.0),
+        ("2√2", r"\sqrt8", 1.0),
+        ("√3/2", r"\frac{\sqrt3}{2}", 1.0),
+        ("√(x+1)", r"\sqrt{x+1}", 1.0),
+        ("∛8", "2", 1.0),
+        ("x² + 1", "x^2+1", 1.0),
+        ("10⁻³", "0.001", 1.0),
+        ("½", r"\frac12", 1.0),
+        ("1½", "1.5", 1.0),
+        ("⅔", r"0.\overline{6}", 1.0),
+        ("3·4", "12", 1.0),
+        ("12 cm²", "12 cm^2", 1.0),
+        ("½, ⅓", r"\frac12, \frac13", 1.0),
+        ("√2", r"\sqrt{3}", 0.0),
+        ("x³", "x^2", 0.0),
+        ("3²", "6", 0.0),
+        ("½", r"\frac13", 0.0),
+        ("12 cm²", r"12\text{ cm}", 0.0),
         # Unit words that are also function names stay units.
         (r"5\text{ min}", "5", 1.0),
         (r"5\text{ min}", r"5\text{ sec}", 0.0),
