@@ -6,7 +6,7 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 * cleaning (`slime_rollout.rewards.normalize`): units, words around the answer, a choice letter given with its
   value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (`5:30 PM` = `17:30`;
   AM/PM given on one side only of an hour 1-12 is dropped), function names written as text
-  (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity";
+  (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity", Unicode math (`√2`, `x²`, `½`: `rewards.unicode_math`);
 * what both sides name must agree: the choice letter (`(C) 12` ≠ `(B) 12`), the variable (`x = 3` ≠ `y = 3`), the
   unit (`5\text{ m}` ≠ `5\text{ cm}`, `12 cm^2` ≠ `12 cm`; a unit on one side only is dropped: `5 cm` = `5`), and
   the variables of an expression (`3s` ≠ `3t` and ≠ `3`, which math-verify takes as equal by dropping `s` and `t`
