@@ -88,6 +88,11 @@ def _score(answer: str, label: str) -> float:
         ("3²", "6", 0.0),
         ("½", r"\frac13", 0.0),
         ("12 cm²", r"12\text{ cm}", 0.0),
+        # Scientific notation with a letter x or * for the times sign.
+        (r"6.02 x 10^{23}", r"6.02\times10^{23}", 1.0),
+        (r"6.02*10^23", "602000000000000000000000", 1.0),
+        (r"6.02 x 10^{23}", r"6.02\times10^{22}", 0.0),
+        (r"x10^{2}", "100", 0.0),
         # Unit words that are also function names stay units.
         (r"5\text{ min}", "5", 1.0),
         (r"5\text{ min}", r"5\text{ sec}", 0.0),

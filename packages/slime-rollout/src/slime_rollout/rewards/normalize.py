@@ -108,7 +108,9 @@ _PERCENT = re.compile(r"\\?%|(?i:\bper\s?cent(?:age)?\b|\bpct\b\.?)")
 _SPACE_GROUPS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d.])")  # thousands grouped by spaces
 _COMMAND_SPACE = re.compile(r"(\\[a-zA-Z]+) +(?=[a-zA-Z])")
 _NOT_BETWEEN_DIGITS = re.compile(r"(?<!\d) | (?!\d)")
-_SCIENTIFIC = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot)10\^\{?([-+]?\d{1,3})\}?$")
+# `6.02\times10^{23}`; also `6.02 x 10^{23}` and `6.02*10^23` (a letter x between a number and a power of ten is
+# the times sign: `x10^{23}` names no variable).
+_SCIENTIFIC = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot|[x*])10\^\{?([-+]?\d{1,3})\}?$")
 _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k": a number of thousands
 
 
