@@ -38,3 +38,17 @@ def test_a_byte_order_mark_at_the_start_is_skipped(tmp_path):
     path.write_bytes(b'{"x": 1}\n\xef\xbb\xbf{"x": 2}\n')
     with pytest.raises(ValueError, match=r"bom\.jsonl:2: invalid JSON"):
         list(iter_jsonl(path))
+
+
+def test_a_key_given_twice_is_an_error_naming_the_line_and_key(tmp_path):
+    # json.loads kept the last "label" silently: the row was graded against "3" with no word about the "2".
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"prompt": "1+1=", "label": "2"}\n{"prompt": "1+1=", "label": "2", "label": "3"}\n')
+    with pytest.raises(ValueError, match=r"dup\.jsonl:2: key 'label' appears twice in one object"):
+        list(iter_jsonl(path))
+    # In a nested object too; the same key in two different objects is fine.
+    path.write_text('{"prompt": "x", "metadata": {"a": 1, "a": 2}}\n')
+    with pytest.raises(ValueError, match=r"dup\.jsonl:1: key 'a' appears twice"):
+        list(iter_jsonl(path))
+    path.write_text('{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}\n')
+    assert list(iter_jsonl(path)) == [(1, {"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]})]

@@ -168,6 +168,15 @@ def plugin_module(tmp_path, monkeypatch):
 
             def bad(args, samples):
                 return [1.0]
+
+            def nan(args, samples):
+                return [1.0] * len(samples), [0.5, float("nan")]
+
+            def text(args, samples):
+                return ["1.0", "x"], [0.5, 0.5]
+
+            def short(args, samples):
+                return [1.0, 1.0], [0.5]
             """
         )
     )
@@ -191,6 +200,19 @@ def test_custom_reward_post_process_errors_name_the_flag(plugin_module):
         postprocess_rewards(_args(custom_reward_post_process_path="no_such_mod_xyz.fn"), _samples([1.0]))
     with pytest.raises(ImportError, match="--custom-reward-post-process-path.*no attribute"):
         postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.missing"), _samples([1.0]))
+
+
+def test_custom_reward_post_process_values_must_be_finite_numbers(plugin_module):
+    # A NaN went on into the advantages and the loss (the built-in path refuses it); "x" failed in float()
+    # naming neither the function nor the sample.
+    samples = _samples([1.0, 0.0])
+    where = f"--custom-reward-post-process-path {plugin_module}"
+    with pytest.raises(ValueError, match=rf"{where}.nan: rewards of sample 1 is nan, not finite"):
+        postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.nan"), samples)
+    with pytest.raises(ValueError, match=rf"{where}.text: raw_rewards of sample 1 is 'x', not a number"):
+        postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.text"), samples)
+    with pytest.raises(ValueError, match=rf"{where}.short: returned 1 rewards for 2 samples"):
+        postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.short"), samples)
 
 
 # ---- loss denominators -----------------------------------------------------------------------------

@@ -130,6 +130,58 @@ def test_whether_a_reward_grades_the_label_is_its_capability(tmp_path):
         REWARDS.unregister("judge_label")
 
 
+def test_a_binary_parquet_label_is_refused_naming_the_row(tmp_path):
+    # A binary column reads as bytes, graded as the text "b'4'": every sample of the row scored 0.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["1+1=", "2+2="], "label": pa.array([b"2", b"4"], type=pa.binary())}), data)
+    (error,) = _errors(_cfg(data, "--rm-type", "math"))
+    assert error == (
+        f"--prompt-data {data} row index 0: --label-key 'label' holds bytes b'2' (a binary Parquet column; store it "
+        "as strings), not text, which --rm-type math grades against"
+    )
+
+
+def test_a_label_stand_in_in_the_metadata_is_the_records_field(tmp_path):
+    # gpqa's `correct_letter` was special-cased by name: a package's reward with the same kind of stand-in was
+    # refused ("null --label-key") though it grades from the metadata. Its record now says which key it reads.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "Pick one", "label": None, "metadata": {"gold": "B"}})
+    REWARDS.register(RewardSpec(name="judge_meta", factory=lambda args, sample: 1.0, grades_label=True,
+                                label_in_metadata="gold"))  # fmt: skip
+    try:
+        assert _errors(_cfg(data, "--rm-type", "judge_meta", "--metadata-key", "metadata")) == []
+        _write(data, {"prompt": "Pick one", "label": None, "metadata": {"correct_letter": "B"}})
+        (error,) = _errors(_cfg(data, "--rm-type", "judge_meta", "--metadata-key", "metadata"))
+        assert "null --label-key 'label', which --rm-type judge_meta grades against" in error
+        assert _errors(_cfg(data, "--rm-type", "gpqa", "--metadata-key", "metadata")) == []
+        assert REWARDS.get("gpqa").label_in_metadata == "correct_letter"
+    finally:
+        REWARDS.unregister("judge_meta")
+
+
+@pytest.mark.parametrize(
+    ("label", "rm_type", "message"),
+    [
+        ("", "math", "holds an empty label '', which --rm-type math grades against"),
+        ("  ", "f1", "holds an empty label '  ', which --rm-type f1 grades against"),
+        (float("nan"), "math", "holds nan (a JSON NaN/Infinity), not an answer, which --rm-type math grades against"),
+        (float("inf"), "boxed_gpqa", "holds inf (a JSON NaN/Infinity), not an answer"),
+    ],
+)
+def test_an_empty_or_nan_label_is_refused_naming_the_row(tmp_path, label, rm_type, message):
+    # Graded as the text "" or "nan" (a missing value a data tool wrote), which no answer equals: every sample of
+    # the row scored 0 without a word.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"}, {"prompt": "1+2=", "label": label})
+    (error,) = _errors(_cfg(data, "--rm-type", rm_type))
+    assert error.startswith(f"--prompt-data {data} line 2: --label-key 'label' {message}"), error
+    # Not where nothing grades against the label, nor for a bool (`\boxed{True}` is an answer to `true`).
+    assert _errors(_cfg(data, "--rm-type", "random")) == []
+    _write(data, {"prompt": "Is 2 prime?", "label": True})
+    assert _errors(_cfg(data, "--rm-type", rm_type)) == []
+
+
 def test_a_rows_own_reward_must_be_registered(tmp_path):
     # metadata["rm_type"] overrides --rm-type per sample; a typo used to pass preflight and stop the rollout.
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2", "metadata": {"rm_type": "boxed_f1"}},
@@ -231,7 +283,8 @@ def test_eval_files_are_checked_with_their_own_keys(tmp_path):
     )
     (error,) = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
     assert error == (
-        f"--eval-config {config} dataset 'bad' {evals} line 1: no --input-key 'prompt' (keys: ['answer', 'question'])"
+        f"--eval-config {config} dataset 'bad' {evals} line 1: no --eval-config {config} dataset 'bad' input_key "
+        "'prompt' (keys: ['answer', 'question'])"
     )
     # A dataset's own reward decides whether it needs a label (f1 does, random does not).
     for rm_type, expected in (("f1", 1), ("random", 0)):
@@ -241,7 +294,53 @@ def test_eval_files_are_checked_with_their_own_keys(tmp_path):
         )
         errors = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
         assert len(errors) == expected, errors
-        assert all("--rm-type f1 grades against a label, but no --label-key is set" in e for e in errors)
+        # The dataset's own `label_key: null` is what is at fault, so the message names it.
+        assert all(f"--rm-type f1 grades against a label, but no --eval-config {config} dataset 'r' label_key is set"
+                   in e for e in errors)  # fmt: skip
+
+
+def test_eval_row_errors_name_the_flag_that_set_the_key(tmp_path):
+    # "no --input-key 'q'" was said when --eval-input-key q (or the dataset's own input_key) named the column:
+    # --input-key was not at fault and changing it changed nothing.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    evals = _write(tmp_path / "e.jsonl", {"question": "2+2=", "answer": "4"}, {"q": "3+3=", "answer": "6"},
+                   {"question": "", "answer": "1"})  # fmt: skip
+    eval_flags = ("--rm-type", "math", "--eval-prompt-data", "ev", str(evals), "--eval-interval", "1",
+                  "--eval-input-key", "question", "--eval-label-key", "answer")  # fmt: skip
+    (error,) = _errors(_cfg(data, *eval_flags))
+    assert error == f"--eval-prompt-data {evals} line 2: no --eval-input-key 'question' (keys: ['answer', 'q'])"
+    _write(evals, {"question": "2+2=", "answer": "4"}, {"question": "", "answer": "1"})
+    (error,) = _errors(_cfg(data, *eval_flags))
+    assert error == f"--eval-prompt-data {evals} line 2: empty prompt in --eval-input-key 'question'"
+    _write(evals, {"question": "2+2=", "answer": None})
+    (error,) = _errors(_cfg(data, *eval_flags))
+    assert error.startswith(f"--eval-prompt-data {evals} line 1: null --eval-label-key 'answer', which --rm-type math")
+    _write(evals, {"question": "2+2=", "answer": {"value": 4}})
+    (error,) = _errors(_cfg(data, *eval_flags))
+    assert "--eval-label-key 'answer' holds a dict" in error and "point --eval-label-key at the answer" in error
+    # A key set in --eval-config's defaults is named there; the training file keeps the training flags.
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  defaults: {{input_key: qq}}\n  datasets:\n    - {{name: d, path: {evals}}}\n")
+    (error,) = _errors(_cfg(data, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
+    assert f"line 1: no --eval-config {config} eval.defaults input_key 'qq'" in error
+    _write(data, {"question": "1+1=", "label": "2"})
+    (error,) = _errors(_cfg(data, "--rm-type", "math"))
+    assert error == f"--prompt-data {data} line 1: no --input-key 'prompt' (keys: ['label', 'question'])"
+
+
+def test_eval_prompts_at_run_time_name_the_eval_flag(tmp_path):
+    # The same rows read by the eval rollout itself (`rows_to_samples`), not only by preflight.
+    from slime_rollout.generation import eval as eval_module
+
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    evals = _write(tmp_path / "e.jsonl", {"q": "3+3=", "answer": "6"})
+    cfg = _cfg(data, "--rm-type", "math", "--eval-prompt-data", "ev", str(evals), "--eval-interval", "1",
+               "--eval-input-key", "question", "--eval-label-key", "answer")  # fmt: skip
+    (dataset,) = eval_module.eval_datasets(cfg)
+    dataset["max_prompt_len"] = None  # no tokenizer in this test
+    expected = r"e\.jsonl line 1: no --eval-input-key 'question' \(keys: \['answer', 'q'\]\)"
+    with pytest.raises(ValueError, match=expected):
+        eval_module._prompts(cfg, dataset)
 
 
 def test_a_checkpoint_without_tokenizer_files_is_refused(tmp_path, qwen3_tokenizer_dir):

@@ -142,6 +142,8 @@ class RewardSpec(Entry):
             otherwise it gets that box's content ("" when there is none or the answer hedges between boxes).
         needs_url: calls a remote service at `--rm-url` (preflight refuses a run without it).
         grades_label: compares the response with the sample's label (preflight refuses null labels for it).
+        label_in_metadata: a `metadata` key whose value stands in for the label (gpqa: `"correct_letter"`);
+            preflight accepts a row without a label that has it. None: the label is the only answer.
         label_is_value: its label is one answer, text or a number (preflight refuses a dict or list label, which
             it would compare as its Python text); False for graders that take a list of references (f1).
     """
@@ -151,6 +153,7 @@ class RewardSpec(Entry):
     reads_box: bool = False
     needs_url: bool = False
     grades_label: bool = False
+    label_in_metadata: str | None = None
     label_is_value: bool = False
 
     def load_grader(self, *, pooled: bool = False) -> Callable[..., Any]:

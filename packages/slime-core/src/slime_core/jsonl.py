@@ -10,6 +10,20 @@ from typing import Any
 __all__ = ["iter_jsonl"]
 
 
+class _DuplicateKey(Exception):
+    """A key given twice in one JSON object (carries the key)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`object_pairs_hook`: the object as a dict, refusing a key given twice (`json` keeps the last silently)."""
+    row: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in row:
+            raise _DuplicateKey(key)
+        row[key] = value
+    return row
+
+
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yields `(line_number, object)` for each non-blank line of a JSONL file (1-based line numbers).
 
@@ -17,9 +31,12 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
     fails somewhere in a buffered read, naming no line). A UTF-8 byte-order mark at the start of the file (what
     some Windows editors and Excel exports write) is skipped: it is not part of the first object.
 
+    A key given twice in one object (`{"label": "2", "label": "3"}`) is an error: `json` keeps the last one
+    silently, so which answer a row holds was a guess.
+
     Raises:
-        ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`
-            or `"...: expected a JSON object, got list"`.
+        ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`,
+            `"...: key 'label' appears twice in one object ..."` or `"...: expected a JSON object, got list"`.
     """
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -33,9 +50,14 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line, object_pairs_hook=_unique_keys)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            except _DuplicateKey as e:
+                raise ValueError(
+                    f"{path}:{lineno}: key {e.args[0]!r} appears twice in one object (JSON readers keep one of them "
+                    "silently); keep the one you mean"
+                ) from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             yield lineno, row

@@ -162,17 +162,41 @@ def postprocess_rewards(cfg: SlimeArgs, samples: Sequence[Sample]) -> tuple[list
 
 
 def _custom_postprocess(cfg: SlimeArgs, custom_path: str, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
+    """Calls `--custom-reward-post-process-path` and checks its two lists: N finite numbers each.
+
+    A NaN or infinity from it went into the advantages and the loss (the built-in path refuses such rewards); a
+    non-number failed in `float()` naming neither the function nor the sample.
+
+    Raises:
+        ValueError: wrong shape, a value that is not a number, or one that is not finite (names the function,
+            the list and the sample).
+    """
     fn = load_function(custom_path, flag="--custom-reward-post-process-path")
     out = fn(cfg, list(samples))
+    where = f"--custom-reward-post-process-path {custom_path}"
     if not (isinstance(out, tuple | list) and len(out) == 2):
-        raise ValueError(f"--custom-reward-post-process-path {custom_path}: must return (raw_rewards, rewards)")
-    raw_c, rew_c = (list(map(float, x)) for x in out)
-    if len(raw_c) != len(samples) or len(rew_c) != len(samples):
-        raise ValueError(
-            f"--custom-reward-post-process-path {custom_path}: returned {len(raw_c)} raw and {len(rew_c)} "
-            f"rewards for {len(samples)} samples"
-        )
+        raise ValueError(f"{where}: must return (raw_rewards, rewards)")
+    raw_c, rew_c = (
+        _finite_list(values, what, where, samples) for values, what in zip(out, ("raw_rewards", "rewards"), strict=True)
+    )
     return raw_c, rew_c
+
+
+def _finite_list(values: Any, what: str, where: str, samples: Sequence[Sample]) -> list[float]:
+    """`values` as N finite floats, one per sample."""
+    values = list(values)
+    if len(values) != len(samples):
+        raise ValueError(f"{where}: returned {len(values)} {what} for {len(samples)} samples")
+    out = []
+    for sample, value in zip(samples, values, strict=True):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {what} of sample {sample.index} is {value!r:.60}, not a number") from None
+        if not math.isfinite(number):
+            raise ValueError(f"{where}: {what} of sample {sample.index} is {number}, not finite")
+        out.append(number)
+    return out
 
 
 def rollout_keys(samples: Sequence[Sample]) -> list[Hashable]:

@@ -62,6 +62,8 @@ DEEPSCALER_RM = RewardSpec(
 )
 DAPO_RM = RewardSpec(name="dapo", grades_label=True, label_is_value=True, reads_box=True, grader=f"{_G}dapo")
 F1_RM = RewardSpec(name="f1", grades_label=True, grader=f"{_G}f1")
-GPQA_RM = RewardSpec(name="gpqa", grades_label=True, label_is_value=True, grader=f"{_G}gpqa")
+GPQA_RM = RewardSpec(
+    name="gpqa", grades_label=True, label_in_metadata="correct_letter", label_is_value=True, grader=f"{_G}gpqa"
+)
 REMOTE_RM_RM = RewardSpec(name="remote_rm", needs_url=True)  # no grader: the reply of --rm-url is the reward
 RANDOM_RM = RewardSpec(name="random", grader=f"{_G}random")

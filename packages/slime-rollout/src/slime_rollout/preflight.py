@@ -13,6 +13,7 @@ import difflib
 import importlib
 import json
 import logging
+import math
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.extensions import REWARDS
 from slime_core.registry import Problem
 from slime_rollout.data import multimodal
-from slime_rollout.data.rows import prompt_problem, row_metadata, row_tools
+from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
 
 if TYPE_CHECKING:
@@ -54,14 +55,18 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     """
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
     problems += _pass_through_flags(cfg)
-    files = [] if not cfg.prompt_data or cfg.load_debug_rollout_data else [("--prompt-data", cfg.prompt_data, cfg)]
+    files = (
+        []
+        if not cfg.prompt_data or cfg.load_debug_rollout_data
+        else [("--prompt-data", cfg.prompt_data, cfg, TRAINING_KEY_FLAGS)]
+    )
     try:
         files += _eval_files(cfg)
     except (FileNotFoundError, ValueError) as e:  # a malformed --eval-prompt-data / --eval-config
         problems.append(Problem(message=str(e), exception=type(e)))
-    for flag, spec, file_cfg in files:
+    for flag, spec, file_cfg, key_flags in files:
         try:
-            _check_rows(spec, file_cfg, flag)
+            _check_rows(spec, file_cfg, flag, key_flags)
         except FileNotFoundError as e:
             problems.append(Problem(message=str(e), exception=FileNotFoundError))
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
@@ -69,12 +74,13 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     return problems
 
 
-def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs]]:
+def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags]]:
     """Each eval dataset's file with the config its rows are read and graded with (`generation.eval.eval_datasets`).
 
     An eval dataset has its own keys and reward (`--eval-input-key`, `--eval-label-key`, an `--eval-config`
     dataset's `input_key`, `rm_type`, ...): checked with the training keys, a valid eval file was refused ("no
-    --input-key 'q'") and an `--eval-config` dataset's file was not checked at all.
+    --input-key 'q'") and an `--eval-config` dataset's file was not checked at all. Its messages name the flag
+    that set each key (`--eval-input-key`, the dataset's `input_key`), not the training one.
     """
     if not (cfg.eval_prompt_data or cfg.eval_config):
         return []
@@ -90,7 +96,7 @@ def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs]]:
         names = ("input_key", "label_key", "metadata_key", "tool_key", "rm_type", "multimodal_keys")
         keys = {key: dataset[key] for key in names}
         keys["custom_rm_path"] = dataset["custom_rm_path"] or cfg.custom_rm_path
-        files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys)))
+        files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys), dataset["key_flags"]))
     return files
 
 
@@ -203,7 +209,7 @@ def _pass_through_flags(cfg: SlimeArgs) -> list[Problem]:
     return problems
 
 
-def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
+def _check_rows(spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS) -> None:
     """Loads one prompt file named by `flag` and checks its rows (and images, with `--multimodal-keys`).
 
     Raises:
@@ -218,7 +224,7 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str) -> None:
         raise ValueError(f"{flag}: {e}") from None
     if not located:
         raise ValueError(f"{flag} {spec}: no rows")
-    check_prompt_rows(located, cfg, where=f"{flag} {spec}")
+    check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags)
     image_key = multimodal.image_column(cfg.multimodal_keys)
     if not image_key:
         return
@@ -246,15 +252,23 @@ def _row_rm_type(cfg: SlimeArgs, row: Mapping[str, Any]) -> str:
 
 
 def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
+    """Whether `row` needs a label: its reward's record `grades_label`, and its metadata has no stand-in for it.
+
+    The stand-in is the record's `label_in_metadata` key (gpqa's `correct_letter`), so a package's reward declares
+    it in its record as the built-ins do (gpqa was special-cased here by name).
+    """
     if cfg.custom_rm_path:
         return False  # a custom reward decides what it needs
     rm_type = _row_rm_type(cfg, row).removeprefix("boxed_")
-    if rm_type == "gpqa" and _row_metadata(cfg, row).get("correct_letter"):  # gpqa may take it from the metadata
+    if rm_type not in REWARDS:
         return False
-    return rm_type in REWARDS and REWARDS.get(rm_type).grades_label
+    spec = REWARDS.get(rm_type)
+    if spec.label_in_metadata and _row_metadata(cfg, row).get(spec.label_in_metadata):
+        return False
+    return spec.grades_label
 
 
-def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
+def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_flag: str) -> None:
     """The label of a reward whose record says `label_is_value` is text or a number, not a dict or a list.
 
     Such a grader compares a dict or list label as its Python text ("{'answer': '5'}"), which no response equals:
@@ -270,9 +284,34 @@ def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
     if not REWARDS.get(rm_type).label_is_value:
         return
     raise ValueError(
-        f"{at}: --label-key {cfg.label_key!r} holds a {type(label).__name__} ({str(label)[:60]}), but --rm-type "
-        f"{rm_type} grades one answer (text or a number); point --label-key at the answer itself"
+        f"{at}: {label_flag} {cfg.label_key!r} holds a {type(label).__name__} ({str(label)[:60]}), but --rm-type "
+        f"{rm_type} grades one answer (text or a number); point {label_flag} at the answer itself"
     )
+
+
+def _check_label_value(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_flag: str) -> None:
+    r"""A label the row's reward grades against holds an answer: not empty text, not NaN or infinity, not bytes.
+
+    Each was accepted and graded as its text ("", "nan" or "b'5'": a missing value or a binary column written by
+    a data tool), which no real answer equals: every sample of the row scored 0 and the run learned from rows that
+    teach nothing, with no word about them. (A bool is an answer: `\boxed{True}` equals the label `true`.)
+
+    Raises:
+        ValueError: naming the row, the flag and the value.
+    """
+    label = row[cfg.label_key]
+    if label is None or not _label_required(cfg, row):
+        return
+    rm_type = _row_rm_type(cfg, row)
+    if isinstance(label, str) and not label.strip():
+        problem = f"an empty label {label!r}"
+    elif isinstance(label, float) and not math.isfinite(label):
+        problem = f"{label} (a JSON NaN/Infinity), not an answer"
+    elif isinstance(label, bytes | bytearray):
+        problem = f"bytes {label[:40]!r} (a binary Parquet column; store it as strings), not text"
+    else:
+        return
+    raise ValueError(f"{at}: {label_flag} {cfg.label_key!r} holds {problem}, which --rm-type {rm_type} grades against")
 
 
 def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
@@ -289,7 +328,9 @@ def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
         )
 
 
-def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str) -> None:
+def check_prompt_rows(
+    rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS
+) -> None:
     """Checks every row of a prompt file before the run starts.
 
     The `--input-key` must be there and not empty; a reward that compares with the label (its record's
@@ -300,6 +341,7 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
         rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
         cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `tool_key`, `rm_type`, `custom_rm_path`.
         where: `"{flag} {path}"` for the messages.
+        key_flags: the flags that set the keys, as messages name them (an eval dataset's: `--eval-input-key`, ...).
 
     Raises:
         ValueError: naming `where`, the row and the problem.
@@ -308,25 +350,26 @@ def check_prompt_rows(rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, wher
     for position, row in zip(located.positions, located, strict=True):
         at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
-            raise ValueError(f"{at}: no --input-key {cfg.input_key!r} (keys: {sorted(row)})")
-        problem = prompt_problem(row[cfg.input_key], cfg.input_key)
+            raise ValueError(f"{at}: no {key_flags.input_key} {cfg.input_key!r} (keys: {sorted(row)})")
+        problem = prompt_problem(row[cfg.input_key], cfg.input_key, key_flags.input_key)
         if problem is not None:
             raise ValueError(f"{at}: {problem}")
-        row_metadata(dict(row), cfg.metadata_key, at)  # these raise naming the row
-        row_tools(dict(row), cfg.tool_key, at)
+        row_metadata(dict(row), cfg.metadata_key, at, key_flags.metadata_key)  # these raise naming the row
+        row_tools(dict(row), cfg.tool_key, at, key_flags.tool_key)
         _check_row_reward(cfg, row, at)
         if not cfg.label_key:
             if _label_required(cfg, row):  # every sample's label would be None: graded against nothing
                 raise ValueError(
-                    f"{at}: --rm-type {_row_rm_type(cfg, row)} grades against a label, but no --label-key is set "
-                    "(name the column that holds the answer)"
+                    f"{at}: --rm-type {_row_rm_type(cfg, row)} grades against a label, but no "
+                    f"{key_flags.label_key} is set (name the column that holds the answer)"
                 )
         else:
             if cfg.label_key not in row:
-                raise ValueError(f"{at}: no --label-key {cfg.label_key!r} (keys: {sorted(row)})")
+                raise ValueError(f"{at}: no {key_flags.label_key} {cfg.label_key!r} (keys: {sorted(row)})")
             if row[cfg.label_key] is None and _label_required(cfg, row):
                 raise ValueError(
-                    f"{at}: null --label-key {cfg.label_key!r}, which --rm-type "
-                    f"{cfg.rm_type or 'metadata rm_type'} grades against"
+                    f"{at}: null {key_flags.label_key} {cfg.label_key!r}, which --rm-type "
+                    f"{_row_rm_type(cfg, row)} grades against"
                 )
-            _check_label_type(cfg, row, at)
+            _check_label_type(cfg, row, at, key_flags.label_key)
+            _check_label_value(cfg, row, at, key_flags.label_key)

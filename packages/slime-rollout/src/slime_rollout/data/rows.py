@@ -1,15 +1,39 @@
 """Checks of one prompt row's fields (`--input-key`, `--metadata-key`, `--tool-key`).
 
 Shared by the data source and preflight: each names the flag and the row (`where`), so bad data fails before a
-rollout, not inside a tokenizer.
+rollout, not inside a tokenizer. An eval dataset's keys come from other flags (`--eval-input-key`, an
+`--eval-config` dataset's `input_key`): `KeyFlags` says which, so its messages blame the flag that set the key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
-__all__ = ["prompt_problem", "row_metadata", "row_tools"]
+__all__ = ["TRAINING_KEY_FLAGS", "KeyFlags", "prompt_problem", "row_metadata", "row_tools"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyFlags:
+    """The flag (or config field) that set each key of a data file, as messages name it.
+
+    Example: `KeyFlags(input_key="--eval-input-key")` for an eval dataset read with `--eval-input-key q`.
+
+    Attributes:
+        input_key: sets the prompt column (`--input-key`).
+        label_key: sets the label column (`--label-key`).
+        metadata_key: sets the metadata column (`--metadata-key`).
+        tool_key: sets the tools column (`--tool-key`).
+    """
+
+    input_key: str = "--input-key"
+    label_key: str = "--label-key"
+    metadata_key: str = "--metadata-key"
+    tool_key: str = "--tool-key"
+
+
+TRAINING_KEY_FLAGS = KeyFlags()  # `--prompt-data`'s keys
 
 
 def _maybe_json(value: Any, what: str, where: str) -> Any:
@@ -21,7 +45,7 @@ def _maybe_json(value: Any, what: str, where: str) -> Any:
     return value
 
 
-def prompt_problem(prompt: Any, input_key: str) -> str | None:
+def prompt_problem(prompt: Any, input_key: str, flag: str = "--input-key") -> str | None:
     """What is wrong with a row's prompt, or None: a non-empty string, or chat messages with some content.
 
     Chat messages are `{"role": ..., "content": ...}` dicts (an assistant turn with only tool calls may have no
@@ -31,59 +55,65 @@ def prompt_problem(prompt: Any, input_key: str) -> str | None:
     Args:
         prompt: the row's `--input-key` value.
         input_key: the flag's value, for the message.
+        flag: the flag that set `input_key` (`KeyFlags.input_key`).
 
     Returns:
-        The message naming `--input-key`, or None for a usable prompt.
+        The message naming `flag`, or None for a usable prompt.
     """
     if isinstance(prompt, str):
-        return None if prompt.strip() else f"empty prompt in --input-key {input_key!r}"
+        return None if prompt.strip() else f"empty prompt in {flag} {input_key!r}"
     if prompt is None:
-        return f"empty prompt in --input-key {input_key!r} (null)"
+        return f"empty prompt in {flag} {input_key!r} (null)"
     if not isinstance(prompt, list):
         return (
-            f"--input-key {input_key!r} holds {type(prompt).__name__} {_preview(prompt)}, not a prompt (a string, "
+            f"{flag} {input_key!r} holds {type(prompt).__name__} {_preview(prompt)}, not a prompt (a string, "
             'or a list of chat messages {"role": ..., "content": ...})'
         )
     for i, message in enumerate(prompt):
         if not isinstance(message, dict) or "role" not in message:
             return (
-                f"--input-key {input_key!r}: message {i} is {type(message).__name__} {_preview(message)}, not a chat "
+                f"{flag} {input_key!r}: message {i} is {type(message).__name__} {_preview(message)}, not a chat "
                 'message {"role": ..., "content": ...}'
             )
     if not any(str(m.get("content") or "").strip() for m in prompt):
-        return f"empty prompt in --input-key {input_key!r} (no message has content)"
+        return f"empty prompt in {flag} {input_key!r} (no message has content)"
     return None
 
 
-def row_metadata(row: dict[str, Any], metadata_key: str | None, where: str) -> dict[str, Any]:
+def row_metadata(
+    row: dict[str, Any], metadata_key: str | None, where: str, flag: str = "--metadata-key"
+) -> dict[str, Any]:
     """A copy of a row's `--metadata-key` value: a dict, or a JSON string of one; {} without the key or value.
 
     Raises:
         ValueError: the value (or its JSON) is not a dict (a list of pairs was read as a dict, a number failed as
-            "'int' object is not iterable" naming no row); the message names `where` and the flag.
+            "'int' object is not iterable" naming no row); the message names `where` and `flag`.
     """
     value = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise ValueError(
-            f"{where}: --metadata-key {metadata_key!r} must hold a dict (or its JSON), got {type(value).__name__} "
+            f"{where}: {flag} {metadata_key!r} must hold a dict (or its JSON), got {type(value).__name__} "
             f"{_preview(value)}"
         )
     return dict(value)
 
 
-def row_tools(row: dict[str, Any], tool_key: str | None, where: str) -> list[dict[str, Any]] | None:
+def row_tools(
+    row: dict[str, Any], tool_key: str | None, where: str, flag: str = "--tool-key"
+) -> list[dict[str, Any]] | None:
     """A row's `--tool-key` value: a list of tool schemas (dicts), or a JSON string of one; None without it.
 
     Raises:
         ValueError: anything else (the chat template refused a dict or a list of names naming no row: "Tools
-            should either be a JSON schema, ..."; the original asserts a list); the message names `where`.
+            should either be a JSON schema, ..."; the original asserts a list); the message names `where` and
+            `flag`.
     """
     tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise ValueError(
-            f"{where}: --tool-key {tool_key!r} must hold a list of tool schemas (dicts) or its JSON, got "
+            f"{where}: {flag} {tool_key!r} must hold a list of tool schemas (dicts) or its JSON, got "
             f"{type(tools).__name__} {_preview(tools)}"
         )
     return tools

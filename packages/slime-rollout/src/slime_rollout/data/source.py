@@ -29,7 +29,7 @@ from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
-from slime_rollout.data.rows import prompt_problem, row_metadata, row_tools
+from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.plugins import load_function
 
 if TYPE_CHECKING:
@@ -209,6 +209,7 @@ def rows_to_samples(
     multimodal_keys: dict[str, str] | None = None,
     processor_path: str | None = None,
     max_prompt_len_flag: str = "--rollout-max-prompt-len",
+    key_flags: KeyFlags = TRAINING_KEY_FLAGS,
 ) -> list[Sample]:
     """Turns dataset rows into prompt samples (no group/index yet).
 
@@ -234,6 +235,7 @@ def rows_to_samples(
         processor_path: the vision-language checkpoint (`--hf-checkpoint`) whose processor renders and counts
             prompts with images; required with `multimodal_keys`.
         max_prompt_len_flag: how the warning names the limit (the flag, or its default's origin).
+        key_flags: the flags that set the keys, as errors name them (an eval dataset's: `--eval-input-key`, ...).
 
     Raises:
         ValueError: a row lacks `input_key`, has an empty prompt, malformed metadata/tools, or a missing,
@@ -251,16 +253,16 @@ def rows_to_samples(
     for position, row in zip(positions, rows, strict=True):
         where = f"{source} {unit} {position}"
         if input_key not in row:
-            raise ValueError(f"{where}: no --input-key {input_key!r} (keys: {sorted(row)})")
+            raise ValueError(f"{where}: no {key_flags.input_key} {input_key!r} (keys: {sorted(row)})")
         prompt = row[input_key]
-        problem = prompt_problem(prompt, input_key)
+        problem = prompt_problem(prompt, input_key, key_flags.input_key)
         if problem is not None:
             raise ValueError(f"{where}: {problem}")
         if max_prompt_len is not None and certainly_too_long(tokenizer, prompt, max_prompt_len):
             dropped.append(position)  # before the template, the images and the tokenizer: a huge line costs nothing
             continue
-        metadata = row_metadata(row, metadata_key, where)
-        tools = row_tools(row, tool_key, where)
+        metadata = row_metadata(row, metadata_key, where, key_flags.metadata_key)
+        tools = row_tools(row, tool_key, where, key_flags.tool_key)
         if tools is not None:
             metadata["tools"] = tools
         images = multimodal.normalize_images(row.get(image_key), base_dir=base_dir, where=where) if image_key else []

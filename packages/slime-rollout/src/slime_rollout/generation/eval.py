@@ -29,6 +29,7 @@ import yaml
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.prompt_length import default_max_prompt_len
+from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags
 from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
 from slime_rollout.generation.generate import build_sampling_params
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, seeded_params
@@ -108,7 +109,8 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
             (`build_sampling_params`).
 
     Returns:
-        One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params`.
+        One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params` and `key_flags` (the flag or
+        `--eval-config` field that set each key, as errors about its rows name it: `_key_flags`).
 
     Raises:
         ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config`.
@@ -148,15 +150,39 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
             if key in defaults or key in entry:
                 params["max_new_tokens" if key == "max_response_len" else key] = dataset[key]
         dataset["sampling_params"] = params
+        dataset["key_flags"] = _key_flags(cfg, defaults, entry)
         resolved.append(dataset)
     return resolved
+
+
+def _key_flags(cfg: SlimeArgs, defaults: dict[str, Any], entry: dict[str, Any]) -> KeyFlags:
+    """Which flag or `--eval-config` field set each key of one eval dataset (resolved as `eval_datasets` does).
+
+    A row without `q` was reported as "no --input-key 'q'" when `--eval-input-key q` (or the dataset's own
+    `input_key: q`) named it, sending the user to a flag that was not at fault.
+    """
+
+    def flag(key: str, eval_flag: str | None, value: Any) -> str:
+        if key in entry:
+            return f"--eval-config {cfg.eval_config} dataset {entry['name']!r} {key}"
+        if key in defaults:
+            return f"--eval-config {cfg.eval_config} eval.defaults {key}"
+        return eval_flag if eval_flag and value is not None else "--" + key.replace("_", "-")
+
+    return KeyFlags(
+        input_key=flag("input_key", "--eval-input-key", cfg.eval_input_key),
+        label_key=flag("label_key", "--eval-label-key", cfg.eval_label_key),
+        metadata_key=flag("metadata_key", None, None),
+        tool_key=flag("tool_key", "--eval-tool-key", cfg.eval_tool_key),
+    )
 
 
 @functools.cache
 def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadata_key: str | None,
                        tool_key: str | None, hf_checkpoint: str | None, apply_chat_template: bool,
                        template_kwargs: tuple, max_prompt_len: int | None,
-                       multimodal_keys: tuple = ()) -> tuple[Sample, ...]:  # fmt: skip
+                       multimodal_keys: tuple = (),
+                       key_flags: KeyFlags = TRAINING_KEY_FLAGS) -> tuple[Sample, ...]:  # fmt: skip
     tokenizer = get_tokenizer(hf_checkpoint) if (apply_chat_template or max_prompt_len) else None
     samples = rows_to_samples(
         load_prompt_rows(path),
@@ -172,6 +198,7 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
         multimodal_keys=dict(multimodal_keys) or None,
         processor_path=hf_checkpoint,
         max_prompt_len_flag="--eval-max-prompt-len",
+        key_flags=key_flags,
     )
     return tuple(samples)
 
@@ -189,6 +216,7 @@ def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
             tuple(sorted(dict(dataset["apply_chat_template_kwargs"] or {}).items())),
             dataset["max_prompt_len"],
             tuple(sorted(dict(dataset["multimodal_keys"] or {}).items())),
+            dataset.get("key_flags", TRAINING_KEY_FLAGS),
         )
     )
 
@@ -249,7 +277,15 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
     data = {dataset["name"]: result for dataset, result in zip(datasets, results, strict=True)}
     metrics: dict[str, float] = {}
     for dataset, (name, result) in zip(datasets, data.items(), strict=True):
-        if not result["samples"]:
+        if not result["samples"]:  # said, not silent: a dashboard would just lose the curve
+            logger.warning(
+                "eval %d: dataset %s has no samples (%s: every prompt was dropped, see the warning above, or the file "
+                "has no rows); it has no eval/%s metric this time",
+                rollout_id,
+                name,
+                dataset["path"],
+                name,
+            )
             continue
         if args.log_passrate:
             n, rewards = int(dataset["n_samples_per_eval_prompt"]), result["rewards"]

@@ -35,6 +35,7 @@ import fractions
 import re
 
 from slime_rollout.rewards.number_words import words_to_number
+from slime_rollout.rewards.unicode_math import latex_from_unicode
 from slime_rollout.rewards.units import split_bare_unit, take_text_unit
 
 __all__ = ["CleanAnswer", "clean_answer", "normalize_answer", "parse_number", "words_to_number"]
@@ -42,6 +43,18 @@ __all__ = ["CleanAnswer", "clean_answer", "normalize_answer", "parse_number", "w
 _TEXT_COMMANDS = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
 )
+# Functions math-verify parses as commands (`\lcm(4,6)` is 12). Wrapped (`\operatorname{lcm}`, `\mathrm{gcd}(`,
+# `\text{max}(`) or bare right before `(`, they were unwrapped to letters, which it reads as a product
+# (l·c·m(4, 6)): `\operatorname{lcm}(4,6)` scored 0 against 12. They are written as the command instead. `\text`
+# and `\mathrm` only before an argument (`5\text{ min}` is a unit), bare names not `min`/`sec` (units too).
+_BARE_NAMES = "gcd|lcm|max|det|floor|exp|ln|log|sinh|cosh|tanh|arcsin|arccos|arctan|arccot|sin|cos|tan|cot|csc"
+_FUNCTION_NAMES = _BARE_NAMES + "|min|sec"
+_WRAPPED_FUNCTION = re.compile(
+    rf"\\operatorname\*?\s*\{{\s*({_FUNCTION_NAMES})\s*\}}"
+    rf"|\\(?:mathrm|textrm|text|rm)\s*\{{\s*({_FUNCTION_NAMES})\s*\}}(?=\s*(?:\(|\\left))"
+)
+_BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_BARE_NAMES})(?=\()")
+_INFINITY = re.compile(r"(?<![\\A-Za-z])(?i:infinity)(?![A-Za-z])|∞")
 _SPACES = re.compile(r"\\[ ,;:!]|\\q?quad\b|~")
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _LETTER_ONLY = re.compile(r"^\(?([A-J])\)?\.?$")
@@ -95,7 +108,9 @@ _PERCENT = re.compile(r"\\?%|(?i:\bper\s?cent(?:age)?\b|\bpct\b\.?)")
 _SPACE_GROUPS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d.])")  # thousands grouped by spaces
 _COMMAND_SPACE = re.compile(r"(\\[a-zA-Z]+) +(?=[a-zA-Z])")
 _NOT_BETWEEN_DIGITS = re.compile(r"(?<!\d) | (?!\d)")
-_SCIENTIFIC = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot)10\^\{?([-+]?\d{1,3})\}?$")
+# `6.02\times10^{23}`; also `6.02 x 10^{23}` and `6.02*10^23` (a letter x between a number and a power of ten is
+# the times sign: `x10^{23}` names no variable).
+_SCIENTIFIC = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot|[x*])10\^\{?([-+]?\d{1,3})\}?$")
 _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k": a number of thousands
 
 
@@ -116,9 +131,12 @@ def _strip_delimiters(s: str) -> str:
 
 
 def _latex_cleanup(s: str) -> str:
+    # `\operatorname{lcm}(4,6)` → `\lcm(4,6)`
+    s = _BARE_FUNCTION.sub(r"\\\1", _WRAPPED_FUNCTION.sub(lambda m: "\\" + (m.group(1) or m.group(2)), s))
     for _ in range(2):  # \text{\textbf{x}}
         s = _TEXT_COMMANDS.sub(r" \1 ", s)
     s = _SPACES.sub(" ", s)
+    s = _INFINITY.sub(r"\\infty", s)  # "infinity", "∞": the value `\infty` (the word was left as letters)
     s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = s.replace("\\varnothing", "\\emptyset")  # two spellings of one set (math-verify parses only the second)
@@ -182,7 +200,7 @@ def clean_answer(answer: str) -> CleanAnswer:
     Returns:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
-    s = _strip_delimiters(str(answer).translate(_MINUS_SIGNS))
+    s = _strip_delimiters(latex_from_unicode(str(answer).translate(_MINUS_SIGNS)))
     rest, unit = take_text_unit(s)
     if unit is not None and _is_constant(_latex_cleanup(rest)):
         s = rest  # "5\text{ cm}": the unit is set aside, the value stays
