@@ -14,14 +14,12 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-from fastapi.testclient import TestClient
 
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.routing_replay import decode_routed_experts, encode_routed_experts
 from slime_core.sample import Sample
 from slime_rollout.engines.launch import build_reference_command, build_sglang_command
 from slime_rollout.engines.reference.model import ReferenceModel
-from slime_rollout.engines.reference.server import build_app
 from slime_rollout.generation import generate as generate_mod
 from slime_rollout.generation.routed_experts import attach_routed_experts
 
@@ -53,7 +51,20 @@ def _hf_routes(model_dir: pathlib.Path, token_ids: list[int]) -> torch.Tensor:
     return torch.stack([got[i] for i in range(len(got))], dim=1).to(torch.int32)
 
 
-def _generate(client: TestClient, **extra) -> dict:
+def _reference_client(served: ReferenceModel, server_args: dict):
+    """A `fastapi.testclient.TestClient` of the reference engine serving `served`.
+
+    Imported here, not at the top: fastapi is a server-only package, missing from the GPU machine's trainer stack,
+    where this file's GPU test must still collect.
+    """
+    from fastapi.testclient import TestClient
+
+    from slime_rollout.engines.reference.server import build_app
+
+    return TestClient(build_app(served, max_running_requests=4, random_seed=0, server_args=server_args))
+
+
+def _generate(client, **extra) -> dict:
     body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5, "temperature": 0.0, "ignore_eos": True},
             "return_logprob": True, **extra}  # fmt: skip
     reply = client.post("/generate", json=body)
@@ -63,8 +74,7 @@ def _generate(client: TestClient, **extra) -> dict:
 
 def test_reference_engine_returns_the_routes_hf_picks_in_sglang_format(served, moe_dir):
     spec = json.loads(WIRE.read_text())
-    app = build_app(served, max_running_requests=4, random_seed=0, server_args={"enable_return_routed_experts": True})
-    with TestClient(app) as client:
+    with _reference_client(served, {"enable_return_routed_experts": True}) as client:
         reply = _generate(client, **spec["request"]["body_extra"])
         meta = reply["meta_info"]
         value = meta[spec["meta_info_key"]]
@@ -84,7 +94,7 @@ def test_reference_engine_returns_the_routes_hf_picks_in_sglang_format(served, m
         assert bad.status_code == 400 and "routed_experts_start_len" in bad.text
         assert "routed_experts" not in _generate(client)["meta_info"]  # not asked for
     # Without --enable-return-routed-experts SGLang has no capturer and adds nothing; so does the reference engine.
-    with TestClient(build_app(served, max_running_requests=4, random_seed=0, server_args={})) as client:
+    with _reference_client(served, {}) as client:
         assert "routed_experts" not in _generate(client, return_routed_experts=True)["meta_info"]
 
 
