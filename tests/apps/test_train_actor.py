@@ -104,14 +104,25 @@ def test_train_env_vars_reach_the_trainer_process_next_to_the_job_env():
         ray.shutdown()
 
 
-def test_the_backends_compile_warm_up_starts_when_asked_and_the_first_step_takes_its_outcome(monkeypatch):
+def test_the_backends_compile_warm_up_starts_when_asked_and_steps_run_eagerly_until_it_ends(monkeypatch):
+    import contextlib
     from types import SimpleNamespace
 
     import slime_app.train_actor as ta
 
     events: list[str] = []
+    state = {"eager": False, "compiling": [True, True, False]}  # pending() at the steps 0, 1 and 2
 
     class WarmUp:
+        def pending(self):
+            return state["compiling"].pop(0)
+
+        @contextlib.contextmanager
+        def eager(self):
+            state["eager"] = True
+            yield
+            state["eager"] = False
+
         def wait(self):
             events.append("wait")
             return {"graphs": 1}  # a finished warm-up's report
@@ -126,7 +137,7 @@ def test_the_backends_compile_warm_up_starts_when_asked_and_the_first_step_takes
             return WarmUp()
 
         def train(self, rollout_id, batch):
-            events.append(f"train {rollout_id}")
+            events.append(f"train {rollout_id}" + (" eager" if state["eager"] else ""))
             return {}
 
     cfg = _cfg()  # before the registry is patched (the config's checks read it)
@@ -136,11 +147,13 @@ def test_the_backends_compile_warm_up_starts_when_asked_and_the_first_step_takes
     assert events == []  # importing the backend starts nothing: the driver says when (slime_app.loop.Run.build)
     actor.start_compile_warm_up(cfg)
     actor.backend = Backend()
-    first, second = actor.train(0, object()), actor.train(1, object())
+    steps = [actor.train(i, object()) for i in range(4)]
     actor.shutdown()
-    assert first["perf/compile_warmup_wait_time"] >= 0.0 and "perf/compile_warmup_wait_time" not in second
-    assert first["perf/compile_warmup_finished"] == 1.0
-    assert events == ["start", "wait", "train 0", "train 1"]  # waited once, before the first step only
+    assert [m.get("perf/compile_warmup_pending") for m in steps] == [1.0, 1.0, None, None]
+    assert steps[2]["perf/compile_warmup_finished"] == 1.0 and steps[2]["perf/compile_warmup_wait_time"] >= 0.0
+    assert "perf/compile_warmup_wait_time" not in steps[3]
+    # Eager while it compiles; collected once, before the first step after it ended; compiled from then on.
+    assert events == ["start", "train 0 eager", "train 1 eager", "wait", "train 2", "train 3"]
 
     # A rank shutting down before its first step stops the warm-up; a critic rank starts none.
     events.clear()

@@ -78,7 +78,7 @@ def test_an_unfinished_warm_up_never_delays_the_first_step(tmp_path, caplog):
         assert handle.wait() is None  # the default: stop it at once
     assert time.monotonic() - begun < 30  # not the 60 s it would have run
     assert handle.process.returncode is not None  # killed, not left behind
-    assert "not finished when the first step began" in caplog.text and "still compiling" in caplog.text
+    assert "not finished (waited" in caplog.text and "still compiling" in caplog.text
 
 
 def test_a_rank_whose_node_runs_another_warm_up_waits_for_that_one(tmp_path, monkeypatch, caplog):
@@ -229,3 +229,46 @@ def test_the_stand_in_keeps_one_layer_of_each_kind(tmp_path):
     cfg = make_args(str(tmp_path), use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)
     per_token = 2 * (10 * 5120 + 3 * 25600)
     assert cw.warm_up_token_counts(cfg, 5120, 25600, num_layers=3)[0] == cw.ACTIVATION_BUDGET // (3 * per_token)
+
+
+def test_steps_run_eagerly_only_while_the_warm_up_compiles(tmp_path, monkeypatch):
+    import torch
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    handle = _handle(tmp_path, "import time; time.sleep(60)")
+    assert handle.pending()
+    handle.defer_compile = False  # flex attention: the step compiles rather than run eagerly
+    assert not handle.pending()
+    handle.defer_compile = True
+    monkeypatch.setattr(cw, "DEFER_S", 0.0)  # past the deferral: the step compiles, `wait` stops it
+    assert not handle.pending()
+    assert handle.wait() is None and handle.process.returncode is not None
+
+    # Another rank's warm-up on this node holds the lock: pending while it does.
+    monkeypatch.setattr(cw, "DEFER_S", 300.0)
+    lock = open(cw._lock_path(), "a+")  # noqa: SIM115 - "the other warm-up" holds it
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    (tmp_path / "b").mkdir()
+    other = _handle(tmp_path / "b", f"import sys; sys.exit({cw.ANOTHER_RUNS})")
+    other.process.wait(timeout=30)
+    assert other.pending()
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    lock.close()
+    assert not other.pending()
+
+    # Under `eager()` a compiled module runs, forward and backward, and compiles nothing.
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.proj(x)) * 2
+
+    layer = Layer()
+    layer.compile(dynamic=True)
+    before = counters["stats"]["unique_graphs"]
+    with handle.eager():
+        layer(torch.randn(2, 4)).sum().backward()
+    assert counters["stats"]["unique_graphs"] == before

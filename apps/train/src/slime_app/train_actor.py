@@ -8,6 +8,7 @@ of its own).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -166,8 +167,9 @@ class TrainActor:
     def train(self, rollout_id: int, batch: Any, values: Any = None) -> dict[str, float]:
         """Trains on this rank's `RolloutBatch` (resolved from the object store by Ray).
 
-        The first step after a compile warm-up (`preload`) takes what it finished: `perf/compile_warmup_finished`
-        (1 or 0: stopped unfinished) and `perf/compile_warmup_wait_time` (s, ~0: it never delays the step).
+        While a compile warm-up (`start_compile_warm_up`) still compiles, steps run the compiled layers eagerly
+        (`perf/compile_warmup_pending` 1); the first step after it ended logs `perf/compile_warmup_finished` (1, or
+        0: failed or stopped after `DEFER_S`) and `perf/compile_warmup_wait_time` (s, ~0: it never delays a step).
         On CUDA the metrics gain `perf/train_peak_mem_gib`: the peak of memory allocated by this rank's
         tensors during the step (GiB, `torch.cuda.max_memory_allocated`; the caching allocator's reserve
         and other processes, e.g. a colocated engine, are not included).
@@ -184,20 +186,26 @@ class TrainActor:
 
         if values is not None:
             batch = dataclasses.replace(batch, values=list(values))
-        warm_up_wait = None
+        warm_up_metrics: dict[str, float] = {}
+        eager = contextlib.nullcontext()
         if self.warm_up is not None:
-            begun = time.monotonic()
-            # Finished: its graphs are in inductor's cache and the first forward loads them. Not finished: it is
-            # stopped (it never delays the step) and the step compiles what it had not.
-            finished = self.warm_up.wait() is not None
-            self.warm_up, warm_up_wait = None, time.monotonic() - begun
+            if self.warm_up.pending():
+                # Its graphs are not in the cache yet: compiling them here too would stall the step (45 s at
+                # step 0 measured on one H100), so the compiled layers run eagerly this step.
+                eager = self.warm_up.eager()
+                warm_up_metrics = {"perf/compile_warmup_pending": 1.0}
+            else:
+                begun = time.monotonic()
+                finished = self.warm_up.wait() is not None  # stops one that passed DEFER_S; the step compiles
+                self.warm_up = None
+                warm_up_metrics = {"perf/compile_warmup_wait_time": time.monotonic() - begun,
+                                   "perf/compile_warmup_finished": float(finished)}  # fmt: skip
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        metrics = self.backend.train(rollout_id, batch)
-        if warm_up_wait is not None:
-            metrics = {**metrics, "perf/compile_warmup_wait_time": warm_up_wait,
-                       "perf/compile_warmup_finished": float(finished)}  # fmt: skip
+        with eager:
+            metrics = self.backend.train(rollout_id, batch)
+        metrics = {**metrics, **warm_up_metrics}
         if cuda:
             metrics = {**metrics, "perf/train_peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
         return metrics

@@ -15,10 +15,12 @@ When it runs (`start_compile_warm_up`, called by the trainer rank before `init`)
 while the engines start; colocated ranks start it after the engines released their memory (SGLang sizes its KV
 cache from the free memory it measures at start-up, which a concurrent warm-up would shrink), so it overlaps the
 model load and the first rollout. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
-cache directory (a file lock). It never delays a step: at the first forward a warm-up that has not finished is
-stopped (`WAIT_S` is 0), the graphs it finished stay in the cache and the step compiles the rest; measured on one
-H100 (qwen3-0.6b colocated, 2c37186), waiting for an unfinished one cost 45 s to save 11 s of compiling. A warm-up
-that fails or is stopped is logged with its log's tail. `--no-fsdp-compile-warmup`
+cache directory (a file lock). It never delays a step: while it still compiles, the rank's steps run the compiled
+layers eagerly (`torch.compiler.set_stance("force_eager")`, `CompileWarmUp.pending`; not with flex attention, whose
+eager form materializes the score matrix), and the first step after it finished loads its graphs from the cache. One
+still compiling after `DEFER_S` is stopped and the step compiles what is not cached. Measured on one H100 (qwen3-0.6b
+colocated, 2c37186), waiting for an unfinished warm-up at the first step cost 45 s to save 11 s of compiling. A
+warm-up that fails or is stopped is logged with its log's tail. `--no-fsdp-compile-warmup`
 turns it off. With `--context-parallel-size` > 1 none starts: its attention needs a CP group that a world of one
 does not have.
 
@@ -53,6 +55,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ACTIVATION_BUDGET",
     "ANOTHER_RUNS",
+    "DEFER_S",
     "WAIT_S",
     "WORKDIR_PREFIX",
     "CompileWarmUp",
@@ -61,9 +64,11 @@ __all__ = [
     "warm_up_token_counts",
 ]
 
-#: Seconds the first forward waits for a warm-up that has not finished; then it is stopped and the step compiles
-#: what is not in the cache yet. 0: the warm-up only ever uses time the rank would spend waiting anyway.
+#: Seconds `CompileWarmUp.wait` waits by default for a warm-up that has not finished before stopping it. 0: a step
+#: never waits; while the warm-up runs, steps run eagerly instead (`CompileWarmUp.pending`).
 WAIT_S = 0.0
+#: Seconds after its start during which steps run eagerly rather than compile while the warm-up still compiles.
+DEFER_S = 300.0
 #: Bytes of saved activations the stand-in layer may hold (it may share the GPU with colocated engines).
 ACTIVATION_BUDGET = 1 << 30
 #: Exit status of a warm-up that found another one holding this node's lock.
@@ -120,18 +125,46 @@ def _trained_config(cfg: SlimeArgs) -> Any:
 
 @dataclasses.dataclass
 class CompileWarmUp:
-    """A running warm-up process (`start_compile_warm_up`); `wait` before the first forward.
+    """A running warm-up process (`start_compile_warm_up`).
+
+    Before each step the rank asks `pending()`: while True the step runs under `eager()`; once False, `wait()`
+    collects the outcome and the next forward loads (or compiles) the graphs.
 
     Attributes:
         process: the side process.
         workdir: its folder (config, stand-in checkpoint, `warmup.log`); removed by `wait`.
         owner: the open `owner.lock` of `workdir`, locked while this rank lives (`remove_orphaned_workdirs`);
             None in tests that build a handle by hand.
+        defer_compile: steps may run eagerly while it compiles (False with flex attention).
+        started: `time.monotonic()` at its start.
     """
 
     process: subprocess.Popen
     workdir: pathlib.Path
     owner: Any = None
+    defer_compile: bool = True
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+    def pending(self) -> bool:
+        """Whether a step should still run eagerly.
+
+        True while the warm-up (this rank's, or, when this one found another rank's holding the node's lock, that
+        one) is still compiling, for less than `DEFER_S` since its start, and `defer_compile` is set.
+        """
+        if not self.defer_compile or time.monotonic() - self.started >= DEFER_S:
+            return False
+        rc = self.process.poll()
+        if rc is None:
+            return True
+        return rc == ANOTHER_RUNS and _lock_held(_lock_path())
+
+    @staticmethod
+    def eager() -> contextlib.AbstractContextManager:
+        """A block in which torch.compile'd code runs eagerly and compiles nothing.
+
+        Process-wide, as dynamo's stance is; the autograd graph built inside, and so the backward, is eager too.
+        """
+        return torch.compiler.set_stance("force_eager")
 
     def _remove_workdir(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -157,8 +190,8 @@ class CompileWarmUp:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-                logger.warning("compile warm-up not finished when the first step began (waited %.1f s): stopped; the "
-                               "step compiles what is not in the cache yet (log: %s)", timeout_s, _tail(log))  # fmt: skip
+                logger.warning("compile warm-up not finished (waited %.1f s more): stopped; the step compiles what "
+                               "is not in the cache yet (log: %s)", timeout_s, _tail(log))  # fmt: skip
                 return None
             waited = time.monotonic() - begun
             if rc == ANOTHER_RUNS:
@@ -190,6 +223,17 @@ def _tail(log: pathlib.Path, lines: int = 15) -> str:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
     except OSError as exc:
         return f"(no log: {exc})"
+
+
+def _lock_held(path: pathlib.Path) -> bool:
+    """Whether another process holds `path`'s lock now (non-blocking)."""
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
 
 
 def _wait_for_lock(path: pathlib.Path, deadline: float) -> bool:
@@ -246,6 +290,7 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     Raises:
         OSError: the process cannot be started (no such interpreter, no space for its folder).
     """
+    from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX
     from slime_train_fsdp.model_loading import compiles_layers
     from slime_train_fsdp.vision import is_vision_language
 
@@ -270,7 +315,9 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
     logger.info("compile warm-up started (pid %d): a stand-in of the model's decoder layers compiles in the background",
                 process.pid)  # fmt: skip
-    return CompileWarmUp(process=process, workdir=workdir, owner=owner)
+    # Eager flex attention materializes the [S, S] scores: with it, a step compiles rather than run eagerly.
+    defer = (cfg.attn_implementation or DEFAULT_CUDA_ATTENTION) != SLIME_FLEX
+    return CompileWarmUp(process=process, workdir=workdir, owner=owner, defer_compile=defer)
 
 
 def _stand_in_depth(layer_types: list[str] | None) -> int:

@@ -183,7 +183,7 @@ class FsdpArgs(ArgsGroup):
         True,
         "With compiled decoder layers: a side process compiles a one-layer stand-in of the model while the engines "
         "start (colocated: after they release their memory), so the first step loads the graphs from inductor's "
-        "cache instead of compiling them; one not finished at the first step is stopped, never waited for "
+        "cache instead of compiling them; steps run the layers eagerly while it still compiles, never wait for it "
         "(slime_train_fsdp.compile_warmup; --no-fsdp-compile-warmup turns it off).",
     )
     gradient_checkpointing: bool = arg(False, "HF gradient checkpointing.")
