@@ -64,11 +64,11 @@ def push(engine, version: int) -> None:
     asyncio.run(_push(engine.urls[0], str(version)))
 
 
-def _wait_quiet(timeout_s: float = 120.0) -> fully_async.FullyAsyncProducer:
-    """Waits until the producer is idle: nothing in flight, its waiting room full (a trainer slower than it)."""
+def _wait_quiet(ready: int = CAPACITY, timeout_s: float = 120.0) -> fully_async.FullyAsyncProducer:
+    """Waits until the producer is idle: nothing in flight, `ready` groups waiting (a trainer slower than it)."""
     producer = fully_async.active_producer()
     deadline = time.monotonic() + timeout_s
-    while producer.num_in_flight or producer.num_ready < CAPACITY:
+    while producer.num_in_flight or producer.num_ready < ready:
         assert time.monotonic() < deadline, (producer.num_in_flight, producer.num_ready)
         time.sleep(0.05)
     return producer
@@ -86,36 +86,46 @@ def _versions(groups):
     return [s.weight_versions for g in groups for s in g]
 
 
-def test_staleness_bound_drops_and_counts_groups_a_slow_trainer_left_behind(engine, tiny_qwen3_dir, fixtures_dir):
+def test_between_takes_the_producer_draws_only_what_the_bound_lets_it_train(engine, tiny_qwen3_dir, fixtures_dir):
     args = _args(engine, tiny_qwen3_dir, fixtures_dir, max_weight_staleness=1)
     ds = RolloutDataSourceWithBuffer(args)
     push(engine, 0)
     out0 = generate_rollout_fully_async(args, 0, ds)
     assert _versions(out0.samples) == [["0"], ["0"]]
     assert out0.metrics["rollout/staleness_max"] == 0.0 and out0.metrics["rollout/stale_groups_dropped"] == 0.0
+    for version in (1, 2, 3):
+        # The trainer is slow. While it trains on version v-1 the producer draws bound x --rollout-batch-size = 1
+        # group and idles: a second one, from those same weights, would be two versions behind at the take after
+        # next and dropped (with (bound + 1) batches, one H100 dropped a whole batch every other rollout).
+        producer = _wait_quiet(ready=1)
+        time.sleep(0.3)
+        assert (producer.num_ready, producer.num_in_flight) == (1, 0)
+        assert group_version(producer._ready[0].group) == version - 1
+        push(engine, version)
+        out = generate_rollout_fully_async(args, version, ds)
+        m = out.metrics
+        assert m["rollout/stale_groups_dropped"] == 0.0 and m["rollout/staleness_max"] == 1.0  # one behind: kept
+        assert _versions(out.samples) == [[str(version - 1)], [str(version - 1)]]
+    assert m["rollout/fully_async/stale_groups_dropped_total"] == 0.0
 
-    # The trainer is slow: the producer fills its waiting room under version 0, then version 1 is pushed.
-    # It draws no prompt beyond (bound + 1) x --rollout-batch-size = 2 outstanding groups: a third would be dropped.
-    assert _wait_quiet().num_ready == 2
+
+def test_staleness_bound_drops_and_counts_groups_left_behind(engine, tiny_qwen3_dir, fixtures_dir):
+    args = _args(engine, tiny_qwen3_dir, fixtures_dir, max_weight_staleness=1)
+    ds = RolloutDataSourceWithBuffer(args)
+    push(engine, 0)
+    generate_rollout_fully_async(args, 0, ds)
+    producer = _wait_quiet(ready=1)
+    assert group_version(producer._ready[0].group) == 0
+    # Two pushes before the next take (weights updated twice): the waiting group is two versions behind.
     push(engine, 1)
-    out1 = generate_rollout_fully_async(args, 1, ds)
-    assert _versions(out1.samples) == [["0"], ["0"]]  # one version behind: within the bound
-    assert out1.metrics["rollout/staleness_mean"] == 1.0 and out1.metrics["rollout/stale_groups_dropped"] == 0.0
-
-    producer = _wait_quiet()
-    waiting = [group_version(h.group) for h in producer._ready]
-    assert waiting[0] == 0  # at least the group left over from before: two versions behind at rollout 2
-    expected_dropped = next((i for i, v in enumerate(waiting) if v != 0), len(waiting))
     push(engine, 2)
     out2 = generate_rollout_fully_async(args, 2, ds)
     m = out2.metrics
-    assert m["rollout/stale_groups_dropped"] == expected_dropped
-    assert m["rollout/fully_async/stale_groups_dropped_total"] == expected_dropped
+    assert m["rollout/stale_groups_dropped"] == 1.0 and m["rollout/fully_async/stale_groups_dropped_total"] == 1.0
     (group,) = out2.samples
-    trained_version = group_version(group)
-    assert trained_version in (1, 2) and m["rollout/staleness_max"] == 2 - trained_version <= 1
-    assert {v for s in group for v in s.weight_versions} == {str(trained_version)}
-    # The dropped groups' tokens are accounted as thrown away (goodput), not trained on.
+    assert group_version(group) == 2 and m["rollout/staleness_max"] == 0.0
+    assert {v for s in group for v in s.weight_versions} == {"2"}
+    # The dropped group's tokens are accounted as thrown away (goodput), not trained on.
     assert m["goodput/tokens_stale"] > 0
 
 

@@ -65,7 +65,7 @@ class FullyAsyncProducer:
         args: the plugin view; reads `sglang_server_concurrency` (× engines: groups in flight and the most finished
             groups waiting, as the original), `n_samples_per_prompt`, `partial_rollout`,
             `mask_offpolicy_in_partial_rollout`, `dynamic_sampling_filter_path`, `max_weight_staleness` and
-            `rollout_batch_size` (the most groups outstanding with a bound) (+ what generate and rewards read).
+            `rollout_batch_size` (`outstanding_limit` with a bound) (+ what generate and rewards read).
         data_source: the prompt source (`get_samples(1)` per new group).
         restored: groups held at the checkpoint this run resumed from (`load_state`), generated first.
         version: the rollout id the first training rollout asks for (the trainer's weight version then).
@@ -77,10 +77,8 @@ class FullyAsyncProducer:
         self.capacity = args.sglang_server_concurrency * num_engines(args)
         self.version = version
         self.state = RolloutState.create(args, rollout_id=version)
-        bound = args.max_weight_staleness
-        # A group drawn behind (bound + 1) batches of outstanding groups would be trained at least bound + 1 versions
-        # later and dropped: with a bound, no new prompt is drawn past that (recycled groups still go).
-        self.outstanding_limit = None if bound is None else (bound + 1) * args.rollout_batch_size
+        self._bound = args.max_weight_staleness
+        self._consumer_waiting = True  # the first take's groups come from the weights it is trained with
         path = args.dynamic_sampling_filter_path
         self._filter = load_function(path, flag="--dynamic-sampling-filter-path") if path else None
         self._order = itertools.count()
@@ -103,6 +101,21 @@ class FullyAsyncProducer:
     def start(self) -> None:
         """Starts the producer task on the running loop."""
         self._task = asyncio.get_running_loop().create_task(self._produce(), name="fully-async-producer")
+
+    @property
+    def outstanding_limit(self) -> int | None:
+        """The most groups held (in flight, ready, recycled) before no new prompt is drawn; None without a bound.
+
+        A group is trained at most `--max-weight-staleness` (k) versions after the weights it came from. One drawn
+        while a take waits comes from the weights that take is trained with: usable by it and the next k takes,
+        (k + 1) batches. One drawn between takes comes from the weights being trained on, already one version
+        behind the next take: k batches (none with k = 0: a strictly on-policy producer idles while the trainer
+        trains). Drawing more only generates groups that are dropped (one H100 at (k+1) batches between takes:
+        a whole batch dropped every other rollout). Recycled groups go regardless.
+        """
+        if self._bound is None:
+            return None
+        return (self._bound + int(self._consumer_waiting)) * self.args.rollout_batch_size
 
     @property
     def num_ready(self) -> int:
@@ -230,6 +243,14 @@ class FullyAsyncProducer:
         """
         self._raise_if_dead()
         self.version = self.state.rollout_id = rollout_id
+        self._consumer_waiting = True
+        self._taken.set()  # the producer may draw for this take now (`outstanding_limit`)
+        try:
+            return await self._take(rollout_id, target, bound)
+        finally:
+            self._consumer_waiting = False
+
+    async def _take(self, rollout_id: int, target: int, bound: int | None) -> tuple[list[list[Any]], dict[str, float]]:
         mask_offpolicy = self.args.partial_rollout and self.args.mask_offpolicy_in_partial_rollout
         accepted: list[list[Any]] = []
         staleness: list[int] = []
