@@ -21,9 +21,10 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 
 @pytest.fixture
-def model(tmp_path):
+def model(tmp_path, stub_weights):
     out = tmp_path / "Qwen3-4B"
     out.mkdir()
+    stub_weights(out)
     config = json.loads((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text())
     # As the released checkpoint's config.json (4.51.0): without it transformers takes a local tokenizer for a
     # possible Mistral one and warns on stderr when the prompt-length limit loads it.

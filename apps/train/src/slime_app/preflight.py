@@ -261,6 +261,54 @@ def _run_owned_checks(cfg: SlimeArgs) -> list[str]:
     return [p.message for p in problems]
 
 
+def _weight_readers(cfg: SlimeArgs) -> list[str]:
+    """Who reads `--hf-checkpoint`'s weights in this run: the engines slime starts, the trainer's initial load."""
+    from slime_core.fp8 import trainer_weights_dir
+
+    readers = []
+    if cfg.rollout_engine and not (cfg.rollout_engine_urls or cfg.debug_train_only):
+        readers.append(f"the --rollout-engine {cfg.rollout_engine} engines load them at start")
+    if not cfg.debug_rollout_only:
+        from slime_app.checkpoints import checkpoint_kind
+
+        torch_dist_start = train_backend_spec(cfg).reads_torch_dist and cfg.ref_load and (
+            checkpoint_kind(cfg.ref_load) == "torch_dist"
+        )  # Megatron starts from a torch_dist --ref-load, not from --hf-checkpoint
+        starts_here = os.path.realpath(trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)) == os.path.realpath(
+            cfg.hf_checkpoint
+        )
+        if starts_here and not torch_dist_start:
+            readers.append(f"the --train-backend {cfg.train_backend} trainer loads its *.safetensors (also before --load)")
+    return readers
+
+
+def _check_hf_weights(cfg: SlimeArgs) -> None:
+    """`--hf-checkpoint` must hold weights when engines or the trainer load them (a config-only folder passed).
+
+    The trainers read `*.safetensors` only (`slime_train_fsdp.model_loading.read_hf_state_dict`, Megatron's
+    `load_hf_weights`); engines also read PyTorch `*.bin` files.
+
+    Raises:
+        FileNotFoundError: naming the flag, the folder and who would load the weights.
+    """
+    readers = _weight_readers(cfg)
+    if not readers:
+        return
+    files = [p.name for p in os.scandir(cfg.hf_checkpoint) if p.is_file()]
+    safetensors = any(name.endswith(".safetensors") for name in files)
+    trainer_reads = any("trainer" in r for r in readers)
+    if safetensors or (not trainer_reads and any(name.endswith((".bin", ".pt")) for name in files)):
+        return
+    shown = ", ".join(sorted(files)[:6]) + (", ..." if len(files) > 6 else "")
+    if any(n.endswith((".bin", ".pt")) for n in files):
+        found = f"only PyTorch *.bin/*.pt weights, no *.safetensors ({shown})"
+        fix = "convert them to safetensors (`save_pretrained(DIR, safe_serialization=True)`)"
+    else:
+        found = f"no weight files, only {shown or 'nothing'}"
+        fix = "give the folder with the model's weights (`huggingface-cli download <model> --local-dir DIR`)"
+    raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: {found}, but {' and '.join(readers)}; {fix}")
+
+
 def _check_opd_teacher(cfg: SlimeArgs) -> None:
     """A trainer-side OPD teacher given as an HF directory must have the student's architecture (config.json).
 
@@ -296,7 +344,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         Notes for the log (checkpoints found, flags checked).
 
     Raises:
-        FileNotFoundError: a model directory, data file or `--ref-load` does not exist (message names the flag).
+        FileNotFoundError: a model directory, data file or `--ref-load` does not exist, or `--hf-checkpoint` holds no
+            weights that the engines or the trainer would load (message names the flag).
         ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys` also a
             missing, unreadable or surplus image), an architecture flag contradicts config.json, an HF OPD teacher
             of another architecture, a `--sglang-*`/`--router-*` flag the installed SGLang/router does not have, a
@@ -324,4 +373,6 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     notes += _run_owned_checks(cfg)
     notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
+    if cfg.hf_checkpoint:  # last: a config-only folder is enough for every check above, and their errors say more
+        _check_hf_weights(cfg)
     return notes
