@@ -253,7 +253,6 @@ def fsync_and_rename_log(monkeypatch) -> list[tuple[str, ...]]:
     return events
 
 
-
 def _write_stub_weights(folder: pathlib.Path) -> pathlib.Path:
     import torch
     from safetensors.torch import save_file

@@ -271,14 +271,17 @@ def _weight_readers(cfg: SlimeArgs) -> list[str]:
     if not cfg.debug_rollout_only:
         from slime_app.checkpoints import checkpoint_kind
 
-        torch_dist_start = train_backend_spec(cfg).reads_torch_dist and cfg.ref_load and (
-            checkpoint_kind(cfg.ref_load) == "torch_dist"
+        torch_dist_start = (
+            train_backend_spec(cfg).reads_torch_dist
+            and cfg.ref_load
+            and (checkpoint_kind(cfg.ref_load) == "torch_dist")
         )  # Megatron starts from a torch_dist --ref-load, not from --hf-checkpoint
         starts_here = os.path.realpath(trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)) == os.path.realpath(
             cfg.hf_checkpoint
         )
         if starts_here and not torch_dist_start:
-            readers.append(f"the --train-backend {cfg.train_backend} trainer loads its *.safetensors (also before --load)")
+            trainer = f"the --train-backend {cfg.train_backend} trainer"
+            readers.append(f"{trainer} loads its *.safetensors (also before --load)")
     return readers
 
 
