@@ -83,3 +83,25 @@ def test_templates_give_the_folder_no_field_changes(tmp_path):
         "--save-hf": pathlib.Path("exports"),
         "--save-debug-rollout-data": tmp_path,
     }
+
+
+def test_the_dry_run_refuses_a_save_into_a_file_and_creates_nothing(tmp_path, capsys):
+    # `--save <a file>` and `--output-dir <a file>` passed --dry-run ("the configuration is valid"); the run then
+    # stopped at its writability check.
+    from slime_app.cli import main
+    from slime_app.demo import default_demo_argv
+
+    (tmp_path / "a-file").write_text("x")
+    argv = ["--dry-run", *default_demo_argv(tmp_path / "run")]
+    assert main([*argv, "--save", str(tmp_path / "a-file")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"slime: error: --save {tmp_path / 'a-file'} is not writable: it is a file, not a folder"
+    )
+    assert main([*argv, "--save", str(tmp_path / "a-file" / "ckpt")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"slime: error: --save {tmp_path / 'a-file' / 'ckpt'} is not writable: it would be under "
+        f"{tmp_path / 'a-file'}, which is a file, not a folder"
+    )
+    assert main([*argv, "--save", str(tmp_path / "new" / "ckpt")]) == 0
+    assert "output folders: each is a folder, or can be made in one" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == ["a-file"]  # nothing created

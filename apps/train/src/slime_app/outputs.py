@@ -7,13 +7,14 @@ there before anything starts; a failed save later is one line (`slime_app.failur
 
 from __future__ import annotations
 
+import os
 import pathlib
 import tempfile
 from collections.abc import Iterator
 
 from slime_core.config import SlimeArgs
 
-__all__ = ["check_writable", "output_dirs"]
+__all__ = ["check_creatable", "check_writable", "output_dirs"]
 
 
 def _fixed_folder(template: str) -> pathlib.Path:
@@ -60,3 +61,27 @@ def check_writable(cfg: SlimeArgs) -> None:
                 pass
         except OSError as e:
             raise OSError(f"{flag} {folder} is not writable: {e.strerror or e}") from e
+
+
+def check_creatable(cfg: SlimeArgs) -> list[str]:
+    """`check_writable` without writing anything (`--dry-run`).
+
+    Each output folder, or its nearest existing parent, must be a folder this user may write into. A `--save` or
+    `--output-dir` naming a file, or a folder under a file, passed the dry run and stopped the run.
+
+    Returns:
+        One note for the report.
+
+    Raises:
+        OSError: naming the flag, the folder and the path in the way.
+    """
+    for flag, folder in output_dirs(cfg):
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            where = "is a file" if existing == folder else f"would be under {existing}, which is a file"
+            raise OSError(f"{flag} {folder} is not writable: it {where}, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise OSError(f"{flag} {folder} is not writable: {existing} does not allow this user to write")
+    return ["output folders: each is a folder, or can be made in one, this user may write to (nothing created)"]
