@@ -86,8 +86,11 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--megatron-deepgemm-moe-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
     "--memory-recorder": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
     "--memory-snapshot-path": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
-    "--override-lr-scheduler": "a resumed run continues the checkpoint's schedule; start a new run to change it",
-    "--use-checkpoint-lr-scheduler": "a resumed run always continues the checkpoint's schedule",
+    "--override-lr-scheduler": (
+        "a resumed run continues the checkpoint's schedule and refuses other --lr/--min-lr/warmup/decay values; "
+        "--no-load-optim starts the optimizer and the schedule afresh"
+    ),
+    "--use-checkpoint-lr-scheduler": "a resumed run continues the checkpoint's schedule (other values are refused)",
     "--profile-step-start": _NO_PROFILER,
     "--profile-step-end": _NO_PROFILER,
     "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store",
