@@ -248,3 +248,30 @@ def test_dry_run_alone_checks_the_demo(capsys, monkeypatch, tmp_path):
     assert out.startswith("slime: no flags given, checking the embedded demo")
     assert "slime --dry-run: the configuration is valid; nothing was started" in out
     assert not any(tmp_path.iterdir())
+
+
+def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
+    # The trainer refuses it when it loads the checkpoint (slime_train_fsdp.lr_schedule), after Ray and the engines
+    # started; the driver's check says it in one line first. Before, the run went on at the checkpoint's --lr.
+    import torch
+
+    from slime_train_fsdp.lr_schedule import build_lr_scheduler
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "4", "--hf-checkpoint", str(model),
+                           "--train-backend", "fsdp", "--lr", "1e-6", "--load", str(fsdp), *extra])  # fmt: skip
+
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000003").mkdir(parents=True)
+    (fsdp / "iter_0000003" / "meta.json").write_text("{}")
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-6)
+    torch.save(build_lr_scheduler(optimizer, cfg()).state_dict(), fsdp / "iter_0000003" / "scheduler.pt")
+    assert check_checkpoints(cfg()) == [f"--load {fsdp}: fsdp checkpoint, the run resumes from it"]
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg("--lr", "2e-6"))
+    assert str(e.value).startswith(
+        f"--load {fsdp}: the checkpoint's learning-rate schedule differs from this run's flags (--lr 2e-06 here vs "
+        "1e-06 saved); a resumed run continues"
+    )
+    assert check_checkpoints(cfg("--lr", "2e-6", "--no-load-optim"))  # the schedule starts afresh: fine
