@@ -12,6 +12,7 @@ import pathlib
 import tempfile
 from collections.abc import Iterator
 
+from slime_app.tracking import tensorboard_log_dir
 from slime_core.config import SlimeArgs
 
 __all__ = ["check_creatable", "check_writable", "output_dirs"]
@@ -31,13 +32,19 @@ def _fixed_folder(template: str) -> pathlib.Path:
 def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
     """(flag, folder) of every place the run writes into.
 
-    `--output-dir`, `--save`, `--tensorboard-dir`, and for the path templates (`--save-hf`,
-    `--save-debug-rollout-data`) the deepest folder no `{field}` of theirs changes.
+    `--output-dir`, `--save`, the TensorBoard folder the run writes (`slime_app.tracking.tensorboard_log_dir`), and
+    for the path templates (`--save-hf`, `--save-debug-rollout-data`) the deepest folder no `{field}` of theirs
+    changes.
     """
     yield "--output-dir", pathlib.Path(cfg.output_dir)
     if cfg.save:
         yield "--save", pathlib.Path(cfg.save)
-    if cfg.tensorboard_dir:
+    if cfg.use_tensorboard:
+        # The folder the run's SummaryWriter opens (a file named `tensorboard` in --output-dir ended the run in
+        # tensorboard's FileExistsError traceback).
+        flag = "--tensorboard-dir" if cfg.tensorboard_dir else "--tb-project-name" if cfg.tb_project_name else None
+        yield flag or "--output-dir (its tensorboard folder)", pathlib.Path(tensorboard_log_dir(cfg, cfg.output_dir))
+    elif cfg.tensorboard_dir:
         yield "--tensorboard-dir", pathlib.Path(cfg.tensorboard_dir)
     for flag, template in (("--save-hf", cfg.save_hf), ("--save-debug-rollout-data", cfg.save_debug_rollout_data)):
         if template:
