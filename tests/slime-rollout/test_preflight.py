@@ -277,3 +277,17 @@ def test_a_dict_or_list_label_is_refused_where_the_grader_compares_one_answer(tm
     # f1 takes a list of references; the record (`RewardSpec.label_is_value`) says so, not a list of names here.
     _write(data, {"prompt": "1+1=", "label": ["2", "two"]})
     assert _errors(_cfg(data, "--rm-type", "f1")) == []
+
+
+def test_an_eval_config_that_is_not_yaml_or_not_utf8_is_one_error(tmp_path):
+    # Invalid YAML ended the run in a traceback; a latin-1 file in "function takes exactly 5 arguments (1 given)"
+    # (the preflight rebuilt the UnicodeDecodeError from its message).
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    config = tmp_path / "eval.yaml"
+    config.write_text("eval:\n  datasets: [\n")
+    flags = ("--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1")
+    assert _errors(_cfg(data, *flags)) == [
+        f"--eval-config {config}:3: invalid YAML (expected the node content, but found '<stream end>')"
+    ]
+    config.write_bytes("eval:\n  datasets: []\n# caf\u00e9\n".encode("latin-1"))
+    assert _errors(_cfg(data, *flags)) == [f"--eval-config {config}:3: not UTF-8 (byte 0xe9); re-encode it"]
