@@ -259,3 +259,17 @@ def test_hf_checkpoint_without_weights_fails_before_the_run(tmp_path):
     preflight(_args(data, "--hf-checkpoint", str(config_only), "--debug-rollout-only",
                     "--rollout-engine-urls", "http://127.0.0.1:1"))  # fmt: skip
     preflight(_args(data, "--hf-checkpoint", str(_copy_of_demo_model(tmp_path / "sharded", "model-1.safetensors"))))
+
+
+def test_a_truncated_json_file_of_the_model_is_named(tmp_path):
+    # A partial copy said only "Expecting ',' delimiter: line 2 column 1 (char 23)", naming no flag or file.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    model = _copy_of_demo_model(tmp_path / "model", "model.safetensors")
+    (model / "tokenizer_config.json").write_text('{"model_type": "qwen3"\n')
+    with pytest.raises(ValueError) as e:
+        preflight(_args(data, "--hf-checkpoint", str(model)))
+    assert str(e.value) == (
+        f"--hf-checkpoint {model}: tokenizer_config.json is not valid JSON (line 2 column 1: Expecting ',' delimiter); "
+        "a partial download or copy?"
+    )

@@ -261,6 +261,37 @@ def _run_owned_checks(cfg: SlimeArgs) -> list[str]:
     return [p.message for p in problems]
 
 
+# The JSON files of a model folder that config, tokenizer and weight loading parse.
+_MODEL_JSON = ("config.json", "tokenizer_config.json", "tokenizer.json", "generation_config.json",
+               "model.safetensors.index.json", "preprocessor_config.json", "processor_config.json")  # fmt: skip
+
+
+def _check_json_files(folder: str) -> None:
+    """Each JSON file of `--hf-checkpoint` the run parses must be valid UTF-8 JSON.
+
+    A truncated copy said only `Expecting ',' delimiter: line 2 column 1 (char 23)`, naming no file.
+
+    Raises:
+        ValueError: naming the flag, the file, its line and column.
+    """
+    import json
+
+    for name in _MODEL_JSON:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"--hf-checkpoint {folder}: {name} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg}); "
+                "a partial download or copy?"
+            ) from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--hf-checkpoint {folder}: {name} is not UTF-8 (byte offset {e.start})") from None
+
+
 def _weight_readers(cfg: SlimeArgs) -> list[str]:
     """Who reads `--hf-checkpoint`'s weights in this run: the engines slime starts, the trainer's initial load."""
     from slime_core.fp8 import trainer_weights_dir
@@ -369,6 +400,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}{hint}")
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
+    if cfg.hf_checkpoint:
+        _check_json_files(cfg.hf_checkpoint)
     _check_opd_teacher(cfg)
     notes = check_fp8_rollout(cfg)
     # The packages' and entries' own checks (data, engine flags, Megatron's model type): architecture flag
