@@ -275,3 +275,27 @@ def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
         "1e-06 saved); a resumed run continues"
     )
     assert check_checkpoints(cfg("--lr", "2e-6", "--no-load-optim"))  # the schedule starts afresh: fine
+
+
+def test_a_resume_with_other_lora_flags_is_refused_before_the_run(model, tmp_path):
+    # A LoRA checkpoint resumed without --lora-rank failed after the engines started, as a checkpoint "damaged after
+    # it was written" (DCP's "Missing key in checkpoint state_dict").
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000001").mkdir(parents=True)
+    meta = {"next_rollout_id": 1, "model_flags": {"--lora-rank": 4, "--lora-target-modules": ["q_proj", "v_proj"]}}
+    (fsdp / "iter_0000001" / "meta.json").write_text(json.dumps(meta))
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("1")
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "2", "--hf-checkpoint", str(model),
+                           "--train-backend", "fsdp", "--load", str(fsdp), *extra])  # fmt: skip
+
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg())
+    assert str(e.value) == (
+        f"--load {fsdp}: iter_0000001 was saved by a run whose model had other parameters (--lora-rank 4 saved vs 0 "
+        "here); resume with the saved run's flags"
+    )
+    with pytest.raises(ValueError, match=r"\(--lora-target-modules \['q_proj', 'v_proj'\] saved vs \['q_proj'\] here"):
+        check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "q_proj"))
+    assert check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "v_proj", "q_proj"))

@@ -156,9 +156,38 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
             f"--load {cfg.load}: {_a(kind)}; --train-backend {cfg.train_backend} resumes its own {wanted} "
             f"checkpoints ({hint})"
         )
+    if kind == "fsdp":
+        _check_fsdp_model_flags(cfg, root)
     if kind == "fsdp" and not cfg.no_load_optim:
         _check_fsdp_schedule(cfg, root)
     notes.append(f"--load {cfg.load}: {kind} checkpoint, the run resumes from it")
+
+
+def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
+    """`--load`'s `meta.json` names the flags that decided its parameters; this run must have the same.
+
+    A LoRA checkpoint resumed without `--lora-rank` (or the reverse) failed after the engines started, as a
+    checkpoint "damaged after it was written".
+
+    Raises:
+        ValueError: naming `--load` and each differing flag with both values.
+    """
+    from slime_train_fsdp.checkpoint import model_flag_mismatches, model_flags_of
+
+    step_dir = root / f"iter_{cfg.ckpt_step:07d}" if cfg.ckpt_step is not None else _iteration_dir(root)
+    meta = step_dir / "meta.json" if step_dir is not None else None
+    if meta is None or not meta.is_file():
+        return
+    try:
+        saved = json.loads(meta.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return  # the trainer's load names a damaged checkpoint
+    differ = model_flag_mismatches(saved if isinstance(saved, dict) else {}, model_flags_of(cfg))
+    if differ:
+        raise ValueError(
+            f"--load {root}: {step_dir.name} was saved by a run whose model had other parameters "
+            f"({'; '.join(differ)}); resume with the saved run's flags"
+        )
 
 
 def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
