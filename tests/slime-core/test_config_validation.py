@@ -297,3 +297,16 @@ def test_a_path_starting_with_a_tilde_is_refused(overrides, flag):
     # folder named "~" in the working directory.
     with pytest.raises(ConfigError, match=re.escape(f"{flag}: starts with '~', which nothing expands here")):
         make(**overrides)
+
+
+def test_flags_only_tis_or_the_critic_read_are_not_silent(caplog):
+    # --tis-clip without --use-tis and --value-clip without a critic changed nothing and said nothing.
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(tis_clip=3.0)
+    assert "--tis-clip has no effect without --use-tis or --get-mismatch-metrics" in [
+        r.getMessage() for r in caplog.records
+    ]
+    make(tis_clip=3.0, use_tis=True)  # read: no error
+    with pytest.raises(ConfigError, match=r"^--value-clip configures the PPO critic; it has no effect with "):
+        make(value_clip=0.3)
+    assert make(value_clip=0.3, advantage_estimator="ppo").value_clip == 0.3
