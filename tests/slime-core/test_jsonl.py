@@ -38,3 +38,18 @@ def test_a_byte_order_mark_at_the_start_is_skipped(tmp_path):
     path.write_bytes(b'{"x": 1}\n\xef\xbb\xbf{"x": 2}\n')
     with pytest.raises(ValueError, match=r"bom\.jsonl:2: invalid JSON"):
         list(iter_jsonl(path))
+
+
+def test_a_line_past_the_cap_is_refused_before_it_fills_the_memory(tmp_path, monkeypatch):
+    # /dev/zero under a .jsonl name (or a JSON array written in one line) was read as one line until MemoryError.
+    from slime_core import jsonl
+
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 64)
+    path = tmp_path / "one-line.jsonl"
+    path.write_text('{"x": 1}\n' + '{"x": "' + "a" * 100 + '"}\n')
+    rows = jsonl.iter_jsonl(path)
+    assert next(rows) == (1, {"x": 1})  # rows before it still read
+    with pytest.raises(ValueError, match=r"one-line\.jsonl:2: a line longer than 0 MiB; not a JSONL row"):
+        next(rows)
+    path.write_text('{"x": "' + "a" * 40 + '"}\n')  # under the cap: read as usual, without a trailing newline too
+    assert list(jsonl.iter_jsonl(path)) == [(1, {"x": "a" * 40})]

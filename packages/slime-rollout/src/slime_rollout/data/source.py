@@ -153,6 +153,9 @@ def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
     path = pathlib.Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"--prompt-data file not found: {path}")
+    if not path.is_file():  # a folder said "[Errno 21] Is a directory"; a device (/dev/zero) was read forever
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise ValueError(f"{path}: {what}; give a .jsonl or .parquet file")
     return path, start, end
 
 
