@@ -252,3 +252,23 @@ def fsync_and_rename_log(monkeypatch) -> list[tuple[str, ...]]:
     monkeypatch.setattr(os, "replace", replace)
     return events
 
+
+def _write_stub_weights(folder: pathlib.Path) -> pathlib.Path:
+    import torch
+    from safetensors.torch import save_file
+
+    # `model.norm.weight` names no architecture field (slime_app.checkpoint_shapes), so any config.json agrees with it.
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"model.norm.weight": torch.ones(4)}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def stub_weights():
+    """`stub_weights(folder)`: puts a one-tensor `model.safetensors` into a config-only model folder.
+
+    Preflight refuses an `--hf-checkpoint` without weights when engines or the trainer load it; checks that only
+    read config.json and the tokenizer (dry runs of big models' configs) need a weights file to be present.
+    """
+    return _write_stub_weights

@@ -21,9 +21,10 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 
 @pytest.fixture
-def model(tmp_path):
+def model(tmp_path, stub_weights):
     out = tmp_path / "Qwen3-4B"
     out.mkdir()
+    stub_weights(out)
     config = json.loads((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text())
     # As the released checkpoint's config.json (4.51.0): without it transformers takes a local tokenizer for a
     # possible Mistral one and warns on stderr when the prompt-length limit loads it.
@@ -247,3 +248,54 @@ def test_dry_run_alone_checks_the_demo(capsys, monkeypatch, tmp_path):
     assert out.startswith("slime: no flags given, checking the embedded demo")
     assert "slime --dry-run: the configuration is valid; nothing was started" in out
     assert not any(tmp_path.iterdir())
+
+
+def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
+    # The trainer refuses it when it loads the checkpoint (slime_train_fsdp.lr_schedule), after Ray and the engines
+    # started; the driver's check says it in one line first. Before, the run went on at the checkpoint's --lr.
+    import torch
+
+    from slime_train_fsdp.lr_schedule import build_lr_scheduler
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "4", "--hf-checkpoint", str(model),
+                           "--train-backend", "fsdp", "--lr", "1e-6", "--load", str(fsdp), *extra])  # fmt: skip
+
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000003").mkdir(parents=True)
+    (fsdp / "iter_0000003" / "meta.json").write_text("{}")
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-6)
+    torch.save(build_lr_scheduler(optimizer, cfg()).state_dict(), fsdp / "iter_0000003" / "scheduler.pt")
+    assert check_checkpoints(cfg()) == [f"--load {fsdp}: fsdp checkpoint, the run resumes from it"]
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg("--lr", "2e-6"))
+    assert str(e.value).startswith(
+        f"--load {fsdp}: the checkpoint's learning-rate schedule differs from this run's flags (--lr 2e-06 here vs "
+        "1e-06 saved); a resumed run continues"
+    )
+    assert check_checkpoints(cfg("--lr", "2e-6", "--no-load-optim"))  # the schedule starts afresh: fine
+
+
+def test_a_resume_with_other_lora_flags_is_refused_before_the_run(model, tmp_path):
+    # A LoRA checkpoint resumed without --lora-rank failed after the engines started, as a checkpoint "damaged after
+    # it was written" (DCP's "Missing key in checkpoint state_dict").
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000001").mkdir(parents=True)
+    meta = {"next_rollout_id": 1, "model_flags": {"--lora-rank": 4, "--lora-target-modules": ["q_proj", "v_proj"]}}
+    (fsdp / "iter_0000001" / "meta.json").write_text(json.dumps(meta))
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("1")
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "2", "--hf-checkpoint", str(model),
+                           "--train-backend", "fsdp", "--load", str(fsdp), *extra])  # fmt: skip
+
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg())
+    assert str(e.value) == (
+        f"--load {fsdp}: iter_0000001 was saved by a run whose model had other parameters (--lora-rank 4 saved vs 0 "
+        "here); resume with the saved run's flags"
+    )
+    with pytest.raises(ValueError, match=r"\(--lora-target-modules \['q_proj', 'v_proj'\] saved vs \['q_proj'\] here"):
+        check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "q_proj"))
+    assert check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "v_proj", "q_proj"))

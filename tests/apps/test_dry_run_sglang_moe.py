@@ -14,9 +14,8 @@ FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.fixture
-def flags(tmp_path):
-    model = tmp_path / "Qwen3-4B"
-    model.mkdir()
+def flags(tmp_path, stub_weights):
+    model = stub_weights(tmp_path / "Qwen3-4B")
     config = {**json.loads((FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text()), "transformers_version": "4.51.0"}
     (model / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json"):

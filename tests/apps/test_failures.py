@@ -118,3 +118,17 @@ def test_an_engine_failure_is_one_line_with_what_to_do(tmp_path):
     )
     assert engine_failure(_engine_died(), _cfg(tmp_path, use_fault_tolerance=True)).endswith(":15000")
     assert engine_failure(ValueError("a bug"), _cfg(tmp_path)) is None  # other errors keep their traceback
+
+
+def test_user_code_past_its_deadline_is_one_line(tmp_path):
+    # A trainer-side hook stopped at --plugin-timeout-secs ended the run in Ray's 30-line actor traceback.
+    from slime_app.failures import deadline_failure
+    from slime_core.hook_deadline import HookDeadlineExceeded
+    from slime_rollout.runtime.deadlines import DeadlineExceeded
+
+    hook = HookDeadlineExceeded("--custom-loss-function-path m.loss did not finish within 5 s (--plugin-timeout-secs)")
+    wrapped = ray.exceptions.RayTaskError("TrainActor.train", "Traceback ...", hook).as_instanceof_cause()
+    assert deadline_failure(wrapped) == str(hook)
+    rollout = DeadlineExceeded("generate function m.gen on sample 3 did not finish within 5 s (--plugin-timeout-secs)")
+    assert deadline_failure(rollout) == str(rollout)
+    assert deadline_failure(ValueError("a bug")) is None  # other errors keep their traceback

@@ -11,6 +11,8 @@ import re
 import shutil
 
 import pytest
+import torch
+from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import Metadata
 
 from slime_app.cli import main
@@ -57,6 +59,8 @@ def _model(root: pathlib.Path, name: str, tokenizer_dir: pathlib.Path) -> pathli
         (out / "config.json").write_text(json.dumps({"model_type": STAND_INS[name]}))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / f, out / f)
+    # The engines load weights from it: a config-only folder is refused (a one-tensor file names no field).
+    save_file({"model.norm.weight": torch.ones(4)}, str(out / "model.safetensors"))
     return out
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from slime_app.outputs import check_writable, output_dirs
+from slime_app.outputs import check_creatable, check_writable, output_dirs
 from slime_core.config import SlimeArgs
 
 BASE = {"rollout_batch_size": 1, "num_rollout": 1}
@@ -28,11 +28,26 @@ def test_every_output_folder_is_created_and_probed(tmp_path):
     assert [(flag, str(path)) for flag, path in output_dirs(cfg)] == [
         ("--output-dir", str(tmp_path / "out")),
         ("--save", str(tmp_path / "ckpt")),
+        ("--output-dir (its tensorboard folder)", str(tmp_path / "out" / "tensorboard")),
         ("--save-hf", str(tmp_path / "hf")),
     ]
     check_writable(cfg)
-    for folder in ("out", "ckpt", "hf"):
+    for folder in ("out/tensorboard", "ckpt", "hf"):
         assert os.listdir(tmp_path / folder) == []  # created, and the probe file removed
+    assert os.listdir(tmp_path / "out") == ["tensorboard"]
+
+
+def test_a_file_where_the_tensorboard_folder_goes_is_named_before_the_run(tmp_path):
+    # The run ended in tensorboard's FileExistsError traceback when it opened its SummaryWriter.
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "tensorboard").write_text("not a folder")
+    with pytest.raises(OSError, match=r"^--output-dir \(its tensorboard folder\) .*out/tensorboard is not writable"):
+        check_writable(_cfg(tmp_path))
+    with pytest.raises(OSError, match=r"out/tensorboard is not writable: it is a file, not a folder$"):
+        check_creatable(_cfg(tmp_path))
+    named = _cfg(tmp_path, tb_project_name="proj", tb_experiment_name="exp")
+    assert list(output_dirs(named))[-1] == ("--tb-project-name", tmp_path / "out" / "proj" / "exp")
+    assert list(output_dirs(_cfg(tmp_path, use_tensorboard=False))) == [("--output-dir", tmp_path / "out")]
 
 
 def test_a_folder_under_a_file_names_its_flag(tmp_path):
@@ -83,3 +98,25 @@ def test_templates_give_the_folder_no_field_changes(tmp_path):
         "--save-hf": pathlib.Path("exports"),
         "--save-debug-rollout-data": tmp_path,
     }
+
+
+def test_the_dry_run_refuses_a_save_into_a_file_and_creates_nothing(tmp_path, capsys):
+    # `--save <a file>` and `--output-dir <a file>` passed --dry-run ("the configuration is valid"); the run then
+    # stopped at its writability check.
+    from slime_app.cli import main
+    from slime_app.demo import default_demo_argv
+
+    (tmp_path / "a-file").write_text("x")
+    argv = ["--dry-run", *default_demo_argv(tmp_path / "run")]
+    assert main([*argv, "--save", str(tmp_path / "a-file")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"slime: error: --save {tmp_path / 'a-file'} is not writable: it is a file, not a folder"
+    )
+    assert main([*argv, "--save", str(tmp_path / "a-file" / "ckpt")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"slime: error: --save {tmp_path / 'a-file' / 'ckpt'} is not writable: it would be under "
+        f"{tmp_path / 'a-file'}, which is a file, not a folder"
+    )
+    assert main([*argv, "--save", str(tmp_path / "new" / "ckpt")]) == 0
+    assert "output folders: each is a folder, or can be made in one" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == ["a-file"]  # nothing created

@@ -185,7 +185,7 @@ def test_plugin_importing_the_originals_training_stack_is_one_line(tmp_path, mon
         preflight(_args(data, "--custom-generate-function-path", "pf_agent_plugin.gen"))
 
 
-def test_chat_template_flag_needs_a_template(tmp_path):
+def test_chat_template_flag_needs_a_template(tmp_path, stub_weights):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
     with pytest.raises(ValueError, match=r"--apply-chat-template: the tokenizer of --hf-checkpoint .*model has no"):
@@ -195,6 +195,7 @@ def test_chat_template_flag_needs_a_template(tmp_path):
     (qwen3 / "config.json").write_text((MODEL / "config.json").read_text())
     tok = REPO / "tests" / "fixtures" / "qwen3-tokenizer" / "tokenizer_config.json"
     (qwen3 / "tokenizer_config.json").write_text(tok.read_text())
+    stub_weights(qwen3)
     preflight(_args(data, "--apply-chat-template", "--hf-checkpoint", str(qwen3)))
 
 
@@ -221,3 +222,54 @@ def test_multimodal_keys_need_an_image_processor(tmp_path):
     with pytest.raises(FileNotFoundError, match="--multimodal-keys: --hf-checkpoint .* has no preprocessor_config"):
         preflight(_args(data, "--hf-checkpoint", str(model), "--apply-chat-template",
                         "--multimodal-keys", '{"image": "images"}'))  # fmt: skip
+
+
+def _copy_of_demo_model(folder: pathlib.Path, *weights: str) -> pathlib.Path:
+    """The demo model's config and tokenizer files, with only the given weight files (copied from the demo's)."""
+    folder.mkdir()
+    for f in MODEL.iterdir():
+        if not f.name.endswith((".safetensors", ".bin")):
+            (folder / f.name).write_bytes(f.read_bytes())
+    for name in weights:
+        source = next(MODEL.glob("*.safetensors"))
+        if name.endswith(".safetensors"):
+            (folder / name).write_bytes(source.read_bytes())
+        else:  # any bytes: only the file name is looked at
+            (folder / name).write_bytes(b"\0")
+    return folder
+
+
+def test_hf_checkpoint_without_weights_fails_before_the_run(tmp_path):
+    # Issue 27 leftover: a folder with config.json and the tokenizer but no weights passed --dry-run and preflight;
+    # the run then died when the engine (from_pretrained) or the trainer (read_hf_state_dict) loaded it.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    config_only = _copy_of_demo_model(tmp_path / "config-only")
+    with pytest.raises(FileNotFoundError) as e:
+        preflight(_args(data, "--hf-checkpoint", str(config_only)))
+    message = str(e.value)
+    assert message.startswith(f"--hf-checkpoint {config_only}: no weight files, only config.json")
+    assert "engines load them at start and the --train-backend fsdp trainer loads its *.safetensors" in message
+    # PyTorch .bin files: an engine reads them, the trainers read safetensors only.
+    bin_only = _copy_of_demo_model(tmp_path / "bin-only", "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match=r"bin-only: only PyTorch \*\.bin/\*\.pt weights, no \*\.safetensors"):
+        preflight(_args(data, "--hf-checkpoint", str(bin_only)))
+    preflight(_args(data, "--hf-checkpoint", str(bin_only), "--debug-rollout-only"))  # engines only: fine
+    # Neither engines nor the trainer read them: engines outside, and no trainer.
+    preflight(_args(data, "--hf-checkpoint", str(config_only), "--debug-rollout-only",
+                    "--rollout-engine-urls", "http://127.0.0.1:1"))  # fmt: skip
+    preflight(_args(data, "--hf-checkpoint", str(_copy_of_demo_model(tmp_path / "sharded", "model-1.safetensors"))))
+
+
+def test_a_truncated_json_file_of_the_model_is_named(tmp_path):
+    # A partial copy said only "Expecting ',' delimiter: line 2 column 1 (char 23)", naming no flag or file.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    model = _copy_of_demo_model(tmp_path / "model", "model.safetensors")
+    (model / "tokenizer_config.json").write_text('{"model_type": "qwen3"\n')
+    with pytest.raises(ValueError) as e:
+        preflight(_args(data, "--hf-checkpoint", str(model)))
+    assert str(e.value) == (
+        f"--hf-checkpoint {model}: tokenizer_config.json is not valid JSON (line 2 column 1: Expecting ',' delimiter); "
+        "a partial download or copy?"
+    )

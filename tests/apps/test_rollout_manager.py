@@ -3,6 +3,7 @@
 Engine and router addresses come back as values; plugins see them on the one `PluginArgs` view built from them.
 """
 
+import logging
 import threading
 import types
 
@@ -173,3 +174,42 @@ def test_engines_get_the_memory_saver_only_where_the_loop_releases_their_memory(
     host = engine_hosts.EngineHost(cfg, EngineSite(index=0, bundle=None, base_gpu_id=None), log_dir=str(tmp_path),
                                    base_port=15000)  # fmt: skip
     assert host.launcher.memory_saver is saver
+
+
+class _StuckSource:
+    """A `--data-source-path` whose save never returns (a network filesystem that hung)."""
+
+    def __init__(self, args):
+        self.args = args
+
+    def save(self, rollout_id):
+        threading.Event().wait()
+
+    def load(self, rollout_id):
+        raise OSError(f"no state for rollout {rollout_id}")
+
+
+def test_the_data_source_save_and_load_are_bounded(monkeypatch, caplog):
+    # Issue 27 leftover: the data source's construction and its save/load ran with no deadline; a save that never
+    # returned hung the run after the checkpoint, with no log.
+    from slime_app.rollout_manager import RolloutManager
+    from slime_rollout.runtime.deadlines import DeadlineExceeded
+
+    module = types.ModuleType("rm_stuck_source")
+    module.Source = _StuckSource
+    monkeypatch.setitem(__import__("sys").modules, "rm_stuck_source", module)
+    cfg = parse_args([*BASE, "--data-source-path", "rm_stuck_source.Source", "--plugin-timeout-secs", "0.5",
+                      "--slow-call-warning-secs", "0.2"])  # fmt: skip
+    manager = RolloutManager.__ray_metadata__.modified_class.__new__(RolloutManager.__ray_metadata__.modified_class)
+    manager.cfg, manager.args = cfg, plugin_args(cfg, EngineAddresses(urls=[]))
+    manager.data_source = _StuckSource(manager.args)
+    with pytest.raises(DeadlineExceeded) as e, caplog.at_level(logging.WARNING):
+        manager.save(3)
+    assert str(e.value) == (
+        "the data source's save (--data-source-path rm_stuck_source.Source) did not finish within 0.5 s "
+        "(--plugin-timeout-secs)"
+    )
+    assert any("the data source's save" in r.getMessage() and "still running" in r.getMessage() for r in caplog.records)
+    with pytest.raises(OSError, match="no state for rollout 3") as e:
+        manager.load(3)
+    assert e.value.__notes__ == ["(raised by the data source's load (--data-source-path rm_stuck_source.Source))"]

@@ -433,3 +433,14 @@ def test_disk_weight_sync_dir_defaults_under_output_dir():
     )
     assert cfg.update_weight_disk_dir == "/tmp/run/weight_sync"
     assert SlimeArgs.from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_yaml_config_that_is_not_utf8_names_the_flag_file_and_line(tmp_path):
+    # It said only "'utf-8' codec can't decode byte 0xff in position 23: invalid start byte".
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("rollout-batch-size: 2\nwandb-group: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as e:
+        parse_args(["--config", str(path)])
+    assert str(e.value) == f"--config {path}:2: not UTF-8 (byte 0xe9); re-encode it"
+    with pytest.raises(ConfigError, match=rf"^--custom-config-path {path}:2: not UTF-8 \(byte 0xe9\)"):
+        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--custom-config-path", str(path)])

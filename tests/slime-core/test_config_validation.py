@@ -297,3 +297,25 @@ def test_a_path_starting_with_a_tilde_is_refused(overrides, flag):
     # folder named "~" in the working directory.
     with pytest.raises(ConfigError, match=re.escape(f"{flag}: starts with '~', which nothing expands here")):
         make(**overrides)
+
+
+def test_flags_only_tis_or_the_critic_read_are_not_silent(caplog):
+    # --tis-clip without --use-tis and --value-clip without a critic changed nothing and said nothing.
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(tis_clip=3.0)
+    assert "--tis-clip has no effect without --use-tis or --get-mismatch-metrics" in [
+        r.getMessage() for r in caplog.records
+    ]
+    make(tis_clip=3.0, use_tis=True)  # read: no error
+    with pytest.raises(ConfigError, match=r"^--value-clip configures the PPO critic; it has no effect with "):
+        make(value_clip=0.3)
+    assert make(value_clip=0.3, advantage_estimator="ppo").value_clip == 0.3
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--rollout-temperature", "inf"), ("--kl-loss-coef", "nan"),
+                                             ("--clip-grad", "inf"), ("--eps-clip-high", "nan")])  # fmt: skip
+def test_a_float_flag_must_be_finite(flag, value):
+    # `inf` passed `gt=0` and `nan` passed every range check: T=inf sampled uniform noise, a NaN coefficient made the
+    # loss NaN at the first step.
+    with pytest.raises(ConfigError, match=rf"^{flag}: Input should be a finite number \(got {value}\)"):
+        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", flag, value])

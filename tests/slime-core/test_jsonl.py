@@ -52,3 +52,18 @@ def test_a_key_given_twice_is_an_error_naming_the_line_and_key(tmp_path):
         list(iter_jsonl(path))
     path.write_text('{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}\n')
     assert list(iter_jsonl(path)) == [(1, {"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]})]
+
+
+def test_a_line_past_the_cap_is_refused_before_it_fills_the_memory(tmp_path, monkeypatch):
+    # /dev/zero under a .jsonl name (or a JSON array written in one line) was read as one line until MemoryError.
+    from slime_core import jsonl
+
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 64)
+    path = tmp_path / "one-line.jsonl"
+    path.write_text('{"x": 1}\n' + '{"x": "' + "a" * 100 + '"}\n')
+    rows = jsonl.iter_jsonl(path)
+    assert next(rows) == (1, {"x": 1})  # rows before it still read
+    with pytest.raises(ValueError, match=r"one-line\.jsonl:2: a line longer than 0 MiB; not a JSONL row"):
+        next(rows)
+    path.write_text('{"x": "' + "a" * 40 + '"}\n')  # under the cap: read as usual, without a trailing newline too
+    assert list(jsonl.iter_jsonl(path)) == [(1, {"x": "a" * 40})]

@@ -50,6 +50,28 @@ async def test_gives_up_with_url_in_message():
         await c.flush_cache()
 
 
+async def test_a_server_that_answered_and_now_refuses_is_given_up_within_a_second():
+    # A killed engine: nothing listens on its port any more. Each request spent the whole connection-retry budget
+    # (8 retries, ~20 s) on it, and the rollout's abort to it another ~20 s, before the run saw the engine fail.
+    async def handler(request):
+        return web.json_response({"weight_version": "5"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    c = EngineClient(f"http://127.0.0.1:{runner.addresses[0][1]}")  # the default budget: 8 retries
+    assert await c.get_weight_version() == "5"
+    await runner.cleanup()  # the engine dies
+    loop = asyncio.get_running_loop()
+    for call in (c.generate({"input_ids": [1]}), c.abort_request(abort_all=True)):
+        start = loop.time()
+        with pytest.raises(EngineError, match=r"unreachable after 2 attempts: .*\(it answered before: its server is "):
+            await call
+        assert loop.time() - start < 5  # one retry after 0.25 s
+
+
 async def test_unreachable_real_port_names_url():
     port = find_free_port(start=41000)  # nothing listens there
     c = EngineClient(f"http://127.0.0.1:{port}", max_retries=1, backoff_s=0.001)

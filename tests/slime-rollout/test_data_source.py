@@ -73,6 +73,16 @@ def test_bad_line_names_file_and_line(tmp_path):
         RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS), input_key="prompt"))
 
 
+def test_a_folder_or_a_device_as_prompt_data_is_one_error(tmp_path):
+    # A folder said "[Errno 21] Is a directory", naming no flag; a link to /dev/zero was read until MemoryError.
+    (tmp_path / "rows.jsonl").mkdir()
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'rows.jsonl'))}: a folder; give a \.jsonl"):
+        load_prompt_rows(str(tmp_path / "rows.jsonl"))
+    (tmp_path / "zero.jsonl").symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=r"zero\.jsonl: not a regular file; give a \.jsonl or \.parquet file"):
+        load_prompt_rows(str(tmp_path / "zero.jsonl"))
+
+
 def test_chat_template_with_tools_and_kwargs(tmp_path, qwen3_tokenizer_dir):
     tool = {"type": "function", "function": {"name": "calc", "description": "calculator", "parameters": {}}}
     rows = [

@@ -54,3 +54,19 @@ def test_subsample_keeps_head_and_tail(tmp_path):
 def test_path_template_must_have_rollout_id(tmp_path):
     with pytest.raises(ValueError, match="rollout_id"):
         dump_path(str(tmp_path / "fixed.pt"), 0)
+
+
+def test_a_damaged_or_foreign_dump_is_one_line_naming_the_flag_and_file(tmp_path):
+    # torch.load's UnpicklingError / zip error reached the driver as a traceback naming no flag.
+    args = _cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"))
+    (tmp_path / "0.pt").write_bytes(b"not a torch file\n")
+    with pytest.raises(ValueError) as e:
+        load_debug_rollout_data(args, 0)
+    dump = tmp_path / "0.pt"
+    assert str(e.value).startswith(f"--load-debug-rollout-data: {dump} is not a rollout dump torch can read (")
+    torch.save({"rollout_id": 1, "samples": [{"no_such_field": 1}]}, tmp_path / "1.pt")
+    with pytest.raises(ValueError, match=r"^--load-debug-rollout-data: .*1\.pt: a sample does not read back"):
+        load_debug_rollout_data(args, 1)
+    torch.save([1, 2], tmp_path / "2.pt")
+    with pytest.raises(ValueError, match=r"^--load-debug-rollout-data: .*2\.pt is not a rollout dump \(expected a"):
+        load_debug_rollout_data(args, 2)

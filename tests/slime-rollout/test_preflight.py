@@ -376,3 +376,34 @@ def test_a_dict_or_list_label_is_refused_where_the_grader_compares_one_answer(tm
     # f1 takes a list of references; the record (`RewardSpec.label_is_value`) says so, not a list of names here.
     _write(data, {"prompt": "1+1=", "label": ["2", "two"]})
     assert _errors(_cfg(data, "--rm-type", "f1")) == []
+
+
+def test_an_eval_config_that_is_not_yaml_or_not_utf8_is_one_error(tmp_path):
+    # Invalid YAML ended the run in a traceback; a latin-1 file in "function takes exactly 5 arguments (1 given)"
+    # (the preflight rebuilt the UnicodeDecodeError from its message).
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    config = tmp_path / "eval.yaml"
+    config.write_text("eval:\n  datasets: [\n")
+    flags = ("--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1")
+    assert _errors(_cfg(data, *flags)) == [
+        f"--eval-config {config}:3: invalid YAML (expected the node content, but found '<stream end>')"
+    ]
+    config.write_bytes("eval:\n  datasets: []\n# caf\u00e9\n".encode("latin-1"))
+    assert _errors(_cfg(data, *flags)) == [f"--eval-config {config}:3: not UTF-8 (byte 0xe9); re-encode it"]
+
+
+def test_sglang_flags_the_reference_engine_ignores_are_noted(tmp_path):
+    # --sglang-mem-fraction-static & co. passed silently on a run served by the CPU reference engines.
+    from slime_core.extensions import run_preflight_hooks
+
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    flags = ("--rm-type", "math", "--rollout-engine", "reference", "--sglang-mem-fraction-static", "0.5",
+             "--sglang-dtype", "bfloat16", "--sglang-enable-deterministic-inference")  # fmt: skip
+    notes = [p.message for p in run_preflight_hooks(_cfg(data, *flags)) if "reference engines read only" in p.message]
+    assert notes == [
+        "--rollout-engine reference: the CPU reference engines read only --sglang-dtype, --sglang-max-running-requests"
+        " and --sglang-num-threads; these have no effect in this run (SGLang engines read them): "
+        "--sglang-enable-deterministic-inference --sglang-mem-fraction-static"
+    ]
+    outside = _cfg(data, *flags, "--rollout-engine-urls", "http://127.0.0.1:1")
+    assert not [p for p in run_preflight_hooks(outside) if "reference engines read only" in p.message]

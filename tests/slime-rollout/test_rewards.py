@@ -285,3 +285,42 @@ async def test_remote_rm_retries_then_succeeds(monkeypatch):
     assert len(calls) == 3 and calls[0] == {"prompt": "p", "response": "r", "label": "l"}
     with pytest.raises(ValueError, match="--rm-url"):
         await remote.remote_reward("", {})
+
+
+async def test_remote_rm_goes_straight_to_rm_url_and_bounds_each_attempt(monkeypatch):
+    # Issue 27 leftover: httpx trusts HTTP(S)_PROXY/ALL_PROXY by default, so a cluster-internal reward model was
+    # called through the user's proxy (here a dead one: every attempt failed); the original's aiohttp session does
+    # not read the environment. An attempt whose reply never comes is cut at the attempt deadline and retried.
+    import asyncio
+
+    from aiohttp import web
+
+    from slime_rollout.rewards import remote
+
+    calls = []
+
+    async def score(request):
+        calls.append(await request.json())
+        if len(calls) == 1:
+            await asyncio.sleep(3)  # the first reply does not come within the 0.5 s attempt
+        return web.json_response({"score": 0.5})
+
+    app = web.Application()
+    app.router.add_post("/score", score)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    dead_proxy = "http://127.0.0.1:9"  # discard port: nothing listens
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, dead_proxy)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(remote, "_ATTEMPT_S", 0.5)
+    try:
+        out = await remote.remote_reward(f"http://127.0.0.1:{port}/score", {"prompt": "p"}, base_delay_s=0.0)
+    finally:
+        await runner.cleanup()
+    assert out == {"score": 0.5}
+    assert calls == [{"prompt": "p"}, {"prompt": "p"}]

@@ -218,3 +218,29 @@ async def test_a_plugin_error_keeps_its_type_and_names_the_plugin_and_sample(use
     del e  # its traceback holds the rollout's frame, and with it the failed tasks
     gc.collect()
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+def generate_nothing(args, sample, sampling_params):
+    return []
+
+
+def generate_one_sample_twice(args, sample, sampling_params):
+    sample.tokens, sample.response, sample.response_length = [*sample.tokens, A], "A", 1
+    sample.status = Status.COMPLETED
+    return [sample, sample]
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        # Was a bare IndexError in the rollout's sort, naming neither the plugin nor the sample.
+        ("generate_nothing", r"returned an empty list: a generate function returns its Sample, or a non-empty list"),
+        # Was accepted: the one sample trained twice, its two entries one object.
+        ("generate_one_sample_twice", r"returned the same Sample object more than once in its list"),
+    ],
+)
+async def test_a_fan_out_of_no_sample_or_one_sample_twice_is_one_error_naming_the_plugin(use_client, fn, message):
+    use_client(FakeClient({0: [A], 1: [A]}))
+    args = _args(custom_generate_function_path=f"{__name__}.{fn}")
+    with pytest.raises(ValueError, match=rf"^generate function {__name__}\.{fn} on sample \d {message}"):
+        await generate_rollout_async(args, 0, ListDataSource(n=2))

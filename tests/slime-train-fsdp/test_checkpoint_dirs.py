@@ -97,3 +97,20 @@ def test_the_save_flushes_every_file_before_the_renames_that_publish_it(tmp_path
     commit = events.index(("replace", tracker + ".tmp", tracker))
     assert ("fsync", tracker + ".tmp") in events[publish:commit]  # the tracker's text before its rename
     assert ("fsync", str(root)) in events[commit:]  # and the rename itself
+
+
+def test_a_checkpoint_of_other_parameters_is_not_called_damaged(tmp_path, one_rank):
+    # A LoRA checkpoint resumed without --lora-rank was reported "damaged after it was written (a partial copy ...)".
+    root = tmp_path / "save"
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))  # stands in for a model with adapters
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    save_checkpoint(root, rollout_id=0, global_step=1, model=model, optimizer=optimizer, scheduler=scheduler,
+                    model_flags={"--lora-rank": 4})  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        _load(root)  # nn.Linear's "weight" is not in the checkpoint ("0.weight" is)
+    assert str(e.value).startswith(f"--load {root}: iter_0000001 holds other parameters than this run's model (")
+    assert str(e.value).endswith(
+        "a flag that decides the parameters differs from the saved run's (--lora-rank, --lora-target-modules, "
+        "--hf-checkpoint); resume with the saved run's flags"
+    )

@@ -98,3 +98,40 @@ def test_warmup_fraction_and_init():
 def test_warmup_iters_and_fraction_are_exclusive():
     with pytest.raises(ValueError, match="only one of --lr-warmup-iters and --lr-warmup-fraction"):
         _rates(_run_args(lr_warmup_iters=2, lr_warmup_fraction=0.1), 1)
+
+
+def test_a_resume_with_another_schedule_is_refused_naming_the_flags():
+    # A resume with --lr 0.5 kept training at the checkpoint's 1.0 (LambdaLR.load_state_dict restored base_lrs) under
+    # the new decay, with no word. The original's Megatron refuses such a change; so does this backend now.
+    old = _run_args(lr=1.0)  # linear decay to 0 over 16 steps
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=old.lr)
+    sched = build_lr_scheduler(opt, old)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    saved = sched.state_dict()
+
+    def resume(**changed):
+        args = _run_args(**changed)
+        opt2 = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.lr)
+        sched2 = build_lr_scheduler(opt2, args)
+        load_scheduler_state(sched2, saved)
+        return opt2.param_groups[0]["lr"]
+
+    assert resume() == pytest.approx(12 / 16)  # the same flags: step 4 of the saved schedule
+    with pytest.raises(ValueError) as e:
+        resume(lr=0.5, num_rollout=4)
+    assert str(e.value) == (
+        "--load: the checkpoint's learning-rate schedule differs from this run's flags (--lr 0.5 here vs 1.0 saved; "
+        "--lr-decay-iters (or the run's length) 32 here vs 16 saved); a resumed run continues the checkpoint's "
+        "schedule: give the saved values, or --no-load-optim to start the optimizer and its schedule afresh"
+    )
+    # A checkpoint written before the flags were kept: compared by --lr.
+    saved.pop("slime_schedule")
+    with pytest.raises(ValueError, match=r"\(--lr 0\.5 here vs 1 saved\)"):
+        resume(lr=0.5)
+    # A constant schedule does not depend on the run's length: a longer run resumes.
+    constant = _run_args(lr_decay_style="constant")
+    sched3 = build_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), constant)
+    saved = sched3.state_dict()
+    assert resume(lr_decay_style="constant", num_rollout=8) == 1.0

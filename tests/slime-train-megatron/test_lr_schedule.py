@@ -50,3 +50,21 @@ def test_bad_warmup_and_wsd():
         _rates(_args(lr_warmup_iters=2, lr_warmup_fraction=0.5), 1)
     with pytest.raises(ValueError, match="WSD is not supported"):
         _rates(_args(lr_decay_style="WSD"), 1)
+
+
+def test_a_resume_with_another_lr_is_refused():
+    # megatron-core's default (use_checkpoint_opt_param_scheduler) took the checkpoint's max/min lr on load, so a
+    # changed --lr was ignored with no word; Megatron-LM's default, kept here, refuses it (checkpoint.py names it).
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_lr_scheduler(opt, MegatronSettings.from_config(_args()), _args())
+    for _ in range(4):
+        sched.step(increment=1)
+    same = build_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0),
+                              MegatronSettings.from_config(_args(num_rollout=4)), _args(num_rollout=4))  # fmt: skip
+    same.load_state_dict(sched.state_dict())  # a constant schedule: a longer run resumes
+    assert same.num_steps == 4
+    new = _args(lr=0.5)
+    sched2 = build_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5),
+                                MegatronSettings.from_config(new), new)  # fmt: skip
+    with pytest.raises(AssertionError, match="class input value 0.5 and checkpoint"):
+        sched2.load_state_dict(sched.state_dict())

@@ -156,7 +156,62 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
             f"--load {cfg.load}: {_a(kind)}; --train-backend {cfg.train_backend} resumes its own {wanted} "
             f"checkpoints ({hint})"
         )
+    if kind == "fsdp":
+        _check_fsdp_model_flags(cfg, root)
+    if kind == "fsdp" and not cfg.no_load_optim:
+        _check_fsdp_schedule(cfg, root)
     notes.append(f"--load {cfg.load}: {kind} checkpoint, the run resumes from it")
+
+
+def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
+    """`--load`'s `meta.json` names the flags that decided its parameters; this run must have the same.
+
+    A LoRA checkpoint resumed without `--lora-rank` (or the reverse) failed after the engines started, as a
+    checkpoint "damaged after it was written".
+
+    Raises:
+        ValueError: naming `--load` and each differing flag with both values.
+    """
+    from slime_train_fsdp.checkpoint import model_flag_mismatches, model_flags_of
+
+    step_dir = root / f"iter_{cfg.ckpt_step:07d}" if cfg.ckpt_step is not None else _iteration_dir(root)
+    meta = step_dir / "meta.json" if step_dir is not None else None
+    if meta is None or not meta.is_file():
+        return
+    try:
+        saved = json.loads(meta.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return  # the trainer's load names a damaged checkpoint
+    differ = model_flag_mismatches(saved if isinstance(saved, dict) else {}, model_flags_of(cfg))
+    if differ:
+        raise ValueError(
+            f"--load {root}: {step_dir.name} was saved by a run whose model had other parameters "
+            f"({'; '.join(differ)}); resume with the saved run's flags"
+        )
+
+
+def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
+    """The learning-rate schedule this run builds must be the one `--load`'s `scheduler.pt` continues.
+
+    The trainer refuses another one when it loads the checkpoint (`slime_train_fsdp.lr_schedule`), after Ray and the
+    engines started, in a trainer's traceback; the same check here is one line before anything starts.
+
+    Raises:
+        ValueError: naming `--load`, the flags and both values.
+    """
+    import torch
+
+    from slime_train_fsdp.lr_schedule import build_lr_scheduler, load_scheduler_state
+
+    step_dir = root / f"iter_{cfg.ckpt_step:07d}" if cfg.ckpt_step is not None else _iteration_dir(root)
+    saved = step_dir / "scheduler.pt" if step_dir is not None else None
+    if saved is None or not saved.is_file():
+        return  # saved with --no-save-optim: the trainer starts the schedule afresh
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.lr))
+    try:
+        load_scheduler_state(build_lr_scheduler(optimizer, cfg), torch.load(saved, weights_only=False))
+    except ValueError as e:
+        raise ValueError(str(e).replace("--load:", f"--load {root}:", 1)) from None
 
 
 def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:

@@ -30,9 +30,9 @@ def main(argv: list[str], *, keep_signal_handlers: bool = False) -> int:
     signal `uv run` forwards late must still find them).
 
     Exit codes: 0 done, 2 bad flags/config/data (a damaged --load included) or an unwritable output folder,
-    1 an engine failed (one line) or an unexpected error (its traceback), 3 stopped by a run-health check,
-    4 the local Ray node did not start, 5 a checkpoint or HF export could not be written,
-    128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
+    1 an engine failed or user code ran past its deadline (one line) or an unexpected error (its traceback),
+    3 stopped by a run-health check, 4 the local Ray node did not start, 5 a checkpoint or HF export could not be
+    written, 128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
     """
     previous = interrupts.install()
     try:
@@ -84,7 +84,7 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
-    from slime_app.failures import SaveFailed, engine_failure
+    from slime_app.failures import SaveFailed, deadline_failure, engine_failure
     from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
     from slime_app.ray_start import RayAddressError, RayStartupError
@@ -111,7 +111,7 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        line = engine_failure(e, cfg)
+        line = engine_failure(e, cfg) or deadline_failure(e)
         if line is None:
             raise
         print(f"slime: error: {line}", file=sys.stderr)

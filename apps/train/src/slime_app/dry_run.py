@@ -4,8 +4,9 @@ Checked: the flags and their cross-field rules (already by `parse_args`), the ba
 and their rows, the tokenizer and its chat template on the first prompt (for SFT, the loss mask of the first
 conversation), the plugins' import paths, the Megatron architecture flags against config.json (MoE flags on a
 dense model included), `--load` / `--ref-load` / `--critic-load` against `--hf-checkpoint`'s architecture, and the
-rollout GPUs against `--rollout-num-gpus-per-engine`. Not touched: Ray, engines, GPUs; what the run would need is
-printed instead, as a GPU run would use it (SGLang, its weight sync) also on a machine without CUDA.
+rollout GPUs against `--rollout-num-gpus-per-engine`, and that the output folders can be made (none is created;
+not with a remote cluster, whose ranks write from other hosts). Not touched: Ray, engines, GPUs; what the run would
+need is printed instead, as a GPU run would use it (SGLang, its weight sync) also on a machine without CUDA.
 
 `uv run apps/train --dry-run <flags>` exits 0 with the report on stdout, or 2 with one error line.
 """
@@ -13,8 +14,10 @@ printed instead, as a GPU run would use it (SGLang, its weight sync) also on a m
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
+from slime_app.outputs import check_creatable
 from slime_app.preflight import preflight
 from slime_app.resolve import resolve_config
 from slime_core.config import PluginArgs, SlimeArgs
@@ -218,6 +221,8 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
     report += render_config(cfg.model_copy(update=shown))
     report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg)]
     checks = resolved + notes + _first_prompt(cfg) + _prompt_filter(cfg)
+    if not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):  # as the run: other hosts write on a cluster
+        checks += check_creatable(cfg)
     report += ["", "checked:"] + [f"  {line}" for line in checks]
     report.append("  not checked here: GPUs, engines, Ray (the run checks them when it starts)")
     return report

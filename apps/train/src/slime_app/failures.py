@@ -17,9 +17,11 @@ import shutil
 import ray.exceptions
 
 from slime_core.config import SlimeArgs
+from slime_core.hook_deadline import HookDeadlineExceeded
 from slime_rollout.engines.transport import EngineError
+from slime_rollout.runtime.deadlines import DeadlineExceeded
 
-__all__ = ["SaveFailed", "engine_failure", "root_cause", "save_failed"]
+__all__ = ["SaveFailed", "deadline_failure", "engine_failure", "root_cause", "save_failed"]
 
 TRACKER = "latest_checkpointed_iteration.txt"  # the tracker file of FSDP and Megatron checkpoints
 
@@ -113,3 +115,15 @@ def engine_failure(error: BaseException, cfg: SlimeArgs) -> str | None:
     if cfg.save:
         advice.append(f"resume from the last checkpoint with --load {cfg.save}")
     return f"{cause}" + (f" ({'; '.join(advice)})" if advice else "")
+
+
+def deadline_failure(error: BaseException) -> str | None:
+    """The one line for a run ended by user code past its deadline (rollout or trainer side), or None for others.
+
+    The error already names the plugin, the sample or rollout and the flag; Ray's wrapping added a 30-line traceback
+    of the actor around it.
+    """
+    cause = root_cause(error)
+    if isinstance(cause, DeadlineExceeded | HookDeadlineExceeded):
+        return f"{cause}"
+    return None

@@ -7,13 +7,15 @@ there before anything starts; a failed save later is one line (`slime_app.failur
 
 from __future__ import annotations
 
+import os
 import pathlib
 import tempfile
 from collections.abc import Iterator
 
+from slime_app.tracking import tensorboard_log_dir
 from slime_core.config import SlimeArgs
 
-__all__ = ["check_writable", "output_dirs"]
+__all__ = ["check_creatable", "check_writable", "output_dirs"]
 
 
 def _fixed_folder(template: str) -> pathlib.Path:
@@ -30,13 +32,19 @@ def _fixed_folder(template: str) -> pathlib.Path:
 def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
     """(flag, folder) of every place the run writes into.
 
-    `--output-dir`, `--save`, `--tensorboard-dir`, and for the path templates (`--save-hf`,
-    `--save-debug-rollout-data`) the deepest folder no `{field}` of theirs changes.
+    `--output-dir`, `--save`, the TensorBoard folder the run writes (`slime_app.tracking.tensorboard_log_dir`), and
+    for the path templates (`--save-hf`, `--save-debug-rollout-data`) the deepest folder no `{field}` of theirs
+    changes.
     """
     yield "--output-dir", pathlib.Path(cfg.output_dir)
     if cfg.save:
         yield "--save", pathlib.Path(cfg.save)
-    if cfg.tensorboard_dir:
+    if cfg.use_tensorboard:
+        # The folder the run's SummaryWriter opens (a file named `tensorboard` in --output-dir ended the run in
+        # tensorboard's FileExistsError traceback).
+        flag = "--tensorboard-dir" if cfg.tensorboard_dir else "--tb-project-name" if cfg.tb_project_name else None
+        yield flag or "--output-dir (its tensorboard folder)", pathlib.Path(tensorboard_log_dir(cfg, cfg.output_dir))
+    elif cfg.tensorboard_dir:
         yield "--tensorboard-dir", pathlib.Path(cfg.tensorboard_dir)
     for flag, template in (("--save-hf", cfg.save_hf), ("--save-debug-rollout-data", cfg.save_debug_rollout_data)):
         if template:
@@ -60,3 +68,27 @@ def check_writable(cfg: SlimeArgs) -> None:
                 pass
         except OSError as e:
             raise OSError(f"{flag} {folder} is not writable: {e.strerror or e}") from e
+
+
+def check_creatable(cfg: SlimeArgs) -> list[str]:
+    """`check_writable` without writing anything (`--dry-run`).
+
+    Each output folder, or its nearest existing parent, must be a folder this user may write into. A `--save` or
+    `--output-dir` naming a file, or a folder under a file, passed the dry run and stopped the run.
+
+    Returns:
+        One note for the report.
+
+    Raises:
+        OSError: naming the flag, the folder and the path in the way.
+    """
+    for flag, folder in output_dirs(cfg):
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            where = "is a file" if existing == folder else f"would be under {existing}, which is a file"
+            raise OSError(f"{flag} {folder} is not writable: it {where}, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise OSError(f"{flag} {folder} is not writable: {existing} does not allow this user to write")
+    return ["output folders: each is a folder, or can be made in one, this user may write to (nothing created)"]

@@ -261,6 +261,88 @@ def _run_owned_checks(cfg: SlimeArgs) -> list[str]:
     return [p.message for p in problems]
 
 
+# The JSON files of a model folder that config, tokenizer and weight loading parse.
+_MODEL_JSON = ("config.json", "tokenizer_config.json", "tokenizer.json", "generation_config.json",
+               "model.safetensors.index.json", "preprocessor_config.json", "processor_config.json")  # fmt: skip
+
+
+def _check_json_files(folder: str) -> None:
+    """Each JSON file of `--hf-checkpoint` the run parses must be valid UTF-8 JSON.
+
+    A truncated copy said only `Expecting ',' delimiter: line 2 column 1 (char 23)`, naming no file.
+
+    Raises:
+        ValueError: naming the flag, the file, its line and column.
+    """
+    import json
+
+    for name in _MODEL_JSON:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"--hf-checkpoint {folder}: {name} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg}); "
+                "a partial download or copy?"
+            ) from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--hf-checkpoint {folder}: {name} is not UTF-8 (byte offset {e.start})") from None
+
+
+def _weight_readers(cfg: SlimeArgs) -> list[str]:
+    """Who reads `--hf-checkpoint`'s weights in this run: the engines slime starts, the trainer's initial load."""
+    from slime_core.fp8 import trainer_weights_dir
+
+    readers = []
+    if cfg.rollout_engine and not (cfg.rollout_engine_urls or cfg.debug_train_only):
+        readers.append(f"the --rollout-engine {cfg.rollout_engine} engines load them at start")
+    if not cfg.debug_rollout_only:
+        from slime_app.checkpoints import checkpoint_kind
+
+        torch_dist_start = (
+            train_backend_spec(cfg).reads_torch_dist
+            and cfg.ref_load
+            and (checkpoint_kind(cfg.ref_load) == "torch_dist")
+        )  # Megatron starts from a torch_dist --ref-load, not from --hf-checkpoint
+        starts_here = os.path.realpath(trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)) == os.path.realpath(
+            cfg.hf_checkpoint
+        )
+        if starts_here and not torch_dist_start:
+            trainer = f"the --train-backend {cfg.train_backend} trainer"
+            readers.append(f"{trainer} loads its *.safetensors (also before --load)")
+    return readers
+
+
+def _check_hf_weights(cfg: SlimeArgs) -> None:
+    """`--hf-checkpoint` must hold weights when engines or the trainer load them (a config-only folder passed).
+
+    The trainers read `*.safetensors` only (`slime_train_fsdp.model_loading.read_hf_state_dict`, Megatron's
+    `load_hf_weights`); engines also read PyTorch `*.bin` files.
+
+    Raises:
+        FileNotFoundError: naming the flag, the folder and who would load the weights.
+    """
+    readers = _weight_readers(cfg)
+    if not readers:
+        return
+    files = [p.name for p in os.scandir(cfg.hf_checkpoint) if p.is_file()]
+    safetensors = any(name.endswith(".safetensors") for name in files)
+    trainer_reads = any("trainer" in r for r in readers)
+    if safetensors or (not trainer_reads and any(name.endswith((".bin", ".pt")) for name in files)):
+        return
+    shown = ", ".join(sorted(files)[:6]) + (", ..." if len(files) > 6 else "")
+    if any(n.endswith((".bin", ".pt")) for n in files):
+        found = f"only PyTorch *.bin/*.pt weights, no *.safetensors ({shown})"
+        fix = "convert them to safetensors (`save_pretrained(DIR, safe_serialization=True)`)"
+    else:
+        found = f"no weight files, only {shown or 'nothing'}"
+        fix = "give the folder with the model's weights (`huggingface-cli download <model> --local-dir DIR`)"
+    raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: {found}, but {' and '.join(readers)}; {fix}")
+
+
 def _check_opd_teacher(cfg: SlimeArgs) -> None:
     """A trainer-side OPD teacher given as an HF directory must have the student's architecture (config.json).
 
@@ -296,7 +378,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         Notes for the log (checkpoints found, flags checked).
 
     Raises:
-        FileNotFoundError: a model directory, data file or `--ref-load` does not exist (message names the flag).
+        FileNotFoundError: a model directory, data file or `--ref-load` does not exist, or `--hf-checkpoint` holds no
+            weights that the engines or the trainer would load (message names the flag).
         ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys` also a
             missing, unreadable or surplus image), an architecture flag contradicts config.json, an HF OPD teacher
             of another architecture, a `--sglang-*`/`--router-*` flag the installed SGLang/router does not have, a
@@ -317,6 +400,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         raise FileNotFoundError(f"--hf-checkpoint: not a directory: {cfg.hf_checkpoint}{hint}")
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
+    if cfg.hf_checkpoint:
+        _check_json_files(cfg.hf_checkpoint)
     _check_opd_teacher(cfg)
     notes = check_fp8_rollout(cfg)
     # The packages' and entries' own checks (data, engine flags, Megatron's model type): architecture flag
@@ -324,4 +409,6 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     notes += _run_owned_checks(cfg)
     notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
+    if cfg.hf_checkpoint:  # last: a config-only folder is enough for every check above, and their errors say more
+        _check_hf_weights(cfg)
     return notes

@@ -65,6 +65,18 @@ def rollout_batches(args: Any, samples: list[Any], *, dp_size: int, rollout_id: 
     )
 
 
+def _data_source_call(args: Any, fn: Any, *fn_args: Any, what: str) -> Any:
+    """Runs the data source's construction, `save` or `load` under `--plugin-timeout-secs` (they were unbounded).
+
+    Raises:
+        DeadlineExceeded: it ran past the deadline (names `--data-source-path` and the step).
+    """
+    from slime_rollout.runtime.deadlines import call_in_thread_with_deadline, plugin_bounds
+
+    named = f"the data source's {what} (--data-source-path {args.data_source_path})"
+    return call_in_thread_with_deadline(fn, *fn_args, what=named, **plugin_bounds(args))
+
+
 def dp_size_of(cfg: SlimeArgs) -> int:
     """Number of data-parallel ranks of the trainer (world size over the model-parallel product TP×PP×CP).
 
@@ -227,7 +239,7 @@ class RolloutManager:
         self.args = plugin_args(cfg, addresses)
         init_http_client(self.args)  # plugins' `post` (slime.utils.http_utils): pool size and timeout of this run
         if cfg.prompt_data or cfg.data_source_path:
-            self.data_source = create_data_source(self.args)
+            self.data_source = _data_source_call(self.args, create_data_source, self.args, what="construction")
         if no_engines:
             return []
         self.client = get_client(self.args)
@@ -375,14 +387,14 @@ class RolloutManager:
         if is_fully_async(self.cfg):
             from slime_rollout.generation.fully_async import save_state
 
-            save_state(self.args, self.data_source, rollout_id)
+            _data_source_call(self.args, save_state, self.args, self.data_source, rollout_id, what="save")
         else:
-            self.data_source.save(rollout_id)
+            _data_source_call(self.args, self.data_source.save, rollout_id, what="save")
 
     def load(self, rollout_id: int) -> None:
         """Restores the data-source cursor saved at `rollout_id` (fully async: the held groups come first)."""
         if self.data_source is not None:
-            self.data_source.load(rollout_id)
+            _data_source_call(self.args, self.data_source.load, rollout_id, what="load")
             if is_fully_async(self.cfg):
                 from slime_rollout.generation.fully_async import load_state
 

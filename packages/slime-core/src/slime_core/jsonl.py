@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["iter_jsonl"]
+__all__ = ["MAX_LINE_BYTES", "iter_jsonl"]
+
+#: The longest line read as one row (64 MiB): far above any prompt, far below what a machine holds as a string.
+MAX_LINE_BYTES = 64 << 20
 
 
 class _DuplicateKey(Exception):
@@ -36,10 +40,20 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
 
     Raises:
         ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`,
-            `"...: key 'label' appears twice in one object ..."` or `"...: expected a JSON object, got list"`.
+            `"...: key 'label' appears twice in one object ..."`, `"...: expected a JSON object, got list"` or a line
+            longer than `MAX_LINE_BYTES`.
     """
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno in itertools.count(1):
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES:
+                # One line read whole: a JSON array in one line, or a device (/dev/zero), filled the memory.
+                raise ValueError(
+                    f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES >> 20} MiB; not a JSONL row (one JSON object "
+                    "per line)"
+                )
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:

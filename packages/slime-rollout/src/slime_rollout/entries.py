@@ -40,6 +40,7 @@ REFERENCE = RolloutEngineSpec(
     applies_weight_deltas=True,  # slime_rollout.engines.reference.routes.weights: /update_weights_from_delta
     default_dtype="float32",  # slime_rollout.engines.reference.__main__: --dtype float32
     auto_dtype_as_stored=True,  # from_pretrained(dtype="auto")
+    preflight="slime_rollout.engines.launch.reference:preflight",  # notes the --sglang-* flags it ignores
 )
 
 # The built-in graders: `slime_rollout.rewards.builtin` holds what each record names.

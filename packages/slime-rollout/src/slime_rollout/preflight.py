@@ -63,7 +63,8 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     try:
         files += _eval_files(cfg)
     except (FileNotFoundError, ValueError) as e:  # a malformed --eval-prompt-data / --eval-config
-        problems.append(Problem(message=str(e), exception=type(e)))
+        # Not type(e): a subclass such as UnicodeDecodeError cannot be built from one message.
+        problems.append(Problem(message=str(e), exception=FileNotFoundError if isinstance(e, OSError) else ValueError))
     for flag, spec, file_cfg, key_flags in files:
         try:
             _check_rows(spec, file_cfg, flag, key_flags)

@@ -42,7 +42,7 @@ from slime_core.hf_checkpoint import source_dtype
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
-from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, save_checkpoint
+from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, model_flags_of, save_checkpoint
 from slime_train_fsdp.compile_cache import load_compile_cache, save_compile_cache
 from slime_train_fsdp.compile_warmup import start_compile_warm_up
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
@@ -432,6 +432,7 @@ class FSDPTrainBackend:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             save_optim=not self.cfg.no_save_optim,
+            model_flags=model_flags_of(self.cfg),
         )
         if compiles_layers(self.cfg, self.device) and dist.get_rank() == 0:
             save_compile_cache(save_dir)

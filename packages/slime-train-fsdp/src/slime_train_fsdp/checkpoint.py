@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import re
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from slime_train_fsdp.lr_schedule import load_scheduler_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TRACKER", "load_checkpoint", "save_checkpoint"]
+__all__ = ["TRACKER", "load_checkpoint", "model_flag_mismatches", "model_flags_of", "save_checkpoint"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -56,6 +57,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     save_optim: bool = True,
+    model_flags: dict[str, Any] | None = None,
 ) -> pathlib.Path:
     """Writes the checkpoint of `rollout_id` (collective: every rank calls it).
 
@@ -67,6 +69,8 @@ def save_checkpoint(
         optimizer: its optimizer.
         scheduler: its LR scheduler.
         save_optim: False skips optimizer and scheduler state (`--no-save-optim`).
+        model_flags: the flags that decide which parameters the model has (`--lora-rank`, `--lora-target-modules`),
+            kept in `meta.json` so a resume with others is refused by name (`model_flag_mismatches`).
 
     Returns:
         The final checkpoint directory.
@@ -90,6 +94,7 @@ def save_checkpoint(
             "next_rollout_id": rollout_id + 1,
             "global_step": global_step,
             "world_size": dist.get_world_size(),
+            "model_flags": model_flags or {},
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     dist.barrier()
@@ -150,6 +155,22 @@ def _read(
     return meta
 
 
+def model_flag_mismatches(meta: dict[str, Any], model_flags: dict[str, Any]) -> list[str]:
+    """`"--flag saved vs here"` for each model flag of `meta.json` that differs from this run's (none recorded: [])."""
+    saved = meta.get("model_flags") or {}
+    # Flags only one side has (the target modules of a LoRA run against a full fine-tune) follow from one that both
+    # have (--lora-rank).
+    return [f"{flag} {saved[flag]} saved vs {model_flags[flag]} here" for flag in saved
+            if flag in model_flags and saved[flag] != model_flags[flag]]  # fmt: skip
+
+
+def model_flags_of(cfg: Any) -> dict[str, Any]:
+    """The flags that decide which parameters the FSDP model has (LoRA adapters or not, and on which modules)."""
+    if not cfg.lora_rank:
+        return {"--lora-rank": 0}
+    return {"--lora-rank": cfg.lora_rank, "--lora-target-modules": sorted(cfg.lora_target_modules)}
+
+
 def load_checkpoint(
     load_dir: str | pathlib.Path,
     *,
@@ -198,6 +219,12 @@ def load_checkpoint(
         cause = _first_failure(e)
         text = " ".join(str(cause).split()).split(". ")[0][:200]  # torch's advice after the first sentence is long
         detail = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+        if re.search(r"(Missing|Unexpected) key", text):  # the files are fine: the parameters differ
+            raise ValueError(
+                f"--load {root}: {path.name} holds other parameters than this run's model ({detail}): a flag that "
+                "decides the parameters differs from the saved run's (--lora-rank, --lora-target-modules, "
+                "--hf-checkpoint); resume with the saved run's flags"
+            ) from e
         raise ValueError(
             f"--load {root}: {path.name} cannot be read ({detail}); it was damaged "
             f"after it was written (a partial copy, a crash before it reached the disk); {_recovery_hint(root, path)}"

@@ -97,15 +97,54 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: SlimeArgs) -> torc
     )
     lr_at_step(0, **kwargs)  # validates the style early
     if lr == 0.0:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.0)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at_step(step, **kwargs) / lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.0)
+    else:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at_step(step, **kwargs) / lr)
+    scheduler.slime_schedule = _schedule_flags(kwargs)  # an attribute: LambdaLR.state_dict() saves it
+    return scheduler
 
 
-def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, Any]) -> None:
+def _schedule_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The flag values that set the rate of some step (kept in the scheduler's state dict, compared on resume)."""
+    out: dict[str, Any] = {"--lr": kwargs["lr"], "--lr-decay-style": kwargs["style"]}
+    if kwargs["warmup"]:
+        out["--lr-warmup-iters (or --lr-warmup-fraction)"] = kwargs["warmup"]
+        out["--lr-warmup-init"] = kwargs["warmup_init"]
+    if kwargs["style"] != "constant":
+        out["--min-lr"] = kwargs["min_lr"]
+        out["--lr-decay-iters (or the run's length)"] = kwargs["decay_iters"]
+    return out
+
+
+def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict[str, Any]) -> None:
     """Restores a scheduler and writes its current rate back into the optimizer's param groups.
 
-    `LRScheduler.load_state_dict` alone leaves the optimizer's `lr` untouched until the next `step()`.
+    A resumed run continues the checkpoint's schedule, so the flags that set it must be the saved ones: the original's
+    Megatron refuses a change (without `--override-opt_param-scheduler`), and here `LambdaLR.load_state_dict` restored
+    `base_lrs`, the saved `--lr`, under this run's warmup and decay: a resume with another `--lr` trained at the old
+    one with no word. `LRScheduler.load_state_dict` alone leaves the optimizer's `lr` untouched until the next
+    `step()`.
+
+    Raises:
+        ValueError: a flag of the schedule differs from the checkpoint's (each named with both values); a checkpoint
+            saved before the flags were stored is compared by `--lr` only.
     """
+    wanted, wanted_lrs = getattr(scheduler, "slime_schedule", None), list(scheduler.base_lrs)
+    saved, saved_lrs = state.get("slime_schedule"), list(state.get("base_lrs", wanted_lrs))
+    if saved is not None and wanted is not None:
+        differ = [f"{flag} {wanted.get(flag, '(unused)')} here vs {saved.get(flag, '(unused)')} saved"
+                  for flag in dict.fromkeys([*wanted, *saved]) if wanted.get(flag) != saved.get(flag)]  # fmt: skip
+    else:
+        shown = ", ".join  # several param groups share one --lr
+        differ = [] if saved_lrs == wanted_lrs else [
+            f"--lr {shown(f'{v:g}' for v in wanted_lrs)} here vs {shown(f'{v:g}' for v in saved_lrs)} saved"
+        ]  # fmt: skip
+    if differ:
+        raise ValueError(
+            f"--load: the checkpoint's learning-rate schedule differs from this run's flags ({'; '.join(differ)}); a "
+            "resumed run continues the checkpoint's schedule: give the saved values, or --no-load-optim to start the "
+            "optimizer and its schedule afresh"
+        )
     scheduler.load_state_dict(state)
     for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
         group["lr"] = lr

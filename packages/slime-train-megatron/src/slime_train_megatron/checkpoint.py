@@ -164,7 +164,14 @@ def load_checkpoint(
     if "optimizer" in template:
         optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None and "opt_param_scheduler" in state:
-            scheduler.load_state_dict(state["opt_param_scheduler"])
+            try:
+                scheduler.load_state_dict(state["opt_param_scheduler"])
+            except AssertionError as e:  # megatron-core: "class input value X and checkpointvalue Y for NAME ..."
+                raise ValueError(
+                    f"--load {ckpt}: the checkpoint's learning-rate schedule differs from this run's flags ({e}); a "
+                    "resumed run continues the checkpoint's schedule: give the saved --lr/--min-lr/warmup/decay "
+                    "values, or --no-load-optim to start the optimizer and its schedule afresh"
+                ) from None
     if "rng_state" in template:
         _set_rng_state(state["rng_state"])
     logger.info("loaded %s (%s)", ckpt, "resumable" if resumable else "weights only")

@@ -49,6 +49,10 @@ def build_lr_scheduler(optimizer: Any, s: MegatronSettings, cfg: SlimeArgs) -> O
             raise ValueError("give only one of --lr-warmup-iters and --lr-warmup-fraction")
         warmup = int(s.lr_warmup_fraction * decay)
     style = s.lr_decay_style
+    if style == "constant" and not s.lr_decay_iters and s.lr_warmup_fraction is None:
+        # No rate depends on it: not the run's length, which a resume with more --num-rollout changes (and the
+        # checkpoint check below would refuse).
+        decay = warmup + 1
     decay = max(decay, warmup + 1)  # megatron-core requires warmup < decay steps
     return OptimizerParamScheduler(
         optimizer,
@@ -62,4 +66,8 @@ def build_lr_scheduler(optimizer: Any, s: MegatronSettings, cfg: SlimeArgs) -> O
         end_wd=s.weight_decay,
         wd_incr_steps=decay,
         wd_incr_style="constant",
+        # Megatron-LM's default: a resume whose --lr, --min-lr, warmup or decay differ from the checkpoint's fails
+        # (megatron-core's own default took the checkpoint's values with no word); checkpoint.py names the flags.
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=False,
     )

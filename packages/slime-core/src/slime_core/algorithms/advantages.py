@@ -23,6 +23,7 @@ import torch
 from slime_core.algorithms.kl import compute_approx_kl
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
+from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
@@ -249,7 +250,9 @@ def _custom_advantages(args: SlimeArgs, path, rewards, loss_masks, inputs):
         "response_lengths": [int(m.shape[0]) for m in loss_masks],
         **inputs,
     }
-    fn(args, rollout_data)
+    call_hook_with_deadline(
+        fn, args, rollout_data, what=f"--custom-advantage-function-path {path}", **hook_bounds(args)
+    )
     for key in ("advantages", "returns"):
         if key not in rollout_data:
             raise ValueError(f"--custom-advantage-function-path {path!r} did not set rollout_data[{key!r}]")

@@ -11,6 +11,7 @@ divides by the step's global sample count (or token count), so micro-batches and
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 
@@ -26,6 +27,7 @@ from slime_core.algorithms.tis import icepop_function, vanilla_tis_function
 from slime_core.config import SlimeArgs
 from slime_core.config.mismatch import uses_mis_helper
 from slime_core.estimators import get_estimator
+from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
@@ -50,10 +52,13 @@ def _pg_reducer(cfg: SlimeArgs, total_lengths, response_lengths, loss_masks, def
         return default
     factory = load_function(path, flag="--custom-pg-loss-reducer-function-path")
     per_token = cfg.calculate_per_token_loss
+    bounds = {"what": f"--custom-pg-loss-reducer-function-path {path}", **hook_bounds(cfg)}
     # Extension over the original signature: factories that declare `args` get the run config.
-    if "args" in inspect.signature(factory).parameters:
-        return factory(total_lengths, response_lengths, loss_masks, per_token, args=cfg)
-    return factory(total_lengths, response_lengths, loss_masks, per_token)
+    extra = {"args": cfg} if "args" in inspect.signature(factory).parameters else {}
+    reducer = call_hook_with_deadline(
+        factory, total_lengths, response_lengths, loss_masks, per_token, **extra, **bounds
+    )
+    return functools.partial(call_hook_with_deadline, reducer, **bounds)  # the reducer it made is its code too
 
 
 def _check_options(cfg: SlimeArgs, rollout_log_probs, ref_log_probs, entropy) -> None:
@@ -112,7 +117,10 @@ def _opsm_clipfrac(per_token: bool, dropped: torch.Tensor, mask: torch.Tensor, l
 def _tis_function(cfg: SlimeArgs):
     path = cfg.custom_tis_function_path
     if path:
-        return load_function(path, flag="--custom-tis-function-path")
+        fn = load_function(path, flag="--custom-tis-function-path")
+        return functools.partial(
+            call_hook_with_deadline, fn, what=f"--custom-tis-function-path {path}", **hook_bounds(cfg)
+        )
     if not cfg.use_tis or uses_mis_helper(cfg):
         return compute_mis_weights_with_cp  # without --use-tis (--get-mismatch-metrics) it only measures
     mode = cfg.tis_mode

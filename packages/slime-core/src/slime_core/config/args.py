@@ -62,7 +62,7 @@ class SlimeArgs(
     config and those values (`PluginArgs.from_config`).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     megatron_args: list[str] = arg(
         [], "Raw Megatron-LM command-line tokens collected by parse_args (for the Megatron backend).", cli=False

@@ -25,9 +25,13 @@ class ConfigError(ValueError):
 
 
 class ArgsGroup(BaseModel):
-    """Base of every config group: unknown keys are errors, attributes are plain Python values."""
+    """Base of every config group: unknown keys are errors, attributes are plain Python values.
 
-    model_config = ConfigDict(extra="forbid")
+    Floats must be finite: `--rollout-temperature inf` or `--kl-loss-coef nan` passed every range check (`nan` fails
+    none, `inf` passes `gt=0`) and turned the math into NaN or uniform noise; no flag means anything by them.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def arg(

@@ -214,10 +214,13 @@ def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") ->
     """
     path = os.fspath(path)
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise ConfigError(f"{flag} {path}: cannot read file ({e.strerror})") from e
+    except UnicodeDecodeError as e:  # it said only "'utf-8' codec can't decode byte 0xff in position 23"
+        line = e.object[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{flag} {path}:{line}: not UTF-8 (byte {e.object[e.start]:#04x}); re-encode it") from None
     try:
         lines = _key_lines(path, text)
         data = yaml.safe_load(text) or {}

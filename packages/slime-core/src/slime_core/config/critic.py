@@ -28,6 +28,7 @@ CRITIC_FIELDS = (
     "critic_lr",
     "critic_lr_warmup_iters",
     "num_critic_only_steps",
+    "value_clip",  # the critic's clipped value loss (slime_core.algorithms.value_loss)
 )
 
 

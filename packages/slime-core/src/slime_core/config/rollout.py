@@ -180,8 +180,9 @@ class RewardArgs(ArgsGroup):
         "Deadline in seconds of one call of other user code the rollout runs (a custom generate function for one "
         "sample, a sample hook, the dynamic-sampling filter, --rollout-sample-filter-path, "
         "--rollout-all-samples-process-path, the data source's get_samples, the custom rollout and eval log "
-        "functions, --custom-reward-post-process-path, a multi-turn environment's construction, reset and step); "
-        "past it the rollout fails naming it.",
+        "functions, --custom-reward-post-process-path, a multi-turn environment's construction, reset and step; the "
+        "data source's construction, save and load; in the trainer, the custom loss, advantage, TIS and pg-loss "
+        "reducer functions); past it the rollout or the train step fails naming it.",
         gt=0,
     )
     rollout_timeout_secs: float = arg(

@@ -72,10 +72,19 @@ UNSUPPORTED: dict[str, str] = {
 
 
 _NO_PROFILER = "no built-in profiler; run the trainer under torch.profiler or nsys"
+_FSDP_LORA = "LoRA is --lora-rank R --lora-alpha A [--lora-target-modules ...] with --train-backend fsdp"
 
 # Original flags that are not even config fields: `parse_args` answers them with the same one-line error.
 UNSUPPORTED_FLAGS: dict[str, str] = {
     "--custom-update-weight-post-write-path": "no hook after disk weight writes; --weight-sync disk reloads the files",
+    # The later original's Megatron LoRA (scripts/run-qwen3-30B-A3B-lora.sh); "did you mean --use-rs?" misled.
+    "--use-lora": _FSDP_LORA,
+    "--lora-target-preset": "name the adapted modules with --lora-target-modules (FSDP LoRA: --lora-rank R)",
+    "--save-lora": "--save-hf writes the adapter in PEFT's format under --lora-rank (FSDP LoRA)",
+    "--lora-load": "no adapter loading; a LoRA run resumes from --load (FSDP LoRA: --lora-rank R)",
+    "--lora-weight-decay": "under --lora-rank, --weight-decay applies to the adapters (FSDP LoRA)",
+    "--lora-learning-rate": "under --lora-rank, --lr is the adapters' rate (FSDP LoRA)",
+    "--lora-save-merged-hf": "--save-hf with --lora-save-merged writes the merged model too (FSDP LoRA)",
     "--load-forge-rollout-data": "no Forge rollout dumps; replay --save-debug-rollout-data dumps with "
     "--load-debug-rollout-data",
     "--lr-wsd-decay-iters": "no WSD schedule; use --lr-decay-style linear or cosine",
@@ -86,8 +95,11 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--megatron-deepgemm-moe-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
     "--memory-recorder": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
     "--memory-snapshot-path": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
-    "--override-lr-scheduler": "a resumed run continues the checkpoint's schedule; start a new run to change it",
-    "--use-checkpoint-lr-scheduler": "a resumed run always continues the checkpoint's schedule",
+    "--override-lr-scheduler": (
+        "a resumed run continues the checkpoint's schedule and refuses other --lr/--min-lr/warmup/decay values; "
+        "--no-load-optim starts the optimizer and the schedule afresh"
+    ),
+    "--use-checkpoint-lr-scheduler": "a resumed run continues the checkpoint's schedule (other values are refused)",
     "--profile-step-start": _NO_PROFILER,
     "--profile-step-end": _NO_PROFILER,
     "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store",

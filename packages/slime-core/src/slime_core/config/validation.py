@@ -264,6 +264,13 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
     if args.tis_clip_low > args.tis_clip:
         raise ConfigError(f"--tis-clip-low ({args.tis_clip_low}) must be <= --tis-clip ({args.tis_clip})")
+    clips = [flag for flag, value, default in (("--tis-clip", args.tis_clip, 2.0), ("--tis-clip-low",
+             args.tis_clip_low, 0.0)) if value != default]  # fmt: skip
+    if clips and not (args.use_tis or args.get_mismatch_metrics or args.custom_tis_function_path):
+        # Only the TIS weights and the mismatch helper's bounds (--tis-upper-bound defaults to --tis-clip) read them.
+        flags = " and ".join(clips)
+        verb = "have" if len(clips) > 1 else "has"
+        warn_once("tis_clip", f"{flags} {verb} no effect without --use-tis or --get-mismatch-metrics")
     validate_mismatch(args)
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
         raise ConfigError("--loss-type custom_loss requires --custom-loss-function-path")

@@ -31,6 +31,7 @@ from slime_rollout.data import multimodal
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.plugins import load_function
+from slime_rollout.runtime.deadlines import call_in_thread_with_deadline, plugin_bounds
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -152,6 +153,9 @@ def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
     path = pathlib.Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"--prompt-data file not found: {path}")
+    if not path.is_file():  # a folder said "[Errno 21] Is a directory"; a device (/dev/zero) was read forever
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise ValueError(f"{path}: {what}; give a .jsonl or .parquet file")
     return path, start, end
 
 
@@ -173,7 +177,9 @@ def count_prompts(args: SlimeArgs) -> int:
     limit = default_max_prompt_len(args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint)
     if args.data_source_path in defaults and limit is None and args.prompt_data:
         return _count_rows(args.prompt_data)
-    source = load_function(args.data_source_path, flag="--data-source-path")(args)
+    cls = load_function(args.data_source_path, flag="--data-source-path")
+    what = f"the data source's construction (--data-source-path {args.data_source_path}), counting --num-epoch"
+    source = call_in_thread_with_deadline(cls, args, what=what, **plugin_bounds(args))
     if not hasattr(source, "__len__"):
         raise TypeError(f"--num-epoch: the data source {args.data_source_path} has no len(); give --num-rollout")
     return len(source)

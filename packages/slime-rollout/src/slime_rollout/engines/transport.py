@@ -39,6 +39,11 @@ _RETRYABLE = (
 )
 _NOT_RETRYABLE = (aiohttp.ClientSSLError,)  # a ClientConnectorError that will not heal by retrying
 
+# Retries of a refused connection once the URL has answered: nothing listens on the port any more, which is a dead
+# server (a live one under load drops SYNs from a full backlog, it does not refuse them). The full budget (about
+# 20 s) was spent on every request of a killed engine and again on its abort: ~40 s before the rollout saw it.
+_REFUSED_AFTER_ANSWER_RETRIES = 1
+
 # Idle pooled connections are dropped after this many seconds, before servers drop them (uvicorn's
 # default keep-alive, which SGLang uses, is 5 s), so a connection the server is closing is rarely reused.
 _KEEPALIVE_S = 3.0
@@ -134,6 +139,11 @@ async def _close_with_loop(session: aiohttp.ClientSession) -> AsyncIterator[None
 CONTROL_CONNECTIONS = 16
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether a connection attempt was refused (no listener on the port)."""
+    return isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, ConnectionRefusedError)
+
+
 class HttpEndpoint:
     """Retrying JSON requests to one base URL (an engine or a router).
 
@@ -141,7 +151,8 @@ class HttpEndpoint:
         url: base URL ("host:port" gets `http://`).
         timeout: default read timeout in seconds (None: wait forever); control calls use it.
         connect_timeout: seconds to open a connection.
-        max_retries: retries of a connection-level failure before `EngineError`.
+        max_retries: retries of a connection-level failure before `EngineError`; a refused connection after the URL
+            answered once is retried once only (the server is gone).
         backoff_s: first retry delay in seconds; doubles per retry.
         max_backoff_s: cap of the retry delay in seconds.
         max_connections: the requests in flight the caller plans per event loop (generations: the rollout's
@@ -170,6 +181,7 @@ class HttpEndpoint:
         # loop -> (session, finaliser generator); the generator is kept alive here because the loop only
         # holds it weakly.
         self._sessions: dict[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, AsyncIterator[None]]] = {}
+        self.answered = False  # some request got a response: a refused connection now means the server is gone
 
     def _timeout(self, read_s: float | None) -> aiohttp.ClientTimeout:
         # Like httpx.Timeout(read_s, connect=connect_timeout): `connect` bounds waiting for a pooled
@@ -240,15 +252,19 @@ class HttpEndpoint:
             try:
                 session = await self._http()
                 async with session.request(method, self.url + endpoint, **kwargs) as resp:
+                    self.answered = True
                     out = EngineResponse(resp.status, resp.headers, await resp.read())
                 break
             except _NOT_RETRYABLE as exc:
                 raise EngineError(self.url, endpoint, _said(exc), unreachable=True) from exc
             except _RETRYABLE as exc:
-                if attempt >= max_retries:
+                gone = self.answered and _refused(exc)
+                if attempt >= (min(max_retries, _REFUSED_AFTER_ANSWER_RETRIES) if gone else max_retries):
+                    why = " (it answered before: its server is gone)" if gone else ""
                     raise EngineError(
-                        self.url, endpoint, f"unreachable after {attempt + 1} attempts: {_said(exc)}", unreachable=True
-                    ) from exc
+                        self.url, endpoint, f"unreachable after {attempt + 1} attempts: {_said(exc)}{why}",
+                        unreachable=True,
+                    ) from exc  # fmt: skip
                 logger.debug("%s%s: %r, retry %d in %.2fs", self.url, endpoint, exc, attempt + 1, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)

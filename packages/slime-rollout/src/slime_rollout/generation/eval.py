@@ -79,6 +79,14 @@ def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raw = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise FileNotFoundError(f"--eval-config file not found: {path}") from None
+    except UnicodeDecodeError as e:  # it reached the user as "function takes exactly 5 arguments (1 given)"
+        line = e.object[: e.start].count(b"\n") + 1
+        byte = e.object[e.start]
+        raise ValueError(f"--eval-config {path}:{line}: not UTF-8 (byte {byte:#04x}); re-encode it") from None
+    except yaml.YAMLError as e:  # it ended the run in a traceback
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise ValueError(f"--eval-config {where}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
     section = raw.get("eval", raw) if isinstance(raw, dict) else None
     if not isinstance(section, dict):
         raise ValueError(f"--eval-config {path}: expected a mapping with 'eval: {{defaults, datasets}}'")

@@ -93,13 +93,28 @@ def _reward_bounds(args: SlimeArgs) -> dict[str, float]:
 
 
 def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
-    """`out` when it is a `Sample` (or, with `fan_out`, a list of them); else one `TypeError` naming `what`.
+    """`out` if a `Sample` (or, with `fan_out`, a non-empty list of distinct ones); else one error naming `what`.
 
     A plugin that returned something else failed later as `'NoneType' object has no attribute 'reward'`, naming
     neither the plugin nor the sample.
+
+    Raises:
+        TypeError: not a Sample (nor, with `fan_out`, a list of Samples).
+        ValueError: an empty list, or one holding the same Sample object twice.
     """
-    if isinstance(out, Sample) or (fan_out and isinstance(out, list) and all(isinstance(s, Sample) for s in out)):
+    if fan_out and isinstance(out, list) and out and all(isinstance(s, Sample) for s in out):
+        if len({id(s) for s in out}) < len(out):
+            # One object twice would be trained twice, and every later write to one entry changes the other.
+            raise ValueError(f"{what} returned the same Sample object more than once in its list (copy it per entry)")
         return out
+    if isinstance(out, Sample):
+        return out
+    if fan_out and out == []:
+        # The rollout sorted groups by their first sample: an empty fan-out failed as a bare IndexError.
+        raise ValueError(
+            f"{what} returned an empty list: a generate function returns its Sample, or a non-empty list of them "
+            "(to drop the sample, return it with remove_sample = True or status ABORTED)"
+        )
     shown = repr(out) if len(repr(out)) <= 80 else repr(out)[:77] + "..."
     wanted = "a Sample or a list of Samples" if fan_out else "a Sample or None"
     raise TypeError(f"{what} returned {type(out).__name__} {shown}, not {wanted}")

@@ -2,12 +2,18 @@
 
 POSTs `{"prompt", "response", "label"}` as JSON and returns the reply JSON as the reward. One
 `httpx.AsyncClient` per event loop (64 connections); retries with exponential backoff.
+
+As the original's `remote_rm` (an aiohttp session, whose default is `trust_env=False`), the request goes straight
+to `--rm-url`: `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` from the environment are not used (httpx's default would send a
+cluster-internal reward model through the user's proxy). Each attempt has at most 120 s (the original's total) to
+connect, send, wait and read; the whole call, retries included, is bounded by `--rm-timeout-secs`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import Any
 
 import httpx
@@ -18,18 +24,23 @@ __all__ = ["remote_reward"]
 
 _MAX_RETRIES = 10
 _MAX_BACKOFF_S = 30.0
-_clients: dict[int, httpx.AsyncClient] = {}
+_ATTEMPT_S = 120.0  # the original's ClientTimeout(total=120)
+# Keyed by the loop itself, weakly: an id() of a closed loop can be reused by a new one, which then got a client
+# whose pooled connections belong to the dead loop.
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
 
 
 def _client() -> httpx.AsyncClient:
     # An AsyncClient is bound to the loop it first ran on; keep one per loop.
-    key = id(asyncio.get_running_loop())
-    client = _clients.get(key)
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
     if client is None or client.is_closed:
         client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64), timeout=httpx.Timeout(120.0)
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+            timeout=httpx.Timeout(_ATTEMPT_S),
+            trust_env=False,
         )
-        _clients[key] = client
+        _clients[loop] = client
     return client
 
 
@@ -46,17 +57,20 @@ async def remote_reward(
 
     Raises:
         ValueError: if `url` is empty.
-        httpx.HTTPError: the last error after `max_retries` failed attempts.
+        httpx.HTTPError | TimeoutError: the last error after `max_retries` failed attempts (TimeoutError: an attempt
+            took more than 120 s).
     """
     if not url:
         raise ValueError("--rm-type remote_rm needs --rm-url")
     delay = base_delay_s
     for attempt in range(1, max_retries + 1):
         try:
-            response = await _client().post(url, json=payload)
+            # httpx's timeout is per phase (a reply trickling in could take far longer): bound the attempt too.
+            async with asyncio.timeout(_ATTEMPT_S):
+                response = await _client().post(url, json=payload)
             response.raise_for_status()
             return response.json()
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, TimeoutError) as e:
             if attempt == max_retries:
                 raise
             logger.warning(

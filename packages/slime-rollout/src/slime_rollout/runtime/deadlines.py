@@ -47,6 +47,7 @@ __all__ = [
     "PluginExit",
     "await_with_deadline",
     "call_plugin_with_deadline",
+    "call_in_thread_with_deadline",
     "call_plugin_with_deadline_sync",
     "plugin_bounds",
     "rollout_function_bounds",
@@ -270,6 +271,58 @@ def call_plugin_with_deadline_sync(
     """
     bounds = {"what": what, "deadline_s": deadline_s, "flag": flag, "warn_every_s": warn_every_s}
     return async_utils.run(call_plugin_with_deadline(fn, *args, **bounds, **kwargs))
+
+
+def call_in_thread_with_deadline(
+    fn: Callable[..., Any], *args: Any, what: str, deadline_s: float, flag: str, warn_every_s: float, **kwargs: Any
+) -> Any:
+    """Calls `fn` in a daemon thread and waits for it from this thread, without the rollout loop.
+
+    For user code that may itself hold the rollout loop (the fully-async producer's state is saved on the loop, in
+    one step with the data source's `save`): `call_plugin_with_deadline_sync` keeps its timers on that loop, so
+    they would not fire while it is held. Past the deadline the thread is abandoned; the caller fails the run.
+
+    Args:
+        fn: the user code (a plain callable; what it returns is returned as is).
+        *args: its positional arguments.
+        what: names it (flag and import path) in messages.
+        deadline_s: seconds the call may take.
+        flag: the flag that sets the deadline.
+        warn_every_s: seconds between "still running" warnings.
+        **kwargs: its keyword arguments.
+
+    Raises:
+        DeadlineExceeded: the call ran past `deadline_s`.
+        PluginExit: it raised `SystemExit` or another non-`Exception` `BaseException`.
+        Exception: what it raised, with a note `(raised by <what>)`.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, which raises it
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name=f"plugin: {what}"[:60], daemon=True)
+    start = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        elapsed = time.monotonic() - start
+        if elapsed >= deadline_s:
+            raise DeadlineExceeded(f"{what} did not finish within {deadline_s:g} s ({flag})")
+        thread.join(min(warn_every_s, deadline_s - elapsed))
+        if thread.is_alive() and time.monotonic() - start < deadline_s:
+            logger.warning("%s still running after %.0f s (deadline %s, %s)", what, time.monotonic() - start,
+                           _shown(deadline_s), flag)  # fmt: skip
+    error = outcome.get("error")
+    if isinstance(error, Exception):
+        if not any(str(n).startswith("(raised by ") for n in getattr(error, "__notes__", ())):
+            error.add_note(f"(raised by {what})")
+        raise error
+    if error is not None:
+        raise PluginExit(f"{type(error).__name__}: {error}") from error
+    return outcome.get("value")
 
 
 def rollout_function_bounds(args: Any) -> dict[str, Any]:

@@ -80,10 +80,19 @@ def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
     if not path.exists():
         raise FileNotFoundError(f"--load-debug-rollout-data: no dump for rollout {rollout_id} at {path}")
     # Dumps hold only builtin types (Sample.to_dict), so the safe loader suffices.
-    data = torch.load(path, weights_only=True)
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle/zip errors of a truncated or foreign file: one line naming it
+        raise ValueError(
+            f"--load-debug-rollout-data: {path} is not a rollout dump torch can read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else e!r})"
+        ) from None
     if not isinstance(data, dict) or "samples" not in data:
-        raise ValueError(f"{path}: not a rollout dump (expected a dict with 'samples')")
-    samples = [Sample.from_dict(d) for d in data["samples"]]
+        raise ValueError(f"--load-debug-rollout-data: {path} is not a rollout dump (expected a dict with 'samples')")
+    try:
+        samples = [Sample.from_dict(d) for d in data["samples"]]
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"--load-debug-rollout-data: {path}: a sample does not read back ({e})") from None
     fraction = cfg.load_debug_rollout_data_subsample
     if fraction:
         keep = max(int(len(samples) * fraction) // 2, 1)

@@ -13,9 +13,13 @@ from slime_rollout.engines.launch.common import PortTaken, needs_weights_backup
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
+    from slime_core.registry import Problem
     from slime_rollout.engines.process import EngineProcess
 
-__all__ = ["ReferenceKind", "build_reference_command"]
+__all__ = ["ReferenceKind", "build_reference_command", "preflight"]
+
+# The --sglang-* flags a reference engine reads (`build_reference_command`); it ignores the others.
+_READ_SGLANG_FLAGS = frozenset({"dtype", "max_running_requests", "num_threads"})
 
 
 def build_reference_command(
@@ -60,6 +64,28 @@ def build_reference_command(
     if cfg.use_rollout_routing_replay:
         cmd.append("--enable-return-routed-experts")  # as SGLang's engines of the run
     return cmd
+
+
+def preflight(cfg: SlimeArgs) -> list[Problem]:
+    """A note naming the `--sglang-*` flags the reference engines of this run do not read (they passed silently).
+
+    Returns:
+        One note, or none when every flag is read or the engines are not started here (`--rollout-engine-urls`).
+    """
+    from slime_core.registry import Problem
+
+    if cfg.rollout_engine_urls or cfg.debug_train_only:
+        return []
+    names = {k: k.replace("-", "_").removeprefix("sglang_") for k in cfg.sglang_args}
+    ignored = sorted(name for name in names.values() if name not in _READ_SGLANG_FLAGS)
+    if not ignored:
+        return []
+    flags = " ".join(f"--sglang-{name.replace('_', '-')}" for name in ignored)
+    return [Problem(
+        message=f"the CPU reference engines read only --sglang-dtype, --sglang-max-running-requests and "
+        f"--sglang-num-threads; these have no effect in this run (SGLang engines read them): {flags}",
+        severity="note",
+    )]  # fmt: skip
 
 
 class ReferenceKind:
