@@ -52,7 +52,7 @@ def _max_err(got, expected) -> float:
     return max(float((x.double() - y).abs().max()) for x, y in zip(got, expected, strict=True))
 
 
-@pytest.mark.parametrize("head", ["fp32", "tf32", "fp32out", "bf16"])
+@pytest.mark.parametrize("head", ["fp32", "tf32", "fp32out", "fused", "bf16"])
 def test_fp32_inputs_match_fp64_reference(head):
     inputs = _inputs()
     assert _max_err(_run(head, *inputs), _reference(*inputs)) <= TOL
@@ -116,7 +116,7 @@ def test_no_grad_and_empty_and_without_entropy():
         logp, ent = head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=4, with_entropy=False,
                                    head="bf16")  # fmt: skip
     assert logp.shape == (R,) and ent.numel() == 0
-    for head in ("fp32", "tf32", "bf16"):
+    for head in ("fp32", "tf32", "fused", "bf16"):
         logp, ent = head_log_probs(hidden[:0], weight, targets[:0], temperature=1.0, chunk_size=4,
                                    with_entropy=True, head=head)  # fmt: skip
         assert logp.shape == (0,) and ent.shape == (0,) and logp.dtype == torch.float32
@@ -126,7 +126,8 @@ def test_unknown_head_and_defaults():
     hidden, weight, targets, _, _ = _inputs()
     with pytest.raises(KeyError, match="known"):
         head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=4, with_entropy=False, head="fp8")
-    assert default_head(torch.device("cpu")) == "fp32" and set(HEADS) == {"fp32", "tf32", "fp32out", "bf16", "liger"}
+    assert default_head(torch.device("cpu")) == "fp32"
+    assert set(HEADS) == {"fp32", "tf32", "fp32out", "fused", "bf16", "liger"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel is installed")
@@ -147,7 +148,7 @@ def _random_kept(seed: int = 1):
     return KeptTokens.from_offsets([ids], [offsets]), nuclei
 
 
-@pytest.mark.parametrize("head", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("head", ["fp32", "tf32", "fused", "bf16"])  # fused: through the fp32out path
 @pytest.mark.parametrize("chunk_size", [5, 64])
 def test_top_p_replay_matches_a_dense_reference(head, chunk_size):
     # log p = z[y] - logsumexp over (kept ids ∪ {y}); entropy stays that of the full softmax (as the original).

@@ -1,4 +1,4 @@
-"""The log-prob/entropy head: `lm_head` + fp32 log-softmax at the response positions, four ways.
+"""The log-prob/entropy head: `lm_head` + fp32 log-softmax at the response positions, six ways.
 
 Given the decoder's final hidden states at the `R` positions that predict response tokens, the head returns
 each target's log-probability under `softmax(h W^T / T)` and, optionally, the entropy of that distribution.
@@ -14,12 +14,16 @@ Heads (`--log-probs-head`):
   out_dtype=torch.float32)`), backward in the compute dtype. The operands are bf16 values already (hidden states
   and the FSDP-gathered weight), so the logits are those of `fp32`/`tf32` up to summation order, at twice TF32's
   rate. On CPU (no such kernel) the same product runs in fp32.
+- `fused` (`fused_head.py`): the `fp32out` matmul and numbers, with one forward stats function and a hand-written
+  backward (one elementwise function writing the logits' gradient in the compute dtype) instead of autograd
+  over ~12 eager passes, compiled on CUDA; only `h`, `W` and `[c]` vectors are kept per chunk. With top-p replay
+  (`kept`) it runs the `fp32out` path.
 - `bf16`: matmul in the compute dtype (bf16 under FSDP mixed precision), fp32 softmax math on the chunk's
   logits. Error ~1e-2 in log-prob on qwen3 shapes: bf16 logits carry 8 mantissa bits.
 - `liger`: liger-kernel's fused linear cross-entropy with `reduction="none"` (per-token `-log p`) on `h / T`;
   optional dependency, CUDA only; the entropy, when asked for, comes from the `bf16` chunk path.
 
-Every head but `liger` turns a chunk's logits into log-probs and entropy with slime_core's
+Every head but `liger` and `fused` turns a chunk's logits into log-probs and entropy with slime_core's
 `log_probs_and_entropy_from_logits`, which subtracts the row max before the temperature and the softmax, so
 large logits neither overflow nor cancel.
 
@@ -36,6 +40,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from slime_core.algorithms import KeptTokens, log_probs_and_entropy_from_logits
+from slime_train_fsdp.fused_head import fused_log_probs
 
 __all__ = ["DEFAULT_CPU_HEAD", "DEFAULT_CUDA_HEAD", "HEADS", "default_head", "head_log_probs"]
 
@@ -181,11 +186,18 @@ def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=
     return -nll.float(), ent
 
 
+def _fused(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None):
+    if kept is not None:  # top-p replay restricts the softmax per row: the autograd path of `fp32out` does that
+        return _chunked(_chunk_fp32out, hidden, weight, targets, temperature, chunk_size, with_entropy, kept)
+    return fused_log_probs(hidden, weight, targets, temperature, chunk_size, with_entropy)
+
+
 HEADS: dict[str, Callable] = {
     "fp32": lambda *a: _chunked(_chunk_fp32, *a),
     "tf32": lambda *a: _chunked(_chunk_tf32, *a),
     "fp32out": lambda *a: _chunked(_chunk_fp32out, *a),
     "bf16": lambda *a: _chunked(_chunk_bf16, *a),
+    "fused": _fused,
     "liger": _liger,
 }
 

@@ -36,6 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 from slime_core.config import SlimeArgs
 from slime_core.hf_names import is_vision_tower_param, to_module_name
 from slime_core.moe_experts import fuse_experts
+from slime_train_fsdp import fused_head
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
@@ -85,6 +86,8 @@ def _attn_implementation(cfg: SlimeArgs, device: torch.device) -> str:
 def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_language: bool) -> ForwardOptions:
     """The log-prob head and, with `--context-parallel-size C > 1`, this rank's CP group (collective).
 
+    The `fused` head compiles its elementwise functions exactly when the decoder layers are compiled.
+
     Raises:
         ValueError: unknown head; a CP size that does not divide the world; CP with an attention
             implementation other than `slime_varlen`/`slime_flex`, or with a vision-language model.
@@ -92,6 +95,8 @@ def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_lan
     head = cfg.log_probs_head or default_head(device)
     if head not in HEADS:
         raise ValueError(f"--log-probs-head {head!r}: known heads are {sorted(HEADS)}")
+    if head == "fused":
+        fused_head.set_compile(compiles_layers(cfg, device))
     cp = cfg.context_parallel_size
     if cp == 1:
         return ForwardOptions(head=head, vision_language=vision_language, true_on_policy=cfg.true_on_policy_mode)

@@ -168,11 +168,12 @@ class FsdpArgs(ArgsGroup):
         "Attention for packed micro-batches: slime_varlen (flash varlen, no mask; the GPU default), slime_flex "
         "(compiled flex_attention), sdpa (dense block mask; the CPU default), eager, flash_attention_2; auto: default.",
     )
-    log_probs_head: Literal["fp32", "tf32", "fp32out", "bf16", "liger"] | None = arg(
+    log_probs_head: Literal["fp32", "tf32", "fp32out", "fused", "bf16", "liger"] | None = arg(
         None,
         "lm_head + log-softmax of the log-probs/entropy: fp32out (bf16 tensor cores, fp32 accumulation and logits; "
-        "GPU default), fp32 (exact; CPU default), tf32, bf16 (bf16 matmul and logits, fp32 softmax), liger "
-        "(liger-kernel fused linear cross-entropy, optional dependency).",
+        "GPU default), fp32 (exact; CPU default), tf32, fused (fp32out's numbers with a compiled stats function and "
+        "a hand-written backward), bf16 (bf16 matmul and logits, fp32 softmax), liger (liger-kernel fused linear "
+        "cross-entropy, optional dependency).",
     )
     fsdp_compile_layers: bool | None = arg(
         None,

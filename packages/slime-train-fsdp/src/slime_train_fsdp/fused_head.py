@@ -1,0 +1,187 @@
+"""The `fused` log-prob head: `lm_head` matmul + log-softmax/entropy with a hand-written backward.
+
+The `fp32out` head computes the same numbers through autograd: per chunk, ~12 eager passes over the fp32
+`[c, V]` logits forward (shift, divide, logsumexp, gather, exp, product, sum), a checkpointed recompute of all
+of them, and ~25 more passes differentiating them op by op (issue 26's profile of the qwen3-0.6b e2e train
+phase: 688 ms of elementwise kernels and 409 ms of copies/casts against 471 ms of GEMMs per `train()`).
+
+Here each chunk is one `torch.autograd.Function`:
+
+- forward: `logits = h W^T` `[c, V]` fp32 (bf16 tensor cores with fp32 accumulation and output on CUDA, as
+  `fp32out`), then one stats function gives the row max `m`, `lse = logsumexp(z)`, `log p(target) = z[t] - lse`
+  and the entropy `H = lse - Σ_v p_v z_v` with `z = (logits - m) / T`. Only `h`, `W`, the targets and the `[c]`
+  vectors `m`, `lse`, `H` are saved; the logits are dropped.
+- backward: the logits again from the matmul, then one elementwise function writes, in the operands' dtype,
+  `grad_logits = (g_logp (onehot(t) - p) - g_H p (log p + H)) / T`, followed by `grad_h = grad_logits W` and
+  `grad_W = grad_logits^T h`. The entropy term is `dH/dz_j = -p_j (log p_j + H)` for `H = -Σ p log p` and
+  `p = softmax(z)`; `dz/dlogits = 1/T`.
+
+Both functions are plain torch code compiled with `torch.compile(dynamic=True)` on CUDA (inductor fuses each
+into one or two reduction kernels) and run eagerly on CPU or when compilation is off (`set_compile`, which the
+FSDP backend sets from `--fsdp-compile-layers`' resolved value).
+
+Numerics follow slime_core's `log_probs_and_entropy_from_logits`: the row max is subtracted before the
+temperature, so nothing overflows for finite logits; a column whose distance to the max overflows fp32 is -inf
+in `z`, has `p = 0`, and is clamped to the fp32 minimum wherever it is multiplied, so `0 * -inf` never makes NaN.
+
+Legend: `c` = chunk rows, `H` = hidden size, `V` = vocab size, `T` = temperature.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+__all__ = ["fused_log_probs", "set_compile"]
+
+logger = logging.getLogger(__name__)
+
+_FP32_MIN = torch.finfo(torch.float32).min
+_compile_on_cuda = True  # see set_compile
+
+
+def set_compile(enabled: bool) -> None:
+    """Whether the fused head's two elementwise functions run compiled on CUDA (default True; CPU is always eager).
+
+    The FSDP backend calls this with `--fsdp-compile-layers`' resolved value, so a run that compiles nothing
+    (`--fsdp-compile-layers false`) does not compile the head either.
+    """
+    global _compile_on_cuda
+    _compile_on_cuda = bool(enabled)
+
+
+def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """`(log p(target) [c], m [c], lse [c], H [c] or [0])` from fp32 logits `[c, V]` (see the module docstring)."""
+    m = logits.amax(dim=-1)  # [c]
+    z = (logits - m[:, None]) / temperature  # [c, V], ≤ 0; inductor keeps it in registers
+    lse = torch.logsumexp(z, dim=-1)  # [c]
+    picked = (logits.gather(-1, targets[:, None])[:, 0] - m) / temperature
+    if not with_entropy:
+        return picked - lse, m, lse, lse.new_zeros(0)
+    p = torch.exp(z - lse[:, None])
+    # -inf columns have p = 0; the clamp turns 0 * -inf (NaN) into 0.
+    entropy = lse - (p * z.clamp(min=_FP32_MIN)).sum(-1)
+    return picked - lse, m, lse, entropy
+
+
+def _grad_logits(logits, targets, m, lse, entropy, g_logp, g_entropy, temperature: float, out_dtype: torch.dtype):
+    """`[c, V]` gradient of `Σ g_logp·logp + Σ g_entropy·H` wrt the logits, in `out_dtype`.
+
+    `g_logp`/`g_entropy` `[c]` fp32 or None (no gradient through that output); `entropy` is only read with
+    `g_entropy`.
+    """
+    log_p = ((logits - m[:, None]) / temperature).clamp(min=_FP32_MIN) - lse[:, None]  # [c, V], finite
+    p = torch.exp(log_p)
+    grad = None
+    if g_logp is not None:
+        onehot = torch.arange(logits.shape[-1], device=logits.device)[None, :] == targets[:, None]
+        grad = g_logp[:, None] * (onehot.to(p.dtype) - p)
+    if g_entropy is not None:
+        ent_term = g_entropy[:, None] * p * (log_p + entropy[:, None])
+        grad = -ent_term if grad is None else grad - ent_term
+    assert grad is not None, "called without a cotangent"
+    return (grad / temperature).to(out_dtype)
+
+
+@functools.cache
+def _compiled(fn):
+    """`fn` under `torch.compile(dynamic=True)`, built once per function (chunk rows vary, `V` does not)."""
+    return torch.compile(fn, dynamic=True)
+
+
+def _maybe_compiled(fn, device: torch.device):
+    return _compiled(fn) if device.type == "cuda" and _compile_on_cuda else fn
+
+
+def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`h @ w^T` `[c, V]` fp32, as the `fp32out` head: fp32 accumulation and output from bf16 tensor cores."""
+    if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(h, w.t(), out_dtype=torch.float32)
+    return h.float() @ w.float().t()  # exact for bf16 operands: the reference of the CUDA kernel
+
+
+class _FusedChunk(torch.autograd.Function):
+    """One chunk: `(h [c, H], w [V, H], targets [c])` -> `(log p [c] fp32, entropy [c] fp32 or [0])`."""
+
+    @staticmethod
+    def forward(ctx, h, w, targets, temperature: float, with_entropy: bool):
+        ctx.temperature, ctx.with_entropy = temperature, with_entropy
+        if h.shape[0] == 0:  # nothing to compute (and no zero-row graph to compile)
+            empty = h.new_zeros(0, dtype=torch.float32)
+            ctx.save_for_backward(h, w, targets, empty, empty, empty)
+            return empty.clone(), empty.clone()
+        stats = _maybe_compiled(_stats, h.device)
+        logp, m, lse, entropy = stats(_logits(h, w), targets, temperature, with_entropy)
+        ctx.save_for_backward(h, w, targets, m, lse, entropy)
+        ctx.set_materialize_grads(False)  # a None cotangent skips its term instead of multiplying zeros
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_entropy):
+        h, w, targets, m, lse, entropy = ctx.saved_tensors
+        if not ctx.with_entropy:  # the [0] entropy output carries no gradient
+            g_entropy = None
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if (g_logp is None and g_entropy is None) or not (need_h or need_w):
+            return None, None, None, None, None
+        if h.shape[0] == 0:
+            return torch.zeros_like(h) if need_h else None, torch.zeros_like(w) if need_w else None, None, None, None
+        grad_fn = _maybe_compiled(_grad_logits, h.device)
+        g = grad_fn(_logits(h, w), targets, m, lse, entropy, None if g_logp is None else g_logp.float(),
+                    None if g_entropy is None else g_entropy.float(), ctx.temperature, h.dtype)  # fmt: skip
+        grad_h = g @ w.to(h.dtype) if need_h else None
+        grad_w = (g.t() @ h).to(w.dtype) if need_w else None
+        return grad_h, grad_w, None, None, None
+
+
+def fused_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Response log-probs (and entropy) through the fused head, `chunk_size` rows at a time.
+
+    Same values as the `fp32out` head (fp32 logits from the compute-dtype operands, fp32 softmax math) to
+    ~1e-6; gradients wrt `hidden` and `weight` in their dtypes. No top-p replay: `head_log_probs` sends calls
+    with `kept` to `fp32out`.
+
+    Args:
+        hidden: `[R, H]` final hidden states (compute dtype: bf16 under FSDP on GPU, fp32 on CPU).
+        weight: `[V, H]` `lm_head` weight; cast to `hidden`'s dtype (differentiably) once.
+        targets: `[R]` int64 token ids in `[0, V)`.
+        temperature: `--rollout-temperature` (> 0).
+        chunk_size: rows per chunk (> 0); one `[chunk_size, V]` fp32 logits tensor is alive at a time.
+        with_entropy: also return the entropy (otherwise no entropy work is done).
+
+    Returns:
+        (`[R]` fp32 natural-log probabilities, `[R]` fp32 entropies in nats or `[0]`).
+
+    Raises:
+        ValueError: a non-positive temperature or chunk size, or mismatched shapes.
+    """
+    if not temperature > 0:
+        raise ValueError(f"--rollout-temperature must be > 0 for the log-prob head, got {temperature}")
+    if chunk_size <= 0:
+        raise ValueError(f"--log-probs-chunk-size must be positive, got {chunk_size}")
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"fused head: hidden [R, H] and weight [V, H] expected, got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")  # fmt: skip
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"fused head: targets must be [R]={tuple(hidden.shape[:1])}, got {tuple(targets.shape)}")
+    w = weight.to(hidden.dtype)
+    targets = targets.long()
+    logps, ents = [], []
+    for start in range(0, int(targets.numel()), chunk_size):
+        end = start + chunk_size
+        lp, ent = _FusedChunk.apply(hidden[start:end], w, targets[start:end], float(temperature), with_entropy)
+        logps.append(lp)
+        ents.append(ent)
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logps), torch.cat(ents)
