@@ -156,6 +156,46 @@ def test_a_reward_post_process_that_never_returns_fails_naming_it():
     )
 
 
+POST_PROCESS_CALLS = []
+
+
+def counting_post_process(args, samples):
+    """A stateful plugin: rewards are 10x the raw ones plus the number of earlier calls."""
+    POST_PROCESS_CALLS.append([s.index for s in samples])
+    raw = [s.reward for s in samples]
+    return raw, [10.0 * r + len(POST_PROCESS_CALLS) - 1 for r in raw]
+
+
+@pytest.mark.parametrize("debug_rollout_only", [False, True])
+def test_the_reward_post_process_runs_once_per_rollout_and_its_output_is_the_metric(debug_rollout_only):
+    from slime_app.rollout_manager import rollout_batches
+    from slime_core.config import PluginArgs
+    from slime_core.sample import Sample
+    from slime_rollout.runtime.metrics import compute_rollout_metrics
+
+    POST_PROCESS_CALLS.clear()
+    plugin = f"{__name__}.counting_post_process"
+    sizes = ["--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--global-batch-size", "2"]
+    cfg = parse_args([*BASE, "--custom-reward-post-process-path", plugin, *sizes])
+    group = [
+        Sample(index=i, group_index=0, tokens=[1, 2], response_length=1, reward=r, loss_mask=[1])
+        for i, r in ((1, 0.0), (0, 1.0))
+    ]
+    # The rollout function's metrics, then the batches: was two calls (the metric's bounded only by the rollout's
+    # deadline), a stateful plugin saw a different rollout each time.
+    metrics = compute_rollout_metrics(cfg, [group], rollout_time=1.0)
+    assert "rollout/rewards" not in metrics and metrics["rollout/raw_reward"] == 0.5
+    batches, reward_metrics = rollout_batches(
+        PluginArgs.from_config(cfg), list(group), dp_size=1, rollout_id=0, build=not debug_rollout_only
+    )
+    assert POST_PROCESS_CALLS == [[0, 1]]  # once, in the training order
+    assert reward_metrics == {"rollout/rewards": 5.0}  # mean of [10.0, 0.0]
+    if debug_rollout_only:
+        assert batches == []
+    else:
+        assert batches[0].rewards == [10.0, 0.0] and batches[0].raw_rewards == [1.0, 0.0]
+
+
 @pytest.mark.parametrize(
     ("flags", "saver"),
     [

@@ -215,6 +215,15 @@ def test_custom_reward_post_process_values_must_be_finite_numbers(plugin_module)
         postprocess_rewards(_args(custom_reward_post_process_path=f"{plugin_module}.short"), samples)
 
 
+def test_precomputed_rewards_are_trained_on_in_index_order_and_their_length_is_checked():
+    # The rollout manager calls the post-process plugin once and hands its output to build_rollout_batches.
+    samples = _samples([1.0, 0.0])[::-1]  # indices 1, 0: the rewards follow sorted_by_index(samples)
+    (b,) = build_rollout_batches(_args(global_batch_size=2), samples, dp_size=1, rewards=([5.0, 6.0], [7.0, 8.0]))
+    assert (b.sample_indices, b.raw_rewards, b.rewards) == ([0, 1], [5.0, 6.0], [7.0, 8.0])
+    with pytest.raises(ValueError, match="1 raw rewards and 2 rewards for 2 samples"):
+        build_rollout_batches(_args(global_batch_size=2), samples, dp_size=1, rewards=([5.0], [7.0, 8.0]))
+
+
 # ---- loss denominators -----------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import statistics
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -35,34 +36,40 @@ def _flatten(groups: list[Any]) -> list[Any]:
     return out
 
 
-def rollout_batches(args: Any, samples: list[Any], *, dp_size: int, rollout_id: int) -> list[Any]:
-    """`slime_core.train_data.build_rollout_batches`, bounded by `--plugin-timeout-secs` when it runs a plugin.
+def rollout_batches(
+    args: Any, samples: list[Any], *, dp_size: int, rollout_id: int, build: bool = True
+) -> tuple[list[Any], dict[str, float]]:
+    """`slime_core.train_data.build_rollout_batches`, with `--custom-reward-post-process-path` called once.
 
-    With `--custom-reward-post-process-path` it calls user code, which ran with no deadline: one that never returned
-    stalled the run after the rollout with no word. It then runs in a worker thread under the plugin deadline.
+    The plugin is user code: it runs once per rollout in a worker thread under `--plugin-timeout-secs` (one that never
+    returned stalled the run after the rollout with no word), and `rollout/rewards` is the mean of the rewards it
+    returned (the rollout's metrics leave that one out, so a stateful plugin sees one call per rollout, not two).
 
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`).
         samples: the rollout's samples, flat.
         dp_size: data-parallel ranks of the trainer.
         rollout_id: named in the deadline's message.
+        build: False (`--debug-rollout-only`): no batches, only the plugin's metric.
 
     Returns:
-        One `RolloutBatch` per data-parallel rank.
+        One `RolloutBatch` per data-parallel rank (none when `build` is False), and `{"rollout/rewards": mean}` when
+        the plugin ran (else empty).
 
     Raises:
         DeadlineExceeded: the plugin ran past `--plugin-timeout-secs` (names it and the rollout).
     """
-    from slime_core.train_data import build_rollout_batches
+    from slime_core.train_data import build_rollout_batches, postprocess_rewards, sorted_by_index
     from slime_rollout.runtime.deadlines import call_plugin_with_deadline_sync, plugin_bounds
 
     path = args.custom_reward_post_process_path
-    if not path:
-        return build_rollout_batches(args, samples, dp_size=dp_size)
+    if not path or not samples:
+        return (build_rollout_batches(args, samples, dp_size=dp_size) if build else []), {}
+    ordered = sorted_by_index(samples)  # the order build_rollout_batches trains in
     what = f"--custom-reward-post-process-path {path} (rollout {rollout_id})"
-    return call_plugin_with_deadline_sync(
-        build_rollout_batches, args, samples, dp_size=dp_size, what=what, **plugin_bounds(args)
-    )
+    rewards = call_plugin_with_deadline_sync(postprocess_rewards, args, ordered, what=what, **plugin_bounds(args))
+    metrics = {"rollout/rewards": statistics.fmean(rewards[1])}
+    return (build_rollout_batches(args, ordered, dp_size=dp_size, rewards=rewards) if build else []), metrics
 
 
 def _data_source_call(args: Any, fn: Any, *fn_args: Any, what: str) -> Any:
@@ -293,11 +300,15 @@ class RolloutManager:
             metrics.update(self._check_chat_template(samples))
         if self.supervisor is not None:
             metrics.update(self.supervisor.metrics())
-        if self.cfg.debug_rollout_only:
-            return [], metrics
         t0 = time.perf_counter()
         # The plugin view, not the bare config: --custom-reward-post-process-path is a plugin too.
-        batches = rollout_batches(args, samples, dp_size=dp_size_of(self.cfg), rollout_id=rollout_id)
+        build = not self.cfg.debug_rollout_only
+        batches, reward_metrics = rollout_batches(
+            args, samples, dp_size=dp_size_of(self.cfg), rollout_id=rollout_id, build=build
+        )
+        metrics.update(reward_metrics)
+        if not build:
+            return [], metrics
         metrics["perf/data_preprocess_time"] = time.perf_counter() - t0
         metrics.update(goodput_fates(samples, batches, metrics))
         return [ray.put(b) for b in batches], metrics

@@ -30,6 +30,7 @@ __all__ = [
     "postprocess_rewards",
     "reward_groups",
     "rollout_keys",
+    "sorted_by_index",
 ]
 
 logger = logging.getLogger(__name__)
@@ -256,7 +257,12 @@ def _teacher_log_probs(cfg: SlimeArgs, samples: Sequence[Sample]) -> list[torch.
     return [torch.as_tensor(s.teacher_log_probs, dtype=torch.float32).reshape(-1).clone() for s in samples]
 
 
-def _sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
+def sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples in increasing `Sample.index` order (a rollout's training order); unchanged without indices.
+
+    Raises:
+        ValueError: some samples have an index and some do not.
+    """
     has_index = [s.index is not None for s in samples]
     if all(has_index):
         return sorted(samples, key=lambda s: s.index)  # type: ignore[arg-type, return-value]
@@ -320,7 +326,13 @@ def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
     return ids, offsets
 
 
-def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size: int) -> list[RolloutBatch]:
+def build_rollout_batches(
+    cfg: SlimeArgs,
+    samples: Sequence[Sample],
+    *,
+    dp_size: int,
+    rewards: tuple[Sequence[float], Sequence[float]] | None = None,
+) -> list[RolloutBatch]:
     """Turns one rollout's samples into one `RolloutBatch` per data-parallel rank.
 
     Steps: sort by `Sample.index`; `postprocess_rewards`; training masks (`remove_sample` zeroes);
@@ -337,6 +349,9 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
             `context_parallel_size` (1 unless `--train-backend megatron`).
         samples: the rollout's samples, any order.
         dp_size: number of data-parallel ranks.
+        rewards: `(raw_rewards, rewards)` already computed by `postprocess_rewards(cfg, sorted_by_index(samples))`,
+            so a `--custom-reward-post-process-path` plugin runs once per rollout (the caller also logs its
+            output); None: computed here.
 
     Returns:
         `dp_size` batches; batch r holds rank r's samples in increasing `Sample.index` order, its
@@ -346,19 +361,25 @@ def build_rollout_batches(cfg: SlimeArgs, samples: Sequence[Sample], *, dp_size:
         ValueError: on empty input, mixed presence of `index` or of `rollout_log_probs` (a sample without
             trainable tokens may lack them: it gets zeros), inconsistent sample lengths, missing or misaligned
             routes with `--use-rollout-routing-replay` (`_routed_experts`), a sample that sets an
-            original field this version cannot train with (`Sample.unsupported_fields`), or any error of
-            `postprocess_rewards` / `build_schedule`.
+            original field this version cannot train with (`Sample.unsupported_fields`), `rewards` lists whose
+            lengths are not the number of samples, or any error of `postprocess_rewards` / `build_schedule`.
     """
     if not samples:
         raise ValueError("build_rollout_batches: no samples")
-    ordered = _sorted_by_index(samples)
+    ordered = sorted_by_index(samples)
     for s in ordered:
         s.validate()
         if unsupported := s.unsupported_fields():
             raise ValueError(
                 f"sample {s.index} sets {', '.join(unsupported)}: not implemented in this version; leave it None"
             )
-    raw, rewards = postprocess_rewards(cfg, ordered)
+    if rewards is None:
+        raw, rewards = postprocess_rewards(cfg, ordered)
+    elif {len(rewards[0]), len(rewards[1])} != {len(ordered)}:
+        lengths = f"{len(rewards[0])} raw rewards and {len(rewards[1])} rewards"
+        raise ValueError(f"build_rollout_batches: {lengths} for {len(ordered)} samples")
+    else:
+        raw, rewards = list(rewards[0]), list(rewards[1])
     raw = [float(s.metadata.get("raw_reward", r)) for s, r in zip(ordered, raw, strict=True)]
     masks = [_loss_mask(s) for s in ordered]
     denominators = loss_denominators(ordered)

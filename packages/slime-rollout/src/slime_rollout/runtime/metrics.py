@@ -87,7 +87,8 @@ def compute_rollout_metrics(
     Args:
         cfg: run config; reads `reward_key`, `rollout_num_gpus` (the `perf/*_per_gpu_*` divisor, at least 1),
             `log_passrate`, `log_reward_category`, and for `rollout/rewards` the reward-normalization flags used
-            by `slime_core.train_data.postprocess_rewards`.
+            by `slime_core.train_data.postprocess_rewards`; with `custom_reward_post_process_path` set,
+            `rollout/rewards` is left to the caller that runs that plugin (it must run once per rollout).
         groups: the accepted groups.
         rollout_time: wall-clock seconds of the rollout.
         drop_counts: groups dropped by the dynamic filter, per reason.
@@ -106,7 +107,9 @@ def compute_rollout_metrics(
     if scored:
         raw = [reward_value(s, reward_key) for s in scored]
         metrics["rollout/raw_reward"] = statistics.fmean(raw)
-        if len(scored) == len(samples):
+        # A --custom-reward-post-process-path plugin runs once per rollout, where the batches are built
+        # (slime_app.rollout_manager.rollout_batches), which logs `rollout/rewards` from that one call.
+        if len(scored) == len(samples) and not cfg.custom_reward_post_process_path:
             metrics["rollout/rewards"] = statistics.fmean(postprocess_rewards(cfg, samples)[1])
         zero_std = collections.Counter()
         for group in groups:
