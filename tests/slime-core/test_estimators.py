@@ -128,3 +128,49 @@ def test_the_config_imports_without_torch():
     """The registry is torch-free: parsing a config (e.g. for --help) does not import torch."""
     code = "import sys, slime_core.config; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+@pytest.mark.parametrize(
+    ("estimator", "flags", "warning"),
+    [
+        # The original's launch scripts pass the defaults with GRPO: silent.
+        ("grpo", {"gamma": 1.0, "lambd": 1.0}, None),
+        (
+            "grpo",
+            {"gamma": 0.9, "lambd": 0.95},
+            "--gamma 0.9, --lambd 0.95: no effect with --advantage-estimator grpo, which does not read them "
+            "(--gamma is read by reinforce_plus_plus, ppo; --lambd is read by ppo)",
+        ),
+        (
+            "reinforce_plus_plus_baseline",
+            {"gamma": 0.9, "normalize_advantages": True},
+            "--gamma 0.9: no effect with --advantage-estimator reinforce_plus_plus_baseline, which does not read it "
+            "(--gamma is read by reinforce_plus_plus, ppo)",
+        ),
+        (
+            "reinforce_plus_plus",  # discounts with --gamma, has no GAE
+            {"gamma": 0.9, "lambd": 0.5, "normalize_advantages": True},
+            "--lambd 0.5: no effect with --advantage-estimator reinforce_plus_plus, which does not read it "
+            "(--lambd is read by ppo)",
+        ),
+        ("ppo", {"gamma": 0.9, "lambd": 0.5}, None),
+        # A custom advantage function gets `args` and may read them.
+        ("grpo", {"gamma": 0.9, "custom_advantage_function_path": "my.adv"}, None),
+    ],
+)
+def test_gamma_and_lambd_an_estimator_does_not_read_warn_once_in_one_line(
+    monkeypatch, caplog, estimator, flags, warning
+):
+    from slime_core.config import base as config_base
+
+    monkeypatch.setattr(config_base, "_WARNED", set())
+    with caplog.at_level("WARNING"):
+        for _ in range(2):  # re-validated in every worker: once per process
+            SlimeArgs.from_dict({**BASE, "advantage_estimator": estimator, **flags})
+    lines = [r.getMessage() for r in caplog.records if "no effect with --advantage-estimator" in r.getMessage()]
+    assert lines == ([warning] if warning else [])
+
+
+def test_a_spec_reads_only_known_estimator_flags():
+    with pytest.raises(ValueError, match=r"estimator 'x': reads \['gama'\], not among \('gamma', 'lambd'\)"):
+        EstimatorSpec(name="x", advantages=_advantages, rewards="none", reads=("gama",))

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ESTIMATORS",
+    "ESTIMATOR_FLAGS",
     "EstimatorRegistry",
     "EstimatorSpec",
     "RewardNormalization",
@@ -48,6 +49,10 @@ RewardNormalization = Literal["group_mean_std", "group_mean", "leave_one_out", "
 of the other samples (RLOO), `none` keeps the raw reward."""
 
 _REWARD_NORMALIZATIONS = ("group_mean_std", "group_mean", "leave_one_out", "none")
+
+ESTIMATOR_FLAGS = ("gamma", "lambd")
+"""Config fields of the advantage math that only some estimators read (`EstimatorSpec.reads`): set away from their
+defaults with an estimator that does not read them, they change nothing and validation warns once."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +79,8 @@ class EstimatorSpec:
             the trainer may take the training forward's detached log-probs as the old ones instead of a
             separate forward (the weights have not moved, so they are equal).
         required_flags: boolean config fields that must be set (e.g. `("normalize_advantages",)`).
+        reads: the `ESTIMATOR_FLAGS` its advantage function uses (`("gamma", "lambd")` for GAE); another one set
+            away from its default draws a one-line warning, as the original accepts it silently.
         check: extra validation `fn(cfg)` run once with the config (raises `ConfigError`, may warn).
         preflight: pre-launch check `fn(cfg) -> list[Problem]` run by the app before anything starts.
     """
@@ -86,12 +93,15 @@ class EstimatorSpec:
     needs_ref: bool = False
     reuses_old_log_probs: bool = False
     required_flags: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
     check: Callable[[SlimeArgs], None] | None = None
     preflight: Callable[[SlimeArgs], list[Problem]] | None = None
 
     def __post_init__(self) -> None:
         if self.rewards not in _REWARD_NORMALIZATIONS:
             raise ValueError(f"estimator {self.name!r}: rewards must be one of {_REWARD_NORMALIZATIONS}")
+        if unknown := set(self.reads) - set(ESTIMATOR_FLAGS):
+            raise ValueError(f"estimator {self.name!r}: reads {sorted(unknown)}, not among {ESTIMATOR_FLAGS}")
 
     @property
     def group_wise(self) -> bool:
@@ -111,7 +121,7 @@ class EstimatorSpec:
         return getattr(importlib.import_module(module), attr)
 
     def validate(self, cfg: SlimeArgs) -> None:
-        """Checks the flags this estimator requires, then runs its `check` hook.
+        """Checks the flags this estimator requires, warns about those it ignores, then runs its `check` hook.
 
         Raises:
             ConfigError: a required flag is not set, or the hook rejects the config.
@@ -122,8 +132,35 @@ class EstimatorSpec:
         for field in self.required_flags:
             if not getattr(cfg, field):
                 raise ConfigError(f"--advantage-estimator {self.name} requires {field_to_flag(field)}")
+        self._warn_unread(cfg)
         if self.check is not None:
             self.check(cfg)
+
+    def _warn_unread(self, cfg: SlimeArgs) -> None:
+        """Warns once about `ESTIMATOR_FLAGS` set away from their defaults that this estimator does not read.
+
+        The defaults (original launch scripts pass `--gamma 1.0 --lambd 1.0` with GRPO) and runs with
+        `--custom-advantage-function-path` (the plugin gets `args` and may read them) stay silent.
+        """
+        from slime_core.config.args import SlimeArgs
+        from slime_core.config.base import field_to_flag, warn_once
+
+        if cfg.custom_advantage_function_path:
+            return
+        fields = SlimeArgs.model_fields
+        unread = [f for f in ESTIMATOR_FLAGS if f not in self.reads and getattr(cfg, f) != fields[f].default]
+        if not unread:
+            return
+        readers = {f: [s.name for s in ESTIMATORS._specs.values() if f in s.reads] for f in unread}
+        set_flags = ", ".join(f"{field_to_flag(f)} {getattr(cfg, f)}" for f in unread)
+        used_by = "; ".join(
+            f"{field_to_flag(f)} is read by {', '.join(r) or 'no built-in'}" for f, r in readers.items()
+        )
+        warn_once(
+            f"estimator_unread:{self.name}:{','.join(unread)}",
+            f"{set_flags}: no effect with --advantage-estimator {self.name}, which does not read "
+            f"{'them' if len(unread) > 1 else 'it'} ({used_by})",
+        )
 
     def preflight_problems(self, cfg: SlimeArgs) -> list[Problem]:
         """The problems its `preflight` hook finds (none without a hook)."""
@@ -272,6 +309,7 @@ register_estimator(
         advantages=_ADVANTAGES + "reinforce_plus_plus_advantages",
         rewards="none",
         required_flags=("normalize_advantages",),
+        reads=("gamma",),  # discounted returns
     )
 )
 register_estimator(
@@ -289,5 +327,6 @@ register_estimator(
         advantages=_ADVANTAGES + "ppo_gae_advantages",
         rewards="none",
         needs_critic=True,
+        reads=("gamma", "lambd"),  # GAE
     )
 )
