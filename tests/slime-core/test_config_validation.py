@@ -319,3 +319,20 @@ def test_a_float_flag_must_be_finite(flag, value):
     # loss NaN at the first step.
     with pytest.raises(ConfigError, match=rf"^{flag}: Input should be a finite number \(got {value}\)"):
         parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", flag, value])
+
+
+def test_eval_only_flags_without_eval_data_warn_once_in_one_line(caplog):
+    with caplog.at_level(logging.WARNING):
+        # The derived --eval-max-context-len (= --rollout-max-context-len) is not a user's setting.
+        assert make(rollout_max_context_len=4096).eval_max_context_len == 4096
+        args = make(n_samples_per_eval_prompt=4, eval_top_p=0.9, eval_max_response_len=100, skip_eval_before_train=True)
+        SlimeArgs.from_dict(args.model_dump())  # re-validated in a worker: no second line
+        make(eval_prompt_data=["gsm8k", "g.jsonl"], eval_top_p=0.9)  # with eval data: read
+    lines = [r.getMessage() for r in caplog.records if "without eval data" in r.getMessage()]
+    assert lines == [
+        "--skip-eval-before-train --n-samples-per-eval-prompt --eval-top-p --eval-max-response-len: no effect "
+        "without eval data (--eval-prompt-data or --eval-config)"
+    ]
+    # The original asserts on --eval-interval without eval datasets: still an error here.
+    with pytest.raises(ConfigError, match="--eval-interval requires --eval-prompt-data or --eval-config"):
+        make(eval_interval=5)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from slime_core.config.base import ArgsGroup, arg
+from slime_core.config.base import ArgsGroup, arg, field_to_flag, warn_once
+from slime_core.config.rollout import RewardArgs, RolloutArgs
 
-__all__ = ["DebugArgs", "EvalArgs", "HealthArgs", "LoggingArgs"]
+__all__ = ["EVAL_ONLY_FIELDS", "DebugArgs", "EvalArgs", "HealthArgs", "LoggingArgs", "warn_eval_only_flags"]
 
 
 class EvalArgs(ArgsGroup):
@@ -159,3 +160,59 @@ class HealthArgs(ArgsGroup):
         "this.",
         ge=0,
     )
+
+
+EVAL_ONLY_FIELDS = (
+    "eval_function_path",
+    "skip_eval_before_train",
+    "eval_input_key",
+    "eval_label_key",
+    "eval_tool_key",
+    "n_samples_per_eval_prompt",
+    "eval_temperature",
+    "eval_top_p",
+    "eval_top_k",
+    "eval_max_response_len",
+    "eval_max_prompt_len",
+    "eval_min_new_tokens",
+    "eval_max_context_len",
+    "eval_reward_key",
+    "custom_eval_rollout_log_function_path",
+)
+"""Fields only evaluation rollouts read: without eval data (`--eval-prompt-data` / `--eval-config`) they change
+nothing. `--eval-interval` is not here: without eval data it is an error, as in the original."""
+
+_GROUPS = (EvalArgs, RewardArgs, RolloutArgs)
+
+
+def _default(field: str) -> Any:
+    return next(g.model_fields[field].default for g in _GROUPS if field in g.model_fields)
+
+
+def warn_eval_only_flags(args: Any) -> list[str]:
+    """Warns once, in one line, about eval-only flags set while the run has no eval data.
+
+    A flag counts as set when it differs from its default; `--eval-max-context-len` equal to
+    `--rollout-max-context-len` is the derived default (validation fills it in, and re-validates it in every worker).
+
+    Args:
+        args: the config under validation; reads `EVAL_ONLY_FIELDS`, `eval_prompt_data`, `eval_config`,
+            `rollout_max_context_len`.
+
+    Returns:
+        The flags warned about (`--eval-top-p`, ...), empty when there is eval data or none is set.
+    """
+    if args.eval_prompt_data or args.eval_config is not None:
+        return []
+    derived = {"eval_max_context_len": args.rollout_max_context_len}
+    flags = [
+        field_to_flag(f)
+        for f in EVAL_ONLY_FIELDS
+        if getattr(args, f) != _default(f) and not (f in derived and getattr(args, f) == derived[f])
+    ]
+    if flags:
+        warn_once(
+            "eval_only:" + ",".join(flags),
+            f"{' '.join(flags)}: no effect without eval data (--eval-prompt-data or --eval-config)",
+        )
+    return flags

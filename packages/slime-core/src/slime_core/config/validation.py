@@ -17,6 +17,7 @@ from slime_core.config.base import ConfigError, warn_once
 from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.mismatch import validate_mismatch
+from slime_core.config.monitoring import warn_eval_only_flags
 from slime_core.config.opd import trainer_side_teacher, validate_opd
 from slime_core.config.save_hf import CONTAINED_PATH_FLAGS, PROTECTED_PATH_FLAGS, check_save_hf
 from slime_core.config.sglang_flags import check_managed_sglang_flags
@@ -355,7 +356,8 @@ def _eval(args: SlimeArgs) -> None:
         if len(set(names)) != len(names):
             raise ConfigError(f"--eval-prompt-data: duplicate dataset names in {names}")
     if args.eval_interval is not None and not data and args.eval_config is None:
-        raise ConfigError("--eval-interval requires --eval-prompt-data or --eval-config")
+        raise ConfigError("--eval-interval requires --eval-prompt-data or --eval-config")  # the original asserts
+    warn_eval_only_flags(args)
 
 
 def _checkpoint_and_dumps(args: SlimeArgs) -> None:
