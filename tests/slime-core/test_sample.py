@@ -236,3 +236,58 @@ def test_top_p_sets_cover_every_trainable_token_or_none():
     bad = Sample(tokens=[1, 2], response_length=1, rollout_top_p_token_ids=[2], rollout_top_p_token_offsets=[0, 2])
     with pytest.raises(ValueError, match="from 0 to len"):
         bad.validate()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        # was: accepted, the sample's "tokens" were the characters of a string
+        ("tokens", "no", "field 'tokens' must be a list of int, got str ('no')"),
+        ("tokens", [1, "2"], "field 'tokens' must be a list of int, got list with a str at position 1"),
+        ("tokens", [1, 2.0], "field 'tokens' must be a list of int, got list with a float at position 1"),
+        ("response_length", "2", "field 'response_length' must be an int, got str ('2')"),
+        ("response_length", True, "field 'response_length' must be an int, got bool (True)"),
+        ("reward", "1.0", "field 'reward' must be a number, a dict or None, got str ('1.0')"),
+        ("loss_mask", 1, "field 'loss_mask' must be a list of int or None, got int (1)"),
+        ("rollout_log_probs", ["x"], "field 'rollout_log_probs' must be a list of numbers or None, got list with a"),
+        ("metadata", [], "field 'metadata' must be a dict, got list ([])"),
+        ("index", 1.5, "field 'index' must be an int or None, got float (1.5)"),
+        ("remove_sample", "yes", "field 'remove_sample' must be a bool, got str ('yes')"),
+        ("prompt", 3, "field 'prompt' must be a str or a list of chat messages, got int (3)"),
+        ("teacher_log_probs", "x", "field 'teacher_log_probs' must be a list of numbers, a tensor or None, got str"),
+        ("rollout_routed_experts", 7, "field 'rollout_routed_experts' must be a tensor, nested int lists, an encoded"),
+    ],
+)
+def test_from_dict_names_the_field_and_type_of_a_wrong_value(field, value, message):
+    data = {**_sample().to_dict(), "response_length": 1, "loss_mask": [1], field: value}
+    with pytest.raises(TypeError) as e:
+        Sample.from_dict(data)
+    assert str(e.value).startswith("Sample.from_dict: " + message), str(e.value)
+
+
+def test_from_dict_keeps_every_form_the_original_round_trips():
+    import numpy as np
+
+    # Original forms: numpy scalars from a processed dump, int rewards and booleans from reward functions, tuples,
+    # the original OPD's tensor teacher log-probs, routes as nested lists or a tensor, any label.
+    data = {
+        "prompt": [{"role": "user", "content": "q"}],
+        "tokens": (1, np.int64(2), 3),
+        "response": "x",
+        "response_length": np.int32(1),
+        "label": {"answer": 7},
+        "reward": True,
+        "loss_mask": [1],
+        "rollout_log_probs": [np.float32(-0.5)],
+        "teacher_log_probs": torch.tensor([-0.25]),
+        "rollout_routed_experts": [[[0, 1]], [[1, 0]]],
+        "status": "completed",
+        "metadata": {},
+        "weight_versions": ["3"],
+        "index": np.int64(4),
+        "non_generation_time": 1,
+    }
+    s = Sample.from_dict(data)
+    assert (s.response_length, s.reward, s.index, s.status) == (1, True, 4, Status.COMPLETED)
+    assert Sample.from_dict({**data, "reward": 2, "rollout_routed_experts": torch.zeros(2, 1, 2)}).reward == 2
+    assert Sample.from_dict({**data, "reward": {"acc": 1.0}, "rollout_routed_experts": None}).reward == {"acc": 1.0}

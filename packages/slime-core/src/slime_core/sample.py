@@ -26,6 +26,8 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from slime_core.sample_fields import check_field_types
+
 if TYPE_CHECKING:
     import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
 
@@ -436,11 +438,14 @@ class Sample:
 
         Raises:
             ValueError: on an unknown field or status (so a dump from another version fails loudly).
+            TypeError: a field of the wrong type, naming the field and the value's type
+                (`slime_core.sample_fields.check_field_types`).
         """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"Sample.from_dict: unknown fields {sorted(unknown)}")
+        check_field_types(data)
         kwargs = dict(data)
         status = kwargs.get("status", Status.PENDING)
         if not isinstance(status, Status):
