@@ -148,7 +148,7 @@ def _random_kept(seed: int = 1):
     return KeptTokens.from_offsets([ids], [offsets]), nuclei
 
 
-@pytest.mark.parametrize("head", ["fp32", "tf32", "fused", "bf16"])  # fused: through the fp32out path
+@pytest.mark.parametrize("head", ["fp32", "tf32", "fp32out", "fused", "bf16"])  # fused: through the fp32out path
 @pytest.mark.parametrize("chunk_size", [5, 64])
 def test_top_p_replay_matches_a_dense_reference(head, chunk_size):
     # log p = z[y] - logsumexp over (kept ids ∪ {y}); entropy stays that of the full softmax (as the original).
@@ -173,6 +173,11 @@ def test_top_p_replay_matches_a_dense_reference(head, chunk_size):
 def test_liger_head_refuses_top_p_replay():
     kept, _ = _random_kept()
     hidden, weight, targets, _, _ = _inputs()
-    with pytest.raises(ValueError, match="cannot replay the engine's top-p sets"):
+    with pytest.raises(ValueError) as e:
         head_log_probs(hidden, weight, targets, temperature=1.0, chunk_size=8, with_entropy=False, head="liger",
                        kept=kept)  # fmt: skip
+    # Every other head replays the sets (test_top_p_replay_matches_a_dense_reference): all of them are named.
+    assert str(e.value) == (
+        "--log-probs-head liger computes the full softmax and cannot replay the engine's top-p sets "
+        "(--rollout-top-p < 1): use --log-probs-head fp32, tf32, fp32out, bf16 or fused"
+    )

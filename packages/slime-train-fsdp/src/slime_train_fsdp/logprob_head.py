@@ -161,9 +161,10 @@ def _chunked(chunk_fn: Callable, hidden, weight, targets, temperature, chunk_siz
 
 def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None):
     if kept is not None:
+        others = [h for h in HEADS if h != "liger"]  # every other head replays the sets
         raise ValueError(
             "--log-probs-head liger computes the full softmax and cannot replay the engine's top-p sets "
-            "(--rollout-top-p < 1): use --log-probs-head tf32, fp32 or bf16"
+            f"(--rollout-top-p < 1): use --log-probs-head {', '.join(others[:-1])} or {others[-1]}"
         )
     try:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
