@@ -39,6 +39,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from slime_core.hook_deadline import hook_bounds
 from slime_rollout.runtime import async_utils
 from slime_rollout.runtime.loop_watchdog import watching
 
@@ -354,8 +355,4 @@ def plugin_bounds(args: Any) -> dict[str, Any]:
     Returns:
         `call_plugin_with_deadline`'s `deadline_s`, `flag` and `warn_every_s`.
     """
-    return {
-        "deadline_s": args.plugin_timeout_secs,
-        "flag": "--plugin-timeout-secs",
-        "warn_every_s": args.slow_call_warning_secs,
-    }
+    return hook_bounds(args)  # the trainer-side hooks' bounds: one flag, one rule
