@@ -56,8 +56,19 @@ class AlgorithmArgs(ArgsGroup):
     use_unbiased_kl: bool = arg(False, "Importance-weight the KL estimate by exp(logp - logp_old) (DeepSeek-V3.2).")
     ref_update_interval: int | None = arg(None, "Copy actor weights into the ref model every this many rollouts.")
     entropy_coef: float = arg(0.0, "Entropy bonus coefficient.", ge=0)
-    gamma: float = arg(1.0, "Discount factor for PPO / REINFORCE++ returns.", ge=0, le=1)
-    lambd: float = arg(1.0, "GAE lambda.", ge=0, le=1)
+    gamma: float = arg(
+        1.0,
+        "Discount factor for PPO / REINFORCE++ returns; set away from 1.0 with another estimator: a one-line warning "
+        "(it has no effect there).",
+        ge=0,
+        le=1,
+    )
+    lambd: float = arg(
+        1.0,
+        "GAE lambda (PPO); set away from 1.0 with another estimator: a one-line warning (it has no effect there).",
+        ge=0,
+        le=1,
+    )
     normalize_advantages: bool = arg(False, "Whiten advantages over the batch (masked mean/std).")
     disable_grpo_std_normalization: bool = arg(False, "GRPO: only subtract the group mean (Dr.GRPO).")
     disable_rewards_normalization: bool = arg(False, "Do not group-normalize rewards.")
