@@ -231,6 +231,22 @@ def test_the_stand_in_keeps_one_layer_of_each_kind(tmp_path):
     assert cw.warm_up_token_counts(cfg, 5120, 25600, num_layers=3)[0] == cw.ACTIVATION_BUDGET // (3 * per_token)
 
 
+@pytest.mark.parametrize(
+    ("attn", "colocate", "offload_rollout", "defers"),
+    [
+        (None, False, None, True),
+        ("slime_varlen", True, True, True),
+        ("slime_flex", False, None, False),
+        (None, True, False, False),
+    ],
+)
+def test_steps_defer_compiling_except_with_flex_or_a_resident_engine(attn, colocate, offload_rollout, defers):
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(attn_implementation=attn, colocate=colocate, offload_rollout=offload_rollout)
+    assert cw.defers_compile(cfg) is defers
+
+
 def test_steps_run_eagerly_only_while_the_warm_up_compiles(tmp_path, monkeypatch):
     import torch
     from torch._dynamo.utils import counters
@@ -238,7 +254,7 @@ def test_steps_run_eagerly_only_while_the_warm_up_compiles(tmp_path, monkeypatch
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     handle = _handle(tmp_path, "import time; time.sleep(60)")
     assert handle.pending()
-    handle.defer_compile = False  # flex attention: the step compiles rather than run eagerly
+    handle.defer_compile = False  # e.g. flex attention: the step compiles rather than run eagerly
     assert not handle.pending()
     handle.defer_compile = True
     monkeypatch.setattr(cw, "DEFER_S", 0.0)  # past the deferral: the step compiles, `wait` stops it

@@ -17,7 +17,8 @@ cache from the free memory it measures at start-up, which a concurrent warm-up w
 model load and the first rollout. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
 cache directory (a file lock). It never delays a step: while it still compiles, the rank's steps run the compiled
 layers eagerly (`torch.compiler.set_stance("force_eager")`, `CompileWarmUp.pending`; not with flex attention, whose
-eager form materializes the score matrix), and the first step after it finished loads its graphs from the cache. One
+eager form materializes the score matrix, nor next to a colocated engine that stays resident: eager layers keep more
+activations), and the first step after it finished loads its graphs from the cache. One
 still compiling after `DEFER_S` is stopped and the step compiles what is not cached. Measured on one H100 (qwen3-0.6b
 colocated, 2c37186), waiting for an unfinished warm-up at the first step cost 45 s to save 11 s of compiling. A
 warm-up that fails or is stopped is logged with its log's tail. `--no-fsdp-compile-warmup`
@@ -59,6 +60,7 @@ __all__ = [
     "WAIT_S",
     "WORKDIR_PREFIX",
     "CompileWarmUp",
+    "defers_compile",
     "run_warm_up",
     "start_compile_warm_up",
     "warm_up_token_counts",
@@ -279,6 +281,22 @@ def remove_orphaned_workdirs(temp_dir: str | None = None) -> int:
     return removed
 
 
+def defers_compile(cfg: Any) -> bool:
+    """Whether steps may run the compiled layers eagerly while the warm-up compiles (`CompileWarmUp.pending`).
+
+    Not with flex attention (its eager form materializes the `[S, S]` scores), nor next to a colocated engine that
+    stays resident on this GPU (`--colocate --no-offload-rollout`): eager layers keep more activations than
+    compiled ones, and that memory is the engine's margin.
+
+    Args:
+        cfg: the run config; reads `attn_implementation`, `colocate`, `offload_rollout`.
+    """
+    from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX
+
+    resident_engine = bool(cfg.colocate) and cfg.offload_rollout is False
+    return (cfg.attn_implementation or DEFAULT_CUDA_ATTENTION) != SLIME_FLEX and not resident_engine
+
+
 def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     """Starts the warm-up process when it can pay; returns its handle, or None when there is nothing to warm.
 
@@ -290,7 +308,6 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     Raises:
         OSError: the process cannot be started (no such interpreter, no space for its folder).
     """
-    from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX
     from slime_train_fsdp.model_loading import compiles_layers
     from slime_train_fsdp.vision import is_vision_language
 
@@ -315,9 +332,7 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
     logger.info("compile warm-up started (pid %d): a stand-in of the model's decoder layers compiles in the background",
                 process.pid)  # fmt: skip
-    # Eager flex attention materializes the [S, S] scores: with it, a step compiles rather than run eagerly.
-    defer = (cfg.attn_implementation or DEFAULT_CUDA_ATTENTION) != SLIME_FLEX
-    return CompileWarmUp(process=process, workdir=workdir, owner=owner, defer_compile=defer)
+    return CompileWarmUp(process=process, workdir=workdir, owner=owner, defer_compile=defers_compile(cfg))
 
 
 def _stand_in_depth(layer_types: list[str] | None) -> int:
