@@ -336,3 +336,19 @@ def test_eval_only_flags_without_eval_data_warn_once_in_one_line(caplog):
     # The original asserts on --eval-interval without eval datasets: still an error here.
     with pytest.raises(ConfigError, match="--eval-interval requires --eval-prompt-data or --eval-config"):
         make(eval_interval=5)
+
+
+def test_multi_turn_flags_with_the_default_generate_function_warn(caplog):
+    # --env-path search --max-turns 3 without the multi-turn generate function ran single-turn, env unused, silently.
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(env_path="search", max_turns=3)
+    lines = [r.getMessage() for r in caplog.records if "single-turn generate function" in r.getMessage()]
+    assert lines == [
+        "--env-path and --max-turns have no effect with the default single-turn generate function (samples whose "
+        "generate_function_path names another aside); set --custom-generate-function-path "
+        "slime_rollout.generation.multi_turn.generate"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(env_path="search", max_turns=3, custom_generate_function_path="slime_rollout.multi_turn.generate")
+    assert not [r for r in caplog.records if "single-turn" in r.getMessage()]

@@ -61,3 +61,30 @@ async def test_calculator_env_steps():
     step = await env.step("The answer is 42.")
     assert step.done and step.reward is None and step.observation == ""
     assert math.isclose(safe_eval("e"), math.e)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "expr, bits",
+    [
+        ("(9**9999)**9999", (9**9999).bit_length() * 9999),  # nested exponents: minutes on the rollout loop
+        ("factorial(1000)**9999", math.factorial(1000).bit_length() * 9999),
+        ("((2**9999)**5)*((2**9999)**6)", (2**49995).bit_length() + (2**59994).bit_length()),
+    ],
+)
+def test_integer_results_are_bounded_before_they_are_computed(expr, bits):
+    with pytest.raises(ValueError, match=f"the result would have about {bits:,} bits") as raised:
+        safe_eval(expr)
+    assert "(limit 100,000)" in str(raised.value)
+
+
+def test_results_within_the_bound_are_exact():
+    assert safe_eval("(2**9999)*(2**9999)") == 2**19998
+    assert safe_eval("(3**20)**500") == 3**10000
+    assert safe_eval("2**-3") == 0.125  # a negative exponent is a float, not a size
+
+
+def test_nesting_past_the_recursion_limit_is_a_value_error():
+    # It parses, then the walk raised RecursionError, which safe_eval's callers do not expect.
+    with pytest.raises(ValueError, match="nested too deeply"):
+        safe_eval("-" * 999 + "1")

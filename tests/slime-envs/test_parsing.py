@@ -1,3 +1,5 @@
+import pytest
+
 from slime_envs.parsing import ToolCall, extract_answer, parse_tag_action, parse_tool_calls
 
 
@@ -44,3 +46,28 @@ def test_tag_action_first_complete_tag():
     assert parse_tag_action("<answer>\nParis\n</answer>") == ("answer", "Paris")
     assert parse_tag_action("<search>unclosed") == (None, "")
     assert parse_tag_action("<search>a</answer>") == (None, "")
+
+
+def test_tag_parsers_read_what_search_r1s_regexes_read():
+    import random
+    import re
+
+    rng = random.Random(1)
+    pieces = ["<search>", "</search>", "<answer>", "</answer>", "q", " ", "\n", "<", "/"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 24)))
+        match = re.search(r"<(search|answer)>(.*?)</\1>", text, re.DOTALL)
+        assert parse_tag_action(text) == ((match.group(1), match.group(2).strip()) if match else (None, ""))
+        answers = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+        assert extract_answer(text) == (answers[-1].strip() if answers else None)
+
+
+@pytest.mark.timeout(60)
+def test_repeated_opening_tags_parse_in_linear_time():
+    # A model repeating one token: the regexes took 6 s for 8,000 openings on the event loop (quadratic);
+    # 200,000 would take ~15 min.
+    n = 200_000
+    parsed = parse_tool_calls("<tool_call>" * n + "<answer>" * n)
+    assert parsed.tool_calls == [] and parsed.errors == ["a <tool_call> block is not closed with </tool_call>"]
+    assert parsed.answer is None
+    assert parse_tag_action("<search>" * n + "<answer>" * n + "</answer>") == ("answer", "<answer>" * (n - 1))

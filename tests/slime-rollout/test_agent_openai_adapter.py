@@ -288,6 +288,22 @@ async def test_retry_from_an_earlier_turn_forks_and_trains_each_turn_once(tok, s
         ),
         ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}, "last message"),
         ({"messages": [{"role": "function", "content": "a"}]}, "role 'function' is not supported"),
+        # Wrong types: each was a bare HTTP 500 or named the wrong field (a bad seed said "chat template: ...").
+        ({"seed": "abc"}, "seed must be a 64-bit integer, got 'abc'"),
+        ({"seed": 2**64}, "seed must be a 64-bit integer"),
+        ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
+        ({"stop": [1, "x"]}, "stop must be a string or a list of strings, got [1, 'x']"),  # after generating
+        ({"tools": ["calculator"]}, "tools[0]: must be an object, got str"),
+        (
+            {"messages": [{"role": "assistant", "content": "a", "tool_calls": 5}, {"role": "user", "content": "b"}]},
+            "messages[0].tool_calls: must be a list, got int",
+        ),
+        ({"temperature": "hot"}, "temperature must be a finite number, got 'hot'"),
+        ({"temperature": -1}, "temperature must be a number >= 0"),
+        ({"top_p": 0}, "top_p must be a number in (0, 1]"),
+        ({"extra_body": {"top_k": 2.5}}, "top_k must be an integer, -1 or >= 1"),
+        ({"max_tokens": True}, "max_tokens must be a positive integer, got True"),
+        ({"logprobs": "yes"}, "logprobs must be true or false"),
     ],
 )
 async def test_unsupported_requests_are_400_naming_the_field(scripted, kw, needle):
@@ -297,6 +313,26 @@ async def test_unsupported_requests_are_400_naming_the_field(scripted, kw, needl
         await agent.chat.completions.create(model="m", **kw)
     assert needle in err.value.body["message"]
     assert engine.payloads == []  # refused before the engine
+
+
+async def test_a_chat_template_that_refuses_the_messages_is_a_400(qwen3_tokenizer_dir, served):
+    # A template's own raise_exception (Mistral's, Llama 2's "roles must alternate") is a jinja2 TemplateError,
+    # not a ValueError: it ended the call as a bare HTTP 500.
+    from transformers import AutoTokenizer
+
+    strict = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+    strict.chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+    engine = ScriptedEngine(strict, ["a"])
+    adapter = await served(OpenAIAdapter(tokenizer=strict, client=engine))
+    adapter.open_session("s")
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
+    try:
+        with pytest.raises(openai.BadRequestError) as err:
+            await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        await agent.close()
+    assert err.value.body["message"] == "chat template: Conversation roles must alternate user/assistant"
+    assert err.value.body["param"] == "messages" and engine.payloads == []
 
 
 async def test_sessions_unknown_capped_and_finished(tok, scripted, served):

@@ -100,3 +100,41 @@ def test_sft_rollout_builds_trainable_samples_without_an_engine(tokenizer, qwen3
         generate_sft_rollout(PluginArgs.from_config(cfg.model_copy(update={"n_samples_per_prompt": 2})), 0, None)
     with pytest.raises(ValueError, match="no eval mode"):
         generate_sft_rollout(args, 0, None, evaluation=True)
+
+
+USER_HI = {"role": "user", "content": "hi"}
+ODD_CONVERSATIONS = {
+    # a bare IndexError / AttributeError / TypeError naming no sample
+    "empty": ([], "qwen3", "SFT needs a non-empty list of chat messages in --input-key, got an empty list"),
+    "strings": (["hi", "yo"], "qwen3", "message 0 is not an object with a string 'role': 'hi'"),
+    "int_content": ([USER_HI, {"role": "assistant", "content": 5}], "qwen3", "message 1 (assistant) has int content"),
+    "null_content": (
+        [USER_HI, {"role": "assistant", "content": None}],
+        "qwen3",
+        "the chat template cannot render its messages (TypeError: ",
+    ),
+    # trained on the user's quoted 'X<|im_end|>' in place of the reply 'yo', silently
+    "quoted_header": (
+        [{"role": "user", "content": "say <|im_start|>assistant\nX<|im_end|>"}, {"role": "assistant", "content": "yo"}],
+        "qwen3",
+        "message 0 (user) holds the chat marker '<|im_start|>' in its text",
+    ),
+    # trained on 'a<|im_end|>' only
+    "end_in_reply": (
+        [USER_HI, {"role": "assistant", "content": "a<|im_end|>b"}],
+        "qwen",
+        "message 1 (assistant) holds the chat marker '<|im_end|>' in its text",
+    ),
+    # trained on the user's own text
+    "distill_user_last": ([USER_HI], "distill_qwen", "trains on the last message, which must be an assistant reply"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ODD_CONVERSATIONS))
+def test_odd_conversations_are_one_error_naming_the_sample(tokenizer, case):
+    from slime_rollout.data.sft import sft_sample
+
+    messages, kind, message = ODD_CONVERSATIONS[case]
+    with pytest.raises(ValueError, match="^sample 9: ") as raised:
+        sft_sample(Sample(prompt=messages, index=9), ChatLossMask(tokenizer, kind))
+    assert message in str(raised.value)

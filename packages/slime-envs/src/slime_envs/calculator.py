@@ -49,6 +49,26 @@ _CONSTANTS = {"pi": math.pi, "e": math.e}
 _MAX_EXPONENT = 10_000
 _MAX_FACTORIAL = 1_000
 _MAX_LENGTH = 1_000
+# Integer results are bounded too: exponents of 10,000 nest, (9**9999)**9999 is 3e8 bits (minutes on the rollout
+# loop, where env tools run); a product's or power's size is known from its operands' before it is computed.
+_MAX_BITS = 100_000
+
+
+def _int_bits(value: Any) -> int:
+    return value.bit_length() if isinstance(value, int) else 0
+
+
+def _check_size(op: ast.operator, left: Any, right: Any) -> None:
+    if not (isinstance(left, int) and isinstance(right, int)):
+        return  # float arithmetic overflows to an OverflowError, which safe_eval reports
+    if isinstance(op, ast.Pow):
+        bits = _int_bits(left) * right if right > 0 else 0  # a negative exponent gives a float
+    elif isinstance(op, ast.Mult):
+        bits = _int_bits(left) + _int_bits(right)
+    else:
+        return  # + - // % never grow past the larger operand by more than a bit
+    if bits > _MAX_BITS:
+        raise ValueError(f"the result would have about {bits:,} bits (limit {_MAX_BITS:,})")
 
 
 def _eval(node: ast.AST) -> Any:
@@ -62,6 +82,7 @@ def _eval(node: ast.AST) -> Any:
         left, right = _eval(node.left), _eval(node.right)
         if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
             raise ValueError(f"exponent {right} is too large (limit {_MAX_EXPONENT})")
+        _check_size(node.op, left, right)
         return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
@@ -89,7 +110,9 @@ def safe_eval(expression: str) -> int | float:
 
     Raises:
         ValueError: a syntax error, an unsupported element (names, attributes, strings, ...), a value
-            out of bounds, or a math error (division by zero, domain error), with the reason.
+            out of bounds (an exponent over 10,000, a factorial over 1,000, an integer result over 100,000 bits,
+            nesting deeper than Python's recursion limit), or a math error (division by zero, domain error),
+            with the reason.
     """
     if len(expression) > _MAX_LENGTH:
         raise ValueError(f"expression longer than {_MAX_LENGTH} characters")
@@ -99,6 +122,8 @@ def safe_eval(expression: str) -> int | float:
         raise ValueError(f"syntax error: {e.msg}") from None
     try:
         return _eval(tree)
+    except RecursionError:  # "-" * 999 + "1" parses, and nests deeper than the walk may recurse
+        raise ValueError("the expression is nested too deeply") from None
     except (ZeroDivisionError, OverflowError, TypeError) as e:
         raise ValueError(f"{type(e).__name__}: {e}") from None
     except ValueError as e:

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any
 
-__all__ = ["ParsedTurn", "ToolCall", "extract_answer", "parse_tag_action", "parse_tool_calls"]
+from slime_core.tag_blocks import tag_blocks
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+__all__ = ["ParsedTurn", "ToolCall", "extract_answer", "parse_tag_action", "parse_tool_calls"]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -85,8 +83,8 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         an unclosed `<tool_call>`), and the `<answer>` content if present.
     """
     parsed = ParsedTurn()
-    for match in _TOOL_CALL_RE.finditer(text):
-        call = _parse_one_call(match.group(1))
+    for _, _, body in tag_blocks(text, "<tool_call>", "</tool_call>"):
+        call = _parse_one_call(body)
         if isinstance(call, str):
             parsed.errors.append(call)
         else:
@@ -99,7 +97,7 @@ def parse_tool_calls(text: str) -> ParsedTurn:
 
 
 def parse_tag_action(text: str, *, tags: tuple[str, ...] = ("search", "answer")) -> tuple[str | None, str]:
-    """Finds the first Search-R1 style action `<tag>content</tag>` in a model turn.
+    r"""Finds the first Search-R1 style action `<tag>content</tag>` in a model turn.
 
     Args:
         text: the decoded model turn.
@@ -107,16 +105,23 @@ def parse_tag_action(text: str, *, tags: tuple[str, ...] = ("search", "answer"))
 
     Returns:
         `(tag, content)` of the first complete action (content stripped), or `(None, "")` if there is
-        none (the caller turns that into an "invalid action" observation).
+        none (the caller turns that into an "invalid action" observation). The same action as
+        `re.search(r"<(search|answer)>(.*?)</\1>", text, re.DOTALL)` (Search-R1's parser), in linear time.
     """
-    alternatives = "|".join(re.escape(t) for t in tags)
-    match = re.search(rf"<({alternatives})>(.*?)</\1>", text, re.DOTALL)
-    if match is None:
+    # The first block of each tag starts at its leftmost opening that has a closing tag after it.
+    best: tuple[int, str, str] | None = None
+    for tag in tags:
+        block = next(tag_blocks(text, f"<{tag}>", f"</{tag}>"), None)
+        if block is not None and (best is None or block[0] < best[0]):
+            best = (block[0], tag, block[2])
+    if best is None:
         return None, ""
-    return match.group(1), match.group(2).strip()
+    return best[1], best[2].strip()
 
 
 def extract_answer(text: str) -> str | None:
     """The content of the last `<answer>...</answer>` block (stripped), or None."""
-    matches = _ANSWER_RE.findall(text)
-    return matches[-1].strip() if matches else None
+    last = None
+    for _, _, body in tag_blocks(text, "<answer>", "</answer>"):
+        last = body
+    return last.strip() if last is not None else None

@@ -294,6 +294,16 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
     if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
         warn_once("mask_offpolicy", "--mask-offpolicy-in-partial-rollout has no effect without --partial-rollout")
+    multi_turn = [f for f, on in (("--env-path", args.env_path), ("--max-turns", args.max_turns > 1)) if on]
+    if multi_turn and not args.custom_generate_function_path:
+        # The default generate is single-turn and reads neither: the run trained without its env, unannounced.
+        warn_once(
+            "multi_turn_flags",
+            f"{' and '.join(multi_turn)} {'has' if len(multi_turn) == 1 else 'have'} no effect with the default "
+            "single-turn generate function (samples whose "
+            "generate_function_path names another aside); set --custom-generate-function-path "
+            "slime_rollout.generation.multi_turn.generate",
+        )
 
 
 def _estimator(args: SlimeArgs) -> None:

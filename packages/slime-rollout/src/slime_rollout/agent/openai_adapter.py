@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import jinja2
 from aiohttp import web
 
 from slime_core.sample import Sample
@@ -299,7 +300,9 @@ class OpenAIAdapter:
             plan = session.plan(self.tokenizer, chat)
         except RequestError as e:
             return _error(400, str(e), param=e.param)
-        except ValueError as e:  # the chat template could not render the messages
+        except (ValueError, jinja2.TemplateError) as e:
+            # The chat template could not render the messages: its own `raise_exception` ("Conversation roles must
+            # alternate ...") is a jinja2 TemplateError, which ended the call as a bare HTTP 500.
             return _error(400, f"chat template: {e}", param="messages")
         if session.max_context_tokens and len(plan.token_in) >= session.max_context_tokens:
             message = f"the prompt has {len(plan.token_in)} tokens; the limit is {session.max_context_tokens}"

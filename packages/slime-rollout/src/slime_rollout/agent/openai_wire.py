@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import secrets
 import time
 from collections.abc import Mapping
@@ -122,7 +124,10 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
         if raw.get("reasoning_content"):
             message["reasoning_content"] = str(raw["reasoning_content"])
         calls = []
-        for j, call in enumerate(raw.get("tool_calls") or []):
+        raw_calls = raw.get("tool_calls") or []
+        if not isinstance(raw_calls, list):
+            raise RequestError(f"{where}.tool_calls: must be a list, got {type(raw_calls).__name__}", where)
+        for j, call in enumerate(raw_calls):
             function = call.get("function") if isinstance(call, Mapping) else None
             if not isinstance(function, Mapping) or not function.get("name"):
                 raise RequestError(f"{where}.tool_calls[{j}]: needs function.name", where)
@@ -151,7 +156,9 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
         raise RequestError("tools must be a list", "tools")
     tools = []
     for i, tool in enumerate(raw):
-        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping):
+            raise RequestError(f"tools[{i}]: must be an object, got {type(tool).__name__}", "tools")
+        function = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(function, Mapping) or not function.get("name"):
             raise RequestError(f"tools[{i}]: only {{type: function, function: {{name, ...}}}} tools are supported")
         spec = {"name": str(function["name"]), "description": function.get("description") or ""}
@@ -180,6 +187,38 @@ def _check_unsupported(body: Mapping[str, Any]) -> None:
         )
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The SGLang sampling fields of a request, each checked (a wrong type failed later as HTTP 500 or 502)."""
+    sampling = {}
+    for key in _SAMPLING_FIELDS:
+        value = body.get(key)
+        if value is None:
+            continue
+        if key == "top_k":
+            ok = _is_int(value) and (value == -1 or value >= 1)
+            wanted = "an integer, -1 or >= 1"
+        else:
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            wanted = "a finite number"
+            if ok and key == "temperature":
+                ok, wanted = value >= 0, "a number >= 0"
+            elif ok and key == "top_p":
+                ok, wanted = 0 < value <= 1, "a number in (0, 1]"
+        if not ok:
+            raise RequestError(f"{key} must be {wanted}, got {value!r:.80}", key)
+        sampling[key] = value
+    seed = body.get("seed")
+    if seed is not None:
+        if not _is_int(seed) or not -(2**63) <= seed < 2**63:
+            raise RequestError(f"seed must be a 64-bit integer, got {seed!r:.80}", "seed")
+        sampling["sampling_seed"] = seed
+    return sampling
+
+
 def parse_request(body: Any) -> ChatRequest:
     """Validates and translates a `/v1/chat/completions` body.
 
@@ -202,14 +241,16 @@ def parse_request(body: Any) -> ChatRequest:
     if messages[-1]["role"] == "assistant":
         raise RequestError("the last message is an assistant message: continuing it is not supported", "messages")
     tools = _tools(body.get("tools"))
-    sampling = {k: body[k] for k in _SAMPLING_FIELDS if body.get(k) is not None}
-    if body.get("seed") is not None:
-        sampling["sampling_seed"] = int(body["seed"])
+    sampling = _sampling(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise RequestError("max_tokens must be a positive integer", "max_tokens")
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+        raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
     stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else list(stop)
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise RequestError(f"stop must be a string or a list of strings, got {stop!r:.80}", "stop")
+    if body.get("logprobs") not in (None, True, False):
+        raise RequestError(f"logprobs must be true or false, got {body['logprobs']!r:.80}", "logprobs")
     return ChatRequest(
         model=str(body.get("model") or "slime-actor"),
         messages=messages,

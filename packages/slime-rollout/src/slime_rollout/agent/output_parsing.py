@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any
+
+from slime_core.tag_blocks import tag_blocks
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ParsedOutput", "parse_output"]
 
@@ -23,8 +24,6 @@ __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ParsedOutput", "parse_output"]
 TOOL_PARSERS = ("hermes", "qwen", "qwen25", "qwen3")
 #: `reasoning_parser` names read as a leading `<think>...</think>` block.
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "qwen3-thinking")
-
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -84,14 +83,14 @@ def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool) -> Pars
     if parse_tools:
         kept: list[str] = []
         last = 0
-        for match in _TOOL_CALL_RE.finditer(text):
-            call = _one_call(match.group(1))
+        for start, end, body in tag_blocks(text, "<tool_call>", "</tool_call>"):  # linear: see tag_blocks
+            call = _one_call(body)
             if call is None:
                 ill_formed += 1
                 continue  # the malformed block stays in the content
             calls.append(call)
-            kept.append(text[last : match.start()])
-            last = match.end()
+            kept.append(text[last:start])
+            last = end
         kept.append(text[last:])
         text = "".join(kept)
     return ParsedOutput(content=text.strip(), reasoning=reasoning, tool_calls=calls, num_ill_formed=ill_formed)

@@ -22,8 +22,10 @@ A message with `"step_loss_mask": 0` is not trained on. Everything here is CPU s
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+import jinja2
 
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnTrainOutput
@@ -38,7 +40,8 @@ __all__ = ["LOSS_MASK_TYPES", "ChatLossMask", "generate_sft_rollout", "response_
 logger = logging.getLogger(__name__)
 
 LOSS_MASK_TYPES = ("qwen", "qwen3", "qwen3_5", "distill_qwen")
-_HEADER = "<|im_start|>assistant\n"
+_START = "<|im_start|>"
+_HEADER = _START + "assistant\n"
 _END = "<|im_end|>"
 _THINK = "<think>\n"
 
@@ -144,15 +147,61 @@ class ChatLossMask:
         return [self.tokenizer.decode(run) for run in runs]
 
 
+def _check_messages(sample: Sample, tokenizer_type: str) -> None:
+    r"""Refuses a conversation whose mask would be wrong or whose rendering fails, naming the sample and message.
+
+    The ChatML types find assistant turns by their markers in the rendered text, so a marker inside a message's
+    own text moved the mask: a user message quoting `<|im_start|>assistant\n` was trained on in place of the
+    reply, and an assistant text holding `<|im_end|>` was trained on up to it only.
+    """
+    messages = sample.prompt
+    if not isinstance(messages, list) or not messages:
+        shown = type(messages).__name__ if messages else "an empty list"
+        raise ValueError(
+            f"sample {sample.index}: SFT needs a non-empty list of chat messages in --input-key, got {shown}"
+        )
+    for j, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise ValueError(
+                f"sample {sample.index}: message {j} is not an object with a string 'role': {message!r:.80}"
+            )
+        content = message.get("content")
+        if not isinstance(content, str | None):
+            kind = type(content).__name__
+            raise ValueError(f"sample {sample.index}: message {j} ({message['role']}) has {kind} content, not text")
+        for marker in (_START, _END):
+            if tokenizer_type != "distill_qwen" and content and marker in content:
+                raise ValueError(
+                    f"sample {sample.index}: message {j} ({message['role']}) holds the chat marker {marker!r} in its "
+                    f"text; --loss-mask-type {tokenizer_type} finds assistant turns by these markers, so its loss "
+                    "mask would cover other tokens"
+                )
+    last = messages[-1]
+    if tokenizer_type == "distill_qwen" and (last["role"] != "assistant" or len(messages) < 2 or not last["content"]):
+        # distill_qwen trains on the last message's text: a user message there was trained on.
+        raise ValueError(
+            f"sample {sample.index}: --loss-mask-type distill_qwen trains on the last message, which must be an "
+            f"assistant reply with text after the prompt; got {len(messages)} message(s) ending with {last['role']!r}"
+        )
+
+
 def sft_sample(sample: Sample, builder: ChatLossMask) -> Sample:
     """Fills one SFT sample in place from its conversation (`sample.prompt`, a list of chat messages).
 
     Raises:
-        ValueError: the prompt is not a message list, or no message is trained on.
+        ValueError: the prompt is not a non-empty list of messages (objects with a string `role` and text or null
+            `content`), a message's text holds a ChatML marker the mask is located by, a distill_qwen conversation
+            that does not end with an assistant reply, a chat template that cannot render the messages (its
+            error chained), or no message is trained on; each names the sample.
     """
-    if not isinstance(sample.prompt, list):
-        raise ValueError(f"sample {sample.index}: SFT needs chat messages in --input-key, got {type(sample.prompt)}")
-    ids, mask = builder.get_loss_mask(sample.prompt, tools=sample.metadata.get("tools"))
+    _check_messages(sample, builder.tokenizer_type)
+    try:
+        ids, mask = builder.get_loss_mask(sample.prompt, tools=sample.metadata.get("tools"))
+    except (TypeError, KeyError, AttributeError, IndexError, jinja2.TemplateError) as e:
+        # Raised by the chat template on data it cannot take (e.g. Qwen3's on a null content): name the sample.
+        raise ValueError(
+            f"sample {sample.index}: the chat template cannot render its messages ({type(e).__name__}: {e})"
+        ) from e
     (length,) = response_lengths([mask])
     if length == 0:
         raise ValueError(f"sample {sample.index}: no assistant message to train on")

@@ -18,8 +18,12 @@ One episode, up to `--max-turns` model turns::
   `\n<|im_start|>user\n<tool_response>\n...\n</tool_response><|im_end|>\n<|im_start|>assistant\n`
   after a turn that ended with `<|im_end|>` (the end-of-turn marker is prepended when the turn was
   cut by a stop string); tag-style environments (Search-R1) give the observation text verbatim.
-* The response-length budget (`max_new_tokens`) is shared by all turns and observations; when it runs
-  out the sample is TRUNCATED. An aborted engine request makes the sample ABORTED (partial output kept).
+* The response-length budget (`max_new_tokens`, capped by `--rollout-max-context-len` less the prompt) is shared
+  by all turns and observations; when it runs out the sample is TRUNCATED (an observation longer than what is
+  left is cut, and only a prefix of it tokenized). An aborted engine request makes the sample ABORTED (partial
+  output kept).
+* What the env's `step` returns is checked (`checked_env_step`): another type fails the rollout naming the env,
+  the sample and the field; an exception it raises fails the sample only.
 * `check_chat_template_consistency` compares the incremental token stream with the chat template's
   rendering of the final conversation, the most common multi-turn tokenization bug. Each sample records
   its conversation (`template_check.CONVERSATION_KEY`) so that the run checks its first samples.
@@ -30,6 +34,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,6 +66,7 @@ __all__ = [
     "ConsistencyReport",
     "build_env",
     "check_chat_template_consistency",
+    "checked_env_step",
     "end_of_turn",
     "env_reward",
     "generate",
@@ -257,7 +264,7 @@ async def _env_step(args: SlimeArgs, env: Env, sample: Sample, text: str) -> Env
     start = time.monotonic()
     what = f"env {_env_name(args, sample)!r} step for sample {sample.index}"
     try:
-        return await call_plugin_with_deadline(env.step, text, what=what, **plugin_bounds(args))
+        step = await call_plugin_with_deadline(env.step, text, what=what, **plugin_bounds(args))
     except DeadlineExceeded:
         raise
     except Exception as e:  # a broken env fails this sample, not the whole rollout
@@ -268,12 +275,80 @@ async def _env_step(args: SlimeArgs, env: Env, sample: Sample, text: str) -> Env
         return None
     finally:
         sample.non_generation_time += time.monotonic() - start
+    return checked_env_step(step, what)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def checked_env_step(step: Any, what: str) -> EnvStep:
+    """`step` if it is an `EnvStep` whose fields have the documented types, else one error naming the field.
+
+    An env's step that returned the original examples' `(observation, done)` tuple, None, or bytes as its
+    observation failed later as a bare `AttributeError`/tokenizer error naming neither the env nor the sample,
+    or (None) ended the episode as COMPLETED; a string `tool_responses` was rendered as one tool message per
+    character.
+
+    Args:
+        step: what the env's `step` returned.
+        what: names the env and the sample (`env 'search' step for sample 3`).
+
+    Returns:
+        `step`.
+
+    Raises:
+        TypeError: not an `EnvStep`; `observation` not a str, `done` not a bool, `info` not a mapping,
+            `tool_responses` not None or a list of str, `reward` not None or a real number.
+        ValueError: a reward that is NaN or infinite.
+    """
+    if not isinstance(step, EnvStep):
+        raise TypeError(
+            f"{what} returned {type(step).__name__} {_shown(step)}, not a slime_core.protocols.EnvStep"
+            "(observation=str, done=bool, reward=float | None, info=dict, tool_responses=list[str] | None)"
+        )
+    checks = [
+        ("observation", isinstance(step.observation, str), "a str"),
+        ("done", isinstance(step.done, bool), "a bool"),
+        ("info", isinstance(step.info, Mapping), "a dict"),
+        (
+            "tool_responses",
+            step.tool_responses is None
+            or (isinstance(step.tool_responses, list | tuple) and all(isinstance(r, str) for r in step.tool_responses)),
+            "None or a list of str (one per tool call)",
+        ),
+        ("reward", step.reward is None or isinstance(step.reward, numbers.Real), "None or a number"),
+    ]
+    for field, ok, wanted in checks:
+        if not ok:
+            value = getattr(step, field)
+            raise TypeError(f"{what} returned EnvStep.{field} = {type(value).__name__} {_shown(value)}, not {wanted}")
+    if step.reward is not None and not math.isfinite(step.reward):
+        raise ValueError(f"{what} returned EnvStep.reward = {step.reward!r}, not a finite number")
+    return step
+
+
+def _encode_within(tokenizer: Any, text: str, room: int) -> list[int]:
+    """The ids of `text`, or, when they surely number `room` or more, the ids of a prefix of it that does.
+
+    Tokenizing runs on the rollout loop at about 1 s per MB: a tool that printed 10 MB held every episode 16 s,
+    only to keep the first `room` ids. A prefix of `8 * room` characters (doubled until its ids reach `room`) is
+    tokenized instead; text that fits is tokenized whole, as before.
+    """
+    chars = 8 * max(room, 1)
+    while chars < len(text):
+        ids = tokenizer.encode(text[:chars], add_special_tokens=False)
+        if len(ids) > room:  # more than fits: the tokens past the cut are never used
+            return ids
+        chars *= 2
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _append_observation(tokenizer: Any, sample: Sample, text: str, budget: int) -> bool:
     """Appends the observation as masked tokens; False (sample TRUNCATED) when it uses up the budget."""
-    obs_ids = tokenizer.encode(text, add_special_tokens=False)
     room = budget - sample.response_length
+    obs_ids = _encode_within(tokenizer, text, room)
     if len(obs_ids) >= room:
         # No room left for another model token after it: keep what fits and stop.
         obs_ids = obs_ids[:room]
@@ -285,7 +360,9 @@ def _append_observation(tokenizer: Any, sample: Sample, text: str, budget: int) 
     return True
 
 
-async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+async def generate(
+    args: SlimeArgs, sample: Sample, sampling_params: dict[str, Any], *, evaluation: bool = False
+) -> Sample:
     """Runs one multi-turn episode against the sample's environment.
 
     Args:
@@ -295,7 +372,10 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
         sample: a fresh sample (prompt text or chat messages; `metadata` from `--metadata-key`, tools
             under `metadata["tools"]` from `--tool-key`); filled in place.
         sampling_params: SGLang sampling params; `max_new_tokens` is the budget of the whole response
-            (all turns and observations); the env's `stop` strings are added and `no_stop_trim` is set.
+            (all turns and observations), capped so that prompt + response fit `--rollout-max-context-len`
+            (`--eval-max-context-len` in eval rollouts), as the single-turn generate does; the env's `stop`
+            strings are added and `no_stop_trim` is set.
+        evaluation: this sample belongs to an eval rollout.
 
     Returns:
         The sample with model turns (trainable, engine log-probs) and observations (masked, 0.0)
@@ -304,7 +384,9 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
         gave a reward and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
 
     Raises:
-        ValueError: no environment configured, or a malformed engine reply.
+        ValueError: no environment configured, a malformed engine reply, or a non-finite env reward.
+        TypeError: the env's `step` returned something other than an `EnvStep` of the documented field types
+            (`checked_env_step`).
         DeadlineExceeded: the env's construction, `reset` or `step` ran past `--plugin-timeout-secs`.
 
     A sample that already holds a partial response (an aborted episode from the partial-rollout
@@ -323,6 +405,12 @@ async def generate(args: SlimeArgs, sample: Sample, sampling_params: dict[str, A
     tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
     sample.metadata[CONVERSATION_KEY] = {"tools": tools, "segments": []}
     budget = int(sampling_params["max_new_tokens"])
+    max_context_len = args.eval_max_context_len if evaluation else None
+    if max_context_len is None:
+        max_context_len = args.rollout_max_context_len
+    if max_context_len is not None:
+        # Prompt + every turn and observation must fit the context window; none left: TRUNCATED, no engine call.
+        budget = min(budget, max_context_len - sample.prompt_length)
     params = dict(sampling_params)
     stop = list(params.get("stop") or [])
     stop += [s for s in getattr(env, "stop", None) or [] if s not in stop]

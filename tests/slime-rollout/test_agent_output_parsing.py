@@ -1,0 +1,20 @@
+"""`slime_rollout.agent.output_parsing.parse_output`: content, reasoning and tool calls of one model turn."""
+
+import pytest
+
+from slime_rollout.agent.output_parsing import parse_output
+
+
+def test_calls_leave_the_content_and_ill_formed_blocks_stay():
+    text = 'Let me look.<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call><tool_call>{bad}</tool_call> ok'
+    parsed = parse_output(text, parse_tools=True, parse_reasoning=False)
+    assert parsed.tool_calls == [{"name": "f", "arguments": {"x": 1}}]
+    assert parsed.content == "Let me look.<tool_call>{bad}</tool_call> ok" and parsed.num_ill_formed == 1
+
+
+@pytest.mark.timeout(60)
+def test_repeated_opening_tags_parse_in_linear_time():
+    # The adapter parses on the rollout loop: the regex was quadratic in unclosed openings (~15 min here).
+    text = "<think>r</think>" + "<tool_call>" * 200_000
+    parsed = parse_output(text, parse_tools=True, parse_reasoning=True)
+    assert parsed.tool_calls == [] and parsed.reasoning == "r" and parsed.content == "<tool_call>" * 200_000
