@@ -22,6 +22,7 @@ from tqdm import tqdm
 from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
+from slime_convert.staged import staged_output
 from slime_convert.torch_dist import (
     TRACKER_FILE,
     LazyChunk,
@@ -210,7 +211,7 @@ def mcore_to_hf(
         chunk_size: max bytes per safetensors shard (`--chunk-size`).
         vocab_size: rows to keep of embedding/head (`--vocab-size`; default: the config's vocab_size).
         dtype: cast weights to this dtype (default: keep the stored dtype).
-        force: overwrite `output_dir` if it exists (`-f/--force`).
+        force: replace `output_dir` if it exists (`-f/--force`), once the new checkpoint is complete.
         progress: show a tqdm bar.
 
     Returns:
@@ -219,27 +220,18 @@ def mcore_to_hf(
     Raises:
         FileExistsError: `output_dir` exists and not `force`.
         KeyError: a tensor the mapping needs is missing from the checkpoint.
+        OSError: writing failed (a full disk); `output_dir` is left as it was (the new files go to
+            `<output_dir>.tmp` first, which is removed).
     """
     args = ModelArgs.from_hf_dir(origin_hf_dir)
     if vocab_size is not None:
         args = dataclasses.replace(args, vocab_size=vocab_size)
     ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
     out = pathlib.Path(output_dir)
-    if out.exists():
-        if not force:
-            raise FileExistsError(f"{out} exists (pass -f/--force to overwrite)")
-        shutil.rmtree(out)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
+    with staged_output(out, force=force, flag="--output-dir") as tmp:
         _write_hf(ckpt, args, HFShardedWriter(tmp, max_shard_bytes=chunk_size), dtype=dtype, progress=progress)
         for src in pathlib.Path(origin_hf_dir).iterdir():
             if src.is_file() and not src.name.endswith(_WEIGHT_SUFFIXES) and src.name != "model.safetensors.index.json":
                 shutil.copy2(src, tmp / src.name)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
-        raise
-    os.replace(tmp, out)
     logger.info("wrote HF checkpoint to %s", out)
     return out

@@ -277,6 +277,7 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
 
     Raises:
         FileNotFoundError: nothing loadable at `path`.
+        ValueError: the tracker file holds neither an iteration number nor "release".
     """
     root = pathlib.Path(path)
     if (root / ".metadata").is_file():
@@ -289,7 +290,10 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
             raise FileNotFoundError(
                 f"{root}: neither a torch_dist directory (.metadata) nor a save dir ({TRACKER_FILE})"
             )
-        text = tracker.read_text().strip()
+        text = tracker.read_text(errors="replace").strip()
+        if text != "release" and not (text.isascii() and text.isdigit()):
+            # Megatron writes an iteration number or "release"; anything else is a damaged or foreign file.
+            raise ValueError(f"{tracker}: holds {text[:80]!r}, not an iteration number or 'release'")
         candidate = root / ("release" if text == "release" else f"iter_{int(text):07d}")
     if not (candidate / ".metadata").is_file():
         raise FileNotFoundError(f"{candidate} is not a torch_dist checkpoint directory")
