@@ -139,3 +139,21 @@ def test_hf_to_fp8_writes_nothing_when_it_fails_midway(tmp_path, monkeypatch, ca
     assert main(argv) == 2  # was an OSError traceback
     assert "No space left on device" in caplog.text and len(calls) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "old"]
+
+
+@pytest.mark.parametrize("vocab", [0, -5])  # 0 wrote a [0, hidden] embedding; -5 kept 379 of 384 padded rows
+def test_a_vocab_size_below_one_is_refused(tiny_hf_model, tmp_path, caplog, vocab):
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress", "--vocab-size", str(vocab)]) == 2
+    assert f"--vocab-size must be a positive number of rows, got {vocab}" in caplog.text
+    assert not (tmp_path / "h").exists()
+
+
+def test_a_vocab_size_other_than_the_configs_is_warned_about(tiny_hf_model, tmp_path, caplog):
+    _, hf_dir = tiny_hf_model("qwen3")  # vocab_size=300
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h", hf_dir, vocab_size=256, progress=False)
+    assert "--vocab-size 256 differs from vocab_size=300" in caplog.text
+    assert HFCheckpointReader(out).get("model.embed_tokens.weight").shape == (256, 64)

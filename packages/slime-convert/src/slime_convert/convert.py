@@ -220,11 +220,20 @@ def mcore_to_hf(
     Raises:
         FileExistsError: `output_dir` exists and not `force`.
         KeyError: a tensor the mapping needs is missing from the checkpoint.
+        ValueError: `vocab_size` < 1, or more rows than the checkpoint holds.
         OSError: writing failed (a full disk); `output_dir` is left as it was (the new files go to
             `<output_dir>.tmp` first, which is removed).
     """
     args = ModelArgs.from_hf_dir(origin_hf_dir)
     if vocab_size is not None:
+        if vocab_size < 1:  # 0 wrote an empty embedding; -5 sliced [:-5], keeping padding rows (exit 0 both)
+            raise ValueError(f"--vocab-size must be a positive number of rows, got {vocab_size}")
+        if vocab_size != args.vocab_size:
+            logger.warning(
+                "--vocab-size %d differs from vocab_size=%d in %s/config.json, which is copied as is: "
+                "transformers refuses the embedding until the output's config.json says %d",
+                vocab_size, args.vocab_size, origin_hf_dir, vocab_size,
+            )  # fmt: skip
         args = dataclasses.replace(args, vocab_size=vocab_size)
     ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
     out = pathlib.Path(output_dir)
