@@ -157,3 +157,15 @@ def test_a_vocab_size_other_than_the_configs_is_warned_about(tiny_hf_model, tmp_
     out = mcore_to_hf(tmp_path / "m", tmp_path / "h", hf_dir, vocab_size=256, progress=False)
     assert "--vocab-size 256 differs from vocab_size=300" in caplog.text
     assert HFCheckpointReader(out).get("model.embed_tokens.weight").shape == (256, 64)
+
+
+def test_hf_to_mcore_into_a_training_run_folder_is_refused(tiny_hf_model, tmp_path, caplog):
+    # The tracker was re-pointed at "release": the next --load of the run resumed from the HF weights, silently.
+    _, hf_dir = tiny_hf_model("qwen3")
+    run = tmp_path / "run"
+    (run / "iter_0000100").mkdir(parents=True)
+    (run / "latest_checkpointed_iteration.txt").write_text("100")
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", str(run), "--no-progress"]) == 2
+    assert "latest_checkpointed_iteration.txt names iteration '100'" in caplog.text
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "100"
+    assert sorted(p.name for p in run.iterdir()) == ["iter_0000100", "latest_checkpointed_iteration.txt"]

@@ -78,13 +78,20 @@ def hf_to_mcore(
 
     Raises:
         ValueError: bad TP/PP, unsupported model, or a missing HF tensor (named).
-        FileExistsError: `<save_dir>/release` exists.
+        FileExistsError: `<save_dir>/release` exists, or `save_dir` holds a tracker naming a training iteration.
     """
     args = ModelArgs.from_hf_dir(hf_dir)
     if tensor_model_parallel_size < 1 or pipeline_model_parallel_size < 1:
         raise ValueError(f"--tp and --pp must be ≥ 1, got {tensor_model_parallel_size}, {pipeline_model_parallel_size}")
     if pipeline_model_parallel_size > args.num_layers:
         raise ValueError(f"--pp {pipeline_model_parallel_size} exceeds num_hidden_layers={args.num_layers}")
+    tracker = pathlib.Path(save_dir) / TRACKER_FILE
+    if tracker.is_file() and tracker.read_text(errors="replace").strip() != "release":
+        # Re-pointing the tracker at release would make the next --load of this folder start from the HF weights.
+        raise FileExistsError(
+            f"--save {save_dir} holds a training run ({TRACKER_FILE} names iteration "
+            f"{tracker.read_text(errors='replace').strip()[:40]!r}); give hf-to-mcore a folder of its own"
+        )
     reader = HFCheckpointReader(hf_dir)
     if not args.tie_word_embeddings and "lm_head.weight" not in reader:
         # An untied model's output layer is its own matrix; silently using the embedding in its place would
