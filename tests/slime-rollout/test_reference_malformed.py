@@ -150,3 +150,28 @@ def test_a_tensor_payload_that_does_not_load_is_400_and_changes_nothing(engine_c
     )
     assert ok.status_code == 200 and ok.json()["success"] is True
     assert engine_client.post("/update_weight_version", json={"new_version": "default"}).status_code == 200
+
+
+@pytest.mark.parametrize("damage", ["shape", "truncated"])
+def test_a_disk_checkpoint_bad_in_a_later_shard_changes_no_weight(engine_client, tiny_qwen3_dir, tmp_path, damage):
+    from safetensors.torch import load_file, save_file
+
+    # Two shards: the first is a good new model (every weight one value), the second (sorted last) is broken.
+    state = load_file(str(next(tiny_qwen3_dir.glob("*.safetensors"))))
+    names = sorted(state)
+    fill = {"shape": 0.25, "truncated": 0.5}[damage]  # differs per case: the engine is shared by the module
+    first = {n: torch.full_like(state[n], fill) for n in names[:-1]}
+    save_file(first, str(tmp_path / "model-00001-of-00002.safetensors"))
+    last = names[-1]
+    bad = torch.zeros(3, 3) if damage == "shape" else state[last]  # another model size / a cut copy
+    save_file({last: bad}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    if damage == "truncated":
+        shard = tmp_path / "model-00002-of-00002.safetensors"
+        shard.write_bytes(shard.read_bytes()[:100])
+    checksum = engine_client.post("/weights_checker", json={"action": "checksum"}).json()["per_engine_checksum"]
+    got = engine_client.post("/update_weights_from_disk", json={"model_path": str(tmp_path), "weight_version": "x"})
+    assert got.status_code == 400 and got.json()["success"] is False
+    assert set(got.json()) == {"success", "message", "num_paused_requests"}
+    # Shard 1 was applied before shard 2 failed: the engine served a mix of two models under its old version.
+    assert engine_client.post("/weights_checker", json={"action": "checksum"}).json()["per_engine_checksum"] == checksum
+    assert engine_client.get("/model_info").json()["weight_version"] == "default"
