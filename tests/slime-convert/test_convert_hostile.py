@@ -169,3 +169,24 @@ def test_hf_to_mcore_into_a_training_run_folder_is_refused(tiny_hf_model, tmp_pa
     assert "latest_checkpointed_iteration.txt names iteration '100'" in caplog.text
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "100"
     assert sorted(p.name for p in run.iterdir()) == ["iter_0000100", "latest_checkpointed_iteration.txt"]
+
+
+def test_mixed_dtypes_name_the_tensor_and_the_flag_that_casts(tiny_hf_model, tmp_path, caplog):
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    mixed = _copy(hf_dir, tmp_path / "mixed")
+    name = "model.layers.1.mlp.down_proj.weight"  # layer 0 stays fp32, layer 1 becomes fp16
+    shard = mixed / json.loads((mixed / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name] = tensors[name].half()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(mixed), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2  # was DCP's CheckpointException (a BaseException) with a rank traceback
+    assert (
+        "decoder.layers.mlp.linear_fc2.weight at (1, 0, 0): produced dtype torch.float16, expected torch.float32"
+        in caplog.text
+    )
+    assert "pass --dtype to cast every weight to one" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == []  # no release, no release.tmp
+    assert main([*argv, "--dtype", "bf16"]) == 0

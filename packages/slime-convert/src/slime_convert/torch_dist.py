@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
@@ -133,7 +134,10 @@ class _LazySavePlanner(DefaultSavePlanner):
                 f"{chunk.key} at {chunk.offsets}: produced shape {tuple(tensor.shape)}, expected {expected}"
             )
         if tensor.dtype != chunk.dtype:
-            raise ValueError(f"{chunk.key} at {chunk.offsets}: produced dtype {tensor.dtype}, expected {chunk.dtype}")
+            raise ValueError(
+                f"{chunk.key} at {chunk.offsets}: produced dtype {tensor.dtype}, expected {chunk.dtype} (the first "
+                "layer's): the checkpoint mixes dtypes; pass --dtype to cast every weight to one"
+            )
         return tensor.reshape(expected).contiguous()
 
 
@@ -164,7 +168,15 @@ def write_torch_dist(
     tmp.mkdir(parents=True)
     try:
         writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, thread_count=1, overwrite=True)
-        dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
+        try:
+            dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
+        except CheckpointException as e:
+            # DCP wraps a producer's error (a BaseException holding a rank traceback); the error itself names the
+            # tensor. Raise that.
+            cause = next((exc for exc, _ in e.failures.values() if isinstance(exc, Exception)), None)
+            if cause is None:
+                raise
+            raise cause from e
         torch.save(common_state, tmp / "common.pt")
         (tmp / "metadata.json").write_text(json.dumps(_CONFIG))
     except BaseException:
