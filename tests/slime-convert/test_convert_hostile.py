@@ -190,3 +190,20 @@ def test_mixed_dtypes_name_the_tensor_and_the_flag_that_casts(tiny_hf_model, tmp
     assert "pass --dtype to cast every weight to one" in caplog.text
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == []  # no release, no release.tmp
     assert main([*argv, "--dtype", "bf16"]) == 0
+
+
+@pytest.mark.parametrize("part", ["shard", "metadata"])
+def test_a_damaged_torch_dist_checkpoint_is_one_error_naming_it(tiny_hf_model, tmp_path, caplog, part):
+    _, hf_dir = tiny_hf_model("qwen3")
+    release = hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    damaged = next(release.glob("*.distcp")) if part == "shard" else release / ".metadata"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])  # a partial copy
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    # Was DCP's CheckpointException (a BaseException, a rank traceback) / pickle's UnpicklingError naming no file.
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    expected = {
+        "shard": f"{release}: cannot be read (RuntimeError: PytorchStreamReader failed reading zip archive",
+        "metadata": f"{release / '.metadata'}: not readable torch_dist metadata (UnpicklingError",
+    }[part]
+    assert expected in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]

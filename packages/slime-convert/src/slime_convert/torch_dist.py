@@ -232,12 +232,16 @@ class TorchDistReader:
 
         Raises:
             FileNotFoundError: not a torch_dist directory (no `.metadata`).
+            ValueError: `.metadata` does not read (truncated, not DCP's), naming the file.
         """
         self.dir = pathlib.Path(ckpt_dir)
         if not (self.dir / ".metadata").is_file():
             raise FileNotFoundError(f"{self.dir} is not a torch_dist checkpoint directory (no .metadata)")
         self._reader = dcp.FileSystemReader(str(self.dir))
-        self.metadata = self._reader.read_metadata()
+        try:
+            self.metadata = self._reader.read_metadata()
+        except Exception as e:  # a truncated or foreign file: pickle's or torch's error, naming no file
+            raise ValueError(f"{self.dir / '.metadata'}: not readable torch_dist metadata ({_first_line(e)})") from e
 
     def tensor_keys(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Stored tensors: key → (global shape, dtype)."""
@@ -259,6 +263,7 @@ class TorchDistReader:
 
         Raises:
             KeyError: a key is not in the checkpoint.
+            ValueError: the stored bytes do not read (a truncated shard), naming the directory and the cause.
         """
         shapes = self.tensor_keys()
         targets: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
@@ -272,13 +277,28 @@ class TorchDistReader:
             targets[(key, offsets)] = target
             out.append(target.reshape(shape[len(index) :]))
         self._reader = dcp.FileSystemReader(str(self.dir))
-        dcp.load({}, storage_reader=self._reader, planner=_ChunkLoadPlanner(targets), no_dist=True)
+        try:
+            dcp.load({}, storage_reader=self._reader, planner=_ChunkLoadPlanner(targets), no_dist=True)
+        except CheckpointException as e:  # a BaseException holding a rank traceback; the cause is what to say
+            cause = next((exc for exc, _ in e.failures.values() if isinstance(exc, Exception)), None)
+            if cause is None:
+                raise
+            raise ValueError(
+                f"{self.dir}: cannot be read ({_first_line(cause)}); the checkpoint was damaged after it was written "
+                "(a partial copy?)"
+            ) from e
         return out
 
     def common_state(self) -> dict[str, Any]:
         """The `common.pt` contents ({} when absent)."""
         path = self.dir / "common.pt"
         return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else {}
+
+
+def _first_line(error: BaseException) -> str:
+    """`Type: first sentence` of `error` (torch appends paragraphs of advice)."""
+    text = " ".join(str(error).split()).split(". ")[0][:200]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = None) -> pathlib.Path:
