@@ -207,3 +207,20 @@ def test_a_damaged_torch_dist_checkpoint_is_one_error_naming_it(tiny_hf_model, t
     }[part]
     assert expected in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_outputs_reach_the_disk_before_the_renames_that_publish_them(tiny_hf_model, tmp_path, fsync_and_rename_log):
+    events = fsync_and_rename_log
+    _, hf_dir = tiny_hf_model("qwen3")
+    release = hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    out = mcore_to_hf(release, tmp_path / "h", hf_dir, progress=False)
+    for final in (release, out.absolute()):
+        staged = final.with_name(final.name + ".tmp")
+        publish = events.index(("replace", str(staged), str(final)))
+        flushed = {e[1] for e in events[:publish] if e[0] == "fsync"}
+        written = {str(p).replace(str(final), str(staged)) for p in final.rglob("*")} | {str(staged)}
+        assert written <= flushed, final  # every file and folder, before the final name exists
+        assert ("fsync", str(final.parent)) in events[publish:]  # and the rename itself
+    tracker = str(tmp_path / "m" / "latest_checkpointed_iteration.txt")
+    commit = events.index(("replace", tracker + ".tmp", tracker))
+    assert ("fsync", tracker + ".tmp") in events[:commit]

@@ -31,6 +31,7 @@ from slime_convert.torch_dist import (
     sharded_object_key,
     write_torch_dist,
 )
+from slime_core.dir_swap import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -171,9 +172,7 @@ def hf_to_mcore(
     finally:
         bar.close()
         reader.close()
-    tmp_tracker = root / (TRACKER_FILE + ".tmp")
-    tmp_tracker.write_text("release")
-    os.replace(tmp_tracker, root / TRACKER_FILE)
+    write_text_atomic(root / TRACKER_FILE, "release")
     logger.info("wrote %s (%d tensor chunks)", out, len(chunks))
     return out
 

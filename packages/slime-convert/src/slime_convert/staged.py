@@ -1,7 +1,9 @@
 """An output directory that appears whole or not at all: written as `<out>.tmp`, then renamed over `<out>`.
 
 A conversion that fails part way (a full disk, a truncated input, Ctrl-C) removes its `<out>.tmp` and leaves
-`<out>` as it was, so `--force` never destroys the previous output before the new one is complete.
+`<out>` as it was, so `--force` never destroys the previous output before the new one is complete. The files are
+flushed to the disk before the rename that publishes them (`slime_core.dir_swap.sync_tree`), so a power loss cannot
+leave the final name holding empty shards.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 import pathlib
 import shutil
 from collections.abc import Iterator
+
+from slime_core.dir_swap import sync_tree
 
 __all__ = ["staged_output"]
 
@@ -48,6 +52,7 @@ def staged_output(output: str | os.PathLike[str], *, force: bool, flag: str) -> 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
         raise
+    sync_tree(tmp)
     if out.exists() or out.is_symlink():
         _remove(old)
         os.replace(out, old)  # a link or file moves as itself; its target is never touched
@@ -55,3 +60,4 @@ def staged_output(output: str | os.PathLike[str], *, force: bool, flag: str) -> 
         _remove(old)
     else:
         os.replace(tmp, out)
+    sync_tree(out.parent, recursive=False)  # the rename itself

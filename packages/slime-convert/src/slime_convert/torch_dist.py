@@ -45,6 +45,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from slime_core.dir_swap import sync_tree
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -182,7 +184,9 @@ def write_torch_dist(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
         raise
+    sync_tree(tmp)  # the files reach the disk before the name that publishes them
     os.replace(tmp, out)
+    sync_tree(out.parent, recursive=False)
 
 
 class _ChunkLoadPlanner(LoadPlanner):
