@@ -64,6 +64,6 @@ def test_hf_to_fp8_refuses_a_quantized_input_and_an_existing_output(tmp_path, ca
     out = tmp_path / "fp8"
     assert main(["hf-to-fp8", "--hf-checkpoint", str(tmp_path / "bf16"), "--save", str(out), "--no-progress"]) == 0
     assert main(["hf-to-fp8", "--hf-checkpoint", str(tmp_path / "bf16"), "--save", str(out), "--no-progress"]) == 2
-    assert "exists (pass --force" in caplog.text
+    assert "exists (pass -f/--force" in caplog.text
     assert main(["hf-to-fp8", "--hf-checkpoint", str(out), "--save", str(tmp_path / "again"), "--no-progress"]) == 2
     assert "already quantized ('fp8')" in caplog.text

@@ -1,6 +1,5 @@
 """Checkpoint directories under --save are replaced only when slime wrote them (slime_core.dir_swap marker)."""
 
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -74,7 +73,7 @@ def test_a_truncated_shard_is_one_error_naming_load_the_iteration_and_the_one_to
     assert _load(root, ckpt_step=1)["next_rollout_id"] == 1  # the suggested one loads
 
 
-@pytest.mark.parametrize("text", ["", "2\x00\x00"])
+@pytest.mark.parametrize("text", ["", "2\x00\x00", "\u00b2"])  # "²": str.isdigit, not int(): was int()'s error
 def test_a_tracker_that_names_no_iteration_is_one_error(tmp_path, one_rank, text):
     root = tmp_path / "save"
     _save(root, 0)
@@ -114,3 +113,20 @@ def test_a_checkpoint_of_other_parameters_is_not_called_damaged(tmp_path, one_ra
         "a flag that decides the parameters differs from the saved run's (--lora-rank, --lora-target-modules, "
         "--hf-checkpoint); resume with the saved run's flags"
     )
+
+
+def test_a_checkpoint_of_another_model_size_is_not_called_damaged(tmp_path, one_rank):
+    # Same parameter names, other shapes (a resume with another --hf-checkpoint size): DCP's "Size mismatch" was
+    # reported as a checkpoint "damaged after it was written (a partial copy ...)".
+    root = tmp_path / "save"
+    _save(root, 0)  # nn.Linear(2, 2)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert str(e.value).startswith(
+        f"--load {root}: iter_0000001 holds other parameters than this run's model (ValueError: Size mismatch between "
+        "saved torch.Size([2, 2]) and current: torch.Size([2, 3]) for model.weight"
+    )
+    assert "damaged" not in str(e.value)

@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 force=ns.force,
                 progress=not ns.no_progress,
             )
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, KeyError, OSError) as e:
+        # OSError: a full disk, a read-only or missing folder, a file where a folder should be; the output is left
+        # as it was (every writer stages its files and renames them at the end).
         logger.error("%s", e)
         return 2
     return 0

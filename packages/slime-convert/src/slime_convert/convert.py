@@ -22,6 +22,7 @@ from tqdm import tqdm
 from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
+from slime_convert.staged import staged_output
 from slime_convert.torch_dist import (
     TRACKER_FILE,
     LazyChunk,
@@ -30,6 +31,7 @@ from slime_convert.torch_dist import (
     sharded_object_key,
     write_torch_dist,
 )
+from slime_core.dir_swap import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +79,20 @@ def hf_to_mcore(
 
     Raises:
         ValueError: bad TP/PP, unsupported model, or a missing HF tensor (named).
-        FileExistsError: `<save_dir>/release` exists.
+        FileExistsError: `<save_dir>/release` exists, or `save_dir` holds a tracker naming a training iteration.
     """
     args = ModelArgs.from_hf_dir(hf_dir)
     if tensor_model_parallel_size < 1 or pipeline_model_parallel_size < 1:
         raise ValueError(f"--tp and --pp must be ≥ 1, got {tensor_model_parallel_size}, {pipeline_model_parallel_size}")
     if pipeline_model_parallel_size > args.num_layers:
         raise ValueError(f"--pp {pipeline_model_parallel_size} exceeds num_hidden_layers={args.num_layers}")
+    tracker = pathlib.Path(save_dir) / TRACKER_FILE
+    if tracker.is_file() and tracker.read_text(errors="replace").strip() != "release":
+        # Re-pointing the tracker at release would make the next --load of this folder start from the HF weights.
+        raise FileExistsError(
+            f"--save {save_dir} holds a training run ({TRACKER_FILE} names iteration "
+            f"{tracker.read_text(errors='replace').strip()[:40]!r}); give hf-to-mcore a folder of its own"
+        )
     reader = HFCheckpointReader(hf_dir)
     if not args.tie_word_embeddings and "lm_head.weight" not in reader:
         # An untied model's output layer is its own matrix; silently using the embedding in its place would
@@ -163,9 +172,7 @@ def hf_to_mcore(
     finally:
         bar.close()
         reader.close()
-    tmp_tracker = root / (TRACKER_FILE + ".tmp")
-    tmp_tracker.write_text("release")
-    os.replace(tmp_tracker, root / TRACKER_FILE)
+    write_text_atomic(root / TRACKER_FILE, "release")
     logger.info("wrote %s (%d tensor chunks)", out, len(chunks))
     return out
 
@@ -210,7 +217,7 @@ def mcore_to_hf(
         chunk_size: max bytes per safetensors shard (`--chunk-size`).
         vocab_size: rows to keep of embedding/head (`--vocab-size`; default: the config's vocab_size).
         dtype: cast weights to this dtype (default: keep the stored dtype).
-        force: overwrite `output_dir` if it exists (`-f/--force`).
+        force: replace `output_dir` if it exists (`-f/--force`), once the new checkpoint is complete.
         progress: show a tqdm bar.
 
     Returns:
@@ -219,27 +226,27 @@ def mcore_to_hf(
     Raises:
         FileExistsError: `output_dir` exists and not `force`.
         KeyError: a tensor the mapping needs is missing from the checkpoint.
+        ValueError: `vocab_size` < 1, or more rows than the checkpoint holds.
+        OSError: writing failed (a full disk); `output_dir` is left as it was (the new files go to
+            `<output_dir>.tmp` first, which is removed).
     """
     args = ModelArgs.from_hf_dir(origin_hf_dir)
     if vocab_size is not None:
+        if vocab_size < 1:  # 0 wrote an empty embedding; -5 sliced [:-5], keeping padding rows (exit 0 both)
+            raise ValueError(f"--vocab-size must be a positive number of rows, got {vocab_size}")
+        if vocab_size != args.vocab_size:
+            logger.warning(
+                "--vocab-size %d differs from vocab_size=%d in %s/config.json, which is copied as is: "
+                "transformers refuses the embedding until the output's config.json says %d",
+                vocab_size, args.vocab_size, origin_hf_dir, vocab_size,
+            )  # fmt: skip
         args = dataclasses.replace(args, vocab_size=vocab_size)
     ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
     out = pathlib.Path(output_dir)
-    if out.exists():
-        if not force:
-            raise FileExistsError(f"{out} exists (pass -f/--force to overwrite)")
-        shutil.rmtree(out)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
+    with staged_output(out, force=force, flag="--output-dir") as tmp:
         _write_hf(ckpt, args, HFShardedWriter(tmp, max_shard_bytes=chunk_size), dtype=dtype, progress=progress)
         for src in pathlib.Path(origin_hf_dir).iterdir():
             if src.is_file() and not src.name.endswith(_WEIGHT_SUFFIXES) and src.name != "model.safetensors.index.json":
                 shutil.copy2(src, tmp / src.name)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
-        raise
-    os.replace(tmp, out)
     logger.info("wrote HF checkpoint to %s", out)
     return out

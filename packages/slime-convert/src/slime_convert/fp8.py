@@ -17,9 +17,11 @@ import logging
 import pathlib
 import shutil
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from slime_convert.staged import staged_output
 from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX, Fp8Config, quantize_named
 
 logger = logging.getLogger(__name__)
@@ -43,9 +45,10 @@ def hf_to_fp8(
 
     Args:
         hf_dir: input HF directory (config.json + *.safetensors + tokenizer files).
-        save_dir: output directory (created; must not exist unless `force`).
+        save_dir: output directory (created; must not exist unless `force`). Written as `<save_dir>.tmp` and
+            renamed when complete, so a failure (a full disk, a truncated input) leaves `save_dir` as it was.
         block_size: `(rows, columns)` per scale (`--block-size`).
-        force: replace an existing `save_dir`.
+        force: replace an existing `save_dir` once the new checkpoint is complete.
         progress: show a progress bar over the shards.
 
     Returns:
@@ -54,7 +57,8 @@ def hf_to_fp8(
     Raises:
         FileNotFoundError: `hf_dir` has no config.json or no safetensors file.
         FileExistsError: `save_dir` exists and `force` is False.
-        ValueError: the input is already quantized, or a block size is not positive.
+        ValueError: the input is already quantized, a block size is not positive, or an input shard is not a
+            complete safetensors file (named).
     """
     src, out = pathlib.Path(hf_dir), pathlib.Path(save_dir)
     if len(block_size) != 2 or min(block_size) <= 0:
@@ -62,24 +66,42 @@ def hf_to_fp8(
     config_path = src / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path}: no such file (--hf-checkpoint must be an HF model directory)")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config_path}: not JSON ({e})") from e
     if config.get("quantization_config"):
         raise ValueError(f"{config_path}: already quantized ({config['quantization_config'].get('quant_method')!r})")
     files = sorted(src.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{src}: no *.safetensors")
-    if out.exists():
-        if not force:
-            raise FileExistsError(f"{out} exists (pass --force to replace it)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    with staged_output(out, force=force, flag="--save") as tmp:
+        cfg, num_quantized, total = _write_fp8(src, tmp, files, config, block_size, progress)
+    logger.info("%s: %d weights quantized to FP8 (block %s), %d kept; %.2f GB", out, num_quantized,
+                list(cfg.weight_block_size), len(cfg.modules_to_not_convert), total / 1e9)  # fmt: skip
+    return cfg
+
+
+def _write_fp8(
+    src: pathlib.Path,
+    out: pathlib.Path,
+    files: list[pathlib.Path],
+    config: dict,
+    block_size: tuple[int, int],
+    progress: bool,
+) -> tuple[Fp8Config, int, int]:
+    """Writes the quantized shards, the other files, config and index into `out`; (config, quantized, bytes)."""
     cfg = Fp8Config(weight_block_size=(int(block_size[0]), int(block_size[1])))
     weight_map: dict[str, str] = {}
     kept: set[str] = set()
     total = num_quantized = 0
     for f in tqdm(files, desc="hf-to-fp8", disable=not progress):
+        try:
+            loaded = load_file(str(f))
+        except SafetensorError as e:  # a truncated copy
+            raise ValueError(f"{f}: not a complete safetensors file ({e})") from e
         tensors = {}
-        for name, t in quantize_named(load_file(str(f)).items(), cfg):
+        for name, t in quantize_named(loaded.items(), cfg):
             tensors[name] = t.contiguous()
             num_quantized += name.endswith(SCALE_SUFFIX)
             if name.endswith(".weight") and t.dim() >= 2 and t.is_floating_point() and t.dtype != FP8_DTYPE:
@@ -95,6 +117,4 @@ def hf_to_fp8(
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    logger.info("%s: %d weights quantized to FP8 (block %s), %d kept; %.2f GB", out, num_quantized,
-                list(cfg.weight_block_size), len(kept), total / 1e9)  # fmt: skip
-    return cfg
+    return cfg, num_quantized, total

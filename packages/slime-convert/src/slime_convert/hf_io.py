@@ -15,7 +15,7 @@ import pathlib
 from collections.abc import Iterable
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 logger = logging.getLogger(__name__)
@@ -36,31 +36,44 @@ class HFCheckpointReader:
     """
 
     def __init__(self, hf_dir: str | os.PathLike[str]) -> None:
-        """Indexes the checkpoint (reads only headers).
+        """Indexes the checkpoint (reads only headers; every shard's header is checked once).
 
         Raises:
             FileNotFoundError: neither `model.safetensors.index.json` nor any `*.safetensors` in `hf_dir`.
-            ValueError: the index names a missing file.
+            ValueError: the index does not parse or names a missing file or a tensor its file lacks, or a shard
+                is not a complete safetensors file (truncated copy); each names the file.
         """
         self.dir = pathlib.Path(hf_dir)
         index = self.dir / INDEX_NAME
         self._where: dict[str, pathlib.Path] = {}
+        self._handles: dict[pathlib.Path, object] = {}
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            for name, file in weight_map.items():
+            for name, file in _weight_map(index).items():
                 path = self.dir / file
                 if not path.is_file():
                     raise ValueError(f"{index}: tensor {name!r} is in {file}, which does not exist")
                 self._where[name] = path
+            for path in sorted(set(self._where.values())):
+                stored = set(self._open(path).keys())  # type: ignore[attr-defined]
+                missing = sorted(n for n, p in self._where.items() if p == path and n not in stored)
+                if missing:
+                    raise ValueError(f"{index}: names {missing[:3]} in {path.name}, which does not hold them")
         else:
             files = sorted(self.dir.glob("*.safetensors"))
             if not files:
                 raise FileNotFoundError(f"no {INDEX_NAME} or *.safetensors in {self.dir}")
             for path in files:
-                with safe_open(str(path), framework="pt") as f:
-                    for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                        self._where[name] = path
-        self._handles: dict[pathlib.Path, object] = {}
+                for name in self._open(path).keys():  # type: ignore[attr-defined]  # noqa: SIM118
+                    self._where[name] = path
+
+    def _open(self, path: pathlib.Path) -> object:
+        handle = self._handles.get(path)
+        if handle is None:
+            try:
+                handle = self._handles[path] = safe_open(str(path), framework="pt")
+            except SafetensorError as e:  # header too small / file not fully covered: a truncated copy
+                raise ValueError(f"{path}: not a complete safetensors file ({e})") from e
+        return handle
 
     def keys(self) -> list[str]:
         """All tensor names."""
@@ -74,18 +87,30 @@ class HFCheckpointReader:
 
         Raises:
             KeyError: the checkpoint has no tensor `name`.
+            ValueError: its bytes do not read (the file changed after it was indexed).
         """
         path = self._where.get(name)
         if path is None:
             raise KeyError(f"tensor {name!r} not found in HF checkpoint {self.dir}")
-        handle = self._handles.get(path)
-        if handle is None:
-            handle = self._handles[path] = safe_open(str(path), framework="pt")
-        return handle.get_tensor(name)  # type: ignore[attr-defined]
+        try:
+            return self._open(path).get_tensor(name)  # type: ignore[attr-defined]
+        except SafetensorError as e:
+            raise ValueError(f"{path}: tensor {name!r} does not read ({e})") from e
 
     def close(self) -> None:
         """Drops the open file handles."""
         self._handles.clear()
+
+
+def _weight_map(index: pathlib.Path) -> dict[str, str]:
+    """The `weight_map` of a `model.safetensors.index.json` (tensor name -> file name), checked."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"{index}: not a safetensors index ({e})") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ValueError(f"{index}: no 'weight_map' object of tensor name -> file name")
+    return weight_map
 
 
 class HFShardedWriter:

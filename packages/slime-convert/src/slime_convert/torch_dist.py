@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
@@ -43,6 +44,8 @@ from torch.distributed.checkpoint.planner import (
     WriteItemType,
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from slime_core.dir_swap import sync_tree
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +136,10 @@ class _LazySavePlanner(DefaultSavePlanner):
                 f"{chunk.key} at {chunk.offsets}: produced shape {tuple(tensor.shape)}, expected {expected}"
             )
         if tensor.dtype != chunk.dtype:
-            raise ValueError(f"{chunk.key} at {chunk.offsets}: produced dtype {tensor.dtype}, expected {chunk.dtype}")
+            raise ValueError(
+                f"{chunk.key} at {chunk.offsets}: produced dtype {tensor.dtype}, expected {chunk.dtype} (the first "
+                "layer's): the checkpoint mixes dtypes; pass --dtype to cast every weight to one"
+            )
         return tensor.reshape(expected).contiguous()
 
 
@@ -164,13 +170,23 @@ def write_torch_dist(
     tmp.mkdir(parents=True)
     try:
         writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, thread_count=1, overwrite=True)
-        dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
+        try:
+            dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
+        except CheckpointException as e:
+            # DCP wraps a producer's error (a BaseException holding a rank traceback); the error itself names the
+            # tensor. Raise that.
+            cause = next((exc for exc, _ in e.failures.values() if isinstance(exc, Exception)), None)
+            if cause is None:
+                raise
+            raise cause from e
         torch.save(common_state, tmp / "common.pt")
         (tmp / "metadata.json").write_text(json.dumps(_CONFIG))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
         raise
+    sync_tree(tmp)  # the files reach the disk before the name that publishes them
     os.replace(tmp, out)
+    sync_tree(out.parent, recursive=False)
 
 
 class _ChunkLoadPlanner(LoadPlanner):
@@ -220,12 +236,16 @@ class TorchDistReader:
 
         Raises:
             FileNotFoundError: not a torch_dist directory (no `.metadata`).
+            ValueError: `.metadata` does not read (truncated, not DCP's), naming the file.
         """
         self.dir = pathlib.Path(ckpt_dir)
         if not (self.dir / ".metadata").is_file():
             raise FileNotFoundError(f"{self.dir} is not a torch_dist checkpoint directory (no .metadata)")
         self._reader = dcp.FileSystemReader(str(self.dir))
-        self.metadata = self._reader.read_metadata()
+        try:
+            self.metadata = self._reader.read_metadata()
+        except Exception as e:  # a truncated or foreign file: pickle's or torch's error, naming no file
+            raise ValueError(f"{self.dir / '.metadata'}: not readable torch_dist metadata ({_first_line(e)})") from e
 
     def tensor_keys(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Stored tensors: key → (global shape, dtype)."""
@@ -247,6 +267,7 @@ class TorchDistReader:
 
         Raises:
             KeyError: a key is not in the checkpoint.
+            ValueError: the stored bytes do not read (a truncated shard), naming the directory and the cause.
         """
         shapes = self.tensor_keys()
         targets: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
@@ -260,13 +281,28 @@ class TorchDistReader:
             targets[(key, offsets)] = target
             out.append(target.reshape(shape[len(index) :]))
         self._reader = dcp.FileSystemReader(str(self.dir))
-        dcp.load({}, storage_reader=self._reader, planner=_ChunkLoadPlanner(targets), no_dist=True)
+        try:
+            dcp.load({}, storage_reader=self._reader, planner=_ChunkLoadPlanner(targets), no_dist=True)
+        except CheckpointException as e:  # a BaseException holding a rank traceback; the cause is what to say
+            cause = next((exc for exc, _ in e.failures.values() if isinstance(exc, Exception)), None)
+            if cause is None:
+                raise
+            raise ValueError(
+                f"{self.dir}: cannot be read ({_first_line(cause)}); the checkpoint was damaged after it was written "
+                "(a partial copy?)"
+            ) from e
         return out
 
     def common_state(self) -> dict[str, Any]:
         """The `common.pt` contents ({} when absent)."""
         path = self.dir / "common.pt"
         return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else {}
+
+
+def _first_line(error: BaseException) -> str:
+    """`Type: first sentence` of `error` (torch appends paragraphs of advice)."""
+    text = " ".join(str(error).split()).split(". ")[0][:200]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = None) -> pathlib.Path:
@@ -277,6 +313,7 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
 
     Raises:
         FileNotFoundError: nothing loadable at `path`.
+        ValueError: the tracker file holds neither an iteration number nor "release".
     """
     root = pathlib.Path(path)
     if (root / ".metadata").is_file():
@@ -289,7 +326,10 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
             raise FileNotFoundError(
                 f"{root}: neither a torch_dist directory (.metadata) nor a save dir ({TRACKER_FILE})"
             )
-        text = tracker.read_text().strip()
+        text = tracker.read_text(errors="replace").strip()
+        if text != "release" and not (text.isascii() and text.isdigit()):
+            # Megatron writes an iteration number or "release"; anything else is a damaged or foreign file.
+            raise ValueError(f"{tracker}: holds {text[:80]!r}, not an iteration number or 'release'")
         candidate = root / ("release" if text == "release" else f"iter_{int(text):07d}")
     if not (candidate / ".metadata").is_file():
         raise FileNotFoundError(f"{candidate} is not a torch_dist checkpoint directory")

@@ -207,7 +207,7 @@ def load_checkpoint(
             logger.warning("--load %s has no %s; starting from the HF checkpoint", root, TRACKER)
             return None
         text = tracker.read_text(errors="replace").strip()
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):  # "²" is a digit to str.isdigit and not to int()
             raise ValueError(f"--load {root}: {TRACKER} holds {text!r}, not an iteration; {_recovery_hint(root)}")
         ckpt_step = int(text)
     path = root / f"iter_{ckpt_step:07d}"
@@ -219,7 +219,8 @@ def load_checkpoint(
         cause = _first_failure(e)
         text = " ".join(str(cause).split()).split(". ")[0][:200]  # torch's advice after the first sentence is long
         detail = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
-        if re.search(r"(Missing|Unexpected) key", text):  # the files are fine: the parameters differ
+        # The files are fine but the parameters differ: other names, or other shapes (another model size).
+        if re.search(r"(Missing|Unexpected) key|Size mismatch between saved", text):
             raise ValueError(
                 f"--load {root}: {path.name} holds other parameters than this run's model ({detail}): a flag that "
                 "decides the parameters differs from the saved run's (--lora-rank, --lora-target-modules, "

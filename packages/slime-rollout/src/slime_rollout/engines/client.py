@@ -168,9 +168,7 @@ class EngineClient(HttpEndpoint):
 
     async def update_weight_version(self, new_version: str) -> dict:
         """POST /update_weight_version `{"new_version", "abort_all_requests": false}` (the push's version fence)."""
-        return await self.request(
-            "POST", "/update_weight_version", {"new_version": str(new_version), "abort_all_requests": False}
-        )
+        return await self._post(wire.UpdateWeightVersionReq(new_version=str(new_version)))
 
     async def _post(self, req: wire.WeightUpdateRequest) -> Any:
         """POSTs a `slime_rollout.engines.wire` request record to its endpoint."""

@@ -40,6 +40,7 @@ __all__ = [
     "UpdateWeightsFromDiskReq",
     "UpdateWeightsFromDistributedReq",
     "UpdateWeightsFromTensorReq",
+    "UpdateWeightVersionReq",
     "WeightUpdateRequest",
     "deserialize_named_tensors",
     "dtype_from_name",
@@ -176,6 +177,21 @@ class DestroyWeightsUpdateGroupReq(WeightUpdateRequest):
     endpoint: ClassVar[str] = "/destroy_weights_update_group"
 
     group_name: str = DEFAULT_GROUP_NAME
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class UpdateWeightVersionReq(WeightUpdateRequest):
+    """`POST /update_weight_version`: the fence that ends a push, setting the version the engine reports.
+
+    Attributes:
+        new_version: the version `/model_info` reports afterwards.
+        abort_all_requests: abort every running request first (SGLang's field; slime sends False).
+    """
+
+    endpoint: ClassVar[str] = "/update_weight_version"
+
+    new_version: str
+    abort_all_requests: bool = False
 
 
 # ----------------------------------------------------------------------------------- named-tensor payload

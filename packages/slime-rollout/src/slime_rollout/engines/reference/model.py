@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 from transformers.cache_utils import DynamicLayer
@@ -534,15 +534,23 @@ class ReferenceModel:
     def load_from_disk(self, model_path: str) -> int:
         """Loads every `*.safetensors` file of an HF checkpoint directory into the model.
 
+        All files are checked as one bucket before any weight is copied (file by file, a bad later shard left the
+        earlier ones applied under the old version).
+
         Raises:
-            FileNotFoundError: the directory has no safetensors file.
+            FileNotFoundError: no safetensors file. KeyError: an unknown name. ValueError: a shape mismatch or a
+                truncated file (named).
         """
         files = sorted(pathlib.Path(model_path).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"update_weights_from_disk: no *.safetensors in {model_path}")
-        n = 0
+        named: list[tuple[str, torch.Tensor]] = []
         for f in files:
-            n += self.load_named_tensors(load_file(str(f)).items())
+            try:
+                named.extend(load_file(str(f)).items())
+            except SafetensorError as e:
+                raise ValueError(f"update_weights_from_disk: {f} is not a complete safetensors file ({e})") from e
+        n = self.load_named_tensors(named)
         self.model_path = str(model_path)
         logger.info("loaded %d tensors from %s", n, model_path)
         return n

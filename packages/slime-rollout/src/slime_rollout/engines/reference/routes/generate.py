@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from slime_rollout.engines.reference.model import GenRequest
-from slime_rollout.engines.reference.routes.state import EngineState, engine_of, error
+from slime_rollout.engines.reference.routes.state import EngineState, engine_of, error, json_or_empty
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.vision import decode_engine_image
 
@@ -172,7 +172,7 @@ async def submit_one(
 async def generate(request: Request):
     """SGLang's `/generate`: one prompt (a reply object) or a batch (a list), no streaming."""
     engine = engine_of(request)
-    body = await request.json()
+    body = await json_or_empty(request)
     if body.get("stream"):
         return error("the reference engine does not stream")
     input_ids, text, sp, rid = body.get("input_ids"), body.get("text"), body.get("sampling_params"), body.get("rid")
@@ -219,6 +219,6 @@ async def generate(request: Request):
 @router.post("/abort_request")
 async def abort_request(request: Request):
     """Aborts the request `rid`, or every request with `abort_all`."""
-    body = await request.json()
+    body = await json_or_empty(request)
     engine_of(request).scheduler.abort(rid=body.get("rid"), abort_all=bool(body.get("abort_all", False)))
     return Response(status_code=200)

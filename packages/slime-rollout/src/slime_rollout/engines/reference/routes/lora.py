@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from slime_rollout.engines.reference.routes.state import EngineState, engine_of
+from slime_rollout.engines.reference.routes.state import EngineState, engine_of, json_or_empty
 
 __all__ = ["router"]
 
@@ -25,7 +25,7 @@ def _lora_result(engine: EngineState, success: bool, message: str = "") -> JSONR
 async def load_lora_adapter(request: Request):
     """SGLang's LoadLoRAAdapterReqInput: `lora_name`, `lora_path` (its `pinned` is not read)."""
     engine = engine_of(request)
-    body = await request.json()
+    body = await json_or_empty(request)
     try:
         await asyncio.to_thread(engine.model.load_lora_adapter, str(body["lora_name"]), str(body["lora_path"]))
     except (KeyError, ValueError, FileNotFoundError) as exc:
@@ -38,7 +38,7 @@ async def load_lora_adapter(request: Request):
 async def unload_lora_adapter(request: Request):
     """SGLang's UnloadLoRAAdapterReqInput: `lora_name`."""
     engine = engine_of(request)
-    body = await request.json()
+    body = await json_or_empty(request)
     name = str(body["lora_name"])
     try:
         await asyncio.to_thread(engine.model.unload_lora_adapter, name)

@@ -24,6 +24,7 @@ from slime_rollout.engines.reference.routes.state import (
     engine_of,
     error,
     json_or_empty,
+    parse_request,
 )
 from slime_rollout.engines.weight_delta import UpdateWeightsFromDeltaReq
 from slime_rollout.engines.wire import (
@@ -32,6 +33,7 @@ from slime_rollout.engines.wire import (
     UpdateWeightsFromDiskReq,
     UpdateWeightsFromDistributedReq,
     UpdateWeightsFromTensorReq,
+    UpdateWeightVersionReq,
     broadcast_buffer,
     deserialize_named_tensors,
     dtype_from_name,
@@ -69,8 +71,14 @@ async def _run_update(
             engine.scheduler.abort(abort_all=True)
         try:
             await asyncio.to_thread(fn)
-        except (KeyError, ValueError, FileNotFoundError, TypeError) as exc:
-            return JSONResponse({"success": False, "message": str(exc), **extra}, status_code=400)
+        except Exception as exc:  # noqa: BLE001 (any payload that does not load is the request's failure)
+            # SGLang answers a failed load with 400 and its message; a payload that does not unpickle or holds no
+            # tensors raised past this (a 500 without a body). Loads check the whole bucket before copying any
+            # tensor, so nothing was applied.
+            logger.warning("%s: refused: %s: %s", endpoint, type(exc).__name__, exc)
+            named = isinstance(exc, (KeyError, ValueError, OSError, TypeError))  # their messages name the tensor/file
+            message = str(exc) if named else f"{type(exc).__name__}: {exc}"
+            return JSONResponse({"success": False, "message": message, **extra}, status_code=400)
         if from_disk:
             engine.push_guard.close()  # every weight replaced: no partial push is left
         else:
@@ -84,10 +92,7 @@ async def _run_update(
 async def update_weights_from_disk(request: Request):
     """Loads every weight from the safetensors checkpoint at `model_path`."""
     engine = engine_of(request)
-    body = await request.json()
-    if not body.get("model_path"):
-        return JSONResponse({"success": False, "message": "model_path is required"}, status_code=400)
-    req = UpdateWeightsFromDiskReq.from_json(body)
+    req, body = await parse_request(request, UpdateWeightsFromDiskReq)
     return await _run_update(
         engine,
         lambda: engine.model.load_from_disk(req.model_path),
@@ -102,10 +107,9 @@ async def update_weights_from_disk(request: Request):
 async def update_weights_from_tensor(request: Request):
     """Loads one bucket of named tensors (shared memory or CUDA IPC handles; unpickled as SGLang does)."""
     engine = engine_of(request)
-    body = await request.json()
-    if not body.get("serialized_named_tensors"):
+    req, body = await parse_request(request, UpdateWeightsFromTensorReq)
+    if not req.serialized_named_tensors:
         return JSONResponse({"success": False, "message": "serialized_named_tensors is empty"}, status_code=400)
-    req = UpdateWeightsFromTensorReq.from_json(body)
 
     def load() -> int:
         # One entry per TP rank; the reference engine has a single rank.
@@ -124,7 +128,7 @@ async def update_weights_from_delta(request: Request):
     The codec is `slime_rollout.engines.weight_delta`; every tensor's checksum is verified before anything is loaded.
     """
     engine = engine_of(request)
-    body = await request.json()
+    body = await json_or_empty(request)
     try:
         req = UpdateWeightsFromDeltaReq.from_json(body)
     except ValueError as exc:
@@ -147,8 +151,8 @@ async def update_weights_from_delta(request: Request):
 async def init_weights_update_group(request: Request):
     """Joins the trainer's broadcast group as rank `rank_offset` (one TP rank)."""
     engine = engine_of(request)
+    req, _ = await parse_request(request, InitWeightsUpdateGroupReq)
     try:
-        req = InitWeightsUpdateGroupReq.from_json(await request.json())
         engine.groups[req.group_name] = await asyncio.to_thread(
             init_custom_process_group,
             backend=req.backend,
@@ -165,7 +169,7 @@ async def init_weights_update_group(request: Request):
 @router.post("/destroy_weights_update_group")
 async def destroy_weights_update_group(request: Request):
     """Leaves and destroys the named broadcast group."""
-    req = DestroyWeightsUpdateGroupReq.from_json(await request.json())
+    req, _ = await parse_request(request, DestroyWeightsUpdateGroupReq)
     group = engine_of(request).groups.pop(req.group_name, None)
     if group is None:
         return JSONResponse({"success": False, "message": "no such group"}, status_code=400)
@@ -177,11 +181,10 @@ async def destroy_weights_update_group(request: Request):
 async def update_weights_from_distributed(request: Request):
     """Receives one bucket by broadcast from group rank 0 (`names`, `dtypes`, `shapes`) and loads it."""
     engine = engine_of(request)
-    body = await request.json()
-    try:
-        req = UpdateWeightsFromDistributedReq.from_json(body)
-    except ValueError as exc:
-        return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+    req, body = await parse_request(request, UpdateWeightsFromDistributedReq)
+    if not len(req.names) == len(req.dtypes) == len(req.shapes):
+        message = f"names, dtypes and shapes differ in length: {len(req.names)}, {len(req.dtypes)}, {len(req.shapes)}"
+        return JSONResponse({"success": False, "message": message}, status_code=400)
     group = engine.groups.get(req.group_name)
     if group is None:
         return JSONResponse({"success": False, "message": "weight update group not initialized"}, status_code=400)
@@ -250,11 +253,13 @@ async def get_weight_version():
 async def update_weight_version(request: Request):
     """The version fence that ends a push: sets `new_version` (a mismatch with the push's buckets is logged)."""
     engine = engine_of(request)
-    body = await request.json()
+    req, body = await parse_request(request, UpdateWeightVersionReq)
+    if abort_all_requests(body):
+        engine.scheduler.abort(abort_all=True)
     async with engine.update_lock:
-        mismatch = engine.push_guard.fence_mismatch(str(body["new_version"]))
+        mismatch = engine.push_guard.fence_mismatch(req.new_version)
         if mismatch is not None:
             logger.warning("%s", mismatch)  # accepted, as SGLang does
         engine.push_guard.close()
-        engine.weight_version = str(body["new_version"])
+        engine.weight_version = req.new_version
     return {"success": True, "message": "Weight version updated", "new_version": engine.weight_version}

@@ -1,0 +1,226 @@
+"""`slime-convert` against damaged inputs and failing outputs: one named error (exit 2), no half-written output."""
+
+import errno
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slime_convert import hf_to_mcore, mcore_to_hf
+from slime_convert.cli import main
+from slime_convert.hf_io import HFCheckpointReader
+
+pytest.importorskip("transformers")
+
+
+def _copy(hf_dir, dst):
+    shutil.copytree(hf_dir, dst)
+    return dst
+
+
+def _first_shard(hf_dir):
+    return sorted(hf_dir.glob("model-*.safetensors"))[0]
+
+
+@pytest.mark.parametrize("keep", [5, 0.5])  # inside the 8-byte header length / inside the tensor data
+def test_a_truncated_shard_is_one_error_naming_the_file(tiny_hf_model, tmp_path, caplog, keep):
+    _, hf_dir = tiny_hf_model("qwen3")
+    broken = _copy(hf_dir, tmp_path / "broken")
+    shard = _first_shard(broken)
+    data = shard.read_bytes()
+    shard.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    # Was safetensors' SafetensorError traceback, naming no file.
+    with pytest.raises(ValueError, match=f"{shard.name}: not a complete safetensors file"):
+        HFCheckpointReader(broken)
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(broken), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2
+    assert f"{shard}: not a complete safetensors file" in caplog.text
+    assert not (tmp_path / "m" / "release").exists()
+
+
+def test_a_broken_index_names_the_index_file(tiny_hf_model, tmp_path):
+    _, hf_dir = tiny_hf_model("qwen3")
+    broken = _copy(hf_dir, tmp_path / "broken")
+    index = broken / "model.safetensors.index.json"
+    good = json.loads(index.read_text())
+    for text, message in [
+        ("{", "not a safetensors index"),  # was json's 'Expecting property name ...' naming no file
+        ("{}", "no 'weight_map' object"),  # was the bare KeyError "'weight_map'"
+        ("[]", "not a safetensors index"),
+    ]:
+        index.write_text(text)
+        with pytest.raises(ValueError, match=f"{index}: {message}"):
+            HFCheckpointReader(broken)
+    # The index puts a tensor into a shard that does not hold it: named when the index is read, not at first use.
+    name = next(iter(good["weight_map"]))
+    other = next(f for f in sorted(set(good["weight_map"].values())) if f != good["weight_map"][name])
+    index.write_text(json.dumps({**good, "weight_map": {**good["weight_map"], name: other}}))
+    with pytest.raises(ValueError, match=f"names \\['{name}'\\] in {other}, which does not hold them"):
+        HFCheckpointReader(broken)
+
+
+def test_a_damaged_tracker_file_is_named(tiny_hf_model, tmp_path, caplog):
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    (tmp_path / "m" / "latest_checkpointed_iteration.txt").write_text("garb\x00age")
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    # Was "invalid literal for int() with base 10: 'garbage'", naming no file.
+    expected = "latest_checkpointed_iteration.txt: holds 'garb\\x00age', not an iteration number or 'release'"
+    assert expected in caplog.text
+
+
+def test_force_keeps_the_old_output_until_the_new_one_is_complete(tiny_hf_model, tmp_path, monkeypatch):
+    from slime_convert import hf_io
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h", hf_dir, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hf_io, "save_file", full_disk)
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(out), "--origin-hf-dir"]
+    assert main([*argv, str(hf_dir), "--no-progress", "--force"]) == 2  # was a traceback (OSError not caught)
+    # --force deleted the old output before converting: a failure left no output at all.
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h", "m"]  # no h.tmp / h.old
+
+
+def test_force_replaces_a_file_at_the_output_path(tiny_hf_model, tmp_path, caplog):
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    (tmp_path / "h").write_text("a file")
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    argv += ["--origin-hf-dir", str(hf_dir), "--no-progress"]
+    assert main(argv) == 2
+    assert "exists (pass -f/--force to replace it)" in caplog.text
+    assert main([*argv, "--force"]) == 0  # was NotADirectoryError from shutil.rmtree
+    converted = load_file(str(_first_shard(tmp_path / "h")))
+    assert converted and all(torch.isfinite(t).all() for t in converted.values())
+
+
+def test_hf_to_fp8_writes_nothing_when_it_fails_midway(tmp_path, monkeypatch, caplog):
+    from slime_convert import fp8
+
+    src = tmp_path / "bf16"
+    src.mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"model.layers.0.mlp.down_proj.weight": torch.ones(8, 8).bfloat16()}, str(src / "a.safetensors"))
+    save_file({"model.layers.1.mlp.down_proj.weight": torch.ones(8, 8).bfloat16()}, str(src / "b.safetensors"))
+    (src / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    argv = ["hf-to-fp8", "--hf-checkpoint", str(src), "--save", str(tmp_path / "fp8"), "--no-progress"]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "fp8").iterdir()}
+
+    # A truncated second shard: the first was already written into the output (left half-written before).
+    data = (src / "b.safetensors").read_bytes()
+    (src / "b.safetensors").write_bytes(data[: len(data) // 2])
+    assert main([*argv, "--force"]) == 2
+    assert f"{src / 'b.safetensors'}: not a complete safetensors file" in caplog.text
+    assert {p.name: p.read_bytes() for p in (tmp_path / "fp8").iterdir()} == before  # --force kept the old one
+    (tmp_path / "fp8").rename(tmp_path / "old")
+    assert main(argv) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "old"]  # no empty fp8 left to block a rerun
+
+    (src / "b.safetensors").write_bytes(data)
+    calls = []
+
+    def full_disk(tensors, path, metadata=None):
+        calls.append(path)
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(fp8, "save_file", full_disk)
+    assert main(argv) == 2  # was an OSError traceback
+    assert "No space left on device" in caplog.text and len(calls) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "old"]
+
+
+@pytest.mark.parametrize("vocab", [0, -5])  # 0 wrote a [0, hidden] embedding; -5 kept 379 of 384 padded rows
+def test_a_vocab_size_below_one_is_refused(tiny_hf_model, tmp_path, caplog, vocab):
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress", "--vocab-size", str(vocab)]) == 2
+    assert f"--vocab-size must be a positive number of rows, got {vocab}" in caplog.text
+    assert not (tmp_path / "h").exists()
+
+
+def test_a_vocab_size_other_than_the_configs_is_warned_about(tiny_hf_model, tmp_path, caplog):
+    _, hf_dir = tiny_hf_model("qwen3")  # vocab_size=300
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h", hf_dir, vocab_size=256, progress=False)
+    assert "--vocab-size 256 differs from vocab_size=300" in caplog.text
+    assert HFCheckpointReader(out).get("model.embed_tokens.weight").shape == (256, 64)
+
+
+def test_hf_to_mcore_into_a_training_run_folder_is_refused(tiny_hf_model, tmp_path, caplog):
+    # The tracker was re-pointed at "release": the next --load of the run resumed from the HF weights, silently.
+    _, hf_dir = tiny_hf_model("qwen3")
+    run = tmp_path / "run"
+    (run / "iter_0000100").mkdir(parents=True)
+    (run / "latest_checkpointed_iteration.txt").write_text("100")
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", str(run), "--no-progress"]) == 2
+    assert "latest_checkpointed_iteration.txt names iteration '100'" in caplog.text
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "100"
+    assert sorted(p.name for p in run.iterdir()) == ["iter_0000100", "latest_checkpointed_iteration.txt"]
+
+
+def test_mixed_dtypes_name_the_tensor_and_the_flag_that_casts(tiny_hf_model, tmp_path, caplog):
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    mixed = _copy(hf_dir, tmp_path / "mixed")
+    name = "model.layers.1.mlp.down_proj.weight"  # layer 0 stays fp32, layer 1 becomes fp16
+    shard = mixed / json.loads((mixed / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name] = tensors[name].half()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(mixed), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2  # was DCP's CheckpointException (a BaseException) with a rank traceback
+    assert (
+        "decoder.layers.mlp.linear_fc2.weight at (1, 0, 0): produced dtype torch.float16, expected torch.float32"
+        in caplog.text
+    )
+    assert "pass --dtype to cast every weight to one" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == []  # no release, no release.tmp
+    assert main([*argv, "--dtype", "bf16"]) == 0
+
+
+@pytest.mark.parametrize("part", ["shard", "metadata"])
+def test_a_damaged_torch_dist_checkpoint_is_one_error_naming_it(tiny_hf_model, tmp_path, caplog, part):
+    _, hf_dir = tiny_hf_model("qwen3")
+    release = hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    damaged = next(release.glob("*.distcp")) if part == "shard" else release / ".metadata"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])  # a partial copy
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    # Was DCP's CheckpointException (a BaseException, a rank traceback) / pickle's UnpicklingError naming no file.
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    expected = {
+        "shard": f"{release}: cannot be read (RuntimeError: PytorchStreamReader failed reading zip archive",
+        "metadata": f"{release / '.metadata'}: not readable torch_dist metadata (UnpicklingError",
+    }[part]
+    assert expected in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_outputs_reach_the_disk_before_the_renames_that_publish_them(tiny_hf_model, tmp_path, fsync_and_rename_log):
+    events = fsync_and_rename_log
+    _, hf_dir = tiny_hf_model("qwen3")
+    release = hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    out = mcore_to_hf(release, tmp_path / "h", hf_dir, progress=False)
+    for final in (release, out.absolute()):
+        staged = final.with_name(final.name + ".tmp")
+        publish = events.index(("replace", str(staged), str(final)))
+        flushed = {e[1] for e in events[:publish] if e[0] == "fsync"}
+        written = {str(p).replace(str(final), str(staged)) for p in final.rglob("*")} | {str(staged)}
+        assert written <= flushed, final  # every file and folder, before the final name exists
+        assert ("fsync", str(final.parent)) in events[publish:]  # and the rename itself
+    tracker = str(tmp_path / "m" / "latest_checkpointed_iteration.txt")
+    commit = events.index(("replace", tracker + ".tmp", tracker))
+    assert ("fsync", tracker + ".tmp") in events[:commit]
