@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from slime_app.cluster import Placement, free_port
+from slime_app.cluster import Placement
 from slime_app.guards import RunStopped
 from slime_app.registry import CRITIC_BACKENDS, TRAIN_BACKENDS
 from slime_core.config import SlimeArgs
@@ -76,8 +76,14 @@ class TrainActor:
     def __init__(self, world_size: int, rank: int, master_addr: str | None, master_port: int | None):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.world_size, self.rank = world_size, rank
+        self.store = None  # rank 0: the rendezvous store, listening from construction on
         if master_addr is None:
-            master_addr, master_port = ray.util.get_node_ip_address(), free_port()
+            # Rank 0 binds its store's port now (the OS picks it) and keeps it: a port probed free and bound only at
+            # `init` could be taken in between (EADDRINUSE seen in CI with two test workers).
+            import torch.distributed as dist
+
+            self.store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False)
+            master_addr, master_port = ray.util.get_node_ip_address(), self.store.port
         self.master_addr, self.master_port = master_addr, master_port
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -142,11 +148,17 @@ class TrainActor:
         use_cuda = torch.cuda.is_available()
         if use_cuda:
             torch.cuda.set_device(0)  # Ray exposes exactly this rank's GPU
+        timeout = datetime.timedelta(minutes=cfg.distributed_timeout_minutes)
+        if self.store is None:
+            self.store = dist.TCPStore(self.master_addr, self.master_port, self.world_size, is_master=False,
+                                       timeout=timeout)  # fmt: skip
+        self.store.set_timeout(timeout)
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
+            store=self.store,
             rank=self.rank,
             world_size=self.world_size,
-            timeout=datetime.timedelta(minutes=cfg.distributed_timeout_minutes),
+            timeout=timeout,
         )
         torch.manual_seed(cfg.seed)
         if cfg.deterministic_mode:
