@@ -39,8 +39,10 @@ __all__ = [
     "SLIME_VARLEN",
     "document_block_mask",
     "packed_attention_kwargs",
+    "packed_cu_seqlens",
     "register_attention",
     "slime_attention_forward",
+    "varlen_rows",
 ]
 
 SLIME_VARLEN = "slime_varlen"
@@ -56,7 +58,7 @@ def register_attention() -> None:
     AttentionInterface.register(SLIME_FLEX, functools.partial(slime_attention_forward, kind=SLIME_FLEX))
 
 
-def _cu_seqlens(seq_lengths: list[int], device: torch.device) -> torch.Tensor:
+def packed_cu_seqlens(seq_lengths: list[int], device: torch.device) -> torch.Tensor:
     """`[N + 1]` int32 cumulative starts `[0, L_0, L_0 + L_1, ...]` (flash-attention's `cu_seqlens`)."""
     cu = torch.zeros(len(seq_lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(seq_lengths, dtype=torch.int32).cumsum(0)
@@ -86,7 +88,7 @@ def packed_attention_kwargs(seq_lengths: list[int], device: torch.device, implem
     if implementation not in (SLIME_VARLEN, SLIME_FLEX) and not implementation.startswith("flash_attention"):
         return {}
     longest = max(seq_lengths)
-    cu = _cu_seqlens(seq_lengths, device)
+    cu = packed_cu_seqlens(seq_lengths, device)
     kwargs: dict[str, Any] = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}
     kwargs.update(max_length_q=longest, max_length_k=longest)
     if implementation == SLIME_FLEX and device.type == "cuda":
@@ -209,16 +211,23 @@ def _packed_sdpa_backward(ctx, grad: torch.Tensor):
 packed_sdpa.register_autograd(_packed_sdpa_backward, setup_context=_packed_sdpa_setup)
 
 
-def varlen_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict, scale: float | None):
-    """Flash varlen attention over the row (CUDA): `[1, H, S, D]` inputs, `[1, S, H, D]` output."""
+def varlen_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
+                scale: float | None) -> torch.Tensor:  # fmt: skip
+    """Causal flash varlen attention of a packed row (CUDA): `[S, H, D]` out.
+
+    Takes `[S, H, D]` query and `[S, Hkv, D]` key/value (GQA is native), the `[N + 1]` int32 `cu_seqlens` of the
+    row (`packed_cu_seqlens`) and its longest sequence `max_len`.
+    """
     from torch.nn.attention.varlen import varlen_attn
 
+    # window (-1, 0): causal
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, scale=scale, window_size=(-1, 0))
+
+
+def varlen_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict, scale: float | None):
+    """Flash varlen attention over the row (CUDA): `[1, H, S, D]` inputs, `[1, S, H, D]` output."""
     q, k, v = (t.transpose(1, 2)[0].contiguous() for t in (query, key, value))  # [S, heads, D]
-    cu = kwargs["cu_seq_lens_q"]
-    out = varlen_attn(
-        q, k, v, cu, cu, kwargs["max_length_q"], kwargs["max_length_q"], scale=scale, window_size=(-1, 0)
-    )  # fmt: skip  (-1, 0) = causal
-    return out.unsqueeze(0)
+    return varlen_rows(q, k, v, kwargs["cu_seq_lens_q"], kwargs["max_length_q"], scale).unsqueeze(0)
 
 
 @functools.cache

@@ -27,9 +27,10 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from slime_train_fsdp.attention import packed_cu_seqlens, varlen_rows
 from slime_train_fsdp.true_on_policy.kernels import SGLangKernels
 
-__all__ = ["AttentionPlan", "MirroredAttention", "plan_attention", "sdpa_packed", "varlen_packed"]
+__all__ = ["AttentionPlan", "MirroredAttention", "plan_attention", "sdpa_packed"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,7 +101,7 @@ def plan_attention(
     empty = torch.zeros(0, dtype=torch.int64)
     return AttentionPlan(
         seq_lengths=list(seq_lengths),
-        cu_seqlens=torch.tensor([0, *seq_lengths], dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32),
+        cu_seqlens=packed_cu_seqlens(seq_lengths, device),
         prompt_lengths=list(prompt_lengths),
         extend_index=(torch.cat(ext) if ext else empty).to(device),
         extend_indptr=torch.tensor(ext_ptr, dtype=torch.int32, device=device),
@@ -133,16 +134,6 @@ def sdpa_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lengths: 
         )
         outs.append(o.transpose(0, 1))
     return torch.cat(outs) if outs else q.new_zeros(q.shape)
-
-
-def varlen_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan, scale: float):
-    """`sdpa_packed` in one flash varlen call over the row (CUDA): `[T, Nq, D]`, `[T, Nkv, D]` x2 -> `[T, Nq, D]`."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    longest = max(plan.seq_lengths)
-    cu = plan.cu_seqlens
-    # window (-1, 0): causal; GQA is native (fewer K/V heads than query heads).
-    return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0))
 
 
 def _sglang_forward(q, k, v, plan: AttentionPlan, scale: float, kernels: SGLangKernels) -> torch.Tensor:
@@ -196,7 +187,7 @@ class MirroredAttention(torch.autograd.Function):
         with torch.enable_grad():
             q_, k_, v_ = (t.detach().requires_grad_(True) for t in (q, k, v))
             if q.device.type == "cuda":
-                out = varlen_packed(q_, k_, v_, ctx.plan, ctx.scale)
+                out = varlen_rows(q_, k_, v_, ctx.plan.cu_seqlens, max(ctx.plan.seq_lengths), ctx.scale)
             else:
                 out = sdpa_packed(q_, k_, v_, ctx.plan.seq_lengths, ctx.scale)
             dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), grad_out)
