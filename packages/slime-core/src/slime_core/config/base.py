@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,6 +88,19 @@ def check_registered(value: str, *, group: str, flag: str) -> str:
 def field_to_flag(name: str) -> str:
     """`rollout_batch_size` -> `--rollout-batch-size`."""
     return "--" + name.replace("_", "-")
+
+
+def non_default(args: Any, names: Iterable[str]) -> list[str]:
+    """The fields of `names` that `args` sets to something other than `SlimeArgs`' default, in order.
+
+    Args:
+        args: the config (or validation's writable view of it).
+        names: `SlimeArgs` field names.
+    """
+    from slime_core.config.args import SlimeArgs  # the class (`args` may be validation's writable view)
+
+    fields = SlimeArgs.model_fields
+    return [n for n in names if getattr(args, n) != fields[n].get_default(call_default_factory=True)]
 
 
 def flag_to_field(flag: str) -> str:

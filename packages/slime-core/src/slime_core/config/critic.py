@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from slime_core.config.base import ConfigError, field_to_flag
+from slime_core.config.base import ConfigError, field_to_flag, non_default
 from slime_core.estimators import get_estimator
 from slime_core.extensions import CRITIC_BACKENDS, train_backend_spec
 
@@ -39,16 +39,13 @@ def validate_critic(args: SlimeArgs) -> None:
         ConfigError: a critic flag without `--advantage-estimator ppo`, a backend without a critic
             (`TrainBackendSpec.supports_critic`), or own critic GPUs whose count differs from the actor's.
     """
-    from slime_core.config.args import SlimeArgs  # the class (`args` may be validation's writable view)
-
-    fields = SlimeArgs.model_fields
     if not get_estimator(args.advantage_estimator).needs_critic:
-        for name in CRITIC_FIELDS:
-            if getattr(args, name) != fields[name].get_default(call_default_factory=True):
-                raise ConfigError(
-                    f"{field_to_flag(name)} configures the PPO critic; it has no effect with --advantage-estimator "
-                    f"{args.advantage_estimator} (use --advantage-estimator ppo, or remove it)"
-                )
+        given = non_default(args, CRITIC_FIELDS)
+        if given:
+            raise ConfigError(
+                f"{field_to_flag(given[0])} configures the PPO critic; it has no effect with --advantage-estimator "
+                f"{args.advantage_estimator} (use --advantage-estimator ppo, or remove it)"
+            )
         return
     if not train_backend_spec(args).supports_critic:
         raise ConfigError(

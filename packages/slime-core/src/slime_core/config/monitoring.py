@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from slime_core.config.base import ArgsGroup, arg, field_to_flag, warn_once
-from slime_core.config.rollout import RewardArgs, RolloutArgs
+from slime_core.config.base import ArgsGroup, arg, field_to_flag, non_default, warn_once
 
 __all__ = ["EVAL_ONLY_FIELDS", "DebugArgs", "EvalArgs", "HealthArgs", "LoggingArgs", "warn_eval_only_flags"]
 
@@ -182,12 +181,6 @@ EVAL_ONLY_FIELDS = (
 """Fields only evaluation rollouts read: without eval data (`--eval-prompt-data` / `--eval-config`) they change
 nothing. `--eval-interval` is not here: without eval data it is an error, as in the original."""
 
-_GROUPS = (EvalArgs, RewardArgs, RolloutArgs)
-
-
-def _default(field: str) -> Any:
-    return next(g.model_fields[field].default for g in _GROUPS if field in g.model_fields)
-
 
 def warn_eval_only_flags(args: Any) -> list[str]:
     """Warns once, in one line, about eval-only flags set while the run has no eval data.
@@ -205,11 +198,8 @@ def warn_eval_only_flags(args: Any) -> list[str]:
     if args.eval_prompt_data or args.eval_config is not None:
         return []
     derived = {"eval_max_context_len": args.rollout_max_context_len}
-    flags = [
-        field_to_flag(f)
-        for f in EVAL_ONLY_FIELDS
-        if getattr(args, f) != _default(f) and not (f in derived and getattr(args, f) == derived[f])
-    ]
+    given = [f for f in non_default(args, EVAL_ONLY_FIELDS) if not (f in derived and getattr(args, f) == derived[f])]
+    flags = [field_to_flag(f) for f in given]
     if flags:
         warn_once(
             "eval_only:" + ",".join(flags),

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from slime_core.config.base import ConfigError, warn_once
+from slime_core.config.base import ConfigError, field_to_flag, non_default, warn_once
 from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.mismatch import validate_mismatch
@@ -265,8 +265,7 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
     if args.tis_clip_low > args.tis_clip:
         raise ConfigError(f"--tis-clip-low ({args.tis_clip_low}) must be <= --tis-clip ({args.tis_clip})")
-    clips = [flag for flag, value, default in (("--tis-clip", args.tis_clip, 2.0), ("--tis-clip-low",
-             args.tis_clip_low, 0.0)) if value != default]  # fmt: skip
+    clips = [field_to_flag(f) for f in non_default(args, ("tis_clip", "tis_clip_low"))]
     if clips and not (args.use_tis or args.get_mismatch_metrics or args.custom_tis_function_path):
         # Only the TIS weights and the mismatch helper's bounds (--tis-upper-bound defaults to --tis-clip) read them.
         flags = " and ".join(clips)
@@ -349,7 +348,7 @@ def _no_tilde_paths(args: SlimeArgs) -> None:
         for path in paths:
             if isinstance(path, str) and path.startswith("~"):
                 raise ConfigError(
-                    f"--{field.replace('_', '-')} {path!r}: starts with '~', which nothing expands here (it was "
+                    f"{field_to_flag(field)} {path!r}: starts with '~', which nothing expands here (it was "
                     f"quoted, or came from --config); write the full path, e.g. {os.path.expanduser(path)!r}"
                 )
 
