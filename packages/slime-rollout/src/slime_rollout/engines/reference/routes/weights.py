@@ -253,8 +253,8 @@ async def get_weight_version():
 async def update_weight_version(request: Request):
     """The version fence that ends a push: sets `new_version` (a mismatch with the push's buckets is logged)."""
     engine = engine_of(request)
-    req, body = await parse_request(request, UpdateWeightVersionReq)
-    if abort_all_requests(body):
+    req, _ = await parse_request(request, UpdateWeightVersionReq)
+    if req.abort_all_requests:  # the validated field ("false" is False here, as in SGLang)
         engine.scheduler.abort(abort_all=True)
     async with engine.update_lock:
         mismatch = engine.push_guard.fence_mismatch(req.new_version)
