@@ -206,7 +206,7 @@ class CompileWarmUp:
                 return None
             report = json.loads((self.workdir / "report.json").read_text())
             logger.info("compile warm-up: %d graph(s) of the model's stand-in compiled in %.1f s in the background "
-                        "(packed rows of %s tokens); the first step waited %.1f s for it", report["graphs"],
+                        "(packed rows of %s tokens); the next step waited %.1f s for it", report["graphs"],
                         report["compile_seconds"], report["token_counts"], waited)  # fmt: skip
             return report
         finally:

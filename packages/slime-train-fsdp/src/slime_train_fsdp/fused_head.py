@@ -34,7 +34,7 @@ import logging
 
 import torch
 
-__all__ = ["fused_log_probs", "set_compile"]
+__all__ = ["fp32out_logits", "fused_log_probs", "set_compile"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +95,8 @@ def _maybe_compiled(fn, device: torch.device):
     return _compiled(fn) if device.type == "cuda" and _compile_on_cuda else fn
 
 
-def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`h @ w^T` `[c, V]` fp32, as the `fp32out` head: fp32 accumulation and output from bf16 tensor cores."""
+def fp32out_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`h @ w^T` `[c, V]` fp32 (heads `fp32out`, `fused`): fp32 accumulation and output from bf16 tensor cores."""
     if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
         return torch.mm(h, w.t(), out_dtype=torch.float32)
     return h.float() @ w.float().t()  # exact for bf16 operands: the reference of the CUDA kernel
@@ -113,7 +113,7 @@ class _FusedChunk(torch.autograd.Function):
             ctx.save_for_backward(h, w, targets, empty, empty, empty)
             return empty.clone(), empty.clone()
         stats = _maybe_compiled(_stats, h.device)
-        logp, m, lse, entropy = stats(_logits(h, w), targets, temperature, with_entropy)
+        logp, m, lse, entropy = stats(fp32out_logits(h, w), targets, temperature, with_entropy)
         ctx.save_for_backward(h, w, targets, m, lse, entropy)
         ctx.set_materialize_grads(False)  # a None cotangent skips its term instead of multiplying zeros
         return logp, entropy
@@ -129,7 +129,7 @@ class _FusedChunk(torch.autograd.Function):
         if h.shape[0] == 0:
             return torch.zeros_like(h) if need_h else None, torch.zeros_like(w) if need_w else None, None, None, None
         grad_fn = _maybe_compiled(_grad_logits, h.device)
-        g = grad_fn(_logits(h, w), targets, m, lse, entropy, None if g_logp is None else g_logp.float(),
+        g = grad_fn(fp32out_logits(h, w), targets, m, lse, entropy, None if g_logp is None else g_logp.float(),
                     None if g_entropy is None else g_entropy.float(), ctx.temperature, h.dtype)  # fmt: skip
         grad_h = g @ w.to(h.dtype) if need_h else None
         grad_w = (g.t() @ h).to(w.dtype) if need_w else None

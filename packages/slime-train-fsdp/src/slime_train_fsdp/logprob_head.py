@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from slime_core.algorithms import KeptTokens, log_probs_and_entropy_from_logits
-from slime_train_fsdp.fused_head import fused_log_probs
+from slime_train_fsdp.fused_head import fp32out_logits, fused_log_probs
 
 __all__ = ["DEFAULT_CPU_HEAD", "DEFAULT_CUDA_HEAD", "HEADS", "default_head", "head_log_probs"]
 
@@ -99,9 +99,7 @@ class _Fp32OutLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(h, w)
-        if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
-            return torch.mm(h, w.t(), out_dtype=torch.float32)
-        return h.float() @ w.float().t()  # exact for bf16 operands: the reference of the CUDA kernel
+        return fp32out_logits(h, w)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -189,7 +187,7 @@ def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=
 
 def _fused(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None):
     if kept is not None:  # top-p replay restricts the softmax per row: the autograd path of `fp32out` does that
-        return _chunked(_chunk_fp32out, hidden, weight, targets, temperature, chunk_size, with_entropy, kept)
+        return HEADS["fp32out"](hidden, weight, targets, temperature, chunk_size, with_entropy, kept)
     return fused_log_probs(hidden, weight, targets, temperature, chunk_size, with_entropy)
 
 
