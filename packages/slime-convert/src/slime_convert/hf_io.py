@@ -48,14 +48,16 @@ class HFCheckpointReader:
         self._where: dict[str, pathlib.Path] = {}
         self._handles: dict[pathlib.Path, object] = {}
         if index.is_file():
+            by_file: dict[pathlib.Path, list[str]] = {}
             for name, file in _weight_map(index).items():
                 path = self.dir / file
                 if not path.is_file():
                     raise ValueError(f"{index}: tensor {name!r} is in {file}, which does not exist")
                 self._where[name] = path
-            for path in sorted(set(self._where.values())):
+                by_file.setdefault(path, []).append(name)
+            for path in sorted(by_file):
                 stored = set(self._open(path).keys())  # type: ignore[attr-defined]
-                missing = sorted(n for n, p in self._where.items() if p == path and n not in stored)
+                missing = sorted(set(by_file[path]) - stored)
                 if missing:
                     raise ValueError(f"{index}: names {missing[:3]} in {path.name}, which does not hold them")
         else:
