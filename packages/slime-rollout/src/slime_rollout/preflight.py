@@ -239,37 +239,29 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAI
     logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
 
 
-def _row_metadata(cfg: SlimeArgs, row: Mapping[str, Any]) -> Mapping[str, Any]:
-    # Read as the data source reads it (a JSON string too); a malformed value is reported by `check_prompt_rows`.
-    try:
-        return row_metadata(dict(row), cfg.metadata_key, "")
-    except ValueError:
-        return {}
-
-
-def _row_rm_type(cfg: SlimeArgs, row: Mapping[str, Any]) -> str:
-    """The reward type that scores `row`: its metadata's `rm_type`, else `--rm-type` ("" when neither)."""
-    return str(_row_metadata(cfg, row).get("rm_type") or cfg.rm_type or "")
-
-
-def _label_required(cfg: SlimeArgs, row: Mapping[str, Any]) -> bool:
-    """Whether `row` needs a label: its reward's record `grades_label`, and its metadata has no stand-in for it.
+def _label_required(cfg: SlimeArgs, metadata: Mapping[str, Any], rm_type: str) -> bool:
+    """Whether a row needs a label: its reward's record `grades_label`, and its metadata has no stand-in for it.
 
     The stand-in is the record's `label_in_metadata` key (gpqa's `correct_letter`), so a package's reward declares
     it in its record as the built-ins do (gpqa was special-cased here by name).
+
+    Args:
+        cfg: reads `custom_rm_path`.
+        metadata: the row's metadata (`row_metadata`).
+        rm_type: the reward that scores the row (its metadata's `rm_type`, else `--rm-type`).
     """
     if cfg.custom_rm_path:
         return False  # a custom reward decides what it needs
-    rm_type = _row_rm_type(cfg, row).removeprefix("boxed_")
-    if rm_type not in REWARDS:
+    name = rm_type.removeprefix("boxed_")
+    if name not in REWARDS:
         return False
-    spec = REWARDS.get(rm_type)
-    if spec.label_in_metadata and _row_metadata(cfg, row).get(spec.label_in_metadata):
+    spec = REWARDS.get(name)
+    if spec.label_in_metadata and metadata.get(spec.label_in_metadata):
         return False
     return spec.grades_label
 
 
-def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_flag: str) -> None:
+def _check_label_type(cfg: SlimeArgs, label: Any, rm_type: str, at: str, label_flag: str) -> None:
     """The label of a reward whose record says `label_is_value` is text or a number, not a dict or a list.
 
     Such a grader compares a dict or list label as its Python text ("{'answer': '5'}"), which no response equals:
@@ -278,32 +270,28 @@ def _check_label_type(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_fla
     Raises:
         ValueError: naming the row, the flag and the label's type.
     """
-    label = row[cfg.label_key]
-    rm_type = _row_rm_type(cfg, row).removeprefix("boxed_")
-    if cfg.custom_rm_path or rm_type not in REWARDS or not isinstance(label, Mapping | list | tuple):
+    name = rm_type.removeprefix("boxed_")
+    if cfg.custom_rm_path or name not in REWARDS or not isinstance(label, Mapping | list | tuple):
         return
-    if not REWARDS.get(rm_type).label_is_value:
+    if not REWARDS.get(name).label_is_value:
         return
     raise ValueError(
         f"{at}: {label_flag} {cfg.label_key!r} holds a {type(label).__name__} ({str(label)[:60]}), but --rm-type "
-        f"{rm_type} grades one answer (text or a number); point {label_flag} at the answer itself"
+        f"{name} grades one answer (text or a number); point {label_flag} at the answer itself"
     )
 
 
-def _check_label_value(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_flag: str) -> None:
+def _check_label_value(cfg: SlimeArgs, label: Any, rm_type: str, at: str, label_flag: str) -> None:
     r"""A label the row's reward grades against holds an answer: not empty text, not NaN or infinity, not bytes.
 
     Each was accepted and graded as its text ("", "nan" or "b'5'": a missing value or a binary column written by
     a data tool), which no real answer equals: every sample of the row scored 0 and the run learned from rows that
-    teach nothing, with no word about them. (A bool is an answer: `\boxed{True}` equals the label `true`.)
+    teach nothing, with no word about them. (A bool is an answer: `\boxed{True}` equals the label `true`.) The
+    caller checks that the row's reward grades against its label.
 
     Raises:
         ValueError: naming the row, the flag and the value.
     """
-    label = row[cfg.label_key]
-    if label is None or not _label_required(cfg, row):
-        return
-    rm_type = _row_rm_type(cfg, row)
     if isinstance(label, str) and not label.strip():
         problem = f"an empty label {label!r}"
     elif isinstance(label, float) and not math.isfinite(label):
@@ -315,13 +303,13 @@ def _check_label_value(cfg: SlimeArgs, row: Mapping[str, Any], at: str, label_fl
     raise ValueError(f"{at}: {label_flag} {cfg.label_key!r} holds {problem}, which --rm-type {rm_type} grades against")
 
 
-def _check_row_reward(cfg: SlimeArgs, row: Mapping[str, Any], at: str) -> None:
+def _check_row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> None:
     """A row's `metadata["rm_type"]` names a registered reward (else the rollout fails at its first sample).
 
     Raises:
         ValueError: naming the row and the registered names.
     """
-    rm_type = None if cfg.custom_rm_path else _row_metadata(cfg, row).get("rm_type")
+    rm_type = None if cfg.custom_rm_path else metadata.get("rm_type")
     if rm_type and str(rm_type).removeprefix("boxed_") not in REWARDS:
         raise ValueError(
             f"{at}: metadata rm_type {rm_type!r} is not a registered reward function (registered: "
@@ -355,22 +343,26 @@ def check_prompt_rows(
         problem = prompt_problem(row[cfg.input_key], cfg.input_key, key_flags.input_key)
         if problem is not None:
             raise ValueError(f"{at}: {problem}")
-        row_metadata(dict(row), cfg.metadata_key, at, key_flags.metadata_key)  # these raise naming the row
+        # Read once per row, as the data source reads them; these raise naming the row.
+        metadata = row_metadata(dict(row), cfg.metadata_key, at, key_flags.metadata_key)
         row_tools(dict(row), cfg.tool_key, at, key_flags.tool_key)
-        _check_row_reward(cfg, row, at)
+        _check_row_reward(cfg, metadata, at)
+        rm_type = str(metadata.get("rm_type") or cfg.rm_type or "")  # the reward that scores the row
+        required = _label_required(cfg, metadata, rm_type)
         if not cfg.label_key:
-            if _label_required(cfg, row):  # every sample's label would be None: graded against nothing
+            if required:  # every sample's label would be None: graded against nothing
                 raise ValueError(
-                    f"{at}: --rm-type {_row_rm_type(cfg, row)} grades against a label, but no "
+                    f"{at}: --rm-type {rm_type} grades against a label, but no "
                     f"{key_flags.label_key} is set (name the column that holds the answer)"
                 )
         else:
             if cfg.label_key not in row:
                 raise ValueError(f"{at}: no {key_flags.label_key} {cfg.label_key!r} (keys: {sorted(row)})")
-            if row[cfg.label_key] is None and _label_required(cfg, row):
+            label = row[cfg.label_key]
+            if label is None and required:
                 raise ValueError(
-                    f"{at}: null {key_flags.label_key} {cfg.label_key!r}, which --rm-type "
-                    f"{_row_rm_type(cfg, row)} grades against"
+                    f"{at}: null {key_flags.label_key} {cfg.label_key!r}, which --rm-type {rm_type} grades against"
                 )
-            _check_label_type(cfg, row, at, key_flags.label_key)
-            _check_label_value(cfg, row, at, key_flags.label_key)
+            _check_label_type(cfg, label, rm_type, at, key_flags.label_key)
+            if label is not None and required:
+                _check_label_value(cfg, label, rm_type, at, key_flags.label_key)
