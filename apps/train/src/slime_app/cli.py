@@ -69,6 +69,7 @@ def _main(argv: list[str]) -> int:
             return 0
         from slime_app.outputs import check_writable
         from slime_app.preflight import preflight
+        from slime_app.ray_start import ray_address
         from slime_app.resolve import resolve_config
 
         for note in preflight(cfg):
@@ -76,7 +77,7 @@ def _main(argv: list[str]) -> int:
         cfg, resolved = resolve_config(cfg)
         for note in resolved:
             logging.getLogger("slime_app.resolve").info("%s", note)
-        if not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+        if not ray_address(cfg):
             # On a cluster the trainer ranks write from other hosts: this host's view of the paths says little.
             check_writable(cfg)
     # ImportError: PluginError; OSError: an unreadable file or tokenizer; TypeError: a data source without len().

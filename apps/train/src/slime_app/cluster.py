@@ -35,7 +35,7 @@ from ray.util.placement_group import PlacementGroup, placement_group  # noqa: E4
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 from slime_app import interrupts  # noqa: E402
-from slime_app.ray_start import check_ray_address, start_local_ray  # noqa: E402
+from slime_app.ray_start import check_ray_address, ray_address, start_local_ray  # noqa: E402
 from slime_core.config import SlimeArgs  # noqa: E402
 from slime_rollout.engines.launch import nccl_cumem_enable  # noqa: E402
 
@@ -64,7 +64,7 @@ def init_ray(cfg: SlimeArgs) -> None:
     they run in: this venv for a local instance (where the workspace installs them), the cluster's own
     environment for `--ray-address`. Nothing is put on their `PYTHONPATH`.
     """
-    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(cfg)
     env_vars = {
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "TOKENIZERS_PARALLELISM": "false",

@@ -14,11 +14,11 @@ need is printed instead, as a GPU run would use it (SGLang, its weight sync) als
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from slime_app.outputs import check_creatable
 from slime_app.preflight import preflight
+from slime_app.ray_start import ray_address
 from slime_app.resolve import resolve_config
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.config.base import field_to_flag
@@ -221,7 +221,7 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
     report += render_config(cfg.model_copy(update=shown))
     report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg)]
     checks = resolved + notes + _first_prompt(cfg) + _prompt_filter(cfg)
-    if not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):  # as the run: other hosts write on a cluster
+    if not ray_address(cfg):  # as the run: other hosts write on a cluster
         checks += check_creatable(cfg)
     report += ["", "checked:"] + [f"  {line}" for line in checks]
     report.append("  not checked here: GPUs, engines, Ray (the run checks them when it starts)")

@@ -27,6 +27,7 @@ from slime_app.goodput import GoodputMeter
 from slime_app.guards import RunStopped, StartRefused, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
 from slime_app.progress import RunProgress
+from slime_app.ray_start import ray_address
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
@@ -165,7 +166,7 @@ class Run:
         self.start_rollout_id = 0
         self.last_hf_export: str | None = None
         # A local Ray instance lives under this process: make sure it dies with it (slime_app.reaper).
-        self.reaper = None if (cfg.ray_address or os.environ.get("RAY_ADDRESS")) else start_reaper()
+        self.reaper = None if ray_address(cfg) else start_reaper()
         try:
             with self._phase("ray", detail="local node and placement group"):
                 init_ray(cfg)

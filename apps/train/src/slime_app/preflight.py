@@ -7,6 +7,7 @@ import os
 
 from slime_app.checkpoints import check_checkpoints
 from slime_app.fp8_rollout import check_fp8_rollout
+from slime_app.ray_start import ray_address
 from slime_core.config import SlimeArgs
 from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
 from slime_core.registry import Registry
@@ -107,7 +108,7 @@ def _check_plugins(cfg: SlimeArgs) -> None:
     from slime_core.plugins import PluginError
     from slime_rollout.plugins import load_function
 
-    remote = bool(cfg.ray_address or os.environ.get("RAY_ADDRESS"))
+    remote = bool(ray_address(cfg))
     for field, flag, path in _plugin_paths(cfg):
         try:
             check_plugin_call(load_function(path, flag=flag), field, flag, path)
@@ -386,7 +387,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
             checkpoint the backend cannot read, or hardware this run cannot use.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
-    if hardware and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+    if hardware and not ray_address(cfg):
         _check_hardware(cfg)
     _check_plugins(cfg)
     _check_engine_launch(cfg)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "ray_address",
     "STARTUP_TIMEOUT_TEXT",
     "RayAddressError",
     "RayStartupError",
@@ -180,3 +181,11 @@ def start_local_ray(
             "or start Ray once with `uv run ray start --head --num-cpus 8 --include-dashboard false` (again until "
             "it comes up) and pass the address it prints with --ray-address"
         ) from None
+
+
+def ray_address(cfg: Any) -> str | None:
+    """The Ray cluster the run joins (`--ray-address`, else `RAY_ADDRESS`), or None for a local instance.
+
+    Other hosts of such a cluster run the trainer and engines: this host's view of paths and hardware says little.
+    """
+    return cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
