@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HookDeadlineExceeded", "call_hook_with_deadline", "hook_bounds"]
+__all__ = ["HookDeadlineExceeded", "call_hook_with_deadline", "hook_bounds", "note_raised_by"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,12 @@ class _Watchdog:
                 _raise_in(self.target, None)
 
 
+def note_raised_by(error: BaseException, what: str) -> None:
+    """Adds the note `(raised by <what>)` to a plugin's error, unless an inner call named its plugin already."""
+    if not any(str(n).startswith("(raised by ") for n in getattr(error, "__notes__", ())):
+        error.add_note(f"(raised by {what})")
+
+
 def call_hook_with_deadline(
     fn: Callable[..., Any], *args: Any, what: str, deadline_s: float, flag: str, warn_every_s: float, **kwargs: Any
 ) -> Any:
@@ -120,8 +126,7 @@ def call_hook_with_deadline(
         try:
             result = fn(*args, **kwargs)
         except Exception as e:
-            if not any(str(n).startswith("(raised by ") for n in getattr(e, "__notes__", ())):
-                e.add_note(f"(raised by {what})")
+            note_raised_by(e, what)
             raise
         finally:
             watchdog.stop()

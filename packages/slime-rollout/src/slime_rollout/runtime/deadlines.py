@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from slime_core.hook_deadline import hook_bounds
+from slime_core.hook_deadline import hook_bounds, note_raised_by
 from slime_rollout.runtime import async_utils
 from slime_rollout.runtime.loop_watchdog import watching
 
@@ -209,8 +209,7 @@ async def call_plugin_with_deadline(
             # The type stays the caller's to catch; the traceback (Ray's included) says which plugin and sample.
             # Once only: the innermost call names it best, and a plugin re-raising one stored error object must not
             # grow its notes call after call.
-            if not any(str(n).startswith("(raised by ") for n in getattr(e, "__notes__", ())):
-                e.add_note(f"(raised by {what})")
+            note_raised_by(e, what)
             raise
         except (KeyboardInterrupt, asyncio.CancelledError):
             raise
@@ -318,8 +317,7 @@ def call_in_thread_with_deadline(
                            _shown(deadline_s), flag)  # fmt: skip
     error = outcome.get("error")
     if isinstance(error, Exception):
-        if not any(str(n).startswith("(raised by ") for n in getattr(error, "__notes__", ())):
-            error.add_note(f"(raised by {what})")
+        note_raised_by(error, what)
         raise error
     if error is not None:
         raise PluginExit(f"{type(error).__name__}: {error}") from error
