@@ -34,7 +34,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["abort_all", "build_sampling_params", "call_client", "generate", "get_client"]
+__all__ = ["abort_all", "build_sampling_params", "call_client", "context_limit", "generate", "get_client"]
+
+
+def context_limit(args: Any, *, evaluation: bool) -> int | None:
+    """Tokens a sample's prompt and response may fill together; None without a limit.
+
+    `--eval-max-context-len` for eval samples when set, else `--rollout-max-context-len`.
+    """
+    limit = args.eval_max_context_len if evaluation else None
+    return args.rollout_max_context_len if limit is None else limit
 
 
 def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[str, Any]:
@@ -204,9 +213,7 @@ async def generate(
         if sample.rollout_log_probs is not None:
             sample.rollout_log_probs = [0.0] * sample.response_length
     sampling_params["max_new_tokens"] = int(sampling_params["max_new_tokens"]) - sample.response_length
-    max_context_len = args.eval_max_context_len if evaluation else None
-    if max_context_len is None:
-        max_context_len = args.rollout_max_context_len
+    max_context_len = context_limit(args, evaluation=evaluation)
     if max_context_len is not None:
         # Prompt + response must fit the context window (`--rollout-max-context-len` / `--eval-max-context-len`).
         sampling_params["max_new_tokens"] = min(sampling_params["max_new_tokens"], max_context_len - len(sample.tokens))

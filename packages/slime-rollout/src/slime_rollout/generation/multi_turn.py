@@ -405,9 +405,7 @@ async def generate(
     tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
     sample.metadata[CONVERSATION_KEY] = {"tools": tools, "segments": []}
     budget = int(sampling_params["max_new_tokens"])
-    max_context_len = args.eval_max_context_len if evaluation else None
-    if max_context_len is None:
-        max_context_len = args.rollout_max_context_len
+    max_context_len = single_turn.context_limit(args, evaluation=evaluation)
     if max_context_len is not None:
         # Prompt + every turn and observation must fit the context window; none left: TRUNCATED, no engine call.
         budget = min(budget, max_context_len - sample.prompt_length)
