@@ -47,9 +47,6 @@ __all__ = [
     "encode_prompt",  # re-exported from `slime_rollout.data.prompt_length` (generate functions import it from here)
     "PromptRows",
     "load_prompt_rows",
-    "prompt_problem",
-    "row_metadata",
-    "row_tools",
     "rows_to_samples",
 ]
 
