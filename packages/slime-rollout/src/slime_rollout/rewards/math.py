@@ -31,6 +31,7 @@ from slime_rollout.rewards.math_utils import (
     final_pairs,
     grade_fast,
     preview,
+    require_label,
     symbolic_equal_with_timeout,
 )
 
@@ -155,7 +156,7 @@ def deepscaler_reward(response: str, label: object, *, sample_index: int | None 
     Raises:
         ValueError: if `label` is None (whether or not the response has a marker).
     """
-    extract_label_answer(label)  # a missing label fails on every response, not only on those with a marker
+    require_label(label)  # a missing label fails on every response, not only on those with a marker
     region = _deepscaler_region(response, sample_index)
     return 0.0 if region is None else math_reward(region, label, sample_index=sample_index)
 
@@ -215,7 +216,7 @@ async def deepscaler_reward_async(
     response: str, label: object, *, num_workers: int, sample_index: int | None = None
 ) -> float:
     """`deepscaler_reward` with the symbolic check in the grading pool (see `math_reward_async`)."""
-    extract_label_answer(label)  # raises on a missing label, as `deepscaler_reward` does
+    require_label(label)  # as `deepscaler_reward`
     region = _deepscaler_region(response, sample_index)
     if region is None:
         return 0.0

@@ -59,6 +59,7 @@ __all__ = [
     "costly_reason",
     "extract_boxed",
     "extract_label_answer",
+    "require_label",
     "final_boxed_answers",
     "final_pairs",
     "grade_answer",
@@ -94,14 +95,19 @@ def preview(text: str) -> str:
     return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "..."
 
 
+def require_label(label: object) -> None:
+    """Raises `ValueError("math reward needs a label (set --label-key)")` when `label` is None."""
+    if label is None:
+        raise ValueError("math reward needs a label (set --label-key)")
+
+
 def extract_label_answer(label: object) -> str:
     """The final answer of a label: a GSM8K solution's `#### x`, a boxed answer, or the label itself.
 
     Raises:
         ValueError: if `label` is None.
     """
-    if label is None:
-        raise ValueError("math reward needs a label (set --label-key)")
+    require_label(label)
     text = str(label)
     if "####" in text:
         return text.rsplit("####", 1)[1].strip()
