@@ -14,7 +14,7 @@ import pathlib
 import shutil
 from collections.abc import Iterator
 
-from slime_core.dir_swap import sync_tree
+from slime_core.dir_swap import old_dir, staging_dir, sync_tree
 
 __all__ = ["staged_output"]
 
@@ -44,7 +44,7 @@ def staged_output(output: str | os.PathLike[str], *, force: bool, flag: str) -> 
     out = pathlib.Path(output).absolute()  # "." has no name to put ".tmp" after
     if (out.exists() or out.is_symlink()) and not force:
         raise FileExistsError(f"{flag} {out} exists (pass -f/--force to replace it)")
-    tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
+    tmp, old = staging_dir(out), old_dir(out)
     _remove(tmp)
     tmp.mkdir(parents=True)
     try:

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from slime_core.dir_swap import sync_tree
+from slime_core.dir_swap import staging_dir, sync_tree
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def write_torch_dist(
     out = pathlib.Path(out_dir)
     if out.exists():
         raise FileExistsError(f"{out} already exists; remove it or choose another --save")
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = staging_dir(out)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
