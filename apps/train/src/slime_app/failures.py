@@ -16,6 +16,7 @@ import shutil
 
 import ray.exceptions
 
+from slime_app.outputs import nearest_existing
 from slime_core.config import SlimeArgs
 from slime_core.hook_deadline import HookDeadlineExceeded
 from slime_rollout.engines.transport import EngineError
@@ -53,11 +54,8 @@ def root_cause(error: BaseException) -> BaseException:
 
 def _free_space(path: pathlib.Path) -> str:
     """`"12.3 GiB free there"` for the filesystem holding `path` (its nearest existing ancestor)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
     try:
-        free = float(shutil.disk_usage(probe).free)
+        free = float(shutil.disk_usage(nearest_existing(path)).free)
     except OSError:
         return "free space unknown"
     units = ("B", "KiB", "MiB", "GiB", "TiB")

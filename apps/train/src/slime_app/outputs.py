@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from slime_app.tracking import tensorboard_log_dir
 from slime_core.config import SlimeArgs
 
-__all__ = ["check_creatable", "check_writable", "output_dirs"]
+__all__ = ["check_creatable", "check_writable", "nearest_existing", "output_dirs"]
 
 
 def _fixed_folder(template: str) -> pathlib.Path:
@@ -70,6 +70,13 @@ def check_writable(cfg: SlimeArgs) -> None:
             raise OSError(f"{flag} {folder} is not writable: {e.strerror or e}") from e
 
 
+def nearest_existing(path: pathlib.Path) -> pathlib.Path:
+    """`path` itself if it exists, else its nearest ancestor that does (the root at worst)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def check_creatable(cfg: SlimeArgs) -> list[str]:
     """`check_writable` without writing anything (`--dry-run`).
 
@@ -83,9 +90,7 @@ def check_creatable(cfg: SlimeArgs) -> list[str]:
         OSError: naming the flag, the folder and the path in the way.
     """
     for flag, folder in output_dirs(cfg):
-        existing = folder
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
+        existing = nearest_existing(folder)
         if not existing.is_dir():
             where = "is a file" if existing == folder else f"would be under {existing}, which is a file"
             raise OSError(f"{flag} {folder} is not writable: it {where}, not a folder")
