@@ -293,13 +293,13 @@ def _check_json_files(folder: str) -> None:
             raise ValueError(f"--hf-checkpoint {folder}: {name} is not UTF-8 (byte offset {e.start})") from None
 
 
-def _weight_readers(cfg: SlimeArgs) -> list[str]:
-    """Who reads `--hf-checkpoint`'s weights in this run: the engines slime starts, the trainer's initial load."""
+def _weight_readers(cfg: SlimeArgs) -> dict[str, str]:
+    """Who reads `--hf-checkpoint`'s weights in this run, `"engines"` and/or `"trainer"`, with how (for messages)."""
     from slime_core.fp8 import trainer_weights_dir
 
-    readers = []
+    readers = {}
     if cfg.rollout_engine and not (cfg.rollout_engine_urls or cfg.debug_train_only):
-        readers.append(f"the --rollout-engine {cfg.rollout_engine} engines load them at start")
+        readers["engines"] = f"the --rollout-engine {cfg.rollout_engine} engines load them at start"
     if not cfg.debug_rollout_only:
         from slime_app.checkpoints import checkpoint_kind
 
@@ -313,7 +313,7 @@ def _weight_readers(cfg: SlimeArgs) -> list[str]:
         )
         if starts_here and not torch_dist_start:
             trainer = f"the --train-backend {cfg.train_backend} trainer"
-            readers.append(f"{trainer} loads its *.safetensors (also before --load)")
+            readers["trainer"] = f"{trainer} loads its *.safetensors (also before --load)"
     return readers
 
 
@@ -331,8 +331,7 @@ def _check_hf_weights(cfg: SlimeArgs) -> None:
         return
     files = [p.name for p in os.scandir(cfg.hf_checkpoint) if p.is_file()]
     safetensors = any(name.endswith(".safetensors") for name in files)
-    trainer_reads = any("trainer" in r for r in readers)
-    if safetensors or (not trainer_reads and any(name.endswith((".bin", ".pt")) for name in files)):
+    if safetensors or ("trainer" not in readers and any(name.endswith((".bin", ".pt")) for name in files)):
         return
     shown = ", ".join(sorted(files)[:6]) + (", ..." if len(files) > 6 else "")
     if any(n.endswith((".bin", ".pt")) for n in files):
@@ -341,7 +340,8 @@ def _check_hf_weights(cfg: SlimeArgs) -> None:
     else:
         found = f"no weight files, only {shown or 'nothing'}"
         fix = "give the folder with the model's weights (`huggingface-cli download <model> --local-dir DIR`)"
-    raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: {found}, but {' and '.join(readers)}; {fix}")
+    who = " and ".join(readers.values())
+    raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: {found}, but {who}; {fix}")
 
 
 def _check_opd_teacher(cfg: SlimeArgs) -> None:
