@@ -26,6 +26,7 @@ from slime_rollout.runtime.deadlines import DeadlineExceeded
 
 __all__ = ["SaveFailed", "deadline_failure", "engine_failure", "root_cause", "save_failed"]
 
+
 class SaveFailed(RuntimeError):
     """A checkpoint or HF export could not be written; the message is the one line to show."""
 
