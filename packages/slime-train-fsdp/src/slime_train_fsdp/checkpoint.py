@@ -6,14 +6,19 @@ Layout under `--save` (as the original FSDP backend):
         model_and_optim/      DCP shards of {"model", "optim"} (sharded state dicts, no gather)
         scheduler.pt          LR scheduler state
         rng_{rank}.pt         torch (and CUDA) RNG state of each rank
-        meta.json             {rollout_id, next_rollout_id, global_step, world_size}
+        meta.json             {rollout_id, next_rollout_id, global_step, world_size, model_flags}
     latest_checkpointed_iteration.txt
 
 Atomicity: everything is written into `iter_XXXXXXX.tmp`, renamed to its final name by rank 0 after all ranks
 finished, and only then is the tracker file replaced (`slime_core.dir_swap.write_text_atomic`); files are flushed
 to the disk before each rename. A run killed mid-save leaves
 the previous checkpoint as `latest`. A checkpoint directory is marked as slime's (`slime_core.dir_swap`): re-saving an
-iteration replaces only a directory slime wrote, never a user's folder of the same name.
+iteration replaces only a directory slime wrote, never a user's folder of the same name. The names of the layout
+are `slime_core.checkpoint_dirs`'s, shared with the driver's checks and the Megatron backend.
+
+A resume is refused before anything is read when a flag that decides the parameters (`model_flags_of`) differs
+from the one in `meta.json`, and when the saved parameter names or shapes (DCP's `.metadata`) differ from the
+model's; only a checkpoint whose files cannot be read is called damaged.
 """
 
 from __future__ import annotations
