@@ -299,3 +299,20 @@ def test_a_resume_with_other_lora_flags_is_refused_before_the_run(model, tmp_pat
     with pytest.raises(ValueError, match=r"\(--lora-target-modules \['q_proj', 'v_proj'\] saved vs \['q_proj'\] here"):
         check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "q_proj"))
     assert check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "v_proj", "q_proj"))
+
+
+def test_dry_run_reads_the_prompt_file_once_for_the_first_prompt_and_the_length_filter(model, data, capsys,
+                                                                                      monkeypatch):  # fmt: skip
+    # The first prompt, the prompt count and the data source each read --prompt-data again (four reads in all with
+    # the package's row check); now the dry run reads it once and passes the rows down.
+    import slime_rollout.data.source as source
+
+    reads = []
+    real = source.iter_jsonl
+    monkeypatch.setattr(source, "iter_jsonl", lambda path, *a, **kw: (reads.append(str(path)), real(path, *a, **kw))[1])
+    assert main(["--dry-run", *_flags(model, data, "--num-rollout", "2")]) == 0
+    out = capsys.readouterr().out
+    assert "  prompt length: 10 of 10 prompts within 40959 tokens (0 longer are dropped)" in out
+    assert "first prompt" in out
+    # One read is the rollout package's own row check (its `slime.preflight` hook), one the dry run's.
+    assert reads == [str(data), str(data)]

@@ -12,8 +12,9 @@ import pytest
 import ray.exceptions
 
 from slime_app import loop
-from slime_app.checkpoints import check_checkpoints, complete_iterations
+from slime_app.checkpoints import check_checkpoints
 from slime_app.guards import StartRefused
+from slime_core.checkpoint_dirs import complete_iterations
 from slime_core.config import parse_args
 
 

@@ -45,6 +45,13 @@ def test_bad_templates_are_one_config_error_naming_the_flag(template, fragment):
     assert fragment in message
 
 
+def test_a_too_long_path_component_is_quoted_as_a_preview():
+    # The component (12340 spaces and "12345") is shown cut to 43 characters (slime_core.error_text.preview).
+    with pytest.raises(ConfigError) as info:
+        make(save_hf="{rollout_id:>{rollout_id}}")
+    assert str(info.value).endswith("(at most 255 bytes): '" + " " * 39 + "...")
+
+
 def test_good_templates_are_kept_and_format_per_rollout():
     assert make(save_hf="/out/hf_{rollout_id:05d}").save_hf == "/out/hf_{rollout_id:05d}"
     assert save_hf_paths("/o/{rollout_id}/{{x}}/{rollout_id!r:>3}", [0, 12]) == {0: "/o/0/{x}/  0", 12: "/o/12/{x}/ 12"}

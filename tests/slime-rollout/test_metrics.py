@@ -7,7 +7,7 @@ import pytest
 
 from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
-from slime_rollout.runtime.metrics import compute_rollout_metrics, pass_at_k
+from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups, pass_at_k
 
 
 def _brute_pass_at_k(rewards, k):
@@ -60,3 +60,22 @@ def test_reward_category_shares():
     cats = {k: v for k, v in out.items() if k.startswith("rollout/error_cat/")}
     assert cats == {"rollout/error_cat/ok": 0.25, "rollout/error_cat/format": 0.5, "rollout/error_cat/unknown": 0.25}
     assert not any("error_cat" in k for k in compute_rollout_metrics(_args(reward_key="score"), groups, rollout_time=1))
+
+
+def test_flatten_groups_takes_groups_fan_out_lists_and_flat_lists_alike():
+    a, b, c, d = (Sample(index=i) for i in range(4))
+    assert flatten_groups([[a, [b, c]], [d]]) == [a, b, c, d]  # a fan-out generate's list inside a group
+    assert flatten_groups([a, b]) == [a, b]  # a custom rollout function's flat list
+    assert flatten_groups(a) == [a]
+    assert flatten_groups([]) == []
+
+
+def test_flatten_groups_names_the_entry_that_is_not_a_sample():
+    with pytest.raises(TypeError) as e:
+        flatten_groups([[Sample(), (Sample(),)]], "--rollout-function-path my.fn (rollout 3)", "samples")
+    assert (
+        str(e.value)
+        == "--rollout-function-path my.fn (rollout 3) returned tuple at samples[0][1], not a Sample or a list of them"
+    )
+    with pytest.raises(TypeError, match=r"^the rollout returned NoneType at groups\[1\], not a Sample"):
+        flatten_groups([[Sample()], None])

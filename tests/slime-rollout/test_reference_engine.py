@@ -1,6 +1,7 @@
 """The CPU reference engine against an independent transformers forward (tiny random Qwen3, fp32)."""
 
 import asyncio
+import shutil
 
 import httpx
 import pytest
@@ -8,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slime_rollout.engines.client import EngineClient, EngineError, RolloutClient
-from slime_rollout.engines.reference.model import GenRequest, ReferenceModel
+from slime_rollout.engines.reference.model import ReferenceModel
+from slime_rollout.engines.reference.request import GenRequest
 from slime_rollout.engines.reference.sampling import SamplingParams, sample_next_token, sample_with_kept_ids
 
 LOGPROB_ATOL = 1e-5  # fp32 engine (left-padded, KV cache) vs one unpadded forward
@@ -434,9 +436,19 @@ def test_a_bucket_with_one_bad_tensor_changes_no_weight(tiny_qwen3_dir):
     before = model.model.state_dict()[name].clone()
     new = torch.full_like(before, 0.5)
     with pytest.raises(KeyError, match="unknown parameter 'model.nope.weight'"):
-        model.load_named_tensors([(name, new), ("model.nope.weight", new)])
+        model.weights.load_named_tensors([(name, new), ("model.nope.weight", new)])
     with pytest.raises(ValueError, match="shape mismatch"):
-        model.load_named_tensors([(name, new), ("model.layers.0.mlp.down_proj.weight", torch.zeros(1))])
+        model.weights.load_named_tensors([(name, new), ("model.layers.0.mlp.down_proj.weight", torch.zeros(1))])
     assert torch.equal(model.model.state_dict()[name], before)  # was all 0.5
-    assert model.load_named_tensors([(name, new)]) == 1
+    assert model.weights.load_named_tensors([(name, new)]) == 1
     assert torch.equal(model.model.state_dict()[name], new)
+
+
+def test_the_served_model_path_follows_a_load_from_disk(tiny_qwen3_dir, tmp_path):
+    # /get_model_info's model_path is the weights' directory: it moves with /update_weights_from_disk.
+    model = ReferenceModel(str(tiny_qwen3_dir))
+    assert model.model_path == str(tiny_qwen3_dir)
+    for f in tiny_qwen3_dir.glob("*.safetensors"):
+        shutil.copy(f, tmp_path / f.name)
+    assert model.weights.load_from_disk(str(tmp_path)) == len(model.model.state_dict()) - 1  # lm_head tied
+    assert model.model_path == str(tmp_path)

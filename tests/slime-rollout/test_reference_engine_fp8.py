@@ -71,7 +71,7 @@ def test_reference_model_loads_fp8_and_fp8_pushes_exactly(private_tmp, tiny_qwen
 
     new = _perturbed(state, 1)
     pushed = list(quantize_buckets([list(new.items())], FP8))
-    assert engine.load_named_tensors(pushed[0]) == len(new)
+    assert engine.weights.load_named_tensors(pushed[0]) == len(new)
     held = engine.model.state_dict()
     for name, w in _served(new).items():
         assert torch.equal(held[name], w), name
@@ -79,7 +79,7 @@ def test_reference_model_loads_fp8_and_fp8_pushes_exactly(private_tmp, tiny_qwen
     # /weights_checker as SGLang 0.5.16 answers it for a block-FP8 model (seen on the H200: 226 tensors for
     # qwen3-0.6b, FP8 or not): no scale is listed, and an FP8 weight hashes as its dequantized bfloat16
     # (`Fp8BlockComparable.dequantize` = `block_quant_dequant`: q·s in float32 per block, one rounding to bf16).
-    checksums = engine.weight_checksums()
+    checksums = engine.weights.weight_checksums()
     assert not [k for k in checksums if k.endswith("weight_scale_inv")]
     pair = dict(pushed[0])
     q = torch.cat([pair[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
@@ -101,10 +101,10 @@ def test_an_fp8_weight_without_its_scale_is_refused_and_nothing_changes(private_
     engine = ReferenceModel(str(_fp8_dir(private_tmp / "m2", tiny_qwen3_dir, state)))
     q, _ = quantize_blockwise(state["model.layers.0.mlp.up_proj.weight"], FP8.weight_block_size)
     with pytest.raises(ValueError, match=r"mlp.up_proj.weight \(no scale\)"):
-        engine.load_named_tensors([("model.layers.0.mlp.up_proj.weight", q)])
+        engine.weights.load_named_tensors([("model.layers.0.mlp.up_proj.weight", q)])
     plain = ReferenceModel(str(tiny_qwen3_dir))
     with pytest.raises(ValueError, match="served unquantized"):
-        plain.load_named_tensors([("model.layers.0.mlp.up_proj.weight", q)])
+        plain.weights.load_named_tensors([("model.layers.0.mlp.up_proj.weight", q)])
 
 
 def _logprobs(url):

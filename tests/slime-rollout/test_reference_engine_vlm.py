@@ -17,7 +17,8 @@ from transformers import AutoModelForImageTextToText
 pytest.importorskip("fastapi", reason="the reference engine's HTTP app needs fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from slime_rollout.engines.reference.model import GenRequest, ReferenceModel  # noqa: E402
+from slime_rollout.engines.reference.model import ReferenceModel  # noqa: E402
+from slime_rollout.engines.reference.request import GenRequest  # noqa: E402
 from slime_rollout.engines.reference.sampling import SamplingParams  # noqa: E402
 from slime_rollout.engines.reference.server import build_app  # noqa: E402
 from slime_rollout.engines.reference.vision import decode_engine_image  # noqa: E402
@@ -154,12 +155,12 @@ def test_http_generate_with_image_data_and_weight_updates_by_checkpoint_name(vlm
     module_name = "model.visual.blocks.0.norm1.weight"
     old = engine.model.state_dict()[module_name].clone()
     new = torch.full_like(old, 0.5)
-    assert engine.load_named_tensors([(checkpoint_name or module_name, new)]) == 1
+    assert engine.weights.load_named_tensors([(checkpoint_name or module_name, new)]) == 1
     assert torch.equal(engine.model.state_dict()[module_name], new)
-    engine.load_named_tensors([(module_name, old)])  # module names are accepted too
+    engine.weights.load_named_tensors([(module_name, old)])  # module names are accepted too
     assert torch.equal(engine.model.state_dict()[module_name], old)
     with pytest.raises(KeyError, match="unknown parameter"):
-        engine.load_named_tensors([("visual.nope.weight", new)])
+        engine.weights.load_named_tensors([("visual.nope.weight", new)])
 
 
 def test_checkpoint_names_check_by_sglangs_names(vlm):
@@ -176,7 +177,7 @@ def test_checkpoint_names_check_by_sglangs_names(vlm):
     app = build_app(engine, max_running_requests=4, random_seed=0, server_args={})
     try:
         with TestClient(app) as client:
-            engine.load_named_tensors([(name, new)])
+            engine.weights.load_named_tensors([(name, new)])
             refused = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 3})
             assert refused.status_code == 400
             assert refused.json() == {"error": {"message": "Get parameter by name failed"}}
@@ -185,4 +186,4 @@ def test_checkpoint_names_check_by_sglangs_names(vlm):
             assert sglang_name == "visual.blocks.0.attn.qkv_proj.weight"
             assert checksums[sglang_name] == tensor_checksum(new.to(engine.model.dtype))
     finally:
-        engine.load_named_tensors([(module_name, old)])
+        engine.weights.load_named_tensors([(module_name, old)])

@@ -219,13 +219,13 @@ def test_reference_engine_takes_per_expert_matrices_into_its_fused_experts(serve
     fused = served.model.state_dict()["model.layers.1.mlp.experts.gate_up_proj"]
     before = fused.clone()
     up = torch.full((fused.shape[1] // 2, fused.shape[2]), 0.25)
-    assert served.load_named_tensors([("model.layers.1.mlp.experts.5.up_proj.weight", up)]) == 1
+    assert served.weights.load_named_tensors([("model.layers.1.mlp.experts.5.up_proj.weight", up)]) == 1
     assert torch.equal(fused[5, fused.shape[1] // 2 :], up)
     assert torch.equal(fused[5, : fused.shape[1] // 2], before[5, : fused.shape[1] // 2])  # gate rows untouched
     assert torch.equal(fused[:5], before[:5]) and torch.equal(fused[6:], before[6:])
-    served.load_named_tensors([("model.layers.1.mlp.experts.gate_up_proj", before)])  # restore
+    served.weights.load_named_tensors([("model.layers.1.mlp.experts.gate_up_proj", before)])  # restore
     with pytest.raises(ValueError, match="shape mismatch"):
-        served.load_named_tensors([("model.layers.1.mlp.experts.5.up_proj.weight", torch.zeros(3, 3))])
+        served.weights.load_named_tensors([("model.layers.1.mlp.experts.5.up_proj.weight", torch.zeros(3, 3))])
 
 
 async def test_multi_turn_model_turns_keep_the_routes(moe_dir):

@@ -1,5 +1,7 @@
 """Checkpoint directories under --save are replaced only when slime wrote them (slime_core.dir_swap marker)."""
 
+import json
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -98,20 +100,71 @@ def test_the_save_flushes_every_file_before_the_renames_that_publish_it(tmp_path
     assert ("fsync", str(root)) in events[commit:]  # and the rename itself
 
 
-def test_a_checkpoint_of_other_parameters_is_not_called_damaged(tmp_path, one_rank):
-    # A LoRA checkpoint resumed without --lora-rank was reported "damaged after it was written (a partial copy ...)".
-    root = tmp_path / "save"
-    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))  # stands in for a model with adapters
+def _lora_like(rank):
+    """A tiny model whose parameters depend on a LoRA-like flag, as `--lora-rank` decides the FSDP model's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2))
+    if rank:
+        model.append(nn.Linear(2, rank, bias=False))  # stands in for the adapters
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def test_a_lora_rank_mismatch_is_one_error_naming_the_flag_and_both_values(tmp_path, one_rank):
+    # Was found by matching torch's "Missing key" text and named no flag value; now meta.json's flags are compared.
+    root = tmp_path / "save"
+    model, optimizer, scheduler = _lora_like(4)
     save_checkpoint(root, rollout_id=0, global_step=1, model=model, optimizer=optimizer, scheduler=scheduler,
-                    model_flags={"--lora-rank": 4})  # fmt: skip
+                    model_flags={"--lora-rank": 4, "--lora-target-modules": ["q_proj"]})  # fmt: skip
+    model, optimizer, scheduler = _lora_like(0)
     with pytest.raises(ValueError) as e:
-        _load(root)  # nn.Linear's "weight" is not in the checkpoint ("0.weight" is)
-    assert str(e.value).startswith(f"--load {root}: iter_0000001 holds other parameters than this run's model (")
-    assert str(e.value).endswith(
-        "a flag that decides the parameters differs from the saved run's (--lora-rank, --lora-target-modules, "
-        "--hf-checkpoint); resume with the saved run's flags"
+        load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler, model_flags={"--lora-rank": 0})
+    assert str(e.value) == (
+        f"--load {root}: iter_0000001 was saved with other model flags than this run's (--lora-rank 4 saved vs 0 "
+        "here); resume with the saved run's flags"
+    )
+
+
+def test_same_model_flags_load(tmp_path, one_rank):
+    root = tmp_path / "save"
+    flags = {"--lora-rank": 4, "--lora-target-modules": ["q_proj"]}
+    model, optimizer, scheduler = _lora_like(4)
+    save_checkpoint(root, rollout_id=0, global_step=3, model=model, optimizer=optimizer, scheduler=scheduler,
+                    model_flags=flags)  # fmt: skip
+    model, optimizer, scheduler = _lora_like(4)
+    meta = load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler, model_flags=flags)
+    assert (meta["next_rollout_id"], meta["global_step"], meta["model_flags"]) == (1, 3, flags)
+
+
+def test_model_flags_are_written_into_a_checkpoint_that_had_none(tmp_path, one_rank):
+    # A checkpoint saved before meta.json kept the flags: loaded once, it has them, and the next resume compares.
+    root = tmp_path / "save"
+    model, optimizer, scheduler = _lora_like(4)
+    final = save_checkpoint(root, rollout_id=0, global_step=1, model=model, optimizer=optimizer, scheduler=scheduler)
+    meta_file = final / "meta.json"
+    old = json.loads(meta_file.read_text())
+    del old["model_flags"]
+    meta_file.write_text(json.dumps(old))
+    model, optimizer, scheduler = _lora_like(4)
+    load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler, model_flags={"--lora-rank": 4})
+    assert json.loads(meta_file.read_text())["model_flags"] == {"--lora-rank": 4}
+    model, optimizer, scheduler = _lora_like(4)
+    with pytest.raises(ValueError, match=r"\(--lora-rank 4 saved vs 8 here\)"):
+        load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler, model_flags={"--lora-rank": 8})
+
+
+def test_a_checkpoint_of_other_parameters_is_not_called_damaged(tmp_path, one_rank):
+    # A LoRA checkpoint (no flags recorded) resumed without adapters was reported "damaged after it was written".
+    root = tmp_path / "save"
+    model, optimizer, scheduler = _lora_like(4)
+    save_checkpoint(root, rollout_id=0, global_step=1, model=model, optimizer=optimizer, scheduler=scheduler)
+    model, optimizer, scheduler = _lora_like(0)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert str(e.value) == (
+        f"--load {root}: iter_0000001 holds other parameters than this run's model (only in the checkpoint: "
+        "1.weight): a flag that decides the parameters differs from the saved run's (--lora-rank, "
+        "--lora-target-modules, --hf-checkpoint); resume with the saved run's flags"
     )
 
 
@@ -126,7 +179,7 @@ def test_a_checkpoint_of_another_model_size_is_not_called_damaged(tmp_path, one_
     with pytest.raises(ValueError) as e:
         load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler)
     assert str(e.value).startswith(
-        f"--load {root}: iter_0000001 holds other parameters than this run's model (ValueError: Size mismatch between "
-        "saved torch.Size([2, 2]) and current: torch.Size([2, 3]) for model.weight"
+        f"--load {root}: iter_0000001 holds other parameters than this run's model (other shapes: weight [2, 2] "
+        "saved vs [2, 3] here): "
     )
     assert "damaged" not in str(e.value)

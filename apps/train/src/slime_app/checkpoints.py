@@ -21,30 +21,29 @@ import json
 import logging
 import os
 import pathlib
-import re
 
 from slime_app.fp8_rollout import serving_fp8
+from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
 from slime_core.config import SlimeArgs
 from slime_core.extensions import train_backend_spec
 from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_checkpoints", "checkpoint_kind", "complete_iterations", "fsdp_reference_dir"]
+__all__ = ["check_checkpoints", "checkpoint_kind", "fsdp_reference_dir"]
 
-TRACKER = "latest_checkpointed_iteration.txt"
 _WEIGHTS = (".safetensors", ".bin")
 
 
 def _iteration_dir(root: pathlib.Path) -> pathlib.Path | None:
     """The iteration directory the tracker file of `root` names, if it exists."""
-    tracker = root / TRACKER
+    tracker = root / TRACKER_FILE
     if not tracker.is_file():
         return None
     text = tracker.read_text().strip()
     if not text:  # emptied by a crash: `root / ""` would be `root` itself
         return None
-    name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else text
+    name = "release" if text == "release" else iteration_name(int(text)) if text.isdigit() else text
     path = root / name
     return path if path.is_dir() else None
 
@@ -81,26 +80,6 @@ def _a(kind: str) -> str:
     return f"{'an' if kind in _AN else 'a'} {kind} checkpoint"
 
 
-_ITERATION = re.compile(r"iter_(\d{7})")
-
-
-def complete_iterations(root: str | os.PathLike[str]) -> list[int]:
-    """The iterations under a `--save` directory whose folder is complete, ascending.
-
-    Complete: an `iter_XXXXXXX` folder (not a `.tmp` staging one) holding FSDP's `meta.json` or torch_dist's
-    `.metadata`, both written last before the folder gets its final name.
-    """
-    root = pathlib.Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _ITERATION.fullmatch(child.name)
-        if match and ((child / "meta.json").is_file() or (child / ".metadata").is_file()):
-            found.append(int(match.group(1)))
-    return sorted(found)
-
-
 def _recovery_hint(root: pathlib.Path) -> str:
     iterations = complete_iterations(root)
     if not iterations:
@@ -113,20 +92,20 @@ def _recovery_hint(root: pathlib.Path) -> str:
 
 def _tracker_problem(root: pathlib.Path) -> str | None:
     """Why `root`'s tracker file names no usable iteration (None: no tracker, or it names one)."""
-    tracker = root / TRACKER
+    tracker = root / TRACKER_FILE
     if not tracker.is_file() or _iteration_dir(root) is not None:
         return None
     text = tracker.read_text(errors="replace").strip()
     said = "is empty" if not text else f"names {text!r}, which is not an iteration folder there"
     # The tracker is replaced only after its iteration is in place: a cut-short copy or a crash before the data
     # reached the disk, not a save of ours, leaves it so.
-    return f"{TRACKER} {said} (a partial copy, or a crash before the last save reached the disk)"
+    return f"{TRACKER_FILE} {said} (a partial copy, or a crash before the last save reached the disk)"
 
 
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     root = pathlib.Path(cfg.load)
     if cfg.ckpt_step is not None and root.is_dir():
-        step_dir = root / f"iter_{cfg.ckpt_step:07d}"
+        step_dir = root / iteration_name(cfg.ckpt_step)
         if cfg.ckpt_step not in complete_iterations(root):
             raise ValueError(
                 f"--ckpt-step {cfg.ckpt_step}: --load {root} has no complete {step_dir.name}; {_recovery_hint(root)}"
@@ -174,7 +153,7 @@ def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
     """
     from slime_train_fsdp.checkpoint import model_flag_mismatches, model_flags_of
 
-    step_dir = root / f"iter_{cfg.ckpt_step:07d}" if cfg.ckpt_step is not None else _iteration_dir(root)
+    step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else _iteration_dir(root)
     meta = step_dir / "meta.json" if step_dir is not None else None
     if meta is None or not meta.is_file():
         return
@@ -203,7 +182,7 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
 
     from slime_train_fsdp.lr_schedule import build_lr_scheduler, load_scheduler_state
 
-    step_dir = root / f"iter_{cfg.ckpt_step:07d}" if cfg.ckpt_step is not None else _iteration_dir(root)
+    step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else _iteration_dir(root)
     saved = step_dir / "scheduler.pt" if step_dir is not None else None
     if saved is None or not saved.is_file():
         return  # saved with --no-save-optim: the trainer starts the schedule afresh

@@ -14,7 +14,7 @@ need is printed instead, as a GPU run would use it (SGLang, its weight sync) als
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_app.outputs import check_creatable
 from slime_app.preflight import preflight
@@ -26,6 +26,9 @@ from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 from slime_core.config.validation import colocated_gpu_split
 from slime_core.extensions import ROLLOUT_ENGINES
+
+if TYPE_CHECKING:
+    from slime_rollout.data.source import PromptRows
 
 __all__ = ["dry_run", "gpu_plan", "render_config"]
 
@@ -151,18 +154,26 @@ def gpu_plan(cfg: SlimeArgs, *, cuda: bool | None = None) -> tuple[str, str, str
     return engine, weight_sync, note
 
 
-def _first_prompt(cfg: SlimeArgs) -> list[str]:
-    """Loads the tokenizer and renders the first training prompt as the data source / SFT rollout will."""
-    if not (cfg.hf_checkpoint and cfg.prompt_data) or cfg.load_debug_rollout_data:
+def _prompt_rows(cfg: SlimeArgs) -> PromptRows | None:
+    """The rows of `--prompt-data`, read once for the checks below (None: no prompt file is read by this run)."""
+    if not cfg.prompt_data or cfg.load_debug_rollout_data:
+        return None
+    from slime_rollout.data.source import load_prompt_rows
+
+    return load_prompt_rows(cfg.prompt_data)
+
+
+def _first_prompt(cfg: SlimeArgs, rows: PromptRows | None) -> list[str]:
+    """Loads the tokenizer and renders the first training prompt (of `rows`) as the data source / SFT rollout will."""
+    if not cfg.hf_checkpoint or rows is None:
         return []
     from slime_rollout.data.sft import ChatLossMask, generate_sft_rollout
-    from slime_rollout.data.source import encode_prompt, get_tokenizer, load_prompt_rows, rows_to_samples
+    from slime_rollout.data.source import encode_prompt, get_tokenizer, rows_to_samples
     from slime_rollout.plugins import load_function
 
     tokenizer = get_tokenizer(cfg.hf_checkpoint)
-    rows = load_prompt_rows(cfg.prompt_data).head(1)
     (sample,) = rows_to_samples(
-        rows, source=str(cfg.prompt_data), input_key=cfg.input_key, label_key=cfg.label_key,
+        rows.head(1), source=str(cfg.prompt_data), input_key=cfg.input_key, label_key=cfg.label_key,
         metadata_key=cfg.metadata_key, tool_key=cfg.tool_key, tokenizer=tokenizer,
         apply_chat_template=cfg.apply_chat_template, apply_chat_template_kwargs=dict(cfg.apply_chat_template_kwargs),
     )  # fmt: skip
@@ -180,7 +191,7 @@ def _first_prompt(cfg: SlimeArgs) -> list[str]:
             else "")]  # fmt: skip
 
 
-def _prompt_filter(cfg: SlimeArgs) -> list[str]:
+def _prompt_filter(cfg: SlimeArgs, rows: PromptRows | None) -> list[str]:
     """How many training prompts the default data source keeps under its prompt-length limit.
 
     The run builds the data source at start-up and stops there when no prompt fits (`--rollout-max-prompt-len 2`,
@@ -191,17 +202,16 @@ def _prompt_filter(cfg: SlimeArgs) -> list[str]:
         ValueError: no prompt is left (the data source's own message).
     """
     from slime_rollout.data.prompt_length import default_max_prompt_len
-    from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
+    from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer
     from slime_rollout.plugins import load_function
 
-    if not cfg.prompt_data or cfg.load_debug_rollout_data or cfg.disable_rollout_global_dataset:
+    if rows is None or cfg.disable_rollout_global_dataset:
         return []
     source_cls = load_function(cfg.data_source_path, flag="--data-source-path")
     limit = default_max_prompt_len(cfg.rollout_max_prompt_len, cfg.rollout_max_context_len, cfg.hf_checkpoint)
     if source_cls not in (RolloutDataSource, RolloutDataSourceWithBuffer) or limit is None:
         return []
-    total = len(load_prompt_rows(cfg.prompt_data))
-    kept = len(source_cls(PluginArgs.from_config(cfg)))  # raises when none is left
+    kept, total = len(source_cls(PluginArgs.from_config(cfg), rows=rows)), len(rows)  # raises when none is left
     return [f"prompt length: {kept} of {total} prompts within {limit} tokens ({total - kept} longer are dropped)"]
 
 
@@ -220,7 +230,8 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
         shown["update_weight_disk_dir"] = None  # only the CPU fallback's disk sync sets it
     report += render_config(cfg.model_copy(update=shown))
     report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg)]
-    checks = resolved + notes + _first_prompt(cfg) + _prompt_filter(cfg)
+    rows = _prompt_rows(cfg)  # read once: the first prompt and the length filter both use them
+    checks = resolved + notes + _first_prompt(cfg, rows) + _prompt_filter(cfg, rows)
     if not ray_address(cfg):  # as the run: other hosts write on a cluster
         checks += check_creatable(cfg)
     report += ["", "checked:"] + [f"  {line}" for line in checks]

@@ -17,14 +17,14 @@ import shutil
 import ray.exceptions
 
 from slime_app.outputs import nearest_existing
+from slime_core.checkpoint_dirs import TRACKER_FILE
 from slime_core.config import SlimeArgs
+from slime_core.error_text import first_rank_error
 from slime_core.hook_deadline import HookDeadlineExceeded
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.runtime.deadlines import DeadlineExceeded
 
 __all__ = ["SaveFailed", "deadline_failure", "engine_failure", "root_cause", "save_failed"]
-
-TRACKER = "latest_checkpointed_iteration.txt"  # the tracker file of FSDP and Megatron checkpoints
 
 
 class SaveFailed(RuntimeError):
@@ -39,12 +39,10 @@ def root_cause(error: BaseException) -> BaseException:
         if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, BaseException):
             error = error.cause
             continue
-        failures = getattr(error, "failures", None)  # torch.distributed.checkpoint's CheckpointException
-        if isinstance(failures, dict) and failures:
-            first = next(iter(failures.values()))
-            if isinstance(first, tuple) and first and isinstance(first[0], BaseException):
-                error = first[0]
-                continue
+        rank_error = first_rank_error(error)  # torch.distributed.checkpoint's CheckpointException
+        if rank_error is not error:
+            error = rank_error
+            continue
         if error.__cause__ is not None:
             error = error.__cause__
             continue
@@ -68,7 +66,7 @@ def _free_space(path: pathlib.Path) -> str:
 
 def _last_checkpoint(save: pathlib.Path) -> str:
     try:
-        step = (save / TRACKER).read_text().strip()
+        step = (save / TRACKER_FILE).read_text().strip()
     except OSError:
         return "no complete checkpoint there yet"
     return f"the last complete checkpoint there (iteration {step}) is intact: resume with --load {save}"

@@ -24,13 +24,13 @@ from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_ke
 from slime_convert.model_args import ModelArgs
 from slime_convert.staged import staged_output
 from slime_convert.torch_dist import (
-    TRACKER_FILE,
     LazyChunk,
     TorchDistReader,
     resolve_iteration_dir,
     sharded_object_key,
     write_torch_dist,
 )
+from slime_core.checkpoint_dirs import TRACKER_FILE
 from slime_core.dir_swap import write_text_atomic
 
 logger = logging.getLogger(__name__)

@@ -45,7 +45,9 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
 from slime_core.dir_swap import staging_dir, sync_tree
+from slime_core.error_text import first_rank_error
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +57,7 @@ __all__ = [
     "resolve_iteration_dir",
     "sharded_object_key",
     "write_torch_dist",
-    "TRACKER_FILE",
 ]
-
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
 _CONFIG = {
     "sharded_backend": "torch_dist",
     "sharded_backend_version": 1,
@@ -175,8 +174,8 @@ def write_torch_dist(
         except CheckpointException as e:
             # DCP wraps a producer's error (a BaseException holding a rank traceback); the error itself names the
             # tensor. Raise that.
-            cause = next((exc for exc, _ in e.failures.values() if isinstance(exc, Exception)), None)
-            if cause is None:
+            cause = first_rank_error(e)
+            if not isinstance(cause, Exception):
                 raise
             raise cause from e
         torch.save(common_state, tmp / "common.pt")
@@ -284,8 +283,8 @@ class TorchDistReader:
         try:
             dcp.load({}, storage_reader=self._reader, planner=_ChunkLoadPlanner(targets), no_dist=True)
         except CheckpointException as e:  # a BaseException holding a rank traceback; the cause is what to say
-            cause = next((exc for exc, _ in e.failures.values() if isinstance(exc, Exception)), None)
-            if cause is None:
+            cause = first_rank_error(e)
+            if not isinstance(cause, Exception):
                 raise
             raise ValueError(
                 f"{self.dir}: cannot be read ({_first_line(cause)}); the checkpoint was damaged after it was written "
@@ -319,7 +318,7 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
     if (root / ".metadata").is_file():
         return root
     if iteration is not None:
-        candidate = root / f"iter_{iteration:07d}"
+        candidate = root / iteration_name(iteration)
     else:
         tracker = root / TRACKER_FILE
         if not tracker.is_file():
@@ -330,7 +329,7 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
         if text != "release" and not (text.isascii() and text.isdigit()):
             # Megatron writes an iteration number or "release"; anything else is a damaged or foreign file.
             raise ValueError(f"{tracker}: holds {text[:80]!r}, not an iteration number or 'release'")
-        candidate = root / ("release" if text == "release" else f"iter_{int(text):07d}")
+        candidate = root / ("release" if text == "release" else iteration_name(int(text)))
     if not (candidate / ".metadata").is_file():
         raise FileNotFoundError(f"{candidate} is not a torch_dist checkpoint directory")
     return candidate

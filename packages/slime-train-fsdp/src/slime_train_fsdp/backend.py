@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from slime_core.batch import RolloutBatch
+from slime_core.checkpoint_dirs import TRACKER_FILE
 from slime_core.config import SlimeArgs
 from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
@@ -42,7 +43,7 @@ from slime_core.hf_checkpoint import source_dtype
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
-from slime_train_fsdp.checkpoint import TRACKER, load_checkpoint, model_flags_of, save_checkpoint
+from slime_train_fsdp.checkpoint import load_checkpoint, model_flags_of, save_checkpoint
 from slime_train_fsdp.compile_cache import load_compile_cache, save_compile_cache
 from slime_train_fsdp.compile_warmup import start_compile_warm_up
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
@@ -196,7 +197,7 @@ class FSDPTrainBackend:
         path = pathlib.Path(cfg.opd_teacher_load)
 
         def load() -> None:
-            if (path / TRACKER).exists() or cfg.opd_teacher_ckpt_step is not None:
+            if (path / TRACKER_FILE).exists() or cfg.opd_teacher_ckpt_step is not None:
                 load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                                 ckpt_step=cfg.opd_teacher_ckpt_step, load_optim=False, load_rng=False)  # fmt: skip
             else:
@@ -209,7 +210,7 @@ class FSDPTrainBackend:
         """Restores `--load` when it holds a checkpoint; returns the rollout id to start from."""
         if cfg.load and compiles_layers(cfg, self.device):
             load_compile_cache(cfg.load)  # before the first forward compiles the layers
-        start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler)
+        start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler, model_flags_of(cfg))
         return start
 
     def _vision_setup(self, cfg: SlimeArgs) -> set[str]:

@@ -6,14 +6,19 @@ Layout under `--save` (as the original FSDP backend):
         model_and_optim/      DCP shards of {"model", "optim"} (sharded state dicts, no gather)
         scheduler.pt          LR scheduler state
         rng_{rank}.pt         torch (and CUDA) RNG state of each rank
-        meta.json             {rollout_id, next_rollout_id, global_step, world_size}
+        meta.json             {rollout_id, next_rollout_id, global_step, world_size, model_flags}
     latest_checkpointed_iteration.txt
 
 Atomicity: everything is written into `iter_XXXXXXX.tmp`, renamed to its final name by rank 0 after all ranks
 finished, and only then is the tracker file replaced (`slime_core.dir_swap.write_text_atomic`); files are flushed
 to the disk before each rename. A run killed mid-save leaves
 the previous checkpoint as `latest`. A checkpoint directory is marked as slime's (`slime_core.dir_swap`): re-saving an
-iteration replaces only a directory slime wrote, never a user's folder of the same name.
+iteration replaces only a directory slime wrote, never a user's folder of the same name. The names of the layout
+are `slime_core.checkpoint_dirs`'s, shared with the driver's checks and the Megatron backend.
+
+A resume is refused before anything is read when a flag that decides the parameters (`model_flags_of`) differs
+from the one in `meta.json`, and when the saved parameter names or shapes (DCP's `.metadata`) differ from the
+model's; only a checkpoint whose files cannot be read is called damaged.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
-import re
 from typing import Any
 
 import torch
@@ -29,16 +33,17 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
-from slime_core.dir_swap import prepare_staging, swap_in, write_text_atomic
+from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
+from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
+from slime_core.error_text import first_rank_error, shorten
 from slime_train_fsdp.lr_schedule import load_scheduler_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TRACKER", "load_checkpoint", "model_flag_mismatches", "model_flags_of", "save_checkpoint"]
-
-TRACKER = "latest_checkpointed_iteration.txt"
+__all__ = ["load_checkpoint", "model_flag_mismatches", "model_flags_of", "save_checkpoint"]
 
 
 def _rng_state() -> dict[str, Any]:
@@ -77,8 +82,8 @@ def save_checkpoint(
     """
     root = pathlib.Path(save_dir)
     rank = dist.get_rank()
-    final = root / f"iter_{rollout_id + 1:07d}"
-    tmp = root / f"iter_{rollout_id + 1:07d}.tmp"
+    final = root / iteration_name(rollout_id + 1)
+    tmp = staging_dir(final)
     if rank == 0:
         prepare_staging(final, flag="--save")  # never deletes a folder slime did not write (slime_core.dir_swap)
     dist.barrier()
@@ -100,29 +105,53 @@ def save_checkpoint(
     dist.barrier()
     if rank == 0:
         swap_in(tmp, final, flag="--save")
-        write_text_atomic(root / TRACKER, str(rollout_id + 1))
+        write_text_atomic(root / TRACKER_FILE, str(rollout_id + 1))
     dist.barrier()
     logger.info("saved checkpoint %s", final)
     return final
 
 
-def _first_failure(error: BaseException) -> BaseException:
-    """The first rank's error inside DCP's `CheckpointException`, else `error`."""
-    if isinstance(error, CheckpointException) and error.failures:
-        return next(iter(error.failures.values()))[0]
-    return error
-
-
 def _recovery_hint(root: pathlib.Path, damaged: pathlib.Path | None = None) -> str:
     """Which other iterations under `root` look complete (`meta.json`), as a `--ckpt-step` to resume from."""
-    steps = sorted(
-        int(p.name.removeprefix("iter_"))
-        for p in root.glob("iter_[0-9][0-9][0-9][0-9][0-9][0-9][0-9]")
-        if p != damaged and (p / "meta.json").is_file()
-    )
+    steps = [step for step in complete_iterations(root) if damaged is None or iteration_name(step) != damaged.name]
     if not steps:
         return "no other checkpoint is there"
     return f"other checkpoints there: iterations {', '.join(map(str, steps))}; resume with --ckpt-step {steps[-1]}"
+
+
+class _OtherParameters(ValueError):
+    """The checkpoint's files are fine but hold other parameters (names or shapes) than the model being loaded."""
+
+
+def _parameter_differences(state_dir: pathlib.Path, model_sd: dict[str, Any]) -> str | None:
+    """How the model parameters saved in DCP's `.metadata` differ from `model_sd`'s names and shapes; None: same.
+
+    Compared from the metadata before loading, so that a checkpoint of another model is told from a damaged one
+    by what it holds, not by the wording of torch's error.
+
+    Raises:
+        Exception: what DCP's reader raises on a `.metadata` it cannot read (a damaged checkpoint).
+    """
+    saved_meta = dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
+    saved = {key.removeprefix("model."): tuple(md.size) for key, md in saved_meta.items()
+             if key.startswith("model.") and isinstance(md, TensorStorageMetadata)}  # fmt: skip
+    here = {key: tuple(value.shape) for key, value in model_sd.items() if isinstance(value, torch.Tensor)}
+
+    def names(keys: set[str]) -> str:
+        listed = sorted(keys)
+        return ", ".join(listed[:3]) + (f" ({len(listed)} in all)" if len(listed) > 3 else "")
+
+    parts = []
+    if missing := set(here) - set(saved):
+        parts.append(f"not in the checkpoint: {names(missing)}")
+    if extra := set(saved) - set(here):
+        parts.append(f"only in the checkpoint: {names(extra)}")
+    resized = sorted(k for k in set(here) & set(saved) if here[k] != saved[k])
+    if resized:
+        k = resized[0]
+        more = f" and {len(resized) - 1} more" if len(resized) > 1 else ""
+        parts.append(f"other shapes: {k} {list(saved[k])} saved vs {list(here[k])} here{more}")
+    return "; ".join(parts) or None
 
 
 def _read(
@@ -133,11 +162,17 @@ def _read(
     *,
     load_optim: bool,
     load_rng: bool,
-) -> dict[str, Any]:
-    """Reads the checkpoint at `path` into the model, optimizer, scheduler and RNG; returns its `meta.json`."""
-    meta = json.loads((path / "meta.json").read_text())
+) -> None:
+    """Reads the checkpoint at `path` into the model, optimizer, scheduler and RNG.
+
+    Raises:
+        _OtherParameters: the saved model parameters differ from `model`'s (names the first differences).
+    """
     has_optim = (path / "scheduler.pt").exists()
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    differences = _parameter_differences(path / "model_and_optim", model_sd)
+    if differences:
+        raise _OtherParameters(differences)
     state = {"model": model_sd, "optim": optim_sd} if (load_optim and has_optim) else {"model": model_sd}
     dcp.load(state, checkpoint_id=str(path / "model_and_optim"))
     if "optim" in state:
@@ -152,7 +187,6 @@ def _read(
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-    return meta
 
 
 def model_flag_mismatches(meta: dict[str, Any], model_flags: dict[str, Any]) -> list[str]:
@@ -180,6 +214,7 @@ def load_checkpoint(
     ckpt_step: int | None = None,
     load_optim: bool = True,
     load_rng: bool = True,
+    model_flags: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Restores a checkpoint written by `save_checkpoint` (collective).
 
@@ -191,45 +226,70 @@ def load_checkpoint(
         ckpt_step: `--ckpt-step`, the `iter_` number to load; the tracker's value when None.
         load_optim: False leaves optimizer/scheduler fresh (`--no-load-optim`).
         load_rng: False keeps the current RNG (`--no-load-rng`).
+        model_flags: this run's `model_flags_of(cfg)`, compared with the ones in the checkpoint's `meta.json` before
+            anything is read; a checkpoint written before `meta.json` had them gets them written there once it
+            loaded, so its next resume is checked. None: not compared (the critic, the OPD teacher).
 
     Returns:
         The checkpoint's `meta.json`, or None when `load_dir` holds no checkpoint.
 
     Raises:
         FileNotFoundError: when `ckpt_step` (or the tracker) names a missing checkpoint.
-        ValueError: the tracker names no iteration, or the checkpoint's files cannot be read (truncated, corrupt);
-            the message names `--load`, the iteration and the cause, and lists the other complete iterations.
+        ValueError: the tracker names no iteration; a model flag differs from the saved one (names the flag and
+            both values); the saved parameters differ from the model's (names the first differing ones); or the
+            checkpoint's files cannot be read (truncated, corrupt): the message names `--load`, the iteration and
+            the cause, and lists the other complete iterations.
     """
     root = pathlib.Path(load_dir)
     if ckpt_step is None:
-        tracker = root / TRACKER
+        tracker = root / TRACKER_FILE
         if not tracker.exists():
-            logger.warning("--load %s has no %s; starting from the HF checkpoint", root, TRACKER)
+            logger.warning("--load %s has no %s; starting from the HF checkpoint", root, TRACKER_FILE)
             return None
         text = tracker.read_text(errors="replace").strip()
         if not (text.isascii() and text.isdigit()):  # "²" is a digit to str.isdigit and not to int()
-            raise ValueError(f"--load {root}: {TRACKER} holds {text!r}, not an iteration; {_recovery_hint(root)}")
+            raise ValueError(f"--load {root}: {TRACKER_FILE} holds {text!r}, not an iteration; {_recovery_hint(root)}")
         ckpt_step = int(text)
-    path = root / f"iter_{ckpt_step:07d}"
+    path = root / iteration_name(ckpt_step)
     if not (path / "meta.json").exists():
         raise FileNotFoundError(f"--load {root}: checkpoint {path} is missing or incomplete; {_recovery_hint(root)}")
     try:
-        meta = _read(path, model, optimizer, scheduler, load_optim=load_optim, load_rng=load_rng)
-    except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
-        cause = _first_failure(e)
-        text = " ".join(str(cause).split()).split(". ")[0][:200]  # torch's advice after the first sentence is long
-        detail = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
-        # The files are fine but the parameters differ: other names, or other shapes (another model size).
-        if re.search(r"(Missing|Unexpected) key|Size mismatch between saved", text):
-            raise ValueError(
-                f"--load {root}: {path.name} holds other parameters than this run's model ({detail}): a flag that "
-                "decides the parameters differs from the saved run's (--lora-rank, --lora-target-modules, "
-                "--hf-checkpoint); resume with the saved run's flags"
-            ) from e
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError(f"meta.json holds {type(meta).__name__}, not an object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _damaged(root, path, e) from e
+    differ = model_flag_mismatches(meta, model_flags) if model_flags is not None else []
+    if differ:
         raise ValueError(
-            f"--load {root}: {path.name} cannot be read ({detail}); it was damaged "
-            f"after it was written (a partial copy, a crash before it reached the disk); {_recovery_hint(root, path)}"
-        ) from e
+            f"--load {root}: {path.name} was saved with other model flags than this run's ({'; '.join(differ)}); "
+            "resume with the saved run's flags"
+        )
+    try:
+        _read(path, model, optimizer, scheduler, load_optim=load_optim, load_rng=load_rng)
+    except _OtherParameters as e:
+        raise ValueError(
+            f"--load {root}: {path.name} holds other parameters than this run's model ({e}): a flag that decides "
+            "the parameters differs from the saved run's (--lora-rank, --lora-target-modules, --hf-checkpoint); "
+            "resume with the saved run's flags"
+        ) from None
+    except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
+        raise _damaged(root, path, e) from e
+    if model_flags is not None and "model_flags" not in meta:
+        meta["model_flags"] = model_flags
+        if dist.get_rank() == 0:  # written before these flags were kept: the next resume compares them
+            write_text_atomic(path / "meta.json", json.dumps(meta, indent=2))
     dist.barrier()
     logger.info("loaded checkpoint %s (next rollout %d)", path, meta["next_rollout_id"])
     return meta
+
+
+def _damaged(root: pathlib.Path, path: pathlib.Path, error: BaseException) -> ValueError:
+    """The one-line error of a checkpoint whose files cannot be read (names the cause and the other iterations)."""
+    cause = first_rank_error(error)
+    text = shorten(" ".join(str(cause).split()).split(". ")[0], 200)  # torch's advice after the first sentence is long
+    detail = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+    return ValueError(
+        f"--load {root}: {path.name} cannot be read ({detail}); it was damaged after it was written (a partial copy, "
+        f"a crash before it reached the disk); {_recovery_hint(root, path)}"
+    )

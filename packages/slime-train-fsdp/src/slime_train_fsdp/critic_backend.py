@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 from slime_core.batch import RolloutBatch
+from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
 from slime_core.config import SlimeArgs
 from slime_core.critic import ValueLoss, train_critic_on_rollout
-from slime_train_fsdp.checkpoint import TRACKER, save_checkpoint
+from slime_train_fsdp.checkpoint import save_checkpoint
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device
 from slime_train_fsdp.packing import pack_micro_batch, split_by_lengths
 from slime_train_fsdp.trainer_parts import (
@@ -56,14 +57,14 @@ def _critic_source(cfg: SlimeArgs) -> tuple[str, bool]:
     """
     load = pathlib.Path(cfg.load) if cfg.load else None
     if load is not None:
-        step_dir = load / f"iter_{cfg.ckpt_step:07d}" if cfg.ckpt_step is not None else None
-        if (load / TRACKER).exists() or (step_dir is not None and step_dir.is_dir()):
+        step_dir = load / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else None
+        if (load / TRACKER_FILE).exists() or (step_dir is not None and step_dir.is_dir()):
             return str(cfg.hf_checkpoint), True
         if (load / "config.json").exists():
             return str(load), False
         if cfg.critic_load:
             raise ValueError(
-                f"--critic-load {load}: neither a critic checkpoint ({TRACKER}) nor an HF directory (config.json)"
+                f"--critic-load {load}: neither a critic checkpoint ({TRACKER_FILE}) nor an HF directory (config.json)"
             )
         logger.info("no critic checkpoint in %s: the critic starts from %s", load, cfg.hf_checkpoint)
     return str(cfg.hf_checkpoint), False
@@ -126,7 +127,7 @@ class FSDPCriticBackend:
                                    pin_memory=cfg.offload_train_pin_memory)  # fmt: skip
         if not resume_ckpt:
             return cfg.start_rollout_id or 0
-        start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler)
+        start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler, None)  # no LoRA flags
         return start
 
     @property

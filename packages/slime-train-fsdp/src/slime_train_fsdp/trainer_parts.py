@@ -8,6 +8,8 @@ The default process group is the trainer's: data-parallel × context-parallel ra
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -112,9 +114,15 @@ def reduce_metric_sums(sums: dict[str, float], device: torch.device, cp: int) ->
 
 
 def resume(
-    cfg: SlimeArgs, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+    cfg: SlimeArgs,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    model_flags: dict[str, Any] | None,
 ) -> tuple[int, int]:
     """Restores `--load` when it holds a checkpoint (`--ckpt-step`, `--no-load-optim`, `--no-load-rng`).
+
+    `model_flags` (`checkpoint.model_flags_of`; None for a model they do not shape) are compared with the saved ones.
 
     Returns:
         `(rollout id to start from, global optimizer step)`: the checkpoint's `next_rollout_id` and step, else
@@ -124,7 +132,7 @@ def resume(
     if cfg.load:
         meta = load_checkpoint(cfg.load, model=model, optimizer=optimizer, scheduler=scheduler,
                                ckpt_step=cfg.ckpt_step, load_optim=not cfg.no_load_optim,
-                               load_rng=not cfg.no_load_rng)  # fmt: skip
+                               load_rng=not cfg.no_load_rng, model_flags=model_flags)  # fmt: skip
         if meta is not None:
             start, step = int(meta["next_rollout_id"]), int(meta["global_step"])
     return start, step

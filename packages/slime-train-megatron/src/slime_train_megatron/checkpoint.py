@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
-from slime_convert.torch_dist import TRACKER_FILE, resolve_iteration_dir
-from slime_core.dir_swap import prepare_staging, swap_in, write_text_atomic
+from slime_convert.torch_dist import resolve_iteration_dir
+from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
+from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,8 @@ def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, 
         The checkpoint directory.
     """
     root = pathlib.Path(save_dir)
-    final = root / f"iter_{rollout_id:07d}"
-    tmp = root / f"iter_{rollout_id:07d}.tmp"
+    final = root / iteration_name(rollout_id)
+    tmp = staging_dir(final)
     if dist.get_rank() == 0:
         prepare_staging(final, flag="--save")  # never deletes a folder slime did not write (slime_core.dir_swap)
     dist.barrier()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError
 from slime_core.dir_swap import old_dir, refusal, staging_dir
+from slime_core.error_text import preview
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -120,7 +121,7 @@ def save_hf_paths(template: str, rollout_ids: list[int] | tuple[int, ...]) -> di
         if long:
             raise ConfigError(
                 f"--save-hf {template!r}: at rollout {rollout_id} a path component is {len(long[0])} characters "
-                f"(at most {_NAME_MAX} bytes): {long[0][:40]!r}..."
+                f"(at most {_NAME_MAX} bytes): {preview(long[0], 43)}"
             )
         out[rollout_id] = path
     return out

@@ -43,6 +43,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import shorten
+
 if TYPE_CHECKING:
     import torch  # imported where tensors are made: the data source and reward workers do not need torch
 
@@ -166,7 +168,7 @@ def decode_image(image: str) -> Any:
     """
     from PIL import Image, UnidentifiedImageError
 
-    name = image if not image.startswith("data:") else image[:40] + "..."
+    name = shorten(image, 43) if image.startswith("data:") else image  # a data: URI is the whole image
     try:
         source: Any = io.BytesIO(base64.b64decode(image.split(",", 1)[1])) if image.startswith("data:") else image
         with Image.open(source) as img:

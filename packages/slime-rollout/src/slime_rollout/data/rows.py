@@ -11,6 +11,8 @@ import dataclasses
 import json
 from typing import Any
 
+from slime_core.error_text import preview
+
 __all__ = ["TRAINING_KEY_FLAGS", "KeyFlags", "prompt_problem", "row_metadata", "row_tools"]
 
 
@@ -66,13 +68,13 @@ def prompt_problem(prompt: Any, input_key: str, flag: str = "--input-key") -> st
         return f"empty prompt in {flag} {input_key!r} (null)"
     if not isinstance(prompt, list):
         return (
-            f"{flag} {input_key!r} holds {type(prompt).__name__} {_preview(prompt)}, not a prompt (a string, "
+            f"{flag} {input_key!r} holds {type(prompt).__name__} {preview(prompt, 60)}, not a prompt (a string, "
             'or a list of chat messages {"role": ..., "content": ...})'
         )
     for i, message in enumerate(prompt):
         if not isinstance(message, dict) or "role" not in message:
             return (
-                f"{flag} {input_key!r}: message {i} is {type(message).__name__} {_preview(message)}, not a chat "
+                f"{flag} {input_key!r}: message {i} is {type(message).__name__} {preview(message, 60)}, not a chat "
                 'message {"role": ..., "content": ...}'
             )
     if not any(str(m.get("content") or "").strip() for m in prompt):
@@ -95,7 +97,7 @@ def row_metadata(
     if not isinstance(value, dict):
         raise ValueError(
             f"{where}: {flag} {metadata_key!r} must hold a dict (or its JSON), got {type(value).__name__} "
-            f"{_preview(value)}"
+            f"{preview(value, 60)}"
         )
     return dict(value)
 
@@ -114,11 +116,6 @@ def row_tools(
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise ValueError(
             f"{where}: {flag} {tool_key!r} must hold a list of tool schemas (dicts) or its JSON, got "
-            f"{type(tools).__name__} {_preview(tools)}"
+            f"{type(tools).__name__} {preview(tools, 60)}"
         )
     return tools
-
-
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

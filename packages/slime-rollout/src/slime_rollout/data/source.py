@@ -335,11 +335,14 @@ class RolloutDataSource:
             `hf_checkpoint`, `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`,
             `disable_rollout_global_dataset`, `save`, `load`, `buffer_filter_path`.
 
+        rows: the rows of `prompt_data` when the caller read them already (`load_prompt_rows`; the dry run, which
+            also shows the first one); None reads the file.
+
     Raises:
         ValueError: no `--prompt-data` (and no `--disable-rollout-global-dataset`), or no prompt left.
     """
 
-    def __init__(self, args: SlimeArgs) -> None:
+    def __init__(self, args: SlimeArgs, *, rows: PromptRows | None = None) -> None:
         self.args = args
         self.n_samples_per_prompt = args.n_samples_per_prompt
         self.epoch_id = 0
@@ -362,7 +365,7 @@ class RolloutDataSource:
             logger.info("--rollout-max-prompt-len not set: prompts longer than %d tokens are dropped", max_prompt_len)
         need_tokenizer = args.apply_chat_template or max_prompt_len
         tokenizer = get_tokenizer(args.hf_checkpoint) if need_tokenizer else None
-        rows = load_prompt_rows(args.prompt_data)
+        rows = load_prompt_rows(args.prompt_data) if rows is None else rows
         self.prompts = rows_to_samples(
             rows,
             source=str(args.prompt_data),
@@ -491,8 +494,8 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     take from the buffer (it must remove them from `buffer`); by default the oldest groups go first.
     """
 
-    def __init__(self, args: SlimeArgs) -> None:
-        super().__init__(args)
+    def __init__(self, args: SlimeArgs, *, rows: PromptRows | None = None) -> None:
+        super().__init__(args, rows=rows)
         self.buffer: list[list[Sample]] = []
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:

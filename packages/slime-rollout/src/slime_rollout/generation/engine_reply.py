@@ -15,23 +15,20 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slime_core.error_text import preview
+
 __all__ = ["parse_generate_reply"]
-
-
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _token_id(value: Any, at: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 0:
-        raise ValueError(f"{at}: token id {_preview(value)} is not a non-negative integer")
+        raise ValueError(f"{at}: token id {preview(value)} is not a non-negative integer")
     return int(value)
 
 
 def _log_prob(value: Any, at: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise ValueError(f"{at}: log-prob {_preview(value)} is not a finite number")
+        raise ValueError(f"{at}: log-prob {preview(value)} is not a finite number")
     return float(value)
 
 
@@ -51,21 +48,21 @@ def parse_generate_reply(reply: Any, *, what: str) -> tuple[list[int], list[floa
             non-negative integer, or `output_ids` disagrees with the ids.
     """
     if not isinstance(reply, Mapping):
-        raise ValueError(f"{what}: the engine's /generate reply is {type(reply).__name__} {_preview(reply)}, not a "
+        raise ValueError(f"{what}: the engine's /generate reply is {type(reply).__name__} {preview(reply)}, not a "
                          "JSON object")  # fmt: skip
     meta = reply.get("meta_info") or {}
     if not isinstance(meta, Mapping):
-        raise ValueError(f"{what}: engine reply meta_info is {type(meta).__name__} {_preview(meta)}, not an object")
+        raise ValueError(f"{what}: engine reply meta_info is {type(meta).__name__} {preview(meta)}, not an object")
     entries = meta.get("output_token_logprobs")
     if entries is None:
         raise ValueError(f"{what}: engine reply has no meta_info.output_token_logprobs (was return_logprob sent?)")
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
-        raise ValueError(f"{what}: engine reply meta_info.output_token_logprobs is {_preview(entries)}, not a list")
+        raise ValueError(f"{what}: engine reply meta_info.output_token_logprobs is {preview(entries)}, not a list")
     tokens, log_probs = [], []
     for i, entry in enumerate(entries):
         at = f"{what}: engine reply meta_info.output_token_logprobs[{i}]"
         if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) < 2:
-            raise ValueError(f"{at} is {_preview(entry)}, not [logprob, token_id, ...]")
+            raise ValueError(f"{at} is {preview(entry)}, not [logprob, token_id, ...]")
         log_probs.append(_log_prob(entry[0], at))
         tokens.append(_token_id(entry[1], at))
     output_ids = reply.get("output_ids")

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import preview
 from slime_core.sample import Sample, Status
 from slime_rollout.generation.generate import build_sampling_params
 from slime_rollout.generation.generate import generate as default_generate
@@ -115,9 +116,8 @@ def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
             f"{what} returned an empty list: a generate function returns its Sample, or a non-empty list of them "
             "(to drop the sample, return it with remove_sample = True or status ABORTED)"
         )
-    shown = repr(out) if len(repr(out)) <= 80 else repr(out)[:77] + "..."
     wanted = "a Sample or a list of Samples" if fan_out else "a Sample or None"
-    raise TypeError(f"{what} returned {type(out).__name__} {shown}, not {wanted}")
+    raise TypeError(f"{what} returned {type(out).__name__} {preview(out)}, not {wanted}")
 
 
 def checked_groups(groups: Any, what: str, group_size: int) -> list[list[Sample]]:
@@ -137,8 +137,7 @@ def checked_groups(groups: Any, what: str, group_size: int) -> list[list[Sample]
         raise TypeError(f"{what} returned {type(groups).__name__}, not a list of groups (lists of Samples)")
     for i, group in enumerate(groups):
         if not isinstance(group, list) or not all(isinstance(s, Sample) for s in group):
-            shown = repr(group) if len(repr(group)) <= 80 else repr(group)[:77] + "..."
-            raise TypeError(f"{what}: group {i} is {type(group).__name__} {shown}, not a list of Samples")
+            raise TypeError(f"{what}: group {i} is {type(group).__name__} {preview(group)}, not a list of Samples")
         if len(group) != group_size:
             size = len(group)
             raise ValueError(f"{what}: group {i} has {size} samples, expected {group_size} (--n-samples-per-prompt)")

@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import preview
 from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout.data.source import get_tokenizer
@@ -278,11 +279,6 @@ async def _env_step(args: SlimeArgs, env: Env, sample: Sample, text: str) -> Env
     return checked_env_step(step, what)
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def checked_env_step(step: Any, what: str) -> EnvStep:
     """`step` if it is an `EnvStep` whose fields have the documented types, else one error naming the field.
 
@@ -305,7 +301,7 @@ def checked_env_step(step: Any, what: str) -> EnvStep:
     """
     if not isinstance(step, EnvStep):
         raise TypeError(
-            f"{what} returned {type(step).__name__} {_shown(step)}, not a slime_core.protocols.EnvStep"
+            f"{what} returned {type(step).__name__} {preview(step)}, not a slime_core.protocols.EnvStep"
             "(observation=str, done=bool, reward=float | None, info=dict, tool_responses=list[str] | None)"
         )
     checks = [
@@ -323,7 +319,7 @@ def checked_env_step(step: Any, what: str) -> EnvStep:
     for field, ok, wanted in checks:
         if not ok:
             value = getattr(step, field)
-            raise TypeError(f"{what} returned EnvStep.{field} = {type(value).__name__} {_shown(value)}, not {wanted}")
+            raise TypeError(f"{what} returned EnvStep.{field} = {type(value).__name__} {preview(value)}, not {wanted}")
     if step.reward is not None and not math.isfinite(step.reward):
         raise ValueError(f"{what} returned EnvStep.reward = {step.reward!r}, not a finite number")
     return step

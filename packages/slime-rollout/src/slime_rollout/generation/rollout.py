@@ -384,22 +384,6 @@ def create_data_source(args: SlimeArgs) -> DataSource:
     return load_function(args.data_source_path, flag="--data-source-path")(args)
 
 
-def _flat_samples(value: Any, what: str, where: str) -> list[Sample]:
-    """The samples of a rollout function's (nested) lists, flattened as the original does; else one named error.
-
-    A flat list of samples is accepted like groups (the original flattens any nesting); anything else failed far
-    from its cause (`'Sample' object is not iterable`, or a None reaching the trainer).
-
-    Raises:
-        TypeError: an entry that is neither a Sample nor a list (names `what` and the entry's position).
-    """
-    if isinstance(value, Sample):
-        return [value]
-    if not isinstance(value, list):
-        raise TypeError(f"{what} returned {type(value).__name__} at {where}, not a Sample or a list of them")
-    return [s for i, item in enumerate(value) for s in _flat_samples(item, what, f"{where}[{i}]")]
-
-
 def _eval_samples(data: Any, what: str) -> list[Sample]:
     """The samples of an eval output `{name: {"rewards", "truncated", "samples"}}`, checked."""
     out: list[Sample] = []
@@ -407,7 +391,7 @@ def _eval_samples(data: Any, what: str) -> list[Sample]:
         if not isinstance(entry, dict):
             raise TypeError(f"{what} returned {type(entry).__name__} for dataset {name!r}, not a dict of rewards, "
                             "truncated and samples")  # fmt: skip
-        out += _flat_samples(entry.get("samples", []), what, f"[{name!r}]['samples']")
+        out += flatten_groups(entry.get("samples", []), what, f"[{name!r}]['samples']")
     return out
 
 
@@ -456,7 +440,7 @@ def run_rollout(
         samples = _eval_samples(output.data, what)
         output.metrics = log_hooks.apply_eval_log_function(args, rollout_id, output.data, output.metrics)
     else:
-        samples = _flat_samples(output.samples, what, "samples")
+        samples = flatten_groups(output.samples, what, "samples")
         # --opd-type sglang: samples a custom rollout function (or --group-rm) left without teacher log-probs.
         async_utils.run(score_teacher(args, samples))
         output.metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, output.metrics, rollout_time)

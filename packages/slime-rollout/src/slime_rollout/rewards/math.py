@@ -24,13 +24,14 @@ import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures.process import BrokenProcessPool
 
+from slime_core.error_text import preview
 from slime_rollout.rewards import pool
 from slime_rollout.rewards.math_utils import (
+    PREVIEW_CHARS,
     extract_label_answer,
     final_boxed_answers,
     final_pairs,
     grade_fast,
-    preview,
     require_label,
     symbolic_equal_with_timeout,
 )
@@ -79,10 +80,10 @@ async def _equal(pred: str, gold: str, symbolic: Symbolic, sample_index: int | N
     verdict, failure = await symbolic(gold_n, pred_n)
     if verdict is None:
         logger.warning(
-            "math reward of sample %s counted as wrong: symbolic grading of %r against %r failed (%s)",
+            "math reward of sample %s counted as wrong: symbolic grading of %s against %s failed (%s)",
             sample_index,
-            preview(pred_n),
-            preview(gold_n),
+            preview(pred_n, PREVIEW_CHARS),
+            preview(gold_n, PREVIEW_CHARS),
             failure,
         )
         return False

@@ -44,6 +44,7 @@ import functools
 import logging
 import re
 
+from slime_core.error_text import preview
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
@@ -54,6 +55,7 @@ from slime_rollout.rewards.times import same_time
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "PREVIEW_CHARS",
     "SYMBOLIC_MAX_CHARS",
     "answer_parts",
     "costly_reason",
@@ -66,7 +68,6 @@ __all__ = [
     "normalize_answer",
     "parse_number",
     "prepare_worker",
-    "preview",
     "require_label",
     "single_final_answer",
     "strip_reasoning",
@@ -76,7 +77,7 @@ __all__ = [
 
 SYMBOLIC_MAX_CHARS = 1000  # longer answers are compared as strings and numbers only
 DEFAULT_BUDGET_S = 5.0
-_PREVIEW_CHARS = 200
+PREVIEW_CHARS = 200  # what logs show of an answer (`slime_core.error_text.preview`), never the whole input
 _EXACT_DIGITS = 40  # exact constants must agree to this many significant digits
 _FLOAT_REL_TOL = 1e-12  # a decimal equals an exact value only if it is that value (0.5 = 1/2), up to fp noise
 _TIME = re.compile(r"^\d{1,2}:\d{2}$")
@@ -88,11 +89,6 @@ _RELATION = re.compile(r"[=<>]|\\(?:[lg]eq?|neq?|ne|to|in|mapsto|approx|sim)(?![
 # A command with its name-like argument (`\begin{pmatrix}`, `\mathbb{R}`), else a bare command (`\sqrt`, `\pi`).
 _COMMAND = re.compile(r"\\(?:begin|end|mathbb|mathcal|mathfrak|operatorname)\s*\{[^{}]*\}|\\[a-zA-Z]+")
 _VARIABLE_LETTERS = frozenset("abcdfghjklmnopqrstuvwxyz")
-
-
-def preview(text: str) -> str:
-    """The first ~200 characters of `text` (what logs show of an answer, never the whole input)."""
-    return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "..."
 
 
 def require_label(label: object) -> None:
@@ -446,7 +442,12 @@ def _symbolic(gold_text: str, pred_text: str) -> bool:
     except _TooCostly:
         raise
     except Exception as e:  # math-verify raises a zoo of sympy errors on odd input
-        logger.debug("math-verify failed on %r vs %r: %s", preview(gold_text), preview(pred_text), e)
+        logger.debug(
+            "math-verify failed on %s vs %s: %s",
+            preview(gold_text, PREVIEW_CHARS),
+            preview(pred_text, PREVIEW_CHARS),
+            e,
+        )
         verdict = None
     if verdict is not None:
         return verdict
@@ -455,7 +456,12 @@ def _symbolic(gold_text: str, pred_text: str) -> bool:
     except _TooCostly:
         raise
     except Exception as e:
-        logger.debug("sympy fallback failed on %r vs %r: %s", preview(gold_text), preview(pred_text), e)
+        logger.debug(
+            "sympy fallback failed on %s vs %s: %s",
+            preview(gold_text, PREVIEW_CHARS),
+            preview(pred_text, PREVIEW_CHARS),
+            e,
+        )
         return False
 
 
@@ -473,13 +479,20 @@ def symbolic_equal_with_timeout(gold_n: str, pred_n: str, timeout_s: float) -> b
     """
     reason = costly_reason(gold_n) or costly_reason(pred_n)
     if reason is not None:
-        logger.debug("symbolic check skipped (%s): %r vs %r", reason, preview(gold_n), preview(pred_n))
+        logger.debug(
+            "symbolic check skipped (%s): %s vs %s",
+            reason,
+            preview(gold_n, PREVIEW_CHARS),
+            preview(pred_n, PREVIEW_CHARS),
+        )
         return None
     prepare_worker()  # sympy & co.'s start-up takes seconds: not part of the budget
     try:
         return run_with_deadline(_symbolic, gold_n, pred_n, budget_s=timeout_s)
     except (GradingTimeout, _TooCostly) as e:
-        logger.debug("symbolic check gave up (%s): %r vs %r", e, preview(gold_n), preview(pred_n))
+        logger.debug(
+            "symbolic check gave up (%s): %s vs %s", e, preview(gold_n, PREVIEW_CHARS), preview(pred_n, PREVIEW_CHARS)
+        )
         return None
 
 
@@ -488,9 +501,9 @@ def symbolic_equal(gold_n: str, pred_n: str, budget_s: float = DEFAULT_BUDGET_S)
     verdict = symbolic_equal_with_timeout(gold_n, pred_n, budget_s)
     if verdict is None:
         logger.warning(
-            "math answer %r counted as not equal to %r: symbolic check skipped or over its %g s budget",
-            preview(pred_n),
-            preview(gold_n),
+            "math answer %s counted as not equal to %s: symbolic check skipped or over its %g s budget",
+            preview(pred_n, PREVIEW_CHARS),
+            preview(gold_n, PREVIEW_CHARS),
             budget_s,
         )
         return False

@@ -28,13 +28,30 @@ logger = logging.getLogger(__name__)
 __all__ = ["compute_rollout_metrics", "flatten_groups", "pass_at_k", "reward_value"]
 
 
-def flatten_groups(groups: Sequence[Sequence[Any]]) -> list[Sample]:
-    """All samples of a list of groups; a group entry may itself be a list (fan-out generate)."""
-    out: list[Sample] = []
-    for group in groups:
-        for item in group:
-            out.extend(item if isinstance(item, list) else [item])
-    return out
+def flatten_groups(groups: Any, what: str = "the rollout", where: str = "groups") -> list[Sample]:
+    """All samples of (nested) lists of samples, in order, flattened as the original does.
+
+    Groups of samples, a group entry that is itself a list (fan-out generate) and a flat list of samples (a custom
+    rollout function's) all flatten the same way; anything else failed far from its cause (`'Sample' object is not
+    iterable`, or a None reaching the trainer).
+
+    Args:
+        groups: a `Sample` or a list whose entries are, recursively, `Sample`s or lists.
+        what: what produced them, for the error (e.g. `"--rollout-function-path my.fn (rollout 3)"`).
+        where: the name of `groups` in that output, for the error (e.g. `"samples"`).
+
+    Returns:
+        The samples, depth first.
+
+    Raises:
+        TypeError: an entry that is neither a Sample nor a list (names `what` and the entry's position, e.g.
+            `samples[0][2]`).
+    """
+    if isinstance(groups, Sample):
+        return [groups]
+    if not isinstance(groups, list):
+        raise TypeError(f"{what} returned {type(groups).__name__} at {where}, not a Sample or a list of them")
+    return [s for i, item in enumerate(groups) for s in flatten_groups(item, what, f"{where}[{i}]")]
 
 
 def reward_value(sample: Sample, reward_key: str | None) -> float:

@@ -1,4 +1,4 @@
-"""The reference engine's model: batched KV-cache generation and in-place weight loading.
+"""The reference engine's model: batched KV-cache generation (weights: `weights.py`; requests: `request.py`).
 
 One `ReferenceModel` wraps a transformers `AutoModelForCausalLM` on CPU (or CUDA if asked). New requests
 are left-padded into one `[B, T]` tensor with an attention mask and explicit position ids and prefilled in
@@ -6,105 +6,44 @@ one forward, then decoded one token per step with the model's KV cache (continuo
 newly arrived requests are prefilled and merged in, their caches left-padded with masked zeros to a common
 length, and finished rows leave). Rows are independent because the mask keeps pads out of attention.
 
-All forwards and weight loads take `self.lock`, so a weight update lands between two decode steps.
+All forwards and weight loads (`ReferenceModel.weights`) take `self.lock`, so a weight update lands between two
+decode steps.
 
 A vision-language checkpoint (a config with `vision_config`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) is served the same
 way: requests carry their vision tensors (`vision.py`), prefill passes the rows' images in row order with explicit
 3-D rotary positions (`[3, B, T]`), and each row decodes on from its largest prompt position plus one.
-Weights arrive under checkpoint names and are mapped to module names (`slime_core.hf_names`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import pathlib
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 from transformers.cache_utils import DynamicLayer
 
 from slime_core.fp8 import read_fp8_config
-from slime_core.hf_names import to_module_name
-from slime_core.moe_experts import expert_slice
 from slime_rollout.engines.reference.fp8 import ServedFp8, build_empty
 from slime_rollout.engines.reference.lora import LoraAdapters
+from slime_rollout.engines.reference.request import GenRequest, abort_reason
 from slime_rollout.engines.reference.sampling import (
-    SamplingParams,
     find_stop_string,
     sample_next_token,
     sample_with_kept_ids,
+    top_logprobs,
     trim_stop,
 )
-from slime_rollout.engines.reference.vision import VisionInputs, VisionPreprocessor, mrope_positions
-from slime_rollout.engines.weight_checksum import sglang_checksums
+from slime_rollout.engines.reference.vision import VisionPreprocessor, mrope_positions
+from slime_rollout.engines.reference.weights import ServedWeights
 
-__all__ = ["GenRequest", "ReferenceModel", "abort_reason"]
-
-# HF model types whose SGLang 0.5.16 class has `get_weights_by_name` (models/llama.py and its subclasses, opt,
-# granite, exaone4); every other one answers /get_weights_by_name with HTTP 400.
-_SGLANG_READBACK_TYPES = frozenset({"llama", "mistral", "ministral3", "opt", "granite", "exaone4"})
-
-logger = logging.getLogger(__name__)
+__all__ = ["ReferenceModel"]
 
 # Tokens decoded past the longest stop string when checking for stop strings (multi-byte characters may
 # span several tokens).
 _STOP_TAIL_SLACK = 8
-
-
-@dataclasses.dataclass(kw_only=True, slots=True, eq=False)
-class GenRequest:
-    """One generation request as the model sees it (filled in place).
-
-    Attributes:
-        rid: request id (SGLang's `rid`).
-        input_ids: prompt token ids `[P]`.
-        params: sampling parameters.
-        generator: CPU generator used for this request's draws.
-        output_ids: generated token ids `[R]`, stop token included.
-        output_logprobs: `[R]` natural-log probabilities of `output_ids` (see `sample_next_token`).
-        finish_reason: SGLang's dict (`{"type": "stop"|"length"|"abort", ...}`) once finished, else None.
-        logprob_start_len: first prompt position whose log-prob is returned (-1: none, SGLang's default).
-        input_logprobs: `[P - start]` log-probs of the prompt tokens from `logprob_start_len` on, the first entry
-            None (as SGLang's), filled when `logprob_start_len >= 0`.
-        aborted: set by /abort_request; the decode loop finishes the request with type "abort".
-        created: `time.monotonic()` at arrival (for `e2e_latency`).
-        vision: the prompt's vision tensors (requests with `image_data`), else None.
-        lora: the LoRA adapter the request runs with (`lora_path` of `/generate`), None for the base model.
-        top_logprobs_num: how many most likely tokens to report per scored position (SGLang's `top_logprobs_num`).
-        input_top_logprobs: per entry of `input_logprobs`, the `top_logprobs_num` best `(log-prob, id)` (None at
-            the first entry, as SGLang).
-        output_top_logprobs: per output token, the `top_logprobs_num` best `(log-prob, id)` of its distribution.
-    """
-
-    rid: str
-    input_ids: list[int]
-    params: SamplingParams
-    generator: torch.Generator | None = None
-    output_ids: list[int] = dataclasses.field(default_factory=list)
-    output_logprobs: list[float] = dataclasses.field(default_factory=list)
-    output_kept_ids: list[list[int]] | None = None  # top-p replay: the ids kept at each step
-    finish_reason: dict[str, Any] | None = None
-    logprob_start_len: int = -1
-    input_logprobs: list[float | None] | None = None
-    aborted: bool = False
-    created: float = dataclasses.field(default_factory=time.monotonic)
-    vision: VisionInputs | None = None
-    lora: str | None = None
-    top_logprobs_num: int = 0
-    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
-    output_top_logprobs: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        """Whether the request has a finish reason."""
-        return self.finish_reason is not None
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -137,17 +76,17 @@ class ReferenceModel:
     ):
         if dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"--dtype must be float32|bfloat16|float16|auto, got {dtype!r}")
-        self.model_path = str(model_path)
+        model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
         self.device = torch.device(device)
         self.lock = threading.RLock()
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        config = AutoConfig.from_pretrained(self.model_path)
+        config = AutoConfig.from_pretrained(model_path)
         self.is_vlm = getattr(config, "vision_config", None) is not None
         model_cls = AutoModelForImageTextToText if self.is_vlm else AutoModelForCausalLM
-        self.fp8 = ServedFp8(read_fp8_config(self.model_path))  # an FP8 checkpoint: dequantized on load
+        self.fp8 = ServedFp8(read_fp8_config(model_path))  # an FP8 checkpoint: dequantized on load
         if self.fp8.cfg is None:
-            self.model = model_cls.from_pretrained(self.model_path, dtype=torch_dtype).to(self.device).eval()
+            self.model = model_cls.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
         else:
             self.model = build_empty(model_cls, config, torch_dtype).to(self.device).eval()
         self.model_type = config.model_type
@@ -165,8 +104,15 @@ class ReferenceModel:
         text_config = config.get_text_config()
         self.max_context_len = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self.adapters = LoraAdapters(self.model)
+        self.weights = ServedWeights(self.model, self.lock, model_type=self.model_type, fp8=self.fp8,
+                                     model_path=model_path)  # fmt: skip
         if self.fp8.cfg is not None:
-            self._load_fp8_checkpoint()
+            self.weights.load_fp8_checkpoint()
+
+    @property
+    def model_path(self) -> str:
+        """The checkpoint directory of the weights served now (`/update_weights_from_disk` moves it)."""
+        return self.weights.model_path
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -373,7 +319,7 @@ class ReferenceModel:
             logp_PV = torch.log_softmax(logits_PV, dim=-1)
             lps = logp_PV.gather(-1, targets[:, None])[:, 0].tolist()
             if r.top_logprobs_num > 0:  # rows predicting prompt tokens start + 1 .. P - 1
-                r.input_top_logprobs = [None, *_top(logp_PV[r.logprob_start_len :], r.top_logprobs_num)]
+                r.input_top_logprobs = [None, *top_logprobs(logp_PV[r.logprob_start_len :], r.top_logprobs_num)]
             # As SGLang: one entry per position from logprob_start_len on, and that first entry is always None
             # (SGLang drops the value computed for it, whatever the start).
             by_position = [None] + lps  # by_position[p]: log-prob of prompt token p
@@ -394,7 +340,7 @@ class ReferenceModel:
         r.output_logprobs.append(logprob)
         if r.top_logprobs_num > 0:
             scaled = logits_V.float() if r.params.greedy else logits_V.float() / r.params.temperature
-            r.output_top_logprobs.append(_top(torch.log_softmax(scaled, -1)[None], r.top_logprobs_num)[0])
+            r.output_top_logprobs.append(top_logprobs(torch.log_softmax(scaled, -1)[None], r.top_logprobs_num)[0])
         p = r.params
         may_stop = len(r.output_ids) >= p.min_new_tokens
         if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)):
@@ -418,90 +364,7 @@ class ReferenceModel:
         text = self.tokenizer.decode(ids, skip_special_tokens=r.params.skip_special_tokens)
         return trim_stop(text, matched, r.params.no_stop_trim)
 
-    # ------------------------------------------------------------------------------------------ weights
-
-    def load_named_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copies tensors into the model's parameters/buffers by Hugging Face checkpoint name.
-
-        Checkpoint names (what SGLang loads, e.g. `visual.*` for Qwen2.5-VL) are mapped to this model's module
-        names first (`slime_core.hf_names.to_module_name`); module names pass unchanged. A per-expert MoE matrix
-        lands in its slice of transformers' fused expert parameter (`slime_core.moe_experts.expert_slice`).
-
-        The whole bucket is checked before any tensor is copied, so a bucket refused for one bad name or shape
-        leaves every weight as it was (copying as it went left the tensors before the bad one applied under the
-        old weight version: a mix of two versions behind a failed request).
-
-        Returns:
-            Number of tensors loaded.
-
-        Raises:
-            KeyError: a name the model does not have.
-            ValueError: a shape mismatch (the message names the tensor).
-        """
-        state = self.model.state_dict()
-        with self.lock, torch.no_grad():
-            pairs = []
-            for name, tensor in self.fp8.dequantized(named_tensors):
-                name = to_module_name(name, self.model_type)
-                target = state.get(name)
-                if target is None and (where := expert_slice(name, state)) is not None:
-                    fused, expert, half = where  # transformers' fused MoE experts (slime_core.moe_experts)
-                    target = state[fused][expert]
-                    if half is not None:
-                        target = target.chunk(2, dim=0)[half]
-                if target is None:
-                    raise KeyError(f"update_weights: unknown parameter {name!r}")
-                if tuple(target.shape) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"update_weights: shape mismatch for {name!r}: engine {tuple(target.shape)}, "
-                        f"got {tuple(tensor.shape)}"
-                    )
-                pairs.append((target, tensor))
-            for target, tensor in pairs:
-                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-        return len(pairs)
-
-    def zero_weights(self) -> None:
-        """Zeroes every parameter: SGLang's weights after a release and resume without a CPU backup."""
-        with self.lock, torch.no_grad():
-            for param in self.model.parameters():
-                param.zero_()
-
-    def weight_checksums(self) -> dict[str, str]:
-        """SGLang's `/weights_checker` checksums of the weights held (`slime_rollout.engines.weight_checksum`).
-
-        Names as SGLang's (fused `qkv_proj` / `gate_up_proj`); a tied `lm_head.weight` is the embedding and, as in
-        SGLang's Qwen3, not listed; non-persistent buffers (rotary tables) are not weights.
-        """
-        state = self.model.state_dict()
-        if getattr(self.model.config.get_text_config(), "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        with self.lock:
-            items = self.fp8.checksum_items({k: v.detach() for k, v in state.items()})  # FP8: e4m3 + scales held
-            return sglang_checksums(items, dtype=self.model.dtype)
-
-    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
-        """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).
-
-        Only for the model types whose SGLang class implements it (`_SGLANG_READBACK_TYPES`; Qwen3 answers 400
-        there, so here too). Checkpoint names (e.g. `visual.*` for Qwen2.5-VL) are mapped as in `load_named_tensors`;
-        module names pass unchanged. As SGLang, a tied `lm_head.weight` reads the embedding. For a 2-D weight the
-        result is a list of rows.
-
-        Raises:
-            KeyError: the model has no such parameter or buffer.
-        """
-        if self.model_type not in _SGLANG_READBACK_TYPES:
-            raise KeyError(f"get_weights_by_name: SGLang's {self.model_type} model class does not implement it")
-        state = self.model.state_dict()
-        module_name = to_module_name(name, self.model_type)
-        tied = getattr(self.model.config.get_text_config(), "tie_word_embeddings", False)
-        if module_name not in state and name == "lm_head.weight" and tied:
-            module_name = next((k for k in state if k.endswith("embed_tokens.weight")), module_name)
-        if module_name not in state:
-            raise KeyError(f"get_weights_by_name: unknown parameter {name!r}")
-        with self.lock:
-            return state[module_name][:truncate_size].detach().to("cpu", torch.float32).tolist()
+    # ------------------------------------------------------------------------------------------ LoRA adapters
 
     def load_lora_adapter(self, name: str, path: str) -> None:
         """Loads a PEFT adapter directory as `name` between two decode steps (`LoraAdapters.load`)."""
@@ -512,56 +375,3 @@ class ReferenceModel:
         """Forgets adapter `name` (`LoraAdapters.unload`)."""
         with self.lock:
             self.adapters.unload(name)
-
-    def _load_fp8_checkpoint(self) -> None:
-        """Loads the FP8 serving checkpoint the engine was started on; every weight of the model must be in it.
-
-        Raises:
-            ValueError: the checkpoint lacks some of the model's weights (names a few).
-        """
-        state = self.model.state_dict()
-        if getattr(self.model.config.get_text_config(), "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # the embedding, loaded under its own name
-        held = set()
-        for f in pathlib.Path(self.model_path).glob("*.safetensors"):
-            with safe_open(str(f), framework="pt") as handle:
-                held.update(to_module_name(k, self.model_type) for k in handle.keys())  # noqa: SIM118
-        missing = sorted(set(state) - held)
-        if missing:
-            raise ValueError(f"{self.model_path}: the FP8 checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
-        self.load_from_disk(self.model_path)
-
-    def load_from_disk(self, model_path: str) -> int:
-        """Loads every `*.safetensors` file of an HF checkpoint directory into the model.
-
-        All files are checked as one bucket before any weight is copied (file by file, a bad later shard left the
-        earlier ones applied under the old version).
-
-        Raises:
-            FileNotFoundError: no safetensors file. KeyError: an unknown name. ValueError: a shape mismatch or a
-                truncated file (named).
-        """
-        files = sorted(pathlib.Path(model_path).glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"update_weights_from_disk: no *.safetensors in {model_path}")
-        named: list[tuple[str, torch.Tensor]] = []
-        for f in files:
-            try:
-                named.extend(load_file(str(f)).items())
-            except SafetensorError as e:
-                raise ValueError(f"update_weights_from_disk: {f} is not a complete safetensors file ({e})") from e
-        n = self.load_named_tensors(named)
-        self.model_path = str(model_path)
-        logger.info("loaded %d tensors from %s", n, model_path)
-        return n
-
-
-def abort_reason(message: str) -> dict[str, Any]:
-    """SGLang's finish reason of an aborted request (`FINISH_ABORT.to_json()`)."""
-    return {"type": "abort", "message": message, "status_code": None, "err_type": None}
-
-
-def _top(logp_NV: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
-    """The `k` best `(log-prob, token id)` of each row of `logp_NV` `[N, V]`, best first."""
-    values, ids = logp_NV.topk(k, dim=-1)
-    return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]

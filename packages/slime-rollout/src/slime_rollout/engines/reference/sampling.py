@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SamplingParams", "sample_next_token", "sample_with_kept_ids", "trim_stop"]
+__all__ = ["SamplingParams", "sample_next_token", "sample_with_kept_ids", "top_logprobs", "trim_stop"]
 
 _GREEDY_EPS = 1e-6
 
@@ -226,3 +226,9 @@ def find_stop_string(text: str, stops: Iterable[str]) -> str | None:
         if s in text:
             return s
     return None
+
+
+def top_logprobs(logp_NV: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
+    """The `k` best `(log-prob, token id)` of each row of `logp_NV` `[N, V]`, best first."""
+    values, ids = logp_NV.topk(k, dim=-1)
+    return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from slime_rollout.engines.reference.model import GenRequest, ReferenceModel, abort_reason
+from slime_rollout.engines.reference.model import ReferenceModel
+from slime_rollout.engines.reference.request import GenRequest, abort_reason
 
 __all__ = ["Scheduler"]
 

@@ -63,5 +63,5 @@ async def resume_memory_occupation(request: Request):
     if engine.weights_released and _weight_tags(await json_or_empty(request)):
         engine.weights_released = False
         if not engine.server_args.get("enable_weights_cpu_backup"):
-            await asyncio.to_thread(engine.model.zero_weights)
+            await asyncio.to_thread(engine.model.weights.zero_weights)
     return Response(status_code=200)

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from slime_rollout.engines.reference.model import GenRequest
+from slime_rollout.engines.reference.request import GenRequest
 from slime_rollout.engines.reference.routes.state import EngineState, engine_of, error, json_or_empty
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.vision import decode_engine_image

@@ -95,7 +95,7 @@ async def update_weights_from_disk(request: Request):
     req, body = await parse_request(request, UpdateWeightsFromDiskReq)
     return await _run_update(
         engine,
-        lambda: engine.model.load_from_disk(req.model_path),
+        lambda: engine.model.weights.load_from_disk(req.model_path),
         req.weight_version,
         abort_all_requests(body),
         endpoint="/update_weights_from_disk",
@@ -114,7 +114,7 @@ async def update_weights_from_tensor(request: Request):
     def load() -> int:
         # One entry per TP rank; the reference engine has a single rank.
         named = deserialize_named_tensors(req.serialized_named_tensors[0], req.load_format)
-        return engine.model.load_named_tensors(named)
+        return engine.model.weights.load_named_tensors(named)
 
     return await _run_update(
         engine, load, req.weight_version, abort_all_requests(body), endpoint="/update_weights_from_tensor"
@@ -200,7 +200,7 @@ async def update_weights_from_distributed(request: Request):
 
     return await _run_update(
         engine,
-        lambda: engine.model.load_named_tensors(receive_only()),
+        lambda: engine.model.weights.load_named_tensors(receive_only()),
         req.weight_version,
         abort_all_requests(body),
         endpoint="/update_weights_from_distributed",
@@ -214,7 +214,7 @@ async def get_weights_by_name(request: Request):
     body = await json_or_empty(request)
     try:
         values = await asyncio.to_thread(
-            engine_of(request).model.get_weights_by_name, str(body["name"]), int(body.get("truncate_size", 100))
+            engine_of(request).model.weights.get_weights_by_name, str(body["name"]), int(body.get("truncate_size", 100))
         )
     except KeyError:
         return error("Get parameter by name failed")
@@ -228,7 +228,7 @@ async def weights_checker(request: Request):
     action = body.get("action", "checksum")
     if action != "checksum":
         return JSONResponse({"success": False, "message": f"Unsupported action={action!r}"}, status_code=400)
-    checksums = await asyncio.to_thread(engine_of(request).model.weight_checksums)
+    checksums = await asyncio.to_thread(engine_of(request).model.weights.weight_checksums)
     per_gpu = hashlib.sha256()
     for name in sorted(checksums):
         per_gpu.update(name.encode())

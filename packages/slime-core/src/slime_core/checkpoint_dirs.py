@@ -1,0 +1,53 @@
+"""The layout of a `--save` directory, shared by the FSDP and Megatron trainers (the original's layout).
+
+    <save>/
+        latest_checkpointed_iteration.txt   the latest complete iteration ("release" for a converted model)
+        iter_0000003/                       one folder per saved rollout, named by `iteration_name`
+        iter_0000004.tmp/                   a save in progress (`slime_core.dir_swap`), never complete
+
+A folder is complete once the file its writer puts there last exists: FSDP's `meta.json`, torch_dist's `.metadata`.
+Readers of the directory (the driver's pre-flight check, each trainer's resume) use this module so that they agree
+on what a complete checkpoint is.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+__all__ = ["COMPLETE_MARKERS", "TRACKER_FILE", "complete_iterations", "iteration_name"]
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+
+# The file each writer writes last into an iteration folder: FSDP's `meta.json`, torch_dist's `.metadata`.
+COMPLETE_MARKERS = ("meta.json", ".metadata")
+
+# ASCII digits only: `\d` also matches other scripts' digits, which `int` reads but `iteration_name` never writes.
+_ITERATION = re.compile(r"iter_([0-9]{7})")
+
+
+def iteration_name(step: int) -> str:
+    """The folder name of iteration `step`: `iteration_name(3) == "iter_0000003"`."""
+    return f"iter_{step:07d}"
+
+
+def complete_iterations(root: str | os.PathLike[str]) -> list[int]:
+    """The iterations under a `--save` directory whose folder is complete, ascending.
+
+    Args:
+        root: the `--save` (or `--load`) directory; one that does not exist has none.
+
+    Returns:
+        The iteration numbers of the `iter_XXXXXXX` folders (not `.tmp` staging ones) holding one of
+        `COMPLETE_MARKERS`, e.g. `[1, 2]`.
+    """
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _ITERATION.fullmatch(child.name)
+        if match and any((child / marker).is_file() for marker in COMPLETE_MARKERS):
+            found.append(int(match.group(1)))
+    return sorted(found)

@@ -1,0 +1,53 @@
+"""What a one-line error quotes: a value cut to a readable length, and the rank error inside DCP's collection.
+
+Errors here name the flag, file or sample and then show the offending value; a whole prompt or engine reply in the
+message buried the line that said what was wrong. `torch.distributed.checkpoint` reports a failed save or load as
+a `CheckpointException`, a `BaseException` holding each rank's error with its traceback; the message to show is the
+rank's error, not the collection's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["first_rank_error", "preview", "shorten"]
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """`text` itself when at most `limit` characters, else its start with `"..."`, `limit` characters in all.
+
+    Raises:
+        ValueError: `limit` below 4 (no room for a character and the ellipsis).
+    """
+    if limit < 4:
+        raise ValueError(f"shorten: limit {limit} leaves no room for text and '...' (at least 4)")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def preview(value: Any, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters (`shorten`): what an error shows of a value it refuses.
+
+    Example:
+        `preview("x" * 100, 10) == "'xxxxx..."`.
+    """
+    return shorten(repr(value), limit)
+
+
+def first_rank_error(error: BaseException) -> BaseException:
+    """The first rank's error inside DCP's `CheckpointException`, else `error` itself.
+
+    Duck-typed (`error.failures`, a `{rank: (exception, traceback)}` dict) so that callers without
+    `torch.distributed` need not import it. An `Exception` is preferred to a `BaseException` (a rank's
+    `KeyboardInterrupt`) when both are there.
+
+    Args:
+        error: what a DCP save/load raised, or any other error.
+
+    Returns:
+        The rank's exception, or `error` when it holds none.
+    """
+    failures = getattr(error, "failures", None)
+    if not isinstance(failures, dict):
+        return error
+    found = [f[0] for f in failures.values() if isinstance(f, tuple) and f and isinstance(f[0], BaseException)]
+    return next((e for e in found if isinstance(e, Exception)), found[0] if found else error)

@@ -1,0 +1,20 @@
+"""The `--save` layout both trainers share (`slime_core.checkpoint_dirs`)."""
+
+from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
+
+
+def test_iteration_name_is_seven_digits():
+    assert iteration_name(3) == "iter_0000003"
+    assert iteration_name(1234567) == "iter_1234567"
+
+
+def test_complete_iterations_are_the_folders_whose_last_file_was_written(tmp_path):
+    (tmp_path / TRACKER_FILE).write_text("4")
+    for name, last in [("iter_0000004", "meta.json"), ("iter_0000002", ".metadata"), ("iter_0000005.tmp", "meta.json")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / last).write_text("{}")
+    (tmp_path / "iter_0000003").mkdir()  # unfinished: no meta.json / .metadata
+    (tmp_path / "iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663").mkdir()  # Arabic-Indic digits: not ours
+    (tmp_path / "iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663" / "meta.json").write_text("{}")
+    assert complete_iterations(tmp_path) == [2, 4]
+    assert complete_iterations(tmp_path / "missing") == []

@@ -1,0 +1,48 @@
+"""What one-line errors quote (`slime_core.error_text`)."""
+
+import pytest
+from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+from slime_core.error_text import first_rank_error, preview, shorten
+
+
+def test_shorten_keeps_short_text_and_cuts_long_text_to_the_limit():
+    assert shorten("abc", 5) == "abc"
+    assert shorten("abcdef", 5) == "ab..."
+    assert len(shorten("x" * 500)) == 80
+    with pytest.raises(ValueError, match="limit 3 leaves no room"):
+        shorten("abcdef", 3)
+
+
+def test_preview_is_the_repr_cut_to_the_limit():
+    assert preview("x" * 100, 10) == "'xxxxxx..."
+    assert preview([1, 2]) == "[1, 2]"
+    assert preview(None) == "None"
+
+
+def _raised(error):
+    try:
+        raise error
+    except BaseException as e:  # noqa: BLE001 - the wrapper needs a raised error (its traceback)
+        return _wrap_exception(e)
+
+
+def test_first_rank_error_is_the_rank_error_inside_dcp_collection():
+    full = OSError(28, "No space left on device")
+    collected = CheckpointException("write", {0: _raised(full), 1: _raised(RuntimeError("other"))})
+    assert first_rank_error(collected) is full
+
+
+def test_first_rank_error_prefers_an_exception_to_a_base_exception():
+    stop = KeyboardInterrupt()
+    bad = ValueError("bad shard")
+    assert first_rank_error(CheckpointException("read", {0: _raised(stop), 1: _raised(bad)})) is bad
+    only = CheckpointException("read", {0: _raised(stop)})
+    assert first_rank_error(only) is stop
+
+
+def test_first_rank_error_of_another_error_is_itself():
+    error = ValueError("x")
+    assert first_rank_error(error) is error
+    empty = CheckpointException("read", {})
+    assert first_rank_error(empty) is empty
