@@ -36,7 +36,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 from slime_core.config import SlimeArgs
 from slime_core.hf_names import is_vision_tower_param, to_module_name
 from slime_core.moe_experts import fuse_experts
-from slime_train_fsdp import fused_head
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
@@ -86,7 +85,8 @@ def _attn_implementation(cfg: SlimeArgs, device: torch.device) -> str:
 def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_language: bool) -> ForwardOptions:
     """The log-prob head and, with `--context-parallel-size C > 1`, this rank's CP group (collective).
 
-    The `fused` head compiles its elementwise functions exactly when the decoder layers are compiled.
+    The `fused` head compiles its elementwise functions exactly when the decoder layers are compiled
+    (`ForwardOptions.compile_head`).
 
     Raises:
         ValueError: unknown head; a CP size that does not divide the world; CP with an attention
@@ -95,11 +95,11 @@ def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_lan
     head = cfg.log_probs_head or default_head(device)
     if head not in HEADS:
         raise ValueError(f"--log-probs-head {head!r}: known heads are {sorted(HEADS)}")
-    if head == "fused":
-        fused_head.set_compile(compiles_layers(cfg, device))
+    compile_head = head == "fused" and compiles_layers(cfg, device)
     cp = cfg.context_parallel_size
     if cp == 1:
-        return ForwardOptions(head=head, vision_language=vision_language, true_on_policy=cfg.true_on_policy_mode)
+        return ForwardOptions(head=head, compile_head=compile_head, vision_language=vision_language,
+                              true_on_policy=cfg.true_on_policy_mode)  # fmt: skip
     world = dist.get_world_size()
     if world % cp:
         raise ValueError(f"--context-parallel-size {cp} must divide the number of trainer ranks ({world})")
@@ -110,7 +110,7 @@ def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_lan
     if vision_language:
         raise ValueError(f"--context-parallel-size {cp}: vision-language models train without context parallelism")
     mesh = init_device_mesh(device.type, (world // cp, cp), mesh_dim_names=("dp", "cp"))
-    return ForwardOptions(head=head, cp_group=mesh.get_group("cp"))
+    return ForwardOptions(head=head, compile_head=compile_head, cp_group=mesh.get_group("cp"))
 
 
 def read_hf_state_dict(path: str | pathlib.Path) -> dict[str, torch.Tensor]:
