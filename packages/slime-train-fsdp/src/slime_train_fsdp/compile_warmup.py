@@ -300,10 +300,10 @@ def defers_compile(cfg: Any) -> bool:
 def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     """Starts the warm-up process when it can pay; returns its handle, or None when there is nothing to warm.
 
-    Nothing starts with `--no-fsdp-compile-warmup`, when the layers are not compiled (`compiles_layers`: CPU by
-    default, `--true-on-policy-mode`), or for a vision-language checkpoint (its vision blocks are not compiled and
-    its stand-in would need a vision tower). The process sees this process's environment (the same GPU and inductor
-    cache directory); its world of one needs no port (an in-memory store).
+    Nothing starts with `--no-fsdp-compile-warmup`, when the layers are not compiled (`compiles_layers`: CPU or
+    `--lora-rank` by default, `--true-on-policy-mode`), or for a vision-language checkpoint (its vision blocks are
+    not compiled and its stand-in would need a vision tower). The process sees this process's environment (the same
+    GPU and inductor cache directory); its world of one needs no port (an in-memory store).
 
     Raises:
         OSError: the process cannot be started (no such interpreter, no space for its folder).

@@ -190,7 +190,9 @@ class FsdpArgs(ArgsGroup):
     fsdp_compile_layers: bool | None = arg(
         None,
         "torch.compile every decoder layer (regional compilation, dynamic shapes; compiled once per run). "
-        "Default: on with CUDA, off on CPU.",
+        "Default: on with CUDA, off on CPU and with --lora-rank (the qwen3-0.6b LoRA acceptance run spent 83 s "
+        "compiling the peft-wrapped layers in its first compiled step, against 3.7 s eager steps; no warm-up then "
+        "starts); an explicit value wins.",
     )
     fsdp_compile_warmup: bool = arg(
         True,
