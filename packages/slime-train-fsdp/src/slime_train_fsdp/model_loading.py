@@ -96,7 +96,7 @@ def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_lan
     head = cfg.log_probs_head or default_head(device)
     if head not in HEADS:
         raise ValueError(f"--log-probs-head {head!r}: known heads are {sorted(HEADS)}")
-    compile_head = head == "fused" and compiles_layers(cfg, device)
+    compile_head = compiles_layers(cfg, device)  # read by `fused` only, also when a call picks it (`head=`)
     cp = cfg.context_parallel_size
     if cp == 1:
         return ForwardOptions(head=head, compile_head=compile_head, vision_language=vision_language,
