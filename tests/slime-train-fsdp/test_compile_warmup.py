@@ -145,15 +145,18 @@ _REAL_STEP = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_tiny_qwen3, monkeypatch):
+@pytest.mark.parametrize("lora", [{}, {"lora_rank": 4, "train_backend": "fsdp"}], ids=["full", "lora"])
+def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_tiny_qwen3, monkeypatch, lora):
     """The stand-in's graphs are the real model's: a fresh trainer process then only hits inductor's cache.
 
     The tiny model's vocabulary (151936) and depth (2) differ from the stand-in's (256, 1): the graphs must not
-    depend on them.
+    depend on them. With `--lora-rank` (compiled only when asked) the stand-in gets the same peft wrapping, since it
+    is built from the run's config: on CPU its graphs hit the cache as the full model's do (15 hits, no miss; about
+    7 minutes here).
     """
     ckpt = str(make_tiny_qwen3(tmp_path / "m"))
     overrides = {"fsdp_compile_layers": True, "attn_implementation": "slime_varlen", "use_dynamic_batch_size": True,
-                 "max_tokens_per_gpu": 1024}  # fmt: skip
+                 "max_tokens_per_gpu": 1024, **lora}  # fmt: skip
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     handle = FSDPTrainBackend.start_compile_warm_up(make_args(ckpt, **overrides))
     assert handle is not None

@@ -23,7 +23,9 @@ still compiling after `DEFER_S` is stopped and the step compiles what is not cac
 colocated, 2c37186), waiting for an unfinished warm-up at the first step cost 45 s to save 11 s of compiling. A
 warm-up that fails or is stopped is logged with its log's tail. `--no-fsdp-compile-warmup`
 turns it off. With `--context-parallel-size` > 1 none starts: its attention needs a CP group that a world of one
-does not have.
+does not have. With `--lora-rank` the layers stay eager unless `--fsdp-compile-layers` is given
+(`model_loading.LORA_EAGER_REASON`), so none starts either; when it is given, the stand-in is built from the run's
+config and gets the same peft adapters.
 
 The rank removes the process's folder (`WORKDIR_PREFIX*` under the temp directory: the stand-in checkpoint, up to a
 GiB for a wide MoE layer) when the warm-up ends or the rank shuts down, and holds a lock on it while it lives; a
