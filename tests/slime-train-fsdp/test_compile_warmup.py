@@ -151,8 +151,8 @@ def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_t
 
     The tiny model's vocabulary (151936) and depth (2) differ from the stand-in's (256, 1): the graphs must not
     depend on them. With `--lora-rank` (compiled only when asked) the stand-in gets the same peft wrapping, since it
-    is built from the run's config: on CPU its graphs hit the cache as the full model's do (15 hits, no miss; about
-    7 minutes here).
+    is built from the run's config: on CPU its graphs hit the cache as the full model's do (15 hits, no miss; 2.5
+    to 7 minutes here).
     """
     ckpt = str(make_tiny_qwen3(tmp_path / "m"))
     overrides = {"fsdp_compile_layers": True, "attn_implementation": "slime_varlen", "use_dynamic_batch_size": True,
