@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", "--steps", type=int, default=3, help="timed train() calls after one warm-up call")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--attn-implementation", default=None, help="default: the backend's (slime_varlen on GPU)")
-    p.add_argument("--log-probs-head", default=None, help="default: the backend's (fp32out on GPU, fp32 on CPU)")
+    p.add_argument("--log-probs-head", default=None, help="default: the backend's (fused on GPU, fp32 on CPU)")
     p.add_argument(
         "--compile-layers",
         default="auto",

@@ -24,8 +24,9 @@
 #                       then the same with --log-probs-head fp32out
 #   train_0.6b_e2e_profile 120  qwen3-0.6b train() at the e2e_tuned shape (256 x (128 + 256) tokens, 16k-token
 #                       micro-batches, one optimizer step) with a profile: where the e2e train phase goes
-#   train_0.6b_e2e_fused 120  the same with --log-probs-head fused (issue 26): run `train_0.6b_e2e_profile
-#                       train_0.6b_e2e_fused` in one call for the head's before and after
+#   train_0.6b_e2e_fused 120  the same with --log-probs-head fused (issue 26; the default since 5d5b5b9's numbers)
+#   train_0.6b_e2e_fp32out 120  the same with the former default head, --log-probs-head fp32out: run
+#                       `train_0.6b_e2e_fp32out train_0.6b_e2e_profile` in one call to compare the heads
 #   logprob_gap    300  probe_logprob_gap.py: one rollout per engine config (default, --enable-fp32-lm-head) scored by
 #                       trainer variants and an fp32 HF model: where |trainer - engine| log-prob comes from
 #   train_1.7b_16k 120  the same with 16k-token micro-batches (--max-tokens-per-gpu 16384 in a real run)
@@ -296,6 +297,9 @@ for step in "$@"; do
     train_0.6b_e2e_fused) run_step train_0.6b_e2e_fused 200 python3 "$HERE/bench_train_fsdp.py" --preset "$P06" \
                             --seq-len 384 --response-len 256 --tokens-per-mb 16384 --mbs-per-step 6 \
                             --steps-per-rollout 1 --profile --log-probs-head fused --peak-tflops "$(peak_tflops)" ;;
+    train_0.6b_e2e_fp32out) run_step train_0.6b_e2e_fp32out 200 python3 "$HERE/bench_train_fsdp.py" --preset "$P06" \
+                              --seq-len 384 --response-len 256 --tokens-per-mb 16384 --mbs-per-step 6 \
+                              --steps-per-rollout 1 --profile --log-probs-head fp32out --peak-tflops "$(peak_tflops)" ;;
     logprob_gap) engine_down; run_step logprob_gap 420 python3 "$HERE/probe_logprob_gap.py" --preset "$P06" \
                    --engine "$ENGINE" "${DEV[@]}" ;;
     train_1.7b_16k) run_step train_1.7b_16k 200 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-1.7b \

@@ -151,6 +151,17 @@ def test_the_loop_reports_rollout_train_save_sync_and_eval_phases(monkeypatch):
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(("fields", "first"), [
+    ({}, "compile+train"),  # GPU default: compiled layers
+    ({"lora_rank": 4}, "train"),  # LoRA leaves them eager by default (slime_train_fsdp.model_loading.compiles_layers)
+    ({"lora_rank": 4, "fsdp_compile_layers": True}, "compile+train"),
+])  # fmt: skip
+def test_the_first_step_on_gpus_is_named_compile_only_where_layers_compile(monkeypatch, fields, first):
+    monkeypatch.setattr(loop.Run, "_uses_cuda", property(lambda self: True))
+    started = _loop_phases(monkeypatch, train_backend="fsdp", **fields)
+    assert [p for p in started if p[0] not in ("weight sync", "rollout")] == [(first, 0), ("train", 1)]
+
+
 def test_the_first_step_of_a_compiled_fsdp_run_is_named_compile(monkeypatch):
     started = _loop_phases(monkeypatch, train_backend="fsdp", fsdp_compile_layers=True)
     assert [p for p in started if p[0] != "weight sync"] == [

@@ -141,6 +141,33 @@ def packed_vs_single(backend: FSDPTrainBackend, batch: RolloutBatch) -> dict:
     }
 
 
+def fused_vs_fp32(b: FSDPTrainBackend, batch: RolloutBatch) -> dict:
+    """The `fused` head (the CUDA default) against the exact `fp32` head on a packed row with images: largest
+    log-prob and entropy differences, largest gradient difference and the largest gradient entry."""
+    mb = b._pack(batch, [i for step in batch.micro_batches for ids in step for i in ids])
+    runs = {}
+    for head in ("fused", "fp32"):
+        b.optimizer.zero_grad(set_to_none=True)
+        logp, ent, anchor = response_log_probs(b.model, mb, temperature=1.0, chunk_size=5, with_entropy=True,
+                                               head=head)  # fmt: skip
+        g = torch.Generator().manual_seed(3)
+        a, c = torch.randn(logp.shape, generator=g), torch.randn(logp.shape, generator=g)
+        ((logp * a).sum() + (ent * c).sum() + anchor).backward()
+        grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
+                 for n, p in b.model.named_parameters() if p.grad is not None}  # fmt: skip
+        runs[head] = (logp.detach(), ent.detach(), grads)
+    b.optimizer.zero_grad(set_to_none=True)
+    (lp_f, ent_f, g_f), (lp_r, ent_r, g_r) = runs["fused"], runs["fp32"]
+    return {
+        "lp_diff": float((lp_f - lp_r).abs().max()),
+        "ent_diff": float((ent_f - ent_r).abs().max()),
+        "same_grads": sorted(g_f) == sorted(g_r),
+        "vision_grads": sum("visual" in n for n in g_r),
+        "grad_diff": max(float((g_f[n] - g_r[n]).abs().max()) for n in g_r),
+        "grad_scale": max(float(g.abs().max()) for g in g_r.values()),
+    }
+
+
 def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     samples = make_samples(ckpt)
     cfg = make_args(ckpt)
@@ -149,6 +176,7 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     b.init(cfg, with_ref=False)
     res: dict = {"hf_diff": max_diff(b.compute_log_probs(batch), hf_reference_log_probs(ckpt, samples))}
     res["packed"] = packed_vs_single(b, batch)
+    res["fused"] = fused_vs_fp32(b, batch)
     # A response that samples the image placeholder token: text there, as the engine decoded it.
     odd = copy.deepcopy(samples[0])
     image_id = b.config.image_token_id

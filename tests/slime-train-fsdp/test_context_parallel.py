@@ -3,6 +3,7 @@
 1. One packed micro-batch (odd length, so the row is padded for CP): log-probs, entropies and the gradient of
    `Σ a·logp + Σ b·H` with CP=2 (`slime_varlen`, exact CPU fallback, each rank half the row) equal those of
    CP=1 (`sdpa` with its dense mask, both ranks the whole row). Tolerance 1e-5 absolute (fp32, summation order).
+   The same with CP=2 and the `fused` log-prob head (the CUDA default) against CP=1's exact `fp32` head.
 2. `FSDPTrainBackend.train` on the same global batch, CP=2 × DP=1 (both ranks hold the batch, gradient
    checkpointing on) against CP=1 × DP=2 (each rank half): same parameters after two optimizer steps, same
    grad norms (1e-5 relative, as the DP tests of `test_backend.py`).
@@ -72,7 +73,8 @@ def _micro_batch_check(w, ckpt: str) -> dict:
     # Top-p replay: each CP rank scores a contiguous run of the response positions, with their sets.
     topp = w.with_top_p_sets(batch)
     mb_topp = pack_micro_batch(batch.tokens, batch.response_lengths, ids, torch.device("cpu"), topp.kept_tokens(ids))
-    for name, overrides, scale in (("cp1", {}, 1.0), ("cp2", cp2, 2.0)):
+    cp2_fused = {**cp2, "log_probs_head": "fused"}
+    for name, overrides, scale in (("cp1", {}, 1.0), ("cp2", cp2, 2.0), ("cp2_fused", cp2_fused, 2.0)):
         model, _ = build_fsdp_model(w.make_args(ckpt, **overrides), ckpt, torch.device("cpu"))
         res[f"{name}_topp"] = response_log_probs(model, mb_topp, temperature=w.TEMPERATURE, chunk_size=3)[0].detach()
         logp, ent, anchor = response_log_probs(model, mb, temperature=w.TEMPERATURE, chunk_size=3, with_entropy=True)
@@ -151,9 +153,10 @@ def cp_results(tmp_path_factory) -> list[dict]:
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
-def test_cp2_micro_batch_matches_cp1(cp_results):
+@pytest.mark.parametrize("run", ["cp2", "cp2_fused"])
+def test_cp2_micro_batch_matches_cp1(cp_results, run):
     for res in cp_results:
-        cp1, cp2 = res["micro"]["cp1"], res["micro"]["cp2"]
+        cp1, cp2 = res["micro"]["cp1"], res["micro"][run]
         assert float((cp1["logp"] - cp2["logp"]).abs().max()) <= TOL
         assert float((cp1["ent"] - cp2["ent"]).abs().max()) <= TOL
         assert max(float((cp1["grads"][n] - cp2["grads"][n]).abs().max()) for n in cp1["grads"]) <= TOL

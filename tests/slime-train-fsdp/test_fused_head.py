@@ -161,17 +161,21 @@ def test_bad_input_is_named():
         fused_head.fused_log_probs(hidden, weight, targets[:3], 1.0, 8, True)
 
 
-def test_fsdp_backend_compiles_the_head_with_the_layers(monkeypatch):
+def test_fsdp_backend_compiles_the_head_with_the_layers():
     from slime_core.config import SlimeArgs
     from slime_train_fsdp.model_loading import _forward_options
 
-    monkeypatch.setattr(fused_head, "_compile_on_cuda", True)
     base = {"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "fsdp", "log_probs_head": "fused"}
     opts = _forward_options(SlimeArgs.from_dict({**base, "fsdp_compile_layers": False}), torch.device("cuda"),
                             "slime_varlen", False)  # fmt: skip
-    assert opts.head == "fused" and fused_head._compile_on_cuda is False
-    _forward_options(SlimeArgs.from_dict(base), torch.device("cuda"), "slime_varlen", False)
-    assert fused_head._compile_on_cuda is True  # compiled layers by default on CUDA
+    assert opts.head == "fused" and opts.compile_head is False
+    opts = _forward_options(SlimeArgs.from_dict(base), torch.device("cuda"), "slime_varlen", False)
+    assert opts.compile_head is True  # compiled layers by default on CUDA
+    default = {k: v for k, v in base.items() if k != "log_probs_head"}
+    opts = _forward_options(SlimeArgs.from_dict(default), torch.device("cuda"), "slime_varlen", False)
+    assert opts.head == "fused" and opts.compile_head is True  # the CUDA default head
+    opts = _forward_options(SlimeArgs.from_dict(default), torch.device("cpu"), "sdpa", False)
+    assert opts.head == "fp32" and opts.compile_head is False
 
 
 @pytest.mark.gpu
@@ -213,7 +217,7 @@ hidden[0, 15], weight[1, 15] = 1e3, -1e36  # row 0's logit of token 1 overflows 
 targets = torch.randint(2, 50, (21,), generator=g)
 a, b = torch.randn(21, generator=g), torch.randn(21, generator=g)
 eager = run(hidden, weight, targets, a, b, 0.7)
-fh._maybe_compiled = lambda fn, device: fh._compiled(fn)  # what CUDA runs: 21 rows = chunks of 8, 8 and 5
+fh._maybe_compiled = lambda fn, device, compiled: fh._compiled(fn)  # what CUDA runs: 21 rows = chunks of 8, 8 and 5
 compiled = run(hidden, weight, targets, a, b, 0.7)
 finite = all(bool(torch.isfinite(t).all()) for t in compiled)
 print(json.dumps([finite] + [float(((x - y).abs() / (1 + y.abs())).max()) for x, y in zip(eager, compiled)]))

@@ -59,6 +59,14 @@ def test_log_probs_match_plain_transformers(single):
     assert single["hf_diff"] <= TOL
 
 
+def test_the_fused_head_matches_the_exact_head_on_rows_with_images(single):
+    # `--log-probs-head fused` (the CUDA default) against `fp32` on the same packed row, images included.
+    f = single["fused"]
+    assert f["lp_diff"] <= 1e-6 and f["ent_diff"] <= 1e-6  # same fp32 logits, other summation order
+    assert f["same_grads"] and f["vision_grads"] > 0  # the vision tower gets its gradient through either head
+    assert f["grad_diff"] <= TOL * max(f["grad_scale"], 1.0)  # relative to the largest entry, as below
+
+
 def test_image_tokens_sampled_in_a_response_are_text_as_in_the_engine(single):
     # Against transformers' own prefill + KV-cache decode (no image features, text positions there).
     assert single["response_image_token_diff"] <= TOL

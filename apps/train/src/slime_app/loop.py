@@ -183,6 +183,14 @@ class Run:
         placement = getattr(self, "placement", None)
         return bool(placement is not None and placement.use_gpu)
 
+    @property
+    def _compiles_by_default(self) -> bool:
+        """Whether layers compile with `--fsdp-compile-layers` unset (as `model_loading.compiles_layers`).
+
+        On GPUs, except with `--lora-rank` or `--true-on-policy-mode`.
+        """
+        return self._uses_cuda and not self.cfg.lora_rank and not self.cfg.true_on_policy_mode
+
     def _phase(self, name: str, rollout_id: int | None = None, detail: str = "") -> contextlib.AbstractContextManager:
         """`RunProgress.phase`, or nothing when the run has no display."""
         if self.progress is None:
@@ -287,7 +295,7 @@ class Run:
             compiles = (
                 rollout_id == self.start_rollout_id
                 and train_backend_spec(cfg).compiles_layers
-                and (cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._uses_cuda)
+                and (cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._compiles_by_default)
             )  # the layers compile at their first forward (slime_train_fsdp.model_loading)
             phase = ("compile+train", "--fsdp-compile-layers: the first step compiles") if compiles else ("train", "")
             with self._phase(phase[0], rollout_id, phase[1]):

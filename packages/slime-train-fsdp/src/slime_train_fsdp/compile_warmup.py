@@ -23,7 +23,9 @@ still compiling after `DEFER_S` is stopped and the step compiles what is not cac
 colocated, 2c37186), waiting for an unfinished warm-up at the first step cost 45 s to save 11 s of compiling. A
 warm-up that fails or is stopped is logged with its log's tail. `--no-fsdp-compile-warmup`
 turns it off. With `--context-parallel-size` > 1 none starts: its attention needs a CP group that a world of one
-does not have.
+does not have. With `--lora-rank` the layers stay eager unless `--fsdp-compile-layers` is given
+(`model_loading.LORA_EAGER_REASON`), so none starts either; when it is given, the stand-in is built from the run's
+config and gets the same peft adapters.
 
 The rank removes the process's folder (`WORKDIR_PREFIX*` under the temp directory: the stand-in checkpoint, up to a
 GiB for a wide MoE layer) when the warm-up ends or the rank shuts down, and holds a lock on it while it lives; a
@@ -300,10 +302,10 @@ def defers_compile(cfg: Any) -> bool:
 def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     """Starts the warm-up process when it can pay; returns its handle, or None when there is nothing to warm.
 
-    Nothing starts with `--no-fsdp-compile-warmup`, when the layers are not compiled (`compiles_layers`: CPU by
-    default, `--true-on-policy-mode`), or for a vision-language checkpoint (its vision blocks are not compiled and
-    its stand-in would need a vision tower). The process sees this process's environment (the same GPU and inductor
-    cache directory); its world of one needs no port (an in-memory store).
+    Nothing starts with `--no-fsdp-compile-warmup`, when the layers are not compiled (`compiles_layers`: CPU or
+    `--lora-rank` by default, `--true-on-policy-mode`), or for a vision-language checkpoint (its vision blocks are
+    not compiled and its stand-in would need a vision tower). The process sees this process's environment (the same
+    GPU and inductor cache directory); its world of one needs no port (an in-memory store).
 
     Raises:
         OSError: the process cannot be started (no such interpreter, no space for its folder).

@@ -17,8 +17,9 @@ Here each chunk is one `torch.autograd.Function`:
   `p = softmax(z)`; `dz/dlogits = 1/T`.
 
 Both functions are plain torch code compiled with `torch.compile(dynamic=True)` on CUDA (inductor fuses each
-into one or two reduction kernels) and run eagerly on CPU or when compilation is off (`set_compile`, which the
-FSDP backend sets from `--fsdp-compile-layers`' resolved value).
+into one or two reduction kernels) when the caller asks (`compiled=True`; the FSDP backend passes
+`ForwardOptions.compile_head`, `--fsdp-compile-layers`' resolved value, per model, so an actor and a critic or
+teacher in one process never share a switch) and run eagerly on CPU or otherwise.
 
 Numerics follow slime_core's `log_probs_and_entropy_from_logits`: the row max is subtracted before the
 temperature, so nothing overflows for finite logits; a column whose distance to the max overflows fp32 is -inf
@@ -34,22 +35,11 @@ import logging
 
 import torch
 
-__all__ = ["fp32out_logits", "fused_log_probs", "set_compile"]
+__all__ = ["fp32out_logits", "fused_log_probs"]
 
 logger = logging.getLogger(__name__)
 
 _FP32_MIN = torch.finfo(torch.float32).min
-_compile_on_cuda = True  # see set_compile
-
-
-def set_compile(enabled: bool) -> None:
-    """Whether the fused head's two elementwise functions run compiled on CUDA (default True; CPU is always eager).
-
-    The FSDP backend calls this with `--fsdp-compile-layers`' resolved value, so a run that compiles nothing
-    (`--fsdp-compile-layers false`) does not compile the head either.
-    """
-    global _compile_on_cuda
-    _compile_on_cuda = bool(enabled)
 
 
 def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
@@ -91,8 +81,9 @@ def _compiled(fn):
     return torch.compile(fn, dynamic=True)
 
 
-def _maybe_compiled(fn, device: torch.device):
-    return _compiled(fn) if device.type == "cuda" and _compile_on_cuda else fn
+def _maybe_compiled(fn, device: torch.device, compiled: bool):
+    """`fn` compiled when asked and on CUDA; CPU always runs eagerly (inductor's C++ build would dominate)."""
+    return _compiled(fn) if compiled and device.type == "cuda" else fn
 
 
 def fp32out_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -106,13 +97,13 @@ class _FusedChunk(torch.autograd.Function):
     """One chunk: `(h [c, H], w [V, H], targets [c])` -> `(log p [c] fp32, entropy [c] fp32 or [0])`."""
 
     @staticmethod
-    def forward(ctx, h, w, targets, temperature: float, with_entropy: bool):
-        ctx.temperature, ctx.with_entropy = temperature, with_entropy
+    def forward(ctx, h, w, targets, temperature: float, with_entropy: bool, compiled: bool = False):
+        ctx.temperature, ctx.with_entropy, ctx.compiled = temperature, with_entropy, compiled
         if h.shape[0] == 0:  # nothing to compute (and no zero-row graph to compile)
             empty = h.new_zeros(0, dtype=torch.float32)
             ctx.save_for_backward(h, w, targets, empty, empty, empty)
             return empty.clone(), empty.clone()
-        stats = _maybe_compiled(_stats, h.device)
+        stats = _maybe_compiled(_stats, h.device, compiled)
         logp, m, lse, entropy = stats(fp32out_logits(h, w), targets, temperature, with_entropy)
         ctx.save_for_backward(h, w, targets, m, lse, entropy)
         ctx.set_materialize_grads(False)  # a None cotangent skips its term instead of multiplying zeros
@@ -125,15 +116,16 @@ class _FusedChunk(torch.autograd.Function):
             g_entropy = None
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if (g_logp is None and g_entropy is None) or not (need_h or need_w):
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         if h.shape[0] == 0:
-            return torch.zeros_like(h) if need_h else None, torch.zeros_like(w) if need_w else None, None, None, None
-        grad_fn = _maybe_compiled(_grad_logits, h.device)
+            zero_h, zero_w = torch.zeros_like(h) if need_h else None, torch.zeros_like(w) if need_w else None
+            return zero_h, zero_w, None, None, None, None
+        grad_fn = _maybe_compiled(_grad_logits, h.device, ctx.compiled)
         g = grad_fn(fp32out_logits(h, w), targets, m, lse, entropy, None if g_logp is None else g_logp.float(),
                     None if g_entropy is None else g_entropy.float(), ctx.temperature, h.dtype)  # fmt: skip
         grad_h = g @ w.to(h.dtype) if need_h else None
         grad_w = (g.t() @ h).to(w.dtype) if need_w else None
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def fused_log_probs(
@@ -143,6 +135,8 @@ def fused_log_probs(
     temperature: float,
     chunk_size: int,
     with_entropy: bool,
+    *,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Response log-probs (and entropy) through the fused head, `chunk_size` rows at a time.
 
@@ -157,6 +151,7 @@ def fused_log_probs(
         temperature: `--rollout-temperature` (> 0).
         chunk_size: rows per chunk (> 0); one `[chunk_size, V]` fp32 logits tensor is alive at a time.
         with_entropy: also return the entropy (otherwise no entropy work is done).
+        compiled: run the two elementwise functions under `torch.compile` on CUDA (ignored on CPU).
 
     Returns:
         (`[R]` fp32 natural-log probabilities, `[R]` fp32 entropies in nats or `[0]`).
@@ -178,7 +173,9 @@ def fused_log_probs(
     logps, ents = [], []
     for start in range(0, int(targets.numel()), chunk_size):
         end = start + chunk_size
-        lp, ent = _FusedChunk.apply(hidden[start:end], w, targets[start:end], float(temperature), with_entropy)
+        lp, ent = _FusedChunk.apply(
+            hidden[start:end], w, targets[start:end], float(temperature), with_entropy, bool(compiled)
+        )
         logps.append(lp)
         ents.append(ent)
     if not logps:

@@ -16,8 +16,8 @@ Heads (`--log-probs-head`):
   rate. On CPU (no such kernel) the same product runs in fp32.
 - `fused` (`fused_head.py`): the `fp32out` matmul and numbers, with one forward stats function and a hand-written
   backward (one elementwise function writing the logits' gradient in the compute dtype) instead of autograd
-  over ~12 eager passes, compiled on CUDA; only `h`, `W` and `[c]` vectors are kept per chunk. With top-p replay
-  (`kept`) it runs the `fp32out` path.
+  over ~12 eager passes, compiled on CUDA with the decoder layers; only `h`, `W` and `[c]` vectors are kept per
+  chunk. The CUDA default. With top-p replay (`kept`) it runs the `fp32out` path (logged once).
 - `bf16`: matmul in the compute dtype (bf16 under FSDP mixed precision), fp32 softmax math on the chunk's
   logits. Error ~1e-2 in log-prob on qwen3 shapes: bf16 logits carry 8 mantissa bits.
 - `liger`: liger-kernel's fused linear cross-entropy with `reduction="none"` (per-token `-log p`) on `h / T`;
@@ -33,6 +33,8 @@ Legend: `R` = response positions, `c` = chunk rows, `H` = hidden size, `V` = voc
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 from collections.abc import Callable, Iterator
 
 import torch
@@ -44,11 +46,15 @@ from slime_train_fsdp.fused_head import fp32out_logits, fused_log_probs
 
 __all__ = ["DEFAULT_CPU_HEAD", "DEFAULT_CUDA_HEAD", "HEADS", "default_head", "head_log_probs"]
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_CPU_HEAD = "fp32"
 # The CUDA default: the fastest head whose logits are fp32, which rules out the bf16 logits of `bf16`/`liger`.
-# `fp32out` gave the same trainer-vs-SGLang gap as `fp32` to 5 digits (benchmarks/probe_logprob_gap.py) and an
-# 11 % faster qwen3-1.7b step than `tf32` (benchmarks/RESULTS.md, issue 26).
-DEFAULT_CUDA_HEAD = "fp32out"
+# `fused` computes `fp32out`'s numbers (which gave the same trainer-vs-SGLang gap as `fp32` to 5 digits,
+# benchmarks/probe_logprob_gap.py) with a hand-written backward: on one H200 (5d5b5b9, bench_train_fsdp.py at the
+# e2e shape, qwen3-0.6b, 256 x 384 tokens) 1.138 s per train() against fp32out's 1.546 s, 30.5 GiB peak against
+# 50.6 GiB, the same grad norm (0.6731 vs 0.6732).
+DEFAULT_CUDA_HEAD = "fused"
 
 
 def default_head(device: torch.device) -> str:
@@ -157,7 +163,7 @@ def _chunked(chunk_fn: Callable, hidden, weight, targets, temperature, chunk_siz
     return torch.cat(logps), torch.cat(ents)
 
 
-def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None):
+def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None, compiled=False):
     if kept is not None:
         others = [h for h in HEADS if h != "liger"]  # every other head replays the sets
         raise ValueError(
@@ -185,17 +191,35 @@ def _liger(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=
     return -nll.float(), ent
 
 
-def _fused(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None):
+@functools.cache
+def _log_top_p_fallback() -> None:
+    logger.info(
+        "--log-probs-head fused: top-p replay (--rollout-top-p < 1) restricts each row's softmax, which the "
+        "fused kernels do not; those calls run the fp32out head (same logits, autograd backward)"
+    )
+
+
+def _fused(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None, compiled=False):
     if kept is not None:  # top-p replay restricts the softmax per row: the autograd path of `fp32out` does that
+        _log_top_p_fallback()
         return HEADS["fp32out"](hidden, weight, targets, temperature, chunk_size, with_entropy, kept)
-    return fused_log_probs(hidden, weight, targets, temperature, chunk_size, with_entropy)
+    return fused_log_probs(hidden, weight, targets, temperature, chunk_size, with_entropy, compiled=compiled)
+
+
+def _autograd_head(chunk_fn: Callable) -> Callable:
+    """A head of `_chunked` chunks; nothing in it is compiled, so `compiled` does not apply."""
+
+    def head(hidden, weight, targets, temperature, chunk_size, with_entropy, kept=None, compiled=False):
+        return _chunked(chunk_fn, hidden, weight, targets, temperature, chunk_size, with_entropy, kept)
+
+    return head
 
 
 HEADS: dict[str, Callable] = {
-    "fp32": lambda *a: _chunked(_chunk_fp32, *a),
-    "tf32": lambda *a: _chunked(_chunk_tf32, *a),
-    "fp32out": lambda *a: _chunked(_chunk_fp32out, *a),
-    "bf16": lambda *a: _chunked(_chunk_bf16, *a),
+    "fp32": _autograd_head(_chunk_fp32),
+    "tf32": _autograd_head(_chunk_tf32),
+    "fp32out": _autograd_head(_chunk_fp32out),
+    "bf16": _autograd_head(_chunk_bf16),
     "fused": _fused,
     "liger": _liger,
 }
@@ -211,6 +235,7 @@ def head_log_probs(
     with_entropy: bool,
     head: str = DEFAULT_CPU_HEAD,
     kept: KeptTokens | None = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Response log-probs (and entropy) from final hidden states.
 
@@ -223,6 +248,8 @@ def head_log_probs(
         with_entropy: also return the entropy.
         head: one of `HEADS`.
         kept: top-p replay sets of the `R` rows (`--rollout-top-p < 1`), or None for the full softmax.
+        compiled: `fused` only: run its elementwise functions under `torch.compile` on CUDA
+            (`ForwardOptions.compile_head`).
 
     Returns:
         (`[R]` fp32 natural-log probabilities, `[R]` fp32 entropies in nats or `[0]`).
@@ -234,4 +261,4 @@ def head_log_probs(
     """
     if head not in HEADS:
         raise KeyError(f"unknown --log-probs-head {head!r}; known: {sorted(HEADS)}")
-    return HEADS[head](hidden, weight, targets, temperature, chunk_size, with_entropy, kept)
+    return HEADS[head](hidden, weight, targets, temperature, chunk_size, with_entropy, kept, compiled=compiled)

@@ -36,7 +36,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 from slime_core.config import SlimeArgs
 from slime_core.hf_names import is_vision_tower_param, to_module_name
 from slime_core.moe_experts import fuse_experts
-from slime_train_fsdp import fused_head
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
 from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
@@ -46,6 +45,7 @@ from slime_train_fsdp.vision import is_vision_language
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "LORA_EAGER_REASON",
     "FillMissing",
     "build_fsdp_model",
     "compiles_layers",
@@ -86,7 +86,8 @@ def _attn_implementation(cfg: SlimeArgs, device: torch.device) -> str:
 def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_language: bool) -> ForwardOptions:
     """The log-prob head and, with `--context-parallel-size C > 1`, this rank's CP group (collective).
 
-    The `fused` head compiles its elementwise functions exactly when the decoder layers are compiled.
+    The `fused` head compiles its elementwise functions exactly when the decoder layers are compiled
+    (`ForwardOptions.compile_head`).
 
     Raises:
         ValueError: unknown head; a CP size that does not divide the world; CP with an attention
@@ -95,11 +96,11 @@ def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_lan
     head = cfg.log_probs_head or default_head(device)
     if head not in HEADS:
         raise ValueError(f"--log-probs-head {head!r}: known heads are {sorted(HEADS)}")
-    if head == "fused":
-        fused_head.set_compile(compiles_layers(cfg, device))
+    compile_head = compiles_layers(cfg, device)  # read by `fused` only, also when a call picks it (`head=`)
     cp = cfg.context_parallel_size
     if cp == 1:
-        return ForwardOptions(head=head, vision_language=vision_language, true_on_policy=cfg.true_on_policy_mode)
+        return ForwardOptions(head=head, compile_head=compile_head, vision_language=vision_language,
+                              true_on_policy=cfg.true_on_policy_mode)  # fmt: skip
     world = dist.get_world_size()
     if world % cp:
         raise ValueError(f"--context-parallel-size {cp} must divide the number of trainer ranks ({world})")
@@ -110,7 +111,7 @@ def _forward_options(cfg: SlimeArgs, device: torch.device, attn: str, vision_lan
     if vision_language:
         raise ValueError(f"--context-parallel-size {cp}: vision-language models train without context parallelism")
     mesh = init_device_mesh(device.type, (world // cp, cp), mesh_dim_names=("dp", "cp"))
-    return ForwardOptions(head=head, cp_group=mesh.get_group("cp"))
+    return ForwardOptions(head=head, compile_head=compile_head, cp_group=mesh.get_group("cp"))
 
 
 def read_hf_state_dict(path: str | pathlib.Path) -> dict[str, torch.Tensor]:
@@ -145,11 +146,34 @@ def _layer_classes(model: nn.Module) -> tuple[type, ...]:
     return tuple(classes)
 
 
+#: Why `--fsdp-compile-layers` (unset) leaves peft-wrapped layers eager; logged when a LoRA model is built.
+LORA_EAGER_REASON = (
+    "--lora-rank: the decoder layers run eagerly (--fsdp-compile-layers is off by default with LoRA: the qwen3-0.6b "
+    "GPU acceptance run spent 83 s compiling the peft-wrapped layers in its first compiled step, after eager steps "
+    "of 3.7 s train time; compiled LoRA steps took 4.9-5.7 s at 8bc21c5); pass --fsdp-compile-layers to compile them"
+)
+
+
 def compiles_layers(cfg: SlimeArgs, device: torch.device) -> bool:
-    """Whether the decoder layers are compiled: `--fsdp-compile-layers`, by default on CUDA only."""
+    """Whether the decoder layers are compiled: `--fsdp-compile-layers`; unset: on CUDA, except with `--lora-rank`.
+
+    An explicit `--fsdp-compile-layers` wins (also with LoRA); `--true-on-policy-mode` never compiles. The LoRA
+    default is measured (`LORA_EAGER_REASON`).
+    """
     if cfg.true_on_policy_mode:  # the mode runs its own uncompiled layer forward (compilation changes rounding)
         return False
-    return cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else device.type == "cuda"
+    if cfg.fsdp_compile_layers is not None:
+        return cfg.fsdp_compile_layers
+    return device.type == "cuda" and not cfg.lora_rank
+
+
+def _log_lora_eager(cfg: SlimeArgs, device: torch.device) -> bool:
+    """Logs `LORA_EAGER_REASON` when LoRA alone turned the layers' compilation off; returns whether it did."""
+    lora_off = bool(cfg.lora_rank) and cfg.fsdp_compile_layers is None and device.type == "cuda"
+    if lora_off and not cfg.true_on_policy_mode:
+        logger.info(LORA_EAGER_REASON)
+        return True
+    return False
 
 
 def mixed_precision_policy(cfg: SlimeArgs) -> MixedPrecisionPolicy:
@@ -174,6 +198,7 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
         logger.warning("--fsdp-cpu-offload has no effect on CPU")
     layer_types = _layer_classes(model)
     compile_layers = compiles_layers(cfg, device)
+    _log_lora_eager(cfg, device)
     vision_blocks = {id(m) for n, m in model.named_modules() if is_vision_tower_param(n + ".")}
     for module in model.modules():
         if isinstance(module, layer_types):

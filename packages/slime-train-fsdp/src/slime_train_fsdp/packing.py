@@ -48,6 +48,7 @@ __all__ = [
     "ForwardOptions",
     "PackedMicroBatch",
     "install_response_forward",
+    "output_weight",
     "pack_micro_batch",
     "response_log_probs",
     "split_by_lengths",
@@ -63,12 +64,15 @@ class ForwardOptions:
 
     Attributes:
         head: `--log-probs-head`, a key of `logprob_head.HEADS`.
+        compile_head: the `fused` head's elementwise functions run under `torch.compile` on CUDA (the decoder
+            layers' `--fsdp-compile-layers`); per model, so two models in one process each keep their own.
         cp_group: the context-parallel group of this rank, or None without context parallelism.
         vision_language: the model has a vision tower (`model.model.visual`) that every forward must run.
         true_on_policy: `--true-on-policy-mode`: the row runs `true_on_policy.mirrored_response_forward` instead.
     """
 
     head: str = DEFAULT_CPU_HEAD
+    compile_head: bool = False
     cp_group: dist.ProcessGroup | None = None
     vision_language: bool = False
     true_on_policy: bool = False
@@ -243,7 +247,7 @@ def _response_forward(
         attn_kwargs["slime_cp_group"] = group
     out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **vision_kwargs, **attn_kwargs)
     hidden = out.last_hidden_state[0]  # [S, H] (this rank's slice under CP)
-    weight = self.get_output_embeddings().weight  # [V, H], unsharded inside this FSDP forward
+    weight = output_weight(self)  # [V, H], unsharded inside this FSDP forward
     # One element of each is enough to connect every parameter; a full bf16 sum could overflow to inf.
     anchor = (hidden[:1, :1].float().sum() + weight[:1, :1].float().sum()) * 0.0
     if visual is not None:
@@ -252,12 +256,39 @@ def _response_forward(
         self.model.slime_vision_positions = None
     h_resp = hidden.index_select(0, predict_index)  # [R, H]
     logp, entropy = head_log_probs(h_resp, weight, targets, temperature=temperature, chunk_size=chunk_size,
-                                   with_entropy=with_entropy, head=head or opts.head, kept=kept)  # fmt: skip
+                                   with_entropy=with_entropy, head=head or opts.head, kept=kept,
+                                   compiled=opts.compile_head)  # fmt: skip
     if shard is not None:
         logp = gather_response_values(logp, shard.counts, group)
         if with_entropy:
             entropy = gather_response_values(entropy, shard.counts, group)
     return logp, entropy, anchor
+
+
+def output_weight(model: nn.Module) -> torch.Tensor:
+    """The `[V, H]` output-layer weight the model's own forward applies, for the log-prob head.
+
+    A plain `lm_head` gives its weight. One that `--lora-target-modules` wrapped in peft's `lora.Linear` gives
+    `W + (alpha/r)·B A` summed over its active adapters (differentiable in `A` and `B`): the wrapper's `.weight`
+    is only the frozen base `W`, with which the head would ignore the adapter and never train it.
+
+    Raises:
+        ValueError: a wrapped `lm_head` with DoRA or a dropout, which no merged weight expresses (slime's
+            `inject_lora` uses neither).
+    """
+    out = model.get_output_embeddings()
+    base = getattr(out, "base_layer", None)
+    if base is None:
+        return out.weight
+    weight = base.weight
+    for name in out.active_adapters:
+        if name not in out.lora_A:
+            continue
+        if out.use_dora.get(name) or not isinstance(out.lora_dropout[name], nn.Identity):
+            raise ValueError(f"lm_head adapter {name!r}: DoRA or LoRA dropout on the output layer is not supported")
+        delta = out.lora_B[name].weight @ out.lora_A[name].weight  # [V, r] @ [r, H]
+        weight = weight + delta.to(weight.dtype) * out.scaling[name]
+    return weight
 
 
 def install_response_forward(model: nn.Module, options: ForwardOptions | None = None) -> None:

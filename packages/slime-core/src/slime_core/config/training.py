@@ -181,15 +181,18 @@ class FsdpArgs(ArgsGroup):
     )
     log_probs_head: Literal["fp32", "tf32", "fp32out", "fused", "bf16", "liger"] | None = arg(
         None,
-        "lm_head + log-softmax of the log-probs/entropy: fp32out (bf16 tensor cores, fp32 accumulation and logits; "
-        "GPU default), fp32 (exact; CPU default), tf32, fused (fp32out's numbers with a compiled stats function and "
-        "a hand-written backward), bf16 (bf16 matmul and logits, fp32 softmax), liger (liger-kernel fused linear "
-        "cross-entropy, optional dependency).",
+        "lm_head + log-softmax of the log-probs/entropy: fused (GPU default: fp32out's numbers with a compiled stats "
+        "function and a hand-written backward; qwen3-0.6b on one H200: 1.14 s per train() against fp32out's 1.55 s, "
+        "30.5 against 50.6 GiB peak; with --rollout-top-p < 1 it runs fp32out, logged), fp32 (exact; CPU default), "
+        "fp32out (bf16 tensor cores, fp32 accumulation and logits, autograd backward), tf32, bf16 (bf16 matmul and "
+        "logits, fp32 softmax), liger (liger-kernel fused linear cross-entropy, optional dependency).",
     )
     fsdp_compile_layers: bool | None = arg(
         None,
         "torch.compile every decoder layer (regional compilation, dynamic shapes; compiled once per run). "
-        "Default: on with CUDA, off on CPU.",
+        "Default: on with CUDA, off on CPU and with --lora-rank (the qwen3-0.6b LoRA acceptance run spent 83 s "
+        "compiling the peft-wrapped layers in its first compiled step, against 3.7 s eager steps; no warm-up then "
+        "starts); an explicit value wins.",
     )
     fsdp_compile_warmup: bool = arg(
         True,
