@@ -8,10 +8,12 @@ pure Python through `gc`). Each call starts, through bubblewrap:
   which is `nobody` (65534) when the host process is root: the code never holds a host capability;
 * its own **mount, PID, network, IPC, UTS and cgroup namespaces**: it sees only a read-only view of the
   Python runtime (see `slime_envs._bwrap`), a private size-capped tmpfs `/tmp` as the only writable place,
-  its own `/proc`, no network interface but a down loopback, no host process, no host environment variable;
+  its own `/proc`, no network interface but a loopback of its own (and no socket to use it), no host process,
+  no host environment variable;
 * a **seccomp filter** for what namespaces do not isolate (ptrace, mount, keyctl, bpf, perf_event_open,
-  io_uring, kexec, modules, ...; see `slime_envs._seccomp`) and, unless `allow_subprocess`, a second one
-  refusing fork/exec to every API, `_posixsubprocess.fork_exec` and `os.posix_spawn` included;
+  io_uring, kexec, modules, System V IPC, sockets, fallocate, ...; see `slime_envs._seccomp`) and, unless
+  `allow_subprocess`, a second one refusing fork/exec to every API, `_posixsubprocess.fork_exec` and
+  `os.posix_spawn` included;
 * **limits**: RLIMIT_AS/CPU/FSIZE/CORE per process, set on bubblewrap itself (util-linux `prlimit`), so that
   every process of the sandbox, its init included, inherits them; RLIMIT_NPROC counted in the run's own
   user namespace, set by the init before it forks the code (set before bubblewrap, it would become the
@@ -252,17 +254,17 @@ def _enforcement(config: SandboxConfig, cgroup: CgroupLimits | None) -> dict[str
     return {
         "isolation": "bubblewrap: user/mount/pid/net/ipc/uts/cgroup namespaces, "
         f"uid {SANDBOX_UID} (host uid {host_uid}), non-dumpable init",
-        "network": "empty network namespace + audit hook",
+        "network": "empty network namespace + seccomp (no socket) + audit hook",
         "files": f"read-only runtime view, private {WORKDIR} tmpfs ({config.tmpfs_mb} MiB) + audit hook",
         "syscalls": f"seccomp: {len(DENIED)} syscalls denied"
         + ("" if config.allow_subprocess else ", fork/exec denied")
         + " (the init: both, once it has forked the code)",
         "time": "wall clock (SIGKILL of the PID namespace) + RLIMIT_CPU",
-        "memory": with_cgroup("memory", "RLIMIT_AS per process + RLIMIT_NOFILE + no System V shm"),
+        "memory": with_cgroup("memory", "RLIMIT_AS per process + RLIMIT_NOFILE + no System V IPC, no socket"),
         "processes": with_cgroup("pids", "RLIMIT_NPROC in the user namespace")
         + ("" if config.allow_subprocess else " + seccomp (no fork/exec)"),
         "cpu": caps["cpu"] + f" cgroup, {config.cpus:g} CPU" if "cpu" in caps else "no cpu cgroup here",
-        "output": "RLIMIT_FSIZE on every process + truncation",
+        "output": "RLIMIT_FSIZE on every process + no fallocate + truncation",
     }
 
 

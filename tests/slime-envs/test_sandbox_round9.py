@@ -1,0 +1,102 @@
+"""Hostile code, ninth pass (issue 27: "a fresh hostile pass finds nothing new"): kernel objects that hold the host's
+memory or disk past every per-run limit without a descriptor or an address space to count them. Each was measured
+here before the fix (numbers in the cases); every case first switches the in-process guard off, and the attacks run
+at a scale the host shrugs off, so a regression fails on what the kernel answers, not on the host's health."""
+
+import pytest
+from slime_sandbox_hostile import hostile
+
+from slime_envs import sandbox
+
+pytestmark = pytest.mark.usefixtures("host_survives_and_nothing_leaks")
+
+
+async def test_fallocate_cannot_take_the_hosts_disk_through_the_output_file():
+    # The code's stdout is a file on the host's disk. fallocate(FALLOC_FL_KEEP_SIZE) allocates blocks past its end
+    # without changing its size, which RLIMIT_FSIZE does not check: 2 GiB of the host's disk in one call with
+    # max_output_bytes = 1 MiB (the whole free disk was as easy). glibc's posix_fallocate must still work where
+    # the limits allow it (it falls back to writing on EOPNOTSUPP).
+    code = """
+        import ctypes, errno, os, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+        for fd in (1, 2):
+            for mode in (0, 1, 0x20):  # plain, FALLOC_FL_KEEP_SIZE, FALLOC_FL_INSERT_RANGE
+                rc = libc.fallocate(fd, mode, 0, 64 << 20)
+                print(fd, mode, rc, os.strerror(ctypes.get_errno()) if rc else "")
+            print(fd, "KiB on disk", os.fstat(fd).st_blocks // 2)
+        with open("scratch", "w+b") as f:
+            os.posix_fallocate(f.fileno(), 0, 1 << 20)  # inside the limits: glibc writes zeros instead
+            print("scratch", os.fstat(f.fileno()).st_size)
+            try:
+                os.posix_fallocate(f.fileno(), 0, 64 << 20)  # past RLIMIT_FSIZE
+            except OSError as e:
+                print("past the limit", errno.errorcode[e.errno])
+    """
+    r = await hostile(code, max_output_bytes=1 << 20)
+    lines = r.stdout.splitlines()
+    assert lines[:8] == [
+        "1 0 -1 Operation not supported",
+        "1 1 -1 Operation not supported",  # was 0, and 2 GiB on the host's disk with 2 << 30
+        "1 32 -1 Operation not supported",
+        lines[3],
+        "2 0 -1 Operation not supported",
+        "2 1 -1 Operation not supported",
+        "2 32 -1 Operation not supported",
+        lines[7],
+    ], r.stdout + r.stderr
+    for line in (lines[3], lines[7]):
+        assert int(line.split()[-1]) <= 64, line  # what was printed so far, not 64 MiB
+    assert lines[8:] == ["scratch 1048576", "past the limit EFBIG"], r.stdout + r.stderr
+
+
+async def test_system_v_semaphores_and_message_queues_are_refused(monkeypatch):
+    # Without a memory cgroup, 400 semaphore sets of 32,000 (3.5 MiB of kernel memory each, no descriptor, no
+    # mapping) held 1.4 GB in 3 s with memory_mb=256, and an IPC namespace allows 32,000 sets; message queues
+    # hold 16 KiB each, 32,000 of them. shmget was already refused for the same reason.
+    monkeypatch.setattr(sandbox.CgroupLimits, "create", classmethod(lambda cls, **kwargs: None))
+    code = """
+        import ctypes, errno
+        libc = ctypes.CDLL(None, use_errno=True)
+        calls = {"semget": lambda: libc.semget(0, 32000, 0o1600), "msgget": lambda: libc.msgget(0, 0o1600),
+                 "shmget": lambda: libc.shmget(0, 1 << 20, 0o1600)}  # IPC_PRIVATE, IPC_CREAT | 0600
+        for name, call in calls.items():
+            rc = call()
+            print(name, rc, errno.errorcode.get(ctypes.get_errno()) if rc < 0 else "")
+    """
+    r = await hostile(code, memory_mb=256)
+    assert r.stdout.splitlines() == ["semget -1 EPERM", "msgget -1 EPERM", "shmget -1 EPERM"], r.stdout + r.stderr
+    assert "no System V IPC" in r.enforcement["memory"]
+
+
+async def test_no_socket_of_any_family():
+    # Sockets reach state that no per-run limit bounds: the machine's TCP memory limit is one for every namespace
+    # and memory cgroup v1 does not count TCP buffers (connections to a listener of the sandbox's own loopback,
+    # filled and closed unaccepted, pushed the machine past net.ipv4.tcp_mem's hard limit in 6 s with the memory
+    # cgroup in place: every TCP socket of the host is then refused memory), and a listener's backlog holds
+    # connections without descriptors (unix ones: 1 GiB with memory_mb=256, max_open_files=64, no memory cgroup).
+    # The sandbox has no network and the audit hook refuses every socket anyway, so the kernel refuses them all.
+    code = """
+        import socket
+        for family, kind in [("AF_UNIX", socket.SOCK_STREAM), ("AF_UNIX", socket.SOCK_DGRAM),
+                             ("AF_INET", socket.SOCK_STREAM), ("AF_INET", socket.SOCK_DGRAM),
+                             ("AF_INET6", socket.SOCK_STREAM), ("AF_NETLINK", socket.SOCK_RAW)]:
+            try:
+                socket.socket(getattr(socket, family), kind).close()
+                print(family, kind, "created")
+            except OSError as e:
+                print(family, kind, type(e).__name__, e.errno)
+        try:
+            socket.socketpair()
+            print("socketpair created")
+        except OSError as e:
+            print("socketpair", type(e).__name__, e.errno)
+    """
+    r = await hostile(code)
+    expected = [
+        f"{family} {kind} PermissionError 13"
+        for family, kind in [("AF_UNIX", 1), ("AF_UNIX", 2), ("AF_INET", 1), ("AF_INET", 2), ("AF_INET6", 1)]
+    ]
+    expected += ["AF_NETLINK 3 PermissionError 13", "socketpair PermissionError 13"]
+    assert r.stdout.splitlines() == expected, r.stdout + r.stderr
+    assert r.enforcement["network"] == "empty network namespace + seccomp (no socket) + audit hook"
