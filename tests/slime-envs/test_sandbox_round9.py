@@ -100,3 +100,44 @@ async def test_no_socket_of_any_family():
     expected += ["AF_NETLINK 3 PermissionError 13", "socketpair PermissionError 13"]
     assert r.stdout.splitlines() == expected, r.stdout + r.stderr
     assert r.enforcement["network"] == "empty network namespace + seccomp (no socket) + audit hook"
+
+
+async def test_the_inits_limits_are_out_of_the_codes_reach():
+    # prlimit64 on another process needs only the same uid, which the init shares with the code: the code set the
+    # init's RLIMIT_AS to 64 KiB and its RLIMIT_CPU to 0. Its own limits it may still lower (pid 0, which is what
+    # glibc's getrlimit/setrlimit use).
+    code = """
+        import resource
+        for what, call in [("read", lambda: resource.prlimit(1, resource.RLIMIT_AS)),
+                           ("lower", lambda: resource.prlimit(1, resource.RLIMIT_AS, (1 << 16, 1 << 16)))]:
+            try:
+                print("init", what, call())
+            except OSError as e:
+                print("init", what, type(e).__name__, e.errno)
+        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft - 1, hard - 1))
+        print("own", resource.getrlimit(resource.RLIMIT_CPU) == (soft - 1, hard - 1))
+        print("init AS", [line.split()[4] for line in open("/proc/1/limits") if line.startswith("Max address space")])
+    """
+    r = await hostile(code, memory_mb=512)
+    assert r.stdout.splitlines() == [
+        "init read PermissionError 1",
+        "init lower PermissionError 1",  # was None: done
+        "own True",
+        f"init AS ['{512 << 20}']",
+    ], r.stdout + r.stderr
+
+
+async def test_linux_aio_is_refused():
+    # fs.aio-max-nr is one limit for the whole machine: one io_setup(65536) took all of it, and every other process's
+    # io_setup failed with EAGAIN until the run ended.
+    code = """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        nr = {"x86_64": 206, "aarch64": 0}[os.uname().machine]
+        ctx = ctypes.c_ulong(0)
+        rc = libc.syscall(nr, 65536, ctypes.byref(ctx))
+        print("io_setup", rc, os.strerror(ctypes.get_errno()) if rc else "")
+    """
+    r = await hostile(code)
+    assert r.stdout == "io_setup -1 Operation not permitted\n", r.stdout + r.stderr

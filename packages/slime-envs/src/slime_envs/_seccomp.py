@@ -8,7 +8,8 @@ escape. Two programs are built here, once per host process:
   answers the syscalls in `DENIED` with EPERM (a readable `PermissionError`, not a crash), `clone3` with
   ENOSYS (glibc then falls back to `clone`, whose flags a filter can inspect: `clone3` passes them in
   memory), `clone` asking for a new namespace with EPERM, `socket`/`socketpair` of every address family
-  with EACCES (see `_NO_SOCKETS`), and `fallocate` with EOPNOTSUPP (see `_NO_FALLOCATE`).
+  with EACCES (see `_NO_SOCKETS`), `fallocate` with EOPNOTSUPP (see `_NO_FALLOCATE`), and `prlimit64` of
+  another process with EPERM.
 * `no_process_filter()`: loaded by the sandbox's runner before the model's code when subprocesses are not
   allowed: `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads still work) and `execve`/`execveat`
   fail with EPERM, whichever Python API (or native code) asks for them.
@@ -40,7 +41,11 @@ DENIED = (
     "name_to_handle_at",
     # global kernel state: keyrings, BPF, perf, io_uring, modules, kexec, swap, clock, accounting
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "fanotify_init",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "init_module", "finit_module",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    # Linux AIO: its limit (fs.aio-max-nr) is one for the whole machine, and one io_setup(65536) took all of it
+    # (every other process's io_setup then fails with EAGAIN until the run ends)
+    "io_setup",
+    "init_module", "finit_module",
     "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
     "quotactl", "quotactl_fd", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "stime", "sethostname", "setdomainname", "lookup_dcookie", "nfsservctl", "uselib", "vhangup",
@@ -74,6 +79,10 @@ _CLONE_THREAD = 0x00010000
 # * a listener's backlog holds connections that have no descriptor: unix ones filled and closed held 1 GiB with
 #   memory_mb=256 and max_open_files=64, without a memory cgroup.
 _NO_SOCKETS = ("socket", "socketpair")
+# prlimit64 on another process needs no capability, only the same uid, which the sandbox's init shares with the
+# code: the code lowered the init's RLIMIT_AS to 64 KiB and its RLIMIT_CPU to 0. Only pid 0 (itself; glibc's
+# getrlimit/setrlimit) is allowed: the init stays out of the code's reach (issue 27, item 10).
+_NO_PRLIMIT_OF_OTHERS = "prlimit64"
 # fallocate(FALLOC_FL_KEEP_SIZE) allocates disk blocks past a file's end without changing its size, which
 # RLIMIT_FSIZE does not check: on the host's stdout file (the code's descriptor 1, on the host's disk) it took
 # 2 GiB of the host's disk in one call with max_output_bytes = 1 MiB. EOPNOTSUPP, not EPERM: glibc's
@@ -81,6 +90,7 @@ _NO_SOCKETS = ("socket", "socketpair")
 _NO_FALLOCATE = "fallocate"
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
+_SCMP_CMP_NE = 1
 _SCMP_CMP_MASKED_EQ = 7
 
 
@@ -190,6 +200,7 @@ def base_filter() -> bytes:
     for name in _NO_SOCKETS:
         f.deny(name, _act_errno(errno.EACCES))
     f.deny(_NO_FALLOCATE, _act_errno(errno.EOPNOTSUPP))
+    f.deny(_NO_PRLIMIT_OF_OTHERS, _act_errno(errno.EPERM), (0, _SCMP_CMP_NE, 0, 0))
     return f.export()
 
 
