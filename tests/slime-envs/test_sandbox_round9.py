@@ -141,3 +141,26 @@ async def test_linux_aio_is_refused():
     """
     r = await hostile(code)
     assert r.stdout == "io_setup -1 Operation not permitted\n", r.stdout + r.stderr
+
+
+async def test_posix_timers_and_message_queues_are_capped_per_run():
+    # Each POSIX timer holds a queued-signal slot of kernel memory no address space counts: with the host's
+    # RLIMIT_SIGPENDING (96,369 here) one run made that many timers (49 MiB past memory_mb), a budget counted per
+    # host uid and so shared by every concurrent run. POSIX message queues (RLIMIT_MSGQUEUE) are not needed at all.
+    code = """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        event = (ctypes.c_byte * 64)()
+        event[12] = 1  # sigevent.sigev_notify = SIGEV_NONE (after the 8-byte value and the 4-byte signal number)
+        timer, made = ctypes.c_void_p(), 0
+        while made < 200_000 and libc.timer_create(1, event, ctypes.byref(timer)) == 0:  # CLOCK_MONOTONIC
+            made += 1
+        print("timers", made, os.strerror(ctypes.get_errno()))
+        libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        print("mq_open", libc.mq_open(b"/q", os.O_CREAT | os.O_RDWR, 0o600, None), os.strerror(ctypes.get_errno()))
+    """
+    r = await hostile(code)
+    assert r.stdout.splitlines() == [
+        "timers 1024 Resource temporarily unavailable",
+        "mq_open -1 Too many open files",
+    ], r.stdout + r.stderr

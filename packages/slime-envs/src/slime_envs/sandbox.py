@@ -15,9 +15,10 @@ pure Python through `gc`). Each call starts, through bubblewrap:
   `allow_subprocess`, a second one refusing fork/exec to every API, `_posixsubprocess.fork_exec` and
   `os.posix_spawn` included;
 * **limits**: RLIMIT_AS/CPU/FSIZE/CORE per process, set on bubblewrap itself (util-linux `prlimit`), so that
-  every process of the sandbox, its init included, inherits them; RLIMIT_NPROC counted in the run's own
-  user namespace, set by the init before it forks the code (set before bubblewrap, it would become the
-  namespace's ceiling at the level of the host uid, one budget shared by every concurrent run); a cgroup
+  every process of the sandbox, its init included, inherits them; RLIMIT_NPROC (and SIGPENDING, MSGQUEUE)
+  counted in the run's own user namespace, set by the init before it forks the code (set before bubblewrap,
+  it would become the namespace's ceiling at the level of the host uid, one budget shared by every concurrent
+  run); a cgroup
   capping the run's total memory, tasks and CPU share where this machine gives this process one
   (`slime_envs._cgroups`; `SandboxResult.enforcement` says which);
 * a **trusted init**: bubblewrap runs `--as-pid-1`, so no bubblewrap process lives inside; pid 1 is the
@@ -279,12 +280,17 @@ def _rlimits(config: SandboxConfig) -> dict[str, int]:
         "RLIMIT_NPROC": config.max_processes + 1,
         # Each descriptor can hold memory RLIMIT_AS does not count (a memfd, a pipe or socket buffer).
         "RLIMIT_NOFILE": config.max_open_files,
+        # Kernel memory no address space counts, per user: queued signals and POSIX timers (each holds one; the
+        # host's default let one run make 96,369 timers, 49 MiB), and POSIX message queues (none needed).
+        "RLIMIT_SIGPENDING": 1024,
+        "RLIMIT_MSGQUEUE": 0,
     }
 
 
 # Set by the sandbox's init, once inside its own user namespace (see the module docstring); the others are set
-# on bubblewrap before it starts.
-_INIT_RLIMITS = ("RLIMIT_NPROC", "RLIMIT_NOFILE")  # NOFILE: bubblewrap itself needs more descriptors
+# on bubblewrap before it starts. NOFILE: bubblewrap itself needs more descriptors; NPROC, SIGPENDING, MSGQUEUE:
+# counted per user, set before bubblewrap they become the ceiling at the level of the host uid, shared by every run.
+_INIT_RLIMITS = ("RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE")
 
 
 def _policy(config: SandboxConfig, ready_fd: int, status_fd: int) -> dict:
