@@ -3,6 +3,8 @@ memory or disk past every per-run limit without a descriptor or an address space
 here before the fix (numbers in the cases); every case first switches the in-process guard off, and the attacks run
 at a scale the host shrugs off, so a regression fails on what the kernel answers, not on the host's health."""
 
+import os
+
 import pytest
 from slime_sandbox_hostile import hostile
 
@@ -164,3 +166,29 @@ async def test_posix_timers_and_message_queues_are_capped_per_run():
         "timers 1024 Resource temporarily unavailable",
         "mq_open -1 Too many open files",
     ], r.stdout + r.stderr
+
+
+async def test_tmp_holds_at_most_max_files(monkeypatch):
+    # tmpfs_mb bounds the bytes of /tmp, not its files: bubblewrap's --tmpfs takes no inode count, and the kernel's
+    # default is half the machine's RAM pages. Empty files hold ~1 KiB of kernel memory each: 388,000 of them,
+    # 325 MiB, in 4 s with tmpfs_mb=16, memory_mb=256 and no memory cgroup. A root host mounts each run's /tmp itself.
+    monkeypatch.setattr(sandbox.CgroupLimits, "create", classmethod(lambda cls, **kwargs: None))
+    code = """
+        import os
+        made = 0
+        try:
+            while made < 100_000:
+                os.close(os.open(f"f{made}", os.O_CREAT | os.O_WRONLY, 0o600))
+                made += 1
+        except OSError as e:
+            print(e.strerror)
+        print(made, os.statvfs("/tmp").f_files)
+    """
+    r = await hostile(code, max_files=500, tmpfs_mb=16, memory_mb=256)
+    if os.geteuid() != 0:  # bubblewrap started as the user mounts /tmp itself, without a file count
+        assert r.stdout.splitlines() == ["100000 " + r.stdout.split()[-1]], r.stdout + r.stderr
+        assert "no file-count limit here" in r.enforcement["files"]
+        return
+    # 500 inodes: the root directory and main.py take two.
+    assert r.stdout.splitlines() == ["No space left on device", "498 500"], r.stdout + r.stderr
+    assert r.enforcement["files"] == "read-only runtime view, private /tmp tmpfs (16 MiB, 500 files) + audit hook"

@@ -116,6 +116,12 @@ class SandboxConfig(BaseModel):
     )
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
     tmpfs_mb: int = Field(64, gt=0, description="Size of the private writable /tmp (counted in the memory cgroup).")
+    max_files: int = Field(
+        4096,
+        ge=16,
+        description="Files and directories the private /tmp can hold (its inode count; each holds ~1 KiB of kernel "
+        "memory tmpfs_mb does not count). Applied where the host runs as root (see README); else the kernel's default.",
+    )
     cpus: float = Field(1.0, gt=0, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
     max_concurrent_runs: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
@@ -256,7 +262,9 @@ def _enforcement(config: SandboxConfig, cgroup: CgroupLimits | None) -> dict[str
         "isolation": "bubblewrap: user/mount/pid/net/ipc/uts/cgroup namespaces, "
         f"uid {SANDBOX_UID} (host uid {host_uid}), non-dumpable init",
         "network": "empty network namespace + seccomp (no socket) + audit hook",
-        "files": f"read-only runtime view, private {WORKDIR} tmpfs ({config.tmpfs_mb} MiB) + audit hook",
+        "files": f"read-only runtime view, private {WORKDIR} tmpfs ({config.tmpfs_mb} MiB, "
+        + (f"{config.max_files} files" if runtime_view().workdir_mount else "no file-count limit here")
+        + ") + audit hook",
         "syscalls": f"seccomp: {len(DENIED)} syscalls denied"
         + ("" if config.allow_subprocess else ", fork/exec denied")
         + " (the init: both, once it has forked the code)",
@@ -367,6 +375,7 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
         argv = bwrap_argv(
             view,
             tmpfs_bytes=config.tmpfs_mb * _MIB,
+            max_files=config.max_files,
             code_fd=code_fd,
             seccomp_fd=seccomp_fd,
             info_fd=info_w,
