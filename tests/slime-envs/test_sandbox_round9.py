@@ -192,3 +192,28 @@ async def test_tmp_holds_at_most_max_files(monkeypatch):
     # 500 inodes: the root directory and main.py take two.
     assert r.stdout.splitlines() == ["No space left on device", "498 500"], r.stdout + r.stderr
     assert r.enforcement["files"] == "read-only runtime view, private /tmp tmpfs (16 MiB, 500 files) + audit hook"
+
+
+async def test_extended_attributes_count_against_the_file_budget(monkeypatch):
+    # tmpfs keeps user.* extended attributes in kernel memory, charged to its inode space (~1 KiB per inode of
+    # nr_inodes), not to its size: with the kernel's default inode count a run could store gigabytes of them.
+    monkeypatch.setattr(sandbox.CgroupLimits, "create", classmethod(lambda cls, **kwargs: None))
+    code = """
+        import os
+        open("x", "w").close()
+        stored = 0
+        try:
+            while stored < 10_000:
+                os.setxattr("x", f"user.a{stored}", b"v" * 65536)
+                stored += 1
+        except OSError as e:
+            print(e.strerror)
+        print("KiB", stored * 64)
+    """
+    r = await hostile(code, max_files=500, tmpfs_mb=16, memory_mb=256)
+    if os.geteuid() != 0:  # no file-count limit: only the kernel's default inode space bounds them
+        assert "no file-count limit here" in r.enforcement["files"]
+        return
+    lines = r.stdout.splitlines()
+    assert lines[0] == "No space left on device", r.stdout + r.stderr
+    assert int(lines[1].split()[1]) <= 500, r.stdout  # at most the inode space of 500 files

@@ -61,10 +61,11 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slime_envs._bwrap import HOST_UID, SANDBOX_UID, WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
+from slime_envs._bwrap import WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
 from slime_envs._cgroups import CgroupLimits
+from slime_envs._sandbox_policy import INIT_RLIMITS, enforcement, rlimits, runner_policy
 from slime_envs._sandbox_proc import Owned, owned_bwrap, parent_pid, uncancellable
-from slime_envs._seccomp import DENIED, SeccompUnavailableError, base_filter, no_process_filter
+from slime_envs._seccomp import SeccompUnavailableError, base_filter
 
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxUnavailableError", "check_sandbox", "run_python"]
 
@@ -251,74 +252,6 @@ async def _read_to_eof(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _enforcement(config: SandboxConfig, cgroup: CgroupLimits | None) -> dict[str, str]:
-    caps = {} if cgroup is None else {c.split()[0]: c for c in cgroup.enforced}
-    host_uid = HOST_UID if os.geteuid() == 0 else os.geteuid()
-
-    def with_cgroup(name: str, rlimit: str) -> str:
-        return f"{rlimit} + {caps[name]} cgroup" if name in caps else f"{rlimit} (no {name} cgroup here)"
-
-    return {
-        "isolation": "bubblewrap: user/mount/pid/net/ipc/uts/cgroup namespaces, "
-        f"uid {SANDBOX_UID} (host uid {host_uid}), non-dumpable init",
-        "network": "empty network namespace + seccomp (no socket) + audit hook",
-        "files": f"read-only runtime view, private {WORKDIR} tmpfs ({config.tmpfs_mb} MiB, "
-        + (f"{config.max_files} files" if runtime_view().workdir_mount else "no file-count limit here")
-        + ") + audit hook",
-        "syscalls": f"seccomp: {len(DENIED)} syscalls denied"
-        + ("" if config.allow_subprocess else ", fork/exec denied")
-        + " (the init: both, once it has forked the code)",
-        "time": "wall clock (SIGKILL of the PID namespace) + RLIMIT_CPU",
-        "memory": with_cgroup("memory", "RLIMIT_AS per process + RLIMIT_NOFILE + no System V IPC, no socket"),
-        "processes": with_cgroup("pids", "RLIMIT_NPROC in the user namespace")
-        + ("" if config.allow_subprocess else " + seccomp (no fork/exec)"),
-        "cpu": caps["cpu"] + f" cgroup, {config.cpus:g} CPU" if "cpu" in caps else "no cpu cgroup here",
-        "output": "RLIMIT_FSIZE on every process + no fallocate + truncation",
-    }
-
-
-def _rlimits(config: SandboxConfig) -> dict[str, int]:
-    """Resource name -> soft = hard limit of every process of the sandbox; NPROC counts the init too, hence + 1."""
-    return {
-        "RLIMIT_AS": config.memory_mb * _MIB,
-        "RLIMIT_CPU": int(config.timeout_s) + 2,
-        # One byte of headroom: a file that reaches exactly the limit is then told apart from one that was cut.
-        "RLIMIT_FSIZE": config.max_output_bytes + 1,
-        "RLIMIT_CORE": 0,
-        "RLIMIT_NPROC": config.max_processes + 1,
-        # Each descriptor can hold memory RLIMIT_AS does not count (a memfd, a pipe or socket buffer).
-        "RLIMIT_NOFILE": config.max_open_files,
-        # Kernel memory no address space counts, per user: queued signals and POSIX timers (each holds one; the
-        # host's default let one run make 96,369 timers, 49 MiB), and POSIX message queues (none needed).
-        "RLIMIT_SIGPENDING": 1024,
-        "RLIMIT_MSGQUEUE": 0,
-    }
-
-
-# Set by the sandbox's init, once inside its own user namespace (see the module docstring); the others are set
-# on bubblewrap before it starts. NOFILE: bubblewrap itself needs more descriptors; NPROC, SIGPENDING, MSGQUEUE:
-# counted per user, set before bubblewrap they become the ceiling at the level of the host uid, shared by every run.
-_INIT_RLIMITS = ("RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE")
-
-
-def _policy(config: SandboxConfig, ready_fd: int, status_fd: int) -> dict:
-    """What the runner checks and applies before the code (see `_sandbox_child.py`)."""
-    return {
-        "workdir": WORKDIR,
-        "ready_fd": ready_fd,
-        "status_fd": status_fd,
-        # The init sets these, and checks that every one of `rlimits` is in place before it forks the code.
-        "init_rlimits": {name: value for name, value in _rlimits(config).items() if name in _INIT_RLIMITS},
-        "rlimits": _rlimits(config),
-        "read_roots": list(runtime_view().read_roots),
-        "block_network": True,
-        "block_subprocess": not config.allow_subprocess,
-        # The init loads it on itself in any case, once it has forked the code's process.
-        "no_process_filter": no_process_filter().hex(),
-        "preload": config.preload,
-    }
-
-
 _LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
@@ -381,8 +314,8 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
             info_fd=info_w,
             block_fd=block_r,
             env=env,
-            rlimits={name: value for name, value in _rlimits(config).items() if name not in _INIT_RLIMITS},
-            runner_args=[json.dumps(_policy(config, ready_w, status_w))],
+            rlimits={name: value for name, value in rlimits(config).items() if name not in INIT_RLIMITS},
+            runner_args=[json.dumps(runner_policy(config, ready_w, status_w))],
         )
         cgroup = CgroupLimits.create(
             memory_bytes=(config.memory_mb + config.tmpfs_mb) * _MIB,
@@ -512,7 +445,7 @@ def _result(
         # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
         output_limited=output_limited,
         memory_limited=cgroup is not None and cgroup.oom_killed(),
-        enforcement=_enforcement(config, cgroup),
+        enforcement=enforcement(config, cgroup),
     )
 
 
