@@ -217,3 +217,25 @@ async def test_extended_attributes_count_against_the_file_budget(monkeypatch):
     lines = r.stdout.splitlines()
     assert lines[0] == "No space left on device", r.stdout + r.stderr
     assert int(lines[1].split()[1]) <= 500, r.stdout  # at most the inode space of 500 files
+
+
+async def test_no_real_time_priority_whatever_the_host_allows(monkeypatch):
+    # RLIMIT_RTPRIO and RLIMIT_NICE were the host's: a host with a real-time budget (limits.conf's rtprio, `docker
+    # --ulimit rtprio=99`) handed the code SCHED_FIFO, whose busy loop owns a CPU. This machine's hard limits are 0
+    # and cannot be raised, so the command line is checked too: both are set to 0 on bubblewrap whatever the host has.
+    argvs = []
+    real = sandbox.bwrap_argv
+    monkeypatch.setattr(sandbox, "bwrap_argv", lambda view, **kw: argvs.append(real(view, **kw)) or argvs[-1])
+    code = """
+        import os, resource
+        print(resource.getrlimit(resource.RLIMIT_RTPRIO), resource.getrlimit(resource.RLIMIT_NICE))
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            print("SCHED_FIFO")
+        except OSError as e:
+            print(type(e).__name__, e.errno)
+    """
+    r = await hostile(code)
+    assert r.stdout.splitlines() == ["(0, 0) (0, 0)", "PermissionError 1"], r.stdout + r.stderr
+    prlimit_options = argvs[0][1 : argvs[0].index("--")]
+    assert "--rtprio=0:0" in prlimit_options and "--nice=0:0" in prlimit_options, argvs[0]

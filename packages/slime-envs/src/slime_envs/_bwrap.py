@@ -57,7 +57,14 @@ SANDBOX_GID = 1000
 _LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/libx32")
 _LIBRARY_FILES = ("/etc/ld.so.cache",)
 # `resource` names -> util-linux prlimit's options.
-_PRLIMIT_OPTIONS = {"RLIMIT_AS": "as", "RLIMIT_CPU": "cpu", "RLIMIT_FSIZE": "fsize", "RLIMIT_CORE": "core"}
+_PRLIMIT_OPTIONS = {
+    "RLIMIT_AS": "as",
+    "RLIMIT_CPU": "cpu",
+    "RLIMIT_FSIZE": "fsize",
+    "RLIMIT_CORE": "core",
+    "RLIMIT_RTPRIO": "rtprio",
+    "RLIMIT_NICE": "nice",
+}
 
 
 class BwrapMissingError(RuntimeError):

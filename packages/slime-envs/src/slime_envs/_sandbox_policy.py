@@ -55,6 +55,10 @@ def rlimits(config: SandboxConfig) -> dict[str, int]:
         # One byte of headroom: a file that reaches exactly the limit is then told apart from one that was cut.
         "RLIMIT_FSIZE": config.max_output_bytes + 1,
         "RLIMIT_CORE": 0,
+        # Not the host's: a host with a real-time budget (limits.conf's rtprio, `docker --ulimit rtprio=99`) would
+        # hand the code SCHED_FIFO, whose busy loop owns a CPU, and a nice below 0.
+        "RLIMIT_RTPRIO": 0,
+        "RLIMIT_NICE": 0,
         "RLIMIT_NPROC": config.max_processes + 1,
         # Each descriptor can hold memory RLIMIT_AS does not count (a memfd, a pipe or socket buffer).
         "RLIMIT_NOFILE": config.max_open_files,

@@ -14,7 +14,7 @@ pure Python through `gc`). Each call starts, through bubblewrap:
   io_uring, kexec, modules, System V IPC, sockets, fallocate, ...; see `slime_envs._seccomp`) and, unless
   `allow_subprocess`, a second one refusing fork/exec to every API, `_posixsubprocess.fork_exec` and
   `os.posix_spawn` included;
-* **limits**: RLIMIT_AS/CPU/FSIZE/CORE per process, set on bubblewrap itself (util-linux `prlimit`), so that
+* **limits**: RLIMIT_AS/CPU/FSIZE/CORE/RTPRIO/NICE per process, set on bubblewrap itself (util-linux `prlimit`), so that
   every process of the sandbox, its init included, inherits them; RLIMIT_NPROC (and SIGPENDING, MSGQUEUE)
   counted in the run's own user namespace, set by the init before it forks the code (set before bubblewrap,
   it would become the namespace's ceiling at the level of the host uid, one budget shared by every concurrent
