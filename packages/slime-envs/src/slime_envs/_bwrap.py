@@ -8,8 +8,8 @@ Inside, the sandbox sees (all read-only unless said otherwise):
   extension modules load;
 * the runner (`/opt/slime-sandbox/_sandbox_child.py`), a fresh `/proc` of its own PID namespace and a
   minimal `/dev` (null, zero, random, urandom, tty);
-* `/tmp`: a private tmpfs of a fixed size, the only writable place, the working directory and `$HOME`;
-  the model's code is copied in as `/tmp/main.py`.
+* `/tmp`: a private tmpfs of a fixed size (and, on a root host, a fixed number of files), the only writable
+  place, the working directory and `$HOME`; the model's code is copied in as `/tmp/main.py`.
 
 Nothing else of the host exists there: no `/etc`, `/home`, `/root`, `/work`, `/var`, host `/tmp`, `/sys`
 or host `/proc`.
@@ -17,8 +17,10 @@ or host `/proc`.
 A root host runs bubblewrap as `nobody`, so that the sandbox's uid maps to an unprivileged host uid (a user
 namespace made by root maps to root). nobody may not walk every runtime path (pyenv lives under `/root`,
 mode 0700), so a root host first builds, once, a private *staging* mount namespace in which each runtime
-path is also bound under a directory nobody can walk, and starts bubblewrap inside it with
-`nsenter --mount=... --setuid 65534 --setgid 65534`. The host's own mounts are never changed.
+path is also bound under a directory nobody can walk. Each run enters it (`nsenter --mount=...`), makes a
+private copy of it (`unshare --mount`) in which it mounts the run's `/tmp` with a size and a file count, then
+drops to nobody (`nsenter --setuid 65534 --setgid 65534`) and starts bubblewrap, which binds that `/tmp`. The
+host's own mounts are never changed.
 """
 
 from __future__ import annotations
@@ -218,9 +220,9 @@ _STAGE_DIRS = ("/mnt", "/media", "/srv", "/opt", "/home")
 # bubblewrap's own --tmpfs takes a size only, and its file count (nr_inodes) defaults to half the machine's RAM
 # pages: empty files hold ~1 KiB of kernel memory each that the size does not count (388,000 files, 325 MiB, in
 # 4 s with tmpfs_mb=16 and no memory cgroup). Arguments: mount's path, size in bytes, file count, mount point.
-_WORKDIR_SCRIPT = r"""
+_WORKDIR_SCRIPT = rf"""
 set -eu
-"$1" -t tmpfs -o "nosuid,nodev,mode=0700,uid=65534,gid=65534,size=$2,nr_inodes=$3" slime-sandbox-tmp "$4"
+"$1" -t tmpfs -o "nosuid,nodev,mode=0700,uid={HOST_UID},gid={HOST_GID},size=$2,nr_inodes=$3" slime-sandbox-tmp "$4"
 shift 4
 exec "$@"
 """
