@@ -71,3 +71,29 @@ def test_repeated_opening_tags_parse_in_linear_time():
     assert parsed.tool_calls == [] and parsed.errors == ["a <tool_call> block is not closed with </tool_call>"]
     assert parsed.answer is None
     assert parse_tag_action("<search>" * n + "<answer>" * n + "</answer>") == ("answer", "<answer>" * (n - 1))
+
+
+def test_json_nested_past_the_decoders_depth_is_an_error_not_an_exception():
+    # json.loads raises RecursionError past ~1,000 levels: 5,000 "[" in a model turn escaped the parser, and the
+    # env step failed the whole sample (removed from training) instead of showing the model its error.
+    deep = "[" * 5000
+    parsed = parse_tool_calls(f"<tool_call>{deep}</tool_call>")
+    assert parsed.tool_calls == [] and parsed.errors == ["invalid JSON in <tool_call>: nested too deeply"]
+    parsed = parse_tool_calls('<tool_call>{"name": "f", "arguments": "' + deep + '"}</tool_call>')
+    assert parsed.errors == ["invalid JSON in 'arguments' of tool 'f': nested too deeply"]
+
+
+def test_blocks_keep_the_order_the_model_wrote():
+    text = (
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+        "<tool_call>{bad}</tool_call>"
+        '<tool_call>{"name": "b", "arguments": {}}</tool_call>'
+        "<tool_call>{"
+    )
+    blocks = parse_tool_calls(text).blocks
+    assert [b.name if isinstance(b, ToolCall) else b.split(":")[0] for b in blocks] == [
+        "a",
+        "invalid JSON in <tool_call>",
+        "b",
+        "a <tool_call> block is not closed with </tool_call>",
+    ]

@@ -138,7 +138,7 @@ async def test_user_code_cannot_reach_the_runner():
 async def test_enforcement_is_reported():
     r = await run_python("print('x')")
     assert r.enforcement["isolation"].startswith("bubblewrap: user/mount/pid/net/ipc/uts/cgroup namespaces")
-    assert r.enforcement["network"] == "empty network namespace + audit hook"
+    assert r.enforcement["network"] == "empty network namespace + seccomp (no socket) + audit hook"
     assert r.enforcement["processes"].startswith("RLIMIT_NPROC in the user namespace")
     assert r.enforcement["memory"].startswith("RLIMIT_AS per process")
     assert check_sandbox().keys() == r.enforcement.keys()

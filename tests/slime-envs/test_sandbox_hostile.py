@@ -40,10 +40,15 @@ async def test_unprivileged_uid_and_own_namespaces():
     """
     task = asyncio.create_task(hostile(code))
     host_uids = set()
+    host_pid_ns = os.readlink("/proc/self/ns/pid")
     for _ in range(100):  # while it runs, look at it from the host
         await asyncio.sleep(0.02)
         for pid in sandbox_pids():
             try:
+                # Inside the sandbox's PID namespace only: the launcher before bubblewrap (a root host's mounts /tmp
+                # as root, then drops to nobody) names the runner on its command line too.
+                if os.readlink(f"/proc/{pid}/ns/pid") == host_pid_ns:
+                    continue
                 status = pathlib.Path(f"/proc/{pid}/status").read_text()
             except OSError:
                 continue
@@ -85,9 +90,8 @@ async def test_network_to_loopback_and_outside():
             print("dns resolved")
         except OSError as e:
             print("dns", type(e).__name__)
-        s = socket.socket(socket.AF_UNIX)
         try:
-            s.connect(b"\\0slime-sandbox-test")
+            socket.socket(socket.AF_UNIX).connect(b"\\0slime-sandbox-test")
             print("abstract connected")
         except OSError as e:
             print("abstract", type(e).__name__)
@@ -99,17 +103,19 @@ async def test_network_to_loopback_and_outside():
     finally:
         server.close()
         abstract.close()
+    # No socket can be made at all (seccomp, EACCES); behind it the network namespace has no route out, and its
+    # loopback and abstract unix names are its own (test_sandbox_round9.py says why sockets went entirely).
     assert r.stdout.splitlines() == [
-        f"('127.0.0.1', {port}) ConnectionRefusedError 111",  # the sandbox's own loopback, nobody listens
-        "('192.0.2.1', 80) OSError 101",  # ENETUNREACH: no route, no packet leaves
+        f"('127.0.0.1', {port}) PermissionError 13",
+        "('192.0.2.1', 80) PermissionError 13",
         "dns gaierror",
-        "abstract ConnectionRefusedError",  # abstract unix sockets belong to the network namespace
+        "abstract PermissionError",
     ], r.stderr
 
 
 async def test_socket_families_outside_the_network_namespace():
     # AF_VSOCK is not confined by the network namespace: on a VM it reaches the hypervisor. Only creating
-    # the socket is tried (nothing is sent); the filter must refuse it.
+    # the socket is tried (nothing is sent); the filter refuses it, as every other family.
     code = """
         import socket
         for family, kind in [("AF_VSOCK", socket.SOCK_STREAM), ("AF_ALG", socket.SOCK_SEQPACKET),
@@ -128,7 +134,7 @@ async def test_socket_families_outside_the_network_namespace():
     """
     r = await hostile(code)
     lines = r.stdout.splitlines()
-    assert lines[:4] == ["AF_VSOCK 97", "AF_ALG 97", "AF_PACKET 97", "AF_UNIX created"], r.stdout + r.stderr
+    assert lines[:4] == ["AF_VSOCK 13", "AF_ALG 13", "AF_PACKET 13", "AF_UNIX 13"], r.stdout + r.stderr
     assert lines[4] in ("masked OSError", "masked OverflowError")
 
 

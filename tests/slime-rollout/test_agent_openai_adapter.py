@@ -298,6 +298,17 @@ async def test_retry_from_an_earlier_turn_forks_and_trains_each_turn_once(tok, s
             {"messages": [{"role": "assistant", "content": "a", "tool_calls": 5}, {"role": "user", "content": "b"}]},
             "messages[0].tool_calls: must be a list, got int",
         ),
+        (
+            # An echoed tool call whose arguments nest past json's decoder depth: RecursionError, a bare HTTP 500.
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[" * 5000}}]},
+                    {"role": "tool", "content": "b"},
+                ]
+            },
+            "messages[1].tool_calls[0].function: arguments are not valid JSON (nested too deeply)",
+        ),
         ({"temperature": "hot"}, "temperature must be a finite number, got 'hot'"),
         ({"temperature": -1}, "temperature must be a number >= 0"),
         ({"top_p": 0}, "top_p must be a number in (0, 1]"),
@@ -313,6 +324,22 @@ async def test_unsupported_requests_are_400_naming_the_field(scripted, kw, needl
         await agent.chat.completions.create(model="m", **kw)
     assert needle in err.value.body["message"]
     assert engine.payloads == []  # refused before the engine
+
+
+async def test_a_body_nested_past_the_json_decoders_depth_is_a_400(scripted):
+    # aiohttp's request.json() raised RecursionError: a bare HTTP 500.
+    import httpx
+
+    adapter, engine, _ = await scripted(["x"])
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+        reply = await http.post(
+            f"{adapter.base_url}/chat/completions",
+            content='{"a": ' * 5000,
+            headers={"Authorization": "Bearer s", "Content-Type": "application/json"},
+        )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"] == "the body is not JSON: nested too deeply"
+    assert engine.payloads == []
 
 
 async def test_a_chat_template_that_refuses_the_messages_is_a_400(qwen3_tokenizer_dir, served):

@@ -18,3 +18,13 @@ def test_repeated_opening_tags_parse_in_linear_time():
     text = "<think>r</think>" + "<tool_call>" * 200_000
     parsed = parse_output(text, parse_tools=True, parse_reasoning=True)
     assert parsed.tool_calls == [] and parsed.reasoning == "r" and parsed.content == "<tool_call>" * 200_000
+
+
+def test_json_nested_past_the_decoders_depth_is_an_ill_formed_block():
+    # json.loads raises RecursionError past ~1,000 levels: a turn with 5,000 "[" in a <tool_call> ended the agent's
+    # request as an HTTP 500 (the generated turn lost) instead of a reply whose content keeps the block.
+    text = "<tool_call>" + "[" * 5000 + "</tool_call>"
+    parsed = parse_output(text, parse_tools=True, parse_reasoning=False)
+    assert parsed.tool_calls == [] and parsed.num_ill_formed == 1 and parsed.content == text
+    deep_args = '<tool_call>{"name": "f", "arguments": "' + "[" * 5000 + '"}</tool_call>'
+    assert parse_output(deep_args, parse_tools=True, parse_reasoning=False).num_ill_formed == 1

@@ -8,8 +8,8 @@ Inside, the sandbox sees (all read-only unless said otherwise):
   extension modules load;
 * the runner (`/opt/slime-sandbox/_sandbox_child.py`), a fresh `/proc` of its own PID namespace and a
   minimal `/dev` (null, zero, random, urandom, tty);
-* `/tmp`: a private tmpfs of a fixed size, the only writable place, the working directory and `$HOME`;
-  the model's code is copied in as `/tmp/main.py`.
+* `/tmp`: a private tmpfs of a fixed size (and, on a root host, a fixed number of files), the only writable
+  place, the working directory and `$HOME`; the model's code is copied in as `/tmp/main.py`.
 
 Nothing else of the host exists there: no `/etc`, `/home`, `/root`, `/work`, `/var`, host `/tmp`, `/sys`
 or host `/proc`.
@@ -17,8 +17,10 @@ or host `/proc`.
 A root host runs bubblewrap as `nobody`, so that the sandbox's uid maps to an unprivileged host uid (a user
 namespace made by root maps to root). nobody may not walk every runtime path (pyenv lives under `/root`,
 mode 0700), so a root host first builds, once, a private *staging* mount namespace in which each runtime
-path is also bound under a directory nobody can walk, and starts bubblewrap inside it with
-`nsenter --mount=... --setuid 65534 --setgid 65534`. The host's own mounts are never changed.
+path is also bound under a directory nobody can walk. Each run enters it (`nsenter --mount=...`), makes a
+private copy of it (`unshare --mount`) in which it mounts the run's `/tmp` with a size and a file count, then
+drops to nobody (`nsenter --setuid 65534 --setgid 65534`) and starts bubblewrap, which binds that `/tmp`. The
+host's own mounts are never changed.
 """
 
 from __future__ import annotations
@@ -57,7 +59,14 @@ SANDBOX_GID = 1000
 _LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/libx32")
 _LIBRARY_FILES = ("/etc/ld.so.cache",)
 # `resource` names -> util-linux prlimit's options.
-_PRLIMIT_OPTIONS = {"RLIMIT_AS": "as", "RLIMIT_CPU": "cpu", "RLIMIT_FSIZE": "fsize", "RLIMIT_CORE": "core"}
+_PRLIMIT_OPTIONS = {
+    "RLIMIT_AS": "as",
+    "RLIMIT_CPU": "cpu",
+    "RLIMIT_FSIZE": "fsize",
+    "RLIMIT_CORE": "core",
+    "RLIMIT_RTPRIO": "rtprio",
+    "RLIMIT_NICE": "nice",
+}
 
 
 class BwrapMissingError(RuntimeError):
@@ -86,8 +95,13 @@ class RuntimeView:
     Attributes:
         binds: sandbox path -> path bubblewrap binds there (read-only).
         links: sandbox path -> symlink target.
-        launcher: argv prefix that starts bubblewrap (empty, or nsenter into the staging namespace).
+        launcher: argv prefix that starts bubblewrap: empty, or (a root host) nsenter into the staging namespace,
+            unshare into a private copy of it and `_WORKDIR_SCRIPT`, whose arguments `bwrap_argv` appends.
+        drop: what a root host's launcher runs after those arguments: nsenter dropping to nobody (else empty).
         prlimit: util-linux `prlimit`, which sets a run's rlimits on bubblewrap before it starts.
+        workdir_mount: a root host's mount point (in the staging namespace) of each run's own `/tmp`, mounted by
+            the launcher with a size and a file count; None: bubblewrap's `--tmpfs`, which has a size only (its
+            file count is the kernel's default, half the machine's RAM pages).
         fds: descriptors the launcher needs (the staging namespace), passed to every run.
         python: interpreter path to run inside (the same path as on the host).
         read_roots: directories the runner's audit hook lets the code read.
@@ -96,7 +110,9 @@ class RuntimeView:
     binds: dict[str, str]
     links: dict[str, str]
     launcher: tuple[str, ...]
+    drop: tuple[str, ...]
     prlimit: str
+    workdir_mount: str | None
     fds: tuple[int, ...]
     python: str
     read_roots: tuple[str, ...]
@@ -143,18 +159,26 @@ def runtime_view() -> RuntimeView:
     binds[RUNNER] = str(_CHILD)
     read_roots = tuple(sorted(set(binds) - {RUNNER, *_LIBRARY_FILES}))
     launcher: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
     fds: tuple[int, ...] = ()
+    workdir_mount = None
     if os.geteuid() == 0:
-        ns_fd, staged = _stage(list(binds.values()))
+        ns_fd, staged, workdir_mount = _stage(list(binds.values()))
         binds = {dest: staged[source] for dest, source in binds.items()}
-        launcher = (_tool("nsenter"), f"--mount=/proc/self/fd/{ns_fd}", "--setuid", str(HOST_UID))
-        launcher += ("--setgid", str(HOST_GID), "--")
+        nsenter = _tool("nsenter")
+        # Into the staging namespace, then a private copy of it per run (where the run's /tmp is mounted, gone
+        # with the run), then `_WORKDIR_SCRIPT` mounts it and drops to nobody before bubblewrap.
+        launcher = (nsenter, f"--mount=/proc/self/fd/{ns_fd}", "--", _tool("unshare"), "--mount")
+        launcher += ("--propagation", "private", "--", "/bin/sh", "-c", _WORKDIR_SCRIPT, "sh", _tool("mount"))
+        drop = (nsenter, "--setuid", str(HOST_UID), "--setgid", str(HOST_GID), "--")
         fds = (ns_fd,)
     return RuntimeView(
         binds=binds,
         links=links,
         launcher=launcher,
+        drop=drop,
         prlimit=prlimit,
+        workdir_mount=workdir_mount,
         fds=fds,
         python=exe,
         read_roots=read_roots,
@@ -180,6 +204,7 @@ set -eu
 stage=$1
 shift
 mount -t tmpfs -o mode=0755,size=64k slime-sandbox-runtime "$stage"
+mkdir "$stage/workdir"
 i=0
 for src in "$@"; do
     if [ -d "$src" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi
@@ -190,10 +215,23 @@ echo ready
 read -r _ || true
 """
 _STAGE_DIRS = ("/mnt", "/media", "/srv", "/opt", "/home")
+# Run by a root host's launcher, as root in the run's private copy of the staging namespace: mounts the run's /tmp
+# with a size and a file count, then runs the rest of its command line (nsenter dropping to nobody, bubblewrap).
+# bubblewrap's own --tmpfs takes a size only, and its file count (nr_inodes) defaults to half the machine's RAM
+# pages: empty files hold ~1 KiB of kernel memory each that the size does not count (388,000 files, 325 MiB, in
+# 4 s with tmpfs_mb=16 and no memory cgroup). Arguments: mount's path, size in bytes, file count, mount point.
+_WORKDIR_SCRIPT = rf"""
+set -eu
+"$1" -t tmpfs -o "nosuid,nodev,mode=0700,uid={HOST_UID},gid={HOST_GID},size=$2,nr_inodes=$3" slime-sandbox-tmp "$4"
+shift 4
+exec "$@"
+"""
 
 
-def _stage(sources: list[str]) -> tuple[int, dict[str, str]]:
-    """Builds the staging mount namespace of a root host; returns its descriptor and source -> staged path.
+def _stage(sources: list[str]) -> tuple[int, dict[str, str], str]:
+    """Builds the staging mount namespace of a root host.
+
+    Returns its descriptor, source -> staged path, and the mount point of each run's `/tmp` in it.
 
     A root host drops to `nobody` before bubblewrap (so that the sandbox's uid maps to nobody, not to root),
     and nobody may not walk every path of the runtime (pyenv under /root, mode 0700). The staging
@@ -221,13 +259,14 @@ def _stage(sources: list[str]) -> tuple[int, dict[str, str]]:
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-    return ns_fd, {src: f"{stage}/{i}" for i, src in enumerate(sources)}
+    return ns_fd, {src: f"{stage}/{i}" for i, src in enumerate(sources)}, f"{stage}/workdir"
 
 
 def bwrap_argv(
     view: RuntimeView,
     *,
     tmpfs_bytes: int,
+    max_files: int,
     code_fd: int,
     seccomp_fd: int,
     info_fd: int,
@@ -241,6 +280,8 @@ def bwrap_argv(
     Args:
         view: what of the host runtime the sandbox sees.
         tmpfs_bytes: size of the writable `/tmp`.
+        max_files: files and directories `/tmp` can hold (its nr_inodes), where the view mounts it itself
+            (`RuntimeView.workdir_mount`); bubblewrap's own `--tmpfs` cannot be given one.
         code_fd: descriptor whose content becomes `/tmp/main.py`.
         seccomp_fd: descriptor holding the compiled seccomp program.
         info_fd: bubblewrap writes `{"child-pid": N, ...}` here once the namespaces exist.
@@ -266,6 +307,8 @@ def bwrap_argv(
         *(f"--{_PRLIMIT_OPTIONS[name]}={value}:{value}" for name, value in sorted(rlimits.items())),
         "--",
         *view.launcher,
+        *(() if view.workdir_mount is None else (str(tmpfs_bytes), str(max_files), view.workdir_mount)),
+        *view.drop,
         bwrap_path(),
         # user, mount, PID, network, IPC, UTS and cgroup namespaces; no nested user namespace can be made.
         "--unshare-all",
@@ -305,7 +348,10 @@ def bwrap_argv(
 
     argv += runtime(under_workdir=False)
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(tmpfs_bytes), "--perms", "0700", "--tmpfs", WORKDIR]
+    if view.workdir_mount is None:
+        argv += ["--size", str(tmpfs_bytes), "--perms", "0700", "--tmpfs", WORKDIR]
+    else:  # mounted by the launcher, with its file count
+        argv += ["--bind", view.workdir_mount, WORKDIR]
     argv += ["--perms", "0600", "--file", str(code_fd), f"{WORKDIR}/main.py"]
     argv += runtime(under_workdir=True)
     # The root and /dev are tmpfs owned by the sandbox user: read-only, or they would be unbounded writable space.

@@ -7,8 +7,9 @@ escape. Two programs are built here, once per host process:
 * `base_filter()`: loaded by bubblewrap (`--seccomp FD`) right before it executes the interpreter. It
   answers the syscalls in `DENIED` with EPERM (a readable `PermissionError`, not a crash), `clone3` with
   ENOSYS (glibc then falls back to `clone`, whose flags a filter can inspect: `clone3` passes them in
-  memory), `clone` asking for a new namespace with EPERM, and sockets of any address family but
-  unix, inet, inet6 and netlink with EAFNOSUPPORT (vsock would reach a VM's host past the namespace).
+  memory), `clone` asking for a new namespace with EPERM, `socket`/`socketpair` of every address family
+  with EACCES (see `_NO_SOCKETS`), `fallocate` with EOPNOTSUPP (see `_NO_FALLOCATE`), and `prlimit64` of
+  another process with EPERM.
 * `no_process_filter()`: loaded by the sandbox's runner before the model's code when subprocesses are not
   allowed: `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads still work) and `execve`/`execveat`
   fail with EPERM, whichever Python API (or native code) asks for them.
@@ -40,14 +41,20 @@ DENIED = (
     "name_to_handle_at",
     # global kernel state: keyrings, BPF, perf, io_uring, modules, kexec, swap, clock, accounting
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "fanotify_init",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "init_module", "finit_module",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    # Linux AIO: its limit (fs.aio-max-nr) is one for the whole machine, and one io_setup(65536) took all of it
+    # (every other process's io_setup then fails with EAGAIN until the run ends)
+    "io_setup",
+    "init_module", "finit_module",
     "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
     "quotactl", "quotactl_fd", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "stime", "sethostname", "setdomainname", "lookup_dcookie", "nfsservctl", "uselib", "vhangup",
     "sysfs", "_sysctl", "ustat",
-    # System V shared memory: a segment holds memory after it is detached, counted by no rlimit (only a memory
-    # cgroup); POSIX shared memory and memfds are files, capped by RLIMIT_FSIZE and RLIMIT_NOFILE
-    "shmget",
+    # System V IPC, all three kinds: a shared memory segment (after it is detached), a semaphore set (up to 32,000
+    # semaphores, 3.5 MiB of kernel memory each) and a message queue hold memory no rlimit counts and no descriptor
+    # pins, up to 32,000 of each per IPC namespace (semget: 1.4 GB held with memory_mb=256 and no memory cgroup, in
+    # 3 s); POSIX shared memory and memfds are files, capped by RLIMIT_FSIZE and RLIMIT_NOFILE
+    "shmget", "semget", "msgget",
     # raw hardware access (x86)
     "iopl", "ioperm", "modify_ldt", "vm86", "vm86old",
 )  # fmt: skip
@@ -61,14 +68,29 @@ _NAMESPACE_FLAGS = (
     0x40000000,  # CLONE_NEWNET
 )
 _CLONE_THREAD = 0x00010000
-# socket()/socketpair() address families allowed: AF_UNIX (1), AF_INET (2), AF_INET6 (10), AF_NETLINK (16).
-# The others are not needed, and some are not confined by the network namespace: AF_VSOCK (40) reaches the
-# hypervisor of a VM (this project's machines are Firecracker VMs), AF_ALG (38) is the kernel's crypto API.
-_ALLOWED_FAMILIES = (1, 2, 10, 16)
+# No socket of any family. The sandbox has no network (the audit hook refuses every socket, so no code that
+# keeps it on loses anything), and a socket reaches state the namespaces do not bound:
+# * AF_VSOCK reaches the hypervisor of a VM past the network namespace (this project's machines are Firecracker
+#   VMs), AF_ALG is the kernel's crypto API;
+# * the TCP memory limit (`net.ipv4.tcp_mem`) is one for the whole machine, and memory cgroup v1 does not count
+#   TCP buffers: connections to a listener of the sandbox's own loopback that never accepts, each filled and
+#   closed, pushed the machine's TCP memory past that hard limit in 6 s (576,123 pages, limit 575,826) with a
+#   memory cgroup in place, where every host TCP socket (Ray, the engines) is then refused memory;
+# * a listener's backlog holds connections that have no descriptor: unix ones filled and closed held 1 GiB with
+#   memory_mb=256 and max_open_files=64, without a memory cgroup.
+_NO_SOCKETS = ("socket", "socketpair")
+# prlimit64 on another process needs no capability, only the same uid, which the sandbox's init shares with the
+# code: the code lowered the init's RLIMIT_AS to 64 KiB and its RLIMIT_CPU to 0. Only pid 0 (itself; glibc's
+# getrlimit/setrlimit) is allowed: the init stays out of the code's reach (issue 27, item 10).
+_NO_PRLIMIT_OF_OTHERS = "prlimit64"
+# fallocate(FALLOC_FL_KEEP_SIZE) allocates disk blocks past a file's end without changing its size, which
+# RLIMIT_FSIZE does not check: on the host's stdout file (the code's descriptor 1, on the host's disk) it took
+# 2 GiB of the host's disk in one call with max_output_bytes = 1 MiB. EOPNOTSUPP, not EPERM: glibc's
+# posix_fallocate then falls back to writing, which RLIMIT_FSIZE and the tmpfs size do bound.
+_NO_FALLOCATE = "fallocate"
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
-_SCMP_CMP_EQ = 4
-_SCMP_CMP_GT = 6
+_SCMP_CMP_NE = 1
 _SCMP_CMP_MASKED_EQ = 7
 
 
@@ -175,14 +197,10 @@ def base_filter() -> bytes:
     # clone's flags are its first argument on x86-64, arm64 and riscv64 (the architectures run here).
     for flag in _NAMESPACE_FLAGS:
         f.deny("clone", _act_errno(errno.EPERM), (0, _SCMP_CMP_MASKED_EQ, flag, flag))
-    # One comparison per rule (libseccomp's rule): every family up to the largest allowed one is named, and
-    # everything above it (any upper bits included) falls under GT.
-    for name in ("socket", "socketpair"):
-        refuse = _act_errno(errno.EAFNOSUPPORT)
-        for family in range(max(_ALLOWED_FAMILIES)):
-            if family not in _ALLOWED_FAMILIES:
-                f.deny(name, refuse, (0, _SCMP_CMP_EQ, family, 0))
-        f.deny(name, refuse, (0, _SCMP_CMP_GT, max(_ALLOWED_FAMILIES), 0))
+    for name in _NO_SOCKETS:
+        f.deny(name, _act_errno(errno.EACCES))
+    f.deny(_NO_FALLOCATE, _act_errno(errno.EOPNOTSUPP))
+    f.deny(_NO_PRLIMIT_OF_OTHERS, _act_errno(errno.EPERM), (0, _SCMP_CMP_NE, 0, 0))
     return f.export()
 
 

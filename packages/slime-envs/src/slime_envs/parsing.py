@@ -20,6 +20,8 @@ from slime_core.tag_blocks import tag_blocks
 
 __all__ = ["ParsedTurn", "ToolCall", "extract_answer", "parse_tag_action", "parse_tool_calls"]
 
+_TOO_DEEP = "invalid JSON in {what}: nested too deeply"
+
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class ToolCall:
@@ -41,11 +43,15 @@ class ParsedTurn:
     Attributes:
         tool_calls: well-formed calls, in order.
         errors: one message per malformed call (for the observation), in order.
+        blocks: every `<tool_call>` block in the order the model wrote them: the `ToolCall` of a well-formed one,
+            the error message of a malformed one (an unclosed opening is last). Tool responses follow this order,
+            so that the n-th response answers the n-th block (`tool_calls` then `errors` would not).
         answer: the final answer text if the turn gives one (`<answer>...</answer>`), else None.
     """
 
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
+    blocks: list[ToolCall | str] = dataclasses.field(default_factory=list)
     answer: str | None = None
 
 
@@ -55,6 +61,10 @@ def _parse_one_call(body: str) -> ToolCall | str:
         obj = json.loads(body.strip())
     except json.JSONDecodeError as e:
         return f"invalid JSON in <tool_call>: {e.msg} at line {e.lineno} column {e.colno}"
+    except RecursionError:
+        # json's decoder raises it past ~1,000 nested arrays or objects: 5,000 "[" (a few hundred tokens) in a
+        # model turn failed the whole sample as a broken env instead of being shown to the model.
+        return _TOO_DEEP.format(what="<tool_call>")
     if not isinstance(obj, dict):
         return f"<tool_call> must hold a JSON object with 'name' and 'arguments', got {type(obj).__name__}"
     name = obj.get("name")
@@ -67,6 +77,8 @@ def _parse_one_call(body: str) -> ToolCall | str:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as e:
             return f"'arguments' of tool '{name}' is a string that is not valid JSON: {e.msg}"
+        except RecursionError:
+            return _TOO_DEEP.format(what=f"'arguments' of tool '{name}'")
     if not isinstance(arguments, dict):
         return f"'arguments' of tool '{name}' must be a JSON object, got {type(arguments).__name__}"
     return ToolCall(name=name, arguments=arguments)
@@ -79,19 +91,18 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         text: the decoded model turn (special tokens such as `<|im_end|>` may be present).
 
     Returns:
-        The calls found, an error per malformed block (bad JSON, missing name, non-object arguments,
-        an unclosed `<tool_call>`), and the `<answer>` content if present.
+        The calls found, an error per malformed block (bad JSON, JSON nested too deeply for the decoder,
+        missing name, non-object arguments, an unclosed `<tool_call>`), both also in the order written
+        (`blocks`), and the `<answer>` content if present.
     """
     parsed = ParsedTurn()
     for _, _, body in tag_blocks(text, "<tool_call>", "</tool_call>"):
-        call = _parse_one_call(body)
-        if isinstance(call, str):
-            parsed.errors.append(call)
-        else:
-            parsed.tool_calls.append(call)
+        parsed.blocks.append(_parse_one_call(body))
     opened, closed = text.count("<tool_call>"), text.count("</tool_call>")
     if opened > closed:
-        parsed.errors.append("a <tool_call> block is not closed with </tool_call>")
+        parsed.blocks.append("a <tool_call> block is not closed with </tool_call>")
+    parsed.tool_calls = [b for b in parsed.blocks if isinstance(b, ToolCall)]
+    parsed.errors = [b for b in parsed.blocks if isinstance(b, str)]
     parsed.answer = extract_answer(text)
     return parsed
 

@@ -8,14 +8,17 @@ pure Python through `gc`). Each call starts, through bubblewrap:
   which is `nobody` (65534) when the host process is root: the code never holds a host capability;
 * its own **mount, PID, network, IPC, UTS and cgroup namespaces**: it sees only a read-only view of the
   Python runtime (see `slime_envs._bwrap`), a private size-capped tmpfs `/tmp` as the only writable place,
-  its own `/proc`, no network interface but a down loopback, no host process, no host environment variable;
+  its own `/proc`, no network interface but a loopback of its own (and no socket to use it), no host process,
+  no host environment variable;
 * a **seccomp filter** for what namespaces do not isolate (ptrace, mount, keyctl, bpf, perf_event_open,
-  io_uring, kexec, modules, ...; see `slime_envs._seccomp`) and, unless `allow_subprocess`, a second one
-  refusing fork/exec to every API, `_posixsubprocess.fork_exec` and `os.posix_spawn` included;
-* **limits**: RLIMIT_AS/CPU/FSIZE/CORE per process, set on bubblewrap itself (util-linux `prlimit`), so that
-  every process of the sandbox, its init included, inherits them; RLIMIT_NPROC counted in the run's own
-  user namespace, set by the init before it forks the code (set before bubblewrap, it would become the
-  namespace's ceiling at the level of the host uid, one budget shared by every concurrent run); a cgroup
+  io_uring, kexec, modules, System V IPC, sockets, fallocate, ...; see `slime_envs._seccomp`) and, unless
+  `allow_subprocess`, a second one refusing fork/exec to every API, `_posixsubprocess.fork_exec` and
+  `os.posix_spawn` included;
+* **limits**: RLIMIT_AS/CPU/FSIZE/CORE/RTPRIO/NICE per process, set on bubblewrap itself (util-linux `prlimit`), so that
+  every process of the sandbox, its init included, inherits them; RLIMIT_NPROC (and SIGPENDING, MSGQUEUE)
+  counted in the run's own user namespace, set by the init before it forks the code (set before bubblewrap,
+  it would become the namespace's ceiling at the level of the host uid, one budget shared by every concurrent
+  run); a cgroup
   capping the run's total memory, tasks and CPU share where this machine gives this process one
   (`slime_envs._cgroups`; `SandboxResult.enforcement` says which);
 * a **trusted init**: bubblewrap runs `--as-pid-1`, so no bubblewrap process lives inside; pid 1 is the
@@ -58,10 +61,11 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slime_envs._bwrap import HOST_UID, SANDBOX_UID, WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
+from slime_envs._bwrap import WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
 from slime_envs._cgroups import CgroupLimits
+from slime_envs._sandbox_policy import INIT_RLIMITS, enforcement, rlimits, runner_policy
 from slime_envs._sandbox_proc import Owned, owned_bwrap, parent_pid, uncancellable
-from slime_envs._seccomp import DENIED, SeccompUnavailableError, base_filter, no_process_filter
+from slime_envs._seccomp import SeccompUnavailableError, base_filter
 
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxUnavailableError", "check_sandbox", "run_python"]
 
@@ -113,6 +117,12 @@ class SandboxConfig(BaseModel):
     )
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
     tmpfs_mb: int = Field(64, gt=0, description="Size of the private writable /tmp (counted in the memory cgroup).")
+    max_files: int = Field(
+        4096,
+        ge=16,
+        description="Files and directories the private /tmp can hold (its inode count; each holds ~1 KiB of kernel "
+        "memory tmpfs_mb does not count). Applied where the host runs as root (see README); else the kernel's default.",
+    )
     cpus: float = Field(1.0, gt=0, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
     max_concurrent_runs: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
@@ -242,67 +252,6 @@ async def _read_to_eof(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _enforcement(config: SandboxConfig, cgroup: CgroupLimits | None) -> dict[str, str]:
-    caps = {} if cgroup is None else {c.split()[0]: c for c in cgroup.enforced}
-    host_uid = HOST_UID if os.geteuid() == 0 else os.geteuid()
-
-    def with_cgroup(name: str, rlimit: str) -> str:
-        return f"{rlimit} + {caps[name]} cgroup" if name in caps else f"{rlimit} (no {name} cgroup here)"
-
-    return {
-        "isolation": "bubblewrap: user/mount/pid/net/ipc/uts/cgroup namespaces, "
-        f"uid {SANDBOX_UID} (host uid {host_uid}), non-dumpable init",
-        "network": "empty network namespace + audit hook",
-        "files": f"read-only runtime view, private {WORKDIR} tmpfs ({config.tmpfs_mb} MiB) + audit hook",
-        "syscalls": f"seccomp: {len(DENIED)} syscalls denied"
-        + ("" if config.allow_subprocess else ", fork/exec denied")
-        + " (the init: both, once it has forked the code)",
-        "time": "wall clock (SIGKILL of the PID namespace) + RLIMIT_CPU",
-        "memory": with_cgroup("memory", "RLIMIT_AS per process + RLIMIT_NOFILE + no System V shm"),
-        "processes": with_cgroup("pids", "RLIMIT_NPROC in the user namespace")
-        + ("" if config.allow_subprocess else " + seccomp (no fork/exec)"),
-        "cpu": caps["cpu"] + f" cgroup, {config.cpus:g} CPU" if "cpu" in caps else "no cpu cgroup here",
-        "output": "RLIMIT_FSIZE on every process + truncation",
-    }
-
-
-def _rlimits(config: SandboxConfig) -> dict[str, int]:
-    """Resource name -> soft = hard limit of every process of the sandbox; NPROC counts the init too, hence + 1."""
-    return {
-        "RLIMIT_AS": config.memory_mb * _MIB,
-        "RLIMIT_CPU": int(config.timeout_s) + 2,
-        # One byte of headroom: a file that reaches exactly the limit is then told apart from one that was cut.
-        "RLIMIT_FSIZE": config.max_output_bytes + 1,
-        "RLIMIT_CORE": 0,
-        "RLIMIT_NPROC": config.max_processes + 1,
-        # Each descriptor can hold memory RLIMIT_AS does not count (a memfd, a pipe or socket buffer).
-        "RLIMIT_NOFILE": config.max_open_files,
-    }
-
-
-# Set by the sandbox's init, once inside its own user namespace (see the module docstring); the others are set
-# on bubblewrap before it starts.
-_INIT_RLIMITS = ("RLIMIT_NPROC", "RLIMIT_NOFILE")  # NOFILE: bubblewrap itself needs more descriptors
-
-
-def _policy(config: SandboxConfig, ready_fd: int, status_fd: int) -> dict:
-    """What the runner checks and applies before the code (see `_sandbox_child.py`)."""
-    return {
-        "workdir": WORKDIR,
-        "ready_fd": ready_fd,
-        "status_fd": status_fd,
-        # The init sets these, and checks that every one of `rlimits` is in place before it forks the code.
-        "init_rlimits": {name: value for name, value in _rlimits(config).items() if name in _INIT_RLIMITS},
-        "rlimits": _rlimits(config),
-        "read_roots": list(runtime_view().read_roots),
-        "block_network": True,
-        "block_subprocess": not config.allow_subprocess,
-        # The init loads it on itself in any case, once it has forked the code's process.
-        "no_process_filter": no_process_filter().hex(),
-        "preload": config.preload,
-    }
-
-
 _LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
@@ -359,13 +308,14 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
         argv = bwrap_argv(
             view,
             tmpfs_bytes=config.tmpfs_mb * _MIB,
+            max_files=config.max_files,
             code_fd=code_fd,
             seccomp_fd=seccomp_fd,
             info_fd=info_w,
             block_fd=block_r,
             env=env,
-            rlimits={name: value for name, value in _rlimits(config).items() if name not in _INIT_RLIMITS},
-            runner_args=[json.dumps(_policy(config, ready_w, status_w))],
+            rlimits={name: value for name, value in rlimits(config).items() if name not in INIT_RLIMITS},
+            runner_args=[json.dumps(runner_policy(config, ready_w, status_w))],
         )
         cgroup = CgroupLimits.create(
             memory_bytes=(config.memory_mb + config.tmpfs_mb) * _MIB,
@@ -495,7 +445,7 @@ def _result(
         # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
         output_limited=output_limited,
         memory_limited=cgroup is not None and cgroup.oom_killed(),
-        enforcement=_enforcement(config, cgroup),
+        enforcement=enforcement(config, cgroup),
     )
 
 

@@ -285,6 +285,8 @@ class OpenAIAdapter:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return _error(400, f"the body is not JSON: {e}")
+        except RecursionError:  # json's decoder past ~1,000 nested levels
+            return _error(400, "the body is not JSON: nested too deeply")
         session_id = _session_id(request, body)
         if session_id is None:
             return _error(401, "no session id: send it as the API key (Authorization: Bearer <session id>)")

@@ -102,6 +102,8 @@ def _arguments(value: Any, where: str) -> dict[str, Any]:
             value = json.loads(value)
         except json.JSONDecodeError as e:
             raise RequestError(f"{where}: arguments are not valid JSON ({e.msg})", where) from None
+        except RecursionError:  # json's decoder past ~1,000 nested levels: a 400 naming the field, not a 500
+            raise RequestError(f"{where}: arguments are not valid JSON (nested too deeply)", where) from None
     if not isinstance(value, Mapping):
         raise RequestError(f"{where}: arguments must be a JSON object", where)
     return dict(value)

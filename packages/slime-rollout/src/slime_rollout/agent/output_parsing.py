@@ -47,7 +47,9 @@ class ParsedOutput:
 def _one_call(body: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(body.strip())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
+        # RecursionError: json's decoder past ~1,000 nested levels (5,000 "[" in a turn ended the agent's request
+        # as an HTTP 500 and lost the turn); too deep is ill-formed like any other bad JSON.
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -56,7 +58,7 @@ def _one_call(body: str) -> dict[str, Any] | None:
         # Some models write the arguments as a JSON string (OpenAI's wire shape).
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None

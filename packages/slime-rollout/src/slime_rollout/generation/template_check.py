@@ -96,14 +96,19 @@ def render_continuation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *
     Raises:
         ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
     """
-    rendered = render_messages(
-        tokenizer,
-        [{"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL}, *messages],
-        add_generation_prompt=True,
-    )
-    if TEMPLATE_SENTINEL not in rendered:
+    head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL}]
+    # The cut is after the sentinel's last echo by the assistant turn, counted from the left: `messages` come after
+    # it and may hold the sentinel's text themselves (tool output is the model's to choose). Cut at the last
+    # occurrence, a tool printing the sentinel dropped the tool wrapper before it from the observation, and what
+    # followed (a forged `<|im_start|>assistant`) stood right after the model's turn.
+    echoes = render_messages(tokenizer, head, add_generation_prompt=False).count(TEMPLATE_SENTINEL)
+    rendered = render_messages(tokenizer, [*head, *messages], add_generation_prompt=True)
+    cut = -1
+    for _ in range(echoes):
+        cut = rendered.find(TEMPLATE_SENTINEL, cut + 1)
+    if echoes == 0 or cut < 0:
         raise ValueError("chat template does not render assistant content verbatim; cannot derive the turn wrapper")
-    text = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :]
+    text = rendered[cut + len(TEMPLATE_SENTINEL) :]
     eot = end_of_turn(tokenizer)
     if eot and model_turn.rstrip().endswith(eot) and text.startswith(eot):
         text = text[len(eot) :]
