@@ -111,7 +111,7 @@ def extract_label_answer(label: object) -> str:
     text = str(label)
     if "####" in text:
         return text.rsplit("####", 1)[1].strip()
-    boxed = extract_boxed(text)
+    boxed = extract_boxed(text, unclosed=True)  # a label's missing brace is a typo
     return boxed if boxed is not None else text.strip()
 
 

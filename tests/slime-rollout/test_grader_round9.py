@@ -1,0 +1,54 @@
+r"""Issue 27, fresh hostile pass (round 9): cut-off boxes, and what the probes of this pass found.
+
+A response cut at `--rollout-max-response-len` inside its final `\boxed{18` has given no answer: the original's
+`last_boxed_only_string` returns None and every grader scores it 0 (dapo -1); here it scored 1 against 18.
+"""
+
+import pytest
+
+from slime_rollout.rewards import rule_based_reward
+from slime_rollout.rewards.answers import extract_boxed, final_boxed_answers
+from slime_rollout.rewards.math_utils import extract_label_answer
+
+_CUT = [
+    r"The answer is \boxed{18",
+    r"<think>ok</think>The answer is $\boxed{18$.",
+    r"</think>First \boxed{17}, then fixing the sign: \boxed{18",
+    r"</think>Answer: \boxed{18",
+    r"</think>\boxed{\frac{3}{4}",
+]
+
+
+@pytest.mark.parametrize("response", _CUT)
+@pytest.mark.parametrize("rm_type", ["math", "deepscaler", "boxed_math", "boxed_f1", "f1"])
+def test_a_cut_off_final_box_is_no_answer(rm_type, response):
+    label = r"\frac34" if "frac" in response else "18"
+    assert rule_based_reward(rm_type, response, label) == 0.0
+
+
+@pytest.mark.parametrize("rm_type", ["dapo", "boxed_dapo"])
+@pytest.mark.parametrize("response", _CUT)
+def test_a_cut_off_final_box_is_no_answer_for_dapo(rm_type, response):
+    label = r"\frac34" if "frac" in response else "18"
+    assert rule_based_reward(rm_type, response, label)["score"] == -1.0
+
+
+@pytest.mark.parametrize("rm_type", ["math", "deepscaler", "boxed_math", "boxed_f1", "f1", "boxed_dapo"])
+def test_an_earlier_cut_box_neither_answers_nor_hides_the_final_one(rm_type):
+    # The original's rfind reads the last box only; the unclosed one before it swallowed it here.
+    response = r"</think>I wrote \boxed{17 by mistake; the answer is \boxed{18}"
+    reward = rule_based_reward(rm_type, response, "18")
+    assert (reward["score"] if isinstance(reward, dict) else reward) == 1.0
+    assert final_boxed_answers(response).answers == ["18"]
+    assert final_boxed_answers(response.replace("{18}", "{17}")).answers == ["17"]
+
+
+def test_closed_boxes_still_score_and_labels_keep_their_typo():
+    assert rule_based_reward("math", r"The answer is \boxed{18}", "18") == 1.0
+    assert rule_based_reward("math", r"The answer is \boxed{18}", "17") == 0.0
+    assert extract_boxed(r"so \boxed{18") is None
+    assert extract_boxed(r"so \boxed{18", unclosed=True) == "18"
+    # A label's missing brace is a typo in the data, not a cut-off answer: it is still read.
+    assert extract_label_answer(r"\boxed{18") == "18"
+    assert rule_based_reward("math", r"\boxed{18}", r"\boxed{18") == 1.0
+    assert final_boxed_answers(r"\boxed{18").reason == "unclosed box"
