@@ -65,8 +65,55 @@ def test_a_damaged_or_foreign_dump_is_one_line_naming_the_flag_and_file(tmp_path
     dump = tmp_path / "0.pt"
     assert str(e.value).startswith(f"--load-debug-rollout-data: {dump} is not a rollout dump torch can read (")
     torch.save({"rollout_id": 1, "samples": [{"no_such_field": 1}]}, tmp_path / "1.pt")
-    with pytest.raises(ValueError, match=r"^--load-debug-rollout-data: .*1\.pt: a sample does not read back"):
+    with pytest.raises(ValueError, match=r"^--load-debug-rollout-data: .*1\.pt: sample 0 does not read back"):
         load_debug_rollout_data(args, 1)
     torch.save([1, 2], tmp_path / "2.pt")
     with pytest.raises(ValueError, match=r"^--load-debug-rollout-data: .*2\.pt is not a rollout dump \(expected a"):
         load_debug_rollout_data(args, 2)
+
+
+def _original_record(index):
+    """One sample as the original's `Sample.to_dict` writes it (slime/utils/types.py: `__dict__` + status value)."""
+    return {
+        "group_index": 0, "index": index, "rollout_id": None, "prompt": "1+1=", "tokens": [1, 2, 3],
+        "multimodal_inputs": None, "multimodal_train_inputs": None, "multimodal_train_input_id": None,
+        "apply_chat_template_kwargs": {}, "response": "2", "response_length": 1, "label": "2", "reward": 1.0,
+        "loss_mask": [1], "weight_versions": ["1"], "rollout_log_probs": [-0.25], "rollout_top_p_token_ids": None,
+        "rollout_top_p_token_offsets": None, "rollout_routed_experts": None, "remove_sample": False,
+        "teacher_log_probs": None, "status": "completed", "metadata": {}, "generate_function_path": None,
+        "custom_rm_path": None, "train_metadata": None, "session_id": None, "non_generation_time": 0.0,
+        "spec_info": {"spec_accept_token_num": 3, "spec_draft_token_num": 4, "spec_verify_ct": 1,
+                      "completion_token_num": 1},
+        "prefix_cache_info": {"cached_tokens": 2, "total_prompt_tokens": 3},
+    }  # fmt: skip
+
+
+def test_an_original_dump_loads_and_says_what_it_ignored(tmp_path, caplog):
+    # The original's dumps carry spec_info / prefix_cache_info, which from_dict refused ("unknown fields").
+    torch.save({"rollout_id": 0, "samples": [_original_record(i) for i in range(3)]}, tmp_path / "0.pt")
+    args = _cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"))
+    with caplog.at_level("INFO", logger="slime_rollout.runtime.debug_dump"):
+        loaded = load_debug_rollout_data(args, 0)
+    assert [(s.index, s.tokens, s.reward, s.status) for s in loaded] == [(i, [1, 2, 3], 1.0, Status.COMPLETED)
+                                                                        for i in range(3)]  # fmt: skip
+    assert "spec_info on 3 sample(s)" in caplog.text and "prefix_cache_info on 3 sample(s)" in caplog.text
+
+
+def test_a_field_of_neither_version_is_refused_naming_it_and_the_sample(tmp_path):
+    records = [_original_record(0), {**_original_record(1), "payload_text": "x"}]
+    torch.save({"rollout_id": 0, "samples": records}, tmp_path / "0.pt")
+    args = _cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"))
+    with pytest.raises(ValueError, match=r"sample 1 does not read back .*unknown fields \['payload_text'\]"):
+        load_debug_rollout_data(args, 0)
+
+
+@pytest.mark.parametrize(("num", "fraction", "kept"), [(10, 0.5, [0, 1, 7, 8, 9]), (10, 0.05, [9]), (4, 1.0, None)])
+def test_subsample_keeps_the_originals_count(tmp_path, num, fraction, kept):
+    # The original keeps int(n * f): floor half from the head, the rest from the tail (5 of 10 here, not 4).
+    args = _cfg(
+        save_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"),
+        load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"),
+        load_debug_rollout_data_subsample=fraction,
+    )
+    save_debug_rollout_data(args, 0, _samples(num))
+    assert [s.index for s in load_debug_rollout_data(args, 0)] == (kept or list(range(num)))

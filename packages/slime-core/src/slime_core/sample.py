@@ -26,7 +26,7 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slime_core.sample_fields import check_field_types
+from slime_core.sample_fields import ORIGINAL_ONLY_FIELDS, check_field_types
 
 if TYPE_CHECKING:
     import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
@@ -434,19 +434,28 @@ class Sample:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Sample:
-        """Rebuilds a sample from `to_dict` output.
+        """Rebuilds a sample from `to_dict` output, or from the original's (its debug dumps).
+
+        The original's fields this version does not keep (`sample_fields.ORIGINAL_ONLY_FIELDS`: `spec_info`,
+        `prefix_cache_info`, engine statistics) are read past; `--load-debug-rollout-data` counts and logs them.
 
         Raises:
-            ValueError: on an unknown field or status (so a dump from another version fails loudly).
-            TypeError: a field of the wrong type, naming the field and the value's type
-                (`slime_core.sample_fields.check_field_types`).
+            ValueError: on a field neither this version's nor the original's, naming it, or an unknown status (so
+                a dump from other code fails loudly).
+            TypeError: `data` is not a mapping, or a field of the wrong type, naming the field and the value's
+                type (`slime_core.sample_fields.check_field_types`).
         """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"Sample.from_dict: a sample must be a dict of fields, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
+        unknown = set(data) - names - ORIGINAL_ONLY_FIELDS.keys()
         if unknown:
-            raise ValueError(f"Sample.from_dict: unknown fields {sorted(unknown)}")
-        check_field_types(data)
-        kwargs = dict(data)
+            raise ValueError(
+                f"Sample.from_dict: unknown fields {sorted(map(str, unknown))} (neither this version's Sample nor "
+                "the original's)"
+            )
+        kwargs = {k: v for k, v in data.items() if k in names}
+        check_field_types(kwargs)
         status = kwargs.get("status", Status.PENDING)
         if not isinstance(status, Status):
             try:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from slime_core.sample import Sample
+from slime_core.sample_fields import ORIGINAL_ONLY_FIELDS
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -87,17 +88,37 @@ def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
             f"--load-debug-rollout-data: {path} is not a rollout dump torch can read ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else e!r})"
         ) from None
-    if not isinstance(data, dict) or "samples" not in data:
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list | tuple):
         raise ValueError(f"--load-debug-rollout-data: {path} is not a rollout dump (expected a dict with 'samples')")
-    try:
-        samples = [Sample.from_dict(d) for d in data["samples"]]
-    except (TypeError, ValueError, KeyError) as e:
-        raise ValueError(f"--load-debug-rollout-data: {path}: a sample does not read back ({e})") from None
+    samples = []
+    for position, record in enumerate(data["samples"]):
+        try:
+            samples.append(Sample.from_dict(record))
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(
+                f"--load-debug-rollout-data: {path}: sample {position} does not read back ({e})"
+            ) from None
+    _log_original_only(path, data["samples"])
     fraction = cfg.load_debug_rollout_data_subsample
     if fraction:
-        keep = max(int(len(samples) * fraction) // 2, 1)
-        samples = samples[:keep] + samples[-keep:] if len(samples) > 2 * keep else samples
+        # The original's rule: int(n * f) samples, the first half (rounded down) from the head, the rest from the
+        # tail; at least one (the original kept every sample when int(n * f) was 0).
+        num_kept = max(int(len(samples) * fraction), 1)
+        head = num_kept // 2
+        samples = samples[:head] + samples[len(samples) - (num_kept - head) :]
     return samples
+
+
+def _log_original_only(path: pathlib.Path, records: list) -> None:
+    """Logs, once per dump, the original's sample fields this version read past (`ORIGINAL_ONLY_FIELDS`)."""
+    counts = {name: sum(name in record for record in records) for name in ORIGINAL_ONLY_FIELDS}
+    counts = {name: num for name, num in counts.items() if num}
+    if counts:
+        logger.info(
+            "--load-debug-rollout-data: %s: ignored the original's %s (not kept by this version)",
+            path,
+            ", ".join(f"{name} on {num} sample(s) ({ORIGINAL_ONLY_FIELDS[name]})" for name, num in counts.items()),
+        )
 
 
 def regroup(samples: list[Sample]) -> list[list[Sample]]:
