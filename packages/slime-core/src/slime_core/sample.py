@@ -23,6 +23,7 @@ import base64
 import dataclasses
 import enum
 import io
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -210,21 +211,27 @@ class Sample:
                 `reward_key` attribute (the original's signature is `get_reward_value(args)`).
 
         Raises:
-            ValueError: if the sample has no reward yet, or `reward` is a dict and `reward_key` is missing
-                from it or not given.
+            ValueError: if the sample has no reward yet, `reward` is a dict and `reward_key` is missing from it or
+                not given, or the value is not a number (a dict's `{"score": None}`, a string: they failed as a
+                bare `float()` error naming neither the sample nor the key).
         """
         if reward_key is not None and not isinstance(reward_key, str):
             reward_key = reward_key.reward_key  # the run's args, as original plugins pass them
         if self.reward is None:
             raise ValueError(f"sample {self.index} has no reward yet")
+        value, what = self.reward, "reward"
         if isinstance(self.reward, Mapping):
             if reward_key is None or reward_key not in self.reward:
                 raise ValueError(
-                    f"sample {self.index}: reward is a dict with keys {sorted(self.reward)}; "
+                    f"sample {self.index}: reward is a dict with keys {sorted(map(str, self.reward))}; "
                     f"set --reward-key to one of them (got {reward_key!r})"
                 )
-            return float(self.reward[reward_key])
-        return float(self.reward)
+            value, what = self.reward[reward_key], f"reward's --reward-key {reward_key!r} score"
+        # A number (bool and numpy scalars included) or a 0-d tensor/array; a str is not one (the original's
+        # torch.tensor(rewards) refuses it too).
+        if not (isinstance(value, numbers.Real) or getattr(value, "ndim", None) == 0):
+            raise ValueError(f"sample {self.index}: its {what} is {type(value).__name__} {value!r:.60}, not a number")
+        return float(value)
 
     def unsupported_fields(self) -> list[str]:
         """Names of the original fields this sample sets that this version cannot train with (none left).
