@@ -52,3 +52,29 @@ def test_closed_boxes_still_score_and_labels_keep_their_typo():
     assert extract_label_answer(r"\boxed{18") == "18"
     assert rule_based_reward("math", r"\boxed{18}", r"\boxed{18") == 1.0
     assert final_boxed_answers(r"\boxed{18").reason == "unclosed box"
+
+
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        # A choice letter named as one ("Option B", "Choice (B)"), in brackets, or in lower case against a letter
+        # label: each scored 0 against "B".
+        (r"\text{Option B}", "B", 1.0),
+        (r"\text{option (B)}", "B", 1.0),
+        (r"\text{Choice B}", "(B)", 1.0),
+        (r"\textbf{Option (B)} 15", "B", 1.0),
+        ("[B]", "B", 1.0),
+        ("b", "B", 1.0),
+        (r"\text{(b)}", "B", 1.0),
+        ("B", "b", 1.0),
+        # Near misses stay wrong: another letter, a letter outside the choices, a word that starts like one.
+        (r"\text{Option C}", "B", 0.0),
+        ("c", "B", 0.0),
+        ("x", "B", 0.0),
+        (r"\text{Optional}", "B", 0.0),
+        (r"\text{Option B}", "C", 0.0),
+        (r"\textbf{Option (C)} 15", "(B) 15", 0.0),
+    ],
+)
+def test_choice_letters_in_odd_formats(answer, label, expected):
+    assert rule_based_reward("math", f"So the answer is $\\boxed{{{answer}}}$.", label) == expected

@@ -47,7 +47,7 @@ import re
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
-from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
+from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
 from slime_rollout.rewards.number_words import words_to_number
 from slime_rollout.rewards.times import same_time
 
@@ -129,10 +129,10 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
     if pred is None or gold is None:
         return False, "", ""
     p, g = clean_answer(pred), clean_answer(gold)
-    if g.letter and not g.text:  # a multiple-choice label: the letter decides
-        return p.letter == g.letter, g.letter, p.letter or p.text
+    if g.letter and not g.text:  # a multiple-choice label: the letter decides (`b` names B here)
+        return choice_letter(p) == g.letter, g.letter, p.letter or p.text
     if p.letter and not p.text:  # only a letter: right if the label names the same one
-        return p.letter == g.letter, g.text, p.letter
+        return p.letter == choice_letter(g), g.text, p.letter
     if not p.text or not g.text:
         return False, g.text, p.text
     if _TIME.match(p.text) and _TIME.match(g.text):
