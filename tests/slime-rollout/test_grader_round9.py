@@ -78,3 +78,24 @@ def test_closed_boxes_still_score_and_labels_keep_their_typo():
 )
 def test_choice_letters_in_odd_formats(answer, label, expected):
     assert rule_based_reward("math", f"So the answer is $\\boxed{{{answer}}}$.", label) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        # A set is not a pair or an interval (math-verify said equal; the original's tuple check requires the same
+        # brackets): both scored 1.
+        (r"\{1, 2\}", "(1, 2)", 0.0),
+        ("(1, 2)", r"\{1, 2\}", 0.0),
+        (r"\{(1,2),(3,4)\}", r"((1,2),(3,4))", 0.0),
+        # The same brackets, an unwrapped list, or one element in any brackets still count.
+        (r"\{2, 1\}", r"\{1, 2\}", 1.0),
+        (r"\left\{1,2\right\}", r"\{1, 2\}", 1.0),
+        (r"\{1, 2\}", "1, 2", 1.0),
+        ("1, 2", "(1, 2)", 1.0),
+        ("(5)", r"\{5\}", 1.0),
+        ("x = 1, y = 2", "(1, 2)", 1.0),
+    ],
+)
+def test_a_set_is_not_a_pair(answer, label, expected):
+    assert rule_based_reward("math", f"So the answer is $\\boxed{{{answer}}}$.", label) == expected

@@ -154,6 +154,8 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
                 gold_value / 100 if g.percent else gold_value
             )
         return same, g.text, p.text
+    if _different_brackets(p.text, g.text):
+        return False, g.text, p.text  # `\{1, 2\}` (a set) is not `(1, 2)` (a pair or interval): math-verify said so
     pred_variables, gold_variables = _variables(p.text), _variables(g.text)
     if pred_variables is not None and gold_variables is not None and pred_variables != gold_variables:
         return False, g.text, p.text  # `3s` is not `3t`, nor `3` (math-verify drops `s`, `t` as units)
@@ -195,6 +197,34 @@ def _depths(text: str) -> list[int]:
     return depths
 
 
+def _bracketed(text: str) -> tuple[str, list[int]]:
+    r"""`text` as `answer_parts` reads it (no `\left`/`\right`, `\{` as `{`, no `$`), with its bracket depths."""
+    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", text))  # "1\,000": a thin space, not a part separator
+    s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
+    s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
+    return s, _depths(s)
+
+
+def _outer_brackets(text: str) -> str | None:
+    """The bracket pair around the whole of a list answer (`"(]"` for `(1, 2]`), or None (not one, or one part)."""
+    s, depths = _bracketed(text)
+    if not (len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:])):
+        return None
+    if not any(depths[m.start()] == 1 for m in _PART_SEPARATOR.finditer(s)):
+        return None  # `(5)` is 5 in parentheses, `\{5\}` a one-element set: graded by value
+    return s[0] + s[-1]
+
+
+def _different_brackets(pred: str, gold: str) -> bool:
+    r"""Whether two list answers are wrapped in different brackets: a set, a pair (or open interval), a closed one.
+
+    The original grader requires the same brackets for tuples (`grade_answer_sympy`); math-verify takes the set
+    `\{1, 2\}` for the pair `(1, 2)`. An unwrapped list (`1, 2`) is graded by value against any of them.
+    """
+    pred_pair, gold_pair = _outer_brackets(pred), _outer_brackets(gold)
+    return pred_pair is not None and gold_pair is not None and pred_pair != gold_pair
+
+
 def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
     r"""The parts of a (possibly multi-part) answer: split at top-level `,` `;` `and` `or`; `a \pm b` is two.
 
@@ -208,10 +238,7 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
     Returns:
         The stripped parts, in order; one part for a plain answer.
     """
-    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", text))  # "1\,000": a thin space, not a part separator
-    s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
-    s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
-    depths = _depths(s)
+    s, depths = _bracketed(text)
     if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):
         s, depths = s[1:-1], [d - 1 for d in depths[1:-1]]
     pieces, joiners, start = [], [], 0
