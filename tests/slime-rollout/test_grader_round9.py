@@ -99,3 +99,24 @@ def test_choice_letters_in_odd_formats(answer, label, expected):
 )
 def test_a_set_is_not_a_pair(answer, label, expected):
     assert rule_based_reward("math", f"So the answer is $\\boxed{{{answer}}}$.", label) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        # Named parts are matched by name: swapped values scored 1 (compared as one list, i.e. the set {5, 6})...
+        (r"\boxed{x = 6, y = 5}", "x=5, y=6", 0.0),
+        (r"\boxed{y = 5, x = 6}", "x=5, y=6", 0.0),
+        (r"\boxed{a_1 = 3, a_2 = 2}", "a_2 = 3, a_1 = 2", 0.0),
+        (r"\boxed{y=5}, \boxed{x=6}", "x=5, y=6", 0.0),
+        # ... and the right values in another order scored 0.
+        (r"\boxed{y = 6, x = 5}", "x=5, y=6", 1.0),
+        (r"\boxed{y=6}, \boxed{x=5}", "x=5, y=6", 1.0),
+        (r"\boxed{a_1 = 2, a_2 = 3}", "a_2 = 3, a_1 = 2", 1.0),
+        (r"\boxed{x = \frac{1}{2}, y = 0.5}", r"x=0.5, y=\frac12", 1.0),
+        (r"\boxed{x = 5, y = 6}", "x=5, y=6", 1.0),
+        (r"\boxed{x=5}, \boxed{x=6}", "x=5, y=6", 0.0),
+    ],
+)
+def test_named_parts_are_matched_by_name(response, label, expected):
+    assert rule_based_reward("math", f"So {response}", label) == expected

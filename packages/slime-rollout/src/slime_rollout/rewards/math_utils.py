@@ -311,6 +311,9 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     if not answers:
         return None
     if len(answers) > 1 and len(answers) == len(gold_parts):
+        named = _named_pairs(answers, gold_parts)
+        if named is not None:
+            return named
         return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
     distinct = _distinct(answers)
     if len(distinct) == 1:
@@ -319,7 +322,38 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
             return None if union is None else [union]
     if len(distinct) != 1 or not _same_part_count(distinct[0], gold):
         return None
+    named = _named_pairs(answer_parts(distinct[0], unwrap=False), answer_parts(gold, unwrap=False))
+    if named is not None:
+        return named
     return [(_one_joiner(distinct[0]), _one_joiner(gold))]
+
+
+# One part of a list that names what it gives: `x = 5`, `a_1 = 2`, `y_{max} = 3` (the name, the value).
+_NAMED_PART = re.compile(r"^\s*([A-Za-z](?:_\{?\w+\}?)?)\s*=\s*(\S.*)$")
+
+
+def _named_pairs(parts: list[str], gold_parts: list[str]) -> list[tuple[str, str]] | None:
+    """Each named part with the label's part of the same name (`y = 6, x = 5` against `x=5, y=6`), or None.
+
+    Named parts are matched by name, not by position, and each value is compared on its own: `y = 5, x = 6` is not
+    `x = 5, y = 6` (compared as one list, the values {5, 6} matched). None unless both sides have two or more parts,
+    all named, each name once, the same names.
+    """
+    if len(parts) < 2 or len(parts) != len(gold_parts):
+        return None
+    names = [_NAMED_PART.match(part) for part in parts]
+    gold_names = [_NAMED_PART.match(part) for part in gold_parts]
+    if not all(names) or not all(gold_names):
+        return None
+    by_name = {_name(m): part for m, part in zip(names, parts, strict=True)}
+    gold_by_name = {_name(m): part for m, part in zip(gold_names, gold_parts, strict=True)}
+    if len(by_name) != len(parts) or len(gold_by_name) != len(gold_parts) or by_name.keys() != gold_by_name.keys():
+        return None
+    return [(by_name[name], gold_part) for name, gold_part in gold_by_name.items()]
+
+
+def _name(match: re.Match[str]) -> str:
+    return match.group(1).replace("{", "").replace("}", "").lower()  # case folded, as the graded text is
 
 
 def _one_joiner(answer: str) -> str:
