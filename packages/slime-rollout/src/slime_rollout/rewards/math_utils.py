@@ -16,10 +16,12 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 * a percent answer equals its number and its value (`50%` = `50` and `50%` = `0.5`, while `50` ≠ `0.5`): the
   original drops the sign, math-verify reads the value, and the label tells which the question meant;
 * several final boxes (`answers.final_boxed_answers`) are one answer when they restate one value, else the parts of
-  a multi-part answer (`final_pairs`): their number must be the label's number of parts (`answer_parts`: `5` is
-  not `5, 5`; `\pm 2` is the two parts `2, -2`; "x = 2 or x = 3" inside one box lists two), labelled parts
-  ("(a) ... (b) ...", "x = ..., y = ...") are compared with the label's parts in order, unlabelled ones together
-  as one list (math-verify compares it as a set); any other several answers are a hedge, which is wrong. Every
+  a multi-part answer (`final_pairs`): their number must be the label's number of parts (`parts.answer_parts`: `5`
+  is not `5, 5`; `\pm 2` is the two parts `2, -2`; "x = 2 or x = 3" inside one box lists two), parts named on both
+  sides ("x = ..., y = ...") are compared with the label's part of the same name, labelled parts ("(a) ... (b)
+  ...") with the label's parts in order, unlabelled ones together as one list (math-verify compares it as a set;
+  wrapped in other brackets than the label's, `\{1, 2\}` for `(1, 2)`, it is wrong); any other several answers
+  are a hedge, which is wrong. Every
   grader that reads a final boxed answer (math, deepscaler, dapo, the `boxed_` types) goes through `final_pairs`
   or `single_final_answer`;
 * numbers are compared exactly as rationals: `1/3^{40}` ≠ `1/3^{41}`, `0.5` = `\frac12`, `0.\overline{3}` =
@@ -48,7 +50,7 @@ from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_box
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
 from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
-from slime_rollout.rewards.number_words import words_to_number
+from slime_rollout.rewards.parts import answer_parts, different_brackets, named_pairs, one_joiner, same_part_count
 from slime_rollout.rewards.times import same_time
 
 logger = logging.getLogger(__name__)
@@ -154,7 +156,7 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
                 gold_value / 100 if g.percent else gold_value
             )
         return same, g.text, p.text
-    if _different_brackets(p.text, g.text):
+    if different_brackets(p.text, g.text):
         return False, g.text, p.text  # `\{1, 2\}` (a set) is not `(1, 2)` (a pair or interval): math-verify said so
     pred_variables, gold_variables = _variables(p.text), _variables(g.text)
     if pred_variables is not None and gold_variables is not None and pred_variables != gold_variables:
@@ -176,100 +178,6 @@ def _variables(text: str) -> frozenset[str] | None:
     if _RELATION.search(text):
         return None
     return frozenset(_COMMAND.sub(" ", text).lower()) & _VARIABLE_LETTERS
-
-
-# "or" inside one answer lists its values ("x = 2 \text{ or } x = 3"); for a one-value label that is two parts,
-# so a hedge inside a box (`\boxed{3 \text{ or } 5}` for `5`) is still wrong.
-_PART_SEPARATOR = re.compile(r",|;|\b(?:and|or)\b")
-_TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*(and|or)\s*\}")
-_PLUS_MINUS = re.compile(r"\\(pm|mp)(?![a-zA-Z])|±")
-_LATEX_SPACE = re.compile(r"\\[,;:! ]")
-_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_OPEN, _CLOSE = "([{", ")]}"
-
-
-def _depths(text: str) -> list[int]:
-    """Bracket depth before each character of `text` (any of `([{` opens, any of `)]}` closes)."""
-    depths, depth = [], 0
-    for char in text:
-        depths.append(depth)
-        depth += (char in _OPEN) - (char in _CLOSE)
-    return depths
-
-
-def _bracketed(text: str) -> tuple[str, list[int]]:
-    r"""`text` as `answer_parts` reads it (no `\left`/`\right`, `\{` as `{`, no `$`), with its bracket depths."""
-    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", text))  # "1\,000": a thin space, not a part separator
-    s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
-    s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
-    return s, _depths(s)
-
-
-def _outer_brackets(text: str) -> str | None:
-    """The bracket pair around the whole of a list answer (`"(]"` for `(1, 2]`), or None (not one, or one part)."""
-    s, depths = _bracketed(text)
-    if not (len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:])):
-        return None
-    if not any(depths[m.start()] == 1 for m in _PART_SEPARATOR.finditer(s)):
-        return None  # `(5)` is 5 in parentheses, `\{5\}` a one-element set: graded by value
-    return s[0] + s[-1]
-
-
-def _different_brackets(pred: str, gold: str) -> bool:
-    r"""Whether two list answers are wrapped in different brackets: a set, a pair (or open interval), a closed one.
-
-    The original grader requires the same brackets for tuples (`grade_answer_sympy`); math-verify takes the set
-    `\{1, 2\}` for the pair `(1, 2)`. An unwrapped list (`1, 2`) is graded by value against any of them.
-    """
-    pred_pair, gold_pair = _outer_brackets(pred), _outer_brackets(gold)
-    return pred_pair is not None and gold_pair is not None and pred_pair != gold_pair
-
-
-def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
-    r"""The parts of a (possibly multi-part) answer: split at top-level `,` `;` `and` `or`; `a \pm b` is two.
-
-    With `unwrap`, one pair of brackets around the whole answer is taken off first (`(1, 2)`, `\{1, 2\}`,
-    `[1, 2)` have two parts, as `1, 2` does); a thousands separator is not a split (`1,000` is one part).
-
-    Args:
-        text: an answer (a box's content or a label's answer).
-        unwrap: take off brackets around the whole answer.
-
-    Returns:
-        The stripped parts, in order; one part for a plain answer.
-    """
-    s, depths = _bracketed(text)
-    if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):
-        s, depths = s[1:-1], [d - 1 for d in depths[1:-1]]
-    pieces, joiners, start = [], [], 0
-    for m in _PART_SEPARATOR.finditer(s):
-        if depths[m.start()] == 0:
-            pieces.append(s[start : m.start()].strip())
-            joiners.append(m.group())
-            start = m.end()
-    pieces.append(s[start:].strip())
-    parts = pieces[:1]
-    for joiner, piece in zip(joiners, pieces[1:], strict=True):
-        # An "and" inside one numeral in words ("two thousand and five", "one and a half") joins, not splits.
-        joined = f"{parts[-1]} and {piece}"
-        if joiner == "and" and parts[-1] and words_to_number(joined) is not None:
-            parts[-1] = joined
-        else:
-            parts.append(piece)
-    return [value for p in parts if p for value in _plus_minus(p)] or [s]
-
-
-def _plus_minus(part: str) -> list[str]:
-    r"""The two values of a part with one `\pm` (`\pm 2` → `+2`, `-2`; `\mp` the other way round), else `[part]`.
-
-    `a \pm b` names two answers, as math-verify reads it; counted as one part, `\pm 2` failed the part count
-    against the label `2, -2`. Two or more signs are ambiguous (correlated or not) and stay one part.
-    """
-    signs = _PLUS_MINUS.findall(part)
-    if len(signs) != 1:
-        return [part]
-    first, second = ("-", "+") if signs[0] == "mp" else ("+", "-")
-    return [_PLUS_MINUS.sub(first, part), _PLUS_MINUS.sub(second, part)]
 
 
 # Different spellings one final statement may restate its answer in (`5`, `5.0`, `x = 5`); more is no answer.
@@ -311,7 +219,7 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     if not answers:
         return None
     if len(answers) > 1 and len(answers) == len(gold_parts):
-        named = _named_pairs(answers, gold_parts)
+        named = named_pairs(answers, gold_parts)
         if named is not None:
             return named
         return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
@@ -320,62 +228,12 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
         applies, union = union_pair(distinct[0], gold)
         if applies:
             return None if union is None else [union]
-    if len(distinct) != 1 or not _same_part_count(distinct[0], gold):
+    if len(distinct) != 1 or not same_part_count(distinct[0], gold):
         return None
-    named = _named_pairs(answer_parts(distinct[0], unwrap=False), answer_parts(gold, unwrap=False))
+    named = named_pairs(answer_parts(distinct[0], unwrap=False), answer_parts(gold, unwrap=False))
     if named is not None:
         return named
-    return [(_one_joiner(distinct[0]), _one_joiner(gold))]
-
-
-# One part of a list that names what it gives: `x = 5`, `a_1 = 2`, `y_{max} = 3` (the name, the value).
-_NAMED_PART = re.compile(r"^\s*([A-Za-z](?:_\{?\w+\}?)?)\s*=\s*(\S.*)$")
-
-
-def _named_pairs(parts: list[str], gold_parts: list[str]) -> list[tuple[str, str]] | None:
-    """Each named part with the label's part of the same name (`y = 6, x = 5` against `x=5, y=6`), or None.
-
-    Named parts are matched by name, not by position, and each value is compared on its own: `y = 5, x = 6` is not
-    `x = 5, y = 6` (compared as one list, the values {5, 6} matched). None unless both sides have two or more parts,
-    all named, each name once, the same names.
-    """
-    if len(parts) < 2 or len(parts) != len(gold_parts):
-        return None
-    names = [_NAMED_PART.match(part) for part in parts]
-    gold_names = [_NAMED_PART.match(part) for part in gold_parts]
-    if not all(names) or not all(gold_names):
-        return None
-    by_name = {_name(m): part for m, part in zip(names, parts, strict=True)}
-    gold_by_name = {_name(m): part for m, part in zip(gold_names, gold_parts, strict=True)}
-    if len(by_name) != len(parts) or len(gold_by_name) != len(gold_parts) or by_name.keys() != gold_by_name.keys():
-        return None
-    return [(by_name[name], gold_part) for name, gold_part in gold_by_name.items()]
-
-
-def _name(match: re.Match[str]) -> str:
-    return match.group(1).replace("{", "").replace("}", "").lower()  # case folded, as the graded text is
-
-
-def _one_joiner(answer: str) -> str:
-    """A list answer's top-level parts joined by ", ", numerals in words as digits ("two and 3" → "2, 3").
-
-    A one-part answer is returned unchanged: the single-answer checks read number words themselves.
-    """
-    parts = answer_parts(answer, unwrap=False)
-    return ", ".join(_digits(part) for part in parts) if len(parts) > 1 else answer
-
-
-def _digits(part: str) -> str:
-    """A numeral in words as its exact value ("two" → "2", "one and a half" → "3/2"); anything else unchanged."""
-    value = words_to_number(part)
-    if value is None:
-        return part
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-
-
-def _same_part_count(pred: str, gold: str) -> bool:
-    # Counted as written and with enclosing brackets off: `\{1, 2\}` is `1, 2`, and `(-\infty, 3)` is `x<3`.
-    return any(len(answer_parts(pred, unwrap=u)) == len(answer_parts(gold, unwrap=u)) for u in (False, True))
+    return [(one_joiner(distinct[0]), one_joiner(gold))]
 
 
 def single_final_answer(text: str) -> str | None:

@@ -95,9 +95,7 @@ def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
         try:
             samples.append(Sample.from_dict(record))
         except (TypeError, ValueError, KeyError) as e:
-            raise ValueError(
-                f"--load-debug-rollout-data: {path}: sample {position} does not read back ({e})"
-            ) from None
+            raise ValueError(f"--load-debug-rollout-data: {path}: sample {position} does not read back ({e})") from None
     _log_original_only(path, data["samples"])
     fraction = cfg.load_debug_rollout_data_subsample
     if fraction:
