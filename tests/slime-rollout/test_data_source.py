@@ -380,3 +380,24 @@ def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwe
         rows_to_samples(load_prompt_rows(f"{path}@[1:]"), source=f"{path}@[1:]", input_key="p")
     with pytest.raises(ValueError, match=r"^mem row 2: no --input-key 'p'"):
         rows_to_samples([{"p": "x"}, {"q": "y"}], source="mem", input_key="p")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"q": "hi\\ud800", "a": "1"}', r"a.jsonl line 2: --input-key 'q' holds a lone surrogate '\\ud800' at character 2"),
+        (
+            '{"q": [{"role": "user", "content": [{"type": "text", "text": "x\\udc00"}]}], "a": "1"}',
+            r"a.jsonl line 2: --input-key 'q' message 0 holds a lone surrogate '\\udc00' at character 1",
+        ),
+    ],
+)
+def test_a_prompt_no_tokenizer_can_encode_names_file_and_line(tmp_path, line, message):
+    # json reads a "\ud800" escape into a str no UTF-8 encoder takes: the tokenizer failed mid-rollout with
+    # UnicodeEncodeError (or "TextEncodeInput must be Union[...]"), naming no file or row.
+    from slime_rollout.data.source import rows_to_samples
+
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"q": "fine \\ud83d\\ude00", "a": "1"}\n' + line + "\n")  # a whole pair (an emoji) is fine
+    with pytest.raises(ValueError, match=message):
+        rows_to_samples(load_prompt_rows(str(path)), source=str(path), input_key="q", label_key="a")
