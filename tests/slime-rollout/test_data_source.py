@@ -385,7 +385,10 @@ def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwe
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"q": "hi\\ud800", "a": "1"}', r"a.jsonl line 2: --input-key 'q' holds a lone surrogate '\\ud800' at character 2"),
+        (
+            '{"q": "hi\\ud800", "a": "1"}',
+            r"a.jsonl line 2: --input-key 'q' holds a lone surrogate '\\ud800' at character 2",
+        ),
         (
             '{"q": [{"role": "user", "content": [{"type": "text", "text": "x\\udc00"}]}], "a": "1"}',
             r"a.jsonl line 2: --input-key 'q' message 0 holds a lone surrogate '\\udc00' at character 1",
