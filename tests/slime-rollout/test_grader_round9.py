@@ -120,3 +120,22 @@ def test_a_set_is_not_a_pair(answer, label, expected):
 )
 def test_named_parts_are_matched_by_name(response, label, expected):
     assert rule_based_reward("math", f"So {response}", label) == expected
+
+
+def test_gpqa_reads_numpy_metadata_separated_letters_and_an_index_correct_letter():
+    import numpy as np
+
+    # A numpy array of choices / letters (a plugin's or a pandas-read row) raised "truth value ... ambiguous".
+    choices = {"choices": np.array(["12", "15", "18", "20"])}
+    assert rule_based_reward("gpqa", "Answer: B", "15", choices) == 1.0
+    assert rule_based_reward("gpqa", "Answer: C", "15", choices) == 0.0
+    assert rule_based_reward("gpqa", "Answer: B", 1, {"valid_letters": np.array(["A", "B", "C"])}) == 1.0
+    # "A,B,C" made "," an option: the index label 1 named "," and every response scored 0.
+    assert rule_based_reward("gpqa", "Answer: B", 1, {"valid_letters": "A,B,C"}) == 1.0
+    assert rule_based_reward("gpqa", "Answer: C", 1, {"valid_letters": "A, B, C"}) == 0.0
+    # An integer correct_letter is a 0-based index (it was the text "1", which names no option: an error).
+    assert rule_based_reward("gpqa", "Answer: B", None, {"correct_letter": 1}) == 1.0
+    assert rule_based_reward("gpqa", "Answer: A", None, {"correct_letter": np.int64(0)}) == 1.0
+    assert rule_based_reward("gpqa", "Answer: B", None, {"correct_letter": 0}) == 0.0
+    with pytest.raises(ValueError, match=r"correct_letter 7\) names no option: the options are A, B"):
+        rule_based_reward("gpqa", "Answer: B", None, {"correct_letter": 7, "choices": ["1", "2"]})

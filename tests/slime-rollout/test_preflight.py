@@ -407,3 +407,14 @@ def test_sglang_flags_the_reference_engine_ignores_are_noted(tmp_path):
     ]
     outside = _cfg(data, *flags, "--rollout-engine-urls", "http://127.0.0.1:1")
     assert not [p for p in run_preflight_hooks(outside) if "reference engines read only" in p.message]
+
+
+def test_a_gpqa_row_whose_correct_letter_is_index_0_needs_no_label():
+    # correct_letter 0 (option A) was falsy, so the row was refused for lacking a --label-key.
+    from slime_core.config import SlimeArgs
+    from slime_rollout.preflight import check_prompt_rows
+
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "rm_type": "gpqa", "input_key": "q"})
+    check_prompt_rows([{"q": "pick", "metadata": {"correct_letter": 0}}], cfg, where="--prompt-data x.jsonl")
+    with pytest.raises(ValueError, match="grades against a label"):
+        check_prompt_rows([{"q": "pick", "metadata": {"correct_letter": ""}}], cfg, where="--prompt-data x.jsonl")

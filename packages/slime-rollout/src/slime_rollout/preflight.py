@@ -256,8 +256,8 @@ def _label_required(cfg: SlimeArgs, metadata: Mapping[str, Any], rm_type: str) -
     if name not in REWARDS:
         return False
     spec = REWARDS.get(name)
-    if spec.label_in_metadata and metadata.get(spec.label_in_metadata):
-        return False
+    if spec.label_in_metadata and metadata.get(spec.label_in_metadata) not in (None, ""):
+        return False  # gpqa's correct_letter may be the index 0
     return spec.grades_label
 
 
