@@ -404,3 +404,36 @@ def test_a_prompt_no_tokenizer_can_encode_names_file_and_line(tmp_path, line, me
     path.write_text('{"q": "fine \\ud83d\\ude00", "a": "1"}\n' + line + "\n")  # a whole pair (an emoji) is fine
     with pytest.raises(ValueError, match=message):
         rows_to_samples(load_prompt_rows(str(path)), source=str(path), input_key="q", label_key="a")
+
+
+@pytest.mark.parametrize(
+    ("question", "message"),
+    [
+        # Qwen3's template renders only the roles it knows: a ShareGPT "human" turn vanished, leaving the bare
+        # generation prompt "<|im_start|>assistant\n" (the model was trained to answer no question).
+        (
+            [{"role": "human", "content": "What is 2+2?"}],
+            r"d.jsonl line 1: the chat template left out message 0 \(role 'human'\)",
+        ),
+        (
+            [{"role": "system", "content": "Be brief."}, {"role": "gpt", "content": "Hi"}],
+            r"d.jsonl line 1: the chat template left out message 1 \(role 'gpt'\)",
+        ),
+        # A template that raises on a row named no file or row (jinja2's UndefinedError).
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "parts"}]}],
+            r"d.jsonl line 1: the chat template \(--apply-chat-template\) failed on this row: UndefinedError: ",
+        ),
+    ],
+)
+def test_a_row_the_chat_template_cannot_render_names_file_and_line(tmp_path, qwen3_tokenizer_dir, question, message):
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": question}])
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    with pytest.raises(ValueError, match=message):
+        rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok, apply_chat_template=True)
+    # Assistant turns are rendered as the template likes (Qwen3 drops their reasoning): not checked.
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>x</think>Yo"}]
+    (sample,) = rows_to_samples([{"q": history}], source="m", input_key="q", tokenizer=tok, apply_chat_template=True)
+    assert "<think>x</think>" not in sample.prompt and "Yo" in sample.prompt

@@ -28,6 +28,7 @@ from slime_core.dir_swap import write_text_atomic
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
+from slime_rollout.data.chat_template import render_chat
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.plugins import load_function
@@ -274,14 +275,7 @@ def rows_to_samples(
             prompt = multimodal.build_messages(prompt, images, where=where)
             renderer = multimodal.get_processor(processor_path)
         if apply_chat_template:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            prompt = renderer.apply_chat_template(
-                messages,
-                tools=tools,
-                tokenize=False,
-                add_generation_prompt=True,
-                **(apply_chat_template_kwargs or {}),
-            )
+            prompt = render_chat(renderer, prompt, tools=tools, template_kwargs=apply_chat_template_kwargs, where=where)
         if max_prompt_len is not None and (
             _prompt_len(tokenizer, prompt, images, processor_path) > max_prompt_len
             if images
