@@ -437,3 +437,16 @@ def test_a_row_the_chat_template_cannot_render_names_file_and_line(tmp_path, qwe
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>x</think>Yo"}]
     (sample,) = rows_to_samples([{"q": history}], source="m", input_key="q", tokenizer=tok, apply_chat_template=True)
     assert "<think>x</think>" not in sample.prompt and "Yo" in sample.prompt
+
+
+def test_messages_without_the_flag_are_checked_as_the_default_generate_renders_them(qwen3_tokenizer_dir):
+    # Without --apply-chat-template the default generate still renders messages with the template (encode_prompt).
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    rows = [{"q": [{"role": "human", "content": "What is 2+2?"}]}]
+    with pytest.raises(ValueError, match=r"row 1: the chat template left out message 0 \(role 'human'\)"):
+        rows_to_samples(rows, source="m", input_key="q", tokenizer=tok, max_prompt_len=100)
+    rows = [{"q": [{"role": "user", "content": "Hi"}]}]
+    assert rows_to_samples(rows, source="m", input_key="q", tokenizer=tok, max_prompt_len=100)[0].prompt == rows[0]["q"]
+    assert rows_to_samples(rows, source="m", input_key="q", tokenizer=tok, max_prompt_len=5) == []  # 8 tokens rendered

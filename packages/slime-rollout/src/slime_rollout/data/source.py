@@ -274,12 +274,19 @@ def rows_to_samples(
         if image_key:
             prompt = multimodal.build_messages(prompt, images, where=where)
             renderer = multimodal.get_processor(processor_path)
+        measured, measured_tools = prompt, tools
         if apply_chat_template:
             prompt = render_chat(renderer, prompt, tools=tools, template_kwargs=apply_chat_template_kwargs, where=where)
+            measured, measured_tools = prompt, None
+        elif isinstance(prompt, list) and tokenizer is not None and not image_key:
+            # Messages without the flag: the default generate renders them with the template (`encode_prompt`), so
+            # a role it drops is checked here too; the rendering is what the length filter measures.
+            measured = render_chat(tokenizer, prompt, tools=tools, template_kwargs=None, where=where)
+            measured_tools = None
         if max_prompt_len is not None and (
             _prompt_len(tokenizer, prompt, images, processor_path) > max_prompt_len
             if images
-            else prompt_too_long(tokenizer, prompt, tools, max_prompt_len)
+            else prompt_too_long(tokenizer, measured, measured_tools, max_prompt_len)
         ):
             dropped.append(position)
             continue
