@@ -139,3 +139,19 @@ def test_gpqa_reads_numpy_metadata_separated_letters_and_an_index_correct_letter
     assert rule_based_reward("gpqa", "Answer: B", None, {"correct_letter": 0}) == 0.0
     with pytest.raises(ValueError, match=r"correct_letter 7\) names no option: the options are A, B"):
         rule_based_reward("gpqa", "Answer: B", None, {"correct_letter": 7, "choices": ["1", "2"]})
+
+
+async def test_a_rows_rm_type_is_read_stripped_as_in_the_original():
+    # `(metadata.get("rm_type") or args.rm_type or "").strip()` in the original; " math" was an unknown reward here.
+    from slime_core.config import PluginArgs, SlimeArgs
+    from slime_core.sample import Sample
+    from slime_rollout.preflight import check_prompt_rows
+    from slime_rollout.rewards import async_rm
+
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "rm_type": "f1", "rm_num_workers": 0})
+    sample = Sample(response=r"\boxed{18}", label="18", metadata={"rm_type": " math\n"})
+    assert await async_rm(PluginArgs.from_config(cfg), sample) == 1.0
+    row = {"input": "q", "label": "18", "metadata": {"rm_type": " boxed_math "}}
+    check_prompt_rows([row], cfg.model_copy(update={"label_key": "label"}), where="--prompt-data x.jsonl")
+    with pytest.raises(ValueError, match=r"metadata rm_type 'maths' is not a registered reward function"):
+        check_prompt_rows([{**row, "metadata": {"rm_type": "maths"}}], cfg, where="--prompt-data x.jsonl")

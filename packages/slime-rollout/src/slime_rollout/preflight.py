@@ -24,6 +24,7 @@ from slime_core.registry import Problem
 from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
+from slime_rollout.rewards import row_rm_type
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -309,8 +310,8 @@ def _check_row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> N
     Raises:
         ValueError: naming the row and the registered names.
     """
-    rm_type = None if cfg.custom_rm_path else metadata.get("rm_type")
-    if rm_type and str(rm_type).removeprefix("boxed_") not in REWARDS:
+    rm_type = None if cfg.custom_rm_path else row_rm_type(metadata, None)
+    if rm_type and rm_type.removeprefix("boxed_") not in REWARDS:
         raise ValueError(
             f"{at}: metadata rm_type {rm_type!r} is not a registered reward function (registered: "
             f"{', '.join(REWARDS.names())}; each also as boxed_<name>)"
@@ -347,7 +348,7 @@ def check_prompt_rows(
         metadata = row_metadata(dict(row), cfg.metadata_key, at, key_flags.metadata_key)
         row_tools(dict(row), cfg.tool_key, at, key_flags.tool_key)
         _check_row_reward(cfg, metadata, at)
-        rm_type = str(metadata.get("rm_type") or cfg.rm_type or "")  # the reward that scores the row
+        rm_type = row_rm_type(metadata, cfg.rm_type)  # the reward that scores the row
         required = _label_required(cfg, metadata, rm_type)
         if not cfg.label_key:
             if required:  # every sample's label would be None: graded against nothing
