@@ -1,5 +1,7 @@
 """Rollout debug dumps: atomic save, exact round trip, eval file names, subsampling, regrouping."""
 
+import fractions
+
 import pytest
 import torch
 
@@ -117,3 +119,24 @@ def test_subsample_keeps_the_originals_count(tmp_path, num, fraction, kept):
     )
     save_debug_rollout_data(args, 0, _samples(num))
     assert [s.index for s in load_debug_rollout_data(args, 0)] == (kept or list(range(num)))
+
+
+def test_an_original_vision_language_dump_loads_with_its_images(tmp_path):
+    # The original's samples keep PIL images in multimodal_inputs; the safe loader refused the dump
+    # ("Weights only load failed", naming no global).
+    from PIL import Image
+
+    record = {
+        **_original_record(0),
+        "multimodal_inputs": {"images": [Image.new("RGB", (4, 3), (255, 0, 0))]},
+        "multimodal_train_inputs": {"pixel_values": torch.zeros(2, 3), "image_grid_thw": torch.tensor([[1, 1, 2]])},
+    }
+    torch.save({"rollout_id": 0, "samples": [record]}, tmp_path / "0.pt")
+    (sample,) = load_debug_rollout_data(_cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt")), 0)
+    assert sample.multimodal_inputs["images"][0].size == (4, 3)
+    assert sample.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 1, 2]]
+    # Any other object is still refused, naming the global.
+    foreign = {**_original_record(1), "metadata": {"x": fractions.Fraction(1, 3)}}
+    torch.save({"rollout_id": 1, "samples": [foreign]}, tmp_path / "1.pt")
+    with pytest.raises(ValueError, match=r"not a rollout dump torch can read \(.*Unsupported global"):
+        load_debug_rollout_data(_cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt")), 1)

@@ -13,6 +13,7 @@ import pathlib
 import tempfile
 from typing import TYPE_CHECKING
 
+import PIL.Image
 import torch
 
 from slime_core.sample import Sample
@@ -80,13 +81,15 @@ def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
     path = dump_path(cfg.load_debug_rollout_data, rollout_id)
     if not path.exists():
         raise FileNotFoundError(f"--load-debug-rollout-data: no dump for rollout {rollout_id} at {path}")
-    # Dumps hold only builtin types (Sample.to_dict), so the safe loader suffices.
+    # Dumps hold builtin types and tensors (Sample.to_dict), so the safe loader suffices; the original's dumps of
+    # vision-language runs also hold its samples' PIL images (`multimodal_inputs`), allowed by name.
     try:
-        data = torch.load(path, weights_only=True)
+        with torch.serialization.safe_globals([PIL.Image.Image]):
+            data = torch.load(path, weights_only=True)
     except Exception as e:  # noqa: BLE001 - pickle/zip errors of a truncated or foreign file: one line naming it
         raise ValueError(
             f"--load-debug-rollout-data: {path} is not a rollout dump torch can read ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else e!r})"
+            f"{_first_reason(e)})"
         ) from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list | tuple):
         raise ValueError(f"--load-debug-rollout-data: {path} is not a rollout dump (expected a dict with 'samples')")
@@ -105,6 +108,13 @@ def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
         head = num_kept // 2
         samples = samples[:head] + samples[len(samples) - (num_kept - head) :]
     return samples
+
+
+def _first_reason(error: Exception) -> str:
+    """The line of a load error that says what is wrong: the global the safe loader refused, else the first line."""
+    lines = str(error).splitlines() or [repr(error)]
+    refused = [line.strip() for line in lines if "Unsupported global" in line]
+    return refused[0] if refused else lines[0]
 
 
 def _log_original_only(path: pathlib.Path, records: list) -> None:
