@@ -140,3 +140,15 @@ def test_an_original_vision_language_dump_loads_with_its_images(tmp_path):
     torch.save({"rollout_id": 1, "samples": [foreign]}, tmp_path / "1.pt")
     with pytest.raises(ValueError, match=r"not a rollout dump torch can read \(.*Unsupported global"):
         load_debug_rollout_data(_cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt")), 1)
+
+
+def test_an_original_dump_with_top_p_replay_tensors_loads(tmp_path):
+    # The original merges top-p replay spans into int32 tensors (types.py); from_dict wanted lists ("must be a list").
+    record = {
+        **_original_record(0),
+        "rollout_top_p_token_ids": torch.tensor([7, 8, 9], dtype=torch.int32),
+        "rollout_top_p_token_offsets": torch.tensor([0, 3], dtype=torch.int32),
+    }
+    torch.save({"rollout_id": 0, "samples": [record]}, tmp_path / "0.pt")
+    (sample,) = load_debug_rollout_data(_cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt")), 0)
+    assert sample.rollout_top_p_token_ids == [7, 8, 9] and sample.rollout_top_p_token_offsets == [0, 3]

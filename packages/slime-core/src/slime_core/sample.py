@@ -462,6 +462,10 @@ class Sample:
                 "the original's)"
             )
         kwargs = {k: v for k, v in data.items() if k in names}
+        for key in ("rollout_top_p_token_ids", "rollout_top_p_token_offsets"):
+            value = kwargs.get(key)
+            if hasattr(value, "reshape") and callable(getattr(value, "tolist", None)):
+                kwargs[key] = value.reshape(-1).tolist()  # the original's samples keep these as int32 tensors
         check_field_types(kwargs)
         status = kwargs.get("status", Status.PENDING)
         if not isinstance(status, Status):
