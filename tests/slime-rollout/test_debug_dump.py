@@ -152,3 +152,10 @@ def test_an_original_dump_with_top_p_replay_tensors_loads(tmp_path):
     torch.save({"rollout_id": 0, "samples": [record]}, tmp_path / "0.pt")
     (sample,) = load_debug_rollout_data(_cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt")), 0)
     assert sample.rollout_top_p_token_ids == [7, 8, 9] and sample.rollout_top_p_token_offsets == [0, 3]
+
+
+def test_an_original_dump_with_a_tensor_reward_loads(tmp_path):
+    # The original stores what the reward function returned; a 0-d tensor was refused ("must be a number").
+    torch.save({"rollout_id": 0, "samples": [{**_original_record(0), "reward": torch.tensor(0.5)}]}, tmp_path / "0.pt")
+    (sample,) = load_debug_rollout_data(_cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt")), 0)
+    assert sample.reward == 0.5 and type(sample.reward) is float

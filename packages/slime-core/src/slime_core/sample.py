@@ -466,6 +466,9 @@ class Sample:
             value = kwargs.get(key)
             if hasattr(value, "reshape") and callable(getattr(value, "tolist", None)):
                 kwargs[key] = value.reshape(-1).tolist()  # the original's samples keep these as int32 tensors
+        reward = kwargs.get("reward")
+        if getattr(reward, "ndim", None) == 0 and callable(getattr(reward, "item", None)):
+            kwargs["reward"] = reward.item()  # a reward function's 0-d tensor, kept as is by the original
         check_field_types(kwargs)
         status = kwargs.get("status", Status.PENDING)
         if not isinstance(status, Status):
