@@ -450,3 +450,19 @@ def test_messages_without_the_flag_are_checked_as_the_default_generate_renders_t
     rows = [{"q": [{"role": "user", "content": "Hi"}]}]
     assert rows_to_samples(rows, source="m", input_key="q", tokenizer=tok, max_prompt_len=100)[0].prompt == rows[0]["q"]
     assert rows_to_samples(rows, source="m", input_key="q", tokenizer=tok, max_prompt_len=5) == []  # 8 tokens rendered
+
+
+def test_an_optional_column_set_away_from_its_default_and_missing_is_counted(caplog):
+    # A misspelt --metadata-key made every row's metadata {} (and so its rm_type, choices, ...), without a word.
+    from slime_rollout.data.source import rows_to_samples
+
+    rows = [{"q": "a", "meta": {"rm_type": "f1"}}, {"q": "b"}, {"q": "c"}]
+    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+        samples = rows_to_samples(rows, source="d.jsonl", input_key="q", metadata_key="meta", tool_key="tool")
+    assert [s.metadata for s in samples] == [{"rm_type": "f1"}, {}, {}]
+    assert "d.jsonl: 2 of 3 rows have no --metadata-key 'meta'" in caplog.text
+    assert "d.jsonl: 3 of 3 rows have no --tool-key 'tool'" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+        rows_to_samples([{"q": "a"}], source="d.jsonl", input_key="q")  # the defaults: optional, not warned about
+    assert "rows have no" not in caplog.text

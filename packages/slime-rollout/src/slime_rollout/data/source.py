@@ -293,6 +293,7 @@ def rows_to_samples(
         label = row.get(label_key) if label_key else None
         mm_inputs = {"images": images} if images else None
         samples.append(Sample(prompt=prompt, label=label, metadata=metadata, multimodal_inputs=mm_inputs))
+    _warn_missing_columns(rows, source, {metadata_key: key_flags.metadata_key, tool_key: key_flags.tool_key})
     if dropped:
         shown = ", ".join(map(str, dropped[:_ROWS_SHOWN])) + (", ..." if len(dropped) > _ROWS_SHOWN else "")
         logger.warning(
@@ -309,6 +310,24 @@ def rows_to_samples(
 
 
 _ROWS_SHOWN = 20  # dropped rows named in the warning (the count covers them all)
+_DEFAULT_COLUMNS = frozenset({"metadata", "tools"})  # optional columns by default: many datasets have neither
+
+
+def _warn_missing_columns(rows: Sequence[dict[str, Any]], source: str, columns: dict[str | None, str]) -> None:
+    """One warning per optional column set away from its default (`--metadata-key extra`) that rows lack.
+
+    Such a row is read without it ({} metadata, no tools), as in the original; a misspelt key made every row so,
+    without a word.
+    """
+    for key, flag in columns.items():
+        if not key or key in _DEFAULT_COLUMNS or not rows:
+            continue
+        num_missing = sum(key not in row for row in rows)
+        if num_missing:
+            logger.warning(
+                "%s: %d of %d rows have no %s %r (read without it; keys of the first row: %s)",
+                source, num_missing, len(rows), flag, key, sorted(rows[0]),
+            )  # fmt: skip
 
 
 def _data_dir(source: str) -> pathlib.Path:
