@@ -25,6 +25,7 @@ from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
 from slime_rollout.rewards import row_rm_type
+from slime_rollout.rewards.math_utils import extract_label_answer
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -299,9 +300,18 @@ def _check_label_value(cfg: SlimeArgs, label: Any, rm_type: str, at: str, label_
         problem = f"{label} (a JSON NaN/Infinity), not an answer"
     elif isinstance(label, bytes | bytearray):
         problem = f"bytes {label[:40]!r} (a binary Parquet column; store it as strings), not text"
+    elif _reads_final_answer(rm_type) and isinstance(label, str) and not extract_label_answer(label):
+        # "... #### " or "\boxed{}": the answer these graders take from the label is empty, which nothing equals.
+        problem = f"{label[-60:]!r}, whose final answer ('#### x' or its last box) is empty"
     else:
         return
     raise ValueError(f"{at}: {label_flag} {cfg.label_key!r} holds {problem}, which --rm-type {rm_type} grades against")
+
+
+def _reads_final_answer(rm_type: str) -> bool:
+    """Whether the reward grades the label's final answer (`#### x`, its last box): math, deepscaler, dapo."""
+    name = rm_type.removeprefix("boxed_")
+    return name in REWARDS and REWARDS.get(name).reads_box
 
 
 def _check_row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> None:
