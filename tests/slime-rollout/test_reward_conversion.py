@@ -218,3 +218,16 @@ async def test_a_group_reward_may_be_a_1d_array_or_tensor(arrays):
     assert await batched_async_rm(args, samples) == [1.0, 0.0]
     with pytest.raises(RewardFunctionError, match="must return a list of 3 rewards"):
         await batched_async_rm(args, samples + [Sample(response="x", index=2)])
+
+
+def test_arrays_of_scores_inside_a_reward_dict_become_lists():
+    # `{"score": 1.0, "probs": np.array([...])}` was refused ("a score of type ndarray"); non-finite ones still are.
+    import numpy as np
+    import torch
+
+    from slime_rollout.rewards.checks import NotAReward, plain_reward
+
+    out = plain_reward({"score": 1.0, "probs": np.array([0.25, 0.75]), "ids": torch.tensor([[1, 2]])})
+    assert out == {"score": 1.0, "probs": [0.25, 0.75], "ids": [[1.0, 2.0]]}
+    with pytest.raises(NotAReward, match=r"a non-finite score \(nan\) at 'probs'\[1\]"):
+        plain_reward({"score": 1.0, "probs": np.array([0.5, np.nan])})

@@ -129,6 +129,8 @@ def _plain_key(key: Any) -> Any:
 def _plain_score(value: Any, path: str, depth: int) -> Any:
     """A plain copy of a score inside a reward dict (`path`: where it is, `'score'['x']`)."""
     value = _scalar(value)
+    if getattr(value, "ndim", 0) >= 1 and callable(getattr(value, "tolist", None)):
+        value = value.tolist()  # an array or tensor of scores beside the reward (`{"score": 1.0, "probs": ...}`)
     if type(value) in (bool, str) or value is None:
         return value
     if isinstance(value, numbers.Real):
