@@ -291,3 +291,27 @@ def test_from_dict_keeps_every_form_the_original_round_trips():
     assert (s.response_length, s.reward, s.index, s.status) == (1, True, 4, Status.COMPLETED)
     assert Sample.from_dict({**data, "reward": 2, "rollout_routed_experts": torch.zeros(2, 1, 2)}).reward == 2
     assert Sample.from_dict({**data, "reward": {"acc": 1.0}, "rollout_routed_experts": None}).reward == {"acc": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("reward", "key", "message"),
+    [
+        ({"score": None, "pred": "x"}, "score", r"sample 7: its reward's --reward-key 'score' score is NoneType None"),
+        ({"score": [1.0]}, "score", r"sample 7: its reward's --reward-key 'score' score is list \[1.0\], not a"),
+        ("1.5", None, r"sample 7: its reward is str '1.5', not a number"),
+        ({1: 1.0, "acc": True}, "score", r"dict with keys \['1', 'acc'\]; set --reward-key"),
+    ],
+)
+def test_a_reward_that_is_not_a_number_names_the_sample_and_key(reward, key, message):
+    # Was float()'s bare TypeError/ValueError (or a str reward read as a number); mixed keys failed in sorted().
+    with pytest.raises(ValueError, match=message):
+        Sample(index=7, reward=reward).get_reward_value(key)
+
+
+def test_numeric_rewards_of_any_kind_read_as_floats():
+    import numpy as np
+    import torch
+
+    assert [Sample(reward=r).get_reward_value("s") for r in (True, np.float32(0.5), torch.tensor(2.0), {"s": 3})] == [
+        1.0, 0.5, 2.0, 3.0,
+    ]  # fmt: skip

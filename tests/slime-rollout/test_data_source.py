@@ -380,3 +380,89 @@ def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwe
         rows_to_samples(load_prompt_rows(f"{path}@[1:]"), source=f"{path}@[1:]", input_key="p")
     with pytest.raises(ValueError, match=r"^mem row 2: no --input-key 'p'"):
         rows_to_samples([{"p": "x"}, {"q": "y"}], source="mem", input_key="p")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            '{"q": "hi\\ud800", "a": "1"}',
+            r"a.jsonl line 2: --input-key 'q' holds a lone surrogate '\\ud800' at character 2",
+        ),
+        (
+            '{"q": [{"role": "user", "content": [{"type": "text", "text": "x\\udc00"}]}], "a": "1"}',
+            r"a.jsonl line 2: --input-key 'q' message 0 holds a lone surrogate '\\udc00' at character 1",
+        ),
+    ],
+)
+def test_a_prompt_no_tokenizer_can_encode_names_file_and_line(tmp_path, line, message):
+    # json reads a "\ud800" escape into a str no UTF-8 encoder takes: the tokenizer failed mid-rollout with
+    # UnicodeEncodeError (or "TextEncodeInput must be Union[...]"), naming no file or row.
+    from slime_rollout.data.source import rows_to_samples
+
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"q": "fine \\ud83d\\ude00", "a": "1"}\n' + line + "\n")  # a whole pair (an emoji) is fine
+    with pytest.raises(ValueError, match=message):
+        rows_to_samples(load_prompt_rows(str(path)), source=str(path), input_key="q", label_key="a")
+
+
+@pytest.mark.parametrize(
+    ("question", "message"),
+    [
+        # Qwen3's template renders only the roles it knows: a ShareGPT "human" turn vanished, leaving the bare
+        # generation prompt "<|im_start|>assistant\n" (the model was trained to answer no question).
+        (
+            [{"role": "human", "content": "What is 2+2?"}],
+            r"d.jsonl line 1: the chat template left out message 0 \(role 'human'\)",
+        ),
+        (
+            [{"role": "system", "content": "Be brief."}, {"role": "gpt", "content": "Hi"}],
+            r"d.jsonl line 1: the chat template left out message 1 \(role 'gpt'\)",
+        ),
+        # A template that raises on a row named no file or row (jinja2's UndefinedError).
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "parts"}]}],
+            r"d.jsonl line 1: the chat template \(--apply-chat-template\) failed on this row: UndefinedError: ",
+        ),
+    ],
+)
+def test_a_row_the_chat_template_cannot_render_names_file_and_line(tmp_path, qwen3_tokenizer_dir, question, message):
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": question}])
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    with pytest.raises(ValueError, match=message):
+        rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok, apply_chat_template=True)
+    # Assistant turns are rendered as the template likes (Qwen3 drops their reasoning): not checked.
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>x</think>Yo"}]
+    (sample,) = rows_to_samples([{"q": history}], source="m", input_key="q", tokenizer=tok, apply_chat_template=True)
+    assert "<think>x</think>" not in sample.prompt and "Yo" in sample.prompt
+
+
+def test_messages_without_the_flag_are_checked_as_the_default_generate_renders_them(qwen3_tokenizer_dir):
+    # Without --apply-chat-template the default generate still renders messages with the template (encode_prompt).
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    rows = [{"q": [{"role": "human", "content": "What is 2+2?"}]}]
+    with pytest.raises(ValueError, match=r"row 1: the chat template left out message 0 \(role 'human'\)"):
+        rows_to_samples(rows, source="m", input_key="q", tokenizer=tok, max_prompt_len=100)
+    rows = [{"q": [{"role": "user", "content": "Hi"}]}]
+    assert rows_to_samples(rows, source="m", input_key="q", tokenizer=tok, max_prompt_len=100)[0].prompt == rows[0]["q"]
+    assert rows_to_samples(rows, source="m", input_key="q", tokenizer=tok, max_prompt_len=5) == []  # 8 tokens rendered
+
+
+def test_an_optional_column_set_away_from_its_default_and_missing_is_counted(caplog):
+    # A misspelt --metadata-key made every row's metadata {} (and so its rm_type, choices, ...), without a word.
+    from slime_rollout.data.source import rows_to_samples
+
+    rows = [{"q": "a", "meta": {"rm_type": "f1"}}, {"q": "b"}, {"q": "c"}]
+    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+        samples = rows_to_samples(rows, source="d.jsonl", input_key="q", metadata_key="meta", tool_key="tool")
+    assert [s.metadata for s in samples] == [{"rm_type": "f1"}, {}, {}]
+    assert "d.jsonl: 2 of 3 rows have no --metadata-key 'meta'" in caplog.text
+    assert "d.jsonl: 3 of 3 rows have no --tool-key 'tool'" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+        rows_to_samples([{"q": "a"}], source="d.jsonl", input_key="q")  # the defaults: optional, not warned about
+    assert "rows have no" not in caplog.text

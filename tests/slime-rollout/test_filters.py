@@ -46,3 +46,15 @@ def test_fan_out_groups_are_flattened():
     assert check_reward_nonzero_std(args, fan_out).keep is True
     same = [_group(1.0, 1.0), _group(1.0)]
     assert check_reward_nonzero_std(args, same) == DynamicFilterOutput(keep=False, reason="zero_std_1.0")
+
+
+def test_a_numpy_or_tensor_bool_is_a_verdict():
+    # `np.std(rewards) > 0` is an np.bool_, which the original's DynamicFilterOutput(keep=output) takes; refused here.
+    import numpy as np
+    import torch
+
+    assert normalize_filter_output(np.bool_(True)) == DynamicFilterOutput(keep=True)
+    assert normalize_filter_output(np.std([1.0, 1.0]) > 0) == DynamicFilterOutput(keep=False, reason="filtered")
+    assert normalize_filter_output(torch.tensor(True)) == DynamicFilterOutput(keep=True)
+    with pytest.raises(TypeError, match="DynamicFilterOutput or bool, got float"):
+        normalize_filter_output(np.float64(1.0))

@@ -407,3 +407,30 @@ def test_sglang_flags_the_reference_engine_ignores_are_noted(tmp_path):
     ]
     outside = _cfg(data, *flags, "--rollout-engine-urls", "http://127.0.0.1:1")
     assert not [p for p in run_preflight_hooks(outside) if "reference engines read only" in p.message]
+
+
+def test_a_gpqa_row_whose_correct_letter_is_index_0_needs_no_label():
+    # correct_letter 0 (option A) was falsy, so the row was refused for lacking a --label-key.
+    from slime_core.config import SlimeArgs
+    from slime_rollout.preflight import check_prompt_rows
+
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "rm_type": "gpqa", "input_key": "q"})
+    check_prompt_rows([{"q": "pick", "metadata": {"correct_letter": 0}}], cfg, where="--prompt-data x.jsonl")
+    with pytest.raises(ValueError, match="grades against a label"):
+        check_prompt_rows([{"q": "pick", "metadata": {"correct_letter": ""}}], cfg, where="--prompt-data x.jsonl")
+
+
+@pytest.mark.parametrize("label", ["Natalia sold 48 clips. ####", "####   ", r"The answer is \boxed{}"])
+def test_a_label_whose_final_answer_is_empty_is_refused(label):
+    # A GSM8K solution cut before its answer graded every response against "": all 0, without a word.
+    from slime_core.config import SlimeArgs
+    from slime_rollout.preflight import check_prompt_rows
+
+    cfg = SlimeArgs.from_dict(
+        {"rollout_batch_size": 1, "num_rollout": 1, "rm_type": "math", "input_key": "q", "label_key": "a"}
+    )
+    with pytest.raises(ValueError, match=r"x.jsonl row 1: --label-key 'a' holds .* whose final answer .* is empty"):
+        check_prompt_rows([{"q": "how many?", "a": label}], cfg, where="--prompt-data x.jsonl")
+    fixed = label.replace("{}", "{72}") if "boxed" in label else label + " 72"
+    check_prompt_rows([{"q": "how many?", "a": fixed}], cfg, where="--prompt-data x.jsonl")
+    check_prompt_rows([{"q": "how many?", "a": label}], cfg.model_copy(update={"rm_type": "f1"}), where="x.jsonl")

@@ -165,3 +165,69 @@ def test_plain_reward_keeps_values_and_refuses_objects():
     }  # fmt: skip
     with pytest.raises(ValueError, match=r"a score of type object at 'meta', not a number, string, list or dict"):
         plain_reward({"score": 1.0, "meta": object()})
+
+
+ARRAY_REWARDS = """
+import numpy as np
+import torch
+
+
+async def numpy_bool(args, sample):
+    return np.isclose(float(sample.response), 2.0)
+
+
+async def tensor_score(args, sample):
+    return {"score": torch.tensor(0.25), "acc": np.bool_(False)}
+
+
+async def nan_tensor(args, sample):
+    return torch.tensor(float("nan"))
+
+
+async def group_array(args, samples):
+    return np.array([0.5] * len(samples))
+
+
+async def group_tensor(args, samples):
+    return torch.tensor([1.0, 0.0])
+"""
+
+
+@pytest.fixture
+def arrays(tmp_path, monkeypatch):
+    (tmp_path / "array_rewards.py").write_text(ARRAY_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "array_rewards"
+
+
+async def test_numpy_and_tensor_scalars_are_rewards_as_in_the_original(arrays):
+    # The original puts rewards into torch.tensor(...), which takes np.bool_ and 0-d tensors; refused here before.
+    out = await async_rm(_args(custom_rm_path=f"{arrays}.numpy_bool"), Sample(response="2.0", index=1))
+    assert out is True
+    out = await async_rm(_args(custom_rm_path=f"{arrays}.tensor_score"), Sample(response="x", index=1))
+    assert out == {"score": 0.25, "acc": False} and type(out["score"]) is float and type(out["acc"]) is bool
+    with pytest.raises(RewardFunctionError, match=r"array_rewards.nan_tensor returned a non-finite reward \(nan\)"):
+        await async_rm(_args(custom_rm_path=f"{arrays}.nan_tensor"), Sample(response="x", index=3))
+
+
+async def test_a_group_reward_may_be_a_1d_array_or_tensor(arrays):
+    samples = [Sample(response="x", index=i) for i in range(2)]
+    args = _args(custom_rm_path=f"{arrays}.group_array", group_rm=True)
+    assert await batched_async_rm(args, samples) == [0.5, 0.5]
+    args = _args(custom_rm_path=f"{arrays}.group_tensor", group_rm=True)
+    assert await batched_async_rm(args, samples) == [1.0, 0.0]
+    with pytest.raises(RewardFunctionError, match="must return a list of 3 rewards"):
+        await batched_async_rm(args, samples + [Sample(response="x", index=2)])
+
+
+def test_arrays_of_scores_inside_a_reward_dict_become_lists():
+    # `{"score": 1.0, "probs": np.array([...])}` was refused ("a score of type ndarray"); non-finite ones still are.
+    import numpy as np
+    import torch
+
+    from slime_rollout.rewards.checks import NotAReward, plain_reward
+
+    out = plain_reward({"score": 1.0, "probs": np.array([0.25, 0.75]), "ids": torch.tensor([[1, 2]])})
+    assert out == {"score": 1.0, "probs": [0.25, 0.75], "ids": [[1.0, 2.0]]}
+    with pytest.raises(NotAReward, match=r"a non-finite score \(nan\) at 'probs'\[1\]"):
+        plain_reward({"score": 1.0, "probs": np.array([0.5, np.nan])})

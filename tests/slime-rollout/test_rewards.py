@@ -53,7 +53,7 @@ def test_gsm8k_labels_own_answer_is_correct_and_wrong_answer_is_not(fixtures_dir
         ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
         ("\\boxed{3}", "4", 0.0),
         ("no box here 18", "18", 0.0),
-        ("\\boxed{18", "18", 1.0),  # unclosed box: the answer is still readable (issue 17)
+        ("\\boxed{18", "18", 0.0),  # unclosed box (cut off): no answer, as the original (issue 27)
         ("\\boxed{17", "18", 0.0),
         ("\\boxed{}", "18", 0.0),
         ("\\boxed{__import__('os').system('true')}", "0", 0.0),  # never evaluated

@@ -23,10 +23,11 @@ import base64
 import dataclasses
 import enum
 import io
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slime_core.sample_fields import check_field_types
+from slime_core.sample_fields import ORIGINAL_ONLY_FIELDS, check_field_types
 
 if TYPE_CHECKING:
     import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
@@ -210,21 +211,27 @@ class Sample:
                 `reward_key` attribute (the original's signature is `get_reward_value(args)`).
 
         Raises:
-            ValueError: if the sample has no reward yet, or `reward` is a dict and `reward_key` is missing
-                from it or not given.
+            ValueError: if the sample has no reward yet, `reward` is a dict and `reward_key` is missing from it or
+                not given, or the value is not a number (a dict's `{"score": None}`, a string: they failed as a
+                bare `float()` error naming neither the sample nor the key).
         """
         if reward_key is not None and not isinstance(reward_key, str):
             reward_key = reward_key.reward_key  # the run's args, as original plugins pass them
         if self.reward is None:
             raise ValueError(f"sample {self.index} has no reward yet")
+        value, what = self.reward, "reward"
         if isinstance(self.reward, Mapping):
             if reward_key is None or reward_key not in self.reward:
                 raise ValueError(
-                    f"sample {self.index}: reward is a dict with keys {sorted(self.reward)}; "
+                    f"sample {self.index}: reward is a dict with keys {sorted(map(str, self.reward))}; "
                     f"set --reward-key to one of them (got {reward_key!r})"
                 )
-            return float(self.reward[reward_key])
-        return float(self.reward)
+            value, what = self.reward[reward_key], f"reward's --reward-key {reward_key!r} score"
+        # A number (bool and numpy scalars included) or a 0-d tensor/array; a str is not one (the original's
+        # torch.tensor(rewards) refuses it too).
+        if not (isinstance(value, numbers.Real) or getattr(value, "ndim", None) == 0):
+            raise ValueError(f"sample {self.index}: its {what} is {type(value).__name__} {value!r:.60}, not a number")
+        return float(value)
 
     def unsupported_fields(self) -> list[str]:
         """Names of the original fields this sample sets that this version cannot train with (none left).
@@ -434,19 +441,35 @@ class Sample:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Sample:
-        """Rebuilds a sample from `to_dict` output.
+        """Rebuilds a sample from `to_dict` output, or from the original's (its debug dumps).
+
+        The original's fields this version does not keep (`sample_fields.ORIGINAL_ONLY_FIELDS`: `spec_info`,
+        `prefix_cache_info`, engine statistics) are read past; `--load-debug-rollout-data` counts and logs them.
 
         Raises:
-            ValueError: on an unknown field or status (so a dump from another version fails loudly).
-            TypeError: a field of the wrong type, naming the field and the value's type
-                (`slime_core.sample_fields.check_field_types`).
+            ValueError: on a field neither this version's nor the original's, naming it, or an unknown status (so
+                a dump from other code fails loudly).
+            TypeError: `data` is not a mapping, or a field of the wrong type, naming the field and the value's
+                type (`slime_core.sample_fields.check_field_types`).
         """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"Sample.from_dict: a sample must be a dict of fields, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
+        unknown = set(data) - names - ORIGINAL_ONLY_FIELDS.keys()
         if unknown:
-            raise ValueError(f"Sample.from_dict: unknown fields {sorted(unknown)}")
-        check_field_types(data)
-        kwargs = dict(data)
+            raise ValueError(
+                f"Sample.from_dict: unknown fields {sorted(map(str, unknown))} (neither this version's Sample nor "
+                "the original's)"
+            )
+        kwargs = {k: v for k, v in data.items() if k in names}
+        for key in ("rollout_top_p_token_ids", "rollout_top_p_token_offsets"):
+            value = kwargs.get(key)
+            if hasattr(value, "reshape") and callable(getattr(value, "tolist", None)):
+                kwargs[key] = value.reshape(-1).tolist()  # the original's samples keep these as int32 tensors
+        reward = kwargs.get("reward")
+        if getattr(reward, "ndim", None) == 0 and callable(getattr(reward, "item", None)):
+            kwargs["reward"] = reward.item()  # a reward function's 0-d tensor, kept as is by the original
+        check_field_types(kwargs)
         status = kwargs.get("status", Status.PENDING)
         if not isinstance(status, Status):
             try:

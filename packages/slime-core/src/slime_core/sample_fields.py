@@ -14,7 +14,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["check_field_types"]
+__all__ = ["ORIGINAL_ONLY_FIELDS", "check_field_types"]
 
 
 def _is_int(x: Any) -> bool:
@@ -114,6 +114,14 @@ _FIELDS: dict[str, tuple[Callable[[Any], str | None], str]] = {
     "teacher_log_probs": (_log_probs_or_tensor, "a list of numbers, a tensor or None"),
     "multimodal_train_input_id": _optional(_STR),
     "rollout_routed_experts": (_routes, "a tensor, nested int lists, an encoded tensor or None"),
+}
+
+
+# Fields of the original's `Sample` (slime/utils/types.py) this version does not keep, with what they hold: its
+# debug dumps (`--save-debug-rollout-data`) carry them, so `from_dict` reads past them (the caller counts and logs).
+ORIGINAL_ONLY_FIELDS: Mapping[str, str] = {
+    "spec_info": "SGLang speculative-decoding counts (metrics only)",
+    "prefix_cache_info": "SGLang prefix-cache hit counts (metrics only)",
 }
 
 

@@ -24,6 +24,8 @@ from slime_core.registry import Problem
 from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
+from slime_rollout.rewards import row_rm_type
+from slime_rollout.rewards.math_utils import extract_label_answer
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -256,8 +258,8 @@ def _label_required(cfg: SlimeArgs, metadata: Mapping[str, Any], rm_type: str) -
     if name not in REWARDS:
         return False
     spec = REWARDS.get(name)
-    if spec.label_in_metadata and metadata.get(spec.label_in_metadata):
-        return False
+    if spec.label_in_metadata and metadata.get(spec.label_in_metadata) not in (None, ""):
+        return False  # gpqa's correct_letter may be the index 0
     return spec.grades_label
 
 
@@ -298,9 +300,18 @@ def _check_label_value(cfg: SlimeArgs, label: Any, rm_type: str, at: str, label_
         problem = f"{label} (a JSON NaN/Infinity), not an answer"
     elif isinstance(label, bytes | bytearray):
         problem = f"bytes {label[:40]!r} (a binary Parquet column; store it as strings), not text"
+    elif _reads_final_answer(rm_type) and isinstance(label, str) and not extract_label_answer(label):
+        # "... #### " or "\boxed{}": the answer these graders take from the label is empty, which nothing equals.
+        problem = f"{label[-60:]!r}, whose final answer ('#### x' or its last box) is empty"
     else:
         return
     raise ValueError(f"{at}: {label_flag} {cfg.label_key!r} holds {problem}, which --rm-type {rm_type} grades against")
+
+
+def _reads_final_answer(rm_type: str) -> bool:
+    """Whether the reward grades the label's final answer (`#### x`, its last box): math, deepscaler, dapo."""
+    name = rm_type.removeprefix("boxed_")
+    return name in REWARDS and REWARDS.get(name).reads_box
 
 
 def _check_row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> None:
@@ -309,8 +320,8 @@ def _check_row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> N
     Raises:
         ValueError: naming the row and the registered names.
     """
-    rm_type = None if cfg.custom_rm_path else metadata.get("rm_type")
-    if rm_type and str(rm_type).removeprefix("boxed_") not in REWARDS:
+    rm_type = None if cfg.custom_rm_path else row_rm_type(metadata, None)
+    if rm_type and rm_type.removeprefix("boxed_") not in REWARDS:
         raise ValueError(
             f"{at}: metadata rm_type {rm_type!r} is not a registered reward function (registered: "
             f"{', '.join(REWARDS.names())}; each also as boxed_<name>)"
@@ -347,7 +358,7 @@ def check_prompt_rows(
         metadata = row_metadata(dict(row), cfg.metadata_key, at, key_flags.metadata_key)
         row_tools(dict(row), cfg.tool_key, at, key_flags.tool_key)
         _check_row_reward(cfg, metadata, at)
-        rm_type = str(metadata.get("rm_type") or cfg.rm_type or "")  # the reward that scores the row
+        rm_type = row_rm_type(metadata, cfg.rm_type)  # the reward that scores the row
         required = _label_required(cfg, metadata, rm_type)
         if not cfg.label_key:
             if required:  # every sample's label would be None: graded against nothing

@@ -63,7 +63,9 @@ def prompt_problem(prompt: Any, input_key: str, flag: str = "--input-key") -> st
         The message naming `flag`, or None for a usable prompt.
     """
     if isinstance(prompt, str):
-        return None if prompt.strip() else f"empty prompt in {flag} {input_key!r}"
+        if not prompt.strip():
+            return f"empty prompt in {flag} {input_key!r}"
+        return _unencodable(prompt, f"{flag} {input_key!r}")
     if prompt is None:
         return f"empty prompt in {flag} {input_key!r} (null)"
     if not isinstance(prompt, list):
@@ -79,6 +81,36 @@ def prompt_problem(prompt: Any, input_key: str, flag: str = "--input-key") -> st
             )
     if not any(str(m.get("content") or "").strip() for m in prompt):
         return f"empty prompt in {flag} {input_key!r} (no message has content)"
+    for i, message in enumerate(prompt):
+        for text in _texts(message.get("content")):
+            problem = _unencodable(text, f"{flag} {input_key!r} message {i}")
+            if problem:
+                return problem
+    return None
+
+
+def _texts(content: Any) -> list[str]:
+    """The text of a message's content: a string, or the `text` of its parts (`[{"type": "text", ...}]`)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    return []
+
+
+def _unencodable(text: str, what: str) -> str | None:
+    r"""Why `text` cannot be tokenized: a lone surrogate (a JSON `\ud800` escape of half a UTF-16 pair), or None.
+
+    `json` reads such an escape into a `str` that no UTF-8 encoder takes: the tokenizer failed mid-rollout with
+    `UnicodeEncodeError` (or a `TypeError` about `TextEncodeInput`) naming no file or row.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"{what} holds a lone surrogate {text[e.start]!r} at character {e.start} (a JSON \\u escape of half a "
+            "UTF-16 pair), which no tokenizer can encode"
+        )
     return None
 
 

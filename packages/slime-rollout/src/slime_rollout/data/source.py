@@ -28,6 +28,7 @@ from slime_core.dir_swap import write_text_atomic
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
+from slime_rollout.data.chat_template import render_chat
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.plugins import load_function
@@ -273,25 +274,26 @@ def rows_to_samples(
         if image_key:
             prompt = multimodal.build_messages(prompt, images, where=where)
             renderer = multimodal.get_processor(processor_path)
+        measured, measured_tools = prompt, tools
         if apply_chat_template:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            prompt = renderer.apply_chat_template(
-                messages,
-                tools=tools,
-                tokenize=False,
-                add_generation_prompt=True,
-                **(apply_chat_template_kwargs or {}),
-            )
+            prompt = render_chat(renderer, prompt, tools=tools, template_kwargs=apply_chat_template_kwargs, where=where)
+            measured, measured_tools = prompt, None
+        elif isinstance(prompt, list) and tokenizer is not None and not image_key:
+            # Messages without the flag: the default generate renders them with the template (`encode_prompt`), so
+            # a role it drops is checked here too; the rendering is what the length filter measures.
+            measured = render_chat(tokenizer, prompt, tools=tools, template_kwargs=None, where=where)
+            measured_tools = None
         if max_prompt_len is not None and (
             _prompt_len(tokenizer, prompt, images, processor_path) > max_prompt_len
             if images
-            else prompt_too_long(tokenizer, prompt, tools, max_prompt_len)
+            else prompt_too_long(tokenizer, measured, measured_tools, max_prompt_len)
         ):
             dropped.append(position)
             continue
         label = row.get(label_key) if label_key else None
         mm_inputs = {"images": images} if images else None
         samples.append(Sample(prompt=prompt, label=label, metadata=metadata, multimodal_inputs=mm_inputs))
+    _warn_missing_columns(rows, source, {metadata_key: key_flags.metadata_key, tool_key: key_flags.tool_key})
     if dropped:
         shown = ", ".join(map(str, dropped[:_ROWS_SHOWN])) + (", ..." if len(dropped) > _ROWS_SHOWN else "")
         logger.warning(
@@ -308,6 +310,24 @@ def rows_to_samples(
 
 
 _ROWS_SHOWN = 20  # dropped rows named in the warning (the count covers them all)
+_DEFAULT_COLUMNS = frozenset({"metadata", "tools"})  # optional columns by default: many datasets have neither
+
+
+def _warn_missing_columns(rows: Sequence[dict[str, Any]], source: str, columns: dict[str | None, str]) -> None:
+    """One warning per optional column set away from its default (`--metadata-key extra`) that rows lack.
+
+    Such a row is read without it ({} metadata, no tools), as in the original; a misspelt key made every row so,
+    without a word.
+    """
+    for key, flag in columns.items():
+        if not key or key in _DEFAULT_COLUMNS or not rows:
+            continue
+        num_missing = sum(key not in row for row in rows)
+        if num_missing:
+            logger.warning(
+                "%s: %d of %d rows have no %s %r (read without it; keys of the first row: %s)",
+                source, num_missing, len(rows), flag, key, sorted(rows[0]),
+            )  # fmt: skip
 
 
 def _data_dir(source: str) -> pathlib.Path:

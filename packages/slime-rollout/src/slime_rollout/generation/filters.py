@@ -68,9 +68,15 @@ def flatten_group(group: Sequence[Any]) -> list[Sample]:
 
 
 def normalize_filter_output(output: DynamicFilterOutput | bool) -> DynamicFilterOutput:
-    """Accepts the two return types a filter may have (`DynamicFilterOutput` or a bare bool)."""
+    """Accepts the two return types a filter may have (`DynamicFilterOutput` or a bare bool).
+
+    A numpy bool (or a 0-d bool array or tensor: `np.std(rewards) > 0`) is a bool, as the original's
+    `DynamicFilterOutput(keep=output)` takes it; it was refused here.
+    """
     if isinstance(output, DynamicFilterOutput):
         return output
+    if getattr(output, "ndim", None) == 0 and callable(getattr(output, "item", None)):
+        output = output.item()
     if isinstance(output, bool):
         return DynamicFilterOutput(keep=output, reason=None if output else "filtered")
     raise TypeError(f"dynamic sampling filter must return DynamicFilterOutput or bool, got {type(output).__name__}")

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RM_TYPES", "async_rm", "batched_async_rm", "rule_based_reward"]
+__all__ = ["RM_TYPES", "async_rm", "batched_async_rm", "row_rm_type", "rule_based_reward"]
 
 
 def __getattr__(name: str) -> Any:
@@ -54,6 +54,16 @@ def __getattr__(name: str) -> Any:
     if name == "RM_TYPES":
         return _graded_here()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def row_rm_type(metadata: Any, default: str | None) -> str:
+    """The reward type of a sample or row: its `metadata["rm_type"]`, else `default` (`--rm-type`), stripped.
+
+    As the original reads it (`(metadata.get("rm_type") or args.rm_type or "").strip()`): `" math"` from a data
+    tool is `math` (it was refused as an unknown reward); "" when there is none.
+    """
+    given = metadata.get("rm_type") if isinstance(metadata, dict) else None
+    return str(given or default or "").strip()
 
 
 def _graded_here() -> tuple[str, ...]:
@@ -145,7 +155,7 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         return await call_reward_plugin(
             fn, args, sample, source=f"{flag} {custom_path}", sample=sample, **_bounds(args), **kwargs
         )
-    rm_type = (sample.metadata or {}).get("rm_type") or args.rm_type
+    rm_type = row_rm_type(sample.metadata, args.rm_type)
     if not rm_type:
         if args.use_opd:
             return 0.0  # pure on-policy distillation: the teacher's term is the whole learning signal

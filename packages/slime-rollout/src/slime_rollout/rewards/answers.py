@@ -4,9 +4,10 @@ What a careful grader reads, and what this module therefore returns:
 
 * only the text after the last `</think>`; a `<think>` that never closes means the response never left its
   reasoning, so it has no final answer (a box inside the reasoning is a draft, not an answer);
-* every `\boxed{...}` / `\fbox{...}` / `\boxed 5` of that text, in order, nested braces balanced; a box whose
-  brace never closes (a typo, or a response cut off right after it) still shows its answer up to the end of
-  its line or formula;
+* every `\boxed{...}` / `\fbox{...}` / `\boxed 5` of that text, in order, nested braces balanced. A box whose
+  brace never closes is no answer, as in the original (`last_boxed_only_string` returns None): when it is the last
+  box (a response cut at `--rollout-max-response-len` inside `\boxed{18`) the response has no final answer, and an
+  earlier one is skipped (it never hides the boxes after it);
 * a box taken back by the text after it does not count, and when that is the last box the response has no final
   answer; a negated box (`not \boxed{3}`, `It cannot be \boxed{5}`, `\boxed{5} isn't correct`,
   `\boxed{\text{5 is wrong}}`) is not an offered answer, and its phrase is dropped. Both are read by
@@ -159,7 +160,8 @@ def find_boxes(text: str) -> list[Box]:
     boxes: list[Box] = []
     closing = None
     position = 0
-    for m in _BOX_START.finditer(text):
+    starts = list(_BOX_START.finditer(text))
+    for i, m in enumerate(starts):
         if m.start() < position:
             continue  # nested in the previous box
         start = m.end()
@@ -171,8 +173,11 @@ def find_boxes(text: str) -> list[Box]:
                 boxes.append(Box(content=text[start + 1 : end], start=m.start(), end=end + 1))
                 position = end + 1
                 continue
-            stop = _UNCLOSED_END.search(text, start + 1)
-            stop_at = stop.start() if stop else len(text)
+            # Up to the end of its formula or line, or the next box (an unclosed box never hides a later one);
+            # searched only up to that next box, so 100,000 unclosed boxes stay linear.
+            limit = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+            stop = _UNCLOSED_END.search(text, start + 1, limit)
+            stop_at = stop.start() if stop else limit
             content = text[start + 1 : stop_at].strip()
             if content:
                 boxes.append(Box(content=content, start=m.start(), end=stop_at, closed=False))
@@ -185,12 +190,21 @@ def find_boxes(text: str) -> list[Box]:
     return boxes
 
 
-def extract_boxed(text: str | None) -> str | None:
-    r"""Content of the last box of `text` (closed or not), or None (the original `last_boxed_only_string`)."""
+def extract_boxed(text: str | None, *, unclosed: bool = False) -> str | None:
+    r"""Content of the last box of `text`, or None (the original `last_boxed_only_string` + `remove_boxed`).
+
+    Args:
+        text: any text.
+        unclosed: also read a last box whose brace never closes (up to the end of its line or formula). Off, such
+            a box is None, as in the original: a response cut inside `\boxed{18` has given no answer. Labels are
+            read with it on (a label's missing brace is a typo, not a cut-off answer).
+    """
     if not text:
         return None
     boxes = find_boxes(text)
-    return boxes[-1].content if boxes else None
+    if not boxes or not (boxes[-1].closed or unclosed):
+        return None
+    return boxes[-1].content
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,7 +213,8 @@ class FinalAnswers:
 
     Attributes:
         answers: box contents of the final statement in order (empty when there is no valid final answer).
-        reason: why `answers` is empty ("no box", "reasoning never closed", "retracted", "hedge"), else "".
+        reason: why `answers` is empty ("no box", "unclosed box", "reasoning never closed", "retracted", "hedge"),
+            else "".
         num_superseded: earlier boxes that a later statement replaced (a corrected or restated answer); every box
             before the last `_MAX_BOXES` counts as one.
         labelled: the final statement's boxes are labelled parts ("(a) ... (b) ...", "x = ..., y = ..."), so
@@ -278,6 +293,9 @@ def final_boxed_answers(response: str) -> FinalAnswers:
     found = find_boxes(region)
     if not found:
         return FinalAnswers(answers=[], reason="no box")
+    if not found[-1].closed:  # cut off inside its last box (or a typo): no final answer, as in the original
+        return FinalAnswers(answers=[], reason="unclosed box")
+    found = [box for box in found if box.closed]  # an earlier unclosed box offers nothing
     num_unread = max(0, len(found) - _MAX_BOXES)
     found = found[num_unread:]
     negated = _negated_spans(region, found)

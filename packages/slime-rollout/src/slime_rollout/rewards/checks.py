@@ -58,8 +58,9 @@ def plain_reward(value: Any) -> Any:
     be read on the event loop, pickled and sent to the trainer without running user code again.
 
     Args:
-        value: what the reward function returned: a real number or a mapping of scores (numbers, strings, None,
-            lists, tuples and mappings of them, nested at most `_MAX_DEPTH` levels).
+        value: what the reward function returned: a real number (a numpy scalar or a 0-d array or tensor too) or
+            a mapping of scores (numbers, strings, None, lists, tuples and mappings of them, nested at most
+            `_MAX_DEPTH` levels).
 
     Returns:
         Numbers as `float` (an exact `int` stays an `int`), mappings as `dict`, lists and tuples as themselves.
@@ -69,6 +70,7 @@ def plain_reward(value: Any) -> Any:
             (the message names where, e.g. `'score'['x']`, and the exception).
     """
     try:
+        value = _scalar(value)
         if type(value) is bool:
             return value
         if isinstance(value, numbers.Real):
@@ -80,6 +82,19 @@ def plain_reward(value: Any) -> Any:
         raise
     except Exception as e:  # the value's own methods raised
         raise NotAReward(f"a {type(value).__name__} whose conversion raised {type(e).__name__}: {e}") from e
+
+
+def _scalar(value: Any) -> Any:
+    """A numpy scalar, 0-d array or 0-d tensor (`np.bool_(True)`, `torch.tensor(0.5)`) as its Python value.
+
+    The original puts rewards into `torch.tensor(...)`, which takes these, so `return np.isclose(pred, gold)` or
+    `return model(x).squeeze()` from a reward function worked there; anything else is returned unchanged.
+    """
+    if type(value) in (bool, int, float, str) or isinstance(value, Mapping):
+        return value
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        return value.item()
+    return value
 
 
 def _is_plain_number(value: Any) -> bool:
@@ -113,6 +128,9 @@ def _plain_key(key: Any) -> Any:
 
 def _plain_score(value: Any, path: str, depth: int) -> Any:
     """A plain copy of a score inside a reward dict (`path`: where it is, `'score'['x']`)."""
+    value = _scalar(value)
+    if getattr(value, "ndim", 0) >= 1 and callable(getattr(value, "tolist", None)):
+        value = value.tolist()  # an array or tensor of scores beside the reward (`{"score": 1.0, "probs": ...}`)
     if type(value) in (bool, str) or value is None:
         return value
     if isinstance(value, numbers.Real):
@@ -159,7 +177,8 @@ def plain_rewards(rewards: Any, *, source: str, samples: list[Sample]) -> list[A
     """A group reward function's value as one plain reward per sample (`plain_reward`; run it off the event loop).
 
     Args:
-        rewards: what `fn(args, samples)` returned: a list or tuple of rewards, one per sample.
+        rewards: what `fn(args, samples)` returned: a list or tuple of rewards, or a 1-d array or tensor, one per
+            sample.
         source: names the function (`--custom-rm-path my.rm (--group-rm)`).
         samples: the samples it scored, in order.
 
@@ -167,6 +186,8 @@ def plain_rewards(rewards: Any, *, source: str, samples: list[Sample]) -> list[A
         RewardFunctionError: not a list of `len(samples)` rewards, or a reward that is not one (naming its sample).
     """
     try:
+        if getattr(rewards, "ndim", None) == 1 and callable(getattr(rewards, "tolist", None)):
+            rewards = rewards.tolist()  # a 1-d array or tensor of rewards, which the original takes as a list
         items = list(rewards) if isinstance(rewards, list | tuple) else None
         shown = f"{rewards!r:.200}" if items is None or len(items) != len(samples) else ""
     except Exception as e:  # the value's own __iter__ / __repr__ raised

@@ -2,7 +2,8 @@ r"""`--rm-type f1`: SQuAD token-level F1 (Rajpurkar et al., 2016) between the re
 
 The answer is what a grader would read: the response's final part (after its reasoning; a `<think>` that never
 closes has no answer), reduced to its last `\boxed{}` when it has one, with LaTeX text markup (`\text{...}`,
-`$`) taken off. Then the original's metric: lower-case, no punctuation or articles, token-overlap F1;
+`$`) taken off; a last box whose brace never closes (a response cut off inside it) is no answer, as the
+original's `boxed_f1` reads it. Then the original's metric: lower-case, no punctuation or articles, token-overlap F1;
 `yes`/`no`/`noanswer` must match exactly.
 """
 
@@ -12,7 +13,7 @@ import collections
 import re
 import string
 
-from slime_rollout.rewards.answers import extract_boxed, strip_reasoning
+from slime_rollout.rewards.answers import find_boxes, strip_reasoning
 
 __all__ = ["answer_text", "f1_precision_recall", "f1_reward", "normalize_text"]
 
@@ -33,8 +34,10 @@ def answer_text(response: str) -> str:
     region = strip_reasoning(str(response or ""))
     if region is None:
         return ""
-    boxed = extract_boxed(region)
-    text = boxed if boxed is not None else region
+    boxes = find_boxes(region)
+    if boxes and not boxes[-1].closed:
+        return ""  # cut off inside its box: no answer
+    text = boxes[-1].content if boxes else region
     return _TEXT_COMMANDS.sub(r"\1", text).replace("$", " ")
 
 

@@ -2,9 +2,9 @@ r"""`--rm-type gpqa`: multiple-choice grading by option (GPQA, Rein et al., 2023
 
 The question's options decide what an answer can be: `metadata["valid_letters"]` (a string or a list), else
 one letter per entry of `metadata["choices"]` (a list, or a dict letter → text), else A-J. The correct option
-is `metadata["correct_letter"]`, a letter label, a 0-based index label, or the label's text matched against the
-choices; a correct option that is not one of the options (label "E" of four, index 4) is an error, not a row that
-scores 0 whatever the response (the original scores it 0).
+is `metadata["correct_letter"]` (a letter, or a 0-based index), a letter label, a 0-based index label, or the
+label's text matched against the choices; a correct option that is not one of the options (label "E" of four, index
+4) is an error, not a row that scores 0 whatever the response (the original scores it 0).
 
 The response's pick is read from its final part (after the reasoning; an unclosed `<think>` has none):
 
@@ -32,6 +32,7 @@ Without a determinable correct option, the stated answer must equal the label's 
 from __future__ import annotations
 
 import itertools
+import numbers
 import re
 import string
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ from slime_rollout.rewards.retraction import judged_wrong, mentions_mistake, neg
 __all__ = ["extract_choice_letter", "gpqa_reward"]
 
 _DEFAULT_LETTERS = "ABCDEFGHIJ"
+_OPTION_LETTER = re.compile(r"[A-Za-z]")
 # Explicit statements; group 1 is the letter (capital, or lower case when nothing word-like follows it).
 _LETTER = r"\(?\s*([A-Z]\b|[a-z](?=\s*\)?\s*(?:[.,:;!)]|$)))\s*\)?"
 _STATEMENTS = [
@@ -101,13 +103,25 @@ def _normalize_text(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", " ", str(text).lower()).strip()
 
 
+def _given(value: Any) -> bool:
+    """Whether a metadata value is there and not empty; a numpy array's truth value is an error, not an answer."""
+    if value is None:
+        return False
+    return len(value) > 0 if hasattr(value, "__len__") else bool(value)
+
+
 def _valid_letters(metadata: Mapping[str, Any]) -> str:
+    """The options' letters: `valid_letters` (a list, or a string: "ABCD", "A,B,C"), else one per choice, else A-J.
+
+    A string's separators are not options ("A,B,C" made "," an option, so the index label 1 named ","); a list may
+    be a numpy array (a plugin's or a pandas-read row's; its truth value raised).
+    """
     given = metadata.get("valid_letters")
-    if given:
-        items = list(given) if isinstance(given, str) else [str(x) for x in given]
+    if _given(given):
+        items = _OPTION_LETTER.findall(given) if isinstance(given, str) else [str(x) for x in given]
         return "".join(dict.fromkeys(x.strip().upper() for x in items if x.strip()))
     choices = metadata.get("choices")
-    if choices:
+    if _given(choices):
         if isinstance(choices, Mapping):
             return "".join(str(k).strip().upper() for k in choices)
         return string.ascii_uppercase[: len(choices)]
@@ -115,7 +129,9 @@ def _valid_letters(metadata: Mapping[str, Any]) -> str:
 
 
 def _choice_items(metadata: Mapping[str, Any], letters: str) -> list[tuple[str, str]]:
-    choices = metadata.get("choices") or []
+    choices = metadata.get("choices")
+    if not _given(choices):
+        return []
     if isinstance(choices, Mapping):
         return [(str(k).strip().upper(), str(v)) for k, v in choices.items()]
     return list(zip(letters, (str(c) for c in choices), strict=False))
@@ -258,8 +274,12 @@ def extract_choice_letter(
 
 
 def _correct_letter(label: Any, metadata: Mapping[str, Any], letters: str) -> str | None:
-    if metadata.get("correct_letter"):
-        return str(metadata["correct_letter"]).strip().upper()
+    given = metadata.get("correct_letter")
+    if isinstance(given, numbers.Integral) and not isinstance(given, bool):
+        # A 0-based index, as an index label is (it was read as the text "1", which names no option).
+        return letters[int(given)] if 0 <= int(given) < len(letters) else f"index {given}"
+    if given:
+        return str(given).strip().upper()
     if isinstance(label, int | float) and not isinstance(label, bool):
         index = int(label)
         return letters[index] if 0 <= index < len(letters) else None

@@ -1,7 +1,7 @@
 r"""A solution set written as inequalities joined by "or", read as the union of intervals it names.
 
 `x<1 \text{ or } x>2` and `(-\infty,1)\cup(2,\infty)` are one answer, the set of reals below 1 or above 2. The
-part splitter (`math_utils.answer_parts`) takes "or" as a list of answers, so the first counted as two parts
+part splitter (`parts.answer_parts`) takes "or" as a list of answers, so the first counted as two parts
 against the label's one and scored 0 whichever side was the label; math-verify, given it whole, reads a set of
 two relations, not their union. `as_interval_union` rewrites it in interval notation, which math-verify compares
 as sets (endpoints and open/closed ends included: `x \le 1 \text{ or } x > 2` is `(-\infty,1]\cup(2,\infty)`).

@@ -16,10 +16,12 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 * a percent answer equals its number and its value (`50%` = `50` and `50%` = `0.5`, while `50` ≠ `0.5`): the
   original drops the sign, math-verify reads the value, and the label tells which the question meant;
 * several final boxes (`answers.final_boxed_answers`) are one answer when they restate one value, else the parts of
-  a multi-part answer (`final_pairs`): their number must be the label's number of parts (`answer_parts`: `5` is
-  not `5, 5`; `\pm 2` is the two parts `2, -2`; "x = 2 or x = 3" inside one box lists two), labelled parts
-  ("(a) ... (b) ...", "x = ..., y = ...") are compared with the label's parts in order, unlabelled ones together
-  as one list (math-verify compares it as a set); any other several answers are a hedge, which is wrong. Every
+  a multi-part answer (`final_pairs`): their number must be the label's number of parts (`parts.answer_parts`: `5`
+  is not `5, 5`; `\pm 2` is the two parts `2, -2`; "x = 2 or x = 3" inside one box lists two), parts named on both
+  sides ("x = ..., y = ...") are compared with the label's part of the same name, labelled parts ("(a) ... (b)
+  ...") with the label's parts in order, unlabelled ones together as one list (math-verify compares it as a set;
+  wrapped in other brackets than the label's, `\{1, 2\}` for `(1, 2)`, it is wrong); any other several answers
+  are a hedge, which is wrong. Every
   grader that reads a final boxed answer (math, deepscaler, dapo, the `boxed_` types) goes through `final_pairs`
   or `single_final_answer`;
 * numbers are compared exactly as rationals: `1/3^{40}` ≠ `1/3^{41}`, `0.5` = `\frac12`, `0.\overline{3}` =
@@ -48,8 +50,8 @@ from slime_core.error_text import preview
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
-from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
-from slime_rollout.rewards.number_words import words_to_number
+from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
+from slime_rollout.rewards.parts import answer_parts, different_brackets, named_pairs, one_joiner, same_part_count
 from slime_rollout.rewards.times import same_time
 
 logger = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ def extract_label_answer(label: object) -> str:
     text = str(label)
     if "####" in text:
         return text.rsplit("####", 1)[1].strip()
-    boxed = extract_boxed(text)
+    boxed = extract_boxed(text, unclosed=True)  # a label's missing brace is a typo
     return boxed if boxed is not None else text.strip()
 
 
@@ -125,10 +127,10 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
     if pred is None or gold is None:
         return False, "", ""
     p, g = clean_answer(pred), clean_answer(gold)
-    if g.letter and not g.text:  # a multiple-choice label: the letter decides
-        return p.letter == g.letter, g.letter, p.letter or p.text
+    if g.letter and not g.text:  # a multiple-choice label: the letter decides (`b` names B here)
+        return choice_letter(p) == g.letter, g.letter, p.letter or p.text
     if p.letter and not p.text:  # only a letter: right if the label names the same one
-        return p.letter == g.letter, g.text, p.letter
+        return p.letter == choice_letter(g), g.text, p.letter
     if not p.text or not g.text:
         return False, g.text, p.text
     if _TIME.match(p.text) and _TIME.match(g.text):
@@ -150,6 +152,8 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
                 gold_value / 100 if g.percent else gold_value
             )
         return same, g.text, p.text
+    if different_brackets(p.text, g.text):
+        return False, g.text, p.text  # `\{1, 2\}` (a set) is not `(1, 2)` (a pair or interval): math-verify said so
     pred_variables, gold_variables = _variables(p.text), _variables(g.text)
     if pred_variables is not None and gold_variables is not None and pred_variables != gold_variables:
         return False, g.text, p.text  # `3s` is not `3t`, nor `3` (math-verify drops `s`, `t` as units)
@@ -170,75 +174,6 @@ def _variables(text: str) -> frozenset[str] | None:
     if _RELATION.search(text):
         return None
     return frozenset(_COMMAND.sub(" ", text).lower()) & _VARIABLE_LETTERS
-
-
-# "or" inside one answer lists its values ("x = 2 \text{ or } x = 3"); for a one-value label that is two parts,
-# so a hedge inside a box (`\boxed{3 \text{ or } 5}` for `5`) is still wrong.
-_PART_SEPARATOR = re.compile(r",|;|\b(?:and|or)\b")
-_TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*(and|or)\s*\}")
-_PLUS_MINUS = re.compile(r"\\(pm|mp)(?![a-zA-Z])|±")
-_LATEX_SPACE = re.compile(r"\\[,;:! ]")
-_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_OPEN, _CLOSE = "([{", ")]}"
-
-
-def _depths(text: str) -> list[int]:
-    """Bracket depth before each character of `text` (any of `([{` opens, any of `)]}` closes)."""
-    depths, depth = [], 0
-    for char in text:
-        depths.append(depth)
-        depth += (char in _OPEN) - (char in _CLOSE)
-    return depths
-
-
-def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
-    r"""The parts of a (possibly multi-part) answer: split at top-level `,` `;` `and` `or`; `a \pm b` is two.
-
-    With `unwrap`, one pair of brackets around the whole answer is taken off first (`(1, 2)`, `\{1, 2\}`,
-    `[1, 2)` have two parts, as `1, 2` does); a thousands separator is not a split (`1,000` is one part).
-
-    Args:
-        text: an answer (a box's content or a label's answer).
-        unwrap: take off brackets around the whole answer.
-
-    Returns:
-        The stripped parts, in order; one part for a plain answer.
-    """
-    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", text))  # "1\,000": a thin space, not a part separator
-    s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
-    s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
-    depths = _depths(s)
-    if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):
-        s, depths = s[1:-1], [d - 1 for d in depths[1:-1]]
-    pieces, joiners, start = [], [], 0
-    for m in _PART_SEPARATOR.finditer(s):
-        if depths[m.start()] == 0:
-            pieces.append(s[start : m.start()].strip())
-            joiners.append(m.group())
-            start = m.end()
-    pieces.append(s[start:].strip())
-    parts = pieces[:1]
-    for joiner, piece in zip(joiners, pieces[1:], strict=True):
-        # An "and" inside one numeral in words ("two thousand and five", "one and a half") joins, not splits.
-        joined = f"{parts[-1]} and {piece}"
-        if joiner == "and" and parts[-1] and words_to_number(joined) is not None:
-            parts[-1] = joined
-        else:
-            parts.append(piece)
-    return [value for p in parts if p for value in _plus_minus(p)] or [s]
-
-
-def _plus_minus(part: str) -> list[str]:
-    r"""The two values of a part with one `\pm` (`\pm 2` → `+2`, `-2`; `\mp` the other way round), else `[part]`.
-
-    `a \pm b` names two answers, as math-verify reads it; counted as one part, `\pm 2` failed the part count
-    against the label `2, -2`. Two or more signs are ambiguous (correlated or not) and stay one part.
-    """
-    signs = _PLUS_MINUS.findall(part)
-    if len(signs) != 1:
-        return [part]
-    first, second = ("-", "+") if signs[0] == "mp" else ("+", "-")
-    return [_PLUS_MINUS.sub(first, part), _PLUS_MINUS.sub(second, part)]
 
 
 # Different spellings one final statement may restate its answer in (`5`, `5.0`, `x = 5`); more is no answer.
@@ -280,37 +215,21 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     if not answers:
         return None
     if len(answers) > 1 and len(answers) == len(gold_parts):
+        named = named_pairs(answers, gold_parts)
+        if named is not None:
+            return named
         return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
     distinct = _distinct(answers)
     if len(distinct) == 1:
         applies, union = union_pair(distinct[0], gold)
         if applies:
             return None if union is None else [union]
-    if len(distinct) != 1 or not _same_part_count(distinct[0], gold):
+    if len(distinct) != 1 or not same_part_count(distinct[0], gold):
         return None
-    return [(_one_joiner(distinct[0]), _one_joiner(gold))]
-
-
-def _one_joiner(answer: str) -> str:
-    """A list answer's top-level parts joined by ", ", numerals in words as digits ("two and 3" → "2, 3").
-
-    A one-part answer is returned unchanged: the single-answer checks read number words themselves.
-    """
-    parts = answer_parts(answer, unwrap=False)
-    return ", ".join(_digits(part) for part in parts) if len(parts) > 1 else answer
-
-
-def _digits(part: str) -> str:
-    """A numeral in words as its exact value ("two" → "2", "one and a half" → "3/2"); anything else unchanged."""
-    value = words_to_number(part)
-    if value is None:
-        return part
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-
-
-def _same_part_count(pred: str, gold: str) -> bool:
-    # Counted as written and with enclosing brackets off: `\{1, 2\}` is `1, 2`, and `(-\infty, 3)` is `x<3`.
-    return any(len(answer_parts(pred, unwrap=u)) == len(answer_parts(gold, unwrap=u)) for u in (False, True))
+    named = named_pairs(answer_parts(distinct[0], unwrap=False), answer_parts(gold, unwrap=False))
+    if named is not None:
+        return named
+    return [(one_joiner(distinct[0]), one_joiner(gold))]
 
 
 def single_final_answer(text: str) -> str | None:

@@ -38,7 +38,7 @@ from slime_rollout.rewards.number_words import words_to_number
 from slime_rollout.rewards.unicode_math import latex_from_unicode
 from slime_rollout.rewards.units import split_bare_unit, take_text_unit
 
-__all__ = ["CleanAnswer", "clean_answer", "normalize_answer", "parse_number", "words_to_number"]
+__all__ = ["CleanAnswer", "choice_letter", "clean_answer", "normalize_answer", "parse_number", "words_to_number"]
 
 _TEXT_COMMANDS = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
@@ -57,7 +57,10 @@ _BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_BARE_NAMES})(?=\()")
 _INFINITY = re.compile(r"(?<![\\A-Za-z])(?i:infinity)(?![A-Za-z])|∞")
 _SPACES = re.compile(r"\\[ ,;:!]|\\q?quad\b|~")
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
-_LETTER_ONLY = re.compile(r"^\(?([A-J])\)?\.?$")
+_LETTER_ONLY = re.compile(r"^[(\[]?([A-J])[)\]]?\.?$")
+# "Option B", "Choice (B)": a choice letter named as one (taken off only when a letter follows).
+_CHOICE_WORD = re.compile(r"^(?i:option|choice)\s*:?\s*")
+_LOWER_LETTER = re.compile(r"[(\[]?([a-j])[)\]]?\.?")
 _LETTER_VALUE = re.compile(r"^(?:\(([A-J])\)|([A-J])(?:[):]|\.(?=\s)))\s*(\S.*)$")
 _TIME = re.compile(r"^(\d{1,2}):(\d{2})\s*((?i:[ap])\.?\s?(?i:m)\.?)?$")
 _LEAD_IN = re.compile(
@@ -191,6 +194,18 @@ def _strip_words_around(s: str) -> tuple[str, str | None, str | None]:
     return rest, variable, unit
 
 
+def choice_letter(clean: CleanAnswer) -> str | None:
+    """The choice letter a cleaned answer gives, upper case: its letter, or a lone lower-case one (`b`, `(b)`).
+
+    Only used against a label that is a bare choice letter (or by one): there `b` names option B, as a careful
+    grader reads it, while elsewhere a lower-case letter is a variable.
+    """
+    if clean.letter:
+        return clean.letter
+    lower = _LOWER_LETTER.fullmatch(clean.text)
+    return lower.group(1).upper() if lower else None
+
+
 def clean_answer(answer: str) -> CleanAnswer:
     """Reduces a final answer (box content or label) to what is graded (see the module docstring).
 
@@ -208,6 +223,9 @@ def clean_answer(answer: str) -> CleanAnswer:
         unit = None
     s, percent = _take_percent(_latex_cleanup(s))
     letter = None
+    named = _CHOICE_WORD.match(s)
+    if named and (_LETTER_ONLY.match(s[named.end() :]) or _LETTER_VALUE.match(s[named.end() :])):
+        s = s[named.end() :]
     only = _LETTER_ONLY.match(s)
     if only:
         return CleanAnswer(text="", letter=only.group(1))

@@ -13,9 +13,11 @@ import pathlib
 import tempfile
 from typing import TYPE_CHECKING
 
+import PIL.Image
 import torch
 
 from slime_core.sample import Sample
+from slime_core.sample_fields import ORIGINAL_ONLY_FIELDS
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -79,25 +81,52 @@ def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
     path = dump_path(cfg.load_debug_rollout_data, rollout_id)
     if not path.exists():
         raise FileNotFoundError(f"--load-debug-rollout-data: no dump for rollout {rollout_id} at {path}")
-    # Dumps hold only builtin types (Sample.to_dict), so the safe loader suffices.
+    # Dumps hold builtin types and tensors (Sample.to_dict), so the safe loader suffices; the original's dumps of
+    # vision-language runs also hold its samples' PIL images (`multimodal_inputs`), allowed by name.
     try:
-        data = torch.load(path, weights_only=True)
+        with torch.serialization.safe_globals([PIL.Image.Image]):
+            data = torch.load(path, weights_only=True)
     except Exception as e:  # noqa: BLE001 - pickle/zip errors of a truncated or foreign file: one line naming it
         raise ValueError(
             f"--load-debug-rollout-data: {path} is not a rollout dump torch can read ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else e!r})"
+            f"{_first_reason(e)})"
         ) from None
-    if not isinstance(data, dict) or "samples" not in data:
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list | tuple):
         raise ValueError(f"--load-debug-rollout-data: {path} is not a rollout dump (expected a dict with 'samples')")
-    try:
-        samples = [Sample.from_dict(d) for d in data["samples"]]
-    except (TypeError, ValueError, KeyError) as e:
-        raise ValueError(f"--load-debug-rollout-data: {path}: a sample does not read back ({e})") from None
+    samples = []
+    for position, record in enumerate(data["samples"]):
+        try:
+            samples.append(Sample.from_dict(record))
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"--load-debug-rollout-data: {path}: sample {position} does not read back ({e})") from None
+    _log_original_only(path, data["samples"])
     fraction = cfg.load_debug_rollout_data_subsample
     if fraction:
-        keep = max(int(len(samples) * fraction) // 2, 1)
-        samples = samples[:keep] + samples[-keep:] if len(samples) > 2 * keep else samples
+        # The original's rule: int(n * f) samples, the first half (rounded down) from the head, the rest from the
+        # tail; at least one (the original kept every sample when int(n * f) was 0).
+        num_kept = max(int(len(samples) * fraction), 1)
+        head = num_kept // 2
+        samples = samples[:head] + samples[len(samples) - (num_kept - head) :]
     return samples
+
+
+def _first_reason(error: Exception) -> str:
+    """The line of a load error that says what is wrong: the global the safe loader refused, else the first line."""
+    lines = str(error).splitlines() or [repr(error)]
+    refused = [line.strip() for line in lines if "Unsupported global" in line]
+    return refused[0] if refused else lines[0]
+
+
+def _log_original_only(path: pathlib.Path, records: list) -> None:
+    """Logs, once per dump, the original's sample fields this version read past (`ORIGINAL_ONLY_FIELDS`)."""
+    counts = {name: sum(name in record for record in records) for name in ORIGINAL_ONLY_FIELDS}
+    counts = {name: num for name, num in counts.items() if num}
+    if counts:
+        logger.info(
+            "--load-debug-rollout-data: %s: ignored the original's %s (not kept by this version)",
+            path,
+            ", ".join(f"{name} on {num} sample(s) ({ORIGINAL_ONLY_FIELDS[name]})" for name, num in counts.items()),
+        )
 
 
 def regroup(samples: list[Sample]) -> list[list[Sample]]:

@@ -1,0 +1,59 @@
+r"""A row's prompt rendered with the tokenizer's chat template (`--apply-chat-template`), checked.
+
+Two failures were silent or nameless: a template renders only the roles it knows (Qwen3's drops a ShareGPT-style
+`"human"` turn without a word, so the prompt was the bare `<|im_start|>assistant\n` and the model answered no
+question), and a template that raises on a row (`'list object' has no attribute 'startswith'` for content parts)
+failed the data load naming no file or row. Both are one error naming the row here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render_chat"]
+
+
+def render_chat(
+    renderer: Any,
+    prompt: str | list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None,
+    where: str,
+) -> str:
+    """`renderer.apply_chat_template(...)` of a row's prompt with the generation prompt, checked.
+
+    Args:
+        renderer: the tokenizer (or a vision-language processor) whose chat template renders the prompt.
+        prompt: the row's prompt: a string (one user turn) or chat messages.
+        tools: tool schemas passed to the template, or None.
+        template_kwargs: `--apply-chat-template-kwargs`.
+        where: names the file and row in errors.
+
+    Returns:
+        The rendered prompt text.
+
+    Raises:
+        ValueError: the template raised on the row, or left out the text of a message that is not an assistant
+            turn (a role it does not know; assistant turns are left alone, since templates rewrite them, e.g.
+            dropping earlier reasoning). The message names `where`, the message and its role.
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    try:
+        text = renderer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+        )
+    except Exception as e:  # noqa: BLE001 - jinja's errors (UndefinedError, TemplateError, TypeError) name no row
+        raise ValueError(
+            f"{where}: the chat template (--apply-chat-template) failed on this row: {type(e).__name__}: {e}"
+        ) from None
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if message.get("role") == "assistant" or not isinstance(content, str) or not content.strip():
+            continue
+        if content.strip() not in text:
+            raise ValueError(
+                f"{where}: the chat template left out message {i} (role {message.get('role')!r}): it renders only "
+                "the roles it knows (system, user, assistant, tool); rename the role"
+            )
+    return text
