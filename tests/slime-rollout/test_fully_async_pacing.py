@@ -16,6 +16,7 @@ here with an engine whose requests finish only when the test lets them (no timin
 """
 
 import asyncio
+import threading
 
 from slime_rollout_fakes import ListDataSource
 from slime_rollout_fakes import rollout_args as _args
@@ -212,4 +213,56 @@ async def test_groups_continued_after_a_push_go_before_fresher_ones(use_client):
         assert per_take == [(0.0, 0.0, 0.0)] + [(0.0, 1.0, 1.0)] * 4, per_take
         assert m["rollout/fully_async/recycled_partial_groups_total"] >= 2 * 4
     finally:
+        await producer.stop()
+
+
+async def test_bound_zero_generates_each_batch_under_the_weights_it_is_trained_with(use_client):
+    engine = GateEngine(lambda p: True)
+    use_client(engine)
+    args = _args(rollout_batch_size=BATCH, n_samples_per_prompt=2, max_weight_staleness=0, partial_rollout=True,
+                 rollout_function_path=FULLY_ASYNC)  # fmt: skip
+    producer = FullyAsyncProducer(args, ListDataSource(n=2), restored=[], version=0)
+    producer.start()
+    try:
+        for rollout_id in range(3):
+            groups, m = await asyncio.wait_for(producer.take(rollout_id, BATCH, 0), WAIT_S)
+            assert len(groups) == BATCH and m["rollout/staleness_max"] == 0.0
+            assert m["rollout/stale_groups_dropped"] == 0.0
+            # Between takes it draws nothing: a group drawn now would be one behind the next take.
+            assert producer.outstanding_limit == 0
+            assert (producer.num_in_flight, producer.num_ready) == (0, 0)
+            await engine.push(rollout_id + 1)
+        assert producer.data_source.next_prompt == 3 * BATCH  # not one prompt more than trained
+    finally:
+        await producer.stop()
+
+
+_JUDGING, _VERDICT = threading.Event(), threading.Event()
+
+
+def gated_filter(args, samples):
+    """Test dynamic-sampling filter: keeps every group, once the test lets it answer."""
+    _JUDGING.set()
+    _VERDICT.wait(WAIT_S)
+    return True
+
+
+async def test_a_group_the_filter_is_judging_is_held_by_a_checkpoint(use_client):
+    _JUDGING.clear()
+    _VERDICT.clear()
+    producer = _producer(
+        GateEngine(lambda p: True), use_client, dynamic_sampling_filter_path=f"{__name__}.gated_filter"
+    )
+    take = asyncio.ensure_future(producer.take(0, BATCH, 1))
+    try:
+        await until(_JUDGING.is_set, "the filter judging a group")
+        # A checkpoint now (`save_state`) holds every prompt drawn: none is trained yet. The group being judged was
+        # in none of the producer's queues (finished, not ready yet): a resume lost its prompt.
+        held = sorted(g[0].group_index for g in producer.held_prompts())
+        assert held == list(range(producer.data_source.next_prompt))
+        _VERDICT.set()
+        groups, m = await asyncio.wait_for(take, WAIT_S)
+        assert len(groups) == BATCH and m["rollout/stale_groups_dropped"] == 0.0
+    finally:
+        _VERDICT.set()
         await producer.stop()

@@ -97,6 +97,7 @@ class FullyAsyncProducer:
         self._recycled: collections.deque[_Held] = collections.deque()
         self._ready: collections.deque[_Held] = collections.deque()
         self._in_flight: dict[asyncio.Task[list[Any]], _Held] = {}
+        self._judged: list[_Held] = []  # finished groups the dynamic-sampling filter is judging
         self._taken = asyncio.Event()  # the consumer took a group: there may be room to top up
         self._arrived = asyncio.Event()  # a group became ready
         self.counts: collections.Counter[str] = collections.Counter()  # totals since start, see `_drain_counts`
@@ -199,7 +200,12 @@ class FullyAsyncProducer:
             self._recycle(held)
             return
         if self._filter is not None:
-            verdict = await call_dynamic_filter(self.args, self._filter, held.group)
+            # Held while the filter runs (a worker thread): a take or a checkpoint in the meantime still sees it.
+            self._judged.append(held)
+            try:
+                verdict = await call_dynamic_filter(self.args, self._filter, held.group)
+            finally:
+                self._judged.remove(held)
             if not verdict.keep:
                 self._drops[verdict.reason or "filtered"] += 1
                 self._discarded["filtered"].append(held.group)
@@ -326,7 +332,7 @@ class FullyAsyncProducer:
         if bound is None:
             return self._ready[0]
         best = min(self._ready, key=lambda h: h.version)
-        pending = [self._version_floor(h) for h in (*self._in_flight.values(), *self._recycled)]
+        pending = [self._version_floor(h) for h in (*self._in_flight.values(), *self._recycled, *self._judged)]
         if not pending or best.version <= min(pending):
             return best
         deadlines = sorted(v + bound for v in [*(h.version for h in self._ready if h is not best), *pending])
@@ -379,8 +385,8 @@ class FullyAsyncProducer:
     # ---- checkpoint and shutdown ---------------------------------------------------------------
 
     def held_prompts(self) -> list[list[Sample]]:
-        """Every group the producer holds (recycled, restored, in flight, ready) as drawn, in draw order."""
-        held = [*self._recycled, *self._restored, *self._in_flight.values(), *self._ready]
+        """Every group the producer holds (recycled, restored, in flight, being filtered, ready) as drawn, in order."""
+        held = [*self._recycled, *self._restored, *self._in_flight.values(), *self._judged, *self._ready]
         return [copy.deepcopy(h.prompt) for h in sorted(held, key=lambda h: h.order)]
 
     async def stop(self) -> None:
