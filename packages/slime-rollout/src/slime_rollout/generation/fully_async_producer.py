@@ -11,7 +11,8 @@ version v can be trained by takes v .. v + K (its *deadline* is take v + K). The
 beyond what the waiting take still needs (`outstanding_limit`), and a take accepts ready groups earliest deadline
 first, waiting for an older group still in flight (one a weight push sent back to be continued) rather than filling
 its place with a fresher one that a later take could still use. Versions assume the sync loop's order: take r is
-called after the push of version r.
+called after the push of version r. With `--async` take r runs on version r - 1 (the push waits for it): groups
+drawn then are one version older than counted, and at K = 1 a batch a take is dropped (not handled yet).
 """
 
 from __future__ import annotations
