@@ -109,5 +109,9 @@ def test_fully_async_on_one_shared_gpu_with_both_sides_resident(tiny_qwen3, tmp_
         assert versions and all(rollout_id - BOUND <= v <= rollout_id for v in versions), (rollout_id, versions)
     staleness = tb_scalars(out / "tensorboard", "rollout/staleness_max")
     assert sorted(staleness) == [0, 1, 2] and all(0 <= v <= BOUND for v in staleness.values()), staleness
+    # The producer paces itself to the bound: nothing generated is dropped (one H200 dropped 20 of 32 groups every
+    # other rollout at this setting).
+    dropped = tb_scalars(out / "tensorboard", "rollout/stale_groups_dropped")
+    assert dropped == {0: 0.0, 1: 0.0, 2: 0.0}, dropped
     with pytest.raises(KeyError):  # no swap was timed: both sides stayed resident
         tb_scalars(out / "tensorboard", "perf/engine_release_time")

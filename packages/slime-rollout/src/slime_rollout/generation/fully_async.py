@@ -7,16 +7,18 @@ their own, or on the trainer's GPUs when neither side is swapped out (`--colocat
 
     producer task (on the rollout loop; started by the first training rollout, lives until `stop_producer`)
       keeps up to `--sglang-server-concurrency` × engines groups in flight (the original's pool) while fewer than
-      that many finished groups wait; each new group is, in order: a recycled group, a group held at the
-      checkpoint this run resumed from, or `data_source.get_samples(1)`
+      that many finished groups wait, and with --max-weight-staleness K while it holds fewer than K batches beyond
+      what the waiting take still needs (more would only be dropped); each new group is, in order: a recycled
+      group, a group held at the checkpoint this run resumed from, or `data_source.get_samples(1)`
       a finished group with an ABORTED sample (a weight push pauses the engines with abort) is recycled:
           --partial-rollout: continued from its tokens (`metadata["off_policy_tokens"]` = the response tokens
           generated before the push); else restarted from its prompt
       the dynamic-sampling filter drops a group (counted), else it waits in the ready queue
     generate_rollout_fully_async(args, rollout_id, data_source)   (each training rollout)
-      takes ready groups in completion order until --rollout-batch-size of them are at most
-      --max-weight-staleness versions behind the trainer (`slime_rollout.generation.staleness`); staler ones are dropped
-      and counted; the producer's exception, if it died, is raised here.
+      takes --rollout-batch-size ready groups at most --max-weight-staleness versions behind the trainer
+      (`slime_rollout.generation.staleness`), oldest first, waiting for an older group still in flight rather than
+      leaving it to become too stale (without a bound: in completion order); staler ones are dropped and counted
+      (`rollout/stale_groups_dropped`); the producer's exception, if it died, is raised here.
 
 Resume: `save_state` writes the data-source cursor and every group the producer holds (in flight, ready, recycled)
 in one step of the loop, so nothing is drawn in between; a resumed run regenerates those held groups from their

@@ -5,6 +5,14 @@ finished groups wait (the original's `AsyncRolloutWorker` pool and back-pressure
 aborted (continued with `--partial-rollout`, else restarted), applies the dynamic-sampling filter, and hands finished
 groups to `take`, which enforces `--max-weight-staleness`. The rollout function and the checkpointing around it are
 `slime_rollout.generation.fully_async`.
+
+With a bound K the producer paces itself so that nothing it generates is dropped (issue 30 item 1): a group of
+version v can be trained by takes v .. v + K (its *deadline* is take v + K). The producer holds at most K batches
+beyond what the waiting take still needs (`outstanding_limit`), and a take accepts ready groups earliest deadline
+first, waiting for an older group still in flight (one a weight push sent back to be continued) rather than filling
+its place with a fresher one that a later take could still use. Versions assume the sync loop's order: take r is
+called after the push of version r. With `--async` take r runs on version r - 1 (the push waits for it): groups
+drawn then are one version older than counted, and at K = 1 a batch a take is dropped (not handled yet).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from slime_core.sample import Sample, Status
 from slime_rollout.generation.filters import call_dynamic_filter
 from slime_rollout.generation.generate import abort_all
 from slime_rollout.generation.group_rollout import RolloutState, checked_groups, generate_and_rm_group, num_engines
-from slime_rollout.generation.staleness import group_version, staleness_metrics
+from slime_rollout.generation.staleness import group_version, sample_version, staleness_metrics
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
 from slime_rollout.runtime.metrics import flatten_groups
@@ -46,14 +54,17 @@ class _Held:
         group: the group's samples as generated so far (`n_samples_per_prompt` entries).
         prompt: a copy of the group as drawn from the data source (what a restart or a resume regenerates).
         order: draw order, the group's place in the prompt stream.
-        submitted_version: the rollout id the consumer last asked for when the group was (re)submitted; the
+        submitted_version: the rollout id of the latest take when the group was (re)submitted: a lower bound on
+            the version of every generate call from then on (take r comes after the push of version r), and the
             version a group counts as when its samples carry no engine version.
+        version: once ready, the version the group counts as (`staleness.group_version`, else `submitted_version`).
     """
 
     group: list[Any]
     prompt: list[Sample]
     order: int
     submitted_version: int = 0
+    version: int = 0
 
 
 class FullyAsyncProducer:
@@ -78,7 +89,8 @@ class FullyAsyncProducer:
         self.version = version
         self.state = RolloutState.create(args, rollout_id=version)
         self._bound = args.max_weight_staleness
-        self._consumer_waiting = True  # the first take's groups come from the weights it is trained with
+        self._mask_offpolicy = args.partial_rollout and args.mask_offpolicy_in_partial_rollout
+        self._need = 0  # groups the waiting take still needs (0 between takes)
         path = args.dynamic_sampling_filter_path
         self._filter = load_function(path, flag="--dynamic-sampling-filter-path") if path else None
         self._order = itertools.count()
@@ -86,6 +98,7 @@ class FullyAsyncProducer:
         self._recycled: collections.deque[_Held] = collections.deque()
         self._ready: collections.deque[_Held] = collections.deque()
         self._in_flight: dict[asyncio.Task[list[Any]], _Held] = {}
+        self._judged: list[_Held] = []  # finished groups the dynamic-sampling filter is judging
         self._taken = asyncio.Event()  # the consumer took a group: there may be room to top up
         self._arrived = asyncio.Event()  # a group became ready
         self.counts: collections.Counter[str] = collections.Counter()  # totals since start, see `_drain_counts`
@@ -106,16 +119,18 @@ class FullyAsyncProducer:
     def outstanding_limit(self) -> int | None:
         """The most groups held (in flight, ready, recycled) before no new prompt is drawn; None without a bound.
 
-        A group is trained at most `--max-weight-staleness` (k) versions after the weights it came from. One drawn
-        while a take waits comes from the weights that take is trained with: usable by it and the next k takes,
-        (k + 1) batches. One drawn between takes comes from the weights being trained on, already one version
-        behind the next take: k batches (none with k = 0: a strictly on-policy producer idles while the trainer
-        trains). Drawing more only generates groups that are dropped (one H100 at (k+1) batches between takes:
-        a whole batch dropped every other rollout). Recycled groups go regardless.
+        K (`--max-weight-staleness`) batches plus what the waiting take still needs: a group drawn now is at least
+        the version of the latest take r (trained by takes up to r + K), so the takes that can use it have the
+        waiting take's remaining places and K batches after it (between takes: takes r + 1 .. r + K, K batches;
+        none with K = 0, a strictly on-policy producer idles while the trainer trains). Every group already held
+        is at most as new and goes first. The take's accepted groups leave the count as they leave its need: a
+        take that counted only the groups held replaced each one it accepted and left (K + 1) batches of its own
+        version, one of which was two versions old at the take after next (one H200, K = 1: 20 of 32 dropped
+        every other rollout). Recycled groups go regardless.
         """
         if self._bound is None:
             return None
-        return (self._bound + int(self._consumer_waiting)) * self.args.rollout_batch_size
+        return self._bound * self.args.rollout_batch_size + self._need
 
     @property
     def num_ready(self) -> int:
@@ -186,11 +201,21 @@ class FullyAsyncProducer:
             self._recycle(held)
             return
         if self._filter is not None:
-            verdict = await call_dynamic_filter(self.args, self._filter, held.group)
+            # Held while the filter runs (a worker thread): a take or a checkpoint in the meantime still sees it.
+            self._judged.append(held)
+            try:
+                verdict = await call_dynamic_filter(self.args, self._filter, held.group)
+            finally:
+                self._judged.remove(held)
             if not verdict.keep:
                 self._drops[verdict.reason or "filtered"] += 1
                 self._discarded["filtered"].append(held.group)
+                self._arrived.set()  # a take holding a place for it decides again
                 return
+        version = group_version(held.group, mask_offpolicy=self._mask_offpolicy)
+        if version is None:
+            self.counts["unversioned_groups"] += 1
+        held.version = held.submitted_version if version is None else version
         self._ready.append(held)
         self._arrived.set()
 
@@ -229,58 +254,107 @@ class FullyAsyncProducer:
     async def take(self, rollout_id: int, target: int, bound: int | None) -> tuple[list[list[Any]], dict[str, float]]:
         """Waits for `target` groups at most `bound` versions behind `rollout_id`; returns them and their metrics.
 
+        Without a bound the groups are taken in completion order. With one, a ready group more than `bound` versions
+        behind is dropped, and the others are taken earliest deadline first (`_pick`): the oldest, waiting for an
+        older group still in flight rather than taking a fresher one in its place.
+
         Args:
             rollout_id: the rollout being generated; the trainer holds weight version `rollout_id` when it trains it.
             target: groups to return (`--rollout-batch-size`).
             bound: `--max-weight-staleness` (None: any staleness is accepted).
 
         Returns:
-            The groups in completion order and `rollout/staleness_*`, `rollout/stale_groups_dropped`
-            (this rollout) and `rollout/fully_async/*` counts.
+            The groups in the order taken, and these metrics:
+            `rollout/staleness_{mean,min,max,p50,p90}`: over the returned samples, `rollout_id` minus the version of
+            the sample's group (`staleness.group_version`: its oldest generate call, or with
+            `--mask-offpolicy-in-partial-rollout` the oldest trainable one), so every sample of a group counts its
+            group's value; `rollout/stale_groups_dropped`: groups this take dropped as more than `bound` versions
+            behind (generated, scored, never trained; their tokens are `goodput/tokens_stale`), and
+            `rollout/fully_async/*`: that count, recycled, restarted and unversioned groups since the previous take
+            (`*_total`: since the producer started), and the groups ready and in flight after this take.
 
         Raises:
             RuntimeError: the producer died (its exception chained), before or while waiting.
         """
         self._raise_if_dead()
         self.version = self.state.rollout_id = rollout_id
-        self._consumer_waiting = True
+        self._need = target
         self._taken.set()  # the producer may draw for this take now (`outstanding_limit`)
         try:
             return await self._take(rollout_id, target, bound)
         finally:
-            self._consumer_waiting = False
+            self._need = 0
 
     async def _take(self, rollout_id: int, target: int, bound: int | None) -> tuple[list[list[Any]], dict[str, float]]:
-        mask_offpolicy = self.args.partial_rollout and self.args.mask_offpolicy_in_partial_rollout
         accepted: list[list[Any]] = []
         staleness: list[int] = []
         while len(accepted) < target:
-            while self._ready and len(accepted) < target:
-                held = self._ready.popleft()
-                self._taken.set()
-                version = group_version(held.group, mask_offpolicy=mask_offpolicy)
-                if version is None:
-                    version = held.submitted_version
-                    self.counts["unversioned_groups"] += 1
-                behind = rollout_id - version
-                if bound is not None and behind > bound:
-                    self.counts["stale_groups_dropped"] += 1
-                    self._discarded["stale"].append(held.group)
-                    logger.info(
-                        "rollout %d: dropped prompt group %s of version %d (%d behind > --max-weight-staleness %d)",
-                        rollout_id, flatten_groups([held.group])[0].group_index, version, behind, bound,
-                    )  # fmt: skip
-                    continue
+            self._drop_stale(rollout_id, bound)
+            held = self._pick(rollout_id, target - len(accepted), bound)
+            if held is not None:
+                self._ready.remove(held)
+                self._need -= 1  # leaves the held count and the need together: no replacement is drawn
                 accepted.append(held.group)
-                staleness.extend([behind] * len(flatten_groups([held.group])))
-            if len(accepted) < target:
-                self._raise_if_dead()
-                self._arrived.clear()
-                await self._arrival_or_death()
-                self._raise_if_dead()
+                staleness.extend([rollout_id - held.version] * len(flatten_groups([held.group])))
+                continue
+            self._raise_if_dead()
+            self._arrived.clear()
+            await self._arrival_or_death()
+            self._raise_if_dead()
         metrics = staleness_metrics(staleness)
         metrics.update(self._drain_counts())
         return accepted, metrics
+
+    def _drop_stale(self, rollout_id: int, bound: int | None) -> None:
+        """Drops (and counts, and logs) the ready groups more than `bound` versions behind `rollout_id`."""
+        if bound is None:
+            return
+        for held in [h for h in self._ready if rollout_id - h.version > bound]:
+            self._ready.remove(held)
+            self.counts["stale_groups_dropped"] += 1
+            self._discarded["stale"].append(held.group)
+            self._taken.set()  # its place is free: the producer may draw a replacement
+            logger.info(
+                "rollout %d: dropped prompt group %s of version %d (%d behind > --max-weight-staleness %d)",
+                rollout_id, flatten_groups([held.group])[0].group_index, held.version, rollout_id - held.version, bound,
+            )  # fmt: skip
+
+    def _pick(self, rollout_id: int, places: int, bound: int | None) -> _Held | None:
+        """The ready group the take accepts next, or None to wait for a group in flight.
+
+        A group of version v can go to takes v .. v + bound (its deadline). Earliest deadline first: the oldest
+        ready group (ties: the first finished) is taken unless a group still being generated is older and would
+        then find no place by its deadline (this take has `places` left, each later take `--rollout-batch-size`).
+        Taking the fresher group instead left the older one, one version behind, to the next take, where it was
+        two behind and dropped (groups a weight push sent back to be continued finish after fresh short ones).
+        """
+        if not self._ready:
+            return None
+        if bound is None:
+            return self._ready[0]
+        best = min(self._ready, key=lambda h: h.version)
+        pending = [self._version_floor(h) for h in (*self._in_flight.values(), *self._recycled, *self._judged)]
+        if not pending or best.version <= min(pending):
+            return best
+        deadlines = sorted(v + bound for v in [*(h.version for h in self._ready if h is not best), *pending])
+        return best if _fits(deadlines, rollout_id, places - 1, self.args.rollout_batch_size) else None
+
+    def _version_floor(self, held: _Held) -> int:
+        """A lower bound on the version a group still being generated will count as (`group_version` when done).
+
+        Every call from its (re)submission on runs at `submitted_version` or later; samples already generated
+        count by their versions (with `--mask-offpolicy-in-partial-rollout`, a sample still to be continued counts
+        by a call to come).
+        """
+        floor = held.submitted_version
+        for sample in flatten_groups([held.group]):
+            done = sample.status in (Status.COMPLETED, Status.TRUNCATED)
+            if self._mask_offpolicy and not done:
+                continue
+            version = sample_version(sample, trainable_only=self._mask_offpolicy and len(sample.weight_versions) > 1)
+            if version is not None:
+                floor = min(floor, version)
+        return floor
 
     async def _arrival_or_death(self) -> None:
         assert self._task is not None
@@ -312,8 +386,8 @@ class FullyAsyncProducer:
     # ---- checkpoint and shutdown ---------------------------------------------------------------
 
     def held_prompts(self) -> list[list[Sample]]:
-        """Every group the producer holds (recycled, restored, in flight, ready) as drawn, in draw order."""
-        held = [*self._recycled, *self._restored, *self._in_flight.values(), *self._ready]
+        """Every group the producer holds (recycled, restored, in flight, being filtered, ready) as drawn, in order."""
+        held = [*self._recycled, *self._restored, *self._in_flight.values(), *self._judged, *self._ready]
         return [copy.deepcopy(h.prompt) for h in sorted(held, key=lambda h: h.order)]
 
     async def stop(self) -> None:
@@ -325,3 +399,15 @@ class FullyAsyncProducer:
             await asyncio.wait_for(abort_all(self.args), timeout=_STOP_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - engines may be gone at teardown; the run is over either way
             logger.warning("fully-async rollout: aborting the engines' requests at stop failed: %r", e)
+
+
+def _fits(deadlines: list[int], rollout_id: int, places: int, batch: int) -> bool:
+    """Whether groups with these sorted deadlines each get a place in a take no later than their deadline.
+
+    Earliest deadline first: `places` places in take `rollout_id`, then `batch` in each later take.
+    """
+    for i, deadline in enumerate(deadlines):
+        take = rollout_id if i < places else rollout_id + 1 + (i - places) // batch
+        if take > deadline:
+            return False
+    return True

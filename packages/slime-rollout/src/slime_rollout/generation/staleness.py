@@ -6,7 +6,9 @@ under version `v` is `r - v` versions stale. The engine reports the version of e
 (`meta_info.weight_version`), which `Sample.append_response_tokens` records in `Sample.weight_versions`.
 
 Used by the fully-async rollout (`slime_rollout.generation.fully_async`): a group is trained on while its staleness
-is at most `--max-weight-staleness`, else dropped and counted (`rollout/stale_groups_dropped`).
+is at most `--max-weight-staleness`, else dropped and counted (`rollout/stale_groups_dropped`: groups, at the take
+that found them too stale). A partial sample continued after a weight push carries both versions and counts by the
+older one, unless `--mask-offpolicy-in-partial-rollout` keeps the older tokens out of the loss.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ def group_version(group: Sequence[Any], *, mask_offpolicy: bool = False) -> int 
 
 def staleness_metrics(staleness: Sequence[int]) -> dict[str, float]:
     """`rollout/staleness_{mean,min,max,p50,p90}` over the accepted samples' staleness (versions behind).
+
+    Args:
+        staleness: one entry per trained sample: the training rollout id minus its group's version
+            (`group_version`), so a group of n samples gives n equal entries and the mean is sample-weighted.
 
     Percentiles use numpy's default (linear interpolation). Empty input gives no metric.
     """
