@@ -273,3 +273,27 @@ def test_a_truncated_json_file_of_the_model_is_named(tmp_path):
         f"--hf-checkpoint {model}: tokenizer_config.json is not valid JSON (line 2 column 1: Expecting ',' delimiter); "
         "a partial download or copy?"
     )
+
+
+@pytest.mark.parametrize(
+    ("shard", "why"),
+    [
+        ("../outside.safetensors", "leads out of the folder ('..')"),
+        ("sub/../../outside.safetensors", "leads out of the folder ('..')"),
+        ("..\\outside.safetensors", "leads out of the folder ('..')"),
+        ("/etc/passwd", "is not a file name inside the folder"),
+        ("C:\\weights\\model.safetensors", "is not a file name inside the folder"),
+        ("", "is not a file name inside the folder"),
+    ],
+)
+def test_a_shard_index_naming_a_file_outside_the_model_folder_is_refused(tmp_path, shard, why):
+    # Issue 27: transformers, the engines and the converter joined the folder with the index's names as given.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    model = _copy_of_demo_model(tmp_path / "model", "model.safetensors")
+    weight_map = {"model.norm.weight": "model.safetensors", "lm_head.weight": shard}
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(ValueError) as e:
+        preflight(_args(data, "--hf-checkpoint", str(model)))
+    index = model / "model.safetensors.index.json"
+    assert str(e.value) == f"--hf-checkpoint: {index}: weight_map['lm_head.weight'] = {shard!r} {why}"
