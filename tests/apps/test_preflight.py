@@ -145,8 +145,11 @@ def test_plugin_whose_dependency_is_missing_fails_here_unless_the_cluster_is_rem
     _plugin_module(tmp_path, monkeypatch, "pf_gpu_plugin", body)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # A local run's workers share this environment: the import error is one line here, not 200 s into the run.
-    with pytest.raises(ImportError, match=r"--custom-generate-function-path: importing module 'pf_gpu_plugin' failed: "
-                       r"No module named 'pf_gpu_only_dep' \(install it in this environment"):  # fmt: skip
+    expected = (
+        r"--custom-generate-function-path: importing module 'pf_gpu_plugin' failed at .*pf_gpu_plugin.py:1: "
+        r"No module named 'pf_gpu_only_dep' \(install it in this environment"
+    )
+    with pytest.raises(ImportError, match=expected):
         preflight(_args(data, "--custom-generate-function-path", "pf_gpu_plugin.gen"))
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     with caplog.at_level("WARNING"):
