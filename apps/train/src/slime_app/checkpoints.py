@@ -138,6 +138,11 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
         if problem:
             raise ValueError(f"--load {root}: {problem}; {_recovery_hint(root)}")
     if kind in ("missing", "empty"):
+        if cfg.ckpt_step is not None:  # the trainer stopped on it, after Ray and the engines had started
+            raise ValueError(
+                f"--ckpt-step {cfg.ckpt_step}: --load {cfg.load} does not exist; leave out --ckpt-step to start "
+                "afresh there (or fix --load)"
+            )
         notes.append(f"--load {cfg.load}: no checkpoint yet, the run starts at rollout 0")
         return
     wanted = train_backend_spec(cfg).checkpoint_format
