@@ -24,6 +24,7 @@ import pathlib
 import re
 
 from slime_app.fp8_rollout import serving_fp8
+from slime_app.run_lock import LOCK_NAME
 from slime_core.config import SlimeArgs
 from slime_core.extensions import train_backend_spec
 from slime_core.fp8 import strip_quantization_config
@@ -54,7 +55,7 @@ def checkpoint_kind(path: str | os.PathLike[str]) -> str:
     root = pathlib.Path(path)
     if not root.exists():
         return "missing"
-    if not root.is_dir() or not any(root.iterdir()):
+    if not root.is_dir() or not any(p.name != LOCK_NAME for p in root.iterdir()):  # a run's lock is no checkpoint
         return "empty" if root.is_dir() else "unknown"
     if (root / "config.json").is_file() and any(p.suffix in _WEIGHTS for p in root.iterdir()):
         return "hf"

@@ -159,6 +159,7 @@ class Run:
     """
 
     progress: RunProgress | None = None
+    rollouts: Rollouts | None = None  # set by `run`; None before (a save then has no generation in flight)
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
@@ -171,7 +172,6 @@ class Run:
         self.instability = InstabilityMonitor(cfg)
         self.manager = None
         self.trainer = None
-        self.rollouts: Rollouts | None = None
         self.restorer: EngineRestorer | None = None
         self.start_rollout_id = 0
         self.last_hf_export: str | None = None
