@@ -68,8 +68,9 @@ def test_run_save_raises_save_failed_from_the_trainers_error(tmp_path, monkeypat
             raise _disk_full_from_rank_0()
 
     manager = types.SimpleNamespace(save=types.SimpleNamespace(remote=lambda rollout_id: ("cursor", rollout_id)))
-    run = types.SimpleNamespace(cfg=_cfg(tmp_path, save=str(save)), manager=manager, trainer=Trainer())
-    monkeypatch.setattr(loop.ray, "get", lambda ref: ref)
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.trainer = _cfg(tmp_path, save=str(save)), manager, Trainer()
+    monkeypatch.setattr(loop.ray, "get", lambda ref, timeout=None: ref)
     with pytest.raises(SaveFailed, match=r"^saving the checkpoint of rollout 7 to --save .* No space left on device"):
         loop.Run.save(run, 7)
 

@@ -6,8 +6,10 @@ Ray and the actors are replaced by fakes that record the calls in order (no proc
 import types
 
 import pytest
+from ray.exceptions import GetTimeoutError
 
 from slime_app import loop
+from slime_app.failures import SaveFailed
 from slime_core.config import SlimeArgs
 
 
@@ -17,7 +19,7 @@ class _FakeRay:
     def __init__(self, events):
         self.events = events
 
-    def get(self, ref):
+    def get(self, ref, timeout=None):
         kind, args = ref
         if kind == "generate":
             self.events.append(("got", *args))
@@ -292,3 +294,64 @@ def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_
     run.cfg, run.placement = cfg, None
     assert run.build() == 0
     assert [e[0] for e in events] == expected
+
+
+class _HungSaveRay:
+    """`ray.get` over fake refs: a manager save never answers (past `timeout`, Ray's GetTimeoutError)."""
+
+    def __init__(self):
+        self.timeouts = []
+
+    def get(self, ref, timeout=None):
+        self.timeouts.append(timeout)
+        raise GetTimeoutError("Get timed out: some object(s) not ready.")
+
+
+class _SaveManager:
+    """The rollout manager's `save`, recording the concurrency group of each call."""
+
+    def __init__(self):
+        self.groups = []
+        self.save = types.SimpleNamespace(remote=lambda rid: self._call(None, rid), options=self._options)
+
+    def _options(self, concurrency_group):
+        return types.SimpleNamespace(remote=lambda rid: self._call(concurrency_group, rid))
+
+    def _call(self, group, rollout_id):
+        self.groups.append(group)
+        return ("save", rollout_id)
+
+
+FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+
+
+@pytest.mark.parametrize(
+    ("fields", "group", "deadline", "flags"),
+    [
+        # Fully async: through its own group, not queued behind the collection of rollout N+1 in flight.
+        ({"rollout_function_path": FULLY_ASYNC}, "save", 100 + loop.SAVE_GRACE_S, "(--plugin-timeout-secs)"),
+        # Any other rollout: behind the generation in flight, which has its own deadline.
+        ({}, None, 100 + 1000 + loop.SAVE_GRACE_S, "(--plugin-timeout-secs + --rollout-timeout-secs)"),
+    ],
+)
+def test_a_hung_rollout_state_save_ends_the_run_in_one_line(monkeypatch, tmp_path, fields, group, deadline, flags):
+    # Issue 27: the fully-async save queued behind the collection of rollout N+1 in the manager's default group,
+    # which (--async) waits for this step's weights; the driver's ray.get had no timeout, so the run hung.
+    cfg = SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 3, "async_train": True, "save": str(tmp_path / "ckpt"),
+        "plugin_timeout_secs": 100, "rollout_timeout_secs": 1000, **fields,
+    })  # fmt: skip
+    fake_ray = _HungSaveRay()
+    monkeypatch.setattr(loop, "ray", fake_ray)
+    run = loop.Run.__new__(loop.Run)
+    run.cfg, run.manager, run.trainer = cfg, _SaveManager(), _Trainer([])
+    run.rollouts = loop.Rollouts(run.manager, 3, ahead=True, update_weights_interval=1)
+    run.rollouts._pending = ("generate", (1,))  # rollout 1 is being generated while rollout 0 is saved
+    with pytest.raises(SaveFailed) as err:
+        run.save(0)
+    assert run.manager.groups == [group] and fake_ray.timeouts == [deadline]
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"saving the checkpoint of rollout 0 to --save {tmp_path / 'ckpt'} failed: ")
+    assert f"did not finish within {deadline:g} s {flags}" in message
+    assert "no complete checkpoint there yet" in message

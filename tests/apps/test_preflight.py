@@ -145,8 +145,11 @@ def test_plugin_whose_dependency_is_missing_fails_here_unless_the_cluster_is_rem
     _plugin_module(tmp_path, monkeypatch, "pf_gpu_plugin", body)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # A local run's workers share this environment: the import error is one line here, not 200 s into the run.
-    with pytest.raises(ImportError, match=r"--custom-generate-function-path: importing module 'pf_gpu_plugin' failed: "
-                       r"No module named 'pf_gpu_only_dep' \(install it in this environment"):  # fmt: skip
+    expected = (
+        r"--custom-generate-function-path: importing module 'pf_gpu_plugin' failed at .*pf_gpu_plugin.py:1: "
+        r"No module named 'pf_gpu_only_dep' \(install it in this environment"
+    )
+    with pytest.raises(ImportError, match=expected):
         preflight(_args(data, "--custom-generate-function-path", "pf_gpu_plugin.gen"))
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     with caplog.at_level("WARNING"):
@@ -273,3 +276,27 @@ def test_a_truncated_json_file_of_the_model_is_named(tmp_path):
         f"--hf-checkpoint {model}: tokenizer_config.json is not valid JSON (line 2 column 1: Expecting ',' delimiter); "
         "a partial download or copy?"
     )
+
+
+@pytest.mark.parametrize(
+    ("shard", "why"),
+    [
+        ("../outside.safetensors", "leads out of the folder ('..')"),
+        ("sub/../../outside.safetensors", "leads out of the folder ('..')"),
+        ("..\\outside.safetensors", "leads out of the folder ('..')"),
+        ("/etc/passwd", "is not a file name inside the folder"),
+        ("C:\\weights\\model.safetensors", "is not a file name inside the folder"),
+        ("", "is not a file name inside the folder"),
+    ],
+)
+def test_a_shard_index_naming_a_file_outside_the_model_folder_is_refused(tmp_path, shard, why):
+    # Issue 27: transformers, the engines and the converter joined the folder with the index's names as given.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    model = _copy_of_demo_model(tmp_path / "model", "model.safetensors")
+    weight_map = {"model.norm.weight": "model.safetensors", "lm_head.weight": shard}
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(ValueError) as e:
+        preflight(_args(data, "--hf-checkpoint", str(model)))
+    index = model / "model.safetensors.index.json"
+    assert str(e.value) == f"--hf-checkpoint: {index}: weight_map['lm_head.weight'] = {shard!r} {why}"

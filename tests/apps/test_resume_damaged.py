@@ -100,3 +100,18 @@ def test_a_rank_refusing_its_checkpoint_stops_the_start_in_one_line(save, monkey
     with pytest.raises(StartRefused) as e:  # was: the rank's traceback, exit 1
         run.build()
     assert str(e.value) == message
+
+
+def test_ckpt_step_with_a_load_folder_that_does_not_exist_is_refused(tmp_path):
+    # Issue 27: the check said "no checkpoint yet, the run starts at rollout 0" and the trainer then stopped on
+    # "checkpoint .../iter_0000005 is missing" after Ray and the engines had started.
+    root = tmp_path / "ckpt"
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(root, "--ckpt-step", "5"))
+    assert str(e.value) == (
+        f"--ckpt-step 5: --load {root} does not exist; leave out --ckpt-step to start afresh there (or fix --load)"
+    )
+    assert check_checkpoints(_cfg(root)) == [f"--load {root}: no checkpoint yet, the run starts at rollout 0"]
+    root.mkdir()  # an empty folder was already refused, naming the missing iteration
+    with pytest.raises(ValueError, match=r"has no complete iter_0000005; no complete checkpoint is there"):
+        check_checkpoints(_cfg(root, "--ckpt-step", "5"))

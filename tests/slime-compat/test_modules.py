@@ -4,6 +4,7 @@ import asyncio
 import importlib
 import pathlib
 import re
+import types
 
 import pytest
 
@@ -25,14 +26,16 @@ ORIGINAL_IMPORTS = {
     "slime.utils.mask_utils": ["MultiTurnLossMaskGenerator", "get_response_lengths"],
     "slime.rollout.sglang_rollout": [
         "GenerateState", "generate", "generate_and_rm", "generate_and_rm_group", "generate_rollout",
-        "eval_rollout", "get_model_url",
+        "eval_rollout", "get_model_url", "abort",
     ],
     "slime.rollout.base_types": ["RolloutFnTrainOutput", "RolloutFnEvalOutput", "call_rollout_fn"],
     "slime.rollout.data_source": ["RolloutDataSource", "RolloutDataSourceWithBuffer"],
     "slime.rollout.filter_hub.base_types": ["DynamicFilterOutput", "call_dynamic_filter"],
     "slime.rollout.filter_hub.dynamic_sampling_filters": ["check_reward_nonzero_std"],
-    "slime.rollout.rm_hub": ["async_rm", "batched_async_rm", "grade_answer_verl"],
-    "slime.rollout.rm_hub.math_utils": ["extract_answer", "grade_answer_verl"],
+    "slime.rollout.rm_hub": ["async_rm", "batched_async_rm", "grade_answer_verl", "remote_rm"],
+    "slime.rollout.rm_hub.math_utils": [
+        "extract_answer", "grade_answer_verl", "extract_boxed_answer", "grade_answer_sympy", "grade_answer_mathd",
+    ],
     "slime.rollout.rm_hub.math_dapo_utils": ["compute_score"],
     "slime.rollout.sft_rollout": ["generate_rollout"],
     "slime.rollout.fully_async_rollout": ["generate_rollout_fully_async", "AsyncRolloutWorker"],
@@ -181,6 +184,61 @@ def test_generate_state_and_model_url(qwen3_tokenizer_dir):
         SingletonMeta.clear_instances(GenerateState)
     assert get_model_url(args, "actor") == "http://r:9/generate"
     assert get_model_url(args, "ref", "/health") == "http://r:9/health"
+
+
+def test_original_math_utils_names_and_remote_rm():
+    # Issue 27: reward plugins of the original import these from its math_utils / rm_hub; they were missing.
+    from slime.rollout.rm_hub import remote_rm
+    from slime.rollout.rm_hub.math_utils import extract_boxed_answer, grade_answer_mathd, grade_answer_sympy
+
+    assert extract_boxed_answer(r"first \boxed{1}, then \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert extract_boxed_answer("no box") is None
+    assert grade_answer_sympy("0.5", r"\frac{1}{2}") is True and grade_answer_mathd("3", "4") is False
+    sample = types.SimpleNamespace(prompt="p", response="r", label="l")
+    with pytest.raises(ValueError, match="--rm-type remote_rm needs --rm-url"):
+        asyncio.run(remote_rm(types.SimpleNamespace(rm_url=None), sample))
+
+
+def test_abort_stops_the_engines_and_collects_partial_groups(monkeypatch, qwen3_tokenizer_dir):
+    # The original's `abort(args, rollout_id)` (custom rollout functions copied from sglang_rollout call it).
+    import slime.rollout.sglang_rollout as sglang_rollout
+    from slime.rollout.sglang_rollout import GenerateState, abort
+    from slime.utils.misc import SingletonMeta
+    from slime_core.sample import Sample
+
+    calls = []
+
+    class Client:
+        async def abort_all(self):
+            calls.append("abort_all")
+
+    monkeypatch.setattr(sglang_rollout, "get_client", lambda args: Client())
+    cfg = SlimeArgs.from_dict({
+        "rollout_batch_size": 2, "num_rollout": 1, "hf_checkpoint": str(qwen3_tokenizer_dir), "partial_rollout": True,
+        "rollout_max_response_len": 8,
+    })  # fmt: skip
+    args = PluginArgs.from_config(cfg, engine_urls=["http://h:1"], router_url="http://r:9")
+    SingletonMeta.clear_instances(GenerateState)
+
+    async def run():
+        state = GenerateState(args)
+        started = Sample(index=0, response="12", metadata={})
+        resumed = Sample(index=1, response="3", metadata={"start_rollout_id": 2})
+
+        async def group(samples):
+            return samples
+
+        state.pendings = {asyncio.ensure_future(group([started, resumed])), asyncio.ensure_future(group([Sample()]))}
+        collected = await abort(args, 5)
+        return state, started, resumed, collected
+
+    try:
+        state, started, resumed, collected = asyncio.run(run())
+        assert calls == ["abort_all"] and state.aborted and state.pendings == set()
+        assert sorted(len(g) for g in collected) == [1, 2]
+        assert started.metadata["start_rollout_id"] == 5 and resumed.metadata["start_rollout_id"] == 2
+    finally:
+        SingletonMeta.clear_instances(GenerateState)
 
 
 def test_generate_and_rm_group_adapter_uses_the_callers_sampling_params(monkeypatch, qwen3_tokenizer_dir):

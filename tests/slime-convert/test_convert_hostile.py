@@ -224,3 +224,26 @@ def test_outputs_reach_the_disk_before_the_renames_that_publish_them(tiny_hf_mod
     tracker = str(tmp_path / "m" / "latest_checkpointed_iteration.txt")
     commit = events.index(("replace", tracker + ".tmp", tracker))
     assert ("fsync", tracker + ".tmp") in events[:commit]
+
+
+@pytest.mark.parametrize("how", ["parent", "absolute"])
+def test_an_index_naming_a_shard_outside_the_checkpoint_is_refused(tiny_hf_model, tmp_path, caplog, how):
+    # Issue 27: the reader joined the folder with the index's name as given, so `../x` or `/x` read a real
+    # safetensors file elsewhere on the machine (here: one of the same model, so nothing else stopped it).
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "models" / "m")
+    index = model / "model.safetensors.index.json"
+    good = json.loads(index.read_text())
+    name, shard = next(iter(good["weight_map"].items()))
+    outside = tmp_path / "models" / shard
+    shutil.copy(model / shard, outside)  # a complete file that holds the tensor: only the name is wrong
+    file = f"../{shard}" if how == "parent" else str(outside)
+    index.write_text(json.dumps({**good, "weight_map": {**good["weight_map"], name: file}}))
+    why = "leads out of the folder ('..')" if how == "parent" else "is not a file name inside the folder"
+    message = f"{index}: weight_map[{name!r}] = {file!r} {why}"
+    with pytest.raises(ValueError) as e:
+        HFCheckpointReader(model)
+    assert str(e.value) == message
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(model), "--save", str(tmp_path / "out"), "--no-progress"]
+    assert main(argv) == 2
+    assert message in caplog.text and not (tmp_path / "out").exists()

@@ -27,10 +27,27 @@ def test_original_launch_flags_parse_with_a_staleness_bound():
     [
         ({"max_weight_staleness": 1}, "--max-weight-staleness bounds the fully-async rollout only"),
         ({"rollout_function_path": ORIGINAL_PATH, "colocate": True}, "cannot swap one GPU's memory between them"),
-        ({"rollout_function_path": ORIGINAL_PATH, "colocate": True, "offload_train": False},
-         "--no-offload-train --no-offload-rollout"),
+        (
+            {"rollout_function_path": ORIGINAL_PATH, "colocate": True, "offload_train": False},
+            "--no-offload-train --no-offload-rollout",
+        ),
         ({"async_train": True, "colocate": True}, "--async overlaps rollout and training"),
         ({"async_train": True, "colocate": True, "offload_rollout": False}, "--no-offload-train --no-offload-rollout"),
+        # --async collects rollout N+1 before the weights of N are pushed: a bound of 0 dropped every group and the
+        # run waited 4 h (--rollout-timeout-secs) with its save and weight push queued behind that collection.
+        (
+            {"rollout_function_path": ORIGINAL_PATH, "async_train": True, "max_weight_staleness": 0},
+            "--max-weight-staleness 0 with --async --update-weights-interval 1: the next rollout is collected before",
+        ),
+        (
+            {
+                "rollout_function_path": ORIGINAL_PATH,
+                "async_train": True,
+                "max_weight_staleness": 2,
+                "update_weights_interval": 3,
+            },
+            "1 to 3 version(s) behind and every one would be dropped",
+        ),
         (
             {"rollout_function_path": ORIGINAL_PATH, "max_weight_staleness": -1},
             "--max-weight-staleness: Input should be greater than or equal to 0",
@@ -41,6 +58,14 @@ def test_broken_rules_are_one_line_errors_naming_the_flags(overrides, message):
     with pytest.raises(ConfigError) as err:
         make(**overrides)
     assert message in str(err.value)
+
+
+def test_a_staleness_bound_an_async_run_can_meet_is_accepted():
+    args = make(
+        rollout_function_path=ORIGINAL_PATH, async_train=True, max_weight_staleness=2, update_weights_interval=2
+    )
+    assert args.max_weight_staleness == 2
+    assert make(rollout_function_path=ORIGINAL_PATH, max_weight_staleness=0).max_weight_staleness == 0  # sync: fresh
 
 
 @pytest.mark.parametrize("overrides", [{"rollout_function_path": ORIGINAL_PATH}, {"async_train": True}])

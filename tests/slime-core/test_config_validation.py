@@ -108,6 +108,10 @@ BROKEN_RULES = [
         "--rollout-external-engine-addrs and --rollout-engine-urls disagree",
     ),
     ({"megatron_args": ["--tensor-model-parallel-size", "x"]}, "--tensor-model-parallel-size: expected an integer"),
+    # SGLang refuses these on every request (the run failed at its first rollout); issue 27.
+    ({"rollout_top_k": -5}, "--rollout-top-k -5: top-k is -1 (off) or at least 1, as SGLang takes it"),
+    ({"rollout_top_k": 0}, "--rollout-top-k 0: top-k is -1 (off) or at least 1"),
+    ({"eval_top_k": 0}, "--eval-top-k 0: top-k is -1 (off) or at least 1"),
 ]
 
 

@@ -92,3 +92,24 @@ def test_bad_input_fails_clearly(source, tmp_path):
     writer.add("a", torch.ones(1))
     with pytest.raises(ValueError, match="'a' written twice"):
         writer.add("a", torch.ones(1))
+
+
+def test_read_weight_map_keeps_names_inside_the_folder_and_refuses_the_rest(tmp_path):
+    import json
+
+    from slime_core.hf_checkpoint import read_weight_map
+
+    index = tmp_path / "model.safetensors.index.json"
+    inside = {"a": "model-00001-of-00002.safetensors", "b": "shards/model-00002-of-00002.safetensors"}
+    index.write_text(json.dumps({"metadata": {}, "weight_map": inside}))
+    assert read_weight_map(index) == inside
+    for file, why in [
+        ("../x.safetensors", "leads out of the folder ('..')"),
+        ("a/../../x.safetensors", "leads out of the folder ('..')"),
+        ("/abs/x.safetensors", "is not a file name inside the folder"),
+        ("\\\\server\\share\\x.safetensors", "is not a file name inside the folder"),
+    ]:
+        index.write_text(json.dumps({"weight_map": {**inside, "c": file}}))
+        with pytest.raises(ValueError) as e:
+            read_weight_map(index)
+        assert str(e.value) == f"{index}: weight_map['c'] = {file!r} {why}"

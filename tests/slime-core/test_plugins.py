@@ -64,12 +64,36 @@ def test_missing_top_level_package():
 
 def test_module_whose_own_import_fails(plugin_pkg):
     # The plugin module exists; a dependency of it is missing. The message must not blame the plugin path.
-    with pytest.raises(PluginError, match=r"importing module .*needs_dep' failed: No module named") as info:
+    with pytest.raises(PluginError, match=r"importing module .*needs_dep' failed at .*: No module named") as info:
         load_function(f"{plugin_pkg}.needs_dep.fn", flag="--custom-rm-path")
     assert info.value.__cause__.name == "definitely_not_installed_pkg_xyz"
-    with pytest.raises(PluginError, match=r"importing module .*broken' failed: RuntimeError: boom at import") as info:
+    with pytest.raises(
+        PluginError, match=r"importing module .*broken' failed at .*: RuntimeError: boom at import"
+    ) as info:
         load_function(f"{plugin_pkg}.broken.fn", flag="--custom-rm-path")
     assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_an_import_failure_names_the_plugins_file_and_line(plugin_pkg, tmp_path):
+    # Issue 27: a module calling sys.exit() at import ended the run with its status and no word (SystemExit is
+    # not an Exception); the other failures named no file or line.
+    pkg = tmp_path / plugin_pkg
+    (pkg / "exits.py").write_text("import sys\n\nsys.exit(3)\n")
+    (pkg / "parses.py").write_text("import json\n\n\ndef read():\n    return json.loads('{')\n\n\nread()\n")
+    (pkg / "typo.py").write_text("def rm(args sample):\n    pass\n")
+    cases = {
+        "exits": f"{pkg / 'exits.py'}:3: SystemExit: 3",
+        "parses": f"{pkg / 'parses.py'}:5: JSONDecodeError: Expecting property name",  # its line, not json's
+        "broken": f"{pkg / 'broken.py'}:1: RuntimeError: boom at import",
+        "needs_dep": f"{pkg / 'needs_dep.py'}:1: No module named 'definitely_not_installed_pkg_xyz'",
+        "typo": f"{pkg / 'typo.py'}:1: SyntaxError: invalid syntax",
+    }
+    for module, where in cases.items():
+        with pytest.raises(PluginError) as info:
+            load_function(f"{plugin_pkg}.{module}.rm", flag="--custom-rm-path")
+        assert str(info.value).startswith(
+            f"--custom-rm-path: importing module '{plugin_pkg}.{module}' failed at {where}"
+        )
 
 
 def test_missing_attribute(plugin_pkg):

@@ -315,6 +315,21 @@ async def test_retry_from_an_earlier_turn_forks_and_trains_each_turn_once(tok, s
         ({"extra_body": {"top_k": 2.5}}, "top_k must be an integer, -1 or >= 1"),
         ({"max_tokens": True}, "max_tokens must be a positive integer, got True"),
         ({"logprobs": "yes"}, "logprobs must be true or false"),
+        # Issue 27: each was accepted and rendered as an empty or stringified turn the model was trained on.
+        ({"messages": [{"role": "user"}]}, "messages[0]: content must be a string or a list of parts, got none"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0]: content must be a string or a list"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text must be a"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "text must be a string, got 5"),
+        ({"tools": [{"type": "function", "function": {"name": 5}}]}, "tools[0].function.name must be a string"),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"function": {"name": 1}}]},
+                    {"role": "user", "content": "b"},
+                ]
+            },
+            "messages[0].tool_calls[0].function.name must be a string",
+        ),
     ],
 )
 async def test_unsupported_requests_are_400_naming_the_field(scripted, kw, needle):

@@ -42,3 +42,37 @@ def test_two_apps_keep_their_own_state(tiny_qwen3_dir):
         assert one.post("/pause_generation").status_code == 200
         assert two.get("/server_info").json()["internal_states"][0]["paused"] is False
         assert one.get("/server_info").json()["internal_states"][0]["paused"] is True
+
+
+def test_lora_routes_refuse_a_malformed_body_as_sglangs_fastapi_does(tiny_qwen3_dir):
+    # SGLang declares `obj: UnloadLoRAAdapterReqInput` (lora_name required): FastAPI answers 422 naming the field.
+    # Issue 27: `/unload_lora_adapter` without `lora_name` was an HTTP 500 (a KeyError in the handler).
+    app = build_app(ReferenceModel(str(tiny_qwen3_dir)), max_running_requests=2, random_seed=0, server_args={})
+    missing = {"type": "missing", "msg": "Field required"}
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for route, body, loc, kind in [
+            ("/unload_lora_adapter", {}, ["body", "lora_name"], missing),
+            ("/unload_lora_adapter", {"lora_id": "x"}, ["body", "lora_name"], missing),
+            ("/load_lora_adapter", {"lora_name": "a"}, ["body", "lora_path"], missing),
+            ("/load_lora_adapter", {"lora_path": "/a"}, ["body", "lora_name"], missing),
+            ("/load_lora_adapter", {"lora_name": 7, "lora_path": "/a"}, ["body", "lora_name"],
+             {"type": "string_type", "msg": "Input should be a valid string"}),
+            ("/unload_lora_adapter", {"lora_name": ["a"]}, ["body", "lora_name"],
+             {"type": "string_type", "msg": "Input should be a valid string"}),
+        ]:  # fmt: skip
+            reply = client.post(route, json=body)
+            assert reply.status_code == 422, (route, body, reply.text)
+            [detail] = reply.json()["detail"]
+            assert detail["loc"] == loc and {k: detail[k] for k in kind} == kind, (route, body, detail)
+        empty = client.post("/unload_lora_adapter")
+        assert empty.status_code == 422 and empty.json()["detail"][0]["loc"] == ["body"]
+        # A well-formed request for an adapter that is not loaded: SGLang's 400 LoRAUpdateOutput, its exact text.
+        gone = client.post("/unload_lora_adapter", json={"lora_name": "wire-lora"})
+        assert gone.status_code == 400
+        assert gone.json() == {
+            "success": False, "error_message": "LoRA with name wire-lora does not exist. Loaded LoRAs: odict_keys([])",
+            "http_worker_ipc": None, "rid": None, "loaded_adapters": None,
+        }  # fmt: skip
+        absent = client.post("/load_lora_adapter", json={"lora_name": "a", "lora_path": "/nonexistent/adapter"})
+        assert absent.status_code == 400 and absent.json()["success"] is False
+        assert absent.json()["loaded_adapters"] is None

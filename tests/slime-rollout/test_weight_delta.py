@@ -322,6 +322,26 @@ def test_a_delta_dir_applies_only_on_its_base_version(tmp_path, model_state, tin
         apply_delta_dir(tmp_path / "d7", tmp_path / "local")
 
 
+def test_a_delta_index_naming_a_shard_outside_its_dir_patches_nothing(tmp_path):
+    # Issue 27: the shard names of the delta's index were joined with its folder as given ('../x' read elsewhere),
+    # and the local checkpoint had lost its version file before that load failed or not.
+    import json
+
+    from slime_rollout.weight_sync.delta_sync import VERSION_FILE, write_delta_dir
+
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / VERSION_FILE).write_text("6")
+    meta = {"version": "7", "base_version": "6", "delta_encoding": "xor", "checksum_format": "xxh3-128"}
+    write_delta_dir([], tmp_path / "d7", meta)
+    index = tmp_path / "d7" / "model.safetensors.index.json"
+    body = json.loads(index.read_text())
+    index.write_text(json.dumps({**body, "weight_map": {"w": "../elsewhere.safetensors"}}))
+    with pytest.raises(ValueError) as e:
+        apply_delta_dir(tmp_path / "d7", tmp_path / "local")
+    assert str(e.value) == f"{index}: weight_map['w'] = '../elsewhere.safetensors' leads out of the folder ('..')"
+    assert (tmp_path / "local" / VERSION_FILE).read_text() == "6"  # still a valid base: nothing was touched
+
+
 def test_delta_config_is_validated():
     from slime_core.config import ConfigError
 

@@ -419,3 +419,80 @@ async def test_two_updaters_interleaving_on_a_guarding_engine_fail_the_second_wi
     release.set()
     await push_a  # writer A completes: its buckets only, under its version
     assert await RolloutClient([url]).get_weight_versions() == ["1"]
+
+
+# ------------------------------------------------------------------ a distributed push the engine refuses
+
+
+_JOIN = """
+import sys, time
+from slime_rollout.engines.wire import init_custom_process_group
+backend, init_method, world_size, rank, group_name = sys.argv[1:]
+init_custom_process_group(backend=backend, init_method=init_method, world_size=int(world_size), rank=int(rank),
+                          group_name=group_name)
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+def _refusing_engine(refused_route, joined):
+    """A fake engine that answers `refused_route` with SGLang's refusal (HTTP 400, success false) and does its part
+    of everything else: a child process joins the trainer's gloo group for real (c10d keeps one group of a name
+    per process, and the trainer's end is this process), so the trainer's rendezvous completes."""
+    import subprocess
+    import sys
+
+    def join(body):
+        init_method = f"tcp://{body['master_address']}:{body['master_port']}"
+        argv = [body["backend"], init_method, str(body["world_size"]), str(body["rank_offset"]), body["group_name"]]
+        child = subprocess.Popen([sys.executable, "-c", _JOIN, *argv], stdout=subprocess.PIPE, text=True)
+        joined.append(child)
+        assert child.stdout.readline().strip() == "joined"
+
+    async def handler(request):
+        body = await request.json() if request.can_read_body else {}
+        if request.path == refused_route:
+            return web.json_response({"success": False, "message": "refused by the test engine"}, status=400)
+        if request.path == "/init_weights_update_group":
+            await asyncio.to_thread(join, body)
+        if request.path == "/model_info":
+            return web.json_response({"weight_version": "0"})
+        return web.json_response({"success": True})
+
+    return handler
+
+
+@pytest.mark.parametrize("route", ["/init_weights_update_group", "/update_weights_from_distributed"])
+def test_a_distributed_push_the_engine_refuses_stops_the_sender_with_the_refusal(threaded_http_server, route):
+    # Issue 27: the trainer's end of the group (rendezvous, or the bucket's broadcast) waited for the engine's part,
+    # which never came, for the group's 10-minute timeout; asyncio.run then joined that thread before raising.
+    import threading
+
+    from slime_rollout.engines.transport import EngineError
+
+    joined = []
+    url = threaded_http_server(_refusing_engine(route, joined))
+    updater = DistributedWeightUpdater(
+        _cfg(rollout_num_gpus_per_engine=1), RolloutClient([url]), master_address="127.0.0.1",
+        master_port=find_free_port(start=29700), backend="gloo",
+    )  # fmt: skip
+    outcome = {}
+
+    def push():
+        try:
+            updater.update(iter([[("w", torch.ones(4))]]), "1")
+        except Exception as e:  # noqa: BLE001 - checked below
+            outcome["error"] = e
+
+    thread = threading.Thread(target=push, daemon=True)
+    thread.start()
+    thread.join(timeout=120)  # the refusal comes at once (well under 1 s); the hang was the group's 600 s timeout
+    for child in joined:
+        child.kill()
+        child.wait()
+    assert not thread.is_alive(), f"the sender still waits after the engine refused {route}"
+    error = outcome["error"]
+    assert isinstance(error, EngineError) and error.endpoint == route and error.status_code == 400
+    message = str(error)
+    assert message.startswith(f"engine {url}{route} failed (HTTP 400): ") and "refused by the test engine" in message
+    assert updater._group is None  # a group with a collective left half-done is never used again

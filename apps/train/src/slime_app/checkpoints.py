@@ -23,6 +23,7 @@ import os
 import pathlib
 
 from slime_app.fp8_rollout import serving_fp8
+from slime_app.run_lock import LOCK_NAME
 from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
 from slime_core.config import SlimeArgs
 from slime_core.extensions import train_backend_spec
@@ -53,7 +54,7 @@ def checkpoint_kind(path: str | os.PathLike[str]) -> str:
     root = pathlib.Path(path)
     if not root.exists():
         return "missing"
-    if not root.is_dir() or not any(root.iterdir()):
+    if not root.is_dir() or not any(p.name != LOCK_NAME for p in root.iterdir()):  # a run's lock is no checkpoint
         return "empty" if root.is_dir() else "unknown"
     if (root / "config.json").is_file() and any(p.suffix in _WEIGHTS for p in root.iterdir()):
         return "hf"
@@ -117,6 +118,11 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
         if problem:
             raise ValueError(f"--load {root}: {problem}; {_recovery_hint(root)}")
     if kind in ("missing", "empty"):
+        if cfg.ckpt_step is not None:  # the trainer stopped on it, after Ray and the engines had started
+            raise ValueError(
+                f"--ckpt-step {cfg.ckpt_step}: --load {cfg.load} does not exist; leave out --ckpt-step to start "
+                "afresh there (or fix --load)"
+            )
         notes.append(f"--load {cfg.load}: no checkpoint yet, the run starts at rollout 0")
         return
     wanted = train_backend_spec(cfg).checkpoint_format

@@ -71,6 +71,7 @@ def _main(argv: list[str]) -> int:
         from slime_app.preflight import preflight
         from slime_app.ray_start import ray_address
         from slime_app.resolve import resolve_config
+        from slime_app.run_lock import lock_run_folders
 
         for note in preflight(cfg):
             logging.getLogger("slime_app.preflight").info("%s", note)
@@ -80,6 +81,7 @@ def _main(argv: list[str]) -> int:
         if not ray_address(cfg):
             # On a cluster the trainer ranks write from other hosts: this host's view of the paths says little.
             check_writable(cfg)
+            lock_run_folders(cfg)
     # ImportError: PluginError; OSError: an unreadable file or tokenizer; TypeError: a data source without len().
     except (ConfigError, ValueError, OSError, ImportError, TypeError) as e:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
@@ -89,6 +91,7 @@ def _main(argv: list[str]) -> int:
     from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
     from slime_app.ray_start import RayAddressError, RayStartupError
+    from slime_app.run_lock import release_run_folders
 
     started = time.perf_counter()
     run = None
@@ -120,6 +123,7 @@ def _main(argv: list[str]) -> int:
     finally:
         if run is not None:
             run.close()
+        release_run_folders()  # after the last write of the run (an in-process caller may start another)
     wall = time.perf_counter() - started
     evals = run.tracker.eval_series()
     for name, series in evals.items():

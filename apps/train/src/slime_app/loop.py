@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError
 
 from slime_app.actor_critic import make_trainers
 from slime_app.cluster import create_placement, init_ray
@@ -33,9 +34,13 @@ from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
+from slime_core.config.validation_fully_async import is_fully_async
 from slime_core.extensions import train_backend_spec
+from slime_rollout.runtime.deadlines import DeadlineExceeded
 
 logger = logging.getLogger(__name__)
+
+SAVE_GRACE_S = 30.0  # past the data source's own save deadline: the manager reports its DeadlineExceeded first
 
 _TRANSPORTS = {  # --weight-sync after validation resolved "auto"
     "tensor": "tensor (tensor handles to colocated engines)",
@@ -99,6 +104,11 @@ class Rollouts:
         self.wait = wait
         self._pending: ray.ObjectRef | None = None  # async: the generation in flight
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether a generation runs ahead (async) that a default-group call of the manager queues behind."""
+        return self._pending is not None
+
     def take(self, rollout_id: int) -> tuple[list[ray.ObjectRef], dict[str, float]]:
         """Rollout `rollout_id`: per-DP-rank batch refs and its `rollout/*`, `perf/*` metrics.
 
@@ -149,6 +159,7 @@ class Run:
     """
 
     progress: RunProgress | None = None
+    rollouts: Rollouts | None = None  # set by `run`; None before (a save then has no generation in flight)
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
@@ -161,7 +172,6 @@ class Run:
         self.instability = InstabilityMonitor(cfg)
         self.manager = None
         self.trainer = None
-        self.rollouts: Rollouts | None = None
         self.restorer: EngineRestorer | None = None
         self.start_rollout_id = 0
         self.last_hf_export: str | None = None
@@ -363,12 +373,40 @@ class Run:
         t0 = time.perf_counter()
         try:
             # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
-            ray.get(self.manager.save.remote(rollout_id))
+            self._save_rollout_state(rollout_id)
             self.trainer.save(rollout_id)
         except Exception as e:  # a full disk, a read-only mount: one line naming --save, not a rank's traceback
             logger.debug("the save of rollout %d failed", rollout_id, exc_info=True)
             raise save_failed(f"the checkpoint of rollout {rollout_id}", "--save", self.cfg.save, e) from e
         return time.perf_counter() - t0
+
+    def _save_rollout_state(self, rollout_id: int) -> None:
+        """The rollout manager's part of a save (data cursor; fully async, the producer's held groups), bounded.
+
+        The manager runs the data source's save under `--plugin-timeout-secs`; a default-group call also waits for
+        the generation in flight (`--async`: rollout N+1, under `--rollout-timeout-secs`). The fully-async state is
+        read in one step of the rollout loop, so it needs no pause of that generation: it goes through the "save"
+        concurrency group (queued behind the generation, the fully-async save waited for a collection that itself
+        waits for this step's weights).
+
+        Raises:
+            DeadlineExceeded: no answer within those deadlines and `SAVE_GRACE_S` (names the flags).
+        """
+        cfg = self.cfg
+        in_flight = self.rollouts is not None and self.rollouts.in_flight
+        if is_fully_async(cfg):
+            ref, queued = self.manager.save.options(concurrency_group="save").remote(rollout_id), False
+        else:
+            ref, queued = self.manager.save.remote(rollout_id), in_flight
+        deadline = cfg.plugin_timeout_secs + SAVE_GRACE_S + (cfg.rollout_timeout_secs if queued else 0.0)
+        flags = "--plugin-timeout-secs" + (" + --rollout-timeout-secs" if queued else "")
+        try:
+            ray.get(ref, timeout=deadline)
+        except GetTimeoutError:
+            raise DeadlineExceeded(
+                f"the rollout manager's save of the data cursor (--data-source-path {cfg.data_source_path}) did not "
+                f"finish within {deadline:g} s ({flags})"
+            ) from None
 
     def save_hf(self, rollout_id: int) -> float:
         """Exports the actor as an HF checkpoint to `--save-hf` with `{rollout_id}` filled in; returns its seconds.

@@ -10,6 +10,7 @@ from slime_app.fp8_rollout import check_fp8_rollout
 from slime_app.ray_start import ray_address
 from slime_core.config import SlimeArgs
 from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
+from slime_core.hf_checkpoint import INDEX_NAME, read_weight_map
 from slime_core.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -268,12 +269,13 @@ _MODEL_JSON = ("config.json", "tokenizer_config.json", "tokenizer.json", "genera
 
 
 def _check_json_files(folder: str) -> None:
-    """Each JSON file of `--hf-checkpoint` the run parses must be valid UTF-8 JSON.
+    """Each JSON file of `--hf-checkpoint` the run parses must be valid UTF-8 JSON, its shard index inside the folder.
 
     A truncated copy said only `Expecting ',' delimiter: line 2 column 1 (char 23)`, naming no file.
 
     Raises:
-        ValueError: naming the flag, the file, its line and column.
+        ValueError: naming the flag, the file, its line and column; or the index key whose shard is an absolute
+            path or climbs out with `..` (`slime_core.hf_checkpoint.read_weight_map`).
     """
     import json
 
@@ -291,6 +293,12 @@ def _check_json_files(folder: str) -> None:
             ) from None
         except UnicodeDecodeError as e:
             raise ValueError(f"--hf-checkpoint {folder}: {name} is not UTF-8 (byte offset {e.start})") from None
+    index = os.path.join(folder, INDEX_NAME)
+    if os.path.isfile(index):
+        try:  # transformers, the engines and the converter follow its shard names as given
+            read_weight_map(index)
+        except ValueError as e:
+            raise ValueError(f"--hf-checkpoint: {e}") from None
 
 
 def _weight_readers(cfg: SlimeArgs) -> dict[str, str]:

@@ -202,12 +202,13 @@ def check_chat_template(cfg: SlimeArgs, samples: list[Any], left: int) -> tuple[
     return out, (left - int(out.get("rollout/chat_template/checked", 0)) if out else 0)
 
 
-@ray.remote(concurrency_groups={"control": 1})
+@ray.remote(concurrency_groups={"control": 1, "save": 1})
 class RolloutManager:
     """Owns engines, data source and the rollout function for the whole run.
 
     Methods in the "control" concurrency group run on their own thread, so the driver can serve engine restores
-    (`slime_app.engine_faults`) while a generation runs.
+    (`slime_app.engine_faults`) while a generation runs; the driver sends the fully-async `save` through the "save"
+    group (its state is read in one step of the rollout loop, so it needs no pause of the generation in flight).
 
     Args:
         cfg: the run config.

@@ -18,6 +18,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from slime_core.hf_checkpoint import read_weight_map
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["HFCheckpointReader", "HFShardedWriter", "INDEX_NAME"]
@@ -40,8 +42,9 @@ class HFCheckpointReader:
 
         Raises:
             FileNotFoundError: neither `model.safetensors.index.json` nor any `*.safetensors` in `hf_dir`.
-            ValueError: the index does not parse or names a missing file or a tensor its file lacks, or a shard
-                is not a complete safetensors file (truncated copy); each names the file.
+            ValueError: the index does not parse, names a shard outside `hf_dir` (absolute, `..`), a missing file
+                or a tensor its file lacks, or a shard is not a complete safetensors file (truncated copy); each
+                names the file.
         """
         self.dir = pathlib.Path(hf_dir)
         index = self.dir / INDEX_NAME
@@ -49,7 +52,7 @@ class HFCheckpointReader:
         self._handles: dict[pathlib.Path, object] = {}
         if index.is_file():
             by_file: dict[pathlib.Path, list[str]] = {}
-            for name, file in _weight_map(index).items():
+            for name, file in read_weight_map(index).items():
                 path = self.dir / file
                 if not path.is_file():
                     raise ValueError(f"{index}: tensor {name!r} is in {file}, which does not exist")
@@ -102,17 +105,6 @@ class HFCheckpointReader:
     def close(self) -> None:
         """Drops the open file handles."""
         self._handles.clear()
-
-
-def _weight_map(index: pathlib.Path) -> dict[str, str]:
-    """The `weight_map` of a `model.safetensors.index.json` (tensor name -> file name), checked."""
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-        raise ValueError(f"{index}: not a safetensors index ({e})") from e
-    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-        raise ValueError(f"{index}: no 'weight_map' object of tensor name -> file name")
-    return weight_map
 
 
 class HFShardedWriter:

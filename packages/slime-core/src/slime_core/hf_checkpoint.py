@@ -31,7 +31,7 @@ from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HFCheckpointWriter", "copy_assets", "source_dtype", "write_hf_checkpoint"]
+__all__ = ["HFCheckpointWriter", "copy_assets", "read_weight_map", "source_dtype", "write_hf_checkpoint"]
 
 SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -48,6 +48,40 @@ def source_dtype(source_dir: str | os.PathLike[str]) -> torch.dtype | None:
     config = json.loads((pathlib.Path(source_dir) / "config.json").read_text())
     name = config.get("dtype") or config.get("torch_dtype")
     return next((dtype for dtype, n in _DTYPE_NAMES.items() if n == name), None)
+
+
+def read_weight_map(index: str | os.PathLike[str]) -> dict[str, str]:
+    """The `weight_map` of a `model.safetensors.index.json` (tensor name -> shard file), checked.
+
+    A shard is named relative to the index's folder, as `transformers` writes and reads it. A name that is absolute
+    or climbs out with `..` would make the loader read (or, for a delta, patch from) a file elsewhere on the machine,
+    so it is refused. Symlinked shards (the Hugging Face cache's snapshots) are fine: only the name is checked.
+
+    Args:
+        index: the index file.
+
+    Returns:
+        The weight map as written.
+
+    Raises:
+        ValueError: the file is not JSON, has no `weight_map` object of str -> str, or a shard name is absolute or
+            holds `..` (names the file and the tensor key).
+    """
+    index = pathlib.Path(index)
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"{index}: not a safetensors index ({e})") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ValueError(f"{index}: no 'weight_map' object of tensor name -> file name")
+    for name, file in weight_map.items():
+        # Both separators: an index written on Windows may use backslashes, and `C:` drives are absolute there.
+        parts = pathlib.PureWindowsPath(file).parts
+        if not file or pathlib.PurePosixPath(file).is_absolute() or pathlib.PureWindowsPath(file).anchor:
+            raise ValueError(f"{index}: weight_map[{name!r}] = {file!r} is not a file name inside the folder")
+        if ".." in parts:
+            raise ValueError(f"{index}: weight_map[{name!r}] = {file!r} leads out of the folder ('..')")
+    return weight_map
 
 
 def copy_assets(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import sysconfig
+import traceback
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -49,6 +51,21 @@ def _split_path(path: str, flag: str) -> tuple[str, str]:
     return module_name, attr
 
 
+def _origin(error: BaseException) -> str:
+    """`" at FILE:LINE"`: where an import failed, or "".
+
+    The deepest frame in the user's code (not importlib's machinery, the standard library or installed packages),
+    else the deepest frame: a `json.loads` failing in a plugin names the plugin's line, not `json/decoder.py`.
+    """
+    if isinstance(error, SyntaxError) and error.filename:
+        return f" at {error.filename}:{error.lineno}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen ")]
+    libraries = tuple({sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+    own = [f for f in frames if not f.filename.startswith(libraries)]
+    frame = (own or frames or [None])[-1]
+    return f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
+
+
 @cache
 def _load(path: str, flag: str) -> Any:
     module_name, attr_path = _split_path(path, flag)
@@ -61,11 +78,13 @@ def _load(path: str, flag: str) -> Any:
                 f"{flag}: module {module_name!r} not found (from {path!r}); is the directory holding it on "
                 "PYTHONPATH? (the run's workers get the launching shell's)"
             ) from e
-        error = PluginError(f"{flag}: importing module {module_name!r} failed: {e}")
+        error = PluginError(f"{flag}: importing module {module_name!r} failed{_origin(e)}: {e}")
         error.missing_dependency = e.name
         raise error from e
-    except Exception as e:
-        raise PluginError(f"{flag}: importing module {module_name!r} failed: {type(e).__name__}: {e}") from e
+    except (Exception, SystemExit) as e:  # a module calling sys.exit() at import ended the run with no word
+        raise PluginError(
+            f"{flag}: importing module {module_name!r} failed{_origin(e)}: {type(e).__name__}: {e}"
+        ) from e
     obj: Any = module
     for part in attr_path.split("."):  # `module:Class.method` style nested attributes.
         try:
@@ -88,8 +107,8 @@ def load_function(path: str, *, flag: str) -> Callable[..., Any]:
 
     Raises:
         PluginError: (an `ImportError`) the path is malformed, the module is missing or fails to
-            import, the attribute is missing, or the object is not callable. The original
-            exception is chained as `__cause__`.
+            import (also by `sys.exit()`; the message names the file and line it failed at), the attribute is
+            missing, or the object is not callable. The original exception is chained as `__cause__`.
     """
     obj = _load(PATH_ALIASES.get(path, path), flag)
     if not callable(obj):

@@ -18,6 +18,7 @@ from typing import Any
 from slime.utils.misc import SingletonMeta
 from slime_core.sample import Sample
 from slime_rollout.data.source import get_tokenizer
+from slime_rollout.engines.client import get_client
 from slime_rollout.generation import group_rollout
 from slime_rollout.generation.eval import eval_rollout_async
 from slime_rollout.generation.generate import build_sampling_params, generate
@@ -26,6 +27,7 @@ from slime_rollout.generation.rollout import generate_rollout, generate_rollout_
 
 __all__ = [
     "GenerateState",
+    "abort",
     "eval_rollout",
     "generate",
     "generate_and_rm",
@@ -151,6 +153,24 @@ async def generate_and_rm_group(
     if state.aborted:
         return group
     return await group_rollout.generate_and_rm_group(args, group, state, sampling_params)
+
+
+async def abort(args: Any, rollout_id: int) -> list[list[Any]]:
+    """The original's `abort`: stops the generation of `GenerateState(args)` and waits for its tasks.
+
+    Engines abort until idle (`RolloutClient.abort_all`: TimeoutError after 300 s). With `--partial-rollout` the
+    tasks' groups are returned (a partly generated sample gets `metadata["start_rollout_id"]`), else [].
+    """
+    state = GenerateState(args)
+    state.aborted = True
+    await get_client(args).abort_all()
+    done = await asyncio.gather(*state.pendings) if state.pendings else []
+    state.pendings = set()
+    if not args.partial_rollout:
+        return []
+    for sample in (s for group in done for s in group if isinstance(s, Sample) and s.response):
+        sample.metadata.setdefault("start_rollout_id", rollout_id)
+    return list(done)
 
 
 async def eval_rollout(args: Any, rollout_id: int) -> tuple[dict[str, dict[str, Any]], list[list[Sample]]]:

@@ -54,6 +54,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _algorithm(args)
     _dynamic_batch(args)
     _lengths(args)
+    _top_k(args)
     _eval(args)
     _checkpoint_and_dumps(args)
     _lora(args)
@@ -334,6 +335,14 @@ def _lengths(args: SlimeArgs) -> None:
             )
     if args.eval_max_context_len is None:
         args.eval_max_context_len = ctx
+
+
+def _top_k(args: SlimeArgs) -> None:
+    # SGLang's SamplingParams.verify refuses any other value on every request: the run failed at its first rollout.
+    for field in ("rollout_top_k", "eval_top_k"):
+        value = getattr(args, field)
+        if value is not None and value != -1 and value < 1:
+            raise ConfigError(f"{field_to_flag(field)} {value}: top-k is -1 (off) or at least 1, as SGLang takes it")
 
 
 def _no_tilde_paths(args: SlimeArgs) -> None:

@@ -27,8 +27,9 @@ def check_fully_async(args: SlimeArgs) -> None:
     """Checks the fully-async flags (after `--colocate` and `--debug-rollout-only` are resolved).
 
     Raises:
-        ConfigError: the fully-async rollout with `--colocate` and an offload (its engines never release their GPUs); or
-            `--max-weight-staleness` with another rollout function (it would bound nothing).
+        ConfigError: the fully-async rollout with `--colocate` and an offload (its engines never release their GPUs);
+            `--max-weight-staleness` with another rollout function (it would bound nothing); or, with `--async`,
+            a bound below `--update-weights-interval` (no group could ever meet it).
     """
     if not is_fully_async(args):
         if args.max_weight_staleness is not None:
@@ -43,4 +44,20 @@ def check_fully_async(args: SlimeArgs) -> None:
             "--rollout-function-path generate_rollout_fully_async generates while the trainer trains, which cannot "
             "swap one GPU's memory between them: drop --colocate (give the engines their own GPUs with "
             "--rollout-num-gpus), or keep both resident on the shared GPUs with --no-offload-train --no-offload-rollout"
+        )
+    _check_async_staleness(args)
+
+
+def _check_async_staleness(args: SlimeArgs) -> None:
+    # With --async, rollout N+1 is collected before the weights trained on N are pushed, and pushes come every
+    # --update-weights-interval rollouts: its groups are 1 to that many versions behind. A tighter bound drops every
+    # group forever, and the step (its save and weight push queue behind that collection) waits until
+    # --rollout-timeout-secs (4 h by default) with no word.
+    bound, interval = args.max_weight_staleness, args.update_weights_interval
+    if args.async_train and bound is not None and bound < interval:
+        raise ConfigError(
+            f"--max-weight-staleness {bound} with --async --update-weights-interval {interval}: the next rollout is "
+            f"collected before the weights it would need are pushed, so its groups are 1 to {interval} version(s) "
+            f"behind and every one would be dropped (the run would wait for --rollout-timeout-secs): use "
+            f"--max-weight-staleness {interval} or more, or drop --async"
         )

@@ -77,20 +77,29 @@ class ChatRequest:
     logprobs: bool
 
 
-def _content(value: Any, where: str) -> str:
-    """A message content as text: a string, None, or a list of text parts (joined by newlines)."""
+def _content(value: Any, where: str, *, optional: bool) -> str:
+    """A message content as text: a string, a list of text parts (joined by newlines), or None where `optional`.
+
+    As OpenAI's API: only an assistant message may omit its content (a tool-call turn). A user message with
+    `content: null` or a text part without a string `text` rendered as an empty turn the model was trained on.
+    """
     if value is None:
-        return ""
+        if optional:
+            return ""
+        raise RequestError(f"{where}: content must be a string or a list of parts, got none", where)
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
         raise RequestError(f"{where}: content must be a string or a list of parts", where)
     parts = []
-    for part in value:
+    for j, part in enumerate(value):
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind != "text":
             raise RequestError(f"{where}: content part of type {kind!r} is not supported (text only)", where)
-        parts.append(str(part.get("text") or ""))
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise RequestError(f"{where}.content[{j}].text must be a string, got {text!r}", where)
+        parts.append(text)
     return "\n".join(parts)
 
 
@@ -118,7 +127,7 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
         raise RequestError(f"{where}: role {role!r} is not supported (one of {', '.join(_ROLES)})", where)
     message: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
-        "content": _content(raw.get("content"), where),
+        "content": _content(raw.get("content"), where, optional=role == "assistant"),
     }
     if role == "tool" and raw.get("name"):
         message["name"] = str(raw["name"])
@@ -133,6 +142,8 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
             function = call.get("function") if isinstance(call, Mapping) else None
             if not isinstance(function, Mapping) or not function.get("name"):
                 raise RequestError(f"{where}.tool_calls[{j}]: needs function.name", where)
+            if not isinstance(function["name"], str):
+                raise RequestError(f"{where}.tool_calls[{j}].function.name must be a string", where)
             args = _arguments(function.get("arguments"), f"{where}.tool_calls[{j}].function")
             calls.append({"type": "function", "function": {"name": str(function["name"]), "arguments": args}})
         if calls:
@@ -163,7 +174,9 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
         function = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(function, Mapping) or not function.get("name"):
             raise RequestError(f"tools[{i}]: only {{type: function, function: {{name, ...}}}} tools are supported")
-        spec = {"name": str(function["name"]), "description": function.get("description") or ""}
+        if not isinstance(function["name"], str):
+            raise RequestError(f"tools[{i}].function.name must be a string, got {function['name']!r}", "tools")
+        spec = {"name": function["name"], "description": function.get("description") or ""}
         spec["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
         tools.append({"type": "function", "function": spec})
     return tools or None

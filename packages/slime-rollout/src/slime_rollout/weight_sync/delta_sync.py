@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
+from slime_core.hf_checkpoint import read_weight_map
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.weight_delta import (
     COMPRESSION,
@@ -224,9 +225,11 @@ def apply_delta_dir(delta_dir: str | os.PathLike, local_dir: str | os.PathLike) 
         DeltaChecksumError: the local checkpoint holds another version than the delta's base, a tensor is missing
             from it, or a reconstructed tensor's checksum differs (names the tensor). Tensors before the failing one
             may be patched already; the local checkpoint's version is then cleared, so it is never used as a base.
+        ValueError: the delta's index names a shard outside `delta_dir` (absolute, `..`); nothing is patched.
     """
     delta_dir, local_dir = pathlib.Path(delta_dir), pathlib.Path(local_dir)
     index = json.loads((delta_dir / _INDEX).read_text())
+    weight_map = read_weight_map(delta_dir / _INDEX)  # no shard outside delta_dir, checked before any byte moves
     meta = index["metadata"]
     held = read_local_version(local_dir)
     if held != meta["base_version"]:
@@ -237,7 +240,7 @@ def apply_delta_dir(delta_dir: str | os.PathLike, local_dir: str | os.PathLike) 
         raise DeltaChecksumError(f"{delta_dir}: compression {meta['compression_format']!r}, only zstd is known")
     locations = _safetensors_locations(local_dir)
     (local_dir / VERSION_FILE).unlink()  # mid-apply the bytes are no version at all
-    payloads = _load_payloads(delta_dir, index["weight_map"])
+    payloads = _load_payloads(delta_dir, weight_map)
     for name, payload in payloads.items():
         if name not in locations:
             raise DeltaChecksumError(f"{delta_dir}: tensor {name!r} is not in the local checkpoint {local_dir}")

@@ -33,6 +33,7 @@ import logging
 import os
 import pathlib
 import shutil
+import threading
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -303,6 +304,68 @@ class TensorWeightUpdater(_EngineUpdater):
 # ----------------------------------------------------------------------------------------- distributed
 
 
+def _in_daemon_thread(fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future:
+    """`fn(*args, **kwargs)` in a daemon thread; an awaitable of its result, for this end of a collective.
+
+    Not `asyncio.to_thread`: `asyncio.run` joins the loop's default executor before it returns, so a rendezvous or
+    broadcast left waiting for an engine that refused its part held the refusal back for the group's timeout (10
+    minutes) and then the process's exit. A daemon thread is abandoned instead (the run stops on the refusal).
+    """
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    done.set_running_or_notify_cancel()
+
+    def target() -> None:
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            done.set_exception(e)
+
+    threading.Thread(target=target, name=f"weight sync: {getattr(fn, '__name__', 'collective')}", daemon=True).start()
+    return asyncio.wrap_future(done)
+
+
+async def _alongside_engines(own: asyncio.Future, calls: list[Coroutine], engines: list[Any], endpoint: str) -> Any:
+    """Awaits this end of a collective and each engine's HTTP call of it; the first failure is raised at once.
+
+    An engine that refuses its part (`/init_weights_update_group`, `/update_weights_from_distributed` answering an
+    error) never joins the collective, so this end would wait for it until the group's timeout.
+
+    Args:
+        own: this end's collective (`_in_daemon_thread`).
+        calls: one HTTP call per engine, in `engines` order.
+        engines: the engines (for the log line).
+        endpoint: the route, for the log line.
+
+    Returns:
+        What `own` returned.
+
+    Raises:
+        EngineError: an engine refused or failed its call (this end's collective is abandoned).
+        Exception: this end's collective failed.
+    """
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    pending: set[asyncio.Future] = {own, *tasks}
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t for t in tasks if t in done and t.exception() is not None]
+            if failed:
+                engine = engines[tasks.index(failed[0])]
+                logger.error(
+                    "weight push: engine %s refused %s; the trainer stops its side of the broadcast group",
+                    engine.url, endpoint,
+                )  # fmt: skip
+                raise failed[0].exception()  # type: ignore[misc]
+            if own in done and own.exception() is not None:
+                raise own.exception()  # type: ignore[misc]
+    finally:
+        for t in [own, *tasks]:
+            if not t.done():
+                t.cancel()  # the HTTP calls stop; the thread is abandoned (a daemon)
+            t.add_done_callback(lambda f: f.cancelled() or f.exception())  # no "never retrieved" warnings
+    return own.result()
+
+
 class DistributedWeightUpdater(_EngineUpdater):
     """Disaggregated update: broadcast from trainer rank 0 to every engine rank (NCCL on GPUs).
 
@@ -354,7 +417,7 @@ class DistributedWeightUpdater(_EngineUpdater):
             )
             for i, engine in enumerate(self.client.engines)
         ]
-        own = asyncio.to_thread(
+        own = _in_daemon_thread(
             init_custom_process_group,
             backend=self.backend,
             init_method=f"tcp://{self.master_address}:{self.master_port}",
@@ -362,8 +425,7 @@ class DistributedWeightUpdater(_EngineUpdater):
             rank=0,
             group_name=self.group_name,
         )
-        results = await asyncio.gather(own, *joins)
-        self._group = results[0]
+        self._group = await _alongside_engines(own, joins, self.client.engines, "/init_weights_update_group")
 
     async def adisconnect(self) -> None:
         """Destroys the group on both ends, concurrently.
@@ -394,16 +456,24 @@ class DistributedWeightUpdater(_EngineUpdater):
             names = [n for n, _ in bucket]
             dtypes = [dtype_name(t.dtype) for _, t in bucket]
             shapes = [list(t.shape) for _, t in bucket]
-            announce = self.session.each(
-                "update_weights_from_distributed",
-                names=names,
-                dtypes=dtypes,
-                shapes=shapes,
-                group_name=self.group_name,
-                flush_cache=False,
-                weight_version=weight_version,
-            )
-            await asyncio.gather(announce, asyncio.to_thread(self._broadcast, bucket))
+            engines = self.session.live
+            announces = [
+                engine.update_weights_from_distributed(
+                    names=names,
+                    dtypes=dtypes,
+                    shapes=shapes,
+                    group_name=self.group_name,
+                    flush_cache=False,
+                    weight_version=weight_version,
+                )
+                for engine in engines
+            ]
+            own = _in_daemon_thread(self._broadcast, bucket)
+            try:
+                await _alongside_engines(own, announces, engines, "/update_weights_from_distributed")
+            except BaseException:
+                self._group = None  # a broadcast left half-done: the group is never used again
+                raise
 
     def _broadcast(self, bucket: Bucket) -> None:
         handles = [

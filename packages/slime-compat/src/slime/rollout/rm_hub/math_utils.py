@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from slime_rollout.rewards.math_utils import extract_boxed, extract_label_answer, grade_answer
 
-__all__ = ["extract_answer", "grade_answer_verl", "last_boxed_only_string", "remove_boxed"]
+__all__ = [
+    "extract_answer",
+    "extract_boxed_answer",
+    "grade_answer_mathd",
+    "grade_answer_sympy",
+    "grade_answer_verl",
+    "last_boxed_only_string",
+    "remove_boxed",
+]
 
 
 def extract_answer(passage: str) -> str | None:
@@ -22,6 +30,25 @@ def remove_boxed(s: str) -> str:
     r"""`\boxed{x}` -> `x` (a string without a box is returned unchanged)."""
     inner = extract_boxed(s)
     return s if inner is None else inner
+
+
+def extract_boxed_answer(solution: str) -> str | None:
+    r"""The content of the last `\boxed{...}` of `solution`, or None (the original's name for `extract_answer`)."""
+    return extract_boxed(solution)
+
+
+def grade_answer_mathd(given_answer: str, ground_truth: str) -> bool:
+    """Whether a final answer equals the ground truth (`slime_rollout.rewards.math_utils.grade_answer`).
+
+    The original's two graders (normalized string compare, then sympy) are both this one careful grader here: it
+    accepts what either accepted except rounded decimals for exact values (see that module).
+    """
+    return grade_answer(given_answer, ground_truth)
+
+
+def grade_answer_sympy(given_answer: str, ground_truth: str) -> bool:
+    """Whether a final answer equals the ground truth (the same grader as `grade_answer_mathd`)."""
+    return grade_answer(given_answer, ground_truth)
 
 
 def grade_answer_verl(solution_str: str, ground_truth: object) -> bool:

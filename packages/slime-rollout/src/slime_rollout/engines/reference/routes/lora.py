@@ -1,17 +1,45 @@
-"""LoRA adapter routes: `/load_lora_adapter` and `/unload_lora_adapter` with SGLang's `LoRAUpdateOutput` replies."""
+"""LoRA adapter routes: `/load_lora_adapter` and `/unload_lora_adapter` with SGLang's `LoRAUpdateOutput` replies.
+
+The bodies are SGLang's typed parameters (`sglang.srt.managers.io_struct.LoadLoRAAdapterReqInput`,
+`UnloadLoRAAdapterReqInput`, each a `BaseReq` with `rid` and `http_worker_ipc`), so a missing or mistyped field is
+FastAPI's HTTP 422 naming it, as SGLang answers (a body without `lora_name` was a 500 here).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from slime_rollout.engines.reference.routes.state import EngineState, engine_of, json_or_empty
+from slime_rollout.engines.reference.routes.state import EngineState, engine_of, parse_request
 
-__all__ = ["router"]
+__all__ = ["LoadLoRAAdapterReq", "UnloadLoRAAdapterReq", "router"]
 
 router = APIRouter()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LoadLoRAAdapterReq:
+    """SGLang's `LoadLoRAAdapterReqInput`: `lora_name` and `lora_path` required (`pinned`, `lora_id` not read)."""
+
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    lora_id: str | None = None
+    rid: str | None = None
+    http_worker_ipc: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class UnloadLoRAAdapterReq:
+    """SGLang's `UnloadLoRAAdapterReqInput`: `lora_name` required (`lora_id` not read)."""
+
+    lora_name: str
+    lora_id: str | None = None
+    rid: str | None = None
+    http_worker_ipc: str | None = None
 
 
 def _lora_result(engine: EngineState, success: bool, message: str = "") -> JSONResponse:
@@ -25,12 +53,12 @@ def _lora_result(engine: EngineState, success: bool, message: str = "") -> JSONR
 async def load_lora_adapter(request: Request):
     """SGLang's LoadLoRAAdapterReqInput: `lora_name`, `lora_path` (its `pinned` is not read)."""
     engine = engine_of(request)
-    body = await json_or_empty(request)
+    req, _ = await parse_request(request, LoadLoRAAdapterReq)
     try:
-        await asyncio.to_thread(engine.model.load_lora_adapter, str(body["lora_name"]), str(body["lora_path"]))
+        await asyncio.to_thread(engine.model.load_lora_adapter, req.lora_name, req.lora_path)
     except (KeyError, ValueError, FileNotFoundError) as exc:
         return _lora_result(engine, False, f"{type(exc).__name__}: {exc}")
-    engine.lora_paths[str(body["lora_name"])] = str(body["lora_path"])
+    engine.lora_paths[req.lora_name] = req.lora_path
     return _lora_result(engine, True)
 
 
@@ -38,11 +66,12 @@ async def load_lora_adapter(request: Request):
 async def unload_lora_adapter(request: Request):
     """SGLang's UnloadLoRAAdapterReqInput: `lora_name`."""
     engine = engine_of(request)
-    body = await json_or_empty(request)
-    name = str(body["lora_name"])
+    req, _ = await parse_request(request, UnloadLoRAAdapterReq)
     try:
-        await asyncio.to_thread(engine.model.unload_lora_adapter, name)
+        await asyncio.to_thread(engine.model.unload_lora_adapter, req.lora_name)
     except KeyError:
+        # SGLang formats its registry's keys (an OrderedDict): "odict_keys(['a', 'b'])".
         loaded = list(engine.model.adapters.paths)
-        return _lora_result(engine, False, f"LoRA with name {name} does not exist. Loaded LoRAs: {loaded}")
+        message = f"LoRA with name {req.lora_name} does not exist. Loaded LoRAs: odict_keys({loaded})"
+        return _lora_result(engine, False, message)
     return _lora_result(engine, True)

@@ -1,0 +1,79 @@
+"""One run per output folder: the driver holds an exclusive lock on `.slime-run.lock` in `--output-dir` and `--save`.
+
+A run launched on the folders of a run that still ran (a relaunch, a copied launch line) wrote into them alongside
+it: the two runs' checkpoints, data cursors and tracker files interleaved, so a resume could pair one run's model
+with the other's data cursor, and both TensorBoard streams landed in one folder. The lock is `flock`: the kernel
+drops it when the driver exits however it ends (kill -9 included), so a crashed run never leaves a stale lock; the
+file holds the holder's pid, host and start time for the message.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import os
+import pathlib
+import socket
+
+from slime_core.config import SlimeArgs
+
+__all__ = ["LOCK_NAME", "RunLocked", "lock_run_folders", "release_run_folders"]
+
+LOCK_NAME = ".slime-run.lock"
+
+_held: list[int] = []  # the driver's lock descriptors: kept open for the whole process
+
+
+class RunLocked(ValueError):
+    """Another live run holds the lock of an output folder; the message names the flag, folder and holder."""
+
+
+def _folders(cfg: SlimeArgs) -> list[tuple[str, pathlib.Path]]:
+    out: list[tuple[str, pathlib.Path]] = []
+    seen: set[str] = set()
+    for flag, folder in (("--output-dir", cfg.output_dir), ("--save", cfg.save)):
+        if folder and os.path.realpath(folder) not in seen:
+            seen.add(os.path.realpath(folder))
+            out.append((flag, pathlib.Path(folder)))
+    return out
+
+
+def lock_run_folders(cfg: SlimeArgs) -> None:
+    """Takes the run lock of `--output-dir` and `--save` (creating them) for the rest of this process.
+
+    Call once in the driver, after the folders were checked writable and before Ray starts.
+
+    Raises:
+        RunLocked: another run holds one of them, e.g. `--save /ckpt: another slime run writes there (pid 4242 on
+            host gpu-1, since 2026-12-05 16:02:11 UTC); stop it or wait for it to end, or give this run another
+            --save` (no lock of this run is kept then).
+        OSError: a folder cannot be created or the lock file opened.
+    """
+    taken: list[int] = []
+    try:
+        for flag, folder in _folders(cfg):
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            taken.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "holder unknown"
+                raise RunLocked(
+                    f"{flag} {folder}: another slime run writes there ({holder}); stop it or wait for it to end, or "
+                    f"give this run another {flag}"
+                ) from None
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}, since {now}\n".encode(), 0)
+    except BaseException:
+        for fd in taken:
+            os.close(fd)  # closing drops a lock this call took
+        raise
+    _held.extend(taken)
+
+
+def release_run_folders() -> None:
+    """Drops the locks `lock_run_folders` took (tests; a driver's exit drops them anyway)."""
+    while _held:
+        os.close(_held.pop())

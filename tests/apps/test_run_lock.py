@@ -1,0 +1,65 @@
+"""One run per output folder (`slime_app.run_lock`): a second run on the folders of a live one stops in one line."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from slime_app.demo import default_demo_argv
+from slime_app.run_lock import LOCK_NAME, RunLocked, lock_run_folders, release_run_folders
+from slime_core.config import parse_args
+
+
+@pytest.fixture
+def release():
+    yield
+    release_run_folders()
+
+
+def test_a_second_run_on_the_folders_of_a_live_run_stops_before_ray(tmp_path, release):
+    # Issue 27: a relaunch while the first run still ran wrote checkpoints, data cursors and TensorBoard events into
+    # the same folders as it, interleaved.
+    argv = [*default_demo_argv(tmp_path / "run"), "--save", str(tmp_path / "ckpt")]
+    lock_run_folders(parse_args(argv))  # the live run (this process)
+    holder = (tmp_path / "run" / LOCK_NAME).read_text()
+    assert holder.startswith(f"pid {os.getpid()} on host {socket.gethostname()}, since ")
+    script = "import sys, ray\nray.init = None  # any start of Ray fails the test\nfrom slime_app.cli import main\n"
+    script += "sys.exit(main(sys.argv[1:]))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.splitlines()[-1] == (
+        f"slime: error: --output-dir {tmp_path / 'run'}: another slime run writes there ({holder.strip()}); stop it "
+        "or wait for it to end, or give this run another --output-dir"
+    )
+    assert "Traceback" not in out.stderr
+
+
+def test_the_lock_names_save_and_goes_with_its_holder(tmp_path, release):
+    first = parse_args([*default_demo_argv(tmp_path / "a"), "--save", str(tmp_path / "ckpt")])
+    second = parse_args([*default_demo_argv(tmp_path / "b"), "--save", str(tmp_path / "ckpt")])
+    lock_run_folders(first)
+    with pytest.raises(RunLocked, match=rf"^--save {tmp_path / 'ckpt'}: another slime run writes there \(pid "):
+        lock_run_folders(second)  # its --output-dir is free: that lock is not kept
+    release_run_folders()  # the first run ended (a driver's exit, kill -9 included, closes the descriptors)
+    lock_run_folders(second)
+    lock_run_folders(parse_args(default_demo_argv(tmp_path / "a")))  # --output-dir a was not kept by the refusal
+
+
+def test_a_save_folder_holding_only_the_lock_resumes_as_an_empty_one(tmp_path, release):
+    # A run that stopped before its first save leaves the lock file in --save: the relaunch with --load on the same
+    # folder (the usual --save X --load X) must start afresh, not refuse "an unknown checkpoint".
+    from slime_app.checkpoints import check_checkpoints, checkpoint_kind
+
+    argv = [*default_demo_argv(tmp_path / "run"), "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt")]
+    lock_run_folders(parse_args(argv))
+    release_run_folders()
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [LOCK_NAME]
+    assert checkpoint_kind(tmp_path / "ckpt") == "empty"
+    assert check_checkpoints(parse_args(argv)) == [
+        f"--load {tmp_path / 'ckpt'}: no checkpoint yet, the run starts at rollout 0"
+    ]
