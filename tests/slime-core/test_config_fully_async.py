@@ -27,10 +27,30 @@ def test_original_launch_flags_parse_with_a_staleness_bound():
     [
         ({"max_weight_staleness": 1}, "--max-weight-staleness bounds the fully-async rollout only"),
         ({"rollout_function_path": ORIGINAL_PATH, "colocate": True}, "cannot swap one GPU's memory between them"),
-        ({"rollout_function_path": ORIGINAL_PATH, "colocate": True, "offload_train": False},
-         "--no-offload-train --no-offload-rollout"),
+        (
+            {"rollout_function_path": ORIGINAL_PATH, "colocate": True, "offload_train": False},
+            "--no-offload-train --no-offload-rollout",
+        ),
         ({"async_train": True, "colocate": True}, "--async overlaps rollout and training"),
         ({"async_train": True, "colocate": True, "offload_rollout": False}, "--no-offload-train --no-offload-rollout"),
+        # Bounds no group can meet: the take would drop every group and wait forever.
+        (
+            {"rollout_function_path": ORIGINAL_PATH, "max_weight_staleness": 0, "async_train": True},
+            "--max-weight-staleness 0 with --async and --update-weights-interval 1: --async generates rollout r while",
+        ),
+        (
+            {
+                "rollout_function_path": ORIGINAL_PATH,
+                "max_weight_staleness": 1,
+                "async_train": True,
+                "update_weights_interval": 2,
+            },
+            "use --max-weight-staleness >= 2, or drop --async",
+        ),
+        (
+            {"rollout_function_path": ORIGINAL_PATH, "max_weight_staleness": 3, "debug_rollout_only": True},
+            "--max-weight-staleness 3 with --debug-rollout-only: no trainer pushes weights",
+        ),
         (
             {"rollout_function_path": ORIGINAL_PATH, "max_weight_staleness": -1},
             "--max-weight-staleness: Input should be greater than or equal to 0",
@@ -41,6 +61,20 @@ def test_broken_rules_are_one_line_errors_naming_the_flags(overrides, message):
     with pytest.raises(ConfigError) as err:
         make(**overrides)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"max_weight_staleness": 1, "async_train": True},  # the weights of the previous push: 1 behind
+        {"max_weight_staleness": 2, "async_train": True, "update_weights_interval": 2},
+        {"max_weight_staleness": 0},  # the sync loop pushes before each rollout: bound 0 is met
+        {"debug_rollout_only": True},  # no bound: a debug rollout takes any group
+    ],
+)
+def test_bounds_some_group_can_meet_are_accepted(overrides):
+    args = make(rollout_function_path=ORIGINAL_PATH, **overrides)
+    assert args.max_weight_staleness == overrides.get("max_weight_staleness")
 
 
 @pytest.mark.parametrize("overrides", [{"rollout_function_path": ORIGINAL_PATH}, {"async_train": True}])
