@@ -340,3 +340,25 @@ async def test_an_engine_version_that_cannot_be_read_falls_back_to_the_last_know
         assert producer.counts["engine_version_fallbacks"] == 5
     finally:
         await producer.stop()
+
+
+class UntaggedEngine(GateEngine):
+    """A `GateEngine` whose replies carry no weight version (a custom engine or generate function that drops it)."""
+
+    async def generate(self, payload):
+        reply = await super().generate(payload)
+        del reply["meta_info"]["weight_version"]
+        return reply
+
+
+async def test_untagged_groups_count_by_the_engines_version_when_drawn(use_client):
+    engine = UntaggedEngine(lambda p: True)
+    producer = _producer(engine, use_client)
+    try:
+        per_take = await _one_step_async_takes(producer, engine, 4)
+        # With --async a group drawn for take r is generated on version r - 1: one behind as the trainer sees it.
+        # It counted as the take's rollout id (staleness 0 from take 2 on), hiding the lag the bound is about.
+        assert per_take == [(0.0, 0.0, 0.0)] + [(0.0, 1.0, 1.0)] * 3, per_take
+        assert producer.counts["unversioned_groups"] == 4 * BATCH
+    finally:
+        await producer.stop()
