@@ -357,8 +357,9 @@ async def test_untagged_groups_count_by_the_engines_version_when_drawn(use_clien
     try:
         per_take = await _one_step_async_takes(producer, engine, 4)
         # With --async a group drawn for take r is generated on version r - 1: one behind as the trainer sees it.
-        # It counted as the take's rollout id (staleness 0 from take 2 on), hiding the lag the bound is about.
+        # It counted as the latest take's rollout id: the batch drawn after take r (on version r - 1) counted as r,
+        # reported one behind at take r + 1 while two behind, over the bound and not dropped (20 groups drawn).
         assert per_take == [(0.0, 0.0, 0.0)] + [(0.0, 1.0, 1.0)] * 3, per_take
-        assert producer.counts["unversioned_groups"] == 4 * BATCH
+        assert producer.counts["unversioned_groups"] == 4 * BATCH  # none drawn that the takes did not train
     finally:
         await producer.stop()
