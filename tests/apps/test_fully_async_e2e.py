@@ -88,15 +88,19 @@ def test_fully_async_run_trains_within_the_staleness_bound(tiny_qwen3, tmp_path,
     assert len(set(range(cursor_last)) - held_last - set(trained)) == num_dropped, (dropped, held_last, trained)
 
 
-def test_fully_async_on_one_shared_gpu_with_both_sides_resident(tiny_qwen3, tmp_path, tb_scalars):
+@pytest.mark.parametrize("loop", ["sync", "async"])
+def test_fully_async_on_one_shared_gpu_with_both_sides_resident(tiny_qwen3, tmp_path, tb_scalars, loop):
     """`--colocate --no-offload-train --no-offload-rollout`: the engine keeps generating on the trainer's GPU while
     it trains (nothing is swapped), the weights go through the colocated tensor transport, and every trained sample
-    is within the staleness bound (issue 30 item 1: what one GPU allows)."""
+    is within the staleness bound (issue 30 item 1: what one GPU allows). With `--async` rollout r is generated on
+    the engines' version r - 1 (the push waits for it): the producer paces by that version (at bound 1 it dropped
+    the batch it drew ahead, every rollout from 2 on)."""
     out = tmp_path / "run"
+    num_rollout = 3 if loop == "sync" else 4
     extra = [
-        "--num-rollout", "3", "--colocate", "--no-offload-train", "--no-offload-rollout",
+        "--num-rollout", str(num_rollout), "--colocate", "--no-offload-train", "--no-offload-rollout",
         "--sglang-server-concurrency", "2", "--rollout-function-path", ORIGINAL_PATH_FA,
-        "--max-weight-staleness", str(BOUND), "--partial-rollout",
+        "--max-weight-staleness", str(BOUND), "--partial-rollout", *(["--async"] if loop == "async" else []),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO"}
     proc = subprocess.run(_argv(tiny_qwen3, out, *extra), cwd=REPO, env=env, capture_output=True, text=True,
@@ -104,14 +108,15 @@ def test_fully_async_on_one_shared_gpu_with_both_sides_resident(tiny_qwen3, tmp_
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert "weight sync: tensor (tensor handles to colocated engines)" in log
-    for rollout_id in range(3):
+    for rollout_id in range(num_rollout):
         versions = [int(v) for s in _dump(out, rollout_id) for v in s["weight_versions"]]
         assert versions and all(rollout_id - BOUND <= v <= rollout_id for v in versions), (rollout_id, versions)
     staleness = tb_scalars(out / "tensorboard", "rollout/staleness_max")
-    assert sorted(staleness) == [0, 1, 2] and all(0 <= v <= BOUND for v in staleness.values()), staleness
+    assert sorted(staleness) == list(range(num_rollout)), staleness
+    assert all(0 <= v <= BOUND for v in staleness.values()), staleness
     # The producer paces itself to the bound: nothing generated is dropped (one H200 dropped 20 of 32 groups every
     # other rollout at this setting).
     dropped = tb_scalars(out / "tensorboard", "rollout/stale_groups_dropped")
-    assert dropped == {0: 0.0, 1: 0.0, 2: 0.0}, dropped
+    assert dropped == dict.fromkeys(range(num_rollout), 0.0), dropped
     with pytest.raises(KeyError):  # no swap was timed: both sides stayed resident
         tb_scalars(out / "tensorboard", "perf/engine_release_time")

@@ -16,11 +16,14 @@ here with an engine whose requests finish only when the test lets them (no timin
 """
 
 import asyncio
+import logging
 import threading
 
+import pytest
 from slime_rollout_fakes import ListDataSource
 from slime_rollout_fakes import rollout_args as _args
 
+from slime_rollout.generation import fully_async_producer
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
 
 A = ord("A")
@@ -91,6 +94,10 @@ class GateEngine:
         meta = {"output_token_logprobs": [[-0.1, t, None] for t in out], "finish_reason": finish,
                 "weight_version": str(version), "prompt_tokens": len(ids), "completion_tokens": len(out)}  # fmt: skip
         return {"text": "A" * len(out), "output_ids": out, "meta_info": meta}
+
+    async def get_weight_versions(self):
+        """`weight_version` of every engine (one here): the latest push's, as the rollout client answers."""
+        return [str(self.version)]
 
     async def abort_all(self):
         self._epoch += 1
@@ -265,4 +272,94 @@ async def test_a_group_the_filter_is_judging_is_held_by_a_checkpoint(use_client)
         assert len(groups) == BATCH and m["rollout/stale_groups_dropped"] == 0.0
     finally:
         _VERDICT.set()
+        await producer.stop()
+
+
+async def _one_step_async_takes(producer, engine, num_rollout: int) -> list[tuple[float, float, float]]:
+    """Takes rollouts 0 .. num_rollout - 1 in `--async`'s order (`slime_app.loop.Rollouts`, `ahead`).
+
+    Rollout r + 1 is generated while rollout r trains, on the weights the engines hold then (version r); the push of
+    version r + 1 waits for that generation. So: take 0 and take 1 on version 0, push 1, take 2 on version 1, push 2,
+    ... The trainer is slower than generation: before each push the producer has drawn all it would.
+    Returns (groups dropped, staleness min, staleness max) per take.
+    """
+    per_take = []
+    for rollout_id in range(num_rollout):
+        groups, m = await asyncio.wait_for(producer.take(rollout_id, BATCH, 1), WAIT_S)
+        assert len(groups) == BATCH
+        per_take.append((m["rollout/stale_groups_dropped"], m["rollout/staleness_min"], m["rollout/staleness_max"]))
+        if rollout_id >= 1:
+            await until(idle(producer), f"the producer idle before push {rollout_id}")
+            await engine.push(rollout_id)
+    return per_take
+
+
+async def test_one_step_async_loop_at_bound_one_drops_nothing(use_client):
+    engine = GateEngine(lambda p: True)
+    producer = _producer(engine, use_client)
+    try:
+        per_take = await _one_step_async_takes(producer, engine, 6)
+        # Was [0, 0, 4, 4, 4, 4] drops: the producer counted a group drawn during (or after) take r as version r,
+        # drew K batches beyond the take for later takes, and each was two versions old at the next take.
+        # Every group is trained one version behind (the engines' version while it was generated), never more.
+        assert per_take == [(0.0, 0.0, 0.0)] + [(0.0, 1.0, 1.0)] * 5, per_take
+        # Nothing drawn that was not trained: 6 batches, the last take leaves nothing behind.
+        assert producer.data_source.next_prompt == 6 * BATCH
+    finally:
+        await producer.stop()
+
+
+class MuteEngine(GateEngine):
+    """A `GateEngine` whose weight version cannot be read: it never answers, or reports no integer version."""
+
+    def __init__(self, finishes, reply: str | None):
+        super().__init__(finishes)
+        self.reply = reply
+
+    async def get_weight_versions(self):
+        if self.reply is None:
+            await asyncio.Event().wait()  # never answers: the producer's bounded wait gives up
+        return [self.reply]
+
+
+@pytest.mark.parametrize("reply", [None, "default"])
+async def test_an_engine_version_that_cannot_be_read_falls_back_to_the_last_known_one(
+    use_client, monkeypatch, caplog, reply
+):
+    monkeypatch.setattr(fully_async_producer, "_VERSION_TIMEOUT_S", 0.01)
+    engine = MuteEngine(lambda p: True, reply)
+    producer = _producer(engine, use_client)
+    try:
+        with caplog.at_level(logging.WARNING, logger=fully_async_producer.__name__):
+            per_take = await _one_step_async_takes(producer, engine, 5)
+        # The fallback (the version at start, 0, a lower bound: pushes only raise it) paces as if the engines were
+        # never pushed: the producer draws only what the take needs, so nothing is dropped.
+        assert [drops for drops, _, _ in per_take] == [0.0] * 5
+        warnings = [r for r in caplog.records if "weight version" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert producer.counts["engine_version_fallbacks"] == 5
+    finally:
+        await producer.stop()
+
+
+class UntaggedEngine(GateEngine):
+    """A `GateEngine` whose replies carry no weight version (a custom engine or generate function that drops it)."""
+
+    async def generate(self, payload):
+        reply = await super().generate(payload)
+        del reply["meta_info"]["weight_version"]
+        return reply
+
+
+async def test_untagged_groups_count_by_the_engines_version_when_drawn(use_client):
+    engine = UntaggedEngine(lambda p: True)
+    producer = _producer(engine, use_client)
+    try:
+        per_take = await _one_step_async_takes(producer, engine, 4)
+        # With --async a group drawn for take r is generated on version r - 1: one behind as the trainer sees it.
+        # It counted as the latest take's rollout id: the batch drawn after take r (on version r - 1) counted as r,
+        # reported one behind at take r + 1 while two behind, over the bound and not dropped (20 groups drawn).
+        assert per_take == [(0.0, 0.0, 0.0)] + [(0.0, 1.0, 1.0)] * 3, per_take
+        assert producer.counts["unversioned_groups"] == 4 * BATCH  # none drawn that the takes did not train
+    finally:
         await producer.stop()

@@ -50,7 +50,8 @@ class RolloutArgs(ArgsGroup):
     max_weight_staleness: int | None = arg(
         None,
         "Fully-async rollout: train on a group only while it is at most this many weight versions behind the "
-        "trainer; staler groups are dropped and counted (rollout/stale_groups_dropped). Default: no bound.",
+        "trainer; staler groups are dropped and counted (rollout/stale_groups_dropped). With --async at least "
+        "--update-weights-interval (the engines generate up to that many versions behind). Default: no bound.",
         ge=0,
     )
     custom_generate_function_path: str | None = arg(

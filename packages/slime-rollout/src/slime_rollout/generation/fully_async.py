@@ -7,8 +7,9 @@ their own, or on the trainer's GPUs when neither side is swapped out (`--colocat
 
     producer task (on the rollout loop; started by the first training rollout, lives until `stop_producer`)
       keeps up to `--sglang-server-concurrency` × engines groups in flight (the original's pool) while fewer than
-      that many finished groups wait, and with --max-weight-staleness K while it holds fewer than K batches beyond
-      what the waiting take still needs (more would only be dropped); each new group is, in order: a recycled
+      that many finished groups wait, and with --max-weight-staleness K while it holds fewer than (e + K - r)
+      batches beyond what the waiting take still needs (e: the engines' weight version read at take r; r - 1 with
+      --async; more would only be dropped); each new group is, in order: a recycled
       group, a group held at the checkpoint this run resumed from, or `data_source.get_samples(1)`
       a finished group with an ABORTED sample (a weight push pauses the engines with abort) is recycled:
           --partial-rollout: continued from its tokens (`metadata["off_policy_tokens"]` = the response tokens

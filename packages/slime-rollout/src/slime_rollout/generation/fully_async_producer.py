@@ -8,11 +8,12 @@ groups to `take`, which enforces `--max-weight-staleness`. The rollout function 
 
 With a bound K the producer paces itself so that nothing it generates is dropped (issue 30 item 1): a group of
 version v can be trained by takes v .. v + K (its *deadline* is take v + K). The producer holds at most K batches
-beyond what the waiting take still needs (`outstanding_limit`), and a take accepts ready groups earliest deadline
-first, waiting for an older group still in flight (one a weight push sent back to be continued) rather than filling
-its place with a fresher one that a later take could still use. Versions assume the sync loop's order: take r is
-called after the push of version r. With `--async` take r runs on version r - 1 (the push waits for it): groups
-drawn then are one version older than counted, and at K = 1 a batch a take is dropped (not handled yet).
+that later takes can still use (`outstanding_limit`), and a take accepts ready groups earliest deadline first,
+waiting for an older group still in flight (one a weight push sent back to be continued) rather than filling its
+place with a fresher one that a later take could still use. A group drawn now is generated under the version the
+engines hold, which each take reads from them (`_read_engine_version`): the sync loop pushes version r before take
+r, while `--async` runs take r on version r - 1 (the push of r waits for that take), so there the producer draws no
+batch ahead at K = 1 (one would be two versions old at the next take).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
 from slime_rollout.generation.filters import call_dynamic_filter
-from slime_rollout.generation.generate import abort_all
+from slime_rollout.generation.generate import abort_all, weight_versions
 from slime_rollout.generation.group_rollout import RolloutState, checked_groups, generate_and_rm_group, num_engines
-from slime_rollout.generation.staleness import group_version, sample_version, staleness_metrics
+from slime_rollout.generation.staleness import group_version, parse_version, sample_version, staleness_metrics
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
 from slime_rollout.runtime.metrics import flatten_groups
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["FullyAsyncProducer"]
 
 _STOP_TIMEOUT_S = 60.0  # abort + drain of the in-flight requests when the producer stops
+_VERSION_TIMEOUT_S = 10.0  # reading the engines' weight version at a take (`_read_engine_version`)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -54,9 +56,9 @@ class _Held:
         group: the group's samples as generated so far (`n_samples_per_prompt` entries).
         prompt: a copy of the group as drawn from the data source (what a restart or a resume regenerates).
         order: draw order, the group's place in the prompt stream.
-        submitted_version: the rollout id of the latest take when the group was (re)submitted: a lower bound on
-            the version of every generate call from then on (take r comes after the push of version r), and the
-            version a group counts as when its samples carry no engine version.
+        submitted_version: the engines' weight version read at the latest take when the group was (re)submitted
+            (`FullyAsyncProducer.engine_version`): a lower bound on the version of every generate call from then on
+            (pushes only raise it), and the version a group counts as when its samples carry no engine version.
         version: once ready, the version the group counts as (`staleness.group_version`, else `submitted_version`).
     """
 
@@ -91,6 +93,8 @@ class FullyAsyncProducer:
         self._bound = args.max_weight_staleness
         self._mask_offpolicy = args.partial_rollout and args.mask_offpolicy_in_partial_rollout
         self._need = 0  # groups the waiting take still needs (0 between takes)
+        self.engine_version = version  # the engines' version at the latest take; at start the trainer's first push
+        self._version_warned = False
         path = args.dynamic_sampling_filter_path
         self._filter = load_function(path, flag="--dynamic-sampling-filter-path") if path else None
         self._order = itertools.count()
@@ -119,18 +123,22 @@ class FullyAsyncProducer:
     def outstanding_limit(self) -> int | None:
         """The most groups held (in flight, ready, recycled) before no new prompt is drawn; None without a bound.
 
-        K (`--max-weight-staleness`) batches plus what the waiting take still needs: a group drawn now is at least
-        the version of the latest take r (trained by takes up to r + K), so the takes that can use it have the
-        waiting take's remaining places and K batches after it (between takes: takes r + 1 .. r + K, K batches;
-        none with K = 0, a strictly on-policy producer idles while the trainer trains). Every group already held
-        is at most as new and goes first. The take's accepted groups leave the count as they leave its need: a
+        What the waiting take still needs plus (e + K - r) batches, where r is the latest take's rollout id, e the
+        engines' version read at it (`engine_version`, at most r) and K `--max-weight-staleness`: a group drawn now
+        is at least version e, so it can be trained by takes up to e + K, which leaves the waiting take's remaining
+        places and the e + K - r takes after r. The sync loop pushes version r before take r (e = r): K batches
+        ahead, none at K = 0 (a strictly on-policy producer idles while the trainer trains). `--async` runs take r
+        on version r - 1 (e = r - 1): K - 1 batches ahead; one more was two versions old at the next take and
+        dropped, a whole batch every take at K = 1. Every group already held is at most as new and goes first.
+        The take's accepted groups leave the count as they leave its need: a
         take that counted only the groups held replaced each one it accepted and left (K + 1) batches of its own
         version, one of which was two versions old at the take after next (one H200, K = 1: 20 of 32 dropped
         every other rollout). Recycled groups go regardless.
         """
         if self._bound is None:
             return None
-        return self._bound * self.args.rollout_batch_size + self._need
+        ahead = max(0, self.engine_version + self._bound - self.version)
+        return ahead * self.args.rollout_batch_size + self._need
 
     @property
     def num_ready(self) -> int:
@@ -170,7 +178,7 @@ class FullyAsyncProducer:
             held = await self._next()
             if held is None:
                 return False
-            held.submitted_version = self.version
+            held.submitted_version = self.engine_version
             task = asyncio.get_running_loop().create_task(
                 generate_and_rm_group(self.args, held.group, self.state, prompt_position=held.order)
             )
@@ -270,13 +278,16 @@ class FullyAsyncProducer:
             `--mask-offpolicy-in-partial-rollout` the oldest trainable one), so every sample of a group counts its
             group's value; `rollout/stale_groups_dropped`: groups this take dropped as more than `bound` versions
             behind (generated, scored, never trained; their tokens are `goodput/tokens_stale`), and
-            `rollout/fully_async/*`: that count, recycled, restarted and unversioned groups since the previous take
-            (`*_total`: since the producer started), and the groups ready and in flight after this take.
+            `rollout/fully_async/*`: that count, recycled, restarted and unversioned groups and engine-version
+            fallbacks (`_read_engine_version`) since the previous take (`*_total`: since the producer started), and
+            the groups ready and in flight after this take.
 
         Raises:
             RuntimeError: the producer died (its exception chained), before or while waiting.
         """
         self._raise_if_dead()
+        # Before the need is set: the producer draws for this take by the version read.
+        self.engine_version = min(rollout_id, await self._read_engine_version())
         self.version = self.state.rollout_id = rollout_id
         self._need = target
         self._taken.set()  # the producer may draw for this take now (`outstanding_limit`)
@@ -284,6 +295,33 @@ class FullyAsyncProducer:
             return await self._take(rollout_id, target, bound)
         finally:
             self._need = 0
+
+    async def _read_engine_version(self) -> int:
+        """The oldest weight version among the engines (what a group drawn now is generated under, at least).
+
+        Falls back to the last version read (at start: the trainer's first push, the producer's `version`) when an
+        engine does not answer within `_VERSION_TIMEOUT_S`, fails, or reports no integer version (SGLang's
+        "default" before any push, a push's "<v>-incomplete"). That is a lower bound (pushes only raise the
+        version), so the producer then draws no more than it should: fewer groups ahead of the trainer, none
+        dropped for it. Warns once per producer; `rollout/fully_async/engine_version_fallbacks` counts each.
+        """
+        try:
+            replies = await asyncio.wait_for(weight_versions(self.args), _VERSION_TIMEOUT_S)
+            versions = [parse_version(v) for v in replies]
+            if not versions or None in versions:
+                raise ValueError(f"no integer weight version in {replies!r}")
+            return min(v for v in versions if v is not None)
+        except Exception as e:  # noqa: BLE001 - any failure has the same conservative answer, counted and logged
+            self.counts["engine_version_fallbacks"] += 1
+            if not self._version_warned:
+                self._version_warned = True
+                logger.warning(
+                    "fully-async rollout: could not read the engines' weight version (%r, within %.0fs); pacing "
+                    "--max-weight-staleness by the last version read, %d, until it can (fewer groups drawn ahead; "
+                    "counted in rollout/fully_async/engine_version_fallbacks, warned once)",
+                    e, _VERSION_TIMEOUT_S, self.engine_version,
+                )  # fmt: skip
+            return self.engine_version
 
     async def _take(self, rollout_id: int, target: int, bound: int | None) -> tuple[list[list[Any]], dict[str, float]]:
         accepted: list[list[Any]] = []
@@ -364,7 +402,9 @@ class FullyAsyncProducer:
 
     def _drain_counts(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for key in ("stale_groups_dropped", "recycled_partial_groups", "restarted_groups", "unversioned_groups"):
+        keys = ("stale_groups_dropped", "recycled_partial_groups", "restarted_groups", "unversioned_groups",
+                "engine_version_fallbacks")  # fmt: skip
+        for key in keys:
             out[f"rollout/fully_async/{key}"] = float(self.counts[key] - self._reported[key])
             out[f"rollout/fully_async/{key}_total"] = float(self.counts[key])
         self._reported = collections.Counter(self.counts)

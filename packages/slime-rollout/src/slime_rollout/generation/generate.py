@@ -34,7 +34,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["abort_all", "build_sampling_params", "call_client", "context_limit", "generate", "get_client"]
+__all__ = [
+    "abort_all",
+    "build_sampling_params",
+    "call_client",
+    "context_limit",
+    "generate",
+    "get_client",
+    "weight_versions",
+]
 
 
 def context_limit(args: Any, *, evaluation: bool) -> int | None:
@@ -115,6 +123,12 @@ async def abort_all(args: SlimeArgs) -> None:
     """Aborts every in-flight request on every engine and waits until they report idle."""
     client = get_client(args)
     await call_client(client.abort_all)
+
+
+async def weight_versions(args: SlimeArgs) -> list[str | None]:
+    """Every engine's `weight_version` (`RolloutClient.get_weight_versions`: SGLang's GET /model_info)."""
+    client = get_client(args)
+    return await call_client(client.get_weight_versions)
 
 
 def _prompt_ids(args: SlimeArgs, sample: Sample) -> list[int]:
