@@ -172,8 +172,7 @@ def _core_member(tmp_path: pathlib.Path, source: str) -> pathlib.Path:
 
 def test_an_undeclared_lazy_import_is_found(tmp_path):
     source = (
-        "import torch\n\ndef f():\n    import transformers\n"
-        "\ntry:\n    import peft\nexcept ImportError:\n    pass\n"
+        "import torch\n\ndef f():\n    import transformers\n\ntry:\n    import peft\nexcept ImportError:\n    pass\n"
     )
     bad = undeclared_imports(_core_member(tmp_path, source), root=tmp_path)
     # slime-core declares torch; transformers is imported lazily and undeclared; peft is optional (guarded).

@@ -141,9 +141,11 @@ def test_cli_prints_one_line_and_exits_4_when_nothing_answers_at_the_ray_address
     )  # fmt: skip
     assert out.returncode == 4, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("slime: error:")]
-    assert errors == [f"slime: error: --ray-address 127.0.0.1:{port}: no Ray head answers at 127.0.0.1:{port} "
-                      "(Connection refused, within 10 s); start one with `ray start --head` and pass the address it "
-                      "prints (the GCS port, 6379 by default), or leave --ray-address unset to start a local Ray"]
+    assert errors == [
+        f"slime: error: --ray-address 127.0.0.1:{port}: no Ray head answers at 127.0.0.1:{port} "
+        "(Connection refused, within 10 s); start one with `ray start --head` and pass the address it "
+        "prints (the GCS port, 6379 by default), or leave --ray-address unset to start a local Ray"
+    ]
     assert "Traceback" not in out.stderr
 
 

@@ -115,8 +115,6 @@ def test_empty_absent_and_marked_folders_are_replaced_and_links_are_not(tmp_path
     assert (tmp_path / "empty" / "weights").read_text() == "empty"
 
 
-
-
 def test_swap_flushes_the_new_files_before_the_renames_and_the_renames_after(tmp_path, fsync_and_rename_log):
     out = tmp_path / "hf"
     _write(out, "v1")

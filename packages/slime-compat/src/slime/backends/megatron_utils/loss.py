@@ -36,7 +36,7 @@ def _original_call(fn: Callable[..., TisResult], doc: str) -> Callable[..., TisR
                   loss_masks=loss_masks)  # fmt: skip
 
     call.__name__ = call.__qualname__ = fn.__name__
-    call.__doc__ = doc + "\n\nReturns:\n    `(pg_loss [T], loss_masks, {\"tis\", \"tis_clipfrac\", \"tis_abs\": [T]})`."
+    call.__doc__ = doc + '\n\nReturns:\n    `(pg_loss [T], loss_masks, {"tis", "tis_clipfrac", "tis_abs": [T]})`.'
     return call
 
 
