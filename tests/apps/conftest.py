@@ -33,3 +33,23 @@ def tb_scalars() -> Callable[[pathlib.Path, str], dict[int, float]]:
     `tb_dir` is the run's `<--output-dir>/tensorboard`; an unknown `key` raises KeyError (TensorBoard's).
     """
     return _read_scalars
+
+
+def _cli_without_ray(argv: list[str]):
+    import os
+    import subprocess
+    import sys
+
+    script = "import sys, ray\nray.init = None  # any start of Ray fails the test\nfrom slime_app.cli import main\n"
+    script += "sys.exit(main(sys.argv[1:]))\n"
+    return subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def cli_without_ray() -> Callable:
+    """`cli_without_ray(argv) -> CompletedProcess`: `slime_app.cli.main(argv)` in a fresh process where any start of
+    Ray raises, so a test shows that a refusal came before Ray (text output, 300 s timeout, `RAY_ADDRESS` unset)."""
+    return _cli_without_ray

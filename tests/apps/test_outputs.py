@@ -8,8 +8,6 @@ import errno
 import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -67,17 +65,12 @@ def test_a_read_only_folder_names_its_flag(tmp_path, monkeypatch):
         check_writable(_cfg(tmp_path, save_hf=str(hf)))
 
 
-def test_the_cli_refuses_an_unwritable_save_before_ray_starts(tmp_path):
+def test_the_cli_refuses_an_unwritable_save_before_ray_starts(tmp_path, cli_without_ray):
     (tmp_path / "a-file").write_text("x")
     from slime_app.demo import default_demo_argv
 
     argv = [*default_demo_argv(tmp_path / "run"), "--save", str(tmp_path / "a-file" / "ckpt")]
-    script = "import sys, ray\nray.init = None  # any start of Ray fails the test\nfrom slime_app.cli import main\n"
-    script += "sys.exit(main(sys.argv[1:]))\n"
-    out = subprocess.run(
-        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "RAY_ADDRESS": ""},
-    )  # fmt: skip
+    out = cli_without_ray(argv)
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.splitlines()[-1] == (
         f"slime: error: --save {tmp_path / 'a-file' / 'ckpt'} is not writable: Not a directory"

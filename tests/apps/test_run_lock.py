@@ -2,8 +2,6 @@
 
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -18,19 +16,14 @@ def release():
     release_run_folders()
 
 
-def test_a_second_run_on_the_folders_of_a_live_run_stops_before_ray(tmp_path, release):
+def test_a_second_run_on_the_folders_of_a_live_run_stops_before_ray(tmp_path, release, cli_without_ray):
     # Issue 27: a relaunch while the first run still ran wrote checkpoints, data cursors and TensorBoard events into
     # the same folders as it, interleaved.
     argv = [*default_demo_argv(tmp_path / "run"), "--save", str(tmp_path / "ckpt")]
     lock_run_folders(parse_args(argv))  # the live run (this process)
     holder = (tmp_path / "run" / LOCK_NAME).read_text()
     assert holder.startswith(f"pid {os.getpid()} on host {socket.gethostname()}, since ")
-    script = "import sys, ray\nray.init = None  # any start of Ray fails the test\nfrom slime_app.cli import main\n"
-    script += "sys.exit(main(sys.argv[1:]))\n"
-    out = subprocess.run(
-        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "RAY_ADDRESS": ""},
-    )  # fmt: skip
+    out = cli_without_ray(argv)
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.splitlines()[-1] == (
         f"slime: error: --output-dir {tmp_path / 'run'}: another slime run writes there ({holder.strip()}); stop it "
