@@ -167,3 +167,13 @@ def test_shared_memory_and_disks_are_not_pseudo_filesystems(tmp_path):
     assert pseudo_filesystem(tmp_path / "a" / "b") is None
     assert pseudo_filesystem(pathlib.Path("/dev/shm/slime-x")) is None
     assert pseudo_filesystem(pathlib.Path("/dev/slime-x")) in {"devtmpfs", "/dev"}
+
+
+def test_on_a_cluster_the_overlap_is_still_refused_but_not_this_hosts_mounts(tmp_path):
+    # The cli and the dry run call it with filesystems=False when --ray-address names a cluster (other hosts write).
+    from slime_app.outputs import check_places
+
+    check_places(_cfg(tmp_path, save="/dev/slime-save"), filesystems=False)  # another host's /dev: not judged here
+    into_model = _cfg(tmp_path, hf_checkpoint=str(tmp_path / "model"), save=str(tmp_path / "model" / "ckpt"))
+    with pytest.raises(ValueError, match=r"^--save .*/model/ckpt is inside --hf-checkpoint "):
+        check_places(into_model, filesystems=False)

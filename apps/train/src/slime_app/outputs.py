@@ -163,13 +163,18 @@ def _inputs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path, str | None]]:
             yield flag, pathlib.Path(values[flag]).resolve(), own
 
 
-def check_places(cfg: SlimeArgs) -> None:
+def check_places(cfg: SlimeArgs, *, filesystems: bool = True) -> None:
     """Refuses an output folder inside a folder the run reads weights from, or on a pseudo-filesystem.
 
     Outputs are `output_dirs` and `--critic-save`; inputs `--hf-checkpoint`, `--ref-load`, `--load`,
     `--critic-load` and `--opd-teacher-load`, compared with symlinks resolved. `--save` equal to `--load` (and
     `--critic-save` to `--critic-load`) is a resume and stays allowed, and so is any output inside that folder:
     the run writes there anyway.
+
+    Args:
+        cfg: the run config.
+        filesystems: also refuse pseudo-filesystems; False on a Ray cluster, where the ranks write from other hosts
+            whose mounts this host does not see (the folders' overlap is a matter of paths, checked everywhere).
 
     Raises:
         ValueError: naming both flags and both folders, or the flag, the folder and the filesystem type.
@@ -179,7 +184,7 @@ def check_places(cfg: SlimeArgs) -> None:
         outputs.append(("--critic-save", pathlib.Path(cfg.critic_save)))
     resolved = {flag: folder.resolve() for flag, folder in outputs}
     for flag, folder in outputs:
-        kind = pseudo_filesystem(folder)
+        kind = pseudo_filesystem(folder) if filesystems else None
         if kind is not None:
             raise ValueError(
                 f"{flag} {folder} is on a pseudo-filesystem ({kind}), not storage: give a folder on a disk"
