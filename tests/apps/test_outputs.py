@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from slime_app.outputs import check_creatable, check_writable, output_dirs
+from slime_app.outputs import check_creatable, check_writable, output_dirs, pseudo_filesystem
 from slime_core.config import SlimeArgs
 
 BASE = {"rollout_batch_size": 1, "num_rollout": 1}
@@ -113,3 +113,60 @@ def test_the_dry_run_refuses_a_save_into_a_file_and_creates_nothing(tmp_path, ca
     assert main([*argv, "--save", str(tmp_path / "new" / "ckpt")]) == 0
     assert "output folders: each is a folder, or can be made in one" in capsys.readouterr().out
     assert sorted(os.listdir(tmp_path)) == ["a-file"]  # nothing created
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"save": "model/ckpt"}, "--save {t}/model/ckpt is inside --hf-checkpoint {t}/model"),
+        ({"save": "model"}, "--save {t}/model is --hf-checkpoint {t}/model"),
+        ({"output_dir": "model/runs"}, "--output-dir {t}/model/runs is inside --hf-checkpoint {t}/model"),
+        ({"save": "link/ckpt"}, "--save {t}/link/ckpt is inside --hf-checkpoint {t}/model"),
+        ({"save": "ref", "ref_load": "ref"}, "--save {t}/ref is --ref-load {t}/ref"),
+        ({"save": "other/sub", "load": "other"}, "--save {t}/other/sub is inside --load {t}/other"),
+    ],
+)
+def test_an_output_inside_a_folder_the_run_reads_weights_from_is_refused(tmp_path, fields, message):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "model")  # resolved: the link is the model folder
+    # (--save-hf inside --hf-checkpoint is refused by the config already: slime_core.config.save_hf.)
+    cfg = _cfg(tmp_path, hf_checkpoint=str(tmp_path / "model"), **{k: str(tmp_path / v) for k, v in fields.items()})
+    expected = message.format(t=tmp_path) + ": the run would write into the folder it reads weights from; give --"
+    for check in (check_writable, check_creatable):
+        with pytest.raises(ValueError, match="^" + re.escape(expected)):
+            check(cfg)
+    assert not (tmp_path / "model" / "ckpt").exists()  # refused before anything was created
+
+
+def test_a_resume_into_its_own_checkpoint_folder_stays_allowed(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    cfg = SlimeArgs.from_dict({**BASE, "output_dir": str(tmp_path / "ckpt" / "logs"), "load": ckpt, "save": ckpt,
+                               "hf_checkpoint": str(tmp_path / "model")})  # fmt: skip
+    check_writable(cfg)
+    assert check_creatable(cfg)
+
+
+@pytest.mark.parametrize("place", ["/proc/slime-save", "/sys/slime-save", "/dev/slime-save"])
+def test_a_pseudo_filesystem_is_refused_before_anything_is_created(tmp_path, place):
+    # As root the probe passed for /dev (devtmpfs takes files, in memory); /proc and /sys failed with an errno only.
+    cfg = _cfg(tmp_path, save=place)
+    for check in (check_writable, check_creatable):
+        with pytest.raises(ValueError, match=rf"^--save {place} is on a pseudo-filesystem \(\w+\), not storage"):
+            check(cfg)
+    assert not os.path.exists(place)
+
+
+def test_shared_memory_and_disks_are_not_pseudo_filesystems(tmp_path):
+    assert pseudo_filesystem(tmp_path / "a" / "b") is None
+    assert pseudo_filesystem(pathlib.Path("/dev/shm/slime-x")) is None
+    assert pseudo_filesystem(pathlib.Path("/dev/slime-x")) in {"devtmpfs", "/dev"}
+
+
+def test_on_a_cluster_the_overlap_is_still_refused_but_not_this_hosts_mounts(tmp_path):
+    # The cli and the dry run call it with filesystems=False when --ray-address names a cluster (other hosts write).
+    from slime_app.outputs import check_places
+
+    check_places(_cfg(tmp_path, save="/dev/slime-save"), filesystems=False)  # another host's /dev: not judged here
+    into_model = _cfg(tmp_path, hf_checkpoint=str(tmp_path / "model"), save=str(tmp_path / "model" / "ckpt"))
+    with pytest.raises(ValueError, match=r"^--save .*/model/ckpt is inside --hf-checkpoint "):
+        check_places(into_model, filesystems=False)

@@ -356,3 +356,30 @@ def test_multi_turn_flags_with_the_default_generate_function_warn(caplog):
     with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
         make(env_path="search", max_turns=3, custom_generate_function_path="slime_rollout.multi_turn.generate")
     assert not [r for r in caplog.records if "single-turn" in r.getMessage()]
+
+
+def test_grpo_on_single_sample_groups_warns_that_every_advantage_is_zero(caplog):
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(n_samples_per_prompt=1, advantage_estimator="grpo")
+        make(n_samples_per_prompt=1, advantage_estimator="grpo")  # re-validated in every worker: said once
+    warned = [r.getMessage() for r in caplog.records if "--n-samples-per-prompt 1" in r.getMessage()]
+    assert warned == [
+        "--n-samples-per-prompt 1 with --advantage-estimator grpo: every prompt group holds one sample, so every "
+        "reward minus its group's mean is 0: all advantages and the policy-gradient loss are 0 (only a KL or "
+        "entropy term trains); use --n-samples-per-prompt 2 or more"
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"n_samples_per_prompt": 2, "global_batch_size": 8},
+        {"loss_type": "sft_loss"},
+        {"custom_reward_post_process_path": "my.post"},
+        {"debug_rollout_only": True},
+    ],
+)
+def test_single_sample_groups_are_not_warned_where_something_still_trains(caplog, overrides):
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(advantage_estimator="grpo", **overrides)
+    assert not [r for r in caplog.records if "--n-samples-per-prompt 1" in r.getMessage()]

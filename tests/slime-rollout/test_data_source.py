@@ -466,3 +466,20 @@ def test_an_optional_column_set_away_from_its_default_and_missing_is_counted(cap
     with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
         rows_to_samples([{"q": "a"}], source="d.jsonl", input_key="q")  # the defaults: optional, not warned about
     assert "rows have no" not in caplog.text
+
+
+def test_a_rollout_batch_larger_than_the_data_is_said_with_its_counts(tmp_path, caplog):
+    path = _write_jsonl(tmp_path / "d.jsonl", ROWS)
+    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+        ds = RolloutDataSource(_args(prompt_data=path, rollout_batch_size=12))
+    warned = [r.getMessage() for r in caplog.records if "--rollout-batch-size" in r.getMessage()]
+    assert warned == [
+        f"--rollout-batch-size 12 is more than the 5 prompts of --prompt-data {path}: each rollout wraps past the "
+        "end of an epoch and holds the same prompt up to 3 times"
+    ]
+    # What it says: one rollout's 12 groups are prompts 0-4, 0-4, 0-1 (no shuffle by default).
+    assert [g[0].prompt for g in ds.get_samples(12)] == [f"q{i % 5}" for i in range(12)]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+        RolloutDataSource(_args(prompt_data=path, rollout_batch_size=5))
+    assert not [r for r in caplog.records if "--rollout-batch-size" in r.getMessage()]

@@ -363,3 +363,36 @@ async def test_untagged_groups_count_by_the_engines_version_when_drawn(use_clien
         assert producer.counts["unversioned_groups"] == 4 * BATCH  # none drawn that the takes did not train
     finally:
         await producer.stop()
+
+
+def test_a_recycled_partial_sample_is_stamped_with_the_version_its_tokens_came_from():
+    from slime_core.sample import Sample, Status
+
+    args = _args(rollout_batch_size=BATCH, n_samples_per_prompt=2, max_weight_staleness=2, partial_rollout=True,
+                 rollout_function_path=FULLY_ASYNC)  # fmt: skip
+    producer = FullyAsyncProducer(args, ListDataSource(n=2), restored=[], version=0)
+    producer.version = 5  # the latest take's rollout id
+    tagged = Sample(index=0, prompt="p", tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1],
+                    weight_versions=["3"], status=Status.ABORTED)  # fmt: skip
+    untagged = Sample(index=1, prompt="p", tokens=[1, 2], response_length=1, loss_mask=[1], status=Status.ABORTED)
+    held = fully_async_producer._Held(group=[tagged, untagged], prompt=[], order=0, submitted_version=4)
+    producer._recycle(held)
+    # The first tokens came from version 3 (drawn two takes ahead); the untagged one counts by the version read at
+    # its submission, as staleness counts it. Both were stamped 5, the take id.
+    assert [s.metadata["start_rollout_id"] for s in held.group] == [3, 4]
+
+
+async def test_stop_leaves_no_task_of_the_producer_pending(use_client):
+    engine = GateEngine(lambda p: True)
+    producer = _producer(engine, use_client)
+    await asyncio.wait_for(producer.take(0, BATCH, 1), WAIT_S)
+    # A take cancelled while it waits (a run stopping mid-rollout) must not leave its waiter behind either.
+    waiting = asyncio.ensure_future(producer.take(1, 100 * BATCH, None))
+    await until(lambda: producer.num_ready == 0 and producer.num_in_flight > 0, "the second take waiting")
+    waiting.cancel()
+    await asyncio.wait({waiting})
+    await producer.stop()
+    # The producer's `_taken.wait()` waiter was left pending when `stop` cancelled it mid-wait: "Task was destroyed
+    # but it is pending!" when the loop closed.
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert left == [], left

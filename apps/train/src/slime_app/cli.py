@@ -67,7 +67,7 @@ def _main(argv: list[str]) -> int:
 
             print("\n".join(dry_run(cfg)))
             return 0
-        from slime_app.outputs import check_writable
+        from slime_app.outputs import check_places, check_writable
         from slime_app.preflight import preflight
         from slime_app.ray_start import ray_address
         from slime_app.resolve import resolve_config
@@ -82,6 +82,8 @@ def _main(argv: list[str]) -> int:
             # On a cluster the trainer ranks write from other hosts: this host's view of the paths says little.
             check_writable(cfg)
             lock_run_folders(cfg)
+        else:  # a save into the model folder the engines read is refused wherever the ranks run
+            check_places(cfg, filesystems=False)
     # ImportError: PluginError; OSError: an unreadable file or tokenizer; TypeError: a data source without len().
     except (ConfigError, ValueError, OSError, ImportError, TypeError) as e:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)

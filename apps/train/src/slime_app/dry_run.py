@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from slime_app.outputs import check_creatable
+from slime_app.outputs import check_creatable, check_places
 from slime_app.preflight import preflight
 from slime_app.ray_start import ray_address
 from slime_app.resolve import resolve_config
@@ -234,6 +234,8 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
     checks = resolved + notes + _first_prompt(cfg, rows) + _prompt_filter(cfg, rows)
     if not ray_address(cfg):  # as the run: other hosts write on a cluster
         checks += check_creatable(cfg)
+    else:
+        check_places(cfg, filesystems=False)
     report += ["", "checked:"] + [f"  {line}" for line in checks]
     report.append("  not checked here: GPUs, engines, Ray (the run checks them when it starts)")
     return report

@@ -3,6 +3,9 @@
 A `--save` the run cannot write (a read-only mount, a path under a file) was found only at the first save, after the
 engines started and a whole rollout trained. `check_writable` creates each output folder and writes one probe file
 there before anything starts; a failed save later is one line (`slime_app.failures.save_failed`).
+Before that, two places are refused outright (`check_places`): a folder inside one the run reads its weights from
+(a save there rewrote the model the engines load), and one on a pseudo-filesystem (as root a `--save /dev/x`
+passed the probe: devtmpfs takes files, in memory).
 """
 
 from __future__ import annotations
@@ -15,7 +18,19 @@ from collections.abc import Iterator
 from slime_app.tracking import tensorboard_log_dir
 from slime_core.config import SlimeArgs
 
-__all__ = ["check_creatable", "check_writable", "nearest_existing", "output_dirs"]
+__all__ = ["check_creatable", "check_places", "check_writable", "nearest_existing", "output_dirs", "pseudo_filesystem"]
+
+# Kernel and device filesystems (`/proc/self/mounts` types): files there are not storage, or not files at all.
+_PSEUDO_FS = frozenset({
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore", "bpf",
+    "configfs", "fusectl", "mqueue", "efivarfs", "binfmt_misc", "autofs", "nsfs", "hugetlbfs", "rpc_pipefs",
+})  # fmt: skip
+# Same, by place, for containers that mount a tmpfs over /dev (its /dev/shm is ordinary shared memory).
+_PSEUDO_ROOTS = (pathlib.Path("/proc"), pathlib.Path("/sys"), pathlib.Path("/dev"))
+_SHM = pathlib.Path("/dev/shm")
+# (input flag, the output flag that makes it this run's own folder): `--load` == `--save` is a resume.
+_INPUTS = (("--hf-checkpoint", None), ("--ref-load", None), ("--load", "--save"), ("--critic-load", "--critic-save"),
+           ("--opd-teacher-load", None))  # fmt: skip
 
 
 def _fixed_folder(template: str) -> pathlib.Path:
@@ -61,6 +76,7 @@ def check_writable(cfg: SlimeArgs) -> None:
         OSError: a folder cannot be created or written (the message names the flag and the folder); the
             driver prints it as one line before anything starts.
     """
+    check_places(cfg)
     for flag, folder in output_dirs(cfg):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -89,6 +105,7 @@ def check_creatable(cfg: SlimeArgs) -> list[str]:
     Raises:
         OSError: naming the flag, the folder and the path in the way.
     """
+    check_places(cfg)
     for flag, folder in output_dirs(cfg):
         existing = nearest_existing(folder)
         if not existing.is_dir():
@@ -97,3 +114,88 @@ def check_creatable(cfg: SlimeArgs) -> list[str]:
         if not os.access(existing, os.W_OK | os.X_OK):
             raise OSError(f"{flag} {folder} is not writable: {existing} does not allow this user to write")
     return ["output folders: each is a folder, or can be made in one, this user may write to (nothing created)"]
+
+
+def _mounts() -> list[tuple[pathlib.Path, str]]:
+    """(mount point, filesystem type) of this process's mounts; empty where `/proc/self/mounts` cannot be read."""
+    try:
+        lines = pathlib.Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 3:  # octal escapes: a space in a mount point is written \040
+            point = fields[1].encode().decode("unicode_escape")
+            out.append((pathlib.Path(point), fields[2]))
+    return out
+
+
+def pseudo_filesystem(path: pathlib.Path) -> str | None:
+    """The pseudo-filesystem `path` (or where it would be created) lies on, or None for real storage.
+
+    Args:
+        path: a folder that may not exist yet; its nearest existing ancestor decides, symlinks resolved.
+
+    Returns:
+        The mount's type (`devtmpfs`, `proc`, ...) when it is one of `_PSEUDO_FS`; `"/dev"`-style place names for a
+        path under /proc, /sys or /dev (but not /dev/shm) on another type; None otherwise.
+    """
+    real = nearest_existing(path.absolute()).resolve()
+    best: tuple[pathlib.Path, str] | None = None
+    for point, fstype in _mounts():
+        if real.is_relative_to(point) and (best is None or len(point.parts) >= len(best[0].parts)):
+            best = (point, fstype)  # the last of equal mount points is the one on top
+    if best is not None and best[1] in _PSEUDO_FS:
+        return best[1]
+    for root in _PSEUDO_ROOTS:
+        if real.is_relative_to(root) and not real.is_relative_to(_SHM):
+            return str(root)
+    return None
+
+
+def _inputs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path, str | None]]:
+    """(flag, resolved folder, paired output flag) of each folder the run reads weights from."""
+    values = {"--hf-checkpoint": cfg.hf_checkpoint, "--ref-load": cfg.ref_load, "--load": cfg.load,
+              "--critic-load": cfg.critic_load, "--opd-teacher-load": cfg.opd_teacher_load}  # fmt: skip
+    for flag, own in _INPUTS:
+        if values[flag]:
+            yield flag, pathlib.Path(values[flag]).resolve(), own
+
+
+def check_places(cfg: SlimeArgs, *, filesystems: bool = True) -> None:
+    """Refuses an output folder inside a folder the run reads weights from, or on a pseudo-filesystem.
+
+    Outputs are `output_dirs` and `--critic-save`; inputs `--hf-checkpoint`, `--ref-load`, `--load`,
+    `--critic-load` and `--opd-teacher-load`, compared with symlinks resolved. `--save` equal to `--load` (and
+    `--critic-save` to `--critic-load`) is a resume and stays allowed, and so is any output inside that folder:
+    the run writes there anyway.
+
+    Args:
+        cfg: the run config.
+        filesystems: also refuse pseudo-filesystems; False on a Ray cluster, where the ranks write from other hosts
+            whose mounts this host does not see (the folders' overlap is a matter of paths, checked everywhere).
+
+    Raises:
+        ValueError: naming both flags and both folders, or the flag, the folder and the filesystem type.
+    """
+    outputs = list(output_dirs(cfg))
+    if cfg.critic_save:
+        outputs.append(("--critic-save", pathlib.Path(cfg.critic_save)))
+    resolved = {flag: folder.resolve() for flag, folder in outputs}
+    for flag, folder in outputs:
+        kind = pseudo_filesystem(folder) if filesystems else None
+        if kind is not None:
+            raise ValueError(
+                f"{flag} {folder} is on a pseudo-filesystem ({kind}), not storage: give a folder on a disk"
+            )
+        out = resolved[flag]
+        for in_flag, source, own in _inputs(cfg):
+            if own is not None and resolved.get(own) == source:
+                continue  # the run's own checkpoint folder (a resume): it writes there anyway
+            if out.is_relative_to(source):
+                where = "is" if out == source else "is inside"
+                raise ValueError(
+                    f"{flag} {folder} {where} {in_flag} {source}: the run would write into the folder it reads "
+                    f"weights from; give {flag} a folder of its own"
+                )

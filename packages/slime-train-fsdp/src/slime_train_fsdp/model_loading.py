@@ -52,6 +52,7 @@ __all__ = [
     "default_device",
     "gathered_through_backward",
     "load_hf_weights_into",
+    "loaded_message",
     "read_hf_state_dict",
 ]
 
@@ -360,9 +361,18 @@ def build_fsdp_model(
     model.train()
     install(model, options)
     cp = 1 if options.cp_group is None else dist.get_world_size(options.cp_group)
-    logger.info("loaded %s (%s, attn=%s, head=%s, cp=%d) sharded over %d ranks", path, type(model).__name__, attn,
-                options.head, cp, mesh.size())  # fmt: skip
+    logger.info("%s", loaded_message(path, type(model).__name__, attn, options, cp, mesh.size()))
     return model, config
+
+
+def loaded_message(
+    path: str | pathlib.Path, model: str, attn: str, options: ForwardOptions, cp: int, ranks: int
+) -> str:
+    """The load log line: what the forwards will run (the head is `ForwardOptions.head_in_use`).
+
+    Under `--true-on-policy-mode` it named `--log-probs-head` (`head=fused`), a head that never ran.
+    """
+    return f"loaded {path} ({model}, attn={attn}, head={options.head_in_use}, cp={cp}) sharded over {ranks} ranks"
 
 
 def _init_buffers(model: nn.Module, config: PretrainedConfig, device: torch.device) -> None:

@@ -77,6 +77,12 @@ class ForwardOptions:
     vision_language: bool = False
     true_on_policy: bool = False
 
+    @property
+    def head_in_use(self) -> str:
+        """The log-prob head every forward runs, for logs: `--true-on-policy-mode`'s own replaces `head`."""
+        # The mirrored forward ignores `head` (and a call's `head=`): it runs SGLang's bf16 lm_head + log-softmax.
+        return "true-on-policy (SGLang's bf16 lm_head)" if self.true_on_policy else self.head
+
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class PackedMicroBatch:

@@ -310,8 +310,27 @@ def _estimator(args: SlimeArgs) -> None:
     """The `--advantage-estimator` spec's own rules (required flags, hook), the critic's, then OPD's."""
     spec = get_estimator(args.advantage_estimator)  # a registered name: the field's choices are the registry's
     spec.validate(args)
+    if _single_sample_groups_learn_nothing(args, spec.group_wise):
+        warn_once(
+            "single_sample_groups",
+            f"--n-samples-per-prompt 1 with --advantage-estimator {args.advantage_estimator}: every prompt group "
+            "holds one sample, so every reward minus its group's mean is 0: all advantages and the policy-gradient "
+            "loss are 0 (only a KL or entropy term trains); use --n-samples-per-prompt 2 or more",
+        )
     validate_critic(args)
     validate_opd(args)
+
+
+def _single_sample_groups_learn_nothing(args: SlimeArgs, group_wise: bool) -> bool:
+    """A policy-loss run whose estimator normalizes rewards within groups of one sample (advantages all 0).
+
+    The original runs it too; said, not refused. Not with a `--custom-reward-post-process-path` (it may normalize
+    otherwise), OPD (its teacher term is added to the advantages) or `--debug-rollout-only` (nothing trains).
+    """
+    return (
+        args.n_samples_per_prompt == 1 and group_wise and args.loss_type == "policy_loss" and not args.use_opd
+        and args.custom_reward_post_process_path is None and not args.debug_rollout_only
+    )  # fmt: skip
 
 
 def _dynamic_batch(args: SlimeArgs) -> None:

@@ -408,6 +408,13 @@ class RolloutDataSource:
                 f"--prompt-data {args.prompt_data}: no prompts left: all {len(rows)} are longer than {flag}="
                 f"{max_prompt_len} tokens"
             )
+        if args.rollout_batch_size > len(self.prompts):  # allowed (an overfit run), but said: GRPO groups repeat
+            logger.warning(
+                "--rollout-batch-size %d is more than the %d prompts of --prompt-data %s: each rollout wraps past the "
+                "end of an epoch and holds the same prompt up to %d times",
+                args.rollout_batch_size, len(self.prompts), args.prompt_data,
+                -(-args.rollout_batch_size // len(self.prompts)),
+            )  # fmt: skip
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:

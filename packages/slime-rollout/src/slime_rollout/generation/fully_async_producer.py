@@ -191,8 +191,10 @@ class FullyAsyncProducer:
                 if not await self._top_up() and not self._in_flight and not self._ready:
                     raise RuntimeError("fully-async rollout: the data source returned no samples and none is in flight")
                 woken = asyncio.ensure_future(self._taken.wait())
-                done, _ = await asyncio.wait({*self._in_flight, woken}, return_when=asyncio.FIRST_COMPLETED)
-                woken.cancel()
+                try:
+                    done, _ = await asyncio.wait({*self._in_flight, woken}, return_when=asyncio.FIRST_COMPLETED)
+                finally:  # also when `stop` cancels this task here: a waiter left pending leaked at loop close
+                    await _cancelled(woken)
                 self._taken.clear()  # the next `_top_up` sees whatever room the consumer made
                 for task in sorted(done - {woken}, key=lambda t: self._in_flight[t].order):
                     await self._finish(task, self._in_flight.pop(task))
@@ -236,7 +238,7 @@ class FullyAsyncProducer:
                     # The tokens so far came from the weights before the push (masked from the loss with
                     # --mask-offpolicy-in-partial-rollout when the sample continues).
                     sample.metadata["off_policy_tokens"] = sample.response_length
-                    sample.metadata.setdefault("start_rollout_id", self.version)
+                    sample.metadata.setdefault("start_rollout_id", _start_version(sample, held))
             self.counts["recycled_partial_groups"] += 1
         else:
             held.group = copy.deepcopy(held.prompt)
@@ -397,8 +399,10 @@ class FullyAsyncProducer:
     async def _arrival_or_death(self) -> None:
         assert self._task is not None
         waiter = asyncio.ensure_future(self._arrived.wait())
-        await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
+        try:
+            await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # a cancelled take leaves no waiter behind
+            await _cancelled(waiter)
 
     def _drain_counts(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -439,6 +443,27 @@ class FullyAsyncProducer:
             await asyncio.wait_for(abort_all(self.args), timeout=_STOP_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - engines may be gone at teardown; the run is over either way
             logger.warning("fully-async rollout: aborting the engines' requests at stop failed: %r", e)
+
+
+def _start_version(sample: Sample, held: _Held) -> int:
+    """`metadata["start_rollout_id"]` of a partial sample: the weight version its first tokens came from.
+
+    The original stamps the rollout id the sample started in, which there is also the weight version it was
+    generated under (rollout r generates on version r). Here a group may start under an older version than the
+    latest take's id (drawn ahead, or with `--async`), so the stamp is the engines' version as staleness counts it
+    (`staleness.sample_version`: the first generate call's), else the version read when the group was submitted.
+    """
+    version = sample_version(sample)
+    return held.submitted_version if version is None else version
+
+
+async def _cancelled(task: asyncio.Future[Any]) -> None:
+    """Cancels a helper waiter (an `Event.wait()`) and waits until it is done.
+
+    One left pending was reported as "Task was destroyed but it is pending!" when the loop closed.
+    """
+    task.cancel()
+    await asyncio.wait({task})  # returns, not raises, when `task` ends cancelled
 
 
 def _fits(deadlines: list[int], rollout_id: int, places: int, batch: int) -> bool:
