@@ -129,8 +129,11 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
         "role": "system" if role == "developer" else role,
         "content": _content(raw.get("content"), where, optional=role == "assistant"),
     }
-    if role == "tool" and raw.get("name"):
-        message["name"] = str(raw["name"])
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):  # OpenAI: `name` is a string on every role
+        raise RequestError(f"{where}.name must be a string, got {type(name).__name__}", f"{where}.name")
+    if role == "tool" and name:
+        message["name"] = name
     if role == "assistant":
         if raw.get("reasoning_content"):
             message["reasoning_content"] = str(raw["reasoning_content"])
@@ -149,6 +152,48 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
         if calls:
             message["tool_calls"] = calls
     return message
+
+
+def _check_tool_replies(messages: list[dict[str, Any]]) -> None:
+    """Refuses a `tool` message that answers no tool call (a 400 naming `messages[i].role`).
+
+    OpenAI's API requires it to follow an assistant message with `tool_calls` (directly or after that message's
+    other tool replies); the chat template would render a tool result nobody asked for, and the model be trained
+    on it.
+    """
+    answering = False  # inside the replies to an assistant message's tool calls
+    for i, message in enumerate(messages):
+        if message["role"] == "tool" and not answering:
+            raise RequestError(
+                f"messages[{i}]: a message with role 'tool' must answer a preceding assistant message with "
+                "'tool_calls'",
+                f"messages[{i}].role",
+            )
+        if message["role"] != "tool":
+            answering = message["role"] == "assistant" and bool(message.get("tool_calls"))
+
+
+# OpenAI's documented limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values up to 512.
+_METADATA_PAIRS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def _check_metadata(metadata: Any) -> None:
+    """`metadata` as OpenAI's schema has it (an object of strings, within its limits), or a 400 naming it."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise RequestError(f"metadata must be an object, got {type(metadata).__name__}", "metadata")
+    if len(metadata) > _METADATA_PAIRS:
+        raise RequestError(f"metadata has {len(metadata)} keys, at most {_METADATA_PAIRS} allowed", "metadata")
+    for key, value in metadata.items():
+        if len(key) > _METADATA_KEY_CHARS:
+            raise RequestError(f"metadata key {key[:80]!r} is longer than {_METADATA_KEY_CHARS} characters", "metadata")
+        if not isinstance(value, str) or len(value) > _METADATA_VALUE_CHARS:
+            raise RequestError(
+                f"metadata[{key[:80]!r}] must be a string of at most {_METADATA_VALUE_CHARS} characters, "
+                f"got {value!r:.80}",
+                "metadata",
+            )
 
 
 def match_key(message: Mapping[str, Any]) -> str:
@@ -253,6 +298,8 @@ def parse_request(body: Any) -> ChatRequest:
     if not isinstance(raw_messages, list) or not raw_messages:
         raise RequestError("messages must be a non-empty list", "messages")
     messages = [_message(m, i) for i, m in enumerate(raw_messages)]
+    _check_tool_replies(messages)
+    _check_metadata(body.get("metadata"))
     if messages[-1]["role"] == "assistant":
         raise RequestError("the last message is an assistant message: continuing it is not supported", "messages")
     tools = _tools(body.get("tools"))
