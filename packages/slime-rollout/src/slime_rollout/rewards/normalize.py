@@ -35,7 +35,7 @@ import fractions
 import re
 
 from slime_rollout.rewards.number_words import words_to_number
-from slime_rollout.rewards.unicode_math import latex_from_unicode
+from slime_rollout.rewards.unicode_math import ascii_forms, latex_from_unicode
 from slime_rollout.rewards.units import split_bare_unit, take_text_unit
 
 __all__ = ["CleanAnswer", "choice_letter", "clean_answer", "normalize_answer", "parse_number", "words_to_number"]
@@ -215,7 +215,7 @@ def clean_answer(answer: str) -> CleanAnswer:
     Returns:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
-    s = _strip_delimiters(latex_from_unicode(str(answer).translate(_MINUS_SIGNS)))
+    s = _strip_delimiters(latex_from_unicode(ascii_forms(str(answer)).translate(_MINUS_SIGNS)))
     rest, unit = take_text_unit(s)
     if unit is not None and _is_constant(_latex_cleanup(rest)):
         s = rest  # "5\text{ cm}": the unit is set aside, the value stays
