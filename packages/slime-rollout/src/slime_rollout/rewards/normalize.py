@@ -55,7 +55,9 @@ _WRAPPED_FUNCTION = re.compile(
 )
 _BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_BARE_NAMES})(?=\()")
 _INFINITY = re.compile(r"(?<![\\A-Za-z])(?i:infinity)(?![A-Za-z])|∞")
-_SPACES = re.compile(r"\\[ ,;:!]|\\q?quad\b|~")
+# A LaTeX space (`\,`, `\ `, `\quad`, `~`); a row break `\\` is matched first and kept: its second backslash
+# and the space after it (`1 \\ 2` in a pmatrix) are no `\ ` (taking them for one made the matrix `1\2`).
+_SPACES = re.compile(r"(\\\\)|\\[ ,;:!]|\\q?quad\b|~")
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _LETTER_ONLY = re.compile(r"^[(\[]?([A-J])[)\]]?\.?$")
 # "Option B", "Choice (B)": a choice letter named as one (taken off only when a letter follows).
@@ -122,6 +124,22 @@ _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k
 _DEGREES_SCALE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)\s*([CcFf])(?![A-Za-z])")
 
 
+# The real line in words or as a set (`\text{all real numbers}`, "all reals", `\mathbb{R}`, `ℝ`): written as the
+# interval `(-\infty,\infty)`, which math-verify compares with any other spelling of it. Only the whole answer:
+# "all real numbers except 2", "all positive reals" and `\mathbb{R}^2` stay as written.
+_ALL_REALS = re.compile(
+    r"(?i:(?:the\s+set\s+of\s+)?(?:all|any|every)\s+reals?(?:\s+(?:numbers?|values?))?(?:\s+[a-z])?)"
+    r"|\\mathbb\s*\{?\s*R\s*\}?|ℝ"
+)
+_REAL_LINE = r"(-\infty,\infty)"
+
+
+# A Python-style power in a label (`x**2`, `2**(n+1)`): `**` has no other meaning in an answer, and the original's
+# sympy grader reads it as `^`; math-verify does not parse it (`x^2` scored 0 against `x**2`). Markdown bold
+# (`**5**`) has no operand on one side and stays.
+_PYTHON_POWER = re.compile(r"(?<=[\w)}\]])\s*\*\*\s*(-?\d+(?:\.\d+)?|[A-Za-z]|\([^()]*\))")
+
+
 def _strip_delimiters(s: str) -> str:
     s = s.strip()
     changed = True
@@ -138,7 +156,7 @@ def _latex_cleanup(s: str) -> str:
     s = _BARE_FUNCTION.sub(r"\\\1", _WRAPPED_FUNCTION.sub(lambda m: "\\" + (m.group(1) or m.group(2)), s))
     for _ in range(2):  # \text{\textbf{x}}
         s = _TEXT_COMMANDS.sub(r" \1 ", s)
-    s = _SPACES.sub(" ", s)
+    s = _SPACES.sub(lambda m: m.group(1) or " ", s)
     s = _INFINITY.sub(r"\\infty", s)  # "infinity", "∞": the value `\infty` (the word was left as letters)
     s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
@@ -216,12 +234,15 @@ def clean_answer(answer: str) -> CleanAnswer:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
     s = _strip_delimiters(latex_from_unicode(ascii_forms(str(answer)).translate(_MINUS_SIGNS)))
+    s = _PYTHON_POWER.sub(r"^{\1}", s)
     rest, unit = take_text_unit(s)
     if unit is not None and _is_constant(_latex_cleanup(rest)):
         s = rest  # "5\text{ cm}": the unit is set aside, the value stays
     else:
         unit = None
     s, percent = _take_percent(_latex_cleanup(s))
+    if _ALL_REALS.fullmatch(s):
+        s = _REAL_LINE
     letter = None
     named = _CHOICE_WORD.match(s)
     if named and (_LETTER_ONLY.match(s[named.end() :]) or _LETTER_VALUE.match(s[named.end() :])):

@@ -44,6 +44,7 @@ _FULL_WIDTH = re.compile("[\uff01-\uff5e\u3000]")
 _DASH = re.compile("[\u2012-\u2015\ufe58\ufe63]")
 # After one of these (spaces skipped) a dash is a minus sign; `&` and `\\` start a matrix cell.
 _BEFORE_MINUS = frozenset("([{,;:=+-*/^<>|&\\")
+_BEGIN = re.compile(r"\\begin\{[A-Za-z*]+\}$")
 
 
 def ascii_forms(text: str) -> str:
@@ -68,6 +69,8 @@ def _minus_at(text: str, i: int) -> bool:
     while j >= 0 and text[j].isspace():
         j -= 1
     if j < 0 or text[j] in _BEFORE_MINUS or _DASH.match(text[j]):
+        return True
+    if text[j] == "}" and _BEGIN.search(text, max(0, j - 40), j + 1):  # `\begin{pmatrix} –1`: the first cell
         return True
     k = j  # `\times –3`: a command's name before the dash
     while k >= 0 and text[k].isascii() and text[k].isalpha():
