@@ -189,3 +189,20 @@ _PROBED = [
 @pytest.mark.parametrize(("answer", "label", "expected"), _PROBED)
 def test_probed_forms(answer, label, expected):
     assert _math(answer, label) == expected
+
+
+# An alternative offered after the box in a typographic minus or as a roman numeral was not read as one (scored 1).
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        (r"The answer is \boxed{5}. Perhaps it is –6.", "5", 0.0),
+        (r"The answer is \boxed{5}, or maybe −6.", "5", 0.0),
+        (r"The answer is \boxed{\text{I only}}. Maybe II.", r"\text{I only}", 0.0),
+        (r"The answer is \boxed{\text{II and III}}. Perhaps I only.", r"\text{II and III}", 0.0),
+        (r"The answer is \boxed{5}. Or I could double-check.", "5", 1.0),  # the pronoun I is no alternative
+        (r"The answer is \boxed{\text{II and III}}.", r"\text{II and III}", 1.0),
+        (r"The answer is \boxed{–5}, or -5 written plainly.", "-5", 1.0),  # the same value restated
+    ],
+)
+def test_alternatives_after_the_box_in_dashes_and_numerals_are_hedges(response, label, expected):
+    assert rule_based_reward("math", response, label) == expected

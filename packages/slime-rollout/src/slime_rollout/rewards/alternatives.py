@@ -36,8 +36,17 @@ _NUMBER_WORD = (
     r"|billion|half|halves|thirds?|quarters?|fourths?|fifths?)"
 )
 _BRACED = r"\{[^{}]{0,40}\}"
+# Roman-numeral statements ("Maybe II.", "or I and III"); a bare "I" only before "only" (it is also the pronoun).
+_ROMAN = r"(?-i:(?:II|III|IV|IX|VI{0,3}|X|I(?=\s+only))(?:\s+(?:and|only)(?:\s+(?:II|III|IV|V|I))?)*)(?![A-Za-z])"
+# A sign may be a typographic minus or dash ("Perhaps it is –6."): `differs` reads it (`unicode_math.ascii_forms`).
 _VALUE = (
-    r"(?P<value>-?\s*(?:\\[dt]?frac\s*(?:" + _BRACED + r"|\d)\s*(?:" + _BRACED + r"|\d)"
+    r"(?P<value>(?<![A-Za-z])"
+    + _ROMAN
+    + r"|[-\u2212\u2012-\u2015]?\s*(?:\\[dt]?frac\s*(?:"
+    + _BRACED
+    + r"|\d)\s*(?:"
+    + _BRACED
+    + r"|\d)"
     r"|\\sqrt\s*(?:\[[^\]]{0,10}\])?\s*(?:" + _BRACED + r"|\d+)|\\pi\b"
     r"|\d[\d.,/]*\d(?:\s*\\%|\s*%)?|\d(?:\s*\\%|\s*%)?"
     r"|(?<![A-Za-z])" + _NUMBER_WORD + r"(?:[\s-]+(?:and\s+|a\s+)*" + _NUMBER_WORD + r")*\b))"
