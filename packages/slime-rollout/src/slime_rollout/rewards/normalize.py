@@ -24,6 +24,10 @@ in `CleanAnswer.variable`. Number words follow English grammar (`slime_rollout.r
 and a bare `million` are no number). Digits separated by a space stay apart (`2 3` is not 23) unless they group
 thousands (`1 000`, `1\,000` are 1000). `6.02\times10^{23}` is an exact number.
 
+The real line in words or symbols (`\text{all real numbers}`, "all reals", `\mathbb{R}`, `ℝ`) is written as the
+interval `(-\infty,\infty)`; a Python power (`x**2`, from a label written in code) as `x^{2}`; full-width forms and
+dashes standing for a minus as ASCII (`unicode_math.ascii_forms`).
+
 All patterns are linear-time (no nested quantifiers), so a 1 MB answer is cleaned in milliseconds.
 """
 
