@@ -154,6 +154,15 @@ def test_python_style_powers_in_labels(answer, label, expected):
     assert _math(answer, label) == expected
 
 
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [("Answer: x^2", "x**2", 1.0), ("Answer: 2^{n+1}", "2**(n+1)", 1.0), ("Answer: x^3", "x**2", -1.0)],
+)
+def test_python_style_powers_for_dapo_string_checks(response, label, expected):
+    # dapo grades without sympy: the label's power is spelled as LaTeX writes it (`x^2`, `2^{n+1}`).
+    assert rule_based_reward("dapo", response, label)["score"] == expected
+
+
 # A row break `\\` followed by a space was read as the LaTeX space `\ `, so `1 \\ 2` became `1\2`: every spaced
 # pmatrix answer scored 0 against its own label.
 _MATRICES = [

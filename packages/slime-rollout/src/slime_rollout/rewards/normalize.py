@@ -144,6 +144,15 @@ _REAL_LINE = r"(-\infty,\infty)"
 _PYTHON_POWER = re.compile(r"(?<=[\w)}\]])\s*\*\*\s*(-?\d+(?:\.\d+)?|[A-Za-z]|\([^()]*\))")
 
 
+def _latex_power(match: re.Match[str]) -> str:
+    # As a LaTeX writer spells it, so the cheap string checks (dapo) match too: `x**2` → `x^2`, `2**(n+1)` →
+    # `2^{n+1}`, `x**10` → `x^{10}` (`x^10` would be x^1 · 0).
+    exponent = match.group(1)
+    if exponent.startswith("("):
+        exponent = exponent[1:-1]
+    return "^" + exponent if len(exponent) == 1 else "^{" + exponent + "}"
+
+
 def _strip_delimiters(s: str) -> str:
     s = s.strip()
     changed = True
@@ -238,7 +247,7 @@ def clean_answer(answer: str) -> CleanAnswer:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
     s = _strip_delimiters(latex_from_unicode(ascii_forms(str(answer)).translate(_MINUS_SIGNS)))
-    s = _PYTHON_POWER.sub(r"^{\1}", s)
+    s = _PYTHON_POWER.sub(_latex_power, s)
     rest, unit = take_text_unit(s)
     if unit is not None and _is_constant(_latex_cleanup(rest)):
         s = rest  # "5\text{ cm}": the unit is set aside, the value stays
