@@ -351,6 +351,26 @@ async def test_retry_from_an_earlier_turn_forks_and_trains_each_turn_once(tok, s
             },
             "messages[2]: a message with role 'tool' must answer",
         ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "tool_calls": [{"id": "call_1", "function": {"name": "f"}}]},
+                    {"role": "tool", "content": "42"},
+                ]
+            },
+            "messages[2].tool_call_id is required: the id of the tool call it answers, got None",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "tool_calls": [{"id": "call_1", "function": {"name": "f"}}]},
+                    {"role": "tool", "tool_call_id": "call_9", "content": "42"},
+                ]
+            },
+            "messages[2].tool_call_id 'call_9' names no tool call of messages[1] (call_1)",
+        ),
     ],
 )
 async def test_unsupported_requests_are_400_naming_the_field(scripted, kw, needle):

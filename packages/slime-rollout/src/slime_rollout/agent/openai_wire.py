@@ -154,23 +154,39 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
     return message
 
 
-def _check_tool_replies(messages: list[dict[str, Any]]) -> None:
-    """Refuses a `tool` message that answers no tool call (a 400 naming `messages[i].role`).
+def _check_tool_replies(raw_messages: list[Any], messages: list[dict[str, Any]]) -> None:
+    """Refuses a `tool` message that answers no tool call, as OpenAI's API does (a 400 naming the field).
 
-    OpenAI's API requires it to follow an assistant message with `tool_calls` (directly or after that message's
-    other tool replies); the chat template would render a tool result nobody asked for, and the model be trained
-    on it.
+    It must follow an assistant message with `tool_calls` (directly or after that message's other tool replies)
+    and name one of those calls in `tool_call_id` (checked where the echoed calls carry ids); else the chat
+    template would render a tool result nobody asked for, and the model be trained on it.
     """
-    answering = False  # inside the replies to an assistant message's tool calls
+    answering: int | None = None  # the index of the assistant message whose tool calls are being answered
+    call_ids: set[str] = set()
     for i, message in enumerate(messages):
-        if message["role"] == "tool" and not answering:
+        if message["role"] != "tool":
+            answering = i if message["role"] == "assistant" and message.get("tool_calls") else None
+            calls = raw_messages[i].get("tool_calls") or [] if answering is not None else []
+            call_ids = {c["id"] for c in calls if isinstance(c.get("id"), str)}
+            continue
+        if answering is None:
             raise RequestError(
                 f"messages[{i}]: a message with role 'tool' must answer a preceding assistant message with "
                 "'tool_calls'",
                 f"messages[{i}].role",
             )
-        if message["role"] != "tool":
-            answering = message["role"] == "assistant" and bool(message.get("tool_calls"))
+        call_id = raw_messages[i].get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise RequestError(
+                f"messages[{i}].tool_call_id is required: the id of the tool call it answers, got {call_id!r:.80}",
+                f"messages[{i}].tool_call_id",
+            )
+        if call_ids and call_id not in call_ids:
+            raise RequestError(
+                f"messages[{i}].tool_call_id {call_id!r:.80} names no tool call of messages[{answering}] "
+                f"({', '.join(sorted(call_ids))})",
+                f"messages[{i}].tool_call_id",
+            )
 
 
 # OpenAI's documented limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values up to 512.
@@ -298,7 +314,7 @@ def parse_request(body: Any) -> ChatRequest:
     if not isinstance(raw_messages, list) or not raw_messages:
         raise RequestError("messages must be a non-empty list", "messages")
     messages = [_message(m, i) for i, m in enumerate(raw_messages)]
-    _check_tool_replies(messages)
+    _check_tool_replies(raw_messages, messages)
     _check_metadata(body.get("metadata"))
     if messages[-1]["role"] == "assistant":
         raise RequestError("the last message is an assistant message: continuing it is not supported", "messages")
