@@ -24,6 +24,11 @@ _DASHES = [
     ("(–1, 2)", "(-1, 2)", 1.0),
     ("x = –3", "x = -3", 1.0),
     (r"2 \times –3", "-6", 1.0),
+    ("x ≤ –2", r"x \le -2", 1.0),  # after a Unicode relation (rewritten as LaTeX only later)
+    ("10^{–3}", "0.001", 1.0),
+    (r"[–1, 1]", "[-1, 1]", 1.0),
+    ("x ≤ –2", r"x \le 2", 0.0),
+    ("1990–2000", "1990-2000", 0.0),
     (r"\begin{pmatrix} –1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}-1\\2\end{pmatrix}", 1.0),
     ("–12", "12", 0.0),
     ("3–5", "-2", 0.0),  # a range, not 3 - 5

@@ -42,8 +42,9 @@ _ANY = re.compile(f"[√∛{''.join(_SUPERSCRIPTS)}·⋅∙÷≤≥≠\u00bc-\u0
 
 _FULL_WIDTH = re.compile("[\uff01-\uff5e\u3000]")
 _DASH = re.compile("[\u2012-\u2015\ufe58\ufe63]")
-# After one of these (spaces skipped) a dash is a minus sign; `&` and `\\` start a matrix cell.
-_BEFORE_MINUS = frozenset("([{,;:=+-*/^<>|&\\")
+# After one of these (spaces skipped) a dash is a minus sign; `&` and `\\` start a matrix cell; the Unicode
+# operators and relations too, since this runs before they are written as LaTeX (`x ≤ –2`).
+_BEFORE_MINUS = frozenset("([{,;:=+-*/^<>|&\\≤≥≠≈×·⋅∙÷±∓∈→\u2212")
 _BEGIN = re.compile(r"\\begin\{[A-Za-z*]+\}$")
 
 
