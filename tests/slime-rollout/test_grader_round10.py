@@ -174,6 +174,8 @@ _MATRICES = [
     (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}", 1.0),
     (r"\begin{pmatrix} -1 \\ \frac{1}{2} \end{pmatrix}", r"\begin{pmatrix}-1\\\frac12\end{pmatrix}", 1.0),
     (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", 1.0),
+    (r"\begin{pmatrix} 1 \\[4pt] 2 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}", 1.0),  # row spacing
+    (r"\begin{pmatrix} 1 \\[4pt] 3 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}", 0.0),
     (r"\begin{pmatrix} 1 \\ 3 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}", 0.0),
     (r"\begin{pmatrix} 1 & 2 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}", 0.0),
     (r"\begin{pmatrix} 1 & 2 \\ 4 & 3 \end{pmatrix}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", 0.0),

@@ -60,8 +60,11 @@ _WRAPPED_FUNCTION = re.compile(
 _BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_BARE_NAMES})(?=\()")
 _INFINITY = re.compile(r"(?<![\\A-Za-z])(?i:infinity)(?![A-Za-z])|∞")
 # A LaTeX space (`\,`, `\ `, `\quad`, `~`); a row break `\\` is matched first and kept: its second backslash
-# and the space after it (`1 \\ 2` in a pmatrix) are no `\ ` (taking them for one made the matrix `1\2`).
-_SPACES = re.compile(r"(\\\\)|\\[ ,;:!]|\\q?quad\b|~")
+# and the space after it (`1 \\ 2` in a pmatrix) are no `\ ` (taking them for one made the matrix `1\2`). Its
+# spacing argument (`\\[4pt]`) is layout and goes.
+_SPACES = re.compile(
+    r"(\\\\)(?:\s*\[\s*[-+]?[\d.]{1,10}\s*(?:pt|em|ex|mm|cm|in|bp|pc|dd|sp|mu)\s*\])?|\\[ ,;:!]|\\q?quad\b|~"
+)
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _LETTER_ONLY = re.compile(r"^[(\[]?([A-J])[)\]]?\.?$")
 # "Option B", "Choice (B)": a choice letter named as one (taken off only when a letter follows).
