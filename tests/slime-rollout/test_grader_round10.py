@@ -114,6 +114,10 @@ _ROMAN = [
     (r"\text{Both I and III}", r"\text{I and III}", 1.0),
     (r"\text{I, II, and III}", r"\text{I, II and III}", 1.0),
     ("(i) and (iii)", r"\text{I and III}", 1.0),
+    (r"\text{I and III are true}", r"\text{I and III}", 1.0),
+    (r"\text{I \& III}", r"\text{I and III}", 1.0),
+    (r"\text{I and III are not true}", r"\text{I and III}", 0.0),  # "not": no list of statements, compared as text
+    (r"\text{I and not II}", r"\text{I only}", 0.0),
     (r"\text{II only}", r"\text{I only}", 0.0),
     (r"\text{I and II}", r"\text{I only}", 0.0),
     ("I, III", r"\text{I, II and III}", 0.0),

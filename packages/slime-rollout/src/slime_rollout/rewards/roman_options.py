@@ -4,10 +4,10 @@ Multiple-choice questions of the "which of the statements I, II, III hold?" kind
 logic items) are labelled `\text{I only}`, `\text{II and III}`, `I, III`; models answer `\boxed{\text{I and III}}`,
 `\boxed{I, III}`, `\boxed{\text{Both I and III}}`. Written differently, they were strings that did not match (`I,
 III` scored 0 against `\text{I and III}`, `\text{I only}` against `I`). `roman_options` reads such an answer as
-the set of numerals it names; words that only join or qualify them ("and", "only", "both", "statements", commas)
-are dropped. An answer that offers numerals as alternatives ("I or II", "either II or III", "maybe I") is a hedge,
-wrong against any label. Anything else in the answer (a number, another word, a variable) makes it no such answer,
-and it is graded as before.
+the set of numerals it names; words that only join or qualify them ("and", "only", "both", "statements", "are
+true", commas) are dropped. An answer that offers numerals as alternatives ("I or II", "either II or III", "maybe
+I") is a hedge, wrong against any label. Anything else in the answer (a number, another word such as "not", a
+variable) makes it no such answer, and it is graded as before.
 
 Numerals are upper case (`I` to `X`); lower-case ones only in brackets (`(i) and (iii)`), since a bare `i` is the
 imaginary unit.
@@ -21,7 +21,8 @@ import re
 __all__ = ["RomanOptions", "roman_options"]
 
 _NUMERALS = frozenset(["I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X"])
-_JOINERS = frozenset(["and", "only", "both", "all", "statement", "statements", "option", "options", "&", "+"])
+_JOINERS = frozenset(["and", "only", "both", "all", "statement", "statements", "option", "options", "&", "+",
+                      "is", "are", "true", "correct", "hold", "holds"])  # fmt: skip
 _HEDGES = frozenset(["or", "either", "maybe", "perhaps", "possibly"])
 _WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}")
 _MARKUP = re.compile(r"\$|\\[()\[\] ,;:!]|\\q?quad\b|~")
