@@ -334,6 +334,8 @@ async def test_retry_from_an_earlier_turn_forks_and_trains_each_turn_once(tok, s
         ),
         # Issue 27, round 10: each was accepted (OpenAI's API refuses them, naming the field).
         ({"metadata": "run-7"}, "metadata must be an object, got str"),
+        ({"user": 7}, "user must be a string, got 7"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls must be true or false, got 'yes'"),
         ({"metadata": {"run": 7}}, "metadata['run'] must be a string of at most 512 characters, got 7"),
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata has 17 keys, at most 16 allowed"),
         ({"messages": [{"role": "user", "content": "a", "name": 5}]}, "messages[0].name must be a string, got int"),
@@ -392,7 +394,9 @@ async def test_well_formed_metadata_names_and_tool_replies_are_accepted(scripted
         {"role": "tool", "tool_call_id": "call_1", "content": "1"},
         {"role": "tool", "tool_call_id": "call_2", "content": "2"},
     ]
-    reply = await agent.chat.completions.create(model="m", messages=messages, metadata={"run": "7"})
+    reply = await agent.chat.completions.create(
+        model="m", messages=messages, metadata={"run": "7"}, user="u1", parallel_tool_calls=False
+    )
     assert reply.choices[0].message.content == "x" and len(engine.payloads) == 1
 
 

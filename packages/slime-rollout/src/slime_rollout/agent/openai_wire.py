@@ -261,6 +261,14 @@ def _check_unsupported(body: Mapping[str, Any]) -> None:
         raise RequestError(
             "tool_choice must be 'auto' or 'none': forcing a call needs constrained decoding", "tool_choice"
         )
+    # The types OpenAI's schema gives these (accepted and dropped, they were never checked).
+    for key, wanted, ok in (
+        ("model", "a string", str),
+        ("user", "a string", str),
+        ("parallel_tool_calls", "true or false", bool),
+    ):
+        if body.get(key) is not None and not isinstance(body[key], ok):
+            raise RequestError(f"{key} must be {wanted}, got {body[key]!r:.80}", key)
 
 
 def _is_int(value: Any) -> bool:
