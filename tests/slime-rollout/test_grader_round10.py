@@ -84,6 +84,13 @@ def test_gpqa_reads_full_width_letters(response, label, expected):
     assert rule_based_reward("gpqa", response, label) == expected
 
 
+def test_dapo_and_f1_read_full_width_forms():
+    assert rule_based_reward("dapo", "Answer：１２", "12")["score"] == 1.0  # a full-width colon and digits
+    assert rule_based_reward("dapo", "Answer：１３", "12")["score"] == -1.0
+    assert rule_based_reward("f1", "Ｐａｒｉｓ", "Paris") == 1.0
+    assert rule_based_reward("f1", "Ｌｏｎｄｏｎ", "Paris") == 0.0
+
+
 _REALS = [
     (r"\text{all real numbers}", r"\mathbb{R}", 1.0),
     (r"\text{All real numbers}", r"(-\infty,\infty)", 1.0),
