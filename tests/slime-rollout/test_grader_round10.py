@@ -84,6 +84,13 @@ def test_gpqa_reads_full_width_letters(response, label, expected):
     assert rule_based_reward("gpqa", response, label) == expected
 
 
+def test_gpqa_matches_full_width_option_texts():
+    choices = ["Ｐａｒｉｓ", "London", "Rome", "Berlin"]
+    assert rule_based_reward("gpqa", "Final answer: Paris", "Paris", {"choices": choices}) == 1.0
+    assert rule_based_reward("gpqa", "Final answer: Rome", "Paris", {"choices": choices}) == 0.0
+    assert rule_based_reward("gpqa", "The answer is (A).", "–3 J", {"choices": ["–3 J", "4 J"]}) == 1.0
+
+
 def test_dapo_and_f1_read_full_width_forms():
     assert rule_based_reward("dapo", "Answer：１２", "12")["score"] == 1.0  # a full-width colon and digits
     assert rule_based_reward("dapo", "Answer：１３", "12")["score"] == -1.0

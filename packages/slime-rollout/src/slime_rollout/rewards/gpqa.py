@@ -101,7 +101,7 @@ def _squeezed(region: str) -> str:
 
 
 def _normalize_text(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", " ", str(text).lower()).strip()
+    return re.sub(r"[^a-z0-9]+", " ", ascii_forms(str(text)).lower()).strip()  # full-width text as ASCII
 
 
 def _given(value: Any) -> bool:
