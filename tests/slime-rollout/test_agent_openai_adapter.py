@@ -89,7 +89,9 @@ async def test_two_call_tool_episode_against_reference_engine(reference_engine, 
     assert first.choices[0].finish_reason == "length"  # a random model does not close its turn in 6 tokens
     assert first.usage.completion_tokens == 6
     messages.append(first.choices[0].message.model_dump(exclude_none=True))
-    messages.append({"role": "tool", "tool_call_id": "call_0", "content": "42"})
+    # The random model made no tool call, so a `tool` reply is a 400 (OpenAI's rule); the user message that Qwen3's
+    # template renders a tool reply as gives the same ids.
+    messages.append({"role": "user", "content": "<tool_response>\n42\n</tool_response>"})
     second = await agent.chat.completions.create(model="m", messages=messages, tools=[CALC_TOOL], max_tokens=5)
     await agent.close()
 
@@ -330,6 +332,47 @@ async def test_retry_from_an_earlier_turn_forks_and_trains_each_turn_once(tok, s
             },
             "messages[0].tool_calls[0].function.name must be a string",
         ),
+        # Issue 27, round 10: each was accepted (OpenAI's API refuses them, naming the field).
+        ({"metadata": "run-7"}, "metadata must be an object, got str"),
+        ({"user": 7}, "user must be a string, got 7"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls must be true or false, got 'yes'"),
+        ({"metadata": {"run": 7}}, "metadata['run'] must be a string of at most 512 characters, got 7"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata has 17 keys, at most 16 allowed"),
+        ({"messages": [{"role": "user", "content": "a", "name": 5}]}, "messages[0].name must be a string, got int"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "42"}]},
+            "messages[1]: a message with role 'tool' must answer a preceding assistant message with 'tool_calls'",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "no call here"},
+                    {"role": "tool", "content": "42"},
+                ]
+            },
+            "messages[2]: a message with role 'tool' must answer",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "tool_calls": [{"id": "call_1", "function": {"name": "f"}}]},
+                    {"role": "tool", "content": "42"},
+                ]
+            },
+            "messages[2].tool_call_id is required: the id of the tool call it answers, got None",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "tool_calls": [{"id": "call_1", "function": {"name": "f"}}]},
+                    {"role": "tool", "tool_call_id": "call_9", "content": "42"},
+                ]
+            },
+            "messages[2].tool_call_id 'call_9' names no tool call of messages[1] (call_1)",
+        ),
     ],
 )
 async def test_unsupported_requests_are_400_naming_the_field(scripted, kw, needle):
@@ -339,6 +382,22 @@ async def test_unsupported_requests_are_400_naming_the_field(scripted, kw, needl
         await agent.chat.completions.create(model="m", **kw)
     assert needle in err.value.body["message"]
     assert engine.payloads == []  # refused before the engine
+
+
+async def test_well_formed_metadata_names_and_tool_replies_are_accepted(scripted):
+    # The other side of the round-10 refusals: OpenAI's schema allows each of these.
+    adapter, engine, agent = await scripted(["x<|im_end|>"])
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "a", "name": "alice"},
+        {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": "call_2"}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "2"},
+    ]
+    reply = await agent.chat.completions.create(
+        model="m", messages=messages, metadata={"run": "7"}, user="u1", parallel_tool_calls=False
+    )
+    assert reply.choices[0].message.content == "x" and len(engine.payloads) == 1
 
 
 async def test_a_body_nested_past_the_json_decoders_depth_is_a_400(scripted):

@@ -129,8 +129,11 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
         "role": "system" if role == "developer" else role,
         "content": _content(raw.get("content"), where, optional=role == "assistant"),
     }
-    if role == "tool" and raw.get("name"):
-        message["name"] = str(raw["name"])
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):  # OpenAI: `name` is a string on every role
+        raise RequestError(f"{where}.name must be a string, got {type(name).__name__}", f"{where}.name")
+    if role == "tool" and name:
+        message["name"] = name
     if role == "assistant":
         if raw.get("reasoning_content"):
             message["reasoning_content"] = str(raw["reasoning_content"])
@@ -149,6 +152,64 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
         if calls:
             message["tool_calls"] = calls
     return message
+
+
+def _check_tool_replies(raw_messages: list[Any], messages: list[dict[str, Any]]) -> None:
+    """Refuses a `tool` message that answers no tool call, as OpenAI's API does (a 400 naming the field).
+
+    It must follow an assistant message with `tool_calls` (directly or after that message's other tool replies)
+    and name one of those calls in `tool_call_id` (checked where the echoed calls carry ids); else the chat
+    template would render a tool result nobody asked for, and the model be trained on it.
+    """
+    answering: int | None = None  # the index of the assistant message whose tool calls are being answered
+    call_ids: set[str] = set()
+    for i, message in enumerate(messages):
+        if message["role"] != "tool":
+            answering = i if message["role"] == "assistant" and message.get("tool_calls") else None
+            calls = raw_messages[i].get("tool_calls") or [] if answering is not None else []
+            call_ids = {c["id"] for c in calls if isinstance(c.get("id"), str)}
+            continue
+        if answering is None:
+            raise RequestError(
+                f"messages[{i}]: a message with role 'tool' must answer a preceding assistant message with "
+                "'tool_calls'",
+                f"messages[{i}].role",
+            )
+        call_id = raw_messages[i].get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise RequestError(
+                f"messages[{i}].tool_call_id is required: the id of the tool call it answers, got {call_id!r:.80}",
+                f"messages[{i}].tool_call_id",
+            )
+        if call_ids and call_id not in call_ids:
+            raise RequestError(
+                f"messages[{i}].tool_call_id {call_id!r:.80} names no tool call of messages[{answering}] "
+                f"({', '.join(sorted(call_ids))})",
+                f"messages[{i}].tool_call_id",
+            )
+
+
+# OpenAI's documented limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values up to 512.
+_METADATA_PAIRS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def _check_metadata(metadata: Any) -> None:
+    """`metadata` as OpenAI's schema has it (an object of strings, within its limits), or a 400 naming it."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise RequestError(f"metadata must be an object, got {type(metadata).__name__}", "metadata")
+    if len(metadata) > _METADATA_PAIRS:
+        raise RequestError(f"metadata has {len(metadata)} keys, at most {_METADATA_PAIRS} allowed", "metadata")
+    for key, value in metadata.items():
+        if len(key) > _METADATA_KEY_CHARS:
+            raise RequestError(f"metadata key {key[:80]!r} is longer than {_METADATA_KEY_CHARS} characters", "metadata")
+        if not isinstance(value, str) or len(value) > _METADATA_VALUE_CHARS:
+            raise RequestError(
+                f"metadata[{key[:80]!r}] must be a string of at most {_METADATA_VALUE_CHARS} characters, "
+                f"got {value!r:.80}",
+                "metadata",
+            )
 
 
 def match_key(message: Mapping[str, Any]) -> str:
@@ -200,6 +261,14 @@ def _check_unsupported(body: Mapping[str, Any]) -> None:
         raise RequestError(
             "tool_choice must be 'auto' or 'none': forcing a call needs constrained decoding", "tool_choice"
         )
+    # The types OpenAI's schema gives these (accepted and dropped, they were never checked).
+    for key, wanted, ok in (
+        ("model", "a string", str),
+        ("user", "a string", str),
+        ("parallel_tool_calls", "true or false", bool),
+    ):
+        if body.get(key) is not None and not isinstance(body[key], ok):
+            raise RequestError(f"{key} must be {wanted}, got {body[key]!r:.80}", key)
 
 
 def _is_int(value: Any) -> bool:
@@ -253,6 +322,8 @@ def parse_request(body: Any) -> ChatRequest:
     if not isinstance(raw_messages, list) or not raw_messages:
         raise RequestError("messages must be a non-empty list", "messages")
     messages = [_message(m, i) for i, m in enumerate(raw_messages)]
+    _check_tool_replies(raw_messages, messages)
+    _check_metadata(body.get("metadata"))
     if messages[-1]["role"] == "assistant":
         raise RequestError("the last message is an assistant message: continuing it is not supported", "messages")
     tools = _tools(body.get("tools"))

@@ -6,8 +6,9 @@ wrong whichever is right. `unboxed_alternative` finds them in the first two sent
 
 * a lead that offers another answer ("or", "maybe", "perhaps", "possibly", "alternatively", "otherwise", "unless",
   "could / might / may (also) be", "another answer is"), then at most a few filler words ("it is", "the answer
-  is", "x ="), then a value (a number, number words, or a formula: `\frac`, `\sqrt`, `\pi`, math in `$...$` or
-  `\(...\)`) that ends its clause ("5.", "5)", "5 though", "5 if n is odd");
+  is", "x ="), then a value (a number, its sign maybe a dash `–6`, number words, roman-numeral statements `II`,
+  or a formula: `\frac`, `\sqrt`, `\pi`, math in `$...$` or `\(...\)`) that ends its clause ("5.", "5)", "5
+  though", "5 if n is odd");
 * or a value said to be "also possible / plausible / valid" or "possible too / as well".
 
 The value must differ from the box ("\boxed{5} or 5.0" and "\boxed{\frac12} or 0.5" restate it). A lead right after
@@ -36,12 +37,17 @@ _NUMBER_WORD = (
     r"|billion|half|halves|thirds?|quarters?|fourths?|fifths?)"
 )
 _BRACED = r"\{[^{}]{0,40}\}"
+# Roman-numeral statements ("Maybe II.", "or I and III"); a bare "I" only before "only" (it is also the pronoun).
+_ROMAN = r"(?-i:(?:II|III|IV|IX|VI{0,3}|X|I(?=\s+only))(?:\s+(?:and|only)(?:\s+(?:II|III|IV|V|I))?)*)(?![A-Za-z])"
+# A sign may be a typographic minus or dash ("Perhaps it is –6."): `differs` reads it (`unicode_math.ascii_forms`).
+_SIGN = r"[-\u2212\u2012-\u2015]?"
+_FRAC = r"\\[dt]?frac\s*(?:" + _BRACED + r"|\d)\s*(?:" + _BRACED + r"|\d)"
 _VALUE = (
-    r"(?P<value>-?\s*(?:\\[dt]?frac\s*(?:" + _BRACED + r"|\d)\s*(?:" + _BRACED + r"|\d)"
+    r"(?P<value>(?<![A-Za-z])" + _ROMAN + "|" + _SIGN + r"\s*(?:" + _FRAC +
     r"|\\sqrt\s*(?:\[[^\]]{0,10}\])?\s*(?:" + _BRACED + r"|\d+)|\\pi\b"
     r"|\d[\d.,/]*\d(?:\s*\\%|\s*%)?|\d(?:\s*\\%|\s*%)?"
     r"|(?<![A-Za-z])" + _NUMBER_WORD + r"(?:[\s-]+(?:and\s+|a\s+)*" + _NUMBER_WORD + r")*\b))"
-)
+)  # fmt: skip
 # An option letter, for gpqa ("Answer: B. Hmm, or C."): a capital, maybe in brackets or after "option".
 _LETTER_VALUE = r"(?:(?:option|choice)\s+)?\(?(?P<value>(?-i:[A-Z]))\)?"
 # What may stand between a lead and its value ("or maybe it is 5", "or the answer is x = 5").

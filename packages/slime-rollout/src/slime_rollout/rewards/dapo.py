@@ -23,6 +23,7 @@ from slime_rollout.rewards.alternatives import unboxed_alternative
 from slime_rollout.rewards.answers import FinalAnswers, final_boxed_answers, find_boxes, strip_reasoning
 from slime_rollout.rewards.math_utils import extract_label_answer, final_pairs, grade_fast, normalize_answer
 from slime_rollout.rewards.retraction import negates_itself, retracts
+from slime_rollout.rewards.unicode_math import ascii_forms
 
 __all__ = ["dapo_reward"]
 
@@ -36,7 +37,7 @@ def _final_answers(response: str, strict_box: bool) -> FinalAnswers:
     region = strip_reasoning(response or "")
     if region is None:
         return FinalAnswers(answers=[], reason="reasoning never closed")
-    tail = _MARKDOWN.sub("", region[-_TAIL_CHARS:])
+    tail = _MARKDOWN.sub("", ascii_forms(region[-_TAIL_CHARS:]))  # "Answer：１２" (full-width) is "Answer: 12"
     if strict_box:
         return final_boxed_answers(tail)
     matches = list(_ANSWER_LINE.finditer(tail))

@@ -14,6 +14,7 @@ import re
 import string
 
 from slime_rollout.rewards.answers import find_boxes, strip_reasoning
+from slime_rollout.rewards.unicode_math import ascii_forms
 
 __all__ = ["answer_text", "f1_precision_recall", "f1_reward", "normalize_text"]
 
@@ -24,8 +25,11 @@ _TEXT_COMMANDS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{([
 
 
 def normalize_text(text: str) -> str:
-    """Lower-case, drop punctuation and articles, collapse whitespace (SQuAD normalization)."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    """Lower-case, drop punctuation and articles, collapse whitespace (SQuAD normalization).
+
+    Full-width forms are their ASCII first (`Ｐａｒｉｓ` is `paris`; `unicode_math.ascii_forms`).
+    """
+    text = "".join(ch for ch in ascii_forms(text).lower() if ch not in _PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 

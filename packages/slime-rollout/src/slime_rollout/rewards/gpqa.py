@@ -41,6 +41,7 @@ from typing import Any
 from slime_rollout.rewards.alternatives import unboxed_alternative
 from slime_rollout.rewards.answers import doubted_after, offered_together, strip_reasoning
 from slime_rollout.rewards.retraction import judged_wrong, mentions_mistake, negated_before, retracts
+from slime_rollout.rewards.unicode_math import ascii_forms
 
 __all__ = ["extract_choice_letter", "gpqa_reward"]
 
@@ -100,7 +101,7 @@ def _squeezed(region: str) -> str:
 
 
 def _normalize_text(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", " ", str(text).lower()).strip()
+    return re.sub(r"[^a-z0-9]+", " ", ascii_forms(str(text)).lower()).strip()  # full-width text as ASCII
 
 
 def _given(value: Any) -> bool:
@@ -261,7 +262,7 @@ def extract_choice_letter(
     region = strip_reasoning(response or "")
     if region is None:
         return None
-    region = _squeezed(region)
+    region = _squeezed(ascii_forms(region))  # a full-width `Ｂ` is the option B
     metadata = {"valid_letters": valid_letters, "choices": choices}
     letters = _valid_letters(metadata)
     found, letter = _stated_letter(region)
@@ -283,7 +284,7 @@ def _correct_letter(label: Any, metadata: Mapping[str, Any], letters: str) -> st
     if isinstance(label, int | float) and not isinstance(label, bool):
         index = int(label)
         return letters[index] if 0 <= index < len(letters) else None
-    text = str(label).strip() if label is not None else ""
+    text = ascii_forms(str(label)).strip() if label is not None else ""
     if len(text) == 1 and text.upper() in string.ascii_uppercase:
         return text.upper()  # a letter label (one outside the options is refused by `gpqa_reward`)
     for letter, choice in _choice_items(metadata, letters):
@@ -320,7 +321,7 @@ def gpqa_reward(response: str, label: Any, metadata: Mapping[str, Any] | None = 
         picked = extract_choice_letter(response, letters, metadata.get("choices"))
         return 1.0 if picked == correct else 0.0
     region = strip_reasoning(response or "")
-    stated = _ANSWER_TEXT.findall(_squeezed(region or ""))
+    stated = _ANSWER_TEXT.findall(_squeezed(ascii_forms(region or "")))
     if label is None or not stated:
         return 0.0
     return 1.0 if _normalize_text(stated[-1]) == _normalize_text(str(label)) else 0.0

@@ -7,6 +7,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
   value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (`5:30 PM` = `17:30`;
   AM/PM given on one side only of an hour 1-12 is dropped), function names written as text
   (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity", Unicode math (`√2`, `x²`, `½`: `rewards.unicode_math`);
+* answers naming roman-numeral statements (`\text{I only}`, `I, III`, `\text{II and III}`) are the sets of
+  numerals they name ("I or II" is a hedge): `rewards.roman_options`;
 * what both sides name must agree: the choice letter (`(C) 12` ≠ `(B) 12`), the variable (`x = 3` ≠ `y = 3`), the
   unit (`5\text{ m}` ≠ `5\text{ cm}`, `12 cm^2` ≠ `12 cm`; a unit on one side only is dropped: `5 cm` = `5`), and
   the variables of an expression (`3s` ≠ `3t` and ≠ `3`, which math-verify takes as equal by dropping `s` and `t`
@@ -52,6 +54,7 @@ from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
 from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
 from slime_rollout.rewards.parts import answer_parts, different_brackets, named_pairs, one_joiner, same_part_count
+from slime_rollout.rewards.roman_options import roman_options
 from slime_rollout.rewards.times import same_time
 
 logger = logging.getLogger(__name__)
@@ -126,6 +129,11 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
     """
     if pred is None or gold is None:
         return False, "", ""
+    gold_roman, pred_roman = roman_options(gold), roman_options(pred)
+    if gold_roman is not None and pred_roman is not None and not gold_roman.hedged:
+        # Statements "I only", "I, III": the sets named must agree; numerals offered as alternatives are a hedge.
+        same = not pred_roman.hedged and pred_roman.numerals == gold_roman.numerals
+        return same, ", ".join(sorted(gold_roman.numerals)), ", ".join(sorted(pred_roman.numerals))
     p, g = clean_answer(pred), clean_answer(gold)
     if g.letter and not g.text:  # a multiple-choice label: the letter decides (`b` names B here)
         return choice_letter(p) == g.letter, g.letter, p.letter or p.text
@@ -220,6 +228,8 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
             return named
         return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
     distinct = _distinct(answers)
+    if len(distinct) == 1 and roman_options(distinct[0]) is not None and roman_options(gold) is not None:
+        return [(distinct[0], gold)]  # "I, III" is one answer, a set of statements, not two parts
     if len(distinct) == 1:
         applies, union = union_pair(distinct[0], gold)
         if applies:

@@ -24,6 +24,10 @@ in `CleanAnswer.variable`. Number words follow English grammar (`slime_rollout.r
 and a bare `million` are no number). Digits separated by a space stay apart (`2 3` is not 23) unless they group
 thousands (`1 000`, `1\,000` are 1000). `6.02\times10^{23}` is an exact number.
 
+The real line in words or symbols (`\text{all real numbers}`, "all reals", `\mathbb{R}`, `ℝ`) is written as the
+interval `(-\infty,\infty)`; a Python power (`x**2`, from a label written in code) as `x^{2}`; full-width forms and
+dashes standing for a minus as ASCII (`unicode_math.ascii_forms`).
+
 All patterns are linear-time (no nested quantifiers), so a 1 MB answer is cleaned in milliseconds.
 """
 
@@ -35,7 +39,7 @@ import fractions
 import re
 
 from slime_rollout.rewards.number_words import words_to_number
-from slime_rollout.rewards.unicode_math import latex_from_unicode
+from slime_rollout.rewards.unicode_math import ascii_forms, latex_from_unicode
 from slime_rollout.rewards.units import split_bare_unit, take_text_unit
 
 __all__ = ["CleanAnswer", "choice_letter", "clean_answer", "normalize_answer", "parse_number", "words_to_number"]
@@ -55,7 +59,12 @@ _WRAPPED_FUNCTION = re.compile(
 )
 _BARE_FUNCTION = re.compile(rf"(?<![\\A-Za-z])({_BARE_NAMES})(?=\()")
 _INFINITY = re.compile(r"(?<![\\A-Za-z])(?i:infinity)(?![A-Za-z])|∞")
-_SPACES = re.compile(r"\\[ ,;:!]|\\q?quad\b|~")
+# A LaTeX space (`\,`, `\ `, `\quad`, `~`); a row break `\\` is matched first and kept: its second backslash
+# and the space after it (`1 \\ 2` in a pmatrix) are no `\ ` (taking them for one made the matrix `1\2`). Its
+# spacing argument (`\\[4pt]`) is layout and goes.
+_SPACES = re.compile(
+    r"(\\\\)(?:\s*\[\s*[-+]?[\d.]{1,10}\s*(?:pt|em|ex|mm|cm|in|bp|pc|dd|sp|mu)\s*\])?|\\[ ,;:!]|\\q?quad\b|~"
+)
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _LETTER_ONLY = re.compile(r"^[(\[]?([A-J])[)\]]?\.?$")
 # "Option B", "Choice (B)": a choice letter named as one (taken off only when a letter follows).
@@ -122,6 +131,31 @@ _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k
 _DEGREES_SCALE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)\s*([CcFf])(?![A-Za-z])")
 
 
+# The real line in words or as a set (`\text{all real numbers}`, "all reals", `\mathbb{R}`, `ℝ`): written as the
+# interval `(-\infty,\infty)`, which math-verify compares with any other spelling of it. Only the whole answer:
+# "all real numbers except 2", "all positive reals" and `\mathbb{R}^2` stay as written.
+_ALL_REALS = re.compile(
+    r"(?i:(?:the\s+set\s+of\s+)?(?:all|any|every)\s+reals?(?:\s+(?:numbers?|values?))?(?:\s+[a-z])?)"
+    r"|\\mathbb\s*\{?\s*R\s*\}?|ℝ"
+)
+_REAL_LINE = r"(-\infty,\infty)"
+
+
+# A Python-style power in a label (`x**2`, `2**(n+1)`): `**` has no other meaning in an answer, and the original's
+# sympy grader reads it as `^`; math-verify does not parse it (`x^2` scored 0 against `x**2`). Markdown bold
+# (`**5**`) has no operand on one side and stays.
+_PYTHON_POWER = re.compile(r"(?<=[\w)}\]])\s*\*\*\s*(-?\d+(?:\.\d+)?|[A-Za-z]|\([^()]*\))")
+
+
+def _latex_power(match: re.Match[str]) -> str:
+    # As a LaTeX writer spells it, so the cheap string checks (dapo) match too: `x**2` → `x^2`, `2**(n+1)` →
+    # `2^{n+1}`, `x**10` → `x^{10}` (`x^10` would be x^1 · 0).
+    exponent = match.group(1)
+    if exponent.startswith("("):
+        exponent = exponent[1:-1]
+    return "^" + exponent if len(exponent) == 1 else "^{" + exponent + "}"
+
+
 def _strip_delimiters(s: str) -> str:
     s = s.strip()
     changed = True
@@ -138,7 +172,7 @@ def _latex_cleanup(s: str) -> str:
     s = _BARE_FUNCTION.sub(r"\\\1", _WRAPPED_FUNCTION.sub(lambda m: "\\" + (m.group(1) or m.group(2)), s))
     for _ in range(2):  # \text{\textbf{x}}
         s = _TEXT_COMMANDS.sub(r" \1 ", s)
-    s = _SPACES.sub(" ", s)
+    s = _SPACES.sub(lambda m: m.group(1) or " ", s)
     s = _INFINITY.sub(r"\\infty", s)  # "infinity", "∞": the value `\infty` (the word was left as letters)
     s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
@@ -215,13 +249,16 @@ def clean_answer(answer: str) -> CleanAnswer:
     Returns:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
-    s = _strip_delimiters(latex_from_unicode(str(answer).translate(_MINUS_SIGNS)))
+    s = _strip_delimiters(latex_from_unicode(ascii_forms(str(answer)).translate(_MINUS_SIGNS)))
+    s = _PYTHON_POWER.sub(_latex_power, s)
     rest, unit = take_text_unit(s)
     if unit is not None and _is_constant(_latex_cleanup(rest)):
         s = rest  # "5\text{ cm}": the unit is set aside, the value stays
     else:
         unit = None
     s, percent = _take_percent(_latex_cleanup(s))
+    if _ALL_REALS.fullmatch(s):
+        s = _REAL_LINE
     letter = None
     named = _CHOICE_WORD.match(s)
     if named and (_LETTER_ONLY.match(s[named.end() :]) or _LETTER_VALUE.match(s[named.end() :])):

@@ -8,6 +8,16 @@ against `\sqrt{2}`, `x²` against `x^2`, `½` against `\frac12`. `latex_from_uni
 * `√` before a number, a letter, a `(...)` group or a `{...}` group: `\sqrt{...}` (`√3/2` → `\sqrt{3}/2`,
   `√(x+1)` → `\sqrt{x+1}`); `∛` likewise as `\sqrt[3]{...}`;
 * `·` `⋅` `∙` (products) → `\cdot`, `÷` → `\div`, `≤` `≥` `≠` → `\le` `\ge` `\ne`.
+
+`ascii_forms` comes first and rewrites typographic forms of ASCII characters:
+
+* full-width forms (`１２`, `＋12`, `－３`, `Ｂ`, `（１，２）`, U+FF01-FF5E and the ideographic space) as their
+  NFKC forms, which are exactly ASCII; NFKC is not applied to the whole text, since it also turns `x²` into `x2`
+  and `½` into `1⁄2`;
+* a dash (`–` en, `—` em, `‒` figure, `―` bar, the small `﹣`) is a minus where a minus can stand: at the start of
+  the answer, or after an operator, a relation, an opening bracket, a comma or a LaTeX command (`–12`, `(–1, 2)`,
+  `x = –3`, `2 \times –3`). Anywhere else it joins two things, a range (`3–5`, pages, years) or a compound, and
+  stays as written: `3–5` is not `3-5` = -2.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import fractions
 import re
 import unicodedata
 
-__all__ = ["latex_from_unicode"]
+__all__ = ["ascii_forms", "latex_from_unicode"]
 
 _SUPERSCRIPTS = {"⁰": "0", "¹": "1", "²": "2", "³": "3", "⁴": "4", "⁵": "5", "⁶": "6", "⁷": "7", "⁸": "8", "⁹": "9",
                  "⁺": "+", "⁻": "-", "ⁿ": "n"}  # fmt: skip
@@ -28,6 +38,45 @@ _ROOT = re.compile(
 _SYMBOLS = str.maketrans({"·": r" \cdot ", "⋅": r" \cdot ", "∙": r" \cdot ", "÷": r" \div ", "≤": r" \le ",
                           "≥": r" \ge ", "≠": r" \ne "})  # fmt: skip
 _ANY = re.compile(f"[√∛{''.join(_SUPERSCRIPTS)}·⋅∙÷≤≥≠\u00bc-\u00be\u2150-\u215e]")
+
+
+_FULL_WIDTH = re.compile("[\uff01-\uff5e\u3000]")
+_DASH = re.compile("[\u2012-\u2015\ufe58\ufe63]")
+# After one of these (spaces skipped) a dash is a minus sign; `&` and `\\` start a matrix cell; the Unicode
+# operators and relations too, since this runs before they are written as LaTeX (`x ≤ –2`).
+_BEFORE_MINUS = frozenset("([{,;:=+-*/^<>|&\\≤≥≠≈×·⋅∙÷±∓∈→\u2212")
+_BEGIN = re.compile(r"\\begin\{[A-Za-z*]+\}$")
+
+
+def ascii_forms(text: str) -> str:
+    r"""`text` with full-width characters as ASCII and dashes that stand for a minus as `-` (module docstring).
+
+    Args:
+        text: an answer (a box's content, a label's answer or a multiple-choice response).
+
+    Returns:
+        The rewritten text: `"－１２"` → `"-12"`, `"(–1, 2)"` → `"(-1, 2)"`; `"3–5"` is unchanged (a range).
+    """
+    if _FULL_WIDTH.search(text):
+        text = _FULL_WIDTH.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
+    if not _DASH.search(text):
+        return text
+    return _DASH.sub(lambda m: "-" if _minus_at(text, m.start()) else m.group(), text)
+
+
+def _minus_at(text: str, i: int) -> bool:
+    """Whether a dash at `text[i]` stands where a minus can: see `ascii_forms`."""
+    j = i - 1
+    while j >= 0 and text[j].isspace():
+        j -= 1
+    if j < 0 or text[j] in _BEFORE_MINUS or _DASH.match(text[j]):
+        return True
+    if text[j] == "}" and _BEGIN.search(text, max(0, j - 40), j + 1):  # `\begin{pmatrix} –1`: the first cell
+        return True
+    k = j  # `\times –3`: a command's name before the dash
+    while k >= 0 and text[k].isascii() and text[k].isalpha():
+        k -= 1
+    return k < j and k >= 0 and text[k] == "\\"
 
 
 def latex_from_unicode(text: str) -> str:

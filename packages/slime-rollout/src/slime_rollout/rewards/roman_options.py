@@ -1,0 +1,71 @@
+r"""Answers that name roman-numeral statements ("I only", "II and III", "I, III"): compared as sets.
+
+Multiple-choice questions of the "which of the statements I, II, III hold?" kind (AMC, MATH's counting and
+logic items) are labelled `\text{I only}`, `\text{II and III}`, `I, III`; models answer `\boxed{\text{I and III}}`,
+`\boxed{I, III}`, `\boxed{\text{Both I and III}}`. Written differently, they were strings that did not match (`I,
+III` scored 0 against `\text{I and III}`, `\text{I only}` against `I`). `roman_options` reads such an answer as
+the set of numerals it names; words that only join or qualify them ("and", "only", "both", "statements", "are
+true", commas) are dropped. An answer that offers numerals as alternatives ("I or II", "either II or III", "maybe
+I") is a hedge, wrong against any label. Anything else in the answer (a number, another word such as "not", a
+variable) makes it no such answer, and it is graded as before.
+
+Numerals are upper case (`I` to `X`); lower-case ones only in brackets (`(i) and (iii)`), since a bare `i` is the
+imaginary unit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+__all__ = ["RomanOptions", "roman_options"]
+
+_NUMERALS = frozenset(["I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X"])
+_JOINERS = frozenset(["and", "only", "both", "all", "statement", "statements", "option", "options", "&", "+",
+                      "is", "are", "true", "correct", "hold", "holds"])  # fmt: skip
+_HEDGES = frozenset(["or", "either", "maybe", "perhaps", "possibly"])
+_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}")
+_MARKUP = re.compile(r"\$|\\[()\[\] ,;:!]|\\q?quad\b|~")
+_TOKEN = re.compile(r"\([A-Za-z]+\)|[A-Za-z]+|\\&|[^\sA-Za-z,;]")
+_MAX_CHARS = 200  # a longer answer is no list of statements
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RomanOptions:
+    """The statements an answer names.
+
+    Attributes:
+        numerals: the numerals named, upper case (`{"I", "III"}`).
+        hedged: True when they are offered as alternatives ("I or II").
+    """
+
+    numerals: frozenset[str]
+    hedged: bool
+
+
+def roman_options(answer: str) -> RomanOptions | None:
+    r"""The roman-numeral statements `answer` names (module docstring), or None if it is not such an answer.
+
+    Args:
+        answer: a final answer (box content or label), e.g. `\text{II and III}`.
+
+    Returns:
+        `RomanOptions(frozenset({"II", "III"}), hedged=False)` for that example; None when the answer has anything
+        besides numerals and joining words, or no numeral.
+    """
+    if len(answer) > _MAX_CHARS:
+        return None
+    text = _MARKUP.sub(" ", _WRAPPER.sub(r" \1 ", answer)).replace("\\&", " and ")
+    numerals: set[str] = set()
+    hedged = False
+    for token in _TOKEN.findall(text):
+        bracketed = token.startswith("(")
+        word = token.strip("()")
+        numeral = word.upper() if bracketed else word
+        if numeral in _NUMERALS and (bracketed or word.isupper()):
+            numerals.add(numeral)
+        elif word.lower() in _HEDGES:
+            hedged = True
+        elif word.lower() not in _JOINERS:
+            return None
+    return RomanOptions(frozenset(numerals), hedged) if numerals else None
