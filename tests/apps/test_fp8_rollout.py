@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from slime_app import weights
 from slime_app.fp8_rollout import FP8_LOGPROB_DIFF_THRESHOLD, check_fp8_rollout, logprob_gate_thresholds
@@ -125,3 +126,21 @@ def test_preflight_notes_say_the_ref_load_is_the_trainers_start_with_fp8(tmp_pat
     # Megatron reads an HF --ref-load too when it holds the BF16 weights of an FP8-serving run.
     notes = check_checkpoints(_cfg(hf_checkpoint=fp8_dir, ref_load=bf16_dir, train_backend="megatron"))
     assert any(n.startswith(f"--ref-load {bf16_dir}: hf") for n in notes)
+
+
+def test_preflight_refuses_fp8_weights_with_a_partial_column_block(tmp_path):
+    # qwen3-tiny (hidden 16) quantized with 128 x 128 blocks: the engine's /weights_checker failed with HTTP 500
+    # at the first weight sync; now the preflight names the weight and the fix.
+    from slime_convert.fp8 import hf_to_fp8
+
+    bf16 = tmp_path / "bf16"
+    bf16.mkdir()
+    (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    save_file({"model.layers.0.mlp.up_proj.weight": torch.randn(64, 16, dtype=torch.bfloat16)},
+              str(bf16 / "model.safetensors"))  # fmt: skip
+    hf_to_fp8(bf16, tmp_path / "fp8_128", block_size=(128, 128), progress=False)
+    with pytest.raises(ValueError, match=r"128-column block \(first: model.layers.0.mlp.up_proj.weight \[64, 16\]\)"):
+        check_fp8_rollout(_cfg(hf_checkpoint=str(tmp_path / "fp8_128"), ref_load=str(bf16), use_tis=True))
+    hf_to_fp8(bf16, tmp_path / "fp8_16", block_size=(16, 16), progress=False)
+    [note] = check_fp8_rollout(_cfg(hf_checkpoint=str(tmp_path / "fp8_16"), ref_load=str(bf16), use_tis=True))
+    assert "16x16 blocks" in note

@@ -79,6 +79,28 @@ def test_tiny_loads_with_real_qwen3_tokenizer(tiny_dir):
     assert gen["eos_token_id"] == [151645, 151643]
 
 
+def test_moe_tiny_preset_is_a_routing_qwen3_moe(tmp_path):
+    # The MoE preset routing replay needs on CPU: a Qwen3-MoE (8 experts, top-2, renormalized) that HF loads,
+    # whose routers are drawn wider than the other weights so that routes depend on the token.
+    cfg = mm.preset_config("qwen3-moe-tiny")
+    assert type(cfg).__name__ == "Qwen3MoeConfig"
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob) == (8, 2, 32, True)
+    h, layers, heads, kv, hd, experts, inter = 64, 2, 4, 2, 16, 8, 32
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 2 * hd
+    moe = experts * 3 * h * inter + experts * h  # SwiGLU experts + router [experts, hidden]
+    assert mm.count_parameters(cfg) == layers * (attn + moe + 2 * h) + 151936 * h + h
+    out = mm.make_model("qwen3-moe-tiny", tmp_path / "moe", dtype="float32", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.architectures == ["Qwen3MoeForCausalLM"]
+    router = model.model.layers[0].mlp.gate.weight
+    assert router.shape == (8, 64)
+    assert abs(router.std().item() - 0.5) < 0.1  # N(0, 0.5^2) over 512 draws
+    assert abs(model.model.layers[0].self_attn.q_proj.weight.std().item() - 0.02) < 0.002
+    hidden = model.model.embed_tokens(torch.arange(0, 4000, 40))  # 100 tokens
+    routes = {tuple(sorted(r)) for r in torch.topk(hidden @ router.T, 2).indices.tolist()}
+    assert len(routes) >= 8, routes  # of the 28 pairs of experts, the tokens use many
+
+
 def test_sharded_output_equals_single_file(tiny_dir, tmp_path):
     out = mm.make_model("qwen3-tiny", tmp_path / "sharded", dtype="float32", seed=3, max_shard_gb=1e-5)
     index = json.loads((out / "model.safetensors.index.json").read_text())

@@ -383,3 +383,29 @@ def test_single_sample_groups_are_not_warned_where_something_still_trains(caplog
     with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
         make(advantage_estimator="grpo", **overrides)
     assert not [r for r in caplog.records if "--n-samples-per-prompt 1" in r.getMessage()]
+
+
+def test_blake3_delta_checksum_without_the_package_is_refused_at_start(monkeypatch):
+    # Without the check --dry-run said valid and the run stopped once the weight updater was built (Ray, engines up).
+    real_find_spec = validation.importlib.util.find_spec
+    monkeypatch.setattr(
+        validation.importlib.util, "find_spec", lambda name: None if name == "blake3" else real_find_spec(name)
+    )
+    delta = {"rollout_engine": "reference", "weight_sync": "tensor", "update_weight_mode": "delta"}
+    with pytest.raises(ConfigError, match=r"--update-weight-delta-checksum blake3 needs the blake3 package"):
+        make(**delta, update_weight_delta_checksum="blake3")
+    assert make(**delta, update_weight_delta_checksum="adler32").update_weight_delta_checksum == "adler32"
+    # blake3 matters only to delta pushes: a full-mode run does not need the package.
+    assert make(update_weight_delta_checksum="blake3").update_weight_mode == "full"
+
+
+def test_delta_flags_without_delta_mode_warn_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(update_weight_delta_encoding="overwrite", update_weight_delta_checksum="adler32")
+        make(update_weight_delta_encoding="overwrite")
+        make(rollout_engine="reference", weight_sync="tensor", update_weight_mode="delta",
+             update_weight_delta_encoding="overwrite")  # fmt: skip
+    messages = [r.getMessage() for r in caplog.records if "update-weight" in r.getMessage()]
+    assert messages == [
+        "--update-weight-delta-encoding / --update-weight-delta-checksum: no effect without --update-weight-mode delta"
+    ]

@@ -5,7 +5,8 @@ rope theta 1e6, tied embeddings up to 4B). Weights are drawn tensor by tensor fr
 weights are ones and biases zeros, like ``Qwen3PreTrainedModel._init_weights``) and streamed into safetensors
 shards, so peak memory is one shard, not the whole model. No network access is needed.
 
-A Qwen3-VL preset (``qwen3-vl-tiny``) also gets the processor files and a Qwen-VL chat template
+A Qwen3-MoE preset (``qwen3-moe-tiny``) draws its router weights from N(0, ``MoePreset.router_std``²), so routes
+depend on the token. A Qwen3-VL preset (``qwen3-vl-tiny``) also gets the processor files and a Qwen-VL chat template
 (`slime_make_model.vl_files`): a directory that SGLang, the CPU reference engine and the FSDP trainer load.
 """
 
@@ -23,6 +24,8 @@ from transformers import (
     PretrainedConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
 )
@@ -43,7 +46,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VOCAB_SIZE) -> PretrainedConfig:
-    """Returns the ``Qwen3Config`` of a preset (``Qwen3VLConfig`` for a preset with a vision tower).
+    """Returns the ``Qwen3Config`` of a preset (``Qwen3MoeConfig`` with experts, ``Qwen3VLConfig`` with a vision tower).
 
     Args:
         name: A key of :data:`PRESETS`.
@@ -60,7 +63,15 @@ def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VO
     p = PRESETS[name]
     if p.vision is not None:
         return Qwen3VLConfig.from_dict(vl_config_dict(p, dtype, vocab_size))
-    return Qwen3Config(
+    moe_fields = {}
+    if p.moe is not None:
+        moe_fields = dict(
+            num_experts=p.moe.num_experts,
+            num_experts_per_tok=p.moe.num_experts_per_tok,
+            moe_intermediate_size=p.moe.moe_intermediate_size,
+            norm_topk_prob=True,
+        )
+    return (Qwen3MoeConfig if p.moe is not None else Qwen3Config)(
         vocab_size=vocab_size,
         hidden_size=p.hidden_size,
         intermediate_size=p.intermediate_size,
@@ -78,7 +89,14 @@ def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VO
         eos_token_id=QWEN3_EOS_ID,
         initializer_range=0.02,
         dtype=dtype,
+        **moe_fields,
     )
+
+
+def _model_class(config: PretrainedConfig) -> type:
+    if isinstance(config, Qwen3VLConfig):
+        return Qwen3VLForConditionalGeneration
+    return Qwen3MoeForCausalLM if isinstance(config, Qwen3MoeConfig) else Qwen3ForCausalLM
 
 
 def parameter_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
@@ -86,9 +104,8 @@ def parameter_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
 
     A tied ``lm_head.weight`` is omitted: it is the embedding.
     """
-    model_class = Qwen3VLForConditionalGeneration if isinstance(config, Qwen3VLConfig) else Qwen3ForCausalLM
     with torch.device("meta"):
-        model = model_class(config)
+        model = _model_class(config)(config)
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
@@ -100,7 +117,9 @@ def count_parameters(config: PretrainedConfig) -> int:
     return sum(int(torch.Size(s).numel()) for s in parameter_shapes(config).values())
 
 
-def _random_tensor(name: str, shape: tuple[int, ...], std: float, gen: torch.Generator, dtype: torch.dtype):
+def _random_tensor(
+    name: str, shape: tuple[int, ...], std: float, gen: torch.Generator, dtype: torch.dtype, router_std: float
+):
     # Norm scales (RMSNorm, and the vision tower's LayerNorms: norm1, norm2, merger norms) start at one, biases at
     # zero; every other weight is drawn from N(0, std^2).
     module, _, kind = name.rpartition(".")
@@ -108,17 +127,24 @@ def _random_tensor(name: str, shape: tuple[int, ...], std: float, gen: torch.Gen
         return torch.ones(shape, dtype=dtype) if kind == "weight" else torch.zeros(shape, dtype=dtype)
     if kind == "bias":
         return torch.zeros(shape, dtype=dtype)
+    if name.endswith(".mlp.gate.weight"):  # a MoE router `[num_experts, hidden]`
+        std = router_std
     return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen).to(dtype)
 
 
-def write_random_weights(config: PretrainedConfig, out_dir: Path, seed: int, max_shard_bytes: int) -> list[str]:
+def write_random_weights(
+    config: PretrainedConfig, out_dir: Path, seed: int, max_shard_bytes: int, router_std: float | None = None
+) -> list[str]:
     """Streams random weights into ``model[-0000i-of-0000n].safetensors`` (+ index json when sharded).
+
+    ``router_std``: std of MoE router weights (``*.mlp.gate.weight``); None draws them like the others.
 
     Returns:
         The shard file names written.
     """
     dtype = DTYPES[str(config.dtype).removeprefix("torch.")]
     std = config.get_text_config().initializer_range
+    router_std = std if router_std is None else router_std
     shapes = parameter_shapes(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
     # Plan shards first so file names can carry the shard count.
@@ -136,7 +162,7 @@ def write_random_weights(config: PretrainedConfig, out_dir: Path, seed: int, max
     gen = torch.Generator().manual_seed(seed)
     weight_map, total = {}, 0
     for fname, names in zip(files, plan, strict=True):
-        shard = {nm: _random_tensor(nm, shapes[nm], std, gen, dtype) for nm in names}
+        shard = {nm: _random_tensor(nm, shapes[nm], std, gen, dtype, router_std) for nm in names}
         save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
         total += sum(t.numel() * t.element_size() for t in shard.values())
         weight_map.update(dict.fromkeys(names, fname))
@@ -191,7 +217,7 @@ def make_model(
         if PRESETS[preset].vision is not None:
             write_vl_files(tmp, PRESETS[preset], tokenizer_dir, dtype)
         else:
-            config.architectures = ["Qwen3ForCausalLM"]
+            config.architectures = [_model_class(config).__name__]
             config.save_pretrained(tmp)
             for f in TOKENIZER_FILES:
                 if (tokenizer_dir / f).is_file():
@@ -205,7 +231,8 @@ def make_model(
             top_p=0.95,
             top_k=20,
         ).save_pretrained(tmp)
-        write_random_weights(config, tmp, seed, int(max_shard_gb * 1e9))
+        moe = PRESETS[preset].moe
+        write_random_weights(config, tmp, seed, int(max_shard_gb * 1e9), moe.router_std if moe else None)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

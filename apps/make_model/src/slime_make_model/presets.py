@@ -7,7 +7,15 @@ the Qwen3-VL files (config, processor, chat template) are `slime_make_model.vl_f
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_TOKENIZER_DIR", "DTYPE_NAMES", "PRESETS", "Preset", "TOKENIZER_FILES", "VisionPreset"]
+__all__ = [
+    "DEFAULT_TOKENIZER_DIR",
+    "DTYPE_NAMES",
+    "PRESETS",
+    "MoePreset",
+    "Preset",
+    "TOKENIZER_FILES",
+    "VisionPreset",
+]
 
 # The Qwen3 tokenizer committed with the tests (a source checkout: this file is
 # apps/make_model/src/slime_make_model/presets.py); an installed wheel has no such directory, pass --tokenizer.
@@ -49,11 +57,29 @@ class VisionPreset:
 
 
 @dataclass(frozen=True)
+class MoePreset:
+    """Mixture-of-experts MLP of a Qwen3-MoE preset (fields are ``Qwen3MoeConfig`` keyword arguments).
+
+    Every layer's MLP is ``num_experts`` SwiGLU experts of width ``moe_intermediate_size``; each token goes to
+    the ``num_experts_per_tok`` experts with the largest router logits, combine weights renormalized over them
+    (``norm_topk_prob``, as Qwen3-MoE). ``router_std`` is the std of the router weights: larger than the
+    other weights' 0.02, so that on random weights the routes clearly depend on the token (routing replay has
+    something to replay).
+    """
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    router_std: float = 0.5
+
+
+@dataclass(frozen=True)
 class Preset:
     """Shape of a Qwen3 dense model (fields are ``Qwen3Config`` keyword arguments), or of a Qwen3-VL one.
 
     A preset with ``vision`` is a ``Qwen3VLForConditionalGeneration``: these fields are its ``text_config`` and
-    ``vision`` its ``vision_config`` (the vision tower projects to ``hidden_size``).
+    ``vision`` its ``vision_config`` (the vision tower projects to ``hidden_size``). A preset with ``moe`` is a
+    ``Qwen3MoeForCausalLM`` (``intermediate_size`` is then unused by its layers: every MLP is the experts).
     """
 
     hidden_size: int
@@ -65,6 +91,7 @@ class Preset:
     head_dim: int = 128
     max_position_embeddings: int = 40960
     vision: VisionPreset | None = None
+    moe: MoePreset | None = None
 
 
 #: The vision tower of qwen3-vl-tiny: 2 blocks of hidden 256 (4 heads of 64), 16-pixel patches merged 2x2,
@@ -80,6 +107,11 @@ PRESETS: dict[str, Preset] = {
     "qwen3-1.7b": Preset(2048, 28, 16, 8, 6144, True),
     "qwen3-4b": Preset(2560, 36, 32, 8, 9728, True),
     "qwen3-8b": Preset(4096, 36, 32, 8, 12288, False),
+    # A Qwen3-MoE for routing replay on CPU (--use-routing-replay, --use-rollout-routing-replay): 2 layers of
+    # 8 experts with top-2, hidden 64, 4 q / 2 KV heads of 16; ~9.8 M parameters, 9.7 M of them the embedding.
+    "qwen3-moe-tiny": Preset(
+        64, 2, 4, 2, 128, True, head_dim=16, max_position_embeddings=4096, moe=MoePreset(8, 2, 32)
+    ),
     # A Qwen3-VL that SGLang serves on one GPU: the language model has Qwen3-0.6B's width and head geometry
     # (16 q / 8 KV heads of 128: the shapes the staged GPU stack has kernels for) in 2 layers, and
     # QWEN3_VL_TINY_VISION. ~0.19 B parameters, 0.16 B of them the tied 151936-row embedding.

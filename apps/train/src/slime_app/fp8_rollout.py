@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from slime_app.checkpoint_shapes import safetensors_shapes
 from slime_core.config import SlimeArgs
 from slime_core.fp8 import Fp8Config, read_fp8_config, trainer_weights_dir
 
@@ -70,8 +71,9 @@ def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
     """Preflight of an FP8-serving run; returns notes for the log (none when the run serves BF16).
 
     Raises:
-        ValueError: FP8 serving without the BF16 `--ref-load` the trainer starts from, or with LoRA (the engine would
-            need an FP8 base plus BF16 adapters, which this version does not push).
+        ValueError: FP8 serving without the BF16 `--ref-load` the trainer starts from, with LoRA (the engine would
+            need an FP8 base plus BF16 adapters, which this version does not push), or with a quantized weight whose
+            columns are not a multiple of the block's (`_check_block_columns`).
     """
     fp8 = serving_fp8(cfg)
     if fp8 is None:
@@ -82,6 +84,7 @@ def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
             "the served base, which is not supported for an FP8 base; use a BF16 --hf-checkpoint"
         )
     weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
+    _check_block_columns(str(cfg.hf_checkpoint), fp8.weight_block_size[1])
     if not cfg.use_tis:
         logger.warning(
             "FP8 rollout without --use-tis: the original pairs FP8 serving with truncated importance sampling "
@@ -92,3 +95,25 @@ def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
         f"FP8 rollout: engines serve {cfg.hf_checkpoint} (e4m3, {fp8.weight_block_size[0]}x{fp8.weight_block_size[1]} "
         f"blocks), the trainer trains BF16 weights from {weights} and quantizes every push; first-step gate {stop:g}"
     ]
+
+
+def _check_block_columns(hf_checkpoint: str, block_cols: int) -> None:
+    """Refuses FP8 weights whose column count is not a multiple of the block's (shapes from safetensors headers).
+
+    The weight check dequantizes as SGLang's weight checker does, with the block width taken as columns / scale
+    columns; a partial last column block makes that width wrong and the engine's `/weights_checker` fails
+    (qwen3-tiny's hidden size 16 with the default 128 x 128 blocks). A checkpoint without safetensors passes.
+    """
+    shapes = safetensors_shapes(hf_checkpoint)
+    misfits = [
+        f"{weight} {list(shapes[weight])}"
+        for weight in (name.removesuffix("_scale_inv") for name in shapes if name.endswith(".weight_scale_inv"))
+        if weight in shapes and shapes[weight][-1] % block_cols
+    ]
+    if misfits:
+        raise ValueError(
+            f"FP8 --hf-checkpoint {hf_checkpoint}: {len(misfits)} quantized weight(s) have a column count that is "
+            f"not a multiple of the {block_cols}-column block (first: {misfits[0]}); the weight check cannot "
+            "dequantize them as SGLang does. Quantize with a block that divides the model's hidden and intermediate "
+            "sizes (`slime-convert hf-to-fp8 --block-size B B`), or serve a larger model"
+        )

@@ -8,6 +8,7 @@ validated config survives `to_dict()` / `from_dict()` unchanged.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -452,9 +453,22 @@ def _weight_sync(args: SlimeArgs) -> None:
     _delta_weight_sync(args)
 
 
+#: Flags that configure `--update-weight-mode delta` only.
+DELTA_ONLY_FIELDS = ("update_weight_delta_encoding", "update_weight_delta_checksum")
+
+
 def _delta_weight_sync(args: SlimeArgs) -> None:
     if args.update_weight_mode != "delta":
+        given = [field_to_flag(f) for f in non_default(args, DELTA_ONLY_FIELDS)]
+        if given:
+            warn_once("delta_flags", f"{' / '.join(given)}: no effect without --update-weight-mode delta")
         return
+    # Else --dry-run calls it valid and the run stops only once the weight updater is built (after Ray and engines).
+    if args.update_weight_delta_checksum == "blake3" and importlib.util.find_spec("blake3") is None:
+        raise ConfigError(
+            "--update-weight-delta-checksum blake3 needs the blake3 package, which is not installed "
+            "(`uv pip install blake3`); or use xxh3-128 (the default) or adler32"
+        )
     if args.weight_sync not in ("tensor", "disk"):
         raise ConfigError(
             f"--update-weight-mode delta: --weight-sync {args.weight_sync} has no delta path; use --weight-sync disk "
