@@ -182,7 +182,7 @@ async def test_zero_workers_grades_inline_without_the_pool(monkeypatch):
 @pytest.mark.timeout(120)
 async def test_pathological_answer_on_the_main_thread_is_wrong_not_a_hang(short_budget, caplog):
     caplog.set_level(logging.WARNING, logger="slime_rollout.rewards.math")
-    long_tower = PATHOLOGICAL + "+x" * 120  # 253 characters: the warning shows the first 200
+    long_tower = PATHOLOGICAL + "+x" * 120  # 253 characters: the warning shows its repr cut to 200 ("..." included)
     for num_workers in (NUM_WORKERS, 0):
         caplog.clear()
         start = time.monotonic()
@@ -193,7 +193,7 @@ async def test_pathological_answer_on_the_main_thread_is_wrong_not_a_hang(short_
         warnings = [r for r in caplog.records if r.name == "slime_rollout.rewards.math"]
         assert len(warnings) == 1
         message = warnings[0].getMessage()
-        assert "sample 7" in message and long_tower[:200] + "..." in message and long_tower not in message
+        assert "sample 7" in message and "'" + long_tower[:196] + "..." in message and long_tower not in message
 
 
 @pytest.mark.timeout(120)

@@ -475,6 +475,8 @@ def test_a_distributed_push_the_engine_refuses_stops_the_sender_with_the_refusal
     updater = DistributedWeightUpdater(
         _cfg(rollout_num_gpus_per_engine=1), RolloutClient([url]), master_address="127.0.0.1",
         master_port=find_free_port(start=29700), backend="gloo",
+        # Its own name: the abandoned group stays registered in this process, where other tests make "slime-pp_0".
+        group_name=f"slime-refused{route.replace('/', '-')}",
     )  # fmt: skip
     outcome = {}
 

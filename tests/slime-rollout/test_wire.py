@@ -130,7 +130,8 @@ def test_custom_process_group_uses_sglangs_store_prefix():
     import subprocess
     import sys
 
-    port, name = find_free_port(start=29650), "slime-pp_0"
+    # A name of its own: an updater test in this worker may have left a half-made "slime-pp_0" group registered.
+    port, name = find_free_port(start=29650), "slime-wire-store-prefix"
     peer = subprocess.Popen(
         [sys.executable, "-c", SGLANG_STYLE_PEER, str(port), name], stdout=subprocess.PIPE, text=True
     )
