@@ -41,18 +41,24 @@ class ParsedTurn:
     """What a model turn asks for.
 
     Attributes:
-        tool_calls: well-formed calls, in order.
-        errors: one message per malformed call (for the observation), in order.
         blocks: every `<tool_call>` block in the order the model wrote them: the `ToolCall` of a well-formed one,
             the error message of a malformed one (an unclosed opening is last). Tool responses follow this order,
             so that the n-th response answers the n-th block (`tool_calls` then `errors` would not).
         answer: the final answer text if the turn gives one (`<answer>...</answer>`), else None.
     """
 
-    tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
-    errors: list[str] = dataclasses.field(default_factory=list)
     blocks: list[ToolCall | str] = dataclasses.field(default_factory=list)
     answer: str | None = None
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The well-formed calls of `blocks`, in order."""
+        return [b for b in self.blocks if isinstance(b, ToolCall)]
+
+    @property
+    def errors(self) -> list[str]:
+        """One message per malformed block of `blocks` (for the observation), in order."""
+        return [b for b in self.blocks if isinstance(b, str)]
 
 
 def _parse_one_call(body: str) -> ToolCall | str:
@@ -101,8 +107,6 @@ def parse_tool_calls(text: str) -> ParsedTurn:
     opened, closed = text.count("<tool_call>"), text.count("</tool_call>")
     if opened > closed:
         parsed.blocks.append("a <tool_call> block is not closed with </tool_call>")
-    parsed.tool_calls = [b for b in parsed.blocks if isinstance(b, ToolCall)]
-    parsed.errors = [b for b in parsed.blocks if isinstance(b, str)]
     parsed.answer = extract_answer(text)
     return parsed
 
