@@ -50,6 +50,7 @@ __all__ = [
     "call_plugin_with_deadline",
     "call_in_thread_with_deadline",
     "call_plugin_with_deadline_sync",
+    "in_daemon_thread",
     "plugin_bounds",
     "rollout_function_bounds",
 ]
@@ -117,8 +118,13 @@ async def await_with_deadline[T](
             task.cancel()
 
 
-def _in_daemon_thread(fn: Callable[..., Any], *args: Any, name: str, **kwargs: Any) -> asyncio.Future:
-    """A future of `fn(*args, **kwargs)` run in a new daemon thread (resolved on the calling loop)."""
+def in_daemon_thread(fn: Callable[..., Any], *args: Any, name: str, **kwargs: Any) -> asyncio.Future:
+    """A future of `fn(*args, **kwargs)` run in a new daemon thread named `name` (resolved on the calling loop).
+
+    Not `asyncio.to_thread`: `asyncio.run` joins the loop's default executor before it returns, so a call left
+    waiting (a hung plugin past its deadline, a collective an engine refused its part of) would hold the run's end
+    back. A daemon thread is abandoned instead.
+    """
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -195,14 +201,14 @@ async def call_plugin_with_deadline(
             if inspect.iscoroutinefunction(fn):
                 result = await fn(*args, **kwargs)
             else:
-                result = await _in_daemon_thread(fn, *args, name=what, **kwargs)
+                result = await in_daemon_thread(fn, *args, name=what, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
             if convert is None:
                 return result
             if plain is not None and plain(result):
                 return convert(result)
-            return await _in_daemon_thread(convert, result, name=what)
+            return await in_daemon_thread(convert, result, name=what)
         except DeadlineExceeded:  # its own: names the call already
             raise
         except Exception as e:

@@ -33,7 +33,6 @@ import logging
 import os
 import pathlib
 import shutil
-import threading
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +50,7 @@ from slime_rollout.engines.wire import (
     nccl_cumem_enable,
     serialize_named_tensors,
 )
+from slime_rollout.runtime.deadlines import in_daemon_thread
 from slime_rollout.weight_sync.push import PushSession, WeightPushError, engine_locks
 
 if TYPE_CHECKING:
@@ -304,26 +304,6 @@ class TensorWeightUpdater(_EngineUpdater):
 # ----------------------------------------------------------------------------------------- distributed
 
 
-def _in_daemon_thread(fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future:
-    """`fn(*args, **kwargs)` in a daemon thread; an awaitable of its result, for this end of a collective.
-
-    Not `asyncio.to_thread`: `asyncio.run` joins the loop's default executor before it returns, so a rendezvous or
-    broadcast left waiting for an engine that refused its part held the refusal back for the group's timeout (10
-    minutes) and then the process's exit. A daemon thread is abandoned instead (the run stops on the refusal).
-    """
-    done: concurrent.futures.Future = concurrent.futures.Future()
-    done.set_running_or_notify_cancel()
-
-    def target() -> None:
-        try:
-            done.set_result(fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-            done.set_exception(e)
-
-    threading.Thread(target=target, name=f"weight sync: {getattr(fn, '__name__', 'collective')}", daemon=True).start()
-    return asyncio.wrap_future(done)
-
-
 async def _alongside_engines(own: asyncio.Future, calls: list[Coroutine], engines: list[Any], endpoint: str) -> Any:
     """Awaits this end of a collective and each engine's HTTP call of it; the first failure is raised at once.
 
@@ -331,7 +311,8 @@ async def _alongside_engines(own: asyncio.Future, calls: list[Coroutine], engine
     error) never joins the collective, so this end would wait for it until the group's timeout.
 
     Args:
-        own: this end's collective (`_in_daemon_thread`).
+        own: this end's collective (`slime_rollout.runtime.deadlines.in_daemon_thread`: a daemon thread, abandoned on
+            a refusal, since `asyncio.run` would join an executor's).
         calls: one HTTP call per engine, in `engines` order.
         engines: the engines (for the log line).
         endpoint: the route, for the log line.
@@ -417,8 +398,9 @@ class DistributedWeightUpdater(_EngineUpdater):
             )
             for i, engine in enumerate(self.client.engines)
         ]
-        own = _in_daemon_thread(
+        own = in_daemon_thread(
             init_custom_process_group,
+            name="weight sync: init_custom_process_group",
             backend=self.backend,
             init_method=f"tcp://{self.master_address}:{self.master_port}",
             world_size=world_size,
@@ -468,7 +450,7 @@ class DistributedWeightUpdater(_EngineUpdater):
                 )
                 for engine in engines
             ]
-            own = _in_daemon_thread(self._broadcast, bucket)
+            own = in_daemon_thread(self._broadcast, bucket, name="weight sync: broadcast")
             try:
                 await _alongside_engines(own, announces, engines, "/update_weights_from_distributed")
             except BaseException:
