@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from slime_rollout.engines.transport import EngineError
+from slime_rollout.engines.wire import UpdateWeightVersionReq
 
 __all__ = ["PushSession", "WeightPushError", "engine_locks"]
 
@@ -135,7 +136,7 @@ class PushSession:
         dead engine does not answer (logged, not raised).
         """
         failed = [e for e in self.engines if e.url in self.failed and self.buckets_landed.get(e.url)]
-        body = {"new_version": f"{weight_version}-incomplete", "abort_all_requests": False}
+        body = UpdateWeightVersionReq(new_version=f"{weight_version}-incomplete").to_json()
         results = await asyncio.gather(
             *(e.request("POST", "/update_weight_version", body, timeout=timeout_s, max_retries=0) for e in failed),
             return_exceptions=True,

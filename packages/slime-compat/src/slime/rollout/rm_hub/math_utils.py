@@ -32,23 +32,12 @@ def remove_boxed(s: str) -> str:
     return s if inner is None else inner
 
 
-def extract_boxed_answer(solution: str) -> str | None:
-    r"""The content of the last `\boxed{...}` of `solution`, or None (the original's name for `extract_answer`)."""
-    return extract_boxed(solution)
-
-
-def grade_answer_mathd(given_answer: str, ground_truth: str) -> bool:
-    """Whether a final answer equals the ground truth (`slime_rollout.rewards.math_utils.grade_answer`).
-
-    The original's two graders (normalized string compare, then sympy) are both this one careful grader here: it
-    accepts what either accepted except rounded decimals for exact values (see that module).
-    """
-    return grade_answer(given_answer, ground_truth)
-
-
-def grade_answer_sympy(given_answer: str, ground_truth: str) -> bool:
-    """Whether a final answer equals the ground truth (the same grader as `grade_answer_mathd`)."""
-    return grade_answer(given_answer, ground_truth)
+# The original's other names for the same functions. Its two graders (normalized string compare, then sympy) are both
+# the one careful grader here (`slime_rollout.rewards.math_utils.grade_answer`): it accepts what either accepted except
+# rounded decimals for exact values (see that module).
+extract_boxed_answer = extract_boxed
+grade_answer_mathd = grade_answer
+grade_answer_sympy = grade_answer
 
 
 def grade_answer_verl(solution_str: str, ground_truth: object) -> bool:
