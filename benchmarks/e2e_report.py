@@ -7,6 +7,11 @@ perf/step_time): the value of every step and the median over the steps after `--
 critic explained variance / value loss and OPD's reverse KL: first and last value. Generated tokens per step =
 rollout_batch_size · n · rollout/response_len/mean; overall tokens/s = Σ tokens / Σ step_time over the
 same steps.
+
+While the trainer's compile warm-up still runs (`slime_train_fsdp.compile_warmup`), its steps run eagerly and log
+`perf/compile_warmup_pending`; the step after it ended loads the graphs (`perf/compile_time`). A short run can end
+before that. So a run that logged an eager step also reports `steps_eager` and, over the measured steps that ran
+compiled and loaded nothing (`steps_compiled`), `tokens_per_s_compiled`: the steady state of a longer run.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ EXTRA = (
     "perf/engine_release_time", "perf/trainer_wake_up_time", "perf/trainer_sleep_time",
     "perf/engine_resume_weights_time", "perf/engine_resume_kv_cache_time", "perf/train_peak_mem_gib",
     "perf/log_probs_time", "perf/actor_train_time", "perf/weight_check_time", "perf/compile_time",
-    "perf/compiled_graphs", "perf/compile_warmup_wait_time",
+    "perf/compiled_graphs", "perf/compile_warmup_wait_time", "perf/compile_warmup_pending",
+    "perf/compile_warmup_finished",
     # The fully-async rollout (slime_rollout.generation.fully_async): versions behind per rollout, groups dropped
     # as stale.
     "rollout/staleness_mean", "rollout/staleness_p90", "rollout/staleness_max", "rollout/stale_groups_dropped",
@@ -87,6 +93,15 @@ def summarize(scalars: dict[str, dict[int, float]], *, rollout_batch_size: int, 
         seconds = sum(scalars["perf/step_time"][s] for s in kept)
         out["generated_tokens"] = tokens
         out["tokens_per_s"] = tokens / seconds
+    eager = scalars.get("perf/compile_warmup_pending", {})
+    if eager:
+        loaded = scalars.get("perf/compile_time", {})
+        compiled = [s for s in kept if s not in eager and s not in loaded]
+        out["steps_eager"] = sorted(eager)
+        out["steps_compiled"] = compiled
+        if lengths and compiled:
+            tokens = sum(rollout_batch_size * n * lengths[s] for s in compiled if s in lengths)
+            out["tokens_per_s_compiled"] = tokens / sum(scalars["perf/step_time"][s] for s in compiled)
     return out
 
 

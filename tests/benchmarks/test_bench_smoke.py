@@ -128,6 +128,20 @@ def test_e2e_report_summary():
     }
     with pytest.raises(ValueError, match="perf/step_time"):
         report.summarize({}, rollout_batch_size=1, n=1, skip_first=0)
+    assert "tokens_per_s_compiled" not in s  # no eager step logged: nothing to tell apart
+
+
+def test_e2e_report_compiled_steady_state():
+    """Steps that ran eagerly (warm-up pending) or loaded the graphs are left out of `tokens_per_s_compiled`."""
+    report = _load("e2e_report")
+    scalars = {"perf/step_time": {0: 9.0, 1: 5.0, 2: 6.0, 3: 3.0, 4: 2.0},
+               "rollout/response_len/mean": {0: 10.0, 1: 10.0, 2: 20.0, 3: 30.0, 4: 10.0},
+               "perf/compile_warmup_pending": {0: 1.0, 1: 1.0}, "perf/compile_time": {2: 1.5}}  # fmt: skip
+    s = report.summarize(scalars, rollout_batch_size=1, n=2, skip_first=1)
+    assert s["steps_eager"] == [0, 1] and s["steps_compiled"] == [3, 4]
+    assert s["tokens_per_s_compiled"] == pytest.approx(2 * (30 + 10) / (3.0 + 2.0))
+    assert s["tokens_per_s"] == pytest.approx(2 * (10 + 20 + 30 + 10) / 16.0)  # every measured step
+    assert s["perf/compile_warmup_pending"]["all"] == [1.0, 1.0, None, None, None]
 
 
 # ------------------------------------------------------------------------------------------ scripts
