@@ -161,19 +161,29 @@ async def init_weights_update_group(request: Request):
             rank=int(req.rank_offset),  # one TP rank: its rank is the offset
             group_name=req.group_name,
         )
-    except (KeyError, RuntimeError, ValueError) as exc:
-        return JSONResponse({"success": False, "message": f"init_weights_update_group: {exc!r}"}, status_code=400)
+    except Exception as exc:  # noqa: BLE001 - SGLang's ModelRunner answers every failure to join this way
+        message = f"Failed to initialize custom process group: {exc}."
+        logger.error("%s", message)
+        return JSONResponse({"success": False, "message": message}, status_code=400)
     return {"success": True, "message": "Succeeded to initialize custom process group."}
 
 
 @router.post("/destroy_weights_update_group")
 async def destroy_weights_update_group(request: Request):
-    """Leaves and destroys the named broadcast group."""
+    """Leaves and destroys the named group, with SGLang's replies (`ModelRunner.destroy_weights_update_group`).
+
+    The group is forgotten before it is destroyed, as SGLang pops it first: a failed teardown leaves no name behind.
+    """
     req, _ = await parse_request(request, DestroyWeightsUpdateGroupReq)
     group = engine_of(request).groups.pop(req.group_name, None)
     if group is None:
-        return JSONResponse({"success": False, "message": "no such group"}, status_code=400)
-    torch.distributed.destroy_process_group(group)
+        return JSONResponse({"success": False, "message": "The group to be destroyed does not exist."}, 400)
+    try:
+        await asyncio.to_thread(torch.distributed.destroy_process_group, group)
+    except Exception as exc:  # noqa: BLE001 - SGLang answers any teardown failure with its message
+        message = f"Failed to destroy custom process group: {exc}."
+        logger.error("%s", message)
+        return JSONResponse({"success": False, "message": message}, status_code=400)
     return {"success": True, "message": "Succeeded to destroy custom process group."}
 
 
