@@ -157,9 +157,18 @@ def test_a_connect_after_a_refused_one_rendezvouses_on_a_fresh_port_and_name(thr
             ("slime-refused-init-1", updater.master_port),
         ]
         assert updater.master_port > first_port
+        asyncio.run(updater.adisconnect())
+        # The updater that replaces it (the app builds a new one per engine set) asks for the same name: a new one.
+        replacement = DistributedWeightUpdater(
+            _cfg(), RolloutClient([url]), master_address="127.0.0.1", master_port=find_free_port(start=29950),
+            backend="gloo", group_name="slime-refused-init",
+        )  # fmt: skip
+        _in_thread(lambda: asyncio.run(replacement.aconnect()))
+        assert inits[-1]["group_name"] == replacement.group_name == "slime-refused-init-2"
+        asyncio.run(replacement.adisconnect())
     finally:
         asyncio.run(updater.adisconnect())
         for child in children:
             child.kill()
             child.wait()
-    assert destroyed == ["slime-refused-init", "slime-refused-init-1"]
+    assert destroyed == ["slime-refused-init", "slime-refused-init-1", "slime-refused-init-2"]

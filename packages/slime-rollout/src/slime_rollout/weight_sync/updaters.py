@@ -33,6 +33,7 @@ import logging
 import os
 import pathlib
 import shutil
+import threading
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,11 @@ Bucket = list[tuple[str, torch.Tensor]]
 
 # How long tearing down a failed broadcast group may take at each end before it is abandoned.
 TEARDOWN_TIMEOUT_S = 30.0
+# How long a failed push waits for this end's broadcast to return before leaving its group to it.
+BROADCAST_GRACE_S = 5.0
+# Broadcast groups made by this process, by the name asked for: each after the first gets `<name>-<n>`.
+_GROUPS_MADE: dict[str, int] = {}
+_GROUPS_LOCK = threading.Lock()
 
 
 def run_sync(coro: Coroutine) -> Any:
@@ -357,7 +363,8 @@ class DistributedWeightUpdater(_EngineUpdater):
 
     The broadcast is collective: an engine failing mid-push fails the whole push (`tolerant = False`), and its group
     is destroyed on both ends; the next push makes a new group named `<group_name>-<n>` on a free port above the
-    last one (`group_name`, `master_port` hold the current group's).
+    last one (`group_name`, `master_port` hold the current group's). Names are counted per process: a later updater
+    asking for the same name gets the next `<group_name>-<n>`.
 
     Args:
         cfg: the trainer's run config; reads `rollout_num_gpus_per_engine` for the engines' ranks.
@@ -395,13 +402,17 @@ class DistributedWeightUpdater(_EngineUpdater):
         self._group: torch.distributed.ProcessGroup | None = None
 
     def _next_rendezvous(self) -> None:
-        """Picks the name and port of a new group: the given ones first, fresh ones on every reconnect.
+        """Picks the name and port of a new group: the given ones first, then fresh ones.
 
-        A failed group may live on at either end (an engine that never got the teardown; this end's rendezvous
-        thread, abandoned while its TCP store holds the port), and c10d refuses a name already registered.
+        A failed group may live on at either end (an engine that missed the teardown; this end's rendezvous thread,
+        abandoned while its TCP store holds the port), and c10d refuses a name already registered. Names count per
+        process, so the updater that replaces this one (`slime_app.weights.release_weight_updater`) gets a fresh one.
         """
+        with _GROUPS_LOCK:
+            made = _GROUPS_MADE.get(self._base_name, 0)
+            _GROUPS_MADE[self._base_name] = made + 1
+        self.group_name = f"{self._base_name}-{made}" if made else self._base_name
         if self._num_groups:
-            self.group_name = f"{self._base_name}-{self._num_groups}"
             self.master_port = find_free_port("", start=self.master_port + 1)
         self._num_groups += 1
 
@@ -498,11 +509,15 @@ class DistributedWeightUpdater(_EngineUpdater):
             ]
             own = in_daemon_thread(self._broadcast, bucket, name="weight sync: broadcast")
             try:
-                await _alongside_engines(own, announces, engines, "/update_weights_from_distributed")
+                # Shielded: an engine that refuses after receiving may answer before this end's broadcast returns.
+                await _alongside_engines(asyncio.shield(own), announces, engines, "/update_weights_from_distributed")
             except BaseException:
-                # A broadcast left half-done: the group is never used again. One still waiting in its thread keeps
-                # this end's group: destroying it would block this whole process until the broadcast times out.
-                await self._teardown(None if own.cancelled() else self._group, failed=True)
+                # The group is never used again. A broadcast still waiting keeps this end's group: destroying it would
+                # block this whole process until the broadcast times out.
+                await asyncio.wait({own}, timeout=BROADCAST_GRACE_S)
+                ended = own.done() and not own.cancelled() and own.exception() is None
+                own.cancel()  # a broadcast still waiting is abandoned with its (daemon) thread
+                await self._teardown(self._group if ended else None, failed=True)
                 raise
 
     def _broadcast(self, bucket: Bucket) -> None:
