@@ -3,7 +3,7 @@
 import pytest
 from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
-from slime_core.error_text import first_rank_error, preview, shorten
+from slime_core.error_text import first_rank_error, first_sentence, preview, shorten
 
 
 def test_shorten_keeps_short_text_and_cuts_long_text_to_the_limit():
@@ -46,3 +46,11 @@ def test_first_rank_error_of_another_error_is_itself():
     assert first_rank_error(error) is error
     empty = CheckpointException("read", {})
     assert first_rank_error(empty) is empty
+
+
+def test_first_sentence_is_the_type_and_the_first_sentence_cut_to_the_limit():
+    # One summary for slime-convert's torch_dist reader and the FSDP checkpoint loader (each had its own copy).
+    assert first_sentence(OSError("disk\n  full. Try again later.")) == "OSError: disk full"
+    assert first_sentence(RuntimeError("")) == "RuntimeError"
+    assert first_sentence(ValueError("x" * 300), 10) == "ValueError: xxxxxxx..."
+    assert first_sentence(ValueError("x" * 300)) == "ValueError: " + "x" * 197 + "..."

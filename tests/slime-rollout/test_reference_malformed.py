@@ -1,58 +1,125 @@
-"""Malformed requests to the reference engine's weight routes get SGLang's replies (status codes and keys).
+"""Malformed requests to the reference engine get SGLang 0.5.16's replies (status codes, keys and error lists).
 
-SGLang 0.5.16 declares every request body as a typed parameter (`obj: UpdateWeightFromDiskReqInput`), so FastAPI
-refuses a bad body before the handler runs: HTTP 422 `{"detail": [{"type", "loc", "msg", "input", ...}]}`. The
-independent reference here is a FastAPI app with SGLang's request dataclasses (the fields of its `io_struct.py`):
-the reference engine must answer each malformed body as that app does (class names in the messages aside).
+SGLang 0.5.16 declares every request body as `obj: Annotated[<Name>ReqInput, Body()]`, a msgspec Struct whose pydantic
+schema (`msgspec_utils.msgspec_struct_pydantic_core_schema`) is a left-to-right union of "an instance of the class"
+and "a dict of its fields (extra ignored) built by `build_struct`"; FastAPI refuses a bad body before the handler
+runs, and SGLang's `RequestValidationError` handler answers HTTP 400 with `ErrorResponse` (`object`, `message`,
+`type`: "Bad Request", `param`, `code`: 400), not FastAPI's 422. The independent reference here is a FastAPI app
+built that way from the fields of SGLang's `io_struct.py` (stand-in classes for the Structs) with that handler: the
+reference engine must answer each malformed body as that app does (FastAPI's note of the endpoint's file aside).
 """
 
 import base64
 import dataclasses
 import pickle
+import re
+import typing
+from typing import Annotated, Any, Optional
 
 import pytest
 import torch
-from fastapi import FastAPI
+from fastapi import Body, FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
+from pydantic_core import core_schema
 
 from slime_rollout.engines.reference.model import ReferenceModel
 from slime_rollout.engines.reference.server import build_app
 from slime_rollout.engines.wire import serialize_named_tensors
 
 
-@dataclasses.dataclass
-class UpdateWeightVersionReqInput:
+class _Struct:
+    """A msgspec Struct's pydantic face in SGLang 0.5.16 (`msgspec_struct_pydantic_core_schema`), on a dataclass."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):
+        hints = typing.get_type_hints(cls, include_extras=True)
+        fields = {}
+        for f in dataclasses.fields(cls):
+            schema = handler.generate_schema(hints[f.name])
+            if f.default is not dataclasses.MISSING:
+                schema = core_schema.with_default_schema(schema, default=f.default)
+            fields[f.name] = core_schema.typed_dict_field(schema, required=f.default is dataclasses.MISSING)
+        typed = core_schema.typed_dict_schema(fields, cls_name=cls.__name__, extra_behavior="ignore", ref=cls.__name__)
+
+        def build_struct(value):
+            return value if isinstance(value, cls) else cls(**value)
+
+        built = core_schema.no_info_after_validator_function(build_struct, typed)
+        return core_schema.json_or_python_schema(
+            json_schema=built,
+            python_schema=core_schema.union_schema([core_schema.is_instance_schema(cls), built], mode="left_to_right"),
+        )
+
+
+class Base64Bytes:
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):
+        def decode(value):
+            if isinstance(value, str):
+                try:
+                    return base64.b64decode(value, validate=True)
+                except ValueError as exc:
+                    raise ValueError("Expected base64-encoded bytes") from exc
+            return [decode(v) for v in value] if isinstance(value, list) else value
+
+        return core_schema.no_info_before_validator_function(decode, handler(source))
+
+
+@dataclasses.dataclass(kw_only=True)
+class BaseReq(_Struct):
+    rid: Optional[str] = None  # noqa: UP045 - SGLang's spelling
+    http_worker_ipc: Optional[str] = None  # noqa: UP045
+
+
+@dataclasses.dataclass(kw_only=True)
+class UpdateWeightVersionReqInput(BaseReq):
     new_version: str
-    abort_all_requests: bool = False
+    abort_all_requests: bool = True
 
 
-@dataclasses.dataclass
-class UpdateWeightFromDiskReqInput:
+@dataclasses.dataclass(kw_only=True)
+class UpdateWeightFromDiskReqInput(BaseReq):
     model_path: str
-    load_format: str | None = None
-    weight_version: str | None = None
-
-
-@dataclasses.dataclass
-class UpdateWeightsFromTensorReqInput:
-    serialized_named_tensors: list[str | bytes]
-    load_format: str | None = None
+    load_format: Optional[str] = None  # noqa: UP045
+    abort_all_requests: bool = False
+    weight_version: Optional[str] = None  # noqa: UP045
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False
+    token_step: int = 0
     flush_cache: bool = True
-    weight_version: str | None = None
+    manifest: Optional[dict[str, Any]] = None  # noqa: UP045
 
 
-@dataclasses.dataclass
-class UpdateWeightsFromDistributedReqInput:
+@dataclasses.dataclass(kw_only=True)
+class UpdateWeightsFromTensorReqInput(BaseReq):
+    serialized_named_tensors: Annotated[list[bytes], Base64Bytes()]
+    load_format: Optional[str] = None  # noqa: UP045
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: Optional[str] = None  # noqa: UP045
+    disable_draft_model: Optional[bool] = None  # noqa: UP045
+    torch_empty_cache: bool = False
+
+
+@dataclasses.dataclass(kw_only=True)
+class UpdateWeightsFromDistributedReqInput(BaseReq):
     names: list[str]
     dtypes: list[str]
     shapes: list[list[int]]
     group_name: str = "weight_update_group"
     flush_cache: bool = True
-    weight_version: str | None = None
+    abort_all_requests: bool = False
+    weight_version: Optional[str] = None  # noqa: UP045
+    load_format: Optional[str] = None  # noqa: UP045
+    torch_empty_cache: bool = False
 
 
-@dataclasses.dataclass
-class InitWeightsUpdateGroupReqInput:
+@dataclasses.dataclass(kw_only=True)
+class InitWeightsUpdateGroupReqInput(BaseReq):
     master_address: str
     master_port: int
     rank_offset: int
@@ -61,43 +128,84 @@ class InitWeightsUpdateGroupReqInput:
     backend: str = "nccl"
 
 
+@dataclasses.dataclass(kw_only=True)
+class DestroyWeightsUpdateGroupReqInput(BaseReq):
+    group_name: str = "weight_update_group"
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoadLoRAAdapterReqInput(BaseReq):
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    lora_id: Optional[str] = None  # noqa: UP045
+
+
+@dataclasses.dataclass(kw_only=True)
+class AbortReq(BaseReq):
+    abort_all: bool = False
+    finished_reason: Optional[dict[str, Optional[str | int | list[int]]]] = None  # noqa: UP045
+    abort_message: Optional[str] = None  # noqa: UP045
+
+
+@dataclasses.dataclass(kw_only=True)
+class UnloadLoRAAdapterReqInput(BaseReq):
+    lora_name: str
+    lora_id: Optional[str] = None  # noqa: UP045
+
+
+SGLANG_TYPES = {
+    "/update_weight_version": UpdateWeightVersionReqInput,
+    "/update_weights_from_disk": UpdateWeightFromDiskReqInput,
+    "/update_weights_from_tensor": UpdateWeightsFromTensorReqInput,
+    "/update_weights_from_distributed": UpdateWeightsFromDistributedReqInput,
+    "/init_weights_update_group": InitWeightsUpdateGroupReqInput,
+    "/destroy_weights_update_group": DestroyWeightsUpdateGroupReqInput,
+    "/load_lora_adapter": LoadLoRAAdapterReqInput,
+    "/unload_lora_adapter": UnloadLoRAAdapterReqInput,
+    "/abort_request": AbortReq,
+}
+
+
 def _sglang_typed_app() -> FastAPI:
     app = FastAPI()
-    for route, record in {
-        "/update_weight_version": UpdateWeightVersionReqInput,
-        "/update_weights_from_disk": UpdateWeightFromDiskReqInput,
-        "/update_weights_from_tensor": UpdateWeightsFromTensorReqInput,
-        "/update_weights_from_distributed": UpdateWeightsFromDistributedReqInput,
-        "/init_weights_update_group": InitWeightsUpdateGroupReqInput,
-    }.items():
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_exception_handler(request, exc):  # SGLang 0.5.16's, for routes outside /v1
+        exc_str, errors_str = str(exc), str(exc.errors())
+        message = f"{exc_str} {errors_str}" if errors_str and errors_str != exc_str else exc_str
+        content = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+        return JSONResponse(content, status_code=400)
+
+    for route, record in SGLANG_TYPES.items():
 
         async def handler(obj) -> dict:
-            return {"success": True}
+            return {"success": True, "abort_all_requests": getattr(obj, "abort_all_requests", None)}
 
-        handler.__annotations__["obj"] = record
+        handler.__annotations__["obj"] = Annotated[record, Body()]
+        handler.__name__ = route.removeprefix("/")  # SGLang's function names: FastAPI's message names them
         app.post(route)(handler)
     return app
 
 
-def _without_class_names(reply: dict) -> dict:
-    for error in reply.get("detail", []):
-        error.get("ctx", {}).pop("class_name", None)
-        if error["type"] == "dataclass_type":
-            error["msg"] = error["msg"].rsplit(" ", 1)[0]  # "... an instance of <class name>"
-    return reply
+def _without_endpoint(reply: dict) -> dict:
+    """The reply without the endpoint's source file and line in FastAPI's message (SGLang's own file there)."""
+    return {**reply, "message": re.sub(r'File "[^"]*", line \d+', "File <f>, line <n>", reply.get("message", ""))}
 
 
 MALFORMED = [
     (route, body)
-    for route in (
-        "/update_weight_version",
-        "/update_weights_from_disk",
-        "/update_weights_from_tensor",
-        "/update_weights_from_distributed",
-        "/init_weights_update_group",
+    for route in SGLANG_TYPES
+    for body in (
+        "not json", "", "[1]", "null", '{"group_name": 5, "rid": 5}',
+        *(('{"abort_all": "maybe", "finished_reason": 3}',) if route == "/abort_request" else ()),
+        *(() if route in ("/destroy_weights_update_group", "/abort_request") else (  # every field has a default
+            "{}", '{"new_version": 5, "model_path": 5, "names": "a", "lora_name": 7}',
+            '{"new_version": "v", "model_path": "/m", "abort_all_requests": "maybe", "rid": 5}',
+            '{"serialized_named_tensors": ["not base64!"], "names": [], "dtypes": [], "shapes": [[1, "x"]]}',
+        )),
     )
-    for body in ("not json", "", "[1]", "null", "{}", '{"new_version": 5, "model_path": 5, "names": "a"}')
-]
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -112,34 +220,105 @@ def test_a_malformed_body_is_answered_as_sglang_answers_it(engine_client, route,
     headers = {"content-type": "application/json"}
     expected = TestClient(_sglang_typed_app()).post(route, content=body, headers=headers)
     got = engine_client.post(route, content=body, headers=headers)
-    # Was HTTP 500 (no JSON body) for a body that does not parse and for /update_weight_version without
-    # new_version; 400 with slime's own keys for a missing model_path or serialized_named_tensors.
-    assert expected.status_code == 422
-    assert (got.status_code, _without_class_names(got.json())) == (422, _without_class_names(expected.json()))
+    # Was FastAPI's 422 `{"detail": [...]}` (and, before that, HTTP 500 for a body that does not parse); SGLang
+    # 0.5.16 answers 400 with its ErrorResponse, whose message lists the union's errors.
+    assert expected.status_code == 400, expected.text
+    assert (got.status_code, _without_endpoint(got.json())) == (400, _without_endpoint(expected.json()))
 
 
 def test_exact_reply_to_a_missing_version(engine_client):
     got = engine_client.post("/update_weight_version", json={})
-    assert got.status_code == 422
-    assert got.json() == {"detail": [{"type": "missing", "loc": ["body", "new_version"], "msg": "Field required",
-                                      "input": {}}]}  # fmt: skip
+    assert got.status_code == 400
+    errors = (
+        "[{'type': 'is_instance_of', 'loc': ('body', 'is-instance[UpdateWeightVersionReqInput]'), "
+        "'msg': 'Input should be an instance of UpdateWeightVersionReqInput', 'input': {}, "
+        "'ctx': {'class': 'UpdateWeightVersionReqInput'}}, {'type': 'missing', 'loc': ('body', "
+        "'function-after[build_struct(), UpdateWeightVersionReqInput]', 'new_version'), 'msg': 'Field required', "
+        "'input': {}}]"
+    )
+    message = got.json().pop("message")
+    assert got.json() | {"message": None} == {
+        "object": "error", "message": None, "type": "Bad Request", "param": None, "code": 400,
+    }  # fmt: skip
+    assert message.startswith("2 validation errors:\n") and message.endswith(f"POST /update_weight_version {errors}")
 
 
 @pytest.mark.parametrize(
-    "payload",
+    ("route", "body"),
     [
-        base64.b64encode(b"not a pickle").decode(),  # UnpicklingError: was HTTP 500
-        base64.b64encode(pickle.dumps([("model.norm.weight", 5)])).decode(),  # no tensor: was AttributeError, 500
-        "garbage",  # not base64: already 400
+        ("/update_weights_from_disk", {"model_path": "/nonexistent", "weight_version": "x"}),
+        # A payload that is base64 but no pickle: the load fails after the abort, as in SGLang.
+        ("/update_weights_from_tensor", {"serialized_named_tensors": [base64.b64encode(b"x").decode()]}),
+        ("/update_weights_from_delta", {"serialized_named_tensors": [], "checksums": {}, "base_version": "x"}),
     ],
 )
-def test_a_tensor_payload_that_does_not_load_is_400_and_changes_nothing(engine_client, payload):
+@pytest.mark.parametrize(("flag", "aborts"), [("false", False), ("true", True), (0, False), (None, False)])
+def test_abort_all_requests_is_read_as_sglangs_bool(engine_client, monkeypatch, route, body, flag, aborts):
+    # Was `bool(body.get("abort_all_requests"))`: the string "false" aborted every running request on 4 routes.
+    scheduler = engine_client.app.state.engine.scheduler
+    calls = []
+    monkeypatch.setattr(scheduler, "abort", lambda **kw: calls.append(kw))
+    extra = {} if flag is None else {"abort_all_requests": flag}
+    engine_client.post(route, json={**body, **extra})
+    assert calls == ([{"abort_all": True}] if aborts else [])
+
+
+@pytest.mark.parametrize(("flag", "aborts"), [("false", False), ("true", True), (None, False)])
+def test_abort_request_reads_abort_all_as_sglangs_bool(engine_client, monkeypatch, flag, aborts):
+    # Was `bool(body.get("abort_all"))`: `{"abort_all": "false"}` aborted every request.
+    scheduler = engine_client.app.state.engine.scheduler
+    calls = []
+    monkeypatch.setattr(scheduler, "abort", lambda **kw: calls.append(kw))
+    extra = {} if flag is None else {"abort_all": flag}
+    assert engine_client.post("/abort_request", json={"rid": "r1", **extra}).status_code == 200
+    assert calls == [{"rid": "r1", "abort_all": aborts}]
+
+
+@pytest.mark.parametrize(("flag", "aborts"), [("false", False), (None, True)])
+def test_update_weight_version_aborts_by_default_as_sglang_does(engine_client, monkeypatch, flag, aborts):
+    # SGLang 0.5.16: `UpdateWeightVersionReqInput.abort_all_requests: bool = True`; slime always sends False.
+    scheduler = engine_client.app.state.engine.scheduler
+    calls = []
+    monkeypatch.setattr(scheduler, "abort", lambda **kw: calls.append(kw))
+    extra = {} if flag is None else {"abort_all_requests": flag}
+    version = engine_client.app.state.engine.weight_version
+    reply = engine_client.post("/update_weight_version", json={"new_version": version, **extra})
+    assert reply.status_code == 200 and calls == ([{"abort_all": True}] if aborts else [])
+    expected = TestClient(_sglang_typed_app()).post("/update_weight_version", json={"new_version": "v", **extra})
+    assert expected.json()["abort_all_requests"] is aborts  # the independent reference agrees
+
+
+@pytest.mark.parametrize(
+    "body", ["not json", "[1]", "{}", '{"serialized_named_tensors": "x", "checksums": {}, "base_version": 5}']
+)
+def test_a_malformed_delta_body_is_refused_as_the_sglang_routes_refuse_one(engine_client, body):
+    # Was HTTP 400 `{"success": false, "message": "/update_weights_from_delta: missing field(s) ..."}` (its own
+    # parser), where every other update route answers SGLang's validation reply.
+    got = engine_client.post("/update_weights_from_delta", content=body, headers={"content-type": "application/json"})
+    assert got.status_code == 400
+    reply = got.json()
+    assert set(reply) == {"object", "message", "type", "param", "code"} and reply["type"] == "Bad Request"
+    assert re.match(r"\d+ validation errors?:\n", reply["message"]), reply["message"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "keys"),
+    [
+        # UnpicklingError: was HTTP 500
+        (base64.b64encode(b"not a pickle").decode(), {"success", "message"}),
+        # no tensor: was AttributeError, 500
+        (base64.b64encode(pickle.dumps([("model.norm.weight", 5)])).decode(), {"success", "message"}),
+        # not base64: SGLang's `Base64Bytes` refuses it while validating the body (its ErrorResponse)
+        ("garbage", {"object", "message", "type", "param", "code"}),
+    ],
+)
+def test_a_tensor_payload_that_does_not_load_is_400_and_changes_nothing(engine_client, payload, keys):
     before = engine_client.post("/weights_checker", json={"action": "checksum"}).json()["per_engine_checksum"]
     got = engine_client.post(
         "/update_weights_from_tensor", json={"serialized_named_tensors": [payload], "weight_version": "bad"}
     )
     assert got.status_code == 400
-    assert set(got.json()) == {"success", "message"} and got.json()["success"] is False
+    assert set(got.json()) == keys and got.json().get("success") in (False, None)
     assert engine_client.get("/model_info").json()["weight_version"] == "default"
     assert engine_client.post("/weights_checker", json={"action": "checksum"}).json()["per_engine_checksum"] == before
     # The engine is not wedged: a valid push of another version lands.

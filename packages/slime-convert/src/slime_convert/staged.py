@@ -1,9 +1,10 @@
-"""An output directory that appears whole or not at all: written as `<out>.tmp`, then renamed over `<out>`.
+"""An output directory that appears whole or not at all: written as `<out>.tmp`, then swapped in over `<out>`.
 
 A conversion that fails part way (a full disk, a truncated input, Ctrl-C) removes its `<out>.tmp` and leaves
-`<out>` as it was, so `--force` never destroys the previous output before the new one is complete. The files are
-flushed to the disk before the rename that publishes them (`slime_core.dir_swap.sync_tree`), so a power loss cannot
-leave the final name holding empty shards.
+`<out>` as it was, so `--force` never destroys the previous output before the new one is complete. The swap is
+`slime_core.dir_swap.swap_in`: the files are flushed to the disk before the renames that publish them, the output is
+marked as slime's, and a swap a crash interrupted (`<out>` moved to `<out>.old`, the new one not renamed in yet) is
+undone before the next conversion looks at `<out>` (`slime_core.dir_swap.recover`).
 """
 
 from __future__ import annotations
@@ -14,50 +15,41 @@ import pathlib
 import shutil
 from collections.abc import Iterator
 
-from slime_core.dir_swap import old_dir, staging_dir, sync_tree
+from slime_core.dir_swap import recover, remove, staging_dir, swap_in
 
 __all__ = ["staged_output"]
 
 
-def _remove(path: pathlib.Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
 @contextlib.contextmanager
-def staged_output(output: str | os.PathLike[str], *, force: bool, flag: str) -> Iterator[pathlib.Path]:
+def staged_output(
+    output: str | os.PathLike[str], *, force: bool, flag: str, exists_hint: str = "pass -f/--force to replace it"
+) -> Iterator[pathlib.Path]:
     """Yields an empty staging directory that replaces `output` when the block ends without an exception.
 
     Args:
         output: the directory to create (or, with `force`, replace: a directory, a file or a link).
         force: replace an existing `output` (`-f/--force`).
         flag: the flag that named `output`, for the error message.
+        exists_hint: what the error for an existing `output` advises (a command without `--force` says so).
 
     Yields:
         `<output>.tmp`, empty (a left-over of an interrupted run is removed first).
 
     Raises:
-        FileExistsError: `output` exists and not `force` (raised before anything is written).
+        FileExistsError: `output` exists (or an interrupted swap left it at `<output>.old`, now restored) and not
+            `force` (raised before anything is written).
+        slime_core.dir_swap.ReplaceRefused: not `force`, and `<output>.old` is something slime did not write.
     """
     out = pathlib.Path(output).absolute()  # "." has no name to put ".tmp" after
+    recover(out, flag=flag, force=force)  # an interrupted swap puts the previous output back first
     if (out.exists() or out.is_symlink()) and not force:
-        raise FileExistsError(f"{flag} {out} exists (pass -f/--force to replace it)")
-    tmp, old = staging_dir(out), old_dir(out)
-    _remove(tmp)
+        raise FileExistsError(f"{flag} {out} exists ({exists_hint})")
+    tmp = staging_dir(out)
+    remove(tmp)
     tmp.mkdir(parents=True)
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
         raise
-    sync_tree(tmp)
-    if out.exists() or out.is_symlink():
-        _remove(old)
-        os.replace(out, old)  # a link or file moves as itself; its target is never touched
-        os.replace(tmp, out)
-        _remove(old)
-    else:
-        os.replace(tmp, out)
-    sync_tree(out.parent, recursive=False)  # the rename itself
+    swap_in(tmp, out, flag=flag, force=force)

@@ -13,14 +13,14 @@ a custom load planner, so a model is read back layer by layer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 import logging
 import os
 import pathlib
-import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -45,9 +45,9 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from slime_convert.staged import staged_output
 from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
-from slime_core.dir_swap import staging_dir, sync_tree
-from slime_core.error_text import first_rank_error
+from slime_core.error_text import first_rank_error, first_sentence
 
 logger = logging.getLogger(__name__)
 
@@ -160,32 +160,31 @@ def write_torch_dist(
         FileExistsError: `out_dir` exists.
         ValueError: chunks overlapping or not covering a tensor, or a producer returning the wrong shape.
     """
-    out = pathlib.Path(out_dir)
-    if out.exists():
-        raise FileExistsError(f"{out} already exists; remove it or choose another --save")
-    tmp = staging_dir(out)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    # hf-to-mcore has no --force: an existing release directory is the user's to remove.
+    hint = "remove it or choose another --save"
+    with staged_output(out_dir, force=False, flag="--save", exists_hint=hint) as tmp:
         writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, thread_count=1, overwrite=True)
-        try:
+        with _rank_errors():  # a producer's error names the tensor
             dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
-        except CheckpointException as e:
-            # DCP wraps a producer's error (a BaseException holding a rank traceback); the error itself names the
-            # tensor. Raise that.
-            cause = first_rank_error(e)
-            if not isinstance(cause, Exception):
-                raise
-            raise cause from e
         torch.save(common_state, tmp / "common.pt")
         (tmp / "metadata.json").write_text(json.dumps(_CONFIG))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
-        raise
-    sync_tree(tmp)  # the files reach the disk before the name that publishes them
-    os.replace(tmp, out)
-    sync_tree(out.parent, recursive=False)
+
+
+@contextlib.contextmanager
+def _rank_errors(describe: Callable[[Exception], Exception] | None = None) -> Iterator[None]:
+    """Raises the rank's own error out of DCP's `CheckpointException`, or `describe(error)` made from it.
+
+    DCP reports a failed save or load as a `CheckpointException`, a BaseException holding each rank's error and
+    traceback (`slime_core.error_text.first_rank_error`); the rank's error is what names the tensor or the file. A
+    rank's BaseException (Ctrl-C) is left wrapped.
+    """
+    try:
+        yield
+    except CheckpointException as e:
+        cause = first_rank_error(e)
+        if not isinstance(cause, Exception):
+            raise
+        raise (cause if describe is None else describe(cause)) from e
 
 
 class _ChunkLoadPlanner(LoadPlanner):
@@ -244,7 +243,7 @@ class TorchDistReader:
         try:
             self.metadata = self._reader.read_metadata()
         except Exception as e:  # a truncated or foreign file: pickle's or torch's error, naming no file
-            raise ValueError(f"{self.dir / '.metadata'}: not readable torch_dist metadata ({_first_line(e)})") from e
+            raise ValueError(f"{self.dir / '.metadata'}: not readable torch_dist metadata ({first_sentence(e)})") from e
 
     def tensor_keys(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Stored tensors: key → (global shape, dtype)."""
@@ -280,28 +279,21 @@ class TorchDistReader:
             targets[(key, offsets)] = target
             out.append(target.reshape(shape[len(index) :]))
         self._reader = dcp.FileSystemReader(str(self.dir))
-        try:
+
+        def damaged(cause: Exception) -> ValueError:
+            return ValueError(
+                f"{self.dir}: cannot be read ({first_sentence(cause)}); the checkpoint was damaged after it was "
+                "written (a partial copy?)"
+            )
+
+        with _rank_errors(damaged):
             dcp.load({}, storage_reader=self._reader, planner=_ChunkLoadPlanner(targets), no_dist=True)
-        except CheckpointException as e:  # a BaseException holding a rank traceback; the cause is what to say
-            cause = first_rank_error(e)
-            if not isinstance(cause, Exception):
-                raise
-            raise ValueError(
-                f"{self.dir}: cannot be read ({_first_line(cause)}); the checkpoint was damaged after it was written "
-                "(a partial copy?)"
-            ) from e
         return out
 
     def common_state(self) -> dict[str, Any]:
         """The `common.pt` contents ({} when absent)."""
         path = self.dir / "common.pt"
         return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else {}
-
-
-def _first_line(error: BaseException) -> str:
-    """`Type: first sentence` of `error` (torch appends paragraphs of advice)."""
-    text = " ".join(str(error).split()).split(". ")[0][:200]
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = None) -> pathlib.Path:

@@ -29,6 +29,7 @@ __all__ = [
     "prepare_staging",
     "recover",
     "refusal",
+    "remove",
     "staging_dir",
     "swap_in",
     "sync_tree",
@@ -125,52 +126,78 @@ def prepare_staging(path: str | os.PathLike[str], *, flag: str = "output", marke
     return tmp
 
 
-def recover(path: str | os.PathLike[str], *, flag: str = "output") -> None:
+def _exists(path: pathlib.Path) -> bool:
+    return path.exists() or path.is_symlink()  # a dangling link exists as a name
+
+
+def remove(path: str | os.PathLike[str]) -> None:
+    """Deletes `path` whatever it is: a folder with its contents, a file, or a link (never the link's target)."""
+    p = pathlib.Path(path)
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    elif _exists(p):
+        p.unlink()
+
+
+def recover(path: str | os.PathLike[str], *, flag: str = "output", force: bool = False) -> None:
     """Undoes a swap a crash interrupted: a marked `<path>.old` without `<path>` is renamed back; beside it, deleted.
 
+    Args:
+        path: the destination directory.
+        flag: the flag that named it, for the error message.
+        force: `<path>.old` may be anything: the user asked for `path` to be replaced (slime-convert's `-f/--force`),
+            so what a forced swap moved aside is restored or deleted whether slime wrote it or not.
+
     Raises:
-        ReplaceRefused: `<path>.old` is not ours (a file, a link, an unmarked non-empty folder); it is left alone.
+        ReplaceRefused: `<path>.old` is not ours (a file, a link, an unmarked non-empty folder) and not `force`; it is
+            left alone.
     """
     out, old = pathlib.Path(path), old_dir(path)
-    if not old.exists() and not old.is_symlink():
+    if not _exists(old):
         return
-    check_replaceable([old], flag)
-    if out.exists() or out.is_symlink():  # the swap finished; only deleting the old copy was left
-        shutil.rmtree(old)
+    if not force:
+        check_replaceable([old], flag)
+    if _exists(out):  # the swap finished; only deleting the old copy was left
+        remove(old)
     else:
         logger.warning("%s: restoring the previous copy from %s (an earlier replacement was interrupted)", out, old)
         os.replace(old, out)
 
 
-def swap_in(tmp: str | os.PathLike[str], path: str | os.PathLike[str], *, flag: str = "output") -> pathlib.Path:
+def swap_in(
+    tmp: str | os.PathLike[str], path: str | os.PathLike[str], *, flag: str = "output", force: bool = False
+) -> pathlib.Path:
     """Makes the complete directory `tmp` the new `path` (marked), replacing an old one of ours by rename.
 
     Args:
         tmp: the finished new directory (usually from `prepare_staging(path)`).
         path: the destination; absent, empty or written by slime (marked), else refused.
         flag: the flag that named `path`, for the error message.
+        force: `path` (and a left-over `<path>.old`) may be anything, a file, a link or a folder slime did not
+            write: the user asked for it to be replaced (slime-convert's `-f/--force`). A link or a file is moved
+            aside and deleted as itself; a link's target is never touched.
 
     Returns:
         `path` as a Path.
 
     Raises:
-        ReplaceRefused: `path` or `<path>.old` is a file, a link or an unmarked non-empty folder (nothing is
-            deleted; `tmp` is left in place).
+        ReplaceRefused: not `force`, and `path` or `<path>.old` is a file, a link or an unmarked non-empty folder
+            (nothing is deleted; `tmp` is left in place).
         FileNotFoundError: `tmp` does not exist.
     """
     out, new, old = pathlib.Path(path), pathlib.Path(tmp), old_dir(path)
     if not new.is_dir():
         raise FileNotFoundError(f"{new}: the new directory to put at {out} does not exist")
-    recover(out, flag=flag)
-    check_replaceable([out], flag)
+    recover(out, flag=flag, force=force)
+    if not force:
+        check_replaceable([out], flag)
     mark(new)
     sync_tree(new)  # the renames below must not reach the disk before the data they publish
-    if out.exists():
+    if _exists(out):
         os.replace(out, old)
     os.replace(new, out)
     sync_tree(out.parent, recursive=False)  # the renames themselves
-    if old.exists():
-        shutil.rmtree(old)
+    remove(old)
     return out
 
 

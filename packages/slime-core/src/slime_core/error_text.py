@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["first_rank_error", "preview", "shorten"]
+__all__ = ["first_rank_error", "first_sentence", "preview", "shorten"]
 
 
 def shorten(text: str, limit: int = 80) -> str:
@@ -31,6 +31,19 @@ def preview(value: Any, limit: int = 80) -> str:
         `preview("x" * 100, 10) == "'xxxxx..."`.
     """
     return shorten(repr(value), limit)
+
+
+def first_sentence(error: BaseException, limit: int = 200) -> str:
+    """`"Type: first sentence"` of `error`, its whitespace collapsed and the sentence cut to `limit` (`shorten`).
+
+    torch's errors append paragraphs of advice after the first sentence, which buried the one line that names the
+    file. An error without text gives its type alone.
+
+    Example:
+        `first_sentence(OSError("disk full. Try  again.")) == "OSError: disk full"`.
+    """
+    text = shorten(" ".join(str(error).split()).split(". ")[0], limit)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def first_rank_error(error: BaseException) -> BaseException:

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_st
 
 from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
-from slime_core.error_text import first_rank_error, shorten
+from slime_core.error_text import first_rank_error, first_sentence
 from slime_train_fsdp.lr_schedule import load_scheduler_state
 
 logger = logging.getLogger(__name__)
@@ -286,9 +286,7 @@ def load_checkpoint(
 
 def _damaged(root: pathlib.Path, path: pathlib.Path, error: BaseException) -> ValueError:
     """The one-line error of a checkpoint whose files cannot be read (names the cause and the other iterations)."""
-    cause = first_rank_error(error)
-    text = shorten(" ".join(str(cause).split()).split(". ")[0], 200)  # torch's advice after the first sentence is long
-    detail = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+    detail = first_sentence(first_rank_error(error))
     return ValueError(
         f"--load {root}: {path.name} cannot be read ({detail}); it was damaged after it was written (a partial copy, "
         f"a crash before it reached the disk); {_recovery_hint(root, path)}"

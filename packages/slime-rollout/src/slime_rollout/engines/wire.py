@@ -4,7 +4,8 @@ Both ends import this module and nothing of each other: the trainer side (`slime
 `slime_rollout.engines.client.EngineClient`) encodes, the engine side (the CPU reference engine,
 `slime_rollout.engines.reference.routes.weights`) decodes; SGLang 0.5.16 is the other engine that reads it. Three parts:
 
-* **Requests**: one frozen dataclass per weight-update endpoint holding the JSON fields slime sends, named as
+* **Requests**: one frozen dataclass per weight-update endpoint (LoRA adapter loads included) holding the JSON fields
+  slime sends, named as
   SGLang's `io_struct.py` names them (`UpdateWeightsFromTensorReqInput`, ...). The sender calls `to_json()`,
   the receiver `from_json(body)`.
 * **Named-tensor payload** of `/update_weights_from_tensor`: `serialize_named_tensors` /
@@ -35,8 +36,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_GROUP_NAME",
     "NCCL_CUMEM_DEFAULT",
+    "AbortReq",
     "DestroyWeightsUpdateGroupReq",
     "InitWeightsUpdateGroupReq",
+    "LoadLoRAAdapterReq",
+    "UnloadLoRAAdapterReq",
     "UpdateWeightsFromDiskReq",
     "UpdateWeightsFromDistributedReq",
     "UpdateWeightsFromTensorReq",
@@ -192,6 +196,55 @@ class UpdateWeightVersionReq(WeightUpdateRequest):
 
     new_version: str
     abort_all_requests: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LoadLoRAAdapterReq(WeightUpdateRequest):
+    """`POST /load_lora_adapter` (SGLang's `LoadLoRAAdapterReqInput`): load an adapter's files under a name.
+
+    Attributes:
+        lora_name: the name requests give as `lora_path` of `/generate`.
+        lora_path: the adapter directory (PEFT's `adapter_config.json` + `adapter_model.safetensors`).
+        pinned: keep the adapter resident in SGLang's LoRA memory pool (not read by the reference engine).
+        lora_id: SGLang's internal id (not read).
+    """
+
+    endpoint: ClassVar[str] = "/load_lora_adapter"
+
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    lora_id: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class UnloadLoRAAdapterReq(WeightUpdateRequest):
+    """`POST /unload_lora_adapter` (SGLang's `UnloadLoRAAdapterReqInput`).
+
+    Attributes:
+        lora_name: the adapter to unload.
+        lora_id: SGLang's internal id (not read).
+    """
+
+    endpoint: ClassVar[str] = "/unload_lora_adapter"
+
+    lora_name: str
+    lora_id: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AbortReq(WeightUpdateRequest):
+    """`POST /abort_request` (SGLang's `AbortReq`): abort one request, or every one (the engine side reads it).
+
+    Attributes:
+        rid: the request to abort (SGLang's `BaseReq.rid`; None or "" names none).
+        abort_all: abort every running and waiting request.
+    """
+
+    endpoint: ClassVar[str] = "/abort_request"
+
+    rid: str | None = None
+    abort_all: bool = False
 
 
 # ----------------------------------------------------------------------------------- named-tensor payload

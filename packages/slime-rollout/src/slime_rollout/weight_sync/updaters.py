@@ -33,6 +33,7 @@ import logging
 import os
 import pathlib
 import shutil
+import threading
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,9 @@ from safetensors.torch import save_file
 
 from slime_core.dir_swap import check_replaceable, mark, swap_in
 from slime_rollout.engines.client import RolloutClient
+from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.wire import (
+    DestroyWeightsUpdateGroupReq,
     broadcast_buffer,
     deserialize_named_tensors,
     dtype_name,
@@ -71,6 +74,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Bucket = list[tuple[str, torch.Tensor]]
+
+# How long tearing down a failed broadcast group may take at each end before it is abandoned.
+TEARDOWN_TIMEOUT_S = 30.0
+# How long a failed push waits for this end's broadcast to return before leaving its group to it.
+BROADCAST_GRACE_S = 5.0
+# Broadcast groups made by this process, by the name asked for: each after the first gets `<name>-<n>`.
+_GROUPS_MADE: dict[str, int] = {}
+_GROUPS_LOCK = threading.Lock()
 
 
 def run_sync(coro: Coroutine) -> Any:
@@ -350,14 +361,17 @@ async def _alongside_engines(own: asyncio.Future, calls: list[Coroutine], engine
 class DistributedWeightUpdater(_EngineUpdater):
     """Disaggregated update: broadcast from trainer rank 0 to every engine rank (NCCL on GPUs).
 
-    The broadcast is collective: an engine failing mid-push fails the whole push (`tolerant = False`).
+    The broadcast is collective: an engine failing mid-push fails the whole push (`tolerant = False`), and its group
+    is destroyed on both ends; the next push makes a new group named `<group_name>-<n>` on a free port above the
+    last one (`group_name`, `master_port` hold the current group's). Names are counted per process: a later updater
+    asking for the same name gets the next `<group_name>-<n>`.
 
     Args:
         cfg: the trainer's run config; reads `rollout_num_gpus_per_engine` for the engines' ranks.
         client: the engines to update.
         master_address: address the engines can reach this process at.
-        master_port: free port for the group's TCP store.
-        group_name: process-group name (slime uses `slime-pp_<pp_rank>`).
+        master_port: free port for the first group's TCP store.
+        group_name: name of the first process group (slime uses `slime-pp_<pp_rank>`).
         backend: "nccl" on GPUs; "gloo" works with CPU tensors (tests, reference engine).
         pause_mode: `pause_generation` mode.
     """
@@ -380,12 +394,34 @@ class DistributedWeightUpdater(_EngineUpdater):
         # first communicator, so it must be set before the group's first broadcast.
         os.environ["NCCL_CUMEM_ENABLE"] = nccl_cumem_enable()
         self.gpus_per_engine = cfg.rollout_num_gpus_per_engine
+        # The rendezvous of the current (or next) group; each group after the first gets a fresh name and port.
         self.master_address, self.master_port = master_address, master_port
         self.group_name, self.backend = group_name, backend
+        self._base_name = group_name
+        self._num_groups = 0
         self._group: torch.distributed.ProcessGroup | None = None
 
+    def _next_rendezvous(self) -> None:
+        """Picks the name and port of a new group: the given ones first, then fresh ones.
+
+        A failed group may live on at either end (an engine that missed the teardown; this end's rendezvous thread,
+        abandoned while its TCP store holds the port), and c10d refuses a name already registered. Names count per
+        process, so the updater that replaces this one (`slime_app.weights.release_weight_updater`) gets a fresh one.
+        """
+        with _GROUPS_LOCK:
+            made = _GROUPS_MADE.get(self._base_name, 0)
+            _GROUPS_MADE[self._base_name] = made + 1
+        self.group_name = f"{self._base_name}-{made}" if made else self._base_name
+        if self._num_groups:
+            self.master_port = find_free_port("", start=self.master_port + 1)
+        self._num_groups += 1
+
     async def aconnect(self) -> None:
-        """Creates the group: rank 0 is this process, engine i holds ranks `1 + i*gpus_per_engine ...`."""
+        """Creates the group: rank 0 is this process, engine i holds ranks `1 + i*gpus_per_engine ...`.
+
+        On a failure (an engine refused to join) the group is torn down on both ends before the error is raised.
+        """
+        self._next_rendezvous()
         world_size = 1 + len(self.client.urls) * self.gpus_per_engine
         joins = [
             engine.init_weights_update_group(
@@ -407,29 +443,50 @@ class DistributedWeightUpdater(_EngineUpdater):
             rank=0,
             group_name=self.group_name,
         )
-        self._group = await _alongside_engines(own, joins, self.client.engines, "/init_weights_update_group")
+        try:
+            self._group = await _alongside_engines(own, joins, self.client.engines, "/init_weights_update_group")
+        except BaseException:
+            formed = own.done() and not own.cancelled() and own.exception() is None
+            await self._teardown(own.result() if formed else None, failed=True)
+            raise
 
     async def adisconnect(self) -> None:
-        """Destroys the group on both ends, concurrently.
+        """Destroys the group on both ends, concurrently (nothing when there is none).
 
-        NCCL's communicator teardown on the engine does not return until this end tears down too, so awaiting
-        the engine's reply first deadlocks.
+        Raises:
+            Exception: this end's `destroy_process_group` failed (an engine's failure is logged).
         """
-        if self._group is None:
-            return
-        engines = self.client.engines
-        results = await asyncio.gather(
-            asyncio.to_thread(torch.distributed.destroy_process_group, self._group),
-            *(e.destroy_weights_update_group(group_name=self.group_name) for e in engines),
-            return_exceptions=True,
-        )
+        if self._group is not None:
+            await self._teardown(self._group, failed=False)
+
+    async def _teardown(self, group: torch.distributed.ProcessGroup | None, *, failed: bool) -> None:
+        """Destroys `group` here (None: nothing to destroy here) and the current group on every engine, concurrently.
+
+        NCCL's communicator teardown on the engine does not return until this end tears down too, so awaiting the
+        engine's reply first deadlocks. After a failure (`failed`) each side gets `TEARDOWN_TIMEOUT_S`, this end's
+        teardown runs in an abandonable daemon thread, and nothing is raised: the next group has its own name and
+        port whatever is left of this one.
+        """
+        name, engines = self.group_name, self.client.engines
         self._group = None
+        body = DestroyWeightsUpdateGroupReq(group_name=name).to_json()
+        calls = [
+            e.request("POST", "/destroy_weights_update_group", body, timeout=TEARDOWN_TIMEOUT_S, max_retries=0)
+            for e in engines
+        ]
+        own: Any = None  # no group formed here (its rendezvous failed): nothing to destroy on this end
+        if group is not None:
+            own = in_daemon_thread(torch.distributed.destroy_process_group, group, name="weight sync: destroy group")
+            own = asyncio.wait_for(own, TEARDOWN_TIMEOUT_S) if failed else own
+        results = await asyncio.gather(own or asyncio.sleep(0), *calls, return_exceptions=True)
         if isinstance(results[0], BaseException):
-            raise results[0]
+            if not failed:
+                raise results[0]
+            logger.warning("weight sync: destroying the failed group %r here: %r", name, results[0])
         for engine, result in zip(engines, results[1:], strict=True):
             if isinstance(result, BaseException):
-                # A dead engine (or its restarted successor, which never joined) has no group to destroy.
-                logger.warning("destroy_weights_update_group on %s: %s", engine.url, result)
+                # A dead engine, one that refused to join or a restarted one that never joined has no group.
+                logger.warning("destroy_weights_update_group %r on %s: %s", name, engine.url, result)
 
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         if self._group is None:
@@ -452,9 +509,15 @@ class DistributedWeightUpdater(_EngineUpdater):
             ]
             own = in_daemon_thread(self._broadcast, bucket, name="weight sync: broadcast")
             try:
-                await _alongside_engines(own, announces, engines, "/update_weights_from_distributed")
+                # Shielded: an engine that refuses after receiving may answer before this end's broadcast returns.
+                await _alongside_engines(asyncio.shield(own), announces, engines, "/update_weights_from_distributed")
             except BaseException:
-                self._group = None  # a broadcast left half-done: the group is never used again
+                # The group is never used again. A broadcast still waiting keeps this end's group: destroying it would
+                # block this whole process until the broadcast times out.
+                await asyncio.wait({own}, timeout=BROADCAST_GRACE_S)
+                ended = own.done() and not own.cancelled() and own.exception() is None
+                own.cancel()  # a broadcast still waiting is abandoned with its (daemon) thread
+                await self._teardown(self._group if ended else None, failed=True)
                 raise
 
     def _broadcast(self, bucket: Bucket) -> None:

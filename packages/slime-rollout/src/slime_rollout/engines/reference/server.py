@@ -20,10 +20,12 @@ from __future__ import annotations
 import contextlib
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 
 from slime_rollout.engines.reference.model import ReferenceModel
 from slime_rollout.engines.reference.routed_experts import RouteCapture
 from slime_rollout.engines.reference.routes import control, generate, info, lora, weights
+from slime_rollout.engines.reference.routes.bodies import validation_error_reply
 from slime_rollout.engines.reference.routes.state import EngineState
 from slime_rollout.engines.reference.scheduler import Scheduler
 
@@ -64,6 +66,7 @@ def build_app(model: ReferenceModel, *, max_running_requests: int, random_seed: 
         await scheduler.stop()
 
     app = FastAPI(lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, validation_error_reply)  # SGLang's 400, not FastAPI's 422
     app.state.scheduler = scheduler
     app.state.engine = engine
     for group in (generate, control, weights, lora, info):

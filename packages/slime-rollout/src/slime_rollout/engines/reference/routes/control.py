@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from slime_rollout.engines.reference.routes.state import engine_of, error, json_or_empty
+from slime_rollout.engines.reference.routes.bodies import json_or_empty
+from slime_rollout.engines.reference.routes.state import engine_of, error
 
 __all__ = ["router"]
 

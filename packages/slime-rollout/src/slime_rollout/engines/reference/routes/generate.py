@@ -12,9 +12,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from slime_rollout.engines.reference.request import GenRequest
-from slime_rollout.engines.reference.routes.state import EngineState, engine_of, error, json_or_empty
+from slime_rollout.engines.reference.routes.bodies import json_or_empty, parse_request
+from slime_rollout.engines.reference.routes.state import EngineState, engine_of, error
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.vision import decode_engine_image
+from slime_rollout.engines.wire import AbortReq
 
 __all__ = ["router", "submit_one", "to_output"]
 
@@ -218,7 +220,7 @@ async def generate(request: Request):
 
 @router.post("/abort_request")
 async def abort_request(request: Request):
-    """Aborts the request `rid`, or every request with `abort_all`."""
-    body = await json_or_empty(request)
-    engine_of(request).scheduler.abort(rid=body.get("rid"), abort_all=bool(body.get("abort_all", False)))
+    """Aborts the request `rid`, or every request with `abort_all` (SGLang's bool: "false" is False)."""
+    req, _ = await parse_request(request, AbortReq)
+    engine_of(request).scheduler.abort(rid=req.rid, abort_all=req.abort_all)
     return Response(status_code=200)

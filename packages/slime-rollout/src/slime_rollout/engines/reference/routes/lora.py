@@ -1,45 +1,25 @@
 """LoRA adapter routes: `/load_lora_adapter` and `/unload_lora_adapter` with SGLang's `LoRAUpdateOutput` replies.
 
 The bodies are SGLang's typed parameters (`sglang.srt.managers.io_struct.LoadLoRAAdapterReqInput`,
-`UnloadLoRAAdapterReqInput`, each a `BaseReq` with `rid` and `http_worker_ipc`), so a missing or mistyped field is
-FastAPI's HTTP 422 naming it, as SGLang answers (a body without `lora_name` was a 500 here).
+`UnloadLoRAAdapterReqInput`; records `slime_rollout.engines.wire.LoadLoRAAdapterReq`, `UnloadLoRAAdapterReq`), read as
+SGLang reads them (`bodies.py`): a missing or mistyped field is SGLang's HTTP 400 naming it (a body without
+`lora_name` was a 500 here).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from slime_rollout.engines.reference.routes.state import EngineState, engine_of, parse_request
+from slime_rollout.engines.reference.routes.bodies import parse_request
+from slime_rollout.engines.reference.routes.state import EngineState, engine_of
+from slime_rollout.engines.wire import LoadLoRAAdapterReq, UnloadLoRAAdapterReq
 
-__all__ = ["LoadLoRAAdapterReq", "UnloadLoRAAdapterReq", "router"]
+__all__ = ["router"]
 
 router = APIRouter()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class LoadLoRAAdapterReq:
-    """SGLang's `LoadLoRAAdapterReqInput`: `lora_name` and `lora_path` required (`pinned`, `lora_id` not read)."""
-
-    lora_name: str
-    lora_path: str
-    pinned: bool = False
-    lora_id: str | None = None
-    rid: str | None = None
-    http_worker_ipc: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class UnloadLoRAAdapterReq:
-    """SGLang's `UnloadLoRAAdapterReqInput`: `lora_name` required (`lora_id` not read)."""
-
-    lora_name: str
-    lora_id: str | None = None
-    rid: str | None = None
-    http_worker_ipc: str | None = None
 
 
 def _lora_result(engine: EngineState, success: bool, message: str = "") -> JSONResponse:

@@ -1,6 +1,7 @@
 """Weight routes: updates from disk, shared tensors and a broadcast group, the version fence, checksums and reads.
 
-Request bodies are the records of `slime_rollout.engines.wire` (the trainer encodes with the same module). Every
+Request bodies are read as SGLang reads them (`bodies.py`) into the records of `slime_rollout.engines.wire` (the
+trainer encodes with the same module); `abort_all_requests` is SGLang's validated field, its default when absent. Every
 update runs under the engine's update lock and its push guard (`push_guard.py`): a bucket of another push's version
 is refused, and the version changes only after a successful update, as in SGLang.
 """
@@ -18,14 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from slime_rollout.engines.reference.delta import apply_delta_request, base_refusal
-from slime_rollout.engines.reference.routes.state import (
-    EngineState,
-    abort_all_requests,
-    engine_of,
-    error,
-    json_or_empty,
-    parse_request,
-)
+from slime_rollout.engines.reference.routes.bodies import json_or_empty, parse_request
+from slime_rollout.engines.reference.routes.state import EngineState, engine_of, error
 from slime_rollout.engines.weight_delta import UpdateWeightsFromDeltaReq
 from slime_rollout.engines.wire import (
     DestroyWeightsUpdateGroupReq,
@@ -92,12 +87,12 @@ async def _run_update(
 async def update_weights_from_disk(request: Request):
     """Loads every weight from the safetensors checkpoint at `model_path`."""
     engine = engine_of(request)
-    req, body = await parse_request(request, UpdateWeightsFromDiskReq)
+    req, fields = await parse_request(request, UpdateWeightsFromDiskReq)
     return await _run_update(
         engine,
         lambda: engine.model.weights.load_from_disk(req.model_path),
         req.weight_version,
-        abort_all_requests(body),
+        fields["abort_all_requests"],
         endpoint="/update_weights_from_disk",
         from_disk=True,
     )
@@ -107,7 +102,7 @@ async def update_weights_from_disk(request: Request):
 async def update_weights_from_tensor(request: Request):
     """Loads one bucket of named tensors (shared memory or CUDA IPC handles; unpickled as SGLang does)."""
     engine = engine_of(request)
-    req, body = await parse_request(request, UpdateWeightsFromTensorReq)
+    req, fields = await parse_request(request, UpdateWeightsFromTensorReq)
     if not req.serialized_named_tensors:
         return JSONResponse({"success": False, "message": "serialized_named_tensors is empty"}, status_code=400)
 
@@ -117,7 +112,7 @@ async def update_weights_from_tensor(request: Request):
         return engine.model.weights.load_named_tensors(named)
 
     return await _run_update(
-        engine, load, req.weight_version, abort_all_requests(body), endpoint="/update_weights_from_tensor"
+        engine, load, req.weight_version, fields["abort_all_requests"], endpoint="/update_weights_from_tensor"
     )
 
 
@@ -126,13 +121,10 @@ async def update_weights_from_delta(request: Request):
     """Applies one bucket of weight deltas against the base version the engine holds (ours, not SGLang's).
 
     The codec is `slime_rollout.engines.weight_delta`; every tensor's checksum is verified before anything is loaded.
+    A malformed body is refused as SGLang refuses one on its own update routes (`bodies.py`).
     """
     engine = engine_of(request)
-    body = await json_or_empty(request)
-    try:
-        req = UpdateWeightsFromDeltaReq.from_json(body)
-    except ValueError as exc:
-        return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+    req, fields = await parse_request(request, UpdateWeightsFromDeltaReq)
 
     def load() -> int:
         # Checked under the update lock, so no other update moves the version in between.
@@ -143,7 +135,7 @@ async def update_weights_from_delta(request: Request):
         return apply_delta_request(engine.model, named, req)
 
     return await _run_update(
-        engine, load, req.weight_version, abort_all_requests(body), endpoint="/update_weights_from_delta"
+        engine, load, req.weight_version, fields["abort_all_requests"], endpoint="/update_weights_from_delta"
     )
 
 
@@ -161,19 +153,29 @@ async def init_weights_update_group(request: Request):
             rank=int(req.rank_offset),  # one TP rank: its rank is the offset
             group_name=req.group_name,
         )
-    except (KeyError, RuntimeError, ValueError) as exc:
-        return JSONResponse({"success": False, "message": f"init_weights_update_group: {exc!r}"}, status_code=400)
+    except Exception as exc:  # noqa: BLE001 - SGLang's ModelRunner answers every failure to join this way
+        message = f"Failed to initialize custom process group: {exc}."
+        logger.error("%s", message)
+        return JSONResponse({"success": False, "message": message}, status_code=400)
     return {"success": True, "message": "Succeeded to initialize custom process group."}
 
 
 @router.post("/destroy_weights_update_group")
 async def destroy_weights_update_group(request: Request):
-    """Leaves and destroys the named broadcast group."""
+    """Leaves and destroys the named group, with SGLang's replies (`ModelRunner.destroy_weights_update_group`).
+
+    The group is forgotten before it is destroyed, as SGLang pops it first: a failed teardown leaves no name behind.
+    """
     req, _ = await parse_request(request, DestroyWeightsUpdateGroupReq)
     group = engine_of(request).groups.pop(req.group_name, None)
     if group is None:
-        return JSONResponse({"success": False, "message": "no such group"}, status_code=400)
-    torch.distributed.destroy_process_group(group)
+        return JSONResponse({"success": False, "message": "The group to be destroyed does not exist."}, 400)
+    try:
+        await asyncio.to_thread(torch.distributed.destroy_process_group, group)
+    except Exception as exc:  # noqa: BLE001 - SGLang answers any teardown failure with its message
+        message = f"Failed to destroy custom process group: {exc}."
+        logger.error("%s", message)
+        return JSONResponse({"success": False, "message": message}, status_code=400)
     return {"success": True, "message": "Succeeded to destroy custom process group."}
 
 
@@ -181,7 +183,7 @@ async def destroy_weights_update_group(request: Request):
 async def update_weights_from_distributed(request: Request):
     """Receives one bucket by broadcast from group rank 0 (`names`, `dtypes`, `shapes`) and loads it."""
     engine = engine_of(request)
-    req, body = await parse_request(request, UpdateWeightsFromDistributedReq)
+    req, fields = await parse_request(request, UpdateWeightsFromDistributedReq)
     if not len(req.names) == len(req.dtypes) == len(req.shapes):
         message = f"names, dtypes and shapes differ in length: {len(req.names)}, {len(req.dtypes)}, {len(req.shapes)}"
         return JSONResponse({"success": False, "message": message}, status_code=400)
@@ -202,7 +204,7 @@ async def update_weights_from_distributed(request: Request):
         engine,
         lambda: engine.model.weights.load_named_tensors(receive_only()),
         req.weight_version,
-        abort_all_requests(body),
+        fields["abort_all_requests"],
         endpoint="/update_weights_from_distributed",
         drain=receive_only,
     )
@@ -254,7 +256,7 @@ async def update_weight_version(request: Request):
     """The version fence that ends a push: sets `new_version` (a mismatch with the push's buckets is logged)."""
     engine = engine_of(request)
     req, _ = await parse_request(request, UpdateWeightVersionReq)
-    if req.abort_all_requests:  # the validated field ("false" is False here, as in SGLang)
+    if req.abort_all_requests:  # SGLang's validated field: "false" is False, an absent one True (its default)
         engine.scheduler.abort(abort_all=True)
     async with engine.update_lock:
         mismatch = engine.push_guard.fence_mismatch(req.new_version)
