@@ -178,6 +178,8 @@ async def weight_cases(ctx: Ctx) -> dict[str, Exchange]:
         "serialized_named_tensors": [serialize_named_tensors([(name, tensor)])], "load_format": None,
         "flush_cache": True, "weight_version": "wire-3"})  # fmt: skip
     out["weights_checker"] = await ctx.call("POST", "/weights_checker", {"action": "checksum"})
+    # A body that fails SGLang's request validation (a required field missing): its status and error shape.
+    out["update_weight_version_malformed"] = await ctx.call("POST", "/update_weight_version", {})
     for hf_name in QWEN3_KINDS:
         kind = hf_name.removeprefix("model.layers.0.").removeprefix("model.").removesuffix(".weight")
         out[f"get_weights_by_name.{kind}"] = await ctx.call(
@@ -197,6 +199,7 @@ async def lora_cases(ctx: Ctx) -> dict[str, Exchange]:
         "unload_lora_adapter": await ctx.call("POST", "/unload_lora_adapter", {"lora_name": LORA_NAME}),
         "unload_lora_adapter_again": await ctx.call("POST", "/unload_lora_adapter", {"lora_name": LORA_NAME}),
         "generate_lora_not_loaded": await ctx.call("POST", "/generate", body),
+        "load_lora_adapter_malformed": await ctx.call("POST", "/load_lora_adapter", {"lora_path": "x"}),
     }
 
 

@@ -165,6 +165,9 @@ def test_every_case_runs_against_the_reference_engine(wire_engine, tiny_qwen3_di
     assert text["generate_aborted"]["reply"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert text["abort_request"]["status"] == 200
     assert [lora[k]["status"] for k in ("load_lora_adapter", "generate_lora", "unload_lora_adapter")] == [200] * 3
+    # SGLang 0.5.16's RequestValidationError handler: 400 (not FastAPI's default 422), its error object.
+    for malformed in (text["update_weight_version_malformed"], lora["load_lora_adapter_malformed"]):
+        assert malformed["status"] == 400 and malformed["reply"]["code"] == 400, malformed
 
 
 @pytest.mark.slow  # an engine process of its own: the full CI pass runs it, not the isolation pass
