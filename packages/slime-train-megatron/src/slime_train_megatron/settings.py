@@ -79,7 +79,19 @@ class MegatronSettings(BaseModel):
     optimizer_cpu_offload: bool = Field(False, description="Keep optimizer states on CPU and step there (HybridAdam).")
     overlap_cpu_optimizer_d2h_h2d: bool = Field(False, description="Overlap the CPU optimizer's copies with compute.")
     optimizer_offload_fraction: float = Field(1.0, ge=0, le=1, description="Share of states on CPU when offloading.")
-    use_precision_aware_optimizer: bool = Field(False, description="Megatron's precision-aware optimizer.")
+    use_precision_aware_optimizer: bool = Field(
+        False, description="Megatron's precision-aware optimizer (needs Transformer Engine's FusedAdam)."
+    )
+    use_torch_fused_adam: bool = Field(
+        False,
+        description="slime: torch's fused AdamW kernel where megatron-core falls back to torch's AdamW (no TE/Apex); "
+        "torch_optimizer.py.",
+    )
+    use_foreach_grad_norm: bool = Field(
+        False,
+        description="slime: multi-tensor grad norm and clipping without a host copy per parameter where megatron-core "
+        "falls back to its local implementations (no TE/Apex); torch_optimizer.py.",
+    )
     attention_softmax_in_fp32: bool = Field(False, description="Unfused attention softmax in fp32.")
     moe_aux_loss_coeff: float | None = Field(None, ge=0, description="Router loss weight (None: config.json's).")
     moe_z_loss_coeff: float | None = Field(None, ge=0, description="Router z-loss weight (None: off).")
