@@ -87,6 +87,21 @@ class MegatronSettings(BaseModel):
         description="slime: torch's fused AdamW kernel where megatron-core falls back to torch's AdamW (no TE/Apex); "
         "torch_optimizer.py.",
     )
+    bias_swiglu_fusion: bool = Field(
+        False,
+        description="megatron-core's fused SwiGLU (torch.compile'd forward and hand-written backward; Megatron-LM's "
+        "default, turned off by its --no-bias-swiglu-fusion). slime's default is off: it compiles at first use.",
+    )
+    bias_dropout_fusion: bool = Field(
+        False,
+        description="megatron-core's fused bias-dropout-add of the residual (torch.compile'd; Megatron-LM's default, "
+        "turned off by its --no-bias-dropout-fusion). slime's default is off: it compiles at first use.",
+    )
+    megatron_compile_layers: bool = Field(
+        False,
+        description="slime: torch.compile every decoder layer (regional compilation, dynamic shapes; the Megatron "
+        "twin of --fsdp-compile-layers): fuses the local spec's norms, RoPE, SwiGLU and residual adds.",
+    )
     use_foreach_grad_norm: bool = Field(
         False,
         description="slime: multi-tensor grad norm and clipping without a host copy per parameter where megatron-core "

@@ -27,7 +27,12 @@ from slime_core.param_filter import frozen_parameter_names
 from slime_train_megatron.attention import AttentionKind, attention_kind
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint
 from slime_train_megatron.lr_schedule import build_lr_scheduler
-from slime_train_megatron.model import build_gpt_model, build_transformer_config, use_transformer_engine
+from slime_train_megatron.model import (
+    build_gpt_model,
+    build_transformer_config,
+    compile_decoder_layers,
+    use_transformer_engine,
+)
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.sleep import offload_to_cpu, reload_from_cpu
 from slime_train_megatron.torch_optimizer import use_foreach_grad_norm, use_torch_fused_adam
@@ -59,7 +64,8 @@ def build_parallel_model(
 ) -> ParallelModel:
     """Initializes the parallel groups (once per process) and builds this rank's DDP-wrapped `GPTModel` stage.
 
-    The `--*-params-name-list` parameters are frozen before DDP (no grad buffer; the optimizer skips them).
+    The `--*-params-name-list` parameters are frozen before DDP (no grad buffer; the optimizer skips them);
+    `--megatron-compile-layers` compiles the decoder layers (`model.compile_decoder_layers`).
 
     Args:
         cfg: the run (or critic) config.
@@ -89,6 +95,8 @@ def build_parallel_model(
     module = build_gpt_model(model_args, s, config, value_head=value_head)
     if cuda:
         module.cuda(torch.cuda.current_device())
+    if s.megatron_compile_layers:
+        compile_decoder_layers(module)
     frozen = frozen_parameter_names([n for n, _ in module.named_parameters()], cfg)
     for name, param in module.named_parameters():
         if name in frozen:
