@@ -20,7 +20,9 @@ pytest.importorskip("megatron.core")
 
 from megatron.core.fusions import fused_bias_dropout, fused_bias_swiglu  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("_output_head_cases", pathlib.Path(__file__).parent / "test_output_head.py")
+_spec = importlib.util.spec_from_file_location(
+    "_output_head_cases", pathlib.Path(__file__).parent / "test_output_head.py"
+)
 _cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_cases)  # the same config and batch as the head tests (a sibling file, not a package)
 

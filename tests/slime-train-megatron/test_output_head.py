@@ -72,8 +72,12 @@ def test_fused_head_gives_the_logits_heads_log_probs_losses_and_grads(cpu_backen
     assert first_grads[None].keys() == first_grads["fused"].keys()
     for name, grad in first_grads["fused"].items():
         torch.testing.assert_close(grad, first_grads[None][name], atol=1e-6, rtol=1e-4, msg=name)
-    assert first_grads["fused"]["output_layer.weight" if family == "qwen3" else "embedding.word_embeddings.weight"][
-        300:].abs().max() == 0  # no gradient reaches the padding rows
+    assert (
+        first_grads["fused"]["output_layer.weight" if family == "qwen3" else "embedding.word_embeddings.weight"][300:]
+        .abs()
+        .max()
+        == 0
+    )  # no gradient reaches the padding rows
 
 
 def _capture_first_grads(backend, into: dict) -> None:

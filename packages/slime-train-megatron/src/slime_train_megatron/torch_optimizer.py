@@ -43,6 +43,7 @@ def foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list[list[tor
         noop_flag: unused (overflow buffer).
         tensor_lists: `[tensors]`, the gradients (fp32 main grads).
         per_tensor: must be False (megatron-core's grad norm never asks for per-tensor norms).
+        *args: unused (the applier's extra arguments).
 
     Returns:
         `(norm [1] float32 on the tensors' device, None)`: `sqrt(Σ_t ||t||²)`, without a host copy.
