@@ -23,8 +23,8 @@ Speed switches of issue 26 (all off by default; each a run flag, see `SWITCHES`)
 takes them as flags (`--log-probs-head`, `--megatron-extra="..."`). `--ab V1,V2,...` builds the backend once and
 times each variant in turn in the same process (one warm-up call per variant absorbs compilation), turning the
 switches on and off on the live backend exactly as the flags would set them at init; the JSON line then carries one
-entry per variant under `ab` (top-level numbers: the first variant's). `--profile` adds `_common.profile_summary` of one more train()
-(CUDA; per variant with `--ab`, those of `--profile-variants`).
+entry per variant under `ab` (top-level numbers: the first variant's). `--profile` adds `_common.profile_summary` of
+one more train() (CUDA; per variant with `--ab`, those of `--profile-variants`).
 
 `--device cpu` is a smoke mode (tiny presets; numbers meaningless): megatron-core's optimizer and pipeline
 schedule hard-code CUDA, so they are replaced by plain torch Adam on the DDP gradient buffers and a sequential

@@ -18,8 +18,7 @@ import sys
 import pytest
 import torch
 
-from slime_core.algorithms import KeptTokens
-from slime_core.algorithms import fused_head
+from slime_core.algorithms import KeptTokens, fused_head
 from slime_train_fsdp.logprob_head import head_log_probs
 
 R, H, V = 37, 16, 50
