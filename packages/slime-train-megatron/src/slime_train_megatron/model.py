@@ -207,9 +207,13 @@ def compile_decoder_layers(model: GPTModel, backend: str = "inductor") -> int:
     """`--megatron-compile-layers`: `torch.compile(dynamic=True)` on each decoder layer of this stage, in place.
 
     Regional compilation, as the FSDP backend's `--fsdp-compile-layers`: every layer has the same code, so the
-    graphs are built once and reused; packed rows change length, hence dynamic shapes. megatron-core's layer
-    graph-breaks where it reads host values (THD RoPE's sequence lengths) or warns; the pieces between run compiled.
-    Parameters, names and hooks are unchanged (`nn.Module.compile` wraps the call only).
+    graphs are built once and reused (checked on CPU: 2 and 6 layers give the same 25 graphs); packed rows change
+    length, hence dynamic shapes. megatron-core 0.16's layer graph-breaks where it reads host values (THD RoPE's
+    `.tolist()` of the sequence lengths), where `RowParallelLinear` passes `tp_group=None` and so warns on every
+    call, and in `make_viewless_tensor`; the pieces between run compiled (the norms, RoPE, SwiGLU and residual adds
+    fuse inside them). RoPE's graph specializes on the number of sequences in a row: past torch's recompile limit
+    (8 distinct counts) that piece runs eagerly. Parameters, names and hooks are unchanged (`nn.Module.compile`
+    wraps the call only).
 
     Args:
         model: this stage's `GPTModel`.
