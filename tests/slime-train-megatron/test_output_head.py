@@ -7,6 +7,8 @@ The tiny vocabulary (300) is padded to 384 rows by megatron-core: the fused head
 of its softmax, as the logits head masks their columns.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -110,10 +112,35 @@ def test_the_head_switches_back_and_forth_on_one_model(cpu_backend_env, tiny_hf)
 
 
 def test_head_flag_errors_name_the_flag():
-    from slime_train_megatron.output_head import head_kind
+    from slime_train_megatron.settings import head_kind
 
     assert head_kind(None, 2) == "logits" and head_kind("fused", 1) == "fused"
     with pytest.raises(ValueError, match=r"--log-probs-head fp32 is an FSDP head"):
         head_kind("fp32", 1)
     with pytest.raises(ValueError, match=r"--log-probs-head fused needs --tensor-model-parallel-size 1 \(got 2\)"):
         head_kind("fused", 2)
+
+
+@pytest.mark.parametrize(
+    "head, tp, message",
+    [
+        ("fused", "1", None),
+        (None, "2", None),
+        ("fp32out", "1", "--log-probs-head fp32out is an FSDP head"),
+        ("fused", "2", r"--log-probs-head fused needs --tensor-model-parallel-size 1 \(got 2\)"),
+    ],
+)
+def test_preflight_names_a_head_the_backend_cannot_run(head, tp, message):
+    """Before the run starts (`--dry-run` included), not at the trainer's init on the GPU."""
+    from slime_train_megatron.spec import preflight
+
+    cfg = SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "log_probs_head": head,
+        "megatron_args": ["--tensor-model-parallel-size", tp],
+    })  # fmt: skip
+    problems = preflight(cfg)
+    if message is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].severity == "error"
+        assert re.search(message, problems[0].message)

@@ -43,10 +43,10 @@ from slime_train_megatron.hf_export import save_hf
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 from slime_train_megatron.model import iter_hf_weights, load_hf_weights
 from slime_train_megatron.optimizer_state import reset_adam_moments
-from slime_train_megatron.output_head import DEFAULT_CHUNK, HeadKind, emit_hidden_states, head_kind, hidden_log_probs
+from slime_train_megatron.output_head import DEFAULT_CHUNK, emit_hidden_states, hidden_log_probs
 from slime_train_megatron.packing import cp_zigzag_indices
 from slime_train_megatron.pipeline import MicroBatch, PipelineRunner
-from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.settings import HeadKind, MegatronSettings, head_kind
 from slime_train_megatron.trainer_parts import (
     Residency,
     all_reduce_sum,

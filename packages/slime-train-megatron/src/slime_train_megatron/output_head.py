@@ -25,8 +25,6 @@ Legend: `T` packed row length, `R` response rows, `H` hidden size, `V` vocabular
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from megatron.core.tensor_parallel import ColumnParallelLinear
@@ -35,9 +33,8 @@ from slime_core.algorithms import KeptTokens
 from slime_core.algorithms.fused_head import fused_log_probs
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 
-__all__ = ["DEFAULT_CHUNK", "HeadKind", "emit_hidden_states", "head_kind", "hidden_log_probs"]
+__all__ = ["DEFAULT_CHUNK", "emit_hidden_states", "hidden_log_probs"]
 
-HeadKind = Literal["logits", "fused"]
 DEFAULT_CHUNK = 1024  # response rows per lm_head chunk when --log-probs-chunk-size is unset (-1), as under FSDP
 
 
@@ -46,31 +43,6 @@ class _HiddenStatesOutputLayer(ColumnParallelLinear):
 
     def forward(self, input_, weight=None, runtime_gather_output=None):  # noqa: D102 (ColumnParallelLinear's)
         return input_, None
-
-
-def head_kind(log_probs_head: str | None, tensor_model_parallel_size: int) -> HeadKind:
-    """The head `--log-probs-head` selects for the Megatron actor.
-
-    Args:
-        log_probs_head: the run's `--log-probs-head` (None: the default `logits` head).
-        tensor_model_parallel_size: `--tensor-model-parallel-size`.
-
-    Raises:
-        ValueError: a head other than `fused` (the others are the FSDP backend's), or `fused` with TP > 1.
-    """
-    if log_probs_head is None:
-        return "logits"
-    if log_probs_head != "fused":
-        raise ValueError(
-            f"--log-probs-head {log_probs_head} is an FSDP head; the Megatron backend has its default head "
-            "(leave the flag out) and fused"
-        )
-    if tensor_model_parallel_size != 1:
-        raise ValueError(
-            f"--log-probs-head fused needs --tensor-model-parallel-size 1 (got {tensor_model_parallel_size}): "
-            "it is not vocabulary-parallel; leave --log-probs-head out"
-        )
-    return "fused"
 
 
 def emit_hidden_states(model: torch.nn.Module, on: bool) -> None:

@@ -22,7 +22,10 @@ from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MegatronSettings"]
+__all__ = ["HeadKind", "MegatronSettings", "head_kind"]
+
+#: The actor's log-prob head (`output_head.py`): megatron-core's logits, or the fused head on hidden states.
+HeadKind = Literal["logits", "fused"]
 
 
 class MegatronSettings(BaseModel):
@@ -218,3 +221,28 @@ def _parser() -> argparse.ArgumentParser:
         "--no-use-distributed-optimizer", dest="use_distributed_optimizer", action="store_const", const=False
     )
     return parser
+
+
+def head_kind(log_probs_head: str | None, tensor_model_parallel_size: int) -> HeadKind:
+    """The head `--log-probs-head` selects for the Megatron actor.
+
+    Args:
+        log_probs_head: the run's `--log-probs-head` (None: the default `logits` head).
+        tensor_model_parallel_size: `--tensor-model-parallel-size`.
+
+    Raises:
+        ValueError: a head other than `fused` (the others are the FSDP backend's), or `fused` with TP > 1.
+    """
+    if log_probs_head is None:
+        return "logits"
+    if log_probs_head != "fused":
+        raise ValueError(
+            f"--log-probs-head {log_probs_head} is an FSDP head; the Megatron backend has its default head "
+            "(leave the flag out) and fused"
+        )
+    if tensor_model_parallel_size != 1:
+        raise ValueError(
+            f"--log-probs-head fused needs --tensor-model-parallel-size 1 (got {tensor_model_parallel_size}): "
+            "it is not vocabulary-parallel; leave --log-probs-head out"
+        )
+    return "fused"
