@@ -144,3 +144,35 @@ def test_preflight_names_a_head_the_backend_cannot_run(head, tp, message):
     else:
         assert len(problems) == 1 and problems[0].severity == "error"
         assert re.search(message, problems[0].message)
+
+
+@pytest.mark.parametrize("top_p", [False, True])
+def test_hidden_log_probs_equal_the_logits_heads_on_a_padded_vocabulary(top_p):
+    """`hidden_log_probs(h, W)` = `vocab_parallel_log_probs(h Wᵀ)` with 2 padding rows in W (large, so that a
+    padding column in the softmax would show), values and gradients, fp32 (1e-5 / 1e-4 absolute)."""
+    from slime_core.algorithms import KeptTokens
+    from slime_train_megatron.logprobs import vocab_parallel_log_probs
+    from slime_train_megatron.output_head import hidden_log_probs
+
+    g = torch.Generator().manual_seed(5)
+    hidden, weight = torch.randn(4, 8, generator=g), torch.randn(12, 8, generator=g)
+    weight[10:] = 5.0  # Megatron's padding rows (ids 10, 11)
+    targets = torch.tensor([1, 7, 9, 5])
+    kept = KeptTokens.from_offsets([[1, 3, 7, 0, 5, 9]], [[0, 2, 2, 3, 6]]) if top_p else None
+    results = []
+    for fused in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if fused:
+            lp, ent = hidden_log_probs(h, w, targets, temperature=0.7, vocab_size=10, chunk_size=3,
+                                       with_entropy=True, kept=kept)  # fmt: skip
+        else:
+            lp, ent = vocab_parallel_log_probs(h @ w.t(), targets, temperature=0.7, vocab_size=10, with_entropy=True,
+                                               kept=kept)  # fmt: skip
+        (lp.sum() + 0.3 * ent.sum()).backward()
+        results.append((lp, ent, h.grad, w.grad))
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4 if got.dim() == 2 else 1e-5, rtol=0)
+    assert results[1][3][10:].abs().max() == 0  # the padding rows get no gradient
+    _, no_entropy = hidden_log_probs(hidden, weight, targets, temperature=0.7, vocab_size=10, chunk_size=3,
+                                     with_entropy=False)  # fmt: skip
+    assert no_entropy is None
