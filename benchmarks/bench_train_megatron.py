@@ -2,7 +2,8 @@
 
 `python3 benchmarks/bench_train_megatron.py --preset qwen3-0.6b [--attention-backend auto|flash|local]
 [--tokens-per-mb 8192] [--seq-len 1024] [--response-len 512] [--steps-per-rollout 2] [--mbs-per-step 1]
-[--repeats 3] [--recompute] [--device cuda|cpu]`
+[--repeats 3] [--recompute] [--device cuda|cpu] [--log-probs-head fused] [--megatron-extra="FLAGS"] [--profile]
+[--ab base,head,adam,gradnorm,fusions,compile,all [--profile-variants base,all]]`
 
 TP = PP = CP = 1, world size 1 (NCCL on CUDA, gloo on CPU), bf16 with the distributed optimizer's fp32 main
 weights, the layer spec the backend picks (Transformer Engine when importable, else megatron-core's local spec).
@@ -16,6 +17,15 @@ one `train()` = the old-log-prob forward + `steps_per_rollout` optimizer steps o
 micro-batches of `tokens_per_mb // seq_len` sequences; one warm-up call, then the median of `--repeats`.
 MFU = model FLOPs / median seconds / `--peak-tflops` (the `bench_matmul.py` rate of the same session).
 
+Speed switches of issue 26 (all off by default; each a run flag, see `SWITCHES`): `head` = `--log-probs-head fused`,
+`adam` = `--use-torch-fused-adam`, `gradnorm` = `--use-foreach-grad-norm`, `fusions` = `--bias-swiglu-fusion
+--bias-dropout-fusion`, `compile` = `--megatron-compile-layers`; `all` = head, adam, gradnorm and compile. A single run
+takes them as flags (`--log-probs-head`, `--megatron-extra="..."`). `--ab V1,V2,...` builds the backend once and
+times each variant in turn in the same process (one warm-up call per variant absorbs compilation), turning the
+switches on and off on the live backend exactly as the flags would set them at init; the JSON line then carries one
+entry per variant under `ab` (top-level numbers: the first variant's). `--profile` adds `_common.profile_summary` of
+one more train() (CUDA; per variant with `--ab`, those of `--profile-variants`).
+
 `--device cpu` is a smoke mode (tiny presets; numbers meaningless): megatron-core's optimizer and pipeline
 schedule hard-code CUDA, so they are replaced by plain torch Adam on the DDP gradient buffers and a sequential
 micro-batch loop (what megatron-core's no-pipelining schedule does on one rank).
@@ -27,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 from pathlib import Path
 
 import _common  # sibling modules: a script's own directory is first on sys.path
@@ -37,7 +48,7 @@ def make_args(model_dir: Path, a: argparse.Namespace):
     """The run config (`SlimeArgs`, GRPO, the FSDP benchmark's optimizer settings) for the Megatron backend."""
     from slime_core.config import SlimeArgs
 
-    megatron = ["--bf16", "--attention-backend", a.attention_backend]
+    megatron = ["--bf16", "--attention-backend", a.attention_backend, *shlex.split(a.megatron_extra)]
     if a.transformer_impl:
         megatron += ["--transformer-impl", a.transformer_impl]
     if a.recompute:
@@ -51,7 +62,99 @@ def make_args(model_dir: Path, a: argparse.Namespace):
         calculate_per_token_loss=False, use_rollout_logprobs=False, use_tis=False, log_probs_chunk_size=-1,
         update_weight_buffer_size=512 * 1024**2, load=None, save=None, ref_load=None, start_rollout_id=None,
         num_rollout=100, rollout_batch_size=1, n_samples_per_prompt=1, global_batch_size=1,
+        log_probs_head=a.log_probs_head,
     ))  # fmt: skip
+
+
+def _toggle_head(backend, on: bool, device: str) -> None:
+    backend.set_log_probs_head("fused" if on else "logits")
+
+
+def _toggle_adam(backend, on: bool, device: str) -> None:
+    from slime_train_megatron.torch_optimizer import use_torch_fused_adam
+
+    use_torch_fused_adam(backend.optimizer, on)
+
+
+def _toggle_gradnorm(backend, on: bool, device: str) -> None:
+    from slime_train_megatron.torch_optimizer import use_foreach_grad_norm
+
+    use_foreach_grad_norm(on)
+
+
+def _toggle_fusions(backend, on: bool, device: str) -> None:
+    # megatron-core's MLP and TransformerLayer read these fields at every forward (all modules share one config).
+    backend.module.config.bias_activation_fusion = on
+    backend.module.config.bias_dropout_fusion = on
+
+
+def _toggle_compile(backend, on: bool, device: str) -> None:
+    from slime_train_megatron.model import compile_decoder_layers
+
+    if on:  # CPU smoke mode: dynamo's graphs without inductor's C++ build
+        compile_decoder_layers(backend.module, backend="inductor" if device == "cuda" else "aot_eager")
+    else:
+        for layer in backend.module.decoder.layers:
+            layer._compiled_call_impl = None  # what nn.Module.compile set: back to the eager call
+
+
+#: Issue 26's speed switches: name -> (the run flags, a toggle that sets on the live backend what they set at init).
+SWITCHES = {
+    "head": ("--log-probs-head fused", _toggle_head),
+    "adam": ("--use-torch-fused-adam", _toggle_adam),
+    "gradnorm": ("--use-foreach-grad-norm", _toggle_gradnorm),
+    "fusions": ("--bias-swiglu-fusion --bias-dropout-fusion", _toggle_fusions),
+    "compile": ("--megatron-compile-layers", _toggle_compile),
+}
+#: `--ab` variants: the switches each turns on (the rest off).
+VARIANTS = {"base": (), **{name: (name,) for name in SWITCHES}, "all": ("head", "adam", "gradnorm", "compile")}
+
+
+def run_ab(backend, batch, a: argparse.Namespace, flops: dict) -> list[dict]:
+    """Times each `--ab` variant on the live backend (switches toggled in between); one dict per variant.
+
+    Each variant sets every switch (on: its own; off: the others, also those the run's flags turned on). A variant
+    whose train() raises is recorded with its `error` and the next one runs.
+
+    Raises:
+        ValueError: an unknown variant name.
+    """
+    variants = [v.strip() for v in a.ab.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"--ab: unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    profiled = set(variants if a.profile_variants is None else a.profile_variants.split(","))
+    out: list[dict] = []
+    on_now = set(SWITCHES)  # a variant is its whole switch set: whatever flags the run started with are turned off
+    for name in variants:
+        want = set(VARIANTS[name])
+        for switch in sorted(on_now - want):
+            SWITCHES[switch][1](backend, False, a.device)
+        for switch in sorted(want - on_now):
+            SWITCHES[switch][1](backend, True, a.device)
+        on_now = want
+        flags = " ".join(SWITCHES[switch][0] for switch in sorted(want))
+        try:
+            warm_s, times, metrics, peak = _common.time_train(backend, batch, a.device, a.repeats)
+        except Exception as e:  # a switch that breaks on this machine is a result too; the next variant runs
+            _common.logger.exception("--ab variant %s failed", name)
+            out.append({"variant": name, "flags": flags, "error": f"{type(e).__name__}: {e}"[:1000]})
+            continue
+        t = _common.median(times)
+        entry = {"variant": name, "flags": flags, "train_s_median": t, "train_s_all": times, "warmup_s": warm_s,
+                 "mfu": flops["total"] / t / 1e12 / a.peak_tflops, "achieved_tflops": flops["total"] / t / 1e12,
+                 "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm")}  # fmt: skip
+        if a.profile and a.device == "cuda" and name in profiled:
+            entry["profile"] = _common.profile_summary(lambda: backend.train(0, batch))
+        out.append(entry)
+        # On stderr as soon as it is known: a step cut by its timeout still shows the variants that finished.
+        _common.logger.info("--ab %s: %.3f s per train(), MFU %.1f %%, grad norm %s", name, t, 100 * entry["mfu"],
+                            entry["grad_norm"])  # fmt: skip
+    base = next((e for e in out if e["variant"] == variants[0] and "error" not in e), None)
+    for e in out:
+        if base is not None and "error" not in e:
+            e["speedup_vs_first"] = base["train_s_median"] / e["train_s_median"]
+    return out
 
 
 class _CpuAdam:
@@ -122,6 +225,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--recompute", action="store_true", help="full activation recomputation of every layer")
     p.add_argument("--peak-tflops", type=float, default=790.0, help="MFU denominator (measured bf16 matmul rate)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--log-probs-head", default=None, choices=["fused"], help="the run flag (default: logits head)")
+    p.add_argument(
+        "--megatron-extra",
+        default="",
+        help="more Megatron flags, given with '=': --megatron-extra='--use-torch-fused-adam'",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one more train() (CUDA): GPU busy vs wall time, kernels by category",
+    )
+    p.add_argument("--ab", default=None, help=f"variants timed in one process, comma-separated: {', '.join(VARIANTS)}")
+    p.add_argument("--profile-variants", default=None, help="with --ab --profile: the variants profiled (default all)")
     a = p.parse_args(argv)
     _common.setup_logging()
     import torch
@@ -151,8 +267,21 @@ def main(argv: list[str] | None = None) -> dict:
         load_s, _ = _common.timed(lambda: backend.init(args, with_ref=False), a.device)
         batch = bench_train_fsdp.make_batch(a)
         old_forward = not can_reuse_old_log_probs(args, batch)
-        warm_s, times, metrics, peak = _common.time_train(backend, batch, a.device, a.repeats)
         flops = bench_train_fsdp.train_flops(transformers.AutoConfig.from_pretrained(model_dir), a, old_forward)
+        ab, prof = [], {}
+        if a.ab:
+            ab = run_ab(backend, batch, a, flops)
+            first = ab[0]
+            if "error" in first:
+                raise RuntimeError(f"--ab: the first variant ({first['variant']}) failed: {first['error']}")
+            warm_s, times, peak = first["warmup_s"], first["train_s_all"], first["peak_mem_gib"]
+            metrics = {"train/grad_norm": first["grad_norm"]}
+            head = "fused" if "head" in VARIANTS[first["variant"]] else "logits"
+        else:
+            warm_s, times, metrics, peak = _common.time_train(backend, batch, a.device, a.repeats)
+            head = backend.head
+            if a.profile and a.device == "cuda":
+                prof = {"profile": _common.profile_summary(lambda: backend.train(0, batch))}
         t = _common.median(times)
         tokens = batch.num_samples * a.seq_len
         n_params = sum(int(x.numel()) for x in backend.module.parameters())
@@ -168,7 +297,8 @@ def main(argv: list[str] | None = None) -> dict:
             "tokens_per_s": tokens / t, "model_tflops_per_train": flops["total"] / 1e12,
             "attention_share": flops["attention"] / flops["total"], "achieved_tflops": flops["total"] / t / 1e12,
             "mfu": flops["total"] / t / 1e12 / a.peak_tflops, "peak_tflops": a.peak_tflops,
-            "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm"),
+            "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm"), "log_probs_head": head,
+            "megatron_extra": a.megatron_extra, **prof, **({"ab": ab} if a.ab else {}),
         })  # fmt: skip
     finally:
         dist.destroy_process_group()

@@ -35,6 +35,13 @@
 #   train_megatron 200  Megatron train() (TP=PP=1, local spec, packed varlen attention) qwen3-0.6b (~70) and 1.7b (~100),
 #                       the FSDP shape (8 x 1024 tokens a micro-batch)
 #   train_megatron_1.7b 100  only the 1.7b of train_megatron
+#   train_megatron_1.7b_ab 170  issue 26: the 1.7b of train_megatron once, each speed switch off/on in that one process
+#                       (bench_train_megatron.py --ab): base, head (--log-probs-head fused), adam (--use-torch-fused-adam),
+#                       gradnorm (--use-foreach-grad-norm), fusions (--bias-swiglu-fusion --bias-dropout-fusion), compile
+#                       (--megatron-compile-layers), all (head+adam+gradnorm+compile); 1 warm-up + 2 timed train() each,
+#                       profiles of base and all; each variant's time is logged as it finishes. AB_VARIANTS=... picks
+#                       others. Budget estimated from reading (~70 s imports, checkpoint and load, ~3 s a variant, ~70 s
+#                       of compile warm-ups, ~10 s of profiles), not yet measured; timeout 300
 #   swap            60  FSDP qwen3-0.6b train() + sleep()/wake_up() through pinned vs pageable host buffers
 #   train_megatron_4b  150  the same for qwen3-4b
 #   train_megatron_base 200  qwen3-1.7b with the pre-issue-22 dense-mask attention (--attention-backend local) at
@@ -100,8 +107,9 @@ if [[ "${BENCH_SMOKE:-0}" == 1 ]]; then
   P06=qwen3-tiny; ENGINE=reference; DEV=(--device cpu); WS_EXTRA=(--engine reference --repeats 1); MM=(--size 256)
   RO_SIZE=(--engine reference --num-prompts 3 --n 2 --max-new-tokens 6 --concurrency 8 --repeats 1)
   MA=(--seqs 2 --seq-len 64 --heads 4 --kv-heads 2 --head-dim 16 --repeats 1)
+  AB=(--preset "$P06" --tokens-per-mb 64 --seq-len 32 --response-len 16)
 else
-  P06=qwen3-0.6b; ENGINE=sglang; DEV=(); WS_EXTRA=(); MM=(); MA=()
+  P06=qwen3-0.6b; ENGINE=sglang; DEV=(); WS_EXTRA=(); MM=(); MA=(); AB=(--preset qwen3-1.7b)
   RO_SIZE=(--num-prompts 64 --n 8 --max-new-tokens 256 --concurrency 256)
 fi
 
@@ -277,7 +285,7 @@ acceptance() {
   engine_down
 }
 
-[[ $# -gt 0 ]] || { sed -n 2,45p "$0"; exit 2; }
+[[ $# -gt 0 ]] || { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }  # the header comment: usage and steps
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >> "$LOGS" 2>&1
 for step in "$@"; do
   case "$step" in
@@ -326,6 +334,10 @@ for step in "$@"; do
       run_step train_megatron_1.7b 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b --peak-tflops "$(peak_tflops)" ;;
     train_megatron_1.7b) run_step train_megatron_1.7b 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b \
                            --peak-tflops "$(peak_tflops)" ;;
+    train_megatron_1.7b_ab) run_step train_megatron_1.7b_ab 300 python3 "$HERE/bench_train_megatron.py" \
+                              "${AB[@]}" --repeats 2 "${DEV[@]}" \
+                              --ab "${AB_VARIANTS:-base,head,adam,gradnorm,fusions,compile,all}" \
+                              --profile --profile-variants base,all --peak-tflops "$(peak_tflops)" ;;
     swap) run_step swap_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --swap --repeats 2 \
             --peak-tflops "$(peak_tflops)" ;;
     train_megatron_4b) run_step train_megatron_4b 300 python3 "$HERE/bench_train_megatron.py" --preset qwen3-4b \

@@ -184,6 +184,30 @@ def test_train_megatron_cpu(tmp_path, models):
 
 
 @pytest.mark.slow
+def test_train_megatron_speed_switches_cpu(tmp_path, models):
+    """Issue 26's switches: as run flags, and as `--ab` variants toggled on one backend (one JSON line either way)."""
+    pytest.importorskip("megatron.core")
+    cmd = [sys.executable, str(BENCH / "bench_train_megatron.py"), "--device", "cpu", "--preset", "qwen3-tiny",
+           "--tokens-per-mb", "64", "--seq-len", "32", "--response-len", "16", "--repeats", "1"]  # fmt: skip
+    flags = _run([*cmd, "--log-probs-head", "fused", "--megatron-extra=--use-foreach-grad-norm"], tmp_path, models)
+    assert flags["log_probs_head"] == "fused" and flags["megatron_extra"] == "--use-foreach-grad-norm"
+    ab = _run([*cmd, "--log-probs-head", "fused", "--ab", "base,head,gradnorm"], tmp_path, models)
+    assert [(v["variant"], v["flags"]) for v in ab["ab"]] == [
+        ("base", ""),
+        ("head", "--log-probs-head fused"),
+        ("gradnorm", "--use-foreach-grad-norm"),
+    ]
+    # base turned the run's --log-probs-head fused off: the top level is the first variant's, with the logits head
+    assert ab["log_probs_head"] == "logits" and ab["train_s_median"] == ab["ab"][0]["train_s_median"]
+    assert ab["ab"][0]["speedup_vs_first"] == 1.0 and all("error" not in v for v in ab["ab"])
+    # Same weights and batch on the first call of each (lr 1e-6 moves the weights by ~1e-6 between variants).
+    for variant in ab["ab"]:
+        assert variant["grad_norm"] == pytest.approx(flags["grad_norm"], rel=2e-2)  # bf16 on CPU
+    with pytest.raises(AssertionError, match="unknown variants"):
+        _run([*cmd, "--ab", "base,nosuch"], tmp_path, models)
+
+
+@pytest.mark.slow
 def test_megatron_attention_probe_cpu(tmp_path, models):
     pytest.importorskip("megatron.core")
     r = _run([sys.executable, str(BENCH / "probe_megatron_attention.py"), "--device", "cpu", "--seqs", "3",

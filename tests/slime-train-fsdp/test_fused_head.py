@@ -1,4 +1,4 @@
-"""Tests of the `fused` log-prob head (`slime_train_fsdp.fused_head`) against the autograd heads.
+"""Tests of the `fused` log-prob head (`slime_core.algorithms.fused_head`) against the autograd heads.
 
 References: the `fp32` head (fp32 logits, slime_core's log-softmax/entropy, autograd backward) on the same operand
 values, and the `fp32out` head for the bf16 gradients (the same bf16 backward matmuls).
@@ -18,8 +18,7 @@ import sys
 import pytest
 import torch
 
-from slime_core.algorithms import KeptTokens
-from slime_train_fsdp import fused_head
+from slime_core.algorithms import KeptTokens, fused_head
 from slime_train_fsdp.logprob_head import head_log_probs
 
 R, H, V = 37, 16, 50
@@ -202,7 +201,7 @@ def test_compiled_fused_head_on_cuda_matches_fp32out():
 
 _COMPILED_CHECK = """
 import json, torch
-from slime_train_fsdp import fused_head as fh
+from slime_core.algorithms import fused_head as fh
 
 def run(hidden, weight, targets, a, b, temperature):
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()

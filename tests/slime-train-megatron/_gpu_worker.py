@@ -49,6 +49,11 @@ def critic_scenario(args, tp: int) -> dict:
     return {"values": values, "metrics": metrics, "after": critic.compute_values(b)}
 
 
+#: speed_all: every issue-26 speed switch of the Megatron backend on (speed_base: all off).
+SPEED_FLAGS = ["--use-torch-fused-adam", "--use-foreach-grad-norm", "--bias-swiglu-fusion", "--bias-dropout-fusion",
+               "--megatron-compile-layers"]  # fmt: skip
+
+
 def main() -> None:
     scenario, hf_dir, out_dir, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     rank = int(os.environ["RANK"])
@@ -58,6 +63,7 @@ def main() -> None:
 
     # attn_<backend>: train with `--attention-backend <backend>` (auto: slime's packed varlen, local: dense mask).
     attention = ["--attention-backend", scenario.split("_", 1)[1]] if scenario.startswith("attn_") else []
+    speed = SPEED_FLAGS if scenario == "speed_all" else []
     from slime_train_megatron.backend import MegatronTrainBackend
 
     args = SlimeArgs.from_dict(
@@ -66,7 +72,8 @@ def main() -> None:
             num_rollout=1,
             train_backend="megatron",
             hf_checkpoint=hf_dir,
-            megatron_args=["--tensor-model-parallel-size", str(tp), "--bf16", "--lr", "1e-5", *attention],
+            megatron_args=[*("--tensor-model-parallel-size", str(tp), "--bf16", "--lr", "1e-5"), *attention, *speed],
+            log_probs_head="fused" if speed else None,
             advantage_estimator="grpo",
             rollout_temperature=0.8,
             kl_coef=0.0,
@@ -85,7 +92,7 @@ def main() -> None:
     b = batch()
     result = {"log_probs": backend.compute_log_probs(b)}
     result["attention"] = backend.attention
-    if scenario in ("train", "tp") or attention:
+    if scenario in ("train", "tp") or attention or scenario.startswith("speed_"):
         result["metrics"] = backend.train(0, b)
         # The DDP buffers hold the step's gradients until the next step zeroes them.
         result["grads"] = {n: p.main_grad.float().cpu() for n, p in backend.module.named_parameters()}
@@ -99,6 +106,9 @@ def main() -> None:
                 for name, p in backend.module.named_parameters()
                 for n, t in mcore_to_hf(name, p.detach(), backend.model_args)
             }
+    if scenario.startswith("speed_"):  # a second step: the optimizer's update of the first shows in its loss
+        result["metrics_2"] = backend.train(1, b)
+        result["after"] = backend.compute_log_probs(b)
     if scenario == "sleep":
         before = backend.compute_log_probs(b)
         free_before = torch.cuda.mem_get_info()[0]

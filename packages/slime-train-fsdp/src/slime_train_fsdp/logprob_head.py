@@ -14,9 +14,9 @@ Heads (`--log-probs-head`):
   out_dtype=torch.float32)`), backward in the compute dtype. The operands are bf16 values already (hidden states
   and the FSDP-gathered weight), so the logits are those of `fp32`/`tf32` up to summation order, at twice TF32's
   rate. On CPU (no such kernel) the same product runs in fp32.
-- `fused` (`fused_head.py`): the `fp32out` matmul and numbers, with one forward stats function and a hand-written
-  backward (one elementwise function writing the logits' gradient in the compute dtype) instead of autograd
-  over ~12 eager passes, compiled on CUDA with the decoder layers; only `h`, `W` and `[c]` vectors are kept per
+- `fused` (`slime_core.algorithms.fused_head`): the `fp32out` matmul and numbers, with one forward stats function and
+  a hand-written backward (one elementwise function writing the logits' gradient in the compute dtype) instead of
+  autograd over ~12 eager passes, compiled on CUDA with the decoder layers; only `h`, `W` and `[c]` vectors are kept per
   chunk. The CUDA default. With top-p replay (`kept`) it runs the `fp32out` path (logged once).
 - `bf16`: matmul in the compute dtype (bf16 under FSDP mixed precision), fp32 softmax math on the chunk's
   logits. Error ~1e-2 in log-prob on qwen3 shapes: bf16 logits carry 8 mantissa bits.
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from slime_core.algorithms import KeptTokens, log_probs_and_entropy_from_logits
-from slime_train_fsdp.fused_head import fp32out_logits, fused_log_probs
+from slime_core.algorithms.fused_head import fp32out_logits, fused_log_probs
 
 __all__ = ["DEFAULT_CPU_HEAD", "DEFAULT_CUDA_HEAD", "HEADS", "default_head", "head_log_probs"]
 

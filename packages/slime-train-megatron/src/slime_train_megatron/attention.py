@@ -88,6 +88,11 @@ def _sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length
     return torch.cat(outs)
 
 
+def _flash_applies(query: torch.Tensor) -> bool:
+    """Whether `packed_causal_attention` takes the flash varlen kernel for this `[T, H, D]` query."""
+    return query.device.type == "cuda" and query.dtype in _FLASH_DTYPES and query.shape[-1] <= _FLASH_MAX_HEAD_DIM
+
+
 def packed_causal_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -124,8 +129,7 @@ def packed_causal_attention(
         )
     if query.shape[1] % key.shape[1]:
         raise ValueError(f"{query.shape[1]} query heads are not a multiple of {key.shape[1]} key-value heads")
-    flash = query.device.type == "cuda" and query.dtype in _FLASH_DTYPES and query.shape[-1] <= _FLASH_MAX_HEAD_DIM
-    if flash:
+    if _flash_applies(query):
         from torch.nn.attention.varlen import varlen_attn
 
         q, k, v = (t.contiguous() for t in (query, key, value))
@@ -219,7 +223,8 @@ class PackedCoreAttention(MegatronModule):
             raise ValueError(f"packed core attention needs qkv_format 'thd', got {packed_seq_params.qkv_format!r}")
         host_cu = packed_seq_params.cu_seqlens_q_padded
         lengths = None
-        if host_cu is not None and host_cu.device.type == "cpu":
+        # Only the exact fallback reads the lengths; under --megatron-compile-layers a `.tolist()` is a graph break.
+        if host_cu is not None and host_cu.device.type == "cpu" and not _flash_applies(query):
             lengths = (host_cu[1:] - host_cu[:-1]).tolist()
         out = packed_causal_attention(
             query,

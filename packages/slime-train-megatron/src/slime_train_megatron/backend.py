@@ -43,9 +43,10 @@ from slime_train_megatron.hf_export import save_hf
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 from slime_train_megatron.model import iter_hf_weights, load_hf_weights
 from slime_train_megatron.optimizer_state import reset_adam_moments
+from slime_train_megatron.output_head import DEFAULT_CHUNK, emit_hidden_states, hidden_log_probs
 from slime_train_megatron.packing import cp_zigzag_indices
 from slime_train_megatron.pipeline import MicroBatch, PipelineRunner
-from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.settings import HeadKind, MegatronSettings, head_kind
 from slime_train_megatron.trainer_parts import (
     Residency,
     all_reduce_sum,
@@ -85,6 +86,7 @@ class MegatronTrainBackend:
         self.scheduler: Any = None
         self.weights = WeightSwap(lambda: self.module.named_parameters(), missing=_MISSING)  # ref / OPD teacher
         self.attention: AttentionKind = "transformer_engine"
+        self.head: HeadKind = "logits"  # `--log-probs-head` (output_head.py)
         self.runner: PipelineRunner | None = None  # packed micro-batches through megatron-core's schedule
         self.residency: Residency | None = None  # sleep/wake
         self.global_step = 0
@@ -107,6 +109,7 @@ class MegatronTrainBackend:
         self.model_args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
         parts = build_parallel_model(cfg, s, self.model_args)
         self.attention, self.module, self.model = parts.attention, parts.module, parts.model
+        self.set_log_probs_head(head_kind(cfg.log_probs_head, s.tensor_model_parallel_size))
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
         self.runner = PipelineRunner(self.model, self.module, s, self.attention)
         self.residency = Residency(self.model, self.optimizer)
@@ -163,12 +166,33 @@ class MegatronTrainBackend:
         """Whether on-policy-distillation teacher weights are held (`--opd-type megatron`)."""
         return self.weights.holds("teacher")
 
-    def _response_log_probs(self, logits: torch.Tensor, mb: MicroBatch, with_entropy: bool):
-        """Response-token log-probs (and entropy) `[R]` of a micro-batch from this rank's logits."""
+    def set_log_probs_head(self, head: HeadKind) -> None:
+        """Switches the log-prob head for the following calls (`output_head.py`; init sets `--log-probs-head`'s).
+
+        Raises:
+            ValueError: `fused` with tensor parallelism.
+        """
+        head_kind(None if head == "logits" else head, self.settings.tensor_model_parallel_size)
+        emit_hidden_states(self.module, head == "fused")
+        self.head = head
+
+    def _output_weight(self) -> torch.Tensor:
+        """`[V_padded, H]` weight of the lm_head: the tied embedding, or the output layer's own.
+
+        As `GPTModel.forward` picks it: `shared_embedding_or_output_weight()` returns the input embedding on a first
+        stage whether or not the weights are tied.
+        """
+        if self.module.share_embeddings_and_output_weights:
+            return self.module.shared_embedding_or_output_weight()
+        return self.module.output_layer.weight
+
+    def _response_log_probs(self, output: torch.Tensor, mb: MicroBatch, with_entropy: bool):
+        """Response-token log-probs (and entropy) `[R]` of a micro-batch from this rank's output.
+
+        `output` is `[1, T_local, V/TP]` logits (the `logits` head) or `[1, T_local, H]` hidden states (`fused`).
+        """
         p = mb.packed
-        logits = logits[0]  # [T_local, V/TP]
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        v_local = logits.shape[-1]
+        logits = output[0]  # [T_local, V/TP] or [T_local, H]
         device = logits.device
         cp = self.settings.context_parallel_size
         kept = None if mb.kept is None else mb.kept.to(device)
@@ -183,16 +207,29 @@ class MegatronTrainBackend:
                 response_row = torch.full((p.tokens.shape[1],), -1, dtype=torch.long)
                 response_row[p.logit_index] = torch.arange(p.logit_index.numel())
                 kept = kept.select_rows(response_row[index].to(device))
-        lp, ent = vocab_parallel_log_probs(
-            logits[rows],
-            targets,
-            temperature=self.cfg.rollout_temperature,
-            vocab_start=tp_rank * v_local,
-            vocab_size=self.model_args.vocab_size,
-            group=parallel_state.get_tensor_model_parallel_group(),
-            with_entropy=with_entropy,
-            kept=kept,
-        )
+        if self.head == "fused":
+            chunk = self.cfg.log_probs_chunk_size
+            lp, ent = hidden_log_probs(
+                logits[rows],
+                self._output_weight(),
+                targets,
+                temperature=self.cfg.rollout_temperature,
+                vocab_size=self.model_args.vocab_size,
+                chunk_size=chunk if chunk > 0 else DEFAULT_CHUNK,
+                with_entropy=with_entropy,
+                kept=kept,
+            )
+        else:
+            lp, ent = vocab_parallel_log_probs(
+                logits[rows],
+                targets,
+                temperature=self.cfg.rollout_temperature,
+                vocab_start=parallel_state.get_tensor_model_parallel_rank() * logits.shape[-1],  # V/TP columns
+                vocab_size=self.model_args.vocab_size,
+                group=parallel_state.get_tensor_model_parallel_group(),
+                with_entropy=with_entropy,
+                kept=kept,
+            )
         if cp > 1:
             lp = self.runner.gather_cp(lp, mb)
             ent = None if ent is None else self.runner.gather_cp(ent, mb)

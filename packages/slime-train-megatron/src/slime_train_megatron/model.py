@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "use_transformer_engine",
     "build_gpt_model",
+    "compile_decoder_layers",
     "build_transformer_config",
     "global_param_names",
     "iter_hf_weights",
@@ -96,9 +97,9 @@ def build_transformer_config(
         # `partition_dim`: read by the grad norm, the loaders and the exporters) only while initializing them.
         perform_initialization=True,
         # The local spec's fused softmax needs apex's `scaled_masked_softmax_cuda` (not shipped with
-        # megatron-core), and the bias fusions torch.compile at first use; TE brings its own fused kernels.
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
+        # megatron-core), and the bias fusions torch.compile at first use (off unless asked); TE brings its own.
+        bias_activation_fusion=settings.bias_swiglu_fusion,
+        bias_dropout_fusion=settings.bias_dropout_fusion,
         apply_rope_fusion=False,
         persist_layer_norm=False,
         masked_softmax_fusion=False,
@@ -200,6 +201,30 @@ def build_gpt_model(
         # What megatron's Float16Module does to the weights: the local spec's torch norms are built in fp32.
         model.to(config.params_dtype)
     return model
+
+
+def compile_decoder_layers(model: GPTModel, backend: str = "inductor") -> int:
+    """`--megatron-compile-layers`: `torch.compile(dynamic=True)` on each decoder layer of this stage, in place.
+
+    Regional compilation, as the FSDP backend's `--fsdp-compile-layers`: every layer has the same code, so the
+    graphs are built once and reused (checked on CPU: 2 and 6 layers give the same 25 graphs); packed rows change
+    length, hence dynamic shapes. megatron-core 0.16's layer graph-breaks where it reads host values (THD RoPE's
+    `.tolist()` of the sequence lengths), where `RowParallelLinear` passes `tp_group=None` and so warns on every
+    call, and in `make_viewless_tensor`; the pieces between run compiled (the norms, RoPE, SwiGLU and residual adds
+    fuse inside them). RoPE's graph specializes on the number of sequences in a row: past torch's recompile limit
+    (8 distinct counts) that piece runs eagerly. Parameters, names and hooks are unchanged (`nn.Module.compile`
+    wraps the call only).
+
+    Args:
+        model: this stage's `GPTModel`.
+        backend: the `torch.compile` backend (tests use `aot_eager`: the same graphs without code generation).
+
+    Returns:
+        The number of layers compiled.
+    """
+    for layer in model.decoder.layers:
+        layer.compile(dynamic=True, backend=backend)
+    return len(model.decoder.layers)
 
 
 def _layer_offsets(model: GPTModel) -> dict[int, int]:

@@ -22,7 +22,10 @@ from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MegatronSettings"]
+__all__ = ["HeadKind", "MegatronSettings", "head_kind"]
+
+#: The actor's log-prob head (`output_head.py`): megatron-core's logits, or the fused head on hidden states.
+HeadKind = Literal["logits", "fused"]
 
 
 class MegatronSettings(BaseModel):
@@ -79,7 +82,34 @@ class MegatronSettings(BaseModel):
     optimizer_cpu_offload: bool = Field(False, description="Keep optimizer states on CPU and step there (HybridAdam).")
     overlap_cpu_optimizer_d2h_h2d: bool = Field(False, description="Overlap the CPU optimizer's copies with compute.")
     optimizer_offload_fraction: float = Field(1.0, ge=0, le=1, description="Share of states on CPU when offloading.")
-    use_precision_aware_optimizer: bool = Field(False, description="Megatron's precision-aware optimizer.")
+    use_precision_aware_optimizer: bool = Field(
+        False, description="Megatron's precision-aware optimizer (needs Transformer Engine's FusedAdam)."
+    )
+    use_torch_fused_adam: bool = Field(
+        False,
+        description="slime: torch's fused AdamW kernel where megatron-core falls back to torch's AdamW (no TE/Apex); "
+        "torch_optimizer.py.",
+    )
+    bias_swiglu_fusion: bool = Field(
+        False,
+        description="megatron-core's fused SwiGLU (torch.compile'd forward and hand-written backward; Megatron-LM's "
+        "default, turned off by its --no-bias-swiglu-fusion). slime's default is off: it compiles at first use.",
+    )
+    bias_dropout_fusion: bool = Field(
+        False,
+        description="megatron-core's fused bias-dropout-add of the residual (torch.compile'd; Megatron-LM's default, "
+        "turned off by its --no-bias-dropout-fusion). slime's default is off: it compiles at first use.",
+    )
+    megatron_compile_layers: bool = Field(
+        False,
+        description="slime: torch.compile every decoder layer (regional compilation, dynamic shapes; the Megatron "
+        "twin of --fsdp-compile-layers): fuses the local spec's norms, RoPE, SwiGLU and residual adds.",
+    )
+    use_foreach_grad_norm: bool = Field(
+        False,
+        description="slime: multi-tensor grad norm and clipping without a host copy per parameter where megatron-core "
+        "falls back to its local implementations (no TE/Apex); torch_optimizer.py.",
+    )
     attention_softmax_in_fp32: bool = Field(False, description="Unfused attention softmax in fp32.")
     moe_aux_loss_coeff: float | None = Field(None, ge=0, description="Router loss weight (None: config.json's).")
     moe_z_loss_coeff: float | None = Field(None, ge=0, description="Router z-loss weight (None: off).")
@@ -191,3 +221,28 @@ def _parser() -> argparse.ArgumentParser:
         "--no-use-distributed-optimizer", dest="use_distributed_optimizer", action="store_const", const=False
     )
     return parser
+
+
+def head_kind(log_probs_head: str | None, tensor_model_parallel_size: int) -> HeadKind:
+    """The head `--log-probs-head` selects for the Megatron actor.
+
+    Args:
+        log_probs_head: the run's `--log-probs-head` (None: the default `logits` head).
+        tensor_model_parallel_size: `--tensor-model-parallel-size`.
+
+    Raises:
+        ValueError: a head other than `fused` (the others are the FSDP backend's), or `fused` with TP > 1.
+    """
+    if log_probs_head is None:
+        return "logits"
+    if log_probs_head != "fused":
+        raise ValueError(
+            f"--log-probs-head {log_probs_head} is an FSDP head; the Megatron backend has its default head "
+            "(leave the flag out) and fused"
+        )
+    if tensor_model_parallel_size != 1:
+        raise ValueError(
+            f"--log-probs-head fused needs --tensor-model-parallel-size 1 (got {tensor_model_parallel_size}): "
+            "it is not vocabulary-parallel; leave --log-probs-head out"
+        )
+    return "fused"

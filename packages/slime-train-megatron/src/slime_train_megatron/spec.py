@@ -17,16 +17,27 @@ __all__ = ["MEGATRON", "preflight"]
 
 
 def preflight(cfg: Any) -> list[Problem]:
-    """The model type of `--hf-checkpoint` must be one `slime_convert.model_args` can build as a GPTModel.
+    """The log-prob head and the model type of `--hf-checkpoint` must be ones this backend can run.
 
-    Checked first in the app's preflight: architecture-flag mismatches do not matter if the model cannot be built.
+    `--log-probs-head`: unset or `fused` with `--tensor-model-parallel-size 1` (`settings.head_kind`). The model type
+    must be one `slime_convert.model_args` can build as a GPTModel; checked first in the app's preflight:
+    architecture-flag mismatches do not matter if the model cannot be built.
 
     Args:
-        cfg: the validated config (reads `hf_checkpoint`).
+        cfg: the validated config (reads `log_probs_head`, `megatron_args`, `hf_checkpoint`).
 
     Returns:
-        One error when config.json describes a model this backend cannot build; none without `--hf-checkpoint`.
+        One error per problem found; none without them (a missing `--hf-checkpoint` is the app's path checks').
     """
+    # Here, not at the top: the config imports this module while `slime_core.config` is still being imported.
+    from slime_core.config.megatron_checks import megatron_flag_values
+    from slime_train_megatron.settings import head_kind
+
+    tp = megatron_flag_values(list(cfg.megatron_args)).get("--tensor-model-parallel-size", "1")
+    try:
+        head_kind(cfg.log_probs_head, int(tp) if isinstance(tp, str) and tp.isdigit() else 1)
+    except ValueError as e:
+        return [Problem(message=str(e))]
     config = os.path.join(cfg.hf_checkpoint or "", "config.json")
     if not cfg.hf_checkpoint or not os.path.exists(config):
         return []  # the app's own path checks name a missing --hf-checkpoint

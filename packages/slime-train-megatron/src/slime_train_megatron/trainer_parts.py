@@ -27,9 +27,15 @@ from slime_core.param_filter import frozen_parameter_names
 from slime_train_megatron.attention import AttentionKind, attention_kind
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint
 from slime_train_megatron.lr_schedule import build_lr_scheduler
-from slime_train_megatron.model import build_gpt_model, build_transformer_config, use_transformer_engine
+from slime_train_megatron.model import (
+    build_gpt_model,
+    build_transformer_config,
+    compile_decoder_layers,
+    use_transformer_engine,
+)
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.sleep import offload_to_cpu, reload_from_cpu
+from slime_train_megatron.torch_optimizer import use_foreach_grad_norm, use_torch_fused_adam
 
 __all__ = [
     "ParallelModel",
@@ -58,7 +64,8 @@ def build_parallel_model(
 ) -> ParallelModel:
     """Initializes the parallel groups (once per process) and builds this rank's DDP-wrapped `GPTModel` stage.
 
-    The `--*-params-name-list` parameters are frozen before DDP (no grad buffer; the optimizer skips them).
+    The `--*-params-name-list` parameters are frozen before DDP (no grad buffer; the optimizer skips them);
+    `--megatron-compile-layers` compiles the decoder layers (`model.compile_decoder_layers`).
 
     Args:
         cfg: the run (or critic) config.
@@ -88,6 +95,8 @@ def build_parallel_model(
     module = build_gpt_model(model_args, s, config, value_head=value_head)
     if cuda:
         module.cuda(torch.cuda.current_device())
+    if s.megatron_compile_layers:
+        compile_decoder_layers(module)
     frozen = frozen_parameter_names([n for n, _ in module.named_parameters()], cfg)
     for name, param in module.named_parameters():
         if name in frozen:
@@ -102,10 +111,23 @@ def build_parallel_model(
 def build_optimizer(parts: ParallelModel, settings: MegatronSettings, cfg: SlimeArgs) -> tuple[Any, Any]:
     """The distributed Adam and the LR schedule; installs the model-config hooks megatron-core's schedule calls.
 
+    `--use-torch-fused-adam` / `--use-foreach-grad-norm` speed up megatron-core's fallbacks without TE/Apex
+    (`torch_optimizer.py`).
+
     Returns:
         `(optimizer, scheduler)`.
+
+    Raises:
+        ValueError: `--use-precision-aware-optimizer` without Transformer Engine.
     """
     s = settings
+    if s.use_precision_aware_optimizer and not s.optimizer_cpu_offload and not use_transformer_engine(s):
+        # megatron-core's OptimizerConfig fails in its TE version check (TypeError about NoneType); its CPU offload
+        # (HybridDeviceOptimizer) skips that check.
+        raise ValueError(
+            "--use-precision-aware-optimizer needs Transformer Engine's FusedAdam (not installed, or "
+            "--transformer-impl local): drop it (without TE, --use-torch-fused-adam speeds up torch's AdamW)"
+        )
     opt_config = OptimizerConfig(
         optimizer="adam",
         lr=s.lr,
@@ -125,6 +147,10 @@ def build_optimizer(parts: ParallelModel, settings: MegatronSettings, cfg: Slime
         use_precision_aware_optimizer=s.use_precision_aware_optimizer,
     )
     optimizer = get_megatron_optimizer(opt_config, [parts.model])
+    if s.use_torch_fused_adam:
+        use_torch_fused_adam(optimizer, True)
+    if s.use_foreach_grad_norm:
+        use_foreach_grad_norm(True)
     scheduler = build_lr_scheduler(optimizer, s, cfg)
     config = parts.config
     # Sum gradients over DP without megatron's token normalization (see the module docstring).
@@ -153,6 +179,8 @@ def resume(settings: MegatronSettings, module: Any, optimizer: Any, scheduler: A
     )
     if s.no_load_optim or s.finetune or rollout_id is None:
         optimizer.reload_model_params()
+    if s.use_torch_fused_adam:  # loading restored the saved parameter-group options (fused off)
+        use_torch_fused_adam(optimizer, True)
     return 0 if (rollout_id is None or s.finetune) else rollout_id + 1
 
 

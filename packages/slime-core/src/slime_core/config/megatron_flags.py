@@ -157,8 +157,12 @@ MEGATRON_FLAG_RULES.update({
     "--no-rope-fusion": FlagRule("same", "noop", "RoPE is never fused"),
     "--apply-rope-fusion": _kernel(),
     "--no-masked-softmax-fusion": FlagRule("same", "noop", "the masked softmax is never fused"),
-    "--no-bias-swiglu-fusion": FlagRule("same", "noop", "bias-SwiGLU is never fused"),
-    "--no-bias-dropout-fusion": FlagRule("same", "noop", "bias-dropout is never fused"),
+    "--no-bias-swiglu-fusion": FlagRule("same", "noop", "bias-SwiGLU is not fused unless --bias-swiglu-fusion"),
+    "--no-bias-dropout-fusion": FlagRule("same", "noop", "bias-dropout is not fused unless --bias-dropout-fusion"),
+    # Megatron-LM's defaults (its dest names); off by default here since they compile at first use.
+    "--bias-swiglu-fusion": _kernel("read"),
+    "--bias-dropout-fusion": _kernel("read"),
+    "--megatron-compile-layers": FlagRule("read", "noop", "FSDP: --fsdp-compile-layers"),
     "--no-gradient-accumulation-fusion": FlagRule("same", "noop", "gradient accumulation is never fused"),
     "--cross-entropy-loss-fusion": _kernel(),
     "--cross-entropy-fusion-impl": _kernel(),
@@ -198,6 +202,11 @@ MEGATRON_FLAG_RULES.update({
     "--no-check-for-nan-in-loss-and-grad": _kernel(note="a diagnostic: a non-finite grad norm is reported either way"),
     # -- slime's own Megatron-only flags ----------------------------------------------------------------------
     "--megatron-to-hf-mode": FlagRule("error", "error", "HF names come from slime-convert's mapping tables"),
+    # Without Transformer Engine or Apex megatron-core falls back to torch's AdamW and a per-parameter grad norm
+    # (slime_train_megatron.torch_optimizer); these make those fallbacks fast. FSDP's AdamW is fused on CUDA and its
+    # grad norm is torch's multi-tensor one.
+    "--use-torch-fused-adam": FlagRule("read", "same", "FSDP's AdamW is torch's fused kernel on CUDA"),
+    "--use-foreach-grad-norm": FlagRule("read", "same", "FSDP's grad norm and clipping are torch's multi-tensor ones"),
     "--freeze-indexer": FlagRule("error", "error", "use --freeze-params-name-list"),
     "--enable-mtp-training": FlagRule("error", "error", "multi-token-prediction layers are not trained"),
     "--mtp-loss-scaling-factor": FlagRule("error", "error", "multi-token-prediction layers are not trained"),

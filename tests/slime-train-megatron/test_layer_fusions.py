@@ -1,0 +1,99 @@
+"""`--bias-swiglu-fusion`, `--bias-dropout-fusion` and `--megatron-compile-layers` keep the local spec's numbers.
+
+On CPU, fp32, a tiny Qwen3: each switch against the default path on the same weights and batch; log-probs, per-step
+losses and grad norms agree (1e-5 absolute on log-probs and losses, 1e-4 relative on grad norms).
+
+megatron-core's fusions are `torch.compile`d functions (`megatron.core.jit.jit_fuser`); here they run as their
+eager originals (inductor's C++ build would take minutes on a 2-core machine), so what is checked is the fused code
+path megatron-core takes (its SwiGLU autograd function with the hand-written backward, its bias-dropout-add), and a
+spy proves each was taken. `--megatron-compile-layers` compiles with the `aot_eager` backend: dynamo's graphs and
+AOT autograd's joint graph, without inductor's code generation.
+"""
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from megatron.core.fusions import fused_bias_dropout, fused_bias_swiglu  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(
+    "_output_head_cases", pathlib.Path(__file__).parent / "test_output_head.py"
+)
+_cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_cases)  # the same config and batch as the head tests (a sibling file, not a package)
+
+
+def _eager_spy(monkeypatch, module, name: str, calls: dict) -> None:
+    """Replaces the compiled `module.name` by its eager original, counting calls."""
+    original = getattr(module, name)._torchdynamo_orig_callable
+
+    def spy(*args, **kwargs):
+        calls[name] = calls.get(name, 0) + 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+
+
+def _run(backend, batch):
+    lp = backend.compute_log_probs(batch)
+    backend.train(0, batch)
+    return lp, backend.step_metrics
+
+
+def _assert_same(got, expected):
+    (lp_got, steps_got), (lp_exp, steps_exp) = got, expected
+    for a, b in zip(lp_got, lp_exp, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for s_got, s_exp in zip(steps_got, steps_exp, strict=True):
+        for key in ("train/loss", "train/pg_loss", "train/entropy_loss"):
+            assert s_got[key] == pytest.approx(s_exp[key], abs=1e-5), key
+        assert s_got["train/grad_norm"] == pytest.approx(s_exp["train/grad_norm"], rel=1e-4)
+
+
+def test_megatron_cores_swiglu_and_bias_dropout_fusions_give_the_same_step(cpu_backend_env, tiny_hf, monkeypatch):
+    _, hf_dir = tiny_hf("qwen3")
+    base_args = _cases._config(hf_dir)
+    flags = [*base_args.megatron_args, "--bias-swiglu-fusion", "--bias-dropout-fusion"]
+    fused_args = _cases._config(hf_dir, megatron_args=flags)
+    calls: dict[str, int] = {}
+    _eager_spy(monkeypatch, fused_bias_swiglu, "swiglu", calls)
+    _eager_spy(monkeypatch, fused_bias_swiglu, "swiglu_back", calls)
+    _eager_spy(monkeypatch, fused_bias_dropout, "bias_dropout_add_fused_train", calls)
+    _eager_spy(monkeypatch, fused_bias_dropout, "bias_dropout_add_fused_inference", calls)
+
+    expected = _run(_backend(cpu_backend_env, base_args), _cases._batch())
+    assert calls == {}  # the default path does not touch the fused functions
+    fused = _backend(cpu_backend_env, fused_args)
+    assert fused.module.config.bias_activation_fusion and fused.module.config.bias_dropout_fusion
+    _assert_same(_run(fused, _cases._batch()), expected)
+    assert set(calls) == {"swiglu", "swiglu_back", "bias_dropout_add_fused_train", "bias_dropout_add_fused_inference"}
+
+
+def test_compiled_decoder_layers_give_the_same_step(cpu_backend_env, tiny_hf, monkeypatch):
+    from slime_train_megatron import model, trainer_parts
+
+    compiled = []
+
+    def compile_aot_eager(module):
+        compiled.append(model.compile_decoder_layers(module, backend="aot_eager"))
+        return compiled[-1]
+
+    monkeypatch.setattr(trainer_parts, "compile_decoder_layers", compile_aot_eager)
+    _, hf_dir = tiny_hf("qwen3")
+    base_args = _cases._config(hf_dir)
+    expected = _run(_backend(cpu_backend_env, base_args), _cases._batch())
+    assert compiled == []
+    flags = [*base_args.megatron_args, "--megatron-compile-layers"]
+    backend = _backend(cpu_backend_env, _cases._config(hf_dir, megatron_args=flags))
+    assert compiled == [2]  # both decoder layers of the tiny model
+    _assert_same(_run(backend, _cases._batch()), expected)
+
+
+def _backend(env, args):
+    backend = env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    return backend

@@ -1,0 +1,114 @@
+"""`--use-torch-fused-adam` / `--use-foreach-grad-norm` (torch_optimizer.py) give megatron-core's fallback numbers.
+
+megatron-core's optimizer and grad norm hard-code CUDA, so the pieces are checked on CPU directly: the multi-tensor
+norm against a norm of the concatenated gradients, the scaling against megatron-core's own local implementation,
+and torch's fused AdamW (switched on after construction, as megatron-core builds it) against the foreach AdamW
+megatron-core runs by default, step by step (fp32; tolerances: 1e-6 relative on norms, 1e-6 absolute on weights).
+"""
+
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from megatron.core import utils as mcore_utils  # noqa: E402
+from megatron.core.optimizer import clip_grads  # noqa: E402
+
+from slime_train_megatron import trainer_parts  # noqa: E402
+from slime_train_megatron.settings import MegatronSettings  # noqa: E402
+from slime_train_megatron.torch_optimizer import (  # noqa: E402
+    foreach_l2_norm,
+    foreach_scale,
+    use_foreach_grad_norm,
+    use_torch_fused_adam,
+)
+
+
+def _grads(seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g) for shape in ((7, 5), (5,), (3, 4, 2), (1,))]
+
+
+def test_foreach_norm_is_the_norm_of_all_gradients_together():
+    grads = _grads()
+    norm, extra = foreach_l2_norm(2048 * 32, None, [grads], False)
+    expected = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
+    assert extra is None and norm.shape == (1,) and norm.dtype == torch.float32
+    torch.testing.assert_close(norm[0], expected, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="per_tensor=False"):
+        foreach_l2_norm(1, None, [grads], True)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_foreach_scale_matches_megatron_cores_local_scale(in_place):
+    src = _grads(1)
+    ours = [g.clone() for g in src]
+    theirs = [g.clone() for g in src]
+    if in_place:  # how clip_grad_by_total_norm_fp32 calls it: [grads, grads]
+        foreach_scale(1, None, [ours, ours], 0.37)
+        mcore_utils.local_multi_tensor_scale(1, None, [theirs, theirs], 0.37)
+    else:
+        foreach_scale(1, None, [src, ours], 0.37)
+        mcore_utils.local_multi_tensor_scale(1, None, [src, theirs], 0.37)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_grad_norm_switch_installs_and_restores_megatron_cores_hooks():
+    assert clip_grads.multi_tensor_applier is mcore_utils.local_multi_tensor_applier  # no TE/Apex here
+    try:
+        assert use_foreach_grad_norm(True)
+        assert clip_grads.l2_norm_impl is foreach_l2_norm and clip_grads.multi_tensor_scale_impl is foreach_scale
+        # Through megatron-core's own applier, as get_grad_norm_fp32 calls it.
+        norm, _ = clip_grads.multi_tensor_applier(clip_grads.l2_norm_impl, None, [_grads()], False)
+        torch.testing.assert_close(norm, foreach_l2_norm(1, None, [_grads()], False)[0])
+    finally:
+        use_foreach_grad_norm(False)
+    assert clip_grads.l2_norm_impl is mcore_utils.local_multi_tensor_l2_norm
+    assert clip_grads.multi_tensor_scale_impl is mcore_utils.local_multi_tensor_scale
+
+
+def _megatron_like(params, chained: bool):
+    """torch AdamW as megatron-core 0.16 builds it without TE/Apex (no `fused=`), inside its wrapper(s)."""
+    adam = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.1)
+    inner = types.SimpleNamespace(optimizer=adam)
+    return adam, (types.SimpleNamespace(chained_optimizers=[inner]) if chained else inner)
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_fused_adam_switch_gives_the_foreach_updates(chained):
+    start = [torch.randn(6, 4, generator=torch.Generator().manual_seed(3)), torch.randn(4)]
+    ref_params = [torch.nn.Parameter(p.clone()) for p in start]
+    params = [torch.nn.Parameter(p.clone()) for p in start]
+    ref, _ = _megatron_like(ref_params, chained=False)
+    adam, wrapper = _megatron_like(params, chained)
+    ref.param_groups[0]["foreach"] = adam.param_groups[0]["foreach"] = True  # megatron-core's CUDA default
+    for step in range(3):
+        gen = torch.Generator().manual_seed(10 + step)
+        for p, q in zip(ref_params, params, strict=True):
+            g = torch.randn(p.shape, generator=gen)
+            p.grad, q.grad = g.clone(), g.clone()
+        if step == 1:  # switched mid-run: the counters of the first step move to where the kernel reads them
+            assert use_torch_fused_adam(wrapper, True) == 1
+            assert adam.param_groups[0]["fused"] is True and adam.param_groups[0]["foreach"] is False
+        ref.step()
+        adam.step()
+        for p, q in zip(ref_params, params, strict=True):
+            torch.testing.assert_close(q, p, atol=1e-6, rtol=0)
+    assert all(state["step"].dtype == torch.float32 and float(state["step"]) == 3 for state in adam.state.values())
+    assert use_torch_fused_adam(wrapper, False) == 1 and adam.param_groups[0]["fused"] is None
+
+
+def test_switches_leave_other_optimizers_alone():
+    assert use_torch_fused_adam(types.SimpleNamespace(optimizer=object()), True) == 0  # TE/Apex FusedAdam stand-in
+
+
+def test_precision_aware_optimizer_without_transformer_engine_is_one_clear_error():
+    """Before: megatron-core's OptimizerConfig raised `TypeError: '>=' not supported between 'NoneType' and
+    'Version'` (its TE version check) with the local layer spec."""
+    settings = MegatronSettings(transformer_impl="local", use_precision_aware_optimizer=True)
+    parts = types.SimpleNamespace(config=types.SimpleNamespace(params_dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"--use-precision-aware-optimizer needs Transformer Engine's FusedAdam"):
+        trainer_parts.build_optimizer(parts, settings, cfg=None)
