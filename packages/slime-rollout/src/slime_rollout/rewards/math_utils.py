@@ -222,7 +222,7 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     answers = final.answers
     if not answers:
         return None
-    gold_split = Split.of(gold)  # each side is split once per grade: the checks below read its parts 2-5 times
+    gold_split = Split.of(gold)  # each side is split once per grade; the checks below read its parts up to 5 times
     if len(answers) > 1 and len(answers) == len(gold_split.unwrapped):
         named = named_pairs(answers, gold_split.unwrapped)
         if named is not None:
