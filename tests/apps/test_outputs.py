@@ -170,3 +170,14 @@ def test_on_a_cluster_the_overlap_is_still_refused_but_not_this_hosts_mounts(tmp
     into_model = _cfg(tmp_path, hf_checkpoint=str(tmp_path / "model"), save=str(tmp_path / "model" / "ckpt"))
     with pytest.raises(ValueError, match=r"^--save .*/model/ckpt is inside --hf-checkpoint "):
         check_places(into_model, filesystems=False)
+
+
+@pytest.mark.parametrize("flag", ["--hf-checkpoint", "--ref-load", "--load", "--critic-load", "--opd-teacher-load"])
+def test_each_weight_input_is_read_from_its_own_field(tmp_path, flag):
+    # One table (`outputs._INPUTS`) names the inputs; the field is the flag's. model_copy skips the critic/OPD
+    # checks that refuse --critic-load and --opd-teacher-load alone: only the folder overlap is under test here.
+    field = flag.removeprefix("--").replace("-", "_")
+    cfg = _cfg(tmp_path).model_copy(update={field: str(tmp_path), "save": str(tmp_path / "ckpt")})
+    expected = f"--output-dir {tmp_path}/out is inside {flag} {tmp_path}: the run would write into the folder"
+    with pytest.raises(ValueError, match="^" + re.escape(expected)):
+        check_creatable(cfg)

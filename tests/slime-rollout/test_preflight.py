@@ -434,3 +434,23 @@ def test_a_label_whose_final_answer_is_empty_is_refused(label):
     fixed = label.replace("{}", "{72}") if "boxed" in label else label + " 72"
     check_prompt_rows([{"q": "how many?", "a": fixed}], cfg, where="--prompt-data x.jsonl")
     check_prompt_rows([{"q": "how many?", "a": label}], cfg.model_copy(update={"rm_type": "f1"}), where="x.jsonl")
+
+
+def test_each_rows_reward_is_looked_up_once(monkeypatch):
+    # Looked up 3-4 times per row (the row's rm_type, whether a label is needed, its type, its final answer), each
+    # `in REWARDS` listing and sorting every registered name, entry points included.
+    from slime_core.config import SlimeArgs
+    from slime_rollout.preflight import check_prompt_rows
+
+    cfg = SlimeArgs.from_dict(
+        {"rollout_batch_size": 1, "num_rollout": 1, "rm_type": "math", "input_key": "q", "label_key": "a"}
+    )
+    gets, listings = [], []
+    real_get, real_names = REWARDS.get, REWARDS.names
+    monkeypatch.setattr(REWARDS, "get", lambda name: gets.append(name) or real_get(name))
+    monkeypatch.setattr(REWARDS, "names", lambda: listings.append(1) or real_names())
+    rows = [{"q": "how many?", "a": "#### 72"}, {"q": "pick", "a": "B", "metadata": {"rm_type": "boxed_gpqa"}}]
+    check_prompt_rows(rows, cfg, where="--prompt-data x.jsonl")
+    assert (gets, listings) == (["math", "gpqa"], [])
+    with pytest.raises(ValueError, match=r"^x.jsonl row 1: metadata rm_type 'mth' is not a registered reward"):
+        check_prompt_rows([{"q": "?", "a": "1", "metadata": {"rm_type": "mth"}}], cfg, where="x.jsonl")

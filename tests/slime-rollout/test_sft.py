@@ -106,7 +106,11 @@ USER_HI = {"role": "user", "content": "hi"}
 ODD_CONVERSATIONS = {
     # a bare IndexError / AttributeError / TypeError naming no sample
     "empty": ([], "qwen3", "SFT needs a non-empty list of chat messages in --input-key, got an empty list"),
-    "strings": (["hi", "yo"], "qwen3", "message 0 is not an object with a string 'role': 'hi'"),
+    # the data's row check (rows.prompt_problem), named with --input-key
+    "strings": (["hi", "yo"], "qwen3", "--input-key 'messages': message 0 is str 'hi', not a chat message"),
+    "no_role": ([{"content": "hi"}], "qwen3", "--input-key 'messages': message 0 is dict {'content': 'hi'}, not a"),
+    "no_content": ([{"role": "user", "content": " "}], "qwen3", "empty prompt in --input-key 'messages' (no message"),
+    "int_role": ([{"role": 1, "content": "hi"}], "qwen3", "message 0 has the role 1 (int), not text"),
     "int_content": ([USER_HI, {"role": "assistant", "content": 5}], "qwen3", "message 1 (assistant) has int content"),
     "null_content": (
         [USER_HI, {"role": "assistant", "content": None}],

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from slime_app.tracking import tensorboard_log_dir
 from slime_core.config import SlimeArgs
+from slime_core.config.base import flag_to_field
 
 __all__ = ["check_creatable", "check_places", "check_writable", "nearest_existing", "output_dirs", "pseudo_filesystem"]
 
@@ -28,7 +29,8 @@ _PSEUDO_FS = frozenset({
 # Same, by place, for containers that mount a tmpfs over /dev (its /dev/shm is ordinary shared memory).
 _PSEUDO_ROOTS = (pathlib.Path("/proc"), pathlib.Path("/sys"), pathlib.Path("/dev"))
 _SHM = pathlib.Path("/dev/shm")
-# (input flag, the output flag that makes it this run's own folder): `--load` == `--save` is a resume.
+# (input flag, the output flag that makes it this run's own folder): `--load` == `--save` is a resume. The config
+# field is the flag's (`flag_to_field`), so this one table says which flags are read.
 _INPUTS = (("--hf-checkpoint", None), ("--ref-load", None), ("--load", "--save"), ("--critic-load", "--critic-save"),
            ("--opd-teacher-load", None))  # fmt: skip
 
@@ -156,11 +158,10 @@ def pseudo_filesystem(path: pathlib.Path) -> str | None:
 
 def _inputs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path, str | None]]:
     """(flag, resolved folder, paired output flag) of each folder the run reads weights from."""
-    values = {"--hf-checkpoint": cfg.hf_checkpoint, "--ref-load": cfg.ref_load, "--load": cfg.load,
-              "--critic-load": cfg.critic_load, "--opd-teacher-load": cfg.opd_teacher_load}  # fmt: skip
     for flag, own in _INPUTS:
-        if values[flag]:
-            yield flag, pathlib.Path(values[flag]).resolve(), own
+        value = getattr(cfg, flag_to_field(flag))
+        if value:
+            yield flag, pathlib.Path(value).resolve(), own
 
 
 def check_places(cfg: SlimeArgs, *, filesystems: bool = True) -> None:

@@ -142,13 +142,11 @@ class EstimatorSpec:
         The defaults (original launch scripts pass `--gamma 1.0 --lambd 1.0` with GRPO) and runs with
         `--custom-advantage-function-path` (the plugin gets `args` and may read them) stay silent.
         """
-        from slime_core.config.args import SlimeArgs
-        from slime_core.config.base import field_to_flag, warn_once
+        from slime_core.config.base import field_to_flag, non_default, warn_once
 
         if cfg.custom_advantage_function_path:
             return
-        fields = SlimeArgs.model_fields
-        unread = [f for f in ESTIMATOR_FLAGS if f not in self.reads and getattr(cfg, f) != fields[f].default]
+        unread = [f for f in non_default(cfg, ESTIMATOR_FLAGS) if f not in self.reads]
         if not unread:
             return
         readers = {f: [s.name for s in ESTIMATORS._specs.values() if f in s.reads] for f in unread}

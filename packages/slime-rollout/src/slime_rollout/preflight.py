@@ -19,8 +19,8 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slime_core.extensions import REWARDS
-from slime_core.registry import Problem
+from slime_core.extensions import REWARDS, RewardSpec
+from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
@@ -241,29 +241,54 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAI
     logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
 
 
-def _label_required(cfg: SlimeArgs, metadata: Mapping[str, Any], rm_type: str) -> bool:
+def _row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> tuple[str, RewardSpec | None]:
+    """The reward that scores a row and its record, looked up once for all of the row's checks.
+
+    Args:
+        cfg: reads `rm_type` and `custom_rm_path`.
+        metadata: the row's metadata (`row_metadata`); its `rm_type` overrides `--rm-type`.
+        at: names the row in errors.
+
+    Returns:
+        `(rm_type, spec)`: the row's reward type as written (`boxed_` prefix kept) and its record, None with a
+        `--custom-rm-path` (a custom reward decides what it needs) or a `--rm-type` that is not registered here.
+
+    Raises:
+        ValueError: the row's own `metadata["rm_type"]` is not a registered reward (else the rollout fails at its
+            first sample); naming the row and the registered names.
+    """
+    rm_type = row_rm_type(metadata, cfg.rm_type)
+    if cfg.custom_rm_path:
+        return rm_type, None
+    try:
+        return rm_type, REWARDS.get(rm_type.removeprefix("boxed_"))
+    except UnknownNameError:
+        if row_rm_type(metadata, None):
+            raise ValueError(
+                f"{at}: metadata rm_type {rm_type!r} is not a registered reward function (registered: "
+                f"{', '.join(REWARDS.names())}; each also as boxed_<name>)"
+            ) from None
+        return rm_type, None
+
+
+def _label_required(spec: RewardSpec | None, metadata: Mapping[str, Any]) -> bool:
     """Whether a row needs a label: its reward's record `grades_label`, and its metadata has no stand-in for it.
 
     The stand-in is the record's `label_in_metadata` key (gpqa's `correct_letter`), so a package's reward declares
     it in its record as the built-ins do (gpqa was special-cased here by name).
 
     Args:
-        cfg: reads `custom_rm_path`.
+        spec: the row's reward record (`_row_reward`); None: nothing is required.
         metadata: the row's metadata (`row_metadata`).
-        rm_type: the reward that scores the row (its metadata's `rm_type`, else `--rm-type`).
     """
-    if cfg.custom_rm_path:
-        return False  # a custom reward decides what it needs
-    name = rm_type.removeprefix("boxed_")
-    if name not in REWARDS:
+    if spec is None:
         return False
-    spec = REWARDS.get(name)
     if spec.label_in_metadata and metadata.get(spec.label_in_metadata) not in (None, ""):
         return False  # gpqa's correct_letter may be the index 0
     return spec.grades_label
 
 
-def _check_label_type(cfg: SlimeArgs, label: Any, rm_type: str, at: str, label_flag: str) -> None:
+def _check_label_type(spec: RewardSpec | None, label: Any, at: str, label_flag: str, label_key: str | None) -> None:
     """The label of a reward whose record says `label_is_value` is text or a number, not a dict or a list.
 
     Such a grader compares a dict or list label as its Python text ("{'answer': '5'}"), which no response equals:
@@ -272,18 +297,15 @@ def _check_label_type(cfg: SlimeArgs, label: Any, rm_type: str, at: str, label_f
     Raises:
         ValueError: naming the row, the flag and the label's type.
     """
-    name = rm_type.removeprefix("boxed_")
-    if cfg.custom_rm_path or name not in REWARDS or not isinstance(label, Mapping | list | tuple):
-        return
-    if not REWARDS.get(name).label_is_value:
+    if spec is None or not spec.label_is_value or not isinstance(label, Mapping | list | tuple):
         return
     raise ValueError(
-        f"{at}: {label_flag} {cfg.label_key!r} holds a {type(label).__name__} ({str(label)[:60]}), but --rm-type "
-        f"{name} grades one answer (text or a number); point {label_flag} at the answer itself"
+        f"{at}: {label_flag} {label_key!r} holds a {type(label).__name__} ({str(label)[:60]}), but --rm-type "
+        f"{spec.name} grades one answer (text or a number); point {label_flag} at the answer itself"
     )
 
 
-def _check_label_value(cfg: SlimeArgs, label: Any, rm_type: str, at: str, label_flag: str) -> None:
+def _check_label_value(spec: RewardSpec, label: Any, rm_type: str, at: str, label_flag: str, label_key: str) -> None:
     r"""A label the row's reward grades against holds an answer: not empty text, not NaN or infinity, not bytes.
 
     Each was accepted and graded as its text ("", "nan" or "b'5'": a missing value or a binary column written by
@@ -300,32 +322,12 @@ def _check_label_value(cfg: SlimeArgs, label: Any, rm_type: str, at: str, label_
         problem = f"{label} (a JSON NaN/Infinity), not an answer"
     elif isinstance(label, bytes | bytearray):
         problem = f"bytes {label[:40]!r} (a binary Parquet column; store it as strings), not text"
-    elif _reads_final_answer(rm_type) and isinstance(label, str) and not extract_label_answer(label):
-        # "... #### " or "\boxed{}": the answer these graders take from the label is empty, which nothing equals.
+    elif spec.reads_box and isinstance(label, str) and not extract_label_answer(label):
+        # "... #### " or "\boxed{}": the answer these graders (math, deepscaler, dapo) take from the label is empty.
         problem = f"{label[-60:]!r}, whose final answer ('#### x' or its last box) is empty"
     else:
         return
-    raise ValueError(f"{at}: {label_flag} {cfg.label_key!r} holds {problem}, which --rm-type {rm_type} grades against")
-
-
-def _reads_final_answer(rm_type: str) -> bool:
-    """Whether the reward grades the label's final answer (`#### x`, its last box): math, deepscaler, dapo."""
-    name = rm_type.removeprefix("boxed_")
-    return name in REWARDS and REWARDS.get(name).reads_box
-
-
-def _check_row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> None:
-    """A row's `metadata["rm_type"]` names a registered reward (else the rollout fails at its first sample).
-
-    Raises:
-        ValueError: naming the row and the registered names.
-    """
-    rm_type = None if cfg.custom_rm_path else row_rm_type(metadata, None)
-    if rm_type and rm_type.removeprefix("boxed_") not in REWARDS:
-        raise ValueError(
-            f"{at}: metadata rm_type {rm_type!r} is not a registered reward function (registered: "
-            f"{', '.join(REWARDS.names())}; each also as boxed_<name>)"
-        )
+    raise ValueError(f"{at}: {label_flag} {label_key!r} holds {problem}, which --rm-type {rm_type} grades against")
 
 
 def check_prompt_rows(
@@ -357,9 +359,8 @@ def check_prompt_rows(
         # Read once per row, as the data source reads them; these raise naming the row.
         metadata = row_metadata(dict(row), cfg.metadata_key, at, key_flags.metadata_key)
         row_tools(dict(row), cfg.tool_key, at, key_flags.tool_key)
-        _check_row_reward(cfg, metadata, at)
-        rm_type = row_rm_type(metadata, cfg.rm_type)  # the reward that scores the row
-        required = _label_required(cfg, metadata, rm_type)
+        rm_type, spec = _row_reward(cfg, metadata, at)  # the reward that scores the row
+        required = _label_required(spec, metadata)
         if not cfg.label_key:
             if required:  # every sample's label would be None: graded against nothing
                 raise ValueError(
@@ -374,6 +375,6 @@ def check_prompt_rows(
                 raise ValueError(
                     f"{at}: null {key_flags.label_key} {cfg.label_key!r}, which --rm-type {rm_type} grades against"
                 )
-            _check_label_type(cfg, label, rm_type, at, key_flags.label_key)
+            _check_label_type(spec, label, at, key_flags.label_key, cfg.label_key)
             if label is not None and required:
-                _check_label_value(cfg, label, rm_type, at, key_flags.label_key)
+                _check_label_value(spec, label, rm_type, at, key_flags.label_key, cfg.label_key)

@@ -14,7 +14,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ArgsGroup", "ConfigError", "arg", "field_to_flag", "flag_to_field", "parse_json_dict", "warn_once"]
+__all__ = [
+    "ArgsGroup",
+    "ConfigError",
+    "arg",
+    "field_to_flag",
+    "flag_to_field",
+    "non_default",
+    "parse_json_dict",
+    "warn_once",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +100,23 @@ def field_to_flag(name: str) -> str:
 
 
 def non_default(args: Any, names: Iterable[str]) -> list[str]:
-    """The fields of `names` that `args` sets to something other than `SlimeArgs`' default, in order.
+    """The fields of `names` that `args` sets to something other than their default, in order.
+
+    The one test of "is this flag set?" for every check of the config (unsupported flags, estimator flags, flags of
+    a feature that is off). A field with a `default_factory` (a list or dict flag) is compared with what the
+    factory makes, not with pydantic's "no default" marker, which no value equals.
 
     Args:
-        args: the config (or validation's writable view of it).
-        names: `SlimeArgs` field names.
+        args: the config: a pydantic model (its class's fields and defaults are read), or validation's writable
+            view of a `SlimeArgs` (`SlimeArgs`' fields).
+        names: field names of that model.
+
+    Raises:
+        AttributeError: a name that is not a field of the model.
     """
     from slime_core.config.args import SlimeArgs  # the class (`args` may be validation's writable view)
 
-    fields = SlimeArgs.model_fields
+    fields = type(args).model_fields if isinstance(args, BaseModel) else SlimeArgs.model_fields
     return [n for n in names if getattr(args, n) != fields[n].get_default(call_default_factory=True)]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from slime_core.config.base import ConfigError, field_to_flag
+from slime_core.config.base import ConfigError, field_to_flag, non_default
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -115,7 +115,7 @@ def check_unsupported(args: SlimeArgs) -> None:
         ConfigError: the first such flag, e.g. "--use-opd is not implemented in this version
             (no on-policy distillation ...); remove it".
     """
-    fields = type(args).model_fields
-    for name, reason in UNSUPPORTED.items():
-        if getattr(args, name) != fields[name].get_default(call_default_factory=True):
-            raise ConfigError(f"{field_to_flag(name)} is not implemented in this version ({reason}); remove it")
+    given = non_default(args, UNSUPPORTED)
+    if given:
+        name = given[0]
+        raise ConfigError(f"{field_to_flag(name)} is not implemented in this version ({UNSUPPORTED[name]}); remove it")

@@ -22,13 +22,14 @@ A message with `"step_loss_mask": 0` is not trained on. Everything here is CPU s
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import jinja2
 
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnTrainOutput
+from slime_rollout.data.rows import prompt_problem
 from slime_rollout.data.source import get_tokenizer
 
 if TYPE_CHECKING:
@@ -147,12 +148,14 @@ class ChatLossMask:
         return [self.tokenizer.decode(run) for run in runs]
 
 
-def _check_messages(sample: Sample, tokenizer_type: str) -> None:
+def _check_messages(sample: Sample, tokenizer_type: str, input_key: str) -> None:
     r"""Refuses a conversation whose mask would be wrong or whose rendering fails, naming the sample and message.
 
-    The ChatML types find assistant turns by their markers in the rendered text, so a marker inside a message's
-    own text moved the mask: a user message quoting `<|im_start|>assistant\n` was trained on in place of the
-    reply, and an assistant text holding `<|im_end|>` was trained on up to it only.
+    The shape of the messages is the data's row check (`rows.prompt_problem`: chat messages with a role, some
+    content, text a tokenizer can encode); SFT adds a list (a string prompt is one user turn, nothing to train
+    on), string roles, text content, and no chat marker inside a message: the ChatML types find assistant turns by
+    their markers in the rendered text, so a user message quoting `<|im_start|>assistant\n` was trained on in place
+    of the reply, and an assistant text holding `<|im_end|>` was trained on up to it only.
     """
     messages = sample.prompt
     if not isinstance(messages, list) or not messages:
@@ -160,10 +163,14 @@ def _check_messages(sample: Sample, tokenizer_type: str) -> None:
         raise ValueError(
             f"sample {sample.index}: SFT needs a non-empty list of chat messages in --input-key, got {shown}"
         )
+    problem = prompt_problem(messages, input_key)
+    if problem is not None:
+        raise ValueError(f"sample {sample.index}: {problem}")
     for j, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        if not isinstance(message["role"], str):
+            role = message["role"]
             raise ValueError(
-                f"sample {sample.index}: message {j} is not an object with a string 'role': {message!r:.80}"
+                f"sample {sample.index}: message {j} has the role {role!r} ({type(role).__name__}), not text"
             )
         content = message.get("content")
         if not isinstance(content, str | None):
@@ -185,16 +192,22 @@ def _check_messages(sample: Sample, tokenizer_type: str) -> None:
         )
 
 
-def sft_sample(sample: Sample, builder: ChatLossMask) -> Sample:
+def sft_sample(sample: Sample, builder: ChatLossMask, *, input_key: str = "messages") -> Sample:
     """Fills one SFT sample in place from its conversation (`sample.prompt`, a list of chat messages).
 
+    Args:
+        sample: the sample; its `prompt` is the conversation.
+        builder: the tokenizer's loss-mask reader (`--loss-mask-type`).
+        input_key: `--input-key`, named in errors about the messages.
+
     Raises:
-        ValueError: the prompt is not a non-empty list of messages (objects with a string `role` and text or null
-            `content`), a message's text holds a ChatML marker the mask is located by, a distill_qwen conversation
-            that does not end with an assistant reply, a chat template that cannot render the messages (its
-            error chained), or no message is trained on; each names the sample.
+        ValueError: the prompt is not a non-empty list of messages (as the data's row check takes them:
+            `rows.prompt_problem`; each with a string `role` and text or null `content`), a message's text holds a
+            ChatML marker the mask is located by, a distill_qwen conversation that does not end with an assistant
+            reply, a chat template that cannot render the messages (its error chained), or no message is trained
+            on; each names the sample.
     """
-    _check_messages(sample, builder.tokenizer_type)
+    _check_messages(sample, builder.tokenizer_type, input_key)
     try:
         ids, mask = builder.get_loss_mask(sample.prompt, tools=sample.metadata.get("tools"))
     except (TypeError, KeyError, AttributeError, IndexError, jinja2.TemplateError) as e:
@@ -240,7 +253,7 @@ def generate_sft_rollout(
     groups = data_source.get_samples(args.rollout_batch_size)
     for group in groups:
         for sample in group:
-            sft_sample(sample, builder)
+            sft_sample(sample, builder, input_key=args.input_key)
     if rollout_id == 0 and groups:
         s = groups[0][0]
         logger.info("SFT rollout: first sample %d tokens, %d trained on", len(s.tokens), sum(s.loss_mask or []))

@@ -24,8 +24,10 @@ depends on nothing of `slime_rollout.generation.multi_turn`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,15 +67,58 @@ def render_messages(
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Head:
+    """What a template renders for the fixed head `[user, assistant(<sentinel>)]`: the same for every call."""
+
+    echoes: int  # how often the rendering holds the sentinel (a template may echo assistant content twice)
+    end_of_turn: str  # the text after the assistant content, trailing newlines and spaces off
+
+
+_HEAD = ({"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL})
+_MAX_HEADS = 32  # tokenizers whose head is kept (a run has one or two)
+_heads: collections.OrderedDict[tuple[str, str, str], _Head] = collections.OrderedDict()
+_heads_lock = threading.Lock()
+
+
+def _head(tokenizer: Any) -> _Head:
+    """The template's rendering of the fixed head, rendered once per tokenizer and template (bounded LRU).
+
+    Keyed by the tokenizer's class, `name_or_path` and `chat_template` text: an observation of every tool turn
+    re-rendered it twice. A tokenizer without a template string (a stand-in that renders in Python) is rendered
+    every time: nothing names what it renders.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    key = (type(tokenizer).__qualname__, str(getattr(tokenizer, "name_or_path", "")), template)
+    if isinstance(template, str):
+        with _heads_lock:
+            if key in _heads:
+                _heads.move_to_end(key)
+                return _heads[key]
+    rendered = render_messages(tokenizer, [*map(dict, _HEAD)], add_generation_prompt=False)
+    if TEMPLATE_SENTINEL in rendered:
+        tail = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :].rstrip("\n ")
+    else:
+        tail = ""  # `render_continuation` refuses such a template; `end_of_turn` says it has no marker
+    head = _Head(echoes=rendered.count(TEMPLATE_SENTINEL), end_of_turn=tail)
+    if isinstance(template, str):
+        with _heads_lock:
+            _heads[key] = head
+            while len(_heads) > _MAX_HEADS:
+                _heads.popitem(last=False)
+    return head
+
+
 def end_of_turn(tokenizer: Any) -> str:
-    """The text the chat template puts right after an assistant message's content (e.g. `<|im_end|>`)."""
-    rendered = render_messages(
-        tokenizer,
-        [{"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL}],
-        add_generation_prompt=False,
-    )
-    tail = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :]
-    return tail.rstrip("\n ")
+    """The text the chat template puts right after an assistant message's content (e.g. `<|im_end|>`).
+
+    Raises:
+        ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
+    """
+    head = _head(tokenizer)
+    if head.echoes == 0:
+        raise ValueError("chat template does not render assistant content verbatim; cannot derive the turn wrapper")
+    return head.end_of_turn
 
 
 def render_continuation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, model_turn: str) -> str:
@@ -96,20 +141,20 @@ def render_continuation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *
     Raises:
         ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
     """
-    head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL}]
     # The cut is after the sentinel's last echo by the assistant turn, counted from the left: `messages` come after
     # it and may hold the sentinel's text themselves (tool output is the model's to choose). Cut at the last
     # occurrence, a tool printing the sentinel dropped the tool wrapper before it from the observation, and what
     # followed (a forged `<|im_start|>assistant`) stood right after the model's turn.
-    echoes = render_messages(tokenizer, head, add_generation_prompt=False).count(TEMPLATE_SENTINEL)
-    rendered = render_messages(tokenizer, [*head, *messages], add_generation_prompt=True)
+    head = _head(tokenizer)
+    echoes = head.echoes
+    rendered = render_messages(tokenizer, [*map(dict, _HEAD), *messages], add_generation_prompt=True)
     cut = -1
     for _ in range(echoes):
         cut = rendered.find(TEMPLATE_SENTINEL, cut + 1)
     if echoes == 0 or cut < 0:
         raise ValueError("chat template does not render assistant content verbatim; cannot derive the turn wrapper")
     text = rendered[cut + len(TEMPLATE_SENTINEL) :]
-    eot = end_of_turn(tokenizer)
+    eot = head.end_of_turn
     if eot and model_turn.rstrip().endswith(eot) and text.startswith(eot):
         text = text[len(eot) :]
     return text

@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable
 
 from slime_rollout.rewards.retraction import expand_contractions
+from slime_rollout.rewards.roman_options import STATEMENTS_IN_TEXT
 
 __all__ = ["unboxed_alternative"]
 
@@ -37,13 +38,11 @@ _NUMBER_WORD = (
     r"|billion|half|halves|thirds?|quarters?|fourths?|fifths?)"
 )
 _BRACED = r"\{[^{}]{0,40}\}"
-# Roman-numeral statements ("Maybe II.", "or I and III"); a bare "I" only before "only" (it is also the pronoun).
-_ROMAN = r"(?-i:(?:II|III|IV|IX|VI{0,3}|X|I(?=\s+only))(?:\s+(?:and|only)(?:\s+(?:II|III|IV|V|I))?)*)(?![A-Za-z])"
 # A sign may be a typographic minus or dash ("Perhaps it is –6."): `differs` reads it (`unicode_math.ascii_forms`).
 _SIGN = r"[-\u2212\u2012-\u2015]?"
 _FRAC = r"\\[dt]?frac\s*(?:" + _BRACED + r"|\d)\s*(?:" + _BRACED + r"|\d)"
 _VALUE = (
-    r"(?P<value>(?<![A-Za-z])" + _ROMAN + "|" + _SIGN + r"\s*(?:" + _FRAC +
+    r"(?P<value>(?<![A-Za-z])" + STATEMENTS_IN_TEXT + "|" + _SIGN + r"\s*(?:" + _FRAC +
     r"|\\sqrt\s*(?:\[[^\]]{0,10}\])?\s*(?:" + _BRACED + r"|\d+)|\\pi\b"
     r"|\d[\d.,/]*\d(?:\s*\\%|\s*%)?|\d(?:\s*\\%|\s*%)?"
     r"|(?<![A-Za-z])" + _NUMBER_WORD + r"(?:[\s-]+(?:and\s+|a\s+)*" + _NUMBER_WORD + r")*\b))"

@@ -53,7 +53,7 @@ from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_box
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
 from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
-from slime_rollout.rewards.parts import answer_parts, different_brackets, named_pairs, one_joiner, same_part_count
+from slime_rollout.rewards.parts import Split, answer_parts, different_brackets, named_pairs
 from slime_rollout.rewards.roman_options import roman_options
 from slime_rollout.rewards.times import same_time
 
@@ -219,27 +219,31 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
         The pairs, or None when the answer is wrong whatever the values (no answer, a hedge, a part count that
         is not the label's).
     """
-    answers, gold_parts = final.answers, answer_parts(gold)
+    answers = final.answers
     if not answers:
         return None
-    if len(answers) > 1 and len(answers) == len(gold_parts):
-        named = named_pairs(answers, gold_parts)
+    gold_split = Split.of(gold)  # each side is split once per grade; the checks below read its parts up to 5 times
+    if len(answers) > 1 and len(answers) == len(gold_split.unwrapped):
+        named = named_pairs(answers, gold_split.unwrapped)
         if named is not None:
             return named
-        return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
+        return list(zip(answers, gold_split.unwrapped, strict=True)) if final.labelled else [(", ".join(answers), gold)]
     distinct = _distinct(answers)
-    if len(distinct) == 1 and roman_options(distinct[0]) is not None and roman_options(gold) is not None:
-        return [(distinct[0], gold)]  # "I, III" is one answer, a set of statements, not two parts
-    if len(distinct) == 1:
-        applies, union = union_pair(distinct[0], gold)
-        if applies:
-            return None if union is None else [union]
-    if len(distinct) != 1 or not same_part_count(distinct[0], gold):
+    if len(distinct) != 1:
+        return None  # a hedge
+    (answer,) = distinct
+    if roman_options(answer) is not None and roman_options(gold) is not None:
+        return [(answer, gold)]  # "I, III" is one answer, a set of statements, not two parts
+    applies, union = union_pair(answer, gold)
+    if applies:
+        return None if union is None else [union]
+    split = Split.of(answer)
+    if not split.same_count(gold_split):
         return None
-    named = named_pairs(answer_parts(distinct[0], unwrap=False), answer_parts(gold, unwrap=False))
+    named = named_pairs(split.wrapped, gold_split.wrapped)
     if named is not None:
         return named
-    return [(one_joiner(distinct[0]), one_joiner(gold))]
+    return [(split.joined(), gold_split.joined())]
 
 
 def single_final_answer(text: str) -> str | None:

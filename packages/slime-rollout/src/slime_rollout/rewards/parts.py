@@ -1,17 +1,19 @@
 r"""The parts of a multi-part answer: how many, which brackets wrap them, which variable each names.
 
 Used by `math_utils` (`final_pairs`, `grade_fast`): `answer_parts` splits `1, 2`, `x = 2 or x = 3`, `\pm 2` and
-`(1, 2]` into their parts; `different_brackets` tells a set `\{1, 2\}` from a pair `(1, 2)`; `named_pairs` matches
-`y = 6, x = 5` with the label `x = 5, y = 6` by name. Cheap string work, linear in the text.
+`(1, 2]` into their parts (`Split` holds both readings of one answer, split once per grade); `different_brackets`
+tells a set `\{1, 2\}` from a pair `(1, 2)`; `named_pairs` matches `y = 6, x = 5` with the label `x = 5, y = 6` by
+name. Cheap string work, linear in the text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from slime_rollout.rewards.number_words import words_to_number
 
-__all__ = ["answer_parts", "different_brackets", "named_pairs", "one_joiner", "same_part_count"]
+__all__ = ["Split", "answer_parts", "different_brackets", "named_pairs"]
 
 # "or" inside one answer lists its values ("x = 2 \text{ or } x = 3"); for a one-value label that is two parts,
 # so a hedge inside a box (`\boxed{3 \text{ or } 5}` for `5`) is still wrong.
@@ -74,6 +76,11 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
         The stripped parts, in order; one part for a plain answer.
     """
     s, depths = _bracketed(text)
+    return _split(s, depths, unwrap=unwrap)
+
+
+def _split(s: str, depths: list[int], *, unwrap: bool) -> list[str]:
+    """`answer_parts` of a text already read by `_bracketed` (`s`, its bracket depths)."""
     if unwrap and len(s) >= 2 and s[0] in _OPEN and s[-1] in _CLOSE and all(d > 0 for d in depths[1:]):
         s, depths = s[1:-1], [d - 1 for d in depths[1:-1]]
     pieces, joiners, start = [], [], 0
@@ -92,6 +99,45 @@ def answer_parts(text: str, *, unwrap: bool = True) -> list[str]:
         else:
             parts.append(piece)
     return [value for p in parts if p for value in _plus_minus(p)] or [s]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Split:
+    r"""One answer split into its parts both ways `answer_parts` reads it, once (a grade asks several times).
+
+    Example: `Split.of(r"\{1, 2\}")` has `wrapped == ["{1, 2}"]` and `unwrapped == ["1", "2"]`.
+
+    Attributes:
+        text: the answer as given.
+        wrapped: `answer_parts(text, unwrap=False)`: brackets around the whole answer kept (`(1, 2)` is one part).
+        unwrapped: `answer_parts(text)`: those brackets taken off first (`(1, 2)` is two parts).
+    """
+
+    text: str
+    wrapped: list[str]
+    unwrapped: list[str]
+
+    @classmethod
+    def of(cls, text: str) -> Split:
+        """Splits `text` (its LaTeX read once by `_bracketed`, then split with and without unwrapping)."""
+        s, depths = _bracketed(text)
+        return cls(text=text, wrapped=_split(s, depths, unwrap=False), unwrapped=_split(s, depths, unwrap=True))
+
+    def same_count(self, other: Split) -> bool:
+        r"""Whether both answers have as many parts, counted as written or with enclosing brackets off.
+
+        So `\{1, 2\}` has the parts of `1, 2`, and `(-\infty, 3)` the one part of `x<3`.
+        """
+        return len(self.wrapped) == len(other.wrapped) or len(self.unwrapped) == len(other.unwrapped)
+
+    def joined(self) -> str:
+        """The top-level parts joined by ", ", numerals in words as digits ("two and 3" → "2, 3").
+
+        A one-part answer is returned unchanged: the single-answer checks read number words themselves.
+        """
+        if len(self.wrapped) <= 1:
+            return self.text
+        return ", ".join(_digits(part) for part in self.wrapped)
 
 
 def _plus_minus(part: str) -> list[str]:
@@ -135,26 +181,9 @@ def _name(match: re.Match[str]) -> str:
     return match.group(1).replace("{", "").replace("}", "").lower()  # case folded, as the graded text is
 
 
-def one_joiner(answer: str) -> str:
-    """A list answer's top-level parts joined by ", ", numerals in words as digits ("two and 3" → "2, 3").
-
-    A one-part answer is returned unchanged: the single-answer checks read number words themselves.
-    """
-    parts = answer_parts(answer, unwrap=False)
-    return ", ".join(_digits(part) for part in parts) if len(parts) > 1 else answer
-
-
 def _digits(part: str) -> str:
     """A numeral in words as its exact value ("two" → "2", "one and a half" → "3/2"); anything else unchanged."""
     value = words_to_number(part)
     if value is None:
         return part
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-
-
-def same_part_count(pred: str, gold: str) -> bool:
-    r"""Whether two answers have as many parts, counted as written or with enclosing brackets off.
-
-    So `\{1, 2\}` has the parts of `1, 2`, and `(-\infty, 3)` the one part of `x<3`.
-    """
-    return any(len(answer_parts(pred, unwrap=u)) == len(answer_parts(gold, unwrap=u)) for u in (False, True))

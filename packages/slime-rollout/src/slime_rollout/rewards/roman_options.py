@@ -16,11 +16,17 @@ imaginary unit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
-__all__ = ["RomanOptions", "roman_options"]
+__all__ = ["STATEMENTS_IN_TEXT", "RomanOptions", "roman_options"]
 
 _NUMERALS = frozenset(["I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X"])
+_NUMERAL = "|".join(sorted(_NUMERALS, key=lambda n: (-len(n), n)))  # longest first: "III" is not "I" + "II"
+_NUMERAL_BUT_I = "|".join(sorted(_NUMERALS - {"I"}, key=lambda n: (-len(n), n)))
+#: Regex text of roman-numeral statements inside prose ("Maybe II.", "or I and III"), for `rewards.alternatives`;
+#: case-sensitive wherever it is embedded. A bare "I" starts one only before "only": it is also the pronoun.
+STATEMENTS_IN_TEXT = rf"(?-i:(?:{_NUMERAL_BUT_I}|I(?=\s+only))(?:\s+(?:and|only)(?:\s+(?:{_NUMERAL}))?)*)(?![A-Za-z])"
 _JOINERS = frozenset(["and", "only", "both", "all", "statement", "statements", "option", "options", "&", "+",
                       "is", "are", "true", "correct", "hold", "holds"])  # fmt: skip
 _HEDGES = frozenset(["or", "either", "maybe", "perhaps", "possibly"])
@@ -43,6 +49,9 @@ class RomanOptions:
     hedged: bool
 
 
+# Pure, and asked about the same strings several times per grade (`final_pairs`, then `grade_fast` on each side)
+# and about one label for every sample of its group: cached, bounded.
+@functools.lru_cache(maxsize=4096)
 def roman_options(answer: str) -> RomanOptions | None:
     r"""The roman-numeral statements `answer` names (module docstring), or None if it is not such an answer.
 
