@@ -87,7 +87,8 @@ async def test_a_reward_function_that_never_returns_fails_naming_it_and_the_samp
     )
     assert 0.6 <= elapsed < 10.0, elapsed  # the deadline, plus the first import of the plugin module
     assert ticks >= 5
-    warnings = [r.getMessage() for r in caplog.records]
+    # Only the deadline's own records: the config may warn too (once per process, so only when run alone).
+    warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.runtime.deadlines"]
     assert len(warnings) >= 2 and all(
         w.startswith(f"reward function --custom-rm-path {path} on sample 7 still running after ") for w in warnings
     )
