@@ -6,7 +6,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 * cleaning (`slime_rollout.rewards.normalize`): units, words around the answer, a choice letter given with its
   value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (`5:30 PM` = `17:30`;
   AM/PM given on one side only of an hour 1-12 is dropped), function names written as text
-  (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity", Unicode math (`√2`, `x²`, `½`: `rewards.unicode_math`);
+  (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity", Unicode math (`√2`, `x²`, `½`: `rewards.unicode_math`),
+  typesetting (`10,\!000`, `\textcolor{red}{5}`, `{\bf 5}`: `rewards.markup`);
 * answers naming roman-numeral statements (`\text{I only}`, `I, III`, `\text{II and III}`) are the sets of
   numerals they name ("I or II" is a hedge): `rewards.roman_options`;
 * what both sides name must agree: the choice letter (`(C) 12` ≠ `(B) 12`), the variable (`x = 3` ≠ `y = 3`), the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from slime_rollout.rewards.markup import strip_markup
 from slime_rollout.rewards.number_words import words_to_number
 
 __all__ = ["answer_parts", "different_brackets", "named_pairs", "one_joiner", "same_part_count"]
@@ -34,7 +35,8 @@ def _depths(text: str) -> list[int]:
 
 def _bracketed(text: str) -> tuple[str, list[int]]:
     r"""`text` as `answer_parts` reads it (no `\left`/`\right`, `\{` as `{`, no `$`), with its bracket depths."""
-    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", text))  # "1\,000": a thin space, not a part separator
+    # "1\,000": a thin space, not a part separator; "10,\!000" (`markup`): a thousands separator
+    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", strip_markup(text)))
     s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
     s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
     return s, _depths(s)

@@ -1,0 +1,141 @@
+r"""Issue 27, round 11: typesetting around an answer (MATH's `10,\!000`, colours, font switches, spacing), `\frac\pi3`,
+`0.\bar{3}`, `-\infty < x < \infty`.
+
+Each right answer scored 0 before (the defect); the near misses next to it keep scoring 0. All go through
+`rule_based_reward("math", ...)`, the path every math grader shares; labels are read as the data sets write them.
+"""
+
+import time
+
+import pytest
+
+from slime_rollout.rewards import rule_based_reward
+from slime_rollout.rewards.markup import strip_markup
+from slime_rollout.rewards.normalize import clean_answer, parse_number
+from slime_rollout.rewards.parts import answer_parts
+
+
+def _math(answer: str, label: str) -> float:
+    return rule_based_reward("math", rf"The answer is \boxed{{{answer}}}.", label)
+
+
+# MATH writes thousands as `10,\!000` (a negative thin space closes the gap after the comma); the original removes
+# `\!` and `,\!`. Here `\!` became a space, so `10, 000` was read as the two parts 10 and 0.
+_THOUSANDS = [
+    ("10000", r"10,\!000", 1.0),
+    (r"10,\!000", "10000", 1.0),
+    (r"\$1,\!000", "1000", 1.0),
+    ("1234567", r"1,\!234,\!567", 1.0),
+    ("10001", r"10,\!000", 0.0),
+    ("10, 0", r"10,\!000", 0.0),
+]
+
+
+@pytest.mark.parametrize(("answer", "label", "expected"), _THOUSANDS)
+def test_math_thousands_separator(answer: str, label: str, expected: float) -> None:
+    assert _math(answer, label) == expected
+
+
+def test_a_closed_up_thousands_separator_is_one_part() -> None:
+    assert answer_parts(r"10,\!000") == ["10000"]
+    assert answer_parts(r"1, 2") == ["1", "2"]  # a list keeps its parts
+
+
+# Presentational markup inside a box (or a label): the value is what it wraps.
+_MARKUP = [
+    (r"\textcolor{red}{5}", "5", 1.0),
+    (r"\color{red}5", "5", 1.0),
+    (r"{\color{blue} \frac{1}{2}}", "0.5", 1.0),
+    (r"\underline{5}", "5", 1.0),
+    (r"\bf 5", "5", 1.0),
+    (r"{\bf 5}", "5", 1.0),
+    (r"\large 5", "5", 1.0),
+    (r"\hspace{1cm}5", "5", 1.0),
+    (r"5\kern2pt", "5", 1.0),
+    (r"\boldsymbol{\frac{3}{4}}", "0.75", 1.0),
+    (r"\bm{x} = 3", "3", 1.0),
+    (r"\colorbox{yellow}{$12$}", "12", 1.0),
+    (r"\textcolor[rgb]{1,0,0}{\sqrt{2}}", r"\sqrt2", 1.0),
+    (r"\emph{(B)}", "B", 1.0),
+    ("5", r"\underline{5}", 1.0),
+    (r"\textcolor{red}{6}", "5", 0.0),
+    (r"\underline{5}", "6", 0.0),
+    (r"\bf 6", "5", 0.0),
+    (r"\hspace{5cm}6", "5", 0.0),
+]
+
+
+@pytest.mark.parametrize(("answer", "label", "expected"), _MARKUP)
+def test_markup_around_the_value(answer: str, label: str, expected: float) -> None:
+    assert _math(answer, label) == expected
+
+
+def test_meaningful_commands_stay() -> None:
+    assert strip_markup(r"0.\overline{3}") == r"0.\overline{3}"  # a repeating decimal, not decoration
+    assert strip_markup(r"5\text{ cm}") == r"5\text{ cm}"  # a unit, read by `units`
+    assert strip_markup(r"\rm{lcm}(4,6)") == r"\rm{lcm}(4,6)"  # a function name, read by `normalize`
+    assert strip_markup(r"\{1, 2\}") == r"\{1, 2\}"  # set braces are no group
+    assert strip_markup(r"\textcolor{red}{5") == r"\textcolor{red}{5"  # an unclosed argument: as written
+    assert _math(r"\rm{lcm}(4,6)", "12") == 1.0
+
+
+def test_markup_stripping_is_linear() -> None:
+    # Nested and unclosed wrappers: one scan of the markup, one of the braces.
+    for text in (r"\underline{" * 50_000 + "5" + "}" * 50_000, r"\textcolor{red}{" * 50_000, r"\bf" * 100_000):
+        start = time.perf_counter()
+        strip_markup(text)
+        assert time.perf_counter() - start < 5.0  # ~0.1 s here; quadratic work took minutes
+
+
+# `\frac` with a command as an unbraced argument, as TeX reads it.
+_FRACTIONS = [
+    (r"\frac{\pi}{3}", r"\frac\pi3", 1.0),
+    (r"\frac\pi3", r"\frac{\pi}{3}", 1.0),
+    (r"\frac{\pi}3", r"\frac{\pi}{3}", 1.0),
+    (r"\dfrac\pi 4", r"\frac{\pi}{4}", 1.0),
+    (r"\frac\pi3", r"\frac{\pi}{4}", 0.0),
+    (r"\sfrac{1}{2}", "0.5", 1.0),
+]
+
+
+@pytest.mark.parametrize(("answer", "label", "expected"), _FRACTIONS)
+def test_unbraced_fraction_arguments(answer: str, label: str, expected: float) -> None:
+    assert _math(answer, label) == expected
+
+
+def test_unbraced_fraction_text() -> None:
+    assert clean_answer(r"\frac\pi3").text == r"\frac{\pi}{3}"
+    assert clean_answer(r"\frac12").text == r"\frac{1}{2}"
+    assert clean_answer(r"\fraction").text == r"\fraction"
+
+
+# A repeating decimal with a bar (`\bar`, as well as `\overline` and `\dot`).
+@pytest.mark.parametrize(
+    ("answer", "value"),
+    [(r"0.\bar{3}", "1/3"), (r"0.\bar3", "1/3"), (r"0.1\bar{6}", "1/6"), (r"-2.\bar{18}", "-24/11")],
+)
+def test_bar_repeating_decimal(answer: str, value: str) -> None:
+    from fractions import Fraction
+
+    assert parse_number(answer) == Fraction(value)
+    assert _math(answer, str(Fraction(value))) == 1.0
+
+
+def test_bar_repeating_decimal_near_miss() -> None:
+    assert _math(r"0.\bar{3}", "0.3") == 0.0
+    assert _math(r"0.\bar{3}", r"\frac{3}{10}") == 0.0
+
+
+# The real line written as an inequality that bounds nothing.
+_REAL_LINE = [
+    (r"-\infty < x < \infty", r"(-\infty,\infty)", 1.0),
+    (r"(-\infty,\infty)", r"-\infty < x < \infty", 1.0),
+    (r"-\infty < x < \infty", r"\mathbb{R}", 1.0),
+    (r"-\infty < x < 3", r"(-\infty,\infty)", 0.0),
+    (r"-\infty < x < \infty", r"(0,\infty)", 0.0),
+]
+
+
+@pytest.mark.parametrize(("answer", "label", "expected"), _REAL_LINE)
+def test_real_line_as_an_inequality(answer: str, label: str, expected: float) -> None:
+    assert _math(answer, label) == expected
