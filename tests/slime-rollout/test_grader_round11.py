@@ -139,3 +139,35 @@ _REAL_LINE = [
 @pytest.mark.parametrize(("answer", "label", "expected"), _REAL_LINE)
 def test_real_line_as_an_inequality(answer: str, label: str, expected: float) -> None:
     assert _math(answer, label) == expected
+
+
+# Growing functions of unevaluated arithmetic: `(10^{100})!` parses as factorial(Pow(10, 100)), which the literal
+# check missed; sympy then recursed for 17.5 s against a 10 s budget (`\binom{10^6}{5\cdot10^5}`: the whole budget,
+# `\Gamma(10^6)`: 5.7 s). Their argument is estimated now, and they are not evaluated.
+@pytest.mark.parametrize(
+    "answer",
+    [r"(10^{100})!", r"\binom{10^{6}}{5\cdot 10^{5}}", r"\Gamma(10^{6})", r"(2 \cdot 10^{4})!", r"2^{(10)(10^{5})}"],
+)
+def test_growing_functions_of_big_values_are_not_evaluated(answer: str) -> None:
+    from math_verify import parse
+
+    from slime_rollout.rewards.math_utils import _tree_too_big, symbolic_equal_with_timeout
+
+    assert _tree_too_big(parse(rf"\boxed{{{answer}}}", parsing_timeout=None)[0])
+    start = time.perf_counter()
+    assert symbolic_equal_with_timeout("5", answer, 10.0) is None  # undecided: too costly, counted wrong
+    assert time.perf_counter() - start < 8.0  # ~0.5 s here; over 17 s before
+
+
+@pytest.mark.parametrize(
+    ("answer", "label"),
+    [
+        ("5!", "120"),
+        (r"\binom{10}{3}", "120"),
+        (r"\Gamma(5)", "24"),
+        (r"(2^{3})!", "40320"),
+        (r"\binom{2 \cdot 5}{3}", "120"),
+    ],
+)
+def test_small_growing_functions_are_still_evaluated(answer: str, label: str) -> None:
+    assert _math(answer, label) == 1.0

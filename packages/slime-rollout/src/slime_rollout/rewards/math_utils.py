@@ -296,17 +296,53 @@ def _brace_group(text: str, start: int) -> str | None:
     return None
 
 
-def _tree_too_big(expr) -> bool:
-    """Backstop on the parsed (unevaluated) expression: integer powers/factorials too big to evaluate."""
+# Integer functions whose evaluation grows with their argument's value (sympy computes `factorial(10**100)` by
+# recursion, for ever); their argument is estimated, not only read as a literal (`(10^{100})!` parses unevaluated).
+_GROWING_FUNCTIONS = (
+    "factorial", "factorial2", "subfactorial", "binomial", "gamma", "RisingFactorial", "FallingFactorial",
+    "fibonacci", "lucas", "bell", "catalan", "harmonic", "primepi", "partition",
+)  # fmt: skip
+_MAX_FUNCTION_ARGUMENT = 5000
+_MAX_EXPONENT = 10**5
+
+
+def _exceeds(value, limit: int) -> bool:
+    """Whether a sympy number's absolute value is over `limit`, estimated to a few digits (a symbol is not)."""
+    if value.is_Integer:
+        return abs(int(value)) > limit
+    if not value.is_number:
+        return False
+    try:
+        return bool(abs(value.evalf(5)) > limit)
+    except (TypeError, ValueError, ArithmeticError):
+        return True  # not even an estimate: not evaluated either
+
+
+@functools.cache
+def _growing_classes() -> tuple[type, ...]:
+    """The sympy classes of `_GROWING_FUNCTIONS` (a name that is not a class in this sympy has no node to find)."""
     import sympy
 
+    return tuple(obj for obj in (getattr(sympy, name) for name in _GROWING_FUNCTIONS) if isinstance(obj, type))
+
+
+def _tree_too_big(expr) -> bool:
+    r"""Backstop on the parsed (unevaluated) expression: integer powers and growing functions too big to evaluate.
+
+    Arguments are estimated, so unevaluated arithmetic counts by its value: `(10^{100})!` (the factorial of
+    `Pow(10, 100)`) ran 7 s past its 10 s budget inside sympy's recursion, `\binom{10^6}{5 \cdot 10^5}` took the whole
+    budget.
+    """
+    import sympy
+
+    growing = _growing_classes()
     for node in sympy.preorder_traversal(expr):
         if isinstance(node, sympy.Pow):
             base, exp = node.args
-            if exp.is_Integer and abs(int(exp)) > 10**5 and base.is_number and base not in (0, 1, -1):
+            if base.is_number and base not in (0, 1, -1) and _exceeds(exp, _MAX_EXPONENT):
                 return True
-        elif isinstance(node, sympy.factorial | sympy.binomial):
-            if any(a.is_Integer and abs(int(a)) > 5000 for a in node.args):
+        elif isinstance(node, growing):
+            if any(_exceeds(a, _MAX_FUNCTION_ARGUMENT) for a in node.args):
                 return True
     return False
 
