@@ -171,3 +171,30 @@ def test_growing_functions_of_big_values_are_not_evaluated(answer: str) -> None:
 )
 def test_small_growing_functions_are_still_evaluated(answer: str, label: str) -> None:
     assert _math(answer, label) == 1.0
+
+
+# Invisible characters (format characters, variation selectors) and mathematical alphanumerics: a reader sees `5`,
+# `12`, `2π`; each scored 0 (a label scraped from a web page carries zero-width spaces and soft hyphens).
+_INVISIBLE = [
+    ("5\u200b", "5", 1.0),
+    ("\ufeff5", "5", 1.0),
+    ("5\ufe0f", "5", 1.0),
+    ("5\u00ad", "5", 1.0),
+    ("1\u200b2", "12", 1.0),
+    ("5", "\u200e5\u200f", 1.0),
+    ("2\U0001d70b", r"2\pi", 1.0),  # mathematical italic pi
+    ("\U0001d7d3", "5", 1.0),  # mathematical bold digit five
+    ("6\u200b", "5", 0.0),
+    ("2\U0001d70b", r"3\pi", 0.0),
+]
+
+
+@pytest.mark.parametrize(("answer", "label", "expected"), _INVISIBLE)
+def test_invisible_characters_and_math_alphanumerics(answer: str, label: str, expected: float) -> None:
+    assert _math(answer, label) == expected
+
+
+def test_invisible_characters_in_other_graders() -> None:
+    assert rule_based_reward("dapo", "Answer: 1\u200b000", "1000")["acc"] is True
+    assert rule_based_reward("gpqa", "Answer: B\u200b", "B") == 1.0
+    assert rule_based_reward("f1", "Par\u00adis", "Paris") == 1.0

@@ -36,7 +36,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
   for two exact constants, the equality is re-checked to 40 significant digits (math-verify compares
   `(a - b).evalf(chop=True)` and so takes `e^{-50}` for `e^{-51}`);
 * bounded time on any thread: answers longer than `SYMBOLIC_MAX_CHARS` and expressions whose evaluation
-  would be huge (power towers, exponents of 5+ digits, factorials of 4+ digit numbers) are not evaluated at
+  would be huge (power towers, exponents of 5+ digits, factorials, binomials and the like of 4+ digit values, however
+  written: `(10^{100})!`) are not evaluated at
   all (a single big-integer power cannot be interrupted), and the rest runs under `run_with_deadline`.
 
 A symbolic check that is skipped or runs out of time returns None ("undecided"); callers count it as wrong
