@@ -198,3 +198,32 @@ def test_invisible_characters_in_other_graders() -> None:
     assert rule_based_reward("dapo", "Answer: 1\u200b000", "1000")["acc"] is True
     assert rule_based_reward("gpqa", "Answer: B\u200b", "B") == 1.0
     assert rule_based_reward("f1", "Par\u00adis", "Paris") == 1.0
+
+
+# A remark in parentheses after the value, inside the box or the label: words only (it scored 0 as `5(verified)`).
+_REMARKS = [
+    (r"5 \text{ (verified)}", "5", 1.0),
+    (r"5 \quad \text{(checked)}", "5", 1.0),
+    (r"5 (approx.)", "5", 1.0),
+    ("5", r"5 \text{ (approximately)}", 1.0),
+    (r"12 \text{ (in centimeters)}", "12", 1.0),
+    (r"x + 1 \text{ (simplified)}", "1 + x", 1.0),
+    (r"6 \text{ (verified)}", "5", 0.0),
+    # Remarks that change the answer stay, and so do products and option names.
+    (r"5 \text{ (or 6)}", "5", 0.0),
+    (r"5 \text{ (if n is odd)}", "5", 0.0),
+    (r"5 \text{ (not simplified)}", "5", 0.0),
+    (r"2 (ab)", "2", 0.0),
+    (r"5 (II)", "5", 0.0),
+]
+
+
+@pytest.mark.parametrize(("answer", "label", "expected"), _REMARKS)
+def test_a_remark_after_the_value(answer: str, label: str, expected: float) -> None:
+    assert _math(answer, label) == expected
+
+
+def test_products_are_no_remarks() -> None:
+    assert clean_answer("2(ab)").text == "2(ab)"
+    assert clean_answer("2 (ab)").text == "2(ab)"
+    assert clean_answer("f(x)").text == "f(x)"

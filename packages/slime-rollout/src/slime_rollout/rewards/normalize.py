@@ -197,6 +197,28 @@ def _latex_cleanup(s: str) -> str:
     return s[1:].lstrip() if s.startswith("+") and not s.startswith("++") else s  # a unary plus: "+\infty" is \infty
 
 
+# A remark in parentheses after the answer, set off by a space (`5 \text{ (verified)}`, `5 (approx.)`, `12 \text{ (in
+# centimeters)}`): words only, one of them a word of 4+ letters (`2(ab)` and `2 (xy)` are products), a lower-case
+# letter (`(II)` and `(B)` name options) and none that changes the answer (a condition, an alternative, a negation:
+# `5 (if n is odd)`, `5 (or 6)`, `5 (not simplified)` stay as written).
+_REMARK = re.compile(r"(?<=\S)\s+\((?P<words>\s*[A-Za-z][A-Za-z.\s]{0,60})\)$")
+_REMARK_KEEPS = frozenset(
+    "or and if unless when whenever where not no never except only otherwise but maybe perhaps possibly mod modulo "
+    "wrong incorrect false invalid undefined".split()
+)
+
+
+def _drop_remark(s: str) -> str:
+    """`s` without a parenthesized remark at its end (`_REMARK`), or `s` as is."""
+    remark = _REMARK.search(s)
+    if remark is None or not re.search(r"[a-z]", remark["words"]):
+        return s
+    words = re.findall(r"[A-Za-z]+", remark["words"].lower())
+    if any(len(word) < 2 for word in words) or max(map(len, words)) < 4 or _REMARK_KEEPS.intersection(words):
+        return s
+    return s[: remark.start()].rstrip()
+
+
 def _take_percent(s: str) -> tuple[str, bool]:
     """`s` without its percent signs and words, and whether it had any."""
     without = _PERCENT.sub(" ", s)
@@ -269,7 +291,7 @@ def clean_answer(answer: str) -> CleanAnswer:
         s = rest  # "5\text{ cm}": the unit is set aside, the value stays
     else:
         unit = None
-    s, percent = _take_percent(_latex_cleanup(s))
+    s, percent = _take_percent(_drop_remark(_latex_cleanup(s)))
     if _ALL_REALS.fullmatch(s):
         s = _REAL_LINE
     letter = None
