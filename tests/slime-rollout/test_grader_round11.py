@@ -227,3 +227,34 @@ def test_products_are_no_remarks() -> None:
     assert clean_answer("2(ab)").text == "2(ab)"
     assert clean_answer("2 (ab)").text == "2(ab)"
     assert clean_answer("f(x)").text == "f(x)"
+
+
+# A label that is a worked solution boxing several parts in its final statement: all of them are the answer, read by
+# the rule a response's final boxes are read by. As its last box alone, the whole answer scored 0 and half of it 1.
+_SOLUTION = r"Solving the system, $x = \boxed{2}$ and $y = \boxed{3}$."
+_TWO_STATEMENTS = r"In the first case we get $\boxed{4}$, which is impossible. So the total is $\boxed{7}$."
+
+
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        (r"\boxed{2}, \boxed{3}", _SOLUTION, 1.0),
+        (r"$x = \boxed{2}$, $y = \boxed{3}$", _SOLUTION, 1.0),
+        (r"\boxed{2, 3}", _SOLUTION, 1.0),
+        (r"\boxed{3}", _SOLUTION, 0.0),  # half the answer
+        (r"$x = \boxed{3}$, $y = \boxed{2}$", _SOLUTION, 0.0),  # labelled parts in the label's order
+        (r"\boxed{7}", _TWO_STATEMENTS, 1.0),  # an earlier statement's box is superseded
+        (r"\boxed{4}, \boxed{7}", _TWO_STATEMENTS, 0.0),
+        (r"\boxed{5}", r"So $\boxed{5}$, that is $\boxed{5.0}$.", 1.0),  # a restatement is one part
+    ],
+)
+def test_a_solution_label_with_several_final_boxes(response: str, label: str, expected: float) -> None:
+    assert rule_based_reward("math", response, label) == expected
+
+
+def test_label_answer_of_a_solution() -> None:
+    from slime_rollout.rewards.math_utils import extract_label_answer
+
+    assert extract_label_answer(_SOLUTION) == "2, 3"
+    assert extract_label_answer(_TWO_STATEMENTS) == "7"
+    assert extract_label_answer(r"$\boxed{12}$") == "12"

@@ -105,7 +105,11 @@ def require_label(label: object) -> None:
 
 
 def extract_label_answer(label: object) -> str:
-    """The final answer of a label: a GSM8K solution's `#### x`, a boxed answer, or the label itself.
+    r"""The final answer of a label: a GSM8K solution's `#### x`, a boxed answer, or the label itself.
+
+    A solution whose final statement boxes several parts (`$x = \boxed{2}$ and $y = \boxed{3}$`) has them all, joined
+    by ", " (`2, 3`), read by the rule a response's final boxes are read by (`answers.final_boxed_answers`): as its
+    last box alone, the whole answer scored 0 and its last half 1. Boxes in earlier statements are superseded.
 
     Raises:
         ValueError: if `label` is None.
@@ -114,8 +118,17 @@ def extract_label_answer(label: object) -> str:
     text = str(label)
     if "####" in text:
         return text.rsplit("####", 1)[1].strip()
+    if text.count("\\boxed") + text.count("\\fbox") > 1:
+        parts = _distinct_parts(final_boxed_answers(text).answers)
+        if len(parts) > 1:
+            return ", ".join(parts)
     boxed = extract_boxed(text, unclosed=True)  # a label's missing brace is a typo
     return boxed if boxed is not None else text.strip()
+
+
+def _distinct_parts(answers: list[str]) -> list[str]:
+    r"""The answers of a label's final statement, a restated one once (`\boxed{5}, i.e. \boxed{5.0}` is one part)."""
+    return answers if len(_distinct(answers)) > 1 else answers[:1]
 
 
 def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, str]:
