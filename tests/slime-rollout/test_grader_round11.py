@@ -258,3 +258,37 @@ def test_label_answer_of_a_solution() -> None:
     assert extract_label_answer(_SOLUTION) == "2, 3"
     assert extract_label_answer(_TWO_STATEMENTS) == "7"
     assert extract_label_answer(r"$\boxed{12}$") == "12"
+
+
+# A multi-part answer written in sentences: each box named in words. It was read as a derivation, the last box
+# superseding the others, and scored 0 against the label's parts.
+_NAMED_PARTS = [
+    (r"The minimum is \boxed{2} and the maximum is \boxed{3}.", "2, 3", 1.0),
+    (r"The value for $x$ is \boxed{2} and for $y$ is \boxed{3}.", "x = 2, y = 3", 1.0),
+    (r"The smallest is \boxed{2}, the largest is \boxed{3}.", "2, 3", 1.0),
+    (r"\boxed{2} for part (a) and \boxed{3} for part (b).", "2, 3", 1.0),
+    (r"(a) The area is \boxed{2}. (b) The perimeter is \boxed{3}.", "2, 3", 1.0),
+    (r"The minimum is \boxed{3} and the maximum is \boxed{2}.", "2, 3", 0.0),  # named parts in the label's order
+    (r"The minimum is \boxed{2} and the maximum is \boxed{4}.", "2, 3", 0.0),
+    # Not parts: an intermediate result against a one-part label, a recomputation, a correction.
+    (r"The discriminant is \boxed{9}. So the root is \boxed{3}.", "3", 1.0),
+    (r"The area is \boxed{2}. Recomputing, the area is \boxed{3}.", "3", 1.0),
+    (r"The area is \boxed{2}. Recomputing, the area is \boxed{3}.", "2, 3", 0.0),
+    (r"The minimum is \boxed{2}. That is wrong; the minimum is \boxed{3}.", "2, 3", 0.0),
+    (r"We get \boxed{2}. Then the answer is \boxed{3}.", "2, 3", 0.0),
+]
+
+
+@pytest.mark.parametrize(("response", "label", "expected"), _NAMED_PARTS)
+def test_parts_named_in_words(response: str, label: str, expected: float) -> None:
+    assert rule_based_reward("math", response, label) == expected
+
+
+def test_named_parts_rule() -> None:
+    from slime_rollout.rewards.named_parts import names_next_part
+
+    assert names_next_part("The minimum is ", " and the maximum is ")
+    assert names_next_part("", ". (b) The perimeter is ")
+    assert not names_next_part("The answer is ", ". So the answer is ")
+    assert not names_next_part("The area is ", ". Oops, I made a mistake. The perimeter is ")
+    assert not names_next_part("", " and " + "x " * 200 + "the maximum is ")  # a long derivation

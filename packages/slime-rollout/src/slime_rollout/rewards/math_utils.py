@@ -220,11 +220,13 @@ def _distinct(answers: list[str]) -> list[str]:
 
 
 def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
-    """What to compare for a response's final boxed answers: `(prediction, gold)` pairs that must all be equal.
+    r"""What to compare for a response's final boxed answers: `(prediction, gold)` pairs that must all be equal.
 
     The rule every final-answer grader shares (module docstring): one answer (restatements of one value count
     once) is compared with the whole label, if it has as many parts; as many boxes as the label has parts are its
-    parts: in order when labelled, else together; anything else (a hedge, a wrong number of parts) is wrong.
+    parts: in order when labelled, else together; anything else (a hedge, a wrong number of parts) is wrong. Boxes
+    that name other parts in words (`The minimum is \boxed{2} and the maximum is \boxed{3}`: `final.parts`) are
+    read as labelled parts when there are as many as the label's.
 
     Args:
         final: the response's final boxed answers (`answers.final_boxed_answers`).
@@ -234,14 +236,16 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
         The pairs, or None when the answer is wrong whatever the values (no answer, a hedge, a part count that
         is not the label's).
     """
-    answers, gold_parts = final.answers, answer_parts(gold)
+    answers, gold_parts, labelled = final.answers, answer_parts(gold), final.labelled
     if not answers:
         return None
+    if len(answers) < len(final.parts) == len(gold_parts):  # parts named in words: "the maximum is \boxed{3}"
+        answers, labelled = list(final.parts), True
     if len(answers) > 1 and len(answers) == len(gold_parts):
         named = named_pairs(answers, gold_parts)
         if named is not None:
             return named
-        return list(zip(answers, gold_parts, strict=True)) if final.labelled else [(", ".join(answers), gold)]
+        return list(zip(answers, gold_parts, strict=True)) if labelled else [(", ".join(answers), gold)]
     distinct = _distinct(answers)
     if len(distinct) == 1 and roman_options(distinct[0]) is not None and roman_options(gold) is not None:
         return [(distinct[0], gold)]  # "I, III" is one answer, a set of statements, not two parts
