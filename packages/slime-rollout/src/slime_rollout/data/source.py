@@ -29,6 +29,7 @@ from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.chat_template import render_chat
+from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.plugins import load_function
@@ -127,9 +128,7 @@ def load_prompt_rows(spec: str) -> PromptRows:
         located = list(iter_jsonl(path))
         rows, positions, unit = [row for _, row in located], [line for line, _ in located], "line"
     elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(path).to_pylist()
+        rows = read_parquet_rows(path)  # a struct's fields that a row lacked are absent, not None
         positions, unit = list(range(len(rows))), "row index"
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
