@@ -2,7 +2,8 @@
 
 Parquet gives every object of a column the union of their keys. Before, tool `a` read back with tool `b`'s parameter
 as `"y": None`, which the chat template showed the model as a parameter of `a`, and every message gained the keys of
-the others (`"tool_calls": None` on a user turn).
+the others (`"tool_calls": None` on a user turn). Also: a tool-call turn with OpenAI's `"content": null` renders
+(`slime_rollout.data.chat_template.text_content`).
 """
 
 import json
@@ -69,3 +70,15 @@ def test_top_level_nulls_and_plain_columns_stay(tmp_path):
         {"prompt": "b", "label": "2", "metadata": None},
     ]
     assert read_parquet_rows(_write(tmp_path, rows)) == rows  # list items are values, not fields
+
+
+def test_a_tool_call_turn_with_null_content_renders(qwen3_tokenizer_dir):
+    # OpenAI's format: an assistant turn of tool calls only has `"content": null`; Qwen3's template failed on it
+    # ("argument of type 'NoneType' is not iterable"), from JSONL and Parquet alike.
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    messages = [{**m, "content": None} if m["role"] == "assistant" else m for m in _MESSAGES]
+    (sample,) = rows_to_samples([{"q": messages}], source="m", input_key="q", tokenizer=tok, apply_chat_template=True)
+    assert sample.prompt == tok.apply_chat_template(_MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert messages[1]["content"] is None  # the row itself is left as it is
+    (sample,) = rows_to_samples([{"q": messages}], source="m", input_key="q", tokenizer=tok, max_prompt_len=1000)
+    assert sample.prompt[1]["content"] == ""  # the default generate renders the messages it is given
