@@ -292,3 +292,26 @@ def test_named_parts_rule() -> None:
     assert not names_next_part("The answer is ", ". So the answer is ")
     assert not names_next_part("The area is ", ". Oops, I made a mistake. The perimeter is ")
     assert not names_next_part("", " and " + "x " * 200 + "the maximum is ")  # a long derivation
+
+
+# A float label (a numeric Parquet or JSON column) of a non-terminating value: the column cannot hold 1/3, so the
+# exact answer scored 0 against it. It is the simplest fraction whose float it is; short decimals are as typed.
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        (r"\frac{1}{3}", 1 / 3, 1.0),
+        (r"0.\overline{3}", 1 / 3, 1.0),
+        (r"-\frac{2}{3}", -2 / 3, 1.0),
+        (r"\frac{2}{7}", 2 / 7, 1.0),
+        ("0.333", 1 / 3, 0.0),  # a rounded decimal is not the exact value
+        (r"\frac{1}{3}", 0.333, 0.0),
+        ("0.1", 0.1, 1.0),
+        (r"\frac{1}{10}", 0.1, 1.0),
+        ("2.5", 2.5, 1.0),
+        ("18", 18.0, 1.0),
+        ("3.14159", 3.14159, 1.0),
+    ],
+)
+def test_float_labels(answer: str, label: float, expected: float) -> None:
+    assert _math(answer, label) == expected
+    assert rule_based_reward("dapo", f"Answer: {answer}", label)["acc"] is (expected == 1.0)

@@ -46,8 +46,10 @@ and log it. Model text is never passed to `eval`/`sympify`.
 
 from __future__ import annotations
 
+import fractions
 import functools
 import logging
+import math
 import re
 
 from slime_core.error_text import preview
@@ -107,6 +109,8 @@ def require_label(label: object) -> None:
 def extract_label_answer(label: object) -> str:
     r"""The final answer of a label: a GSM8K solution's `#### x`, a boxed answer, or the label itself.
 
+    A float label (a numeric column) is the fraction it stores (`_float_label`: `0.3333333333333333` is 1/3).
+
     A solution whose final statement boxes several parts (`$x = \boxed{2}$ and $y = \boxed{3}$`) has them all, joined
     by ", " (`2, 3`), read by the rule a response's final boxes are read by (`answers.final_boxed_answers`): as its
     last box alone, the whole answer scored 0 and its last half 1. Boxes in earlier statements are superseded.
@@ -115,6 +119,8 @@ def extract_label_answer(label: object) -> str:
         ValueError: if `label` is None.
     """
     require_label(label)
+    if isinstance(label, float) and math.isfinite(label):
+        return _float_label(label)
     text = str(label)
     if "####" in text:
         return text.rsplit("####", 1)[1].strip()
@@ -124,6 +130,29 @@ def extract_label_answer(label: object) -> str:
             return ", ".join(parts)
     boxed = extract_boxed(text, unclosed=True)  # a label's missing brace is a typo
     return boxed if boxed is not None else text.strip()
+
+
+_FLOAT_LABEL_DENOMINATOR = 10**6
+_FLOAT_DIGITS = 15  # significant digits of a float that stands for a non-terminating value (1/3: 16)
+
+
+def _float_label(label: float) -> str:
+    r"""A float label as the exact value it stands for: the simplest fraction (denominator up to 10^6) it rounds from.
+
+    A float column cannot hold 1/3 or 2/7, so `0.3333333333333333` scored 0 against the exact answer `\frac{1}{3}`
+    (and against `0.\overline{3}`); the fraction whose float is the label is what it stores. Only a float of 15+
+    significant digits is such a value; a shorter one (`0.1`, `2.5`) or one no such fraction gives is read as written
+    (`repr`), and an answer that prints the float (`0.3333333333333333`) is a rounded decimal, not 1/3.
+    """
+    text = repr(label)
+    if len(text.lstrip("-").replace(".", "").lstrip("0")) < _FLOAT_DIGITS:
+        return text  # a decimal as typed (0.1, 2.5, 3.14159): the value it names
+    value = fractions.Fraction(label).limit_denominator(_FLOAT_LABEL_DENOMINATOR)
+    if float(value) != label:
+        return text
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{'-' if value < 0 else ''}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
 
 
 def _distinct_parts(answers: list[str]) -> list[str]:
