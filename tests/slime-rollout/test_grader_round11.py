@@ -315,3 +315,13 @@ def test_named_parts_rule() -> None:
 def test_float_labels(answer: str, label: float, expected: float) -> None:
     assert _math(answer, label) == expected
     assert rule_based_reward("dapo", f"Answer: {answer}", label)["acc"] is (expected == 1.0)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [r"\boxed{\underline{Paris}}", r"\boxed{\textcolor{red}{Paris}}", r"\boxed{\emph{Paris}}", r"\boxed{{\bf Paris}}"],
+)
+def test_f1_reads_through_typesetting(response: str) -> None:
+    # `\underline{Paris}` was the token "underlineparis": F1 0 (`{\bf Paris}`: 0.67).
+    assert rule_based_reward("f1", response, "Paris") == 1.0
+    assert rule_based_reward("boxed_f1", f"So {response}.", "Paris") == 1.0
