@@ -325,3 +325,9 @@ def test_f1_reads_through_typesetting(response: str) -> None:
     # `\underline{Paris}` was the token "underlineparis": F1 0 (`{\bf Paris}`: 0.67).
     assert rule_based_reward("f1", response, "Paris") == 1.0
     assert rule_based_reward("boxed_f1", f"So {response}.", "Paris") == 1.0
+
+
+def test_a_colour_switch_before_a_letter() -> None:
+    assert strip_markup(r"\color{red}x^2") == "x^2"  # the switch ends at its argument, whatever follows
+    assert _math(r"{\color{red}x^2 + 1}", "x^2+1") == 1.0
+    assert strip_markup(r"\itemize") == r"\itemize"  # a longer command is no switch

@@ -33,9 +33,9 @@ _WRAPPER = (
     rf"|textcolor{_COLOR}|colorbox{_COLOR}|fcolorbox{_COLOR}\s*\{{[^{{}}]{{0,40}}\}})\s*(?=\{{)"
 )
 _SWITCH = (
-    r"\\(?:bf|it|sf|tt|sl|sc|rm(?!\s*\{)|md|up|normalfont|(?:bf|md)series|(?:it|sl|sc|up)shape|(?:rm|sf|tt)family"
+    r"\\(?:(?:bf|it|sf|tt|sl|sc|rm(?!\s*\{)|normalfont|(?:bf|md)series|(?:it|sl|sc|up)shape|(?:rm|sf|tt)family"
     r"|tiny|scriptsize|footnotesize|small|normalsize|large|Large|LARGE|huge|Huge"
-    rf"|textstyle|scriptstyle|scriptscriptstyle|color{_COLOR})(?![A-Za-z])"
+    rf"|textstyle|scriptstyle|scriptscriptstyle)(?![A-Za-z])|color{_COLOR})"
 )
 # Spacing whose argument goes too (a phantom's content is invisible: `\phantom{0}5` is 5).
 _SPACING = r"\\(?:[hv]space\*?|[hv]?phantom)\s*(?=\{)|\\m?kern\s*-?\d*\.?\d+\s*[a-z]{2}|\\!"
