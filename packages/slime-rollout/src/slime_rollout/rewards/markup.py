@@ -13,7 +13,9 @@ before an answer is cleaned (`normalize.clean_answer`) or split into parts (`par
   `normalize` reads), the `\...series` / `\...shape` / `\...family` forms, sizes (`\tiny` ... `\Huge`), math styles
   (`\textstyle`, `\scriptstyle`), `\color{c}`;
 * spacing goes with its argument: `\hspace{1cm}`, `\vspace*{2pt}`, `\phantom{0}`, `\hphantom{x}`, `\vphantom{x}`,
-  `\kern2pt`, `\mkern-3mu`, and `\!`;
+  `\kern2pt`, `\mkern-3mu`, and `\!`; so do layout and marks (`\hfill`, `\newline`, `\tag{1}`, `\label{eq}`,
+  `\checkmark`, `\qed`, `\blacksquare`), an arrow or "therefore" that opens the answer (`\implies 5`,
+  `\therefore 5`) and row breaks `\\` that end it;
 * braces that then wrap the whole answer go (`{\bf 5}` is `{ 5}`, then `5`).
 
 Meaningful commands stay: `\overline{3}` (a repeating decimal), `\text{}` and `\mathbf{}` (read by `normalize` and
@@ -38,7 +40,13 @@ _SWITCH = (
     rf"|textstyle|scriptstyle|scriptscriptstyle)(?![A-Za-z])|color{_COLOR})"
 )
 # Spacing whose argument goes too (a phantom's content is invisible: `\phantom{0}5` is 5).
-_SPACING = r"\\(?:[hv]space\*?|[hv]?phantom)\s*(?=\{)|\\m?kern\s*-?\d*\.?\d+\s*[a-z]{2}|\\!"
+# Layout and marks that go (`\tag{1}` and `\label{eq}` with their argument): `5 \checkmark`, `5 \qed`, `5 \hfill`.
+_SPACING = (
+    r"\\(?:[hv]space\*?|[hv]?phantom|tag\*?|label)\s*(?=\{)|\\m?kern\s*-?\d*\.?\d+\s*[a-z]{2}|\\!"
+    r"|\\(?:checkmark|blacksquare|qed|qedsymbol|hfill|newline|nonumber|notag)(?![A-Za-z])"
+)
+# An arrow or "therefore" that opens the answer (`\implies 5`, `\therefore x = 5`) and a row break that ends it.
+_OPENING = re.compile(r"^\s*\\(?:implies|therefore|Rightarrow|Longrightarrow)(?![A-Za-z])")
 _MARKUP = re.compile(rf"(?P<wrapper>{_WRAPPER})|(?P<spacing>{_SPACING})|{_SWITCH}")
 _BRACES = re.compile(r"(?<!\\)[{}]")  # `\{` and `\}` are set braces, not groups
 
@@ -66,6 +74,7 @@ def strip_markup(text: str) -> str:
     """
     if "\\" not in text:
         return text
+    text = _without_closing_breaks(_OPENING.sub("", text))
     closing: dict[int, int] | None = None
     cut: list[tuple[int, int]] = []  # spans to delete, in order, not overlapping
     position = 0
@@ -87,7 +96,7 @@ def strip_markup(text: str) -> str:
         cut.append((m.start(), m.end()))
         position = m.end()
     if not cut:
-        return text
+        return text.strip()
     cut.sort()
     pieces, start = [], 0
     for cut_start, cut_end in cut:
@@ -95,6 +104,17 @@ def strip_markup(text: str) -> str:
         start = max(start, cut_end)
     pieces.append(text[start:])
     return _unwrap_group("".join(pieces))
+
+
+def _without_closing_breaks(text: str) -> str:
+    r"""`text` without the row breaks `\\` (and spaces) that end it; one backward scan, no copies on the way."""
+    end = len(text)
+    while True:
+        while end and text[end - 1].isspace():
+            end -= 1
+        if not text.endswith("\\\\", 0, end):
+            return text[:end]
+        end -= 2
 
 
 _MAX_UNWRAP = 4  # brace pairs around a whole answer taken off (each costs a scan of the text)

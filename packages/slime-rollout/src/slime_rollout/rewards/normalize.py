@@ -193,7 +193,7 @@ def _latex_cleanup(s: str) -> str:
     s = _DEGREES_SCALE.sub(lambda m: f" deg{m.group(1).upper()} ", s)  # "30^\circ C": the C is a unit, not a 30C
     for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\textdollar", "\\$", "$"):
         s = s.replace(token, "")
-    s = s.strip().rstrip(".,").strip()  # "5," and "5." are 5
+    s = s.strip().rstrip(".,;").strip()  # "5,", "5." and "5;" are 5
     return s[1:].lstrip() if s.startswith("+") and not s.startswith("++") else s  # a unary plus: "+\infty" is \infty
 
 
