@@ -54,6 +54,7 @@ import re
 
 from slime_core.error_text import preview
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
+from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS, costly_reason, tree_too_big
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
 from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
@@ -84,7 +85,6 @@ __all__ = [
     "symbolic_equal_with_timeout",
 ]
 
-SYMBOLIC_MAX_CHARS = 1000  # longer answers are compared as strings and numbers only
 DEFAULT_BUDGET_S = 5.0
 PREVIEW_CHARS = 200  # what logs show of an answer (`slime_core.error_text.preview`), never the whole input
 _EXACT_DIGITS = 40  # exact constants must agree to this many significant digits
@@ -301,99 +301,6 @@ def single_final_answer(text: str) -> str | None:
     return distinct[0] if len(distinct) == 1 else None
 
 
-_FACTORIAL = re.compile(r"\d{4,}\s*!")
-_BIG_LITERAL = re.compile(r"\d{301,}")
-_EXPONENT = re.compile(r"\^\s*(\{|\d+|\\?[a-zA-Z]+)")
-
-
-def costly_reason(text: str) -> str | None:
-    """Why evaluating `text` symbolically could take unbounded time or memory, or None if it cannot.
-
-    Such work happens inside single C calls (big-integer powers, factorials) that no timeout interrupts.
-    """
-    if len(text) > SYMBOLIC_MAX_CHARS:
-        return f"longer than {SYMBOLIC_MAX_CHARS} characters"
-    if _FACTORIAL.search(text):
-        return "factorial of a 4+ digit number"
-    if _BIG_LITERAL.search(text):
-        return "integer of 300+ digits"
-    for m in _EXPONENT.finditer(text):
-        token = m.group(1)
-        if token == "{":
-            group = _brace_group(text, m.end(1) - 1)
-            if group is None or "^" in group or "!" in group or re.search(r"\d{5,}", group):
-                return "nested or huge exponent"
-        elif token.isdigit() and len(token) >= 5:
-            return "exponent of 5+ digits"
-        rest = text[m.end() :].lstrip()
-        if rest.startswith("^"):
-            return "power tower"
-    return None
-
-
-def _brace_group(text: str, start: int) -> str | None:
-    depth = 0
-    for i in range(start, min(len(text), start + SYMBOLIC_MAX_CHARS)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
-    return None
-
-
-# Integer functions whose evaluation grows with their argument's value (sympy computes `factorial(10**100)` by
-# recursion, for ever); their argument is estimated, not only read as a literal (`(10^{100})!` parses unevaluated).
-_GROWING_FUNCTIONS = (
-    "factorial", "factorial2", "subfactorial", "binomial", "gamma", "RisingFactorial", "FallingFactorial",
-    "fibonacci", "lucas", "bell", "catalan", "harmonic", "primepi", "partition",
-)  # fmt: skip
-_MAX_FUNCTION_ARGUMENT = 5000
-_MAX_EXPONENT = 10**5
-
-
-def _exceeds(value, limit: int) -> bool:
-    """Whether a sympy number's absolute value is over `limit`, estimated to a few digits (a symbol is not)."""
-    if value.is_Integer:
-        return abs(int(value)) > limit
-    if not value.is_number:
-        return False
-    try:
-        return bool(abs(value.evalf(5)) > limit)
-    except (TypeError, ValueError, ArithmeticError):
-        return True  # not even an estimate: not evaluated either
-
-
-@functools.cache
-def _growing_classes() -> tuple[type, ...]:
-    """The sympy classes of `_GROWING_FUNCTIONS` (a name that is not a class in this sympy has no node to find)."""
-    import sympy
-
-    return tuple(obj for obj in (getattr(sympy, name) for name in _GROWING_FUNCTIONS) if isinstance(obj, type))
-
-
-def _tree_too_big(expr) -> bool:
-    r"""Backstop on the parsed (unevaluated) expression: integer powers and growing functions too big to evaluate.
-
-    Arguments are estimated, so unevaluated arithmetic counts by its value: `(10^{100})!` (the factorial of
-    `Pow(10, 100)`) ran 7 s past its 10 s budget inside sympy's recursion, `\binom{10^6}{5 \cdot 10^5}` took the whole
-    budget.
-    """
-    import sympy
-
-    growing = _growing_classes()
-    for node in sympy.preorder_traversal(expr):
-        if isinstance(node, sympy.Pow):
-            base, exp = node.args
-            if base.is_number and base not in (0, 1, -1) and _exceeds(exp, _MAX_EXPONENT):
-                return True
-        elif isinstance(node, growing):
-            if any(_exceeds(a, _MAX_FUNCTION_ARGUMENT) for a in node.args):
-                return True
-    return False
-
-
 def _exact_veto(gold, pred) -> bool:
     """Re-checks math-verify's "equal" for two numeric constants; True keeps the verdict."""
     import sympy
@@ -425,7 +332,7 @@ def _math_verify(gold_text: str, pred_text: str) -> bool | None:
     pred = parse(f"\\boxed{{{pred_text}}}", parsing_timeout=None)
     if not gold or not pred:
         return None
-    if _tree_too_big(gold[0]) or _tree_too_big(pred[0]):
+    if tree_too_big(gold[0]) or tree_too_big(pred[0]):
         raise _TooCostly("an integer power or factorial too big to evaluate")
     # A solution set given as an inequality (`1 \le x < 3` for `[1, 3)`) counts as the set, either way round:
     # math-verify's default allows it only when the label is the inequality, so the label's form decided.
@@ -440,7 +347,7 @@ def _sympy_fallback(gold_text: str, pred_text: str) -> bool:
     from latex2sympy2_extended import latex2sympy
 
     gold, pred = latex2sympy(gold_text), latex2sympy(pred_text)
-    if _tree_too_big(gold) or _tree_too_big(pred):
+    if tree_too_big(gold) or tree_too_big(pred):
         raise _TooCostly("an integer power or factorial too big to evaluate")
     return bool(sympy.simplify(gold - pred) == 0)
 
