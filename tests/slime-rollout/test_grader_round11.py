@@ -352,3 +352,19 @@ def test_marks_keep_what_has_a_value() -> None:
     start = time.perf_counter()
     strip_markup("\\\\ " * 100_000)  # closing row breaks: one backward scan
     assert time.perf_counter() - start < 5.0  # ~0.02 s here; 0.7 s with slices, quadratic
+
+
+# A variable said to be in a set lists the set's elements (it was one part against the label's two: 0).
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        (r"x \in \{1, 2\}", "1, 2", 1.0),
+        (r"x_1 \in \{1, 2\}", "2, 1", 1.0),
+        (r"x \in \{1, 2\}", r"\{1, 2\}", 1.0),
+        (r"x \in \{1, 3\}", "1, 2", 0.0),
+        (r"x \in \{1, 2, 3\}", "1, 2", 0.0),
+        (r"x \in (1, 2)", r"\{1, 2\}", 0.0),  # an interval is not the set {1, 2}
+    ],
+)
+def test_membership_in_a_listed_set(answer: str, label: str, expected: float) -> None:
+    assert _math(answer, label) == expected

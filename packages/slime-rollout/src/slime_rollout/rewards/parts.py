@@ -21,6 +21,8 @@ _TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*(and|or)\s*\}")
 _PLUS_MINUS = re.compile(r"\\(pm|mp)(?![a-zA-Z])|±")
 _LATEX_SPACE = re.compile(r"\\[,;:! ]")
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# A variable said to be in a bracketed set or interval (`x \in \{1, 2\}`, `t \in [0, 1)`): the brackets are the answer.
+_MEMBERSHIP = re.compile(r"^[A-Za-z](?:_\{?\w{1,3}\}?)?\s*\\in(?![A-Za-z])\s*(?=[(\[{])")
 _OPEN, _CLOSE = "([{", ")]}"
 
 
@@ -39,6 +41,7 @@ def _bracketed(text: str) -> tuple[str, list[int]]:
     s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", strip_markup(text)))
     s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
     s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
+    s = _MEMBERSHIP.sub("", s)  # "x \in {1, 2}" lists the set's elements, as "{1, 2}" does
     return s, _depths(s)
 
 
