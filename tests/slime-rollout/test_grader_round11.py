@@ -368,3 +368,29 @@ def test_marks_keep_what_has_a_value() -> None:
 )
 def test_membership_in_a_listed_set(answer: str, label: str, expected: float) -> None:
     assert _math(answer, label) == expected
+
+
+# A matrix typeset as an `array` between brackets is that matrix (math-verify reads pmatrix, not array: 0).
+_ARRAY_MATRIX = r"\left(\begin{array}{cc} 1 & 2 \\ 3 & 4 \end{array}\right)"
+
+
+@pytest.mark.parametrize(
+    ("answer", "label", "expected"),
+    [
+        (_ARRAY_MATRIX, r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", 1.0),
+        (r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", _ARRAY_MATRIX, 1.0),
+        (r"\left[\begin{array}{c} 1 \\ 2 \end{array}\right]", r"\begin{bmatrix}1\\2\end{bmatrix}", 1.0),
+        (_ARRAY_MATRIX.replace("3 & 4", "4 & 3"), r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", 0.0),
+    ],
+)
+def test_array_between_brackets_is_a_matrix(answer: str, label: str, expected: float) -> None:
+    assert _math(answer, label) == expected
+
+
+def test_array_rewriting_is_linear() -> None:
+    from slime_rollout.rewards.normalize import _array_as_matrix
+
+    for text in ("(\\begin{array}{c}" * 50_000 + "\\end{array}", "(\\begin{array}{c}1\\end{array})" * 30_000):
+        start = time.perf_counter()
+        _array_as_matrix(text)
+        assert time.perf_counter() - start < 5.0  # ~0.03 s here; slicing the prefix per array took 1 s, quadratic

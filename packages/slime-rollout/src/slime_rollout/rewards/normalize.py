@@ -190,11 +190,49 @@ def _latex_cleanup(s: str) -> str:
         .replace("\\sfrac", "\\frac")
     )
     s = s.replace("\\varnothing", "\\emptyset")  # two spellings of one set (math-verify parses only the second)
+    s = _array_as_matrix(s)  # "(\begin{array}{cc} 1 & 2 \\ 3 & 4 \end{array})" is the pmatrix
     s = _DEGREES_SCALE.sub(lambda m: f" deg{m.group(1).upper()} ", s)  # "30^\circ C": the C is a unit, not a 30C
     for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\textdollar", "\\$", "$"):
         s = s.replace(token, "")
     s = s.strip().rstrip(".,;").strip()  # "5,", "5." and "5;" are 5
     return s[1:].lstrip() if s.startswith("+") and not s.startswith("++") else s  # a unary plus: "+\infty" is \infty
+
+
+_ARRAY_BEGIN = re.compile(r"\\begin\{array\}\s*\{[^{}]{0,40}\}")
+_ARRAY_END = "\\end{array}"
+_MATRIX_OF_BRACKETS = {("(", ")"): "pmatrix", ("[", "]"): "bmatrix", ("|", "|"): "vmatrix"}
+
+
+def _array_as_matrix(s: str) -> str:
+    r"""`s` with each bracketed `array` as the matrix it typesets: `(\begin{array}{cc}..\end{array})` is a pmatrix.
+
+    math-verify reads `pmatrix`, `bmatrix` and `vmatrix` but not an `array` between brackets, so a matrix written
+    the older way scored 0 against the same matrix. One forward scan (each `\end{array}` is searched for once).
+    """
+    if "\\begin{array}" not in s:
+        return s
+    pieces, position, end = [], 0, -1
+    for begin in _ARRAY_BEGIN.finditer(s):
+        if begin.start() < position:
+            continue
+        if end < begin.end():  # the next `\end{array}`, searched for once for all the begins before it
+            end = s.find(_ARRAY_END, begin.end())
+        if end < 0:
+            break
+        opening = begin.start() - 1  # the bracket before it and the one after its end, spaces skipped (no copies)
+        while opening >= position and s[opening].isspace():
+            opening -= 1
+        closing = end + len(_ARRAY_END)
+        while closing < len(s) and s[closing].isspace():
+            closing += 1
+        kind = _MATRIX_OF_BRACKETS.get((s[opening : opening + 1], s[closing : closing + 1]))
+        if kind is None or opening < position:
+            continue
+        pieces.append(s[position:opening])
+        pieces.append(f"\\begin{{{kind}}}{s[begin.end() : end]}\\end{{{kind}}}")
+        position = closing + 1
+    pieces.append(s[position:])
+    return "".join(pieces)
 
 
 # A remark in parentheses after the answer, set off by a space (`5 \text{ (verified)}`, `5 (approx.)`, `12 \text{ (in
