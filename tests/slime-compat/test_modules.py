@@ -37,6 +37,7 @@ ORIGINAL_IMPORTS = {
         "extract_answer", "grade_answer_verl", "extract_boxed_answer", "grade_answer_sympy", "grade_answer_mathd",
     ],
     "slime.rollout.rm_hub.math_dapo_utils": ["compute_score"],
+    "slime.rollout.rm_hub.ifbench": ["compute_ifbench_reward"],
     "slime.rollout.sft_rollout": ["generate_rollout"],
     "slime.rollout.fully_async_rollout": ["generate_rollout_fully_async", "AsyncRolloutWorker"],
     "slime.agent.adapters": ["OpenAIAdapter"],

@@ -188,7 +188,7 @@ def test_a_rows_own_reward_must_be_registered(tmp_path):
                   {"prompt": "1+2=", "label": "3", "metadata": {"rm_type": "mth"}})  # fmt: skip
     (error,) = _errors(_cfg(data, "--rm-type", "math"))
     assert re.search(r"d\.jsonl line 2: metadata rm_type 'mth' is not a registered reward function \(registered: "
-                     r"dapo, deepscaler, f1, gpqa, math, ", error), error  # fmt: skip
+                     r"dapo, deepscaler, f1, gpqa, ifbench, math, ", error), error  # fmt: skip
     _write(data, {"prompt": "1+1=", "label": "2", "metadata": {"rm_type": "boxed_f1"}})
     assert _errors(_cfg(data, "--rm-type", "math")) == []
 

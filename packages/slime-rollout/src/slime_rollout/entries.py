@@ -16,6 +16,7 @@ __all__ = [
     "DEEPSCALER_RM",
     "F1_RM",
     "GPQA_RM",
+    "IFBENCH_RM",
     "MATH_RM",
     "RANDOM_RM",
     "REFERENCE",
@@ -68,3 +69,5 @@ GPQA_RM = RewardSpec(
 )
 REMOTE_RM_RM = RewardSpec(name="remote_rm", needs_url=True)  # no grader: the reply of --rm-url is the reward
 RANDOM_RM = RewardSpec(name="random", grader=f"{_G}random")
+# IFBench's checks, from a clone of allenai/IFBench on PYTHONPATH (preflight says so when it is missing).
+IFBENCH_RM = RewardSpec(name="ifbench", grader=f"{_G}ifbench", preflight="slime_rollout.rewards.ifbench:preflight")

@@ -3,14 +3,27 @@ r"""A row's prompt rendered with the tokenizer's chat template (`--apply-chat-te
 Two failures were silent or nameless: a template renders only the roles it knows (Qwen3's drops a ShareGPT-style
 `"human"` turn without a word, so the prompt was the bare `<|im_start|>assistant\n` and the model answered no
 question), and a template that raises on a row (`'list object' has no attribute 'startswith'` for content parts)
-failed the data load naming no file or row. Both are one error naming the row here.
+failed the data load naming no file or row. Both are one error naming the row here. A message's null `content`
+(OpenAI's tool-call turns) is read as "" (`text_content`), which every template renders.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render_chat"]
+__all__ = ["render_chat", "text_content"]
+
+
+def text_content(prompt: Any) -> Any:
+    """`prompt` with every message's null `content` as "" (a copy; a string prompt or none null: `prompt` itself).
+
+    OpenAI's format writes an assistant turn of tool calls only as `"content": null`; chat templates read content
+    as text (Qwen3's tests `'<think>' in message.content`), so such a row failed to render with "argument of type
+    'NoneType' is not iterable". Both mean "no text".
+    """
+    if not isinstance(prompt, list) or not any(isinstance(m, dict) and m.get("content", "") is None for m in prompt):
+        return prompt
+    return [{**m, "content": ""} if isinstance(m, dict) and m.get("content", "") is None else m for m in prompt]
 
 
 def render_chat(

@@ -28,7 +28,8 @@ from slime_core.dir_swap import write_text_atomic
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
-from slime_rollout.data.chat_template import render_chat
+from slime_rollout.data.chat_template import render_chat, text_content
+from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.plugins import load_function
@@ -127,9 +128,7 @@ def load_prompt_rows(spec: str) -> PromptRows:
         located = list(iter_jsonl(path))
         rows, positions, unit = [row for _, row in located], [line for line, _ in located], "line"
     elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(path).to_pylist()
+        rows = read_parquet_rows(path)  # a struct's fields that a row lacked are absent, not None
         positions, unit = list(range(len(rows))), "row index"
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
@@ -262,6 +261,7 @@ def rows_to_samples(
         problem = prompt_problem(prompt, input_key, key_flags.input_key)
         if problem is not None:
             raise ValueError(f"{where}: {problem}")
+        prompt = text_content(prompt)
         if max_prompt_len is not None and certainly_too_long(tokenizer, prompt, max_prompt_len):
             dropped.append(position)  # before the template, the images and the tokenizer: a huge line costs nothing
             continue

@@ -41,6 +41,7 @@ import dataclasses
 import re
 
 from slime_rollout.rewards.alternatives import unboxed_alternative
+from slime_rollout.rewards.named_parts import names_next_part
 from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
 from slime_rollout.rewards.retraction import (
     expand_contractions,
@@ -209,7 +210,7 @@ def extract_boxed(text: str | None, *, unclosed: bool = False) -> str | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FinalAnswers:
-    """The boxed answers of a response's final part.
+    r"""The boxed answers of a response's final part.
 
     Attributes:
         answers: box contents of the final statement in order (empty when there is no valid final answer).
@@ -219,12 +220,17 @@ class FinalAnswers:
             before the last `_MAX_BOXES` counts as one.
         labelled: the final statement's boxes are labelled parts ("(a) ... (b) ...", "x = ..., y = ..."), so
             their order counts.
+        parts: the box contents when earlier boxes that name other parts in words (`The minimum is \boxed{2} and
+            the maximum is \boxed{3}`: `named_parts.names_next_part`) belong to the final statement too, in order;
+            empty when there are none. `math_utils.final_pairs` reads them as labelled parts when they are the
+            label's number of parts.
     """
 
     answers: list[str]
     reason: str = ""
     num_superseded: int = 0
     labelled: bool = False
+    parts: tuple[str, ...] = ()
 
 
 def _readings(text: str) -> set[str]:
@@ -319,7 +325,22 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         labelled = labelled or bool(_PART_LABEL.search(between))
         first -= 1
     num_superseded = num_unread + len(found) - len(negated) - (len(boxes) - first)
-    return FinalAnswers(answers=[b.content for b in boxes[first:]], num_superseded=num_superseded, labelled=labelled)
+    answers = [b.content for b in boxes[first:]]
+    first_part = _first_named_part(region, boxes, first, cut)
+    parts = tuple(b.content for b in boxes[first_part:]) if first_part < first else ()
+    return FinalAnswers(answers=answers, num_superseded=num_superseded, labelled=labelled, parts=parts)
+
+
+def _first_named_part(region: str, boxes: list[Box], first: int, cut: list[tuple[int, int]]) -> int:
+    """The first box of the final statement with the boxes that name other parts in words (`FinalAnswers.parts`)."""
+    while first > 0:
+        earlier = boxes[first - 1]
+        between = _between(region, earlier.end, boxes[first].start, cut)
+        before = region[max(0, earlier.start - _AFTER_CHARS) : earlier.start]
+        if not (offered_together(between) or names_next_part(before, between)):
+            break
+        first -= 1
+    return first
 
 
 def _unboxed_alternative(after: str, last: Box) -> bool:

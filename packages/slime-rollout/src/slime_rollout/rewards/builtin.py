@@ -15,6 +15,7 @@ from typing import Any
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
 from slime_rollout.rewards.gpqa import gpqa_reward
+from slime_rollout.rewards.ifbench import ifbench_reward
 from slime_rollout.rewards.math import deepscaler_reward, deepscaler_reward_async, math_reward, math_reward_async
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "grade_deepscaler_pooled",
     "grade_f1",
     "grade_gpqa",
+    "grade_ifbench",
     "grade_math",
     "grade_math_pooled",
     "grade_random",
@@ -68,6 +70,11 @@ def grade_f1(response: str, label: Any, metadata: Metadata, boxed: bool) -> floa
 def grade_gpqa(response: str, label: Any, metadata: Metadata, boxed: bool) -> float:
     """`rewards.gpqa.gpqa_reward`: 1.0 / 0.0 for the option picked (`metadata` may give choices and letters)."""
     return gpqa_reward(response, label, metadata)
+
+
+def grade_ifbench(response: str, label: Any, metadata: Metadata, boxed: bool) -> float:
+    """`rewards.ifbench.ifbench_reward`: 1.0 / 0.0, every instruction `metadata` names followed (no label read)."""
+    return ifbench_reward(response, metadata)
 
 
 def grade_random(response: str, label: Any, metadata: Metadata, boxed: bool) -> float:

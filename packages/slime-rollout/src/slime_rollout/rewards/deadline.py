@@ -14,8 +14,8 @@ work is still running: only while `fn`'s frames are on the grading thread's stac
 `sys._current_frames`), never once `run_with_deadline` is finishing or has returned.
 
 What it cannot stop is a single long C call (a huge integer power inside sympy): the exception is raised only
-when that call returns. Callers screen their input for those first (`slime_rollout.rewards.math_utils.
-costly_reason`), and the worker pool adds a parent-side deadline that kills the process
+when that call returns. Callers screen their input for those first (`slime_rollout.rewards.costly`), and the
+worker pool adds a parent-side deadline that kills the process
 (`slime_rollout.rewards.pool`).
 """
 

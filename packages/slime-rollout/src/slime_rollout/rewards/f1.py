@@ -2,9 +2,10 @@ r"""`--rm-type f1`: SQuAD token-level F1 (Rajpurkar et al., 2016) between the re
 
 The answer is what a grader would read: the response's final part (after its reasoning; a `<think>` that never
 closes has no answer), reduced to its last `\boxed{}` when it has one, with LaTeX text markup (`\text{...}`,
-`$`) taken off; a last box whose brace never closes (a response cut off inside it) is no answer, as the
-original's `boxed_f1` reads it. Then the original's metric: lower-case, no punctuation or articles, token-overlap F1;
-`yes`/`no`/`noanswer` must match exactly.
+`$`) and typesetting (`\underline{...}`, `\textcolor{red}{...}`, `{\bf ...}`: `rewards.markup`) taken off; a last
+box whose brace never closes (a response cut off inside it) is no answer, as the original's `boxed_f1` reads it. Then
+the original's metric: lower-case, no punctuation or articles, token-overlap F1; `yes`/`no`/`noanswer` must match
+exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import string
 
 from slime_rollout.rewards.answers import find_boxes, strip_reasoning
+from slime_rollout.rewards.markup import strip_markup
 from slime_rollout.rewards.unicode_math import ascii_forms
 
 __all__ = ["answer_text", "f1_precision_recall", "f1_reward", "normalize_text"]
@@ -41,7 +43,7 @@ def answer_text(response: str) -> str:
     boxes = find_boxes(region)
     if boxes and not boxes[-1].closed:
         return ""  # cut off inside its box: no answer
-    text = boxes[-1].content if boxes else region
+    text = strip_markup(boxes[-1].content if boxes else region)  # `\underline{Paris}` is Paris (`rewards.markup`)
     return _TEXT_COMMANDS.sub(r"\1", text).replace("$", " ")
 
 

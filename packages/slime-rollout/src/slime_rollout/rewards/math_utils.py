@@ -6,7 +6,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
 * cleaning (`slime_rollout.rewards.normalize`): units, words around the answer, a choice letter given with its
   value, number and scale words (`3 million`, `2.5k`), repeating decimals, times of day (`5:30 PM` = `17:30`;
   AM/PM given on one side only of an hour 1-12 is dropped), function names written as text
-  (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity", Unicode math (`√2`, `x²`, `½`: `rewards.unicode_math`);
+  (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity", Unicode math (`√2`, `x²`, `½`: `rewards.unicode_math`),
+  typesetting (`10,\!000`, `\textcolor{red}{5}`, `{\bf 5}`: `rewards.markup`);
 * answers naming roman-numeral statements (`\text{I only}`, `I, III`, `\text{II and III}`) are the sets of
   numerals they name ("I or II" is a hedge): `rewards.roman_options`;
 * what both sides name must agree: the choice letter (`(C) 12` ≠ `(B) 12`), the variable (`x = 3` ≠ `y = 3`), the
@@ -35,7 +36,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
   for two exact constants, the equality is re-checked to 40 significant digits (math-verify compares
   `(a - b).evalf(chop=True)` and so takes `e^{-50}` for `e^{-51}`);
 * bounded time on any thread: answers longer than `SYMBOLIC_MAX_CHARS` and expressions whose evaluation
-  would be huge (power towers, exponents of 5+ digits, factorials of 4+ digit numbers) are not evaluated at
+  would be huge (power towers, exponents of 5+ digits, factorials, binomials and the like of 4+ digit values, however
+  written: `(10^{100})!`) are not evaluated at
   all (a single big-integer power cannot be interrupted), and the rest runs under `run_with_deadline`.
 
 A symbolic check that is skipped or runs out of time returns None ("undecided"); callers count it as wrong
@@ -44,12 +46,15 @@ and log it. Model text is never passed to `eval`/`sympify`.
 
 from __future__ import annotations
 
+import fractions
 import functools
 import logging
+import math
 import re
 
 from slime_core.error_text import preview
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
+from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS, costly_reason, tree_too_big
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
 from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
@@ -80,7 +85,6 @@ __all__ = [
     "symbolic_equal_with_timeout",
 ]
 
-SYMBOLIC_MAX_CHARS = 1000  # longer answers are compared as strings and numbers only
 DEFAULT_BUDGET_S = 5.0
 PREVIEW_CHARS = 200  # what logs show of an answer (`slime_core.error_text.preview`), never the whole input
 _EXACT_DIGITS = 40  # exact constants must agree to this many significant digits
@@ -103,17 +107,57 @@ def require_label(label: object) -> None:
 
 
 def extract_label_answer(label: object) -> str:
-    """The final answer of a label: a GSM8K solution's `#### x`, a boxed answer, or the label itself.
+    r"""The final answer of a label: a GSM8K solution's `#### x`, a boxed answer, or the label itself.
+
+    A float label (a numeric column) is the fraction it stores (`_float_label`: `0.3333333333333333` is 1/3).
+
+    A solution whose final statement boxes several parts (`$x = \boxed{2}$ and $y = \boxed{3}$`) has them all, joined
+    by ", " (`2, 3`), read by the rule a response's final boxes are read by (`answers.final_boxed_answers`): as its
+    last box alone, the whole answer scored 0 and its last half 1. Boxes in earlier statements are superseded.
 
     Raises:
         ValueError: if `label` is None.
     """
     require_label(label)
+    if isinstance(label, float) and math.isfinite(label):
+        return _float_label(label)
     text = str(label)
     if "####" in text:
         return text.rsplit("####", 1)[1].strip()
+    if text.count("\\boxed") + text.count("\\fbox") > 1:
+        parts = _distinct_parts(final_boxed_answers(text).answers)
+        if len(parts) > 1:
+            return ", ".join(parts)
     boxed = extract_boxed(text, unclosed=True)  # a label's missing brace is a typo
     return boxed if boxed is not None else text.strip()
+
+
+_FLOAT_LABEL_DENOMINATOR = 10**6
+_FLOAT_DIGITS = 15  # significant digits of a float that stands for a non-terminating value (1/3: 16)
+
+
+def _float_label(label: float) -> str:
+    r"""A float label as the exact value it stands for: the simplest fraction (denominator up to 10^6) it rounds from.
+
+    A float column cannot hold 1/3 or 2/7, so `0.3333333333333333` scored 0 against the exact answer `\frac{1}{3}`
+    (and against `0.\overline{3}`); the fraction whose float is the label is what it stores. Only a float of 15+
+    significant digits is such a value; a shorter one (`0.1`, `2.5`) or one no such fraction gives is read as written
+    (`repr`), and an answer that prints the float (`0.3333333333333333`) is a rounded decimal, not 1/3.
+    """
+    text = repr(label)
+    if len(text.lstrip("-").replace(".", "").lstrip("0")) < _FLOAT_DIGITS:
+        return text  # a decimal as typed (0.1, 2.5, 3.14159): the value it names
+    value = fractions.Fraction(label).limit_denominator(_FLOAT_LABEL_DENOMINATOR)
+    if float(value) != label:
+        return text
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{'-' if value < 0 else ''}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
+
+
+def _distinct_parts(answers: list[str]) -> list[str]:
+    r"""The answers of a label's final statement, a restated one once (`\boxed{5}, i.e. \boxed{5.0}` is one part)."""
+    return answers if len(_distinct(answers)) > 1 else answers[:1]
 
 
 def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, str]:
@@ -205,11 +249,13 @@ def _distinct(answers: list[str]) -> list[str]:
 
 
 def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
-    """What to compare for a response's final boxed answers: `(prediction, gold)` pairs that must all be equal.
+    r"""What to compare for a response's final boxed answers: `(prediction, gold)` pairs that must all be equal.
 
     The rule every final-answer grader shares (module docstring): one answer (restatements of one value count
     once) is compared with the whole label, if it has as many parts; as many boxes as the label has parts are its
-    parts: in order when labelled, else together; anything else (a hedge, a wrong number of parts) is wrong.
+    parts: in order when labelled, else together; anything else (a hedge, a wrong number of parts) is wrong. Boxes
+    that name other parts in words (`The minimum is \boxed{2} and the maximum is \boxed{3}`: `final.parts`) are
+    read as labelled parts when there are as many as the label's.
 
     Args:
         final: the response's final boxed answers (`answers.final_boxed_answers`).
@@ -219,15 +265,18 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
         The pairs, or None when the answer is wrong whatever the values (no answer, a hedge, a part count that
         is not the label's).
     """
-    answers = final.answers
+    answers, labelled = final.answers, final.labelled
     if not answers:
         return None
     gold_split = Split.of(gold)  # each side is split once per grade; the checks below read its parts up to 5 times
-    if len(answers) > 1 and len(answers) == len(gold_split.unwrapped):
-        named = named_pairs(answers, gold_split.unwrapped)
+    gold_parts = gold_split.unwrapped
+    if len(answers) < len(final.parts) == len(gold_parts):  # parts named in words: "the maximum is \boxed{3}"
+        answers, labelled = list(final.parts), True
+    if len(answers) > 1 and len(answers) == len(gold_parts):
+        named = named_pairs(answers, gold_parts)
         if named is not None:
             return named
-        return list(zip(answers, gold_split.unwrapped, strict=True)) if final.labelled else [(", ".join(answers), gold)]
+        return list(zip(answers, gold_parts, strict=True)) if labelled else [(", ".join(answers), gold)]
     distinct = _distinct(answers)
     if len(distinct) != 1:
         return None  # a hedge
@@ -255,63 +304,6 @@ def single_final_answer(text: str) -> str | None:
     """
     distinct = _distinct(final_boxed_answers(text).answers)
     return distinct[0] if len(distinct) == 1 else None
-
-
-_FACTORIAL = re.compile(r"\d{4,}\s*!")
-_BIG_LITERAL = re.compile(r"\d{301,}")
-_EXPONENT = re.compile(r"\^\s*(\{|\d+|\\?[a-zA-Z]+)")
-
-
-def costly_reason(text: str) -> str | None:
-    """Why evaluating `text` symbolically could take unbounded time or memory, or None if it cannot.
-
-    Such work happens inside single C calls (big-integer powers, factorials) that no timeout interrupts.
-    """
-    if len(text) > SYMBOLIC_MAX_CHARS:
-        return f"longer than {SYMBOLIC_MAX_CHARS} characters"
-    if _FACTORIAL.search(text):
-        return "factorial of a 4+ digit number"
-    if _BIG_LITERAL.search(text):
-        return "integer of 300+ digits"
-    for m in _EXPONENT.finditer(text):
-        token = m.group(1)
-        if token == "{":
-            group = _brace_group(text, m.end(1) - 1)
-            if group is None or "^" in group or "!" in group or re.search(r"\d{5,}", group):
-                return "nested or huge exponent"
-        elif token.isdigit() and len(token) >= 5:
-            return "exponent of 5+ digits"
-        rest = text[m.end() :].lstrip()
-        if rest.startswith("^"):
-            return "power tower"
-    return None
-
-
-def _brace_group(text: str, start: int) -> str | None:
-    depth = 0
-    for i in range(start, min(len(text), start + SYMBOLIC_MAX_CHARS)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
-    return None
-
-
-def _tree_too_big(expr) -> bool:
-    """Backstop on the parsed (unevaluated) expression: integer powers/factorials too big to evaluate."""
-    import sympy
-
-    for node in sympy.preorder_traversal(expr):
-        if isinstance(node, sympy.Pow):
-            base, exp = node.args
-            if exp.is_Integer and abs(int(exp)) > 10**5 and base.is_number and base not in (0, 1, -1):
-                return True
-        elif isinstance(node, sympy.factorial | sympy.binomial):
-            if any(a.is_Integer and abs(int(a)) > 5000 for a in node.args):
-                return True
-    return False
 
 
 def _exact_veto(gold, pred) -> bool:
@@ -345,7 +337,7 @@ def _math_verify(gold_text: str, pred_text: str) -> bool | None:
     pred = parse(f"\\boxed{{{pred_text}}}", parsing_timeout=None)
     if not gold or not pred:
         return None
-    if _tree_too_big(gold[0]) or _tree_too_big(pred[0]):
+    if tree_too_big(gold[0]) or tree_too_big(pred[0]):
         raise _TooCostly("an integer power or factorial too big to evaluate")
     # A solution set given as an inequality (`1 \le x < 3` for `[1, 3)`) counts as the set, either way round:
     # math-verify's default allows it only when the label is the inequality, so the label's form decided.
@@ -360,7 +352,7 @@ def _sympy_fallback(gold_text: str, pred_text: str) -> bool:
     from latex2sympy2_extended import latex2sympy
 
     gold, pred = latex2sympy(gold_text), latex2sympy(pred_text)
-    if _tree_too_big(gold) or _tree_too_big(pred):
+    if tree_too_big(gold) or tree_too_big(pred):
         raise _TooCostly("an integer power or factorial too big to evaluate")
     return bool(sympy.simplify(gold - pred) == 0)
 

@@ -38,6 +38,7 @@ import decimal
 import fractions
 import re
 
+from slime_rollout.rewards.markup import strip_markup
 from slime_rollout.rewards.number_words import words_to_number
 from slime_rollout.rewards.unicode_math import ascii_forms, latex_from_unicode
 from slime_rollout.rewards.units import split_bare_unit, take_text_unit
@@ -78,10 +79,14 @@ _LEAD_IN = re.compile(
 _SENTENCE = re.compile(r"^(?:[A-Za-z',]+\s+){1,12}(?:is|are|was|equals|=|:)\s+(?P<rest>\S.*)$")
 _VARIABLE_PREFIX = re.compile(r"^([a-zA-Z])\s*=\s*(?=\S)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-# `\frac` with unbraced one-token arguments, as TeX reads it: `\frac12`, `\frac ab`, `\frac 1x` (`\frac abc` is
-# `\frac{a}{b}c`; a letter right after `\frac` continues the command's name: `\fraction` is not a fraction).
-_FRAC_SHORT = re.compile(r"\\frac(?![A-Za-z])\s*([0-9A-Za-z])\s*([0-9A-Za-z])")
-_REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)(?:\\overline|\\dot)\s*\{?(\d+)\}?$|^(-?)(\d*)\.(\d*)\((\d+)\)$")
+# `\frac` with an unbraced one-token argument, as TeX reads it: `\frac12`, `\frac ab`, `\frac 1x`, `\frac\pi3`,
+# `\frac{\pi}3` (`\frac abc` is `\frac{a}{b}c`; a letter right after `\frac` continues the command's name:
+# `\fraction` is not a fraction). A token is one character or one command; a braced argument stays as written.
+_FRAC_ARGUMENT = r"(\{[^{}]*\}|\\[A-Za-z]+|[0-9A-Za-z])"
+_FRAC_SHORT = re.compile(rf"\\frac(?![A-Za-z])\s*{_FRAC_ARGUMENT}\s*{_FRAC_ARGUMENT}")
+# A repeating decimal: its period under a bar (`\overline{3}`, `\bar{3}`, `\bar3`), dotted (`\dot{3}`) or in
+# parentheses (`0.(3)`).
+_REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)(?:\\overline|\\bar|\\dot)\s*\{?(\d+)\}?$|^(-?)(\d*)\.(\d*)\((\d+)\)$")
 _ELLIPSIS_DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+?)(?:\\ldots|\\dots|\.\.\.|…)$")
 _NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3})?$")
 _LATEX_FRAC = re.compile(r"^([-+]?)\\frac\{([-+]?[\d.]+)\}\{([-+]?[\d.]+)\}$")
@@ -131,12 +136,14 @@ _THOUSANDS_SUFFIX = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))[kK]$")  # "2.5k
 _DEGREES_SCALE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)\s*([CcFf])(?![A-Za-z])")
 
 
-# The real line in words or as a set (`\text{all real numbers}`, "all reals", `\mathbb{R}`, `ℝ`): written as the
-# interval `(-\infty,\infty)`, which math-verify compares with any other spelling of it. Only the whole answer:
+# The real line in words, as a set or as an inequality that bounds nothing (`\text{all real numbers}`, "all reals",
+# `\mathbb{R}`, `ℝ`, `-\infty < x < \infty`, which math-verify took for no interval): written as the interval
+# `(-\infty,\infty)`, which math-verify compares with any other spelling of it. Only the whole answer:
 # "all real numbers except 2", "all positive reals" and `\mathbb{R}^2` stay as written.
 _ALL_REALS = re.compile(
     r"(?i:(?:the\s+set\s+of\s+)?(?:all|any|every)\s+reals?(?:\s+(?:numbers?|values?))?(?:\s+[a-z])?)"
     r"|\\mathbb\s*\{?\s*R\s*\}?|ℝ"
+    r"|-\\infty\s*<\s*[a-zA-Z]\s*<\s*\\infty"
 )
 _REAL_LINE = r"(-\infty,\infty)"
 
@@ -175,13 +182,79 @@ def _latex_cleanup(s: str) -> str:
     s = _SPACES.sub(lambda m: m.group(1) or " ", s)
     s = _INFINITY.sub(r"\\infty", s)  # "infinity", "∞": the value `\infty` (the word was left as letters)
     s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
-    s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = (
+        s.replace("\\left", "")
+        .replace("\\right", "")
+        .replace("\\dfrac", "\\frac")
+        .replace("\\tfrac", "\\frac")
+        .replace("\\sfrac", "\\frac")
+    )
     s = s.replace("\\varnothing", "\\emptyset")  # two spellings of one set (math-verify parses only the second)
+    s = _array_as_matrix(s)  # "(\begin{array}{cc} 1 & 2 \\ 3 & 4 \end{array})" is the pmatrix
     s = _DEGREES_SCALE.sub(lambda m: f" deg{m.group(1).upper()} ", s)  # "30^\circ C": the C is a unit, not a 30C
-    for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\$", "$"):
+    for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\textdollar", "\\$", "$"):
         s = s.replace(token, "")
-    s = s.strip().rstrip(".,").strip()  # "5," and "5." are 5
+    s = s.strip().rstrip(".,;").strip()  # "5,", "5." and "5;" are 5
     return s[1:].lstrip() if s.startswith("+") and not s.startswith("++") else s  # a unary plus: "+\infty" is \infty
+
+
+_ARRAY_BEGIN = re.compile(r"\\begin\{array\}\s*\{[^{}]{0,40}\}")
+_ARRAY_END = "\\end{array}"
+_MATRIX_OF_BRACKETS = {("(", ")"): "pmatrix", ("[", "]"): "bmatrix", ("|", "|"): "vmatrix"}
+
+
+def _array_as_matrix(s: str) -> str:
+    r"""`s` with each bracketed `array` as the matrix it typesets: `(\begin{array}{cc}..\end{array})` is a pmatrix.
+
+    math-verify reads `pmatrix`, `bmatrix` and `vmatrix` but not an `array` between brackets, so a matrix written
+    the older way scored 0 against the same matrix. One forward scan (each `\end{array}` is searched for once).
+    """
+    if "\\begin{array}" not in s:
+        return s
+    pieces, position, end = [], 0, -1
+    for begin in _ARRAY_BEGIN.finditer(s):
+        if begin.start() < position:
+            continue
+        if end < begin.end():  # the next `\end{array}`, searched for once for all the begins before it
+            end = s.find(_ARRAY_END, begin.end())
+        if end < 0:
+            break
+        opening = begin.start() - 1  # the bracket before it and the one after its end, spaces skipped (no copies)
+        while opening >= position and s[opening].isspace():
+            opening -= 1
+        closing = end + len(_ARRAY_END)
+        while closing < len(s) and s[closing].isspace():
+            closing += 1
+        kind = _MATRIX_OF_BRACKETS.get((s[opening : opening + 1], s[closing : closing + 1]))
+        if kind is None or opening < position:
+            continue
+        pieces.append(s[position:opening])
+        pieces.append(f"\\begin{{{kind}}}{s[begin.end() : end]}\\end{{{kind}}}")
+        position = closing + 1
+    pieces.append(s[position:])
+    return "".join(pieces)
+
+
+# A remark in parentheses after the answer, set off by a space (`5 \text{ (verified)}`, `5 (approx.)`, `12 \text{ (in
+# centimeters)}`): words only, one of them a word of 4+ letters (`2(ab)` and `2 (xy)` are products), a lower-case
+# letter (`(II)` and `(B)` name options) and none that changes the answer (a condition, an alternative, a negation:
+# `5 (if n is odd)`, `5 (or 6)`, `5 (not simplified)` stay as written).
+_REMARK = re.compile(r"(?<=\S)\s+\((?P<words>\s*[A-Za-z][A-Za-z.\s]{0,60})\)$")
+_REMARK_KEEPS = frozenset(
+    "or and if unless when whenever where not no never except only otherwise but maybe perhaps possibly mod modulo "
+    "wrong incorrect false invalid undefined".split()
+)
+
+
+def _drop_remark(s: str) -> str:
+    """`s` without a parenthesized remark at its end (`_REMARK`), or `s` as is."""
+    remark = _REMARK.search(s)
+    if remark is None or not re.search(r"[a-z]", remark["words"]):
+        return s
+    words = re.findall(r"[A-Za-z]+", remark["words"].lower())
+    if any(len(word) < 2 for word in words) or max(map(len, words)) < 4 or _REMARK_KEEPS.intersection(words):
+        return s
+    return s[: remark.start()].rstrip()
 
 
 def _take_percent(s: str) -> tuple[str, bool]:
@@ -249,14 +322,14 @@ def clean_answer(answer: str) -> CleanAnswer:
     Returns:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
-    s = _strip_delimiters(latex_from_unicode(ascii_forms(str(answer)).translate(_MINUS_SIGNS)))
+    s = strip_markup(_strip_delimiters(latex_from_unicode(ascii_forms(str(answer)).translate(_MINUS_SIGNS))))
     s = _PYTHON_POWER.sub(_latex_power, s)
     rest, unit = take_text_unit(s)
     if unit is not None and _is_constant(_latex_cleanup(rest)):
         s = rest  # "5\text{ cm}": the unit is set aside, the value stays
     else:
         unit = None
-    s, percent = _take_percent(_latex_cleanup(s))
+    s, percent = _take_percent(_drop_remark(_latex_cleanup(s)))
     if _ALL_REALS.fullmatch(s):
         s = _REAL_LINE
     letter = None
@@ -287,10 +360,16 @@ def clean_answer(answer: str) -> CleanAnswer:
     thousands = _THOUSANDS_SUFFIX.fullmatch(s)
     if thousands:  # "2.5k" is 2500 here too, so normalize_answer and parse_number agree
         s = format(decimal.Decimal(thousands.group(1)).scaleb(3), "f")
-    s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
+    s = _FRAC_SHORT.sub(_braced_frac, s)
     if re.fullmatch(r"-?\d+\.0+", s):
         s = s.split(".")[0]
     return CleanAnswer(text=s, letter=letter, percent=percent, unit=unit, variable=variable)
+
+
+def _braced_frac(match: re.Match[str]) -> str:
+    r"""`\frac` with both arguments braced (`\frac\pi3` → `\frac{\pi}{3}`); a braced one is kept as is."""
+    numerator, denominator = (arg if arg.startswith("{") else "{" + arg + "}" for arg in match.groups())
+    return f"\\frac{numerator}{denominator}"
 
 
 def normalize_answer(answer: str) -> str:

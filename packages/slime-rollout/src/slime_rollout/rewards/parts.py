@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from slime_rollout.rewards.markup import strip_markup
 from slime_rollout.rewards.number_words import words_to_number
 
 __all__ = ["Split", "answer_parts", "different_brackets", "named_pairs"]
@@ -22,6 +23,8 @@ _TEXT_AND = re.compile(r"\\(?:text|mathrm|textrm)\s*\{\s*(and|or)\s*\}")
 _PLUS_MINUS = re.compile(r"\\(pm|mp)(?![a-zA-Z])|±")
 _LATEX_SPACE = re.compile(r"\\[,;:! ]")
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# A variable said to be in a bracketed set or interval (`x \in \{1, 2\}`, `t \in [0, 1)`): the brackets are the answer.
+_MEMBERSHIP = re.compile(r"^[A-Za-z](?:_\{?\w{1,3}\}?)?\s*\\in(?![A-Za-z])\s*(?=[(\[{])")
 _OPEN, _CLOSE = "([{", ")]}"
 
 
@@ -36,9 +39,11 @@ def _depths(text: str) -> list[int]:
 
 def _bracketed(text: str) -> tuple[str, list[int]]:
     r"""`text` as `answer_parts` reads it (no `\left`/`\right`, `\{` as `{`, no `$`), with its bracket depths."""
-    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", text))  # "1\,000": a thin space, not a part separator
+    # "1\,000": a thin space, not a part separator; "10,\!000" (`markup`): a thousands separator
+    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", strip_markup(text)))
     s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
     s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
+    s = _MEMBERSHIP.sub("", s)  # "x \in {1, 2}" lists the set's elements, as "{1, 2}" does
     return s, _depths(s)
 
 

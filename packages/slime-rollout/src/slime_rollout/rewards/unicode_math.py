@@ -11,6 +11,9 @@ against `\sqrt{2}`, `x²` against `x^2`, `½` against `\frac12`. `latex_from_uni
 
 `ascii_forms` comes first and rewrites typographic forms of ASCII characters:
 
+* invisible characters go: format characters (soft hyphen, zero-width space and joiners, direction marks, word
+  joiner, byte-order mark) and variation selectors; mathematical alphanumerics (`𝑥`, `𝟓`, `𝜋`, U+1D400-1D7FF) are
+  their NFKC forms, the letters, digits and Greek letters they style;
 * full-width forms (`１２`, `＋12`, `－３`, `Ｂ`, `（１，２）`, U+FF01-FF5E and the ideographic space) as their
   NFKC forms, which are exactly ASCII; NFKC is not applied to the whole text, since it also turns `x²` into `x2`
   and `½` into `1⁄2`;
@@ -41,6 +44,12 @@ _ANY = re.compile(f"[√∛{''.join(_SUPERSCRIPTS)}·⋅∙÷≤≥≠\u00bc-\u0
 
 
 _FULL_WIDTH = re.compile("[\uff01-\uff5e\u3000]")
+# Mathematical alphanumerics (`𝑥`, `𝟓`, `𝜋`): NFKC gives exactly the letter, digit or Greek letter they style.
+_MATH_ALPHANUMERIC = re.compile("[\U0001d400-\U0001d7ff]")
+# Invisible characters: format characters (soft hyphen, zero-width space and joiners, direction marks, word joiner,
+# byte-order mark) and variation selectors (`5️`). They change nothing a reader sees; labels copied from web pages
+# carry them, and `5\u200b` scored 0 against 5.
+_INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff\ufe00-\ufe0f]")
 _DASH = re.compile("[\u2012-\u2015\ufe58\ufe63]")
 # After one of these (spaces skipped) a dash is a minus sign; `&` and `\\` start a matrix cell; the Unicode
 # operators and relations too, since this runs before they are written as LaTeX (`x ≤ –2`).
@@ -49,7 +58,9 @@ _BEGIN = re.compile(r"\\begin\{[A-Za-z*]+\}$")
 
 
 def ascii_forms(text: str) -> str:
-    r"""`text` with full-width characters as ASCII and dashes that stand for a minus as `-` (module docstring).
+    r"""`text` in plain forms: no invisible characters, full-width and math-styled characters, minus dashes as `-`.
+
+    The module docstring says which characters go and which stay.
 
     Args:
         text: an answer (a box's content, a label's answer or a multiple-choice response).
@@ -57,8 +68,12 @@ def ascii_forms(text: str) -> str:
     Returns:
         The rewritten text: `"－１２"` → `"-12"`, `"(–1, 2)"` → `"(-1, 2)"`; `"3–5"` is unchanged (a range).
     """
+    if _INVISIBLE.search(text):
+        text = _INVISIBLE.sub("", text)
     if _FULL_WIDTH.search(text):
         text = _FULL_WIDTH.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
+    if _MATH_ALPHANUMERIC.search(text):
+        text = _MATH_ALPHANUMERIC.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
     if not _DASH.search(text):
         return text
     return _DASH.sub(lambda m: "-" if _minus_at(text, m.start()) else m.group(), text)

@@ -1,0 +1,83 @@
+"""The rows of a Parquet prompt file as the dicts they were written from (`read_parquet_rows`).
+
+Parquet stores a column of objects as one struct type, the union of every row's keys, so a key one object lacks comes
+back as `None`: tools `[{"name": "a", ... "properties": {"x": ...}}, {"name": "b", ... "properties": {"y": ...}}]`
+read back with a property `"y": None` in tool `a` and `"x": None` in tool `b` (the chat template then showed the
+model parameters a tool does not have), and a user message gained `"tool_calls": None` (templates that test
+`'tool_calls' in message` then iterate None). Pandas and `datasets` read it the same way, so the original did too.
+
+Inside struct values (at any depth, in lists too) a `None` field is therefore read as absent: Parquet cannot tell it
+from an explicit null. A message's `content` stays even when null (an assistant turn of only tool calls has
+`"content": None`, which templates read). Top-level columns are kept as they are (a null label stays a null label,
+which preflight names). The number of fields dropped is logged once per file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["read_parquet_rows"]
+
+# Fields a null value of which means something: a message's `content` (an assistant turn of tool calls only).
+_KEEP_NULL = frozenset({"content"})
+
+
+def _has_struct(data_type: Any) -> bool:
+    """Whether a pyarrow type is or holds a struct (lists, large lists, maps of structs included)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(data_type):
+        return True
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type):
+        return _has_struct(data_type.value_type)
+    if pa.types.is_map(data_type):
+        return _has_struct(data_type.item_type)
+    return False
+
+
+def _without_null_fields(value: Any, counter: list[int]) -> Any:
+    """`value` with every dict's `None` fields removed (but `_KEEP_NULL`), recursively; `counter[0]` counts them."""
+    if isinstance(value, dict):
+        kept = {}
+        for key, item in value.items():
+            if item is None and key not in _KEEP_NULL:
+                counter[0] += 1
+                continue
+            kept[key] = _without_null_fields(item, counter)
+        return kept
+    if isinstance(value, list):
+        return [_without_null_fields(item, counter) for item in value]
+    return value
+
+
+def read_parquet_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Reads a Parquet file's rows, struct fields that a row's object lacked left out (module docstring).
+
+    Args:
+        path: the `.parquet` file.
+
+    Returns:
+        One dict per row, in file order.
+    """
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    struct_columns = [field.name for field in table.schema if _has_struct(field.type)]
+    counter = [0]
+    for row in rows:
+        for name in struct_columns:
+            row[name] = _without_null_fields(row[name], counter)
+    if counter[0]:
+        logger.info(
+            "%s: %d null fields of struct columns (%s) read as absent (Parquet gives every object of a column the "
+            "union of their keys)",
+            path,
+            counter[0],
+            ", ".join(struct_columns),
+        )
+    return rows

@@ -1,0 +1,84 @@
+"""Parquet prompt files: struct fields a row's object lacked are absent, not None (`slime_rollout.data.parquet_rows`).
+
+Parquet gives every object of a column the union of their keys. Before, tool `a` read back with tool `b`'s parameter
+as `"y": None`, which the chat template showed the model as a parameter of `a`, and every message gained the keys of
+the others (`"tool_calls": None` on a user turn). Also: a tool-call turn with OpenAI's `"content": null` renders
+(`slime_rollout.data.chat_template.text_content`).
+"""
+
+import json
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from slime_rollout.data.parquet_rows import read_parquet_rows
+from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
+
+_TOOLS = [
+    {"type": "function", "function": {"name": "lookup", "description": "Find a word.",
+     "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}},
+    {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+]  # fmt: skip
+_MESSAGES = [
+    {"role": "user", "content": "What is 2+3?"},
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+    {"role": "tool", "content": "5", "name": "add"},
+]  # fmt: skip
+_ROWS = [
+    {"prompt": _MESSAGES, "label": "5", "tools": _TOOLS, "metadata": {"rm_type": "math"}},
+    {"prompt": [{"role": "user", "content": "Spell cat."}], "label": "cat", "tools": _TOOLS[:1],
+     "metadata": {"source": "b"}},
+]  # fmt: skip
+
+
+def _write(tmp_path, rows=_ROWS):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_rows_read_back_as_written(tmp_path, caplog):
+    path = _write(tmp_path)
+    with caplog.at_level(logging.INFO, logger="slime_rollout.data.parquet_rows"):
+        rows = read_parquet_rows(path)
+    assert rows == _ROWS
+    assert load_prompt_rows(str(path)) == _ROWS
+    (record,) = caplog.records
+    assert str(path) in record.getMessage() and "null fields of struct columns" in record.getMessage()
+
+
+def test_the_template_shows_each_tool_with_its_own_parameters(tmp_path, qwen3_tokenizer_dir):
+    path = _write(tmp_path)
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    first, second = rows_to_samples(
+        load_prompt_rows(str(path)), source=str(path), input_key="prompt", label_key="label", tokenizer=tok,
+        apply_chat_template=True,
+    )  # fmt: skip
+    expected = tok.apply_chat_template(_MESSAGES, tools=_TOOLS, tokenize=False, add_generation_prompt=True)
+    assert first.prompt == expected
+    assert '"b": null' not in first.prompt and '"word": null' not in first.prompt
+    assert json.dumps(_TOOLS[0]) in second.prompt and '"a": null' not in second.prompt
+    assert first.metadata == {"rm_type": "math", "tools": _TOOLS} and second.metadata["source"] == "b"
+
+
+def test_top_level_nulls_and_plain_columns_stay(tmp_path):
+    rows = [
+        {"prompt": "a", "label": None, "metadata": {"k": [1, None]}},
+        {"prompt": "b", "label": "2", "metadata": None},
+    ]
+    assert read_parquet_rows(_write(tmp_path, rows)) == rows  # list items are values, not fields
+
+
+def test_a_tool_call_turn_with_null_content_renders(qwen3_tokenizer_dir):
+    # OpenAI's format: an assistant turn of tool calls only has `"content": null`; Qwen3's template failed on it
+    # ("argument of type 'NoneType' is not iterable"), from JSONL and Parquet alike.
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    messages = [{**m, "content": None} if m["role"] == "assistant" else m for m in _MESSAGES]
+    (sample,) = rows_to_samples([{"q": messages}], source="m", input_key="q", tokenizer=tok, apply_chat_template=True)
+    assert sample.prompt == tok.apply_chat_template(_MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert messages[1]["content"] is None  # the row itself is left as it is
+    (sample,) = rows_to_samples([{"q": messages}], source="m", input_key="q", tokenizer=tok, max_prompt_len=1000)
+    assert sample.prompt[1]["content"] == ""  # the default generate renders the messages it is given
