@@ -148,6 +148,8 @@ async def test_request_bodies_use_sglang_field_names(http_server):
     await c.abort_request(abort_all=True)
     await c.pause_generation()
     await c.resume_memory_occupation(tags=["weights"])
+    await c.load_lora_adapter("a", "/d")
+    await c.unload_lora_adapter("a")
     assert bodies["/update_weights_from_tensor"] == {
         "serialized_named_tensors": ["abc"],
         "load_format": "flattened_bucket",
@@ -167,6 +169,9 @@ async def test_request_bodies_use_sglang_field_names(http_server):
     assert bodies["/abort_request"] == {"rid": "", "abort_all": True}
     assert bodies["/pause_generation"] == {"mode": "abort"}
     assert bodies["/resume_memory_occupation"] == {"tags": ["weights"]}
+    # the wire records' bodies: SGLang 0.5.16 reads `lora_id` as Optional[str] and replaces it with its own id
+    assert bodies["/load_lora_adapter"] == {"lora_name": "a", "lora_path": "/d", "pinned": False, "lora_id": None}
+    assert bodies["/unload_lora_adapter"] == {"lora_name": "a", "lora_id": None}
 
 
 async def test_least_outstanding_dispatch(http_server):

@@ -234,7 +234,7 @@ class UnloadLoRAAdapterReq(WeightUpdateRequest):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class AbortReq(WeightUpdateRequest):
-    """`POST /abort_request` (SGLang's `AbortReq`): abort one request, or every one (the engine side reads it).
+    """`POST /abort_request` (SGLang's `AbortReq`): abort one request, or every one.
 
     Attributes:
         rid: the request to abort (SGLang's `BaseReq.rid`; None or "" names none).
