@@ -135,9 +135,22 @@ class EngineClient(HttpEndpoint):
             )
         )
 
-    async def destroy_weights_update_group(self, group_name: str = wire.DEFAULT_GROUP_NAME) -> dict:
-        """POST /destroy_weights_update_group (`slime_rollout.engines.wire.DestroyWeightsUpdateGroupReq`)."""
-        return await self._post(wire.DestroyWeightsUpdateGroupReq(group_name=group_name))
+    async def destroy_weights_update_group(
+        self,
+        group_name: str = wire.DEFAULT_GROUP_NAME,
+        *,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+    ) -> dict:
+        """POST /destroy_weights_update_group (`slime_rollout.engines.wire.DestroyWeightsUpdateGroupReq`).
+
+        Args:
+            group_name: the group to tear down.
+            timeout: read timeout in seconds (None: the client's default).
+            max_retries: retries of a connection failure (None: the client's default).
+        """
+        req = wire.DestroyWeightsUpdateGroupReq(group_name=group_name)
+        return await self._post(req, timeout=timeout, max_retries=max_retries)
 
     async def update_weights_from_distributed(
         self,
@@ -170,9 +183,11 @@ class EngineClient(HttpEndpoint):
         """POST /update_weight_version `{"new_version", "abort_all_requests": false}` (the push's version fence)."""
         return await self._post(wire.UpdateWeightVersionReq(new_version=str(new_version)))
 
-    async def _post(self, req: wire.WeightUpdateRequest) -> Any:
-        """POSTs a `slime_rollout.engines.wire` request record to its endpoint."""
-        return await self.request("POST", req.endpoint, req.to_json())
+    async def _post(
+        self, req: wire.WeightUpdateRequest, *, timeout: float | None = None, max_retries: int | None = None
+    ) -> Any:
+        """POSTs a `slime_rollout.engines.wire` request record to its endpoint (None: the client's defaults)."""
+        return await self.request("POST", req.endpoint, req.to_json(), timeout=timeout, max_retries=max_retries)
 
     async def load_lora_adapter(self, lora_name: str, lora_path: str, *, pinned: bool = False) -> dict:
         """POST /load_lora_adapter (`slime_rollout.engines.wire.LoadLoRAAdapterReq`; SGLang needs `--enable-lora`).
