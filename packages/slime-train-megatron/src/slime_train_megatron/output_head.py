@@ -33,9 +33,7 @@ from slime_core.algorithms import KeptTokens
 from slime_core.algorithms.fused_head import fused_log_probs
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 
-__all__ = ["DEFAULT_CHUNK", "emit_hidden_states", "hidden_log_probs"]
-
-DEFAULT_CHUNK = 1024  # response rows per lm_head chunk when --log-probs-chunk-size is unset (-1), as under FSDP
+__all__ = ["emit_hidden_states", "hidden_log_probs"]
 
 
 class _HiddenStatesOutputLayer(ColumnParallelLinear):

@@ -40,11 +40,19 @@ import logging
 
 import torch
 
-__all__ = ["fp32out_logits", "fused_log_probs"]
+__all__ = ["DEFAULT_CHUNK", "fp32out_logits", "fused_log_probs", "resolve_chunk_size"]
 
 logger = logging.getLogger(__name__)
 
 _FP32_MIN = torch.finfo(torch.float32).min
+
+#: Response rows per `lm_head` chunk when `--log-probs-chunk-size` is unset (-1), under either backend.
+DEFAULT_CHUNK = 1024
+
+
+def resolve_chunk_size(log_probs_chunk_size: int) -> int:
+    """Rows per `lm_head` chunk for `--log-probs-chunk-size`: its value when positive, else `DEFAULT_CHUNK`."""
+    return log_probs_chunk_size if log_probs_chunk_size > 0 else DEFAULT_CHUNK
 
 
 def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
