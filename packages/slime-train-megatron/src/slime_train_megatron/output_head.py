@@ -96,8 +96,8 @@ def hidden_log_probs(
         return vocab_parallel_log_probs(
             logits, targets, temperature=temperature, vocab_size=vocab_size, with_entropy=with_entropy, kept=kept
         )
-    compiled = hidden.device.type == "cuda"  # inductor fuses the stats and gradient passes; CPU runs them eagerly
+    # compiled: inductor fuses the stats and gradient passes on CUDA; fused_head runs them eagerly elsewhere
     lp, ent = fused_log_probs(
-        hidden, weight[:vocab_size], targets, temperature, chunk_size, with_entropy, compiled=compiled
+        hidden, weight[:vocab_size], targets, temperature, chunk_size, with_entropy, compiled=True
     )
     return lp, (ent if with_entropy else None)
