@@ -64,4 +64,5 @@ MEGATRON = TrainBackendSpec(
     checkpoint_format="torch_dist",
     lr_decay_styles=("constant", "linear", "cosine", "inverse-square-root"),
     supports_opd_teacher=True,  # MegatronTrainBackend._load_teacher
+    compiles_layers=True,  # --megatron-compile-layers (trainer_parts.build_parallel_model)
 )
