@@ -162,6 +162,22 @@ def test_the_first_step_on_gpus_is_named_compile_only_where_layers_compile(monke
     assert [p for p in started if p[0] not in ("weight sync", "rollout")] == [(first, 0), ("train", 1)]
 
 
+@pytest.mark.parametrize(("megatron_args", "first"), [
+    ([], "train"),  # eager unless asked, on GPUs too
+    (["--megatron-compile-layers"], "compile+train"),  # slime_train_megatron.trainer_parts compiles every layer
+])  # fmt: skip
+def test_the_first_megatron_step_is_named_compile_with_megatron_compile_layers(
+    monkeypatch, caplog, megatron_args, first
+):
+    # Was: the Megatron spec said it never compiles layers, and only --fsdp-compile-layers named the first step.
+    monkeypatch.setattr(loop.Run, "_uses_cuda", property(lambda self: True))
+    with caplog.at_level(logging.INFO, logger="slime_app.progress"):
+        started = _loop_phases(monkeypatch, train_backend="megatron", megatron_args=megatron_args)
+    assert [p for p in started if p[0] not in ("weight sync", "rollout")] == [(first, 0), ("train", 1)]
+    named = "--megatron-compile-layers: the first step compiles" in caplog.text
+    assert named is (first == "compile+train") and "--fsdp-compile-layers" not in caplog.text
+
+
 def test_the_first_step_of_a_compiled_fsdp_run_is_named_compile(monkeypatch):
     started = _loop_phases(monkeypatch, train_backend="fsdp", fsdp_compile_layers=True)
     assert [p for p in started if p[0] != "weight sync"] == [

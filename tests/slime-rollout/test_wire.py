@@ -25,12 +25,9 @@ REQUESTS = [
 
 
 @pytest.mark.parametrize("req", REQUESTS, ids=lambda r: type(r).__name__)
-def test_request_round_trip(req):
+def test_request_body_has_every_field(req):
     body = req.to_json()
-    assert set(body) == {f.name for f in dataclasses.fields(req)}  # every field is a key, nothing else
-    assert type(req).from_json(body) == req
-    # Keys slime never sends (SGLang's `abort_all_requests`) are ignored by the receiver.
-    assert type(req).from_json({**body, "abort_all_requests": True}) == req
+    assert body == {f.name: getattr(req, f.name) for f in dataclasses.fields(req)}  # every field is a key, nothing else
 
 
 def test_request_endpoints_and_defaults_are_sglangs():
@@ -44,13 +41,6 @@ def test_request_endpoints_and_defaults_are_sglangs():
     # SGLang's default group name when a request names none.
     assert wire.UpdateWeightsFromDistributedReq(names=[], dtypes=[], shapes=[]).group_name == "weight_update_group"
     assert wire.DestroyWeightsUpdateGroupReq().group_name == "weight_update_group"
-
-
-def test_missing_required_field_names_endpoint_and_field():
-    with pytest.raises(ValueError, match=r"/init_weights_update_group: missing field\(s\) master_port, world_size"):
-        wire.InitWeightsUpdateGroupReq.from_json({"master_address": "h", "rank_offset": 1})
-    with pytest.raises(ValueError, match=r"/update_weights_from_disk: missing field\(s\) model_path"):
-        wire.UpdateWeightsFromDiskReq.from_json({"model_path": None})
 
 
 def test_dtype_names_round_trip():

@@ -150,6 +150,13 @@ def test_top_p_replay_runs_the_fp32out_path():
         assert torch.equal(x, y)
 
 
+def test_unset_chunk_size_is_one_default_for_both_backends():
+    # --log-probs-chunk-size -1 (the default) chunks by 1024 rows under FSDP and Megatron alike; it never means
+    # "no chunking". Both backends resolve the flag through this one function.
+    assert fused_head.DEFAULT_CHUNK == 1024
+    assert [fused_head.resolve_chunk_size(c) for c in (-1, 0, 1, 7, 4096)] == [1024, 1024, 1, 7, 4096]
+
+
 def test_bad_input_is_named():
     hidden, weight, targets, _, _ = _inputs()
     with pytest.raises(ValueError, match="--rollout-temperature"):

@@ -128,6 +128,8 @@ def test_head_flag_errors_name_the_flag():
         (None, "2", None),
         ("fp32out", "1", "--log-probs-head fp32out is an FSDP head"),
         ("fused", "2", r"--log-probs-head fused needs --tensor-model-parallel-size 1 \(got 2\)"),
+        # "+2" is TP 2 to the config and to Megatron's argparse (int("+2")); preflight once read it as 1
+        ("fused", "+2", r"--log-probs-head fused needs --tensor-model-parallel-size 1 \(got 2\)"),
     ],
 )
 def test_preflight_names_a_head_the_backend_cannot_run(head, tp, message):

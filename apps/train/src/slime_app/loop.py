@@ -201,6 +201,22 @@ class Run:
         """
         return self._uses_cuda and not self.cfg.lora_rank and not self.cfg.true_on_policy_mode
 
+    @property
+    def _compile_layers_flag(self) -> str | None:
+        """The flag that makes the layers compile at their first forward in this run; None when they run eagerly.
+
+        FSDP: `--fsdp-compile-layers`, unset meaning `_compiles_by_default` (`slime_train_fsdp.model_loading`);
+        Megatron: `--megatron-compile-layers`, off unless given (`slime_train_megatron.trainer_parts`).
+        """
+        cfg = self.cfg
+        spec = train_backend_spec(cfg)
+        if not spec.compiles_layers:
+            return None
+        if spec.megatron_native:  # a Megatron flag, passed through in --megatron-args' tokens
+            return "--megatron-compile-layers" if cfg.megatron_flag("--megatron-compile-layers", False) else None
+        on = cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._compiles_by_default
+        return "--fsdp-compile-layers" if on else None
+
     def _phase(self, name: str, rollout_id: int | None = None, detail: str = "") -> contextlib.AbstractContextManager:
         """`RunProgress.phase`, or nothing when the run has no display."""
         if self.progress is None:
@@ -302,12 +318,8 @@ class Run:
             batch_refs, metrics = self.rollouts.take(rollout_id)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
-            compiles = (
-                rollout_id == self.start_rollout_id
-                and train_backend_spec(cfg).compiles_layers
-                and (cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._compiles_by_default)
-            )  # the layers compile at their first forward (slime_train_fsdp.model_loading)
-            phase = ("compile+train", "--fsdp-compile-layers: the first step compiles") if compiles else ("train", "")
+            flag = self._compile_layers_flag if rollout_id == self.start_rollout_id else None
+            phase = ("compile+train", f"{flag}: the first step compiles") if flag else ("train", "")
             with self._phase(phase[0], rollout_id, phase[1]):
                 metrics.update(self.train(rollout_id, batch_refs))
             # As the original's save_model: the HF export goes with every save (each --save-interval, each

@@ -66,8 +66,8 @@ class TrainBackendSpec(Entry):
             `--load` must find.
         lr_decay_styles: the `--lr-decay-style` values it implements.
         supports_multimodal: trains vision-language models (`--multimodal-keys`, `--freeze-vision-tower`).
-        compiles_layers: may compile layers at the first forward (`--fsdp-compile-layers`; the progress display
-            names the first step accordingly).
+        compiles_layers: may compile layers at the first forward (`--fsdp-compile-layers`,
+            `--megatron-compile-layers`; the progress display names the first step accordingly).
         supports_routing_replay: replays MoE routes (`--use-routing-replay`, `--use-rollout-routing-replay`).
         supports_true_on_policy: reproduces SGLang's log-probs bit for bit (`--true-on-policy-mode`).
         supports_opd_teacher: holds an on-policy-distillation teacher's weights (`--opd-teacher-load`) and scores

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
 from slime_core.checkpoint_dirs import TRACKER_FILE
 from slime_core.config import SlimeArgs
@@ -83,7 +84,6 @@ _MISSING = {
     "ref": "no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)",
     "teacher": "no teacher model: --use-opd --opd-type fsdp --opd-teacher-load DIR",
 }
-_DEFAULT_CHUNK = 1024  # response tokens per lm_head chunk when --log-probs-chunk-size is unset (-1)
 
 
 def _compile_seconds() -> float:
@@ -271,10 +271,6 @@ class FSDPTrainBackend:
         return ((n, _local(p)) for n, p in self.model.named_parameters())
 
     # ------------------------------------------------------------- log-probs
-    def _chunk_size(self) -> int:
-        chunk = self.cfg.log_probs_chunk_size
-        return chunk if chunk > 0 else _DEFAULT_CHUNK
-
     @torch.no_grad()
     def compute_log_probs(self, batch: RolloutBatch, *, model: str = "actor") -> list[torch.Tensor]:
         """Per-sample response log-probs (collective; same micro-batch schedule on every rank).
@@ -300,7 +296,10 @@ class FSDPTrainBackend:
                     if self.routing is not None:
                         self.routing.before_forward(batch, mb)
                     logp, _, _ = response_log_probs(
-                        self.model, mb, temperature=self.cfg.rollout_temperature, chunk_size=self._chunk_size()
+                        self.model,
+                        mb,
+                        temperature=self.cfg.rollout_temperature,
+                        chunk_size=resolve_chunk_size(self.cfg.log_probs_chunk_size),
                     )
                     if self.routing is not None:
                         self.routing.after_forward(mb)
@@ -382,7 +381,7 @@ class FSDPTrainBackend:
                 self.model,
                 mb,
                 temperature=self.cfg.rollout_temperature,
-                chunk_size=self._chunk_size(),
+                chunk_size=resolve_chunk_size(self.cfg.log_probs_chunk_size),
                 with_entropy=True,
             )
             if not ids:

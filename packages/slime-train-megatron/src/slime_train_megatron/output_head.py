@@ -33,9 +33,7 @@ from slime_core.algorithms import KeptTokens
 from slime_core.algorithms.fused_head import fused_log_probs
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 
-__all__ = ["DEFAULT_CHUNK", "emit_hidden_states", "hidden_log_probs"]
-
-DEFAULT_CHUNK = 1024  # response rows per lm_head chunk when --log-probs-chunk-size is unset (-1), as under FSDP
+__all__ = ["emit_hidden_states", "hidden_log_probs"]
 
 
 class _HiddenStatesOutputLayer(ColumnParallelLinear):
@@ -98,8 +96,8 @@ def hidden_log_probs(
         return vocab_parallel_log_probs(
             logits, targets, temperature=temperature, vocab_size=vocab_size, with_entropy=with_entropy, kept=kept
         )
-    compiled = hidden.device.type == "cuda"  # inductor fuses the stats and gradient passes; CPU runs them eagerly
+    # compiled: inductor fuses the stats and gradient passes on CUDA; fused_head runs them eagerly elsewhere
     lp, ent = fused_log_probs(
-        hidden, weight[:vocab_size], targets, temperature, chunk_size, with_entropy, compiled=compiled
+        hidden, weight[:vocab_size], targets, temperature, chunk_size, with_entropy, compiled=True
     )
     return lp, (ent if with_entropy else None)

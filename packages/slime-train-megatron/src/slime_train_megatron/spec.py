@@ -24,18 +24,16 @@ def preflight(cfg: Any) -> list[Problem]:
     architecture-flag mismatches do not matter if the model cannot be built.
 
     Args:
-        cfg: the validated config (reads `log_probs_head`, `megatron_args`, `hf_checkpoint`).
+        cfg: the validated config (reads `log_probs_head`, `tensor_model_parallel_size`, `hf_checkpoint`).
 
     Returns:
         One error per problem found; none without them (a missing `--hf-checkpoint` is the app's path checks').
     """
-    # Here, not at the top: the config imports this module while `slime_core.config` is still being imported.
-    from slime_core.config.megatron_checks import megatron_flag_values
+    # Here, not at the top: settings imports `slime_core.config`, which imports this module while it is imported.
     from slime_train_megatron.settings import head_kind
 
-    tp = megatron_flag_values(list(cfg.megatron_args)).get("--tensor-model-parallel-size", "1")
     try:
-        head_kind(cfg.log_probs_head, int(tp) if isinstance(tp, str) and tp.isdigit() else 1)
+        head_kind(cfg.log_probs_head, cfg.tensor_model_parallel_size)
     except ValueError as e:
         return [Problem(message=str(e))]
     config = os.path.join(cfg.hf_checkpoint or "", "config.json")
@@ -66,4 +64,5 @@ MEGATRON = TrainBackendSpec(
     checkpoint_format="torch_dist",
     lr_decay_styles=("constant", "linear", "cosine", "inverse-square-root"),
     supports_opd_teacher=True,  # MegatronTrainBackend._load_teacher
+    compiles_layers=True,  # --megatron-compile-layers (trainer_parts.build_parallel_model)
 )

@@ -2,7 +2,7 @@
 
 Shared by both trainers (it lives here because the FSDP and Megatron packages may not import each other): the FSDP
 backend's `--log-probs-head fused` (`slime_train_fsdp.logprob_head`) and the Megatron backend's
-(`slime_train_megatron.logprobs`, TP = 1).
+(`slime_train_megatron.output_head`, TP = 1).
 
 The `fp32out` head computes the same numbers through autograd: per chunk, ~12 eager passes over the fp32
 `[c, V]` logits forward (shift, divide, logsumexp, gather, exp, product, sum), a checkpointed recompute of all
@@ -23,7 +23,7 @@ Here each chunk is one `torch.autograd.Function`:
 Both functions are plain torch code compiled with `torch.compile(dynamic=True)` on CUDA (inductor fuses each
 into one or two reduction kernels) when the caller asks (`compiled=True`; the FSDP backend passes
 `ForwardOptions.compile_head`, `--fsdp-compile-layers`' resolved value, per model, so an actor and a critic or
-teacher in one process never share a switch; the Megatron backend passes True on CUDA) and run eagerly on CPU or
+teacher in one process never share a switch; the Megatron backend always passes True) and run eagerly on CPU or
 otherwise.
 
 Numerics follow slime_core's `log_probs_and_entropy_from_logits`: the row max is subtracted before the
@@ -40,11 +40,19 @@ import logging
 
 import torch
 
-__all__ = ["fp32out_logits", "fused_log_probs"]
+__all__ = ["DEFAULT_CHUNK", "fp32out_logits", "fused_log_probs", "resolve_chunk_size"]
 
 logger = logging.getLogger(__name__)
 
 _FP32_MIN = torch.finfo(torch.float32).min
+
+#: Response rows per `lm_head` chunk when `--log-probs-chunk-size` is unset (-1), under either backend.
+DEFAULT_CHUNK = 1024
+
+
+def resolve_chunk_size(log_probs_chunk_size: int) -> int:
+    """Rows per `lm_head` chunk for `--log-probs-chunk-size`: its value when positive, else `DEFAULT_CHUNK`."""
+    return log_probs_chunk_size if log_probs_chunk_size > 0 else DEFAULT_CHUNK
 
 
 def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):

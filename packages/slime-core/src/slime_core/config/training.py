@@ -167,7 +167,11 @@ class OptimizerArgs(ArgsGroup):
     freeze_params_name_list: list[str] | None = arg(
         None, "Regexes (re.search on the backend's parameter names) of parameters to freeze."
     )
-    log_probs_chunk_size: int = arg(-1, "Chunk size of the log-prob computation (-1: no chunking).")
+    log_probs_chunk_size: int = arg(
+        -1,
+        "Response tokens per lm_head chunk of the log-prob heads that chunk (the FSDP heads, Megatron's "
+        "--log-probs-head fused); -1: 1024 (slime_core.algorithms.fused_head.DEFAULT_CHUNK).",
+    )
     recompute_loss_function: bool = arg(False, "Activation-checkpoint the loss function.")
 
 

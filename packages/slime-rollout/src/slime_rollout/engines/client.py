@@ -60,8 +60,8 @@ class EngineClient(HttpEndpoint):
         return await self.request("POST", "/generate", payload, timeout=timeout, max_retries=max_retries)
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        """POST /abort_request `{"rid", "abort_all"}`."""
-        await self.request("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+        """POST /abort_request (`slime_rollout.engines.wire.AbortReq`: `{"rid", "abort_all"}`)."""
+        await self._post(wire.AbortReq(rid=rid, abort_all=abort_all))
 
     async def flush_cache(self) -> None:
         """GET /flush_cache (fails with HTTP 400 while requests are running in SGLang)."""
@@ -135,9 +135,22 @@ class EngineClient(HttpEndpoint):
             )
         )
 
-    async def destroy_weights_update_group(self, group_name: str = wire.DEFAULT_GROUP_NAME) -> dict:
-        """POST /destroy_weights_update_group (`slime_rollout.engines.wire.DestroyWeightsUpdateGroupReq`)."""
-        return await self._post(wire.DestroyWeightsUpdateGroupReq(group_name=group_name))
+    async def destroy_weights_update_group(
+        self,
+        group_name: str = wire.DEFAULT_GROUP_NAME,
+        *,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+    ) -> dict:
+        """POST /destroy_weights_update_group (`slime_rollout.engines.wire.DestroyWeightsUpdateGroupReq`).
+
+        Args:
+            group_name: the group to tear down.
+            timeout: read timeout in seconds (None: the client's default).
+            max_retries: retries of a connection failure (None: the client's default).
+        """
+        req = wire.DestroyWeightsUpdateGroupReq(group_name=group_name)
+        return await self._post(req, timeout=timeout, max_retries=max_retries)
 
     async def update_weights_from_distributed(
         self,
@@ -170,18 +183,22 @@ class EngineClient(HttpEndpoint):
         """POST /update_weight_version `{"new_version", "abort_all_requests": false}` (the push's version fence)."""
         return await self._post(wire.UpdateWeightVersionReq(new_version=str(new_version)))
 
-    async def _post(self, req: wire.WeightUpdateRequest) -> Any:
-        """POSTs a `slime_rollout.engines.wire` request record to its endpoint."""
-        return await self.request("POST", req.endpoint, req.to_json())
+    async def _post(
+        self, req: wire.WeightUpdateRequest, *, timeout: float | None = None, max_retries: int | None = None
+    ) -> Any:
+        """POSTs a `slime_rollout.engines.wire` request record to its endpoint (None: the client's defaults)."""
+        return await self.request("POST", req.endpoint, req.to_json(), timeout=timeout, max_retries=max_retries)
 
     async def load_lora_adapter(self, lora_name: str, lora_path: str, *, pinned: bool = False) -> dict:
-        """POST /load_lora_adapter `{"lora_name", "lora_path", "pinned"}` (SGLang needs `--enable-lora`)."""
-        body = {"lora_name": lora_name, "lora_path": lora_path, "pinned": pinned}
-        return await self.request("POST", "/load_lora_adapter", body)
+        """POST /load_lora_adapter (`slime_rollout.engines.wire.LoadLoRAAdapterReq`; SGLang needs `--enable-lora`).
+
+        The body carries `"lora_id": null`: SGLang 0.5.16 types it `Optional[str]` and sets its own id.
+        """
+        return await self._post(wire.LoadLoRAAdapterReq(lora_name=lora_name, lora_path=lora_path, pinned=pinned))
 
     async def unload_lora_adapter(self, lora_name: str) -> dict:
-        """POST /unload_lora_adapter `{"lora_name"}`."""
-        return await self.request("POST", "/unload_lora_adapter", {"lora_name": lora_name})
+        """POST /unload_lora_adapter (`slime_rollout.engines.wire.UnloadLoRAAdapterReq`: `{"lora_name", "lora_id"}`)."""
+        return await self._post(wire.UnloadLoRAAdapterReq(lora_name=lora_name))
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """POST /get_weights_by_name `{"name", "truncate_size"}`: the parameter's first entries along dim 0.

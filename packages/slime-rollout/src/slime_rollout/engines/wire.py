@@ -6,8 +6,8 @@ Both ends import this module and nothing of each other: the trainer side (`slime
 
 * **Requests**: one frozen dataclass per weight-update endpoint (LoRA adapter loads included) holding the JSON fields
   slime sends, named as
-  SGLang's `io_struct.py` names them (`UpdateWeightsFromTensorReqInput`, ...). The sender calls `to_json()`,
-  the receiver `from_json(body)`.
+  SGLang's `io_struct.py` names them (`UpdateWeightsFromTensorReqInput`, ...). The sender calls `to_json()`;
+  the receiver validates a body against SGLang's types (`slime_rollout.engines.reference.routes.bodies`).
 * **Named-tensor payload** of `/update_weights_from_tensor`: `serialize_named_tensors` /
   `deserialize_named_tensors`, SGLang's `MultiprocessingSerializer` format (base64 of a torch `ForkingPickler`
   dump: CUDA tensors as IPC handles, CPU tensors in shared memory), either a plain list of `(name, tensor)` or
@@ -26,9 +26,8 @@ import dataclasses
 import datetime
 import io
 import os
-from collections.abc import Mapping
 from multiprocessing.reduction import ForkingPickler
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
@@ -69,20 +68,6 @@ class WeightUpdateRequest:
     def to_json(self) -> dict[str, Any]:
         """The request body (every field, defaults included)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> Self:
-        """Parses a request body; keys slime does not send (e.g. SGLang's `abort_all_requests`) are ignored.
-
-        Raises:
-            ValueError: a required field is missing (the message names the endpoint and the field).
-        """
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-        required = [f.name for f in fields if f.default is dataclasses.MISSING]
-        missing = [name for name in required if body.get(name) is None]
-        if missing:
-            raise ValueError(f"{cls.endpoint}: missing field(s) {', '.join(missing)}")
-        return cls(**{f.name: body[f.name] for f in fields if f.name in body})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -234,7 +219,7 @@ class UnloadLoRAAdapterReq(WeightUpdateRequest):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class AbortReq(WeightUpdateRequest):
-    """`POST /abort_request` (SGLang's `AbortReq`): abort one request, or every one (the engine side reads it).
+    """`POST /abort_request` (SGLang's `AbortReq`): abort one request, or every one.
 
     Attributes:
         rid: the request to abort (SGLang's `BaseReq.rid`; None or "" names none).

@@ -45,7 +45,6 @@ from slime_core.dir_swap import check_replaceable, mark, swap_in
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.wire import (
-    DestroyWeightsUpdateGroupReq,
     broadcast_buffer,
     deserialize_named_tensors,
     dtype_name,
@@ -469,11 +468,7 @@ class DistributedWeightUpdater(_EngineUpdater):
         """
         name, engines = self.group_name, self.client.engines
         self._group = None
-        body = DestroyWeightsUpdateGroupReq(group_name=name).to_json()
-        calls = [
-            e.request("POST", "/destroy_weights_update_group", body, timeout=TEARDOWN_TIMEOUT_S, max_retries=0)
-            for e in engines
-        ]
+        calls = [e.destroy_weights_update_group(name, timeout=TEARDOWN_TIMEOUT_S, max_retries=0) for e in engines]
         own: Any = None  # no group formed here (its rendezvous failed): nothing to destroy on this end
         if group is not None:
             own = in_daemon_thread(torch.distributed.destroy_process_group, group, name="weight sync: destroy group")

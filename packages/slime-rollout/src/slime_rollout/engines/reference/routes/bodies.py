@@ -117,6 +117,13 @@ def _own_body(record: type) -> tuple[str, tuple[tuple[str, Any, Any], ...]]:
 def _adapter(record: type) -> TypeAdapter:
     """The validator of `record.endpoint`'s body: SGLang's schema shape, with SGLang's class and function names."""
     name, fields = SGLANG_BODIES.get(record.endpoint) or _own_body(record)
+    # The table restates SGLang's fields: a record field it lacks would never be filled in (fail here, not later).
+    unknown = {f.name for f in dataclasses.fields(record)} - {field for field, _, _ in (*_BASE_REQ, *fields)}
+    if unknown:
+        raise TypeError(
+            f"{record.__name__} ({record.endpoint}) has field(s) {', '.join(sorted(unknown))} that SGLang's "
+            f"{name} lacks: add them to SGLANG_BODIES in {__name__} or drop them from the record"
+        )
 
     def schema(cls: type, source: Any, handler: Any) -> Any:
         typed = {}
