@@ -41,6 +41,7 @@ import dataclasses
 import re
 
 from slime_rollout.rewards.alternatives import unboxed_alternative
+from slime_rollout.rewards.markup import closing_braces
 from slime_rollout.rewards.named_parts import names_next_part
 from slime_rollout.rewards.normalize import clean_answer, normalize_answer, parse_number
 from slime_rollout.rewards.retraction import (
@@ -138,17 +139,6 @@ class Box:
     closed: bool = True
 
 
-def _closing_braces(text: str) -> dict[int, int]:
-    """Index of each `{` → index of its matching `}` (unmatched ones are absent), in one pass."""
-    matches, stack = {}, []
-    for m in _BRACES.finditer(text):
-        if m.group() == "{":
-            stack.append(m.start())
-        elif stack:
-            matches[stack.pop()] = m.start()
-    return matches
-
-
 def find_boxes(text: str) -> list[Box]:
     r"""All boxes of `text` in order (a box inside another box's content is part of it, not a new one).
 
@@ -168,7 +158,7 @@ def find_boxes(text: str) -> list[Box]:
         start = m.end()
         if text.startswith("{", start):
             if closing is None:
-                closing = _closing_braces(text)
+                closing = closing_braces(text, _BRACES)
             end = closing.get(start)
             if end is not None:
                 boxes.append(Box(content=text[start + 1 : end], start=m.start(), end=end + 1))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["strip_markup"]
+__all__ = ["closing_braces", "strip_markup"]
 
 _COLOR = r"(?:\[[^\]{}]{0,20}\])?\s*\{[^{}]{0,40}\}"  # `[rgb]{1,0,0}` or `{red}`
 # A command whose last braced argument is kept (the `{` that opens it ends the match).
@@ -51,10 +51,15 @@ _MARKUP = re.compile(rf"(?P<wrapper>{_WRAPPER})|(?P<spacing>{_SPACING})|{_SWITCH
 _BRACES = re.compile(r"(?<!\\)[{}]")  # `\{` and `\}` are set braces, not groups
 
 
-def _closing_braces(text: str) -> dict[int, int]:
-    """Index of each group-opening `{` → index of its matching `}` (unmatched ones are absent), in one pass."""
+def closing_braces(text: str, braces: re.Pattern[str] = _BRACES) -> dict[int, int]:
+    r"""Index of each opening `{` → index of its matching `}` (unmatched ones are absent), in one pass.
+
+    Args:
+        text: LaTeX.
+        braces: what counts as a brace; by default group braces only (`\{`, `\}` are set braces).
+    """
     matches, stack = {}, []
-    for m in _BRACES.finditer(text):
+    for m in braces.finditer(text):
         if m.group() == "{":
             stack.append(m.start())
         elif stack:
@@ -82,7 +87,7 @@ def strip_markup(text: str) -> str:
         if m.start() < position:
             continue
         if m.group("wrapper") or (m.group("spacing") and text.startswith("{", m.end())):
-            closing = _closing_braces(text) if closing is None else closing
+            closing = closing_braces(text) if closing is None else closing
             end = closing.get(m.end())
             if end is None:
                 continue  # an unclosed argument: left as written
@@ -124,7 +129,7 @@ def _unwrap_group(text: str) -> str:
     """`text` without braces around the whole of it (`{ 5}` → `5`), up to `_MAX_UNWRAP` pairs."""
     text = text.strip()
     for _ in range(_MAX_UNWRAP):
-        if not (text.startswith("{") and _closing_braces(text).get(0) == len(text) - 1):
+        if not (text.startswith("{") and closing_braces(text).get(0) == len(text) - 1):
             break
         text = text[1:-1].strip()
     return text
