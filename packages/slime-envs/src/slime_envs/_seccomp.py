@@ -45,6 +45,11 @@ DENIED = (
     # Linux AIO: its limit (fs.aio-max-nr) is one for the whole machine, and one io_setup(65536) took all of it
     # (every other process's io_setup then fails with EAGAIN until the run ends)
     "io_setup",
+    # inotify: its instance and watch counts (fs.inotify.max_user_instances/_watches) are charged to the host uid that
+    # owns the sandbox's user namespace as well, a budget shared by every concurrent run (and, on a non-root host,
+    # by the host process itself): one run's 40 instances left host uid nobody 88 of 128, and one instance held
+    # 71,955 watches, each pinning an inode of the runtime view (a watch on a file the code only reads)
+    "inotify_init", "inotify_init1", "inotify_add_watch",
     "init_module", "finit_module",
     "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
     "quotactl", "quotactl_fd", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",

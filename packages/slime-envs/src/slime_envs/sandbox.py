@@ -11,7 +11,7 @@ pure Python through `gc`). Each call starts, through bubblewrap:
   its own `/proc`, no network interface but a loopback of its own (and no socket to use it), no host process,
   no host environment variable;
 * a **seccomp filter** for what namespaces do not isolate (ptrace, mount, keyctl, bpf, perf_event_open,
-  io_uring, kexec, modules, System V IPC, sockets, fallocate, ...; see `slime_envs._seccomp`) and, unless
+  io_uring, inotify, kexec, modules, System V IPC, sockets, fallocate, ...; see `slime_envs._seccomp`) and, unless
   `allow_subprocess`, a second one refusing fork/exec to every API, `_posixsubprocess.fork_exec` and
   `os.posix_spawn` included;
 * **limits**: RLIMIT_AS/CPU/FSIZE/CORE/RTPRIO/NICE per process, set on bubblewrap itself (util-linux `prlimit`), so that

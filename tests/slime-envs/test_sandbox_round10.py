@@ -1,0 +1,85 @@
+"""Hostile code, tenth pass (issue 27): kernel counters that a user namespace does not bound, because the kernel
+charges them to the host uid that owns the namespace as well. Every case first switches the in-process guard off."""
+
+import ctypes
+import os
+import resource
+
+import pytest
+from slime_sandbox_hostile import hostile
+
+pytestmark = pytest.mark.usefixtures("host_survives_and_nothing_leaks")
+
+
+def _inotify_instances_left_for(uid: int) -> int:
+    """How many inotify instances a host process of `uid` can still make (forked, so the test process keeps its uid)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+            os.setgid(uid)
+            os.setuid(uid)
+            libc = ctypes.CDLL(None, use_errno=True)
+            made = 0
+            while made < 4000 and libc.inotify_init1(os.O_CLOEXEC) >= 0:
+                made += 1
+            os.write(write_fd, str(made).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_fd, "rb") as f:
+        return int(f.read())
+
+
+async def test_inotify_is_refused():
+    # fs.inotify.max_user_instances (128 here) and max_user_watches (192,546) count per host uid across user
+    # namespaces: before the fix a run that made 40 instances left host uid nobody 88 of 128 (one more run of 61
+    # and a third run, or, on a non-root host, the host process itself got EMFILE), and one instance held 71,955
+    # watches, each pinning an inode of the read-only runtime view.
+    code = """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        made = [libc.inotify_init1(0) for _ in range(40)]
+        print("inotify_init1", sorted(set(made)), os.strerror(ctypes.get_errno()))
+        if os.uname().machine == "x86_64":
+            print("inotify_init", libc.syscall(253), os.strerror(ctypes.get_errno()))  # the legacy call, x86-64 only
+        else:
+            print("inotify_init -1 Operation not permitted")
+        print("inotify_add_watch", libc.inotify_add_watch(0, b"/tmp", 0x100), os.strerror(ctypes.get_errno()))
+    """
+    r = await hostile(code)
+    assert r.stdout.splitlines() == [
+        "inotify_init1 [-1] Operation not permitted",  # was [3, 4, ..., 42]
+        "inotify_init -1 Operation not permitted",
+        "inotify_add_watch -1 Operation not permitted",
+    ], r.stdout + r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs as host uid nobody only on a root host")
+async def test_a_run_leaves_the_hosts_inotify_budget_alone():
+    # The harm itself, seen from the host: while a run tries to hold inotify instances, uid nobody (the sandbox's
+    # host uid on a root host) can still make as many as before it.
+    import asyncio
+
+    before = _inotify_instances_left_for(65534)
+    code = """
+        import ctypes, sys, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        held = [libc.inotify_init1(0) for _ in range(40)]
+        print("holding", sum(fd >= 0 for fd in held), flush=True)
+        time.sleep(6)
+    """
+    task = asyncio.create_task(hostile(code, timeout_s=30))
+    await asyncio.sleep(0)
+    # Wait until the code is past its inotify calls: its stdout is a host file we cannot see, so poll the budget.
+    during = before
+    for _ in range(40):
+        await asyncio.sleep(0.25)
+        during = min(during, _inotify_instances_left_for(65534))
+        if task.done():
+            break
+    r = await task
+    assert during == before, (before, during)  # was before - 40
+    assert r.stdout == "holding 0\n", r.stdout + r.stderr
