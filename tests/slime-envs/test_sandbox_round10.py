@@ -83,3 +83,30 @@ async def test_a_run_leaves_the_hosts_inotify_budget_alone():
     r = await task
     assert during == before, (before, during)  # was before - 40
     assert r.stdout == "holding 0\n", r.stdout + r.stderr
+
+
+_SMALL_OUTPUT = ({"max_output_bytes": 4096}, 4096, "max_output_bytes")
+_SMALL_TMP = ({"tmpfs_mb": 1, "max_output_bytes": 4 << 20}, 1 << 20, "tmpfs_mb")
+
+
+@pytest.mark.parametrize(("config", "limit", "which"), [_SMALL_OUTPUT, _SMALL_TMP])
+async def test_a_program_larger_than_the_sandbox_holds_is_the_codes_error(config, limit, which):
+    # The program is copied to /tmp/main.py under the run's RLIMIT_FSIZE and in its /tmp: one byte past either
+    # raised SandboxUnavailableError ("the sandbox failed to start (exit 1): bwrap: Can't write data to file
+    # /tmp/main.py: File too large" / "No space left on device"), the error for a machine that cannot run a sandbox
+    # at all, out of the model's tool call. A program of exactly the limit runs; one byte more is refused.
+    from slime_envs.sandbox import SandboxConfig, run_python
+
+    def program(size: int) -> str:
+        head = "print(len(open('/tmp/main.py', 'rb').read()))\n#"
+        return head + "x" * (size - len(head) - 1) + "\n"
+
+    fits = await run_python(program(limit), SandboxConfig(timeout_s=10, **config))
+    assert (fits.exit_code, fits.stdout) == (0, f"{limit}\n"), fits.stderr
+    r = await run_python(program(2 * limit), SandboxConfig(timeout_s=10, **config))
+    assert (r.exit_code, r.stdout, r.ok) == (1, "", False)
+    one_more = await run_python(program(limit + 1), SandboxConfig(timeout_s=10, **config))
+    assert one_more.exit_code == 1 and "at most" in one_more.stderr, one_more
+    assert r.to_observation() == (
+        f"Error: the program is {2 * limit} bytes; the sandbox runs programs of at most {limit} bytes ({which})."
+    )

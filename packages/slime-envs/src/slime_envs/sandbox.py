@@ -67,7 +67,14 @@ from slime_envs._sandbox_policy import INIT_RLIMITS, enforcement, rlimits, runne
 from slime_envs._sandbox_proc import Owned, owned_bwrap, parent_pid, uncancellable
 from slime_envs._seccomp import SeccompUnavailableError, base_filter
 
-__all__ = ["SandboxConfig", "SandboxResult", "SandboxUnavailableError", "check_sandbox", "run_python"]
+__all__ = [
+    "SandboxConfig",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "check_sandbox",
+    "code_too_large",
+    "run_python",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -276,18 +283,45 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
 
     Returns:
         The captured output and how the run ended. Errors of the code (exceptions, limits hit, escape
-        attempts) are part of the result, never raised.
+        attempts, a program larger than `/tmp` or a file may be: `code_too_large`) are part of the result, never
+        raised.
 
     Raises:
         SandboxUnavailableError: the sandbox itself cannot run here (the message says what is missing).
     """
     config = config or SandboxConfig()
+    source = code.encode("utf-8", errors="surrogatepass")
+    too_large = code_too_large(len(source), config)
+    if too_large is not None:
+        return too_large
     async with _limiter(config.max_concurrent_runs):
-        return await _run_python(code, config)
+        return await _run_python(source, config)
 
 
-async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
-    """`run_python` without the concurrency limit."""
+def code_too_large(num_bytes: int, config: SandboxConfig) -> SandboxResult | None:
+    """The result of a program too large to run, or None when it fits.
+
+    The program is written to `/tmp/main.py` under the run's limits: past `max_output_bytes` (RLIMIT_FSIZE) or
+    the size of `/tmp`, bubblewrap's copy failed ("File too large", "No space left on device") and the model's
+    tool call raised `SandboxUnavailableError`, as if the machine could not run a sandbox at all.
+
+    Args:
+        num_bytes: size of the program, UTF-8.
+        config: the run's limits.
+
+    Returns:
+        None, or a result with exit code 1 whose stderr says how large the program is and what the limit is.
+    """
+    limit = min(config.max_output_bytes, config.tmpfs_mb * _MIB)
+    if num_bytes <= limit:
+        return None
+    which = "max_output_bytes" if limit == config.max_output_bytes else "tmpfs_mb"
+    message = f"Error: the program is {num_bytes} bytes; the sandbox runs programs of at most {limit} bytes ({which})."
+    return SandboxResult(stdout="", stderr=message + "\n", exit_code=1)  # nothing ran: nothing was enforced
+
+
+async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
+    """`run_python` without the size check and the concurrency limit; `source` is the program, UTF-8."""
     try:
         view = runtime_view()
         seccomp = base_filter()
@@ -300,7 +334,7 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
         status_r, status_w = fds.pipe()  # the sandbox's init writes the code's wait status here
         info_r, info_w = fds.pipe()  # bubblewrap writes the init's pid here
         block_r, block_w = fds.pipe()  # bubblewrap waits on it until the init is in the cgroup
-        code_fd = fds.add(_memfd("main.py", code.encode("utf-8", errors="surrogatepass")))
+        code_fd = fds.add(_memfd("main.py", source))
         seccomp_fd = fds.add(_memfd("seccomp", seccomp))
         env = {"HOME": WORKDIR, "TMPDIR": WORKDIR, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
         # One thread per BLAS pool: threads count against the task limit.
@@ -486,7 +520,7 @@ async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, 
 
 
 def _probe() -> dict[str, str]:
-    result = asyncio.run(_run_python("pass", SandboxConfig(timeout_s=30, preload=[])))
+    result = asyncio.run(_run_python(b"pass", SandboxConfig(timeout_s=30, preload=[])))
     if not result.ok:
         raise SandboxUnavailableError(f"the sandbox probe failed: {result.to_observation()}")
     return result.enforcement
