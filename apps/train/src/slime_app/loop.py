@@ -183,9 +183,9 @@ class Run:
                 self.placement = create_placement(cfg)
         except BaseException:  # the caller gets no Run to close: tear down what started here
             self.progress.stop()
-            ray.shutdown()  # a no-op when Ray did not start
+            ray.shutdown()  # a no-op when Ray did not start, or when ray.init was interrupted before its node was set
             if self.reaper is not None:
-                self.reaper.release()
+                self.reaper.sweep()  # and what an interrupted ray.init left (its agents, orphaned)
             raise
 
     @property
