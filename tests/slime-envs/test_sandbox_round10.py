@@ -1,6 +1,7 @@
 """Hostile code, tenth pass (issue 27): kernel counters that a user namespace does not bound, because the kernel
 charges them to the host uid that owns the namespace as well. Every case first switches the in-process guard off."""
 
+import asyncio
 import ctypes
 import os
 import resource
@@ -61,8 +62,6 @@ async def test_inotify_is_refused():
 async def test_a_run_leaves_the_hosts_inotify_budget_alone():
     # The harm itself, seen from the host: while a run tries to hold inotify instances, uid nobody (the sandbox's
     # host uid on a root host) can still make as many as before it.
-    import asyncio
-
     before = _inotify_instances_left_for(65534)
     code = """
         import ctypes, sys, time
@@ -110,3 +109,56 @@ async def test_a_program_larger_than_the_sandbox_holds_is_the_codes_error(config
     assert r.to_observation() == (
         f"Error: the program is {2 * limit} bytes; the sandbox runs programs of at most {limit} bytes ({which})."
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("timeout_s", float("inf")),  # was a bare OverflowError at every run (int(inf) for RLIMIT_CPU)
+        ("timeout_s", 1e300),  # was "the sandbox failed to start: prlimit: failed to parse CPU limit"
+        ("cpus", float("inf")),  # OverflowError (the cgroup's quota)
+        ("memory_mb", 1 << 45),  # prlimit: failed to parse AS limit
+        ("max_processes", 10**9),  # OSError EINVAL writing pids.max
+        ("max_output_bytes", 1 << 64),  # prlimit: failed to parse FSIZE limit
+        ("max_open_files", 2_000_000),  # the init's setrlimit(RLIMIT_NOFILE) past fs.nr_open: failed to start
+    ],
+)
+def test_limits_the_kernel_refuses_are_config_errors(field, value):
+    from pydantic import ValidationError
+
+    from slime_envs.sandbox import SandboxConfig
+
+    with pytest.raises(ValidationError, match=field):
+        SandboxConfig(**{field: value})
+
+
+def _hard(name: str, cap: int) -> int:
+    hard = resource.getrlimit(getattr(resource, name))[1]
+    return cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+
+
+def test_limits_above_the_hosts_hard_limits_are_config_errors():
+    # The init sets RLIMIT_NOFILE and RLIMIT_NPROC itself and cannot go past the hard limit it inherits: every run
+    # failed to start ("ValueError: not allowed to raise maximum limit") with max_open_files=1 << 20 here (hard 20000).
+    from pydantic import ValidationError
+
+    from slime_envs.sandbox import SandboxConfig
+
+    for field, name, extra in (("max_open_files", "RLIMIT_NOFILE", 0), ("max_processes", "RLIMIT_NPROC", 1)):
+        hard = resource.getrlimit(getattr(resource, name))[1]
+        if hard == resource.RLIM_INFINITY or hard - extra + 1 > (1 << 20):
+            continue
+        SandboxConfig(**{field: hard - extra})
+        with pytest.raises(ValidationError, match=rf"{field}={hard - extra + 1} needs {name} .*hard limit {hard}"):
+            SandboxConfig(**{field: hard - extra + 1})
+
+
+async def test_the_largest_limits_the_config_takes_run():
+    from slime_envs.sandbox import SandboxConfig, run_python
+
+    config = SandboxConfig(
+        timeout_s=86_400, cpus=1024, memory_mb=1 << 30, max_output_bytes=1 << 50, tmpfs_mb=1 << 30, max_files=1 << 32,
+        max_processes=_hard("RLIMIT_NPROC", 1 << 22) - 1, max_open_files=_hard("RLIMIT_NOFILE", 1 << 20), preload=[],
+    )  # fmt: skip
+    r = await asyncio.wait_for(run_python("print('ran')", config), 60)
+    assert (r.exit_code, r.stdout) == (0, "ran\n"), r.stderr

@@ -48,10 +48,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import json
 import logging
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -59,12 +59,13 @@ import tempfile
 import weakref
 from typing import IO
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slime_envs._bwrap import WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
 from slime_envs._cgroups import CgroupLimits
 from slime_envs._sandbox_policy import INIT_RLIMITS, enforcement, rlimits, runner_policy
 from slime_envs._sandbox_proc import Owned, owned_bwrap, parent_pid, uncancellable
+from slime_envs._sandbox_result import SandboxResult, read_capped
 from slime_envs._seccomp import SeccompUnavailableError, base_filter
 
 __all__ = [
@@ -107,30 +108,43 @@ class SandboxUnavailableError(RuntimeError):
 class SandboxConfig(BaseModel):
     """Limits of one sandboxed run."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Upper bounds are what the kernel takes (pids.max ≤ 2^22, RLIMIT_NOFILE ≤ fs.nr_open's default 2^20, rlimits and
+    # sizes in 64 bits) or more than any run needs (a day, 1,024 cores): past them every run failed, as a bare
+    # OverflowError (timeout_s=inf), OSError EINVAL (max_processes=10**9) or "the sandbox failed to start" (prlimit).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit in seconds.")
+    timeout_s: float = Field(10.0, gt=0, le=86_400, description="Wall-clock limit in seconds.")
     memory_mb: int = Field(
-        1024, gt=0, description="Address space per process (RLIMIT_AS) and, with a memory cgroup, the run's total."
+        1024,
+        gt=0,
+        le=1 << 30,
+        description="Address space per process (RLIMIT_AS) and, with a memory cgroup, the run's total.",
     )
     max_processes: int = Field(
-        16, ge=1, description="Tasks (processes and threads) of the code, itself included (RLIMIT_NPROC, pids cgroup)."
+        16,
+        ge=1,
+        le=(1 << 22) - 1,
+        description="Tasks (processes and threads) of the code, itself included (RLIMIT_NPROC, pids cgroup).",
     )
     max_output_bytes: int = Field(
         1 << 20,
         gt=0,
+        le=1 << 50,
         description="Max bytes of stdout and of stderr, and (RLIMIT_FSIZE, one byte higher so that output of exactly "
         "this size is not taken for a cut one) of any file written by any process of the sandbox.",
     )
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
-    tmpfs_mb: int = Field(64, gt=0, description="Size of the private writable /tmp (counted in the memory cgroup).")
+    tmpfs_mb: int = Field(
+        64, gt=0, le=1 << 30, description="Size of the private writable /tmp (counted in the memory cgroup)."
+    )
     max_files: int = Field(
         4096,
         ge=16,
+        le=1 << 32,
         description="Files and directories the private /tmp can hold (its inode count; each holds ~1 KiB of kernel "
         "memory tmpfs_mb does not count). Applied where the host runs as root (see README); else the kernel's default.",
     )
-    cpus: float = Field(1.0, gt=0, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
+    cpus: float = Field(1.0, gt=0, le=1024, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
     max_concurrent_runs: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,
@@ -139,6 +153,7 @@ class SandboxConfig(BaseModel):
     max_open_files: int = Field(
         64,
         ge=16,
+        le=1 << 20,
         description="Descriptors per process (RLIMIT_NOFILE). Without a memory cgroup this bounds the memory held "
         "outside the address space (memfds, pipe and socket buffers): about this many times max(max_output_bytes, "
         "1 MiB) per process.",
@@ -150,80 +165,27 @@ class SandboxConfig(BaseModel):
         "(numpy, sympy) are imported on demand and count against the time limit.",
     )
 
+    @model_validator(mode="after")
+    def _within_host_hard_limits(self) -> SandboxConfig:
+        """Refuses limits above this process's hard RLIMIT_NOFILE / RLIMIT_NPROC.
 
-@dataclasses.dataclass(kw_only=True, slots=True)
-class SandboxResult:
-    """Outcome of one run.
-
-    Attributes:
-        stdout: captured standard output, truncated to `max_output_chars`.
-        stderr: captured standard error (tracebacks), truncated likewise.
-        exit_code: the exit status of the code's process; negative: killed by that signal. Both come from
-            the kernel's wait status, read by the sandbox's init (so `sys.exit(137)` is 137, not SIGKILL);
-            `-SIGKILL` when the wall clock ran out.
-        timed_out: the wall-clock limit was hit.
-        output_limited: stdout or stderr was truncated: a process tried to write more than `max_output_bytes` to
-            it (the write failed with EFBIG, or SIGXFSZ killed a non-Python process); exactly that much is not.
-        memory_limited: the memory cgroup's limit was hit and the kernel killed a process.
-        enforcement: which mechanism enforced each limit (`isolation`, `network`, `processes`, ...).
-    """
-
-    stdout: str
-    stderr: str
-    exit_code: int
-    timed_out: bool = False
-    output_limited: bool = False
-    memory_limited: bool = False
-    enforcement: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """The code ran to completion with exit code 0."""
-        return self.exit_code == 0 and not self.timed_out
-
-    def to_observation(self) -> str:
-        """The text shown to the model: output, then errors and which limit was hit."""
-        parts = []
-        if self.stdout:
-            parts.append(self.stdout.rstrip("\n"))
-        if self.stderr:
-            parts.append(self.stderr.rstrip("\n"))
-        if self.timed_out:
-            parts.append("Error: execution timed out (wall-clock limit reached); the process was killed.")
-        elif self.memory_limited:
-            parts.append("Error: memory limit exceeded; the kernel killed a process.")
-        elif self.output_limited:
-            parts.append("Error: output limit exceeded; further writes failed.")
-        elif self.exit_code < 0:
-            parts.append(f"Error: the process was killed by signal {_signal_name(-self.exit_code)}.")
-        if not parts:
-            parts.append("(no output)" if self.exit_code == 0 else f"(no output, exit code {self.exit_code})")
-        return "\n".join(parts)
+        The sandbox's init sets these two itself, without the capability to go past the hard limit it inherits:
+        past it, every run failed to start ("ValueError: not allowed to raise maximum limit").
+        """
+        for field, name, value in (
+            ("max_open_files", "RLIMIT_NOFILE", self.max_open_files),
+            ("max_processes", "RLIMIT_NPROC", self.max_processes + 1),  # + the init
+        ):
+            hard = resource.getrlimit(getattr(resource, name))[1]
+            if hard != resource.RLIM_INFINITY and value > hard:
+                raise ValueError(
+                    f"{field}={getattr(self, field)} needs {name} {value}, above this process's hard limit {hard}, "
+                    "which the sandbox cannot raise; lower it or raise the host's limit (ulimit -H)"
+                )
+        return self
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-def _signal_name(number: int) -> str:
-    """`SIGKILL` for 9; the bare number for a signal without a name (real-time signals 35..63, anything else)."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
-def _read_capped(f: IO[bytes], max_chars: int, *, keep_tail: bool = False) -> str:
-    """Reads at most `max_chars` characters: the head (stdout) or the tail (stderr, where the error is)."""
-    size = f.seek(0, os.SEEK_END)
-    budget = max_chars * 4 + 4  # enough bytes for max_chars UTF-8 characters
-    f.seek(size - budget if keep_tail and size > budget else 0)
-    data = f.read(budget)
-    text = data.decode("utf-8", errors="replace")
-    if len(text) <= max_chars and size <= len(data):
-        return text
-    if keep_tail:
-        return f"(output truncated to the last {max_chars} characters) ...\n" + text[-max_chars:]
-    return text[:max_chars] + f"\n... (output truncated to {max_chars} characters)"
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -472,8 +434,8 @@ def _result(
             output_limited = True
             f.truncate(config.max_output_bytes)
     return SandboxResult(
-        stdout=_read_capped(out, config.max_output_chars),
-        stderr=_read_capped(err, config.max_output_chars, keep_tail=True),
+        stdout=read_capped(out, config.max_output_chars),
+        stderr=read_capped(err, config.max_output_chars, keep_tail=True),
         exit_code=exit_code,
         timed_out=timed_out,
         # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
