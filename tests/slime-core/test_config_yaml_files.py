@@ -53,3 +53,27 @@ def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path, flag, text, s
     line = text.count("\n")
     with pytest.raises(ConfigError, match=rf"^{flag} {path}:{line}: key {second} is given twice .*line {first}\)"):
         parse_args([*MINIMAL, flag, str(path)])
+
+
+@pytest.mark.parametrize("flag", ["--config", "--custom-config-path"])
+@pytest.mark.parametrize(
+    ("line", "dashed"),
+    [
+        ("num-layers: {a: 1}", "--num-layers"),  # was passed to Megatron as --num-layers "{'a': 1}"
+        ("sglang-cuda-graph-bs: [1, [2, 4]]", "--sglang-cuda-graph-bs"),  # was "--cuda-graph-bs 1 [2, 4]"
+        ("router-policy: {name: x}", "--router-policy"),
+    ],
+)
+def test_a_pass_through_flag_holding_a_mapping_is_an_error_naming_the_line(tmp_path, flag, line, dashed):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"rollout-temperature: 0.5\n{line}\n")
+    with pytest.raises(ConfigError, match=rf"^{flag} {path}:2: {dashed} is passed through as a command-line flag"):
+        parse_args([*MINIMAL, flag, str(path)])
+
+
+def test_pass_through_lists_and_bare_flags_still_pass(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("sglang-cuda-graph-bs: [1, 2, 4]\nuse-flash-attn: null\nnum-layers: 2\n")
+    args = parse_args([*MINIMAL, "--config", str(path)])
+    assert args.sglang_args == {"cuda_graph_bs": ["1", "2", "4"]}
+    assert args.megatron_args == ["--use-flash-attn", "--num-layers", "2"]

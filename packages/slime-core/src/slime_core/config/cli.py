@@ -166,6 +166,13 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThroug
     return slime, sglang, router, megatron
 
 
+def _is_flag_value(value: Any) -> bool:
+    """A YAML value a command-line flag can carry: a scalar (or null: a bare flag), or a list of scalars."""
+    if isinstance(value, list):
+        return all(not isinstance(v, dict | list) for v in value)
+    return not isinstance(value, dict)
+
+
 def _yaml_scalar_to_str(value: Any) -> str | bool | list[str]:
     if isinstance(value, bool):
         return value
@@ -253,6 +260,14 @@ def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") ->
         key = str(raw_key).replace("-", "_")
         dashed = field_to_flag(key)
         config.where[key] = f"{path}:{lines.get(str(raw_key), '?')}"
+        passed_through = key.startswith(("sglang_", "router_")) or dashed in MEGATRON_FLAGS
+        if passed_through and key not in SlimeArgs.model_fields and not _is_flag_value(value):
+            # A mapping (or a list holding one) became its Python repr on the engine's or Megatron's command line
+            # (`--num-layers "{'a': 1}"`), refused there minutes later without the file's name.
+            raise ConfigError(
+                f"{flag} {config.where[key]}: {dashed} is passed through as a command-line flag: its value must be a "
+                f"scalar or a list of scalars, not {type(value).__name__} {value!r:.80}"
+            )
         if key in SlimeArgs.model_fields:
             config.fields[key] = value
         elif key.startswith("sglang_"):
