@@ -162,3 +162,21 @@ async def test_the_largest_limits_the_config_takes_run():
     )  # fmt: skip
     r = await asyncio.wait_for(run_python("print('ran')", config), 60)
     assert (r.exit_code, r.stdout) == (0, "ran\n"), r.stderr
+
+
+async def test_pipes_keep_their_default_size():
+    # F_SETPIPE_SZ grew each pipe to 1 MiB: one run held 30 MiB in 30 pipes with the default limits, memory no
+    # address space counts and that the kernel charges to the host uid (fs.pipe-user-pages-soft, 64 MiB per uid:
+    # three concurrent runs pushed every other pipe of that uid down to 8 KiB). Reading the size still works.
+    code = """
+        import fcntl, os
+        r, w = os.pipe()
+        print("size", fcntl.fcntl(w, 1032))  # F_GETPIPE_SZ
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+            print("grown", fcntl.fcntl(w, 1032))
+        except OSError as e:
+            print("F_SETPIPE_SZ", os.strerror(e.errno))
+    """
+    r = await hostile(code)
+    assert r.stdout.splitlines() == ["size 65536", "F_SETPIPE_SZ Operation not permitted"], r.stdout + r.stderr

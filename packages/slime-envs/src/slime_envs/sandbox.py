@@ -155,8 +155,8 @@ class SandboxConfig(BaseModel):
         ge=16,
         le=1 << 20,
         description="Descriptors per process (RLIMIT_NOFILE). Without a memory cgroup this bounds the memory held "
-        "outside the address space (memfds, pipe and socket buffers): about this many times max(max_output_bytes, "
-        "1 MiB) per process.",
+        "outside the address space: a memfd holds up to max_output_bytes, a pipe 64 KiB (no F_SETPIPE_SZ), per "
+        "descriptor and process.",
     )
     allow_subprocess: bool = Field(False, description="Let the code start processes (still capped by the limits).")
     preload: list[str] = Field(
