@@ -490,6 +490,8 @@ class Run:
             if self.manager is not None:
                 try:
                     ray.get(self.manager.dispose.remote(), timeout=60)
+                except ray.exceptions.RayActorError:  # its process is gone (what ended the run, said in one line)
+                    logger.info("rollout manager: its process is gone; nothing to dispose")
                 except Exception:  # noqa: BLE001 - teardown must go on
                     logger.exception("rollout manager did not shut down cleanly")
             if self.trainer is not None:
