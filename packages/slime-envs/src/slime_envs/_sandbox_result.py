@@ -22,7 +22,8 @@ class SandboxResult:
         stderr: captured standard error (tracebacks), truncated likewise.
         exit_code: the exit status of the code's process; negative: killed by that signal. Both come from
             the kernel's wait status, read by the sandbox's init (so `sys.exit(137)` is 137, not SIGKILL);
-            `-SIGKILL` when the wall clock ran out.
+            `-SIGKILL` when the wall clock ran out; 1, with nothing run, for a program larger than the sandbox
+            holds (`slime_envs.sandbox.code_too_large`).
         timed_out: the wall-clock limit was hit.
         output_limited: stdout or stderr was truncated: a process tried to write more than `max_output_bytes` to
             it (the write failed with EFBIG, or SIGXFSZ killed a non-Python process); exactly that much is not.
