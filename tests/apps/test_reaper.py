@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/p
 
 DRIVER = textwrap.dedent(
     """
-    import subprocess, sys, time
+    import os, subprocess, sys, time
     from slime_app.reaper import start_reaper
     reaper = start_reaper()
     # Like Ray's daemons and the engines: children in their own sessions, and a grandchild.
@@ -27,7 +27,7 @@ DRIVER = textwrap.dedent(
     if sys.argv[1] == "release":
         time.sleep(2)
         reaper.release()
-        a.kill(); b.kill()
+        a.kill(); os.killpg(b.pid, 9)  # b and its sleep 301 (which b.kill() left running with ppid 1)
         sys.exit(0)
     time.sleep(300)
     """
