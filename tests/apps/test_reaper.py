@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/p
 
 DRIVER = textwrap.dedent(
     """
-    import subprocess, sys, time
+    import os, subprocess, sys, time
     from slime_app.reaper import start_reaper
     reaper = start_reaper()
     # Like Ray's daemons and the engines: children in their own sessions, and a grandchild.
@@ -27,7 +27,7 @@ DRIVER = textwrap.dedent(
     if sys.argv[1] == "release":
         time.sleep(2)
         reaper.release()
-        a.kill(); b.kill()
+        a.kill(); os.killpg(b.pid, 9)  # b and its sleep 301 (which b.kill() left running with ppid 1)
         sys.exit(0)
     time.sleep(300)
     """
@@ -78,3 +78,70 @@ def test_a_driver_that_exits_normally_releases_the_reaper_without_kills(tmp_path
     assert len(reapers) == 1
     time.sleep(0.5)
     assert not _alive(reapers[0])  # it left when told "done"
+
+
+# Like Ray's raylet and its agents: a child that starts a process in its own session, lives a while (the watchdog
+# records its tree every second), then dies, which leaves that process running with ppid 1.
+ORPHAN = (
+    "import subprocess, sys, time; p = subprocess.Popen(['sleep', '302'], start_new_session=True); "
+    "print(p.pid, flush=True); time.sleep(2.5)"
+)
+
+
+def _orphan_pid(path: pathlib.Path) -> int:
+    deadline = time.monotonic() + 30
+    while not path.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return int(path.read_text())
+
+
+def _wait_dead(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def test_an_interrupted_ray_start_leaves_no_orphan(tmp_path):
+    # A Ctrl-C during ray.init reaches the raylet and the GCS (the terminal's process group) but not Ray's dashboard
+    # and runtime-env agents: they were left running with ppid 1 (64 s and counting, measured), since ray.shutdown()
+    # had no node to stop and the driver released its watchdog. Here ray.init starts such an orphan, then is
+    # interrupted; a process the driver had before the run (a test's, say) is not the run's and is left alone.
+    pid_file = tmp_path / "orphan.pid"
+    pid_file.write_text("")
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys, time, ray
+        before = subprocess.Popen(["sleep", "303"])
+        def init(**kwargs):
+            with open({str(pid_file)!r}, "w") as out:
+                subprocess.run([sys.executable, "-c", {ORPHAN!r}], stdout=out, check=True)
+            raise KeyboardInterrupt
+        ray.init = init
+        from slime_app.cli import main
+        code = main(sys.argv[1:])
+        survived = before.poll() is None
+        before.kill()
+        sys.exit(code if survived else 99)
+        """
+    )
+    err_file = tmp_path / "stderr.txt"
+    with open(err_file, "w") as stderr:  # a file, not a pipe: the orphan holds the driver's stderr too
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1", "--output-dir",
+             str(tmp_path / "run"), "--rollout-engine", "reference", "--train-backend", "fsdp",
+             "--actor-num-gpus-per-node", "1"],
+            stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "RAY_ADDRESS": ""},
+        )  # fmt: skip
+    try:
+        proc.wait(timeout=300)
+        err = err_file.read_text()
+        orphan = _orphan_pid(pid_file)
+        assert proc.returncode == 130, err[-3000:]  # 99: the process the driver had before the run was killed
+        assert "slime: interrupted by SIGINT" in err
+        assert _wait_dead(orphan), f"orphan {orphan} still runs"  # was alive: the watchdog was told "done"
+        assert "slime reaper: killed 1 process(es) the run's start left behind" in err
+    finally:
+        text = pid_file.read_text().strip()
+        if text and _alive(int(text)):
+            os.kill(int(text), signal.SIGKILL)

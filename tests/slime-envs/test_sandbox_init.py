@@ -127,13 +127,13 @@ async def test_output_limit_holds_for_every_process(monkeypatch):
     # Several processes (children, a setsid grandchild, a reopened descriptor, ftruncate, pwrite far out)
     # together try to grow the host's output file past the limit; they report on stderr.
     sizes = []
-    read_capped = sandbox._read_capped
+    read_capped = sandbox.read_capped
 
     def recording(f, *args, **kwargs):
         sizes.append(f.seek(0, os.SEEK_END))
         return read_capped(f, *args, **kwargs)
 
-    monkeypatch.setattr(sandbox, "_read_capped", recording)
+    monkeypatch.setattr(sandbox, "read_capped", recording)
     limit = 256 << 10
     code = f"""
         import os

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 
 import ray.exceptions
@@ -24,7 +25,7 @@ from slime_core.hook_deadline import HookDeadlineExceeded
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.runtime.deadlines import DeadlineExceeded
 
-__all__ = ["SaveFailed", "deadline_failure", "engine_failure", "root_cause", "save_failed"]
+__all__ = ["SaveFailed", "actor_failure", "deadline_failure", "engine_failure", "root_cause", "save_failed"]
 
 
 class SaveFailed(RuntimeError):
@@ -123,3 +124,36 @@ def deadline_failure(error: BaseException) -> str | None:
     if isinstance(cause, DeadlineExceeded | HookDeadlineExceeded):
         return f"{cause}"
     return None
+
+
+# What runs in each actor's process, for the line that says one died.
+_ACTORS = {
+    "RolloutManager": "the rollout manager (where reward, generate and data-source plugins run)",
+    "TrainActor": "a trainer rank",
+    "EngineHost": "an engine host",
+}
+
+
+def actor_failure(error: BaseException) -> str | None:
+    """The one line for a run ended by one of its processes dying, or None for other errors.
+
+    A reward plugin that called `os._exit`, a crash in native code (a segfault) or the OOM killer ended the run in
+    three chained tracebacks (118 lines) of Ray's `ActorDiedError`, with no `slime: error:` line: what the user needs
+    is which process died, how, and where to look.
+
+    Args:
+        error: what the driver caught.
+    """
+    cause = root_cause(error)
+    if not isinstance(cause, ray.exceptions.ActorDiedError) or cause.actor_init_failed:
+        return None  # an error in an actor's __init__ carries its own traceback and message
+    text = str(cause)
+    name = re.search(r"class_name: (\w+)", text)
+    pid = re.search(r"\bpid: (\d+)", text)
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    who = _ACTORS.get(name.group(1), f"actor {name.group(1)}") if name else "an actor"
+    return (
+        f"the process of {who}{f' (pid {pid.group(1)})' if pid else ''} died"
+        f"{f' ({exit_type.group(1)})' if exit_type else ''}: a plugin that calls os._exit, a crash in native code or "
+        "the OOM killer (see `dmesg`) ends a process this way; its last log lines are above"
+    )

@@ -183,9 +183,9 @@ class Run:
                 self.placement = create_placement(cfg)
         except BaseException:  # the caller gets no Run to close: tear down what started here
             self.progress.stop()
-            ray.shutdown()  # a no-op when Ray did not start
+            ray.shutdown()  # a no-op when Ray did not start, or when ray.init was interrupted before its node was set
             if self.reaper is not None:
-                self.reaper.release()
+                self.reaper.sweep()  # and what an interrupted ray.init left (its agents, orphaned)
             raise
 
     @property
@@ -502,6 +502,8 @@ class Run:
             if self.manager is not None:
                 try:
                     ray.get(self.manager.dispose.remote(), timeout=60)
+                except ray.exceptions.RayActorError:  # its process is gone (what ended the run, said in one line)
+                    logger.info("rollout manager: its process is gone; nothing to dispose")
                 except Exception:  # noqa: BLE001 - teardown must go on
                     logger.exception("rollout manager did not shut down cleanly")
             if self.trainer is not None:

@@ -9,7 +9,11 @@ that tree down: `ray.shutdown()` never runs, and trainer ranks went on to write 
 process group does not reach it), connected to the driver by a pipe. Every `SNAPSHOT_S` it records the driver's
 descendants (pid and start time, from /proc). When the pipe closes without the word "done" (the driver died:
 the kernel closes its end), it SIGKILLs every recorded process still alive with the same start time. A driver
-that exits normally writes "done" first (`Reaper.release`). Linux only (elsewhere `start_reaper` returns None).
+that exits normally writes "done" first (`Reaper.release`). A driver whose Ray start failed or was interrupted
+writes "sweep" (`Reaper.sweep`): a Ctrl-C during `ray.init` reaches the raylet and the GCS (the terminal's process
+group) but not Ray's dashboard and runtime-env agents, which were left running as orphans (ppid 1, 60 s and more)
+while `ray.shutdown()` had no node to stop; the watchdog kills what the run started and is still alive.
+Linux only (elsewhere `start_reaper` returns None).
 
 With `--ray-address` the cluster's raylets own the actors; Ray kills a job's actors when its driver dies, and the
 engines follow their manager (`PR_SET_PDEATHSIG`), so no reaper is needed.
@@ -77,9 +81,14 @@ def _kill(snapshot: dict[int, int]) -> int:
 
 
 def watch(driver_pid: int, stdin_fd: int = 0) -> int:
-    """The reaper's loop: snapshots the driver's tree until its pipe closes; kills the tree unless told "done"."""
+    """The reaper's loop: snapshots the driver's tree until its pipe closes; kills the tree unless told "done".
+
+    "sweep" kills the processes of the tree that started after the watchdog (the run's, not those the driver
+    process had before the run, e.g. a test's), then leaves.
+    """
     snapshot: dict[int, int] = {}
     buffer = b""
+    own_start = _stat(os.getpid())
     while True:
         ready, _, _ = select.select([stdin_fd], [], [], SNAPSHOT_S)
         if not ready:
@@ -88,6 +97,14 @@ def watch(driver_pid: int, stdin_fd: int = 0) -> int:
         chunk = os.read(stdin_fd, 4096)
         buffer += chunk
         if b"done" in buffer:
+            return 0
+        if b"sweep" in buffer:
+            snapshot.update(descendants(driver_pid))
+            snapshot.pop(os.getpid(), None)
+            since = own_start[1] if own_start is not None else 0
+            killed = _kill({pid: start for pid, start in snapshot.items() if start >= since})
+            if killed:
+                print(f"slime reaper: killed {killed} process(es) the run's start left behind", file=sys.stderr)
             return 0
         if not chunk:  # EOF without "done": the driver is gone
             snapshot.update(descendants(driver_pid))
@@ -109,8 +126,15 @@ class Reaper:
 
     def release(self) -> None:
         """Normal exit: the watchdog leaves without killing anything."""
+        self._tell(b"done\n")
+
+    def sweep(self) -> None:
+        """The run did not start (Ray's start failed or was interrupted): the watchdog kills what the run started."""
+        self._tell(b"sweep\n")
+
+    def _tell(self, word: bytes) -> None:
         try:
-            self.proc.stdin.write(b"done\n")
+            self.proc.stdin.write(word)
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import json
 import logging
+import os
 import statistics
 import time
 import urllib.parse
@@ -63,13 +66,36 @@ def rollout_batches(
     from slime_rollout.runtime.deadlines import call_plugin_with_deadline_sync, plugin_bounds
 
     path = args.custom_reward_post_process_path
+    vocab = policy_vocab_size(args.hf_checkpoint)
     if not path or not samples:
-        return (build_rollout_batches(args, samples, dp_size=dp_size) if build else []), {}
+        return (build_rollout_batches(args, samples, dp_size=dp_size, vocab_size=vocab) if build else []), {}
     ordered = sorted_by_index(samples)  # the order build_rollout_batches trains in
     what = f"--custom-reward-post-process-path {path} (rollout {rollout_id})"
     rewards = call_plugin_with_deadline_sync(postprocess_rewards, args, ordered, what=what, **plugin_bounds(args))
     metrics = {"rollout/rewards": statistics.fmean(rewards[1])}
-    return (build_rollout_batches(args, ordered, dp_size=dp_size, rewards=rewards) if build else []), metrics
+    batches = build_rollout_batches(args, ordered, dp_size=dp_size, rewards=rewards, vocab_size=vocab) if build else []
+    return batches, metrics
+
+
+@functools.cache
+def policy_vocab_size(hf_checkpoint: str | None) -> int | None:
+    """`vocab_size` of the policy's config.json (a multimodal model's `text_config`), or None where none is read.
+
+    The rows of the token embedding, which every token id the trainer gets must index (`check_token_ids`).
+    """
+    if not hf_checkpoint:
+        return None
+    try:
+        with open(os.path.join(hf_checkpoint, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:  # a hub id or an unreadable file: the run's other checks name it
+        logger.warning("token ids are not checked against the vocabulary: %s/config.json: %s", hf_checkpoint, e)
+        return None
+    for where in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+        if isinstance(where, dict) and isinstance(where.get("vocab_size"), int):
+            return where["vocab_size"]
+    logger.warning("token ids are not checked against the vocabulary: %s/config.json has no vocab_size", hf_checkpoint)
+    return None
 
 
 def _data_source_call(args: Any, fn: Any, *fn_args: Any, what: str) -> Any:

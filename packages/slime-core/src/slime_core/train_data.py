@@ -326,12 +326,42 @@ def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
     return ids, offsets
 
 
+def check_token_ids(samples: Sequence[Sample], tokens: Sequence[torch.Tensor], vocab_size: int) -> None:
+    """Checks that every token id indexes the policy's embedding.
+
+    A generate function, an env or a data source that builds `Sample.tokens` itself can put an id there that no
+    engine produces (another tokenizer's, -100 as HF's ignore index, -1 as padding). The trainer's embedding then
+    failed on it: on a CPU as `IndexError: index out of range in self` deep in the model, on a GPU as a device-side
+    assert that poisons the CUDA context; neither named the sample.
+
+    Args:
+        samples: the samples, in the order of `tokens`.
+        tokens: `[T_i]` int64 token ids of each sample.
+        vocab_size: rows of the policy's token embedding.
+
+    Raises:
+        ValueError: the first sample holding an id outside `[0, vocab_size)`, with the id, its position and
+            whether it is in the prompt or the response.
+    """
+    for sample, ids in zip(samples, tokens, strict=True):
+        if ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < vocab_size):
+            continue
+        position = int(((ids < 0) | (ids >= vocab_size)).nonzero()[0, 0])
+        part = "response" if position >= len(sample.tokens) - sample.response_length else "prompt"
+        raise ValueError(
+            f"sample {sample.index}: token id {int(ids[position])} at position {position} ({part}) is outside the "
+            f"policy's vocabulary [0, {vocab_size}) (config.json of --hf-checkpoint); a generate function, env or "
+            "data source that builds `tokens` must use the policy's tokenizer"
+        )
+
+
 def build_rollout_batches(
     cfg: SlimeArgs,
     samples: Sequence[Sample],
     *,
     dp_size: int,
     rewards: tuple[Sequence[float], Sequence[float]] | None = None,
+    vocab_size: int | None = None,
 ) -> list[RolloutBatch]:
     """Turns one rollout's samples into one `RolloutBatch` per data-parallel rank.
 
@@ -352,6 +382,8 @@ def build_rollout_batches(
         rewards: `(raw_rewards, rewards)` already computed by `postprocess_rewards(cfg, sorted_by_index(samples))`,
             so a `--custom-reward-post-process-path` plugin runs once per rollout (the caller also logs its
             output); None: computed here.
+        vocab_size: rows of the policy's token embedding (`vocab_size` of its config.json); every token id must
+            be in `[0, vocab_size)` (`check_token_ids`). None: not checked.
 
     Returns:
         `dp_size` batches; batch r holds rank r's samples in increasing `Sample.index` order, its
@@ -396,6 +428,8 @@ def build_rollout_batches(
 
     top_p_ids, top_p_offsets = _top_p_tensors(cfg, ordered)
     tokens_t = [torch.tensor(s.tokens, dtype=torch.int64) for s in ordered]
+    if vocab_size is not None:
+        check_token_ids(ordered, tokens_t, vocab_size)
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = None if lp_lists[0] is None else [torch.tensor(lp, dtype=torch.float32) for lp in lp_lists]
     # Vision tensors travel only when some sample has images; text-only batches keep the field None.

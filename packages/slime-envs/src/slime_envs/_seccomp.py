@@ -8,8 +8,8 @@ escape. Two programs are built here, once per host process:
   answers the syscalls in `DENIED` with EPERM (a readable `PermissionError`, not a crash), `clone3` with
   ENOSYS (glibc then falls back to `clone`, whose flags a filter can inspect: `clone3` passes them in
   memory), `clone` asking for a new namespace with EPERM, `socket`/`socketpair` of every address family
-  with EACCES (see `_NO_SOCKETS`), `fallocate` with EOPNOTSUPP (see `_NO_FALLOCATE`), and `prlimit64` of
-  another process with EPERM.
+  with EACCES (see `_NO_SOCKETS`), `fallocate` with EOPNOTSUPP (see `_NO_FALLOCATE`), `prlimit64` of
+  another process and `fcntl(F_SETPIPE_SZ)` (see `_F_SETPIPE_SZ`) with EPERM.
 * `no_process_filter()`: loaded by the sandbox's runner before the model's code when subprocesses are not
   allowed: `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads still work) and `execve`/`execveat`
   fail with EPERM, whichever Python API (or native code) asks for them.
@@ -45,6 +45,11 @@ DENIED = (
     # Linux AIO: its limit (fs.aio-max-nr) is one for the whole machine, and one io_setup(65536) took all of it
     # (every other process's io_setup then fails with EAGAIN until the run ends)
     "io_setup",
+    # inotify: its instance and watch counts (fs.inotify.max_user_instances/_watches) are charged to the host uid that
+    # owns the sandbox's user namespace as well, a budget shared by every concurrent run (and, on a non-root host,
+    # by the host process itself): one run's 40 instances left host uid nobody 88 of 128, and one instance held
+    # 71,955 watches, each pinning an inode of the runtime view (a watch on a file the code only reads)
+    "inotify_init", "inotify_init1", "inotify_add_watch",
     "init_module", "finit_module",
     "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
     "quotactl", "quotactl_fd", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
@@ -89,8 +94,15 @@ _NO_PRLIMIT_OF_OTHERS = "prlimit64"
 # posix_fallocate then falls back to writing, which RLIMIT_FSIZE and the tmpfs size do bound.
 _NO_FALLOCATE = "fallocate"
 
+# fcntl(F_SETPIPE_SZ) grows a pipe's buffer from 64 KiB to 1 MiB (fs.pipe-max-size). Pipe buffers are charged to
+# the host uid (fs.pipe-user-pages-soft: 64 MiB per uid, shared by every concurrent run, and on a non-root host by
+# the host process, whose new pipes shrink to 8 KiB once it is passed): one run held 30 MiB in 30 pipes with the
+# default limits. With 64 KiB pipes the same descriptors hold 2 MiB.
+_F_SETPIPE_SZ = 1031
+
 _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_CMP_NE = 1
+_SCMP_CMP_EQ = 4
 _SCMP_CMP_MASKED_EQ = 7
 
 
@@ -201,6 +213,7 @@ def base_filter() -> bytes:
         f.deny(name, _act_errno(errno.EACCES))
     f.deny(_NO_FALLOCATE, _act_errno(errno.EOPNOTSUPP))
     f.deny(_NO_PRLIMIT_OF_OTHERS, _act_errno(errno.EPERM), (0, _SCMP_CMP_NE, 0, 0))
+    f.deny("fcntl", _act_errno(errno.EPERM), (1, _SCMP_CMP_EQ, _F_SETPIPE_SZ, 0))
     return f.export()
 
 

@@ -11,7 +11,7 @@ pure Python through `gc`). Each call starts, through bubblewrap:
   its own `/proc`, no network interface but a loopback of its own (and no socket to use it), no host process,
   no host environment variable;
 * a **seccomp filter** for what namespaces do not isolate (ptrace, mount, keyctl, bpf, perf_event_open,
-  io_uring, kexec, modules, System V IPC, sockets, fallocate, ...; see `slime_envs._seccomp`) and, unless
+  io_uring, inotify, kexec, modules, System V IPC, sockets, fallocate, ...; see `slime_envs._seccomp`) and, unless
   `allow_subprocess`, a second one refusing fork/exec to every API, `_posixsubprocess.fork_exec` and
   `os.posix_spawn` included;
 * **limits**: RLIMIT_AS/CPU/FSIZE/CORE/RTPRIO/NICE per process, set on bubblewrap itself (util-linux `prlimit`), so that
@@ -48,10 +48,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import json
 import logging
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -59,15 +59,23 @@ import tempfile
 import weakref
 from typing import IO
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slime_envs._bwrap import WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
 from slime_envs._cgroups import CgroupLimits
 from slime_envs._sandbox_policy import INIT_RLIMITS, enforcement, rlimits, runner_policy
 from slime_envs._sandbox_proc import Owned, owned_bwrap, parent_pid, uncancellable
+from slime_envs._sandbox_result import SandboxResult, read_capped
 from slime_envs._seccomp import SeccompUnavailableError, base_filter
 
-__all__ = ["SandboxConfig", "SandboxResult", "SandboxUnavailableError", "check_sandbox", "run_python"]
+__all__ = [
+    "SandboxConfig",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "check_sandbox",
+    "code_too_large",
+    "run_python",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -100,30 +108,43 @@ class SandboxUnavailableError(RuntimeError):
 class SandboxConfig(BaseModel):
     """Limits of one sandboxed run."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Upper bounds are what the kernel takes (pids.max ≤ 2^22, RLIMIT_NOFILE ≤ fs.nr_open's default 2^20, rlimits and
+    # sizes in 64 bits) or more than any run needs (a day, 1,024 cores): past them every run failed, as a bare
+    # OverflowError (timeout_s=inf), OSError EINVAL (max_processes=10**9) or "the sandbox failed to start" (prlimit).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit in seconds.")
+    timeout_s: float = Field(10.0, gt=0, le=86_400, description="Wall-clock limit in seconds.")
     memory_mb: int = Field(
-        1024, gt=0, description="Address space per process (RLIMIT_AS) and, with a memory cgroup, the run's total."
+        1024,
+        gt=0,
+        le=1 << 30,
+        description="Address space per process (RLIMIT_AS) and, with a memory cgroup, the run's total.",
     )
     max_processes: int = Field(
-        16, ge=1, description="Tasks (processes and threads) of the code, itself included (RLIMIT_NPROC, pids cgroup)."
+        16,
+        ge=1,
+        le=(1 << 22) - 1,
+        description="Tasks (processes and threads) of the code, itself included (RLIMIT_NPROC, pids cgroup).",
     )
     max_output_bytes: int = Field(
         1 << 20,
         gt=0,
+        le=1 << 50,
         description="Max bytes of stdout and of stderr, and (RLIMIT_FSIZE, one byte higher so that output of exactly "
         "this size is not taken for a cut one) of any file written by any process of the sandbox.",
     )
     max_output_chars: int = Field(2000, gt=0, description="Characters of stdout/stderr kept in the result.")
-    tmpfs_mb: int = Field(64, gt=0, description="Size of the private writable /tmp (counted in the memory cgroup).")
+    tmpfs_mb: int = Field(
+        64, gt=0, le=1 << 30, description="Size of the private writable /tmp (counted in the memory cgroup)."
+    )
     max_files: int = Field(
         4096,
         ge=16,
+        le=1 << 32,
         description="Files and directories the private /tmp can hold (its inode count; each holds ~1 KiB of kernel "
         "memory tmpfs_mb does not count). Applied where the host runs as root (see README); else the kernel's default.",
     )
-    cpus: float = Field(1.0, gt=0, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
+    cpus: float = Field(1.0, gt=0, le=1024, description="CPU share of the run with a cpu cgroup (1.0 = one core).")
     max_concurrent_runs: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,
@@ -132,9 +153,10 @@ class SandboxConfig(BaseModel):
     max_open_files: int = Field(
         64,
         ge=16,
+        le=1 << 20,
         description="Descriptors per process (RLIMIT_NOFILE). Without a memory cgroup this bounds the memory held "
-        "outside the address space (memfds, pipe and socket buffers): about this many times max(max_output_bytes, "
-        "1 MiB) per process.",
+        "outside the address space: a memfd holds up to max_output_bytes, a pipe 64 KiB (no F_SETPIPE_SZ), per "
+        "descriptor and process.",
     )
     allow_subprocess: bool = Field(False, description="Let the code start processes (still capped by the limits).")
     preload: list[str] = Field(
@@ -143,80 +165,27 @@ class SandboxConfig(BaseModel):
         "(numpy, sympy) are imported on demand and count against the time limit.",
     )
 
+    @model_validator(mode="after")
+    def _within_host_hard_limits(self) -> SandboxConfig:
+        """Refuses limits above this process's hard RLIMIT_NOFILE / RLIMIT_NPROC.
 
-@dataclasses.dataclass(kw_only=True, slots=True)
-class SandboxResult:
-    """Outcome of one run.
-
-    Attributes:
-        stdout: captured standard output, truncated to `max_output_chars`.
-        stderr: captured standard error (tracebacks), truncated likewise.
-        exit_code: the exit status of the code's process; negative: killed by that signal. Both come from
-            the kernel's wait status, read by the sandbox's init (so `sys.exit(137)` is 137, not SIGKILL);
-            `-SIGKILL` when the wall clock ran out.
-        timed_out: the wall-clock limit was hit.
-        output_limited: stdout or stderr was truncated: a process tried to write more than `max_output_bytes` to
-            it (the write failed with EFBIG, or SIGXFSZ killed a non-Python process); exactly that much is not.
-        memory_limited: the memory cgroup's limit was hit and the kernel killed a process.
-        enforcement: which mechanism enforced each limit (`isolation`, `network`, `processes`, ...).
-    """
-
-    stdout: str
-    stderr: str
-    exit_code: int
-    timed_out: bool = False
-    output_limited: bool = False
-    memory_limited: bool = False
-    enforcement: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """The code ran to completion with exit code 0."""
-        return self.exit_code == 0 and not self.timed_out
-
-    def to_observation(self) -> str:
-        """The text shown to the model: output, then errors and which limit was hit."""
-        parts = []
-        if self.stdout:
-            parts.append(self.stdout.rstrip("\n"))
-        if self.stderr:
-            parts.append(self.stderr.rstrip("\n"))
-        if self.timed_out:
-            parts.append("Error: execution timed out (wall-clock limit reached); the process was killed.")
-        elif self.memory_limited:
-            parts.append("Error: memory limit exceeded; the kernel killed a process.")
-        elif self.output_limited:
-            parts.append("Error: output limit exceeded; further writes failed.")
-        elif self.exit_code < 0:
-            parts.append(f"Error: the process was killed by signal {_signal_name(-self.exit_code)}.")
-        if not parts:
-            parts.append("(no output)" if self.exit_code == 0 else f"(no output, exit code {self.exit_code})")
-        return "\n".join(parts)
+        The sandbox's init sets these two itself, without the capability to go past the hard limit it inherits:
+        past it, every run failed to start ("ValueError: not allowed to raise maximum limit").
+        """
+        for field, name, value in (
+            ("max_open_files", "RLIMIT_NOFILE", self.max_open_files),
+            ("max_processes", "RLIMIT_NPROC", self.max_processes + 1),  # + the init
+        ):
+            hard = resource.getrlimit(getattr(resource, name))[1]
+            if hard != resource.RLIM_INFINITY and value > hard:
+                raise ValueError(
+                    f"{field}={getattr(self, field)} needs {name} {value}, above this process's hard limit {hard}, "
+                    "which the sandbox cannot raise; lower it or raise the host's limit (ulimit -H)"
+                )
+        return self
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-def _signal_name(number: int) -> str:
-    """`SIGKILL` for 9; the bare number for a signal without a name (real-time signals 35..63, anything else)."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
-def _read_capped(f: IO[bytes], max_chars: int, *, keep_tail: bool = False) -> str:
-    """Reads at most `max_chars` characters: the head (stdout) or the tail (stderr, where the error is)."""
-    size = f.seek(0, os.SEEK_END)
-    budget = max_chars * 4 + 4  # enough bytes for max_chars UTF-8 characters
-    f.seek(size - budget if keep_tail and size > budget else 0)
-    data = f.read(budget)
-    text = data.decode("utf-8", errors="replace")
-    if len(text) <= max_chars and size <= len(data):
-        return text
-    if keep_tail:
-        return f"(output truncated to the last {max_chars} characters) ...\n" + text[-max_chars:]
-    return text[:max_chars] + f"\n... (output truncated to {max_chars} characters)"
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -276,18 +245,45 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
 
     Returns:
         The captured output and how the run ended. Errors of the code (exceptions, limits hit, escape
-        attempts) are part of the result, never raised.
+        attempts, a program larger than `/tmp` or a file may be: `code_too_large`) are part of the result, never
+        raised.
 
     Raises:
         SandboxUnavailableError: the sandbox itself cannot run here (the message says what is missing).
     """
     config = config or SandboxConfig()
+    source = code.encode("utf-8", errors="surrogatepass")
+    too_large = code_too_large(len(source), config)
+    if too_large is not None:
+        return too_large
     async with _limiter(config.max_concurrent_runs):
-        return await _run_python(code, config)
+        return await _run_python(source, config)
 
 
-async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
-    """`run_python` without the concurrency limit."""
+def code_too_large(num_bytes: int, config: SandboxConfig) -> SandboxResult | None:
+    """The result of a program too large to run, or None when it fits.
+
+    The program is written to `/tmp/main.py` under the run's limits: past `max_output_bytes` (RLIMIT_FSIZE) or
+    the size of `/tmp`, bubblewrap's copy failed ("File too large", "No space left on device") and the model's
+    tool call raised `SandboxUnavailableError`, as if the machine could not run a sandbox at all.
+
+    Args:
+        num_bytes: size of the program, UTF-8.
+        config: the run's limits.
+
+    Returns:
+        None, or a result with exit code 1 whose stderr says how large the program is and what the limit is.
+    """
+    limit = min(config.max_output_bytes, config.tmpfs_mb * _MIB)
+    if num_bytes <= limit:
+        return None
+    which = "max_output_bytes" if limit == config.max_output_bytes else "tmpfs_mb"
+    message = f"Error: the program is {num_bytes} bytes; the sandbox runs programs of at most {limit} bytes ({which})."
+    return SandboxResult(stdout="", stderr=message + "\n", exit_code=1)  # nothing ran: nothing was enforced
+
+
+async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
+    """`run_python` without the size check and the concurrency limit; `source` is the program, UTF-8."""
     try:
         view = runtime_view()
         seccomp = base_filter()
@@ -300,7 +296,7 @@ async def _run_python(code: str, config: SandboxConfig) -> SandboxResult:
         status_r, status_w = fds.pipe()  # the sandbox's init writes the code's wait status here
         info_r, info_w = fds.pipe()  # bubblewrap writes the init's pid here
         block_r, block_w = fds.pipe()  # bubblewrap waits on it until the init is in the cgroup
-        code_fd = fds.add(_memfd("main.py", code.encode("utf-8", errors="surrogatepass")))
+        code_fd = fds.add(_memfd("main.py", source))
         seccomp_fd = fds.add(_memfd("seccomp", seccomp))
         env = {"HOME": WORKDIR, "TMPDIR": WORKDIR, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
         # One thread per BLAS pool: threads count against the task limit.
@@ -438,8 +434,8 @@ def _result(
             output_limited = True
             f.truncate(config.max_output_bytes)
     return SandboxResult(
-        stdout=_read_capped(out, config.max_output_chars),
-        stderr=_read_capped(err, config.max_output_chars, keep_tail=True),
+        stdout=read_capped(out, config.max_output_chars),
+        stderr=read_capped(err, config.max_output_chars, keep_tail=True),
         exit_code=exit_code,
         timed_out=timed_out,
         # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG instead of killing it.
@@ -486,7 +482,7 @@ async def _release(proc: asyncio.subprocess.Process, info_r: int, block_w: int, 
 
 
 def _probe() -> dict[str, str]:
-    result = asyncio.run(_run_python("pass", SandboxConfig(timeout_s=30, preload=[])))
+    result = asyncio.run(_run_python(b"pass", SandboxConfig(timeout_s=30, preload=[])))
     if not result.ok:
         raise SandboxUnavailableError(f"the sandbox probe failed: {result.to_observation()}")
     return result.enforcement

@@ -166,6 +166,13 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThroug
     return slime, sglang, router, megatron
 
 
+def _is_flag_value(value: Any) -> bool:
+    """A YAML value a command-line flag can carry: a scalar (or null: a bare flag), or a list of scalars."""
+    if isinstance(value, list):
+        return all(not isinstance(v, dict | list) for v in value)
+    return not isinstance(value, dict)
+
+
 def _yaml_scalar_to_str(value: Any) -> str | bool | list[str]:
     if isinstance(value, bool):
         return value
@@ -174,13 +181,30 @@ def _yaml_scalar_to_str(value: Any) -> str | bool | list[str]:
     return str(value)
 
 
-def _key_lines(path: str, text: str) -> dict[str, int]:
+def _key_lines(path: str, text: str, flag: str) -> dict[str, int]:
+    """Line of every top-level key.
+
+    A key given twice (`lr` and `lr`, or `rollout-seed` and `rollout_seed`) is an error naming both lines: PyYAML
+    keeps the last value and drops the other without a word.
+    """
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     if node is None:
         return {}
     if not isinstance(node, yaml.MappingNode):
         raise ConfigError(f"{path}:{node.start_mark.line + 1}: expected a mapping of config fields")
-    return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
+    lines: dict[str, int] = {}
+    first: dict[str, tuple[str, int]] = {}  # the key as one spelling (underscores) -> (as written, line)
+    for key_node, _ in node.value:
+        raw, line = str(key_node.value), key_node.start_mark.line + 1
+        same = raw.replace("-", "_")
+        if same in first:
+            was, was_line = first[same]
+            raise ConfigError(
+                f"{flag} {path}:{line}: key {raw!r} is given twice (first as {was!r} on line {was_line}); keep one"
+            )
+        first[same] = (raw, line)
+        lines[raw] = line
+    return lines
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -222,7 +246,7 @@ def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") ->
         line = e.object[: e.start].count(b"\n") + 1
         raise ConfigError(f"{flag} {path}:{line}: not UTF-8 (byte {e.object[e.start]:#04x}); re-encode it") from None
     try:
-        lines = _key_lines(path, text)
+        lines = _key_lines(path, text, flag)
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -236,6 +260,14 @@ def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") ->
         key = str(raw_key).replace("-", "_")
         dashed = field_to_flag(key)
         config.where[key] = f"{path}:{lines.get(str(raw_key), '?')}"
+        passed_through = key.startswith(("sglang_", "router_")) or dashed in MEGATRON_FLAGS
+        if passed_through and key not in SlimeArgs.model_fields and not _is_flag_value(value):
+            # A mapping (or a list holding one) became its Python repr on the engine's or Megatron's command line
+            # (`--num-layers "{'a': 1}"`), refused there minutes later without the file's name.
+            raise ConfigError(
+                f"{flag} {config.where[key]}: {dashed} is passed through as a command-line flag: its value must be a "
+                f"scalar or a list of scalars, not {type(value).__name__} {value!r:.80}"
+            )
         if key in SlimeArgs.model_fields:
             config.fields[key] = value
         elif key.startswith("sglang_"):
@@ -256,6 +288,23 @@ def load_yaml_config(path: str | os.PathLike[str], *, flag: str = "--config") ->
     if megatron:
         config.fields["megatron_args"] = [*config.fields.get("megatron_args", []), *megatron]
     return config
+
+
+# Fields a YAML file fills piece by piece (one key per engine, router or Megatron flag).
+_MERGED = ("sglang_args", "router_args", "megatron_args")
+
+
+def _merged(earlier: Any, later: Any) -> Any:
+    """`later` on top of `earlier`.
+
+    Dicts key by key, flag lists one after the other (Megatron's parser keeps the last value of a flag); anything
+    else (a malformed value, left to validation) replaces.
+    """
+    if isinstance(earlier, dict) and isinstance(later, dict):
+        return {**earlier, **later}
+    if isinstance(earlier, list) and isinstance(later, list):
+        return [*earlier, *later]
+    return later
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
@@ -298,7 +347,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
         # Original semantics: this file overrides any attribute; keys that are not slime fields are
         # settings for the user's own plugins and land in args.custom_config.
         custom = load_yaml_config(custom_path, flag="--custom-config-path")
-        values.update(custom.fields)
+        # Per attribute, as the original's setattr loop: a `sglang-*`, `router-*` or Megatron key overrides that one
+        # setting, not every other one given on the command line or in --config.
+        for name, value in custom.fields.items():
+            values[name] = _merged(values.get(name), value) if name in _MERGED else value
         where.update({k: v for k, v in custom.where.items() if k in custom.fields})
         values["custom_config"] = {**values.get("custom_config", {}), **custom.unknown}
     try:
