@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
-import os
 import statistics
 import time
 import urllib.parse
@@ -22,6 +20,7 @@ from typing import Any
 
 import ray
 
+from slime_app.checkpoint_shapes import read_config
 from slime_app.cluster import Placement
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.config.validation_fully_async import is_fully_async
@@ -86,8 +85,7 @@ def policy_vocab_size(hf_checkpoint: str | None) -> int | None:
     if not hf_checkpoint:
         return None
     try:
-        with open(os.path.join(hf_checkpoint, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
+        config = read_config(hf_checkpoint)
     except (OSError, ValueError) as e:  # a hub id or an unreadable file: the run's other checks name it
         logger.warning("token ids are not checked against the vocabulary: %s/config.json: %s", hf_checkpoint, e)
         return None
