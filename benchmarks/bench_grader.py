@@ -32,6 +32,7 @@ import _common
 
 import slime_rollout.rewards.math as math_rewards
 from slime_rollout.rewards import rule_based_reward
+from slime_rollout.rewards.normalize import clean_answer
 
 PAIRS_FILE = _common.REPO / "tests" / "fixtures" / "graders" / "pairs.jsonl"
 
@@ -234,6 +235,14 @@ def first_pass(pairs: list[Pair]) -> tuple[list[float], list[bool]]:
     return scores, symbolic
 
 
+def _clear_caches() -> None:
+    """Empties the graders' caches, so that a round does not reuse what the previous one cleaned (a real rollout
+    grades new responses; what it reuses is within one grade and one group's label)."""
+    cache_clear = getattr(clean_answer, "cache_clear", None)  # absent before the grader had a cache
+    if cache_clear is not None:
+        cache_clear()
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Grades the pairs, times the rounds and emits the JSON line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -251,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     timed_pairs = [pair for pair, sym in zip(pairs, symbolic, strict=True) if a.include_symbolic or not sym]
     rounds = []
     for _ in range(a.repeats):
+        _clear_caches()
         start = time.process_time()
         for pair in timed_pairs:
             score(pair)
@@ -258,6 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.profile is not None:
         import cProfile
 
+        _clear_caches()
         cProfile.runctx("for pair in timed_pairs: score(pair)", globals(), {"timed_pairs": timed_pairs},
                         str(a.profile))  # fmt: skip
     seconds = _common.median(rounds)
