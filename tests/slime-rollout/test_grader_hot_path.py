@@ -1,10 +1,10 @@
 r"""The grader's hot path made faster without changing a score (`benchmarks/bench_grader.py`, RESULTS.md).
 
 `normalize.clean_answer` runs each regex pass only where a literal its pattern needs is present and remembers
-short answers (bounded LRU); `retraction.expand_contractions` skips text without an apostrophe. The cases below
-sit on the edge of each guard (a pass that adds the backslash a later one looks for, case-folded words with
-non-ASCII letters, a unit's value cleaned once); every expected value is what the code before the change gave
-(3fb8c42), checked by hand.
+short answers (bounded LRU); `retraction.expand_contractions` skips text without an apostrophe and
+`parts.answer_parts` its LaTeX passes on text without a backslash. The cases below sit on the edge of each guard (a
+pass that adds the backslash a later one looks for, case-folded words with non-ASCII letters, a unit's value
+cleaned once); every expected value is what the code before the change gave (3fb8c42), checked by hand.
 """
 
 import pytest
@@ -17,6 +17,7 @@ from slime_rollout.rewards.normalize import (
     clean_answer,
     parse_number,
 )
+from slime_rollout.rewards.parts import answer_parts
 from slime_rollout.rewards.retraction import expand_contractions
 from slime_rollout.rewards.units import take_text_unit
 
@@ -114,3 +115,18 @@ def test_take_text_unit_needs_a_command():
     assert take_text_unit("5 cm") == ("5 cm", None)  # a bare unit is split_bare_unit's
     assert take_text_unit("5\\text{ cm}") == ("5", "cm")
     assert take_text_unit("5\\mathrm{kg}^2") == ("5", "kg^2")
+
+
+@pytest.mark.parametrize(
+    ("text", "unwrapped", "wrapped"),
+    [
+        ("x \\in \\{1, 2\\}", ["1", "2"], ["{1, 2}"]),
+        ("1,000, 2", ["1000", "2"], ["1000", "2"]),  # no backslash: only the thousands pass runs
+        ("\\left(1,\\,000, 3\\right)", ["1", "000", "3"], ["(1, 000, 3)"]),  # a thin space after the comma
+        ("2 \\text{ and } 3", ["2", "3"], ["2", "3"]),
+        ("(1, 2]", ["1", "2"], ["(1, 2]"]),
+        ("$5$", ["5"], ["5"]),
+    ],
+)
+def test_answer_parts_with_and_without_commands(text, unwrapped, wrapped):
+    assert answer_parts(text) == unwrapped and answer_parts(text, unwrap=False) == wrapped
