@@ -6,6 +6,7 @@ themselves are meaningless on CPU. The FLOP formula and helpers are checked agai
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -221,6 +222,36 @@ def test_megatron_attention_probe_cpu(tmp_path, models):
 
 
 # bench_e2e.sh's CPU smoke is the GSM8K run of tests/apps/test_train_e2e.py (`gsm8k_run`): one run serves both.
+
+
+def test_grader_throughput_cpu(tmp_path):
+    """bench_grader.py at a tiny N: one well-formed line, and the scores a faster grader must leave unchanged."""
+    cmd = [sys.executable, str(BENCH / "bench_grader.py"), "--num-pairs", "300", "--repeats", "2"]
+    r = _run(cmd, tmp_path, tmp_path)  # no model: the model root is never read
+    assert r["bench"] == "grader" and r["num_pairs"] == 300 and len(r["round_s_all"]) == 2
+    assert r["num_timed"] + r["num_symbolic"] == 300 and r["num_symbolic"] > 0 and not r["include_symbolic"]
+    assert r["pairs_per_s"] == pytest.approx(r["num_timed"] / r["round_s_median"], rel=1e-3)
+    # Pinned at 3fb8c42, before the grader's hot path was made faster (RESULTS.md, "Grader throughput"): the 149
+    # labelled pairs and 151 generated ones (seed 0). A change here is a changed score, not a speed-up.
+    assert (r["checksum"], r["score_sum"]) == ("1e7d56dc7fdd32eb", pytest.approx(164.59150495946133, abs=1e-9))
+
+
+def test_grader_bench_pairs_and_checksum():
+    bench = _load("bench_grader")
+    fixture = [json.loads(ln) for ln in (REPO / "tests/fixtures/graders/pairs.jsonl").read_text().splitlines() if ln]
+    pairs = bench.make_pairs(len(fixture) + 50, seed=3)
+    assert pairs[: len(fixture)] == fixture and pairs == bench.make_pairs(len(fixture) + 50, seed=3)
+    assert bench.make_pairs(5, seed=3) == fixture[:5]
+    assert {p["grader"] for p in bench.make_pairs(len(fixture) + 400, seed=0)[len(fixture) :]} == {
+        "math", "dapo", "deepscaler", "f1", "gpqa"
+    }  # fmt: skip
+    # The fixture's pairs are graded as labelled (test_grader_pairs.py), so their checksum is their labels'.
+    scores, symbolic = bench.first_pass(fixture)
+    assert bench.checksum(scores) == bench.checksum([float(p["expected"]) for p in fixture])
+    assert 0 < sum(symbolic) < len(fixture)  # some reach sympy (`3^{-40}` against `\frac{1}{3^{40}}`), most not
+    assert bench.checksum([1.0, 0.5]) == hashlib.sha256(b"1.0\n0.5").hexdigest()[:16]
+    with pytest.raises(ValueError, match="--num-pairs"):
+        bench.make_pairs(0, seed=0)
 
 
 def test_trl_reward_parsing():

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import fractions
+import functools
 import re
 
 from slime_rollout.rewards.markup import strip_markup
@@ -175,29 +176,45 @@ def _strip_delimiters(s: str) -> str:
 
 
 def _latex_cleanup(s: str) -> str:
-    # `\operatorname{lcm}(4,6)` → `\lcm(4,6)`
-    s = _BARE_FUNCTION.sub(r"\\\1", _WRAPPED_FUNCTION.sub(lambda m: "\\" + (m.group(1) or m.group(2)), s))
-    for _ in range(2):  # \text{\textbf{x}}
-        s = _TEXT_COMMANDS.sub(r" \1 ", s)
-    s = _SPACES.sub(lambda m: m.group(1) or " ", s)
-    s = _INFINITY.sub(r"\\infty", s)  # "infinity", "∞": the value `\infty` (the word was left as letters)
-    s = re.sub(r"(\d)\s*(?:\.\.\.|…)$", r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
-    s = (
-        s.replace("\\left", "")
-        .replace("\\right", "")
-        .replace("\\dfrac", "\\frac")
-        .replace("\\tfrac", "\\frac")
-        .replace("\\sfrac", "\\frac")
-    )
-    s = s.replace("\\varnothing", "\\emptyset")  # two spellings of one set (math-verify parses only the second)
-    s = _array_as_matrix(s)  # "(\begin{array}{cc} 1 & 2 \\ 3 & 4 \end{array})" is the pmatrix
-    s = _DEGREES_SCALE.sub(lambda m: f" deg{m.group(1).upper()} ", s)  # "30^\circ C": the C is a unit, not a 30C
-    for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\textdollar", "\\$", "$"):
-        s = s.replace(token, "")
+    # Each pass runs only where its pattern can match, judged by a literal every match contains (grading calls this
+    # 2-3 times per answer, mostly on short plain numbers); a pass that adds a backslash (`max(` → `\max(`) comes
+    # before the checks that look for one.
+    if "\\" in s:  # `\operatorname{lcm}(4,6)` → `\lcm(4,6)`
+        s = _WRAPPED_FUNCTION.sub(lambda m: "\\" + (m.group(1) or m.group(2)), s)
+    if "(" in s:
+        s = _BARE_FUNCTION.sub(r"\\\1", s)
+    if "\\" in s:
+        for _ in range(2):  # \text{\textbf{x}}
+            s = _TEXT_COMMANDS.sub(r" \1 ", s)
+    if "\\" in s or "~" in s:
+        s = _SPACES.sub(lambda m: m.group(1) or " ", s)
+    if not s.isascii() or "infinity" in s.lower():  # (?i) also matches non-ASCII letters (`ınfınıty`)
+        s = _INFINITY.sub(r"\\infty", s)  # "infinity", "∞": the value `\infty` (the word was left as letters)
+    if "..." in s or "…" in s:
+        s = _TRAILING_ELLIPSIS.sub(r"\1\\ldots", s)  # "0.333..." keeps its ellipsis past rstrip(".")
+    if "\\" in s:
+        s = (
+            s.replace("\\left", "")
+            .replace("\\right", "")
+            .replace("\\dfrac", "\\frac")
+            .replace("\\tfrac", "\\frac")
+            .replace("\\sfrac", "\\frac")
+        )
+        s = s.replace("\\varnothing", "\\emptyset")  # two spellings of one set (math-verify parses only the second)
+        s = _array_as_matrix(s)  # "(\begin{array}{cc} 1 & 2 \\ 3 & 4 \end{array})" is the pmatrix
+    if "\\circ" in s or "°" in s:
+        s = _DEGREES_SCALE.sub(lambda m: f" deg{m.group(1).upper()} ", s)  # "30^\circ C": a unit, not a 30C
+    if "\\" in s or "°" in s or "$" in s:
+        for token in ("^{\\circ}", "^\\circ", "\\circ", "°", "\\textdollar", "\\$", "$"):
+            s = s.replace(token, "")
     s = s.strip().rstrip(".,;").strip()  # "5,", "5." and "5;" are 5
     return s[1:].lstrip() if s.startswith("+") and not s.startswith("++") else s  # a unary plus: "+\infty" is \infty
 
 
+_WHITESPACE = re.compile(r"\s+")
+_ASCII_LETTER = re.compile(r"[a-zA-Z]")
+_WHOLE_DECIMAL = re.compile(r"-?\d+\.0+")  # "12.0", "12.00": the integer 12
+_TRAILING_ELLIPSIS = re.compile(r"(\d)\s*(?:\.\.\.|…)$")
 _ARRAY_BEGIN = re.compile(r"\\begin\{array\}\s*\{[^{}]{0,40}\}")
 _ARRAY_END = "\\end{array}"
 _MATRIX_OF_BRACKETS = {("(", ")"): "pmatrix", ("[", "]"): "bmatrix", ("|", "|"): "vmatrix"}
@@ -248,7 +265,7 @@ _REMARK_KEEPS = frozenset(
 
 def _drop_remark(s: str) -> str:
     """`s` without a parenthesized remark at its end (`_REMARK`), or `s` as is."""
-    remark = _REMARK.search(s)
+    remark = _REMARK.search(s) if ")" in s else None
     if remark is None or not re.search(r"[a-z]", remark["words"]):
         return s
     words = re.findall(r"[A-Za-z]+", remark["words"].lower())
@@ -259,8 +276,10 @@ def _drop_remark(s: str) -> str:
 
 def _take_percent(s: str) -> tuple[str, bool]:
     """`s` without its percent signs and words, and whether it had any."""
+    if "%" not in s and s.isascii() and "per" not in (lower := s.lower()) and "pct" not in lower:
+        return s, False  # (?i) also matches non-ASCII letters: only ASCII text is judged by its lower case
     without = _PERCENT.sub(" ", s)
-    return (re.sub(r"\s+", " ", without).strip(), True) if without != s else (s, False)
+    return (_WHITESPACE.sub(" ", without).strip(), True) if without != s else (s, False)
 
 
 def _is_number(text: str) -> bool:
@@ -313,23 +332,47 @@ def choice_letter(clean: CleanAnswer) -> str | None:
     return lower.group(1).upper() if lower else None
 
 
+# One grade cleans the same short strings several times (an answer, its cleaned text in `parse_number`, the label
+# of every sample of a group; `answers._readings` three times): 5,096 calls on 2,639 distinct strings in
+# `benchmarks/bench_grader.py`. Bounded in entries and in key size (a 1 MB answer is cleaned, never kept).
+CLEAN_CACHE_SIZE = 4096
+CLEAN_CACHE_MAX_CHARS = 512
+
+
 def clean_answer(answer: str) -> CleanAnswer:
     """Reduces a final answer (box content or label) to what is graded (see the module docstring).
 
+    Pure; text of up to `CLEAN_CACHE_MAX_CHARS` characters is remembered (LRU, `CLEAN_CACHE_SIZE` answers;
+    `clean_answer.cache_info()` / `clean_answer.cache_clear()` as `functools.lru_cache` names them).
+
     Args:
-        answer: the raw answer text.
+        answer: the raw answer text (anything else is read as `str(answer)`, never cached).
 
     Returns:
         The cleaned answer with its choice letter and AM/PM, if any.
     """
-    s = strip_markup(_strip_delimiters(latex_from_unicode(ascii_forms(str(answer)).translate(_MINUS_SIGNS))))
-    s = _PYTHON_POWER.sub(_latex_power, s)
+    if type(answer) is str and len(answer) <= CLEAN_CACHE_MAX_CHARS:  # a str subclass's str() may differ
+        return _clean_cached(answer)
+    return _clean(answer)
+
+
+def _clean(answer: str) -> CleanAnswer:
+    """`clean_answer` without the cache."""
+    s = str(answer)
+    if not s.isascii():  # what these three rewrite is not ASCII (`isascii` costs nothing, a pass is a copy)
+        s = latex_from_unicode(ascii_forms(s).translate(_MINUS_SIGNS))
+    s = strip_markup(_strip_delimiters(s))
+    if "**" in s:
+        s = _PYTHON_POWER.sub(_latex_power, s)
     rest, unit = take_text_unit(s)
-    if unit is not None and _is_constant(_latex_cleanup(rest)):
-        s = rest  # "5\text{ cm}": the unit is set aside, the value stays
-    else:
-        unit = None
-    s, percent = _take_percent(_drop_remark(_latex_cleanup(s)))
+    cleaned = None
+    if unit is not None:
+        cleaned = _latex_cleanup(rest)
+        if _is_constant(cleaned):
+            s = rest  # "5\text{ cm}": the unit is set aside, the value stays (and is cleaned once)
+        else:
+            unit, cleaned = None, None
+    s, percent = _take_percent(_drop_remark(_latex_cleanup(s) if cleaned is None else cleaned))
     if _ALL_REALS.fullmatch(s):
         s = _REAL_LINE
     letter = None
@@ -350,20 +393,30 @@ def clean_answer(answer: str) -> CleanAnswer:
         meridiem = time.group(3)
         meridiem = meridiem.lower().replace(".", "").replace(" ", "") if meridiem else None
         return CleanAnswer(text=f"{int(time.group(1))}:{time.group(2)}", letter=letter, meridiem=meridiem)
-    value = words_to_number(s) if re.search(r"[a-zA-Z]", s) else None
+    value = words_to_number(s) if _ASCII_LETTER.search(s) else None
     if value is not None:
         s = _fraction_text(value)
-    s = _THOUSANDS.sub("", re.sub(r"\s+", " ", s))
-    s = _SPACE_GROUPS.sub(lambda m: m.group().replace(" ", ""), s)  # "1 000 000" (a thin space \, too)
-    s = _COMMAND_SPACE.sub(r"\1\0", s)  # "\pi r" is not the command "\pir"
-    s = _NOT_BETWEEN_DIGITS.sub("", s).replace("\0", " ")  # "2 3" keeps its space: two numbers, not 23
+    s = _WHITESPACE.sub(" ", s)
+    if "," in s:
+        s = _THOUSANDS.sub("", s)
+    if " " in s:  # every space is " " now; the three passes below all need one
+        s = _SPACE_GROUPS.sub(lambda m: m.group().replace(" ", ""), s)  # "1 000 000" (a thin space \, too)
+        s = _COMMAND_SPACE.sub(r"\1\0", s)  # "\pi r" is not the command "\pir"
+        s = _NOT_BETWEEN_DIGITS.sub("", s)  # "2 3" keeps its space: two numbers, not 23
+    s = s.replace("\0", " ")
     thousands = _THOUSANDS_SUFFIX.fullmatch(s)
     if thousands:  # "2.5k" is 2500 here too, so normalize_answer and parse_number agree
         s = format(decimal.Decimal(thousands.group(1)).scaleb(3), "f")
-    s = _FRAC_SHORT.sub(_braced_frac, s)
-    if re.fullmatch(r"-?\d+\.0+", s):
+    if "\\frac" in s:
+        s = _FRAC_SHORT.sub(_braced_frac, s)
+    if "." in s and _WHOLE_DECIMAL.fullmatch(s):
         s = s.split(".")[0]
     return CleanAnswer(text=s, letter=letter, percent=percent, unit=unit, variable=variable)
+
+
+_clean_cached = functools.lru_cache(maxsize=CLEAN_CACHE_SIZE)(_clean)
+clean_answer.cache_info = _clean_cached.cache_info  # type: ignore[attr-defined]
+clean_answer.cache_clear = _clean_cached.cache_clear  # type: ignore[attr-defined]
 
 
 def _braced_frac(match: re.Match[str]) -> str:

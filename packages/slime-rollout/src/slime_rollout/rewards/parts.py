@@ -40,10 +40,17 @@ def _depths(text: str) -> list[int]:
 def _bracketed(text: str) -> tuple[str, list[int]]:
     r"""`text` as `answer_parts` reads it (no `\left`/`\right`, `\{` as `{`, no `$`), with its bracket depths."""
     # "1\,000": a thin space, not a part separator; "10,\!000" (`markup`): a thousands separator
-    s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", strip_markup(text)))
-    s = _THOUSANDS_COMMA.sub("", s).replace("\\left", "").replace("\\right", "")
-    s = s.replace("\\{", "{").replace("\\}", "}").strip().strip("$").strip()
-    s = _MEMBERSHIP.sub("", s)  # "x \in {1, 2}" lists the set's elements, as "{1, 2}" does
+    s = strip_markup(text)
+    command = "\\" in s  # every pass but the thousands one needs a backslash (most answers are plain numbers)
+    if command:
+        s = _LATEX_SPACE.sub(" ", _TEXT_AND.sub(r" \1 ", s))
+    if "," in s:
+        s = _THOUSANDS_COMMA.sub("", s)
+    if command:
+        s = s.replace("\\left", "").replace("\\right", "").replace("\\{", "{").replace("\\}", "}")
+    s = s.strip().strip("$").strip()
+    if command:
+        s = _MEMBERSHIP.sub("", s)  # "x \in {1, 2}" lists the set's elements, as "{1, 2}" does
     return s, _depths(s)
 
 

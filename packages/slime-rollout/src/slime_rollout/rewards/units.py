@@ -128,7 +128,7 @@ def take_text_unit(s: str) -> tuple[str, str | None]:
     Returns:
         `(rest, canonical unit)`, or `(s, None)` when the group is not a unit (`\text{5 is wrong}`, `\text{ AM}`).
     """
-    m = _TEXT_GROUP.search(s)
+    m = _TEXT_GROUP.search(s) if "\\" in s else None  # every group starts with a command
     if not m or not m.group(1).strip():
         return s, None
     unit = canonical(m.group(1) + m.group(2), marked=True)
