@@ -89,6 +89,20 @@ def _session_id(request: web.Request, body: Any) -> str | None:
     return None
 
 
+def _stop_strings(value: Any, session_id: str) -> list[str]:
+    """SGLang's `stop` (None, a string or a list of strings) as a list; a string was spread into its characters."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return [v for v in value if v]
+    raise ValueError(
+        f"agent session {session_id!r}: sampling_defaults['stop'] must be a string or a list of strings, "
+        f"got {value!r:.80}"
+    )
+
+
 def _first_difference(a: list[int], b: list[int]) -> int | None:
     n = min(len(a), len(b))
     first = next((i for i in range(n) if a[i] != b[i]), None)
@@ -107,7 +121,8 @@ class OpenAIAdapter:
             `<tool_call>` JSON blocks).
         reasoning_parser: None (reasoning stays in the content) or one of `REASONING_PARSERS` (a leading
             `<think>...</think>` becomes `reasoning_content`).
-        max_turns_per_sid: refuse a session's calls beyond this many (HTTP 400); None: no limit.
+        max_turns_per_sid: refuse a session's calls beyond this many, recorded and in flight (HTTP 400); None: no
+            limit.
         request_timeout_s: deadline of one engine call in seconds (HTTP 504 past it).
         check_chat_template: run the chat-template conformance check on every call.
         model_name: the model id `/v1/models` lists.
@@ -217,13 +232,13 @@ class OpenAIAdapter:
                 0: no limit.
 
         Raises:
-            ValueError: the id is already open.
+            ValueError: the id is already open, or `sampling_defaults["stop"]` is not a string or a list of strings.
         """
         if session_id in self._sessions:
             raise ValueError(f"agent session {session_id!r} is already open; session ids must be unique per agent run")
-        session = AgentSession(
-            session_id, sampling_defaults=sampling_defaults or {}, max_context_tokens=max_context_tokens
-        )
+        defaults = dict(sampling_defaults or {})
+        defaults["stop"] = _stop_strings(defaults.get("stop"), session_id)
+        session = AgentSession(session_id, sampling_defaults=defaults, max_context_tokens=max_context_tokens)
         self._sessions[session_id] = session
         return session
 
@@ -311,7 +326,9 @@ class OpenAIAdapter:
             return _error(404, f"unknown agent session {session_id!r} (the API key): open_session() it first")
         if session.closed:
             return _error(410, f"agent session {session_id!r} is finished")
-        if self.max_turns_per_sid is not None and session.num_calls >= self.max_turns_per_sid:
+        # Calls in flight count: they are not recorded yet, and 5 concurrent calls all passed a cap of 2. No await
+        # between this check and `inflight.add` below, so the count cannot go stale.
+        if self.max_turns_per_sid is not None and session.num_calls + len(session.inflight) >= self.max_turns_per_sid:
             return _error(400, f"agent session {session_id!r} reached max_turns_per_sid={self.max_turns_per_sid}")
         try:
             chat = parse_request(body)

@@ -1,0 +1,97 @@
+"""Agent adapter, hostile pass: concurrent calls against the turn cap, a string `stop`, a client that left.
+
+Same scripted engine as `test_agent_openai_adapter.py` (the real Qwen3 tokenization of scripted turns).
+"""
+
+import asyncio
+import json
+
+import openai
+import pytest
+
+from slime_core.sample import Sample
+from slime_rollout.agent import OpenAIAdapter
+from slime_rollout.data.source import get_tokenizer
+
+
+class SlowEngine:
+    """Answers every call with the Qwen3 ids of `turn` after `delay` seconds (or when `release` is set)."""
+
+    def __init__(self, tok, turn, *, release=None):
+        self.tok, self.turn, self.release = tok, turn, release
+        self.payloads = []
+
+    async def generate(self, payload):
+        self.payloads.append(json.loads(json.dumps(payload)))
+        if self.release is not None:
+            await self.release.wait()
+        ids = self.tok.encode(self.turn, add_special_tokens=False)
+        return {
+            "text": self.tok.decode(ids),
+            "meta_info": {
+                "output_token_logprobs": [[-0.5, t, None] for t in ids],
+                "finish_reason": {"type": "stop"},
+                "weight_version": "1",
+            },
+        }
+
+
+@pytest.fixture
+def tok(qwen3_tokenizer_dir):
+    return get_tokenizer(str(qwen3_tokenizer_dir))
+
+
+@pytest.fixture
+async def adapter_for():
+    adapters = []
+
+    async def make(engine, **kw):
+        adapter = OpenAIAdapter(tokenizer=engine.tok, client=engine, **kw)
+        await adapter.start()
+        adapters.append(adapter)
+        return adapter
+
+    yield make
+    for a in adapters:
+        await a.stop()
+
+
+async def test_concurrent_calls_cannot_pass_max_turns_per_sid(tok, adapter_for):
+    release = asyncio.Event()
+    engine = SlowEngine(tok, "a<|im_end|>", release=release)
+    adapter = await adapter_for(engine, max_turns_per_sid=2)
+    adapter.open_session("s", sampling_defaults={"max_new_tokens": 8})
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
+    calls = [
+        asyncio.create_task(agent.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q{i}"}]))
+        for i in range(5)
+    ]
+    while len(engine.payloads) < 2:  # two calls reach the engine and wait there
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # the other three have had their answer by now
+    release.set()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    await agent.close()
+    refused = [r for r in results if isinstance(r, openai.BadRequestError)]
+    assert len(engine.payloads) == 2 and len(refused) == 3
+    assert all("max_turns_per_sid=2" in str(r) for r in refused)
+    samples = await adapter.finish_session("s", base_sample=Sample(index=0))
+    assert sum(len(s.metadata["agent"]["turns"]) for s in samples) == 2
+
+
+async def test_a_string_stop_in_the_sampling_defaults_is_one_stop_string(tok, adapter_for):
+    # SGLang takes `stop` as a string or a list; a string was spread into one stop string per character.
+    engine = SlowEngine(tok, "yes</answer> more")
+    adapter = await adapter_for(engine)
+    adapter.open_session("s", sampling_defaults={"max_new_tokens": 8, "stop": "</answer>"})
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
+    reply = await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], stop="END")
+    await agent.close()
+    assert engine.payloads[0]["sampling_params"]["stop"] == ["</answer>", "END"]
+    assert reply.choices[0].message.content == "yes"
+
+
+def test_a_stop_default_of_another_type_is_refused_when_the_session_opens(tok):
+    adapter = OpenAIAdapter(tokenizer=tok, client=SlowEngine(tok, "a"))
+    with pytest.raises(ValueError, match=r"agent session 's': sampling_defaults\['stop'\] must be a string or a list"):
+        adapter.open_session("s", sampling_defaults={"stop": 5})
