@@ -95,3 +95,30 @@ def test_a_stop_default_of_another_type_is_refused_when_the_session_opens(tok):
     adapter = OpenAIAdapter(tokenizer=tok, client=SlowEngine(tok, "a"))
     with pytest.raises(ValueError, match=r"agent session 's': sampling_defaults\['stop'\] must be a string or a list"):
         adapter.open_session("s", sampling_defaults={"stop": 5})
+
+
+async def test_a_reply_the_agent_never_received_is_not_recorded(tok, adapter_for):
+    # The agent's HTTP client gave up (its timeout) while the engine was still generating; its SDK then retries the
+    # same messages. The first reply reached no one: recorded, it was trained as a branch of its own with the
+    # episode's reward.
+    release = asyncio.Event()
+    engine = SlowEngine(tok, "a<|im_end|>", release=release)
+    adapter = await adapter_for(engine)
+    adapter.open_session("s", sampling_defaults={"max_new_tokens": 8})
+    impatient = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=0.5)
+    messages = [{"role": "user", "content": "q"}]
+    with pytest.raises(openai.APITimeoutError):
+        await impatient.chat.completions.create(model="m", messages=messages)
+    await impatient.close()
+    while any(h.transport is not None for h in adapter._runner.server.connections):  # the server saw it close
+        await asyncio.sleep(0.01)
+    release.set()
+    while adapter._sessions["s"].inflight:  # the handler finishes the engine call it started
+        await asyncio.sleep(0.01)
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
+    reply = await agent.chat.completions.create(model="m", messages=messages)
+    await agent.close()
+    assert reply.choices[0].message.content == "a" and len(engine.payloads) == 2
+    samples = await adapter.finish_session("s", base_sample=Sample(index=0))
+    assert len(samples) == 1 and len(samples[0].metadata["agent"]["turns"]) == 1
+    assert samples[0].metadata["agent"]["num_unanswered"] == 1

@@ -32,7 +32,9 @@ The session of a call is its API key (`Authorization: Bearer <sid>`), else `meta
 Each call checks the chat-template conformance of what it sends: the ids must equal the template's tokenization
 of the call's messages (`TurnRecord.template_mismatch`; a mismatch is logged once per session and counted in
 `metadata["agent"]`): where they differ, a consumer that re-renders the conversation would train on tokens
-the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`.
+the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`. A reply whose client
+closed the connection first (its HTTP timeout) is not recorded: no one acted on it (`metadata["agent"]
+["num_unanswered"]` counts them); give the agent's client a timeout above `request_timeout_s`.
 Not supported, refused with HTTP 400 naming the field: `stream`, `n` > 1, `tool_choice` that forces a call,
 `top_logprobs`, non-text content and `response_format`.
 """
@@ -269,9 +271,11 @@ class OpenAIAdapter:
         await self._close(session, wait_timeout)
         samples = session.to_samples(base_sample, reward=reward, extra_metadata=extra_metadata)
         logger.info(
-            "agent session %s: %d calls, %d branch(es) (%d forked), %d sample(s), %d call(s) off the chat template",
+            "agent session %s: %d calls (%d unanswered: the client left), %d branch(es) (%d forked), %d sample(s), "
+            "%d call(s) off the chat template",
             session_id,
             session.num_calls,
+            session.num_unanswered,
             len(session.branches),
             session.num_forks,
             len(samples),
@@ -358,6 +362,18 @@ class OpenAIAdapter:
             return _error(502, str(e), kind="server_error")
         finally:
             session.inflight.discard(task)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            # The agent hung up (its HTTP timeout) while the engine generated: nobody acts on this turn, and its SDK
+            # retries the same messages. Recorded, it was trained as a branch of its own with the episode's reward.
+            session.num_unanswered += 1
+            logger.warning(
+                "agent session %s: the client left before call %d was answered; the turn is not recorded (%d so far)",
+                session.session_id,
+                session.num_calls + 1,
+                session.num_unanswered,
+            )
+            return _error(499, "the client closed the connection", kind="server_error")
         return self._reply(session, chat, plan, reply)
 
     def _sampling_params(self, session: AgentSession, chat: ChatRequest, num_prompt_tokens: int) -> dict[str, Any]:
