@@ -6,6 +6,7 @@ Same scripted engine as `test_agent_openai_adapter.py` (the real Qwen3 tokenizat
 import asyncio
 import json
 
+import aiohttp
 import openai
 import pytest
 
@@ -122,3 +123,35 @@ async def test_a_reply_the_agent_never_received_is_not_recorded(tok, adapter_for
     samples = await adapter.finish_session("s", base_sample=Sample(index=0))
     assert len(samples) == 1 and len(samples[0].metadata["agent"]["turns"]) == 1
     assert samples[0].metadata["agent"]["num_unanswered"] == 1
+
+
+async def test_half_a_surrogate_pair_in_a_request_is_a_400_naming_where(tok, adapter_for):
+    # JSON's "\ud800" decodes to a lone surrogate: the chat template rendered it and the tokenizer raised (HTTP 500).
+    # Python's SDK cannot send one (it encodes UTF-8); an agent written in another language can.
+    engine = SlowEngine(tok, "a<|im_end|>")
+    adapter = await adapter_for(engine)
+    adapter.open_session("s", sampling_defaults={"max_new_tokens": 8})
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": "x\\ud800"}]}'
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{adapter.base_url}/chat/completions", data=body, headers={"Authorization": "Bearer s"}
+        ) as response:
+            status, reply = response.status, await response.json()
+    assert status == 400 and engine.payloads == []
+    assert reply["error"]["message"] == (
+        "body['messages'][1]['content']: '\\ud800' at character 1 is half of a surrogate pair, not a character"
+    )
+
+
+async def test_a_model_call_with_half_a_surrogate_pair_stays_in_the_content(tok, adapter_for):
+    # Offered as a call, the agent's echo of it would be refused above: the block is ill-formed instead.
+    engine = SlowEngine(tok, '<tool_call>\n{"name": "f", "arguments": {"s": "\\udc00"}}\n</tool_call><|im_end|>')
+    adapter = await adapter_for(engine)
+    adapter.open_session("s", sampling_defaults={"max_new_tokens": 64})
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    reply = await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], tools=[tool])
+    await agent.close()
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "stop" and message.tool_calls is None
+    assert message.content == '<tool_call>\n{"name": "f", "arguments": {"s": "\\udc00"}}\n</tool_call>'

@@ -32,9 +32,9 @@ The session of a call is its API key (`Authorization: Bearer <sid>`), else `meta
 Each call checks the chat-template conformance of what it sends: the ids must equal the template's tokenization
 of the call's messages (`TurnRecord.template_mismatch`; a mismatch is logged once per session and counted in
 `metadata["agent"]`): where they differ, a consumer that re-renders the conversation would train on tokens
-the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`. A reply whose client
-closed the connection first (its HTTP timeout) is not recorded: no one acted on it (`metadata["agent"]
-["num_unanswered"]` counts them); give the agent's client a timeout above `request_timeout_s`.
+the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`.
+A reply whose client closed the connection first (its HTTP timeout) is not recorded: no one acted on it
+(`metadata["agent"]["num_unanswered"]` counts them); give the agent's client a timeout above `request_timeout_s`.
 Not supported, refused with HTTP 400 naming the field: `stream`, `n` > 1, `tool_choice` that forces a call,
 `top_logprobs`, non-text content and `response_format`.
 """
@@ -51,6 +51,7 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
+from slime_core.lone_surrogates import first_lone_surrogate
 from slime_core.sample import Sample
 from slime_rollout.agent.openai_wire import (
     ChatRequest,
@@ -322,6 +323,9 @@ class OpenAIAdapter:
             return _error(400, f"the body is not JSON: {e}")
         except RecursionError:  # json's decoder past ~1,000 nested levels
             return _error(400, "the body is not JSON: nested too deeply")
+        if (where := first_lone_surrogate(body, "body")) is not None:
+            # A JSON "\ud800" escape decodes to half a surrogate pair: no tokenizer encodes it (an HTTP 500 later).
+            return _error(400, f"{where} is half of a surrogate pair, not a character")
         session_id = _session_id(request, body)
         if session_id is None:
             return _error(401, "no session id: send it as the API key (Authorization: Bearer <session id>)")
