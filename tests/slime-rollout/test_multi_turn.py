@@ -622,3 +622,28 @@ async def test_an_observation_with_half_a_surrogate_pair_is_tokenized_with_u_fff
     assert out.status is Status.COMPLETED and out.response == TOOL_TURN + obs + FINAL_TURN
     assert engine.payloads[1]["input_ids"][-len(enc(tok, obs)) :] == enc(tok, obs)
     assert "step for sample 4: 1 lone surrogate(s) in the observation replaced by U+FFFD" in caplog.text
+
+
+class ToolRewardEnv:
+    """Rewards a turn with a tool call 0.7 (not done); a turn without one ends the episode with no reward."""
+
+    def reset(self, *, prompt, label, metadata):
+        pass
+
+    async def step(self, model_turn):
+        if "<tool_call>" in model_turn:
+            return EnvStep(observation="", done=False, reward=0.7, tool_responses=["42"])
+        return EnvStep(observation="", done=True)
+
+
+async def test_a_restarted_episode_keeps_nothing_of_the_aborted_attempt(tok, qwen3_tokenizer_dir, monkeypatch):
+    # Round 12: the aborted attempt's env reward (and sample.reward from it) outlived the restart from the prompt.
+    args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:ToolRewardEnv")
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, "partial"], finish_types=["stop", "abort"]))
+    sample = await multi_turn.generate(args, Sample(prompt="x", index=0), params())
+    assert sample.status is Status.ABORTED and sample.reward == 0.7 and sample.metadata["num_turns"] == 2
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
+    out = await multi_turn.generate(args, sample, params())
+    assert out.status is Status.COMPLETED and out.response == FINAL_TURN
+    assert out.reward is None and "env_reward" not in out.metadata
+    assert out.metadata["num_turns"] == 1 and out.metadata["env_info"] == [{}]

@@ -218,6 +218,11 @@ def _reset_response(sample: Sample) -> None:
     sample.status = Status.PENDING
     sample.weight_versions.clear()
     sample.metadata.pop(CONVERSATION_KEY, None)
+    # The aborted attempt's env outcome: kept, its reward became the restarted episode's when that one gave none.
+    if sample.metadata.pop("env_reward", None) is not None:
+        sample.reward = None
+    for key in ("num_turns", "env_info", "env_error"):
+        sample.metadata.pop(key, None)
 
 
 def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
