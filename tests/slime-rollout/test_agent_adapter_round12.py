@@ -155,3 +155,19 @@ async def test_a_model_call_with_half_a_surrogate_pair_stays_in_the_content(tok,
     message = reply.choices[0].message
     assert reply.choices[0].finish_reason == "stop" and message.tool_calls is None
     assert message.content == '<tool_call>\n{"name": "f", "arguments": {"s": "\\udc00"}}\n</tool_call>'
+
+
+async def test_logprobs_bytes_of_tokens_that_split_a_character_join_to_its_utf8(tok, adapter_for):
+    # 🦜 is three Qwen tokens; each decoded alone is U+FFFD, whose bytes [239, 191, 189] were sent three times.
+    text = "𝜋≈3 🦜 é"
+    engine = SlowEngine(tok, text + "<|im_end|>")
+    adapter = await adapter_for(engine)
+    adapter.open_session("s", sampling_defaults={"max_new_tokens": 64})
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
+    reply = await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], logprobs=True)
+    await agent.close()
+    entries = reply.choices[0].logprobs.content
+    ids = tok.encode(text + "<|im_end|>", add_special_tokens=False)
+    assert len(entries) == len(ids) and [e.token for e in entries] == [tok.decode([i]) for i in ids]
+    assert bytes(b for e in entries for b in e.bytes) == (text + "<|im_end|>").encode()
+    assert [e.bytes for e in entries if e.token.endswith("\ufffd")] == [[32, 240, 159], [166], [156]]

@@ -62,6 +62,7 @@ from slime_rollout.agent.openai_wire import (
     parse_request,
 )
 from slime_rollout.agent.output_parsing import REASONING_PARSERS, TOOL_PARSERS, parse_output
+from slime_rollout.agent.token_bytes import token_bytes
 from slime_rollout.agent.trajectory import AgentSession, TurnRecord
 from slime_rollout.engines.client import EngineClient
 from slime_rollout.engines.transport import EngineError
@@ -431,8 +432,8 @@ class OpenAIAdapter:
         if chat.logprobs:
             texts = [self.tokenizer.decode([i]) for i in ids]
             logprobs = [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(texts, log_probs, strict=True)
+                {"token": t, "logprob": lp, "bytes": b, "top_logprobs": []}
+                for t, lp, b in zip(texts, log_probs, token_bytes(self.tokenizer, ids), strict=True)
             ]
         body = completion_body(
             model=chat.model,
