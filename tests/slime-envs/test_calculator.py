@@ -16,6 +16,8 @@ from slime_envs.calculator import CalculatorEnv, safe_eval
         ("round(2 * pi, 3)", 6.283),
         ("factorial(5) / 4", 30.0),
         ("1.5e2", 150.0),
+        ("round(12345, -2) + round(1.5, -10000)", 12300),  # up to the limit: rounded as before
+        ("(-8) ** 2 + 8 ** (1 / 3)", 66.0),
     ],
 )
 def test_safe_eval_values(expr, value):
@@ -36,6 +38,11 @@ def test_safe_eval_values(expr, value):
         ("1 +", "syntax error"),
         ("1" * 2000, "longer than"),
         ("round(1.234, ndigits=1)", "keyword"),
+        # Found in round 12: round(5, -10**9) builds 10**(10**9) (minutes on the rollout loop; -20000 is quick).
+        ("round(5, -20000)", r"round\(\) digits -20000 are too many \(limit 10000\)"),
+        # A power with no real value was answered as Python's complex number "(1.7e-16+2.8j)".
+        ("(-8) ** 0.5", r"-8 \*\* 0.5 has no real value"),
+        ("abs((-1) ** 0.5)", "has no real value"),
     ],
 )
 def test_safe_eval_rejects(expr, message):

@@ -97,3 +97,17 @@ def test_blocks_keep_the_order_the_model_wrote():
         "b",
         "a <tool_call> block is not closed with </tool_call>",
     ]
+
+
+def test_half_a_surrogate_pair_in_a_call_is_an_error():
+    # JSON's "\\ud800" decodes to a lone surrogate, which no tokenizer encodes (the error echoing it raised later).
+    parsed = parse_tool_calls(
+        '<tool_call>{"name": "f\\udc00", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "f", "arguments": "{\\"code\\": [\\"\\\\ud83d\\"]}"}</tool_call>'
+        '<tool_call>{"name": "f", "arguments": {"s": "\\ud83d\\ude00"}}</tool_call>'
+    )
+    assert parsed.errors == [
+        "invalid text in <tool_call>: ['name']: '\\udc00' at character 1 is half of a surrogate pair",
+        "invalid text in <tool_call>: arguments['code'][0]: '\\ud83d' at character 0 is half of a surrogate pair",
+    ]
+    assert parsed.tool_calls == [ToolCall(name="f", arguments={"s": "\U0001f600"})]  # a whole pair is a character

@@ -578,3 +578,72 @@ async def test_env_options_named_like_deadline_arguments_reach_the_env(tok, qwen
     args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:RecordingEnv")
     await multi_turn.generate(args, sample, params())
     assert RecordingEnv.seen[-1]["kwargs"] == {"what": "w", "flag": "f"}
+
+
+# ---- half a surrogate pair (round 12): text no tokenizer encodes -------------------------------------------------
+
+SURROGATE_CALL_TURN = '<tool_call>\n{"name": "\\ud800", "arguments": {}}\n</tool_call><|im_end|>'
+
+
+async def test_a_call_naming_half_a_surrogate_pair_is_an_error_observation(tok, qwen3_tokenizer_dir, monkeypatch):
+    # The JSON escape decodes to "\ud800"; the unknown-tool error echoed it and tokenizing it raised TypeError.
+    engine = ScriptedEngine(tok, [SURROGATE_CALL_TURN, FINAL_TURN])
+    install(monkeypatch, engine)
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params())
+    assert out.status is Status.COMPLETED and out.metadata["num_turns"] == 2
+    (segment,) = [s for s in out.metadata[CONVERSATION_KEY]["segments"] if s["role"] == "observation"]
+    (response,) = segment["tool_responses"]
+    assert response.startswith(
+        "Error: invalid text in <tool_call>: ['name']: '\\ud800' at character 0 is half of a surrogate pair."
+    )
+
+
+class SurrogateEnv:
+    """A tool that answers with a lone surrogate (a search hit's bad escape), then ends the episode."""
+
+    def reset(self, *, prompt, label, metadata):
+        self.turns = 0
+
+    async def step(self, model_turn):
+        self.turns += 1
+        if self.turns == 1:
+            return EnvStep(observation="a\ud800b", done=False, tool_responses=["a\ud800b"])
+        return EnvStep(observation="", done=True)
+
+
+async def test_an_observation_with_half_a_surrogate_pair_is_tokenized_with_u_fffd(
+    tok, qwen3_tokenizer_dir, monkeypatch, caplog
+):
+    engine = ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN])
+    install(monkeypatch, engine)
+    args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:SurrogateEnv")
+    out = await multi_turn.generate(args, Sample(prompt="x", index=4), params())
+    obs = "\n<|im_start|>user\n<tool_response>\na\ufffdb\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert out.status is Status.COMPLETED and out.response == TOOL_TURN + obs + FINAL_TURN
+    assert engine.payloads[1]["input_ids"][-len(enc(tok, obs)) :] == enc(tok, obs)
+    assert "step for sample 4: 1 lone surrogate(s) in the observation replaced by U+FFFD" in caplog.text
+
+
+class ToolRewardEnv:
+    """Rewards a turn with a tool call 0.7 (not done); a turn without one ends the episode with no reward."""
+
+    def reset(self, *, prompt, label, metadata):
+        pass
+
+    async def step(self, model_turn):
+        if "<tool_call>" in model_turn:
+            return EnvStep(observation="", done=False, reward=0.7, tool_responses=["42"])
+        return EnvStep(observation="", done=True)
+
+
+async def test_a_restarted_episode_keeps_nothing_of_the_aborted_attempt(tok, qwen3_tokenizer_dir, monkeypatch):
+    # Round 12: the aborted attempt's env reward (and sample.reward from it) outlived the restart from the prompt.
+    args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:ToolRewardEnv")
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, "partial"], finish_types=["stop", "abort"]))
+    sample = await multi_turn.generate(args, Sample(prompt="x", index=0), params())
+    assert sample.status is Status.ABORTED and sample.reward == 0.7 and sample.metadata["num_turns"] == 2
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
+    out = await multi_turn.generate(args, sample, params())
+    assert out.status is Status.COMPLETED and out.response == FINAL_TURN
+    assert out.reward is None and "env_reward" not in out.metadata
+    assert out.metadata["num_turns"] == 1 and out.metadata["env_info"] == [{}]

@@ -83,7 +83,10 @@ def _eval(node: ast.AST) -> Any:
         if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
             raise ValueError(f"exponent {right} is too large (limit {_MAX_EXPONENT})")
         _check_size(node.op, left, right)
-        return _BINARY[type(node.op)](left, right)
+        value = _BINARY[type(node.op)](left, right)
+        if isinstance(value, complex):  # Python's (-8) ** 0.5 is complex: the tool answered "(1.7e-16+2.8j)"
+            raise ValueError(f"{left!r} ** {right!r} has no real value")
+        return value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
@@ -92,6 +95,9 @@ def _eval(node: ast.AST) -> Any:
         args = [_eval(a) for a in node.args]
         if node.func.id == "factorial" and args and args[0] > _MAX_FACTORIAL:
             raise ValueError(f"factorial argument {args[0]} is too large (limit {_MAX_FACTORIAL})")
+        if node.func.id == "round" and len(args) == 2 and isinstance(args[1], int) and abs(args[1]) > _MAX_EXPONENT:
+            # round(5, -10**9) builds 10**(10**9) to round an int: 21 characters held the rollout loop for minutes.
+            raise ValueError(f"round() digits {args[1]} are too many (limit {_MAX_EXPONENT})")
         return _FUNCTIONS[node.func.id](*args)
     raise ValueError(f"unsupported expression element: {ast.dump(node)[:60]}")
 
@@ -110,9 +116,9 @@ def safe_eval(expression: str) -> int | float:
 
     Raises:
         ValueError: a syntax error, an unsupported element (names, attributes, strings, ...), a value
-            out of bounds (an exponent over 10,000, a factorial over 1,000, an integer result over 100,000 bits,
-            nesting deeper than Python's recursion limit), or a math error (division by zero, domain error),
-            with the reason.
+            out of bounds (an exponent over 10,000, a factorial over 1,000, round() to over 10,000 digits, an
+            integer result over 100,000 bits, nesting deeper than Python's recursion limit), or a math error
+            (division by zero, domain error, a power with no real value such as `(-8) ** 0.5`), with the reason.
     """
     if len(expression) > _MAX_LENGTH:
         raise ValueError(f"expression longer than {_MAX_LENGTH} characters")

@@ -16,6 +16,7 @@ import dataclasses
 import json
 from typing import Any
 
+from slime_core.lone_surrogates import first_lone_surrogate
 from slime_core.tag_blocks import tag_blocks
 
 __all__ = ["ParsedTurn", "ToolCall", "extract_answer", "parse_tag_action", "parse_tool_calls"]
@@ -61,6 +62,12 @@ class ParsedTurn:
         return [b for b in self.blocks if isinstance(b, str)]
 
 
+def _lone_surrogate(value: Any, where: str = "") -> str | None:
+    r"""The error of a JSON `\ud800` escape (half a surrogate pair: no tokenizer encodes it), or None."""
+    found = first_lone_surrogate(value, where)
+    return None if found is None else f"invalid text in <tool_call>: {found} is half of a surrogate pair"
+
+
 def _parse_one_call(body: str) -> ToolCall | str:
     """Parses the JSON inside one `<tool_call>` block; returns the call or an error message."""
     try:
@@ -73,6 +80,8 @@ def _parse_one_call(body: str) -> ToolCall | str:
         return _TOO_DEEP.format(what="<tool_call>")
     if not isinstance(obj, dict):
         return f"<tool_call> must hold a JSON object with 'name' and 'arguments', got {type(obj).__name__}"
+    if (where := _lone_surrogate(obj)) is not None:
+        return where
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return "<tool_call> is missing a string 'name'"
@@ -85,20 +94,23 @@ def _parse_one_call(body: str) -> ToolCall | str:
             return f"'arguments' of tool '{name}' is a string that is not valid JSON: {e.msg}"
         except RecursionError:
             return _TOO_DEEP.format(what=f"'arguments' of tool '{name}'")
+        if (where := _lone_surrogate(arguments, "arguments")) is not None:
+            return where
     if not isinstance(arguments, dict):
         return f"'arguments' of tool '{name}' must be a JSON object, got {type(arguments).__name__}"
     return ToolCall(name=name, arguments=arguments)
 
 
 def parse_tool_calls(text: str) -> ParsedTurn:
-    """Parses Qwen3/Hermes `<tool_call>{json}</tool_call>` blocks and an optional `<answer>`.
+    r"""Parses Qwen3/Hermes `<tool_call>{json}</tool_call>` blocks and an optional `<answer>`.
 
     Args:
         text: the decoded model turn (special tokens such as `<|im_end|>` may be present).
 
     Returns:
         The calls found, an error per malformed block (bad JSON, JSON nested too deeply for the decoder,
-        missing name, non-object arguments, an unclosed `<tool_call>`), both also in the order written
+        a `\ud800` escape that decodes to half a surrogate pair, missing name, non-object arguments, an
+        unclosed `<tool_call>`), both also in the order written
         (`blocks`), and the `<answer>` content if present.
     """
     parsed = ParsedTurn()

@@ -33,6 +33,8 @@ Each call checks the chat-template conformance of what it sends: the ids must eq
 of the call's messages (`TurnRecord.template_mismatch`; a mismatch is logged once per session and counted in
 `metadata["agent"]`): where they differ, a consumer that re-renders the conversation would train on tokens
 the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`.
+A reply whose client closed the connection first (its HTTP timeout) is not recorded: no one acted on it
+(`metadata["agent"]["num_unanswered"]` counts them); give the agent's client a timeout above `request_timeout_s`.
 Not supported, refused with HTTP 400 naming the field: `stream`, `n` > 1, `tool_choice` that forces a call,
 `top_logprobs`, non-text content and `response_format`.
 """
@@ -49,6 +51,7 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
+from slime_core.lone_surrogates import first_lone_surrogate
 from slime_core.sample import Sample
 from slime_rollout.agent.openai_wire import (
     ChatRequest,
@@ -59,6 +62,7 @@ from slime_rollout.agent.openai_wire import (
     parse_request,
 )
 from slime_rollout.agent.output_parsing import REASONING_PARSERS, TOOL_PARSERS, parse_output
+from slime_rollout.agent.token_bytes import token_bytes
 from slime_rollout.agent.trajectory import AgentSession, TurnRecord
 from slime_rollout.engines.client import EngineClient
 from slime_rollout.engines.transport import EngineError
@@ -89,6 +93,20 @@ def _session_id(request: web.Request, body: Any) -> str | None:
     return None
 
 
+def _stop_strings(value: Any, session_id: str) -> list[str]:
+    """SGLang's `stop` (None, a string or a list of strings) as a list; a string was spread into its characters."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return [v for v in value if v]
+    raise ValueError(
+        f"agent session {session_id!r}: sampling_defaults['stop'] must be a string or a list of strings, "
+        f"got {value!r:.80}"
+    )
+
+
 def _first_difference(a: list[int], b: list[int]) -> int | None:
     n = min(len(a), len(b))
     first = next((i for i in range(n) if a[i] != b[i]), None)
@@ -107,7 +125,8 @@ class OpenAIAdapter:
             `<tool_call>` JSON blocks).
         reasoning_parser: None (reasoning stays in the content) or one of `REASONING_PARSERS` (a leading
             `<think>...</think>` becomes `reasoning_content`).
-        max_turns_per_sid: refuse a session's calls beyond this many (HTTP 400); None: no limit.
+        max_turns_per_sid: refuse a session's calls beyond this many, recorded and in flight (HTTP 400); None: no
+            limit.
         request_timeout_s: deadline of one engine call in seconds (HTTP 504 past it).
         check_chat_template: run the chat-template conformance check on every call.
         model_name: the model id `/v1/models` lists.
@@ -217,13 +236,13 @@ class OpenAIAdapter:
                 0: no limit.
 
         Raises:
-            ValueError: the id is already open.
+            ValueError: the id is already open, or `sampling_defaults["stop"]` is not a string or a list of strings.
         """
         if session_id in self._sessions:
             raise ValueError(f"agent session {session_id!r} is already open; session ids must be unique per agent run")
-        session = AgentSession(
-            session_id, sampling_defaults=sampling_defaults or {}, max_context_tokens=max_context_tokens
-        )
+        defaults = dict(sampling_defaults or {})
+        defaults["stop"] = _stop_strings(defaults.get("stop"), session_id)
+        session = AgentSession(session_id, sampling_defaults=defaults, max_context_tokens=max_context_tokens)
         self._sessions[session_id] = session
         return session
 
@@ -254,9 +273,11 @@ class OpenAIAdapter:
         await self._close(session, wait_timeout)
         samples = session.to_samples(base_sample, reward=reward, extra_metadata=extra_metadata)
         logger.info(
-            "agent session %s: %d calls, %d branch(es) (%d forked), %d sample(s), %d call(s) off the chat template",
+            "agent session %s: %d calls (%d unanswered: the client left), %d branch(es) (%d forked), %d sample(s), "
+            "%d call(s) off the chat template",
             session_id,
             session.num_calls,
+            session.num_unanswered,
             len(session.branches),
             session.num_forks,
             len(samples),
@@ -303,6 +324,9 @@ class OpenAIAdapter:
             return _error(400, f"the body is not JSON: {e}")
         except RecursionError:  # json's decoder past ~1,000 nested levels
             return _error(400, "the body is not JSON: nested too deeply")
+        if (where := first_lone_surrogate(body, "body")) is not None:
+            # A JSON "\ud800" escape decodes to half a surrogate pair: no tokenizer encodes it (an HTTP 500 later).
+            return _error(400, f"{where} is half of a surrogate pair, not a character")
         session_id = _session_id(request, body)
         if session_id is None:
             return _error(401, "no session id: send it as the API key (Authorization: Bearer <session id>)")
@@ -311,7 +335,9 @@ class OpenAIAdapter:
             return _error(404, f"unknown agent session {session_id!r} (the API key): open_session() it first")
         if session.closed:
             return _error(410, f"agent session {session_id!r} is finished")
-        if self.max_turns_per_sid is not None and session.num_calls >= self.max_turns_per_sid:
+        # Calls in flight count: they are not recorded yet, and 5 concurrent calls all passed a cap of 2. No await
+        # between this check and `inflight.add` below, so the count cannot go stale.
+        if self.max_turns_per_sid is not None and session.num_calls + len(session.inflight) >= self.max_turns_per_sid:
             return _error(400, f"agent session {session_id!r} reached max_turns_per_sid={self.max_turns_per_sid}")
         try:
             chat = parse_request(body)
@@ -341,6 +367,18 @@ class OpenAIAdapter:
             return _error(502, str(e), kind="server_error")
         finally:
             session.inflight.discard(task)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            # The agent hung up (its HTTP timeout) while the engine generated: nobody acts on this turn, and its SDK
+            # retries the same messages. Recorded, it was trained as a branch of its own with the episode's reward.
+            session.num_unanswered += 1
+            logger.warning(
+                "agent session %s: the client left before call %d was answered; the turn is not recorded (%d so far)",
+                session.session_id,
+                session.num_calls + 1,
+                session.num_unanswered,
+            )
+            return _error(499, "the client closed the connection", kind="server_error")
         return self._reply(session, chat, plan, reply)
 
     def _sampling_params(self, session: AgentSession, chat: ChatRequest, num_prompt_tokens: int) -> dict[str, Any]:
@@ -394,8 +432,8 @@ class OpenAIAdapter:
         if chat.logprobs:
             texts = [self.tokenizer.decode([i]) for i in ids]
             logprobs = [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(texts, log_probs, strict=True)
+                {"token": t, "logprob": lp, "bytes": b, "top_logprobs": []}
+                for t, lp, b in zip(texts, log_probs, token_bytes(self.tokenizer, ids), strict=True)
             ]
         body = completion_body(
             model=chat.model,

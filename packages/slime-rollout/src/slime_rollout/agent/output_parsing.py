@@ -16,6 +16,7 @@ import dataclasses
 import json
 from typing import Any
 
+from slime_core.lone_surrogates import first_lone_surrogate
 from slime_core.tag_blocks import tag_blocks
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ParsedOutput", "parse_output"]
@@ -35,7 +36,7 @@ class ParsedOutput:
         reasoning: the `<think>` text, or "" when there is none or no reasoning parser is set.
         tool_calls: `[{"name": str, "arguments": dict}]`, in the order the model wrote them.
         num_ill_formed: `<tool_call>` blocks that were not a JSON object with a string `name` and object
-            `arguments` (left in `content`).
+            `arguments`, or held a JSON escape of half a surrogate pair, U+D800-U+DFFF (left in `content`).
     """
 
     content: str
@@ -60,7 +61,8 @@ def _one_call(body: str) -> dict[str, Any] | None:
             arguments = json.loads(arguments)
         except (json.JSONDecodeError, RecursionError):
             return None
-    if not isinstance(arguments, dict):
+    if not isinstance(arguments, dict) or first_lone_surrogate([obj["name"], arguments]) is not None:
+        # A JSON "\ud800" escape is half a surrogate pair: the agent's echo of such a call cannot be tokenized.
         return None
     return {"name": obj["name"], "arguments": arguments}
 

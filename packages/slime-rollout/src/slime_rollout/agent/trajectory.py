@@ -176,6 +176,7 @@ class AgentSession:
         self.num_calls = 0
         self.num_forks = 0
         self.num_template_mismatches = 0
+        self.num_unanswered = 0  # engine replies not recorded: the client had closed the connection
 
     def plan(self, tokenizer: Any, request: ChatRequest) -> Plan:
         """The engine input of a call: continues the branch sharing the longest history, else renders anew.
@@ -260,8 +261,9 @@ class AgentSession:
         Each takes `index`, `group_index`, `label` and `metadata` from `base_sample`, shares its `rollout_id`
         (the index when it has none: siblings share one loss denominator), and gets `reward`; its `prompt` is
         `base_sample.prompt`, or the first call's messages when that is empty.
-        `metadata["agent"]`: session id, branch number, branch count, the branch it forked from, and per call
-        `prompt_tokens`, `completion_tokens`, `finish_reason`, `template_mismatch`, `trained`.
+        `metadata["agent"]`: session id, branch number, branch count, the branch it forked from, the session's
+        calls whose client left before the reply (`num_unanswered`, not recorded), and per call `prompt_tokens`,
+        `completion_tokens`, `finish_reason`, `template_mismatch`, `trained`.
         """
         samples = []
         for i, branch in enumerate(self.branches):
@@ -280,6 +282,7 @@ class AgentSession:
                 "num_branches": len(self.branches),
                 "forked_from": branch.forked_from,
                 "turns": branch.turns,
+                "num_unanswered": self.num_unanswered,
             }
             s.metadata = {
                 **base_sample.metadata,

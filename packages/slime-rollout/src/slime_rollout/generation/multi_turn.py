@@ -31,6 +31,7 @@ One episode, up to `--max-turns` model turns::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -41,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.error_text import preview
+from slime_core.lone_surrogates import replace_lone_surrogates
 from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout.data.source import get_tokenizer
@@ -216,6 +218,11 @@ def _reset_response(sample: Sample) -> None:
     sample.status = Status.PENDING
     sample.weight_versions.clear()
     sample.metadata.pop(CONVERSATION_KEY, None)
+    # The aborted attempt's env outcome: kept, its reward became the restarted episode's when that one gave none.
+    if sample.metadata.pop("env_reward", None) is not None:
+        sample.reward = None
+    for key in ("num_turns", "env_info", "env_error"):
+        sample.metadata.pop(key, None)
 
 
 def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
@@ -276,7 +283,24 @@ async def _env_step(args: SlimeArgs, env: Env, sample: Sample, text: str) -> Env
         return None
     finally:
         sample.non_generation_time += time.monotonic() - start
-    return checked_env_step(step, what)
+    return _encodable(checked_env_step(step, what), what)
+
+
+def _encodable(step: EnvStep, what: str) -> EnvStep:
+    """`step` with lone surrogates in its texts replaced by U+FFFD (counted in a warning).
+
+    A tool result holding one (a search hit's bad JSON escape, a tool echoing a model's) cannot be tokenized: the
+    Hugging Face tokenizer raised `TypeError`, ending the rollout.
+    """
+    observation, num = replace_lone_surrogates(step.observation)
+    responses = step.tool_responses
+    if responses is not None:
+        fixed = [replace_lone_surrogates(r) for r in responses]
+        responses, num = [r for r, _ in fixed], sum(n for _, n in fixed)  # what is tokenized (not `observation`)
+    if not num:
+        return step
+    logger.warning("%s: %d lone surrogate(s) in the observation replaced by U+FFFD (not encodable text)", what, num)
+    return dataclasses.replace(step, observation=observation, tool_responses=responses)
 
 
 def checked_env_step(step: Any, what: str) -> EnvStep:
