@@ -107,3 +107,28 @@ def rollout_args(**kw):
                   rollout_num_gpus_per_engine=1)  # fmt: skip
     fields.update(kw)
     return PluginArgs.from_config(SlimeArgs.from_dict(fields))
+
+
+_JOIN = """
+import sys, time
+from slime_rollout.engines.wire import init_custom_process_group
+backend, init_method, world_size, rank, group_name = sys.argv[1:]
+init_custom_process_group(backend=backend, init_method=init_method, world_size=int(world_size), rank=int(rank),
+                          group_name=group_name)
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+def join_weights_group_in_child(body: dict):
+    """The engine's end of `/init_weights_update_group` `body` in a child process that joins the group for real
+    (c10d keeps one group of a name per process, and the trainer's end is this one). Returns the child (`Popen`,
+    sleeping; kill it) once it joined."""
+    import subprocess
+    import sys
+
+    init_method = f"tcp://{body['master_address']}:{body['master_port']}"
+    argv = [body["backend"], init_method, str(body["world_size"]), str(body["rank_offset"]), body["group_name"]]
+    child = subprocess.Popen([sys.executable, "-c", _JOIN, *argv], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "joined"
+    return child

@@ -7,6 +7,7 @@ import pytest
 import torch
 from aiohttp import web
 from safetensors.torch import load_file
+from slime_rollout_fakes import join_weights_group_in_child
 from transformers import AutoModelForCausalLM
 
 from slime_core.config import SlimeArgs
@@ -424,30 +425,13 @@ async def test_two_updaters_interleaving_on_a_guarding_engine_fail_the_second_wi
 # ------------------------------------------------------------------ a distributed push the engine refuses
 
 
-_JOIN = """
-import sys, time
-from slime_rollout.engines.wire import init_custom_process_group
-backend, init_method, world_size, rank, group_name = sys.argv[1:]
-init_custom_process_group(backend=backend, init_method=init_method, world_size=int(world_size), rank=int(rank),
-                          group_name=group_name)
-print("joined", flush=True)
-time.sleep(600)
-"""
-
-
 def _refusing_engine(refused_route, joined):
     """A fake engine that answers `refused_route` with SGLang's refusal (HTTP 400, success false) and does its part
     of everything else: a child process joins the trainer's gloo group for real (c10d keeps one group of a name
     per process, and the trainer's end is this process), so the trainer's rendezvous completes."""
-    import subprocess
-    import sys
 
     def join(body):
-        init_method = f"tcp://{body['master_address']}:{body['master_port']}"
-        argv = [body["backend"], init_method, str(body["world_size"]), str(body["rank_offset"]), body["group_name"]]
-        child = subprocess.Popen([sys.executable, "-c", _JOIN, *argv], stdout=subprocess.PIPE, text=True)
-        joined.append(child)
-        assert child.stdout.readline().strip() == "joined"
+        joined.append(join_weights_group_in_child(body))
 
     async def handler(request):
         body = await request.json() if request.can_read_body else {}

@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 from safetensors.torch import load_file
+from slime_rollout_fakes import join_weights_group_in_child
 
 from slime_core.config import SlimeArgs
 from slime_rollout.engines.client import EngineClient, RolloutClient
@@ -100,33 +101,15 @@ def test_a_push_after_a_refused_one_runs_on_a_fresh_group_and_the_old_one_is_gon
         asyncio.run(restore)
 
 
-_JOIN = """
-import sys, time
-from slime_rollout.engines.wire import init_custom_process_group
-backend, init_method, world_size, rank, group_name = sys.argv[1:]
-init_custom_process_group(backend=backend, init_method=init_method, world_size=int(world_size), rank=int(rank),
-                          group_name=group_name)
-print("joined", flush=True)
-time.sleep(600)
-"""
-
-
 def test_a_connect_after_a_refused_one_rendezvouses_on_a_fresh_port_and_name(threaded_http_server):
     # Was: the refused connect's rendezvous thread is abandoned with its TCP store still listening on the port, and
     # the retry bound that port again ("address already in use"); the engine's teardown was never asked for.
-    import subprocess
-    import sys
-
     from aiohttp import web
 
     inits, destroyed, children = [], [], []
 
     def join(body):
-        init_method = f"tcp://{body['master_address']}:{body['master_port']}"
-        argv = [body["backend"], init_method, str(body["world_size"]), str(body["rank_offset"]), body["group_name"]]
-        child = subprocess.Popen([sys.executable, "-c", _JOIN, *argv], stdout=subprocess.PIPE, text=True)
-        children.append(child)
-        assert child.stdout.readline().strip() == "joined"
+        children.append(join_weights_group_in_child(body))
 
     async def handler(request):
         body = await request.json() if request.can_read_body else {}
