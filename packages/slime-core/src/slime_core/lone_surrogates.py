@@ -12,9 +12,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["first_lone_surrogate", "replace_lone_surrogates"]
+__all__ = ["first_lone_surrogate", "lone_surrogate_index", "replace_lone_surrogates"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_index(text: str) -> int | None:
+    """Index of the first lone surrogate of `text`, or None when it encodes as UTF-8."""
+    match = _SURROGATE.search(text)
+    return None if match is None else match.start()
 
 
 def first_lone_surrogate(value: Any, where: str = "") -> str | None:
@@ -31,9 +37,9 @@ def first_lone_surrogate(value: Any, where: str = "") -> str | None:
     while stack:  # iterative: a value nested 1,000 levels deep must not exhaust the recursion limit
         path, item = stack.pop()
         if isinstance(item, str):
-            match = _SURROGATE.search(item)
-            if match is not None:
-                return f"{path or 'the text'}: {match.group()!r} at character {match.start()}"
+            at = lone_surrogate_index(item)
+            if at is not None:
+                return f"{path or 'the text'}: {item[at]!r} at character {at}"
         elif isinstance(item, Mapping):
             for key, sub in reversed(list(item.items())):
                 stack.append((f"{path}[{key!r}]", sub))

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from slime_core.error_text import preview
+from slime_core.lone_surrogates import lone_surrogate_index
 
 __all__ = ["TRAINING_KEY_FLAGS", "KeyFlags", "prompt_problem", "row_metadata", "row_tools"]
 
@@ -104,14 +105,13 @@ def _unencodable(text: str, what: str) -> str | None:
     `json` reads such an escape into a `str` that no UTF-8 encoder takes: the tokenizer failed mid-rollout with
     `UnicodeEncodeError` (or a `TypeError` about `TextEncodeInput`) naming no file or row.
     """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return (
-            f"{what} holds a lone surrogate {text[e.start]!r} at character {e.start} (a JSON \\u escape of half a "
-            "UTF-16 pair), which no tokenizer can encode"
-        )
-    return None
+    at = lone_surrogate_index(text)
+    if at is None:
+        return None
+    return (
+        f"{what} holds a lone surrogate {text[at]!r} at character {at} (a JSON \\u escape of half a "
+        "UTF-16 pair), which no tokenizer can encode"
+    )
 
 
 def row_metadata(
