@@ -3,7 +3,8 @@
 `tiny_qwen3_dir` is a session-wide HF directory (2 layers, hidden 64, real Qwen3 tokenizer and vocab);
 `reference_engine` is one CPU reference engine subprocess on a free port, shared by the session.
 
-`_rollout_fakes.py` (the rollout loop's test doubles) is importable as module `slime_rollout_fakes`: registered
+`_rollout_fakes.py` (the rollout loop's test doubles) is importable as module `slime_rollout_fakes`, and
+`_multi_turn_fakes.py` (the multi-turn tests' scripted engine) as `slime_multi_turn_fakes`: registered
 here, before any test module is imported (pytest runs with `--import-mode=importlib`, so this folder is not on
 `sys.path`); its functions are also plugin paths the rollout imports by name.
 """
@@ -20,11 +21,10 @@ import pytest
 
 from slime_core.config import SlimeArgs
 
-_FAKES = importlib.util.spec_from_file_location(
-    "slime_rollout_fakes", pathlib.Path(__file__).with_name("_rollout_fakes.py")
-)
-sys.modules[_FAKES.name] = importlib.util.module_from_spec(_FAKES)
-_FAKES.loader.exec_module(sys.modules[_FAKES.name])
+for _name, _file in (("slime_rollout_fakes", "_rollout_fakes.py"), ("slime_multi_turn_fakes", "_multi_turn_fakes.py")):
+    _spec = importlib.util.spec_from_file_location(_name, pathlib.Path(__file__).with_name(_file))
+    sys.modules[_name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules[_name])
 
 # A random port range per session: concurrent test sessions would otherwise race for 15000.
 ENGINE_BASE_PORT = random.Random(os.getpid()).randrange(20000, 40000, 100)
@@ -152,3 +152,11 @@ def use_client(monkeypatch):
         return client
 
     return install
+
+
+@pytest.fixture
+def tok(qwen3_tokenizer_dir):
+    """The real Qwen3 tokenizer (`get_tokenizer` of `qwen3_tokenizer_dir`)."""
+    from slime_rollout.data.source import get_tokenizer
+
+    return get_tokenizer(str(qwen3_tokenizer_dir))

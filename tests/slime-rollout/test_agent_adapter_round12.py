@@ -12,7 +12,6 @@ import pytest
 
 from slime_core.sample import Sample
 from slime_rollout.agent import OpenAIAdapter
-from slime_rollout.data.source import get_tokenizer
 
 
 class SlowEngine:
@@ -35,11 +34,6 @@ class SlowEngine:
                 "weight_version": "1",
             },
         }
-
-
-@pytest.fixture
-def tok(qwen3_tokenizer_dir):
-    return get_tokenizer(str(qwen3_tokenizer_dir))
 
 
 @pytest.fixture

@@ -178,11 +178,6 @@ class ScriptedEngine:
 
 
 @pytest.fixture
-def tok(qwen3_tokenizer_dir):
-    return get_tokenizer(str(qwen3_tokenizer_dir))
-
-
-@pytest.fixture
 async def scripted(tok, served):
     """Factory: `await scripted(turns, sid=..., **adapter_kw)` -> (adapter, engine, AsyncOpenAI client)."""
     clients = []

@@ -10,7 +10,6 @@ import pytest
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.protocols import EnvStep
 from slime_core.sample import Sample, Status
-from slime_rollout.data.source import get_tokenizer
 from slime_rollout.generation import generate as single_turn
 from slime_rollout.generation import multi_turn
 
@@ -35,11 +34,6 @@ class ScriptedEngine:
                 "finish_reason": {"type": finish},
             },
         }
-
-
-@pytest.fixture
-def tok(qwen3_tokenizer_dir):
-    return get_tokenizer(str(qwen3_tokenizer_dir))
 
 
 def enc(tok, text):
