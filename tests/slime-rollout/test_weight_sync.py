@@ -107,7 +107,10 @@ async def test_update_sequence_is_pause_flush_send_fence_check_continue(tmp_path
     assert not (tmp_path / "weight_v000007").exists()  # deleted unless --update-weight-disk-keep-files
 
 
-async def test_version_mismatch_raises_and_still_continues(tmp_path, http_server):
+async def test_version_mismatch_is_a_push_failure_naming_the_engine_left_paused(tmp_path, http_server):
+    # Was a RuntimeError (the restorer handles WeightPushError only) after continuing the engine that lacks version 3.
+    from slime_rollout.weight_sync.updaters import WeightPushError
+
     calls = []
 
     async def handler(request):
@@ -119,9 +122,10 @@ async def test_version_mismatch_raises_and_still_continues(tmp_path, http_server
     url = await http_server(handler)
     client = RolloutClient([url])
     args = _cfg(update_weight_disk_dir=str(tmp_path), hf_checkpoint=None)
-    with pytest.raises(RuntimeError, match=rf"{url}='old'"):
+    with pytest.raises(WeightPushError) as e:
         await DiskWeightUpdater(args, client).aupdate(iter([[("w", torch.ones(1))]]), "3")
-    assert calls[-1] == "/continue_generation"
+    assert e.value.failed == {url: "reports weight version 'old' after the push"}
+    assert "/continue_generation" not in calls and calls[-1] == "/update_weight_version"  # relabelled incomplete
 
 
 def test_disk_updater_requires_dir():
@@ -477,7 +481,11 @@ def test_a_distributed_push_the_engine_refuses_stops_the_sender_with_the_refusal
         child.kill()
         child.wait()
     assert not thread.is_alive(), f"the sender still waits after the engine refused {route}"
-    error = outcome["error"]
+    # A WeightPushError naming the engine (the driver restarts it under --use-fault-tolerance), caused by the refusal.
+    from slime_rollout.weight_sync.updaters import WeightPushError
+
+    assert isinstance(outcome["error"], WeightPushError) and list(outcome["error"].failed) == [url]
+    error = outcome["error"].__cause__
     assert isinstance(error, EngineError) and error.endpoint == route and error.status_code == 400
     message = str(error)
     assert message.startswith(f"engine {url}{route} failed (HTTP 400): ") and "refused by the test engine" in message

@@ -16,7 +16,7 @@ from slime_rollout.engines.client import EngineClient, RolloutClient
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.engines.weight_checksum import tensor_checksum
-from slime_rollout.weight_sync.updaters import DistributedWeightUpdater
+from slime_rollout.weight_sync.updaters import DistributedWeightUpdater, WeightPushError
 
 NAME = "model.norm.weight"
 
@@ -67,9 +67,13 @@ def test_a_push_after_a_refused_one_runs_on_a_fresh_group_and_the_old_one_is_gon
     )  # fmt: skip
     norm = load_file(str(tiny_qwen3_dir / "model.safetensors"))[NAME].float()
     try:
-        with pytest.raises(EngineError, match="unknown parameter 'nope'"):
+        with pytest.raises(WeightPushError, match="unknown parameter 'nope'") as e:
             # The engine receives the broadcast, then refuses the bucket (400): the group itself is sound.
             _in_thread(lambda: updater.update(iter([[("nope", torch.ones(3))]]), "1"))
+        # Was: an EngineError, which the driver's restorer (it handles WeightPushError) let end a fault-tolerant run.
+        assert list(e.value.failed) == [url] and isinstance(e.value.__cause__, EngineError)
+        # The refusal landed nothing (an HTTP error reply): the engine keeps its label and is left paused.
+        assert asyncio.run(RolloutClient([url]).get_weight_versions()) == ["default"]
         first = ("slime-reconnect", first_port)
         assert updater._group is None
 

@@ -104,7 +104,7 @@ class LoraWeightUpdater(_EngineUpdater):
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         path = self.root / _version_dir_name(weight_version).replace("weight_v", "lora_v", 1)
         num_bytes = await asyncio.to_thread(write_adapter, self.cfg, buckets, path)
-        await asyncio.gather(*(_unload(engine) for engine in self.session.live))
+        await self.session.apply("unload_lora_adapter", _unload)  # a dead engine is dropped, as at any step
         await self.session.each("load_lora_adapter", lora_name=LORA_NAME, lora_path=str(path.resolve()))
         self._previous, self._current = self._current, path
         logger.info("LoRA adapter v%s (%.2f MB) loaded on %d engine(s)", weight_version, num_bytes / 1e6,

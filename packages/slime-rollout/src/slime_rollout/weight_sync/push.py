@@ -11,11 +11,13 @@ rules keep an engine from serving mixed weights under a version that claims othe
   one `POST /update_weight_version` ends the push (the fence). Generation is paused throughout, so no sample is
   generated from a partly pushed model.
 * **A failed engine is dropped, not the push.** An engine whose call fails is taken out of the rest of the push
-  and stays paused; the others receive everything. If it took some buckets, its reported version is then set to
-  `"<version>-incomplete"` (best effort) rather than left at the version of the buckets it got. The push raises
-  `WeightPushError` naming
-  the failed engines, which the caller marks unhealthy (restart + restore under `--use-fault-tolerance`, else
-  the run stops).
+  and stays paused; the others receive everything. If it may have taken some buckets (an update it did not refuse
+  with an error reply), its reported version is then set to `"<version>-incomplete"` (best effort) rather than
+  left at the version of the buckets it got.
+* **Every failure is a `WeightPushError`.** Where one engine cannot be dropped (a collective broadcast: the others
+  stop with it) or an error comes from this side, the push ends on every engine in it, each named with the cause;
+  a wrong version after the fence fails that engine. The caller marks the named engines unhealthy (restart +
+  restore under `--use-fault-tolerance`, else the run stops).
 
 What the engines guard. Real SGLang (0.5.16) guards nothing across requests: it applies each bucket as it comes
 and, after each successful request that carries `weight_version`, reports that version. Two writers (two
@@ -33,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from slime_rollout.engines.transport import EngineError
@@ -99,34 +101,68 @@ class PushSession:
         self.engines = list(engines)
         self.tolerant = tolerant
         self.failed: dict[str, str] = {}
-        self.buckets_landed: dict[str, int] = {}  # engine URL -> weight-update calls that succeeded there
+        # engine URL -> weight-update calls that may have landed there: answered, or unanswered (a timeout or a lost
+        # connection may come after the engine applied it); a refusal (an HTTP error reply) did not land.
+        self.buckets_landed: dict[str, int] = {}
 
     @property
     def live(self) -> list[Any]:
         """Engines that have not failed in this push."""
         return [e for e in self.engines if e.url not in self.failed]
 
+    async def track(self, url: str, call: Awaitable[Any]) -> Any:
+        """Awaits one weight-update `call` to engine `url`, counting it in `buckets_landed` unless refused."""
+        refused = False
+        try:
+            return await call
+        except EngineError as exc:
+            refused = not exc.unreachable
+            raise
+        finally:
+            if not refused:
+                self.buckets_landed[url] = self.buckets_landed.get(url, 0) + 1
+
     async def each(self, method: str, **kw: Any) -> list[Any]:
         """`engine.<method>(**kw)` on every live engine concurrently; returns the live engines' results in order.
 
         Raises:
             EngineError: an engine failed and the session is not tolerant.
-            WeightPushError: no engine is left.
+        """
+        return await self.apply(method, lambda engine: getattr(engine, method)(**kw))
+
+    async def apply(self, step: str, call: Callable[[Any], Awaitable[Any]]) -> list[Any]:
+        """`call(engine)` on every live engine concurrently, as `each` does (`step` names it in the failure).
+
+        Raises:
+            EngineError: an engine failed and the session is not tolerant.
         """
         engines = self.live
-        results = await asyncio.gather(*(getattr(e, method)(**kw) for e in engines), return_exceptions=True)
+        calls = [call(e) for e in engines]
+        if step.startswith("update_weights_from"):
+            calls = [self.track(e.url, c) for e, c in zip(engines, calls, strict=True)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
         out = []
         for engine, result in zip(engines, results, strict=True):
             if isinstance(result, BaseException):
                 if not (self.tolerant and isinstance(result, EngineError | TimeoutError)):
                     raise result
-                logger.error("weight push: engine %s failed at %s: %s", engine.url, method, result)
-                self.failed[engine.url] = f"{method}: {result}"
+                logger.error("weight push: engine %s failed at %s: %s", engine.url, step, result)
+                self.failed[engine.url] = f"{step}: {result}"
             else:
                 out.append(result)
-                if method.startswith("update_weights_from"):
-                    self.buckets_landed[engine.url] = self.buckets_landed.get(engine.url, 0) + 1
         return out
+
+    def end_for_all(self, error: BaseException) -> None:
+        """Ends the push on every engine still in it: `error` escaped the session, so none got the whole push.
+
+        That is an engine's failure on a transport that cannot drop one engine (a collective: the others' buckets
+        stop too), or an error on this side. The engine `error` names gets its own message, the others a pointer.
+        """
+        culprit = getattr(error, "url", None)
+        text = f"{type(error).__name__}: {error}"
+        for engine in self.live:
+            here = culprit is None or engine.url == culprit
+            self.failed[engine.url] = text if here else f"push stopped when {culprit} failed: {text}"
 
     async def mark_incomplete(self, weight_version: str, *, timeout_s: float = 10.0) -> None:
         """Sets the reported version of every failed engine that took some buckets to `"<weight_version>-incomplete"`.

@@ -44,6 +44,7 @@ from safetensors.torch import save_file
 from slime_core.dir_swap import check_replaceable, mark, swap_in
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.process import find_free_port
+from slime_rollout.engines.transport import EngineError
 from slime_rollout.engines.wire import (
     broadcast_buffer,
     deserialize_named_tensors,
@@ -107,33 +108,46 @@ class _EngineUpdater:
         """Sends all buckets, then sets and checks `weight_version` on every engine.
 
         Raises:
-            WeightPushError: some engines failed during the push (the others completed it).
-            EngineError: an engine call failed on a transport that cannot drop one engine (names the engine).
-            RuntimeError: an engine reports another weight version afterwards.
+            WeightPushError: some engines did not complete the push (the others did), whichever way an engine
+                failed: its call (`EngineError`, a timeout), on a collective transport (every engine of the push is
+                named: their buckets stopped with it; the engine's error is the `__cause__`), or another version
+                reported after the fence.
+            Exception: an error on this side (a bucket the iterator failed to build) is raised as itself, after the
+                engines of the push are left paused and relabelled incomplete: restarting engines would not fix it.
         """
         run_sync(self.aupdate(buckets, str(weight_version)))
 
     async def aupdate(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         """Async form of `update`."""
         self.session = session = PushSession(self.client.engines, tolerant=self.tolerant)
+        error: BaseException | None = None
         async with engine_locks(self.client.urls):
-            await session.each("pause_generation", mode=self.pause_mode)
             try:
+                await session.each("pause_generation", mode=self.pause_mode)
                 await session.each("flush_cache")
                 await self._send(buckets, weight_version)
                 # The fence: the version changes only now that every bucket has landed.
                 await session.each("update_weight_version", new_version=weight_version)
+                live = session.live
                 versions = await session.each("get_weight_version")
-                live = [e.url for e in session.live]
-                wrong = [f"{u}={v!r}" for u, v in zip(live, versions, strict=True) if v != weight_version]
-                if wrong:
-                    raise RuntimeError(f"weight update to {weight_version!r} not applied: {', '.join(wrong)}")
+                for engine, version in zip(live, versions, strict=True):
+                    if version != weight_version:
+                        session.failed[engine.url] = f"reports weight version {version!r} after the push"
+            except BaseException as exc:
+                # Escaped the session (an engine on a collective transport, a call outside it, or this side): no engine
+                # still in the push got all of it; they stay paused and relabelled: none serves a mix as the new one.
+                logger.error("weight push %r stopped: %r", weight_version, exc)
+                session.end_for_all(exc)
+                error = exc
             finally:
+                session.tolerant = True  # continuing is per engine, whatever the transport
                 await session.each("continue_generation")
-            await session.mark_incomplete(weight_version)
+                await session.mark_incomplete(weight_version)
         self._after_update(weight_version)
+        if error is not None and not isinstance(error, EngineError | TimeoutError):
+            raise error
         if session.failed:
-            raise WeightPushError(session.failed, weight_version)
+            raise WeightPushError(session.failed, weight_version) from error
 
     async def _send(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         raise NotImplementedError
@@ -492,13 +506,16 @@ class DistributedWeightUpdater(_EngineUpdater):
             shapes = [list(t.shape) for _, t in bucket]
             engines = self.session.live
             announces = [
-                engine.update_weights_from_distributed(
-                    names=names,
-                    dtypes=dtypes,
-                    shapes=shapes,
-                    group_name=self.group_name,
-                    flush_cache=False,
-                    weight_version=weight_version,
+                self.session.track(  # counted: an engine left mid-push is relabelled incomplete
+                    engine.url,
+                    engine.update_weights_from_distributed(
+                        names=names,
+                        dtypes=dtypes,
+                        shapes=shapes,
+                        group_name=self.group_name,
+                        flush_cache=False,
+                        weight_version=weight_version,
+                    ),
                 )
                 for engine in engines
             ]

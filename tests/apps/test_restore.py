@@ -1,0 +1,88 @@
+"""The driver's restorer hands every engine a failed push names back for a restart, whatever the transport.
+
+A real `DistributedWeightUpdater` (gloo) pushes to a fake engine (aiohttp on its own thread) that refuses to join
+the broadcast group; Ray and the rollout manager are fakes that record the calls.
+"""
+
+import asyncio
+import threading
+import types
+
+import torch
+from aiohttp import web
+
+from slime_app import restore
+from slime_core.config import SlimeArgs
+from slime_rollout.engines.client import RolloutClient
+from slime_rollout.engines.process import find_free_port
+from slime_rollout.weight_sync.updaters import DistributedWeightUpdater
+
+
+class _Manager:
+    def __init__(self, urls):
+        self.urls, self.calls = urls, []
+
+    def __getattr__(self, name):
+        def remote(*args):
+            self.calls.append((name, *args))
+            return self.urls if name == "live_engine_urls" else None
+
+        return types.SimpleNamespace(remote=remote)
+
+
+class _Trainer:
+    """Rank 0 of a disaggregated run: its push goes through the real distributed updater."""
+
+    def __init__(self):
+        self.updater = None
+
+    def update_weights(self, version, urls):
+        self.updater = DistributedWeightUpdater(
+            SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1}), RolloutClient(urls),
+            master_address="127.0.0.1", master_port=find_free_port(start=29650), backend="gloo",
+            group_name="slime-restore-test",
+        )  # fmt: skip
+        self.updater.update(iter([[("w", torch.ones(2))]]), str(version))
+        return {"perf/update_weights_time": 0.1}
+
+
+def _serve(handler):
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def start():
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    runner, url = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=30)
+    return loop, runner, url
+
+
+def test_a_refused_distributed_push_restarts_the_engine_instead_of_ending_a_fault_tolerant_run(monkeypatch):
+    # Was: the collective transport raised EngineError, the restorer handled only WeightPushError, and the run ended
+    # with a traceback although --use-fault-tolerance was on.
+    async def handler(request):
+        if request.path == "/init_weights_update_group":
+            return web.json_response({"success": False, "message": "NCCL init failed on the test engine"}, status=400)
+        return web.json_response({"success": True})
+
+    loop, runner, url = _serve(handler)
+    try:
+        monkeypatch.setattr(restore, "ray", types.SimpleNamespace(get=lambda ref: ref))
+        cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "use_fault_tolerance": True})
+        manager = _Manager([url])
+        restorer = restore.EngineRestorer(cfg, manager, _Trainer())
+        assert restorer.push(1) == {}
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+    (failed,) = [c for c in manager.calls if c[0] == "engines_failed"]
+    assert failed[1] == [url] and "NCCL init failed on the test engine" in failed[2]
+    assert failed[2].startswith("weight push failed: weight push '1' failed on 1 engine(s)")
+    assert manager.calls[-1] == ("engines_restored", [])  # nothing reached: the engine gets the weights once back
+    assert restorer.weight_version == 1

@@ -1,0 +1,105 @@
+"""Every way a weight push can fail ends the same way: named engines in a `WeightPushError`, none serving a mix.
+
+The driver's restorer (`slime_app.restore`) restarts the engines a `WeightPushError` names; any other error ends a
+fault-tolerant run. Engines here are small aiohttp fakes that keep a weight version the way SGLang does (each bucket's
+`weight_version`, then `/update_weight_version`).
+"""
+
+import asyncio
+
+import pytest
+import torch
+from aiohttp import web
+
+from slime_core.config import SlimeArgs
+from slime_rollout.engines.client import RolloutClient
+from slime_rollout.engines.transport import EngineError
+from slime_rollout.weight_sync.updaters import TensorWeightUpdater, WeightPushError
+
+
+def _cfg():
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+
+
+def _engine(log, name, *, report=None, hang_on_bucket=None):
+    """A fake engine: `report` overrides the version it reports after the fence (a stale or lying engine);
+    `hang_on_bucket` (1-based) applies that bucket, then never answers (the client times out)."""
+    state = {"version": "0", "buckets": 0}
+
+    async def handler(request):
+        body = await request.json() if request.method == "POST" and request.can_read_body else {}
+        if request.path == "/model_info":
+            return web.json_response({"weight_version": report or state["version"]})
+        if request.path == "/update_weights_from_tensor":
+            state["buckets"] += 1
+            state["version"] = body["weight_version"]  # SGLang reports a bucket's version once it is applied
+            if state["buckets"] == hang_on_bucket:
+                await asyncio.sleep(30)
+        elif request.path == "/update_weight_version":
+            state["version"] = body["new_version"]
+        log.append((name, request.path))
+        return web.json_response({"success": True})
+
+    return handler
+
+
+def _buckets(n, *, fail_after=None):
+    for i in range(n):
+        if i == fail_after:
+            raise ValueError("bucket 1 could not be gathered")
+        yield [(f"w{i}", torch.full((2,), float(i)))]
+
+
+async def test_an_engine_reporting_another_version_after_the_fence_is_a_named_push_failure(http_server):
+    # Was: RuntimeError("weight update to '5' not applied"), which the restorer does not handle (the run ended), and
+    # the push had already continued every engine, the stale one too.
+    log = []
+    good = await http_server(_engine(log, "good"))
+    stale = await http_server(_engine(log, "stale", report="4"))
+    with pytest.raises(WeightPushError) as e:
+        await TensorWeightUpdater(_cfg(), RolloutClient([good, stale]), load_format=None).aupdate(_buckets(2), "5")
+    assert e.value.failed == {stale: "reports weight version '4' after the push"}
+    assert ("good", "/continue_generation") in log and ("stale", "/continue_generation") not in log
+    assert await RolloutClient([good, stale]).get_weight_versions() == ["5", "4"]
+
+
+async def test_a_bucket_that_fails_on_this_side_leaves_no_engine_serving_a_mix_under_the_new_version(http_server):
+    # Was: the ValueError skipped the relabel and the `finally` continued the engine, which then served one bucket
+    # of the new weights and the rest of the old ones while reporting version "5".
+    log = []
+    url = await http_server(_engine(log, "e0"))
+    with pytest.raises(ValueError, match="could not be gathered"):  # this side's error stays itself: no restart
+        await TensorWeightUpdater(_cfg(), RolloutClient([url]), load_format=None).aupdate(
+            _buckets(3, fail_after=1), "5"
+        )
+    assert ("e0", "/continue_generation") not in log
+    assert await RolloutClient([url]).get_weight_versions() == ["5-incomplete"]
+
+
+async def test_an_engine_that_applied_a_bucket_but_never_answered_is_relabelled_incomplete(http_server):
+    # Was: only answered buckets counted, so an engine that timed out on its first bucket (applied, as SGLang does
+    # before it replies) kept reporting the new version with one bucket of it.
+    log = []
+    good = await http_server(_engine(log, "good"))
+    slow = await http_server(_engine(log, "slow", hang_on_bucket=1))
+    client = RolloutClient([good, slow], timeout=1.0, max_retries=0)
+    with pytest.raises(WeightPushError) as e:
+        await TensorWeightUpdater(_cfg(), client, load_format=None).aupdate(_buckets(2), "5")
+    assert list(e.value.failed) == [slow]
+    assert isinstance(e.value.failed, dict) and "update_weights_from_tensor" in e.value.failed[slow]
+    assert await RolloutClient([good, slow]).get_weight_versions() == ["5", "5-incomplete"]
+
+
+def test_an_engine_error_escaping_a_collective_push_names_every_engine_in_it():
+    from slime_rollout.weight_sync.push import PushSession
+
+    class _Engine:
+        def __init__(self, url):
+            self.url = url
+
+    a, b = _Engine("http://a:1"), _Engine("http://b:1")
+    session = PushSession([a, b], tolerant=False)
+    session.end_for_all(EngineError(b.url, "/update_weights_from_distributed", "unknown parameter 'x'", 400))
+    said = "EngineError: engine http://b:1/update_weights_from_distributed failed (HTTP 400): unknown parameter 'x'"
+    assert session.failed == {a.url: f"push stopped when http://b:1 failed: {said}", b.url: said}
+    assert session.live == []
