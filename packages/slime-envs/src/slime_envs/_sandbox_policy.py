@@ -54,7 +54,11 @@ def rlimits(config: SandboxConfig) -> dict[str, int]:
         "RLIMIT_CPU": int(config.timeout_s) + 2,
         # One byte of headroom: a file that reaches exactly the limit is then told apart from one that was cut.
         "RLIMIT_FSIZE": config.max_output_bytes + 1,
-        "RLIMIT_CORE": 0,
+        # 1, not 0: a core_pattern that pipes to a helper (systemd-coredump, apport) ignores RLIMIT_CORE except the
+        # value 1, so with 0 every crash of the code started a root helper on the host, outside every limit here
+        # (fs/coredump.c, do_coredump); 1 is also below the smallest ELF core, so no core file is written either.
+        # The code cannot change it (`slime_envs._seccomp`: `_RLIMIT_CORE`).
+        "RLIMIT_CORE": 1,
         # Not the host's: a host with a real-time budget (limits.conf's rtprio, `docker --ulimit rtprio=99`) would
         # hand the code SCHED_FIFO, whose busy loop owns a CPU, and a nice below 0.
         "RLIMIT_RTPRIO": 0,

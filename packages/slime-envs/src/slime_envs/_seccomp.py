@@ -9,7 +9,8 @@ escape. Two programs are built here, once per host process:
   ENOSYS (glibc then falls back to `clone`, whose flags a filter can inspect: `clone3` passes them in
   memory), `clone` asking for a new namespace with EPERM, `socket`/`socketpair` of every address family
   with EACCES (see `_NO_SOCKETS`), `fallocate` with EOPNOTSUPP (see `_NO_FALLOCATE`), `prlimit64` of
-  another process and `fcntl(F_SETPIPE_SZ)` (see `_F_SETPIPE_SZ`) with EPERM.
+  another process, setting RLIMIT_CORE (see `_RLIMIT_CORE`) and `fcntl(F_SETPIPE_SZ)` (see
+  `_F_SETPIPE_SZ`) with EPERM.
 * `no_process_filter()`: loaded by the sandbox's runner before the model's code when subprocesses are not
   allowed: `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads still work) and `execve`/`execveat`
   fail with EPERM, whichever Python API (or native code) asks for them.
@@ -88,6 +89,9 @@ _NO_SOCKETS = ("socket", "socketpair")
 # code: the code lowered the init's RLIMIT_AS to 64 KiB and its RLIMIT_CPU to 0. Only pid 0 (itself; glibc's
 # getrlimit/setrlimit) is allowed: the init stays out of the code's reach (issue 27, item 10).
 _NO_PRLIMIT_OF_OTHERS = "prlimit64"
+# RLIMIT_CORE stays 1 (`slime_envs._sandbox_policy.rlimits`): lowering it to 0 needs no privilege and turns the
+# host's pipe core helper back on for every crash, so setting it (setrlimit, or prlimit64 with a new limit) is EPERM.
+_RLIMIT_CORE = 4
 # fallocate(FALLOC_FL_KEEP_SIZE) allocates disk blocks past a file's end without changing its size, which
 # RLIMIT_FSIZE does not check: on the host's stdout file (the code's descriptor 1, on the host's disk) it took
 # 2 GiB of the host's disk in one call with max_output_bytes = 1 MiB. EOPNOTSUPP, not EPERM: glibc's
@@ -213,6 +217,8 @@ def base_filter() -> bytes:
         f.deny(name, _act_errno(errno.EACCES))
     f.deny(_NO_FALLOCATE, _act_errno(errno.EOPNOTSUPP))
     f.deny(_NO_PRLIMIT_OF_OTHERS, _act_errno(errno.EPERM), (0, _SCMP_CMP_NE, 0, 0))
+    f.deny("setrlimit", _act_errno(errno.EPERM), (0, _SCMP_CMP_EQ, _RLIMIT_CORE, 0))
+    f.deny("prlimit64", _act_errno(errno.EPERM), (1, _SCMP_CMP_EQ, _RLIMIT_CORE, 0), (2, _SCMP_CMP_NE, 0, 0))
     f.deny("fcntl", _act_errno(errno.EPERM), (1, _SCMP_CMP_EQ, _F_SETPIPE_SZ, 0))
     return f.export()
 
