@@ -22,12 +22,15 @@ def _cfg():
 
 
 def _engine(log, name, *, report=None, hang_on_bucket=None):
-    """A fake engine: `report` overrides the version it reports after the fence (a stale or lying engine);
-    `hang_on_bucket` (1-based) applies that bucket, then never answers (the client times out)."""
+    """A fake engine: `report` overrides the version it reports after the fence (a stale or lying engine; "error":
+    its `/model_info` fails); `hang_on_bucket` (1-based) applies that bucket, then never answers (the client times
+    out)."""
     state = {"version": "0", "buckets": 0}
 
     async def handler(request):
         body = await request.json() if request.method == "POST" and request.can_read_body else {}
+        if request.path == "/model_info" and report == "error":
+            return web.json_response({"success": False, "message": "scheduler died"}, status=500)
         if request.path == "/model_info":
             return web.json_response({"weight_version": report or state["version"]})
         if request.path == "/update_weights_from_tensor":
@@ -61,6 +64,17 @@ async def test_an_engine_reporting_another_version_after_the_fence_is_a_named_pu
     assert e.value.failed == {stale: "reports weight version '4' after the push"}
     assert ("good", "/continue_generation") in log and ("stale", "/continue_generation") not in log
     assert await RolloutClient([good, stale]).get_weight_versions() == ["5", "4"]
+
+
+async def test_an_engine_failing_the_version_check_is_named_and_the_others_complete(http_server):
+    log = []
+    good = await http_server(_engine(log, "good"))
+    broken = await http_server(_engine(log, "broken", report="error"))
+    client = RolloutClient([broken, good], max_retries=0)
+    with pytest.raises(WeightPushError) as e:
+        await TensorWeightUpdater(_cfg(), client, load_format=None).aupdate(_buckets(2), "5")
+    assert list(e.value.failed) == [broken] and "scheduler died" in e.value.failed[broken]
+    assert ("good", "/continue_generation") in log and ("broken", "/continue_generation") not in log
 
 
 async def test_a_bucket_that_fails_on_this_side_leaves_no_engine_serving_a_mix_under_the_new_version(http_server):

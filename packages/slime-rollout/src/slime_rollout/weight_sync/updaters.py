@@ -128,9 +128,8 @@ class _EngineUpdater:
                 await self._send(buckets, weight_version)
                 # The fence: the version changes only now that every bucket has landed.
                 await session.each("update_weight_version", new_version=weight_version)
-                live = session.live
                 versions = await session.each("get_weight_version")
-                for engine, version in zip(live, versions, strict=True):
+                for engine, version in zip(session.live, versions, strict=True):  # those that answered
                     if version != weight_version:
                         session.failed[engine.url] = f"reports weight version {version!r} after the push"
             except BaseException as exc:
@@ -143,9 +142,9 @@ class _EngineUpdater:
                 session.tolerant = True  # continuing is per engine, whatever the transport
                 await session.each("continue_generation")
                 await session.mark_incomplete(weight_version)
-        self._after_update(weight_version)
         if error is not None and not isinstance(error, EngineError | TimeoutError):
             raise error
+        self._after_update(weight_version)
         if session.failed:
             raise WeightPushError(session.failed, weight_version) from error
 
