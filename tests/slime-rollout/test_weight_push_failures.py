@@ -117,3 +117,42 @@ def test_an_engine_error_escaping_a_collective_push_names_every_engine_in_it():
     said = "EngineError: engine http://b:1/update_weights_from_distributed failed (HTTP 400): unknown parameter 'x'"
     assert session.failed == {a.url: f"push stopped when http://b:1 failed: {said}", b.url: said}
     assert session.live == []
+
+
+class _Url:
+    def __init__(self, url):
+        self.url = url
+
+
+async def _fail_after(delay_s, error):
+    await asyncio.sleep(delay_s)
+    raise error
+
+
+async def test_a_broadcast_broken_by_an_engine_that_died_is_that_engines_failure(monkeypatch):
+    # Was: this end's broadcast failing first (the peer's socket closed) ended the push with gloo's RuntimeError, an
+    # error of "this side" the restorer does not handle, although the engine's HTTP call failed unreachable a moment
+    # later; which of the two came first was a race.
+    from slime_rollout.weight_sync import push
+
+    own = asyncio.ensure_future(_fail_after(0.0, RuntimeError("[gloo] Connection closed by peer")))
+    dead = EngineError("http://e:1", "/update_weights_from_distributed", "ServerDisconnectedError", unreachable=True)
+    calls = [asyncio.sleep(30), _fail_after(0.2, dead)]
+    with pytest.raises(EngineError) as e:
+        await push.alongside_engines(
+            own, calls, [_Url("http://a:1"), _Url("http://e:1")], "/update_weights_from_distributed"
+        )
+    assert e.value is dead and "Connection closed by peer" in str(e.value.__cause__)
+
+
+async def test_a_broadcast_failing_on_this_side_stays_this_sides_error(monkeypatch):
+    from slime_rollout.weight_sync import push
+
+    monkeypatch.setattr(push, "PEER_GRACE_S", 0.3)
+    own = asyncio.ensure_future(_fail_after(0.0, TypeError("gloo cannot broadcast this dtype")))
+    refused = EngineError("http://e:1", "/update_weights_from_distributed", "bad shape", 400)  # answered: not lost
+    calls = [asyncio.sleep(30), _fail_after(0.05, refused)]
+    with pytest.raises(TypeError, match="dtype"):
+        await push.alongside_engines(
+            own, calls, [_Url("http://a:1"), _Url("http://e:1")], "/update_weights_from_distributed"
+        )

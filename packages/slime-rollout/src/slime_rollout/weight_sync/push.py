@@ -35,15 +35,18 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.engines.wire import UpdateWeightVersionReq
 
-__all__ = ["PushSession", "WeightPushError", "engine_locks"]
+__all__ = ["PushSession", "WeightPushError", "alongside_engines", "engine_locks"]
 
 logger = logging.getLogger(__name__)
+
+# How long a failed broadcast of this end waits for an engine's HTTP call to fail unreachable (the peer that died).
+PEER_GRACE_S = 5.0
 
 _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
@@ -180,3 +183,74 @@ class PushSession:
         for engine, result in zip(failed, results, strict=True):
             if isinstance(result, BaseException):
                 logger.warning("weight push: could not mark %s's weights incomplete: %s", engine.url, result)
+
+
+async def _engine_lost(tasks: list[asyncio.Future], timeout_s: float) -> asyncio.Future | None:
+    """The first of `tasks` (engine calls) that fails unreachable within `timeout_s`, or None."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending = {t for t in tasks if not t.done()}
+    while True:
+        for t in tasks:
+            if t.done() and not t.cancelled():
+                exc = t.exception()
+                if isinstance(exc, EngineError) and exc.unreachable:
+                    return t
+        left = deadline - loop.time()
+        if not pending or left <= 0:
+            return None
+        _, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+
+
+async def alongside_engines(own: asyncio.Future, calls: list[Coroutine], engines: list[Any], endpoint: str) -> Any:
+    """Awaits this end of a collective and each engine's HTTP call of it; the first failure is raised at once.
+
+    An engine that refuses its part (`/init_weights_update_group`, `/update_weights_from_distributed` answering an
+    error) never joins the collective, so this end would wait for it until the group's timeout.
+
+    Args:
+        own: this end's collective (`slime_rollout.runtime.deadlines.in_daemon_thread`: a daemon thread, abandoned on
+            a refusal, since `asyncio.run` would join an executor's).
+        calls: one HTTP call per engine, in `engines` order.
+        engines: the engines (for the log line).
+        endpoint: the route, for the log line.
+
+    Returns:
+        What `own` returned.
+
+    Raises:
+        EngineError: an engine refused or failed its call (this end's collective is abandoned), also after this end's
+            collective failed, when an engine call fails unreachable within `PEER_GRACE_S` (its `__cause__` is that
+            failure).
+        Exception: this end's collective failed, and no engine was lost.
+    """
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    pending: set[asyncio.Future] = {own, *tasks}
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t for t in tasks if t in done and t.exception() is not None]
+            if failed:
+                engine = engines[tasks.index(failed[0])]
+                logger.error(
+                    "weight push: engine %s refused %s; the trainer stops its side of the broadcast group",
+                    engine.url, endpoint,
+                )  # fmt: skip
+                raise failed[0].exception()  # type: ignore[misc]
+            if own in done and own.exception() is not None:
+                # An engine that died breaks this end's collective about when its HTTP call loses the connection; it
+                # is then the cause (named in a WeightPushError, restarted) rather than an error of this side.
+                lost = await _engine_lost(tasks, PEER_GRACE_S)
+                if lost is not None:
+                    logger.error(
+                        "weight push: the broadcast failed and engine %s stopped answering %s",
+                        engines[tasks.index(lost)].url, endpoint,
+                    )  # fmt: skip
+                    raise lost.exception() from own.exception()  # type: ignore[misc]
+                raise own.exception()  # type: ignore[misc]
+    finally:
+        for t in [own, *tasks]:
+            if not t.done():
+                t.cancel()  # the HTTP calls stop; the thread is abandoned (a daemon)
+            t.add_done_callback(lambda f: f.cancelled() or f.exception())  # no "never retrieved" warnings
+    return own.result()

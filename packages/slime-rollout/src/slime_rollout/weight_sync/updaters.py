@@ -54,7 +54,7 @@ from slime_rollout.engines.wire import (
     serialize_named_tensors,
 )
 from slime_rollout.runtime.deadlines import in_daemon_thread
-from slime_rollout.weight_sync.push import PushSession, WeightPushError, engine_locks
+from slime_rollout.weight_sync.push import PushSession, WeightPushError, alongside_engines, engine_locks
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -327,49 +327,6 @@ class TensorWeightUpdater(_EngineUpdater):
 # ----------------------------------------------------------------------------------------- distributed
 
 
-async def _alongside_engines(own: asyncio.Future, calls: list[Coroutine], engines: list[Any], endpoint: str) -> Any:
-    """Awaits this end of a collective and each engine's HTTP call of it; the first failure is raised at once.
-
-    An engine that refuses its part (`/init_weights_update_group`, `/update_weights_from_distributed` answering an
-    error) never joins the collective, so this end would wait for it until the group's timeout.
-
-    Args:
-        own: this end's collective (`slime_rollout.runtime.deadlines.in_daemon_thread`: a daemon thread, abandoned on
-            a refusal, since `asyncio.run` would join an executor's).
-        calls: one HTTP call per engine, in `engines` order.
-        engines: the engines (for the log line).
-        endpoint: the route, for the log line.
-
-    Returns:
-        What `own` returned.
-
-    Raises:
-        EngineError: an engine refused or failed its call (this end's collective is abandoned).
-        Exception: this end's collective failed.
-    """
-    tasks = [asyncio.ensure_future(c) for c in calls]
-    pending: set[asyncio.Future] = {own, *tasks}
-    try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [t for t in tasks if t in done and t.exception() is not None]
-            if failed:
-                engine = engines[tasks.index(failed[0])]
-                logger.error(
-                    "weight push: engine %s refused %s; the trainer stops its side of the broadcast group",
-                    engine.url, endpoint,
-                )  # fmt: skip
-                raise failed[0].exception()  # type: ignore[misc]
-            if own in done and own.exception() is not None:
-                raise own.exception()  # type: ignore[misc]
-    finally:
-        for t in [own, *tasks]:
-            if not t.done():
-                t.cancel()  # the HTTP calls stop; the thread is abandoned (a daemon)
-            t.add_done_callback(lambda f: f.cancelled() or f.exception())  # no "never retrieved" warnings
-    return own.result()
-
-
 class DistributedWeightUpdater(_EngineUpdater):
     """Disaggregated update: broadcast from trainer rank 0 to every engine rank (NCCL on GPUs).
 
@@ -456,7 +413,7 @@ class DistributedWeightUpdater(_EngineUpdater):
             group_name=self.group_name,
         )
         try:
-            self._group = await _alongside_engines(own, joins, self.client.engines, "/init_weights_update_group")
+            self._group = await alongside_engines(own, joins, self.client.engines, "/init_weights_update_group")
         except BaseException:
             formed = own.done() and not own.cancelled() and own.exception() is None
             await self._teardown(own.result() if formed else None, failed=True)
@@ -521,7 +478,7 @@ class DistributedWeightUpdater(_EngineUpdater):
             own = in_daemon_thread(self._broadcast, bucket, name="weight sync: broadcast")
             try:
                 # Shielded: an engine that refuses after receiving may answer before this end's broadcast returns.
-                await _alongside_engines(asyncio.shield(own), announces, engines, "/update_weights_from_distributed")
+                await alongside_engines(asyncio.shield(own), announces, engines, "/update_weights_from_distributed")
             except BaseException:
                 # The group is never used again. A broadcast still waiting keeps this end's group: destroying it would
                 # block this whole process until the broadcast times out.
