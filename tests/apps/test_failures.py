@@ -121,6 +121,19 @@ def test_an_engine_failure_is_one_line_with_what_to_do(tmp_path):
     assert engine_failure(ValueError("a bug"), _cfg(tmp_path)) is None  # other errors keep their traceback
 
 
+def test_a_failed_weight_push_is_one_line_with_what_to_do(tmp_path):
+    # A refused distributed push became a WeightPushError (so the restorer handles it); without
+    # --use-fault-tolerance it must still end the run in one line, as the EngineError it was did.
+    from slime_rollout.weight_sync.push import WeightPushError
+
+    error = WeightPushError({"http://10.0.0.5:15000": "update_weights_from_distributed: refused"}, "3")
+    wrapped = ray.exceptions.RayTaskError("TrainActor.update_weights", "Traceback ...", error).as_instanceof_cause()
+    assert engine_failure(wrapped, _cfg(tmp_path)) == (
+        "weight push '3' failed on 1 engine(s): http://10.0.0.5:15000: update_weights_from_distributed: refused "
+        "(--use-fault-tolerance restarts an engine that dies)"
+    )
+
+
 def test_user_code_past_its_deadline_is_one_line(tmp_path):
     # A trainer-side hook stopped at --plugin-timeout-secs ended the run in Ray's 30-line actor traceback.
     from slime_app.failures import deadline_failure

@@ -24,6 +24,7 @@ from slime_core.error_text import first_rank_error
 from slime_core.hook_deadline import HookDeadlineExceeded
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.runtime.deadlines import DeadlineExceeded
+from slime_rollout.weight_sync.push import WeightPushError
 
 __all__ = ["SaveFailed", "actor_failure", "deadline_failure", "engine_failure", "root_cause", "save_failed"]
 
@@ -102,11 +103,12 @@ def engine_failure(error: BaseException, cfg: SlimeArgs) -> str | None:
     rollout manager's task; what the user needs is which engine, what the client saw, and what to do.
 
     Args:
-        error: what the driver caught (Ray's task error around the rollout manager's `EngineError`).
+        error: what the driver caught (Ray's task error around the rollout manager's `EngineError`, or around a trainer
+            rank's `WeightPushError`).
         cfg: reads `use_fault_tolerance` and `save`, for the advice.
     """
     cause = root_cause(error)
-    if not isinstance(cause, EngineError):
+    if not isinstance(cause, EngineError | WeightPushError):  # a push's failure crosses Ray without its cause
         return None
     advice = [] if cfg.use_fault_tolerance else ["--use-fault-tolerance restarts an engine that dies"]
     if cfg.save:
