@@ -33,7 +33,7 @@ from pydantic.fields import FieldInfo
 from slime_core.config.args import SlimeArgs, config_error_from_validation
 from slime_core.config.base import ConfigError, field_to_flag
 from slime_core.config.megatron_flags import MEGATRON_FLAGS
-from slime_core.config.unsupported import UNSUPPORTED, UNSUPPORTED_FLAGS
+from slime_core.config.unsupported import UNSUPPORTED, UNSUPPORTED_FLAG_DEFAULTS, UNSUPPORTED_FLAGS
 
 __all__ = ["YamlConfig", "build_parser", "load_yaml_config", "parse_args"]
 
@@ -158,6 +158,10 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThroug
         elif name in MEGATRON_FLAGS:
             megatron += argv[i:end]
         elif name in UNSUPPORTED_FLAGS:
+            given = inline if eq else " ".join(values)
+            if name in UNSUPPORTED_FLAG_DEFAULTS and given == UNSUPPORTED_FLAG_DEFAULTS[name]:
+                i = end  # the original's default, which is what this version does
+                continue
             raise ConfigError(f"{name} is not implemented in this version ({UNSUPPORTED_FLAGS[name]}); remove it")
         else:
             known = sorted(slime_flags | MEGATRON_FLAGS)

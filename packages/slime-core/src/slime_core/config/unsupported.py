@@ -16,7 +16,7 @@ from slime_core.config.base import ConfigError, field_to_flag, non_default
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
 
-__all__ = ["UNSUPPORTED", "UNSUPPORTED_FLAGS", "check_unsupported"]
+__all__ = ["UNSUPPORTED", "UNSUPPORTED_FLAGS", "UNSUPPORTED_FLAG_DEFAULTS", "check_unsupported"]
 
 # field name -> why it is not implemented / what to use instead (one clause, shown after the flag).
 UNSUPPORTED: dict[str, str] = {
@@ -105,6 +105,15 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store",
     "--wandb-run-name": "the W&B run is named from --wandb-group (resume one with --wandb-run-id)",
     "--warmup-ratio": "use --lr-warmup-fraction",
+}
+
+
+# The original's default of a value flag of `UNSUPPORTED_FLAGS`, where that default is what this version does: given
+# with it (a launch script that spells the default out), the flag changes nothing and is accepted, as a config
+# field at its default is.
+UNSUPPORTED_FLAG_DEFAULTS: dict[str, str] = {
+    "--rollout-data-transport": "object-store",
+    "--memory-recorder": "torch",  # read only by the original's memory profiler, off by default
 }
 
 
