@@ -48,3 +48,14 @@ def test_only_train_list_freezes_the_rest():
 def test_bad_patterns(args, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         frozen_parameter_names(NAMES, args)
+
+
+@pytest.mark.parametrize("flag", ["--freeze-params-name-list", "--only-train-params-name-list"])
+def test_the_flags_take_no_value_as_the_original_does(flag):
+    # The original's nargs="*": a launch script whose pattern variable is empty passes the bare flag. Here it was
+    # "argument --freeze-params-name-list: expected at least one argument"; an empty list freezes nothing there too.
+    from slime_core.config import parse_args
+
+    cfg = parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--n-samples-per-prompt", "2", flag])
+    assert getattr(cfg, flag.removeprefix("--").replace("-", "_")) == []
+    assert frozen_parameter_names(NAMES, cfg) == set()

@@ -51,6 +51,7 @@ def arg(
     cli: bool = True,
     aliases: tuple[str, ...] = (),
     registry: str | None = None,
+    nargs: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """Declares a config field; `help` becomes the field description and the `--flag` help text.
@@ -62,6 +63,7 @@ def arg(
         aliases: Extra option strings for the flag (e.g. `("--async",)`).
         registry: the entry-point group whose names the value must be (`slime_core.extensions`); the CLI's
             help lists the registered names. The field's validator calls `check_registered`.
+        nargs: a list flag's argparse `nargs` ("+" when None); "*" where the original takes the flag with no value.
         **kwargs: Passed to `pydantic.Field` (e.g. `gt=0`).
 
     Returns:
@@ -74,6 +76,8 @@ def arg(
         extra["aliases"] = list(aliases)
     if registry:
         extra["registry"] = registry
+    if nargs:
+        extra["nargs"] = nargs
     return Field(default, description=help, json_schema_extra=extra or None, **kwargs)
 
 

@@ -76,7 +76,7 @@ def _add_field(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: 
         kwargs["action"] = "store_true" if field.default is False else argparse.BooleanOptionalAction
     elif origin is list:
         (item,) = typing.get_args(annotation)
-        kwargs.update(nargs="+", action="extend")
+        kwargs.update(nargs=extra.get("nargs", "+"), action="extend")
         if typing.get_origin(item) is Literal:
             kwargs["choices"] = typing.get_args(item)
         else:

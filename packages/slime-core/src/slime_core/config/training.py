@@ -161,11 +161,12 @@ class OptimizerArgs(ArgsGroup):
     use_stateless_adam: bool = arg(False, "Adam without persisted moments.")
     bf16: bool = arg(False, "Train in bfloat16 (mixed precision).")
     fp16: bool = arg(False, "Train in float16 (mixed precision).")
+    # nargs "*" as in the original: a script's empty pattern variable gives the flag no value (nothing frozen).
     only_train_params_name_list: list[str] | None = arg(
-        None, "Regexes (re.search on the backend's parameter names) of the only parameters to train."
+        None, "Regexes (re.search on the backend's parameter names) of the only parameters to train.", nargs="*"
     )
     freeze_params_name_list: list[str] | None = arg(
-        None, "Regexes (re.search on the backend's parameter names) of parameters to freeze."
+        None, "Regexes (re.search on the backend's parameter names) of parameters to freeze.", nargs="*"
     )
     log_probs_chunk_size: int = arg(
         -1,
