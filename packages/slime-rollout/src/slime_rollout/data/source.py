@@ -29,6 +29,7 @@ from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.chat_template import render_chat, text_content
+from slime_rollout.data.original_cursor import original_cursor, original_cursor_path
 from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
@@ -495,6 +496,9 @@ class RolloutDataSource:
     def load(self, rollout_id: int | None = None) -> None:
         """Restores the cursor saved under `--load` for `rollout_id` (no-op without --load or file).
 
+        A checkpoint of the original slime holds its cursor as `global_dataset_state_dict_{rollout_id}.pt`
+        (`slime_rollout.data.original_cursor`), read when this version's file is absent.
+
         Raises:
             ValueError: the file exists but is not a valid cursor.
         """
@@ -502,13 +506,17 @@ class RolloutDataSource:
         if not root or rollout_id is None:
             return
         path = self.state_path(root, rollout_id)
-        if not path.exists():
+        if not path.exists() and original_cursor_path(root, rollout_id).exists():
+            path = original_cursor_path(root, rollout_id)  # a checkpoint the original slime wrote
+            self._set_state(original_cursor(path))
+        elif not path.exists():
             logger.warning("no data-source cursor at %s; starting from the beginning", path)
             return
-        try:
-            self._set_state(json.loads(path.read_text(encoding="utf-8")))
-        except (KeyError, ValueError, TypeError) as e:
-            raise ValueError(f"{path}: bad data-source cursor ({e})") from e
+        else:
+            try:
+                self._set_state(json.loads(path.read_text(encoding="utf-8")))
+            except (KeyError, ValueError, TypeError) as e:
+                raise ValueError(f"{path}: bad data-source cursor ({e})") from e
         logger.info(
             "restored data-source cursor from %s (epoch %d, offset %d)", path, self.epoch_id, self.sample_offset
         )

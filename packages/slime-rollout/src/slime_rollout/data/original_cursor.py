@@ -1,0 +1,48 @@
+"""The data cursor of a checkpoint the original slime wrote, for a run that resumes from one.
+
+The original saves its `RolloutDataSource` position as `{--save}/rollout/global_dataset_state_dict_{rollout_id}.pt`
+(`torch.save` of a dict, `slime/rollout/data_source.py`); this version writes `data_source_{rollout_id}.json`
+(`slime_rollout.data.source.RolloutDataSource.save`). Without this reader a resume from the original's `--save`
+found no cursor and started the prompts again from the first one.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+__all__ = ["original_cursor", "original_cursor_path"]
+
+# The original's position fields; a missing one is 0, as its `load` reads them.
+_FIELDS = ("epoch_id", "sample_offset", "sample_group_index", "sample_index")
+
+
+def original_cursor_path(root: str | pathlib.Path, rollout_id: int) -> pathlib.Path:
+    """Where the original slime kept the data cursor of `rollout_id` under a checkpoint root."""
+    return pathlib.Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
+
+
+def original_cursor(path: pathlib.Path) -> dict[str, Any]:
+    """Reads an original cursor file into this version's cursor fields, with the original's defaults for missing ones.
+
+    Returns:
+        `epoch_id`, `sample_offset`, `sample_group_index`, `sample_index` (ints) and `metadata` (a dict); the
+        original keeps no buffer.
+
+    Raises:
+        ValueError: the file is not a `torch.save`d dict of those fields (names the file).
+    """
+    import torch  # only a resume from the original's checkpoint needs it
+
+    try:
+        # Plain containers of ints and strings: nothing that needs unpickling code.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict):
+            raise TypeError(f"a {type(state).__name__}, not a dict")
+        cursor = {key: int(state.get(key, 0)) for key in _FIELDS}
+        metadata = state.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise TypeError(f"metadata is a {type(metadata).__name__}, not a dict")
+    except Exception as e:  # noqa: BLE001 - any failure to read it is one error naming the file
+        raise ValueError(f"{path}: not a data cursor of the original slime ({type(e).__name__}: {e})") from e
+    return {**cursor, "metadata": metadata}

@@ -1,0 +1,47 @@
+"""A resume from a checkpoint the original slime wrote continues its prompt stream (`data/original_cursor.py`)."""
+
+import json
+
+import pytest
+import torch
+
+from slime_core.config import PluginArgs, SlimeArgs
+from slime_rollout.data.source import RolloutDataSourceWithBuffer
+
+
+def _args(tmp_path, **kw):
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(7)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fields = dict(rollout_batch_size=1, num_rollout=1, input_key="question", label_key="answer", rollout_seed=42,
+                  n_samples_per_prompt=2, rollout_shuffle=True, prompt_data=str(data))  # fmt: skip
+    return PluginArgs.from_config(SlimeArgs.from_dict({**fields, **kw}))
+
+
+def test_the_originals_cursor_file_resumes_where_its_run_stopped(tmp_path):
+    # Was: "no data-source cursor at .../data_source_3.json; starting from the beginning": the prompts of an
+    # original run resumed with --load started over from the first one.
+    ran = RolloutDataSourceWithBuffer(_args(tmp_path))
+    ran.get_samples(5)  # into the second epoch: 7 prompts, 5 + 5 taken by the end
+    ran.get_samples(5)
+    expected = ran.get_samples(4)
+    # What the original's RolloutDataSource.save(3) wrote at that point (slime/rollout/data_source.py).
+    (tmp_path / "ckpt" / "rollout").mkdir(parents=True)
+    torch.save(
+        {"sample_offset": 3, "epoch_id": 1, "sample_group_index": 10, "sample_index": 20, "metadata": {"k": 1}},
+        tmp_path / "ckpt" / "rollout" / "global_dataset_state_dict_3.pt",
+    )
+    resumed = RolloutDataSourceWithBuffer(_args(tmp_path, load=str(tmp_path / "ckpt")))
+    resumed.load(3)
+    got = resumed.get_samples(4)
+    assert [[s.to_dict() for s in g] for g in got] == [[s.to_dict() for s in g] for g in expected]
+    assert resumed.metadata == {"k": 1} and got[0][0].index == 20
+
+
+def test_a_damaged_original_cursor_is_one_error_naming_the_file(tmp_path):
+    (tmp_path / "ckpt" / "rollout").mkdir(parents=True)
+    bad = tmp_path / "ckpt" / "rollout" / "global_dataset_state_dict_3.pt"
+    bad.write_bytes(b"not a torch file")
+    resumed = RolloutDataSourceWithBuffer(_args(tmp_path, load=str(tmp_path / "ckpt")))
+    with pytest.raises(ValueError, match=rf"^{bad}: not a data cursor of the original slime"):
+        resumed.load(3)
