@@ -496,8 +496,7 @@ class RolloutDataSource:
     def load(self, rollout_id: int | None = None) -> None:
         """Restores the cursor saved under `--load` for `rollout_id` (no-op without --load or file).
 
-        A checkpoint of the original slime holds its cursor as `global_dataset_state_dict_{rollout_id}.pt`
-        (`slime_rollout.data.original_cursor`), read when this version's file is absent.
+        Without this version's file, the original slime's is read (`slime_rollout.data.original_cursor`).
 
         Raises:
             ValueError: the file exists but is not a valid cursor.
