@@ -121,3 +121,27 @@ def test_tensorboard_is_on_by_default(tmp_path):
     tracker.close()
     assert tracker.tensorboard_dir == str(tmp_path / "tensorboard")
     assert Tracker(_args("--no-use-tensorboard"), str(tmp_path)).tensorboard_dir is None
+
+
+def test_a_wandb_finish_that_never_returns_does_not_hold_the_run(monkeypatch, tmp_path, caplog):
+    # W&B's finish waits for every upload with no deadline (wandb/wandb#11179: "wandb finish runs forever" once the
+    # network is gone); Tracker.close() called it directly, so a run whose training was done never ended.
+    import threading
+
+    from slime_app import tracking
+
+    fake, release = _FakeWandb(), threading.Event()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(tracking, "WANDB_FINISH_TIMEOUT_S", 0.2)
+    tracker = Tracker(_args("--use-wandb", "--wandb-mode", "offline"), str(tmp_path / "out"))
+    tracker._wandb.finish = release.wait  # blocks until the test ends (or 60 s: an unbounded close then fails below)
+    threading.Timer(60, release.set).start()
+    tracker._wandb.dir = str(tmp_path / "wandb" / "run-1" / "files")
+    try:
+        with caplog.at_level("WARNING", logger="slime_app.tracking"):
+            tracker.close()  # returns after the 0.2 s deadline
+        assert f"the run's files are in {tmp_path / 'wandb' / 'run-1' / 'files'}" in caplog.text
+        assert "`wandb sync` uploads them later" in caplog.text
+    finally:
+        release.set()
+    assert tracking.finish_wandb(types.SimpleNamespace(finish=lambda: None), 5.0) is True

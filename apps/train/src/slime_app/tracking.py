@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -18,6 +19,9 @@ from slime_app.progress import RunProgress
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
+
+# How long the end of a run waits for W&B's last uploads (`finish_wandb`).
+WANDB_FINISH_TIMEOUT_S = 120.0
 
 # Keys shown in the one-line summary per rollout, with their short labels.
 _COMPACT = [
@@ -217,4 +221,24 @@ class Tracker:
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
-            self._wandb.finish()
+            finish_wandb(self._wandb)
+
+
+def finish_wandb(run: Any, timeout_s: float | None = None) -> bool:
+    """`run.finish()`, given at most `timeout_s` (default `WANDB_FINISH_TIMEOUT_S`); False when it did not return.
+
+    W&B's finish waits for every upload, with no deadline of its own: after the network went away it has run
+    for hours (wandb/wandb#11179, #6803), and the run, its training done, never ended. Past the deadline the
+    finish is left to its daemon thread and a warning says where the run's files are (`wandb sync` uploads them).
+    """
+    timeout_s = WANDB_FINISH_TIMEOUT_S if timeout_s is None else timeout_s
+    thread = threading.Thread(target=run.finish, name="wandb finish", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not thread.is_alive():
+        return True
+    logger.warning(
+        "W&B did not finish its uploads within %.0f s (no network?); the run's files are in %s: "
+        "`wandb sync` uploads them later", timeout_s, getattr(run, "dir", None) or "the --wandb-dir folder",
+    )  # fmt: skip
+    return False
