@@ -156,3 +156,33 @@ async def test_a_broadcast_failing_on_this_side_stays_this_sides_error(monkeypat
         await push.alongside_engines(
             own, calls, [_Url("http://a:1"), _Url("http://e:1")], "/update_weights_from_distributed"
         )
+
+
+async def test_a_lora_engine_failing_to_unload_its_adapter_is_dropped_and_the_others_load(http_server, tmp_path):
+    # Was: the unload ran in a bare gather outside the push session, so one engine's 500 (or a dead engine) escaped
+    # as an EngineError: the push stopped for every engine and ended a --use-fault-tolerance run.
+    from slime_rollout.weight_sync.lora import LoraWeightUpdater
+
+    log = []
+
+    def lora_engine(name, *, unload_status=200):
+        async def handler(request):
+            log.append((name, request.path))
+            if request.path == "/model_info":
+                return web.json_response({"weight_version": "7"})
+            if request.path == "/unload_lora_adapter" and unload_status != 200:
+                return web.json_response({"success": False, "message": "CUDA error"}, status=unload_status)
+            return web.json_response({"success": True})
+
+        return handler
+
+    good = await http_server(lora_engine("good"))
+    bad = await http_server(lora_engine("bad", unload_status=500))
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "fsdp", "lora_rank": 2,
+                               "lora_alpha": 4.0, "update_weight_disk_dir": str(tmp_path / "sync")})  # fmt: skip
+    buckets = [[("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", torch.zeros(2, 4))]]
+    with pytest.raises(WeightPushError) as e:
+        await LoraWeightUpdater(cfg, RolloutClient([good, bad], max_retries=0)).aupdate(buckets, "7")
+    assert list(e.value.failed) == [bad] and "CUDA error" in e.value.failed[bad]
+    assert ("good", "/load_lora_adapter") in log and ("bad", "/load_lora_adapter") not in log
+    assert ("good", "/continue_generation") in log and ("bad", "/continue_generation") not in log
