@@ -93,7 +93,8 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--megatron-deepgemm-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
     "--megatron-deepgemm-moe-forward-layers": "no DeepGEMM FP8 forward; the trainer computes in bf16",
     "--megatron-deepgemm-moe-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
-    "--memory-recorder": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
+    "--memory-recorder": "no built-in memory profiler; use torch.cuda.memory._record_memory_history (torch, the "
+    "original's default, is accepted)",
     "--memory-snapshot-path": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
     "--override-lr-scheduler": (
         "a resumed run continues the checkpoint's schedule and refuses other --lr/--min-lr/warmup/decay values; "
@@ -102,7 +103,8 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--use-checkpoint-lr-scheduler": "a resumed run continues the checkpoint's schedule (other values are refused)",
     "--profile-step-start": _NO_PROFILER,
     "--profile-step-end": _NO_PROFILER,
-    "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store",
+    "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store (object-store, the "
+    "original's default, is accepted)",
     "--wandb-run-name": "the W&B run is named from --wandb-group (resume one with --wandb-run-id)",
     "--warmup-ratio": "use --lr-warmup-fraction",
 }
