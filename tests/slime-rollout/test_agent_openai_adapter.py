@@ -440,8 +440,10 @@ async def test_sessions_unknown_capped_and_finished(tok, scripted, served):
         await stranger.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     await stranger.close()
     await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    with pytest.raises(openai.BadRequestError, match="max_turns_per_sid=1"):
+    # The original's refusal: HTTP 429 rate_limit_error (it was a 400 here).
+    with pytest.raises(openai.RateLimitError, match="max_turns_per_sid=1") as err:
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
+    assert err.value.status_code == 429 and err.value.body["type"] == "rate_limit_error"
     assert len(await adapter.finish_session("s", base_sample=Sample())) == 1
     assert await adapter.finish_session("s", base_sample=Sample()) == []
     with pytest.raises(openai.NotFoundError):

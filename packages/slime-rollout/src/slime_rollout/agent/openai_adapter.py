@@ -32,7 +32,10 @@ The session of a call is its API key (`Authorization: Bearer <sid>`), else `meta
 Each call checks the chat-template conformance of what it sends: the ids must equal the template's tokenization
 of the call's messages (`TurnRecord.template_mismatch`; a mismatch is logged once per session and counted in
 `metadata["agent"]`): where they differ, a consumer that re-renders the conversation would train on tokens
-the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`.
+the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`;
+a reply holds every call the model wrote, or only the first under `parallel_tool_calls: false` (OpenAI's meaning;
+the original's adapter always returns only the first). `finish_reason` is `length` whenever the engine stopped at
+the token cap, even after a complete call; a call cut before its `</tool_call>` stays text.
 A reply whose client closed the connection first (its HTTP timeout) is not recorded: no one acted on it
 (`metadata["agent"]["num_unanswered"]` counts them); give the agent's client a timeout above `request_timeout_s`.
 Not supported, refused with HTTP 400 naming the field: `stream`, `n` > 1, `tool_choice` that forces a call,
@@ -107,6 +110,18 @@ def _stop_strings(value: Any, session_id: str) -> list[str]:
     )
 
 
+def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, str]:
+    """`text` up to its first stop string (OpenAI leaves the stop sequence out), and that stop string ("" if none).
+
+    At the same position the longest stop string is the one reported (`</tool_call>` over `</tool`).
+    """
+    found = [(text.find(s), -len(s), s) for s in stops if s and s in text]
+    if not found:
+        return text, ""
+    at, _, stop = min(found)
+    return text[:at], stop
+
+
 def _first_difference(a: list[int], b: list[int]) -> int | None:
     n = min(len(a), len(b))
     first = next((i for i in range(n) if a[i] != b[i]), None)
@@ -125,8 +140,9 @@ class OpenAIAdapter:
             `<tool_call>` JSON blocks).
         reasoning_parser: None (reasoning stays in the content) or one of `REASONING_PARSERS` (a leading
             `<think>...</think>` becomes `reasoning_content`).
-        max_turns_per_sid: refuse a session's calls beyond this many, recorded and in flight (HTTP 400); None: no
-            limit.
+        max_turns_per_sid: refuse a session's calls beyond this many, recorded and in flight, with the original's
+            HTTP 429 `rate_limit_error` (the openai SDK retries it `max_retries` times, then raises
+            `RateLimitError`); None: no limit.
         request_timeout_s: deadline of one engine call in seconds (HTTP 504 past it).
         check_chat_template: run the chat-template conformance check on every call.
         model_name: the model id `/v1/models` lists.
@@ -338,7 +354,11 @@ class OpenAIAdapter:
         # Calls in flight count: they are not recorded yet, and 5 concurrent calls all passed a cap of 2. No await
         # between this check and `inflight.add` below, so the count cannot go stale.
         if self.max_turns_per_sid is not None and session.num_calls + len(session.inflight) >= self.max_turns_per_sid:
-            return _error(400, f"agent session {session_id!r} reached max_turns_per_sid={self.max_turns_per_sid}")
+            # The original's status and type (429 rate_limit_error: "killing run"); the openai SDK retries a 429
+            # max_retries times, each refused again, then raises RateLimitError.
+            logger.warning("agent session %s reached max_turns_per_sid=%d", session_id, self.max_turns_per_sid)
+            message = f"agent session {session_id!r} reached max_turns_per_sid={self.max_turns_per_sid}"
+            return _error(429, message, kind="rate_limit_error")
         try:
             chat = parse_request(body)
             plan = session.plan(self.tokenizer, chat)
@@ -412,10 +432,10 @@ class OpenAIAdapter:
             # An abort (weight update, shutdown) is not the model's answer: not recorded, the agent may retry.
             return _error(503, "the engine aborted the call (weights are being updated?); retry", kind="server_error")
         visible = self.tokenizer.decode(ids, skip_special_tokens=True)
-        stops = [s for s in [*(session.sampling_defaults.get("stop") or []), *chat.stop] if s in visible]
-        if stops:
-            visible = visible[: min(visible.index(s) for s in stops)]  # OpenAI leaves the stop sequence out
-        parsed = parse_output(visible, parse_tools=chat.parse_tools, parse_reasoning=self.parse_reasoning)
+        visible, stop = _cut_at_stop(visible, [*(session.sampling_defaults.get("stop") or []), *chat.stop])
+        parsed = parse_output(visible, parse_tools=chat.parse_tools, parse_reasoning=self.parse_reasoning, stop=stop)
+        if not chat.parallel_tool_calls and len(parsed.tool_calls) > 1:
+            self._drop_parallel_calls(session, parsed.tool_calls)
         wire, template = assistant_messages(parsed.content, parsed.tool_calls, parsed.reasoning)
         turn = TurnRecord(
             prompt_ids=plan.token_in,
@@ -427,7 +447,9 @@ class OpenAIAdapter:
             template_mismatch=self._conformance(session, chat, plan.token_in) if self.check_chat_template else None,
         )
         session.record(plan, turn)
-        finish_reason = "tool_calls" if parsed.tool_calls else ("length" if finish == "length" else "stop")
+        # A reply cut by the token cap says so even after a complete call (OpenAI's `length`): the agent must not
+        # take a cut turn for a finished one. A call cut before its `</tool_call>` is never parsed as one.
+        finish_reason = "length" if finish == "length" else ("tool_calls" if parsed.tool_calls else "stop")
         logprobs = None
         if chat.logprobs:
             texts = [self.tokenizer.decode([i]) for i in ids]
@@ -444,6 +466,24 @@ class OpenAIAdapter:
             logprobs=logprobs,
         )
         return web.json_response(body)
+
+    def _drop_parallel_calls(self, session: AgentSession, calls: list[dict[str, Any]]) -> None:
+        """`parallel_tool_calls: false`: keeps only the first call in `calls`, as OpenAI and the original reply.
+
+        The others are counted and logged; their tokens stay in the trained turn, as the model wrote them.
+        """
+        dropped = len(calls) - 1
+        del calls[1:]
+        session.num_dropped_tool_calls += dropped
+        logger.warning(
+            "agent session %s: call %d wrote %d tool calls but the request set parallel_tool_calls=false; "
+            "returned the first, dropped %d (%d in this session)",
+            session.session_id,
+            session.num_calls + 1,
+            dropped + 1,
+            dropped,
+            session.num_dropped_tool_calls,
+        )
 
     def _conformance(self, session: AgentSession, chat: ChatRequest, token_in: list[int]) -> int | None:
         """First index where `token_in` differs from the chat template's ids of the call's messages (None: equal)."""

@@ -177,6 +177,7 @@ class AgentSession:
         self.num_forks = 0
         self.num_template_mismatches = 0
         self.num_unanswered = 0  # engine replies not recorded: the client had closed the connection
+        self.num_dropped_tool_calls = 0  # calls past the first of a reply to `parallel_tool_calls: false`
 
     def plan(self, tokenizer: Any, request: ChatRequest) -> Plan:
         """The engine input of a call: continues the branch sharing the longest history, else renders anew.
@@ -262,7 +263,8 @@ class AgentSession:
         (the index when it has none: siblings share one loss denominator), and gets `reward`; its `prompt` is
         `base_sample.prompt`, or the first call's messages when that is empty.
         `metadata["agent"]`: session id, branch number, branch count, the branch it forked from, the session's
-        calls whose client left before the reply (`num_unanswered`, not recorded), and per call `prompt_tokens`,
+        calls whose client left before the reply (`num_unanswered`, not recorded), the tool calls past the first of
+        replies to `parallel_tool_calls: false` (`num_dropped_tool_calls`, not returned), and per call `prompt_tokens`,
         `completion_tokens`, `finish_reason`, `template_mismatch`, `trained`.
         """
         samples = []
@@ -283,6 +285,7 @@ class AgentSession:
                 "forked_from": branch.forked_from,
                 "turns": branch.turns,
                 "num_unanswered": self.num_unanswered,
+                "num_dropped_tool_calls": self.num_dropped_tool_calls,
             }
             s.metadata = {
                 **base_sample.metadata,
