@@ -162,3 +162,15 @@ async def test_max_completion_tokens_null_falls_back_to_max_tokens(make):
     assert [p["sampling_params"]["max_new_tokens"] for p in engine.payloads] == [5, 7]  # the original's order
     with pytest.raises(openai.BadRequestError, match="max_completion_tokens must be a positive integer, got 0"):
         await agent.chat.completions.create(model="m", messages=USER, max_completion_tokens=0)
+
+
+async def test_an_aborted_call_is_counted_in_the_episodes_metadata(make):
+    # The rollout aborts its surplus mid-episode: the engine answers "abort", the adapter said 503 and kept no count,
+    # so the generate function could not tell a cut episode from a finished one.
+    adapter, engine, agent = await make(["a<|im_end|>", "b"], finish=["stop", "abort"])
+    await agent.chat.completions.create(model="m", messages=USER)
+    messages = [*USER, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
+    with pytest.raises(openai.InternalServerError):
+        await agent.chat.completions.create(model="m", messages=messages)
+    (s,) = await adapter.finish_session("s", base_sample=Sample(index=0))
+    assert s.metadata["agent"]["num_aborted"] == 1 and len(s.metadata["agent"]["turns"]) == 1

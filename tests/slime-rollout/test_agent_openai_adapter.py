@@ -488,6 +488,7 @@ async def test_engine_abort_error_and_context_limit(tok, scripted):
     with pytest.raises(openai.InternalServerError, match="aborted") as err:
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
     assert err.value.status_code == 503
+    assert adapter._sessions["s"].num_aborted == 1  # counted (it went unlogged), for metadata["agent"]
     assert await adapter.finish_session("s", base_sample=Sample()) == []  # an aborted call is not recorded
 
     from slime_rollout.engines.transport import EngineError

@@ -429,7 +429,16 @@ class OpenAIAdapter:
             return _error(502, str(e), kind="server_error")
         finish = (meta.get("finish_reason") or {}).get("type")
         if finish == "abort":
-            # An abort (weight update, shutdown) is not the model's answer: not recorded, the agent may retry.
+            # An abort (weight update, the rollout's surplus, shutdown) is not the model's answer: not recorded, the
+            # agent may retry (the openai SDK retries a 503). Counted, so the generate function can tell an episode
+            # the abort cut short (metadata["agent"]["num_aborted"]).
+            session.num_aborted += 1
+            logger.info(
+                "agent session %s: the engine aborted call %d (not recorded; %d so far)",
+                session.session_id,
+                session.num_calls + 1,
+                session.num_aborted,
+            )
             return _error(503, "the engine aborted the call (weights are being updated?); retry", kind="server_error")
         visible = self.tokenizer.decode(ids, skip_special_tokens=True)
         visible, stop = _cut_at_stop(visible, [*(session.sampling_defaults.get("stop") or []), *chat.stop])

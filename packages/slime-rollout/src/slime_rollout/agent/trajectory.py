@@ -178,6 +178,7 @@ class AgentSession:
         self.num_template_mismatches = 0
         self.num_unanswered = 0  # engine replies not recorded: the client had closed the connection
         self.num_dropped_tool_calls = 0  # calls past the first of a reply to `parallel_tool_calls: false`
+        self.num_aborted = 0  # calls the engine aborted (weight update, the rollout's surplus): not recorded
 
     def plan(self, tokenizer: Any, request: ChatRequest) -> Plan:
         """The engine input of a call: continues the branch sharing the longest history, else renders anew.
@@ -264,8 +265,9 @@ class AgentSession:
         `base_sample.prompt`, or the first call's messages when that is empty.
         `metadata["agent"]`: session id, branch number, branch count, the branch it forked from, the session's
         calls whose client left before the reply (`num_unanswered`, not recorded), the tool calls past the first of
-        replies to `parallel_tool_calls: false` (`num_dropped_tool_calls`, not returned), and per call `prompt_tokens`,
-        `completion_tokens`, `finish_reason`, `template_mismatch`, `trained`.
+        replies to `parallel_tool_calls: false` (`num_dropped_tool_calls`, not returned), the calls the engine
+        aborted (`num_aborted`, not recorded: an episode the rollout's abort cut short has one), and per call
+        `prompt_tokens`, `completion_tokens`, `finish_reason`, `template_mismatch`, `trained`.
         """
         samples = []
         for i, branch in enumerate(self.branches):
@@ -286,6 +288,7 @@ class AgentSession:
                 "turns": branch.turns,
                 "num_unanswered": self.num_unanswered,
                 "num_dropped_tool_calls": self.num_dropped_tool_calls,
+                "num_aborted": self.num_aborted,
             }
             s.metadata = {
                 **base_sample.metadata,
