@@ -499,9 +499,11 @@ async def test_engine_abort_error_and_context_limit(tok, scripted):
     assert err.value.status_code == 502
 
     adapter, engine, agent = await scripted(["a"], sid="u", max_context_tokens=5)
-    with pytest.raises(openai.BadRequestError, match="the limit is 5"):
+    with pytest.raises(openai.BadRequestError, match="the limit is 5") as err:
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
     assert engine.payloads == []
+    # OpenAI's code, which agents read to compact their history (it was None, as the open_session docstring denied).
+    assert err.value.code == "context_length_exceeded"
 
 
 def test_constructor_errors(tok):

@@ -79,8 +79,10 @@ logger = logging.getLogger(__name__)
 _MAX_BODY_BYTES = 64 * 1024 * 1024  # agent contexts run to hundreds of thousands of tokens
 
 
-def _error(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> web.Response:
-    return web.json_response(error_body(message, kind=kind, param=param), status=status)
+def _error(
+    status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> web.Response:
+    return web.json_response(error_body(message, kind=kind, param=param, code=code), status=status)
 
 
 def _session_id(request: web.Request, body: Any) -> str | None:
@@ -370,7 +372,7 @@ class OpenAIAdapter:
             return _error(400, f"chat template: {e}", param="messages")
         if session.max_context_tokens and len(plan.token_in) >= session.max_context_tokens:
             message = f"the prompt has {len(plan.token_in)} tokens; the limit is {session.max_context_tokens}"
-            return _error(400, message, param="messages")
+            return _error(400, message, param="messages", code="context_length_exceeded")  # OpenAI's code
         payload = {
             "input_ids": plan.token_in,
             "sampling_params": self._sampling_params(session, chat, len(plan.token_in)),

@@ -438,6 +438,12 @@ def completion_body(
     }
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape, `{"error": {"message", "type", "param", "code"}}`."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def error_body(
+    message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error shape, `{"error": {"message", "type", "param", "code"}}`.
+
+    `code` is OpenAI's machine-readable code where one applies: agents look for `context_length_exceeded` to
+    compact their history.
+    """
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
