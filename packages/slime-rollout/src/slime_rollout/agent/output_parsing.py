@@ -74,6 +74,19 @@ def _one_call(body: str) -> dict[str, Any] | None:
     return {"name": obj["name"], "arguments": arguments}
 
 
+def _thinking_end(text: str) -> int:
+    """Where the turn's leading thinking ends (0: none).
+
+    Up to a `</think>` that no `<think>` precedes but a leading one (Qwen3-thinking templates open `<think>` in the
+    prompt), or all of an unclosed leading `<think>`.
+    """
+    close = text.find("</think>")
+    opens_at_start = text.lstrip().startswith("<think>")
+    if close >= 0 and (opens_at_start or "<think>" not in text[:close]):
+        return close + len("</think>")
+    return len(text) if opens_at_start else 0
+
+
 def _open_block_at_end(text: str) -> bool:
     """Whether a `<tool_call>` opens after the last complete block (the stop string may close it)."""
     last = 0
@@ -89,6 +102,7 @@ def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool, stop: s
         text: the turn decoded from the engine's ids, end-of-turn marker and stop string already removed.
         parse_tools: read `<tool_call>` blocks (the request offered tools and `tool_choice` is not "none").
         parse_reasoning: split off a leading `<think>...</think>` (an unclosed leading `<think>`: all reasoning).
+            Either way, a `<tool_call>` inside the thinking is not a call.
         stop: the stop string cut from the end of `text` ("" if none); one that starts with `</tool_call>`
             closes a `<tool_call>` block left open at the end of `text` (the original's adapter parsed the
             text with the stop string in it; trimming it first lost the call).
@@ -108,9 +122,14 @@ def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool, stop: s
     calls: list[dict[str, Any]] = []
     ill_formed = 0
     if parse_tools:
+        # Without a reasoning parser the thinking stays in the content, and a call the model only considered
+        # there is no call (it was returned, and executed).
+        thinking_end = _thinking_end(text)
         kept: list[str] = []
         last = 0
         for start, end, body in json_tag_blocks(text, _OPEN, _CLOSE):  # linear: see tag_blocks
+            if start < thinking_end:
+                continue
             call = _one_call(body)
             if call is None:
                 ill_formed += 1
