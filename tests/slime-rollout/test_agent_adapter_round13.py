@@ -174,3 +174,16 @@ async def test_an_aborted_call_is_counted_in_the_episodes_metadata(make):
         await agent.chat.completions.create(model="m", messages=messages)
     (s,) = await adapter.finish_session("s", base_sample=Sample(index=0))
     assert s.metadata["agent"]["num_aborted"] == 1 and len(s.metadata["agent"]["turns"]) == 1
+
+
+async def test_a_call_to_a_tool_the_request_did_not_offer_is_text(make):
+    # It came back as a call the agent has no tool for (SGLang's parsers, which the original uses, drop such a
+    # call); it stays in the content and is counted per turn.
+    turn = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>' + block("6*7") + "<|im_end|>"
+    adapter, engine, agent = await make([turn])
+    reply = await agent.chat.completions.create(model="m", messages=USER, tools=[CALC])
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "calc"
+    assert reply.choices[0].message.content == '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    (s,) = await adapter.finish_session("s", base_sample=Sample(index=0))
+    assert s.metadata["agent"]["turns"][0]["ill_formed_tool_calls"] == 1

@@ -291,15 +291,17 @@ class OpenAIAdapter:
         await self._close(session, wait_timeout)
         samples = session.to_samples(base_sample, reward=reward, extra_metadata=extra_metadata)
         logger.info(
-            "agent session %s: %d calls (%d unanswered: the client left), %d branch(es) (%d forked), %d sample(s), "
-            "%d call(s) off the chat template",
+            "agent session %s: %d calls (%d unanswered: the client left; %d aborted by the engine), %d branch(es) "
+            "(%d forked), %d sample(s), %d call(s) off the chat template, %d ill-formed tool call(s) left as text",
             session_id,
             session.num_calls,
             session.num_unanswered,
+            session.num_aborted,
             len(session.branches),
             session.num_forks,
             len(samples),
             session.num_template_mismatches,
+            session.num_ill_formed,
         )
         return samples
 
@@ -444,7 +446,10 @@ class OpenAIAdapter:
             return _error(503, "the engine aborted the call (weights are being updated?); retry", kind="server_error")
         visible = self.tokenizer.decode(ids, skip_special_tokens=True)
         visible, stop = _cut_at_stop(visible, [*(session.sampling_defaults.get("stop") or []), *chat.stop])
-        parsed = parse_output(visible, parse_tools=chat.parse_tools, parse_reasoning=self.parse_reasoning, stop=stop)
+        names = {t["function"]["name"] for t in chat.tools or []}
+        parsed = parse_output(
+            visible, parse_tools=chat.parse_tools, parse_reasoning=self.parse_reasoning, stop=stop, tool_names=names
+        )
         if not chat.parallel_tool_calls and len(parsed.tool_calls) > 1:
             self._drop_parallel_calls(session, parsed.tool_calls)
         wire, template = assistant_messages(parsed.content, parsed.tool_calls, parsed.reasoning)
@@ -456,6 +461,7 @@ class OpenAIAdapter:
             text=self.tokenizer.decode(ids, skip_special_tokens=False),
             reply=template,
             template_mismatch=self._conformance(session, chat, plan.token_in) if self.check_chat_template else None,
+            num_ill_formed=parsed.num_ill_formed,
         )
         session.record(plan, turn)
         # A reply cut by the token cap says so even after a complete call (OpenAI's `length`): the agent must not

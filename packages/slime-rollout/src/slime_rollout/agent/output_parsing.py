@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Collection
 from typing import Any
 
 from slime_core.lone_surrogates import first_lone_surrogate
@@ -42,8 +43,8 @@ class ParsedOutput:
         content: visible text (tool-call blocks and reasoning removed, stripped).
         reasoning: the `<think>` text, or "" when there is none or no reasoning parser is set.
         tool_calls: `[{"name": str, "arguments": dict}]`, in the order the model wrote them.
-        num_ill_formed: `<tool_call>` blocks that were not a JSON object with a string `name` and object
-            `arguments`, or held a JSON escape of half a surrogate pair, U+D800-U+DFFF (left in `content`).
+        num_ill_formed: `<tool_call>` blocks that were not a JSON object with a string `name` (of an offered tool)
+            and object `arguments`, or held a JSON escape of half a surrogate pair, U+D800-U+DFFF (left in `content`).
     """
 
     content: str
@@ -95,7 +96,9 @@ def _open_block_at_end(text: str) -> bool:
     return text.find(_OPEN, last) >= 0
 
 
-def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool, stop: str = "") -> ParsedOutput:
+def parse_output(
+    text: str, *, parse_tools: bool, parse_reasoning: bool, stop: str = "", tool_names: Collection[str] | None = None
+) -> ParsedOutput:
     """Splits a model turn's text into content, reasoning and tool calls.
 
     Args:
@@ -106,6 +109,9 @@ def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool, stop: s
         stop: the stop string cut from the end of `text` ("" if none); one that starts with `</tool_call>`
             closes a `<tool_call>` block left open at the end of `text` (the original's adapter parsed the
             text with the stop string in it; trimming it first lost the call).
+        tool_names: the names of the tools the request offered; a block calling another name is ill-formed (it
+            stays in the content), as SGLang's parsers drop such a call: an agent has no such tool to run.
+            None: any name.
 
     Returns:
         The parsed turn.
@@ -131,6 +137,8 @@ def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool, stop: s
             if start < thinking_end:
                 continue
             call = _one_call(body)
+            if call is not None and tool_names is not None and call["name"] not in tool_names:
+                call = None
             if call is None:
                 ill_formed += 1
                 continue  # the malformed block stays in the content
