@@ -187,3 +187,16 @@ async def test_a_call_to_a_tool_the_request_did_not_offer_is_text(make):
     assert reply.choices[0].message.content == '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
     (s,) = await adapter.finish_session("s", base_sample=Sample(index=0))
     assert s.metadata["agent"]["turns"][0]["ill_formed_tool_calls"] == 1
+
+
+async def test_shutdown_session_closes_to_calls_and_keeps_the_episode(make):
+    # The original's public shutdown_session (close + drain, records kept for finish_session) was missing here.
+    adapter, engine, agent = await make(["a<|im_end|>", "b<|im_end|>"])
+    await agent.chat.completions.create(model="m", messages=USER)
+    await adapter.shutdown_session("s")
+    with pytest.raises(openai.APIStatusError, match="is finished") as err:
+        await agent.chat.completions.create(model="m", messages=USER)
+    assert err.value.status_code == 410 and len(engine.payloads) == 1
+    (s,) = await adapter.finish_session("s", base_sample=Sample(index=0))
+    assert len(s.metadata["agent"]["turns"]) == 1
+    await adapter.shutdown_session("s")  # gone: a no-op, as the original's for a drained id

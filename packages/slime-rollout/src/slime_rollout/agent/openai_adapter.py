@@ -305,6 +305,16 @@ class OpenAIAdapter:
         )
         return samples
 
+    async def shutdown_session(self, session_id: str, *, wait_timeout: float = 5.0) -> None:
+        """Closes a session to new calls and drains the ones in flight, keeping its records (the original's).
+
+        Later calls get HTTP 410; `finish_session` still returns the episode, `drop_session` discards it.
+        Calls still running after `wait_timeout` seconds are cancelled (not recorded).
+        """
+        session = self._sessions.get(session_id)
+        if session is not None:
+            await self._drain(session, wait_timeout)
+
     async def drop_session(self, session_id: str, *, wait_timeout: float = 5.0) -> None:
         """Closes a session and discards its records (e.g. after a failed episode)."""
         session = self._sessions.get(session_id)
@@ -312,6 +322,11 @@ class OpenAIAdapter:
             await self._close(session, wait_timeout)
 
     async def _close(self, session: AgentSession, wait_timeout: float) -> None:
+        await self._drain(session, wait_timeout)
+        # Kept until drained so that late calls see "closed" (410), not "unknown" (404).
+        self._sessions.pop(session.session_id, None)
+
+    async def _drain(self, session: AgentSession, wait_timeout: float) -> None:
         session.closed = True
         pending = [t for t in session.inflight if not t.done()]
         if pending:
@@ -325,8 +340,6 @@ class OpenAIAdapter:
                     len(late),
                     wait_timeout,
                 )
-        # Kept until drained so that late calls see "closed" (410), not "unknown" (404).
-        self._sessions.pop(session.session_id, None)
 
     # ---- handlers -------------------------------------------------------------------------------------
 
