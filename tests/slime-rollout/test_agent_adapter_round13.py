@@ -200,3 +200,28 @@ async def test_shutdown_session_closes_to_calls_and_keeps_the_episode(make):
     (s,) = await adapter.finish_session("s", base_sample=Sample(index=0))
     assert len(s.metadata["agent"]["turns"]) == 1
     await adapter.shutdown_session("s")  # gone: a no-op, as the original's for a drained id
+
+
+@pytest.mark.slow  # ~10 s: a real CPU reference engine (tiny random Qwen3)
+async def test_against_the_reference_engine_cap_and_token_fields(reference_engine, tiny_qwen3_dir):
+    # The same refusals and token caps with a real engine behind the adapter: the turn cap is the original's 429,
+    # and a null max_completion_tokens falls back to max_tokens (the engine then generates exactly 3 tokens).
+    from slime_rollout.engines.client import EngineClient
+
+    engine = EngineClient(reference_engine.urls[0])
+    adapter = OpenAIAdapter(tokenizer=str(tiny_qwen3_dir), client=engine, max_turns_per_sid=1)
+    await adapter.start()
+    adapter.open_session("e", sampling_defaults={"temperature": 1.0, "max_new_tokens": 32, "sampling_seed": 3})
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="e", max_retries=0, timeout=120)
+    try:
+        reply = await agent.chat.completions.create(
+            model="m", messages=USER, tools=[CALC], parallel_tool_calls=False, max_tokens=3,
+            extra_body={"max_completion_tokens": None},
+        )  # fmt: skip
+        assert reply.usage.completion_tokens == 3 and reply.choices[0].finish_reason == "length"
+        with pytest.raises(openai.RateLimitError, match="max_turns_per_sid=1"):
+            await agent.chat.completions.create(model="m", messages=USER, max_tokens=3)
+    finally:
+        await agent.close()
+        await adapter.stop()
+        await engine.aclose()
