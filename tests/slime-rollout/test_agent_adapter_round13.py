@@ -225,3 +225,20 @@ async def test_against_the_reference_engine_cap_and_token_fields(reference_engin
         await agent.close()
         await adapter.stop()
         await engine.aclose()
+
+
+async def test_a_session_without_a_token_cap_gets_the_originals_4096(tok):
+    # No max_new_tokens anywhere was sent as none: SGLang (and the reference engine) then stop at 128 tokens.
+    engine = Engine(tok, ["a<|im_end|>"] * 3)
+    adapter = OpenAIAdapter(tokenizer=tok, client=engine)
+    await adapter.start()
+    adapter.open_session("s")
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
+    try:
+        for max_tokens in (None, 8000, 10):
+            extra = {} if max_tokens is None else {"max_tokens": max_tokens}
+            await agent.chat.completions.create(model="m", messages=USER, **extra)
+    finally:
+        await agent.close()
+        await adapter.stop()
+    assert [p["sampling_params"]["max_new_tokens"] for p in engine.payloads] == [4096, 4096, 10]

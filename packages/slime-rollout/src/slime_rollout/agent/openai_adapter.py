@@ -77,6 +77,7 @@ __all__ = ["OpenAIAdapter"]
 logger = logging.getLogger(__name__)
 
 _MAX_BODY_BYTES = 64 * 1024 * 1024  # agent contexts run to hundreds of thousands of tokens
+_DEFAULT_MAX_NEW_TOKENS = 4096  # a call's cap when neither the session's defaults nor the call set one (the original's)
 
 
 def _error(
@@ -249,7 +250,7 @@ class OpenAIAdapter:
             session_id: unique per agent run.
             sampling_defaults: the run's SGLang sampling params (the generate function's `sampling_params`);
                 a call's own `temperature`, `top_p`, `seed`, ... override them, and its `max_tokens` can only
-                lower `max_new_tokens`.
+                lower `max_new_tokens` (4,096 when the defaults have none, as in the original).
             max_context_tokens: a call whose prompt reaches this many tokens is refused (`context_length_exceeded`);
                 0: no limit.
 
@@ -425,14 +426,13 @@ class OpenAIAdapter:
         if "sampling_seed" not in chat.sampling and seed is not None:
             # Each call of the episode draws from its own seed (same calls, same seeds).
             params["sampling_seed"] = continuation_seed(int(seed), num_prompt_tokens)
-        cap = params.get("max_new_tokens")
+        # The original's default cap: without it SGLang (and the reference engine) stop every turn at 128 tokens.
+        cap = int(params.get("max_new_tokens") or _DEFAULT_MAX_NEW_TOKENS)
         if chat.max_tokens is not None:
-            cap = chat.max_tokens if cap is None else min(int(cap), chat.max_tokens)
+            cap = min(cap, chat.max_tokens)
         if session.max_context_tokens:
-            room = session.max_context_tokens - num_prompt_tokens
-            cap = room if cap is None else min(int(cap), room)
-        if cap is not None:
-            params["max_new_tokens"] = int(cap)
+            cap = min(cap, session.max_context_tokens - num_prompt_tokens)
+        params["max_new_tokens"] = cap
         stop = [*(params.get("stop") or []), *chat.stop]
         params["stop"] = stop or None
         # The text must be the ids' text: special tokens and the matched stop string stay in.
