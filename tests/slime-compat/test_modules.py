@@ -299,3 +299,70 @@ def test_unknown_processing_utils_name_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="has no attribute 'prepare_model_inputs'"):
         processing_utils.prepare_model_inputs  # noqa: B018
+
+
+def test_the_originals_remaining_utils_helpers():
+    # Each was missing here (an AttributeError in a plugin written for the original): misc.decode_int32_meta_array,
+    # Box, group_by, chunk_named_params_by_size; async_utils.get_async_loop, AsyncLoopThread;
+    # http_utils.get_rollout_num_engines, terminate_process.
+    import asyncio
+    import base64
+    import multiprocessing
+    import signal
+    import struct
+    import types
+
+    import torch
+
+    from slime.utils.async_utils import AsyncLoopThread, get_async_loop, run
+    from slime.utils.http_utils import get_rollout_num_engines, terminate_process
+    from slime.utils.misc import Box, chunk_named_params_by_size, decode_int32_meta_array, group_by
+    from slime_rollout.runtime.async_utils import get_loop
+
+    packed = struct.pack("<4i", 3, -1, 7, 2**31 - 1)
+    for value in (
+        base64.b64encode(packed).decode(),
+        packed,
+        [3, -1, 7, 2**31 - 1],
+        torch.tensor([[3, -1], [7, 2**31 - 1]]),
+    ):
+        got = decode_int32_meta_array({"other": 1, "routed_experts": value}, ("missing", "routed_experts"))
+        assert got.dtype == torch.int32 and got.tolist() == [3, -1, 7, 2**31 - 1]
+    assert decode_int32_meta_array({"k": None}, "k") is None and decode_int32_meta_array({}, "k") is None
+    with pytest.raises(ValueError, match="5 bytes under"):
+        decode_int32_meta_array({"k": b"12345"}, "k")
+
+    thing = object()
+    assert Box(thing).inner is thing
+    assert group_by(["ab", "c", "de", "f"], key=len) == {2: ["ab", "de"], 1: ["c", "f"]}
+    assert group_by([1, 2, 1]) == {1: [1, 1], 2: [2]}
+    params = [(f"w{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([2, 2, 5, 1])]  # 8, 8, 20, 4 bytes
+    buckets = [[name for name, _ in b] for b in chunk_named_params_by_size(params, 16)]
+    assert buckets == [["w0"], ["w1"], ["w2"], ["w3"]]  # 8 + 8 reaches 16: closed before, as the original
+    assert [[n for n, _ in b] for b in chunk_named_params_by_size(params, 17)] == [["w0", "w1"], ["w2"], ["w3"]]
+
+    async def where():
+        return asyncio.get_running_loop()
+
+    shared = get_async_loop()
+    assert shared.loop is get_loop() and shared.run(where()) is get_loop() and run(where()) is get_loop()
+    own = AsyncLoopThread()
+    assert own.run(where()) is own.loop is not get_loop()
+    own.loop.call_soon_threadsafe(own.loop.stop)
+
+    cfg = types.SimpleNamespace
+    assert get_rollout_num_engines(cfg(rollout_num_gpus=8, rollout_num_gpus_per_engine=2)) == 4
+    assert get_rollout_num_engines(cfg(rollout_num_gpus=1, rollout_num_gpus_per_engine=2)) == 1
+    assert get_rollout_num_engines(cfg(rollout_num_gpus=None, rollout_num_gpus_per_engine=1)) == 0
+    assert get_rollout_num_engines(cfg(rollout_num_engines=3, rollout_num_gpus=8)) == 3
+    process = multiprocessing.get_context("spawn").Process(target=_sleep_long, daemon=True)
+    process.start()
+    terminate_process(process, timeout=30)
+    assert process.exitcode == -signal.SIGTERM  # stopped by the SIGTERM, not dead of its own
+    terminate_process(process)  # already gone: a no-op
+
+
+def _sleep_long():
+    import time
+
+    time.sleep(300)

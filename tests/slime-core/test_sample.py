@@ -120,8 +120,9 @@ def test_dict_round_trip_preserves_everything():
     assert back.get_reward_value("acc") == 1.0
     with pytest.raises(ValueError, match="--reward-key"):
         back.get_reward_value(None)
-    with pytest.raises(ValueError, match="unknown fields"):
-        Sample.from_dict({**d, "bogus": 1})
+    for key in ("9lives", "_private", "prompt_length", "append_response_tokens"):  # no plugin attribute's name
+        with pytest.raises(ValueError, match=rf"unknown fields \['{key}'\]"):
+            Sample.from_dict({**d, key: 1})
     with pytest.raises(ValueError, match="unknown status"):
         Sample.from_dict({**d, "status": "exploded"})
 
@@ -315,3 +316,15 @@ def test_numeric_rewards_of_any_kind_read_as_floats():
     assert [Sample(reward=r).get_reward_value("s") for r in (True, np.float32(0.5), torch.tensor(2.0), {"s": 3})] == [
         1.0, 0.5, 2.0, 3.0,
     ]  # fmt: skip
+
+
+def test_plugin_attributes_travel_through_to_dict_and_from_dict():
+    # As the original's to_dict (a copy of __dict__) and from_dict (setattr of the other keys): its retool example
+    # sets sample.tool_call_count in generate and its reward function reads it. to_dict dropped it and from_dict
+    # refused it, so a sample saved in a checkpoint's partial-rollout buffer came back without it.
+    s = Sample(prompt="p", tokens=[1, 2], index=4)
+    s.tool_call_count, s.payload_text = 3, "p+r"
+    d = s.to_dict()
+    assert (d["tool_call_count"], d["payload_text"], d["index"]) == (3, "p+r", 4)
+    back = Sample.from_dict(d)
+    assert back.plugin_attributes() == {"tool_call_count": 3, "payload_text": "p+r"} and back == s

@@ -1,11 +1,12 @@
 """`slime_core.tag_blocks`: the blocks `re.finditer(open(.*?)close, DOTALL)` finds, in linear time."""
 
+import json
 import random
 import re
 
 import pytest
 
-from slime_core.tag_blocks import tag_blocks
+from slime_core.tag_blocks import json_tag_blocks, tag_blocks
 
 
 def _regex_blocks(text, open_tag, close_tag):
@@ -39,3 +40,39 @@ def test_unclosed_openings_are_linear():
     # The regex scans to the end from each of 200,000 openings (~15 min); find() scans once (ms).
     text = "<tool_call>" * 200_000 + "</tool_call>"[:-1]
     assert list(tag_blocks(text, "<tool_call>", "</tool_call>")) == []
+
+
+def test_json_blocks_keep_a_closing_tag_inside_a_json_string():
+    call = json.dumps({"name": "write", "arguments": {"text": "a </tool_call> b"}})
+    text = f"x<tool_call>\n{call}\n</tool_call>y<tool_call>{{bad</tool_call>"
+    blocks = list(json_tag_blocks(text, "<tool_call>", "</tool_call>"))
+    assert [b[2] for b in blocks] == [f"\n{call}\n", "{bad"]
+    assert text[blocks[0][0] : blocks[0][1]] == f"<tool_call>\n{call}\n</tool_call>"
+    # tag_blocks cut the first block inside the string.
+    assert next(tag_blocks(text, "<tool_call>", "</tool_call>"))[2] == '\n{"name": "write", "arguments": {"text": "a '
+
+
+def test_json_blocks_are_tag_blocks_where_no_json_object_is_closed_by_the_tag():
+    rng = random.Random(1)
+    pieces = ["<tool_call>", "</tool_call>", "x", "\n", "{", "}", '"', "<", ">", "/", '{"a": 1}', " "]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 30)))
+        expected = list(tag_blocks(text, "<tool_call>", "</tool_call>"))
+        got = list(json_tag_blocks(text, "<tool_call>", "</tool_call>"))
+        for (_, end, body), (_, tag_end, _) in zip(got, expected, strict=False):
+            if end != tag_end:  # only where a JSON object runs past the first closing tag
+                json.loads(body)
+                break
+        else:
+            assert got == expected
+
+
+@pytest.mark.timeout(60)
+def test_json_blocks_decode_a_bounded_number_of_characters():
+    # Each body is a JSON object left open: unbounded, each opening tried every later closing tag (quadratic, hours
+    # for 50,000 blocks); within the budget the rest end at their first closing tag.
+    unit = '<tool_call>{"a": "x</tool_call>'
+    blocks = list(json_tag_blocks(unit * 50_000, "<tool_call>", "</tool_call>"))
+    assert len(blocks) == 50_000 and {b[2] for b in blocks} == {'{"a": "x'}
+    with pytest.raises(ValueError, match="tags must not be empty"):
+        list(json_tag_blocks("x", "<t>", ""))

@@ -111,3 +111,16 @@ def test_half_a_surrogate_pair_in_a_call_is_an_error():
         "invalid text in <tool_call>: arguments['code'][0]: '\\ud83d' at character 0 is half of a surrogate pair",
     ]
     assert parsed.tool_calls == [ToolCall(name="f", arguments={"s": "\U0001f600"})]  # a whole pair is a character
+
+
+def test_a_closing_tag_inside_a_json_string_is_part_of_the_call():
+    # A call writing a file that mentions </tool_call>: the block was cut at it (an "invalid JSON" error shown to
+    # the model for a well-formed call, and the rest of the JSON taken for text).
+    call = '{"name": "write", "arguments": {"text": "end with </tool_call> then"}}'
+    parsed = parse_tool_calls(f"<tool_call>\n{call}\n</tool_call><|im_end|>")
+    assert parsed.blocks == [ToolCall(name="write", arguments={"text": "end with </tool_call> then"})]
+    # An opening inside a call's JSON string is not an unclosed block either.
+    inner = '{"name": "write", "arguments": {"text": "<tool_call>"}}'
+    assert parse_tool_calls(f"<tool_call>{inner}</tool_call>").blocks == [
+        ToolCall(name="write", arguments={"text": "<tool_call>"})
+    ]

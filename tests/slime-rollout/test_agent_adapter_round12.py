@@ -67,7 +67,7 @@ async def test_concurrent_calls_cannot_pass_max_turns_per_sid(tok, adapter_for):
     release.set()
     results = await asyncio.gather(*calls, return_exceptions=True)
     await agent.close()
-    refused = [r for r in results if isinstance(r, openai.BadRequestError)]
+    refused = [r for r in results if isinstance(r, openai.RateLimitError)]
     assert len(engine.payloads) == 2 and len(refused) == 3
     assert all("max_turns_per_sid=2" in str(r) for r in refused)
     samples = await adapter.finish_session("s", base_sample=Sample(index=0))

@@ -440,8 +440,10 @@ async def test_sessions_unknown_capped_and_finished(tok, scripted, served):
         await stranger.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     await stranger.close()
     await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    with pytest.raises(openai.BadRequestError, match="max_turns_per_sid=1"):
+    # The original's refusal: HTTP 429 rate_limit_error (it was a 400 here).
+    with pytest.raises(openai.RateLimitError, match="max_turns_per_sid=1") as err:
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
+    assert err.value.status_code == 429 and err.value.body["type"] == "rate_limit_error"
     assert len(await adapter.finish_session("s", base_sample=Sample())) == 1
     assert await adapter.finish_session("s", base_sample=Sample()) == []
     with pytest.raises(openai.NotFoundError):
@@ -486,6 +488,7 @@ async def test_engine_abort_error_and_context_limit(tok, scripted):
     with pytest.raises(openai.InternalServerError, match="aborted") as err:
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
     assert err.value.status_code == 503
+    assert adapter._sessions["s"].num_aborted == 1  # counted (it went unlogged), for metadata["agent"]
     assert await adapter.finish_session("s", base_sample=Sample()) == []  # an aborted call is not recorded
 
     from slime_rollout.engines.transport import EngineError
@@ -496,9 +499,11 @@ async def test_engine_abort_error_and_context_limit(tok, scripted):
     assert err.value.status_code == 502
 
     adapter, engine, agent = await scripted(["a"], sid="u", max_context_tokens=5)
-    with pytest.raises(openai.BadRequestError, match="the limit is 5"):
+    with pytest.raises(openai.BadRequestError, match="the limit is 5") as err:
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
     assert engine.payloads == []
+    # OpenAI's code, which agents read to compact their history (it was None, as the open_session docstring denied).
+    assert err.value.code == "context_length_exceeded"
 
 
 def test_constructor_errors(tok):

@@ -28,3 +28,28 @@ def test_json_nested_past_the_decoders_depth_is_an_ill_formed_block():
     assert parsed.tool_calls == [] and parsed.num_ill_formed == 1 and parsed.content == text
     deep_args = '<tool_call>{"name": "f", "arguments": "' + "[" * 5000 + '"}</tool_call>'
     assert parse_output(deep_args, parse_tools=True, parse_reasoning=False).num_ill_formed == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<think>maybe <tool_call>{"name": "f", "arguments": {}}</tool_call> no</think>\nDone.',
+        # Qwen3-thinking templates open <think> in the prompt: the turn holds only its end.
+        'maybe <tool_call>{"name": "f", "arguments": {}}</tool_call> no</think>\nDone.',
+        '<think>maybe <tool_call>{"name": "f", "arguments": {}}</tool_call> and then',  # cut while thinking
+    ],
+)
+def test_a_call_written_while_thinking_is_not_a_call_without_a_reasoning_parser(text):
+    # Without a reasoning parser the thinking stays in the content, and the call it considered was returned.
+    parsed = parse_output(text, parse_tools=True, parse_reasoning=False)
+    assert parsed.tool_calls == [] and parsed.content == text.strip() and parsed.num_ill_formed == 0
+    after = text + '\n<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>'
+    if "</think>" in text:  # a call after the thinking is one
+        assert parse_output(after, parse_tools=True, parse_reasoning=False).tool_calls == [
+            {"name": "g", "arguments": {"x": 1}}
+        ]
+
+
+def test_a_think_tag_later_in_the_answer_does_not_hide_calls():
+    text = 'See <think> tags.\n<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    assert parse_output(text, parse_tools=True, parse_reasoning=False).tool_calls == [{"name": "f", "arguments": {}}]

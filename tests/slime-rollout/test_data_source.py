@@ -277,6 +277,26 @@ def test_cursor_save_load_resumes_exact_order_with_buffer(tmp_path):
     assert fresh.get_samples(1)[0][0].index == 0
 
 
+def test_a_partial_samples_plugin_attributes_survive_the_checkpoint(tmp_path):
+    # The original's retool generate sets sample.tool_call_count and its reward reads it; a partial sample saved in
+    # the buffer came back from --load without it (to_dict left plugin attributes out), so its reward changed.
+    args = _args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS), save=str(tmp_path / "ckpt"))
+    ds = RolloutDataSourceWithBuffer(args)
+    partial = ds.get_samples(1)
+    partial[0][0].tool_call_count = 2
+    ds.add_samples(partial)
+    ds.save(0)
+    resumed = RolloutDataSourceWithBuffer(args.model_copy(update={"load": str(tmp_path / "ckpt")}))
+    resumed.load(0)
+    first, second = resumed.get_samples(1)[0]
+    assert first.tool_call_count == 2 and second.plugin_attributes() == {}
+    # A value JSON cannot store is one error naming the buffer (json's own names only the type).
+    ds.add_samples(ds.get_samples(1))
+    ds.buffer[0][0].seen = {1, 2}
+    with pytest.raises(TypeError, match=r"--save: the data source's partial-rollout buffer holds a value JSON"):
+        ds.save(1)
+
+
 def test_buffer_group_size_checked(tmp_path):
     ds = RolloutDataSourceWithBuffer(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS)))
     with pytest.raises(ValueError, match="expected 2"):

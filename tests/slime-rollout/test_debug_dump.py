@@ -101,11 +101,24 @@ def test_an_original_dump_loads_and_says_what_it_ignored(tmp_path, caplog):
     assert "spec_info on 3 sample(s)" in caplog.text and "prefix_cache_info on 3 sample(s)" in caplog.text
 
 
-def test_a_field_of_neither_version_is_refused_naming_it_and_the_sample(tmp_path):
-    records = [_original_record(0), {**_original_record(1), "payload_text": "x"}]
+def test_plugin_attributes_of_an_original_dump_are_restored(tmp_path, caplog):
+    # The original's retool example sets sample.payload_text and sample.tool_call_count (its reward reads the
+    # latter); its to_dict copies __dict__, so its dumps hold them and its from_dict sets them back. They were
+    # refused here as "unknown fields": the dump did not load.
+    records = [_original_record(0), {**_original_record(1), "payload_text": "x", "tool_call_count": 2}]
     torch.save({"rollout_id": 0, "samples": records}, tmp_path / "0.pt")
     args = _cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"))
-    with pytest.raises(ValueError, match=r"sample 1 does not read back .*unknown fields \['payload_text'\]"):
+    with caplog.at_level("INFO", logger="slime_rollout.runtime.debug_dump"):
+        first, second = load_debug_rollout_data(args, 0)
+    assert (second.payload_text, second.tool_call_count) == ("x", 2) and first.plugin_attributes() == {}
+    assert "restored plugin attributes payload_text on 1 sample(s), tool_call_count on 1 sample(s)" in caplog.text
+
+
+def test_a_key_no_attribute_can_have_is_refused_naming_it_and_the_sample(tmp_path):
+    records = [_original_record(0), {**_original_record(1), "to_dict": "x"}]
+    torch.save({"rollout_id": 0, "samples": records}, tmp_path / "0.pt")
+    args = _cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"))
+    with pytest.raises(ValueError, match=r"sample 1 does not read back .*unknown fields \['to_dict'\]"):
         load_debug_rollout_data(args, 0)
 
 

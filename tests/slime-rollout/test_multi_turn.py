@@ -445,3 +445,24 @@ async def test_env_options_named_like_deadline_arguments_reach_the_env(tok, qwen
     args = make_args(qwen3_tokenizer_dir, env_path=f"{__name__}:RecordingEnv")
     await multi_turn.generate(args, sample, params())
     assert RecordingEnv.seen[-1]["kwargs"] == {"what": "w", "flag": "f"}
+
+
+async def test_template_kwargs_shape_every_turns_header(tok, qwen3_tokenizer_dir, monkeypatch):
+    # --apply-chat-template --apply-chat-template-kwargs '{"enable_thinking": false}': the data source rendered the
+    # prompt with Qwen3's empty think block after the assistant header, but the observation's header for turn 2 was
+    # rendered without the kwargs: the model was prompted in thinking mode from its second turn on.
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call><|im_end|>'
+    engine = ScriptedEngine(tok, [call, "42<|im_end|>"])
+    install(monkeypatch, engine)
+    messages = [{"role": "user", "content": "What is 6*7?"}]
+    kwargs = {"enable_thinking": False}
+    prompt = tok.apply_chat_template(
+        messages, tools=CalculatorEnv.tool_specs, tokenize=False, add_generation_prompt=True, **kwargs
+    )
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    sample = Sample(prompt=prompt, metadata={"env": "calculator"}, index=0)
+    args = make_args(qwen3_tokenizer_dir, apply_chat_template=True, apply_chat_template_kwargs=kwargs)
+    out = await multi_turn.generate(args, sample, params())
+    obs = enc(tok, QWEN_OBS_42 + "<think>\n\n</think>\n\n")  # the template's header for the next turn, as in turn 1
+    assert engine.payloads[1]["input_ids"] == enc(tok, prompt) + enc(tok, call) + obs
+    assert out.loss_mask == [1] * len(enc(tok, call)) + [0] * len(obs) + [1] * len(enc(tok, "42<|im_end|>"))

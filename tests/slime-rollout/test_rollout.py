@@ -185,6 +185,32 @@ async def test_mask_offpolicy_in_partial_rollout(use_client):
     assert s.rollout_log_probs == [0.0, 0.0, -0.1, -0.2, -0.3]
 
 
+async def continuing_generate(args, sample, sampling_params):
+    """A custom generate function written as the original's `generate`: continues the partial response as is."""
+    sample.append_response_tokens(args, tokens=[B], log_probs=[-0.7], meta_info={"finish_reason": {"type": "stop"}})
+    return sample
+
+
+async def test_mask_offpolicy_covers_a_custom_generate_function(use_client):
+    # Only the default generate masked the older policy's tokens; the original masks them in generate_and_rm, for
+    # any generate function. A custom one continuing a partial sample trained on the off-policy prefix.
+    from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm
+
+    use_client(FakeClient({}))
+    args = _args(
+        partial_rollout=True,
+        mask_offpolicy_in_partial_rollout=True,
+        custom_generate_function_path=f"{__name__}.continuing_generate",
+    )
+    s = Sample(tokens=[0], label="B")
+    s.append_response_tokens([A, A], log_probs=[-0.5, -0.5], text="AA")
+    s.status = Status.ABORTED
+    state = RolloutState.create(args, rollout_id=1)
+    s = await generate_and_rm(args, s, state)
+    assert s.loss_mask == [0, 0, 1] and s.rollout_log_probs == [0.0, 0.0, -0.7]
+    assert s.status is Status.COMPLETED and s.reward == 1.0  # scored: reward_is_a of the response "AA"
+
+
 async def test_max_new_tokens_exhausted_is_truncated_without_call(use_client):
     client = use_client(FakeClient({0: [A]}))
     s = Sample(tokens=[0])

@@ -53,3 +53,13 @@ def test_a_template_that_drops_assistant_content_is_refused(tok):
     for call in (lambda: end_of_turn(tok), lambda: render_continuation(tok, TOOL, model_turn="x")):
         with pytest.raises(ValueError, match="^chat template does not render assistant content verbatim"):
             call()
+
+
+def test_the_continuation_header_follows_the_template_kwargs(tok):
+    # Qwen3 with enable_thinking=False puts an empty think block after every generation header; the continuation
+    # ignored the kwargs, so every turn after the first was prompted in thinking mode.
+    off = render_continuation(tok, TOOL, model_turn="x", template_kwargs={"enable_thinking": False})
+    assert off == QWEN3_OBSERVATION + "<think>\n\n</think>\n\n"
+    assert (
+        render_continuation(tok, TOOL, model_turn="x", template_kwargs={"enable_thinking": True}) == QWEN3_OBSERVATION
+    )

@@ -411,9 +411,18 @@ class Sample:
 
     # ---- serialization -------------------------------------------------------------------------
 
+    def plugin_attributes(self) -> dict[str, Any]:
+        """The attributes a plugin set on this sample that are not fields (`sample.tool_call_count = 3`)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        return {k: v for k, v in vars(self).items() if k not in names and not k.startswith("_")}
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON/pickle-friendly dict (status as its string value). Inverse of `from_dict`."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """A JSON/pickle-friendly dict (status as its string value). Inverse of `from_dict`.
+
+        Plugin attributes (`plugin_attributes`) are included as they are, as the original's `to_dict` (a copy of
+        `__dict__`) has them: its retool example sets `sample.tool_call_count`, which its reward function reads.
+        """
+        out = {**self.plugin_attributes(), **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
         out["status"] = self.status.value
         for key in (
             "tokens",
@@ -445,21 +454,29 @@ class Sample:
 
         The original's fields this version does not keep (`sample_fields.ORIGINAL_ONLY_FIELDS`: `spec_info`,
         `prefix_cache_info`, engine statistics) are read past; `--load-debug-rollout-data` counts and logs them.
+        Any other key is a plugin attribute (the original's dumps hold them: its retool example's `payload_text`,
+        `tool_call_count`) and is set on the sample, as the original's `from_dict` does.
 
         Raises:
-            ValueError: on a field neither this version's nor the original's, naming it, or an unknown status (so
-                a dump from other code fails loudly).
+            ValueError: a key that cannot be a plugin attribute (not an identifier, a leading underscore, the
+                name of a `Sample` method or property, or any key not a field in a dict without `status`, which
+                every `to_dict` writes), naming it, or an unknown status.
             TypeError: `data` is not a mapping, or a field of the wrong type, naming the field and the value's
                 type (`slime_core.sample_fields.check_field_types`).
         """
         if not isinstance(data, Mapping):
             raise TypeError(f"Sample.from_dict: a sample must be a dict of fields, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names - ORIGINAL_ONLY_FIELDS.keys()
-        if unknown:
+        attributes = set(data) - names - ORIGINAL_ONLY_FIELDS.keys()
+        bad = [
+            k for k in attributes if not isinstance(k, str) or not k.isidentifier() or k[0] == "_" or hasattr(cls, k)
+        ]
+        if not bad and attributes and "status" not in data:
+            bad = list(attributes)  # not a to_dict() (every one has "status", the original's reads it): foreign
+        if bad:
             raise ValueError(
-                f"Sample.from_dict: unknown fields {sorted(map(str, unknown))} (neither this version's Sample nor "
-                "the original's)"
+                f"Sample.from_dict: unknown fields {sorted(map(str, bad))}: neither a field of this version's or the "
+                "original's Sample nor a name a plugin attribute can have"
             )
         kwargs = {k: v for k, v in data.items() if k in names}
         for key in ("rollout_top_p_token_ids", "rollout_top_p_token_offsets"):
@@ -485,6 +502,8 @@ class Sample:
         if isinstance(routes, Mapping):
             kwargs["rollout_routed_experts"] = _decode_tensor(routes, "rollout_routed_experts")
         sample = cls(**kwargs)
+        for key in attributes:
+            setattr(sample, key, data[key])
         sample.validate()
         return sample
 

@@ -9,9 +9,10 @@ once an opening has no closing tag after it, no later opening has one either, so
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
-__all__ = ["tag_blocks"]
+__all__ = ["json_tag_blocks", "tag_blocks"]
 
 
 def tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, int, str]]:
@@ -46,3 +47,57 @@ def tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, 
         end = close + len(close_tag)
         yield start, end, text[body_start:close]
         pos = end
+
+
+def json_tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, int, str]]:
+    r"""`tag_blocks` for tags around a JSON object (Qwen/Hermes `<tool_call>`): a closing tag in a JSON string is text.
+
+    A body that is not a JSON object but starts with `{` ends at the first later closing tag that makes it one:
+    `<tool_call>{"name": "write", "arguments": {"text": "a </tool_call> b"}}</tool_call>` is one block (`tag_blocks`
+    cuts it at the first `</tool_call>`: bad JSON, and the rest left in the text). Any other body ends at the first
+    closing tag, as in `tag_blocks`. The characters decoded are bounded by twice the text's length plus 4,096 (past
+    that, bodies end at the first closing tag), so crafted text cannot make a parse quadratic.
+
+    Args:
+        text: the text to scan, e.g. a decoded model turn.
+        open_tag: the opening tag (not empty).
+        close_tag: the closing tag (not empty).
+
+    Yields:
+        `(start, end, body)` as `tag_blocks`.
+
+    Raises:
+        ValueError: an empty tag.
+    """
+    if not open_tag or not close_tag:
+        raise ValueError(f"json_tag_blocks: tags must not be empty, got {open_tag!r} and {close_tag!r}")
+    budget = 2 * len(text) + 4096  # characters json.loads may still read
+    pos = 0
+    while True:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            return
+        body_start = start + len(open_tag)
+        close = text.find(close_tag, body_start)
+        if close < 0:
+            return  # no closing tag after this opening, hence none after any later one
+        body = text[body_start:close]
+        if budget > 0 and '"' in body and body.lstrip().startswith("{"):
+            budget -= len(body)
+            if not _is_json_object(body):
+                later = close
+                while budget > 0 and (later := text.find(close_tag, later + len(close_tag))) >= 0:
+                    budget -= later - body_start
+                    if _is_json_object(text[body_start:later]):
+                        close, body = later, text[body_start:later]
+                        break
+        end = close + len(close_tag)
+        yield start, end, body
+        pos = end
+
+
+def _is_json_object(body: str) -> bool:
+    try:
+        return isinstance(json.loads(body), dict)
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the decoder's ~1,000 levels
+        return False

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from slime_core.lone_surrogates import first_lone_surrogate
-from slime_core.tag_blocks import tag_blocks
+from slime_core.tag_blocks import json_tag_blocks, tag_blocks
 
 __all__ = ["ParsedTurn", "ToolCall", "extract_answer", "parse_tag_action", "parse_tool_calls"]
 
@@ -114,10 +114,12 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         (`blocks`), and the `<answer>` content if present.
     """
     parsed = ParsedTurn()
-    for _, _, body in tag_blocks(text, "<tool_call>", "</tool_call>"):
+    after = 0
+    # json_tag_blocks: a "</tool_call>" inside a JSON string of the call (a file the call writes) is text.
+    for _, end, body in json_tag_blocks(text, "<tool_call>", "</tool_call>"):
         parsed.blocks.append(_parse_one_call(body))
-    opened, closed = text.count("<tool_call>"), text.count("</tool_call>")
-    if opened > closed:
+        after = end
+    if text.find("<tool_call>", after) >= 0:
         parsed.blocks.append("a <tool_call> block is not closed with </tool_call>")
     parsed.answer = extract_answer(text)
     return parsed

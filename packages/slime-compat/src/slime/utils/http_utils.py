@@ -7,13 +7,24 @@ original's: `is_port_available`, `find_available_port`, `get_host_info`.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import socket
+from typing import Any
 
 from slime_rollout.engines.plugin_http import get, init_http_client, post
 
-__all__ = ["find_available_port", "get", "get_host_info", "init_http_client", "is_port_available", "post"]
+__all__ = [
+    "find_available_port",
+    "get",
+    "get_host_info",
+    "get_rollout_num_engines",
+    "init_http_client",
+    "is_port_available",
+    "post",
+    "terminate_process",
+]
 
 
 def is_port_available(port: int) -> bool:
@@ -51,3 +62,27 @@ def get_host_info() -> tuple[str, str]:
     except OSError:
         ip = "127.0.0.1"
     return hostname, ip
+
+
+def get_rollout_num_engines(args: Any) -> int:
+    """Number of rollout engines, as the original counts them.
+
+    `rollout_num_engines` when the args carry it, else `--rollout-num-gpus` // `--rollout-num-gpus-per-engine`
+    (at least 1; 0 without rollout GPUs).
+    """
+    if (num := getattr(args, "rollout_num_engines", None)) is not None:
+        return int(num)
+    gpus = getattr(args, "rollout_num_gpus", None) or 0
+    per_engine = getattr(args, "rollout_num_gpus_per_engine", None) or 1
+    return max(1, gpus // per_engine) if gpus > 0 else 0
+
+
+def terminate_process(process: multiprocessing.Process, timeout: float = 1.0) -> None:
+    """Stops a `multiprocessing.Process`: SIGTERM, up to `timeout` seconds, then SIGKILL; waits for it to end."""
+    if not process.is_alive():
+        return
+    process.terminate()
+    process.join(timeout=timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()

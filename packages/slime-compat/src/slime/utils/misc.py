@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import socket
 import subprocess
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
+
+import torch
 
 from slime_rollout.plugins import load_function as _load_function
 
 __all__ = [
+    "Box",
     "SingletonMeta",
+    "chunk_named_params_by_size",
+    "decode_int32_meta_array",
     "exec_command",
     "get_current_node_ip",
     "get_free_port",
+    "group_by",
     "load_function",
     "should_run_periodic_action",
 ]
@@ -102,3 +110,73 @@ def should_run_periodic_action(
         return True
     step = rollout_id + 1
     return step % interval == 0 or (num_rollout_per_epoch is not None and step % num_rollout_per_epoch == 0)
+
+
+def decode_int32_meta_array(meta_info: dict[str, Any], keys: str | Iterable[str]) -> torch.Tensor | None:
+    """The int32 array an SGLang reply's `meta_info` holds under the first of `keys` present, flattened.
+
+    SGLang sends such arrays (routed experts, top-p token ids) as base64 of little-endian int32, raw bytes, a
+    tensor, an ndarray or a list; each is read as the original's helper reads it.
+
+    Args:
+        meta_info: the reply's `meta_info`.
+        keys: one key or several, tried in order.
+
+    Returns:
+        `[n]` int32 CPU tensor, or None when no key is present or its value is None.
+
+    Raises:
+        ValueError: base64 text that is not valid, or bytes whose length is not a multiple of 4.
+    """
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    value = next((meta_info[k] for k in keys if k in meta_info), None)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = base64.b64decode(value.encode("ascii"), validate=True)
+    if isinstance(value, bytes | bytearray | memoryview):
+        if len(value) % 4:
+            raise ValueError(f"decode_int32_meta_array: {len(value)} bytes under {keys} are not whole int32 values")
+        return torch.frombuffer(bytearray(value), dtype=torch.int32)
+    if torch.is_tensor(value):
+        return value.detach().to(device="cpu", dtype=torch.int32).reshape(-1)
+    return torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+
+
+class Box:
+    """A read-only holder (`Box(x).inner is x`): passes an object through Ray without it being copied into parts."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    @property
+    def inner(self) -> Any:
+        """The boxed object."""
+        return self._inner
+
+
+def group_by(iterable: Iterable[Any], key: Callable[[Any], Hashable] | None = None) -> dict[Hashable, list[Any]]:
+    """Items grouped by `key(item)` (the item itself without `key`), in first-seen order; no sorting needed."""
+    groups: defaultdict[Hashable, list[Any]] = defaultdict(list)
+    for item in iterable:
+        groups[key(item) if key is not None else item].append(item)
+    return dict(groups)
+
+
+def chunk_named_params_by_size(
+    named_params: Iterable[tuple[str, torch.Tensor]], chunk_size: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """`(name, tensor)` pairs in consecutive buckets of under `chunk_size` bytes (a larger tensor is alone).
+
+    As the original: a bucket is closed before the tensor that would bring it to `chunk_size` bytes or more.
+    """
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_params:
+        if bucket and size + tensor.nbytes >= chunk_size:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += tensor.nbytes
+    if bucket:
+        yield bucket

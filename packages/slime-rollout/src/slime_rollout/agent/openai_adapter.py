@@ -32,7 +32,10 @@ The session of a call is its API key (`Authorization: Bearer <sid>`), else `meta
 Each call checks the chat-template conformance of what it sends: the ids must equal the template's tokenization
 of the call's messages (`TurnRecord.template_mismatch`; a mismatch is logged once per session and counted in
 `metadata["agent"]`): where they differ, a consumer that re-renders the conversation would train on tokens
-the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`.
+the model never saw. Tool calls are parsed from Qwen/Hermes `<tool_call>` blocks when the call offers `tools`;
+a reply holds every call the model wrote, or only the first under `parallel_tool_calls: false` (OpenAI's meaning;
+the original's adapter always returns only the first). `finish_reason` is `length` whenever the engine stopped at
+the token cap, even after a complete call; a call cut before its `</tool_call>` stays text.
 A reply whose client closed the connection first (its HTTP timeout) is not recorded: no one acted on it
 (`metadata["agent"]["num_unanswered"]` counts them); give the agent's client a timeout above `request_timeout_s`.
 Not supported, refused with HTTP 400 naming the field: `stream`, `n` > 1, `tool_choice` that forces a call,
@@ -74,10 +77,13 @@ __all__ = ["OpenAIAdapter"]
 logger = logging.getLogger(__name__)
 
 _MAX_BODY_BYTES = 64 * 1024 * 1024  # agent contexts run to hundreds of thousands of tokens
+_DEFAULT_MAX_NEW_TOKENS = 4096  # a call's cap when neither the session's defaults nor the call set one (the original's)
 
 
-def _error(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> web.Response:
-    return web.json_response(error_body(message, kind=kind, param=param), status=status)
+def _error(
+    status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> web.Response:
+    return web.json_response(error_body(message, kind=kind, param=param, code=code), status=status)
 
 
 def _session_id(request: web.Request, body: Any) -> str | None:
@@ -107,6 +113,18 @@ def _stop_strings(value: Any, session_id: str) -> list[str]:
     )
 
 
+def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, str]:
+    """`text` up to its first stop string (OpenAI leaves the stop sequence out), and that stop string ("" if none).
+
+    At the same position the longest stop string is the one reported (`</tool_call>` over `</tool`).
+    """
+    found = [(text.find(s), -len(s), s) for s in stops if s and s in text]
+    if not found:
+        return text, ""
+    at, _, stop = min(found)
+    return text[:at], stop
+
+
 def _first_difference(a: list[int], b: list[int]) -> int | None:
     n = min(len(a), len(b))
     first = next((i for i in range(n) if a[i] != b[i]), None)
@@ -125,8 +143,9 @@ class OpenAIAdapter:
             `<tool_call>` JSON blocks).
         reasoning_parser: None (reasoning stays in the content) or one of `REASONING_PARSERS` (a leading
             `<think>...</think>` becomes `reasoning_content`).
-        max_turns_per_sid: refuse a session's calls beyond this many, recorded and in flight (HTTP 400); None: no
-            limit.
+        max_turns_per_sid: refuse a session's calls beyond this many, recorded and in flight, with the original's
+            HTTP 429 `rate_limit_error` (the openai SDK retries it `max_retries` times, then raises
+            `RateLimitError`); None: no limit.
         request_timeout_s: deadline of one engine call in seconds (HTTP 504 past it).
         check_chat_template: run the chat-template conformance check on every call.
         model_name: the model id `/v1/models` lists.
@@ -231,7 +250,7 @@ class OpenAIAdapter:
             session_id: unique per agent run.
             sampling_defaults: the run's SGLang sampling params (the generate function's `sampling_params`);
                 a call's own `temperature`, `top_p`, `seed`, ... override them, and its `max_tokens` can only
-                lower `max_new_tokens`.
+                lower `max_new_tokens` (4,096 when the defaults have none, as in the original).
             max_context_tokens: a call whose prompt reaches this many tokens is refused (`context_length_exceeded`);
                 0: no limit.
 
@@ -273,17 +292,29 @@ class OpenAIAdapter:
         await self._close(session, wait_timeout)
         samples = session.to_samples(base_sample, reward=reward, extra_metadata=extra_metadata)
         logger.info(
-            "agent session %s: %d calls (%d unanswered: the client left), %d branch(es) (%d forked), %d sample(s), "
-            "%d call(s) off the chat template",
+            "agent session %s: %d calls (%d unanswered: the client left; %d aborted by the engine), %d branch(es) "
+            "(%d forked), %d sample(s), %d call(s) off the chat template, %d ill-formed tool call(s) left as text",
             session_id,
             session.num_calls,
             session.num_unanswered,
+            session.num_aborted,
             len(session.branches),
             session.num_forks,
             len(samples),
             session.num_template_mismatches,
+            session.num_ill_formed,
         )
         return samples
+
+    async def shutdown_session(self, session_id: str, *, wait_timeout: float = 5.0) -> None:
+        """Closes a session to new calls and drains the ones in flight, keeping its records (the original's).
+
+        Later calls get HTTP 410; `finish_session` still returns the episode, `drop_session` discards it.
+        Calls still running after `wait_timeout` seconds are cancelled (not recorded).
+        """
+        session = self._sessions.get(session_id)
+        if session is not None:
+            await self._drain(session, wait_timeout)
 
     async def drop_session(self, session_id: str, *, wait_timeout: float = 5.0) -> None:
         """Closes a session and discards its records (e.g. after a failed episode)."""
@@ -292,6 +323,11 @@ class OpenAIAdapter:
             await self._close(session, wait_timeout)
 
     async def _close(self, session: AgentSession, wait_timeout: float) -> None:
+        await self._drain(session, wait_timeout)
+        # Kept until drained so that late calls see "closed" (410), not "unknown" (404).
+        self._sessions.pop(session.session_id, None)
+
+    async def _drain(self, session: AgentSession, wait_timeout: float) -> None:
         session.closed = True
         pending = [t for t in session.inflight if not t.done()]
         if pending:
@@ -305,8 +341,6 @@ class OpenAIAdapter:
                     len(late),
                     wait_timeout,
                 )
-        # Kept until drained so that late calls see "closed" (410), not "unknown" (404).
-        self._sessions.pop(session.session_id, None)
 
     # ---- handlers -------------------------------------------------------------------------------------
 
@@ -338,7 +372,11 @@ class OpenAIAdapter:
         # Calls in flight count: they are not recorded yet, and 5 concurrent calls all passed a cap of 2. No await
         # between this check and `inflight.add` below, so the count cannot go stale.
         if self.max_turns_per_sid is not None and session.num_calls + len(session.inflight) >= self.max_turns_per_sid:
-            return _error(400, f"agent session {session_id!r} reached max_turns_per_sid={self.max_turns_per_sid}")
+            # The original's status and type (429 rate_limit_error: "killing run"); the openai SDK retries a 429
+            # max_retries times, each refused again, then raises RateLimitError.
+            logger.warning("agent session %s reached max_turns_per_sid=%d", session_id, self.max_turns_per_sid)
+            message = f"agent session {session_id!r} reached max_turns_per_sid={self.max_turns_per_sid}"
+            return _error(429, message, kind="rate_limit_error")
         try:
             chat = parse_request(body)
             plan = session.plan(self.tokenizer, chat)
@@ -350,7 +388,7 @@ class OpenAIAdapter:
             return _error(400, f"chat template: {e}", param="messages")
         if session.max_context_tokens and len(plan.token_in) >= session.max_context_tokens:
             message = f"the prompt has {len(plan.token_in)} tokens; the limit is {session.max_context_tokens}"
-            return _error(400, message, param="messages")
+            return _error(400, message, param="messages", code="context_length_exceeded")  # OpenAI's code
         payload = {
             "input_ids": plan.token_in,
             "sampling_params": self._sampling_params(session, chat, len(plan.token_in)),
@@ -388,14 +426,13 @@ class OpenAIAdapter:
         if "sampling_seed" not in chat.sampling and seed is not None:
             # Each call of the episode draws from its own seed (same calls, same seeds).
             params["sampling_seed"] = continuation_seed(int(seed), num_prompt_tokens)
-        cap = params.get("max_new_tokens")
+        # The original's default cap: without it SGLang (and the reference engine) stop every turn at 128 tokens.
+        cap = int(params.get("max_new_tokens") or _DEFAULT_MAX_NEW_TOKENS)
         if chat.max_tokens is not None:
-            cap = chat.max_tokens if cap is None else min(int(cap), chat.max_tokens)
+            cap = min(cap, chat.max_tokens)
         if session.max_context_tokens:
-            room = session.max_context_tokens - num_prompt_tokens
-            cap = room if cap is None else min(int(cap), room)
-        if cap is not None:
-            params["max_new_tokens"] = int(cap)
+            cap = min(cap, session.max_context_tokens - num_prompt_tokens)
+        params["max_new_tokens"] = cap
         stop = [*(params.get("stop") or []), *chat.stop]
         params["stop"] = stop or None
         # The text must be the ids' text: special tokens and the matched stop string stay in.
@@ -409,13 +446,25 @@ class OpenAIAdapter:
             return _error(502, str(e), kind="server_error")
         finish = (meta.get("finish_reason") or {}).get("type")
         if finish == "abort":
-            # An abort (weight update, shutdown) is not the model's answer: not recorded, the agent may retry.
+            # An abort (weight update, the rollout's surplus, shutdown) is not the model's answer: not recorded, the
+            # agent may retry (the openai SDK retries a 503). Counted, so the generate function can tell an episode
+            # the abort cut short (metadata["agent"]["num_aborted"]).
+            session.num_aborted += 1
+            logger.info(
+                "agent session %s: the engine aborted call %d (not recorded; %d so far)",
+                session.session_id,
+                session.num_calls + 1,
+                session.num_aborted,
+            )
             return _error(503, "the engine aborted the call (weights are being updated?); retry", kind="server_error")
         visible = self.tokenizer.decode(ids, skip_special_tokens=True)
-        stops = [s for s in [*(session.sampling_defaults.get("stop") or []), *chat.stop] if s in visible]
-        if stops:
-            visible = visible[: min(visible.index(s) for s in stops)]  # OpenAI leaves the stop sequence out
-        parsed = parse_output(visible, parse_tools=chat.parse_tools, parse_reasoning=self.parse_reasoning)
+        visible, stop = _cut_at_stop(visible, [*(session.sampling_defaults.get("stop") or []), *chat.stop])
+        names = {t["function"]["name"] for t in chat.tools or []}
+        parsed = parse_output(
+            visible, parse_tools=chat.parse_tools, parse_reasoning=self.parse_reasoning, stop=stop, tool_names=names
+        )
+        if not chat.parallel_tool_calls and len(parsed.tool_calls) > 1:
+            self._drop_parallel_calls(session, parsed.tool_calls)
         wire, template = assistant_messages(parsed.content, parsed.tool_calls, parsed.reasoning)
         turn = TurnRecord(
             prompt_ids=plan.token_in,
@@ -425,9 +474,12 @@ class OpenAIAdapter:
             text=self.tokenizer.decode(ids, skip_special_tokens=False),
             reply=template,
             template_mismatch=self._conformance(session, chat, plan.token_in) if self.check_chat_template else None,
+            num_ill_formed=parsed.num_ill_formed,
         )
         session.record(plan, turn)
-        finish_reason = "tool_calls" if parsed.tool_calls else ("length" if finish == "length" else "stop")
+        # A reply cut by the token cap says so even after a complete call (OpenAI's `length`): the agent must not
+        # take a cut turn for a finished one. A call cut before its `</tool_call>` is never parsed as one.
+        finish_reason = "length" if finish == "length" else ("tool_calls" if parsed.tool_calls else "stop")
         logprobs = None
         if chat.logprobs:
             texts = [self.tokenizer.decode([i]) for i in ids]
@@ -444,6 +496,24 @@ class OpenAIAdapter:
             logprobs=logprobs,
         )
         return web.json_response(body)
+
+    def _drop_parallel_calls(self, session: AgentSession, calls: list[dict[str, Any]]) -> None:
+        """`parallel_tool_calls: false`: keeps only the first call in `calls`, as OpenAI and the original reply.
+
+        The others are counted and logged; their tokens stay in the trained turn, as the model wrote them.
+        """
+        dropped = len(calls) - 1
+        del calls[1:]
+        session.num_dropped_tool_calls += dropped
+        logger.warning(
+            "agent session %s: call %d wrote %d tool calls but the request set parallel_tool_calls=false; "
+            "returned the first, dropped %d (%d in this session)",
+            session.session_id,
+            session.num_calls + 1,
+            dropped + 1,
+            dropped,
+            session.num_dropped_tool_calls,
+        )
 
     def _conformance(self, session: AgentSession, chat: ChatRequest, token_in: list[int]) -> int | None:
         """First index where `token_in` differs from the chat template's ids of the call's messages (None: equal)."""

@@ -64,6 +64,8 @@ class ChatRequest:
         max_tokens: `max_completion_tokens` / `max_tokens`, or None.
         stop: stop strings (removed from the returned content, kept in the trained tokens).
         logprobs: return per-token log-probs (`choices[0].logprobs.content`).
+        parallel_tool_calls: the request's `parallel_tool_calls` (default True); False: a reply carries at most one
+            tool call, the first the model wrote (OpenAI's meaning).
     """
 
     model: str
@@ -75,6 +77,7 @@ class ChatRequest:
     max_tokens: int | None
     stop: list[str]
     logprobs: bool
+    parallel_tool_calls: bool = True
 
 
 def _content(value: Any, where: str, *, optional: bool) -> str:
@@ -303,6 +306,22 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     return sampling
 
 
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The reply's token cap: `max_completion_tokens`, else the deprecated `max_tokens` (each checked).
+
+    As the original's adapter reads them (`max_token_keys`): a field sent as null counts as absent, so
+    `{"max_completion_tokens": null, "max_tokens": 5}` caps at 5 (it was uncapped); with both set, the first wins.
+    """
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise RequestError(f"{key} must be a positive integer, got {value!r:.80}", key)
+        return value
+    return None
+
+
 def parse_request(body: Any) -> ChatRequest:
     """Validates and translates a `/v1/chat/completions` body.
 
@@ -328,9 +347,7 @@ def parse_request(body: Any) -> ChatRequest:
         raise RequestError("the last message is an assistant message: continuing it is not supported", "messages")
     tools = _tools(body.get("tools"))
     sampling = _sampling(body)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
-        raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
+    max_tokens = _max_tokens(body)
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
@@ -347,6 +364,7 @@ def parse_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens,
         stop=[s for s in stop if s],
         logprobs=bool(body.get("logprobs")),
+        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
     )
 
 
@@ -420,6 +438,12 @@ def completion_body(
     }
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape, `{"error": {"message", "type", "param", "code"}}`."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def error_body(
+    message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error shape, `{"error": {"message", "type", "param", "code"}}`.
+
+    `code` is OpenAI's machine-readable code where one applies: agents look for `context_length_exceeded` to
+    compact their history.
+    """
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

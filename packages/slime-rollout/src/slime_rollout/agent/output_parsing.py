@@ -4,7 +4,13 @@ Formats (the ones the Qwen family is trained on, as SGLang's `hermes`/`qwen25` t
 reasoning parser read them):
 
 * tool calls: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per call;
-* reasoning: `<think>...</think>` before the answer.
+* reasoning: `<think>...</think>` before the answer; a turn that opens `<think>` and never closes it (cut by the
+  token cap) is all reasoning, as SGLang's reasoning parser reads it, so a `<tool_call>` the model only thought
+  about is never returned as a call.
+
+A closing `</tool_call>` inside a JSON string of the call does not end the block (`slime_core.tag_blocks.
+json_tag_blocks`). A call whose `</tool_call>` is the stop sequence the engine stopped at is complete: the stop
+is cut from the content, not from the call (`stop`).
 
 Parsing never raises on model output: a block that is not a well-formed call stays in the content and is counted
 as ill-formed, so the agent sees what the model wrote.
@@ -14,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Collection
 from typing import Any
 
 from slime_core.lone_surrogates import first_lone_surrogate
-from slime_core.tag_blocks import tag_blocks
+from slime_core.tag_blocks import json_tag_blocks
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ParsedOutput", "parse_output"]
 
@@ -25,6 +32,7 @@ __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ParsedOutput", "parse_output"]
 TOOL_PARSERS = ("hermes", "qwen", "qwen25", "qwen3")
 #: `reasoning_parser` names read as a leading `<think>...</think>` block.
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "qwen3-thinking")
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -35,8 +43,8 @@ class ParsedOutput:
         content: visible text (tool-call blocks and reasoning removed, stripped).
         reasoning: the `<think>` text, or "" when there is none or no reasoning parser is set.
         tool_calls: `[{"name": str, "arguments": dict}]`, in the order the model wrote them.
-        num_ill_formed: `<tool_call>` blocks that were not a JSON object with a string `name` and object
-            `arguments`, or held a JSON escape of half a surrogate pair, U+D800-U+DFFF (left in `content`).
+        num_ill_formed: `<tool_call>` blocks that were not a JSON object with a string `name` (of an offered tool)
+            and object `arguments`, or held a JSON escape of half a surrogate pair, U+D800-U+DFFF (left in `content`).
     """
 
     content: str
@@ -67,13 +75,43 @@ def _one_call(body: str) -> dict[str, Any] | None:
     return {"name": obj["name"], "arguments": arguments}
 
 
-def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool) -> ParsedOutput:
+def _thinking_end(text: str) -> int:
+    """Where the turn's leading thinking ends (0: none).
+
+    Up to a `</think>` that no `<think>` precedes but a leading one (Qwen3-thinking templates open `<think>` in the
+    prompt), or all of an unclosed leading `<think>`.
+    """
+    close = text.find("</think>")
+    opens_at_start = text.lstrip().startswith("<think>")
+    if close >= 0 and (opens_at_start or "<think>" not in text[:close]):
+        return close + len("</think>")
+    return len(text) if opens_at_start else 0
+
+
+def _open_block_at_end(text: str) -> bool:
+    """Whether a `<tool_call>` opens after the last complete block (the stop string may close it)."""
+    last = 0
+    for _, end, _ in json_tag_blocks(text, _OPEN, _CLOSE):
+        last = end
+    return text.find(_OPEN, last) >= 0
+
+
+def parse_output(
+    text: str, *, parse_tools: bool, parse_reasoning: bool, stop: str = "", tool_names: Collection[str] | None = None
+) -> ParsedOutput:
     """Splits a model turn's text into content, reasoning and tool calls.
 
     Args:
         text: the turn decoded from the engine's ids, end-of-turn marker and stop string already removed.
         parse_tools: read `<tool_call>` blocks (the request offered tools and `tool_choice` is not "none").
-        parse_reasoning: split off a leading `<think>...</think>`.
+        parse_reasoning: split off a leading `<think>...</think>` (an unclosed leading `<think>`: all reasoning).
+            Either way, a `<tool_call>` inside the thinking is not a call.
+        stop: the stop string cut from the end of `text` ("" if none); one that starts with `</tool_call>`
+            closes a `<tool_call>` block left open at the end of `text` (the original's adapter parsed the
+            text with the stop string in it; trimming it first lost the call).
+        tool_names: the names of the tools the request offered; a block calling another name is ill-formed (it
+            stays in the content), as SGLang's parsers drop such a call: an agent has no such tool to run.
+            None: any name.
 
     Returns:
         The parsed turn.
@@ -82,13 +120,25 @@ def parse_output(text: str, *, parse_tools: bool, parse_reasoning: bool) -> Pars
     if parse_reasoning and "</think>" in text:
         reasoning, text = text.split("</think>", 1)
         reasoning = reasoning.removeprefix("<think>").strip("\n")
+    elif parse_reasoning and text.lstrip().startswith("<think>"):
+        # Cut inside its thinking (max_tokens, a stop string): no answer yet, and no call.
+        return ParsedOutput(content="", reasoning=text.lstrip().removeprefix("<think>").strip("\n"))
+    if parse_tools and stop.startswith(_CLOSE) and _open_block_at_end(text):
+        text += _CLOSE  # the model wrote it: the engine stopped on it
     calls: list[dict[str, Any]] = []
     ill_formed = 0
     if parse_tools:
+        # Without a reasoning parser the thinking stays in the content, and a call the model only considered
+        # there is no call (it was returned, and executed).
+        thinking_end = _thinking_end(text)
         kept: list[str] = []
         last = 0
-        for start, end, body in tag_blocks(text, "<tool_call>", "</tool_call>"):  # linear: see tag_blocks
+        for start, end, body in json_tag_blocks(text, _OPEN, _CLOSE):  # linear: see tag_blocks
+            if start < thinking_end:
+                continue
             call = _one_call(body)
+            if call is not None and tool_names is not None and call["name"] not in tool_names:
+                call = None
             if call is None:
                 ill_formed += 1
                 continue  # the malformed block stays in the content

@@ -51,6 +51,8 @@ class TurnRecord:
         reply: the reply as a chat-template assistant message (`openai_wire.assistant_messages`).
         template_mismatch: first index where `prompt_ids` differs from the chat template's tokenization of the
             request's messages (the conformance check), None when they agree or the check is off.
+        num_ill_formed: `<tool_call>` blocks of the reply that were not a call (bad JSON, a tool not offered),
+            left in its content.
     """
 
     prompt_ids: list[int]
@@ -60,6 +62,7 @@ class TurnRecord:
     text: str
     reply: dict[str, Any]
     template_mismatch: int | None = None
+    num_ill_formed: int = 0
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -129,6 +132,7 @@ class _Branch:
                 "completion_tokens": len(turn.output_ids),
                 "finish_reason": finish,
                 "template_mismatch": turn.template_mismatch,
+                "ill_formed_tool_calls": turn.num_ill_formed,
                 "trained": True,
             }
         )
@@ -177,6 +181,9 @@ class AgentSession:
         self.num_forks = 0
         self.num_template_mismatches = 0
         self.num_unanswered = 0  # engine replies not recorded: the client had closed the connection
+        self.num_dropped_tool_calls = 0  # calls past the first of a reply to `parallel_tool_calls: false`
+        self.num_aborted = 0  # calls the engine aborted (weight update, the rollout's surplus): not recorded
+        self.num_ill_formed = 0  # <tool_call> blocks of recorded replies that were not a call (left as text)
 
     def plan(self, tokenizer: Any, request: ChatRequest) -> Plan:
         """The engine input of a call: continues the branch sharing the longest history, else renders anew.
@@ -250,6 +257,7 @@ class AgentSession:
         assert branch.sample.tokens == turn.prompt_ids, "the branch must hold exactly what was sent"
         branch.append_turn(turn, request.keys)
         self.num_calls += 1
+        self.num_ill_formed += turn.num_ill_formed
         if turn.template_mismatch is not None:
             self.num_template_mismatches += 1
 
@@ -262,8 +270,11 @@ class AgentSession:
         (the index when it has none: siblings share one loss denominator), and gets `reward`; its `prompt` is
         `base_sample.prompt`, or the first call's messages when that is empty.
         `metadata["agent"]`: session id, branch number, branch count, the branch it forked from, the session's
-        calls whose client left before the reply (`num_unanswered`, not recorded), and per call `prompt_tokens`,
-        `completion_tokens`, `finish_reason`, `template_mismatch`, `trained`.
+        calls whose client left before the reply (`num_unanswered`, not recorded), the tool calls past the first of
+        replies to `parallel_tool_calls: false` (`num_dropped_tool_calls`, not returned), the calls the engine
+        aborted (`num_aborted`, not recorded: an episode the rollout's abort cut short has one), and per call
+        `prompt_tokens`, `completion_tokens`, `finish_reason`, `template_mismatch`, `ill_formed_tool_calls`,
+        `trained`.
         """
         samples = []
         for i, branch in enumerate(self.branches):
@@ -283,6 +294,8 @@ class AgentSession:
                 "forked_from": branch.forked_from,
                 "turns": branch.turns,
                 "num_unanswered": self.num_unanswered,
+                "num_dropped_tool_calls": self.num_dropped_tool_calls,
+                "num_aborted": self.num_aborted,
             }
             s.metadata = {
                 **base_sample.metadata,

@@ -490,7 +490,14 @@ class RolloutDataSource:
         if not root:
             return
         path = self.state_path(root, rollout_id)
-        write_text_atomic(path, json.dumps(self._state()))
+        try:
+            text = json.dumps(self._state())
+        except TypeError as e:  # json's message names the type only
+            raise TypeError(
+                f"--save: the data source's partial-rollout buffer holds a value JSON cannot store ({e}); its "
+                "samples' metadata and plugin attributes (Sample.plugin_attributes) must be JSON values"
+            ) from None
+        write_text_atomic(path, text)
         logger.info("saved data-source cursor to %s", path)
 
     def load(self, rollout_id: int | None = None) -> None:

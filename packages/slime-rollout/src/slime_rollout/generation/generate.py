@@ -192,6 +192,17 @@ def _check_prompt_tokens(sample: Sample, meta: dict[str, Any], expanded: int) ->
         )
 
 
+def mask_offpolicy_prefix(sample: Sample) -> None:
+    """`--mask-offpolicy-in-partial-rollout`: the response a partial sample holds came from an older policy.
+
+    It stays as context, untrained: loss mask 0 and rollout log-probs 0.0 over `sample.response_length` tokens.
+    Idempotent; `group_rollout.generate_and_rm` applies it before any generate function, as the original does.
+    """
+    sample.loss_mask = [0] * sample.response_length
+    if sample.rollout_log_probs is not None:
+        sample.rollout_log_probs = [0.0] * sample.response_length
+
+
 async def generate(
     args: SlimeArgs, sample: Sample, sampling_params: dict[str, Any], *, evaluation: bool = False
 ) -> Sample:
@@ -222,10 +233,7 @@ async def generate(
         sample.tokens = list(vision.input_ids) if vision is not None else _prompt_ids(args, sample)
         sample.response_length = 0
     elif sample.response_length > 0 and args.mask_offpolicy_in_partial_rollout:
-        # The earlier part came from an older policy: keep it as context but do not train on it.
-        sample.loss_mask = [0] * sample.response_length
-        if sample.rollout_log_probs is not None:
-            sample.rollout_log_probs = [0.0] * sample.response_length
+        mask_offpolicy_prefix(sample)
     sampling_params["max_new_tokens"] = int(sampling_params["max_new_tokens"]) - sample.response_length
     max_context_len = context_limit(args, evaluation=evaluation)
     if max_context_len is not None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.error_text import preview
 from slime_core.sample import Sample, Status
-from slime_rollout.generation.generate import build_sampling_params
+from slime_rollout.generation.generate import build_sampling_params, mask_offpolicy_prefix
 from slime_rollout.generation.generate import generate as default_generate
 from slime_rollout.generation.opd import score_teacher
 from slime_rollout.generation.seeds import sample_seed
@@ -178,6 +178,10 @@ async def generate_and_rm(
     """
     params = sampling_params if sampling_params is not None else state.sampling_params
     result: Sample | list[Sample] = sample
+    if args.partial_rollout and args.mask_offpolicy_in_partial_rollout and sample.response_length > 0:
+        # Here, as in the original's generate_and_rm, so a custom generate function that continues the partial
+        # response (not only the default one) trains on none of the older policy's tokens.
+        mask_offpolicy_prefix(sample)
     if not (sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.response_length > 0):
         async with state.semaphore:
             if state.aborted:

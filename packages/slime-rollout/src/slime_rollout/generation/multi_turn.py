@@ -169,7 +169,13 @@ async def build_env(args: SlimeArgs, sample: Sample) -> Env:
 # ---- chat template helpers ------------------------------------------------------------------------
 
 
-def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, model_turn: str) -> str:
+def render_tool_observation(
+    tokenizer: Any,
+    tool_responses: Sequence[str],
+    *,
+    model_turn: str,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
     """The text between an assistant turn and the next assistant turn, as the chat template renders it.
 
     `slime_rollout.generation.template_check.render_continuation` of one tool message per response: the wrapper (end of
@@ -180,6 +186,7 @@ def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, mo
         tool_responses: contents of the tool messages, in call order.
         model_turn: decoded text of the model turn just generated; if it already ends with the
             end-of-turn marker (the model emitted `<|im_end|>`), the marker is not repeated.
+        template_kwargs: `--apply-chat-template-kwargs` when `--apply-chat-template` rendered the prompt.
 
     Returns:
         The observation text (to be tokenized and appended as non-trainable tokens).
@@ -188,7 +195,7 @@ def render_tool_observation(tokenizer: Any, tool_responses: Sequence[str], *, mo
         ValueError: the chat template does not echo assistant content verbatim (cannot locate the sentinel).
     """
     tool_messages = [{"role": "tool", "content": r} for r in tool_responses]
-    return render_continuation(tokenizer, tool_messages, model_turn=model_turn)
+    return render_continuation(tokenizer, tool_messages, model_turn=model_turn, template_kwargs=template_kwargs)
 
 
 # ---- generation ------------------------------------------------------------------------------------
@@ -225,9 +232,11 @@ def _reset_response(sample: Sample) -> None:
         sample.metadata.pop(key, None)
 
 
-def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str) -> str:
+def _observation_text(tokenizer: Any, step: EnvStep, model_turn: str, template_kwargs: Mapping[str, Any] | None) -> str:
     if step.tool_responses is not None:
-        return render_tool_observation(tokenizer, step.tool_responses, model_turn=model_turn)
+        return render_tool_observation(
+            tokenizer, step.tool_responses, model_turn=model_turn, template_kwargs=template_kwargs
+        )
     return step.observation
 
 
@@ -435,6 +444,8 @@ async def generate(
     params["stop"] = stop or None
     params["no_stop_trim"] = True  # the stop tag must stay in the output so ids and text agree
     client = single_turn.get_client(args)
+    # The prompt's template variables (the data source rendered it with them): each turn's header follows them too.
+    template_kwargs = dict(args.apply_chat_template_kwargs or {}) if args.apply_chat_template else None
 
     env_reward: float | None = None
     infos: list[dict[str, Any]] = []
@@ -458,7 +469,7 @@ async def generate(
         if step.done or turn == max_turns - 1:
             # No turn left to read an observation: the response ends on the model's tokens.
             break
-        observation = _observation_text(tokenizer, step, token_text)
+        observation = _observation_text(tokenizer, step, token_text, template_kwargs)
         record_segment(sample, "observation", observation, tool_responses=step.tool_responses)
         if not _append_observation(tokenizer, sample, observation, budget):
             break

@@ -59,11 +59,19 @@ TEMPLATE_SENTINEL = "<<slime-multi-turn-sentinel>>"
 
 
 def render_messages(
-    tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: Any = None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    tools: Any = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
-    """The chat template's text of `messages` (`tokenizer.apply_chat_template(..., tokenize=False)`)."""
+    """The chat template's text of `messages` (`tokenizer.apply_chat_template(..., tokenize=False)`).
+
+    `template_kwargs` are the template's own variables (`--apply-chat-template-kwargs`, e.g. `enable_thinking`).
+    """
     return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
     )
 
 
@@ -121,7 +129,13 @@ def end_of_turn(tokenizer: Any) -> str:
     return head.end_of_turn
 
 
-def render_continuation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, model_turn: str) -> str:
+def render_continuation(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    model_turn: str,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
     r"""The chat template's text between an assistant turn and the next one, for the messages that come between.
 
     Renders `[user, assistant(<sentinel>), *messages]` with the generation prompt and keeps what follows the
@@ -134,6 +148,9 @@ def render_continuation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *
         messages: the chat messages after the assistant turn (tool results, user turns, ...), in order.
         model_turn: decoded text of the model turn (special tokens kept); when it already ends with the
             end-of-turn marker (the model emitted `<|im_end|>`), the marker is not repeated.
+        template_kwargs: the template variables the prompt was rendered with (`--apply-chat-template-kwargs`):
+            the next assistant header is the template's for them (Qwen3's `enable_thinking: false` adds an empty
+            `<think>\n\n</think>\n\n`; without them, turns after the first were prompted in thinking mode).
 
     Returns:
         The text to tokenize and append as non-trainable tokens.
@@ -147,7 +164,9 @@ def render_continuation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *
     # followed (a forged `<|im_start|>assistant`) stood right after the model's turn.
     head = _head(tokenizer)
     echoes = head.echoes
-    rendered = render_messages(tokenizer, [*map(dict, _HEAD), *messages], add_generation_prompt=True)
+    rendered = render_messages(
+        tokenizer, [*map(dict, _HEAD), *messages], add_generation_prompt=True, template_kwargs=template_kwargs
+    )
     cut = -1
     for _ in range(echoes):
         cut = rendered.find(TEMPLATE_SENTINEL, cut + 1)

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-__all__ = ["call_soon", "run"]
+__all__ = ["call_soon", "get_loop", "run"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -25,6 +25,11 @@ def _get_loop() -> asyncio.AbstractEventLoop:
             _loop = asyncio.new_event_loop()
             threading.Thread(target=_loop.run_forever, name="slime-rollout-loop", daemon=True).start()
         return _loop
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The background loop (started on first use): the one `run` and `call_soon` use."""
+    return _get_loop()
 
 
 def run[T](coro: Coroutine[Any, Any, T]) -> T:

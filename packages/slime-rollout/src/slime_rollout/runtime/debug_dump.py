@@ -100,6 +100,7 @@ def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
         except (TypeError, ValueError, KeyError) as e:
             raise ValueError(f"--load-debug-rollout-data: {path}: sample {position} does not read back ({e})") from None
     _log_original_only(path, data["samples"])
+    _log_plugin_attributes(path, samples)
     fraction = cfg.load_debug_rollout_data_subsample
     if fraction:
         # The original's rule: int(n * f) samples, the first half (rounded down) from the head, the rest from the
@@ -126,6 +127,20 @@ def _log_original_only(path: pathlib.Path, records: list) -> None:
             "--load-debug-rollout-data: %s: ignored the original's %s (not kept by this version)",
             path,
             ", ".join(f"{name} on {num} sample(s) ({ORIGINAL_ONLY_FIELDS[name]})" for name, num in counts.items()),
+        )
+
+
+def _log_plugin_attributes(path: pathlib.Path, samples: list[Sample]) -> None:
+    """Logs, once per dump, the plugin attributes its samples carried (restored on the samples, as the original)."""
+    counts: dict[str, int] = {}
+    for sample in samples:
+        for name in sample.plugin_attributes():
+            counts[name] = counts.get(name, 0) + 1
+    if counts:
+        logger.info(
+            "--load-debug-rollout-data: %s: restored plugin attributes %s",
+            path,
+            ", ".join(f"{name} on {num} sample(s)" for name, num in sorted(counts.items())),
         )
 
 
