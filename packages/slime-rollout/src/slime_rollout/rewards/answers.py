@@ -56,6 +56,7 @@ from slime_rollout.rewards.retraction import (
 __all__ = [
     "Box",
     "FinalAnswers",
+    "contradicts",
     "doubted_after",
     "extract_boxed",
     "final_boxed_answers",
@@ -248,7 +249,23 @@ def _retracts(after: str, box: Box) -> bool:
         value = inner if inner is not None else value.strip("$ ")
         return bool(value) and _differ(value, box.content)
 
-    return retracts(after, differs)
+    return retracts(after, differs, lambda value: contradicts(value, box.content))
+
+
+def contradicts(value: str, answer: str) -> bool:
+    r"""Whether a value stated as the answer after `answer` ("Wait, the answer is 7.") is plainly another answer.
+
+    Only where nothing is left to judge: both are exact numbers (`parse_number`: `7`, `-7`, `rac{14}{2}`, `7
+    apples`, `3 million`) of no common reading (`50%` is `50` and `0.5`), or both a lone option letter and
+    different. Anything else (`\sqrt{8}` after `2\sqrt2`, `7 since 3 + 4 = 7`) is not read as a contradiction.
+    """
+    value = value.strip("$ ")
+    if parse_number(value) is not None and parse_number(answer) is not None:
+        return _differ(value, answer)
+    mine, theirs = clean_answer(value), clean_answer(answer)
+    if mine.letter and theirs.letter and not mine.text and not theirs.text and value.strip("() ").isupper():
+        return mine.letter != theirs.letter
+    return False
 
 
 def _negated_spans(region: str, boxes: list[Box]) -> dict[int, tuple[int, int]]:

@@ -8,9 +8,10 @@ compared like the math grader's cheap checks (`math_utils.grade_fast`: units, nu
 Boxes on the answer line (and the boxes of `--rm-type boxed_dapo`, which reads the last box instead of an
 `Answer:` line) follow the math graders' final-answer rule (`math_utils.final_pairs`): `Answer: \boxed{3} or
 \boxed{5}` is a hedge and wrong, a multi-part answer needs the label's number of parts. An answer line taken back
-by the text after it (`Answer: 5\nActually, that's wrong.`) or negated by its own words (`Answer: 5 is wrong`) is
-no answer, by the math graders' rule (`slime_rollout.rewards.retraction`); one followed by another value offered
-(`Answer: 6\nOr maybe 5.`) is a hedge, by the same rule as a box (`slime_rollout.rewards.alternatives`).
+by the text after it (`Answer: 5\nActually, that's wrong.`, `Answer: 5\nWait, the answer is 7.`) or negated
+by its own words (`Answer: 5 is wrong`) is no answer, by the math graders' rule (`slime_rollout.rewards.retraction`);
+one followed by another value offered (`Answer: 6\nOr maybe 5.`) is a hedge, by the same rule as a box
+(`slime_rollout.rewards.alternatives`).
 Reference: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
 """
 
@@ -20,7 +21,13 @@ import re
 from typing import Any
 
 from slime_rollout.rewards.alternatives import unboxed_alternative
-from slime_rollout.rewards.answers import FinalAnswers, final_boxed_answers, find_boxes, strip_reasoning
+from slime_rollout.rewards.answers import (
+    FinalAnswers,
+    contradicts,
+    final_boxed_answers,
+    find_boxes,
+    strip_reasoning,
+)
 from slime_rollout.rewards.math_utils import extract_label_answer, final_pairs, grade_fast, normalize_answer
 from slime_rollout.rewards.retraction import negates_itself, retracts
 from slime_rollout.rewards.unicode_math import ascii_forms
@@ -49,7 +56,11 @@ def _final_answers(response: str, strict_box: bool) -> FinalAnswers:
         return FinalAnswers(answers=[], reason=final.reason or "no answer line")
     # The same rule as a box's: "Answer: 5\nActually, that's wrong." takes the answer back.
     after, differs = tail[matches[-1].end() :], lambda value: not _same(value, final.answers)
-    if negates_itself(line) or retracts(after, differs):
+
+    def contradicted(value: str) -> bool:
+        return len(final.answers) == 1 and contradicts(value, final.answers[0])
+
+    if negates_itself(line) or retracts(after, differs, contradicted):
         return FinalAnswers(answers=[], reason="retracted")
     # ... and "Answer: 6\nOr maybe 5." offers two answers, as a box followed by one does (`rewards.alternatives`).
     if unboxed_alternative(after, differs):
