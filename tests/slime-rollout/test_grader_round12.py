@@ -9,6 +9,7 @@ import pytest
 
 from slime_rollout.rewards import rule_based_reward
 from slime_rollout.rewards.answers import contradicts
+from slime_rollout.rewards.letter_sets import LetterSet, letter_set, multi_select_label
 
 
 def _grade(grader: str, response: str, label: str) -> float:
@@ -57,3 +58,62 @@ def test_contradicts_only_plainly_different_values():
     assert not contradicts("0.5", r"50\%")  # a percent's value
     assert not contradicts(r"\sqrt{8}", r"2\sqrt{2}")  # not a plain number: not judged here
     assert not contradicts("a multiple of 3", "6")
+
+
+# Multiple-select labels (two or more option letters): the answer is the set of options it names, in any spelling
+# and order; letters offered with "or" are a hedge. A single letter keeps its own rule.
+LETTER_SETS = [
+    (r"\boxed{\text{A and C}}", "A, C", 1.0),  # was 0.0
+    (r"\boxed{(A), (C)}", "A, C", 1.0),  # was 0.0
+    (r"\boxed{AC}", "A, C", 1.0),  # was 0.0
+    (r"\boxed{A, C}", "AC", 1.0),  # was 0.0
+    (r"\boxed{\textbf{(C)} and \textbf{(A)}}", "AC", 1.0),  # was 0.0
+    (r"\boxed{\text{Both A and C}}", "AC", 1.0),  # was 0.0
+    (r"\boxed{\{A, C\}}", "A, C", 1.0),  # was 0.0
+    (r"\boxed{A} and \boxed{C}", "AC", 1.0),  # was 0.0
+    (r"\boxed{C, A}", "A, C", 1.0),
+    (r"\boxed{A and C}", "A, C", 1.0),
+    (r"\boxed{A or C}", "A, C", 0.0),  # was 1.0: a hedge
+    (r"\boxed{\text{either A or C}}", "AC", 0.0),
+    (r"\boxed{A}", "A, C", 0.0),
+    (r"\boxed{ABC}", "A, C", 0.0),
+    (r"\boxed{A, C, C}", "A, C", 0.0),
+    (r"\boxed{A, C}", "A", 0.0),  # a one-letter label: not a set of options
+    (r"\boxed{(B) 12}", "B", 1.0),  # a single letter with its value, as before
+]
+
+
+@pytest.mark.parametrize(("response", "label", "expected"), LETTER_SETS)
+@pytest.mark.parametrize("grader", ["math", "boxed_dapo"])
+def test_multiple_select_letters_are_sets_of_options(grader, response, label, expected):
+    assert _grade(grader, response, label) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "letters", "hedged"),
+    [
+        (r"\text{A and C}", {"A", "C"}, False),
+        ("(a), (c)", {"A", "C"}, False),  # lower case in brackets
+        (r"Options A \& C are correct", {"A", "C"}, False),
+        ("A or C", {"A", "C"}, True),
+        ("a, c", None, None),  # bare lower case: variables
+        ("AA", None, None),  # a letter twice
+        ("AK", None, None),  # K is no option
+        ("A, 3", None, None),
+        ("I think A", None, None),
+    ],
+)
+def test_letter_set_reading(answer, letters, hedged):
+    options = letter_set(answer)
+    if letters is None:
+        assert options is None
+    else:
+        assert options == LetterSet(frozenset(letters), hedged)
+
+
+def test_a_multiple_select_label_has_two_letters_and_run_together_in_order():
+    assert multi_select_label("AC") == LetterSet(frozenset("AC"), False)
+    assert multi_select_label("C, A") == LetterSet(frozenset("AC"), False)
+    assert multi_select_label("CA") is None  # more likely a segment than options out of order
+    assert multi_select_label("A") is None
+    assert multi_select_label("A or C") is None
