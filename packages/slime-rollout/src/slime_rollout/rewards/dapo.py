@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from slime_core.registry import Problem
 from slime_rollout.rewards.alternatives import unboxed_alternative
 from slime_rollout.rewards.answers import (
     FinalAnswers,
@@ -32,7 +33,10 @@ from slime_rollout.rewards.math_utils import extract_label_answer, final_pairs, 
 from slime_rollout.rewards.retraction import negates_itself, retracts
 from slime_rollout.rewards.unicode_math import ascii_forms
 
-__all__ = ["dapo_reward"]
+__all__ = ["SCORE_KEYS", "dapo_reward", "preflight"]
+
+#: The numbers of the score dict, what `--reward-key` may select (`pred` is the answer's text).
+SCORE_KEYS = ("score", "acc")
 
 _ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 _MARKDOWN = re.compile(r"\*\*|__|`")
@@ -95,3 +99,25 @@ def dapo_reward(response: str, label: object, *, strict_box: bool = False) -> di
     acc = pairs is not None and all(grade_fast(pred, gold_part)[0] is True for pred, gold_part in pairs)
     pred = ", ".join(normalize_answer(answer) for answer in final.answers)
     return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": pred}
+
+
+def preflight(cfg: Any) -> list[Problem]:
+    """The record's pre-launch check: the score is a dict, so `--reward-key` must pick one of its numbers.
+
+    Without it the run generated a whole rollout and then stopped at the first reward it read ("reward is a dict
+    with keys [...]; set --reward-key"); `--reward-key pred` (the answer's text) stopped there too.
+
+    Args:
+        cfg: the run config; reads `reward_key` and `eval_reward_key` (eval falls back to `reward_key`).
+    """
+    problems = []
+    for flag, key in (("--reward-key", cfg.reward_key), ("--eval-reward-key", cfg.eval_reward_key)):
+        if key is None and flag == "--eval-reward-key":
+            continue  # eval reads --reward-key
+        if key not in SCORE_KEYS:
+            given = "not set" if key is None else f"{key!r}, which is not a number of it"
+            problems.append(Problem(message=(
+                f"its reward is a dict {{'score': 1.0 or -1.0, 'acc': True or False, 'pred': the answer}}; {flag} is "
+                f"{given}: set {flag} score (the DAPO recipe's) or acc"
+            )))  # fmt: skip
+    return problems
