@@ -117,3 +117,19 @@ def test_a_multiple_select_label_has_two_letters_and_run_together_in_order():
     assert multi_select_label("CA") is None  # more likely a segment than options out of order
     assert multi_select_label("A") is None
     assert multi_select_label("A or C") is None
+
+
+async def test_an_undecided_grading_is_counted_and_logged(caplog):
+    # Issue 27: a grading without a verdict (too costly, over budget, a crashed worker) was one warning per sample
+    # and counted nowhere; the count is now in the warning and, per rollout, in rollout/num_reward_undecided.
+    from slime_rollout.rewards.math import math_reward_async, num_undecided
+
+    before = num_undecided()
+    costly = r"The answer is \boxed{10^{5000}}."  # too costly to evaluate: skipped, no verdict
+    assert await math_reward_async(costly, "1" + "0" * 5000, num_workers=0, sample_index=7) == 0.0
+    assert await math_reward_async(costly, "1" + "0" * 5000, num_workers=0, sample_index=8) == 0.0
+    assert await math_reward_async(r"\boxed{5}", "5", num_workers=0, sample_index=9) == 1.0  # decided: not counted
+    assert num_undecided() - before == 2
+    warnings = [r.getMessage() for r in caplog.records if "counted as wrong" in r.getMessage()]
+    assert len(warnings) == 2 and "sample 8" in warnings[1]
+    assert f"{before + 2} such grading(s) in this process" in warnings[1]
