@@ -10,6 +10,7 @@ import pytest
 from slime_rollout.rewards import rule_based_reward
 from slime_rollout.rewards.answers import contradicts
 from slime_rollout.rewards.letter_sets import LetterSet, letter_set, multi_select_label
+from slime_rollout.rewards.retraction import restated_values
 
 
 def _grade(grader: str, response: str, label: str) -> float:
@@ -42,12 +43,25 @@ CONTRADICTED = [
     ("math", r"So \boxed{5}. For n = 4, the answer is 7.", "5", 1.0),
     ("math", r"So \boxed{5}. The answer is 5 because 2 + 3 = 5.", "5", 1.0),
     ("math", r"So \boxed{5}. The answer to part (b) is 7.", "5", 1.0),
+    ("math", r"So \boxed{5}. Wait, the answer is 7, not 5.", "5", 0.0),  # was 1.0
+    ("math", r"So \boxed{12}. So the answer is 12 inches, or 1 foot.", "12", 1.0),
+    ("math", r"$x = \boxed{2}$, $y = \boxed{3}$. So the answer is 2 and 3.", "2, 3", 1.0),
+    ("math", r"$x = \boxed{2}$, $y = \boxed{3}$. So the answer is $x = 2$", "2, 3", 1.0),  # one of its parts
+    ("math", r"$x = \boxed{2}$, $y = \boxed{3}$. Final answer: 4", "2, 3", 0.0),  # was 1.0
 ]
 
 
 @pytest.mark.parametrize(("grader", "response", "label", "expected"), CONTRADICTED)
 def test_a_box_contradicted_by_the_stated_answer_after_it(grader, response, label, expected):
     assert _grade(grader, response, label) == expected
+
+
+def test_restated_values_start_a_sentence():
+    assert restated_values(". Wait, the answer is 7.") == ["7"]
+    assert restated_values("\n\n**Final Answer:** \\(7\\)") == ["$7$"]
+    assert restated_values(". Wait, the answer is 7, not 5.") == ["7"]
+    assert restated_values(". For n = 4, the answer is 7.") == []
+    assert restated_values(" (the answer is 7 if n = 4).") == []  # an aside
 
 
 def test_contradicts_only_plainly_different_values():

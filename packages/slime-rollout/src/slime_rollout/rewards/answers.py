@@ -50,12 +50,14 @@ from slime_rollout.rewards.retraction import (
     mentions_mistake,
     negated_before,
     negates_itself,
+    restated_values,
     retracts,
 )
 
 __all__ = [
     "Box",
     "FinalAnswers",
+    "contradicted",
     "contradicts",
     "doubted_after",
     "extract_boxed",
@@ -249,7 +251,16 @@ def _retracts(after: str, box: Box) -> bool:
         value = inner if inner is not None else value.strip("$ ")
         return bool(value) and _differ(value, box.content)
 
-    return retracts(after, differs, lambda value: contradicts(value, box.content))
+    return retracts(after, differs)
+
+
+def contradicted(after: str, answers: list[str]) -> bool:
+    r"""Whether the text after a final statement restates the answer as plainly another value than all its answers.
+
+    "\boxed{5}. Wait, the answer is 7." (`retraction.restated_values`, compared by `contradicts`). Compared with
+    every answer of the statement, so "x = \boxed{2}, y = \boxed{3}. So the answer is 2" keeps it.
+    """
+    return any(all(contradicts(value, answer) for answer in answers) for value in restated_values(after))
 
 
 def contradicts(value: str, answer: str) -> bool:
@@ -333,6 +344,8 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         first -= 1
     num_superseded = num_unread + len(found) - len(negated) - (len(boxes) - first)
     answers = [b.content for b in boxes[first:]]
+    if contradicted(region[last.end :], answers):  # "\boxed{5}. Wait, the answer is 7."
+        return FinalAnswers(answers=[], reason="retracted", num_superseded=num_superseded + len(answers))
     first_part = _first_named_part(region, boxes, first, cut)
     parts = tuple(b.content for b in boxes[first_part:]) if first_part < first else ()
     return FinalAnswers(answers=answers, num_superseded=num_superseded, labelled=labelled, parts=parts)

@@ -24,7 +24,7 @@ from slime_core.registry import Problem
 from slime_rollout.rewards.alternatives import unboxed_alternative
 from slime_rollout.rewards.answers import (
     FinalAnswers,
-    contradicts,
+    contradicted,
     final_boxed_answers,
     find_boxes,
     strip_reasoning,
@@ -61,10 +61,7 @@ def _final_answers(response: str, strict_box: bool) -> FinalAnswers:
     # The same rule as a box's: "Answer: 5\nActually, that's wrong." takes the answer back.
     after, differs = tail[matches[-1].end() :], lambda value: not _same(value, final.answers)
 
-    def contradicted(value: str) -> bool:
-        return len(final.answers) == 1 and contradicts(value, final.answers[0])
-
-    if negates_itself(line) or retracts(after, differs, contradicted):
+    if negates_itself(line) or retracts(after, differs) or contradicted(after, final.answers):
         return FinalAnswers(answers=[], reason="retracted")
     # ... and "Answer: 6\nOr maybe 5." offers two answers, as a box followed by one does (`rewards.alternatives`).
     if unboxed_alternative(after, differs):

@@ -13,7 +13,7 @@ cannot, false, wrong, incorrect, invalid, mistaken.
   (`oops`, `scratch that`, `no wait`, `actually, no,`, `my mistake.`, `I made a mistake` unless placed "earlier"),
   giving up (`I give up`, `I cannot determine it`), a correction to a different value (`the correct answer is 6`),
   or the answer stated again at the start of a sentence as plainly another value (`Wait, the answer is 7.`, `Final
-  answer: 7` after `\boxed{5}`: two different numbers or option letters; `contradicts` argument of `retracts`).
+  answer: 7` after `\boxed{5}`: `restated_values`, read by the graders where the values are plainly different).
   Other mentions of wrongness (`Option B is wrong, so ...`, `the other root -3 is wrong`) and asides in parentheses
   are not about the answer. The original graders read no retraction at all (the last box or `Answer:` line counts).
 * `mentions_mistake` is the weaker test for text between two answers: any correction there makes the later answer
@@ -34,6 +34,7 @@ __all__ = [
     "mentions_mistake",
     "negated_before",
     "negates_itself",
+    "restated_values",
     "retracts",
 ]
 
@@ -90,7 +91,8 @@ _CORRECTED_VALUE = re.compile(
 _RESTATED_VALUE = re.compile(
     r"(?i)(?:^|(?<=[.!?;\n]))[\s*]*(?:(?:so|thus|therefore|hence|wait|actually|hmm+|no|oh|sorry|correction|instead"
     r"|then|ok(?:ay)?|well|again)\b[\s,:!-]*)*(?:(?:the|my)\s+)?(?:final\s+)?answer\s*(?:\*\*)?\s*"
-    r"(?:is|should\s+be|would\s+be|must\s+be|:)\s*(?:\*\*)?\s*:?\s*(?P<value>[^\n;]*?)(?=\.(?:\s|$)|,\s|[;\n]|$)"
+    r"(?:is|should\s+be|would\s+be|must\s+be|:)\s*(?:\*\*)?\s*:?\s*(?P<value>[^\n;]*?)"
+    r"(?=\.(?:\s|$)|,\s*(?:not|rather than|instead of)\b|[;\n]|$)"
 )
 # Words before a corrected value that are not part of it ("the correct answer is indeed 5").
 _FILLER = re.compile(r"(?i)^(?:(?:indeed|actually|really|still|just|exactly|clearly|definitely|in fact|thus)\b[\s,]*)+")
@@ -154,32 +156,46 @@ def mentions_mistake(text: str) -> bool:
     return bool(_MISTAKE.search(expand_contractions(text)))
 
 
-def retracts(after: str, differs: Callable[[str], bool], contradicts: Callable[[str], bool] | None = None) -> bool:
-    r"""Whether the text after a final answer takes that answer back (module docstring).
+def retracts(after: str, differs: Callable[[str], bool]) -> bool:
+    """Whether the text after a final answer takes that answer back (module docstring).
 
     Args:
         after: the text that follows the answer.
         differs: whether a value named by a correction ("the correct answer is 6") differs from the answer; the
             same value affirms it.
-        contradicts: whether a value the text states as the answer again ("Wait, the answer is 7.", "Final answer:
-            7", at the start of a sentence) is plainly another answer; None reads no such statement. Callers answer
-            only where the values leave no doubt (two different numbers), so a restatement in another form ("so
-            the answer is $\sqrt{8}$" after `\boxed{2\sqrt2}`) never takes an answer back.
     """
     if judged_wrong(after):
         return True
-    # `\(7\)` is math, not an aside in parentheses: read it as `$7$`.
-    window = after[:WINDOW].replace("\\(", "$").replace("\\)", "$")
-    window = expand_contractions(_PARENTHESES.sub(" ", window))  # an aside is not about the answer
+    window = _window(after)
     if _RETRACTION.search(window):
         return True
     for m in _CORRECTED_VALUE.finditer(window):
         value = _FILLER.sub("", (m.group("value") or m.group("value2") or "").strip()).rstrip(".").strip()
         if value and differs(value):
             return True
-    if contradicts is not None:
-        for m in _RESTATED_VALUE.finditer(window):
-            value = _FILLER.sub("", m.group("value").strip()).strip(" .*")
-            if value and contradicts(value):
-                return True
     return False
+
+
+def restated_values(after: str) -> list[str]:
+    r"""The values the text after a final answer states as the answer again, at the start of a sentence.
+
+    `". Wait, the answer is 7."` gives `["7"]`, `"Final answer: $7$"` gives `["$7$"]`; `"For n = 4, the answer is 7"`
+    (a case inside a sentence) and an aside in parentheses give none. Callers take the answer back only when a value
+    is plainly another one (`answers.contradicts`), so a restatement in another form keeps it.
+
+    Args:
+        after: the text that follows the answer (its first `WINDOW` characters are read).
+    """
+    values = []
+    for m in _RESTATED_VALUE.finditer(_window(after)):
+        value = _FILLER.sub("", m.group("value").strip()).strip(" .*")
+        if value:
+            values.append(value)
+    return values
+
+
+def _window(after: str) -> str:
+    """The text read after an answer: `WINDOW` characters, asides in parentheses dropped, contractions expanded."""
+    # `\(7\)` is math, not an aside in parentheses: read it as `$7$`.
+    window = after[:WINDOW].replace("\\(", "$").replace("\\)", "$")
+    return expand_contractions(_PARENTHESES.sub(" ", window))
