@@ -67,3 +67,19 @@ def test_a_line_past_the_cap_is_refused_before_it_fills_the_memory(tmp_path, mon
         next(rows)
     path.write_text('{"x": "' + "a" * 40 + '"}\n')  # under the cap: read as usual, without a trailing newline too
     assert list(jsonl.iter_jsonl(path)) == [(1, {"x": "a" * 40})]
+
+
+def test_numbers_and_nesting_python_cannot_read_name_the_line(tmp_path):
+    # Issue 27: an integer of 5,000 digits raised Python's int-string ValueError and 100,000 nested arrays a
+    # RecursionError, both as bare tracebacks naming no file or line.
+    path = tmp_path / "big.jsonl"
+    path.write_text('{"x": 1}\n{"label": ' + "1" * 5000 + "}\n")
+    with pytest.raises(ValueError, match=r"big\.jsonl:2: a number Python does not read .*write it as a string"):
+        list(iter_jsonl(path))
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"label": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(ValueError, match=r"deep\.jsonl:1: JSON nested deeper than Python reads"):
+        list(iter_jsonl(path))
+    path = tmp_path / "fine.jsonl"
+    path.write_text('{"label": ' + "1" * 4000 + ', "deep": ' + "[" * 100 + "]" * 100 + "}\n")
+    assert list(iter_jsonl(path))[0][1]["label"] == int("1" * 4000)

@@ -93,6 +93,7 @@ def test_between_takes_the_producer_draws_only_what_the_bound_lets_it_train(engi
     out0 = generate_rollout_fully_async(args, 0, ds)
     assert _versions(out0.samples) == [["0"], ["0"]]
     assert out0.metrics["rollout/staleness_max"] == 0.0 and out0.metrics["rollout/stale_groups_dropped"] == 0.0
+    assert out0.metrics["rollout/num_reward_undecided"] >= 0.0  # reported as by the default rollout
     for version in (1, 2, 3):
         # The trainer is slow. While it trains on version v-1 the producer draws bound x --rollout-batch-size = 1
         # group and idles: a second one, from those same weights, would be two versions behind at the take after

@@ -454,3 +454,42 @@ def test_each_rows_reward_is_looked_up_once(monkeypatch):
     assert (gets, listings) == (["math", "gpqa"], [])
     with pytest.raises(ValueError, match=r"^x.jsonl row 1: metadata rm_type 'mth' is not a registered reward"):
         check_prompt_rows([{"q": "?", "a": "1", "metadata": {"rm_type": "mth"}}], cfg, where="x.jsonl")
+
+
+def test_dapo_needs_a_reward_key_that_picks_a_number(tmp_path):
+    # Issue 27: its reward is a dict; without --reward-key (or with 'pred', its text) the run generated a whole
+    # rollout and then stopped at the first reward it read.
+    from slime_core.extensions import run_preflight_hooks
+
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+
+    def dapo_errors(*extra: str) -> list[str]:
+        problems = run_preflight_hooks(_cfg(data, "--rm-type", "dapo", *extra))
+        return [p.message for p in problems if p.severity == "error" and "dapo" in p.message]
+
+    (error,) = dapo_errors()
+    assert error.startswith("--rm-type dapo: its reward is a dict") and "--reward-key is not set" in error
+    (error,) = dapo_errors("--reward-key", "pred")
+    assert "--reward-key is 'pred', which is not a number of it: set --reward-key score" in error
+    (error,) = dapo_errors("--reward-key", "score", "--eval-reward-key", "pred")
+    assert "--eval-reward-key is 'pred'" in error
+    assert dapo_errors("--reward-key", "score") == []
+    assert dapo_errors("--reward-key", "acc", "--eval-reward-key", "score") == []
+
+
+def test_a_label_whose_final_answer_is_a_whole_solution_is_refused():
+    # Issue 27: --label-key on a worked solution without '#### x' or a box made the whole text the answer: no
+    # response equals it (every sample 0, without a word), and a 10 MB one took 5-9 s per grade on the event loop.
+    from slime_core.config import SlimeArgs
+    from slime_rollout.preflight import check_prompt_rows
+
+    cfg = SlimeArgs.from_dict(
+        {"rollout_batch_size": 1, "num_rollout": 1, "rm_type": "math", "input_key": "q", "label_key": "a"}
+    )
+    solution = "Natalia sold 48 clips in April and half as many in May. " * 20  # 1,119 chars stripped, no answer
+    with pytest.raises(ValueError, match=r"x.jsonl row 1: --label-key 'a' holds a final answer of 1,119 characters"):
+        check_prompt_rows([{"q": "how many?", "a": solution}], cfg, where="--prompt-data x.jsonl")
+    check_prompt_rows([{"q": "how many?", "a": solution + "#### 72"}], cfg, where="--prompt-data x.jsonl")
+    check_prompt_rows([{"q": "how many?", "a": solution + r"So \boxed{72}."}], cfg, where="--prompt-data x.jsonl")
+    f1 = cfg.model_copy(update={"rm_type": "f1"})  # a text reference: long is fine
+    check_prompt_rows([{"q": "how many?", "a": solution}], f1, where="--prompt-data x.jsonl")

@@ -52,6 +52,7 @@ async def test_rollout_groups_rewards_logprobs_and_metrics(use_client):
     assert m["goodput/tokens_generated"] == m["goodput/tokens_accepted"] == 10.0
     assert m["goodput/tokens_filtered"] == m["goodput/tokens_aborted"] == m["goodput/tokens_surplus"] == 0.0
     assert m["perf/reward_time"] >= 0.0
+    assert m["rollout/num_reward_undecided"] == 0.0  # every grading had a verdict
 
 
 async def test_truncation_from_length_budget(use_client):

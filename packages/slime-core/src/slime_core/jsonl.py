@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,8 +41,9 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
 
     Raises:
         ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`,
-            `"...: key 'label' appears twice in one object ..."`, `"...: expected a JSON object, got list"` or a line
-            longer than `MAX_LINE_BYTES`.
+            `"...: key 'label' appears twice in one object ..."`, `"...: expected a JSON object, got list"`, a line
+            longer than `MAX_LINE_BYTES`, an integer of more than 4,300 digits (Python's int-string limit) or
+            arrays nested past the recursion limit (both escaped as bare tracebacks naming no file).
     """
     with open(path, "rb") as f:
         for lineno in itertools.count(1):
@@ -67,6 +69,14 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
                 row = json.loads(line, object_pairs_hook=_unique_keys)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            except ValueError as e:  # Python's own limit: an integer of more than 4,300 digits
+                raise ValueError(
+                    f"{path}:{lineno}: a number Python does not read ({str(e).split(';')[0]}); write it as a string"
+                ) from None
+            except RecursionError:  # `[[[[...` nested past the interpreter's stack
+                raise ValueError(
+                    f"{path}:{lineno}: JSON nested deeper than Python reads (about {sys.getrecursionlimit()} levels)"
+                ) from None
             except _DuplicateKey as e:
                 raise ValueError(
                     f"{path}:{lineno}: key {e.args[0]!r} appears twice in one object (JSON readers keep one of them "

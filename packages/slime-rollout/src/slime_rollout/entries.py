@@ -62,7 +62,15 @@ DEEPSCALER_RM = RewardSpec(
     grader=f"{_G}deepscaler",
     pooled_grader=f"{_G}deepscaler_pooled",
 )
-DAPO_RM = RewardSpec(name="dapo", grades_label=True, label_is_value=True, reads_box=True, grader=f"{_G}dapo")
+# Its score is a dict: preflight makes sure `--reward-key` picks one of its numbers.
+DAPO_RM = RewardSpec(
+    name="dapo",
+    grades_label=True,
+    label_is_value=True,
+    reads_box=True,
+    grader=f"{_G}dapo",
+    preflight="slime_rollout.rewards.dapo:preflight",
+)
 F1_RM = RewardSpec(name="f1", grades_label=True, grader=f"{_G}f1")
 GPQA_RM = RewardSpec(
     name="gpqa", grades_label=True, label_in_metadata="correct_letter", label_is_value=True, grader=f"{_G}gpqa"

@@ -25,6 +25,7 @@ from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
 from slime_rollout.rewards import row_rm_type
+from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
 
 if TYPE_CHECKING:
@@ -308,6 +309,9 @@ def _check_label_type(spec: RewardSpec | None, label: Any, at: str, label_flag: 
 def _check_label_value(spec: RewardSpec, label: Any, rm_type: str, at: str, label_flag: str, label_key: str) -> None:
     r"""A label the row's reward grades against holds an answer: not empty text, not NaN or infinity, not bytes.
 
+    For the graders that read a final answer (math, deepscaler, dapo) that answer must be there and at most
+    `costly.SYMBOLIC_MAX_CHARS` long: a worked solution without `#### x` or a box is all "answer" to them.
+
     Each was accepted and graded as its text ("", "nan" or "b'5'": a missing value or a binary column written by
     a data tool), which no real answer equals: every sample of the row scored 0 and the run learned from rows that
     teach nothing, with no word about them. (A bool is an answer: `\boxed{True}` equals the label `true`.) The
@@ -322,9 +326,17 @@ def _check_label_value(spec: RewardSpec, label: Any, rm_type: str, at: str, labe
         problem = f"{label} (a JSON NaN/Infinity), not an answer"
     elif isinstance(label, bytes | bytearray):
         problem = f"bytes {label[:40]!r} (a binary Parquet column; store it as strings), not text"
-    elif spec.reads_box and isinstance(label, str) and not extract_label_answer(label):
+    elif spec.reads_box and isinstance(label, str) and not (answer := extract_label_answer(label)):
         # "... #### " or "\boxed{}": the answer these graders (math, deepscaler, dapo) take from the label is empty.
         problem = f"{label[-60:]!r}, whose final answer ('#### x' or its last box) is empty"
+    elif spec.reads_box and isinstance(label, str) and len(answer) > SYMBOLIC_MAX_CHARS:
+        # A worked solution without `#### x` or a box (`--label-key` on the explanation column) is all "answer":
+        # no boxed answer equals it, so every sample scored 0; and each grade read it whole (10 MB: 5-9 s inline).
+        problem = (
+            f"a final answer of {len(answer):,} characters ({answer[:40]!r}...: not the answer column? a worked "
+            f"solution needs its answer after '####' or in a final \\boxed{{}}; answers are compared up to "
+            f"{SYMBOLIC_MAX_CHARS:,})"
+        )
     else:
         return
     raise ValueError(f"{at}: {label_flag} {label_key!r} holds {problem}, which --rm-type {rm_type} grades against")

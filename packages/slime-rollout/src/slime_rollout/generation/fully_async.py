@@ -43,6 +43,7 @@ from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime_rollout.generation.eval import eval_rollout
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
 from slime_rollout.generation.rollout import _exclude_empty_responses, run_end_of_rollout_plugins
+from slime_rollout.rewards.math import num_undecided
 from slime_rollout.runtime import async_utils
 from slime_rollout.runtime.goodput import rollout_token_fates
 from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups
@@ -66,6 +67,7 @@ __all__ = [
 
 _producer: FullyAsyncProducer | None = None
 _restored: list[list[Sample]] = []
+_undecided_seen = 0  # `num_undecided()` when the previous rollout was taken
 
 
 def active_producer() -> FullyAsyncProducer | None:
@@ -91,6 +93,7 @@ async def _ensure_producer(args: SlimeArgs, data_source: DataSource, rollout_id:
 
 
 async def _collect(args: SlimeArgs, rollout_id: int, data_source: DataSource) -> RolloutFnTrainOutput:
+    global _undecided_seen
     producer = await _ensure_producer(args, data_source, rollout_id)
     t0 = time.perf_counter()
     data, metrics = await producer.take(rollout_id, args.rollout_batch_size, args.max_weight_staleness)
@@ -106,6 +109,10 @@ async def _collect(args: SlimeArgs, rollout_id: int, data_source: DataSource) ->
     out.update(metrics)
     out["perf/reward_time"] = reward_seconds
     out["perf/fully_async_wait_time"] = wait
+    # Math gradings without a verdict since the previous rollout was taken (as the default rollout reports them).
+    now = num_undecided()
+    out["rollout/num_reward_undecided"] = float(now - _undecided_seen)
+    _undecided_seen = now
     logger.info(
         "fully-async rollout %d: %d groups in %.1fs (waited %.1fs), staleness max %s, %d stale dropped, %d ready",
         rollout_id, len(data), wall, wait, metrics.get("rollout/staleness_max"),

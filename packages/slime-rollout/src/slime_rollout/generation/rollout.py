@@ -41,6 +41,7 @@ from slime_rollout.generation.group_rollout import (
 )
 from slime_rollout.generation.opd import score_teacher
 from slime_rollout.plugins import load_function
+from slime_rollout.rewards.math import num_undecided
 from slime_rollout.runtime import async_utils, debug_dump, log_hooks
 from slime_rollout.runtime.deadlines import (
     call_plugin_with_deadline,
@@ -231,6 +232,7 @@ async def generate_rollout_async(
             no group.
     """
     start = time.perf_counter()
+    undecided_before = num_undecided()
     target, over, n = args.rollout_batch_size, args.over_sampling_batch_size, args.n_samples_per_prompt
     if over < target:  # validation ensures it; the plugin view is writable, so check again
         raise ValueError(f"--over-sampling-batch-size {over} must be >= --rollout-batch-size {target}")
@@ -317,6 +319,9 @@ async def generate_rollout_async(
     metrics = compute_rollout_metrics(args, data, rollout_time=time.perf_counter() - start, drop_counts=drops)
     metrics.update(rollout_token_fates(data, discarded, requeued=leftovers))
     metrics["perf/reward_time"] = state.reward_seconds
+    # Math gradings counted as wrong for want of a verdict (timed out, too costly, a crashed worker), each also
+    # one warning: a rising count means the grading budget or --rm-num-workers does not fit the answers.
+    metrics["rollout/num_reward_undecided"] = float(num_undecided() - undecided_before)
     logger.info(
         "rollout %d: %d groups accepted, %d dropped, %d re-queued in %.1fs",
         rollout_id,

@@ -50,12 +50,15 @@ from slime_rollout.rewards.retraction import (
     mentions_mistake,
     negated_before,
     negates_itself,
+    restated_values,
     retracts,
 )
 
 __all__ = [
     "Box",
     "FinalAnswers",
+    "contradicted",
+    "contradicts",
     "doubted_after",
     "extract_boxed",
     "final_boxed_answers",
@@ -251,6 +254,31 @@ def _retracts(after: str, box: Box) -> bool:
     return retracts(after, differs)
 
 
+def contradicted(after: str, answers: list[str]) -> bool:
+    r"""Whether the text after a final statement restates the answer as plainly another value than all its answers.
+
+    "\boxed{5}. Wait, the answer is 7." (`retraction.restated_values`, compared by `contradicts`). Compared with
+    every answer of the statement, so "x = \boxed{2}, y = \boxed{3}. So the answer is 2" keeps it.
+    """
+    return any(all(contradicts(value, answer) for answer in answers) for value in restated_values(after))
+
+
+def contradicts(value: str, answer: str) -> bool:
+    r"""Whether a value stated as the answer after `answer` ("Wait, the answer is 7.") is plainly another answer.
+
+    Only where nothing is left to judge: both are exact numbers (`parse_number`: `7`, `-7`, `rac{14}{2}`, `7
+    apples`, `3 million`) of no common reading (`50%` is `50` and `0.5`), or both a lone option letter and
+    different. Anything else (`\sqrt{8}` after `2\sqrt2`, `7 since 3 + 4 = 7`) is not read as a contradiction.
+    """
+    value = value.strip("$ ")
+    if parse_number(value) is not None and parse_number(answer) is not None:
+        return _differ(value, answer)
+    mine, theirs = clean_answer(value), clean_answer(answer)
+    if mine.letter and theirs.letter and not mine.text and not theirs.text and value.strip("() ").isupper():
+        return mine.letter != theirs.letter
+    return False
+
+
 def _negated_spans(region: str, boxes: list[Box]) -> dict[int, tuple[int, int]]:
     """Index of each negated box → the span of the box with its negation phrase (module docstring)."""
     spans = {}
@@ -316,6 +344,8 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         first -= 1
     num_superseded = num_unread + len(found) - len(negated) - (len(boxes) - first)
     answers = [b.content for b in boxes[first:]]
+    if contradicted(region[last.end :], answers):  # "\boxed{5}. Wait, the answer is 7."
+        return FinalAnswers(answers=[], reason="retracted", num_superseded=num_superseded + len(answers))
     first_part = _first_named_part(region, boxes, first, cut)
     parts = tuple(b.content for b in boxes[first_part:]) if first_part < first else ()
     return FinalAnswers(answers=answers, num_superseded=num_superseded, labelled=labelled, parts=parts)

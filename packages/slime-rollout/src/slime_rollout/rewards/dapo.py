@@ -8,9 +8,10 @@ compared like the math grader's cheap checks (`math_utils.grade_fast`: units, nu
 Boxes on the answer line (and the boxes of `--rm-type boxed_dapo`, which reads the last box instead of an
 `Answer:` line) follow the math graders' final-answer rule (`math_utils.final_pairs`): `Answer: \boxed{3} or
 \boxed{5}` is a hedge and wrong, a multi-part answer needs the label's number of parts. An answer line taken back
-by the text after it (`Answer: 5\nActually, that's wrong.`) or negated by its own words (`Answer: 5 is wrong`) is
-no answer, by the math graders' rule (`slime_rollout.rewards.retraction`); one followed by another value offered
-(`Answer: 6\nOr maybe 5.`) is a hedge, by the same rule as a box (`slime_rollout.rewards.alternatives`).
+by the text after it (`Answer: 5\nActually, that's wrong.`, `Answer: 5\nWait, the answer is 7.`) or negated
+by its own words (`Answer: 5 is wrong`) is no answer, by the math graders' rule (`slime_rollout.rewards.retraction`);
+one followed by another value offered (`Answer: 6\nOr maybe 5.`) is a hedge, by the same rule as a box
+(`slime_rollout.rewards.alternatives`).
 Reference: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
 """
 
@@ -19,13 +20,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from slime_core.registry import Problem
 from slime_rollout.rewards.alternatives import unboxed_alternative
-from slime_rollout.rewards.answers import FinalAnswers, final_boxed_answers, find_boxes, strip_reasoning
+from slime_rollout.rewards.answers import (
+    FinalAnswers,
+    contradicted,
+    final_boxed_answers,
+    find_boxes,
+    strip_reasoning,
+)
 from slime_rollout.rewards.math_utils import extract_label_answer, final_pairs, grade_fast, normalize_answer
 from slime_rollout.rewards.retraction import negates_itself, retracts
 from slime_rollout.rewards.unicode_math import ascii_forms
 
-__all__ = ["dapo_reward"]
+__all__ = ["SCORE_KEYS", "dapo_reward", "preflight"]
+
+#: The numbers of the score dict, what `--reward-key` may select (`pred` is the answer's text).
+SCORE_KEYS = ("score", "acc")
 
 _ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 _MARKDOWN = re.compile(r"\*\*|__|`")
@@ -49,7 +60,8 @@ def _final_answers(response: str, strict_box: bool) -> FinalAnswers:
         return FinalAnswers(answers=[], reason=final.reason or "no answer line")
     # The same rule as a box's: "Answer: 5\nActually, that's wrong." takes the answer back.
     after, differs = tail[matches[-1].end() :], lambda value: not _same(value, final.answers)
-    if negates_itself(line) or retracts(after, differs):
+
+    if negates_itself(line) or retracts(after, differs) or contradicted(after, final.answers):
         return FinalAnswers(answers=[], reason="retracted")
     # ... and "Answer: 6\nOr maybe 5." offers two answers, as a box followed by one does (`rewards.alternatives`).
     if unboxed_alternative(after, differs):
@@ -84,3 +96,25 @@ def dapo_reward(response: str, label: object, *, strict_box: bool = False) -> di
     acc = pairs is not None and all(grade_fast(pred, gold_part)[0] is True for pred, gold_part in pairs)
     pred = ", ".join(normalize_answer(answer) for answer in final.answers)
     return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": pred}
+
+
+def preflight(cfg: Any) -> list[Problem]:
+    """The record's pre-launch check: the score is a dict, so `--reward-key` must pick one of its numbers.
+
+    Without it the run generated a whole rollout and then stopped at the first reward it read ("reward is a dict
+    with keys [...]; set --reward-key"); `--reward-key pred` (the answer's text) stopped there too.
+
+    Args:
+        cfg: the run config; reads `reward_key` and `eval_reward_key` (eval falls back to `reward_key`).
+    """
+    problems = []
+    for flag, key in (("--reward-key", cfg.reward_key), ("--eval-reward-key", cfg.eval_reward_key)):
+        if key is None and flag == "--eval-reward-key":
+            continue  # eval reads --reward-key
+        if key not in SCORE_KEYS:
+            given = "not set" if key is None else f"{key!r}, which is not a number of it"
+            problems.append(Problem(message=(
+                f"its reward is a dict {{'score': 1.0 or -1.0, 'acc': True or False, 'pred': the answer}}; {flag} is "
+                f"{given}: set {flag} score (the DAPO recipe's) or acc"
+            )))  # fmt: skip
+    return problems

@@ -13,7 +13,7 @@ thread. Their `_async` twins, used by `async_rm`, keep the cheap checks inline a
 worker pool of `slime_rollout.rewards.pool` (so the event loop never blocks on sympy); with `--rm-num-workers 0`
 they grade inline too. A grading that is skipped (an answer too costly to evaluate), runs out of budget or
 crashes its worker counts as wrong and logs one warning naming the sample and the first 200 characters of each
-answer.
+answer; such gradings are counted (`num_undecided`, per rollout `rollout/num_reward_undecided`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,14 @@ from slime_rollout.rewards.math_utils import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["deepscaler_reward", "deepscaler_reward_async", "grade_final_answers", "math_reward", "math_reward_async"]
+__all__ = [
+    "deepscaler_reward",
+    "deepscaler_reward_async",
+    "grade_final_answers",
+    "math_reward",
+    "math_reward_async",
+    "num_undecided",
+]
 
 # Seconds one symbolic check may take (inline or in a worker): math-verify plus the sympy fallback.
 WORKER_TIMEOUT_S = 10
@@ -46,6 +53,25 @@ WORKER_TIMEOUT_S = 10
 _pool_unusable = threading.Event()
 
 Symbolic = Callable[[str, str], Awaitable[tuple[bool | None, str | None]]]
+_undecided_lock = threading.Lock()
+_num_undecided = 0  # gradings counted as wrong because the symbolic check gave no verdict, this process
+
+
+def num_undecided() -> int:
+    """Gradings this process counted as wrong because the symbolic check gave no verdict.
+
+    Skipped (an answer too costly to evaluate), over its `WORKER_TIMEOUT_S` budget, past the pool's deadline or
+    lost with a crashed worker: each is one warning naming the sample, and this running count, which the default
+    rollout reports per rollout as `rollout/num_reward_undecided`.
+    """
+    return _num_undecided
+
+
+def _count_undecided() -> int:
+    global _num_undecided
+    with _undecided_lock:  # graders run on several threads' event loops
+        _num_undecided += 1
+        return _num_undecided
 
 
 async def grade_final_answers(
@@ -80,11 +106,13 @@ async def _equal(pred: str, gold: str, symbolic: Symbolic, sample_index: int | N
     verdict, failure = await symbolic(gold_n, pred_n)
     if verdict is None:
         logger.warning(
-            "math reward of sample %s counted as wrong: symbolic grading of %s against %s failed (%s)",
+            "math reward of sample %s counted as wrong: symbolic grading of %s against %s failed (%s; %d such "
+            "grading(s) in this process)",
             sample_index,
             preview(pred_n, PREVIEW_CHARS),
             preview(gold_n, PREVIEW_CHARS),
             failure,
+            _count_undecided(),
         )
         return False
     return verdict

@@ -8,6 +8,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
   AM/PM given on one side only of an hour 1-12 is dropped), function names written as text
   (`\operatorname{lcm}(4,6)` is `\lcm(4,6)`), "infinity", Unicode math (`√2`, `x²`, `½`: `rewards.unicode_math`),
   typesetting (`10,\!000`, `\textcolor{red}{5}`, `{\bf 5}`: `rewards.markup`);
+* multiple-select answers are the sets of option letters they name where the label is such a set (`A, C` = `AC` =
+  `\text{A and C}` = `(C), (A)`; "A or C" is a hedge): `rewards.letter_sets`;
 * answers naming roman-numeral statements (`\text{I only}`, `I, III`, `\text{II and III}`) are the sets of
   numerals they name ("I or II" is a hedge): `rewards.roman_options`;
 * what both sides name must agree: the choice letter (`(C) 12` ≠ `(B) 12`), the variable (`x = 3` ≠ `y = 3`), the
@@ -57,6 +59,7 @@ from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_box
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS, costly_reason, tree_too_big
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
+from slime_rollout.rewards.letter_sets import letter_set, multi_select_label
 from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
 from slime_rollout.rewards.parts import Split, answer_parts, different_brackets, named_pairs
 from slime_rollout.rewards.roman_options import roman_options
@@ -178,6 +181,11 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
         # Statements "I only", "I, III": the sets named must agree; numerals offered as alternatives are a hedge.
         same = not pred_roman.hedged and pred_roman.numerals == gold_roman.numerals
         return same, ", ".join(sorted(gold_roman.numerals)), ", ".join(sorted(pred_roman.numerals))
+    gold_options = multi_select_label(gold)
+    if gold_options is not None and (pred_options := letter_set(pred)) is not None:
+        # Options "A, C" / "AC" / "\text{A and C}": the sets picked must agree; letters offered with "or" are a hedge.
+        same = not pred_options.hedged and pred_options.letters == gold_options.letters
+        return same, ", ".join(sorted(gold_options.letters)), ", ".join(sorted(pred_options.letters))
     p, g = clean_answer(pred), clean_answer(gold)
     if g.letter and not g.text:  # a multiple-choice label: the letter decides (`b` names B here)
         return choice_letter(p) == g.letter, g.letter, p.letter or p.text
@@ -272,6 +280,8 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     gold_parts = gold_split.unwrapped
     if len(answers) < len(final.parts) == len(gold_parts):  # parts named in words: "the maximum is \boxed{3}"
         answers, labelled = list(final.parts), True
+    if len(answers) > 1 and multi_select_label(gold) is not None and letter_set(", ".join(answers)) is not None:
+        return [(", ".join(answers), gold)]  # `\boxed{A} and \boxed{C}` picks the options A and C of `AC`
     if len(answers) > 1 and len(answers) == len(gold_parts):
         named = named_pairs(answers, gold_parts)
         if named is not None:
@@ -283,6 +293,8 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     (answer,) = distinct
     if roman_options(answer) is not None and roman_options(gold) is not None:
         return [(answer, gold)]  # "I, III" is one answer, a set of statements, not two parts
+    if multi_select_label(gold) is not None and letter_set(answer) is not None:
+        return [(answer, gold)]  # "AC" is one answer, a set of options, however many parts "A, C" splits into
     applies, union = union_pair(answer, gold)
     if applies:
         return None if union is None else [union]

@@ -11,7 +11,9 @@ cannot, false, wrong, incorrect, invalid, mistaken.
 * A **retraction** (`retracts`) is text after the final answer about that answer: a judgement of "that"/"this"/"this
   answer"/"my answer" (`that isn't right`, `this answer is wrong`, `that's not it`), "I was wrong", an interjection
   (`oops`, `scratch that`, `no wait`, `actually, no,`, `my mistake.`, `I made a mistake` unless placed "earlier"),
-  giving up (`I give up`, `I cannot determine it`), or a correction to a different value (`the correct answer is 6`).
+  giving up (`I give up`, `I cannot determine it`), a correction to a different value (`the correct answer is 6`),
+  or the answer stated again at the start of a sentence as plainly another value (`Wait, the answer is 7.`, `Final
+  answer: 7` after `\boxed{5}`: `restated_values`, read by the graders where the values are plainly different).
   Other mentions of wrongness (`Option B is wrong, so ...`, `the other root -3 is wrong`) and asides in parentheses
   are not about the answer. The original graders read no retraction at all (the last box or `Answer:` line counts).
 * `mentions_mistake` is the weaker test for text between two answers: any correction there makes the later answer
@@ -32,6 +34,7 @@ __all__ = [
     "mentions_mistake",
     "negated_before",
     "negates_itself",
+    "restated_values",
     "retracts",
 ]
 
@@ -83,6 +86,15 @@ _CORRECTED_VALUE = re.compile(
     r"(?i)\b(?:the )?(?:correct|right|actual) answer (?:is|should be|would be)\s*:?\s*(?P<value>.*?)"
     r"(?=\.(?:\s|$)|[;\n]|$)|\bshould actually be\s*:?\s*(?P<value2>.*?)(?=\.(?:\s|$)|[;\n]|$)"
 )
+# The answer stated again in so many words at the start of a sentence ("Wait, the answer is 7.", "Final answer: 7",
+# "So my answer is 7"): not inside one ("For n = 4, the answer is 7" names a case). Its value ends its clause.
+_RESTATED_VALUE = re.compile(
+    r"(?i)(?:^|(?<=[.!?;\n]))[\s*]*(?:(?:so|thus|therefore|hence|wait|actually|hmm+|no|oh|sorry|correction|instead"
+    r"|then|ok(?:ay)?|well|again)\b[\s,:!-]*)*(?:(?:the|my)\s+)?(?:final\s+)?answer\s*(?:\*\*)?\s*"
+    r"(?:is|should\s+be|would\s+be|must\s+be|:)\s*(?:\*\*)?\s*:?\s*(?P<value>[^\n;]*?)"
+    r"(?=\.(?:\s|$)|,\s*(?:not|rather than|instead of)\b|[;\n]|$)"
+)
+_ANSWER_WORD = re.compile(r"(?i)answer")
 # Words before a corrected value that are not part of it ("the correct answer is indeed 5").
 _FILLER = re.compile(r"(?i)^(?:(?:indeed|actually|really|still|just|exactly|clearly|definitely|in fact|thus)\b[\s,]*)+")
 _PARENTHESES = re.compile(r"\([^()]*\)")
@@ -155,7 +167,7 @@ def retracts(after: str, differs: Callable[[str], bool]) -> bool:
     """
     if judged_wrong(after):
         return True
-    window = expand_contractions(_PARENTHESES.sub(" ", after[:WINDOW]))  # an aside is not about the answer
+    window = _window(after)
     if _RETRACTION.search(window):
         return True
     for m in _CORRECTED_VALUE.finditer(window):
@@ -163,3 +175,30 @@ def retracts(after: str, differs: Callable[[str], bool]) -> bool:
         if value and differs(value):
             return True
     return False
+
+
+def restated_values(after: str) -> list[str]:
+    r"""The values the text after a final answer states as the answer again, at the start of a sentence.
+
+    `". Wait, the answer is 7."` gives `["7"]`, `"Final answer: $7$"` gives `["$7$"]`; `"For n = 4, the answer is 7"`
+    (a case inside a sentence) and an aside in parentheses give none. Callers take the answer back only when a value
+    is plainly another one (`answers.contradicts`), so a restatement in another form keeps it.
+
+    Args:
+        after: the text that follows the answer (its first `WINDOW` characters are read).
+    """
+    if not _ANSWER_WORD.search(after, 0, WINDOW):
+        return []  # most text after a box states no answer: skip the window's rewrites (the grader's hot path)
+    values = []
+    for m in _RESTATED_VALUE.finditer(_window(after)):
+        value = _FILLER.sub("", m.group("value").strip()).strip(" .*")
+        if value:
+            values.append(value)
+    return values
+
+
+def _window(after: str) -> str:
+    """The text read after an answer: `WINDOW` characters, asides in parentheses dropped, contractions expanded."""
+    # `\(7\)` is math, not an aside in parentheses: read it as `$7$`.
+    window = after[:WINDOW].replace("\\(", "$").replace("\\)", "$")
+    return expand_contractions(_PARENTHESES.sub(" ", window))
