@@ -7,7 +7,10 @@ implementation and the regime of the packed length, not on the weights or the vo
 a stand-in of the trained model with one layer (one of each kind where `layer_types` mixes kinds; random weights, a
 256-token vocabulary) through the trainer's own code
 path (`FSDPTrainBackend.init`, world size 1), runs the no-grad log-prob forward and a forward + backward on dummy
-packed rows of the run's micro-batch sizes, and exits. Inductor's caches (FX graph and AOT autograd caches, Triton
+packed rows of the run's micro-batch sizes, and exits. The compiled `fused` log-prob head is the exception: its
+graphs are guarded on the vocabulary's range, and its backward differs with the loss (an entropy term or not), so
+it is warmed on its own at the trained vocabulary with the run's loss (`warm_up_head`; before, a qwen3 step after
+the warm-up missed these 3 graphs on CPU). Inductor's caches (FX graph and AOT autograd caches, Triton
 kernels; `TORCHINDUCTOR_CACHE_DIR`, by default `/tmp/torchinductor_<user>`) then hold what the real layers compile,
 and their first forward loads instead of compiling.
 
