@@ -134,7 +134,8 @@ def test_the_cpu_fallback_and_its_backward_stay_inside_one_compiled_graph(monkey
     torch._dynamo.reset()
     counters.clear()
     g = torch.Generator().manual_seed(0)
-    inputs = [torch.randn(1, h, 10, 8, generator=g, requires_grad=True) for h in (4, 2, 2)]
+    # `[1, H, S, D]` views of `[1, S, H, D]` tensors, as in the layer (the gradients must still be contiguous).
+    inputs = [torch.randn(1, 10, h, 8, generator=g).transpose(1, 2).requires_grad_(True) for h in (4, 2, 2)]
     cu = torch.tensor([0, 6, 10], dtype=torch.int32)
     torch.compile(layer, backend="inductor", dynamic=True)(*inputs, cu).backward()
     assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1

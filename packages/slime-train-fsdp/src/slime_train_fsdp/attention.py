@@ -243,7 +243,8 @@ def packed_sdpa_backward(
         dq[:, a:b] = ds @ ks * scale
         dk[:, a:b] = (ds.transpose(1, 2) @ qs * scale).view(kv_heads, group, b - a, dim).sum(1)
         dv[:, a:b] = (p.transpose(1, 2) @ do).view(kv_heads, group, b - a, dim).sum(1)
-    return (dq.to(query.dtype).unsqueeze(0), dk.to(key.dtype).unsqueeze(0), dv.to(value.dtype).unsqueeze(0))
+    # Contiguous, as the fake kernel promises: inductor asserts the strides (key/value are transposed views).
+    return tuple(d.to(t.dtype).unsqueeze(0).contiguous() for d, t in ((dq, query), (dk, key), (dv, value)))
 
 
 @packed_sdpa_backward.register_fake
