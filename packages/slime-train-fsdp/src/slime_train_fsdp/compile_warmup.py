@@ -51,11 +51,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from slime_core.config import SlimeArgs
+
+if TYPE_CHECKING:
+    from slime_train_fsdp.packing import ForwardOptions
 
 logger = logging.getLogger(__name__)
 
@@ -448,7 +451,9 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
             "graphs": _compiled_graphs(), "token_counts": counts}  # fmt: skip
 
 
-def warm_up_head(options: Any, *, vocab_size: int, device: torch.device, cfg: SlimeArgs, entropy_grad: bool) -> None:
+def warm_up_head(
+    options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs, entropy_grad: bool
+) -> None:
     """Compiles the log-prob head's graphs as the trained model's steps call it (nothing without a compiled head).
 
     The compiled `fused` head's graphs depend on the vocabulary `V`: inductor guards its `[c, V]` reductions on
