@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
 from transformers import AutoModelForCausalLM, Qwen3Config
 
@@ -114,3 +115,34 @@ def test_rejects_what_it_does_not_implement():
         slime_attention_forward(None, q, k, v, None, dropout=0.1, **row)
     with pytest.raises(ValueError, match="sliding-window"):
         slime_attention_forward(None, q, k, v, None, sliding_window=2, **row)
+
+
+def test_the_cpu_fallback_and_its_backward_stay_inside_one_compiled_graph(monkeypatch, tmp_path):
+    """Traced as plain code, the backward's `.tolist()` broke a compiled layer's graph on CPU (inductor cannot lower
+    `aten._local_scalar_dense`); as an opaque op, like flash varlen on CUDA, it keeps one graph, exact grads."""
+    from torch._dynamo.utils import counters
+
+    from slime_train_fsdp.attention import packed_sdpa
+
+    def layer(q, k, v, cu):
+        return (packed_sdpa(q * 2.0, k, v, cu, None) * 3.0).sum()
+
+    monkeypatch.setattr(torch._inductor.config.cpp, "vec_isa_ok", False)  # no SIMD probe builds (~20 s here)
+    # A fresh cache: AOT autograd's key does not cover a custom op's Python backward, so an entry made with another
+    # backward would be reused.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(0)
+    # `[1, H, S, D]` views of `[1, S, H, D]` tensors, as in the layer (the gradients must still be contiguous).
+    inputs = [torch.randn(1, 10, h, 8, generator=g).transpose(1, 2).requires_grad_(True) for h in (4, 2, 2)]
+    cu = torch.tensor([0, 6, 10], dtype=torch.int32)
+    torch.compile(layer, backend="inductor", dynamic=True)(*inputs, cu).backward()
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
+    compiled_grads = [t.grad.clone() for t in inputs]
+    ref = [t.detach().clone().requires_grad_(True) for t in inputs]
+    outs = [F.scaled_dot_product_attention(ref[0][:, :, a:b] * 2.0, ref[1][:, :, a:b], ref[2][:, :, a:b],
+                                           is_causal=True, enable_gqa=True) for a, b in ((0, 6), (6, 10))]  # fmt: skip
+    (torch.cat(outs, dim=2) * 3.0).sum().backward()
+    for got, want in zip(compiled_grads, (t.grad for t in ref), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # fp32 math in both

@@ -139,7 +139,7 @@ _REAL_STEP = textwrap.dedent("""
     backend.init(cfg, with_ref=False)
     batch = cw._dummy_batch([700, 300])  # other lengths than the warm-up's: the graphs are dynamic
     backend.compute_log_probs(batch)
-    backend.forward_backward(batch, 0, cw._sum_of_log_probs, denominator=1.0)
+    backend.train(0, batch)  # the real step: the GRPO loss (--entropy-coef 0: the entropy is detached)
     print(json.dumps(dict(counters["inductor"])))
 """)
 

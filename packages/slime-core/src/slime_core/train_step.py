@@ -52,6 +52,7 @@ __all__ = [
     "MicroBatchLoss",
     "StepBackend",
     "can_reuse_old_log_probs",
+    "entropy_has_grad",
     "records_routes",
     "step_denominator",
     "train_on_rollout",
@@ -217,9 +218,17 @@ def _opd_reverse_kl(cfg: SlimeArgs, inputs: LossInputs, student, teacher) -> tor
     return reduce(diff).detach() if diff is not None else torch.zeros(())
 
 
+def entropy_has_grad(cfg: SlimeArgs) -> bool:
+    """Whether the loss back-propagates through the entropy: `--entropy-coef` != 0 or a `custom_loss`.
+
+    Otherwise the step detaches it (a metric only), and the log-prob head's backward has no entropy term: a
+    different graph for a compiled head (the compile warm-up must warm the one the run uses).
+    """
+    return cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
+
+
 def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv, teacher, trainer=None) -> MicroBatchLoss:
-    # The entropy keeps its graph only when a loss term can use it.
-    entropy_grad = cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
+    entropy_grad = entropy_has_grad(cfg)  # the entropy keeps its graph only when a loss term can use it
 
     def loss_fn(ids, log_probs, entropy):
         device = log_probs[0].device

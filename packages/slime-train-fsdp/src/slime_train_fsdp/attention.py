@@ -198,14 +198,64 @@ def _packed_sdpa_setup(ctx, inputs, output) -> None:
     ctx.scale = scale
 
 
+@torch.library.custom_op("slime::packed_sdpa_backward", mutates_args=())
+def packed_sdpa_backward(
+    grad: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of `packed_sdpa` wrt query, key and value: causal attention's backward per sequence, in fp32.
+
+    For one sequence and head, with `P = softmax(scale Q K^T + causal mask)`, `O = P V` and `dO` the incoming
+    gradient: `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(dP * P))`, `dQ = scale dS K`,
+    `dK = scale dS^T Q` (FlashAttention, Dao et al. 2022, Algorithm 2); a KV head's gradients sum over the query
+    heads that share it (GQA). A custom op, so that a compiled layer's backward sees one opaque call, as flash
+    varlen's on CUDA: traced as plain code, the `.tolist()` of the lengths broke the layer's graph on CPU (inductor
+    cannot lower `aten._local_scalar_dense`), into smaller graphs the CUDA path does not have.
+
+    Args:
+        grad: `[1, S, H, D]`, the gradient of `packed_sdpa`'s output.
+        query: `[1, H, S, D]`.
+        key: `[1, Hkv, S, D]` (`H % Hkv == 0`).
+        value: `[1, Hkv, S, D]`.
+        cu_seqlens: `[N + 1]` int32 sequence starts.
+        scale: softmax scale (`D ** -0.5` when None).
+
+    Returns:
+        Contiguous `(dQ, dK, dV)` of the shapes and dtypes of query, key and value.
+    """
+    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[3]
+    group, scale = heads // kv_heads, dim**-0.5 if scale is None else scale
+    q, k, v = query[0].float(), key[0].float(), value[0].float()  # [H, S, D], [Hkv, S, D]
+    d_out = grad[0].transpose(0, 1).float()  # [H, S, D]
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    bounds = cu_seqlens.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        qs, do = q[:, a:b], d_out[:, a:b]  # [H, n, D]
+        ks, vs = (t[:, a:b].repeat_interleave(group, dim=0) for t in (k, v))  # [H, n, D], as enable_gqa
+        causal = torch.ones(b - a, b - a, dtype=torch.bool, device=q.device).tril()
+        p = torch.softmax((qs @ ks.transpose(1, 2) * scale).masked_fill(~causal, float("-inf")), dim=-1)  # [H, n, n]
+        dp = do @ vs.transpose(1, 2)
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        dq[:, a:b] = ds @ ks * scale
+        dk[:, a:b] = (ds.transpose(1, 2) @ qs * scale).view(kv_heads, group, b - a, dim).sum(1)
+        dv[:, a:b] = (p.transpose(1, 2) @ do).view(kv_heads, group, b - a, dim).sum(1)
+    # Contiguous, as the fake kernel promises: inductor asserts the strides (key/value are transposed views).
+    return tuple(d.to(t.dtype).unsqueeze(0).contiguous() for d, t in ((dq, query), (dk, key), (dv, value)))
+
+
+@packed_sdpa_backward.register_fake
+def _packed_sdpa_backward_fake(grad, query, key, value, cu_seqlens, scale):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
 def _packed_sdpa_backward(ctx, grad: torch.Tensor):
     # Recompute the forward under autograd (CPU fallback only: exactness matters here, not speed).
     query, key, value, cu_seqlens = ctx.saved_tensors
-    inputs = [t.detach().requires_grad_(True) for t in (query, key, value)]
-    with torch.enable_grad():
-        out = sdpa_per_sequence(*inputs, tuple(torch.diff(cu_seqlens).tolist()), ctx.scale)
-    grads = torch.autograd.grad(out, inputs, grad)
-    return (*grads, None, None)
+    return (*packed_sdpa_backward(grad, query, key, value, cu_seqlens, ctx.scale), None, None)
 
 
 packed_sdpa.register_autograd(_packed_sdpa_backward, setup_context=_packed_sdpa_setup)

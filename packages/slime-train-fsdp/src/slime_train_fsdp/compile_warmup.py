@@ -7,7 +7,10 @@ implementation and the regime of the packed length, not on the weights or the vo
 a stand-in of the trained model with one layer (one of each kind where `layer_types` mixes kinds; random weights, a
 256-token vocabulary) through the trainer's own code
 path (`FSDPTrainBackend.init`, world size 1), runs the no-grad log-prob forward and a forward + backward on dummy
-packed rows of the run's micro-batch sizes, and exits. Inductor's caches (FX graph and AOT autograd caches, Triton
+packed rows of the run's micro-batch sizes, and exits. The compiled `fused` log-prob head is the exception: its
+graphs are guarded on the vocabulary's range, and its backward differs with the loss (an entropy term or not), so
+it is warmed on its own at the trained vocabulary with the run's loss (`warm_up_head`; before, a qwen3 step after
+the warm-up missed these 3 graphs on CPU). Inductor's caches (FX graph and AOT autograd caches, Triton
 kernels; `TORCHINDUCTOR_CACHE_DIR`, by default `/tmp/torchinductor_<user>`) then hold what the real layers compile,
 and their first forward loads instead of compiling.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -47,11 +51,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from slime_core.config import SlimeArgs
+
+if TYPE_CHECKING:
+    from slime_train_fsdp.packing import ForwardOptions
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,7 @@ __all__ = [
     "defers_compile",
     "run_warm_up",
     "start_compile_warm_up",
+    "warm_up_head",
     "warm_up_token_counts",
 ]
 
@@ -84,6 +92,7 @@ _OWNER = "owner.lock"  # held by the rank that owns the folder, for as long as i
 _VOCAB = 256
 _SEQ_LEN = 512  # tokens per dummy sequence: half prompt, half response
 _SMALL = 1024  # a last, short micro-batch: inductor may guard the first graph on the packed length's regime
+_HEAD_ROWS = 16  # response rows of the head's warm-up (its graphs are dynamic in the rows)
 
 
 def warm_up_token_counts(cfg: SlimeArgs, hidden_size: int, intermediate_size: int, num_layers: int = 1) -> list[int]:
@@ -394,6 +403,9 @@ def _dummy_batch(token_counts: list[int]) -> Any:
 def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     """The warm-up itself (in the side process; it joins a world of one through an in-memory store).
 
+    The stand-in's layers run with the log-prob head uncompiled (its graphs at the stand-in's vocabulary would
+    never be used), then `warm_up_head` compiles the head at the trained model's vocabulary.
+
     Returns:
         `{"seconds", "compile_seconds", "graphs", "token_counts"}`.
     """
@@ -401,12 +413,15 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
 
     from slime_core.fp8 import trainer_weights_dir
     from slime_core.hf_checkpoint import source_dtype
+    from slime_core.train_step import entropy_has_grad
     from slime_train_fsdp.backend import FSDPTrainBackend, _compile_seconds, _compiled_graphs
+    from slime_train_fsdp.packing import forward_options, install_response_forward
 
     started = time.monotonic()
     source = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
     stand_in = workdir / "stand-in"
-    config = _write_stand_in(_trained_config(cfg), source_dtype(source), stand_in)
+    trained = _trained_config(cfg)
+    config = _write_stand_in(trained, source_dtype(source), stand_in)
     counts = warm_up_token_counts(
         cfg, int(config.hidden_size), int(config.intermediate_size), int(config.num_hidden_layers)
     )
@@ -420,9 +435,14 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     try:
         backend = FSDPTrainBackend()
         backend.init(local, with_ref=False)
+        options = forward_options(backend.model)
+        install_response_forward(backend.model, dataclasses.replace(options, compile_head=False))
         batch = _dummy_batch(counts)
         backend.compute_log_probs(batch)
-        backend.forward_backward(batch, 0, _sum_of_log_probs, denominator=1.0)
+        entropy_grad = entropy_has_grad(cfg)
+        backend.forward_backward(batch, 0, functools.partial(_loss_like_the_run, entropy_grad), denominator=1.0)
+        warm_up_head(options, vocab_size=int(trained.vocab_size), device=backend.device, cfg=cfg,
+                     entropy_grad=entropy_grad)  # fmt: skip
         if use_cuda:
             torch.cuda.synchronize()
     finally:
@@ -431,9 +451,54 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
             "graphs": _compiled_graphs(), "token_counts": counts}  # fmt: skip
 
 
-def _sum_of_log_probs(ids: list[int], log_probs: list[torch.Tensor], entropy: list[torch.Tensor]):
-    """A loss touching the log-probs and entropy of every sample (the values do not matter, the graph does)."""
-    loss = sum(lp.sum() + ent.sum() for lp, ent in zip(log_probs, entropy, strict=True))
+def warm_up_head(
+    options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs, entropy_grad: bool
+) -> None:
+    """Compiles the log-prob head's graphs as the trained model's steps call it (nothing without a compiled head).
+
+    The compiled `fused` head's graphs depend on the vocabulary `V`: inductor guards its `[c, V]` reductions on
+    `V`'s range (CPU, 256-token stand-in: `V <= 4096`, which the 151936 of Qwen3 fails, so its step compiled
+    them again). They do not depend on the hidden width, which only the eager matmul sees. So this runs the head
+    alone on `[rows, 16]` hidden states and a `[V, 16]` weight in the layers' compute dtype: the no-grad pass of
+    `compute_log_probs` (no entropy), and the training pass (entropy) with the backward the step's loss takes:
+    the entropy term only when `entropy_grad` (`slime_core.train_step.entropy_has_grad`), a different graph.
+
+    Args:
+        options: the trained model's `packing.ForwardOptions` (`head`, `compile_head`).
+        vocab_size: the trained model's vocabulary (rows of its output weight).
+        device: the compute device.
+        cfg: reads `rollout_temperature` and `log_probs_chunk_size`.
+        entropy_grad: whether the run's loss back-propagates through the entropy.
+    """
+    from slime_core.algorithms.fused_head import resolve_chunk_size
+    from slime_train_fsdp.logprob_head import head_log_probs
+    from slime_train_fsdp.model_loading import compute_dtype
+
+    if not options.compile_head:
+        return
+    chunk = resolve_chunk_size(cfg.log_probs_chunk_size)
+    # At least 2 rows: a 1-row chunk is a graph of its own (dynamo specializes sizes 0 and 1).
+    rows, width, dtype = max(min(chunk, _HEAD_ROWS), 2), 16, compute_dtype(device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    hidden = torch.randn(rows, width, generator=g).to(device, dtype).requires_grad_(True)  # [rows, 16]
+    weight = torch.randn(vocab_size, width, generator=g).to(device, dtype).requires_grad_(True)  # [V, 16]
+    targets = torch.randint(0, vocab_size, (rows,), generator=g).to(device)  # [rows] int64
+    run = functools.partial(head_log_probs, temperature=cfg.rollout_temperature, chunk_size=chunk,
+                            head=options.head, compiled=True)  # fmt: skip
+    with torch.no_grad():
+        run(hidden, weight, targets, with_entropy=False)
+    logp, entropy = run(hidden, weight, targets, with_entropy=True)
+    # Cotangents as the step's loss gives them: dense `[rows]` tensors (a plain `.sum()` gives stride-0 ones, which
+    # dynamo guards on: another graph).
+    loss = (logp * torch.rand_like(logp)).sum()
+    if entropy_grad:
+        loss = loss + (entropy * torch.rand_like(entropy)).sum()
+    loss.backward()
+
+
+def _loss_like_the_run(entropy_grad: bool, ids: list[int], log_probs: list[torch.Tensor], entropy: list[torch.Tensor]):
+    """A loss touching the log-probs of every sample, and their entropy where the run's loss does (its graph)."""
+    loss = sum(lp.sum() + (ent.sum() if entropy_grad else 0.0) for lp, ent in zip(log_probs, entropy, strict=True))
     return loss, {}
 
 

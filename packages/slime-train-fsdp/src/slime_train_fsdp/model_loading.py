@@ -49,6 +49,7 @@ __all__ = [
     "FillMissing",
     "build_fsdp_model",
     "compiles_layers",
+    "compute_dtype",
     "default_device",
     "gathered_through_backward",
     "load_hf_weights_into",
@@ -175,6 +176,11 @@ def _log_lora_eager(cfg: SlimeArgs, device: torch.device) -> bool:
         logger.info(LORA_EAGER_REASON)
         return True
     return False
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """The dtype the layers and the log-prob head compute in: bf16 on CUDA (`mixed_precision_policy`), else fp32."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def mixed_precision_policy(cfg: SlimeArgs) -> MixedPrecisionPolicy:

@@ -47,6 +47,7 @@ from slime_train_fsdp.vision import (
 __all__ = [
     "ForwardOptions",
     "PackedMicroBatch",
+    "forward_options",
     "install_response_forward",
     "output_weight",
     "pack_micro_batch",
@@ -295,6 +296,11 @@ def output_weight(model: nn.Module) -> torch.Tensor:
         delta = out.lora_B[name].weight @ out.lora_A[name].weight  # [V, r] @ [r, H]
         weight = weight + delta.to(weight.dtype) * out.scaling[name]
     return weight
+
+
+def forward_options(model: nn.Module) -> ForwardOptions:
+    """The `ForwardOptions` the installed response forward of `model` runs with (`install_response_forward`)."""
+    return getattr(model, _OPTIONS_ATTR)
 
 
 def install_response_forward(model: nn.Module, options: ForwardOptions | None = None) -> None:
