@@ -429,3 +429,74 @@ def test_one_vs_four_uneven_micro_batches_give_the_same_gradient(per_token):
     lp_ref = [t.clone().requires_grad_(True) for t in x["lp"]]
     ref_loss, _ = _orig_policy_loss_function(cfg, lp_ref, x["old"], x["adv"], MASKS, x["ent"], x["ref"], None)
     assert one_loss == pytest.approx(ref_loss.item() / step_count, abs=ATOL)
+
+
+def _orig_opsm(args, lp_list, old_list, adv_list, masks):
+    # slime/utils/ppo_utils.py: compute_opsm_mask (the mask, 1 = kept)
+    keep = []
+    for lp, old, adv, m in zip(lp_list, old_list, adv_list, masks):
+        seq_kl = ((old - lp) * m).sum() / torch.clamp_min(m.sum(), 1)
+        keep.append(1 - ((adv < 0) & (seq_kl > args.opsm_delta)).float())
+    return torch.cat(keep)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gspo"])
+def test_opsm_pg_loss_matches_the_original(estimator):
+    cfg = _cfg(advantage_estimator=estimator, use_opsm=True, opsm_delta=1e-4, eps_clip=0.2, eps_clip_high=0.2)
+    x = _inputs(seed=6)
+    # Samples 0 and 3 drift (old > current), 1 and 2 do not; advantages of both signs.
+    x["old"] = [lp + (0.3 if i in (0, 3) else -0.3) for i, lp in enumerate(x["lp"])]
+    loss, metrics, lp = _ours_loss(cfg, x)
+    loss.backward()
+
+    lp_ref = [t.clone().requires_grad_(True) for t in x["lp"]]
+    reduce = _orig_sum_of_sample_mean(MASKS, False)
+    if estimator == "gspo":
+        ppo_kl = _orig_gspo_kl(lp_ref, x["old"], MASKS)
+    else:
+        ppo_kl = torch.cat(x["old"]) - torch.cat(lp_ref)
+    pg, _ = _orig_policy_loss(ppo_kl, torch.cat(x["adv"]), 0.2, 0.2)
+    keep = _orig_opsm(cfg, [t.detach() for t in lp_ref], x["old"], x["adv"], MASKS)
+    assert keep.min() == 0.0 and keep.max() == 1.0  # the case drops some tokens and keeps others
+    ref_pg = reduce(pg * keep)
+    ref_pg.backward()
+    assert metrics["pg_loss"].item() == pytest.approx(ref_pg.item(), abs=ATOL)
+    for ours, theirs in zip(lp, lp_ref, strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad, atol=ATOL, rtol=0)
+
+
+def test_documented_deviation_log_ratio_beyond_20_is_capped_without_gradient():
+    """MIGRATION.md "Numbers that differ": the original's exp(25)·|A| here is capped at exp(20)·|A|, no gradient."""
+    cfg = _cfg(eps_clip_c=None)
+    lp = torch.tensor([0.0, 0.0], requires_grad=True)
+    old = torch.tensor([-25.0, -0.1])  # ratio e^25 on token 0, 1.105 on token 1
+    adv = torch.tensor([-1.0, -1.0])
+    loss, _ = compute_actor_loss(
+        cfg, log_probs=[lp], old_log_probs=[old], advantages=[adv], loss_masks=[torch.ones(2)],
+        loss_denominators=[2.0],
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx((torch.exp(torch.tensor(20.0)).item() + torch.exp(torch.tensor(0.1)).item()) / 2)
+    # Token 1 (inside the clamp) keeps the original's gradient -A·ratio/2; token 0 gets none.
+    assert lp.grad.tolist() == pytest.approx([0.0, torch.exp(torch.tensor(0.1)).item() / 2], abs=1e-6)
+    lp_ref = torch.tensor([0.0, 0.0], requires_grad=True)
+    ref, _ = _orig_policy_loss(old - lp_ref, adv, 0.2, 0.2)
+    (ref.sum() / 2).backward()
+    assert lp_ref.grad[0].item() == pytest.approx(torch.exp(torch.tensor(25.0)).item() / 2, rel=1e-5)
+
+
+def test_documented_deviation_per_token_denominator_counts_trainable_tokens_only():
+    """MIGRATION.md "Numbers that differ": a removed sample adds 0 to the per-token denominator (original: 1)."""
+    from slime_core.train_data import build_rollout_batches
+
+    cfg = _cfg(
+        n_samples_per_prompt=2, global_batch_size=2, calculate_per_token_loss=True, use_dynamic_batch_size=False,
+        max_tokens_per_gpu=None, micro_batch_size=1, balance_data=False, custom_reward_post_process_path=None,
+        reward_key=None, disable_rewards_normalization=False,
+    )
+    samples = [
+        Sample(tokens=[1, 2, 3, 4], response_length=3, loss_mask=[1, 0, 1], reward=1.0, index=0, group_index=0),
+        Sample(tokens=[1, 2, 3], response_length=2, reward=0.0, index=1, group_index=0, remove_sample=True),
+    ]
+    (batch,) = build_rollout_batches(cfg, samples, dp_size=1)
+    assert batch.step_token_counts == [2.0]  # the original's num_tokens: max(2, 1) + max(0, 1) = 3
