@@ -120,16 +120,21 @@ def _orig_cispo(ppo_kl, log_probs, advantages, eps_clip, eps_clip_high):
 
 def _orig_gspo_kl(log_probs, old_log_probs, loss_masks):
     # slime/utils/ppo_utils.py: compute_gspo_kl
-    kl = [((o - lp) * m).sum() / torch.clamp_min(m.sum(), 1) for lp, o, m in zip(log_probs, old_log_probs, loss_masks)]
-    return torch.cat([k.expand_as(lp) for k, lp in zip(kl, log_probs)])
+    kl = [
+        ((o - lp) * m).sum() / torch.clamp_min(m.sum(), 1)
+        for lp, o, m in zip(log_probs, old_log_probs, loss_masks, strict=True)
+    ]
+    return torch.cat([k.expand_as(lp) for k, lp in zip(kl, log_probs, strict=True)])
 
 
 def _orig_sum_of_sample_mean(loss_masks, per_token):
     # slime/backends/megatron_utils/cp_utils.py: get_sum_of_sample_mean (cp_size == 1, sample_denoms=None)
     lengths = [m.numel() for m in loss_masks]
     if per_token:
-        return lambda x: sum((xi * m).sum() for xi, m in zip(x.split(lengths), loss_masks))
-    return lambda x: sum((xi * m).sum() / torch.clamp_min(m.sum(), 1) for xi, m in zip(x.split(lengths), loss_masks))
+        return lambda x: sum((xi * m).sum() for xi, m in zip(x.split(lengths), loss_masks, strict=True))
+    return lambda x: sum(
+        (xi * m).sum() / torch.clamp_min(m.sum(), 1) for xi, m in zip(x.split(lengths), loss_masks, strict=True)
+    )
 
 
 def _orig_policy_loss_function(args, lp_list, old_list, adv_list, masks, ent_list, ref_list, roll_list):
@@ -165,7 +170,9 @@ def _orig_policy_loss_function(args, lp_list, old_list, adv_list, masks, ent_lis
         kl_loss = reduce(_orig_kl(log_probs, torch.cat(ref_list), args.kl_loss_type, ratio))
         loss = loss + args.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss
-    metrics.update(loss=loss, pg_loss=pg, pg_clipfrac=reduce(clipfrac), ppo_kl=reduce(ppo_kl), entropy_loss=entropy_loss)
+    metrics.update(
+        loss=loss, pg_loss=pg, pg_clipfrac=reduce(clipfrac), ppo_kl=reduce(ppo_kl), entropy_loss=entropy_loss
+    )
     return loss, metrics
 
 
@@ -182,11 +189,11 @@ def _orig_advantages(args, rewards, kl, loss_masks, values):
     # slime/backends/megatron_utils/loss.py: compute_advantages_and_returns (CP 1)
     est = args.advantage_estimator
     if est in ("grpo", "gspo", "cispo"):
-        returns = [torch.ones_like(k) * r for k, r in zip(kl, rewards)]  # get_grpo_returns
+        returns = [torch.ones_like(k) * r for k, r in zip(kl, rewards, strict=True)]  # get_grpo_returns
         return list(returns), returns
     if est == "ppo":
         advantages, returns = [], []
-        for r, k, v in zip(rewards, kl, values):
+        for r, k, v in zip(rewards, kl, values, strict=True):
             token_rewards = k * -args.kl_coef
             token_rewards[-1] += r
             # vanilla_gae on one row: next value 0 after the last token
@@ -201,13 +208,13 @@ def _orig_advantages(args, rewards, kl, loss_masks, values):
         return advantages, returns
     if est == "reinforce_plus_plus":
         returns = []
-        for r, k, m in zip(rewards, kl, loss_masks):  # get_reinforce_plus_plus_returns
+        for r, k, m in zip(rewards, kl, loss_masks, strict=True):  # get_reinforce_plus_plus_returns
             rewards_for_seq = -args.kl_coef * (k * m)
             rewards_for_seq[m.nonzero(as_tuple=True)[0][-1]] += r
             returns.append(_orig_discounted(rewards_for_seq, args.gamma))
         return list(returns), returns
     if est == "reinforce_plus_plus_baseline":
-        adv = [torch.ones_like(k) * r - args.kl_coef * k for k, r in zip(kl, rewards)]
+        adv = [torch.ones_like(k) * r - args.kl_coef * k for k, r in zip(kl, rewards, strict=True)]
         return adv, adv
     raise AssertionError(est)
 
@@ -330,7 +337,7 @@ def test_advantages_and_whitening_match_the_original(fields, normalize):
     if normalize:
         adv = apply_whitening(adv, MASKS, whitening_stats(adv, MASKS))
     if cfg.kl_coef != 0:
-        kl = [_orig_kl(o, r, cfg.kl_loss_type) for o, r in zip(x["old"], x["ref"])]
+        kl = [_orig_kl(o, r, cfg.kl_loss_type) for o, r in zip(x["old"], x["ref"], strict=True)]
     else:
         kl = [torch.zeros(n) for n in LENGTHS]
     ref_adv, ref_ret = _orig_advantages(cfg, x["rewards"], kl, MASKS, x["values"])
@@ -405,7 +412,7 @@ def test_one_vs_four_uneven_micro_batches_give_the_same_gradient(per_token):
         lp = [t.clone().requires_grad_(True) for t in x["lp"]]
         total = 0.0
         for ids in groups:
-            pick = lambda xs: [xs[i] for i in ids]  # noqa: E731
+            pick = lambda xs, ids=ids: [xs[i] for i in ids]  # noqa: E731
             loss, _ = compute_actor_loss(
                 cfg,
                 log_probs=pick(lp),
@@ -434,7 +441,7 @@ def test_one_vs_four_uneven_micro_batches_give_the_same_gradient(per_token):
 def _orig_opsm(args, lp_list, old_list, adv_list, masks):
     # slime/utils/ppo_utils.py: compute_opsm_mask (the mask, 1 = kept)
     keep = []
-    for lp, old, adv, m in zip(lp_list, old_list, adv_list, masks):
+    for lp, old, adv, m in zip(lp_list, old_list, adv_list, masks, strict=True):
         seq_kl = ((old - lp) * m).sum() / torch.clamp_min(m.sum(), 1)
         keep.append(1 - ((adv < 0) & (seq_kl > args.opsm_delta)).float())
     return torch.cat(keep)
@@ -472,11 +479,16 @@ def test_documented_deviation_log_ratio_beyond_20_is_capped_without_gradient():
     old = torch.tensor([-25.0, -0.1])  # ratio e^25 on token 0, 1.105 on token 1
     adv = torch.tensor([-1.0, -1.0])
     loss, _ = compute_actor_loss(
-        cfg, log_probs=[lp], old_log_probs=[old], advantages=[adv], loss_masks=[torch.ones(2)],
+        cfg,
+        log_probs=[lp],
+        old_log_probs=[old],
+        advantages=[adv],
+        loss_masks=[torch.ones(2)],
         loss_denominators=[2.0],
     )
     loss.backward()
-    assert loss.item() == pytest.approx((torch.exp(torch.tensor(20.0)).item() + torch.exp(torch.tensor(0.1)).item()) / 2)
+    e20, e01 = torch.exp(torch.tensor(20.0)).item(), torch.exp(torch.tensor(0.1)).item()
+    assert loss.item() == pytest.approx((e20 + e01) / 2)
     # Token 1 (inside the clamp) keeps the original's gradient -A·ratio/2; token 0 gets none.
     assert lp.grad.tolist() == pytest.approx([0.0, torch.exp(torch.tensor(0.1)).item() / 2], abs=1e-6)
     lp_ref = torch.tensor([0.0, 0.0], requires_grad=True)
@@ -490,9 +502,16 @@ def test_documented_deviation_per_token_denominator_counts_trainable_tokens_only
     from slime_core.train_data import build_rollout_batches
 
     cfg = _cfg(
-        n_samples_per_prompt=2, global_batch_size=2, calculate_per_token_loss=True, use_dynamic_batch_size=False,
-        max_tokens_per_gpu=None, micro_batch_size=1, balance_data=False, custom_reward_post_process_path=None,
-        reward_key=None, disable_rewards_normalization=False,
+        n_samples_per_prompt=2,
+        global_batch_size=2,
+        calculate_per_token_loss=True,
+        use_dynamic_batch_size=False,
+        max_tokens_per_gpu=None,
+        micro_batch_size=1,
+        balance_data=False,
+        custom_reward_post_process_path=None,
+        reward_key=None,
+        disable_rewards_normalization=False,
     )
     samples = [
         Sample(tokens=[1, 2, 3, 4], response_length=3, loss_mask=[1, 0, 1], reward=1.0, index=0, group_index=0),
