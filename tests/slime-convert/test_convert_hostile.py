@@ -250,7 +250,7 @@ def test_an_index_naming_a_shard_outside_the_checkpoint_is_refused(tiny_hf_model
 
 
 @pytest.mark.parametrize("command", ["hf-to-mcore", "mcore-to-hf"])
-def test_ctrl_c_mid_conversion_ends_in_one_line_and_leaves_nothing(tiny_hf_model, tmp_path, monkeypatch, caplog, command):
+def test_ctrl_c_mid_conversion_ends_in_one_line(tiny_hf_model, tmp_path, monkeypatch, caplog, command):
     """Ctrl-C inside DCP's writer/reader came out as its CheckpointException (a BaseException traceback)."""
     from slime_convert import convert
 
