@@ -129,3 +129,16 @@ def test_expected_hf_shapes_by_hand(name, shape):
     assert hf_tensor_shape(name, args) == shape
     with pytest.raises(ValueError, match="no expected shape"):
         hf_tensor_shape("model.layers.0.mystery.weight", args)
+
+
+def test_an_untied_output_layer_exported_with_a_tied_config_is_refused(tiny_hf_model, tmp_path, caplog):
+    """Was exit 0 with the trained output layer silently left out (the export kept only the embedding)."""
+    _, hf_dir = tiny_hf_model("qwen2")  # untied: the torch_dist holds output_layer.weight
+    save = tmp_path / "m"
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", str(save), "--no-progress"]) == 0
+    origin = _with_config(hf_dir, tmp_path / "origin", tie_word_embeddings=True)
+    out = tmp_path / "out"
+    argv = ["mcore-to-hf", "--input-dir", str(save), "--output-dir", str(out), "--origin-hf-dir", str(origin)]
+    assert main([*argv, "--no-progress"]) == 2
+    assert "output_layer.weight is stored" in caplog.text and "set tie_word_embeddings to false" in caplog.text
+    assert not out.exists()

@@ -139,7 +139,8 @@ def check_torch_dist_shapes(
 
     Every mapped key must hold `num_layers` layers (and `num_experts` experts) of the shape the config implies;
     the embedding and LM head may carry padding rows (at least `vocab_size`). A key the checkpoint lacks is left
-    to the reader, which names it.
+    to the reader, which names it. A stored `output_layer.weight` under a tied config is refused: Megatron keeps a
+    tied head under the embedding's key, so it is an untied head the export would drop.
 
     Args:
         stored: the checkpoint's tensors, key → (global shape, dtype) (`TorchDistReader.tensor_keys`).
@@ -165,6 +166,13 @@ def check_torch_dist_shapes(
             ok, want = shape == expected, str(list(expected))
         if not ok:
             problems.append(f"{key} has shape {list(shape)}, expected {want}")
+    if args.tie_word_embeddings and "output_layer.weight" in stored:
+        # Megatron stores a tied head under the embedding's key, so this is an untied (trained) head that a tied
+        # export would drop without a word.
+        problems.append(
+            "output_layer.weight is stored (an output layer of its own, e.g. --untie-embeddings-and-output-weights) "
+            "but tie_word_embeddings=true would export only the embedding; set tie_word_embeddings to false"
+        )
     if problems:
         raise _mismatch_error(
             str(ckpt_dir), problems, f"{origin_hf_dir}/config.json", args,
