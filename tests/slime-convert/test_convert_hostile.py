@@ -247,3 +247,40 @@ def test_an_index_naming_a_shard_outside_the_checkpoint_is_refused(tiny_hf_model
     argv = ["hf-to-mcore", "--hf-checkpoint", str(model), "--save", str(tmp_path / "out"), "--no-progress"]
     assert main(argv) == 2
     assert message in caplog.text and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["hf-to-mcore", "mcore-to-hf"])
+def test_ctrl_c_mid_conversion_ends_in_one_line(tiny_hf_model, tmp_path, monkeypatch, caplog, command):
+    """Ctrl-C inside DCP's writer/reader came out as its CheckpointException (a BaseException traceback)."""
+    from slime_convert import convert
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    calls = {"n": 0}
+
+    def interrupt_on_third_call(real, skip=0):
+        # hf-to-mcore first converts layer 0 of each mapping for the shapes: skip those so the Ctrl-C lands in DCP.
+        def wrapped(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == skip + 3:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        return wrapped
+
+    if command == "hf-to-mcore":
+        skip = len(convert.tensor_mappings(convert.ModelArgs.from_hf_dir(hf_dir)))
+        monkeypatch.setattr(convert, "to_mcore", interrupt_on_third_call(convert.to_mcore, skip))
+        out = tmp_path / "m2"
+        argv = ["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", str(out)]
+    else:
+        monkeypatch.setattr(convert, "to_hf", interrupt_on_third_call(convert.to_hf))
+        out = tmp_path / "h"
+        argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(out), "--origin-hf-dir"]
+        argv.append(str(hf_dir))
+    assert main([*argv, "--no-progress"]) == 130
+    assert "interrupted: nothing was written" in caplog.text
+    assert not (out / "release").exists() and not (out / "release.tmp").exists()
+    assert not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()
+    monkeypatch.undo()
+    assert main([*argv, "--no-progress"]) == 0  # a rerun starts clean

@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                 force=ns.force,
                 progress=not ns.no_progress,
             )
+    except KeyboardInterrupt:
+        # Every writer stages its output and removes the staging folder on the way out, so nothing half-written stays.
+        logger.error("interrupted: nothing was written (a previous output is left as it was)")
+        return 130
     except (ValueError, KeyError, OSError) as e:
         # OSError: a full disk, a read-only or missing folder, a file where a folder should be; the output is left
         # as it was (every writer stages its files and renames them at the end).

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
+from slime_convert.shapes import check_hf_shapes, check_torch_dist_shapes
 from slime_convert.staged import staged_output
 from slime_convert.torch_dist import (
     LazyChunk,
@@ -78,7 +79,8 @@ def hf_to_mcore(
         The written iteration directory.
 
     Raises:
-        ValueError: bad TP/PP, unsupported model, or a missing HF tensor (named).
+        ValueError: bad TP/PP, unsupported model, a missing HF tensor (named), or a tensor whose shape is not the
+            one config.json implies (`slime_convert.shapes.check_hf_shapes`; checked before anything is written).
         FileExistsError: `<save_dir>/release` exists, or `save_dir` holds a tracker naming a training iteration.
     """
     args = ModelArgs.from_hf_dir(hf_dir)
@@ -101,6 +103,15 @@ def hf_to_mcore(
             f"{hf_dir}: config.json has tie_word_embeddings=false but the checkpoint has no 'lm_head.weight'; "
             "add the tensor, or set tie_word_embeddings=true if the model shares its embedding"
         )
+
+    needed = [n for mapping, layer, expert in expand_mappings(args) for n in mapping.hf_names(layer, expert)]
+    try:
+        check_hf_shapes(
+            [n for n in needed if n in reader], reader.shape, args, hf_dir=hf_dir, file_of=lambda n: reader.file(n).name
+        )
+    except BaseException:
+        reader.close()
+        raise
 
     def read_hf(name: str) -> torch.Tensor:
         if name not in reader:
@@ -226,7 +237,9 @@ def mcore_to_hf(
     Raises:
         FileExistsError: `output_dir` exists and not `force`.
         KeyError: a tensor the mapping needs is missing from the checkpoint.
-        ValueError: `vocab_size` < 1, or more rows than the checkpoint holds.
+        ValueError: `vocab_size` < 1, more rows than the checkpoint holds, or a stored tensor whose shape or layer
+            count is not what `origin_hf_dir`'s config.json implies (`slime_convert.shapes.check_torch_dist_shapes`;
+            checked before anything is written).
         OSError: writing failed (a full disk); `output_dir` is left as it was (the new files go to
             `<output_dir>.tmp` first, which is removed).
     """
@@ -242,6 +255,7 @@ def mcore_to_hf(
             )  # fmt: skip
         args = dataclasses.replace(args, vocab_size=vocab_size)
     ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
+    check_torch_dist_shapes(ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=origin_hf_dir)
     out = pathlib.Path(output_dir)
     with staged_output(out, force=force, flag="--output-dir") as tmp:
         _write_hf(ckpt, args, HFShardedWriter(tmp, max_shard_bytes=chunk_size), dtype=dtype, progress=progress)

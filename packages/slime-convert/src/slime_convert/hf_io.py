@@ -87,6 +87,25 @@ class HFCheckpointReader:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape of tensor `name`, from its shard's header (no data read).
+
+        Raises:
+            KeyError: the checkpoint has no tensor `name`.
+        """
+        return tuple(self._open(self.file(name)).get_slice(name).get_shape())  # type: ignore[attr-defined]
+
+    def file(self, name: str) -> pathlib.Path:
+        """The shard file holding tensor `name`.
+
+        Raises:
+            KeyError: the checkpoint has no tensor `name`.
+        """
+        path = self._where.get(name)
+        if path is None:
+            raise KeyError(f"tensor {name!r} not found in HF checkpoint {self.dir}")
+        return path
+
     def get(self, name: str) -> torch.Tensor:
         """Reads one tensor (CPU, stored dtype).
 

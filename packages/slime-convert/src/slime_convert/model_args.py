@@ -209,7 +209,11 @@ class ModelArgs:
             model_type=model_type,
             num_layers=int(need("num_hidden_layers")),
             hidden_size=hidden_size,
-            ffn_hidden_size=int(config.get("intermediate_size") or 4 * hidden_size),
+            # Dense: required (the HF classes' defaults are fixed numbers like 11008, not a multiple of the width);
+            # MoE: the dense width is unused (every layer is sparse).
+            ffn_hidden_size=int(config.get("intermediate_size") or 4 * hidden_size)
+            if moe
+            else int(need("intermediate_size")),
             num_attention_heads=num_heads,
             num_query_groups=num_groups,
             kv_channels=head_dim,

@@ -176,12 +176,15 @@ def _rank_errors(describe: Callable[[Exception], Exception] | None = None) -> It
 
     DCP reports a failed save or load as a `CheckpointException`, a BaseException holding each rank's error and
     traceback (`slime_core.error_text.first_rank_error`); the rank's error is what names the tensor or the file. A
-    rank's BaseException (Ctrl-C) is left wrapped.
+    rank's Ctrl-C comes out as the `KeyboardInterrupt` it was (so the CLI ends in one line, exit 130), any other
+    BaseException stays wrapped.
     """
     try:
         yield
     except CheckpointException as e:
         cause = first_rank_error(e)
+        if isinstance(cause, KeyboardInterrupt):
+            raise cause from e
         if not isinstance(cause, Exception):
             raise
         raise (cause if describe is None else describe(cause)) from e
