@@ -290,10 +290,19 @@ def test_a_partial_samples_plugin_attributes_survive_the_checkpoint(tmp_path):
     resumed.load(0)
     first, second = resumed.get_samples(1)[0]
     assert first.tool_call_count == 2 and second.plugin_attributes() == {}
-    # A value JSON cannot store is one error naming the buffer (json's own names only the type).
+    # A value JSON cannot store is one error naming the buffer, the sample and the attribute (json's own names
+    # only the type).
     ds.add_samples(ds.get_samples(1))
-    ds.buffer[0][0].seen = {1, 2}
-    with pytest.raises(TypeError, match=r"--save: the data source's partial-rollout buffer holds a value JSON"):
+    ds.buffer[0][1].seen = {1, 2}
+    with pytest.raises(
+        TypeError,
+        match=r"^--save: the data source's partial-rollout buffer: sample 1's plugin attribute 'seen' holds a value of "
+        r"type set, which JSON cannot store",
+    ):
+        ds.save(1)
+    ds.buffer[0][1].seen = [1, 2]
+    ds.buffer[0][0].metadata["when"] = object()
+    with pytest.raises(TypeError, match=r"buffer: sample 0's metadata\['when'\] holds a value of type object,"):
         ds.save(1)
 
 

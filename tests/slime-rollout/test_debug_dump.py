@@ -172,3 +172,31 @@ def test_an_original_dump_with_a_tensor_reward_loads(tmp_path):
     torch.save({"rollout_id": 0, "samples": [{**_original_record(0), "reward": torch.tensor(0.5)}]}, tmp_path / "0.pt")
     (sample,) = load_debug_rollout_data(_cfg(load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt")), 0)
     assert sample.reward == 0.5 and type(sample.reward) is float
+
+
+def test_a_plugin_value_the_safe_loader_refuses_is_refused_when_saving(tmp_path):
+    # torch.save pickled any plugin attribute, then --load-debug-rollout-data's weights_only loader refused the
+    # dump it had written; the save now says which sample and attribute, and writes nothing.
+    args = _cfg(
+        save_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"),
+        load_debug_rollout_data=str(tmp_path / "{rollout_id}.pt"),
+    )
+    samples = _samples(2)
+    samples[1].ratio = fractions.Fraction(1, 3)
+    with pytest.raises(
+        TypeError,
+        match=r"^--save-debug-rollout-data: sample 1's plugin attribute 'ratio' holds a value "
+        r"of type Fraction, which --load-debug-rollout-data's safe loader refuses",
+    ):
+        save_debug_rollout_data(args, 0, samples)
+    samples[1].ratio = None
+    samples[0].metadata["when"] = fractions.Fraction(1, 2)
+    with pytest.raises(TypeError, match=r"sample 0's metadata\['when'\] holds a value of type Fraction"):
+        save_debug_rollout_data(args, 0, samples)
+    assert list(tmp_path.iterdir()) == []
+    # Builtins and tensors pass and read back.
+    samples[0].metadata["when"] = 0.5
+    samples[1].ratio = torch.tensor([1.0, 3.0])
+    save_debug_rollout_data(args, 0, samples)
+    loaded = load_debug_rollout_data(args, 0)
+    assert loaded[0].metadata["when"] == 0.5 and loaded[1].ratio.tolist() == [1.0, 3.0]

@@ -216,3 +216,26 @@ def test_resume_continues_the_prompt_stream(engine, tiny_qwen3_dir, fixtures_dir
     # The stream continues where the checkpoint's cursor was: its next prompt is trained or still held.
     still_held = {g[0].group_index for g in fully_async.active_producer().held_prompts()}
     assert fresh and min(fresh) >= drawn and drawn in set(fresh) | still_held
+
+
+def test_a_held_sample_with_a_value_json_cannot_store_is_one_error_naming_it(tmp_path, monkeypatch):
+    # Held samples are written as to_dict() JSON, plugin attributes included; json's own error named only the type
+    # ("Object of type set is not JSON serializable"), not the held sample or its attribute.
+    class Cursor:
+        def save(self, rollout_id):
+            pass
+
+    held = Sample(index=7, prompt="q")
+    held.seen = {1, 2}
+    monkeypatch.setattr(fully_async, "_producer", None)
+    monkeypatch.setattr(fully_async, "_restored", [[Sample(index=6, prompt="q"), held]])
+    args = SlimeArgs.from_dict({"save": str(tmp_path), "rollout_batch_size": 1, "num_rollout": 1})
+    with pytest.raises(
+        TypeError, match=r"^--save: the fully-async held groups: sample 7's plugin attribute 'seen' holds a value of"
+    ):
+        save_state(args, Cursor(), 0)
+    assert not fully_async.state_path(tmp_path, 0).exists()
+    held.seen = [1, 2]
+    save_state(args, Cursor(), 0)
+    saved = json.loads(fully_async.state_path(tmp_path, 0).read_text())["held"]
+    assert [[s["index"] for s in g] for g in saved] == [[6, 7]] and saved[0][1]["seen"] == [1, 2]

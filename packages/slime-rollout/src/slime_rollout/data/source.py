@@ -27,6 +27,7 @@ import numpy as np
 from slime_core.dir_swap import write_text_atomic
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
+from slime_core.sample_json import dumps_with_samples
 from slime_rollout.data import multimodal
 from slime_rollout.data.chat_template import render_chat, text_content
 from slime_rollout.data.original_cursor import original_cursor, original_cursor_path
@@ -490,13 +491,8 @@ class RolloutDataSource:
         if not root:
             return
         path = self.state_path(root, rollout_id)
-        try:
-            text = json.dumps(self._state())
-        except TypeError as e:  # json's message names the type only
-            raise TypeError(
-                f"--save: the data source's partial-rollout buffer holds a value JSON cannot store ({e}); its "
-                "samples' metadata and plugin attributes (Sample.plugin_attributes) must be JSON values"
-            ) from None
+        buffered = (s for group in self.buffer for s in group)
+        text = dumps_with_samples(self._state(), buffered, what="--save: the data source's partial-rollout buffer")
         write_text_atomic(path, text)
         logger.info("saved data-source cursor to %s", path)
 

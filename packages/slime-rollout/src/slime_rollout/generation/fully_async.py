@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from slime_core.dir_swap import write_text_atomic
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample
+from slime_core.sample_json import dumps_with_samples
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime_rollout.generation.eval import eval_rollout
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
@@ -159,7 +160,9 @@ async def _write_state(args: SlimeArgs, data_source: DataSource, rollout_id: int
     # cannot draw a group in between.
     held = _producer.held_prompts() if _producer is not None else [copy.deepcopy(g) for g in _restored]
     data_source.save(rollout_id)
-    write_text_atomic(state_path(args.save, rollout_id), json.dumps({"held": [[s.to_dict() for s in g] for g in held]}))
+    payload = {"held": [[s.to_dict() for s in g] for g in held]}
+    text = dumps_with_samples(payload, (s for g in held for s in g), what="--save: the fully-async held groups")
+    write_text_atomic(state_path(args.save, rollout_id), text)
     return len(held)
 
 

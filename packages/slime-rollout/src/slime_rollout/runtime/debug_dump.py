@@ -7,6 +7,7 @@ file and renamed so a killed run never leaves a half-written dump.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pathlib
@@ -48,8 +49,12 @@ def save_debug_rollout_data(
         rollout_id: id of the rollout.
         samples: the flat list of samples.
         evaluation: an eval rollout (file id `eval_{rollout_id}`).
+
+    Raises:
+        TypeError: a plugin attribute or metadata value the loader would refuse, naming the sample and the key.
     """
     path = dump_path(cfg.save_debug_rollout_data, rollout_id, evaluation=evaluation)
+    _check_loadable(samples)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
@@ -109,6 +114,38 @@ def load_debug_rollout_data(cfg: SlimeArgs, rollout_id: int) -> list[Sample]:
         head = num_kept // 2
         samples = samples[:head] + samples[len(samples) - (num_kept - head) :]
     return samples
+
+
+def _check_loadable(samples: list[Sample]) -> None:
+    """Refuses, before writing, a value `load_debug_rollout_data` could not read back.
+
+    `torch.save` pickles any object, but the reader's safe loader (`weights_only=True`) refuses a class it does not
+    know, so a plugin attribute or metadata value holding one made a dump that is written and cannot be replayed.
+    The fields `to_dict` writes are builtins and tensors; only plugin attributes and metadata are free-form.
+    """
+    for sample in samples:
+        values = {f"plugin attribute {k!r}": v for k, v in sample.plugin_attributes().items()}
+        values.update({f"metadata[{k!r}]": v for k, v in sample.metadata.items()})
+        if values and not _safe_to_load(list(values.values())):
+            where, value = next((w, v) for w, v in values.items() if not _safe_to_load(v))
+            raise TypeError(
+                f"--save-debug-rollout-data: sample {sample.index}'s {where} holds a value of type "
+                f"{type(value).__name__}, which --load-debug-rollout-data's safe loader refuses; keep plugin "
+                "attributes and metadata to builtins and tensors"
+            )
+
+
+def _safe_to_load(value: object) -> bool:
+    """Whether `value` survives `torch.save` then `torch.load(weights_only=True)` as the reader loads it."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    try:
+        with torch.serialization.safe_globals([PIL.Image.Image]):
+            torch.load(buffer, weights_only=True)
+    except Exception:  # noqa: BLE001 - the safe loader's refusal (pickle.UnpicklingError), as the reader meets it
+        return False
+    return True
 
 
 def _first_reason(error: Exception) -> str:
