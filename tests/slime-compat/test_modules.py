@@ -310,13 +310,14 @@ def test_the_originals_remaining_utils_helpers():
     import multiprocessing
     import signal
     import struct
-    import types
 
     import torch
 
     from slime.utils.async_utils import AsyncLoopThread, get_async_loop, run
     from slime.utils.http_utils import get_rollout_num_engines, terminate_process
     from slime.utils.misc import Box, chunk_named_params_by_size, decode_int32_meta_array, group_by
+    from slime_core.config import PluginArgs, SlimeArgs
+    from slime_rollout.generation.group_rollout import num_engines
     from slime_rollout.runtime.async_utils import get_loop
 
     packed = struct.pack("<4i", 3, -1, 7, 2**31 - 1)
@@ -350,11 +351,16 @@ def test_the_originals_remaining_utils_helpers():
     assert own.run(where()) is own.loop is not get_loop()
     own.loop.call_soon_threadsafe(own.loop.stop)
 
-    cfg = types.SimpleNamespace
+    def cfg(engine_urls=None, **fields):
+        args = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
+        return PluginArgs.from_config(args, engine_urls=engine_urls)
+
     assert get_rollout_num_engines(cfg(rollout_num_gpus=8, rollout_num_gpus_per_engine=2)) == 4
-    assert get_rollout_num_engines(cfg(rollout_num_gpus=1, rollout_num_gpus_per_engine=2)) == 1
-    assert get_rollout_num_engines(cfg(rollout_num_gpus=None, rollout_num_gpus_per_engine=1)) == 0
-    assert get_rollout_num_engines(cfg(rollout_num_engines=3, rollout_num_gpus=8)) == 3
+    assert get_rollout_num_engines(cfg(rollout_num_gpus_per_engine=1)) == 0  # no rollout GPUs: the original's 0
+    # External engines, no rollout GPUs: the rollout uses all three (the count was 0 here before).
+    three = [f"http://h{i}:30000" for i in range(3)]
+    assert get_rollout_num_engines(cfg(three)) == 3 == num_engines(cfg(three))
+    assert get_rollout_num_engines(cfg(three, rollout_num_gpus=8, rollout_num_gpus_per_engine=2)) == 3
     process = multiprocessing.get_context("spawn").Process(target=_sleep_long, daemon=True)
     process.start()
     terminate_process(process, timeout=30)

@@ -14,6 +14,7 @@ import socket
 from typing import Any
 
 from slime_rollout.engines.plugin_http import get, init_http_client, post
+from slime_rollout.generation.group_rollout import num_engines
 
 __all__ = [
     "find_available_port",
@@ -65,16 +66,15 @@ def get_host_info() -> tuple[str, str]:
 
 
 def get_rollout_num_engines(args: Any) -> int:
-    """Number of rollout engines, as the original counts them.
+    """Number of rollout engines behind the client, as the rollout counts them (`group_rollout.num_engines`).
 
-    `rollout_num_engines` when the args carry it, else `--rollout-num-gpus` // `--rollout-num-gpus-per-engine`
-    (at least 1; 0 without rollout GPUs).
+    `len(rollout_engine_urls)` when the engines are known (external engines included: the original reads the count
+    its discovery wrote into `rollout_num_engines`), else `--rollout-num-gpus` // `--rollout-num-gpus-per-engine`
+    (at least 1). 0 with neither engine URLs nor rollout GPUs, as the original returns.
     """
-    if (num := getattr(args, "rollout_num_engines", None)) is not None:
-        return int(num)
-    gpus = getattr(args, "rollout_num_gpus", None) or 0
-    per_engine = getattr(args, "rollout_num_gpus_per_engine", None) or 1
-    return max(1, gpus // per_engine) if gpus > 0 else 0
+    if not args.rollout_engine_urls and (args.rollout_num_gpus or 0) <= 0:
+        return 0
+    return num_engines(args)
 
 
 def terminate_process(process: multiprocessing.Process, timeout: float = 1.0) -> None:
