@@ -39,6 +39,12 @@ def test_both_encodings_and_malformed_replies():
         parse_top_p_sets({"top_p_token_ids": ids}, 2)
     with pytest.raises(ValueError, match="3 top-p offsets for 3 response tokens"):
         parse_top_p_sets({"top_p_token_ids": ids, "top_p_token_offsets": offsets}, 3)
+    # Base64 with characters outside the alphabet was decoded with them dropped (wrong ids, no error), and a byte
+    # count that is not whole int32 values was numpy's "buffer size must be a multiple of element size".
+    with pytest.raises(ValueError, match=r"^engine reply: meta_info.top_p_token_ids is not base64"):
+        parse_top_p_sets({"top_p_token_ids": _b64(ids)[:-1] + "!=", "top_p_token_offsets": offsets}, 2)
+    with pytest.raises(ValueError, match=r"^engine reply: meta_info.top_p_token_offsets has 6 bytes, not int32"):
+        parse_top_p_sets({"top_p_token_ids": ids, "top_p_token_offsets": base64.b64encode(b"123456").decode()}, 2)
 
 
 class _Client:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -26,9 +27,11 @@ from torch import nn
 
 __all__ = [
     "ROUTED_EXPERTS_KEY",
+    "decode_int32_meta_array",
     "decode_routed_experts",
     "encode_routed_experts",
     "find_routers",
+    "int32_values",
     "moe_shape",
     "routes_for_tokens",
     "validate_routes",
@@ -76,6 +79,55 @@ def encode_routed_experts(routes_TLK: torch.Tensor) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def decode_int32_meta_array(
+    meta_info: Mapping[str, Any], keys: str | Iterable[str], *, what: str = "reply"
+) -> torch.Tensor | None:
+    """The int32 array an SGLang reply's `meta_info` holds under the first of `keys` present, flattened.
+
+    SGLang sends such arrays (routed experts, top-p token ids) as base64 of little-endian int32; raw bytes, a
+    tensor, an ndarray or a list are read too, as the original's `slime.utils.misc.decode_int32_meta_array`.
+
+    Args:
+        meta_info: the reply's `meta_info`.
+        keys: one key or several, tried in order.
+        what: names the reply in errors (e.g. `"sample 3"`).
+
+    Returns:
+        `[n]` int32 CPU tensor, or None when no key is present or its value is None.
+
+    Raises:
+        ValueError: base64 text that is not valid, or bytes whose length is not a multiple of 4.
+    """
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    key = next((k for k in keys if k in meta_info), None)
+    if key is None or meta_info[key] is None:
+        return None
+    return int32_values(meta_info[key], what=f"{what}: meta_info.{key}")
+
+
+def int32_values(value: Any, *, what: str) -> torch.Tensor:
+    """`value` as a flat int32 CPU tensor: base64 text or bytes of little-endian int32, a tensor, array or list.
+
+    Raises:
+        ValueError: base64 text that is not valid, or bytes whose length is not a multiple of 4 (names `what`).
+    """
+    if isinstance(value, str):
+        try:
+            value = base64.b64decode(value.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError) as e:
+            raise ValueError(f"{what} is not base64 ({e})") from None
+    if isinstance(value, bytes | bytearray | memoryview):
+        if len(value) % 4:
+            raise ValueError(f"{what} has {len(value)} bytes, not int32 values")
+        # frombuffer refuses an empty buffer; the copy keeps the tensor off the caller's (maybe read-only) bytes
+        return (
+            torch.frombuffer(bytearray(value), dtype=torch.int32) if len(value) else torch.zeros(0, dtype=torch.int32)
+        )
+    if torch.is_tensor(value):
+        return value.detach().to(device="cpu", dtype=torch.int32).reshape(-1)
+    return torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+
+
 def decode_routed_experts(value: Any, *, num_layers: int, topk: int, what: str = "reply") -> torch.Tensor:
     """Decodes `meta_info["routed_experts"]` into `[rows, L, K]` int32.
 
@@ -92,16 +144,7 @@ def decode_routed_experts(value: Any, *, num_layers: int, topk: int, what: str =
     Raises:
         ValueError: not base64, or an element count that is not a multiple of `num_layers * topk`.
     """
-    if isinstance(value, str):
-        try:
-            raw = base64.b64decode(value.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError) as e:
-            raise ValueError(f"{what}: meta_info.routed_experts is not base64 ({e})") from None
-        if len(raw) % 4:
-            raise ValueError(f"{what}: meta_info.routed_experts has {len(raw)} bytes, not int32 values")
-        flat = torch.frombuffer(bytearray(raw), dtype=torch.int32) if raw else torch.zeros(0, dtype=torch.int32)
-    else:
-        flat = torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+    flat = int32_values(value, what=f"{what}: meta_info.routed_experts")
     per_row = num_layers * topk
     if flat.numel() % per_row:
         raise ValueError(

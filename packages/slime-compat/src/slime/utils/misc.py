@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import base64
 import logging
 import socket
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from slime_rollout.plugins import load_function as _load_function
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "Box",
@@ -115,12 +115,8 @@ def should_run_periodic_action(
 def decode_int32_meta_array(meta_info: dict[str, Any], keys: str | Iterable[str]) -> torch.Tensor | None:
     """The int32 array an SGLang reply's `meta_info` holds under the first of `keys` present, flattened.
 
-    SGLang sends such arrays (routed experts, top-p token ids) as base64 of little-endian int32, raw bytes, a
-    tensor, an ndarray or a list; each is read as the original's helper reads it.
-
-    Args:
-        meta_info: the reply's `meta_info`.
-        keys: one key or several, tried in order.
+    `slime_core.routing_replay.decode_int32_meta_array`: base64 of little-endian int32, raw bytes, a tensor, an
+    ndarray or a list, each read as the original's helper reads it.
 
     Returns:
         `[n]` int32 CPU tensor, or None when no key is present or its value is None.
@@ -128,19 +124,9 @@ def decode_int32_meta_array(meta_info: dict[str, Any], keys: str | Iterable[str]
     Raises:
         ValueError: base64 text that is not valid, or bytes whose length is not a multiple of 4.
     """
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
-    value = next((meta_info[k] for k in keys if k in meta_info), None)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = base64.b64decode(value.encode("ascii"), validate=True)
-    if isinstance(value, bytes | bytearray | memoryview):
-        if len(value) % 4:
-            raise ValueError(f"decode_int32_meta_array: {len(value)} bytes under {keys} are not whole int32 values")
-        return torch.frombuffer(bytearray(value), dtype=torch.int32)
-    if torch.is_tensor(value):
-        return value.detach().to(device="cpu", dtype=torch.int32).reshape(-1)
-    return torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+    from slime_core.routing_replay import decode_int32_meta_array as decode  # torch: only for callers of this
+
+    return decode(meta_info, keys, what="decode_int32_meta_array")
 
 
 class Box:

@@ -12,12 +12,10 @@ from `slime_core.train_data`).
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from slime_core.routing_replay import decode_int32_meta_array
 from slime_core.sample import validate_top_p_offsets
 
 if TYPE_CHECKING:
@@ -36,14 +34,8 @@ def wants_top_p_sets(cfg: SlimeArgs, *, evaluation: bool) -> bool:
 
 
 def _decode(meta: Mapping[str, Any], keys: tuple[str, ...]) -> list[int] | None:
-    value = next((meta[k] for k in keys if k in meta), None)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = base64.b64decode(value.encode("ascii"))
-    if isinstance(value, bytes | bytearray | memoryview):
-        return np.frombuffer(bytes(value), dtype="<i4").astype(np.int64).tolist()
-    return [int(v) for v in value]
+    values = decode_int32_meta_array(meta, keys, what="engine reply")
+    return None if values is None else values.tolist()
 
 
 def parse_top_p_sets(meta: Mapping[str, Any], num_tokens: int) -> tuple[list[int], list[int]] | None:
