@@ -154,15 +154,9 @@ def chunk_named_params_by_size(
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """`(name, tensor)` pairs in consecutive buckets of under `chunk_size` bytes (a larger tensor is alone).
 
-    As the original: a bucket is closed before the tensor that would bring it to `chunk_size` bytes or more.
+    As the original: a bucket is closed before the tensor that would bring it to `chunk_size` bytes or more, that is
+    `slime_core.weight_buckets.iter_buckets` with a cap one byte lower (it closes above its cap).
     """
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_params:
-        if bucket and size + tensor.nbytes >= chunk_size:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += tensor.nbytes
-    if bucket:
-        yield bucket
+    from slime_core.weight_buckets import iter_buckets  # torch: only for callers of this
+
+    return iter_buckets(named_params, max(chunk_size - 1, 1))
