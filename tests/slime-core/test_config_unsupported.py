@@ -43,12 +43,20 @@ def test_help_marks_unsupported_flags(monkeypatch, capsys):
 
 
 def test_original_flags_that_are_not_fields_are_one_line_errors():
-    from slime_core.config.unsupported import UNSUPPORTED_FLAGS
+    from slime_core.config.unsupported import UNSUPPORTED_FLAGS, unsupported_flag_note
 
-    for flag, reason in UNSUPPORTED_FLAGS.items():
+    for flag in UNSUPPORTED_FLAGS:
         with pytest.raises(ConfigError) as info:
             parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", flag, "1"])
-        assert str(info.value) == f"{flag} is not implemented in this version ({reason}); remove it"
+        assert (
+            str(info.value) == f"{flag} is not implemented in this version ({unsupported_flag_note(flag)}); remove it"
+        )
+    # The accepted default is named once, from UNSUPPORTED_FLAG_DEFAULTS.
+    assert unsupported_flag_note("--memory-recorder") == (
+        "no built-in memory profiler; use torch.cuda.memory._record_memory_history (torch, the original's default, "
+        "is accepted)"
+    )
+    assert unsupported_flag_note("--warmup-ratio") == UNSUPPORTED_FLAGS["--warmup-ratio"] == "use --lr-warmup-fraction"
 
 
 @pytest.mark.parametrize(

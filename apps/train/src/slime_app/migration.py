@@ -13,7 +13,7 @@ import sys
 from slime_core.config import MEGATRON_FLAGS, SlimeArgs, build_parser
 from slime_core.config.base import flag_to_field
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES, FlagRule
-from slime_core.config.unsupported import UNSUPPORTED, UNSUPPORTED_FLAGS
+from slime_core.config.unsupported import UNSUPPORTED, UNSUPPORTED_FLAGS, unsupported_flag_note
 
 __all__ = ["flag_status", "megatron_rows", "render_tables"]
 
@@ -31,7 +31,7 @@ def flag_status(flag: str) -> tuple[str, str]:
     table), `passed to SGLang` or `unknown`.
     """
     if flag in UNSUPPORTED_FLAGS:
-        return "not implemented", UNSUPPORTED_FLAGS[flag]
+        return "not implemented", unsupported_flag_note(flag)
     if flag in MEGATRON_FLAGS:
         return "Megatron flag", "see the Megatron table"
     actions = build_parser()._option_string_actions

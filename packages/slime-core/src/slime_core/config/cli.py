@@ -33,7 +33,12 @@ from pydantic.fields import FieldInfo
 from slime_core.config.args import SlimeArgs, config_error_from_validation
 from slime_core.config.base import ConfigError, field_to_flag
 from slime_core.config.megatron_flags import MEGATRON_FLAGS
-from slime_core.config.unsupported import UNSUPPORTED, UNSUPPORTED_FLAG_DEFAULTS, UNSUPPORTED_FLAGS
+from slime_core.config.unsupported import (
+    UNSUPPORTED,
+    UNSUPPORTED_FLAG_DEFAULTS,
+    UNSUPPORTED_FLAGS,
+    unsupported_flag_note,
+)
 
 __all__ = ["YamlConfig", "build_parser", "load_yaml_config", "parse_args"]
 
@@ -162,7 +167,7 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThroug
             if name in UNSUPPORTED_FLAG_DEFAULTS and given == UNSUPPORTED_FLAG_DEFAULTS[name]:
                 i = end  # the original's default, which is what this version does
                 continue
-            raise ConfigError(f"{name} is not implemented in this version ({UNSUPPORTED_FLAGS[name]}); remove it")
+            raise ConfigError(f"{name} is not implemented in this version ({unsupported_flag_note(name)}); remove it")
         else:
             known = sorted(slime_flags | MEGATRON_FLAGS)
             raise ConfigError(f"unknown flag {name}{_suggest(name, known)}")

@@ -16,7 +16,13 @@ from slime_core.config.base import ConfigError, field_to_flag, non_default
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
 
-__all__ = ["UNSUPPORTED", "UNSUPPORTED_FLAGS", "UNSUPPORTED_FLAG_DEFAULTS", "check_unsupported"]
+__all__ = [
+    "UNSUPPORTED",
+    "UNSUPPORTED_FLAGS",
+    "UNSUPPORTED_FLAG_DEFAULTS",
+    "check_unsupported",
+    "unsupported_flag_note",
+]
 
 # field name -> why it is not implemented / what to use instead (one clause, shown after the flag).
 UNSUPPORTED: dict[str, str] = {
@@ -93,8 +99,7 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--megatron-deepgemm-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
     "--megatron-deepgemm-moe-forward-layers": "no DeepGEMM FP8 forward; the trainer computes in bf16",
     "--megatron-deepgemm-moe-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
-    "--memory-recorder": "no built-in memory profiler; use torch.cuda.memory._record_memory_history (torch, the "
-    "original's default, is accepted)",
+    "--memory-recorder": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
     "--memory-snapshot-path": "no built-in memory profiler; use torch.cuda.memory._record_memory_history",
     "--override-lr-scheduler": (
         "a resumed run continues the checkpoint's schedule and refuses other --lr/--min-lr/warmup/decay values; "
@@ -103,8 +108,7 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--use-checkpoint-lr-scheduler": "a resumed run continues the checkpoint's schedule (other values are refused)",
     "--profile-step-start": _NO_PROFILER,
     "--profile-step-end": _NO_PROFILER,
-    "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store (object-store, the "
-    "original's default, is accepted)",
+    "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store",
     "--wandb-run-name": "the W&B run is named from --wandb-group (resume one with --wandb-run-id)",
     "--warmup-ratio": "use --lr-warmup-fraction",
 }
@@ -117,6 +121,14 @@ UNSUPPORTED_FLAG_DEFAULTS: dict[str, str] = {
     "--rollout-data-transport": "object-store",
     "--memory-recorder": "torch",  # read only by the original's memory profiler, off by default
 }
+
+
+def unsupported_flag_note(flag: str) -> str:
+    """What to use instead of `flag` of `UNSUPPORTED_FLAGS`, saying which value is accepted where one is."""
+    note = UNSUPPORTED_FLAGS[flag]
+    if flag in UNSUPPORTED_FLAG_DEFAULTS:
+        note += f" ({UNSUPPORTED_FLAG_DEFAULTS[flag]}, the original's default, is accepted)"
+    return note
 
 
 def check_unsupported(args: SlimeArgs) -> None:

@@ -155,7 +155,7 @@ class DeltaTensorWeightUpdater(_DeltaMixin, TensorWeightUpdater):
             checksum_format=self.base.algorithm,
             weight_version=weight_version,
         )
-        await self.session.each("update_weights_from_delta", req=req)
+        await self.session.each("update_weights_from_delta", tracked=True, req=req)
 
 
 # ------------------------------------------------------------------------------------------------- disk
@@ -307,7 +307,7 @@ class DeltaDiskWeightUpdater(_DeltaMixin, DiskWeightUpdater):
             if not deltas:
                 return  # nothing changed: the engines keep what they hold; the fence relabels it
         await self.session.each(
-            "update_weights_from_disk", model_path=str(self.local_dir), weight_version=weight_version
+            "update_weights_from_disk", tracked=True, model_path=str(self.local_dir), weight_version=weight_version
         )
 
 

@@ -125,15 +125,17 @@ class PushSession:
             if not refused:
                 self.buckets_landed[url] = self.buckets_landed.get(url, 0) + 1
 
-    async def each(self, method: str, **kw: Any) -> list[Any]:
+    async def each(self, method: str, /, *, tracked: bool = False, **kw: Any) -> list[Any]:
         """`engine.<method>(**kw)` on every live engine concurrently; returns the live engines' results in order.
+
+        `tracked`: a weight-update call, counted per engine in `buckets_landed` (`track`).
 
         Raises:
             EngineError: an engine failed and the session is not tolerant.
         """
-        return await self.apply(method, lambda engine: getattr(engine, method)(**kw))
+        return await self.apply(method, lambda engine: getattr(engine, method)(**kw), tracked=tracked)
 
-    async def apply(self, step: str, call: Callable[[Any], Awaitable[Any]]) -> list[Any]:
+    async def apply(self, step: str, call: Callable[[Any], Awaitable[Any]], *, tracked: bool = False) -> list[Any]:
         """`call(engine)` on every live engine concurrently, as `each` does (`step` names it in the failure).
 
         Raises:
@@ -141,7 +143,7 @@ class PushSession:
         """
         engines = self.live
         calls = [call(e) for e in engines]
-        if step.startswith("update_weights_from"):
+        if tracked:
             calls = [self.track(e.url, c) for e, c in zip(engines, calls, strict=True)]
         results = await asyncio.gather(*calls, return_exceptions=True)
         out = []

@@ -245,7 +245,9 @@ class DiskWeightUpdater(_EngineUpdater):
             assets_from=self.assets_from,
         )
         self._last_dir = path
-        await self.session.each("update_weights_from_disk", model_path=str(path), weight_version=weight_version)
+        await self.session.each(
+            "update_weights_from_disk", tracked=True, model_path=str(path), weight_version=weight_version
+        )
 
     def _after_update(self, weight_version: str) -> None:
         if not self.keep_files and self._last_dir is not None:
@@ -314,6 +316,7 @@ class TensorWeightUpdater(_EngineUpdater):
                 serialized = serialize_named_tensors(payload)
                 await self.session.each(
                     "update_weights_from_tensor",
+                    tracked=True,
                     serialized_named_tensors=[serialized] * self.tp_size,
                     load_format=self.load_format,
                     flush_cache=False,
