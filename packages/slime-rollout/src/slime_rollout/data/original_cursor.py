@@ -11,7 +11,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-__all__ = ["original_cursor", "original_cursor_path"]
+__all__ = ["load_original", "original_cursor", "original_cursor_path"]
 
 # The original's position fields; a missing one is 0, as its `load` reads them.
 _FIELDS = ("epoch_id", "sample_offset", "sample_group_index", "sample_index")
@@ -46,3 +46,15 @@ def original_cursor(path: pathlib.Path) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - any failure to read it is one error naming the file
         raise ValueError(f"{path}: not a data cursor of the original slime ({type(e).__name__}: {e})") from e
     return {**cursor, "metadata": metadata}
+
+
+def load_original(root: str | pathlib.Path, rollout_id: int) -> tuple[pathlib.Path, dict[str, Any]] | None:
+    """The original slime's cursor of `rollout_id` under `root` and its path, or None when it wrote none there.
+
+    Raises:
+        ValueError: the file exists but is not a cursor (`original_cursor`).
+    """
+    path = original_cursor_path(root, rollout_id)
+    if not path.exists():
+        return None
+    return path, original_cursor(path)

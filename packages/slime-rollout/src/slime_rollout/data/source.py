@@ -30,7 +30,7 @@ from slime_core.sample import Sample
 from slime_core.sample_json import dumps_with_samples
 from slime_rollout.data import multimodal
 from slime_rollout.data.chat_template import render_chat, text_content
-from slime_rollout.data.original_cursor import original_cursor, original_cursor_path
+from slime_rollout.data.original_cursor import load_original
 from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
@@ -508,12 +508,13 @@ class RolloutDataSource:
         if not root or rollout_id is None:
             return
         path = self.state_path(root, rollout_id)
-        if not path.exists() and original_cursor_path(root, rollout_id).exists():
-            path = original_cursor_path(root, rollout_id)  # a checkpoint the original slime wrote
-            self._set_state(original_cursor(path))
-        elif not path.exists():
-            logger.warning("no data-source cursor at %s; starting from the beginning", path)
-            return
+        if not path.exists():
+            found = load_original(root, rollout_id)  # a checkpoint the original slime wrote
+            if found is None:
+                logger.warning("no data-source cursor at %s; starting from the beginning", path)
+                return
+            path, state = found
+            self._set_state(state)
         else:
             try:
                 self._set_state(json.loads(path.read_text(encoding="utf-8")))
