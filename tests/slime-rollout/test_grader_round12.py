@@ -8,9 +8,9 @@ in a box, cases where a number is not the whole answer).
 import pytest
 
 from slime_rollout.rewards import rule_based_reward
-from slime_rollout.rewards.answers import contradicts
+from slime_rollout.rewards.answers import contradicts, final_boxed_answers
 from slime_rollout.rewards.letter_sets import LetterSet, letter_set, multi_select_label
-from slime_rollout.rewards.retraction import restated_values
+from slime_rollout.rewards.retraction import restated_values, retraction, retracts
 
 
 def _grade(grader: str, response: str, label: str) -> float:
@@ -62,6 +62,25 @@ def test_restated_values_start_a_sentence():
     assert restated_values(". Wait, the answer is 7, not 5.") == ["7"]
     assert restated_values(". For n = 4, the answer is 7.") == []
     assert restated_values(" (the answer is 7 if n = 4).") == []  # an aside
+
+
+def test_one_retraction_pass_reads_the_restatement_after_the_other_rules():
+    # retracts reads the restated answer over the window it already built (was a second pass, contradicted); a
+    # retraction outranks it, and in final_boxed_answers a hedge does too, as when the two passes were separate.
+    seen = []
+
+    def restated(values):
+        seen.append(values)
+        return True
+
+    assert retraction(". Wait, the answer is 7.", lambda value: True, restated) == "restated" and seen == [["7"]]
+    assert retraction(". Oops, that is wrong. So the answer is 7.", lambda value: True, restated) == "retracted"
+    assert retraction(". Done.", lambda value: True, restated) is None and len(seen) == 1  # no "answer": not read
+    assert retracts(". Wait, the answer is 7.", lambda value: True) is False  # no restated predicate: not read
+    assert final_boxed_answers(r"So \boxed{5} or 3. Wait, the answer is 7.").reason == "hedge"
+    both = final_boxed_answers(r"x = \boxed{2}, y = \boxed{3}. Wait, the answer is 9.")
+    assert (both.answers, both.reason, both.num_superseded) == ([], "retracted", 2)
+    assert final_boxed_answers(r"x = \boxed{2}, y = \boxed{3}. So the answer is 2.").answers == ["2", "3"]
 
 
 def test_contradicts_only_plainly_different_values():

@@ -50,8 +50,7 @@ from slime_rollout.rewards.retraction import (
     mentions_mistake,
     negated_before,
     negates_itself,
-    restated_values,
-    retracts,
+    retraction,
 )
 
 __all__ = [
@@ -243,24 +242,27 @@ def _differ(a: str, b: str) -> bool:
     return not _readings(a) & _readings(b)
 
 
-def _retracts(after: str, box: Box) -> bool:
-    """Whether the text right after the last box takes that box back (`retraction.retracts`)."""
+def _retraction(after: str, box: Box, answers: list[str]) -> str | None:
+    """What takes the last box back in the text after it (`retraction.retraction`), or None.
+
+    `"restated"`: the answer stated again as plainly another value than all `answers` (`contradicted`).
+    """
 
     def differs(value: str) -> bool:
         inner = extract_boxed(value)
         value = inner if inner is not None else value.strip("$ ")
         return bool(value) and _differ(value, box.content)
 
-    return retracts(after, differs)
+    return retraction(after, differs, lambda values: contradicted(values, answers))
 
 
-def contradicted(after: str, answers: list[str]) -> bool:
-    r"""Whether the text after a final statement restates the answer as plainly another value than all its answers.
+def contradicted(values: list[str], answers: list[str]) -> bool:
+    r"""Whether a value restated as the answer after a final statement is plainly another value than all its answers.
 
-    "\boxed{5}. Wait, the answer is 7." (`retraction.restated_values`, compared by `contradicts`). Compared with
-    every answer of the statement, so "x = \boxed{2}, y = \boxed{3}. So the answer is 2" keeps it.
+    "\boxed{5}. Wait, the answer is 7." (`values` from `retraction.restated_values`, compared by `contradicts`).
+    Compared with every answer of the statement, so "x = \boxed{2}, y = \boxed{3}. So the answer is 2" keeps it.
     """
-    return any(all(contradicts(value, answer) for answer in answers) for value in restated_values(after))
+    return any(all(contradicts(value, answer) for answer in answers) for value in values)
 
 
 def contradicts(value: str, answer: str) -> bool:
@@ -327,11 +329,6 @@ def final_boxed_answers(response: str) -> FinalAnswers:
     if not boxes:
         return FinalAnswers(answers=[], reason="retracted")  # every box was negated
     last = boxes[-1]
-    # The last box is taken back by what follows it ("\boxed{12}. Wait, that's wrong ...").
-    if _retracts(region[last.end :], last):
-        return FinalAnswers(answers=[], reason="retracted")  # no final answer
-    if _unboxed_alternative(region[last.end : last.end + _AFTER_CHARS], last):
-        return FinalAnswers(answers=[], reason="hedge")  # "\boxed{5} or 3"
     cut = sorted(negated.values())
     first, labelled = len(boxes) - 1, False
     hedged_after = doubted_after(region[last.end :])
@@ -344,7 +341,14 @@ def final_boxed_answers(response: str) -> FinalAnswers:
         first -= 1
     num_superseded = num_unread + len(found) - len(negated) - (len(boxes) - first)
     answers = [b.content for b in boxes[first:]]
-    if contradicted(region[last.end :], answers):  # "\boxed{5}. Wait, the answer is 7."
+    # The last box is taken back by what follows it ("\boxed{12}. Wait, that's wrong ..."). The same pass reads the
+    # answer restated as another value ("\boxed{5}. Wait, the answer is 7."), which a hedge outranks.
+    taken_back = _retraction(region[last.end :], last, answers)
+    if taken_back == "retracted":
+        return FinalAnswers(answers=[], reason="retracted")  # no final answer
+    if _unboxed_alternative(region[last.end : last.end + _AFTER_CHARS], last):
+        return FinalAnswers(answers=[], reason="hedge")  # "\boxed{5} or 3"
+    if taken_back == "restated":
         return FinalAnswers(answers=[], reason="retracted", num_superseded=num_superseded + len(answers))
     first_part = _first_named_part(region, boxes, first, cut)
     parts = tuple(b.content for b in boxes[first_part:]) if first_part < first else ()

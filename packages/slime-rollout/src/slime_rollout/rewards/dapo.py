@@ -60,8 +60,7 @@ def _final_answers(response: str, strict_box: bool) -> FinalAnswers:
         return FinalAnswers(answers=[], reason=final.reason or "no answer line")
     # The same rule as a box's: "Answer: 5\nActually, that's wrong." takes the answer back.
     after, differs = tail[matches[-1].end() :], lambda value: not _same(value, final.answers)
-
-    if negates_itself(line) or retracts(after, differs) or contradicted(after, final.answers):
+    if negates_itself(line) or retracts(after, differs, lambda values: contradicted(values, final.answers)):
         return FinalAnswers(answers=[], reason="retracted")
     # ... and "Answer: 6\nOr maybe 5." offers two answers, as a box followed by one does (`rewards.alternatives`).
     if unboxed_alternative(after, differs):

@@ -35,6 +35,7 @@ __all__ = [
     "negated_before",
     "negates_itself",
     "restated_values",
+    "retraction",
     "retracts",
 ]
 
@@ -157,24 +158,39 @@ def mentions_mistake(text: str) -> bool:
     return bool(_MISTAKE.search(expand_contractions(text)))
 
 
-def retracts(after: str, differs: Callable[[str], bool]) -> bool:
+def retracts(after: str, differs: Callable[[str], bool], restated: Callable[[list[str]], bool] | None = None) -> bool:
     """Whether the text after a final answer takes that answer back (module docstring).
 
     Args:
         after: the text that follows the answer.
         differs: whether a value named by a correction ("the correct answer is 6") differs from the answer; the
             same value affirms it.
+        restated: whether the values the text states as the answer again (`restated_values`) take the answer
+            back; None reads no restatement.
+    """
+    return retraction(after, differs, restated) is not None
+
+
+def retraction(
+    after: str, differs: Callable[[str], bool], restated: Callable[[list[str]], bool] | None = None
+) -> str | None:
+    """What takes the answer back, as `retracts` reads it: `"retracted"`, `"restated"` (by `restated`) or None.
+
+    One pass over the window: a restatement is read only where nothing else took the answer back.
     """
     if judged_wrong(after):
-        return True
+        return "retracted"
     window = _window(after)
     if _RETRACTION.search(window):
-        return True
+        return "retracted"
     for m in _CORRECTED_VALUE.finditer(window):
         value = _FILLER.sub("", (m.group("value") or m.group("value2") or "").strip()).rstrip(".").strip()
         if value and differs(value):
-            return True
-    return False
+            return "retracted"
+    # Most text after a box states no answer: skip the restatement pattern (the grader's hot path).
+    if restated is not None and _ANSWER_WORD.search(after, 0, WINDOW) and restated(_restated_in(window)):
+        return "restated"
+    return None
 
 
 def restated_values(after: str) -> list[str]:
@@ -189,8 +205,13 @@ def restated_values(after: str) -> list[str]:
     """
     if not _ANSWER_WORD.search(after, 0, WINDOW):
         return []  # most text after a box states no answer: skip the window's rewrites (the grader's hot path)
+    return _restated_in(_window(after))
+
+
+def _restated_in(window: str) -> list[str]:
+    """`restated_values` of a window `_window` built."""
     values = []
-    for m in _RESTATED_VALUE.finditer(_window(after)):
+    for m in _RESTATED_VALUE.finditer(window):
         value = _FILLER.sub("", m.group("value").strip()).strip(" .*")
         if value:
             values.append(value)
