@@ -19,6 +19,8 @@ import dataclasses
 import functools
 import re
 
+from slime_rollout.rewards.roman_options import HEDGES, MARKUP, WRAPPER_COMMANDS
+
 __all__ = ["LetterSet", "letter_set", "multi_select_label"]
 
 _OPTIONS = frozenset("ABCDEFGHIJ")
@@ -26,9 +28,9 @@ _JOINERS = frozenset(
     "and both all only option options choice choices answer answers is are correct true the".split()
     + list("&+/,;.()[]{}")
 )
-_HEDGES = frozenset(["or", "either", "maybe", "perhaps", "possibly"])
-_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
-_MARKUP = re.compile(r"\$|\\[()\[\]{} ,;:!]|\\q?quad\b|~|\\left|\\right")
+# The roman-numeral options' hedges, wrappers and markup, plus `\mathbf{AC}`, `\{A, C\}` and `\left(A\right)`.
+_WRAPPER = re.compile(rf"\\(?:{WRAPPER_COMMANDS}|mathbf)\s*\{{([^{{}}]*)\}}")
+_MARKUP = re.compile(rf"{MARKUP}|\\[{{}}]|\\left|\\right")
 _TOKEN = re.compile(r"\(\s*[A-Za-z]\s*\)|[A-Za-z]+|\\&|[^\sA-Za-z]")
 _MAX_CHARS = 200  # a longer answer is no list of options
 _CAPITAL_OPTION = re.compile(r"[A-J]")
@@ -69,7 +71,7 @@ def letter_set(answer: str) -> LetterSet | None:
             letters.append(token.strip("() ").upper())
         elif token.lower() in _JOINERS:
             continue
-        elif token.lower() in _HEDGES:
+        elif token.lower() in HEDGES:
             hedged = True
         elif token.isupper() and token.isalpha():
             letters.extend(token)  # `A`, or options run together: `AC`

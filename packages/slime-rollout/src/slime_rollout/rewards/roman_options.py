@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import re
 
-__all__ = ["STATEMENTS_IN_TEXT", "RomanOptions", "roman_options"]
+__all__ = ["HEDGES", "MARKUP", "STATEMENTS_IN_TEXT", "WRAPPER_COMMANDS", "RomanOptions", "roman_options"]
 
 _NUMERALS = frozenset(["I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X"])
 _NUMERAL = "|".join(sorted(_NUMERALS, key=lambda n: (-len(n), n)))  # longest first: "III" is not "I" + "II"
@@ -29,9 +29,13 @@ _NUMERAL_BUT_I = "|".join(sorted(_NUMERALS - {"I"}, key=lambda n: (-len(n), n)))
 STATEMENTS_IN_TEXT = rf"(?-i:(?:{_NUMERAL_BUT_I}|I(?=\s+only))(?:\s+(?:and|only)(?:\s+(?:{_NUMERAL}))?)*)(?![A-Za-z])"
 _JOINERS = frozenset(["and", "only", "both", "all", "statement", "statements", "option", "options", "&", "+",
                       "is", "are", "true", "correct", "hold", "holds"])  # fmt: skip
-_HEDGES = frozenset(["or", "either", "maybe", "perhaps", "possibly"])
-_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}")
-_MARKUP = re.compile(r"\$|\\[()\[\] ,;:!]|\\q?quad\b|~")
+HEDGES = frozenset(["or", "either", "maybe", "perhaps", "possibly"])  # words that offer options as alternatives
+# LaTeX commands whose braced text is read as plain text (`\text{I and II}`); `letter_sets` reads these too.
+WRAPPER_COMMANDS = "text|textbf|textit|textrm|textnormal|mathrm|mbox"
+_WRAPPER = re.compile(rf"\\(?:{WRAPPER_COMMANDS})\s*\{{([^{{}}]*)\}}")
+# Markup dropped before reading (math delimiters, spacing commands); `letter_sets` drops these and a few more.
+MARKUP = r"\$|\\[()\[\] ,;:!]|\\q?quad\b|~"
+_MARKUP = re.compile(MARKUP)
 _TOKEN = re.compile(r"\([A-Za-z]+\)|[A-Za-z]+|\\&|[^\sA-Za-z,;]")
 _MAX_CHARS = 200  # a longer answer is no list of statements
 
@@ -73,7 +77,7 @@ def roman_options(answer: str) -> RomanOptions | None:
         numeral = word.upper() if bracketed else word
         if numeral in _NUMERALS and (bracketed or word.isupper()):
             numerals.add(numeral)
-        elif word.lower() in _HEDGES:
+        elif word.lower() in HEDGES:
             hedged = True
         elif word.lower() not in _JOINERS:
             return None
