@@ -53,3 +53,25 @@ def test_a_call_written_while_thinking_is_not_a_call_without_a_reasoning_parser(
 def test_a_think_tag_later_in_the_answer_does_not_hide_calls():
     text = 'See <think> tags.\n<tool_call>{"name": "f", "arguments": {}}</tool_call>'
     assert parse_output(text, parse_tools=True, parse_reasoning=False).tool_calls == [{"name": "f", "arguments": {}}]
+
+
+def test_the_stop_closed_tail_costs_no_second_pass(monkeypatch):
+    # _open_block_at_end ran a whole json_tag_blocks pass (JSON-decoding every body) before the main loop ran the
+    # same pass again; now one pass decides, and a second runs only when the stop string closes a tail block.
+    from slime_rollout.agent import output_parsing
+
+    num_passes = []
+    real = output_parsing.json_tag_blocks
+
+    def counting(*args):
+        num_passes.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(output_parsing, "json_tag_blocks", counting)
+    call = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    out = parse_output(f"a {call} b", parse_tools=True, parse_reasoning=False, stop="</tool_call>")
+    assert len(num_passes) == 1 and out.tool_calls == [{"name": "f", "arguments": {"x": 1}}] and out.content == "a  b"
+    out = parse_output(
+        f"a {call[: -len('</tool_call>')]}", parse_tools=True, parse_reasoning=False, stop="</tool_call>"
+    )
+    assert len(num_passes) == 3 and out.tool_calls == [{"name": "f", "arguments": {"x": 1}}] and out.content == "a"

@@ -88,14 +88,6 @@ def _thinking_end(text: str) -> int:
     return len(text) if opens_at_start else 0
 
 
-def _open_block_at_end(text: str) -> bool:
-    """Whether a `<tool_call>` opens after the last complete block (the stop string may close it)."""
-    last = 0
-    for _, end, _ in json_tag_blocks(text, _OPEN, _CLOSE):
-        last = end
-    return text.find(_OPEN, last) >= 0
-
-
 def parse_output(
     text: str, *, parse_tools: bool, parse_reasoning: bool, stop: str = "", tool_names: Collection[str] | None = None
 ) -> ParsedOutput:
@@ -123,17 +115,20 @@ def parse_output(
     elif parse_reasoning and text.lstrip().startswith("<think>"):
         # Cut inside its thinking (max_tokens, a stop string): no answer yet, and no call.
         return ParsedOutput(content="", reasoning=text.lstrip().removeprefix("<think>").strip("\n"))
-    if parse_tools and stop.startswith(_CLOSE) and _open_block_at_end(text):
-        text += _CLOSE  # the model wrote it: the engine stopped on it
     calls: list[dict[str, Any]] = []
     ill_formed = 0
     if parse_tools:
+        blocks = list(json_tag_blocks(text, _OPEN, _CLOSE))  # linear: see tag_blocks
+        # A `<tool_call>` opened after the last complete block: the stop string may close it.
+        if stop.startswith(_CLOSE) and text.find(_OPEN, blocks[-1][1] if blocks else 0) >= 0:
+            text += _CLOSE  # the model wrote it: the engine stopped on it
+            blocks = list(json_tag_blocks(text, _OPEN, _CLOSE))  # the closed block may reach back (a JSON string)
         # Without a reasoning parser the thinking stays in the content, and a call the model only considered
         # there is no call (it was returned, and executed).
         thinking_end = _thinking_end(text)
         kept: list[str] = []
         last = 0
-        for start, end, body in json_tag_blocks(text, _OPEN, _CLOSE):  # linear: see tag_blocks
+        for start, end, body in blocks:
             if start < thinking_end:
                 continue
             call = _one_call(body)
