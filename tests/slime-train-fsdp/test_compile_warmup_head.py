@@ -31,7 +31,6 @@ _STEP = textwrap.dedent("""
     spec.loader.exec_module(workers)
     import dataclasses
     from slime_core.batch import RolloutBatch
-    from slime_core.train_step import entropy_has_grad
     from slime_train_fsdp import FSDPTrainBackend
     from slime_train_fsdp import compile_warmup as cw
     from slime_train_fsdp.packing import ForwardOptions, forward_options, install_response_forward
@@ -40,7 +39,7 @@ _STEP = textwrap.dedent("""
     if sys.argv[1] == "warm":
         vocab = int(json.load(open(sys.argv[2] + "/config.json"))["vocab_size"])
         cw.warm_up_head(ForwardOptions(head="fused", compile_head=True), vocab_size=vocab,
-                        device=torch.device("cpu"), cfg=cfg, entropy_grad=entropy_has_grad(cfg))
+                        device=torch.device("cpu"), cfg=cfg)
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         backend = FSDPTrainBackend()

@@ -415,7 +415,7 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     from slime_core.hf_checkpoint import source_dtype
     from slime_core.train_step import entropy_has_grad
     from slime_train_fsdp.backend import FSDPTrainBackend, _compile_seconds, _compiled_graphs
-    from slime_train_fsdp.packing import forward_options, install_response_forward
+    from slime_train_fsdp.packing import forward_options, set_forward_options
 
     started = time.monotonic()
     source = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
@@ -436,13 +436,13 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
         backend = FSDPTrainBackend()
         backend.init(local, with_ref=False)
         options = forward_options(backend.model)
-        install_response_forward(backend.model, dataclasses.replace(options, compile_head=False))
+        # The forward reads its options on every call: the step runs the eager head, `warm_up_head` the compiled one.
+        set_forward_options(backend.model, dataclasses.replace(options, compile_head=False))
         batch = _dummy_batch(counts)
         backend.compute_log_probs(batch)
         entropy_grad = entropy_has_grad(cfg)
         backend.forward_backward(batch, 0, functools.partial(_loss_like_the_run, entropy_grad), denominator=1.0)
-        warm_up_head(options, vocab_size=int(trained.vocab_size), device=backend.device, cfg=cfg,
-                     entropy_grad=entropy_grad)  # fmt: skip
+        warm_up_head(options, vocab_size=int(trained.vocab_size), device=backend.device, cfg=cfg)
         if use_cuda:
             torch.cuda.synchronize()
     finally:
@@ -451,9 +451,7 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
             "graphs": _compiled_graphs(), "token_counts": counts}  # fmt: skip
 
 
-def warm_up_head(
-    options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs, entropy_grad: bool
-) -> None:
+def warm_up_head(options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs) -> None:
     """Compiles the log-prob head's graphs as the trained model's steps call it (nothing without a compiled head).
 
     The compiled `fused` head's graphs depend on the vocabulary `V`: inductor guards its `[c, V]` reductions on
@@ -461,16 +459,17 @@ def warm_up_head(
     them again). They do not depend on the hidden width, which only the eager matmul sees. So this runs the head
     alone on `[rows, 16]` hidden states and a `[V, 16]` weight in the layers' compute dtype: the no-grad pass of
     `compute_log_probs` (no entropy), and the training pass (entropy) with the backward the step's loss takes:
-    the entropy term only when `entropy_grad` (`slime_core.train_step.entropy_has_grad`), a different graph.
+    the entropy term only when the run's loss back-propagates through it (`slime_core.train_step.entropy_has_grad`),
+    a different graph.
 
     Args:
         options: the trained model's `packing.ForwardOptions` (`head`, `compile_head`).
         vocab_size: the trained model's vocabulary (rows of its output weight).
         device: the compute device.
-        cfg: reads `rollout_temperature` and `log_probs_chunk_size`.
-        entropy_grad: whether the run's loss back-propagates through the entropy.
+        cfg: reads `rollout_temperature`, `log_probs_chunk_size` and what `entropy_has_grad` reads.
     """
     from slime_core.algorithms.fused_head import resolve_chunk_size
+    from slime_core.train_step import entropy_has_grad
     from slime_train_fsdp.logprob_head import head_log_probs
     from slime_train_fsdp.model_loading import compute_dtype
 
@@ -491,7 +490,7 @@ def warm_up_head(
     # Cotangents as the step's loss gives them: dense `[rows]` tensors (a plain `.sum()` gives stride-0 ones, which
     # dynamo guards on: another graph).
     loss = (logp * torch.rand_like(logp)).sum()
-    if entropy_grad:
+    if entropy_has_grad(cfg):
         loss = loss + (entropy * torch.rand_like(entropy)).sum()
     loss.backward()
 

@@ -190,7 +190,9 @@ def mixed_precision_policy(cfg: SlimeArgs) -> MixedPrecisionPolicy:
     take SGLang's fp32 residual stream and fp32 rotary tables as inputs (`true_on_policy.qwen3`).
     """
     return MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=not cfg.true_on_policy_mode
+        param_dtype=compute_dtype(torch.device("cuda")),
+        reduce_dtype=torch.float32,
+        cast_forward_inputs=not cfg.true_on_policy_mode,
     )
 
 

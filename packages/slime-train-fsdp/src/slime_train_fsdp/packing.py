@@ -52,6 +52,7 @@ __all__ = [
     "output_weight",
     "pack_micro_batch",
     "response_log_probs",
+    "set_forward_options",
     "split_by_lengths",
 ]
 
@@ -301,6 +302,11 @@ def output_weight(model: nn.Module) -> torch.Tensor:
 def forward_options(model: nn.Module) -> ForwardOptions:
     """The `ForwardOptions` the installed response forward of `model` runs with (`install_response_forward`)."""
     return getattr(model, _OPTIONS_ATTR)
+
+
+def set_forward_options(model: nn.Module, options: ForwardOptions) -> None:
+    """Replaces the options of `model`'s installed response forward, which reads them on every call."""
+    setattr(model, _OPTIONS_ATTR, options)
 
 
 def install_response_forward(model: nn.Module, options: ForwardOptions | None = None) -> None:
