@@ -30,8 +30,13 @@ def _hint(flag: str, config_dir: str | os.PathLike[str]) -> str:
 
 
 def check_hf_checkpoint(
-    flag: str, hf_dir: str | os.PathLike[str], args: ModelArgs, *, config_dir: str | os.PathLike[str]
-) -> None:
+    flag: str,
+    hf_dir: str | os.PathLike[str],
+    args: ModelArgs,
+    *,
+    config_dir: str | os.PathLike[str],
+    mapped_only: bool = False,
+) -> bool:
     """Checks the safetensors of an HF directory against the architecture the trainer builds.
 
     Every tensor the trainer reads must be stored with the shape `args` implies (`slime_convert.shapes`), and the
@@ -43,6 +48,11 @@ def check_hf_checkpoint(
         hf_dir: the HF directory (safetensors shards; only their headers are read).
         args: the architecture from `<config_dir>/config.json`.
         config_dir: the directory whose config.json gave `args` (`--hf-checkpoint`).
+        mapped_only: check nothing when no stored tensor has a name the mapping uses (a dry run's config-only
+            folder, or names of another layout that its field comparison judges).
+
+    Returns:
+        Whether the tensors were checked (False only with `mapped_only`).
 
     Raises:
         ValueError: `"{flag} {hf_dir}: <key> in <file> has shape [...], expected [...]; <config> says <fields>."`,
@@ -52,6 +62,8 @@ def check_hf_checkpoint(
     try:
         needed = [n for mapping, layer, expert in expand_mappings(args) for n in mapping.hf_names(layer, expert)]
         present = [n for n in needed if n in reader]
+        if mapped_only and not present:
+            return False
         missing = [n for n in needed if n not in reader and n != "lm_head.weight"]
         beyond = sorted(
             {int(m.group(1)) for k in reader.keys() if (m := _LAYER.match(k))} - set(range(args.num_layers))
@@ -65,6 +77,7 @@ def check_hf_checkpoint(
         )  # fmt: skip
     finally:
         reader.close()
+    return True
 
 
 def check_torch_dist_checkpoint(
