@@ -257,10 +257,11 @@ def _write_stub_weights(folder: pathlib.Path) -> pathlib.Path:
     import torch
     from safetensors.torch import save_file
 
-    # `model.norm.weight` names no architecture field (slime_app.checkpoint_shapes), so any config.json agrees with it.
+    # A name no architecture field (slime_app.checkpoint_shapes) and no slime-convert mapping reads
+    # (slime_convert.load_shapes), so any config.json agrees with it.
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({"model.norm.weight": torch.ones(4)}, str(folder / "model.safetensors"))
+    save_file({"stub.weight": torch.ones(4)}, str(folder / "model.safetensors"))
     return folder
 
 

@@ -193,7 +193,7 @@ def test_config_mismatches_use_transformers_defaults_and_treat_dense_as_zero_exp
 
 
 def _weights(path, hidden, layers=2):
-    """A Qwen3-named safetensors file of `layers` layers of width `hidden` (2 heads and 1 kv head of hidden/2)."""
+    """A complete Qwen3-named safetensors file of `layers` layers of width `hidden` (2 heads, 1 kv head of hidden/2)."""
     d = hidden // 2
     tensors = {"model.embed_tokens.weight": torch.zeros(256, hidden)}
     for i in range(layers):
@@ -202,6 +202,12 @@ def _weights(path, hidden, layers=2):
                     torch.zeros(d), p + "self_attn.k_proj.weight": torch.zeros(d, hidden),
                     p + "self_attn.v_proj.weight": torch.zeros(d, hidden), p + "mlp.gate_proj.weight":
                     torch.zeros(24, hidden)}  # fmt: skip
+        # The rest of a layer, which the field comparison does not read but the key-by-key check does.
+        tensors |= {p + "self_attn.o_proj.weight": torch.zeros(hidden, 2 * d), p + "self_attn.k_norm.weight":
+                    torch.zeros(d), p + "mlp.up_proj.weight": torch.zeros(24, hidden), p + "mlp.down_proj.weight":
+                    torch.zeros(hidden, 24), p + "input_layernorm.weight": torch.zeros(hidden),
+                    p + "post_attention_layernorm.weight": torch.zeros(hidden)}  # fmt: skip
+    tensors["model.norm.weight"] = torch.zeros(hidden)
     save_file(tensors, str(path / "model.safetensors"))
 
 

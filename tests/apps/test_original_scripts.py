@@ -59,8 +59,8 @@ def _model(root: pathlib.Path, name: str, tokenizer_dir: pathlib.Path) -> pathli
         (out / "config.json").write_text(json.dumps({"model_type": STAND_INS[name]}))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / f, out / f)
-    # The engines load weights from it: a config-only folder is refused (a one-tensor file names no field).
-    save_file({"model.norm.weight": torch.ones(4)}, str(out / "model.safetensors"))
+    # The engines load weights from it: a config-only folder is refused (a one-tensor file whose name no check reads).
+    save_file({"stub.weight": torch.ones(4)}, str(out / "model.safetensors"))
     return out
 
 

@@ -26,6 +26,7 @@ from slime_app.fp8_rollout import serving_fp8
 from slime_app.run_lock import LOCK_NAME
 from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
 from slime_core.config import SlimeArgs
+from slime_core.error_text import first_sentence
 from slime_core.extensions import train_backend_spec
 from slime_core.fp8 import strip_quantization_config
 
@@ -255,7 +256,46 @@ def check_checkpoints(cfg: SlimeArgs) -> list[str]:
             f"checkpoints of another architecture than --hf-checkpoint (the model is built from its config.json): "
             f"{_grouped(mismatches)}"
         )
+    notes += _key_shapes_check(cfg)
     return notes
+
+
+def _key_shapes_check(cfg: SlimeArgs) -> list[str]:
+    """Every stored key the loaders read against the shape `--hf-checkpoint`'s config implies (headers only).
+
+    The field comparison above reads a few tensors (the first layer's projections, the layer count from the highest
+    index); this is the check the Megatron backend runs before it loads (`slime_convert.load_shapes`), so a missing
+    middle layer or one tensor of another width stops here, before any GPU work, and not in the loader.
+    Models slime-convert has no mapping for are compared by fields only (a note says so); FSDP checkpoints and
+    `--critic-load` (a value head) are left to the field comparison.
+
+    Raises:
+        ValueError: naming the flag, the path, the first mismatching keys and the config fields.
+    """
+    from slime_convert.load_shapes import check_hf_checkpoint, check_torch_dist_checkpoint
+    from slime_convert.model_args import ModelArgs
+
+    if not cfg.hf_checkpoint or not (pathlib.Path(cfg.hf_checkpoint) / "config.json").is_file():
+        return []
+    try:
+        args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
+    except ValueError as e:
+        return [f"--hf-checkpoint {cfg.hf_checkpoint}: tensor shapes not checked key by key ({first_sentence(e)})"]
+    checked = []
+    for flag, path in (("--hf-checkpoint", cfg.hf_checkpoint), ("--ref-load", cfg.ref_load), ("--load", cfg.load)):
+        kind = checkpoint_kind(path) if path else None
+        if kind == "hf" and any(pathlib.Path(path).glob("*.safetensors")):
+            if not check_hf_checkpoint(flag, path, args, config_dir=cfg.hf_checkpoint, mapped_only=True):
+                continue
+        elif kind == "torch_dist":
+            step = cfg.ckpt_step if flag == "--load" else None
+            check_torch_dist_checkpoint(flag, path, args, config_dir=cfg.hf_checkpoint, ckpt_step=step)
+        else:
+            continue
+        checked.append(flag)
+    return (
+        [f"{', '.join(checked)}: every tensor's shape checked against --hf-checkpoint's config.json"] if checked else []
+    )
 
 
 def _grouped(mismatches: list[str]) -> str:

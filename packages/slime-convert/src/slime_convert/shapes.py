@@ -96,6 +96,9 @@ def check_hf_shapes(
     *,
     hf_dir: str | os.PathLike[str],
     file_of: Callable[[str], str],
+    where: str | None = None,
+    hint: str | None = None,
+    known: Iterable[str] = (),
 ) -> None:
     """Checks every HF tensor a conversion reads against the shape its `config.json` implies.
 
@@ -105,20 +108,23 @@ def check_hf_shapes(
         args: the architecture from `<hf_dir>/config.json`.
         hf_dir: the HF directory (for the message).
         file_of: name → the shard file holding it (for the message).
+        where: how the message names the checkpoint (default: `hf_dir`; a loader passes `"--ref-load DIR"`).
+        hint: the message's last sentence (default: which config.json field may be wrong).
+        known: problems the caller found first (a missing layer), listed before the shape mismatches.
 
     Raises:
         ValueError: naming up to three tensors with their files and shapes, and the config fields.
     """
-    problems = []
+    problems = list(known)
     for name in names:
         stored, expected = tuple(shape_of(name)), hf_tensor_shape(name, args)
         if stored != expected:
             problems.append(f"{name} in {file_of(name)} has shape {list(stored)}, expected {list(expected)}")
     if problems:
         raise _mismatch_error(
-            str(hf_dir), problems, f"{hf_dir}/config.json", args,
-            "A field is missing or wrong in config.json (a missing head_dim is hidden_size / num_attention_heads, "
-            "a missing num_key_value_heads is num_attention_heads).",
+            where or str(hf_dir), problems, f"{hf_dir}/config.json", args,
+            hint or "A field is missing or wrong in config.json (a missing head_dim is hidden_size / "
+            "num_attention_heads, a missing num_key_value_heads is num_attention_heads).",
         )  # fmt: skip
 
 
@@ -134,6 +140,8 @@ def check_torch_dist_shapes(
     *,
     ckpt_dir: str | os.PathLike[str],
     origin_hf_dir: str | os.PathLike[str],
+    where: str | None = None,
+    hint: str | None = None,
 ) -> None:
     """Checks a torch_dist checkpoint against the architecture of `--origin-hf-dir` before exporting it.
 
@@ -147,6 +155,8 @@ def check_torch_dist_shapes(
         args: the architecture from `<origin_hf_dir>/config.json` (with `--vocab-size` applied).
         ckpt_dir: the torch_dist directory (for the message).
         origin_hf_dir: the HF directory whose config describes it (for the message).
+        where: how the message names the checkpoint (default: `ckpt_dir`; a loader passes `"--load DIR"`).
+        hint: the message's last sentence (default: asks whether `--origin-hf-dir` is the right model).
 
     Raises:
         ValueError: naming up to three keys with stored and expected shapes, and the config fields.
@@ -175,6 +185,6 @@ def check_torch_dist_shapes(
         )
     if problems:
         raise _mismatch_error(
-            str(ckpt_dir), problems, f"{origin_hf_dir}/config.json", args,
-            "Is --origin-hf-dir the model this checkpoint was made from?",
+            where or str(ckpt_dir), problems, f"{origin_hf_dir}/config.json", args,
+            hint or "Is --origin-hf-dir the model this checkpoint was made from?",
         )  # fmt: skip

@@ -161,7 +161,7 @@ class FSDPTrainBackend:
         torch.manual_seed(cfg.seed)
         # An FP8 --hf-checkpoint is only served: the trainer starts from the BF16 --ref-load (slime_core.fp8).
         weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
-        self.model, self.config = build_fsdp_model(cfg, weights, self.device)
+        self.model, self.config = build_fsdp_model(cfg, weights, self.device, flag=_weights_flag(cfg, weights))
         # Read from the file: building the fp32 master model rewrites the config object's dtype to float32.
         self._hf_dtype = source_dtype(weights)
         install_response_forward(self.model)
@@ -176,9 +176,10 @@ class FSDPTrainBackend:
                 # With LoRA the reference is the ref weights with the zero-update initial adapter (B = 0).
                 lora_init = cfg.lora_rank and dist.get_rank() == 0
                 adapters = initial_adapter_state(self.model, cfg.seed) if lora_init else None
-                load_hf_weights_into(self.model, ref_path, extra=adapters)
+                flag = "--ref-load" if cfg.ref_load else "--hf-checkpoint"
+                load_hf_weights_into(self.model, ref_path, extra=adapters, flag=flag)
                 self.weights.hold("ref")
-                load_hf_weights_into(self.model, weights, extra=adapters)
+                load_hf_weights_into(self.model, weights, extra=adapters, flag=_weights_flag(cfg, weights))
             else:
                 self.weights.hold("ref")
         self._build_optimizer(cfg)
@@ -201,7 +202,7 @@ class FSDPTrainBackend:
                 load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                                 ckpt_step=cfg.opd_teacher_ckpt_step, load_optim=False, load_rng=False)  # fmt: skip
             else:
-                load_hf_weights_into(self.model, path)
+                load_hf_weights_into(self.model, path, flag="--opd-teacher-load")
 
         self.weights.capture("teacher", load)
         logger.info("on-policy-distillation teacher loaded from %s", path)
@@ -494,3 +495,8 @@ class FSDPTrainBackend:
     def wake_up(self) -> None:
         """Moves what `sleep` offloaded back to this rank's device (to CPU under `--fsdp-cpu-offload`)."""
         self.residency.wake_up()
+
+
+def _weights_flag(cfg: SlimeArgs, weights: str) -> str:
+    """The flag that named the trainer's initial weights (`--ref-load` only for an FP8 `--hf-checkpoint`)."""
+    return "--hf-checkpoint" if str(weights) == str(cfg.hf_checkpoint) else "--ref-load"

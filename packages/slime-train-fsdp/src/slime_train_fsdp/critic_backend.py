@@ -119,6 +119,7 @@ class FSDPCriticBackend:
         self.model, self.config = build_fsdp_model(
             cfg, source, self.device, construct=construct_value_model, fill_missing=fill_value_head,
             install=install_value_forward,
+            flag="--hf-checkpoint" if source == str(cfg.hf_checkpoint) else "--critic-load",
         )  # fmt: skip
         self.optimizer, self.scheduler = build_optimizer(
             self.model, cfg, self.device, frozen_vision_tower(self.model, cfg)

@@ -261,6 +261,7 @@ def load_hf_weights_into(
     *,
     extra: dict[str, torch.Tensor] | None = None,
     fill_missing: FillMissing | None = None,
+    flag: str = "--hf-checkpoint",
 ) -> None:
     """Loads an HF checkpoint into an already-sharded model (collective: every rank calls it).
 
@@ -274,9 +275,13 @@ def load_hf_weights_into(
         extra: full tensors of parameters the checkpoint does not hold (the LoRA adapters' initial values), by
             parameter name; read on rank 0 only.
         fill_missing: supplies parameters the checkpoint does not have (run on rank 0 before the check).
+        flag: the flag that named `path` (`--hf-checkpoint`, `--ref-load`, `--opd-teacher-load`), for errors.
 
     Raises:
-        ValueError: when the checkpoint lacks parameters of the model.
+        ValueError: the checkpoint lacks parameters of the model, or holds one of another shape (checked before
+            any is loaded; names the flag, the path, the first keys and the config fields the model was built
+            with). The app's preflight checks the same from file headers before start-up
+            (`slime_convert.load_shapes`); this covers the backend used on its own.
     """
     state: dict[str, torch.Tensor] = {}
     if dist.get_rank() == 0:
@@ -299,7 +304,11 @@ def load_hf_weights_into(
             else:
                 state[key] = source
         if missing:
-            raise ValueError(f"{path}: checkpoint lacks {len(missing)} parameters, e.g. {sorted(missing)[:3]}")
+            raise ValueError(
+                f"{flag} {path}: checkpoint lacks {len(missing)} parameters, e.g. {sorted(missing)[:3]}; "
+                f"the model is built from config.json with {_config_fields(model.config)}"
+            )
+        _check_shapes(model, state, flag, path)
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
@@ -313,6 +322,33 @@ def _causal_lm(config: PretrainedConfig, attn: str) -> nn.Module:
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
 
 
+def _config_fields(config: PretrainedConfig) -> str:
+    text = getattr(config, "text_config", None) or config
+    names = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "intermediate_size", "vocab_size", "num_experts", "moe_intermediate_size")  # fmt: skip
+    return ", ".join(f"{n}={getattr(text, n)}" for n in names if getattr(text, n, None) is not None)
+
+
+def _check_shapes(model: nn.Module, state: dict[str, torch.Tensor], flag: str, path: str | pathlib.Path) -> None:
+    """Every checkpoint tensor must have its parameter's global shape (a DTensor's `.shape` is the global one).
+
+    Without it `set_model_state_dict` failed inside torch with a size error naming neither the flag nor the
+    config (a 2-layer-wide `--ref-load` loaded into a model built from a larger `--hf-checkpoint`).
+    """
+    params = model.state_dict()
+    wrong = [
+        f"{hf_name(k)} has shape {list(v.shape)}, expected {list(params[k].shape)}"
+        for k, v in state.items()
+        if tuple(v.shape) != tuple(params[k].shape)
+    ]
+    if wrong:
+        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise ValueError(
+            f"{flag} {path}: {'; '.join(wrong[:3])}{more}; the model is built from config.json with "
+            f"{_config_fields(model.config)}"
+        )
+
+
 def build_fsdp_model(
     cfg: SlimeArgs,
     path: str | pathlib.Path,
@@ -322,6 +358,7 @@ def build_fsdp_model(
     construct: Callable[[PretrainedConfig, str], nn.Module] = _causal_lm,
     fill_missing: FillMissing | None = None,
     install: Callable[[nn.Module, ForwardOptions], None] = install_response_forward,
+    flag: str = "--hf-checkpoint",
 ) -> tuple[nn.Module, PretrainedConfig]:
     """Builds the FSDP2-sharded model of an HF checkpoint (collective over the default group).
 
@@ -336,6 +373,7 @@ def build_fsdp_model(
             critic's value model (`value_model.py`); it must expose `config` and `_no_split_modules`.
         fill_missing: parameters the checkpoint lacks (see `load_hf_weights_into`).
         install: attaches the model's forward method with its `ForwardOptions` (the response log-prob forward).
+        flag: the flag that named `path`, for errors (`load_hf_weights_into`).
 
     Returns:
         (model, config): the sharded `AutoModelForCausalLM` (`AutoModelForImageTextToText` for a vision-language
@@ -365,7 +403,7 @@ def build_fsdp_model(
     offload = device.type == "cuda" and cfg.fsdp_cpu_offload
     model.to_empty(device="cpu" if offload else device)
     _init_buffers(model, config, device)
-    load_hf_weights_into(model, path, extra=adapters, fill_missing=fill_missing)
+    load_hf_weights_into(model, path, extra=adapters, fill_missing=fill_missing, flag=flag)
     model.train()
     install(model, options)
     cp = 1 if options.cp_group is None else dist.get_world_size(options.cp_group)

@@ -39,7 +39,7 @@ from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
 from slime_train_megatron.attention import AttentionKind
-from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint, save_checkpoint
+from slime_train_megatron.checkpoint import check_load_shapes, is_megatron_checkpoint, load_checkpoint, save_checkpoint
 from slime_train_megatron.hf_export import save_hf
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 from slime_train_megatron.model import iter_hf_weights, load_hf_weights
@@ -108,6 +108,7 @@ class MegatronTrainBackend:
         if not cfg.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required (model architecture and tokenizer)")
         self.model_args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
+        check_load_shapes(cfg.hf_checkpoint, s.ref_load, s.load, s.ckpt_step, self.model_args)  # before any GPU work
         parts = build_parallel_model(cfg, s, self.model_args)
         self.attention, self.module, self.model = parts.attention, parts.module, parts.model
         self.set_log_probs_head(head_kind(cfg.log_probs_head, s.tensor_model_parallel_size))

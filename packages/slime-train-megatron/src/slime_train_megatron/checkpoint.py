@@ -23,13 +23,16 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
+from slime_convert import ModelArgs
+from slime_convert.load_shapes import check_hf_checkpoint, check_torch_dist_checkpoint
 from slime_convert.torch_dist import resolve_iteration_dir
 from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
+from slime_core.fp8 import trainer_weights_dir
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["is_megatron_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["check_load_shapes", "is_megatron_checkpoint", "load_checkpoint", "save_checkpoint"]
 
 
 def is_megatron_checkpoint(path: str | os.PathLike[str] | None) -> bool:
@@ -38,6 +41,36 @@ def is_megatron_checkpoint(path: str | os.PathLike[str] | None) -> bool:
         return False
     p = pathlib.Path(path)
     return (p / TRACKER_FILE).is_file() or (p / ".metadata").is_file()
+
+
+def check_load_shapes(
+    hf_checkpoint: str, ref_load: str | None, load: str | None, ckpt_step: int | None, model_args: ModelArgs
+) -> None:
+    """Checks the actor's initial weights and `--load` against `--hf-checkpoint`'s config, before the model is built.
+
+    Reads headers only (`slime_convert.load_shapes`): the initial weights are `--ref-load` when it is torch_dist,
+    else the HF weights `load_hf_weights` reads (`--hf-checkpoint`, or the BF16 `--ref-load` of an FP8 model);
+    `--load` when it is torch_dist (the `--ckpt-step` iteration). A 2-layer `--ref-load` for a 36-layer config
+    failed inside `load_checkpoint` after the GPUs were set up, naming neither flag.
+
+    Args:
+        hf_checkpoint: `--hf-checkpoint` (the config.json `model_args` came from).
+        ref_load: `--ref-load`, or None.
+        load: `--load`, or None.
+        ckpt_step: `--ckpt-step`, or None for the latest.
+        model_args: the architecture the model is built with.
+
+    Raises:
+        ValueError: naming the flag, the path, the first mismatching keys and the config fields.
+    """
+    if ref_load and is_megatron_checkpoint(ref_load):
+        check_torch_dist_checkpoint("--ref-load", ref_load, model_args, config_dir=hf_checkpoint)
+    else:
+        source = trainer_weights_dir(hf_checkpoint, ref_load)
+        flag = "--hf-checkpoint" if source == hf_checkpoint else "--ref-load"
+        check_hf_checkpoint(flag, source, model_args, config_dir=hf_checkpoint)
+    if load and is_megatron_checkpoint(load):
+        check_torch_dist_checkpoint("--load", load, model_args, config_dir=hf_checkpoint, ckpt_step=ckpt_step)
 
 
 def _rng_state() -> dict[str, Any]:
