@@ -450,6 +450,10 @@ class RolloutDataSource:
         self.metadata = dict(state.get("metadata", {}))
         self._order = self._epoch_order(self.epoch_id)
 
+    def _buffered(self) -> list[Sample]:
+        """The samples the cursor holds (none here; it had no buffer, so `save` raised AttributeError)."""
+        return []
+
     @staticmethod
     def state_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
         """Where the cursor of `rollout_id` lives under a checkpoint root (`data.cursor_file.cursor_path`)."""
@@ -465,7 +469,7 @@ class RolloutDataSource:
         if not root:
             return
         path = self.state_path(root, rollout_id)
-        write_cursor(path, self._state(), (s for group in self.buffer for s in group))
+        write_cursor(path, self._state(), self._buffered())
         logger.info("saved data-source cursor to %s", path)
 
     def load(self, rollout_id: int | None = None) -> None:
@@ -530,6 +534,9 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
             if len(group) != self.n_samples_per_prompt:
                 raise ValueError(f"add_samples: group of {len(group)} samples, expected {self.n_samples_per_prompt}")
             self.buffer.append(group)
+
+    def _buffered(self) -> list[Sample]:
+        return [s for group in self.buffer for s in group]
 
     def _state(self) -> dict[str, Any]:
         state = super()._state()
