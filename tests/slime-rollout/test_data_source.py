@@ -277,6 +277,33 @@ def test_cursor_save_load_resumes_exact_order_with_buffer(tmp_path):
     assert fresh.get_samples(1)[0][0].index == 0
 
 
+def test_the_data_source_without_a_buffer_saves_and_resumes(tmp_path):
+    # `--data-source-path ...RolloutDataSource` with --save failed at the first checkpoint: "'RolloutDataSource'
+    # object has no attribute 'buffer'".
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(7)]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", rows), rollout_shuffle=True, save=str(tmp_path / "c"))
+    ds = RolloutDataSource(args)
+    ds.get_samples(3)
+    ds.save(2)
+    expected = ds.get_samples(6)
+    resumed = RolloutDataSource(args.model_copy(update={"load": str(tmp_path / "c")}))
+    resumed.load(2)
+    assert [[s.to_dict() for s in g] for g in resumed.get_samples(6)] == [[s.to_dict() for s in g] for g in expected]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"), [("{not json", "Expecting property name"), ('{"epoch_id": 1}', "'sample_offset'")]
+)
+def test_a_damaged_cursor_file_is_one_error_naming_it(tmp_path, text, why):
+    # Kept through the move of the file's read to data/cursor_file.py: bad JSON and a missing field name the file.
+    bad = tmp_path / "c" / "rollout" / "data_source_2.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(text)
+    ds = RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS), load=str(tmp_path / "c")))
+    with pytest.raises(ValueError, match=rf"^{bad}: bad data-source cursor \(.*{why}"):
+        ds.load(2)
+
+
 def test_a_partial_samples_plugin_attributes_survive_the_checkpoint(tmp_path):
     # The original's retool generate sets sample.tool_call_count and its reward reads it; a partial sample saved in
     # the buffer came back from --load without it (to_dict left plugin attributes out), so its reward changed.

@@ -2,7 +2,7 @@
 
 The original saves its `RolloutDataSource` position as `{--save}/rollout/global_dataset_state_dict_{rollout_id}.pt`
 (`torch.save` of a dict, `slime/rollout/data_source.py`); this version writes `data_source_{rollout_id}.json`
-(`slime_rollout.data.source.RolloutDataSource.save`). Without this reader a resume from the original's `--save`
+(`slime_rollout.data.cursor_file`, `RolloutDataSource.save`). Without this reader a resume from the original's `--save`
 found no cursor and started the prompts again from the first one.
 """
 

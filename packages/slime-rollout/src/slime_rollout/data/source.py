@@ -13,8 +13,6 @@ sees exactly the prompts it would have seen.
 from __future__ import annotations
 
 import copy
-import functools
-import json
 import logging
 import os
 import pathlib
@@ -24,16 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from slime_core.dir_swap import write_text_atomic
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
-from slime_core.sample_json import dumps_with_samples
 from slime_rollout.data import multimodal
 from slime_rollout.data.chat_template import render_chat, text_content
-from slime_rollout.data.original_cursor import load_original
+from slime_rollout.data.cursor_file import cursor_path, read_cursor, write_cursor
 from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
+from slime_rollout.data.tokenizer import TOKENIZER_FILES, get_tokenizer
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime.deadlines import call_in_thread_with_deadline, plugin_bounds
 
@@ -45,7 +42,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "RolloutDataSource",
     "RolloutDataSourceWithBuffer",
-    "TOKENIZER_FILES",
+    "TOKENIZER_FILES",  # re-exported from `slime_rollout.data.tokenizer`, as is `get_tokenizer`
     "count_prompts",
     "get_tokenizer",
     "encode_prompt",  # re-exported from `slime_rollout.data.prompt_length` (generate functions import it from here)
@@ -55,29 +52,6 @@ __all__ = [
 ]
 
 _SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
-
-
-@functools.cache
-def get_tokenizer(path: str) -> Any:
-    """The Hugging Face tokenizer at `path` (cached; `--hf-checkpoint` or a tokenizer dir).
-
-    Raises:
-        ValueError: the tokenizer has fewer than 2 tokens: a directory without tokenizer files gives an empty one
-            (transformers builds it from config.json alone), which encoded every prompt as 0 tokens.
-    """
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
-    if len(tokenizer) < 2:
-        raise ValueError(
-            f"--hf-checkpoint {path}: its tokenizer is empty ({len(tokenizer)} token): no tokenizer files there "
-            f"({', '.join(TOKENIZER_FILES)}); copy them from the model the checkpoint came from"
-        )
-    return tokenizer
-
-
-# Files a Hugging Face tokenizer is read from; a checkpoint directory holds at least one of them.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 class PromptRows(list):
@@ -476,10 +450,14 @@ class RolloutDataSource:
         self.metadata = dict(state.get("metadata", {}))
         self._order = self._epoch_order(self.epoch_id)
 
+    def _buffered(self) -> list[Sample]:
+        """The samples the cursor holds (none here; it had no buffer, so `save` raised AttributeError)."""
+        return []
+
     @staticmethod
     def state_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
-        """Where the cursor of `rollout_id` lives under a checkpoint root."""
-        return pathlib.Path(root) / "rollout" / f"data_source_{rollout_id}.json"
+        """Where the cursor of `rollout_id` lives under a checkpoint root (`data.cursor_file.cursor_path`)."""
+        return cursor_path(root, rollout_id)
 
     def save(self, rollout_id: int) -> None:
         """Writes the cursor to `{--save}/rollout/data_source_{rollout_id}.json` atomically (no-op without --save).
@@ -491,15 +469,13 @@ class RolloutDataSource:
         if not root:
             return
         path = self.state_path(root, rollout_id)
-        buffered = (s for group in self.buffer for s in group)
-        text = dumps_with_samples(self._state(), buffered, what="--save: the data source's partial-rollout buffer")
-        write_text_atomic(path, text)
+        write_cursor(path, self._state(), self._buffered())
         logger.info("saved data-source cursor to %s", path)
 
     def load(self, rollout_id: int | None = None) -> None:
         """Restores the cursor saved under `--load` for `rollout_id` (no-op without --load or file).
 
-        Without this version's file, the original slime's is read (`slime_rollout.data.original_cursor`).
+        Without this version's file, the original slime's is read (`slime_rollout.data.cursor_file.read_cursor`).
 
         Raises:
             ValueError: the file exists but is not a valid cursor.
@@ -507,19 +483,17 @@ class RolloutDataSource:
         root = self.args.load
         if not root or rollout_id is None:
             return
-        path = self.state_path(root, rollout_id)
-        if not path.exists():
-            found = load_original(root, rollout_id)  # a checkpoint the original slime wrote
-            if found is None:
-                logger.warning("no data-source cursor at %s; starting from the beginning", path)
-                return
-            path, state = found
+        found = read_cursor(root, rollout_id)
+        if found is None:
+            logger.warning(
+                "no data-source cursor at %s; starting from the beginning", self.state_path(root, rollout_id)
+            )
+            return
+        path, state = found
+        try:
             self._set_state(state)
-        else:
-            try:
-                self._set_state(json.loads(path.read_text(encoding="utf-8")))
-            except (KeyError, ValueError, TypeError) as e:
-                raise ValueError(f"{path}: bad data-source cursor ({e})") from e
+        except (KeyError, ValueError, TypeError) as e:
+            raise ValueError(f"{path}: bad data-source cursor ({e})") from e
         logger.info(
             "restored data-source cursor from %s (epoch %d, offset %d)", path, self.epoch_id, self.sample_offset
         )
@@ -560,6 +534,9 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
             if len(group) != self.n_samples_per_prompt:
                 raise ValueError(f"add_samples: group of {len(group)} samples, expected {self.n_samples_per_prompt}")
             self.buffer.append(group)
+
+    def _buffered(self) -> list[Sample]:
+        return [s for group in self.buffer for s in group]
 
     def _state(self) -> dict[str, Any]:
         state = super()._state()

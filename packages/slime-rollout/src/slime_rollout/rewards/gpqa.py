@@ -2,11 +2,16 @@ r"""`--rm-type gpqa`: multiple-choice grading by option (GPQA, Rein et al., 2023
 
 The question's options decide what an answer can be: `metadata["valid_letters"]` (a string or a list), else
 one letter per entry of `metadata["choices"]` (a list, or a dict letter → text), else A-J. The correct option
-is `metadata["correct_letter"]` (a letter, or a 0-based index), a letter label, a 0-based index label, or the
-label's text matched against the choices; a correct option that is not one of the options (label "E" of four, index
-4) is an error, not a row that scores 0 whatever the response (the original scores it 0).
+is `metadata["correct_letter"]` (a letter, or a 0-based index), a letter label, a 0-based index label (a whole
+number: 1 or 1.0), or the label's text matched against the choices; a correct option that is not one of the options
+(label "E" of four, index 4) is an error, not a row that scores 0 whatever the response (the original scores it 0), and
+so is a bool label or a fractional index (1.5, NaN): the original reads True as index 1 and truncates 1.5 to 1.
+Texts are compared as words (case, punctuation and full-width forms aside), a space between a digit and a letter
+optional: "4J" is the option "4 J" (the original compares "4j" with "4 j").
 
-The response's pick is read from its final part (after the reasoning; an unclosed `<think>` has none):
+The response's pick is read from its final part (after the reasoning; an unclosed `<think>` has none); a letter
+right after the word "option" or "choice" is an option letter in either case ("I choose option b.", as the
+original reads it):
 
 * the last explicit statement ("the answer is (B)", "Answer: B", "B is correct", `\boxed{B}`); a letter that is
   not one of the question's options is no pick at all (never replaced by another letter of the text); "A or B",
@@ -32,11 +37,14 @@ Without a determinable correct option, the stated answer must equal the label's 
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
 import re
 import string
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from slime_rollout.rewards.alternatives import unboxed_alternative
 from slime_rollout.rewards.answers import doubted_after, offered_together, strip_reasoning
@@ -93,6 +101,11 @@ _ANSWER_TEXT = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is|:)\s*([^\n]{1,
 # A run of whitespace, read as one space (one newline if it holds one): the patterns above try `\s*` at every
 # position, so a long run made them quadratic (200,000 spaces took 308 s on the event loop).
 _SPACE_RUN = re.compile(r"\s+")
+# A lower-case letter after "option"/"choice" names the option ("I choose option b."; the original reads any case).
+_OPTION_WORD_LETTER = re.compile(r"(\b(?i:option|choice)\s*\(?\s*)([a-z])\b(?!['\u2019])")
+# Between a digit and a letter a space is optional in a text answer: "4J" is "4 J", "H2O" is "H 2 O".
+_DIGIT_LETTER_SPACE = re.compile(r"(?<=[0-9]) (?=[a-z])|(?<=[a-z]) (?=[0-9])")
+_DIGIT_LETTER_EDGE = re.compile(r"(?<=[0-9])(?=[a-z])|(?<=[a-z])(?=[0-9])")
 
 
 def _squeezed(region: str) -> str:
@@ -102,6 +115,29 @@ def _squeezed(region: str) -> str:
 
 def _normalize_text(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", " ", ascii_forms(str(text)).lower()).strip()  # full-width text as ASCII
+
+
+def _compact_text(text: str) -> str:
+    """`_normalize_text` without the spaces between a digit and a letter ("4 J" and "4J" are both "4j")."""
+    return _DIGIT_LETTER_SPACE.sub("", _normalize_text(text))
+
+
+def _same_text(a: str, b: str) -> bool:
+    """Whether two answers are the same text: words compared case-folded, a digit-letter space optional."""
+    return _compact_text(a) == _compact_text(b)
+
+
+def _text_pattern(choice: str) -> re.Pattern[str] | None:
+    """A pattern finding the option text `choice` as whole words in `_normalize_text` output, or None if empty.
+
+    A space is optional wherever a digit meets a letter, so the choice "4 J" is found in "answer 4j" and "4J" in
+    "answer 4 j"; "4 J" is not found in "14 j" or "4 joules".
+    """
+    compact = _compact_text(choice)
+    if not compact:
+        return None
+    body = " ?".join(re.escape(part) for part in _DIGIT_LETTER_EDGE.split(compact))
+    return re.compile(rf"(?<![a-z0-9]){body}(?![a-z0-9])")
 
 
 def _given(value: Any) -> bool:
@@ -236,8 +272,8 @@ def _last_unhedged(region: str, letters: str) -> str | None:
 
 
 def _named_options(text: str, items: Sequence[tuple[str, str]]) -> set[str]:
-    said = f" {_normalize_text(text)} "
-    return {letter for letter, choice in items if _normalize_text(choice) and f" {_normalize_text(choice)} " in said}
+    said = _normalize_text(text)
+    return {letter for letter, choice in items if (pattern := _text_pattern(choice)) and pattern.search(said)}
 
 
 def _stated_choice_text(region: str, items: Sequence[tuple[str, str]]) -> str | None:
@@ -263,6 +299,7 @@ def extract_choice_letter(
     if region is None:
         return None
     region = _squeezed(ascii_forms(region))  # a full-width `Ｂ` is the option B
+    region = _OPTION_WORD_LETTER.sub(lambda m: m.group(1) + m.group(2).upper(), region)
     metadata = {"valid_letters": valid_letters, "choices": choices}
     letters = _valid_letters(metadata)
     found, letter = _stated_letter(region)
@@ -274,21 +311,50 @@ def extract_choice_letter(
     return _last_unhedged(region, letters)
 
 
+def _label_index(label: Any) -> int | None:
+    """The 0-based option index a number label gives (1, 1.0, numpy's 1), or None when `label` is not a number.
+
+    Raises:
+        ValueError: a bool (the original reads True as index 1; it names no option), or a number that is not
+            whole (1.5, NaN, infinity: the original truncates 1.5 to 1).
+    """
+    if isinstance(label, bool | np.bool_):
+        raise ValueError(
+            f"gpqa label {label!r} is a bool, not an option: give the correct option as a letter, a 0-based index "
+            "or its text (--label-key names the column)"
+        )
+    if isinstance(label, numbers.Integral):
+        return int(label)
+    if isinstance(label, numbers.Real):
+        value = float(label)
+        if not math.isfinite(value) or not value.is_integer():
+            raise ValueError(f"gpqa label {label!r} is no option index: an index label is a whole number (0 is A)")
+        return int(value)
+    return None
+
+
 def _correct_letter(label: Any, metadata: Mapping[str, Any], letters: str) -> str | None:
+    """The correct option's letter (see the module docstring); "index N" for an out-of-range metadata index.
+
+    Raises:
+        ValueError: a bool label or `correct_letter`, or a fractional index label (`_label_index`).
+    """
     given = metadata.get("correct_letter")
-    if isinstance(given, numbers.Integral) and not isinstance(given, bool):
+    if isinstance(given, bool | np.bool_):
+        raise ValueError(f"gpqa metadata correct_letter {given!r} is a bool: give a letter or a 0-based index")
+    if isinstance(given, numbers.Integral):
         # A 0-based index, as an index label is (it was read as the text "1", which names no option).
         return letters[int(given)] if 0 <= int(given) < len(letters) else f"index {given}"
     if given:
         return str(given).strip().upper()
-    if isinstance(label, int | float) and not isinstance(label, bool):
-        index = int(label)
+    index = _label_index(label)
+    if index is not None:
         return letters[index] if 0 <= index < len(letters) else None
     text = ascii_forms(str(label)).strip() if label is not None else ""
     if len(text) == 1 and text.upper() in string.ascii_uppercase:
         return text.upper()  # a letter label (one outside the options is refused by `gpqa_reward`)
     for letter, choice in _choice_items(metadata, letters):
-        if text and _normalize_text(choice) == _normalize_text(text):
+        if text and _same_text(choice, text):
             return letter
     return None
 
@@ -302,15 +368,16 @@ def gpqa_reward(response: str, label: Any, metadata: Mapping[str, Any] | None = 
         metadata: the sample's metadata (`valid_letters`, `choices`, `correct_letter`), optional.
 
     Raises:
-        ValueError: neither a label nor a `correct_letter` in the metadata (nothing to compare with), or they name
-            no option (a letter outside the options, an index out of range).
+        ValueError: neither a label nor a `correct_letter` in the metadata (nothing to compare with), they name
+            no option (a letter outside the options, an index out of range), or the label is a bool or a
+            fractional index (1.5, NaN). `async_rm` adds the sample's index to the message.
     """
     metadata = metadata or {}
     letters = _valid_letters(metadata)
     correct = _correct_letter(label, metadata, letters)
     if correct is None and label is None:
         raise ValueError("gpqa reward needs a label (set --label-key) or metadata['correct_letter']")
-    out_of_range = isinstance(label, int | float) and not isinstance(label, bool) and correct is None
+    out_of_range = isinstance(label, numbers.Real) and correct is None  # a bool label was refused above
     if out_of_range or (correct is not None and correct not in letters):
         # No response can pick it: every sample of the row scored 0 without a word.
         raise ValueError(
@@ -324,4 +391,4 @@ def gpqa_reward(response: str, label: Any, metadata: Mapping[str, Any] | None = 
     stated = _ANSWER_TEXT.findall(_squeezed(ascii_forms(region or "")))
     if label is None or not stated:
         return 0.0
-    return 1.0 if _normalize_text(stated[-1]) == _normalize_text(str(label)) else 0.0
+    return 1.0 if _same_text(stated[-1], str(label)) else 0.0

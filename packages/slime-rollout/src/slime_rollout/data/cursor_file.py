@@ -1,0 +1,55 @@
+"""The data source's cursor in a checkpoint: `{root}/rollout/data_source_{rollout_id}.json`, written and read back.
+
+`slime_rollout.data.source.RolloutDataSource.save` / `load` keep the cursor's fields (`_state` / `_set_state`); this
+module owns the file: where it lives, the atomic write (buffered samples stored with `slime_core.sample_json`), and
+the read, which falls back to the cursor the original slime wrote (`slime_rollout.data.original_cursor`) so a run
+resumed from the original's `--save` continues its prompt stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Iterable
+from typing import Any
+
+from slime_core.dir_swap import write_text_atomic
+from slime_core.sample import Sample
+from slime_core.sample_json import dumps_with_samples
+from slime_rollout.data.original_cursor import load_original
+
+__all__ = ["cursor_path", "read_cursor", "write_cursor"]
+
+
+def cursor_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
+    """Where the cursor of `rollout_id` lives under a checkpoint root."""
+    return pathlib.Path(root) / "rollout" / f"data_source_{rollout_id}.json"
+
+
+def write_cursor(path: pathlib.Path, state: dict[str, Any], buffered: Iterable[Sample]) -> None:
+    """Writes the cursor `state` (its `buffer` field holding `buffered`, as dicts) to `path` atomically.
+
+    Raises:
+        TypeError: if buffered samples hold values JSON cannot store (names the sample).
+    """
+    text = dumps_with_samples(state, buffered, what="--save: the data source's partial-rollout buffer")
+    write_text_atomic(path, text)
+
+
+def read_cursor(root: str | os.PathLike[str], rollout_id: int) -> tuple[pathlib.Path, Any] | None:
+    """The cursor saved under `root` for `rollout_id` and its path: this version's file, else the original slime's.
+
+    Returns:
+        `(path, state)`, `state` as decoded (the caller checks its fields), or None when neither file exists.
+
+    Raises:
+        ValueError: the file exists but is not JSON (names the file), or the original's is not a cursor.
+    """
+    path = cursor_path(root, rollout_id)
+    if not path.exists():
+        return load_original(root, rollout_id)
+    try:
+        return path, json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # bad JSON or bad UTF-8
+        raise ValueError(f"{path}: bad data-source cursor ({e})") from e
