@@ -127,7 +127,6 @@ def test_the_cpu_fallback_and_its_backward_stay_inside_one_compiled_graph(monkey
     def layer(q, k, v, cu):
         return (packed_sdpa(q * 2.0, k, v, cu, None) * 3.0).sum()
 
-    monkeypatch.setattr(torch._inductor.config.cpp, "vec_isa_ok", False)  # no SIMD probe builds (~20 s here)
     # A fresh cache: AOT autograd's key does not cover a custom op's Python backward, so an entry made with another
     # backward would be reused.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
@@ -137,7 +136,10 @@ def test_the_cpu_fallback_and_its_backward_stay_inside_one_compiled_graph(monkey
     # `[1, H, S, D]` views of `[1, S, H, D]` tensors, as in the layer (the gradients must still be contiguous).
     inputs = [torch.randn(1, 10, h, 8, generator=g).transpose(1, 2).requires_grad_(True) for h in (4, 2, 2)]
     cu = torch.tensor([0, 6, 10], dtype=torch.int32)
-    torch.compile(layer, backend="inductor", dynamic=True)(*inputs, cu).backward()
+    # No SIMD probe builds (~20 s here). `config.patch`, not monkeypatch: monkeypatch's undo hid the option from
+    # inductor's config copy, and a later compile in the same process failed ("cpp.vec_isa_ok does not exist").
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
+        torch.compile(layer, backend="inductor", dynamic=True)(*inputs, cu).backward()
     assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
     compiled_grads = [t.grad.clone() for t in inputs]
     ref = [t.detach().clone().requires_grad_(True) for t in inputs]
