@@ -31,7 +31,8 @@ def save_compile_cache(save_dir: str | pathlib.Path) -> int:
         save_dir: `--save`.
 
     Returns:
-        Bytes written; 0 when the process compiled nothing (an existing file is then kept).
+        Bytes written; 0 when the process compiled nothing (an existing file is then kept). torch's artifacts are
+        cumulative over the process, so each save holds everything compiled since start-up.
     """
     artifacts = torch.compiler.save_cache_artifacts()
     if artifacts is None or not artifacts[0]:
