@@ -36,7 +36,10 @@ def test_qwen_masks_exactly_the_assistant_turns(tokenizer):
     ]
     # The prompt part (system, users, headers) is not.
     assert tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m]).startswith("<|im_start|>system\nS")
-    assert ChatLossMask(tokenizer, "qwen3").get_loss_mask(CONVERSATION) == (ids, mask)
+    # `qwen3` renders turn by turn, as the original does (test_sft_qwen3_turns.py): "Hello!" gains Qwen3's empty
+    # think block there.
+    qwen3_ids, qwen3_mask = ChatLossMask(tokenizer, "qwen3").get_loss_mask(CONVERSATION)
+    assert builder.get_text_from_loss_mask(qwen3_ids, qwen3_mask)[0] == "<think>\n\n</think>\n\nHello!<|im_end|>\n"
 
 
 def test_qwen3_5_leaves_the_think_line_out_and_step_loss_mask_drops_a_turn(tokenizer):

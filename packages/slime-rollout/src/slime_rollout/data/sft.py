@@ -12,9 +12,16 @@ maps them to tokens. Types (the original's `--loss-mask-type` values):
 
 | type | chat format | trainable |
 |---|---|---|
-| `qwen`, `qwen3` | ChatML (Qwen2.5, Qwen3) | assistant body incl. a leading `<think>` block |
-| `qwen3_5` | ChatML (Qwen3.5) | the same without the leading `<think>\n` line |
+| `qwen` | ChatML (Qwen2.5) | assistant body incl. a leading `<think>` block |
+| `qwen3` | ChatML (Qwen3) | the same, each turn rendered as the original does (below) |
+| `qwen3_5` | ChatML (Qwen3.5) | the same as `qwen` without the leading `<think>\n` line |
 | `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message's text after the rendered first message |
+
+`qwen3` renders the conversation turn by turn, as the original's `gen_multi_turn_loss_mask_qwen3` does: each
+message (a run of tool messages as one) after a fixed user message, whose rendering is then cut off. Qwen3's template
+keeps a turn's `<think>` block only after the last user message, so one rendering of a whole conversation dropped the
+reasoning of every earlier assistant turn from the training data; rendered alone, every assistant turn keeps its
+reasoning (and gets Qwen3's empty `<think>\n\n</think>\n\n` when it has none), as the original trains them.
 
 A message with `"step_loss_mask": 0` is not trained on. Everything here is CPU string and tokenizer work.
 """
@@ -87,6 +94,8 @@ class ChatLossMask:
         """
         if self.tokenizer_type == "distill_qwen":
             return self._distill(messages, tools)
+        if self.tokenizer_type == "qwen3":
+            return self._turn_by_turn(messages, tools)
         text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
@@ -100,6 +109,42 @@ class ChatLossMask:
         for flag in marked:
             prefix.append(prefix[-1] + flag)
         mask = [1 if end > start and prefix[end] > prefix[start] else 0 for start, end in offsets]
+        return ids, mask
+
+    def _turn_by_turn(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> tuple[list[int], list[int]]:
+        """`qwen3`: each turn rendered after (the first: before) a fixed user message that is then cut off.
+
+        The original's `gen_multi_turn_loss_mask_qwen3`, on text: a run of tool messages is one turn (Qwen's
+        templates wrap them in one user turn); an assistant turn is trained on after its header.
+        """
+        anchor = [{"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}]
+        anchor_text = self.tokenizer.apply_chat_template(anchor, tokenize=False)
+        ids: list[int] = []
+        mask: list[int] = []
+        i = 0
+        while i < len(messages):
+            end = i + 1
+            while messages[i].get("role") == "tool" and end < len(messages) and messages[end].get("role") == "tool":
+                end += 1
+            turn = messages[i:end]
+            if i == 0:  # tools go with the first turn, where the template writes them (the system block)
+                text = self.tokenizer.apply_chat_template(turn + anchor, tools=tools, tokenize=False)
+                cut = text[: -len(anchor_text)] if text.endswith(anchor_text) else None
+            else:
+                text = self.tokenizer.apply_chat_template(anchor + turn, tokenize=False)
+                cut = text[len(anchor_text) :] if text.startswith(anchor_text) else None
+            if cut is None:
+                raise ValueError(f"--loss-mask-type qwen3: message {i} does not render apart from the fixed user "
+                                 "message the turns are cut from; the chat template is not Qwen3's ChatML")  # fmt: skip
+            trained = turn[0].get("role") == "assistant" and turn[0].get("step_loss_mask", 1) == 1
+            if trained and not cut.startswith(_HEADER):
+                raise ValueError(f"--loss-mask-type qwen3: message {i} (assistant) does not render as "
+                                 f"'{_HEADER!r}...'; the chat template is not ChatML")  # fmt: skip
+            encoded = self.tokenizer(cut, add_special_tokens=False, return_offsets_mapping=True)
+            ids += encoded["input_ids"]
+            # A token is trained on when its span ends past the header (the original: all but the header's tokens).
+            mask += [int(trained and stop > len(_HEADER)) for _, stop in encoded["offset_mapping"]]
+            i = end
         return ids, mask
 
     def _marked_characters(self, text: str, messages: list[dict[str, Any]]) -> list[int]:
