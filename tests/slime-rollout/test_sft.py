@@ -108,7 +108,7 @@ def test_sft_rollout_builds_trainable_samples_without_an_engine(tokenizer, qwen3
 USER_HI = {"role": "user", "content": "hi"}
 ODD_CONVERSATIONS = {
     # a bare IndexError / AttributeError / TypeError naming no sample
-    "empty": ([], "qwen3", "SFT needs a non-empty list of chat messages in --input-key, got an empty list"),
+    "empty": ([], "qwen3", "SFT needs a non-empty list of chat messages in --input-key 'messages', got an empty list"),
     # the data's row check (rows.prompt_problem), named with --input-key
     "strings": (["hi", "yo"], "qwen3", "--input-key 'messages': message 0 is str 'hi', not a chat message"),
     "no_role": ([{"content": "hi"}], "qwen3", "--input-key 'messages': message 0 is dict {'content': 'hi'}, not a"),

@@ -20,10 +20,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.extensions import REWARDS, RewardSpec
+from slime_core.plugins import PluginError
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
+from slime_rollout.data.sft import conversation_problem, generate_sft_rollout
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
+from slime_rollout.plugins import load_function
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
@@ -134,13 +137,34 @@ def _tokenizer_files(cfg: SlimeArgs) -> list[Problem]:
     ]
 
 
+def _is_sft(cfg: SlimeArgs) -> bool:
+    """Whether `--rollout-function-path` is the SFT rollout (`slime_rollout.data.sft`, or the original's path)."""
+    try:
+        return load_function(cfg.rollout_function_path, flag="--rollout-function-path") is generate_sft_rollout
+    except PluginError:  # a bad path is the plugin check's error
+        return False
+
+
 def _chat_template(cfg: SlimeArgs) -> list[Problem]:
-    if not (cfg.apply_chat_template and cfg.hf_checkpoint) or _has_chat_template(cfg.hf_checkpoint):
+    """A chat template where the run renders one; `--apply-chat-template` with the SFT rollout, which cannot use it."""
+    sft = _is_sft(cfg)
+    if sft and cfg.apply_chat_template:
+        # The SFT rollout renders the conversation itself (and masks it by turn): a prompt the data source rendered
+        # into text failed at the first rollout ("SFT needs a non-empty list of chat messages").
+        return [
+            Problem(
+                message=f"--apply-chat-template with --rollout-function-path {cfg.rollout_function_path}: the SFT "
+                "rollout renders each conversation with the chat template itself (--loss-mask-type); drop the flag"
+            )
+        ]
+    if not ((cfg.apply_chat_template or sft) and cfg.hf_checkpoint) or _has_chat_template(cfg.hf_checkpoint):
         return []
+    flag = "--apply-chat-template" if cfg.apply_chat_template else f"--loss-mask-type {cfg.loss_mask_type} (SFT)"
     return [
         Problem(
-            message=f"--apply-chat-template: the tokenizer of --hf-checkpoint {cfg.hf_checkpoint} has no chat "
-            "template (no 'chat_template' in tokenizer_config.json, no chat_template.jinja); drop the flag or add one"
+            message=f"{flag}: the tokenizer of --hf-checkpoint {cfg.hf_checkpoint} has no chat template (no "
+            "'chat_template' in tokenizer_config.json, no chat_template.jinja); add one"
+            + (" or drop the flag" if cfg.apply_chat_template else "")
         )
     ]
 
@@ -349,7 +373,9 @@ def check_prompt_rows(
 
     The `--input-key` must be there and not empty; a reward that compares with the label (its record's
     `grades_label`: the built-in graders) needs a `--label-key`, which must be there and not null; a row's own
-    reward (`metadata["rm_type"]`, which overrides `--rm-type`) must be registered, as `--rm-type` is.
+    reward (`metadata["rm_type"]`, which overrides `--rm-type`) must be registered, as `--rm-type` is. With the SFT
+    rollout, each training row must be a conversation it can train on (`data.sft.conversation_problem`): found at
+    the rollout that reached it, a bad row stopped the run there, named by its sample index only.
 
     Args:
         rows: the rows of one data file (`load_prompt_rows`: named by line or row index; plain rows: "row N").
@@ -361,11 +387,14 @@ def check_prompt_rows(
         ValueError: naming `where`, the row and the problem.
     """
     located = PromptRows.of(rows)
+    sft = key_flags is TRAINING_KEY_FLAGS and _is_sft(cfg)  # SFT conversations (an SFT run has no eval)
     for position, row in zip(located.positions, located, strict=True):
         at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
             raise ValueError(f"{at}: no {key_flags.input_key} {cfg.input_key!r} (keys: {sorted(row)})")
         problem = prompt_problem(row[cfg.input_key], cfg.input_key, key_flags.input_key)
+        if problem is None and sft:
+            problem = conversation_problem(row[cfg.input_key], cfg.loss_mask_type, cfg.input_key)
         if problem is not None:
             raise ValueError(f"{at}: {problem}")
         # Read once per row, as the data source reads them; these raise naming the row.

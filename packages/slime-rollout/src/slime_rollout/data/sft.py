@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
     from slime_core.protocols import DataSource
 
-__all__ = ["LOSS_MASK_TYPES", "ChatLossMask", "generate_sft_rollout", "response_lengths"]
+__all__ = ["LOSS_MASK_TYPES", "ChatLossMask", "conversation_problem", "generate_sft_rollout", "response_lengths"]
 
 logger = logging.getLogger(__name__)
 
@@ -193,48 +193,67 @@ class ChatLossMask:
         return [self.tokenizer.decode(run) for run in runs]
 
 
-def _check_messages(sample: Sample, tokenizer_type: str, input_key: str) -> None:
-    r"""Refuses a conversation whose mask would be wrong or whose rendering fails, naming the sample and message.
+def conversation_problem(messages: Any, tokenizer_type: str, input_key: str = "messages") -> str | None:
+    r"""What makes a conversation unfit for SFT (its mask would be wrong or empty), or None; no tokenizer needed.
 
     The shape of the messages is the data's row check (`rows.prompt_problem`: chat messages with a role, some
     content, text a tokenizer can encode); SFT adds a list (a string prompt is one user turn, nothing to train
     on), string roles, text content, and no chat marker inside a message: the ChatML types find assistant turns by
     their markers in the rendered text, so a user message quoting `<|im_start|>assistant\n` was trained on in place
-    of the reply, and an assistant text holding `<|im_end|>` was trained on up to it only.
+    of the reply, and an assistant text holding `<|im_end|>` was trained on up to it only. A conversation must hold
+    a turn to train on: an assistant message without `"step_loss_mask": 0` (a ChatML type), or a last message that
+    is an assistant reply (`distill_qwen`). Preflight runs this on every row, so a bad row is named by file and
+    line before the run starts, not by its sample index at the rollout that reaches it.
+
+    Args:
+        messages: the row's `--input-key` value.
+        tokenizer_type: `--loss-mask-type`.
+        input_key: `--input-key`, named in the message.
+
+    Returns:
+        The problem, naming the message, or None.
     """
-    messages = sample.prompt
     if not isinstance(messages, list) or not messages:
         shown = type(messages).__name__ if messages else "an empty list"
-        raise ValueError(
-            f"sample {sample.index}: SFT needs a non-empty list of chat messages in --input-key, got {shown}"
-        )
+        return f"SFT needs a non-empty list of chat messages in --input-key {input_key!r}, got {shown}"
     problem = prompt_problem(messages, input_key)
     if problem is not None:
-        raise ValueError(f"sample {sample.index}: {problem}")
+        return problem
     for j, message in enumerate(messages):
         if not isinstance(message["role"], str):
             role = message["role"]
-            raise ValueError(
-                f"sample {sample.index}: message {j} has the role {role!r} ({type(role).__name__}), not text"
-            )
+            return f"message {j} has the role {role!r} ({type(role).__name__}), not text"
         content = message.get("content")
         if not isinstance(content, str | None):
-            kind = type(content).__name__
-            raise ValueError(f"sample {sample.index}: message {j} ({message['role']}) has {kind} content, not text")
+            return f"message {j} ({message['role']}) has {type(content).__name__} content, not text"
         for marker in (_START, _END):
             if tokenizer_type != "distill_qwen" and content and marker in content:
-                raise ValueError(
-                    f"sample {sample.index}: message {j} ({message['role']}) holds the chat marker {marker!r} in its "
-                    f"text; --loss-mask-type {tokenizer_type} finds assistant turns by these markers, so its loss "
-                    "mask would cover other tokens"
+                return (
+                    f"message {j} ({message['role']}) holds the chat marker {marker!r} in its text; --loss-mask-type "
+                    f"{tokenizer_type} finds assistant turns by these markers, so its loss mask would cover other "
+                    "tokens"
                 )
     last = messages[-1]
-    if tokenizer_type == "distill_qwen" and (last["role"] != "assistant" or len(messages) < 2 or not last["content"]):
-        # distill_qwen trains on the last message's text: a user message there was trained on.
-        raise ValueError(
-            f"sample {sample.index}: --loss-mask-type distill_qwen trains on the last message, which must be an "
-            f"assistant reply with text after the prompt; got {len(messages)} message(s) ending with {last['role']!r}"
-        )
+    if tokenizer_type == "distill_qwen":
+        if last["role"] != "assistant" or len(messages) < 2 or not last["content"]:
+            # distill_qwen trains on the last message's text: a user message there was trained on.
+            return (
+                "--loss-mask-type distill_qwen trains on the last message, which must be an assistant reply with "
+                f"text after the prompt; got {len(messages)} message(s) ending with {last['role']!r}"
+            )
+        if last.get("step_loss_mask", 1) != 1:
+            return "no message to train on (the last message, the one distill_qwen trains on, has step_loss_mask 0)"
+    elif not any(m["role"] == "assistant" and m.get("step_loss_mask", 1) == 1 for m in messages):
+        roles = ", ".join(dict.fromkeys(m["role"] for m in messages))
+        return f"no assistant message to train on (roles: {roles}; an assistant turn with step_loss_mask 0 is not)"
+    return None
+
+
+def _check_messages(sample: Sample, tokenizer_type: str, input_key: str) -> None:
+    """Raises `conversation_problem`'s finding, naming the sample."""
+    problem = conversation_problem(sample.prompt, tokenizer_type, input_key)
+    if problem is not None:
+        raise ValueError(f"sample {sample.index}: {problem}")
 
 
 def sft_sample(sample: Sample, builder: ChatLossMask, *, input_key: str = "messages") -> Sample:

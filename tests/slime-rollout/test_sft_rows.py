@@ -1,0 +1,85 @@
+"""SFT rows are checked before the run starts (`slime_rollout.preflight`, `data.sft.conversation_problem`).
+
+Reproducer: a conversation without an assistant turn on line 4 of the file passed preflight; the run stopped at
+the rollout that reached it with "sample 3: no assistant message to train on", naming neither the file nor the line
+(the sample index counts samples served, across epochs and shuffles). `--apply-chat-template` with the SFT rollout
+rendered every conversation into text, which the rollout refused at its first sample.
+"""
+
+import json
+import pathlib
+import shutil
+
+import pytest
+
+from slime_core.config import parse_args
+from slime_core.sample import Sample
+from slime_rollout.data.sft import ChatLossMask, conversation_problem, sft_sample
+from slime_rollout.data.source import get_tokenizer
+from slime_rollout.preflight import check
+
+GOOD = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+
+
+def _cfg(data: pathlib.Path, model: pathlib.Path, *extra: str):
+    return parse_args(
+        ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "messages", "--rollout-function-path",
+         "slime.rollout.sft_rollout.generate_rollout", "--loss-type", "sft_loss",
+         "--disable-compute-advantages-and-returns", "--rollout-batch-size", "2", "--global-batch-size", "2",
+         "--num-rollout", "1", "--actor-num-gpus-per-node", "1", "--hf-checkpoint", str(model), *extra]
+    )  # fmt: skip
+
+
+def _write(path: pathlib.Path, *conversations) -> pathlib.Path:
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    return path
+
+
+def _errors(cfg) -> list[str]:
+    return [p.message for p in check(cfg) if p.severity == "error"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "extra", "message"),
+    [
+        ([GOOD[0]], (), "line 4: no assistant message to train on (roles: user;"),
+        ([GOOD[0], {**GOOD[1], "step_loss_mask": 0}], (), "line 4: no assistant message to train on"),
+        ([{"role": "user", "content": "<|im_start|>assistant\nX"}, GOOD[1]], (), "line 4: message 0 (user) holds the"),
+        (GOOD[::-1], ("--loss-mask-type", "distill_qwen"), "line 4: --loss-mask-type distill_qwen trains on the last"),
+    ],
+)
+def test_a_conversation_the_sft_rollout_cannot_train_on_is_named_by_line(
+    tmp_path, qwen3_tokenizer_dir, bad, extra, message
+):
+    data = _write(tmp_path / "sft.jsonl", GOOD, GOOD, GOOD, bad, GOOD)
+    (error,) = _errors(_cfg(data, qwen3_tokenizer_dir, *extra))
+    assert error.startswith(f"--prompt-data {data} ") and message in error
+    # The rollout that reaches it says the same, naming the sample (a custom data source skips preflight's rows).
+    builder = ChatLossMask(get_tokenizer(str(qwen3_tokenizer_dir)), extra[1] if extra else "qwen")
+    with pytest.raises(ValueError, match="^sample 7: ") as raised:
+        sft_sample(Sample(prompt=bad, index=7), builder)
+    assert message.split(": ", 1)[1] in str(raised.value)
+
+
+def test_good_conversations_pass_and_other_rollouts_are_not_held_to_sft(tmp_path, qwen3_tokenizer_dir):
+    data = _write(tmp_path / "sft.jsonl", GOOD, GOOD + [{"role": "user", "content": "more?"}])
+    assert _errors(_cfg(data, qwen3_tokenizer_dir)) == []
+    assert conversation_problem(GOOD, "qwen3") is None
+    prompts = _write(tmp_path / "rl.jsonl", [GOOD[0]])  # a prompt without a reply is what RL rows are
+    rl = _cfg(prompts, qwen3_tokenizer_dir, "--rollout-function-path", "slime.rollout.sglang_rollout.generate_rollout")
+    assert not any("train on" in e for e in _errors(rl))
+
+
+def test_apply_chat_template_and_a_tokenizer_without_a_template_are_refused_with_sft(tmp_path, qwen3_tokenizer_dir):
+    data = _write(tmp_path / "sft.jsonl", GOOD)
+    (error,) = _errors(_cfg(data, qwen3_tokenizer_dir, "--apply-chat-template"))
+    assert error.startswith("--apply-chat-template with --rollout-function-path slime.rollout.sft_rollout.")
+    assert "drop the flag" in error
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(qwen3_tokenizer_dir / "tokenizer.json", bare)
+    config = json.loads((qwen3_tokenizer_dir / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    (error,) = _errors(_cfg(data, bare))
+    assert error.startswith(f"--loss-mask-type qwen (SFT): the tokenizer of --hf-checkpoint {bare} has no chat")
