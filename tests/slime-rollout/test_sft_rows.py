@@ -83,3 +83,14 @@ def test_apply_chat_template_and_a_tokenizer_without_a_template_are_refused_with
     (bare / "tokenizer_config.json").write_text(json.dumps(config))
     (error,) = _errors(_cfg(data, bare))
     assert error.startswith(f"--loss-mask-type qwen (SFT): the tokenizer of --hf-checkpoint {bare} has no chat")
+
+
+def test_template_kwargs_without_apply_chat_template_are_a_note(tmp_path, qwen3_tokenizer_dir):
+    # Reproducer: the kwargs were read only with --apply-chat-template, without a word otherwise.
+    data = _write(tmp_path / "sft.jsonl", GOOD)
+    cfg = _cfg(data, qwen3_tokenizer_dir, "--apply-chat-template-kwargs", '{"enable_thinking": false}')
+    notes = [p.message for p in check(cfg) if p.severity == "note"]
+    assert '--apply-chat-template-kwargs {"enable_thinking": false} has no effect without --apply-chat-template' in (
+        "\n".join(notes)
+    )
+    assert _errors(cfg) == []

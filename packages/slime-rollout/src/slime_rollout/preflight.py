@@ -146,8 +146,22 @@ def _is_sft(cfg: SlimeArgs) -> bool:
 
 
 def _chat_template(cfg: SlimeArgs) -> list[Problem]:
-    """A chat template where the run renders one; `--apply-chat-template` with the SFT rollout, which cannot use it."""
+    """A chat template where the run renders one; `--apply-chat-template` with the SFT rollout, which cannot use it.
+
+    `--apply-chat-template-kwargs` without `--apply-chat-template` is a note: as in the original only the data
+    source's rendering reads them, so `{"enable_thinking": false}` left message prompts (which the default generate
+    function renders) and SFT conversations in thinking mode, unannounced.
+    """
     sft = _is_sft(cfg)
+    notes = []
+    if cfg.apply_chat_template_kwargs and not cfg.apply_chat_template:
+        notes.append(
+            Problem(
+                message=f"--apply-chat-template-kwargs {json.dumps(cfg.apply_chat_template_kwargs)} has no effect "
+                "without --apply-chat-template (message prompts and SFT conversations are rendered without them)",
+                severity="note",
+            )
+        )
     if sft and cfg.apply_chat_template:
         # The SFT rollout renders the conversation itself (and masks it by turn): a prompt the data source rendered
         # into text failed at the first rollout ("SFT needs a non-empty list of chat messages").
@@ -158,9 +172,9 @@ def _chat_template(cfg: SlimeArgs) -> list[Problem]:
             )
         ]
     if not ((cfg.apply_chat_template or sft) and cfg.hf_checkpoint) or _has_chat_template(cfg.hf_checkpoint):
-        return []
+        return notes
     flag = "--apply-chat-template" if cfg.apply_chat_template else f"--loss-mask-type {cfg.loss_mask_type} (SFT)"
-    return [
+    return notes + [
         Problem(
             message=f"{flag}: the tokenizer of --hf-checkpoint {cfg.hf_checkpoint} has no chat template (no "
             "'chat_template' in tokenizer_config.json, no chat_template.jinja); add one"
