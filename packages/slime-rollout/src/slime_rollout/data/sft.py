@@ -15,7 +15,7 @@ maps them to tokens. Types (the original's `--loss-mask-type` values):
 | `qwen` | ChatML (Qwen2.5) | assistant body incl. a leading `<think>` block |
 | `qwen3` | ChatML (Qwen3) | the same, each turn rendered as the original does (below) |
 | `qwen3_5` | ChatML (Qwen3.5) | the same as `qwen` without the leading `<think>\n` line |
-| `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message's text after the rendered first message |
+| `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message's text after the rendered earlier messages |
 
 `qwen3` renders the conversation turn by turn, as the original's `gen_multi_turn_loss_mask_qwen3` does: each
 message (a run of tool messages as one) after a fixed user message, whose rendering is then cut off. Qwen3's template
@@ -52,6 +52,7 @@ _START = "<|im_start|>"
 _HEADER = _START + "assistant\n"
 _END = "<|im_end|>"
 _THINK = "<think>\n"
+_DISTILL_MARKER = "<｜Assistant｜>"  # DeepSeek-R1-Distill-Qwen's assistant token (full-width bars)
 
 
 def response_lengths(loss_masks: Sequence[Sequence[int]]) -> list[int]:
@@ -78,6 +79,11 @@ class ChatLossMask:
             raise ValueError(f"--loss-mask-type {tokenizer_type!r}: expected one of {', '.join(LOSS_MASK_TYPES)}")
         self.tokenizer = tokenizer
         self.tokenizer_type = tokenizer_type
+        if tokenizer_type == "qwen" and _DISTILL_MARKER in tokenizer.get_added_vocab():
+            # The original's `get_loss_mask` does the same: its default type on a DeepSeek-R1-Distill-Qwen tokenizer
+            # (no ChatML) is distill_qwen.
+            logger.info("--loss-mask-type qwen on a tokenizer with %r: masking as distill_qwen", _DISTILL_MARKER)
+            self.tokenizer_type = "distill_qwen"
 
     def get_response_lengths(self, loss_masks: Sequence[Sequence[int]]) -> list[int]:
         """See `response_lengths`."""
@@ -170,8 +176,11 @@ class ChatLossMask:
         return marked
 
     def _distill(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> tuple[list[int], list[int]]:
+        # The prompt is every message before the reply. The original renders only the first (`messages[:1]`): the
+        # same for [user, assistant], but [system, user, assistant] was trained as the reply to the system prompt
+        # alone, the question dropped.
         prompt = self.tokenizer.apply_chat_template(
-            messages[:1], tools=tools, tokenize=False, add_generation_prompt=True
+            messages[:-1], tools=tools, tokenize=False, add_generation_prompt=True
         )
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         response_ids = self.tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
