@@ -1,10 +1,10 @@
 """Data source: JSONL/Parquet, keys, chat template (real Qwen3 tokenizer), filtering, shuffling, cursor."""
 
 import json
+import random
 import re
 import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -241,9 +241,18 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path):
         return [g[0].prompt for g in ds.get_samples(40)]
 
     order = first_two_epochs(7)
-    # Independent reference: numpy permutation seeded with seed + epoch.
-    expected = [f"q{i}" for i in np.random.default_rng(7).permutation(20)]
-    expected += [f"q{i}" for i in np.random.default_rng(8).permutation(20)]
+    # Independent reference: the original's Dataset.shuffle (slime/utils/data.py), which reseeds the process-wide
+    # generator with seed + epoch (restored after, for the tests sharing this process).
+    saved = random.getstate()
+    try:
+        expected = []
+        for epoch in (0, 1):
+            random.seed(7 + epoch)
+            permutation = list(range(20))
+            random.shuffle(permutation)
+            expected += [f"q{i}" for i in permutation]
+    finally:
+        random.setstate(saved)
     assert order == expected
     assert order[:20] != order[20:]  # each epoch reshuffled
     assert sorted(order[:20]) == sorted(order[20:])  # every prompt once per epoch

@@ -1,7 +1,9 @@
 """A resume from a checkpoint the original slime wrote continues its prompt stream (`data/original_cursor.py`)."""
 
 import json
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,3 +47,43 @@ def test_a_damaged_original_cursor_is_one_error_naming_the_file(tmp_path):
     resumed = RolloutDataSourceWithBuffer(_args(tmp_path, load=str(tmp_path / "ckpt")))
     with pytest.raises(ValueError, match=rf"^{bad}: not a data cursor of the original slime"):
         resumed.load(3)
+
+
+def _original_epoch(seed: int, epoch: int, n: int) -> list[int]:
+    """The original's Dataset.shuffle(epoch) order, on the process-wide generator (restored after)."""
+    saved = random.getstate()
+    try:
+        random.seed(seed + epoch)
+        permutation = list(range(n))
+        random.shuffle(permutation)
+        return permutation
+    finally:
+        random.setstate(saved)
+
+
+def test_a_shuffled_run_of_the_original_goes_on_in_the_originals_order(tmp_path):
+    # Reproducer: the order was a NumPy permutation, so the original's run resumed mid-epoch 1 at offset 3 got
+    # prompts of another order (some of the epoch's prompts skipped, others served twice).
+    (tmp_path / "ckpt" / "rollout").mkdir(parents=True)
+    torch.save(
+        {"sample_offset": 3, "epoch_id": 1, "sample_group_index": 10, "sample_index": 20},
+        tmp_path / "ckpt" / "rollout" / "global_dataset_state_dict_3.pt",
+    )
+    resumed = RolloutDataSourceWithBuffer(_args(tmp_path, load=str(tmp_path / "ckpt")))
+    resumed.load(3)
+    got = [g[0].prompt for g in resumed.get_samples(8)]
+    # The rest of epoch 1 (4 prompts), then epoch 2, as the original's RolloutDataSource serves them (seed 42).
+    expected = [f"q{i}" for i in _original_epoch(42, 1, 7)[3:] + _original_epoch(42, 2, 7)[:4]]
+    assert got == expected
+
+
+def test_a_cursor_written_with_the_earlier_numpy_order_keeps_it(tmp_path):
+    # A run of this version checkpointed before the order followed the original goes on as it began.
+    cursor = {"epoch_id": 1, "sample_offset": 3, "sample_group_index": 10, "sample_index": 20, "metadata": {}}
+    (tmp_path / "ckpt" / "rollout").mkdir(parents=True)
+    (tmp_path / "ckpt" / "rollout" / "data_source_3.json").write_text(json.dumps(cursor))
+    resumed = RolloutDataSourceWithBuffer(_args(tmp_path, load=str(tmp_path / "ckpt")))
+    resumed.load(3)
+    expected = [f"q{i}" for i in np.random.default_rng(43).permutation(7)[3:]]
+    assert [g[0].prompt for g in resumed.get_samples(4)] == expected
+    assert resumed._state()["shuffle_order"] == "numpy"  # and says so in its next cursor

@@ -11,6 +11,8 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from slime_rollout.data.epoch_order import ORIGINAL
+
 __all__ = ["load_original", "original_cursor", "original_cursor_path"]
 
 # The original's position fields; a missing one is 0, as its `load` reads them.
@@ -26,8 +28,8 @@ def original_cursor(path: pathlib.Path) -> dict[str, Any]:
     """Reads an original cursor file into this version's cursor fields, with the original's defaults for missing ones.
 
     Returns:
-        `epoch_id`, `sample_offset`, `sample_group_index`, `sample_index` (ints) and `metadata` (a dict); the
-        original keeps no buffer.
+        `epoch_id`, `sample_offset`, `sample_group_index`, `sample_index` (ints), `metadata` (a dict) and
+        `shuffle_order` (the original's, `data.epoch_order.ORIGINAL`); the original keeps no buffer.
 
     Raises:
         ValueError: the file is not a `torch.save`d dict of those fields (names the file).
@@ -45,7 +47,7 @@ def original_cursor(path: pathlib.Path) -> dict[str, Any]:
             raise TypeError(f"metadata is a {type(metadata).__name__}, not a dict")
     except Exception as e:  # noqa: BLE001 - any failure to read it is one error naming the file
         raise ValueError(f"{path}: not a data cursor of the original slime ({type(e).__name__}: {e})") from e
-    return {**cursor, "metadata": metadata}
+    return {**cursor, "metadata": metadata, "shuffle_order": ORIGINAL}  # its run shuffled as the original does
 
 
 def load_original(root: str | pathlib.Path, rollout_id: int) -> tuple[pathlib.Path, dict[str, Any]] | None:

@@ -4,8 +4,8 @@ Reads `--prompt-data` (JSONL or Parquet, optional `path@[start:end]` row slice),
 per prompt (chat template applied if `--apply-chat-template`; with `--multimodal-keys` the row's images are
 checked, kept in `Sample.multimodal_inputs` and placed by the processor's template), drops prompts longer than
 `--rollout-max-prompt-len` tokens (by default the model's context less one token, `default_max_prompt_len`; each
-dropped row is named in one counted warning), shuffles per epoch with seed `rollout_seed + epoch`, and hands out
-groups of `n_samples_per_prompt` copies with fresh `group_index`/`index`. Partial groups returned by
+dropped row is named in one counted warning), shuffles per epoch as the original does (`data.epoch_order`), and
+hands out groups of `n_samples_per_prompt` copies with fresh `group_index`/`index`. Partial groups returned by
 the rollout (`add_samples`) are served first. The cursor is saved with the checkpoint so a resumed run
 sees exactly the prompts it would have seen.
 """
@@ -27,6 +27,7 @@ from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.chat_template import render_chat, text_content
 from slime_rollout.data.cursor_file import cursor_path, read_cursor, write_cursor
+from slime_rollout.data.epoch_order import LEGACY_NUMPY, ORIGINAL, epoch_order
 from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
@@ -348,6 +349,7 @@ class RolloutDataSource:
         self.metadata: dict[str, Any] = {}
         self.prompts: list[Sample] = []
         self._order: np.ndarray = np.arange(0)
+        self._shuffle_order = ORIGINAL  # a resumed cursor may name the order its run began with
         if args.disable_rollout_global_dataset:
             return
         if not args.prompt_data:
@@ -394,10 +396,10 @@ class RolloutDataSource:
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        n = len(self.prompts)
-        if self.args.rollout_shuffle:
-            return np.random.default_rng(self.args.rollout_seed + epoch).permutation(n)
-        return np.arange(n)
+        return epoch_order(
+            len(self.prompts), shuffle=self.args.rollout_shuffle, seed=self.args.rollout_seed, epoch=epoch,
+            kind=self._shuffle_order,
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -440,6 +442,7 @@ class RolloutDataSource:
             "sample_group_index": self.sample_group_index,
             "sample_index": self.sample_index,
             "metadata": self.metadata,
+            "shuffle_order": self._shuffle_order,
         }
 
     def _set_state(self, state: dict[str, Any]) -> None:
@@ -448,6 +451,7 @@ class RolloutDataSource:
         self.sample_group_index = int(state["sample_group_index"])
         self.sample_index = int(state["sample_index"])
         self.metadata = dict(state.get("metadata", {}))
+        self._shuffle_order = str(state.get("shuffle_order", LEGACY_NUMPY))  # absent: written before the field was
         self._order = self._epoch_order(self.epoch_id)
 
     def _buffered(self) -> list[Sample]:
