@@ -19,10 +19,12 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from slime_core.config.base import field_to_flag
 from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.plugins import PluginError
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
+from slime_rollout.data.prompt_length import model_context_len
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.sft import conversation_problem, generate_sft_rollout
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
@@ -60,6 +62,7 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         `--sglang-*`/`--router-*` flag; notes for what could not be checked here.
     """
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
+    problems += _length_limits(cfg)
     problems += _pass_through_flags(cfg)
     files = (
         []
@@ -135,6 +138,51 @@ def _tokenizer_files(cfg: SlimeArgs) -> list[Problem]:
             exception=FileNotFoundError,
         )
     ]
+
+
+def _length_limits(cfg: SlimeArgs) -> list[Problem]:
+    """Length flags above the engine's context: the prompts they keep leave no room to generate.
+
+    The default limit is the context less one token (`data.prompt_length.default_max_prompt_len`); a flag set above
+    it kept prompts longer than the model's context, which the run trained on with 1-token responses. The context is
+    `--sglang-context-length` when given (a model extended with RoPE scaling), else `max_position_embeddings` of a
+    local `--hf-checkpoint`.
+    """
+    try:
+        model = model_context_len(cfg.hf_checkpoint)
+    except ValueError as e:  # a damaged config.json: the model loader's error names it too
+        return [Problem(message=f"--hf-checkpoint: {e}")]
+    engine = cfg.sglang_args.get("context_length")
+    if model is None and engine is None:
+        return []
+    try:
+        context = int(engine) if engine is not None else model
+    except (TypeError, ValueError):
+        return [Problem(message=f"--sglang-context-length {engine!r}: not a number of tokens")]
+    source = "--sglang-context-length" if engine is not None else (
+        f"max_position_embeddings in {cfg.hf_checkpoint}/config.json"
+    )  # fmt: skip
+    problems = []
+    for context_flag, prompt_flag in (("rollout_max_context_len", "rollout_max_prompt_len"),
+                                      ("eval_max_context_len", "eval_max_prompt_len")):  # fmt: skip
+        given_context, given_prompt = getattr(cfg, context_flag), getattr(cfg, prompt_flag)
+        if problems and context_flag == "eval_max_context_len" and given_context == cfg.rollout_max_context_len:
+            continue  # derived from --rollout-max-context-len, already named
+        if given_context is not None and given_context > context:
+            flag, value, limit = field_to_flag(context_flag), given_context, context
+        elif given_prompt is not None and given_prompt > context - 1:
+            flag, value, limit = field_to_flag(prompt_flag), given_prompt, context - 1
+        else:
+            continue
+        problems.append(
+            Problem(
+                message=f"{flag} {value} is more than the engine's context allows ({limit}; the context is {context} "
+                f"tokens: {source}): a longer prompt leaves no room to generate; lower {flag}, or leave it out "
+                "(prompts longer than the context less one token are then dropped)"
+                + ("" if engine is not None else ", or give the engine a longer one with --sglang-context-length")
+            )
+        )
+    return problems
 
 
 def _is_sft(cfg: SlimeArgs) -> bool:
