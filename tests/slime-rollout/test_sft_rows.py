@@ -94,3 +94,25 @@ def test_template_kwargs_without_apply_chat_template_are_a_note(tmp_path, qwen3_
         "\n".join(notes)
     )
     assert _errors(cfg) == []
+
+
+def test_eval_data_with_the_sft_rollout_as_eval_function_is_one_error(tmp_path, qwen3_tokenizer_dir):
+    # Reproducer: it passed preflight; with --skip-eval-before-train the run stopped at its first eval, after
+    # --eval-interval rollouts of training ("the SFT rollout has no eval mode").
+    data = _write(tmp_path / "sft.jsonl", GOOD)
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text(json.dumps({"input": "1+1=", "label": "2"}) + "\n")
+    flags = ("--eval-prompt-data", "aime", str(evals), "--eval-input-key", "input", "--eval-label-key", "label",
+             "--eval-interval", "2", "--skip-eval-before-train", "--rollout-max-response-len", "8")  # fmt: skip
+    errors = _errors(_cfg(data, qwen3_tokenizer_dir, *flags))
+    assert any(e.startswith("--eval-prompt-data / --eval-config with the SFT rollout (slime.rollout.sft_rollout.")
+               for e in errors), errors  # fmt: skip
+    generating = ("--eval-function-path", "slime.rollout.sglang_rollout.generate_rollout")
+    assert not any("SFT rollout" in e for e in _errors(_cfg(data, qwen3_tokenizer_dir, *flags, *generating)))
+
+
+def test_sft_rows_need_no_label_for_a_grading_rm_type(tmp_path, qwen3_tokenizer_dir):
+    # Reproducer: `--rm-type math` (for eval, or left over) refused every SFT row "grades against a label, but no
+    # --label-key is set", though the SFT rollout grades nothing.
+    data = _write(tmp_path / "sft.jsonl", GOOD)
+    assert _errors(_cfg(data, qwen3_tokenizer_dir, "--rm-type", "math")) == []

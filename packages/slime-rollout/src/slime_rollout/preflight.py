@@ -185,6 +185,25 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
     return problems
 
 
+def _sft_eval(cfg: SlimeArgs) -> list[Problem]:
+    """Eval data in a run whose eval function is the SFT rollout, which has no eval mode (the original asserts)."""
+    if not (cfg.eval_prompt_data or cfg.eval_config):
+        return []
+    path = cfg.eval_function_path or cfg.rollout_function_path
+    try:
+        if load_function(path, flag="--eval-function-path") is not generate_sft_rollout:
+            return []
+    except PluginError:  # a bad path is the plugin check's error
+        return []
+    # Found at the first eval otherwise: with --skip-eval-before-train, after --eval-interval rollouts of training.
+    return [
+        Problem(
+            message=f"--eval-prompt-data / --eval-config with the SFT rollout ({path}) as the eval function: it has no "
+            "eval mode; leave the eval data out, or give --eval-function-path a generating rollout (with engines)"
+        )
+    ]
+
+
 def _is_sft(cfg: SlimeArgs) -> bool:
     """Whether `--rollout-function-path` is the SFT rollout (`slime_rollout.data.sft`, or the original's path)."""
     try:
@@ -194,16 +213,16 @@ def _is_sft(cfg: SlimeArgs) -> bool:
 
 
 def _chat_template(cfg: SlimeArgs) -> list[Problem]:
-    """A chat template where the run renders one; `--apply-chat-template` with the SFT rollout, which cannot use it.
+    """A chat template where the run renders one; `--apply-chat-template` or eval data with the SFT rollout.
 
     `--apply-chat-template-kwargs` without `--apply-chat-template` is a note: as in the original only the data
     source's rendering reads them, so `{"enable_thinking": false}` left message prompts (which the default generate
     function renders) and SFT conversations in thinking mode, unannounced.
     """
     sft = _is_sft(cfg)
-    notes = []
+    found = _sft_eval(cfg) if sft else []
     if cfg.apply_chat_template_kwargs and not cfg.apply_chat_template:
-        notes.append(
+        found.append(
             Problem(
                 message=f"--apply-chat-template-kwargs {json.dumps(cfg.apply_chat_template_kwargs)} has no effect "
                 "without --apply-chat-template (message prompts and SFT conversations are rendered without them)",
@@ -213,16 +232,16 @@ def _chat_template(cfg: SlimeArgs) -> list[Problem]:
     if sft and cfg.apply_chat_template:
         # The SFT rollout renders the conversation itself (and masks it by turn): a prompt the data source rendered
         # into text failed at the first rollout ("SFT needs a non-empty list of chat messages").
-        return [
+        return found + [
             Problem(
                 message=f"--apply-chat-template with --rollout-function-path {cfg.rollout_function_path}: the SFT "
                 "rollout renders each conversation with the chat template itself (--loss-mask-type); drop the flag"
             )
         ]
     if not ((cfg.apply_chat_template or sft) and cfg.hf_checkpoint) or _has_chat_template(cfg.hf_checkpoint):
-        return notes
+        return found
     flag = "--apply-chat-template" if cfg.apply_chat_template else f"--loss-mask-type {cfg.loss_mask_type} (SFT)"
-    return notes + [
+    return found + [
         Problem(
             message=f"{flag}: the tokenizer of --hf-checkpoint {cfg.hf_checkpoint} has no chat template (no "
             "'chat_template' in tokenizer_config.json, no chat_template.jinja); add one"
@@ -462,6 +481,8 @@ def check_prompt_rows(
         # Read once per row, as the data source reads them; these raise naming the row.
         metadata = row_metadata(dict(row), cfg.metadata_key, at, key_flags.metadata_key)
         row_tools(dict(row), cfg.tool_key, at, key_flags.tool_key)
+        if sft:
+            continue  # the SFT rollout grades nothing: its rows need no label
         rm_type, spec = _row_reward(cfg, metadata, at)  # the reward that scores the row
         required = _label_required(spec, metadata)
         if not cfg.label_key:
