@@ -87,3 +87,20 @@ def test_a_cursor_written_with_the_earlier_numpy_order_keeps_it(tmp_path):
     expected = [f"q{i}" for i in np.random.default_rng(43).permutation(7)[3:]]
     assert [g[0].prompt for g in resumed.get_samples(4)] == expected
     assert resumed._state()["shuffle_order"] == "numpy"  # and says so in its next cursor
+
+
+def test_a_cursor_saved_over_another_prompt_count_is_said(tmp_path, caplog):
+    # Reproducer: a run resumed after --prompt-data changed (or another length filter) went on silently with other
+    # prompts at the saved offset and epoch order.
+    ran = RolloutDataSourceWithBuffer(_args(tmp_path, save=str(tmp_path / "ckpt")))
+    ran.get_samples(2)
+    ran.save(1)
+    args = _args(tmp_path, load=str(tmp_path / "ckpt"))  # writes the 7 rows again
+    same = RolloutDataSourceWithBuffer(args)
+    same.load(1)
+    assert "saved over" not in caplog.text
+    rows = [{"question": f"r{i}", "answer": "0"} for i in range(5)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    resumed = RolloutDataSourceWithBuffer(args)
+    resumed.load(1)
+    assert f"saved over 7 prompts; --prompt-data {tmp_path / 'd.jsonl'} now gives 5" in caplog.text

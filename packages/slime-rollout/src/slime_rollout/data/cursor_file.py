@@ -9,6 +9,7 @@ resumed from the original's `--save` continues its prompt stream.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 from collections.abc import Iterable
@@ -19,7 +20,9 @@ from slime_core.sample import Sample
 from slime_core.sample_json import dumps_with_samples
 from slime_rollout.data.original_cursor import load_original
 
-__all__ = ["cursor_path", "read_cursor", "write_cursor"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["cursor_path", "read_cursor", "warn_other_prompt_count", "write_cursor"]
 
 
 def cursor_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
@@ -53,3 +56,18 @@ def read_cursor(root: str | os.PathLike[str], rollout_id: int) -> tuple[pathlib.
         return path, json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # bad JSON or bad UTF-8
         raise ValueError(f"{path}: bad data-source cursor ({e})") from e
+
+
+def warn_other_prompt_count(state: dict[str, Any], num_prompts: int, prompt_data: str | None) -> None:
+    """One warning when a cursor was saved over another number of prompts than the data source now holds.
+
+    The cursor's epoch order and offset then point at other prompts: a run resumed after `--prompt-data` changed (or
+    under another length limit) went on silently with prompts the saved run would not have served. Cursors written
+    before the count was kept (and the original's) say nothing.
+    """
+    saved = state.get("num_prompts")
+    if saved is not None and int(saved) != num_prompts:
+        logger.warning(
+            "the data-source cursor was saved over %d prompts; --prompt-data %s now gives %d: the resumed run does "
+            "not go on with the saved run's prompts", int(saved), prompt_data, num_prompts,
+        )  # fmt: skip

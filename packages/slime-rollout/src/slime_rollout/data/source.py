@@ -26,7 +26,7 @@ from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.chat_template import render_chat, text_content
-from slime_rollout.data.cursor_file import cursor_path, read_cursor, write_cursor
+from slime_rollout.data.cursor_file import cursor_path, read_cursor, warn_other_prompt_count, write_cursor
 from slime_rollout.data.epoch_order import LEGACY_NUMPY, ORIGINAL, epoch_order
 from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
@@ -443,6 +443,7 @@ class RolloutDataSource:
             "sample_index": self.sample_index,
             "metadata": self.metadata,
             "shuffle_order": self._shuffle_order,
+            "num_prompts": len(self.prompts),
         }
 
     def _set_state(self, state: dict[str, Any]) -> None:
@@ -453,6 +454,7 @@ class RolloutDataSource:
         self.metadata = dict(state.get("metadata", {}))
         self._shuffle_order = str(state.get("shuffle_order", LEGACY_NUMPY))  # absent: written before the field was
         self._order = self._epoch_order(self.epoch_id)
+        warn_other_prompt_count(state, len(self.prompts), self.args.prompt_data)
 
     def _buffered(self) -> list[Sample]:
         """The samples the cursor holds (none here; it had no buffer, so `save` raised AttributeError)."""
