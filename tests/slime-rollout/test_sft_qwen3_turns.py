@@ -8,7 +8,8 @@ algorithm on token ids, written out here.
 
 import pytest
 
-from slime_rollout.data.sft import ChatLossMask
+from slime_core.sample import Sample
+from slime_rollout.data.sft import ChatLossMask, sft_sample
 from slime_rollout.data.source import get_tokenizer
 
 TWO_THINKING_TURNS = [
@@ -99,3 +100,6 @@ def test_a_template_that_is_not_qwen3s_is_one_error(tokenizer):
     other.chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
     with pytest.raises(ValueError, match=r"--loss-mask-type qwen3: message 1 \(assistant\) does not render as"):
         ChatLossMask(other, "qwen3").get_loss_mask(TWO_THINKING_TURNS)
+    # The SFT rollout names the sample (was the bare message above).
+    with pytest.raises(ValueError, match=r"^sample 5: --loss-mask-type qwen3: message 1 \(assistant\)"):
+        sft_sample(Sample(prompt=TWO_THINKING_TURNS, index=5), ChatLossMask(other, "qwen3"))

@@ -288,6 +288,8 @@ def sft_sample(sample: Sample, builder: ChatLossMask, *, input_key: str = "messa
         raise ValueError(
             f"sample {sample.index}: the chat template cannot render its messages ({type(e).__name__}: {e})"
         ) from e
+    except ValueError as e:  # the mask's own checks (a template this --loss-mask-type does not describe)
+        raise ValueError(f"sample {sample.index}: {e}") from e
     (length,) = response_lengths([mask])
     if length == 0:
         raise ValueError(f"sample {sample.index}: no assistant message to train on")
