@@ -504,6 +504,31 @@ def test_a_row_the_chat_template_cannot_render_names_file_and_line(tmp_path, qwe
     assert "<think>x</think>" not in sample.prompt and "Yo" in sample.prompt
 
 
+@pytest.mark.parametrize(
+    ("flag", "why"),
+    [
+        (True, "--apply-chat-template"),
+        # Was "the chat template (--apply-chat-template) failed on this row: ValueError: Cannot use chat template
+        # functions ...": a flag the user did not give.
+        (False, "a prompt of chat messages without --apply-chat-template (the default generate function renders it)"),
+    ],
+)
+def test_a_tokenizer_without_a_chat_template_is_named_with_what_needs_one(tmp_path, qwen3_tokenizer_dir, flag, why):
+    import copy
+
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": [{"role": "user", "content": "hi"}]}])
+    bare = copy.copy(get_tokenizer(str(qwen3_tokenizer_dir)))
+    bare.chat_template = None
+    with pytest.raises(ValueError) as raised:
+        rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=bare, apply_chat_template=flag)
+    assert str(raised.value) == (
+        f"{spec} line 1: {why} needs the chat template of the --hf-checkpoint tokenizer, which has none (no "
+        "'chat_template' in tokenizer_config.json, no chat_template.jinja); add one, or give plain-text prompts"
+    )
+
+
 def test_messages_without_the_flag_are_checked_as_the_default_generate_renders_them(qwen3_tokenizer_dir):
     # Without --apply-chat-template the default generate still renders messages with the template (encode_prompt).
     from slime_rollout.data.source import get_tokenizer, rows_to_samples

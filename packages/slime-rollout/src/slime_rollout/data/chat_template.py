@@ -33,6 +33,7 @@ def render_chat(
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any] | None,
     where: str,
+    why: str = "--apply-chat-template",
 ) -> str:
     """`renderer.apply_chat_template(...)` of a row's prompt with the generation prompt, checked.
 
@@ -42,24 +43,30 @@ def render_chat(
         tools: tool schemas passed to the template, or None.
         template_kwargs: `--apply-chat-template-kwargs`.
         where: names the file and row in errors.
+        why: what renders the prompt, as errors name it: the flag, or message prompts without it (which the
+            default generate function renders).
 
     Returns:
         The rendered prompt text.
 
     Raises:
-        ValueError: the template raised on the row, or left out the text of a message that is not an assistant
+        ValueError: the renderer has no chat template (names `why` and `--hf-checkpoint`), the template raised on
+            the row, or left out the text of a message that is not an assistant
             turn (a role it does not know; assistant turns are left alone, since templates rewrite them, e.g.
             dropping earlier reasoning). The message names `where`, the message and its role.
     """
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if getattr(renderer, "chat_template", "") is None:  # transformers' own error named neither the flag nor a fix
+        raise ValueError(
+            f"{where}: {why} needs the chat template of the --hf-checkpoint tokenizer, which has none (no "
+            "'chat_template' in tokenizer_config.json, no chat_template.jinja); add one, or give plain-text prompts"
+        )
     try:
         text = renderer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
         )
     except Exception as e:  # noqa: BLE001 - jinja's errors (UndefinedError, TemplateError, TypeError) name no row
-        raise ValueError(
-            f"{where}: the chat template (--apply-chat-template) failed on this row: {type(e).__name__}: {e}"
-        ) from None
+        raise ValueError(f"{where}: the chat template ({why}) failed on this row: {type(e).__name__}: {e}") from None
     for i, message in enumerate(messages):
         content = message.get("content")
         if message.get("role") == "assistant" or not isinstance(content, str) or not content.strip():

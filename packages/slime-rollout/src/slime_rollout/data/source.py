@@ -258,7 +258,7 @@ def rows_to_samples(
         elif isinstance(prompt, list) and tokenizer is not None and not image_key:
             # Messages without the flag: the default generate renders them with the template (`encode_prompt`), so
             # a role it drops is checked here too; the rendering is what the length filter measures.
-            measured = render_chat(tokenizer, prompt, tools=tools, template_kwargs=None, where=where)
+            measured = render_chat(tokenizer, prompt, tools=tools, template_kwargs=None, where=where, why=_MESSAGES)
             measured_tools = None
         if max_prompt_len is not None and (
             _prompt_len(tokenizer, prompt, images, processor_path) > max_prompt_len
@@ -287,6 +287,7 @@ def rows_to_samples(
 
 
 _ROWS_SHOWN = 20  # dropped rows named in the warning (the count covers them all)
+_MESSAGES = "a prompt of chat messages without --apply-chat-template (the default generate function renders it)"
 _DEFAULT_COLUMNS = frozenset({"metadata", "tools"})  # optional columns by default: many datasets have neither
 
 
