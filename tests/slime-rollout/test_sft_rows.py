@@ -116,3 +116,16 @@ def test_sft_rows_need_no_label_for_a_grading_rm_type(tmp_path, qwen3_tokenizer_
     # --label-key is set", though the SFT rollout grades nothing.
     data = _write(tmp_path / "sft.jsonl", GOOD)
     assert _errors(_cfg(data, qwen3_tokenizer_dir, "--rm-type", "math")) == []
+
+
+def test_no_dataset_with_the_sft_rollout_is_one_error(tmp_path, qwen3_tokenizer_dir):
+    # Reproducer: it passed; the first rollout failed "got an empty list" on a prompt that was the empty string.
+    data = _write(tmp_path / "sft.jsonl", GOOD)
+    errors = _errors(_cfg(data, qwen3_tokenizer_dir, "--disable-rollout-global-dataset"))
+    assert "--disable-rollout-global-dataset with the SFT rollout: it trains on the conversations of --prompt-data" in (
+        "\n".join(errors)
+    )
+    builder = ChatLossMask(get_tokenizer(str(qwen3_tokenizer_dir)))
+    with pytest.raises(ValueError, match=r"^sample 0: SFT needs a non-empty list of chat messages in --input-key "
+                       r"'messages', got str ''$"):  # fmt: skip
+        sft_sample(Sample(prompt="", index=0), builder)

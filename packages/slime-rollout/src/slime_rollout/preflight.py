@@ -186,7 +186,14 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
 
 
 def _sft_eval(cfg: SlimeArgs) -> list[Problem]:
-    """Eval data in a run whose eval function is the SFT rollout, which has no eval mode (the original asserts)."""
+    """What the SFT rollout cannot serve (the original asserts both): no dataset, or eval (it has no eval mode)."""
+    if cfg.disable_rollout_global_dataset:  # every sample came with an empty prompt: "got str ''" at rollout 0
+        return [
+            Problem(
+                message="--disable-rollout-global-dataset with the SFT rollout: it trains on the conversations of "
+                "--prompt-data; give them"
+            )
+        ]
     if not (cfg.eval_prompt_data or cfg.eval_config):
         return []
     path = cfg.eval_function_path or cfg.rollout_function_path

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from slime_core.error_text import preview
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnTrainOutput
 from slime_rollout.data.rows import prompt_problem
@@ -223,7 +224,7 @@ def conversation_problem(messages: Any, tokenizer_type: str, input_key: str = "m
         The problem, naming the message, or None.
     """
     if not isinstance(messages, list) or not messages:
-        shown = type(messages).__name__ if messages else "an empty list"
+        shown = "an empty list" if isinstance(messages, list) else f"{type(messages).__name__} {preview(messages, 40)}"
         return f"SFT needs a non-empty list of chat messages in --input-key {input_key!r}, got {shown}"
     problem = prompt_problem(messages, input_key)
     if problem is not None:
