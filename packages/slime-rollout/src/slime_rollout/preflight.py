@@ -185,7 +185,7 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
     return problems
 
 
-def _sft_eval(cfg: SlimeArgs) -> list[Problem]:
+def _sft_unservable(cfg: SlimeArgs) -> list[Problem]:
     """What the SFT rollout cannot serve (the original asserts both): no dataset, or eval (it has no eval mode)."""
     if cfg.disable_rollout_global_dataset:  # every sample came with an empty prompt: "got str ''" at rollout 0
         return [
@@ -227,7 +227,7 @@ def _chat_template(cfg: SlimeArgs) -> list[Problem]:
     function renders) and SFT conversations in thinking mode, unannounced.
     """
     sft = _is_sft(cfg)
-    found = _sft_eval(cfg) if sft else []
+    found = _sft_unservable(cfg) if sft else []
     if cfg.apply_chat_template_kwargs and not cfg.apply_chat_template:
         found.append(
             Problem(
