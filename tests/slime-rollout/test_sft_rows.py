@@ -129,3 +129,9 @@ def test_no_dataset_with_the_sft_rollout_is_one_error(tmp_path, qwen3_tokenizer_
     with pytest.raises(ValueError, match=r"^sample 0: SFT needs a non-empty list of chat messages in --input-key "
                        r"'messages', got str ''$"):  # fmt: skip
         sft_sample(Sample(prompt="", index=0), builder)
+
+
+def test_several_samples_per_conversation_is_one_error_before_launch(tmp_path, qwen3_tokenizer_dir):
+    data = _write(tmp_path / "sft.jsonl", GOOD)
+    errors = _errors(_cfg(data, qwen3_tokenizer_dir, "--n-samples-per-prompt", "2", "--global-batch-size", "4"))
+    assert "SFT needs --n-samples-per-prompt 1, got 2" in errors

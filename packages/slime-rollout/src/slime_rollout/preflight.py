@@ -186,7 +186,7 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
 
 
 def _sft_unservable(cfg: SlimeArgs) -> list[Problem]:
-    """What the SFT rollout cannot serve (the original asserts both): no dataset, or eval (it has no eval mode)."""
+    """What the SFT rollout cannot serve (the original asserts): no dataset, several samples per conversation, eval."""
     if cfg.disable_rollout_global_dataset:  # every sample came with an empty prompt: "got str ''" at rollout 0
         return [
             Problem(
@@ -194,6 +194,8 @@ def _sft_unservable(cfg: SlimeArgs) -> list[Problem]:
                 "--prompt-data; give them"
             )
         ]
+    if cfg.n_samples_per_prompt != 1:  # found after Ray and the trainers started, at the first rollout
+        return [Problem(message=f"SFT needs --n-samples-per-prompt 1, got {cfg.n_samples_per_prompt}")]
     if not (cfg.eval_prompt_data or cfg.eval_config):
         return []
     path = cfg.eval_function_path or cfg.rollout_function_path
