@@ -573,3 +573,31 @@ def test_a_rollout_batch_larger_than_the_data_is_said_with_its_counts(tmp_path, 
     with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
         RolloutDataSource(_args(prompt_data=path, rollout_batch_size=5))
     assert not [r for r in caplog.records if "--rollout-batch-size" in r.getMessage()]
+
+
+def test_a_tool_message_the_template_writes_as_json_is_not_left_out(tmp_path, qwen3_tokenizer_dir):
+    # Reproducer: Llama 3.1's template writes a tool message as `content | tojson` (a string is iterable in Jinja);
+    # a tool output with a newline or a quote was refused "the chat template left out message 2 (role 'tool'): ...
+    # rename the role", though it was there, escaped.
+    import copy
+
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    tok = copy.copy(get_tokenizer(str(qwen3_tokenizer_dir)))
+    tok.chat_template = (  # renders user, assistant and tool messages only
+        "{% for m in messages %}{% if m.role == 'tool' and m.content is iterable %}<tool>{{ m.content | tojson }}"
+        "{% elif m.role in ['user', 'assistant'] %}<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}<assistant>"
+    )
+    history = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "calling"}]
+
+    def render(name, last):
+        spec = _write_jsonl(tmp_path / name, [{"q": [*history, last]}])
+        return rows_to_samples(
+            load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok, apply_chat_template=True
+        )
+
+    (sample,) = render("d.jsonl", {"role": "tool", "content": 'line 1\n"sunny" é'})
+    assert sample.prompt == '<user>weather?<assistant>calling<tool>"line 1\\n\\"sunny\\" é"<assistant>'
+    # A role the template does not render at all is still refused.
+    with pytest.raises(ValueError, match=r"e.jsonl line 1: the chat template left out message 2 \(role 'obs'\)"):
+        render("e.jsonl", {"role": "obs", "content": "x y"})

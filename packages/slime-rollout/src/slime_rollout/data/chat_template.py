@@ -9,6 +9,7 @@ failed the data load naming no file or row. Both are one error naming the row he
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 __all__ = ["render_chat", "text_content"]
@@ -71,9 +72,21 @@ def render_chat(
         content = message.get("content")
         if message.get("role") == "assistant" or not isinstance(content, str) or not content.strip():
             continue
-        if content.strip() not in text:
+        if not _rendered(content, text):
             raise ValueError(
                 f"{where}: the chat template left out message {i} (role {message.get('role')!r}): it renders only "
                 "the roles it knows (system, user, assistant, tool); rename the role"
             )
     return text
+
+
+def _rendered(content: str, text: str) -> bool:
+    """Whether a message's text is in the template's rendering: as is, or JSON-encoded (the `tojson` filter).
+
+    Llama 3.1's template writes a tool message as `message.content | tojson` (a string is iterable in Jinja): a tool
+    output holding a quote or a newline is rendered escaped, and was refused as "left out".
+    """
+    stripped = content.strip()
+    if stripped in text:
+        return True
+    return any(json.dumps(stripped, ensure_ascii=ascii)[1:-1] in text for ascii in (False, True))
