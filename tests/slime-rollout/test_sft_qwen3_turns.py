@@ -103,3 +103,39 @@ def test_a_template_that_is_not_qwen3s_is_one_error(tokenizer):
     # The SFT rollout names the sample (was the bare message above).
     with pytest.raises(ValueError, match=r"^sample 5: --loss-mask-type qwen3: message 1 \(assistant\)"):
         sft_sample(Sample(prompt=TWO_THINKING_TURNS, index=5), ChatLossMask(other, "qwen3"))
+
+
+def test_samples_longer_than_the_models_context_are_counted_and_named(tmp_path, qwen3_tokenizer_dir, caplog):
+    # Reproducer: the data's default length limit measures one rendering of the conversation, which drops the earlier
+    # reasoning qwen3 trains on: a kept conversation outgrew the model's positions without a word.
+    import json
+    import shutil
+
+    from slime_core.config import PluginArgs, SlimeArgs
+    from slime_rollout.data.sft import generate_sft_rollout
+
+    model = tmp_path / "model"
+    shutil.copytree(qwen3_tokenizer_dir, model)
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 48}))
+    reasoning = [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "<think>\n" + "long reasoning " * 10 + "\n</think>\n\nA1"},
+        {"role": "user", "content": "Q2"},
+        {"role": "assistant", "content": "A2"},
+    ]
+
+    class Conversations:
+        def get_samples(self, num_groups):
+            return [[Sample(prompt=p, index=i)] for i, p in enumerate([reasoning, reasoning[2:]][:num_groups])]
+
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 2, "num_rollout": 1, "hf_checkpoint": str(model),
+                               "loss_type": "sft_loss", "disable_compute_advantages_and_returns": True,
+                               "loss_mask_type": "qwen3"})  # fmt: skip
+    out = generate_sft_rollout(PluginArgs.from_config(cfg), 0, Conversations())
+    lengths = [len(g[0].tokens) for g in out.samples]
+    assert lengths[0] > 48 >= lengths[1]
+    whole = get_tokenizer(str(model)).apply_chat_template(reasoning, tokenize=True, add_generation_prompt=True)
+    assert len(whole) <= 47  # the rendering the data's default limit (context - 1) measures: kept
+    assert out.metrics["rollout/sft/num_over_context"] == 1.0
+    assert "1 of 2 samples are longer than the model's context (max_position_embeddings 48 of --hf-checkpoint; " \
+        "samples 0)" in caplog.text  # fmt: skip

@@ -37,6 +37,7 @@ import jinja2
 from slime_core.error_text import preview
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnTrainOutput
+from slime_rollout.data.prompt_length import model_context_len
 from slime_rollout.data.rows import prompt_problem
 from slime_rollout.data.source import get_tokenizer
 
@@ -335,4 +336,16 @@ def generate_sft_rollout(
         logger.info("SFT rollout: first sample %d tokens, %d trained on", len(s.tokens), sum(s.loss_mask or []))
     lengths = [s.response_length for group in groups for s in group]
     metrics = {"rollout/response_len/mean": sum(lengths) / len(lengths)} if lengths else None
+    context = model_context_len(args.hf_checkpoint)
+    if metrics is not None and context is not None:
+        # The data's length limit measures one rendering of the whole conversation; `qwen3` trains every turn's
+        # reasoning, which that rendering drops, so a kept conversation can still outgrow the model's positions.
+        over = [s.index for group in groups for s in group if len(s.tokens) > context]
+        metrics["rollout/sft/num_over_context"] = float(len(over))
+        if over:
+            logger.warning(
+                "SFT rollout %d: %d of %d samples are longer than the model's context (max_position_embeddings %d "
+                "of --hf-checkpoint; samples %s): they train past it; shorten those conversations",
+                rollout_id, len(over), len(lengths), context, ", ".join(map(str, over[:10])),
+            )  # fmt: skip
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
