@@ -152,7 +152,8 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
         model = model_context_len(cfg.hf_checkpoint)
     except ValueError as e:  # a damaged config.json: the model loader's error names it too
         return [Problem(message=f"--hf-checkpoint: {e}")]
-    engine = cfg.sglang_args.get("context_length")
+    # Keys as the launcher reads them (`--sglang-context-length`, or a config file's `context-length`).
+    engine = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}.get("context_length")
     if model is None and engine is None:
         return []
     try:
