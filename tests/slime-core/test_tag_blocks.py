@@ -35,6 +35,14 @@ def test_empty_tags_are_refused():
         list(tag_blocks("x", "", "</t>"))
 
 
+@pytest.mark.parametrize("scan", [tag_blocks, json_tag_blocks])
+def test_empty_tags_are_refused_at_the_call_even_for_empty_text(scan):
+    # A generator checked its tags at the first next(): a caller that never iterated (or an empty text that a
+    # caller skipped) hid the bad tag.
+    with pytest.raises(ValueError, match=f"{scan.__name__}: tags must not be empty"):
+        scan("", "<t>", "")
+
+
 @pytest.mark.timeout(60)
 def test_unclosed_openings_are_linear():
     # The regex scans to the end from each of 200,000 openings (~15 min); find() scans once (ms).

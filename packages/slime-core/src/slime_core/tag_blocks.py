@@ -33,20 +33,7 @@ def tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, 
     Raises:
         ValueError: an empty tag.
     """
-    if not open_tag or not close_tag:
-        raise ValueError(f"tag_blocks: tags must not be empty, got {open_tag!r} and {close_tag!r}")
-    pos = 0
-    while True:
-        start = text.find(open_tag, pos)
-        if start < 0:
-            return
-        body_start = start + len(open_tag)
-        close = text.find(close_tag, body_start)
-        if close < 0:
-            return  # no closing tag after this opening, hence none after any later one
-        end = close + len(close_tag)
-        yield start, end, text[body_start:close]
-        pos = end
+    return _scan(text, open_tag, close_tag, "tag_blocks", json_budget=0)
 
 
 def json_tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, int, str]]:
@@ -69,9 +56,21 @@ def json_tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[
     Raises:
         ValueError: an empty tag.
     """
+    return _scan(text, open_tag, close_tag, "json_tag_blocks", json_budget=2 * len(text) + 4096)
+
+
+def _scan(text: str, open_tag: str, close_tag: str, name: str, json_budget: int) -> Iterator[tuple[int, int, str]]:
+    """Both scans, the tags checked at the call (not at the first block).
+
+    With `json_budget` 0 every body ends at the first closing tag (`tag_blocks`); else a `{` body that is not yet a
+    JSON object extends to a later closing tag while json.loads has characters left to read.
+    """
     if not open_tag or not close_tag:
-        raise ValueError(f"json_tag_blocks: tags must not be empty, got {open_tag!r} and {close_tag!r}")
-    budget = 2 * len(text) + 4096  # characters json.loads may still read
+        raise ValueError(f"{name}: tags must not be empty, got {open_tag!r} and {close_tag!r}")
+    return _blocks(text, open_tag, close_tag, json_budget)
+
+
+def _blocks(text: str, open_tag: str, close_tag: str, budget: int) -> Iterator[tuple[int, int, str]]:
     pos = 0
     while True:
         start = text.find(open_tag, pos)
