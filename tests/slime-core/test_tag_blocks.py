@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from slime_core.tag_blocks import json_tag_blocks, tag_blocks
+from slime_core.tag_blocks import json_tag_blocks, tag_blocks, thinking_end
 
 
 def _regex_blocks(text, open_tag, close_tag):
@@ -84,3 +84,19 @@ def test_json_blocks_decode_a_bounded_number_of_characters():
     assert len(blocks) == 50_000 and {b[2] for b in blocks} == {'{"a": "x'}
     with pytest.raises(ValueError, match="tags must not be empty"):
         list(json_tag_blocks("x", "<t>", ""))
+
+
+@pytest.mark.parametrize(
+    ("text", "end"),
+    [
+        ("<think>a</think>b", len("<think>a</think>")),
+        ("  <think>a</think>b</think>", len("  <think>a</think>")),
+        ("a</think>b", len("a</think>")),  # opened in the prompt (Qwen3-thinking templates)
+        ("<think>a <tool_call>", len("<think>a <tool_call>")),  # never closed: all thinking
+        ("See <think> tags</think>", 0),  # a later <think> is text, and so its </think>
+        ("no thinking", 0),
+        ("", 0),
+    ],
+)
+def test_thinking_end(text, end):
+    assert thinking_end(text) == end

@@ -51,3 +51,12 @@ async def test_blocks_past_the_per_turn_limit_get_one_response():
 async def test_a_turn_without_blocks_ends_the_episode():
     step = await EchoEnv().step("The answer is 4.")
     assert step.done and step.tool_responses is None
+
+
+async def test_a_call_only_thought_about_is_not_run_and_the_turn_is_the_answer():
+    # The env ran calls written inside <think>; the agent adapter returned none for the same turn.
+    env = EchoEnv()
+    step = await env.step(f"<think>maybe {call('x')}? No.</think>\nThe answer is 4.")
+    assert step.done and step.tool_responses is None and env.num_tool_calls == 0
+    step = await env.step(f"<think>I will call it.</think>\n{call('y')}")
+    assert not step.done and step.tool_responses == ["echo y"] and env.num_tool_calls == 1

@@ -75,3 +75,25 @@ def test_the_stop_closed_tail_costs_no_second_pass(monkeypatch):
         f"a {call[: -len('</tool_call>')]}", parse_tools=True, parse_reasoning=False, stop="</tool_call>"
     )
     assert len(num_passes) == 3 and out.tool_calls == [{"name": "f", "arguments": {"x": 1}}] and out.content == "a"
+
+
+def test_a_call_opened_while_thinking_does_not_swallow_the_call_after_it():
+    # Without a reasoning parser the whole turn was scanned: the thinking's unclosed <tool_call> ran up to the real
+    # call's </tool_call>, one block starting in the thinking, skipped: the real call was lost.
+    text = 'Plan <tool_call> maybe</think>\n<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>'
+    for opened in ("<think>", ""):
+        parsed = parse_output(opened + text, parse_tools=True, parse_reasoning=False)
+        assert parsed.tool_calls == [{"name": "g", "arguments": {"x": 1}}] and parsed.num_ill_formed == 0
+        assert parsed.content == f"{opened}Plan <tool_call> maybe</think>"
+
+
+@pytest.mark.parametrize("parse_reasoning", [False, True])
+def test_a_call_in_a_markdown_code_fence_is_a_call(parse_reasoning):
+    # As SGLang's qwen25/hermes parser, vLLM's hermes parser and the original's retool regex read it, and as
+    # slime_envs.parsing does (tests/slime-envs/test_parsing.py).
+    call = '<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>'
+    parsed = parse_output(
+        f"<think>r</think>Call:\n```json\n{call}\n```", parse_tools=True, parse_reasoning=parse_reasoning
+    )
+    assert parsed.tool_calls == [{"name": "g", "arguments": {"x": 1}}]
+    assert parsed.content.endswith("Call:\n```json\n\n```")

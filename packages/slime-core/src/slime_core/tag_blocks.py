@@ -5,6 +5,9 @@ closing tag after it, scanning to the end of the text each time: quadratic in th
 A model that repeats `<tool_call>` (one token in Qwen's vocabulary) 8,000 times made one parse take 6 s on the
 rollout's event loop, stalling every episode in flight. `tag_blocks` finds the same blocks with `str.find`:
 once an opening has no closing tag after it, no later opening has one either, so the scan stops there.
+
+`thinking_end` is where a turn's leading `<think>` reasoning ends: both tool-call parsers (`slime_envs.parsing`
+and the agent adapter's `slime_rollout.agent.output_parsing`) read calls after it only, one rule for both.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-__all__ = ["json_tag_blocks", "tag_blocks"]
+__all__ = ["json_tag_blocks", "tag_blocks", "thinking_end"]
 
 
 def tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, int, str]]:
@@ -100,3 +103,29 @@ def _is_json_object(body: str) -> bool:
         return isinstance(json.loads(body), dict)
     except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the decoder's ~1,000 levels
         return False
+
+
+def thinking_end(text: str) -> int:
+    """Where the leading thinking of a model turn ends (0: the turn has none).
+
+    Qwen3's chat template and SGLang's `qwen3` reasoning parser read a turn as `<think>reasoning</think>answer`:
+    a `<tool_call>` the model wrote while thinking is reasoning, not a call (Qwen3's template renders calls from
+    `tool_calls`, after the content, never inside `reasoning_content`). The thinking is
+
+    * up to the first `</think>` when the turn opens with `<think>` (leading whitespace aside), or when no `<think>`
+      precedes that `</think>` (Qwen3-thinking templates open `<think>` in the prompt, so the turn holds only its
+      end);
+    * the whole turn when it opens with `<think>` and never closes it (cut by the token cap or a stop string);
+    * nothing otherwise (a `<think>` later in an answer is text).
+
+    Args:
+        text: the decoded model turn.
+
+    Returns:
+        An index into `text`: `text[:i]` is the thinking with its tags, `text[i:]` the answer.
+    """
+    close = text.find("</think>")
+    opens_at_start = text.lstrip().startswith("<think>")
+    if close >= 0 and (opens_at_start or "<think>" not in text[:close]):
+        return close + len("</think>")
+    return len(text) if opens_at_start else 0
