@@ -124,3 +124,29 @@ async def test_remote_retriever():
         assert "Error: retrieval failed (HTTPStatusError)" in step.observation and not step.done
     finally:
         server.shutdown()
+
+
+async def test_concurrent_episodes_index_the_corpus_once(tmp_path, monkeypatch):
+    # functools.lru_cache let every concurrent miss build: the first searches of 8 episodes indexed the corpus 8
+    # times (one copy per to_thread worker; a Wikipedia corpus is tens of GB each).
+    import asyncio
+    import time
+
+    from slime_envs import search
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    builds = []
+    real_init = BM25Retriever.__init__
+
+    def slow_init(self, corpus_path):
+        builds.append(corpus_path)
+        time.sleep(0.3)  # long enough that every episode's search arrives during the build
+        real_init(self, corpus_path)
+
+    monkeypatch.setattr(BM25Retriever, "__init__", slow_init)
+    envs = [SearchEnv(corpus_path=str(path)) for _ in range(8)]
+    results = await asyncio.gather(*(env.retrieve("highest mountain") for env in envs))
+    assert len(builds) == 1
+    assert all(r[0].title == "Mount Everest" for r in results)
+    assert search._cached_bm25(str(path)) is search._cached_bm25(str(path))

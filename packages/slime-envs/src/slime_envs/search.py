@@ -19,8 +19,8 @@ or `text` and optional `title`. Remote retriever: Search-R1's retrieval server p
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import functools
 import logging
 import pathlib
 import threading
@@ -102,9 +102,34 @@ class BM25Retriever:
         return out
 
 
-@functools.lru_cache(maxsize=8)
+_BM25_CACHE_SIZE = 8  # corpora kept indexed per process, the least recently used dropped first
+_bm25_indexes: collections.OrderedDict[str, BM25Retriever] = collections.OrderedDict()
+_bm25_locks: dict[str, threading.Lock] = {}
+_bm25_guard = threading.Lock()
+
+
 def _cached_bm25(corpus_path: str) -> BM25Retriever:
-    return BM25Retriever(corpus_path)
+    """The process's BM25 index of `corpus_path`, built once however many episodes ask for it at the same time.
+
+    `functools.lru_cache` does not hold back concurrent misses: the first searches of a rollout's concurrent
+    episodes (in `asyncio.to_thread` workers) each indexed the whole corpus, as many copies as worker threads.
+    One lock per path makes the others wait for the first build.
+    """
+    with _bm25_guard:
+        if corpus_path in _bm25_indexes:
+            _bm25_indexes.move_to_end(corpus_path)
+            return _bm25_indexes[corpus_path]
+        lock = _bm25_locks.setdefault(corpus_path, threading.Lock())
+    with lock:
+        with _bm25_guard:
+            if corpus_path in _bm25_indexes:
+                return _bm25_indexes[corpus_path]
+        retriever = BM25Retriever(corpus_path)  # outside the guard: other corpora are served meanwhile
+        with _bm25_guard:
+            _bm25_indexes[corpus_path] = retriever
+            while len(_bm25_indexes) > _BM25_CACHE_SIZE:
+                _bm25_indexes.popitem(last=False)
+        return retriever
 
 
 class RemoteRetriever:
