@@ -3,6 +3,8 @@
 
 import json
 
+import pytest
+
 from slime_envs.base import ToolEnv
 
 
@@ -60,3 +62,52 @@ async def test_a_call_only_thought_about_is_not_run_and_the_turn_is_the_answer()
     assert step.done and step.tool_responses is None and env.num_tool_calls == 0
     step = await env.step(f"<think>I will call it.</think>\n{call('y')}")
     assert not step.done and step.tool_responses == ["echo y"] and env.num_tool_calls == 1
+
+
+class OddToolsEnv(ToolEnv):
+    """Tools that return a huge text or something other than text."""
+
+    def tool_functions(self):
+        async def big(n):
+            return "x" * n
+
+        async def number():
+            return 42
+
+        async def raw():
+            return b"\xff"
+
+        return {"big": big, "number": number, "raw": raw}
+
+
+def named(name, **arguments):
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+async def test_a_huge_tool_response_is_cut_marked_and_counted(caplog, monkeypatch):
+    # A tool that printed 10 MB was passed whole: the observation used up the episode's token budget, cut without
+    # a word, and the sample carried the 10 MB in its recorded conversation.
+    from slime_envs import base
+
+    monkeypatch.setattr(base, "_num_truncated", 0)  # the process's count (the log fires at its powers of two)
+    env = OddToolsEnv(max_response_chars=100)
+    step = await env.step(named("big", n=10_000_000) + named("big", n=100) + named("big", n=101))
+    first, exact, over = step.tool_responses
+    assert first == "x" * 100 + "\n... (tool response truncated: 100 of 10,000,000 characters shown)"
+    assert exact == "x" * 100
+    assert over == "x" * 100 + "\n... (tool response truncated: 100 of 101 characters shown)"
+    assert step.info["num_truncated"] == 2
+    assert "longer than max_response_chars=100 and were cut" in caplog.text
+    assert (await EchoEnv().step(call("a"))).info["num_truncated"] == 0
+
+
+@pytest.mark.parametrize(("tool", "kind"), [("number", "int 42"), ("raw", "bytes b'\\\\xff'")])
+async def test_a_tool_returning_no_text_is_one_error_naming_it(tool, kind):
+    # It failed as "sequence item 0: expected str instance, int found", naming neither the tool nor the env.
+    with pytest.raises(TypeError, match=rf"OddToolsEnv tool '{tool}' returned {kind}, not a str"):
+        await OddToolsEnv().step(named(tool))
+
+
+def test_a_limit_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="max_response_chars >= 1, got 16, 4, 0"):
+        EchoEnv(max_response_chars=0)

@@ -199,6 +199,7 @@ class SearchEnv(ToolEnv):
         reward: `"em"`, `"f1"` or `None` (no env reward).
         format_score: reward for a well-formed wrong answer (EM only).
         max_tool_calls: searches allowed per episode (`qwen` format).
+        max_calls_per_turn, max_response_chars: see `ToolEnv` (`qwen` format).
 
     Raises:
         ValueError: neither or an unknown option given.
@@ -230,8 +231,11 @@ class SearchEnv(ToolEnv):
         format_score: float = 0.0,
         max_tool_calls: int = 16,
         max_calls_per_turn: int = 4,
+        max_response_chars: int = 16_000,
     ) -> None:
-        super().__init__(max_tool_calls=max_tool_calls, max_calls_per_turn=max_calls_per_turn)
+        super().__init__(
+            max_tool_calls=max_tool_calls, max_calls_per_turn=max_calls_per_turn, max_response_chars=max_response_chars
+        )
         if (corpus_path is None) == (retrieval_url is None):
             raise ValueError("search env: give exactly one of corpus_path and retrieval_url")
         if format not in ("tags", "qwen"):
