@@ -1,6 +1,7 @@
 """`ToolEnv.step`: tool responses answer the blocks in the order written, and a turn's blocks past
 `max_calls_per_turn` get one response together."""
 
+import asyncio
 import json
 
 import pytest
@@ -111,3 +112,29 @@ async def test_a_tool_returning_no_text_is_one_error_naming_it(tool, kind):
 def test_a_limit_out_of_range_is_refused():
     with pytest.raises(ValueError, match="max_response_chars >= 1, got 16, 4, 0"):
         EchoEnv(max_response_chars=0)
+
+
+class HangingEnv(ToolEnv):
+    """A tool that never answers, and one that raises its own TimeoutError."""
+
+    def tool_functions(self):
+        async def hang():
+            await asyncio.Event().wait()
+
+        async def own_timeout():
+            raise TimeoutError("upstream took too long")
+
+        return {"hang": hang, "own_timeout": own_timeout}
+
+
+async def test_a_tool_that_hangs_is_cancelled_at_its_deadline_and_logged(caplog):
+    # It held its episode, and so the rollout, until --plugin-timeout-secs (4 h) failed the whole rollout.
+    env = HangingEnv(tool_timeout_s=0.2)
+    step = await asyncio.wait_for(env.step(named("hang") + named("own_timeout")), timeout=60)
+    assert step.tool_responses == [
+        "Error: tool 'hang' did not answer within 0.2 s.",
+        "Error: tool 'own_timeout' failed: TimeoutError: upstream took too long",
+    ]
+    assert not step.done and "HangingEnv tool hang did not answer within tool_timeout_s=0.2 s" in caplog.text
+    with pytest.raises(ValueError, match="tool_timeout_s must be > 0 or None"):
+        HangingEnv(tool_timeout_s=0)

@@ -9,6 +9,7 @@ failures all become `Error: ...` tool responses.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -56,6 +57,10 @@ class ToolEnv:
             `info["num_truncated"]` and logged. A tool that printed 10 MB was passed whole: the observation then
             used up the episode's token budget, cut without a word, and the sample carried the 10 MB in its
             recorded conversation. (The sandboxed `python` tool caps its own output first: `max_output_chars`.)
+        tool_timeout_s: seconds one call may take; past it the call is cancelled, logged, and the model gets
+            `Error: tool '...' did not answer within N s`. None: no deadline (the `python` env's default: its
+            sandbox's `timeout_s` bounds each run, and waiting for a free sandbox is not a hang). A hung tool held
+            its episode, and so the rollout, until `--plugin-timeout-secs` (4 h) failed the whole rollout.
 
     Raises:
         ValueError: a limit out of range.
@@ -67,13 +72,21 @@ class ToolEnv:
     tool_specs: list[dict[str, Any]] = []
 
     def __init__(
-        self, *, max_tool_calls: int = 16, max_calls_per_turn: int = 4, max_response_chars: int = 16_000
+        self,
+        *,
+        max_tool_calls: int = 16,
+        max_calls_per_turn: int = 4,
+        max_response_chars: int = 16_000,
+        tool_timeout_s: float | None = 600.0,
     ) -> None:
         if max_tool_calls < 0 or max_calls_per_turn < 1 or max_response_chars < 1:
             raise ValueError(
                 f"max_tool_calls must be >= 0, max_calls_per_turn and max_response_chars >= 1, got {max_tool_calls}, "
                 f"{max_calls_per_turn}, {max_response_chars}"
             )
+        if tool_timeout_s is not None and not tool_timeout_s > 0:
+            raise ValueError(f"tool_timeout_s must be > 0 or None (no deadline), got {tool_timeout_s}")
+        self.tool_timeout_s = tool_timeout_s
         self.max_tool_calls = max_tool_calls
         self.max_calls_per_turn = max_calls_per_turn
         self.max_response_chars = max_response_chars
@@ -106,8 +119,21 @@ class ToolEnv:
         fn = functions.get(call.name)
         if fn is None:
             return f"Error: unknown tool '{call.name}'. Available tools: {', '.join(sorted(functions))}."
+        deadline = asyncio.timeout(self.tool_timeout_s)
         try:
-            result = await fn(**call.arguments)
+            async with deadline:
+                result = await fn(**call.arguments)
+        except TimeoutError as e:
+            if not deadline.expired():  # the tool's own TimeoutError: a failure like any other
+                logger.warning("tool %s failed: %r", call.name, e)
+                return f"Error: tool '{call.name}' failed: TimeoutError: {e}"
+            logger.warning(
+                "%s tool %s did not answer within tool_timeout_s=%s s; cancelled, the model sees an error",
+                type(self).__name__,
+                call.name,
+                self.tool_timeout_s,
+            )
+            return f"Error: tool '{call.name}' did not answer within {self.tool_timeout_s:g} s."
         except TypeError as e:
             return f"Error: bad arguments for tool '{call.name}': {e}"
         except Exception as e:  # a tool bug must not kill the rollout; the model sees the message

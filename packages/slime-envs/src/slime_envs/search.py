@@ -199,7 +199,7 @@ class SearchEnv(ToolEnv):
         reward: `"em"`, `"f1"` or `None` (no env reward).
         format_score: reward for a well-formed wrong answer (EM only).
         max_tool_calls: searches allowed per episode (`qwen` format).
-        max_calls_per_turn, max_response_chars: see `ToolEnv` (`qwen` format).
+        max_calls_per_turn, max_response_chars, tool_timeout_s: see `ToolEnv` (`qwen` format).
 
     Raises:
         ValueError: neither or an unknown option given.
@@ -232,9 +232,13 @@ class SearchEnv(ToolEnv):
         max_tool_calls: int = 16,
         max_calls_per_turn: int = 4,
         max_response_chars: int = 16_000,
+        tool_timeout_s: float | None = 600.0,
     ) -> None:
         super().__init__(
-            max_tool_calls=max_tool_calls, max_calls_per_turn=max_calls_per_turn, max_response_chars=max_response_chars
+            max_tool_calls=max_tool_calls,
+            max_calls_per_turn=max_calls_per_turn,
+            max_response_chars=max_response_chars,
+            tool_timeout_s=tool_timeout_s,
         )
         if (corpus_path is None) == (retrieval_url is None):
             raise ValueError("search env: give exactly one of corpus_path and retrieval_url")
