@@ -269,3 +269,17 @@ async def test_output_limited_means_output_was_cut_not_that_it_reached_the_limit
     assert over.output_limited and over.stdout == "x" * 4096  # the byte of headroom landed, and is cut here
     crossing = await run_python("import os\nos.write(1, b'z' * 5000)\nos.write(1, b'z')", config)
     assert crossing.output_limited and crossing.stdout == "z" * 4096 and "File too large" in crossing.stderr
+
+
+async def test_a_second_max_concurrent_runs_is_told_it_has_no_effect(caplog, monkeypatch):
+    # The process's runs share the first run's limit; another value was ignored without a word.
+    import weakref
+
+    for name in ("_LIMITERS", "_LIMITS", "_IGNORED"):  # this test's own, whatever ran before on this loop
+        monkeypatch.setattr(sandbox, name, weakref.WeakKeyDictionary())
+    first = sandbox._limiter(2)
+    assert sandbox._limiter(3) is first and sandbox._limiter(3) is first and sandbox._limiter(2) is first
+    warnings = [r.getMessage() for r in caplog.records if "max_concurrent_runs" in r.getMessage()]
+    assert warnings == [
+        "sandbox: max_concurrent_runs=3 has no effect: this process's runs share the limit of its first run (2)"
+    ]

@@ -224,12 +224,29 @@ async def _read_to_eof(fd: int) -> bytes:
 _LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
+_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
+_IGNORED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[int]] = weakref.WeakKeyDictionary()
+
+
 def _limiter(limit: int) -> asyncio.Semaphore:
-    """One semaphore per event loop, so hundreds of concurrent rollouts do not start hundreds of sandboxes."""
+    """One semaphore per event loop, so hundreds of concurrent rollouts do not start hundreds of sandboxes.
+
+    The first run's `max_concurrent_runs` sizes it; a later run asking for another value is told so, once per loop
+    and value (envs of one process share the limit: another value had no effect, without a word).
+    """
     loop = asyncio.get_running_loop()
     if loop not in _LIMITERS:
-        _LIMITERS[loop] = asyncio.Semaphore(limit)
+        _LIMITERS[loop], _LIMITS[loop] = asyncio.Semaphore(limit), limit
+        _IGNORED[loop] = set()
+    elif limit != _LIMITS[loop] and limit not in _IGNORED[loop]:
+        _IGNORED[loop].add(limit)
+        logger.warning(
+            "sandbox: max_concurrent_runs=%d has no effect: this process's runs share the limit of its first run (%d)",
+            limit,
+            _LIMITS[loop],
+        )
     return _LIMITERS[loop]
+
 
 
 # ---- running ------------------------------------------------------------------------------------
