@@ -150,3 +150,20 @@ async def test_concurrent_episodes_index_the_corpus_once(tmp_path, monkeypatch):
     assert len(builds) == 1
     assert all(r[0].title == "Mount Everest" for r in results)
     assert search._cached_bm25(str(path)) is search._cached_bm25(str(path))
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        "<think>\nThe capital is Paris.\n</think>\n\nParis<|im_end|>",
+        "<think>\nmaybe <answer>Lyon</answer>\n</think>\n\nParis<|im_end|>",  # an answer only thought about
+        "<think>\nhmm\n</think>\n\n<answer>Paris</answer><|im_end|>",
+    ],
+)
+async def test_qwen_format_scores_the_answer_after_the_thinking(corpus, turn):
+    # The thinking was scored with the answer: a Qwen3 thinking model's correct "Paris" without <answer> tags
+    # scored 0, and an <answer> written while thinking was taken as the final one.
+    env = SearchEnv(corpus_path=str(corpus), format="qwen")
+    env.reset(prompt="q", label="Paris", metadata={})
+    step = await env.step(turn)
+    assert step.done and step.reward == 1.0

@@ -117,7 +117,7 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         `<think>`: no call), an error per malformed block (bad JSON, JSON nested too deeply for the decoder,
         a `\ud800` escape that decodes to half a surrogate pair, missing name, non-object arguments, an
         unclosed `<tool_call>`), both also in the order written
-        (`blocks`), and the `<answer>` content if present.
+        (`blocks`), and the content of the last `<answer>` after the thinking, if present.
     """
     parsed = ParsedTurn()
     # Calls are read after the leading thinking only; scanning the whole text let a `<tool_call>` opened while
@@ -130,7 +130,7 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         after = end
     if tail.find("<tool_call>", after) >= 0:
         parsed.blocks.append("a <tool_call> block is not closed with </tool_call>")
-    parsed.answer = extract_answer(text)
+    parsed.answer = extract_answer(tail)  # an <answer> only thought about is not the answer either
     return parsed
 
 

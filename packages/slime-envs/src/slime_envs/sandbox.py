@@ -248,7 +248,6 @@ def _limiter(limit: int) -> asyncio.Semaphore:
     return _LIMITERS[loop]
 
 
-
 # ---- running ------------------------------------------------------------------------------------
 
 

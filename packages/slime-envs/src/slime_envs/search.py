@@ -31,6 +31,7 @@ import httpx
 
 from slime_core.jsonl import iter_jsonl
 from slime_core.protocols import EnvStep
+from slime_core.tag_blocks import thinking_end
 from slime_envs.base import ToolEnv
 from slime_envs.parsing import ParsedTurn, parse_tag_action
 from slime_envs.rewards import em_with_format, f1_score
@@ -280,10 +281,14 @@ class SearchEnv(ToolEnv):
         return em_with_format(answer, golds, well_formed=answer is not None, format_score=self.format_score)
 
     def score(self, final_turn: str, parsed: ParsedTurn) -> float | None:
-        """EM/F1 of the `<answer>` (or, in `qwen` format without one, of the whole turn)."""
+        """EM/F1 of the `<answer>` (or, in `qwen` format without one, of the turn after its leading thinking).
+
+        The thinking was scored with the answer: "<think>...</think> Paris" did not match "Paris", so every
+        answer of a thinking model (Qwen3) without `<answer>` tags scored 0.
+        """
         answer = parsed.answer
         if answer is None and self.format == "qwen":
-            answer = final_turn.replace("<|im_end|>", "").strip()
+            answer = final_turn[thinking_end(final_turn) :].replace("<|im_end|>", "").strip()
         return self._score_answer(answer)
 
     async def step(self, model_turn: str) -> EnvStep:
