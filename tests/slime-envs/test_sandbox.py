@@ -283,3 +283,26 @@ async def test_a_second_max_concurrent_runs_is_told_it_has_no_effect(caplog, mon
     assert warnings == [
         "sandbox: max_concurrent_runs=3 has no effect: this process's runs share the limit of its first run (2)"
     ]
+
+
+def test_concurrent_first_checks_run_one_probe(monkeypatch):
+    # The envs of a rollout's episodes are built in worker threads at once: each saw no probe yet and ran its own.
+    import threading
+    import time
+
+    calls = []
+
+    def slow_probe():
+        calls.append(1)
+        time.sleep(0.3)  # every thread arrives while the first probe runs
+        return {"isolation": "probe"}
+
+    monkeypatch.setattr(sandbox, "_PROBE", [])  # this test's own process-wide result
+    monkeypatch.setattr(sandbox, "_probe", slow_probe)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(check_sandbox())) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(calls) == 1 and results == [{"isolation": "probe"}] * 6

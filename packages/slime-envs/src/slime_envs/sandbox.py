@@ -56,6 +56,7 @@ import select
 import signal
 import subprocess
 import tempfile
+import threading
 import weakref
 from typing import IO
 
@@ -505,10 +506,14 @@ def _probe() -> dict[str, str]:
 
 
 _PROBE: list[dict[str, str] | SandboxUnavailableError] = []
+_PROBE_LOCK = threading.Lock()  # episodes' envs are built in worker threads at once: one probe, not one each
 
 
 def check_sandbox() -> dict[str, str]:
     """Runs an empty program in the sandbox once per process and reports how limits are enforced.
+
+    Concurrent first calls (the envs of a rollout's episodes, built in worker threads) wait for one probe; each
+    ran its own.
 
     Returns:
         `SandboxResult.enforcement` of that run.
@@ -517,13 +522,14 @@ def check_sandbox() -> dict[str, str]:
         SandboxUnavailableError: the sandbox cannot run here; the message names what is missing
             (bubblewrap, libseccomp, user namespaces).
     """
-    if not _PROBE:
-        # A thread of its own: the caller may be inside a running event loop.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            try:
-                _PROBE.append(pool.submit(_probe).result())
-            except SandboxUnavailableError as e:
-                _PROBE.append(e)
+    with _PROBE_LOCK:
+        if not _PROBE:
+            # A thread of its own: the caller may be inside a running event loop.
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                try:
+                    _PROBE.append(pool.submit(_probe).result())
+                except SandboxUnavailableError as e:
+                    _PROBE.append(e)
     if isinstance(_PROBE[0], SandboxUnavailableError):
         raise _PROBE[0]
     return _PROBE[0]
