@@ -86,6 +86,9 @@ def test_json_blocks_decode_a_bounded_number_of_characters():
         list(json_tag_blocks("x", "<t>", ""))
 
 
+_PRINTS_THINK = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
+
+
 @pytest.mark.parametrize(
     ("text", "end"),
     [
@@ -96,6 +99,11 @@ def test_json_blocks_decode_a_bounded_number_of_characters():
         ("See <think> tags</think>", 0),  # a later <think> is text, and so its </think>
         ("no thinking", 0),
         ("", 0),
+        # A "</think>" inside a well-formed call is text (code that prints it), not the end of prompt-opened thinking.
+        (_PRINTS_THINK, 0),
+        (f"maybe {_PRINTS_THINK} no</think>ok", len(f"maybe {_PRINTS_THINK} no</think>")),
+        ("Plan <tool_call> maybe</think>x", len("Plan <tool_call> maybe</think>")),  # not a call: the end
+        (_PRINTS_THINK * 20 + "</think>", 0),  # past 16 calls stepped over: no thinking (bounded cost)
     ],
 )
 def test_thinking_end(text, end):

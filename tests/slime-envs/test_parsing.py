@@ -164,3 +164,10 @@ def test_a_call_in_a_markdown_code_fence_is_a_call():
     # agent adapter does (tests/slime-rollout/test_agent_output_parsing.py).
     for fence in ("```\n{}\n```", "```json\n{}\n```", "Call:\n```xml\n{}\n```\nthen wait."):
         assert parse_tool_calls(fence.format(_G)).tool_calls == [ToolCall(name="g", arguments={"x": 1})]
+
+
+def test_a_call_whose_code_prints_the_thinking_end_tag_is_a_call():
+    # A "</think>" with no "<think>" before it was read as the end of prompt-opened thinking, even inside a call's
+    # JSON: the call before it was hidden (and the agent adapter hid it too).
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
+    assert parse_tool_calls(call).tool_calls == [ToolCall(name="python", arguments={"code": "print('</think>')"})]

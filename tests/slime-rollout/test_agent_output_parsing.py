@@ -97,3 +97,12 @@ def test_a_call_in_a_markdown_code_fence_is_a_call(parse_reasoning):
     )
     assert parsed.tool_calls == [{"name": "g", "arguments": {"x": 1}}]
     assert parsed.content.endswith("Call:\n```json\n\n```")
+
+
+def test_a_call_whose_code_prints_the_thinking_end_tag_is_a_call():
+    # A "</think>" with no "<think>" before it was read as the end of prompt-opened thinking, even inside a call's
+    # JSON: the call was hidden in the content.
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
+    parsed = parse_output(call, parse_tools=True, parse_reasoning=False)
+    assert parsed.tool_calls == [{"name": "python", "arguments": {"code": "print('</think>')"}}]
+    assert parsed.content == ""

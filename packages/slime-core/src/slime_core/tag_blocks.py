@@ -112,9 +112,10 @@ def thinking_end(text: str) -> int:
     a `<tool_call>` the model wrote while thinking is reasoning, not a call (Qwen3's template renders calls from
     `tool_calls`, after the content, never inside `reasoning_content`). The thinking is
 
-    * up to the first `</think>` when the turn opens with `<think>` (leading whitespace aside), or when no `<think>`
-      precedes that `</think>` (Qwen3-thinking templates open `<think>` in the prompt, so the turn holds only its
-      end);
+    * up to the first `</think>` when the turn opens with `<think>` (leading whitespace aside), as SGLang's reasoning
+      parser splits it; else up to the first `</think>` that no `<think>` precedes and that is not text inside a
+      well-formed `<tool_call>` JSON block (Qwen3-thinking templates open `<think>` in the prompt, so the turn holds
+      only its end; a call whose code prints "</think>" is a call);
     * the whole turn when it opens with `<think>` and never closes it (cut by the token cap or a stop string);
     * nothing otherwise (a `<think>` later in an answer is text).
 
@@ -125,7 +126,25 @@ def thinking_end(text: str) -> int:
         An index into `text`: `text[:i]` is the thinking with its tags, `text[i:]` the answer.
     """
     close = text.find("</think>")
-    opens_at_start = text.lstrip().startswith("<think>")
-    if close >= 0 and (opens_at_start or "<think>" not in text[:close]):
-        return close + len("</think>")
-    return len(text) if opens_at_start else 0
+    if text.lstrip().startswith("<think>"):
+        return close + len("</think>") if close >= 0 else len(text)
+    # A `</think>` that no `<think>` precedes, unless it is text inside a well-formed call (code that prints
+    # "</think>"): read as the thinking's end, it hid the call. At most 16 such calls are stepped over.
+    for _ in range(16):
+        if close < 0 or "<think>" in text[:close]:
+            return 0
+        call_end = _call_around(text, close)
+        if call_end is None:
+            return close + len("</think>")
+        close = text.find("</think>", call_end)
+    return 0
+
+
+def _call_around(text: str, at: int) -> int | None:
+    """The end of the well-formed `<tool_call>` JSON block that holds position `at` of `text`, or None."""
+    for start, end, body in json_tag_blocks(text, "<tool_call>", "</tool_call>"):
+        if start > at:
+            return None
+        if at < end and _is_json_object(body):
+            return end
+    return None
