@@ -46,3 +46,14 @@ def test_a_sample_checkpoint_names_the_sample_and_the_field():
     sample = Sample(index=4, metadata={"answer": _BIG})
     with pytest.raises(ValueError, match=r"sample 4's metadata\['answer'\] holds an int of 5,001 digits"):
         dumps_with_samples({"samples": [sample.to_dict()]}, [sample], what="--save: buffer")
+
+
+def test_the_remote_reward_names_the_sample_before_posting():
+    # json.dumps meets the same limit: the post failed inside the reward call with Python's bare message.
+    args = SimpleNamespace(
+        custom_rm_path=None, rm_type="remote_rm", rm_url="http://127.0.0.1:9/rm", rm_timeout_secs=5.0,
+        slow_call_warning_secs=5.0, use_opd=False,
+    )  # fmt: skip
+    sample = Sample(index=9, response="5", label=_BIG)
+    with pytest.raises(ValueError, match=r"--rm-type remote_rm on sample 9: the label is an int of 5,001 digits"):
+        asyncio.run(async_rm(args, sample))

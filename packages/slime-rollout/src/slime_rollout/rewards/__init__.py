@@ -210,11 +210,13 @@ async def _remote_rm(args: SlimeArgs, sample: Sample, rm_type: str, spec: Reward
     """Posts the sample to `--rm-url` (a record with neither factory nor grader) and returns its checked reply.
 
     Raises:
-        ValueError: the record does not say it needs `--rm-url` either (it names nothing to score with).
+        ValueError: the record does not say it needs `--rm-url` either (it names nothing to score with), or the
+            label is an int past Python's int-to-text limit (`_check_label`).
         RewardFunctionError: the service failed, returned a non-reward or ran past `--rm-timeout-secs`.
     """
     if not spec.needs_url:
         raise ValueError(f"--rm-type {rm_type}: its record names no factory and no grader, and needs no --rm-url")
+    _check_label(sample.label, f"--rm-type {rm_type} on sample {sample.index}")  # JSON is written through str() too
     response, _ = _unbox(spec, rm_type, sample.response)
     payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
     source = f"--rm-type {rm_type} ({args.rm_url})"
