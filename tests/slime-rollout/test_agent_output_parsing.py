@@ -106,3 +106,14 @@ def test_a_call_whose_code_prints_the_thinking_end_tag_is_a_call():
     parsed = parse_output(call, parse_tools=True, parse_reasoning=False)
     assert parsed.tool_calls == [{"name": "python", "arguments": {"code": "print('</think>')"}}]
     assert parsed.content == ""
+
+
+def test_with_a_reasoning_parser_a_thinking_end_tag_inside_a_call_does_not_split_it():
+    # The reasoning parser split at the first "</think>", here inside the call's JSON: half the call became
+    # reasoning and the call was lost (SGLang's qwen3 parser reads a turn without "<think>" as content).
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
+    parsed = parse_output(call, parse_tools=True, parse_reasoning=True)
+    assert parsed.tool_calls == [{"name": "python", "arguments": {"code": "print('</think>')"}}]
+    assert parsed.reasoning == "" and parsed.content == ""
+    parsed = parse_output(f"<think>\nr\n</think>\n\n{call}", parse_tools=True, parse_reasoning=True)
+    assert parsed.reasoning == "r" and len(parsed.tool_calls) == 1

@@ -88,8 +88,9 @@ def parse_output(
     Args:
         text: the turn decoded from the engine's ids, end-of-turn marker and stop string already removed.
         parse_tools: read `<tool_call>` blocks (the request offered tools and `tool_choice` is not "none").
-        parse_reasoning: split off a leading `<think>...</think>` (an unclosed leading `<think>`: all reasoning).
-            Either way, a `<tool_call>` inside the thinking is not a call.
+        parse_reasoning: split off the leading thinking (`slime_core.tag_blocks.thinking_end`: `<think>...</think>`,
+            a `</think>` the prompt's `<think>` opened, an unclosed leading `<think>`: all reasoning). Either way, a
+            `<tool_call>` inside the thinking is not a call.
         stop: the stop string cut from the end of `text` ("" if none); one that starts with `</tool_call>`
             closes a `<tool_call>` block left open at the end of `text` (the original's adapter parsed the
             text with the stop string in it; trimming it first lost the call).
@@ -101,12 +102,15 @@ def parse_output(
         The parsed turn.
     """
     reasoning = ""
-    if parse_reasoning and "</think>" in text:
-        reasoning, text = text.split("</think>", 1)
-        reasoning = reasoning.removeprefix("<think>").strip("\n")
-    elif parse_reasoning and text.lstrip().startswith("<think>"):
-        # Cut inside its thinking (max_tokens, a stop string): no answer yet, and no call.
-        return ParsedOutput(content="", reasoning=text.lstrip().removeprefix("<think>").strip("\n"))
+    end = thinking_end(text) if parse_reasoning else 0
+    if end:
+        # The thinking as both parsers read it: a "</think>" inside a well-formed call is text (it split the call).
+        head, text = text[:end], text[end:]
+        reasoning = head.lstrip().removeprefix("<think>")
+        if not head.endswith("</think>"):
+            # Cut inside its thinking (max_tokens, a stop string): no answer yet, and no call.
+            return ParsedOutput(content="", reasoning=reasoning.strip("\n"))
+        reasoning = reasoning.removesuffix("</think>").strip("\n")
     calls: list[dict[str, Any]] = []
     ill_formed = 0
     if parse_tools:
