@@ -138,3 +138,20 @@ async def test_a_tool_that_hangs_is_cancelled_at_its_deadline_and_logged(caplog)
     assert not step.done and "HangingEnv tool hang did not answer within tool_timeout_s=0.2 s" in caplog.text
     with pytest.raises(ValueError, match="tool_timeout_s must be > 0 or None"):
         HangingEnv(tool_timeout_s=0)
+
+
+async def test_an_episode_changing_its_stop_strings_or_tools_changes_no_other_episode():
+    # The class-level lists were shared by every env of the process: an env that appended a stop string in its
+    # __init__ added it to every episode's generation (every ToolEnv subclass's too).
+    from slime_envs.calculator import CalculatorEnv
+
+    class TaggedEnv(EchoEnv):
+        def __init__(self):
+            super().__init__()
+            self.stop.append("</x>")
+            self.tool_specs.append({"type": "function", "function": {"name": "x"}})
+
+    envs = [TaggedEnv() for _ in range(3)]
+    assert [e.stop for e in envs] == [["</x>"]] * 3 and len(envs[0].tool_specs) == 1
+    assert ToolEnv.stop == [] and ToolEnv.tool_specs == [] and CalculatorEnv().stop == []
+    assert [t["function"]["name"] for t in CalculatorEnv().tool_specs] == ["calculator"]

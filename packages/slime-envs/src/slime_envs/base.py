@@ -10,6 +10,7 @@ failures all become `Error: ...` tool responses.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -87,6 +88,10 @@ class ToolEnv:
         if tool_timeout_s is not None and not tool_timeout_s > 0:
             raise ValueError(f"tool_timeout_s must be > 0 or None (no deadline), got {tool_timeout_s}")
         self.tool_timeout_s = tool_timeout_s
+        # Per episode: the class's lists are shared by every env of the process, so a subclass that appended to
+        # `self.stop` in its __init__ grew the stop strings of every episode (every ToolEnv's, other envs too).
+        self.stop = list(type(self).stop)
+        self.tool_specs = copy.deepcopy(type(self).tool_specs)
         self.max_tool_calls = max_tool_calls
         self.max_calls_per_turn = max_calls_per_turn
         self.max_response_chars = max_response_chars
