@@ -3,7 +3,7 @@
 import pytest
 from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
-from slime_core.error_text import first_rank_error, first_sentence, preview, shorten
+from slime_core.error_text import first_rank_error, first_sentence, int_digits, preview, shorten
 
 
 def test_shorten_keeps_short_text_and_cuts_long_text_to_the_limit():
@@ -54,3 +54,22 @@ def test_first_sentence_is_the_type_and_the_first_sentence_cut_to_the_limit():
     assert first_sentence(RuntimeError("")) == "RuntimeError"
     assert first_sentence(ValueError("x" * 300), 10) == "ValueError: xxxxxxx..."
     assert first_sentence(ValueError("x" * 300)) == "ValueError: " + "x" * 197 + "..."
+
+
+def test_preview_describes_an_int_past_pythons_int_to_text_limit():
+    # repr() of an int of more than 4,300 digits raises ValueError: the error being built (a plugin's label in a
+    # grader's message) was replaced by Python's "Exceeds the limit (4300 digits)" naming nothing.
+    assert preview(10**5000) == "<an int of 5,001 digits>"
+    assert preview(-(10**5000)) == "<an int of 5,001 digits>"
+    assert preview([1, 10**5000]) == "<a list holding an int past Python's int-to-text limit>"
+    assert preview(10**20) == "100000000000000000000"
+
+
+def test_int_digits_counts_without_converting_to_text():
+    import random
+
+    rng = random.Random(0)
+    values = [0, 1, 9, 10, 99, 100, 10**50 - 1, 10**50, 2**100, -7]
+    values += [rng.randrange(10 ** rng.randrange(1, 300)) for _ in range(500)]
+    assert [int_digits(v) for v in values] == [len(str(abs(v))) for v in values]
+    assert int_digits(10**5000) == 5001 and int_digits(10**5000 - 1) == 5000

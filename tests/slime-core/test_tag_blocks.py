@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from slime_core.tag_blocks import json_tag_blocks, tag_blocks
+from slime_core.tag_blocks import json_tag_blocks, tag_blocks, thinking_end
 
 
 def _regex_blocks(text, open_tag, close_tag):
@@ -33,6 +33,14 @@ def test_same_blocks_as_the_regex_on_random_text():
 def test_empty_tags_are_refused():
     with pytest.raises(ValueError, match="tags must not be empty"):
         list(tag_blocks("x", "", "</t>"))
+
+
+@pytest.mark.parametrize("scan", [tag_blocks, json_tag_blocks])
+def test_empty_tags_are_refused_at_the_call_even_for_empty_text(scan):
+    # A generator checked its tags at the first next(): a caller that never iterated (or an empty text that a
+    # caller skipped) hid the bad tag.
+    with pytest.raises(ValueError, match=f"{scan.__name__}: tags must not be empty"):
+        scan("", "<t>", "")
 
 
 @pytest.mark.timeout(60)
@@ -76,3 +84,27 @@ def test_json_blocks_decode_a_bounded_number_of_characters():
     assert len(blocks) == 50_000 and {b[2] for b in blocks} == {'{"a": "x'}
     with pytest.raises(ValueError, match="tags must not be empty"):
         list(json_tag_blocks("x", "<t>", ""))
+
+
+_PRINTS_THINK = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("text", "end"),
+    [
+        ("<think>a</think>b", len("<think>a</think>")),
+        ("  <think>a</think>b</think>", len("  <think>a</think>")),
+        ("a</think>b", len("a</think>")),  # opened in the prompt (Qwen3-thinking templates)
+        ("<think>a <tool_call>", len("<think>a <tool_call>")),  # never closed: all thinking
+        ("See <think> tags</think>", 0),  # a later <think> is text, and so its </think>
+        ("no thinking", 0),
+        ("", 0),
+        # A "</think>" inside a well-formed call is text (code that prints it), not the end of prompt-opened thinking.
+        (_PRINTS_THINK, 0),
+        (f"maybe {_PRINTS_THINK} no</think>ok", len(f"maybe {_PRINTS_THINK} no</think>")),
+        ("Plan <tool_call> maybe</think>x", len("Plan <tool_call> maybe</think>")),  # not a call: the end
+        (_PRINTS_THINK * 20 + "</think>", 0),  # past 16 calls stepped over: no thinking (bounded cost)
+    ],
+)
+def test_thinking_end(text, end):
+    assert thinking_end(text) == end

@@ -124,3 +124,50 @@ def test_a_closing_tag_inside_a_json_string_is_part_of_the_call():
     assert parse_tool_calls(f"<tool_call>{inner}</tool_call>").blocks == [
         ToolCall(name="write", arguments={"text": "<tool_call>"})
     ]
+
+
+_F = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+_G = '<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    "thinking",
+    [
+        f"<think>maybe {_F} no</think>",
+        f"maybe {_F} no</think>",  # Qwen3-thinking templates open <think> in the prompt: the turn holds only its end
+        f"\n<think>maybe {_F} and then",  # cut while thinking: all of it is reasoning
+    ],
+)
+def test_a_call_written_while_thinking_is_not_a_call(thinking):
+    # The env ran it (the agent adapter did not): one rule for both parsers, Qwen3's reading of a turn.
+    parsed = parse_tool_calls(thinking)
+    assert parsed.blocks == [] and parsed.answer is None
+    if "</think>" in thinking:  # a call after the thinking is one
+        assert parse_tool_calls(thinking + "\n" + _G).blocks == [ToolCall(name="g", arguments={"x": 1})]
+
+
+def test_a_call_opened_while_thinking_does_not_swallow_the_call_after_it():
+    # The scan over the whole turn ran the thinking's unclosed <tool_call> up to the real call's </tool_call>: one
+    # block, its JSON invalid, so the real call was answered with a parse error.
+    parsed = parse_tool_calls("<think>maybe <tool_call> hmm, no</think>\n" + _G)
+    assert parsed.blocks == [ToolCall(name="g", arguments={"x": 1})]
+    # An unclosed opening in the thinking is reasoning, not an unclosed block.
+    assert parse_tool_calls("<think>a <tool_call> b</think>The answer is 4.").blocks == []
+
+
+def test_a_think_tag_later_in_the_answer_does_not_hide_calls():
+    assert parse_tool_calls("See the <think> tags.\n" + _F).tool_calls == [ToolCall(name="f", arguments={})]
+
+
+def test_a_call_in_a_markdown_code_fence_is_a_call():
+    # As SGLang's qwen25/hermes parser, vLLM's hermes parser and the original's retool regex read it, and as the
+    # agent adapter does (tests/slime-rollout/test_agent_output_parsing.py).
+    for fence in ("```\n{}\n```", "```json\n{}\n```", "Call:\n```xml\n{}\n```\nthen wait."):
+        assert parse_tool_calls(fence.format(_G)).tool_calls == [ToolCall(name="g", arguments={"x": 1})]
+
+
+def test_a_call_whose_code_prints_the_thinking_end_tag_is_a_call():
+    # A "</think>" with no "<think>" before it was read as the end of prompt-opened thinking, even inside a call's
+    # JSON: the call before it was hidden (and the agent adapter hid it too).
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
+    assert parse_tool_calls(call).tool_calls == [ToolCall(name="python", arguments={"code": "print('</think>')"})]

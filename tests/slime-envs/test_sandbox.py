@@ -269,3 +269,40 @@ async def test_output_limited_means_output_was_cut_not_that_it_reached_the_limit
     assert over.output_limited and over.stdout == "x" * 4096  # the byte of headroom landed, and is cut here
     crossing = await run_python("import os\nos.write(1, b'z' * 5000)\nos.write(1, b'z')", config)
     assert crossing.output_limited and crossing.stdout == "z" * 4096 and "File too large" in crossing.stderr
+
+
+async def test_a_second_max_concurrent_runs_is_told_it_has_no_effect(caplog, monkeypatch):
+    # The process's runs share the first run's limit; another value was ignored without a word.
+    import weakref
+
+    for name in ("_LIMITERS", "_LIMITS", "_IGNORED"):  # this test's own, whatever ran before on this loop
+        monkeypatch.setattr(sandbox, name, weakref.WeakKeyDictionary())
+    first = sandbox._limiter(2)
+    assert sandbox._limiter(3) is first and sandbox._limiter(3) is first and sandbox._limiter(2) is first
+    warnings = [r.getMessage() for r in caplog.records if "max_concurrent_runs" in r.getMessage()]
+    assert warnings == [
+        "sandbox: max_concurrent_runs=3 has no effect: this process's runs share the limit of its first run (2)"
+    ]
+
+
+def test_concurrent_first_checks_run_one_probe(monkeypatch):
+    # The envs of a rollout's episodes are built in worker threads at once: each saw no probe yet and ran its own.
+    import threading
+    import time
+
+    calls = []
+
+    def slow_probe():
+        calls.append(1)
+        time.sleep(0.3)  # every thread arrives while the first probe runs
+        return {"isolation": "probe"}
+
+    monkeypatch.setattr(sandbox, "_PROBE", [])  # this test's own process-wide result
+    monkeypatch.setattr(sandbox, "_probe", slow_probe)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(check_sandbox())) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(calls) == 1 and results == [{"isolation": "probe"}] * 6

@@ -124,3 +124,46 @@ async def test_remote_retriever():
         assert "Error: retrieval failed (HTTPStatusError)" in step.observation and not step.done
     finally:
         server.shutdown()
+
+
+async def test_concurrent_episodes_index_the_corpus_once(tmp_path, monkeypatch):
+    # functools.lru_cache let every concurrent miss build: the first searches of 8 episodes indexed the corpus 8
+    # times (one copy per to_thread worker; a Wikipedia corpus is tens of GB each).
+    import asyncio
+    import time
+
+    from slime_envs import search
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    builds = []
+    real_init = BM25Retriever.__init__
+
+    def slow_init(self, corpus_path):
+        builds.append(corpus_path)
+        time.sleep(0.3)  # long enough that every episode's search arrives during the build
+        real_init(self, corpus_path)
+
+    monkeypatch.setattr(BM25Retriever, "__init__", slow_init)
+    envs = [SearchEnv(corpus_path=str(path)) for _ in range(8)]
+    results = await asyncio.gather(*(env.retrieve("highest mountain") for env in envs))
+    assert len(builds) == 1
+    assert all(r[0].title == "Mount Everest" for r in results)
+    assert search._cached_bm25(str(path)) is search._cached_bm25(str(path))
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        "<think>\nThe capital is Paris.\n</think>\n\nParis<|im_end|>",
+        "<think>\nmaybe <answer>Lyon</answer>\n</think>\n\nParis<|im_end|>",  # an answer only thought about
+        "<think>\nhmm\n</think>\n\n<answer>Paris</answer><|im_end|>",
+    ],
+)
+async def test_qwen_format_scores_the_answer_after_the_thinking(corpus, turn):
+    # The thinking was scored with the answer: a Qwen3 thinking model's correct "Paris" without <answer> tags
+    # scored 0, and an <answer> written while thinking was taken as the final one.
+    env = SearchEnv(corpus_path=str(corpus), format="qwen")
+    env.reset(prompt="q", label="Paris", metadata={})
+    step = await env.step(turn)
+    assert step.done and step.reward == 1.0

@@ -80,10 +80,24 @@ async def test_a_string_stop_in_the_sampling_defaults_is_one_stop_string(tok, ad
     adapter = await adapter_for(engine)
     adapter.open_session("s", sampling_defaults={"max_new_tokens": 8, "stop": "</answer>"})
     agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
+    reply = await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+    await agent.close()
+    assert engine.payloads[0]["sampling_params"]["stop"] == ["</answer>"]
+    assert reply.choices[0].message.content == "yes"
+
+
+async def test_a_calls_stop_replaces_the_sessions_stop_strings(tok, adapter_for):
+    # The call's list was added to the session's: the engine also stopped at "</answer>", which the agent never
+    # asked for, and the reply was cut there. OpenAI's API and the original's adapter (`sp["stop"] = body["stop"]`)
+    # use the call's list; a call without one keeps the session's (test above).
+    engine = SlowEngine(tok, "yes</answer> more END")
+    adapter = await adapter_for(engine)
+    adapter.open_session("s", sampling_defaults={"max_new_tokens": 8, "stop": "</answer>"})
+    agent = openai.AsyncOpenAI(base_url=adapter.base_url, api_key="s", max_retries=0, timeout=30)
     reply = await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], stop="END")
     await agent.close()
-    assert engine.payloads[0]["sampling_params"]["stop"] == ["</answer>", "END"]
-    assert reply.choices[0].message.content == "yes"
+    assert engine.payloads[0]["sampling_params"]["stop"] == ["END"]
+    assert reply.choices[0].message.content == "yes</answer> more"
 
 
 def test_a_stop_default_of_another_type_is_refused_when_the_session_opens(tok):

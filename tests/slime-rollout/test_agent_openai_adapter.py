@@ -460,7 +460,7 @@ async def test_sampling_params_stop_and_logprobs(tok, scripted):
         logprobs=True,
     )  # fmt: skip
     assert engine.payloads[0]["sampling_params"] == {
-        "temperature": 0.2, "top_p": 0.9, "max_new_tokens": 50, "stop": ["</answer>", "STOP"], "sampling_seed": 5,
+        "temperature": 0.2, "top_p": 0.9, "max_new_tokens": 50, "stop": ["STOP"], "sampling_seed": 5,
         "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False,
     }  # fmt: skip
     assert reply.choices[0].message.content == "yes"  # the stop sequence and what follows it are left out

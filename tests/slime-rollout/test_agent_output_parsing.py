@@ -75,3 +75,45 @@ def test_the_stop_closed_tail_costs_no_second_pass(monkeypatch):
         f"a {call[: -len('</tool_call>')]}", parse_tools=True, parse_reasoning=False, stop="</tool_call>"
     )
     assert len(num_passes) == 3 and out.tool_calls == [{"name": "f", "arguments": {"x": 1}}] and out.content == "a"
+
+
+def test_a_call_opened_while_thinking_does_not_swallow_the_call_after_it():
+    # Without a reasoning parser the whole turn was scanned: the thinking's unclosed <tool_call> ran up to the real
+    # call's </tool_call>, one block starting in the thinking, skipped: the real call was lost.
+    text = 'Plan <tool_call> maybe</think>\n<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>'
+    for opened in ("<think>", ""):
+        parsed = parse_output(opened + text, parse_tools=True, parse_reasoning=False)
+        assert parsed.tool_calls == [{"name": "g", "arguments": {"x": 1}}] and parsed.num_ill_formed == 0
+        assert parsed.content == f"{opened}Plan <tool_call> maybe</think>"
+
+
+@pytest.mark.parametrize("parse_reasoning", [False, True])
+def test_a_call_in_a_markdown_code_fence_is_a_call(parse_reasoning):
+    # As SGLang's qwen25/hermes parser, vLLM's hermes parser and the original's retool regex read it, and as
+    # slime_envs.parsing does (tests/slime-envs/test_parsing.py).
+    call = '<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>'
+    parsed = parse_output(
+        f"<think>r</think>Call:\n```json\n{call}\n```", parse_tools=True, parse_reasoning=parse_reasoning
+    )
+    assert parsed.tool_calls == [{"name": "g", "arguments": {"x": 1}}]
+    assert parsed.content.endswith("Call:\n```json\n\n```")
+
+
+def test_a_call_whose_code_prints_the_thinking_end_tag_is_a_call():
+    # A "</think>" with no "<think>" before it was read as the end of prompt-opened thinking, even inside a call's
+    # JSON: the call was hidden in the content.
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
+    parsed = parse_output(call, parse_tools=True, parse_reasoning=False)
+    assert parsed.tool_calls == [{"name": "python", "arguments": {"code": "print('</think>')"}}]
+    assert parsed.content == ""
+
+
+def test_with_a_reasoning_parser_a_thinking_end_tag_inside_a_call_does_not_split_it():
+    # The reasoning parser split at the first "</think>", here inside the call's JSON: half the call became
+    # reasoning and the call was lost (SGLang's qwen3 parser reads a turn without "<think>" as content).
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
+    parsed = parse_output(call, parse_tools=True, parse_reasoning=True)
+    assert parsed.tool_calls == [{"name": "python", "arguments": {"code": "print('</think>')"}}]
+    assert parsed.reasoning == "" and parsed.content == ""
+    parsed = parse_output(f"<think>\nr\n</think>\n\n{call}", parse_tools=True, parse_reasoning=True)
+    assert parsed.reasoning == "r" and len(parsed.tool_calls) == 1

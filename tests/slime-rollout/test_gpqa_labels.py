@@ -107,3 +107,53 @@ def test_a_text_label_matches_its_choice_without_the_space() -> None:
     assert _gpqa("Final answer: 4 J", "14J") == 0.0
     # Digits stay apart: "2 3" is not "23".
     assert _gpqa("Final answer: 2 3", "23") == 0.0
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "I would not choose option b.",
+        "I won't pick option B.",
+        "It is not option b.",
+        "I don't think the answer is B.",
+        "I do not believe it's (B).",
+        "I reject option B.",
+        "After checking, rule out B.",
+    ],
+)
+def test_a_negated_choice_is_no_answer(response: str) -> None:
+    # Each scored as choosing B (label B: 1.0), as the original reads them: a choice made against is no pick.
+    assert extract_choice_letter(response, "ABCD") is None
+    assert _gpqa(response, "B") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "picked"),
+    [
+        ("I would choose option b, not option c.", "B"),  # it picked C, the option chosen against
+        ("I would not choose option b. I choose option c.", "C"),
+        ("I don't think the answer is B; the answer is C.", "C"),
+        # Near misses: the negation is about something else.
+        ("I am not sure, but the answer is B.", "B"),
+        ("Not sure. Answer: B", "B"),
+        ("I cannot rule out A, so the answer is B.", "B"),
+        ("Whether or not A holds, the answer is B.", "B"),
+        ("I choose option b.", "B"),
+    ],
+)
+def test_a_choice_next_to_a_negated_one_is_the_pick(response: str, picked: str) -> None:
+    assert extract_choice_letter(response, "ABCD") == picked
+
+
+@pytest.mark.parametrize(
+    ("response", "picked"),
+    [
+        ("The answer is not 4 J.", None),  # it picked B, the text said to be not the answer
+        ("I would not choose 4 J.", None),
+        ("4 J is wrong.", None),
+        ("It is not 4 J, it is 9 J.", "C"),
+        ("Final answer: 4 J", "B"),
+    ],
+)
+def test_an_option_text_chosen_against_is_no_pick(response: str, picked: str | None) -> None:
+    assert extract_choice_letter(response, "ABCD", _JOULES["choices"]) == picked

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["first_rank_error", "first_sentence", "preview", "shorten"]
+__all__ = ["first_rank_error", "first_sentence", "int_digits", "preview", "shorten"]
 
 
 def shorten(text: str, limit: int = 80) -> str:
@@ -27,10 +27,32 @@ def shorten(text: str, limit: int = 80) -> str:
 def preview(value: Any, limit: int = 80) -> str:
     """`repr(value)` cut to `limit` characters (`shorten`): what an error shows of a value it refuses.
 
+    A value whose `repr` raises `ValueError` (an int of more than 4,300 digits, Python's int-to-text limit, alone or
+    inside a container: a plugin's label) is described instead, so that the error being built is not replaced by
+    Python's "Exceeds the limit (4300 digits)" naming nothing.
+
     Example:
-        `preview("x" * 100, 10) == "'xxxxx..."`.
+        `preview("x" * 100, 10) == "'xxxxx..."`; `preview(10**5000) == "<an int of 5,001 digits>"`.
     """
-    return shorten(repr(value), limit)
+    try:
+        text = repr(value)
+    except ValueError:
+        if isinstance(value, int):
+            text = f"<an int of {int_digits(value):,} digits>"
+        else:
+            text = f"<a {type(value).__name__} holding an int past Python's int-to-text limit>"
+    return shorten(text, limit)
+
+
+def int_digits(value: int) -> int:
+    """The number of decimal digits of `value` (sign aside), without converting it to text (no int-string limit).
+
+    Example:
+        `int_digits(-10**5000) == 5001`, `int_digits(0) == 1`.
+    """
+    magnitude = abs(int(value))
+    digits = max(1, int(magnitude.bit_length() * 0.30102999566398120))  # log10(2): a lower bound, off by at most 1
+    return digits + 1 if magnitude >= 10**digits else digits
 
 
 def first_sentence(error: BaseException, limit: int = 200) -> str:

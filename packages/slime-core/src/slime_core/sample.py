@@ -27,6 +27,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import preview
 from slime_core.sample_fields import ORIGINAL_ONLY_FIELDS, check_field_types
 
 if TYPE_CHECKING:
@@ -230,7 +231,9 @@ class Sample:
         # A number (bool and numpy scalars included) or a 0-d tensor/array; a str is not one (the original's
         # torch.tensor(rewards) refuses it too).
         if not (isinstance(value, numbers.Real) or getattr(value, "ndim", None) == 0):
-            raise ValueError(f"sample {self.index}: its {what} is {type(value).__name__} {value!r:.60}, not a number")
+            raise ValueError(
+                f"sample {self.index}: its {what} is {type(value).__name__} {preview(value, 60)}, not a number"
+            )
         return float(value)
 
     def unsupported_fields(self) -> list[str]:

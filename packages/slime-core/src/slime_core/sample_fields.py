@@ -14,6 +14,8 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slime_core.error_text import preview
+
 __all__ = ["ORIGINAL_ONLY_FIELDS", "check_field_types"]
 
 
@@ -142,4 +144,4 @@ def check_field_types(data: Mapping[str, Any], *, where: str = "Sample.from_dict
         value = data[field]
         wrong = check(value)
         if wrong is not None:
-            raise TypeError(f"{where}: field {field!r} must be {expected}, got {wrong} ({value!r:.40})")
+            raise TypeError(f"{where}: field {field!r} must be {expected}, got {wrong} ({preview(value, 40)})")

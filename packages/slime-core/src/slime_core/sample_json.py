@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import int_digits
+
 if TYPE_CHECKING:
     from slime_core.sample import Sample
 
@@ -32,10 +34,12 @@ def dumps_with_samples(payload: Any, samples: Iterable[Sample], *, what: str) ->
     Raises:
         TypeError: a value JSON cannot store; names the sample (its `index`), the key (a plugin attribute, a
             `metadata` key or a field) and the value's type.
+        ValueError: the same for an int of more than 4,300 digits (Python's int-to-text limit, which json.dumps
+            meets): it raised Python's bare "Exceeds the limit" naming nothing, failing a `--save` after a rollout.
     """
     try:
         return json.dumps(payload)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # ValueError: an int of more than 4,300 digits (Python's int-to-text limit)
         for sample in samples:
             record = sample.to_dict()
             attributes = sample.plugin_attributes()
@@ -50,11 +54,18 @@ def dumps_with_samples(payload: Any, samples: Iterable[Sample], *, what: str) ->
                     continue
                 else:
                     where = f"plugin attribute {key!r}" if key in attributes else f"field {key!r}"
-                raise TypeError(
-                    f"{what}: sample {sample.index}'s {where} holds a value of type {type(value).__name__}, which JSON "
-                    "cannot store; plugin attributes (Sample.plugin_attributes) and metadata must be JSON values"
+                raise type(e)(
+                    f"{what}: sample {sample.index}'s {where} holds {_described(value)}, which JSON cannot store; "
+                    "plugin attributes (Sample.plugin_attributes) and metadata must be JSON values"
                 ) from None
-        raise TypeError(f"{what}: a value JSON cannot store ({e})") from None
+        raise type(e)(f"{what}: a value JSON cannot store ({e})") from None
+
+
+def _described(value: Any) -> str:
+    """What a value JSON refused is: its type, or an int's length past Python's int-to-text limit."""
+    if isinstance(value, int) and not isinstance(value, bool) and not _is_json(value):
+        return f"an int of {int_digits(value):,} digits (past Python's int-to-text limit: store it as a string)"
+    return f"a value of type {type(value).__name__}"
 
 
 def _is_json(value: Any) -> bool:

@@ -5,6 +5,9 @@ closing tag after it, scanning to the end of the text each time: quadratic in th
 A model that repeats `<tool_call>` (one token in Qwen's vocabulary) 8,000 times made one parse take 6 s on the
 rollout's event loop, stalling every episode in flight. `tag_blocks` finds the same blocks with `str.find`:
 once an opening has no closing tag after it, no later opening has one either, so the scan stops there.
+
+`thinking_end` is where a turn's leading `<think>` reasoning ends: both tool-call parsers (`slime_envs.parsing`
+and the agent adapter's `slime_rollout.agent.output_parsing`) read calls after it only, one rule for both.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-__all__ = ["json_tag_blocks", "tag_blocks"]
+__all__ = ["json_tag_blocks", "tag_blocks", "thinking_end"]
 
 
 def tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, int, str]]:
@@ -33,20 +36,7 @@ def tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, 
     Raises:
         ValueError: an empty tag.
     """
-    if not open_tag or not close_tag:
-        raise ValueError(f"tag_blocks: tags must not be empty, got {open_tag!r} and {close_tag!r}")
-    pos = 0
-    while True:
-        start = text.find(open_tag, pos)
-        if start < 0:
-            return
-        body_start = start + len(open_tag)
-        close = text.find(close_tag, body_start)
-        if close < 0:
-            return  # no closing tag after this opening, hence none after any later one
-        end = close + len(close_tag)
-        yield start, end, text[body_start:close]
-        pos = end
+    return _scan(text, open_tag, close_tag, "tag_blocks", json_budget=0)
 
 
 def json_tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[int, int, str]]:
@@ -69,9 +59,21 @@ def json_tag_blocks(text: str, open_tag: str, close_tag: str) -> Iterator[tuple[
     Raises:
         ValueError: an empty tag.
     """
+    return _scan(text, open_tag, close_tag, "json_tag_blocks", json_budget=2 * len(text) + 4096)
+
+
+def _scan(text: str, open_tag: str, close_tag: str, name: str, json_budget: int) -> Iterator[tuple[int, int, str]]:
+    """Both scans, the tags checked at the call (not at the first block).
+
+    With `json_budget` 0 every body ends at the first closing tag (`tag_blocks`); else a `{` body that is not yet a
+    JSON object extends to a later closing tag while json.loads has characters left to read.
+    """
     if not open_tag or not close_tag:
-        raise ValueError(f"json_tag_blocks: tags must not be empty, got {open_tag!r} and {close_tag!r}")
-    budget = 2 * len(text) + 4096  # characters json.loads may still read
+        raise ValueError(f"{name}: tags must not be empty, got {open_tag!r} and {close_tag!r}")
+    return _blocks(text, open_tag, close_tag, json_budget)
+
+
+def _blocks(text: str, open_tag: str, close_tag: str, budget: int) -> Iterator[tuple[int, int, str]]:
     pos = 0
     while True:
         start = text.find(open_tag, pos)
@@ -101,3 +103,48 @@ def _is_json_object(body: str) -> bool:
         return isinstance(json.loads(body), dict)
     except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the decoder's ~1,000 levels
         return False
+
+
+def thinking_end(text: str) -> int:
+    """Where the leading thinking of a model turn ends (0: the turn has none).
+
+    Qwen3's chat template and SGLang's `qwen3` reasoning parser read a turn as `<think>reasoning</think>answer`:
+    a `<tool_call>` the model wrote while thinking is reasoning, not a call (Qwen3's template renders calls from
+    `tool_calls`, after the content, never inside `reasoning_content`). The thinking is
+
+    * up to the first `</think>` when the turn opens with `<think>` (leading whitespace aside), as SGLang's reasoning
+      parser splits it; else up to the first `</think>` that no `<think>` precedes and that is not text inside a
+      well-formed `<tool_call>` JSON block (Qwen3-thinking templates open `<think>` in the prompt, so the turn holds
+      only its end; a call whose code prints "</think>" is a call);
+    * the whole turn when it opens with `<think>` and never closes it (cut by the token cap or a stop string);
+    * nothing otherwise (a `<think>` later in an answer is text).
+
+    Args:
+        text: the decoded model turn.
+
+    Returns:
+        An index into `text`: `text[:i]` is the thinking with its tags, `text[i:]` the answer.
+    """
+    close = text.find("</think>")
+    if text.lstrip().startswith("<think>"):
+        return close + len("</think>") if close >= 0 else len(text)
+    # A `</think>` that no `<think>` precedes, unless it is text inside a well-formed call (code that prints
+    # "</think>"): read as the thinking's end, it hid the call. At most 16 such calls are stepped over.
+    for _ in range(16):
+        if close < 0 or "<think>" in text[:close]:
+            return 0
+        call_end = _call_around(text, close)
+        if call_end is None:
+            return close + len("</think>")
+        close = text.find("</think>", call_end)
+    return 0
+
+
+def _call_around(text: str, at: int) -> int | None:
+    """The end of the well-formed `<tool_call>` JSON block that holds position `at` of `text`, or None."""
+    for start, end, body in json_tag_blocks(text, "<tool_call>", "</tool_call>"):
+        if start > at:
+            return None
+        if at < end and _is_json_object(body):
+            return end
+    return None

@@ -18,6 +18,7 @@ import torch
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
+from slime_core.error_text import preview
 from slime_core.estimators import get_estimator
 from slime_core.plugins import load_function
 from slime_core.routing_replay import validate_routes
@@ -193,7 +194,9 @@ def _finite_list(values: Any, what: str, where: str, samples: Sequence[Sample]) 
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}: {what} of sample {sample.index} is {value!r:.60}, not a number") from None
+            raise ValueError(
+                f"{where}: {what} of sample {sample.index} is {preview(value, 60)}, not a number"
+            ) from None
         if not math.isfinite(number):
             raise ValueError(f"{where}: {what} of sample {sample.index} is {number}, not finite")
         out.append(number)

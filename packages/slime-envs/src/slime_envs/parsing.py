@@ -6,6 +6,11 @@ Two formats that users train with:
   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (one block per call).
 * Search-R1 tags: `<search>query</search>` to call the retriever, `<answer>text</answer>` to finish.
 
+A call is read after the turn's leading `<think>...</think>` only (`slime_core.tag_blocks.thinking_end`): what the
+model wrote while thinking is reasoning, as Qwen3's template and SGLang's reasoning parser read it, and as the agent
+adapter (`slime_rollout.agent.output_parsing`) reads it. A `<tool_call>` in a markdown code fence is a call, in both
+(SGLang's and vLLM's parsers and the original's retool examples find blocks anywhere).
+
 Parsing never raises on model output: what is wrong with a call is returned as an error string so
 the environment can show it to the model as an observation (the model learns from it).
 """
@@ -17,7 +22,7 @@ import json
 from typing import Any
 
 from slime_core.lone_surrogates import first_lone_surrogate
-from slime_core.tag_blocks import json_tag_blocks, tag_blocks
+from slime_core.tag_blocks import json_tag_blocks, tag_blocks, thinking_end
 
 __all__ = ["ParsedTurn", "ToolCall", "extract_answer", "parse_tag_action", "parse_tool_calls"]
 
@@ -108,20 +113,24 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         text: the decoded model turn (special tokens such as `<|im_end|>` may be present).
 
     Returns:
-        The calls found, an error per malformed block (bad JSON, JSON nested too deeply for the decoder,
+        The calls found after the turn's leading thinking (`<think>...</think>`, or all of an unclosed leading
+        `<think>`: no call), an error per malformed block (bad JSON, JSON nested too deeply for the decoder,
         a `\ud800` escape that decodes to half a surrogate pair, missing name, non-object arguments, an
         unclosed `<tool_call>`), both also in the order written
-        (`blocks`), and the `<answer>` content if present.
+        (`blocks`), and the content of the last `<answer>` after the thinking, if present.
     """
     parsed = ParsedTurn()
+    # Calls are read after the leading thinking only; scanning the whole text let a `<tool_call>` opened while
+    # thinking run past `</think>` and swallow the real call after it.
+    tail = text[thinking_end(text) :]
     after = 0
     # json_tag_blocks: a "</tool_call>" inside a JSON string of the call (a file the call writes) is text.
-    for _, end, body in json_tag_blocks(text, "<tool_call>", "</tool_call>"):
+    for _, end, body in json_tag_blocks(tail, "<tool_call>", "</tool_call>"):
         parsed.blocks.append(_parse_one_call(body))
         after = end
-    if text.find("<tool_call>", after) >= 0:
+    if tail.find("<tool_call>", after) >= 0:
         parsed.blocks.append("a <tool_call> block is not closed with </tool_call>")
-    parsed.answer = extract_answer(text)
+    parsed.answer = extract_answer(tail)  # an <answer> only thought about is not the answer either
     return parsed
 
 

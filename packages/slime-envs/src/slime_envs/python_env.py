@@ -24,6 +24,8 @@ class PythonEnv(ToolEnv):
     Args:
         max_tool_calls: total code executions per episode.
         max_calls_per_turn: code executions per model turn.
+        max_response_chars: `ToolEnv`'s cut of one response (the sandbox's `max_output_chars` cuts first).
+        tool_timeout_s: `ToolEnv`'s deadline of one call, off by default: the sandbox's `timeout_s` bounds a run.
         **sandbox: `SandboxConfig` fields (`timeout_s`, `memory_mb`, `max_processes`, `max_output_chars`, ...).
 
     Raises:
@@ -47,8 +49,21 @@ class PythonEnv(ToolEnv):
         }
     ]
 
-    def __init__(self, *, max_tool_calls: int = 16, max_calls_per_turn: int = 4, **sandbox: Any) -> None:
-        super().__init__(max_tool_calls=max_tool_calls, max_calls_per_turn=max_calls_per_turn)
+    def __init__(
+        self,
+        *,
+        max_tool_calls: int = 16,
+        max_calls_per_turn: int = 4,
+        max_response_chars: int = 16_000,
+        tool_timeout_s: float | None = None,
+        **sandbox: Any,
+    ) -> None:
+        super().__init__(
+            max_tool_calls=max_tool_calls,
+            max_calls_per_turn=max_calls_per_turn,
+            max_response_chars=max_response_chars,
+            tool_timeout_s=tool_timeout_s,
+        )
         self.sandbox_config = SandboxConfig(**sandbox)
         check_sandbox()
         self.results: list[Any] = []

@@ -56,6 +56,7 @@ import select
 import signal
 import subprocess
 import tempfile
+import threading
 import weakref
 from typing import IO
 
@@ -224,11 +225,27 @@ async def _read_to_eof(fd: int) -> bytes:
 _LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
+_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
+_IGNORED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[int]] = weakref.WeakKeyDictionary()
+
+
 def _limiter(limit: int) -> asyncio.Semaphore:
-    """One semaphore per event loop, so hundreds of concurrent rollouts do not start hundreds of sandboxes."""
+    """One semaphore per event loop, so hundreds of concurrent rollouts do not start hundreds of sandboxes.
+
+    The first run's `max_concurrent_runs` sizes it; a later run asking for another value is told so, once per loop
+    and value (envs of one process share the limit: another value had no effect, without a word).
+    """
     loop = asyncio.get_running_loop()
     if loop not in _LIMITERS:
-        _LIMITERS[loop] = asyncio.Semaphore(limit)
+        _LIMITERS[loop], _LIMITS[loop] = asyncio.Semaphore(limit), limit
+        _IGNORED[loop] = set()
+    elif limit != _LIMITS[loop] and limit not in _IGNORED[loop]:
+        _IGNORED[loop].add(limit)
+        logger.warning(
+            "sandbox: max_concurrent_runs=%d has no effect: this process's runs share the limit of its first run (%d)",
+            limit,
+            _LIMITS[loop],
+        )
     return _LIMITERS[loop]
 
 
@@ -489,10 +506,14 @@ def _probe() -> dict[str, str]:
 
 
 _PROBE: list[dict[str, str] | SandboxUnavailableError] = []
+_PROBE_LOCK = threading.Lock()  # episodes' envs are built in worker threads at once: one probe, not one each
 
 
 def check_sandbox() -> dict[str, str]:
     """Runs an empty program in the sandbox once per process and reports how limits are enforced.
+
+    Concurrent first calls (the envs of a rollout's episodes, built in worker threads) wait for one probe; each
+    ran its own.
 
     Returns:
         `SandboxResult.enforcement` of that run.
@@ -501,13 +522,14 @@ def check_sandbox() -> dict[str, str]:
         SandboxUnavailableError: the sandbox cannot run here; the message names what is missing
             (bubblewrap, libseccomp, user namespaces).
     """
-    if not _PROBE:
-        # A thread of its own: the caller may be inside a running event loop.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            try:
-                _PROBE.append(pool.submit(_probe).result())
-            except SandboxUnavailableError as e:
-                _PROBE.append(e)
+    with _PROBE_LOCK:
+        if not _PROBE:
+            # A thread of its own: the caller may be inside a running event loop.
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                try:
+                    _PROBE.append(pool.submit(_probe).result())
+                except SandboxUnavailableError as e:
+                    _PROBE.append(e)
     if isinstance(_PROBE[0], SandboxUnavailableError):
         raise _PROBE[0]
     return _PROBE[0]

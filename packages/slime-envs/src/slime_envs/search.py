@@ -19,8 +19,8 @@ or `text` and optional `title`. Remote retriever: Search-R1's retrieval server p
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import functools
 import logging
 import pathlib
 import threading
@@ -31,6 +31,7 @@ import httpx
 
 from slime_core.jsonl import iter_jsonl
 from slime_core.protocols import EnvStep
+from slime_core.tag_blocks import thinking_end
 from slime_envs.base import ToolEnv
 from slime_envs.parsing import ParsedTurn, parse_tag_action
 from slime_envs.rewards import em_with_format, f1_score
@@ -102,9 +103,34 @@ class BM25Retriever:
         return out
 
 
-@functools.lru_cache(maxsize=8)
+_BM25_CACHE_SIZE = 8  # corpora kept indexed per process, the least recently used dropped first
+_bm25_indexes: collections.OrderedDict[str, BM25Retriever] = collections.OrderedDict()
+_bm25_locks: dict[str, threading.Lock] = {}
+_bm25_guard = threading.Lock()
+
+
 def _cached_bm25(corpus_path: str) -> BM25Retriever:
-    return BM25Retriever(corpus_path)
+    """The process's BM25 index of `corpus_path`, built once however many episodes ask for it at the same time.
+
+    `functools.lru_cache` does not hold back concurrent misses: the first searches of a rollout's concurrent
+    episodes (in `asyncio.to_thread` workers) each indexed the whole corpus, as many copies as worker threads.
+    One lock per path makes the others wait for the first build.
+    """
+    with _bm25_guard:
+        if corpus_path in _bm25_indexes:
+            _bm25_indexes.move_to_end(corpus_path)
+            return _bm25_indexes[corpus_path]
+        lock = _bm25_locks.setdefault(corpus_path, threading.Lock())
+    with lock:
+        with _bm25_guard:
+            if corpus_path in _bm25_indexes:
+                return _bm25_indexes[corpus_path]
+        retriever = BM25Retriever(corpus_path)  # outside the guard: other corpora are served meanwhile
+        with _bm25_guard:
+            _bm25_indexes[corpus_path] = retriever
+            while len(_bm25_indexes) > _BM25_CACHE_SIZE:
+                _bm25_indexes.popitem(last=False)
+        return retriever
 
 
 class RemoteRetriever:
@@ -174,6 +200,7 @@ class SearchEnv(ToolEnv):
         reward: `"em"`, `"f1"` or `None` (no env reward).
         format_score: reward for a well-formed wrong answer (EM only).
         max_tool_calls: searches allowed per episode (`qwen` format).
+        max_calls_per_turn, max_response_chars, tool_timeout_s: see `ToolEnv` (`qwen` format).
 
     Raises:
         ValueError: neither or an unknown option given.
@@ -205,8 +232,15 @@ class SearchEnv(ToolEnv):
         format_score: float = 0.0,
         max_tool_calls: int = 16,
         max_calls_per_turn: int = 4,
+        max_response_chars: int = 16_000,
+        tool_timeout_s: float | None = 600.0,
     ) -> None:
-        super().__init__(max_tool_calls=max_tool_calls, max_calls_per_turn=max_calls_per_turn)
+        super().__init__(
+            max_tool_calls=max_tool_calls,
+            max_calls_per_turn=max_calls_per_turn,
+            max_response_chars=max_response_chars,
+            tool_timeout_s=tool_timeout_s,
+        )
         if (corpus_path is None) == (retrieval_url is None):
             raise ValueError("search env: give exactly one of corpus_path and retrieval_url")
         if format not in ("tags", "qwen"):
@@ -247,10 +281,14 @@ class SearchEnv(ToolEnv):
         return em_with_format(answer, golds, well_formed=answer is not None, format_score=self.format_score)
 
     def score(self, final_turn: str, parsed: ParsedTurn) -> float | None:
-        """EM/F1 of the `<answer>` (or, in `qwen` format without one, of the whole turn)."""
+        """EM/F1 of the `<answer>` (or, in `qwen` format without one, of the turn after its leading thinking).
+
+        The thinking was scored with the answer: "<think>...</think> Paris" did not match "Paris", so every
+        answer of a thinking model (Qwen3) without `<answer>` tags scored 0.
+        """
         answer = parsed.answer
         if answer is None and self.format == "qwen":
-            answer = final_turn.replace("<|im_end|>", "").strip()
+            answer = final_turn[thinking_end(final_turn) :].replace("<|im_end|>", "").strip()
         return self._score_answer(answer)
 
     async def step(self, model_turn: str) -> EnvStep:

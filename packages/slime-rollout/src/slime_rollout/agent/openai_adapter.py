@@ -113,6 +113,16 @@ def _stop_strings(value: Any, session_id: str) -> list[str]:
     )
 
 
+def _call_stops(session: AgentSession, chat: ChatRequest) -> list[str]:
+    """The stop strings of one call: the call's own `stop` when it sets one, else the session's defaults.
+
+    A call's list replaces the defaults, as in OpenAI's API (the caller's list is the call's) and the original's
+    adapter (`sp["stop"] = body["stop"]` over the session defaults); adding them stopped an agent's call at a run
+    stop string it never asked for.
+    """
+    return list(chat.stop) if chat.stop else list(session.sampling_defaults.get("stop") or [])
+
+
 def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, str]:
     """`text` up to its first stop string (OpenAI leaves the stop sequence out), and that stop string ("" if none).
 
@@ -249,7 +259,8 @@ class OpenAIAdapter:
         Args:
             session_id: unique per agent run.
             sampling_defaults: the run's SGLang sampling params (the generate function's `sampling_params`);
-                a call's own `temperature`, `top_p`, `seed`, ... override them, and its `max_tokens` can only
+                a call's own `temperature`, `top_p`, `seed`, `stop`, ... override them (a call's `stop` list replaces
+                the defaults' stop strings, as in the original and OpenAI's API), and its `max_tokens` can only
                 lower `max_new_tokens` (4,096 when the defaults have none, as in the original).
             max_context_tokens: a call whose prompt reaches this many tokens is refused (`context_length_exceeded`);
                 0: no limit.
@@ -433,8 +444,7 @@ class OpenAIAdapter:
         if session.max_context_tokens:
             cap = min(cap, session.max_context_tokens - num_prompt_tokens)
         params["max_new_tokens"] = cap
-        stop = [*(params.get("stop") or []), *chat.stop]
-        params["stop"] = stop or None
+        params["stop"] = _call_stops(session, chat) or None
         # The text must be the ids' text: special tokens and the matched stop string stay in.
         params.update(skip_special_tokens=False, no_stop_trim=True, spaces_between_special_tokens=False)
         return params
@@ -458,7 +468,7 @@ class OpenAIAdapter:
             )
             return _error(503, "the engine aborted the call (weights are being updated?); retry", kind="server_error")
         visible = self.tokenizer.decode(ids, skip_special_tokens=True)
-        visible, stop = _cut_at_stop(visible, [*(session.sampling_defaults.get("stop") or []), *chat.stop])
+        visible, stop = _cut_at_stop(visible, _call_stops(session, chat))
         names = {t["function"]["name"] for t in chat.tools or []}
         parsed = parse_output(
             visible, parse_tools=chat.parse_tools, parse_reasoning=self.parse_reasoning, stop=stop, tool_names=names

@@ -6,7 +6,12 @@ reasoning parser read them):
 * tool calls: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per call;
 * reasoning: `<think>...</think>` before the answer; a turn that opens `<think>` and never closes it (cut by the
   token cap) is all reasoning, as SGLang's reasoning parser reads it, so a `<tool_call>` the model only thought
-  about is never returned as a call.
+  about is never returned as a call; without a reasoning parser the thinking stays in the content and its calls
+  are still no calls (`slime_core.tag_blocks.thinking_end`, the rule `slime_envs.parsing` follows too).
+
+A `<tool_call>` inside a markdown code fence is a call: SGLang's qwen25/hermes parsers, vLLM's hermes parser and the
+original's retool examples all find the blocks anywhere in the text, and Qwen3's chat template gives fences no
+meaning, so a policy trained here meets the same parser where it is served.
 
 A closing `</tool_call>` inside a JSON string of the call does not end the block (`slime_core.tag_blocks.
 json_tag_blocks`). A call whose `</tool_call>` is the stop sequence the engine stopped at is complete: the stop
@@ -24,7 +29,7 @@ from collections.abc import Collection
 from typing import Any
 
 from slime_core.lone_surrogates import first_lone_surrogate
-from slime_core.tag_blocks import json_tag_blocks
+from slime_core.tag_blocks import json_tag_blocks, thinking_end
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ParsedOutput", "parse_output"]
 
@@ -75,19 +80,6 @@ def _one_call(body: str) -> dict[str, Any] | None:
     return {"name": obj["name"], "arguments": arguments}
 
 
-def _thinking_end(text: str) -> int:
-    """Where the turn's leading thinking ends (0: none).
-
-    Up to a `</think>` that no `<think>` precedes but a leading one (Qwen3-thinking templates open `<think>` in the
-    prompt), or all of an unclosed leading `<think>`.
-    """
-    close = text.find("</think>")
-    opens_at_start = text.lstrip().startswith("<think>")
-    if close >= 0 and (opens_at_start or "<think>" not in text[:close]):
-        return close + len("</think>")
-    return len(text) if opens_at_start else 0
-
-
 def parse_output(
     text: str, *, parse_tools: bool, parse_reasoning: bool, stop: str = "", tool_names: Collection[str] | None = None
 ) -> ParsedOutput:
@@ -96,8 +88,9 @@ def parse_output(
     Args:
         text: the turn decoded from the engine's ids, end-of-turn marker and stop string already removed.
         parse_tools: read `<tool_call>` blocks (the request offered tools and `tool_choice` is not "none").
-        parse_reasoning: split off a leading `<think>...</think>` (an unclosed leading `<think>`: all reasoning).
-            Either way, a `<tool_call>` inside the thinking is not a call.
+        parse_reasoning: split off the leading thinking (`slime_core.tag_blocks.thinking_end`: `<think>...</think>`,
+            a `</think>` the prompt's `<think>` opened, an unclosed leading `<think>`: all reasoning). Either way, a
+            `<tool_call>` inside the thinking is not a call.
         stop: the stop string cut from the end of `text` ("" if none); one that starts with `</tool_call>`
             closes a `<tool_call>` block left open at the end of `text` (the original's adapter parsed the
             text with the stop string in it; trimming it first lost the call).
@@ -109,28 +102,31 @@ def parse_output(
         The parsed turn.
     """
     reasoning = ""
-    if parse_reasoning and "</think>" in text:
-        reasoning, text = text.split("</think>", 1)
-        reasoning = reasoning.removeprefix("<think>").strip("\n")
-    elif parse_reasoning and text.lstrip().startswith("<think>"):
-        # Cut inside its thinking (max_tokens, a stop string): no answer yet, and no call.
-        return ParsedOutput(content="", reasoning=text.lstrip().removeprefix("<think>").strip("\n"))
+    end = thinking_end(text) if parse_reasoning else 0
+    if end:
+        # The thinking as both parsers read it: a "</think>" inside a well-formed call is text (it split the call).
+        head, text = text[:end], text[end:]
+        reasoning = head.lstrip().removeprefix("<think>")
+        if not head.endswith("</think>"):
+            # Cut inside its thinking (max_tokens, a stop string): no answer yet, and no call.
+            return ParsedOutput(content="", reasoning=reasoning.strip("\n"))
+        reasoning = reasoning.removesuffix("</think>").strip("\n")
     calls: list[dict[str, Any]] = []
     ill_formed = 0
     if parse_tools:
-        blocks = list(json_tag_blocks(text, _OPEN, _CLOSE))  # linear: see tag_blocks
+        # Without a reasoning parser the thinking stays in the content; a call the model only considered there is
+        # no call (it was returned, and executed). Only the text after it is scanned: a `<tool_call>` opened in the
+        # thinking must not reach past `</think>` and swallow the real call after it.
+        end = thinking_end(text)
+        head, tail = text[:end], text[end:]
+        blocks = list(json_tag_blocks(tail, _OPEN, _CLOSE))  # linear: see tag_blocks
         # A `<tool_call>` opened after the last complete block: the stop string may close it.
-        if stop.startswith(_CLOSE) and text.find(_OPEN, blocks[-1][1] if blocks else 0) >= 0:
-            text += _CLOSE  # the model wrote it: the engine stopped on it
-            blocks = list(json_tag_blocks(text, _OPEN, _CLOSE))  # the closed block may reach back (a JSON string)
-        # Without a reasoning parser the thinking stays in the content, and a call the model only considered
-        # there is no call (it was returned, and executed).
-        thinking_end = _thinking_end(text)
-        kept: list[str] = []
+        if stop.startswith(_CLOSE) and tail.find(_OPEN, blocks[-1][1] if blocks else 0) >= 0:
+            tail += _CLOSE  # the model wrote it: the engine stopped on it
+            blocks = list(json_tag_blocks(tail, _OPEN, _CLOSE))  # the closed block may reach back (a JSON string)
+        kept = [head]
         last = 0
-        for start, end, body in blocks:
-            if start < thinking_end:
-                continue
+        for start, block_end, body in blocks:
             call = _one_call(body)
             if call is not None and tool_names is not None and call["name"] not in tool_names:
                 call = None
@@ -138,8 +134,8 @@ def parse_output(
                 ill_formed += 1
                 continue  # the malformed block stays in the content
             calls.append(call)
-            kept.append(text[last:start])
-            last = end
-        kept.append(text[last:])
+            kept.append(tail[last:start])
+            last = block_end
+        kept.append(tail[last:])
         text = "".join(kept)
     return ParsedOutput(content=text.strip(), reasoning=reasoning, tool_calls=calls, num_ill_formed=ill_formed)

@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import int_digits, preview
 from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.registry import UnknownNameError
 from slime_core.sample import Sample
@@ -101,8 +103,10 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
             rules.
         TypeError: `response` is not text (None from a broken generate function failed deep inside one grader as
             "argument of type 'NoneType' is not iterable" and scored 0 in the others).
+        ValueError: `label` is an int past Python's int-to-text limit (`_check_label`), or the grader refused it.
     """
     _check_text(response, f"--rm-type {rm_type}")
+    _check_label(label, f"--rm-type {rm_type}")
     name = rm_type.removeprefix("boxed_")
     try:
         spec: RewardSpec | None = REWARDS.get(name)
@@ -115,10 +119,30 @@ def rule_based_reward(rm_type: str, response: str, label: Any, metadata: dict[st
     return spec.load_grader()(response, label, metadata, boxed)
 
 
+def _check_label(label: Any, what: str) -> None:
+    """Raises ValueError naming `what` when `label` is an int too long for Python to turn into text.
+
+    Graders read a label as text, and `str()` of an int of more than `sys.get_int_max_str_digits()` digits (4,300)
+    raises; a plugin's label (a custom data source or generate function: JSONL refuses such numbers when it reads
+    them) failed inside the grader, and then again while the error naming the sample was formatted.
+    """
+    limit = sys.get_int_max_str_digits()
+    # Fewer than 3 bits per digit limit cannot reach it (a digit holds log2(10) = 3.32 bits): most labels stop here.
+    if not isinstance(label, int) or not limit or label.bit_length() <= 3 * limit:
+        return
+    if (digits := int_digits(label)) > limit:
+        raise ValueError(
+            f"{what}: the label is an int of {digits:,} digits, past Python's int-to-text limit ({limit:,} digits, "
+            "sys.get_int_max_str_digits()) that graders read labels through; give it as a string"
+        )
+
+
 def _check_text(response: Any, what: str) -> None:
     """Raises TypeError naming `what` when a response to grade is not a str."""
     if not isinstance(response, str):
-        raise TypeError(f"{what}: the response to grade must be text, got {type(response).__name__} {response!r:.60}")
+        raise TypeError(
+            f"{what}: the response to grade must be text, got {type(response).__name__} {preview(response, 60)}"
+        )
 
 
 def _bounds(args: SlimeArgs) -> dict[str, float]:
@@ -143,7 +167,8 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
 
     Raises:
         ValueError: no reward type configured, or a built-in grader refused the sample's data (a missing label,
-            a label naming no option; the message names the sample and its label).
+            a label naming no option, an int label past Python's int-to-text limit; the message names the sample
+            and its label).
         KeyError: unknown reward type.
         RewardFunctionError: a custom or remote reward function raised, returned NaN/infinity, None or a
             non-reward type, or ran past `--rm-timeout-secs` (the message names the function and the sample).
@@ -166,6 +191,7 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
     if spec.grader is None:
         return await _remote_rm(args, sample, rm_type, spec)
     _check_text(sample.response, f"--rm-type {rm_type} on sample {sample.index}")
+    _check_label(sample.label, f"--rm-type {rm_type} on sample {sample.index}")
     try:
         if spec.pooled_grader is not None:  # symbolic check in the pool (inline with --rm-num-workers 0)
             response, boxed = _unbox(spec, rm_type, sample.response)
@@ -175,18 +201,22 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         # Everything else is cheap string work (dapo compares normalized strings): inline.
         return rule_based_reward(rm_type, sample.response, sample.label, sample.metadata)
     except ValueError as e:  # bad data in the sample (no label, a label naming no option): say which sample
-        raise ValueError(f"--rm-type {rm_type} on sample {sample.index} (label {sample.label!r:.60}): {e}") from e
+        raise ValueError(
+            f"--rm-type {rm_type} on sample {sample.index} (label {preview(sample.label, 60)}): {e}"
+        ) from e
 
 
 async def _remote_rm(args: SlimeArgs, sample: Sample, rm_type: str, spec: RewardSpec) -> Any:
     """Posts the sample to `--rm-url` (a record with neither factory nor grader) and returns its checked reply.
 
     Raises:
-        ValueError: the record does not say it needs `--rm-url` either (it names nothing to score with).
+        ValueError: the record does not say it needs `--rm-url` either (it names nothing to score with), or the
+            label is an int past Python's int-to-text limit (`_check_label`).
         RewardFunctionError: the service failed, returned a non-reward or ran past `--rm-timeout-secs`.
     """
     if not spec.needs_url:
         raise ValueError(f"--rm-type {rm_type}: its record names no factory and no grader, and needs no --rm-url")
+    _check_label(sample.label, f"--rm-type {rm_type} on sample {sample.index}")  # JSON is written through str() too
     response, _ = _unbox(spec, rm_type, sample.response)
     payload = {"prompt": sample.prompt, "response": response, "label": sample.label}
     source = f"--rm-type {rm_type} ({args.rm_url})"

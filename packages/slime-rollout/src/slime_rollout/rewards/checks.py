@@ -18,6 +18,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slime_core.error_text import preview
 from slime_core.sample import Sample
 from slime_rollout.runtime.deadlines import DeadlineExceeded, PluginExit, call_plugin_with_deadline
 
@@ -77,7 +78,7 @@ def plain_reward(value: Any) -> Any:
             return _plain_number(value, "reward", "")
         if isinstance(value, Mapping):
             return {_plain_key(key): _plain_score(item, repr(key), 1) for key, item in value.items()}
-        raise NotAReward(f"{type(value).__name__} {value!r:.80}, not a number or a dict of scores")
+        raise NotAReward(f"{type(value).__name__} {preview(value)}, not a number or a dict of scores")
     except NotAReward:
         raise
     except Exception as e:  # the value's own methods raised
@@ -189,7 +190,7 @@ def plain_rewards(rewards: Any, *, source: str, samples: list[Sample]) -> list[A
         if getattr(rewards, "ndim", None) == 1 and callable(getattr(rewards, "tolist", None)):
             rewards = rewards.tolist()  # a 1-d array or tensor of rewards, which the original takes as a list
         items = list(rewards) if isinstance(rewards, list | tuple) else None
-        shown = f"{rewards!r:.200}" if items is None or len(items) != len(samples) else ""
+        shown = preview(rewards, 200) if items is None or len(items) != len(samples) else ""
     except Exception as e:  # the value's own __iter__ / __repr__ raised
         indices = [s.index for s in samples]
         problem = f"a {type(rewards).__name__} whose conversion raised {type(e).__name__}: {e}"

@@ -19,12 +19,18 @@ original reads it):
   graders' rule) and "Answer: B. A is also possible" are a hedge, no pick; a correction naming the letter alone
   ("Answer: A. Correction: B.", "No wait, B.") is the pick; a statement taken back by the text after it
   ("Answer: B. Actually no, it's A.") is no pick (`slime_rollout.rewards.retraction`, the math graders' rule);
-* else an option given by its text ("Final answer: 42 J"), when exactly one option's text is stated;
-* else the last standalone capital letter among the options that is not negated ("not A", "A is not correct"; the
-  original's fallback takes any) and is not the word "I" or "A" ("I'd say B", "A quick check": a lower-case word
-  that is not a verb or conjunction follows), unless it is offered together with another option (by the math
-  graders' rule, `answers.offered_together`): "A or B", "A, B", "I'd go with A or maybe B", "A. B is also
-  plausible" are a hedge, no pick (the original takes the last letter, B), while "Between A and B, I pick A" picks A.
+* else an option given by its text ("Final answer: 42 J"), when exactly one option's text is stated other than
+  negated ("The answer is not 42 J", "42 J is wrong": no pick);
+* else the last standalone capital letter among the options that is not negated ("not A", "A is not correct", "I
+  would not choose option b", "I don't think it's B", "I reject B"; the original's fallback takes any) and is not
+  the word "I" or "A" ("I'd say B", "A quick check": a lower-case word that is not a verb or conjunction follows),
+  unless it is offered together with another option (by the math graders' rule, `answers.offered_together`): "A or
+  B", "A, B", "I'd go with A or maybe B", "A. B is also plausible" are a hedge, no pick (the original takes the last
+  letter, B), while "Between A and B, I pick A" picks A.
+
+A negated choice is no answer: an explicit statement the words before it negate ("I don't think the answer is B") is
+not a statement, and a letter or text chosen against ("I would not choose option b") is no pick (the original reads
+both as picking B).
 
 A statement's pick followed in its sentence by another option in hedge words ("The answer is A, or maybe B"), or in
 the two sentences after it by another option offered ("Answer: B. I'm not sure, it might be C.", "C could also be
@@ -48,7 +54,13 @@ import numpy as np
 
 from slime_rollout.rewards.alternatives import unboxed_alternative
 from slime_rollout.rewards.answers import doubted_after, offered_together, strip_reasoning
-from slime_rollout.rewards.retraction import judged_wrong, mentions_mistake, negated_before, retracts
+from slime_rollout.rewards.retraction import (
+    expand_contractions,
+    judged_wrong,
+    mentions_mistake,
+    negated_before,
+    retracts,
+)
 from slime_rollout.rewards.unicode_math import ascii_forms
 
 __all__ = ["extract_choice_letter", "gpqa_reward"]
@@ -106,6 +118,21 @@ _OPTION_WORD_LETTER = re.compile(r"(\b(?i:option|choice)\s*\(?\s*)([a-z])\b(?!['
 # Between a digit and a letter a space is optional in a text answer: "4J" is "4 J", "H2O" is "H 2 O".
 _DIGIT_LETTER_SPACE = re.compile(r"(?<=[0-9]) (?=[a-z])|(?<=[a-z]) (?=[0-9])")
 _DIGIT_LETTER_EDGE = re.compile(r"(?<=[0-9])(?=[a-z])|(?<=[a-z])(?=[0-9])")
+# The words right before an option that choose against it: "I would not choose option B", "I don't think the answer
+# is B", "it is not option B", "I reject B" (contractions expanded). `negated_before` reads only "not B".
+_CHOICE_NOUN = r"(?:(?:the\s+)?(?:correct\s+|right\s+|final\s+)?(?:option|choice|answer)\s*(?:is\s+|:\s*)?)?"
+_NEGATED_CHOICE = re.compile(
+    r"(?i)(?:\b(?:not|never|cannot)\s+(?:(?:really|even|ever)\s+)?"
+    r"(?:(?:choose|pick|select|go\s+(?:with|for)|opt\s+for|take|say|mark|recommend)\s+"
+    r"|(?:think|believe|agree)\s+(?:that\s+)?(?:it\s+is\s+)?)?"
+    r"|\b(?:reject(?:ing)?|eliminat(?:e|ing)|rul(?:e|ing)\s+out|exclud(?:e|ing)|discard(?:ing)?|avoid(?:ing)?)\s+)"
+    rf"{_CHOICE_NOUN}[(\s]*$"
+)
+
+
+def _negated_choice(before: str) -> bool:
+    """Whether the text right before an option (a letter or its text; the last 80 characters) chooses against it."""
+    return bool(negated_before(before) or _NEGATED_CHOICE.search(expand_contractions(before[-80:])))
 
 
 def _squeezed(region: str) -> str:
@@ -176,11 +203,12 @@ def _choice_items(metadata: Mapping[str, Any], letters: str) -> list[tuple[str, 
 
 def _stated_letter(region: str) -> tuple[bool, str | None]:
     """(whether an explicit statement was found, its letter upper-cased, or None for a hedge "A or B")."""
-    last: re.Match[str] | None = None
-    for pattern in _STATEMENTS:
-        for m in pattern.finditer(region):
-            if last is None or m.start(1) > last.start(1):
-                last = m
+    found = sorted((m for pattern in _STATEMENTS for m in pattern.finditer(region)), key=lambda m: -m.start(1))
+    # The last statement that the words before it do not negate ("I don't think the answer is B" is none), among the
+    # last `_MAX_WALK`: each check costs ~0.1 ms, and 50,000 negated statements held the event loop for seconds.
+    last = next(
+        (m for m in found[:_MAX_WALK] if not _negated_choice(region[max(0, m.start(1) - 80) : m.start(1)])), None
+    )
     if last is None:
         return False, None
     letter = last.group(1).upper()
@@ -244,7 +272,7 @@ def _standalone_letters_backwards(region: str, letters: str) -> Iterator[re.Matc
     """
     for m in reversed(list(_CAPITAL.finditer(region))[-_MAX_LETTERS:]):
         before, after = region[max(0, m.start() - 60) : m.start()], region[m.end() : m.end() + 80]
-        if m.group(1) in letters and not _WORD_NOT_LETTER.match(m.group(1) + after) and not negated_before(before):
+        if m.group(1) in letters and not _WORD_NOT_LETTER.match(m.group(1) + after) and not _negated_choice(before):
             if not judged_wrong(after):
                 yield m
 
@@ -272,8 +300,19 @@ def _last_unhedged(region: str, letters: str) -> str | None:
 
 
 def _named_options(text: str, items: Sequence[tuple[str, str]]) -> set[str]:
-    said = _normalize_text(text)
-    return {letter for letter, choice in items if (pattern := _text_pattern(choice)) and pattern.search(said)}
+    """The options whose text `text` names, less those chosen against ("not 42 J", "42 J is wrong")."""
+    said = _normalize_text(expand_contractions(text))
+    named = set()
+    for letter, choice in items:
+        pattern = _text_pattern(choice)
+        matches = list(pattern.finditer(said))[-_MAX_WALK:] if pattern else []  # the last mentions: bounded cost
+        if any(
+            not _negated_choice(said[max(0, m.start() - 80) : m.start()])
+            and not judged_wrong(said[m.end() : m.end() + 80])
+            for m in matches
+        ):
+            named.add(letter)
+    return named
 
 
 def _stated_choice_text(region: str, items: Sequence[tuple[str, str]]) -> str | None:
