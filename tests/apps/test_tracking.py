@@ -42,6 +42,19 @@ def test_wandb_kwargs_from_the_original_flags():
     assert wandb_init_kwargs(_args("--use-wandb"), suffix="x")["group"] is None  # no group: no suffix either
 
 
+def test_the_wandb_key_is_neither_uploaded_nor_printed():
+    # The W&B run config is readable by everyone on the project and --dry-run's listing ends up in logs.
+    from slime_app.dry_run import render_config
+
+    args = _args("--use-wandb", "--wandb-key", "sk-secret-123", "--wandb-project", "proj")
+    config = wandb_init_kwargs(args, suffix="x")["config"]
+    assert config["wandb_key"] == "REDACTED" and config["wandb_project"] == "proj"
+    listing = "\n".join(render_config(args))
+    assert "sk-secret-123" not in listing and "--wandb-key" in listing and "REDACTED" in listing
+    assert args.wandb_key == "sk-secret-123" and wandb_login_kwargs(args)["key"] == "sk-secret-123"  # login still
+    assert wandb_init_kwargs(_args("--use-wandb"), suffix="x")["config"]["wandb_key"] is None  # unset stays None
+
+
 def test_wandb_login_only_with_credentials_and_online(monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     assert wandb_login_kwargs(_args("--wandb-key", "k", "--wandb-host", "https://wb.local")) == {

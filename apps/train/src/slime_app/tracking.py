@@ -60,7 +60,8 @@ def wandb_init_kwargs(cfg: SlimeArgs, *, suffix: str) -> dict[str, Any]:
     `--wandb-run-id` resumes that run (`resume="allow"`).
 
     Args:
-        cfg: the run config: the `--wandb-*` flags, and `to_dict()` as the logged config.
+        cfg: the run config: the `--wandb-*` flags, and `to_public_dict()` (credentials redacted) as the logged
+            config.
         suffix: the random suffix.
     """
     group = cfg.wandb_group
@@ -71,7 +72,7 @@ def wandb_init_kwargs(cfg: SlimeArgs, *, suffix: str) -> dict[str, Any]:
         "project": cfg.wandb_project,
         "group": group,
         "name": group,
-        "config": cfg.to_dict(),
+        "config": cfg.to_public_dict(),
     }
     if cfg.wandb_mode:
         kwargs["mode"] = cfg.wandb_mode

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import yaml
 from pydantic import ConfigDict, ValidationError, model_validator
@@ -150,9 +150,24 @@ class SlimeArgs(
         """Megatron EP size from `--expert-model-parallel-size` (1 when absent or the backend does not read it)."""
         return self._parallel_size("--expert-model-parallel-size") if self._megatron_native else 1
 
+    #: Fields holding credentials: shown as `REDACTED` wherever the config is printed or sent (`to_public_dict`).
+    SECRET_FIELDS: ClassVar[tuple[str, ...]] = ("wandb_key",)
+
     def to_dict(self) -> dict[str, Any]:
         """All fields as JSON-compatible values (for Ray transport and saving next to checkpoints)."""
         return self.model_dump(mode="json")
+
+    def to_public_dict(self) -> dict[str, Any]:
+        """`to_dict()` with every set credential (`SECRET_FIELDS`, e.g. `--wandb-key`) replaced by `"REDACTED"`.
+
+        For what leaves the process or reaches a log: the W&B run config (the original uploaded the API key there
+        with the rest of `args`, readable by everyone with access to the project) and the `--dry-run` listing.
+        """
+        out = self.to_dict()
+        for name in self.SECRET_FIELDS:
+            if out.get(name) is not None:
+                out[name] = "REDACTED"
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SlimeArgs:
