@@ -101,6 +101,7 @@ def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, t
     )
     tracker = Tracker(args, str(tmp_path / "out"))
     tracker.log(2, {"rollout/raw_reward": 0.5})
+    tracker.log(2, {"train/loss": 0.25, "eval/gsm8k": 0.75})
     tracker.close()
 
     # rollout 2 of 4 prompts x 2 samples with global batch 2: 2 * 4 * 2 // 2 = 8 optimizer steps before it.
@@ -109,6 +110,11 @@ def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, t
     assert (tmp_path / "wb").is_dir()
     assert ("define_metric", "*", {"step_metric": "rollout/step"}) in fake.calls
     assert ("log", {"rollout/raw_reward": 0.5, "rollout/step": expected_x}) in fake.calls
+    # The original's other W&B axes are logged too (its dashboards plot train/* against train/step): rollout 2
+    # with 4 optimizer steps per rollout starts at step 8.
+    assert ("define_metric", "train/step", {}) in fake.calls and ("define_metric", "eval/step", {}) in fake.calls
+    logged = {"train/loss": 0.25, "eval/gsm8k": 0.75, "train/step": 8, "eval/step": expected_x}
+    assert ("log", {**logged, "rollout/step": expected_x}) in fake.calls
     assert fake.calls[-1] == ("finish",)
     assert tracker.tensorboard_dir == str(tmp_path / "tb" / "run-a")
     acc = EventAccumulator(tracker.tensorboard_dir)

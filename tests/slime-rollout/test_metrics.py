@@ -1,13 +1,22 @@
-"""Rollout metrics switched on by flags: `--log-passrate` (pass@k) and `--log-reward-category`."""
+"""Rollout metrics: the original's per-sample statistics, and those switched on by flags (`--log-passrate`,
+`--log-reward-category`)."""
 
 import itertools
+import random
 import statistics
+import zlib
 
 import pytest
 
 from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
-from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups, pass_at_k
+from slime_rollout.runtime.metrics import (
+    compute_rollout_metrics,
+    flatten_groups,
+    has_repetition,
+    pass_at_k,
+    response_metrics,
+)
 
 
 def _brute_pass_at_k(rewards, k):
@@ -79,3 +88,31 @@ def test_flatten_groups_names_the_entry_that_is_not_a_sample():
     )
     with pytest.raises(TypeError, match=r"^the rollout returned NoneType at groups\[1\], not a Sample"):
         flatten_groups([[Sample()], None])
+
+
+def test_has_repetition_is_the_originals_compression_test():
+    loop = "The answer is 4. " * 700  # 11,900 characters that compress far beyond 10:1
+    rng = random.Random(0)
+    noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ,.") for _ in range(12_000))
+    assert len(zlib.compress(loop[-10_000:].encode(), 9)) * 10 < 10_000  # the reference ratio, computed here
+    assert has_repetition(loop) and not has_repetition(noise)
+    assert not has_repetition(loop[:10_000])  # the original looks only past 10,000 characters
+
+
+def test_response_metrics_has_the_originals_keys():
+    # The original logs these for rollouts ("rollout/") and for every eval set ("eval/<name>/").
+    samples = [_sample(0, 1.0), _sample(1, 0.0), _sample(2, 0.0)]
+    samples[1].response_length, samples[1].loss_mask = 4, [1, 1, 0, 1]
+    samples[2].status = Status.TRUNCATED
+    samples[2].response = "x. " * 4000
+    out = response_metrics(samples, "eval/gsm8k/")
+    assert out == {
+        "eval/gsm8k/response_len/mean": pytest.approx(7 / 3, abs=1e-12),  # trainable tokens 2, 3, 2
+        "eval/gsm8k/response_len/median": 2.0,
+        "eval/gsm8k/response_len/max": 3.0,
+        "eval/gsm8k/response_len/min": 2.0,
+        "eval/gsm8k/repetition_frac": pytest.approx(1 / 3, abs=1e-12),
+        "eval/gsm8k/truncated_ratio": pytest.approx(1 / 3, abs=1e-12),
+    }
+    with pytest.raises(ValueError, match="no samples"):
+        response_metrics([], "rollout/")

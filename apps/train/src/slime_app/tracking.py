@@ -135,8 +135,11 @@ class Tracker:
             if "dir" in init:
                 os.makedirs(init["dir"], exist_ok=True)  # wandb does not create it
             self._wandb = wandb.init(**init)
-            # Every metric against one x-axis (see `x_step`), not W&B's own call counter.
+            # Every metric against one x-axis (see `x_step`), not W&B's own call counter. The original's other
+            # axes, `train/step` and `eval/step`, are logged beside it (`log`), so its saved panels still plot.
             self._wandb.define_metric("rollout/step")
+            self._wandb.define_metric("train/step")
+            self._wandb.define_metric("eval/step")
             self._wandb.define_metric("*", step_metric="rollout/step")
 
     def start(self, start_rollout_id: int, num_rollout: int) -> None:
@@ -166,7 +169,20 @@ class Tracker:
             if self._tb is not None:
                 self._tb.add_scalar(key, value, x)
         if self._wandb is not None:
-            self._wandb.log({**metrics, "rollout/step": x})
+            self._wandb.log({**metrics, **self._wandb_steps(step, metrics), "rollout/step": x})
+
+    def _wandb_steps(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, int]:
+        """The original's W&B x-axes besides `rollout/step`, for the keys present.
+
+        `train/step`: the optimizer steps before this rollout's first, `rollout_id * num_steps_per_rollout` (the
+        `train/*` values are the rollout's mean over its steps); `eval/step`: the rollout axis.
+        """
+        steps = {}
+        if any(key.startswith("train/") for key in metrics):
+            steps["train/step"] = rollout_id * self.cfg.num_steps_per_rollout
+        if any(key.startswith("eval/") for key in metrics):
+            steps["eval/step"] = self.x_step(rollout_id)
+        return steps
 
     def rollout_done(self, step: int, metrics: dict[str, float]) -> None:
         """Prints the compact line for one rollout and advances the bar."""
