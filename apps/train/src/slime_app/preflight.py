@@ -220,6 +220,23 @@ def _check_hardware(cfg: SlimeArgs) -> None:
         )
 
 
+def _check_metric_sinks(cfg: SlimeArgs) -> None:
+    """`--use-wandb` needs the `wandb` package in the driver's environment (where `slime_app.tracking` imports it).
+
+    Raises:
+        ValueError: naming the flag and the install command.
+    """
+    if not cfg.use_wandb:
+        return
+    try:
+        import wandb  # noqa: F401  # the driver's own import, done before anything starts
+    except ImportError:
+        raise ValueError(
+            "--use-wandb: the `wandb` package is not installed in this environment (`uv pip install wandb`, or drop "
+            "--use-wandb; TensorBoard logs are written without it)"
+        ) from None
+
+
 def _check_engine_launch(cfg: SlimeArgs) -> None:
     """Checks the engine's record against the run.
 
@@ -398,6 +415,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     if hardware and not ray_address(cfg):
         _check_hardware(cfg)
     _check_plugins(cfg)
+    _check_metric_sinks(cfg)
     _check_engine_launch(cfg)
     if cfg.hf_checkpoint and not os.path.isdir(cfg.hf_checkpoint):
         hint = ""
