@@ -14,6 +14,7 @@ from slime_rollout.runtime.metrics import (
     compute_rollout_metrics,
     flatten_groups,
     has_repetition,
+    multi_turn_metrics,
     pass_at_k,
     response_metrics,
 )
@@ -116,3 +117,30 @@ def test_response_metrics_has_the_originals_keys():
     }
     with pytest.raises(ValueError, match="no samples"):
         response_metrics([], "rollout/")
+
+
+def test_log_multi_turn_has_the_originals_keys():
+    # Two episodes: 6 response tokens of which 3 from the model (2 rounds), and 8 of which 5 (3 rounds, at the limit).
+    a = Sample(index=0, tokens=list(range(9)), response_length=6, loss_mask=[1, 1, 0, 0, 1, 0], reward=1.0)
+    b = Sample(index=1, tokens=list(range(11)), response_length=8, loss_mask=[1, 1, 1, 0, 0, 0, 1, 1], reward=0.0)
+    a.metadata["num_turns"], b.metadata["num_turns"] = 2, 3
+    for s in (a, b):
+        s.status = Status.COMPLETED
+    args = _args(log_multi_turn=True, rollout_max_response_len=8)
+    got = {k: v for k, v in compute_rollout_metrics(args, [[a, b]], rollout_time=1.0).items() if "multi_turn" in k}
+    assert got == {
+        "multi_turn/raw_response_length/response_length_mean": 7.0,
+        "multi_turn/raw_response_length/response_length_max": 8.0,
+        "multi_turn/raw_response_length/response_length_min": 6.0,
+        "multi_turn/raw_response_length/response_length_clip_ratio": 0.5,
+        "multi_turn/wo_obs_response_length/response_length_mean": 4.0,
+        "multi_turn/wo_obs_response_length/response_length_max": 5.0,
+        "multi_turn/wo_obs_response_length/response_length_min": 3.0,
+        "multi_turn/multi_turn_metric/round_number_mean": 2.5,
+        "multi_turn/multi_turn_metric/round_number_max": 3.0,
+        "multi_turn/multi_turn_metric/round_number_min": 2.0,
+    }
+    a.metadata["round_number"], b.metadata["round_number"] = 4, 4  # the original's key wins
+    assert multi_turn_metrics([a, b], None)["multi_turn/multi_turn_metric/round_number_mean"] == 4.0
+    assert "multi_turn/raw_response_length/response_length_clip_ratio" not in multi_turn_metrics([a, b], None)
+    assert not any("multi_turn" in k for k in compute_rollout_metrics(_args(), [[a, b]], rollout_time=1.0))

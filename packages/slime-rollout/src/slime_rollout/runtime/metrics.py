@@ -7,7 +7,8 @@ log-prob over trainable tokens; the trainer's side logs `rollout/log_probs`), `r
 `perf/effective_tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`,
 `perf/longest_effective_sample_tokens_per_sec`, `rollout/num_empty_responses` (samples without a response token, not
 in the original); with `--log-passrate` `passrate/pass@{k}`, with `--log-reward-category KEY`
-`rollout/error_cat/{category}`. Source of the names: the original's `slime/observability/rollout_metrics.py`.
+`rollout/error_cat/{category}`, with `--log-multi-turn` `multi_turn/...` (`multi_turn_metrics`). Source of the
+names: the original's `slime/observability/rollout_metrics.py` and `train_metric_utils.py`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "compute_rollout_metrics",
     "flatten_groups",
     "has_repetition",
+    "multi_turn_metrics",
     "pass_at_k",
     "response_metrics",
     "reward_value",
@@ -113,6 +115,41 @@ def response_metrics(samples: Sequence[Sample], prefix: str) -> dict[str, float]
         f"{prefix}repetition_frac": sum(has_repetition(s.response or "") for s in samples) / len(samples),
         f"{prefix}truncated_ratio": sum(s.status is Status.TRUNCATED for s in samples) / len(samples),
     }
+
+
+def multi_turn_metrics(samples: Sequence[Sample], max_response_len: int | None) -> dict[str, float]:
+    """The original's `--log-multi-turn` statistics (`log_multi_turn_data`), means over the rollout's samples.
+
+    `multi_turn/raw_response_length/response_length_{mean,max,min}`: every response token (model, tool and user);
+    `.../response_length_clip_ratio`: share of samples with at least `max_response_len` of them;
+    `multi_turn/wo_obs_response_length/response_length_{mean,max,min}`: model tokens only (loss mask 1);
+    `multi_turn/multi_turn_metric/round_number_{mean,max,min}`: `metadata["round_number"]` (set by the original's
+    multi-turn examples) or `metadata["num_turns"]` (the built-in multi-turn generate), when every sample has one.
+
+    Args:
+        samples: at least one sample.
+        max_response_len: `--rollout-max-response-len` (None: no clip ratio).
+    """
+    raw = [s.response_length for s in samples]
+    model = [sum(1 for m in s.loss_mask if m) if s.loss_mask is not None else s.response_length for s in samples]
+    prefix = "multi_turn/"
+    out = {}
+    for name, values in (("raw_response_length", raw), ("wo_obs_response_length", model)):
+        out[f"{prefix}{name}/response_length_mean"] = statistics.fmean(values)
+        out[f"{prefix}{name}/response_length_max"] = float(max(values))
+        out[f"{prefix}{name}/response_length_min"] = float(min(values))
+    if max_response_len:
+        out[f"{prefix}raw_response_length/response_length_clip_ratio"] = sum(n >= max_response_len for n in raw) / len(
+            raw
+        )
+    for key in ("round_number", "num_turns"):
+        if all(key in s.metadata for s in samples):
+            rounds = [float(s.metadata[key]) for s in samples]
+            out[f"{prefix}multi_turn_metric/round_number_mean"] = statistics.fmean(rounds)
+            out[f"{prefix}multi_turn_metric/round_number_max"] = max(rounds)
+            out[f"{prefix}multi_turn_metric/round_number_min"] = min(rounds)
+            break
+    return out
 
 
 def pass_at_k(groups: Sequence[Sequence[float]]) -> dict[str, float]:
@@ -210,6 +247,8 @@ def compute_rollout_metrics(
         sum(s.response_length == 0 and s.status is not Status.ABORTED for s in samples)
     )
     metrics.update(response_metrics(samples, "rollout/"))
+    if cfg.log_multi_turn:
+        metrics.update(multi_turn_metrics(samples, cfg.rollout_max_response_len))
     lengths = [s.effective_response_length for s in samples]
     # The original's `rollout/rollout_log_probs`: per sample the mean engine log-prob over its trainable tokens (0
     # for none), then the mean over samples; its `rollout/log_probs` is the trainer's (slime_core.train_step).
