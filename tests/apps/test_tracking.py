@@ -94,6 +94,7 @@ def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, t
     fake = _FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     extra = ["--wandb-always-use-train-step"] if train_step else []
     args = _args(
         *("--use-wandb", "--wandb-key", "k", "--wandb-project", "p", "--wandb-dir", str(tmp_path / "wb")),
@@ -123,7 +124,8 @@ def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, t
     assert tracker.history["rollout/raw_reward"] == [(2, 0.5)]  # printed curves stay in rollout ids
 
 
-def test_tensorboard_dir_precedence(tmp_path):
+def test_tensorboard_dir_precedence(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     out = str(tmp_path)
     assert tensorboard_log_dir(_args(), out) == str(tmp_path / "tensorboard")
     assert tensorboard_log_dir(_args("--tb-experiment-name", "e"), out) == str(tmp_path / "tensorboard" / "e")
@@ -132,9 +134,15 @@ def test_tensorboard_dir_precedence(tmp_path):
         tmp_path / "proj" / "e"
     )
     assert tensorboard_log_dir(_args("--tensorboard-dir", "/x", "--tb-project-name", "/tb"), out) == "/x"
+    # The original's environment variable: used as given over the project/experiment names; the flag still wins.
+    monkeypatch.setenv("TENSORBOARD_DIR", "/env/tb")
+    assert tensorboard_log_dir(_args("--tb-project-name", "proj", "--tb-experiment-name", "e"), out) == "/env/tb"
+    assert tensorboard_log_dir(_args(), out) == "/env/tb"
+    assert tensorboard_log_dir(_args("--tensorboard-dir", "/x"), out) == "/x"
 
 
-def test_tensorboard_is_on_by_default(tmp_path):
+def test_tensorboard_is_on_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     # The field's default (True) decides; the tracker used to fall back to False when it could not read it.
     tracker = Tracker(_args(), str(tmp_path))
     tracker.close()

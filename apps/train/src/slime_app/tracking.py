@@ -42,11 +42,15 @@ _COMPACT = [
 
 
 def tensorboard_log_dir(cfg: SlimeArgs, output_dir: str) -> str:
-    """TensorBoard directory: `--tensorboard-dir`, else `--tb-project-name`, else `<output_dir>/tensorboard`.
+    """TensorBoard directory: `--tensorboard-dir`, `$TENSORBOARD_DIR`, `--tb-project-name`, or the default.
 
-    A relative `--tb-project-name` is taken under `output_dir` (not the current directory). With
-    `--tb-experiment-name NAME` the run writes to the subdirectory NAME of it.
+    The first that is set wins; the default is `<output_dir>/tensorboard`. `TENSORBOARD_DIR` is used as given, as
+    the original's `_TensorboardAdapter` does (there it wins over the project and experiment names). A relative
+    `--tb-project-name` is taken under `output_dir` (not the current directory). With `--tb-experiment-name NAME`
+    the run writes to the subdirectory NAME of it.
     """
+    if not cfg.tensorboard_dir and os.environ.get("TENSORBOARD_DIR"):
+        return os.environ["TENSORBOARD_DIR"]
     # An absolute --tb-project-name stays as given: os.path.join drops output_dir.
     base = cfg.tensorboard_dir or os.path.join(output_dir, cfg.tb_project_name or "tensorboard")
     experiment = cfg.tb_experiment_name
