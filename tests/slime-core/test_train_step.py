@@ -207,6 +207,20 @@ def test_the_originals_trainer_side_rollout_means(num_steps):
     assert metrics["goodput/tokens_trained"] == 8.0 * num_steps  # the shared reduction keeps the goodput counts
 
 
+def test_rollout_mean_sums_have_the_same_names_on_a_rank_without_samples():
+    # Megatron all-reduces the sums as one vector in name order: a rank with no samples must send the same names.
+    from slime_core.train_step import _rollout_mean_sums, _rollout_means
+
+    empty = RolloutBatch(
+        tokens=[], response_lengths=[], loss_masks=[], rewards=[], raw_rewards=[], loss_denominators=[],
+        micro_batches=[[[]]], step_sample_counts=[0], step_token_counts=[0.0],
+    )  # fmt: skip
+    sums = _rollout_mean_sums(empty, {"log_probs": {}, "ref_log_probs": None, "advantages": []})
+    assert sums == {"rollout/log_probs.sum": 0.0, "rollout/log_probs.count": 0.0, "rollout/advantages.sum": 0.0,
+                    "rollout/advantages.count": 0.0}  # fmt: skip
+    assert _rollout_means(sums) == {}  # nothing to average anywhere: no key rather than a division by zero
+
+
 def test_rollout_log_probs_ref_whitening_reset_and_ref_update():
     batch = _batch(2, rollout_log_probs=True)
     backend = FakeBackend(batch, with_ref=True)

@@ -257,8 +257,8 @@ def _rollout_mean_sums(
             means = list(values.values())
         else:
             means = [_sample_mean(v, m) for v, m in zip(values, batch.loss_masks, strict=True)]
-        if means:
-            sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(sum(means)), float(len(means))
+        # Also with no samples on this rank: every rank must reduce the same names (Megatron's all-reduce).
+        sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(sum(means)), float(len(means))
     return sums
 
 
