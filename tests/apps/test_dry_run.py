@@ -107,6 +107,16 @@ def test_dry_run_refuses_use_wandb_without_the_package(model, data, capsys, monk
     assert len(err) == 1 and "--use-wandb: the `wandb` package is not installed" in err[0], err
 
 
+def test_wandb_flags_without_use_wandb_are_named_as_having_no_effect(model, data, capsys):
+    # The original's scripts list --wandb-* with --use-wandb commented out: nothing goes to W&B, say so.
+    flags = _flags(model, data, "--num-rollout", "2", "--wandb-project", "p", "--wandb-group", "g")
+    assert main(["--dry-run", *flags, "--wandb-always-use-train-step"]) == 0
+    out = capsys.readouterr().out
+    assert "--wandb-group, --wandb-project: no effect without --use-wandb (nothing goes to W&B)" in out
+    assert main(["--dry-run", *_flags(model, data, "--num-rollout", "2")]) == 0
+    assert "without --use-wandb" not in capsys.readouterr().out
+
+
 def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     (tmp_path / "empty").mkdir()
     torch_dist = tmp_path / "td"
