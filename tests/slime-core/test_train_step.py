@@ -202,8 +202,10 @@ def test_the_originals_trainer_side_rollout_means(num_steps):
     assert ("log_probs:actor" in backend.calls) == (num_steps == 2)
     assert metrics["rollout/log_probs"] == pytest.approx(-1.5, abs=ATOL)  # (-2 - 1) / 2, on 2 identical ranks
     assert metrics["rollout/ref_log_probs"] == pytest.approx(-2.5, abs=ATOL)
-    # GRPO: every token of a sample carries its (already normalized) reward +1 / -0.5.
+    # GRPO: every token of a sample carries its (already normalized) reward +1 / -0.5, its return too.
     assert metrics["rollout/advantages"] == pytest.approx(0.25, abs=ATOL)
+    assert metrics["rollout/returns"] == pytest.approx(0.25, abs=ATOL)
+    assert "rollout/values" not in metrics  # no critic
     assert metrics["goodput/tokens_trained"] == 8.0 * num_steps  # the shared reduction keeps the goodput counts
 
 
@@ -289,6 +291,11 @@ def test_ppo_advantages_use_the_critic_values():
     metrics, _ = train_on_rollout(cfg, backend, 0, batch)
     assert backend.calls[0] == "log_probs:actor"  # the ppo spec never reuses the training forward's log-probs
     assert metrics["train/pg_loss"] == pytest.approx(-0.0625, abs=ATOL)
+    # The original's rollout means: values (0.375 + 0) / 2, returns = A + V = r: (1 - 0.5) / 2, advantages
+    # (0.625 - 0.5) / 2 (sample 1's masked middle token left out).
+    assert metrics["rollout/values"] == pytest.approx(0.1875, abs=ATOL)
+    assert metrics["rollout/returns"] == pytest.approx(0.25, abs=ATOL)
+    assert metrics["rollout/advantages"] == pytest.approx(0.0625, abs=ATOL)
     batch.values = None
     with pytest.raises(ValueError, match="ppo needs the critic's values in RolloutBatch.values"):
         train_on_rollout(cfg, FakeBackend(batch), 0, batch)

@@ -186,15 +186,16 @@ def _teacher_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch
 
 def _advantages(
     cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, old, ref, teacher
-) -> list[torch.Tensor] | None:
+) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+    """`(advantages, returns)`, N `[L_i]` each (advantages whitened with `--normalize-advantages`), or Nones."""
     if cfg.disable_compute_advantages_and_returns:
-        return None  # SFT / custom losses that need no advantages
+        return None, None  # SFT / custom losses that need no advantages
     if get_estimator(cfg.advantage_estimator).needs_critic and batch.values is None:
         raise ValueError(
             f"--advantage-estimator {cfg.advantage_estimator} needs the critic's values in RolloutBatch.values "
             "(the trainer app attaches them after the critic step)"
         )
-    adv, _returns = compute_advantages_and_returns(
+    adv, returns = compute_advantages_and_returns(
         cfg,
         rewards=list(batch.rewards),
         loss_masks=batch.loss_masks,
@@ -207,7 +208,7 @@ def _advantages(
         # Masked whitening over the whole DP group: the (count, sum, sum of squares) statistics are summed.
         stats = backend.all_reduce_sum(whitening_stats(adv, batch.loss_masks))
         adv = apply_whitening(adv, batch.loss_masks, stats)
-    return adv
+    return adv, returns
 
 
 def _opd_reverse_kl(cfg: SlimeArgs, inputs: LossInputs, student, teacher) -> torch.Tensor:
@@ -341,7 +342,8 @@ def train_on_rollout(
         `(metrics, step_metrics)`: `train/*` metrics averaged over the steps, each reduced over all DP ranks
         and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps) and
         `train/lr` (rate of the last step; also as the original's `train/lr-pg_0`); the original's trainer-side
-        `rollout/log_probs`, `rollout/ref_log_probs` and `rollout/advantages` (per-sample means over trainable
+        `rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages`, `rollout/returns` and (PPO)
+        `rollout/values` (per-sample means over trainable
         tokens, averaged over the rollout's samples); `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
         (trainable tokens with a non-zero / zero advantage, summed over DP ranks); `perf/log_probs_time`,
         `perf/ref_log_probs_time`, `perf/teacher_log_probs_time` (OPD), `perf/actor_train_time` (this rank's
@@ -366,14 +368,21 @@ def train_on_rollout(
     t2 = time.perf_counter()
     teacher = _teacher_log_probs(cfg, backend, batch)  # OPD: from the batch (engine teacher) or a forward here
     t_teacher = time.perf_counter()
-    adv = _advantages(cfg, backend, batch, old, ref, teacher)
+    adv, returns = _advantages(cfg, backend, batch, old, ref, teacher)
     # Goodput: trainable tokens whose advantage is non-zero (summed over data-parallel ranks after training).
     fates = trained_token_sums(adv, batch.loss_masks)
     seen_old: dict[int, float] = {}
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
     per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
-    series = {"log_probs": old if old is not None else seen_old, "ref_log_probs": ref, "advantages": adv}
+    values = None if batch.values is None else list(batch.values)  # PPO: the critic's
+    series = {
+        "log_probs": old if old is not None else seen_old,
+        "ref_log_probs": ref,
+        "advantages": adv,
+        "returns": returns,
+        "values": values,
+    }
     # One reduction for the goodput counts and the rollout means (the old log-probs are known only now).
     reduced = backend.reduce_metric_sums({**fates, **_rollout_mean_sums(batch, series)})
     fates = {key: value for key, value in reduced.items() if not key.startswith("rollout/")}
