@@ -46,11 +46,13 @@ def test_the_wandb_key_is_neither_uploaded_nor_printed():
     # The W&B run config is readable by everyone on the project and --dry-run's listing ends up in logs.
     from slime_app.dry_run import render_config
 
-    args = _args("--use-wandb", "--wandb-key", "sk-secret-123", "--wandb-project", "proj")
+    args = _args("--use-wandb", "--wandb-key", "sk-secret-123", "--wandb-project", "proj", "--sglang-api-key", "sk-eng")
     config = wandb_init_kwargs(args, suffix="x")["config"]
     assert config["wandb_key"] == "REDACTED" and config["wandb_project"] == "proj"
+    assert config["sglang_args"]["api_key"] == "REDACTED"
     listing = "\n".join(render_config(args))
     assert "sk-secret-123" not in listing and "--wandb-key" in listing and "REDACTED" in listing
+    assert "sk-eng" not in listing and "--sglang-api-key REDACTED" in listing
     assert args.wandb_key == "sk-secret-123" and wandb_login_kwargs(args)["key"] == "sk-secret-123"  # login still
     assert wandb_init_kwargs(_args("--use-wandb"), suffix="x")["config"]["wandb_key"] is None  # unset stays None
 

@@ -72,7 +72,7 @@ def render_config(cfg: SlimeArgs) -> list[str]:
         lines += changed
     lines.append("pass-through flags:")
     for key, prefix in (("sglang_args", "--sglang-"), ("router_args", "--router-")):
-        for name, value in getattr(cfg, key).items():
+        for name, value in public[key].items():
             shown = "" if value is True else f" {_shown(value)}"
             lines.append(f"  {prefix}{name.replace('_', '-')}{shown}")
     values = megatron_flag_values(list(cfg.megatron_args))

@@ -24,6 +24,7 @@ from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, Rollo
 from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, LoraArgs, OptimizerArgs
 from slime_core.config.validation import derive_and_validate
 from slime_core.estimators import get_estimator
+from slime_core.secrets import SECRET_FIELDS, redact_mapping
 
 __all__ = ["PluginArgs", "SlimeArgs", "config_error_from_validation"]
 
@@ -151,22 +152,22 @@ class SlimeArgs(
         return self._parallel_size("--expert-model-parallel-size") if self._megatron_native else 1
 
     #: Fields holding credentials: shown as `REDACTED` wherever the config is printed or sent (`to_public_dict`).
-    SECRET_FIELDS: ClassVar[tuple[str, ...]] = ("wandb_key",)
+    SECRET_FIELDS: ClassVar[tuple[str, ...]] = SECRET_FIELDS
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as JSON-compatible values (for Ray transport and saving next to checkpoints)."""
         return self.model_dump(mode="json")
 
     def to_public_dict(self) -> dict[str, Any]:
-        """`to_dict()` with every set credential (`SECRET_FIELDS`, e.g. `--wandb-key`) replaced by `"REDACTED"`.
+        """`to_dict()` with every set credential replaced by `"REDACTED"` (`slime_core.secrets`).
 
-        For what leaves the process or reaches a log: the W&B run config (the original uploaded the API key there
-        with the rest of `args`, readable by everyone with access to the project) and the `--dry-run` listing.
+        `--wandb-key`, and pass-through `...api-key` flags in `sglang_args` / `router_args`. For what leaves the
+        process or reaches a log: the W&B run config (the original uploaded the API key there with the rest of
+        `args`, readable by everyone with access to the project) and the `--dry-run` listing.
         """
-        out = self.to_dict()
-        for name in self.SECRET_FIELDS:
-            if out.get(name) is not None:
-                out[name] = "REDACTED"
+        out = redact_mapping(self.to_dict())
+        for key in ("sglang_args", "router_args"):
+            out[key] = redact_mapping(out[key])
         return out
 
     @classmethod
