@@ -98,6 +98,25 @@ def test_dry_run_errors_are_one_line(model, data, extra, message, capsys):
     assert re.search(message, err[0]), err[0]
 
 
+def test_dry_run_refuses_use_wandb_without_the_package(model, data, capsys, monkeypatch):
+    # The run's tracker imports wandb before Ray starts and fails there; --dry-run said everything was fine.
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError, installed or not
+    flags = _flags(model, data, "--num-rollout", "2", "--use-wandb", "--wandb-mode", "offline")
+    assert main(["--dry-run", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--use-wandb: the `wandb` package is not installed" in err[0], err
+
+
+def test_wandb_flags_without_use_wandb_are_named_as_having_no_effect(model, data, capsys):
+    # The original's scripts list --wandb-* with --use-wandb commented out: nothing goes to W&B, say so.
+    flags = _flags(model, data, "--num-rollout", "2", "--wandb-project", "p", "--wandb-group", "g")
+    assert main(["--dry-run", *flags, "--wandb-always-use-train-step"]) == 0
+    out = capsys.readouterr().out
+    assert "--wandb-group, --wandb-project: no effect without --use-wandb (nothing goes to W&B)" in out
+    assert main(["--dry-run", *_flags(model, data, "--num-rollout", "2")]) == 0
+    assert "without --use-wandb" not in capsys.readouterr().out
+
+
 def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     (tmp_path / "empty").mkdir()
     torch_dist = tmp_path / "td"

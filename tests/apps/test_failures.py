@@ -146,3 +146,63 @@ def test_user_code_past_its_deadline_is_one_line(tmp_path):
     rollout = DeadlineExceeded("generate function m.gen on sample 3 did not finish within 5 s (--plugin-timeout-secs)")
     assert deadline_failure(rollout) == str(rollout)
     assert deadline_failure(ValueError("a bug")) is None  # other errors keep their traceback
+
+
+def _raised_in_user_code(tmp_path, body: str, wrap):
+    """Runs `reward_func` of a module written under `tmp_path` (user code) through `wrap`, as Ray reports it."""
+    import importlib.util
+    import traceback
+
+    path = tmp_path / "myrm.py"
+    path.write_text(f"def reward_func(sample):\n    {body}\n")
+    spec = importlib.util.spec_from_file_location("myrm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        wrap(module.reward_func)
+    except Exception as e:  # what the actor's task raised, and the text Ray sends with it
+        return ray.exceptions.RayTaskError("RolloutManager.generate", traceback.format_exc(), e).as_instanceof_cause()
+    raise AssertionError("nothing raised")
+
+
+def test_an_error_in_the_users_reward_function_is_one_line_at_its_frame(tmp_path):
+    # Found by running the demo with a --custom-rm-path that divides by zero on one sample: 100 lines of slime's
+    # rollout internals across Ray, the user's one frame in the middle, no `slime: error:` line.
+    from slime_app.failures import plugin_failure
+    from slime_rollout.rewards.checks import RewardFunctionError
+
+    def rollout(fn):  # slime's side: the plugin call wrapped as call_reward_plugin does
+        try:
+            fn(3)
+        except ZeroDivisionError as e:
+            raise RewardFunctionError("--custom-rm-path myrm.reward_func raised ZeroDivisionError on sample 3") from e
+
+    line = plugin_failure(_raised_in_user_code(tmp_path, "return 1 / 0", rollout))
+    assert line == (
+        f"--custom-rm-path myrm.reward_func raised ZeroDivisionError on sample 3 at {tmp_path / 'myrm.py'}:2 in "
+        "reward_func (the full traceback: SLIME_LOG_LEVEL=DEBUG)"
+    )
+
+
+def test_a_plugin_error_note_names_the_plugin_and_slimes_own_bugs_keep_their_traceback(tmp_path):
+    from slime_app.failures import plugin_failure
+    from slime_core.hook_deadline import note_raised_by
+    from slime_rollout.rewards.checks import RewardFunctionError
+
+    def generate(fn):
+        try:
+            fn(0)
+        except KeyError as e:
+            note_raised_by(e, "--custom-generate-function-path myrm.reward_func")
+            raise
+
+    line = plugin_failure(_raised_in_user_code(tmp_path, "return {}['answer']", generate))
+    assert line.startswith("KeyError: 'answer' (raised by --custom-generate-function-path myrm.reward_func) at ")
+    assert f"{tmp_path / 'myrm.py'}:2 in reward_func" in line
+    # No user frame in the remote traceback: slime's own error keeps its traceback, unless it is about what a reward
+    # function returned.
+    own = ray.exceptions.RayTaskError("RolloutManager.generate", "Traceback ...", ValueError("a bug"))
+    assert plugin_failure(own.as_instanceof_cause()) is None
+    returned = RewardFunctionError("--custom-rm-path m.f returned nan for sample 2")
+    wrapped = ray.exceptions.RayTaskError("RolloutManager.generate", "Traceback ...", returned).as_instanceof_cause()
+    assert plugin_failure(wrapped) == f"{returned} (the full traceback: SLIME_LOG_LEVEL=DEBUG)"

@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +115,15 @@ def test_sharded_output_equals_single_file(tiny_dir, tmp_path):
                 assert torch.equal(f.get_tensor(name), single.get_tensor(name)), name
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.model.layers[1].mlp.down_proj.weight.shape == (16, 64)
+    # Every shard readable like the config next to it (safetensors >= 0.8 alone writes 0600; umask 022 here).
+    previous = os.umask(0o022)
+    try:
+        again = mm.make_model("qwen3-tiny", tmp_path / "modes", dtype="float32", seed=3, max_shard_gb=1e-5)
+    finally:
+        os.umask(previous)
+    config_mode = stat.S_IMODE((again / "config.json").stat().st_mode)
+    assert config_mode == 0o644
+    assert {stat.S_IMODE(p.stat().st_mode) for p in again.glob("*.safetensors")} == {config_mode}
 
 
 def test_bf16_and_existing_out(tmp_path):

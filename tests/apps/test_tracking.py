@@ -42,6 +42,21 @@ def test_wandb_kwargs_from_the_original_flags():
     assert wandb_init_kwargs(_args("--use-wandb"), suffix="x")["group"] is None  # no group: no suffix either
 
 
+def test_the_wandb_key_is_neither_uploaded_nor_printed():
+    # The W&B run config is readable by everyone on the project and --dry-run's listing ends up in logs.
+    from slime_app.dry_run import render_config
+
+    args = _args("--use-wandb", "--wandb-key", "sk-secret-123", "--wandb-project", "proj", "--sglang-api-key", "sk-eng")
+    config = wandb_init_kwargs(args, suffix="x")["config"]
+    assert config["wandb_key"] == "REDACTED" and config["wandb_project"] == "proj"
+    assert config["sglang_args"]["api_key"] == "REDACTED"
+    listing = "\n".join(render_config(args))
+    assert "sk-secret-123" not in listing and "--wandb-key" in listing and "REDACTED" in listing
+    assert "sk-eng" not in listing and "--sglang-api-key REDACTED" in listing
+    assert args.wandb_key == "sk-secret-123" and wandb_login_kwargs(args)["key"] == "sk-secret-123"  # login still
+    assert wandb_init_kwargs(_args("--use-wandb"), suffix="x")["config"]["wandb_key"] is None  # unset stays None
+
+
 def test_wandb_login_only_with_credentials_and_online(monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     assert wandb_login_kwargs(_args("--wandb-key", "k", "--wandb-host", "https://wb.local")) == {
@@ -81,6 +96,7 @@ def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, t
     fake = _FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     extra = ["--wandb-always-use-train-step"] if train_step else []
     args = _args(
         *("--use-wandb", "--wandb-key", "k", "--wandb-project", "p", "--wandb-dir", str(tmp_path / "wb")),
@@ -88,6 +104,7 @@ def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, t
     )
     tracker = Tracker(args, str(tmp_path / "out"))
     tracker.log(2, {"rollout/raw_reward": 0.5})
+    tracker.log(2, {"train/loss": 0.25, "eval/gsm8k": 0.75})
     tracker.close()
 
     # rollout 2 of 4 prompts x 2 samples with global batch 2: 2 * 4 * 2 // 2 = 8 optimizer steps before it.
@@ -96,6 +113,11 @@ def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, t
     assert (tmp_path / "wb").is_dir()
     assert ("define_metric", "*", {"step_metric": "rollout/step"}) in fake.calls
     assert ("log", {"rollout/raw_reward": 0.5, "rollout/step": expected_x}) in fake.calls
+    # The original's other W&B axes are logged too (its dashboards plot train/* against train/step): rollout 2
+    # with 4 optimizer steps per rollout starts at step 8.
+    assert ("define_metric", "train/step", {}) in fake.calls and ("define_metric", "eval/step", {}) in fake.calls
+    logged = {"train/loss": 0.25, "eval/gsm8k": 0.75, "train/step": 8, "eval/step": expected_x}
+    assert ("log", {**logged, "rollout/step": expected_x}) in fake.calls
     assert fake.calls[-1] == ("finish",)
     assert tracker.tensorboard_dir == str(tmp_path / "tb" / "run-a")
     acc = EventAccumulator(tracker.tensorboard_dir)
@@ -104,7 +126,8 @@ def test_tracker_logs_to_wandb_and_tensorboard_on_the_chosen_axis(monkeypatch, t
     assert tracker.history["rollout/raw_reward"] == [(2, 0.5)]  # printed curves stay in rollout ids
 
 
-def test_tensorboard_dir_precedence(tmp_path):
+def test_tensorboard_dir_precedence(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     out = str(tmp_path)
     assert tensorboard_log_dir(_args(), out) == str(tmp_path / "tensorboard")
     assert tensorboard_log_dir(_args("--tb-experiment-name", "e"), out) == str(tmp_path / "tensorboard" / "e")
@@ -113,9 +136,15 @@ def test_tensorboard_dir_precedence(tmp_path):
         tmp_path / "proj" / "e"
     )
     assert tensorboard_log_dir(_args("--tensorboard-dir", "/x", "--tb-project-name", "/tb"), out) == "/x"
+    # The original's environment variable: used as given over the project/experiment names; the flag still wins.
+    monkeypatch.setenv("TENSORBOARD_DIR", "/env/tb")
+    assert tensorboard_log_dir(_args("--tb-project-name", "proj", "--tb-experiment-name", "e"), out) == "/env/tb"
+    assert tensorboard_log_dir(_args(), out) == "/env/tb"
+    assert tensorboard_log_dir(_args("--tensorboard-dir", "/x"), out) == "/x"
 
 
-def test_tensorboard_is_on_by_default(tmp_path):
+def test_tensorboard_is_on_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     # The field's default (True) decides; the tracker used to fall back to False when it could not read it.
     tracker = Tracker(_args(), str(tmp_path))
     tracker.close()

@@ -141,8 +141,8 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
     backend = FakeBackend(batch, dp=2)
     assert isinstance(backend, StepBackend)
     metrics, steps = train_on_rollout(_cfg(), backend, 0, batch)
-    # The first reduce_metric_sums is the goodput token count, then one per optimizer step.
-    assert backend.calls == ["reduce_metric_sums", "forward_backward:0", "optimizer_step", "reduce_metric_sums"]
+    # One reduce_metric_sums per optimizer step, then one for the goodput token counts and the rollout means.
+    assert backend.calls == ["forward_backward:0", "optimizer_step", "reduce_metric_sums", "reduce_metric_sums"]
     assert backend.denominators == [4.0]
     assert metrics["train/pg_loss"] == pytest.approx(-0.25, abs=ATOL)
     assert metrics["train/loss"] == pytest.approx(-0.25, abs=ATOL)
@@ -158,6 +158,7 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
         "train/entropy_loss",
         "train/grad_norm",
         "train/lr",
+        "train/lr-pg_0",  # the original's name
     }
     # Goodput: 2 + 2 trainable tokens, every advantage non-zero (rewards +1, -0.5), on 2 identical DP ranks.
     assert metrics["goodput/tokens_trained"] == 8.0 and metrics["goodput/tokens_zero_advantage"] == 0.0
@@ -175,14 +176,51 @@ def test_two_steps_compute_old_log_probs_once_and_average():
     metrics, steps = train_on_rollout(_cfg(entropy_coef=0.01), backend, 3, batch)
     assert backend.calls == [
         "log_probs:actor",
-        "reduce_metric_sums",
         *("forward_backward:0", "optimizer_step", "reduce_metric_sums"),
         *("forward_backward:1", "optimizer_step", "reduce_metric_sums"),
+        "reduce_metric_sums",
     ]
     assert len(steps) == 2 and steps[0]["train/lr"] == pytest.approx(0.1) and metrics["train/lr"] == 0.2
     for key in ("train/pg_loss", "train/grad_norm", "train/entropy_loss"):
         assert metrics[key] == pytest.approx((steps[0][key] + steps[1][key]) / 2, abs=ATOL)
     assert all(backend.entropy_got_grad)  # --entropy-coef != 0: the entropy keeps its graph
+
+
+@pytest.mark.parametrize("num_steps", [1, 2])
+def test_the_originals_trainer_side_rollout_means(num_steps):
+    """`rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages` as the original's `log_rollout_data`:
+    per sample the mean over trainable tokens, then the mean over the samples of all DP ranks. One step reuses the
+    training forward's log-probs (recorded there), two steps compute them first: the same values."""
+    batch = _batch(num_steps, dp=2)
+    backend = FakeBackend(batch, dp=2, with_ref=True)
+    with torch.no_grad():
+        for s in range(num_steps):  # sample means -2 and -1 (the masked -9 left out)
+            backend.params[2 * s].copy_(torch.tensor([-1.0, -3.0]))
+            backend.params[2 * s + 1].copy_(torch.tensor([-0.5, -9.0, -1.5]))
+    backend.ref = [p.detach().clone() - 1.0 for p in backend.params]
+    metrics, _ = train_on_rollout(_cfg(), backend, 0, batch)
+    assert ("log_probs:actor" in backend.calls) == (num_steps == 2)
+    assert metrics["rollout/log_probs"] == pytest.approx(-1.5, abs=ATOL)  # (-2 - 1) / 2, on 2 identical ranks
+    assert metrics["rollout/ref_log_probs"] == pytest.approx(-2.5, abs=ATOL)
+    # GRPO: every token of a sample carries its (already normalized) reward +1 / -0.5, its return too.
+    assert metrics["rollout/advantages"] == pytest.approx(0.25, abs=ATOL)
+    assert metrics["rollout/returns"] == pytest.approx(0.25, abs=ATOL)
+    assert "rollout/values" not in metrics  # no critic
+    assert metrics["goodput/tokens_trained"] == 8.0 * num_steps  # the shared reduction keeps the goodput counts
+
+
+def test_rollout_mean_sums_have_the_same_names_on_a_rank_without_samples():
+    # Megatron all-reduces the sums as one vector in name order: a rank with no samples must send the same names.
+    from slime_core.train_step import _rollout_mean_sums, _rollout_means
+
+    empty = RolloutBatch(
+        tokens=[], response_lengths=[], loss_masks=[], rewards=[], raw_rewards=[], loss_denominators=[],
+        micro_batches=[[[]]], step_sample_counts=[0], step_token_counts=[0.0],
+    )  # fmt: skip
+    sums = _rollout_mean_sums(empty, {"log_probs": {}, "ref_log_probs": None, "advantages": []})
+    assert sums == {"rollout/log_probs.sum": 0.0, "rollout/log_probs.count": 0.0, "rollout/advantages.sum": 0.0,
+                    "rollout/advantages.count": 0.0}  # fmt: skip
+    assert _rollout_means(sums) == {}  # nothing to average anywhere: no key rather than a division by zero
 
 
 def test_rollout_log_probs_ref_whitening_reset_and_ref_update():
@@ -212,8 +250,13 @@ def test_sft_loss_skips_old_log_probs_and_advantages():
     cfg = _cfg(loss_type="sft_loss", disable_compute_advantages_and_returns=True)
     metrics, steps = train_on_rollout(cfg, backend, 0, batch)
     assert "log_probs:actor" not in backend.calls
-    assert backend.calls[:2] == ["reduce_metric_sums", "forward_backward:0"]
-    assert {k for k in metrics if k.startswith("train/")} == {"train/loss", "train/grad_norm", "train/lr"}
+    assert backend.calls[:2] == ["forward_backward:0", "optimizer_step"]
+    assert {k for k in metrics if k.startswith("train/")} == {
+        "train/loss",
+        "train/grad_norm",
+        "train/lr",
+        "train/lr-pg_0",
+    }
     # No advantages: every trainable token (4 samples × 2) carries a gradient.
     assert metrics["goodput/tokens_trained"] == 8.0 and metrics["goodput/tokens_zero_advantage"] == 0.0
     # Step 0: NLL -Σ_i (Σ_t m_t·lp_t)/D_i = -(-2/2) - (-2/2) = 2, divided by the step's 2 samples.
@@ -248,6 +291,11 @@ def test_ppo_advantages_use_the_critic_values():
     metrics, _ = train_on_rollout(cfg, backend, 0, batch)
     assert backend.calls[0] == "log_probs:actor"  # the ppo spec never reuses the training forward's log-probs
     assert metrics["train/pg_loss"] == pytest.approx(-0.0625, abs=ATOL)
+    # The original's rollout means: values (0.375 + 0) / 2, returns = A + V = r: (1 - 0.5) / 2, advantages
+    # (0.625 - 0.5) / 2 (sample 1's masked middle token left out).
+    assert metrics["rollout/values"] == pytest.approx(0.1875, abs=ATOL)
+    assert metrics["rollout/returns"] == pytest.approx(0.25, abs=ATOL)
+    assert metrics["rollout/advantages"] == pytest.approx(0.0625, abs=ATOL)
     batch.values = None
     with pytest.raises(ValueError, match="ppo needs the critic's values in RolloutBatch.values"):
         train_on_rollout(cfg, FakeBackend(batch), 0, batch)

@@ -1,13 +1,23 @@
-"""Rollout metrics switched on by flags: `--log-passrate` (pass@k) and `--log-reward-category`."""
+"""Rollout metrics: the original's per-sample statistics, and those switched on by flags (`--log-passrate`,
+`--log-reward-category`)."""
 
 import itertools
+import random
 import statistics
+import zlib
 
 import pytest
 
 from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
-from slime_rollout.runtime.metrics import compute_rollout_metrics, flatten_groups, pass_at_k
+from slime_rollout.runtime.metrics import (
+    compute_rollout_metrics,
+    flatten_groups,
+    has_repetition,
+    multi_turn_metrics,
+    pass_at_k,
+    response_metrics,
+)
 
 
 def _brute_pass_at_k(rewards, k):
@@ -79,3 +89,58 @@ def test_flatten_groups_names_the_entry_that_is_not_a_sample():
     )
     with pytest.raises(TypeError, match=r"^the rollout returned NoneType at groups\[1\], not a Sample"):
         flatten_groups([[Sample()], None])
+
+
+def test_has_repetition_is_the_originals_compression_test():
+    loop = "The answer is 4. " * 700  # 11,900 characters that compress far beyond 10:1
+    rng = random.Random(0)
+    noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ,.") for _ in range(12_000))
+    assert len(zlib.compress(loop[-10_000:].encode(), 9)) * 10 < 10_000  # the reference ratio, computed here
+    assert has_repetition(loop) and not has_repetition(noise)
+    assert not has_repetition(loop[:10_000])  # the original looks only past 10,000 characters
+
+
+def test_response_metrics_has_the_originals_keys():
+    # The original logs these for rollouts ("rollout/") and for every eval set ("eval/<name>/").
+    samples = [_sample(0, 1.0), _sample(1, 0.0), _sample(2, 0.0)]
+    samples[1].response_length, samples[1].loss_mask = 4, [1, 1, 0, 1]
+    samples[2].status = Status.TRUNCATED
+    samples[2].response = "x. " * 4000
+    out = response_metrics(samples, "eval/gsm8k/")
+    assert out == {
+        "eval/gsm8k/response_len/mean": pytest.approx(7 / 3, abs=1e-12),  # trainable tokens 2, 3, 2
+        "eval/gsm8k/response_len/median": 2.0,
+        "eval/gsm8k/response_len/max": 3.0,
+        "eval/gsm8k/response_len/min": 2.0,
+        "eval/gsm8k/repetition_frac": pytest.approx(1 / 3, abs=1e-12),
+        "eval/gsm8k/truncated_ratio": pytest.approx(1 / 3, abs=1e-12),
+    }
+    with pytest.raises(ValueError, match="no samples"):
+        response_metrics([], "rollout/")
+
+
+def test_log_multi_turn_has_the_originals_keys():
+    # Two episodes: 6 response tokens of which 3 from the model (2 rounds), and 8 of which 5 (3 rounds, at the limit).
+    a = Sample(index=0, tokens=list(range(9)), response_length=6, loss_mask=[1, 1, 0, 0, 1, 0], reward=1.0)
+    b = Sample(index=1, tokens=list(range(11)), response_length=8, loss_mask=[1, 1, 1, 0, 0, 0, 1, 1], reward=0.0)
+    a.metadata["num_turns"], b.metadata["num_turns"] = 2, 3
+    for s in (a, b):
+        s.status = Status.COMPLETED
+    args = _args(log_multi_turn=True, rollout_max_response_len=8)
+    got = {k: v for k, v in compute_rollout_metrics(args, [[a, b]], rollout_time=1.0).items() if "multi_turn" in k}
+    assert got == {
+        "multi_turn/raw_response_length/response_length_mean": 7.0,
+        "multi_turn/raw_response_length/response_length_max": 8.0,
+        "multi_turn/raw_response_length/response_length_min": 6.0,
+        "multi_turn/raw_response_length/response_length_clip_ratio": 0.5,
+        "multi_turn/wo_obs_response_length/response_length_mean": 4.0,
+        "multi_turn/wo_obs_response_length/response_length_max": 5.0,
+        "multi_turn/wo_obs_response_length/response_length_min": 3.0,
+        "multi_turn/multi_turn_metric/round_number_mean": 2.5,
+        "multi_turn/multi_turn_metric/round_number_max": 3.0,
+        "multi_turn/multi_turn_metric/round_number_min": 2.0,
+    }
+    a.metadata["round_number"], b.metadata["round_number"] = 4, 4  # the original's key wins
+    assert multi_turn_metrics([a, b], None)["multi_turn/multi_turn_metric/round_number_mean"] == 4.0
+    assert "multi_turn/raw_response_length/response_length_clip_ratio" not in multi_turn_metrics([a, b], None)
+    assert not any("multi_turn" in k for k in compute_rollout_metrics(_args(), [[a, b]], rollout_time=1.0))

@@ -44,8 +44,11 @@ async def test_rollout_groups_rewards_logprobs_and_metrics(use_client):
     assert m["rollout/response_len/mean"] == pytest.approx(2.5, abs=1e-12)
     assert m["rollout/response_len/max"] == 3 and m["rollout/response_len/min"] == 2
     assert m["rollout/truncated_ratio"] == 0.0
-    # mean over the 10 tokens: 2 * (0.1+0.2+0.3) + 2 * (0.1+0.2) = 1.8 -> -0.18
-    assert m["rollout/log_probs"] == pytest.approx(-0.18, abs=1e-12)
+    # The engine's log-probs under the original's key, mean of the per-sample means: (-0.2 - 0.2 - 0.15 - 0.15) / 4;
+    # `rollout/log_probs` is the trainer's, as in the original.
+    assert m["rollout/rollout_log_probs"] == pytest.approx(-0.175, abs=1e-12) and "rollout/log_probs" not in m
+    assert m["rollout/repetition_frac"] == 0.0 and m["rollout/response_len/median"] == 2.5
+    assert m["perf/longest_effective_sample_tokens_per_sec"] > 0
     assert m["rollout/zero_std/count_1.0"] == 1.0
     assert client.in_flight == 0
     # Goodput: all 3 + 3 + 2 + 2 model tokens were accepted, nothing thrown away.
@@ -378,6 +381,12 @@ def test_eval_rollout_metrics(use_client, tmp_path):
     assert sorted(d["rewards"]) == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     assert out.metrics["eval/toy"] == pytest.approx(4 / 6, abs=1e-12)
     assert out.metrics["eval/toy-truncated_ratio"] == 1.0
+    # The original's per-sample statistics of the set (3 tokens each: cut at the budget).
+    assert {k: v for k, v in out.metrics.items() if k.startswith("eval/toy/")} == {
+        **{f"eval/toy/response_len/{stat}": 3.0 for stat in ("mean", "median", "max", "min")},
+        "eval/toy/repetition_frac": 0.0,
+        "eval/toy/truncated_ratio": 1.0,
+    }
     assert all(p["sampling_params"]["temperature"] == 0.5 for p in client.payloads)
     assert rollout_mod.num_engines(args) == 1
     assert not any("pass@" in k for k in out.metrics)

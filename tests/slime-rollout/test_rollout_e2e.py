@@ -84,7 +84,7 @@ def test_rollout_against_reference_engine(reference_engine, tiny_qwen3_dir, fixt
     m = out.metrics
     assert m["rollout/truncated_ratio"] == pytest.approx(sum(s.status is Status.TRUNCATED for s in flat) / 4, abs=1e-12)
     assert m["rollout/response_len/mean"] == pytest.approx(sum(s.response_length for s in flat) / 4, abs=1e-12)
-    assert -20 < m["rollout/log_probs"] < 0
+    assert -20 < m["rollout/rollout_log_probs"] < 0
 
 
 async def slow_even_fake_odd(args, sample, sampling_params):

@@ -45,6 +45,13 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _new_file_mode() -> int:
+    # What open() gives a new file; this CLI is single-threaded, so reading the umask by setting it is safe here.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def preset_config(name: str, dtype: str = "bfloat16", vocab_size: int = QWEN3_VOCAB_SIZE) -> PretrainedConfig:
     """Returns the ``Qwen3Config`` of a preset (``Qwen3MoeConfig`` with experts, ``Qwen3VLConfig`` with a vision tower).
 
@@ -164,6 +171,7 @@ def write_random_weights(
     for fname, names in zip(files, plan, strict=True):
         shard = {nm: _random_tensor(nm, shapes[nm], std, gen, dtype, router_std) for nm in names}
         save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
+        os.chmod(out_dir / fname, _new_file_mode())  # safetensors >= 0.8 leaves 0600 (safetensors#782)
         total += sum(t.numel() * t.element_size() for t in shard.values())
         weight_map.update(dict.fromkeys(names, fname))
         logger.info("wrote %s (%d tensors)", fname, len(names))

@@ -89,7 +89,7 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
-    from slime_app.failures import SaveFailed, actor_failure, deadline_failure, engine_failure
+    from slime_app.failures import SaveFailed, actor_failure, deadline_failure, engine_failure, plugin_failure
     from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
     from slime_app.ray_start import RayAddressError, RayStartupError
@@ -117,9 +117,10 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        line = engine_failure(e, cfg) or deadline_failure(e) or actor_failure(e)
+        line = engine_failure(e, cfg) or deadline_failure(e) or actor_failure(e) or plugin_failure(e)
         if line is None:
             raise
+        logging.getLogger("slime_app.cli").debug("the run's failure", exc_info=e)
         print(f"slime: error: {line}", file=sys.stderr)
         return 1
     finally:

@@ -54,6 +54,7 @@ def _shown(value: Any) -> str:
 def render_config(cfg: SlimeArgs) -> list[str]:
     """The config grouped like `--help`: per group the flags that differ from their defaults, then pass-through."""
     lines: list[str] = []
+    public = cfg.to_public_dict()  # --wandb-key and other credentials are not printed
     for group in reversed(SlimeArgs.__bases__):
         changed = []
         for name, field in group.model_fields.items():
@@ -61,7 +62,8 @@ def render_config(cfg: SlimeArgs) -> list[str]:
                 continue
             value = getattr(cfg, name)
             if value != field.get_default(call_default_factory=True):
-                changed.append(f"  {field_to_flag(name):<42} {_shown(value)}")
+                shown = public[name] if name in cfg.SECRET_FIELDS else value
+                changed.append(f"  {field_to_flag(name):<42} {_shown(shown)}")
         summary = (group.__doc__ or "").strip().splitlines()[0]
         lines.append(
             f"{group.__name__} ({summary}) {len(changed)} differ from the default, "
@@ -70,7 +72,7 @@ def render_config(cfg: SlimeArgs) -> list[str]:
         lines += changed
     lines.append("pass-through flags:")
     for key, prefix in (("sglang_args", "--sglang-"), ("router_args", "--router-")):
-        for name, value in getattr(cfg, key).items():
+        for name, value in public[key].items():
             shown = "" if value is True else f" {_shown(value)}"
             lines.append(f"  {prefix}{name.replace('_', '-')}{shown}")
     values = megatron_flag_values(list(cfg.megatron_args))

@@ -10,10 +10,12 @@ the underlying error, the free space left there and the last complete checkpoint
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
 import shutil
+import sys
 
 import ray.exceptions
 
@@ -23,10 +25,19 @@ from slime_core.config import SlimeArgs
 from slime_core.error_text import first_rank_error
 from slime_core.hook_deadline import HookDeadlineExceeded
 from slime_rollout.engines.transport import EngineError
+from slime_rollout.rewards.checks import RewardFunctionError
 from slime_rollout.runtime.deadlines import DeadlineExceeded
 from slime_rollout.weight_sync.push import WeightPushError
 
-__all__ = ["SaveFailed", "actor_failure", "deadline_failure", "engine_failure", "root_cause", "save_failed"]
+__all__ = [
+    "SaveFailed",
+    "actor_failure",
+    "deadline_failure",
+    "engine_failure",
+    "plugin_failure",
+    "root_cause",
+    "save_failed",
+]
 
 
 class SaveFailed(RuntimeError):
@@ -159,3 +170,95 @@ def actor_failure(error: BaseException) -> str | None:
         f"{f' ({exit_type.group(1)})' if exit_type else ''}: a plugin that calls os._exit, a crash in native code or "
         "the OOM killer (see `dmesg`) ends a process this way; its last log lines are above"
     )
+
+
+# Where slime's own code and the environment's live: frames there are not the user's.
+_OWN_PACKAGES = (
+    "slime_app",
+    "slime_compat",
+    "slime_convert",
+    "slime_core",
+    "slime_envs",
+    "slime_rollout",
+    "slime_train_fsdp",
+    "slime_train_megatron",
+    "slime",
+)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _not_user_dirs() -> tuple[str, ...]:
+    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    for name in _OWN_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            dirs.add(os.path.realpath(location))
+    return tuple(sorted(dirs))
+
+
+def _user_frames(text: str) -> list[str]:
+    """`path:line in function` of every traceback frame in `text` outside slime, the environment and Python."""
+    skip = _not_user_dirs()
+    frames = []
+    for line in text.splitlines():
+        match = _FRAME.match(line)
+        if not match or match.group(1).startswith("<"):
+            continue
+        path = os.path.realpath(match.group(1))
+        if "site-packages" in path or any(path == d or path.startswith(d + os.sep) for d in skip):
+            continue
+        frames.append(f"{match.group(1)}:{match.group(2)} in {match.group(3)}")
+    return frames
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error` and everything under it: Ray's task wrapper, `raise ... from` and implicit contexts."""
+    out: list[BaseException] = []
+    todo: list[BaseException] = [error]
+    while todo:
+        e = todo.pop()
+        if any(e is seen for seen in out):
+            continue
+        out.append(e)
+        if isinstance(e, ray.exceptions.RayTaskError) and isinstance(e.cause, BaseException):
+            todo.append(e.cause)
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+    return out
+
+
+def plugin_failure(error: BaseException) -> str | None:
+    """The one line for a run ended by an error in the user's own code, or None for others (their traceback stays).
+
+    A reward function that raised ended the run in a 100-line traceback of slime's rollout internals across Ray, the
+    user's one frame in the middle of it. The line is the error that names the plugin and the sample (a
+    `RewardFunctionError`, or the error with its `(raised by <plugin>)` note) and where the user's code raised it:
+    the innermost frame outside slime, the environment and Python. An error without such a frame is slime's own (or
+    a library's) and keeps its traceback, except a `RewardFunctionError` about what a reward function returned.
+
+    Args:
+        error: what the driver caught.
+    """
+    chain = _chain(error)
+    # A wrapper's text is the remote traceback (Ray's dual-class wrapper keeps only that text, in str()).
+    texts = [str(e) for e in chain if isinstance(e, ray.exceptions.RayTaskError)]
+    # A chained traceback prints the root cause first: its innermost user frame is where the user's code raised.
+    blocks = [b for text in texts for b in re.split(r"\n(?=The above exception was|During handling of)", text)]
+    frames = next((found for b in blocks if (found := _user_frames(b))), [])
+    # Ray's wrapper is an instance of its cause's class too (args: its own): the plain cause carries the message.
+    plain = [e for e in chain if not isinstance(e, ray.exceptions.RayTaskError)]
+    named = next((e for e in plain if isinstance(e, RewardFunctionError)), None)
+    if named is None and frames:
+        named = next(
+            (e for e in plain if any(str(n).startswith("(raised by ") for n in getattr(e, "__notes__", ()))), None
+        )
+    if named is None or (not frames and not isinstance(named, RewardFunctionError)):
+        return None
+    message = " ".join(str(named).split()) or type(named).__name__
+    if not isinstance(named, RewardFunctionError):
+        notes = [str(n) for n in getattr(named, "__notes__", ()) if str(n).startswith("(raised by ")]
+        message = f"{type(named).__name__}: {message} {notes[0] if notes else ''}".rstrip()
+    where = f" at {frames[-1]}" if frames else ""
+    return f"{message}{where} (the full traceback: SLIME_LOG_LEVEL=DEBUG)"

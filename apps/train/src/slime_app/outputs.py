@@ -59,7 +59,15 @@ def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
     if cfg.use_tensorboard:
         # The folder the run's SummaryWriter opens (a file named `tensorboard` in --output-dir ended the run in
         # tensorboard's FileExistsError traceback).
-        flag = "--tensorboard-dir" if cfg.tensorboard_dir else "--tb-project-name" if cfg.tb_project_name else None
+        flag = (
+            "--tensorboard-dir"
+            if cfg.tensorboard_dir
+            else "TENSORBOARD_DIR (environment)"
+            if os.environ.get("TENSORBOARD_DIR")
+            else "--tb-project-name"
+            if cfg.tb_project_name
+            else None
+        )
         yield flag or "--output-dir (its tensorboard folder)", pathlib.Path(tensorboard_log_dir(cfg, cfg.output_dir))
     elif cfg.tensorboard_dir:
         yield "--tensorboard-dir", pathlib.Path(cfg.tensorboard_dir)

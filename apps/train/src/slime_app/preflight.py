@@ -9,6 +9,7 @@ from slime_app.checkpoints import check_checkpoints
 from slime_app.fp8_rollout import check_fp8_rollout
 from slime_app.ray_start import ray_address
 from slime_core.config import SlimeArgs
+from slime_core.config.base import field_to_flag
 from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
 from slime_core.hf_checkpoint import INDEX_NAME, read_weight_map
 from slime_core.registry import Registry
@@ -220,6 +221,35 @@ def _check_hardware(cfg: SlimeArgs) -> None:
         )
 
 
+def _check_metric_sinks(cfg: SlimeArgs) -> list[str]:
+    """`--use-wandb` needs the `wandb` package in the driver's environment (where `slime_app.tracking` imports it).
+
+    Returns:
+        A note naming the `--wandb-*` flags set without `--use-wandb` (they have no effect then, as in the original).
+
+    Raises:
+        ValueError: naming the flag and the install command.
+    """
+    if not cfg.use_wandb:
+        fields = type(cfg).model_fields
+        unused = [
+            field_to_flag(name)
+            for name in fields
+            if name.startswith(("wandb_", "disable_wandb_"))
+            and name != "wandb_always_use_train_step"  # the TensorBoard x-axis too
+            and getattr(cfg, name) != fields[name].default
+        ]
+        return [f"{', '.join(unused)}: no effect without --use-wandb (nothing goes to W&B)"] if unused else []
+    try:
+        import wandb  # noqa: F401  # the driver's own import, done before anything starts
+    except ImportError:
+        raise ValueError(
+            "--use-wandb: the `wandb` package is not installed in this environment (`uv pip install wandb`, or drop "
+            "--use-wandb; TensorBoard logs are written without it)"
+        ) from None
+    return []
+
+
 def _check_engine_launch(cfg: SlimeArgs) -> None:
     """Checks the engine's record against the run.
 
@@ -398,6 +428,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     if hardware and not ray_address(cfg):
         _check_hardware(cfg)
     _check_plugins(cfg)
+    sink_notes = _check_metric_sinks(cfg)
     _check_engine_launch(cfg)
     if cfg.hf_checkpoint and not os.path.isdir(cfg.hf_checkpoint):
         hint = ""
@@ -412,7 +443,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     if cfg.hf_checkpoint:
         _check_json_files(cfg.hf_checkpoint)
     _check_opd_teacher(cfg)
-    notes = check_fp8_rollout(cfg)
+    notes = sink_notes + check_fp8_rollout(cfg)
     # The packages' and entries' own checks (data, engine flags, Megatron's model type): architecture flag
     # mismatches do not matter if the model cannot be built.
     notes += _run_owned_checks(cfg)

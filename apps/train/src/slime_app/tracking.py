@@ -42,11 +42,15 @@ _COMPACT = [
 
 
 def tensorboard_log_dir(cfg: SlimeArgs, output_dir: str) -> str:
-    """TensorBoard directory: `--tensorboard-dir`, else `--tb-project-name`, else `<output_dir>/tensorboard`.
+    """TensorBoard directory: `--tensorboard-dir`, `$TENSORBOARD_DIR`, `--tb-project-name`, or the default.
 
-    A relative `--tb-project-name` is taken under `output_dir` (not the current directory). With
-    `--tb-experiment-name NAME` the run writes to the subdirectory NAME of it.
+    The first that is set wins; the default is `<output_dir>/tensorboard`. `TENSORBOARD_DIR` is used as given, as
+    the original's `_TensorboardAdapter` does (there it wins over the project and experiment names). A relative
+    `--tb-project-name` is taken under `output_dir` (not the current directory). With `--tb-experiment-name NAME`
+    the run writes to the subdirectory NAME of it.
     """
+    if not cfg.tensorboard_dir and os.environ.get("TENSORBOARD_DIR"):
+        return os.environ["TENSORBOARD_DIR"]
     # An absolute --tb-project-name stays as given: os.path.join drops output_dir.
     base = cfg.tensorboard_dir or os.path.join(output_dir, cfg.tb_project_name or "tensorboard")
     experiment = cfg.tb_experiment_name
@@ -60,7 +64,8 @@ def wandb_init_kwargs(cfg: SlimeArgs, *, suffix: str) -> dict[str, Any]:
     `--wandb-run-id` resumes that run (`resume="allow"`).
 
     Args:
-        cfg: the run config: the `--wandb-*` flags, and `to_dict()` as the logged config.
+        cfg: the run config: the `--wandb-*` flags, and `to_public_dict()` (credentials redacted) as the logged
+            config.
         suffix: the random suffix.
     """
     group = cfg.wandb_group
@@ -71,7 +76,7 @@ def wandb_init_kwargs(cfg: SlimeArgs, *, suffix: str) -> dict[str, Any]:
         "project": cfg.wandb_project,
         "group": group,
         "name": group,
-        "config": cfg.to_dict(),
+        "config": cfg.to_public_dict(),
     }
     if cfg.wandb_mode:
         kwargs["mode"] = cfg.wandb_mode
@@ -134,8 +139,11 @@ class Tracker:
             if "dir" in init:
                 os.makedirs(init["dir"], exist_ok=True)  # wandb does not create it
             self._wandb = wandb.init(**init)
-            # Every metric against one x-axis (see `x_step`), not W&B's own call counter.
+            # Every metric against one x-axis (see `x_step`), not W&B's own call counter. The original's other
+            # axes, `train/step` and `eval/step`, are logged beside it (`log`), so its saved panels still plot.
             self._wandb.define_metric("rollout/step")
+            self._wandb.define_metric("train/step")
+            self._wandb.define_metric("eval/step")
             self._wandb.define_metric("*", step_metric="rollout/step")
 
     def start(self, start_rollout_id: int, num_rollout: int) -> None:
@@ -165,7 +173,20 @@ class Tracker:
             if self._tb is not None:
                 self._tb.add_scalar(key, value, x)
         if self._wandb is not None:
-            self._wandb.log({**metrics, "rollout/step": x})
+            self._wandb.log({**metrics, **self._wandb_steps(step, metrics), "rollout/step": x})
+
+    def _wandb_steps(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, int]:
+        """The original's W&B x-axes besides `rollout/step`, for the keys present.
+
+        `train/step`: the optimizer steps before this rollout's first, `rollout_id * num_steps_per_rollout` (the
+        `train/*` values are the rollout's mean over its steps); `eval/step`: the rollout axis.
+        """
+        steps = {}
+        if any(key.startswith("train/") for key in metrics):
+            steps["train/step"] = rollout_id * self.cfg.num_steps_per_rollout
+        if any(key.startswith("eval/") for key in metrics):
+            steps["eval/step"] = self.x_step(rollout_id)
+        return steps
 
     def rollout_done(self, step: int, metrics: dict[str, float]) -> None:
         """Prints the compact line for one rollout and advances the bar."""

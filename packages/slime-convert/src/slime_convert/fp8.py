@@ -18,11 +18,12 @@ import pathlib
 import shutil
 
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 from slime_convert.staged import staged_output
 from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX, Fp8Config, quantize_named
+from slime_core.safetensors_io import save_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def _write_fp8(
             num_quantized += name.endswith(SCALE_SUFFIX)
             if name.endswith(".weight") and t.dim() >= 2 and t.is_floating_point() and t.dtype != FP8_DTYPE:
                 kept.add(name.removesuffix(".weight"))
-        save_file(tensors, str(out / f.name), metadata={"format": "pt"})
+        save_safetensors(tensors, str(out / f.name), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, f.name))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
     for f in src.iterdir():

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from slime_core.hf_checkpoint import read_weight_map
+from slime_core.safetensors_io import save_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class HFShardedWriter:
         if not self._buffer:
             return
         path = self.dir / f".shard-{len(self._shards):05d}.safetensors.tmp"
-        save_file(self._buffer, str(path), metadata={"format": "pt"})
+        save_safetensors(self._buffer, str(path), metadata={"format": "pt"})
         self._shards.append((path, list(self._buffer)))
         self._buffer, self._buffer_bytes = {}, 0
 

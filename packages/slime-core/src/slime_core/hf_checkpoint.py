@@ -24,10 +24,10 @@ import shutil
 from collections.abc import Iterable
 
 import torch
-from safetensors.torch import save_file
 
 from slime_core.dir_swap import prepare_staging, swap_in
 from slime_core.fp8 import strip_quantization_config
+from slime_core.safetensors_io import save_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,9 @@ class HFCheckpointWriter:
     def _flush(self) -> None:
         if not self._buffer:
             return
-        save_file(self._buffer, str(self.tmp / f"shard-{len(self._shards):05d}.safetensors"), metadata={"format": "pt"})
+        save_safetensors(
+            self._buffer, str(self.tmp / f"shard-{len(self._shards):05d}.safetensors"), metadata={"format": "pt"}
+        )
         self._shards.append(list(self._buffer))
         self._buffer, self._buffer_bytes = {}, 0
 

@@ -186,15 +186,16 @@ def _teacher_log_probs(cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch
 
 def _advantages(
     cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, old, ref, teacher
-) -> list[torch.Tensor] | None:
+) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+    """`(advantages, returns)`, N `[L_i]` each (advantages whitened with `--normalize-advantages`), or Nones."""
     if cfg.disable_compute_advantages_and_returns:
-        return None  # SFT / custom losses that need no advantages
+        return None, None  # SFT / custom losses that need no advantages
     if get_estimator(cfg.advantage_estimator).needs_critic and batch.values is None:
         raise ValueError(
             f"--advantage-estimator {cfg.advantage_estimator} needs the critic's values in RolloutBatch.values "
             "(the trainer app attaches them after the critic step)"
         )
-    adv, _returns = compute_advantages_and_returns(
+    adv, returns = compute_advantages_and_returns(
         cfg,
         rewards=list(batch.rewards),
         loss_masks=batch.loss_masks,
@@ -207,7 +208,7 @@ def _advantages(
         # Masked whitening over the whole DP group: the (count, sum, sum of squares) statistics are summed.
         stats = backend.all_reduce_sum(whitening_stats(adv, batch.loss_masks))
         adv = apply_whitening(adv, batch.loss_masks, stats)
-    return adv
+    return adv, returns
 
 
 def _opd_reverse_kl(cfg: SlimeArgs, inputs: LossInputs, student, teacher) -> torch.Tensor:
@@ -227,11 +228,58 @@ def entropy_has_grad(cfg: SlimeArgs) -> bool:
     return cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
 
 
-def _micro_batch_loss(cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv, teacher, trainer=None) -> MicroBatchLoss:
+def _sample_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of `values` `[L]` over the tokens where `mask` `[L]` is non-zero; 0 for none (the original's clamp)."""
+    mask = mask.to(values.device, torch.float32)
+    return float((values.detach().float() * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _rollout_mean_sums(
+    batch: RolloutBatch, series: dict[str, list[torch.Tensor] | dict[int, float] | None]
+) -> dict[str, float]:
+    """This rank's sums for the original's trainer-side `rollout/*` means (its `log_rollout_data`).
+
+    Per sample the mean over its trainable tokens (`sum_of_sample_mean`); `_rollout_means` then takes the mean
+    over every sample of the rollout once the sums are reduced over data-parallel ranks.
+
+    Args:
+        batch: this rank's samples (`loss_masks`: N `[L_i]`).
+        series: name (e.g. `"log_probs"`) → N `[L_i]` per-token values, or sample position → its mean already
+            taken (the old log-probs recorded in the training forward), or None (not computed this run).
+
+    Returns:
+        `{"rollout/<name>.sum": ..., "rollout/<name>.count": ...}` for `StepBackend.reduce_metric_sums`.
+    """
+    sums: dict[str, float] = {}
+    for name, values in series.items():
+        if values is None:
+            continue
+        if isinstance(values, dict):
+            means = list(values.values())
+        else:
+            means = [_sample_mean(v, m) for v, m in zip(values, batch.loss_masks, strict=True)]
+        # Also with no samples on this rank: every rank must reduce the same names (Megatron's all-reduce).
+        sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(sum(means)), float(len(means))
+    return sums
+
+
+def _rollout_means(reduced: dict[str, float]) -> dict[str, float]:
+    """`rollout/<name>` = reduced sum / reduced count of the `_rollout_mean_sums` entries in `reduced`."""
+    names = {key.rsplit(".", 1)[0] for key in reduced if key.startswith("rollout/")}
+    return {n: reduced[f"{n}.sum"] / reduced[f"{n}.count"] for n in sorted(names) if reduced[f"{n}.count"]}
+
+
+def _micro_batch_loss(
+    cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv, teacher, trainer=None, seen_old: dict[int, float] | None = None
+) -> MicroBatchLoss:
     entropy_grad = entropy_has_grad(cfg)  # the entropy keeps its graph only when a loss term can use it
 
     def loss_fn(ids, log_probs, entropy):
         device = log_probs[0].device
+        if old is None and seen_old is not None:
+            # The detached training log-probs are the old ones here: record them for `rollout/log_probs`.
+            for i, lp in zip(ids, log_probs, strict=True):
+                seen_old[i] = _sample_mean(lp, batch.loss_masks[i])
 
         def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
             return None if xs is None else [xs[i].to(device) for i in ids]
@@ -272,6 +320,7 @@ def _optimizer_step(
     out = {f"train/{key}": reduced[key] / denominator for key in sorted(reduced)}
     out["train/grad_norm"] = grad_norm
     out["train/lr"] = lr
+    out["train/lr-pg_0"] = lr  # the original's name (one per Megatron param group; every group here has this rate)
     return out
 
 
@@ -292,7 +341,10 @@ def train_on_rollout(
     Returns:
         `(metrics, step_metrics)`: `train/*` metrics averaged over the steps, each reduced over all DP ranks
         and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps) and
-        `train/lr` (rate of the last step); `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
+        `train/lr` (rate of the last step; also as the original's `train/lr-pg_0`); the original's trainer-side
+        `rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages`, `rollout/returns` and (PPO)
+        `rollout/values` (per-sample means over trainable
+        tokens, averaged over the rollout's samples); `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
         (trainable tokens with a non-zero / zero advantage, summed over DP ranks); `perf/log_probs_time`,
         `perf/ref_log_probs_time`, `perf/teacher_log_probs_time` (OPD), `perf/actor_train_time` (this rank's
         wall seconds); and the per-step dicts.
@@ -316,12 +368,24 @@ def train_on_rollout(
     t2 = time.perf_counter()
     teacher = _teacher_log_probs(cfg, backend, batch)  # OPD: from the batch (engine teacher) or a forward here
     t_teacher = time.perf_counter()
-    adv = _advantages(cfg, backend, batch, old, ref, teacher)
-    # Goodput: trainable tokens whose advantage is non-zero, summed over data-parallel ranks.
-    fates = backend.reduce_metric_sums(trained_token_sums(adv, batch.loss_masks))
-    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer)
+    adv, returns = _advantages(cfg, backend, batch, old, ref, teacher)
+    # Goodput: trainable tokens whose advantage is non-zero (summed over data-parallel ranks after training).
+    fates = trained_token_sums(adv, batch.loss_masks)
+    seen_old: dict[int, float] = {}
+    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
     per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    values = None if batch.values is None else list(batch.values)  # PPO: the critic's
+    series = {
+        "log_probs": old if old is not None else seen_old,
+        "ref_log_probs": ref,
+        "advantages": adv,
+        "returns": returns,
+        "values": values,
+    }
+    # One reduction for the goodput counts and the rollout means (the old log-probs are known only now).
+    reduced = backend.reduce_metric_sums({**fates, **_rollout_mean_sums(batch, series)})
+    fates = {key: value for key, value in reduced.items() if not key.startswith("rollout/")}
     times.update({"perf/log_probs_time": t1 - t0, "perf/ref_log_probs_time": t2 - t1})
     if cfg.use_opd:
         times["perf/teacher_log_probs_time"] = t_teacher - t2
@@ -330,7 +394,8 @@ def train_on_rollout(
     if backend.has_ref and interval and (rollout_id + 1) % interval == 0:
         backend.update_ref()  # --ref-update-interval: the reference follows the actor
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
-    metrics["train/lr"] = per_step[-1]["train/lr"]
+    metrics["train/lr"] = metrics["train/lr-pg_0"] = per_step[-1]["train/lr"]
+    metrics.update(_rollout_means(reduced))
     metrics.update({f"goodput/{key}": value for key, value in fates.items()})
     metrics.update(times)
     # DEBUG: the summary line of each rollout and TensorBoard/W&B carry these; at INFO it repeated them per rank.

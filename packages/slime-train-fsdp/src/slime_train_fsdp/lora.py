@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 from slime_core.config import SlimeArgs
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in
 from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, adapter_config, scaling
+from slime_core.safetensors_io import save_safetensors
 
 __all__ = [
     "hf_name",
@@ -198,15 +199,13 @@ def save_adapter(model: nn.Module, cfg: SlimeArgs, path: str | pathlib.Path) -> 
         cfg: the run config (`hf_checkpoint`, `lora_*`).
         path: the output directory (replaced if it exists and slime wrote it: `slime_core.dir_swap`).
     """
-    from safetensors.torch import save_file
-
     out = pathlib.Path(path)
     tmp = staging_dir(out)
     rank = dist.get_rank()
     tensors = {name: t.float().cpu().contiguous() for name, t in iter_adapter(model)}  # gathered on every rank
     if rank == 0:
         prepare_staging(out, flag="--save-hf")  # refuses a folder slime did not write
-        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        save_safetensors(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         config = adapter_config(cfg, base_model=os.path.abspath(cfg.hf_checkpoint))
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
         for f in pathlib.Path(cfg.hf_checkpoint).iterdir():

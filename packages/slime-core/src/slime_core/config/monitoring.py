@@ -56,7 +56,13 @@ class LoggingArgs(ArgsGroup):
         None, "TensorBoard log directory, relative to --output-dir unless absolute (--tensorboard-dir wins)."
     )
     tb_experiment_name: str | None = arg(None, "TensorBoard run name: a subdirectory of the log directory.")
-    log_multi_turn: bool = arg(False, "Log multi-turn statistics.")
+    log_multi_turn: bool = arg(
+        False,
+        "Log multi-turn statistics per rollout: multi_turn/raw_response_length/response_length_{mean,max,min,"
+        "clip_ratio} (all response tokens), multi_turn/wo_obs_response_length/response_length_{mean,max,min} "
+        "(model tokens only), multi_turn/multi_turn_metric/round_number_{mean,max,min} (metadata round_number, "
+        "or num_turns of the built-in multi-turn generate).",
+    )
     log_passrate: bool = arg(False, "Log pass@k.")
     log_reward_category: str | None = arg(None, "Reward-dict key whose values are counted as error categories.")
     log_correct_samples: bool = arg(False, "Log statistics of correct samples.")

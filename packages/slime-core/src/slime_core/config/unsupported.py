@@ -49,7 +49,6 @@ UNSUPPORTED: dict[str, str] = {
     "http_proxy": "engine requests always go direct, never through a proxy",
     "keep_old_actor": "old log-probs are recomputed with the weights before each rollout's first step",
     "log_correct_samples": "correct-sample length/entropy statistics are not collected",
-    "log_multi_turn": "multi-turn round statistics are not collected",
     "log_probs_max_tokens_per_gpu": "log-prob forwards reuse the training micro-batches (--max-tokens-per-gpu)",
     "megatron_config_path": (
         "pass Megatron flags on the command line; the PPO critic takes --critic-load/--critic-save/--critic-lr/"

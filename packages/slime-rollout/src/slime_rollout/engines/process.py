@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import httpx
 
+from slime_core.secrets import redact_argv
+
 __all__ = ["EngineProcess", "find_free_port", "port_reusable", "start_engine_process"]
 
 logger = logging.getLogger(__name__)
@@ -116,7 +118,7 @@ class EngineProcess:
                 if not self.alive():
                     raise RuntimeError(
                         f"engine {self.url} exited with code {self.popen.returncode} before becoming healthy; "
-                        f"command: {' '.join(self.command)}\n{self.log_tail()}"
+                        f"command: {' '.join(redact_argv(self.command))}\n{self.log_tail()}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(self.url + endpoint).status_code == 200:
@@ -184,7 +186,7 @@ def start_engine_process(
             out.close()
     proc = EngineProcess(url=url, popen=popen, command=list(command), log_path=log_path)
     _LIVE.add(proc)
-    logger.info("started engine pid %d at %s: %s", popen.pid, url, " ".join(command))
+    logger.info("started engine pid %d at %s: %s", popen.pid, url, " ".join(redact_argv(command)))
     return proc
 
 

@@ -4,7 +4,8 @@ Every eval dataset is generated with its own sampling parameters and `n_samples_
 samples per prompt, all datasets concurrently, and scored with the per-sample reward. A setting is
 resolved dataset entry → `eval.defaults` of the YAML → flags (`--eval-temperature`, ... falling back to
 the rollout ones). Metrics: `eval/{name}` (mean reward, `--eval-reward-key`),
-`eval/{name}-truncated_ratio`, `eval/{name}/response_len/mean`, with `--log-passrate` `eval/{name}-pass@{k}`.
+`eval/{name}-truncated_ratio`, `eval/{name}/response_len/{mean,median,max,min}`, `eval/{name}/repetition_frac`,
+`eval/{name}/truncated_ratio`, with `--log-passrate` `eval/{name}-pass@{k}` (the original's names).
 
 YAML layout::
 
@@ -34,7 +35,7 @@ from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_s
 from slime_rollout.generation.generate import build_sampling_params
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, seeded_params
 from slime_rollout.runtime import async_utils
-from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, reward_value
+from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, response_metrics, reward_value
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -306,9 +307,9 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
                 )
         metrics[f"eval/{name}"] = statistics.fmean(result["rewards"])
         metrics[f"eval/{name}-truncated_ratio"] = statistics.fmean(map(float, result["truncated"]))
-        metrics[f"eval/{name}/response_len/mean"] = statistics.fmean(
-            s.effective_response_length for s in result["samples"]
-        )
+        # The original's per-sample statistics of the set: response_len/{mean,median,max,min}, repetition_frac,
+        # truncated_ratio (`compute_metrics_from_samples` under `eval/{name}/`).
+        metrics.update(response_metrics(result["samples"], f"eval/{name}/"))
     logger.info("eval %d: %s", rollout_id, {k: round(v, 4) for k, v in metrics.items() if "/" not in k[5:]})
     return RolloutFnEvalOutput(data=data, metrics=metrics)
 

@@ -1,11 +1,14 @@
 """Rollout-side metrics with the original names.
 
 `rollout/raw_reward`, `rollout/rewards` (after group normalization), `rollout/response_len/{mean,median,max,min}`
-(trainable tokens), `rollout/truncated_ratio`, `rollout/log_probs` (mean engine log-prob over trainable
-tokens), `rollout/zero_std/count_{reward}`, `rollout/dynamic_filter/drop_{reason}`, `perf/rollout_time`,
-`perf/tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`, `rollout/num_empty_responses` (samples without
-a response token, not in the original); with `--log-passrate` `passrate/pass@{k}`,
-with `--log-reward-category KEY` `rollout/error_cat/{category}`.
+(trainable tokens), `rollout/truncated_ratio`, `rollout/repetition_frac`, `rollout/rollout_log_probs` (mean engine
+log-prob over trainable tokens; the trainer's side logs `rollout/log_probs`), `rollout/zero_std/count_{reward}`,
+`rollout/dynamic_filter/drop_{reason}`, `perf/rollout_time`, `perf/tokens_per_gpu_per_sec`,
+`perf/effective_tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`,
+`perf/longest_effective_sample_tokens_per_sec`, `rollout/num_empty_responses` (samples without a response token, not
+in the original); with `--log-passrate` `passrate/pass@{k}`, with `--log-reward-category KEY`
+`rollout/error_cat/{category}`, with `--log-multi-turn` `multi_turn/...` (`multi_turn_metrics`). Source of the
+names: the original's `slime/observability/rollout_metrics.py` and `train_metric_utils.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import collections
 import logging
 import math
 import statistics
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +29,20 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["compute_rollout_metrics", "flatten_groups", "pass_at_k", "reward_value"]
+__all__ = [
+    "compute_rollout_metrics",
+    "flatten_groups",
+    "has_repetition",
+    "multi_turn_metrics",
+    "pass_at_k",
+    "response_metrics",
+    "reward_value",
+]
+
+# The original's repetition test (`has_repetition`): the last 10,000 characters of a response longer than that
+# compress more than 10:1 with zlib level 9.
+_REPETITION_WINDOW = 10_000
+_REPETITION_RATIO = 10.0
 
 
 def flatten_groups(groups: Any, what: str = "the rollout", where: str = "groups") -> list[Sample]:
@@ -59,6 +76,80 @@ def reward_value(sample: Sample, reward_key: str | None) -> float:
     if "raw_reward" in sample.metadata:
         return float(sample.metadata["raw_reward"])
     return sample.get_reward_value(reward_key)
+
+
+def has_repetition(text: str) -> bool:
+    """Whether a response ends in a loop, as the original decides it for `rollout/repetition_frac`.
+
+    True when `text` is longer than 10,000 characters and its last 10,000 characters, UTF-8 encoded, compress
+    more than 10:1 with zlib at level 9 (the original's `slime.observability.metric_utils.has_repetition`).
+    """
+    if len(text) <= _REPETITION_WINDOW:
+        return False
+    tail = text[-_REPETITION_WINDOW:].encode("utf-8")
+    return len(tail) / len(zlib.compress(tail, 9)) > _REPETITION_RATIO
+
+
+def response_metrics(samples: Sequence[Sample], prefix: str) -> dict[str, float]:
+    """The original's per-sample statistics of a rollout or an eval set, under `prefix`.
+
+    `{prefix}response_len/{mean,median,max,min}` (`effective_response_length`: trainable tokens),
+    `{prefix}repetition_frac` (share of samples with `has_repetition(response)`) and `{prefix}truncated_ratio`
+    (share of samples with status TRUNCATED), as the original's `compute_metrics_from_samples`.
+
+    Args:
+        samples: at least one sample.
+        prefix: e.g. `"rollout/"` or `"eval/gsm8k/"`.
+
+    Raises:
+        ValueError: no samples.
+    """
+    if not samples:
+        raise ValueError(f"response_metrics: no samples for {prefix!r}")
+    lengths = [s.effective_response_length for s in samples]
+    return {
+        f"{prefix}response_len/mean": statistics.fmean(lengths),
+        f"{prefix}response_len/median": float(statistics.median(lengths)),
+        f"{prefix}response_len/max": float(max(lengths)),
+        f"{prefix}response_len/min": float(min(lengths)),
+        f"{prefix}repetition_frac": sum(has_repetition(s.response or "") for s in samples) / len(samples),
+        f"{prefix}truncated_ratio": sum(s.status is Status.TRUNCATED for s in samples) / len(samples),
+    }
+
+
+def multi_turn_metrics(samples: Sequence[Sample], max_response_len: int | None) -> dict[str, float]:
+    """The original's `--log-multi-turn` statistics (`log_multi_turn_data`), means over the rollout's samples.
+
+    `multi_turn/raw_response_length/response_length_{mean,max,min}`: every response token (model, tool and user);
+    `.../response_length_clip_ratio`: share of samples with at least `max_response_len` of them;
+    `multi_turn/wo_obs_response_length/response_length_{mean,max,min}`: model tokens only (loss mask 1);
+    `multi_turn/multi_turn_metric/round_number_{mean,max,min}`: `metadata["round_number"]` (set by the original's
+    multi-turn examples) or `metadata["num_turns"]` (the built-in multi-turn generate), when every sample has one.
+
+    Args:
+        samples: at least one sample.
+        max_response_len: `--rollout-max-response-len` (None: no clip ratio).
+    """
+    raw = [s.response_length for s in samples]
+    model = [sum(1 for m in s.loss_mask if m) if s.loss_mask is not None else s.response_length for s in samples]
+    prefix = "multi_turn/"
+    out = {}
+    for name, values in (("raw_response_length", raw), ("wo_obs_response_length", model)):
+        out[f"{prefix}{name}/response_length_mean"] = statistics.fmean(values)
+        out[f"{prefix}{name}/response_length_max"] = float(max(values))
+        out[f"{prefix}{name}/response_length_min"] = float(min(values))
+    if max_response_len:
+        out[f"{prefix}raw_response_length/response_length_clip_ratio"] = sum(n >= max_response_len for n in raw) / len(
+            raw
+        )
+    for key in ("round_number", "num_turns"):
+        if all(key in s.metadata for s in samples):
+            rounds = [float(s.metadata[key]) for s in samples]
+            out[f"{prefix}multi_turn_metric/round_number_mean"] = statistics.fmean(rounds)
+            out[f"{prefix}multi_turn_metric/round_number_max"] = max(rounds)
+            out[f"{prefix}multi_turn_metric/round_number_min"] = min(rounds)
+            break
+    return out
 
 
 def pass_at_k(groups: Sequence[Sequence[float]]) -> dict[str, float]:
@@ -155,26 +246,26 @@ def compute_rollout_metrics(
     metrics["rollout/num_empty_responses"] = float(
         sum(s.response_length == 0 and s.status is not Status.ABORTED for s in samples)
     )
+    metrics.update(response_metrics(samples, "rollout/"))
+    if cfg.log_multi_turn:
+        metrics.update(multi_turn_metrics(samples, cfg.rollout_max_response_len))
     lengths = [s.effective_response_length for s in samples]
-    metrics["rollout/response_len/mean"] = statistics.fmean(lengths)
-    metrics["rollout/response_len/median"] = float(statistics.median(lengths))
-    metrics["rollout/response_len/max"] = float(max(lengths))
-    metrics["rollout/response_len/min"] = float(min(lengths))
-    metrics["rollout/truncated_ratio"] = sum(s.status is Status.TRUNCATED for s in samples) / len(samples)
-    token_log_probs = [
-        lp
-        for s in samples
-        if s.rollout_log_probs is not None
-        for lp, m in zip(s.rollout_log_probs, s.loss_mask or [1] * s.response_length, strict=True)
-        if m
-    ]
-    if token_log_probs:
-        metrics["rollout/log_probs"] = statistics.fmean(token_log_probs)
+    # The original's `rollout/rollout_log_probs`: per sample the mean engine log-prob over its trainable tokens (0
+    # for none), then the mean over samples; its `rollout/log_probs` is the trainer's (slime_core.train_step).
+    sample_log_probs = []
+    for s in samples:
+        if s.rollout_log_probs is not None:
+            mask = s.loss_mask or [1] * s.response_length
+            total = sum(lp for lp, m in zip(s.rollout_log_probs, mask, strict=True) if m)
+            sample_log_probs.append(total / max(sum(1 for m in mask if m), 1))
+    if sample_log_probs:
+        metrics["rollout/rollout_log_probs"] = statistics.fmean(sample_log_probs)
     if rollout_time > 0:
         num_gpus = max(cfg.rollout_num_gpus or 1, 1)
         metrics["perf/tokens_per_gpu_per_sec"] = sum(s.response_length for s in samples) / rollout_time / num_gpus
         metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / rollout_time / num_gpus
         metrics["perf/longest_sample_tokens_per_sec"] = max(s.response_length for s in samples) / rollout_time
+        metrics["perf/longest_effective_sample_tokens_per_sec"] = max(lengths) / rollout_time
     non_gen = [s.non_generation_time for s in samples]
     if any(non_gen):
         metrics["perf/non_generation_time/mean"] = statistics.fmean(non_gen)

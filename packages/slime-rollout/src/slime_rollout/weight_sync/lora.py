@@ -24,10 +24,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import save_file
 
 from slime_core.dir_swap import prepare_staging, swap_in
 from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_NAME, adapter_config
+from slime_core.safetensors_io import save_safetensors
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.weight_sync.updaters import Bucket, _EngineUpdater, _version_dir_name
@@ -63,7 +63,7 @@ def write_adapter(cfg: SlimeArgs, buckets: Iterable[Bucket], path: str | os.Path
             if name in tensors:
                 raise ValueError(f"adapter tensor {name!r} occurs twice")
             tensors[name] = tensor.detach().to("cpu").contiguous()
-    save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_safetensors(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (tmp / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(cfg), indent=2))
     swap_in(tmp, out, flag="--update-weight-disk-dir")
     return sum(t.numel() * t.element_size() for t in tensors.values())

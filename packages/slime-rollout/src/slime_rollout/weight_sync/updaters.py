@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing
-from safetensors.torch import save_file
 
 from slime_core.dir_swap import check_replaceable, mark, swap_in
+from slime_core.safetensors_io import save_safetensors
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.transport import EngineError
@@ -200,7 +200,7 @@ def write_hf_checkpoint(
                 # copy=True: tied weights must not share storage in a safetensors file.
                 tensors[name] = t.detach().to("cpu", copy=True).contiguous()
                 total_size += tensors[name].numel() * tensors[name].element_size()
-            save_file(tensors, str(tmp / shard), metadata={"format": "pt"})
+            save_safetensors(tensors, str(tmp / shard), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, shard))
         index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
