@@ -63,7 +63,10 @@ class RolloutArgs(ArgsGroup):
     custom_rollout_log_function_path: str | None = arg(None, "Import path of a custom rollout metrics logger.")
     custom_eval_rollout_log_function_path: str | None = arg(None, "Import path of a custom eval metrics logger.")
     buffer_filter_path: str | None = arg(
-        None, "Import path of fn(args, rollout_id, buffer, n) choosing groups from the partial-rollout buffer."
+        None,
+        "Import path of fn(args, rollout_id, buffer, n) choosing groups from the partial-rollout buffer: it returns at "
+        "most n groups and removes them from buffer (called with rollout_id None, as in the original; default "
+        "slime.rollout.data_source.pop_first).",
     )
     rollout_data_postprocess_path: str | None = arg(
         None, "Import path of fn(args, rollout_id, rollout_data) run on train data before training."
