@@ -64,3 +64,33 @@ async def test_a_data_source_that_runs_dry_is_named_with_what_was_dropped(use_cl
         "rollout 2: ListDataSource.get_samples(4) (rollout 2) returned no groups, 0/2 kept (dropped: filtered: 7); "
         "the data source ran dry"
     )
+
+
+SEEN_GROUPS = []
+
+
+def record_all_groups(args, all_groups, data_source):
+    SEEN_GROUPS.append([[s.index for s in group] for group in all_groups])
+
+
+def record_data(args, data):
+    SEEN_GROUPS.append([[s.index for s in group] for group in data])
+
+
+async def test_the_end_of_rollout_plugins_see_groups_in_sample_order_not_finishing_order(use_client):
+    # Prompt 0 answers in 8 tokens (the surplus, aborted), prompt 1 in 4, prompts 2 and 3 in 1: groups 2 and 3
+    # finish before 1. The original sorts `all_samples` by index before --rollout-all-samples-process-path; here it
+    # came in finishing order ([[4, 5], [6, 7], [2, 3]]).
+    lengths = {0: 8, 1: 4}
+    use_client(FakeClient({i: [A, B] for i in range(4)}, lengths=lengths, step_s=0.02, default_length=1))
+    SEEN_GROUPS.clear()
+    args = _args(
+        rollout_batch_size=3,
+        over_sampling_batch_size=4,
+        rollout_all_samples_process_path=f"{__name__}.record_all_groups",
+        rollout_sample_filter_path=f"{__name__}.record_data",
+    )
+    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
+    kept = [[s.index for s in group] for group in out.samples]
+    assert kept == [[2, 3], [4, 5], [6, 7]]  # prompt 0 was the surplus, aborted
+    assert SEEN_GROUPS == [kept, kept]

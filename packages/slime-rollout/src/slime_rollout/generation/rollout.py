@@ -351,6 +351,7 @@ async def generate_rollout_async(
     leftovers = sorted(requeue + leftovers, key=_group_sort_key)
 
     data.sort(key=_group_sort_key)
+    all_groups.sort(key=_group_sort_key)  # as the original hands them to --rollout-all-samples-process-path
     _exclude_empty_responses(args, rollout_id, data)
     await run_end_of_rollout_plugins(args, rollout_id, data, all_groups, data_source)
     metrics = compute_rollout_metrics(args, data, rollout_time=time.perf_counter() - start, drop_counts=drops)
@@ -376,8 +377,9 @@ async def run_end_of_rollout_plugins(
     """Runs the end-of-rollout plugins, each bounded by `--plugin-timeout-secs` in a worker thread.
 
     `--rollout-sample-filter-path` is `fn(args, data)`, `--rollout-all-samples-process-path`
-    `fn(args, all_groups, data_source)`. They are sync user code: called on the event loop, one that never
-    returned froze the run with no word.
+    `fn(args, all_groups, data_source)`, both with the groups sorted by sample index (`all_groups`: every group that
+    finished, kept, filtered out, aborted or surplus; it was in finishing order, the original sorts it). They are
+    sync user code: called on the event loop, one that never returned froze the run with no word.
 
     Raises:
         DeadlineExceeded: one ran past `--plugin-timeout-secs` (the message names it and the rollout).
