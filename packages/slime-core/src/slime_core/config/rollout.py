@@ -201,7 +201,11 @@ class RewardArgs(ArgsGroup):
         "Seconds between warnings while a reward function, a plugin or an engine request is still running.",
         gt=0,
     )
-    custom_rm_path: str | None = arg(None, "Import path of a custom reward fn(args, sample) -> float | dict.")
+    custom_rm_path: str | None = arg(
+        None,
+        "Import path of a custom reward fn(args, sample) -> float | dict; called once with a list of samples "
+        "(-> a list) for a --group-rm group and for a fan-out generate function's list, as in the original.",
+    )
     custom_reward_post_process_path: str | None = arg(
         None, "Import path of fn(args, samples) -> (raw_rewards, rewards) replacing group normalization."
     )
