@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DATASET_KEYS", "eval_datasets", "eval_rollout", "eval_rollout_async"]
+__all__ = ["DATASET_KEYS", "dataset_metrics", "eval_datasets", "eval_rollout", "eval_rollout_async"]
 
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_response_len", "min_new_tokens", "stop", "stop_token_ids")
 DATASET_KEYS = frozenset(
@@ -295,22 +295,41 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
                 name,
             )
             continue
-        if args.log_passrate:
-            n, rewards = int(dataset["n_samples_per_eval_prompt"]), result["rewards"]
-            if len(rewards) % n == 0:
-                groups = [rewards[i : i + n] for i in range(0, len(rewards), n)]
-                metrics.update({f"eval/{name}-{k}": v for k, v in pass_at_k(groups).items()})
-            else:  # a fan-out generate function returned several samples per prompt
-                logger.warning(
-                    "--log-passrate: eval %s has %d samples for groups of %d; skipped", name, len(rewards), n
-                )
-        metrics[f"eval/{name}"] = statistics.fmean(result["rewards"])
-        metrics[f"eval/{name}-truncated_ratio"] = statistics.fmean(map(float, result["truncated"]))
-        metrics[f"eval/{name}/response_len/mean"] = statistics.fmean(
-            s.effective_response_length for s in result["samples"]
-        )
+        metrics.update(dataset_metrics(args, name, result, int(dataset["n_samples_per_eval_prompt"])))
     logger.info("eval %d: %s", rollout_id, {k: round(v, 4) for k, v in metrics.items() if "/" not in k[5:]})
     return RolloutFnEvalOutput(data=data, metrics=metrics)
+
+
+def dataset_metrics(args: SlimeArgs, name: str, result: dict[str, Any], group_size: int) -> dict[str, float]:
+    """The `eval/*` metrics of one eval dataset's result, as the original's `log_eval_rollout_data` computes them.
+
+    Args:
+        args: the plugin view; reads `log_passrate`.
+        name: the dataset's name.
+        result: `{"rewards": [float], "truncated": [bool] (optional), "samples": [Sample] (optional)}`, non-empty
+            rewards.
+        group_size: samples per prompt (`n_samples_per_eval_prompt`), for pass@k.
+
+    Returns:
+        `eval/{name}` (mean reward), `eval/{name}-truncated_ratio`, `eval/{name}/response_len/mean` and with
+        `--log-passrate` `eval/{name}-pass@{k}`, each where the result has what it needs.
+    """
+    rewards = result["rewards"]
+    metrics = {f"eval/{name}": statistics.fmean(rewards)}
+    if "truncated" in result and result["truncated"]:
+        metrics[f"eval/{name}-truncated_ratio"] = statistics.fmean(map(float, result["truncated"]))
+    if result.get("samples"):
+        lengths = [s.effective_response_length for s in result["samples"]]
+        metrics[f"eval/{name}/response_len/mean"] = statistics.fmean(lengths)
+    if args.log_passrate:
+        if group_size > 0 and len(rewards) % group_size == 0:
+            groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
+            metrics.update({f"eval/{name}-{k}": v for k, v in pass_at_k(groups).items()})
+        else:  # a fan-out generate function returned several samples per prompt
+            logger.warning(
+                "--log-passrate: eval %s has %d samples for groups of %d; skipped", name, len(rewards), group_size
+            )
+    return metrics
 
 
 def eval_rollout(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalOutput:

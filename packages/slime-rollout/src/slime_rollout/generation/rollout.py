@@ -23,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
+import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import preview
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
-from slime_rollout.generation.eval import eval_rollout
+from slime_rollout.generation.eval import dataset_metrics, eval_rollout
 from slime_rollout.generation.filters import call_dynamic_filter
 from slime_rollout.generation.generate import abort_all
 from slime_rollout.generation.group_rollout import (
@@ -439,6 +442,27 @@ def _eval_samples(data: Any, what: str) -> list[Sample]:
     return out
 
 
+def _eval_metrics(args: SlimeArgs, data: dict[str, Any], what: str) -> dict[str, float]:
+    """`eval/*` metrics of a custom eval function's output (`eval.dataset_metrics` per dataset).
+
+    Raises:
+        TypeError: a dataset without a list of numeric `rewards` (names `what` and the dataset).
+    """
+    metrics: dict[str, float] = {}
+    for name, entry in data.items():
+        rewards = entry.get("rewards")
+        if not isinstance(rewards, list | tuple) or not all(
+            isinstance(r, numbers.Real) and math.isfinite(r) for r in rewards
+        ):
+            raise TypeError(f"{what} returned {preview(rewards)} as the rewards of eval dataset {name!r}, not a list "
+                            "of finite numbers")  # fmt: skip
+        if not rewards:
+            logger.warning("%s: eval dataset %r has no rewards; it has no eval/%s metric this time", what, name, name)
+            continue
+        metrics.update(dataset_metrics(args, name, dict(entry, rewards=list(rewards)), args.n_samples_per_eval_prompt))
+    return metrics
+
+
 def run_rollout(
     args: SlimeArgs, rollout_id: int, data_source: DataSource | None, *, evaluation: bool = False
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
@@ -480,13 +504,22 @@ def run_rollout(
     )
     output = wrap_rollout_output(value, evaluation=evaluation, what=what)
     rollout_time = time.perf_counter() - start
+    # The default function computes its metrics itself; another one's are computed from its output as the original's
+    # log_rollout_data / log_eval_rollout_data do (the function's own entries win): they were left out, so a custom
+    # --eval-function-path returning {name: {"rewards", ...}} (the original's convention) logged no eval/ curve.
+    own = fn is generate_rollout
     if isinstance(output, RolloutFnEvalOutput):
         samples = _eval_samples(output.data, what)
+        if not own:
+            output.metrics = {**_eval_metrics(args, output.data, what), **(output.metrics or {})}
         output.metrics = log_hooks.apply_eval_log_function(args, rollout_id, output.data, output.metrics)
     else:
         samples = flatten_groups(output.samples, what, "samples")
         # --opd-type sglang: samples a custom rollout function (or --group-rm) left without teacher log-probs.
         async_utils.run(score_teacher(args, samples))
+        if not own:
+            defaults = compute_rollout_metrics(args, output.samples, rollout_time=rollout_time)
+            output.metrics = {**defaults, **(output.metrics or {})}
         output.metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, output.metrics, rollout_time)
     if args.save_debug_rollout_data:
         debug_dump.save_debug_rollout_data(args, rollout_id, samples, evaluation=evaluation)
