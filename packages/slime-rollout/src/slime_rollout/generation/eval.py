@@ -1,7 +1,8 @@
 """Eval rollouts (`--eval-prompt-data name path [name path ...]` and/or `--eval-config FILE.yaml`).
 
 Every eval dataset is generated with its own sampling parameters and `n_samples_per_eval_prompt`
-samples per prompt, all datasets concurrently, and scored with the per-sample reward. A setting is
+samples per prompt, all datasets concurrently, and scored with the per-sample reward; ABORTED samples (no reward) are
+left out, counted in `eval/{name}-aborted_ratio` and one warning. A setting is
 resolved dataset entry → `eval.defaults` of the YAML → flags (`--eval-temperature`, ... falling back to
 the rollout ones). Metrics: `eval/{name}` (mean reward, `--eval-reward-key`),
 `eval/{name}-truncated_ratio`, `eval/{name}/response_len/mean`, with `--log-passrate` `eval/{name}-pass@{k}`.
@@ -229,7 +230,14 @@ def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
     )
 
 
-async def _eval_dataset(args: SlimeArgs, dataset: dict[str, Any], state: RolloutState) -> dict[str, Any]:
+async def _eval_dataset(
+    args: SlimeArgs, dataset: dict[str, Any], state: RolloutState
+) -> tuple[dict[str, Any], list[Sample]]:
+    """Generates and scores one dataset: `({"rewards", "truncated", "samples"}, the ABORTED samples left out)`.
+
+    An ABORTED sample (a generate function that marks it so, an engine that aborted the request) has no reward: it
+    failed as "sample 1 has no reward yet", naming neither the dataset nor the generate function.
+    """
     n = int(dataset["n_samples_per_eval_prompt"])
     samples = []
     for group_index, prompt in enumerate(_prompts(args, dataset)):
@@ -252,12 +260,15 @@ async def _eval_dataset(args: SlimeArgs, dataset: dict[str, Any], state: Rollout
         )
     )
     flat = flatten_groups([list(results)])
+    aborted = [s for s in flat if s.status is Status.ABORTED]
+    flat = [s for s in flat if s.status is not Status.ABORTED]
     key = _or(args.eval_reward_key, args.reward_key)
-    return {
+    result = {
         "rewards": [reward_value(s, key) for s in flat],
         "truncated": [s.status is Status.TRUNCATED for s in flat],
         "samples": flat,
     }
+    return result, aborted
 
 
 async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalOutput:
@@ -282,9 +293,20 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
         raise ValueError("--group-rm is not supported in eval rollouts")
     state = RolloutState.create(args, rollout_id=rollout_id, evaluation=True)
     results = await asyncio.gather(*(_eval_dataset(args, dataset, state) for dataset in datasets))
-    data = {dataset["name"]: result for dataset, result in zip(datasets, results, strict=True)}
+    data = {dataset["name"]: result for dataset, (result, _) in zip(datasets, results, strict=True)}
     metrics: dict[str, float] = {}
-    for dataset, (name, result) in zip(datasets, data.items(), strict=True):
+    for dataset, (name, result), (_, aborted) in zip(datasets, data.items(), results, strict=True):
+        if aborted:  # counted and said: they have no reward, so they are left out of eval/{name}
+            total = len(aborted) + len(result["samples"])
+            metrics[f"eval/{name}-aborted_ratio"] = len(aborted) / total
+            logger.warning(
+                "eval %d: dataset %s: %d of %d samples came back ABORTED (from %s, or the engine aborted them; "
+                "samples %s); they are left out of eval/%s",
+                rollout_id, name, len(aborted), total, _generate_source(args, dataset), [s.index for s in aborted[:8]],
+                name,
+            )  # fmt: skip
+            if not result["samples"]:
+                continue
         if not result["samples"]:  # said, not silent: a dashboard would just lose the curve
             logger.warning(
                 "eval %d: dataset %s has no samples (%s: every prompt was dropped, see the warning above, or the file "
@@ -295,9 +317,21 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
                 name,
             )
             continue
-        metrics.update(dataset_metrics(args, name, result, int(dataset["n_samples_per_eval_prompt"])))
+        # Left-out samples break the prompt groups pass@k is computed over (dataset_metrics says it skips it).
+        group_size = 0 if aborted else int(dataset["n_samples_per_eval_prompt"])
+        metrics.update(dataset_metrics(args, name, result, group_size))
     logger.info("eval %d: %s", rollout_id, {k: round(v, 4) for k, v in metrics.items() if "/" not in k[5:]})
     return RolloutFnEvalOutput(data=data, metrics=metrics)
+
+
+def _generate_source(args: SlimeArgs, dataset: dict[str, Any]) -> str:
+    """The generate function of an eval dataset's samples, as a message names it."""
+    path = dataset.get("custom_generate_function_path")
+    if path:
+        return f"--eval-config dataset {dataset['name']!r} custom_generate_function_path {path}"
+    if args.custom_generate_function_path:
+        return f"--custom-generate-function-path {args.custom_generate_function_path}"
+    return "the default generate function"
 
 
 def dataset_metrics(args: SlimeArgs, name: str, result: dict[str, Any], group_size: int) -> dict[str, float]:
@@ -308,7 +342,8 @@ def dataset_metrics(args: SlimeArgs, name: str, result: dict[str, Any], group_si
         name: the dataset's name.
         result: `{"rewards": [float], "truncated": [bool] (optional), "samples": [Sample] (optional)}`, non-empty
             rewards.
-        group_size: samples per prompt (`n_samples_per_eval_prompt`), for pass@k.
+        group_size: samples per prompt (`n_samples_per_eval_prompt`), for pass@k; 0 when the rewards are not in whole
+            prompt groups (samples were left out).
 
     Returns:
         `eval/{name}` (mean reward), `eval/{name}-truncated_ratio`, `eval/{name}/response_len/mean` and with
@@ -325,6 +360,8 @@ def dataset_metrics(args: SlimeArgs, name: str, result: dict[str, Any], group_si
         if group_size > 0 and len(rewards) % group_size == 0:
             groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
             metrics.update({f"eval/{name}-{k}": v for k, v in pass_at_k(groups).items()})
+        elif group_size <= 0:
+            logger.warning("--log-passrate: eval %s left samples out (ABORTED); pass@k skipped", name)
         else:  # a fan-out generate function returned several samples per prompt
             logger.warning(
                 "--log-passrate: eval %s has %d samples for groups of %d; skipped", name, len(rewards), group_size
