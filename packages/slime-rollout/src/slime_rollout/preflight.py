@@ -24,6 +24,8 @@ from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
+from slime_rollout.generation.rollout import generate_rollout
+from slime_rollout.plugins import load_function
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
@@ -57,7 +59,7 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         `--sglang-*`/`--router-*` flag; notes for what could not be checked here.
     """
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
-    problems += _pass_through_flags(cfg)
+    problems += _pass_through_flags(cfg) + _group_rm_eval(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
@@ -76,6 +78,28 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
             problems.append(Problem(message=str(e)))
     return problems
+
+
+def _group_rm_eval(cfg: SlimeArgs) -> list[Problem]:
+    """`--group-rm` with evals run by the built-in eval rollout, which refuses it (as the original's asserts).
+
+    It stopped the run at its first eval (after `--eval-interval` rollouts of training), not before it started.
+    """
+    has_evals = cfg.eval_interval is not None and (cfg.eval_prompt_data or cfg.eval_config)
+    if not (cfg.group_rm and has_evals):
+        return []
+    flag, path = ("--eval-function-path", cfg.eval_function_path) if cfg.eval_function_path else (
+        "--rollout-function-path", cfg.rollout_function_path)  # fmt: skip
+    try:
+        builtin = load_function(path, flag=flag) is generate_rollout
+    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return []
+    if not builtin:
+        return []
+    return [Problem(message=(
+        "--group-rm is not supported by the built-in eval rollout (as in the original), and --eval-interval "
+        f"{cfg.eval_interval} runs it: drop --group-rm, the eval datasets, or give --eval-function-path"
+    ))]  # fmt: skip
 
 
 def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags]]:
