@@ -58,7 +58,9 @@ class RolloutArgs(ArgsGroup):
         None, "Import path of a custom generate fn(args, sample, sampling_params) -> Sample."
     )
     rollout_sample_hook_path: list[str] | None = arg(
-        None, "Import paths of per-sample hooks hook(args, sample, evaluation=, rollout_id=) (repeatable)."
+        None,
+        "Import paths of per-sample hooks hook(args, sample) -> Sample | None, given evaluation= and rollout_id= where "
+        "it takes them (repeatable).",
     )
     custom_rollout_log_function_path: str | None = arg(None, "Import path of a custom rollout metrics logger.")
     custom_eval_rollout_log_function_path: str | None = arg(None, "Import path of a custom eval metrics logger.")
