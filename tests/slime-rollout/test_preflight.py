@@ -513,3 +513,33 @@ def test_group_rm_with_the_built_in_eval_is_refused_before_the_run(tmp_path):
     custom = check(_cfg(data, "--group-rm", *evals, "--eval-function-path", "slime_rollout_fakes.reward_is_a"))
     assert not any("--group-rm" in p.message for p in custom)
     assert not any("--group-rm" in p.message for p in check(_cfg(data, "--group-rm", "--rm-type", "math")))
+
+
+@pytest.mark.parametrize(
+    ("path", "refused"),
+    [
+        ("slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std", True),
+        ("slime_rollout.generation.filters.check_reward_nonzero_std", True),
+        ("slime_rollout.generation.filters.check_reward_nonzero_std_with_fallback", False),  # keeps when short
+    ],
+)
+def test_the_zero_std_filter_on_groups_of_one_is_refused_before_the_run(tmp_path, path, refused):
+    # Every group of one sample has zero reward spread: all dropped, the rollout could never fill its batch.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "p", "label": "1"}) + "\n")
+    base = (
+        "--rm-type",
+        "math",
+        "--dynamic-sampling-filter-path",
+        path,
+        "--advantage-estimator",
+        "reinforce_plus_plus",
+        "--normalize-advantages",
+    )
+    one = _cfg(data, *base, "--n-samples-per-prompt", "1", "--global-batch-size", "2")
+    messages = [p.message for p in check(one) if "--dynamic-sampling-filter-path" in p.message]
+    expected = [f"--dynamic-sampling-filter-path {path} drops every group of --n-samples-per-prompt 1 (one reward has "
+                "no spread), so no rollout could fill its batch: use --n-samples-per-prompt 2 or more, or another "
+                "filter"]  # fmt: skip
+    assert messages == (expected if refused else [])
+    assert not any("--dynamic-sampling-filter-path" in p.message for p in check(_cfg(data, *base)))  # groups of 2

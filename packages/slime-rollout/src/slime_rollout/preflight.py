@@ -24,6 +24,7 @@ from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
+from slime_rollout.generation.filters import check_reward_nonzero_std
 from slime_rollout.generation.rollout import generate_rollout
 from slime_rollout.plugins import load_function
 from slime_rollout.rewards import row_rm_type
@@ -59,7 +60,7 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         `--sglang-*`/`--router-*` flag; notes for what could not be checked here.
     """
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
-    problems += _pass_through_flags(cfg) + _group_rm_eval(cfg)
+    problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + _zero_std_filter_on_single_samples(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
@@ -78,6 +79,27 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
             problems.append(Problem(message=str(e)))
     return problems
+
+
+def _zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
+    """`check_reward_nonzero_std` with `--n-samples-per-prompt 1`, refused.
+
+    A group of one has no spread, so every group is dropped and the rollout could only stop after
+    `--dynamic-sampling-max-empty-rounds` refills (the original samples forever).
+    """
+    path = cfg.dynamic_sampling_filter_path
+    if not path or cfg.n_samples_per_prompt != 1:
+        return []
+    try:
+        fn = load_function(path, flag="--dynamic-sampling-filter-path")
+    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return []
+    if fn is not check_reward_nonzero_std:
+        return []
+    return [Problem(message=(
+        f"--dynamic-sampling-filter-path {path} drops every group of --n-samples-per-prompt 1 (one reward has no "
+        "spread), so no rollout could fill its batch: use --n-samples-per-prompt 2 or more, or another filter"
+    ))]  # fmt: skip
 
 
 def _group_rm_eval(cfg: SlimeArgs) -> list[Problem]:
