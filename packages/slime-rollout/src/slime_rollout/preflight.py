@@ -24,8 +24,6 @@ from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
-from slime_rollout.generation.filters import check_reward_nonzero_std
-from slime_rollout.generation.rollout import generate_rollout
 from slime_rollout.plugins import load_function
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
@@ -90,6 +88,9 @@ def _zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
     path = cfg.dynamic_sampling_filter_path
     if not path or cfg.n_samples_per_prompt != 1:
         return []
+    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
+    from slime_rollout.generation.filters import check_reward_nonzero_std
+
     try:
         fn = load_function(path, flag="--dynamic-sampling-filter-path")
     except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
@@ -110,6 +111,9 @@ def _group_rm_eval(cfg: SlimeArgs) -> list[Problem]:
     has_evals = cfg.eval_interval is not None and (cfg.eval_prompt_data or cfg.eval_config)
     if not (cfg.group_rm and has_evals):
         return []
+    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
+    from slime_rollout.generation.rollout import generate_rollout
+
     flag, path = ("--eval-function-path", cfg.eval_function_path) if cfg.eval_function_path else (
         "--rollout-function-path", cfg.rollout_function_path)  # fmt: skip
     try:
