@@ -13,6 +13,10 @@ YAML layout::
       defaults: {max_response_len: 512, temperature: 0.6}
       datasets:
         - {name: gsm8k, path: data/gsm8k_test.jsonl, rm_type: math, n_samples_per_eval_prompt: 4}
+
+`datasets` may also be the original's mapping keyed by name (`datasets: {gsm8k: {path: ...}}`). Besides the sampling
+keys above, `repetition_penalty`, `skip_special_tokens` and `no_stop_trim` go to the engine, and `metadata_overrides`
+(a mapping) is merged into every sample's metadata, as in the original's `EvalDatasetConfig`.
 """
 
 from __future__ import annotations
@@ -44,7 +48,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DATASET_KEYS", "dataset_metrics", "eval_datasets", "eval_rollout", "eval_rollout_async"]
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_response_len", "min_new_tokens", "stop", "stop_token_ids")
+_SAMPLING_KEYS = (
+    "temperature", "top_p", "top_k", "max_response_len", "min_new_tokens", "stop", "stop_token_ids",
+    "repetition_penalty", "skip_special_tokens", "no_stop_trim",
+)  # fmt: skip
 DATASET_KEYS = frozenset(
     {
         "name",
@@ -61,6 +68,7 @@ DATASET_KEYS = frozenset(
         "max_prompt_len",
         "custom_rm_path",
         "custom_generate_function_path",
+        "metadata_overrides",
         *_SAMPLING_KEYS,
     }
 )
@@ -72,6 +80,8 @@ def _check_keys(entry: Any, where: str) -> dict[str, Any]:
     unknown = set(entry) - DATASET_KEYS
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DATASET_KEYS)}")
+    if not isinstance(entry.get("metadata_overrides", {}), dict):
+        raise ValueError(f"{where}: metadata_overrides must be a mapping, got {entry['metadata_overrides']!r:.60}")
     return dict(entry)
 
 
@@ -92,8 +102,12 @@ def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if not isinstance(section, dict):
         raise ValueError(f"--eval-config {path}: expected a mapping with 'eval: {{defaults, datasets}}'")
     defaults = _check_keys(section.get("defaults") or {}, f"--eval-config {path}: eval.defaults")
+    raw_datasets = section.get("datasets") or []
+    if isinstance(raw_datasets, dict):  # the original's mapping form: `datasets: {gsm8k: {path: ...}, ...}`
+        raw_datasets = [{"name": name, **(entry or {})} if isinstance(entry, dict) or entry is None else entry
+                        for name, entry in raw_datasets.items()]  # fmt: skip
     datasets = []
-    for i, entry in enumerate(section.get("datasets") or []):
+    for i, entry in enumerate(raw_datasets):
         entry = _check_keys(entry, f"--eval-config {path}: eval.datasets[{i}]")
         if not entry.get("name") or not entry.get("path"):
             raise ValueError(f"--eval-config {path}: eval.datasets[{i}] needs 'name' and 'path'")
@@ -149,6 +163,7 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         "max_prompt_len": default_max_prompt_len(cfg.eval_max_prompt_len, cfg.eval_max_context_len, cfg.hf_checkpoint),
         "custom_rm_path": None,
         "custom_generate_function_path": None,
+        "metadata_overrides": {},
     }
     base_params = build_sampling_params(cfg, evaluation=True)
     resolved = []
@@ -247,6 +262,7 @@ async def _eval_dataset(
             sample.metadata.setdefault("source_name", dataset["name"])
             if dataset["rm_type"]:
                 sample.metadata.setdefault("rm_type", dataset["rm_type"])
+            sample.metadata.update(dataset["metadata_overrides"] or {})  # the original's metadata_overrides
             sample.custom_rm_path = sample.custom_rm_path or dataset["custom_rm_path"]
             sample.generate_function_path = sample.generate_function_path or dataset["custom_generate_function_path"]
             samples.append(sample)
