@@ -406,3 +406,21 @@ def test_slime_utils_misc_does_not_import_torch():
     code = "import sys, slime.utils.misc; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_eval_rollout_returns_the_original_output_type(monkeypatch):
+    # The original's eval_rollout returns (RolloutFnEvalOutput(data=...), []); this one returned the bare data dict,
+    # so a custom rollout function reading `output.data` (as the original's generate_rollout pattern does) failed.
+    import asyncio
+
+    import slime.rollout.sglang_rollout as original
+    from slime.rollout.base_types import RolloutFnEvalOutput
+
+    data = {"toy": {"rewards": [1.0], "truncated": [False], "samples": []}}
+
+    async def fake_eval(args, rollout_id):
+        return RolloutFnEvalOutput(data=data, metrics={"eval/toy": 1.0})
+
+    monkeypatch.setattr(original, "eval_rollout_async", fake_eval)
+    output, leftovers = asyncio.run(original.eval_rollout(None, 0))
+    assert isinstance(output, RolloutFnEvalOutput) and output.data is data and leftovers == []
