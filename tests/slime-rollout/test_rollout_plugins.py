@@ -274,3 +274,18 @@ async def test_sample_hooks_get_only_the_keywords_they_take_as_the_original_pass
         + [("kwargs", i, [("evaluation", False), ("rollout_id", 3)]) for i in range(4)],
         key=str,
     )  # fmt: skip
+
+
+def forgot_return_filter(args, samples):
+    statistics_of_rewards = [s.reward for s in samples]  # noqa: F841 - the `return` the user forgot
+
+
+async def test_a_filter_returning_none_is_one_error_naming_it_and_the_samples(use_client):
+    # The original reads None as "drop" (and with every group dropped samples forever); refused here, and the
+    # message itself names the filter (it said only "dynamic sampling filter must return ...", the path in a note).
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    path = f"{__name__}.forgot_return_filter"
+    with pytest.raises(TypeError) as e:
+        await generate_rollout_async(_args(dynamic_sampling_filter_path=path), 0, ListDataSource(n=2))
+    assert re.match(rf"--dynamic-sampling-filter-path {re.escape(path)} on samples \[\d, \d\] must return "
+                    r"DynamicFilterOutput or bool, got NoneType None$", str(e.value))  # fmt: skip
