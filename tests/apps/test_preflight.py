@@ -108,6 +108,8 @@ def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
         ),
         ("--custom-tis-function-path", "def gen(args, pg_loss, **kw):\n    pass\n", None),
         ("--buffer-filter-path", "def gen(args, rollout_id, buffer, num_samples, extra=1):\n    pass\n", None),
+        # The original passes a hook only the keywords it declares: (args, sample) is a valid hook (was refused).
+        ("--rollout-sample-hook-path", "def gen(args, sample):\n    pass\n", None),
     ],
 )
 def test_plugin_signatures_are_checked_against_the_runs_call(tmp_path, monkeypatch, flag, body, message):

@@ -30,7 +30,9 @@ ORIGINAL_IMPORTS = {
     ],
     "slime.rollout.base_types": ["RolloutFnTrainOutput", "RolloutFnEvalOutput", "call_rollout_fn"],
     "slime.rollout.data_source": ["RolloutDataSource", "RolloutDataSourceWithBuffer"],
-    "slime.rollout.filter_hub.base_types": ["DynamicFilterOutput", "call_dynamic_filter"],
+    "slime.rollout.filter_hub.base_types": [
+        "DynamicFilterOutput", "MetricGatherer", "call_dynamic_filter", "should_drop_dynamic_filter_output",
+    ],
     "slime.rollout.filter_hub.dynamic_sampling_filters": ["check_reward_nonzero_std"],
     "slime.rollout.rm_hub": ["async_rm", "batched_async_rm", "grade_answer_verl", "remote_rm"],
     "slime.rollout.rm_hub.math_utils": [
@@ -143,6 +145,28 @@ def test_filter_hub():
     assert call_dynamic_filter(check_reward_nonzero_std, args, same) == DynamicFilterOutput(False, "zero_std_1.0")
     assert call_dynamic_filter(lambda a, g: True, args, same) == DynamicFilterOutput(keep=True)
     assert call_dynamic_filter(None, args, same).keep
+
+
+def test_filter_hub_helpers_of_the_original_rollout_loop():
+    # A custom rollout function copied from the original's generate_rollout_async imports these (issue 27 plugin
+    # pass: an ImportError before).
+    from slime.rollout.filter_hub.base_types import (
+        DynamicFilterOutput,
+        MetricGatherer,
+        should_drop_dynamic_filter_output,
+    )
+
+    drop = DynamicFilterOutput(keep=False, reason="zero_std_1.0", keep_when_insufficient=True)
+    kept, plain_drop = DynamicFilterOutput(keep=True), DynamicFilterOutput(keep=False)
+    assert should_drop_dynamic_filter_output(kept, remaining_batch_size=1, target_data_size=4) is False
+    assert should_drop_dynamic_filter_output(drop, remaining_batch_size=5, target_data_size=4) is True
+    assert should_drop_dynamic_filter_output(drop, remaining_batch_size=4, target_data_size=4) is False
+    assert should_drop_dynamic_filter_output(plain_drop, remaining_batch_size=1, target_data_size=4) is True
+    gatherer = MetricGatherer()
+    for reason in ("zero_std_1.0", "zero_std_1.0", None, "too_long"):
+        gatherer.on_dynamic_filter_drop(reason=reason)
+    expected = {"rollout/dynamic_filter/drop_zero_std_1.0": 2, "rollout/dynamic_filter/drop_too_long": 1}
+    assert gatherer.collect() == expected
 
 
 def test_call_rollout_fn_wraps_legacy_returns():
@@ -382,3 +406,21 @@ def test_slime_utils_misc_does_not_import_torch():
     code = "import sys, slime.utils.misc; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_eval_rollout_returns_the_original_output_type(monkeypatch):
+    # The original's eval_rollout returns (RolloutFnEvalOutput(data=...), []); this one returned the bare data dict,
+    # so a custom rollout function reading `output.data` (as the original's generate_rollout pattern does) failed.
+    import asyncio
+
+    import slime.rollout.sglang_rollout as original
+    from slime.rollout.base_types import RolloutFnEvalOutput
+
+    data = {"toy": {"rewards": [1.0], "truncated": [False], "samples": []}}
+
+    async def fake_eval(args, rollout_id):
+        return RolloutFnEvalOutput(data=data, metrics={"eval/toy": 1.0})
+
+    monkeypatch.setattr(original, "eval_rollout_async", fake_eval)
+    output, leftovers = asyncio.run(original.eval_rollout(None, 0))
+    assert isinstance(output, RolloutFnEvalOutput) and output.data is data and leftovers == []

@@ -96,7 +96,10 @@ from slime_core.config import PluginArgs, SlimeArgs  # noqa: E402
 
 
 def reward_is_a(args, sample):
-    """Test reward: 1.0 if the response ends with 'A'."""
+    """Test reward: 1.0 if the response ends with 'A'; a list (a fan-out generate's samples) gets a list, as the
+    original documents a reward `(args, sample | list[Sample]) -> float | list[float]`."""
+    if isinstance(sample, list):
+        return [reward_is_a(args, s) for s in sample]
     return 1.0 if sample.response.endswith("A") else 0.0
 
 

@@ -57,9 +57,20 @@ def _clear_calls():
     CALLS.clear()
 
 
+# What run_rollout computes from fixed_rollout's samples (two empty responses, rewards 1 and 0), as the original's
+# log_rollout_data / log_eval_rollout_data do for any rollout function; the function's own entries win.
+TRAIN_DEFAULTS = {
+    "rollout/raw_reward": 0.5, "rollout/rewards": 0.0, "rollout/num_empty_responses": 2.0,
+    "rollout/response_len/mean": 0.0, "rollout/response_len/median": 0.0, "rollout/response_len/max": 0.0,
+    "rollout/response_len/min": 0.0, "rollout/truncated_ratio": 0.0, "perf/tokens_per_gpu_per_sec": 0.0,
+    "perf/effective_tokens_per_gpu_per_sec": 0.0, "perf/longest_sample_tokens_per_sec": 0.0,
+}  # fmt: skip
+EVAL_DEFAULTS = {"eval/toy-truncated_ratio": 0.5, "eval/toy/response_len/mean": 0.0}
+
+
 def test_without_hook_metrics_pass_through():
     out = run_rollout(_args(), 3, None)
-    assert out.metrics == {"rollout/raw_reward": 0.5, "perf/rollout_time": 2.0}
+    assert out.metrics == {**TRAIN_DEFAULTS, "rollout/raw_reward": 0.5, "perf/rollout_time": 2.0}
 
 
 def test_hook_sees_the_original_arguments_and_adds_metrics():
@@ -67,9 +78,9 @@ def test_hook_sees_the_original_arguments_and_adds_metrics():
     out = run_rollout(args, 3, None)
     ((rollout_id, seen_args, indices, metrics, rollout_time),) = CALLS
     assert rollout_id == 3 and seen_args is args and indices == [0, 1]
-    assert metrics == {"rollout/raw_reward": 0.5, "perf/rollout_time": 2.0}
+    assert metrics == {**TRAIN_DEFAULTS, "rollout/raw_reward": 0.5, "perf/rollout_time": 2.0}
     assert isinstance(rollout_time, float) and rollout_time >= 0.0
-    assert out.metrics == {"rollout/raw_reward": 0.5, "perf/rollout_time": 2.0, "custom/acc": 0.25}
+    assert out.metrics == {**TRAIN_DEFAULTS, "rollout/raw_reward": 0.5, "perf/rollout_time": 2.0, "custom/acc": 0.25}
 
 
 def test_hook_returning_true_replaces_the_default_metrics():
@@ -79,15 +90,16 @@ def test_hook_returning_true_replaces_the_default_metrics():
 
 @pytest.mark.parametrize(
     ("skip_default", "expected"),
-    [(False, {"eval/toy": 0.5, "eval/toy-custom": 1.0}), (True, {"eval/toy-custom": 1.0})],
+    [(False, {**EVAL_DEFAULTS, "eval/toy": 0.5, "eval/toy-custom": 1.0}), (True, {"eval/toy-custom": 1.0})],
 )
 def test_eval_hook(skip_default, expected):
     args = _args(custom_eval_rollout_log_function_path=f"{__name__}.eval_log", skip_default=skip_default)
     out = run_rollout(args, 5, None, evaluation=True)
-    assert CALLS == [(5, ["toy"], [1.0, 0.0], {"eval/toy": 0.5})]
+    assert CALLS == [(5, ["toy"], [1.0, 0.0], {**EVAL_DEFAULTS, "eval/toy": 0.5})]
     assert out.metrics == expected
     assert run_rollout(_args(custom_eval_rollout_log_function_path=None), 5, None, evaluation=True).metrics == {
-        "eval/toy": 0.5
+        **EVAL_DEFAULTS,
+        "eval/toy": 0.5,
     }
 
 

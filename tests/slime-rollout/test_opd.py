@@ -146,3 +146,16 @@ async def _post(url: str, payload: dict) -> dict:
         async with session.post(f"{url}/generate", json=payload, timeout=aiohttp.ClientTimeout(total=60)) as resp:
             assert resp.status == 200
             return await resp.json()
+
+
+def test_the_original_reward_func_scores_a_list_in_one_call(args, tiny_qwen3_dir):
+    # A fan-out generate function's samples (and a --group-rm group) reach a custom reward as one list: the built-in
+    # reward_func answered it with AttributeError ('list' object has no attribute 'tokens').
+    from slime_rollout.generation import opd
+
+    samples = _samples()[:2]
+    replies = asyncio.run(opd.reward_func(args, samples))
+    assert len(replies) == 2
+    for s, reply in zip(samples, replies, strict=True):
+        assert reply["meta_info"]["input_token_logprobs"][0][0] is None
+        torch.testing.assert_close(torch.tensor(s.teacher_log_probs), _reference(tiny_qwen3_dir, s), atol=ATOL, rtol=0)

@@ -493,3 +493,53 @@ def test_a_label_whose_final_answer_is_a_whole_solution_is_refused():
     check_prompt_rows([{"q": "how many?", "a": solution + r"So \boxed{72}."}], cfg, where="--prompt-data x.jsonl")
     f1 = cfg.model_copy(update={"rm_type": "f1"})  # a text reference: long is fine
     check_prompt_rows([{"q": "how many?", "a": solution}], f1, where="--prompt-data x.jsonl")
+
+
+def test_group_rm_with_the_built_in_eval_is_refused_before_the_run(tmp_path):
+    # Issue 27 plugin pass: the built-in eval refuses --group-rm (as the original asserts); the run stopped there at
+    # its first eval, after --eval-interval rollouts of training.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "p", "label": "1"}) + "\n")
+    evals = ("--eval-prompt-data", "toy", str(data), "--eval-interval", "5", "--rm-type", "math")
+    problems = check(_cfg(data, "--group-rm", *evals))
+    assert [p.message for p in problems if "--group-rm" in p.message] == [
+        "--group-rm is not supported by the built-in eval rollout (as in the original), and --eval-interval 5 runs "
+        "it: drop --group-rm, the eval datasets, or give --eval-function-path"
+    ]
+    # The original's alias of the default is the default; a custom eval function, or no eval interval, is fine.
+    aliased = check(_cfg(data, "--group-rm", *evals, "--rollout-function-path",
+                         "slime.rollout.sglang_rollout.generate_rollout"))  # fmt: skip
+    assert any("--group-rm" in p.message for p in aliased)
+    custom = check(_cfg(data, "--group-rm", *evals, "--eval-function-path", "slime_rollout_fakes.reward_is_a"))
+    assert not any("--group-rm" in p.message for p in custom)
+    assert not any("--group-rm" in p.message for p in check(_cfg(data, "--group-rm", "--rm-type", "math")))
+
+
+@pytest.mark.parametrize(
+    ("path", "refused"),
+    [
+        ("slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std", True),
+        ("slime_rollout.generation.filters.check_reward_nonzero_std", True),
+        ("slime_rollout.generation.filters.check_reward_nonzero_std_with_fallback", False),  # keeps when short
+    ],
+)
+def test_the_zero_std_filter_on_groups_of_one_is_refused_before_the_run(tmp_path, path, refused):
+    # Every group of one sample has zero reward spread: all dropped, the rollout could never fill its batch.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "p", "label": "1"}) + "\n")
+    base = (
+        "--rm-type",
+        "math",
+        "--dynamic-sampling-filter-path",
+        path,
+        "--advantage-estimator",
+        "reinforce_plus_plus",
+        "--normalize-advantages",
+    )
+    one = _cfg(data, *base, "--n-samples-per-prompt", "1", "--global-batch-size", "2")
+    messages = [p.message for p in check(one) if "--dynamic-sampling-filter-path" in p.message]
+    expected = [f"--dynamic-sampling-filter-path {path} drops every group of --n-samples-per-prompt 1 (one reward has "
+                "no spread), so no rollout could fill its batch: use --n-samples-per-prompt 2 or more, or another "
+                "filter"]  # fmt: skip
+    assert messages == (expected if refused else [])
+    assert not any("--dynamic-sampling-filter-path" in p.message for p in check(_cfg(data, *base)))  # groups of 2

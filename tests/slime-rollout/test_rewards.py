@@ -7,6 +7,7 @@ import pytest
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample
 from slime_rollout.rewards import async_rm, batched_async_rm, rule_based_reward
+from slime_rollout.rewards.checks import RewardFunctionError
 from slime_rollout.rewards.dapo import dapo_reward
 from slime_rollout.rewards.f1 import f1_reward
 from slime_rollout.rewards.gpqa import extract_choice_letter, gpqa_reward
@@ -160,11 +161,21 @@ async def group_rm(args, samples):
 
 
 async def test_custom_and_group_rm():
-    samples = [Sample(response="ab"), Sample(response="abc")]
-    args = _args(custom_rm_path=f"{__name__}.custom_rm", group_rm=False)
-    assert await batched_async_rm(args, samples) == [2.0, 3.0]
+    samples = [Sample(response="ab", index=0), Sample(response="abc", index=1)]
     args = _args(custom_rm_path=f"{__name__}.group_rm", group_rm=True)
     assert await batched_async_rm(args, samples) == [0.0, 1.0]
+    # Without --group-rm too, as the original's batched_async_rm: a custom function is called once with the list
+    # (the rollout does so for a fan-out generate function's samples). It was called per sample here.
+    args = _args(custom_rm_path=f"{__name__}.group_rm", group_rm=False)
+    assert await batched_async_rm(args, samples) == [0.0, 1.0]
+    args = _args(custom_rm_path=f"{__name__}.custom_rm", group_rm=False)
+    message = (
+        r"custom_rm \(batch mode\) raised AttributeError on samples \[0, 1\]: .*has no attribute 'response'; a "
+        r"generate function that returns a list of samples has them scored in one call fn\(args, samples\) -> list"
+    )
+    with pytest.raises(RewardFunctionError, match=message):
+        await batched_async_rm(args, samples)
+    assert await async_rm(args, samples[1]) == 3.0  # one sample: one call with the sample
 
 
 def nan_rm(args, sample):

@@ -7,10 +7,13 @@ and an empty response from a custom generate function was trained on silently.
 import dataclasses
 import logging
 
+import pytest
+
 from slime_core.config import PluginArgs, SlimeArgs
 from slime_core.sample import Sample, Status
 from slime_rollout.generation import generate as generate_mod
 from slime_rollout.generation.rollout import generate_rollout_async
+from slime_rollout.rewards.checks import RewardFunctionError
 
 A, B = ord("A"), ord("B")
 
@@ -42,6 +45,9 @@ class _DataSource:
 
 
 def reward_is_a(args, sample):
+    """`(args, sample | list[Sample])`, as the original documents a reward that also scores a fan-out's list."""
+    if isinstance(sample, list):
+        return [reward_is_a(args, s) for s in sample]
     return 1.0 if sample.response.endswith("A") else 0.0
 
 
@@ -107,3 +113,39 @@ async def test_empty_responses_are_counted_and_not_trained_on(monkeypatch, caplo
     assert [s.remove_sample for s in flat] == [False, True, False, True]
     assert out.metrics["rollout/num_empty_responses"] == 2.0
     assert "rollout 3: 2 samples have an empty response (from " in caplog.text and "[1, 3]" in caplog.text
+
+
+BATCH_CALLS: list[list[int]] = []
+
+
+async def batch_reward(args, samples):
+    """A batch-mode reward written for the original's fan-out path: one call per fan-out list."""
+    BATCH_CALLS.append([s.metadata["k"] for s in samples])
+    return [float(s.response == "A") for s in samples]
+
+
+async def tagged_fanout_generate(args, sample, sampling_params):
+    out = await fanout_generate(args, sample, sampling_params)
+    for k, s in enumerate(out):
+        s.metadata["k"] = k
+    return out
+
+
+def per_sample_reward(args, sample):
+    return float(sample.response == "A")
+
+
+async def test_a_fan_out_is_scored_by_one_call_with_its_list_as_the_original_does(monkeypatch):
+    # The original's generate_and_rm scores a fan-out's list with batched_async_rm, which calls --custom-rm-path once
+    # in batch mode. Here it was called per sample: a batch-mode reward failed ("'Sample' object is not iterable").
+    BATCH_CALLS.clear()
+    generate = f"{__name__}.tagged_fanout_generate"
+    args = _args(monkeypatch, custom_generate_function_path=generate, custom_rm_path=f"{__name__}.batch_reward")
+    out, _ = await generate_rollout_async(args, 0, _DataSource(n=2))
+    assert BATCH_CALLS == [[0, 1], [0, 1]]  # one call per sample of the group, each with its fan-out of two
+    assert [[s.reward for s in item] for item in out.samples[0]] == [[1.0, 0.0], [1.0, 0.0]]
+    # A per-sample reward meets the list: one error naming it, the samples and the original's convention.
+    args = _args(monkeypatch, custom_generate_function_path=generate, custom_rm_path=f"{__name__}.per_sample_reward")
+    with pytest.raises(RewardFunctionError, match=r"per_sample_reward \(batch mode\) raised AttributeError on samples "
+                       r"\[0, 0\]: .*fn\(args, samples\) -> list, as in the original"):  # fmt: skip
+        await generate_rollout_async(args, 0, _DataSource(n=2))

@@ -244,3 +244,48 @@ async def test_a_fan_out_of_no_sample_or_one_sample_twice_is_one_error_naming_th
     args = _args(custom_generate_function_path=f"{__name__}.{fn}")
     with pytest.raises(ValueError, match=rf"^generate function {__name__}\.{fn} on sample \d {message}"):
         await generate_rollout_async(args, 0, ListDataSource(n=2))
+
+
+HOOK_CALLS = []
+
+
+def plain_hook(args, sample):
+    HOOK_CALLS.append(("plain", sample.index))
+
+
+def rollout_id_hook(args, sample, rollout_id):
+    HOOK_CALLS.append(("rollout_id", sample.index, rollout_id))
+
+
+async def any_kwargs_hook(args, sample, **kwargs):
+    HOOK_CALLS.append(("kwargs", sample.index, sorted(kwargs.items())))
+
+
+async def test_sample_hooks_get_only_the_keywords_they_take_as_the_original_passes_them(use_client):
+    # The original's apply_rollout_sample_hooks passes evaluation= / rollout_id= only where the hook's signature takes
+    # them (or **kwargs): `hook(args, sample)` failed here with "got an unexpected keyword argument 'evaluation'".
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    HOOK_CALLS.clear()
+    hooks = [f"{__name__}.plain_hook", f"{__name__}.rollout_id_hook", f"{__name__}.any_kwargs_hook"]
+    out, _ = await generate_rollout_async(_args(rollout_sample_hook_path=hooks), 3, ListDataSource(n=2))
+    assert len(out.samples) == 2
+    assert sorted(HOOK_CALLS, key=str) == sorted(
+        [("plain", i) for i in range(4)] + [("rollout_id", i, 3) for i in range(4)]
+        + [("kwargs", i, [("evaluation", False), ("rollout_id", 3)]) for i in range(4)],
+        key=str,
+    )  # fmt: skip
+
+
+def forgot_return_filter(args, samples):
+    statistics_of_rewards = [s.reward for s in samples]  # noqa: F841 - the `return` the user forgot
+
+
+async def test_a_filter_returning_none_is_one_error_naming_it_and_the_samples(use_client):
+    # The original reads None as "drop" (and with every group dropped samples forever); refused here, and the
+    # message itself names the filter (it said only "dynamic sampling filter must return ...", the path in a note).
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    path = f"{__name__}.forgot_return_filter"
+    with pytest.raises(TypeError) as e:
+        await generate_rollout_async(_args(dynamic_sampling_filter_path=path), 0, ListDataSource(n=2))
+    assert re.match(rf"--dynamic-sampling-filter-path {re.escape(path)} on samples \[\d, \d\] must return "
+                    r"DynamicFilterOutput or bool, got NoneType None$", str(e.value))  # fmt: skip

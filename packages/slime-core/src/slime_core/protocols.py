@@ -129,27 +129,33 @@ class WeightUpdater(Protocol):
 
 @runtime_checkable
 class DataSource(Protocol):
-    """Where prompts come from (`--data-source-path`); groups of `n_samples_per_prompt` samples."""
+    """Where prompts come from (`--data-source-path`); groups of `n_samples_per_prompt` samples.
+
+    A class that subclasses this protocol explicitly inherits its method bodies: they raise `NotImplementedError`
+    naming the method, so one left out fails where it is called (an empty body returned None: a missing
+    `add_samples` silently lost the groups a partial rollout handed back). The original's abstract base class is
+    `slime.rollout.data_source.DataSource` (slime-compat).
+    """
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
         """The next `num_groups` prompt groups (partial-rollout leftovers first)."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_samples (--data-source-path)")
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
         """Returns unfinished groups to the buffer (partial rollout)."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not implement add_samples (--data-source-path)")
 
     def save(self, rollout_id: int) -> None:
         """Persists the cursor (epoch, offset, buffer) next to the checkpoint."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not implement save (--data-source-path)")
 
     def load(self, rollout_id: int) -> None:
         """Restores the cursor saved by `save`."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not implement load (--data-source-path)")
 
     def __len__(self) -> int:
         """Number of prompts in one epoch."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not implement __len__ (--data-source-path)")
 
 
 class RewardFn(Protocol):

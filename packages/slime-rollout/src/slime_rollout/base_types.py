@@ -10,9 +10,11 @@ from slime_core.sample import Sample
 __all__ = ["RolloutFnEvalOutput", "RolloutFnTrainOutput", "wrap_rollout_output"]
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
+# Not kw_only: the original's classes are plain dataclasses, so `RolloutFnTrainOutput(groups, metrics)` in a user's
+# rollout function is valid there (it was a TypeError here).
+@dataclasses.dataclass(slots=True)
 class RolloutFnTrainOutput:
-    """What a training rollout returns.
+    """What a training rollout returns (fields in the original's order, positional or by keyword).
 
     Attributes:
         samples: `rollout_batch_size` groups of `n_samples_per_prompt` samples, sorted by sample index
@@ -24,9 +26,9 @@ class RolloutFnTrainOutput:
     metrics: dict[str, float] | None = None
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class RolloutFnEvalOutput:
-    """What an eval rollout returns.
+    """What an eval rollout returns (fields in the original's order, positional or by keyword).
 
     Attributes:
         data: per dataset name, `{"rewards": list[float], "truncated": list[bool], "samples": list[Sample]}`.

@@ -23,6 +23,7 @@ ORIGINAL_PATH_ALIASES: dict[str, str] = {
     "slime.rollout.sglang_rollout.eval_rollout": "slime_rollout.generation.eval.eval_rollout",
     "slime.rollout.data_source.RolloutDataSourceWithBuffer": "slime_rollout.data.source.RolloutDataSourceWithBuffer",
     "slime.rollout.data_source.RolloutDataSource": "slime_rollout.data.source.RolloutDataSource",
+    "slime.rollout.data_source.pop_first": "slime_rollout.data.buffer_filter.pop_first",
     "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std": (
         "slime_rollout.generation.filters.check_reward_nonzero_std"
     ),

@@ -63,7 +63,7 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     """
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
     problems += _length_limits(cfg)
-    problems += _pass_through_flags(cfg)
+    problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + _zero_std_filter_on_single_samples(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
@@ -82,6 +82,55 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
             problems.append(Problem(message=str(e)))
     return problems
+
+
+def _zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
+    """`check_reward_nonzero_std` with `--n-samples-per-prompt 1`, refused.
+
+    A group of one has no spread, so every group is dropped and the rollout could only stop after
+    `--dynamic-sampling-max-empty-rounds` refills (the original samples forever).
+    """
+    path = cfg.dynamic_sampling_filter_path
+    if not path or cfg.n_samples_per_prompt != 1:
+        return []
+    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
+    from slime_rollout.generation.filters import check_reward_nonzero_std
+
+    try:
+        fn = load_function(path, flag="--dynamic-sampling-filter-path")
+    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return []
+    if fn is not check_reward_nonzero_std:
+        return []
+    return [Problem(message=(
+        f"--dynamic-sampling-filter-path {path} drops every group of --n-samples-per-prompt 1 (one reward has no "
+        "spread), so no rollout could fill its batch: use --n-samples-per-prompt 2 or more, or another filter"
+    ))]  # fmt: skip
+
+
+def _group_rm_eval(cfg: SlimeArgs) -> list[Problem]:
+    """`--group-rm` with evals run by the built-in eval rollout, which refuses it (as the original's asserts).
+
+    It stopped the run at its first eval (after `--eval-interval` rollouts of training), not before it started.
+    """
+    has_evals = cfg.eval_interval is not None and (cfg.eval_prompt_data or cfg.eval_config)
+    if not (cfg.group_rm and has_evals):
+        return []
+    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
+    from slime_rollout.generation.rollout import generate_rollout
+
+    flag, path = ("--eval-function-path", cfg.eval_function_path) if cfg.eval_function_path else (
+        "--rollout-function-path", cfg.rollout_function_path)  # fmt: skip
+    try:
+        builtin = load_function(path, flag=flag) is generate_rollout
+    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return []
+    if not builtin:
+        return []
+    return [Problem(message=(
+        "--group-rm is not supported by the built-in eval rollout (as in the original), and --eval-interval "
+        f"{cfg.eval_interval} runs it: drop --group-rm, the eval datasets, or give --eval-function-path"
+    ))]  # fmt: skip
 
 
 def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags]]:

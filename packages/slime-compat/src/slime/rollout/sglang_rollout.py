@@ -17,6 +17,7 @@ from typing import Any
 
 from slime.utils.misc import SingletonMeta
 from slime_core.sample import Sample
+from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.source import get_tokenizer
 from slime_rollout.engines.client import get_client
 from slime_rollout.generation import group_rollout
@@ -173,10 +174,9 @@ async def abort(args: Any, rollout_id: int) -> list[list[Any]]:
     return list(done)
 
 
-async def eval_rollout(args: Any, rollout_id: int) -> tuple[dict[str, dict[str, Any]], list[list[Sample]]]:
-    """Runs every eval dataset; returns `(data, [])` like the original (per dataset: rewards, truncated, samples)."""
-    output = await eval_rollout_async(args, rollout_id)
-    return output.data, []
+async def eval_rollout(args: Any, rollout_id: int) -> tuple[RolloutFnEvalOutput, list[list[Sample]]]:
+    """Every eval dataset as the original returns it: `(RolloutFnEvalOutput, [])` (was the bare data dict)."""
+    return await eval_rollout_async(args, rollout_id), []
 
 
 def get_model_url(args: Any, model_name: str, endpoint: str = "/generate") -> str:

@@ -58,12 +58,17 @@ class RolloutArgs(ArgsGroup):
         None, "Import path of a custom generate fn(args, sample, sampling_params) -> Sample."
     )
     rollout_sample_hook_path: list[str] | None = arg(
-        None, "Import paths of per-sample hooks hook(args, sample, evaluation=, rollout_id=) (repeatable)."
+        None,
+        "Import paths of per-sample hooks hook(args, sample) -> Sample | None, given evaluation= and rollout_id= where "
+        "it takes them (repeatable).",
     )
     custom_rollout_log_function_path: str | None = arg(None, "Import path of a custom rollout metrics logger.")
     custom_eval_rollout_log_function_path: str | None = arg(None, "Import path of a custom eval metrics logger.")
     buffer_filter_path: str | None = arg(
-        None, "Import path of fn(args, rollout_id, buffer, n) choosing groups from the partial-rollout buffer."
+        None,
+        "Import path of fn(args, rollout_id, buffer, n) choosing groups from the partial-rollout buffer: it returns at "
+        "most n groups and removes them from buffer (called with rollout_id None, as in the original; default "
+        "slime.rollout.data_source.pop_first).",
     )
     rollout_data_postprocess_path: str | None = arg(
         None, "Import path of fn(args, rollout_id, rollout_data) run on train data before training."
@@ -198,7 +203,11 @@ class RewardArgs(ArgsGroup):
         "Seconds between warnings while a reward function, a plugin or an engine request is still running.",
         gt=0,
     )
-    custom_rm_path: str | None = arg(None, "Import path of a custom reward fn(args, sample) -> float | dict.")
+    custom_rm_path: str | None = arg(
+        None,
+        "Import path of a custom reward fn(args, sample) -> float | dict; called once with a list of samples "
+        "(-> a list) for a --group-rm group and for a fan-out generate function's list, as in the original.",
+    )
     custom_reward_post_process_path: str | None = arg(
         None, "Import path of fn(args, samples) -> (raw_rewards, rewards) replacing group normalization."
     )

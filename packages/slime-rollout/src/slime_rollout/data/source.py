@@ -25,6 +25,7 @@ import numpy as np
 from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
+from slime_rollout.data.buffer_filter import take_from_buffer
 from slime_rollout.data.chat_template import render_chat, text_content
 from slime_rollout.data.cursor_file import cursor_path, read_cursor, warn_other_prompt_count, write_cursor
 from slime_rollout.data.epoch_order import LEGACY_NUMPY, ORIGINAL, epoch_order
@@ -525,11 +526,7 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     def _take_from_buffer(self, num_groups: int) -> list[list[Sample]]:
         if not self.buffer or num_groups <= 0:
             return []
-        path = self.args.buffer_filter_path
-        if path:
-            return load_function(path, flag="--buffer-filter-path")(self.args, None, self.buffer, num_groups)
-        taken, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]
-        return taken
+        return take_from_buffer(self.args, self.buffer, num_groups)  # checks --buffer-filter-path's contract
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
         """Appends unfinished groups (partial rollout) to the buffer.

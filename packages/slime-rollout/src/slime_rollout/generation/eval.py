@@ -1,7 +1,8 @@
 """Eval rollouts (`--eval-prompt-data name path [name path ...]` and/or `--eval-config FILE.yaml`).
 
 Every eval dataset is generated with its own sampling parameters and `n_samples_per_eval_prompt`
-samples per prompt, all datasets concurrently, and scored with the per-sample reward. A setting is
+samples per prompt, all datasets concurrently, and scored with the per-sample reward; ABORTED samples (no reward) are
+left out, counted in `eval/{name}-aborted_ratio` and one warning. A setting is
 resolved dataset entry → `eval.defaults` of the YAML → flags (`--eval-temperature`, ... falling back to
 the rollout ones). Metrics: `eval/{name}` (mean reward, `--eval-reward-key`),
 `eval/{name}-truncated_ratio`, `eval/{name}/response_len/{mean,median,max,min}`, `eval/{name}/repetition_frac`,
@@ -13,6 +14,10 @@ YAML layout::
       defaults: {max_response_len: 512, temperature: 0.6}
       datasets:
         - {name: gsm8k, path: data/gsm8k_test.jsonl, rm_type: math, n_samples_per_eval_prompt: 4}
+
+`datasets` may also be the original's mapping keyed by name (`datasets: {gsm8k: {path: ...}}`). Besides the sampling
+keys above, `repetition_penalty`, `skip_special_tokens` and `no_stop_trim` go to the engine, and `metadata_overrides`
+(a mapping) is merged into every sample's metadata, as in the original's `EvalDatasetConfig`.
 """
 
 from __future__ import annotations
@@ -42,9 +47,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DATASET_KEYS", "eval_datasets", "eval_rollout", "eval_rollout_async"]
+__all__ = ["DATASET_KEYS", "dataset_metrics", "eval_datasets", "eval_rollout", "eval_rollout_async"]
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_response_len", "min_new_tokens", "stop", "stop_token_ids")
+_SAMPLING_KEYS = (
+    "temperature", "top_p", "top_k", "max_response_len", "min_new_tokens", "stop", "stop_token_ids",
+    "repetition_penalty", "skip_special_tokens", "no_stop_trim",
+)  # fmt: skip
 DATASET_KEYS = frozenset(
     {
         "name",
@@ -61,6 +69,7 @@ DATASET_KEYS = frozenset(
         "max_prompt_len",
         "custom_rm_path",
         "custom_generate_function_path",
+        "metadata_overrides",
         *_SAMPLING_KEYS,
     }
 )
@@ -72,6 +81,8 @@ def _check_keys(entry: Any, where: str) -> dict[str, Any]:
     unknown = set(entry) - DATASET_KEYS
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DATASET_KEYS)}")
+    if not isinstance(entry.get("metadata_overrides", {}), dict):
+        raise ValueError(f"{where}: metadata_overrides must be a mapping, got {entry['metadata_overrides']!r:.60}")
     return dict(entry)
 
 
@@ -92,8 +103,12 @@ def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if not isinstance(section, dict):
         raise ValueError(f"--eval-config {path}: expected a mapping with 'eval: {{defaults, datasets}}'")
     defaults = _check_keys(section.get("defaults") or {}, f"--eval-config {path}: eval.defaults")
+    raw_datasets = section.get("datasets") or []
+    if isinstance(raw_datasets, dict):  # the original's mapping form: `datasets: {gsm8k: {path: ...}, ...}`
+        raw_datasets = [{"name": name, **(entry or {})} if isinstance(entry, dict) or entry is None else entry
+                        for name, entry in raw_datasets.items()]  # fmt: skip
     datasets = []
-    for i, entry in enumerate(section.get("datasets") or []):
+    for i, entry in enumerate(raw_datasets):
         entry = _check_keys(entry, f"--eval-config {path}: eval.datasets[{i}]")
         if not entry.get("name") or not entry.get("path"):
             raise ValueError(f"--eval-config {path}: eval.datasets[{i}] needs 'name' and 'path'")
@@ -149,6 +164,7 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         "max_prompt_len": default_max_prompt_len(cfg.eval_max_prompt_len, cfg.eval_max_context_len, cfg.hf_checkpoint),
         "custom_rm_path": None,
         "custom_generate_function_path": None,
+        "metadata_overrides": {},
     }
     base_params = build_sampling_params(cfg, evaluation=True)
     resolved = []
@@ -230,7 +246,14 @@ def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
     )
 
 
-async def _eval_dataset(args: SlimeArgs, dataset: dict[str, Any], state: RolloutState) -> dict[str, Any]:
+async def _eval_dataset(
+    args: SlimeArgs, dataset: dict[str, Any], state: RolloutState
+) -> tuple[dict[str, Any], list[Sample]]:
+    """Generates and scores one dataset: `({"rewards", "truncated", "samples"}, the ABORTED samples left out)`.
+
+    An ABORTED sample (a generate function that marks it so, an engine that aborted the request) has no reward: it
+    failed as "sample 1 has no reward yet", naming neither the dataset nor the generate function.
+    """
     n = int(dataset["n_samples_per_eval_prompt"])
     samples = []
     for group_index, prompt in enumerate(_prompts(args, dataset)):
@@ -240,6 +263,7 @@ async def _eval_dataset(args: SlimeArgs, dataset: dict[str, Any], state: Rollout
             sample.metadata.setdefault("source_name", dataset["name"])
             if dataset["rm_type"]:
                 sample.metadata.setdefault("rm_type", dataset["rm_type"])
+            sample.metadata.update(dataset["metadata_overrides"] or {})  # the original's metadata_overrides
             sample.custom_rm_path = sample.custom_rm_path or dataset["custom_rm_path"]
             sample.generate_function_path = sample.generate_function_path or dataset["custom_generate_function_path"]
             samples.append(sample)
@@ -253,12 +277,15 @@ async def _eval_dataset(args: SlimeArgs, dataset: dict[str, Any], state: Rollout
         )
     )
     flat = flatten_groups([list(results)])
+    aborted = [s for s in flat if s.status is Status.ABORTED]
+    flat = [s for s in flat if s.status is not Status.ABORTED]
     key = _or(args.eval_reward_key, args.reward_key)
-    return {
+    result = {
         "rewards": [reward_value(s, key) for s in flat],
         "truncated": [s.status is Status.TRUNCATED for s in flat],
         "samples": flat,
     }
+    return result, aborted
 
 
 async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalOutput:
@@ -283,9 +310,20 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
         raise ValueError("--group-rm is not supported in eval rollouts")
     state = RolloutState.create(args, rollout_id=rollout_id, evaluation=True)
     results = await asyncio.gather(*(_eval_dataset(args, dataset, state) for dataset in datasets))
-    data = {dataset["name"]: result for dataset, result in zip(datasets, results, strict=True)}
+    data = {dataset["name"]: result for dataset, (result, _) in zip(datasets, results, strict=True)}
     metrics: dict[str, float] = {}
-    for dataset, (name, result) in zip(datasets, data.items(), strict=True):
+    for dataset, (name, result), (_, aborted) in zip(datasets, data.items(), results, strict=True):
+        if aborted:  # counted and said: they have no reward, so they are left out of eval/{name}
+            total = len(aborted) + len(result["samples"])
+            metrics[f"eval/{name}-aborted_ratio"] = len(aborted) / total
+            logger.warning(
+                "eval %d: dataset %s: %d of %d samples came back ABORTED (from %s, or the engine aborted them; "
+                "samples %s); they are left out of eval/%s",
+                rollout_id, name, len(aborted), total, _generate_source(args, dataset), [s.index for s in aborted[:8]],
+                name,
+            )  # fmt: skip
+            if not result["samples"]:
+                continue
         if not result["samples"]:  # said, not silent: a dashboard would just lose the curve
             logger.warning(
                 "eval %d: dataset %s has no samples (%s: every prompt was dropped, see the warning above, or the file "
@@ -296,22 +334,58 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
                 name,
             )
             continue
-        if args.log_passrate:
-            n, rewards = int(dataset["n_samples_per_eval_prompt"]), result["rewards"]
-            if len(rewards) % n == 0:
-                groups = [rewards[i : i + n] for i in range(0, len(rewards), n)]
-                metrics.update({f"eval/{name}-{k}": v for k, v in pass_at_k(groups).items()})
-            else:  # a fan-out generate function returned several samples per prompt
-                logger.warning(
-                    "--log-passrate: eval %s has %d samples for groups of %d; skipped", name, len(rewards), n
-                )
-        metrics[f"eval/{name}"] = statistics.fmean(result["rewards"])
+        # Left-out samples break the prompt groups pass@k is computed over (dataset_metrics says it skips it).
+        group_size = 0 if aborted else int(dataset["n_samples_per_eval_prompt"])
+        metrics.update(dataset_metrics(args, name, result, group_size))
+    logger.info("eval %d: %s", rollout_id, {k: round(v, 4) for k, v in metrics.items() if "/" not in k[5:]})
+    return RolloutFnEvalOutput(data=data, metrics=metrics)
+
+
+def _generate_source(args: SlimeArgs, dataset: dict[str, Any]) -> str:
+    """The generate function of an eval dataset's samples, as a message names it."""
+    path = dataset.get("custom_generate_function_path")
+    if path:
+        return f"--eval-config dataset {dataset['name']!r} custom_generate_function_path {path}"
+    if args.custom_generate_function_path:
+        return f"--custom-generate-function-path {args.custom_generate_function_path}"
+    return "the default generate function"
+
+
+def dataset_metrics(args: SlimeArgs, name: str, result: dict[str, Any], group_size: int) -> dict[str, float]:
+    """The `eval/*` metrics of one eval dataset's result, as the original's `log_eval_rollout_data` computes them.
+
+    Args:
+        args: the plugin view; reads `log_passrate`.
+        name: the dataset's name.
+        result: `{"rewards": [float], "truncated": [bool] (optional), "samples": [Sample] (optional)}`, non-empty
+            rewards.
+        group_size: samples per prompt (`n_samples_per_eval_prompt`), for pass@k; 0 when the rewards are not in whole
+            prompt groups (samples were left out).
+
+    Returns:
+        `eval/{name}` (mean reward), `eval/{name}-truncated_ratio`, `eval/{name}/response_len/{mean,median,max,min}`,
+        `eval/{name}/repetition_frac`, `eval/{name}/truncated_ratio` and with `--log-passrate` `eval/{name}-pass@{k}`,
+        each where the result has what it needs.
+    """
+    rewards = result["rewards"]
+    metrics = {f"eval/{name}": statistics.fmean(rewards)}
+    if "truncated" in result and result["truncated"]:
         metrics[f"eval/{name}-truncated_ratio"] = statistics.fmean(map(float, result["truncated"]))
+    if result.get("samples"):
         # The original's per-sample statistics of the set: response_len/{mean,median,max,min}, repetition_frac,
         # truncated_ratio (`compute_metrics_from_samples` under `eval/{name}/`).
         metrics.update(response_metrics(result["samples"], f"eval/{name}/"))
-    logger.info("eval %d: %s", rollout_id, {k: round(v, 4) for k, v in metrics.items() if "/" not in k[5:]})
-    return RolloutFnEvalOutput(data=data, metrics=metrics)
+    if args.log_passrate:
+        if group_size > 0 and len(rewards) % group_size == 0:
+            groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
+            metrics.update({f"eval/{name}-{k}": v for k, v in pass_at_k(groups).items()})
+        elif group_size <= 0:
+            logger.warning("--log-passrate: eval %s left samples out (ABORTED); pass@k skipped", name)
+        else:  # a fan-out generate function returned several samples per prompt
+            logger.warning(
+                "--log-passrate: eval %s has %d samples for groups of %d; skipped", name, len(rewards), group_size
+            )
+    return metrics
 
 
 def eval_rollout(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalOutput:

@@ -6,10 +6,12 @@ are accepted as aliases of the functions here (`slime_rollout.plugins.ORIGINAL_P
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import preview
 from slime_core.protocols import DynamicFilterOutput
 from slime_core.sample import Sample
 from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
@@ -67,11 +69,20 @@ def flatten_group(group: Sequence[Any]) -> list[Sample]:
     return out
 
 
-def normalize_filter_output(output: DynamicFilterOutput | bool) -> DynamicFilterOutput:
+def normalize_filter_output(
+    output: DynamicFilterOutput | bool, what: str = "dynamic sampling filter"
+) -> DynamicFilterOutput:
     """Accepts the two return types a filter may have (`DynamicFilterOutput` or a bare bool).
 
     A numpy bool (or a 0-d bool array or tensor: `np.std(rewards) > 0`) is a bool, as the original's
     `DynamicFilterOutput(keep=output)` takes it; it was refused here.
+
+    Args:
+        output: what the filter returned.
+        what: names the filter in the error (its flag, path and samples).
+
+    Raises:
+        TypeError: anything else (None from a filter missing its `return`, which the original reads as a drop).
     """
     if isinstance(output, DynamicFilterOutput):
         return output
@@ -79,12 +90,12 @@ def normalize_filter_output(output: DynamicFilterOutput | bool) -> DynamicFilter
         output = output.item()
     if isinstance(output, bool):
         return DynamicFilterOutput(keep=output, reason=None if output else "filtered")
-    raise TypeError(f"dynamic sampling filter must return DynamicFilterOutput or bool, got {type(output).__name__}")
+    raise TypeError(f"{what} must return DynamicFilterOutput or bool, got {type(output).__name__} {preview(output)}")
 
 
-def _plain_filter_output(output: Any) -> DynamicFilterOutput:
+def _plain_filter_output(output: Any, what: str = "dynamic sampling filter") -> DynamicFilterOutput:
     """`normalize_filter_output` with its fields read into plain `bool`/`str` (their `__bool__` is the plugin's)."""
-    verdict = normalize_filter_output(output)
+    verdict = normalize_filter_output(output, what)
     reason = verdict.reason
     return DynamicFilterOutput(
         keep=bool(verdict.keep),
@@ -127,6 +138,7 @@ async def call_dynamic_filter(args: SlimeArgs, fn: Callable[..., Any], group: Se
     """
     samples = flatten_group(group)
     what = f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} on samples {[s.index for s in samples]}"
+    convert = functools.partial(_plain_filter_output, what=what)  # a wrong return names the filter in its message
     return await call_plugin_with_deadline(
-        fn, args, samples, what=what, convert=_plain_filter_output, plain=_is_plain_verdict, **plugin_bounds(args)
+        fn, args, samples, what=what, convert=convert, plain=_is_plain_verdict, **plugin_bounds(args)
     )

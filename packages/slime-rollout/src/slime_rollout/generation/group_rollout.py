@@ -145,13 +145,14 @@ def checked_groups(groups: Any, what: str, group_size: int) -> list[list[Sample]
 
 
 async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sample:
+    offered = {"evaluation": state.evaluation, "rollout_id": state.rollout_id}
     for path in args.rollout_sample_hook_path or []:
         hook = load_function(path, flag="--rollout-sample-hook-path")
         what = f"--rollout-sample-hook-path {path} on sample {sample.index}"
-        out = await call_plugin_with_deadline(
-            hook, args, sample, evaluation=state.evaluation, rollout_id=state.rollout_id, what=what,
-            **plugin_bounds(args),
-        )  # fmt: skip
+        # As the original's _accepted_kwargs: only the keywords the hook takes (`hook(args, sample)` is valid there;
+        # it failed here with "got an unexpected keyword argument 'evaluation'").
+        kwargs = {name: value for name, value in offered.items() if accepts_kwarg(hook, name)}
+        out = await call_plugin_with_deadline(hook, args, sample, what=what, **plugin_bounds(args), **kwargs)
         if out is not None:
             sample = _checked_output(out, what, fan_out=False)
     return sample

@@ -151,13 +151,19 @@ async def score_teacher(args: SlimeArgs, samples: Sequence[Sample]) -> int:
     return len(todo)
 
 
-async def reward_func(args: SlimeArgs, sample: Sample, **kwargs: Any) -> dict[str, Any]:
+async def reward_func(
+    args: SlimeArgs, sample: Sample | list[Sample], **kwargs: Any
+) -> dict[str, Any] | list[dict[str, Any]]:
     """The original's `slime.rollout.on_policy_distillation.reward_func`: the teacher's reply as the "reward".
 
     POSTs the sample's full token ids to `--rm-url` with `logprob_start_len: 0`. The sample's `teacher_log_probs`
     are set from the reply here already, and its logged raw reward is 0 (`metadata["raw_reward"]`: the reply is no
-    score); `post_process_rewards` (or the user's own) reads the reply as the original's does.
+    score); `post_process_rewards` (or the user's own) reads the reply as the original's does. A list of samples
+    (`--group-rm`, or a fan-out generate function's samples, which a custom reward gets in one call) gets one reply
+    per sample, scored concurrently (the original's function takes one sample only).
     """
+    if isinstance(sample, list):
+        return list(await asyncio.gather(*(reward_func(args, s, **kwargs) for s in sample)))
     endpoint, route = _endpoint(args.rm_url)
     reply = await endpoint.request("POST", route, teacher_payload(args, sample, logprob_start_len=0))
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=0)

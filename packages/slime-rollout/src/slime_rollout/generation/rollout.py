@@ -23,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
+import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
+from slime_core.error_text import preview
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
-from slime_rollout.generation.eval import eval_rollout
+from slime_rollout.generation.eval import dataset_metrics, eval_rollout
 from slime_rollout.generation.filters import call_dynamic_filter
 from slime_rollout.generation.generate import abort_all
 from slime_rollout.generation.group_rollout import (
@@ -144,40 +147,74 @@ async def _abort_and_drain(
     return leftovers
 
 
+def _drop_reasons(drops: collections.Counter[str], requeued: int) -> str:
+    """`"zero_std_1.0: 3, aborted: 1"`: the groups left out of the batch so far, per reason ("none" if none)."""
+    parts = [f"{reason}: {n}" for reason, n in drops.most_common()]
+    if requeued:
+        parts.append(f"re-queued (aborted, --partial-rollout): {requeued}")
+    return ", ".join(parts) or "none"
+
+
 class _SamplingRounds:
     """Counts over-sampling rounds of one rollout: logs each refill, stops after too many that added nothing.
 
     A round is one `data_source.get_samples(--over-sampling-batch-size)` call. The first fills the batch; a
-    later one only happens because groups were dropped (dynamic-sampling filter, aborts), so each refill
-    logs what was kept and dropped so far. `max_empty` refills in a row without a newly kept group mean the
-    filter drops everything (e.g. every group got the same reward): a clear error instead of sampling forever.
+    later one only happens because groups were dropped (dynamic-sampling filter, aborted samples) or re-queued
+    (aborted with `--partial-rollout`), so each refill logs what was kept and dropped so far. `max_empty` refills in
+    a row without a newly kept group is a clear error naming the cause, instead of sampling forever: the filter drops
+    everything (e.g. every group got the same reward), or every group comes back with an ABORTED sample (a generate
+    function that marks its samples so; an engine that aborts every request).
     """
 
-    def __init__(self, rollout_id: int, target: int, max_empty: int):
-        self.rollout_id, self.target, self.max_empty = rollout_id, target, max_empty
+    def __init__(self, args: SlimeArgs, rollout_id: int, target: int):
+        self.rollout_id, self.target, self.max_empty = rollout_id, target, args.dynamic_sampling_max_empty_rounds
+        self.filter_path = args.dynamic_sampling_filter_path
+        self.generate = args.custom_generate_function_path or "the default generate function"
         self.count = 0
         self.empty = 0
         self._kept_before = 0
 
-    def next_round(self, kept: int, drops: collections.Counter[str]) -> None:
-        """Called before each `get_samples`; `kept` groups are in the batch, `drops` counts dropped ones by reason.
+    def _cause(self, drops: collections.Counter[str], requeued: int) -> str:
+        """What keeps the batch from filling, from the counts: the filter, aborted samples, or both."""
+        filtered = sum(n for reason, n in drops.items() if reason != "aborted")
+        aborted = drops["aborted"] + requeued
+        causes = []
+        if filtered:
+            causes.append(
+                f"the dynamic-sampling filter --dynamic-sampling-filter-path {self.filter_path} drops every group "
+                "(check the reward function and the filter)"
+            )
+        if aborted:
+            causes.append(
+                f"groups come back with ABORTED samples (from {self.generate}, or the engines abort its requests); "
+                "a group with an ABORTED sample is not trained on"
+                + (", with --partial-rollout it goes back to the buffer" if requeued else "")
+            )
+        return "; ".join(causes) or "no group came back"
+
+    def next_round(self, kept: int, drops: collections.Counter[str], requeued: int = 0) -> None:
+        """Called before each `get_samples` with what the rollout holds so far.
+
+        Args:
+            kept: groups in the batch.
+            drops: groups dropped, per reason (filter reasons, "aborted").
+            requeued: aborted groups kept for the buffer (`--partial-rollout`).
 
         Raises:
-            RuntimeError: `max_empty` refills in a row kept no new group (names the drop reasons).
+            RuntimeError: `max_empty` refills in a row kept no new group (names the drop reasons and their cause).
         """
         if self.count > 0:
             self.empty = self.empty + 1 if kept == self._kept_before else 0
-            reasons = ", ".join(f"{reason}: {n}" for reason, n in drops.most_common()) or "none"
+            reasons = _drop_reasons(drops, requeued)
             logger.info(
                 "rollout %d: over-sampling round %d: %d/%d groups kept, %d dropped (%s)",
-                self.rollout_id, self.count + 1, kept, self.target, sum(drops.values()), reasons,
+                self.rollout_id, self.count + 1, kept, self.target, sum(drops.values()) + requeued, reasons,
             )  # fmt: skip
             if self.empty >= self.max_empty:
                 raise RuntimeError(
                     f"rollout {self.rollout_id}: {self.empty} over-sampling rounds in a row kept no group "
-                    f"({kept}/{self.target} kept, dropped: {reasons}); the dynamic-sampling filter drops everything "
-                    "(check the reward function and --dynamic-sampling-filter-path, or raise "
-                    "--dynamic-sampling-max-empty-rounds)"
+                    f"({kept}/{self.target} kept, dropped: {reasons}): {self._cause(drops, requeued)}; or raise "
+                    "--dynamic-sampling-max-empty-rounds"
                 )
         self._kept_before = kept
         self.count += 1
@@ -245,7 +282,7 @@ async def generate_rollout_async(
     all_groups: list[list[Any]] = []
     requeue: list[list[Sample]] = []
     drops: collections.Counter[str] = collections.Counter()
-    rounds = _SamplingRounds(rollout_id, target, args.dynamic_sampling_max_empty_rounds)
+    rounds = _SamplingRounds(args, rollout_id, target)
     discarded: dict[str, list[list[Any]]] = {"filtered": [], "aborted": [], "surplus": []}  # goodput accounting
     submitted = 0
     order: dict[asyncio.Task[Any], int] = {}
@@ -253,13 +290,16 @@ async def generate_rollout_async(
     try:
         while len(data) < target:
             while len(data) + len(pending) < target:
-                rounds.next_round(len(data), drops)
+                rounds.next_round(len(data), drops, len(requeue))
                 # A custom data source or --buffer-filter-path is the user's sync code: bounded, off the loop.
                 what = f"{type(data_source).__name__}.get_samples({over}) (rollout {rollout_id})"
                 take = data_source.get_samples
                 groups = await call_plugin_with_deadline(take, over, what=what, **plugin_bounds(args))
                 if not groups:
-                    raise RuntimeError("data source returned no samples")
+                    raise RuntimeError(
+                        f"rollout {rollout_id}: {what} returned no groups, {len(data)}/{target} kept "
+                        f"(dropped: {_drop_reasons(drops, len(requeue))}); the data source ran dry"
+                    )
                 groups = checked_groups(groups, what, n)
                 for g in groups:
                     task = asyncio.create_task(generate_and_rm_group(args, g, state, prompt_position=submitted))
@@ -314,6 +354,7 @@ async def generate_rollout_async(
     leftovers = sorted(requeue + leftovers, key=_group_sort_key)
 
     data.sort(key=_group_sort_key)
+    all_groups.sort(key=_group_sort_key)  # as the original hands them to --rollout-all-samples-process-path
     _exclude_empty_responses(args, rollout_id, data)
     await run_end_of_rollout_plugins(args, rollout_id, data, all_groups, data_source)
     metrics = compute_rollout_metrics(args, data, rollout_time=time.perf_counter() - start, drop_counts=drops)
@@ -339,8 +380,9 @@ async def run_end_of_rollout_plugins(
     """Runs the end-of-rollout plugins, each bounded by `--plugin-timeout-secs` in a worker thread.
 
     `--rollout-sample-filter-path` is `fn(args, data)`, `--rollout-all-samples-process-path`
-    `fn(args, all_groups, data_source)`. They are sync user code: called on the event loop, one that never
-    returned froze the run with no word.
+    `fn(args, all_groups, data_source)`, both with the groups sorted by sample index (`all_groups`: every group that
+    finished, kept, filtered out, aborted or surplus; it was in finishing order, the original sorts it). They are
+    sync user code: called on the event loop, one that never returned froze the run with no word.
 
     Raises:
         DeadlineExceeded: one ran past `--plugin-timeout-secs` (the message names it and the rollout).
@@ -400,6 +442,27 @@ def _eval_samples(data: Any, what: str) -> list[Sample]:
     return out
 
 
+def _eval_metrics(args: SlimeArgs, data: dict[str, Any], what: str) -> dict[str, float]:
+    """`eval/*` metrics of a custom eval function's output (`eval.dataset_metrics` per dataset).
+
+    Raises:
+        TypeError: a dataset without a list of numeric `rewards` (names `what` and the dataset).
+    """
+    metrics: dict[str, float] = {}
+    for name, entry in data.items():
+        rewards = entry.get("rewards")
+        if not isinstance(rewards, list | tuple) or not all(
+            isinstance(r, numbers.Real) and math.isfinite(r) for r in rewards
+        ):
+            raise TypeError(f"{what} returned {preview(rewards)} as the rewards of eval dataset {name!r}, not a list "
+                            "of finite numbers")  # fmt: skip
+        if not rewards:
+            logger.warning("%s: eval dataset %r has no rewards; it has no eval/%s metric this time", what, name, name)
+            continue
+        metrics.update(dataset_metrics(args, name, dict(entry, rewards=list(rewards)), args.n_samples_per_eval_prompt))
+    return metrics
+
+
 def run_rollout(
     args: SlimeArgs, rollout_id: int, data_source: DataSource | None, *, evaluation: bool = False
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
@@ -441,13 +504,22 @@ def run_rollout(
     )
     output = wrap_rollout_output(value, evaluation=evaluation, what=what)
     rollout_time = time.perf_counter() - start
+    # The default function computes its metrics itself; another one's are computed from its output as the original's
+    # log_rollout_data / log_eval_rollout_data do (the function's own entries win): they were left out, so a custom
+    # --eval-function-path returning {name: {"rewards", ...}} (the original's convention) logged no eval/ curve.
+    own = fn is generate_rollout
     if isinstance(output, RolloutFnEvalOutput):
         samples = _eval_samples(output.data, what)
+        if not own:
+            output.metrics = {**_eval_metrics(args, output.data, what), **(output.metrics or {})}
         output.metrics = log_hooks.apply_eval_log_function(args, rollout_id, output.data, output.metrics)
     else:
         samples = flatten_groups(output.samples, what, "samples")
         # --opd-type sglang: samples a custom rollout function (or --group-rm) left without teacher log-probs.
         async_utils.run(score_teacher(args, samples))
+        if not own:
+            defaults = compute_rollout_metrics(args, output.samples, rollout_time=rollout_time)
+            output.metrics = {**defaults, **(output.metrics or {})}
         output.metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, output.metrics, rollout_time)
     if args.save_debug_rollout_data:
         debug_dump.save_debug_rollout_data(args, rollout_id, samples, evaluation=evaluation)

@@ -241,8 +241,11 @@ async def _registered_reward(args: SlimeArgs, sample: Sample, rm_type: str, spec
 async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any) -> list[Any]:
     """Scores a list of samples (original signature `batched_async_rm(args, samples)`).
 
-    With `--custom-rm-path` and `--group-rm` the custom function is called once in batch mode
-    (`fn(args, samples) -> list`); otherwise every sample goes through `async_rm` concurrently.
+    With `--custom-rm-path` the custom function is called once in batch mode (`fn(args, samples) -> list`), as the
+    original does, with or without `--group-rm`: the rollout calls this for a whole group with `--group-rm`, and
+    for the list a fan-out generate function returned (the original documents the function as
+    `(args, sample | list[Sample]) -> float | list[float]`). Otherwise every sample goes through `async_rm`
+    concurrently.
 
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`); reads `custom_rm_path`, `group_rm`,
@@ -258,21 +261,31 @@ async def batched_async_rm(args: SlimeArgs, samples: list[Sample], **kwargs: Any
             (its value's conversion included) past `--rm-timeout-secs`; the message names it and the sample.
     """
     custom_path = args.custom_rm_path
-    if custom_path and args.group_rm:
-        source = f"--custom-rm-path {custom_path} (--group-rm)"
-        indices = [s.index for s in samples]
-        what = f"reward function {source} on samples {indices}"
-        try:
-            return await call_plugin_with_deadline(
-                load_function(custom_path, flag="--custom-rm-path"), args, samples, what=what,
-                flag="--rm-timeout-secs", convert=functools.partial(plain_rewards, source=source, samples=samples),
-                **_bounds(args), **kwargs,
-            )  # fmt: skip
-        except DeadlineExceeded as e:
-            raise RewardFunctionError(str(e)) from e
-        except RewardFunctionError:
+    if not custom_path:
+        return list(await asyncio.gather(*(async_rm(args, s, **kwargs) for s in samples)))
+    source = f"--custom-rm-path {custom_path} ({'--group-rm' if args.group_rm else 'batch mode'})"
+    indices = [s.index for s in samples]
+    what = f"reward function {source} on samples {indices}"
+    # Without --group-rm the batch call comes from a fan-out generate function: a per-sample function fails on it.
+    hint = "" if args.group_rm else f"; {_BATCH_HINT}"
+    try:
+        return await call_plugin_with_deadline(
+            load_function(custom_path, flag="--custom-rm-path"), args, samples, what=what,
+            flag="--rm-timeout-secs", convert=functools.partial(plain_rewards, source=source, samples=samples),
+            **_bounds(args), **kwargs,
+        )  # fmt: skip
+    except DeadlineExceeded as e:
+        raise RewardFunctionError(str(e)) from e
+    except RewardFunctionError as e:
+        if not hint:
             raise  # from plain_rewards: names the function and the sample
-        except Exception as e:
-            name, message = describe_raised(e)
-            raise RewardFunctionError(f"{source} raised {name} on samples {indices}: {message}") from e
-    return list(await asyncio.gather(*(async_rm(args, s, **kwargs) for s in samples)))
+        raise RewardFunctionError(f"{e}{hint}") from e
+    except Exception as e:
+        name, message = describe_raised(e)
+        raise RewardFunctionError(f"{source} raised {name} on samples {indices}: {message}{hint}") from e
+
+
+_BATCH_HINT = (
+    "a generate function that returns a list of samples has them scored in one call fn(args, samples) -> list, as in "
+    "the original (its reward is (args, sample | list[Sample]) -> float | list[float])"
+)

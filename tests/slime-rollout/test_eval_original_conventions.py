@@ -1,0 +1,78 @@
+"""Eval rollouts as an original user's plugins and `--eval-config` files expect them (issue 27, plugin pass).
+
+A generate function that marks an eval sample ABORTED (or an engine that aborted its request) left it without a
+reward, and the eval failed as "sample 1 has no reward yet", naming neither the dataset nor the generate function.
+An original `--eval-config` with `datasets` as a mapping, or with `repetition_penalty`, `skip_special_tokens`,
+`no_stop_trim` or `metadata_overrides`, was refused.
+"""
+
+import logging
+
+from slime_rollout_fakes import FakeClient
+from slime_rollout_fakes import rollout_args as _args
+
+from slime_core.sample import Status
+from slime_rollout.generation.eval import eval_rollout_async
+
+A = ord("A")
+
+
+async def odd_aborted_generate(args, sample, sampling_params, evaluation=False):
+    """Answers "A" (reward 1 with the fakes' reward) for even sample indices, ABORTED for odd ones."""
+    if sample.index % 2:
+        sample.status = Status.ABORTED
+        return sample
+    sample.append_response_tokens([A], log_probs=[-0.1], text="A")
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def test_aborted_eval_samples_are_left_out_counted_and_named(use_client, tmp_path, caplog):
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n{"prompt": "b", "label": "A"}\n')
+    path = f"{__name__}.odd_aborted_generate"
+    args = _args(eval_prompt_data=["toy", str(data)], input_key="prompt", n_samples_per_eval_prompt=2,
+                 custom_generate_function_path=path, log_passrate=True)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.generation.eval"):
+        out = await eval_rollout_async(args, 4)
+    # Samples 0 and 2 answered (reward 1), 1 and 3 aborted: pass@k is skipped, the groups are broken.
+    assert out.metrics == {"eval/toy": 1.0, "eval/toy-truncated_ratio": 0.0, "eval/toy/response_len/mean": 1.0,
+                           "eval/toy-aborted_ratio": 0.5}  # fmt: skip
+    assert [s.index for s in out.data["toy"]["samples"]] == [0, 2] and out.data["toy"]["rewards"] == [1.0, 1.0]
+    assert (f"eval 4: dataset toy: 2 of 4 samples came back ABORTED (from --custom-generate-function-path {path}, or "
+            "the engine aborted them; samples [1, 3]); they are left out of eval/toy") in caplog.text  # fmt: skip
+    assert "--log-passrate: eval toy left samples out (ABORTED); pass@k skipped" in caplog.text
+
+
+async def answer_a(args, sample, sampling_params, evaluation=False):
+    sample.metadata["params"] = dict(sampling_params)
+    sample.append_response_tokens([A], log_probs=[-0.1], text="A")
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def test_an_original_eval_config_mapping_with_its_engine_keys_and_metadata_overrides(use_client, tmp_path):
+    # The original's EvalDatasetConfig takes `datasets` as a mapping keyed by name, repetition_penalty,
+    # skip_special_tokens, no_stop_trim and metadata_overrides; each was refused here ("expected a mapping, got str",
+    # "unknown key(s)").
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n"
+        "  defaults: {repetition_penalty: 1.1, no_stop_trim: false}\n"
+        "  datasets:\n"
+        f"    first: {{path: {data}, skip_special_tokens: true, metadata_overrides: {{source: x, level: 3}}}}\n"
+        f"    second: {{path: {data}, n_samples_per_eval_prompt: 2}}\n"
+    )
+    args = _args(eval_config=str(config), input_key="prompt", custom_generate_function_path=f"{__name__}.answer_a")
+    out = await eval_rollout_async(args, 0)
+    assert sorted(out.data) == ["first", "second"] and out.metrics["eval/first"] == out.metrics["eval/second"] == 1.0
+    first, second = out.data["first"]["samples"], out.data["second"]["samples"]
+    assert len(first) == 1 and len(second) == 2
+    params = first[0].metadata["params"]
+    assert (params["repetition_penalty"], params["no_stop_trim"], params["skip_special_tokens"]) == (1.1, False, True)
+    assert second[0].metadata["params"]["skip_special_tokens"] is False  # --rollout-skip-special-tokens' default
+    assert first[0].metadata["source"] == "x" and first[0].metadata["level"] == 3 and "level" not in second[0].metadata
