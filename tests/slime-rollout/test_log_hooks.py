@@ -64,8 +64,13 @@ TRAIN_DEFAULTS = {
     "rollout/response_len/mean": 0.0, "rollout/response_len/median": 0.0, "rollout/response_len/max": 0.0,
     "rollout/response_len/min": 0.0, "rollout/truncated_ratio": 0.0, "perf/tokens_per_gpu_per_sec": 0.0,
     "perf/effective_tokens_per_gpu_per_sec": 0.0, "perf/longest_sample_tokens_per_sec": 0.0,
+    "perf/longest_effective_sample_tokens_per_sec": 0.0, "rollout/repetition_frac": 0.0,
 }  # fmt: skip
-EVAL_DEFAULTS = {"eval/toy-truncated_ratio": 0.5, "eval/toy/response_len/mean": 0.0}
+EVAL_DEFAULTS = {
+    "eval/toy-truncated_ratio": 0.5, "eval/toy/response_len/mean": 0.0, "eval/toy/response_len/median": 0.0,
+    "eval/toy/response_len/max": 0.0, "eval/toy/response_len/min": 0.0, "eval/toy/repetition_frac": 0.0,
+    "eval/toy/truncated_ratio": 0.0,
+}  # fmt: skip
 
 
 def test_without_hook_metrics_pass_through():
