@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from slime_rollout.engines.reference.model import ReferenceModel
-from slime_rollout.engines.reference.request import GenRequest, abort_reason
+from slime_rollout.engines.reference.request import GenRequest, queued_abort_reason
 
 __all__ = ["Scheduler"]
 
@@ -107,7 +107,7 @@ class Scheduler:
             for req, fut in self._waiting:
                 if abort_all or req.rid == rid:
                     req.aborted = True
-                    req.finish_reason = abort_reason("Abort before prefill")
+                    req.finish_reason = queued_abort_reason()
                     if not fut.done():
                         fut.set_result(req)
                     hit += 1
