@@ -498,6 +498,13 @@ async def test_engine_abort_error_and_context_limit(tok, scripted):
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
     assert err.value.status_code == 502
 
+    # SGLang's own refusal of the request (HTTP 400 `{"error": {"message"}}`, http_server.py `_create_error_response`):
+    # the agent's request is at fault, so a 400 it will not retry, not a 502 the openai SDK retries twice.
+    refusal = '{"error": {"message": "presence_penalty must be in [-2, 2], got 3.0."}}'
+    adapter, engine, agent = await scripted(["a"], sid="v", fail=EngineError("http://e", "/generate", refusal, 400))
+    with pytest.raises(openai.BadRequestError, match=r"refused the call: presence_penalty must be in \[-2, 2\]"):
+        await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+
     adapter, engine, agent = await scripted(["a"], sid="u", max_context_tokens=5)
     with pytest.raises(openai.BadRequestError, match="the limit is 5") as err:
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])

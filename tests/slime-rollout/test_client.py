@@ -97,6 +97,21 @@ async def test_http_error_and_success_false_raise_engine_error(http_server):
         await c.update_weights_from_disk("/m")
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # SGLang 0.5.16 http_server.py: `_create_error_response` and the RequestValidationError handler's body.
+        ('{"error": {"message": "top_p must be in (0, 1], got 0.0."}}', "top_p must be in (0, 1], got 0.0."),
+        ('{"object": "error", "message": "1 validation error", "type": "Bad Request", "param": null, "code": 400}',
+         "1 validation error"),
+        ("Internal Server Error", "Internal Server Error"),  # not JSON: as it came
+        ('["a list"]', '["a list"]'),
+    ],
+)  # fmt: skip
+def test_engine_message_reads_sglangs_error_bodies(body, said):
+    assert EngineError("http://e", "/generate", body, 400).engine_message == said
+
+
 async def test_get_params_post_json_empty_body_text_and_raw(http_server):
     async def handler(request):
         if request.path == "/v1/loads":

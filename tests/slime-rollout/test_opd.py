@@ -146,3 +146,16 @@ async def _post(url: str, payload: dict) -> dict:
         async with session.post(f"{url}/generate", json=payload, timeout=aiohttp.ClientTimeout(total=60)) as resp:
             assert resp.status == 200
             return await resp.json()
+
+
+def test_a_teacher_abort_is_named_as_one():
+    """SGLang 0.5.16 answers a request aborted in its waiting queue with HTTP 200 and this body (tokenizer_manager.py
+    `_handle_abort_req`: no prompt_tokens, empty log-prob lists); it was reported as "the teacher returned 0 input
+    log-probs", which hid the cause."""
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    aborted = {"text": "", "output_ids": [], "meta_info": {
+        "id": "r", "finish_reason": {"type": "abort", "message": "Abort in waiting queue"}, "weight_version": "default",
+        "e2e_latency": 0.01, "input_token_logprobs": [], "output_token_logprobs": [],
+        "output_token_logprobs_length": 0, "completion_tokens": 0}}  # fmt: skip
+    with pytest.raises(ValueError, match="sample 7: the teacher aborted the scoring request .'Abort in waiting queue'"):
+        teacher_log_probs_from_reply(aborted, sample, logprob_start_len=1)
