@@ -241,3 +241,27 @@ def test_a_request_aborted_in_the_waiting_queue_gets_sglangs_reduced_reply(engin
     assert set(meta) == {"id", "finish_reason", "weight_version", "e2e_latency", "completion_tokens",
                          "input_token_logprobs", "output_token_logprobs", "output_token_logprobs_length"}  # fmt: skip
     assert (meta["id"], meta["completion_tokens"], meta["output_token_logprobs"]) == ("queued", 0, [])
+
+
+def test_flush_cache_is_refused_while_a_request_waits(engine_client):
+    # entrypoints/http_server.py flush_cache: one text, status 200 if Scheduler.flush_cache succeeded, else 400
+    # (it needs no running or waiting request). Was always 200, hiding a client that flushed once and gave up.
+    text = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            "requests, the operation will not be performed.)\n")  # fmt: skip
+    idle = engine_client.get("/flush_cache")
+    assert (idle.status_code, idle.text) == (200, text)
+    engine = engine_client.app.state.engine
+    assert engine_client.post("/pause_generation", json={"mode": "in_place"}).status_code == 200
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            body = {"input_ids": PROMPT, "sampling_params": GREEDY}
+            pending = pool.submit(engine_client.post, "/generate", json=body)
+            deadline = time.monotonic() + 60
+            while engine.scheduler.num_waiting == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            busy = engine_client.post("/flush_cache")
+            engine_client.post("/continue_generation", json={})
+            assert pending.result(timeout=60).status_code == 200
+    finally:
+        engine_client.post("/continue_generation", json={})
+    assert (busy.status_code, busy.text) == (400, text)
