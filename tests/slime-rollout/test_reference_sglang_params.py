@@ -218,22 +218,23 @@ def test_budget_and_context_as_sglang(short_context_client):
 
 
 def test_a_request_aborted_in_the_waiting_queue_gets_sglangs_reduced_reply(engine_client):
-    # tokenizer_manager.py _handle_abort_req (0.5.16): a request popped from the waiting queue answers with
-    # finish_reason {"type": "abort", "message": "Abort in waiting queue"} and only these meta_info keys (no
+    # tokenizer_manager.py _handle_abort_req (0.5.16): a request popped from the scheduler's waiting queue answers
+    # with finish_reason {"type": "abort", "message": "Abort in waiting queue"} and only these meta_info keys (no
     # prompt_tokens, no cached_tokens): a client that reads them unguarded breaks on SGLang, not on a stand-in.
-    engine = engine_client.app.state.engine
-    assert engine_client.post("/pause_generation", json={"mode": "in_place"}).status_code == 200
-    try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            body = {"input_ids": PROMPT, "rid": "queued", "return_logprob": True, "sampling_params": GREEDY}
-            pending = pool.submit(engine_client.post, "/generate", json=body)
-            deadline = time.monotonic() + 60
-            while engine.scheduler.num_waiting == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert engine_client.post("/abort_request", json={"rid": "queued"}).status_code == 200
-            reply = pending.result(timeout=60)
-    finally:
-        engine_client.post("/continue_generation", json={})
+    # Queued behind two running requests (max_running_requests=2), not behind a pause: SGLang holds a request that
+    # arrives while paused before its scheduler, where /abort_request does not reach it.
+    scheduler = engine_client.app.state.engine.scheduler
+    long = {"sampling_params": {**GREEDY, "max_new_tokens": 2000}}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        running = [pool.submit(generate, engine_client, rid=f"run{i}", **long) for i in range(2)]
+        _wait_for(lambda: scheduler.num_running == 2, "two running requests")
+        queued = pool.submit(generate, engine_client, rid="queued", return_logprob=True, sampling_params=GREEDY)
+        _wait_for(lambda: scheduler.num_waiting == 1, "the third request to queue")
+        assert engine_client.post("/abort_request", json={"rid": "queued"}).status_code == 200
+        reply = queued.result(timeout=60)
+        for rid in ("run0", "run1"):
+            engine_client.post("/abort_request", json={"rid": rid})
+        assert [r.result(timeout=60).status_code for r in running] == [200, 200]
     out = reply.json()
     assert (out["text"], out["output_ids"]) == ("", [])
     meta = out["meta_info"]
@@ -243,25 +244,49 @@ def test_a_request_aborted_in_the_waiting_queue_gets_sglangs_reduced_reply(engin
     assert (meta["id"], meta["completion_tokens"], meta["output_token_logprobs"]) == ("queued", 0, [])
 
 
-def test_flush_cache_is_refused_while_a_request_waits(engine_client):
+def _wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_flush_cache_is_refused_while_the_scheduler_holds_a_request(engine_client):
     # entrypoints/http_server.py flush_cache: one text, status 200 if Scheduler.flush_cache succeeded, else 400
     # (it needs no running or waiting request). Was always 200, hiding a client that flushed once and gave up.
     text = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
             "requests, the operation will not be performed.)\n")  # fmt: skip
     idle = engine_client.get("/flush_cache")
     assert (idle.status_code, idle.text) == (200, text)
-    engine = engine_client.app.state.engine
-    assert engine_client.post("/pause_generation", json={"mode": "in_place"}).status_code == 200
-    try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            body = {"input_ids": PROMPT, "sampling_params": GREEDY}
-            pending = pool.submit(engine_client.post, "/generate", json=body)
-            deadline = time.monotonic() + 60
-            while engine.scheduler.num_waiting == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
+    scheduler = engine_client.app.state.engine.scheduler
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        body = {"input_ids": PROMPT, "rid": "long", "sampling_params": {**GREEDY, "max_new_tokens": 2000}}
+        pending = pool.submit(engine_client.post, "/generate", json=body)
+        try:
+            _wait_for(lambda: scheduler.num_running == 1, "the request to run")
+            # "in_place" keeps the running request in the scheduler, as SGLang's pause does.
+            assert engine_client.post("/pause_generation", json={"mode": "in_place"}).status_code == 200
             busy = engine_client.post("/flush_cache")
+            engine_client.post("/abort_request", json={"rid": "long"})
+        finally:
             engine_client.post("/continue_generation", json={})
-            assert pending.result(timeout=60).status_code == 200
-    finally:
-        engine_client.post("/continue_generation", json={})
+        assert pending.result(timeout=60).json()["meta_info"]["finish_reason"]["type"] == "abort"
     assert (busy.status_code, busy.text) == (400, text)
+    _wait_for(lambda: scheduler.num_running == 0, "the aborted request to leave")
+    assert engine_client.post("/flush_cache").status_code == 200
+
+
+def test_a_request_that_arrives_while_paused_does_not_block_flush_cache(engine_client):
+    # SGLang's tokenizer manager holds a request that arrives while generation is paused (tokenizer_manager.py
+    # generate_request waits on is_pause_cond) before its scheduler: a fully async rollout keeps sending during a
+    # weight push, and the push's flush must still succeed (the first version of the 400 above failed the push).
+    scheduler = engine_client.app.state.engine.scheduler
+    assert engine_client.post("/pause_generation", json={"mode": "abort"}).status_code == 200
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(engine_client.post, "/generate", json={"input_ids": PROMPT, "sampling_params": GREEDY})
+        try:
+            _wait_for(lambda: scheduler.num_waiting == 1, "the request to queue")
+            assert engine_client.post("/flush_cache").status_code == 200
+        finally:
+            engine_client.post("/continue_generation", json={})
+        assert pending.result(timeout=60).json()["meta_info"]["completion_tokens"] == 3

@@ -112,6 +112,8 @@ class SamplingParams:
         raw = dict(raw or {})
         unknown = set(raw) - _KNOWN_KEYS
         if unknown:
+            # Deliberately not SGLang's answer: its `SamplingParams(**sampling_params)` raises TypeError, which
+            # http_server.py does not catch (HTTP 500 "Internal Server Error", the field named only in its log).
             raise ValueError(f"sampling_params: unknown field(s) {sorted(unknown)}")
         stop = _or(raw.get("stop"), [])
         if isinstance(stop, str):

@@ -25,13 +25,12 @@ _FLUSH_TEXT = (
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request):
-    """SGLang's reply: 200 when idle, 400 while requests run or wait (`Scheduler.flush_cache` needs it fully idle).
+    """SGLang's reply: 200 when idle, 400 while its scheduler holds requests (`Scheduler.flush_cache`).
 
     There is nothing to flush (every batch starts from an empty KV cache), but the refusal is SGLang's, so a
     client that flushes right after an abort meets it here too.
     """
-    scheduler = engine_of(request).scheduler
-    idle = scheduler.num_running == 0 and scheduler.num_waiting == 0
+    idle = engine_of(request).scheduler.num_scheduled == 0
     return Response(content=_FLUSH_TEXT, status_code=200 if idle else 400)
 
 
