@@ -498,6 +498,22 @@ async def test_engine_abort_error_and_context_limit(tok, scripted):
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
     assert err.value.status_code == 502
 
+    # SGLang's own refusal of the request (HTTP 400 `{"error": {"message"}}`, http_server.py `_create_error_response`):
+    # the agent's request is at fault, so a 400 it will not retry, not a 502 the openai SDK retries twice.
+    refusal = '{"error": {"message": "presence_penalty must be in [-2, 2], got 3.0."}}'
+    adapter, engine, agent = await scripted(["a"], sid="v", fail=EngineError("http://e", "/generate", refusal, 400))
+    with pytest.raises(openai.BadRequestError, match=r"refused the call: presence_penalty must be in \[-2, 2\]") as err:
+        await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+    assert err.value.code is None
+    # Its context refusal (tokenizer_manager.py _validate_one_request) carries OpenAI's code, which agents read.
+    too_long = ('{"error": {"message": "Requested token count exceeds the model\'s maximum context length of 16 '
+                'tokens. You requested a total of 17 tokens: 8 tokens from the input messages and 9 tokens for the '
+                'completion."}}')  # fmt: skip
+    adapter, engine, agent = await scripted(["a"], sid="w", fail=EngineError("http://e", "/generate", too_long, 400))
+    with pytest.raises(openai.BadRequestError, match="maximum context length of 16 tokens") as err:
+        await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+    assert err.value.code == "context_length_exceeded"
+
     adapter, engine, agent = await scripted(["a"], sid="u", max_context_tokens=5)
     with pytest.raises(openai.BadRequestError, match="the limit is 5") as err:
         await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])

@@ -97,6 +97,46 @@ async def test_http_error_and_success_false_raise_engine_error(http_server):
         await c.update_weights_from_disk("/m")
 
 
+async def test_flush_cache_waits_out_sglangs_busy_refusal(http_server):
+    # SGLang 0.5.16 answers /flush_cache with HTTP 400 (same text) while requests run or wait (scheduler.py
+    # flush_cache: is_fully_idle), as just after pause_generation aborted them; one 400 failed the weight push.
+    text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting " \
+           "requests, the operation will not be performed.)\n"  # fmt: skip
+    calls = {"busy": 0, "down": 0, "stuck": 0}
+
+    async def handler(request):
+        kind = request.path.strip("/").split("/")[0]
+        calls[kind] += 1
+        if kind == "busy":
+            return web.Response(text=text, status=400 if calls["busy"] <= 2 else 200)
+        return web.Response(text=text if kind == "stuck" else "oops", status=400 if kind == "stuck" else 500)
+
+    url = await http_server(handler)
+    await EngineClient(url + "/busy").flush_cache(poll_s=0.01)
+    assert calls["busy"] == 3
+    with pytest.raises(EngineError, match=r"/flush_cache failed \(HTTP 400\): requests still run or wait after 0.2 s"):
+        await EngineClient(url + "/stuck").flush_cache(deadline_s=0.2, poll_s=0.05)
+    assert calls["stuck"] >= 2
+    with pytest.raises(EngineError, match="HTTP 500"):
+        await EngineClient(url + "/down", max_retries=0).flush_cache(poll_s=0.01)
+    assert calls["down"] == 1  # any other failure is not waited out
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # SGLang 0.5.16 http_server.py: `_create_error_response` and the RequestValidationError handler's body.
+        ('{"error": {"message": "top_p must be in (0, 1], got 0.0."}}', "top_p must be in (0, 1], got 0.0."),
+        ('{"object": "error", "message": "1 validation error", "type": "Bad Request", "param": null, "code": 400}',
+         "1 validation error"),
+        ("Internal Server Error", "Internal Server Error"),  # not JSON: as it came
+        ('["a list"]', '["a list"]'),
+    ],
+)  # fmt: skip
+def test_engine_message_reads_sglangs_error_bodies(body, said):
+    assert EngineError("http://e", "/generate", body, 400).engine_message == said
+
+
 async def test_get_params_post_json_empty_body_text_and_raw(http_server):
     async def handler(request):
         if request.path == "/v1/loads":

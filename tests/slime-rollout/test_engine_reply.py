@@ -67,3 +67,19 @@ def test_the_default_generate_checks_the_reply(monkeypatch, reply, message):
     with pytest.raises(ValueError, match=message):
         asyncio.run(single_turn.generate(args, sample, {"max_new_tokens": 4}))
     assert sample.tokens == [1, 2] and sample.rollout_log_probs is None  # nothing of the reply was kept
+
+
+def test_the_default_generate_reads_sglangs_waiting_queue_abort():
+    """SGLang 0.5.16's reply to a request aborted before it was scheduled (tokenizer_manager.py
+    `_handle_abort_req`): HTTP 200, no `prompt_tokens`/`cached_tokens`, a two-key finish reason. The sample is
+    ABORTED with nothing appended (the reference engine now answers the same, test_reference_sglang_params.py)."""
+    reply = {"text": "", "output_ids": [], "meta_info": {
+        "id": "r", "finish_reason": {"type": "abort", "message": "Abort in waiting queue"}, "weight_version": "3",
+        "e2e_latency": 0.2, "input_token_logprobs": [], "output_token_logprobs": [],
+        "output_token_logprobs_length": 0, "completion_tokens": 0}}  # fmt: skip
+    args = PluginArgs.from_config(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1}))
+    sample = Sample(prompt="p", tokens=[1, 2], response_length=0, index=7)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(single_turn, "get_client", lambda args: _Client(reply))
+        asyncio.run(single_turn.generate(args, sample, {"max_new_tokens": 4}))
+    assert (sample.status.name, sample.tokens, sample.response_length) == ("ABORTED", [1, 2], 0)

@@ -159,3 +159,16 @@ def test_the_original_reward_func_scores_a_list_in_one_call(args, tiny_qwen3_dir
     for s, reply in zip(samples, replies, strict=True):
         assert reply["meta_info"]["input_token_logprobs"][0][0] is None
         torch.testing.assert_close(torch.tensor(s.teacher_log_probs), _reference(tiny_qwen3_dir, s), atol=ATOL, rtol=0)
+
+
+def test_a_teacher_abort_is_named_as_one():
+    """SGLang 0.5.16 answers a request aborted in its waiting queue with HTTP 200 and this body (tokenizer_manager.py
+    `_handle_abort_req`: no prompt_tokens, empty log-prob lists); it was reported as "the teacher returned 0 input
+    log-probs", which hid the cause."""
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    aborted = {"text": "", "output_ids": [], "meta_info": {
+        "id": "r", "finish_reason": {"type": "abort", "message": "Abort in waiting queue"}, "weight_version": "default",
+        "e2e_latency": 0.01, "input_token_logprobs": [], "output_token_logprobs": [],
+        "output_token_logprobs_length": 0, "completion_tokens": 0}}  # fmt: skip
+    with pytest.raises(ValueError, match="sample 7: the teacher aborted the scoring request .'Abort in waiting queue'"):
+        teacher_log_probs_from_reply(aborted, sample, logprob_start_len=1)

@@ -408,6 +408,18 @@ async def test_max_context_len_caps_new_tokens(use_client):
     assert s.response_length == 6 and s.status is Status.TRUNCATED
 
 
+async def test_without_a_context_flag_the_models_context_caps_new_tokens(use_client, tmp_path):
+    # SGLang 0.5.16 answers HTTP 400 when prompt + max_new_tokens exceeds its context (tokenizer_manager.py
+    # _validate_one_request; the reference engine now does too): a 12-token prompt with --rollout-max-response-len 8
+    # on a 16-token model failed the rollout instead of getting a shorter response.
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 16}')
+    client = use_client(FakeClient({0: [A]}, lengths={0: 100}))
+    s = Sample(tokens=[0, *[5] * 11])  # 12 prompt tokens
+    s = await generate_mod.generate(_args(hf_checkpoint=str(tmp_path)), s, {"max_new_tokens": 8})
+    assert client.payloads[0]["sampling_params"]["max_new_tokens"] == 4
+    assert s.response_length == 4 and s.status is Status.TRUNCATED
+
+
 @pytest.mark.parametrize(
     ("evaluation", "eval_ctx", "expected"),
     [(True, 7, 3), (False, 7, 6), (True, None, 6)],  # eval: --eval-max-context-len, else the rollout's 10

@@ -413,6 +413,10 @@ class OpenAIAdapter:
         except TimeoutError:
             return _error(504, f"the engine did not answer within {self.request_timeout_s}s", kind="server_error")
         except EngineError as e:
+            if e.status_code == 400:  # SGLang refused this request (context, sampling fields): the agent's to fix
+                said = e.engine_message  # both of SGLang's context refusals say "context length"
+                code = "context_length_exceeded" if "context length" in said else None
+                return _error(400, f"the engine refused the call: {said}", code=code)
             return _error(502, str(e), kind="server_error")
         finally:
             session.inflight.discard(task)

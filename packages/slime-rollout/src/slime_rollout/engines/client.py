@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,9 +64,28 @@ class EngineClient(HttpEndpoint):
         """POST /abort_request (`slime_rollout.engines.wire.AbortReq`: `{"rid", "abort_all"}`)."""
         await self._post(wire.AbortReq(rid=rid, abort_all=abort_all))
 
-    async def flush_cache(self) -> None:
-        """GET /flush_cache (fails with HTTP 400 while requests are running in SGLang)."""
-        await self.request("GET", "/flush_cache")
+    async def flush_cache(self, *, deadline_s: float = 60.0, poll_s: float = 0.2) -> None:
+        """GET /flush_cache, again while SGLang refuses it (HTTP 400: requests still run or wait).
+
+        SGLang's `Scheduler.flush_cache` needs an idle engine, which it is only a moment after `pause_generation`
+        aborted its requests; the original retries likewise (60 tries).
+
+        Raises:
+            EngineError: still refused after `deadline_s` seconds (tried every `poll_s`), or any other failure.
+        """
+        give_up = time.monotonic() + deadline_s
+        while True:
+            try:
+                await self.request("GET", "/flush_cache")
+                return
+            except EngineError as exc:
+                if exc.status_code != 400:
+                    raise
+                if time.monotonic() >= give_up:
+                    raise EngineError(
+                        self.url, "/flush_cache", f"requests still run or wait after {deadline_s:g} s", 400
+                    ) from exc
+            await asyncio.sleep(poll_s)
 
     async def pause_generation(self, mode: str = "abort") -> None:
         """POST /pause_generation `{"mode": "abort"|"retract"|"in_place"}`."""

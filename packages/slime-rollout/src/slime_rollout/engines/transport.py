@@ -76,6 +76,24 @@ class EngineError(RuntimeError):
         self.url, self.endpoint, self.message, self.status_code = url, endpoint, message, status_code
         self.unreachable = unreachable
 
+    @property
+    def engine_message(self) -> str:
+        """The engine's own words: the `message` of SGLang's error bodies, else `message` as it came.
+
+        SGLang 0.5.16 answers a refused `/generate` with `{"error": {"message": ...}}` (http_server.py
+        `_create_error_response`) and a refused body with `{"object": "error", "message": ...}` (its
+        `RequestValidationError` handler).
+        """
+        try:
+            body = json.loads(self.message)
+        except ValueError:
+            return self.message
+        if not isinstance(body, dict):
+            return self.message
+        inner = body.get("error")
+        found = inner.get("message") if isinstance(inner, dict) else body.get("message")
+        return found if isinstance(found, str) else self.message
+
     def __reduce__(self) -> tuple:
         # BaseException pickles only `args` (the formatted message), which this __init__ cannot take back.
         return (_rebuild_engine_error, (self.url, self.endpoint, self.message, self.status_code, self.unreachable))

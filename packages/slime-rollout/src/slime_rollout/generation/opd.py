@@ -85,10 +85,20 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
         `[response_length]` floats.
 
     Raises:
-        ValueError: the reply has no input log-probs, too few of them, scores other tokens than the response, or
-            has no number (None) for a response token (`logprob_start_len` not before the response).
+        ValueError: the teacher aborted the request, the reply has no input log-probs, too few of them, scores
+            other tokens than the response, or has no number (None) for a response token (`logprob_start_len` not
+            before the response).
     """
-    entries = (reply.get("meta_info") or {}).get("input_token_logprobs")
+    meta = reply.get("meta_info") or {}
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        # SGLang answers an aborted request normally (HTTP 200), with no log-probs at all when it was still queued
+        # ("Abort in waiting queue", tokenizer_manager.py _handle_abort_req): say so, not "0 log-probs".
+        raise ValueError(
+            f"sample {sample.index}: the teacher aborted the scoring request ({finish.get('message')!r}): was the "
+            "teacher engine paused, restarted or given abort_request?"
+        )
+    entries = meta.get("input_token_logprobs")
     if entries is None:
         raise ValueError(f"sample {sample.index}: the teacher's reply has no meta_info.input_token_logprobs")
     n = sample.response_length

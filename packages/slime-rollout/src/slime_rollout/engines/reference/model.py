@@ -27,8 +27,9 @@ from transformers.cache_utils import DynamicLayer
 
 from slime_core.fp8 import read_fp8_config
 from slime_rollout.engines.reference.fp8 import ServedFp8, build_empty
+from slime_rollout.engines.reference.logits import adjust_logits
 from slime_rollout.engines.reference.lora import LoraAdapters
-from slime_rollout.engines.reference.request import GenRequest, abort_reason
+from slime_rollout.engines.reference.request import GenRequest, abort_reason, queued_abort_reason
 from slime_rollout.engines.reference.sampling import (
     find_stop_string,
     sample_next_token,
@@ -187,7 +188,7 @@ class ReferenceModel:
     @staticmethod
     def _finished_before_prefill(r: GenRequest, notify: Callable[[GenRequest], None]) -> bool:
         if r.aborted and not r.finished:
-            r.finish_reason = abort_reason("Abort before prefill")
+            r.finish_reason = queued_abort_reason()
         if r.finished:
             notify(r)
         return r.finished
@@ -330,6 +331,7 @@ class ReferenceModel:
         if r.aborted:
             r.finish_reason = abort_reason("Aborted")
             return
+        logits_V = adjust_logits(logits_V, r.params, r.output_ids, r.params.stop_token_ids | self.eos_token_ids)
         if r.params.return_top_p_token_ids:
             token, logprob, kept = sample_with_kept_ids(logits_V, r.params, r.generator)
             if kept is not None:
@@ -352,7 +354,8 @@ class ReferenceModel:
             if matched is not None:
                 r.finish_reason = {"type": "stop", "matched": matched}
                 return
-        if len(r.output_ids) >= p.max_new_tokens or len(r.input_ids) + len(r.output_ids) >= self.max_context_len:
+        budget_spent = p.max_new_tokens is not None and len(r.output_ids) >= p.max_new_tokens
+        if budget_spent or len(r.input_ids) + len(r.output_ids) >= self.max_context_len:
             r.finish_reason = {"type": "length", "length": len(r.output_ids)}
 
     def output_text(self, r: GenRequest) -> str:

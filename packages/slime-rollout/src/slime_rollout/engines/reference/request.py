@@ -11,7 +11,7 @@ import torch
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.vision import VisionInputs
 
-__all__ = ["GenRequest", "abort_reason"]
+__all__ = ["GenRequest", "abort_reason", "is_queued_abort", "queued_abort_reason"]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, eq=False)
@@ -66,3 +66,17 @@ class GenRequest:
 def abort_reason(message: str) -> dict[str, Any]:
     """SGLang's finish reason of an aborted request (`FINISH_ABORT.to_json()`)."""
     return {"type": "abort", "message": message, "status_code": None, "err_type": None}
+
+
+# SGLang 0.5.16's message for a request aborted before it left the waiting queue (`TokenizerManager._handle_abort_req`).
+_QUEUED_ABORT_MESSAGE = "Abort in waiting queue"
+
+
+def queued_abort_reason() -> dict[str, Any]:
+    """SGLang's finish reason of a request aborted in the waiting queue: `{"type": "abort", "message"}` only."""
+    return {"type": "abort", "message": _QUEUED_ABORT_MESSAGE}
+
+
+def is_queued_abort(finish_reason: dict[str, Any] | None) -> bool:
+    """Whether `finish_reason` is `queued_abort_reason()` (the reply then carries SGLang's reduced meta_info)."""
+    return finish_reason == queued_abort_reason()

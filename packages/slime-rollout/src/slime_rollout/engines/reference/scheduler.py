@@ -20,13 +20,14 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from slime_rollout.engines.reference.model import ReferenceModel
-from slime_rollout.engines.reference.request import GenRequest, abort_reason
+from slime_rollout.engines.reference.request import GenRequest, queued_abort_reason
 
 __all__ = ["Scheduler"]
 
@@ -63,6 +64,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference-engine")
         self._task: asyncio.Task | None = None
         self.paused = False
+        self._paused_since: float | None = None  # time.monotonic() of the pause in force
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -107,7 +109,7 @@ class Scheduler:
             for req, fut in self._waiting:
                 if abort_all or req.rid == rid:
                     req.aborted = True
-                    req.finish_reason = abort_reason("Abort before prefill")
+                    req.finish_reason = queued_abort_reason()
                     if not fut.done():
                         fut.set_result(req)
                     hit += 1
@@ -128,6 +130,8 @@ class Scheduler:
         """
         if mode not in ("abort", "retract", "in_place"):
             raise ValueError(f"pause_generation: mode must be abort|retract|in_place, got {mode!r}")
+        if not self.paused:
+            self._paused_since = time.monotonic()
         self.paused = True
         if mode == "abort":
             self.abort(abort_all=True)
@@ -137,6 +141,7 @@ class Scheduler:
     def resume(self) -> None:
         """Continues generation after `pause`."""
         self.paused = False
+        self._paused_since = None
         self._resumed.set()
         self._wakeup.set()
 
@@ -145,6 +150,18 @@ class Scheduler:
         """Requests admitted to the generation loop and not finished yet."""
         with self._lock:
             return sum(1 for r in self._running if not r.finished)
+
+    @property
+    def num_scheduled(self) -> int:
+        """Requests SGLang's scheduler would hold: running ones, and queued ones that arrived before the pause.
+
+        SGLang's tokenizer manager holds back what arrives while generation is paused (`is_pause_cond`), so those
+        requests never reach its scheduler (and do not keep `/flush_cache` from succeeding).
+        """
+        with self._lock:
+            since = self._paused_since
+            waiting = sum(1 for req, _ in self._waiting if since is None or req.created < since)
+            return waiting + sum(1 for req in self._running if not req.finished)
 
     @property
     def num_waiting(self) -> int:

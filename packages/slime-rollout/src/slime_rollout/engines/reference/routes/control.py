@@ -16,11 +16,22 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+# SGLang 0.5.16's body for both outcomes (entrypoints/http_server.py `flush_cache`).
+_FLUSH_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the "
+    "operation will not be performed.)\n"
+)
+
+
 @router.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache():
-    """SGLang's reply; there is nothing to flush."""
-    # No prefix cache to drop: every batch starts from an empty KV cache.
-    return Response(content="Cache flushed.\n", status_code=200)
+async def flush_cache(request: Request):
+    """SGLang's reply: 200 when idle, 400 while its scheduler holds requests (`Scheduler.flush_cache`).
+
+    There is nothing to flush (every batch starts from an empty KV cache), but the refusal is SGLang's, so a
+    client that flushes right after an abort meets it here too.
+    """
+    idle = engine_of(request).scheduler.num_scheduled == 0
+    return Response(content=_FLUSH_TEXT, status_code=200 if idle else 400)
 
 
 @router.post("/pause_generation")
