@@ -355,3 +355,41 @@ def test_a_hung_rollout_state_save_ends_the_run_in_one_line(monkeypatch, tmp_pat
     assert message.startswith(f"saving the checkpoint of rollout 0 to --save {tmp_path / 'ckpt'} failed: ")
     assert f"did not finish within {deadline:g} s {flags}" in message
     assert "no complete checkpoint there yet" in message
+
+
+class _ResumedTrainer(_BuildTrainer):
+    """A trainer whose `--load` checkpoint resumes at rollout `start` (0: none there)."""
+
+    def __init__(self, events, start):
+        super().__init__(events)
+        self.start = start
+
+    def init(self, cfg):
+        super().init(cfg)
+        return self.start
+
+
+@pytest.mark.parametrize(
+    ("trainer_start", "fields", "start", "cursor"),
+    [
+        (3, {"load": "/ckpt"}, 3, [("load", 2)]),  # the checkpoint's next rollout; the cursor saved with it
+        # --start-rollout-id: the cursor of the rollout before it, as the original (was the checkpoint's: 2).
+        (3, {"load": "/ckpt", "start_rollout_id": 5}, 5, [("load", 4)]),
+        (0, {"load": "/ckpt", "start_rollout_id": 5}, 5, [("load", 4)]),  # Megatron without a checkpoint: none read
+        (3, {"load": "/ckpt", "start_rollout_id": 0}, 0, []),  # from the start: the cursor at the beginning
+        (0, {}, 0, []),
+    ],
+)
+def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, trainer_start, fields, start, cursor):
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 8, **fields})
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    monkeypatch.setattr(
+        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
+            remote=lambda *args: _Actor(events)))
+    )  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: _ResumedTrainer(events, trainer_start))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement = cfg, None
+    assert run.build() == start
+    assert [e for e in events if e[0] == "load"] == cursor

@@ -241,7 +241,8 @@ class Run:
     def build(self) -> int:
         """Starts engines and trainer ranks, pushes the initial weights; returns the start rollout id.
 
-        The start rollout id is the one after `--load`'s checkpoint (0 without one), or `--start-rollout-id`.
+        The start rollout id is the one after `--load`'s checkpoint (0 without one), or `--start-rollout-id`; the
+        rollout manager restores the data cursor saved for the rollout before it (the original's order).
 
         Raises:
             StartRefused: a trainer rank refused its input (`ValueError`/`FileNotFoundError`, e.g. a damaged
@@ -277,11 +278,14 @@ class Run:
                         logger.debug("the trainer ranks did not start", exc_info=True)
                         raise StartRefused(" ".join(str(cause).split())) from e
                     raise
-            if start > 0:
+            if start > 0 and cfg.load:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
-                ray.get(self.manager.load.remote(start - 1))
         if cfg.start_rollout_id is not None:
             start = cfg.start_rollout_id
+        if start > 0:
+            # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
+            # included (it was the checkpoint's, so the prompts did not follow the rollout ids).
+            ray.get(self.manager.load.remote(start - 1))
         self.restorer = EngineRestorer(cfg, self.manager, self.trainer)
         if self.trainer is not None and engine_urls:
             transport = _TRANSPORTS.get(cfg.weight_sync, cfg.weight_sync)
