@@ -10,23 +10,25 @@ at a time: the critic wakes for its step and sleeps after it, the actor sleeps w
 is woken when it is first needed (training, weight sync, checkpoint, export), so a colocated step swaps
 engine → critic → actor without waking the actor in between. A critic on GPUs of its own never sleeps.
 Checkpoints: the critic's (`--critic-save`, default `<--save>/critic`) is written before the actor's, whose
-tracker file is the commit point of a resume.
+tracker file is the commit point of a resume: a resumed critic loads the actor's iteration (`critic_resume_step`).
 """
 
 from __future__ import annotations
 
 import logging
+import pathlib
 import time
 
 import ray
 
 from slime_app.cluster import Placement
 from slime_app.train_actor import TrainGroup
+from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ActorCritic", "make_trainers"]
+__all__ = ["ActorCritic", "critic_resume_step", "make_trainers"]
 
 
 def make_trainers(cfg: SlimeArgs, placement: Placement) -> TrainGroup | ActorCritic:
@@ -35,6 +37,55 @@ def make_trainers(cfg: SlimeArgs, placement: Placement) -> TrainGroup | ActorCri
     if not cfg.use_critic:
         return actor
     return ActorCritic(cfg, actor, TrainGroup(cfg, placement, role="critic"), shared=placement.critic_shares_actor_gpus)
+
+
+def _tracker_step(root: pathlib.Path) -> int | None:
+    """The iteration `root`'s tracker file names; None without one, or when it names none (the trainer says so)."""
+    try:
+        text = (root / TRACKER_FILE).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def critic_resume_step(cfg: SlimeArgs) -> int | None:
+    """The iteration a resumed critic loads: the actor's, whose tracker file is the commit point of a save.
+
+    The critic's checkpoint is written before the actor's, so a save cut in between (a kill, a full disk) left the
+    critic's tracker one save ahead: each side resumed its own latest, the critic of rollout N with the actor of
+    an earlier one (a warning said so).
+
+    Args:
+        cfg: the run config (`--load`, `--ckpt-step`, `--critic-load`).
+
+    Returns:
+        The actor's iteration (`--ckpt-step`, else `--load`'s tracker) when the critic's checkpoint directory
+        (`slime_core.critic.critic_config`'s `load`) holds complete iterations; None when there is nothing to pair
+        (no actor checkpoint, no critic checkpoint: the critic starts from its weights as before).
+
+    Raises:
+        ValueError: the critic's directory has complete iterations, not the actor's (names both directories, the
+            iterations and a `--ckpt-step` both have, if any).
+    """
+    from slime_core.critic import critic_config  # torch: not at the driver's import
+
+    if not cfg.load:
+        return None
+    load = pathlib.Path(cfg.load)
+    step = cfg.ckpt_step if cfg.ckpt_step is not None else _tracker_step(load)
+    critic_dir = critic_config(cfg).load
+    critic_steps = complete_iterations(critic_dir) if critic_dir else []
+    if step is None or not critic_steps:
+        return None
+    if step in critic_steps:
+        return step
+    both = sorted(set(critic_steps) & set(complete_iterations(load)))
+    hint = f"resume both from one with --ckpt-step {both[-1]}" if both else "no iteration is in both"
+    raise ValueError(
+        f"--load {load}: the actor resumes from {iteration_name(step)}, which the critic's checkpoints in {critic_dir} "
+        f"do not have (they hold iterations {', '.join(map(str, critic_steps))}: a save cut between the critic's and "
+        f"the actor's, or another run's critic); {hint}"
+    )
 
 
 class ActorCritic:
@@ -99,12 +150,17 @@ class ActorCritic:
         """Initializes both groups; returns the actor's start rollout id (a differing critic's is logged).
 
         On shared GPUs the actor sleeps while the critic is built, so the two models never hold the accelerator
-        at once (as the original's offloaded PPO initialization).
+        at once (as the original's offloaded PPO initialization). A resumed critic loads the actor's iteration
+        (`critic_resume_step`).
+
+        Raises:
+            ValueError: the critic's checkpoints lack the actor's iteration (`critic_resume_step`).
         """
+        step = critic_resume_step(cfg)  # before anything loads: a refusal costs no model load
         start = self.actor.init(cfg)
         if self.shared:
             self._set_actor(False)
-        critic_start = self.critic.init(cfg)
+        critic_start = self.critic.init(cfg if step is None else cfg.model_copy(update={"ckpt_step": step}))
         if critic_start != start:
             logger.warning(
                 "the critic resumes at rollout %d, the actor at %d; continuing from the actor's (is the critic "
