@@ -9,6 +9,7 @@ resumed from the original's `--save` continues its prompt stream.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 from collections.abc import Iterable
@@ -19,7 +20,9 @@ from slime_core.sample import Sample
 from slime_core.sample_json import dumps_with_samples
 from slime_rollout.data.original_cursor import load_original
 
-__all__ = ["cursor_path", "read_cursor", "write_cursor"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["cursor_path", "keep_groups_of_size", "read_cursor", "write_cursor"]
 
 
 def cursor_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
@@ -53,3 +56,30 @@ def read_cursor(root: str | os.PathLike[str], rollout_id: int) -> tuple[pathlib.
         return path, json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # bad JSON or bad UTF-8
         raise ValueError(f"{path}: bad data-source cursor ({e})") from e
+
+
+def keep_groups_of_size(groups: list[list[Sample]], size: int, where: str | os.PathLike[str]) -> list[list[Sample]]:
+    """The saved groups (a partial-rollout buffer, fully-async held groups) that have `size` samples.
+
+    A run resumed with another `--n-samples-per-prompt` got the saved groups at their old size: the default rollout
+    then stopped blaming the data source, and the fully-async producer trained them as they were (advantages
+    normalized over groups of two sizes). They are dropped with one counted warning, as the original keeps no such
+    group across a resume; their prompts are not drawn again (the cursor is past them).
+
+    Args:
+        groups: the groups as read back.
+        size: `--n-samples-per-prompt` of this run.
+        where: the checkpoint file they came from, for the warning.
+
+    Returns:
+        The groups of `size` samples, in order.
+    """
+    kept = [group for group in groups if len(group) == size]
+    if len(kept) < len(groups):
+        other = sorted({len(group) for group in groups} - {size})
+        logger.warning(
+            "%s: dropped %d of %d saved group(s) of %s sample(s), not --n-samples-per-prompt %d (saved by a run with "
+            "another value); their prompts are not drawn again",
+            where, len(groups) - len(kept), len(groups), "/".join(map(str, other)), size,
+        )  # fmt: skip
+    return kept
