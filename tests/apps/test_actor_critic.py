@@ -169,7 +169,7 @@ def test_the_critic_resumes_the_actors_iteration_after_a_save_cut_between_them(t
     pair = ActorCritic(_cfg(load=str(tmp_path)), _LoadingGroup("actor", events), _LoadingGroup("critic", events),
                        shared=False)  # fmt: skip
     pair.init(pair.cfg)
-    assert events == [("actor", "init", None), ("critic", "init", 2)]  # the actor's tracker, pinned for the critic
+    assert events == [("actor", "init", 2), ("critic", "init", 2)]  # the actor's tracker, pinned for both
 
 
 def test_a_critic_without_the_actors_iteration_is_refused_before_anything_loads(tmp_path):

@@ -366,6 +366,7 @@ class _ResumedTrainer(_BuildTrainer):
 
     def init(self, cfg):
         super().init(cfg)
+        self.cfg = cfg
         return self.start
 
 
@@ -393,3 +394,25 @@ def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, traine
     run.cfg, run.placement = cfg, None
     assert run.build() == start
     assert [e for e in events if e[0] == "load"] == cursor
+
+
+@pytest.mark.parametrize(("tracker", "ckpt_step", "pinned"), [("4\n", None, 4), ("4", 2, 2), ("release", None, None),
+                                                            (None, None, None)])  # fmt: skip
+def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_path, tracker, ckpt_step, pinned):
+    # Issue 27: each rank read --load's tracker itself; a run saving into that folder meanwhile could make two ranks
+    # (or the actor and the PPO critic) load two iterations. The driver reads it once and passes --ckpt-step.
+    if tracker is not None:
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text(tracker)
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 8, "load": str(tmp_path), "ckpt_step": ckpt_step})
+    events = []
+    trainer = _ResumedTrainer(events, 0)
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    monkeypatch.setattr(
+        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
+            remote=lambda *args: _Actor(events)))
+    )  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: trainer)
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement = cfg, None
+    run.build()
+    assert trainer.cfg.ckpt_step == pinned and run.cfg.ckpt_step == ckpt_step  # the run's own config is unchanged

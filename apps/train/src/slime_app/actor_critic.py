@@ -23,7 +23,7 @@ import ray
 
 from slime_app.cluster import Placement
 from slime_app.train_actor import TrainGroup
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
+from slime_core.checkpoint_dirs import complete_iterations, iteration_name, tracker_step
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -37,15 +37,6 @@ def make_trainers(cfg: SlimeArgs, placement: Placement) -> TrainGroup | ActorCri
     if not cfg.use_critic:
         return actor
     return ActorCritic(cfg, actor, TrainGroup(cfg, placement, role="critic"), shared=placement.critic_shares_actor_gpus)
-
-
-def _tracker_step(root: pathlib.Path) -> int | None:
-    """The iteration `root`'s tracker file names; None without one, or when it names none (the trainer says so)."""
-    try:
-        text = (root / TRACKER_FILE).read_text(errors="replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def critic_resume_step(cfg: SlimeArgs) -> int | None:
@@ -72,7 +63,7 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
     if not cfg.load:
         return None
     load = pathlib.Path(cfg.load)
-    step = cfg.ckpt_step if cfg.ckpt_step is not None else _tracker_step(load)
+    step = cfg.ckpt_step if cfg.ckpt_step is not None else tracker_step(load)
     critic_dir = critic_config(cfg).load
     critic_steps = complete_iterations(critic_dir) if critic_dir else []
     if step is None or not critic_steps:
@@ -157,10 +148,12 @@ class ActorCritic:
             ValueError: the critic's checkpoints lack the actor's iteration (`critic_resume_step`).
         """
         step = critic_resume_step(cfg)  # before anything loads: a refusal costs no model load
+        if step is not None:  # both read this one iteration, whatever the trackers say by the time they load
+            cfg = cfg.model_copy(update={"ckpt_step": step})
         start = self.actor.init(cfg)
         if self.shared:
             self._set_actor(False)
-        critic_start = self.critic.init(cfg if step is None else cfg.model_copy(update={"ckpt_step": step}))
+        critic_start = self.critic.init(cfg)
         if critic_start != start:
             logger.warning(
                 "the critic resumes at rollout %d, the actor at %d; continuing from the actor's (is the critic "

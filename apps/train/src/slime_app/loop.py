@@ -33,6 +33,7 @@ from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
 from slime_app.tracking import Tracker
+from slime_core.checkpoint_dirs import tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.config.validation_fully_async import is_fully_async
 from slime_core.extensions import train_backend_spec
@@ -75,6 +76,18 @@ def _should_run(interval: int | None, rollout_id: int, num_rollout: int, per_epo
         return False
     step = rollout_id + 1
     return step % interval == 0 or rollout_id == num_rollout - 1 or bool(per_epoch and step % per_epoch == 0)
+
+
+def _pin_load_step(cfg: SlimeArgs) -> SlimeArgs:
+    """`cfg` with `--ckpt-step` set to the iteration `--load`'s tracker names now (unchanged without one).
+
+    Each trainer rank read the tracker itself: a run saving into `--load` meanwhile (a fork of a live run) could
+    have its ranks load two iterations. Read once here, every rank (and a PPO critic) loads the same one.
+    """
+    if not cfg.load or cfg.ckpt_step is not None:
+        return cfg
+    step = tracker_step(cfg.load)
+    return cfg if step is None else cfg.model_copy(update={"ckpt_step": step})
 
 
 class Rollouts:
@@ -270,7 +283,7 @@ class Run:
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
                 try:
-                    start = self.trainer.init(cfg)
+                    start = self.trainer.init(_pin_load_step(cfg))
                 except Exception as e:
                     cause = root_cause(e)
                     # Bad input (a damaged --load, a missing file) is one line, not a rank's traceback.
