@@ -93,9 +93,15 @@ def _recovery_hint(root: pathlib.Path) -> str:
 
 
 def _tracker_problem(root: pathlib.Path) -> str | None:
-    """Why `root`'s tracker file names no usable iteration (None: no tracker, or it names one)."""
+    """Why `root`'s tracker file names no usable iteration (None: it names one, or no tracker and no iteration)."""
     tracker = root / TRACKER_FILE
-    if not tracker.is_file() or _iteration_dir(root) is not None:
+    if not tracker.is_file():
+        # The first save's folder is in place before its tracker is written: a kill in between left complete
+        # iterations and no tracker, refused as "an unknown checkpoint ... point --load at a --save directory".
+        if complete_iterations(root):
+            return f"{TRACKER_FILE} is missing (a save cut before its tracker was written, or a partial copy)"
+        return None
+    if _iteration_dir(root) is not None:
         return None
     text = tracker.read_text(errors="replace").strip()
     said = "is empty" if not text else f"names {text!r}, which is not an iteration folder there"
