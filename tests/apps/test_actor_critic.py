@@ -198,3 +198,27 @@ def test_a_run_without_critic_checkpoints_starts_the_critic_from_its_weights(tmp
                        shared=False)  # fmt: skip
     pair.init(pair.cfg)
     assert events == [("actor", "init", None), ("critic", "init", None)]
+
+
+def test_another_runs_critic_load_keeps_its_own_latest(tmp_path):
+    # A value model trained elsewhere (--critic-load of another run's critic saves, iteration 50) beside the actor's
+    # own --load at iteration 2: not paired with the actor's iteration, and not given the tracker step the driver
+    # pinned for the actor; an explicit --ckpt-step would still reach both (as the original's critic config).
+    _saves(tmp_path / "run", actor=[1, 2], critic=[])
+    _saves(tmp_path / "other", actor=[], critic=[50])
+    other = str(tmp_path / "other" / "critic")
+    events = []
+    cfg = _cfg(load=str(tmp_path / "run"), critic_load=other)
+    pair = ActorCritic(cfg, _LoadingGroup("actor", events), _LoadingGroup("critic", events), shared=False)
+    pair.init(cfg.model_copy(update={"ckpt_step": 2}))  # as the driver passes it (slime_app.loop._pin_load_step)
+    assert events == [("actor", "init", 2), ("critic", "init", None)]
+
+
+def test_a_critic_load_naming_this_runs_critic_save_is_paired(tmp_path):
+    _saves(tmp_path, actor=[1, 2], critic=[1, 2, 3])
+    events = []
+    critic = str(tmp_path / "critic")
+    cfg = _cfg(load=str(tmp_path), critic_load=critic, save=str(tmp_path / "next"), critic_save=critic)
+    pair = ActorCritic(cfg, _LoadingGroup("actor", events), _LoadingGroup("critic", events), shared=False)
+    pair.init(cfg)
+    assert events == [("actor", "init", 2), ("critic", "init", 2)]

@@ -16,6 +16,7 @@ tracker file is the commit point of a resume: a resumed critic loads the actor's
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 import time
 
@@ -39,6 +40,19 @@ def make_trainers(cfg: SlimeArgs, placement: Placement) -> TrainGroup | ActorCri
     return ActorCritic(cfg, actor, TrainGroup(cfg, placement, role="critic"), shared=placement.critic_shares_actor_gpus)
 
 
+def _own_critic(cfg: SlimeArgs) -> bool:
+    """Whether the critic resumes from this run's critic saves (not a `--critic-load` of another run's critic)."""
+    from slime_core.critic import critic_config  # torch: not at the driver's import
+
+    if not cfg.critic_load:
+        return True  # <--load>/critic
+    if not cfg.load:
+        return False
+    critic = critic_config(cfg)
+    own = [os.path.join(cfg.load, "critic"), critic.save]
+    return any(path and os.path.realpath(path) == os.path.realpath(cfg.critic_load) for path in own)
+
+
 def critic_resume_step(cfg: SlimeArgs) -> int | None:
     """The iteration a resumed critic loads: the actor's, whose tracker file is the commit point of a save.
 
@@ -51,8 +65,9 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
 
     Returns:
         The actor's iteration (`--ckpt-step`, else `--load`'s tracker) when the critic's checkpoint directory
-        (`slime_core.critic.critic_config`'s `load`) holds complete iterations; None when there is nothing to pair
-        (no actor checkpoint, no critic checkpoint: the critic starts from its weights as before).
+        (`slime_core.critic.critic_config`'s `load`) is this run's (`<--load>/critic`, or `--critic-load` naming it
+        or `--critic-save`) and holds complete iterations; None when there is nothing to pair (no actor checkpoint,
+        no critic checkpoint: the critic starts from its weights as before), or for another run's `--critic-load`.
 
     Raises:
         ValueError: the critic's directory has complete iterations, not the actor's (names both directories, the
@@ -65,6 +80,8 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
     load = pathlib.Path(cfg.load)
     step = cfg.ckpt_step if cfg.ckpt_step is not None else tracker_step(load)
     critic_dir = critic_config(cfg).load
+    if not _own_critic(cfg):
+        return None
     critic_steps = complete_iterations(critic_dir) if critic_dir else []
     if step is None or not critic_steps:
         return None
@@ -153,7 +170,10 @@ class ActorCritic:
         start = self.actor.init(cfg)
         if self.shared:
             self._set_actor(False)
-        critic_start = self.critic.init(cfg)
+        # Another run's --critic-load: the --ckpt-step given, else its own latest (the driver may have pinned
+        # `cfg.ckpt_step` to the actor's tracker: `slime_app.loop`).
+        own = step is not None or _own_critic(cfg)
+        critic_start = self.critic.init(cfg if own else cfg.model_copy(update={"ckpt_step": self.cfg.ckpt_step}))
         if critic_start != start:
             logger.warning(
                 "the critic resumes at rollout %d, the actor at %d; continuing from the actor's (is the critic "
