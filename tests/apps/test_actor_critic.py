@@ -152,7 +152,7 @@ class _LoadingGroup(_Group):
 
 
 def _saves(root, actor, critic):
-    """A --save directory with the actor's complete iterations `actor` and the critic's `critic` (trackers: the last)."""
+    """A --save directory: the actor's complete iterations `actor`, the critic's `critic` (trackers: the last)."""
     for where, steps in ((root, actor), (root / "critic", critic)):
         for step in steps:
             (where / f"iter_{step:07d}").mkdir(parents=True)

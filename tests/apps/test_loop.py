@@ -403,7 +403,8 @@ def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_
     # (or the actor and the PPO critic) load two iterations. The driver reads it once and passes --ckpt-step.
     if tracker is not None:
         (tmp_path / "latest_checkpointed_iteration.txt").write_text(tracker)
-    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 8, "load": str(tmp_path), "ckpt_step": ckpt_step})
+    fields = {"rollout_batch_size": 1, "num_rollout": 8, "load": str(tmp_path), "ckpt_step": ckpt_step}
+    cfg = SlimeArgs.from_dict(fields)
     events = []
     trainer = _ResumedTrainer(events, 0)
     monkeypatch.setattr(loop, "ray", _FakeRay(events))

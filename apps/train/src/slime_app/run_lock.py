@@ -1,5 +1,4 @@
-"""One run per output folder: the driver holds an exclusive lock on `.slime-run.lock` in `--output-dir`, `--save`
-(and a PPO run's own `--critic-save`).
+"""One run per output folder: the driver locks `.slime-run.lock` in `--output-dir`, `--save` and `--critic-save`.
 
 A run launched on the folders of a run that still ran (a relaunch, a copied launch line) wrote into them alongside
 it: the two runs' checkpoints, data cursors and tracker files interleaved, so a resume could pair one run's model

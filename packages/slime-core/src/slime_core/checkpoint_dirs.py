@@ -54,7 +54,7 @@ def complete_iterations(root: str | os.PathLike[str]) -> list[int]:
 
 
 def tracker_step(root: str | os.PathLike[str]) -> int | None:
-    """The iteration `root`'s tracker file names: `3` for "3\\n".
+    """The iteration `root`'s tracker file names: `3` for a tracker holding "3".
 
     Returns:
         None without a readable tracker, or when it names no training iteration ("release", empty, damaged): the

@@ -237,8 +237,8 @@ def load_checkpoint(
     Raises:
         FileNotFoundError: when `ckpt_step` (or the tracker) names a missing checkpoint.
         ValueError: the tracker names no iteration; `load_optim` with a checkpoint saved without optimizer
-            state (`--no-save-optim`: names `--no-load-optim`); a model flag differs from the saved one (names the flag and
-            both values); the saved parameters differ from the model's (names the first differing ones); or the
+            state (`--no-save-optim`: names `--no-load-optim`); a model flag differs from the saved one (names the
+            flag and both values); the saved parameters differ from the model's (names the first differing ones); or the
             checkpoint's files cannot be read (truncated, corrupt): the message names `--load`, the iteration and
             the cause, and lists the other complete iterations.
     """
@@ -294,7 +294,7 @@ def load_checkpoint(
 
 
 def _holds_optimizer(path: pathlib.Path, meta: dict[str, Any]) -> bool:
-    """Whether the checkpoint at `path` has optimizer and scheduler state (`meta.json`'s `save_optim`, else the file)."""
+    """Whether the checkpoint at `path` has optimizer and scheduler state (`meta.json`'s `save_optim`, else files)."""
     if meta.get("save_optim") is False:
         return False
     return (path / "scheduler.pt").is_file()
