@@ -417,3 +417,25 @@ def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_
     run.cfg, run.placement = cfg, None
     run.build()
     assert trainer.cfg.ckpt_step == pinned and run.cfg.ckpt_step == ckpt_step  # the run's own config is unchanged
+
+
+@pytest.mark.parametrize(("fields", "origin"), [({"load": "/ckpt"}, "--load /ckpt"),
+                                                ({"start_rollout_id": 5}, "--start-rollout-id")])  # fmt: skip
+def test_a_run_whose_start_is_past_num_rollout_says_it_has_nothing_to_train(monkeypatch, caplog, fields, origin):
+    # Resumed after its last rollout, the run started Ray, the engines and the trainer, trained nothing and ended
+    # with no word (as the original).
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, **fields})
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker = cfg, _Actor(events), types.SimpleNamespace(start=lambda *a: None)
+    run.trainer = _Trainer(events)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    monkeypatch.setattr(run, "build", lambda: 5, raising=False)
+    with caplog.at_level("WARNING", logger=loop.__name__):
+        run.run()
+    assert events == []  # no rollout, no train, no save
+    assert [r.getMessage() for r in caplog.records if r.name == loop.__name__] == [
+        f"nothing to train: the run starts at rollout 5 ({origin}) and --num-rollout is 3; raise --num-rollout to "
+        "train on"
+    ]

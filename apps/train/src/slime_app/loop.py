@@ -314,6 +314,12 @@ class Run:
         """The whole run: build, evaluate the starting model, then one `step` per rollout id."""
         cfg = self.cfg
         self.start_rollout_id = start = self.build()
+        if start >= cfg.num_rollout > 0:  # as the original, nothing runs; it said nothing either
+            origin = "--start-rollout-id" if cfg.start_rollout_id is not None else f"--load {cfg.load}"
+            logger.warning(
+                "nothing to train: the run starts at rollout %d (%s) and --num-rollout is %d; raise --num-rollout to "
+                "train on", start, origin, cfg.num_rollout,
+            )  # fmt: skip
         self.tracker.start(start, cfg.num_rollout)
         if (cfg.eval_prompt_data or cfg.eval_config) and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
