@@ -439,3 +439,42 @@ def test_a_run_whose_start_is_past_num_rollout_says_it_has_nothing_to_train(monk
         f"nothing to train: the run starts at rollout 5 ({origin}) and --num-rollout is 3; raise --num-rollout to "
         "train on"
     ]
+
+
+class _GenerateLog(_Actor):
+    """The rollout manager, recording when each generation is started (not when it is taken)."""
+
+    def __getattr__(self, name):
+        if name != "generate":
+            return super().__getattr__(name)
+
+        def remote(*args):
+            self.events.append(("generate", *args))
+            return (name, args)
+
+        return types.SimpleNamespace(remote=remote)
+
+
+def test_async_saves_the_data_cursor_before_the_next_rollout_draws(monkeypatch):
+    # Issue 27: with --async the cursor save of rollout N queued behind the generation of N+1, so it held N+1's
+    # prompts as drawn and a resume at N+1 skipped them (as the original's train_async.py). Now the cursor is saved
+    # between the two generations (what a sync run saves), and the trainer's checkpoint still follows training.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, "async_train": True, "save": "/ckpt",
+                               "save_interval": 2})  # fmt: skip
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker = cfg, _GenerateLog(events), _Tracker()
+    run.trainer = _Trainer(events)
+    run.start_rollout_id, run.last_hf_export = 0, None
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    run.rollouts = loop.Rollouts(run.manager, cfg.num_rollout, ahead=True, update_weights_interval=1,
+                                 before_next=run._save_cursor_early)  # fmt: skip
+    for rollout_id in range(cfg.num_rollout):
+        run.step(rollout_id)
+    assert [e for e in events if e[0] in ("generate", "save", "trainer.save", "train")] == [
+        ("generate", 0), ("generate", 1), ("train", 0),
+        ("save", 1), ("generate", 2), ("train", 1), ("trainer.save", 1),  # was: ("generate", 2) before ("save", 1)
+        ("save", 2), ("train", 2), ("trainer.save", 2),  # the last rollout: no generation follows
+    ]  # fmt: skip
