@@ -141,3 +141,84 @@ def test_critic_bundles(monkeypatch, fields, actor, critic, rollout, total):
     assert made["bundles"] == total
     assert (placement.actor_bundles, placement.critic_bundles, placement.rollout_bundles) == (actor, critic, rollout)
     assert placement.critic_shares_actor_gpus == (bool(critic) and critic == actor)
+
+
+class _LoadingGroup(_Group):
+    """A group recording the `--ckpt-step` its ranks would load."""
+
+    def init(self, cfg):
+        self._log("init", cfg.ckpt_step)
+        return 0
+
+
+def _saves(root, actor, critic):
+    """A --save directory: the actor's complete iterations `actor`, the critic's `critic` (trackers: the last)."""
+    for where, steps in ((root, actor), (root / "critic", critic)):
+        for step in steps:
+            (where / f"iter_{step:07d}").mkdir(parents=True)
+            (where / f"iter_{step:07d}" / "meta.json").write_text("{}")
+        if steps:
+            (where / "latest_checkpointed_iteration.txt").write_text(str(steps[-1]))
+
+
+def test_the_critic_resumes_the_actors_iteration_after_a_save_cut_between_them(tmp_path):
+    # Issue 27: the save of rollout 2 wrote the critic's iteration 3, then died before the actor's; each side resumed
+    # its own latest (critic 3, actor 2) with only a warning: a critic one update ahead of its actor.
+    _saves(tmp_path, actor=[1, 2], critic=[1, 2, 3])
+    events = []
+    pair = ActorCritic(_cfg(load=str(tmp_path)), _LoadingGroup("actor", events), _LoadingGroup("critic", events),
+                       shared=False)  # fmt: skip
+    pair.init(pair.cfg)
+    assert events == [("actor", "init", 2), ("critic", "init", 2)]  # the actor's tracker, pinned for both
+
+
+def test_a_critic_without_the_actors_iteration_is_refused_before_anything_loads(tmp_path):
+    _saves(tmp_path, actor=[1, 2, 4], critic=[1, 2, 3])
+    events = []
+    pair = ActorCritic(_cfg(load=str(tmp_path)), _LoadingGroup("actor", events), _LoadingGroup("critic", events),
+                       shared=False)  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        pair.init(pair.cfg)
+    assert str(e.value) == (
+        f"--load {tmp_path}: the actor resumes from iter_0000004, which the critic's checkpoints in "
+        f"{tmp_path / 'critic'} do not have (they hold iterations 1, 2, 3: a save cut between the critic's and the "
+        "actor's, or another run's critic); resume both from one with --ckpt-step 2"
+    )
+    assert events == []
+    pair = ActorCritic(_cfg(load=str(tmp_path), ckpt_step=2), _LoadingGroup("actor", events),
+                       _LoadingGroup("critic", events), shared=False)  # fmt: skip
+    pair.init(pair.cfg)
+    assert events == [("actor", "init", 2), ("critic", "init", 2)]
+
+
+def test_a_run_without_critic_checkpoints_starts_the_critic_from_its_weights(tmp_path):
+    _saves(tmp_path, actor=[1, 2], critic=[])  # a GRPO run resumed as PPO: the critic starts afresh, as before
+    events = []
+    pair = ActorCritic(_cfg(load=str(tmp_path)), _LoadingGroup("actor", events), _LoadingGroup("critic", events),
+                       shared=False)  # fmt: skip
+    pair.init(pair.cfg)
+    assert events == [("actor", "init", None), ("critic", "init", None)]
+
+
+def test_another_runs_critic_load_keeps_its_own_latest(tmp_path):
+    # A value model trained elsewhere (--critic-load of another run's critic saves, iteration 50) beside the actor's
+    # own --load at iteration 2: not paired with the actor's iteration, and not given the tracker step the driver
+    # pinned for the actor; an explicit --ckpt-step would still reach both (as the original's critic config).
+    _saves(tmp_path / "run", actor=[1, 2], critic=[])
+    _saves(tmp_path / "other", actor=[], critic=[50])
+    other = str(tmp_path / "other" / "critic")
+    events = []
+    cfg = _cfg(load=str(tmp_path / "run"), critic_load=other)
+    pair = ActorCritic(cfg, _LoadingGroup("actor", events), _LoadingGroup("critic", events), shared=False)
+    pair.init(cfg.model_copy(update={"ckpt_step": 2}))  # as the driver passes it (slime_app.loop._pin_load_step)
+    assert events == [("actor", "init", 2), ("critic", "init", None)]
+
+
+def test_a_critic_load_naming_this_runs_critic_save_is_paired(tmp_path):
+    _saves(tmp_path, actor=[1, 2], critic=[1, 2, 3])
+    events = []
+    critic = str(tmp_path / "critic")
+    cfg = _cfg(load=str(tmp_path), critic_load=critic, save=str(tmp_path / "next"), critic_save=critic)
+    pair = ActorCritic(cfg, _LoadingGroup("actor", events), _LoadingGroup("critic", events), shared=False)
+    pair.init(cfg)
+    assert events == [("actor", "init", 2), ("critic", "init", 2)]

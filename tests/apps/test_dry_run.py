@@ -134,7 +134,8 @@ def test_checkpoint_kinds_and_backend_rules(model, tmp_path):
     def cfg(*extra):
         return parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--hf-checkpoint", str(model), *extra])
 
-    assert check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(fsdp))) == [
+    # The stub holds no optimizer state (no scheduler.pt): --no-load-optim.
+    assert check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(fsdp), "--no-load-optim")) == [
         f"--load {fsdp}: fsdp checkpoint, the run resumes from it"
     ]
     with pytest.raises(ValueError, match=r"a torch_dist checkpoint; --train-backend fsdp resumes its own fsdp .*"
@@ -317,7 +318,29 @@ def test_a_resume_with_other_lora_flags_is_refused_before_the_run(model, tmp_pat
     )
     with pytest.raises(ValueError, match=r"\(--lora-target-modules \['q_proj', 'v_proj'\] saved vs \['q_proj'\] here"):
         check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "q_proj"))
-    assert check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "v_proj", "q_proj"))
+    # This stub has no optimizer state (no scheduler.pt): a resume of it needs --no-load-optim.
+    assert check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "v_proj", "q_proj", "--no-load-optim"))
+
+
+def test_a_checkpoint_saved_without_optimizer_state_needs_no_load_optim(model, tmp_path):
+    # Issue 27: a --no-save-optim checkpoint resumed without --no-load-optim went on silently with a fresh Adam and
+    # a learning-rate schedule restarting its warm-up; the original stops on it.
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000002").mkdir(parents=True)
+    (fsdp / "iter_0000002" / "meta.json").write_text(json.dumps({"next_rollout_id": 2, "save_optim": False}))
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("2")
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "4", "--hf-checkpoint", str(model),
+                           "--train-backend", "fsdp", "--load", str(fsdp), *extra])  # fmt: skip
+
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg())
+    assert str(e.value) == (
+        f"--load {fsdp}: iter_0000002 holds no optimizer state (saved with --no-save-optim); resume it with "
+        "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+    )
+    assert check_checkpoints(cfg("--no-load-optim")) == [f"--load {fsdp}: fsdp checkpoint, the run resumes from it"]
 
 
 def test_dry_run_reads_the_prompt_file_once_for_the_first_prompt_and_the_length_filter(model, data, capsys,

@@ -355,3 +355,126 @@ def test_a_hung_rollout_state_save_ends_the_run_in_one_line(monkeypatch, tmp_pat
     assert message.startswith(f"saving the checkpoint of rollout 0 to --save {tmp_path / 'ckpt'} failed: ")
     assert f"did not finish within {deadline:g} s {flags}" in message
     assert "no complete checkpoint there yet" in message
+
+
+class _ResumedTrainer(_BuildTrainer):
+    """A trainer whose `--load` checkpoint resumes at rollout `start` (0: none there)."""
+
+    def __init__(self, events, start):
+        super().__init__(events)
+        self.start = start
+
+    def init(self, cfg):
+        super().init(cfg)
+        self.cfg = cfg
+        return self.start
+
+
+@pytest.mark.parametrize(
+    ("trainer_start", "fields", "start", "cursor"),
+    [
+        (3, {"load": "/ckpt"}, 3, [("load", 2)]),  # the checkpoint's next rollout; the cursor saved with it
+        # --start-rollout-id: the cursor of the rollout before it, as the original (was the checkpoint's: 2).
+        (3, {"load": "/ckpt", "start_rollout_id": 5}, 5, [("load", 4)]),
+        (0, {"load": "/ckpt", "start_rollout_id": 5}, 5, [("load", 4)]),  # Megatron without a checkpoint: none read
+        (3, {"load": "/ckpt", "start_rollout_id": 0}, 0, []),  # from the start: the cursor at the beginning
+        (0, {}, 0, []),
+    ],
+)
+def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, trainer_start, fields, start, cursor):
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 8, **fields})
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    monkeypatch.setattr(
+        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
+            remote=lambda *args: _Actor(events)))
+    )  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: _ResumedTrainer(events, trainer_start))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement = cfg, None
+    assert run.build() == start
+    assert [e for e in events if e[0] == "load"] == cursor
+
+
+@pytest.mark.parametrize(("tracker", "ckpt_step", "pinned"), [("4\n", None, 4), ("4", 2, 2), ("release", None, None),
+                                                            (None, None, None)])  # fmt: skip
+def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_path, tracker, ckpt_step, pinned):
+    # Issue 27: each rank read --load's tracker itself; a run saving into that folder meanwhile could make two ranks
+    # (or the actor and the PPO critic) load two iterations. The driver reads it once and passes --ckpt-step.
+    if tracker is not None:
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text(tracker)
+    fields = {"rollout_batch_size": 1, "num_rollout": 8, "load": str(tmp_path), "ckpt_step": ckpt_step}
+    cfg = SlimeArgs.from_dict(fields)
+    events = []
+    trainer = _ResumedTrainer(events, 0)
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    monkeypatch.setattr(
+        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
+            remote=lambda *args: _Actor(events)))
+    )  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: trainer)
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement = cfg, None
+    run.build()
+    assert trainer.cfg.ckpt_step == pinned and run.cfg.ckpt_step == ckpt_step  # the run's own config is unchanged
+
+
+@pytest.mark.parametrize(("fields", "origin"), [({"load": "/ckpt"}, "--load /ckpt"),
+                                                ({"start_rollout_id": 5}, "--start-rollout-id")])  # fmt: skip
+def test_a_run_whose_start_is_past_num_rollout_says_it_has_nothing_to_train(monkeypatch, caplog, fields, origin):
+    # Resumed after its last rollout, the run started Ray, the engines and the trainer, trained nothing and ended
+    # with no word (as the original).
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, **fields})
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker = cfg, _Actor(events), types.SimpleNamespace(start=lambda *a: None)
+    run.trainer = _Trainer(events)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    monkeypatch.setattr(run, "build", lambda: 5, raising=False)
+    with caplog.at_level("WARNING", logger=loop.__name__):
+        run.run()
+    assert events == []  # no rollout, no train, no save
+    assert [r.getMessage() for r in caplog.records if r.name == loop.__name__] == [
+        f"nothing to train: the run starts at rollout 5 ({origin}) and --num-rollout is 3; raise --num-rollout to "
+        "train on"
+    ]
+
+
+class _GenerateLog(_Actor):
+    """The rollout manager, recording when each generation is started (not when it is taken)."""
+
+    def __getattr__(self, name):
+        if name != "generate":
+            return super().__getattr__(name)
+
+        def remote(*args):
+            self.events.append(("generate", *args))
+            return (name, args)
+
+        return types.SimpleNamespace(remote=remote)
+
+
+def test_async_saves_the_data_cursor_before_the_next_rollout_draws(monkeypatch):
+    # Issue 27: with --async the cursor save of rollout N queued behind the generation of N+1, so it held N+1's
+    # prompts as drawn and a resume at N+1 skipped them (as the original's train_async.py). Now the cursor is saved
+    # between the two generations (what a sync run saves), and the trainer's checkpoint still follows training.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, "async_train": True, "save": "/ckpt",
+                               "save_interval": 2})  # fmt: skip
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker = cfg, _GenerateLog(events), _Tracker()
+    run.trainer = _Trainer(events)
+    run.start_rollout_id, run.last_hf_export = 0, None
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    run.rollouts = loop.Rollouts(run.manager, cfg.num_rollout, ahead=True, update_weights_interval=1,
+                                 before_next=run._save_cursor_early)  # fmt: skip
+    for rollout_id in range(cfg.num_rollout):
+        run.step(rollout_id)
+    assert [e for e in events if e[0] in ("generate", "save", "trainer.save", "train")] == [
+        ("generate", 0), ("generate", 1), ("train", 0),
+        ("save", 1), ("generate", 2), ("train", 1), ("trainer.save", 1),  # was: ("generate", 2) before ("save", 1)
+        ("save", 2), ("train", 2), ("trainer.save", 2),  # the last rollout: no generation follows
+    ]  # fmt: skip

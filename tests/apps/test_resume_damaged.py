@@ -32,8 +32,9 @@ def save(tmp_path):
 
 
 def _cfg(save, *extra):
+    # The stubs hold no optimizer state (no scheduler.pt), which a resume refuses without --no-load-optim.
     return parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", "fsdp", "--load",
-                       str(save), *extra])  # fmt: skip
+                       str(save), "--no-load-optim", *extra])  # fmt: skip
 
 
 def test_complete_iterations_leave_out_staging_and_unfinished_folders(save):
@@ -50,6 +51,21 @@ def test_an_emptied_tracker_names_the_file_and_the_step_to_resume_from(save):
         f"--load {save}: latest_checkpointed_iteration.txt is empty (a partial copy, or a crash before the last save "
         "reached the disk); complete checkpoints there: iterations 1, 2; resume from one with --ckpt-step 2"
     )
+
+
+def test_complete_iterations_without_a_tracker_are_named(save):
+    # Issue 27: a kill between the first save's rename and its tracker write left iter_0000001 complete and no
+    # tracker; the resume was refused as "an unknown checkpoint ... point --load at a --save directory of this
+    # backend", which it is.
+    (save / "latest_checkpointed_iteration.txt").unlink()
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(save))
+    assert str(e.value) == (
+        f"--load {save}: latest_checkpointed_iteration.txt is missing (a save cut before its tracker was written, or "
+        "a partial copy); complete checkpoints there: iterations 1, 2; resume from one with --ckpt-step 2"
+    )
+    assert check_checkpoints(_cfg(save, "--ckpt-step", "2")) == [f"--load {save}: fsdp checkpoint, the run resumes "
+                                                                  "from it"]  # fmt: skip
 
 
 def test_a_tracker_naming_a_missing_iteration_is_named(save):

@@ -57,3 +57,14 @@ def test_a_save_folder_holding_only_the_lock_resumes_as_an_empty_one(tmp_path, r
     assert [n for n in notes if n.startswith("--load")] == [
         f"--load {tmp_path / 'ckpt'}: no checkpoint yet, the run starts at rollout 0"
     ], notes
+
+
+def test_a_critic_save_folder_of_its_own_is_locked_too(tmp_path, release):
+    # Two PPO runs with their own --save and one --critic-save interleaved the critic's checkpoints and trackers.
+    def ppo(name):
+        return parse_args([*default_demo_argv(tmp_path / name), "--save", str(tmp_path / f"ckpt-{name}"),
+                           "--advantage-estimator", "ppo", "--critic-save", str(tmp_path / "critic")])  # fmt: skip
+
+    lock_run_folders(ppo("a"))
+    with pytest.raises(RunLocked, match=rf"^--critic-save {tmp_path / 'critic'}: another slime run writes there \("):
+        lock_run_folders(ppo("b"))

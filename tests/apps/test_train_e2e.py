@@ -295,3 +295,33 @@ def test_lora_two_rollouts(tiny_qwen3, tmp_path, tb_scalars):
 
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_qwen3), out / "hf")
     assert model.peft_config["default"].r == 4
+
+
+def test_async_resume_keeps_the_data_order(tiny_qwen3, tmp_path):
+    """`--async` resumed from a checkpoint trains the prompts an uninterrupted run trains next.
+
+    Issue 27: the data cursor of a save queued behind the generation of the next rollout, already drawn, so the
+    resume skipped that rollout's prompts (as the original's train_async.py).
+    """
+    ckpt = tmp_path / "ckpt"
+    flags = ["--num-rollout", "3", "--rollout-shuffle", "--async", "--rollout-num-gpus", "1", "--save", str(ckpt),
+             "--save-interval", "1"]  # fmt: skip
+
+    def run(out, *extra):
+        argv = [a for a in _argv(tiny_qwen3, out, *flags, *extra) if a != "--colocate"]
+        proc = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+
+    run(tmp_path / "run1")
+    run(tmp_path / "run2", "--load", str(ckpt), "--ckpt-step", "1")  # the checkpoint of rollout 0
+
+    from slime_core.config import parse_args
+    from slime_rollout.data.source import RolloutDataSource
+
+    argv = [a for a in _argv(tiny_qwen3, tmp_path / "unused", *flags)[2:] if a != "--colocate"]
+    source = RolloutDataSource(parse_args(argv))
+    expected = [{g[0].prompt for g in source.get_samples(2)} for _ in range(3)]
+    assert [{s["prompt"] for s in _dump(tmp_path / "run1", r)} for r in range(3)] == expected
+    # Was expected[2] then the rollout after it: rollout 1's prompts were skipped.
+    assert [{s["prompt"] for s in _dump(tmp_path / "run2", r)} for r in (1, 2)] == expected[1:]
+    assert not (tmp_path / "run2" / "dumps" / "rollout_0.pt").exists()

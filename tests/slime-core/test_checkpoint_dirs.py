@@ -1,6 +1,8 @@
 """The `--save` layout both trainers share (`slime_core.checkpoint_dirs`)."""
 
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
+import pytest
+
+from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name, tracker_step
 
 
 def test_iteration_name_is_seven_digits():
@@ -18,3 +20,11 @@ def test_complete_iterations_are_the_folders_whose_last_file_was_written(tmp_pat
     (tmp_path / "iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663" / "meta.json").write_text("{}")
     assert complete_iterations(tmp_path) == [2, 4]
     assert complete_iterations(tmp_path / "missing") == []
+
+
+@pytest.mark.parametrize(("text", "step"), [("7\n", 7), (" 12 ", 12), ("release", None), ("", None), ("\u00b2", None),
+                                             (None, None)])  # fmt: skip
+def test_tracker_step_reads_a_training_iteration_or_none(tmp_path, text, step):
+    if text is not None:
+        (tmp_path / TRACKER_FILE).write_text(text)
+    assert tracker_step(tmp_path) == step

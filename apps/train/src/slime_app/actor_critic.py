@@ -10,23 +10,26 @@ at a time: the critic wakes for its step and sleeps after it, the actor sleeps w
 is woken when it is first needed (training, weight sync, checkpoint, export), so a colocated step swaps
 engine → critic → actor without waking the actor in between. A critic on GPUs of its own never sleeps.
 Checkpoints: the critic's (`--critic-save`, default `<--save>/critic`) is written before the actor's, whose
-tracker file is the commit point of a resume.
+tracker file is the commit point of a resume: a resumed critic loads the actor's iteration (`critic_resume_step`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pathlib
 import time
 
 import ray
 
 from slime_app.cluster import Placement
 from slime_app.train_actor import TrainGroup
+from slime_core.checkpoint_dirs import complete_iterations, iteration_name, tracker_step
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ActorCritic", "make_trainers"]
+__all__ = ["ActorCritic", "critic_resume_step", "make_trainers"]
 
 
 def make_trainers(cfg: SlimeArgs, placement: Placement) -> TrainGroup | ActorCritic:
@@ -35,6 +38,62 @@ def make_trainers(cfg: SlimeArgs, placement: Placement) -> TrainGroup | ActorCri
     if not cfg.use_critic:
         return actor
     return ActorCritic(cfg, actor, TrainGroup(cfg, placement, role="critic"), shared=placement.critic_shares_actor_gpus)
+
+
+def _own_critic(cfg: SlimeArgs) -> bool:
+    """Whether the critic resumes from this run's critic saves (not a `--critic-load` of another run's critic)."""
+    from slime_core.critic import critic_config  # torch: not at the driver's import
+
+    if not cfg.critic_load:
+        return True  # <--load>/critic
+    if not cfg.load:
+        return False
+    critic = critic_config(cfg)
+    own = [os.path.join(cfg.load, "critic"), critic.save]
+    return any(path and os.path.realpath(path) == os.path.realpath(cfg.critic_load) for path in own)
+
+
+def critic_resume_step(cfg: SlimeArgs) -> int | None:
+    """The iteration a resumed critic loads: the actor's, whose tracker file is the commit point of a save.
+
+    The critic's checkpoint is written before the actor's, so a save cut in between (a kill, a full disk) left the
+    critic's tracker one save ahead: each side resumed its own latest, the critic of rollout N with the actor of
+    an earlier one (a warning said so).
+
+    Args:
+        cfg: the run config (`--load`, `--ckpt-step`, `--critic-load`).
+
+    Returns:
+        The actor's iteration (`--ckpt-step`, else `--load`'s tracker) when the critic's checkpoint directory
+        (`slime_core.critic.critic_config`'s `load`) is this run's (`<--load>/critic`, or `--critic-load` naming it
+        or `--critic-save`) and holds complete iterations; None when there is nothing to pair (no actor checkpoint,
+        no critic checkpoint: the critic starts from its weights as before), or for another run's `--critic-load`.
+
+    Raises:
+        ValueError: the critic's directory has complete iterations, not the actor's (names both directories, the
+            iterations and a `--ckpt-step` both have, if any).
+    """
+    from slime_core.critic import critic_config  # torch: not at the driver's import
+
+    if not cfg.load:
+        return None
+    load = pathlib.Path(cfg.load)
+    step = cfg.ckpt_step if cfg.ckpt_step is not None else tracker_step(load)
+    critic_dir = critic_config(cfg).load
+    if not _own_critic(cfg):
+        return None
+    critic_steps = complete_iterations(critic_dir) if critic_dir else []
+    if step is None or not critic_steps:
+        return None
+    if step in critic_steps:
+        return step
+    both = sorted(set(critic_steps) & set(complete_iterations(load)))
+    hint = f"resume both from one with --ckpt-step {both[-1]}" if both else "no iteration is in both"
+    raise ValueError(
+        f"--load {load}: the actor resumes from {iteration_name(step)}, which the critic's checkpoints in {critic_dir} "
+        f"do not have (they hold iterations {', '.join(map(str, critic_steps))}: a save cut between the critic's and "
+        f"the actor's, or another run's critic); {hint}"
+    )
 
 
 class ActorCritic:
@@ -99,12 +158,22 @@ class ActorCritic:
         """Initializes both groups; returns the actor's start rollout id (a differing critic's is logged).
 
         On shared GPUs the actor sleeps while the critic is built, so the two models never hold the accelerator
-        at once (as the original's offloaded PPO initialization).
+        at once (as the original's offloaded PPO initialization). A resumed critic loads the actor's iteration
+        (`critic_resume_step`).
+
+        Raises:
+            ValueError: the critic's checkpoints lack the actor's iteration (`critic_resume_step`).
         """
+        step = critic_resume_step(cfg)  # before anything loads: a refusal costs no model load
+        if step is not None:  # both read this one iteration, whatever the trackers say by the time they load
+            cfg = cfg.model_copy(update={"ckpt_step": step})
         start = self.actor.init(cfg)
         if self.shared:
             self._set_actor(False)
-        critic_start = self.critic.init(cfg)
+        # Another run's --critic-load: the --ckpt-step given, else its own latest (the driver may have pinned
+        # `cfg.ckpt_step` to the actor's tracker: `slime_app.loop`).
+        own = step is not None or _own_critic(cfg)
+        critic_start = self.critic.init(cfg if own else cfg.model_copy(update={"ckpt_step": self.cfg.ckpt_step}))
         if critic_start != start:
             logger.warning(
                 "the critic resumes at rollout %d, the actor at %d; continuing from the actor's (is the critic "

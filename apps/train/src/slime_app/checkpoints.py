@@ -93,9 +93,15 @@ def _recovery_hint(root: pathlib.Path) -> str:
 
 
 def _tracker_problem(root: pathlib.Path) -> str | None:
-    """Why `root`'s tracker file names no usable iteration (None: no tracker, or it names one)."""
+    """Why `root`'s tracker file names no usable iteration (None: it names one, or no tracker and no iteration)."""
     tracker = root / TRACKER_FILE
-    if not tracker.is_file() or _iteration_dir(root) is not None:
+    if not tracker.is_file():
+        # The first save's folder is in place before its tracker is written: a kill in between left complete
+        # iterations and no tracker, refused as "an unknown checkpoint ... point --load at a --save directory".
+        if complete_iterations(root):
+            return f"{TRACKER_FILE} is missing (a save cut before its tracker was written, or a partial copy)"
+        return None
+    if _iteration_dir(root) is not None:
         return None
     text = tracker.read_text(errors="replace").strip()
     said = "is empty" if not text else f"names {text!r}, which is not an iteration folder there"
@@ -180,19 +186,26 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
     """The learning-rate schedule this run builds must be the one `--load`'s `scheduler.pt` continues.
 
     The trainer refuses another one when it loads the checkpoint (`slime_train_fsdp.lr_schedule`), after Ray and the
-    engines started, in a trainer's traceback; the same check here is one line before anything starts.
+    engines started, in a trainer's traceback; the same check here is one line before anything starts. A checkpoint
+    saved with `--no-save-optim` has no schedule to continue: refused unless `--no-load-optim` (as the original).
 
     Raises:
-        ValueError: naming `--load`, the flags and both values.
+        ValueError: naming `--load`, the flags and both values; or `--no-load-optim` for a checkpoint without
+            optimizer state.
     """
     import torch
 
     from slime_train_fsdp.lr_schedule import build_lr_scheduler, load_scheduler_state
 
     step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else _iteration_dir(root)
-    saved = step_dir / "scheduler.pt" if step_dir is not None else None
-    if saved is None or not saved.is_file():
-        return  # saved with --no-save-optim: the trainer starts the schedule afresh
+    if step_dir is None or not (step_dir / "meta.json").is_file():
+        return  # the trainer's load names what is missing
+    saved = step_dir / "scheduler.pt"
+    if not saved.is_file():  # the trainer refuses it too (slime_train_fsdp.checkpoint), after the engines started
+        raise ValueError(
+            f"--load {root}: {step_dir.name} holds no optimizer state (saved with --no-save-optim); resume it with "
+            "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+        )
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.lr))
     try:
         load_scheduler_state(build_lr_scheduler(optimizer, cfg), torch.load(saved, weights_only=False))

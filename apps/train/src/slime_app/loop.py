@@ -32,6 +32,7 @@ from slime_app.ray_start import ray_address
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
+from slime_app.save_schedule import hf_export_path, pin_load_step, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
 from slime_core.config.validation_fully_async import is_fully_async
@@ -56,27 +57,6 @@ def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
     metrics[key] = time.perf_counter() - t0
 
 
-def hf_export_path(template: str, rollout_id: int) -> str:
-    """The `--save-hf` directory of the export after `rollout_id`: `template.format(rollout_id=rollout_id)`.
-
-    As the original (`save_hf.format(rollout_id=rollout_id)`); config validation has checked that the template
-    takes no other field. A template without `{rollout_id}` names one directory, which each export replaces.
-    """
-    return template.format(rollout_id=rollout_id)
-
-
-def _should_run(interval: int | None, rollout_id: int, num_rollout: int, per_epoch: int | None = None) -> bool:
-    """Whether a periodic save/eval runs after `rollout_id`.
-
-    Every `interval` rollouts, at the last one and (with --num-epoch, as the original) at each epoch's end,
-    `per_epoch` rollouts apart.
-    """
-    if not interval:
-        return False
-    step = rollout_id + 1
-    return step % interval == 0 or rollout_id == num_rollout - 1 or bool(per_epoch and step % per_epoch == 0)
-
-
 class Rollouts:
     """Where a step's samples come from: generated when asked (sync), or one rollout ahead (async).
 
@@ -85,6 +65,8 @@ class Rollouts:
         num_rollout: number of rollouts of the run (`--num-rollout`).
         ahead: the async schedule: rollout N+1 starts as soon as rollout N is handed out.
         update_weights_interval: async only: the engines get new weights every this many rollouts.
+        before_next: async only: called with `rollout_id` once its generation is done and before the next one
+            starts drawing prompts (the data cursor of a save: `Run._save_cursor_early`).
     """
 
     def __init__(
@@ -95,11 +77,13 @@ class Rollouts:
         ahead: bool,
         update_weights_interval: int,
         wait: Callable[[ray.ObjectRef], None] | None = None,
+        before_next: Callable[[int], None] | None = None,
     ):
         self.manager = manager
         self.num_rollout = num_rollout
         self.ahead = ahead
         self.update_weights_interval = update_weights_interval
+        self.before_next = before_next
         # Blocks until a generation is done (serving engine restores meanwhile: `slime_app.restore`).
         self.wait = wait
         self._pending: ray.ObjectRef | None = None  # async: the generation in flight
@@ -120,7 +104,9 @@ class Rollouts:
         if not self.ahead:
             return ray.get(current)
         batch_refs, metrics = ray.get(current)
-        next_id = rollout_id + 1
+        self._pending, next_id = None, rollout_id + 1  # taken: nothing in flight until the next one starts
+        if self.before_next is not None:
+            self.before_next(rollout_id)
         self._pending = self.manager.generate.remote(next_id) if next_id < self.num_rollout else None
         return batch_refs, metrics
 
@@ -160,6 +146,7 @@ class Run:
 
     progress: RunProgress | None = None
     rollouts: Rollouts | None = None  # set by `run`; None before (a save then has no generation in flight)
+    _cursor_saved: int | None = None  # `--async`: the rollout whose data cursor was saved before the next one drew
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
@@ -241,7 +228,8 @@ class Run:
     def build(self) -> int:
         """Starts engines and trainer ranks, pushes the initial weights; returns the start rollout id.
 
-        The start rollout id is the one after `--load`'s checkpoint (0 without one), or `--start-rollout-id`.
+        The start rollout id is the one after `--load`'s checkpoint (0 without one), or `--start-rollout-id`; the
+        rollout manager restores the data cursor saved for the rollout before it (the original's order).
 
         Raises:
             StartRefused: a trainer rank refused its input (`ValueError`/`FileNotFoundError`, e.g. a damaged
@@ -269,7 +257,7 @@ class Run:
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
                 try:
-                    start = self.trainer.init(cfg)
+                    start = self.trainer.init(pin_load_step(cfg))
                 except Exception as e:
                     cause = root_cause(e)
                     # Bad input (a damaged --load, a missing file) is one line, not a rank's traceback.
@@ -277,11 +265,14 @@ class Run:
                         logger.debug("the trainer ranks did not start", exc_info=True)
                         raise StartRefused(" ".join(str(cause).split())) from e
                     raise
-            if start > 0:
+            if start > 0 and cfg.load:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
-                ray.get(self.manager.load.remote(start - 1))
         if cfg.start_rollout_id is not None:
             start = cfg.start_rollout_id
+        if start > 0:
+            # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
+            # included (it was the checkpoint's, so the prompts did not follow the rollout ids).
+            ray.get(self.manager.load.remote(start - 1))
         self.restorer = EngineRestorer(cfg, self.manager, self.trainer)
         if self.trainer is not None and engine_urls:
             transport = _TRANSPORTS.get(cfg.weight_sync, cfg.weight_sync)
@@ -297,6 +288,12 @@ class Run:
         """The whole run: build, evaluate the starting model, then one `step` per rollout id."""
         cfg = self.cfg
         self.start_rollout_id = start = self.build()
+        if start >= cfg.num_rollout > 0:  # as the original, nothing runs; it said nothing either
+            origin = "--start-rollout-id" if cfg.start_rollout_id is not None else f"--load {cfg.load}"
+            logger.warning(
+                "nothing to train: the run starts at rollout %d (%s) and --num-rollout is %d; raise --num-rollout to "
+                "train on", start, origin, cfg.num_rollout,
+            )  # fmt: skip
         self.tracker.start(start, cfg.num_rollout)
         if (cfg.eval_prompt_data or cfg.eval_config) and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
@@ -306,6 +303,7 @@ class Run:
             ahead=cfg.async_train,
             update_weights_interval=cfg.update_weights_interval,
             wait=self.restorer.wait if self.restorer.enabled else None,
+            before_next=self._save_cursor_early,
         )
         for rollout_id in range(start, cfg.num_rollout):
             self.step(rollout_id)
@@ -324,9 +322,7 @@ class Run:
                 metrics.update(self.train(rollout_id, batch_refs))
             # As the original's save_model: the HF export goes with every save (each --save-interval, each
             # epoch's end, the last rollout), and the last rollout also exports without --save.
-            if _should_run(cfg.save_interval, rollout_id, cfg.num_rollout, self.per_epoch) or (
-                rollout_id == cfg.num_rollout - 1
-            ):
+            if self._saves_after(rollout_id) or rollout_id == cfg.num_rollout - 1:
                 if cfg.save:
                     with self._phase("save", rollout_id):
                         metrics["perf/save_time"] = self.save(rollout_id)
@@ -347,7 +343,7 @@ class Run:
         if rollout_id == first_actor_step and not cfg.debug_rollout_only:
             first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
         self._stop_on(findings)
-        if (cfg.eval_prompt_data or cfg.eval_config) and _should_run(
+        if (cfg.eval_prompt_data or cfg.eval_config) and should_run(
             cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch
         ):
             self.rollouts.settle()
@@ -376,6 +372,32 @@ class Run:
         metrics.update(swap)
         return metrics
 
+    def _saves_after(self, rollout_id: int) -> bool:
+        """Whether a checkpoint is written after `rollout_id` (`step`'s rule, with `--save`)."""
+        cfg = self.cfg
+        return bool(cfg.save) and (
+            should_run(cfg.save_interval, rollout_id, cfg.num_rollout, self.per_epoch)
+            or rollout_id == cfg.num_rollout - 1
+        )
+
+    def _save_cursor_early(self, rollout_id: int) -> None:
+        """`--async`: the data cursor of a save after `rollout_id`, written before rollout `rollout_id + 1` draws.
+
+        After training it queued behind that generation, holding its prompts as drawn: a resume at `rollout_id + 1`
+        skipped them (so does the original's train_async.py). The trainer's checkpoint still commits it (`save`).
+
+        Raises:
+            SaveFailed: the rollout manager could not write it (one line: `slime_app.failures`).
+        """
+        if is_fully_async(self.cfg) or not self._saves_after(rollout_id):
+            return  # fully async: the producer's held groups are saved with the cursor (`_save_rollout_state`)
+        try:
+            self._save_rollout_state(rollout_id)
+        except Exception as e:
+            logger.debug("the data-cursor save of rollout %d failed", rollout_id, exc_info=True)
+            raise save_failed(f"the checkpoint of rollout {rollout_id}", "--save", self.cfg.save, e) from e
+        self._cursor_saved = rollout_id
+
     def save(self, rollout_id: int) -> float:
         """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took.
 
@@ -385,7 +407,8 @@ class Run:
         t0 = time.perf_counter()
         try:
             # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
-            self._save_rollout_state(rollout_id)
+            if self._cursor_saved != rollout_id:  # `--async` saved it before the next rollout drew its prompts
+                self._save_rollout_state(rollout_id)
             self.trainer.save(rollout_id)
         except Exception as e:  # a full disk, a read-only mount: one line naming --save, not a rank's traceback
             logger.debug("the save of rollout %d failed", rollout_id, exc_info=True)

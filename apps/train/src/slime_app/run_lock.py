@@ -1,4 +1,4 @@
-"""One run per output folder: the driver holds an exclusive lock on `.slime-run.lock` in `--output-dir` and `--save`.
+"""One run per output folder: the driver locks `.slime-run.lock` in `--output-dir`, `--save` and `--critic-save`.
 
 A run launched on the folders of a run that still ran (a relaunch, a copied launch line) wrote into them alongside
 it: the two runs' checkpoints, data cursors and tracker files interleaved, so a resume could pair one run's model
@@ -31,7 +31,9 @@ class RunLocked(ValueError):
 def _folders(cfg: SlimeArgs) -> list[tuple[str, pathlib.Path]]:
     out: list[tuple[str, pathlib.Path]] = []
     seen: set[str] = set()
-    for flag, folder in (("--output-dir", cfg.output_dir), ("--save", cfg.save)):
+    # The critic's checkpoints go to <--save>/critic unless --critic-save names a folder of its own: locked too.
+    critic_save = cfg.critic_save if cfg.use_critic else None
+    for flag, folder in (("--output-dir", cfg.output_dir), ("--save", cfg.save), ("--critic-save", critic_save)):
         if folder and os.path.realpath(folder) not in seen:
             seen.add(os.path.realpath(folder))
             out.append((flag, pathlib.Path(folder)))
@@ -39,7 +41,7 @@ def _folders(cfg: SlimeArgs) -> list[tuple[str, pathlib.Path]]:
 
 
 def lock_run_folders(cfg: SlimeArgs) -> None:
-    """Takes the run lock of `--output-dir` and `--save` (creating them) for the rest of this process.
+    """Takes the run lock of `--output-dir`, `--save` and `--critic-save` (creating them) for the rest of this process.
 
     Call once in the driver, after the folders were checked writable and before Ray starts.
 

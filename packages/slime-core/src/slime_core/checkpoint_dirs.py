@@ -16,7 +16,7 @@ import os
 import pathlib
 import re
 
-__all__ = ["COMPLETE_MARKERS", "TRACKER_FILE", "complete_iterations", "iteration_name"]
+__all__ = ["COMPLETE_MARKERS", "TRACKER_FILE", "complete_iterations", "iteration_name", "tracker_step"]
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 
@@ -51,3 +51,18 @@ def complete_iterations(root: str | os.PathLike[str]) -> list[int]:
         if match and any((child / marker).is_file() for marker in COMPLETE_MARKERS):
             found.append(int(match.group(1)))
     return sorted(found)
+
+
+def tracker_step(root: str | os.PathLike[str]) -> int | None:
+    """The iteration `root`'s tracker file names: `3` for a tracker holding "3".
+
+    Returns:
+        None without a readable tracker, or when it names no training iteration ("release", empty, damaged): the
+        loaders report those themselves.
+    """
+    try:
+        text = (pathlib.Path(root) / TRACKER_FILE).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    # ASCII digits only, as `_ITERATION`: "²" is a digit to str.isdigit and not to int().
+    return int(text) if text.isascii() and text.isdigit() else None

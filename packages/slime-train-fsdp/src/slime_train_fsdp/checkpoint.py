@@ -6,7 +6,7 @@ Layout under `--save` (as the original FSDP backend):
         model_and_optim/      DCP shards of {"model", "optim"} (sharded state dicts, no gather)
         scheduler.pt          LR scheduler state
         rng_{rank}.pt         torch (and CUDA) RNG state of each rank
-        meta.json             {rollout_id, next_rollout_id, global_step, world_size, model_flags}
+        meta.json             {rollout_id, next_rollout_id, global_step, world_size, model_flags, save_optim}
     latest_checkpointed_iteration.txt
 
 Atomicity: everything is written into `iter_XXXXXXX.tmp`, renamed to its final name by rank 0 after all ranks
@@ -100,6 +100,7 @@ def save_checkpoint(
             "global_step": global_step,
             "world_size": dist.get_world_size(),
             "model_flags": model_flags or {},
+            "save_optim": save_optim,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     dist.barrier()
@@ -235,8 +236,9 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: when `ckpt_step` (or the tracker) names a missing checkpoint.
-        ValueError: the tracker names no iteration; a model flag differs from the saved one (names the flag and
-            both values); the saved parameters differ from the model's (names the first differing ones); or the
+        ValueError: the tracker names no iteration; `load_optim` with a checkpoint saved without optimizer
+            state (`--no-save-optim`: names `--no-load-optim`); a model flag differs from the saved one (names the
+            flag and both values); the saved parameters differ from the model's (names the first differing ones); or the
             checkpoint's files cannot be read (truncated, corrupt): the message names `--load`, the iteration and
             the cause, and lists the other complete iterations.
     """
@@ -259,6 +261,13 @@ def load_checkpoint(
             raise ValueError(f"meta.json holds {type(meta).__name__}, not an object")
     except (ValueError, UnicodeDecodeError) as e:
         raise _damaged(root, path, e) from e
+    if load_optim and not _holds_optimizer(path, meta):
+        # As the original (Megatron stops on a checkpoint without optimizer state): a fresh Adam and a schedule
+        # restarting its warm-up would silently change the resumed run.
+        raise ValueError(
+            f"--load {root}: {path.name} holds no optimizer state (saved with --no-save-optim); resume it with "
+            "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+        )
     differ = model_flag_mismatches(meta, model_flags) if model_flags is not None else []
     if differ:
         raise ValueError(
@@ -282,6 +291,13 @@ def load_checkpoint(
     dist.barrier()
     logger.info("loaded checkpoint %s (next rollout %d)", path, meta["next_rollout_id"])
     return meta
+
+
+def _holds_optimizer(path: pathlib.Path, meta: dict[str, Any]) -> bool:
+    """Whether the checkpoint at `path` has optimizer and scheduler state (`meta.json`'s `save_optim`, else files)."""
+    if meta.get("save_optim") is False:
+        return False
+    return (path / "scheduler.pt").is_file()
 
 
 def _damaged(root: pathlib.Path, path: pathlib.Path, error: BaseException) -> ValueError:

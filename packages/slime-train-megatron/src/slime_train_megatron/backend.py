@@ -326,7 +326,8 @@ class MegatronTrainBackend:
         """
         if not self.settings.save:
             raise ValueError("save() needs --save")
-        save_checkpoint(self.settings.save, rollout_id, self.module, self.optimizer, self.scheduler)
+        s = self.settings
+        save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim)
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full HF-named tensors (TP/EP gathered, PP broadcast; collective on every rank)."""

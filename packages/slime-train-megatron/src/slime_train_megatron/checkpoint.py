@@ -112,7 +112,9 @@ def _quiet_marker_warning() -> Iterator[None]:
         log.removeFilter(drop)
 
 
-def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> pathlib.Path:
+def save_checkpoint(
+    save_dir: str, rollout_id: int, model: Any, optimizer: Any, scheduler: Any, *, save_optim: bool = True
+) -> pathlib.Path:
     """Writes `<save_dir>/iter_{rollout_id:07d}` atomically (collective).
 
     Args:
@@ -121,6 +123,8 @@ def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, 
         model: the unwrapped `GPTModel` of this rank.
         optimizer: megatron-core optimizer.
         scheduler: `OptimizerParamScheduler`.
+        save_optim: False leaves the optimizer and scheduler state out (`--no-save-optim`); the checkpoint says so
+            (`optimizer_saved`), and a resume of it needs `--no-load-optim` (`load_checkpoint`).
 
     Returns:
         The checkpoint directory.
@@ -134,12 +138,14 @@ def save_checkpoint(save_dir: str, rollout_id: int, model: Any, optimizer: Any, 
     model_sd = model.sharded_state_dict()
     state = {
         "model": model_sd,
-        "optimizer": optimizer.sharded_state_dict(model_sd),
-        "opt_param_scheduler": scheduler.state_dict(),
         "rollout_id": rollout_id,
         "iteration": rollout_id,
         "checkpoint_version": 3.0,
+        "optimizer_saved": save_optim,
     }
+    if save_optim:
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd)
+        state["opt_param_scheduler"] = scheduler.state_dict()
     # RNG is per rank; a ShardedObject per rank keeps it out of the replicated common state.
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -180,12 +186,19 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: no checkpoint at `path`.
+        ValueError: `optimizer` given for a checkpoint saved without optimizer state (names `--no-load-optim`).
     """
     ckpt = resolve_iteration_dir(path, ckpt_step)
     model_sd = model.sharded_state_dict()
     template: dict[str, Any] = {"model": model_sd}
     common = dist_checkpointing.load_common_state_dict(str(ckpt))
     resumable = "rollout_id" in common
+    if optimizer is not None and resumable and common.get("optimizer_saved") is False:
+        # As Megatron-LM ("Unable to load optimizer from checkpoint ... Specify --no-load-optim or --finetune").
+        raise ValueError(
+            f"--load {ckpt}: holds no optimizer state (saved with --no-save-optim); resume it with --no-load-optim "
+            "to start the optimizer and its learning-rate schedule afresh"
+        )
     if optimizer is not None and resumable:
         template["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True)
     if load_rng and resumable:

@@ -194,7 +194,8 @@ class MegatronCriticBackend:
         """
         if not self.settings.save:
             raise ValueError("save() needs --critic-save or --save")
-        save_checkpoint(self.settings.save, rollout_id, self.module, self.optimizer, self.scheduler)
+        s = self.settings
+        save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim)
 
     def sleep(self) -> None:
         """Moves parameters, gradient buffers and optimizer state to CPU and frees accelerator memory."""

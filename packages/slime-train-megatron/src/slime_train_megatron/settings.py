@@ -71,6 +71,7 @@ class MegatronSettings(BaseModel):
     ref_load: str | None = Field(None, description="torch_dist dir of the reference / initial weights.")
     save: str | None = Field(None, description="Where `save()` writes iter_XXXXXXX checkpoints.")
     no_load_optim: bool = False
+    no_save_optim: bool = Field(False, description="Leave optimizer and scheduler state out of checkpoints.")
     no_load_rng: bool = False
     finetune: bool = Field(False, description="Load weights only and start at rollout 0.")
     ckpt_step: int | None = Field(None, description="Iteration to load instead of the tracker's latest.")

@@ -22,7 +22,7 @@ from slime_rollout.data.original_cursor import load_original
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cursor_path", "read_cursor", "warn_other_prompt_count", "write_cursor"]
+__all__ = ["cursor_path", "keep_groups_of_size", "read_cursor", "warn_other_prompt_count", "write_cursor"]
 
 
 def cursor_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
@@ -71,3 +71,30 @@ def warn_other_prompt_count(state: dict[str, Any], num_prompts: int, prompt_data
             "the data-source cursor was saved over %d prompts; --prompt-data %s now gives %d: the resumed run does "
             "not go on with the saved run's prompts", int(saved), prompt_data, num_prompts,
         )  # fmt: skip
+
+
+def keep_groups_of_size(groups: list[list[Sample]], size: int, where: str | os.PathLike[str]) -> list[list[Sample]]:
+    """The saved groups (a partial-rollout buffer, fully-async held groups) that have `size` samples.
+
+    A run resumed with another `--n-samples-per-prompt` got the saved groups at their old size: the default rollout
+    then stopped blaming the data source, and the fully-async producer trained them as they were (advantages
+    normalized over groups of two sizes). They are dropped with one counted warning, as the original keeps no such
+    group across a resume; their prompts are not drawn again (the cursor is past them).
+
+    Args:
+        groups: the groups as read back.
+        size: `--n-samples-per-prompt` of this run.
+        where: the checkpoint file they came from, for the warning.
+
+    Returns:
+        The groups of `size` samples, in order.
+    """
+    kept = [group for group in groups if len(group) == size]
+    if len(kept) < len(groups):
+        other = sorted({len(group) for group in groups} - {size})
+        logger.warning(
+            "%s: dropped %d of %d saved group(s) of %s sample(s), not --n-samples-per-prompt %d (saved by a run with "
+            "another value); their prompts are not drawn again",
+            where, len(groups) - len(kept), len(groups), "/".join(map(str, other)), size,
+        )  # fmt: skip
+    return kept

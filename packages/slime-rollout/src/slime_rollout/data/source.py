@@ -27,7 +27,13 @@ from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.buffer_filter import take_from_buffer
 from slime_rollout.data.chat_template import render_chat, text_content
-from slime_rollout.data.cursor_file import cursor_path, read_cursor, warn_other_prompt_count, write_cursor
+from slime_rollout.data.cursor_file import (
+    cursor_path,
+    keep_groups_of_size,
+    read_cursor,
+    warn_other_prompt_count,
+    write_cursor,
+)
 from slime_rollout.data.epoch_order import LEGACY_NUMPY, ORIGINAL, epoch_order
 from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
@@ -550,3 +556,10 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     def _set_state(self, state: dict[str, Any]) -> None:
         super()._set_state(state)
         self.buffer = [[Sample.from_dict(d) for d in group] for group in state.get("buffer", [])]
+
+    def load(self, rollout_id: int | None = None) -> None:
+        """`RolloutDataSource.load`; buffered groups of another `--n-samples-per-prompt` are dropped, counted."""
+        super().load(rollout_id)
+        if self.buffer and self.args.load and rollout_id is not None:
+            where = self.state_path(self.args.load, rollout_id)
+            self.buffer = keep_groups_of_size(self.buffer, self.n_samples_per_prompt, where)

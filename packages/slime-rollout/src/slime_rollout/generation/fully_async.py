@@ -41,6 +41,7 @@ from slime_core.protocols import DataSource
 from slime_core.sample import Sample
 from slime_core.sample_json import dumps_with_samples
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slime_rollout.data.cursor_file import keep_groups_of_size
 from slime_rollout.generation.eval import eval_rollout
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
 from slime_rollout.generation.rollout import _exclude_empty_responses, run_end_of_rollout_plugins
@@ -197,8 +198,10 @@ def load_state(args: SlimeArgs, rollout_id: int) -> int:
         logger.info("fully-async rollout: no held groups at %s (a checkpoint of another rollout function)", path)
         return 0
     try:
-        _restored = [[Sample.from_dict(d) for d in g] for g in json.loads(path.read_text(encoding="utf-8"))["held"]]
+        held = [[Sample.from_dict(d) for d in g] for g in json.loads(path.read_text(encoding="utf-8"))["held"]]
     except (KeyError, ValueError, TypeError) as e:
         raise ValueError(f"{path}: bad fully-async rollout state ({e})") from e
+    # Restored groups skip the producer's size check: one of another --n-samples-per-prompt was trained as it was.
+    _restored = keep_groups_of_size(held, args.n_samples_per_prompt, path)
     logger.info("fully-async rollout: %d held group(s) from %s are generated first", len(_restored), path)
     return len(_restored)

@@ -1,0 +1,65 @@
+"""Megatron `--no-save-optim`: the checkpoint holds no optimizer state, and its resume needs `--no-load-optim`.
+
+As the original (Megatron-LM leaves the optimizer out and stops a resume that asks for it). Before, the flag was
+ignored: every checkpoint carried the optimizer's state. CPU stand-ins as in test_backend_cpu.py.
+"""
+
+import pytest
+import torch
+
+from slime_core.batch import RolloutBatch
+from slime_core.config import SlimeArgs
+
+pytest.importorskip("megatron.core")
+
+
+def _batch():
+    tokens = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6, 7, 8, 9])]
+    return RolloutBatch(
+        tokens=tokens, response_lengths=[2, 2], loss_masks=[torch.ones(2), torch.ones(2)], rewards=[1.0, -1.0],
+        raw_rewards=[1.0, 0.0], loss_denominators=[2.0, 2.0], micro_batches=[[[0, 1]]], step_sample_counts=[2],
+        step_token_counts=[4.0],
+    )  # fmt: skip
+
+
+def _common_state(iteration_dir):
+    from megatron.core import dist_checkpointing
+
+    return dist_checkpointing.load_common_state_dict(str(iteration_dir))
+
+
+@pytest.mark.parametrize("no_save_optim", [True, False])
+def test_no_save_optim_leaves_the_optimizer_out_and_its_resume_needs_no_load_optim(
+    cpu_backend_env, tiny_hf, tmp_path, no_save_optim
+):
+    _, hf_dir = tiny_hf("qwen3")
+    megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
+    args = SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
+        "megatron_args": megatron_args, "save": str(tmp_path / "save"), "advantage_estimator": "grpo",
+        "no_save_optim": no_save_optim,
+    })  # fmt: skip
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    backend.train(0, _batch())
+    backend.save(0)
+    # The stand-in optimizer shards nothing; the scheduler's state (common state) shows what was left out.
+    common = _common_state(tmp_path / "save" / "iter_0000000")
+    assert common["rollout_id"] == 0 and common["optimizer_saved"] is not no_save_optim
+    assert ("opt_param_scheduler" in common) is not no_save_optim  # was: always saved
+
+    def resume(*extra):
+        load = args.model_copy(update={"megatron_args": [*megatron_args, "--load", str(tmp_path / "save"), *extra],
+                                       "save": None})  # fmt: skip
+        return cpu_backend_env.MegatronTrainBackend().init(load, with_ref=False)
+
+    if no_save_optim:
+        with pytest.raises(ValueError) as e:
+            resume()
+        assert str(e.value) == (
+            f"--load {tmp_path / 'save' / 'iter_0000000'}: holds no optimizer state (saved with --no-save-optim); "
+            "resume it with --no-load-optim to start the optimizer and its learning-rate schedule afresh"
+        )
+        assert resume("--no-load-optim") == 1
+    else:
+        assert resume() == 1
