@@ -57,6 +57,11 @@ def test_a_bare_output_gets_the_default_metrics():
         "eval/math": 0.5,
         "eval/math-truncated_ratio": 0.25,
         "eval/math/response_len/mean": 2.5,
+        "eval/math/response_len/median": 2.5,
+        "eval/math/response_len/max": 3.0,
+        "eval/math/response_len/min": 2.0,
+        "eval/math/repetition_frac": 0.0,
+        "eval/math/truncated_ratio": 0.25,
     }
 
 
