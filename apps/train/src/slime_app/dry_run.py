@@ -28,7 +28,7 @@ from slime_core.config.validation import colocated_gpu_split
 from slime_core.extensions import ROLLOUT_ENGINES
 
 if TYPE_CHECKING:
-    from slime_rollout.data.source import PromptRows
+    from slime_rollout.data.prompt_rows import PromptRows
 
 __all__ = ["dry_run", "gpu_plan", "render_config"]
 
