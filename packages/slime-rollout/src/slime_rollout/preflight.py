@@ -24,7 +24,7 @@ from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.plugins import PluginError
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
-from slime_rollout.data.prompt_length import model_context_len
+from slime_rollout.data.prompt_length import model_context_len, sglang_context_arg
 from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.sft import conversation_problem, generate_sft_rollout
@@ -202,8 +202,7 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
         model = model_context_len(cfg.hf_checkpoint)
     except ValueError as e:  # a damaged config.json: the model loader's error names it too
         return [Problem(message=f"--hf-checkpoint: {e}")]
-    # Keys as the launcher reads them (`--sglang-context-length`, or a config file's `context-length`).
-    engine = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}.get("context_length")
+    engine = sglang_context_arg(cfg.sglang_args)
     if model is None and engine is None:
         return []
     try:
