@@ -347,11 +347,13 @@ def test_dry_run_reads_the_prompt_file_once_for_the_first_prompt_and_the_length_
                                                                                       monkeypatch):  # fmt: skip
     # The first prompt, the prompt count and the data source each read --prompt-data again (four reads in all with
     # the package's row check); now the dry run reads it once and passes the rows down.
-    import slime_rollout.data.source as source
+    import slime_rollout.data.prompt_rows as prompt_rows
 
     reads = []
-    real = source.iter_jsonl
-    monkeypatch.setattr(source, "iter_jsonl", lambda path, *a, **kw: (reads.append(str(path)), real(path, *a, **kw))[1])
+    real = prompt_rows.iter_jsonl
+    monkeypatch.setattr(
+        prompt_rows, "iter_jsonl", lambda path, *a, **kw: (reads.append(str(path)), real(path, *a, **kw))[1]
+    )
     assert main(["--dry-run", *_flags(model, data, "--num-rollout", "2")]) == 0
     out = capsys.readouterr().out
     assert "  prompt length: 10 of 10 prompts within 40959 tokens (0 longer are dropped)" in out

@@ -265,6 +265,16 @@ class _BuildTrainer:
         return 0
 
 
+def _unbuilt_run(monkeypatch, events, make_trainer):
+    """`loop`'s Ray, rollout manager and trainer factory faked, for `Run.build`: the trainer is `make_trainer()`."""
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    monkeypatch.setattr(
+        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
+            remote=lambda *args: _Actor(events)))
+    )  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: make_trainer())
+
+
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
@@ -284,12 +294,7 @@ def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_
     """A warm-up on a GPU whose engine is measuring its free memory would shrink the engine's KV cache."""
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
     events = []
-    monkeypatch.setattr(loop, "ray", _FakeRay(events))
-    monkeypatch.setattr(
-        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
-            remote=lambda *args: _Actor(events)))
-    )  # fmt: skip
-    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: _BuildTrainer(events))
+    _unbuilt_run(monkeypatch, events, lambda: _BuildTrainer(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.placement = cfg, None
     assert run.build() == 0
@@ -384,12 +389,7 @@ class _ResumedTrainer(_BuildTrainer):
 def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, trainer_start, fields, start, cursor):
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 8, **fields})
     events = []
-    monkeypatch.setattr(loop, "ray", _FakeRay(events))
-    monkeypatch.setattr(
-        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
-            remote=lambda *args: _Actor(events)))
-    )  # fmt: skip
-    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: _ResumedTrainer(events, trainer_start))
+    _unbuilt_run(monkeypatch, events, lambda: _ResumedTrainer(events, trainer_start))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.placement = cfg, None
     assert run.build() == start
@@ -407,12 +407,7 @@ def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_
     cfg = SlimeArgs.from_dict(fields)
     events = []
     trainer = _ResumedTrainer(events, 0)
-    monkeypatch.setattr(loop, "ray", _FakeRay(events))
-    monkeypatch.setattr(
-        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
-            remote=lambda *args: _Actor(events)))
-    )  # fmt: skip
-    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: trainer)
+    _unbuilt_run(monkeypatch, events, lambda: trainer)
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.placement = cfg, None
     run.build()

@@ -420,6 +420,23 @@ async def test_without_a_context_flag_the_models_context_caps_new_tokens(use_cli
     assert s.response_length == 4 and s.status is Status.TRUNCATED
 
 
+async def test_the_engines_context_length_flag_wins_over_the_models(use_client, tmp_path):
+    # SGLang serves --context-length when given (RoPE-scaled or shortened): the cap and the default prompt limit
+    # follow it, as preflight's length check already did (both read only max_position_embeddings before).
+    from slime_rollout.data.prompt_length import default_max_prompt_len
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 16}')
+    client = use_client(FakeClient({0: [A]}, lengths={0: 100}))
+    args = _args(hf_checkpoint=str(tmp_path), sglang_args={"context_length": "14"})
+    s = await generate_mod.generate(args, Sample(tokens=[0, *[5] * 11]), {"max_new_tokens": 8})
+    assert client.payloads[0]["sampling_params"]["max_new_tokens"] == 2
+    assert s.response_length == 2
+    assert default_max_prompt_len(None, None, str(tmp_path), {"context-length": "40"}) == 39
+    assert default_max_prompt_len(None, None, str(tmp_path)) == 15
+    with pytest.raises(ValueError, match="--sglang-context-length 'long': not a number of tokens"):
+        default_max_prompt_len(None, None, str(tmp_path), {"context_length": "long"})
+
+
 @pytest.mark.parametrize(
     ("evaluation", "eval_ctx", "expected"),
     [(True, 7, 3), (False, 7, 6), (True, None, 6)],  # eval: --eval-max-context-len, else the rollout's 10

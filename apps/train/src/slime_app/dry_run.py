@@ -28,7 +28,7 @@ from slime_core.config.validation import colocated_gpu_split
 from slime_core.extensions import ROLLOUT_ENGINES
 
 if TYPE_CHECKING:
-    from slime_rollout.data.source import PromptRows
+    from slime_rollout.data.prompt_rows import PromptRows
 
 __all__ = ["dry_run", "gpu_plan", "render_config"]
 
@@ -210,7 +210,9 @@ def _prompt_filter(cfg: SlimeArgs, rows: PromptRows | None) -> list[str]:
     if rows is None or cfg.disable_rollout_global_dataset:
         return []
     source_cls = load_function(cfg.data_source_path, flag="--data-source-path")
-    limit = default_max_prompt_len(cfg.rollout_max_prompt_len, cfg.rollout_max_context_len, cfg.hf_checkpoint)
+    limit = default_max_prompt_len(
+        cfg.rollout_max_prompt_len, cfg.rollout_max_context_len, cfg.hf_checkpoint, cfg.sglang_args
+    )
     if source_cls not in (RolloutDataSource, RolloutDataSourceWithBuffer) or limit is None:
         return []
     kept, total = len(source_cls(PluginArgs.from_config(cfg), rows=rows)), len(rows)  # raises when none is left

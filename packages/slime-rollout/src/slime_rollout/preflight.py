@@ -3,7 +3,7 @@
 `check(cfg)` is this package's `slime.preflight` entry point; the app's preflight runs it (and every other
 installed package's) before anything starts, so a bad row or flag is one line naming it, not a failure in the
 middle of a rollout. Each bad row names the flag, the file and where the row is (its JSONL line, 1-based with
-blank lines counted; its Parquet row index, 0-based; see `slime_rollout.data.source.PromptRows`).
+blank lines counted; its Parquet row index, 0-based; see `slime_rollout.data.prompt_rows.PromptRows`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.plugins import PluginError
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
-from slime_rollout.data.prompt_length import model_context_len
+from slime_rollout.data.prompt_length import model_context_len, sglang_context_arg
+from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.sft import conversation_problem, generate_sft_rollout
-from slime_rollout.data.source import TOKENIZER_FILES, PromptRows, load_prompt_rows
+from slime_rollout.data.source import TOKENIZER_FILES
 from slime_rollout.plugins import load_function
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
@@ -201,8 +202,7 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
         model = model_context_len(cfg.hf_checkpoint)
     except ValueError as e:  # a damaged config.json: the model loader's error names it too
         return [Problem(message=f"--hf-checkpoint: {e}")]
-    # Keys as the launcher reads them (`--sglang-context-length`, or a config file's `context-length`).
-    engine = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}.get("context_length")
+    engine = sglang_context_arg(cfg.sglang_args)
     if model is None and engine is None:
         return []
     try:

@@ -1,7 +1,8 @@
 """How long a prompt is, and the limit prompts are held to (`--rollout-max-prompt-len` and its default).
 
 `default_max_prompt_len` gives the limit (the flag, else the context less one token, the context being
-`--rollout-max-context-len` or the model's `max_position_embeddings`); `prompt_too_long` measures a prompt as the
+`--rollout-max-context-len`, else the engines' (`engine_context_len`: `--sglang-context-length` or the model's
+`max_position_embeddings`)); `prompt_too_long` measures a prompt as the
 engine will get it (`encode_prompt`), but decides by character count alone when that already tells: a huge line is
 refused without tokenizing it (`certainly_too_long`), a short one kept without tokenizing it.
 """
@@ -17,7 +18,9 @@ __all__ = [
     "certainly_too_long",
     "default_max_prompt_len",
     "encode_prompt",
+    "engine_context_len",
     "model_context_len",
+    "sglang_context_arg",
     "prompt_too_long",
 ]
 
@@ -49,8 +52,35 @@ def model_context_len(hf_checkpoint: str | None) -> int | None:
     return None
 
 
+def sglang_context_arg(sglang_args: dict[str, Any] | None) -> Any:
+    """The raw `--sglang-context-length` value (or a config file's `context-length`/`context_length`), or None."""
+    keys = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in (sglang_args or {}).items()}
+    return keys.get("context_length")
+
+
+def engine_context_len(hf_checkpoint: str | None, sglang_args: dict[str, Any] | None = None) -> int | None:
+    """The context the engines serve, in tokens: `--sglang-context-length` when given, else the model's.
+
+    SGLang serves `--context-length` when it is set (a model extended by RoPE scaling, or a shorter serving limit),
+    else `max_position_embeddings` (`model_context_len`).
+
+    Raises:
+        ValueError: `--sglang-context-length` is not a whole number of tokens, or `config.json` is not JSON.
+    """
+    given = sglang_context_arg(sglang_args)
+    if given is None:
+        return model_context_len(hf_checkpoint)
+    try:
+        return int(given)
+    except (TypeError, ValueError):
+        raise ValueError(f"--sglang-context-length {given!r}: not a number of tokens") from None
+
+
 def default_max_prompt_len(
-    max_prompt_len: int | None, max_context_len: int | None, hf_checkpoint: str | None
+    max_prompt_len: int | None,
+    max_context_len: int | None,
+    hf_checkpoint: str | None,
+    sglang_args: dict[str, Any] | None = None,
 ) -> int | None:
     """The prompt-length limit in force: the flag, else the context less one token.
 
@@ -65,13 +95,14 @@ def default_max_prompt_len(
         max_prompt_len: `--rollout-max-prompt-len` (or `--eval-max-prompt-len`); wins when set.
         max_context_len: `--rollout-max-context-len` (or `--eval-max-context-len`), tokens.
         hf_checkpoint: the model directory whose `config.json` gives the context otherwise.
+        sglang_args: the engines' pass-through flags; `--sglang-context-length` wins over `config.json`.
 
     Returns:
         The limit in tokens, or None when nothing gives one (no flag, no local config.json).
     """
     if max_prompt_len is not None:
         return max_prompt_len
-    context = max_context_len if max_context_len is not None else model_context_len(hf_checkpoint)
+    context = max_context_len if max_context_len is not None else engine_context_len(hf_checkpoint, sglang_args)
     return None if context is None else context - 1
 
 

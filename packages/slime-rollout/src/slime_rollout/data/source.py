@@ -16,13 +16,11 @@ import copy
 import logging
 import os
 import pathlib
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from slime_core.jsonl import iter_jsonl
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.buffer_filter import take_from_buffer
@@ -35,8 +33,8 @@ from slime_rollout.data.cursor_file import (
     write_cursor,
 )
 from slime_rollout.data.epoch_order import LEGACY_NUMPY, ORIGINAL, epoch_order
-from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
+from slime_rollout.data.prompt_rows import PromptRows, count_rows, data_dir, load_prompt_rows
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.tokenizer import TOKENIZER_FILES, get_tokenizer
 from slime_rollout.plugins import load_function
@@ -54,90 +52,10 @@ __all__ = [
     "count_prompts",
     "get_tokenizer",
     "encode_prompt",  # re-exported from `slime_rollout.data.prompt_length` (generate functions import it from here)
-    "PromptRows",
+    "PromptRows",  # re-exported from `slime_rollout.data.prompt_rows`, as is `load_prompt_rows`
     "load_prompt_rows",
     "rows_to_samples",
 ]
-
-_SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
-
-
-class PromptRows(list):
-    """The rows of a prompt file (after its `@[start:end]` slice): a list of dicts that knows where each row is.
-
-    Messages name a row by its place in the file, not in the slice: `unit` `"line"` with the 1-based line number
-    of a JSONL file (blank lines counted, as an editor shows them), or `unit` `"row index"` with the 0-based row
-    index of a Parquet file (the index a `@[start:end]` slice uses). A slice or copy of it is a plain list, whose
-    rows are named by their 1-based position in it (`"row N"`); `head` keeps the positions.
-
-    Example:
-        `PromptRows([{"prompt": "2+2?"}], positions=[4], unit="line")`: the only row is on line 4.
-    """
-
-    def __init__(self, rows: Iterable[dict[str, Any]], *, positions: Sequence[int], unit: str) -> None:
-        super().__init__(rows)
-        if len(positions) != len(self):
-            raise ValueError(f"PromptRows: {len(positions)} positions for {len(self)} rows")
-        self.positions = list(positions)  # per row: its 1-based line (JSONL) or 0-based row index (Parquet)
-        self.unit = unit  # "line", "row index", or "row" (position among plain rows)
-
-    def head(self, n: int) -> PromptRows:
-        """The first `n` rows, with their positions."""
-        return PromptRows(self[:n], positions=self.positions[:n], unit=self.unit)
-
-    @staticmethod
-    def of(rows: Sequence[dict[str, Any]]) -> PromptRows:
-        """`rows` as they are if a `PromptRows`; plain rows named by their 1-based position among them."""
-        if isinstance(rows, PromptRows):
-            return rows
-        return PromptRows(rows, positions=range(1, len(rows) + 1), unit="row")
-
-
-def load_prompt_rows(spec: str) -> PromptRows:
-    """Reads the rows of a prompt file, with their positions in the file (see `PromptRows`).
-
-    Args:
-        spec: `path.jsonl` or `path.parquet`, optionally with a Python-style row slice
-            `path@[start:end]` (negative indices allowed; over rows, JSONL blank lines not counted).
-
-    Returns:
-        One dict per row, in file order, each with its line (JSONL) or row index (Parquet).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: unknown extension, or a bad JSONL line (message names `file:line`).
-    """
-    path, start, end = _split_spec(spec)
-    if path.suffix == ".jsonl":
-        located = list(iter_jsonl(path))
-        rows, positions, unit = [row for _, row in located], [line for line, _ in located], "line"
-    elif path.suffix == ".parquet":
-        rows = read_parquet_rows(path)  # a struct's fields that a row lacked are absent, not None
-        positions, unit = list(range(len(rows))), "row index"
-    else:
-        raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
-    return PromptRows(rows[start:end], positions=positions[start:end], unit=unit)
-
-
-def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
-    """`path@[start:end]` (slice optional) -> (existing path, start, end).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-    """
-    start = end = None
-    match = _SLICE.match(spec)
-    if match:
-        spec = match["path"]
-        start = int(match["start"]) if match["start"] else None
-        end = int(match["end"]) if match["end"] else None
-    path = pathlib.Path(spec)
-    if not path.exists():
-        raise FileNotFoundError(f"--prompt-data file not found: {path}")
-    if not path.is_file():  # a folder said "[Errno 21] Is a directory"; a device (/dev/zero) was read forever
-        what = "a folder" if path.is_dir() else "not a regular file"
-        raise ValueError(f"{path}: {what}; give a .jsonl or .parquet file")
-    return path, start, end
 
 
 def count_prompts(args: SlimeArgs) -> int:
@@ -155,30 +73,17 @@ def count_prompts(args: SlimeArgs) -> int:
         TypeError: a custom data source without `__len__`.
     """
     defaults = {f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
-    limit = default_max_prompt_len(args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint)
+    limit = default_max_prompt_len(
+        args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint, args.sglang_args
+    )
     if args.data_source_path in defaults and limit is None and args.prompt_data:
-        return _count_rows(args.prompt_data)
+        return count_rows(args.prompt_data)
     cls = load_function(args.data_source_path, flag="--data-source-path")
     what = f"the data source's construction (--data-source-path {args.data_source_path}), counting --num-epoch"
     source = call_in_thread_with_deadline(cls, args, what=what, **plugin_bounds(args))
     if not hasattr(source, "__len__"):
         raise TypeError(f"--num-epoch: the data source {args.data_source_path} has no len(); give --num-rollout")
     return len(source)
-
-
-def _count_rows(spec: str) -> int:
-    """Rows of a prompt file (slice applied), without reading the rows themselves."""
-    path, start, end = _split_spec(spec)
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        total = pq.ParquetFile(path).metadata.num_rows
-    elif path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            total = sum(1 for line in f if line.strip())
-    else:
-        raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
-    return len(range(total)[start:end])
 
 
 def rows_to_samples(
@@ -233,7 +138,7 @@ def rows_to_samples(
     image_key = multimodal.image_column(multimodal_keys)
     if image_key and processor_path is None:
         raise ValueError("--multimodal-keys needs the vision-language checkpoint's processor (--hf-checkpoint)")
-    base_dir = _data_dir(source)
+    base_dir = data_dir(source)
     located = PromptRows.of(rows)
     positions, unit = located.positions, located.unit
     samples, dropped = [], []
@@ -315,12 +220,6 @@ def _warn_missing_columns(rows: Sequence[dict[str, Any]], source: str, columns: 
             )  # fmt: skip
 
 
-def _data_dir(source: str) -> pathlib.Path:
-    """Directory of a `--prompt-data` spec (its `@[start:end]` slice removed): where relative image paths start."""
-    match = _SLICE.match(source)
-    return pathlib.Path(match["path"] if match else source).parent
-
-
 def _prompt_len(tokenizer: Any, prompt: Any, images: list[str], processor_path: str | None) -> int:
     """Prompt tokens as the engine sees them: image placeholders expanded when the prompt has images."""
     text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, tokenize=False)
@@ -363,7 +262,7 @@ class RolloutDataSource:
         if not args.prompt_data:
             raise ValueError("--prompt-data is required (or --disable-rollout-global-dataset)")
         max_prompt_len = default_max_prompt_len(
-            args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint
+            args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint, args.sglang_args
         )
         flag = "--rollout-max-prompt-len"
         if args.rollout_max_prompt_len is None and max_prompt_len is not None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
 from slime_rollout.data.multimodal import VisionPrompt, prepare_vision_prompt, sample_images, vision_token_ids
-from slime_rollout.data.prompt_length import model_context_len
+from slime_rollout.data.prompt_length import engine_context_len
 from slime_rollout.data.source import encode_prompt, get_tokenizer
 from slime_rollout.generation.engine_reply import parse_generate_reply
 from slime_rollout.generation.routed_experts import ROUTED_EXPERTS_REQUEST, attach_routed_experts, wants_routed_experts
@@ -49,14 +49,15 @@ __all__ = [
 def context_limit(args: Any, *, evaluation: bool) -> int | None:
     """Tokens a sample's prompt and response may fill together; None without a limit.
 
-    `--eval-max-context-len` for eval samples when set, else `--rollout-max-context-len`, else the model's context
-    (`max_position_embeddings` of `--hf-checkpoint`): SGLang refuses a request whose prompt plus `max_new_tokens`
-    exceeds its context with HTTP 400 (sglang 0.5.16 tokenizer_manager.py `_validate_one_request`), so a prompt that
-    leaves less room than `--rollout-max-response-len` must ask for less, not fail the rollout.
+    `--eval-max-context-len` for eval samples when set, else `--rollout-max-context-len`, else the engines' context
+    (`--sglang-context-length`, else `max_position_embeddings` of `--hf-checkpoint`): SGLang refuses a request whose
+    prompt plus `max_new_tokens` exceeds its context with HTTP 400 (sglang 0.5.16 tokenizer_manager.py
+    `_validate_one_request`), so a prompt that leaves less room than `--rollout-max-response-len` must ask for less,
+    not fail the rollout.
     """
     limit = args.eval_max_context_len if evaluation else None
     limit = args.rollout_max_context_len if limit is None else limit
-    return model_context_len(args.hf_checkpoint) if limit is None else limit
+    return engine_context_len(args.hf_checkpoint, args.sglang_args) if limit is None else limit
 
 
 def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[str, Any]:
