@@ -8,11 +8,13 @@ An original `--eval-config` with `datasets` as a mapping, or with `repetition_pe
 
 import logging
 
+import pytest
 from slime_rollout_fakes import FakeClient
 from slime_rollout_fakes import rollout_args as _args
 
 from slime_core.sample import Status
 from slime_rollout.generation.eval import eval_rollout_async
+from slime_rollout.generation.rollout import run_rollout
 
 A = ord("A")
 
@@ -45,6 +47,24 @@ async def test_aborted_eval_samples_are_left_out_counted_and_named(use_client, t
     assert (f"eval 4: dataset toy: 2 of 4 samples came back ABORTED (from --custom-generate-function-path {path}, or "
             "the engine aborted them; samples [1, 3]); they are left out of eval/toy") in caplog.text  # fmt: skip
     assert "--log-passrate: eval toy left samples out (ABORTED); pass@k skipped" in caplog.text
+
+
+@pytest.mark.parametrize("path", ["slime_rollout.generation.fully_async.generate_rollout_fully_async", None])
+def test_a_built_in_eval_function_keeps_its_own_metrics(use_client, tmp_path, path):
+    # run_rollout recomputed a built-in's metrics with the global group size: the two answered samples of groups
+    # broken by ABORTED ones passed as one whole group of 2, adding the eval/toy-pass@k the function had skipped.
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n{"prompt": "b", "label": "A"}\n')
+    args = _args(eval_prompt_data=["toy", str(data)], input_key="prompt", n_samples_per_eval_prompt=2,
+                 custom_generate_function_path=f"{__name__}.odd_aborted_generate", log_passrate=True)  # fmt: skip
+    if path:
+        args.rollout_function_path = path
+    out = run_rollout(args, 4, None, evaluation=True)
+    assert out.metrics == {"eval/toy": 1.0, "eval/toy-truncated_ratio": 0.0, "eval/toy-aborted_ratio": 0.5,
+                           "eval/toy/response_len/mean": 1.0, "eval/toy/response_len/median": 1.0,
+                           "eval/toy/response_len/max": 1.0, "eval/toy/response_len/min": 1.0,
+                           "eval/toy/repetition_frac": 0.0, "eval/toy/truncated_ratio": 0.0}  # fmt: skip
 
 
 async def answer_a(args, sample, sampling_params, evaluation=False):

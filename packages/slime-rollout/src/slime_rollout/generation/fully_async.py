@@ -148,6 +148,10 @@ def generate_rollout_fully_async(
     return async_utils.run(_collect(args, rollout_id, data_source))
 
 
+# _collect computes the rollout's metrics (eval_rollout its own): run_rollout must not recompute them.
+generate_rollout_fully_async.computes_metrics = True  # type: ignore[attr-defined]
+
+
 def stop_producer() -> None:
     """Stops this process's producer (teardown, before the engines stop); a no-op without one."""
     global _producer

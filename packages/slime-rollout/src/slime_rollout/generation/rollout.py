@@ -422,6 +422,10 @@ def generate_rollout(
     return output
 
 
+# run_rollout computes the metrics of other functions' outputs; these built-ins compute their own (read there).
+generate_rollout.computes_metrics = True  # type: ignore[attr-defined]
+
+
 def create_data_source(args: SlimeArgs) -> DataSource:
     """Instantiates `--data-source-path` (default `RolloutDataSourceWithBuffer`) as `cls(args)`.
 
@@ -504,10 +508,10 @@ def run_rollout(
     )
     output = wrap_rollout_output(value, evaluation=evaluation, what=what)
     rollout_time = time.perf_counter() - start
-    # The default function computes its metrics itself; another one's are computed from its output as the original's
-    # log_rollout_data / log_eval_rollout_data do (the function's own entries win): they were left out, so a custom
-    # --eval-function-path returning {name: {"rewards", ...}} (the original's convention) logged no eval/ curve.
-    own = fn is generate_rollout
+    # The built-ins (marked `computes_metrics`) compute their metrics themselves; another function's are computed from
+    # its output as the original's log_rollout_data / log_eval_rollout_data do (the function's own entries win): they
+    # were left out, so a custom --eval-function-path returning {name: {"rewards", ...}} logged no eval/ curve.
+    own = getattr(fn, "computes_metrics", False)
     if isinstance(output, RolloutFnEvalOutput):
         samples = _eval_samples(output.data, what)
         if not own:
