@@ -289,3 +289,23 @@ async def test_a_filter_returning_none_is_one_error_naming_it_and_the_samples(us
         await generate_rollout_async(_args(dynamic_sampling_filter_path=path), 0, ListDataSource(n=2))
     assert re.match(rf"--dynamic-sampling-filter-path {re.escape(path)} on samples \[\d, \d\] must return "
                     r"DynamicFilterOutput or bool, got NoneType None$", str(e.value))  # fmt: skip
+
+
+def record_all_groups(args, all_groups, data_source):
+    data_source.seen = [[s.index for s in group] for group in all_groups]
+
+
+async def test_the_all_samples_process_plugin_gets_the_groups_sorted_by_sample_index():
+    # The fully-async rollout passes [*kept, *filtered, *stale] (each in its own order): the plugin got them so,
+    # while the docstring (and the original) promise them sorted by sample index.
+    from slime_core.sample import Sample
+    from slime_rollout.generation.rollout import run_end_of_rollout_plugins
+
+    def group(first):
+        return [Sample(prompt="p", index=first), Sample(prompt="p", index=first + 1)]
+
+    kept, filtered, stale = [group(4), group(0)], [group(6)], [group(2)]
+    args = _args(rollout_all_samples_process_path=f"{__name__}.record_all_groups")
+    source = ListDataSource([])
+    await run_end_of_rollout_plugins(args, 0, kept, [*kept, *filtered, *stale], source)
+    assert source.seen == [[0, 1], [2, 3], [4, 5], [6, 7]]

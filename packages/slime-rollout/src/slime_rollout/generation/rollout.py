@@ -354,7 +354,6 @@ async def generate_rollout_async(
     leftovers = sorted(requeue + leftovers, key=_group_sort_key)
 
     data.sort(key=_group_sort_key)
-    all_groups.sort(key=_group_sort_key)  # as the original hands them to --rollout-all-samples-process-path
     _exclude_empty_responses(args, rollout_id, data)
     await run_end_of_rollout_plugins(args, rollout_id, data, all_groups, data_source)
     metrics = compute_rollout_metrics(args, data, rollout_time=time.perf_counter() - start, drop_counts=drops)
@@ -388,6 +387,7 @@ async def run_end_of_rollout_plugins(
         DeadlineExceeded: one ran past `--plugin-timeout-secs` (the message names it and the rollout).
         Exception: what one raised.
     """
+    all_groups = sorted(all_groups, key=_group_sort_key)  # as the original hands them over
     if args.rollout_sample_filter_path:
         path = args.rollout_sample_filter_path
         fn = load_function(path, flag="--rollout-sample-filter-path")
