@@ -50,3 +50,14 @@ def test_mem_fraction_passes_validation():
         {"rollout_batch_size": 4, "num_rollout": 1, "sglang_args": {"mem_fraction_static": "0.5"}}
     )
     assert cfg.sglang_args == {"mem_fraction_static": "0.5"}
+
+
+def test_pass_through_keys_are_read_by_their_server_field_however_spelled():
+    from slime_core.config.sglang_flags import sglang_field, sglang_fields
+
+    assert sglang_field("sglang-context-length") == sglang_field("context_length") == "context_length"
+    assert sglang_fields({"context-length": "40", "sglang_dtype": "bfloat16"}) == {
+        "context_length": "40",
+        "dtype": "bfloat16",
+    }
+    assert sglang_fields(None) == {}

@@ -408,12 +408,17 @@ def test_no_config_json_means_no_default_limit(tmp_path, qwen3_tokenizer_dir):
     from slime_rollout.data.prompt_length import default_max_prompt_len, model_context_len
 
     assert model_context_len(str(qwen3_tokenizer_dir)) is None  # a tokenizer directory, no config.json
-    assert default_max_prompt_len(None, None, str(qwen3_tokenizer_dir)) is None
+    assert default_max_prompt_len(_args(hf_checkpoint=str(qwen3_tokenizer_dir))) is None
     vlm = tmp_path / "vlm"
     vlm.mkdir()
     (vlm / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
-    assert default_max_prompt_len(None, None, str(vlm)) == 4095
-    assert default_max_prompt_len(None, 100, str(vlm)) == 99 and default_max_prompt_len(7, 100, str(vlm)) == 7
+    assert default_max_prompt_len(_args(hf_checkpoint=str(vlm))) == 4095
+    assert default_max_prompt_len(_args(hf_checkpoint=str(vlm), rollout_max_context_len=100)) == 99
+    assert default_max_prompt_len(_args(hf_checkpoint=str(vlm), rollout_max_context_len=100,
+                                        rollout_max_prompt_len=7)) == 7  # fmt: skip
+    # The eval datasets' limit reads the eval_* flags.
+    evaluation = _args(hf_checkpoint=str(vlm), rollout_max_context_len=100, eval_max_context_len=50)
+    assert default_max_prompt_len(evaluation, evaluation=True) == 49 and default_max_prompt_len(evaluation) == 99
 
 
 def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwen3_tokenizer_dir, caplog):

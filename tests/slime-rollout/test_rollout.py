@@ -431,10 +431,10 @@ async def test_the_engines_context_length_flag_wins_over_the_models(use_client, 
     s = await generate_mod.generate(args, Sample(tokens=[0, *[5] * 11]), {"max_new_tokens": 8})
     assert client.payloads[0]["sampling_params"]["max_new_tokens"] == 2
     assert s.response_length == 2
-    assert default_max_prompt_len(None, None, str(tmp_path), {"context-length": "40"}) == 39
-    assert default_max_prompt_len(None, None, str(tmp_path)) == 15
+    assert default_max_prompt_len(_args(hf_checkpoint=str(tmp_path), sglang_args={"context-length": "40"})) == 39
+    assert default_max_prompt_len(_args(hf_checkpoint=str(tmp_path))) == 15
     with pytest.raises(ValueError, match="--sglang-context-length 'long': not a number of tokens"):
-        default_max_prompt_len(None, None, str(tmp_path), {"context_length": "long"})
+        default_max_prompt_len(_args(hf_checkpoint=str(tmp_path), sglang_args={"context_length": "long"}))
 
 
 @pytest.mark.parametrize(

@@ -210,9 +210,7 @@ def _prompt_filter(cfg: SlimeArgs, rows: PromptRows | None) -> list[str]:
     if rows is None or cfg.disable_rollout_global_dataset:
         return []
     source_cls = load_function(cfg.data_source_path, flag="--data-source-path")
-    limit = default_max_prompt_len(
-        cfg.rollout_max_prompt_len, cfg.rollout_max_context_len, cfg.hf_checkpoint, cfg.sglang_args
-    )
+    limit = default_max_prompt_len(cfg)
     if source_cls not in (RolloutDataSource, RolloutDataSourceWithBuffer) or limit is None:
         return []
     kept, total = len(source_cls(PluginArgs.from_config(cfg), rows=rows)), len(rows)  # raises when none is left

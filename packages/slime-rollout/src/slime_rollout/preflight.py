@@ -24,7 +24,7 @@ from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.plugins import PluginError
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
-from slime_rollout.data.prompt_length import model_context_len, sglang_context_arg
+from slime_rollout.data.prompt_length import engine_context_len, sglang_context_arg
 from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.sft import conversation_problem, generate_sft_rollout
@@ -199,19 +199,13 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
     local `--hf-checkpoint`.
     """
     try:
-        model = model_context_len(cfg.hf_checkpoint)
-    except ValueError as e:  # a damaged config.json: the model loader's error names it too
-        return [Problem(message=f"--hf-checkpoint: {e}")]
-    engine = sglang_context_arg(cfg.sglang_args)
-    if model is None and engine is None:
+        context = engine_context_len(cfg.hf_checkpoint, cfg.sglang_args)
+    except ValueError as e:  # the flag is not a number, or a damaged config.json (the model loader names it too)
+        return [Problem(message=str(e))]
+    if context is None:
         return []
-    try:
-        context = int(engine) if engine is not None else model
-    except (TypeError, ValueError):
-        return [Problem(message=f"--sglang-context-length {engine!r}: not a number of tokens")]
-    source = "--sglang-context-length" if engine is not None else (
-        f"max_position_embeddings in {cfg.hf_checkpoint}/config.json"
-    )  # fmt: skip
+    engine = sglang_context_arg(cfg.sglang_args) is not None
+    source = "--sglang-context-length" if engine else f"max_position_embeddings in {cfg.hf_checkpoint}/config.json"
     problems = []
     for context_flag, prompt_flag in (("rollout_max_context_len", "rollout_max_prompt_len"),
                                       ("eval_max_context_len", "eval_max_prompt_len")):  # fmt: skip
@@ -229,7 +223,7 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
                 message=f"{flag} {value} is more than the engine's context allows ({limit}; the context is {context} "
                 f"tokens: {source}): a longer prompt leaves no room to generate; lower {flag}, or leave it out "
                 "(prompts longer than the context less one token are then dropped)"
-                + ("" if engine is not None else ", or give the engine a longer one with --sglang-context-length")
+                + ("" if engine else ", or give the engine a longer one with --sglang-context-length")
             )
         )
     return problems

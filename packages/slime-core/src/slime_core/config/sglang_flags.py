@@ -13,11 +13,19 @@ of one of these, so a refused prefix is either expanded to slime's flag or rejec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from slime_core.config.base import ConfigError
 
-__all__ = ["MANAGED_SGLANG_FIELDS", "SGLANG_FIELD_ALIASES", "check_managed_sglang_flags", "managed_sglang_field"]
+__all__ = [
+    "MANAGED_SGLANG_FIELDS",
+    "SGLANG_FIELD_ALIASES",
+    "check_managed_sglang_flags",
+    "managed_sglang_field",
+    "sglang_field",
+    "sglang_fields",
+]
 
 # ServerArgs fields slime computes itself (slime_rollout.engines.launch.sglang.build_sglang_command).
 MANAGED_SGLANG_FIELDS = frozenset(
@@ -47,9 +55,23 @@ SGLANG_FIELD_ALIASES = {
 _OPTIONS = {name: field for field in MANAGED_SGLANG_FIELDS for name in (field, *SGLANG_FIELD_ALIASES.get(field, ()))}
 
 
+def sglang_field(key: str) -> str:
+    """The `ServerArgs` field of a pass-through key: `sglang-context-length`, `context-length` -> `context_length`.
+
+    The keys of `sglang_args` are spelled as the CLI or a config file gave them (dashes or underscores, with or
+    without the `sglang` prefix).
+    """
+    return key.replace("-", "_").removeprefix("sglang_")
+
+
+def sglang_fields(sglang_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`sglang_args` keyed by field (`sglang_field`): `{"context-length": "40"}` -> `{"context_length": "40"}`."""
+    return {sglang_field(k): v for k, v in (sglang_args or {}).items()}
+
+
 def _option_key(name: str) -> str:
     """`--sglang-tp-size=4` -> `tp_size`."""
-    return name.split("=", 1)[0].removeprefix("--").replace("-", "_").removeprefix("sglang_")
+    return sglang_field(name.split("=", 1)[0].removeprefix("--"))
 
 
 def managed_sglang_field(name: str) -> str | None:

@@ -14,6 +14,8 @@ import json
 import pathlib
 from typing import Any
 
+from slime_core.config.sglang_flags import sglang_fields
+
 __all__ = [
     "certainly_too_long",
     "default_max_prompt_len",
@@ -54,8 +56,7 @@ def model_context_len(hf_checkpoint: str | None) -> int | None:
 
 def sglang_context_arg(sglang_args: dict[str, Any] | None) -> Any:
     """The raw `--sglang-context-length` value (or a config file's `context-length`/`context_length`), or None."""
-    keys = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in (sglang_args or {}).items()}
-    return keys.get("context_length")
+    return sglang_fields(sglang_args).get("context_length")
 
 
 def engine_context_len(hf_checkpoint: str | None, sglang_args: dict[str, Any] | None = None) -> int | None:
@@ -76,34 +77,35 @@ def engine_context_len(hf_checkpoint: str | None, sglang_args: dict[str, Any] | 
         raise ValueError(f"--sglang-context-length {given!r}: not a number of tokens") from None
 
 
-def default_max_prompt_len(
-    max_prompt_len: int | None,
-    max_context_len: int | None,
-    hf_checkpoint: str | None,
-    sglang_args: dict[str, Any] | None = None,
-) -> int | None:
+def default_max_prompt_len(args: Any, *, evaluation: bool = False) -> int | None:
     """The prompt-length limit in force: the flag, else the context less one token.
 
     As in the original, a prompt may fill the context but for one token, so every sample has at least one
     response token to train on (`--rollout-max-context-len - 1`). Without `--rollout-max-context-len` the context is
-    the model's (`max_position_embeddings` of `--hf-checkpoint`): a longer prompt leaves no room to generate (it
-    would train on 1-token responses, or keep an engine busy for minutes on a 20 MB line). `--rollout-max-response-len`
-    is deliberately not subtracted, as in the original: a prompt that leaves less room than that gets a shorter
-    response rather than being dropped.
+    the engines' (`engine_context_len`: `--sglang-context-length`, else `max_position_embeddings` of
+    `--hf-checkpoint`): a longer prompt leaves no room to generate (it would train on 1-token responses, or keep an
+    engine busy for minutes on a 20 MB line). `--rollout-max-response-len` is deliberately not subtracted, as in the
+    original: a prompt that leaves less room than that gets a shorter response rather than being dropped.
 
     Args:
-        max_prompt_len: `--rollout-max-prompt-len` (or `--eval-max-prompt-len`); wins when set.
-        max_context_len: `--rollout-max-context-len` (or `--eval-max-context-len`), tokens.
-        hf_checkpoint: the model directory whose `config.json` gives the context otherwise.
-        sglang_args: the engines' pass-through flags; `--sglang-context-length` wins over `config.json`.
+        args: the run config or plugin view; reads `rollout_max_prompt_len` and `rollout_max_context_len` (the
+            `eval_*` ones when `evaluation`; the prompt flag wins when set), `hf_checkpoint` and `sglang_args`.
+        evaluation: the eval datasets' limit.
 
     Returns:
-        The limit in tokens, or None when nothing gives one (no flag, no local config.json).
+        The limit in tokens, or None when nothing gives one (no flag, no context flag, no local config.json).
+
+    Raises:
+        ValueError: `--sglang-context-length` is not a number, or `config.json` is not JSON (`engine_context_len`).
     """
+    prefix = "eval" if evaluation else "rollout"
+    max_prompt_len = getattr(args, f"{prefix}_max_prompt_len")
     if max_prompt_len is not None:
         return max_prompt_len
-    context = max_context_len if max_context_len is not None else engine_context_len(hf_checkpoint, sglang_args)
-    return None if context is None else context - 1
+    max_context_len = getattr(args, f"{prefix}_max_context_len")
+    if max_context_len is None:
+        max_context_len = engine_context_len(args.hf_checkpoint, args.sglang_args)
+    return None if max_context_len is None else max_context_len - 1
 
 
 def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: Any = None) -> list[int]:

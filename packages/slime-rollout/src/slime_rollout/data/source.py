@@ -73,9 +73,7 @@ def count_prompts(args: SlimeArgs) -> int:
         TypeError: a custom data source without `__len__`.
     """
     defaults = {f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
-    limit = default_max_prompt_len(
-        args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint, args.sglang_args
-    )
+    limit = default_max_prompt_len(args)
     if args.data_source_path in defaults and limit is None and args.prompt_data:
         return count_rows(args.prompt_data)
     cls = load_function(args.data_source_path, flag="--data-source-path")
@@ -261,9 +259,7 @@ class RolloutDataSource:
             return
         if not args.prompt_data:
             raise ValueError("--prompt-data is required (or --disable-rollout-global-dataset)")
-        max_prompt_len = default_max_prompt_len(
-            args.rollout_max_prompt_len, args.rollout_max_context_len, args.hf_checkpoint, args.sglang_args
-        )
+        max_prompt_len = default_max_prompt_len(args)
         flag = "--rollout-max-prompt-len"
         if args.rollout_max_prompt_len is None and max_prompt_len is not None:
             flag += " (default: the context less one token)"

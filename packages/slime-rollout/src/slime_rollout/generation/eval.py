@@ -161,9 +161,7 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         "multimodal_keys": cfg.multimodal_keys,
         "apply_chat_template": cfg.apply_chat_template,
         "apply_chat_template_kwargs": dict(cfg.apply_chat_template_kwargs),
-        "max_prompt_len": default_max_prompt_len(
-            cfg.eval_max_prompt_len, cfg.eval_max_context_len, cfg.hf_checkpoint, cfg.sglang_args
-        ),
+        "max_prompt_len": default_max_prompt_len(cfg, evaluation=True),
         "custom_rm_path": None,
         "custom_generate_function_path": None,
         "metadata_overrides": {},

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from slime_core.config.sglang_flags import sglang_fields
 from slime_core.extensions import engine_spec
 from slime_core.fp8 import pair_fp8
 from slime_rollout.engines.transport import EngineError
@@ -87,7 +88,7 @@ def engine_weight_dtype(cfg: SlimeArgs) -> torch.dtype:
         UnknownNameError: `cfg.rollout_engine` is not registered.
     """
     spec = engine_spec(cfg)
-    extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
+    extra = sglang_fields(cfg.sglang_args)
     name = str(extra.get("dtype", spec.default_dtype)).lower()
     if name == "auto":
         config_file = pathlib.Path(str(cfg.hf_checkpoint)) / "config.json"

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from slime_core.config.sglang_flags import sglang_fields
 from slime_rollout.engines.launch.common import PortTaken, needs_weights_backup
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def build_reference_command(
         memory_saver: `--enable-memory-saver`, as an SGLang engine of the run gets it (the reference engine then
             loses its weights on a release as SGLang does, unless `--enable-weights-cpu-backup`: LoRA runs).
     """
-    extra = {k.replace("-", "_").removeprefix("sglang_"): v for k, v in cfg.sglang_args.items()}
+    extra = sglang_fields(cfg.sglang_args)
     cmd = [
         sys.executable,
         "-m",
@@ -76,8 +77,7 @@ def preflight(cfg: SlimeArgs) -> list[Problem]:
 
     if cfg.rollout_engine_urls or cfg.debug_train_only:
         return []
-    names = {k: k.replace("-", "_").removeprefix("sglang_") for k in cfg.sglang_args}
-    ignored = sorted(name for name in names.values() if name not in _READ_SGLANG_FLAGS)
+    ignored = sorted(name for name in sglang_fields(cfg.sglang_args) if name not in _READ_SGLANG_FLAGS)
     if not ignored:
         return []
     flags = " ".join(f"--sglang-{name.replace('_', '-')}" for name in ignored)

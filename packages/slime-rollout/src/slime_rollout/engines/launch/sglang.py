@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slime_core.config.sglang_flags import MANAGED_SGLANG_FIELDS, check_managed_sglang_flags
+from slime_core.config.sglang_flags import MANAGED_SGLANG_FIELDS, check_managed_sglang_flags, sglang_field
 from slime_core.config.true_on_policy import true_on_policy_server_args
 from slime_rollout.engines.launch.common import needs_weights_backup
 from slime_rollout.engines.process import find_free_port
@@ -72,7 +72,7 @@ def sglang_passthrough(sglang_args: Mapping[str, Any] | Sequence[str] | None) ->
     check_managed_sglang_flags(sglang_args)
     out: list[str] = []
     for key, value in sglang_args.items():
-        field = key.replace("-", "_").removeprefix("sglang_")
+        field = sglang_field(key)
         if value is None or value is False:
             continue
         flag = "--" + field.replace("_", "-")
