@@ -198,6 +198,16 @@ def test_passthrough_value_kinds():
     assert sglang_passthrough(None) == []
 
 
+def test_the_reference_engine_gets_the_context_length_flag():
+    # It was not passed on (the engine kept the model's context while the rollout capped by the flag).
+    args = sglang_args(hf_checkpoint="/m", sglang_args={"sglang-context-length": "64"})
+    cmd = build_reference_command(args, host="127.0.0.1", port=31000, random_seed=5)
+    assert cmd[cmd.index("--context-length") + 1] == "64"
+    assert "--context-length" not in build_reference_command(
+        sglang_args(hf_checkpoint="/m"), host="127.0.0.1", port=31000, random_seed=5
+    )
+
+
 def test_reference_command_line():
     args = sglang_args(hf_checkpoint="/m", sglang_args={"max_running_requests": "8"})
     cmd = build_reference_command(args, host="127.0.0.1", port=31000, random_seed=5)

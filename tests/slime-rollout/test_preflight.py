@@ -401,8 +401,9 @@ def test_sglang_flags_the_reference_engine_ignores_are_noted(tmp_path):
              "--sglang-dtype", "bfloat16", "--sglang-enable-deterministic-inference")  # fmt: skip
     notes = [p.message for p in run_preflight_hooks(_cfg(data, *flags)) if "reference engines read only" in p.message]
     assert notes == [
-        "--rollout-engine reference: the CPU reference engines read only --sglang-dtype, --sglang-max-running-requests"
-        " and --sglang-num-threads; these have no effect in this run (SGLang engines read them): "
+        "--rollout-engine reference: the CPU reference engines read only --sglang-context-length, --sglang-dtype, "
+        "--sglang-max-running-requests and --sglang-num-threads; these have no effect in this run (SGLang engines "
+        "read them): "
         "--sglang-enable-deterministic-inference --sglang-mem-fraction-static"
     ]
     outside = _cfg(data, *flags, "--rollout-engine-urls", "http://127.0.0.1:1")

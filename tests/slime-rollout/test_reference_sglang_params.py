@@ -217,6 +217,24 @@ def test_budget_and_context_as_sglang(short_context_client):
                                                 "(16 tokens)."}}  # fmt: skip
 
 
+def test_the_context_length_flag_is_the_engines_context_as_sglangs(private_tmp, make_tiny_qwen3):
+    # The engine kept max_position_embeddings (16) under --context-length 32, and refused an 8-token prompt with 12
+    # new tokens (the budget the rollout now caps by the flag) with "exceeds the model's maximum context length of 16".
+    from slime_rollout.engines.reference.__main__ import parse_args
+
+    model_dir = make_tiny_qwen3(private_tmp / "ctx16-flag-qwen3", max_position_embeddings=16)
+    flags = parse_args(["--model-path", str(model_dir), "--context-length", "32"])
+    model = ReferenceModel(flags.model_path, context_length=flags.context_length)
+    app = build_app(model, max_running_requests=2, random_seed=0, server_args={})
+    with TestClient(app, raise_server_exceptions=False) as client:
+        reply = generate(client, sampling_params={**GREEDY, "max_new_tokens": 12})
+        assert reply.status_code == 200 and reply.json()["meta_info"]["completion_tokens"] == 12
+        # Past the flag's context SGLang's refusal names the flag's length.
+        over = generate(client, sampling_params={**GREEDY, "max_new_tokens": 25})
+        assert over.status_code == 400
+        assert "maximum context length of 32 tokens" in over.json()["error"]["message"]
+
+
 def test_a_request_aborted_in_the_waiting_queue_gets_sglangs_reduced_reply(engine_client):
     # tokenizer_manager.py _handle_abort_req (0.5.16): a request popped from the scheduler's waiting queue answers
     # with finish_reason {"type": "abort", "message": "Abort in waiting queue"} and only these meta_info keys (no

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["ReferenceKind", "build_reference_command", "preflight"]
 
 # The --sglang-* flags a reference engine reads (`build_reference_command`); it ignores the others.
-_READ_SGLANG_FLAGS = frozenset({"dtype", "max_running_requests", "num_threads"})
+_READ_SGLANG_FLAGS = frozenset({"context_length", "dtype", "max_running_requests", "num_threads"})
 
 
 def build_reference_command(
@@ -30,8 +30,7 @@ def build_reference_command(
 
     Args:
         cfg: run config; reads `hf_checkpoint`, `lora_rank`, `use_rollout_routing_replay` and, from `sglang_args`,
-            `max_running_requests` (64),
-            `dtype` ("float32") and `num_threads` when given.
+            `max_running_requests` (64), `dtype` ("float32"), and `context_length` and `num_threads` when given.
         host: interface the server binds.
         port: its HTTP port.
         random_seed: its sampling seed.
@@ -56,6 +55,8 @@ def build_reference_command(
         "--max-running-requests",
         str(extra.get("max_running_requests", 64)),
     ]
+    if extra.get("context_length") is not None:  # the engine's context, as SGLang's (preflight checks the number)
+        cmd += ["--context-length", str(extra["context_length"])]
     if extra.get("num_threads"):
         cmd += ["--num-threads", str(extra["num_threads"])]
     if memory_saver:
@@ -82,8 +83,9 @@ def preflight(cfg: SlimeArgs) -> list[Problem]:
         return []
     flags = " ".join(f"--sglang-{name.replace('_', '-')}" for name in ignored)
     return [Problem(
-        message=f"the CPU reference engines read only --sglang-dtype, --sglang-max-running-requests and "
-        f"--sglang-num-threads; these have no effect in this run (SGLang engines read them): {flags}",
+        message="the CPU reference engines read only --sglang-context-length, --sglang-dtype, "
+        "--sglang-max-running-requests and --sglang-num-threads; these have no effect in this run (SGLang engines "
+        f"read them): {flags}",
         severity="note",
     )]  # fmt: skip
 

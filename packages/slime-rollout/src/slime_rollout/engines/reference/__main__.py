@@ -34,6 +34,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--random-seed", type=int, default=42)
     p.add_argument("--weight-version", default="default", help="initial weight_version")
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="time to collect requests into one batch")
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="as SGLang: the context served, in tokens (default: the model's max_position_embeddings)",
+    )
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument(
         "--enable-memory-saver",
@@ -61,7 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.random_seed)
-    model = ReferenceModel(args.model_path, dtype=args.dtype, device=args.device, tokenizer_path=args.tokenizer_path)
+    model = ReferenceModel(
+        args.model_path,
+        dtype=args.dtype,
+        device=args.device,
+        tokenizer_path=args.tokenizer_path,
+        context_length=args.context_length,
+    )
     app = build_app(
         model, max_running_requests=args.max_running_requests, random_seed=args.random_seed, server_args=vars(args)
     )

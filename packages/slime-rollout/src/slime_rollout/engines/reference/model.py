@@ -66,6 +66,8 @@ class ReferenceModel:
         dtype: "float32" (default), "bfloat16", "float16" or "auto".
         device: torch device string; "cpu" by default.
         tokenizer_path: tokenizer directory; defaults to `model_path`.
+        context_length: the context served in tokens, as SGLang's `--context-length` (a RoPE-scaled model, or a
+            shorter serving limit); defaults to the model's `max_position_embeddings`.
 
     Raises:
         ValueError: unknown dtype.
@@ -73,7 +75,13 @@ class ReferenceModel:
     """
 
     def __init__(
-        self, model_path: str, *, dtype: str = "float32", device: str = "cpu", tokenizer_path: str | None = None
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        tokenizer_path: str | None = None,
+        context_length: int | None = None,
     ):
         if dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"--dtype must be float32|bfloat16|float16|auto, got {dtype!r}")
@@ -103,7 +111,7 @@ class ReferenceModel:
         self.pad_token_id = int(pad if pad is not None else next(iter(self.eos_token_ids), 0))
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)  # the logits' width
         text_config = config.get_text_config()
-        self.max_context_len = int(getattr(text_config, "max_position_embeddings", 1 << 30))
+        self.max_context_len = int(context_length or getattr(text_config, "max_position_embeddings", 1 << 30))
         self.adapters = LoraAdapters(self.model)
         self.weights = ServedWeights(self.model, self.lock, model_type=self.model_type, fp8=self.fp8,
                                      model_path=model_path)  # fmt: skip
