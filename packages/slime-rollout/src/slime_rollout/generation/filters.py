@@ -25,6 +25,7 @@ __all__ = [
     "check_reward_nonzero_std_with_fallback",
     "flatten_group",
     "normalize_filter_output",
+    "should_drop_dynamic_filter_output",
 ]
 
 
@@ -142,3 +143,22 @@ async def call_dynamic_filter(args: SlimeArgs, fn: Callable[..., Any], group: Se
     return await call_plugin_with_deadline(
         fn, args, samples, what=what, convert=convert, plain=_is_plain_verdict, **plugin_bounds(args)
     )
+
+
+def should_drop_dynamic_filter_output(
+    output: DynamicFilterOutput, *, remaining_batch_size: int, target_data_size: int
+) -> bool:
+    """Whether a filter's verdict drops its group (the original's rule, `slime.rollout.filter_hub.base_types`).
+
+    Args:
+        output: the verdict.
+        remaining_batch_size: groups that could still fill the batch (kept, in flight, this one).
+        target_data_size: `--rollout-batch-size`.
+
+    Returns:
+        False when kept, or when `keep_when_insufficient` and no other group could take its place
+        (`remaining_batch_size <= target_data_size`); else True.
+    """
+    if output.keep:
+        return False
+    return not (output.keep_when_insufficient and remaining_batch_size <= target_data_size)

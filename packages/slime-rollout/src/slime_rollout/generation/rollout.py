@@ -33,7 +33,7 @@ from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
 from slime_rollout.generation.eval import dataset_metrics, eval_rollout
-from slime_rollout.generation.filters import call_dynamic_filter
+from slime_rollout.generation.filters import call_dynamic_filter, should_drop_dynamic_filter_output
 from slime_rollout.generation.generate import abort_all
 from slime_rollout.generation.group_rollout import (
     RolloutState,
@@ -327,7 +327,9 @@ async def generate_rollout_async(
                     verdict = await call_dynamic_filter(args, filter_fn, group)
                     # Groups that could still fill the batch: accepted, generating, and the undecided ones of `done`.
                     candidates = len(data) + len(pending) + len(done) - position
-                    if not verdict.keep and not (verdict.keep_when_insufficient and candidates <= target):
+                    if should_drop_dynamic_filter_output(
+                        verdict, remaining_batch_size=candidates, target_data_size=target
+                    ):
                         drops[verdict.reason or "filtered"] += 1
                         discarded["filtered"].append(group)
                         continue

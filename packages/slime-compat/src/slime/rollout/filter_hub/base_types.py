@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slime_core.protocols import DynamicFilterOutput
-from slime_rollout.generation.filters import normalize_filter_output
+from slime_rollout.generation.filters import normalize_filter_output, should_drop_dynamic_filter_output
 
 __all__ = ["DynamicFilterOutput", "MetricGatherer", "call_dynamic_filter", "should_drop_dynamic_filter_output"]
 
@@ -21,25 +21,6 @@ def call_dynamic_filter(fn: Callable[..., Any] | None, *args: Any, **kwargs: Any
     if fn is None:
         return DynamicFilterOutput(keep=True)
     return normalize_filter_output(fn(*args, **kwargs))
-
-
-def should_drop_dynamic_filter_output(
-    output: DynamicFilterOutput, *, remaining_batch_size: int, target_data_size: int
-) -> bool:
-    """Whether a filter's verdict drops its group (the original's rule).
-
-    Args:
-        output: the verdict.
-        remaining_batch_size: groups that could still fill the batch (kept, in flight, this one).
-        target_data_size: `--rollout-batch-size`.
-
-    Returns:
-        False when kept, or when `keep_when_insufficient` and no other group could take its place
-        (`remaining_batch_size <= target_data_size`); else True.
-    """
-    if output.keep:
-        return False
-    return not (output.keep_when_insufficient and remaining_batch_size <= target_data_size)
 
 
 class MetricGatherer:
