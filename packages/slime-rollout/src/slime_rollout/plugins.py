@@ -10,12 +10,15 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slime_core.plugins import PATH_ALIASES, call_maybe_async
+from slime_core.plugins import PATH_ALIASES, PluginError, call_maybe_async
 from slime_core.plugins import load_function as _core_load_function
 
-__all__ = ["ORIGINAL_PATH_ALIASES", "accepts_kwarg", "call_maybe_async", "load_function"]
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
+
+__all__ = ["ORIGINAL_PATH_ALIASES", "accepts_kwarg", "call_maybe_async", "eval_function", "load_function"]
 
 ORIGINAL_PATH_ALIASES: dict[str, str] = {
     "slime.rollout.sglang_rollout.generate_rollout": "slime_rollout.generation.rollout.generate_rollout",
@@ -67,6 +70,26 @@ def load_function(path: str, *, flag: str = "plugin") -> Callable[..., Any]:
         slime_core.plugins.PluginError: the module or attribute cannot be found.
     """
     return _core_load_function(ORIGINAL_PATH_ALIASES.get(path, path), flag=flag)
+
+
+def eval_function(cfg: SlimeArgs) -> tuple[str, Callable[..., Any]] | None:
+    """The function that runs this run's evals, as `run_rollout` picks it, for the checks made before the run.
+
+    Args:
+        cfg: run config; reads `eval_prompt_data`, `eval_config`, `eval_function_path`, `rollout_function_path`.
+
+    Returns:
+        `(path, function)`: `--eval-function-path`, else `--rollout-function-path`; None when the run has no eval
+        datasets, or the path cannot be imported (the app's plugin check names that one).
+    """
+    if not (cfg.eval_prompt_data or cfg.eval_config):
+        return None
+    flag, path = ("--eval-function-path", cfg.eval_function_path) if cfg.eval_function_path else (
+        "--rollout-function-path", cfg.rollout_function_path)  # fmt: skip
+    try:
+        return path, load_function(path, flag=flag)
+    except PluginError:
+        return None
 
 
 @functools.lru_cache(maxsize=256)

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.config.base import field_to_flag
 from slime_core.extensions import REWARDS, RewardSpec
-from slime_core.plugins import PluginError
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
 from slime_rollout.data.prompt_length import engine_context_len, sglang_context_arg
 from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
-from slime_rollout.data.sft import conversation_problem, generate_sft_rollout
+from slime_rollout.data.sft import conversation_problem
 from slime_rollout.data.source import TOKENIZER_FILES
-from slime_rollout.plugins import load_function
+from slime_rollout.plugins import eval_function, load_function
+from slime_rollout.preflight_sft import is_sft, sft_problems
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
@@ -114,19 +114,13 @@ def _group_rm_eval(cfg: SlimeArgs) -> list[Problem]:
 
     It stopped the run at its first eval (after `--eval-interval` rollouts of training), not before it started.
     """
-    has_evals = cfg.eval_interval is not None and (cfg.eval_prompt_data or cfg.eval_config)
-    if not (cfg.group_rm and has_evals):
+    if not (cfg.group_rm and cfg.eval_interval is not None):
         return []
     # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
     from slime_rollout.generation.rollout import generate_rollout
 
-    flag, path = ("--eval-function-path", cfg.eval_function_path) if cfg.eval_function_path else (
-        "--rollout-function-path", cfg.rollout_function_path)  # fmt: skip
-    try:
-        builtin = load_function(path, flag=flag) is generate_rollout
-    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
-        return []
-    if not builtin:
+    found = eval_function(cfg)
+    if found is None or found[1] is not generate_rollout:
         return []
     return [Problem(message=(
         "--group-rm is not supported by the built-in eval rollout (as in the original), and --eval-interval "
@@ -229,42 +223,6 @@ def _length_limits(cfg: SlimeArgs) -> list[Problem]:
     return problems
 
 
-def _sft_unservable(cfg: SlimeArgs) -> list[Problem]:
-    """What the SFT rollout cannot serve (the original asserts): no dataset, several samples per conversation, eval."""
-    if cfg.disable_rollout_global_dataset:  # every sample came with an empty prompt: "got str ''" at rollout 0
-        return [
-            Problem(
-                message="--disable-rollout-global-dataset with the SFT rollout: it trains on the conversations of "
-                "--prompt-data; give them"
-            )
-        ]
-    if cfg.n_samples_per_prompt != 1:  # found after Ray and the trainers started, at the first rollout
-        return [Problem(message=f"SFT needs --n-samples-per-prompt 1, got {cfg.n_samples_per_prompt}")]
-    if not (cfg.eval_prompt_data or cfg.eval_config):
-        return []
-    path = cfg.eval_function_path or cfg.rollout_function_path
-    try:
-        if load_function(path, flag="--eval-function-path") is not generate_sft_rollout:
-            return []
-    except PluginError:  # a bad path is the plugin check's error
-        return []
-    # Found at the first eval otherwise: with --skip-eval-before-train, after --eval-interval rollouts of training.
-    return [
-        Problem(
-            message=f"--eval-prompt-data / --eval-config with the SFT rollout ({path}) as the eval function: it has no "
-            "eval mode; leave the eval data out, or give --eval-function-path a generating rollout (with engines)"
-        )
-    ]
-
-
-def _is_sft(cfg: SlimeArgs) -> bool:
-    """Whether `--rollout-function-path` is the SFT rollout (`slime_rollout.data.sft`, or the original's path)."""
-    try:
-        return load_function(cfg.rollout_function_path, flag="--rollout-function-path") is generate_sft_rollout
-    except PluginError:  # a bad path is the plugin check's error
-        return False
-
-
 def _chat_template(cfg: SlimeArgs) -> list[Problem]:
     """A chat template where the run renders one; `--apply-chat-template` or eval data with the SFT rollout.
 
@@ -272,8 +230,8 @@ def _chat_template(cfg: SlimeArgs) -> list[Problem]:
     source's rendering reads them, so `{"enable_thinking": false}` left message prompts (which the default generate
     function renders) and SFT conversations in thinking mode, unannounced.
     """
-    sft = _is_sft(cfg)
-    found = _sft_unservable(cfg) if sft else []
+    sft = is_sft(cfg)
+    found = sft_problems(cfg) if sft else []
     if cfg.apply_chat_template_kwargs and not cfg.apply_chat_template:
         found.append(
             Problem(
@@ -283,14 +241,7 @@ def _chat_template(cfg: SlimeArgs) -> list[Problem]:
             )
         )
     if sft and cfg.apply_chat_template:
-        # The SFT rollout renders the conversation itself (and masks it by turn): a prompt the data source rendered
-        # into text failed at the first rollout ("SFT needs a non-empty list of chat messages").
-        return found + [
-            Problem(
-                message=f"--apply-chat-template with --rollout-function-path {cfg.rollout_function_path}: the SFT "
-                "rollout renders each conversation with the chat template itself (--loss-mask-type); drop the flag"
-            )
-        ]
+        return found  # sft_problems named it
     if not ((cfg.apply_chat_template or sft) and cfg.hf_checkpoint) or _has_chat_template(cfg.hf_checkpoint):
         return found
     flag = "--apply-chat-template" if cfg.apply_chat_template else f"--loss-mask-type {cfg.loss_mask_type} (SFT)"
@@ -521,14 +472,15 @@ def check_prompt_rows(
         ValueError: naming `where`, the row and the problem.
     """
     located = PromptRows.of(rows)
-    sft = key_flags is TRAINING_KEY_FLAGS and _is_sft(cfg)  # SFT conversations (an SFT run has no eval)
+    sft = key_flags is TRAINING_KEY_FLAGS and is_sft(cfg)  # SFT conversations (an SFT run has no eval)
     for position, row in zip(located.positions, located, strict=True):
         at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
             raise ValueError(f"{at}: no {key_flags.input_key} {cfg.input_key!r} (keys: {sorted(row)})")
-        problem = prompt_problem(row[cfg.input_key], cfg.input_key, key_flags.input_key)
-        if problem is None and sft:
-            problem = conversation_problem(row[cfg.input_key], cfg.loss_mask_type, cfg.input_key)
+        value = row[cfg.input_key]
+        # conversation_problem runs prompt_problem first (each SFT row's text was checked twice).
+        problem = (conversation_problem(value, cfg.loss_mask_type, cfg.input_key) if sft
+                   else prompt_problem(value, cfg.input_key, key_flags.input_key))  # fmt: skip
         if problem is not None:
             raise ValueError(f"{at}: {problem}")
         # Read once per row, as the data source reads them; these raise naming the row.
