@@ -362,8 +362,8 @@ class ReferenceModel:
             if matched is not None:
                 r.finish_reason = {"type": "stop", "matched": matched}
                 return
-        budget_spent = p.max_new_tokens is not None and len(r.output_ids) >= p.max_new_tokens
-        if budget_spent or len(r.input_ids) + len(r.output_ids) >= self.max_context_len:
+        assert p.max_new_tokens is not None, "routes/generate._fit_budget sets it within the context"
+        if len(r.output_ids) >= p.max_new_tokens:
             r.finish_reason = {"type": "length", "length": len(r.output_ids)}
 
     def output_text(self, r: GenRequest) -> str:
