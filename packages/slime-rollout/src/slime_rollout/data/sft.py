@@ -86,6 +86,11 @@ class ChatLossMask:
             # (no ChatML) is distill_qwen.
             logger.info("--loss-mask-type qwen on a tokenizer with %r: masking as distill_qwen", _DISTILL_MARKER)
             self.tokenizer_type = "distill_qwen"
+        # `qwen3`'s fixed user turn and its rendering (the same for every conversation: rendered once here).
+        self._anchor = [{"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}]
+        self._anchor_text = (
+            tokenizer.apply_chat_template(self._anchor, tokenize=False) if self.tokenizer_type == "qwen3" else ""
+        )
 
     def get_response_lengths(self, loss_masks: Sequence[Sequence[int]]) -> list[int]:
         """See `response_lengths`."""
@@ -125,8 +130,7 @@ class ChatLossMask:
         The original's `gen_multi_turn_loss_mask_qwen3`, on text: a run of tool messages is one turn (Qwen's
         templates wrap them in one user turn); an assistant turn is trained on after its header.
         """
-        anchor = [{"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}]
-        anchor_text = self.tokenizer.apply_chat_template(anchor, tokenize=False)
+        anchor, anchor_text = self._anchor, self._anchor_text
         ids: list[int] = []
         mask: list[int] = []
         i = 0
