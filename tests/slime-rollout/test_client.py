@@ -468,7 +468,7 @@ def test_default_concurrency_is_the_originals_and_is_logged_once(caplog):
 def test_open_file_limit_is_raised_to_fit_the_requests_in_flight():
     import resource
 
-    from slime_rollout.engines.client import ensure_open_files
+    from slime_rollout.engines.open_files import ensure_open_files
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     open_now = len(os.listdir("/proc/self/fd"))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime_core.lora import LORA_NAME
 from slime_rollout.engines import wire
+from slime_rollout.engines.open_files import ensure_open_files
 from slime_rollout.engines.pool import EnginePool, EngineState
 from slime_rollout.engines.probe import ProbeResult, probe
 from slime_rollout.engines.transport import EngineError, EngineResponse, HttpEndpoint
@@ -472,41 +473,6 @@ class RolloutClient:
 
 
 _CLIENTS: dict[tuple, RolloutClient] = {}
-
-# Descriptors a process needs besides its sockets to engines (files, pipes, Ray's own connections).
-_SPARE_FILES = 1024
-
-
-def ensure_open_files(connections: int) -> int:
-    """Raises this process's soft open-file limit to fit `connections` sockets (up to the hard limit).
-
-    Each request in flight holds a socket; below the limit, connections fail with "Too many open files" and look
-    like unreachable engines. Warns when even the hard limit is too low.
-
-    Args:
-        connections: sockets to engines and router that may be open at once.
-
-    Returns:
-        The soft limit now in force (-1: unlimited or not known on this platform).
-    """
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return -1
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = connections + _SPARE_FILES
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return soft
-    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    if target < needed:
-        logger.warning(
-            "open-file limit %d (hard) is below the %d requests in flight allowed by --sglang-server-concurrency; "
-            "raise `ulimit -n` or lower the flag",
-            hard,
-            connections,
-        )
-    return target
 
 
 def get_client(args: SlimeArgs) -> RolloutClient:
