@@ -283,11 +283,22 @@ def _algorithm(args: SlimeArgs) -> None:
         )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
-    styles = train_backend_spec(args).lr_decay_styles
+    spec = train_backend_spec(args)
+    styles = spec.lr_decay_styles
     if args.lr_decay_style not in styles:
         raise ConfigError(
             f"--lr-decay-style {args.lr_decay_style} is not implemented with --train-backend {args.train_backend}; use "
             f"{', '.join(styles[:-1])} or {styles[-1]}"
+        )
+    if args.optimizer not in spec.optimizers:  # both backends build AdamW: sgd would train with Adam, unannounced
+        raise ConfigError(
+            f"--optimizer {args.optimizer} is not implemented with --train-backend {args.train_backend}; use "
+            f"--optimizer {' or '.join(spec.optimizers)}"
+        )
+    if args.fp16 and not spec.supports_fp16:  # FSDP computes in bf16 on GPU, fp32 on CPU: fp16 was never used
+        raise ConfigError(
+            f"--fp16 is not implemented with --train-backend {args.train_backend} (no float16 training with loss "
+            "scaling); use --bf16, or --train-backend megatron"
         )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-iters and --lr-warmup-fraction are mutually exclusive")
@@ -331,7 +342,7 @@ def _single_sample_groups_learn_nothing(args: SlimeArgs, group_wise: bool) -> bo
     return (
         args.n_samples_per_prompt == 1 and group_wise and args.loss_type == "policy_loss" and not args.use_opd
         and args.custom_reward_post_process_path is None and not args.debug_rollout_only
-    )  # fmt: skip
+    )
 
 
 def _dynamic_batch(args: SlimeArgs) -> None:
@@ -415,7 +426,7 @@ def _lora(args: SlimeArgs) -> None:
     if not train_backend_spec(args).supports_lora:
         supported = [n for n in TRAIN_BACKENDS.names() if _supports_lora(n)]
         raise ConfigError(f"--lora-rank needs a LoRA backend (--train-backend {' or '.join(supported)}), "
-                          f"got {args.train_backend}")  # fmt: skip
+                          f"got {args.train_backend}")
     if args.use_critic:
         raise ConfigError(f"--lora-rank with --advantage-estimator {args.advantage_estimator}: the critic has no LoRA")
     if trainer_side_teacher(args):

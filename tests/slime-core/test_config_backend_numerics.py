@@ -1,0 +1,40 @@
+"""Optimizer and precision flags a backend does not implement are refused in one line, not trained around.
+
+Both trainers build AdamW whatever `--optimizer` says (FSDP: `slime_train_fsdp.trainer_parts.build_optimizer`,
+Megatron: `OptimizerConfig(optimizer="adam")`), and FSDP computes in bf16 on GPU / fp32 on CPU whatever `--fp16`
+says; before the fix both flags were accepted and ignored (issue 27).
+"""
+
+import pytest
+
+from slime_core.config import ConfigError, parse_args
+
+BASE = ["--rollout-batch-size", "1", "--num-rollout", "1"]
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_optimizer_sgd_is_refused_naming_the_flag_and_backend(backend):
+    with pytest.raises(ConfigError) as err:
+        parse_args([*BASE, "--train-backend", backend, "--optimizer", "sgd"])
+    assert str(err.value) == (
+        f"--optimizer sgd is not implemented with --train-backend {backend}; use --optimizer adam"
+    )
+    assert parse_args([*BASE, "--train-backend", backend, "--optimizer", "adam"]).optimizer == "adam"
+
+
+def test_fp16_is_refused_by_fsdp():
+    with pytest.raises(ConfigError) as err:
+        parse_args([*BASE, "--train-backend", "fsdp", "--fp16"])
+    assert str(err.value) == (
+        "--fp16 is not implemented with --train-backend fsdp (no float16 training with loss scaling); use --bf16, "
+        "or --train-backend megatron"
+    )
+    assert parse_args([*BASE, "--train-backend", "fsdp", "--bf16"]).bf16
+
+
+def test_fp16_is_accepted_by_megatron_which_trains_in_float16():
+    from slime_train_megatron.settings import MegatronSettings
+
+    args = parse_args([*BASE, "--train-backend", "megatron", "--fp16"])
+    settings = MegatronSettings.from_config(args)
+    assert settings.fp16 and not settings.bf16 and settings.params_dtype_name == "float16"
