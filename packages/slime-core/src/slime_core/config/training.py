@@ -174,8 +174,9 @@ class OptimizerArgs(ArgsGroup):
     )
     log_probs_chunk_size: int = arg(
         -1,
-        "Response tokens per lm_head chunk of the log-prob heads that chunk (the FSDP heads, Megatron's "
-        "--log-probs-head fused); -1: 1024 (slime_core.algorithms.fused_head.DEFAULT_CHUNK).",
+        "Response tokens per chunk of the log-prob/entropy computation (the FSDP heads and Megatron's --log-probs-head "
+        "fused chunk the lm_head, -1: 1024, slime_core.algorithms.fused_head.DEFAULT_CHUNK; Megatron's default head "
+        "chunks the log-softmax over its logits, -1: all rows at once, as the original).",
     )
     recompute_loss_function: bool = arg(False, "Activation-checkpoint the loss function.")
 
