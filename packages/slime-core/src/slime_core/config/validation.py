@@ -127,6 +127,11 @@ def _placement(args: SlimeArgs) -> None:
             "--offload-train (or --offload) without --colocate is not implemented: the trainer frees accelerator "
             "memory only when it shares GPUs with the engines; drop it or add --colocate"
         )
+    if args.offload_rollout and not args.colocate:  # the loop releases engine memory only on shared GPUs
+        raise ConfigError(
+            "--offload-rollout without --colocate is not implemented: the engines release accelerator memory only "
+            "when they share GPUs with the trainer; drop it or add --colocate"
+        )
     if args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
         raise ConfigError(
             f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} exceeds --num-gpus-per-node "
