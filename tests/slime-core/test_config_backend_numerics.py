@@ -38,3 +38,22 @@ def test_fp16_is_accepted_by_megatron_which_trains_in_float16():
     args = parse_args([*BASE, "--train-backend", "megatron", "--fp16"])
     settings = MegatronSettings.from_config(args)
     assert settings.fp16 and not settings.bf16 and settings.params_dtype_name == "float16"
+
+
+def test_max_tokens_per_gpu_without_dynamic_batch_size_warns_that_it_does_nothing(monkeypatch, caplog):
+    # Packing reads --max-tokens-per-gpu only with --use-dynamic-batch-size (as the original); before, the memory
+    # budget a user set was dropped without a word.
+    from slime_core.config import base as config_base
+
+    monkeypatch.setattr(config_base, "_WARNED", set())  # warn_once remembers keys per process
+    with caplog.at_level("WARNING", logger="slime_core.config.base"):
+        parse_args([*BASE, "--max-tokens-per-gpu", "4096", "--micro-batch-size", "1"])
+    assert [r.getMessage() for r in caplog.records if "--max-tokens-per-gpu" in r.getMessage()] == [
+        "--max-tokens-per-gpu has no effect without --use-dynamic-batch-size: micro-batches hold --micro-batch-size "
+        "1 samples"
+    ]
+    caplog.clear()
+    monkeypatch.setattr(config_base, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="slime_core.config.base"):
+        parse_args([*BASE, "--max-tokens-per-gpu", "4096", "--use-dynamic-batch-size"])
+    assert not [r for r in caplog.records if "--max-tokens-per-gpu" in r.getMessage()]

@@ -353,6 +353,9 @@ def _single_sample_groups_learn_nothing(args: SlimeArgs, group_wise: bool) -> bo
 def _dynamic_batch(args: SlimeArgs) -> None:
     if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
         raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
+    if args.max_tokens_per_gpu is not None and not args.use_dynamic_batch_size:  # as in the original: unused
+        warn_once("max_tokens_static", "--max-tokens-per-gpu has no effect without --use-dynamic-batch-size: "
+                  f"micro-batches hold --micro-batch-size {args.micro_batch_size} samples")  # fmt: skip
     if args.balance_by_flops:
         if not args.use_dynamic_batch_size:
             raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
