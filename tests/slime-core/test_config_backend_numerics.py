@@ -57,3 +57,19 @@ def test_max_tokens_per_gpu_without_dynamic_batch_size_warns_that_it_does_nothin
     with caplog.at_level("WARNING", logger="slime_core.config.base"):
         parse_args([*BASE, "--max-tokens-per-gpu", "4096", "--use-dynamic-batch-size"])
     assert not [r for r in caplog.records if "--max-tokens-per-gpu" in r.getMessage()]
+
+
+def test_micro_batch_size_with_dynamic_batch_size_warns_that_the_token_budget_wins(monkeypatch, caplog):
+    # Both flags set: packing follows --max-tokens-per-gpu (the original's precedence); the ignored sample count
+    # is named instead of being dropped without a note.
+    from slime_core.config import base as config_base
+
+    monkeypatch.setattr(config_base, "_WARNED", set())
+    argv = [*BASE, "--n-samples-per-prompt", "4", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "64"]
+    with caplog.at_level("WARNING", logger="slime_core.config.base"):
+        args = parse_args([*argv, "--micro-batch-size", "2"])
+    assert args.micro_batch_size == 2
+    assert [r.getMessage() for r in caplog.records if "--micro-batch-size" in r.getMessage()] == [
+        "--micro-batch-size 2 has no effect with --use-dynamic-batch-size: micro-batches are packed up to "
+        "--max-tokens-per-gpu"
+    ]

@@ -356,6 +356,9 @@ def _dynamic_batch(args: SlimeArgs) -> None:
     if args.max_tokens_per_gpu is not None and not args.use_dynamic_batch_size:  # as in the original: unused
         warn_once("max_tokens_static", "--max-tokens-per-gpu has no effect without --use-dynamic-batch-size: "
                   f"micro-batches hold --micro-batch-size {args.micro_batch_size} samples")  # fmt: skip
+    if args.use_dynamic_batch_size and args.micro_batch_size != 1:  # the original's precedence: token budget wins
+        warn_once("micro_batch_dynamic", f"--micro-batch-size {args.micro_batch_size} has no effect with "
+                  f"--use-dynamic-batch-size: micro-batches are packed up to --max-tokens-per-gpu")  # fmt: skip
     if args.balance_by_flops:
         if not args.use_dynamic_batch_size:
             raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
