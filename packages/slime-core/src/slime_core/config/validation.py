@@ -27,6 +27,7 @@ from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_fully_async import check_fully_async
 from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.config.validation_routing_replay import check_routing_replay
+from slime_core.config.validation_trainer import check_trainer_flags
 from slime_core.estimators import get_estimator
 from slime_core.extensions import TRAIN_BACKENDS, engine_spec, train_backend_spec
 
@@ -53,7 +54,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _batch_sizes(args)
     _num_rollout(args)
     _algorithm(args)
-    _dynamic_batch(args)
+    check_trainer_flags(args)
     _lengths(args)
     _top_k(args)
     _eval(args)
@@ -288,23 +289,6 @@ def _algorithm(args: SlimeArgs) -> None:
         )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
-    spec = train_backend_spec(args)
-    styles = spec.lr_decay_styles
-    if args.lr_decay_style not in styles:
-        raise ConfigError(
-            f"--lr-decay-style {args.lr_decay_style} is not implemented with --train-backend {args.train_backend}; use "
-            f"{', '.join(styles[:-1])} or {styles[-1]}"
-        )
-    if args.optimizer not in spec.optimizers:  # both backends build AdamW: sgd would train with Adam, unannounced
-        raise ConfigError(
-            f"--optimizer {args.optimizer} is not implemented with --train-backend {args.train_backend}; use "
-            f"--optimizer {' or '.join(spec.optimizers)}"
-        )
-    if args.fp16 and not spec.supports_fp16:  # FSDP computes in bf16 on GPU, fp32 on CPU: fp16 was never used
-        raise ConfigError(
-            f"--fp16 is not implemented with --train-backend {args.train_backend} (no float16 training with loss "
-            "scaling); use --bf16, or --train-backend megatron"
-        )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-iters and --lr-warmup-fraction are mutually exclusive")
     if args.bf16 and args.fp16:
@@ -347,22 +331,7 @@ def _single_sample_groups_learn_nothing(args: SlimeArgs, group_wise: bool) -> bo
     return (
         args.n_samples_per_prompt == 1 and group_wise and args.loss_type == "policy_loss" and not args.use_opd
         and args.custom_reward_post_process_path is None and not args.debug_rollout_only
-    )
-
-
-def _dynamic_batch(args: SlimeArgs) -> None:
-    if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
-        raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
-    if args.max_tokens_per_gpu is not None and not args.use_dynamic_batch_size:  # as in the original: unused
-        warn_once("max_tokens_static", "--max-tokens-per-gpu has no effect without --use-dynamic-batch-size: "
-                  f"micro-batches hold --micro-batch-size {args.micro_batch_size} samples")  # fmt: skip
-    if args.use_dynamic_batch_size and args.micro_batch_size != 1:  # the original's precedence: token budget wins
-        warn_once("micro_batch_dynamic", f"--micro-batch-size {args.micro_batch_size} has no effect with "
-                  f"--use-dynamic-batch-size: micro-batches are packed up to --max-tokens-per-gpu")  # fmt: skip
-    if args.balance_by_flops:
-        if not args.use_dynamic_batch_size:
-            raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
-        args.balance_data = True
+    )  # fmt: skip
 
 
 def _lengths(args: SlimeArgs) -> None:
@@ -437,7 +406,7 @@ def _lora(args: SlimeArgs) -> None:
     if not train_backend_spec(args).supports_lora:
         supported = [n for n in TRAIN_BACKENDS.names() if _supports_lora(n)]
         raise ConfigError(f"--lora-rank needs a LoRA backend (--train-backend {' or '.join(supported)}), "
-                          f"got {args.train_backend}")
+                          f"got {args.train_backend}")  # fmt: skip
     if args.use_critic:
         raise ConfigError(f"--lora-rank with --advantage-estimator {args.advantage_estimator}: the critic has no LoRA")
     if trainer_side_teacher(args):
