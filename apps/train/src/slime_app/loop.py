@@ -32,7 +32,7 @@ from slime_app.ray_start import ray_address
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
-from slime_app.save_schedule import hf_export_path, pin_load_step, should_run
+from slime_app.save_schedule import hf_export_path, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
 from slime_core.config.validation_fully_async import is_fully_async
@@ -257,7 +257,7 @@ class Run:
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
                 try:
-                    start = self.trainer.init(pin_load_step(cfg))
+                    start = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
                 except Exception as e:
                     cause = root_cause(e)
                     # Bad input (a damaged --load, a missing file) is one line, not a rank's traceback.
