@@ -5,8 +5,6 @@ Pure functions of the run config, used by `slime_app.loop`.
 
 from __future__ import annotations
 
-from slime_core.config import SlimeArgs
-
 __all__ = ["hf_export_path", "should_run"]
 
 
@@ -29,4 +27,3 @@ def should_run(interval: int | None, rollout_id: int, num_rollout: int, per_epoc
         return False
     step = rollout_id + 1
     return step % interval == 0 or rollout_id == num_rollout - 1 or bool(per_epoch and step % per_epoch == 0)
-
