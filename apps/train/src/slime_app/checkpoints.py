@@ -24,7 +24,7 @@ import pathlib
 
 from slime_app.fp8_rollout import serving_fp8
 from slime_app.run_lock import LOCK_NAME
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
+from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name, tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.error_text import first_sentence
 from slime_core.extensions import train_backend_spec
@@ -38,15 +38,19 @@ _WEIGHTS = (".safetensors", ".bin")
 
 
 def _iteration_dir(root: pathlib.Path) -> pathlib.Path | None:
-    """The iteration directory the tracker file of `root` names, if it exists."""
-    tracker = root / TRACKER_FILE
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    if not text:  # emptied by a crash: `root / ""` would be `root` itself
-        return None
-    name = "release" if text == "release" else iteration_name(int(text)) if text.isdigit() else text
-    path = root / name
+    """The iteration directory the tracker file of `root` names (`iter_<n>` or `release`), if it exists."""
+    step = tracker_step(root)
+    if step is not None:
+        path = root / iteration_name(step)
+    else:
+        # "release" (a converted model) is the one name a tracker holds besides an iteration number.
+        try:
+            text = (root / TRACKER_FILE).read_text(errors="replace").strip()
+        except OSError:
+            return None
+        if text != "release":
+            return None  # empty (a crash), damaged: `_tracker_problem` says which
+        path = root / text
     return path if path.is_dir() else None
 
 

@@ -20,7 +20,7 @@ import sys
 import ray.exceptions
 
 from slime_app.outputs import nearest_existing
-from slime_core.checkpoint_dirs import TRACKER_FILE
+from slime_core.checkpoint_dirs import tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.error_text import first_rank_error
 from slime_core.hook_deadline import HookDeadlineExceeded
@@ -78,9 +78,8 @@ def _free_space(path: pathlib.Path) -> str:
 
 
 def _last_checkpoint(save: pathlib.Path) -> str:
-    try:
-        step = (save / TRACKER_FILE).read_text().strip()
-    except OSError:
+    step = tracker_step(save)
+    if step is None:
         return "no complete checkpoint there yet"
     return f"the last complete checkpoint there (iteration {step}) is intact: resume with --load {save}"
 

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
+from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name, tracker_step
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.error_text import first_rank_error, first_sentence
 from slime_train_fsdp.lr_schedule import load_scheduler_state
@@ -248,10 +248,10 @@ def load_checkpoint(
         if not tracker.exists():
             logger.warning("--load %s has no %s; starting from the HF checkpoint", root, TRACKER_FILE)
             return None
-        text = tracker.read_text(errors="replace").strip()
-        if not (text.isascii() and text.isdigit()):  # "²" is a digit to str.isdigit and not to int()
+        ckpt_step = tracker_step(root)
+        if ckpt_step is None:  # there, and damaged ("release" is a Megatron conversion's)
+            text = tracker.read_text(errors="replace").strip()
             raise ValueError(f"--load {root}: {TRACKER_FILE} holds {text!r}, not an iteration; {_recovery_hint(root)}")
-        ckpt_step = int(text)
     path = root / iteration_name(ckpt_step)
     if not (path / "meta.json").exists():
         raise FileNotFoundError(f"--load {root}: checkpoint {path} is missing or incomplete; {_recovery_hint(root)}")
