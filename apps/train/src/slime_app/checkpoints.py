@@ -199,17 +199,16 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
     """
     import torch
 
+    from slime_train_fsdp.checkpoint import optimizer_state_refusal
     from slime_train_fsdp.lr_schedule import build_lr_scheduler, load_scheduler_state
 
     step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else _iteration_dir(root)
     if step_dir is None or not (step_dir / "meta.json").is_file():
         return  # the trainer's load names what is missing
+    refusal = optimizer_state_refusal(root, step_dir)  # the trainer's rule, which it applies after the engines start
+    if refusal:
+        raise ValueError(refusal)
     saved = step_dir / "scheduler.pt"
-    if not saved.is_file():  # the trainer refuses it too (slime_train_fsdp.checkpoint), after the engines started
-        raise ValueError(
-            f"--load {root}: {step_dir.name} holds no optimizer state (saved with --no-save-optim); resume it with "
-            "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
-        )
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.lr))
     try:
         load_scheduler_state(build_lr_scheduler(optimizer, cfg), torch.load(saved, weights_only=False))
