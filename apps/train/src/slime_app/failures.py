@@ -198,9 +198,8 @@ def _not_user_dirs() -> tuple[str, ...]:
     return tuple(sorted(dirs))
 
 
-def _user_frames(text: str) -> list[str]:
-    """`path:line in function` of every traceback frame in `text` outside slime, the environment and Python."""
-    skip = _not_user_dirs()
+def _user_frames(text: str, skip: tuple[str, ...]) -> list[str]:
+    """`path:line in function` of every traceback frame in `text` outside `skip` (`_not_user_dirs`)."""
     frames = []
     for line in text.splitlines():
         match = _FRAME.match(line)
@@ -245,7 +244,8 @@ def plugin_failure(error: BaseException) -> str | None:
     texts = [str(e) for e in chain if isinstance(e, ray.exceptions.RayTaskError)]
     # A chained traceback prints the root cause first: its innermost user frame is where the user's code raised.
     blocks = [b for text in texts for b in re.split(r"\n(?=The above exception was|During handling of)", text)]
-    frames = next((found for b in blocks if (found := _user_frames(b))), [])
+    skip = _not_user_dirs()  # once per error: it looks up every slime package's location
+    frames = next((found for b in blocks if (found := _user_frames(b, skip))), [])
     # Ray's wrapper is an instance of its cause's class too (args: its own): the plain cause carries the message.
     plain = [e for e in chain if not isinstance(e, ray.exceptions.RayTaskError)]
     named = next((e for e in plain if isinstance(e, RewardFunctionError)), None)
