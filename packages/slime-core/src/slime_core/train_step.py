@@ -236,6 +236,7 @@ def _sample_means_sum(values: list[torch.Tensor], masks: list[torch.Tensor]) -> 
     (clamped at 1: a sample without trainable tokens adds 0); a non-finite value at a masked token is left out.
     """
     lengths = [int(v.numel()) for v in values]
+    # The batch's masks are host tensors (`RolloutBatch`): their counts cost no device sync.
     denominators = [float(d) for d in torch.stack([m.float().sum() for m in masks]).tolist()] if masks else []
     reduce = sum_of_sample_mean(lengths, masks, denominators)
     return reduce(torch.cat([v.detach().reshape(-1).float() for v in values])) if values else torch.zeros(())
