@@ -197,7 +197,7 @@ def test_a_run_without_critic_checkpoints_starts_the_critic_from_its_weights(tmp
     pair = ActorCritic(_cfg(load=str(tmp_path)), _LoadingGroup("actor", events), _LoadingGroup("critic", events),
                        shared=False)  # fmt: skip
     pair.init(pair.cfg)
-    assert events == [("actor", "init", None), ("critic", "init", None)]
+    assert events == [("actor", "init", 2), ("critic", "init", None)]  # only the actor's iteration is pinned
 
 
 def test_another_runs_critic_load_keeps_its_own_latest(tmp_path):
@@ -210,8 +210,11 @@ def test_another_runs_critic_load_keeps_its_own_latest(tmp_path):
     events = []
     cfg = _cfg(load=str(tmp_path / "run"), critic_load=other)
     pair = ActorCritic(cfg, _LoadingGroup("actor", events), _LoadingGroup("critic", events), shared=False)
-    pair.init(cfg.model_copy(update={"ckpt_step": 2}))  # as the driver passes it (slime_app.loop._pin_load_step)
+    pair.init(cfg)  # the driver passes the run config; the actor's path pins its tracker's iteration
     assert events == [("actor", "init", 2), ("critic", "init", None)]
+    events.clear()
+    pair.init(cfg.model_copy(update={"ckpt_step": 1}))
+    assert events == [("actor", "init", 1), ("critic", "init", 1)]  # a --ckpt-step given reaches both
 
 
 def test_a_critic_load_naming_this_runs_critic_save_is_paired(tmp_path):

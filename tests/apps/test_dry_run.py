@@ -14,7 +14,7 @@ from slime_app.checkpoints import check_checkpoints, checkpoint_kind
 from slime_app.cli import main
 from slime_app.preflight import preflight
 from slime_app.resolve import resolve_config
-from slime_core.config import parse_args
+from slime_core.config import SlimeArgs, parse_args
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -360,3 +360,17 @@ def test_dry_run_reads_the_prompt_file_once_for_the_first_prompt_and_the_length_
     assert "first prompt" in out
     # One read is the rollout package's own row check (its `slime.preflight` hook), one the dry run's.
     assert reads == [str(data), str(data)]
+
+
+def test_the_listing_redacts_by_the_same_rule_as_the_public_config(monkeypatch):
+    # The --dry-run listing tested the SECRET_FIELDS tuple, to_public_dict is_secret_name (which also covers
+    # `*api_key`): a field the rule names (here one made secret for the test) was printed in the clear.
+    from slime_app.dry_run import render_config
+    from slime_core import secrets
+
+    monkeypatch.setattr(secrets, "SECRET_FIELDS", (*secrets.SECRET_FIELDS, "wandb_project"))
+    fields = {"rollout_batch_size": 1, "num_rollout": 1, "wandb_project": "hidden-project", "wandb_key": "wk"}
+    cfg = SlimeArgs.from_dict(fields)
+    listing = "\n".join(render_config(cfg))
+    assert "hidden-project" not in listing and " wk" not in listing
+    assert "--wandb-project" in listing and secrets.REDACTED in listing

@@ -56,6 +56,10 @@ def test_a_failed_save_is_one_line_naming_the_flag_the_cause_and_the_last_checkp
     fresh = save_failed("the checkpoint of rollout 0", "--save", tmp_path / "new" / "ckpt", RuntimeError("boom"))
     assert re.search(r"failed: RuntimeError: boom \([0-9.]+ \w+ free there\); no complete checkpoint there yet$",
                      str(fresh))  # fmt: skip
+    (save / "latest_checkpointed_iteration.txt").write_text("")  # emptied by a crash: it names no iteration
+    assert str(save_failed("the checkpoint of rollout 4", "--save", save, RuntimeError("boom"))).endswith(
+        "; no complete checkpoint there yet"
+    )  # it said "the last complete checkpoint there (iteration ) is intact"
     hf = save_failed("the HF export of rollout 2", "--save-hf", tmp_path / "hf" / "2", RuntimeError("boom"))
     assert "checkpoint there" not in str(hf) and str(hf).startswith("saving the HF export of rollout 2 to --save-hf ")
 

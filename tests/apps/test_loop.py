@@ -10,6 +10,7 @@ from ray.exceptions import GetTimeoutError
 
 from slime_app import loop
 from slime_app.failures import SaveFailed
+from slime_app.train_actor import TrainGroup
 from slime_core.config import SlimeArgs
 
 
@@ -396,6 +397,21 @@ def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, traine
     assert [e for e in events if e[0] == "load"] == cursor
 
 
+class _PinningGroup(TrainGroup):
+    """The actor's `TrainGroup` without Ray: records the config its ranks' `init` gets."""
+
+    def __init__(self, events):
+        self.role, self.events, self.rank_cfgs, self.actors = "actor", events, [], []
+
+    def preload(self, cfg):
+        self.events.append(("trainer.preload",))
+
+    def _all(self, method, *args):
+        if method == "init":
+            self.rank_cfgs.append(args[0])
+        return [0]
+
+
 @pytest.mark.parametrize(("tracker", "ckpt_step", "pinned"), [("4\n", None, 4), ("4", 2, 2), ("release", None, None),
                                                             (None, None, None)])  # fmt: skip
 def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_path, tracker, ckpt_step, pinned):
@@ -406,12 +422,13 @@ def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_
     fields = {"rollout_batch_size": 1, "num_rollout": 8, "load": str(tmp_path), "ckpt_step": ckpt_step}
     cfg = SlimeArgs.from_dict(fields)
     events = []
-    trainer = _ResumedTrainer(events, 0)
+    trainer = _PinningGroup(events)
     _unbuilt_run(monkeypatch, events, lambda: trainer)
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.placement = cfg, None
     run.build()
-    assert trainer.cfg.ckpt_step == pinned and run.cfg.ckpt_step == ckpt_step  # the run's own config is unchanged
+    assert [c.ckpt_step for c in trainer.rank_cfgs] == [pinned]
+    assert run.cfg.ckpt_step == ckpt_step  # the run's own config is unchanged
 
 
 @pytest.mark.parametrize(("fields", "origin"), [({"load": "/ckpt"}, "--load /ckpt"),

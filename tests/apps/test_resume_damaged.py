@@ -75,6 +75,18 @@ def test_a_tracker_naming_a_missing_iteration_is_named(save):
         check_checkpoints(_cfg(save))
 
 
+def test_a_tracker_holding_a_non_ascii_digit_is_named(save):
+    # "²" is a digit to str.isdigit and not to int(): the preflight stopped with int()'s bare "invalid literal".
+    (save / "latest_checkpointed_iteration.txt").write_text("²")
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(save))
+    assert str(e.value) == (
+        f"--load {save}: latest_checkpointed_iteration.txt names '²', which is not an iteration folder there (a "
+        "partial copy, or a crash before the last save reached the disk); complete checkpoints there: iterations 1, "
+        "2; resume from one with --ckpt-step 2"
+    )
+
+
 def test_ckpt_step_gets_round_a_damaged_tracker(save):
     (save / "latest_checkpointed_iteration.txt").write_text("")
     assert check_checkpoints(_cfg(save, "--ckpt-step", "1")) == [f"--load {save}: fsdp checkpoint, the run resumes "

@@ -51,6 +51,20 @@ def test_qwen3_4b_flags_match_the_original_model_script():
     assert "--untie-embeddings-and-output-weights" not in flags
 
 
+def test_attention_dropout_of_the_config_reaches_megatron():
+    # The FSDP backend's HF attention applies config.json's attention_dropout in train mode; Megatron's
+    # TransformerConfig got a fixed 0.0 before the fix, so the two backends trained different models.
+    args = ModelArgs.from_hf_config({**QWEN3_4B, "attention_dropout": 0.1})
+    assert args.attention_dropout == 0.1
+    assert args.transformer_config_kwargs()["attention_dropout"] == 0.1
+    assert args.transformer_config_kwargs()["hidden_dropout"] == 0.0  # no residual dropout in the HF families
+    flags = args.megatron_flags()
+    assert flags[flags.index("--attention-dropout") + 1] == "0.1"
+    plain = ModelArgs.from_hf_config(QWEN3_4B)  # absent: 0, as HF's default
+    assert plain.transformer_config_kwargs()["attention_dropout"] == 0.0
+    assert plain.megatron_flags()[plain.megatron_flags().index("--attention-dropout") + 1] == "0.0"
+
+
 def test_qwen2_llama_moe_variants():
     qwen2 = ModelArgs.from_hf_config(
         {**QWEN3_4B, "model_type": "qwen2", "head_dim": None, "tie_word_embeddings": False}

@@ -122,6 +122,14 @@ def test_boolean_flags():
     assert args.offload_train is False and args.offload_rollout is True
     with pytest.raises(ConfigError, match=re.escape("--offload-train (or --offload) without --colocate")):
         parse_args([*MINIMAL, "--offload"])
+    # Accepted and ignored before (the loop releases engine memory only when colocated): now one line.
+    with pytest.raises(ConfigError) as err:
+        parse_args([*MINIMAL, "--offload-rollout"])
+    assert str(err.value) == (
+        "--offload-rollout without --colocate is not implemented: the engines release accelerator memory only "
+        "when they share GPUs with the trainer; drop it or add --colocate"
+    )
+    assert parse_args([*MINIMAL, "--no-offload-rollout"]).offload_rollout is False
     assert parse_args([*MINIMAL, "--no-use-tensorboard"]).use_tensorboard is False
     assert parse_args([*MINIMAL, "--async"]).async_train is True  # alias of --async-train
     assert parse_args([*MINIMAL, "--async-train"]).async_train is True

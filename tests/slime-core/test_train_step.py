@@ -354,3 +354,22 @@ def test_get_mismatch_metrics_with_rollout_log_probs_uses_the_trainers():
     out, _ = train_on_rollout(cfg, one, 0, single)
     assert "log_probs:actor" not in one.calls
     assert out["train/mis_k3_kl"] == pytest.approx(math.exp(0.2) - 0.2 - 1, abs=ATOL)
+
+
+def test_rollout_mean_sums_leave_out_a_masked_minus_inf_and_take_the_recorded_means_as_tensors():
+    # The per-sample mean was values·mask: a -inf log-prob at a masked (padding) token made the sum NaN. The
+    # training forward records its means as 0-d tensors (no host sync per sample); one transfer reads them all.
+    from slime_core.train_step import _rollout_mean_sums
+
+    batch = _batch(1, dp=1)
+    masks = [torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 0.0])]
+    batch.loss_masks = masks
+    ref = [torch.tensor([-1.0, float("-inf"), -3.0]), torch.tensor([float("-inf"), 5.0])]
+    recorded = {0: torch.tensor(-2.0), 1: torch.tensor(0.0)}
+    sums = _rollout_mean_sums(batch, {"log_probs": recorded, "ref_log_probs": ref, "values": None})
+    assert list(sums) == ["rollout/log_probs.sum", "rollout/log_probs.count", "rollout/ref_log_probs.sum",
+                          "rollout/ref_log_probs.count"]  # fmt: skip
+    assert sums["rollout/log_probs.sum"] == pytest.approx(-2.0, abs=ATOL) and sums["rollout/log_probs.count"] == 2.0
+    # (-1 - 3) / 2 for the first sample; the second has no trainable token: it adds 0 (the original's clamp).
+    assert sums["rollout/ref_log_probs.sum"] == pytest.approx(-2.0, abs=ATOL)
+    assert all(isinstance(value, float) for value in sums.values())

@@ -171,3 +171,9 @@ def test_a_call_whose_code_prints_the_thinking_end_tag_is_a_call():
     # JSON: the call before it was hidden (and the agent adapter hid it too).
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(\'</think>\')"}}</tool_call>'
     assert parse_tool_calls(call).tool_calls == [ToolCall(name="python", arguments={"code": "print('</think>')"})]
+
+
+def test_a_stray_thinking_end_tag_after_a_call_in_the_answer_does_not_hide_it():
+    # The agent adapter's reasoning parser hid this call (tests/slime-rollout/test_agent_output_parsing.py).
+    text = '<think>plan</think><tool_call>{"name":"f","arguments":{}}</tool_call> I closed the </think> tag'
+    assert parse_tool_calls(text).tool_calls == [ToolCall(name="f", arguments={})]

@@ -275,8 +275,10 @@ async def test_a_second_max_concurrent_runs_is_told_it_has_no_effect(caplog, mon
     # The process's runs share the first run's limit; another value was ignored without a word.
     import weakref
 
-    for name in ("_LIMITERS", "_LIMITS", "_IGNORED"):  # this test's own, whatever ran before on this loop
-        monkeypatch.setattr(sandbox, name, weakref.WeakKeyDictionary())
+    from slime_core.config import base as config_base
+
+    monkeypatch.setattr(sandbox, "_LIMITERS", weakref.WeakKeyDictionary())  # this test's own, whatever ran before
+    monkeypatch.setattr(config_base, "_WARNED", set())  # warn_once's keys: this test's own
     first = sandbox._limiter(2)
     assert sandbox._limiter(3) is first and sandbox._limiter(3) is first and sandbox._limiter(2) is first
     warnings = [r.getMessage() for r in caplog.records if "max_concurrent_runs" in r.getMessage()]

@@ -55,6 +55,17 @@ def test_a_think_tag_later_in_the_answer_does_not_hide_calls():
     assert parse_output(text, parse_tools=True, parse_reasoning=False).tool_calls == [{"name": "f", "arguments": {}}]
 
 
+@pytest.mark.parametrize("parse_reasoning", [True, False])
+def test_a_stray_thinking_end_tag_after_a_call_in_the_answer_does_not_hide_it(parse_reasoning):
+    # With a reasoning parser the answer was searched for the thinking's end a second time: the stray "</think>"
+    # after the call made the call count as thinking (tool_calls was []); slime_envs.parsing found it.
+    text = '<think>plan</think><tool_call>{"name":"f","arguments":{}}</tool_call> I closed the </think> tag'
+    parsed = parse_output(text, parse_tools=True, parse_reasoning=parse_reasoning)
+    assert parsed.tool_calls == [{"name": "f", "arguments": {}}]
+    if parse_reasoning:
+        assert parsed.reasoning == "plan" and parsed.content == "I closed the </think> tag"
+
+
 def test_the_stop_closed_tail_costs_no_second_pass(monkeypatch):
     # _open_block_at_end ran a whole json_tag_blocks pass (JSON-decoding every body) before the main loop ran the
     # same pass again; now one pass decides, and a second runs only when the stop string closes a tail block.

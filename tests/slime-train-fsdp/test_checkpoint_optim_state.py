@@ -75,3 +75,21 @@ def test_an_old_checkpoint_without_the_field_is_read_by_its_files(tmp_path, one_
     model, optimizer, scheduler = _parts()
     with pytest.raises(ValueError, match="holds no optimizer state"):
         load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler)
+
+
+def test_the_loader_and_the_preflight_refuse_by_one_rule(tmp_path):
+    # The app's preflight looked only for scheduler.pt; the loader read meta.json's save_optim first.
+    from slime_train_fsdp.checkpoint import optimizer_state_refusal
+
+    step = tmp_path / "iter_0000003"
+    step.mkdir()
+    (step / "scheduler.pt").write_bytes(b"")
+    (step / "meta.json").write_text(json.dumps({"save_optim": False}))
+    assert optimizer_state_refusal(tmp_path, step) == (
+        f"--load {tmp_path}: iter_0000003 holds no optimizer state (saved with --no-save-optim); resume it with "
+        "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+    )
+    (step / "meta.json").write_text("{}")  # saved before the field: the files tell
+    assert optimizer_state_refusal(tmp_path, step) is None
+    (step / "scheduler.pt").unlink()
+    assert optimizer_state_refusal(tmp_path, step, {"save_optim": True}) is not None

@@ -57,7 +57,7 @@ def test_no_save_optim_leaves_the_optimizer_out_and_its_resume_needs_no_load_opt
         with pytest.raises(ValueError) as e:
             resume()
         assert str(e.value) == (
-            f"--load {tmp_path / 'save' / 'iter_0000000'}: holds no optimizer state (saved with --no-save-optim); "
+            f"--load {tmp_path / 'save'}: iter_0000000 holds no optimizer state (saved with --no-save-optim); "
             "resume it with --no-load-optim to start the optimizer and its learning-rate schedule afresh"
         )
         assert resume("--no-load-optim") == 1

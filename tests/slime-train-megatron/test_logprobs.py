@@ -71,6 +71,41 @@ def test_top_p_replay_single_rank_matches_slime_core():
     assert torch.isfinite(full.grad).all() and full.grad[:, 10:].abs().sum() == 0
 
 
+@pytest.mark.parametrize("replay", [False, True])
+def test_log_probs_chunk_size_splits_the_rows_with_the_same_values_and_grads(monkeypatch, replay):
+    # --log-probs-chunk-size 2 on 4 rows: two [2, V] passes (the original's chunked calculate_log_probs_and_entropy);
+    # before the fix Megatron's default head ignored the flag and built all rows' fp32 intermediates at once.
+    from slime_train_megatron import logprobs
+
+    torch.manual_seed(3)
+    logits = torch.randn(4, 12) * 3
+    targets = torch.tensor([1, 7, 9, 5])
+    kept = _kept() if replay else None
+    whole = logits.clone().requires_grad_(True)
+    lp, ent = vocab_parallel_log_probs(whole, targets, temperature=0.8, vocab_size=10, with_entropy=True, kept=kept)
+    (lp.sum() + 0.5 * ent.sum()).backward()
+    shapes = []
+    inner = logprobs.vocab_parallel_log_probs
+
+    def spy(chunk_logits, *args, **kwargs):
+        shapes.append(tuple(chunk_logits.shape))
+        return inner(chunk_logits, *args, **kwargs)
+
+    monkeypatch.setattr(logprobs, "vocab_parallel_log_probs", spy)
+    chunked = logits.clone().requires_grad_(True)
+    clp, cent = inner(chunked, targets, temperature=0.8, vocab_size=10, with_entropy=True, kept=kept, chunk_size=2)
+    (clp.sum() + 0.5 * cent.sum()).backward()
+    assert shapes == [(2, 12), (2, 12)]
+    # Same fp32 ops on fewer rows: equal to 1e-6.
+    torch.testing.assert_close(clp, lp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(cent, ent, atol=1e-6, rtol=0)
+    torch.testing.assert_close(chunked.grad, whole.grad, atol=1e-6, rtol=0)
+    shapes.clear()
+    inner(logits, targets, vocab_size=10, chunk_size=-1)  # -1, the default: all rows at once
+    inner(logits, targets, vocab_size=10, chunk_size=4)
+    assert shapes == []
+
+
 def _tp_worker(rank, world, port, logits, targets, out_dir, kept=None):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -178,3 +178,33 @@ def test_hidden_log_probs_equal_the_logits_heads_on_a_padded_vocabulary(top_p):
     _, no_entropy = hidden_log_probs(hidden, weight, targets, temperature=0.7, vocab_size=10, chunk_size=3,
                                      with_entropy=False)  # fmt: skip
     assert no_entropy is None
+
+
+def test_logits_head_honours_log_probs_chunk_size(cpu_backend_env, tiny_hf, monkeypatch):
+    """`--log-probs-chunk-size 2` on the default head: every log-softmax pass sees at most 2 rows, same log-probs.
+
+    Before the fix the flag reached only the fused head; the default head built all rows' fp32 [R, V] at once.
+    """
+    from slime_train_megatron import logprobs
+
+    _, hf_dir = tiny_hf("qwen3")
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(_config(hf_dir, log_probs_chunk_size=2), with_ref=False)
+    assert backend.head == "logits"
+    batch = _batch()
+    rows = []
+    inner = logprobs.vocab_parallel_log_probs
+
+    def spy(logits, *args, **kwargs):
+        rows.append(logits.shape[0])
+        return inner(logits, *args, **kwargs)
+
+    monkeypatch.setattr(logprobs, "vocab_parallel_log_probs", spy)  # the chunks' (recursive) calls
+    chunked = backend.compute_log_probs(batch)
+    assert rows and max(rows) == 2  # micro-batch [0, 1] has 3 + 2 response rows: chunks of 2, 2, 1
+    rows.clear()
+    backend.cfg = backend.cfg.model_copy(update={"log_probs_chunk_size": -1})
+    whole = backend.compute_log_probs(batch)
+    assert rows == []  # -1: one pass per micro-batch, no chunk calls
+    for a, b in zip(whole, chunked, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=0)  # same fp32 ops on fewer rows

@@ -23,8 +23,8 @@ import time
 import ray
 
 from slime_app.cluster import Placement
-from slime_app.train_actor import TrainGroup
-from slime_core.checkpoint_dirs import complete_iterations, iteration_name, tracker_step
+from slime_app.train_actor import TrainGroup, pin_load_step
+from slime_core.checkpoint_dirs import complete_iterations, iteration_name
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -40,16 +40,18 @@ def make_trainers(cfg: SlimeArgs, placement: Placement) -> TrainGroup | ActorCri
     return ActorCritic(cfg, actor, TrainGroup(cfg, placement, role="critic"), shared=placement.critic_shares_actor_gpus)
 
 
-def _own_critic(cfg: SlimeArgs) -> bool:
-    """Whether the critic resumes from this run's critic saves (not a `--critic-load` of another run's critic)."""
-    from slime_core.critic import critic_config  # torch: not at the driver's import
+def _own_critic(cfg: SlimeArgs, critic_save: str | None) -> bool:
+    """Whether the critic resumes from this run's critic saves (not a `--critic-load` of another run's critic).
 
+    Args:
+        cfg: the run config (`--load`, `--critic-load`).
+        critic_save: the critic's save directory (`slime_core.critic.critic_config(cfg).save`).
+    """
     if not cfg.critic_load:
         return True  # <--load>/critic
     if not cfg.load:
         return False
-    critic = critic_config(cfg)
-    own = [os.path.join(cfg.load, "critic"), critic.save]
+    own = [os.path.join(cfg.load, "critic"), critic_save]
     return any(path and os.path.realpath(path) == os.path.realpath(cfg.critic_load) for path in own)
 
 
@@ -61,13 +63,14 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
     an earlier one (a warning said so).
 
     Args:
-        cfg: the run config (`--load`, `--ckpt-step`, `--critic-load`).
+        cfg: the actor's config: `--load`, `--critic-load`, and `--ckpt-step` pinned to the iteration the actor
+            loads (`slime_app.train_actor.pin_load_step`; None: the actor has no checkpoint to resume).
 
     Returns:
-        The actor's iteration (`--ckpt-step`, else `--load`'s tracker) when the critic's checkpoint directory
-        (`slime_core.critic.critic_config`'s `load`) is this run's (`<--load>/critic`, or `--critic-load` naming it
-        or `--critic-save`) and holds complete iterations; None when there is nothing to pair (no actor checkpoint,
-        no critic checkpoint: the critic starts from its weights as before), or for another run's `--critic-load`.
+        The actor's iteration when the critic's checkpoint directory (`slime_core.critic.critic_config`'s `load`)
+        is this run's (`<--load>/critic`, or `--critic-load` naming it or `--critic-save`) and holds complete
+        iterations; None when there is nothing to pair (no actor checkpoint, no critic checkpoint: the critic starts
+        from its weights as before), or for another run's `--critic-load`.
 
     Raises:
         ValueError: the critic's directory has complete iterations, not the actor's (names both directories, the
@@ -75,24 +78,24 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
     """
     from slime_core.critic import critic_config  # torch: not at the driver's import
 
-    if not cfg.load:
+    step = cfg.ckpt_step
+    if not cfg.load or step is None:
         return None
-    load = pathlib.Path(cfg.load)
-    step = cfg.ckpt_step if cfg.ckpt_step is not None else tracker_step(load)
-    critic_dir = critic_config(cfg).load
-    if not _own_critic(cfg):
+    critic = critic_config(cfg)
+    if not _own_critic(cfg, critic.save):
         return None
-    critic_steps = complete_iterations(critic_dir) if critic_dir else []
-    if step is None or not critic_steps:
+    critic_steps = complete_iterations(critic.load) if critic.load else []
+    if not critic_steps:
         return None
     if step in critic_steps:
         return step
+    load = pathlib.Path(cfg.load)
     both = sorted(set(critic_steps) & set(complete_iterations(load)))
     hint = f"resume both from one with --ckpt-step {both[-1]}" if both else "no iteration is in both"
     raise ValueError(
-        f"--load {load}: the actor resumes from {iteration_name(step)}, which the critic's checkpoints in {critic_dir} "
-        f"do not have (they hold iterations {', '.join(map(str, critic_steps))}: a save cut between the critic's and "
-        f"the actor's, or another run's critic); {hint}"
+        f"--load {load}: the actor resumes from {iteration_name(step)}, which the critic's checkpoints in "
+        f"{critic.load} do not have (they hold iterations {', '.join(map(str, critic_steps))}: a save cut between "
+        f"the critic's and the actor's, or another run's critic); {hint}"
     )
 
 
@@ -164,16 +167,14 @@ class ActorCritic:
         Raises:
             ValueError: the critic's checkpoints lack the actor's iteration (`critic_resume_step`).
         """
-        step = critic_resume_step(cfg)  # before anything loads: a refusal costs no model load
-        if step is not None:  # both read this one iteration, whatever the trackers say by the time they load
-            cfg = cfg.model_copy(update={"ckpt_step": step})
-        start = self.actor.init(cfg)
+        actor_cfg = pin_load_step(cfg)  # the iteration --load's tracker names now, read once
+        step = critic_resume_step(actor_cfg)  # before anything loads: a refusal costs no model load
+        start = self.actor.init(actor_cfg)
         if self.shared:
             self._set_actor(False)
-        # Another run's --critic-load: the --ckpt-step given, else its own latest (the driver may have pinned
-        # `cfg.ckpt_step` to the actor's tracker: `slime_app.loop`).
-        own = step is not None or _own_critic(cfg)
-        critic_start = self.critic.init(cfg if own else cfg.model_copy(update={"ckpt_step": self.cfg.ckpt_step}))
+        # Paired: the actor's iteration, whatever the critic's tracker says. Another run's --critic-load (or no
+        # critic checkpoint): the run config as given (a --ckpt-step given reaches both, as the original's).
+        critic_start = self.critic.init(cfg if step is None else cfg.model_copy(update={"ckpt_step": step}))
         if critic_start != start:
             logger.warning(
                 "the critic resumes at rollout %d, the actor at %d; continuing from the actor's (is the critic "

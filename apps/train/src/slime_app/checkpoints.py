@@ -24,7 +24,7 @@ import pathlib
 
 from slime_app.fp8_rollout import serving_fp8
 from slime_app.run_lock import LOCK_NAME
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
+from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name, tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.error_text import first_sentence
 from slime_core.extensions import train_backend_spec
@@ -38,15 +38,19 @@ _WEIGHTS = (".safetensors", ".bin")
 
 
 def _iteration_dir(root: pathlib.Path) -> pathlib.Path | None:
-    """The iteration directory the tracker file of `root` names, if it exists."""
-    tracker = root / TRACKER_FILE
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    if not text:  # emptied by a crash: `root / ""` would be `root` itself
-        return None
-    name = "release" if text == "release" else iteration_name(int(text)) if text.isdigit() else text
-    path = root / name
+    """The iteration directory the tracker file of `root` names (`iter_<n>` or `release`), if it exists."""
+    step = tracker_step(root)
+    if step is not None:
+        path = root / iteration_name(step)
+    else:
+        # "release" (a converted model) is the one name a tracker holds besides an iteration number.
+        try:
+            text = (root / TRACKER_FILE).read_text(errors="replace").strip()
+        except OSError:
+            return None
+        if text != "release":
+            return None  # empty (a crash), damaged: `_tracker_problem` says which
+        path = root / text
     return path if path.is_dir() else None
 
 
@@ -195,17 +199,16 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
     """
     import torch
 
+    from slime_train_fsdp.checkpoint import optimizer_state_refusal
     from slime_train_fsdp.lr_schedule import build_lr_scheduler, load_scheduler_state
 
     step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else _iteration_dir(root)
     if step_dir is None or not (step_dir / "meta.json").is_file():
         return  # the trainer's load names what is missing
+    refusal = optimizer_state_refusal(root, step_dir)  # the trainer's rule, which it applies after the engines start
+    if refusal:
+        raise ValueError(refusal)
     saved = step_dir / "scheduler.pt"
-    if not saved.is_file():  # the trainer refuses it too (slime_train_fsdp.checkpoint), after the engines started
-        raise ValueError(
-            f"--load {root}: {step_dir.name} holds no optimizer state (saved with --no-save-optim); resume it with "
-            "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
-        )
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.lr))
     try:
         load_scheduler_state(build_lr_scheduler(optimizer, cfg), torch.load(saved, weights_only=False))

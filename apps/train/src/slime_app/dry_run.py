@@ -26,6 +26,7 @@ from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 from slime_core.config.validation import colocated_gpu_split
 from slime_core.extensions import ROLLOUT_ENGINES
+from slime_core.secrets import is_secret_name
 
 if TYPE_CHECKING:
     from slime_rollout.data.prompt_rows import PromptRows
@@ -62,7 +63,7 @@ def render_config(cfg: SlimeArgs) -> list[str]:
                 continue
             value = getattr(cfg, name)
             if value != field.get_default(call_default_factory=True):
-                shown = public[name] if name in cfg.SECRET_FIELDS else value
+                shown = public[name] if is_secret_name(name) else value  # the rule to_public_dict redacts by
                 changed.append(f"  {field_to_flag(name):<42} {_shown(shown)}")
         summary = (group.__doc__ or "").strip().splitlines()[0]
         lines.append(

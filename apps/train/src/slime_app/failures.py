@@ -20,7 +20,7 @@ import sys
 import ray.exceptions
 
 from slime_app.outputs import nearest_existing
-from slime_core.checkpoint_dirs import TRACKER_FILE
+from slime_core.checkpoint_dirs import tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.error_text import first_rank_error
 from slime_core.hook_deadline import HookDeadlineExceeded
@@ -78,9 +78,8 @@ def _free_space(path: pathlib.Path) -> str:
 
 
 def _last_checkpoint(save: pathlib.Path) -> str:
-    try:
-        step = (save / TRACKER_FILE).read_text().strip()
-    except OSError:
+    step = tracker_step(save)
+    if step is None:
         return "no complete checkpoint there yet"
     return f"the last complete checkpoint there (iteration {step}) is intact: resume with --load {save}"
 
@@ -199,9 +198,8 @@ def _not_user_dirs() -> tuple[str, ...]:
     return tuple(sorted(dirs))
 
 
-def _user_frames(text: str) -> list[str]:
-    """`path:line in function` of every traceback frame in `text` outside slime, the environment and Python."""
-    skip = _not_user_dirs()
+def _user_frames(text: str, skip: tuple[str, ...]) -> list[str]:
+    """`path:line in function` of every traceback frame in `text` outside `skip` (`_not_user_dirs`)."""
     frames = []
     for line in text.splitlines():
         match = _FRAME.match(line)
@@ -246,7 +244,8 @@ def plugin_failure(error: BaseException) -> str | None:
     texts = [str(e) for e in chain if isinstance(e, ray.exceptions.RayTaskError)]
     # A chained traceback prints the root cause first: its innermost user frame is where the user's code raised.
     blocks = [b for text in texts for b in re.split(r"\n(?=The above exception was|During handling of)", text)]
-    frames = next((found for b in blocks if (found := _user_frames(b))), [])
+    skip = _not_user_dirs()  # once per error: it looks up every slime package's location
+    frames = next((found for b in blocks if (found := _user_frames(b, skip))), [])
     # Ray's wrapper is an instance of its cause's class too (args: its own): the plain cause carries the message.
     plain = [e for e in chain if not isinstance(e, ray.exceptions.RayTaskError)]
     named = next((e for e in plain if isinstance(e, RewardFunctionError)), None)

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
@@ -32,7 +32,7 @@ from slime_app.ray_start import ray_address
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
-from slime_app.save_schedule import hf_export_path, pin_load_step, should_run
+from slime_app.save_schedule import hf_export_path, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
 from slime_core.config.validation_fully_async import is_fully_async
@@ -257,7 +257,7 @@ class Run:
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
                 try:
-                    start = self.trainer.init(pin_load_step(cfg))
+                    start = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
                 except Exception as e:
                     cause = root_cause(e)
                     # Bad input (a damaged --load, a missing file) is one line, not a rank's traceback.
@@ -391,12 +391,18 @@ class Run:
         """
         if is_fully_async(self.cfg) or not self._saves_after(rollout_id):
             return  # fully async: the producer's held groups are saved with the cursor (`_save_rollout_state`)
-        try:
+        with self._save_errors(rollout_id, "data-cursor save"):
             self._save_rollout_state(rollout_id)
-        except Exception as e:
-            logger.debug("the data-cursor save of rollout %d failed", rollout_id, exc_info=True)
-            raise save_failed(f"the checkpoint of rollout {rollout_id}", "--save", self.cfg.save, e) from e
         self._cursor_saved = rollout_id
+
+    @contextlib.contextmanager
+    def _save_errors(self, rollout_id: int, what: str) -> Iterator[None]:
+        """An error of the block is `SaveFailed`: one line naming `--save`, not a rank's traceback (a full disk)."""
+        try:
+            yield
+        except Exception as e:
+            logger.debug("the %s of rollout %d failed", what, rollout_id, exc_info=True)
+            raise save_failed(f"the checkpoint of rollout {rollout_id}", "--save", self.cfg.save, e) from e
 
     def save(self, rollout_id: int) -> float:
         """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took.
@@ -405,14 +411,11 @@ class Run:
             SaveFailed: a rank or the rollout manager could not write it (one line: `slime_app.failures`).
         """
         t0 = time.perf_counter()
-        try:
+        with self._save_errors(rollout_id, "save"):
             # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
             if self._cursor_saved != rollout_id:  # `--async` saved it before the next rollout drew its prompts
                 self._save_rollout_state(rollout_id)
             self.trainer.save(rollout_id)
-        except Exception as e:  # a full disk, a read-only mount: one line naming --save, not a rank's traceback
-            logger.debug("the save of rollout %d failed", rollout_id, exc_info=True)
-            raise save_failed(f"the checkpoint of rollout {rollout_id}", "--save", self.cfg.save, e) from e
         return time.perf_counter() - t0
 
     def _save_rollout_state(self, rollout_id: int) -> None:

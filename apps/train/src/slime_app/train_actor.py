@@ -20,6 +20,7 @@ import ray
 from slime_app.cluster import Placement
 from slime_app.guards import RunStopped
 from slime_app.registry import CRITIC_BACKENDS, TRAIN_BACKENDS
+from slime_core.checkpoint_dirs import tracker_step
 from slime_core.config import SlimeArgs
 
 ROLES = ("actor", "critic")
@@ -292,6 +293,19 @@ def get_all_or_raise(refs: list[ray.ObjectRef]) -> list[Any]:
     return ray.get(refs)
 
 
+def pin_load_step(cfg: SlimeArgs) -> SlimeArgs:
+    """`cfg` with `--ckpt-step` set to the iteration `--load`'s tracker names now (unchanged without one).
+
+    Each trainer rank read the tracker itself: a run saving into `--load` meanwhile (a fork of a live run) could
+    have its ranks load two iterations. Read once on the driver, every actor rank (and a PPO critic paired with it:
+    `slime_app.actor_critic.critic_resume_step`) loads the same one. A given `--ckpt-step` is kept.
+    """
+    if not cfg.load or cfg.ckpt_step is not None:
+        return cfg
+    step = tracker_step(cfg.load)
+    return cfg if step is None else cfg.model_copy(update={"ckpt_step": step})
+
+
 class TrainGroup:
     """Driver-side handle to all trainer ranks of one role.
 
@@ -340,7 +354,13 @@ class TrainGroup:
         return get_all_or_raise([getattr(a, method).remote(*args) for a in self.actors])
 
     def init(self, cfg: SlimeArgs) -> int:
-        """Initializes every rank with the run config; returns the start rollout id (after `--load`)."""
+        """Initializes every rank with the run config; returns the start rollout id (after `--load`).
+
+        The actor's ranks load the iteration `--load`'s tracker names now (`pin_load_step`); the critic's get `cfg`
+        as given (`slime_app.actor_critic.ActorCritic.init` pins a paired critic).
+        """
+        if self.role == "actor":
+            cfg = pin_load_step(cfg)
         start = self._all("init", cfg, self.role)[0]
         # Model-parallel ranks (TP/PP/CP) of one data-parallel group train on the same batch.
         self.dp_ranks: list[int] = self._all("data_parallel_rank")

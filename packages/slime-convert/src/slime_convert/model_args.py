@@ -84,6 +84,9 @@ class ModelArgs:
             (HF `norm_topk_prob=False`).
         moe_aux_loss_coeff: load-balancing loss coefficient (`--moe-aux-loss-coeff`).
         torch_dtype: HF `torch_dtype`/`dtype` string (e.g. "bfloat16"), or None.
+        attention_dropout: dropout on the attention probabilities in training (HF `attention_dropout`, which the
+            HF attention applies in train mode; `--attention-dropout`). The HF families here have no hidden
+            (residual) dropout, so Megatron's `hidden_dropout` stays 0.
     """
 
     model_type: str
@@ -110,6 +113,7 @@ class ModelArgs:
     moe_router_pre_softmax: bool = False
     moe_aux_loss_coeff: float = 0.0
     torch_dtype: str | None = None
+    attention_dropout: float = 0.0
 
     @property
     def is_moe(self) -> bool:
@@ -229,6 +233,7 @@ class ModelArgs:
             sandwich_norm=glm4,
             fused_gate_up=glm4,
             torch_dtype=config.get("torch_dtype") or config.get("dtype"),
+            attention_dropout=float(config.get("attention_dropout") or 0.0),
             **moe,
         )
 
@@ -260,7 +265,7 @@ class ModelArgs:
             "--disable-bias-linear",
             "--vocab-size", str(self.vocab_size),
             "--make-vocab-size-divisible-by", "128",
-            "--attention-dropout", "0.0",
+            "--attention-dropout", f"{self.attention_dropout:g}" if self.attention_dropout else "0.0",
             "--hidden-dropout", "0.0",
         ]  # fmt: skip
         if self.add_qkv_bias:
@@ -309,7 +314,8 @@ class ModelArgs:
             "qk_layernorm": self.qk_layernorm,
             "rotary_interleaved": self.rotary_interleaved,
             "hidden_dropout": 0.0,
-            "attention_dropout": 0.0,
+            # As the FSDP backend's HF model trains (its attention reads config.json's attention_dropout).
+            "attention_dropout": self.attention_dropout,
         }
         if self.is_moe:
             kwargs.update(

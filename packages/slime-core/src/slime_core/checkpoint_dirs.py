@@ -16,7 +16,14 @@ import os
 import pathlib
 import re
 
-__all__ = ["COMPLETE_MARKERS", "TRACKER_FILE", "complete_iterations", "iteration_name", "tracker_step"]
+__all__ = [
+    "COMPLETE_MARKERS",
+    "TRACKER_FILE",
+    "complete_iterations",
+    "iteration_name",
+    "no_optimizer_state_message",
+    "tracker_step",
+]
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 
@@ -66,3 +73,19 @@ def tracker_step(root: str | os.PathLike[str]) -> int | None:
         return None
     # ASCII digits only, as `_ITERATION`: "²" is a digit to str.isdigit and not to int().
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+def no_optimizer_state_message(load: str | os.PathLike[str], iteration: str) -> str:
+    """The refusal of a resume whose checkpoint was saved without optimizer state, one text for every backend.
+
+    As the original (Megatron stops on such a checkpoint): a fresh Adam and a schedule restarting its warm-up would
+    silently change the resumed run.
+
+    Args:
+        load: the `--load` directory.
+        iteration: the iteration folder's name (`iter_0000005`).
+    """
+    return (
+        f"--load {load}: {iteration} holds no optimizer state (saved with --no-save-optim); resume it with "
+        "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+    )

@@ -65,6 +65,8 @@ class TrainBackendSpec(Entry):
         checkpoint_format: the format of its `--save` directories (`"fsdp"`, `"torch_dist"`, ...), which
             `--load` must find.
         lr_decay_styles: the `--lr-decay-style` values it implements.
+        optimizers: the `--optimizer` values it implements (validation refuses any other in one line).
+        supports_fp16: trains in float16 with loss scaling (`--fp16`); otherwise `--fp16` is refused.
         supports_multimodal: trains vision-language models (`--multimodal-keys`, `--freeze-vision-tower`).
         compiles_layers: may compile layers at the first forward (`--fsdp-compile-layers`,
             `--megatron-compile-layers`; the progress display names the first step accordingly).
@@ -84,6 +86,8 @@ class TrainBackendSpec(Entry):
     reads_torch_dist: bool = False
     checkpoint_format: str = ""
     lr_decay_styles: tuple[str, ...] = ("constant", "linear", "cosine")
+    optimizers: tuple[str, ...] = ("adam",)
+    supports_fp16: bool = False
     compiles_layers: bool = False
     supports_multimodal: bool = False
     supports_routing_replay: bool = False

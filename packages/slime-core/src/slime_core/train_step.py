@@ -39,6 +39,7 @@ from slime_core.algorithms import (
     compute_train_loss,
     default_reducer,
     needs_old_log_probs,
+    sum_of_sample_mean,
     whitening_stats,
 )
 from slime_core.batch import RolloutBatch
@@ -228,38 +229,59 @@ def entropy_has_grad(cfg: SlimeArgs) -> bool:
     return cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
 
 
-def _sample_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean of `values` `[L]` over the tokens where `mask` `[L]` is non-zero; 0 for none (the original's clamp)."""
-    mask = mask.to(values.device, torch.float32)
-    return float((values.detach().float() * mask).sum() / mask.sum().clamp(min=1))
+def _sample_means_sum(values: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
+    """Σ over samples of each sample's mean of `values` `[L_i]` over its trainable tokens, as a detached 0-d tensor.
+
+    The original's `log_rollout_data`: `sum_of_sample_mean` with each sample's own mask count as its denominator
+    (clamped at 1: a sample without trainable tokens adds 0); a non-finite value at a masked token is left out.
+    """
+    lengths = [int(v.numel()) for v in values]
+    # The batch's masks are host tensors (`RolloutBatch`): their counts cost no device sync.
+    denominators = [float(d) for d in torch.stack([m.float().sum() for m in masks]).tolist()] if masks else []
+    reduce = sum_of_sample_mean(lengths, masks, denominators)
+    return reduce(torch.cat([v.detach().reshape(-1).float() for v in values])) if values else torch.zeros(())
 
 
 def _rollout_mean_sums(
-    batch: RolloutBatch, series: dict[str, list[torch.Tensor] | dict[int, float] | None]
+    batch: RolloutBatch, series: dict[str, list[torch.Tensor] | dict[int, torch.Tensor] | None]
 ) -> dict[str, float]:
     """This rank's sums for the original's trainer-side `rollout/*` means (its `log_rollout_data`).
 
     Per sample the mean over its trainable tokens (`sum_of_sample_mean`); `_rollout_means` then takes the mean
-    over every sample of the rollout once the sums are reduced over data-parallel ranks.
+    over every sample of the rollout once the sums are reduced over data-parallel ranks. The per-series sums stay
+    on the device until one transfer for all of them.
 
     Args:
         batch: this rank's samples (`loss_masks`: N `[L_i]`).
         series: name (e.g. `"log_probs"`) → N `[L_i]` per-token values, or sample position → its mean already
-            taken (the old log-probs recorded in the training forward), or None (not computed this run).
+            taken as a 0-d tensor (the old log-probs recorded in the training forward), or None (not computed).
 
     Returns:
-        `{"rollout/<name>.sum": ..., "rollout/<name>.count": ...}` for `StepBackend.reduce_metric_sums`.
+        `{"rollout/<name>.sum": ..., "rollout/<name>.count": ...}` for `StepBackend.reduce_metric_sums`, in the
+        order of `series` (Megatron all-reduces the values as one vector in name order).
     """
-    sums: dict[str, float] = {}
+    names: list[str] = []
+    totals: list[torch.Tensor] = []
+    counts: list[int] = []
     for name, values in series.items():
         if values is None:
             continue
         if isinstance(values, dict):
             means = list(values.values())
+            total = torch.stack(means).sum() if means else torch.zeros(())
         else:
-            means = [_sample_mean(v, m) for v, m in zip(values, batch.loss_masks, strict=True)]
+            total = _sample_means_sum(values, batch.loss_masks)
         # Also with no samples on this rank: every rank must reduce the same names (Megatron's all-reduce).
-        sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(sum(means)), float(len(means))
+        names.append(name)
+        totals.append(total)
+        counts.append(len(values))
+    if not names:
+        return {}
+    device = totals[0].device
+    host = torch.stack([t.to(device, torch.float32) for t in totals]).tolist()  # one device-to-host transfer
+    sums: dict[str, float] = {}
+    for name, total, count in zip(names, host, counts, strict=True):
+        sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(total), float(count)
     return sums
 
 
@@ -270,7 +292,14 @@ def _rollout_means(reduced: dict[str, float]) -> dict[str, float]:
 
 
 def _micro_batch_loss(
-    cfg: SlimeArgs, batch: RolloutBatch, old, ref, adv, teacher, trainer=None, seen_old: dict[int, float] | None = None
+    cfg: SlimeArgs,
+    batch: RolloutBatch,
+    old,
+    ref,
+    adv,
+    teacher,
+    trainer=None,
+    seen_old: dict[int, torch.Tensor] | None = None,
 ) -> MicroBatchLoss:
     entropy_grad = entropy_has_grad(cfg)  # the entropy keeps its graph only when a loss term can use it
 
@@ -279,7 +308,7 @@ def _micro_batch_loss(
         if old is None and seen_old is not None:
             # The detached training log-probs are the old ones here: record them for `rollout/log_probs`.
             for i, lp in zip(ids, log_probs, strict=True):
-                seen_old[i] = _sample_mean(lp, batch.loss_masks[i])
+                seen_old[i] = _sample_means_sum([lp], [batch.loss_masks[i]])  # 0-d on the device: no sync
 
         def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
             return None if xs is None else [xs[i].to(device) for i in ids]
@@ -371,7 +400,7 @@ def train_on_rollout(
     adv, returns = _advantages(cfg, backend, batch, old, ref, teacher)
     # Goodput: trainable tokens whose advantage is non-zero (summed over data-parallel ranks after training).
     fates = trained_token_sums(adv, batch.loss_masks)
-    seen_old: dict[int, float] = {}
+    seen_old: dict[int, torch.Tensor] = {}
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
     per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]

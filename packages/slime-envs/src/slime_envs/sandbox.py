@@ -62,6 +62,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from slime_core.config.base import warn_once
 from slime_envs._bwrap import WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
 from slime_envs._cgroups import CgroupLimits
 from slime_envs._sandbox_policy import INIT_RLIMITS, enforcement, rlimits, runner_policy
@@ -222,31 +223,29 @@ async def _read_to_eof(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-_LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
-
-
-_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
-_IGNORED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[int]] = weakref.WeakKeyDictionary()
+# Per event loop: its semaphore and the limit it was sized with.
+_LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[asyncio.Semaphore, int]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _limiter(limit: int) -> asyncio.Semaphore:
     """One semaphore per event loop, so hundreds of concurrent rollouts do not start hundreds of sandboxes.
 
-    The first run's `max_concurrent_runs` sizes it; a later run asking for another value is told so, once per loop
-    and value (envs of one process share the limit: another value had no effect, without a word).
+    The first run's `max_concurrent_runs` sizes it; a later run asking for another value is told so, once per
+    process and value (envs of one process share the limit: another value had no effect, without a word).
     """
     loop = asyncio.get_running_loop()
     if loop not in _LIMITERS:
-        _LIMITERS[loop], _LIMITS[loop] = asyncio.Semaphore(limit), limit
-        _IGNORED[loop] = set()
-    elif limit != _LIMITS[loop] and limit not in _IGNORED[loop]:
-        _IGNORED[loop].add(limit)
-        logger.warning(
-            "sandbox: max_concurrent_runs=%d has no effect: this process's runs share the limit of its first run (%d)",
-            limit,
-            _LIMITS[loop],
+        _LIMITERS[loop] = (asyncio.Semaphore(limit), limit)
+    semaphore, first = _LIMITERS[loop]
+    if limit != first:
+        warn_once(
+            f"sandbox-max-concurrent-{limit}",
+            f"sandbox: max_concurrent_runs={limit} has no effect: this process's runs share the limit of its first "
+            f"run ({first})",
         )
-    return _LIMITERS[loop]
+    return semaphore
 
 
 # ---- running ------------------------------------------------------------------------------------

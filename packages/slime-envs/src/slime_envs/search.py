@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import pathlib
 import threading
@@ -103,10 +104,13 @@ class BM25Retriever:
         return out
 
 
-_BM25_CACHE_SIZE = 8  # corpora kept indexed per process, the least recently used dropped first
-_bm25_indexes: collections.OrderedDict[str, BM25Retriever] = collections.OrderedDict()
-_bm25_locks: dict[str, threading.Lock] = {}
-_bm25_guard = threading.Lock()
+@functools.lru_cache(maxsize=8)  # corpora kept indexed per process, the least recently used dropped first
+def _build_bm25(corpus_path: str) -> BM25Retriever:
+    return BM25Retriever(corpus_path)
+
+
+_bm25_locks: collections.defaultdict[str, threading.Lock] = collections.defaultdict(threading.Lock)
+_bm25_locks_guard = threading.Lock()  # defaultdict's insert is not atomic across threads
 
 
 def _cached_bm25(corpus_path: str) -> BM25Retriever:
@@ -114,23 +118,12 @@ def _cached_bm25(corpus_path: str) -> BM25Retriever:
 
     `functools.lru_cache` does not hold back concurrent misses: the first searches of a rollout's concurrent
     episodes (in `asyncio.to_thread` workers) each indexed the whole corpus, as many copies as worker threads.
-    One lock per path makes the others wait for the first build.
+    One lock per path makes the others wait for the first build; other corpora are served meanwhile.
     """
-    with _bm25_guard:
-        if corpus_path in _bm25_indexes:
-            _bm25_indexes.move_to_end(corpus_path)
-            return _bm25_indexes[corpus_path]
-        lock = _bm25_locks.setdefault(corpus_path, threading.Lock())
+    with _bm25_locks_guard:
+        lock = _bm25_locks[corpus_path]
     with lock:
-        with _bm25_guard:
-            if corpus_path in _bm25_indexes:
-                return _bm25_indexes[corpus_path]
-        retriever = BM25Retriever(corpus_path)  # outside the guard: other corpora are served meanwhile
-        with _bm25_guard:
-            _bm25_indexes[corpus_path] = retriever
-            while len(_bm25_indexes) > _BM25_CACHE_SIZE:
-                _bm25_indexes.popitem(last=False)
-        return retriever
+        return _build_bm25(corpus_path)
 
 
 class RemoteRetriever:

@@ -55,6 +55,7 @@ from slime_train_fsdp.model_loading import (
     default_device,
     gathered_through_backward,
     load_hf_weights_into,
+    note_precision_flag,
 )
 from slime_train_fsdp.packing import (
     PackedMicroBatch,
@@ -158,6 +159,7 @@ class FSDPTrainBackend:
             raise ValueError("torch.distributed must be initialized before FSDPTrainBackend.init")
         self.cfg = cfg
         self.device = default_device()
+        note_precision_flag(cfg, self.device)
         torch.manual_seed(cfg.seed)
         # An FP8 --hf-checkpoint is only served: the trainer starts from the BF16 --ref-load (slime_core.fp8).
         weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 from typing import Any
 
@@ -36,14 +37,26 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name
+from slime_core.checkpoint_dirs import (
+    TRACKER_FILE,
+    complete_iterations,
+    iteration_name,
+    no_optimizer_state_message,
+    tracker_step,
+)
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.error_text import first_rank_error, first_sentence
 from slime_train_fsdp.lr_schedule import load_scheduler_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_checkpoint", "model_flag_mismatches", "model_flags_of", "save_checkpoint"]
+__all__ = [
+    "load_checkpoint",
+    "model_flag_mismatches",
+    "model_flags_of",
+    "optimizer_state_refusal",
+    "save_checkpoint",
+]
 
 
 def _rng_state() -> dict[str, Any]:
@@ -248,10 +261,10 @@ def load_checkpoint(
         if not tracker.exists():
             logger.warning("--load %s has no %s; starting from the HF checkpoint", root, TRACKER_FILE)
             return None
-        text = tracker.read_text(errors="replace").strip()
-        if not (text.isascii() and text.isdigit()):  # "²" is a digit to str.isdigit and not to int()
+        ckpt_step = tracker_step(root)
+        if ckpt_step is None:  # there, and damaged ("release" is a Megatron conversion's)
+            text = tracker.read_text(errors="replace").strip()
             raise ValueError(f"--load {root}: {TRACKER_FILE} holds {text!r}, not an iteration; {_recovery_hint(root)}")
-        ckpt_step = int(text)
     path = root / iteration_name(ckpt_step)
     if not (path / "meta.json").exists():
         raise FileNotFoundError(f"--load {root}: checkpoint {path} is missing or incomplete; {_recovery_hint(root)}")
@@ -261,13 +274,9 @@ def load_checkpoint(
             raise ValueError(f"meta.json holds {type(meta).__name__}, not an object")
     except (ValueError, UnicodeDecodeError) as e:
         raise _damaged(root, path, e) from e
-    if load_optim and not _holds_optimizer(path, meta):
-        # As the original (Megatron stops on a checkpoint without optimizer state): a fresh Adam and a schedule
-        # restarting its warm-up would silently change the resumed run.
-        raise ValueError(
-            f"--load {root}: {path.name} holds no optimizer state (saved with --no-save-optim); resume it with "
-            "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
-        )
+    refusal = optimizer_state_refusal(root, path, meta) if load_optim else None
+    if refusal:
+        raise ValueError(refusal)
     differ = model_flag_mismatches(meta, model_flags) if model_flags is not None else []
     if differ:
         raise ValueError(
@@ -293,11 +302,32 @@ def load_checkpoint(
     return meta
 
 
-def _holds_optimizer(path: pathlib.Path, meta: dict[str, Any]) -> bool:
-    """Whether the checkpoint at `path` has optimizer and scheduler state (`meta.json`'s `save_optim`, else files)."""
-    if meta.get("save_optim") is False:
-        return False
-    return (path / "scheduler.pt").is_file()
+def optimizer_state_refusal(
+    load_dir: str | os.PathLike[str], path: pathlib.Path, meta: dict[str, Any] | None = None
+) -> str | None:
+    """Why the checkpoint at `path` cannot be resumed with its optimizer: it was saved without optimizer state.
+
+    The loader and the app's preflight (`slime_app.checkpoints`) refuse it by this one rule: `meta.json`'s
+    `save_optim` is False, or (a checkpoint saved before that field) `scheduler.pt` is missing.
+
+    Args:
+        load_dir: the `--load` directory (named in the message).
+        path: the iteration folder.
+        meta: its `meta.json`, already read; None reads it (an unreadable one counts as no field: the loader names
+            the damage).
+
+    Returns:
+        The refusal (`slime_core.checkpoint_dirs.no_optimizer_state_message`), or None when the state is there.
+    """
+    if meta is None:
+        try:
+            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            meta = {}
+    saved = meta.get("save_optim", True) if isinstance(meta, dict) else True
+    if saved is not False and (path / "scheduler.pt").is_file():
+        return None
+    return no_optimizer_state_message(load_dir, path.name)
 
 
 def _damaged(root: pathlib.Path, path: pathlib.Path, error: BaseException) -> ValueError:

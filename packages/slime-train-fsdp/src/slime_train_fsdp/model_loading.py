@@ -34,6 +34,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PretrainedConfig
 
 from slime_core.config import SlimeArgs
+from slime_core.config.base import warn_once
 from slime_core.hf_names import is_vision_tower_param, to_module_name
 from slime_core.moe_experts import fuse_experts
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
@@ -181,6 +182,20 @@ def _log_lora_eager(cfg: SlimeArgs, device: torch.device) -> bool:
 def compute_dtype(device: torch.device) -> torch.dtype:
     """The dtype the layers and the log-prob head compute in: bf16 on CUDA (`mixed_precision_policy`), else fp32."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def note_precision_flag(cfg: SlimeArgs, device: torch.device) -> None:
+    """`--bf16` on a CPU trainer: the layers compute in fp32 there (`compute_dtype`), so say once that it is unused.
+
+    On CUDA the flag is what FSDP always does (bf16 compute, fp32 master weights and reduction); `--fp16` is refused
+    by validation (`slime_core.config.validation_trainer`).
+    """
+    if cfg.bf16 and compute_dtype(device) != torch.bfloat16:
+        warn_once(
+            "fsdp_cpu_bf16",
+            f"--bf16 has no effect on the FSDP trainer's {device.type} device: it computes in float32 there "
+            "(bf16 compute is its CUDA behaviour, with or without the flag)",
+        )
 
 
 def mixed_precision_policy(cfg: SlimeArgs) -> MixedPrecisionPolicy:

@@ -230,6 +230,7 @@ class MegatronTrainBackend:
                 group=parallel_state.get_tensor_model_parallel_group(),
                 with_entropy=with_entropy,
                 kept=kept,
+                chunk_size=self.cfg.log_probs_chunk_size,  # -1 (the default): all rows at once, as the original
             )
         if cp > 1:
             lp = self.runner.gather_cp(lp, mb)

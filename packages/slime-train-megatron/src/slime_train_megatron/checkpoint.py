@@ -26,7 +26,7 @@ from megatron.core import dist_checkpointing
 from slime_convert import ModelArgs
 from slime_convert.load_shapes import check_hf_checkpoint, check_torch_dist_checkpoint
 from slime_convert.torch_dist import resolve_iteration_dir
-from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
+from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name, no_optimizer_state_message
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.fp8 import trainer_weights_dir
 
@@ -195,10 +195,7 @@ def load_checkpoint(
     resumable = "rollout_id" in common
     if optimizer is not None and resumable and common.get("optimizer_saved") is False:
         # As Megatron-LM ("Unable to load optimizer from checkpoint ... Specify --no-load-optim or --finetune").
-        raise ValueError(
-            f"--load {ckpt}: holds no optimizer state (saved with --no-save-optim); resume it with --no-load-optim "
-            "to start the optimizer and its learning-rate schedule afresh"
-        )
+        raise ValueError(no_optimizer_state_message(path, ckpt.name))
     if optimizer is not None and resumable:
         template["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True)
     if load_rng and resumable:

@@ -71,6 +71,7 @@ def vocab_parallel_log_probs(
     group: dist.ProcessGroup | None = None,
     with_entropy: bool = False,
     kept: KeptTokens | None = None,
+    chunk_size: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropy) of `targets` under TP-sharded logits.
 
@@ -85,6 +86,9 @@ def vocab_parallel_log_probs(
         kept: top-p replay: the engine's kept token ids (global) of each of the `R` rows; the log-probs are then
             over each row's kept ids plus its target (`slime_core.algorithms.top_p`), the entropy stays that of
             the full distribution. None for the full softmax.
+        chunk_size: rows per chunk (`--log-probs-chunk-size`, as the original's `calculate_log_probs_and_entropy`):
+            the fp32 `[chunk, V_local]` intermediates are built one chunk at a time, so a no-grad pass (old and
+            reference log-probs) holds one chunk's; ≤ 0: all rows at once. Same values either way.
 
     Returns:
         `(log_probs [R] float32, entropy [R] float32 or None)`, differentiable w.r.t. `logits`.
@@ -98,6 +102,23 @@ def vocab_parallel_log_probs(
         raise ValueError(
             f"logits {tuple(logits.shape)} must be [R, V_local] and targets [R], got {tuple(targets.shape)}"
         )
+    if 0 < chunk_size < logits.shape[0]:
+        # Every TP rank holds the same rows, so each chunk's collectives pair up across the group.
+        parts = [
+            vocab_parallel_log_probs(
+                logits[start : start + chunk_size],
+                targets[start : start + chunk_size],
+                temperature=temperature,
+                vocab_start=vocab_start,
+                vocab_size=vocab_size,
+                group=group,
+                with_entropy=with_entropy,
+                kept=None if kept is None else kept.slice_rows(start, min(start + chunk_size, logits.shape[0])),
+            )
+            for start in range(0, logits.shape[0], chunk_size)
+        ]
+        entropy = torch.cat([e for _, e in parts]) if with_entropy else None
+        return torch.cat([lp for lp, _ in parts]), entropy
     size = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
     z = logits.float()  # [R, V_local]
     v_local = z.shape[1]

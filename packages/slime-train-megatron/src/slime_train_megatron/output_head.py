@@ -94,7 +94,13 @@ def hidden_log_probs(
     if kept is not None:
         logits = F.linear(hidden, weight.to(hidden.dtype))  # [R, V_padded], as megatron's output layer computes it
         return vocab_parallel_log_probs(
-            logits, targets, temperature=temperature, vocab_size=vocab_size, with_entropy=with_entropy, kept=kept
+            logits,
+            targets,
+            temperature=temperature,
+            vocab_size=vocab_size,
+            with_entropy=with_entropy,
+            kept=kept,
+            chunk_size=chunk_size,
         )
     # compiled: inductor fuses the stats and gradient passes on CUDA; fused_head runs them eagerly elsewhere
     lp, ent = fused_log_probs(

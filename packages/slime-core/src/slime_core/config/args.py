@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 import yaml
 from pydantic import ConfigDict, ValidationError, model_validator
@@ -24,7 +24,7 @@ from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, Rollo
 from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, LoraArgs, OptimizerArgs
 from slime_core.config.validation import derive_and_validate
 from slime_core.estimators import get_estimator
-from slime_core.secrets import SECRET_FIELDS, redact_mapping
+from slime_core.secrets import redact_mapping
 
 __all__ = ["PluginArgs", "SlimeArgs", "config_error_from_validation"]
 
@@ -150,9 +150,6 @@ class SlimeArgs(
     def expert_model_parallel_size(self) -> int:
         """Megatron EP size from `--expert-model-parallel-size` (1 when absent or the backend does not read it)."""
         return self._parallel_size("--expert-model-parallel-size") if self._megatron_native else 1
-
-    #: Fields holding credentials: shown as `REDACTED` wherever the config is printed or sent (`to_public_dict`).
-    SECRET_FIELDS: ClassVar[tuple[str, ...]] = SECRET_FIELDS
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as JSON-compatible values (for Ray transport and saving next to checkpoints)."""

@@ -58,7 +58,7 @@ class ClusterArgs(ArgsGroup):
         "machine it measured no faster than pageable copies (benchmarks/RESULTS.md).",
     )
     offload_rollout: bool | None = arg(
-        None, "Free engine accelerator memory while training (default: on with --colocate/--offload)."
+        None, "Free engine accelerator memory while training (default: on with --colocate; needs --colocate)."
     )
     distributed_backend: str = arg("nccl", "torch.distributed backend of the trainer (nccl on GPU, gloo on CPU).")
     distributed_timeout_minutes: int = arg(10, "Timeout of torch.distributed collectives in minutes.", ge=1)

@@ -146,7 +146,9 @@ class OptimizerArgs(ArgsGroup):
         None, "Warmup as a fraction of the decay steps (rounded down; exclusive with --lr-warmup-iters).", ge=0, le=1
     )
     lr_warmup_init: float = arg(0.0, "Learning rate the warmup starts from.", ge=0)
-    optimizer: Literal["adam", "sgd"] = arg("adam", "Optimizer.")
+    optimizer: Literal["adam", "sgd"] = arg(
+        "adam", "Optimizer: adam (AdamW with --adam-*, --weight-decay); sgd is parsed and refused (no backend has it)."
+    )
     weight_decay: float = arg(0.0, "Weight decay.", ge=0)
     adam_beta1: float = arg(0.9, "Adam beta1.", ge=0, lt=1)
     adam_beta2: float = arg(0.95, "Adam beta2.", ge=0, lt=1)
@@ -160,7 +162,9 @@ class OptimizerArgs(ArgsGroup):
     reset_optimizer_states: bool = arg(False, "Zero the optimizer moments at every rollout.")
     use_stateless_adam: bool = arg(False, "Adam without persisted moments.")
     bf16: bool = arg(False, "Train in bfloat16 (mixed precision).")
-    fp16: bool = arg(False, "Train in float16 (mixed precision).")
+    fp16: bool = arg(
+        False, "Train in float16 (mixed precision, loss scaling; --train-backend megatron only, FSDP refuses it)."
+    )
     # nargs "*" as in the original: a script's empty pattern variable gives the flag no value (nothing frozen).
     only_train_params_name_list: list[str] | None = arg(
         None, "Regexes (re.search on the backend's parameter names) of the only parameters to train.", nargs="*"
@@ -170,8 +174,9 @@ class OptimizerArgs(ArgsGroup):
     )
     log_probs_chunk_size: int = arg(
         -1,
-        "Response tokens per lm_head chunk of the log-prob heads that chunk (the FSDP heads, Megatron's "
-        "--log-probs-head fused); -1: 1024 (slime_core.algorithms.fused_head.DEFAULT_CHUNK).",
+        "Response tokens per chunk of the log-prob/entropy computation (the FSDP heads and Megatron's --log-probs-head "
+        "fused chunk the lm_head, -1: 1024, slime_core.algorithms.fused_head.DEFAULT_CHUNK; Megatron's default head "
+        "chunks the log-softmax over its logits, -1: all rows at once, as the original).",
     )
     recompute_loss_function: bool = arg(False, "Activation-checkpoint the loss function.")
 

@@ -27,6 +27,7 @@ from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_fully_async import check_fully_async
 from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.config.validation_routing_replay import check_routing_replay
+from slime_core.config.validation_trainer import check_trainer_flags
 from slime_core.estimators import get_estimator
 from slime_core.extensions import TRAIN_BACKENDS, engine_spec, train_backend_spec
 
@@ -53,7 +54,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _batch_sizes(args)
     _num_rollout(args)
     _algorithm(args)
-    _dynamic_batch(args)
+    check_trainer_flags(args)
     _lengths(args)
     _top_k(args)
     _eval(args)
@@ -126,6 +127,11 @@ def _placement(args: SlimeArgs) -> None:
         raise ConfigError(
             "--offload-train (or --offload) without --colocate is not implemented: the trainer frees accelerator "
             "memory only when it shares GPUs with the engines; drop it or add --colocate"
+        )
+    if args.offload_rollout and not args.colocate:  # the loop releases engine memory only on shared GPUs
+        raise ConfigError(
+            "--offload-rollout without --colocate is not implemented: the engines release accelerator memory only "
+            "when they share GPUs with the trainer; drop it or add --colocate"
         )
     if args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
         raise ConfigError(
@@ -283,12 +289,6 @@ def _algorithm(args: SlimeArgs) -> None:
         )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
-    styles = train_backend_spec(args).lr_decay_styles
-    if args.lr_decay_style not in styles:
-        raise ConfigError(
-            f"--lr-decay-style {args.lr_decay_style} is not implemented with --train-backend {args.train_backend}; use "
-            f"{', '.join(styles[:-1])} or {styles[-1]}"
-        )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-iters and --lr-warmup-fraction are mutually exclusive")
     if args.bf16 and args.fp16:
@@ -332,15 +332,6 @@ def _single_sample_groups_learn_nothing(args: SlimeArgs, group_wise: bool) -> bo
         args.n_samples_per_prompt == 1 and group_wise and args.loss_type == "policy_loss" and not args.use_opd
         and args.custom_reward_post_process_path is None and not args.debug_rollout_only
     )  # fmt: skip
-
-
-def _dynamic_batch(args: SlimeArgs) -> None:
-    if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
-        raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
-    if args.balance_by_flops:
-        if not args.use_dynamic_batch_size:
-            raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
-        args.balance_data = True
 
 
 def _lengths(args: SlimeArgs) -> None:

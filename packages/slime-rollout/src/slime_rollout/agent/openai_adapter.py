@@ -65,6 +65,7 @@ from slime_rollout.agent.openai_wire import (
     parse_request,
 )
 from slime_rollout.agent.output_parsing import REASONING_PARSERS, TOOL_PARSERS, parse_output
+from slime_rollout.agent.stops import call_stops, cut_at_stop, stop_strings
 from slime_rollout.agent.token_bytes import token_bytes
 from slime_rollout.agent.trajectory import AgentSession, TurnRecord
 from slime_rollout.engines.client import EngineClient
@@ -97,42 +98,6 @@ def _session_id(request: web.Request, body: Any) -> str | None:
         if body.get("user"):
             return str(body["user"])
     return None
-
-
-def _stop_strings(value: Any, session_id: str) -> list[str]:
-    """SGLang's `stop` (None, a string or a list of strings) as a list; a string was spread into its characters."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value] if value else []
-    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-        return [v for v in value if v]
-    raise ValueError(
-        f"agent session {session_id!r}: sampling_defaults['stop'] must be a string or a list of strings, "
-        f"got {value!r:.80}"
-    )
-
-
-def _call_stops(session: AgentSession, chat: ChatRequest) -> list[str]:
-    """The stop strings of one call: the call's own `stop` when it sets one, else the session's defaults.
-
-    A call's list replaces the defaults, as in OpenAI's API (the caller's list is the call's) and the original's
-    adapter (`sp["stop"] = body["stop"]` over the session defaults); adding them stopped an agent's call at a run
-    stop string it never asked for.
-    """
-    return list(chat.stop) if chat.stop else list(session.sampling_defaults.get("stop") or [])
-
-
-def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, str]:
-    """`text` up to its first stop string (OpenAI leaves the stop sequence out), and that stop string ("" if none).
-
-    At the same position the longest stop string is the one reported (`</tool_call>` over `</tool`).
-    """
-    found = [(text.find(s), -len(s), s) for s in stops if s and s in text]
-    if not found:
-        return text, ""
-    at, _, stop = min(found)
-    return text[:at], stop
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:
@@ -271,7 +236,7 @@ class OpenAIAdapter:
         if session_id in self._sessions:
             raise ValueError(f"agent session {session_id!r} is already open; session ids must be unique per agent run")
         defaults = dict(sampling_defaults or {})
-        defaults["stop"] = _stop_strings(defaults.get("stop"), session_id)
+        defaults["stop"] = stop_strings(defaults.get("stop"), session_id)
         session = AgentSession(session_id, sampling_defaults=defaults, max_context_tokens=max_context_tokens)
         self._sessions[session_id] = session
         return session
@@ -448,7 +413,7 @@ class OpenAIAdapter:
         if session.max_context_tokens:
             cap = min(cap, session.max_context_tokens - num_prompt_tokens)
         params["max_new_tokens"] = cap
-        params["stop"] = _call_stops(session, chat) or None
+        params["stop"] = call_stops(session, chat) or None
         # The text must be the ids' text: special tokens and the matched stop string stay in.
         params.update(skip_special_tokens=False, no_stop_trim=True, spaces_between_special_tokens=False)
         return params
@@ -472,7 +437,7 @@ class OpenAIAdapter:
             )
             return _error(503, "the engine aborted the call (weights are being updated?); retry", kind="server_error")
         visible = self.tokenizer.decode(ids, skip_special_tokens=True)
-        visible, stop = _cut_at_stop(visible, _call_stops(session, chat))
+        visible, stop = cut_at_stop(visible, call_stops(session, chat))
         names = {t["function"]["name"] for t in chat.tools or []}
         parsed = parse_output(
             visible, parse_tools=chat.parse_tools, parse_reasoning=self.parse_reasoning, stop=stop, tool_names=names

@@ -102,8 +102,9 @@ def parse_output(
         The parsed turn.
     """
     reasoning = ""
-    end = thinking_end(text) if parse_reasoning else 0
-    if end:
+    # Once: a stray "</think>" in the answer after a call must not end the thinking a second time (it hid the call).
+    end = thinking_end(text)
+    if parse_reasoning and end:
         # The thinking as both parsers read it: a "</think>" inside a well-formed call is text (it split the call).
         head, text = text[:end], text[end:]
         reasoning = head.lstrip().removeprefix("<think>")
@@ -117,7 +118,7 @@ def parse_output(
         # Without a reasoning parser the thinking stays in the content; a call the model only considered there is
         # no call (it was returned, and executed). Only the text after it is scanned: a `<tool_call>` opened in the
         # thinking must not reach past `</think>` and swallow the real call after it.
-        end = thinking_end(text)
+        end = 0 if parse_reasoning else end  # the reasoning parser has cut the thinking off already
         head, tail = text[:end], text[end:]
         blocks = list(json_tag_blocks(tail, _OPEN, _CLOSE))  # linear: see tag_blocks
         # A `<tool_call>` opened after the last complete block: the stop string may close it.

@@ -90,7 +90,7 @@ def has_repetition(text: str) -> bool:
     return len(tail) / len(zlib.compress(tail, 9)) > _REPETITION_RATIO
 
 
-def response_metrics(samples: Sequence[Sample], prefix: str) -> dict[str, float]:
+def response_metrics(samples: Sequence[Sample], prefix: str, lengths: Sequence[int] | None = None) -> dict[str, float]:
     """The original's per-sample statistics of a rollout or an eval set, under `prefix`.
 
     `{prefix}response_len/{mean,median,max,min}` (`effective_response_length`: trainable tokens),
@@ -100,13 +100,15 @@ def response_metrics(samples: Sequence[Sample], prefix: str) -> dict[str, float]
     Args:
         samples: at least one sample.
         prefix: e.g. `"rollout/"` or `"eval/gsm8k/"`.
+        lengths: the samples' `effective_response_length`s when the caller has them (None: read here).
 
     Raises:
         ValueError: no samples.
     """
     if not samples:
         raise ValueError(f"response_metrics: no samples for {prefix!r}")
-    lengths = [s.effective_response_length for s in samples]
+    if lengths is None:
+        lengths = [s.effective_response_length for s in samples]
     return {
         f"{prefix}response_len/mean": statistics.fmean(lengths),
         f"{prefix}response_len/median": float(statistics.median(lengths)),
@@ -131,7 +133,7 @@ def multi_turn_metrics(samples: Sequence[Sample], max_response_len: int | None) 
         max_response_len: `--rollout-max-response-len` (None: no clip ratio).
     """
     raw = [s.response_length for s in samples]
-    model = [sum(1 for m in s.loss_mask if m) if s.loss_mask is not None else s.response_length for s in samples]
+    model = [s.effective_response_length for s in samples]
     prefix = "multi_turn/"
     out = {}
     for name, values in (("raw_response_length", raw), ("wo_obs_response_length", model)):
@@ -246,10 +248,10 @@ def compute_rollout_metrics(
     metrics["rollout/num_empty_responses"] = float(
         sum(s.response_length == 0 and s.status is not Status.ABORTED for s in samples)
     )
-    metrics.update(response_metrics(samples, "rollout/"))
+    lengths = [s.effective_response_length for s in samples]
+    metrics.update(response_metrics(samples, "rollout/", lengths))
     if cfg.log_multi_turn:
         metrics.update(multi_turn_metrics(samples, cfg.rollout_max_response_len))
-    lengths = [s.effective_response_length for s in samples]
     # The original's `rollout/rollout_log_probs`: per sample the mean engine log-prob over its trainable tokens (0
     # for none), then the mean over samples; its `rollout/log_probs` is the trainer's (slime_core.train_step).
     sample_log_probs = []

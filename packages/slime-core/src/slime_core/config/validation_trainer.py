@@ -1,0 +1,69 @@
+"""Trainer flags the backend must honour or refuse, part of `derive_and_validate` (issue 27).
+
+No flag that changes the math, memory or parallelism of training is accepted and ignored: a value the
+`--train-backend` does not implement (its capability record, `slime_core.extensions.TrainBackendSpec`) is one
+`ConfigError` naming the flag and the backend; a flag another flag overrides, as in the original, says so once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from slime_core.config.base import ConfigError, warn_once
+from slime_core.extensions import train_backend_spec
+
+if TYPE_CHECKING:
+    from slime_core.config.args import SlimeArgs
+
+__all__ = ["check_trainer_flags"]
+
+
+def check_trainer_flags(args: SlimeArgs) -> None:
+    """Checks the optimizer, precision and micro-batching flags against the backend; derives `--balance-data`.
+
+    Args:
+        args: the config under validation (writable: `--balance-by-flops` sets `balance_data`).
+
+    Raises:
+        ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement;
+            `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it.
+    """
+    spec = train_backend_spec(args)
+    styles = spec.lr_decay_styles
+    if args.lr_decay_style not in styles:
+        raise ConfigError(
+            f"--lr-decay-style {args.lr_decay_style} is not implemented with --train-backend {args.train_backend}; use "
+            f"{', '.join(styles[:-1])} or {styles[-1]}"
+        )
+    if args.optimizer not in spec.optimizers:  # both backends build AdamW: sgd would train with Adam, unannounced
+        raise ConfigError(
+            f"--optimizer {args.optimizer} is not implemented with --train-backend {args.train_backend}; use "
+            f"--optimizer {' or '.join(spec.optimizers)}"
+        )
+    if args.fp16 and not spec.supports_fp16:  # FSDP computes in bf16 on GPU, fp32 on CPU: fp16 was never used
+        raise ConfigError(
+            f"--fp16 is not implemented with --train-backend {args.train_backend} (no float16 training with loss "
+            "scaling); use --bf16, or --train-backend megatron"
+        )
+    _micro_batching(args)
+
+
+def _micro_batching(args: SlimeArgs) -> None:
+    if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
+        raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
+    if args.max_tokens_per_gpu is not None and not args.use_dynamic_batch_size:  # as in the original: unused
+        warn_once(
+            "max_tokens_static",
+            "--max-tokens-per-gpu has no effect without --use-dynamic-batch-size: micro-batches hold "
+            f"--micro-batch-size {args.micro_batch_size} samples",
+        )
+    if args.use_dynamic_batch_size and args.micro_batch_size != 1:  # the original's precedence: token budget wins
+        warn_once(
+            "micro_batch_dynamic",
+            f"--micro-batch-size {args.micro_batch_size} has no effect with --use-dynamic-batch-size: micro-batches "
+            "are packed up to --max-tokens-per-gpu",
+        )
+    if args.balance_by_flops:
+        if not args.use_dynamic_batch_size:
+            raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
+        args.balance_data = True
