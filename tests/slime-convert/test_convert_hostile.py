@@ -83,7 +83,7 @@ def test_force_keeps_the_old_output_until_the_new_one_is_complete(tiny_hf_model,
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(hf_io, "save_file", full_disk)
+    monkeypatch.setattr(hf_io, "save_safetensors", full_disk)
     argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(out), "--origin-hf-dir"]
     assert main([*argv, str(hf_dir), "--no-progress", "--force"]) == 2  # was a traceback (OSError not caught)
     # --force deleted the old output before converting: a failure left no output at all.
@@ -135,7 +135,7 @@ def test_hf_to_fp8_writes_nothing_when_it_fails_midway(tmp_path, monkeypatch, ca
         calls.append(path)
         raise OSError(errno.ENOSPC, "No space left on device", path)
 
-    monkeypatch.setattr(fp8, "save_file", full_disk)
+    monkeypatch.setattr(fp8, "save_safetensors", full_disk)
     assert main(argv) == 2  # was an OSError traceback
     assert "No space left on device" in caplog.text and len(calls) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "old"]

@@ -27,9 +27,9 @@ from slime_rollout.data.prompt_length import engine_context_len, sglang_context_
 from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
 from slime_rollout.data.sft import conversation_problem
+from slime_rollout.data.sft_preflight import is_sft, sft_problems
 from slime_rollout.data.source import TOKENIZER_FILES
 from slime_rollout.plugins import eval_function, load_function
-from slime_rollout.preflight_sft import is_sft, sft_problems
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
