@@ -84,7 +84,10 @@ def _run_with_fault(argv: list[str], sig: signal.Signals) -> tuple[subprocess.Co
                 pass
             time.sleep(0.02)
         assert fault, f"engine {url} never had requests running after rollout 0:\n" + "".join(lines[-40:])
-        proc.wait(timeout=600)
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:  # say where the run stood, not only that it did not end
+            pytest.fail(f"the run did not end within 600 s of the fault {fault}:\n" + "".join(lines[-120:]))
     finally:
         if proc.poll() is None:
             proc.kill()
