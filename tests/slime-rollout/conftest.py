@@ -4,7 +4,8 @@
 `reference_engine` is one CPU reference engine subprocess on a free port, shared by the session.
 
 `_rollout_fakes.py` (the rollout loop's test doubles) is importable as module `slime_rollout_fakes`, and
-`_multi_turn_fakes.py` (the multi-turn tests' scripted engine) as `slime_multi_turn_fakes`: registered
+`_multi_turn_fakes.py` (the multi-turn tests' scripted engine) as `slime_multi_turn_fakes`, `_data_source_helpers.py`
+as `slime_data_source_helpers`: registered
 here, before any test module is imported (pytest runs with `--import-mode=importlib`, so this folder is not on
 `sys.path`); its functions are also plugin paths the rollout imports by name.
 """
@@ -21,7 +22,11 @@ import pytest
 
 from slime_core.config import SlimeArgs
 
-for _name, _file in (("slime_rollout_fakes", "_rollout_fakes.py"), ("slime_multi_turn_fakes", "_multi_turn_fakes.py")):
+for _name, _file in (
+    ("slime_rollout_fakes", "_rollout_fakes.py"),
+    ("slime_multi_turn_fakes", "_multi_turn_fakes.py"),
+    ("slime_data_source_helpers", "_data_source_helpers.py"),
+):
     _spec = importlib.util.spec_from_file_location(_name, pathlib.Path(__file__).with_name(_file))
     sys.modules[_name] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules[_name])

@@ -1,38 +1,16 @@
-"""Data source: JSONL/Parquet, keys, chat template (real Qwen3 tokenizer), filtering, shuffling, cursor."""
+"""Data source: JSONL/Parquet, keys, chat template (real Qwen3 tokenizer), filtering (shuffling and the cursor:
+test_data_source_cursor.py)."""
 
 import json
-import random
 import re
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from slime_data_source_helpers import ROWS, _args, _write_jsonl
 
-from slime_core.config import PluginArgs, SlimeArgs
-from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
-
-
-def _args(**kw):
-    """The plugin view a data source is built with (`cls(args)`)."""
-    fields = dict(
-        rollout_batch_size=1,
-        num_rollout=1,
-        input_key="question",
-        label_key="answer",
-        rollout_seed=42,
-        n_samples_per_prompt=2,
-    )
-    fields.update(kw)
-    return PluginArgs.from_config(SlimeArgs.from_dict(fields))
-
-
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
-ROWS = [{"question": f"q{i}", "answer": str(i), "metadata": {"k": i}} for i in range(5)]
+from slime_rollout.data.source import RolloutDataSource, load_prompt_rows
 
 
 def test_jsonl_and_parquet_give_same_samples(tmp_path):
@@ -230,124 +208,6 @@ def test_tools_that_are_not_a_list_of_schemas_name_the_row(tmp_path, tools, show
     rows[1]["tools"] = json.dumps([{"type": "function", "function": {"name": "calc"}}])  # JSON of a list: fine
     args = _args(prompt_data=_write_jsonl(tmp_path / "t.jsonl", rows))
     assert RolloutDataSource(args).prompts[1].metadata["tools"] == [{"type": "function", "function": {"name": "calc"}}]
-
-
-def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path):
-    rows = [{"question": f"q{i}", "answer": "0"} for i in range(20)]
-    path = _write_jsonl(tmp_path / "d.jsonl", rows)
-
-    def first_two_epochs(seed):
-        ds = RolloutDataSource(_args(prompt_data=path, rollout_shuffle=True, rollout_seed=seed, n_samples_per_prompt=1))
-        return [g[0].prompt for g in ds.get_samples(40)]
-
-    order = first_two_epochs(7)
-    # Independent reference: the original's Dataset.shuffle (slime/utils/data.py), which reseeds the process-wide
-    # generator with seed + epoch (restored after, for the tests sharing this process).
-    saved = random.getstate()
-    try:
-        expected = []
-        for epoch in (0, 1):
-            random.seed(7 + epoch)
-            permutation = list(range(20))
-            random.shuffle(permutation)
-            expected += [f"q{i}" for i in permutation]
-    finally:
-        random.setstate(saved)
-    assert order == expected
-    assert order[:20] != order[20:]  # each epoch reshuffled
-    assert sorted(order[:20]) == sorted(order[20:])  # every prompt once per epoch
-    assert first_two_epochs(7) == order
-    assert first_two_epochs(8)[:20] != order[:20]
-
-
-def test_cursor_save_load_resumes_exact_order_with_buffer(tmp_path):
-    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(7)]
-    path = _write_jsonl(tmp_path / "d.jsonl", rows)
-    args = _args(prompt_data=path, rollout_shuffle=True, save=str(tmp_path / "ckpt"), n_samples_per_prompt=2)
-    ds = RolloutDataSourceWithBuffer(args)
-    ds.get_samples(5)
-    partial = ds.get_samples(1)
-    partial[0][0].tokens = [1, 2]
-    partial[0][0].append_response_tokens([3], log_probs=[-0.5], text="c")
-    ds.add_samples(partial)
-    ds.save(3)
-    assert (tmp_path / "ckpt" / "rollout" / "data_source_3.json").exists()
-    assert not list((tmp_path / "ckpt" / "rollout").glob(".*"))  # no temp file left
-    expected = ds.get_samples(9)
-
-    resumed = RolloutDataSourceWithBuffer(args.model_copy(update={"load": str(tmp_path / "ckpt")}))
-    resumed.load(3)
-    got = resumed.get_samples(9)
-    assert [[s.to_dict() for s in g] for g in got] == [[s.to_dict() for s in g] for g in expected]
-    assert got[0][0].tokens == [1, 2, 3] and got[0][0].rollout_log_probs == [-0.5]  # buffer first
-    # Missing cursor -> fresh start, no error.
-    fresh = RolloutDataSourceWithBuffer(args.model_copy(update={"load": str(tmp_path / "none")}))
-    fresh.load(3)
-    assert fresh.get_samples(1)[0][0].index == 0
-
-
-def test_the_data_source_without_a_buffer_saves_and_resumes(tmp_path):
-    # `--data-source-path ...RolloutDataSource` with --save failed at the first checkpoint: "'RolloutDataSource'
-    # object has no attribute 'buffer'".
-    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(7)]
-    args = _args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", rows), rollout_shuffle=True, save=str(tmp_path / "c"))
-    ds = RolloutDataSource(args)
-    ds.get_samples(3)
-    ds.save(2)
-    expected = ds.get_samples(6)
-    resumed = RolloutDataSource(args.model_copy(update={"load": str(tmp_path / "c")}))
-    resumed.load(2)
-    assert [[s.to_dict() for s in g] for g in resumed.get_samples(6)] == [[s.to_dict() for s in g] for g in expected]
-
-
-@pytest.mark.parametrize(
-    ("text", "why"), [("{not json", "Expecting property name"), ('{"epoch_id": 1}', "'sample_offset'")]
-)
-def test_a_damaged_cursor_file_is_one_error_naming_it(tmp_path, text, why):
-    # Kept through the move of the file's read to data/cursor_file.py: bad JSON and a missing field name the file.
-    bad = tmp_path / "c" / "rollout" / "data_source_2.json"
-    bad.parent.mkdir(parents=True)
-    bad.write_text(text)
-    ds = RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS), load=str(tmp_path / "c")))
-    with pytest.raises(ValueError, match=rf"^{bad}: bad data-source cursor \(.*{why}"):
-        ds.load(2)
-
-
-def test_a_partial_samples_plugin_attributes_survive_the_checkpoint(tmp_path):
-    # The original's retool generate sets sample.tool_call_count and its reward reads it; a partial sample saved in
-    # the buffer came back from --load without it (to_dict left plugin attributes out), so its reward changed.
-    args = _args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS), save=str(tmp_path / "ckpt"))
-    ds = RolloutDataSourceWithBuffer(args)
-    partial = ds.get_samples(1)
-    partial[0][0].tool_call_count = 2
-    ds.add_samples(partial)
-    ds.save(0)
-    resumed = RolloutDataSourceWithBuffer(args.model_copy(update={"load": str(tmp_path / "ckpt")}))
-    resumed.load(0)
-    first, second = resumed.get_samples(1)[0]
-    assert first.tool_call_count == 2 and second.plugin_attributes() == {}
-    # A value JSON cannot store is one error naming the buffer, the sample and the attribute (json's own names
-    # only the type).
-    ds.add_samples(ds.get_samples(1))
-    ds.buffer[0][1].seen = {1, 2}
-    with pytest.raises(
-        TypeError,
-        match=r"^--save: the data source's partial-rollout buffer: sample 1's plugin attribute 'seen' holds a value of "
-        r"type set, which JSON cannot store",
-    ):
-        ds.save(1)
-    ds.buffer[0][1].seen = [1, 2]
-    ds.buffer[0][0].metadata["when"] = object()
-    with pytest.raises(TypeError, match=r"buffer: sample 0's metadata\['when'\] holds a value of type object,"):
-        ds.save(1)
-
-
-def test_buffer_group_size_checked(tmp_path):
-    ds = RolloutDataSourceWithBuffer(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS)))
-    with pytest.raises(ValueError, match="expected 2"):
-        ds.add_samples([ds.get_samples(1)[0][:1]])
-    with pytest.raises(RuntimeError, match="no buffer"):
-        RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS))).add_samples([])
 
 
 def _model_dir(tmp_path, qwen3_tokenizer_dir, max_position_embeddings):
