@@ -121,12 +121,13 @@ def test_the_flags_and_their_defaults():
         parse_args([*base, "--rm-timeout-secs", "0"])
 
 
-def _engine(*, health_ok: bool, thaw: asyncio.Event):
-    """A frozen engine: /generate answers only once `thaw` is set; /health_generate answers 200 (`health_ok`) or
-    not before `thaw` either (set at the test's end, so the server shuts down at once)."""
+def _engine(*, health_ok: bool, thaw: asyncio.Event, health_delay_s: float = 0.0):
+    """A frozen engine: /generate answers only once `thaw` is set; /health_generate answers 200 (`health_ok`, after
+    `health_delay_s`) or not before `thaw` either (set at the test's end, so the server shuts down at once)."""
 
     async def handler(request):
         if request.path == "/health_generate" and health_ok:
+            await asyncio.sleep(health_delay_s)
             return web.Response()
         await thaw.wait()
         return web.Response(status=503)
@@ -167,6 +168,28 @@ async def test_an_engine_that_answers_health_but_not_the_request_fails_at_the_de
     assert len(caplog.records) >= 2  # warned while it waited
     thaw.set()
     await client.aclose()
+
+
+async def test_the_deadline_not_the_socket_timeout_ends_a_request_whose_probe_straddles_the_deadline(http_server):
+    """The probe at the first warning runs past the deadline: a socket read timeout equal to the deadline fired
+    meanwhile and the call failed with aiohttp's bare "Timeout on reading data from socket" (a CI failure); the
+    transport's timeout is now a backstop past the deadline, so the error names the deadline and its flag."""
+    thaw = asyncio.Event()
+    url = await http_server(_engine(health_ok=True, thaw=thaw, health_delay_s=0.9))
+    client = RolloutClient([url], generate_timeout=1.0, slow_warning_s=0.3, probe_timeout_s=5.0)
+    with pytest.raises(EngineError, match=rf"^engine {url}/generate failed: /generate on engine {url} did not finish "
+                       r"within 1 s \(--sglang-router-request-timeout-secs\); cancelled$"):  # fmt: skip
+        await client.generate({"input_ids": [1, 2], "sampling_params": {}})
+    thaw.set()
+    await client.aclose()
+
+
+def test_the_transport_backstop_lies_past_the_deadline():
+    from slime_rollout.runtime.deadlines import backstop_timeout_s
+
+    assert backstop_timeout_s(None) is None
+    assert backstop_timeout_s(1.0) == 11.0
+    assert backstop_timeout_s(14400.0) == 15120.0  # the 4 h default: 5 % more
 
 
 async def test_await_with_deadline_cancels_the_work_and_passes_results_through():

@@ -22,7 +22,7 @@ from slime_rollout.engines.open_files import ensure_open_files
 from slime_rollout.engines.pool import EnginePool, EngineState
 from slime_rollout.engines.probe import ProbeResult, probe
 from slime_rollout.engines.transport import EngineError, EngineResponse, HttpEndpoint
-from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline
+from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline, backstop_timeout_s
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -402,7 +402,7 @@ class RolloutClient:
         while True:
             try:
                 return await await_with_deadline(
-                    self.router.generate(payload, timeout=self.generate_timeout),
+                    self.router.generate(payload, timeout=backstop_timeout_s(self.generate_timeout)),
                     what=f"/generate through the router {self.router.url}",
                     deadline_s=self.generate_timeout,
                     flag="--sglang-router-request-timeout-secs",

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slime_rollout.engines.transport import EngineError
-from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline
+from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline, backstop_timeout_s
 
 __all__ = ["EnginePool", "EngineSlot", "EngineState", "FaultStats", "NoHealthyEngineError"]
 
@@ -254,7 +254,7 @@ class EnginePool:
         # One connection retry when failing over: a dead engine's requests move on within seconds.
         retries = 1 if self.failover else None
         call = asyncio.ensure_future(
-            slot.client.generate(payload, timeout=self.generate_timeout_s, max_retries=retries)
+            slot.client.generate(payload, timeout=backstop_timeout_s(self.generate_timeout_s), max_retries=retries)
         )
         start = time.monotonic()
         slot.calls[call] = start

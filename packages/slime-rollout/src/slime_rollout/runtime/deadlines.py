@@ -47,6 +47,7 @@ __all__ = [
     "DeadlineExceeded",
     "PluginExit",
     "await_with_deadline",
+    "backstop_timeout_s",
     "call_plugin_with_deadline",
     "call_in_thread_with_deadline",
     "call_plugin_with_deadline_sync",
@@ -67,6 +68,17 @@ class PluginExit(Exception):  # noqa: N818 - it names what the plugin did, not a
 
     The message is the original's type and text (`SystemExit: 3`).
     """
+
+
+def backstop_timeout_s(deadline_s: float | None) -> float | None:
+    """A transport read timeout for work that `await_with_deadline` bounds at `deadline_s`.
+
+    Set past the deadline (by 5 % and at least 10 s) so the deadline, whose message names the flag that sets it,
+    fires first: a socket read timeout equal to the deadline would win the race whenever the loop was busy at the
+    deadline (e.g. in `on_slow`) and fail with aiohttp's bare "Timeout on reading data from socket". It stays as a
+    backstop in case the bounded wait is bypassed. None (no deadline) stays None.
+    """
+    return None if deadline_s is None else deadline_s + max(10.0, 0.05 * deadline_s)
 
 
 async def await_with_deadline[T](
