@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from slime_core.flops import transformer_flops  # noqa: F401 - the benchmarks' FLOPs (`_common.transformer_flops`)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = pathlib.Path(os.environ.get("SLIME_QWEN3_TOKENIZER", REPO / "tests" / "fixtures" / "qwen3-tokenizer"))
 GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
@@ -136,39 +138,6 @@ def time_train(backend: Any, batch: Any, device: str, repeats: int) -> tuple[flo
         if v != v:
             raise RuntimeError(f"train() returned NaN for {k}")
     return warm_s, times, metrics, peak
-
-
-def transformer_flops(config: Any, seq_lens: list[int], *, lm_head_tokens: int, backward: bool) -> dict[str, float]:
-    """Model FLOPs of a dense decoder over packed sequences (Kaplan et al. 2020; Narayanan et al. 2021, eq. 3).
-
-    Exact formula used (T = Σ s tokens, R = ``lm_head_tokens``, k = 3 with backward else 1):
-
-    * matmul = k · (2·N_body·T + 2·V·H·R), with N_body = L·(H·d_q + 2·H·d_kv + d_q·H + 3·H·F) the
-      decoder-layer weights (q, k, v, o projections and the SwiGLU MLP); the embedding lookup does no FLOPs;
-      the lm_head runs only on the R positions whose next token is scored (slime's response-only forward).
-    * attention = k · 2·L·d_q·Σ s²: scores QKᵀ and P·V are 2·2·s²·d_q each forward and layer, halved by the
-      causal mask (the brief's 12·L·H·Σ s² fwd+bwd, halved, with H replaced by d_q = heads·head_dim).
-    * k = 3: the backward costs twice the forward. Gradient checkpointing's recomputation is NOT counted
-      (model FLOPs, not hardware FLOPs), so MFU with it is comparable to MFU without.
-
-    Args:
-        config: HF config (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
-            intermediate_size, vocab_size).
-        seq_lens: packed sequence lengths in tokens.
-        lm_head_tokens: positions passed through the lm_head (R).
-        backward: count forward + backward instead of forward only.
-
-    Returns:
-        {"matmul", "attention", "total"} in FLOPs and "n_body" (parameters of the decoder layers).
-    """
-    h, layers = config.hidden_size, config.num_hidden_layers
-    d_head = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    d_q, d_kv = config.num_attention_heads * d_head, config.num_key_value_heads * d_head
-    n_body = layers * (h * d_q + 2 * h * d_kv + d_q * h + 3 * h * config.intermediate_size)
-    k = 3.0 if backward else 1.0
-    matmul = k * (2.0 * n_body * sum(seq_lens) + 2.0 * config.vocab_size * h * lm_head_tokens)
-    attention = k * 2.0 * layers * d_q * sum(s * s for s in seq_lens)
-    return {"matmul": matmul, "attention": attention, "total": matmul + attention, "n_body": float(n_body)}
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Ray and the actors are replaced by fakes that record the calls in order (no processes are started).
 """
 
+import time
 import types
 
 import pytest
@@ -104,6 +105,7 @@ def _run(monkeypatch, trainer=None, **fields):
     run.rollouts = loop.Rollouts(
         run.manager, cfg.num_rollout, ahead=cfg.async_train, update_weights_interval=cfg.update_weights_interval
     )
+    run.train_end = time.perf_counter()  # as `run` does once the trainer is up
     for rollout_id in range(cfg.num_rollout):
         run.step(rollout_id)
     run.tracker.history, run.tracker.tensorboard_dir, run.output_dir = [], None, "/unused"
@@ -122,8 +124,13 @@ def test_sync_step_reads_rollout_train_save_sync_eval(monkeypatch):
     ]  # fmt: skip
     assert {k for k in logged[1] if not k.startswith("goodput/")} == {
         "rollout/raw_reward", "train/loss", "perf/train_time", "perf/save_time", "perf/update_weights_time",
-        "perf/step_time", "perf/rollout_wait_time",
+        "perf/step_time", "perf/rollout_wait_time", "perf/train_wait_time", "perf/wait_time_ratio",
     }  # fmt: skip
+    # The original's trainer idle time: between train calls, i.e. this step's rollout wait and the last step's
+    # save, weight sync and eval; its ratio to the whole span since the last train call ended.
+    for step in (0, 1, 2):
+        wait, ratio = logged[step]["perf/train_wait_time"], logged[step]["perf/wait_time_ratio"]
+        assert wait >= logged[step]["perf/rollout_wait_time"] and 0 < ratio < 1
     assert logged[1]["goodput/cum/wall_time"] >= logged[1]["perf/step_time"]  # steps 0 and 1 + the eval
     assert logged[2]["eval/demo"] == 0.25  # the eval after rollout 1 is logged at rollout 2
 

@@ -64,19 +64,6 @@ def models(tmp_path_factory) -> pathlib.Path:
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def test_transformer_flops_by_hand():
-    common = _load("_common")
-    cfg = types.SimpleNamespace(hidden_size=4, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                head_dim=3, intermediate_size=5, vocab_size=10)  # fmt: skip
-    # d_q = 6, d_kv = 3; per layer: q 4*6 + k,v 2*4*3 + o 6*4 + mlp 3*4*5 = 24 + 24 + 24 + 60 = 132; 2 layers = 264.
-    fwd = common.transformer_flops(cfg, [3, 5], lm_head_tokens=4, backward=False)
-    assert fwd["n_body"] == 264
-    assert fwd["matmul"] == 2 * 264 * 8 + 2 * 10 * 4 * 4  # 4224 + 320
-    assert fwd["attention"] == 2 * 2 * 6 * (9 + 25)  # 816
-    both = common.transformer_flops(cfg, [3, 5], lm_head_tokens=4, backward=True)
-    assert both["total"] == 3 * fwd["total"]
-
-
 def test_train_flops_counts_old_logprob_forward():
     bench = _load("bench_train_fsdp")
     common = _load("_common")

@@ -147,6 +147,7 @@ class Run:
     progress: RunProgress | None = None
     rollouts: Rollouts | None = None  # set by `run`; None before (a save then has no generation in flight)
     _cursor_saved: int | None = None  # `--async`: the rollout whose data cursor was saved before the next one drew
+    train_end: float | None = None  # when the trainer last finished a train call (`run` sets it at start-up)
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
@@ -288,6 +289,7 @@ class Run:
         """The whole run: build, evaluate the starting model, then one `step` per rollout id."""
         cfg = self.cfg
         self.start_rollout_id = start = self.build()
+        self.train_end = time.perf_counter()  # the original's perf/train_wait_time starts when the trainer is up
         if start >= cfg.num_rollout > 0:  # as the original, nothing runs; it said nothing either
             origin = "--start-rollout-id" if cfg.start_rollout_id is not None else f"--load {cfg.load}"
             logger.warning(
@@ -354,11 +356,15 @@ class Run:
             raise RunStopped(f"{findings[0].message} (--stop-on-instability)")
 
     def train(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
-        """Trains on one rollout's per-DP-rank batches; returns `train/*` and `perf/train_time` (seconds).
+        """Trains on one rollout's per-DP-rank batches; returns `train/*` and `perf/*` times (seconds).
+
+        `perf/train_time` is the trainer's call; the original's `perf/train_wait_time` / `perf/wait_time_ratio`
+        are the trainer's idle time since its last train call (or since start-up) and its share.
 
         Colocated, the engines release their memory first and the trainer wakes up. (`step` checks the first
         step's trainer log-probs against the engine's: `slime_app.guards.first_step_logprob_gate`.)
         """
+        begin = time.perf_counter()
         swap: dict[str, float] = {}
         if self.swap_engines:
             _timed(swap, "perf/engine_release_time", lambda: ray.get(self.manager.offload.remote()))
@@ -370,6 +376,12 @@ class Run:
         metrics = self._prefix("train", train_metrics)
         metrics["perf/train_time"] = time.perf_counter() - t0
         metrics.update(swap)
+        # The original's idle share of the trainer: from the end of its last train call to the start of this one.
+        end = time.perf_counter()
+        if self.train_end is not None:
+            wait = metrics["perf/train_wait_time"] = begin - self.train_end
+            metrics["perf/wait_time_ratio"] = wait / (end - self.train_end)
+        self.train_end = end
         return metrics
 
     def _saves_after(self, rollout_id: int) -> bool:

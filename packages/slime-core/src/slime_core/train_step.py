@@ -45,6 +45,7 @@ from slime_core.algorithms import (
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
+from slime_core.flops import model_config, throughput_metrics
 from slime_core.goodput import trained_token_sums
 
 logger = logging.getLogger(__name__)
@@ -285,6 +286,37 @@ def _rollout_mean_sums(
     return sums
 
 
+def _length_sums(batch: RolloutBatch) -> dict[str, float]:
+    """This rank's length sums for the original's length means and for `perf/*_tflops`.
+
+    The means are its `rollout/total_lengths`, `rollout/response_lengths` and `rollout/truncated`; the FLOPs need
+    Σ s, Σ s² and Σ response lengths.
+    """
+    total = [int(t.numel()) for t in batch.tokens]
+    return {
+        "lengths/total.sum": float(sum(total)),
+        "lengths/total_sq.sum": float(sum(s * s for s in total)),
+        "lengths/response.sum": float(sum(batch.response_lengths)),
+        "lengths/truncated.sum": float(sum(batch.truncated)),
+        "lengths/truncated.count": float(len(batch.truncated)),  # 0 where the batch does not say
+        "lengths/samples": float(len(total)),
+    }
+
+
+def _length_means(reduced: dict[str, float]) -> dict[str, float]:
+    """The original's trainer-side length means over every sample of the rollout (its `log_rollout_data`)."""
+    n = reduced.get("lengths/samples", 0.0)
+    if not n:
+        return {}
+    out = {
+        "rollout/total_lengths": reduced["lengths/total.sum"] / n,
+        "rollout/response_lengths": reduced["lengths/response.sum"] / n,
+    }
+    if reduced.get("lengths/truncated.count"):
+        out["rollout/truncated"] = reduced["lengths/truncated.sum"] / reduced["lengths/truncated.count"]
+    return out
+
+
 def _rollout_means(reduced: dict[str, float]) -> dict[str, float]:
     """`rollout/<name>` = reduced sum / reduced count of the `_rollout_mean_sums` entries in `reduced`."""
     names = {key.rsplit(".", 1)[0] for key in reduced if key.startswith("rollout/")}
@@ -412,13 +444,21 @@ def train_on_rollout(
         "returns": returns,
         "values": values,
     }
-    # One reduction for the goodput counts and the rollout means (the old log-probs are known only now).
-    reduced = backend.reduce_metric_sums({**fates, **_rollout_mean_sums(batch, series)})
-    fates = {key: value for key, value in reduced.items() if not key.startswith("rollout/")}
+    # One reduction for the goodput counts, the rollout means and the token counts of the FLOPs (the old log-probs
+    # are known only now).
+    reduced = backend.reduce_metric_sums({**fates, **_rollout_mean_sums(batch, series), **_length_sums(batch)})
+    fates = {key: value for key, value in reduced.items() if not key.startswith(("rollout/", "lengths/"))}
     times.update({"perf/log_probs_time": t1 - t0, "perf/ref_log_probs_time": t2 - t1})
     if cfg.use_opd:
         times["perf/teacher_log_probs_time"] = t_teacher - t2
     times["perf/actor_train_time"] = time.perf_counter() - t3
+    forwards_ran = {
+        "perf/log_probs_time": times["perf/log_probs_time"]
+        if (old is not None and not cfg.use_rollout_logprobs) or trainer is not None
+        else 0.0,
+        "perf/ref_log_probs_time": times["perf/ref_log_probs_time"] if ref is not None else 0.0,
+        "perf/actor_train_time": times["perf/actor_train_time"],
+    }
     interval = cfg.ref_update_interval
     if backend.has_ref and interval and (rollout_id + 1) % interval == 0:
         backend.update_ref()  # --ref-update-interval: the reference follows the actor
@@ -427,6 +467,12 @@ def train_on_rollout(
     metrics.update(_rollout_means(reduced))
     metrics.update({f"goodput/{key}": value for key, value in fates.items()})
     metrics.update(times)
+    metrics.update(_length_means(reduced))
+    config = model_config(cfg.hf_checkpoint)
+    if config is not None:
+        gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+        metrics.update(throughput_metrics(config, reduced["lengths/total.sum"], reduced["lengths/total_sq.sum"],
+                                          reduced["lengths/response.sum"], gpus, forwards_ran))  # fmt: skip
     # DEBUG: the summary line of each rollout and TensorBoard/W&B carry these; at INFO it repeated them per rank.
     logger.debug("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
     return metrics, per_step
