@@ -8,6 +8,7 @@ import asyncio
 import threading
 import types
 
+import pytest
 import torch
 from aiohttp import web
 
@@ -86,3 +87,40 @@ def test_a_refused_distributed_push_restarts_the_engine_instead_of_ending_a_faul
     assert failed[2].startswith("weight push failed: weight push '1' failed on 1 engine(s)")
     assert manager.calls[-1] == ("engines_restored", [])  # nothing reached: the engine gets the weights once back
     assert restorer.weight_version == 1
+
+
+class _RecordingTrainer:
+    def __init__(self, manager, fail=False):
+        self.manager, self.fail = manager, fail
+
+    def update_weights(self, version, urls=None):
+        self.manager.calls.append(("update_weights", version))
+        if self.fail:
+            raise RuntimeError("push failed")
+        return {"perf/update_weights_time": 0.1}
+
+
+FULLY_ASYNC = {"rollout_function_path": "slime.rollout.fully_async_rollout.generate_rollout_fully_async"}
+
+
+def test_fully_async_pushes_hold_the_managers_health_probes_while_the_weights_move(monkeypatch):
+    monkeypatch.setattr(restore, "ray", types.SimpleNamespace(get=lambda ref: ref))
+    for faults in (False, True):
+        cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "use_fault_tolerance": faults,
+                                   **FULLY_ASYNC})  # fmt: skip
+        manager = _Manager(["http://e0"])
+        assert restore.EngineRestorer(cfg, manager, _RecordingTrainer(manager)).push(3) == {
+            "perf/update_weights_time": 0.1
+        }
+        moves = [c for c in manager.calls if c[0] in ("weights_moving", "update_weights")]
+        assert moves == [("weights_moving", True), ("update_weights", 3), ("weights_moving", False)]
+    # A failed push still ends the hold; a run that does not generate around pushes never asks for one.
+    manager = _Manager(["http://e0"])
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **FULLY_ASYNC})
+    with pytest.raises(RuntimeError, match="push failed"):
+        restore.EngineRestorer(cfg, manager, _RecordingTrainer(manager, fail=True)).push(4)
+    assert manager.calls == [("weights_moving", True), ("update_weights", 4), ("weights_moving", False)]
+    manager = _Manager(["http://e0"])
+    restore.EngineRestorer(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1}), manager,
+                           _RecordingTrainer(manager)).push(5)  # fmt: skip
+    assert manager.calls == [("update_weights", 5)]

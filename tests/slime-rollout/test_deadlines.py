@@ -304,3 +304,26 @@ async def test_a_plugin_error_is_noted_once_even_when_raised_again():
         with pytest.raises(KeyError):
             await call_plugin_with_deadline(_raises_stored, None, None, what=f"gen on sample {index}", **bounds)
     assert STORED.__notes__ == ["(raised by gen on sample 0)"]  # not one more per call
+
+
+async def test_a_request_held_by_a_weight_push_is_not_called_frozen(http_server):
+    """Fully async, a request sent while a weight push pauses the engine waits for the resume, and SGLang answers
+    /health_generate 503 meanwhile. Was: the slow-call probe failed the run with "the engine is frozen"."""
+    resumed = asyncio.Event()
+
+    async def handler(request):
+        if request.path == "/health_generate":
+            return web.Response(status=503)  # what a paused SGLang engine answers after its 20 s
+        await resumed.wait()
+        return web.json_response({"text": "ok"})
+
+    url = await http_server(handler)
+    client = RolloutClient([url], generate_timeout=60.0, slow_warning_s=0.2, probe_timeout_s=0.3)
+    client.pool.begin_weight_move()
+    request = asyncio.ensure_future(client.generate({"input_ids": [1, 2], "sampling_params": {}}))
+    await asyncio.sleep(1.0)  # several slow-call probes would have run
+    assert not request.done()
+    client.pool.end_weight_move()
+    resumed.set()
+    assert await asyncio.wait_for(request, 10) == {"text": "ok"}
+    await client.aclose()

@@ -177,3 +177,63 @@ async def test_a_refused_connection_is_a_dead_engine_when_its_host_does_not_say(
     assert loop.time() - t0 < 5  # found at the first check, without waiting out the 30 s probe timeout
     assert len(reasons) == 1 and reasons[0].startswith("process gone: /health_generate ClientConnectorError")
     assert "hung" not in reasons[0]
+
+
+def _paused_engine(paused: asyncio.Event, resumed: asyncio.Event, log):
+    """SGLang while a weight push pauses it: `/health_generate` is held, then 503 (its 20 s timeout, shortened to
+    0.2 s here); `/generate` waits for the resume; otherwise a healthy engine."""
+
+    async def handler(request):
+        if request.path == "/health_generate":
+            if paused.is_set():
+                await asyncio.sleep(0.2)
+                return web.Response(status=503)
+            return web.Response()
+        body = await request.json()
+        if paused.is_set():
+            await resumed.wait()
+        log.append(body["id"])
+        return web.json_response({"id": body["id"]})
+
+    return handler
+
+
+async def test_no_health_verdict_while_a_weight_push_pauses_the_engines(http_server):
+    """Fully async, generation goes on around a weight push; a paused SGLang engine answers /health_generate 503
+    after 20 s. Was: the monitor restarted a healthy engine whose only fault was being paused for the push."""
+    paused, resumed, log = asyncio.Event(), asyncio.Event(), []
+    url = await http_server(_paused_engine(paused, resumed, log))
+    client = RolloutClient([url], failover=True, recovery_timeout=30)
+    restarts, restored = [], []
+    client.pool.begin_weight_move()
+    paused.set()
+    monitor = _monitor(client, restarts, restored)
+    request = asyncio.ensure_future(client.generate({"id": 1}))
+    await asyncio.sleep(1.0)  # five check intervals, each probe would answer 503
+    assert restarts == [] and client.pool.slots[0].state is EngineState.SERVING
+    paused.clear()
+    resumed.set()
+    client.pool.end_weight_move()
+    assert await asyncio.wait_for(request, 10) == {"id": 1} and log == [1]
+    await monitor.stop()
+    assert restarts == [] and client.pool.stats.engine_failures == 0
+
+
+async def test_a_verdict_from_a_check_that_a_weight_push_overlapped_is_dropped(http_server):
+    paused, resumed, log = asyncio.Event(), asyncio.Event(), []
+    url = await http_server(_paused_engine(paused, resumed, log))
+    client = RolloutClient([url], failover=True, recovery_timeout=30)
+    restarts = []
+    monitor = HealthMonitor(client.pool, interval_s=60, timeout_s=5, is_alive=None,
+                            restart=lambda i: restarts.append(i) or url, make_client=EngineClient)  # fmt: skip
+    paused.set()  # the probe is answered 503 ...
+    check = asyncio.ensure_future(monitor.check_all())
+    await asyncio.sleep(0.05)
+    client.pool.begin_weight_move()  # ... because a push paused the engine after the check began
+    await check
+    client.pool.end_weight_move()
+    assert restarts == [] and client.pool.slots[0].state is EngineState.SERVING
+    paused.clear()
+    await monitor.check_all()  # an unpaused engine is judged again (and healthy)
+    assert restarts == [] and client.pool.slots[0].state is EngineState.SERVING
+    await monitor.stop()

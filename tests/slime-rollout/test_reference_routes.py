@@ -78,3 +78,24 @@ def test_lora_routes_refuse_a_malformed_body_as_sglang_does(tiny_qwen3_dir):
         absent = client.post("/load_lora_adapter", json={"lora_name": "a", "lora_path": "/nonexistent/adapter"})
         assert absent.status_code == 400 and absent.json()["success"] is False
         assert absent.json()["loaded_adapters"] is None
+
+
+def test_health_generate_while_paused_waits_for_the_resume_then_answers_503_as_sglang(tiny_qwen3_dir, monkeypatch):
+    # SGLang 0.5.16 holds the probe's one-token request while paused and answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT
+    # (20 s) without output. Was: the reference engine answered 200 at once, so a CPU run never met what a GPU run
+    # does when the health monitor probes an engine paused for a weight push.
+    import threading
+    import time
+
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "0.5")
+    app = build_app(ReferenceModel(str(tiny_qwen3_dir)), max_running_requests=2, random_seed=0, server_args={})
+    with TestClient(app) as client:
+        assert client.get("/health_generate").status_code == 200
+        assert client.post("/pause_generation", json={"mode": "abort"}).status_code == 200
+        start = time.monotonic()
+        assert client.get("/health_generate").status_code == 503
+        assert time.monotonic() - start >= 0.5
+        resume = threading.Timer(0.2, lambda: client.post("/continue_generation", json={}))
+        resume.start()
+        assert client.get("/health_generate").status_code == 200  # resumed within the window: the probe generates
+        resume.join()

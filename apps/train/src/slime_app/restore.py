@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from slime_core.config import SlimeArgs
+from slime_core.config.validation_fully_async import is_fully_async
 from slime_rollout.weight_sync.push import WeightPushError
 
 logger = logging.getLogger(__name__)
@@ -80,13 +81,22 @@ class EngineRestorer:
         )
 
     def push(self, weight_version: int) -> dict[str, float]:
-        """A regular weight sync to every engine that is up; returns the trainer's `perf/*` metrics."""
-        if not self.enabled:
-            metrics = self.trainer.update_weights(weight_version)
-            self.weight_version = weight_version
-            return metrics
-        urls = ray.get(self.manager.live_engine_urls.remote())
-        metrics = self._push(weight_version, urls)
+        """A regular weight sync to every engine that is up; returns the trainer's `perf/*` metrics.
+
+        Fully async, generation goes on around the push: the manager's health probes hold while it runs
+        (`RolloutManager.weights_moving`).
+        """
+        overlaps = is_fully_async(self.cfg)
+        if overlaps:
+            ray.get(self.manager.weights_moving.remote(True))
+        try:
+            if not self.enabled:
+                metrics = self.trainer.update_weights(weight_version)
+            else:
+                metrics = self._push(weight_version, ray.get(self.manager.live_engine_urls.remote()))
+        finally:
+            if overlaps:
+                ray.get(self.manager.weights_moving.remote(False))
         self.weight_version = weight_version
         return metrics
 

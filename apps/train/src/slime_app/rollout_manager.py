@@ -379,6 +379,17 @@ class RolloutManager:
             self.supervisor.restored(urls)
 
     @ray.method(concurrency_group="control")
+    def weights_moving(self, active: bool) -> None:
+        """A weight push that pauses the engines begins (`active`) or ends: health probes hold meanwhile.
+
+        Fully async, generation goes on around a push; a paused SGLang engine holds `/health_generate` and answers
+        503 after 20 s, and requests sent meanwhile wait, so a probe then would find a healthy engine frozen.
+        """
+        pool = getattr(self.client, "pool", None)
+        if pool is not None:
+            (pool.begin_weight_move if active else pool.end_weight_move)()
+
+    @ray.method(concurrency_group="control")
     def live_engine_urls(self) -> list[str]:
         """Engines a weight push should reach now (all engines without fault tolerance)."""
         if self.supervisor is not None:

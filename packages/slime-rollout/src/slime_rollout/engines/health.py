@@ -11,6 +11,9 @@ engine unreachable:
   engine accepts connections but never answers);
 * **unhealthy**: it answers, but not 200 (SGLang answers 503 when its test generation fails).
 
+No check starts, and no verdict counts, while a weight push that pauses the engines runs
+(`EnginePool.begin_weight_move`): SGLang holds `/health_generate` while paused and answers 503 after 20 s.
+
 A failed engine is recovered in one task: `EnginePool.mark_failed` cancels its in-flight requests, which go to
 the healthy engines; the process group is killed and a new engine started (same port when possible, so its URL
 stays valid); `restore` gives it the run's current weights (in the trainer app, the driver pushes them; without
@@ -127,8 +130,14 @@ class HealthMonitor:
 
     async def check_all(self) -> None:
         """Checks every engine not already being recovered; starts the recovery of the failed ones."""
+        if self.pool.weights_moving:
+            return  # paused engines answer /health_generate 503 after 20 s: no verdict while weights move
+        moves = self.pool.weight_moves
         todo = [s.index for s in self.pool.slots if s.index not in self._recovering]
         verdicts = await asyncio.gather(*(self._check(i) for i in todo))
+        if self.pool.judged_during_push(moves):
+            logger.info("health checks overlapped a weight push; their verdicts are dropped")
+            return
         for index, reason in zip(todo, verdicts, strict=True):
             if reason is not None:
                 self.recover(index, reason)

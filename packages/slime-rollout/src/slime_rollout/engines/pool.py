@@ -144,6 +144,24 @@ class EnginePool:
         self.stats = FaultStats()
         self._rr = 0
         self._serving_changed: asyncio.Condition | None = None  # made lazily on the running loop
+        # Weight pushes that may overlap generation (fully async): SGLang holds `/health_generate` while paused
+        # and answers 503 after its SGLANG_HEALTH_CHECK_TIMEOUT (20 s), and requests sent meanwhile wait; neither
+        # says anything about the engine's health, so probes neither start nor judge during a push.
+        self.weight_moves = 0  # pushes begun so far
+        self.weights_moving = False
+
+    def begin_weight_move(self) -> None:
+        """A weight push that pauses the engines begins: health probes wait until `end_weight_move`."""
+        self.weight_moves += 1
+        self.weights_moving = True
+
+    def end_weight_move(self) -> None:
+        """The weight push ended (or failed): health probes judge again."""
+        self.weights_moving = False
+
+    def judged_during_push(self, moves_before: int) -> bool:
+        """Whether a probe begun when `weight_moves` was `moves_before` overlapped a weight push."""
+        return self.weights_moving or self.weight_moves != moves_before
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -290,7 +308,11 @@ class EnginePool:
         what = f"/generate on engine {slot.url}" + (f" (rid {rid})" if rid else "")
 
         async def probe(elapsed_s: float) -> None:
-            if not await slot.client.health_generate(timeout=self.probe_timeout_s):
+            moves = self.weight_moves
+            if self.weights_moving:
+                return  # a paused engine holds the request and the probe alike
+            healthy = await slot.client.health_generate(timeout=self.probe_timeout_s)
+            if not healthy and not self.judged_during_push(moves):
                 raise EngineError(
                     slot.url,
                     "/generate",

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import time
@@ -29,11 +30,22 @@ async def health():
 
 @router.get("/health_generate")
 async def health_generate(request: Request):
-    """Healthy when busy or paused (as SGLang), else when a one-token generation finishes."""
+    """SGLang 0.5.16's answer: 200 when busy, or when a one-token generation finishes.
+
+    While generation is paused the probe waits for the resume and, after `SGLANG_HEALTH_CHECK_TIMEOUT` seconds
+    (20) without one, answers 503.
+    """
     engine = engine_of(request)
     scheduler = engine.scheduler
-    if scheduler.paused or scheduler.num_running:
-        return Response(status_code=200)  # busy or paused is healthy; SGLang answers likewise
+    if scheduler.paused:
+        # SGLang's probe is a generation request, held by the paused tokenizer manager like any other.
+        deadline = time.monotonic() + float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+        while scheduler.paused and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if scheduler.paused:
+            return Response(status_code=503)
+    if scheduler.num_running:
+        return Response(status_code=200)  # busy is healthy: SGLang sees the running requests' output
     req = await submit_one(engine, [engine.model.pad_token_id], None, {"max_new_tokens": 1, "temperature": 0.0}, None)
     return Response(status_code=200 if req.finished else 503)
 
