@@ -10,7 +10,7 @@ Reads top to bottom like the original's `train_actor`:
 3. advantages (the `--advantage-estimator` spec's function; PPO's GAE reads the critic's values attached as
    `RolloutBatch.values`; OPD subtracts `--opd-kl-coef·(old - teacher)`), whitened over all data-parallel ranks
    with `--normalize-advantages`;
-4. per optimizer step: the step's denominator (its global sample count, or token count with
+4. per optimizer step: the step's denominator (its global rollout count, or token count with
    `--calculate-per-token-loss`), forward + backward of its micro-batches with `compute_train_loss` as the
    loss, the optimizer step, and the metric sums reduced over data-parallel ranks divided by the denominator;
 5. `--ref-update-interval`, and the metrics averaged over steps.
@@ -132,15 +132,22 @@ def can_reuse_old_log_probs(cfg: SlimeArgs, batch: RolloutBatch) -> bool:
 
 
 def step_denominator(cfg: SlimeArgs, batch: RolloutBatch, step: int) -> float:
-    """What step `step`'s summed loss is divided by: its global sample count, or token count per-token.
+    """What step `step`'s summed loss is divided by: its global rollout count, or token count per-token.
+
+    The rollout count is the original's `step_global_batch_size` (`loss_function`, `reduce_train_step_metrics`):
+    samples that fanned out of one rollout share its token-mean denominator (`loss_denominators`), so their sum
+    is that rollout's mean and the rollout counts once. Without `RolloutBatch.step_rollout_counts` every sample
+    is its own rollout (`step_sample_counts`).
 
     Raises:
         ValueError: the batch's step counts do not have one entry per step.
     """
-    per_token = cfg.calculate_per_token_loss
-    counts = batch.step_token_counts if per_token else batch.step_sample_counts
+    if cfg.calculate_per_token_loss:
+        name = "step_token_counts"
+    else:
+        name = "step_rollout_counts" if batch.step_rollout_counts else "step_sample_counts"
+    counts = getattr(batch, name)
     if len(counts) != batch.num_steps:
-        name = "step_token_counts" if per_token else "step_sample_counts"
         raise ValueError(f"RolloutBatch.{name} must have one entry per step ({batch.num_steps})")
     return max(float(counts[step]), 1.0)
 

@@ -7,7 +7,7 @@ reductions) and on CPU/gloo (fp32), which is what the tests use. `train` is the 
 optimizer (the `StepBackend` methods).
 
 Loss scaling across ranks: the shared step's micro-batch loss is the SUM over the micro-batch's samples of
-each sample's reduced loss; we divide it by the step's global sample count (or token count with
+each sample's reduced loss; we divide it by the step's global rollout count (`step_denominator`; or token count with
 `--calculate-per-token-loss`) and multiply by the DP size, because FSDP2's reduce-scatter AVERAGES gradients
 over ranks. The resulting gradient is the sum over ranks of the per-rank partial sums, i.e. the mean over the
 step's global batch.
