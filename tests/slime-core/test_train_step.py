@@ -220,7 +220,35 @@ def test_rollout_mean_sums_have_the_same_names_on_a_rank_without_samples():
     sums = _rollout_mean_sums(empty, {"log_probs": {}, "ref_log_probs": None, "advantages": []})
     assert sums == {"rollout/log_probs.sum": 0.0, "rollout/log_probs.count": 0.0, "rollout/advantages.sum": 0.0,
                     "rollout/advantages.count": 0.0}  # fmt: skip
-    assert _rollout_means(sums) == {}  # nothing to average anywhere: no key rather than a division by zero
+    assert _rollout_means(sums, 0) == {}  # nothing to average anywhere: no key rather than a division by zero
+
+
+def test_a_fanned_out_rollout_is_one_rollout_in_the_loss_and_the_rollout_means_as_in_the_original():
+    # One rollout fanned out into two samples (2 and 3 trainable tokens, rewards +1 / -0.5 broadcast as GRPO
+    # advantages): they share its mask total 5 as denominator (slime/ray/rollout.py `rollout_mask_sums`) and the
+    # step counts 1 rollout (`global_batch_sizes`). The original (megatron_utils/loss.py: loss_function,
+    # observability/train_metric_utils.py: reduce_train_step_metrics, log_rollout_data) then gives, by hand:
+    #   rollout/advantages = (1·2 + (-0.5)·3) / 5 / 1 rollout = 0.1   (not the mean of sample means (1 - 0.5)/2 = 0.25)
+    #   train/pg_loss      = -(1·2 - 0.5·3) / 5 / 1 = -0.1            (ratio 1: each token's PPO loss is -A)
+    batch = RolloutBatch(
+        tokens=[torch.arange(4), torch.arange(5)],
+        response_lengths=[2, 3],
+        loss_masks=[torch.ones(2), torch.ones(3)],
+        rewards=[1.0, -0.5],
+        raw_rewards=[1.0, 0.0],
+        loss_denominators=[5.0, 5.0],
+        micro_batches=[[[0], [1]]],
+        step_sample_counts=[2],
+        step_rollout_counts=[1],
+        step_token_counts=[5.0],
+    )
+    backend = FakeBackend(batch)
+    metrics, _ = train_on_rollout(_cfg(), backend, 0, batch)
+    assert backend.denominators == [1.0]
+    assert metrics["rollout/advantages"] == pytest.approx(0.1, abs=ATOL)
+    assert metrics["rollout/returns"] == pytest.approx(0.1, abs=ATOL)
+    assert metrics["rollout/log_probs"] == pytest.approx(-1.0, abs=ATOL)  # every log-prob is -1
+    assert metrics["train/pg_loss"] == pytest.approx(-0.1, abs=ATOL)
 
 
 def test_rollout_log_probs_ref_whitening_reset_and_ref_update():

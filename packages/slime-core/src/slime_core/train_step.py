@@ -236,15 +236,17 @@ def entropy_has_grad(cfg: SlimeArgs) -> bool:
     return cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
 
 
-def _sample_means_sum(values: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
-    """Σ over samples of each sample's mean of `values` `[L_i]` over its trainable tokens, as a detached 0-d tensor.
+def _sample_means_sum(
+    values: list[torch.Tensor], masks: list[torch.Tensor], denominators: Sequence[float]
+) -> torch.Tensor:
+    """Σ over samples of `Σ_t values·mask / denominator` (`values` `[L_i]`), as a detached 0-d tensor.
 
-    The original's `log_rollout_data`: `sum_of_sample_mean` with each sample's own mask count as its denominator
-    (clamped at 1: a sample without trainable tokens adds 0); a non-finite value at a masked token is left out.
+    The original's `log_rollout_data`: `sum_of_sample_mean` with the samples' `rollout_mask_sums` (here
+    `RolloutBatch.loss_denominators`: a sample's own mask count, or its rollout's when siblings share a
+    `rollout_id`, so the siblings add up to their rollout's token mean); clamped at 1, a sample without trainable
+    tokens adds 0; a non-finite value at a masked token is left out.
     """
     lengths = [int(v.numel()) for v in values]
-    # The batch's masks are host tensors (`RolloutBatch`): their counts cost no device sync.
-    denominators = [float(d) for d in torch.stack([m.float().sum() for m in masks]).tolist()] if masks else []
     reduce = sum_of_sample_mean(lengths, masks, denominators)
     return reduce(torch.cat([v.detach().reshape(-1).float() for v in values])) if values else torch.zeros(())
 
@@ -254,9 +256,10 @@ def _rollout_mean_sums(
 ) -> dict[str, float]:
     """This rank's sums for the original's trainer-side `rollout/*` means (its `log_rollout_data`).
 
-    Per sample the mean over its trainable tokens (`sum_of_sample_mean`); `_rollout_means` then takes the mean
-    over every sample of the rollout once the sums are reduced over data-parallel ranks. The per-series sums stay
-    on the device until one transfer for all of them.
+    Per sample its masked token sum over its rollout's mask total (`sum_of_sample_mean` with the
+    `loss_denominators`: the sample's own mean when it is its own rollout); `_rollout_means` then divides by the
+    rollout count once the sums are reduced over data-parallel ranks. The per-series sums stay on the device until
+    one transfer for all of them.
 
     Args:
         batch: this rank's samples (`loss_masks`: N `[L_i]`).
@@ -277,7 +280,7 @@ def _rollout_mean_sums(
             means = list(values.values())
             total = torch.stack(means).sum() if means else torch.zeros(())
         else:
-            total = _sample_means_sum(values, batch.loss_masks)
+            total = _sample_means_sum(values, batch.loss_masks, batch.loss_denominators)
         # Also with no samples on this rank: every rank must reduce the same names (Megatron's all-reduce).
         names.append(name)
         totals.append(total)
@@ -292,10 +295,20 @@ def _rollout_mean_sums(
     return sums
 
 
-def _rollout_means(reduced: dict[str, float]) -> dict[str, float]:
-    """`rollout/<name>` = reduced sum / reduced count of the `_rollout_mean_sums` entries in `reduced`."""
+def _rollout_means(reduced: dict[str, float], num_rollouts: int) -> dict[str, float]:
+    """`rollout/<name>` = reduced sum / the rollout count, for the `_rollout_mean_sums` entries in `reduced`.
+
+    `num_rollouts` is the batch's global rollout count (`Σ RolloutBatch.step_rollout_counts`, the original's
+    `Σ global_batch_sizes`); 0 (no rollout counts in the batch): every sample is its own rollout and the reduced
+    sample count divides.
+    """
     names = {key.rsplit(".", 1)[0] for key in reduced if key.startswith("rollout/")}
-    return {n: reduced[f"{n}.sum"] / reduced[f"{n}.count"] for n in sorted(names) if reduced[f"{n}.count"]}
+    out = {}
+    for n in sorted(names):
+        count = reduced[f"{n}.count"]
+        if count:
+            out[n] = reduced[f"{n}.sum"] / (num_rollouts or count)
+    return out
 
 
 def _micro_batch_loss(
@@ -315,7 +328,8 @@ def _micro_batch_loss(
         if old is None and seen_old is not None:
             # The detached training log-probs are the old ones here: record them for `rollout/log_probs`.
             for i, lp in zip(ids, log_probs, strict=True):
-                seen_old[i] = _sample_means_sum([lp], [batch.loss_masks[i]])  # 0-d on the device: no sync
+                # 0-d on the device: no sync
+                seen_old[i] = _sample_means_sum([lp], [batch.loss_masks[i]], [batch.loss_denominators[i]])
 
         def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
             return None if xs is None else [xs[i].to(device) for i in ids]
@@ -431,7 +445,7 @@ def train_on_rollout(
         backend.update_ref()  # --ref-update-interval: the reference follows the actor
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     metrics["train/lr"] = metrics["train/lr-pg_0"] = per_step[-1]["train/lr"]
-    metrics.update(_rollout_means(reduced))
+    metrics.update(_rollout_means(reduced, sum(batch.step_rollout_counts)))
     metrics.update({f"goodput/{key}": value for key, value in fates.items()})
     metrics.update(times)
     # DEBUG: the summary line of each rollout and TensorBoard/W&B carry these; at INFO it repeated them per rank.
