@@ -359,8 +359,8 @@ class FSDPTrainBackend:
         return {"train/routing_replay_mismatch": sums["mismatched"] / max(sums["counted"], 1.0)}
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum of `tensor` over all ranks (the DP group), returned on CPU."""
-        return all_reduce_sum(tensor, self.device)
+        """Sum of `tensor` over the data-parallel ranks (each CP group counted once), returned on CPU."""
+        return all_reduce_sum(tensor, self.device, self.cp_size)
 
     def forward_backward(
         self, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss, *, denominator: float
