@@ -157,6 +157,7 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
         "train/ppo_kl",
         "train/entropy_loss",
         "train/grad_norm",
+        "train/global_batch_size",
         "train/lr",
         "train/lr-pg_0",  # the original's name
     }
@@ -245,6 +246,7 @@ def test_a_fanned_out_rollout_is_one_rollout_in_the_loss_and_the_rollout_means_a
     backend = FakeBackend(batch)
     metrics, _ = train_on_rollout(_cfg(), backend, 0, batch)
     assert backend.denominators == [1.0]
+    assert metrics["train/global_batch_size"] == 1.0  # the original's per-step metric: rollouts, not samples
     assert metrics["rollout/advantages"] == pytest.approx(0.1, abs=ATOL)
     assert metrics["rollout/returns"] == pytest.approx(0.1, abs=ATOL)
     assert metrics["rollout/log_probs"] == pytest.approx(-1.0, abs=ATOL)  # every log-prob is -1
@@ -282,6 +284,7 @@ def test_sft_loss_skips_old_log_probs_and_advantages():
     assert {k for k in metrics if k.startswith("train/")} == {
         "train/loss",
         "train/grad_norm",
+        "train/global_batch_size",
         "train/lr",
         "train/lr-pg_0",
     }

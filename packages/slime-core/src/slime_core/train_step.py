@@ -369,6 +369,8 @@ def _optimizer_step(
     reduced = backend.reduce_metric_sums(sums)
     out = {f"train/{key}": reduced[key] / denominator for key in sorted(reduced)}
     out["train/grad_norm"] = grad_norm
+    # The original's per-step `train/global_batch_size`: the step's rollout count (uneven steps show here).
+    out["train/global_batch_size"] = float((batch.step_rollout_counts or batch.step_sample_counts)[step])
     out["train/lr"] = lr
     out["train/lr-pg_0"] = lr  # the original's name (one per Megatron param group; every group here has this rate)
     return out
@@ -390,11 +392,12 @@ def train_on_rollout(
 
     Returns:
         `(metrics, step_metrics)`: `train/*` metrics averaged over the steps, each reduced over all DP ranks
-        and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps) and
+        and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps),
+        `train/global_batch_size` (the steps' rollout count, mean over steps) and
         `train/lr` (rate of the last step; also as the original's `train/lr-pg_0`); the original's trainer-side
         `rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages`, `rollout/returns` and (PPO)
-        `rollout/values` (per-sample means over trainable
-        tokens, averaged over the rollout's samples); `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
+        `rollout/values` (per-rollout means over trainable tokens, averaged over the rollouts);
+        `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
         (trainable tokens with a non-zero / zero advantage, summed over DP ranks); `perf/log_probs_time`,
         `perf/ref_log_probs_time`, `perf/teacher_log_probs_time` (OPD), `perf/actor_train_time` (this rank's
         wall seconds); and the per-step dicts.
