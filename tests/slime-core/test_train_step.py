@@ -378,6 +378,9 @@ def test_get_mismatch_metrics_with_rollout_log_probs_uses_the_trainers():
     assert steps[0]["train/mis_rollout_log_ppl"] == pytest.approx(1.2, abs=ATOL)
     # Step 1 trains on samples the first step's update did not touch (their own parameters): same gap.
     assert steps[1]["train/mis_kl"] == pytest.approx(-0.2, abs=ATOL)
+    # rollout/log_probs is the trainer's (-1.0), as the original's rollout_data["log_probs"]; it was the engine's
+    # -1.2 (the old log-probs the loss uses here), so the two log-prob means showed no mismatch at all.
+    assert metrics["rollout/log_probs"] == pytest.approx(-1.0, abs=ATOL)
     # One step per rollout: the training forward's detached log-probs are the trainer's, no extra forward.
     single = _batch(1, rollout_log_probs=True)
     single.rollout_log_probs = [torch.full((n,), -1.2) for n in single.response_lengths]
@@ -385,6 +388,10 @@ def test_get_mismatch_metrics_with_rollout_log_probs_uses_the_trainers():
     out, _ = train_on_rollout(cfg, one, 0, single)
     assert "log_probs:actor" not in one.calls
     assert out["train/mis_k3_kl"] == pytest.approx(math.exp(0.2) - 0.2 - 1, abs=ATOL)
+    assert out["rollout/log_probs"] == pytest.approx(-1.0, abs=ATOL)  # recorded in the training forward
+    # Without --get-mismatch-metrics the trainer never scores them: no rollout/log_probs (the original writes none).
+    plain, _ = train_on_rollout(_cfg(use_rollout_logprobs=True), FakeBackend(single), 0, single)
+    assert "rollout/log_probs" not in plain
 
 
 def test_rollout_mean_sums_leave_out_a_masked_minus_inf_and_take_the_recorded_means_as_tensors():

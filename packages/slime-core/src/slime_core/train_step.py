@@ -325,8 +325,8 @@ def _micro_batch_loss(
 
     def loss_fn(ids, log_probs, entropy):
         device = log_probs[0].device
-        if old is None and seen_old is not None:
-            # The detached training log-probs are the old ones here: record them for `rollout/log_probs`.
+        if seen_old is not None:
+            # The detached training log-probs are the trainer's old ones here: record them for `rollout/log_probs`.
             for i, lp in zip(ids, log_probs, strict=True):
                 # 0-d on the device: no sync
                 seen_old[i] = _sample_means_sum([lp], [batch.loss_masks[i]], [batch.loss_denominators[i]])
@@ -424,13 +424,21 @@ def train_on_rollout(
     adv, returns = _advantages(cfg, backend, batch, old, ref, teacher)
     # Goodput: trainable tokens whose advantage is non-zero (summed over data-parallel ranks after training).
     fates = trained_token_sums(adv, batch.loss_masks)
-    seen_old: dict[int, torch.Tensor] = {}
+    # `rollout/log_probs` is the trainer's old log-probs (the original's rollout_data["log_probs"]): computed, or
+    # recorded in the training forward when it stands in for them; never the engine's (`--use-rollout-logprobs`
+    # makes `old` the engine's: their mean is `rollout/rollout_log_probs`, and the trainer's exist only with
+    # `--get-mismatch-metrics`, as in the original).
+    if cfg.use_rollout_logprobs:
+        record = trainer is None and cfg.get_mismatch_metrics
+    else:
+        record = old is None
+    seen_old: dict[int, torch.Tensor] | None = {} if record else None
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
     per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     values = None if batch.values is None else list(batch.values)  # PPO: the critic's
     series = {
-        "log_probs": old if old is not None else seen_old,
+        "log_probs": seen_old if record else (trainer if cfg.use_rollout_logprobs else old),
         "ref_log_probs": ref,
         "advantages": adv,
         "returns": returns,
