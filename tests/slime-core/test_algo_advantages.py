@@ -309,3 +309,28 @@ def test_custom_advantage_function(tmp_path, monkeypatch):
         compute_advantages_and_returns(
             _args(custom_advantage_function_path="my_adv.broken"), rewards=[1.0], loss_masks=[torch.ones(1)]
         )
+
+
+def test_custom_advantage_function_gets_the_reward_kl_as_in_the_original(tmp_path, monkeypatch):
+    # The original (megatron_utils/loss.py: compute_advantages_and_returns) sets rollout_data["kl"] before it
+    # calls --custom-advantage-function-path: compute_approx_kl(log_probs, ref_log_probs, --kl-loss-type) when
+    # --kl-coef != 0, else zeros. A plugin shaping its own reward with it got a KeyError here.
+    # By hand, k1 = lp - ref = [-0.5 + 1.0, -2.0 + 1.5] = [0.5, -0.5]; A = r - 0.1·kl = [1 - 0.05, 1 + 0.05].
+    (tmp_path / "kl_adv.py").write_text(
+        "def adv(args, rollout_data):\n"
+        "    rollout_data['advantages'] = [r - args.kl_coef * k for r, k in\n"
+        "                                  zip(rollout_data['rewards'], rollout_data['kl'])]\n"
+        "    rollout_data['returns'] = [a.clone() for a in rollout_data['advantages']]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lp, ref = [torch.tensor([-0.5, -2.0])], [torch.tensor([-1.0, -1.5])]
+    cfg = _args(custom_advantage_function_path="kl_adv.adv", kl_coef=0.1)
+    adv, _ = compute_advantages_and_returns(
+        cfg, rewards=[1.0], loss_masks=[torch.ones(2)], log_probs=lp, ref_log_probs=ref
+    )
+    torch.testing.assert_close(adv[0], torch.tensor([0.95, 1.05]))
+    # --kl-coef 0: zeros of each sample's shape.
+    adv, _ = compute_advantages_and_returns(
+        _args(custom_advantage_function_path="kl_adv.adv"), rewards=[2.0], loss_masks=[torch.ones(3)]
+    )
+    torch.testing.assert_close(adv[0], torch.full((3,), 2.0))

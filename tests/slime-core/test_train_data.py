@@ -6,9 +6,11 @@ import textwrap
 import pytest
 import torch
 
+from slime_core.algorithms import compute_actor_loss
 from slime_core.config import SlimeArgs
 from slime_core.sample import Sample, Status
 from slime_core.train_data import build_rollout_batches, loss_denominators, postprocess_rewards
+from slime_core.train_step import step_denominator
 
 TOL = 1e-5  # absolute tolerance on normalized rewards (the 1e-6 std epsilon shifts values by ~1e-6)
 
@@ -347,6 +349,46 @@ def test_rollout_siblings_share_denominator_and_step():
     assert b.rollout_log_probs is None
     assert b.step_sample_counts == [2, 2]
     assert b.micro_batches == [[[0], [1]], [[2], [3]]]
+
+
+def test_fanned_out_rollout_counts_once_in_the_step_loss_as_the_originals_global_batch_size():
+    # The original divides a step's per-rollout-mean loss by `step_global_batch_size`, the step's ROLLOUT count
+    # (slime/utils/dp_schedule.py: build_dp_schedule appends `global_batch_size`, which counts rollouts;
+    # megatron_utils/loss.py: loss_function, `loss * num_microbatches / step_global_batch_size * dp`), with every
+    # sibling's tokens divided by its rollout's summed mask (`rollout_mask_sums`). Rollout 0 fanned out into two
+    # samples of 2 and 3 trainable tokens; with ratio 1 and A = 1 each token's PPO loss is -1, so
+    # by hand: (-1·2 - 1·3) / (2 + 3) = -1.0 for the rollout, divided by 1 rollout = -1.0.
+    # Before the fix the step was divided by its 2 samples: -0.5 (half the original's gradient).
+    samples = [
+        Sample(tokens=[1, 1] + [5] * resp, response_length=resp, index=i, rollout_id=rid, reward=1.0)
+        for i, (rid, resp) in enumerate([(0, 2), (0, 3), (1, 1), (1, 4)])
+    ]
+    args = _args(n_samples_per_prompt=2, global_batch_size=1)
+    (b,) = build_rollout_batches(args, samples, dp_size=1)
+    assert b.step_sample_counts == [2, 2]
+    assert b.step_rollout_counts == [1, 1]
+    cfg = _real_cfg(global_batch_size=1)
+    assert step_denominator(cfg, b, 0) == 1.0
+    ids = b.micro_batches[0][0] + b.micro_batches[0][1]
+    lp = [torch.full((b.response_lengths[i],), -0.5, requires_grad=True) for i in ids]
+    loss, _ = compute_actor_loss(
+        cfg,
+        log_probs=lp,
+        old_log_probs=[t.detach() for t in lp],
+        advantages=[torch.ones(b.response_lengths[i]) for i in ids],
+        loss_masks=[b.loss_masks[i] for i in ids],
+        loss_denominators=[b.loss_denominators[i] for i in ids],
+    )
+    assert (loss / step_denominator(cfg, b, 0)).item() == pytest.approx(-1.0, abs=1e-6)
+    # One sample per rollout (no rollout_id): rollouts and samples agree, as before.
+    for s in samples:
+        s.rollout_id = None
+    (b,) = build_rollout_batches(_args(n_samples_per_prompt=2, global_batch_size=2), samples, dp_size=1)
+    assert b.step_rollout_counts == b.step_sample_counts == [2, 2]
+
+
+def _real_cfg(**over):
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1}).model_copy(update=over)
 
 
 def test_build_errors():

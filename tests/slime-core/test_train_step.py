@@ -157,6 +157,7 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
         "train/ppo_kl",
         "train/entropy_loss",
         "train/grad_norm",
+        "train/global_batch_size",
         "train/lr",
         "train/lr-pg_0",  # the original's name
     }
@@ -220,7 +221,36 @@ def test_rollout_mean_sums_have_the_same_names_on_a_rank_without_samples():
     sums = _rollout_mean_sums(empty, {"log_probs": {}, "ref_log_probs": None, "advantages": []})
     assert sums == {"rollout/log_probs.sum": 0.0, "rollout/log_probs.count": 0.0, "rollout/advantages.sum": 0.0,
                     "rollout/advantages.count": 0.0}  # fmt: skip
-    assert _rollout_means(sums) == {}  # nothing to average anywhere: no key rather than a division by zero
+    assert _rollout_means(sums, 0) == {}  # nothing to average anywhere: no key rather than a division by zero
+
+
+def test_a_fanned_out_rollout_is_one_rollout_in_the_loss_and_the_rollout_means_as_in_the_original():
+    # One rollout fanned out into two samples (2 and 3 trainable tokens, rewards +1 / -0.5 broadcast as GRPO
+    # advantages): they share its mask total 5 as denominator (slime/ray/rollout.py `rollout_mask_sums`) and the
+    # step counts 1 rollout (`global_batch_sizes`). The original (megatron_utils/loss.py: loss_function,
+    # observability/train_metric_utils.py: reduce_train_step_metrics, log_rollout_data) then gives, by hand:
+    #   rollout/advantages = (1·2 + (-0.5)·3) / 5 / 1 rollout = 0.1   (not the mean of sample means (1 - 0.5)/2 = 0.25)
+    #   train/pg_loss      = -(1·2 - 0.5·3) / 5 / 1 = -0.1            (ratio 1: each token's PPO loss is -A)
+    batch = RolloutBatch(
+        tokens=[torch.arange(4), torch.arange(5)],
+        response_lengths=[2, 3],
+        loss_masks=[torch.ones(2), torch.ones(3)],
+        rewards=[1.0, -0.5],
+        raw_rewards=[1.0, 0.0],
+        loss_denominators=[5.0, 5.0],
+        micro_batches=[[[0], [1]]],
+        step_sample_counts=[2],
+        step_rollout_counts=[1],
+        step_token_counts=[5.0],
+    )
+    backend = FakeBackend(batch)
+    metrics, _ = train_on_rollout(_cfg(), backend, 0, batch)
+    assert backend.denominators == [1.0]
+    assert metrics["train/global_batch_size"] == 1.0  # the original's per-step metric: rollouts, not samples
+    assert metrics["rollout/advantages"] == pytest.approx(0.1, abs=ATOL)
+    assert metrics["rollout/returns"] == pytest.approx(0.1, abs=ATOL)
+    assert metrics["rollout/log_probs"] == pytest.approx(-1.0, abs=ATOL)  # every log-prob is -1
+    assert metrics["train/pg_loss"] == pytest.approx(-0.1, abs=ATOL)
 
 
 def test_rollout_log_probs_ref_whitening_reset_and_ref_update():
@@ -254,6 +284,7 @@ def test_sft_loss_skips_old_log_probs_and_advantages():
     assert {k for k in metrics if k.startswith("train/")} == {
         "train/loss",
         "train/grad_norm",
+        "train/global_batch_size",
         "train/lr",
         "train/lr-pg_0",
     }
@@ -347,6 +378,9 @@ def test_get_mismatch_metrics_with_rollout_log_probs_uses_the_trainers():
     assert steps[0]["train/mis_rollout_log_ppl"] == pytest.approx(1.2, abs=ATOL)
     # Step 1 trains on samples the first step's update did not touch (their own parameters): same gap.
     assert steps[1]["train/mis_kl"] == pytest.approx(-0.2, abs=ATOL)
+    # rollout/log_probs is the trainer's (-1.0), as the original's rollout_data["log_probs"]; it was the engine's
+    # -1.2 (the old log-probs the loss uses here), so the two log-prob means showed no mismatch at all.
+    assert metrics["rollout/log_probs"] == pytest.approx(-1.0, abs=ATOL)
     # One step per rollout: the training forward's detached log-probs are the trainer's, no extra forward.
     single = _batch(1, rollout_log_probs=True)
     single.rollout_log_probs = [torch.full((n,), -1.2) for n in single.response_lengths]
@@ -354,6 +388,10 @@ def test_get_mismatch_metrics_with_rollout_log_probs_uses_the_trainers():
     out, _ = train_on_rollout(cfg, one, 0, single)
     assert "log_probs:actor" not in one.calls
     assert out["train/mis_k3_kl"] == pytest.approx(math.exp(0.2) - 0.2 - 1, abs=ATOL)
+    assert out["rollout/log_probs"] == pytest.approx(-1.0, abs=ATOL)  # recorded in the training forward
+    # Without --get-mismatch-metrics the trainer never scores them: no rollout/log_probs (the original writes none).
+    plain, _ = train_on_rollout(_cfg(use_rollout_logprobs=True), FakeBackend(single), 0, single)
+    assert "rollout/log_probs" not in plain
 
 
 def test_rollout_mean_sums_leave_out_a_masked_minus_inf_and_take_the_recorded_means_as_tensors():

@@ -17,6 +17,7 @@ from slime_rollout.runtime.metrics import (
     multi_turn_metrics,
     pass_at_k,
     response_metrics,
+    rollout_log_probs_mean,
 )
 
 
@@ -144,3 +145,31 @@ def test_log_multi_turn_has_the_originals_keys():
     assert multi_turn_metrics([a, b], None)["multi_turn/multi_turn_metric/round_number_mean"] == 4.0
     assert "multi_turn/raw_response_length/response_length_clip_ratio" not in multi_turn_metrics([a, b], None)
     assert not any("multi_turn" in k for k in compute_rollout_metrics(_args(), [[a, b]], rollout_time=1.0))
+
+
+def test_rollout_log_probs_is_the_originals_per_rollout_mean():
+    # The original's rollout/rollout_log_probs (observability/train_metric_utils.py: log_rollout_data): each sample
+    # adds Σ lp·m / (its rollout's mask total), the train mask zeroed by remove_sample (ray/rollout.py
+    # _convert_samples_to_train_data), the sum divided by the rollout count. By hand:
+    #   rollout 7 = samples a, b (masks [1, 1] and [1, 0, 1], total 4): (-0.2 - 0.4) + (-1.0 - 2.0) = -3.6 / 4 = -0.9
+    #   c alone (mask [1, 1]): (-0.5 - 1.5) / 2 = -1.0;  d alone, remove_sample: 0 (its own total clamps to 1)
+    #   (-0.9 - 1.0 + 0) / 3 rollouts = -0.6333...
+    # Before: the mean of 4 per-sample means, remove_sample's counted: (-0.3 - 1.5 - 1.0 - 2.0) / 4 = -1.2.
+    def sample(i, lps, mask, rollout_id=None, remove=False):
+        s = Sample(tokens=[0] + [1] * len(lps), response_length=len(lps), index=i, rollout_id=rollout_id)
+        s.rollout_log_probs, s.loss_mask, s.remove_sample = lps, mask, remove
+        return s
+
+    samples = [
+        sample(0, [-0.2, -0.4], [1, 1], rollout_id=7),
+        sample(1, [-1.0, -9.0, -2.0], [1, 0, 1], rollout_id=7),
+        sample(2, [-0.5, -1.5], [1, 1]),
+        sample(3, [-2.0], [1], remove=True),
+    ]
+    assert rollout_log_probs_mean(samples) == pytest.approx((-0.9 - 1.0 + 0.0) / 3, abs=1e-12)
+    # One sample per rollout and nothing removed: the mean of the per-sample means over trainable tokens.
+    alone = samples[2:3] + [sample(4, [-1.0, -3.0], [0, 1])]
+    assert rollout_log_probs_mean(alone) == pytest.approx((-1.0 - 3.0) / 2, abs=1e-12)
+    unscored = sample(5, [-1.0], [1])
+    unscored.rollout_log_probs = None
+    assert rollout_log_probs_mean([unscored]) is None  # no sample carries engine log-probs: no metric

@@ -90,9 +90,11 @@ def _backend_check(w, ckpt: str) -> dict:
 
     rank = dist.get_rank()
     res = {}
-    runs = (("dp2", {}, w.make_batch(rank, 2)),
+    # --normalize-advantages: the whitening statistics are summed over DP ranks; counted once per CP group (they
+    # were counted twice under CP=2, and the variance's Bessel factor N/(N-1) then took 2N: other grad norms).
+    runs = (("dp2", {"normalize_advantages": True}, w.make_batch(rank, 2)),
             ("cp2", {"attn_implementation": "slime_varlen", "megatron_args": ["--context-parallel-size", "2"],
-                     "gradient_checkpointing": True}, w.make_batch(0, 1)))  # fmt: skip
+                     "gradient_checkpointing": True, "normalize_advantages": True}, w.make_batch(0, 1)))  # fmt: skip
     for name, overrides, batch in runs:
         backend = FSDPTrainBackend()
         backend.init(w.make_args(ckpt, **overrides), with_ref=False)

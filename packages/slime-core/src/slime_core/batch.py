@@ -50,8 +50,11 @@ class RolloutBatch:
         micro_batches: the schedule: `micro_batches[step][mb]` is a list of local sample positions
             (indices into the lists above). Every DP rank has the same number of steps and the same number
             of micro-batches per step (some may be empty lists).
-        step_sample_counts: per optimizer step, the number of samples in the step across all DP ranks
-            (the global batch size of that step; divides the per-sample-mean loss).
+        step_sample_counts: per optimizer step, the number of samples in the step across all DP ranks.
+        step_rollout_counts: per optimizer step, the number of rollouts in the step across all DP ranks (samples
+            sharing a `rollout_id` count once; `--global-batch-size` counts rollouts): what the default
+            per-rollout-mean loss and its metrics are divided by, as the original's `global_batch_sizes`. Empty:
+            every sample is its own rollout, and `step_sample_counts` is used.
         step_token_counts: per optimizer step, the summed loss mask across all DP ranks (divides the
             per-token loss with `--calculate-per-token-loss`).
         metadata: N dicts forwarded from `Sample.train_metadata` (may be empty dicts).
@@ -81,6 +84,7 @@ class RolloutBatch:
     truncated: list[int] = dataclasses.field(default_factory=list)
     sample_indices: list[int] = dataclasses.field(default_factory=list)
     step_sample_counts: list[int] = dataclasses.field(default_factory=list)
+    step_rollout_counts: list[int] = dataclasses.field(default_factory=list)
     step_token_counts: list[float] = dataclasses.field(default_factory=list)
     metadata: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     multimodal_train_inputs: list[dict[str, torch.Tensor] | None] | None = None

@@ -390,7 +390,8 @@ def build_rollout_batches(
 
     Returns:
         `dp_size` batches; batch r holds rank r's samples in increasing `Sample.index` order, its
-        schedule in local positions, and the global `step_sample_counts` / `step_token_counts`.
+        schedule in local positions, and the global `step_sample_counts` / `step_rollout_counts` /
+        `step_token_counts`.
 
     Raises:
         ValueError: on empty input, mixed presence of `index` or of `rollout_log_probs` (a sample without
@@ -440,9 +441,10 @@ def build_rollout_batches(
     teacher_t = _teacher_log_probs(cfg, ordered)
     routes_t = _routed_experts(cfg, ordered)
 
+    keys = rollout_keys(ordered)
     schedule = build_schedule(
         [len(s.tokens) for s in ordered],
-        rollout_keys(ordered),
+        keys,
         dp_size=dp_size,
         global_batch_size=cfg.global_batch_size,
         use_dynamic_batch_size=cfg.use_dynamic_batch_size,
@@ -452,6 +454,8 @@ def build_rollout_batches(
         cp_size=cfg.context_parallel_size,
     )
     step_sample_counts = [len(p) for p in schedule.step_positions]
+    # The loss divisor: siblings of one rollout share its token-mean denominator, so the rollout counts once.
+    step_rollout_counts = [len({keys[p] for p in pos}) for pos in schedule.step_positions]
     step_token_counts = [float(sum(sum(masks[p]) for p in pos)) for pos in schedule.step_positions]
 
     batches = []
@@ -473,6 +477,7 @@ def build_rollout_batches(
                 sample_indices=[ordered[p].index if ordered[p].index is not None else p for p in mine],
                 micro_batches=[[[local[p] for p in mb] for mb in step] for step in rank_steps],
                 step_sample_counts=list(step_sample_counts),
+                step_rollout_counts=list(step_rollout_counts),
                 step_token_counts=list(step_token_counts),
                 metadata=[dict(ordered[p].train_metadata or {}) for p in mine],
                 multimodal_train_inputs=[ordered[p].multimodal_train_inputs for p in mine] if with_mm else None,

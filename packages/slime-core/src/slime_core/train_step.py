@@ -10,7 +10,7 @@ Reads top to bottom like the original's `train_actor`:
 3. advantages (the `--advantage-estimator` spec's function; PPO's GAE reads the critic's values attached as
    `RolloutBatch.values`; OPD subtracts `--opd-kl-coef·(old - teacher)`), whitened over all data-parallel ranks
    with `--normalize-advantages`;
-4. per optimizer step: the step's denominator (its global sample count, or token count with
+4. per optimizer step: the step's denominator (its global rollout count, or token count with
    `--calculate-per-token-loss`), forward + backward of its micro-batches with `compute_train_loss` as the
    loss, the optimizer step, and the metric sums reduced over data-parallel ranks divided by the denominator;
 5. `--ref-update-interval`, and the metrics averaged over steps.
@@ -133,15 +133,22 @@ def can_reuse_old_log_probs(cfg: SlimeArgs, batch: RolloutBatch) -> bool:
 
 
 def step_denominator(cfg: SlimeArgs, batch: RolloutBatch, step: int) -> float:
-    """What step `step`'s summed loss is divided by: its global sample count, or token count per-token.
+    """What step `step`'s summed loss is divided by: its global rollout count, or token count per-token.
+
+    The rollout count is the original's `step_global_batch_size` (`loss_function`, `reduce_train_step_metrics`):
+    samples that fanned out of one rollout share its token-mean denominator (`loss_denominators`), so their sum
+    is that rollout's mean and the rollout counts once. Without `RolloutBatch.step_rollout_counts` every sample
+    is its own rollout (`step_sample_counts`).
 
     Raises:
         ValueError: the batch's step counts do not have one entry per step.
     """
-    per_token = cfg.calculate_per_token_loss
-    counts = batch.step_token_counts if per_token else batch.step_sample_counts
+    if cfg.calculate_per_token_loss:
+        name = "step_token_counts"
+    else:
+        name = "step_rollout_counts" if batch.step_rollout_counts else "step_sample_counts"
+    counts = getattr(batch, name)
     if len(counts) != batch.num_steps:
-        name = "step_token_counts" if per_token else "step_sample_counts"
         raise ValueError(f"RolloutBatch.{name} must have one entry per step ({batch.num_steps})")
     return max(float(counts[step]), 1.0)
 
@@ -230,15 +237,17 @@ def entropy_has_grad(cfg: SlimeArgs) -> bool:
     return cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
 
 
-def _sample_means_sum(values: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
-    """Σ over samples of each sample's mean of `values` `[L_i]` over its trainable tokens, as a detached 0-d tensor.
+def _sample_means_sum(
+    values: list[torch.Tensor], masks: list[torch.Tensor], denominators: Sequence[float]
+) -> torch.Tensor:
+    """Σ over samples of `Σ_t values·mask / denominator` (`values` `[L_i]`), as a detached 0-d tensor.
 
-    The original's `log_rollout_data`: `sum_of_sample_mean` with each sample's own mask count as its denominator
-    (clamped at 1: a sample without trainable tokens adds 0); a non-finite value at a masked token is left out.
+    The original's `log_rollout_data`: `sum_of_sample_mean` with the samples' `rollout_mask_sums` (here
+    `RolloutBatch.loss_denominators`: a sample's own mask count, or its rollout's when siblings share a
+    `rollout_id`, so the siblings add up to their rollout's token mean); clamped at 1, a sample without trainable
+    tokens adds 0; a non-finite value at a masked token is left out.
     """
     lengths = [int(v.numel()) for v in values]
-    # The batch's masks are host tensors (`RolloutBatch`): their counts cost no device sync.
-    denominators = [float(d) for d in torch.stack([m.float().sum() for m in masks]).tolist()] if masks else []
     reduce = sum_of_sample_mean(lengths, masks, denominators)
     return reduce(torch.cat([v.detach().reshape(-1).float() for v in values])) if values else torch.zeros(())
 
@@ -248,9 +257,10 @@ def _rollout_mean_sums(
 ) -> dict[str, float]:
     """This rank's sums for the original's trainer-side `rollout/*` means (its `log_rollout_data`).
 
-    Per sample the mean over its trainable tokens (`sum_of_sample_mean`); `_rollout_means` then takes the mean
-    over every sample of the rollout once the sums are reduced over data-parallel ranks. The per-series sums stay
-    on the device until one transfer for all of them.
+    Per sample its masked token sum over its rollout's mask total (`sum_of_sample_mean` with the
+    `loss_denominators`: the sample's own mean when it is its own rollout); `_rollout_means` then divides by the
+    rollout count once the sums are reduced over data-parallel ranks. The per-series sums stay on the device until
+    one transfer for all of them.
 
     Args:
         batch: this rank's samples (`loss_masks`: N `[L_i]`).
@@ -271,7 +281,7 @@ def _rollout_mean_sums(
             means = list(values.values())
             total = torch.stack(means).sum() if means else torch.zeros(())
         else:
-            total = _sample_means_sum(values, batch.loss_masks)
+            total = _sample_means_sum(values, batch.loss_masks, batch.loss_denominators)
         # Also with no samples on this rank: every rank must reduce the same names (Megatron's all-reduce).
         names.append(name)
         totals.append(total)
@@ -317,10 +327,20 @@ def _length_means(reduced: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _rollout_means(reduced: dict[str, float]) -> dict[str, float]:
-    """`rollout/<name>` = reduced sum / reduced count of the `_rollout_mean_sums` entries in `reduced`."""
+def _rollout_means(reduced: dict[str, float], num_rollouts: int) -> dict[str, float]:
+    """`rollout/<name>` = reduced sum / the rollout count, for the `_rollout_mean_sums` entries in `reduced`.
+
+    `num_rollouts` is the batch's global rollout count (`Σ RolloutBatch.step_rollout_counts`, the original's
+    `Σ global_batch_sizes`); 0 (no rollout counts in the batch): every sample is its own rollout and the reduced
+    sample count divides.
+    """
     names = {key.rsplit(".", 1)[0] for key in reduced if key.startswith("rollout/")}
-    return {n: reduced[f"{n}.sum"] / reduced[f"{n}.count"] for n in sorted(names) if reduced[f"{n}.count"]}
+    out = {}
+    for n in sorted(names):
+        count = reduced[f"{n}.count"]
+        if count:
+            out[n] = reduced[f"{n}.sum"] / (num_rollouts or count)
+    return out
 
 
 def _micro_batch_loss(
@@ -337,10 +357,11 @@ def _micro_batch_loss(
 
     def loss_fn(ids, log_probs, entropy):
         device = log_probs[0].device
-        if old is None and seen_old is not None:
-            # The detached training log-probs are the old ones here: record them for `rollout/log_probs`.
+        if seen_old is not None:
+            # The detached training log-probs are the trainer's old ones here: record them for `rollout/log_probs`.
             for i, lp in zip(ids, log_probs, strict=True):
-                seen_old[i] = _sample_means_sum([lp], [batch.loss_masks[i]])  # 0-d on the device: no sync
+                # 0-d on the device: no sync
+                seen_old[i] = _sample_means_sum([lp], [batch.loss_masks[i]], [batch.loss_denominators[i]])
 
         def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
             return None if xs is None else [xs[i].to(device) for i in ids]
@@ -380,6 +401,8 @@ def _optimizer_step(
     reduced = backend.reduce_metric_sums(sums)
     out = {f"train/{key}": reduced[key] / denominator for key in sorted(reduced)}
     out["train/grad_norm"] = grad_norm
+    # The original's per-step `train/global_batch_size`: the step's rollout count (uneven steps show here).
+    out["train/global_batch_size"] = float((batch.step_rollout_counts or batch.step_sample_counts)[step])
     out["train/lr"] = lr
     out["train/lr-pg_0"] = lr  # the original's name (one per Megatron param group; every group here has this rate)
     return out
@@ -401,11 +424,12 @@ def train_on_rollout(
 
     Returns:
         `(metrics, step_metrics)`: `train/*` metrics averaged over the steps, each reduced over all DP ranks
-        and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps) and
+        and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps),
+        `train/global_batch_size` (the steps' rollout count, mean over steps) and
         `train/lr` (rate of the last step; also as the original's `train/lr-pg_0`); the original's trainer-side
         `rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages`, `rollout/returns` and (PPO)
-        `rollout/values` (per-sample means over trainable
-        tokens, averaged over the rollout's samples); `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
+        `rollout/values` (per-rollout means over trainable tokens, averaged over the rollouts);
+        `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
         (trainable tokens with a non-zero / zero advantage, summed over DP ranks); `perf/log_probs_time`,
         `perf/ref_log_probs_time`, `perf/teacher_log_probs_time` (OPD), `perf/actor_train_time` (this rank's
         wall seconds); and the per-step dicts.
@@ -432,13 +456,21 @@ def train_on_rollout(
     adv, returns = _advantages(cfg, backend, batch, old, ref, teacher)
     # Goodput: trainable tokens whose advantage is non-zero (summed over data-parallel ranks after training).
     fates = trained_token_sums(adv, batch.loss_masks)
-    seen_old: dict[int, torch.Tensor] = {}
+    # `rollout/log_probs` is the trainer's old log-probs (the original's rollout_data["log_probs"]): computed, or
+    # recorded in the training forward when it stands in for them; never the engine's (`--use-rollout-logprobs`
+    # makes `old` the engine's: their mean is `rollout/rollout_log_probs`, and the trainer's exist only with
+    # `--get-mismatch-metrics`, as in the original).
+    if cfg.use_rollout_logprobs:
+        record = trainer is None and cfg.get_mismatch_metrics
+    else:
+        record = old is None
+    seen_old: dict[int, torch.Tensor] | None = {} if record else None
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
     per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     values = None if batch.values is None else list(batch.values)  # PPO: the critic's
     series = {
-        "log_probs": old if old is not None else seen_old,
+        "log_probs": seen_old if record else (trainer if cfg.use_rollout_logprobs else old),
         "ref_log_probs": ref,
         "advantages": adv,
         "returns": returns,
@@ -464,7 +496,7 @@ def train_on_rollout(
         backend.update_ref()  # --ref-update-interval: the reference follows the actor
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     metrics["train/lr"] = metrics["train/lr-pg_0"] = per_step[-1]["train/lr"]
-    metrics.update(_rollout_means(reduced))
+    metrics.update(_rollout_means(reduced, sum(batch.step_rollout_counts)))
     metrics.update({f"goodput/{key}": value for key, value in fates.items()})
     metrics.update(times)
     metrics.update(_length_means(reduced))

@@ -7,7 +7,7 @@ reductions) and on CPU/gloo (fp32), which is what the tests use. `train` is the 
 optimizer (the `StepBackend` methods).
 
 Loss scaling across ranks: the shared step's micro-batch loss is the SUM over the micro-batch's samples of
-each sample's reduced loss; we divide it by the step's global sample count (or token count with
+each sample's reduced loss; we divide it by the step's global rollout count (`step_denominator`; or token count with
 `--calculate-per-token-loss`) and multiply by the DP size, because FSDP2's reduce-scatter AVERAGES gradients
 over ranks. The resulting gradient is the sum over ranks of the per-rank partial sums, i.e. the mean over the
 step's global batch.
@@ -359,8 +359,8 @@ class FSDPTrainBackend:
         return {"train/routing_replay_mismatch": sums["mismatched"] / max(sums["counted"], 1.0)}
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum of `tensor` over all ranks (the DP group), returned on CPU."""
-        return all_reduce_sum(tensor, self.device)
+        """Sum of `tensor` over the data-parallel ranks (each CP group counted once), returned on CPU."""
+        return all_reduce_sum(tensor, self.device, self.cp_size)
 
     def forward_backward(
         self, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss, *, denominator: float

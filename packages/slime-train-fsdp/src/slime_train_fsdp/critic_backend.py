@@ -198,8 +198,8 @@ class FSDPCriticBackend:
         return norm, lr
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum of `tensor` over all critic ranks, returned on CPU."""
-        return all_reduce_sum(tensor, self.device)
+        """Sum of `tensor` over the critic's data-parallel ranks (each CP group counted once), returned on CPU."""
+        return all_reduce_sum(tensor, self.device, cp_size(self.model))
 
     def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
         """Metric sums over data-parallel ranks (see `trainer_parts.reduce_metric_sums`)."""

@@ -90,11 +90,17 @@ def cp_size(model: nn.Module) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
 
-def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Sum of `tensor` over all ranks (the DP group), returned on CPU."""
+def all_reduce_sum(tensor: torch.Tensor, device: torch.device, cp: int) -> torch.Tensor:
+    """Sum of `tensor` over the data-parallel ranks (collective over all ranks), returned on CPU.
+
+    The `cp` context-parallel ranks of a DP group hold the same samples, so the sum over all ranks is divided by
+    `cp` (as `reduce_metric_sums`): counted `cp` times, the whitening statistics of `--normalize-advantages` took a
+    token count `cp` times too large into the variance's Bessel factor `N/(N-1)` (the original reduces over DP×CP
+    ranks that each hold their own tokens, `distributed_masked_whiten`).
+    """
     reduced = tensor.to(device)
     dist.all_reduce(reduced)
-    return reduced.cpu()
+    return reduced.cpu() / cp
 
 
 def reduce_metric_sums(sums: dict[str, float], device: torch.device, cp: int) -> dict[str, float]:

@@ -9,8 +9,8 @@ and optimizer (the `StepBackend` methods).
 Loss scaling: the model config sets `calculate_per_token_loss=True`, which makes megatron-core neither
 divide by the micro-batch count nor average gradients over data-parallel ranks (they are summed). Each
 micro-batch loss (the shared step's `compute_train_loss`, a sum over its samples) is divided by the step's
-global sample count (or token count with `--calculate-per-token-loss`); summed over micro-batches and DP
-ranks this is the mean over the step's global batch. Under context parallelism every
+global rollout count (`step_denominator`; or token count with `--calculate-per-token-loss`); summed over
+micro-batches and DP ranks this is the mean over the step's global batch. Under context parallelism every
 CP rank computes the full loss from all-gathered log-probs whose backward keeps only the rank's own tokens,
 so the DP×CP gradient sum is again exact.
 

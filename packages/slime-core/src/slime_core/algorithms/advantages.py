@@ -189,7 +189,8 @@ def compute_advantages_and_returns(
     With `--custom-advantage-function-path`, `fn(args, rollout_data)` (the plugin receives `cfg` as `args`)
     replaces the estimator: it gets a
     dict with `rewards`, `loss_masks`, `response_lengths`, `log_probs`, `ref_log_probs`, `values`,
-    `teacher_log_probs` and must set `rollout_data["advantages"]` and `["returns"]` (N `[L_i]` each).
+    `teacher_log_probs` and `kl` (the reward-shaping KL above, N `[L_i]`, as the original computes it before
+    calling the plugin) and must set `rollout_data["advantages"]` and `["returns"]` (N `[L_i]` each).
     On-policy distillation (`--use-opd`) then subtracts `opd_kl_coef·(log_probs - teacher_log_probs)`
     from the advantages (returns unchanged).
 
@@ -227,11 +228,13 @@ def compute_advantages_and_returns(
     if use_opd and (log_probs is None or teacher_log_probs is None):
         raise ValueError("--use-opd needs log_probs and teacher_log_probs")
     with torch.no_grad():
+        kl = _reward_kl(cfg, loss_masks, log_probs, ref_log_probs)
         custom_path = cfg.custom_advantage_function_path
         if custom_path:
-            advantages, returns = _custom_advantages(cfg, custom_path, rewards, loss_masks, inputs)
+            advantages, returns = _custom_advantages(cfg, custom_path, rewards, loss_masks, {**inputs, "kl": kl})
         else:
-            advantages, returns = _builtin_advantages(cfg, rewards, loss_masks, log_probs, ref_log_probs, values)
+            estimator = get_estimator(cfg.advantage_estimator).advantage_fn()
+            advantages, returns = estimator(cfg, rewards=rewards, loss_masks=loss_masks, kl=kl, values=values)
         if use_opd:
             coef = cfg.opd_kl_coef
             advantages = [
@@ -260,12 +263,10 @@ def _custom_advantages(args: SlimeArgs, path, rewards, loss_masks, inputs):
     return [a.float() for a in rollout_data["advantages"]], [r.float() for r in rollout_data["returns"]]
 
 
-def _builtin_advantages(cfg: SlimeArgs, rewards, loss_masks, log_probs, ref_log_probs, values):
-    estimator = get_estimator(cfg.advantage_estimator).advantage_fn()
-    if cfg.kl_coef != 0:
-        if log_probs is None or ref_log_probs is None:
-            raise ValueError("--kl-coef != 0 needs log_probs and ref_log_probs (is --ref-load set?)")
-        kl = [compute_approx_kl(lp, ref, cfg.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs, strict=True)]
-    else:
-        kl = [torch.zeros(m.shape, dtype=torch.float32, device=m.device) for m in loss_masks]
-    return estimator(cfg, rewards=rewards, loss_masks=loss_masks, kl=kl, values=values)
+def _reward_kl(cfg: SlimeArgs, loss_masks, log_probs, ref_log_probs) -> list[torch.Tensor]:
+    """The reward-shaping KL N×`[L_i]` (`--kl-coef`, estimator `--kl-loss-type`), zeros when `kl_coef` is 0."""
+    if cfg.kl_coef == 0:
+        return [torch.zeros(m.shape, dtype=torch.float32, device=m.device) for m in loss_masks]
+    if log_probs is None or ref_log_probs is None:
+        raise ValueError("--kl-coef != 0 needs log_probs and ref_log_probs (is --ref-load set?)")
+    return [compute_approx_kl(lp, ref, cfg.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs, strict=True)]

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
-from slime_core.train_data import postprocess_rewards
+from slime_core.train_data import loss_denominators, postprocess_rewards, rollout_keys
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -37,6 +37,7 @@ __all__ = [
     "pass_at_k",
     "response_metrics",
     "reward_value",
+    "rollout_log_probs_mean",
 ]
 
 # The original's repetition test (`has_repetition`): the last 10,000 characters of a response longer than that
@@ -185,6 +186,30 @@ def pass_at_k(groups: Sequence[Sequence[float]]) -> dict[str, float]:
     return out
 
 
+def rollout_log_probs_mean(samples: Sequence[Sample]) -> float | None:
+    """The original's `rollout/rollout_log_probs`: the engine log-probs' mean per rollout, then over rollouts.
+
+    As its `log_rollout_data` (`sum_of_sample_mean` with `rollout_mask_sums`, divided by the rollout count): each
+    sample adds `Σ_t lp_t·m_t / max(D, 1)`, `m` its training mask (all 0 with `remove_sample`, as the train batch's)
+    and `D` the summed mask of its rollout (`slime_core.train_data.loss_denominators`: its own when it is alone,
+    all siblings' when samples share a `rollout_id`); the sum is divided by the number of rollouts. A sample
+    without log-probs adds 0 (the train batch gives it zeros). `rollout/log_probs` is the trainer's
+    (`slime_core.train_step`).
+
+    Returns:
+        The mean, or None when no sample carries `rollout_log_probs`.
+    """
+    if not any(s.rollout_log_probs is not None for s in samples):
+        return None
+    total = 0.0
+    for s, denominator in zip(samples, loss_denominators(samples), strict=True):
+        if s.rollout_log_probs is None or s.remove_sample:
+            continue
+        mask = [1] * s.response_length if s.loss_mask is None else s.loss_mask
+        total += sum(lp for lp, m in zip(s.rollout_log_probs, mask, strict=True) if m) / denominator
+    return total / len(set(rollout_keys(samples)))
+
+
 def compute_rollout_metrics(
     cfg: SlimeArgs,
     groups: Sequence[Sequence[Any]],
@@ -252,16 +277,9 @@ def compute_rollout_metrics(
     metrics.update(response_metrics(samples, "rollout/", lengths))
     if cfg.log_multi_turn:
         metrics.update(multi_turn_metrics(samples, cfg.rollout_max_response_len))
-    # The original's `rollout/rollout_log_probs`: per sample the mean engine log-prob over its trainable tokens (0
-    # for none), then the mean over samples; its `rollout/log_probs` is the trainer's (slime_core.train_step).
-    sample_log_probs = []
-    for s in samples:
-        if s.rollout_log_probs is not None:
-            mask = s.loss_mask or [1] * s.response_length
-            total = sum(lp for lp, m in zip(s.rollout_log_probs, mask, strict=True) if m)
-            sample_log_probs.append(total / max(sum(1 for m in mask if m), 1))
-    if sample_log_probs:
-        metrics["rollout/rollout_log_probs"] = statistics.fmean(sample_log_probs)
+    engine_log_probs = rollout_log_probs_mean(samples)
+    if engine_log_probs is not None:
+        metrics["rollout/rollout_log_probs"] = engine_log_probs
     if rollout_time > 0:
         num_gpus = max(cfg.rollout_num_gpus or 1, 1)
         metrics["perf/tokens_per_gpu_per_sec"] = sum(s.response_length for s in samples) / rollout_time / num_gpus
