@@ -103,7 +103,7 @@ def test_symbolic_check_has_a_budget_on_any_thread():
     assert symbolic_equal_with_timeout(r"\frac{1}{\sqrt{2}}", r"\frac{\sqrt{2}}{2}", 5) is True
     start = time.monotonic()
     assert symbolic_equal_with_timeout("5", PATHOLOGICAL, 5) is None  # refused before any evaluation
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 4.0  # well inside the 5 s budget (a check of milliseconds; a loaded machine)
     for thread in ("main", "background"):
         start = time.monotonic()
         if thread == "main":
