@@ -38,7 +38,10 @@ def _argv(model: pathlib.Path, out: pathlib.Path, rollouts: int, response_len: i
         "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--colocate", "--lr", "1e-4",
         "--num-rollout", str(rollouts), "--output-dir", str(out),
         "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt"),
-        "--use-fault-tolerance", "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "3",
+        # A 30 s health-check timeout: a live engine slowed by a loaded 2-core machine must not be taken for a hung
+        # one (with 3 s a CI run restarted the live engine at the end of rollout 0; see `_run_with_fault`). A dead
+        # engine needs none (its connections are refused); a stopped one is found hung 30 s after its last answer.
+        "--use-fault-tolerance", "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "30",
         "--rollout-engine-recovery-timeout", "300",
         *extra,
     ]  # fmt: skip
@@ -53,33 +56,43 @@ def _running(url: str) -> int:
 
 
 def _run_with_fault(argv: list[str], sig: signal.Signals) -> tuple[subprocess.CompletedProcess, dict]:
-    """Runs the trainer; after rollout 0, sends `sig` to engine 0 while it has requests running."""
+    """Runs the trainer; once rollout 1 has started, sends `sig` to engine 0 while it has requests running.
+
+    Not before rollout 1 has started: the health monitor runs only while a rollout generates, and an engine's own
+    `/health_generate` (of its start-up, or of a check that straddled the end of rollout 0) is a running request
+    too. A CI run sent SIGSTOP to an engine that was starting up again (the monitor had taken the live engine,
+    slowed by the load, for hung at the end of rollout 0): its launcher then waited out its 600 s start-up
+    timeout. An engine restarted before the fault now fails the test at once, with the run's output.
+    """
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     lines: list[str] = []
-    engines: dict[str, int] = {}
+    engines: dict[str, list[int]] = {}  # url -> the pids started there, in order
     fault: dict = {}
 
     def reader():
         for line in proc.stdout:
             lines.append(line)
             if m := ENGINE_LINE.search(line):
-                engines[m.group(2)] = int(m.group(1))
+                engines.setdefault(m.group(2), []).append(int(m.group(1)))
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     try:
-        # After rollout 0 is done (the progress lines also say "rollout 0: started" before it begins).
-        while not any(re.search(r"rollout 0: \d+ groups accepted", line) for line in lines):
-            assert proc.poll() is None, "".join(lines[-80:])
+        # Rollout 0 is done, and training, the weight push and the phase of rollout 1 have begun (the progress line
+        # "rollout 1: started"); its generation follows.
+        deadline = time.monotonic() + 600
+        while not any(line.rstrip().endswith("rollout 1: started") for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines[-80:])
             time.sleep(0.2)
         url = sorted(engines)[0]
-        deadline = time.monotonic() + 600  # training and the weight push of rollout 0 come first
         while time.monotonic() < deadline and not fault:
+            if len(engines[url]) > 1:
+                pytest.fail(f"engine {url} was restarted before the fault (taken for hung?):\n" + "".join(lines[-80:]))
             try:
                 if _running(url) > 0:
-                    os.kill(engines[url], sig)
-                    fault = {"url": url, "pid": engines[url], "at": time.monotonic()}
+                    os.kill(engines[url][0], sig)
+                    fault = {"url": url, "pid": engines[url][0], "at": time.monotonic()}
             except OSError:
                 pass
             time.sleep(0.02)
@@ -124,9 +137,7 @@ def _check(
 def test_kill_9_of_an_engine_mid_rollout_loses_no_sample(tiny_qwen3, tmp_path, tb_scalars):
     out = tmp_path / "run"
     # The only engine: its requests wait for the restart (failover to another engine is in test_engine_health.py).
-    # A 30 s health-check timeout: a dead engine needs none (its process exited, its connections are refused), and
-    # a live engine slowed by a loaded 2-core machine must not be taken for a hung one.
-    argv = _argv(tiny_qwen3, out, 2, 48, "--rollout-health-check-timeout", "30")
+    argv = _argv(tiny_qwen3, out, 2, 48)
     result, fault = _run_with_fault(argv, signal.SIGKILL)
     _check(out, result, fault, tb_scalars, rollouts=2, sole_engine=True)
     # Found dead, by its host ("process exited") or by the refused/reset /health_generate connection ("process

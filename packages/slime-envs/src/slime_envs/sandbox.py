@@ -26,10 +26,10 @@ pure Python through `gc`). Each call starts, through bubblewrap:
   `/proc/1/mem`, ptrace or `/proc/1/fd` for the code; no signal from inside reaches an init), loads the
   no-process filter on itself once it has forked the code, and reports the code's wait status through a
   pipe only it holds: exit codes and signals come from the kernel, not from a number the code chose;
-* a **wall clock**: after `timeout_s` the PID namespace's init is killed, and the kernel kills every
-  process in the namespace with it (no daemonized, `setsid` grandchild survives). The same happens when the
-  code's process exits (the init exits with it), at the end of every run, and if the host itself dies
-  (`--die-with-parent`).
+* a **wall clock**: `timeout_s` after the code starts (`STARTUP_TIMEOUT_S` bounds the start-up) the PID
+  namespace's init is killed, and the kernel kills every process in the namespace with it (no daemonized,
+  `setsid` grandchild survives). The same happens when the code's process exits (the init exits with it), at
+  the end of every run, and if the host itself dies (`--die-with-parent`).
 
 Every limit above is enforced by the kernel alone. The runner's audit hook only turns the common forbidden
 actions into readable `PermissionError: sandbox: ...` messages; nothing counts on it: pure Python switches
@@ -82,6 +82,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
+# Bound of a sandbox's start-up (bubblewrap's namespaces, the runner, the preload imports), before the code's own
+# `timeout_s` starts: counted in `timeout_s`, a loaded host ate a short limit and `print(1)` "timed out".
+STARTUP_TIMEOUT_S = 60.0
 _DEFAULT_PRELOAD = [
     "math",
     "cmath",
@@ -115,7 +118,7 @@ class SandboxConfig(BaseModel):
     # OverflowError (timeout_s=inf), OSError EINVAL (max_processes=10**9) or "the sandbox failed to start" (prlimit).
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    timeout_s: float = Field(10.0, gt=0, le=86_400, description="Wall-clock limit in seconds.")
+    timeout_s: float = Field(10.0, gt=0, le=86_400, description="Wall-clock limit of the code (from its start).")
     memory_mb: int = Field(
         1024,
         gt=0,
@@ -198,8 +201,8 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-async def _read_to_eof(fd: int) -> bytes:
-    """Reads a pipe until its writers close it, without blocking the event loop (and cancellable)."""
+async def _read_to_eof(fd: int, *, first: bool = False) -> bytes:
+    """Reads a pipe until its writers close it (`first`: or until one byte came), cancellable, loop not blocked."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
     chunks = []
@@ -211,7 +214,7 @@ async def _read_to_eof(fd: int) -> bytes:
             return
         if chunk:
             chunks.append(chunk)
-        elif not done.done():
+        if (first or not chunk) and not done.done():
             done.set_result(None)
 
     os.set_blocking(fd, False)
@@ -348,10 +351,9 @@ async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
             ) as owned:
                 # Our copies of the child's ends: the pipes must see EOF when the sandbox closes its own.
                 fds.close(ready_w, status_w, info_w, block_r, code_fd, seccomp_fd)
-                timed_out = await _supervise(owned, info_r, block_w, cgroup, config, fds)
+                timed_out, ready = await _supervise(owned, info_r, ready_r, block_w, cgroup, config, fds)
             proc = owned.proc
             assert proc is not None
-            ready = _read_nonblocking(ready_r) == b"R"
             if not ready and not timed_out:
                 err.seek(0)
                 message = err.read(4000).decode("utf-8", errors="replace").strip()
@@ -391,23 +393,37 @@ class _Fds:
 async def _supervise(
     owned: Owned,
     info_r: int,
+    ready_r: int,
     block_w: int,
     cgroup: CgroupLimits | None,
     config: SandboxConfig,
     fds: _Fds,
-) -> bool:
-    """Releases the sandbox and waits for it (at most `timeout_s`); returns timed_out. `owned_bwrap` kills it."""
+) -> tuple[bool, bool]:
+    """Releases the sandbox and waits for it; `owned_bwrap` kills it. Returns (timed_out, ready).
+
+    Two clocks, one after the other: the start-up (until the runner's ready byte, or its EOF when the sandbox
+    failed to start) is bounded by `STARTUP_TIMEOUT_S`, the code by `config.timeout_s` from then on.
+    """
     proc = owned.proc
     assert proc is not None
     try:
-        async with asyncio.timeout(config.timeout_s):
+        async with asyncio.timeout(STARTUP_TIMEOUT_S):
             pidfd = await _release(proc, info_r, block_w, cgroup)
             if pidfd >= 0:
                 owned.init_pidfd = fds.add(pidfd)
+            ready = await _read_to_eof(ready_r, first=True) == b"R"
+            if not ready:  # it failed to start: the caller raises with bubblewrap's message
+                await proc.wait()
+                return False, False
+    except TimeoutError:
+        logger.warning("a sandbox did not start within %g s (an overloaded host?); killed", STARTUP_TIMEOUT_S)
+        return True, False
+    try:
+        async with asyncio.timeout(config.timeout_s):
             await proc.wait()
     except TimeoutError:
-        return True
-    return False
+        return True, True
+    return False, True
 
 
 def _read_nonblocking(fd: int) -> bytes:
