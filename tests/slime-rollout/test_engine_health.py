@@ -237,3 +237,32 @@ async def test_a_verdict_from_a_check_that_a_weight_push_overlapped_is_dropped(h
     await monitor.check_all()  # an unpaused engine is judged again (and healthy)
     assert restarts == [] and client.pool.slots[0].state is EngineState.SERVING
     await monitor.stop()
+
+
+async def test_a_check_that_outlives_its_generation_gives_no_verdict(http_server):
+    """Seen in a CI hang: a probe started late in rollout 0 timed out under load after the rollout ended, and the
+    monitor, already paused, restarted a healthy engine, which the next rollout then found starting up."""
+    release = asyncio.Event()
+
+    async def handler(request):
+        if request.path == "/health_generate":
+            await release.wait()  # slow, not dead: answers only after the check's timeout
+        return web.Response()
+
+    url = await http_server(handler)
+    client = RolloutClient([url], failover=True, recovery_timeout=30)
+    restarts = []
+    monitor = HealthMonitor(client.pool, interval_s=60, timeout_s=0.5, is_alive=None,
+                            restart=lambda i: restarts.append(i) or url, make_client=EngineClient)  # fmt: skip
+    monitor.resume()
+    check = asyncio.ensure_future(monitor.check_all())
+    await asyncio.sleep(0.1)
+    monitor.pause()  # the generation ends while the probe waits
+    await check
+    await asyncio.sleep(0.2)  # a recovery would have started by now
+    release.set()
+    assert restarts == [] and client.pool.slots[0].state is EngineState.SERVING
+    monitor.resume()
+    await monitor.check_all()  # judged again once generating: healthy
+    assert restarts == [] and client.pool.stats.engine_failures == 0
+    await monitor.stop()

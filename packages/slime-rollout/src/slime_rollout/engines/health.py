@@ -73,6 +73,7 @@ class HealthMonitor:
         self._active = asyncio.Event()
         self._wake = asyncio.Event()
         self._first_wait = True
+        self._pauses = 0  # `pause` calls so far: a check that a pause overlapped gives no verdict
         self._recovering: dict[int, asyncio.Task] = {}
         self._task: asyncio.Task | None = None
         pool.on_suspect = self.report_suspect
@@ -91,8 +92,13 @@ class HealthMonitor:
         self._wake.set()
 
     def pause(self) -> None:
-        """Stops checking (engines offloaded or idle); recoveries already started go on."""
+        """Stops checking (engines offloaded or idle); recoveries already started go on.
+
+        A check in progress gives no verdict: between generations an engine may be busy being offloaded or idle
+        under another phase's load, and a slow answer then says nothing about a generation.
+        """
         self._active.clear()
+        self._pauses += 1
 
     async def stop(self) -> None:
         """Cancels the monitor and any recovery in progress."""
@@ -132,11 +138,14 @@ class HealthMonitor:
         """Checks every engine not already being recovered; starts the recovery of the failed ones."""
         if self.pool.weights_moving:
             return  # paused engines answer /health_generate 503 after 20 s: no verdict while weights move
-        moves = self.pool.weight_moves
+        moves, pauses = self.pool.weight_moves, self._pauses
         todo = [s.index for s in self.pool.slots if s.index not in self._recovering]
         verdicts = await asyncio.gather(*(self._check(i) for i in todo))
         if self.pool.judged_during_push(moves):
             logger.info("health checks overlapped a weight push; their verdicts are dropped")
+            return
+        if self._pauses != pauses:
+            logger.info("the generation ended during a health check; its verdicts are dropped")
             return
         for index, reason in zip(todo, verdicts, strict=True):
             if reason is not None:
@@ -166,7 +175,7 @@ class HealthMonitor:
         if not await self._alive(index):
             return "process exited"
         if result.verdict is Probe.TIMEOUT:
-            return f"no answer to /health_generate within {self.timeout_s:.0f}s (hung)"
+            return f"no answer to /health_generate within {self.timeout_s:g} s (hung)"
         return f"/health_generate answered {result.detail} (unhealthy)"
 
     async def _alive(self, index: int) -> bool:
