@@ -322,6 +322,32 @@ def test_a_delta_dir_applies_only_on_its_base_version(tmp_path, model_state, tin
         apply_delta_dir(tmp_path / "d7", tmp_path / "local")
 
 
+def test_a_delta_dir_has_the_push_files_mode_and_a_failed_write_leaves_none(tmp_path, monkeypatch):
+    # Its payload file was 0600 (safetensors >= 0.8) beside a 0644 index and 0644 full pushes; a full disk mid-write
+    # left a delta_v<N> folder without index that no later push removed.
+    import errno
+    import stat
+
+    from slime_core.safetensors_io import new_file_mode
+    from slime_rollout.weight_sync import delta_sync
+
+    base = DeltaBase(encoding="xor", algorithm="xxh3-128")
+    base.record_full([("w", torch.zeros(8))])
+    deltas = base.encode_bucket([("w", torch.arange(8.0))])
+    meta = {"version": "2", "base_version": "1", "delta_encoding": "xor", "checksum_format": "xxh3-128"}
+    delta_sync.write_delta_dir(deltas, tmp_path / "d2", meta)
+    for f in ("model-00001.safetensors", "model.safetensors.index.json"):
+        assert stat.S_IMODE((tmp_path / "d2" / f).stat().st_mode) == new_file_mode(), f
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(delta_sync, "save_safetensors", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        delta_sync.write_delta_dir(deltas, tmp_path / "d3", meta)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d2"]
+
+
 def test_a_delta_index_naming_a_shard_outside_its_dir_patches_nothing(tmp_path):
     # Issue 27: the shard names of the delta's index were joined with its folder as given ('../x' read elsewhere),
     # and the local checkpoint had lost its version file before that load failed or not.
