@@ -377,6 +377,10 @@ def test_delta_config_is_validated():
         _cfg(weight_sync="tensor", rollout_engine="sglang")
     cfg = _cfg(weight_sync="disk", update_weight_delta_encoding="overwrite", update_weight_delta_checksum="adler32")
     assert cfg.update_weight_local_checkpoint_dir.endswith("local")
+    # LoRA syncs the adapter only: the refusal said "use --weight-sync disk", which --lora-rank then refused.
+    lora = r"^--update-weight-mode delta with --lora-rank: .* use --update-weight-mode full$"
+    with pytest.raises(ConfigError, match=lora):
+        _cfg(lora_rank=8, lora_target_modules=["q_proj"], train_backend="fsdp", n_samples_per_prompt=2)
 
 
 def test_delta_request_body_defaults():
