@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import re
 import zlib
 
 import numpy as np
@@ -346,6 +347,23 @@ def test_a_delta_dir_has_the_push_files_mode_and_a_failed_write_leaves_none(tmp_
     with pytest.raises(OSError, match="No space left"):
         delta_sync.write_delta_dir(deltas, tmp_path / "d3", meta)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d2"]
+
+
+def test_a_foreign_local_checkpoint_folder_is_refused_naming_its_own_flag(tmp_path):
+    # The refusal named --update-weight-disk-dir for the folder --update-weight-local-checkpoint-dir gave.
+    from slime_core.dir_swap import ReplaceRefused
+
+    local = tmp_path / "mine"
+    local.mkdir()
+    (local / "notes.txt").write_text("the user's own files")
+    cfg = _cfg(weight_sync="disk", update_weight_disk_dir=str(tmp_path / "push"),
+               update_weight_local_checkpoint_dir=str(local))  # fmt: skip
+    updater = DeltaDiskWeightUpdater(cfg, RolloutClient(["http://127.0.0.1:9"]))  # refused before any engine call
+    updater.base.begin()  # the first push of an updater goes in full
+    refused = rf"^--update-weight-local-checkpoint-dir {re.escape(str(local))}: is a non-empty folder"
+    with pytest.raises(ReplaceRefused, match=refused):
+        asyncio.run(updater._send(iter([[("w", torch.zeros(2))]]), "1"))
+    assert (local / "notes.txt").read_text() == "the user's own files"
 
 
 def test_a_delta_index_naming_a_shard_outside_its_dir_patches_nothing(tmp_path):

@@ -299,7 +299,10 @@ class DeltaDiskWeightUpdater(_DeltaMixin, DiskWeightUpdater):
         self._last_dir = None  # the local checkpoint is never cleaned up; only delta dirs are
         if not self._delta_push:
             full = (self.base.record_full(b) for b in buckets)
-            await asyncio.to_thread(write_hf_checkpoint, full, self.local_dir, assets_from=self.assets_from)
+            await asyncio.to_thread(
+                write_hf_checkpoint, full, self.local_dir, assets_from=self.assets_from,
+                flag="--update-weight-local-checkpoint-dir",
+            )  # fmt: skip
             (self.local_dir / VERSION_FILE).write_text(weight_version)
         else:
             deltas = [d for bucket in buckets for d in self.base.encode_bucket(bucket)]
