@@ -210,3 +210,45 @@ def test_a_plugin_error_note_names_the_plugin_and_slimes_own_bugs_keep_their_tra
     returned = RewardFunctionError("--custom-rm-path m.f returned nan for sample 2")
     wrapped = ray.exceptions.RayTaskError("RolloutManager.generate", "Traceback ...", returned).as_instanceof_cause()
     assert plugin_failure(wrapped) == f"{returned} (the full traceback: SLIME_LOG_LEVEL=DEBUG)"
+
+
+def _disk_full_writing(path) -> BaseException:
+    """What the driver gets when rank 0's disk weight push meets a full disk: Ray's task error around the OSError."""
+    full = OSError(errno.ENOSPC, "No space left on device", str(path))
+    return ray.exceptions.RayTaskError("TrainActor.update_weights", "Traceback ...", full).as_instanceof_cause()
+
+
+def _run_pushing(cfg, error):
+    def push(weight_version):
+        raise error
+
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg = cfg  # not colocated: no engine or trainer memory swaps around the push
+    run.restorer = types.SimpleNamespace(push=push)
+    return run
+
+
+def test_a_disk_weight_push_that_cannot_write_its_files_is_one_line_naming_the_flag(tmp_path):
+    # It was Ray's task traceback ending in the bare OSError, naming neither flag (exit 1).
+    push = tmp_path / "push"
+    cfg = _cfg(tmp_path, weight_sync="disk", update_weight_disk_dir=str(push))
+    shard = push / ".weight_v000003.tmp-1" / "model-00001.safetensors"
+    with pytest.raises(SaveFailed) as caught:
+        loop.Run._sync_weights(_run_pushing(cfg, _disk_full_writing(shard)), 3)
+    assert re.fullmatch(
+        rf"saving the weights of version 3 to --update-weight-disk-dir {re.escape(str(push))} failed: OSError: "
+        rf"\[Errno 28\] No space left on device: '{re.escape(str(shard))}' \([0-9.]+ (B|KiB|MiB|GiB|TiB) free there\)",
+        str(caught.value),
+    ), caught.value
+
+    # Delta mode patches the local checkpoint: a failure there names that flag.
+    delta = _cfg(tmp_path, weight_sync="disk", update_weight_mode="delta", update_weight_disk_dir=str(push))
+    local = delta.update_weight_local_checkpoint_dir
+    with pytest.raises(SaveFailed, match=r"^saving the weights of version 4 to --update-weight-local-checkpoint-dir "):
+        loop.Run._sync_weights(_run_pushing(delta, _disk_full_writing(f"{local}/model-00001.safetensors")), 4)
+
+    # Other transports write no files of the run: their OSError (shared memory, a socket) stays as it is.
+    tensor = _cfg(tmp_path, weight_sync="tensor")
+    with pytest.raises(OSError) as other:
+        loop.Run._sync_weights(_run_pushing(tensor, _disk_full_writing("/dev/shm/torch_1")), 5)
+    assert not isinstance(other.value, SaveFailed) and root_cause(other.value).errno == errno.ENOSPC

@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import re
 import zlib
 
 import numpy as np
@@ -322,6 +323,49 @@ def test_a_delta_dir_applies_only_on_its_base_version(tmp_path, model_state, tin
         apply_delta_dir(tmp_path / "d7", tmp_path / "local")
 
 
+def test_a_delta_dir_has_the_push_files_mode_and_a_failed_write_leaves_none(tmp_path, monkeypatch):
+    # Its payload file was 0600 (safetensors >= 0.8) beside a 0644 index and 0644 full pushes; a full disk mid-write
+    # left a delta_v<N> folder without index that no later push removed.
+    import errno
+    import stat
+
+    from slime_core.safetensors_io import new_file_mode
+    from slime_rollout.weight_sync import delta_sync
+
+    base = DeltaBase(encoding="xor", algorithm="xxh3-128")
+    base.record_full([("w", torch.zeros(8))])
+    deltas = base.encode_bucket([("w", torch.arange(8.0))])
+    meta = {"version": "2", "base_version": "1", "delta_encoding": "xor", "checksum_format": "xxh3-128"}
+    delta_sync.write_delta_dir(deltas, tmp_path / "d2", meta)
+    for f in ("model-00001.safetensors", "model.safetensors.index.json"):
+        assert stat.S_IMODE((tmp_path / "d2" / f).stat().st_mode) == new_file_mode(), f
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(delta_sync, "save_safetensors", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        delta_sync.write_delta_dir(deltas, tmp_path / "d3", meta)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d2"]
+
+
+def test_a_foreign_local_checkpoint_folder_is_refused_naming_its_own_flag(tmp_path):
+    # The refusal named --update-weight-disk-dir for the folder --update-weight-local-checkpoint-dir gave.
+    from slime_core.dir_swap import ReplaceRefused
+
+    local = tmp_path / "mine"
+    local.mkdir()
+    (local / "notes.txt").write_text("the user's own files")
+    cfg = _cfg(weight_sync="disk", update_weight_disk_dir=str(tmp_path / "push"),
+               update_weight_local_checkpoint_dir=str(local))  # fmt: skip
+    updater = DeltaDiskWeightUpdater(cfg, RolloutClient(["http://127.0.0.1:9"]))  # refused before any engine call
+    updater.base.begin()  # the first push of an updater goes in full
+    refused = rf"^--update-weight-local-checkpoint-dir {re.escape(str(local))}: is a non-empty folder"
+    with pytest.raises(ReplaceRefused, match=refused):
+        asyncio.run(updater._send(iter([[("w", torch.zeros(2))]]), "1"))
+    assert (local / "notes.txt").read_text() == "the user's own files"
+
+
 def test_a_delta_index_naming_a_shard_outside_its_dir_patches_nothing(tmp_path):
     # Issue 27: the shard names of the delta's index were joined with its folder as given ('../x' read elsewhere),
     # and the local checkpoint had lost its version file before that load failed or not.
@@ -351,6 +395,10 @@ def test_delta_config_is_validated():
         _cfg(weight_sync="tensor", rollout_engine="sglang")
     cfg = _cfg(weight_sync="disk", update_weight_delta_encoding="overwrite", update_weight_delta_checksum="adler32")
     assert cfg.update_weight_local_checkpoint_dir.endswith("local")
+    # LoRA syncs the adapter only: the refusal said "use --weight-sync disk", which --lora-rank then refused.
+    lora = r"^--update-weight-mode delta with --lora-rank: .* use --update-weight-mode full$"
+    with pytest.raises(ConfigError, match=lora):
+        _cfg(lora_rank=8, lora_target_modules=["q_proj"], train_backend="fsdp", n_samples_per_prompt=2)
 
 
 def test_delta_request_body_defaults():

@@ -371,11 +371,13 @@ def test_push_guard_rule_open_push_takes_only_its_own_version():
     assert [guard.refusal(v, e) for v, e in ((None, disk), (None, tensor), ("7", disk))] == [None, None, None]
     guard.landed("3")
     guard.landed("3")
-    assert guard.refusal("3", tensor) is None and guard.refusal("3", disk) is None
+    assert guard.refusal("3", tensor) is None
+    # A disk push is one whole-model load: mid-push it comes from another writer, whatever its version.
+    assert guard.refusal("3", disk).startswith(f"{disk}: refused a whole-model load of weight_version '3': 2 bucket")
     assert guard.refusal(None, disk) == (
         "/update_weights_from_disk: refused a whole-model load without weight_version: 2 bucket(s) of weight_version "
         "'3' have landed since the last /update_weight_version, so two weight pushes are interleaved (two writers); "
-        "send it with weight_version '3', or end that push with /update_weight_version first"
+        "end that push with /update_weight_version first"
     )
     assert guard.refusal(None, tensor).startswith(f"{tensor}: refused a bucket without weight_version: 2 bucket(s)")
     assert guard.refusal(4, tensor).startswith(f"{tensor}: refused a bucket of weight_version '4': 2 bucket(s)")
@@ -383,6 +385,47 @@ def test_push_guard_rule_open_push_takes_only_its_own_version():
     assert (guard.version, guard.num_buckets) == ("3", 2)
     guard.close()  # the fence, or an accepted whole-model load
     assert guard.refusal(None, disk) is None and guard.refusal("4", tensor) is None
+
+
+def test_a_second_writer_of_the_same_version_is_refused_and_a_retried_bucket_is_not(reference_engine, hf_state):
+    """Issue 27 #15: two processes pushing the same version (two runs started on the same engines both push "1")
+    interleaved unrefused: the engine served a mix of both under "1". A tensor that already landed in the open push
+    with other bytes is refused; the same bytes again (a request retried after a lost reply) are not."""
+    from slime_rollout.engines.client import EngineClient
+    from slime_rollout.engines.transport import EngineError
+    from slime_rollout.engines.weight_checksum import tensor_checksum
+    from slime_rollout.engines.wire import serialize_named_tensors
+    from slime_rollout.weight_sync.check import engine_checksums
+
+    url = reference_engine.urls[0]
+    engine = EngineClient(url)
+    model, state = hf_state
+    names = ["model.embed_tokens.weight", "model.norm.weight"]  # SGLang's checksum names too
+    torch.multiprocessing.set_sharing_strategy("file_system")  # as TensorWeightUpdater does (test order-free)
+
+    async def bucket(values, version="s1"):
+        payload = serialize_named_tensors([(n, values[n].clone()) for n in names])
+        return await engine.update_weights_from_tensor([payload], weight_version=version)
+
+    async def two_writers():
+        a, b = perturbed(state, 31), perturbed(state, 32)
+        assert (await bucket(a))["success"] is True  # writer A's first bucket
+        with pytest.raises(EngineError, match=rf"HTTP 400.*refused a bucket of weight_version 's1': 2 of its tensors "
+                           rf"\({names[0]}, {names[1]}\) already landed in this push with other values"):  # fmt: skip
+            await bucket(b)  # writer B's first bucket: same version, other bytes
+        with pytest.raises(EngineError, match=r"refused a whole-model load of weight_version 's1'.*interleaved"):
+            await engine.update_weights_from_disk("/nonexistent", weight_version="s1")
+        assert (await bucket(a))["success"] is True  # A's bucket again (a retry): the same bytes
+        await engine.update_weight_version("s1")  # A's fence ends its push
+        assert (await bucket(b))["success"] is True  # B after the fence: a push of its own
+        await engine.update_weight_version("s1")
+        held = (await engine_checksums(engine))[0]  # B's bytes, whole
+        assert held[names[1]] == tensor_checksum(b[names[1]]) != tensor_checksum(a[names[1]])
+        await bucket(state, "restore")
+        await engine.update_weight_version("default")
+        await engine.aclose()
+
+    asyncio.run(two_writers())
 
 
 async def test_two_updaters_interleaving_on_a_guarding_engine_fail_the_second_with_the_refusal(http_server):

@@ -31,8 +31,9 @@ def main(argv: list[str], *, keep_signal_handlers: bool = False) -> int:
 
     Exit codes: 0 done, 2 bad flags/config/data (a damaged --load included) or an unwritable output folder,
     1 an engine failed or user code ran past its deadline (one line) or an unexpected error (its traceback),
-    3 stopped by a run-health check, 4 the local Ray node did not start, 5 a checkpoint or HF export could not be
-    written, 128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it (`slime_app.interrupts`).
+    3 stopped by a run-health check, 4 the local Ray node did not start, 5 a checkpoint, HF export or disk weight
+    push could not be written, 128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it
+    (`slime_app.interrupts`).
     """
     previous = interrupts.install()
     try:

@@ -10,12 +10,15 @@ the underlying error, the free space left there and the last complete checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import os
 import pathlib
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 
 import ray.exceptions
 
@@ -37,7 +40,12 @@ __all__ = [
     "plugin_failure",
     "root_cause",
     "save_failed",
+    "weight_write_errors",
+    "weight_write_failed",
 ]
+
+
+logger = logging.getLogger(__name__)
 
 
 class SaveFailed(RuntimeError):
@@ -104,6 +112,42 @@ def save_failed(what: str, flag: str, path: str | os.PathLike[str], error: BaseE
     if flag == "--save":
         line += f"; {_last_checkpoint(folder)}"
     return SaveFailed(line)
+
+
+def weight_write_failed(error: BaseException, cfg: SlimeArgs, weight_version: int) -> SaveFailed | None:
+    """The one-line `SaveFailed` of a weight push that could not write its files, or None for other errors.
+
+    A disk push (`--weight-sync disk`) writes the weights into `--update-weight-disk-dir` (delta mode also patches
+    `--update-weight-local-checkpoint-dir`) before any engine reads them; a full disk or a read-only folder there
+    ended the run in a traceback of the trainer rank's task naming neither flag. The engines kept the weights they
+    had (the write is atomic: `slime_core.dir_swap`).
+
+    Args:
+        error: what the driver caught (Ray's task error around rank 0's `OSError`).
+        cfg: reads `weight_sync`, `update_weight_disk_dir`, `update_weight_local_checkpoint_dir`.
+        weight_version: the version being pushed.
+    """
+    cause = root_cause(error)
+    if cfg.weight_sync != "disk" or not isinstance(cause, OSError) or not cfg.update_weight_disk_dir:
+        return None
+    flag, path = "--update-weight-disk-dir", cfg.update_weight_disk_dir
+    local = cfg.update_weight_local_checkpoint_dir
+    if local and cause.filename and pathlib.Path(str(cause.filename)).is_relative_to(local):
+        flag, path = "--update-weight-local-checkpoint-dir", local
+    return save_failed(f"the weights of version {weight_version}", flag, path, error)
+
+
+@contextlib.contextmanager
+def weight_write_errors(cfg: SlimeArgs, weight_version: int) -> Iterator[None]:
+    """Raises `weight_write_failed`'s `SaveFailed` for an error of the block it applies to; others as they are."""
+    try:
+        yield
+    except Exception as e:
+        failed = weight_write_failed(e, cfg, weight_version)
+        if failed is None:
+            raise
+        logger.debug("the weight push of version %d failed", weight_version, exc_info=True)
+        raise failed from e
 
 
 def engine_failure(error: BaseException, cfg: SlimeArgs) -> str | None:

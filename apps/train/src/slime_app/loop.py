@@ -23,7 +23,7 @@ from ray.exceptions import GetTimeoutError
 
 from slime_app.actor_critic import make_trainers
 from slime_app.cluster import create_placement, init_ray
-from slime_app.failures import root_cause, save_failed
+from slime_app.failures import root_cause, save_failed, weight_write_errors
 from slime_app.goodput import GoodputMeter
 from slime_app.guards import RunStopped, StartRefused, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
@@ -488,7 +488,8 @@ class Run:
         swap: dict[str, float] = {}
         if self.swap_engines:
             _timed(swap, "perf/engine_resume_weights_time", lambda: ray.get(self.manager.onload.remote(["weights"])))
-        metrics = self._prefix("perf", self.restorer.push(weight_version))
+        with weight_write_errors(self.cfg, weight_version):  # a full disk under a disk push: one line, exit 5
+            metrics = self._prefix("perf", self.restorer.push(weight_version))
         if self.swap_trainer:
             _timed(swap, "perf/trainer_sleep_time", self.trainer.sleep)
             self.restorer.trainer_awake = False

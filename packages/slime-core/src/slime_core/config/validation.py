@@ -460,6 +460,11 @@ def _delta_weight_sync(args: SlimeArgs) -> None:
             "--update-weight-delta-checksum blake3 needs the blake3 package, which is not installed "
             "(`uv pip install blake3`); or use xxh3-128 (the default) or adler32"
         )
+    if args.weight_sync == "lora":  # the advice below would be refused by the LoRA check
+        raise ConfigError(
+            "--update-weight-mode delta with --lora-rank: only the adapter is synced (--weight-sync lora, a few MB "
+            "of files the engines load), which has no delta path; use --update-weight-mode full"
+        )
     if args.weight_sync not in ("tensor", "disk"):
         raise ConfigError(
             f"--update-weight-mode delta: --weight-sync {args.weight_sync} has no delta path; use --weight-sync disk "

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import zstandard
 
+from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX
 from slime_rollout.engines.wire import WeightUpdateRequest
 
 __all__ = [
@@ -300,7 +301,8 @@ class DeltaBase:
     Args:
         encoding: "xor" or "overwrite" (`--update-weight-delta-encoding`).
         algorithm: checksum algorithm (`--update-weight-delta-checksum`).
-        dtype: the dtype the engines hold; tensors are cast to it before diffing (None: pushed as is).
+        dtype: the dtype the engines hold; tensors are cast to it before diffing (None: pushed as is), except an FP8
+            push's e4m3 weights and `weight_scale_inv` scales, which the engines hold as sent.
 
     Raises:
         ValueError: unknown encoding or checksum (or blake3 not installed).
@@ -331,16 +333,31 @@ class DeltaBase:
         self._bytes.clear()
         self.version = None
 
+    def _engine_dtype(self, name: str, tensor: torch.Tensor) -> torch.dtype | None:
+        """The dtype `name` is held in on the engine: `self.dtype`, except for an FP8 push's quantized tensors.
+
+        An FP8 weight (e4m3) and its `weight_scale_inv` (float32) are already what an FP8 engine holds; a cast to the
+        engine's compute dtype would turn the weight into its unscaled e4m3 values, which an engine reads as an
+        unquantized weight (or refuses: its scale arrives without its FP8 weight).
+        """
+        if tensor.dtype == FP8_DTYPE or name.endswith(SCALE_SUFFIX):
+            return None
+        return self.dtype
+
     def begin(self) -> bool:
         """Starts a push; returns True for a delta push, False for a full one."""
         self.stats = DeltaStats(full=not self.valid)
         return self.valid
 
     def record_full(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        """Keeps the bytes of a bucket pushed in full; returns it with every tensor cast to the engine's dtype."""
+        """Keeps the bytes of a bucket pushed in full; returns it with every tensor cast to the engine's dtype.
+
+        FP8 weights and their scales keep their dtypes (`_engine_dtype`).
+        """
         out = []
         for name, tensor in bucket:
-            cast = tensor.detach().to(self.dtype) if self.dtype is not None else tensor.detach()
+            dtype = self._engine_dtype(name, tensor)
+            cast = tensor.detach().to(dtype) if dtype is not None else tensor.detach()
             data = tensor_bytes(cast)
             self._bytes[name] = data
             self._count(data.nbytes, changed=data.nbytes, wire=data.nbytes, sent=True)
@@ -361,7 +378,7 @@ class DeltaBase:
             old = self._bytes.get(name)
             if old is None:
                 raise ValueError(f"delta push: {name!r} was not in the last push; push in full")
-            new = tensor_bytes(tensor, self.dtype)
+            new = tensor_bytes(tensor, self._engine_dtype(name, tensor))
             jobs.append((name, new, self._pool.submit(self._encode_one, new, old)))
         out = []
         for name, new, job in jobs:

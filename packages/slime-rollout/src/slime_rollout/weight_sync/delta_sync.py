@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from slime_core.hf_checkpoint import read_weight_map
+from slime_core.safetensors_io import save_safetensors
 from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.weight_delta import (
     COMPRESSION,
@@ -171,23 +172,32 @@ def write_delta_dir(deltas: list[DeltaTensor], out_dir: str | os.PathLike, metad
 
     Returns:
         Bytes written (the payload file and the index).
+
+    Raises:
+        OSError: a write failed (a full disk); the directory is removed (no push reads it, none would clean it up).
     """
     out = pathlib.Path(out_dir)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     shard = "model-00001.safetensors"
     written = 0
-    if deltas:
-        save_file({d.name: d.payload for d in deltas}, str(out / shard))
-        written += (out / shard).stat().st_size
-    index = {
-        "metadata": dict(metadata),
-        "checksums": {d.name: d.checksum for d in deltas},
-        "weight_map": dict.fromkeys((d.name for d in deltas), shard),
-    }
-    tmp = out / f".{_INDEX}.tmp"
-    tmp.write_text(json.dumps(index, indent=1))
-    os.replace(tmp, out / _INDEX)  # the index last: a reader never sees a version without its payloads
+    try:
+        if deltas:
+            # The mode open() gives, as every other file of the push (safetensors >= 0.8 writes 0600); a copy: the
+            # compressed payloads are read-only arrays, which torch only wraps with a warning.
+            save_safetensors({d.name: torch.from_numpy(d.payload.copy()) for d in deltas}, out / shard)
+            written += (out / shard).stat().st_size
+        index = {
+            "metadata": dict(metadata),
+            "checksums": {d.name: d.checksum for d in deltas},
+            "weight_map": dict.fromkeys((d.name for d in deltas), shard),
+        }
+        tmp = out / f".{_INDEX}.tmp"
+        tmp.write_text(json.dumps(index, indent=1))
+        os.replace(tmp, out / _INDEX)  # the index last: a reader never sees a version without its payloads
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     return written + (out / _INDEX).stat().st_size
 
 
@@ -289,7 +299,10 @@ class DeltaDiskWeightUpdater(_DeltaMixin, DiskWeightUpdater):
         self._last_dir = None  # the local checkpoint is never cleaned up; only delta dirs are
         if not self._delta_push:
             full = (self.base.record_full(b) for b in buckets)
-            await asyncio.to_thread(write_hf_checkpoint, full, self.local_dir, assets_from=self.assets_from)
+            await asyncio.to_thread(
+                write_hf_checkpoint, full, self.local_dir, assets_from=self.assets_from,
+                flag="--update-weight-local-checkpoint-dir",
+            )  # fmt: skip
             (self.local_dir / VERSION_FILE).write_text(weight_version)
         else:
             deltas = [d for bucket in buckets for d in self.base.encode_bucket(bucket)]

@@ -24,9 +24,10 @@ and, after each successful request that carries `weight_version`, reports that v
 processes pushing to one engine) would interleave their buckets and leave the engine with a mix, tagged with
 whichever version came last. Our side prevents that by having one writer: only the trainer's rank 0 pushes, and
 within its process the locks above serialize pushes. The CPU reference engine also checks on its side
-(`slime_rollout.engines.reference.push_guard`): an update (bucket or whole-model load) whose version differs from
-the buckets landed since the last fence, or that has none, is refused, so a second writer fails at its first
-update with one error instead of mixing (a second writer of the same version it cannot tell apart).
+(`slime_rollout.engines.reference.push_guard`): while a push is open, a bucket of another version or none, a bucket
+bringing other bytes for a tensor that already landed in it (a second writer of the same version), and any
+whole-model load are refused, so a second writer fails at its first overlapping update with one error instead of
+mixing.
 """
 
 from __future__ import annotations

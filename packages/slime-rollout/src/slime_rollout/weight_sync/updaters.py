@@ -163,7 +163,11 @@ def _version_dir_name(weight_version: str) -> str:
 
 
 def write_hf_checkpoint(
-    buckets: Iterable[Bucket], out_dir: str | os.PathLike, *, assets_from: str | os.PathLike | None = None
+    buckets: Iterable[Bucket],
+    out_dir: str | os.PathLike,
+    *,
+    assets_from: str | os.PathLike | None = None,
+    flag: str = "--update-weight-disk-dir",
 ) -> pathlib.Path:
     """Writes an HF safetensors checkpoint atomically (temp dir, then rename).
 
@@ -174,6 +178,7 @@ def write_hf_checkpoint(
         buckets: lists of `(hf_name, tensor)`; any device/dtype, saved as is on CPU.
         out_dir: final directory (replaced if it exists and slime wrote it: `slime_core.dir_swap`).
         assets_from: HF checkpoint whose non-safetensors files are copied.
+        flag: the flag that named `out_dir`'s folder, for a refusal.
 
     Returns:
         `out_dir` as a Path.
@@ -184,7 +189,7 @@ def write_hf_checkpoint(
     """
     out = pathlib.Path(out_dir)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    check_replaceable([out, tmp], "--update-weight-disk-dir")  # never delete a folder slime did not write
+    check_replaceable([out, tmp], flag)  # never delete a folder slime did not write
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     mark(tmp)
@@ -208,7 +213,7 @@ def write_hf_checkpoint(
             for f in pathlib.Path(assets_from).iterdir():
                 if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
                     shutil.copy2(f, tmp / f.name)
-        swap_in(tmp, out, flag="--update-weight-disk-dir")  # a crash leaves the old or the new export, never none
+        swap_in(tmp, out, flag=flag)  # a crash leaves the old or the new export, never none
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -4,14 +4,20 @@ slime's own endpoint (SGLang 0.5.16 has none; `slime_rollout.weight_sync.delta_s
 holds compressed deltas of some tensors against the weights of `base_version`. The engine refuses it unless it holds
 that version (or the earlier buckets of this same push have landed), rebuilds every tensor of the request from its
 own bytes, checks each one's checksum, and only when all match copies them in: a corrupt request changes nothing.
+
+An FP8-serving engine rebuilds a pushed e4m3 weight or its `weight_scale_inv` from the FP8 tensors it received last
+(`fp8.ServedFp8.held`, the bytes SGLang would hold), not from the dequantized weight it computes with, and loads the
+rebuilt pair (the unchanged half from what it holds) as an FP8 push.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
+from slime_core.fp8 import SCALE_SUFFIX
 from slime_core.hf_names import to_module_name
 from slime_rollout.engines.reference.model import ReferenceModel
 from slime_rollout.engines.weight_delta import COMPRESSION, UpdateWeightsFromDeltaReq, tensor_bytes, verified_apply
@@ -59,21 +65,46 @@ def apply_delta_request(
     if req.compression_format != COMPRESSION:
         raise ValueError(f"/update_weights_from_delta: compression {req.compression_format!r}, only zstd is known")
     state = model.model.state_dict()
+    fp8_held = model.weights.fp8.held  # name -> the e4m3 weight or float32 scale received last
     rebuilt = []
+    fp8_rebuilt: dict[str, torch.Tensor] = {}
     with model.lock, torch.no_grad():
         for name, payload in named_payloads:
+            if name not in req.checksums:
+                raise ValueError(f"/update_weights_from_delta: no checksum sent for {name!r}")
+            if name in fp8_held:
+                base = fp8_held[name]
+                fp8_rebuilt[name] = _from_bytes(_verified(name, base, payload, req), base)
+                continue
             module_name = to_module_name(name, model.model_type)
             if module_name not in state:
                 raise KeyError(f"update_weights_from_delta: unknown parameter {name!r}")
-            if name not in req.checksums:
-                raise ValueError(f"/update_weights_from_delta: no checksum sent for {name!r}")
             target = state[module_name]
-            new = verified_apply(
-                name, tensor_bytes(target), payload.numpy(), encoding=req.delta_encoding,
-                algorithm=req.checksum_format, expected=req.checksums[name],
-            )  # fmt: skip
-            rebuilt.append((target, new))
+            rebuilt.append((target, _verified(name, target, payload, req)))
+        if fp8_rebuilt:
+            # Dequantized and loaded as a pair (checked whole first); the unchanged half is the one held.
+            partners = {_fp8_partner(n) for n in fp8_rebuilt} - set(fp8_rebuilt)
+            model.weights.load_named_tensors([*fp8_rebuilt.items(), *((n, fp8_held[n]) for n in partners)])
         for target, new in rebuilt:
-            value = torch.from_numpy(new).view(target.dtype).reshape(target.shape)
-            target.copy_(value.to(target.device))
-    return len(rebuilt)
+            target.copy_(_from_bytes(new, target).to(target.device))
+    return len(rebuilt) + len(fp8_rebuilt)
+
+
+def _verified(name: str, base: torch.Tensor, payload: torch.Tensor, req: UpdateWeightsFromDeltaReq) -> Any:
+    """The new bytes of `name`, rebuilt from `base`'s bytes and checked against the sent checksum."""
+    return verified_apply(
+        name, tensor_bytes(base), payload.numpy(), encoding=req.delta_encoding, algorithm=req.checksum_format,
+        expected=req.checksums[name],
+    )  # fmt: skip
+
+
+def _from_bytes(new: Any, like: torch.Tensor) -> torch.Tensor:
+    """`[n]` uint8 bytes as a CPU tensor of `like`'s dtype and shape."""
+    return torch.from_numpy(new).view(like.dtype).reshape(like.shape)
+
+
+def _fp8_partner(name: str) -> str:
+    """The other half of an FP8 pair: `X.weight` <-> `X.weight_scale_inv`."""
+    if name.endswith(SCALE_SUFFIX):
+        return name.removesuffix(SCALE_SUFFIX) + ".weight"
+    return name.removesuffix(".weight") + SCALE_SUFFIX

@@ -83,6 +83,14 @@ async def _run_update(
     return JSONResponse({"success": True, "message": "Succeeded to update model weights.", **extra})
 
 
+def _load_bucket(engine: EngineState, named: list[tuple[str, torch.Tensor]], endpoint: str) -> int:
+    """Loads one bucket unless the push guard refuses its tensors (`PushGuard.bucket_refusal`: a ValueError, 400)."""
+    refusal = engine.push_guard.bucket_refusal(named, endpoint)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return engine.model.weights.load_named_tensors(named)
+
+
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request):
     """Loads every weight from the safetensors checkpoint at `model_path`."""
@@ -109,7 +117,7 @@ async def update_weights_from_tensor(request: Request):
     def load() -> int:
         # One entry per TP rank; the reference engine has a single rank.
         named = deserialize_named_tensors(req.serialized_named_tensors[0], req.load_format)
-        return engine.model.weights.load_named_tensors(named)
+        return _load_bucket(engine, named, "/update_weights_from_tensor")
 
     return await _run_update(
         engine, load, req.weight_version, fields["abort_all_requests"], endpoint="/update_weights_from_tensor"
@@ -202,7 +210,7 @@ async def update_weights_from_distributed(request: Request):
 
     return await _run_update(
         engine,
-        lambda: engine.model.weights.load_named_tensors(receive_only()),
+        lambda: _load_bucket(engine, receive_only(), "/update_weights_from_distributed"),
         req.weight_version,
         fields["abort_all_requests"],
         endpoint="/update_weights_from_distributed",
