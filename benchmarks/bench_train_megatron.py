@@ -110,6 +110,19 @@ SWITCHES = {
 VARIANTS = {"base": (), **{name: (name,) for name in SWITCHES}, "all": ("head", "adam", "gradnorm", "compile")}
 
 
+def ab_variants(spec: str) -> list[str]:
+    """The variant names of an `--ab` value ("base,head,gradnorm"), in order.
+
+    Raises:
+        ValueError: an unknown variant name (checked before the model loads, so a typo costs no start-up).
+    """
+    variants = [v.strip() for v in spec.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"--ab: unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    return variants
+
+
 def run_ab(backend, batch, a: argparse.Namespace, flops: dict) -> list[dict]:
     """Times each `--ab` variant on the live backend (switches toggled in between); one dict per variant.
 
@@ -119,10 +132,7 @@ def run_ab(backend, batch, a: argparse.Namespace, flops: dict) -> list[dict]:
     Raises:
         ValueError: an unknown variant name.
     """
-    variants = [v.strip() for v in a.ab.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise ValueError(f"--ab: unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    variants = ab_variants(a.ab)
     profiled = set(variants if a.profile_variants is None else a.profile_variants.split(","))
     out: list[dict] = []
     on_now = set(SWITCHES)  # a variant is its whole switch set: whatever flags the run started with are turned off
@@ -239,6 +249,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ab", default=None, help=f"variants timed in one process, comma-separated: {', '.join(VARIANTS)}")
     p.add_argument("--profile-variants", default=None, help="with --ab --profile: the variants profiled (default all)")
     a = p.parse_args(argv)
+    if a.ab:
+        try:
+            ab_variants(a.ab)
+        except ValueError as e:
+            p.error(str(e))
     _common.setup_logging()
     import torch
     import torch.distributed as dist

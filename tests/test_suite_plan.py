@@ -107,9 +107,31 @@ def test_files_that_fork_ranks_run_before_any_other_test():
            "tests/slime-train-fsdp/test_vlm.py::v1", "tests/slime-train-fsdp/test_backend.py::b1",
            "tests/slime-train-fsdp/test_vlm.py::v2", "tests/slime-train-fsdp/test_backend.py::b2",
            "tests/slime-train-fsdp/test_attention.py::a"]  # fmt: skip
-    order = [ids[i] for i in plan.fork_first(ids)]
+    order = [ids[i] for i in plan.run_order(ids)]
     assert order == ["tests/slime-train-fsdp/test_backend.py::b1", "tests/slime-train-fsdp/test_backend.py::b2",
                      "tests/slime-train-fsdp/test_vlm.py::v1", "tests/slime-train-fsdp/test_vlm.py::v2",
                      "tests/apps/test_plugin_pkg.py::test_a", "tests/slime-core/test_x.py::t",
                      "tests/slime-train-fsdp/test_attention.py::a"]  # fmt: skip
     assert all(pathlib.Path(REPO / f).is_file() for f in plan.FORKS_RANKS)
+
+
+def test_the_longest_units_run_right_after_the_files_that_fork(monkeypatch):
+    # Listed units move up (in the list's order, a SAME_WORKER folder as one block); the rest keep collection order.
+    monkeypatch.setattr(plan, "FORKS_RANKS", ("tests/slime-train-fsdp/test_backend.py",))
+    monkeypatch.setattr(plan, "LONGEST_FIRST", ("tests/slime-train-fsdp/test_compile_warmup.py", "tests/slime-envs/"))
+    ids = ["tests/apps/test_a.py::a", "tests/slime-envs/test_e1.py::e", "tests/slime-rollout/test_r.py::r",
+           "tests/slime-envs/test_e2.py::e", "tests/slime-train-fsdp/test_compile_warmup.py::w1",
+           "tests/slime-train-fsdp/test_backend.py::b",
+           "tests/slime-train-fsdp/test_compile_warmup.py::w2"]  # fmt: skip
+    order = [ids[i] for i in plan.run_order(ids)]
+    assert order == ["tests/slime-train-fsdp/test_backend.py::b", "tests/slime-train-fsdp/test_compile_warmup.py::w1",
+                     "tests/slime-train-fsdp/test_compile_warmup.py::w2", "tests/slime-envs/test_e1.py::e",
+                     "tests/slime-envs/test_e2.py::e", "tests/apps/test_a.py::a",
+                     "tests/slime-rollout/test_r.py::r"]  # fmt: skip
+
+
+def test_every_longest_unit_exists_once_and_forks_no_rank():
+    assert len(set(plan.LONGEST_FIRST)) == len(plan.LONGEST_FIRST)
+    for unit in plan.LONGEST_FIRST:
+        assert (REPO / unit).exists(), f"tests/_suite_plan.py LONGEST_FIRST: {unit} does not exist (renamed?)"
+        assert plan.work_unit(unit) == unit and unit not in plan.FORKS_RANKS, unit

@@ -229,31 +229,6 @@ def test_resume_after_sigkill(tiny_qwen3, tmp_path):
     assert set(expected[1]) != set(expected[2])
 
 
-def test_async_disaggregated_one_step_off_policy(make_tiny_qwen3, tmp_path, tb_scalars):
-    """`--async`: rollout N+1 is generated while N trains; weights change only between generations.
-
-    On a bfloat16 checkpoint (the GPU default), the only CPU run of the whole loop in that dtype.
-    """
-    model = make_tiny_qwen3(tmp_path / "bf16", dtype=torch.bfloat16, hidden_size=32, intermediate_size=64,
-                            head_dim=8, max_position_embeddings=1024)  # fmt: skip
-    out = tmp_path / "run"
-    flags = ["--num-rollout", "3", "--async", "--rollout-num-gpus", "1"]
-    argv = [a for a in _argv(model, out, *flags) if a != "--colocate"]
-    proc = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    assert "rollout    2" in proc.stdout
-    # Engine weight versions seen by each rollout: one step stale, never mixed within a rollout.
-    versions = [{v for s in _dump(out, r) for v in s["weight_versions"]} for r in range(3)]
-    assert versions == [{"0"}, {"0"}, {"1"}]
-    # The same per-phase timings as the sync loop (benchmarks/e2e_report.py reads them); the last rollout
-    # has no next generation to update weights for.
-    tb = out / "tensorboard"
-    for key in ("perf/rollout_time", "perf/train_time", "perf/step_time"):
-        times = tb_scalars(tb, key)
-        assert sorted(times) == [0, 1, 2] and all(t > 0 for t in times.values()), (key, times)
-    assert sorted(tb_scalars(tb, "perf/update_weights_time")) == [0, 1]
-
-
 def test_lora_two_rollouts(tiny_qwen3, tmp_path, tb_scalars):
     """LoRA through the real loop: the engine serves base + the synced adapter (first-step log-probs agree), only
     the adapter is written for the sync, and `--save-hf` exports a PEFT adapter that peft loads on the base."""
@@ -297,28 +272,49 @@ def test_lora_two_rollouts(tiny_qwen3, tmp_path, tb_scalars):
     assert model.peft_config["default"].r == 4
 
 
-def test_async_resume_keeps_the_data_order(tiny_qwen3, tmp_path):
-    """`--async` resumed from a checkpoint trains the prompts an uninterrupted run trains next.
+def test_async_bf16_run_is_one_step_off_policy_and_resumes_in_the_data_order(make_tiny_qwen3, tmp_path, tb_scalars):
+    """`--async` (disaggregated, one step off-policy) on a bfloat16 checkpoint, then resumed from its rollout-0 save.
 
-    Issue 27: the data cursor of a save queued behind the generation of the next rollout, already drawn, so the
-    resume skipped that rollout's prompts (as the original's train_async.py).
+    One run checked for what two runs checked before (the same configuration: `--async`, 3 rollouts, an engine GPU of
+    its own; saving each rollout and shuffling change neither the weight versions nor the timings):
+    - off-policy: rollout N+1 is generated while N trains; weights change only between generations. On a bfloat16
+      checkpoint (the GPU default), the only CPU run of the whole loop in that dtype.
+    - resume: `--async` resumed from a checkpoint trains the prompts an uninterrupted run trains next. Issue 27: the
+      data cursor of a save queued behind the generation of the next rollout, already drawn, so the resume skipped
+      that rollout's prompts (as the original's train_async.py).
     """
+    model = make_tiny_qwen3(tmp_path / "bf16", dtype=torch.bfloat16, hidden_size=32, intermediate_size=64,
+                            head_dim=8, max_position_embeddings=1024)  # fmt: skip
     ckpt = tmp_path / "ckpt"
     flags = ["--num-rollout", "3", "--rollout-shuffle", "--async", "--rollout-num-gpus", "1", "--save", str(ckpt),
              "--save-interval", "1"]  # fmt: skip
 
-    def run(out, *extra):
-        argv = [a for a in _argv(tiny_qwen3, out, *flags, *extra) if a != "--colocate"]
+    def run(out, *extra) -> subprocess.CompletedProcess:
+        argv = [a for a in _argv(model, out, *flags, *extra) if a != "--colocate"]
         proc = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+        return proc
 
-    run(tmp_path / "run1")
+    out = tmp_path / "run1"
+    proc = run(out)
+    assert "rollout    2" in proc.stdout
+    # Engine weight versions seen by each rollout: one step stale, never mixed within a rollout.
+    versions = [{v for s in _dump(out, r) for v in s["weight_versions"]} for r in range(3)]
+    assert versions == [{"0"}, {"0"}, {"1"}]
+    # The same per-phase timings as the sync loop (benchmarks/e2e_report.py reads them); the last rollout
+    # has no next generation to update weights for.
+    tb = out / "tensorboard"
+    for key in ("perf/rollout_time", "perf/train_time", "perf/step_time"):
+        times = tb_scalars(tb, key)
+        assert sorted(times) == [0, 1, 2] and all(t > 0 for t in times.values()), (key, times)
+    assert sorted(tb_scalars(tb, "perf/update_weights_time")) == [0, 1]
+
     run(tmp_path / "run2", "--load", str(ckpt), "--ckpt-step", "1")  # the checkpoint of rollout 0
 
     from slime_core.config import parse_args
     from slime_rollout.data.source import RolloutDataSource
 
-    argv = [a for a in _argv(tiny_qwen3, tmp_path / "unused", *flags)[2:] if a != "--colocate"]
+    argv = [a for a in _argv(model, tmp_path / "unused", *flags)[2:] if a != "--colocate"]
     source = RolloutDataSource(parse_args(argv))
     expected = [{g[0].prompt for g in source.get_samples(2)} for _ in range(3)]
     assert [{s["prompt"] for s in _dump(tmp_path / "run1", r)} for r in range(3)] == expected

@@ -191,8 +191,10 @@ def test_train_megatron_speed_switches_cpu(tmp_path, models):
     # Same weights and batch on the first call of each (lr 1e-6 moves the weights by ~1e-6 between variants).
     for variant in ab["ab"]:
         assert variant["grad_norm"] == pytest.approx(flags["grad_norm"], rel=2e-2)  # bf16 on CPU
+    # A misspelt variant fails before the model is written or loaded (the model root stays empty).
     with pytest.raises(AssertionError, match="unknown variants"):
-        _run([*cmd, "--ab", "base,nosuch"], tmp_path, models)
+        _run([*cmd, "--ab", "base,nosuch"], tmp_path, tmp_path / "no-models")
+    assert not (tmp_path / "no-models").exists()
 
 
 @pytest.mark.slow
