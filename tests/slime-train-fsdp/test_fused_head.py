@@ -231,14 +231,11 @@ print(json.dumps([finite] + [float(((x - y).abs() / (1 + y.abs())).max()) for x,
 
 
 def test_compiled_head_matches_eager_on_cpu():
-    # Inductor's CPU backend builds C++; about 30 s cold on this repo's CPU machine. Skipped (not failed) where a
-    # compiler is missing or compilation takes over 60 s, so the CPU suite stays fast.
+    # Inductor's CPU backend builds C++; about 30-45 s cold on a 2-core CI machine. Skipped only where no compiler
+    # exists; a slow compile is not a reason to skip (the bound is a hang guard far above the normal time).
     if shutil.which("g++") is None and shutil.which("c++") is None:
         pytest.skip("no C++ compiler for inductor's CPU backend")
-    try:
-        proc = subprocess.run([sys.executable, "-c", _COMPILED_CHECK], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.skip("compiling the fused head on CPU took over 60 s")
+    proc = subprocess.run([sys.executable, "-c", _COMPILED_CHECK], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     finite, *errs = json.loads(proc.stdout.strip().splitlines()[-1])
     # log-probs, entropies, grad h, grad W of the whole head; relative error, |grad h| reaches 1e35 here
