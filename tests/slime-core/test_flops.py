@@ -1,15 +1,11 @@
-"""Model FLOPs (`slime_core.flops`) by hand, and the original's `perf/*_tflops` / length metrics of a train step."""
+"""Model FLOPs and the throughput metrics (`slime_core.flops`) by hand; a train step's figures: test_train_step.py."""
 
 import json
 import types
 
 import pytest
-import torch
 
-from slime_core.batch import RolloutBatch
-from slime_core.config import SlimeArgs
 from slime_core.flops import model_config, throughput_metrics, transformer_flops
-from slime_core.train_step import train_on_rollout
 
 DENSE = dict(hidden_size=4, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=3,
              intermediate_size=5, vocab_size=10)  # fmt: skip
@@ -67,71 +63,3 @@ def test_model_config_reads_config_json_once(tmp_path):
         assert model_config(None) is None and model_config(str(tmp_path / "missing")) is None
     finally:
         model_config.cache_clear()
-
-
-class _Backend:
-    """A one-parameter-per-sample backend (see test_train_step.FakeBackend), rank 0 of `dp` identical ranks."""
-
-    has_ref = has_teacher = False
-
-    def __init__(self, batch, dp):
-        self.params = [torch.nn.Parameter(torch.full((n,), -1.0)) for n in batch.response_lengths]
-        self.dp = dp
-
-    def compute_log_probs(self, batch, *, model="actor"):
-        return [p.detach().clone() for p in self.params]
-
-    def all_reduce_sum(self, tensor):
-        return tensor * self.dp
-
-    def forward_backward(self, batch, step, loss_fn, *, denominator):
-        out = []
-        for ids in batch.micro_batches[step]:
-            loss, metrics = loss_fn(ids, [self.params[i] * 1.0 for i in ids], [torch.zeros(len(self.params[i]))
-                                                                               for i in ids])  # fmt: skip
-            (loss / denominator).backward()
-            out.append(metrics)
-        return out
-
-    def optimizer_step(self):
-        return 0.0, 0.1
-
-    def reduce_metric_sums(self, sums):
-        return {k: v * self.dp for k, v in sums.items()}
-
-    def reset_optimizer_states(self):
-        pass
-
-
-def test_a_train_step_reports_the_original_length_means_and_tflops(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(DENSE))
-    batch = RolloutBatch(
-        tokens=[torch.arange(3), torch.arange(5)],
-        response_lengths=[2, 3],
-        loss_masks=[torch.ones(2), torch.ones(3)],
-        rewards=[1.0, -1.0],
-        raw_rewards=[1.0, 0.0],
-        loss_denominators=[2.0, 3.0],
-        micro_batches=[[[0], [1]]],
-        truncated=[0, 1],
-        step_sample_counts=[4],
-        step_token_counts=[10.0],
-    )
-    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1}).model_copy(
-        update={"hf_checkpoint": str(tmp_path), "actor_num_gpus_per_node": 2}
-    )
-    model_config.cache_clear()
-    try:
-        metrics, _ = train_on_rollout(cfg, _Backend(batch, dp=2), 0, batch)
-    finally:
-        model_config.cache_clear()
-    # Two identical DP ranks: 4 samples of 3, 5, 3, 5 tokens; responses 2, 3, 2, 3; one in two truncated.
-    assert metrics["rollout/total_lengths"] == 4.0
-    assert metrics["rollout/response_lengths"] == 2.5
-    assert metrics["rollout/truncated"] == 0.5
-    # Forward FLOPs of the rollout: 2*264*16 + 2*2*6*68 + 2*10*4*10 = 8448 + 1632 + 800 = 10880, over 2 GPUs.
-    seconds = metrics["perf/actor_train_time"]
-    assert metrics["perf/actor_train_tflops"] == pytest.approx(3 * 10880 / 2 / 1e12 / seconds)
-    assert metrics["perf/actor_train_tok_per_s"] == pytest.approx(16 / seconds)
-    # One step: the old log-probs come from the training forward, so no separate forward is timed.
-    assert "perf/log_probs_tflops" not in metrics and "perf/ref_log_probs_tflops" not in metrics

@@ -6,6 +6,7 @@ value is known by hand. It plays rank 0 of `dp` identical data-parallel ranks: i
 abs 1e-6.
 """
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
+from slime_core.flops import model_config
 from slime_core.train_step import StepBackend, can_reuse_old_log_probs, step_denominator, train_on_rollout
 
 ATOL = 1e-6
@@ -411,3 +413,40 @@ def test_rollout_mean_sums_leave_out_a_masked_minus_inf_and_take_the_recorded_me
     # (-1 - 3) / 2 for the first sample; the second has no trainable token: it adds 0 (the original's clamp).
     assert sums["rollout/ref_log_probs.sum"] == pytest.approx(-2.0, abs=ATOL)
     assert all(isinstance(value, float) for value in sums.values())
+
+
+# test_flops.DENSE: 264 decoder-layer parameters per token, attention 2·2·6 per s², lm_head 2·10·4 per response token.
+FLOPS_CONFIG = dict(hidden_size=4, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=3,
+                    intermediate_size=5, vocab_size=10)  # fmt: skip
+
+
+def test_a_train_step_reports_the_original_length_means_and_tflops(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(FLOPS_CONFIG))
+    batch = RolloutBatch(
+        tokens=[torch.arange(3), torch.arange(5)],
+        response_lengths=[2, 3],
+        loss_masks=[torch.ones(2), torch.ones(3)],
+        rewards=[1.0, -1.0],
+        raw_rewards=[1.0, 0.0],
+        loss_denominators=[2.0, 3.0],
+        micro_batches=[[[0], [1]]],
+        truncated=[0, 1],
+        step_sample_counts=[4],
+        step_token_counts=[10.0],
+    )
+    cfg = _cfg(hf_checkpoint=str(tmp_path), actor_num_gpus_per_node=2)
+    model_config.cache_clear()
+    try:
+        metrics, _ = train_on_rollout(cfg, FakeBackend(batch, dp=2), 0, batch)
+    finally:
+        model_config.cache_clear()
+    # Two identical DP ranks: 4 samples of 3, 5, 3, 5 tokens; responses 2, 3, 2, 3; one in two truncated.
+    assert metrics["rollout/total_lengths"] == 4.0
+    assert metrics["rollout/response_lengths"] == 2.5
+    assert metrics["rollout/truncated"] == 0.5
+    # Forward FLOPs: 2*264*16 + 2*2*6*68 + 2*10*4*10 = 8448 + 1632 + 800 = 10880, over 2 GPUs.
+    seconds = metrics["perf/actor_train_time"]
+    assert metrics["perf/actor_train_tflops"] == pytest.approx(3 * 10880 / 2 / 1e12 / seconds)
+    assert metrics["perf/actor_train_tok_per_s"] == pytest.approx(16 / seconds)
+    # One step: the old log-probs come from the training forward, so no separate forward is timed.
+    assert "perf/log_probs_tflops" not in metrics and "perf/ref_log_probs_tflops" not in metrics
