@@ -94,6 +94,12 @@ def test_bad_images_name_the_row(tmp_path, value, message):
     assert message in str(err.value)
 
 
+def test_a_malformed_json_list_cell_names_the_row(tmp_path):
+    # json.loads' bare JSONDecodeError named neither file nor row.
+    with pytest.raises(ValueError, match=r"d.jsonl line 4: the image cell '\[a.png, b.png\]' looks like a JSON list"):
+        multimodal.normalize_images("[a.png, b.png]", base_dir=tmp_path, where="d.jsonl line 4")
+
+
 def test_check_row_images_decodes_and_counts(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     good = {"q": "<image> and <image>?", "images": [png_bytes(), png_bytes(color=(0, 0, 9))]}

@@ -155,11 +155,19 @@ def _b64decode(text: str, where: str) -> bytes:
 
 
 def normalize_images(value: Any, *, base_dir: pathlib.Path | None, where: str) -> list[str]:
-    """A dataset cell of images (a list, or a single image) as normalized images; see `normalize_image`."""
+    """A dataset cell of images (a list, a JSON list string, or a single image) as normalized images.
+
+    See `normalize_image`. Raises ValueError naming `where` for a malformed JSON list or a bad image.
+    """
     if value is None:
         return []
     if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
-        value = json.loads(value)  # a JSON list stored as a string column
+        try:
+            value = json.loads(value)  # a JSON list stored as a string column
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{where}: the image cell {shorten(value, 60)!r} looks like a JSON list but is not ({e})"
+            ) from None
     items = list(value) if isinstance(value, list | tuple) else [value]
     return [normalize_image(v, base_dir=base_dir, where=f"{where} image {i + 1}") for i, v in enumerate(items)]
 
