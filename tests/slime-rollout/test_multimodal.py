@@ -94,6 +94,12 @@ def test_bad_images_name_the_row(tmp_path, value, message):
     assert message in str(err.value)
 
 
+def test_a_malformed_json_list_cell_names_the_row(tmp_path):
+    # json.loads' bare JSONDecodeError named neither file nor row.
+    with pytest.raises(ValueError, match=r"d.jsonl line 4: the image cell '\[a.png, b.png\]' looks like a JSON list"):
+        multimodal.normalize_images("[a.png, b.png]", base_dir=tmp_path, where="d.jsonl line 4")
+
+
 def test_check_row_images_decodes_and_counts(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     good = {"q": "<image> and <image>?", "images": [png_bytes(), png_bytes(color=(0, 0, 9))]}
@@ -125,6 +131,67 @@ def test_placeholders_split_text_into_image_and_text_parts():
     assert out[0]["content"] == [{"type": "text", "text": "Be brief."}]
     assert out[1]["content"] == [{"type": "image", "image": "i1"}, {"type": "text", "text": "x"}]
     assert chat[1]["content"] == "<image>x"  # the dataset's messages are not modified
+
+
+def test_an_image_over_pillows_size_limit_is_one_error_naming_the_row(tmp_path, monkeypatch):
+    # Pillow refuses images over 2 x MAX_IMAGE_PIXELS with DecompressionBombError, which is no ValueError: it left
+    # preflight and the data source as a bare traceback naming neither file nor row. The limit is lowered here so
+    # a 100x100 image stands for a 15000x12000 one (monkeypatch restores it).
+    from PIL import Image
+
+    big = png_bytes(size=(100, 100))
+    (tmp_path / "big.png").write_bytes(big)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    row = {"q": "<image>?", "images": ["big.png"]}
+    with pytest.raises(ValueError, match=r"d.jsonl line 7 image 1: image .*big.png: too large to decode .*2000 pixels"):
+        multimodal.check_row_images(row, input_key="q", image_key="images", base_dir=tmp_path, where="d.jsonl line 7")
+    with pytest.raises(ValueError, match=r"d.parquet row index 2 image 1: too large to decode"):
+        multimodal.normalize_images([big], base_dir=tmp_path, where="d.parquet row index 2")
+
+
+def test_bare_image_parts_of_chat_messages_take_the_column_images():
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]
+    out = multimodal.build_messages(chat, ["i1"], where="w")
+    assert out[0]["content"] == [{"type": "image", "image": "i1"}, {"type": "text", "text": "How many?"}]
+    with pytest.raises(ValueError, match="w: the prompt has 1 <image> placeholder.* for 2 image"):
+        multimodal.build_messages(chat, ["i1", "i2"], where="w")
+
+
+@pytest.mark.parametrize(
+    ("part", "kind"),
+    [
+        ({"type": "image", "image": "a.png"}, "image"),
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image"),
+        ({"type": "video", "video": "clip.mp4"}, "video"),
+    ],
+)
+def test_media_inside_chat_messages_is_refused_not_dropped(vlm, tmp_path, part, kind):
+    # Such a part was kept as it was: the template rendered <|vision_start|><|image_pad|><|vision_end|> into the
+    # prompt while the sample had no images, so the engine and the trainer got an image token without pixels.
+    _, path = vlm
+    rows = [{"q": [{"role": "user", "content": [part, {"type": "text", "text": "How many?"}]}], "a": "1"}]
+    data = _write_rows(tmp_path, rows, "jsonl")
+    with pytest.raises(
+        ValueError, match=rf"line 1: message 1 content part 1 carries its own {kind} .*--multimodal-keys"
+    ):
+        rows_to_samples(
+            load_prompt_rows(str(data)), source=str(data), input_key="q", label_key="a",
+            tokenizer=multimodal.get_processor(path).tokenizer, apply_chat_template=True,
+            multimodal_keys={"image": "images"}, processor_path=path,
+        )  # fmt: skip
+
+
+def test_an_undecodable_image_met_by_the_prompt_length_filter_names_the_row(vlm, tmp_path):
+    # --rollout-max-prompt-len processes each prompt with its images at load time; the error named only the image.
+    _, path = vlm
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    data = _write_rows(tmp_path, [{"q": "<image>?", "a": "1", "images": ["bad.png"]}], "jsonl")
+    with pytest.raises(ValueError, match=r"data.jsonl line 1: image .*bad.png: cannot be decoded"):
+        rows_to_samples(
+            load_prompt_rows(str(data)), source=str(data), input_key="q", label_key="a",
+            tokenizer=multimodal.get_processor(path).tokenizer, apply_chat_template=True, max_prompt_len=4096,
+            multimodal_keys={"image": "images"}, processor_path=path,
+        )  # fmt: skip
 
 
 # ---- processor and chat template: the token layout --------------------------------------------------------------

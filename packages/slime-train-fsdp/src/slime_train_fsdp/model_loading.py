@@ -356,6 +356,22 @@ def _check_shapes(model: nn.Module, state: dict[str, torch.Tensor], flag: str, p
         for k, v in state.items()
         if tuple(v.shape) != tuple(params[k].shape)
     ]
+    transposed = [
+        hf_name(k)
+        for k, v in state.items()
+        if k.endswith(("experts.gate_up_proj", "experts.down_proj"))
+        and v.ndim == 3
+        and tuple(v.shape) != tuple(params[k].shape)
+        and tuple(v.transpose(1, 2).shape) == tuple(params[k].shape)
+    ]
+    if transposed:
+        # Qwen3-VL-MoE's published checkpoints: transformers transposes these on load (its conversion mapping),
+        # SGLang reads them as stored; loading, exporting and pushing them in both layouts is not implemented.
+        raise ValueError(
+            f"{flag} {path}: {transposed[0]} is stored as fused experts transposed against transformers' layout "
+            f"([E, H, 2I] / [E, I, H]; model_type {getattr(model.config, 'model_type', None)!r}); the FSDP trainer "
+            "does not implement this checkpoint layout (Qwen3-VL-MoE): train a dense Qwen-VL model"
+        )
     if wrong:
         more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
         raise ValueError(

@@ -72,6 +72,8 @@ IMAGE_PLACEHOLDER = "<image>"
 _NOT_TRAIN_INPUTS = frozenset({"input_ids", "attention_mask", "mm_token_type_ids"})
 _DATA_URI = re.compile(r"^data:image/[\w.+-]+;base64,", re.IGNORECASE)
 _IMAGE_STRUCT_KEYS = frozenset({"bytes", "path", "image", "type"})
+# Keys of a chat content part that hold the image itself (Qwen-VL / OpenAI message forms).
+_INLINE_IMAGE_KEYS = ("image", "image_url", "path", "url")
 
 
 def image_column(multimodal_keys: dict[str, str] | None) -> str | None:
@@ -86,6 +88,8 @@ def _data_uri(raw: bytes, where: str) -> str:
     try:
         with Image.open(io.BytesIO(raw)) as img:
             fmt = (img.format or "png").lower()
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{where}: {_too_large(e)}") from None
     except (UnidentifiedImageError, OSError) as e:
         raise ValueError(f"{where}: not a readable image ({e})") from None
     return f"data:image/{fmt};base64,{base64.b64encode(raw).decode('ascii')}"
@@ -151,11 +155,19 @@ def _b64decode(text: str, where: str) -> bytes:
 
 
 def normalize_images(value: Any, *, base_dir: pathlib.Path | None, where: str) -> list[str]:
-    """A dataset cell of images (a list, or a single image) as normalized images; see `normalize_image`."""
+    """A dataset cell of images (a list, a JSON list string, or a single image) as normalized images.
+
+    See `normalize_image`. Raises ValueError naming `where` for a malformed JSON list or a bad image.
+    """
     if value is None:
         return []
     if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
-        value = json.loads(value)  # a JSON list stored as a string column
+        try:
+            value = json.loads(value)  # a JSON list stored as a string column
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{where}: the image cell {shorten(value, 60)!r} looks like a JSON list but is not ({e})"
+            ) from None
     items = list(value) if isinstance(value, list | tuple) else [value]
     return [normalize_image(v, base_dir=base_dir, where=f"{where} image {i + 1}") for i, v in enumerate(items)]
 
@@ -174,8 +186,22 @@ def decode_image(image: str) -> Any:
         with Image.open(source) as img:
             img.load()
             return img.convert("RGB")
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"image {name}: {_too_large(e)}") from None
     except (UnidentifiedImageError, OSError, binascii.Error, ValueError) as e:
         raise ValueError(f"image {name}: cannot be decoded ({e})") from None
+
+
+def _too_large(error: Exception) -> str:
+    """Why Pillow refused to open an image (`DecompressionBombError`: pixels over twice `MAX_IMAGE_PIXELS`)."""
+    from PIL import Image
+
+    # Pillow refuses before decoding, so the image is never resized to the processor's max_pixels; a smaller copy
+    # of it is what the model would see anyway.
+    return (
+        f"too large to decode ({error}; Pillow refuses more than 2 x PIL.Image.MAX_IMAGE_PIXELS = "
+        f"{2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels): downscale it below the processor's max_pixels"
+    )
 
 
 def check_row_images(row: dict[str, Any], *, input_key: str, image_key: str, base_dir: pathlib.Path, where: str) -> int:
@@ -203,8 +229,9 @@ def build_messages(prompt: Any, images: Sequence[str], *, where: str) -> list[di
     """Chat messages whose text is split at each `<image>` placeholder into image and text content parts.
 
     Args:
-        prompt: the prompt text (one user message) or a list of chat messages (string contents are split;
-            contents already given as part lists are kept).
+        prompt: the prompt text (one user message) or a list of chat messages. String contents are split; in
+            contents given as part lists, each bare `{"type": "image"}` part is a placeholder too and gets the
+            next image, other parts are kept.
         images: normalized images, one per placeholder in order.
         where: location for error messages.
 
@@ -212,13 +239,34 @@ def build_messages(prompt: Any, images: Sequence[str], *, where: str) -> list[di
         Messages with `content` lists like `[{"type": "image", "image": img}, {"type": "text", "text": "..."}]`.
 
     Raises:
-        ValueError: the number of placeholders differs from the number of images.
+        ValueError: the number of placeholders differs from the number of images, or a content part carries its
+            own image (or a video): images come only from the `--multimodal-keys` column.
     """
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     queue = list(images)
     placeholders = 0
-    for message in messages:
+    for m, message in enumerate(messages):
         content = message.get("content")
+        if isinstance(content, list):
+            # The chat template renders every image part as one image slot: a part whose image was not read (an
+            # inline one) would put image tokens in the prompt without pixels, silently.
+            kept: list[Any] = []
+            for p, part in enumerate(content):
+                kind = _media_part(part)
+                if kind is None:
+                    kept.append(part)
+                    continue
+                if kind != "image" or any(part.get(k) is not None for k in _INLINE_IMAGE_KEYS):
+                    raise ValueError(
+                        f"{where}: message {m + 1} content part {p + 1} carries its own {kind} "
+                        f"({shorten(str(part), 80)}); images are read only from the --multimodal-keys column: "
+                        f"write {IMAGE_PLACEHOLDER} (or a bare {{'type': 'image'}} part) and put the image there"
+                    )
+                placeholders += 1
+                if queue:
+                    kept.append({"type": "image", "image": queue.pop(0)})
+            message["content"] = kept
+            continue
         if not isinstance(content, str):
             continue
         parts: list[dict[str, Any]] = []
@@ -236,6 +284,18 @@ def build_messages(prompt: Any, images: Sequence[str], *, where: str) -> list[di
             "in the --multimodal-keys column (one placeholder per image)"
         )
     return messages
+
+
+def _media_part(part: Any) -> str | None:
+    """`"image"`, `"video"` or `"audio"` for a chat content part the template renders as media, else None."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    if kind in ("image", "image_url") or "image" in part or "image_url" in part:
+        return "image"
+    if kind in ("video", "audio") or "video" in part or "audio" in part:
+        return str(kind) if kind in ("video", "audio") else ("video" if "video" in part else "audio")
+    return None
 
 
 @functools.cache

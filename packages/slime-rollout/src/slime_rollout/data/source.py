@@ -171,7 +171,7 @@ def rows_to_samples(
             measured = render_chat(tokenizer, prompt, tools=tools, template_kwargs=None, where=where, why=_MESSAGES)
             measured_tools = None
         if max_prompt_len is not None and (
-            _prompt_len(tokenizer, prompt, images, processor_path) > max_prompt_len
+            _prompt_len(tokenizer, prompt, images, processor_path, where) > max_prompt_len
             if images
             else prompt_too_long(tokenizer, measured, measured_tools, max_prompt_len)
         ):
@@ -218,11 +218,18 @@ def _warn_missing_columns(rows: Sequence[dict[str, Any]], source: str, columns: 
             )  # fmt: skip
 
 
-def _prompt_len(tokenizer: Any, prompt: Any, images: list[str], processor_path: str | None) -> int:
-    """Prompt tokens as the engine sees them: image placeholders expanded when the prompt has images."""
+def _prompt_len(tokenizer: Any, prompt: Any, images: list[str], processor_path: str | None, where: str) -> int:
+    """Prompt tokens as the engine sees them: image placeholders expanded when the prompt has images.
+
+    Raises:
+        ValueError: an image the processor cannot take (names `where`, the file and row).
+    """
     text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(prompt, tokenize=False)
     if images:
-        return len(multimodal.prepare_vision_prompt(processor_path, text, images).input_ids)
+        try:
+            return len(multimodal.prepare_vision_prompt(processor_path, text, images).input_ids)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
