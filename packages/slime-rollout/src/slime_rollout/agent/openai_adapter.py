@@ -72,6 +72,7 @@ from slime_rollout.engines.client import EngineClient
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.generation.engine_reply import parse_generate_reply
 from slime_rollout.generation.seeds import continuation_seed
+from slime_rollout.runtime.deadlines import backstop_timeout_s
 
 __all__ = ["OpenAIAdapter"]
 
@@ -155,7 +156,9 @@ class OpenAIAdapter:
 
             tokenizer = get_tokenizer(tokenizer)
         self.tokenizer = tokenizer
-        self.client = client if client is not None else EngineClient(sglang_url, timeout=request_timeout_s)
+        # The socket timeout is a backstop past the deadline, so the 504 naming the deadline always comes first.
+        backstop = backstop_timeout_s(float(request_timeout_s))
+        self.client = client if client is not None else EngineClient(sglang_url, timeout=backstop)
         self.parse_reasoning = reasoning_parser is not None
         self.max_turns_per_sid = max_turns_per_sid
         self.request_timeout_s = float(request_timeout_s)
