@@ -33,7 +33,7 @@ from slime_core.sample_fields import ORIGINAL_ONLY_FIELDS, check_field_types
 if TYPE_CHECKING:
     import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
 
-__all__ = ["Sample", "Status", "status_from_finish_reason", "validate_top_p_offsets"]
+__all__ = ["Sample", "Status", "as_status", "status_from_finish_reason", "validate_top_p_offsets"]
 
 
 class Status(enum.Enum):
@@ -51,6 +51,23 @@ class Status(enum.Enum):
     TRUNCATED = "truncated"
     ABORTED = "aborted"
     FAILED = "failed"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Status | None:
+        # A name or value in any case: the original's tau-bench example builds `Sample(status="completed")`.
+        return cls.__members__.get(value.upper()) if isinstance(value, str) else None
+
+
+def as_status(value: Any, what: str) -> Status:
+    """`value` as a `Status`: a member, or its value or name as a string in any case ("completed", "COMPLETED").
+
+    Raises:
+        ValueError: anything else, naming `what` (e.g. "sample 3") and the valid values.
+    """
+    try:
+        return value if isinstance(value, Status) else Status(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"{what}: unknown status {value!r} (one of {[s.value for s in Status]})") from None
 
 
 def validate_top_p_offsets(token_ids: Sequence[int], offsets: Sequence[int], num_rows: int, *, what: str) -> None:
@@ -186,6 +203,10 @@ class Sample:
     teacher_log_probs: Any = None  # list[float]; the original's OPD post-process stores a float32 tensor
     multimodal_train_input_id: str | None = None  # the original's cache id; not read here
     rollout_routed_experts: Any = None  # torch.Tensor [T - 1, L, K] int32 (nested int lists are accepted)
+
+    def __post_init__(self) -> None:
+        # A string status stayed a string: never equal to a Status, it crashed `to_dict` (debug dumps).
+        self.status = as_status(self.status, f"sample {self.index}")
 
     # ---- derived views -------------------------------------------------------------------------
 
@@ -490,13 +511,7 @@ class Sample:
         if getattr(reward, "ndim", None) == 0 and callable(getattr(reward, "item", None)):
             kwargs["reward"] = reward.item()  # a reward function's 0-d tensor, kept as is by the original
         check_field_types(kwargs)
-        status = kwargs.get("status", Status.PENDING)
-        if not isinstance(status, Status):
-            try:
-                status = Status(str(status).lower())
-            except ValueError:
-                raise ValueError(f"Sample.from_dict: unknown status {status!r}") from None
-        kwargs["status"] = status
+        kwargs["status"] = as_status(kwargs.get("status", Status.PENDING), "Sample.from_dict")
         if kwargs.get("multimodal_train_inputs") is not None:
             kwargs["multimodal_train_inputs"] = {
                 k: _decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()

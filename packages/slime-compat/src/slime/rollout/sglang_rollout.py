@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from slime.utils.misc import SingletonMeta
+from slime.utils.processing_utils import load_processor
 from slime_core.sample import Sample
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.source import get_tokenizer
@@ -48,7 +49,7 @@ class GenerateState(metaclass=SingletonMeta):
     Attributes:
         args: the run's args.
         tokenizer: the tokenizer of `--hf-checkpoint`.
-        processor: None (text-only prompts).
+        processor: `load_processor(--hf-checkpoint)`: the vision-language processor, None for a text-only model.
         semaphore: bounds concurrent engine requests (`--sglang-server-concurrency` × engines).
         sampling_params: SGLang sampling params of training rollouts (from the `--rollout-*` flags).
         group_sampling_seeds: with `--sglang-enable-deterministic-inference`, the seed of sample j of a group.
@@ -62,7 +63,7 @@ class GenerateState(metaclass=SingletonMeta):
     def __init__(self, args: Any) -> None:
         self.args = args
         self.tokenizer = get_tokenizer(args.hf_checkpoint)
-        self.processor = None
+        self.processor = load_processor(args.hf_checkpoint)  # the geo3k multi-turn example's image prompts
         self.semaphore = asyncio.Semaphore(args.sglang_server_concurrency * num_engines(args))
         self.sampling_params: dict[str, Any] = build_sampling_params(args)
         if args.sglang_args.get("enable_deterministic_inference"):

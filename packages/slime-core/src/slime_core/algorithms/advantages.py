@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from slime_core.algorithms.kl import compute_approx_kl
-from slime_core.config import SlimeArgs
+from slime_core.config import SlimeArgs, plugin_view
 from slime_core.estimators import get_estimator
 from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
@@ -254,7 +254,7 @@ def _custom_advantages(args: SlimeArgs, path, rewards, loss_masks, inputs):
         **inputs,
     }
     call_hook_with_deadline(
-        fn, args, rollout_data, what=f"--custom-advantage-function-path {path}", **hook_bounds(args)
+        fn, plugin_view(args), rollout_data, what=f"--custom-advantage-function-path {path}", **hook_bounds(args)
     )
     for key in ("advantages", "returns"):
         if key not in rollout_data:

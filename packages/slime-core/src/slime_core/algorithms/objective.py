@@ -24,7 +24,7 @@ from slime_core.algorithms.policy_loss import compute_opsm_mask
 from slime_core.algorithms.reducers import Reducer, default_reducer, segment_sums
 from slime_core.algorithms.registry import get_policy_loss
 from slime_core.algorithms.tis import icepop_function, vanilla_tis_function
-from slime_core.config import SlimeArgs
+from slime_core.config import SlimeArgs, plugin_view
 from slime_core.config.mismatch import uses_mis_helper
 from slime_core.estimators import get_estimator
 from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
@@ -54,7 +54,7 @@ def _pg_reducer(cfg: SlimeArgs, total_lengths, response_lengths, loss_masks, def
     per_token = cfg.calculate_per_token_loss
     bounds = {"what": f"--custom-pg-loss-reducer-function-path {path}", **hook_bounds(cfg)}
     # Extension over the original signature: factories that declare `args` get the run config.
-    extra = {"args": cfg} if "args" in inspect.signature(factory).parameters else {}
+    extra = {"args": plugin_view(cfg)} if "args" in inspect.signature(factory).parameters else {}
     reducer = call_hook_with_deadline(
         factory, total_lengths, response_lengths, loss_masks, per_token, **extra, **bounds
     )
@@ -224,7 +224,7 @@ def compute_actor_loss(
         else:
             trainer = lp.detach() if use_rollout else old  # under --use-rollout-logprobs `old` is the engine's
         pg_tok, new_masks, tis_metrics = _tis_function(cfg)(
-            args=cfg,
+            args=plugin_view(cfg),
             pg_loss=pg_tok,
             train_log_probs=list(trainer.split(lengths)),
             rollout_log_probs=list(roll.split(lengths)),

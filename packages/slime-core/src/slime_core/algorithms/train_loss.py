@@ -22,7 +22,7 @@ import torch
 from slime_core.algorithms.objective import compute_actor_loss
 from slime_core.algorithms.reducers import default_reducer
 from slime_core.algorithms.sft_loss import compute_sft_loss
-from slime_core.config import SlimeArgs
+from slime_core.config import SlimeArgs, plugin_view
 from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
 
@@ -94,7 +94,7 @@ def _custom_loss(args: SlimeArgs, batch: dict[str, Any], outputs: dict[str, list
     # A user plugin: it receives the config as `args`, the original signature.
     fn = load_function(args.custom_loss_function_path, flag="--custom-loss-function-path")
     what = f"--custom-loss-function-path {args.custom_loss_function_path}"
-    result = call_hook_with_deadline(fn, args, batch, outputs, reduce, what=what, **hook_bounds(args))
+    result = call_hook_with_deadline(fn, plugin_view(args), batch, outputs, reduce, what=what, **hook_bounds(args))
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
         raise ValueError(
             f"--custom-loss-function-path {args.custom_loss_function_path}: must return (loss, metrics dict), "

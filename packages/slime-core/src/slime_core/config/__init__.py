@@ -7,7 +7,7 @@ Example:
     32
 """
 
-from slime_core.config.args import PluginArgs, SlimeArgs, config_error_from_validation
+from slime_core.config.args import PluginArgs, SlimeArgs, config_error_from_validation, plugin_view
 from slime_core.config.base import ConfigError
 from slime_core.config.cli import build_parser, load_yaml_config, parse_args
 from slime_core.config.megatron_flags import MEGATRON_FLAGS
@@ -21,4 +21,5 @@ __all__ = [
     "config_error_from_validation",
     "load_yaml_config",
     "parse_args",
+    "plugin_view",
 ]

@@ -26,7 +26,7 @@ from slime_core.config.validation import derive_and_validate
 from slime_core.estimators import get_estimator
 from slime_core.secrets import redact_mapping
 
-__all__ = ["PluginArgs", "SlimeArgs", "config_error_from_validation"]
+__all__ = ["PluginArgs", "SlimeArgs", "config_error_from_validation", "plugin_view"]
 
 
 class SlimeArgs(
@@ -225,12 +225,17 @@ class PluginArgs(SlimeArgs):
                 there is no router; None keeps `--sglang-router-ip` / `--sglang-router-port`.
 
         Returns:
-            A `PluginArgs` sharing the config's (immutable) values; not re-validated.
+            A `PluginArgs` sharing the config's (immutable) values; not re-validated. Keys of
+            `--custom-config-path` that are not flags (`config.custom_config`) are attributes too, as the
+            original's `setattr(args, key, value)` makes them (e.g. `args.rollout_interaction_env_path` of its
+            geo3k multi-turn example); `args.custom_config` keeps them as a dict.
 
         Raises:
             ValueError: `router_url` is not of the form `http://host:port`.
         """
         values = {name: getattr(config, name) for name in type(config).model_fields}
+        # cli.parse_args puts only keys that are not fields there; a field is never shadowed.
+        values.update({k: v for k, v in config.custom_config.items() if k not in values})
         if engine_urls is not None:
             values["rollout_engine_urls"] = list(engine_urls)
         if router_url is not None:
@@ -239,6 +244,20 @@ class PluginArgs(SlimeArgs):
                 raise ValueError(f"router_url must be http://host:port, got {router_url!r}")
             values["sglang_router_ip"], values["sglang_router_port"] = host, int(port)
         return cls.model_construct(**values)
+
+
+def plugin_view(config: SlimeArgs) -> SlimeArgs:
+    """What a trainer-side hook gets as `args`: `config`, or a `PluginArgs` view of it with extra attributes.
+
+    The extra attributes are the `--custom-config-path` keys that are not flags: the original sets them on its one
+    `args` namespace, which its trainer-side hooks get too.
+
+    Args:
+        config: the run config (a `PluginArgs` is returned as it is).
+    """
+    if isinstance(config, PluginArgs) or not config.custom_config:
+        return config
+    return PluginArgs.from_config(config)
 
 
 def config_error_from_validation(error: ValidationError, *, where: Mapping[str, str] | None = None) -> ConfigError:

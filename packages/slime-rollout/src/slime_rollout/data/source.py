@@ -100,6 +100,7 @@ def rows_to_samples(
     processor_path: str | None = None,
     max_prompt_len_flag: str = "--rollout-max-prompt-len",
     key_flags: KeyFlags = TRAINING_KEY_FLAGS,
+    number_prompts: bool = False,
 ) -> list[Sample]:
     """Turns dataset rows into prompt samples (no group/index yet).
 
@@ -126,6 +127,9 @@ def rows_to_samples(
             prompts with images; required with `multimodal_keys`.
         max_prompt_len_flag: how the warning names the limit (the flag, or its default's origin).
         key_flags: the flags that set the keys, as errors name them (an eval dataset's: `--eval-input-key`, ...).
+        number_prompts: a custom generate function reads the prompts: a number (int or float) is taken as its text,
+            as the original's tau-bench example needs (`--input-key index`, then `int(sample.prompt)`); without
+            one, a number is refused (the default generate function would tokenize it).
 
     Raises:
         ValueError: a row lacks `input_key`, has an empty prompt, malformed metadata/tools, or a missing,
@@ -145,9 +149,13 @@ def rows_to_samples(
         if input_key not in row:
             raise ValueError(f"{where}: no {key_flags.input_key} {input_key!r} (keys: {sorted(row)})")
         prompt = row[input_key]
+        is_number = isinstance(prompt, int | float) and not isinstance(prompt, bool)
+        if number_prompts and is_number:
+            prompt = str(prompt)
         problem = prompt_problem(prompt, input_key, key_flags.input_key)
         if problem is not None:
-            raise ValueError(f"{where}: {problem}")
+            hint = "; a number is read (as its text) only by a --custom-generate-function-path" if is_number else ""
+            raise ValueError(f"{where}: {problem}{hint}")
         prompt = text_content(prompt)
         if max_prompt_len is not None and certainly_too_long(tokenizer, prompt, max_prompt_len):
             dropped.append(position)  # before the template, the images and the tokenizer: a huge line costs nothing
@@ -288,6 +296,7 @@ class RolloutDataSource:
             multimodal_keys=args.multimodal_keys,
             processor_path=args.hf_checkpoint,
             max_prompt_len_flag=flag,
+            number_prompts=args.custom_generate_function_path is not None,
         )
         if not rows:
             raise ValueError(f"--prompt-data {args.prompt_data}: no rows")

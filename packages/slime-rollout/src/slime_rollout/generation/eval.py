@@ -207,7 +207,8 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
                        tool_key: str | None, hf_checkpoint: str | None, apply_chat_template: bool,
                        template_kwargs: tuple, max_prompt_len: int | None,
                        multimodal_keys: tuple = (),
-                       key_flags: KeyFlags = TRAINING_KEY_FLAGS) -> tuple[Sample, ...]:  # fmt: skip
+                       key_flags: KeyFlags = TRAINING_KEY_FLAGS,
+                       number_prompts: bool = False) -> tuple[Sample, ...]:  # fmt: skip
     tokenizer = get_tokenizer(hf_checkpoint) if (apply_chat_template or max_prompt_len) else None
     samples = rows_to_samples(
         load_prompt_rows(path),
@@ -224,6 +225,7 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
         processor_path=hf_checkpoint,
         max_prompt_len_flag="--eval-max-prompt-len",
         key_flags=key_flags,
+        number_prompts=number_prompts,
     )
     return tuple(samples)
 
@@ -242,6 +244,7 @@ def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
             dataset["max_prompt_len"],
             tuple(sorted(dict(dataset["multimodal_keys"] or {}).items())),
             dataset.get("key_flags", TRAINING_KEY_FLAGS),
+            (dataset.get("custom_generate_function_path") or cfg.custom_generate_function_path) is not None,
         )
     )
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from slime_core.error_text import preview
-from slime_core.sample import Sample, Status
+from slime_core.sample import Sample, Status, as_status
 from slime_rollout.generation.generate import build_sampling_params, mask_offpolicy_prefix
 from slime_rollout.generation.generate import generate as default_generate
 from slime_rollout.generation.opd import score_teacher
@@ -96,19 +96,25 @@ def _reward_bounds(args: SlimeArgs) -> dict[str, float]:
 def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
     """`out` if a `Sample` (or, with `fan_out`, a non-empty list of distinct ones); else one error naming `what`.
 
+    A string status a plugin assigned ("completed", as the original's tau-bench example writes) becomes its `Status`.
     A plugin that returned something else failed later as `'NoneType' object has no attribute 'reward'`, naming
     neither the plugin nor the sample.
 
     Raises:
         TypeError: not a Sample (nor, with `fan_out`, a list of Samples).
-        ValueError: an empty list, or one holding the same Sample object twice.
+        ValueError: an empty list, one holding the same Sample object twice, or a status that names none.
     """
     if fan_out and isinstance(out, list) and out and all(isinstance(s, Sample) for s in out):
         if len({id(s) for s in out}) < len(out):
             # One object twice would be trained twice, and every later write to one entry changes the other.
             raise ValueError(f"{what} returned the same Sample object more than once in its list (copy it per entry)")
+        for s in out:
+            s.status = as_status(s.status, f"{what}: sample {s.index}")
         return out
     if isinstance(out, Sample):
+        # `sample.status = "aborted"` (a string, as the original's tau-bench example writes) compared unequal to
+        # every Status: the loop took an aborted sample for a finished one.
+        out.status = as_status(out.status, f"{what}: sample {out.index}")
         return out
     if fan_out and out == []:
         # The rollout sorted groups by their first sample: an empty fan-out failed as a bare IndexError.
