@@ -19,15 +19,14 @@ per merged vision patch. Text-only samples leave both None.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import enum
-import io
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.error_text import preview
+from slime_core.sample_codec import as_int32, decode_tensor, encode_media, encode_tensor
 from slime_core.sample_fields import ORIGINAL_ONLY_FIELDS, check_field_types
 
 if TYPE_CHECKING:
@@ -463,13 +462,12 @@ class Sample:
         out["metadata"] = dict(self.metadata)
         if self.multimodal_inputs is not None:
             out["multimodal_inputs"] = {
-                k: [_encode_media(x) for x in v] if isinstance(v, list) else v
-                for k, v in self.multimodal_inputs.items()
+                k: [encode_media(x) for x in v] if isinstance(v, list) else v for k, v in self.multimodal_inputs.items()
             }
         if self.multimodal_train_inputs is not None:
-            out["multimodal_train_inputs"] = {k: _encode_tensor(v) for k, v in self.multimodal_train_inputs.items()}
+            out["multimodal_train_inputs"] = {k: encode_tensor(v) for k, v in self.multimodal_train_inputs.items()}
         if self.rollout_routed_experts is not None:
-            out["rollout_routed_experts"] = _encode_tensor(_as_int32(self.rollout_routed_experts))
+            out["rollout_routed_experts"] = encode_tensor(as_int32(self.rollout_routed_experts))
         return out
 
     @classmethod
@@ -514,51 +512,13 @@ class Sample:
         kwargs["status"] = as_status(kwargs.get("status", Status.PENDING), "Sample.from_dict")
         if kwargs.get("multimodal_train_inputs") is not None:
             kwargs["multimodal_train_inputs"] = {
-                k: _decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()
+                k: decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()
             }
         routes = kwargs.get("rollout_routed_experts")
         if isinstance(routes, Mapping):
-            kwargs["rollout_routed_experts"] = _decode_tensor(routes, "rollout_routed_experts")
+            kwargs["rollout_routed_experts"] = decode_tensor(routes, "rollout_routed_experts")
         sample = cls(**kwargs)
         for key in attributes:
             setattr(sample, key, data[key])
         sample.validate()
         return sample
-
-
-def _encode_media(item: Any) -> Any:
-    """A `PIL.Image` (what the original's plugins store) as a lossless PNG `data:` URI; anything else as it is.
-
-    So `to_dict` stays JSON-friendly (the partial-rollout buffer is saved as JSON). Duck-typed: core has no Pillow.
-    """
-    if callable(getattr(item, "save", None)) and hasattr(item, "mode") and hasattr(item, "size"):
-        buffer = io.BytesIO()
-        item.save(buffer, format="PNG")
-        return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-    return item
-
-
-def _encode_tensor(tensor: Any) -> dict[str, Any]:
-    """A tensor as builtins (`{"dtype", "shape", "data"}`, data flattened), so `to_dict` output survives JSON."""
-    t = tensor.detach().cpu()
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": t.reshape(-1).tolist()}
-
-
-def _as_int32(value: Any) -> torch.Tensor:
-    """Routes given as a tensor or nested int lists, as an int32 tensor."""
-    import torch
-
-    return torch.as_tensor(value, dtype=torch.int32)
-
-
-def _decode_tensor(value: Any, field: str = "multimodal_train_inputs") -> torch.Tensor:
-    """Inverse of `_encode_tensor`; a tensor passes through (dumps made by `torch.save` keep real tensors)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value
-    try:
-        dtype = getattr(torch, value["dtype"])
-        return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
-    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
-        raise ValueError(f"Sample.from_dict: bad {field} tensor ({e})") from None
