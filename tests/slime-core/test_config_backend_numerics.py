@@ -5,6 +5,8 @@ Megatron: `OptimizerConfig(optimizer="adam")`), and FSDP computes in bf16 on GPU
 says; before the fix both flags were accepted and ignored (issue 27).
 """
 
+import importlib.util
+
 import pytest
 
 from slime_core.config import ConfigError, parse_args
@@ -73,3 +75,24 @@ def test_micro_batch_size_with_dynamic_batch_size_warns_that_the_token_budget_wi
         "--micro-batch-size 2 has no effect with --use-dynamic-batch-size: micro-batches are packed up to "
         "--max-tokens-per-gpu"
     ]
+
+
+def test_attn_implementation_is_checked_when_the_config_is_read(monkeypatch):
+    # Was: any string passed --dry-run and reached transformers only on the GPU node, after the engines started
+    # (the original geo3k recipe's flash_attention_3, which the GPU image does not carry); with Megatron it was
+    # accepted and never read.
+    for attn in ("auto", "slime_varlen", "slime_flex", "sdpa", "eager"):
+        assert parse_args([*BASE, "--train-backend", "fsdp", "--attn-implementation", attn]).attn_implementation == attn
+    with pytest.raises(ConfigError, match=r"^--attn-implementation flash: one of auto, slime_varlen, slime_flex, sdpa"):
+        parse_args([*BASE, "--train-backend", "fsdp", "--attn-implementation", "flash"])
+    with pytest.raises(ConfigError, match=r"^--attn-implementation sdpa is an FSDP flag, not read by --train-backend"):
+        parse_args([*BASE, "--train-backend", "megatron", "--attn-implementation", "sdpa"])
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn_interface" else
+                        found(name, *a))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"flash_attention_3 needs the flash_attn_interface package, which is not"):
+        parse_args([*BASE, "--train-backend", "fsdp", "--attn-implementation", "flash_attention_3"])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn_interface" else
+                        found(name, *a))  # fmt: skip
+    args = parse_args([*BASE, "--train-backend", "fsdp", "--attn-implementation", "flash_attention_3"])
+    assert args.attn_implementation == "flash_attention_3"

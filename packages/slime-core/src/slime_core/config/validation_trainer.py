@@ -7,6 +7,7 @@ No flag that changes the math, memory or parallelism of training is accepted and
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError, warn_once
@@ -26,7 +27,8 @@ def check_trainer_flags(args: SlimeArgs) -> None:
 
     Raises:
         ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement;
-            `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it.
+            `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it;
+            `--attn-implementation` with Megatron, unknown, or needing a package that is not installed.
     """
     spec = train_backend_spec(args)
     styles = spec.lr_decay_styles
@@ -46,6 +48,32 @@ def check_trainer_flags(args: SlimeArgs) -> None:
             "scaling); use --bf16, or --train-backend megatron"
         )
     _micro_batching(args)
+    _attention(args)
+
+
+# --attn-implementation values the FSDP trainer builds (transformers' names and slime's own), and the module each
+# needs; checked here, so a value the GPU node cannot build fails at --dry-run, not after the engines started.
+ATTN_IMPLEMENTATIONS = {"slime_varlen": None, "slime_flex": None, "sdpa": None, "eager": None,
+                        "flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}  # fmt: skip
+
+
+def _attention(args: SlimeArgs) -> None:
+    attn = args.attn_implementation
+    if attn in (None, "auto"):
+        return
+    if args.train_backend == "megatron":
+        raise ConfigError(
+            f"--attn-implementation {attn} is an FSDP flag, not read by --train-backend megatron (its attention is "
+            "Megatron's --attention-backend)"
+        )
+    if attn not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(f"--attn-implementation {attn}: one of auto, {', '.join(ATTN_IMPLEMENTATIONS)}")
+    module = ATTN_IMPLEMENTATIONS[attn]
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"--attn-implementation {attn} needs the {module} package, which is not installed here; slime_varlen "
+            "(the GPU default) runs torch's own varlen flash attention"
+        )
 
 
 def _micro_batching(args: SlimeArgs) -> None:
