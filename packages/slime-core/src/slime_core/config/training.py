@@ -187,7 +187,8 @@ class FsdpArgs(ArgsGroup):
     attn_implementation: str | None = arg(
         None,
         "Attention for packed micro-batches: slime_varlen (flash varlen, no mask; the GPU default), slime_flex "
-        "(compiled flex_attention), sdpa (dense block mask; the CPU default), eager, flash_attention_2; auto: default.",
+        "(compiled flex_attention), sdpa (dense block mask; the CPU default), eager, flash_attention_2, "
+        "flash_attention_3 (each needs its package); auto: default. FSDP only.",
     )
     log_probs_head: Literal["fp32", "tf32", "fp32out", "fused", "bf16", "liger"] | None = arg(
         None,
