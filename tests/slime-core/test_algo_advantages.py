@@ -334,3 +334,21 @@ def test_custom_advantage_function_gets_the_reward_kl_as_in_the_original(tmp_pat
         _args(custom_advantage_function_path="kl_adv.adv"), rewards=[2.0], loss_masks=[torch.ones(3)]
     )
     torch.testing.assert_close(adv[0], torch.full((3,), 2.0))
+
+
+def test_custom_advantage_function_gets_total_lengths_and_the_engines_log_probs(tmp_path, monkeypatch):
+    # The original's rollout_data holds every batch field; a plugin reading total_lengths or rollout_log_probs
+    # (e.g. an importance weight against the sampler) got a KeyError here.
+    (tmp_path / "len_adv.py").write_text(
+        "def adv(args, rollout_data):\n"
+        "    rollout_data['advantages'] = [lp.exp() * n for lp, n in\n"
+        "                                  zip(rollout_data['rollout_log_probs'], rollout_data['total_lengths'])]\n"
+        "    rollout_data['returns'] = [a.clone() for a in rollout_data['advantages']]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    engine = [torch.log(torch.tensor([0.5, 0.25]))]
+    adv, _ = compute_advantages_and_returns(
+        _args(custom_advantage_function_path="len_adv.adv"), rewards=[1.0], loss_masks=[torch.ones(2)],
+        total_lengths=[6], rollout_log_probs=engine,
+    )  # fmt: skip
+    torch.testing.assert_close(adv[0], torch.tensor([3.0, 1.5]))  # exp(lp) · 6

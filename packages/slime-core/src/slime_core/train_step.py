@@ -212,6 +212,8 @@ def _advantages(
         ref_log_probs=ref,
         values=None if batch.values is None else list(batch.values),
         teacher_log_probs=teacher,
+        total_lengths=[int(t.numel()) for t in batch.tokens],
+        rollout_log_probs=None if batch.rollout_log_probs is None else list(batch.rollout_log_probs),
     )
     if cfg.normalize_advantages:
         # Masked whitening over the whole DP group: the (count, sum, sum of squares) statistics are summed.

@@ -176,6 +176,8 @@ def compute_advantages_and_returns(
     ref_log_probs: list[torch.Tensor] | None = None,
     values: list[torch.Tensor] | None = None,
     teacher_log_probs: list[torch.Tensor] | None = None,
+    total_lengths: list[int] | None = None,
+    rollout_log_probs: list[torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-token advantages and returns for one rollout's samples (one DP rank's share).
 
@@ -188,9 +190,10 @@ def compute_advantages_and_returns(
 
     With `--custom-advantage-function-path`, `fn(args, rollout_data)` (the plugin receives `cfg` as `args`)
     replaces the estimator: it gets a
-    dict with `rewards`, `loss_masks`, `response_lengths`, `log_probs`, `ref_log_probs`, `values`,
-    `teacher_log_probs` and `kl` (the reward-shaping KL above, N `[L_i]`, as the original computes it before
-    calling the plugin) and must set `rollout_data["advantages"]` and `["returns"]` (N `[L_i]` each).
+    dict with `rewards`, `loss_masks`, `response_lengths`, `total_lengths`, `log_probs`, `ref_log_probs`,
+    `rollout_log_probs` (the engine's), `values`, `teacher_log_probs` and `kl` (the reward-shaping KL above,
+    N `[L_i]`, as the original computes it before calling the plugin) and must set `rollout_data["advantages"]`
+    and `["returns"]` (N `[L_i]` each).
     On-policy distillation (`--use-opd`) then subtracts `opd_kl_coef·(log_probs - teacher_log_probs)`
     from the advantages (returns unchanged).
 
@@ -205,6 +208,8 @@ def compute_advantages_and_returns(
         ref_log_probs: N tensors `[L_i]`, reference log-probs; needed when kl_coef != 0.
         values: N tensors `[L_i]`, critic values; needed by ppo.
         teacher_log_probs: N tensors `[L_i]`, OPD teacher log-probs; needed with `--use-opd`.
+        total_lengths: N prompt + response lengths in tokens (the custom advantage function's `total_lengths`).
+        rollout_log_probs: N tensors `[L_i]`, the engine's log-probs (given to the custom advantage function).
 
     Returns:
         `(advantages, returns)`: two lists of N `[L_i]` float32 tensors (no grad).
@@ -231,7 +236,10 @@ def compute_advantages_and_returns(
         kl = _reward_kl(cfg, loss_masks, log_probs, ref_log_probs)
         custom_path = cfg.custom_advantage_function_path
         if custom_path:
-            advantages, returns = _custom_advantages(cfg, custom_path, rewards, loss_masks, {**inputs, "kl": kl})
+            extra = {"kl": kl, "rollout_log_probs": rollout_log_probs}
+            if total_lengths is not None:
+                extra["total_lengths"] = list(total_lengths)
+            advantages, returns = _custom_advantages(cfg, custom_path, rewards, loss_masks, {**inputs, **extra})
         else:
             estimator = get_estimator(cfg.advantage_estimator).advantage_fn()
             advantages, returns = estimator(cfg, rewards=rewards, loss_masks=loss_masks, kl=kl, values=values)
