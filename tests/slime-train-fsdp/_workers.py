@@ -40,6 +40,7 @@ def make_args(ckpt: str, **overrides) -> SlimeArgs:
     """A validated run config: the config defaults except lr, temperature, chunk size and the KL estimator."""
     base = dict(
         hf_checkpoint=ckpt,
+        train_backend="fsdp",  # the FSDP trainer's config: its flags (--attn-implementation) are checked as such
         rollout_temperature=TEMPERATURE,
         lr=1e-3,
         min_lr=0.0,
