@@ -33,7 +33,8 @@ def make_args(model_dir: Path, a: argparse.Namespace):
     from slime_core.config import SlimeArgs
 
     return SlimeArgs.from_dict(dict(
-        hf_checkpoint=str(model_dir), rollout_temperature=1.0, lr=1e-6, min_lr=0.0, lr_warmup_iters=0,
+        hf_checkpoint=str(model_dir), train_backend="fsdp", rollout_temperature=1.0, lr=1e-6, min_lr=0.0,
+        lr_warmup_iters=0,
         lr_decay_style="constant", lr_decay_iters=None, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.98,
         adam_eps=1e-8, clip_grad=1.0, seed=1234, advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28,
         eps_clip_c=None, entropy_coef=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl",
