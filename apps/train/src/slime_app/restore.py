@@ -46,6 +46,8 @@ class EngineRestorer:
     def __init__(self, cfg: SlimeArgs, manager: Any, trainer: Any | None):
         self.cfg, self.manager, self.trainer = cfg, manager, trainer
         self.enabled = cfg.use_fault_tolerance and trainer is not None
+        # Fully async, generation goes on around a push: the manager's health probes hold while it runs.
+        self.overlaps_generation = is_fully_async(cfg)
         self.weight_version: int | None = None  # what the engines serve (the last version pushed)
         self.trainer_awake = True
         self.restore_seconds = 0.0
@@ -86,7 +88,7 @@ class EngineRestorer:
         Fully async, generation goes on around the push: the manager's health probes hold while it runs
         (`RolloutManager.weights_moving`).
         """
-        overlaps = is_fully_async(self.cfg)
+        overlaps = self.overlaps_generation
         if overlaps:
             ray.get(self.manager.weights_moving.remote(True))
         try:

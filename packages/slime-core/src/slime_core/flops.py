@@ -62,6 +62,19 @@ def transformer_flops(config: Any, seq_lens: Sequence[int], *, lm_head_tokens: i
     Raises:
         KeyError: the config lacks a field the count needs (the message names it).
     """
+    per_token, per_square, per_head_token, n_body = _forward_coefficients(config)
+    k = 3.0 if backward else 1.0
+    matmul = k * (per_token * sum(seq_lens) + per_head_token * lm_head_tokens)
+    attention = k * per_square * sum(s * s for s in seq_lens)
+    return {"matmul": matmul, "attention": attention, "total": matmul + attention, "n_body": n_body}
+
+
+def _forward_coefficients(config: Any) -> tuple[float, float, float, float]:
+    """`(2·N_body, 2·L·d_q, 2·V·H, N_body)`: forward FLOPs per token, per s² of a sequence, per lm_head position.
+
+    Raises:
+        KeyError: the config lacks a field the count needs (the message names it).
+    """
     text = _field(config, "text_config")
     if text is not None:
         config = text
@@ -87,12 +100,8 @@ def transformer_flops(config: Any, seq_lens: Sequence[int], *, lm_head_tokens: i
         if dense_ffn is None:
             raise KeyError("the model config has no 'intermediate_size'")
         mlp = layers * 3 * h * int(dense_ffn)
-    n_body = layers * (h * d_q + 2 * h * d_kv + d_q * h) + mlp
-    k = 3.0 if backward else 1.0
-    vocab = int(_field(config, "vocab_size"))
-    matmul = k * (2.0 * n_body * sum(seq_lens) + 2.0 * vocab * h * lm_head_tokens)
-    attention = k * 2.0 * layers * d_q * sum(s * s for s in seq_lens)
-    return {"matmul": matmul, "attention": attention, "total": matmul + attention, "n_body": float(n_body)}
+    n_body = float(layers * (h * d_q + 2 * h * d_kv + d_q * h) + mlp)
+    return 2.0 * n_body, 2.0 * layers * d_q, 2.0 * int(_field(config, "vocab_size")) * h, n_body
 
 
 @functools.cache
@@ -133,16 +142,12 @@ def throughput_metrics(
         only where its time is positive; {} when the config lacks a needed field (logged at debug).
     """
     try:
-        # Σ s² enters only through the attention term: one "sequence" of length sqrt(Σ s²) has that s².
-        per_token = transformer_flops(config, [1], lm_head_tokens=0, backward=False)
+        per_token, per_square, per_head_token, _ = _forward_coefficients(config)
     except KeyError as exc:
         logger.debug("no perf/*_tflops: %s", exc)
         return {}
-    body = per_token["matmul"]  # 2·N_body for one token
-    attn_per_sq = per_token["attention"]  # 2·L·d_q for s = 1
-    text = _field(config, "text_config") or config
-    head = 2.0 * int(_field(text, "vocab_size")) * int(_field(text, "hidden_size"))
-    fwd_tflop = (body * seq_lens_sum + attn_per_sq * seq_lens_sq_sum + head * response_tokens) / max(gpus, 1) / 1e12
+    fwd = per_token * seq_lens_sum + per_square * seq_lens_sq_sum + per_head_token * response_tokens
+    fwd_tflop = fwd / max(gpus, 1) / 1e12
     out: dict[str, float] = {}
     for name in ("log_probs", "ref_log_probs"):
         seconds = times.get(f"perf/{name}_time", 0.0)

@@ -212,7 +212,7 @@ def _advantages(
         ref_log_probs=ref,
         values=None if batch.values is None else list(batch.values),
         teacher_log_probs=teacher,
-        total_lengths=[int(t.numel()) for t in batch.tokens],
+        total_lengths=batch.total_lengths,
         rollout_log_probs=None if batch.rollout_log_probs is None else list(batch.rollout_log_probs),
     )
     if cfg.normalize_advantages:
@@ -304,7 +304,7 @@ def _length_sums(batch: RolloutBatch) -> dict[str, float]:
     The means are its `rollout/total_lengths`, `rollout/response_lengths` and `rollout/truncated`; the FLOPs need
     Σ s, Σ s² and Σ response lengths.
     """
-    total = [int(t.numel()) for t in batch.tokens]
+    total = batch.total_lengths
     return {
         "lengths/total.sum": float(sum(total)),
         "lengths/total_sq.sum": float(sum(s * s for s in total)),
@@ -486,13 +486,12 @@ def train_on_rollout(
     if cfg.use_opd:
         times["perf/teacher_log_probs_time"] = t_teacher - t2
     times["perf/actor_train_time"] = time.perf_counter() - t3
-    forwards_ran = {
-        "perf/log_probs_time": times["perf/log_probs_time"]
-        if (old is not None and not cfg.use_rollout_logprobs) or trainer is not None
-        else 0.0,
-        "perf/ref_log_probs_time": times["perf/ref_log_probs_time"] if ref is not None else 0.0,
-        "perf/actor_train_time": times["perf/actor_train_time"],
-    }
+    # The forwards whose time `perf/*_tflops` divides by: the old log-probs' only when the trainer computed them.
+    forwards_ran = ["perf/actor_train_time"]
+    if ref is not None:
+        forwards_ran.append("perf/ref_log_probs_time")
+    if trainer is not None or (old is not None and not cfg.use_rollout_logprobs):
+        forwards_ran.append("perf/log_probs_time")
     interval = cfg.ref_update_interval
     if backend.has_ref and interval and (rollout_id + 1) % interval == 0:
         backend.update_ref()  # --ref-update-interval: the reference follows the actor
@@ -506,7 +505,8 @@ def train_on_rollout(
     if config is not None:
         gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
         metrics.update(throughput_metrics(config, reduced["lengths/total.sum"], reduced["lengths/total_sq.sum"],
-                                          reduced["lengths/response.sum"], gpus, forwards_ran))  # fmt: skip
+                                          reduced["lengths/response.sum"], gpus,
+                                          {key: times[key] for key in forwards_ran}))  # fmt: skip
     # DEBUG: the summary line of each rollout and TensorBoard/W&B carry these; at INFO it repeated them per rank.
     logger.debug("rollout %d: %s", rollout_id, {k: round(v, 6) for k, v in metrics.items()})
     return metrics, per_step

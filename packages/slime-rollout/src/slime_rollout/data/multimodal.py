@@ -291,11 +291,12 @@ def _media_part(part: Any) -> str | None:
     if not isinstance(part, dict):
         return None
     kind = part.get("type")
-    if kind in ("image", "image_url") or "image" in part or "image_url" in part:
+    if kind == "image_url" or "image_url" in part:
         return "image"
-    if kind in ("video", "audio") or "video" in part or "audio" in part:
-        return str(kind) if kind in ("video", "audio") else ("video" if "video" in part else "audio")
-    return None
+    for media in ("image", "video", "audio"):
+        if kind == media:
+            return media
+    return next((media for media in ("image", "video", "audio") if media in part), None)
 
 
 @functools.cache

@@ -35,7 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import xxhash
+
+from slime_rollout.engines.weight_delta import checksum, tensor_bytes
 
 __all__ = ["PushGuard"]
 
@@ -114,8 +115,5 @@ class PushGuard:
 
 
 def _digest(tensor: torch.Tensor) -> str:
-    """xxh3-128 of a tensor's bytes (its dtype and shape included: the same bytes as another shape differ)."""
-    t = tensor.detach().to("cpu").contiguous()
-    h = xxhash.xxh3_128(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-    return h.hexdigest()
+    """A tensor's dtype, shape and xxh3-128 of its bytes (the same bytes as another shape differ)."""
+    return f"{tensor.dtype}{tuple(tensor.shape)}:{checksum('xxh3-128', tensor_bytes(tensor))}"
