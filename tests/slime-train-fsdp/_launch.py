@@ -2,6 +2,13 @@
 
 Shared by the FSDP backend, critic and vision-language tests. A worker module writes `out/rank{r}.pt`; forked
 ranks write `out/rank{r}.err` on failure, subprocess ranks return their output.
+
+Forked ranks come from multiprocessing's forkserver, not from the test process: a pytest worker is multi-threaded
+(xdist's I/O thread, gloo and torch threads of earlier tests) and holds the state of the distributed tests it already
+ran, and ranks forked from it crashed natively now and then (SIGSEGV in a gloo `full_tensor` of the resume scenario;
+SIGABRT in a critic backward, about 1 run in 4 after the FSDP files ran in the same process). The forkserver is a
+fresh single-threaded interpreter that imports torch, transformers and the FSDP backend once (`PRELOAD`), so a rank
+still starts without paying those imports.
 """
 
 from __future__ import annotations
@@ -10,13 +17,17 @@ import importlib.util
 import multiprocessing
 import os
 import pathlib
+import runpy
 import socket
 import subprocess
 import sys
-import traceback
 from types import ModuleType
 
 import torch
+
+#: Imported once by the forkserver, inherited by every forked rank (an import that fails there is skipped).
+PRELOAD = ["torch", "torch.distributed", "transformers", "slime_train_fsdp.backend", "slime_train_fsdp.critic_backend"]
+_RANK_ENTRY = pathlib.Path(__file__).with_name("_rank_entry.py")
 
 
 def load_module(path: pathlib.Path) -> ModuleType:
@@ -51,34 +62,27 @@ class RankLauncher:
         self._module: ModuleType | None = None
 
     def workers(self) -> ModuleType:
-        """The worker module, imported once (so forked ranks inherit the imports)."""
+        """The worker module, imported once in this process (its import errors show here, not in a rank)."""
         if self._module is None:
             self._module = load_module(self.worker)
         return self._module
 
-    def _entry(self, scenario: str, rank: int, world: int, port: int, out: pathlib.Path, ckpt: pathlib.Path) -> None:
-        os.environ.update(_rank_env(rank, world, port))
-        try:
-            # A fresh copy of the module per rank: a scenario starts from the module's initial state.
-            load_module(self.worker).run(scenario, out, str(ckpt))
-        except BaseException:
-            (out / f"rank{rank}.err").write_text(traceback.format_exc())
-            raise
-
     def forked(self, scenario: str, world: int, work: pathlib.Path, ckpt: pathlib.Path) -> list[dict]:
-        """Runs `scenario` on `world` ranks forked from this process (imports are shared); each rank's results."""
+        """Runs `scenario` on `world` ranks forked from the forkserver (imports preloaded); each rank's results."""
         out = work / f"out_{scenario}_{world}"
         out.mkdir(parents=True, exist_ok=True)
         port = _free_port()
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        ctx = multiprocessing.get_context("fork")
-        procs = [ctx.Process(target=self._entry, args=(scenario, r, world, port, out, ckpt)) for r in range(world)]
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)  # no effect once this process's forkserver runs (it already has them)
+        procs = []
+        for r in range(world):
+            given = dict(WORKER=str(self.worker), SCENARIO=scenario, RANK=r, OUT=str(out), CKPT=str(ckpt),
+                         ENV=dict(os.environ, **_rank_env(r, world, port)), CWD=os.getcwd())  # fmt: skip
+            procs.append(ctx.Process(target=runpy.run_path, args=(str(_RANK_ENTRY),), kwargs={"init_globals": given}))
         for p in procs:
             p.start()
         for p in procs:
             p.join(timeout=self.timeout_s)
-        torch.set_num_threads(threads)
         for rank, p in enumerate(procs):
             if p.is_alive():
                 p.kill()

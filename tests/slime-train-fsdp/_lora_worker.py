@@ -187,7 +187,7 @@ def _state(backend) -> dict[str, torch.Tensor]:
     }
 
 
-def run(out: pathlib.Path, ckpt: str, scenario: str = "lora") -> None:
+def run(scenario: str, out: pathlib.Path, ckpt: str) -> None:
     """Runs `scenario` (`lora` or `init`) on this rank (process group from the environment); saves its results."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

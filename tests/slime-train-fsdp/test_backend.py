@@ -18,8 +18,6 @@ import torch
 
 from slime_core import dir_swap
 
-pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-
 WORKER = pathlib.Path(__file__).with_name("_workers.py")
 TOL = 1e-5
 
@@ -30,7 +28,7 @@ _launch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_launch)
 _ranks = _launch.RankLauncher(WORKER)
 _load_workers = _ranks.workers
-launch = _ranks.forked  # forked from this process, which has already imported torch and transformers
+launch = _ranks.forked  # ranks forked from the forkserver, which has imported torch and transformers once
 launch_subprocesses = _ranks.subprocesses
 
 
@@ -41,14 +39,11 @@ def _tiny_qwen3(path: pathlib.Path, tokenizer_dir: pathlib.Path, *, tied: bool) 
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
                       tie_word_embeddings=tied)  # fmt: skip
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the workers are forked from this process: keep it free of OpenMP thread pools
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
-    torch.set_num_threads(threads)
     for f in tokenizer_dir.glob("tokenizer*.json"):
         shutil.copy(f, path / f.name)
-    _load_workers()  # imports slime_train_fsdp & co. once, before the workers are forked
+    _load_workers()  # the worker module's import errors show here, not in a rank
     return path
 
 

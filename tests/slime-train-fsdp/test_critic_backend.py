@@ -21,8 +21,7 @@ import torch
 from slime_train_fsdp.value_model import fill_value_head
 
 pytestmark = [
-    pytest.mark.slow,  # multi-process: ranks in subprocesses
-    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+    pytest.mark.slow,  # multi-process: ranks forked from the forkserver (_launch.py)
 ]
 
 WORKER = pathlib.Path(__file__).with_name("_critic_workers.py")
@@ -37,9 +36,9 @@ _launch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_launch)
 _ranks = _launch.RankLauncher(WORKER)
 _load_workers = _ranks.workers
-# Fresh interpreters: a forked critic rank aborted natively in backward now and then (about 1 run in 4 after the
-# FSDP files ran in the same process); the few seconds of imports per rank buy a deterministic suite.
-launch = _ranks.subprocesses
+# Ranks forked from the forkserver, not from this process (a critic rank forked from a pytest worker that had run
+# the FSDP files aborted natively in backward about 1 run in 4; see _launch.py).
+launch = _ranks.forked
 launch_subprocesses = _ranks.subprocesses
 
 
@@ -56,7 +55,7 @@ def tiny_ckpt(tmp_path_factory, qwen3_tokenizer_dir) -> pathlib.Path:
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
     for f in qwen3_tokenizer_dir.glob("tokenizer*.json"):
         shutil.copy(f, path / f.name)
-    _load_workers()  # imports slime_train_fsdp & co. once, before the workers are forked
+    _load_workers()  # the worker module's import errors show here, not in a rank
     return path
 
 

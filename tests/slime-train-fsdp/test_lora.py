@@ -7,41 +7,25 @@ as many graphs as the full model's (one per grad mode)."""
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing
-import os
 import pathlib
 import shutil
-import socket
-import traceback
 
 import pytest
 import torch
 
 pytestmark = [
-    pytest.mark.slow,  # multi-process: ranks forked
-    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+    pytest.mark.slow,  # multi-process: ranks forked (from the forkserver, _launch.py)
 ]
 
 TOL = 1e-5
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _worker():
-    spec = importlib.util.spec_from_file_location("slime_fsdp_lora_worker", pathlib.Path(__file__).with_name(
-        "_lora_worker.py"))  # fmt: skip
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _rank(rank: int, world: int, port: int, out: pathlib.Path, ckpt: str, scenario: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
-    try:
-        _worker().run(out, ckpt, scenario)
-    except BaseException:
-        (out / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
+_LAUNCH = pathlib.Path(__file__).with_name("_launch.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_test_launch", _LAUNCH)
+_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_launch)
+_ranks = _launch.RankLauncher(pathlib.Path(__file__).with_name("_lora_worker.py"))
 
 
 def _run_ranks(tmp_path_factory, tokenizer_dir, scenario: str, *, tie_word_embeddings: bool) -> list[dict]:
@@ -52,29 +36,12 @@ def _run_ranks(tmp_path_factory, tokenizer_dir, scenario: str, *, tie_word_embed
     config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
                          tie_word_embeddings=tie_word_embeddings)  # fmt: skip
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the ranks are forked from this process
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(ckpt)
     for f in tokenizer_dir.glob("tokenizer*.json"):
         shutil.copy(f, ckpt / f.name)
-    _worker()
-    out = tmp_path_factory.mktemp(f"{scenario}_out") / "ranks"
-    out.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, out, str(ckpt), scenario)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=600)
-    torch.set_num_threads(threads)
-    for rank, p in enumerate(procs):
-        err = out / f"rank{rank}.err"
-        assert p.exitcode == 0, err.read_text() if err.exists() else p.exitcode
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    _ranks.workers()  # the worker module's import errors show here, not in a rank
+    return _ranks.forked(scenario, 2, tmp_path_factory.mktemp(f"{scenario}_out"), ckpt)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import torch
 
 pytestmark = [
     pytest.mark.slow,  # multi-process: ranks forked
-    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
 ]
 
 _spec = importlib.util.spec_from_file_location("slime_fsdp_test_launch", pathlib.Path(__file__).with_name("_launch.py"))
@@ -37,15 +36,12 @@ def routing(tmp_path_factory, qwen3_tokenizer_dir) -> dict:
                          num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
                          tie_word_embeddings=False)  # fmt: skip
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the worker is forked from this process: keep it free of OpenMP thread pools
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.gate.weight.normal_(0.0, 1.0)  # routes clearly depend on the token
     model.save_pretrained(path)
-    torch.set_num_threads(threads)
     for f in qwen3_tokenizer_dir.glob("tokenizer*.json"):
         shutil.copy(f, path / f.name)
     _ranks.workers()

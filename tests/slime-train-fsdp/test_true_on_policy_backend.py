@@ -16,7 +16,6 @@ import torch
 
 pytestmark = [
     pytest.mark.slow,  # multi-process: ranks forked
-    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
 ]
 
 _LAUNCH = pathlib.Path(__file__).with_name("_launch.py")
@@ -34,11 +33,8 @@ def mode_run(tmp_path_factory, qwen3_tokenizer_dir) -> dict:
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
                       tie_word_embeddings=False, architectures=["Qwen3ForCausalLM"])  # fmt: skip
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the rank is forked from this process: keep it free of OpenMP thread pools
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
-    torch.set_num_threads(threads)
     for f in qwen3_tokenizer_dir.glob("tokenizer*.json"):
         shutil.copy(f, path / f.name)
     _ranks.workers()  # imports slime_train_fsdp once, before the rank is forked

@@ -13,8 +13,6 @@ import pathlib
 import pytest
 import torch
 
-pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-
 # The tiny checkpoints' Qwen-VL processors need torchvision, which slime-rollout brings (the trainer itself
 # gets pixel values and does not): slime-train-fsdp's isolated test run has no processor to build them with.
 pytest.importorskip("torchvision", reason="the test checkpoints' VL processors need torchvision (slime-rollout)")
@@ -34,11 +32,8 @@ launch = _ranks.forked
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
 def vlm(request, make_tiny_vlm, tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the workers are forked from this process: keep it free of OpenMP thread pools
     path = make_tiny_vlm(tmp_path_factory.mktemp(request.param) / "ckpt", request.param)
-    torch.set_num_threads(threads)
-    _load_workers()  # imports slime_train_fsdp & co. once, before the workers are forked
+    _load_workers()  # the worker module's import errors show here, not in a rank
     return request.param, path
 
 
