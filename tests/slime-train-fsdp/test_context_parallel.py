@@ -13,30 +13,18 @@ Pure helpers (`shard_row`) are checked exactly.
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing
-import os
 import pathlib
-import socket
-import traceback
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from slime_train_fsdp.context_parallel import shard_row
 
-pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-
-WORKERS = pathlib.Path(__file__).with_name("_workers.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_test_launch", pathlib.Path(__file__).with_name("_launch.py"))
+_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_launch)
+_ranks = _launch.RankLauncher(pathlib.Path(__file__).with_name("_cp_workers.py"))  # ranks forked from the forkserver
 TOL = 1e-5
-
-
-def _workers():
-    spec = importlib.util.spec_from_file_location("slime_fsdp_cp_test_workers", WORKERS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_shard_row_pads_and_splits():
@@ -53,77 +41,6 @@ def test_shard_row_pads_and_splits():
     assert second.targets.tolist() == [15, 16]
 
 
-def _grads(model) -> dict[str, torch.Tensor]:
-    return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
-            for n, p in model.named_parameters()}  # fmt: skip
-
-
-def _micro_batch_check(w, ckpt: str) -> dict:
-    from slime_train_fsdp.model_loading import build_fsdp_model
-    from slime_train_fsdp.packing import pack_micro_batch, response_log_probs
-
-    batch = w.make_batch(0, 1)
-    ids = [0, 1, 4]
-    mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, torch.device("cpu"))
-    assert mb.input_ids.shape[1] % 2 == 1  # exercises the CP padding
-    g = torch.Generator().manual_seed(5)
-    a, b = torch.randn(mb.targets.numel(), generator=g), torch.randn(mb.targets.numel(), generator=g)
-    res = {}
-    cp2 = {"attn_implementation": "slime_varlen", "megatron_args": ["--context-parallel-size", "2"]}
-    # Top-p replay: each CP rank scores a contiguous run of the response positions, with their sets.
-    topp = w.with_top_p_sets(batch)
-    mb_topp = pack_micro_batch(batch.tokens, batch.response_lengths, ids, torch.device("cpu"), topp.kept_tokens(ids))
-    cp2_fused = {**cp2, "log_probs_head": "fused"}
-    for name, overrides, scale in (("cp1", {}, 1.0), ("cp2", cp2, 2.0), ("cp2_fused", cp2_fused, 2.0)):
-        model, _ = build_fsdp_model(w.make_args(ckpt, **overrides), ckpt, torch.device("cpu"))
-        res[f"{name}_topp"] = response_log_probs(model, mb_topp, temperature=w.TEMPERATURE, chunk_size=3)[0].detach()
-        logp, ent, anchor = response_log_probs(model, mb, temperature=w.TEMPERATURE, chunk_size=3, with_entropy=True)
-        # FSDP averages over the 2 ranks: CP=1 ranks hold the same row (the mean is the gradient); CP=2 ranks hold
-        # halves, so each scales by the world size as the backend does and the mean is their sum.
-        (((logp * a).sum() + (ent * b).sum()) * scale + anchor).backward()
-        res[name] = {"logp": logp.detach(), "ent": ent.detach(), "grads": _grads(model)}
-    return res
-
-
-def _backend_check(w, ckpt: str) -> dict:
-    from slime_train_fsdp import FSDPTrainBackend
-
-    rank = dist.get_rank()
-    res = {}
-    # --normalize-advantages: the whitening statistics are summed over DP ranks; counted once per CP group (they
-    # were counted twice under CP=2, and the variance's Bessel factor N/(N-1) then took 2N: other grad norms).
-    runs = (("dp2", {"normalize_advantages": True}, w.make_batch(rank, 2)),
-            ("cp2", {"attn_implementation": "slime_varlen", "megatron_args": ["--context-parallel-size", "2"],
-                     "gradient_checkpointing": True, "normalize_advantages": True}, w.make_batch(0, 1)))  # fmt: skip
-    for name, overrides, batch in runs:
-        backend = FSDPTrainBackend()
-        backend.init(w.make_args(ckpt, **overrides), with_ref=False)
-        backend.train(0, batch)
-        res[name] = {
-            "params": w.full_params(backend),
-            "grad_norms": [m["train/grad_norm"] for m in backend.step_metrics],
-            "metrics": backend.step_metrics,
-            "dp_rank": backend.dp_rank,
-        }
-        res[name]["log_probs"] = backend.compute_log_probs(batch)
-    return res
-
-
-def _rank_entry(rank: int, port: int, out: pathlib.Path, ckpt: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo")
-        w = _workers()
-        res = {"micro": _micro_batch_check(w, ckpt), "backend": _backend_check(w, ckpt)}
-        torch.save(res, out / f"rank{rank}.pt")
-        dist.destroy_process_group()
-    except BaseException:
-        (out / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
-
-
 @pytest.fixture(scope="module")
 def cp_results(tmp_path_factory) -> list[dict]:
     from transformers import AutoModelForCausalLM, Qwen3Config
@@ -131,28 +48,10 @@ def cp_results(tmp_path_factory) -> list[dict]:
     ckpt = tmp_path_factory.mktemp("cp_qwen3")
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # forked workers: keep this process free of OpenMP thread pools
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(ckpt)
-    _workers()  # import slime_train_fsdp & co. before forking
-    out = tmp_path_factory.mktemp("cp_out")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_rank_entry, args=(r, port, out, str(ckpt))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=600)
-    torch.set_num_threads(threads)
-    for rank, p in enumerate(procs):
-        if p.is_alive():
-            p.kill()
-        err = out / f"rank{rank}.err"
-        assert p.exitcode == 0, f"rank {rank} failed:\n{err.read_text() if err.exists() else p.exitcode}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    _ranks.workers()  # the worker module's import errors show here, not in a rank
+    return _ranks.forked("cp", 2, tmp_path_factory.mktemp("cp_out"), ckpt)
 
 
 @pytest.mark.parametrize("run", ["cp2", "cp2_fused"])
