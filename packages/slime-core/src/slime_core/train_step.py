@@ -42,11 +42,13 @@ from slime_core.algorithms import (
     sum_of_sample_mean,
     whitening_stats,
 )
+from slime_core.algorithms.reducers import sample_means
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
 from slime_core.flops import model_config, throughput_metrics
 from slime_core.goodput import trained_token_sums
+from slime_core.host_to_device import to_device, to_device_many
 
 logger = logging.getLogger(__name__)
 
@@ -290,8 +292,9 @@ def _rollout_mean_sums(
         counts.append(len(values))
     if not names:
         return {}
-    device = totals[0].device
-    host = torch.stack([t.to(device, torch.float32) for t in totals]).tolist()  # one device-to-host transfer
+    # Host totals (advantages) join the device ones (recorded log-probs) without a sync; then one read.
+    device = next((t.device for t in totals if t.device.type != "cpu"), totals[0].device)
+    host = torch.stack([to_device(t, device).float() for t in totals]).tolist()
     sums: dict[str, float] = {}
     for name, total, count in zip(names, host, counts, strict=True):
         sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(total), float(count)
@@ -359,20 +362,26 @@ def _micro_batch_loss(
 
     def loss_fn(ids, log_probs, entropy):
         device = log_probs[0].device
-        if seen_old is not None:
-            # The detached training log-probs are the trainer's old ones here: record them for `rollout/log_probs`.
-            for i, lp in zip(ids, log_probs, strict=True):
-                # 0-d on the device: no sync
-                seen_old[i] = _sample_means_sum([lp], [batch.loss_masks[i]], [batch.loss_denominators[i]])
 
         def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
-            return None if xs is None else [xs[i].to(device) for i in ids]
+            # One non-blocking copy per series and micro-batch: a per-sample `.to(device)` synchronized each time.
+            return None if xs is None else to_device_many([xs[i] for i in ids], device)
+
+        masks = pick(batch.loss_masks)
+        if seen_old is not None:
+            # The detached training log-probs are the trainer's old ones here: record them for `rollout/log_probs`
+            # (`_sample_means_sum` of each sample, as 0-d tensors on the device: no sync).
+            lengths = [int(m.numel()) for m in masks]
+            means = sample_means(lengths, masks, [batch.loss_denominators[i] for i in ids])
+            flat = torch.cat([lp.detach().reshape(-1).float() for lp in log_probs])
+            for i, mean in zip(ids, means(flat).unbind(), strict=True):
+                seen_old[i] = mean
 
         inputs = LossInputs(
             log_probs=log_probs,
             old_log_probs=pick(old) if old is not None else [lp.detach() for lp in log_probs],
             advantages=pick(adv),
-            loss_masks=pick(batch.loss_masks),
+            loss_masks=masks,
             loss_denominators=[float(batch.loss_denominators[i]) for i in ids],
             ref_log_probs=pick(ref),
             rollout_log_probs=pick(batch.rollout_log_probs),
@@ -392,21 +401,55 @@ def _micro_batch_loss(
 
 def _optimizer_step(
     cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss
-) -> dict[str, float]:
+) -> tuple[dict[str, list], dict[str, float]]:
+    """Step `step`: `(its micro-batches' metrics by name, left on the device; grad norm, rate, batch size)`."""
     denominator = step_denominator(cfg, batch, step)
     micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=denominator)
     grad_norm, lr = backend.optimizer_step()
-    sums: dict[str, float] = {}
+    # Read after the last step (`_step_sums`): a read here would wait for this step's optimizer kernels before the
+    # host could queue the next step's forward.
+    values: dict[str, list] = {}
     for metrics in micro_metrics:
         for key, value in metrics.items():
-            sums[key] = sums.get(key, 0.0) + float(value)  # float64 sums of the float32 metrics
-    reduced = backend.reduce_metric_sums(sums)
-    out = {f"train/{key}": reduced[key] / denominator for key in sorted(reduced)}
-    out["train/grad_norm"] = grad_norm
+            values.setdefault(key, []).append(value)
+    out = {"train/grad_norm": grad_norm}
     # The original's per-step `train/global_batch_size`: the step's rollout count (uneven steps show here).
     out["train/global_batch_size"] = float((batch.step_rollout_counts or batch.step_sample_counts)[step])
     out["train/lr"] = lr
     out["train/lr-pg_0"] = lr  # the original's name (one per Megatron param group; every group here has this rate)
+    return values, out
+
+
+def _step_sums(steps: list[dict[str, list]]) -> dict[str, float]:
+    """`{"steps/<j>/<name>": Σ over step j's micro-batches}` in float64, with one device-to-host read for all.
+
+    Added in micro-batch order, as Python floats: the same sums as reading each value with `float()`.
+    """
+    tensors = [v for step in steps for vs in step.values() for v in vs if isinstance(v, torch.Tensor)]
+    read: list[float] = []
+    if tensors:
+        device = tensors[0].device
+        read = torch.stack([to_device(t.detach().reshape(()), device).double() for t in tensors]).tolist()
+    host = iter(read)
+    sums: dict[str, float] = {}
+    for j, step in enumerate(steps):
+        for key, vs in step.items():
+            total = 0.0  # float64 sums of the float32 metrics
+            for v in vs:
+                total += next(host) if isinstance(v, torch.Tensor) else float(v)
+            sums[f"steps/{j}/{key}"] = total
+    return sums
+
+
+def _step_metrics(
+    cfg: SlimeArgs, batch: RolloutBatch, steps: list[tuple[dict[str, list], dict[str, float]]], reduced
+) -> list[dict[str, float]]:
+    """Each step's `train/*` dict: its reduced metric sums over its denominator, then the step's own values."""
+    out = []
+    for j, (values, own) in enumerate(steps):
+        denominator = step_denominator(cfg, batch, j)
+        metrics = {f"train/{key}": reduced[f"steps/{j}/{key}"] / denominator for key in sorted(values)}
+        out.append({**metrics, **own})
     return out
 
 
@@ -469,7 +512,7 @@ def train_on_rollout(
     seen_old: dict[int, torch.Tensor] | None = {} if record else None
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
-    per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     values = None if batch.values is None else list(batch.values)  # PPO: the critic's
     series = {
         "log_probs": seen_old if record else (trainer if cfg.use_rollout_logprobs else old),
@@ -478,10 +521,12 @@ def train_on_rollout(
         "returns": returns,
         "values": values,
     }
-    # One reduction for the goodput counts, the rollout means and the token counts of the FLOPs (the old log-probs
-    # are known only now).
-    reduced = backend.reduce_metric_sums({**fates, **_rollout_mean_sums(batch, series), **_length_sums(batch)})
-    fates = {key: value for key, value in reduced.items() if not key.startswith(("rollout/", "lengths/"))}
+    # One reduction (and one device-to-host read) for the steps' metrics, the goodput counts, the rollout means and
+    # the token counts of the FLOPs (the old log-probs are known only now).
+    sums = {**_step_sums([values for values, _ in steps]), **fates}
+    reduced = backend.reduce_metric_sums({**sums, **_rollout_mean_sums(batch, series), **_length_sums(batch)})
+    per_step = _step_metrics(cfg, batch, steps, reduced)
+    fates = {key: value for key, value in reduced.items() if not key.startswith(("rollout/", "lengths/", "steps/"))}
     times.update({"perf/log_probs_time": t1 - t0, "perf/ref_log_probs_time": t2 - t1})
     if cfg.use_opd:
         times["perf/teacher_log_probs_time"] = t_teacher - t2
