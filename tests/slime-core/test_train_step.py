@@ -214,7 +214,8 @@ def test_the_originals_trainer_side_rollout_means(num_steps):
 
 def test_rollout_mean_sums_have_the_same_names_on_a_rank_without_samples():
     # Megatron all-reduces the sums as one vector in name order: a rank with no samples must send the same names.
-    from slime_core.train_step import _rollout_mean_sums, _rollout_means
+    from slime_core.step_metrics import rollout_mean_sums as _rollout_mean_sums
+    from slime_core.step_metrics import rollout_means as _rollout_means
 
     empty = RolloutBatch(
         tokens=[], response_lengths=[], loss_masks=[], rewards=[], raw_rewards=[], loss_denominators=[],
@@ -399,7 +400,7 @@ def test_get_mismatch_metrics_with_rollout_log_probs_uses_the_trainers():
 def test_rollout_mean_sums_leave_out_a_masked_minus_inf_and_take_the_recorded_means_as_tensors():
     # The per-sample mean was values·mask: a -inf log-prob at a masked (padding) token made the sum NaN. The
     # training forward records its means as 0-d tensors (no host sync per sample); one transfer reads them all.
-    from slime_core.train_step import _rollout_mean_sums
+    from slime_core.step_metrics import rollout_mean_sums as _rollout_mean_sums
 
     batch = _batch(1, dp=1)
     masks = [torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 0.0])]

@@ -12,8 +12,13 @@ Reads top to bottom like the original's `train_actor`:
    with `--normalize-advantages`;
 4. per optimizer step: the step's denominator (its global rollout count, or token count with
    `--calculate-per-token-loss`), forward + backward of its micro-batches with `compute_train_loss` as the
-   loss, the optimizer step, and the metric sums reduced over data-parallel ranks divided by the denominator;
-5. `--ref-update-interval`, and the metrics averaged over steps.
+   loss, and the optimizer step; the metric sums stay on the device;
+5. after the last step, one reduction over data-parallel ranks of every step's metric sums (each then divided by
+   its step's denominator), the goodput counts and the rollout means (`slime_core.step_metrics`);
+   `--ref-update-interval`, and the metrics averaged over steps.
+
+Nothing between the forward of a micro-batch and the next step's waits for the GPU: host data goes to the device
+without a sync (`slime_core.host_to_device`) and device values are read once, after the last step (issue 26).
 
 Nothing here talks to `torch.distributed`: collectives, forward passes and the optimizer come from the
 backend (`StepBackend`), which also keeps what is its own — how a loss is scaled for its gradient reduction
@@ -39,7 +44,6 @@ from slime_core.algorithms import (
     compute_train_loss,
     default_reducer,
     needs_old_log_probs,
-    sum_of_sample_mean,
     whitening_stats,
 )
 from slime_core.algorithms.reducers import sample_means
@@ -48,7 +52,8 @@ from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
 from slime_core.flops import model_config, throughput_metrics
 from slime_core.goodput import trained_token_sums
-from slime_core.host_to_device import to_device, to_device_many
+from slime_core.host_to_device import to_device_many
+from slime_core.step_metrics import length_means, length_sums, rollout_mean_sums, rollout_means, step_sums
 
 logger = logging.getLogger(__name__)
 
@@ -241,113 +246,6 @@ def entropy_has_grad(cfg: SlimeArgs) -> bool:
     return cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
 
 
-def _sample_means_sum(
-    values: list[torch.Tensor], masks: list[torch.Tensor], denominators: Sequence[float]
-) -> torch.Tensor:
-    """Σ over samples of `Σ_t values·mask / denominator` (`values` `[L_i]`), as a detached 0-d tensor.
-
-    The original's `log_rollout_data`: `sum_of_sample_mean` with the samples' `rollout_mask_sums` (here
-    `RolloutBatch.loss_denominators`: a sample's own mask count, or its rollout's when siblings share a
-    `rollout_id`, so the siblings add up to their rollout's token mean); clamped at 1, a sample without trainable
-    tokens adds 0; a non-finite value at a masked token is left out.
-    """
-    lengths = [int(v.numel()) for v in values]
-    reduce = sum_of_sample_mean(lengths, masks, denominators)
-    return reduce(torch.cat([v.detach().reshape(-1).float() for v in values])) if values else torch.zeros(())
-
-
-def _rollout_mean_sums(
-    batch: RolloutBatch, series: dict[str, list[torch.Tensor] | dict[int, torch.Tensor] | None]
-) -> dict[str, float]:
-    """This rank's sums for the original's trainer-side `rollout/*` means (its `log_rollout_data`).
-
-    Per sample its masked token sum over its rollout's mask total (`sum_of_sample_mean` with the
-    `loss_denominators`: the sample's own mean when it is its own rollout); `_rollout_means` then divides by the
-    rollout count once the sums are reduced over data-parallel ranks. The per-series sums stay on the device until
-    one transfer for all of them.
-
-    Args:
-        batch: this rank's samples (`loss_masks`: N `[L_i]`).
-        series: name (e.g. `"log_probs"`) → N `[L_i]` per-token values, or sample position → its mean already
-            taken as a 0-d tensor (the old log-probs recorded in the training forward), or None (not computed).
-
-    Returns:
-        `{"rollout/<name>.sum": ..., "rollout/<name>.count": ...}` for `StepBackend.reduce_metric_sums`, in the
-        order of `series` (Megatron all-reduces the values as one vector in name order).
-    """
-    names: list[str] = []
-    totals: list[torch.Tensor] = []
-    counts: list[int] = []
-    for name, values in series.items():
-        if values is None:
-            continue
-        if isinstance(values, dict):
-            means = list(values.values())
-            total = torch.stack(means).sum() if means else torch.zeros(())
-        else:
-            total = _sample_means_sum(values, batch.loss_masks, batch.loss_denominators)
-        # Also with no samples on this rank: every rank must reduce the same names (Megatron's all-reduce).
-        names.append(name)
-        totals.append(total)
-        counts.append(len(values))
-    if not names:
-        return {}
-    # Host totals (advantages) join the device ones (recorded log-probs) without a sync; then one read.
-    device = next((t.device for t in totals if t.device.type != "cpu"), totals[0].device)
-    host = torch.stack([to_device(t, device).float() for t in totals]).tolist()
-    sums: dict[str, float] = {}
-    for name, total, count in zip(names, host, counts, strict=True):
-        sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(total), float(count)
-    return sums
-
-
-def _length_sums(batch: RolloutBatch) -> dict[str, float]:
-    """This rank's length sums for the original's length means and for `perf/*_tflops`.
-
-    The means are its `rollout/total_lengths`, `rollout/response_lengths` and `rollout/truncated`; the FLOPs need
-    Σ s, Σ s² and Σ response lengths.
-    """
-    total = batch.total_lengths
-    return {
-        "lengths/total.sum": float(sum(total)),
-        "lengths/total_sq.sum": float(sum(s * s for s in total)),
-        "lengths/response.sum": float(sum(batch.response_lengths)),
-        "lengths/truncated.sum": float(sum(batch.truncated)),
-        "lengths/truncated.count": float(len(batch.truncated)),  # 0 where the batch does not say
-        "lengths/samples": float(len(total)),
-    }
-
-
-def _length_means(reduced: dict[str, float]) -> dict[str, float]:
-    """The original's trainer-side length means over every sample of the rollout (its `log_rollout_data`)."""
-    n = reduced.get("lengths/samples", 0.0)
-    if not n:
-        return {}
-    out = {
-        "rollout/total_lengths": reduced["lengths/total.sum"] / n,
-        "rollout/response_lengths": reduced["lengths/response.sum"] / n,
-    }
-    if reduced.get("lengths/truncated.count"):
-        out["rollout/truncated"] = reduced["lengths/truncated.sum"] / reduced["lengths/truncated.count"]
-    return out
-
-
-def _rollout_means(reduced: dict[str, float], num_rollouts: int) -> dict[str, float]:
-    """`rollout/<name>` = reduced sum / the rollout count, for the `_rollout_mean_sums` entries in `reduced`.
-
-    `num_rollouts` is the batch's global rollout count (`Σ RolloutBatch.step_rollout_counts`, the original's
-    `Σ global_batch_sizes`); 0 (no rollout counts in the batch): every sample is its own rollout and the reduced
-    sample count divides.
-    """
-    names = {key.rsplit(".", 1)[0] for key in reduced if key.startswith("rollout/")}
-    out = {}
-    for n in sorted(names):
-        count = reduced[f"{n}.count"]
-        if count:
-            out[n] = reduced[f"{n}.sum"] / (num_rollouts or count)
-    return out
-
-
 def _micro_batch_loss(
     cfg: SlimeArgs,
     batch: RolloutBatch,
@@ -370,7 +268,7 @@ def _micro_batch_loss(
         masks = pick(batch.loss_masks)
         if seen_old is not None:
             # The detached training log-probs are the trainer's old ones here: record them for `rollout/log_probs`
-            # (`_sample_means_sum` of each sample, as 0-d tensors on the device: no sync).
+            # (`sample_means_sum` of each sample, as 0-d tensors on the device: no sync).
             lengths = [int(m.numel()) for m in masks]
             means = sample_means(lengths, masks, [batch.loss_denominators[i] for i in ids])
             flat = torch.cat([lp.detach().reshape(-1).float() for lp in log_probs])
@@ -406,7 +304,7 @@ def _optimizer_step(
     denominator = step_denominator(cfg, batch, step)
     micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=denominator)
     grad_norm, lr = backend.optimizer_step()
-    # Read after the last step (`_step_sums`): a read here would wait for this step's optimizer kernels before the
+    # Read after the last step (`step_sums`): a read here would wait for this step's optimizer kernels before the
     # host could queue the next step's forward.
     values: dict[str, list] = {}
     for metrics in micro_metrics:
@@ -418,27 +316,6 @@ def _optimizer_step(
     out["train/lr"] = lr
     out["train/lr-pg_0"] = lr  # the original's name (one per Megatron param group; every group here has this rate)
     return values, out
-
-
-def _step_sums(steps: list[dict[str, list]]) -> dict[str, float]:
-    """`{"steps/<j>/<name>": Σ over step j's micro-batches}` in float64, with one device-to-host read for all.
-
-    Added in micro-batch order, as Python floats: the same sums as reading each value with `float()`.
-    """
-    tensors = [v for step in steps for vs in step.values() for v in vs if isinstance(v, torch.Tensor)]
-    read: list[float] = []
-    if tensors:
-        device = tensors[0].device
-        read = torch.stack([to_device(t.detach().reshape(()), device).double() for t in tensors]).tolist()
-    host = iter(read)
-    sums: dict[str, float] = {}
-    for j, step in enumerate(steps):
-        for key, vs in step.items():
-            total = 0.0  # float64 sums of the float32 metrics
-            for v in vs:
-                total += next(host) if isinstance(v, torch.Tensor) else float(v)
-            sums[f"steps/{j}/{key}"] = total
-    return sums
 
 
 def _step_metrics(
@@ -523,8 +400,8 @@ def train_on_rollout(
     }
     # One reduction (and one device-to-host read) for the steps' metrics, the goodput counts, the rollout means and
     # the token counts of the FLOPs (the old log-probs are known only now).
-    sums = {**_step_sums([values for values, _ in steps]), **fates}
-    reduced = backend.reduce_metric_sums({**sums, **_rollout_mean_sums(batch, series), **_length_sums(batch)})
+    sums = {**step_sums([values for values, _ in steps]), **fates}
+    reduced = backend.reduce_metric_sums({**sums, **rollout_mean_sums(batch, series), **length_sums(batch)})
     per_step = _step_metrics(cfg, batch, steps, reduced)
     fates = {key: value for key, value in reduced.items() if not key.startswith(("rollout/", "lengths/", "steps/"))}
     times.update({"perf/log_probs_time": t1 - t0, "perf/ref_log_probs_time": t2 - t1})
@@ -542,10 +419,10 @@ def train_on_rollout(
         backend.update_ref()  # --ref-update-interval: the reference follows the actor
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     metrics["train/lr"] = metrics["train/lr-pg_0"] = per_step[-1]["train/lr"]
-    metrics.update(_rollout_means(reduced, sum(batch.step_rollout_counts)))
+    metrics.update(rollout_means(reduced, sum(batch.step_rollout_counts)))
     metrics.update({f"goodput/{key}": value for key, value in fates.items()})
     metrics.update(times)
-    metrics.update(_length_means(reduced))
+    metrics.update(length_means(reduced))
     config = model_config(cfg.hf_checkpoint)
     if config is not None:
         gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
