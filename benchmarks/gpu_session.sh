@@ -38,7 +38,8 @@
 #   train_megatron_1.7b_ab 170  issue 26: the 1.7b of train_megatron once, each speed switch off/on in that one process
 #                       (bench_train_megatron.py --ab): base, head (--log-probs-head fused), adam (--use-torch-fused-adam),
 #                       gradnorm (--use-foreach-grad-norm), fusions (--bias-swiglu-fusion --bias-dropout-fusion), compile
-#                       (--megatron-compile-layers), all (head+adam+gradnorm+compile); 1 warm-up + 2 timed train() each,
+#                       (--megatron-compile-layers), all (head+adam+gradnorm+compile), eager_all (all but compile);
+#                       1 warm-up + 2 timed train() each,
 #                       profiles of base and all; each variant's time is logged as it finishes. AB_VARIANTS=... picks
 #                       others. Budget estimated from reading (~70 s imports, checkpoint and load, ~3 s a variant, ~70 s
 #                       of compile warm-ups, ~10 s of profiles), not yet measured; timeout 300
@@ -336,7 +337,7 @@ for step in "$@"; do
                            --peak-tflops "$(peak_tflops)" ;;
     train_megatron_1.7b_ab) run_step train_megatron_1.7b_ab 300 python3 "$HERE/bench_train_megatron.py" \
                               "${AB[@]}" --repeats 2 "${DEV[@]}" \
-                              --ab "${AB_VARIANTS:-base,head,adam,gradnorm,fusions,compile,all}" \
+                              --ab "${AB_VARIANTS:-base,head,adam,gradnorm,fusions,compile,all,eager_all}" \
                               --profile --profile-variants base,all --peak-tflops "$(peak_tflops)" ;;
     swap) run_step swap_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --swap --repeats 2 \
             --peak-tflops "$(peak_tflops)" ;;

@@ -179,11 +179,12 @@ def test_train_megatron_speed_switches_cpu(tmp_path, models):
            "--tokens-per-mb", "64", "--seq-len", "32", "--response-len", "16", "--repeats", "1"]  # fmt: skip
     flags = _run([*cmd, "--log-probs-head", "fused", "--megatron-extra=--use-foreach-grad-norm"], tmp_path, models)
     assert flags["log_probs_head"] == "fused" and flags["megatron_extra"] == "--use-foreach-grad-norm"
-    ab = _run([*cmd, "--log-probs-head", "fused", "--ab", "base,head,gradnorm"], tmp_path, models)
+    ab = _run([*cmd, "--log-probs-head", "fused", "--ab", "base,head,gradnorm,eager_all"], tmp_path, models)
     assert [(v["variant"], v["flags"]) for v in ab["ab"]] == [
         ("base", ""),
         ("head", "--log-probs-head fused"),
         ("gradnorm", "--use-foreach-grad-norm"),
+        ("eager_all", "--use-torch-fused-adam --use-foreach-grad-norm --log-probs-head fused"),
     ]
     # base turned the run's --log-probs-head fused off: the top level is the first variant's, with the logits head
     assert ab["log_probs_head"] == "logits" and ab["train_s_median"] == ab["ab"][0]["train_s_median"]

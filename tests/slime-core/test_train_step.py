@@ -143,8 +143,8 @@ def test_one_step_grpo_by_hand_and_reused_log_probs():
     backend = FakeBackend(batch, dp=2)
     assert isinstance(backend, StepBackend)
     metrics, steps = train_on_rollout(_cfg(), backend, 0, batch)
-    # One reduce_metric_sums per optimizer step, then one for the goodput token counts and the rollout means.
-    assert backend.calls == ["forward_backward:0", "optimizer_step", "reduce_metric_sums", "reduce_metric_sums"]
+    # One reduce_metric_sums after the last step: the steps' metrics, the goodput counts and the rollout means.
+    assert backend.calls == ["forward_backward:0", "optimizer_step", "reduce_metric_sums"]
     assert backend.denominators == [4.0]
     assert metrics["train/pg_loss"] == pytest.approx(-0.25, abs=ATOL)
     assert metrics["train/loss"] == pytest.approx(-0.25, abs=ATOL)
@@ -179,9 +179,9 @@ def test_two_steps_compute_old_log_probs_once_and_average():
     metrics, steps = train_on_rollout(_cfg(entropy_coef=0.01), backend, 3, batch)
     assert backend.calls == [
         "log_probs:actor",
-        *("forward_backward:0", "optimizer_step", "reduce_metric_sums"),
-        *("forward_backward:1", "optimizer_step", "reduce_metric_sums"),
-        "reduce_metric_sums",
+        *("forward_backward:0", "optimizer_step"),
+        *("forward_backward:1", "optimizer_step"),
+        "reduce_metric_sums",  # once for both steps: no device read between the steps
     ]
     assert len(steps) == 2 and steps[0]["train/lr"] == pytest.approx(0.1) and metrics["train/lr"] == 0.2
     for key in ("train/pg_loss", "train/grad_norm", "train/entropy_loss"):
@@ -214,7 +214,8 @@ def test_the_originals_trainer_side_rollout_means(num_steps):
 
 def test_rollout_mean_sums_have_the_same_names_on_a_rank_without_samples():
     # Megatron all-reduces the sums as one vector in name order: a rank with no samples must send the same names.
-    from slime_core.train_step import _rollout_mean_sums, _rollout_means
+    from slime_core.step_metrics import rollout_mean_sums as _rollout_mean_sums
+    from slime_core.step_metrics import rollout_means as _rollout_means
 
     empty = RolloutBatch(
         tokens=[], response_lengths=[], loss_masks=[], rewards=[], raw_rewards=[], loss_denominators=[],
@@ -399,7 +400,7 @@ def test_get_mismatch_metrics_with_rollout_log_probs_uses_the_trainers():
 def test_rollout_mean_sums_leave_out_a_masked_minus_inf_and_take_the_recorded_means_as_tensors():
     # The per-sample mean was values·mask: a -inf log-prob at a masked (padding) token made the sum NaN. The
     # training forward records its means as 0-d tensors (no host sync per sample); one transfer reads them all.
-    from slime_core.train_step import _rollout_mean_sums
+    from slime_core.step_metrics import rollout_mean_sums as _rollout_mean_sums
 
     batch = _batch(1, dp=1)
     masks = [torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 0.0])]

@@ -35,17 +35,17 @@ def trained_token_sums(
     Raises:
         ValueError: an advantage and a mask of different lengths.
     """
-    trained = 0
-    zero = 0
-    for i, mask in enumerate(loss_masks):
-        trainable = mask != 0
-        if advantages is None:
-            trained += int(trainable.sum())
-            continue
-        adv = advantages[i]
-        if adv.shape != mask.shape:
-            raise ValueError(f"sample {i}: advantages {tuple(adv.shape)} vs loss mask {tuple(mask.shape)}")
-        nonzero = adv.detach().to(mask.device) != 0
-        trained += int((trainable & nonzero).sum())
-        zero += int((trainable & ~nonzero).sum())
+    if advantages is not None:
+        for i, (adv, mask) in enumerate(zip(advantages, loss_masks, strict=True)):
+            if adv.shape != mask.shape:
+                raise ValueError(f"sample {i}: advantages {tuple(adv.shape)} vs loss mask {tuple(mask.shape)}")
+    if not loss_masks:
+        return {"tokens_trained": 0.0, "tokens_zero_advantage": 0.0}
+    # All samples at once on the host (the advantages are host tensors; `.cpu()` is then free).
+    trainable = torch.cat([m.reshape(-1).cpu() for m in loss_masks]) != 0
+    if advantages is None:
+        trained, zero = int(trainable.sum()), 0
+    else:
+        nonzero = torch.cat([a.detach().reshape(-1).cpu() for a in advantages]) != 0
+        trained, zero = int((trainable & nonzero).sum()), int((trainable & ~nonzero).sum())
     return {"tokens_trained": float(trained), "tokens_zero_advantage": float(zero)}

@@ -12,8 +12,13 @@ Reads top to bottom like the original's `train_actor`:
    with `--normalize-advantages`;
 4. per optimizer step: the step's denominator (its global rollout count, or token count with
    `--calculate-per-token-loss`), forward + backward of its micro-batches with `compute_train_loss` as the
-   loss, the optimizer step, and the metric sums reduced over data-parallel ranks divided by the denominator;
-5. `--ref-update-interval`, and the metrics averaged over steps.
+   loss, and the optimizer step; the metric sums stay on the device;
+5. after the last step, one reduction over data-parallel ranks of every step's metric sums (each then divided by
+   its step's denominator), the goodput counts and the rollout means (`slime_core.step_metrics`);
+   `--ref-update-interval`, and the metrics averaged over steps.
+
+Nothing between the forward of a micro-batch and the next step's waits for the GPU: host data goes to the device
+without a sync (`slime_core.host_to_device`) and device values are read once, after the last step (issue 26).
 
 Nothing here talks to `torch.distributed`: collectives, forward passes and the optimizer come from the
 backend (`StepBackend`), which also keeps what is its own — how a loss is scaled for its gradient reduction
@@ -39,14 +44,16 @@ from slime_core.algorithms import (
     compute_train_loss,
     default_reducer,
     needs_old_log_probs,
-    sum_of_sample_mean,
     whitening_stats,
 )
+from slime_core.algorithms.reducers import sample_means
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
 from slime_core.flops import model_config, throughput_metrics
 from slime_core.goodput import trained_token_sums
+from slime_core.host_to_device import to_device_many
+from slime_core.step_metrics import length_means, length_sums, rollout_mean_sums, rollout_means, step_sums
 
 logger = logging.getLogger(__name__)
 
@@ -239,112 +246,6 @@ def entropy_has_grad(cfg: SlimeArgs) -> bool:
     return cfg.entropy_coef != 0 or cfg.loss_type == "custom_loss"
 
 
-def _sample_means_sum(
-    values: list[torch.Tensor], masks: list[torch.Tensor], denominators: Sequence[float]
-) -> torch.Tensor:
-    """Σ over samples of `Σ_t values·mask / denominator` (`values` `[L_i]`), as a detached 0-d tensor.
-
-    The original's `log_rollout_data`: `sum_of_sample_mean` with the samples' `rollout_mask_sums` (here
-    `RolloutBatch.loss_denominators`: a sample's own mask count, or its rollout's when siblings share a
-    `rollout_id`, so the siblings add up to their rollout's token mean); clamped at 1, a sample without trainable
-    tokens adds 0; a non-finite value at a masked token is left out.
-    """
-    lengths = [int(v.numel()) for v in values]
-    reduce = sum_of_sample_mean(lengths, masks, denominators)
-    return reduce(torch.cat([v.detach().reshape(-1).float() for v in values])) if values else torch.zeros(())
-
-
-def _rollout_mean_sums(
-    batch: RolloutBatch, series: dict[str, list[torch.Tensor] | dict[int, torch.Tensor] | None]
-) -> dict[str, float]:
-    """This rank's sums for the original's trainer-side `rollout/*` means (its `log_rollout_data`).
-
-    Per sample its masked token sum over its rollout's mask total (`sum_of_sample_mean` with the
-    `loss_denominators`: the sample's own mean when it is its own rollout); `_rollout_means` then divides by the
-    rollout count once the sums are reduced over data-parallel ranks. The per-series sums stay on the device until
-    one transfer for all of them.
-
-    Args:
-        batch: this rank's samples (`loss_masks`: N `[L_i]`).
-        series: name (e.g. `"log_probs"`) → N `[L_i]` per-token values, or sample position → its mean already
-            taken as a 0-d tensor (the old log-probs recorded in the training forward), or None (not computed).
-
-    Returns:
-        `{"rollout/<name>.sum": ..., "rollout/<name>.count": ...}` for `StepBackend.reduce_metric_sums`, in the
-        order of `series` (Megatron all-reduces the values as one vector in name order).
-    """
-    names: list[str] = []
-    totals: list[torch.Tensor] = []
-    counts: list[int] = []
-    for name, values in series.items():
-        if values is None:
-            continue
-        if isinstance(values, dict):
-            means = list(values.values())
-            total = torch.stack(means).sum() if means else torch.zeros(())
-        else:
-            total = _sample_means_sum(values, batch.loss_masks, batch.loss_denominators)
-        # Also with no samples on this rank: every rank must reduce the same names (Megatron's all-reduce).
-        names.append(name)
-        totals.append(total)
-        counts.append(len(values))
-    if not names:
-        return {}
-    device = totals[0].device
-    host = torch.stack([t.to(device, torch.float32) for t in totals]).tolist()  # one device-to-host transfer
-    sums: dict[str, float] = {}
-    for name, total, count in zip(names, host, counts, strict=True):
-        sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(total), float(count)
-    return sums
-
-
-def _length_sums(batch: RolloutBatch) -> dict[str, float]:
-    """This rank's length sums for the original's length means and for `perf/*_tflops`.
-
-    The means are its `rollout/total_lengths`, `rollout/response_lengths` and `rollout/truncated`; the FLOPs need
-    Σ s, Σ s² and Σ response lengths.
-    """
-    total = batch.total_lengths
-    return {
-        "lengths/total.sum": float(sum(total)),
-        "lengths/total_sq.sum": float(sum(s * s for s in total)),
-        "lengths/response.sum": float(sum(batch.response_lengths)),
-        "lengths/truncated.sum": float(sum(batch.truncated)),
-        "lengths/truncated.count": float(len(batch.truncated)),  # 0 where the batch does not say
-        "lengths/samples": float(len(total)),
-    }
-
-
-def _length_means(reduced: dict[str, float]) -> dict[str, float]:
-    """The original's trainer-side length means over every sample of the rollout (its `log_rollout_data`)."""
-    n = reduced.get("lengths/samples", 0.0)
-    if not n:
-        return {}
-    out = {
-        "rollout/total_lengths": reduced["lengths/total.sum"] / n,
-        "rollout/response_lengths": reduced["lengths/response.sum"] / n,
-    }
-    if reduced.get("lengths/truncated.count"):
-        out["rollout/truncated"] = reduced["lengths/truncated.sum"] / reduced["lengths/truncated.count"]
-    return out
-
-
-def _rollout_means(reduced: dict[str, float], num_rollouts: int) -> dict[str, float]:
-    """`rollout/<name>` = reduced sum / the rollout count, for the `_rollout_mean_sums` entries in `reduced`.
-
-    `num_rollouts` is the batch's global rollout count (`Σ RolloutBatch.step_rollout_counts`, the original's
-    `Σ global_batch_sizes`); 0 (no rollout counts in the batch): every sample is its own rollout and the reduced
-    sample count divides.
-    """
-    names = {key.rsplit(".", 1)[0] for key in reduced if key.startswith("rollout/")}
-    out = {}
-    for n in sorted(names):
-        count = reduced[f"{n}.count"]
-        if count:
-            out[n] = reduced[f"{n}.sum"] / (num_rollouts or count)
-    return out
-
-
 def _micro_batch_loss(
     cfg: SlimeArgs,
     batch: RolloutBatch,
@@ -359,20 +260,26 @@ def _micro_batch_loss(
 
     def loss_fn(ids, log_probs, entropy):
         device = log_probs[0].device
-        if seen_old is not None:
-            # The detached training log-probs are the trainer's old ones here: record them for `rollout/log_probs`.
-            for i, lp in zip(ids, log_probs, strict=True):
-                # 0-d on the device: no sync
-                seen_old[i] = _sample_means_sum([lp], [batch.loss_masks[i]], [batch.loss_denominators[i]])
 
         def pick(xs: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
-            return None if xs is None else [xs[i].to(device) for i in ids]
+            # One non-blocking copy per series and micro-batch: a per-sample `.to(device)` synchronized each time.
+            return None if xs is None else to_device_many([xs[i] for i in ids], device)
+
+        masks = pick(batch.loss_masks)
+        if seen_old is not None:
+            # The detached training log-probs are the trainer's old ones here: record them for `rollout/log_probs`
+            # (`sample_means_sum` of each sample, as 0-d tensors on the device: no sync).
+            lengths = [int(m.numel()) for m in masks]
+            means = sample_means(lengths, masks, [batch.loss_denominators[i] for i in ids])
+            flat = torch.cat([lp.detach().reshape(-1).float() for lp in log_probs])
+            for i, mean in zip(ids, means(flat).unbind(), strict=True):
+                seen_old[i] = mean
 
         inputs = LossInputs(
             log_probs=log_probs,
             old_log_probs=pick(old) if old is not None else [lp.detach() for lp in log_probs],
             advantages=pick(adv),
-            loss_masks=pick(batch.loss_masks),
+            loss_masks=masks,
             loss_denominators=[float(batch.loss_denominators[i]) for i in ids],
             ref_log_probs=pick(ref),
             rollout_log_probs=pick(batch.rollout_log_probs),
@@ -392,21 +299,34 @@ def _micro_batch_loss(
 
 def _optimizer_step(
     cfg: SlimeArgs, backend: StepBackend, batch: RolloutBatch, step: int, loss_fn: MicroBatchLoss
-) -> dict[str, float]:
+) -> tuple[dict[str, list], dict[str, float]]:
+    """Step `step`: `(its micro-batches' metrics by name, left on the device; grad norm, rate, batch size)`."""
     denominator = step_denominator(cfg, batch, step)
     micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=denominator)
     grad_norm, lr = backend.optimizer_step()
-    sums: dict[str, float] = {}
+    # Read after the last step (`step_sums`): a read here would wait for this step's optimizer kernels before the
+    # host could queue the next step's forward.
+    values: dict[str, list] = {}
     for metrics in micro_metrics:
         for key, value in metrics.items():
-            sums[key] = sums.get(key, 0.0) + float(value)  # float64 sums of the float32 metrics
-    reduced = backend.reduce_metric_sums(sums)
-    out = {f"train/{key}": reduced[key] / denominator for key in sorted(reduced)}
-    out["train/grad_norm"] = grad_norm
+            values.setdefault(key, []).append(value)
+    out = {"train/grad_norm": grad_norm}
     # The original's per-step `train/global_batch_size`: the step's rollout count (uneven steps show here).
     out["train/global_batch_size"] = float((batch.step_rollout_counts or batch.step_sample_counts)[step])
     out["train/lr"] = lr
     out["train/lr-pg_0"] = lr  # the original's name (one per Megatron param group; every group here has this rate)
+    return values, out
+
+
+def _step_metrics(
+    cfg: SlimeArgs, batch: RolloutBatch, steps: list[tuple[dict[str, list], dict[str, float]]], reduced
+) -> list[dict[str, float]]:
+    """Each step's `train/*` dict: its reduced metric sums over its denominator, then the step's own values."""
+    out = []
+    for j, (values, own) in enumerate(steps):
+        denominator = step_denominator(cfg, batch, j)
+        metrics = {f"train/{key}": reduced[f"steps/{j}/{key}"] / denominator for key in sorted(values)}
+        out.append({**metrics, **own})
     return out
 
 
@@ -469,7 +389,7 @@ def train_on_rollout(
     seen_old: dict[int, torch.Tensor] | None = {} if record else None
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
-    per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     values = None if batch.values is None else list(batch.values)  # PPO: the critic's
     series = {
         "log_probs": seen_old if record else (trainer if cfg.use_rollout_logprobs else old),
@@ -478,10 +398,12 @@ def train_on_rollout(
         "returns": returns,
         "values": values,
     }
-    # One reduction for the goodput counts, the rollout means and the token counts of the FLOPs (the old log-probs
-    # are known only now).
-    reduced = backend.reduce_metric_sums({**fates, **_rollout_mean_sums(batch, series), **_length_sums(batch)})
-    fates = {key: value for key, value in reduced.items() if not key.startswith(("rollout/", "lengths/"))}
+    # One reduction (and one device-to-host read) for the steps' metrics, the goodput counts, the rollout means and
+    # the token counts of the FLOPs (the old log-probs are known only now).
+    sums = {**step_sums([values for values, _ in steps]), **fates}
+    reduced = backend.reduce_metric_sums({**sums, **rollout_mean_sums(batch, series), **length_sums(batch)})
+    per_step = _step_metrics(cfg, batch, steps, reduced)
+    fates = {key: value for key, value in reduced.items() if not key.startswith(("rollout/", "lengths/", "steps/"))}
     times.update({"perf/log_probs_time": t1 - t0, "perf/ref_log_probs_time": t2 - t1})
     if cfg.use_opd:
         times["perf/teacher_log_probs_time"] = t_teacher - t2
@@ -497,10 +419,10 @@ def train_on_rollout(
         backend.update_ref()  # --ref-update-interval: the reference follows the actor
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     metrics["train/lr"] = metrics["train/lr-pg_0"] = per_step[-1]["train/lr"]
-    metrics.update(_rollout_means(reduced, sum(batch.step_rollout_counts)))
+    metrics.update(rollout_means(reduced, sum(batch.step_rollout_counts)))
     metrics.update({f"goodput/{key}": value for key, value in fates.items()})
     metrics.update(times)
-    metrics.update(_length_means(reduced))
+    metrics.update(length_means(reduced))
     config = model_config(cfg.hf_checkpoint)
     if config is not None:
         gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node

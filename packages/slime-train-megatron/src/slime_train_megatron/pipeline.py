@@ -20,11 +20,12 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_core.algorithms import KeptTokens
 from slime_core.batch import RolloutBatch
+from slime_core.host_to_device import to_device, to_device_many
 from slime_train_megatron.attention import AttentionKind
 from slime_train_megatron.packing import PackedBatch, cp_zigzag_indices, pack_thd
 from slime_train_megatron.settings import MegatronSettings
 
-__all__ = ["GatherCP", "MicroBatch", "PipelineRunner"]
+__all__ = ["DeviceRows", "GatherCP", "MicroBatch", "PipelineRunner"]
 
 
 class GatherCP(torch.autograd.Function):
@@ -42,6 +43,34 @@ class GatherCP(torch.autograd.Function):
         return grad[ctx.rank * ctx.n : (ctx.rank + 1) * ctx.n], None, None, None
 
 
+@dataclasses.dataclass(kw_only=True, slots=True)
+class DeviceRows:
+    """A packed row's tensors on the accelerator (copied without a host sync: `slime_core.host_to_device`).
+
+    Attributes:
+        tokens: `[1, T]` int64.
+        position_ids: `[1, T]` int64.
+        cu_seqlens: `[N + 1]` int32.
+        logit_index: `[R]` int64.
+        targets: `[R]` int64.
+    """
+
+    tokens: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    logit_index: torch.Tensor
+    targets: torch.Tensor
+
+    @classmethod
+    def of(cls, packed: PackedBatch, device: torch.device) -> DeviceRows:
+        """Copies `packed`'s tensors to `device`: one non-blocking copy per dtype (int64, int32)."""
+        p = packed
+        tokens, positions, cu, index, targets = to_device_many(
+            [p.tokens, p.position_ids, p.cu_seqlens, p.logit_index, p.targets], device
+        )
+        return cls(tokens=tokens, position_ids=positions, cu_seqlens=cu, logit_index=index, targets=targets)
+
+
 @dataclasses.dataclass(slots=True)
 class MicroBatch:
     """One schedule slot: its samples, their packed row, and the top-p replay sets of their responses."""
@@ -50,6 +79,9 @@ class MicroBatch:
     packed: PackedBatch
     dummy: bool  # an empty schedule slot filled with a 2-token sample so collectives stay aligned
     kept: KeptTokens | None = None  # top-p replay sets of the response rows (`RolloutBatch.kept_tokens(ids)`)
+    # `packed` on the device, copied when the step's slots are built: a blocking copy in the forward or the loss
+    # function would wait for all queued GPU work (there: the whole forward) before the host could go on.
+    rows: DeviceRows | None = None
 
 
 class PipelineRunner:
@@ -79,8 +111,9 @@ class PipelineRunner:
         return multiple
 
     def micro_batches(self, batch: RolloutBatch, step: int) -> list[MicroBatch]:
-        """Step `step`'s schedule slots packed as THD rows (a dummy row for an empty slot)."""
+        """Step `step`'s schedule slots packed as THD rows (a dummy row for an empty slot), with their `rows`."""
         out = []
+        device = self.device
         for ids in batch.micro_batches[step]:
             if ids:
                 tokens = [batch.tokens[i] for i in ids]
@@ -90,15 +123,17 @@ class PipelineRunner:
             else:
                 dummy = pack_thd([torch.zeros(2, dtype=torch.long)], [1], pad_multiple=self._pad_multiple())
                 out.append(MicroBatch([], dummy, True))
+            out[-1].rows = DeviceRows.of(out[-1].packed, device)
         return out
 
     def forward(self, model: Any, mb: MicroBatch) -> torch.Tensor:
         """Runs one packed micro-batch; returns this rank's output (logits `[1, T_local, V/TP]` on the last stage)."""
         p, device = mb.packed, self.device
-        tokens, positions = p.tokens, p.position_ids
+        rows = mb.rows if mb.rows is not None else DeviceRows.of(p, device)
+        tokens, positions = rows.tokens, rows.position_ids
         cp = self.settings.context_parallel_size
         if cp > 1:
-            index = cp_zigzag_indices(p.cu_seqlens, parallel_state.get_context_parallel_rank(), cp)
+            index = to_device(cp_zigzag_indices(p.cu_seqlens, parallel_state.get_context_parallel_rank(), cp), device)
             tokens, positions = tokens[:, index], positions[:, index]
         if self.attention == "dense":
             # DotProductAttention has no THD kernel: same packing, block-diagonal causal mask (True = masked).
@@ -106,9 +141,9 @@ class PipelineRunner:
                 torch.arange(len(p.cu_seqlens) - 1), (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).long()
             )
             allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
-            mask = (~allowed)[None, None].to(device)
-            return model(tokens.to(device), positions.to(device), attention_mask=mask)
-        cu = p.cu_seqlens.to(device)
+            mask = to_device((~allowed)[None, None], device)
+            return model(tokens, positions, attention_mask=mask)
+        cu = rows.cu_seqlens
         # Samples are padded inside their own segment, so padded and real boundaries coincide. For slime's packed
         # attention the padded copies stay on the host: megatron-core's THD RoPE reads them with `.tolist()` in
         # every layer (a device sync each time on CUDA tensors), and the attention's exact fallback needs them too.
@@ -122,7 +157,7 @@ class PipelineRunner:
             max_seqlen_q=p.max_seqlen,
             max_seqlen_kv=p.max_seqlen,
         )
-        return model(tokens.to(device), positions.to(device), attention_mask=None, packed_seq_params=params)
+        return model(tokens, positions, attention_mask=None, packed_seq_params=params)
 
     def gather_cp(self, per_position: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
         """`[T_local]` values at this CP rank's positions → `[R]` at the micro-batch's response-predicting positions.
@@ -132,10 +167,10 @@ class PipelineRunner:
         p, cp = mb.packed, self.settings.context_parallel_size
         device = per_position.device
         group, rank = parallel_state.get_context_parallel_group(), parallel_state.get_context_parallel_rank()
-        order = torch.cat([cp_zigzag_indices(p.cu_seqlens, r, cp) for r in range(cp)]).to(device)
+        order = to_device(torch.cat([cp_zigzag_indices(p.cu_seqlens, r, cp) for r in range(cp)]), device)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=device)
-        return GatherCP.apply(per_position, group, cp, rank)[inverse[p.logit_index.to(device)]]
+        return GatherCP.apply(per_position, group, cp, rank)[inverse[to_device(p.logit_index, device)]]
 
     def run(self, batch: RolloutBatch, step: int, loss_fn, forward_only: bool) -> list[Any]:
         """Step `step` through megatron-core's schedule; returns the `extra` of each `loss_fn(output, mb)`.
@@ -160,7 +195,9 @@ class PipelineRunner:
             def loss_func(output_tensor):
                 loss, extra = loss_fn(output_tensor, mb)
                 results.append(extra)
-                return loss, torch.tensor(1, dtype=torch.int, device=loss.device), {}
+                # The token count megatron-core's schedule adds up (unused: per-token loss scaling is the loss's own);
+                # made on the device, as `torch.tensor(1, device=...)` would copy from the host and wait for the GPU.
+                return loss, torch.ones((), dtype=torch.int, device=loss.device), {}
 
             return output, loss_func
 
@@ -187,25 +224,31 @@ class PipelineRunner:
     def forward_only_per_sample(self, batch: RolloutBatch, read) -> list[torch.Tensor]:
         """Per-sample `[L_i]` float32 CPU tensors of `read(output, mb) -> [R]` over all steps, on every rank.
 
-        Runs in eval mode without grad (the caller's `no_grad`), broadcasts from the last stage.
+        Runs in eval mode without grad (the caller's `no_grad`). The values stay on the device until every step has
+        run, then come to the host in one copy (a copy per micro-batch waited for its forward before the host could
+        queue the next one), and are broadcast from the last stage once.
 
         Raises:
             ValueError: a sample in no micro-batch of the schedule.
         """
         self.model.eval()
         try:
-            out: dict[int, torch.Tensor] = {}
+            pairs: list[tuple[list[int], list[int], torch.Tensor]] = []
             for step in range(batch.num_steps):
 
                 def loss_fn(output, mb):
                     values = read(output, mb)
-                    return torch.zeros((), device=values.device), (mb, values.float().cpu())
+                    return torch.zeros((), device=values.device), (mb, values.float())
 
                 results = self.run(batch, step, loss_fn, forward_only=True)
-                pairs = [(mb.ids, mb.packed.response_lengths, v) for mb, v in results if not mb.dummy]
-                for ids, lens, values in self.broadcast_from_last_stage(pairs):
-                    for i, piece in zip(ids, values.split(lens), strict=True):
-                        out[i] = piece
+                pairs += [(mb.ids, mb.packed.response_lengths, v) for mb, v in results if not mb.dummy]
+            if pairs:
+                host = torch.cat([v for _, _, v in pairs]).cpu().split([v.numel() for _, _, v in pairs])
+                pairs = [(ids, lens, v) for (ids, lens, _), v in zip(pairs, host, strict=True)]
+            out: dict[int, torch.Tensor] = {}
+            for ids, lens, values in self.broadcast_from_last_stage(pairs):
+                for i, piece in zip(ids, values.split(lens), strict=True):
+                    out[i] = piece
         finally:
             self.model.train()
         missing = [i for i in range(batch.num_samples) if i not in out]

@@ -23,6 +23,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from slime_convert import ModelArgs
 from slime_core.config import SlimeArgs
+from slime_core.host_to_device import to_device
 from slime_core.param_filter import frozen_parameter_names
 from slime_train_megatron.attention import AttentionKind, attention_kind
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint
@@ -213,7 +214,7 @@ def reduce_metric_sums(sums: dict[str, float], device: torch.device, broadcast) 
     """
     names = sorted(sums)
     # All DP ranks run the same loss (same options), so they report the same metric names.
-    vec = torch.tensor([sums[k] for k in names], dtype=torch.float64, device=device)
+    vec = to_device(torch.tensor([sums[k] for k in names], dtype=torch.float64), device)
     if names and parallel_state.is_pipeline_last_stage():
         dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
     return broadcast(dict(zip(names, vec.tolist(), strict=True)))

@@ -24,10 +24,19 @@ from collections.abc import Callable, Sequence
 import torch
 
 from slime_core.config import SlimeArgs
+from slime_core.host_to_device import to_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Reducer", "default_reducer", "drgrpo", "segment_sums", "sum_of_sample_mean", "sum_of_token"]
+__all__ = [
+    "Reducer",
+    "default_reducer",
+    "drgrpo",
+    "sample_means",
+    "segment_sums",
+    "sum_of_sample_mean",
+    "sum_of_token",
+]
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 
@@ -47,15 +56,18 @@ def segment_sums(x: torch.Tensor, response_lengths: Sequence[int]) -> torch.Tens
     """
     if sum(response_lengths) != x.shape[0]:
         raise ValueError(f"response lengths sum to {sum(response_lengths)} but there are {x.shape[0]} tokens")
-    lengths = torch.as_tensor(list(response_lengths), dtype=torch.long, device=x.device)
-    segment_ids = torch.repeat_interleave(torch.arange(len(response_lengths), device=x.device), lengths)
+    # Built on the host and copied without a sync: `repeat_interleave` with device lengths reads its output size
+    # back to the host (a sync per call; the loss reduces several terms per micro-batch).
+    lengths = torch.as_tensor(list(response_lengths), dtype=torch.long)
+    segment_ids = to_device(torch.repeat_interleave(torch.arange(len(response_lengths)), lengths), x.device)
     return x.new_zeros(len(response_lengths)).index_add(0, segment_ids, x)
 
 
 def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     # where() rather than x·m: a non-finite value at a masked position (e.g. -inf log-prob of padding)
     # must give 0, and inf·0 would be NaN.
-    return torch.where(mask.to(x.device) > 0, x * mask.to(x.device), x.new_zeros(()))
+    mask = to_device(mask, x.device)
+    return torch.where(mask > 0, x * mask, x.new_zeros(()))
 
 
 def _flat_mask(loss_masks: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
@@ -64,6 +76,39 @@ def _flat_mask(loss_masks: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tenso
     if not loss_masks:
         return torch.zeros(0)
     return torch.cat([m.reshape(-1).float() for m in loss_masks])
+
+
+def sample_means(
+    response_lengths: Sequence[int],
+    loss_masks: Sequence[torch.Tensor] | torch.Tensor,
+    loss_denominators: Sequence[float],
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Per-sample masked means: `x [T] -> [N]` with entry i = `(Σ_t x_it·m_it) / max(D_i, 1)`.
+
+    The terms `sum_of_sample_mean` adds up. Mask and denominators go to `x`'s device once per device (a loss
+    reduces several terms with one reducer), without a host-device sync.
+
+    Args:
+        response_lengths: N ints.
+        loss_masks: N tensors `[L_i]` or one concatenated `[T]`.
+        loss_denominators: N floats `D_i`.
+
+    Raises:
+        ValueError: if the denominators do not match the sample count.
+    """
+    if len(loss_denominators) != len(response_lengths):
+        raise ValueError(f"{len(loss_denominators)} loss denominators for {len(response_lengths)} samples")
+    mask = _flat_mask(loss_masks)
+    denominators = torch.as_tensor(list(loss_denominators), dtype=torch.float32).clamp(min=1.0)
+    on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def means(x: torch.Tensor) -> torch.Tensor:
+        if x.device not in on_device:
+            on_device[x.device] = (to_device(mask, x.device), to_device(denominators, x.device))
+        device_mask, device_denominators = on_device[x.device]
+        return segment_sums(_masked(x, device_mask), response_lengths) / device_denominators
+
+    return means
 
 
 def sum_of_sample_mean(
@@ -84,14 +129,10 @@ def sum_of_sample_mean(
     Raises:
         ValueError: if the denominators do not match the sample count.
     """
-    if len(loss_denominators) != len(response_lengths):
-        raise ValueError(f"{len(loss_denominators)} loss denominators for {len(response_lengths)} samples")
-    mask = _flat_mask(loss_masks)
-    denominators = torch.as_tensor(list(loss_denominators), dtype=torch.float32).clamp(min=1.0)
+    means = sample_means(response_lengths, loss_masks, loss_denominators)
 
     def reduce(x: torch.Tensor) -> torch.Tensor:
-        sums = segment_sums(_masked(x, mask), response_lengths)
-        return (sums / denominators.to(x.device)).sum()
+        return means(x).sum()
 
     return reduce
 

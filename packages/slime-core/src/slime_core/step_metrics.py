@@ -1,0 +1,148 @@
+"""The metric sums of one RL train step (`slime_core.train_step`) and the means made from them once reduced.
+
+Every value here is a sum a backend's `reduce_metric_sums` adds up over data-parallel ranks in one reduction after
+the last optimizer step; the means divide the reduced sums. Device values are read to the host once (one transfer for
+the steps' metrics, one for the rollout means), never per micro-batch.
+
+Legend: `N` samples on this rank, `L_i` response length of sample i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from slime_core.algorithms import sum_of_sample_mean
+from slime_core.batch import RolloutBatch
+from slime_core.host_to_device import to_device
+
+__all__ = ["length_means", "length_sums", "rollout_mean_sums", "rollout_means", "sample_means_sum", "step_sums"]
+
+
+def sample_means_sum(
+    values: list[torch.Tensor], masks: list[torch.Tensor], denominators: Sequence[float]
+) -> torch.Tensor:
+    """Σ over samples of `Σ_t values·mask / denominator` (`values` `[L_i]`), as a detached 0-d tensor.
+
+    The original's `log_rollout_data`: `sum_of_sample_mean` with the samples' `rollout_mask_sums` (here
+    `RolloutBatch.loss_denominators`: a sample's own mask count, or its rollout's when siblings share a
+    `rollout_id`, so the siblings add up to their rollout's token mean); clamped at 1, a sample without trainable
+    tokens adds 0; a non-finite value at a masked token is left out.
+    """
+    lengths = [int(v.numel()) for v in values]
+    reduce = sum_of_sample_mean(lengths, masks, denominators)
+    return reduce(torch.cat([v.detach().reshape(-1).float() for v in values])) if values else torch.zeros(())
+
+
+def rollout_mean_sums(
+    batch: RolloutBatch, series: dict[str, list[torch.Tensor] | dict[int, torch.Tensor] | None]
+) -> dict[str, float]:
+    """This rank's sums for the original's trainer-side `rollout/*` means (its `log_rollout_data`).
+
+    Per sample its masked token sum over its rollout's mask total (`sum_of_sample_mean` with the
+    `loss_denominators`: the sample's own mean when it is its own rollout); `rollout_means` then divides by the
+    rollout count once the sums are reduced over data-parallel ranks. The per-series sums stay on the device until
+    one transfer for all of them.
+
+    Args:
+        batch: this rank's samples (`loss_masks`: N `[L_i]`).
+        series: name (e.g. `"log_probs"`) → N `[L_i]` per-token values, or sample position → its mean already
+            taken as a 0-d tensor (the old log-probs recorded in the training forward), or None (not computed).
+
+    Returns:
+        `{"rollout/<name>.sum": ..., "rollout/<name>.count": ...}` for `StepBackend.reduce_metric_sums`, in the
+        order of `series` (Megatron all-reduces the values as one vector in name order).
+    """
+    names: list[str] = []
+    totals: list[torch.Tensor] = []
+    counts: list[int] = []
+    for name, values in series.items():
+        if values is None:
+            continue
+        if isinstance(values, dict):
+            means = list(values.values())
+            total = torch.stack(means).sum() if means else torch.zeros(())
+        else:
+            total = sample_means_sum(values, batch.loss_masks, batch.loss_denominators)
+        # Also with no samples on this rank: every rank must reduce the same names (Megatron's all-reduce).
+        names.append(name)
+        totals.append(total)
+        counts.append(len(values))
+    if not names:
+        return {}
+    # Host totals (advantages) join the device ones (recorded log-probs) without a sync; then one read.
+    device = next((t.device for t in totals if t.device.type != "cpu"), totals[0].device)
+    host = torch.stack([to_device(t, device).float() for t in totals]).tolist()
+    sums: dict[str, float] = {}
+    for name, total, count in zip(names, host, counts, strict=True):
+        sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(total), float(count)
+    return sums
+
+
+def length_sums(batch: RolloutBatch) -> dict[str, float]:
+    """This rank's length sums for the original's length means and for `perf/*_tflops`.
+
+    The means are its `rollout/total_lengths`, `rollout/response_lengths` and `rollout/truncated`; the FLOPs need
+    Σ s, Σ s² and Σ response lengths.
+    """
+    total = batch.total_lengths
+    return {
+        "lengths/total.sum": float(sum(total)),
+        "lengths/total_sq.sum": float(sum(s * s for s in total)),
+        "lengths/response.sum": float(sum(batch.response_lengths)),
+        "lengths/truncated.sum": float(sum(batch.truncated)),
+        "lengths/truncated.count": float(len(batch.truncated)),  # 0 where the batch does not say
+        "lengths/samples": float(len(total)),
+    }
+
+
+def length_means(reduced: dict[str, float]) -> dict[str, float]:
+    """The original's trainer-side length means over every sample of the rollout (its `log_rollout_data`)."""
+    n = reduced.get("lengths/samples", 0.0)
+    if not n:
+        return {}
+    out = {
+        "rollout/total_lengths": reduced["lengths/total.sum"] / n,
+        "rollout/response_lengths": reduced["lengths/response.sum"] / n,
+    }
+    if reduced.get("lengths/truncated.count"):
+        out["rollout/truncated"] = reduced["lengths/truncated.sum"] / reduced["lengths/truncated.count"]
+    return out
+
+
+def rollout_means(reduced: dict[str, float], num_rollouts: int) -> dict[str, float]:
+    """`rollout/<name>` = reduced sum / the rollout count, for the `rollout_mean_sums` entries in `reduced`.
+
+    `num_rollouts` is the batch's global rollout count (`Σ RolloutBatch.step_rollout_counts`, the original's
+    `Σ global_batch_sizes`); 0 (no rollout counts in the batch): every sample is its own rollout and the reduced
+    sample count divides.
+    """
+    names = {key.rsplit(".", 1)[0] for key in reduced if key.startswith("rollout/")}
+    out = {}
+    for n in sorted(names):
+        count = reduced[f"{n}.count"]
+        if count:
+            out[n] = reduced[f"{n}.sum"] / (num_rollouts or count)
+    return out
+
+
+def step_sums(steps: list[dict[str, list]]) -> dict[str, float]:
+    """`{"steps/<j>/<name>": Σ over step j's micro-batches}` in float64, with one device-to-host read for all.
+
+    Added in micro-batch order, as Python floats: the same sums as reading each value with `float()`.
+    """
+    tensors = [v for step in steps for vs in step.values() for v in vs if isinstance(v, torch.Tensor)]
+    read: list[float] = []
+    if tensors:
+        device = tensors[0].device
+        read = torch.stack([to_device(t.detach().reshape(()), device).double() for t in tensors]).tolist()
+    host = iter(read)
+    sums: dict[str, float] = {}
+    for j, step in enumerate(steps):
+        for key, vs in step.items():
+            total = 0.0  # float64 sums of the float32 metrics
+            for v in vs:
+                total += next(host) if isinstance(v, torch.Tensor) else float(v)
+            sums[f"steps/{j}/{key}"] = total
+    return sums

@@ -1,0 +1,140 @@
+"""Host-device synchronizations of one Megatron `train()` do not grow with the micro-batches (issue 26).
+
+On a GPU a read of a device tensor (`.item()`, `.tolist()`, `float(t)`, `.cpu()`, `if t:`, `nonzero`, boolean-mask
+indexing) and a blocking host → device copy (`.to(device)` without `non_blocking`, `torch.tensor(data, device=...)`)
+make the host wait until the GPU has run everything queued so far; inside the micro-batch loop that leaves the GPU
+idle while the host queues the next kernels. This CPU test counts them in one `train()`: `_SyncCounter` (a torch
+function mode) follows which tensors would live on the device (the model's parameters and buffers, and every
+tensor computed from them) and records each read of such a tensor and each blocking copy towards the device, with the
+first slime / megatron-core frame that made it.
+
+The schedule is 2 optimizer steps plus the old-log-prob forward (the benchmark's shape); the larger batch has 3× the
+micro-batches and 2× the samples per micro-batch. On CPU, `slime_core.host_to_device.to_device` hands back the host
+tensor itself, so reads of what it copied are not seen (the data-parallel reduction's one read of all metric sums
+after the last step, `trainer_parts.reduce_metric_sums`). What may be read: once per optimizer step (the grad norm,
+in the optimizer) and a fixed number of times at the end of train() (the log-probs of the old-log-prob forward in one
+copy, the metric sums in one reduction).
+"""
+
+from __future__ import annotations
+
+import collections
+import traceback
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from slime_core.batch import RolloutBatch
+from slime_core.config import SlimeArgs
+
+pytest.importorskip("megatron.core")
+
+_READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy", "nonzero",
+          "masked_select", "unique", "repeat_interleave"}  # fmt: skip
+_COPIES = {"to", "cuda", "copy_"}
+
+
+def _site() -> str:
+    """`file:function` of the first slime or megatron-core frame of the caller (conftest.py's stand-ins skipped)."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        name = frame.filename
+        if ("/slime_" in name or "megatron/core" in name) and "conftest" not in name:
+            return f"{name.split('/src/')[-1].split('site-packages/')[-1]}:{frame.name}"
+    return "?"
+
+
+def _device_arg(args, kwargs) -> bool:
+    return "device" in kwargs or any(isinstance(a, (torch.device, str)) for a in args[1:])
+
+
+class _SyncCounter(TorchFunctionMode):
+    """Counts would-be syncs: reads of device tensors and blocking copies of host tensors towards the device."""
+
+    def __init__(self, device_tensors) -> None:
+        super().__init__()
+        self.on_device = WeakTensorKeyDictionary()
+        for t in device_tensors:
+            self.on_device[t] = True
+        self.hits: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        from_device = any(t in self.on_device for t in inputs)
+        if name == "__getitem__" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in inputs[1:]):
+            name = "boolean mask"
+        if from_device and (name in _READS or name == "boolean mask"):
+            self.hits[(name, _site())] += 1
+        elif name in _COPIES and not from_device and _device_arg(args, kwargs) and not kwargs.get("non_blocking"):
+            self.hits[(f"blocking {name}", _site())] += 1
+        elif name in ("tensor", "as_tensor") and "device" in kwargs:
+            self.hits[(f"blocking {name}", _site())] += 1
+        out = func(*args, **kwargs)
+        moved = (name in _COPIES and _device_arg(args, kwargs)) or (
+            name in ("tensor", "as_tensor") and "device" in kwargs
+        )
+        if (from_device or moved) and name != "cpu":  # `.cpu()` is the way to the host
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.on_device[t] = True
+        return out
+
+
+def _batch(micro_batches: int, per_mb: int) -> RolloutBatch:
+    """2 optimizer steps of `micro_batches` × `per_mb` samples (12 tokens, 5 of them response)."""
+    g = torch.Generator().manual_seed(0)
+    n = 2 * micro_batches * per_mb
+    ids = iter(range(n))
+    schedule = [[[next(ids) for _ in range(per_mb)] for _ in range(micro_batches)] for _ in range(2)]
+    rewards = [1.0 if j % 2 == 0 else -1.0 for j in range(n)]
+    return RolloutBatch(
+        tokens=[torch.randint(0, 250, (12,), generator=g) for _ in range(n)],
+        response_lengths=[5] * n,
+        loss_masks=[torch.ones(5) for _ in range(n)],
+        rewards=rewards,
+        raw_rewards=rewards,
+        loss_denominators=[5.0] * n,
+        micro_batches=schedule,
+        step_sample_counts=[micro_batches * per_mb] * 2,
+        step_token_counts=[float(micro_batches * per_mb * 5)] * 2,
+    )
+
+
+def _count(backend, batch) -> collections.Counter:
+    device_tensors = [*backend.module.parameters(), *backend.module.buffers()]
+    device_tensors += [p.main_grad for p in backend.module.parameters() if getattr(p, "main_grad", None) is not None]
+    counter = _SyncCounter(device_tensors)
+    with counter:
+        backend.train(0, batch)
+    return counter.hits
+
+
+# `trainer_parts.optimizer_step`: megatron-core reads its grad norm once per step in `optimizer.step()`; here the CPU
+# stand-in of conftest.py runs (a torch Adam whose rate is a tensor), whose reads are not the backend's.
+_OPTIMIZER = "slime_train_megatron/trainer_parts.py:optimizer_step"
+
+
+def test_host_syncs_of_a_train_step_do_not_grow_with_micro_batches(cpu_backend_env, tiny_hf):
+    _, hf_dir = tiny_hf("qwen3")
+    args = SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
+        "megatron_args": ["--fp32", "--transformer-impl", "local", "--lr", "1e-3"], "advantage_estimator": "grpo",
+        "rollout_temperature": 1.0, "kl_coef": 0.0, "use_kl_loss": False, "entropy_coef": 0.0, "eps_clip": 0.2,
+    })  # fmt: skip
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    small, large = _batch(1, 2), _batch(3, 4)
+    backend.train(0, small)  # first call: lazy state (optimizer moments) out of the way
+    few, many = _count(backend, small), _count(backend, large)
+    few, many = (collections.Counter({k: n for k, n in c.items() if k[1] != _OPTIMIZER}) for c in (few, many))
+    assert few == many, f"syncs that grow with the micro-batches: {dict(many - few)}"
+    assert dict(few) == {
+        # the old log-probs of all micro-batches, one copy
+        ("cpu", "slime_train_megatron/pipeline.py:forward_only_per_sample"): 1,
+        ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # the metric sums of both steps, one read
+        ("tolist", "slime_core/step_metrics.py:rollout_mean_sums"): 1,  # the recorded rollout means, one read
+    }
