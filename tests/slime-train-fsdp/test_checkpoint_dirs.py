@@ -183,3 +183,35 @@ def test_a_checkpoint_of_another_model_size_is_not_called_damaged(tmp_path, one_
         "saved vs [2, 3] here): "
     )
     assert "damaged" not in str(e.value)
+
+
+def test_a_resave_killed_between_its_renames_resumes_from_the_complete_old_copy(tmp_path, one_rank, monkeypatch):
+    # Issue 27 pass 27: re-saving an iteration (a resume from an earlier --ckpt-step) renames the old copy to .old,
+    # then the new one into place; a kill in between left the tracker naming a missing folder, and the resume went
+    # back a checkpoint although the complete copy was there.
+    import os
+
+    from slime_core.checkpoint_dirs import restore_interrupted_saves
+
+    root = tmp_path / "save"
+    _save(root, 0)
+    model, optimizer, scheduler = _parts()
+    save_checkpoint(root, rollout_id=1, global_step=7, model=model, optimizer=optimizer, scheduler=scheduler)
+    renames = []
+
+    def killed_at_the_second(src, dst):
+        renames.append(dst)
+        if len(renames) == 2:
+            raise KeyboardInterrupt("SIGKILL")
+        os.rename(src, dst)
+
+    monkeypatch.setattr("slime_core.dir_swap.os.replace", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        _save(root, 1)  # global_step 1, never completed
+    monkeypatch.undo()
+    assert not (root / "iter_0000002").exists() and (root / "latest_checkpointed_iteration.txt").read_text() == "2"
+    with pytest.raises(FileNotFoundError, match="iter_0000002 is missing or incomplete"):
+        _load(root)
+    assert restore_interrupted_saves(root) == [2]
+    assert _load(root)["global_step"] == 7  # the copy the cut save was replacing
+    assert _save(root, 1).name == "iter_0000002"  # the next save replaces it as usual (the .tmp left-over is ours)

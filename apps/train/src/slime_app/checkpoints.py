@@ -23,8 +23,15 @@ import os
 import pathlib
 
 from slime_app.fp8_rollout import serving_fp8
-from slime_app.run_lock import LOCK_NAME
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name, tracker_step
+from slime_app.run_lock import LOCK_NAME, unless_in_use
+from slime_core.checkpoint_dirs import (
+    TRACKER_FILE,
+    complete_iterations,
+    interrupted_saves,
+    iteration_name,
+    restore_interrupted_saves,
+    tracker_step,
+)
 from slime_core.config import SlimeArgs
 from slime_core.error_text import first_sentence
 from slime_core.extensions import train_backend_spec
@@ -88,12 +95,43 @@ def _a(kind: str) -> str:
 
 def _recovery_hint(root: pathlib.Path) -> str:
     iterations = complete_iterations(root)
+    cut = interrupted_saves(root)
+    aside = (
+        f"; {', '.join(f'{iteration_name(step)}.old' for step in cut)}: complete, moved aside by a save cut between "
+        "its two renames: rename it back without .old (a run whose --save is this --load does that itself)"
+        if cut
+        else ""
+    )
     if not iterations:
-        return "no complete checkpoint is there: leave out --load to start afresh"
+        return f"no complete checkpoint is there: leave out --load to start afresh{aside}"
     return (
         f"complete checkpoints there: iterations {', '.join(map(str, iterations))}; resume from one with "
-        f"--ckpt-step {iterations[-1]}"
+        f"--ckpt-step {iterations[-1]}{aside}"
     )
+
+
+def _restore_cut_saves(cfg: SlimeArgs, root: pathlib.Path, notes: list[str]) -> None:
+    """Puts back the iterations a save cut between its two renames left as `iter_XXXXXXX.old` (`interrupted_saves`).
+
+    Only in this run's own `--save` (`--load` equal to it: a resume), not in `--dry-run`, and only while no live run
+    holds the folder's lock; elsewhere `_recovery_hint` names them. Without this, the tracker named a missing
+    iteration and the resume was refused as "a partial copy", or went back one checkpoint, with the complete copy
+    in the folder.
+    """
+    cut = interrupted_saves(root)
+    if not cut or cfg.dry_run or not cfg.save or os.path.realpath(cfg.save) != os.path.realpath(root):
+        return
+    try:
+        with unless_in_use(root) as free:
+            restored = restore_interrupted_saves(root) if free else []
+    except OSError:  # a read-only --save: the hint names the folders, the writable check names the flag
+        logger.debug("--load %s: could not restore %s", root, cut, exc_info=True)
+        restored = []
+    for step in restored:
+        notes.append(
+            f"--load {root}: restored {iteration_name(step)} from {iteration_name(step)}.old (a save that replaced "
+            "it was cut between its two renames; the copy is complete)"
+        )
 
 
 def _tracker_problem(root: pathlib.Path) -> str | None:
@@ -116,6 +154,7 @@ def _tracker_problem(root: pathlib.Path) -> str | None:
 
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     root = pathlib.Path(cfg.load)
+    _restore_cut_saves(cfg, root, notes)
     if cfg.ckpt_step is not None and root.is_dir():
         step_dir = root / iteration_name(cfg.ckpt_step)
         if cfg.ckpt_step not in complete_iterations(root):

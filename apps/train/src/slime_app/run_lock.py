@@ -9,15 +9,17 @@ file holds the holder's pid, host and start time for the message.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
 import pathlib
 import socket
+from collections.abc import Iterator
 
 from slime_core.config import SlimeArgs
 
-__all__ = ["LOCK_NAME", "RunLocked", "lock_run_folders", "release_run_folders"]
+__all__ = ["LOCK_NAME", "RunLocked", "lock_run_folders", "release_run_folders", "unless_in_use"]
 
 LOCK_NAME = ".slime-run.lock"
 
@@ -79,3 +81,25 @@ def release_run_folders() -> None:
     """Drops the locks `lock_run_folders` took (tests; a driver's exit drops them anyway)."""
     while _held:
         os.close(_held.pop())
+
+
+@contextlib.contextmanager
+def unless_in_use(folder: str | os.PathLike[str]) -> Iterator[bool]:
+    """Holds `folder`'s run lock for the block when no live run holds it; yields whether it does.
+
+    For a repair before this run takes its own locks (`slime_app.checkpoints` restoring a cut save): it must not
+    rename anything in a folder another run is writing. An existing folder without a lock file gets one.
+
+    Raises:
+        OSError: the lock file cannot be opened (a read-only folder).
+    """
+    fd = os.open(pathlib.Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # drops the lock if taken
