@@ -24,16 +24,22 @@ from slime_core.dir_swap import MARKER, recover
 
 __all__ = [
     "COMPLETE_MARKERS",
+    "REFERENCE_DIR",
     "TRACKER_FILE",
     "complete_iterations",
     "interrupted_saves",
     "iteration_name",
     "no_optimizer_state_message",
+    "no_reference_message",
     "restore_interrupted_saves",
     "tracker_step",
 ]
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+
+# The KL reference's weights inside an iteration folder, saved when they follow the actor (`--ref-update-interval`):
+# rebuilt from `--ref-load` on resume, they would be the initial weights, not the actor's of the last update.
+REFERENCE_DIR = "ref"
 
 # The file each writer writes last into an iteration folder: FSDP's `meta.json`, torch_dist's `.metadata`.
 COMPLETE_MARKERS = ("meta.json", ".metadata")
@@ -134,4 +140,19 @@ def no_optimizer_state_message(load: str | os.PathLike[str], iteration: str) -> 
     return (
         f"--load {load}: {iteration} holds no optimizer state (saved with --no-save-optim); resume it with "
         "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+    )
+
+
+def no_reference_message(load: str | os.PathLike[str], iteration: str, interval: int) -> str:
+    """The warning of a `--ref-update-interval` resume whose checkpoint holds no reference model, one text for both.
+
+    Args:
+        load: the `--load` directory.
+        iteration: the iteration folder's name.
+        interval: `--ref-update-interval`.
+    """
+    return (
+        f"--load {load}: {iteration} holds no reference model (saved without --ref-update-interval, or by an older "
+        f"version); with --ref-update-interval {interval} the KL reference is the initial weights until its next "
+        "update"
     )

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
-from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
+from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name, no_reference_message
 from slime_core.config import SlimeArgs
 from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
@@ -237,11 +237,7 @@ class FSDPTrainBackend:
             logger.info("--ref-update-interval: the reference model resumes from --load %s (iteration %d)", cfg.load,
                         step)  # fmt: skip
         elif step >= cfg.ref_update_interval:
-            logger.warning(
-                "--load %s: iteration %d holds no reference model (saved without --ref-update-interval, or by an older "
-                "version); with --ref-update-interval %d the KL reference is the initial weights until its next update",
-                cfg.load, step, cfg.ref_update_interval,
-            )  # fmt: skip
+            logger.warning("%s", no_reference_message(cfg.load, iteration_name(step), cfg.ref_update_interval))
 
     def _vision_setup(self, cfg: SlimeArgs) -> set[str]:
         """Rotary positions of a vision-language model, and the tower's names under `--freeze-vision-tower`.

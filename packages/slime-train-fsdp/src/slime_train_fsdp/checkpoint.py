@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from slime_core.checkpoint_dirs import (
+    REFERENCE_DIR,
     TRACKER_FILE,
     complete_iterations,
     iteration_name,
@@ -58,7 +59,6 @@ from slime_train_fsdp.lr_schedule import load_scheduler_state
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "REFERENCE_DIR",
     "load_checkpoint",
     "load_reference",
     "reference_saved",
@@ -67,11 +67,6 @@ __all__ = [
     "optimizer_state_refusal",
     "save_checkpoint",
 ]
-
-
-# The KL reference's weights in an iteration folder: saved when they follow the actor (`--ref-update-interval`), so a
-# resume continues the KL term against them instead of the initial weights.
-REFERENCE_DIR = "ref"
 
 
 def _rng_state() -> dict[str, Any]:
