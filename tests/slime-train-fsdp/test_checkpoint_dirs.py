@@ -215,3 +215,26 @@ def test_a_resave_killed_between_its_renames_resumes_from_the_complete_old_copy(
     assert restore_interrupted_saves(root) == [2]
     assert _load(root)["global_step"] == 7  # the copy the cut save was replacing
     assert _save(root, 1).name == "iter_0000002"  # the next save replaces it as usual (the .tmp left-over is ours)
+
+
+def test_a_resume_on_another_number_of_ranks_says_which_rng_states_are_not_restored(tmp_path, one_rank, caplog):
+    # Issue 27 pass 27: DCP reshards weights and optimizer, but RNG states are per rank: a rank without one kept its
+    # seeded RNG and saved ones of ranks that no longer exist were dropped, without a word.
+    root = tmp_path / "save"
+    last = _save(root, 0)
+    meta = json.loads((last / "meta.json").read_text())
+    (last / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))  # as if saved by two ranks
+
+    def said():  # this module's warnings only (torch's DCP logs its events in the same capture)
+        return [r.getMessage() for r in caplog.records if r.name == "slime_train_fsdp.checkpoint" and r.levelno >= 30]
+
+    with caplog.at_level("WARNING", logger="slime_train_fsdp.checkpoint"):
+        _load(root)
+    assert said() == [
+        f"--load {root}: iter_0000001 was saved by 2 rank(s) and resumes on 1: the saved RNG states of ranks 1-1 are "
+        "not used, so the trainer's random draws (dropout) differ from an uninterrupted run's"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="slime_train_fsdp.checkpoint"):
+        _load(root, load_rng=False)  # --no-load-rng: nothing to say
+    assert said() == []

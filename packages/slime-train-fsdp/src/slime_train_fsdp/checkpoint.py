@@ -309,6 +309,7 @@ def load_checkpoint(
         ) from None
     except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
         raise _damaged(root, path, e) from e
+    _note_other_world_size(root, path, meta.get("world_size"), load_rng)
     if model_flags is not None and "model_flags" not in meta:
         meta["model_flags"] = model_flags
         if dist.get_rank() == 0:  # written before these flags were kept: the next resume compares them
@@ -373,6 +374,27 @@ def optimizer_state_refusal(
     if saved is not False and (path / "scheduler.pt").is_file():
         return None
     return no_optimizer_state_message(load_dir, path.name)
+
+
+def _note_other_world_size(root: pathlib.Path, path: pathlib.Path, saved: Any, load_rng: bool) -> None:
+    """One warning (rank 0) when the RNG states of a checkpoint saved by another number of ranks cannot all be used.
+
+    DCP reshards the weights and the optimizer; the RNG states are per rank (`rng_{rank}.pt`) and are not: a rank
+    without a saved state kept its seeded one, and saved states of ranks that no longer exist were dropped, silently.
+    """
+    world = dist.get_world_size()
+    if not load_rng or not isinstance(saved, int) or saved == world or dist.get_rank() != 0:
+        return
+    which = (
+        f"ranks {saved}-{world - 1} have no saved RNG state and keep their seeded one"
+        if world > saved
+        else f"the saved RNG states of ranks {world}-{saved - 1} are not used"
+    )
+    logger.warning(
+        "--load %s: %s was saved by %d rank(s) and resumes on %d: %s, so the trainer's random draws (dropout) differ "
+        "from an uninterrupted run's",
+        root, path.name, saved, world, which,
+    )  # fmt: skip
 
 
 def _damaged(root: pathlib.Path, path: pathlib.Path, error: BaseException) -> ValueError:
