@@ -181,3 +181,24 @@ def test_each_weight_input_is_read_from_its_own_field(tmp_path, flag):
     expected = f"--output-dir {tmp_path}/out is inside {flag} {tmp_path}: the run would write into the folder"
     with pytest.raises(ValueError, match="^" + re.escape(expected)):
         check_creatable(cfg)
+
+
+def test_a_save_folder_holding_checkpoints_this_run_does_not_resume_is_warned_about(tmp_path):
+    # Issue 27 pass 27: a fresh run into the --save of an earlier one wrote over it without a word; killed before its
+    # first save, a --load of that folder then resumed the earlier run's latest checkpoint as if it were this run's.
+    from slime_app.outputs import reused_save_warning
+
+    save = tmp_path / "ckpt"
+    assert reused_save_warning(_cfg(tmp_path, save=str(save))) is None
+    for step in (3, 4):
+        (save / f"iter_{step:07d}").mkdir(parents=True)
+        (save / f"iter_{step:07d}" / "meta.json").write_text("{}")
+    (save / "latest_checkpointed_iteration.txt").write_text("4")
+    assert reused_save_warning(_cfg(tmp_path, save=str(save))) == (
+        f"--save {save} holds checkpoints this run does not resume (iterations 3-4; its tracker names 4; --load is not "
+        "given): this run starts at rollout 0 and replaces them as it saves, and until its first save a --load of this "
+        "folder resumes the earlier run's; give a new --save to keep them apart"
+    )
+    assert reused_save_warning(_cfg(tmp_path, save=str(save), load=str(save))) is None  # a resume
+    other = str(tmp_path / "other")
+    assert f"--load is {other}" in reused_save_warning(_cfg(tmp_path, save=str(save), load=other))

@@ -16,10 +16,19 @@ import tempfile
 from collections.abc import Iterator
 
 from slime_app.tracking import tensorboard_log_dir
+from slime_core.checkpoint_dirs import complete_iterations, tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.config.base import flag_to_field
 
-__all__ = ["check_creatable", "check_places", "check_writable", "nearest_existing", "output_dirs", "pseudo_filesystem"]
+__all__ = [
+    "check_creatable",
+    "check_places",
+    "check_writable",
+    "nearest_existing",
+    "output_dirs",
+    "pseudo_filesystem",
+    "reused_save_warning",
+]
 
 # Kernel and device filesystems (`/proc/self/mounts` types): files there are not storage, or not files at all.
 _PSEUDO_FS = frozenset({
@@ -94,6 +103,31 @@ def check_writable(cfg: SlimeArgs) -> None:
                 pass
         except OSError as e:
             raise OSError(f"{flag} {folder} is not writable: {e.strerror or e}") from e
+
+
+def reused_save_warning(cfg: SlimeArgs) -> str | None:
+    """The warning for a `--save` holding checkpoints this run does not resume (its `--load` is another folder).
+
+    The original writes into it all the same, and so does this run, iteration by iteration; but until its first
+    save the folder's tracker still names the earlier run's latest checkpoint, so a kill meanwhile and a `--load` of
+    this `--save` resumed the earlier run, with no word that it was another run's.
+
+    Returns:
+        The warning, or None when `--save` holds no complete checkpoint or is `--load`.
+    """
+    if not cfg.save or (cfg.load and os.path.realpath(cfg.load) == os.path.realpath(cfg.save)):
+        return None
+    steps = complete_iterations(cfg.save)
+    if not steps:
+        return None
+    latest = tracker_step(cfg.save)
+    named = f"; its tracker names {latest}" if latest is not None else ""
+    return (
+        f"--save {cfg.save} holds checkpoints this run does not resume (iterations {steps[0]}-{steps[-1]}{named}; "
+        f"--load is {cfg.load or 'not given'}): this run starts at rollout {cfg.start_rollout_id or 0} and replaces "
+        "them as it saves, and until its first save a --load of this folder resumes the earlier run's; give a new "
+        "--save to keep them apart"
+    )
 
 
 def nearest_existing(path: pathlib.Path) -> pathlib.Path:
