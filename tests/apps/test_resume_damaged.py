@@ -192,3 +192,19 @@ def test_a_cut_save_is_left_alone_while_a_live_run_holds_the_folder(save):
     finally:
         os.close(fd)
     assert (save / "iter_0000002.old").is_dir()
+
+
+def test_a_cut_critic_save_is_restored_with_the_actors(save):
+    # The critic's checkpoints (<--save>/critic) are re-saved the same way: a cut left the critic without the
+    # iteration the actor resumes from, and the resume was refused ("the critic's checkpoints do not have it").
+    critic = save / "critic"
+    for step in (1, 2):
+        (critic / f"iter_{step:07d}").mkdir(parents=True)
+        (critic / f"iter_{step:07d}" / "meta.json").write_text("{}")
+    _cut_resave(critic)
+    notes = check_checkpoints(_cfg(save, "--save", str(save), "--advantage-estimator", "ppo"))
+    assert notes[0] == (
+        f"--critic-load {critic}: restored iter_0000002 from iter_0000002.old (a save that replaced it was cut between "
+        "its two renames; the copy is complete)"
+    )
+    assert complete_iterations(critic) == [1, 2]

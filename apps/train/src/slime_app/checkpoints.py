@@ -110,28 +110,36 @@ def _recovery_hint(root: pathlib.Path) -> str:
     )
 
 
-def _restore_cut_saves(cfg: SlimeArgs, root: pathlib.Path, notes: list[str]) -> None:
+def _restore_cut_saves(cfg: SlimeArgs, notes: list[str]) -> None:
     """Puts back the iterations a save cut between its two renames left as `iter_XXXXXXX.old` (`interrupted_saves`).
 
-    Only in this run's own `--save` (`--load` equal to it: a resume), not in `--dry-run`, and only while no live run
-    holds the folder's lock; elsewhere `_recovery_hint` names them. Without this, the tracker named a missing
-    iteration and the resume was refused as "a partial copy", or went back one checkpoint, with the complete copy
-    in the folder.
+    Only in this run's own checkpoint folders (`--load` equal to `--save`: a resume; with a critic, also its
+    `--critic-load` equal to `--critic-save`, by default `<--load>/critic` and `<--save>/critic`), not in `--dry-run`,
+    and only while no live run holds the folder's lock; elsewhere `_recovery_hint` names them. Without this, the
+    tracker named a missing iteration and the resume was refused as "a partial copy", or went back one checkpoint,
+    with the complete copy in the folder.
     """
-    cut = interrupted_saves(root)
-    if not cut or cfg.dry_run or not cfg.save or os.path.realpath(cfg.save) != os.path.realpath(root):
+    if cfg.dry_run or not cfg.save:
         return
-    try:
-        with unless_in_use(root) as free:
-            restored = restore_interrupted_saves(root) if free else []
-    except OSError:  # a read-only --save: the hint names the folders, the writable check names the flag
-        logger.debug("--load %s: could not restore %s", root, cut, exc_info=True)
-        restored = []
-    for step in restored:
-        notes.append(
-            f"--load {root}: restored {iteration_name(step)} from {iteration_name(step)}.old (a save that replaced "
-            "it was cut between its two renames; the copy is complete)"
-        )
+    pairs = [("--load", cfg.load, cfg.save, cfg.save)]
+    if cfg.use_critic:
+        critic_load = cfg.critic_load or os.path.join(cfg.load, "critic")
+        critic_save = cfg.critic_save or os.path.join(cfg.save, "critic")
+        pairs.append(("--critic-load", critic_load, critic_save, cfg.critic_save or cfg.save))
+    for flag, load, save, locked in pairs:
+        if os.path.realpath(load) != os.path.realpath(save) or not interrupted_saves(load):
+            continue
+        try:
+            with unless_in_use(locked) as free:
+                restored = restore_interrupted_saves(load) if free else []
+        except OSError:  # a read-only folder: the hint names the folders, the writable check names the flag
+            logger.debug("%s %s: could not restore its cut saves", flag, load, exc_info=True)
+            restored = []
+        notes += [
+            f"{flag} {load}: restored {iteration_name(step)} from {iteration_name(step)}.old (a save that replaced it "
+            "was cut between its two renames; the copy is complete)"
+            for step in restored
+        ]
 
 
 def _tracker_problem(root: pathlib.Path) -> str | None:
@@ -154,7 +162,7 @@ def _tracker_problem(root: pathlib.Path) -> str | None:
 
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     root = pathlib.Path(cfg.load)
-    _restore_cut_saves(cfg, root, notes)
+    _restore_cut_saves(cfg, notes)
     if cfg.ckpt_step is not None and root.is_dir():
         step_dir = root / iteration_name(cfg.ckpt_step)
         if cfg.ckpt_step not in complete_iterations(root):
