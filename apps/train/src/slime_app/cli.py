@@ -92,20 +92,28 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
-    from slime_app.failures import SaveFailed, actor_failure, deadline_failure, engine_failure, plugin_failure
+    from slime_app.failures import (
+        SaveFailed,
+        actor_failure,
+        deadline_failure,
+        engine_failure,
+        interrupted_resume_line,
+        plugin_failure,
+    )
     from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
     from slime_app.ray_start import RayAddressError, RayStartupError
     from slime_app.run_lock import release_run_folders
 
     started = time.perf_counter()
-    run = None
+    run, interrupted = None, False
     try:
         run = Run(cfg)
         run.run()
         outputs = run.finish()
     except KeyboardInterrupt:  # SIGTERM too (slime_app.interrupts); `finally` stops engines, actors and Ray
         print(interrupts.interrupted_line(), file=sys.stderr, flush=True)
+        interrupted = True
         return interrupts.exit_status()
     except RunStopped as e:
         print(f"slime: stopped: {e}", file=sys.stderr)
@@ -130,6 +138,9 @@ def _main(argv: list[str]) -> int:
         if run is not None:
             run.close()
         release_run_folders()  # after the last write of the run (an in-process caller may start another)
+        # After the teardown: a save the signal cut is either committed by now or never will be.
+        if interrupted and (resume := interrupted_resume_line(cfg.save)):
+            print(f"slime: {resume}", file=sys.stderr, flush=True)
     wall = time.perf_counter() - started
     evals = run.tracker.eval_series()
     for name, series in evals.items():
