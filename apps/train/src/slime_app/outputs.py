@@ -24,6 +24,7 @@ __all__ = [
     "check_creatable",
     "check_places",
     "check_writable",
+    "fixed_folder",
     "nearest_existing",
     "output_dirs",
     "pseudo_filesystem",
@@ -44,7 +45,7 @@ _INPUTS = (("--hf-checkpoint", None), ("--ref-load", None), ("--load", "--save")
            ("--opd-teacher-load", None))  # fmt: skip
 
 
-def _fixed_folder(template: str) -> pathlib.Path:
+def fixed_folder(template: str) -> pathlib.Path:
     """The deepest folder of a path template that no `{field}` changes.
 
     `runs/dumps/rollout_{rollout_id}.pt` -> `runs/dumps`; `runs/hf/{rollout_id}` -> `runs/hf`.
@@ -82,7 +83,7 @@ def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
         yield "--tensorboard-dir", pathlib.Path(cfg.tensorboard_dir)
     for flag, template in (("--save-hf", cfg.save_hf), ("--save-debug-rollout-data", cfg.save_debug_rollout_data)):
         if template:
-            yield flag, _fixed_folder(template)
+            yield flag, fixed_folder(template)
 
 
 def check_writable(cfg: SlimeArgs) -> None:
