@@ -202,3 +202,28 @@ def test_a_save_folder_holding_checkpoints_this_run_does_not_resume_is_warned_ab
     assert reused_save_warning(_cfg(tmp_path, save=str(save), load=str(save))) is None  # a resume
     other = str(tmp_path / "other")
     assert f"--load is {other}" in reused_save_warning(_cfg(tmp_path, save=str(save), load=other))
+
+
+def test_iteration_names_in_save_that_slime_did_not_write_are_named_at_start(tmp_path):
+    # Issue 27 pass 27: a stray iter_XXXXXXX.tmp without slime's marker (a crash of a version before it, a copy by
+    # hand) stopped the run at the save that reached it, exit 5, after that rollout had trained.
+    from slime_app.outputs import foreign_iteration_warning
+    from slime_core import dir_swap
+
+    save = tmp_path / "ckpt"
+    (save / "iter_0000003.tmp").mkdir(parents=True)
+    (save / "iter_0000003.tmp" / "model_and_optim").mkdir()
+    (save / "iter_0000001").mkdir()  # slime's: marked
+    dir_swap.mark(save / "iter_0000001")
+    (save / "iter_0000002").mkdir()  # empty: replaceable
+    (save / "notes").mkdir()
+    (save / "notes" / "x").write_text("mine")  # not an iteration name: never touched
+    assert foreign_iteration_warning(_cfg(tmp_path, save=str(save))) == (
+        f"--save {save}: iter_0000003.tmp was not written by slime (no .slime_export): a save of that iteration stops "
+        "the run rather than replace it; move it out of --save"
+    )
+    with pytest.raises(dir_swap.ReplaceRefused):  # what that save meets
+        dir_swap.prepare_staging(save / "iter_0000003", flag="--save")
+    dir_swap.mark(save / "iter_0000003.tmp")
+    assert foreign_iteration_warning(_cfg(tmp_path, save=str(save))) is None
+    assert foreign_iteration_warning(_cfg(tmp_path)) is None
