@@ -108,6 +108,41 @@ sys.exit(main(sys.argv[1:]))
     assert "Traceback" not in out.stderr
 
 
+def test_an_interrupted_run_names_the_checkpoint_a_resume_loads(tmp_path):
+    # Issue 27 pass 27: SIGTERM (or Ctrl-C) in the middle of a save said only "interrupted"; which checkpoint a
+    # --load would resume was left to guess. The line comes after the teardown, where the cut save is settled.
+    save = tmp_path / "ckpt"
+    script = f"""
+import os, pathlib, signal, sys
+from slime_app import loop
+class Run:
+    def __init__(self, cfg):
+        self.cfg = cfg
+    def run(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # during a save: the tracker still names iteration 3
+    def close(self):
+        pathlib.Path({str(save)!r}, "latest_checkpointed_iteration.txt").write_text("4")  # the save committed
+        print("closed", flush=True)
+loop.Run = Run
+from slime_app.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+    (save / "iter_0000003").mkdir(parents=True)
+    (save / "iter_0000003" / "meta.json").write_text("{}")
+    (save / "latest_checkpointed_iteration.txt").write_text("3")
+    argv = ["--rollout-batch-size", "1", "--num-rollout", "9", "--output-dir", str(tmp_path / "out"), "--save",
+            str(save), "--load", str(save), "--no-load-optim", "--rollout-engine", "reference", "--train-backend",
+            "fsdp", "--actor-num-gpus-per-node", "1"]  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert out.stdout == "closed\n"
+    assert out.stderr.splitlines()[-2:] == [
+        "slime: interrupted by SIGTERM, shutting down",
+        f"slime: --save {save}: the last complete checkpoint there (iteration 4) is intact: resume with --load {save}",
+    ]
+
+
 def _engine_died() -> BaseException:
     died = EngineError("http://10.0.0.5:15000", "/generate", "unreachable after 9 attempts: ClientConnectorError: "
                        "Cannot connect to host 10.0.0.5:15000", unreachable=True)  # fmt: skip

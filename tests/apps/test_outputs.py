@@ -181,3 +181,49 @@ def test_each_weight_input_is_read_from_its_own_field(tmp_path, flag):
     expected = f"--output-dir {tmp_path}/out is inside {flag} {tmp_path}: the run would write into the folder"
     with pytest.raises(ValueError, match="^" + re.escape(expected)):
         check_creatable(cfg)
+
+
+def test_a_save_folder_holding_checkpoints_this_run_does_not_resume_is_warned_about(tmp_path):
+    # Issue 27 pass 27: a fresh run into the --save of an earlier one wrote over it without a word; killed before its
+    # first save, a --load of that folder then resumed the earlier run's latest checkpoint as if it were this run's.
+    from slime_app.outputs import reused_save_warning
+
+    save = tmp_path / "ckpt"
+    assert reused_save_warning(_cfg(tmp_path, save=str(save))) is None
+    for step in (3, 4):
+        (save / f"iter_{step:07d}").mkdir(parents=True)
+        (save / f"iter_{step:07d}" / "meta.json").write_text("{}")
+    (save / "latest_checkpointed_iteration.txt").write_text("4")
+    assert reused_save_warning(_cfg(tmp_path, save=str(save))) == (
+        f"--save {save} holds checkpoints this run does not resume (iterations 3-4; its tracker names 4; --load is not "
+        "given): this run starts at rollout 0 and replaces them as it saves, and until its first save a --load of this "
+        "folder resumes the earlier run's; give a new --save to keep them apart"
+    )
+    assert reused_save_warning(_cfg(tmp_path, save=str(save), load=str(save))) is None  # a resume
+    other = str(tmp_path / "other")
+    assert f"--load is {other}" in reused_save_warning(_cfg(tmp_path, save=str(save), load=other))
+
+
+def test_iteration_names_in_save_that_slime_did_not_write_are_named_at_start(tmp_path):
+    # Issue 27 pass 27: a stray iter_XXXXXXX.tmp without slime's marker (a crash of a version before it, a copy by
+    # hand) stopped the run at the save that reached it, exit 5, after that rollout had trained.
+    from slime_app.outputs import foreign_iteration_warning
+    from slime_core import dir_swap
+
+    save = tmp_path / "ckpt"
+    (save / "iter_0000003.tmp").mkdir(parents=True)
+    (save / "iter_0000003.tmp" / "model_and_optim").mkdir()
+    (save / "iter_0000001").mkdir()  # slime's: marked
+    dir_swap.mark(save / "iter_0000001")
+    (save / "iter_0000002").mkdir()  # empty: replaceable
+    (save / "notes").mkdir()
+    (save / "notes" / "x").write_text("mine")  # not an iteration name: never touched
+    assert foreign_iteration_warning(_cfg(tmp_path, save=str(save))) == (
+        f"--save {save}: iter_0000003.tmp was not written by slime (no .slime_export): a save of that iteration stops "
+        "the run rather than replace it; move it out of --save"
+    )
+    with pytest.raises(dir_swap.ReplaceRefused):  # what that save meets
+        dir_swap.prepare_staging(save / "iter_0000003", flag="--save")
+    dir_swap.mark(save / "iter_0000003.tmp")
+    assert foreign_iteration_warning(_cfg(tmp_path, save=str(save))) is None
+    assert foreign_iteration_warning(_cfg(tmp_path)) is None

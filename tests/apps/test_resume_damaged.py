@@ -143,3 +143,68 @@ def test_ckpt_step_with_a_load_folder_that_does_not_exist_is_refused(tmp_path):
     root.mkdir()  # an empty folder was already refused, naming the missing iteration
     with pytest.raises(ValueError, match=r"has no complete iter_0000005; no complete checkpoint is there"):
         check_checkpoints(_cfg(root, "--ckpt-step", "5"))
+
+
+# ---- a re-save cut between its two renames (iter_X moved to iter_X.old, the new copy not yet in place) --------------
+
+
+def _cut_resave(save, step=2):
+    """What a kill between `dir_swap.swap_in`'s renames leaves: the complete copy only as `iter_XXXXXXX.old`."""
+    (save / f"iter_{step:07d}").rename(save / f"iter_{step:07d}.old")
+    (save / f"iter_{step:07d}.old" / ".slime_export").write_text("")
+
+
+def test_a_save_cut_between_its_renames_is_restored_when_the_run_resumes_into_its_own_save(save):
+    # Issue 27 pass 27: a re-save of iteration 2 (a resume from --ckpt-step 1) killed between its two renames left
+    # iter_0000002.old complete and the tracker naming 2: the resume was refused as "a partial copy", offering 1.
+    _cut_resave(save)
+    notes = check_checkpoints(_cfg(save, "--save", str(save)))
+    assert notes == [
+        f"--load {save}: restored iter_0000002 from iter_0000002.old (a save that replaced it was cut between its two "
+        "renames; the copy is complete)",
+        f"--load {save}: fsdp checkpoint, the run resumes from it",
+    ]
+    assert complete_iterations(save) == [1, 2] and not (save / "iter_0000002.old").exists()
+
+
+def test_a_cut_save_in_another_runs_folder_is_named_not_renamed(save):
+    _cut_resave(save)
+    with pytest.raises(ValueError) as e:  # --load is not this run's --save: only the message names it
+        check_checkpoints(_cfg(save))
+    assert str(e.value).endswith(
+        "complete checkpoints there: iterations 1; resume from one with --ckpt-step 1; iter_0000002.old: complete, "
+        "moved aside by a save cut between its two renames: rename it back without .old (a run whose --save is this "
+        "--load does that itself)"
+    )
+    assert (save / "iter_0000002.old").is_dir() and not (save / "iter_0000002").exists()
+
+
+def test_a_cut_save_is_left_alone_while_a_live_run_holds_the_folder(save):
+    import fcntl
+    import os
+
+    _cut_resave(save)
+    fd = os.open(save / ".slime-run.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another run on this --save (flock: per open file)
+        with pytest.raises(ValueError, match=r"iter_0000002.old: complete, moved aside"):
+            check_checkpoints(_cfg(save, "--save", str(save)))
+    finally:
+        os.close(fd)
+    assert (save / "iter_0000002.old").is_dir()
+
+
+def test_a_cut_critic_save_is_restored_with_the_actors(save):
+    # The critic's checkpoints (<--save>/critic) are re-saved the same way: a cut left the critic without the
+    # iteration the actor resumes from, and the resume was refused ("the critic's checkpoints do not have it").
+    critic = save / "critic"
+    for step in (1, 2):
+        (critic / f"iter_{step:07d}").mkdir(parents=True)
+        (critic / f"iter_{step:07d}" / "meta.json").write_text("{}")
+    _cut_resave(critic)
+    notes = check_checkpoints(_cfg(save, "--save", str(save), "--advantage-estimator", "ppo"))
+    assert notes[0] == (
+        f"--critic-load {critic}: restored iter_0000002 from iter_0000002.old (a save that replaced it was cut between "
+        "its two renames; the copy is complete)"
+    )
+    assert complete_iterations(critic) == [1, 2]

@@ -253,3 +253,28 @@ def test_the_data_source_save_and_load_are_bounded(monkeypatch, caplog):
     with pytest.raises(OSError, match="no state for rollout 3") as e:
         manager.load(3)
     assert e.value.__notes__ == ["(raised by the data source's load (--data-source-path rm_stuck_source.Source))"]
+
+
+def test_a_sync_resume_of_a_fully_async_checkpoint_serves_its_held_groups(tmp_path, monkeypatch):
+    # Issue 27 pass 27: the manager's load read the held groups only for the fully-async rollout function; another
+    # one resumed the cursor, which is past them, and their prompts were never trained.
+    import json
+
+    from slime_app.rollout_manager import RolloutManager
+    from slime_rollout.data.source import RolloutDataSourceWithBuffer
+    from slime_rollout.generation import fully_async
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input": f"q{i}", "label": str(i)}) + "\n" for i in range(4)))
+    ckpt = str(tmp_path / "ckpt")
+    saved = plugin_args(parse_args([*BASE, "--prompt-data", str(data), "--save", ckpt]), EngineAddresses(urls=[]))
+    source = RolloutDataSourceWithBuffer(saved)
+    monkeypatch.setattr(fully_async, "_restored", source.get_samples(1))  # q0: drawn and held by the producer
+    fully_async.save_state(saved, source, 0)
+    monkeypatch.setattr(fully_async, "_restored", [])
+    cfg = parse_args([*BASE, "--prompt-data", str(data), "--load", ckpt])  # the default (sync) rollout function
+    manager = RolloutManager.__ray_metadata__.modified_class.__new__(RolloutManager.__ray_metadata__.modified_class)
+    manager.cfg, manager.args = cfg, plugin_args(cfg, EngineAddresses(urls=[]))
+    manager.data_source = RolloutDataSourceWithBuffer(manager.args)
+    manager.load(0)
+    assert [group[0].prompt for group in manager.data_source.get_samples(2)] == ["q0", "q1"]  # was q1, q2

@@ -68,3 +68,27 @@ def test_a_critic_save_folder_of_its_own_is_locked_too(tmp_path, release):
     lock_run_folders(ppo("a"))
     with pytest.raises(RunLocked, match=rf"^--critic-save {tmp_path / 'critic'}: another slime run writes there \("):
         lock_run_folders(ppo("b"))
+
+
+@pytest.mark.parametrize("template", ["{tmp}/models/latest", "{tmp}/models/hf_{{rollout_id}}"])
+def test_two_runs_exporting_to_one_save_hf_are_refused(tmp_path, release, template):
+    # Issue 27 pass 27: --save-hf was not locked. Two runs with their own --output-dir and --save exporting to one
+    # --save-hf deleted each other's staging folder (the export then failed, exit 5) or replaced each other's exports.
+    hf = template.format(tmp=tmp_path)
+    first = parse_args([*default_demo_argv(tmp_path / "a"), "--save-hf", hf])
+    second = parse_args([*default_demo_argv(tmp_path / "b"), "--save-hf", hf])
+    lock_run_folders(first)
+    with pytest.raises(RunLocked, match=rf"^--save-hf {hf}: another slime run writes there \(pid "):
+        lock_run_folders(second)
+    # A fixed export folder is replaced whole by each export: its lock lives beside it, not in it.
+    assert not (tmp_path / "models" / "latest").exists()
+    release_run_folders()
+    lock_run_folders(second)
+
+
+def test_a_save_hf_inside_the_output_dir_takes_no_second_lock_but_still_excludes_another_run(tmp_path, release):
+    own = parse_args([*default_demo_argv(tmp_path / "a"), "--save-hf", str(tmp_path / "a" / "hf")])
+    lock_run_folders(own)
+    other = parse_args([*default_demo_argv(tmp_path / "b"), "--save-hf", str(tmp_path / "a" / "hf")])
+    with pytest.raises(RunLocked, match=r"^--save-hf "):
+        lock_run_folders(other)

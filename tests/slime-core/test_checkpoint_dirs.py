@@ -2,7 +2,14 @@
 
 import pytest
 
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name, tracker_step
+from slime_core.checkpoint_dirs import (
+    TRACKER_FILE,
+    complete_iterations,
+    interrupted_saves,
+    iteration_name,
+    restore_interrupted_saves,
+    tracker_step,
+)
 
 
 def test_iteration_name_is_seven_digits():
@@ -28,3 +35,27 @@ def test_tracker_step_reads_a_training_iteration_or_none(tmp_path, text, step):
     if text is not None:
         (tmp_path / TRACKER_FILE).write_text(text)
     assert tracker_step(tmp_path) == step
+
+
+def _iteration(root, name, *, marked=True, last="meta.json"):
+    (root / name).mkdir()
+    (root / name / last).write_text("{}")
+    if marked:
+        (root / name / ".slime_export").write_text("")
+
+
+def test_interrupted_saves_are_complete_marked_old_copies_without_their_iteration(tmp_path):
+    _iteration(tmp_path, "iter_0000002.old")  # cut between the swap's renames: restored
+    _iteration(tmp_path, "iter_0000003.old", last=".metadata")  # torch_dist: restored
+    _iteration(tmp_path, "iter_0000004")  # the swap finished; only deleting .old was left
+    _iteration(tmp_path, "iter_0000004.old")
+    _iteration(tmp_path, "iter_0000005.old", marked=False)  # not slime's
+    (tmp_path / "iter_0000006.old").mkdir()  # incomplete
+    (tmp_path / "iter_0000006.old" / ".slime_export").write_text("")
+    assert interrupted_saves(tmp_path) == [2, 3]
+    assert restore_interrupted_saves(tmp_path) == [2, 3]
+    assert complete_iterations(tmp_path) == [2, 3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "iter_0000002", "iter_0000003", "iter_0000004", "iter_0000004.old", "iter_0000005.old", "iter_0000006.old"
+    ]  # fmt: skip
+    assert interrupted_saves(tmp_path / "missing") == [] and restore_interrupted_saves(tmp_path) == []

@@ -124,3 +124,51 @@ def test_buffer_group_size_checked(tmp_path):
         ds.add_samples([ds.get_samples(1)[0][:1]])
     with pytest.raises(RuntimeError, match="no buffer"):
         RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS))).add_samples([])
+
+
+@pytest.mark.parametrize("changed", [{"rollout_seed": 8}, {"rollout_shuffle": False}])
+def test_a_resume_with_other_shuffle_flags_finishes_the_saved_epoch_in_its_order(tmp_path, caplog, changed):
+    # Issue 27 pass 27: the cursor's offset counts prompts of its epoch's permutation; resumed under another
+    # --rollout-seed / --rollout-shuffle, the rest of the epoch came from another permutation at that offset: some
+    # prompts served twice in the epoch, others never, with no word.
+    rows = [{"question": f"q{i}", "answer": "0"} for i in range(10)]
+    path, ckpt = _write_jsonl(tmp_path / "d.jsonl", rows), str(tmp_path / "ckpt")
+    flags = {"prompt_data": path, "rollout_shuffle": True, "rollout_seed": 7, "n_samples_per_prompt": 1}
+    ds = RolloutDataSource(_args(**flags, save=ckpt))
+    served = [g[0].prompt for g in ds.get_samples(4)]
+    ds.save(0)
+    uninterrupted = served + [g[0].prompt for g in ds.get_samples(6)]
+    resumed = RolloutDataSource(_args(**{**flags, **changed}, load=ckpt))
+    with caplog.at_level("WARNING", logger="slime_rollout.data.cursor_file"):
+        resumed.load(0)
+    rest = [g[0].prompt for g in resumed.get_samples(6)]
+    assert served + rest == uninterrupted  # each prompt of epoch 0 once
+    assert "the rest of that epoch keeps its saved order" in caplog.text
+    epoch1 = [g[0].prompt for g in resumed.get_samples(10)]
+    fresh = RolloutDataSource(_args(**{**flags, **changed}))
+    fresh.get_samples(10)
+    assert epoch1 == [g[0].prompt for g in fresh.get_samples(10)]  # the next epochs follow the new flags
+    resumed.save(1)  # a save in the new epoch records the new flags: its resume says nothing
+    caplog.clear()
+    again = RolloutDataSource(_args(**{**flags, **changed}, load=ckpt))
+    with caplog.at_level("WARNING", logger="slime_rollout.data.cursor_file"):
+        again.load(1)
+    assert "keeps its saved order" not in caplog.text
+
+
+def test_a_save_mid_way_through_a_kept_epoch_keeps_its_order(tmp_path):
+    rows = [{"question": f"q{i}", "answer": "0"} for i in range(10)]
+    path, ckpt = _write_jsonl(tmp_path / "d.jsonl", rows), str(tmp_path / "ckpt")
+    flags = {"prompt_data": path, "rollout_shuffle": True, "rollout_seed": 7, "n_samples_per_prompt": 1}
+    ds = RolloutDataSource(_args(**flags, save=ckpt))
+    uninterrupted = [g[0].prompt for g in ds.get_samples(10)]
+    ds = RolloutDataSource(_args(**flags, save=ckpt))
+    ds.get_samples(3)
+    ds.save(0)
+    first = RolloutDataSource(_args(**{**flags, "rollout_seed": 9}, load=ckpt, save=ckpt))
+    first.load(0)
+    first.get_samples(3)
+    first.save(1)  # still epoch 0, in its saved order: the cursor keeps saying which
+    second = RolloutDataSource(_args(**{**flags, "rollout_seed": 9}, load=ckpt))
+    second.load(1)
+    assert [g[0].prompt for g in second.get_samples(4)] == uninterrupted[6:]

@@ -288,7 +288,19 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     res["actor_after_diff"] = max_diff(ref0, k.compute_log_probs(batch))
     k.train(1, batch)  # (1 + 1) % 2 == 0: the reference becomes the actor
     res["ref_updated_diff"] = max_diff(k.compute_log_probs(batch, model="ref"), k.compute_log_probs(batch))
-    del k
+    # 6b. the reference that follows the actor is saved with it and resumed (it was rebuilt from the initial weights).
+    k.cfg = k.cfg.model_copy(update={"save": str(work / "ref_ckpt")})
+    k.train(2, batch)  # the actor moves on; the reference stays at rollout 1's weights
+    ref_saved = k.compute_log_probs(batch, model="ref")
+    k.save(2)
+    res["ref_ckpt_files"] = sorted(p.name for p in (work / "ref_ckpt" / "iter_0000003").iterdir())
+    resumed = FSDPTrainBackend()
+    resumed_args = make_args(ckpt, use_kl_loss=True, kl_loss_coef=0.1, ref_update_interval=2, load=k.cfg.save)
+    res["ref_resume_start"] = resumed.init(resumed_args, with_ref=True)
+    res["ref_resumed_diff"] = max_diff(resumed.compute_log_probs(batch, model="ref"), ref_saved)
+    res["ref_resumed_initial_diff"] = max_diff(resumed.compute_log_probs(batch, model="ref"), ref0)
+    res["ref_resumed_actor_diff"] = max_diff(resumed.compute_log_probs(batch), k.compute_log_probs(batch))
+    del k, resumed
     # 7. GRPO improves positive-advantage responses.
     g = FSDPTrainBackend()
     g.init(make_args(ckpt), with_ref=False)

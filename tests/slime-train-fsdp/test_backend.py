@@ -120,6 +120,21 @@ def test_reference_model_kl(single):
     assert single["ref_updated_diff"] == 0.0  # --ref-update-interval 2 after rollout 1
 
 
+def test_the_reference_that_follows_the_actor_resumes_with_it(single):
+    # Issue 27 pass 27: with --ref-update-interval the resumed reference was rebuilt from --hf-checkpoint, so the KL
+    # term ran against the initial weights until the next update; an uninterrupted run had rollout 1's actor there.
+    assert single["ref_resume_start"] == 3
+    assert single["ref_resumed_diff"] == 0.0  # exact: the saved shards, same kernels
+    assert "ref" in single["ref_ckpt_files"]
+    assert single["ref_resumed_initial_diff"] > 1e-3  # and the initial weights are not it
+    assert single["ref_resumed_actor_diff"] == 0.0  # the trained weights are the checkpoint's, not the reference's
+
+
+def test_a_checkpoint_without_ref_update_interval_holds_no_reference(dp_runs):
+    first, _ = dp_runs
+    assert "ref" not in {p.name for p in (pathlib.Path(first[0]["ckpt_dir"]) / "iter_0000001").iterdir()}
+
+
 def test_ref_load_from_other_weights(single):
     assert single["ref_load_diff"] <= TOL  # ref weights are the exported trained model
     assert single["ref_load_actor_diff"] == 0.0  # the actor still starts from --hf-checkpoint

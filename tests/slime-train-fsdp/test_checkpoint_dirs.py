@@ -183,3 +183,58 @@ def test_a_checkpoint_of_another_model_size_is_not_called_damaged(tmp_path, one_
         "saved vs [2, 3] here): "
     )
     assert "damaged" not in str(e.value)
+
+
+def test_a_resave_killed_between_its_renames_resumes_from_the_complete_old_copy(tmp_path, one_rank, monkeypatch):
+    # Issue 27 pass 27: re-saving an iteration (a resume from an earlier --ckpt-step) renames the old copy to .old,
+    # then the new one into place; a kill in between left the tracker naming a missing folder, and the resume went
+    # back a checkpoint although the complete copy was there.
+    import os
+
+    from slime_core.checkpoint_dirs import restore_interrupted_saves
+
+    root = tmp_path / "save"
+    _save(root, 0)
+    model, optimizer, scheduler = _parts()
+    save_checkpoint(root, rollout_id=1, global_step=7, model=model, optimizer=optimizer, scheduler=scheduler)
+    renames = []
+
+    def killed_at_the_second(src, dst):
+        renames.append(dst)
+        if len(renames) == 2:
+            raise KeyboardInterrupt("SIGKILL")
+        os.rename(src, dst)
+
+    monkeypatch.setattr("slime_core.dir_swap.os.replace", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        _save(root, 1)  # global_step 1, never completed
+    monkeypatch.undo()
+    assert not (root / "iter_0000002").exists() and (root / "latest_checkpointed_iteration.txt").read_text() == "2"
+    with pytest.raises(FileNotFoundError, match="iter_0000002 is missing or incomplete"):
+        _load(root)
+    assert restore_interrupted_saves(root) == [2]
+    assert _load(root)["global_step"] == 7  # the copy the cut save was replacing
+    assert _save(root, 1).name == "iter_0000002"  # the next save replaces it as usual (the .tmp left-over is ours)
+
+
+def test_a_resume_on_another_number_of_ranks_says_which_rng_states_are_not_restored(tmp_path, one_rank, caplog):
+    # Issue 27 pass 27: DCP reshards weights and optimizer, but RNG states are per rank: a rank without one kept its
+    # seeded RNG and saved ones of ranks that no longer exist were dropped, without a word.
+    root = tmp_path / "save"
+    last = _save(root, 0)
+    meta = json.loads((last / "meta.json").read_text())
+    (last / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))  # as if saved by two ranks
+
+    def said():  # this module's warnings only (torch's DCP logs its events in the same capture)
+        return [r.getMessage() for r in caplog.records if r.name == "slime_train_fsdp.checkpoint" and r.levelno >= 30]
+
+    with caplog.at_level("WARNING", logger="slime_train_fsdp.checkpoint"):
+        _load(root)
+    assert said() == [
+        f"--load {root}: iter_0000001 was saved by 2 rank(s) and resumes on 1: the saved RNG states of ranks 1-1 are "
+        "not used, so the trainer's random draws (dropout) differ from an uninterrupted run's"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="slime_train_fsdp.checkpoint"):
+        _load(root, load_rng=False)  # --no-load-rng: nothing to say
+    assert said() == []

@@ -124,8 +124,15 @@ def test_a_resume_with_another_schedule_is_refused_naming_the_flags():
     assert str(e.value) == (
         "--load: the checkpoint's learning-rate schedule differs from this run's flags (--lr 0.5 here vs 1.0 saved; "
         "--lr-decay-iters (or the run's length) 32 here vs 16 saved); a resumed run continues the checkpoint's "
-        "schedule: give the saved values, or --no-load-optim to start the optimizer and its schedule afresh"
+        "schedule: give the saved values (the run's length is --num-rollout x --rollout-batch-size x "
+        "--n-samples-per-prompt / --global-batch-size optimizer steps; --lr-decay-iters 16 keeps the saved decay), or "
+        "--no-load-optim to start the optimizer and its schedule afresh"
     )
+    # Issue 27 pass 27: a resume with another --global-batch-size (or a longer --num-rollout) was refused naming only
+    # "the run's length": the hint names the flags that make it, and the --lr-decay-iters that resumes.
+    with pytest.raises(ValueError, match=r"--global-batch-size optimizer steps; --lr-decay-iters 16 keeps"):
+        resume(global_batch_size=2)
+    assert resume(num_rollout=8, lr_decay_iters=16) == pytest.approx(12 / 16)
     # A checkpoint written before the flags were kept: compared by --lr.
     saved.pop("slime_schedule")
     with pytest.raises(ValueError, match=r"\(--lr 0\.5 here vs 1 saved\)"):

@@ -23,8 +23,15 @@ import os
 import pathlib
 
 from slime_app.fp8_rollout import serving_fp8
-from slime_app.run_lock import LOCK_NAME
-from slime_core.checkpoint_dirs import TRACKER_FILE, complete_iterations, iteration_name, tracker_step
+from slime_app.run_lock import LOCK_NAME, unless_in_use
+from slime_core.checkpoint_dirs import (
+    TRACKER_FILE,
+    complete_iterations,
+    interrupted_saves,
+    iteration_name,
+    restore_interrupted_saves,
+    tracker_step,
+)
 from slime_core.config import SlimeArgs
 from slime_core.error_text import first_sentence
 from slime_core.extensions import train_backend_spec
@@ -88,12 +95,51 @@ def _a(kind: str) -> str:
 
 def _recovery_hint(root: pathlib.Path) -> str:
     iterations = complete_iterations(root)
+    cut = interrupted_saves(root)
+    aside = (
+        f"; {', '.join(f'{iteration_name(step)}.old' for step in cut)}: complete, moved aside by a save cut between "
+        "its two renames: rename it back without .old (a run whose --save is this --load does that itself)"
+        if cut
+        else ""
+    )
     if not iterations:
-        return "no complete checkpoint is there: leave out --load to start afresh"
+        return f"no complete checkpoint is there: leave out --load to start afresh{aside}"
     return (
         f"complete checkpoints there: iterations {', '.join(map(str, iterations))}; resume from one with "
-        f"--ckpt-step {iterations[-1]}"
+        f"--ckpt-step {iterations[-1]}{aside}"
     )
+
+
+def _restore_cut_saves(cfg: SlimeArgs, notes: list[str]) -> None:
+    """Puts back the iterations a save cut between its two renames left as `iter_XXXXXXX.old` (`interrupted_saves`).
+
+    Only in this run's own checkpoint folders (`--load` equal to `--save`: a resume; with a critic, also its
+    `--critic-load` equal to `--critic-save`, by default `<--load>/critic` and `<--save>/critic`), not in `--dry-run`,
+    and only while no live run holds the folder's lock; elsewhere `_recovery_hint` names them. Without this, the
+    tracker named a missing iteration and the resume was refused as "a partial copy", or went back one checkpoint,
+    with the complete copy in the folder.
+    """
+    if cfg.dry_run or not cfg.save:
+        return
+    pairs = [("--load", cfg.load, cfg.save, cfg.save)]
+    if cfg.use_critic:
+        critic_load = cfg.critic_load or os.path.join(cfg.load, "critic")
+        critic_save = cfg.critic_save or os.path.join(cfg.save, "critic")
+        pairs.append(("--critic-load", critic_load, critic_save, cfg.critic_save or cfg.save))
+    for flag, load, save, locked in pairs:
+        if os.path.realpath(load) != os.path.realpath(save) or not interrupted_saves(load):
+            continue
+        try:
+            with unless_in_use(locked) as free:
+                restored = restore_interrupted_saves(load) if free else []
+        except OSError:  # a read-only folder: the hint names the folders, the writable check names the flag
+            logger.debug("%s %s: could not restore its cut saves", flag, load, exc_info=True)
+            restored = []
+        notes += [
+            f"{flag} {load}: restored {iteration_name(step)} from {iteration_name(step)}.old (a save that replaced it "
+            "was cut between its two renames; the copy is complete)"
+            for step in restored
+        ]
 
 
 def _tracker_problem(root: pathlib.Path) -> str | None:
@@ -116,6 +162,7 @@ def _tracker_problem(root: pathlib.Path) -> str | None:
 
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     root = pathlib.Path(cfg.load)
+    _restore_cut_saves(cfg, notes)
     if cfg.ckpt_step is not None and root.is_dir():
         step_dir = root / iteration_name(cfg.ckpt_step)
         if cfg.ckpt_step not in complete_iterations(root):

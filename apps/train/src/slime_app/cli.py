@@ -68,7 +68,7 @@ def _main(argv: list[str]) -> int:
 
             print("\n".join(dry_run(cfg)))
             return 0
-        from slime_app.outputs import check_places, check_writable
+        from slime_app.outputs import check_places, check_writable, foreign_iteration_warning, reused_save_warning
         from slime_app.preflight import preflight
         from slime_app.ray_start import ray_address
         from slime_app.resolve import resolve_config
@@ -76,6 +76,9 @@ def _main(argv: list[str]) -> int:
 
         for note in preflight(cfg):
             logging.getLogger("slime_app.preflight").info("%s", note)
+        for warning in (reused_save_warning(cfg), foreign_iteration_warning(cfg)):
+            if warning:
+                logging.getLogger("slime_app.outputs").warning("%s", warning)
         cfg, resolved = resolve_config(cfg)
         for note in resolved:
             logging.getLogger("slime_app.resolve").info("%s", note)
@@ -90,20 +93,28 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
-    from slime_app.failures import SaveFailed, actor_failure, deadline_failure, engine_failure, plugin_failure
+    from slime_app.failures import (
+        SaveFailed,
+        actor_failure,
+        deadline_failure,
+        engine_failure,
+        interrupted_resume_line,
+        plugin_failure,
+    )
     from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
     from slime_app.ray_start import RayAddressError, RayStartupError
     from slime_app.run_lock import release_run_folders
 
     started = time.perf_counter()
-    run = None
+    run, interrupted = None, False
     try:
         run = Run(cfg)
         run.run()
         outputs = run.finish()
     except KeyboardInterrupt:  # SIGTERM too (slime_app.interrupts); `finally` stops engines, actors and Ray
         print(interrupts.interrupted_line(), file=sys.stderr, flush=True)
+        interrupted = True
         return interrupts.exit_status()
     except RunStopped as e:
         print(f"slime: stopped: {e}", file=sys.stderr)
@@ -128,6 +139,9 @@ def _main(argv: list[str]) -> int:
         if run is not None:
             run.close()
         release_run_folders()  # after the last write of the run (an in-process caller may start another)
+        # After the teardown: a save the signal cut is either committed by now or never will be.
+        if interrupted and (resume := interrupted_resume_line(cfg.save)):
+            print(f"slime: {resume}", file=sys.stderr, flush=True)
     wall = time.perf_counter() - started
     evals = run.tracker.eval_series()
     for name, series in evals.items():

@@ -37,6 +37,7 @@ __all__ = [
     "actor_failure",
     "deadline_failure",
     "engine_failure",
+    "interrupted_resume_line",
     "plugin_failure",
     "root_cause",
     "save_failed",
@@ -90,6 +91,21 @@ def _last_checkpoint(save: pathlib.Path) -> str:
     if step is None:
         return "no complete checkpoint there yet"
     return f"the last complete checkpoint there (iteration {step}) is intact: resume with --load {save}"
+
+
+def interrupted_resume_line(save: str | os.PathLike[str] | None) -> str | None:
+    """What a resume of an interrupted run loads, read after its teardown: `--save /ckpt: the last complete ...`.
+
+    A run stopped by SIGTERM or Ctrl-C (possibly in the middle of a save) said only that it was interrupted; which
+    checkpoint a `--load` would resume, if any, was left to guess. The tracker commits a save, so the one it names
+    is complete.
+
+    Returns:
+        The line, or None without `--save`.
+    """
+    if not save:
+        return None
+    return f"--save {save}: {_last_checkpoint(pathlib.Path(save))}"
 
 
 def save_failed(what: str, flag: str, path: str | os.PathLike[str], error: BaseException) -> SaveFailed:

@@ -12,14 +12,27 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import tempfile
 from collections.abc import Iterator
 
 from slime_app.tracking import tensorboard_log_dir
+from slime_core import dir_swap
+from slime_core.checkpoint_dirs import complete_iterations, tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.config.base import flag_to_field
 
-__all__ = ["check_creatable", "check_places", "check_writable", "nearest_existing", "output_dirs", "pseudo_filesystem"]
+__all__ = [
+    "check_creatable",
+    "check_places",
+    "check_writable",
+    "fixed_folder",
+    "foreign_iteration_warning",
+    "nearest_existing",
+    "output_dirs",
+    "pseudo_filesystem",
+    "reused_save_warning",
+]
 
 # Kernel and device filesystems (`/proc/self/mounts` types): files there are not storage, or not files at all.
 _PSEUDO_FS = frozenset({
@@ -29,13 +42,15 @@ _PSEUDO_FS = frozenset({
 # Same, by place, for containers that mount a tmpfs over /dev (its /dev/shm is ordinary shared memory).
 _PSEUDO_ROOTS = (pathlib.Path("/proc"), pathlib.Path("/sys"), pathlib.Path("/dev"))
 _SHM = pathlib.Path("/dev/shm")
+# An iteration folder of a --save, or its staging / moved-aside copy (`slime_core.checkpoint_dirs`).
+_ITERATION_NAME = re.compile(r"iter_[0-9]{7}(\.tmp|\.old)?")
 # (input flag, the output flag that makes it this run's own folder): `--load` == `--save` is a resume. The config
 # field is the flag's (`flag_to_field`), so this one table says which flags are read.
 _INPUTS = (("--hf-checkpoint", None), ("--ref-load", None), ("--load", "--save"), ("--critic-load", "--critic-save"),
            ("--opd-teacher-load", None))  # fmt: skip
 
 
-def _fixed_folder(template: str) -> pathlib.Path:
+def fixed_folder(template: str) -> pathlib.Path:
     """The deepest folder of a path template that no `{field}` changes.
 
     `runs/dumps/rollout_{rollout_id}.pt` -> `runs/dumps`; `runs/hf/{rollout_id}` -> `runs/hf`.
@@ -73,7 +88,7 @@ def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
         yield "--tensorboard-dir", pathlib.Path(cfg.tensorboard_dir)
     for flag, template in (("--save-hf", cfg.save_hf), ("--save-debug-rollout-data", cfg.save_debug_rollout_data)):
         if template:
-            yield flag, _fixed_folder(template)
+            yield flag, fixed_folder(template)
 
 
 def check_writable(cfg: SlimeArgs) -> None:
@@ -94,6 +109,57 @@ def check_writable(cfg: SlimeArgs) -> None:
                 pass
         except OSError as e:
             raise OSError(f"{flag} {folder} is not writable: {e.strerror or e}") from e
+
+
+def reused_save_warning(cfg: SlimeArgs) -> str | None:
+    """The warning for a `--save` holding checkpoints this run does not resume (its `--load` is another folder).
+
+    The original writes into it all the same, and so does this run, iteration by iteration; but until its first
+    save the folder's tracker still names the earlier run's latest checkpoint, so a kill meanwhile and a `--load` of
+    this `--save` resumed the earlier run, with no word that it was another run's.
+
+    Returns:
+        The warning, or None when `--save` holds no complete checkpoint or is `--load`.
+    """
+    if not cfg.save or (cfg.load and os.path.realpath(cfg.load) == os.path.realpath(cfg.save)):
+        return None
+    steps = complete_iterations(cfg.save)
+    if not steps:
+        return None
+    latest = tracker_step(cfg.save)
+    named = f"; its tracker names {latest}" if latest is not None else ""
+    return (
+        f"--save {cfg.save} holds checkpoints this run does not resume (iterations {steps[0]}-{steps[-1]}{named}; "
+        f"--load is {cfg.load or 'not given'}): this run starts at rollout {cfg.start_rollout_id or 0} and replaces "
+        "them as it saves, and until its first save a --load of this folder resumes the earlier run's; give a new "
+        "--save to keep them apart"
+    )
+
+
+def foreign_iteration_warning(cfg: SlimeArgs) -> str | None:
+    """The warning for folders in `--save` named like an iteration (or its `.tmp`/`.old`) that slime did not write.
+
+    A save replaces only what slime wrote (`slime_core.dir_swap`): the save that reaches such a name stops the run
+    (exit 5), after that rollout trained. Said at start, naming them (a left-over of a version before the marker, a
+    copy made by hand).
+
+    Returns:
+        The warning, or None when there is none.
+    """
+    root = pathlib.Path(cfg.save) if cfg.save else None
+    if root is None or not root.is_dir():
+        return None
+    named = sorted(
+        child.name for child in root.iterdir()
+        if _ITERATION_NAME.fullmatch(child.name) and dir_swap.refusal(child) is not None
+    )  # fmt: skip
+    if not named:
+        return None
+    one = len(named) == 1
+    return (
+        f"--save {root}: {', '.join(named)} {'was' if one else 'were'} not written by slime (no {dir_swap.MARKER}): a "
+        f"save of that iteration stops the run rather than replace it; move {'it' if one else 'them'} out of --save"
+    )
 
 
 def nearest_existing(path: pathlib.Path) -> pathlib.Path:

@@ -439,10 +439,16 @@ class RolloutManager:
             _data_source_call(self.args, self.data_source.save, rollout_id, what="save")
 
     def load(self, rollout_id: int) -> None:
-        """Restores the data-source cursor saved at `rollout_id` (fully async: the held groups come first)."""
+        """Restores the data-source cursor saved at `rollout_id` and a fully-async checkpoint's held groups.
+
+        Fully async, the producer generates the held groups first; another rollout function gets them in the data
+        source's buffer (`load_state_into_buffer`).
+        """
         if self.data_source is not None:
             _data_source_call(self.args, self.data_source.load, rollout_id, what="load")
-            if is_fully_async(self.cfg):
-                from slime_rollout.generation.fully_async import load_state
+            from slime_rollout.generation.fully_async import load_state, load_state_into_buffer
 
+            if is_fully_async(self.cfg):
                 load_state(self.args, rollout_id)
+            else:  # a fully-async checkpoint's held groups: their prompts are drawn, the cursor is past them
+                load_state_into_buffer(self.args, self.data_source, rollout_id)

@@ -1,4 +1,6 @@
-"""One run per output folder: the driver locks `.slime-run.lock` in `--output-dir`, `--save` and `--critic-save`.
+"""One run per output folder: the driver locks `.slime-run.lock` in `--output-dir`, `--save`, `--critic-save`.
+
+`--save-hf` is locked too: in its fixed folder when templated, else by a lock file beside the export.
 
 A run launched on the folders of a run that still ran (a relaunch, a copied launch line) wrote into them alongside
 it: the two runs' checkpoints, data cursors and tracker files interleaved, so a resume could pair one run's model
@@ -9,15 +11,18 @@ file holds the holder's pid, host and start time for the message.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
 import pathlib
 import socket
+from collections.abc import Iterator
 
+from slime_app.outputs import fixed_folder
 from slime_core.config import SlimeArgs
 
-__all__ = ["LOCK_NAME", "RunLocked", "lock_run_folders", "release_run_folders"]
+__all__ = ["LOCK_NAME", "RunLocked", "lock_run_folders", "release_run_folders", "unless_in_use"]
 
 LOCK_NAME = ".slime-run.lock"
 
@@ -28,20 +33,39 @@ class RunLocked(ValueError):
     """Another live run holds the lock of an output folder; the message names the flag, folder and holder."""
 
 
-def _folders(cfg: SlimeArgs) -> list[tuple[str, pathlib.Path]]:
-    out: list[tuple[str, pathlib.Path]] = []
+def _export_lock(template: str) -> pathlib.Path:
+    """The lock file of a `--save-hf` path: in its fixed folder when templated, else beside the export.
+
+    A fixed export folder is replaced whole by each export (`slime_core.dir_swap`): a lock file inside it would go
+    with the old copy, so it lives beside it (`.hf.slime-run.lock` for `runs/hf`).
+    """
+    if "{" in template:
+        return fixed_folder(template) / LOCK_NAME
+    export = pathlib.Path(template)
+    return export.parent / f".{export.name}{LOCK_NAME}"
+
+
+def _folders(cfg: SlimeArgs) -> list[tuple[str, pathlib.Path, pathlib.Path]]:
+    """(flag, folder, lock file) of each place one run at a time may write."""
+    out: list[tuple[str, pathlib.Path, pathlib.Path]] = []
     seen: set[str] = set()
     # The critic's checkpoints go to <--save>/critic unless --critic-save names a folder of its own: locked too.
     critic_save = cfg.critic_save if cfg.use_critic else None
     for flag, folder in (("--output-dir", cfg.output_dir), ("--save", cfg.save), ("--critic-save", critic_save)):
         if folder and os.path.realpath(folder) not in seen:
             seen.add(os.path.realpath(folder))
-            out.append((flag, pathlib.Path(folder)))
+            out.append((flag, pathlib.Path(folder), pathlib.Path(folder) / LOCK_NAME))
+    if cfg.save_hf:
+        # Two runs exporting to one --save-hf: each export's staging step deleted the other's staging folder
+        # (`dir_swap.prepare_staging`), failing its save, or the two runs' exports replaced each other.
+        lock = _export_lock(cfg.save_hf)
+        if os.path.realpath(lock) not in {os.path.realpath(taken) for _, _, taken in out}:  # one lock file once
+            out.append(("--save-hf", pathlib.Path(cfg.save_hf), lock))
     return out
 
 
 def lock_run_folders(cfg: SlimeArgs) -> None:
-    """Takes the run lock of `--output-dir`, `--save` and `--critic-save` (creating them) for the rest of this process.
+    """Takes the run lock of `--output-dir`, `--save`, `--critic-save` and `--save-hf` for the rest of this process.
 
     Call once in the driver, after the folders were checked writable and before Ray starts.
 
@@ -53,9 +77,9 @@ def lock_run_folders(cfg: SlimeArgs) -> None:
     """
     taken: list[int] = []
     try:
-        for flag, folder in _folders(cfg):
-            folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        for flag, folder, lock in _folders(cfg):
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
             taken.append(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -79,3 +103,25 @@ def release_run_folders() -> None:
     """Drops the locks `lock_run_folders` took (tests; a driver's exit drops them anyway)."""
     while _held:
         os.close(_held.pop())
+
+
+@contextlib.contextmanager
+def unless_in_use(folder: str | os.PathLike[str]) -> Iterator[bool]:
+    """Holds `folder`'s run lock for the block when no live run holds it; yields whether it does.
+
+    For a repair before this run takes its own locks (`slime_app.checkpoints` restoring a cut save): it must not
+    rename anything in a folder another run is writing. An existing folder without a lock file gets one.
+
+    Raises:
+        OSError: the lock file cannot be opened (a read-only folder).
+    """
+    fd = os.open(pathlib.Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # drops the lock if taken

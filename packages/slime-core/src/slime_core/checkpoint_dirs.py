@@ -4,10 +4,14 @@
         latest_checkpointed_iteration.txt   the latest complete iteration ("release" for a converted model)
         iter_0000003/                       one folder per saved rollout, named by `iteration_name`
         iter_0000004.tmp/                   a save in progress (`slime_core.dir_swap`), never complete
+        iter_0000002.old/                   a re-saved iteration's previous copy, between the swap's two renames
 
 A folder is complete once the file its writer puts there last exists: FSDP's `meta.json`, torch_dist's `.metadata`.
 Readers of the directory (the driver's pre-flight check, each trainer's resume) use this module so that they agree
-on what a complete checkpoint is.
+on what a complete checkpoint is. A save that replaces an iteration already there (a resume from an earlier
+`--ckpt-step`) moves the old copy aside first; a kill between that rename and the next leaves the complete copy
+only as `iter_XXXXXXX.old`, which no reader looks at: `interrupted_saves` finds it, `restore_interrupted_saves` puts
+it back.
 """
 
 from __future__ import annotations
@@ -16,16 +20,26 @@ import os
 import pathlib
 import re
 
+from slime_core.dir_swap import MARKER, recover
+
 __all__ = [
     "COMPLETE_MARKERS",
+    "REFERENCE_DIR",
     "TRACKER_FILE",
     "complete_iterations",
+    "interrupted_saves",
     "iteration_name",
     "no_optimizer_state_message",
+    "no_reference_message",
+    "restore_interrupted_saves",
     "tracker_step",
 ]
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+
+# The KL reference's weights inside an iteration folder, saved when they follow the actor (`--ref-update-interval`):
+# rebuilt from `--ref-load` on resume, they would be the initial weights, not the actor's of the last update.
+REFERENCE_DIR = "ref"
 
 # The file each writer writes last into an iteration folder: FSDP's `meta.json`, torch_dist's `.metadata`.
 COMPLETE_MARKERS = ("meta.json", ".metadata")
@@ -60,6 +74,44 @@ def complete_iterations(root: str | os.PathLike[str]) -> list[int]:
     return sorted(found)
 
 
+def interrupted_saves(root: str | os.PathLike[str]) -> list[int]:
+    """The iterations under `root` that exist only as a complete `iter_XXXXXXX.old` (a swap cut between its renames).
+
+    `slime_core.dir_swap.swap_in` renames the iteration being re-saved to `.old`, then the new one into place; a kill
+    in between leaves `iter_XXXXXXX` missing while the tracker may name it.
+
+    Returns:
+        The iteration numbers, ascending (`[2]` for `iter_0000002.old` without `iter_0000002`); only folders slime
+        wrote (its marker) and complete (`COMPLETE_MARKERS`) count.
+    """
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _ITERATION.fullmatch(child.name.removesuffix(".old")) if child.name.endswith(".old") else None
+        if match is None or (root / match.group(0)).exists() or (root / match.group(0)).is_symlink():
+            continue
+        if (child / MARKER).is_file() and any((child / marker).is_file() for marker in COMPLETE_MARKERS):
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def restore_interrupted_saves(root: str | os.PathLike[str]) -> list[int]:
+    """Renames each `interrupted_saves` folder back to its iteration name (call only where no other run writes).
+
+    Returns:
+        The iterations restored, ascending.
+
+    Raises:
+        OSError: a rename failed (a read-only folder).
+    """
+    steps = interrupted_saves(root)
+    for step in steps:
+        recover(pathlib.Path(root) / iteration_name(step), flag="--load")
+    return steps
+
+
 def tracker_step(root: str | os.PathLike[str]) -> int | None:
     """The iteration `root`'s tracker file names: `3` for a tracker holding "3".
 
@@ -88,4 +140,19 @@ def no_optimizer_state_message(load: str | os.PathLike[str], iteration: str) -> 
     return (
         f"--load {load}: {iteration} holds no optimizer state (saved with --no-save-optim); resume it with "
         "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+    )
+
+
+def no_reference_message(load: str | os.PathLike[str], iteration: str, interval: int) -> str:
+    """The warning of a `--ref-update-interval` resume whose checkpoint holds no reference model, one text for both.
+
+    Args:
+        load: the `--load` directory.
+        iteration: the iteration folder's name.
+        interval: `--ref-update-interval`.
+    """
+    return (
+        f"--load {load}: {iteration} holds no reference model (saved without --ref-update-interval, or by an older "
+        f"version); with --ref-update-interval {interval} the KL reference is the initial weights until its next "
+        "update"
     )

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
-from slime_core.checkpoint_dirs import TRACKER_FILE
+from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name, no_reference_message
 from slime_core.config import SlimeArgs
 from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
@@ -44,7 +44,13 @@ from slime_core.hf_checkpoint import source_dtype
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
-from slime_train_fsdp.checkpoint import load_checkpoint, model_flags_of, save_checkpoint
+from slime_train_fsdp.checkpoint import (
+    load_checkpoint,
+    load_reference,
+    model_flags_of,
+    reference_saved,
+    save_checkpoint,
+)
 from slime_train_fsdp.compile_cache import load_compile_cache, save_compile_cache
 from slime_train_fsdp.compile_warmup import start_compile_warm_up
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
@@ -214,7 +220,24 @@ class FSDPTrainBackend:
         if cfg.load and compiles_layers(cfg, self.device):
             load_compile_cache(cfg.load)  # before the first forward compiles the layers
         start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler, model_flags_of(cfg))
+        if cfg.load and start > 0 and cfg.ref_update_interval and self.has_ref:
+            self._resume_reference(cfg, start)
         return start
+
+    def _resume_reference(self, cfg: SlimeArgs, step: int) -> None:
+        """With `--ref-update-interval` the reference is the actor of the last update: read it from iteration `step`.
+
+        It was built from `--ref-load` / `--hf-checkpoint` above, so a resume past an update ran its KL term against
+        the initial weights until the next update. A checkpoint saved without the reference says so once.
+        """
+        if not (pathlib.Path(cfg.load) / iteration_name(step) / "meta.json").is_file():
+            return  # no checkpoint was resumed (--start-rollout-id)
+        if reference_saved(cfg.load, step):
+            self.weights.capture("ref", lambda: load_reference(cfg.load, step, self.model))
+            logger.info("--ref-update-interval: the reference model resumes from --load %s (iteration %d)", cfg.load,
+                        step)  # fmt: skip
+        elif step >= cfg.ref_update_interval:
+            logger.warning("%s", no_reference_message(cfg.load, iteration_name(step), cfg.ref_update_interval))
 
     def _vision_setup(self, cfg: SlimeArgs) -> set[str]:
         """Rotary positions of a vision-language model, and the tower's names under `--freeze-vision-tower`.
@@ -436,6 +459,8 @@ class FSDPTrainBackend:
             scheduler=self.scheduler,
             save_optim=not self.cfg.no_save_optim,
             model_flags=model_flags_of(self.cfg),
+            # The reference follows the actor: a resume needs it (the initial weights are not it past an update).
+            reference=self.weights.swapped("ref") if self.cfg.ref_update_interval and self.has_ref else None,
         )
         if compiles_layers(self.cfg, self.device) and dist.get_rank() == 0:
             save_compile_cache(save_dir)

@@ -4,6 +4,7 @@ Layout under `--save` (as the original FSDP backend):
 
     iter_{rollout_id + 1:07d}/
         model_and_optim/      DCP shards of {"model", "optim"} (sharded state dicts, no gather)
+        ref/                  DCP shards of {"model"}: the KL reference, with --ref-update-interval only
         scheduler.pt          LR scheduler state
         rng_{rank}.pt         torch (and CUDA) RNG state of each rank
         meta.json             {rollout_id, next_rollout_id, global_step, world_size, model_flags, save_optim}
@@ -23,6 +24,7 @@ model's; only a checkpoint whose files cannot be read is called damaged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,9 +37,15 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from slime_core.checkpoint_dirs import (
+    REFERENCE_DIR,
     TRACKER_FILE,
     complete_iterations,
     iteration_name,
@@ -52,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "load_checkpoint",
+    "load_reference",
+    "reference_saved",
     "model_flag_mismatches",
     "model_flags_of",
     "optimizer_state_refusal",
@@ -76,6 +86,7 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     save_optim: bool = True,
     model_flags: dict[str, Any] | None = None,
+    reference: contextlib.AbstractContextManager[Any] | None = None,
 ) -> pathlib.Path:
     """Writes the checkpoint of `rollout_id` (collective: every rank calls it).
 
@@ -89,6 +100,8 @@ def save_checkpoint(
         save_optim: False skips optimizer and scheduler state (`--no-save-optim`).
         model_flags: the flags that decide which parameters the model has (`--lora-rank`, `--lora-target-modules`),
             kept in `meta.json` so a resume with others is refused by name (`model_flag_mismatches`).
+        reference: a context in which `model` holds the KL reference's weights (`WeightSwap.swapped("ref")`), given
+            with `--ref-update-interval`: they are saved in `REFERENCE_DIR` (`load_reference` reads them back).
 
     Returns:
         The final checkpoint directory.
@@ -103,6 +116,9 @@ def save_checkpoint(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd} if save_optim else {"model": model_sd}
     dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
+    if reference is not None:
+        with reference:  # the state dict's tensors are the live parameters: saved while the reference is in them
+            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(tmp / REFERENCE_DIR))
     torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
     if rank == 0:
         if save_optim:
@@ -293,6 +309,7 @@ def load_checkpoint(
         ) from None
     except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
         raise _damaged(root, path, e) from e
+    _note_other_world_size(root, path, meta.get("world_size"), load_rng)
     if model_flags is not None and "model_flags" not in meta:
         meta["model_flags"] = model_flags
         if dist.get_rank() == 0:  # written before these flags were kept: the next resume compares them
@@ -300,6 +317,35 @@ def load_checkpoint(
     dist.barrier()
     logger.info("loaded checkpoint %s (next rollout %d)", path, meta["next_rollout_id"])
     return meta
+
+
+def reference_saved(load_dir: str | os.PathLike[str], step: int) -> bool:
+    """Whether iteration `step` of `load_dir` holds the KL reference (saved with `--ref-update-interval`)."""
+    return (pathlib.Path(load_dir) / iteration_name(step) / REFERENCE_DIR / ".metadata").is_file()
+
+
+def load_reference(load_dir: str | os.PathLike[str], step: int, model: nn.Module) -> None:
+    """Reads the KL reference `save_checkpoint` kept in iteration `step` (`reference_saved`) into `model` (collective).
+
+    Call inside `WeightSwap.capture("ref", ...)`, which holds what this puts into the model and restores the
+    trained weights.
+
+    Args:
+        load_dir: `--load`.
+        step: the iteration resumed (its `next_rollout_id`).
+        model: the sharded model (its parameter names and shapes are the saved ones: the actor's resume checked them).
+
+    Raises:
+        ValueError: its files cannot be read (names `--load`, the iteration and the cause).
+    """
+    root = pathlib.Path(load_dir)
+    path = root / iteration_name(step)
+    state = {"model": get_model_state_dict(model)}
+    try:
+        dcp.load(state, checkpoint_id=str(path / REFERENCE_DIR))
+    except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
+        raise _damaged(root, path, e) from e
+    set_model_state_dict(model, state["model"])
 
 
 def optimizer_state_refusal(
@@ -328,6 +374,27 @@ def optimizer_state_refusal(
     if saved is not False and (path / "scheduler.pt").is_file():
         return None
     return no_optimizer_state_message(load_dir, path.name)
+
+
+def _note_other_world_size(root: pathlib.Path, path: pathlib.Path, saved: Any, load_rng: bool) -> None:
+    """One warning (rank 0) when the RNG states of a checkpoint saved by another number of ranks cannot all be used.
+
+    DCP reshards the weights and the optimizer; the RNG states are per rank (`rng_{rank}.pt`) and are not: a rank
+    without a saved state kept its seeded one, and saved states of ranks that no longer exist were dropped, silently.
+    """
+    world = dist.get_world_size()
+    if not load_rng or not isinstance(saved, int) or saved == world or dist.get_rank() != 0:
+        return
+    which = (
+        f"ranks {saved}-{world - 1} have no saved RNG state and keep their seeded one"
+        if world > saved
+        else f"the saved RNG states of ranks {world}-{saved - 1} are not used"
+    )
+    logger.warning(
+        "--load %s: %s was saved by %d rank(s) and resumes on %d: %s, so the trainer's random draws (dropout) differ "
+        "from an uninterrupted run's",
+        root, path.name, saved, world, which,
+    )  # fmt: skip
 
 
 def _damaged(root: pathlib.Path, path: pathlib.Path, error: BaseException) -> ValueError:

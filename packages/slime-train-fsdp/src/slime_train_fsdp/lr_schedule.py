@@ -19,6 +19,8 @@ from slime_core.config import SlimeArgs
 __all__ = ["build_lr_scheduler", "load_scheduler_state", "lr_at_step"]
 
 _STYLES = ("constant", "linear", "cosine")
+# The decay length's key in a saved schedule (kept as written: checkpoints compare by it).
+_RUN_LENGTH = "--lr-decay-iters (or the run's length)"
 
 
 def lr_at_step(
@@ -112,7 +114,7 @@ def _schedule_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
         out["--lr-warmup-init"] = kwargs["warmup_init"]
     if kwargs["style"] != "constant":
         out["--min-lr"] = kwargs["min_lr"]
-        out["--lr-decay-iters (or the run's length)"] = kwargs["decay_iters"]
+        out[_RUN_LENGTH] = kwargs["decay_iters"]
     return out
 
 
@@ -140,10 +142,17 @@ def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: di
             f"--lr {shown(f'{v:g}' for v in wanted_lrs)} here vs {shown(f'{v:g}' for v in saved_lrs)} saved"
         ]  # fmt: skip
     if differ:
+        length = _RUN_LENGTH in (saved or {}) and (wanted or {}).get(_RUN_LENGTH) != saved.get(_RUN_LENGTH)
+        hint = (
+            f" (the run's length is --num-rollout x --rollout-batch-size x --n-samples-per-prompt / "
+            f"--global-batch-size optimizer steps; --lr-decay-iters {saved[_RUN_LENGTH]} keeps the saved decay)"
+            if length
+            else ""
+        )
         raise ValueError(
             f"--load: the checkpoint's learning-rate schedule differs from this run's flags ({'; '.join(differ)}); a "
-            "resumed run continues the checkpoint's schedule: give the saved values, or --no-load-optim to start the "
-            "optimizer and its schedule afresh"
+            f"resumed run continues the checkpoint's schedule: give the saved values{hint}, or --no-load-optim to "
+            "start the optimizer and its schedule afresh"
         )
     scheduler.load_state_dict(state)
     for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):

@@ -32,6 +32,7 @@ from megatron.core import parallel_state
 from slime_convert import ModelArgs
 from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
+from slime_core.checkpoint_dirs import iteration_name, no_reference_message
 from slime_core.config import SlimeArgs
 from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
@@ -39,7 +40,14 @@ from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
 from slime_train_megatron.attention import AttentionKind
-from slime_train_megatron.checkpoint import check_load_shapes, is_megatron_checkpoint, load_checkpoint, save_checkpoint
+from slime_train_megatron.checkpoint import (
+    check_load_shapes,
+    is_megatron_checkpoint,
+    load_checkpoint,
+    load_reference,
+    reference_saved,
+    save_checkpoint,
+)
 from slime_train_megatron.hf_export import save_hf
 from slime_train_megatron.logprobs import vocab_parallel_log_probs
 from slime_train_megatron.model import iter_hf_weights, load_hf_weights
@@ -129,7 +137,23 @@ class MegatronTrainBackend:
             self.weights.hold("ref")
         if trainer_side_teacher(self.cfg):
             self._load_teacher()
-        return self._resume()
+        start = self._resume()
+        if start > 0 and self.cfg.ref_update_interval and self.has_ref:
+            self._resume_reference(start - 1)
+        return start
+
+    def _resume_reference(self, step: int) -> None:
+        """With `--ref-update-interval` the reference is the actor of the last update: read it from iteration `step`.
+
+        It was built from `--ref-load` / `--hf-checkpoint` above, so a resume past an update ran its KL term against
+        the initial weights until the next update. A checkpoint saved without the reference says so once.
+        """
+        load = self.settings.load
+        if reference_saved(load, step):
+            self.weights.capture("ref", lambda: load_reference(load, step, self.module))
+            logger.info("--ref-update-interval: the reference model resumes from --load %s (iteration %d)", load, step)
+        elif step + 1 >= self.cfg.ref_update_interval:
+            logger.warning("%s", no_reference_message(load, iteration_name(step), self.cfg.ref_update_interval))
 
     def _load_teacher(self) -> None:
         """Holds a CPU copy of the OPD teacher's parameters (`--opd-teacher-load`); the actor's weights are put back."""
@@ -330,7 +354,10 @@ class MegatronTrainBackend:
         if not self.settings.save:
             raise ValueError("save() needs --save")
         s = self.settings
-        save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim)
+        # The reference follows the actor: a resume needs it (the initial weights are not it past an update).
+        reference = self.weights.swapped("ref") if self.cfg.ref_update_interval and self.has_ref else None
+        save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim,
+                        reference=reference)  # fmt: skip
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full HF-named tensors (TP/EP gathered, PP broadcast; collective on every rank)."""

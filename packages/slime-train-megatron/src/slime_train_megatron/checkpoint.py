@@ -26,13 +26,20 @@ from megatron.core import dist_checkpointing
 from slime_convert import ModelArgs
 from slime_convert.load_shapes import check_hf_checkpoint, check_torch_dist_checkpoint
 from slime_convert.torch_dist import resolve_iteration_dir
-from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name, no_optimizer_state_message
+from slime_core.checkpoint_dirs import REFERENCE_DIR, TRACKER_FILE, iteration_name, no_optimizer_state_message
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.fp8 import trainer_weights_dir
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_load_shapes", "is_megatron_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "check_load_shapes",
+    "is_megatron_checkpoint",
+    "load_checkpoint",
+    "load_reference",
+    "reference_saved",
+    "save_checkpoint",
+]
 
 
 def is_megatron_checkpoint(path: str | os.PathLike[str] | None) -> bool:
@@ -113,7 +120,14 @@ def _quiet_marker_warning() -> Iterator[None]:
 
 
 def save_checkpoint(
-    save_dir: str, rollout_id: int, model: Any, optimizer: Any, scheduler: Any, *, save_optim: bool = True
+    save_dir: str,
+    rollout_id: int,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    *,
+    save_optim: bool = True,
+    reference: contextlib.AbstractContextManager[Any] | None = None,
 ) -> pathlib.Path:
     """Writes `<save_dir>/iter_{rollout_id:07d}` atomically (collective).
 
@@ -125,6 +139,9 @@ def save_checkpoint(
         scheduler: `OptimizerParamScheduler`.
         save_optim: False leaves the optimizer and scheduler state out (`--no-save-optim`); the checkpoint says so
             (`optimizer_saved`), and a resume of it needs `--no-load-optim` (`load_checkpoint`).
+        reference: a context in which `model` holds the KL reference's weights (`WeightSwap.swapped("ref")`), given
+            with `--ref-update-interval`: they are saved as a torch_dist checkpoint in `iter_XXXXXXX/ref`
+            (`load_reference` reads them back).
 
     Returns:
         The checkpoint directory.
@@ -153,6 +170,12 @@ def save_checkpoint(
     state["rng_state"] = ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0)
     with _quiet_marker_warning():
         dist_checkpointing.save(state, str(tmp))
+    if reference is not None:
+        if rank == 0:
+            (tmp / REFERENCE_DIR).mkdir()
+        dist.barrier()
+        with reference:  # the state dict's tensors are the live parameters: saved while the reference is in them
+            dist_checkpointing.save({"model": model.sharded_state_dict()}, str(tmp / REFERENCE_DIR))
     dist.barrier()
     if rank == 0:
         swap_in(tmp, final, flag="--save")
@@ -160,6 +183,27 @@ def save_checkpoint(
     dist.barrier()
     logger.info("saved checkpoint %s", final)
     return final
+
+
+def reference_saved(load_dir: str, step: int) -> bool:
+    """Whether iteration `step` of `load_dir` holds the KL reference (saved with `--ref-update-interval`)."""
+    return (pathlib.Path(load_dir) / iteration_name(step) / REFERENCE_DIR / ".metadata").is_file()
+
+
+def load_reference(load_dir: str, step: int, model: Any) -> None:
+    """Reads the KL reference `save_checkpoint` kept in iteration `step` (`reference_saved`) into `model` (collective).
+
+    Call inside `WeightSwap.capture("ref", ...)`, which holds what this puts into the model and restores the trained
+    weights.
+
+    Args:
+        load_dir: `--load`.
+        step: the iteration resumed (the rollout id it saved).
+        model: the unwrapped `GPTModel` of this rank (the actor's resume checked its shapes).
+    """
+    path = pathlib.Path(load_dir) / iteration_name(step) / REFERENCE_DIR
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
+    model.load_state_dict(state["model"], strict=True)
 
 
 def load_checkpoint(

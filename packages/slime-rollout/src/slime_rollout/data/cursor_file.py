@@ -22,7 +22,14 @@ from slime_rollout.data.original_cursor import load_original
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cursor_path", "keep_groups_of_size", "read_cursor", "warn_other_prompt_count", "write_cursor"]
+__all__ = [
+    "cursor_path",
+    "keep_groups_of_size",
+    "read_cursor",
+    "resumed_epoch_flags",
+    "warn_other_prompt_count",
+    "write_cursor",
+]
 
 
 def cursor_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
@@ -71,6 +78,38 @@ def warn_other_prompt_count(state: dict[str, Any], num_prompts: int, prompt_data
             "the data-source cursor was saved over %d prompts; --prompt-data %s now gives %d: the resumed run does "
             "not go on with the saved run's prompts", int(saved), prompt_data, num_prompts,
         )  # fmt: skip
+
+
+def resumed_epoch_flags(state: dict[str, Any], args: Any, offset: int, num_prompts: int) -> tuple[bool, int]:
+    """`(--rollout-shuffle, --rollout-seed)` that order the rest of the epoch a resumed cursor stands in.
+
+    The cursor's offset counts prompts of its epoch's permutation: under another permutation (a resume with another
+    `--rollout-shuffle` or `--rollout-seed`) the same offset served some of the epoch's prompts twice and skipped
+    others, without a word. So the saved epoch finishes in the order it began with, said once; this run's values
+    order the epochs after it. Cursors written before the fields were kept (and the original's) use this run's.
+
+    Args:
+        state: the decoded cursor (`epoch_shuffle`, `epoch_seed` when written by this version).
+        args: this run's plugin view; reads `rollout_shuffle`, `rollout_seed`.
+        offset: the cursor's `sample_offset` in its epoch.
+        num_prompts: prompts the data source now holds.
+
+    Returns:
+        The flags to order the cursor's epoch with.
+    """
+    here = (bool(args.rollout_shuffle), int(args.rollout_seed))
+    if "epoch_shuffle" not in state or offset <= 0 or offset >= num_prompts:
+        return here  # nothing of the epoch was served yet, or all of it: this run's order from here
+    saved = (bool(state["epoch_shuffle"]), int(state["epoch_seed"]))
+    if saved == here or not (saved[0] or here[0]):  # without shuffling the seed orders nothing
+        return here
+    logger.warning(
+        "the data-source cursor was saved %d prompts into epoch %s, ordered by --rollout-shuffle %s --rollout-seed %d; "
+        "this run has --rollout-shuffle %s --rollout-seed %d: the rest of that epoch keeps its saved order (each of "
+        "its prompts served once), the next epochs follow this run's values",
+        offset, state.get("epoch_id"), saved[0], saved[1], here[0], here[1],
+    )  # fmt: skip
+    return saved
 
 
 def keep_groups_of_size(groups: list[list[Sample]], size: int, where: str | os.PathLike[str]) -> list[list[Sample]]:

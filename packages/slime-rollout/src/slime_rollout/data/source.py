@@ -29,6 +29,7 @@ from slime_rollout.data.cursor_file import (
     cursor_path,
     keep_groups_of_size,
     read_cursor,
+    resumed_epoch_flags,
     warn_other_prompt_count,
     write_cursor,
 )
@@ -270,6 +271,9 @@ class RolloutDataSource:
         self.prompts: list[Sample] = []
         self._order: np.ndarray = np.arange(0)
         self._shuffle_order = ORIGINAL  # a resumed cursor may name the order its run began with
+        # (--rollout-shuffle, --rollout-seed) of the epoch being served: a cursor resumed mid-epoch under other values
+        # finishes that epoch in its saved order (another permutation at the saved offset repeats and skips prompts).
+        self._epoch_flags: tuple[bool, int] = (bool(args.rollout_shuffle), int(args.rollout_seed))
         if args.disable_rollout_global_dataset:
             return
         if not args.prompt_data:
@@ -315,10 +319,8 @@ class RolloutDataSource:
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        return epoch_order(
-            len(self.prompts), shuffle=self.args.rollout_shuffle, seed=self.args.rollout_seed, epoch=epoch,
-            kind=self._shuffle_order,
-        )  # fmt: skip
+        shuffle, seed = self._epoch_flags
+        return epoch_order(len(self.prompts), shuffle=shuffle, seed=seed, epoch=epoch, kind=self._shuffle_order)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -327,6 +329,7 @@ class RolloutDataSource:
         if self.sample_offset >= len(self.prompts):
             self.epoch_id += 1
             self.sample_offset = 0
+            self._epoch_flags = (bool(self.args.rollout_shuffle), int(self.args.rollout_seed))  # this run's, from now
             self._order = self._epoch_order(self.epoch_id)
         prompt = self.prompts[int(self._order[self.sample_offset])]
         self.sample_offset += 1
@@ -362,6 +365,8 @@ class RolloutDataSource:
             "sample_index": self.sample_index,
             "metadata": self.metadata,
             "shuffle_order": self._shuffle_order,
+            "epoch_shuffle": self._epoch_flags[0],
+            "epoch_seed": self._epoch_flags[1],
             "num_prompts": len(self.prompts),
         }
 
@@ -372,6 +377,7 @@ class RolloutDataSource:
         self.sample_index = int(state["sample_index"])
         self.metadata = dict(state.get("metadata", {}))
         self._shuffle_order = str(state.get("shuffle_order", LEGACY_NUMPY))  # absent: written before the field was
+        self._epoch_flags = resumed_epoch_flags(state, self.args, self.sample_offset, len(self.prompts))
         self._order = self._epoch_order(self.epoch_id)
         warn_other_prompt_count(state, len(self.prompts), self.args.prompt_data)
 

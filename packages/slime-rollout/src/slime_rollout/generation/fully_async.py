@@ -60,6 +60,7 @@ __all__ = [
     "active_producer",
     "generate_rollout_fully_async",
     "load_state",
+    "load_state_into_buffer",
     "save_state",
     "state_path",
     "stop_producer",
@@ -183,6 +184,25 @@ def save_state(args: SlimeArgs, data_source: DataSource, rollout_id: int) -> Non
     logger.info("fully-async rollout: saved the cursor and %d held group(s) at rollout %d", num_held, rollout_id)
 
 
+def _read_held(args: SlimeArgs, rollout_id: int) -> tuple[pathlib.Path | None, list[list[Sample]]]:
+    """The held groups of checkpoint `rollout_id` under `--load` (those of another group size dropped), and the file.
+
+    Raises:
+        ValueError: the file exists but is not a valid state.
+    """
+    if not args.load:
+        return None, []
+    path = state_path(args.load, rollout_id)
+    if not path.exists():
+        return None, []
+    try:
+        held = [[Sample.from_dict(d) for d in g] for g in json.loads(path.read_text(encoding="utf-8"))["held"]]
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{path}: bad fully-async rollout state ({e})") from e
+    # Restored groups skip the producer's size check: one of another --n-samples-per-prompt was trained as it was.
+    return path, keep_groups_of_size(held, args.n_samples_per_prompt, path)
+
+
 def load_state(args: SlimeArgs, rollout_id: int) -> int:
     """Reads the held groups of checkpoint `rollout_id` under `--load`; the next producer generates them first.
 
@@ -195,17 +215,46 @@ def load_state(args: SlimeArgs, rollout_id: int) -> int:
         ValueError: the file exists but is not a valid state.
     """
     global _restored
-    if not args.load:
+    path, _restored = _read_held(args, rollout_id)
+    if path is None:
+        if args.load:
+            logger.info("fully-async rollout: no held groups at %s (a checkpoint of another rollout function)",
+                        state_path(args.load, rollout_id))  # fmt: skip
         return 0
-    path = state_path(args.load, rollout_id)
-    if not path.exists():
-        logger.info("fully-async rollout: no held groups at %s (a checkpoint of another rollout function)", path)
-        return 0
-    try:
-        held = [[Sample.from_dict(d) for d in g] for g in json.loads(path.read_text(encoding="utf-8"))["held"]]
-    except (KeyError, ValueError, TypeError) as e:
-        raise ValueError(f"{path}: bad fully-async rollout state ({e})") from e
-    # Restored groups skip the producer's size check: one of another --n-samples-per-prompt was trained as it was.
-    _restored = keep_groups_of_size(held, args.n_samples_per_prompt, path)
     logger.info("fully-async rollout: %d held group(s) from %s are generated first", len(_restored), path)
     return len(_restored)
+
+
+def load_state_into_buffer(args: SlimeArgs, data_source: DataSource, rollout_id: int) -> int:
+    """A fully-async checkpoint resumed with another rollout function: its held groups go into the data source's buffer.
+
+    Their prompts were drawn before the save (the cursor is past them), so a resume without the fully-async rollout
+    function, which never read the file, lost them without a word. `data_source.add_samples` puts them in the
+    buffer the default rollout serves first (after groups already buffered), as the fully-async producer would.
+    Call after `data_source.load(rollout_id)`.
+
+    Returns:
+        The number of groups handed over (0 without `--load` or a held-groups file).
+
+    Raises:
+        ValueError: the file is not a valid state, or the data source keeps no buffer (names the file, the count
+            and the flags that resume it).
+    """
+    path, held = _read_held(args, rollout_id)
+    if not held:
+        return 0
+    try:
+        data_source.add_samples(held)
+    except (RuntimeError, NotImplementedError) as e:
+        raise ValueError(
+            f"{path}: the checkpoint holds {len(held)} group(s) the fully-async rollout had drawn and not trained, "
+            f"which --data-source-path {args.data_source_path} cannot buffer ({e}); resume with "
+            "--rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async, or a data source "
+            "with a buffer "
+            "(the default RolloutDataSourceWithBuffer)"
+        ) from e
+    logger.info(
+        "%s: %d group(s) the fully-async rollout had drawn and not trained go into the data source's buffer (this "
+        "run's --rollout-function-path is another), served before new prompts", path, len(held),
+    )  # fmt: skip
+    return len(held)
