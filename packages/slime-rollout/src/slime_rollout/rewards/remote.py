@@ -7,6 +7,11 @@ As the original's `remote_rm` (an aiohttp session, whose default is `trust_env=F
 to `--rm-url`: `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` from the environment are not used (httpx's default would send a
 cluster-internal reward model through the user's proxy). Each attempt has at most 120 s (the original's total) to
 connect, send, wait and read; the whole call, retries included, is bounded by `--rm-timeout-secs`.
+
+A reply that is not JSON (a proxy's or gateway's HTML page sent with status 200) is retried like a failed request,
+as the original's (`aiohttp`'s `resp.json()` raises on it, and it retries every exception); the last one is
+`NotJSONReply`, naming the status, content type and the start of the body (it was a bare "JSONDecodeError: Expecting
+value: line 1 column 1 (char 0)" on the first try).
 """
 
 from __future__ import annotations
@@ -18,13 +23,34 @@ from typing import Any
 
 import httpx
 
+from slime_core.error_text import preview
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["remote_reward"]
+__all__ = ["NotJSONReply", "remote_reward"]
+
+
+class NotJSONReply(ValueError):
+    """The reward model answered with a body that is not JSON; the message shows the status, type and body's start."""
+
+
+def _json_reply(response: httpx.Response, url: str) -> Any:
+    """The decoded JSON body of a successful reply, or `NotJSONReply` describing what came instead."""
+    try:
+        return response.json()
+    except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
+        kind = response.headers.get("content-type", "no content-type")
+        body = response.content[:_BODY_SHOWN].decode("utf-8", errors="replace")
+        raise NotJSONReply(
+            f"--rm-url {url} replied {response.status_code} with a body that is not JSON ({kind}, "
+            f"{len(response.content)} bytes): {preview(body, _BODY_SHOWN)}"
+        ) from None
+
 
 _MAX_RETRIES = 10
 _MAX_BACKOFF_S = 30.0
 _ATTEMPT_S = 120.0  # the original's ClientTimeout(total=120)
+_BODY_SHOWN = 200  # characters of a non-JSON reply shown in the error
 # Keyed by the loop itself, weakly: an id() of a closed loop can be reused by a new one, which then got a client
 # whose pooled connections belong to the dead loop.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
@@ -57,8 +83,8 @@ async def remote_reward(
 
     Raises:
         ValueError: if `url` is empty.
-        httpx.HTTPError | TimeoutError: the last error after `max_retries` failed attempts (TimeoutError: an attempt
-            took more than 120 s).
+        httpx.HTTPError | TimeoutError | NotJSONReply: the last error after `max_retries` failed attempts
+            (TimeoutError: an attempt took more than 120 s; NotJSONReply: the body was not JSON).
     """
     if not url:
         raise ValueError("--rm-type remote_rm needs --rm-url")
@@ -69,8 +95,8 @@ async def remote_reward(
             async with asyncio.timeout(_ATTEMPT_S):
                 response = await _client().post(url, json=payload)
             response.raise_for_status()
-            return response.json()
-        except (httpx.HTTPError, TimeoutError) as e:
+            return _json_reply(response, url)
+        except (httpx.HTTPError, TimeoutError, NotJSONReply) as e:
             if attempt == max_retries:
                 raise
             logger.warning(
