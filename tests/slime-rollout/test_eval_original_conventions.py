@@ -98,3 +98,35 @@ async def test_an_original_eval_config_mapping_with_its_engine_keys_and_metadata
     assert (params["repetition_penalty"], params["no_stop_trim"], params["skip_special_tokens"]) == (1.1, False, True)
     assert second[0].metadata["params"]["skip_special_tokens"] is False  # --rollout-skip-special-tokens' default
     assert first[0].metadata["source"] == "x" and first[0].metadata["level"] == 3 and "level" not in second[0].metadata
+
+
+async def answer_boxed_three(args, sample, sampling_params, evaluation=False):
+    sample.append_response_tokens([A], log_probs=[-0.1], text=r"so the answer is \boxed{\frac{6}{2}}")
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def test_an_eval_config_rm_type_overrides_the_rows_metadata(use_client, tmp_path):
+    # The original's EvalDatasetConfig.inject_metadata sets metadata["rm_type"] = the dataset's rm_type (entry or
+    # eval.defaults) over what a row carries; the row's won here, so a training file reused for eval with
+    # `rm_type: math` was graded by its rows' own type (here f1, which reads \frac{6}{2} as no match for 3: 0.0).
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "1+2?", "label": "3", "metadata": {"rm_type": "f1"}}\n')
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n"
+        "  defaults: {rm_type: math}\n"
+        "  datasets:\n"
+        f"    by_default: {{path: {data}}}\n"
+        f"    by_entry: {{path: {data}, rm_type: math}}\n"
+    )
+    common = dict(input_key="prompt", label_key="label", custom_rm_path=None, rm_num_workers=0,
+                  custom_generate_function_path=f"{__name__}.answer_boxed_three")  # fmt: skip
+    out = await eval_rollout_async(_args(eval_config=str(config), **common), 0)
+    assert out.data["by_default"]["samples"][0].metadata["rm_type"] == "math"
+    assert out.metrics["eval/by_default"] == out.metrics["eval/by_entry"] == 1.0
+    # Without a dataset rm_type (--eval-prompt-data), the row's own type is read, before --rm-type: as the original.
+    out = await eval_rollout_async(_args(eval_prompt_data=["by_row", str(data)], rm_type="math", **common), 0)
+    assert out.data["by_row"]["samples"][0].metadata["rm_type"] == "f1"
+    assert out.metrics["eval/by_row"] == 0.0

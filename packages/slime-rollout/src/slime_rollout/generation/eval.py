@@ -133,8 +133,9 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
             (`build_sampling_params`).
 
     Returns:
-        One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params` and `key_flags` (the flag or
-        `--eval-config` field that set each key, as errors about its rows name it: `_key_flags`).
+        One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params`, `key_flags` (the flag or
+        `--eval-config` field that set each key, as errors about its rows name it: `_key_flags`) and
+        `rm_type_given` (the dataset's `rm_type` came from `--eval-config`, so it overrides the rows' own).
 
     Raises:
         ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config`.
@@ -176,6 +177,9 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
                 params["max_new_tokens" if key == "max_response_len" else key] = dataset[key]
         dataset["sampling_params"] = params
         dataset["key_flags"] = _key_flags(cfg, defaults, entry)
+        # A type the dataset names (entry or eval.defaults) overrides the rows' metadata["rm_type"], as the
+        # original's EvalDatasetConfig.inject_metadata does; --rm-type only fills in for rows without one.
+        dataset["rm_type_given"] = "rm_type" in entry or "rm_type" in defaults
         resolved.append(dataset)
     return resolved
 
@@ -264,7 +268,9 @@ async def _eval_dataset(
             sample = copy.deepcopy(prompt)
             sample.group_index, sample.index = group_index, group_index * n + j
             sample.metadata.setdefault("source_name", dataset["name"])
-            if dataset["rm_type"]:
+            if dataset["rm_type"] and dataset.get("rm_type_given"):
+                sample.metadata["rm_type"] = dataset["rm_type"]
+            elif dataset["rm_type"]:
                 sample.metadata.setdefault("rm_type", dataset["rm_type"])
             sample.metadata.update(dataset["metadata_overrides"] or {})  # the original's metadata_overrides
             sample.custom_rm_path = sample.custom_rm_path or dataset["custom_rm_path"]
