@@ -26,6 +26,7 @@ import logging
 import math
 import numbers
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from slime_core.error_text import preview
@@ -247,7 +248,7 @@ def _exclude_empty_responses(args: SlimeArgs, rollout_id: int, groups: list[list
 
 
 async def generate_rollout_async(
-    args: SlimeArgs, rollout_id: int, data_source: DataSource
+    args: SlimeArgs, rollout_id: int, data_source: DataSource | Callable[[int], list[list[Sample]]]
 ) -> tuple[RolloutFnTrainOutput, list[list[Sample]]]:
     """One training rollout on the running loop.
 
@@ -257,7 +258,9 @@ async def generate_rollout_async(
             `rollout_sample_filter_path`, `rollout_all_samples_process_path` (+ what generate, rewards and metrics
             read).
         rollout_id: id of this rollout.
-        data_source: a `slime_core.protocols.DataSource`.
+        data_source: a `slime_core.protocols.DataSource`, or the original's `Callable[[int], list[list[Sample]]]`
+            (its `generate_rollout` passes `data_source.get_samples`, and custom rollout functions copied from it
+            do); handed on as given to `--rollout-all-samples-process-path`, as the original does.
 
     Returns:
         `(output, leftovers)`: `rollout_batch_size` accepted groups sorted by sample index with metrics,
@@ -265,9 +268,11 @@ async def generate_rollout_async(
 
     Raises:
         ValueError: a group of the wrong size or a misconfigured batch size.
+        TypeError: `data_source` is neither a data source nor a callable.
         RuntimeError: the data source ran dry, or `--dynamic-sampling-max-empty-rounds` refills in a row kept
             no group.
     """
+    take, source_name = _sample_getter(data_source)
     start = time.perf_counter()
     undecided_before = num_undecided()
     target, over, n = args.rollout_batch_size, args.over_sampling_batch_size, args.n_samples_per_prompt
@@ -292,8 +297,7 @@ async def generate_rollout_async(
             while len(data) + len(pending) < target:
                 rounds.next_round(len(data), drops, len(requeue))
                 # A custom data source or --buffer-filter-path is the user's sync code: bounded, off the loop.
-                what = f"{type(data_source).__name__}.get_samples({over}) (rollout {rollout_id})"
-                take = data_source.get_samples
+                what = f"{source_name}({over}) (rollout {rollout_id})"
                 groups = await call_plugin_with_deadline(take, over, what=what, **plugin_bounds(args))
                 if not groups:
                     raise RuntimeError(
@@ -373,6 +377,22 @@ async def generate_rollout_async(
         metrics["perf/rollout_time"],
     )
     return RolloutFnTrainOutput(samples=data, metrics=metrics), leftovers
+
+
+def _sample_getter(data_source: Any) -> tuple[Callable[[int], Any], str]:
+    """`(get_samples, its name in messages)` of a data source, or of the original's bare `n -> groups` callable.
+
+    Raises:
+        TypeError: neither (names what was given).
+    """
+    if callable(getattr(data_source, "get_samples", None)):
+        return data_source.get_samples, f"{type(data_source).__name__}.get_samples"
+    if callable(data_source):
+        return data_source, getattr(data_source, "__qualname__", type(data_source).__name__)
+    raise TypeError(
+        f"generate_rollout_async: the data source must be a DataSource (get_samples(n)) or a callable n -> groups "
+        f"(the original passes data_source.get_samples), got {type(data_source).__name__} {preview(data_source)}"
+    )
 
 
 async def run_end_of_rollout_plugins(
