@@ -466,3 +466,43 @@ def test_a_tool_message_the_template_writes_as_json_is_not_left_out(tmp_path, qw
     # A role the template does not render at all is still refused.
     with pytest.raises(ValueError, match=r"e.jsonl line 1: the chat template left out message 2 \(role 'obs'\)"):
         render("e.jsonl", {"role": "obs", "content": "x y"})
+
+
+_PRINTS_CONTENT = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+_STRING_CONTENT_ONLY = (
+    "{% for m in messages %}[{{ m['role'] }}] {% if m['content'] is string %}{{ m['content'] }}{% endif %}\n"
+    "{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        # Was the prompt "[user] [{'type': 'text', 'text': 'What is 2+2?'}]\n[assistant] ", silently.
+        (_PRINTS_CONTENT, r"d.jsonl line 1: the chat template \(--apply-chat-template\) wrote message 0's content "
+                          r"parts \(\{'type': 'text', \.\.\.\}\) as Python text"),
+        # Was the prompt "[user] \n[assistant] ": the question was gone.
+        (_STRING_CONTENT_ONLY, r"d.jsonl line 1: the chat template left out message 0 \(role 'user'\): its content is "
+                               r"a list of parts, which this template does not render as text"),
+    ],
+)  # fmt: skip
+def test_content_parts_a_text_template_does_not_render_are_named(tmp_path, qwen3_tokenizer_dir, template, message):
+    # OpenAI-format rows give a message's content as parts; a text model's template reads content as a string.
+    import copy
+
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    parts = [{"type": "text", "text": "What is 2+2?"}]
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": [{"role": "user", "content": parts}]}])
+    tok = copy.copy(get_tokenizer(str(qwen3_tokenizer_dir)))
+    tok.chat_template = template
+    with pytest.raises(ValueError, match=message):
+        rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok, apply_chat_template=True)
+    # The same text as a string renders, with either template.
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": [{"role": "user", "content": "What is 2+2?"}]}])
+    (sample,) = rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok,
+                                apply_chat_template=True)  # fmt: skip
+    assert sample.prompt.startswith("[user] What is 2+2?") and sample.prompt.endswith("[assistant] ")
