@@ -409,3 +409,17 @@ def test_delta_flags_without_delta_mode_warn_once(caplog):
     assert messages == [
         "--update-weight-delta-encoding / --update-weight-delta-checksum: no effect without --update-weight-mode delta"
     ]
+
+
+def test_eval_data_without_eval_interval_says_no_eval_runs(caplog):
+    # As the original, eval data alone runs no eval (its scripts turn eval off by leaving --eval-interval out): said
+    # once, so a user who meant to evaluate learns why no eval/ curve appears.
+    with caplog.at_level(logging.WARNING):
+        args = make(eval_prompt_data=["aime", "a.jsonl"])
+        SlimeArgs.from_dict(args.model_dump())  # re-validated in a worker: no second line
+        make(eval_prompt_data=["aime", "a.jsonl"], eval_interval=5)
+    lines = [r.getMessage() for r in caplog.records if "--eval-interval" in r.getMessage()]
+    assert lines == [
+        "--eval-prompt-data without --eval-interval: no eval runs (as in the original); set --eval-interval N to "
+        "evaluate before training and every N rollouts"
+    ]

@@ -13,7 +13,9 @@ class EvalArgs(ArgsGroup):
     """Evaluation rollouts; unset sampling values fall back to the rollout's."""
 
     eval_function_path: str | None = arg(None, "Import path of the eval rollout function (default: rollout fn).")
-    eval_interval: int | None = arg(None, "Evaluate every this many rollouts.", ge=1)
+    eval_interval: int | None = arg(
+        None, "Evaluate before training and every this many rollouts; without it no eval runs (as the original).", ge=1
+    )
     eval_prompt_data: list[str] | None = arg(None, "Eval datasets as pairs: name path [name path ...].")
     eval_config: str | None = arg(None, "YAML file with per-dataset eval settings.")
     skip_eval_before_train: bool = arg(False, "Do not evaluate before the first training step.")
