@@ -33,7 +33,7 @@ BROKEN_RULES = [
     ({"use_rollout_logprobs": True, "use_tis": True}, "--use-rollout-logprobs and --use-tis are mutually exclusive"),
     ({"tis_clip_low": 3.0}, "--tis-clip-low (3.0) must be <= --tis-clip (2.0)"),
     ({"rollout_temperature": 0.0}, "--rollout-temperature: Input should be greater than 0"),
-    ({"eval_temperature": -1.0}, "--eval-temperature: Input should be greater than 0"),
+    ({"eval_temperature": -1.0}, "--eval-temperature: Input should be greater than or equal to 0"),
     ({"over_sampling_batch_size": 3}, "--over-sampling-batch-size (3) must be >= --rollout-batch-size (4)"),
     ({"n_samples_per_prompt": 2, "num_steps_per_rollout": 3}, "--num-steps-per-rollout 3 does not divide"),
     ({"n_samples_per_prompt": 2, "global_batch_size": 3}, "--global-batch-size 3 does not divide"),
@@ -423,3 +423,12 @@ def test_eval_data_without_eval_interval_says_no_eval_runs(caplog):
         "--eval-prompt-data without --eval-interval: no eval runs (as in the original); set --eval-interval N to "
         "evaluate before training and every N rollouts"
     ]
+
+
+def test_eval_temperature_zero_is_greedy_eval_as_in_the_original():
+    # The original's --eval-temperature is a bare float (0: SGLang samples greedily), and an --eval-config dataset's
+    # `temperature: 0` was taken here; the flag was refused ("Input should be greater than 0"). Training keeps
+    # refusing --rollout-temperature 0: its log-probs are taken at logits / T.
+    assert make(eval_temperature=0.0).eval_temperature == 0.0
+    with pytest.raises(ConfigError, match="--rollout-temperature: Input should be greater than 0"):
+        make(rollout_temperature=0.0)

@@ -130,3 +130,15 @@ async def test_an_eval_config_rm_type_overrides_the_rows_metadata(use_client, tm
     out = await eval_rollout_async(_args(eval_prompt_data=["by_row", str(data)], rm_type="math", **common), 0)
     assert out.data["by_row"]["samples"][0].metadata["rm_type"] == "f1"
     assert out.metrics["eval/by_row"] == 0.0
+
+
+async def test_eval_temperature_zero_asks_the_engine_for_greedy_samples(use_client, tmp_path):
+    # --eval-temperature 0 (greedy eval, which the original takes as a bare float) was refused at validation.
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    args = _args(eval_prompt_data=["greedy", str(data)], eval_temperature=0.0, input_key="prompt",
+                 custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
+    out = await eval_rollout_async(args, 0)
+    assert out.data["greedy"]["samples"][0].metadata["params"]["temperature"] == 0.0
+    assert out.metrics["eval/greedy"] == 1.0
