@@ -142,3 +142,21 @@ async def test_eval_temperature_zero_asks_the_engine_for_greedy_samples(use_clie
     out = await eval_rollout_async(args, 0)
     assert out.data["greedy"]["samples"][0].metadata["params"]["temperature"] == 0.0
     assert out.metrics["eval/greedy"] == 1.0
+
+
+async def test_template_kwargs_holding_lists_or_dicts_are_read(use_client, tmp_path):
+    # The eval prompts are cached per (file, keys, template kwargs, ...); kwargs holding a list or a dict (a RAG
+    # template's `documents`, a tools order) made that key unhashable: "TypeError: unhashable type: 'list'", naming
+    # nothing. The original keys its cache by the kwargs' JSON.
+    from pathlib import Path
+
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    kwargs = {"enable_thinking": False, "documents": [{"title": "t", "text": "x"}], "extra": {"k": [1, 2]}}
+    args = _args(eval_prompt_data=["kw", str(data)], input_key="prompt", apply_chat_template=True,
+                 apply_chat_template_kwargs=kwargs, custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
+    args.hf_checkpoint = str(Path(__file__).parents[1] / "fixtures" / "qwen3-tokenizer")
+    out = await eval_rollout_async(args, 0)
+    prompt = out.data["kw"]["samples"][0].prompt
+    assert prompt == "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"  # not thinking

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import json
 import logging
 import pathlib
 import statistics
@@ -209,7 +210,7 @@ def _key_flags(cfg: SlimeArgs, defaults: dict[str, Any], entry: dict[str, Any]) 
 @functools.cache
 def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadata_key: str | None,
                        tool_key: str | None, hf_checkpoint: str | None, apply_chat_template: bool,
-                       template_kwargs: tuple, max_prompt_len: int | None,
+                       template_kwargs: str, max_prompt_len: int | None,
                        multimodal_keys: tuple = (),
                        key_flags: KeyFlags = TRAINING_KEY_FLAGS,
                        number_prompts: bool = False) -> tuple[Sample, ...]:  # fmt: skip
@@ -223,7 +224,7 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
         tool_key=tool_key,
         tokenizer=tokenizer,
         apply_chat_template=apply_chat_template,
-        apply_chat_template_kwargs=dict(template_kwargs),
+        apply_chat_template_kwargs=json.loads(template_kwargs),
         max_prompt_len=max_prompt_len,
         multimodal_keys=dict(multimodal_keys) or None,
         processor_path=hf_checkpoint,
@@ -244,7 +245,8 @@ def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
             dataset["tool_key"],
             cfg.hf_checkpoint,
             bool(dataset["apply_chat_template"]),
-            tuple(sorted(dict(dataset["apply_chat_template_kwargs"] or {}).items())),
+            # As JSON: the cache key must be hashable, and kwargs may hold lists and dicts (a template's documents).
+            json.dumps(dict(dataset["apply_chat_template_kwargs"] or {}), sort_keys=True),
             dataset["max_prompt_len"],
             tuple(sorted(dict(dataset["multimodal_keys"] or {}).items())),
             dataset.get("key_flags", TRAINING_KEY_FLAGS),
