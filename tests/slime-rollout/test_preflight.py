@@ -544,3 +544,23 @@ def test_the_zero_std_filter_on_groups_of_one_is_refused_before_the_run(tmp_path
                 "filter"]  # fmt: skip
     assert messages == (expected if refused else [])
     assert not any("--dynamic-sampling-filter-path" in p.message for p in check(_cfg(data, *base)))  # groups of 2
+
+
+def test_an_eval_config_rm_type_is_the_one_its_rows_are_checked_against(tmp_path):
+    # The eval rollout grades an --eval-config dataset's rows with the dataset's rm_type over the rows' own (as the
+    # original's inject_metadata); preflight checked them against the rows' own type, passing labels the eval's
+    # grader reads as nothing (math on an f1 row's '#### ' label: an empty answer, every sample 0).
+    train = _write(tmp_path / "train.jsonl", {"prompt": "1+2?", "label": "3"})
+    rows = _write(tmp_path / "eval.jsonl", {"prompt": "1+2?", "label": "#### ", "metadata": {"rm_type": "f1"}})
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  datasets:\n    - {{name: mixed, path: {rows}, rm_type: math}}\n")
+    errors = _errors(_cfg(train, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
+    assert errors == [
+        f"--eval-config {config} dataset 'mixed' {rows} line 1: --label-key 'label' holds '#### ', whose final answer "
+        "('#### x' or its last box) is empty, which --rm-type math grades against"
+    ]
+    # Named by --eval-prompt-data, the dataset has no rm_type of its own: the row's f1 grades it, which reads text.
+    assert (
+        _errors(_cfg(train, "--rm-type", "math", "--eval-prompt-data", "mixed", str(rows), "--eval-interval", "1"))
+        == []
+    )

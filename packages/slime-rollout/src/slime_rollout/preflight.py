@@ -68,16 +68,16 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
-        else [("--prompt-data", cfg.prompt_data, cfg, TRAINING_KEY_FLAGS)]
+        else [("--prompt-data", cfg.prompt_data, cfg, TRAINING_KEY_FLAGS, None)]
     )
     try:
         files += _eval_files(cfg)
     except (FileNotFoundError, ValueError) as e:  # a malformed --eval-prompt-data / --eval-config
         # Not type(e): a subclass such as UnicodeDecodeError cannot be built from one message.
         problems.append(Problem(message=str(e), exception=FileNotFoundError if isinstance(e, OSError) else ValueError))
-    for flag, spec, file_cfg, key_flags in files:
+    for flag, spec, file_cfg, key_flags, rm_type_override in files:
         try:
-            _check_rows(spec, file_cfg, flag, key_flags)
+            _check_rows(spec, file_cfg, flag, key_flags, rm_type_override)
         except FileNotFoundError as e:
             problems.append(Problem(message=str(e), exception=FileNotFoundError))
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
@@ -128,7 +128,7 @@ def _group_rm_eval(cfg: SlimeArgs) -> list[Problem]:
     ))]  # fmt: skip
 
 
-def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags]]:
+def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags, str | None]]:
     """Each eval dataset's file with the config its rows are read and graded with (`generation.eval.eval_datasets`).
 
     An eval dataset has its own keys and reward (`--eval-input-key`, `--eval-label-key`, an `--eval-config`
@@ -150,7 +150,9 @@ def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags]]:
         names = ("input_key", "label_key", "metadata_key", "tool_key", "rm_type", "multimodal_keys")
         keys = {key: dataset[key] for key in names}
         keys["custom_rm_path"] = dataset["custom_rm_path"] or cfg.custom_rm_path
-        files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys), dataset["key_flags"]))
+        # An --eval-config dataset's own rm_type grades every row, whatever the row's metadata names (eval.py).
+        override = dataset["rm_type"] if dataset["rm_type_given"] else None
+        files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys), dataset["key_flags"], override))
     return files
 
 
@@ -322,8 +324,12 @@ def _pass_through_flags(cfg: SlimeArgs) -> list[Problem]:
     return problems
 
 
-def _check_rows(spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS) -> None:
+def _check_rows(
+    spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS, rm_type_override: str | None = None
+) -> None:
     """Loads one prompt file named by `flag` and checks its rows (and images, with `--multimodal-keys`).
+
+    `rm_type_override`: the reward type that grades every row (an `--eval-config` dataset's), or None.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -337,7 +343,7 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAI
         raise ValueError(f"{flag}: {e}") from None
     if not located:
         raise ValueError(f"{flag} {spec}: no rows")
-    check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags)
+    check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags, rm_type_override=rm_type_override)
     image_key = multimodal.image_column(cfg.multimodal_keys)
     if not image_key:
         return
@@ -452,7 +458,12 @@ def _check_label_value(spec: RewardSpec, label: Any, rm_type: str, at: str, labe
 
 
 def check_prompt_rows(
-    rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS
+    rows: Sequence[Mapping[str, Any]],
+    cfg: SlimeArgs,
+    *,
+    where: str,
+    key_flags: KeyFlags = TRAINING_KEY_FLAGS,
+    rm_type_override: str | None = None,
 ) -> None:
     """Checks every row of a prompt file before the run starts.
 
@@ -467,6 +478,8 @@ def check_prompt_rows(
         cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `tool_key`, `rm_type`, `custom_rm_path`.
         where: `"{flag} {path}"` for the messages.
         key_flags: the flags that set the keys, as messages name them (an eval dataset's: `--eval-input-key`, ...).
+        rm_type_override: the reward type that grades every row over its `metadata["rm_type"]` (an `--eval-config`
+            dataset's `rm_type`, as the eval rollout applies it), or None.
 
     Raises:
         ValueError: naming `where`, the row and the problem.
@@ -488,6 +501,8 @@ def check_prompt_rows(
         row_tools(dict(row), cfg.tool_key, at, key_flags.tool_key)
         if sft:
             continue  # the SFT rollout grades nothing: its rows need no label
+        if rm_type_override:
+            metadata = {**metadata, "rm_type": rm_type_override}
         rm_type, spec = _row_reward(cfg, metadata, at)  # the reward that scores the row
         required = _label_required(spec, metadata)
         if not cfg.label_key:
