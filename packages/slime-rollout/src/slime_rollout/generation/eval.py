@@ -245,8 +245,9 @@ def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
             dataset["tool_key"],
             cfg.hf_checkpoint,
             bool(dataset["apply_chat_template"]),
-            # As JSON: the cache key must be hashable, and kwargs may hold lists and dicts (a template's documents).
-            json.dumps(dict(dataset["apply_chat_template_kwargs"] or {}), sort_keys=True),
+            # As JSON: the cache key must be hashable, and kwargs may hold lists and dicts (a template's documents);
+            # keys unsorted, since the template reads them back in that order.
+            json.dumps(dict(dataset["apply_chat_template_kwargs"] or {})),
             dataset["max_prompt_len"],
             tuple(sorted(dict(dataset["multimodal_keys"] or {}).items())),
             dataset.get("key_flags", TRAINING_KEY_FLAGS),
