@@ -432,3 +432,27 @@ def test_eval_temperature_zero_is_greedy_eval_as_in_the_original():
     assert make(eval_temperature=0.0).eval_temperature == 0.0
     with pytest.raises(ConfigError, match="--rollout-temperature: Input should be greater than 0"):
         make(rollout_temperature=0.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ('{"continue_final_message": true}', "incompatible with the generation prompt the rollout always adds"),
+        ('{"add_generation_prompt": false}', "always True: the prompt ends with the assistant's turn header"),
+        ('{"tools": []}', "the row's --tool-key column"),
+        ('{"tokenize": true}', "always False: prompts are rendered as text"),
+    ],
+)
+def test_template_kwargs_the_rollout_passes_itself_are_refused_naming_the_flag(kwargs, why):
+    # Each failed at the first row as "x.jsonl line 1: the chat template failed on this row: TypeError: ... got
+    # multiple values for keyword argument 'tools'" (or continue_final_message's "not compatible"), blaming the data.
+    key = kwargs.split('"')[1]
+    with pytest.raises(ConfigError) as raised:
+        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--apply-chat-template-kwargs", kwargs])
+    assert str(raised.value) == (
+        f"--apply-chat-template-kwargs: {key!r} is an apply_chat_template argument the rollout sets itself ({why}); "
+        "give only the template's own variables (e.g. enable_thinking)"
+    )
+    assert make(apply_chat_template_kwargs={"enable_thinking": False}).apply_chat_template_kwargs == {
+        "enable_thinking": False
+    }

@@ -160,3 +160,16 @@ async def test_template_kwargs_holding_lists_or_dicts_are_read(use_client, tmp_p
     out = await eval_rollout_async(args, 0)
     prompt = out.data["kw"]["samples"][0].prompt
     assert prompt == "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"  # not thinking
+
+
+def test_an_eval_config_template_kwarg_the_rollout_sets_itself_is_named(tmp_path):
+    from slime_rollout.generation.eval import eval_datasets
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n  datasets:\n"
+        "    - {name: d, path: d.jsonl, apply_chat_template_kwargs: {add_generation_prompt: false}}\n"
+    )
+    with pytest.raises(ValueError, match=r"eval.datasets\[0\]: apply_chat_template_kwargs: 'add_generation_prompt' "
+                                         r"is an apply_chat_template argument the rollout sets itself"):  # fmt: skip
+        eval_datasets(_args(eval_config=str(config)))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from slime_core.config.rollout import check_template_kwargs
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.prompt_length import default_max_prompt_len
@@ -84,6 +85,7 @@ def _check_keys(entry: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DATASET_KEYS)}")
     if not isinstance(entry.get("metadata_overrides", {}), dict):
         raise ValueError(f"{where}: metadata_overrides must be a mapping, got {entry['metadata_overrides']!r:.60}")
+    check_template_kwargs(entry.get("apply_chat_template_kwargs"), flag=f"{where}: apply_chat_template_kwargs")
     return dict(entry)
 
 
