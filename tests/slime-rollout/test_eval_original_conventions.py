@@ -7,6 +7,7 @@ An original `--eval-config` with `datasets` as a mapping, or with `repetition_pe
 """
 
 import logging
+import re
 
 import pytest
 from slime_rollout_fakes import FakeClient
@@ -172,4 +173,29 @@ def test_an_eval_config_template_kwarg_the_rollout_sets_itself_is_named(tmp_path
     )
     with pytest.raises(ValueError, match=r"eval.datasets\[0\]: apply_chat_template_kwargs: 'add_generation_prompt' "
                                          r"is an apply_chat_template argument the rollout sets itself"):  # fmt: skip
+        eval_datasets(_args(eval_config=str(config)))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("n_samples_per_eval_prompt: 4x", "n_samples_per_eval_prompt must be an integer >= 1, got '4x'"),
+        ("n_samples_per_eval_prompt: 0", "n_samples_per_eval_prompt must be an integer >= 1, got 0"),
+        ("temperature: hot", r"temperature must be a number >= 0 \(0: greedy\), got 'hot'"),
+        ("max_response_len: -5", "max_response_len must be an integer >= 1, got -5"),
+        ("top_p: 2", r"top_p must be a number in \(0, 1\], got 2"),
+        ("stop_token_ids: [1, x]", r"stop_token_ids must be a list of token ids, got \[1, 'x'\]"),
+    ],
+)
+def test_an_eval_config_value_is_checked_where_the_file_is_read(tmp_path, entry, message):
+    # Each was taken as given: "4x" failed in int() at the first eval naming nothing, 0 samples per prompt dropped
+    # the dataset as "every prompt was dropped", "hot" and -5 reached the engine (an HTTP 400 mid-eval).
+    from slime_rollout.generation.eval import eval_datasets
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  datasets:\n    - {{name: d, path: d.jsonl, {entry}}}\n")
+    with pytest.raises(ValueError, match=rf"^--eval-config {re.escape(str(config))}: eval.datasets\[0\]: {message}$"):
+        eval_datasets(_args(eval_config=str(config)))
+    config.write_text(f"eval:\n  defaults: {{{entry}}}\n  datasets:\n    - {{name: d, path: d.jsonl}}\n")
+    with pytest.raises(ValueError, match=rf"^--eval-config {re.escape(str(config))}: eval.defaults: {message}$"):
         eval_datasets(_args(eval_config=str(config)))

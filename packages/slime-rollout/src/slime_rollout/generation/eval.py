@@ -27,6 +27,7 @@ import copy
 import functools
 import json
 import logging
+import math
 import pathlib
 import statistics
 from typing import TYPE_CHECKING, Any
@@ -86,7 +87,39 @@ def _check_keys(entry: Any, where: str) -> dict[str, Any]:
     if not isinstance(entry.get("metadata_overrides", {}), dict):
         raise ValueError(f"{where}: metadata_overrides must be a mapping, got {entry['metadata_overrides']!r:.60}")
     check_template_kwargs(entry.get("apply_chat_template_kwargs"), flag=f"{where}: apply_chat_template_kwargs")
+    for key, value in entry.items():
+        check = _VALUE_CHECKS.get(key)
+        if check is not None and value is not None and not check[0](value):
+            raise ValueError(f"{where}: {key} must be {check[1]}, got {value!r:.60}")
     return dict(entry)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# The values an --eval-config entry may hold, as the matching flags allow them: a typo ("4x", "hot") reached
+# int() at the first eval or the engine's 400, naming no file or dataset.
+_VALUE_CHECKS: dict[str, tuple[Any, str]] = {
+    "n_samples_per_eval_prompt": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "max_response_len": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "max_prompt_len": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "min_new_tokens": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),
+    "top_k": (lambda v: _integer(v) and (v == -1 or v >= 1), "-1 (off) or an integer >= 1"),
+    "temperature": (lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "apply_chat_template": (lambda v: isinstance(v, bool), "true or false"),
+    "skip_special_tokens": (lambda v: isinstance(v, bool), "true or false"),
+    "no_stop_trim": (lambda v: isinstance(v, bool), "true or false"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+             "a string or a list of strings"),
+    "stop_token_ids": (lambda v: isinstance(v, list) and all(_integer(x) for x in v), "a list of token ids"),
+}  # fmt: skip
 
 
 def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
