@@ -456,3 +456,13 @@ def test_template_kwargs_the_rollout_passes_itself_are_refused_naming_the_flag(k
     assert make(apply_chat_template_kwargs={"enable_thinking": False}).apply_chat_template_kwargs == {
         "enable_thinking": False
     }
+
+
+@pytest.mark.parametrize("url", ["localhost:8000/score", "127.0.0.1:8000", "http:///score", "ftp://rm/score"])
+def test_rm_url_must_be_an_http_url_with_a_host(url):
+    # "localhost:8000/score" failed every request as an unsupported protocol, each retried with backoff for about
+    # 150 s, before the rollout stopped.
+    with pytest.raises(ConfigError) as raised:
+        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--rm-url", url])
+    assert str(raised.value) == f"--rm-url {url!r}: not an http(s) URL with a host; write it as http://host:port/path"
+    assert make(rm_url="http://localhost:8000/score").rm_url == "http://localhost:8000/score"
