@@ -333,6 +333,38 @@ async def test_remote_rm_html_reply_is_retried_then_named(monkeypatch):
         await async_rm(args, Sample(prompt="p", response="r", label="l", index=7))
 
 
+async def test_remote_rm_client_errors_fail_at_once_with_the_services_reason(monkeypatch):
+    # A 422 (the service wants other fields) or a 404 (a wrong path) was sent again ten times over about 150 s, and
+    # the error then said "Client error '422 Unprocessable Entity'" without the service's reason.
+    import httpx
+
+    from slime_rollout.rewards import remote
+
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(422, json={"detail": [{"loc": ["body", "question"], "msg": "Field required"}]})
+
+    monkeypatch.setattr(remote, "_client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    with pytest.raises(RewardFunctionError) as raised:
+        await async_rm(_args(rm_type="remote_rm", rm_url="http://rm/score"), Sample(prompt="p", response="r", index=2))
+    assert len(calls) == 1
+    assert str(raised.value) == (
+        "--rm-type remote_rm (http://rm/score) raised RefusedRequest on sample 2: --rm-url http://rm/score refused the "
+        "request with HTTP 422 Unprocessable Entity (not retried: the same request would be refused again): "
+        '\'{"detail":[{"loc":["body","question"],"msg":"Field required"}]}\''
+    )
+    # A rate limit is retried, as the 5xx are.
+    statuses = iter([429, 200])
+    monkeypatch.setattr(
+        remote,
+        "_client",
+        lambda: httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(next(statuses), json=1.0))),
+    )
+    assert await remote.remote_reward("http://rm/score", {}, base_delay_s=0.0) == 1.0
+
+
 async def test_remote_rm_goes_straight_to_rm_url_and_bounds_each_attempt(monkeypatch):
     # Issue 27 leftover: httpx trusts HTTP(S)_PROXY/ALL_PROXY by default, so a cluster-internal reward model was
     # called through the user's proxy (here a dead one: every attempt failed); the original's aiohttp session does

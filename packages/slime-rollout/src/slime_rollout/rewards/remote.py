@@ -11,7 +11,9 @@ connect, send, wait and read; the whole call, retries included, is bounded by `-
 A reply that is not JSON (a proxy's or gateway's HTML page sent with status 200) is retried like a failed request,
 as the original's (`aiohttp`'s `resp.json()` raises on it, and it retries every exception); the last one is
 `NotJSONReply`, naming the status, content type and the start of the body (it was a bare "JSONDecodeError: Expecting
-value: line 1 column 1 (char 0)" on the first try).
+value: line 1 column 1 (char 0)" on the first try). A 4xx reply other than 408, 409, 425 and 429 (a wrong path, a
+payload the service does not take) is not retried, unlike the original, which sent the same refused request ten times
+over about 150 s: it is `RefusedRequest`, with the status and the start of the body (where a service says why).
 """
 
 from __future__ import annotations
@@ -27,7 +29,23 @@ from slime_core.error_text import preview
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NotJSONReply", "remote_reward"]
+__all__ = ["NotJSONReply", "RefusedRequest", "remote_reward"]
+
+
+class RefusedRequest(ValueError):
+    """The reward model refused the request itself (HTTP 4xx: a wrong path, a payload it does not take); not retried."""
+
+
+# Client errors that a later attempt may not meet (timeout, conflict, too early, rate limit): retried with the 5xx.
+_RETRIED_CLIENT_ERRORS = frozenset({408, 409, 425, 429})
+
+
+def _refused(response: httpx.Response, url: str) -> str:
+    body = response.content[:_BODY_SHOWN].decode("utf-8", errors="replace")
+    return (
+        f"--rm-url {url} refused the request with HTTP {response.status_code} {response.reason_phrase} (not "
+        f"retried: the same request would be refused again): {preview(body, _BODY_SHOWN)}"
+    )
 
 
 class NotJSONReply(ValueError):
@@ -85,6 +103,8 @@ async def remote_reward(
         ValueError: if `url` is empty.
         httpx.HTTPError | TimeoutError | NotJSONReply: the last error after `max_retries` failed attempts
             (TimeoutError: an attempt took more than 120 s; NotJSONReply: the body was not JSON).
+        RefusedRequest: at once, an HTTP 4xx other than 408, 409, 425 and 429 (names the status and the body's
+            start: a FastAPI service's `{"detail": ...}` says which field it missed).
     """
     if not url:
         raise ValueError("--rm-type remote_rm needs --rm-url")
@@ -94,6 +114,8 @@ async def remote_reward(
             # httpx's timeout is per phase (a reply trickling in could take far longer): bound the attempt too.
             async with asyncio.timeout(_ATTEMPT_S):
                 response = await _client().post(url, json=payload)
+            if 400 <= response.status_code < 500 and response.status_code not in _RETRIED_CLIENT_ERRORS:
+                raise RefusedRequest(_refused(response, url))  # the same request would be refused again
             response.raise_for_status()
             return _json_reply(response, url)
         except (httpx.HTTPError, TimeoutError, NotJSONReply) as e:
