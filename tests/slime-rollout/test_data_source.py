@@ -506,3 +506,30 @@ def test_content_parts_a_text_template_does_not_render_are_named(tmp_path, qwen3
     (sample,) = rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok,
                                 apply_chat_template=True)  # fmt: skip
     assert sample.prompt.startswith("[user] What is 2+2?") and sample.prompt.endswith("[assistant] ")
+
+
+def test_messages_stored_as_json_text_are_read_as_messages(tmp_path, qwen3_tokenizer_dir, caplog):
+    # A CSV export or a stringified Parquet column holds the messages as JSON text; read as text, the model's user
+    # turn was '[{"role": "system", ...}, ...]' itself (the system prompt inside a user turn, no chat structure).
+    import logging
+
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+    rows = [
+        {"q": json.dumps(messages), "a": "4"},
+        {"q": "Parse this: [1, 2]", "a": "ok"},  # text that merely holds JSON stays text
+        {"q": '[{"role": "user"}]', "a": "x"},  # no content: not messages, kept as its text
+    ]
+    spec = _write_jsonl(tmp_path / "d.jsonl", rows)
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    with caplog.at_level(logging.INFO, logger="slime_rollout.data.source"):
+        samples = rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", label_key="a", tokenizer=tok,
+                                  apply_chat_template=True)  # fmt: skip
+    assert samples[0].prompt == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert samples[0].prompt.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert "Parse this: [1, 2]" in samples[1].prompt and '[{"role": "user"}]' in samples[2].prompt
+    assert (
+        f"{spec}: 1 of 3 --input-key prompts were JSON text of chat messages, read as the messages (first at line 1)"
+        in caplog.text
+    )

@@ -25,7 +25,14 @@ from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
 from slime_rollout.data.prompt_length import engine_context_len, sglang_context_arg
 from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
-from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
+from slime_rollout.data.rows import (
+    TRAINING_KEY_FLAGS,
+    KeyFlags,
+    messages_from_json,
+    prompt_problem,
+    row_metadata,
+    row_tools,
+)
 from slime_rollout.data.sft import conversation_problem
 from slime_rollout.data.sft_preflight import is_sft, sft_problems
 from slime_rollout.data.source import TOKENIZER_FILES
@@ -492,6 +499,8 @@ def check_prompt_rows(
             raise ValueError(f"{at}: no {key_flags.input_key} {cfg.input_key!r} (keys: {sorted(row)})")
         value = row[cfg.input_key]
         # conversation_problem runs prompt_problem first (each SFT row's text was checked twice).
+        if not sft:
+            value = messages_from_json(value) or value  # JSON text of messages: read as the data source reads it
         problem = (conversation_problem(value, cfg.loss_mask_type, cfg.input_key) if sft
                    else prompt_problem(value, cfg.input_key, key_flags.input_key))  # fmt: skip
         if problem is not None:
