@@ -124,3 +124,36 @@ def test_buffer_group_size_checked(tmp_path):
         ds.add_samples([ds.get_samples(1)[0][:1]])
     with pytest.raises(RuntimeError, match="no buffer"):
         RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "d.jsonl", ROWS))).add_samples([])
+
+
+@pytest.mark.parametrize(
+    ("resumed", "said"),
+    [
+        ({"rollout_seed": 8}, "with --rollout-seed 7 (now 8)"),
+        ({"rollout_shuffle": False}, "with --rollout-shuffle on (now off)"),
+        ({}, None),
+    ],
+)
+def test_a_resume_mid_epoch_under_another_order_is_warned_about(tmp_path, caplog, resumed, said):
+    # The epoch's order is a function of --rollout-shuffle and --rollout-seed: resumed mid-epoch with another value,
+    # the rest of the epoch served some prompts twice and skipped others, silently.
+    import logging
+
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(10)]
+    path = _write_jsonl(tmp_path / "d.jsonl", rows)
+    saved = {"prompt_data": path, "rollout_shuffle": True, "rollout_seed": 7, "n_samples_per_prompt": 1}
+    ds = RolloutDataSource(_args(save=str(tmp_path / "ckpt"), **saved))
+    first = [g[0].prompt for g in ds.get_samples(4)]
+    ds.save(0)
+    resumed_ds = RolloutDataSource(_args(load=str(tmp_path / "ckpt"), **{**saved, **resumed}))
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.data.cursor_file"):
+        resumed_ds.load(0)
+    rest = [g[0].prompt for g in resumed_ds.get_samples(6)]
+    lines = [r.getMessage() for r in caplog.records if "another order" in r.getMessage()]
+    if said is None:
+        assert lines == [] and sorted(first + rest) == sorted(r["question"] for r in rows)  # each prompt once
+    else:
+        assert lines == [
+            f"the data-source cursor was saved mid-epoch (offset 4) {said}: the rest of epoch 0 comes in another "
+            "order, serving some prompts twice and skipping others; resume with the saved values to go on as saved"
+        ]

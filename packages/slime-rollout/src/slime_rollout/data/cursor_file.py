@@ -22,7 +22,14 @@ from slime_rollout.data.original_cursor import load_original
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cursor_path", "keep_groups_of_size", "read_cursor", "warn_other_prompt_count", "write_cursor"]
+__all__ = [
+    "cursor_path",
+    "keep_groups_of_size",
+    "read_cursor",
+    "warn_other_order",
+    "warn_other_prompt_count",
+    "write_cursor",
+]
 
 
 def cursor_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
@@ -70,6 +77,29 @@ def warn_other_prompt_count(state: dict[str, Any], num_prompts: int, prompt_data
         logger.warning(
             "the data-source cursor was saved over %d prompts; --prompt-data %s now gives %d: the resumed run does "
             "not go on with the saved run's prompts", int(saved), prompt_data, num_prompts,
+        )  # fmt: skip
+
+
+def warn_other_order(state: dict[str, Any], *, shuffle: bool, seed: int) -> None:
+    """One warning when a cursor was saved under another `--rollout-shuffle` or `--rollout-seed` than this run's.
+
+    The epoch's order is a function of both (`data.epoch_order`): resumed mid-epoch under others, the rest of the
+    epoch came in another order, serving some prompts twice and skipping others, without a word. Cursors written
+    before the two were kept (and the original's) say nothing.
+    """
+    saved_shuffle, saved_seed = state.get("rollout_shuffle"), state.get("rollout_seed")
+    if saved_shuffle is None or saved_seed is None:
+        return
+    changed = []
+    if bool(saved_shuffle) != shuffle:
+        changed.append(f"--rollout-shuffle {'on' if saved_shuffle else 'off'} (now {'on' if shuffle else 'off'})")
+    if shuffle and int(saved_seed) != seed:  # the seed orders nothing without shuffling
+        changed.append(f"--rollout-seed {int(saved_seed)} (now {seed})")
+    if changed and int(state.get("sample_offset", 0)) > 0:
+        logger.warning(
+            "the data-source cursor was saved mid-epoch (offset %d) with %s: the rest of epoch %d comes in another "
+            "order, serving some prompts twice and skipping others; resume with the saved values to go on as saved",
+            int(state["sample_offset"]), " and ".join(changed), int(state.get("epoch_id", 0)),
         )  # fmt: skip
 
 

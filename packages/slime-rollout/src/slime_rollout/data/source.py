@@ -29,6 +29,7 @@ from slime_rollout.data.cursor_file import (
     cursor_path,
     keep_groups_of_size,
     read_cursor,
+    warn_other_order,
     warn_other_prompt_count,
     write_cursor,
 )
@@ -378,6 +379,8 @@ class RolloutDataSource:
             "metadata": self.metadata,
             "shuffle_order": self._shuffle_order,
             "num_prompts": len(self.prompts),
+            "rollout_shuffle": bool(self.args.rollout_shuffle),
+            "rollout_seed": int(self.args.rollout_seed),
         }
 
     def _set_state(self, state: dict[str, Any]) -> None:
@@ -389,6 +392,7 @@ class RolloutDataSource:
         self._shuffle_order = str(state.get("shuffle_order", LEGACY_NUMPY))  # absent: written before the field was
         self._order = self._epoch_order(self.epoch_id)
         warn_other_prompt_count(state, len(self.prompts), self.args.prompt_data)
+        warn_other_order(state, shuffle=self.args.rollout_shuffle, seed=self.args.rollout_seed)
 
     def _buffered(self) -> list[Sample]:
         """The samples the cursor holds (none here; it had no buffer, so `save` raised AttributeError)."""
