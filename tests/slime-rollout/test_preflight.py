@@ -70,7 +70,7 @@ def test_a_grader_that_compares_with_the_label_needs_a_label_key(tmp_path, rm_ty
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
     args = ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--rollout-batch-size",
             "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
-            "--actor-num-gpus-per-node", "1", "--rm-type", rm_type]  # fmt: skip
+            "--actor-num-gpus-per-node", "1", "--rollout-max-response-len", "8", "--rm-type", rm_type]  # fmt: skip
     (error,) = _errors(parse_args(args))
     assert error == (
         f"--prompt-data {data} line 1: --rm-type {rm_type} grades against a label, but no --label-key is set "
@@ -564,3 +564,32 @@ def test_an_eval_config_rm_type_is_the_one_its_rows_are_checked_against(tmp_path
         _errors(_cfg(train, "--rm-type", "math", "--eval-prompt-data", "mixed", str(rows), "--eval-interval", "1"))
         == []
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        ([], True),
+        (["--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async"], True),
+        (["--rollout-max-response-len", "8"], False),
+        (["--debug-train-only"], False),  # no engine request
+    ],
+)
+def test_the_built_in_rollout_needs_a_response_budget_before_the_run_starts(tmp_path, extra, refused):
+    # Without --rollout-max-response-len the run started Ray, the engines and the trainer, then stopped at its first
+    # rollout ("--rollout-max-response-len is required"); the original subtracted from None there.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    args = ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--label-key", "label",
+            "--rm-type", "math", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1",
+            "--actor-num-gpus-per-node", "1", *extra]  # fmt: skip
+    errors = _errors(parse_args(args))
+    path = (
+        extra[1]
+        if extra and extra[0] == "--rollout-function-path"
+        else "slime_rollout.generation.rollout.generate_rollout"
+    )
+    expected = [
+        f"--rollout-max-response-len is not set: the rollout ({path}) sends it to the engines as max_new_tokens; give "
+        "the longest response to generate, e.g. --rollout-max-response-len 1024"
+    ]
+    assert errors == (expected if refused else [])

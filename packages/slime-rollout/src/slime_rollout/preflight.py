@@ -72,6 +72,7 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
     problems += _length_limits(cfg)
     problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + _zero_std_filter_on_single_samples(cfg)
+    problems += _response_budget(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
@@ -90,6 +91,31 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
             problems.append(Problem(message=str(e)))
     return problems
+
+
+def _response_budget(cfg: SlimeArgs) -> list[Problem]:
+    """A built-in training rollout without `--rollout-max-response-len`, refused before the run starts.
+
+    Its engine requests need the budget (SGLang's `max_new_tokens`; the original subtracted from None): the run
+    started Ray, the engines and the trainer, then stopped at its first rollout. Replayed or trainer-only runs send no
+    request.
+    """
+    if cfg.rollout_max_response_len is not None or cfg.load_debug_rollout_data or cfg.debug_train_only:
+        return []
+    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
+    from slime_rollout.generation.fully_async import generate_rollout_fully_async
+    from slime_rollout.generation.rollout import generate_rollout
+
+    try:
+        fn = load_function(cfg.rollout_function_path, flag="--rollout-function-path")
+    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return []
+    if fn not in (generate_rollout, generate_rollout_fully_async):
+        return []  # a custom rollout function decides its own requests
+    return [Problem(message=(
+        f"--rollout-max-response-len is not set: the rollout ({cfg.rollout_function_path}) sends it to the engines as "
+        "max_new_tokens; give the longest response to generate, e.g. --rollout-max-response-len 1024"
+    ))]  # fmt: skip
 
 
 def _zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
