@@ -403,7 +403,8 @@ async def run_end_of_rollout_plugins(
     `--rollout-sample-filter-path` is `fn(args, data)`, `--rollout-all-samples-process-path`
     `fn(args, all_groups, data_source)`, both with the groups sorted by sample index (`all_groups`: every group that
     finished, kept, filtered out, aborted or surplus; it was in finishing order, the original sorts it). They are
-    sync user code: called on the event loop, one that never returned froze the run with no word.
+    sync user code: called on the event loop, one that never returned froze the run with no word. A sample filter
+    that returns something (a filtered list) is warned about: only `remove_sample` marks are read.
 
     Raises:
         DeadlineExceeded: one ran past `--plugin-timeout-secs` (the message names it and the rollout).
@@ -414,7 +415,14 @@ async def run_end_of_rollout_plugins(
         path = args.rollout_sample_filter_path
         fn = load_function(path, flag="--rollout-sample-filter-path")
         what = f"--rollout-sample-filter-path {path} (rollout {rollout_id})"
-        await call_plugin_with_deadline(fn, args, data, what=what, **plugin_bounds(args))
+        returned = await call_plugin_with_deadline(fn, args, data, what=what, **plugin_bounds(args))
+        if returned is not None:  # `return [g for g in data if ...]` filtered nothing, silently
+            samples = flatten_groups(data)
+            logger.warning(
+                "rollout %d: --rollout-sample-filter-path %s returned a %s, which is not read (as in the original): "
+                "it filters by setting sample.remove_sample = True in place (%d of %d samples are marked)",
+                rollout_id, path, type(returned).__name__, sum(bool(s.remove_sample) for s in samples), len(samples),
+            )  # fmt: skip
     if args.rollout_all_samples_process_path:
         path = args.rollout_all_samples_process_path
         fn = load_function(path, flag="--rollout-all-samples-process-path")
