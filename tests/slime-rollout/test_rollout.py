@@ -112,7 +112,7 @@ async def test_dynamic_sampling_that_keeps_nothing_stops_after_bounded_empty_rou
         rollout_max_response_len=8,
     )
     ds = ListDataSource(n=2)
-    with caplog.at_level("INFO", logger="slime_rollout.generation.rollout"):
+    with caplog.at_level("INFO", logger="slime_rollout.generation"):
         with pytest.raises(RuntimeError, match=r"rollout 0: 3 over-sampling rounds in a row kept no group \(0/2 "
                            r"kept, dropped: zero_std_1\.0: \d+\).*--dynamic-sampling-max-empty-rounds"):  # fmt: skip
             await generate_rollout_async(args, 0, ds)
