@@ -365,6 +365,30 @@ async def test_remote_rm_client_errors_fail_at_once_with_the_services_reason(mon
     assert await remote.remote_reward("http://rm/score", {}, base_delay_s=0.0) == 1.0
 
 
+async def test_remote_rm_server_errors_end_with_the_services_last_reply(monkeypatch):
+    # After the retries the error was httpx's "Server error '500 Internal Server Error' for url ...\nFor more
+    # information check: https://developer.mozilla.org/...", without what the service said.
+    import httpx
+
+    from slime_rollout.rewards import remote
+
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(500, text="CUDA out of memory while scoring")
+
+    monkeypatch.setattr(remote, "_client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    monkeypatch.setattr(remote.remote_reward, "__kwdefaults__", {"max_retries": 3, "base_delay_s": 0.0})
+    with pytest.raises(RewardFunctionError) as raised:
+        await async_rm(_args(rm_type="remote_rm", rm_url="http://rm/score"), Sample(prompt="p", response="r", index=5))
+    assert len(calls) == 3
+    assert str(raised.value) == (
+        "--rm-type remote_rm (http://rm/score) raised ServiceError on sample 5: --rm-url http://rm/score answered "
+        "HTTP 500 Internal Server Error to all 3 attempts; the last reply: 'CUDA out of memory while scoring'"
+    )
+
+
 async def test_remote_rm_goes_straight_to_rm_url_and_bounds_each_attempt(monkeypatch):
     # Issue 27 leftover: httpx trusts HTTP(S)_PROXY/ALL_PROXY by default, so a cluster-internal reward model was
     # called through the user's proxy (here a dead one: every attempt failed); the original's aiohttp session does

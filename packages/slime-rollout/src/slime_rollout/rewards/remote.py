@@ -29,7 +29,7 @@ from slime_core.error_text import preview
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NotJSONReply", "RefusedRequest", "remote_reward"]
+__all__ = ["NotJSONReply", "RefusedRequest", "ServiceError", "remote_reward"]
 
 
 class RefusedRequest(ValueError):
@@ -45,6 +45,18 @@ def _refused(response: httpx.Response, url: str) -> str:
     return (
         f"--rm-url {url} refused the request with HTTP {response.status_code} {response.reason_phrase} (not "
         f"retried: the same request would be refused again): {preview(body, _BODY_SHOWN)}"
+    )
+
+
+class ServiceError(RuntimeError):
+    """The reward model kept answering with an HTTP 5xx (or a retried 4xx); the message shows its last reply's body."""
+
+
+def _failed(response: httpx.Response, url: str, attempts: int) -> str:
+    body = response.content[:_BODY_SHOWN].decode("utf-8", errors="replace")
+    return (
+        f"--rm-url {url} answered HTTP {response.status_code} {response.reason_phrase} to all {attempts} attempts; "
+        f"the last reply: {preview(body, _BODY_SHOWN)}"
     )
 
 
@@ -101,8 +113,9 @@ async def remote_reward(
 
     Raises:
         ValueError: if `url` is empty.
-        httpx.HTTPError | TimeoutError | NotJSONReply: the last error after `max_retries` failed attempts
-            (TimeoutError: an attempt took more than 120 s; NotJSONReply: the body was not JSON).
+        httpx.HTTPError | TimeoutError | NotJSONReply | ServiceError: the last error after `max_retries` failed
+            attempts (TimeoutError: an attempt took more than 120 s; NotJSONReply: the body was not JSON;
+            ServiceError: an HTTP error status, with the start of the last reply's body).
         RefusedRequest: at once, an HTTP 4xx other than 408, 409, 425 and 429 (names the status and the body's
             start: a FastAPI service's `{"detail": ...}` says which field it missed).
     """
@@ -119,6 +132,9 @@ async def remote_reward(
             response.raise_for_status()
             return _json_reply(response, url)
         except (httpx.HTTPError, TimeoutError, NotJSONReply) as e:
+            if attempt == max_retries and isinstance(e, httpx.HTTPStatusError):
+                # httpx's message names the status and an MDN link; the service's own reason is in the body.
+                raise ServiceError(_failed(e.response, url, max_retries)) from e
             if attempt == max_retries:
                 raise
             logger.warning(
