@@ -60,7 +60,8 @@ def test_the_cli_ends_in_one_line_when_a_process_of_the_run_dies(tmp_path):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1", "--output-dir",
+        [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1",
+         "--rollout-max-response-len", "8", "--output-dir",
          str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},
     )  # fmt: skip

@@ -96,8 +96,9 @@ loop.Run = Run
 from slime_app.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-    argv = ["--rollout-batch-size", "1", "--num-rollout", "1", "--output-dir", str(tmp_path / "out"),
-            "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"]  # fmt: skip
+    argv = ["--rollout-batch-size", "1", "--num-rollout", "1", "--rollout-max-response-len", "8",
+            "--output-dir", str(tmp_path / "out"), "--rollout-engine", "reference", "--train-backend", "fsdp",
+            "--actor-num-gpus-per-node", "1"]  # fmt: skip
     out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
     assert out.returncode == 5, out.stderr[-3000:]

@@ -497,3 +497,24 @@ def test_async_saves_the_data_cursor_before_the_next_rollout_draws(monkeypatch):
         ("save", 1), ("generate", 2), ("train", 1), ("trainer.save", 1),  # was: ("generate", 2) before ("save", 1)
         ("save", 2), ("train", 2), ("trainer.save", 2),  # the last rollout: no generation follows
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "evals"), [({}, []), ({"eval_interval": 5}, [("eval", 0)]),
+                                               ({"eval_interval": 5, "skip_eval_before_train": True}, [])])  # fmt: skip
+def test_eval_data_without_eval_interval_is_never_evaluated_as_in_the_original(monkeypatch, fields, evals):
+    # The original evaluates before training only with --eval-interval (train.py: `args.eval_interval is not None and
+    # rollout_id == 0`), and its run-qwen3-235B-A22B.sh turns eval off by commenting out `--eval-interval 20` while
+    # keeping --eval-prompt-data (AIME, 16 samples of up to 16k tokens): here that ran the whole eval before step 0.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "eval_prompt_data": ["aime", "/a.jsonl"],
+                               "debug_rollout_only": True, **fields})  # fmt: skip
+    events = []
+    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
+    run.tracker.start = lambda *a: None
+    run.trainer = None
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    run.goodput, run.instability, run.last_hf_export = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg), None
+    monkeypatch.setattr(run, "build", lambda: 0, raising=False)
+    run.run()
+    assert [e for e in events if e[0] == "eval"] == evals + ([("eval", 1)] if fields.get("eval_interval") else [])

@@ -62,7 +62,7 @@ def installed_plugin(tmp_path_factory):
         del sys.modules[name]
 
 
-BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 1}
+BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "num_rollout": 1, "rollout_max_response_len": 8}
 PLUGIN = {
     "train_backend": "toy_backend",
     "rm_type": "response_length",

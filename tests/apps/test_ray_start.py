@@ -119,7 +119,8 @@ def test_cli_prints_one_line_and_exits_4_when_ray_does_not_start(tmp_path):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1", "--ray-startup-retry-wait",
+        [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1",
+         "--rollout-max-response-len", "8", "--ray-startup-retry-wait",
          "0", "--output-dir", str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp",
          "--actor-num-gpus-per-node", "1"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},
@@ -134,7 +135,8 @@ def test_cli_prints_one_line_and_exits_4_when_ray_does_not_start(tmp_path):
 def test_cli_prints_one_line_and_exits_4_when_nothing_answers_at_the_ray_address(tmp_path):
     port = _closed_port()
     out = subprocess.run(
-        [sys.executable, "-m", "slime_app", "--rollout-batch-size", "1", "--num-rollout", "1", "--output-dir",
+        [sys.executable, "-m", "slime_app", "--rollout-batch-size", "1", "--num-rollout", "1",
+         "--rollout-max-response-len", "8", "--output-dir",
          str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1",
          "--ray-address", f"127.0.0.1:{port}"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},

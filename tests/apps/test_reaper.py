@@ -127,7 +127,8 @@ def test_an_interrupted_ray_start_leaves_no_orphan(tmp_path):
     err_file = tmp_path / "stderr.txt"
     with open(err_file, "w") as stderr:  # a file, not a pipe: the orphan holds the driver's stderr too
         proc = subprocess.Popen(
-            [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1", "--output-dir",
+            [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1",
+             "--rollout-max-response-len", "8", "--output-dir",
              str(tmp_path / "run"), "--rollout-engine", "reference", "--train-backend", "fsdp",
              "--actor-num-gpus-per-node", "1"],
             stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "RAY_ADDRESS": ""},

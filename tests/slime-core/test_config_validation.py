@@ -33,7 +33,7 @@ BROKEN_RULES = [
     ({"use_rollout_logprobs": True, "use_tis": True}, "--use-rollout-logprobs and --use-tis are mutually exclusive"),
     ({"tis_clip_low": 3.0}, "--tis-clip-low (3.0) must be <= --tis-clip (2.0)"),
     ({"rollout_temperature": 0.0}, "--rollout-temperature: Input should be greater than 0"),
-    ({"eval_temperature": -1.0}, "--eval-temperature: Input should be greater than 0"),
+    ({"eval_temperature": -1.0}, "--eval-temperature: Input should be greater than or equal to 0"),
     ({"over_sampling_batch_size": 3}, "--over-sampling-batch-size (3) must be >= --rollout-batch-size (4)"),
     ({"n_samples_per_prompt": 2, "num_steps_per_rollout": 3}, "--num-steps-per-rollout 3 does not divide"),
     ({"n_samples_per_prompt": 2, "global_batch_size": 3}, "--global-batch-size 3 does not divide"),
@@ -409,3 +409,60 @@ def test_delta_flags_without_delta_mode_warn_once(caplog):
     assert messages == [
         "--update-weight-delta-encoding / --update-weight-delta-checksum: no effect without --update-weight-mode delta"
     ]
+
+
+def test_eval_data_without_eval_interval_says_no_eval_runs(caplog):
+    # As the original, eval data alone runs no eval (its scripts turn eval off by leaving --eval-interval out): said
+    # once, so a user who meant to evaluate learns why no eval/ curve appears.
+    with caplog.at_level(logging.WARNING):
+        args = make(eval_prompt_data=["aime", "a.jsonl"])
+        SlimeArgs.from_dict(args.model_dump())  # re-validated in a worker: no second line
+        make(eval_prompt_data=["aime", "a.jsonl"], eval_interval=5)
+    lines = [r.getMessage() for r in caplog.records if "--eval-interval" in r.getMessage()]
+    assert lines == [
+        "--eval-prompt-data without --eval-interval: no eval runs (as in the original); set --eval-interval N to "
+        "evaluate before training and every N rollouts"
+    ]
+
+
+def test_eval_temperature_zero_is_greedy_eval_as_in_the_original():
+    # The original's --eval-temperature is a bare float (0: SGLang samples greedily), and an --eval-config dataset's
+    # `temperature: 0` was taken here; the flag was refused ("Input should be greater than 0"). Training keeps
+    # refusing --rollout-temperature 0: its log-probs are taken at logits / T.
+    assert make(eval_temperature=0.0).eval_temperature == 0.0
+    with pytest.raises(ConfigError, match="--rollout-temperature: Input should be greater than 0"):
+        make(rollout_temperature=0.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ('{"continue_final_message": true}', "incompatible with the generation prompt the rollout always adds"),
+        ('{"add_generation_prompt": false}', "always True: the prompt ends with the assistant's turn header"),
+        ('{"tools": []}', "the row's --tool-key column"),
+        ('{"tokenize": true}', "always False: prompts are rendered as text"),
+    ],
+)
+def test_template_kwargs_the_rollout_passes_itself_are_refused_naming_the_flag(kwargs, why):
+    # Each failed at the first row as "x.jsonl line 1: the chat template failed on this row: TypeError: ... got
+    # multiple values for keyword argument 'tools'" (or continue_final_message's "not compatible"), blaming the data.
+    key = kwargs.split('"')[1]
+    with pytest.raises(ConfigError) as raised:
+        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--apply-chat-template-kwargs", kwargs])
+    assert str(raised.value) == (
+        f"--apply-chat-template-kwargs: {key!r} is an apply_chat_template argument the rollout sets itself ({why}); "
+        "give only the template's own variables (e.g. enable_thinking)"
+    )
+    assert make(apply_chat_template_kwargs={"enable_thinking": False}).apply_chat_template_kwargs == {
+        "enable_thinking": False
+    }
+
+
+@pytest.mark.parametrize("url", ["localhost:8000/score", "127.0.0.1:8000", "http:///score", "ftp://rm/score"])
+def test_rm_url_must_be_an_http_url_with_a_host(url):
+    # "localhost:8000/score" failed every request as an unsupported protocol, each retried with backoff for about
+    # 150 s, before the rollout stopped.
+    with pytest.raises(ConfigError) as raised:
+        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--rm-url", url])
+    assert str(raised.value) == f"--rm-url {url!r}: not an http(s) URL with a host; write it as http://host:port/path"
+    assert make(rm_url="http://localhost:8000/score").rm_url == "http://localhost:8000/score"

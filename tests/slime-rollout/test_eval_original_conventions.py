@@ -7,6 +7,7 @@ An original `--eval-config` with `datasets` as a mapping, or with `repetition_pe
 """
 
 import logging
+import re
 
 import pytest
 from slime_rollout_fakes import FakeClient
@@ -98,3 +99,103 @@ async def test_an_original_eval_config_mapping_with_its_engine_keys_and_metadata
     assert (params["repetition_penalty"], params["no_stop_trim"], params["skip_special_tokens"]) == (1.1, False, True)
     assert second[0].metadata["params"]["skip_special_tokens"] is False  # --rollout-skip-special-tokens' default
     assert first[0].metadata["source"] == "x" and first[0].metadata["level"] == 3 and "level" not in second[0].metadata
+
+
+async def answer_boxed_three(args, sample, sampling_params, evaluation=False):
+    sample.append_response_tokens([A], log_probs=[-0.1], text=r"so the answer is \boxed{\frac{6}{2}}")
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def test_an_eval_config_rm_type_overrides_the_rows_metadata(use_client, tmp_path):
+    # The original's EvalDatasetConfig.inject_metadata sets metadata["rm_type"] = the dataset's rm_type (entry or
+    # eval.defaults) over what a row carries; the row's won here, so a training file reused for eval with
+    # `rm_type: math` was graded by its rows' own type (here f1, which reads \frac{6}{2} as no match for 3: 0.0).
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "1+2?", "label": "3", "metadata": {"rm_type": "f1"}}\n')
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n"
+        "  defaults: {rm_type: math}\n"
+        "  datasets:\n"
+        f"    by_default: {{path: {data}}}\n"
+        f"    by_entry: {{path: {data}, rm_type: math}}\n"
+    )
+    common = dict(input_key="prompt", label_key="label", custom_rm_path=None, rm_num_workers=0,
+                  custom_generate_function_path=f"{__name__}.answer_boxed_three")  # fmt: skip
+    out = await eval_rollout_async(_args(eval_config=str(config), **common), 0)
+    assert out.data["by_default"]["samples"][0].metadata["rm_type"] == "math"
+    assert out.metrics["eval/by_default"] == out.metrics["eval/by_entry"] == 1.0
+    # Without a dataset rm_type (--eval-prompt-data), the row's own type is read, before --rm-type: as the original.
+    out = await eval_rollout_async(_args(eval_prompt_data=["by_row", str(data)], rm_type="math", **common), 0)
+    assert out.data["by_row"]["samples"][0].metadata["rm_type"] == "f1"
+    assert out.metrics["eval/by_row"] == 0.0
+
+
+async def test_eval_temperature_zero_asks_the_engine_for_greedy_samples(use_client, tmp_path):
+    # --eval-temperature 0 (greedy eval, which the original takes as a bare float) was refused at validation.
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    args = _args(eval_prompt_data=["greedy", str(data)], eval_temperature=0.0, input_key="prompt",
+                 custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
+    out = await eval_rollout_async(args, 0)
+    assert out.data["greedy"]["samples"][0].metadata["params"]["temperature"] == 0.0
+    assert out.metrics["eval/greedy"] == 1.0
+
+
+async def test_template_kwargs_holding_lists_or_dicts_are_read(use_client, tmp_path):
+    # The eval prompts are cached per (file, keys, template kwargs, ...); kwargs holding a list or a dict (a RAG
+    # template's `documents`, a tools order) made that key unhashable: "TypeError: unhashable type: 'list'", naming
+    # nothing. The original keys its cache by the kwargs' JSON.
+    from pathlib import Path
+
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    kwargs = {"enable_thinking": False, "documents": [{"title": "t", "text": "x"}], "extra": {"k": [1, 2]}}
+    args = _args(eval_prompt_data=["kw", str(data)], input_key="prompt", apply_chat_template=True,
+                 apply_chat_template_kwargs=kwargs, custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
+    args.hf_checkpoint = str(Path(__file__).parents[1] / "fixtures" / "qwen3-tokenizer")
+    out = await eval_rollout_async(args, 0)
+    prompt = out.data["kw"]["samples"][0].prompt
+    assert prompt == "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"  # not thinking
+
+
+def test_an_eval_config_template_kwarg_the_rollout_sets_itself_is_named(tmp_path):
+    from slime_rollout.generation.eval import eval_datasets
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n  datasets:\n"
+        "    - {name: d, path: d.jsonl, apply_chat_template_kwargs: {add_generation_prompt: false}}\n"
+    )
+    with pytest.raises(ValueError, match=r"eval.datasets\[0\]: apply_chat_template_kwargs: 'add_generation_prompt' "
+                                         r"is an apply_chat_template argument the rollout sets itself"):  # fmt: skip
+        eval_datasets(_args(eval_config=str(config)))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("n_samples_per_eval_prompt: 4x", "n_samples_per_eval_prompt must be an integer >= 1, got '4x'"),
+        ("n_samples_per_eval_prompt: 0", "n_samples_per_eval_prompt must be an integer >= 1, got 0"),
+        ("temperature: hot", r"temperature must be a number >= 0 \(0: greedy\), got 'hot'"),
+        ("max_response_len: -5", "max_response_len must be an integer >= 1, got -5"),
+        ("top_p: 2", r"top_p must be a number in \(0, 1\], got 2"),
+        ("stop_token_ids: [1, x]", r"stop_token_ids must be a list of token ids, got \[1, 'x'\]"),
+    ],
+)
+def test_an_eval_config_value_is_checked_where_the_file_is_read(tmp_path, entry, message):
+    # Each was taken as given: "4x" failed in int() at the first eval naming nothing, 0 samples per prompt dropped
+    # the dataset as "every prompt was dropped", "hot" and -5 reached the engine (an HTTP 400 mid-eval).
+    from slime_rollout.generation.eval import eval_datasets
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  datasets:\n    - {{name: d, path: d.jsonl, {entry}}}\n")
+    with pytest.raises(ValueError, match=rf"^--eval-config {re.escape(str(config))}: eval.datasets\[0\]: {message}$"):
+        eval_datasets(_args(eval_config=str(config)))
+    config.write_text(f"eval:\n  defaults: {{{entry}}}\n  datasets:\n    - {{name: d, path: d.jsonl}}\n")
+    with pytest.raises(ValueError, match=rf"^--eval-config {re.escape(str(config))}: eval.defaults: {message}$"):
+        eval_datasets(_args(eval_config=str(config)))

@@ -58,3 +58,15 @@ def test_a_numpy_or_tensor_bool_is_a_verdict():
     assert normalize_filter_output(torch.tensor(True)) == DynamicFilterOutput(keep=True)
     with pytest.raises(TypeError, match="DynamicFilterOutput or bool, got float"):
         normalize_filter_output(np.float64(1.0))
+
+
+def test_rounding_noise_is_zero_spread_as_in_the_original():
+    # The original keeps a group when torch.tensor(rewards, float64).std() > 1e-6 (Bessel's std). Rewards equal but
+    # for float rounding (0.1 + 0.2 vs 0.3: a weighted sum of scores, a reward model's float32 output) have a spread of
+    # ~3e-17; a `> 0` test kept them, so a group whose GRPO advantages are ~1e-11 took a place in the batch.
+    args = _args(reward_key=None)
+    noisy = _group(0.1 + 0.2, 0.3, 0.3, 0.3)
+    assert check_reward_nonzero_std(args, noisy) == DynamicFilterOutput(keep=False, reason="zero_std_0.3")
+    # Just below and above the threshold (Bessel's std of [0, d] is d / sqrt(2)).
+    assert check_reward_nonzero_std(args, _group(0.0, 1.4e-6)).keep is False  # std 9.9e-7
+    assert check_reward_nonzero_std(args, _group(0.0, 1.5e-6)).keep is True  # std 1.06e-6

@@ -8,9 +8,11 @@ the others (`"tool_calls": None` on a user turn). Also: a tool-call turn with Op
 
 import json
 import logging
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from slime_rollout.data.parquet_rows import read_parquet_rows
 from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
@@ -82,3 +84,17 @@ def test_a_tool_call_turn_with_null_content_renders(qwen3_tokenizer_dir):
     assert messages[1]["content"] is None  # the row itself is left as it is
     (sample,) = rows_to_samples([{"q": messages}], source="m", input_key="q", tokenizer=tok, max_prompt_len=1000)
     assert sample.prompt[1]["content"] == ""  # the default generate renders the messages it is given
+
+
+def test_a_map_column_is_read_as_dicts(tmp_path):
+    # Spark and Hive write a dict column as a map; pyarrow's to_pylist gives it as [(key, value), ...], which the
+    # data source refused: "--metadata-key 'metadata' must hold a dict (or its JSON), got list [('rm_type', 'math')...".
+    metadata = pa.array([[("rm_type", "math"), ("src", "gsm8k")], []], type=pa.map_(pa.string(), pa.string()))
+    path = tmp_path / "spark.parquet"
+    pq.write_table(pa.table({"input": ["1+2?", "2+2?"], "label": ["3", "4"], "metadata": metadata}), path)
+    samples = rows_to_samples(load_prompt_rows(str(path)), source=str(path), input_key="input", label_key="label")
+    assert [s.metadata for s in samples] == [{"rm_type": "math", "src": "gsm8k"}, {}]
+    twice = pa.array([[("k", "1"), ("k", "2")]], type=pa.map_(pa.string(), pa.string()))
+    pq.write_table(pa.table({"input": ["q"], "metadata": twice}), path)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: a map column holds a key twice in one row .*'k'"):
+        load_prompt_rows(str(path))

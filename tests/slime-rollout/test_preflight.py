@@ -70,7 +70,7 @@ def test_a_grader_that_compares_with_the_label_needs_a_label_key(tmp_path, rm_ty
     data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
     args = ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--rollout-batch-size",
             "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
-            "--actor-num-gpus-per-node", "1", "--rm-type", rm_type]  # fmt: skip
+            "--actor-num-gpus-per-node", "1", "--rollout-max-response-len", "8", "--rm-type", rm_type]  # fmt: skip
     (error,) = _errors(parse_args(args))
     assert error == (
         f"--prompt-data {data} line 1: --rm-type {rm_type} grades against a label, but no --label-key is set "
@@ -544,3 +544,52 @@ def test_the_zero_std_filter_on_groups_of_one_is_refused_before_the_run(tmp_path
                 "filter"]  # fmt: skip
     assert messages == (expected if refused else [])
     assert not any("--dynamic-sampling-filter-path" in p.message for p in check(_cfg(data, *base)))  # groups of 2
+
+
+def test_an_eval_config_rm_type_is_the_one_its_rows_are_checked_against(tmp_path):
+    # The eval rollout grades an --eval-config dataset's rows with the dataset's rm_type over the rows' own (as the
+    # original's inject_metadata); preflight checked them against the rows' own type, passing labels the eval's
+    # grader reads as nothing (math on an f1 row's '#### ' label: an empty answer, every sample 0).
+    train = _write(tmp_path / "train.jsonl", {"prompt": "1+2?", "label": "3"})
+    rows = _write(tmp_path / "eval.jsonl", {"prompt": "1+2?", "label": "#### ", "metadata": {"rm_type": "f1"}})
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  datasets:\n    - {{name: mixed, path: {rows}, rm_type: math}}\n")
+    errors = _errors(_cfg(train, "--rm-type", "math", "--eval-config", str(config), "--eval-interval", "1"))
+    assert errors == [
+        f"--eval-config {config} dataset 'mixed' {rows} line 1: --label-key 'label' holds '#### ', whose final answer "
+        "('#### x' or its last box) is empty, which --rm-type math grades against"
+    ]
+    # Named by --eval-prompt-data, the dataset has no rm_type of its own: the row's f1 grades it, which reads text.
+    assert (
+        _errors(_cfg(train, "--rm-type", "math", "--eval-prompt-data", "mixed", str(rows), "--eval-interval", "1"))
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        ([], True),
+        (["--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async"], True),
+        (["--rollout-max-response-len", "8"], False),
+        (["--debug-train-only"], False),  # no engine request
+    ],
+)
+def test_the_built_in_rollout_needs_a_response_budget_before_the_run_starts(tmp_path, extra, refused):
+    # Without --rollout-max-response-len the run started Ray, the engines and the trainer, then stopped at its first
+    # rollout ("--rollout-max-response-len is required"); the original subtracted from None there.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    args = ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--label-key", "label",
+            "--rm-type", "math", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1",
+            "--actor-num-gpus-per-node", "1", *extra]  # fmt: skip
+    errors = _errors(parse_args(args))
+    path = (
+        extra[1]
+        if extra and extra[0] == "--rollout-function-path"
+        else "slime_rollout.generation.rollout.generate_rollout"
+    )
+    expected = [
+        f"--rollout-max-response-len is not set: the rollout ({path}) sends it to the engines as max_new_tokens; give "
+        "the longest response to generate, e.g. --rollout-max-response-len 1024"
+    ]
+    assert errors == (expected if refused else [])

@@ -298,6 +298,97 @@ async def test_remote_rm_retries_then_succeeds(monkeypatch):
         await remote.remote_reward("", {})
 
 
+async def test_remote_rm_html_reply_is_retried_then_named(monkeypatch):
+    # A gateway's HTML page sent with status 200: the original's `resp.json()` raises and it retries; here it was
+    # not retried and surfaced as "raised JSONDecodeError ...: Expecting value: line 1 column 1 (char 0)", showing
+    # neither the body nor its type.
+    import httpx
+
+    from slime_rollout.rewards import remote
+
+    page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        if len(calls) == 1:
+            return httpx.Response(200, content=page, headers={"content-type": "text/html"})
+        return httpx.Response(200, json=0.75)
+
+    monkeypatch.setattr(remote, "_client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    assert await remote.remote_reward("http://rm/score", {"prompt": "p"}, base_delay_s=0.0) == 0.75
+    assert len(calls) == 2
+
+    def html_only(request):
+        return httpx.Response(200, content=page, headers={"content-type": "text/html"})
+
+    monkeypatch.setattr(remote, "_client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(html_only)))
+    args = _args(rm_type="remote_rm", rm_url="http://rm/score")
+    monkeypatch.setattr(remote.remote_reward, "__kwdefaults__", {"max_retries": 2, "base_delay_s": 0.0})
+    expected = (
+        r"--rm-type remote_rm \(http://rm/score\) raised NotJSONReply on sample 7: --rm-url http://rm/score replied "
+        r"200 with a body that is not JSON \(text/html, 50 bytes\): '<html><body><h1>502 Bad Gateway"
+    )
+    with pytest.raises(RewardFunctionError, match=expected):
+        await async_rm(args, Sample(prompt="p", response="r", label="l", index=7))
+
+
+async def test_remote_rm_client_errors_fail_at_once_with_the_services_reason(monkeypatch):
+    # A 422 (the service wants other fields) or a 404 (a wrong path) was sent again ten times over about 150 s, and
+    # the error then said "Client error '422 Unprocessable Entity'" without the service's reason.
+    import httpx
+
+    from slime_rollout.rewards import remote
+
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(422, json={"detail": [{"loc": ["body", "question"], "msg": "Field required"}]})
+
+    monkeypatch.setattr(remote, "_client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    with pytest.raises(RewardFunctionError) as raised:
+        await async_rm(_args(rm_type="remote_rm", rm_url="http://rm/score"), Sample(prompt="p", response="r", index=2))
+    assert len(calls) == 1
+    assert str(raised.value) == (
+        "--rm-type remote_rm (http://rm/score) raised RefusedRequest on sample 2: --rm-url http://rm/score refused the "
+        "request with HTTP 422 Unprocessable Entity (not retried: the same request would be refused again): "
+        '\'{"detail":[{"loc":["body","question"],"msg":"Field required"}]}\''
+    )
+    # A rate limit is retried, as the 5xx are.
+    statuses = iter([429, 200])
+    monkeypatch.setattr(
+        remote,
+        "_client",
+        lambda: httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(next(statuses), json=1.0))),
+    )
+    assert await remote.remote_reward("http://rm/score", {}, base_delay_s=0.0) == 1.0
+
+
+async def test_remote_rm_server_errors_end_with_the_services_last_reply(monkeypatch):
+    # After the retries the error was httpx's "Server error '500 Internal Server Error' for url ...\nFor more
+    # information check: https://developer.mozilla.org/...", without what the service said.
+    import httpx
+
+    from slime_rollout.rewards import remote
+
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(500, text="CUDA out of memory while scoring")
+
+    monkeypatch.setattr(remote, "_client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    monkeypatch.setattr(remote.remote_reward, "__kwdefaults__", {"max_retries": 3, "base_delay_s": 0.0})
+    with pytest.raises(RewardFunctionError) as raised:
+        await async_rm(_args(rm_type="remote_rm", rm_url="http://rm/score"), Sample(prompt="p", response="r", index=5))
+    assert len(calls) == 3
+    assert str(raised.value) == (
+        "--rm-type remote_rm (http://rm/score) raised ServiceError on sample 5: --rm-url http://rm/score answered "
+        "HTTP 500 Internal Server Error to all 3 attempts; the last reply: 'CUDA out of memory while scoring'"
+    )
+
+
 async def test_remote_rm_goes_straight_to_rm_url_and_bounds_each_attempt(monkeypatch):
     # Issue 27 leftover: httpx trusts HTTP(S)_PROXY/ALL_PROXY by default, so a cluster-internal reward model was
     # called through the user's proxy (here a dead one: every attempt failed); the original's aiohttp session does

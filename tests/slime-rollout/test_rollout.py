@@ -112,7 +112,7 @@ async def test_dynamic_sampling_that_keeps_nothing_stops_after_bounded_empty_rou
         rollout_max_response_len=8,
     )
     ds = ListDataSource(n=2)
-    with caplog.at_level("INFO", logger="slime_rollout.generation.rollout"):
+    with caplog.at_level("INFO", logger="slime_rollout.generation"):
         with pytest.raises(RuntimeError, match=r"rollout 0: 3 over-sampling rounds in a row kept no group \(0/2 "
                            r"kept, dropped: zero_std_1\.0: \d+\).*--dynamic-sampling-max-empty-rounds"):  # fmt: skip
             await generate_rollout_async(args, 0, ds)
@@ -583,3 +583,22 @@ async def test_group_prompt_is_templated_and_tokenized_once(use_client, qwen3_to
     expected = tokenizer.encode(real(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
     assert seen == [expected] * 4 and calls["template"] == 1
     assert all(s.tokens[: len(expected)] == expected and s.tokens is not group[0].tokens for s in group[1:])
+
+
+def test_message_prompts_are_rendered_with_their_tools_in_the_files_key_order(qwen3_tokenizer_dir):
+    # The default generate function renders a prompt of messages (no --apply-chat-template) through a cache keyed by
+    # the prompt's and tools' JSON, written with sort_keys=True and read back from it: every tool schema reached the
+    # template with its keys sorted ('{"function": ..., "type": "function"}', properties alphabetical), not as the
+    # data file and the length filter (rows_to_samples) have them.
+    from slime_rollout.data.source import encode_prompt, get_tokenizer
+
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "Find a word.", "parameters": {
+        "type": "object", "properties": {"word": {"type": "string"}, "lang": {"type": "string"}},
+        "required": ["word"]}}}]  # fmt: skip
+    prompt = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Define 'zebra'."}]
+    args = _args(hf_checkpoint=str(qwen3_tokenizer_dir))
+    sample = Sample(prompt=prompt, metadata={"tools": tools})
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    expected = encode_prompt(tok, prompt, tools)
+    assert generate_mod._prompt_ids(args, sample) == expected
+    assert '{"type": "function", "function": {"name": "lookup"' in tok.decode(expected)

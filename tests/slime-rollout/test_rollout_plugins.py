@@ -309,3 +309,52 @@ async def test_the_all_samples_process_plugin_gets_the_groups_sorted_by_sample_i
     source = ListDataSource([])
     await run_end_of_rollout_plugins(args, 0, kept, [*kept, *filtered, *stale], source)
     assert source.seen == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def seen_by_all_samples_process(args, all_groups, data_source):
+    args.seen_data_source = data_source  # the plugin view is writable, as the original's args
+
+
+async def test_generate_rollout_async_takes_the_originals_get_samples_callable(use_client):
+    # The original's signature is generate_rollout_async(args, rollout_id, data_source: Callable[[int], groups]) and
+    # its generate_rollout passes `data_source.get_samples`; a custom rollout function doing the same (through
+    # slime.rollout.sglang_rollout, which re-exports this function) failed here with "'method' object has no
+    # attribute 'get_samples'".
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    source = ListDataSource(n=2)
+    args = _args(rollout_all_samples_process_path=f"{__name__}.seen_by_all_samples_process")
+    out, leftovers = await generate_rollout_async(args, 0, source.get_samples)
+    assert [[s.index for s in group] for group in out.samples] == [[0, 1], [2, 3]] and leftovers == []
+    assert [s.response for group in out.samples for s in group] == ["AA", "BB", "AA", "BB"]
+    assert args.seen_data_source == source.get_samples  # what it was given, as the original hands it on
+    with pytest.raises(TypeError, match=r"data source must be a DataSource \(get_samples\(n\)\) or a callable n -> "):
+        await generate_rollout_async(args, 1, "prompts.jsonl")
+
+
+def filter_returning_a_list(args, data):
+    return [group for group in data if group[0].index != 0]  # a common slip: the return value is not read
+
+
+def filter_marking_in_place(args, data):
+    data[0][0].remove_sample = True
+
+
+@pytest.mark.parametrize("fn", ["filter_returning_a_list", "filter_marking_in_place"])
+async def test_a_sample_filter_that_returns_its_result_is_warned_about(use_client, caplog, fn):
+    # As in the original, --rollout-sample-filter-path filters by setting remove_sample in place and its return value
+    # is not read; one that returned the filtered groups trained on everything, without a word.
+    import logging
+
+    use_client(FakeClient({0: [A, B], 1: [A, B]}))
+    path = f"{__name__}.{fn}"
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.generation.rollout"):
+        out, _ = await generate_rollout_async(_args(rollout_sample_filter_path=path), 3, ListDataSource(n=2))
+    lines = [r.getMessage() for r in caplog.records if "--rollout-sample-filter-path" in r.getMessage()]
+    if fn == "filter_returning_a_list":
+        assert lines == [
+            f"rollout 3: --rollout-sample-filter-path {path} returned a list, which is not read (as in the original): "
+            "it filters by setting sample.remove_sample = True in place (0 of 4 samples are marked)"
+        ]
+        assert not any(s.remove_sample for group in out.samples for s in group)
+    else:
+        assert lines == [] and out.samples[0][0].remove_sample

@@ -297,7 +297,10 @@ class Run:
                 "train on", start, origin, cfg.num_rollout,
             )  # fmt: skip
         self.tracker.start(start, cfg.num_rollout)
-        if (cfg.eval_prompt_data or cfg.eval_config) and start == 0 and not cfg.skip_eval_before_train:
+        # Only with --eval-interval, as the original's train.py: its scripts turn eval off by leaving that flag out
+        # (run-qwen3-235B-A22B.sh keeps --eval-prompt-data with `#--eval-interval 20`).
+        evaluates = cfg.eval_interval is not None and bool(cfg.eval_prompt_data or cfg.eval_config)
+        if evaluates and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
         self.rollouts = Rollouts(
             self.manager,

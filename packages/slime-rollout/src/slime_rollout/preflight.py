@@ -25,7 +25,14 @@ from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
 from slime_rollout.data.prompt_length import engine_context_len, sglang_context_arg
 from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
-from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
+from slime_rollout.data.rows import (
+    TRAINING_KEY_FLAGS,
+    KeyFlags,
+    messages_from_json,
+    prompt_problem,
+    row_metadata,
+    row_tools,
+)
 from slime_rollout.data.sft import conversation_problem
 from slime_rollout.data.sft_preflight import is_sft, sft_problems
 from slime_rollout.data.source import TOKENIZER_FILES
@@ -65,24 +72,50 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
     problems += _length_limits(cfg)
     problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + _zero_std_filter_on_single_samples(cfg)
+    problems += _response_budget(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
-        else [("--prompt-data", cfg.prompt_data, cfg, TRAINING_KEY_FLAGS)]
+        else [("--prompt-data", cfg.prompt_data, cfg, TRAINING_KEY_FLAGS, None)]
     )
     try:
         files += _eval_files(cfg)
     except (FileNotFoundError, ValueError) as e:  # a malformed --eval-prompt-data / --eval-config
         # Not type(e): a subclass such as UnicodeDecodeError cannot be built from one message.
         problems.append(Problem(message=str(e), exception=FileNotFoundError if isinstance(e, OSError) else ValueError))
-    for flag, spec, file_cfg, key_flags in files:
+    for flag, spec, file_cfg, key_flags, rm_type_override in files:
         try:
-            _check_rows(spec, file_cfg, flag, key_flags)
+            _check_rows(spec, file_cfg, flag, key_flags, rm_type_override)
         except FileNotFoundError as e:
             problems.append(Problem(message=str(e), exception=FileNotFoundError))
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
             problems.append(Problem(message=str(e)))
     return problems
+
+
+def _response_budget(cfg: SlimeArgs) -> list[Problem]:
+    """A built-in training rollout without `--rollout-max-response-len`, refused before the run starts.
+
+    Its engine requests need the budget (SGLang's `max_new_tokens`; the original subtracted from None): the run
+    started Ray, the engines and the trainer, then stopped at its first rollout. Replayed or trainer-only runs send no
+    request.
+    """
+    if cfg.rollout_max_response_len is not None or cfg.load_debug_rollout_data or cfg.debug_train_only:
+        return []
+    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
+    from slime_rollout.generation.fully_async import generate_rollout_fully_async
+    from slime_rollout.generation.rollout import generate_rollout
+
+    try:
+        fn = load_function(cfg.rollout_function_path, flag="--rollout-function-path")
+    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return []
+    if fn not in (generate_rollout, generate_rollout_fully_async):
+        return []  # a custom rollout function decides its own requests
+    return [Problem(message=(
+        f"--rollout-max-response-len is not set: the rollout ({cfg.rollout_function_path}) sends it to the engines as "
+        "max_new_tokens; give the longest response to generate, e.g. --rollout-max-response-len 1024"
+    ))]  # fmt: skip
 
 
 def _zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
@@ -128,7 +161,7 @@ def _group_rm_eval(cfg: SlimeArgs) -> list[Problem]:
     ))]  # fmt: skip
 
 
-def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags]]:
+def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags, str | None]]:
     """Each eval dataset's file with the config its rows are read and graded with (`generation.eval.eval_datasets`).
 
     An eval dataset has its own keys and reward (`--eval-input-key`, `--eval-label-key`, an `--eval-config`
@@ -150,7 +183,9 @@ def _eval_files(cfg: SlimeArgs) -> list[tuple[str, str, SlimeArgs, KeyFlags]]:
         names = ("input_key", "label_key", "metadata_key", "tool_key", "rm_type", "multimodal_keys")
         keys = {key: dataset[key] for key in names}
         keys["custom_rm_path"] = dataset["custom_rm_path"] or cfg.custom_rm_path
-        files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys), dataset["key_flags"]))
+        # An --eval-config dataset's own rm_type grades every row, whatever the row's metadata names (eval.py).
+        override = dataset["rm_type"] if dataset["rm_type_given"] else None
+        files.append((flag, str(dataset["path"]), cfg.model_copy(update=keys), dataset["key_flags"], override))
     return files
 
 
@@ -322,8 +357,12 @@ def _pass_through_flags(cfg: SlimeArgs) -> list[Problem]:
     return problems
 
 
-def _check_rows(spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS) -> None:
+def _check_rows(
+    spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS, rm_type_override: str | None = None
+) -> None:
     """Loads one prompt file named by `flag` and checks its rows (and images, with `--multimodal-keys`).
+
+    `rm_type_override`: the reward type that grades every row (an `--eval-config` dataset's), or None.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -337,7 +376,7 @@ def _check_rows(spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAI
         raise ValueError(f"{flag}: {e}") from None
     if not located:
         raise ValueError(f"{flag} {spec}: no rows")
-    check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags)
+    check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags, rm_type_override=rm_type_override)
     image_key = multimodal.image_column(cfg.multimodal_keys)
     if not image_key:
         return
@@ -452,7 +491,12 @@ def _check_label_value(spec: RewardSpec, label: Any, rm_type: str, at: str, labe
 
 
 def check_prompt_rows(
-    rows: Sequence[Mapping[str, Any]], cfg: SlimeArgs, *, where: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS
+    rows: Sequence[Mapping[str, Any]],
+    cfg: SlimeArgs,
+    *,
+    where: str,
+    key_flags: KeyFlags = TRAINING_KEY_FLAGS,
+    rm_type_override: str | None = None,
 ) -> None:
     """Checks every row of a prompt file before the run starts.
 
@@ -467,6 +511,8 @@ def check_prompt_rows(
         cfg: run config; reads `input_key`, `label_key`, `metadata_key`, `tool_key`, `rm_type`, `custom_rm_path`.
         where: `"{flag} {path}"` for the messages.
         key_flags: the flags that set the keys, as messages name them (an eval dataset's: `--eval-input-key`, ...).
+        rm_type_override: the reward type that grades every row over its `metadata["rm_type"]` (an `--eval-config`
+            dataset's `rm_type`, as the eval rollout applies it), or None.
 
     Raises:
         ValueError: naming `where`, the row and the problem.
@@ -479,6 +525,8 @@ def check_prompt_rows(
             raise ValueError(f"{at}: no {key_flags.input_key} {cfg.input_key!r} (keys: {sorted(row)})")
         value = row[cfg.input_key]
         # conversation_problem runs prompt_problem first (each SFT row's text was checked twice).
+        if not sft:
+            value = messages_from_json(value) or value  # JSON text of messages: read as the data source reads it
         problem = (conversation_problem(value, cfg.loss_mask_type, cfg.input_key) if sft
                    else prompt_problem(value, cfg.input_key, key_flags.input_key))  # fmt: skip
         if problem is not None:
@@ -488,6 +536,8 @@ def check_prompt_rows(
         row_tools(dict(row), cfg.tool_key, at, key_flags.tool_key)
         if sft:
             continue  # the SFT rollout grades nothing: its rows need no label
+        if rm_type_override:
+            metadata = {**metadata, "rm_type": rm_type_override}
         rm_type, spec = _row_reward(cfg, metadata, at)  # the reward that scores the row
         required = _label_required(spec, metadata)
         if not cfg.label_key:

@@ -13,7 +13,9 @@ class EvalArgs(ArgsGroup):
     """Evaluation rollouts; unset sampling values fall back to the rollout's."""
 
     eval_function_path: str | None = arg(None, "Import path of the eval rollout function (default: rollout fn).")
-    eval_interval: int | None = arg(None, "Evaluate every this many rollouts.", ge=1)
+    eval_interval: int | None = arg(
+        None, "Evaluate before training and every this many rollouts; without it no eval runs (as the original).", ge=1
+    )
     eval_prompt_data: list[str] | None = arg(None, "Eval datasets as pairs: name path [name path ...].")
     eval_config: str | None = arg(None, "YAML file with per-dataset eval settings.")
     skip_eval_before_train: bool = arg(False, "Do not evaluate before the first training step.")
@@ -21,7 +23,9 @@ class EvalArgs(ArgsGroup):
     eval_label_key: str | None = arg(None, "Eval dataset label field (default: --label-key).")
     eval_tool_key: str | None = arg(None, "Eval dataset tools field (default: --tool-key).")
     n_samples_per_eval_prompt: int = arg(1, "Responses per eval prompt.", ge=1)
-    eval_temperature: float | None = arg(None, "Eval sampling temperature.", gt=0)
+    eval_temperature: float | None = arg(
+        None, "Eval sampling temperature (0: greedy, as SGLang reads it; eval needs no log-probs at it).", ge=0
+    )
     eval_top_p: float | None = arg(None, "Eval top-p.", gt=0, le=1)
     eval_top_k: int | None = arg(None, "Eval top-k.")
     eval_max_response_len: int | None = arg(None, "Eval maximum new tokens.", ge=1)

@@ -2,13 +2,56 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any, Literal
 
 from pydantic import field_validator
 
-from slime_core.config.base import ArgsGroup, arg, check_registered, parse_json_dict
+from slime_core.config.base import ArgsGroup, ConfigError, arg, check_registered, parse_json_dict
 
-__all__ = ["FULLY_ASYNC_ROLLOUT_PATHS", "DataArgs", "MultiTurnArgs", "RewardArgs", "RolloutArgs", "SamplingArgs"]
+__all__ = [
+    "FULLY_ASYNC_ROLLOUT_PATHS",
+    "DataArgs",
+    "MultiTurnArgs",
+    "RewardArgs",
+    "RolloutArgs",
+    "SamplingArgs",
+    "check_template_kwargs",
+]
+
+# `apply_chat_template` arguments the rollout sets itself on every call (prompts are rendered as text, with the
+# generation prompt and the row's tools); given again as template kwargs, every row failed with "got multiple
+# values for keyword argument", or (continue_final_message) "not compatible with add_generation_prompt".
+_TEMPLATE_CALL_ARGS = {
+    "conversation": "the row's --input-key messages",
+    "tools": "the row's --tool-key column",
+    "tokenize": "always False: prompts are rendered as text",
+    "add_generation_prompt": "always True: the prompt ends with the assistant's turn header",
+    "continue_final_message": "incompatible with the generation prompt the rollout always adds",
+}
+
+
+def check_template_kwargs(value: Any, *, flag: str) -> Any:
+    """Refuses template kwargs that name an argument the rollout passes to `apply_chat_template` itself.
+
+    Args:
+        value: the parsed `--apply-chat-template-kwargs` (a dict), or anything else (returned unchanged).
+        flag: how errors name the setting (the flag, or an `--eval-config` dataset's field).
+
+    Returns:
+        `value`.
+
+    Raises:
+        ConfigError: naming `flag`, the key and what the rollout passes for it.
+    """
+    for key in value if isinstance(value, dict) else ():
+        if key in _TEMPLATE_CALL_ARGS:
+            raise ConfigError(
+                f"{flag}: {key!r} is an apply_chat_template argument the rollout sets itself "
+                f"({_TEMPLATE_CALL_ARGS[key]}); give only the template's own variables (e.g. enable_thinking)"
+            )
+    return value
+
 
 #: `--rollout-function-path` values of the fully-async rollout (`slime_rollout.generation.fully_async`; the second is
 #: the original's import path, served by slime-compat). The config checks what that rollout cannot run with.
@@ -143,7 +186,8 @@ class DataArgs(ArgsGroup):
     @field_validator("apply_chat_template_kwargs", mode="before")
     @classmethod
     def _parse_template_kwargs(cls, value: Any) -> Any:
-        return parse_json_dict(value, flag="--apply-chat-template-kwargs")
+        flag = "--apply-chat-template-kwargs"
+        return check_template_kwargs(parse_json_dict(value, flag=flag), flag=flag)
 
     @field_validator("multimodal_keys", mode="before")
     @classmethod
@@ -175,6 +219,20 @@ class RewardArgs(ArgsGroup):
     eval_reward_key: str | None = arg(None, "Key of the eval reward when the reward is a dict.")
     group_rm: bool = arg(False, "Score a whole group at once (batched reward function).")
     rm_url: str | None = arg(None, "URL of a remote reward model (remote_rm).")
+
+    @field_validator("rm_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        # Without a scheme ("localhost:8000/score") every request failed as an unsupported protocol and was retried
+        # with backoff for 2.5 minutes per sample before the rollout stopped.
+        if value is not None:
+            parts = urllib.parse.urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError(
+                    f"--rm-url {value!r}: not an http(s) URL with a host; write it as http://host:port/path"
+                )
+        return value
+
     rm_timeout_secs: float = arg(
         600.0,
         "Deadline in seconds of one call of a custom or remote reward function (of one group with --group-rm), "

@@ -3,7 +3,10 @@ r"""A row's prompt rendered with the tokenizer's chat template (`--apply-chat-te
 Two failures were silent or nameless: a template renders only the roles it knows (Qwen3's drops a ShareGPT-style
 `"human"` turn without a word, so the prompt was the bare `<|im_start|>assistant\n` and the model answered no
 question), and a template that raises on a row (`'list object' has no attribute 'startswith'` for content parts)
-failed the data load naming no file or row. Both are one error naming the row here. A message's null `content`
+failed the data load naming no file or row. Both are one error naming the row here. So is a message whose content
+is a list of parts (`[{"type": "text", "text": ...}]`, OpenAI's format) that a text template does not render as text:
+one that reads content as a string printed the list (`[{'type': 'text', 'text': 'What is 2+2?'}]` was the prompt),
+one that tests `content is string` dropped it. A message's null `content`
 (OpenAI's tool-call turns) is read as "" (`text_content`), which every template renders.
 """
 
@@ -54,7 +57,9 @@ def render_chat(
         ValueError: the renderer has no chat template (names `why` and `--hf-checkpoint`), the template raised on
             the row, or left out the text of a message that is not an assistant
             turn (a role it does not know; assistant turns are left alone, since templates rewrite them, e.g.
-            dropping earlier reasoning). The message names `where`, the message and its role.
+            dropping earlier reasoning), left out the text of a content part, or wrote a message's content parts as
+            Python text (a template that reads content as a string). The message names `where`, the message and
+            its role.
     """
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if getattr(renderer, "chat_template", "") is None:  # transformers' own error named neither the flag nor a fix
@@ -69,15 +74,48 @@ def render_chat(
     except Exception as e:  # noqa: BLE001 - jinja's errors (UndefinedError, TemplateError, TypeError) name no row
         raise ValueError(f"{where}: the chat template ({why}) failed on this row: {type(e).__name__}: {e}") from None
     for i, message in enumerate(messages):
-        content = message.get("content")
-        if message.get("role") == "assistant" or not isinstance(content, str) or not content.strip():
+        if message.get("role") == "assistant":
             continue
-        if not _rendered(content, text):
+        content = message.get("content")
+        if isinstance(content, list) and _as_python_text(content, text):
             raise ValueError(
-                f"{where}: the chat template left out message {i} (role {message.get('role')!r}): it renders only "
-                "the roles it knows (system, user, assistant, tool); rename the role"
+                f"{where}: the chat template ({why}) wrote message {i}'s content parts "
+                f"({{'type': 'text', ...}}) as Python text, not as the message's text: it reads content as a "
+                "string; give the message's content as a string"
             )
+        for part in _texts(content):
+            if part.strip() and not _rendered(part, text):
+                raise ValueError(
+                    f"{where}: the chat template left out message {i} (role {message.get('role')!r})"
+                    + (_LEFT_OUT_PART if isinstance(content, list) else _LEFT_OUT_ROLE)
+                )
     return text
+
+
+_LEFT_OUT_ROLE = ": it renders only the roles it knows (system, user, assistant, tool); rename the role"
+_LEFT_OUT_PART = (
+    ": its content is a list of parts, which this template does not render as text; give the content as a string"
+)
+
+
+def _texts(content: Any) -> list[str]:
+    """A message's text: its string content, or the `text` of each of its parts (`[{"type": "text", ...}]`)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    return []
+
+
+def _as_python_text(parts: list[Any], text: str) -> bool:
+    """Whether the rendering holds a content part as `str()` or JSON writes it.
+
+    A template that reads content as a string prints the list: `[{'type': 'text', 'text': 'What is 2+2?'}]`.
+    """
+    for part in parts:
+        if isinstance(part, dict) and (repr(part) in text or json.dumps(part, ensure_ascii=False) in text):
+            return True
+    return False
 
 
 def _rendered(content: str, text: str) -> bool:

@@ -9,7 +9,8 @@ model parameters a tool does not have), and a user message gained `"tool_calls":
 Inside struct values (at any depth, in lists too) a `None` field is therefore read as absent: Parquet cannot tell it
 from an explicit null. A message's `content` stays even when null (an assistant turn of only tool calls has
 `"content": None`, which templates read). Top-level columns are kept as they are (a null label stays a null label,
-which preflight names). The number of fields dropped is logged once per file.
+which preflight names). The number of fields dropped is logged once per file. A map column (Spark's and Hive's
+`MapType`) is read as dicts, not as pyarrow's default lists of `(key, value)` pairs.
 """
 
 from __future__ import annotations
@@ -62,11 +63,19 @@ def read_parquet_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     Returns:
         One dict per row, in file order.
+
+    Raises:
+        ValueError: a map value holds one key twice (names the file).
     """
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    rows = table.to_pylist()
+    try:
+        # A map column (Spark's and Hive's MapType: a metadata column of string pairs) as the dicts it was written
+        # from; pyarrow's default gives lists of (key, value) tuples, which no metadata or tools reader takes.
+        rows = table.to_pylist(maps_as_pydicts="strict")
+    except (KeyError, ValueError) as e:  # a map holding one key twice
+        raise ValueError(f"{path}: a map column holds a key twice in one row ({e}); keep one of them") from None
     struct_columns = [field.name for field in table.schema if _has_struct(field.type)]
     counter = [0]
     for row in rows:

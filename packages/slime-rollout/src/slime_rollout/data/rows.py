@@ -14,7 +14,7 @@ from typing import Any
 from slime_core.error_text import preview
 from slime_core.lone_surrogates import lone_surrogate_index
 
-__all__ = ["TRAINING_KEY_FLAGS", "KeyFlags", "prompt_problem", "row_metadata", "row_tools"]
+__all__ = ["TRAINING_KEY_FLAGS", "KeyFlags", "messages_from_json", "prompt_problem", "row_metadata", "row_tools"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,6 +46,30 @@ def _maybe_json(value: Any, what: str, where: str) -> Any:
         except json.JSONDecodeError:
             raise ValueError(f"{where}: {what} is a string but not valid JSON: {value[:80]!r}") from None
     return value
+
+
+def messages_from_json(prompt: Any) -> list[dict[str, Any]] | None:
+    """The chat messages a string prompt holds as JSON text, or None (any other prompt, text included).
+
+    Data tools that cannot store a list of objects in a column (CSV exports, some Parquet writers, pandas' `to_json`
+    of a stringified column) write the messages as their JSON text. Read as text, that text was the prompt: with
+    `--apply-chat-template` the model saw `<|im_start|>user` and then `[{"role": "user", "content": ...}]` as the text.
+    Only a whole JSON array of objects that each have a `role` and a `content` is taken as messages.
+    """
+    if not isinstance(prompt, str):
+        return None
+    text = prompt.strip()
+    if not (text.startswith("[") and text.endswith("]") and '"role"' in text):
+        return None
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    is_messages = isinstance(value, list) and value and all(isinstance(m, dict) and m.keys() >= _MESSAGE for m in value)
+    return value if is_messages else None
+
+
+_MESSAGE = frozenset({"role", "content"})
 
 
 def prompt_problem(prompt: Any, input_key: str, flag: str = "--input-key") -> str | None:

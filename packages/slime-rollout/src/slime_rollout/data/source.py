@@ -36,7 +36,14 @@ from slime_rollout.data.cursor_file import (
 from slime_rollout.data.epoch_order import LEGACY_NUMPY, ORIGINAL, epoch_order
 from slime_rollout.data.prompt_length import certainly_too_long, default_max_prompt_len, encode_prompt, prompt_too_long
 from slime_rollout.data.prompt_rows import PromptRows, count_rows, data_dir, load_prompt_rows
-from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, prompt_problem, row_metadata, row_tools
+from slime_rollout.data.rows import (
+    TRAINING_KEY_FLAGS,
+    KeyFlags,
+    messages_from_json,
+    prompt_problem,
+    row_metadata,
+    row_tools,
+)
 from slime_rollout.data.tokenizer import TOKENIZER_FILES, get_tokenizer
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime.deadlines import call_in_thread_with_deadline, plugin_bounds
@@ -144,12 +151,15 @@ def rows_to_samples(
     base_dir = data_dir(source)
     located = PromptRows.of(rows)
     positions, unit = located.positions, located.unit
-    samples, dropped = [], []
+    samples, dropped, json_messages = [], [], []
     for position, row in zip(positions, rows, strict=True):
         where = f"{source} {unit} {position}"
         if input_key not in row:
             raise ValueError(f"{where}: no {key_flags.input_key} {input_key!r} (keys: {sorted(row)})")
         prompt = row[input_key]
+        if (messages := messages_from_json(prompt)) is not None:
+            prompt = messages  # JSON text of chat messages, as some data tools write a list column
+            json_messages.append(position)
         is_number = isinstance(prompt, int | float) and not isinstance(prompt, bool)
         if number_prompts and is_number:
             prompt = str(prompt)
@@ -190,6 +200,11 @@ def rows_to_samples(
         mm_inputs = {"images": images} if images else None
         samples.append(Sample(prompt=prompt, label=label, metadata=metadata, multimodal_inputs=mm_inputs))
     _warn_missing_columns(rows, source, {metadata_key: key_flags.metadata_key, tool_key: key_flags.tool_key})
+    if json_messages:
+        logger.info(
+            "%s: %d of %d %s prompts were JSON text of chat messages, read as the messages (first at %s %s)",
+            source, len(json_messages), len(rows), key_flags.input_key, unit, json_messages[0],
+        )  # fmt: skip
     if dropped:
         shown = ", ".join(map(str, dropped[:_ROWS_SHOWN])) + (", ..." if len(dropped) > _ROWS_SHOWN else "")
         logger.warning(

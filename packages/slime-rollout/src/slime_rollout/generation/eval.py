@@ -25,13 +25,16 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import json
 import logging
+import math
 import pathlib
 import statistics
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from slime_core.config.rollout import check_template_kwargs
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.prompt_length import default_max_prompt_len
@@ -83,7 +86,40 @@ def _check_keys(entry: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DATASET_KEYS)}")
     if not isinstance(entry.get("metadata_overrides", {}), dict):
         raise ValueError(f"{where}: metadata_overrides must be a mapping, got {entry['metadata_overrides']!r:.60}")
+    check_template_kwargs(entry.get("apply_chat_template_kwargs"), flag=f"{where}: apply_chat_template_kwargs")
+    for key, value in entry.items():
+        check = _VALUE_CHECKS.get(key)
+        if check is not None and value is not None and not check[0](value):
+            raise ValueError(f"{where}: {key} must be {check[1]}, got {value!r:.60}")
     return dict(entry)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# The values an --eval-config entry may hold, as the matching flags allow them: a typo ("4x", "hot") reached
+# int() at the first eval or the engine's 400, naming no file or dataset.
+_VALUE_CHECKS: dict[str, tuple[Any, str]] = {
+    "n_samples_per_eval_prompt": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "max_response_len": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "max_prompt_len": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "min_new_tokens": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),
+    "top_k": (lambda v: _integer(v) and (v == -1 or v >= 1), "-1 (off) or an integer >= 1"),
+    "temperature": (lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "apply_chat_template": (lambda v: isinstance(v, bool), "true or false"),
+    "skip_special_tokens": (lambda v: isinstance(v, bool), "true or false"),
+    "no_stop_trim": (lambda v: isinstance(v, bool), "true or false"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+             "a string or a list of strings"),
+    "stop_token_ids": (lambda v: isinstance(v, list) and all(_integer(x) for x in v), "a list of token ids"),
+}  # fmt: skip
 
 
 def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -133,8 +169,9 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
             (`build_sampling_params`).
 
     Returns:
-        One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params` and `key_flags` (the flag or
-        `--eval-config` field that set each key, as errors about its rows name it: `_key_flags`).
+        One dict per dataset with the keys of `DATASET_KEYS` plus `sampling_params`, `key_flags` (the flag or
+        `--eval-config` field that set each key, as errors about its rows name it: `_key_flags`) and
+        `rm_type_given` (the dataset's `rm_type` came from `--eval-config`, so it overrides the rows' own).
 
     Raises:
         ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config`.
@@ -176,6 +213,9 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
                 params["max_new_tokens" if key == "max_response_len" else key] = dataset[key]
         dataset["sampling_params"] = params
         dataset["key_flags"] = _key_flags(cfg, defaults, entry)
+        # A type the dataset names (entry or eval.defaults) overrides the rows' metadata["rm_type"], as the
+        # original's EvalDatasetConfig.inject_metadata does; --rm-type only fills in for rows without one.
+        dataset["rm_type_given"] = "rm_type" in entry or "rm_type" in defaults
         resolved.append(dataset)
     return resolved
 
@@ -205,7 +245,7 @@ def _key_flags(cfg: SlimeArgs, defaults: dict[str, Any], entry: dict[str, Any]) 
 @functools.cache
 def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadata_key: str | None,
                        tool_key: str | None, hf_checkpoint: str | None, apply_chat_template: bool,
-                       template_kwargs: tuple, max_prompt_len: int | None,
+                       template_kwargs: str, max_prompt_len: int | None,
                        multimodal_keys: tuple = (),
                        key_flags: KeyFlags = TRAINING_KEY_FLAGS,
                        number_prompts: bool = False) -> tuple[Sample, ...]:  # fmt: skip
@@ -219,7 +259,7 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
         tool_key=tool_key,
         tokenizer=tokenizer,
         apply_chat_template=apply_chat_template,
-        apply_chat_template_kwargs=dict(template_kwargs),
+        apply_chat_template_kwargs=json.loads(template_kwargs),
         max_prompt_len=max_prompt_len,
         multimodal_keys=dict(multimodal_keys) or None,
         processor_path=hf_checkpoint,
@@ -240,7 +280,9 @@ def _prompts(cfg: SlimeArgs, dataset: dict[str, Any]) -> list[Sample]:
             dataset["tool_key"],
             cfg.hf_checkpoint,
             bool(dataset["apply_chat_template"]),
-            tuple(sorted(dict(dataset["apply_chat_template_kwargs"] or {}).items())),
+            # As JSON: the cache key must be hashable, and kwargs may hold lists and dicts (a template's documents);
+            # keys unsorted, since the template reads them back in that order.
+            json.dumps(dict(dataset["apply_chat_template_kwargs"] or {})),
             dataset["max_prompt_len"],
             tuple(sorted(dict(dataset["multimodal_keys"] or {}).items())),
             dataset.get("key_flags", TRAINING_KEY_FLAGS),
@@ -264,7 +306,9 @@ async def _eval_dataset(
             sample = copy.deepcopy(prompt)
             sample.group_index, sample.index = group_index, group_index * n + j
             sample.metadata.setdefault("source_name", dataset["name"])
-            if dataset["rm_type"]:
+            if dataset["rm_type"] and dataset.get("rm_type_given"):
+                sample.metadata["rm_type"] = dataset["rm_type"]
+            elif dataset["rm_type"]:
                 sample.metadata.setdefault("rm_type", dataset["rm_type"])
             sample.metadata.update(dataset["metadata_overrides"] or {})  # the original's metadata_overrides
             sample.custom_rm_path = sample.custom_rm_path or dataset["custom_rm_path"]

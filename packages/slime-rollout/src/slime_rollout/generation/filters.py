@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
 __all__ = [
+    "ZERO_STD_THRESHOLD",
     "call_dynamic_filter",
     "check_reward_nonzero_std",
     "check_reward_nonzero_std_with_fallback",
@@ -27,6 +28,9 @@ __all__ = [
     "normalize_filter_output",
     "should_drop_dynamic_filter_output",
 ]
+
+
+ZERO_STD_THRESHOLD = 1e-6  # the original's; `> 0` kept groups whose rewards differed only by rounding (0.1 + 0.2, 0.3)
 
 
 def check_reward_nonzero_std(args: SlimeArgs, samples: list[Any], **kwargs: Any) -> DynamicFilterOutput:
@@ -39,13 +43,15 @@ def check_reward_nonzero_std(args: SlimeArgs, samples: list[Any], **kwargs: Any)
         **kwargs: ignored (forward compatibility with newer call sites).
 
     Returns:
-        keep=True if the population std of the rewards is > 0; else keep=False with reason
-        `zero_std_{reward:.1f}`, logged as `rollout/dynamic_filter/drop_zero_std_{reward:.1f}`.
+        keep=True if the sample std of the rewards (Bessel's, n - 1) is > `ZERO_STD_THRESHOLD` (1e-6), as the
+        original's `torch.tensor(rewards, dtype=float64).std() > 1e-6`: rewards equal but for float rounding are
+        no spread; else keep=False with reason `zero_std_{reward:.1f}`, logged as
+        `rollout/dynamic_filter/drop_zero_std_{reward:.1f}`.
 
     Reference: Yu et al., "DAPO" (2025), §3.2 dynamic sampling.
     """
     rewards = [s.get_reward_value(args.reward_key) for s in flatten_group(samples)]
-    if len(rewards) > 1 and statistics.pstdev(rewards) > 0.0:
+    if len(rewards) > 1 and statistics.stdev(rewards) > ZERO_STD_THRESHOLD:
         return DynamicFilterOutput(keep=True)
     return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1)}" if rewards else "empty")
 

@@ -141,8 +141,9 @@ def _prompt_ids(args: SlimeArgs, sample: Sample) -> list[int]:
     if sample.tokens:
         # A continuation (partial rollout) or prompt ids set by the data source / a custom function.
         return list(sample.tokens)
-    # The cache key: prompt (text or messages) and tools, JSON-encoded (messages are unhashable lists of dicts).
-    key = json.dumps([sample.prompt, sample.metadata.get("tools")], sort_keys=True)
+    # The cache key: prompt (text or messages) and tools, JSON-encoded (messages are unhashable lists of dicts). Keys
+    # keep their order: the template writes a tool schema with `tojson` as given (sorted, it rendered another prompt).
+    key = json.dumps([sample.prompt, sample.metadata.get("tools")])
     return list(_encode_prompt(args.hf_checkpoint, key))
 
 

@@ -26,6 +26,7 @@ import logging
 import math
 import numbers
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from slime_core.error_text import preview
@@ -43,6 +44,7 @@ from slime_rollout.generation.group_rollout import (
     num_engines,
 )
 from slime_rollout.generation.opd import score_teacher
+from slime_rollout.generation.sampling_rounds import SamplingRounds, drop_reasons
 from slime_rollout.plugins import load_function
 from slime_rollout.rewards.math import num_undecided
 from slime_rollout.runtime import async_utils, debug_dump, log_hooks
@@ -147,79 +149,6 @@ async def _abort_and_drain(
     return leftovers
 
 
-def _drop_reasons(drops: collections.Counter[str], requeued: int) -> str:
-    """`"zero_std_1.0: 3, aborted: 1"`: the groups left out of the batch so far, per reason ("none" if none)."""
-    parts = [f"{reason}: {n}" for reason, n in drops.most_common()]
-    if requeued:
-        parts.append(f"re-queued (aborted, --partial-rollout): {requeued}")
-    return ", ".join(parts) or "none"
-
-
-class _SamplingRounds:
-    """Counts over-sampling rounds of one rollout: logs each refill, stops after too many that added nothing.
-
-    A round is one `data_source.get_samples(--over-sampling-batch-size)` call. The first fills the batch; a
-    later one only happens because groups were dropped (dynamic-sampling filter, aborted samples) or re-queued
-    (aborted with `--partial-rollout`), so each refill logs what was kept and dropped so far. `max_empty` refills in
-    a row without a newly kept group is a clear error naming the cause, instead of sampling forever: the filter drops
-    everything (e.g. every group got the same reward), or every group comes back with an ABORTED sample (a generate
-    function that marks its samples so; an engine that aborts every request).
-    """
-
-    def __init__(self, args: SlimeArgs, rollout_id: int, target: int):
-        self.rollout_id, self.target, self.max_empty = rollout_id, target, args.dynamic_sampling_max_empty_rounds
-        self.filter_path = args.dynamic_sampling_filter_path
-        self.generate = args.custom_generate_function_path or "the default generate function"
-        self.count = 0
-        self.empty = 0
-        self._kept_before = 0
-
-    def _cause(self, drops: collections.Counter[str], requeued: int) -> str:
-        """What keeps the batch from filling, from the counts: the filter, aborted samples, or both."""
-        filtered = sum(n for reason, n in drops.items() if reason != "aborted")
-        aborted = drops["aborted"] + requeued
-        causes = []
-        if filtered:
-            causes.append(
-                f"the dynamic-sampling filter --dynamic-sampling-filter-path {self.filter_path} drops every group "
-                "(check the reward function and the filter)"
-            )
-        if aborted:
-            causes.append(
-                f"groups come back with ABORTED samples (from {self.generate}, or the engines abort its requests); "
-                "a group with an ABORTED sample is not trained on"
-                + (", with --partial-rollout it goes back to the buffer" if requeued else "")
-            )
-        return "; ".join(causes) or "no group came back"
-
-    def next_round(self, kept: int, drops: collections.Counter[str], requeued: int = 0) -> None:
-        """Called before each `get_samples` with what the rollout holds so far.
-
-        Args:
-            kept: groups in the batch.
-            drops: groups dropped, per reason (filter reasons, "aborted").
-            requeued: aborted groups kept for the buffer (`--partial-rollout`).
-
-        Raises:
-            RuntimeError: `max_empty` refills in a row kept no new group (names the drop reasons and their cause).
-        """
-        if self.count > 0:
-            self.empty = self.empty + 1 if kept == self._kept_before else 0
-            reasons = _drop_reasons(drops, requeued)
-            logger.info(
-                "rollout %d: over-sampling round %d: %d/%d groups kept, %d dropped (%s)",
-                self.rollout_id, self.count + 1, kept, self.target, sum(drops.values()) + requeued, reasons,
-            )  # fmt: skip
-            if self.empty >= self.max_empty:
-                raise RuntimeError(
-                    f"rollout {self.rollout_id}: {self.empty} over-sampling rounds in a row kept no group "
-                    f"({kept}/{self.target} kept, dropped: {reasons}): {self._cause(drops, requeued)}; or raise "
-                    "--dynamic-sampling-max-empty-rounds"
-                )
-        self._kept_before = kept
-        self.count += 1
-
-
 def _exclude_empty_responses(args: SlimeArgs, rollout_id: int, groups: list[list[Any]]) -> int:
     """Marks samples that came back with no response token as not trained on, and says so (never silently).
 
@@ -247,7 +176,7 @@ def _exclude_empty_responses(args: SlimeArgs, rollout_id: int, groups: list[list
 
 
 async def generate_rollout_async(
-    args: SlimeArgs, rollout_id: int, data_source: DataSource
+    args: SlimeArgs, rollout_id: int, data_source: DataSource | Callable[[int], list[list[Sample]]]
 ) -> tuple[RolloutFnTrainOutput, list[list[Sample]]]:
     """One training rollout on the running loop.
 
@@ -257,7 +186,9 @@ async def generate_rollout_async(
             `rollout_sample_filter_path`, `rollout_all_samples_process_path` (+ what generate, rewards and metrics
             read).
         rollout_id: id of this rollout.
-        data_source: a `slime_core.protocols.DataSource`.
+        data_source: a `slime_core.protocols.DataSource`, or the original's `Callable[[int], list[list[Sample]]]`
+            (its `generate_rollout` passes `data_source.get_samples`, and custom rollout functions copied from it
+            do); handed on as given to `--rollout-all-samples-process-path`, as the original does.
 
     Returns:
         `(output, leftovers)`: `rollout_batch_size` accepted groups sorted by sample index with metrics,
@@ -265,9 +196,11 @@ async def generate_rollout_async(
 
     Raises:
         ValueError: a group of the wrong size or a misconfigured batch size.
+        TypeError: `data_source` is neither a data source nor a callable.
         RuntimeError: the data source ran dry, or `--dynamic-sampling-max-empty-rounds` refills in a row kept
             no group.
     """
+    take, source_name = _sample_getter(data_source)
     start = time.perf_counter()
     undecided_before = num_undecided()
     target, over, n = args.rollout_batch_size, args.over_sampling_batch_size, args.n_samples_per_prompt
@@ -282,7 +215,7 @@ async def generate_rollout_async(
     all_groups: list[list[Any]] = []
     requeue: list[list[Sample]] = []
     drops: collections.Counter[str] = collections.Counter()
-    rounds = _SamplingRounds(args, rollout_id, target)
+    rounds = SamplingRounds(args, rollout_id, target)
     discarded: dict[str, list[list[Any]]] = {"filtered": [], "aborted": [], "surplus": []}  # goodput accounting
     submitted = 0
     order: dict[asyncio.Task[Any], int] = {}
@@ -292,13 +225,12 @@ async def generate_rollout_async(
             while len(data) + len(pending) < target:
                 rounds.next_round(len(data), drops, len(requeue))
                 # A custom data source or --buffer-filter-path is the user's sync code: bounded, off the loop.
-                what = f"{type(data_source).__name__}.get_samples({over}) (rollout {rollout_id})"
-                take = data_source.get_samples
+                what = f"{source_name}({over}) (rollout {rollout_id})"
                 groups = await call_plugin_with_deadline(take, over, what=what, **plugin_bounds(args))
                 if not groups:
                     raise RuntimeError(
                         f"rollout {rollout_id}: {what} returned no groups, {len(data)}/{target} kept "
-                        f"(dropped: {_drop_reasons(drops, len(requeue))}); the data source ran dry"
+                        f"(dropped: {drop_reasons(drops, len(requeue))}); the data source ran dry"
                     )
                 groups = checked_groups(groups, what, n)
                 for g in groups:
@@ -375,6 +307,22 @@ async def generate_rollout_async(
     return RolloutFnTrainOutput(samples=data, metrics=metrics), leftovers
 
 
+def _sample_getter(data_source: Any) -> tuple[Callable[[int], Any], str]:
+    """`(get_samples, its name in messages)` of a data source, or of the original's bare `n -> groups` callable.
+
+    Raises:
+        TypeError: neither (names what was given).
+    """
+    if callable(getattr(data_source, "get_samples", None)):
+        return data_source.get_samples, f"{type(data_source).__name__}.get_samples"
+    if callable(data_source):
+        return data_source, getattr(data_source, "__qualname__", type(data_source).__name__)
+    raise TypeError(
+        f"generate_rollout_async: the data source must be a DataSource (get_samples(n)) or a callable n -> groups "
+        f"(the original passes data_source.get_samples), got {type(data_source).__name__} {preview(data_source)}"
+    )
+
+
 async def run_end_of_rollout_plugins(
     args: SlimeArgs, rollout_id: int, data: list[list[Any]], all_groups: list[list[Any]], data_source: DataSource
 ) -> None:
@@ -383,7 +331,8 @@ async def run_end_of_rollout_plugins(
     `--rollout-sample-filter-path` is `fn(args, data)`, `--rollout-all-samples-process-path`
     `fn(args, all_groups, data_source)`, both with the groups sorted by sample index (`all_groups`: every group that
     finished, kept, filtered out, aborted or surplus; it was in finishing order, the original sorts it). They are
-    sync user code: called on the event loop, one that never returned froze the run with no word.
+    sync user code: called on the event loop, one that never returned froze the run with no word. A sample filter
+    that returns something (a filtered list) is warned about: only `remove_sample` marks are read.
 
     Raises:
         DeadlineExceeded: one ran past `--plugin-timeout-secs` (the message names it and the rollout).
@@ -394,7 +343,14 @@ async def run_end_of_rollout_plugins(
         path = args.rollout_sample_filter_path
         fn = load_function(path, flag="--rollout-sample-filter-path")
         what = f"--rollout-sample-filter-path {path} (rollout {rollout_id})"
-        await call_plugin_with_deadline(fn, args, data, what=what, **plugin_bounds(args))
+        returned = await call_plugin_with_deadline(fn, args, data, what=what, **plugin_bounds(args))
+        if returned is not None:  # `return [g for g in data if ...]` filtered nothing, silently
+            samples = flatten_groups(data)
+            logger.warning(
+                "rollout %d: --rollout-sample-filter-path %s returned a %s, which is not read (as in the original): "
+                "it filters by setting sample.remove_sample = True in place (%d of %d samples are marked)",
+                rollout_id, path, type(returned).__name__, sum(bool(s.remove_sample) for s in samples), len(samples),
+            )  # fmt: skip
     if args.rollout_all_samples_process_path:
         path = args.rollout_all_samples_process_path
         fn = load_function(path, flag="--rollout-all-samples-process-path")
