@@ -133,7 +133,7 @@ sys.exit(main(sys.argv[1:]))
     (save / "latest_checkpointed_iteration.txt").write_text("3")
     argv = ["--rollout-batch-size", "1", "--num-rollout", "9", "--output-dir", str(tmp_path / "out"), "--save",
             str(save), "--load", str(save), "--no-load-optim", "--rollout-engine", "reference", "--train-backend",
-            "fsdp", "--actor-num-gpus-per-node", "1"]  # fmt: skip
+            "fsdp", "--actor-num-gpus-per-node", "1", "--rollout-max-response-len", "8"]  # fmt: skip
     out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
     assert out.returncode == 143, out.stderr[-3000:]
