@@ -61,6 +61,7 @@ from slime_train_fsdp.packing import (
     PackedMicroBatch,
     install_response_forward,
     pack_micro_batch,
+    per_sample_on_host,
     response_log_probs,
     split_by_lengths,
 )
@@ -292,7 +293,7 @@ class FSDPTrainBackend:
         """
         self._require_awake("compute_log_probs")
         with self.weights.swapped(model), self._routing(model, training=False):
-            out: list[torch.Tensor | None] = [None] * batch.num_samples
+            rows: list[tuple[PackedMicroBatch, torch.Tensor]] = []
             for step in batch.micro_batches:
                 for ids in step:
                     mb = self._pack(batch, ids)
@@ -306,12 +307,8 @@ class FSDPTrainBackend:
                     )
                     if self.routing is not None:
                         self.routing.after_forward(mb)
-                    for i, lp in zip(ids, split_by_lengths(logp, mb.response_lengths), strict=True):
-                        out[i] = lp.float().cpu()
-        missing = [i for i, t in enumerate(out) if t is None]
-        if missing:
-            raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
-        return out  # type: ignore[return-value]
+                    rows.append((mb, logp))  # stays on the device: one copy after the last forward
+        return per_sample_on_host(rows, batch.num_samples)
 
     # ---------------------------------------------------------------- train
     def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:

@@ -26,7 +26,7 @@ from slime_core.config import SlimeArgs
 from slime_core.critic import ValueLoss, train_critic_on_rollout
 from slime_train_fsdp.checkpoint import save_checkpoint
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device
-from slime_train_fsdp.packing import pack_micro_batch, split_by_lengths
+from slime_train_fsdp.packing import pack_micro_batch, per_sample_on_host, split_by_lengths
 from slime_train_fsdp.trainer_parts import (
     Residency,
     all_reduce_sum,
@@ -157,17 +157,12 @@ class FSDPCriticBackend:
             RuntimeError: while asleep.
         """
         self.residency.require_awake("compute_values")
-        out: list[torch.Tensor | None] = [None] * batch.num_samples
+        rows = []
         for step in batch.micro_batches:
             for ids in step:
                 mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
-                values, _ = response_values(self.model, mb)
-                for i, v in zip(ids, split_by_lengths(values, mb.response_lengths), strict=True):
-                    out[i] = v.float().cpu()
-        missing = [i for i, t in enumerate(out) if t is None]
-        if missing:
-            raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
-        return out  # type: ignore[return-value]
+                rows.append((mb, response_values(self.model, mb)[0]))  # on the device until the one copy
+        return per_sample_on_host(rows, batch.num_samples)
 
     def forward_backward(
         self, batch: RolloutBatch, step: int, loss_fn: ValueLoss, *, denominator: float

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from slime_core.host_to_device import to_device_many
 from slime_core.sample import validate_top_p_offsets
 
 __all__ = ["KeptTokens", "restricted_logsumexp", "validate_top_p_offsets"]
@@ -73,8 +74,9 @@ class KeptTokens:
         return cls(rows=torch.cat([empty, *rows]), ids=torch.cat([empty, *ids]), num_rows=base)
 
     def to(self, device: torch.device | str) -> KeptTokens:
-        """The same sets on `device`."""
-        return KeptTokens(rows=self.rows.to(device), ids=self.ids.to(device), num_rows=self.num_rows)
+        """The same sets on `device` (copied without a host-device sync: `slime_core.host_to_device`)."""
+        rows, ids = to_device_many([self.rows, self.ids], device)
+        return KeptTokens(rows=rows, ids=ids, num_rows=self.num_rows)
 
     def slice_rows(self, start: int, end: int) -> KeptTokens:
         """The sets of rows `[start, end)`, renumbered from 0."""
