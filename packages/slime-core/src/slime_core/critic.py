@@ -34,7 +34,7 @@ from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
 from slime_core.host_to_device import to_device_many
-from slime_core.step_metrics import step_sums
+from slime_core.step_metrics import read_scalars, step_sums
 from slime_core.train_step import step_denominator
 
 logger = logging.getLogger(__name__)
@@ -75,8 +75,11 @@ class CriticStepBackend(Protocol):
         """
         ...
 
-    def optimizer_step(self) -> tuple[float, float]:
-        """Clips, steps the optimizer and the LR schedule; returns (pre-clip grad norm, rate of this step)."""
+    def optimizer_step(self) -> tuple[float | torch.Tensor, float]:
+        """Clips, steps the optimizer and the LR schedule; returns (pre-clip grad norm, rate of this step).
+
+        The grad norm may be a 0-d device tensor, read after the last step (`StepBackend.optimizer_step`).
+        """
         ...
 
     def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
@@ -252,6 +255,7 @@ def train_critic_on_rollout(
     prediction = _prediction_metrics(backend.all_reduce_sum(value_prediction_stats(values, returns, batch.loss_masks)))
     loss_fn = _value_loss(cfg, batch, values, returns)
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    steps = list(zip([v for v, _ in steps], read_scalars([own for _, own in steps]), strict=True))  # grad norms
     # One device-to-host read and one reduction over data-parallel ranks for every step's metric sums.
     per_step = _per_step(cfg, batch, steps, backend.reduce_metric_sums(step_sums([values for values, _ in steps])))
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}

@@ -186,8 +186,11 @@ class FSDPCriticBackend:
             metrics.append(mb_metrics)
         return metrics
 
-    def optimizer_step(self) -> tuple[float, float]:
-        """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate)."""
+    def optimizer_step(self) -> tuple[torch.Tensor, float]:
+        """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate).
+
+        The norm is a 0-d tensor on the device, read with the other steps' after the last one (no sync per step).
+        """
         norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.clip_grad)
         self.global_step += 1
         return norm, lr

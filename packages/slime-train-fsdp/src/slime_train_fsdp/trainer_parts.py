@@ -69,11 +69,12 @@ def clip_and_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     clip_grad: float,
-) -> tuple[float, float]:
+) -> tuple[torch.Tensor, float]:
     """Clips gradients to `clip_grad` (≤ 0: no clipping), steps the optimizer and the schedule.
 
     Returns:
-        `(pre-clip global grad norm, learning rate of this step)`.
+        `(pre-clip global grad norm, learning rate of this step)`: the norm as a 0-d float32 tensor on the device,
+        left unread (the shared step reads every step's at once after the last: `slime_core.step_metrics`).
     """
     lr = float(optimizer.param_groups[0]["lr"])
     params = [p for p in model.parameters() if p.grad is not None]
@@ -82,7 +83,7 @@ def clip_and_step(
         norm = norm.full_tensor()
     optimizer.step()
     scheduler.step()
-    return float(norm), lr
+    return norm.detach(), lr
 
 
 def cp_size(model: nn.Module) -> int:
