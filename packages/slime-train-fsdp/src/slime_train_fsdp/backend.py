@@ -293,7 +293,7 @@ class FSDPTrainBackend:
         """
         self._require_awake("compute_log_probs")
         with self.weights.swapped(model), self._routing(model, training=False):
-            rows: list[tuple[PackedMicroBatch, torch.Tensor]] = []
+            rows: list[tuple[list[int], list[int], torch.Tensor]] = []
             for step in batch.micro_batches:
                 for ids in step:
                     mb = self._pack(batch, ids)
@@ -307,7 +307,7 @@ class FSDPTrainBackend:
                     )
                     if self.routing is not None:
                         self.routing.after_forward(mb)
-                    rows.append((mb, logp))  # stays on the device: one copy after the last forward
+                    rows.append((mb.sample_ids, mb.response_lengths, logp))  # one copy after the last forward
         return per_sample_on_host(rows, batch.num_samples)
 
     # ---------------------------------------------------------------- train

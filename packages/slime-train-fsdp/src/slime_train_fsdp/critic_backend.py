@@ -161,7 +161,8 @@ class FSDPCriticBackend:
         for step in batch.micro_batches:
             for ids in step:
                 mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
-                rows.append((mb, response_values(self.model, mb)[0]))  # on the device until the one copy
+                # On the device until the one copy after the last forward.
+                rows.append((mb.sample_ids, mb.response_lengths, response_values(self.model, mb)[0]))
         return per_sample_on_host(rows, batch.num_samples)
 
     def forward_backward(
