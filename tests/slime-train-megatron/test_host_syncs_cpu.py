@@ -1,4 +1,4 @@
-"""Host-device synchronizations of one Megatron `train()` / `train_critic()` do not grow with the micro-batches (issue 26).
+"""Host-device syncs of one Megatron `train()` / `train_critic()` do not grow with the micro-batches (issue 26).
 
 On a GPU a read of a device tensor (`.item()`, `.tolist()`, `float(t)`, `.cpu()`, `if t:`, `nonzero`, boolean-mask
 indexing) and a blocking host → device copy (`.to(device)` without `non_blocking`, `torch.tensor(data, device=...)`)
