@@ -101,3 +101,23 @@ def test_errors_name_the_problem():
         restricted_logsumexp(z, torch.tensor([0, 1]), KeptTokens.from_offsets([[9]], [[0, 1, 1]]))
     with pytest.raises(ValueError, match="rows"):
         log_probs_from_logits(z, torch.tensor([0, 1]), kept=KeptTokens.from_offsets([[1]], [[0, 1]]))
+
+
+def test_slice_rows_of_moved_sets_reads_nothing_back():
+    """`to` keeps the rows on the host, so `slice_rows` (once per log-prob chunk) never reads the device copy.
+
+    The "device" is `meta`: its tensors hold no values, so a read back (the former `searchsorted(...).tolist()` on
+    the device rows) raises.
+    """
+    kept = KeptTokens.from_offsets([[5, 7, 9], [4, 6]], [[0, 2, 2, 3], [0, 1, 2]])  # rows 0,0,2,3,4
+    moved = kept.to("meta")
+    assert moved.rows.device.type == "meta" and moved.host_rows is not None
+    part = moved.slice_rows(2, 4)
+    assert part.num_rows == 2 and part.rows.device.type == "meta" and part.rows.shape == (2,)
+    assert part.host_rows.tolist() == [0, 1]  # rows 2 and 3, renumbered
+    again = part.slice_rows(1, 2)  # a slice of a slice keeps its host rows
+    assert again.host_rows.tolist() == [0] and again.ids.shape == (1,)
+    host = kept.slice_rows(2, 4)
+    assert host.rows.tolist() == [0, 1] and host.ids.tolist() == [9, 4] and host.host_rows is None
+    with pytest.raises(NotImplementedError):
+        KeptTokens(rows=moved.rows, ids=moved.ids, num_rows=5).slice_rows(2, 4)  # no host copy: it would read

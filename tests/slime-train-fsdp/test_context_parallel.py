@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+from unittest import mock
 
 import pytest
 import torch
 
-from slime_train_fsdp.context_parallel import shard_row
+from slime_train_fsdp.context_parallel import response_counts, shard_row
 
 _spec = importlib.util.spec_from_file_location("slime_fsdp_test_launch", pathlib.Path(__file__).with_name("_launch.py"))
 _launch = importlib.util.module_from_spec(_spec)
@@ -39,6 +40,22 @@ def test_shard_row_pads_and_splits():
     assert first.counts == second.counts == [1, 2]
     assert first.predict_index.tolist() == [1] and second.predict_index.tolist() == [0, 1]
     assert second.targets.tolist() == [15, 16]
+
+
+def test_shard_row_counts_from_lengths_read_nothing_and_match():
+    """With the response lengths the slices' counts come from the host (no read of `predict_index`), same shard."""
+    ids, pos = torch.arange(10, 17)[None], torch.tensor([[0, 1, 2, 0, 1, 2, 3]])
+    predict, targets = torch.tensor([1, 4, 5]), torch.tensor([12, 15, 16])
+    for rank in (0, 1):
+        read = shard_row(ids, pos, predict, targets, [3, 4], rank, 2)
+        with mock.patch.object(torch.Tensor, "tolist", side_effect=AssertionError("read predict_index")):
+            given = shard_row(ids, pos, predict, targets, [3, 4], rank, 2, response_lengths=[1, 2])
+        assert given.counts == read.counts == [1, 2]
+        assert torch.equal(given.predict_index, read.predict_index) and torch.equal(given.targets, read.targets)
+    # 3 samples over 4 slices of 3 (S0 = 12): predicting [1, 3), [5, 8) and [10, 11).
+    assert response_counts([4, 5, 3], [2, 3, 1], 3, 4) == [2, 1, 2, 1]
+    with pytest.raises(ValueError, match="2 sequence lengths but 1 response lengths"):
+        response_counts([3, 4], [1], 4, 2)
 
 
 @pytest.fixture(scope="module")

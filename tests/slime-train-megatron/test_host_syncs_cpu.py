@@ -1,4 +1,4 @@
-"""Host-device synchronizations of one Megatron `train()` do not grow with the micro-batches (issue 26).
+"""Host-device syncs of one Megatron `train()` / `train_critic()` do not grow with the micro-batches (issue 26).
 
 On a GPU a read of a device tensor (`.item()`, `.tolist()`, `float(t)`, `.cpu()`, `if t:`, `nonzero`, boolean-mask
 indexing) and a blocking host → device copy (`.to(device)` without `non_blocking`, `torch.tensor(data, device=...)`)
@@ -29,6 +29,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
+from slime_core.critic import critic_config
 
 pytest.importorskip("megatron.core")
 
@@ -81,6 +82,11 @@ class _SyncCounter(TorchFunctionMode):
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.on_device[t] = True
+        elif name == "cpu":
+            # On CPU `.cpu()` hands back the tensor itself: from here on it is the host copy (the critic's values).
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t in self.on_device:
+                    del self.on_device[t]
         return out
 
 
@@ -104,12 +110,15 @@ def _batch(micro_batches: int, per_mb: int) -> RolloutBatch:
     )
 
 
-def _count(backend, batch) -> collections.Counter:
+def _count(backend, batch, critic: bool = False) -> collections.Counter:
     device_tensors = [*backend.module.parameters(), *backend.module.buffers()]
     device_tensors += [p.main_grad for p in backend.module.parameters() if getattr(p, "main_grad", None) is not None]
     counter = _SyncCounter(device_tensors)
     with counter:
-        backend.train(0, batch)
+        if critic:
+            backend.train_critic(0, batch)
+        else:
+            backend.train(0, batch)
     return counter.hits
 
 
@@ -136,5 +145,26 @@ def test_host_syncs_of_a_train_step_do_not_grow_with_micro_batches(cpu_backend_e
         # the old log-probs of all micro-batches, one copy
         ("cpu", "slime_train_megatron/pipeline.py:forward_only_per_sample"): 1,
         ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # the metric sums of both steps, one read
-        ("tolist", "slime_core/step_metrics.py:rollout_mean_sums"): 1,  # the recorded rollout means, one read
+    }
+
+
+def test_critic_host_syncs_do_not_grow_with_micro_batches(cpu_backend_env, tiny_hf):
+    from slime_train_megatron.critic_backend import MegatronCriticBackend
+
+    _, hf_dir = tiny_hf("qwen3")
+    args = critic_config(SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
+        "megatron_args": ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer"],
+        "advantage_estimator": "ppo", "critic_lr": 1e-3, "rollout_temperature": 1.0,
+    }))  # fmt: skip
+    critic = MegatronCriticBackend()
+    critic.init(args)
+    small, large = _batch(1, 2), _batch(3, 4)
+    critic.train_critic(0, small)  # lazy optimizer state out of the way
+    few, many = _count(critic, small, critic=True), _count(critic, large, critic=True)
+    few, many = (collections.Counter({k: n for k, n in c.items() if k[1] != _OPTIMIZER}) for c in (few, many))
+    assert few == many, f"syncs that differ with the micro-batches: small {dict(few)}, large {dict(many)}"
+    assert dict(few) == {
+        ("cpu", "slime_train_megatron/pipeline.py:forward_only_per_sample"): 1,  # the values, one copy
+        ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # the metric sums of both steps, one read
     }

@@ -12,7 +12,8 @@ export) are off.
    term: the critic sees no log-probs, as in the original);
 3. prediction metrics of `V` against `R` over the loss-masked tokens of all data-parallel ranks;
 4. per optimizer step: forward + backward of the clipped value loss (`--value-clip`) against `V` and `R`,
-   the optimizer step, metric sums reduced over data-parallel ranks and divided by the step's denominator;
+   the optimizer step; after the last step, every step's metric sums read from the device once, reduced over
+   data-parallel ranks in one reduction and divided by their step's denominator;
 5. `V` is returned: the actor's advantages use the same values (`RolloutBatch.values`).
 
 Legend: `N` samples on this rank, `L_i` response length of sample i.
@@ -32,6 +33,8 @@ from slime_core.algorithms.value_loss import compute_critic_loss
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
+from slime_core.host_to_device import to_device_many
+from slime_core.step_metrics import read_scalars, step_sums
 from slime_core.train_step import step_denominator
 
 logger = logging.getLogger(__name__)
@@ -72,8 +75,11 @@ class CriticStepBackend(Protocol):
         """
         ...
 
-    def optimizer_step(self) -> tuple[float, float]:
-        """Clips, steps the optimizer and the LR schedule; returns (pre-clip grad norm, rate of this step)."""
+    def optimizer_step(self) -> tuple[float | torch.Tensor, float]:
+        """Clips, steps the optimizer and the LR schedule; returns (pre-clip grad norm, rate of this step).
+
+        The grad norm may be a 0-d device tensor, read after the last step (`StepBackend.optimizer_step`).
+        """
         ...
 
     def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
@@ -178,29 +184,44 @@ def _returns(cfg: SlimeArgs, batch: RolloutBatch, values: list[torch.Tensor]) ->
 def _value_loss(cfg: SlimeArgs, batch: RolloutBatch, old_values, returns) -> ValueLoss:
     def loss_fn(ids, values):
         device = values[0].device
+        n = len(ids)
+        # One non-blocking copy for the three series (`to_device_many`): a per-sample `.to(device)` waited for the
+        # micro-batch's value forward each time (issue 26).
+        moved = to_device_many([*(old_values[i] for i in ids), *(returns[i] for i in ids),
+                                *(batch.loss_masks[i] for i in ids)], device)  # fmt: skip
         return compute_critic_loss(
             cfg,
             values=values,
-            old_values=[old_values[i].to(device) for i in ids],
-            returns=[returns[i].to(device) for i in ids],
-            loss_masks=[batch.loss_masks[i].to(device) for i in ids],
+            old_values=moved[:n],
+            returns=moved[n : 2 * n],
+            loss_masks=moved[2 * n :],
             loss_denominators=[float(batch.loss_denominators[i]) for i in ids],
         )
 
     return loss_fn
 
 
-def _optimizer_step(cfg, backend: CriticStepBackend, batch: RolloutBatch, step: int, loss_fn) -> dict[str, float]:
-    denominator = step_denominator(cfg, batch, step)
-    micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=denominator)
+def _optimizer_step(
+    cfg, backend: CriticStepBackend, batch: RolloutBatch, step: int, loss_fn
+) -> tuple[dict[str, list], dict[str, float]]:
+    """Step `step`: `(its micro-batches' metrics by name, left on the device; grad norm and rate)`."""
+    micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=step_denominator(cfg, batch, step))
     grad_norm, lr = backend.optimizer_step()
-    sums: dict[str, float] = {}
+    # Read after the last step (`step_sums`): a `float()` here waited for each micro-batch's backward in turn.
+    values: dict[str, list] = {}
     for metrics in micro_metrics:
         for key, value in metrics.items():
-            sums[key] = sums.get(key, 0.0) + float(value)
-    reduced = backend.reduce_metric_sums(sums)
-    out = {key: reduced[key] / denominator for key in sorted(reduced)}
-    out.update(grad_norm=grad_norm, lr=lr)
+            values.setdefault(key, []).append(value)
+    return values, {"grad_norm": grad_norm, "lr": lr}
+
+
+def _per_step(cfg, batch: RolloutBatch, steps: list[tuple[dict[str, list], dict]], reduced) -> list[dict[str, float]]:
+    """Each step's metrics: its reduced sums (`steps/<j>/<name>`) over its denominator, then grad norm and rate."""
+    out = []
+    for j, (_, own) in enumerate(steps):
+        prefix, denominator = f"steps/{j}/", step_denominator(cfg, batch, j)
+        sums = {key[len(prefix) :]: value for key, value in reduced.items() if key.startswith(prefix)}
+        out.append({**{key: sums[key] / denominator for key in sorted(sums)}, **own})
     return out
 
 
@@ -233,7 +254,10 @@ def train_critic_on_rollout(
     returns = _returns(cfg, batch, values)
     prediction = _prediction_metrics(backend.all_reduce_sum(value_prediction_stats(values, returns, batch.loss_masks)))
     loss_fn = _value_loss(cfg, batch, values, returns)
-    per_step = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    steps = list(zip([v for v, _ in steps], read_scalars([own for _, own in steps]), strict=True))  # grad norms
+    # One device-to-host read and one reduction over data-parallel ranks for every step's metric sums.
+    per_step = _per_step(cfg, batch, steps, backend.reduce_metric_sums(step_sums([values for values, _ in steps])))
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     metrics["lr"] = per_step[-1]["lr"]
     metrics.update(prediction)

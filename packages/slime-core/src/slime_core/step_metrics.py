@@ -17,7 +17,15 @@ from slime_core.algorithms import sum_of_sample_mean
 from slime_core.batch import RolloutBatch
 from slime_core.host_to_device import to_device
 
-__all__ = ["length_means", "length_sums", "rollout_mean_sums", "rollout_means", "sample_means_sum", "step_sums"]
+__all__ = [
+    "length_means",
+    "length_sums",
+    "read_scalars",
+    "rollout_mean_sums",
+    "rollout_means",
+    "sample_means_sum",
+    "step_sums",
+]
 
 
 def sample_means_sum(
@@ -146,3 +154,24 @@ def step_sums(steps: list[dict[str, list]]) -> dict[str, float]:
                 total += next(host) if isinstance(v, torch.Tensor) else float(v)
             sums[f"steps/{j}/{key}"] = total
     return sums
+
+
+def read_scalars(records: list[dict[str, float | torch.Tensor]]) -> list[dict[str, float]]:
+    """`records` with every 0-d tensor value read to the host, all of them in one transfer.
+
+    For what a backend's `optimizer_step` may leave on the device (FSDP's grad norm): a `float()` per step waited for
+    the step's optimizer kernels before the host could queue the next step's forward. Read through float64, which
+    holds a float32 exactly: the same Python floats as `float(t)`.
+
+    Args:
+        records: dicts of Python floats and 0-d tensors.
+
+    Returns:
+        The same dicts (new ones) with floats only.
+    """
+    tensors = [v for r in records for v in r.values() if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [dict(r) for r in records]
+    device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
+    host = iter(torch.stack([to_device(t.detach().reshape(()), device).double() for t in tensors]).tolist())
+    return [{k: next(host) if isinstance(v, torch.Tensor) else v for k, v in r.items()} for r in records]

@@ -53,7 +53,14 @@ from slime_core.estimators import get_estimator
 from slime_core.flops import model_config, throughput_metrics
 from slime_core.goodput import trained_token_sums
 from slime_core.host_to_device import to_device_many
-from slime_core.step_metrics import length_means, length_sums, rollout_mean_sums, rollout_means, step_sums
+from slime_core.step_metrics import (
+    length_means,
+    length_sums,
+    read_scalars,
+    rollout_mean_sums,
+    rollout_means,
+    step_sums,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +114,12 @@ class StepBackend(Protocol):
         """
         ...
 
-    def optimizer_step(self) -> tuple[float, float]:
-        """Clips, steps the optimizer and the LR schedule; returns (pre-clip grad norm, rate of this step)."""
+    def optimizer_step(self) -> tuple[float | torch.Tensor, float]:
+        """Clips, steps the optimizer and the LR schedule; returns (pre-clip grad norm, rate of this step).
+
+        The grad norm may be a 0-d device tensor: it is read after the last step, with the other steps' (no sync
+        between steps).
+        """
         ...
 
     def reduce_metric_sums(self, sums: dict[str, float]) -> dict[str, float]:
@@ -390,6 +401,7 @@ def train_on_rollout(
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
+    steps = list(zip([v for v, _ in steps], read_scalars([own for _, own in steps]), strict=True))  # grad norms
     values = None if batch.values is None else list(batch.values)  # PPO: the critic's
     series = {
         "log_probs": seen_old if record else (trainer if cfg.use_rollout_logprobs else old),

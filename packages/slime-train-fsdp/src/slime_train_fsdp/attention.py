@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 
+from slime_core.host_to_device import to_device
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -62,7 +64,8 @@ def packed_cu_seqlens(seq_lengths: list[int], device: torch.device) -> torch.Ten
     """`[N + 1]` int32 cumulative starts `[0, L_0, L_0 + L_1, ...]` (flash-attention's `cu_seqlens`)."""
     cu = torch.zeros(len(seq_lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(seq_lengths, dtype=torch.int32).cumsum(0)
-    return cu.to(device, non_blocking=True)
+    # Pinned: `non_blocking` from pageable memory still waits for the stream (issue 26).
+    return to_device(cu, device)
 
 
 def packed_attention_kwargs(seq_lengths: list[int], device: torch.device, implementation: str) -> dict[str, Any]:
@@ -99,7 +102,7 @@ def packed_attention_kwargs(seq_lengths: list[int], device: torch.device, implem
 def _document_ids(seq_lengths: list[int], padded: int, device: torch.device) -> torch.Tensor:
     """`[padded]` int32 sequence index of every position; the tail beyond `S` is one extra document."""
     lengths = torch.tensor([*seq_lengths, padded - sum(seq_lengths)], dtype=torch.int64)
-    return torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), lengths).to(device)
+    return to_device(torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), lengths), device)
 
 
 def document_block_mask(seq_lengths: list[int], device: torch.device, block: int = FLEX_BLOCK):

@@ -67,6 +67,7 @@ from slime_train_fsdp.packing import (
     PackedMicroBatch,
     install_response_forward,
     pack_micro_batch,
+    per_sample_on_host,
     response_log_probs,
     split_by_lengths,
 )
@@ -315,7 +316,7 @@ class FSDPTrainBackend:
         """
         self._require_awake("compute_log_probs")
         with self.weights.swapped(model), self._routing(model, training=False):
-            out: list[torch.Tensor | None] = [None] * batch.num_samples
+            rows: list[tuple[list[int], list[int], torch.Tensor]] = []
             for step in batch.micro_batches:
                 for ids in step:
                     mb = self._pack(batch, ids)
@@ -329,12 +330,8 @@ class FSDPTrainBackend:
                     )
                     if self.routing is not None:
                         self.routing.after_forward(mb)
-                    for i, lp in zip(ids, split_by_lengths(logp, mb.response_lengths), strict=True):
-                        out[i] = lp.float().cpu()
-        missing = [i for i, t in enumerate(out) if t is None]
-        if missing:
-            raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
-        return out  # type: ignore[return-value]
+                    rows.append((mb.sample_ids, mb.response_lengths, logp))  # one copy after the last forward
+        return per_sample_on_host(rows, batch.num_samples)
 
     # ---------------------------------------------------------------- train
     def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
@@ -421,8 +418,11 @@ class FSDPTrainBackend:
             metrics.append(mb_metrics)
         return metrics
 
-    def optimizer_step(self) -> tuple[float, float]:
-        """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate)."""
+    def optimizer_step(self) -> tuple[torch.Tensor, float]:
+        """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate).
+
+        The norm is a 0-d tensor on the device, read with the other steps' after the last one (no sync per step).
+        """
         norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.clip_grad)
         self.global_step += 1
         return norm, lr

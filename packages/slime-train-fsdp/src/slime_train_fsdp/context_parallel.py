@@ -22,12 +22,12 @@ Legend: `S` = packed row length (padded to a multiple of `C`), `C` = CP size, `R
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["RowShard", "gather_response_values", "shard_row", "ulysses_attention"]
+__all__ = ["RowShard", "gather_response_values", "response_counts", "shard_row", "ulysses_attention"]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -123,6 +123,37 @@ class RowShard:
     counts: list[int]
 
 
+def response_counts(seq_lengths: Sequence[int], response_lengths: Sequence[int], local: int, cp_size: int) -> list[int]:
+    """Response-predicting positions in each of the `cp_size` slices of `local` positions, from the lengths alone.
+
+    Sample k of the row (offset `o_k`, length `T_k`, response `L_k`) predicts its response at positions
+    `[o_k + T_k - L_k - 1, o_k + T_k - 1)` (`packing.pack_micro_batch`); computed on the host, so no device value
+    is read.
+
+    Args:
+        seq_lengths: `T_k` of the packed samples, in row order.
+        response_lengths: `L_k`, in the same order.
+        local: positions per slice.
+        cp_size: `C`.
+
+    Returns:
+        `C` counts (sum `Σ L_k`).
+
+    Raises:
+        ValueError: the two length lists differ in length.
+    """
+    if len(seq_lengths) != len(response_lengths):
+        raise ValueError(f"{len(seq_lengths)} sequence lengths but {len(response_lengths)} response lengths")
+    counts = [0] * cp_size
+    offset = 0
+    for total, resp in zip(seq_lengths, response_lengths, strict=True):
+        first, end = offset + total - resp - 1, offset + total - 1
+        for c in range(cp_size):
+            counts[c] += max(0, min(end, (c + 1) * local) - max(first, c * local))
+        offset += total
+    return counts
+
+
 def shard_row(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
@@ -131,6 +162,7 @@ def shard_row(
     seq_lengths: list[int],
     cp_rank: int,
     cp_size: int,
+    response_lengths: Sequence[int] | None = None,
 ) -> RowShard:
     """Pads a packed row to a multiple of `C` and takes this rank's contiguous slice.
 
@@ -145,6 +177,9 @@ def shard_row(
         seq_lengths: lengths of the packed sequences (sum `S0`).
         cp_rank: this rank's index in the CP group.
         cp_size: `C`.
+        response_lengths: the packed samples' response lengths (as `packing.pack_micro_batch` laid them out): the
+            slices' counts then come from the lengths (`response_counts`); without them they are read from
+            `predict_index` (one host-device sync on an accelerator).
 
     Returns:
         The slice.
@@ -158,17 +193,23 @@ def shard_row(
         position_ids = torch.cat([position_ids, filler], dim=-1)
         lengths.append(pad)
     local = (total + pad) // cp_size
-    bounds = torch.arange(cp_size + 1, device=predict_index.device) * local
-    counts = torch.bucketize(bounds, predict_index).diff().tolist()  # responses per slice (one sync)
+    if response_lengths is not None:
+        counts = response_counts(seq_lengths, response_lengths, local, cp_size)
+    else:
+        bounds = torch.arange(cp_size + 1, device=predict_index.device) * local
+        counts = [int(c) for c in torch.bucketize(bounds, predict_index).diff().tolist()]  # one sync
     lo = cp_rank * local
-    keep = (predict_index >= lo) & (predict_index < lo + local)
+    # `predict_index` increases, so this slice's positions are a contiguous run of it: a slice, where a boolean
+    # mask would read its count back from the device.
+    first = sum(counts[:cp_rank])
+    run = slice(first, first + counts[cp_rank])
     return RowShard(
         input_ids=input_ids[:, lo : lo + local],
         position_ids=position_ids[:, lo : lo + local],
-        predict_index=predict_index[keep] - lo,
-        targets=targets[keep],
+        predict_index=predict_index[run] - lo,
+        targets=targets[run],
         seq_lengths=lengths,
-        counts=[int(c) for c in counts],
+        counts=counts,
     )
 
 

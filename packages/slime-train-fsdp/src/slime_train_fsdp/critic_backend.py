@@ -26,7 +26,7 @@ from slime_core.config import SlimeArgs
 from slime_core.critic import ValueLoss, train_critic_on_rollout
 from slime_train_fsdp.checkpoint import save_checkpoint
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device
-from slime_train_fsdp.packing import pack_micro_batch, split_by_lengths
+from slime_train_fsdp.packing import pack_micro_batch, per_sample_on_host, split_by_lengths
 from slime_train_fsdp.trainer_parts import (
     Residency,
     all_reduce_sum,
@@ -157,17 +157,13 @@ class FSDPCriticBackend:
             RuntimeError: while asleep.
         """
         self.residency.require_awake("compute_values")
-        out: list[torch.Tensor | None] = [None] * batch.num_samples
+        rows = []
         for step in batch.micro_batches:
             for ids in step:
                 mb = pack_micro_batch(batch.tokens, batch.response_lengths, ids, self.device)
-                values, _ = response_values(self.model, mb)
-                for i, v in zip(ids, split_by_lengths(values, mb.response_lengths), strict=True):
-                    out[i] = v.float().cpu()
-        missing = [i for i, t in enumerate(out) if t is None]
-        if missing:
-            raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
-        return out  # type: ignore[return-value]
+                # On the device until the one copy after the last forward.
+                rows.append((mb.sample_ids, mb.response_lengths, response_values(self.model, mb)[0]))
+        return per_sample_on_host(rows, batch.num_samples)
 
     def forward_backward(
         self, batch: RolloutBatch, step: int, loss_fn: ValueLoss, *, denominator: float
@@ -191,8 +187,11 @@ class FSDPCriticBackend:
             metrics.append(mb_metrics)
         return metrics
 
-    def optimizer_step(self) -> tuple[float, float]:
-        """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate)."""
+    def optimizer_step(self) -> tuple[torch.Tensor, float]:
+        """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate).
+
+        The norm is a 0-d tensor on the device, read with the other steps' after the last one (no sync per step).
+        """
         norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.clip_grad)
         self.global_step += 1
         return norm, lr

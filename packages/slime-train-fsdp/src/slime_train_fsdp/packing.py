@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.fsdp import register_fsdp_forward_method
 
 from slime_core.algorithms import KeptTokens
+from slime_core.host_to_device import to_device_many
 from slime_train_fsdp.attention import packed_attention_kwargs
 from slime_train_fsdp.context_parallel import gather_response_values, shard_row
 from slime_train_fsdp.logprob_head import DEFAULT_CPU_HEAD, head_log_probs
@@ -51,6 +52,7 @@ __all__ = [
     "install_response_forward",
     "output_weight",
     "pack_micro_batch",
+    "per_sample_on_host",
     "response_log_probs",
     "set_forward_options",
     "split_by_lengths",
@@ -183,17 +185,23 @@ def pack_micro_batch(
         rope_3S = torch.cat(rope, dim=1) if rope else torch.zeros(3, 1, dtype=torch.long)
         position_ids = torch.cat([position_ids, rope_3S]).unsqueeze(1)  # [4, 1, S]
         in_prompt = [torch.arange(int(t.numel())) < n for t, n in zip(ids, prompts or [1], strict=True)]
-        vision_positions = torch.cat(in_prompt).unsqueeze(0).to(device)  # [1, S]
+        vision_positions = torch.cat(in_prompt).unsqueeze(0)  # [1, S]
+    # One non-blocking copy per dtype from pinned memory: four blocking `.to(device)` copies per micro-batch made
+    # the host wait for the previous micro-batch's backward before it could queue this forward (issue 26).
+    row = [torch.cat(ids).unsqueeze(0), position_ids, torch.cat(predict), torch.cat(targets)]
+    if vision_positions is not None:
+        row.append(vision_positions)
+    moved = to_device_many(row, device)
     return PackedMicroBatch(
-        input_ids=torch.cat(ids).unsqueeze(0).to(device),
-        position_ids=position_ids.to(device),
-        predict_index=torch.cat(predict).to(device),
-        targets=torch.cat(targets).to(device),
+        input_ids=moved[0],
+        position_ids=moved[1],
+        predict_index=moved[2],
+        targets=moved[3],
         sample_ids=list(sample_ids),
         response_lengths=[int(response_lengths[i]) for i in sample_ids],
         seq_lengths=[int(t.numel()) for t in ids],
         vision=vision,
-        vision_positions=vision_positions,
+        vision_positions=moved[4] if vision_positions is not None else None,
         kept=None if kept is None or not sample_ids else kept.to(device),
     )
 
@@ -201,6 +209,39 @@ def pack_micro_batch(
 def split_by_lengths(values: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     """Splits a `[R]` tensor into per-sample `[L_i]` views."""
     return list(torch.split(values, lengths)) if lengths else []
+
+
+def per_sample_on_host(
+    rows: Sequence[tuple[list[int], list[int], torch.Tensor]], num_samples: int
+) -> list[torch.Tensor]:
+    """Per-sample `[L_i]` float32 CPU tensors from each micro-batch's `[R]` values, in one device-to-host copy.
+
+    A copy per micro-batch (or per sample) waited for that micro-batch's forward before the host could queue the
+    next one; here every forward has been queued when the one copy runs (issue 26).
+
+    Args:
+        rows: per micro-batch of the schedule `(sample ids, their response lengths, [R] values on any device)`
+            (`PackedMicroBatch.sample_ids`, `.response_lengths`; only these, so the rows' device tensors, images
+            included, are freed as the forwards go).
+        num_samples: N, the samples of the batch.
+
+    Returns:
+        N tensors, sample i at position i.
+
+    Raises:
+        ValueError: a sample in no micro-batch (named by position).
+    """
+    out: list[torch.Tensor | None] = [None] * num_samples
+    if rows:
+        host = torch.cat([v.detach().reshape(-1).float() for _, _, v in rows]).cpu()
+        host_rows = host.split([int(v.numel()) for _, _, v in rows])
+        for (ids, lengths, _), values in zip(rows, host_rows, strict=True):
+            for i, piece in zip(ids, split_by_lengths(values, lengths), strict=True):
+                out[i] = piece
+    missing = [i for i, t in enumerate(out) if t is None]
+    if missing:
+        raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
+    return out  # type: ignore[return-value]
 
 
 def _response_forward(
@@ -217,6 +258,7 @@ def _response_forward(
     vision: dict[str, torch.Tensor] | None = None,
     vision_positions: torch.Tensor | None = None,
     kept: KeptTokens | None = None,
+    response_lengths: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of a packed row: response log-probs `[R]` fp32, entropy `[R]` (or `[0]`), and an anchor.
 
@@ -243,7 +285,7 @@ def _response_forward(
     group, shard = opts.cp_group, None
     if group is not None:
         shard = shard_row(input_ids, position_ids, predict_index, targets, lengths, dist.get_rank(group),
-                          dist.get_world_size(group))  # fmt: skip
+                          dist.get_world_size(group), response_lengths)  # fmt: skip
         input_ids, position_ids, predict_index, targets = (shard.input_ids, shard.position_ids,
                                                            shard.predict_index, shard.targets)  # fmt: skip
         lengths = shard.seq_lengths
@@ -357,4 +399,4 @@ def response_log_probs(
     """
     fn = getattr(model, _FORWARD_METHOD)
     return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, temperature, chunk_size, with_entropy,
-              mb.seq_lengths, head, mb.vision, mb.vision_positions, mb.kept)  # fmt: skip
+              mb.seq_lengths, head, mb.vision, mb.vision_positions, mb.kept, mb.response_lengths)  # fmt: skip

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from slime_core.config import SlimeArgs
+from slime_core.host_to_device import to_device
 from slime_core.param_filter import frozen_parameter_names
 from slime_train_fsdp.checkpoint import load_checkpoint
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
@@ -68,11 +69,12 @@ def clip_and_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     clip_grad: float,
-) -> tuple[float, float]:
+) -> tuple[torch.Tensor, float]:
     """Clips gradients to `clip_grad` (≤ 0: no clipping), steps the optimizer and the schedule.
 
     Returns:
-        `(pre-clip global grad norm, learning rate of this step)`.
+        `(pre-clip global grad norm, learning rate of this step)`: the norm as a 0-d float32 tensor on the device,
+        left unread (the shared step reads every step's at once after the last: `slime_core.step_metrics`).
     """
     lr = float(optimizer.param_groups[0]["lr"])
     params = [p for p in model.parameters() if p.grad is not None]
@@ -81,7 +83,7 @@ def clip_and_step(
         norm = norm.full_tensor()
     optimizer.step()
     scheduler.step()
-    return float(norm), lr
+    return norm.detach(), lr
 
 
 def cp_size(model: nn.Module) -> int:
@@ -98,7 +100,7 @@ def all_reduce_sum(tensor: torch.Tensor, device: torch.device, cp: int) -> torch
     token count `cp` times too large into the variance's Bessel factor `N/(N-1)` (the original reduces over DP×CP
     ranks that each hold their own tokens, `distributed_masked_whiten`).
     """
-    reduced = tensor.to(device)
+    reduced = to_device(tensor, device).clone()  # clone: on CPU `to_device` hands back the caller's tensor
     dist.all_reduce(reduced)
     return reduced.cpu() / cp
 
@@ -114,7 +116,7 @@ def reduce_metric_sums(sums: dict[str, float], device: torch.device, cp: int) ->
     names = sorted({k for g in gathered for k in (g or [])})
     if not names:
         return {}
-    vec = torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64, device=device)
+    vec = to_device(torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64), device)
     dist.all_reduce(vec)
     return {k: v / cp for k, v in zip(names, vec.cpu().tolist(), strict=True)}
 

@@ -92,6 +92,7 @@ def _value_forward(
     predict_index: torch.Tensor,
     targets: torch.Tensor,
     seq_lengths: list[int] | None = None,
+    response_lengths: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward of a packed row: values `[R]` fp32 at the response positions, and a zero anchor on every parameter."""
     opts: ForwardOptions = getattr(self, _OPTIONS_ATTR)
@@ -99,7 +100,7 @@ def _value_forward(
     group, shard = opts.cp_group, None
     if group is not None:
         shard = shard_row(input_ids, position_ids, predict_index, targets, lengths, dist.get_rank(group),
-                          dist.get_world_size(group))  # fmt: skip
+                          dist.get_world_size(group), response_lengths)  # fmt: skip
         input_ids, position_ids, predict_index = shard.input_ids, shard.position_ids, shard.predict_index
         lengths = shard.seq_lengths
     attn_kwargs = packed_attention_kwargs(lengths, input_ids.device, self.config._attn_implementation)
@@ -126,4 +127,4 @@ def install_value_forward(model: nn.Module, options: ForwardOptions) -> None:
 def response_values(model: nn.Module, mb: PackedMicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Values `[R]` fp32 of a packed micro-batch's response tokens (all of them on every CP rank) and the anchor."""
     fn = getattr(model, _FORWARD_METHOD)
-    return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, mb.seq_lengths)
+    return fn(mb.input_ids, mb.position_ids, mb.predict_index, mb.targets, mb.seq_lengths, mb.response_lengths)

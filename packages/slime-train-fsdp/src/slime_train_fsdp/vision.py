@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from slime_core.hf_names import is_vision_tower_param
+from slime_core.host_to_device import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def pack_vision_inputs(
         unknown = set(mm) - set(VISION_INPUT_KEYS)
         if unknown:
             raise ValueError(f"vision inputs {sorted(unknown)} are not supported (only {list(VISION_INPUT_KEYS)})")
-    return {key: torch.cat([mm[key] for mm in present]).to(device) for key in VISION_INPUT_KEYS}
+    return {key: to_device(torch.cat([mm[key] for mm in present]), device) for key in VISION_INPUT_KEYS}
 
 
 def dummy_vision_inputs(vision_config: Any, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -199,7 +199,7 @@ def optimizer_step(optimizer: Any, scheduler: Any) -> tuple[float, float]:
 
 def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Sum of `tensor` over the data-parallel group, returned on CPU."""
-    reduced = tensor.to(device)
+    reduced = to_device(tensor, device).clone()  # clone: on CPU `to_device` hands back the caller's tensor
     dist.all_reduce(reduced, group=parallel_state.get_data_parallel_group())
     return reduced.cpu()
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from slime_core.host_to_device import to_device_many
 from slime_core.sample import validate_top_p_offsets
 
 __all__ = ["KeptTokens", "restricted_logsumexp", "validate_top_p_offsets"]
@@ -43,11 +44,14 @@ class KeptTokens:
         rows: `[K]` int64 row of each kept token, non-decreasing.
         ids: `[K]` int64 token id of each kept token.
         num_rows: `R`, the number of rows the sets belong to (rows may have empty sets).
+        host_rows: `rows` on the host when `rows` lives on an accelerator (kept by `to`), else None: `slice_rows`
+            searches it, so slicing per log-prob chunk reads nothing back from the device.
     """
 
     rows: torch.Tensor
     ids: torch.Tensor
     num_rows: int
+    host_rows: torch.Tensor | None = None
 
     @classmethod
     def from_offsets(
@@ -73,13 +77,22 @@ class KeptTokens:
         return cls(rows=torch.cat([empty, *rows]), ids=torch.cat([empty, *ids]), num_rows=base)
 
     def to(self, device: torch.device | str) -> KeptTokens:
-        """The same sets on `device`."""
-        return KeptTokens(rows=self.rows.to(device), ids=self.ids.to(device), num_rows=self.num_rows)
+        """The same sets on `device` (copied without a host-device sync: `slime_core.host_to_device`)."""
+        rows, ids = to_device_many([self.rows, self.ids], device)
+        host = self._host_rows()
+        return KeptTokens(rows=rows, ids=ids, num_rows=self.num_rows, host_rows=None if rows is host else host)
+
+    def _host_rows(self) -> torch.Tensor:
+        if self.host_rows is not None:
+            return self.host_rows
+        return self.rows.cpu()  # a read back from the device when `rows` lives there and no host copy was kept
 
     def slice_rows(self, start: int, end: int) -> KeptTokens:
         """The sets of rows `[start, end)`, renumbered from 0."""
-        lo, hi = torch.searchsorted(self.rows, torch.tensor([start, end], device=self.rows.device)).tolist()
-        return KeptTokens(rows=self.rows[lo:hi] - start, ids=self.ids[lo:hi], num_rows=max(0, end - start))
+        host = self._host_rows()
+        lo, hi = torch.searchsorted(host, torch.tensor([start, end])).tolist()
+        return KeptTokens(rows=self.rows[lo:hi] - start, ids=self.ids[lo:hi], num_rows=max(0, end - start),
+                          host_rows=None if self.host_rows is None else host[lo:hi] - start)  # fmt: skip
 
     def select_rows(self, index: torch.Tensor) -> KeptTokens:
         """The sets of rows `index` (`[r]` int64, any order, no repeats), renumbered `0..r-1` in that order.

@@ -27,6 +27,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from slime_core.host_to_device import to_device_many
 from slime_train_fsdp.attention import packed_cu_seqlens, varlen_rows
 from slime_train_fsdp.true_on_policy.kernels import SGLangKernels
 
@@ -99,17 +100,22 @@ def plan_attention(
     kv_idx = torch.repeat_interleave(starts, lens) + offsets
     splits = (lens + split_tile_size - 1) // split_tile_size
     empty = torch.zeros(0, dtype=torch.int64)
+    # One non-blocking copy per dtype (`to_device_many`): six blocking copies per micro-batch waited for the GPU.
+    extend_index, extend_indptr, decode_index, kv_indptr, kv_indices, kv_splits = to_device_many(
+        [torch.cat(ext) if ext else empty, torch.tensor(ext_ptr, dtype=torch.int32), torch.cat(dec) if dec else empty,
+         kv_ptr.to(torch.int32), kv_idx, splits.to(torch.int32)], device
+    )  # fmt: skip
     return AttentionPlan(
         seq_lengths=list(seq_lengths),
         cu_seqlens=packed_cu_seqlens(seq_lengths, device),
         prompt_lengths=list(prompt_lengths),
-        extend_index=(torch.cat(ext) if ext else empty).to(device),
-        extend_indptr=torch.tensor(ext_ptr, dtype=torch.int32, device=device),
+        extend_index=extend_index,
+        extend_indptr=extend_indptr,
         max_extend=max(prompt_lengths, default=0),
-        decode_index=(torch.cat(dec) if dec else empty).to(device),
-        decode_kv_indptr=kv_ptr.to(device=device, dtype=torch.int32),
-        decode_kv_indices=kv_idx.to(device),
-        num_kv_splits=splits.to(device=device, dtype=torch.int32),
+        decode_index=decode_index,
+        decode_kv_indptr=kv_indptr,
+        decode_kv_indices=kv_indices,
+        num_kv_splits=kv_splits,
         max_kv_splits=int(splits.max()) if splits.numel() else 1,
     )
 
