@@ -135,3 +135,18 @@ def test_every_longest_unit_exists_once_and_forks_no_rank():
     for unit in plan.LONGEST_FIRST:
         assert (REPO / unit).exists(), f"tests/_suite_plan.py LONGEST_FIRST: {unit} does not exist (renamed?)"
         assert plan.work_unit(unit) == unit and unit not in plan.FORKS_RANKS, unit
+
+
+def test_inductor_picks_the_cpus_vector_isa_without_building_a_probe():
+    """tests/conftest.py sets `TORCHINDUCTOR_VEC_ISA_OK=1` (where unset): inductor then skips its probe build (a test
+    kernel loaded by a fresh interpreter importing torch, ~2 CPU-s each, run over and over by the compile tests)
+    and still vectorizes with the widest ISA the CPU's flags list."""
+    import platform
+
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
+
+    assert config.cpp.vec_isa_ok is True
+    if platform.machine() in ("x86_64", "AMD64"):
+        isa = pick_vec_isa()
+        assert isa and isa.bit_width() >= 256 and str(isa) == str(valid_vec_isa_list()[0]), str(isa)
