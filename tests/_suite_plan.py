@@ -59,11 +59,11 @@ LONGEST_FIRST = (
     "tests/slime-train-fsdp/test_compile_warmup.py",  # 319 s
     "tests/apps/test_fully_async_e2e.py",  # 243 s
     "tests/apps/test_ppo_opd_e2e.py",  # 220 s
-    "tests/apps/test_faults_e2e.py",  # 197 s
     "tests/benchmarks/test_bench_smoke.py",  # 166 s
+    "tests/apps/test_faults_e2e.py",  # 197 s; about 154 s since its two runs became one (171.5 -> 134.0 s here)
     "tests/apps/test_nodes_e2e.py",  # 138 s
     "tests/apps/test_vlm_pipeline.py",  # 111 s
-    "tests/apps/test_interrupts.py",  # 109 s
+    "tests/apps/test_interrupts.py",  # 109 s (less the two runs' evaluation before rollout 0, ~5 s each)
     "tests/apps/test_geo3k_vlm_example.py",  # 98 s
     "tests/slime-compat/test_original_plugin_e2e.py",  # 87 s
     "tests/apps/test_routing_replay_e2e.py",  # 82 s

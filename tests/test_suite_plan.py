@@ -135,3 +135,14 @@ def test_every_longest_unit_exists_once_and_forks_no_rank():
     for unit in plan.LONGEST_FIRST:
         assert (REPO / unit).exists(), f"tests/_suite_plan.py LONGEST_FIRST: {unit} does not exist (renamed?)"
         assert plan.work_unit(unit) == unit and unit not in plan.FORKS_RANKS, unit
+
+
+def test_inductor_compiles_in_process_and_skips_its_base_isa_probe():
+    """tests/conftest.py sets (where unset) `TORCHINDUCTOR_VEC_ISA_OK=1`: inductor skips its base ISA probe build (a
+    test kernel loaded by a fresh interpreter importing torch, ~2 CPU-s each) and takes the widest ISA the CPU's
+    flags list; and `TORCHINDUCTOR_COMPILE_THREADS=1`: no pool of compile subprocesses. (Not `pick_vec_isa()` here:
+    it runs the probes of the ISA's extensions, 19 s of g++ and interpreters on this machine.)"""
+    from torch._inductor import config
+
+    assert config.cpp.vec_isa_ok is True
+    assert config.compile_threads == 1

@@ -1,9 +1,11 @@
 """Engine faults in end-to-end runs of `apps/train` on CPU (Ray, reference engines, FSDP on gloo, --colocate).
 
-A test watches the run's output; once rollout 0 is done it waits until an engine has requests running, then
-kills it (`kill -9`) or freezes it (`SIGSTOP`). With `--use-fault-tolerance` the run must finish every rollout
-with exactly rollout_batch_size × n_samples_per_prompt samples, report the restart and the re-queued requests,
-and the restarted engine must serve the weights of the current version.
+One run with one engine (a module fixture, asserted on by the tests): the fixture watches the run's output; once
+rollout 0 is done it waits until the engine has requests running, then kills it (`kill -9`); once rollout 1 is
+done, it freezes the restarted engine (`SIGSTOP`) the same way. With `--use-fault-tolerance` the run must finish
+every rollout with exactly rollout_batch_size × n_samples_per_prompt samples, report each restart and the re-queued
+requests, find the killed engine dead and the frozen one hung, and each restarted engine must serve the weights of
+the current version.
 """
 
 import json
@@ -55,20 +57,21 @@ def _running(url: str) -> int:
         return sum(x["num_running_reqs"] for x in json.loads(r.read())["loads"])
 
 
-def _run_with_fault(argv: list[str], sig: signal.Signals) -> tuple[subprocess.CompletedProcess, dict]:
-    """Runs the trainer; once rollout 1 has started, sends `sig` to engine 0 while it has requests running.
+def _run_with_faults(argv: list[str], sigs: list[signal.Signals]) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Runs the trainer; once rollout `i + 1` has started, sends `sigs[i]` to engine 0 while it has requests running.
 
     Not before rollout 1 has started: the health monitor runs only while a rollout generates, and an engine's own
     `/health_generate` (of its start-up, or of a check that straddled the end of rollout 0) is a running request
     too. A CI run sent SIGSTOP to an engine that was starting up again (the monitor had taken the live engine,
     slowed by the load, for hung at the end of rollout 0): its launcher then waited out its 600 s start-up
-    timeout. An engine restarted before the fault now fails the test at once, with the run's output.
+    timeout. An engine restarted more often than the faults so far explain fails the test at once, with the run's
+    output. Each fault goes to the engine's newest process (the one the previous fault's restart started).
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     lines: list[str] = []
     engines: dict[str, list[int]] = {}  # url -> the pids started there, in order
-    fault: dict = {}
+    faults: list[dict] = []
 
     def reader():
         for line in proc.stdout:
@@ -79,45 +82,62 @@ def _run_with_fault(argv: list[str], sig: signal.Signals) -> tuple[subprocess.Co
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     try:
-        # Rollout 0 is done, and training, the weight push and the phase of rollout 1 have begun (the progress line
-        # "rollout 1: started"); its generation follows.
         deadline = time.monotonic() + 600
-        while not any(line.rstrip().endswith("rollout 1: started") for line in lines):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines[-80:])
-            time.sleep(0.2)
-        url = sorted(engines)[0]
-        while time.monotonic() < deadline and not fault:
-            if len(engines[url]) > 1:
-                pytest.fail(f"engine {url} was restarted before the fault (taken for hung?):\n" + "".join(lines[-80:]))
-            try:
-                if _running(url) > 0:
-                    os.kill(engines[url][0], sig)
-                    fault = {"url": url, "pid": engines[url][0], "at": time.monotonic()}
-            except OSError:
-                pass
-            time.sleep(0.02)
-        assert fault, f"engine {url} never had requests running after rollout 0:\n" + "".join(lines[-40:])
+        for number, sig in enumerate(sigs):
+            # Rollout `number` is done, and training, the weight push and the phase of the next rollout have begun
+            # (the progress line "rollout N: started"); its generation follows.
+            started = f"rollout {number + 1}: started"
+            while not any(line.rstrip().endswith(started) for line in lines):
+                assert proc.poll() is None and time.monotonic() < deadline, "".join(lines[-80:])
+                time.sleep(0.2)
+            url = sorted(engines)[0]
+            fault: dict = {}
+            while time.monotonic() < deadline and not fault:
+                if len(engines[url]) > number + 1:
+                    pytest.fail(f"engine {url} was restarted before fault {number} (taken for hung?):\n"
+                                + "".join(lines[-80:]))  # fmt: skip
+                try:
+                    if _running(url) > 0:
+                        os.kill(engines[url][number], sig)
+                        fault = {"url": url, "pid": engines[url][number], "sig": sig, "at": time.monotonic()}
+                except OSError:
+                    pass
+                time.sleep(0.02)
+            assert fault, f"engine {url} never had requests running in {started}:\n" + "".join(lines[-40:])
+            faults.append(fault)
         try:
             proc.wait(timeout=600)
         except subprocess.TimeoutExpired:  # say where the run stood, not only that it did not end
-            pytest.fail(f"the run did not end within 600 s of the fault {fault}:\n" + "".join(lines[-120:]))
+            pytest.fail(f"the run did not end within 600 s of the faults {faults}:\n" + "".join(lines[-120:]))
     finally:
         if proc.poll() is None:
             proc.kill()
-        if sig is signal.SIGSTOP and fault:
-            try:  # never leave a stopped process behind
-                os.kill(fault["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for fault in faults:
+            if fault["sig"] is signal.SIGSTOP:
+                try:  # never leave a stopped process behind
+                    os.kill(fault["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         thread.join(timeout=10)
-    return subprocess.CompletedProcess(argv, proc.returncode, "".join(lines), ""), fault
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(lines), ""), faults
 
 
-def _check(
-    out: pathlib.Path, result: subprocess.CompletedProcess, fault: dict, tb_scalars, *, rollouts: int, sole_engine: bool
-) -> None:
+@pytest.fixture(scope="module")
+def faulted_run(tiny_qwen3, tmp_path_factory) -> tuple[pathlib.Path, subprocess.CompletedProcess, list[dict]]:
+    """One 3-rollout run of the only engine, asserted on by both tests below (one start-up, not two).
+
+    The engine is killed (`kill -9`) in rollout 1, and its restarted process frozen (`SIGSTOP`) in rollout 2: the
+    only engine, so its requests wait for each restart (failover to another engine is in test_engine_health.py).
+    """
+    out = tmp_path_factory.mktemp("faults") / "run"
+    result, faults = _run_with_faults(_argv(tiny_qwen3, out, 3, 48), [signal.SIGKILL, signal.SIGSTOP])
+    return out, result, faults
+
+
+def test_every_rollout_completes_through_both_faults(faulted_run, tb_scalars):
+    out, result, faults = faulted_run
     assert result.returncode == 0, result.stdout[-6000:]
-    for rollout_id in range(rollouts):
+    for rollout_id in range(3):
         samples = torch.load(out / "dumps" / f"rollout_{rollout_id}.pt", weights_only=False)["samples"]
         assert len(samples) == 8, (rollout_id, len(samples))  # 4 prompts × 2, none lost, none twice
         assert len({s["index"] for s in samples}) == 8
@@ -126,28 +146,30 @@ def _check(
     tb = out / "tensorboard"
     restarts = tb_scalars(tb, "rollout/fault/engine_restarts")
     requeued = tb_scalars(tb, "rollout/fault/requeued_requests")
-    assert sum(restarts.values()) == 1 and sum(requeued.values()) >= 1, (restarts, requeued)
-    if sole_engine:
-        # Nothing else can finish the rollout: the restarted engine gets the served weights pushed before it serves.
-        # (With two engines the other may finish the rollout first; the next regular push then covers it.)
-        assert "restored weights v" in result.stdout
-    assert re.search(rf"engine \d+ restarted at {re.escape(fault['url'])}", result.stdout), "not on the same port"
+    # One restart per fault, and each fault caught requests running (it waited for them).
+    assert sum(restarts.values()) == 2 and sum(requeued.values()) >= 2, (restarts, requeued)
+    # Nothing else can finish the rollout: each restarted engine gets the served weights pushed before it serves.
+    assert result.stdout.count("restored weights v") >= 2, result.stdout[-6000:]
+    url = re.escape(faults[0]["url"])
+    assert len(re.findall(rf"engine \d+ restarted at {url}", result.stdout)) == 2, "not on the same port"
 
 
-def test_kill_9_of_an_engine_mid_rollout_loses_no_sample(tiny_qwen3, tmp_path, tb_scalars):
-    out = tmp_path / "run"
-    # The only engine: its requests wait for the restart (failover to another engine is in test_engine_health.py).
-    argv = _argv(tiny_qwen3, out, 2, 48)
-    result, fault = _run_with_fault(argv, signal.SIGKILL)
-    _check(out, result, fault, tb_scalars, rollouts=2, sole_engine=True)
+def _recoveries(result: subprocess.CompletedProcess) -> list[str]:
+    """Why each recovery ran, in the order of the run's log (`engine N recovered in S s (reason)`)."""
+    return re.findall(r"engine \d+ recovered in [\d.]+s \((.*)\)", result.stdout)
+
+
+def test_kill_9_of_an_engine_mid_rollout_is_found_dead(faulted_run):
+    _, result, _ = faulted_run
+    assert result.returncode == 0, result.stdout[-6000:]
     # Found dead, by its host ("process exited") or by the refused/reset /health_generate connection ("process
     # gone", also when the host's alive call timed out on a loaded machine), never taken for a hung engine.
-    reasons = re.findall(r"engine \d+ recovered in [\d.]+s \((.*)\)", result.stdout)
-    assert reasons and not any("hung" in r for r in reasons), reasons
+    reasons = _recoveries(result)
+    assert len(reasons) == 2 and "hung" not in reasons[0], reasons
 
 
-def test_sigstop_of_the_only_engine_mid_rollout_is_found_hung_and_restarted(tiny_qwen3, tmp_path, tb_scalars):
-    out = tmp_path / "run"
-    result, fault = _run_with_fault(_argv(tiny_qwen3, out, 2, 48), signal.SIGSTOP)
-    _check(out, result, fault, tb_scalars, rollouts=2, sole_engine=True)
-    assert "(hung)" in result.stdout
+def test_sigstop_of_the_restarted_engine_mid_rollout_is_found_hung(faulted_run):
+    _, result, _ = faulted_run
+    assert result.returncode == 0, result.stdout[-6000:]
+    reasons = _recoveries(result)
+    assert len(reasons) == 2 and reasons[1].endswith("(hung)"), reasons

@@ -48,6 +48,7 @@ def two_nodes():
         "RAY_worker_register_timeout_seconds": "300",
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_prestart_worker_first_driver": "0",
     }.items():
         os.environ.setdefault(key, value)
     from ray.cluster_utils import Cluster
