@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from slime_rollout.data.rows import message_texts
+
 __all__ = ["render_chat", "text_content"]
 
 
@@ -83,7 +85,7 @@ def render_chat(
                 f"({{'type': 'text', ...}}) as Python text, not as the message's text: it reads content as a "
                 "string; give the message's content as a string"
             )
-        for part in _texts(content):
+        for part in message_texts(content):
             if part.strip() and not _rendered(part, text):
                 raise ValueError(
                     f"{where}: the chat template left out message {i} (role {message.get('role')!r})"
@@ -96,15 +98,6 @@ _LEFT_OUT_ROLE = ": it renders only the roles it knows (system, user, assistant,
 _LEFT_OUT_PART = (
     ": its content is a list of parts, which this template does not render as text; give the content as a string"
 )
-
-
-def _texts(content: Any) -> list[str]:
-    """A message's text: its string content, or the `text` of each of its parts (`[{"type": "text", ...}]`)."""
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
-    return []
 
 
 def _as_python_text(parts: list[Any], text: str) -> bool:

@@ -14,7 +14,15 @@ from typing import Any
 from slime_core.error_text import preview
 from slime_core.lone_surrogates import lone_surrogate_index
 
-__all__ = ["TRAINING_KEY_FLAGS", "KeyFlags", "messages_from_json", "prompt_problem", "row_metadata", "row_tools"]
+__all__ = [
+    "TRAINING_KEY_FLAGS",
+    "KeyFlags",
+    "message_texts",
+    "messages_from_json",
+    "prompt_problem",
+    "row_metadata",
+    "row_tools",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,15 +115,22 @@ def prompt_problem(prompt: Any, input_key: str, flag: str = "--input-key") -> st
     if not any(str(m.get("content") or "").strip() for m in prompt):
         return f"empty prompt in {flag} {input_key!r} (no message has content)"
     for i, message in enumerate(prompt):
-        for text in _texts(message.get("content")):
+        for text in message_texts(message.get("content")):
             problem = _unencodable(text, f"{flag} {input_key!r} message {i}")
             if problem:
                 return problem
     return None
 
 
-def _texts(content: Any) -> list[str]:
-    """The text of a message's content: a string, or the `text` of its parts (`[{"type": "text", ...}]`)."""
+def message_texts(content: Any) -> list[str]:
+    """The text of a message's content: a string, or the `text` of its parts (`[{"type": "text", ...}]`).
+
+    Args:
+        content: a chat message's `content` (a string, a list of OpenAI-style parts, or anything else).
+
+    Returns:
+        The strings it holds (none for other types or parts without a string `text`).
+    """
     if isinstance(content, str):
         return [content]
     if isinstance(content, list):
