@@ -49,7 +49,7 @@ def test_actor_train_syncs_do_not_grow_with_micro_batches(counts):
     few, many = counts["actor"]
     assert few == many, f"syncs that differ with the micro-batches: small {few}, large {many}"
     assert few == {
-        ("cpu", "slime_train_fsdp/packing.py:per_sample_on_host"): 2,  # old and reference log-probs, a copy each
+        ("cpu", "slime_core/host_to_device.py:per_sample_on_host"): 2,  # old and reference log-probs, a copy each
         ("tolist", "slime_core/step_metrics.py:read_scalars"): 1,  # both steps' grad norms
         ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # both steps' metric sums
     }
@@ -59,7 +59,7 @@ def test_critic_train_syncs_do_not_grow_with_micro_batches(counts):
     few, many = counts["critic"]
     assert few == many, f"syncs that differ with the micro-batches: small {few}, large {many}"
     assert few == {
-        ("cpu", "slime_train_fsdp/packing.py:per_sample_on_host"): 1,  # the values before the update, one copy
+        ("cpu", "slime_core/host_to_device.py:per_sample_on_host"): 1,  # the values before the update, one copy
         ("tolist", "slime_core/step_metrics.py:read_scalars"): 1,
         ("tolist", "slime_core/step_metrics.py:step_sums"): 1,
     }

@@ -143,7 +143,7 @@ def test_host_syncs_of_a_train_step_do_not_grow_with_micro_batches(cpu_backend_e
     assert few == many, f"syncs that grow with the micro-batches: {dict(many - few)}"
     assert dict(few) == {
         # the old log-probs of all micro-batches, one copy
-        ("cpu", "slime_train_megatron/pipeline.py:forward_only_per_sample"): 1,
+        ("cpu", "slime_core/host_to_device.py:per_sample_on_host"): 1,
         ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # the metric sums of both steps, one read
     }
 
@@ -165,6 +165,6 @@ def test_critic_host_syncs_do_not_grow_with_micro_batches(cpu_backend_env, tiny_
     few, many = (collections.Counter({k: n for k, n in c.items() if k[1] != _OPTIMIZER}) for c in (few, many))
     assert few == many, f"syncs that differ with the micro-batches: small {dict(few)}, large {dict(many)}"
     assert dict(few) == {
-        ("cpu", "slime_train_megatron/pipeline.py:forward_only_per_sample"): 1,  # the values, one copy
+        ("cpu", "slime_core/host_to_device.py:per_sample_on_host"): 1,  # the values, one copy
         ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # the metric sums of both steps, one read
     }

@@ -12,11 +12,14 @@ On a CPU-only machine (tests, the demo) these are plain `.to(device)` calls that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["to_device", "to_device_many"]
+__all__ = ["per_sample_on_host", "to_device", "to_device_many"]
+
+#: Per micro-batch: (sample ids, their response lengths, `[R]` values).
+Rows = list[tuple[list[int], list[int], torch.Tensor]]
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -69,4 +72,45 @@ def to_device_many(tensors: Sequence[torch.Tensor], device: torch.device | str) 
         pieces = to_device(flat, device).split([tensors[i].numel() for i in positions])
         for i, piece in zip(positions, pieces, strict=True):
             out[i] = piece.view(tensors[i].shape)
+    return out  # type: ignore[return-value]
+
+
+def per_sample_on_host(
+    rows: Sequence[tuple[list[int], list[int], torch.Tensor]],
+    num_samples: int,
+    relay: Callable[[Rows], Rows] | None = None,
+) -> list[torch.Tensor]:
+    """Per-sample `[L_i]` float32 CPU tensors from each micro-batch's `[R]` values, in one device-to-host copy.
+
+    A copy per micro-batch (or per sample) waited for that micro-batch's forward before the host could queue the
+    next one; here every forward has been queued when the one copy runs (issue 26). Used by the FSDP and Megatron
+    backends for old/reference log-probs and critic values.
+
+    Args:
+        rows: per micro-batch of the schedule `(sample ids, their response lengths, [R] values on any device)`
+            (only these, so a micro-batch's device tensors, images included, are freed as the forwards go).
+        num_samples: N, the samples of the batch.
+        relay: applied to the rows once they are on the host, before they are split (Megatron: the broadcast from
+            the last pipeline stage, which alone computed them).
+
+    Returns:
+        N tensors, sample i at position i.
+
+    Raises:
+        ValueError: a sample in no micro-batch (named by position).
+    """
+    host_rows: Rows = []
+    if rows:
+        host = torch.cat([v.detach().reshape(-1).float() for _, _, v in rows]).cpu()
+        pieces = host.split([int(v.numel()) for _, _, v in rows])
+        host_rows = [(ids, lengths, v) for (ids, lengths, _), v in zip(rows, pieces, strict=True)]
+    if relay is not None:
+        host_rows = relay(host_rows)
+    out: list[torch.Tensor | None] = [None] * num_samples
+    for ids, lengths, values in host_rows:
+        for i, piece in zip(ids, values.split(lengths) if lengths else (), strict=True):
+            out[i] = piece
+    missing = [i for i, t in enumerate(out) if t is None]
+    if missing:
+        raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
     return out  # type: ignore[return-value]

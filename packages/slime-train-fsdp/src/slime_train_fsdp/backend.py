@@ -41,6 +41,7 @@ from slime_core.config import SlimeArgs
 from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
 from slime_core.hf_checkpoint import source_dtype
+from slime_core.host_to_device import per_sample_on_host
 from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
@@ -67,7 +68,6 @@ from slime_train_fsdp.packing import (
     PackedMicroBatch,
     install_response_forward,
     pack_micro_batch,
-    per_sample_on_host,
     response_log_probs,
     split_by_lengths,
 )

@@ -24,9 +24,10 @@ from slime_core.batch import RolloutBatch
 from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
 from slime_core.config import SlimeArgs
 from slime_core.critic import ValueLoss, train_critic_on_rollout
+from slime_core.host_to_device import per_sample_on_host
 from slime_train_fsdp.checkpoint import save_checkpoint
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device
-from slime_train_fsdp.packing import pack_micro_batch, per_sample_on_host, split_by_lengths
+from slime_train_fsdp.packing import pack_micro_batch, split_by_lengths
 from slime_train_fsdp.trainer_parts import (
     Residency,
     all_reduce_sum,

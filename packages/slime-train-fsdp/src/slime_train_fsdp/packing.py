@@ -52,7 +52,6 @@ __all__ = [
     "install_response_forward",
     "output_weight",
     "pack_micro_batch",
-    "per_sample_on_host",
     "response_log_probs",
     "set_forward_options",
     "split_by_lengths",
@@ -209,39 +208,6 @@ def pack_micro_batch(
 def split_by_lengths(values: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     """Splits a `[R]` tensor into per-sample `[L_i]` views."""
     return list(torch.split(values, lengths)) if lengths else []
-
-
-def per_sample_on_host(
-    rows: Sequence[tuple[list[int], list[int], torch.Tensor]], num_samples: int
-) -> list[torch.Tensor]:
-    """Per-sample `[L_i]` float32 CPU tensors from each micro-batch's `[R]` values, in one device-to-host copy.
-
-    A copy per micro-batch (or per sample) waited for that micro-batch's forward before the host could queue the
-    next one; here every forward has been queued when the one copy runs (issue 26).
-
-    Args:
-        rows: per micro-batch of the schedule `(sample ids, their response lengths, [R] values on any device)`
-            (`PackedMicroBatch.sample_ids`, `.response_lengths`; only these, so the rows' device tensors, images
-            included, are freed as the forwards go).
-        num_samples: N, the samples of the batch.
-
-    Returns:
-        N tensors, sample i at position i.
-
-    Raises:
-        ValueError: a sample in no micro-batch (named by position).
-    """
-    out: list[torch.Tensor | None] = [None] * num_samples
-    if rows:
-        host = torch.cat([v.detach().reshape(-1).float() for _, _, v in rows]).cpu()
-        host_rows = host.split([int(v.numel()) for _, _, v in rows])
-        for (ids, lengths, _), values in zip(rows, host_rows, strict=True):
-            for i, piece in zip(ids, split_by_lengths(values, lengths), strict=True):
-                out[i] = piece
-    missing = [i for i, t in enumerate(out) if t is None]
-    if missing:
-        raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
-    return out  # type: ignore[return-value]
 
 
 def _response_forward(

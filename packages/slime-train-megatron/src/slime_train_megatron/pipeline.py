@@ -20,7 +20,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_core.algorithms import KeptTokens
 from slime_core.batch import RolloutBatch
-from slime_core.host_to_device import to_device, to_device_many
+from slime_core.host_to_device import per_sample_on_host, to_device, to_device_many
 from slime_train_megatron.attention import AttentionKind
 from slime_train_megatron.packing import PackedBatch, cp_zigzag_indices, pack_thd
 from slime_train_megatron.settings import MegatronSettings
@@ -242,16 +242,6 @@ class PipelineRunner:
 
                 results = self.run(batch, step, loss_fn, forward_only=True)
                 pairs += [(mb.ids, mb.packed.response_lengths, v) for mb, v in results if not mb.dummy]
-            if pairs:
-                host = torch.cat([v for _, _, v in pairs]).cpu().split([v.numel() for _, _, v in pairs])
-                pairs = [(ids, lens, v) for (ids, lens, _), v in zip(pairs, host, strict=True)]
-            out: dict[int, torch.Tensor] = {}
-            for ids, lens, values in self.broadcast_from_last_stage(pairs):
-                for i, piece in zip(ids, values.split(lens), strict=True):
-                    out[i] = piece
         finally:
             self.model.train()
-        missing = [i for i in range(batch.num_samples) if i not in out]
-        if missing:
-            raise ValueError(f"samples {missing[:5]} are in no micro-batch of the schedule")
-        return [out[i] for i in range(batch.num_samples)]
+        return per_sample_on_host(pairs, batch.num_samples, relay=self.broadcast_from_last_stage)
