@@ -299,8 +299,8 @@ class Run:
         self.tracker.start(start, cfg.num_rollout)
         # Only with --eval-interval, as the original's train.py: its scripts turn eval off by leaving that flag out
         # (run-qwen3-235B-A22B.sh keeps --eval-prompt-data with `#--eval-interval 20`).
-        evaluates = cfg.eval_interval is not None and bool(cfg.eval_prompt_data or cfg.eval_config)
-        if evaluates and start == 0 and not cfg.skip_eval_before_train:
+        # (--eval-interval without eval data is refused when the config is read.)
+        if cfg.eval_interval is not None and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
         self.rollouts = Rollouts(
             self.manager,
@@ -348,9 +348,7 @@ class Run:
         if rollout_id == first_actor_step and not cfg.debug_rollout_only:
             first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
         self._stop_on(findings)
-        if (cfg.eval_prompt_data or cfg.eval_config) and should_run(
-            cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch
-        ):
+        if should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch):  # None: never
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
 

@@ -50,7 +50,7 @@ _endpoints: dict[str, tuple[HttpEndpoint, str]] = {}
 def _endpoint(url: str) -> tuple[HttpEndpoint, str]:
     """One retrying HTTP endpoint per `--rm-url` (`http://host:port/generate` → base URL and route)."""
     if url not in _endpoints:
-        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        parts = urllib.parse.urlsplit(url)  # an http(s) URL with a host: checked when the config is read
         base = f"{parts.scheme}://{parts.netloc}"
         _endpoints[url] = (HttpEndpoint(base, timeout=_TIMEOUT_S), parts.path or "/generate")
     return _endpoints[url]

@@ -32,6 +32,14 @@ logger = logging.getLogger(__name__)
 __all__ = ["NotJSONReply", "RefusedRequest", "ServiceError", "remote_reward"]
 
 
+_BODY_SHOWN = 200  # characters of a non-JSON reply shown in the error
+
+
+def _body_start(response: httpx.Response) -> str:
+    """The start of a reply's body as text, for a message (`_BODY_SHOWN` characters at most)."""
+    return preview(response.content[:_BODY_SHOWN].decode("utf-8", errors="replace"), _BODY_SHOWN)
+
+
 class RefusedRequest(ValueError):
     """The reward model refused the request itself (HTTP 4xx: a wrong path, a payload it does not take); not retried."""
 
@@ -41,10 +49,9 @@ _RETRIED_CLIENT_ERRORS = frozenset({408, 409, 425, 429})
 
 
 def _refused(response: httpx.Response, url: str) -> str:
-    body = response.content[:_BODY_SHOWN].decode("utf-8", errors="replace")
     return (
         f"--rm-url {url} refused the request with HTTP {response.status_code} {response.reason_phrase} (not "
-        f"retried: the same request would be refused again): {preview(body, _BODY_SHOWN)}"
+        f"retried: the same request would be refused again): {_body_start(response)}"
     )
 
 
@@ -53,10 +60,9 @@ class ServiceError(RuntimeError):
 
 
 def _failed(response: httpx.Response, url: str, attempts: int) -> str:
-    body = response.content[:_BODY_SHOWN].decode("utf-8", errors="replace")
     return (
         f"--rm-url {url} answered HTTP {response.status_code} {response.reason_phrase} to all {attempts} attempts; "
-        f"the last reply: {preview(body, _BODY_SHOWN)}"
+        f"the last reply: {_body_start(response)}"
     )
 
 
@@ -70,17 +76,15 @@ def _json_reply(response: httpx.Response, url: str) -> Any:
         return response.json()
     except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
         kind = response.headers.get("content-type", "no content-type")
-        body = response.content[:_BODY_SHOWN].decode("utf-8", errors="replace")
         raise NotJSONReply(
             f"--rm-url {url} replied {response.status_code} with a body that is not JSON ({kind}, "
-            f"{len(response.content)} bytes): {preview(body, _BODY_SHOWN)}"
+            f"{len(response.content)} bytes): {_body_start(response)}"
         ) from None
 
 
 _MAX_RETRIES = 10
 _MAX_BACKOFF_S = 30.0
 _ATTEMPT_S = 120.0  # the original's ClientTimeout(total=120)
-_BODY_SHOWN = 200  # characters of a non-JSON reply shown in the error
 # Keyed by the loop itself, weakly: an id() of a closed loop can be reused by a new one, which then got a client
 # whose pooled connections belong to the dead loop.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
