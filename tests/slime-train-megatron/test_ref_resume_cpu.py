@@ -46,8 +46,8 @@ def test_the_reference_that_follows_the_actor_resumes_with_it(cpu_backend_env, t
     reference, actor = backend.compute_log_probs(batch, model="ref"), backend.compute_log_probs(batch)
     backend.save(2)
 
-    def resume():
-        load = args.model_copy(update={"megatron_args": [*megatron_args, "--load", str(tmp_path / "save")],
+    def resume(folder=tmp_path / "save"):
+        load = args.model_copy(update={"megatron_args": [*megatron_args, "--load", str(folder)],
                                        "save": None})  # fmt: skip
         resumed = cpu_backend_env.MegatronTrainBackend()
         assert resumed.init(load, with_ref=True) == 3
@@ -58,6 +58,10 @@ def test_the_reference_that_follows_the_actor_resumes_with_it(cpu_backend_env, t
     assert _differ(resumed.compute_log_probs(batch), actor) == 0.0
     assert _differ(reference, initial) > 1e-4
     assert (tmp_path / "save" / "iter_0000002" / "ref" / ".metadata").is_file()
+    # --load naming the iteration folder itself (as the actor's load accepts): the reference was looked for in
+    # iter_0000002/iter_0000002/ref, so the run warned and kept the initial weights.
+    resumed = resume(tmp_path / "save" / "iter_0000002")
+    assert _differ(resumed.compute_log_probs(batch, model="ref"), reference) == 0.0
 
     import shutil
 

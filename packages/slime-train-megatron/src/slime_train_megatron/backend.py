@@ -30,6 +30,7 @@ import torch
 from megatron.core import parallel_state
 
 from slime_convert import ModelArgs
+from slime_convert.torch_dist import resolve_iteration_dir
 from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
 from slime_core.checkpoint_dirs import iteration_name, no_reference_message
@@ -149,9 +150,10 @@ class MegatronTrainBackend:
         the initial weights until the next update. A checkpoint saved without the reference says so once.
         """
         load = self.settings.load
-        if reference_saved(load, step):
-            self.weights.capture("ref", lambda: load_reference(load, step, self.module))
-            logger.info("--ref-update-interval: the reference model resumes from --load %s (iteration %d)", load, step)
+        ckpt = resolve_iteration_dir(load, step)  # as the actor's load: --load may name the iteration folder itself
+        if reference_saved(ckpt):
+            self.weights.capture("ref", lambda: load_reference(ckpt, self.module))
+            logger.info("--ref-update-interval: the reference model resumes from %s", ckpt)
         elif step + 1 >= self.cfg.ref_update_interval:
             logger.warning("%s", no_reference_message(load, iteration_name(step), self.cfg.ref_update_interval))
 

@@ -185,23 +185,23 @@ def save_checkpoint(
     return final
 
 
-def reference_saved(load_dir: str, step: int) -> bool:
-    """Whether iteration `step` of `load_dir` holds the KL reference (saved with `--ref-update-interval`)."""
-    return (pathlib.Path(load_dir) / iteration_name(step) / REFERENCE_DIR / ".metadata").is_file()
+def reference_saved(iteration_dir: str | os.PathLike[str]) -> bool:
+    """Whether the iteration folder `iteration_dir` holds the KL reference (saved with `--ref-update-interval`)."""
+    return (pathlib.Path(iteration_dir) / REFERENCE_DIR / ".metadata").is_file()
 
 
-def load_reference(load_dir: str, step: int, model: Any) -> None:
-    """Reads the KL reference `save_checkpoint` kept in iteration `step` (`reference_saved`) into `model` (collective).
+def load_reference(iteration_dir: str | os.PathLike[str], model: Any) -> None:
+    """Reads the KL reference `save_checkpoint` kept in `iteration_dir` (`reference_saved`) into `model` (collective).
 
     Call inside `WeightSwap.capture("ref", ...)`, which holds what this puts into the model and restores the trained
     weights.
 
     Args:
-        load_dir: `--load`.
-        step: the iteration resumed (the rollout id it saved).
+        iteration_dir: the iteration folder the actor resumed from (`resolve_iteration_dir` of `--load`: a save
+            root or an iteration folder given directly).
         model: the unwrapped `GPTModel` of this rank (the actor's resume checked its shapes).
     """
-    path = pathlib.Path(load_dir) / iteration_name(step) / REFERENCE_DIR
+    path = pathlib.Path(iteration_dir) / REFERENCE_DIR
     state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
     model.load_state_dict(state["model"], strict=True)
 
