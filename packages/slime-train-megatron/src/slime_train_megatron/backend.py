@@ -55,7 +55,7 @@ from slime_train_megatron.model import iter_hf_weights, load_hf_weights
 from slime_train_megatron.optimizer_state import reset_adam_moments
 from slime_train_megatron.output_head import emit_hidden_states, hidden_log_probs
 from slime_train_megatron.packing import cp_zigzag_indices
-from slime_train_megatron.pipeline import DeviceRows, MicroBatch, PipelineRunner
+from slime_train_megatron.pipeline import MicroBatch, PipelineRunner
 from slime_train_megatron.settings import HeadKind, MegatronSettings, head_kind
 from slime_train_megatron.trainer_parts import (
     Residency,
@@ -226,8 +226,7 @@ class MegatronTrainBackend:
         kept = None if mb.kept is None else mb.kept.to(device)
         if cp == 1:
             # On the device since the step's slots were built: a blocking copy here waited for the whole forward.
-            device_rows = mb.rows if mb.rows is not None else DeviceRows.of(p, device)
-            rows, targets = device_rows.logit_index, device_rows.targets
+            rows, targets = mb.rows.logit_index, mb.rows.targets
         else:
             # Each CP rank scores all next-token targets at its own positions; gather them, then pick responses.
             index = cp_zigzag_indices(p.cu_seqlens, parallel_state.get_context_parallel_rank(), cp)

@@ -28,7 +28,7 @@ from slime_core.critic import ValueLoss, train_critic_on_rollout
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, save_checkpoint
 from slime_train_megatron.model import load_hf_weights
 from slime_train_megatron.optimizer_state import reset_adam_moments
-from slime_train_megatron.pipeline import DeviceRows, MicroBatch, PipelineRunner
+from slime_train_megatron.pipeline import MicroBatch, PipelineRunner
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.trainer_parts import (
     Residency,
@@ -120,8 +120,7 @@ class MegatronCriticBackend:
         values = output[0, :, 0]
         if self.settings.context_parallel_size == 1:
             # On the device since the step's slots were built: a blocking `.to(device)` here waited for the forward.
-            rows = mb.rows if mb.rows is not None else DeviceRows.of(mb.packed, values.device)
-            return values[rows.logit_index]
+            return values[mb.rows.logit_index]
         return self.runner.gather_cp(values, mb)  # each CP rank holds its zigzag positions
 
     @torch.no_grad()

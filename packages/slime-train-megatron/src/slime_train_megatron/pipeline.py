@@ -78,10 +78,10 @@ class MicroBatch:
     ids: list[int]
     packed: PackedBatch
     dummy: bool  # an empty schedule slot filled with a 2-token sample so collectives stay aligned
-    kept: KeptTokens | None = None  # top-p replay sets of the response rows (`RolloutBatch.kept_tokens(ids)`)
     # `packed` on the device, copied when the step's slots are built: a blocking copy in the forward or the loss
     # function would wait for all queued GPU work (there: the whole forward) before the host could go on.
-    rows: DeviceRows | None = None
+    rows: DeviceRows
+    kept: KeptTokens | None = None  # top-p replay sets of the response rows (`RolloutBatch.kept_tokens(ids)`)
 
 
 class PipelineRunner:
@@ -119,17 +119,16 @@ class PipelineRunner:
                 tokens = [batch.tokens[i] for i in ids]
                 resp = [batch.response_lengths[i] for i in ids]
                 packed = pack_thd(tokens, resp, pad_multiple=self._pad_multiple())
-                out.append(MicroBatch(ids, packed, False, batch.kept_tokens(ids)))
+                out.append(MicroBatch(ids, packed, False, DeviceRows.of(packed, device), batch.kept_tokens(ids)))
             else:
                 dummy = pack_thd([torch.zeros(2, dtype=torch.long)], [1], pad_multiple=self._pad_multiple())
-                out.append(MicroBatch([], dummy, True))
-            out[-1].rows = DeviceRows.of(out[-1].packed, device)
+                out.append(MicroBatch([], dummy, True, DeviceRows.of(dummy, device)))
         return out
 
     def forward(self, model: Any, mb: MicroBatch) -> torch.Tensor:
         """Runs one packed micro-batch; returns this rank's output (logits `[1, T_local, V/TP]` on the last stage)."""
         p, device = mb.packed, self.device
-        rows = mb.rows if mb.rows is not None else DeviceRows.of(p, device)
+        rows = mb.rows
         tokens, positions = rows.tokens, rows.position_ids
         cp = self.settings.context_parallel_size
         if cp > 1:
