@@ -16,6 +16,7 @@ pytest.importorskip("megatron.core")
 from megatron.core import utils as mcore_utils  # noqa: E402
 from megatron.core.optimizer import clip_grads  # noqa: E402
 
+from slime_train_megatron import torch_optimizer as tp  # noqa: E402
 from slime_train_megatron import trainer_parts  # noqa: E402
 from slime_train_megatron.settings import MegatronSettings  # noqa: E402
 from slime_train_megatron.torch_optimizer import (  # noqa: E402
@@ -112,3 +113,71 @@ def test_precision_aware_optimizer_without_transformer_engine_is_one_clear_error
     parts = types.SimpleNamespace(config=types.SimpleNamespace(params_dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=r"--use-precision-aware-optimizer needs Transformer Engine's FusedAdam"):
         trainer_parts.build_optimizer(parts, settings, cfg=None)
+
+
+def test_device_grad_norm_is_the_2_norm_on_the_device_and_other_norms_go_to_megatron_core():
+    """The norm megatron-core returns as a host float (`get_grad_norm_fp32`, world of one: no group), as a tensor."""
+    from slime_train_megatron.torch_optimizer import device_grad_norm_fp32
+
+    grads = _grads(4)
+    norm = device_grad_norm_fp32(grads)
+    expected = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
+    assert torch.is_tensor(norm) and norm.shape == () and norm.dtype == torch.float32
+    torch.testing.assert_close(norm, expected, rtol=1e-6, atol=0)
+    assert float(device_grad_norm_fp32([])) == 0.0
+    assert float(device_grad_norm_fp32(grads[0])) == pytest.approx(float(torch.linalg.vector_norm(grads[0])), rel=1e-6)
+    # The inf-norm is megatron-core's own (it hard-codes CUDA: what it is called with is what matters here).
+    seen = {}
+    real = tp._MCORE["get_grad_norm_fp32"]
+    tp._MCORE["get_grad_norm_fp32"] = lambda g, n, group: seen.setdefault("call", (len(g), n, group)) and 7.0
+    try:
+        assert device_grad_norm_fp32(grads, norm_type=float("inf")) == 7.0
+    finally:
+        tp._MCORE["get_grad_norm_fp32"] = real
+    assert seen["call"] == (4, float("inf"), None)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])
+def test_device_clip_scales_as_megatron_cores_clip(max_norm):
+    """Clipped (coefficient < 1) and not (a multiply by exactly 1.0): the gradients megatron-core's clip leaves."""
+    from slime_train_megatron.torch_optimizer import device_clip_grad_by_total_norm_fp32, device_grad_norm_fp32
+
+    params = [torch.nn.Parameter(torch.zeros(g.shape)) for g in _grads(5)]
+    for p, g in zip(params, _grads(5), strict=True):
+        p.grad = g.clone()
+    params.append(torch.nn.Parameter(torch.zeros(3)))  # no grad: skipped, as megatron-core skips it
+    norm = device_grad_norm_fp32([p.grad for p in params if p.grad is not None])
+    device_clip_grad_by_total_norm_fp32(params, max_norm, norm)
+    coeff = max_norm / (float(norm) + 1.0e-6)
+    for p, g in zip(params, _grads(5), strict=False):
+        expected = g * coeff if coeff < 1.0 else g  # megatron-core: dst = src * coeff only when coeff < 1
+        torch.testing.assert_close(p.grad, expected, rtol=1e-6, atol=0)
+    assert params[-1].grad is None
+
+
+def test_grad_norm_switch_puts_the_device_norm_and_clip_in_megatron_cores_optimizer():
+    from megatron.core.optimizer import optimizer as mcore_optimizer
+
+    try:
+        assert use_foreach_grad_norm(True)
+        assert mcore_optimizer.get_grad_norm_fp32 is tp.device_grad_norm_fp32
+        assert mcore_optimizer.clip_grad_by_total_norm_fp32 is tp.device_clip_grad_by_total_norm_fp32
+    finally:
+        use_foreach_grad_norm(False)
+    assert mcore_optimizer.get_grad_norm_fp32 is clip_grads.get_grad_norm_fp32
+    assert mcore_optimizer.clip_grad_by_total_norm_fp32 is clip_grads.clip_grad_by_total_norm_fp32
+
+
+def test_optimizer_step_leaves_a_device_norm_on_the_device_and_reads_a_float_norm():
+    class _Sched:
+        def step(self, increment):
+            self.increment = increment
+
+    def _opt(norm):
+        return types.SimpleNamespace(step=lambda: (True, norm, None), param_groups=[{"lr": 0.25}])
+
+    norm, lr = trainer_parts.optimizer_step(_opt(torch.tensor([3.5])), _Sched())
+    assert torch.is_tensor(norm) and norm.shape == () and float(norm) == 3.5 and lr == 0.25
+    assert trainer_parts.optimizer_step(_opt(2.0), _Sched()) == (2.0, 0.25)
+    norm, _ = trainer_parts.optimizer_step(_opt(None), _Sched())
+    assert norm != norm  # NaN: the optimizer reported none

@@ -327,7 +327,7 @@ class MegatronTrainBackend:
         self.optimizer.zero_grad()
         return [m for m in self.runner.run(batch, step, mb_loss, forward_only=False) if m]
 
-    def optimizer_step(self) -> tuple[float, float]:
+    def optimizer_step(self) -> tuple[float | torch.Tensor, float]:
         """Steps the megatron optimizer (it clips) and the LR schedule; returns (grad norm, this step's rate)."""
         norm, lr = optimizer_step(self.optimizer, self.scheduler)
         self.global_step += 1

@@ -10,7 +10,15 @@ Without them (the GPU image has neither), megatron-core 0.16 falls back to (`meg
   the list of device scalars, which copies each to the host (one device sync per parameter tensor, ~310 on
   qwen3-1.7b, every optimizer step), and `local_multi_tensor_scale` for clipping: `dst.copy_(src * scale)` per
   tensor. `--use-foreach-grad-norm` puts `torch._foreach_norm` (one multi-tensor kernel, no host copy) and
-  `torch._foreach_mul_` in their place; megatron-core still reads the total norm once per step (`.item()`).
+  `torch._foreach_mul_` in their place. megatron-core then still read the total norm to the host once per step
+  (`get_grad_norm_fp32` ends in `.item()`, and `clip_grad_by_total_norm_fp32` compares the clip coefficient on the
+  host): the host waited for the backward to drain before it could queue the optimizer and the next forward, which
+  left the GPU idle through megatron-core's per-parameter Python of the step (~45 % of the wall of a qwen3-1.7b step
+  at 0f85a3c, with the per-micro-batch syncs since removed). The switch therefore also puts `device_grad_norm_fp32`
+  and `device_clip_grad_by_total_norm_fp32` in megatron-core's optimizer module: the total norm stays a device
+  tensor and the clip coefficient `min(1, max_norm / (norm + 1e-6))` multiplies the gradients on the device (a
+  multiply by exactly 1.0 where megatron-core skips the scaling: the same numbers). The norm is read with the step's
+  other metrics after the last optimizer step (`slime_core.step_metrics`).
 
 Both act only on those fallbacks: with TE or Apex megatron-core already uses their fused kernels, and the switches
 log that they have nothing to do. The grad-norm one replaces module-level implementations of
@@ -26,13 +34,24 @@ from typing import Any
 import torch
 from megatron.core import utils as mcore_utils
 from megatron.core.optimizer import clip_grads
+from megatron.core.optimizer import optimizer as mcore_optimizer
 
-__all__ = ["foreach_l2_norm", "foreach_scale", "use_foreach_grad_norm", "use_torch_fused_adam"]
+__all__ = [
+    "device_clip_grad_by_total_norm_fp32",
+    "device_grad_norm_fp32",
+    "foreach_l2_norm",
+    "foreach_scale",
+    "use_foreach_grad_norm",
+    "use_torch_fused_adam",
+]
 
 logger = logging.getLogger(__name__)
 
 _LOCAL = {"l2_norm_impl": mcore_utils.local_multi_tensor_l2_norm, "multi_tensor_scale_impl":
           mcore_utils.local_multi_tensor_scale}  # fmt: skip
+#: megatron-core's own norm and clip, as its optimizer module imported them (put back by `use_foreach_grad_norm(False)`).
+_MCORE = {"get_grad_norm_fp32": clip_grads.get_grad_norm_fp32,
+          "clip_grad_by_total_norm_fp32": clip_grads.clip_grad_by_total_norm_fp32}  # fmt: skip
 
 
 def foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list[list[torch.Tensor]], per_tensor: bool, *args):
@@ -66,8 +85,70 @@ def foreach_scale(chunk_size: int, noop_flag: Any, tensor_lists: list[list[torch
         torch._foreach_copy_(dst, torch._foreach_mul(src, scale))
 
 
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def device_grad_norm_fp32(
+    grads_for_norm: list[torch.Tensor] | torch.Tensor,
+    norm_type: float = 2,
+    grad_stats_parallel_group: Any = None,
+) -> torch.Tensor | float:
+    """megatron-core's `get_grad_norm_fp32` for the 2-norm, without the host read: a `[]` fp32 device tensor.
+
+    `sqrt(Σ_ranks Σ_t ||t||²)` over the local gradients (DTensor shards as their local parts), summed over the
+    DTensors' data-parallel group when they have one and over `grad_stats_parallel_group`, as megatron-core
+    (`megatron/core/optimizer/clip_grads.py`) does. Every rank of the groups must call it (collectives), also a rank
+    without gradients (it adds 0). Other norm types go to megatron-core's own function (a host float).
+    """
+    if float(norm_type) != 2.0:
+        return _MCORE["get_grad_norm_fp32"](grads_for_norm, norm_type, grad_stats_parallel_group)
+    grads = [grads_for_norm] if isinstance(grads_for_norm, torch.Tensor) else list(grads_for_norm)
+    dp_group = None
+    for grad in grads:
+        dp_group = mcore_utils.get_data_parallel_group_if_dtensor(grad, dp_group)
+    grads = [mcore_utils.to_local_if_dtensor(grad) for grad in grads]
+    if grads:
+        squares = torch.stack([n.float() for n in torch._foreach_norm(grads)]).square().sum()
+    else:
+        squares = torch.zeros((), dtype=torch.float32, device=_default_device())
+    if dp_group is not None:
+        torch.distributed.all_reduce(squares, op=torch.distributed.ReduceOp.SUM, group=dp_group)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(squares, op=torch.distributed.ReduceOp.SUM, group=grad_stats_parallel_group)
+    return squares.sqrt()
+
+
+def device_clip_grad_by_total_norm_fp32(
+    parameters: list[torch.Tensor] | torch.Tensor,
+    max_norm: float,
+    total_norm: torch.Tensor | float,
+    use_decoupled_grad: bool = False,
+) -> None:
+    """megatron-core's `clip_grad_by_total_norm_fp32` with the norm on the device: no host read of the coefficient.
+
+    Multiplies each gradient (`.grad`, or `.decoupled_grad` with `use_decoupled_grad`) in place by
+    `min(1, max_norm / (total_norm + 1e-6))` (megatron-core's coefficient; it skips the multiply when the
+    coefficient is ≥ 1, which here is a multiply by exactly 1.0: the same numbers). A host float `total_norm` (from
+    a norm type `device_grad_norm_fp32` leaves to megatron-core) goes to megatron-core's own function.
+    """
+    if not torch.is_tensor(total_norm):
+        _MCORE["clip_grad_by_total_norm_fp32"](parameters, max_norm, total_norm, use_decoupled_grad)
+        return
+    params = [parameters] if isinstance(parameters, torch.Tensor) else parameters
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [mcore_utils.to_local_if_dtensor(g).detach() for p in params if (g := getattr(p, attr, None)) is not None]
+    if grads:
+        coeff = (max_norm / (total_norm + 1.0e-6)).clamp(max=1.0)
+        torch._foreach_mul_(grads, coeff.to(grads[0].dtype))
+
+
 def use_foreach_grad_norm(on: bool) -> bool:
-    """Puts `foreach_l2_norm`/`foreach_scale` in megatron-core's grad-norm and clipping (`on`), or its own back.
+    """Puts the multi-tensor, host-sync-free grad norm and clipping in megatron-core (`on`), or its own back.
+
+    On: `foreach_l2_norm`/`foreach_scale` as megatron-core's local multi-tensor hooks, and `device_grad_norm_fp32`/
+    `device_clip_grad_by_total_norm_fp32` as the norm and clip its optimizer module calls (its optimizers' `step()`
+    then return the grad norm as a device tensor).
 
     Returns:
         Whether megatron-core runs its local fallbacks (else TE/Apex kernels are in use and nothing changes).
@@ -77,6 +158,10 @@ def use_foreach_grad_norm(on: bool) -> bool:
         return False
     clip_grads.l2_norm_impl = foreach_l2_norm if on else _LOCAL["l2_norm_impl"]
     clip_grads.multi_tensor_scale_impl = foreach_scale if on else _LOCAL["multi_tensor_scale_impl"]
+    mcore_optimizer.get_grad_norm_fp32 = device_grad_norm_fp32 if on else _MCORE["get_grad_norm_fp32"]
+    mcore_optimizer.clip_grad_by_total_norm_fp32 = (
+        device_clip_grad_by_total_norm_fp32 if on else _MCORE["clip_grad_by_total_norm_fp32"]
+    )
     return True
 
 

@@ -185,16 +185,19 @@ def resume(settings: MegatronSettings, module: Any, optimizer: Any, scheduler: A
     return 0 if (rollout_id is None or s.finetune) else rollout_id + 1
 
 
-def optimizer_step(optimizer: Any, scheduler: Any) -> tuple[float, float]:
+def optimizer_step(optimizer: Any, scheduler: Any) -> tuple[float | torch.Tensor, float]:
     """Steps the megatron optimizer (it clips to `--clip-grad`) and the LR schedule.
 
     Returns:
-        `(grad norm, NaN when the optimizer reports none; rate of this step)`.
+        `(grad norm, NaN when the optimizer reports none; rate of this step)`. The norm is a `[]` device tensor
+        under `--use-foreach-grad-norm` (read with the step's other metrics after the last step), else a float.
     """
     _, grad_norm, _ = optimizer.step()
     lr = float(optimizer.param_groups[0]["lr"])
     scheduler.step(increment=1)
-    return (float(grad_norm) if grad_norm is not None else float("nan")), lr
+    if grad_norm is None:
+        return float("nan"), lr
+    return (grad_norm.detach().reshape(()) if torch.is_tensor(grad_norm) else float(grad_norm)), lr
 
 
 def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
