@@ -162,3 +162,35 @@ def test_the_backends_compile_warm_up_starts_when_asked_and_steps_run_eagerly_un
     actor.shutdown()
     actor.start_compile_warm_up(cfg, role="critic")
     assert events == ["start", "stop"]
+
+
+def test_a_colocated_rank_starts_its_warm_up_gated_and_opens_the_gate_when_told(monkeypatch):
+    """The driver starts it while the engines start (gated) and releases it once they are up (slime_app.loop)."""
+    from types import SimpleNamespace
+
+    import slime_app.train_actor as ta
+
+    events = []
+
+    class WarmUp:
+        def release(self):
+            events.append("release")
+
+        def stop(self):
+            events.append("stop")
+
+    class Backend:
+        @staticmethod
+        def start_compile_warm_up(cfg, gated=False):
+            events.append(f"start gated={gated}")
+            return WarmUp()
+
+    cfg = _cfg()
+    monkeypatch.setattr(ta.TRAIN_BACKENDS, "get", lambda name: SimpleNamespace(load=lambda: Backend))
+    actor = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
+    actor.release_compile_warm_up()  # none started: nothing to open
+    actor.start_compile_warm_up(cfg, "actor", True)
+    assert events == ["start gated=True"]
+    actor.release_compile_warm_up()
+    actor.shutdown()
+    assert events == ["start gated=True", "release", "stop"]

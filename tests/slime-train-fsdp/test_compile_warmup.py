@@ -89,6 +89,67 @@ def _handle(tmp_path: pathlib.Path, code: str) -> cw.CompileWarmUp:
     return cw.CompileWarmUp(process=proc, workdir=workdir)
 
 
+def test_a_gated_process_waits_at_its_gate_until_the_rank_releases_it(tmp_path, monkeypatch):
+    """Colocated ranks start the warm-up while the engines start; it must not go on before `release`."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    code = ("import json, sys; from slime_train_fsdp import compile_warmup as cw; "
+            "print('at the gate', flush=True); waited = cw._wait_at_gate(); "
+            "open('report.json', 'w').write(json.dumps({'waited': waited}))")  # fmt: skip
+    env = {**os.environ, "SLIME_WARMUP_GATE": str(workdir / cw._GATE)}
+    log = open(workdir / "warmup.log", "wb")  # noqa: SIM115 - the child holds it
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env)
+    log.close()
+    handle = cw.CompileWarmUp(process=proc, workdir=workdir, gated=True)
+    deadline = time.monotonic() + 120
+    while b"at the gate" not in (workdir / "warmup.log").read_bytes():
+        assert proc.poll() is None and time.monotonic() < deadline, (workdir / "warmup.log").read_text()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert proc.poll() is None and not (workdir / "report.json").exists()  # still at the gate
+    before = handle.started
+    handle.release()
+    assert (workdir / cw._GATE).exists() and not handle.gated and handle.started >= before  # DEFER_S from the gate
+    assert proc.wait(timeout=60) == 0
+    assert json.loads((workdir / "report.json").read_text())["waited"] >= 1.0
+    handle.release()  # once open, again is nothing
+    # Ungated (no variable): no wait at all.
+    monkeypatch.delenv("SLIME_WARMUP_GATE", raising=False)
+    assert cw._wait_at_gate() == pytest.approx(0.0, abs=0.05)
+
+
+def test_the_gate_comes_after_the_cpu_part_and_before_the_first_gpu_or_process_group_call(
+    tmp_path, make_tiny_qwen3, monkeypatch
+):
+    """run_warm_up: the stand-in is written and the counts known before the gate; the device after it (on CPU the
+    process group is the first thing past the gate; a CUDA lazy init before the gate would show in `events`)."""
+    import torch.distributed as dist
+
+    events = []
+    real_write = cw._write_stand_in
+
+    def write(*args):
+        events.append("stand-in")
+        return real_write(*args)
+
+    class Stop(Exception):
+        pass
+
+    def init_process_group(*args, **kwargs):
+        events.append("process group")
+        raise Stop
+
+    monkeypatch.setattr(cw, "_write_stand_in", write)
+    monkeypatch.setattr(cw, "_wait_at_gate", lambda: events.append("gate") or 0.0)
+    # A CUDA context (device memory) is made at torch's lazy init; `is_available` only asks the driver.
+    monkeypatch.setattr(cw.torch.cuda, "_lazy_init", lambda: events.append("cuda init"))
+    monkeypatch.setattr(dist, "init_process_group", init_process_group)
+    ckpt = str(make_tiny_qwen3(tmp_path / "m"))
+    with pytest.raises(Stop):
+        cw.run_warm_up(make_args(ckpt, fsdp_compile_layers=True), tmp_path)
+    assert events == ["stand-in", "gate", "process group"]
+
+
 def test_a_failed_warm_up_is_logged_with_its_log_and_the_run_goes_on(tmp_path, caplog):
     handle = _handle(tmp_path, "import sys; print('inductor exploded here'); sys.exit(2)")
     with caplog.at_level(logging.WARNING, logger=cw.__name__):

@@ -118,9 +118,13 @@ class ActorCritic:
         self.actor.preload(cfg)
         self.critic.preload(cfg)
 
-    def start_compile_warm_up(self, cfg: SlimeArgs) -> None:
+    def start_compile_warm_up(self, cfg: SlimeArgs, gated: bool = False) -> None:
         """The actor's ranks start their compile warm-up (`TrainGroup.start_compile_warm_up`); the critic none."""
-        self.actor.start_compile_warm_up(cfg)
+        self.actor.start_compile_warm_up(cfg, gated)
+
+    def release_compile_warm_up(self) -> None:
+        """Opens the actor's gated warm-ups (`TrainGroup.release_compile_warm_up`)."""
+        self.actor.release_compile_warm_up()
 
     # ------------------------------------------------------------------ memory
     def _set_actor(self, awake: bool) -> None:

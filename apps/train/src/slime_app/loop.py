@@ -245,15 +245,15 @@ class Run:
                 # device memory is touched before `init` (+ the PPO critic's ranks: actor_critic.py).
                 self.trainer = make_trainers(cfg, self.placement)
                 self.trainer.preload(cfg)
-                if not cfg.colocate:
-                    self.trainer.start_compile_warm_up(cfg)
+                # Colocated it waits at its gate before touching the GPU (imports and its stand-in meanwhile).
+                self.trainer.start_compile_warm_up(cfg, gated=bool(cfg.colocate))
             engine_urls = ray.get(engines_up)
             if self.swap_engines:
                 ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
             if cfg.colocate and self.trainer is not None:
                 # Only now: an engine sizes its KV cache from the free memory it measures at start-up, which a
                 # warm-up on the same GPU would take (resident engines: it then runs next to them).
-                self.trainer.start_compile_warm_up(cfg)
+                self.trainer.release_compile_warm_up()
         start = 0
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):

@@ -110,13 +110,14 @@ class TrainActor:
         except Exception:  # noqa: BLE001 - `init` raises it (an unretrieved Ray error would only log it)
             logger.debug("preload of the %s backend %r failed; init will raise", role, cfg.train_backend)
 
-    def start_compile_warm_up(self, cfg: SlimeArgs, role: str = "actor") -> None:
+    def start_compile_warm_up(self, cfg: SlimeArgs, role: str = "actor", gated: bool = False) -> None:
         """Starts the backend's compile warm-up (`train` waits for it before the first step).
 
         Only a backend class with a `start_compile_warm_up(cfg)` has one (FSDP: `slime_train_fsdp.compile_warmup`).
-        The driver calls it before `init`: disaggregated while the engines start, colocated once they are up (and
-        released their memory), since a warm-up on a GPU an engine is sizing its KV cache on would shrink it. The
-        critic starts none. Never raises: a warm-up that cannot start only means the first step compiles by itself.
+        The driver calls it before `init`, while the engines start; colocated, `gated`: the process prepares on the
+        CPU and touches the GPU only after `release_compile_warm_up`, once the engines are up (and released their
+        memory), since a warm-up on a GPU an engine is sizing its KV cache on would shrink it. The critic starts
+        none. Never raises: a warm-up that cannot start only means the first step compiles by itself.
         """
         if role != "actor":
             return
@@ -127,9 +128,14 @@ class TrainActor:
         start = getattr(backend, "start_compile_warm_up", None)
         if start is not None:
             try:
-                self.warm_up = start(cfg)
+                self.warm_up = start(cfg, gated=True) if gated else start(cfg)
             except Exception as exc:  # noqa: BLE001 - an optimization: the first step then compiles by itself
                 logger.warning("compile warm-up not started (%s: %s); the first step compiles", type(exc).__name__, exc)
+
+    def release_compile_warm_up(self) -> None:
+        """Lets a gated compile warm-up go on to the GPU (nothing without one)."""
+        if self.warm_up is not None:
+            self.warm_up.release()
 
     def rendezvous(self) -> tuple[str, int]:
         """Address of rank 0's rendezvous (given to the other ranks)."""
@@ -345,10 +351,15 @@ class TrainGroup:
         for actor in self.actors:
             actor.preload.remote(cfg, self.role)
 
-    def start_compile_warm_up(self, cfg: SlimeArgs) -> None:
+    def start_compile_warm_up(self, cfg: SlimeArgs, gated: bool = False) -> None:
         """Starts every rank's `TrainActor.start_compile_warm_up` without waiting (before `init`, in Ray's order)."""
         for actor in self.actors:
-            actor.start_compile_warm_up.remote(cfg, self.role)
+            actor.start_compile_warm_up.remote(cfg, self.role, gated)
+
+    def release_compile_warm_up(self) -> None:
+        """Opens every rank's gated warm-up (`TrainActor.release_compile_warm_up`) without waiting, before `init`."""
+        for actor in self.actors:
+            actor.release_compile_warm_up.remote()
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         return get_all_or_raise([getattr(a, method).remote(*args) for a in self.actors])

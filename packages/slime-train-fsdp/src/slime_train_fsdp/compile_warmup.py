@@ -15,9 +15,11 @@ kernels; `TORCHINDUCTOR_CACHE_DIR`, by default `/tmp/torchinductor_<user>`) then
 and their first forward loads instead of compiling.
 
 When it runs (`start_compile_warm_up`, called by the trainer rank before `init`): trainer GPUs of their own start it
-while the engines start; colocated ranks start it after the engines released their memory (SGLang sizes its KV
-cache from the free memory it measures at start-up, which a concurrent warm-up would shrink), so it overlaps the
-model load and the first rollout. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
+while the engines start. Colocated ranks start it *gated* at the same moment: the process imports its stack, writes
+the stand-in checkpoint and then waits, touching no GPU, until the rank opens the gate (`CompileWarmUp.release`)
+once the engines are up and released their memory (SGLang sizes its KV cache from the free memory it measures at
+start-up, which a concurrent warm-up would shrink); so its CPU-only start (about half of its 40 s on one H100 at
+90e5f11, the rest compiling) overlaps the engines' start-up, and its compiling the model load and the first rollouts. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
 cache directory (a file lock). It never delays a step: while it still compiles, the rank's steps run the compiled
 layers eagerly (`torch.compiler.set_stance("force_eager")`, `CompileWarmUp.pending`; not with flex attention, whose
 eager form materializes the score matrix, nor next to a colocated engine that stays resident: eager layers keep more
@@ -89,6 +91,8 @@ _LOCK_NAME = "slime-compile-warmup.lock"
 #: Name prefix of a warm-up's folder in the temp directory.
 WORKDIR_PREFIX = "slime-compile-warmup-"
 _OWNER = "owner.lock"  # held by the rank that owns the folder, for as long as it lives
+_GATE = "go"  # a gated process waits for this file in its folder before it touches the GPU
+_GATE_POLL_S = 0.2
 _VOCAB = 256
 _SEQ_LEN = 512  # tokens per dummy sequence: half prompt, half response
 _SMALL = 1024  # a last, short micro-batch: inductor may guard the first graph on the packed length's regime
@@ -149,7 +153,8 @@ class CompileWarmUp:
         owner: the open `owner.lock` of `workdir`, locked while this rank lives (`remove_orphaned_workdirs`);
             None in tests that build a handle by hand.
         defer_compile: steps may run eagerly while it compiles (False with flex attention).
-        started: `time.monotonic()` at its start.
+        started: `time.monotonic()` at its start, or at `release` for a gated one.
+        gated: the process waits for `release` before it touches the GPU.
     """
 
     process: subprocess.Popen
@@ -157,6 +162,19 @@ class CompileWarmUp:
     owner: Any = None
     defer_compile: bool = True
     started: float = dataclasses.field(default_factory=time.monotonic)
+    gated: bool = False
+
+    @property
+    def gate(self) -> pathlib.Path:
+        """The file whose existence lets a gated process go on to the GPU."""
+        return self.workdir / _GATE
+
+    def release(self) -> None:
+        """Opens the gate of a gated warm-up (nothing for one started ungated); `DEFER_S` counts from now."""
+        if self.gated:
+            self.gate.touch()
+            self.gated = False
+            self.started = time.monotonic()
 
     def pending(self) -> bool:
         """Whether a step should still run eagerly.
@@ -194,6 +212,7 @@ class CompileWarmUp:
             The warm-up's report (`seconds`, `compile_seconds`, `graphs`, `token_counts`), or None when it failed,
             timed out or ran in another process.
         """
+        self.release()  # a gate still shut would keep it waiting until the deadline
         begun = time.monotonic()
         deadline = begun + timeout_s
         log = self.workdir / "warmup.log"
@@ -217,8 +236,10 @@ class CompileWarmUp:
                 return None
             report = json.loads((self.workdir / "report.json").read_text())
             logger.info("compile warm-up: %d graph(s) of the model's stand-in compiled in %.1f s in the background "
-                        "(packed rows of %s tokens); the next step waited %.1f s for it", report["graphs"],
-                        report["compile_seconds"], report["token_counts"], waited)  # fmt: skip
+                        "(packed rows of %s tokens; %.1f s on the GPU, after %.1f s of start-up and %.1f s at the "
+                        "gate); the next step waited %.1f s for it", report["graphs"], report["compile_seconds"],
+                        report["token_counts"], report["seconds"], report.get("ready_seconds", 0.0),
+                        report.get("gate_wait_seconds", 0.0), waited)  # fmt: skip
             return report
         finally:
             self._remove_workdir()
@@ -308,8 +329,11 @@ def defers_compile(cfg: Any) -> bool:
     return (cfg.attn_implementation or DEFAULT_CUDA_ATTENTION) != SLIME_FLEX and not resident_engine
 
 
-def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
+def start_compile_warm_up(cfg: SlimeArgs, gated: bool = False) -> CompileWarmUp | None:
     """Starts the warm-up process when it can pay; returns its handle, or None when there is nothing to warm.
+
+    `gated`: the process stops before its first GPU call until `CompileWarmUp.release()` (colocated ranks start it
+    while the engines start and release it once they are up).
 
     Nothing starts with `--no-fsdp-compile-warmup`, when the layers are not compiled (`compiles_layers`: CPU or
     `--lora-rank` by default, `--true-on-policy-mode`), or for a vision-language checkpoint (its vision blocks are
@@ -338,12 +362,26 @@ def start_compile_warm_up(cfg: SlimeArgs) -> CompileWarmUp | None:
     fcntl.flock(owner, fcntl.LOCK_EX)
     (workdir / "args.json").write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLIME_WARMUP_PARENT": str(os.getpid())}
+    if gated:
+        env["SLIME_WARMUP_GATE"] = str(workdir / _GATE)
     with open(workdir / "warmup.log", "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "slime_train_fsdp.compile_warmup", str(workdir)], env=env,
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-    logger.info("compile warm-up started (pid %d): a stand-in of the model's decoder layers compiles in the background",
-                process.pid)  # fmt: skip
-    return CompileWarmUp(process=process, workdir=workdir, owner=owner, defer_compile=defers_compile(cfg))
+    logger.info("compile warm-up started (pid %d): a stand-in of the model's decoder layers compiles in the background%s",
+                process.pid, " once the engines are up" if gated else "")  # fmt: skip
+    return CompileWarmUp(process=process, workdir=workdir, owner=owner, defer_compile=defers_compile(cfg), gated=gated)
+
+
+def _wait_at_gate() -> float:
+    """In the process: waits for the gate file `SLIME_WARMUP_GATE` names (none: no wait); returns the seconds waited.
+
+    The rank that started the process kills it if it dies (`_die_with_parent`), so the wait needs no deadline.
+    """
+    gate = os.environ.get("SLIME_WARMUP_GATE")
+    begun = time.monotonic()
+    while gate and not os.path.exists(gate):
+        time.sleep(_GATE_POLL_S)
+    return time.monotonic() - begun
 
 
 def _stand_in_depth(layer_types: list[str] | None) -> int:
@@ -406,8 +444,12 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     The stand-in's layers run with the log-prob head uncompiled (its graphs at the stand-in's vocabulary would
     never be used), then `warm_up_head` compiles the head at the trained model's vocabulary.
 
+    A gated process (`SLIME_WARMUP_GATE`) waits at the gate after its CPU-only part (imports, the stand-in
+    checkpoint, the token counts) and before its first GPU call.
+
     Returns:
-        `{"seconds", "compile_seconds", "graphs", "token_counts"}`.
+        `{"seconds" (from the gate), "compile_seconds", "graphs", "token_counts", "ready_seconds" (the CPU-only
+        part), "gate_wait_seconds"}`.
     """
     import torch.distributed as dist
 
@@ -425,6 +467,9 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     counts = warm_up_token_counts(
         cfg, int(config.hidden_size), int(config.intermediate_size), int(config.num_hidden_layers)
     )
+    ready = time.monotonic() - started
+    gate_wait = _wait_at_gate()  # nothing above touched the GPU
+    started = time.monotonic()
     # The layer's path as the run takes it, minus what needs real weights or rollout data.
     local = cfg.model_copy(update={"hf_checkpoint": str(stand_in), "ref_load": None, "load": None, "use_opd": False,
                                    "use_routing_replay": False, "use_rollout_routing_replay": False})  # fmt: skip
@@ -448,7 +493,8 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     finally:
         dist.destroy_process_group()
     return {"seconds": time.monotonic() - started, "compile_seconds": _compile_seconds(),
-            "graphs": _compiled_graphs(), "token_counts": counts}  # fmt: skip
+            "graphs": _compiled_graphs(), "token_counts": counts, "ready_seconds": ready,
+            "gate_wait_seconds": gate_wait}  # fmt: skip
 
 
 def warm_up_head(options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs) -> None:
