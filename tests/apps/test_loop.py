@@ -265,8 +265,11 @@ class _BuildTrainer:
     def preload(self, cfg):
         self.events.append(("trainer.preload",))
 
-    def start_compile_warm_up(self, cfg):
-        self.events.append(("trainer.start_compile_warm_up",))
+    def start_compile_warm_up(self, cfg, gated=False):
+        self.events.append(("trainer.start_compile_warm_up" + (" gated" if gated else ""),))
+
+    def release_compile_warm_up(self):
+        self.events.append(("trainer.release_compile_warm_up",))
 
     def init(self, cfg):
         self.events.append(("trainer.init",))
@@ -288,12 +291,14 @@ def _unbuilt_run(monkeypatch, events, make_trainer):
     [
         # Own GPUs: the warm-up overlaps the engines' start.
         ({}, ["start", "trainer.preload", "trainer.start_compile_warm_up", "engines up", "trainer.init"]),
-        # Colocated: only once the engines measured their free memory, and (swapping) released it.
+        # Colocated: started gated (its CPU part) with the engines; on the GPU only once the engines measured their
+        # free memory, and (swapping) released it.
         ({"colocate": True},
-         ["start", "trainer.preload", "engines up", "offload", "trainer.start_compile_warm_up", "trainer.init",
-          "onload"]),
+         ["start", "trainer.preload", "trainer.start_compile_warm_up gated", "engines up", "offload",
+          "trainer.release_compile_warm_up", "trainer.init", "onload"]),
         ({"colocate": True, "offload_train": False, "offload_rollout": False, "async_train": True},
-         ["start", "trainer.preload", "engines up", "trainer.start_compile_warm_up", "trainer.init"]),
+         ["start", "trainer.preload", "trainer.start_compile_warm_up gated", "engines up",
+          "trainer.release_compile_warm_up", "trainer.init"]),
     ],
 )  # fmt: skip
 def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_engines_start(

@@ -110,7 +110,10 @@ def test_a_rank_refusing_its_checkpoint_stops_the_start_in_one_line(save, monkey
         def preload(self, cfg):
             pass
 
-        def start_compile_warm_up(self, cfg):
+        def start_compile_warm_up(self, cfg, gated=False):
+            pass
+
+        def release_compile_warm_up(self):
             pass
 
         def init(self, cfg):  # what the driver gets from rank 0: Ray's task error around the rank's ValueError
