@@ -55,8 +55,12 @@ _AMAX_FLOOR = 1e-12  # an all-zero block (padding, an unused expert) would give 
 
 # Never quantized (the original's converter and SGLang's FP8 models keep these in BF16): embeddings, the output head,
 # norms, MoE routers (`mlp.gate.`, not `gate_proj`) and Qwen2-MoE's shared-expert gate (a plain Linear in SGLang),
-# MTP projections, vision towers.
-_KEEP = re.compile(r"embed|lm_head|norm|\.mlp\.gate\.|router|shared_expert_gate|eh_proj|visual|vision")
+# MTP projections, vision towers, and the gated delta-net's per-head gates and short conv (Qwen3-Next / Qwen3.5:
+# SGLang builds `in_proj_ba` and `conv1d` with quant_config=None; the original quantizes only in_proj_qkv/z, out_proj).
+_KEEP = re.compile(
+    r"embed|lm_head|norm|\.mlp\.gate\.|router|shared_expert_gate|eh_proj|visual|vision"
+    r"|linear_attn\.(in_proj_ba|in_proj_b|in_proj_a|conv1d)\."
+)
 _IN_LAYER = re.compile(r"(^|\.)layers\.\d+\.")
 
 
@@ -244,8 +248,9 @@ def dequantize_blockwise(
 def is_quantized_weight(name: str, tensor: torch.Tensor, cfg: Fp8Config) -> bool:
     """Whether an HF-named tensor is stored as FP8 in a serving checkpoint.
 
-    True for a ≥2-D floating `*.weight` inside a decoder layer (`layers.<i>.`) that is not a norm, router or
-    vision module and not in `cfg.modules_to_not_convert`; embeddings and `lm_head` stay unquantized.
+    True for a ≥2-D floating `*.weight` inside a decoder layer (`layers.<i>.`) that is not a norm, router, vision
+    module or linear-attention gate/conv (`in_proj_b`, `in_proj_a`, `in_proj_ba`, `conv1d`) and not in
+    `cfg.modules_to_not_convert`; embeddings and `lm_head` stay unquantized.
     """
     if not name.endswith(".weight") or tensor.dim() < 2 or not tensor.is_floating_point():
         return False
