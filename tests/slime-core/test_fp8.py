@@ -195,3 +195,19 @@ def test_linear_attention_gates_and_conv_stay_unquantized_as_sglang_builds_them(
     for part in ("in_proj_b", "in_proj_a", "in_proj_ba", "conv1d"):
         assert out[prefix + part + ".weight"] is dict(named)[prefix + part + ".weight"]
         assert prefix + part + ".weight_scale_inv" not in out
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_weight_is_refused_naming_it_not_pushed_as_a_nan_block(bad):
+    # One inf in a block made its scale inf: q = inf/inf = NaN and 0 elsewhere, and q · scale = NaN for the whole
+    # block (the engine served 4 NaN weights for 1 bad one here; 16,384 at the default 128 × 128).
+    cfg = Fp8Config(weight_block_size=(2, 2))
+    w = torch.ones(4, 4)
+    w[1, 0] = bad
+    named = [("model.layers.0.self_attn.q_proj.weight", torch.ones(4, 4)), ("model.layers.0.mlp.up_proj.weight", w)]
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight hold\(s\) inf or NaN"):
+        list(quantize_buckets([named], cfg))
+    from slime_core.fp8 import quantize_named
+
+    with pytest.raises(ValueError, match=r"up_proj\.weight hold\(s\) inf or NaN"):
+        list(quantize_named(named, cfg))

@@ -260,11 +260,7 @@ def is_quantized_weight(name: str, tensor: torch.Tensor, cfg: Fp8Config) -> bool
     return name.removesuffix(".weight").removeprefix("model.") not in keep
 
 
-def quantize_named(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) -> Iterator[tuple[str, torch.Tensor]]:
-    """Quantizes the FP8 weights of an HF-named stream; yields `(name, q)` then `(name_scale_inv, scale)`.
-
-    Other tensors pass through unchanged, in order.
-    """
+def _quantize_stream(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in named:
         if is_quantized_weight(name, tensor, cfg):
             q, scale = quantize_blockwise(tensor.detach(), cfg.weight_block_size)
@@ -274,12 +270,48 @@ def quantize_named(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) ->
             yield name, tensor
 
 
+def _check_finite_scales(named: list[tuple[str, torch.Tensor]]) -> None:
+    """Refuses inf/NaN weights: one inf makes its block's scale inf, and the engine reads the whole block as NaN.
+
+    One device-to-host read for all the scales in `named` (a bucket), not one per tensor.
+    """
+    scales = [(n, t) for n, t in named if n.endswith(SCALE_SUFFIX)]
+    if not scales or bool(torch.stack([torch.isfinite(t).all() for _, t in scales]).all()):
+        return
+    bad = [n.removesuffix(SCALE_SUFFIX) + ".weight" for n, t in scales if not bool(torch.isfinite(t).all())]
+    raise ValueError(
+        f"FP8 quantization: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold(s) inf or NaN; a block with one "
+        f"of them gets an inf/NaN scale and dequantizes to NaN as a whole; the weights diverged "
+        "(check the loss, lower the learning rate, or resume from an earlier checkpoint)"
+    )
+
+
+def quantize_named(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) -> Iterator[tuple[str, torch.Tensor]]:
+    """Quantizes the FP8 weights of an HF-named stream; yields `(name, q)` then `(name_scale_inv, scale)`.
+
+    Other tensors pass through unchanged, in order.
+
+    Raises:
+        ValueError: a weight to quantize holds inf or NaN (names it; `_check_finite_scales`).
+    """
+    for name, tensor in named:
+        pair = list(_quantize_stream([(name, tensor)], cfg))
+        _check_finite_scales(pair)
+        yield from pair
+
+
 def quantize_buckets(
     buckets: Iterable[list[tuple[str, torch.Tensor]]], cfg: Fp8Config
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """`quantize_named` bucket by bucket: a weight and its scale always travel in the same bucket."""
+    """`quantize_named` bucket by bucket: a weight and its scale always travel in the same bucket.
+
+    Raises:
+        ValueError: a weight to quantize holds inf or NaN (names it; checked once per bucket).
+    """
     for bucket in buckets:
-        yield list(quantize_named(bucket, cfg))
+        out = list(_quantize_stream(bucket, cfg))
+        _check_finite_scales(out)
+        yield out
 
 
 def pair_fp8(
