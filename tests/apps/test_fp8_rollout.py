@@ -67,6 +67,26 @@ def test_every_push_is_quantized_blockwise_when_the_engines_serve_fp8(tmp_path):
     assert [t for _, t in plain.pushed] == [backend.up, backend.norm]
 
 
+def test_a_push_refused_by_the_quantizer_still_walks_the_collective_gather_to_the_end(tmp_path):
+    # Every trainer rank walks `named_hf_weights` together (each bucket is a collective gather); rank 0 quantizes.
+    # A bucket the quantizer refuses (an inf weight) ended rank 0's walk there, while the other ranks waited in the
+    # next bucket's gather: the run hung instead of stopping on the error.
+    walked = []
+
+    class Backend:
+        def named_hf_weights(self, bucket_bytes):
+            for i in range(3):
+                walked.append(i)
+                w = torch.ones(4, 4)
+                w[0, 0] = float("inf") if i == 0 else 1.0
+                yield [(f"model.layers.{i}.mlp.up_proj.weight", w)]
+
+    cfg = _cfg(hf_checkpoint=_checkpoint(tmp_path / "fp8", fp8=True))
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight hold\(s\) inf or NaN"):
+        weights.push_weights(Backend(), _Updater(), cfg, 1, rank=0)
+    assert walked == [0, 1, 2]
+
+
 def test_first_step_gate_has_fp8_defaults_unless_the_flag_is_given(tmp_path, caplog):
     fp8_dir = _checkpoint(tmp_path / "fp8", fp8=True)
     cfg = _cfg(hf_checkpoint=fp8_dir)

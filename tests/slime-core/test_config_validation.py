@@ -466,3 +466,15 @@ def test_rm_url_must_be_an_http_url_with_a_host(url):
         parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--rm-url", url])
     assert str(raised.value) == f"--rm-url {url!r}: not an http(s) URL with a host; write it as http://host:port/path"
     assert make(rm_url="http://localhost:8000/score").rm_url == "http://localhost:8000/score"
+
+
+def test_a_custom_tis_function_without_use_tis_or_mismatch_metrics_is_refused():
+    # The loss calls it only under --use-tis or --get-mismatch-metrics: alone, the user's weighting never ran and
+    # nothing said so (the original's loss.py ignores it the same way).
+    path = "slime_core.algorithms.tis.icepop_function"
+    with pytest.raises(
+        ConfigError, match=rf"^--custom-tis-function-path {re.escape(path)} is called only with --use-tis"
+    ):
+        make(custom_tis_function_path=path)
+    assert make(custom_tis_function_path=path, use_tis=True).custom_tis_function_path == path
+    assert make(custom_tis_function_path=path, get_mismatch_metrics=True).get_mismatch_metrics

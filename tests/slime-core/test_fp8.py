@@ -170,3 +170,44 @@ def test_read_fp8_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "compressed-tensors"}}))
     with pytest.raises(ValueError, match="quant_method='compressed-tensors'"):
         read_fp8_config(tmp_path)
+
+
+def test_linear_attention_gates_and_conv_stay_unquantized_as_sglang_builds_them():
+    # Qwen3-Next / Qwen3.5 gated delta-net: SGLang builds in_proj_ba (in_proj_b + in_proj_a) and conv1d with
+    # quant_config=None, and the original quantizes only in_proj_qkv(z), in_proj_z and out_proj of linear_attn; an
+    # FP8 weight + scale pushed for them is loaded into a BF16 parameter.
+    cfg = Fp8Config(weight_block_size=(2, 2))
+    prefix = "model.layers.0.linear_attn."
+    named = [
+        (prefix + "in_proj_qkv.weight", torch.randn(8, 4)),
+        (prefix + "in_proj_qkvz.weight", torch.randn(8, 4)),
+        (prefix + "in_proj_z.weight", torch.randn(4, 4)),
+        (prefix + "in_proj_b.weight", torch.randn(2, 4)),
+        (prefix + "in_proj_a.weight", torch.randn(2, 4)),
+        (prefix + "in_proj_ba.weight", torch.randn(4, 4)),
+        (prefix + "conv1d.weight", torch.randn(8, 1, 4)),  # [C, 1, kernel]
+        (prefix + "out_proj.weight", torch.randn(4, 4)),
+    ]
+    [bucket] = list(quantize_buckets([named], cfg))
+    out = dict(bucket)
+    fp8 = sorted(n.removeprefix(prefix) for n, t in out.items() if t.dtype == FP8_DTYPE)
+    assert fp8 == ["in_proj_qkv.weight", "in_proj_qkvz.weight", "in_proj_z.weight", "out_proj.weight"]
+    for part in ("in_proj_b", "in_proj_a", "in_proj_ba", "conv1d"):
+        assert out[prefix + part + ".weight"] is dict(named)[prefix + part + ".weight"]
+        assert prefix + part + ".weight_scale_inv" not in out
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_weight_is_refused_naming_it_not_pushed_as_a_nan_block(bad):
+    # One inf in a block made its scale inf: q = inf/inf = NaN and 0 elsewhere, and q · scale = NaN for the whole
+    # block (the engine served 4 NaN weights for 1 bad one here; 16,384 at the default 128 × 128).
+    cfg = Fp8Config(weight_block_size=(2, 2))
+    w = torch.ones(4, 4)
+    w[1, 0] = bad
+    named = [("model.layers.0.self_attn.q_proj.weight", torch.ones(4, 4)), ("model.layers.0.mlp.up_proj.weight", w)]
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight hold\(s\) inf or NaN"):
+        list(quantize_buckets([named], cfg))
+    from slime_core.fp8 import quantize_named
+
+    with pytest.raises(ValueError, match=r"up_proj\.weight hold\(s\) inf or NaN"):
+        list(quantize_named(named, cfg))

@@ -396,3 +396,58 @@ async def test_stop_leaves_no_task_of_the_producer_pending(use_client):
     # but it is pending!" when the loop closed.
     left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     assert left == [], left
+
+
+def _held(producer, prompt: int, *, version: int, aborted: bool) -> "fully_async_producer._Held":
+    """A group of `prompt`: finished under `version` (ready), or aborted by a push after one token of `version`."""
+    from slime_core.sample import Sample, Status
+
+    samples = [Sample(prompt=f"p{prompt}", tokens=[prompt], group_index=prompt, index=2 * prompt + j, label="A")
+               for j in range(2)]  # fmt: skip
+    held = producer._hold(samples)
+    for s in held.group:
+        s.append_response_tokens([A], log_probs=[-0.1], text="A", meta_info={"weight_version": str(version)})
+        s.status = Status.ABORTED if aborted else Status.COMPLETED
+    held.submitted_version = held.version = version
+    return held
+
+
+async def test_a_take_does_not_wait_for_a_recycled_group_already_too_stale(use_client):
+    # A group a push sent back twice (first tokens under version 0) can count at most as version 0: at take 2 with
+    # bound 1 it is dropped whenever it finishes. The take waited for it (its place "had to be kept"), here forever:
+    # its prompt never finishes.
+    engine = GateEngine(lambda p: p != 7)
+    engine.version = 2
+    use_client(engine)
+    args = _args(rollout_batch_size=1, n_samples_per_prompt=2, max_weight_staleness=1, partial_rollout=True,
+                 rollout_function_path=FULLY_ASYNC)  # fmt: skip
+    producer = FullyAsyncProducer(args, ListDataSource(n=2, num_prompts=0), restored=[], version=2)
+    producer._ready.append(_held(producer, 0, version=2, aborted=False))
+    producer._recycled.append(_held(producer, 7, version=0, aborted=True))
+    producer.start()
+    try:
+        groups, m = await asyncio.wait_for(producer.take(2, 1, 1), WAIT_S)
+        assert [g[0].group_index for g in groups] == [0] and m["rollout/staleness_max"] == 0.0
+    finally:
+        await producer.stop()
+
+
+async def test_a_recycled_group_is_resubmitted_while_the_ready_queue_is_full(use_client):
+    # One group in flight at a time (--sglang-server-concurrency 1) and one ready: the take needs the recycled older
+    # group first (one behind: its last chance), but the producer resubmitted recycled groups only while fewer than
+    # that many groups were ready, so neither moved again.
+    engine = GateEngine(lambda p: True)
+    engine.version = 1
+    use_client(engine)
+    args = _args(rollout_batch_size=1, n_samples_per_prompt=2, max_weight_staleness=1, partial_rollout=True,
+                 rollout_function_path=FULLY_ASYNC, sglang_server_concurrency=1)  # fmt: skip
+    producer = FullyAsyncProducer(args, ListDataSource(n=2, num_prompts=0), restored=[], version=1)
+    producer._ready.append(_held(producer, 0, version=1, aborted=False))
+    producer._recycled.append(_held(producer, 7, version=0, aborted=True))
+    producer.start()
+    try:
+        groups, m = await asyncio.wait_for(producer.take(1, 1, 1), WAIT_S)
+        assert [g[0].group_index for g in groups] == [7] and m["rollout/staleness_max"] == 1.0
+        assert m["rollout/stale_groups_dropped"] == 0.0
+    finally:
+        await producer.stop()

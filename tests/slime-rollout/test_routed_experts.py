@@ -159,6 +159,17 @@ def test_attach_checks_the_row_count(moe_dir):
     assert sample.rollout_routed_experts is None
 
 
+def test_routes_of_another_top_k_are_named_as_such_not_as_a_row_count(moe_dir):
+    # An engine routing 4 experts per token (another preset, a top-k override) for a model configured with 2: the
+    # 3 × 2 × 4 values decoded as 6 rows of 2 × 2, and the error said the sample's tokens needed 3 rows.
+    sample = Sample(tokens=[1, 2, 3, 4], index=5)
+    other = encode_routed_experts(torch.zeros(3, NUM_LAYERS, 2 * TOPK))
+    with pytest.raises(
+        ValueError, match=rf"sample 5: .*holds {2 * TOPK} experts per token .*num_experts_per_tok={TOPK}"
+    ):
+        attach_routed_experts(_args(moe_dir), sample, {"routed_experts": other})
+
+
 def test_engines_start_with_enable_return_routed_experts(moe_dir):
     args = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "hf_checkpoint": str(moe_dir),
                                 "train_backend": "fsdp", "rollout_engine": "sglang",

@@ -240,7 +240,7 @@ def push_weights(
             num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
             yield bucket
 
-    buckets = backend.named_hf_weights(cfg.update_weight_buffer_size)
+    buckets = source = backend.named_hf_weights(cfg.update_weight_buffer_size)
     fp8 = serving_fp8(cfg)
     if fp8 is not None and updater is not None:
         # FP8 serving: rank 0 quantizes each bucket blockwise (e4m3 + weight_scale_inv) before any transport sends it.
@@ -255,7 +255,9 @@ def push_weights(
         try:
             updater.update(buckets, str(weight_version))
         finally:
-            for _ in buckets:  # a failed push still walks the collective gather to the end with the other ranks
+            # A failed push still walks the collective gather to the end with the other ranks: the backend's own
+            # generator, since a stage that raised (the FP8 quantizer refusing a weight) ended the wrapped ones.
+            for _ in source:
                 pass
     seconds = time.perf_counter() - t0
     if rank == 0:

@@ -55,8 +55,12 @@ _AMAX_FLOOR = 1e-12  # an all-zero block (padding, an unused expert) would give 
 
 # Never quantized (the original's converter and SGLang's FP8 models keep these in BF16): embeddings, the output head,
 # norms, MoE routers (`mlp.gate.`, not `gate_proj`) and Qwen2-MoE's shared-expert gate (a plain Linear in SGLang),
-# MTP projections, vision towers.
-_KEEP = re.compile(r"embed|lm_head|norm|\.mlp\.gate\.|router|shared_expert_gate|eh_proj|visual|vision")
+# MTP projections, vision towers, and the gated delta-net's per-head gates and short conv (Qwen3-Next / Qwen3.5:
+# SGLang builds `in_proj_ba` and `conv1d` with quant_config=None; the original quantizes only in_proj_qkv/z, out_proj).
+_KEEP = re.compile(
+    r"embed|lm_head|norm|\.mlp\.gate\.|router|shared_expert_gate|eh_proj|visual|vision"
+    r"|linear_attn\.(in_proj_ba|in_proj_b|in_proj_a|conv1d)\."
+)
 _IN_LAYER = re.compile(r"(^|\.)layers\.\d+\.")
 
 
@@ -244,8 +248,9 @@ def dequantize_blockwise(
 def is_quantized_weight(name: str, tensor: torch.Tensor, cfg: Fp8Config) -> bool:
     """Whether an HF-named tensor is stored as FP8 in a serving checkpoint.
 
-    True for a ≥2-D floating `*.weight` inside a decoder layer (`layers.<i>.`) that is not a norm, router or
-    vision module and not in `cfg.modules_to_not_convert`; embeddings and `lm_head` stay unquantized.
+    True for a ≥2-D floating `*.weight` inside a decoder layer (`layers.<i>.`) that is not a norm, router, vision
+    module or linear-attention gate/conv (`in_proj_b`, `in_proj_a`, `in_proj_ba`, `conv1d`) and not in
+    `cfg.modules_to_not_convert`; embeddings and `lm_head` stay unquantized.
     """
     if not name.endswith(".weight") or tensor.dim() < 2 or not tensor.is_floating_point():
         return False
@@ -255,11 +260,7 @@ def is_quantized_weight(name: str, tensor: torch.Tensor, cfg: Fp8Config) -> bool
     return name.removesuffix(".weight").removeprefix("model.") not in keep
 
 
-def quantize_named(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) -> Iterator[tuple[str, torch.Tensor]]:
-    """Quantizes the FP8 weights of an HF-named stream; yields `(name, q)` then `(name_scale_inv, scale)`.
-
-    Other tensors pass through unchanged, in order.
-    """
+def _quantize_stream(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in named:
         if is_quantized_weight(name, tensor, cfg):
             q, scale = quantize_blockwise(tensor.detach(), cfg.weight_block_size)
@@ -269,12 +270,48 @@ def quantize_named(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) ->
             yield name, tensor
 
 
+def _check_finite_scales(named: list[tuple[str, torch.Tensor]]) -> None:
+    """Refuses inf/NaN weights: one inf makes its block's scale inf, and the engine reads the whole block as NaN.
+
+    One device-to-host read for all the scales in `named` (a bucket), not one per tensor.
+    """
+    scales = [(n, t) for n, t in named if n.endswith(SCALE_SUFFIX)]
+    if not scales or bool(torch.stack([torch.isfinite(t).all() for _, t in scales]).all()):
+        return
+    bad = [n.removesuffix(SCALE_SUFFIX) + ".weight" for n, t in scales if not bool(torch.isfinite(t).all())]
+    raise ValueError(
+        f"FP8 quantization: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold(s) inf or NaN; a block with one "
+        f"of them gets an inf/NaN scale and dequantizes to NaN as a whole; the weights diverged "
+        "(check the loss, lower the learning rate, or resume from an earlier checkpoint)"
+    )
+
+
+def quantize_named(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) -> Iterator[tuple[str, torch.Tensor]]:
+    """Quantizes the FP8 weights of an HF-named stream; yields `(name, q)` then `(name_scale_inv, scale)`.
+
+    Other tensors pass through unchanged, in order.
+
+    Raises:
+        ValueError: a weight to quantize holds inf or NaN (names it; `_check_finite_scales`).
+    """
+    for name, tensor in named:
+        pair = list(_quantize_stream([(name, tensor)], cfg))
+        _check_finite_scales(pair)
+        yield from pair
+
+
 def quantize_buckets(
     buckets: Iterable[list[tuple[str, torch.Tensor]]], cfg: Fp8Config
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """`quantize_named` bucket by bucket: a weight and its scale always travel in the same bucket."""
+    """`quantize_named` bucket by bucket: a weight and its scale always travel in the same bucket.
+
+    Raises:
+        ValueError: a weight to quantize holds inf or NaN (names it; checked once per bucket).
+    """
     for bucket in buckets:
-        yield list(quantize_named(bucket, cfg))
+        out = list(_quantize_stream(bucket, cfg))
+        _check_finite_scales(out)
+        yield out
 
 
 def pair_fp8(

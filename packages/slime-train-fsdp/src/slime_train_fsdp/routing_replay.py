@@ -77,6 +77,7 @@ class RoutingReplay:
             )
         self.num_layers = num_layers
         self.topk = int(next(iter(self.routers.values())).top_k)
+        self.num_experts = int(next(iter(self.routers.values())).num_experts)
         self.phase: Phase = "off"
         self.recorded: dict[int, torch.Tensor] = {}  # sample position -> [T_i, L, K] int32 (record phase)
         self._row_SLK: torch.Tensor | None = None  # the routes of the packed row being run (replay)
@@ -110,7 +111,8 @@ class RoutingReplay:
         """Prepares the routes of packed row `mb` (replay) or an empty capture (record).
 
         Raises:
-            ValueError: a sample without routes to replay (no engine routes in the batch, or none recorded).
+            ValueError: a sample without routes to replay (no engine routes in the batch, or none recorded), or
+                engine routes this model cannot take (`_checked`).
         """
         if self.phase == "record":
             self._captured = {}
@@ -119,7 +121,7 @@ class RoutingReplay:
         rows, valid = [], []
         for i, total in zip(mb.sample_ids, mb.seq_lengths, strict=True):
             if batch.rollout_routed_experts is not None:
-                rows.append(routes_for_tokens(batch.rollout_routed_experts[i], total))
+                rows.append(routes_for_tokens(self._checked(batch, i), total))
                 valid.append(torch.arange(total) < total - 1)  # the last token's filler is not the engine's
             elif i in self.recorded:
                 rows.append(self.recorded[i].to(torch.int64))
@@ -136,6 +138,32 @@ class RoutingReplay:
         device = mb.input_ids.device
         self._row_SLK = torch.cat(rows).to(device)
         self._valid_S = torch.cat(valid).to(device)
+
+    def _checked(self, batch: RolloutBatch, i: int) -> torch.Tensor:
+        """Engine routes `[T_i - 1, L, K]` of sample position `i`, checked against this model's routers.
+
+        An id outside `[0, E)` or another `K` (an engine serving another preset, a plugin's own routes) reached the
+        router's `gather`: an index error naming nothing on CPU, a device-side assert that ends the process on CUDA.
+
+        Raises:
+            ValueError: another layer count or top-k, or an expert id outside `[0, num_experts)` (names the sample).
+        """
+        routes = batch.rollout_routed_experts[i]
+        what = f"sample {batch.sample_indices[i] if batch.sample_indices else i}"
+        if tuple(routes.shape[1:]) != (self.num_layers, self.topk):
+            raise ValueError(
+                f"routing replay: {what}: rollout_routed_experts has {routes.shape[1]} layers × top-k "
+                f"{routes.shape[2]}, the model {self.num_layers} × {self.topk} (is the engine serving --hf-checkpoint?)"
+            )
+        if routes.numel():
+            low, high = int(routes.min()), int(routes.max())
+            if low < 0 or high >= self.num_experts:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"routing replay: {what}: rollout_routed_experts holds expert id {bad} outside "
+                    f"[0, {self.num_experts}) of the model's routers (is the engine serving --hf-checkpoint?)"
+                )
+        return routes
 
     def after_forward(self, mb: PackedMicroBatch) -> None:
         """Record phase: splits the packed row's captured ids into per-sample `[T_i, L, K]` routes."""

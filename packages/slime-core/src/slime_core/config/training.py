@@ -87,7 +87,9 @@ class AlgorithmArgs(ArgsGroup):
         "TIS weighting: truncate (clamp to [low, high]), icepop (zero outside the range; token level only), clip "
         "or mask (the MIS helper's: clamp to, or reject tokens outside, [--tis-lower-bound, --tis-upper-bound]).",
     )
-    custom_tis_function_path: str | None = arg(None, "Import path of a custom TIS/MIS weighting function.")
+    custom_tis_function_path: str | None = arg(
+        None, "Import path of a custom TIS/MIS weighting function, called with --use-tis or --get-mismatch-metrics."
+    )
     custom_pg_loss_reducer_function_path: str | None = arg(
         None, "Import path of get_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss)."
     )

@@ -279,6 +279,12 @@ def _algorithm(args: SlimeArgs) -> None:
         flags = " and ".join(clips)
         verb = "have" if len(clips) > 1 else "has"
         warn_once("tis_clip", f"{flags} {verb} no effect without --use-tis or --get-mismatch-metrics")
+    if args.custom_tis_function_path and not (args.use_tis or args.get_mismatch_metrics):
+        # The loss calls it only under one of them (as the original's loss.py): it weighted nothing, said nothing.
+        raise ConfigError(
+            f"--custom-tis-function-path {args.custom_tis_function_path} is called only with --use-tis (it weights the "
+            "policy loss) or --get-mismatch-metrics (its metrics only): add one, or drop the flag"
+        )
     validate_mismatch(args)
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
         raise ConfigError("--loss-type custom_loss requires --custom-loss-function-path")

@@ -170,8 +170,12 @@ class FullyAsyncProducer:
         return self._hold(groups[0])
 
     async def _top_up(self) -> bool:
-        """Submits groups while there is room; returns False when the data source gave none."""
-        while len(self._in_flight) < self.capacity and len(self._ready) < self.capacity:
+        """Submits groups while there is room; returns False when the data source gave none.
+
+        Recycled groups go regardless of the ready count: a take may be waiting for one of them (older than the
+        groups ready), and held back behind a full ready queue with nothing in flight, neither moved again.
+        """
+        while len(self._in_flight) < self.capacity and (self._recycled or len(self._ready) < self.capacity):
             outstanding = len(self._in_flight) + len(self._ready) + len(self._recycled)
             if not self._recycled and self.outstanding_limit is not None and outstanding >= self.outstanding_limit:
                 break
@@ -366,18 +370,38 @@ class FullyAsyncProducer:
         ready group (ties: the first finished) is taken unless a group still being generated is older and would
         then find no place by its deadline (this take has `places` left, each later take `--rollout-batch-size`).
         Taking the fresher group instead left the older one, one version behind, to the next take, where it was
-        two behind and dropped (groups a weight push sent back to be continued finish after fresh short ones).
+        two behind and dropped (groups a weight push sent back to be continued finish after fresh short ones). A group
+        already too stale for this take (`_doomed`) holds no place: it is dropped when it finishes.
         """
         if not self._ready:
             return None
         if bound is None:
             return self._ready[0]
         best = min(self._ready, key=lambda h: h.version)
-        pending = [self._version_floor(h) for h in (*self._in_flight.values(), *self._recycled, *self._judged)]
+        held = (*self._in_flight.values(), *self._recycled, *self._judged)
+        # A group that already counts as too stale for this take is dropped when it finishes: no place is kept for it.
+        pending = [self._version_floor(h) for h in held if not self._doomed(h, rollout_id, bound)]
         if not pending or best.version <= min(pending):
             return best
         deadlines = sorted(v + bound for v in [*(h.version for h in self._ready if h is not best), *pending])
         return best if _fits(deadlines, rollout_id, places - 1, self.args.rollout_batch_size) else None
+
+    def _doomed(self, held: _Held, rollout_id: int, bound: int) -> bool:
+        """Whether a group still being generated will be more than `bound` versions behind `rollout_id` when done.
+
+        Its version (`group_version`) is the oldest among its samples and a sample's only gets older, except that
+        with `--mask-offpolicy-in-partial-rollout` a sample still to be continued counts by a call to come: so the
+        version of a finished sample (any sample without that flag) is a ceiling of the group's.
+        """
+        ceiling = None
+        for sample in flatten_groups([held.group]):
+            done = sample.status in (Status.COMPLETED, Status.TRUNCATED)
+            if self._mask_offpolicy and not done:
+                continue
+            version = sample_version(sample, trainable_only=self._mask_offpolicy and len(sample.weight_versions) > 1)
+            if version is not None:
+                ceiling = version if ceiling is None else min(ceiling, version)
+        return ceiling is not None and rollout_id - ceiling > bound
 
     def _version_floor(self, held: _Held) -> int:
         """A lower bound on the version a group still being generated will count as (`group_version` when done).

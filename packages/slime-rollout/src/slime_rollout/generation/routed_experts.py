@@ -18,7 +18,13 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from slime_core.routing_replay import ROUTED_EXPERTS_KEY, decode_routed_experts, moe_shape, validate_routes
+from slime_core.routing_replay import (
+    ROUTED_EXPERTS_KEY,
+    decode_routed_experts,
+    int32_values,
+    moe_shape,
+    validate_routes,
+)
 from slime_core.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -57,8 +63,9 @@ def attach_routed_experts(args: Any, sample: Sample, meta_info: Mapping[str, Any
         meta_info: the reply's `meta_info`.
 
     Raises:
-        ValueError: the reply lacks the routes (an engine without `--enable-return-routed-experts`), or they do not
-            cover `len(sample.tokens) - 1` tokens of `num_hidden_layers × num_experts_per_tok`.
+        ValueError: the reply lacks the routes (an engine without `--enable-return-routed-experts`), they do not
+            cover `len(sample.tokens) - 1` tokens of `num_hidden_layers × num_experts_per_tok`, or they hold another
+            top-k than `--hf-checkpoint`'s (named as such).
     """
     if not wants_routed_experts(args):
         return
@@ -72,5 +79,15 @@ def attach_routed_experts(args: Any, sample: Sample, meta_info: Mapping[str, Any
             "(start the engine with --enable-return-routed-experts and send return_routed_experts)"
         )
     num_layers, topk = _moe_shape(str(args.hf_checkpoint))
-    routes = decode_routed_experts(value, num_layers=num_layers, topk=topk, what=f"sample {sample.index}")
+    what = f"sample {sample.index}"
+    flat = int32_values(value, what=f"{what}: meta_info.routed_experts")
+    rows = len(sample.tokens) - 1
+    if rows > 0 and flat.numel() != rows * num_layers * topk and flat.numel() % (rows * num_layers) == 0:
+        # Decoded with the config's top-k these made another row count, and the error blamed the tokens.
+        raise ValueError(
+            f"{what}: meta_info.routed_experts holds {flat.numel() // (rows * num_layers)} experts per token and "
+            f"layer ({flat.numel()} values for {rows} tokens × {num_layers} layers), but --hf-checkpoint "
+            f"{args.hf_checkpoint} has num_experts_per_tok={topk} (does the engine serve it, or override its top-k?)"
+        )
+    routes = decode_routed_experts(flat, num_layers=num_layers, topk=topk, what=what)
     sample.rollout_routed_experts = validate_routes(routes, len(sample.tokens), f"sample {sample.index}")
