@@ -8,6 +8,7 @@ from slime_core.checkpoint_dirs import (
     interrupted_saves,
     iteration_name,
     restore_interrupted_saves,
+    saved_reference,
     tracker_step,
 )
 
@@ -27,6 +28,16 @@ def test_complete_iterations_are_the_folders_whose_last_file_was_written(tmp_pat
     (tmp_path / "iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663" / "meta.json").write_text("{}")
     assert complete_iterations(tmp_path) == [2, 4]
     assert complete_iterations(tmp_path / "missing") == []
+
+
+def test_saved_reference_is_the_ref_folder_once_its_metadata_was_written(tmp_path):
+    iteration = tmp_path / "iter_0000003"
+    assert saved_reference(iteration) is None  # no iteration folder
+    (iteration / "ref").mkdir(parents=True)
+    assert saved_reference(iteration) is None  # a save cut before the reference's last file
+    (iteration / "ref" / ".metadata").write_bytes(b"")
+    assert saved_reference(iteration) == iteration / "ref"
+    assert saved_reference(str(iteration)) == iteration / "ref"
 
 
 @pytest.mark.parametrize(("text", "step"), [("7\n", 7), (" 12 ", 12), ("release", None), ("", None), ("\u00b2", None),

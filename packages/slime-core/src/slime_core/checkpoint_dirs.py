@@ -32,6 +32,7 @@ __all__ = [
     "no_optimizer_state_message",
     "no_reference_message",
     "restore_interrupted_saves",
+    "saved_reference",
     "tracker_step",
 ]
 
@@ -51,6 +52,21 @@ _ITERATION = re.compile(r"iter_([0-9]{7})")
 def iteration_name(step: int) -> str:
     """The folder name of iteration `step`: `iteration_name(3) == "iter_0000003"`."""
     return f"iter_{step:07d}"
+
+
+def saved_reference(iteration_dir: str | os.PathLike[str]) -> pathlib.Path | None:
+    """The KL reference's folder inside an iteration folder, when a save with `--ref-update-interval` completed it.
+
+    Both writers (FSDP's DCP, Megatron's torch_dist) write the folder's `.metadata` last.
+
+    Args:
+        iteration_dir: the iteration folder a trainer resumed from (`iter_0000003/`).
+
+    Returns:
+        `iteration_dir / REFERENCE_DIR`, or None when it is missing or incomplete.
+    """
+    path = pathlib.Path(iteration_dir) / REFERENCE_DIR
+    return path if (path / ".metadata").is_file() else None
 
 
 def complete_iterations(root: str | os.PathLike[str]) -> list[int]:

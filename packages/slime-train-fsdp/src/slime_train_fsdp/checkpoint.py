@@ -61,7 +61,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "load_checkpoint",
     "load_reference",
-    "reference_saved",
     "model_flag_mismatches",
     "model_flags_of",
     "optimizer_state_refusal",
@@ -319,32 +318,26 @@ def load_checkpoint(
     return meta
 
 
-def reference_saved(load_dir: str | os.PathLike[str], step: int) -> bool:
-    """Whether iteration `step` of `load_dir` holds the KL reference (saved with `--ref-update-interval`)."""
-    return (pathlib.Path(load_dir) / iteration_name(step) / REFERENCE_DIR / ".metadata").is_file()
-
-
-def load_reference(load_dir: str | os.PathLike[str], step: int, model: nn.Module) -> None:
-    """Reads the KL reference `save_checkpoint` kept in iteration `step` (`reference_saved`) into `model` (collective).
+def load_reference(reference_dir: str | os.PathLike[str], model: nn.Module) -> None:
+    """Reads the KL reference `save_checkpoint` kept in an iteration folder into `model` (collective).
 
     Call inside `WeightSwap.capture("ref", ...)`, which holds what this puts into the model and restores the
     trained weights.
 
     Args:
-        load_dir: `--load`.
-        step: the iteration resumed (its `next_rollout_id`).
+        reference_dir: `slime_core.checkpoint_dirs.saved_reference` of the iteration folder resumed
+            (`<--load>/iter_XXXXXXX/ref`).
         model: the sharded model (its parameter names and shapes are the saved ones: the actor's resume checked them).
 
     Raises:
         ValueError: its files cannot be read (names `--load`, the iteration and the cause).
     """
-    root = pathlib.Path(load_dir)
-    path = root / iteration_name(step)
+    path = pathlib.Path(reference_dir)
     state = {"model": get_model_state_dict(model)}
     try:
-        dcp.load(state, checkpoint_id=str(path / REFERENCE_DIR))
+        dcp.load(state, checkpoint_id=str(path))
     except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
-        raise _damaged(root, path, e) from e
+        raise _damaged(path.parent.parent, path.parent, e) from e
     set_model_state_dict(model, state["model"])
 
 
