@@ -7,6 +7,7 @@ from slime_core.checkpoint_dirs import (
     complete_iterations,
     interrupted_saves,
     iteration_name,
+    iteration_of,
     restore_interrupted_saves,
     saved_reference,
     tracker_step,
@@ -28,6 +29,13 @@ def test_complete_iterations_are_the_folders_whose_last_file_was_written(tmp_pat
     (tmp_path / "iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663" / "meta.json").write_text("{}")
     assert complete_iterations(tmp_path) == [2, 4]
     assert complete_iterations(tmp_path / "missing") == []
+
+
+@pytest.mark.parametrize(("name", "step"), [("iter_0000003", 3), ("iter_0000003.tmp", 3), ("iter_0000012.old", 12),
+                                             ("iter_0000003.old.tmp", None), ("iter_003", None), ("release", None),
+                                             ("iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663", None)])  # fmt: skip
+def test_iteration_of_reads_an_iteration_folder_or_its_copies(name, step):
+    assert iteration_of(name) == step
 
 
 def test_saved_reference_is_the_ref_folder_once_its_metadata_was_written(tmp_path):

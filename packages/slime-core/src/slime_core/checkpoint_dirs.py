@@ -29,6 +29,7 @@ __all__ = [
     "complete_iterations",
     "interrupted_saves",
     "iteration_name",
+    "iteration_of",
     "no_optimizer_state_message",
     "no_reference_message",
     "restore_interrupted_saves",
@@ -47,11 +48,24 @@ COMPLETE_MARKERS = ("meta.json", ".metadata")
 
 # ASCII digits only: `\d` also matches other scripts' digits, which `int` reads but `iteration_name` never writes.
 _ITERATION = re.compile(r"iter_([0-9]{7})")
+# The same, or its staging (`.tmp`) or moved-aside (`.old`) copy (`slime_core.dir_swap`).
+_ITERATION_OR_COPY = re.compile(_ITERATION.pattern + r"(?:\.tmp|\.old)?")
 
 
 def iteration_name(step: int) -> str:
     """The folder name of iteration `step`: `iteration_name(3) == "iter_0000003"`."""
     return f"iter_{step:07d}"
+
+
+def iteration_of(name: str) -> int | None:
+    """The iteration a folder of a `--save` directory belongs to, by its name, copies included.
+
+    Returns:
+        `3` for `iter_0000003`, `iter_0000003.tmp` (a save in progress) and `iter_0000003.old` (moved aside by a
+        re-save); None for any other name.
+    """
+    match = _ITERATION_OR_COPY.fullmatch(name)
+    return int(match.group(1)) if match else None
 
 
 def saved_reference(iteration_dir: str | os.PathLike[str]) -> pathlib.Path | None:
