@@ -5,6 +5,7 @@ import pytest
 from slime_core.checkpoint_dirs import (
     TRACKER_FILE,
     complete_iterations,
+    critic_dirs,
     interrupted_saves,
     iteration_name,
     iteration_of,
@@ -36,6 +37,17 @@ def test_complete_iterations_are_the_folders_whose_last_file_was_written(tmp_pat
                                              ("iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663", None)])  # fmt: skip
 def test_iteration_of_reads_an_iteration_folder_or_its_copies(name, step):
     assert iteration_of(name) == step
+
+
+def test_critic_dirs_default_to_critic_inside_the_actors_folders():
+    from types import SimpleNamespace
+
+    def cfg(**kw):
+        return SimpleNamespace(**{"load": None, "save": None, "critic_load": None, "critic_save": None, **kw})
+
+    assert critic_dirs(cfg(load="/ck", save="/out")) == ("/ck/critic", "/out/critic")
+    assert critic_dirs(cfg(load="/ck", save="/out", critic_load="/c1", critic_save="/c2")) == ("/c1", "/c2")
+    assert critic_dirs(cfg()) == (None, None)
 
 
 def test_saved_reference_is_the_ref_folder_once_its_metadata_was_written(tmp_path):

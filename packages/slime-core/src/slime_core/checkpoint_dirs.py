@@ -19,14 +19,20 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+from typing import TYPE_CHECKING
 
 from slime_core.dir_swap import MARKER, recover
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 __all__ = [
     "COMPLETE_MARKERS",
     "REFERENCE_DIR",
     "TRACKER_FILE",
     "complete_iterations",
+    "critic_dir",
+    "critic_dirs",
     "interrupted_saves",
     "iteration_name",
     "iteration_of",
@@ -50,6 +56,25 @@ COMPLETE_MARKERS = ("meta.json", ".metadata")
 _ITERATION = re.compile(r"iter_([0-9]{7})")
 # The same, or its staging (`.tmp`) or moved-aside (`.old`) copy (`slime_core.dir_swap`).
 _ITERATION_OR_COPY = re.compile(_ITERATION.pattern + r"(?:\.tmp|\.old)?")
+
+
+def critic_dir(folder: str | None) -> str | None:
+    """Where the critic's checkpoints go inside the actor's `--load` / `--save` folder by default: `<folder>/critic`.
+
+    Returns:
+        `<folder>/critic`, or None without a folder.
+    """
+    return os.path.join(folder, "critic") if folder else None
+
+
+def critic_dirs(cfg: SlimeArgs) -> tuple[str | None, str | None]:
+    """The critic's checkpoint folders (PPO): `(load, save)`.
+
+    Returns:
+        `--critic-load` (else `<--load>/critic`) and `--critic-save` (else `<--save>/critic`); None where neither is
+        given.
+    """
+    return cfg.critic_load or critic_dir(cfg.load), cfg.critic_save or critic_dir(cfg.save)
 
 
 def iteration_name(step: int) -> str:

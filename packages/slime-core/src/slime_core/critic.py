@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -31,6 +30,7 @@ import torch
 
 from slime_core.algorithms.value_loss import compute_critic_loss
 from slime_core.batch import RolloutBatch
+from slime_core.checkpoint_dirs import critic_dirs
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
 from slime_core.host_to_device import to_device_many
@@ -109,8 +109,7 @@ def critic_config(cfg: SlimeArgs) -> SlimeArgs:
     """
     if not get_estimator(cfg.advantage_estimator).needs_critic:
         raise ValueError(f"--advantage-estimator {cfg.advantage_estimator} trains no critic")
-    load = cfg.critic_load or (os.path.join(cfg.load, "critic") if cfg.load else None)
-    save = cfg.critic_save or (os.path.join(cfg.save, "critic") if cfg.save else None)
+    load, save = critic_dirs(cfg)
     return cfg.model_copy(
         update={
             "lr": cfg.critic_lr if cfg.critic_lr is not None else cfg.lr,
