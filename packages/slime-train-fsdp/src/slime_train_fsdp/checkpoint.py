@@ -116,8 +116,10 @@ def save_checkpoint(
     state = {"model": model_sd, "optim": optim_sd} if save_optim else {"model": model_sd}
     dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
     if reference is not None:
-        with reference:  # the state dict's tensors are the live parameters: saved while the reference is in them
-            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(tmp / REFERENCE_DIR))
+        # `model_sd`'s tensors are views of the live parameters (no gather, no copy), which the swap overwrites in
+        # place: saved again while the reference is in them.
+        with reference:
+            dcp.save({"model": model_sd}, checkpoint_id=str(tmp / REFERENCE_DIR))
     torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
     if rank == 0:
         if save_optim:
