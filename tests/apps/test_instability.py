@@ -3,7 +3,7 @@ warns once per episode, and stays quiet on a healthy stream; the loop stops with
 
 import pytest
 
-from slime_app import loop
+from slime_app import loop, rollout_schedule
 from slime_app.guards import RunStopped, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
 from slime_core.config import SlimeArgs
@@ -146,7 +146,9 @@ def _loop_run(monkeypatch, per_rollout_metrics, **fields):
         def rollout_done(self, step, metrics):
             pass
 
-    monkeypatch.setattr(loop, "ray", type("R", (), {"get": staticmethod(lambda ref: ([], {}))})())
+    fake_ray = type("R", (), {"get": staticmethod(lambda ref: ([], {}))})()
+    for module in (loop, rollout_schedule):  # the loop and its rollout schedule
+        monkeypatch.setattr(module, "ray", fake_ray)
     run = loop.Run.__new__(loop.Run)
     run.cfg, run.manager, run.trainer, run.tracker = cfg, _Manager(), Trainer(), Tracker()
     run.start_rollout_id = 0

@@ -9,10 +9,16 @@ import types
 import pytest
 from ray.exceptions import GetTimeoutError
 
-from slime_app import loop
+from slime_app import loop, rollout_schedule
 from slime_app.failures import SaveFailed
 from slime_app.train_actor import TrainGroup
 from slime_core.config import SlimeArgs
+
+
+def _patch_ray(monkeypatch, fake) -> None:
+    """Puts `fake` in place of the driver's Ray: the loop's and its rollout schedule's (`Rollouts`)."""
+    for module in (loop, rollout_schedule):
+        monkeypatch.setattr(module, "ray", fake)
 
 
 class _FakeRay:
@@ -95,7 +101,7 @@ def _run(monkeypatch, trainer=None, **fields):
         {"rollout_batch_size": 1, "num_rollout": 3, "eval_prompt_data": ["demo", "/e.jsonl"], **fields}
     )
     events = []
-    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    _patch_ray(monkeypatch, _FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
     run.trainer = _Trainer(events) if trainer is None else trainer(events)
@@ -278,7 +284,7 @@ class _BuildTrainer:
 
 def _unbuilt_run(monkeypatch, events, make_trainer):
     """`loop`'s Ray, rollout manager and trainer factory faked, for `Run.build`: the trainer is `make_trainer()`."""
-    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    _patch_ray(monkeypatch, _FakeRay(events))
     monkeypatch.setattr(
         loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
             remote=lambda *args: _Actor(events)))
@@ -360,7 +366,7 @@ def test_a_hung_rollout_state_save_ends_the_run_in_one_line(monkeypatch, tmp_pat
         "plugin_timeout_secs": 100, "rollout_timeout_secs": 1000, **fields,
     })  # fmt: skip
     fake_ray = _HungSaveRay()
-    monkeypatch.setattr(loop, "ray", fake_ray)
+    _patch_ray(monkeypatch, fake_ray)
     run = loop.Run.__new__(loop.Run)
     run.cfg, run.manager, run.trainer = cfg, _SaveManager(), _Trainer([])
     run.rollouts = loop.Rollouts(run.manager, 3, ahead=True, update_weights_interval=1)
@@ -450,7 +456,7 @@ def test_a_run_whose_start_is_past_num_rollout_says_it_has_nothing_to_train(monk
     # with no word (as the original).
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, **fields})
     events = []
-    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    _patch_ray(monkeypatch, _FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.manager, run.tracker = cfg, _Actor(events), types.SimpleNamespace(start=lambda *a: None)
     run.trainer = _Trainer(events)
@@ -486,7 +492,7 @@ def test_async_saves_the_data_cursor_before_the_next_rollout_draws(monkeypatch):
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, "async_train": True, "save": "/ckpt",
                                "save_interval": 2})  # fmt: skip
     events = []
-    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    _patch_ray(monkeypatch, _FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.manager, run.tracker = cfg, _GenerateLog(events), _Tracker()
     run.trainer = _Trainer(events)
@@ -513,7 +519,7 @@ def test_eval_data_without_eval_interval_is_never_evaluated_as_in_the_original(m
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "eval_prompt_data": ["aime", "/a.jsonl"],
                                "debug_rollout_only": True, **fields})  # fmt: skip
     events = []
-    monkeypatch.setattr(loop, "ray", _FakeRay(events))
+    _patch_ray(monkeypatch, _FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
     run.tracker.start = lambda *a: None

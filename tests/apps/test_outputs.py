@@ -219,11 +219,18 @@ def test_iteration_names_in_save_that_slime_did_not_write_are_named_at_start(tmp
     (save / "notes").mkdir()
     (save / "notes" / "x").write_text("mine")  # not an iteration name: never touched
     assert foreign_iteration_warning(_cfg(tmp_path, save=str(save))) == (
-        f"--save {save}: iter_0000003.tmp was not written by slime (no .slime_export): a save of that iteration stops "
-        "the run rather than replace it; move it out of --save"
+        f"--save {save}: iter_0000003.tmp is a non-empty folder that slime did not write (no .slime_export file in "
+        "it): a save of that iteration stops the run rather than replace it; move it out of --save"
     )
     with pytest.raises(dir_swap.ReplaceRefused):  # what that save meets
         dir_swap.prepare_staging(save / "iter_0000003", flag="--save")
     dir_swap.mark(save / "iter_0000003.tmp")
     assert foreign_iteration_warning(_cfg(tmp_path, save=str(save))) is None
+    # Each is named with its own reason: the warning said "no marker" for a file or a link too.
+    (save / "iter_0000004").write_text("not a folder")
+    (save / "iter_0000005.old").symlink_to(save / "notes")
+    assert foreign_iteration_warning(_cfg(tmp_path, save=str(save))) == (
+        f"--save {save}: iter_0000004 exists and is not a directory; iter_0000005.old is a symbolic link: a save of "
+        "those iterations stops the run rather than replace them; move them out of --save"
+    )
     assert foreign_iteration_warning(_cfg(tmp_path)) is None

@@ -6,7 +6,7 @@ import logging
 import pytest
 from rich.console import Console
 
-from slime_app import loop
+from slime_app import loop, rollout_schedule
 from slime_app.progress import PhaseEvent, RunProgress
 from slime_core.config import SlimeArgs
 
@@ -126,7 +126,9 @@ def _loop_phases(monkeypatch, **fields):
         def save(self, rollout_id):
             pass
 
-    monkeypatch.setattr(loop, "ray", type("R", (), {"get": staticmethod(lambda ref, **kw: ref)})())
+    fake_ray = type("R", (), {"get": staticmethod(lambda ref, **kw: ref)})()
+    for module in (loop, rollout_schedule):  # the loop and its rollout schedule
+        monkeypatch.setattr(module, "ray", fake_ray)
     run = loop.Run.__new__(loop.Run)
     run.cfg, run.manager, run.trainer = cfg, _Manager(), Trainer()
     run.progress = _plain()

@@ -5,9 +5,12 @@ import pytest
 from slime_core.checkpoint_dirs import (
     TRACKER_FILE,
     complete_iterations,
+    critic_dirs,
     interrupted_saves,
     iteration_name,
+    iteration_of,
     restore_interrupted_saves,
+    saved_reference,
     tracker_step,
 )
 
@@ -27,6 +30,34 @@ def test_complete_iterations_are_the_folders_whose_last_file_was_written(tmp_pat
     (tmp_path / "iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663" / "meta.json").write_text("{}")
     assert complete_iterations(tmp_path) == [2, 4]
     assert complete_iterations(tmp_path / "missing") == []
+
+
+@pytest.mark.parametrize(("name", "step"), [("iter_0000003", 3), ("iter_0000003.tmp", 3), ("iter_0000012.old", 12),
+                                             ("iter_0000003.old.tmp", None), ("iter_003", None), ("release", None),
+                                             ("iter_\u0663\u0663\u0663\u0663\u0663\u0663\u0663", None)])  # fmt: skip
+def test_iteration_of_reads_an_iteration_folder_or_its_copies(name, step):
+    assert iteration_of(name) == step
+
+
+def test_critic_dirs_default_to_critic_inside_the_actors_folders():
+    from types import SimpleNamespace
+
+    def cfg(**kw):
+        return SimpleNamespace(**{"load": None, "save": None, "critic_load": None, "critic_save": None, **kw})
+
+    assert critic_dirs(cfg(load="/ck", save="/out")) == ("/ck/critic", "/out/critic")
+    assert critic_dirs(cfg(load="/ck", save="/out", critic_load="/c1", critic_save="/c2")) == ("/c1", "/c2")
+    assert critic_dirs(cfg()) == (None, None)
+
+
+def test_saved_reference_is_the_ref_folder_once_its_metadata_was_written(tmp_path):
+    iteration = tmp_path / "iter_0000003"
+    assert saved_reference(iteration) is None  # no iteration folder
+    (iteration / "ref").mkdir(parents=True)
+    assert saved_reference(iteration) is None  # a save cut before the reference's last file
+    (iteration / "ref" / ".metadata").write_bytes(b"")
+    assert saved_reference(iteration) == iteration / "ref"
+    assert saved_reference(str(iteration)) == iteration / "ref"
 
 
 @pytest.mark.parametrize(("text", "step"), [("7\n", 7), (" 12 ", 12), ("release", None), ("", None), ("\u00b2", None),

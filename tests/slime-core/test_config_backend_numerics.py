@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 
-from slime_core.config import ConfigError, parse_args
+from slime_core.config import ConfigError, SlimeArgs, parse_args
 
 BASE = ["--rollout-batch-size", "1", "--num-rollout", "1"]
 
@@ -83,8 +83,16 @@ def test_attn_implementation_is_checked_when_the_config_is_read(monkeypatch):
     # accepted and never read.
     for attn in ("auto", "slime_varlen", "slime_flex", "sdpa", "eager"):
         assert parse_args([*BASE, "--train-backend", "fsdp", "--attn-implementation", attn]).attn_implementation == attn
-    with pytest.raises(ConfigError, match=r"^--attn-implementation flash: one of auto, slime_varlen, slime_flex, sdpa"):
-        parse_args([*BASE, "--train-backend", "fsdp", "--attn-implementation", "flash"])
+    choices = "'auto', 'slime_varlen', 'slime_flex', 'sdpa', 'eager', 'flash_attention_2', 'flash_attention_3'"
+    with pytest.raises(ConfigError) as e:  # a Literal of the config: the allowed values named, for either backend
+        parse_args([*BASE, "--train-backend", "megatron", "--attn-implementation", "flash"])
+    assert str(e.value) == f"argument --attn-implementation: invalid choice: 'flash' (choose from {choices})"
+    with pytest.raises(ConfigError) as e:  # a config file or dict
+        SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "attn_implementation": "flash"})
+    assert str(e.value) == (
+        "--attn-implementation: Input should be 'auto', 'slime_varlen', 'slime_flex', 'sdpa', 'eager', "
+        "'flash_attention_2' or 'flash_attention_3' (got 'flash')"
+    )
     with pytest.raises(ConfigError, match=r"^--attn-implementation sdpa is an FSDP flag, not read by --train-backend"):
         parse_args([*BASE, "--train-backend", "megatron", "--attn-implementation", "sdpa"])
     found = importlib.util.find_spec

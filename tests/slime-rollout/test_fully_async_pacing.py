@@ -276,7 +276,7 @@ async def test_a_group_the_filter_is_judging_is_held_by_a_checkpoint(use_client)
 
 
 async def _one_step_async_takes(producer, engine, num_rollout: int) -> list[tuple[float, float, float]]:
-    """Takes rollouts 0 .. num_rollout - 1 in `--async`'s order (`slime_app.loop.Rollouts`, `ahead`).
+    """Takes rollouts 0 .. num_rollout - 1 in `--async`'s order (`slime_app.rollout_schedule.Rollouts`, `ahead`).
 
     Rollout r + 1 is generated while rollout r trains, on the weights the engines hold then (version r); the push of
     version r + 1 waits for that generation. So: take 0 and take 1 on version 0, push 1, take 2 on version 1, push 2,

@@ -300,7 +300,15 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     res["ref_resumed_diff"] = max_diff(resumed.compute_log_probs(batch, model="ref"), ref_saved)
     res["ref_resumed_initial_diff"] = max_diff(resumed.compute_log_probs(batch, model="ref"), ref0)
     res["ref_resumed_actor_diff"] = max_diff(resumed.compute_log_probs(batch), k.compute_log_probs(batch))
-    del k, resumed
+    # --load naming the iteration folder itself: FSDP resumes only a --save root (as the original's FSDP backend), so
+    # the actor starts from the HF weights, and the reference must not come from the folder either.
+    folder = FSDPTrainBackend()
+    folder_args = make_args(ckpt, use_kl_loss=True, kl_loss_coef=0.1, ref_update_interval=2, start_rollout_id=3,
+                            load=str(work / "ref_ckpt" / "iter_0000003"))  # fmt: skip
+    res["ref_folder_start"] = folder.init(folder_args, with_ref=True)
+    res["ref_folder_initial_diff"] = max_diff(folder.compute_log_probs(batch, model="ref"), ref0)
+    res["ref_folder_actor_diff"] = max_diff(folder.compute_log_probs(batch), ref0)
+    del k, resumed, folder
     # 7. GRPO improves positive-advantage responses.
     g = FSDPTrainBackend()
     g.init(make_args(ckpt), with_ref=False)

@@ -130,6 +130,14 @@ def test_the_reference_that_follows_the_actor_resumes_with_it(single):
     assert single["ref_resumed_actor_diff"] == 0.0  # the trained weights are the checkpoint's, not the reference's
 
 
+def test_load_naming_an_iteration_folder_resumes_neither_actor_nor_reference(single):
+    # FSDP resumes a --save root only (the app refuses an iteration folder as --load before the trainer starts); with
+    # --start-rollout-id past an update the reference stays the initial weights, as the actor does.
+    assert single["ref_folder_start"] == 3
+    assert single["ref_folder_actor_diff"] == 0.0
+    assert single["ref_folder_initial_diff"] == 0.0
+
+
 def test_a_checkpoint_without_ref_update_interval_holds_no_reference(dp_runs):
     first, _ = dp_runs
     assert "ref" not in {p.name for p in (pathlib.Path(first[0]["ckpt_dir"]) / "iter_0000001").iterdir()}

@@ -3,12 +3,12 @@
 On a GPU a read of a device tensor (`.item()`, `.tolist()`, `float(t)`, `.cpu()`, `if t:`, `nonzero`, boolean-mask
 indexing) and a blocking host → device copy make the host wait until the GPU has run everything queued so far; inside
 the micro-batch loop the GPU then idles while the host queues the next kernels. `_sync_workers.py` counts them on one
-gloo rank (how it tells "device" tensors on CPU is in its docstring), for a schedule of 2 optimizer steps of 1
-micro-batch × 2 samples and one of 2 steps of 3 micro-batches × 4 samples: the counts must be the same, and what is
-left is read once per `train()`: the old / reference log-probs and the critic's values, each in one copy after their
-forwards; every step's grad norm in one read and every step's metric sums in another, after the last step. (The
-data-parallel reductions' reads of what `to_device` copied, `trainer_parts.reduce_metric_sums` and
-`all_reduce_sum`, once per `train()`, are not seen on CPU.)
+gloo rank (how `SyncCounter` tells "device" tensors on CPU: tests/_sync_counter.py), for a schedule of 2 optimizer
+steps of 1 micro-batch × 2 samples and one of 2 steps of 3 micro-batches × 4 samples: the counts must be the same, and
+what is left is read once per `train()`: the old / reference log-probs and the critic's values, each in one copy after
+their forwards; every step's metric sums and grad norm in one read after the last step. (The data-parallel
+reductions' reads of what `to_device` copied, `trainer_parts.reduce_metric_sums` and `all_reduce_sum`, once per
+`train()`, are not seen on CPU.)
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ def test_actor_train_syncs_do_not_grow_with_micro_batches(counts):
     assert few == many, f"syncs that differ with the micro-batches: small {few}, large {many}"
     assert few == {
         ("cpu", "slime_core/host_to_device.py:per_sample_on_host"): 2,  # old and reference log-probs, a copy each
-        ("tolist", "slime_core/step_metrics.py:read_scalars"): 1,  # both steps' grad norms
-        ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # both steps' metric sums
+        ("tolist", "slime_core/step_metrics.py:_read_to_host"): 1,  # both steps' metric sums and grad norms
     }
 
 
@@ -60,6 +59,5 @@ def test_critic_train_syncs_do_not_grow_with_micro_batches(counts):
     assert few == many, f"syncs that differ with the micro-batches: small {few}, large {many}"
     assert few == {
         ("cpu", "slime_core/host_to_device.py:per_sample_on_host"): 1,  # the values before the update, one copy
-        ("tolist", "slime_core/step_metrics.py:read_scalars"): 1,
-        ("tolist", "slime_core/step_metrics.py:step_sums"): 1,
+        ("tolist", "slime_core/step_metrics.py:_read_to_host"): 1,
     }

@@ -133,6 +133,17 @@ def test_a_resume_with_another_schedule_is_refused_naming_the_flags():
     with pytest.raises(ValueError, match=r"--global-batch-size optimizer steps; --lr-decay-iters 16 keeps"):
         resume(global_batch_size=2)
     assert resume(num_rollout=8, lr_decay_iters=16) == pytest.approx(12 / 16)
+    # A scheduler without the flags (not built here) meets a checkpoint with them: compared by --lr, and the error
+    # holds no run-length hint (it was added whenever the checkpoint kept a run length, to an --lr-only difference).
+    plain = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5),
+                                              lambda step: 1.0)  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        load_scheduler_state(plain, saved)
+    assert str(e.value) == (
+        "--load: the checkpoint's learning-rate schedule differs from this run's flags (--lr 0.5 here vs 1 saved); a "
+        "resumed run continues the checkpoint's schedule: give the saved values, or --no-load-optim to start the "
+        "optimizer and its schedule afresh"
+    )
     # A checkpoint written before the flags were kept: compared by --lr.
     saved.pop("slime_schedule")
     with pytest.raises(ValueError, match=r"\(--lr 0\.5 here vs 1 saved\)"):

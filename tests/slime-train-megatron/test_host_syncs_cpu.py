@@ -3,10 +3,10 @@
 On a GPU a read of a device tensor (`.item()`, `.tolist()`, `float(t)`, `.cpu()`, `if t:`, `nonzero`, boolean-mask
 indexing) and a blocking host → device copy (`.to(device)` without `non_blocking`, `torch.tensor(data, device=...)`)
 make the host wait until the GPU has run everything queued so far; inside the micro-batch loop that leaves the GPU
-idle while the host queues the next kernels. This CPU test counts them in one `train()`: `_SyncCounter` (a torch
-function mode) follows which tensors would live on the device (the model's parameters and buffers, and every
-tensor computed from them) and records each read of such a tensor and each blocking copy towards the device, with the
-first slime / megatron-core frame that made it.
+idle while the host queues the next kernels. This CPU test counts them in one `train()`: `SyncCounter`
+(tests/_sync_counter.py, shared with FSDP's) follows which tensors would live on the device (the model's parameters,
+buffers and main grads, and every tensor computed from them) and records each read of such a tensor and each blocking
+copy towards the device, with the first slime / megatron-core frame that made it.
 
 The schedule is 2 optimizer steps plus the old-log-prob forward (the benchmark's shape); the larger batch has 3× the
 micro-batches and 2× the samples per micro-batch. On CPU, `slime_core.host_to_device.to_device` hands back the host
@@ -19,13 +19,11 @@ copy, the metric sums in one reduction).
 from __future__ import annotations
 
 import collections
-import traceback
+import importlib.util
+import pathlib
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
@@ -33,61 +31,12 @@ from slime_core.critic import critic_config
 
 pytest.importorskip("megatron.core")
 
-_READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy", "nonzero",
-          "masked_select", "unique", "repeat_interleave"}  # fmt: skip
-_COPIES = {"to", "cuda", "copy_"}
-
-
-def _site() -> str:
-    """`file:function` of the first slime or megatron-core frame of the caller (conftest.py's stand-ins skipped)."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        name = frame.filename
-        if ("/slime_" in name or "megatron/core" in name) and "conftest" not in name:
-            return f"{name.split('/src/')[-1].split('site-packages/')[-1]}:{frame.name}"
-    return "?"
-
-
-def _device_arg(args, kwargs) -> bool:
-    return "device" in kwargs or any(isinstance(a, (torch.device, str)) for a in args[1:])
-
-
-class _SyncCounter(TorchFunctionMode):
-    """Counts would-be syncs: reads of device tensors and blocking copies of host tensors towards the device."""
-
-    def __init__(self, device_tensors) -> None:
-        super().__init__()
-        self.on_device = WeakTensorKeyDictionary()
-        for t in device_tensors:
-            self.on_device[t] = True
-        self.hits: collections.Counter[tuple[str, str]] = collections.Counter()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", str(func))
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        from_device = any(t in self.on_device for t in inputs)
-        if name == "__getitem__" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in inputs[1:]):
-            name = "boolean mask"
-        if from_device and (name in _READS or name == "boolean mask"):
-            self.hits[(name, _site())] += 1
-        elif name in _COPIES and not from_device and _device_arg(args, kwargs) and not kwargs.get("non_blocking"):
-            self.hits[(f"blocking {name}", _site())] += 1
-        elif name in ("tensor", "as_tensor") and "device" in kwargs:
-            self.hits[(f"blocking {name}", _site())] += 1
-        out = func(*args, **kwargs)
-        moved = (name in _COPIES and _device_arg(args, kwargs)) or (
-            name in ("tensor", "as_tensor") and "device" in kwargs
-        )
-        if (from_device or moved) and name != "cpu":  # `.cpu()` is the way to the host
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self.on_device[t] = True
-        elif name == "cpu":
-            # On CPU `.cpu()` hands back the tensor itself: from here on it is the host copy (the critic's values).
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t in self.on_device:
-                    del self.on_device[t]
-        return out
+# The shared counter (tests/_sync_counter.py), loaded by path: tests/ is no package.
+_spec = importlib.util.spec_from_file_location(
+    "slime_tests_sync_counter", pathlib.Path(__file__).resolve().parents[1] / "_sync_counter.py"
+)
+_sync_counter = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_sync_counter)
 
 
 def _batch(micro_batches: int, per_mb: int) -> RolloutBatch:
@@ -113,7 +62,7 @@ def _batch(micro_batches: int, per_mb: int) -> RolloutBatch:
 def _count(backend, batch, critic: bool = False) -> collections.Counter:
     device_tensors = [*backend.module.parameters(), *backend.module.buffers()]
     device_tensors += [p.main_grad for p in backend.module.parameters() if getattr(p, "main_grad", None) is not None]
-    counter = _SyncCounter(device_tensors)
+    counter = _sync_counter.SyncCounter(device_tensors, code=("/slime_", "megatron/core"))
     with counter:
         if critic:
             backend.train_critic(0, batch)
@@ -144,7 +93,7 @@ def test_host_syncs_of_a_train_step_do_not_grow_with_micro_batches(cpu_backend_e
     assert dict(few) == {
         # the old log-probs of all micro-batches, one copy
         ("cpu", "slime_core/host_to_device.py:per_sample_on_host"): 1,
-        ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # the metric sums of both steps, one read
+        ("tolist", "slime_core/step_metrics.py:_read_to_host"): 1,  # the metric sums of both steps, one read
     }
 
 
@@ -166,5 +115,5 @@ def test_critic_host_syncs_do_not_grow_with_micro_batches(cpu_backend_env, tiny_
     assert few == many, f"syncs that differ with the micro-batches: small {dict(few)}, large {dict(many)}"
     assert dict(few) == {
         ("cpu", "slime_core/host_to_device.py:per_sample_on_host"): 1,  # the values, one copy
-        ("tolist", "slime_core/step_metrics.py:step_sums"): 1,  # the metric sums of both steps, one read
+        ("tolist", "slime_core/step_metrics.py:_read_to_host"): 1,  # the metric sums of both steps, one read
     }

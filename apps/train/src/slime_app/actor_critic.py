@@ -24,7 +24,7 @@ import ray
 
 from slime_app.cluster import Placement
 from slime_app.train_actor import TrainGroup, pin_load_step
-from slime_core.checkpoint_dirs import complete_iterations, iteration_name
+from slime_core.checkpoint_dirs import complete_iterations, critic_dir, iteration_name
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def _own_critic(cfg: SlimeArgs, critic_save: str | None) -> bool:
         return True  # <--load>/critic
     if not cfg.load:
         return False
-    own = [os.path.join(cfg.load, "critic"), critic_save]
+    own = [critic_dir(cfg.load), critic_save]
     return any(path and os.path.realpath(path) == os.path.realpath(cfg.critic_load) for path in own)
 
 

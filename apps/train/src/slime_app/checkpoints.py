@@ -27,6 +27,7 @@ from slime_app.run_lock import LOCK_NAME, unless_in_use
 from slime_core.checkpoint_dirs import (
     TRACKER_FILE,
     complete_iterations,
+    critic_dirs,
     interrupted_saves,
     iteration_name,
     restore_interrupted_saves,
@@ -123,8 +124,7 @@ def _restore_cut_saves(cfg: SlimeArgs, notes: list[str]) -> None:
         return
     pairs = [("--load", cfg.load, cfg.save, cfg.save)]
     if cfg.use_critic:
-        critic_load = cfg.critic_load or os.path.join(cfg.load, "critic")
-        critic_save = cfg.critic_save or os.path.join(cfg.save, "critic")
+        critic_load, critic_save = critic_dirs(cfg)
         pairs.append(("--critic-load", critic_load, critic_save, cfg.critic_save or cfg.save))
     for flag, load, save, locked in pairs:
         if os.path.realpath(load) != os.path.realpath(save) or not interrupted_saves(load):

@@ -3,7 +3,7 @@
 Sync (default): each step generates its rollout with the weights the previous step pushed, so every
 rollout is on-policy. Async (`--async`): rollout N+1 is generated while rollout N trains (one step
 off-policy); the engines change weights only between generations, every `--update-weights-interval`
-rollouts. `Rollouts` holds that difference; `Run.step` is the same for both.
+rollouts. `slime_app.rollout_schedule.Rollouts` holds that difference; `Run.step` is the same for both.
 
 `Run` builds the placement, the rollout manager and the trainer ranks, pushes the initial weights, then
 calls `step` for every rollout id. Everything is torn down in `close`, also on errors and Ctrl-C.
@@ -32,6 +32,7 @@ from slime_app.ray_start import ray_address
 from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
+from slime_app.rollout_schedule import Rollouts
 from slime_app.save_schedule import hf_export_path, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
@@ -55,82 +56,6 @@ def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
     t0 = time.perf_counter()
     fn()
     metrics[key] = time.perf_counter() - t0
-
-
-class Rollouts:
-    """Where a step's samples come from: generated when asked (sync), or one rollout ahead (async).
-
-    Args:
-        manager: the `RolloutManager` actor.
-        num_rollout: number of rollouts of the run (`--num-rollout`).
-        ahead: the async schedule: rollout N+1 starts as soon as rollout N is handed out.
-        update_weights_interval: async only: the engines get new weights every this many rollouts.
-        before_next: async only: called with `rollout_id` once its generation is done and before the next one
-            starts drawing prompts (the data cursor of a save: `Run._save_cursor_early`).
-    """
-
-    def __init__(
-        self,
-        manager: Any,
-        num_rollout: int,
-        *,
-        ahead: bool,
-        update_weights_interval: int,
-        wait: Callable[[ray.ObjectRef], None] | None = None,
-        before_next: Callable[[int], None] | None = None,
-    ):
-        self.manager = manager
-        self.num_rollout = num_rollout
-        self.ahead = ahead
-        self.update_weights_interval = update_weights_interval
-        self.before_next = before_next
-        # Blocks until a generation is done (serving engine restores meanwhile: `slime_app.restore`).
-        self.wait = wait
-        self._pending: ray.ObjectRef | None = None  # async: the generation in flight
-
-    @property
-    def in_flight(self) -> bool:
-        """Whether a generation runs ahead (async) that a default-group call of the manager queues behind."""
-        return self._pending is not None
-
-    def take(self, rollout_id: int) -> tuple[list[ray.ObjectRef], dict[str, float]]:
-        """Rollout `rollout_id`: per-DP-rank batch refs and its `rollout/*`, `perf/*` metrics.
-
-        Async, the generation of `rollout_id + 1` (if any) is started once `rollout_id`'s is done.
-        """
-        current = self._pending if self._pending is not None else self.manager.generate.remote(rollout_id)
-        if self.wait is not None:
-            self.wait(current)
-        if not self.ahead:
-            return ray.get(current)
-        batch_refs, metrics = ray.get(current)
-        self._pending, next_id = None, rollout_id + 1  # taken: nothing in flight until the next one starts
-        if self.before_next is not None:
-            self.before_next(rollout_id)
-        self._pending = self.manager.generate.remote(next_id) if next_id < self.num_rollout else None
-        return batch_refs, metrics
-
-    def weights_due(self, rollout_id: int) -> bool:
-        """Whether the engines get the weights trained on `rollout_id`.
-
-        Sync: after every step (the next rollout is generated with them; as in the original's train.py the
-        interval does not apply). Async: every `--update-weights-interval` rollouts, and only while another
-        generation follows (the last rollout has none to update weights for).
-        """
-        if not self.ahead:
-            return True
-        return self._pending is not None and (rollout_id + 1) % self.update_weights_interval == 0
-
-    def settle(self) -> None:
-        """Waits for the generation in flight (async), so that a weight update or an eval never interleaves it.
-
-        The generation keeps its data (one step stale); its result is taken by the next `take`.
-        """
-        if self._pending is not None:
-            if self.wait is not None:
-                self.wait(self._pending)
-            else:
-                ray.wait([self._pending], num_returns=1)
 
 
 class Run:

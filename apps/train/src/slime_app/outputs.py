@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import tempfile
 from collections.abc import Iterator
 
 from slime_app.tracking import tensorboard_log_dir
 from slime_core import dir_swap
-from slime_core.checkpoint_dirs import complete_iterations, tracker_step
+from slime_core.checkpoint_dirs import complete_iterations, iteration_of, tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.config.base import flag_to_field
 
@@ -42,8 +41,6 @@ _PSEUDO_FS = frozenset({
 # Same, by place, for containers that mount a tmpfs over /dev (its /dev/shm is ordinary shared memory).
 _PSEUDO_ROOTS = (pathlib.Path("/proc"), pathlib.Path("/sys"), pathlib.Path("/dev"))
 _SHM = pathlib.Path("/dev/shm")
-# An iteration folder of a --save, or its staging / moved-aside copy (`slime_core.checkpoint_dirs`).
-_ITERATION_NAME = re.compile(r"iter_[0-9]{7}(\.tmp|\.old)?")
 # (input flag, the output flag that makes it this run's own folder): `--load` == `--save` is a resume. The config
 # field is the flag's (`flag_to_field`), so this one table says which flags are read.
 _INPUTS = (("--hf-checkpoint", None), ("--ref-load", None), ("--load", "--save"), ("--critic-load", "--critic-save"),
@@ -149,16 +146,17 @@ def foreign_iteration_warning(cfg: SlimeArgs) -> str | None:
     root = pathlib.Path(cfg.save) if cfg.save else None
     if root is None or not root.is_dir():
         return None
-    named = sorted(
-        child.name for child in root.iterdir()
-        if _ITERATION_NAME.fullmatch(child.name) and dir_swap.refusal(child) is not None
+    found = sorted(
+        (child.name, reason) for child in root.iterdir()
+        if iteration_of(child.name) is not None and (reason := dir_swap.refusal(child)) is not None
     )  # fmt: skip
-    if not named:
+    if not found:
         return None
-    one = len(named) == 1
+    one = len(found) == 1
     return (
-        f"--save {root}: {', '.join(named)} {'was' if one else 'were'} not written by slime (no {dir_swap.MARKER}): a "
-        f"save of that iteration stops the run rather than replace it; move {'it' if one else 'them'} out of --save"
+        f"--save {root}: {'; '.join(f'{name} {reason}' for name, reason in found)}: a save of "
+        f"{'that iteration' if one else 'those iterations'} stops the run rather than replace "
+        f"{'it' if one else 'them'}; move {'it' if one else 'them'} out of --save"
     )
 
 

@@ -64,6 +64,26 @@ def _folders(cfg: SlimeArgs) -> list[tuple[str, pathlib.Path, pathlib.Path]]:
     return out
 
 
+def _try_lock(lock: pathlib.Path) -> tuple[int, bool]:
+    """Opens (creating) the lock file `lock` and tries its exclusive `flock` without waiting.
+
+    Returns:
+        `(descriptor, taken)`: the caller closes the descriptor, which drops the lock when it was taken.
+
+    Raises:
+        OSError: the file cannot be opened (a read-only folder).
+    """
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return fd, False
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, True
+
+
 def lock_run_folders(cfg: SlimeArgs) -> None:
     """Takes the run lock of `--output-dir`, `--save`, `--critic-save` and `--save-hf` for the rest of this process.
 
@@ -79,16 +99,14 @@ def lock_run_folders(cfg: SlimeArgs) -> None:
     try:
         for flag, folder, lock in _folders(cfg):
             lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fd, free = _try_lock(lock)
             taken.append(fd)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not free:
                 holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "holder unknown"
                 raise RunLocked(
                     f"{flag} {folder}: another slime run writes there ({holder}); stop it or wait for it to end, or "
                     f"give this run another {flag}"
-                ) from None
+                )
             now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}, since {now}\n".encode(), 0)
@@ -115,13 +133,8 @@ def unless_in_use(folder: str | os.PathLike[str]) -> Iterator[bool]:
     Raises:
         OSError: the lock file cannot be opened (a read-only folder).
     """
-    fd = os.open(pathlib.Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd, free = _try_lock(pathlib.Path(folder) / LOCK_NAME)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
+        yield free
     finally:
         os.close(fd)  # drops the lock if taken

@@ -19,19 +19,27 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+from typing import TYPE_CHECKING
 
 from slime_core.dir_swap import MARKER, recover
+
+if TYPE_CHECKING:
+    from slime_core.config import SlimeArgs
 
 __all__ = [
     "COMPLETE_MARKERS",
     "REFERENCE_DIR",
     "TRACKER_FILE",
     "complete_iterations",
+    "critic_dir",
+    "critic_dirs",
     "interrupted_saves",
     "iteration_name",
+    "iteration_of",
     "no_optimizer_state_message",
     "no_reference_message",
     "restore_interrupted_saves",
+    "saved_reference",
     "tracker_step",
 ]
 
@@ -46,11 +54,58 @@ COMPLETE_MARKERS = ("meta.json", ".metadata")
 
 # ASCII digits only: `\d` also matches other scripts' digits, which `int` reads but `iteration_name` never writes.
 _ITERATION = re.compile(r"iter_([0-9]{7})")
+# The same, or its staging (`.tmp`) or moved-aside (`.old`) copy (`slime_core.dir_swap`).
+_ITERATION_OR_COPY = re.compile(_ITERATION.pattern + r"(?:\.tmp|\.old)?")
+
+
+def critic_dir(folder: str | None) -> str | None:
+    """Where the critic's checkpoints go inside the actor's `--load` / `--save` folder by default: `<folder>/critic`.
+
+    Returns:
+        `<folder>/critic`, or None without a folder.
+    """
+    return os.path.join(folder, "critic") if folder else None
+
+
+def critic_dirs(cfg: SlimeArgs) -> tuple[str | None, str | None]:
+    """The critic's checkpoint folders (PPO): `(load, save)`.
+
+    Returns:
+        `--critic-load` (else `<--load>/critic`) and `--critic-save` (else `<--save>/critic`); None where neither is
+        given.
+    """
+    return cfg.critic_load or critic_dir(cfg.load), cfg.critic_save or critic_dir(cfg.save)
 
 
 def iteration_name(step: int) -> str:
     """The folder name of iteration `step`: `iteration_name(3) == "iter_0000003"`."""
     return f"iter_{step:07d}"
+
+
+def iteration_of(name: str) -> int | None:
+    """The iteration a folder of a `--save` directory belongs to, by its name, copies included.
+
+    Returns:
+        `3` for `iter_0000003`, `iter_0000003.tmp` (a save in progress) and `iter_0000003.old` (moved aside by a
+        re-save); None for any other name.
+    """
+    match = _ITERATION_OR_COPY.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def saved_reference(iteration_dir: str | os.PathLike[str]) -> pathlib.Path | None:
+    """The KL reference's folder inside an iteration folder, when a save with `--ref-update-interval` completed it.
+
+    Both writers (FSDP's DCP, Megatron's torch_dist) write the folder's `.metadata` last.
+
+    Args:
+        iteration_dir: the iteration folder a trainer resumed from (`iter_0000003/`).
+
+    Returns:
+        `iteration_dir / REFERENCE_DIR`, or None when it is missing or incomplete.
+    """
+    path = pathlib.Path(iteration_dir) / REFERENCE_DIR
+    return path if (path / ".metadata").is_file() else None
 
 
 def complete_iterations(root: str | os.PathLike[str]) -> list[int]:

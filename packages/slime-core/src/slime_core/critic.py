@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -31,10 +30,11 @@ import torch
 
 from slime_core.algorithms.value_loss import compute_critic_loss
 from slime_core.batch import RolloutBatch
+from slime_core.checkpoint_dirs import critic_dirs
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
 from slime_core.host_to_device import to_device_many
-from slime_core.step_metrics import read_scalars, step_sums
+from slime_core.step_metrics import read_steps
 from slime_core.train_step import step_denominator
 
 logger = logging.getLogger(__name__)
@@ -109,8 +109,7 @@ def critic_config(cfg: SlimeArgs) -> SlimeArgs:
     """
     if not get_estimator(cfg.advantage_estimator).needs_critic:
         raise ValueError(f"--advantage-estimator {cfg.advantage_estimator} trains no critic")
-    load = cfg.critic_load or (os.path.join(cfg.load, "critic") if cfg.load else None)
-    save = cfg.critic_save or (os.path.join(cfg.save, "critic") if cfg.save else None)
+    load, save = critic_dirs(cfg)
     return cfg.model_copy(
         update={
             "lr": cfg.critic_lr if cfg.critic_lr is not None else cfg.lr,
@@ -207,7 +206,7 @@ def _optimizer_step(
     """Step `step`: `(its micro-batches' metrics by name, left on the device; grad norm and rate)`."""
     micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=step_denominator(cfg, batch, step))
     grad_norm, lr = backend.optimizer_step()
-    # Read after the last step (`step_sums`): a `float()` here waited for each micro-batch's backward in turn.
+    # Read after the last step (`read_steps`): a `float()` here waited for each micro-batch's backward in turn.
     values: dict[str, list] = {}
     for metrics in micro_metrics:
         for key, value in metrics.items():
@@ -255,9 +254,10 @@ def train_critic_on_rollout(
     prediction = _prediction_metrics(backend.all_reduce_sum(value_prediction_stats(values, returns, batch.loss_masks)))
     loss_fn = _value_loss(cfg, batch, values, returns)
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
-    steps = list(zip([v for v, _ in steps], read_scalars([own for _, own in steps]), strict=True))  # grad norms
-    # One device-to-host read and one reduction over data-parallel ranks for every step's metric sums.
-    per_step = _per_step(cfg, batch, steps, backend.reduce_metric_sums(step_sums([values for values, _ in steps])))
+    # One device-to-host read (every step's metric sums and grad norm) and one reduction over data-parallel ranks.
+    sums, owns = read_steps(steps)
+    steps = list(zip([v for v, _ in steps], owns, strict=True))
+    per_step = _per_step(cfg, batch, steps, backend.reduce_metric_sums(sums))
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     metrics["lr"] = per_step[-1]["lr"]
     metrics.update(prediction)

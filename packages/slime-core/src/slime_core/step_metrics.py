@@ -2,7 +2,7 @@
 
 Every value here is a sum a backend's `reduce_metric_sums` adds up over data-parallel ranks in one reduction after
 the last optimizer step; the means divide the reduced sums. Device values are read to the host once (one transfer for
-the steps' metrics, one for the rollout means), never per micro-batch.
+the steps' metrics and grad norms, one for the rollout means), never per micro-batch (`_read_to_host`).
 
 Legend: `N` samples on this rank, `L_i` response length of sample i.
 """
@@ -20,12 +20,23 @@ from slime_core.host_to_device import to_device
 __all__ = [
     "length_means",
     "length_sums",
-    "read_scalars",
+    "read_steps",
     "rollout_mean_sums",
     "rollout_means",
     "sample_means_sum",
-    "step_sums",
 ]
+
+
+def _read_to_host(tensors: list[torch.Tensor]) -> list[float]:
+    """0-d (or one-element) tensors read to the host in one transfer, as the Python floats `float(t)` gives.
+
+    Stacked on the first non-CPU tensor's device, so that host tensors join device ones without a sync; read through
+    float64, which holds a float32 exactly.
+    """
+    if not tensors:
+        return []
+    device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
+    return torch.stack([to_device(t.detach().reshape(()), device).double() for t in tensors]).tolist()
 
 
 def sample_means_sum(
@@ -80,8 +91,7 @@ def rollout_mean_sums(
     if not names:
         return {}
     # Host totals (advantages) join the device ones (recorded log-probs) without a sync; then one read.
-    device = next((t.device for t in totals if t.device.type != "cpu"), totals[0].device)
-    host = torch.stack([to_device(t, device).float() for t in totals]).tolist()
+    host = _read_to_host([t.float() for t in totals])
     sums: dict[str, float] = {}
     for name, total, count in zip(names, host, counts, strict=True):
         sums[f"rollout/{name}.sum"], sums[f"rollout/{name}.count"] = float(total), float(count)
@@ -135,43 +145,32 @@ def rollout_means(reduced: dict[str, float], num_rollouts: int) -> dict[str, flo
     return out
 
 
-def step_sums(steps: list[dict[str, list]]) -> dict[str, float]:
-    """`{"steps/<j>/<name>": Σ over step j's micro-batches}` in float64, with one device-to-host read for all.
+def read_steps(
+    steps: list[tuple[dict[str, list], dict[str, float | torch.Tensor]]],
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Every optimizer step's metric sums and its own values (the grad norm) read to the host in one transfer.
 
-    Added in micro-batch order, as Python floats: the same sums as reading each value with `float()`.
+    Called after the last step: a read per step waited for that step's optimizer kernels before the host could queue
+    the next step's forward (FSDP's grad norm is a device tensor; Megatron's is already a float).
+
+    Args:
+        steps: per step, `(its micro-batches' metrics by name, in micro-batch order: 0-d tensors or floats, its own
+            record: floats and 0-d tensors, e.g. `train/grad_norm`, `train/lr`)`.
+
+    Returns:
+        `({"steps/<j>/<name>": Σ over step j's micro-batches}, the records with floats only)`: the sums added in
+        micro-batch order as float64 Python floats (the same sums as reading each value with `float()`), the records
+        new dicts.
     """
-    tensors = [v for step in steps for vs in step.values() for v in vs if isinstance(v, torch.Tensor)]
-    read: list[float] = []
-    if tensors:
-        device = tensors[0].device
-        read = torch.stack([to_device(t.detach().reshape(()), device).double() for t in tensors]).tolist()
-    host = iter(read)
+    metrics = [v for values, _ in steps for vs in values.values() for v in vs if isinstance(v, torch.Tensor)]
+    own = [v for _, record in steps for v in record.values() if isinstance(v, torch.Tensor)]
+    host = iter(_read_to_host(metrics + own))
     sums: dict[str, float] = {}
-    for j, step in enumerate(steps):
-        for key, vs in step.items():
+    for j, (values, _) in enumerate(steps):
+        for key, vs in values.items():
             total = 0.0  # float64 sums of the float32 metrics
             for v in vs:
                 total += next(host) if isinstance(v, torch.Tensor) else float(v)
             sums[f"steps/{j}/{key}"] = total
-    return sums
-
-
-def read_scalars(records: list[dict[str, float | torch.Tensor]]) -> list[dict[str, float]]:
-    """`records` with every 0-d tensor value read to the host, all of them in one transfer.
-
-    For what a backend's `optimizer_step` may leave on the device (FSDP's grad norm): a `float()` per step waited for
-    the step's optimizer kernels before the host could queue the next step's forward. Read through float64, which
-    holds a float32 exactly: the same Python floats as `float(t)`.
-
-    Args:
-        records: dicts of Python floats and 0-d tensors.
-
-    Returns:
-        The same dicts (new ones) with floats only.
-    """
-    tensors = [v for r in records for v in r.values() if isinstance(v, torch.Tensor)]
-    if not tensors:
-        return [dict(r) for r in records]
-    device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
-    host = iter(torch.stack([to_device(t.detach().reshape(()), device).double() for t in tensors]).tolist())
-    return [{k: next(host) if isinstance(v, torch.Tensor) else v for k, v in r.items()} for r in records]
+    records = [{k: next(host) if isinstance(v, torch.Tensor) else v for k, v in record.items()} for _, record in steps]
+    return sums, records

@@ -56,10 +56,9 @@ from slime_core.host_to_device import to_device_many
 from slime_core.step_metrics import (
     length_means,
     length_sums,
-    read_scalars,
+    read_steps,
     rollout_mean_sums,
     rollout_means,
-    step_sums,
 )
 
 logger = logging.getLogger(__name__)
@@ -315,7 +314,7 @@ def _optimizer_step(
     denominator = step_denominator(cfg, batch, step)
     micro_metrics = backend.forward_backward(batch, step, loss_fn, denominator=denominator)
     grad_norm, lr = backend.optimizer_step()
-    # Read after the last step (`step_sums`): a read here would wait for this step's optimizer kernels before the
+    # Read after the last step (`read_steps`): a read here would wait for this step's optimizer kernels before the
     # host could queue the next step's forward.
     values: dict[str, list] = {}
     for metrics in micro_metrics:
@@ -401,7 +400,8 @@ def train_on_rollout(
     loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
     t3 = time.perf_counter()
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
-    steps = list(zip([v for v, _ in steps], read_scalars([own for _, own in steps]), strict=True))  # grad norms
+    step_totals, owns = read_steps(steps)  # one read of every step's metric sums and grad norm
+    steps = list(zip([v for v, _ in steps], owns, strict=True))
     values = None if batch.values is None else list(batch.values)  # PPO: the critic's
     series = {
         "log_probs": seen_old if record else (trainer if cfg.use_rollout_logprobs else old),
@@ -410,9 +410,9 @@ def train_on_rollout(
         "returns": returns,
         "values": values,
     }
-    # One reduction (and one device-to-host read) for the steps' metrics, the goodput counts, the rollout means and
-    # the token counts of the FLOPs (the old log-probs are known only now).
-    sums = {**step_sums([values for values, _ in steps]), **fates}
+    # One reduction over data-parallel ranks for the steps' metrics, the goodput counts, the rollout means and the
+    # token counts of the FLOPs (the old log-probs are known only now).
+    sums = {**step_totals, **fates}
     reduced = backend.reduce_metric_sums({**sums, **rollout_mean_sums(batch, series), **length_sums(batch)})
     per_step = _step_metrics(cfg, batch, steps, reduced)
     fates = {key: value for key, value in reduced.items() if not key.startswith(("rollout/", "lengths/", "steps/"))}

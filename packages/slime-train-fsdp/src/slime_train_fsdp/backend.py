@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
-from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name, no_reference_message
+from slime_core.checkpoint_dirs import TRACKER_FILE, no_reference_message, saved_reference
 from slime_core.config import SlimeArgs
 from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
@@ -49,7 +49,6 @@ from slime_train_fsdp.checkpoint import (
     load_checkpoint,
     load_reference,
     model_flags_of,
-    reference_saved,
     save_checkpoint,
 )
 from slime_train_fsdp.compile_cache import load_compile_cache, save_compile_cache
@@ -220,25 +219,23 @@ class FSDPTrainBackend:
         """Restores `--load` when it holds a checkpoint; returns the rollout id to start from."""
         if cfg.load and compiles_layers(cfg, self.device):
             load_compile_cache(cfg.load)  # before the first forward compiles the layers
-        start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler, model_flags_of(cfg))
-        if cfg.load and start > 0 and cfg.ref_update_interval and self.has_ref:
-            self._resume_reference(cfg, start)
+        start, self.global_step, loaded = resume(cfg, self.model, self.optimizer, self.scheduler, model_flags_of(cfg))
+        if loaded is not None and cfg.ref_update_interval and self.has_ref:
+            self._resume_reference(cfg, loaded, start)
         return start
 
-    def _resume_reference(self, cfg: SlimeArgs, step: int) -> None:
-        """With `--ref-update-interval` the reference is the actor of the last update: read it from iteration `step`.
+    def _resume_reference(self, cfg: SlimeArgs, iteration_dir: pathlib.Path, start: int) -> None:
+        """With `--ref-update-interval` the reference is the actor of the last update: read it from `iteration_dir`.
 
         It was built from `--ref-load` / `--hf-checkpoint` above, so a resume past an update ran its KL term against
         the initial weights until the next update. A checkpoint saved without the reference says so once.
         """
-        if not (pathlib.Path(cfg.load) / iteration_name(step) / "meta.json").is_file():
-            return  # no checkpoint was resumed (--start-rollout-id)
-        if reference_saved(cfg.load, step):
-            self.weights.capture("ref", lambda: load_reference(cfg.load, step, self.model))
-            logger.info("--ref-update-interval: the reference model resumes from --load %s (iteration %d)", cfg.load,
-                        step)  # fmt: skip
-        elif step >= cfg.ref_update_interval:
-            logger.warning("%s", no_reference_message(cfg.load, iteration_name(step), cfg.ref_update_interval))
+        reference = saved_reference(iteration_dir)
+        if reference is not None:
+            self.weights.capture("ref", lambda: load_reference(reference, self.model))
+            logger.info("--ref-update-interval: the reference model resumes from %s", reference)
+        elif start >= cfg.ref_update_interval:
+            logger.warning("%s", no_reference_message(cfg.load, iteration_dir.name, cfg.ref_update_interval))
 
     def _vision_setup(self, cfg: SlimeArgs) -> set[str]:
         """Rotary positions of a vision-language model, and the tower's names under `--freeze-vision-tower`.

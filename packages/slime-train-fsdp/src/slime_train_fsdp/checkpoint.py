@@ -61,7 +61,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "load_checkpoint",
     "load_reference",
-    "reference_saved",
     "model_flag_mismatches",
     "model_flags_of",
     "optimizer_state_refusal",
@@ -117,8 +116,10 @@ def save_checkpoint(
     state = {"model": model_sd, "optim": optim_sd} if save_optim else {"model": model_sd}
     dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
     if reference is not None:
-        with reference:  # the state dict's tensors are the live parameters: saved while the reference is in them
-            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(tmp / REFERENCE_DIR))
+        # `model_sd`'s tensors are views of the live parameters (no gather, no copy), which the swap overwrites in
+        # place: saved again while the reference is in them.
+        with reference:
+            dcp.save({"model": model_sd}, checkpoint_id=str(tmp / REFERENCE_DIR))
     torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
     if rank == 0:
         if save_optim:
@@ -319,32 +320,26 @@ def load_checkpoint(
     return meta
 
 
-def reference_saved(load_dir: str | os.PathLike[str], step: int) -> bool:
-    """Whether iteration `step` of `load_dir` holds the KL reference (saved with `--ref-update-interval`)."""
-    return (pathlib.Path(load_dir) / iteration_name(step) / REFERENCE_DIR / ".metadata").is_file()
-
-
-def load_reference(load_dir: str | os.PathLike[str], step: int, model: nn.Module) -> None:
-    """Reads the KL reference `save_checkpoint` kept in iteration `step` (`reference_saved`) into `model` (collective).
+def load_reference(reference_dir: str | os.PathLike[str], model: nn.Module) -> None:
+    """Reads the KL reference `save_checkpoint` kept in an iteration folder into `model` (collective).
 
     Call inside `WeightSwap.capture("ref", ...)`, which holds what this puts into the model and restores the
     trained weights.
 
     Args:
-        load_dir: `--load`.
-        step: the iteration resumed (its `next_rollout_id`).
+        reference_dir: `slime_core.checkpoint_dirs.saved_reference` of the iteration folder resumed
+            (`<--load>/iter_XXXXXXX/ref`).
         model: the sharded model (its parameter names and shapes are the saved ones: the actor's resume checked them).
 
     Raises:
         ValueError: its files cannot be read (names `--load`, the iteration and the cause).
     """
-    root = pathlib.Path(load_dir)
-    path = root / iteration_name(step)
+    path = pathlib.Path(reference_dir)
     state = {"model": get_model_state_dict(model)}
     try:
-        dcp.load(state, checkpoint_id=str(path / REFERENCE_DIR))
+        dcp.load(state, checkpoint_id=str(path))
     except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
-        raise _damaged(root, path, e) from e
+        raise _damaged(path.parent.parent, path.parent, e) from e
     set_model_state_dict(model, state["model"])
 
 

@@ -129,7 +129,7 @@ class FSDPCriticBackend:
                                    pin_memory=cfg.offload_train_pin_memory)  # fmt: skip
         if not resume_ckpt:
             return cfg.start_rollout_id or 0
-        start, self.global_step = resume(cfg, self.model, self.optimizer, self.scheduler, None)  # no LoRA flags
+        start, self.global_step, _ = resume(cfg, self.model, self.optimizer, self.scheduler, None)  # no LoRA flags
         return start
 
     @property

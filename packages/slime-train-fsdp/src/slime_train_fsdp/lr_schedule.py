@@ -133,22 +133,22 @@ def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: di
     """
     wanted, wanted_lrs = getattr(scheduler, "slime_schedule", None), list(scheduler.base_lrs)
     saved, saved_lrs = state.get("slime_schedule"), list(state.get("base_lrs", wanted_lrs))
+    hint = ""
     if saved is not None and wanted is not None:
+        flags = [flag for flag in dict.fromkeys([*wanted, *saved]) if wanted.get(flag) != saved.get(flag)]
         differ = [f"{flag} {wanted.get(flag, '(unused)')} here vs {saved.get(flag, '(unused)')} saved"
-                  for flag in dict.fromkeys([*wanted, *saved]) if wanted.get(flag) != saved.get(flag)]  # fmt: skip
+                  for flag in flags]  # fmt: skip
+        if _RUN_LENGTH in flags and _RUN_LENGTH in saved:  # only where the run's length is what differs
+            hint = (
+                f" (the run's length is --num-rollout x --rollout-batch-size x --n-samples-per-prompt / "
+                f"--global-batch-size optimizer steps; --lr-decay-iters {saved[_RUN_LENGTH]} keeps the saved decay)"
+            )
     else:
         shown = ", ".join  # several param groups share one --lr
         differ = [] if saved_lrs == wanted_lrs else [
             f"--lr {shown(f'{v:g}' for v in wanted_lrs)} here vs {shown(f'{v:g}' for v in saved_lrs)} saved"
         ]  # fmt: skip
     if differ:
-        length = _RUN_LENGTH in (saved or {}) and (wanted or {}).get(_RUN_LENGTH) != saved.get(_RUN_LENGTH)
-        hint = (
-            f" (the run's length is --num-rollout x --rollout-batch-size x --n-samples-per-prompt / "
-            f"--global-batch-size optimizer steps; --lr-decay-iters {saved[_RUN_LENGTH]} keeps the saved decay)"
-            if length
-            else ""
-        )
         raise ValueError(
             f"--load: the checkpoint's learning-rate schedule differs from this run's flags ({'; '.join(differ)}); a "
             f"resumed run continues the checkpoint's schedule: give the saved values{hint}, or --no-load-optim to "

@@ -8,6 +8,7 @@ The default process group is the trainer's: data-parallel × context-parallel ra
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from slime_core.checkpoint_dirs import iteration_name
 from slime_core.config import SlimeArgs
 from slime_core.host_to_device import to_device
 from slime_core.param_filter import frozen_parameter_names
@@ -127,14 +129,15 @@ def resume(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     model_flags: dict[str, Any] | None,
-) -> tuple[int, int]:
+) -> tuple[int, int, pathlib.Path | None]:
     """Restores `--load` when it holds a checkpoint (`--ckpt-step`, `--no-load-optim`, `--no-load-rng`).
 
     `model_flags` (`checkpoint.model_flags_of`; None for a model they do not shape) are compared with the saved ones.
 
     Returns:
-        `(rollout id to start from, global optimizer step)`: the checkpoint's `next_rollout_id` and step, else
-        `(--start-rollout-id or 0, 0)`.
+        `(rollout id to start from, global optimizer step, iteration folder loaded)`: the checkpoint's
+        `next_rollout_id`, its step and its folder (`save_checkpoint` names it by its `next_rollout_id`), else
+        `(--start-rollout-id or 0, 0, None)`.
     """
     start, step = cfg.start_rollout_id or 0, 0
     if cfg.load:
@@ -143,7 +146,8 @@ def resume(
                                load_rng=not cfg.no_load_rng, model_flags=model_flags)  # fmt: skip
         if meta is not None:
             start, step = int(meta["next_rollout_id"]), int(meta["global_step"])
-    return start, step
+            return start, step, pathlib.Path(cfg.load) / iteration_name(start)
+    return start, step, None
 
 
 class Residency:

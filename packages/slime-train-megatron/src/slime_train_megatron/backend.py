@@ -33,7 +33,7 @@ from slime_convert import ModelArgs
 from slime_convert.torch_dist import resolve_iteration_dir
 from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
-from slime_core.checkpoint_dirs import iteration_name, no_reference_message
+from slime_core.checkpoint_dirs import iteration_name, no_reference_message, saved_reference
 from slime_core.config import SlimeArgs
 from slime_core.config.opd import trainer_side_teacher
 from slime_core.fp8 import trainer_weights_dir
@@ -46,7 +46,6 @@ from slime_train_megatron.checkpoint import (
     is_megatron_checkpoint,
     load_checkpoint,
     load_reference,
-    reference_saved,
     save_checkpoint,
 )
 from slime_train_megatron.hf_export import save_hf
@@ -151,9 +150,10 @@ class MegatronTrainBackend:
         """
         load = self.settings.load
         ckpt = resolve_iteration_dir(load, step)  # as the actor's load: --load may name the iteration folder itself
-        if reference_saved(ckpt):
-            self.weights.capture("ref", lambda: load_reference(ckpt, self.module))
-            logger.info("--ref-update-interval: the reference model resumes from %s", ckpt)
+        reference = saved_reference(ckpt)
+        if reference is not None:
+            self.weights.capture("ref", lambda: load_reference(reference, self.module))
+            logger.info("--ref-update-interval: the reference model resumes from %s", reference)
         elif step + 1 >= self.cfg.ref_update_interval:
             logger.warning("%s", no_reference_message(load, iteration_name(step), self.cfg.ref_update_interval))
 

@@ -37,7 +37,6 @@ __all__ = [
     "is_megatron_checkpoint",
     "load_checkpoint",
     "load_reference",
-    "reference_saved",
     "save_checkpoint",
 ]
 
@@ -185,24 +184,18 @@ def save_checkpoint(
     return final
 
 
-def reference_saved(iteration_dir: str | os.PathLike[str]) -> bool:
-    """Whether the iteration folder `iteration_dir` holds the KL reference (saved with `--ref-update-interval`)."""
-    return (pathlib.Path(iteration_dir) / REFERENCE_DIR / ".metadata").is_file()
-
-
-def load_reference(iteration_dir: str | os.PathLike[str], model: Any) -> None:
-    """Reads the KL reference `save_checkpoint` kept in `iteration_dir` (`reference_saved`) into `model` (collective).
+def load_reference(reference_dir: str | os.PathLike[str], model: Any) -> None:
+    """Reads the KL reference `save_checkpoint` kept in an iteration folder into `model` (collective).
 
     Call inside `WeightSwap.capture("ref", ...)`, which holds what this puts into the model and restores the trained
     weights.
 
     Args:
-        iteration_dir: the iteration folder the actor resumed from (`resolve_iteration_dir` of `--load`: a save
-            root or an iteration folder given directly).
+        reference_dir: `slime_core.checkpoint_dirs.saved_reference` of the iteration folder the actor resumed from
+            (`resolve_iteration_dir` of `--load`: a save root or an iteration folder given directly).
         model: the unwrapped `GPTModel` of this rank (the actor's resume checked its shapes).
     """
-    path = pathlib.Path(iteration_dir) / REFERENCE_DIR
-    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(reference_dir))
     model.load_state_dict(state["model"], strict=True)
 
 

@@ -186,7 +186,9 @@ class OptimizerArgs(ArgsGroup):
 class FsdpArgs(ArgsGroup):
     """FSDP2 backend specifics."""
 
-    attn_implementation: str | None = arg(
+    attn_implementation: (
+        Literal["auto", "slime_varlen", "slime_flex", "sdpa", "eager", "flash_attention_2", "flash_attention_3"] | None
+    ) = arg(
         None,
         "Attention for packed micro-batches: slime_varlen (flash varlen, no mask; the GPU default), slime_flex "
         "(compiled flex_attention), sdpa (dense block mask; the CPU default), eager, flash_attention_2, "

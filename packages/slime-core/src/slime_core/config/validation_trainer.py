@@ -51,10 +51,9 @@ def check_trainer_flags(args: SlimeArgs) -> None:
     _attention(args)
 
 
-# --attn-implementation values the FSDP trainer builds (transformers' names and slime's own), and the module each
-# needs; checked here, so a value the GPU node cannot build fails at --dry-run, not after the engines started.
-ATTN_IMPLEMENTATIONS = {"slime_varlen": None, "slime_flex": None, "sdpa": None, "eager": None,
-                        "flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}  # fmt: skip
+# The package each --attn-implementation value (the config's Literal) needs beyond torch and transformers; checked
+# here, so a value the GPU node cannot build fails at --dry-run, not after the engines started.
+_ATTN_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
 
 
 def _attention(args: SlimeArgs) -> None:
@@ -66,9 +65,7 @@ def _attention(args: SlimeArgs) -> None:
             f"--attn-implementation {attn} is an FSDP flag, not read by --train-backend megatron (its attention is "
             "Megatron's --attention-backend)"
         )
-    if attn not in ATTN_IMPLEMENTATIONS:
-        raise ConfigError(f"--attn-implementation {attn}: one of auto, {', '.join(ATTN_IMPLEMENTATIONS)}")
-    module = ATTN_IMPLEMENTATIONS[attn]
+    module = _ATTN_PACKAGES.get(attn)
     if module is not None and importlib.util.find_spec(module) is None:
         raise ConfigError(
             f"--attn-implementation {attn} needs the {module} package, which is not installed here; slime_varlen "
