@@ -177,7 +177,9 @@ def routes_for_tokens(routes_RLK: torch.Tensor, num_tokens: int) -> torch.Tensor
     """One route row per token: the engine's `T - 1` rows plus a filler for the last token.
 
     The last token's hidden state predicts nothing that is scored, and MoE layers act per token, so its route
-    changes no log-prob; it gets experts `0..K-1` (distinct, like any real route).
+    changes no log-prob; it gets experts `0..K-1` (distinct, like any real route). The FSDP replay gives that row
+    the router's own choice instead (the filler would move a token between experts, and so change other tokens'
+    last bits through the experts' matmul shapes).
 
     Returns:
         `[num_tokens, L, K]` int64.

@@ -196,7 +196,10 @@ class RoutingReplay:
                 f"routing replay: layer {layer} routes {tuple(natural_SK.shape)} tokens × top-k but the replayed "
                 f"routes are {tuple(forced_SK.shape)} (packing and routes disagree)"
             )
-        forced_SK = forced_SK.to(natural_SK.dtype)
+        # Rows without an engine route (each sample's last token, an empty micro-batch's dummy) keep the router's own
+        # choice: a filler there changes no log-prob in exact arithmetic, but it moves a token between experts, and
+        # so the row counts of their matmuls, which changed other tokens' last bits on some CPUs.
+        forced_SK = torch.where(self._valid_S[:, None], forced_SK.to(natural_SK.dtype), natural_SK)
         # As the router: softmax in fp32 over all experts, then the forced experts' probabilities.
         probs_SK = torch.softmax(logits_SE, dim=-1, dtype=torch.float).gather(1, forced_SK)
         if getattr(module, "norm_topk_prob", False):
