@@ -3,7 +3,7 @@
 `python3 benchmarks/bench_train_megatron.py --preset qwen3-0.6b [--attention-backend auto|flash|local]
 [--tokens-per-mb 8192] [--seq-len 1024] [--response-len 512] [--steps-per-rollout 2] [--mbs-per-step 1]
 [--repeats 3] [--recompute] [--device cuda|cpu] [--log-probs-head fused] [--megatron-extra="FLAGS"] [--profile]
-[--ab base,head,adam,gradnorm,fusions,compile,all,eager_all [--profile-variants base,all]]`
+[--ab base,head,adam,gradnorm,fusions,compile,all,eager_all,all_hostnorm [--profile-variants base,all]]`
 
 TP = PP = CP = 1, world size 1 (NCCL on CUDA, gloo on CPU), bf16 with the distributed optimizer's fp32 main
 weights, the layer spec the backend picks (Transformer Engine when importable, else megatron-core's local spec).
@@ -83,6 +83,21 @@ def _toggle_gradnorm(backend, on: bool, device: str) -> None:
     use_foreach_grad_norm(on)
 
 
+def _toggle_hostnorm(backend, on: bool, device: str) -> None:
+    # megatron-core's own norm and clip (a host read of the norm per step) under the foreach hooks: what
+    # --use-foreach-grad-norm did before its norm stayed on the device.
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as mcore_optimizer
+
+    from slime_train_megatron import torch_optimizer as tp
+
+    device_norm = not on and clip_grads.l2_norm_impl is tp.foreach_l2_norm
+    mcore_optimizer.get_grad_norm_fp32 = tp.device_grad_norm_fp32 if device_norm else clip_grads.get_grad_norm_fp32
+    mcore_optimizer.clip_grad_by_total_norm_fp32 = (
+        tp.device_clip_grad_by_total_norm_fp32 if device_norm else clip_grads.clip_grad_by_total_norm_fp32
+    )
+
+
 def _toggle_fusions(backend, on: bool, device: str) -> None:
     # megatron-core's MLP and TransformerLayer read these fields at every forward (all modules share one config).
     backend.module.config.bias_activation_fusion = on
@@ -106,8 +121,11 @@ SWITCHES = {
     "gradnorm": ("--use-foreach-grad-norm", _toggle_gradnorm),
     "fusions": ("--bias-swiglu-fusion --bias-dropout-fusion", _toggle_fusions),
     "compile": ("--megatron-compile-layers", _toggle_compile),
+    "hostnorm": ("(bench only: megatron-core's host-read norm and clip)", _toggle_hostnorm),
 }
 #: `--ab` variants: the switches each turns on (the rest off).
+#: `all_hostnorm` is `all` with megatron-core's own grad norm and clip (one host read of the norm per optimizer step, as
+#: `--use-foreach-grad-norm` did before 1f79974): `all` vs `all_hostnorm` in one process measures that read.
 #: `eager_all` is `all` without `compile`: whether the other three pay once the step has no host sync per micro-batch,
 #: without the compile warm-up (105.7 s on the H100 at 0f85a3c) every launch pays.
 VARIANTS = {
@@ -115,6 +133,7 @@ VARIANTS = {
     **{name: (name,) for name in SWITCHES},
     "all": ("head", "adam", "gradnorm", "compile"),
     "eager_all": ("head", "adam", "gradnorm"),
+    "all_hostnorm": ("head", "adam", "gradnorm", "compile", "hostnorm"),
 }
 
 

@@ -38,7 +38,8 @@
 #   train_megatron_1.7b_ab 170  issue 26: the 1.7b of train_megatron once, each speed switch off/on in that one process
 #                       (bench_train_megatron.py --ab): base, head (--log-probs-head fused), adam (--use-torch-fused-adam),
 #                       gradnorm (--use-foreach-grad-norm), fusions (--bias-swiglu-fusion --bias-dropout-fusion), compile
-#                       (--megatron-compile-layers), all (head+adam+gradnorm+compile), eager_all (all but compile);
+#                       (--megatron-compile-layers), all (head+adam+gradnorm+compile), eager_all (all but compile),
+#                       all_hostnorm (all with megatron-core's host-read grad norm: what the device norm saves);
 #                       1 warm-up + 2 timed train() each,
 #                       profiles of base and all; each variant's time is logged as it finishes. AB_VARIANTS=... picks
 #                       others. Budget estimated from reading (~70 s imports, checkpoint and load, ~3 s a variant, ~70 s

@@ -348,3 +348,29 @@ def test_rollout_reference_engine(gpu_session):
     assert r["slime_tok_s_median"] > 0 and r["direct_tok_s_median"] > 0
     b, a = r["direct_tok_s_median"], r["slime_tok_s_median"]
     assert r["overhead_pct"] == pytest.approx(100 * (b - a) / b)
+
+
+def test_megatron_all_hostnorm_variant_puts_megatron_cores_norm_back_under_the_foreach_hooks():
+    """`--ab all,all_hostnorm` measures the host read of the grad norm that `--use-foreach-grad-norm` took out."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as mcore_optimizer
+
+    from slime_train_megatron import torch_optimizer as tp
+
+    if "bench_train_fsdp" not in sys.modules:  # imported by name, as the script's directory gives it
+        sys.modules["bench_train_fsdp"] = _load("bench_train_fsdp")
+    bench = _load("bench_train_megatron")
+    assert bench.VARIANTS["all_hostnorm"] == (*bench.VARIANTS["all"], "hostnorm")
+    try:
+        tp.use_foreach_grad_norm(True)
+        bench._toggle_hostnorm(None, True, "cpu")
+        assert mcore_optimizer.get_grad_norm_fp32 is clip_grads.get_grad_norm_fp32
+        assert mcore_optimizer.clip_grad_by_total_norm_fp32 is clip_grads.clip_grad_by_total_norm_fp32
+        assert clip_grads.l2_norm_impl is tp.foreach_l2_norm  # the foreach hooks stay
+        bench._toggle_hostnorm(None, False, "cpu")  # back to the switch's device norm
+        assert mcore_optimizer.get_grad_norm_fp32 is tp.device_grad_norm_fp32
+    finally:
+        tp.use_foreach_grad_norm(False)
+    bench._toggle_hostnorm(None, False, "cpu")  # without the switch: megatron-core's own
+    assert mcore_optimizer.get_grad_norm_fp32 is clip_grads.get_grad_norm_fp32
