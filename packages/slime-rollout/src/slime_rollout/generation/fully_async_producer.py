@@ -393,14 +393,7 @@ class FullyAsyncProducer:
         with `--mask-offpolicy-in-partial-rollout` a sample still to be continued counts by a call to come: so the
         version of a finished sample (any sample without that flag) is a ceiling of the group's.
         """
-        ceiling = None
-        for sample in flatten_groups([held.group]):
-            done = sample.status in (Status.COMPLETED, Status.TRUNCATED)
-            if self._mask_offpolicy and not done:
-                continue
-            version = sample_version(sample, trainable_only=self._mask_offpolicy and len(sample.weight_versions) > 1)
-            if version is not None:
-                ceiling = version if ceiling is None else min(ceiling, version)
+        ceiling = self._oldest_counted_version(held)
         return ceiling is not None and rollout_id - ceiling > bound
 
     def _version_floor(self, held: _Held) -> int:
@@ -410,15 +403,24 @@ class FullyAsyncProducer:
         count by their versions (with `--mask-offpolicy-in-partial-rollout`, a sample still to be continued counts
         by a call to come).
         """
-        floor = held.submitted_version
+        oldest = self._oldest_counted_version(held)
+        return held.submitted_version if oldest is None else min(held.submitted_version, oldest)
+
+    def _oldest_counted_version(self, held: _Held) -> int | None:
+        """The oldest weight version among the group's samples that already count (None: none does yet).
+
+        With `--mask-offpolicy-in-partial-rollout` a sample still to be continued does not count yet, and a sample
+        generated over several versions counts by its trainable tokens' (`sample_version(trainable_only=True)`).
+        """
+        oldest = None
         for sample in flatten_groups([held.group]):
             done = sample.status in (Status.COMPLETED, Status.TRUNCATED)
             if self._mask_offpolicy and not done:
                 continue
             version = sample_version(sample, trainable_only=self._mask_offpolicy and len(sample.weight_versions) > 1)
             if version is not None:
-                floor = min(floor, version)
-        return floor
+                oldest = version if oldest is None else min(oldest, version)
+        return oldest
 
     async def _arrival_or_death(self) -> None:
         assert self._task is not None
