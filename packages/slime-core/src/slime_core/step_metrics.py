@@ -151,7 +151,7 @@ def read_steps(
     """Every optimizer step's metric sums and its own values (the grad norm) read to the host in one transfer.
 
     Called after the last step: a read per step waited for that step's optimizer kernels before the host could queue
-    the next step's forward (FSDP's grad norm is a device tensor; Megatron's is already a float).
+    the next step's forward (FSDP's grad norm is a device tensor, Megatron's under `--use-foreach-grad-norm`).
 
     Args:
         steps: per step, `(its micro-batches' metrics by name, in micro-batch order: 0-d tensors or floats, its own
