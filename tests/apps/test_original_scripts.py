@@ -214,7 +214,7 @@ EXPECTED = {
 
 def _dry_run(script: pathlib.Path, root: pathlib.Path, capsys, *extra: str) -> tuple[int, str, str]:
     program, flags = read_script(script)
-    argv = ["--dry-run", *swap_paths(flags, root, FIXTURES / "qwen3-tokenizer"), *extra]
+    argv = ["--dry-run", *swap_paths([*flags, *extra], root, FIXTURES / "qwen3-tokenizer")]
     if program == "train_async.py":  # the original's one-step-ahead loop is --async here
         argv.append("--async")
     rc = main(argv)
@@ -265,3 +265,12 @@ def test_the_same_scripts_under_fsdp(tmp_path, capsys):
     assert rc == 0, err
     assert "--gradient-checkpointing" in out and "not read (no KL term" in out
     assert "Megatron flags, no effect here (kernel/logging): --sequence-parallel --attention-backend" in out
+
+
+def test_the_opd_example_with_megatron_teacher_passes_once_its_label_column_is_named(tmp_path, capsys):
+    # Its only refusal: the math grader has no label to grade against (the original scored every sample 0). With the
+    # column named, the Megatron teacher (--opd-type megatron, --opd-teacher-load torch_dist) is accepted.
+    script = FIXTURES / "original-scripts" / "example-on_policy_distillation-run-qwen3-8B-opd-megatron.args"
+    rc, out, err = _dry_run(script, tmp_path, capsys, "--label-key", "label")
+    assert rc == 0, err
+    assert out.startswith("slime --dry-run: the configuration is valid; nothing was started")
