@@ -274,3 +274,22 @@ def test_the_opd_example_with_megatron_teacher_passes_once_its_label_column_is_n
     rc, out, err = _dry_run(script, tmp_path, capsys, "--label-key", "label")
     assert rc == 0, err
     assert out.startswith("slime --dry-run: the configuration is valid; nothing was started")
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        # Was a ZeroDivisionError traceback from the dry run's layout arithmetic.
+        (["--context-parallel-size", "0"], "--context-parallel-size: expected an integer >= 1, got '0'"),
+        # These passed the dry run and failed in the GPU workers, after Ray and the engines had started.
+        (["--pipeline-model-parallel-size", "3"],
+         "--train-backend megatron: world size 8 is not divisible by TP×PP×CP = 2×3×1"),
+        (["--expert-model-parallel-size", "16"],
+         "--train-backend megatron: world size 8 is not divisible by EP×ETP×PP = 16×1×1"),
+        (["--recompute-granularity", "bogus"], "--train-backend megatron: invalid Megatron settings: "
+                                               "--recompute-granularity bogus: Input should be 'full' or 'selective'"),
+    ],
+)  # fmt: skip
+def test_a_megatron_layout_or_value_the_workers_refuse_is_one_line_at_the_dry_run(tmp_path, capsys, extra, error):
+    rc, _, err = _dry_run(FIXTURES / "original-scripts" / "run-qwen3-4B.args", tmp_path, capsys, *extra)
+    assert rc == 2 and err.strip() == f"slime: error: {error}"

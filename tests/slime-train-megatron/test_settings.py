@@ -60,10 +60,13 @@ def test_the_original_scripts_megatron_flags_reach_the_settings():
 @pytest.mark.parametrize(
     ("tokens", "match"),
     [
-        (["--tensor-model-parallel-size", "two"], "tensor_model_parallel_size"),
+        (
+            ["--tensor-model-parallel-size", "two"],
+            "^invalid Megatron settings: --tensor-model-parallel-size two:",
+        ),
         (["--fp16", "--fp32"], "mutually exclusive"),
         (["--expert-tensor-parallel-size", "2"], "expert-tensor-parallel"),
-        (["--lr-decay-style", "exp"], "lr_decay_style"),
+        (["--lr-decay-style", "exp"], "^invalid Megatron settings: --lr-decay-style exp: Input should be 'constant'"),
         (["--tensor-model-parallel-size"], "megatron-args"),
     ],
 )
@@ -82,3 +85,26 @@ def test_world_layout():
     assert s.world_layout(8).data_parallel_size == 2
     with pytest.raises(ValueError, match="not divisible"):
         s.world_layout(6)
+
+
+def test_experts_fold_over_the_ranks_as_in_megatron_core():
+    # The original's qwen3-30B-A3B and multi-agent scripts: TP 4, EP 8 on 8 GPUs (DP 2). megatron-core folds the
+    # experts over a stage's ranks (world % EP×ETP×PP == 0); the old rule "DP×CP divisible by EP" refused it.
+    s = MegatronSettings(tensor_model_parallel_size=4, expert_model_parallel_size=8, sequence_parallel=True)
+    assert s.world_layout(8).data_parallel_size == 2
+    with pytest.raises(ValueError, match=r"^world size 8 is not divisible by EP×ETP×PP = 8×1×2$"):
+        MegatronSettings(expert_model_parallel_size=8, pipeline_model_parallel_size=2).world_layout(8)
+
+
+def test_parallel_state_gets_the_expert_tensor_parallel_size():
+    # Left out, megatron-core's initialize_model_parallel makes ETP the TP size: the experts were sharded over TP
+    # (against --expert-tensor-parallel-size 1, which every original MoE script passes, and the model config's 1),
+    # and TP 4 × EP 8 needed 32 ranks.
+    s = MegatronSettings(tensor_model_parallel_size=4, expert_model_parallel_size=8, context_parallel_size=1)
+    assert s.parallel_state_kwargs() == {
+        "tensor_model_parallel_size": 4,
+        "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1,
+        "expert_model_parallel_size": 8,
+        "expert_tensor_parallel_size": 1,
+    }
