@@ -2,6 +2,8 @@
 
 A script either passes (every flag honoured, checked against its checkpoint's config.json, or a documented
 no-op) or stops with one `not implemented` / `cannot` line that says what to use instead. Nothing starts.
+The original's `scripts/run-*.sh` and its `examples/*/*.sh` (`example-<folder>-<script>.args`); an example's own
+plugin module is replaced by the stand-in of `tests/slime-compat/example_plugins` where one exists.
 """
 
 import importlib.machinery
@@ -15,6 +17,7 @@ import types
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import Metadata
 
@@ -23,6 +26,7 @@ from slime_app.cli import main
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 
 SCRIPTS = sorted((FIXTURES / "original-scripts").glob("*.args"))
+EXAMPLE_PLUGINS = FIXTURES.parent / "slime-compat" / "example_plugins"
 
 # --hf-checkpoint basename -> config.json in tests/fixtures/hf-configs, or the model_type of a stand-in config.
 CHECKPOINTS = {
@@ -30,7 +34,8 @@ CHECKPOINTS = {
     "Qwen3-30B-A3B": "Qwen3-30B-A3B", "Qwen3-30B-A3B-FP8": "Qwen3-30B-A3B", "Qwen3-30B-A3B-INT4": "Qwen3-30B-A3B",
     "Qwen3-235B-A22B": "Qwen3-235B-A22B", "Qwen3-235B-A22B-FP8": "Qwen3-235B-A22B",
     "Qwen3-235B-A22B-INT4": "Qwen3-235B-A22B", "Qwen2.5-0.5B-Instruct": "Qwen2.5-0.5B-Instruct",
-    "GLM-Z1-9B-0414": "GLM-Z1-9B-0414",
+    "GLM-Z1-9B-0414": "GLM-Z1-9B-0414", "Qwen3-8B": "Qwen3-8B", "Qwen2.5-3B": "Qwen2.5-3B",
+    "Qwen3-4B-Instruct-2507": "Qwen3-4B-Instruct-2507", "qwen3-4b-sft": "Qwen3-4B-Instruct-2507",
 }  # fmt: skip
 STAND_INS = {
     "DeepSeek-R1": "deepseek_v3", "GLM-4.7-Flash": "glm4_moe_lite", "GLM-4.7-355B-A32B": "glm4_moe",
@@ -38,8 +43,23 @@ STAND_INS = {
     "Kimi-K2-Thinking-fp8": "kimi_k2",
     "MiMo-7B-RL": "mimo", "MiniMax-M2.5": "minimax_m2", "Moonlight-16B-A3B": "deepseek_v3",
     "Moonlight-16B-A3B-Instruct-INT4": "deepseek_v3", "Qwen3-Next-80B-A3B-Thinking": "qwen3_next",
-    "Qwen3.5-27B": "qwen3_5", "Qwen3.5-35B-A3B": "qwen3_5_moe",
+    "Qwen3.5-27B": "qwen3_5", "Qwen3.5-35B-A3B": "qwen3_5_moe", "Qwen3.5-9B": "qwen3_5",
+    "Qwen3.6-35B-A3B": "qwen3_5_moe",
 }  # fmt: skip
+# An example's plugin (its folder on the original's PYTHONPATH) -> the stand-in written for tests/slime-compat.
+PLUGIN_STAND_INS = {
+    "generate_with_retool.generate": "ex_retool.generate", "generate_with_retool.reward_func": "ex_retool.reward_func",
+    "generate_with_search.generate": "ex_search_r1.generate",
+    "generate_with_search.reward_func": "ex_search_r1.reward_func",
+    "generate_with_tau.generate": "ex_tau_bench.generate",
+    "examples.multi_agent.rollout_with_multi_agents.generate_with_multi_agents": "ex_multi_agent.generate",
+}  # fmt: skip
+# The settings of the original's examples/train_infer_mismatch_helper/mis.yaml (--custom-config-path).
+_MIS_YAML = {"use_tis": True, "use_rs": True, "tis_level": "token", "rs_level": "token", "tis_mode": "truncate",
+             "tis_lower_bound": 0.5, "tis_upper_bound": 2.0, "rs_lower_bound": None, "rs_upper_bound": None,
+             "rs_veto_threshold": 1.0e-4, "tis_batch_normalize": True}  # fmt: skip
+# examples/eval_multi_task/multi_task.yaml (--eval-config): its datasets, with the fixture data in place of its paths.
+_EVAL_DATASETS = [("aime", "deepscaler", 16), ("gpqa", "gpqa", 2), ("ifbench", "ifbench", 1)]
 
 _CHAT = [{"role": "user", "content": "What is 3 + 4?"}]
 _SFT = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]
@@ -68,12 +88,14 @@ def _model(root: pathlib.Path, name: str, tokenizer_dir: pathlib.Path) -> pathli
 
 
 def _data(root: pathlib.Path, original: str, input_key: str, label_key: str | None) -> pathlib.Path:
-    out = root / "data" / pathlib.Path(original).name
+    path = pathlib.Path(original)
+    out = root / "data" / path.parent.name / path.name  # two scripts' train.parquet hold different columns
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     # 256 rows: an SFT script's --rollout-batch-size 128 × --num-epoch 3 gives 2 rollouts per epoch, 6 in all.
-    rows = [{input_key: _SFT if "openhermes" in original else _CHAT} for _ in range(256)]
+    sft = "openhermes" in original or "SFT" in original
+    rows = [{input_key: _SFT if sft else _CHAT} for _ in range(256)]
     for row in rows:
         if label_key:
             row[label_key] = "7"
@@ -96,6 +118,12 @@ def _torch_dist(root: pathlib.Path, original: str) -> pathlib.Path:
     return out
 
 
+def _yaml(out: pathlib.Path, content: dict) -> pathlib.Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(content))
+    return out
+
+
 def swap_paths(flags: list[str], root: pathlib.Path, tokenizer_dir: pathlib.Path) -> list[str]:
     """The flags with every `/root/...` path replaced by a fixture under `root` (same basenames)."""
     out = list(flags)
@@ -105,8 +133,18 @@ def swap_paths(flags: list[str], root: pathlib.Path, tokenizer_dir: pathlib.Path
         nxt = out[i + 1]
         if token == "--hf-checkpoint":
             out[i + 1] = str(_model(root, pathlib.Path(nxt.rstrip("/")).name, tokenizer_dir))
-        elif token == "--ref-load":
+        elif token in ("--ref-load", "--opd-teacher-load"):
             out[i + 1] = str(_torch_dist(root, nxt))
+        elif nxt in PLUGIN_STAND_INS:
+            out[i + 1] = PLUGIN_STAND_INS[nxt]
+        elif token == "--custom-config-path":
+            out[i + 1] = str(_yaml(root / "mis.yaml", _MIS_YAML))
+        elif token == "--eval-config":
+            datasets = [{"name": name, "path": str(_data(root, f"/root/{name}/{name}.jsonl", "prompt", "label")),
+                         "rm_type": rm, "n_samples_per_eval_prompt": n} for name, rm, n in _EVAL_DATASETS]  # fmt: skip
+            out[i + 1] = str(_yaml(root / "multi_task.yaml", {"eval": {"defaults": {"max_response_len": 16384,
+                                                                                    "top_p": 0.7},
+                                                                       "datasets": datasets}}))  # fmt: skip
         elif token in ("--load", "--save"):
             out[i + 1] = str(root / "ckpt" / pathlib.Path(nxt.rstrip("/")).name)
         elif token == "--prompt-data":
@@ -152,12 +190,31 @@ EXPECTED = {
     "run-glm5.2-744B-A40B": r"--data-pad-size-multiplier is not implemented in this version",
     "run-mimo-7B-rl-eagle": r"--enable-mtp-training is not implemented with --train-backend megatron",
     "run-minimax-m2": r"--model-name is not implemented in this version",
+    # The original's examples/*/*.sh.
+    "example-coding_agent_rl-run_qwen36_35b_a3b_swe_8nodes": (
+        r"--custom-generate-function-path: module 'examples.coding_agent_rl.generate' not found"
+    ),
+    "example-delta_weight_sync-run-glm4.7-30B-A3B-delta": r"--make-vocab-size-divisible-by 64 is not implemented with",
+    "example-eval_multi_task-multi_task": None,  # --eval-config: three datasets, each its grader and sample count
+    "example-fully_async-run-qwen2.5-0.5B-fully_async": None,  # the fully-async rollout function under train_async.py
+    "example-fully_async-run-qwen3.5-9B-fully_async": _NOT_MEGATRON.format("qwen3_5"),
+    "example-geo3k_vlm-run_geo3k_qwen35": r"--multimodal-keys: the Megatron backend builds text-only GPT models; train",
+    "example-multi_agent-run-qwen3-30B-A3B-multi-agent": None,
+    # The original grades every sample 0 there (no label); here the missing --label-key is named.
+    "example-on_policy_distillation-run-qwen3-8B-opd-megatron": r"--rm-type math grades against a label, but no",
+    "example-on_policy_distillation-run-qwen3-8B-opd": None,  # a teacher engine at --rm-url scores the responses
+    "example-retool-retool_qwen3_4b_rl": None,  # --reward-key score of a dict reward
+    "example-retool-retool_qwen3_4b_sft": None,
+    "example-search-r1-run_qwen2.5_3B": None,
+    "example-strands_sglang-strands_qwen3_8b": r"module 'examples.strands_sglang.generate_with_strands' not found",
+    "example-tau-bench-run_qwen3_4B": None,
+    "example-train_infer_mismatch_helper-run-qwen3-4b-mis": None,  # the MIS helper's path loads the built-in one
 }
 
 
 def _dry_run(script: pathlib.Path, root: pathlib.Path, capsys, *extra: str) -> tuple[int, str, str]:
     program, flags = read_script(script)
-    argv = ["--dry-run", *swap_paths(flags, root, FIXTURES / "qwen3-tokenizer"), *extra]
+    argv = ["--dry-run", *swap_paths([*flags, *extra], root, FIXTURES / "qwen3-tokenizer")]
     if program == "train_async.py":  # the original's one-step-ahead loop is --async here
         argv.append("--async")
     rc = main(argv)
@@ -177,6 +234,7 @@ def test_original_script_dry_run(script, tmp_path_factory, capsys, monkeypatch):
     wandb = types.ModuleType("wandb")
     wandb.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
     monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGINS))
     root = tmp_path_factory.getbasetemp() / "original-scripts"
     rc, out, err = _dry_run(script, root, capsys)
     expected = EXPECTED[script.stem]
@@ -207,3 +265,31 @@ def test_the_same_scripts_under_fsdp(tmp_path, capsys):
     assert rc == 0, err
     assert "--gradient-checkpointing" in out and "not read (no KL term" in out
     assert "Megatron flags, no effect here (kernel/logging): --sequence-parallel --attention-backend" in out
+
+
+def test_the_opd_example_with_megatron_teacher_passes_once_its_label_column_is_named(tmp_path, capsys):
+    # Its only refusal: the math grader has no label to grade against (the original scored every sample 0). With the
+    # column named, the Megatron teacher (--opd-type megatron, --opd-teacher-load torch_dist) is accepted.
+    script = FIXTURES / "original-scripts" / "example-on_policy_distillation-run-qwen3-8B-opd-megatron.args"
+    rc, out, err = _dry_run(script, tmp_path, capsys, "--label-key", "label")
+    assert rc == 0, err
+    assert out.startswith("slime --dry-run: the configuration is valid; nothing was started")
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        # Was a ZeroDivisionError traceback from the dry run's layout arithmetic.
+        (["--context-parallel-size", "0"], "--context-parallel-size: expected an integer >= 1, got '0'"),
+        # These passed the dry run and failed in the GPU workers, after Ray and the engines had started.
+        (["--pipeline-model-parallel-size", "3"],
+         "--train-backend megatron: world size 8 is not divisible by TP×PP×CP = 2×3×1"),
+        (["--expert-model-parallel-size", "16"],
+         "--train-backend megatron: world size 8 is not divisible by EP×ETP×PP = 16×1×1"),
+        (["--recompute-granularity", "bogus"], "--train-backend megatron: invalid Megatron settings: "
+                                               "--recompute-granularity bogus: Input should be 'full' or 'selective'"),
+    ],
+)  # fmt: skip
+def test_a_megatron_layout_or_value_the_workers_refuse_is_one_line_at_the_dry_run(tmp_path, capsys, extra, error):
+    rc, _, err = _dry_run(FIXTURES / "original-scripts" / "run-qwen3-4B.args", tmp_path, capsys, *extra)
+    assert rc == 2 and err.strip() == f"slime: error: {error}"

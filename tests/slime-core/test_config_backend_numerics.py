@@ -104,3 +104,34 @@ def test_attn_implementation_is_checked_when_the_config_is_read(monkeypatch):
                         found(name, *a))  # fmt: skip
     args = parse_args([*BASE, "--train-backend", "fsdp", "--attn-implementation", "flash_attention_3"])
     assert args.attn_implementation == "flash_attention_3"
+
+
+@pytest.mark.parametrize(
+    ("flag", "instead"),
+    [
+        (
+            "--gradient-checkpointing",
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+        ),
+        ("--fsdp-cpu-offload", "--optimizer-cpu-offload (optimizer states on CPU)"),
+    ],
+)
+def test_fsdp_memory_flags_are_refused_by_megatron(flag, instead):
+    # Was: accepted with --train-backend megatron and never read (no HF model, no FSDP2 wrapper): the run kept every
+    # activation and every optimizer state on the GPU although the flag asked otherwise.
+    with pytest.raises(ConfigError) as err:
+        parse_args([*BASE, "--train-backend", "megatron", flag])
+    assert str(err.value) == f"{flag} is an FSDP flag, not read by --train-backend megatron; use {instead}"
+    field = flag[2:].replace("-", "_")
+    assert getattr(parse_args([*BASE, "--train-backend", "fsdp", flag]), field) is True
+
+
+def test_fsdp_compile_layers_with_megatron_says_it_has_no_effect(caplog, monkeypatch):
+    from slime_core.config import base as config_base
+
+    monkeypatch.setattr(config_base, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="slime_core.config.base"):
+        parse_args([*BASE, "--train-backend", "megatron", "--fsdp-compile-layers"])
+    assert "--fsdp-compile-layers has no effect with --train-backend megatron (use --megatron-compile-layers)" in [
+        r.getMessage() for r in caplog.records
+    ]

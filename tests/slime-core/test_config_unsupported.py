@@ -80,3 +80,15 @@ def test_lr_decay_styles_the_backends_lack_fail_before_the_run(backend, style):
         parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", backend, "--lr-decay-style",
                     style])  # fmt: skip
     parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--lr-decay-style", "inverse-square-root"])
+
+
+def test_use_critic_of_the_originals_ppo_docs_says_what_turns_the_critic_on():
+    # The original's PPO docs (docs/en/advanced/megatron-config.md) pass --use-critic, which its parser ignores (it
+    # derives use_critic from --advantage-estimator ppo); here it was "unknown flag --use-critic; did you mean
+    # --use-tis?", which pointed at an unrelated flag.
+    with pytest.raises(ConfigError) as info:
+        parse_args([*BASE, "--advantage-estimator", "ppo", "--use-critic"])
+    assert str(info.value) == (
+        "--use-critic is not implemented in this version (the PPO critic is on exactly with --advantage-estimator ppo, "
+        "as in the original, which derives it); remove it"
+    )

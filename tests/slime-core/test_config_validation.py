@@ -316,6 +316,45 @@ def test_flags_only_tis_or_the_critic_read_are_not_silent(caplog):
     assert make(value_clip=0.3, advantage_estimator="ppo").value_clip == 0.3
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"tis_mode": "icepop"}, "--tis-mode has no effect without --use-tis or --get-mismatch-metrics"),
+        (
+            {"tis_clip": 3.0, "tis_mode": "icepop"},
+            "--tis-clip and --tis-mode have no effect without --use-tis or --get-mismatch-metrics",
+        ),
+        ({"opsm_delta": 0.1}, "--opsm-delta has no effect without --use-opsm"),
+        ({"opd_kl_coef": 0.5}, "--opd-kl-coef 0.5 has no effect without --use-opd"),
+        ({"lora_alpha": 32.0}, "--lora-alpha: no effect without --lora-rank (LoRA is off)"),
+        (
+            {"lora_target_modules": ["q_proj"], "lora_save_merged": True},
+            "--lora-target-modules / --lora-save-merged: no effect without --lora-rank (LoRA is off)",
+        ),
+    ],
+)
+def test_knobs_of_a_feature_that_is_off_are_not_silent(caplog, overrides, message):
+    # Was: accepted without a word while their switch (--use-tis, --use-opsm, --use-opd, --lora-rank) was off; the
+    # loss never read them. (A --custom-tis-function-path that would never be called is refused: the test below.)
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(**overrides)
+    assert message in [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"tis_mode": "icepop", "use_tis": True},
+        {"custom_tis_function_path": "m.f", "get_mismatch_metrics": True},
+        {"opsm_delta": 0.1, "use_opsm": True},
+    ],
+)
+def test_knobs_of_a_feature_that_is_on_say_nothing(caplog, overrides):
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(**overrides)
+    assert not [r for r in caplog.records if "no effect without" in r.getMessage()]
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--rollout-temperature", "inf"), ("--kl-loss-coef", "nan"),
                                              ("--clip-grad", "inf"), ("--eps-clip-high", "nan")])  # fmt: skip
 def test_a_float_flag_must_be_finite(flag, value):

@@ -118,3 +118,29 @@ def test_call_maybe_async(plugin_pkg):
     assert asyncio.run(call_maybe_async(async_fn, None, 0.1)) == 0.0
     assert asyncio.run(call_maybe_async(sync_fn, None, 3)) == 6
     assert asyncio.run(call_maybe_async(sync_fn, args=None, sample=4)) == 8
+
+
+def test_the_original_mis_helper_path_loads_the_built_in_when_its_module_is_absent():
+    # The original's examples/train_infer_mismatch_helper/run-qwen3-4b-mis.sh names its helper relative to the
+    # original's checkout; from this one the unchanged script stopped at "module ... not found" although the helper
+    # is built in (slime_core.algorithms.mis).
+    from slime_core.algorithms.mis import compute_mis_weights_with_cp
+
+    path = "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"
+    assert load_function(path, flag="--custom-tis-function-path") is compute_mis_weights_with_cp
+    # Another function of the same missing module is still one clear error.
+    with pytest.raises(PluginError, match=r"^--custom-tis-function-path: module 'examples.train_infer_mismatch_helper"):
+        load_function("examples.train_infer_mismatch_helper.mis.compute_mis_weights", flag="--custom-tis-function-path")
+
+
+def test_a_copy_of_the_original_example_on_the_path_wins_over_the_built_in(tmp_path, monkeypatch):
+    from slime_core import plugins
+
+    name = f"examples_{uuid.uuid4().hex[:8]}"
+    module = tmp_path / name / "mis.py"
+    module.parent.mkdir()
+    module.write_text("def compute_mis_weights_with_cp(args, **kwargs):\n    return 'copy'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = f"{name}.mis.compute_mis_weights_with_cp"
+    monkeypatch.setitem(plugins.BUILTIN_FALLBACKS, path, "slime_core.algorithms.mis.compute_mis_weights_with_cp")
+    assert load_function(path, flag="--custom-tis-function-path")(None) == "copy"

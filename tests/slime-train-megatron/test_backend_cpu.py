@@ -270,3 +270,46 @@ def test_save_hf_exports_the_trainers_weights(cpu_backend_env, tiny_hf, tmp_path
     for name, tensor in expected.items():
         assert torch.equal(loaded[name], tensor), name
     assert torch.equal(loaded["lm_head.weight"], expected["model.embed_tokens.weight"])  # tied on load
+
+
+_LOCAL_FP32 = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
+
+
+def _mlp_calls_in_a_step(env, hf_dir, extra):
+    """Calls of layer 0's MLP during one `train` (after the log-probs), its grad norm and the log-probs after it."""
+    args = _config(
+        hf_checkpoint=str(hf_dir),
+        megatron_args=[*_LOCAL_FP32, *extra],
+        advantage_estimator="grpo",
+    )
+    backend = env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    batch = _batch()
+    backend.compute_log_probs(batch)
+    calls = []
+    layer = backend.module.decoder.layers[0]
+    handle = layer.mlp.register_forward_hook(lambda *_: calls.append(1))
+    metrics = backend.train(0, batch)
+    handle.remove()
+    return len(calls), metrics["train/grad_norm"], backend.compute_log_probs(batch)
+
+
+def test_megatron_recompute_flags_reach_the_layers(cpu_backend_env, tiny_hf, monkeypatch):
+    # The original scripts' --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 is
+    # forwarded to megatron-core: each layer runs its forward again in the backward pass (memory for compute), and
+    # the step is the same one.
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    # megatron-core's checkpoint saves and restores the CUDA RNG too; on CPU only torch's own RNG exists.
+    monkeypatch.setattr(mcore_random, "_get_all_rng_states", lambda: (torch.get_rng_state(), None, None))
+    monkeypatch.setattr(mcore_random, "_set_all_rng_states", lambda cpu, *_: torch.set_rng_state(cpu))
+    _, hf_dir = tiny_hf("qwen3")
+    plain, norm, lp = _mlp_calls_in_a_step(cpu_backend_env, hf_dir, [])
+    recompute = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    again, norm_r, lp_r = _mlp_calls_in_a_step(cpu_backend_env, hf_dir, recompute)
+    # The step's five micro-batch slots (two steps: 2 + 3, the empty one's dummy row included) run their layer
+    # forward once more in the backward pass; the no-grad forwards of the step are not recomputed.
+    assert again - plain == 5
+    assert norm_r == pytest.approx(norm, rel=1e-5)
+    for a, b in zip(lp, lp_r, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)  # fp32, same math in another order of saves

@@ -1,3 +1,8 @@
+import json
+import socket
+import subprocess
+import sys
+
 import pytest
 
 from slime_core.config import SlimeArgs
@@ -60,10 +65,13 @@ def test_the_original_scripts_megatron_flags_reach_the_settings():
 @pytest.mark.parametrize(
     ("tokens", "match"),
     [
-        (["--tensor-model-parallel-size", "two"], "tensor_model_parallel_size"),
+        (
+            ["--tensor-model-parallel-size", "two"],
+            "^invalid Megatron settings: --tensor-model-parallel-size two:",
+        ),
         (["--fp16", "--fp32"], "mutually exclusive"),
         (["--expert-tensor-parallel-size", "2"], "expert-tensor-parallel"),
-        (["--lr-decay-style", "exp"], "lr_decay_style"),
+        (["--lr-decay-style", "exp"], "^invalid Megatron settings: --lr-decay-style exp: Input should be 'constant'"),
         (["--tensor-model-parallel-size"], "megatron-args"),
     ],
 )
@@ -82,3 +90,72 @@ def test_world_layout():
     assert s.world_layout(8).data_parallel_size == 2
     with pytest.raises(ValueError, match="not divisible"):
         s.world_layout(6)
+
+
+def test_experts_fold_over_the_ranks_as_in_megatron_core():
+    # The original's qwen3-30B-A3B and multi-agent scripts: TP 4, EP 8 on 8 GPUs (DP 2). megatron-core folds the
+    # experts over a stage's ranks (world % EP×ETP×PP == 0); the old rule "DP×CP divisible by EP" refused it.
+    s = MegatronSettings(tensor_model_parallel_size=4, expert_model_parallel_size=8, sequence_parallel=True)
+    assert s.world_layout(8).data_parallel_size == 2
+    with pytest.raises(ValueError, match=r"^world size 8 is not divisible by EP×ETP×PP = 8×1×2$"):
+        MegatronSettings(expert_model_parallel_size=8, pipeline_model_parallel_size=2).world_layout(8)
+
+
+def test_parallel_state_gets_the_expert_tensor_parallel_size():
+    # Left out, megatron-core's initialize_model_parallel makes ETP the TP size: the experts were sharded over TP
+    # (against --expert-tensor-parallel-size 1, which every original MoE script passes, and the model config's 1),
+    # and TP 4 × EP 8 needed 32 ranks.
+    s = MegatronSettings(tensor_model_parallel_size=4, expert_model_parallel_size=8, context_parallel_size=1)
+    assert s.parallel_state_kwargs() == {
+        "tensor_model_parallel_size": 4,
+        "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1,
+        "expert_model_parallel_size": 8,
+        "expert_tensor_parallel_size": 1,
+    }
+
+
+_INIT_GROUPS = """
+import json, os, sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run(rank, port, kwargs):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    from megatron.core import parallel_state
+    try:
+        parallel_state.initialize_model_parallel(**kwargs)
+        got = [parallel_state.get_expert_tensor_parallel_world_size(),
+               parallel_state.get_expert_model_parallel_world_size()]
+    except RuntimeError as e:
+        got = str(e)
+    if rank == 0:
+        print(json.dumps(got))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(int(sys.argv[1]), json.loads(sys.argv[2])), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_megatron_core_builds_tp2_ep2_on_two_ranks_from_these_kwargs(tmp_path):
+    # The real megatron-core on two gloo ranks: the settings' kwargs give experts ETP 1 × EP 2; the call without
+    # expert_tensor_parallel_size (as before) needed TP 2 × EP 2 = 4 ranks.
+    pytest.importorskip("megatron.core")
+    script = tmp_path / "init_groups.py"
+    script.write_text(_INIT_GROUPS)
+    settings = MegatronSettings(tensor_model_parallel_size=2, expert_model_parallel_size=2)
+    results = {}
+    for name, kwargs in (("ours", settings.parallel_state_kwargs()),
+                         ("before", {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2})):  # fmt: skip
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        proc = subprocess.run([sys.executable, str(script), str(port), json.dumps(kwargs)], capture_output=True,
+                              text=True, timeout=180, check=True)  # fmt: skip
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["ours"] == [1, 2]
+    assert "is not divisible by expert_tensor_model_pipeline_parallel size (4)" in results["before"]

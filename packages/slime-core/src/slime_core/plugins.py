@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-__all__ = ["PATH_ALIASES", "PluginError", "call_maybe_async", "load_function"]
+__all__ = ["BUILTIN_FALLBACKS", "PATH_ALIASES", "PluginError", "call_maybe_async", "load_function"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +23,15 @@ logger = logging.getLogger(__name__)
 #: provide them add their entries on import (e.g. `slime_rollout.plugins`), so an original launch script's
 #: path resolves wherever a plugin is loaded (the reward post-process hook is loaded here, in slime-core).
 PATH_ALIASES: dict[str, str] = {}
+
+#: Functions of the original's `examples/` that this version has built in: used when the example's module is not
+#: importable (the original's launch script names it relative to the original's checkout), so the script runs
+#: unchanged from this one; a copy of the original file on PYTHONPATH still wins.
+BUILTIN_FALLBACKS: dict[str, str] = {
+    "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp": (
+        "slime_core.algorithms.mis.compute_mis_weights_with_cp"
+    ),
+}
 
 
 class PluginError(ImportError):
@@ -74,6 +83,10 @@ def _load(path: str, flag: str) -> Any:
     except ModuleNotFoundError as e:
         # Distinguish "the plugin module is missing" from "the plugin module imports something missing".
         if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
+            if path in BUILTIN_FALLBACKS:
+                logger.info("%s %s: module %r not found; using the built-in %s", flag, path, module_name,
+                            BUILTIN_FALLBACKS[path])  # fmt: skip
+                return _load(BUILTIN_FALLBACKS[path], flag)
             raise PluginError(
                 f"{flag}: module {module_name!r} not found (from {path!r}); is the directory holding it on "
                 "PYTHONPATH? (the run's workers get the launching shell's)"
@@ -99,7 +112,8 @@ def load_function(path: str, *, flag: str) -> Callable[..., Any]:
 
     Args:
         path: `package.module.attr` or `package.module:attr` (the attribute may be dotted after `:`,
-            e.g. `pkg.mod:Class.method`); an original slime path of `PATH_ALIASES` is translated first.
+            e.g. `pkg.mod:Class.method`); an original slime path of `PATH_ALIASES` is translated first, and one of
+            `BUILTIN_FALLBACKS` whose module is not importable loads the built-in function instead.
         flag: The flag that gave the path (e.g. `--custom-rm-path`), used in error messages.
 
     Returns:

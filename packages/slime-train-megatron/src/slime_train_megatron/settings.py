@@ -15,7 +15,7 @@ import logging
 import types
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slime_core.config import SlimeArgs
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
@@ -163,8 +163,10 @@ class MegatronSettings(BaseModel):
             raise ValueError(f"Megatron flags not parsed by MegatronSettings: {' '.join(unknown)}")
         try:
             return cls(**values)
-        except ValueError as e:
-            raise ValueError(f"invalid Megatron settings (--megatron-args / config): {e}") from e
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = f"--{str(first['loc'][0]).replace('_', '-')} {first['input']}: " if first["loc"] else ""
+            raise ValueError(f"invalid Megatron settings: {where}{first['msg']}") from e
 
     @property
     def params_dtype_name(self) -> str:
@@ -172,10 +174,13 @@ class MegatronSettings(BaseModel):
         return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
 
     def world_layout(self, world_size: int) -> types.SimpleNamespace:
-        """Data-parallel size for `world_size` ranks.
+        """Data-parallel size for `world_size` ranks, under megatron-core's rules (`parallel_state`).
+
+        Dense layers: TP×PP×CP×DP ranks. Experts fold over a pipeline stage's ranks (MoE parallel folding):
+        EP×ETP×PP must divide the world, so EP may exceed DP (the original's TP 4, EP 8 on 8 GPUs).
 
         Raises:
-            ValueError: `world_size` not divisible by TP×PP×CP, or DP×CP not divisible by EP.
+            ValueError: `world_size` not divisible by TP×PP×CP, or by EP×ETP×PP.
         """
         model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
         if world_size % (model_parallel * self.context_parallel_size):
@@ -183,12 +188,27 @@ class MegatronSettings(BaseModel):
                 f"world size {world_size} is not divisible by TP×PP×CP = "
                 f"{self.tensor_model_parallel_size}×{self.pipeline_model_parallel_size}×{self.context_parallel_size}"
             )
-        dp = world_size // (model_parallel * self.context_parallel_size)
-        if (dp * self.context_parallel_size) % self.expert_model_parallel_size:
+        expert = self.expert_model_parallel_size * self.expert_tensor_parallel_size * self.pipeline_model_parallel_size
+        if world_size % expert:
             raise ValueError(
-                f"DP×CP = {dp * self.context_parallel_size} not divisible by EP={self.expert_model_parallel_size}"
+                f"world size {world_size} is not divisible by EP×ETP×PP = {self.expert_model_parallel_size}×"
+                f"{self.expert_tensor_parallel_size}×{self.pipeline_model_parallel_size}"
             )
-        return types.SimpleNamespace(data_parallel_size=dp)
+        return types.SimpleNamespace(data_parallel_size=world_size // (model_parallel * self.context_parallel_size))
+
+    def parallel_state_kwargs(self) -> dict[str, int]:
+        """The sizes for `megatron.core.parallel_state.initialize_model_parallel`.
+
+        The expert tensor-parallel size is named: left out, megatron-core makes it the TP size, which shards every
+        expert over TP (against `--expert-tensor-parallel-size 1` and the model config) and needs EP×TP×PP ranks.
+        """
+        return {
+            "tensor_model_parallel_size": self.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": self.pipeline_model_parallel_size,
+            "context_parallel_size": self.context_parallel_size,
+            "expert_model_parallel_size": self.expert_model_parallel_size,
+            "expert_tensor_parallel_size": self.expert_tensor_parallel_size,
+        }
 
 
 def _tokens_read_here(tokens: list[str]) -> list[str]:

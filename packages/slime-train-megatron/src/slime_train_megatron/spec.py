@@ -17,22 +17,27 @@ __all__ = ["MEGATRON", "preflight"]
 
 
 def preflight(cfg: Any) -> list[Problem]:
-    """The log-prob head and the model type of `--hf-checkpoint` must be ones this backend can run.
+    """The Megatron settings, parallel layout, log-prob head and model type must be ones this backend can run.
 
-    `--log-probs-head`: unset or `fused` with `--tensor-model-parallel-size 1` (`settings.head_kind`). The model type
-    must be one `slime_convert.model_args` can build as a GPTModel; checked first in the app's preflight:
-    architecture-flag mismatches do not matter if the model cannot be built.
+    The Megatron flags it reads must parse into `MegatronSettings` (a bad `--recompute-granularity` or
+    `--attention-backend` value) and lay out over the trainer's ranks (`MegatronSettings.world_layout`), as the
+    workers will check them. `--log-probs-head`: unset or `fused` with `--tensor-model-parallel-size 1`
+    (`settings.head_kind`). The model type must be one `slime_convert.model_args` can build as a GPTModel; checked
+    first in the app's preflight: architecture-flag mismatches do not matter if the model cannot be built.
 
     Args:
-        cfg: the validated config (reads `log_probs_head`, `tensor_model_parallel_size`, `hf_checkpoint`).
+        cfg: the validated config (reads `megatron_args` and the fields `MegatronSettings` shares, `actor_num_nodes`,
+            `actor_num_gpus_per_node`, `log_probs_head`, `hf_checkpoint`).
 
     Returns:
         One error per problem found; none without them (a missing `--hf-checkpoint` is the app's path checks').
     """
     # Here, not at the top: settings imports `slime_core.config`, which imports this module while it is imported.
-    from slime_train_megatron.settings import head_kind
+    from slime_train_megatron.settings import MegatronSettings, head_kind
 
     try:
+        settings = MegatronSettings.from_config(cfg)
+        settings.world_layout(cfg.actor_num_nodes * cfg.actor_num_gpus_per_node)
         head_kind(cfg.log_probs_head, cfg.tensor_model_parallel_size)
     except ValueError as e:
         return [Problem(message=str(e))]

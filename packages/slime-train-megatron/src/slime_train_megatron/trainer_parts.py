@@ -80,12 +80,7 @@ def build_parallel_model(
     s = settings
     s.world_layout(dist.get_world_size())
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=s.tensor_model_parallel_size,
-            pipeline_model_parallel_size=s.pipeline_model_parallel_size,
-            context_parallel_size=s.context_parallel_size,
-            expert_model_parallel_size=s.expert_model_parallel_size,
-        )
+        parallel_state.initialize_model_parallel(**s.parallel_state_kwargs())
     cuda = torch.cuda.is_available()
     if cuda:
         tensor_parallel.model_parallel_cuda_manual_seed(s.seed)

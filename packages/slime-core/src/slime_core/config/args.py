@@ -120,9 +120,12 @@ class SlimeArgs(
     def _parallel_size(self, flag: str) -> int:
         value = self.megatron_flag(flag, 1)
         try:
-            return int(value)
+            size = int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{flag}: expected an integer, got {value!r}") from None
+        if size < 1:  # 0 divided the dry run's layout arithmetic by zero
+            raise ConfigError(f"{flag}: expected an integer >= 1, got {value!r}")
+        return size
 
     @property
     def _megatron_native(self) -> bool:

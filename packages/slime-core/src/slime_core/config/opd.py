@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from slime_core.config.base import ConfigError, warn_once
+from slime_core.config.base import ConfigError, non_default, warn_once
 from slime_core.extensions import TRAIN_BACKENDS, train_backend_spec
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ def validate_opd(args: SlimeArgs) -> None:
             raise ConfigError("--opd-teacher-load is set but --use-opd is not; add --use-opd or remove it")
         if args.opd_type is not None:
             warn_once("opd_type", f"--opd-type {args.opd_type} has no effect without --use-opd")
+        if non_default(args, ("opd_kl_coef",)):  # the teacher's reverse KL enters the advantages under --use-opd only
+            warn_once("opd_kl_coef", f"--opd-kl-coef {args.opd_kl_coef} has no effect without --use-opd")
         return
     if args.opd_type is None:
         raise ConfigError("--use-opd requires --opd-type sglang (teacher engine) or megatron/fsdp (trainer-side)")

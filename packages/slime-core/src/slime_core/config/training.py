@@ -218,11 +218,17 @@ class FsdpArgs(ArgsGroup):
         "cache instead of compiling them; steps run the layers eagerly while it still compiles, never wait for it "
         "(slime_train_fsdp.compile_warmup; --no-fsdp-compile-warmup turns it off).",
     )
-    gradient_checkpointing: bool = arg(False, "HF gradient checkpointing.")
+    gradient_checkpointing: bool = arg(
+        False, "HF gradient checkpointing (FSDP; with Megatron use --recompute-granularity full, this is refused)."
+    )
     freeze_vision_tower: bool = arg(
         False, "Vision-language models: keep the vision tower (and its merger) frozen; only the language model trains."
     )
-    fsdp_cpu_offload: bool = arg(False, "Keep parameters, gradients and optimizer states on CPU (FSDP2 offload).")
+    fsdp_cpu_offload: bool = arg(
+        False,
+        "Keep parameters, gradients and optimizer states on CPU (FSDP2 offload; with Megatron use "
+        "--optimizer-cpu-offload, this is refused).",
+    )
     fsdp_state_dict_cpu_offload: bool = arg(False, "Gather full state dicts to CPU.")
     fsdp_cpu_backend: str = arg("gloo", "Process-group backend for CPU tensors.")
     deterministic_mode: bool = arg(

@@ -110,6 +110,8 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--rollout-data-transport": "rollout batches reach the trainer through Ray's object store",
     "--wandb-run-name": "the W&B run is named from --wandb-group (resume one with --wandb-run-id)",
     "--warmup-ratio": "use --lr-warmup-fraction",
+    # The original derives use_critic from the estimator and ignores unknown flags, so its PPO docs pass it.
+    "--use-critic": "the PPO critic is on exactly with --advantage-estimator ppo, as in the original, which derives it",
 }
 
 

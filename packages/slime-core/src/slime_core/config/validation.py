@@ -254,6 +254,33 @@ def _num_rollout(args: SlimeArgs) -> None:
         )
 
 
+_TIS_FIELDS = ("tis_clip", "tis_clip_low", "tis_mode")
+
+
+def _importance_sampling_knobs(args: SlimeArgs) -> None:
+    """Warns once about TIS / OPSM settings whose switch is off (the loss never reads them then).
+
+    Raises:
+        ConfigError: `--custom-tis-function-path` without `--use-tis` or `--get-mismatch-metrics` (a function of the
+            user's that would never be called: it changes the loss when it is).
+    """
+    if args.custom_tis_function_path and not (args.use_tis or args.get_mismatch_metrics):
+        # The loss calls it only under one of them (as the original's loss.py): it weighted nothing, said nothing.
+        raise ConfigError(
+            f"--custom-tis-function-path {args.custom_tis_function_path} is called only with --use-tis (it weights the "
+            "policy loss) or --get-mismatch-metrics (its metrics only): add one, or drop the flag"
+        )
+    tis = [field_to_flag(f) for f in non_default(args, _TIS_FIELDS)]
+    if tis and not (args.use_tis or args.get_mismatch_metrics):
+        # The loss calls the TIS function (built-in or --custom-tis-function-path) under these two only; its weights
+        # and the mismatch helper's bounds (--tis-upper-bound defaults to --tis-clip) are what read the others.
+        flags = " and ".join(tis)
+        verb = "have" if len(tis) > 1 else "has"
+        warn_once("tis_clip", f"{flags} {verb} no effect without --use-tis or --get-mismatch-metrics")
+    if non_default(args, ("opsm_delta",)) and not args.use_opsm:
+        warn_once("opsm_delta", "--opsm-delta has no effect without --use-opsm")
+
+
 def _algorithm(args: SlimeArgs) -> None:
     if args.n_samples_per_prompt == 1 and not args.disable_grpo_std_normalization:
         # The std of a single-sample group is 0; normalizing by it would divide by zero.
@@ -273,18 +300,7 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--use-rollout-logprobs and --use-tis are mutually exclusive")
     if args.tis_clip_low > args.tis_clip:
         raise ConfigError(f"--tis-clip-low ({args.tis_clip_low}) must be <= --tis-clip ({args.tis_clip})")
-    clips = [field_to_flag(f) for f in non_default(args, ("tis_clip", "tis_clip_low"))]
-    if clips and not (args.use_tis or args.get_mismatch_metrics or args.custom_tis_function_path):
-        # Only the TIS weights and the mismatch helper's bounds (--tis-upper-bound defaults to --tis-clip) read them.
-        flags = " and ".join(clips)
-        verb = "have" if len(clips) > 1 else "has"
-        warn_once("tis_clip", f"{flags} {verb} no effect without --use-tis or --get-mismatch-metrics")
-    if args.custom_tis_function_path and not (args.use_tis or args.get_mismatch_metrics):
-        # The loss calls it only under one of them (as the original's loss.py): it weighted nothing, said nothing.
-        raise ConfigError(
-            f"--custom-tis-function-path {args.custom_tis_function_path} is called only with --use-tis (it weights the "
-            "policy loss) or --get-mismatch-metrics (its metrics only): add one, or drop the flag"
-        )
+    _importance_sampling_knobs(args)
     validate_mismatch(args)
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
         raise ConfigError("--loss-type custom_loss requires --custom-loss-function-path")
@@ -416,6 +432,9 @@ def _lora(args: SlimeArgs) -> None:
     if not args.lora_rank:
         if args.weight_sync == "lora":
             raise ConfigError("--weight-sync lora syncs a LoRA adapter: set --lora-rank")
+        knobs = [field_to_flag(f) for f in non_default(args, ("lora_alpha", "lora_target_modules", "lora_save_merged"))]
+        if knobs:  # full fine-tuning: no adapter for them to shape
+            warn_once("lora_knobs", f"{' / '.join(knobs)}: no effect without --lora-rank (LoRA is off)")
         return
     if not train_backend_spec(args).supports_lora:
         supported = [n for n in TRAIN_BACKENDS.names() if _supports_lora(n)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from slime_core.config.base import ConfigError, warn_once
+from slime_core.config.base import ConfigError, field_to_flag, warn_once
 from slime_core.extensions import train_backend_spec
 
 if TYPE_CHECKING:
@@ -28,7 +28,8 @@ def check_trainer_flags(args: SlimeArgs) -> None:
     Raises:
         ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement;
             `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it;
-            `--attn-implementation` with Megatron, unknown, or needing a package that is not installed.
+            `--attn-implementation` with Megatron, unknown, or needing a package that is not installed;
+            FSDP's memory flags (`--gradient-checkpointing`, `--fsdp-cpu-offload`) with a megatron-core backend.
     """
     spec = train_backend_spec(args)
     styles = spec.lr_decay_styles
@@ -49,6 +50,32 @@ def check_trainer_flags(args: SlimeArgs) -> None:
         )
     _micro_batching(args)
     _attention(args)
+    _fsdp_flags(args)
+
+
+# FSDP's memory flags -> what a megatron-core backend (`TrainBackendSpec.megatron_native`) uses instead: it builds no HF
+# model and no FSDP2 wrapper, so it never reads them (the run kept every activation / every state on the GPU).
+_FSDP_MEMORY_FLAGS = {
+    "gradient_checkpointing": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+    "fsdp_cpu_offload": "--optimizer-cpu-offload (optimizer states on CPU)",
+}
+
+
+def _fsdp_flags(args: SlimeArgs) -> None:
+    if not train_backend_spec(args).megatron_native:
+        return
+    for name, instead in _FSDP_MEMORY_FLAGS.items():
+        if getattr(args, name):
+            raise ConfigError(
+                f"{field_to_flag(name)} is an FSDP flag, not read by --train-backend {args.train_backend}; use "
+                f"{instead}"
+            )
+    if args.fsdp_compile_layers is not None:  # a kernel choice, as --megatron-compile-layers is under FSDP
+        warn_once(
+            "fsdp_compile_layers",
+            f"--fsdp-compile-layers has no effect with --train-backend {args.train_backend} (use "
+            "--megatron-compile-layers)",
+        )
 
 
 # The package each --attn-implementation value (the config's Literal) needs beyond torch and transformers; checked
