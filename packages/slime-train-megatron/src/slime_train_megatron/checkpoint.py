@@ -199,6 +199,19 @@ def load_reference(reference_dir: str | os.PathLike[str], model: Any) -> None:
     model.load_state_dict(state["model"], strict=True)
 
 
+def _saved_rng_world(ckpt: pathlib.Path) -> int | None:
+    """Number of ranks whose RNG states `save_checkpoint` wrote into `ckpt` (keys `rng_state/shard_<rank>_<world>`).
+
+    None when the checkpoint holds none (saved by another program).
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    for key in FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata:
+        if key.startswith("rng_state/shard_"):
+            return int(key.rsplit("_", 1)[1])
+    return None
+
+
 def load_checkpoint(
     path: str,
     model: Any,
@@ -239,7 +252,15 @@ def load_checkpoint(
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
         rank, world = dist.get_rank(), dist.get_world_size()
-        template["rng_state"] = ShardedObject("rng_state", None, (world,), (rank,), replica_id=0)
+        saved_world = _saved_rng_world(ckpt)
+        if saved_world == world:
+            template["rng_state"] = ShardedObject("rng_state", None, (world,), (rank,), replica_id=0)
+        elif rank == 0:
+            # One RNG state per rank: another rank count has none of its own (as Megatron-LM after a TP/PP change).
+            logger.warning(
+                "--load %s: saved by %s ranks, loaded by %d: the RNG states are not restored (weights, optimizer and "
+                "schedule are; --no-load-rng says this on purpose)", ckpt, saved_world, world,
+            )  # fmt: skip
     state = dist_checkpointing.load(template, str(ckpt))
     model.load_state_dict(state["model"], strict=True)
     if "optimizer" in template:
