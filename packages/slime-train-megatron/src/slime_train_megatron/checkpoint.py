@@ -15,6 +15,7 @@ import logging
 import os
 import pathlib
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -207,8 +208,10 @@ def _saved_rng_world(ckpt: pathlib.Path) -> int | None:
     from torch.distributed.checkpoint import FileSystemReader
 
     for key in FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata:
-        if key.startswith("rng_state/shard_"):
-            return int(key.rsplit("_", 1)[1])
+        # Megatron-LM keys its RNG shards by (PP, TP) instead: `rng_state/shard_0.0_1.1`, not slime's.
+        found = re.fullmatch(r"rng_state/shard_\d+_(\d+)", key)
+        if found:
+            return int(found.group(1))
     return None
 
 
@@ -231,18 +234,32 @@ def load_checkpoint(
         load_rng: restore RNG states when saved.
         ckpt_step: iteration to load instead of the latest (`--ckpt-step`).
 
+    A training iteration the original slime wrote (Megatron-LM's `save_checkpoint`: `iter_XXXXXXX` whose common state
+    has `iteration` and `args` but no `rollout_id`) gives its weights and its iteration as the rollout id; its
+    optimizer, schedule and RNG states are Megatron-LM's layout and are not read, so it needs `optimizer=None`.
+
     Returns:
-        The stored rollout id, or None for a converted (`release`) checkpoint.
+        The stored rollout id (an original checkpoint's iteration), or None for a converted (`release`) checkpoint.
 
     Raises:
         FileNotFoundError: no checkpoint at `path`.
-        ValueError: `optimizer` given for a checkpoint saved without optimizer state (names `--no-load-optim`).
+        ValueError: `optimizer` given for a checkpoint saved without optimizer state (names `--no-load-optim`), or
+            for a checkpoint of the original slime (names `--no-load-optim` and `--finetune`).
     """
     ckpt = resolve_iteration_dir(path, ckpt_step)
     model_sd = model.sharded_state_dict()
     template: dict[str, Any] = {"model": model_sd}
     common = dist_checkpointing.load_common_state_dict(str(ckpt))
     resumable = "rollout_id" in common
+    original = not resumable and ckpt.name.startswith("iter_") and "iteration" in common and "args" in common
+    if original and optimizer is not None:
+        # It resumed as weights only at rollout 0 (the LR warm-up, the data and --num-rollout started over), silently.
+        raise ValueError(
+            f"--load {path}: {ckpt.name} is a checkpoint of the original slime (Megatron-LM, iteration "
+            f"{common['iteration']}): its optimizer, schedule and RNG states are not read here; give --no-load-optim "
+            f"to continue at rollout {int(common['iteration']) + 1} from its weights with a fresh optimizer, or "
+            "--finetune to start from its weights at rollout 0"
+        )
     if optimizer is not None and resumable and common.get("optimizer_saved") is False:
         # As Megatron-LM ("Unable to load optimizer from checkpoint ... Specify --no-load-optim or --finetune").
         raise ValueError(no_optimizer_state_message(path, ckpt.name))
@@ -277,4 +294,6 @@ def load_checkpoint(
     if "rng_state" in template:
         _set_rng_state(state["rng_state"])
     logger.info("loaded %s (%s)", ckpt, "resumable" if resumable else "weights only")
+    if original:
+        return int(common["iteration"])
     return int(common["rollout_id"]) if resumable else None
