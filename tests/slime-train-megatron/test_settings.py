@@ -85,6 +85,29 @@ def test_world_layout():
 
 
 @pytest.mark.parametrize(
+    ("sizes", "world", "dp"),
+    [
+        (dict(tensor_model_parallel_size=4, expert_model_parallel_size=8), 8, 2),  # run-qwen3-30B-A3B.sh
+        (dict(tensor_model_parallel_size=4, expert_model_parallel_size=8), 16, 4),  # run-moonlight-16B-A3B on 2 nodes
+        (dict(tensor_model_parallel_size=4, pipeline_model_parallel_size=4, context_parallel_size=2,
+              expert_model_parallel_size=16), 64, 2),  # run-qwen3-235B-A22B.sh
+    ],
+)  # fmt: skip
+def test_expert_parallelism_wider_than_dp_is_megatron_cores_layout(sizes, world, dp):
+    # Issue 27, hostile pass 31: world_layout required EP to divide DP×CP (megatron-core before MoE parallel folding),
+    # so the original's MoE scripts (EP 8 with TP 4 on 8 GPUs: DP 2) were refused before the model was built.
+    # megatron-core lays the expert layers out over EP×ETP×PP ranks (parallel_state.initialize_model_parallel).
+    assert MegatronSettings(**sizes).world_layout(world).data_parallel_size == dp
+
+
+def test_expert_parallelism_that_does_not_divide_the_ranks_of_a_stage_is_refused():
+    s = MegatronSettings(pipeline_model_parallel_size=2, expert_model_parallel_size=3)
+    with pytest.raises(ValueError) as e:
+        s.world_layout(4)
+    assert str(e.value) == "world size 4 is not divisible by EP×PP = 3×2"
+
+
+@pytest.mark.parametrize(
     ("tokens", "experts", "named"),
     [
         (["--pipeline-model-parallel-size", "2"], None, "num_hidden_layers 3 is not divisible by 2"),

@@ -175,8 +175,12 @@ class MegatronSettings(BaseModel):
     def world_layout(self, world_size: int) -> types.SimpleNamespace:
         """Data-parallel size for `world_size` ranks.
 
+        Expert layers are laid out apart from the dense ones (megatron-core's MoE parallel folding,
+        `parallel_state.initialize_model_parallel`): EP×ETP×PP ranks per expert replica, ETP = 1 here, so EP needs
+        only to divide `world_size / PP`, not DP×CP (the original's Qwen3-30B-A3B script: TP 4, EP 8 on 8 GPUs).
+
         Raises:
-            ValueError: `world_size` not divisible by TP×PP×CP, or DP×CP not divisible by EP.
+            ValueError: `world_size` not divisible by TP×PP×CP, or by EP×PP.
         """
         model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
         if world_size % (model_parallel * self.context_parallel_size):
@@ -185,9 +189,11 @@ class MegatronSettings(BaseModel):
                 f"{self.tensor_model_parallel_size}×{self.pipeline_model_parallel_size}×{self.context_parallel_size}"
             )
         dp = world_size // (model_parallel * self.context_parallel_size)
-        if (dp * self.context_parallel_size) % self.expert_model_parallel_size:
+        expert_layout = self.expert_model_parallel_size * self.pipeline_model_parallel_size
+        if world_size % expert_layout:
             raise ValueError(
-                f"DP×CP = {dp * self.context_parallel_size} not divisible by EP={self.expert_model_parallel_size}"
+                f"world size {world_size} is not divisible by EP×PP = "
+                f"{self.expert_model_parallel_size}×{self.pipeline_model_parallel_size}"
             )
         return types.SimpleNamespace(data_parallel_size=dp)
 
