@@ -26,7 +26,7 @@ from megatron.core import dist_checkpointing
 
 from slime_convert import ModelArgs
 from slime_convert.load_shapes import check_hf_checkpoint, check_torch_dist_checkpoint
-from slime_convert.torch_dist import resolve_iteration_dir
+from slime_convert.torch_dist import TorchDistReader, resolve_iteration_dir
 from slime_core.checkpoint_dirs import REFERENCE_DIR, TRACKER_FILE, iteration_name, no_optimizer_state_message
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.fp8 import trainer_weights_dir
@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "check_load_shapes",
+    "check_value_head_checkpoint",
     "is_megatron_checkpoint",
     "load_checkpoint",
     "load_reference",
@@ -78,6 +79,34 @@ def check_load_shapes(
         check_hf_checkpoint(flag, source, model_args, config_dir=hf_checkpoint)
     if load and is_megatron_checkpoint(load):
         check_torch_dist_checkpoint("--load", load, model_args, config_dir=hf_checkpoint, ckpt_step=ckpt_step)
+
+
+def check_value_head_checkpoint(flag: str, path: str, ckpt_step: int | None, hidden_size: int) -> None:
+    """Checks that the critic's torch_dist checkpoint holds a value head, before the model is built.
+
+    An actor's checkpoint given as the critic's (`--critic-load <actor save>`) stopped the critic's ranks inside
+    megatron's load with `CheckpointException ... KeyError: 'output_layer.bias'`. Reads the `.metadata` only.
+
+    Args:
+        flag: `--critic-load`, or `--load` when the critic's folder is `<--load>/critic`.
+        path: the critic's checkpoint folder (a save dir or an iteration dir).
+        ckpt_step: the iteration the loader reads (`--ckpt-step`), else the tracker's.
+        hidden_size: the model's hidden size H: a value head is `output_layer.weight [1, H]` with `output_layer.bias`.
+
+    Raises:
+        ValueError: naming the flag, the iteration and the head the checkpoint holds.
+    """
+    ckpt = resolve_iteration_dir(path, ckpt_step)
+    keys = TorchDistReader(ckpt).tensor_keys()
+    weight = keys.get("output_layer.weight")
+    if weight is not None and tuple(weight[0]) == (1, hidden_size) and "output_layer.bias" in keys:
+        return
+    held = f"an output layer of shape {list(weight[0])}" if weight is not None else "no output layer (tied embeddings)"
+    raise ValueError(
+        f"{flag} {path}: {ckpt.name} is not a critic checkpoint: it holds {held}, a value head is [1, {hidden_size}] "
+        "with a bias (an actor's checkpoint? the critic's are saved in <--save>/critic); give the critic's checkpoint "
+        "folder, or an HF directory to start the value model from"
+    )
 
 
 def _rng_state() -> dict[str, Any]:
