@@ -53,3 +53,34 @@ def test_megatron_expert_parallelism_on_a_dense_model_fails_the_dry_run(flags, c
         "remove the flag"
     ), err
     assert main([*megatron, "--expert-model-parallel-size", "1"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (
+            ["--pipeline-model-parallel-size", "8"],
+            "--pipeline-model-parallel-size 8: num_hidden_layers 36 is not divisible by 8",
+        ),
+        (
+            ["--pipeline-model-parallel-size", "4", "--decoder-last-pipeline-num-layers", "10"],
+            "--decoder-last-pipeline-num-layers 10 with --pipeline-model-parallel-size 4 and num_hidden_layers 36: "
+            "the other 26 layers do not split evenly over the other 3 stage(s)",
+        ),
+        (
+            ["--decoder-first-pipeline-num-layers", "12"],
+            "--decoder-first-pipeline-num-layers 12 needs --pipeline-model-parallel-size > 1",
+        ),
+    ],
+)
+def test_megatron_pipeline_stages_the_layers_do_not_split_over_fail_the_dry_run(flags, extra, named, capsys):
+    # Issue 27, hostile pass 31: these passed the dry run; megatron-core then stopped every rank while building the
+    # model ("num_layers should be divisible by pipeline_model_parallel_size", "Mismatch: 24 middle layers
+    # remaining but 0 middle PP stages"), or, first=36 with one stage, took the flag and did nothing.
+    megatron = [*flags[: flags.index("--train-backend") + 1], "megatron", *flags[flags.index("--train-backend") + 2 :]]
+    megatron[megatron.index("--actor-num-gpus-per-node") + 1] = "8"
+    assert main([*megatron, *extra]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("slime: error: --hf-checkpoint ") and ": the Megatron layout does not fit: " in err, err
+    assert named in err, err
+    assert main([*megatron, "--pipeline-model-parallel-size", "4"]) == 0, capsys.readouterr().err

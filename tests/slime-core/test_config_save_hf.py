@@ -75,6 +75,8 @@ def test_an_export_over_a_checkpoint_directory_is_refused(tmp_path, flag, save_h
     template = save_hf.format(d=tmp_path)
     with pytest.raises(ConfigError) as info:
         extra = {"advantage_estimator": "ppo"} if flag.startswith("critic") else {}
+        if flag == "critic_save":
+            extra["save"] = str(tmp_path / "run")  # --critic-save needs --save
         make(save_hf=template, **{flag: str(ckpt)}, **extra)
     message = str(info.value)
     assert f"overlaps --{flag.replace('_', '-')} {ckpt} ({os.path.realpath(ckpt)})" in message

@@ -177,7 +177,7 @@ def test_ppo_critic_placement_and_role_config():
     role = critic_config(shared)
     assert (role.lr, role.lr_warmup_iters, role.load, role.save) == (1e-6, 3, "/ckpt/critic", "/ckpt/critic")
     own = make(advantage_estimator="ppo", critic_num_nodes=1, critic_lr=5e-6, critic_lr_warmup_iters=0,
-               critic_load="/c", critic_save="/s", kl_coef=0.1, hf_checkpoint="/hf")  # fmt: skip
+               critic_load="/c", critic_save="/s", save="/out", kl_coef=0.1, hf_checkpoint="/hf")  # fmt: skip
     assert (own.critic_num_nodes, own.critic_num_gpus_per_node) == (1, 8)  # the rest from the actor
     role = critic_config(own)
     assert (role.lr, role.lr_warmup_iters, role.load, role.save) == (5e-6, 0, "/c", "/s")
@@ -185,6 +185,18 @@ def test_ppo_critic_placement_and_role_config():
     assert own.kl_coef == 0.1 and SlimeArgs.from_dict(own.to_dict()) == own  # the run config is untouched
     with pytest.raises(ValueError, match="--advantage-estimator grpo trains no critic"):
         critic_config(make())
+
+
+def test_a_critic_save_without_save_is_refused():
+    # Issue 27, hostile pass 31: it was accepted and nothing was ever written there (the driver saves only with --save,
+    # whose tracker commits the actor-critic pair).
+    with pytest.raises(ConfigError) as e:
+        make(advantage_estimator="ppo", critic_save="/s")
+    assert str(e.value) == (
+        "--critic-save /s needs --save: the critic is saved with the actor's checkpoint, whose tracker commits the "
+        "resume point; give --save too"
+    )
+    assert make(advantage_estimator="ppo", critic_save="/s", save="/out").critic_save == "/s"
 
 
 def test_opd_configurations(tmp_path):

@@ -153,3 +153,25 @@ def test_a_resume_with_another_schedule_is_refused_naming_the_flags():
     sched3 = build_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), constant)
     saved = sched3.state_dict()
     assert resume(lr_decay_style="constant", num_rollout=8) == 1.0
+
+
+@pytest.mark.parametrize("critic_warmup", [0, 4])
+def test_the_critics_own_warmup_steps_win_over_the_actors_warmup_fraction(critic_warmup):
+    # Issue 27, hostile pass 31: the critic kept the actor's --lr-warmup-fraction, which both backends' schedules take
+    # first: --critic-lr-warmup-iters 0 still warmed the critic up over half the run, and 4 stopped the critic's ranks
+    # with "give only one of --lr-warmup-iters and --lr-warmup-fraction", a flag the user had not given.
+    from slime_core.critic import critic_config
+
+    def first_lr(cfg):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+        build_lr_scheduler(optimizer, cfg)
+        return optimizer.param_groups[0]["lr"]
+
+    actor = _CONFIG.model_copy(update={
+        "advantage_estimator": "ppo", "num_rollout": 16, "lr": 1.0, "lr_warmup_fraction": 0.5, "critic_lr": 2.0,
+        "critic_lr_warmup_iters": critic_warmup,
+    })  # fmt: skip
+    assert first_lr(actor) == pytest.approx(1.0 / 8)  # the actor: warm-up over half of its 16 steps
+    assert first_lr(critic_config(actor)) == pytest.approx(2.0 / critic_warmup if critic_warmup else 2.0)
+    # Without its own steps the critic follows the actor's fraction.
+    assert first_lr(critic_config(actor.model_copy(update={"critic_lr_warmup_iters": None}))) == pytest.approx(2.0 / 8)

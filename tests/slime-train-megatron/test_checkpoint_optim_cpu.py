@@ -63,3 +63,95 @@ def test_no_save_optim_leaves_the_optimizer_out_and_its_resume_needs_no_load_opt
         assert resume("--no-load-optim") == 1
     else:
         assert resume() == 1
+
+
+def test_a_checkpoint_saved_by_another_number_of_ranks_resumes_without_its_rng_states(
+    cpu_backend_env, tiny_hf, tmp_path, monkeypatch, caplog
+):
+    # Issue 27, hostile pass 31: the RNG states are one shard per rank (`rng_state/shard_<rank>_<world>`), so a
+    # checkpoint saved by 1 rank and resumed by 2 (another DP, TP or PP size) stopped every rank in megatron's load
+    # with "Missing key in checkpoint state_dict: rng_state/shard_0_2" unless --no-load-rng was given. Megatron-LM
+    # resumes such a checkpoint and leaves the RNG states out. Here rank 0 of a 2-rank world is what
+    # load_checkpoint is told (the load itself runs in this one-rank world, which holds every shard).
+    import types
+
+    from slime_train_megatron import checkpoint
+
+    _, hf_dir = tiny_hf("qwen3")
+    megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
+    args = SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
+        "megatron_args": megatron_args, "save": str(tmp_path / "save"), "advantage_estimator": "grpo",
+    })  # fmt: skip
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    backend.train(0, _batch())
+    backend.save(0)
+    trained = {n: p.detach().clone() for n, p in backend.module.named_parameters()}
+    saved_rng = torch.get_rng_state()
+
+    torch.manual_seed(7)  # this run's own RNG state, which a restore would replace
+    with torch.no_grad():
+        for p in backend.module.parameters():
+            p.zero_()
+    own_rng = torch.get_rng_state()
+    two_ranks = types.SimpleNamespace(get_rank=lambda: 0, get_world_size=lambda: 2)
+    with monkeypatch.context() as patch, caplog.at_level("WARNING", logger=checkpoint.__name__):
+        patch.setattr(checkpoint, "dist", two_ranks)
+        assert checkpoint.load_checkpoint(str(tmp_path / "save"), backend.module, None, None) == 0
+    for name, p in backend.module.named_parameters():
+        assert torch.equal(p.detach(), trained[name]), name
+    assert torch.equal(torch.get_rng_state(), own_rng)
+    assert "saved by 1 ranks, loaded by 2: the RNG states are not restored" in caplog.text
+
+    # The rank count it was saved with: the RNG states come back.
+    assert checkpoint.load_checkpoint(str(tmp_path / "save"), backend.module, None, None) == 0
+    assert torch.equal(torch.get_rng_state(), saved_rng)
+
+
+def test_a_training_checkpoint_of_the_original_slime_is_not_taken_for_weights_at_rollout_0(
+    cpu_backend_env, tiny_hf, tmp_path
+):
+    # Issue 27, hostile pass 31: an `iter_0000005` the original slime wrote (Megatron-LM's save_checkpoint: its common
+    # state has `iteration` and `args`, no `rollout_id`) resumed as weights only at rollout 0: the LR warm-up, the
+    # prompts and --num-rollout started over, and nothing said so. Megatron-LM's optimizer, schedule and RNG layout are
+    # not read here, so the resume asks for --no-load-optim (continue at rollout 6) or --finetune (rollout 0).
+    _, hf_dir = tiny_hf("qwen3")
+    megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
+    args = SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
+        "megatron_args": megatron_args, "save": str(tmp_path / "save"), "advantage_estimator": "grpo",
+    })  # fmt: skip
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    backend.train(0, _batch())
+    backend.save(0)
+    trained = {n: p.detach().clone() for n, p in backend.module.named_parameters()}
+    # Rewrite it into the original's layout: iter_0000005, the tracker saying 5, Megatron-LM's common state.
+    save = tmp_path / "save"
+    (save / "iter_0000000").rename(save / "iter_0000005")
+    (save / "latest_checkpointed_iteration.txt").write_text("5")
+    common_file = save / "iter_0000005" / "common.pt"
+    common = torch.load(common_file, weights_only=False)
+    for key in ("rollout_id", "optimizer_saved", "opt_param_scheduler"):
+        common.pop(key, None)
+    common.update(iteration=5, args={"num_layers": 2})
+    torch.save(common, common_file)
+
+    def resume(*extra):
+        load = args.model_copy(update={"megatron_args": [*megatron_args, "--load", str(save), *extra], "save": None})
+        resumed = cpu_backend_env.MegatronTrainBackend()
+        start = resumed.init(load, with_ref=False)
+        for name, p in resumed.module.named_parameters():
+            assert torch.equal(p.detach(), trained[name]), name
+        return start
+
+    with pytest.raises(ValueError) as e:
+        resume()  # was: 0, the weights loaded and the run started over
+    assert str(e.value) == (
+        f"--load {save}: iter_0000005 is a checkpoint of the original slime (Megatron-LM, iteration 5): its "
+        "optimizer, schedule and RNG states are not read here; give --no-load-optim to continue at rollout 6 from "
+        "its weights with a fresh optimizer, or --finetune to start from its weights at rollout 0"
+    )
+    assert resume("--no-load-optim") == 6
+    assert resume("--finetune") == 0

@@ -87,6 +87,28 @@ def test_critic_values_training_checkpoint(cpu_backend_env, tiny_hf, tmp_path):
         _critic_cls().init(critic_config(cfg.model_copy(update={"critic_load": "/nope"})))
 
 
+def test_an_actors_checkpoint_given_as_the_critics_is_refused_naming_the_flag(cpu_backend_env, tiny_hf, tmp_path):
+    # Issue 27, hostile pass 31: --critic-load at the actor's save (an easy slip: both are torch_dist folders) stopped
+    # the critic's ranks inside megatron's load ("CheckpointException ... KeyError: 'output_layer.bias'").
+    _, hf_dir = tiny_hf("qwen3")
+    run = _run_config(hf_dir, advantage_estimator="ppo", save=str(tmp_path / "actor"))
+    actor = cpu_backend_env.MegatronTrainBackend()
+    actor.init(run, with_ref=False)
+    actor.save(0)
+    with pytest.raises(ValueError) as e:
+        _critic_cls().init(critic_config(run.model_copy(update={"critic_load": str(tmp_path / "actor"), "save": None})))
+    assert str(e.value) == (
+        f"--critic-load {tmp_path / 'actor'}: iter_0000000 is not a critic checkpoint: it holds an output layer of "
+        "shape [384, 64], a value head is [1, 64] with a bias (an actor's checkpoint? the critic's are saved in "
+        "<--save>/critic); give the critic's checkpoint folder, or an HF directory to start the value model from"
+    )
+    # The critic's own checkpoint next to it resumes.
+    critic = _critic_cls()
+    critic.init(critic_config(run))
+    critic.save(0)
+    assert _critic_cls().init(critic_config(run.model_copy(update={"load": str(tmp_path / "actor")}))) == 1
+
+
 def test_the_critic_is_a_critic_backend_and_nothing_of_the_actor():
     """Composition, not an actor subclass that refuses: the actor-only API does not exist on the critic."""
     from slime_core.critic import CriticStepBackend

@@ -159,3 +159,74 @@ def test_megatron_core_builds_tp2_ep2_on_two_ranks_from_these_kwargs(tmp_path):
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results["ours"] == [1, 2]
     assert "is not divisible by expert_tensor_model_pipeline_parallel size (4)" in results["before"]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "world", "dp"),
+    [
+        (dict(tensor_model_parallel_size=4, expert_model_parallel_size=8), 8, 2),  # run-qwen3-30B-A3B.sh
+        (dict(tensor_model_parallel_size=4, expert_model_parallel_size=8), 16, 4),  # run-moonlight-16B-A3B on 2 nodes
+        (dict(tensor_model_parallel_size=4, pipeline_model_parallel_size=4, context_parallel_size=2,
+              expert_model_parallel_size=16), 64, 2),  # run-qwen3-235B-A22B.sh
+    ],
+)  # fmt: skip
+def test_expert_parallelism_wider_than_dp_is_megatron_cores_layout(sizes, world, dp):
+    # Issue 27, hostile pass 31: world_layout required EP to divide DP×CP (megatron-core before MoE parallel folding),
+    # so the original's MoE scripts (EP 8 with TP 4 on 8 GPUs: DP 2) were refused before the model was built.
+    # megatron-core lays the expert layers out over EP×ETP×PP ranks (parallel_state.initialize_model_parallel).
+    assert MegatronSettings(**sizes).world_layout(world).data_parallel_size == dp
+
+
+def test_expert_parallelism_that_does_not_divide_the_ranks_of_a_stage_is_refused():
+    s = MegatronSettings(pipeline_model_parallel_size=2, expert_model_parallel_size=3)
+    with pytest.raises(ValueError) as e:
+        s.world_layout(4)
+    assert str(e.value) == "world size 4 is not divisible by EP×ETP×PP = 3×1×2"
+
+
+@pytest.mark.parametrize(
+    ("tokens", "experts", "named"),
+    [
+        (["--pipeline-model-parallel-size", "2"], None, "num_hidden_layers 3 is not divisible by 2"),
+        (
+            ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "3"],
+            None,
+            "and num_hidden_layers 3: no layers are left for the other 1 stage(s)",
+        ),
+        (["--decoder-last-pipeline-num-layers", "3"], None, "needs --pipeline-model-parallel-size > 1"),
+        (["--expert-model-parallel-size", "3"], 4, "--expert-model-parallel-size 3: 4 experts are not divisible by 3"),
+    ],
+)
+def test_a_layout_the_model_does_not_split_over_is_refused_before_megatron_builds_it(tokens, experts, named):
+    # Issue 27, hostile pass 31: the backend went on to megatron-core, whose model build stopped each rank with a bare
+    # assert ("num_layers should be divisible by pipeline_model_parallel_size", "num_moe_experts % ep_size == 0").
+    # The check comes first in build_parallel_model: no process group is needed to be told.
+    import types
+
+    from slime_train_megatron.trainer_parts import build_parallel_model
+
+    cfg = _CONFIG.model_copy(update={"megatron_args": tokens})
+    model_args = types.SimpleNamespace(num_layers=3, num_experts=experts)
+    with pytest.raises(ValueError, match="the Megatron layout does not fit the model: ") as e:
+        build_parallel_model(cfg, MegatronSettings.from_config(cfg), model_args)
+    assert named in str(e.value)
+
+
+def test_the_original_scripts_pipeline_layouts_fit_their_models():
+    from slime_core.config.layer_split import layer_split_problems
+
+    # (layers, experts, PP, first, last, EP) of the original's run-deepseek-r1, glm4.7-30B-A3B, glm5.2, kimi-k2,
+    # qwen3-235B-A22B, qwen3-next-80B-A3B, qwen3.5-27B scripts (tests/fixtures/original-scripts).
+    for layers, experts, pp, first, last, ep in [
+        (61, 256, 4, None, 13, 32), (47, 64, 2, None, 23, 8), (78, 256, 8, 14, 16, 32), (61, 384, 8, None, 5, 32),
+        (94, 128, 4, None, 22, 16), (48, 512, 4, None, 9, 8), (64, None, 2, None, 30, 1), (62, 256, 2, None, None, 4),
+    ]:  # fmt: skip
+        assert layer_split_problems(layers, experts, pipeline=pp, first=first, last=last, expert=ep) == []
+    assert layer_split_problems(61, 256, pipeline=4, last=14, expert=32) == [
+        "--decoder-last-pipeline-num-layers 14 with --pipeline-model-parallel-size 4 and num_hidden_layers 61: the "
+        "other 47 layers do not split evenly over the other 3 stage(s)"
+    ]
+    assert layer_split_problems(4, None, pipeline=2, first=2, last=3) == [
+        "--decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 3 with "
+        "--pipeline-model-parallel-size 2 and num_hidden_layers 4: the stages hold 5 layers, not 4"
+    ]

@@ -154,6 +154,9 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
             f"--hf-checkpoint {cfg.hf_checkpoint} is a dense model (model_type {hf_config.get('model_type')!r}, its "
             f"config.json names no experts): SGLang MoE flags cannot apply: {' '.join(engine_moe)}"
         )
+    layers = _layer_split(cfg, hf_config) if megatron_native else []
+    if layers:
+        raise ValueError(f"--hf-checkpoint {cfg.hf_checkpoint}: the Megatron layout does not fit: {'; '.join(layers)}")
     if megatron_native and cfg.expert_model_parallel_size > 1 and is_dense_config(hf_config):
         # Megatron-LM refuses EP without --num-experts; megatron-core alone would build empty expert groups and
         # spend the ranks on data parallelism the flag did not ask for.
@@ -196,6 +199,32 @@ def _head_split(cfg: SlimeArgs, hf_config: dict, megatron_native: bool) -> list[
         engine_pp=sizes["pp_size"],
         megatron_tp=cfg.tensor_model_parallel_size if megatron_native else None,
         ulysses_cp=None if megatron_native else cfg.context_parallel_size,
+    )
+
+
+def _layer_split(cfg: SlimeArgs, hf_config: dict) -> list[str]:
+    """`slime_core.config.layer_split` for the Megatron flags of `cfg` (empty when config.json gives no layer count)."""
+    from slime_core.config.layer_split import layer_split_problems
+
+    text = hf_config.get("text_config") or hf_config.get("llm_config") or hf_config
+    num_layers = text.get("num_hidden_layers")
+    if not isinstance(num_layers, int):
+        return []
+    experts = text.get("num_experts") or text.get("num_local_experts") or text.get("n_routed_experts")
+    uneven = {}
+    for key in ("first", "last"):
+        flag = f"--decoder-{key}-pipeline-num-layers"
+        value = cfg.megatron_flag(flag)
+        try:
+            uneven[key] = None if value is None else int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{flag}: expected an integer, got {value!r}") from None
+    return layer_split_problems(
+        num_layers,
+        experts if isinstance(experts, int) else None,
+        pipeline=cfg.pipeline_model_parallel_size,
+        expert=cfg.expert_model_parallel_size,
+        **uneven,
     )
 
 

@@ -99,7 +99,8 @@ def critic_config(cfg: SlimeArgs) -> SlimeArgs:
 
     Returns:
         A copy (not re-validated: every value comes from validated fields) where `lr` is `--critic-lr` (else
-        `--lr`), `lr_warmup_iters` is `--critic-lr-warmup-iters` (else `--lr-warmup-iters`), `load` is
+        `--lr`), `lr_warmup_iters` is `--critic-lr-warmup-iters` (which also drops the actor's
+        `--lr-warmup-fraction`; else `--lr-warmup-iters` / `--lr-warmup-fraction`), `load` is
         `--critic-load` (else `<--load>/critic`), `save` is `--critic-save` (else `<--save>/critic`), and
         `kl_coef`, `use_kl_loss`, `use_opd`, `opd_type`, `opd_teacher_load`, `custom_advantage_function_path`,
         `save_hf`, `ref_update_interval` are off (the original's critic role overrides).
@@ -110,12 +111,14 @@ def critic_config(cfg: SlimeArgs) -> SlimeArgs:
     if not get_estimator(cfg.advantage_estimator).needs_critic:
         raise ValueError(f"--advantage-estimator {cfg.advantage_estimator} trains no critic")
     load, save = critic_dirs(cfg)
+    own_warmup = cfg.critic_lr_warmup_iters is not None
     return cfg.model_copy(
         update={
             "lr": cfg.critic_lr if cfg.critic_lr is not None else cfg.lr,
-            "lr_warmup_iters": (
-                cfg.critic_lr_warmup_iters if cfg.critic_lr_warmup_iters is not None else cfg.lr_warmup_iters
-            ),
+            "lr_warmup_iters": cfg.critic_lr_warmup_iters if own_warmup else cfg.lr_warmup_iters,
+            # The actor's --lr-warmup-fraction would win over the critic's own warmup steps (both schedules take the
+            # fraction first) or, with steps > 0, be refused naming --lr-warmup-iters, a flag the user did not give.
+            "lr_warmup_fraction": None if own_warmup else cfg.lr_warmup_fraction,
             "load": load,
             "save": save,
             "kl_coef": 0.0,

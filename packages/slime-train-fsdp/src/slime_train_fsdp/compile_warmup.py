@@ -18,9 +18,10 @@ When it runs (`start_compile_warm_up`, called by the trainer rank before `init`)
 while the engines start. Colocated ranks start it *gated* at the same moment: the process imports its stack, writes
 the stand-in checkpoint and then waits, touching no GPU, until the rank opens the gate (`CompileWarmUp.release`)
 once the engines are up and released their memory (SGLang sizes its KV cache from the free memory it measures at
-start-up, which a concurrent warm-up would shrink); so its CPU-only start (about half of its 40 s on one H100 at
-90e5f11, the rest compiling) overlaps the engines' start-up, and its compiling the model load and the first rollouts. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and
-cache directory (a file lock). It never delays a step: while it still compiles, the rank's steps run the compiled
+start-up, which a concurrent warm-up would shrink); so its CPU-only start (the interpreter's imports and 1.2 s of
+stand-in on one H100 host at 1f79974) overlaps the engines' start-up, and its compiling (35–40 s there) the model load
+and the first rollouts. Its activations are capped (`ACTIVATION_BUDGET`). One warm-up runs per node and cache
+directory (a file lock). It never delays a step: while it still compiles, the rank's steps run the compiled
 layers eagerly (`torch.compiler.set_stance("force_eager")`, `CompileWarmUp.pending`; not with flex attention, whose
 eager form materializes the score matrix, nor next to a colocated engine that stays resident: eager layers keep more
 activations), and the first step after it finished loads its graphs from the cache. One
@@ -367,8 +368,8 @@ def start_compile_warm_up(cfg: SlimeArgs, gated: bool = False) -> CompileWarmUp 
     with open(workdir / "warmup.log", "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "slime_train_fsdp.compile_warmup", str(workdir)], env=env,
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-    logger.info("compile warm-up started (pid %d): a stand-in of the model's decoder layers compiles in the background%s",
-                process.pid, " once the engines are up" if gated else "")  # fmt: skip
+    logger.info("compile warm-up started (pid %d): a stand-in of the model's decoder layers compiles in the "
+                "background%s", process.pid, " once the engines are up" if gated else "")  # fmt: skip
     return CompileWarmUp(process=process, workdir=workdir, owner=owner, defer_compile=defers_compile(cfg), gated=gated)
 
 

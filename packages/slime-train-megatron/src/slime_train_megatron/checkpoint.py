@@ -15,6 +15,7 @@ import logging
 import os
 import pathlib
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +26,7 @@ from megatron.core import dist_checkpointing
 
 from slime_convert import ModelArgs
 from slime_convert.load_shapes import check_hf_checkpoint, check_torch_dist_checkpoint
-from slime_convert.torch_dist import resolve_iteration_dir
+from slime_convert.torch_dist import TorchDistReader, resolve_iteration_dir
 from slime_core.checkpoint_dirs import REFERENCE_DIR, TRACKER_FILE, iteration_name, no_optimizer_state_message
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.fp8 import trainer_weights_dir
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "check_load_shapes",
+    "check_value_head_checkpoint",
     "is_megatron_checkpoint",
     "load_checkpoint",
     "load_reference",
@@ -77,6 +79,34 @@ def check_load_shapes(
         check_hf_checkpoint(flag, source, model_args, config_dir=hf_checkpoint)
     if load and is_megatron_checkpoint(load):
         check_torch_dist_checkpoint("--load", load, model_args, config_dir=hf_checkpoint, ckpt_step=ckpt_step)
+
+
+def check_value_head_checkpoint(flag: str, path: str, ckpt_step: int | None, hidden_size: int) -> None:
+    """Checks that the critic's torch_dist checkpoint holds a value head, before the model is built.
+
+    An actor's checkpoint given as the critic's (`--critic-load <actor save>`) stopped the critic's ranks inside
+    megatron's load with `CheckpointException ... KeyError: 'output_layer.bias'`. Reads the `.metadata` only.
+
+    Args:
+        flag: `--critic-load`, or `--load` when the critic's folder is `<--load>/critic`.
+        path: the critic's checkpoint folder (a save dir or an iteration dir).
+        ckpt_step: the iteration the loader reads (`--ckpt-step`), else the tracker's.
+        hidden_size: the model's hidden size H: a value head is `output_layer.weight [1, H]` with `output_layer.bias`.
+
+    Raises:
+        ValueError: naming the flag, the iteration and the head the checkpoint holds.
+    """
+    ckpt = resolve_iteration_dir(path, ckpt_step)
+    keys = TorchDistReader(ckpt).tensor_keys()
+    weight = keys.get("output_layer.weight")
+    if weight is not None and tuple(weight[0]) == (1, hidden_size) and "output_layer.bias" in keys:
+        return
+    held = f"an output layer of shape {list(weight[0])}" if weight is not None else "no output layer (tied embeddings)"
+    raise ValueError(
+        f"{flag} {path}: {ckpt.name} is not a critic checkpoint: it holds {held}, a value head is [1, {hidden_size}] "
+        "with a bias (an actor's checkpoint? the critic's are saved in <--save>/critic); give the critic's checkpoint "
+        "folder, or an HF directory to start the value model from"
+    )
 
 
 def _rng_state() -> dict[str, Any]:
@@ -199,6 +229,21 @@ def load_reference(reference_dir: str | os.PathLike[str], model: Any) -> None:
     model.load_state_dict(state["model"], strict=True)
 
 
+def _saved_rng_world(ckpt: pathlib.Path) -> int | None:
+    """Number of ranks whose RNG states `save_checkpoint` wrote into `ckpt` (keys `rng_state/shard_<rank>_<world>`).
+
+    None when the checkpoint holds none (saved by another program).
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    for key in FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata:
+        # Megatron-LM keys its RNG shards by (PP, TP) instead: `rng_state/shard_0.0_1.1`, not slime's.
+        found = re.fullmatch(r"rng_state/shard_\d+_(\d+)", key)
+        if found:
+            return int(found.group(1))
+    return None
+
+
 def load_checkpoint(
     path: str,
     model: Any,
@@ -218,18 +263,32 @@ def load_checkpoint(
         load_rng: restore RNG states when saved.
         ckpt_step: iteration to load instead of the latest (`--ckpt-step`).
 
+    A training iteration the original slime wrote (Megatron-LM's `save_checkpoint`: `iter_XXXXXXX` whose common state
+    has `iteration` and `args` but no `rollout_id`) gives its weights and its iteration as the rollout id; its
+    optimizer, schedule and RNG states are Megatron-LM's layout and are not read, so it needs `optimizer=None`.
+
     Returns:
-        The stored rollout id, or None for a converted (`release`) checkpoint.
+        The stored rollout id (an original checkpoint's iteration), or None for a converted (`release`) checkpoint.
 
     Raises:
         FileNotFoundError: no checkpoint at `path`.
-        ValueError: `optimizer` given for a checkpoint saved without optimizer state (names `--no-load-optim`).
+        ValueError: `optimizer` given for a checkpoint saved without optimizer state (names `--no-load-optim`), or
+            for a checkpoint of the original slime (names `--no-load-optim` and `--finetune`).
     """
     ckpt = resolve_iteration_dir(path, ckpt_step)
     model_sd = model.sharded_state_dict()
     template: dict[str, Any] = {"model": model_sd}
     common = dist_checkpointing.load_common_state_dict(str(ckpt))
     resumable = "rollout_id" in common
+    original = not resumable and ckpt.name.startswith("iter_") and "iteration" in common and "args" in common
+    if original and optimizer is not None:
+        # It resumed as weights only at rollout 0 (the LR warm-up, the data and --num-rollout started over), silently.
+        raise ValueError(
+            f"--load {path}: {ckpt.name} is a checkpoint of the original slime (Megatron-LM, iteration "
+            f"{common['iteration']}): its optimizer, schedule and RNG states are not read here; give --no-load-optim "
+            f"to continue at rollout {int(common['iteration']) + 1} from its weights with a fresh optimizer, or "
+            "--finetune to start from its weights at rollout 0"
+        )
     if optimizer is not None and resumable and common.get("optimizer_saved") is False:
         # As Megatron-LM ("Unable to load optimizer from checkpoint ... Specify --no-load-optim or --finetune").
         raise ValueError(no_optimizer_state_message(path, ckpt.name))
@@ -239,7 +298,15 @@ def load_checkpoint(
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
         rank, world = dist.get_rank(), dist.get_world_size()
-        template["rng_state"] = ShardedObject("rng_state", None, (world,), (rank,), replica_id=0)
+        saved_world = _saved_rng_world(ckpt)
+        if saved_world == world:
+            template["rng_state"] = ShardedObject("rng_state", None, (world,), (rank,), replica_id=0)
+        elif rank == 0:
+            # One RNG state per rank: another rank count has none of its own (as Megatron-LM after a TP/PP change).
+            logger.warning(
+                "--load %s: saved by %s ranks, loaded by %d: the RNG states are not restored (weights, optimizer and "
+                "schedule are; --no-load-rng says this on purpose)", ckpt, saved_world, world,
+            )  # fmt: skip
     state = dist_checkpointing.load(template, str(ckpt))
     model.load_state_dict(state["model"], strict=True)
     if "optimizer" in template:
@@ -256,4 +323,6 @@ def load_checkpoint(
     if "rng_state" in template:
         _set_rng_state(state["rng_state"])
     logger.info("loaded %s (%s)", ckpt, "resumable" if resumable else "weights only")
+    if original:
+        return int(common["iteration"])
     return int(common["rollout_id"]) if resumable else None

@@ -25,7 +25,7 @@ from slime_convert import ModelArgs
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.critic import ValueLoss, train_critic_on_rollout
-from slime_train_megatron.checkpoint import is_megatron_checkpoint, save_checkpoint
+from slime_train_megatron.checkpoint import check_value_head_checkpoint, is_megatron_checkpoint, save_checkpoint
 from slime_train_megatron.model import load_hf_weights
 from slime_train_megatron.optimizer_state import reset_adam_moments
 from slime_train_megatron.pipeline import MicroBatch, PipelineRunner
@@ -78,13 +78,16 @@ class MegatronCriticBackend:
 
         Raises:
             ValueError: bad settings, no `--hf-checkpoint`, or a `--critic-load` that is neither a checkpoint nor an
-                HF dir.
+                HF dir, or a checkpoint without a value head (an actor's).
         """
         self.cfg = cfg
         s = self.settings = MegatronSettings.from_config(cfg)
         if not cfg.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required (model architecture and tokenizer)")
         self.model_args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
+        if s.load and is_megatron_checkpoint(s.load):  # before any GPU work
+            flag = "--critic-load" if cfg.critic_load else "--load"
+            check_value_head_checkpoint(flag, s.load, s.ckpt_step, self.model_args.hidden_size)
         parts = build_parallel_model(cfg, s, self.model_args, value_head=True)
         self.module, self.model = parts.module, parts.model
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slime_core.config import SlimeArgs
+from slime_core.config.layer_split import layer_split_problems
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 
 logger = logging.getLogger(__name__)
@@ -209,6 +210,28 @@ class MegatronSettings(BaseModel):
             "expert_model_parallel_size": self.expert_model_parallel_size,
             "expert_tensor_parallel_size": self.expert_tensor_parallel_size,
         }
+
+    def check_model_split(self, num_layers: int, num_experts: int | None) -> None:
+        """Refuses pipeline stages or expert ranks the model's layers/experts do not split over.
+
+        Args:
+            num_layers: decoder layers (`ModelArgs.num_layers`).
+            num_experts: routed experts (`ModelArgs.num_experts`), None for a dense model.
+
+        Raises:
+            ValueError: naming the flags and counts (`slime_core.config.layer_split`), instead of megatron-core's
+                assert while it builds the model.
+        """
+        problems = layer_split_problems(
+            num_layers,
+            num_experts,
+            pipeline=self.pipeline_model_parallel_size,
+            first=self.decoder_first_pipeline_num_layers,
+            last=self.decoder_last_pipeline_num_layers,
+            expert=self.expert_model_parallel_size,
+        )
+        if problems:
+            raise ValueError(f"the Megatron layout does not fit the model: {'; '.join(problems)}")
 
 
 def _tokens_read_here(tokens: list[str]) -> list[str]:

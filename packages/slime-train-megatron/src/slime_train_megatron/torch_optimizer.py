@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 _LOCAL = {"l2_norm_impl": mcore_utils.local_multi_tensor_l2_norm, "multi_tensor_scale_impl":
           mcore_utils.local_multi_tensor_scale}  # fmt: skip
-#: megatron-core's own norm and clip, as its optimizer module imported them (put back by `use_foreach_grad_norm(False)`).
+#: megatron-core's own norm and clip, as its optimizer module imported them (`use_foreach_grad_norm(False)` restores).
 _MCORE = {"get_grad_norm_fp32": clip_grads.get_grad_norm_fp32,
           "clip_grad_by_total_norm_fp32": clip_grads.clip_grad_by_total_norm_fp32}  # fmt: skip
 

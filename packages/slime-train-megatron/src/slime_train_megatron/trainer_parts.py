@@ -75,9 +75,10 @@ def build_parallel_model(
         value_head: the critic's `ValueHead` as output layer (untied embeddings) instead of the LM head.
 
     Raises:
-        ValueError: a parallel layout that does not divide the world size.
+        ValueError: a parallel layout that does not divide the world size, or the model's layers or experts.
     """
     s = settings
+    s.check_model_split(model_args.num_layers, model_args.num_experts)
     s.world_layout(dist.get_world_size())
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(**s.parallel_state_kwargs())

@@ -37,7 +37,8 @@ def validate_critic(args: SlimeArgs) -> None:
 
     Raises:
         ConfigError: a critic flag without `--advantage-estimator ppo`, a backend without a critic
-            (`TrainBackendSpec.supports_critic`), or own critic GPUs whose count differs from the actor's.
+            (`TrainBackendSpec.supports_critic`), `--critic-save` without `--save`, or own critic GPUs whose count
+            differs from the actor's.
     """
     if not get_estimator(args.advantage_estimator).needs_critic:
         given = non_default(args, CRITIC_FIELDS)
@@ -57,6 +58,12 @@ def validate_critic(args: SlimeArgs) -> None:
             f"--advantage-estimator {args.advantage_estimator}: --train-backend {args.train_backend} declares "
             "supports_critic, but no package declares its critic under "
             f'[project.entry-points."{CRITIC_BACKENDS.group}"] (registered: {", ".join(CRITIC_BACKENDS.names())})'
+        )
+    if args.critic_save and not args.save:
+        # The driver saves only with --save (the actor's tracker commits the pair): the critic's folder stayed empty.
+        raise ConfigError(
+            f"--critic-save {args.critic_save} needs --save: the critic is saved with the actor's checkpoint, whose "
+            "tracker commits the resume point; give --save too"
         )
     if args.critic_num_nodes is None and args.critic_num_gpus_per_node is None:
         return  # the critic shares the actor's GPUs

@@ -159,7 +159,10 @@ class OptimizerArgs(ArgsGroup):
     seed: int = arg(1234, "Random seed of the trainer.")
     critic_lr: float | None = arg(None, "Learning rate of the PPO critic (default: --lr).", gt=0)
     critic_lr_warmup_iters: int | None = arg(
-        None, "Warmup steps of the critic's learning rate (default: --lr-warmup-iters).", ge=0
+        None,
+        "Warmup steps of the critic's learning rate; given, it replaces the actor's --lr-warmup-fraction too "
+        "(default: the actor's --lr-warmup-iters or --lr-warmup-fraction).",
+        ge=0,
     )
     reset_optimizer_states: bool = arg(False, "Zero the optimizer moments at every rollout.")
     use_stateless_adam: bool = arg(False, "Adam without persisted moments.")
