@@ -74,6 +74,14 @@ def _load(path: str, flag: str) -> Any:
     except ModuleNotFoundError as e:
         # Distinguish "the plugin module is missing" from "the plugin module imports something missing".
         if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
+            if module_name.startswith("slime."):  # the original's namespace: slime-compat, not the user's PYTHONPATH
+                why = (
+                    "slime-compat, which provides the original's `slime` namespace, is not installed"
+                    if e.name == "slime"
+                    else f"slime-compat has no {e.name!r}; MIGRATION.md 'Plugins' lists the modules it carries"
+                )
+                message = f"{flag}: {path!r} is the original slime's; this version does not provide it ({why})"
+                raise PluginError(message) from e
             raise PluginError(
                 f"{flag}: module {module_name!r} not found (from {path!r}); is the directory holding it on "
                 "PYTHONPATH? (the run's workers get the launching shell's)"
