@@ -7,6 +7,7 @@ import textwrap
 
 import ray.exceptions
 
+from slime_app.demo import MODEL_DIR
 from slime_app.failures import actor_failure
 
 # What Ray 2.60 said when the rollout manager's process ended in a reward plugin's os._exit(3) (measured).
@@ -60,7 +61,8 @@ def test_the_cli_ends_in_one_line_when_a_process_of_the_run_dies(tmp_path):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1",
+        [sys.executable, "-c", script, "--hf-checkpoint", str(MODEL_DIR),
+         "--rollout-batch-size", "1", "--num-rollout", "1",
          "--rollout-max-response-len", "8", "--output-dir",
          str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},

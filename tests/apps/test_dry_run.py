@@ -270,6 +270,37 @@ def test_dry_run_alone_checks_the_demo(capsys, monkeypatch, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_demo_flags_without_a_model_point_to_the_demo_module(model, data, capsys, monkeypatch, tmp_path):
+    # Issue 27: after `uv run apps/train`, a newcomer tries `uv run apps/train --num-rollout 3` and got only
+    # "--rollout-batch-size is required", with no word that the demo's flags are not applied to it.
+    monkeypatch.chdir(tmp_path)
+    assert main(["--num-rollout", "3"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        "slime: error: --rollout-batch-size is required (flags without --hf-checkpoint: the embedded demo runs only"
+        " with no flags at all; to run it with changed flags: uv run python -m slime_app.demo FLAGS)"
+    )
+    # The module it names takes those flags.
+    from slime_app.demo.__main__ import demo_argv
+
+    assert main([*demo_argv(["--num-rollout", "3"]), "--dry-run"]) == 0
+    assert "  --num-rollout                              3\n" in capsys.readouterr().out
+    # A run of one's own (a model given) gets the bare error.
+    assert main(["--dry-run", *_flags(model, data, "--num-rollout", "0")]) == 2
+    assert "slime_app.demo" not in capsys.readouterr().err
+
+
+def test_num_epoch_on_the_demo_replaces_its_num_rollout(capsys, monkeypatch, tmp_path):
+    # Issue 27: `--num-epoch 1` on the demo was dropped ("ignored: --num-rollout 80 is given", the demo's own).
+    from slime_app.demo.__main__ import demo_argv
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*demo_argv(["--num-epoch", "1"]), "--dry-run"]) == 0
+    assert "  run: 31 rollouts, 31 optimizer steps\n" in capsys.readouterr().out  # 2000 prompts // 64 a rollout
+    assert main([*demo_argv(["--num-epoch", "1", "--num-rollout", "5"]), "--dry-run"]) == 0
+    assert "  run: 5 rollouts, 5 optimizer steps\n" in capsys.readouterr().out  # the user's own --num-rollout wins
+
+
 def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
     # The trainer refuses it when it loads the checkpoint (slime_train_fsdp.lr_schedule), after Ray and the engines
     # started; the driver's check says it in one line first. Before, the run went on at the checkpoint's --lr.

@@ -17,6 +17,7 @@ import ray.exceptions
 from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
 from slime_app import loop
+from slime_app.demo import MODEL_DIR
 from slime_app.failures import SaveFailed, engine_failure, root_cause, save_failed
 from slime_core.config import SlimeArgs
 from slime_rollout.engines.transport import EngineError
@@ -96,9 +97,9 @@ loop.Run = Run
 from slime_app.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-    argv = ["--rollout-batch-size", "1", "--num-rollout", "1", "--rollout-max-response-len", "8",
-            "--output-dir", str(tmp_path / "out"), "--rollout-engine", "reference", "--train-backend", "fsdp",
-            "--actor-num-gpus-per-node", "1"]  # fmt: skip
+    argv = ["--hf-checkpoint", str(MODEL_DIR), "--rollout-batch-size", "1", "--num-rollout", "1",
+            "--rollout-max-response-len", "8", "--output-dir", str(tmp_path / "out"), "--rollout-engine", "reference",
+            "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"]  # fmt: skip
     out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
     assert out.returncode == 5, out.stderr[-3000:]
@@ -131,7 +132,8 @@ sys.exit(main(sys.argv[1:]))
     (save / "iter_0000003").mkdir(parents=True)
     (save / "iter_0000003" / "meta.json").write_text("{}")
     (save / "latest_checkpointed_iteration.txt").write_text("3")
-    argv = ["--rollout-batch-size", "1", "--num-rollout", "9", "--output-dir", str(tmp_path / "out"), "--save",
+    argv = ["--hf-checkpoint", str(MODEL_DIR), "--rollout-batch-size", "1", "--num-rollout", "9", "--output-dir",
+            str(tmp_path / "out"), "--save",
             str(save), "--load", str(save), "--no-load-optim", "--rollout-engine", "reference", "--train-backend",
             "fsdp", "--actor-num-gpus-per-node", "1", "--rollout-max-response-len", "8"]  # fmt: skip
     out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,

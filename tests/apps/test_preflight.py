@@ -16,9 +16,9 @@ from slime_core.config import SlimeArgs, parse_args
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _args(data: pathlib.Path, *extra: str):
+def _args(data: pathlib.Path, *extra: str, model: pathlib.Path | None = MODEL):
     return parse_args(
-        ["--train-backend", "fsdp", "--hf-checkpoint", str(MODEL), "--prompt-data", str(data),
+        ["--train-backend", "fsdp", *(["--hf-checkpoint", str(model)] if model else []), "--prompt-data", str(data),
          "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "2",
          "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--num-rollout", "1",
          "--rollout-max-response-len", "8", "--actor-num-gpus-per-node", "1", *extra]
@@ -41,6 +41,23 @@ def test_missing_files_name_the_flag(tmp_path):
         preflight(_args(data, "--eval-prompt-data", "e", str(bad)))
     with pytest.raises(FileNotFoundError, match=r"not a directory: Qwen/Qwen3-4B \(a Hugging Face Hub id\? "):
         preflight(_args(data, "--hf-checkpoint", "Qwen/Qwen3-4B"))
+
+
+def test_a_run_without_hf_checkpoint_fails_before_it_starts(tmp_path):
+    # Issue 27: without --hf-checkpoint the dry run passed and the run started Ray and the trainer, then died with
+    # the engine host's traceback ("launching engines needs --hf-checkpoint").
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    with pytest.raises(ValueError) as e:
+        preflight(_args(data, model=None), hardware=False)
+    assert str(e.value) == (
+        "--hf-checkpoint is required (the engines slime starts serve it and the trainer builds the model and "
+        "tokenizer from it): a local Hugging Face model directory"
+    )
+    with pytest.raises(ValueError, match=r"^--hf-checkpoint is required \(the engines slime starts serve it\):"):
+        preflight(_args(data, "--debug-rollout-only", model=None), hardware=False)
+    with pytest.raises(ValueError, match=r"^--hf-checkpoint is required \(the trainer builds the model and"):
+        preflight(_args(data, "--rollout-engine-urls", "http://127.0.0.1:1", model=None), hardware=False)
 
 
 def test_trainer_side_opd_teacher_of_another_architecture_is_one_line(tmp_path, make_tiny_qwen3):

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from slime_app.demo import MODEL_DIR
 from slime_app.ray_start import RayStartupError, start_local_ray, wait_for_load
 
 # What Ray 2.60's node.py raises when the node does not register within its 30 s.
@@ -119,7 +120,8 @@ def test_cli_prints_one_line_and_exits_4_when_ray_does_not_start(tmp_path):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1",
+        [sys.executable, "-c", script, "--hf-checkpoint", str(MODEL_DIR),
+         "--rollout-batch-size", "1", "--num-rollout", "1",
          "--rollout-max-response-len", "8", "--ray-startup-retry-wait",
          "0", "--output-dir", str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp",
          "--actor-num-gpus-per-node", "1"],
@@ -135,7 +137,8 @@ def test_cli_prints_one_line_and_exits_4_when_ray_does_not_start(tmp_path):
 def test_cli_prints_one_line_and_exits_4_when_nothing_answers_at_the_ray_address(tmp_path):
     port = _closed_port()
     out = subprocess.run(
-        [sys.executable, "-m", "slime_app", "--rollout-batch-size", "1", "--num-rollout", "1",
+        [sys.executable, "-m", "slime_app", "--hf-checkpoint", str(MODEL_DIR),
+         "--rollout-batch-size", "1", "--num-rollout", "1",
          "--rollout-max-response-len", "8", "--output-dir",
          str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1",
          "--ray-address", f"127.0.0.1:{port}"],

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from slime_app.demo import MODEL_DIR
 from slime_app.reaper import descendants
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
@@ -127,7 +128,8 @@ def test_an_interrupted_ray_start_leaves_no_orphan(tmp_path):
     err_file = tmp_path / "stderr.txt"
     with open(err_file, "w") as stderr:  # a file, not a pipe: the orphan holds the driver's stderr too
         proc = subprocess.Popen(
-            [sys.executable, "-c", script, "--rollout-batch-size", "1", "--num-rollout", "1",
+            [sys.executable, "-c", script, "--hf-checkpoint", str(MODEL_DIR),
+             "--rollout-batch-size", "1", "--num-rollout", "1",
              "--rollout-max-response-len", "8", "--output-dir",
              str(tmp_path / "run"), "--rollout-engine", "reference", "--train-backend", "fsdp",
              "--actor-num-gpus-per-node", "1"],

@@ -54,6 +54,23 @@ def test_original_import_paths_resolve(module):
     assert missing == []
 
 
+def test_an_original_module_not_carried_is_named_as_such():
+    # Issue 27: `--rollout-function-path slime.rollout.sleep_rollout.sleep` (the original's profiling guide) said
+    # "is the directory holding it on PYTHONPATH?", sending the user to look for the original's repository.
+    from slime_core.plugins import PluginError, load_function
+
+    with pytest.raises(PluginError) as e:
+        load_function("slime.rollout.sleep_rollout.sleep", flag="--rollout-function-path")
+    assert str(e.value) == (
+        "--rollout-function-path: 'slime.rollout.sleep_rollout.sleep' is the original slime's; this version does not"
+        " provide it (slime-compat has no 'slime.rollout.sleep_rollout'; MIGRATION.md 'Plugins' lists the modules it"
+        " carries)"
+    )
+    # A user's own missing module keeps the PYTHONPATH hint.
+    with pytest.raises(PluginError, match=r"module 'my_rm_q27' not found .*on PYTHONPATH\?"):
+        load_function("my_rm_q27.reward", flag="--custom-rm-path")
+
+
 def test_agent_adapter_is_the_framework_class():
     from slime.agent.adapters import OpenAIAdapter
     from slime_rollout.agent import OpenAIAdapter as RolloutAdapter

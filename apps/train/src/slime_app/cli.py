@@ -90,7 +90,7 @@ def _main(argv: list[str]) -> int:
             check_places(cfg, filesystems=False)
     # ImportError: PluginError; OSError: an unreadable file or tokenizer; TypeError: a data source without len().
     except (ConfigError, ValueError, OSError, ImportError, TypeError) as e:
-        print(f"slime: error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"slime: error: {' '.join(str(e).split())}{_demo_hint(argv)}", file=sys.stderr)
         return 2
 
     from slime_app.failures import (
@@ -158,6 +158,21 @@ def _main(argv: list[str]) -> int:
     for label, path in outputs.items():
         print(f"{label}: {path}")
     return 0
+
+
+def _demo_hint(argv: list[str]) -> str:
+    """A pointer to `python -m slime_app.demo` when flags came without a model: a user changing the demo's flags.
+
+    `uv run apps/train` alone runs the demo; `uv run apps/train --num-rollout 3` is a run of one's own, which then
+    failed on the first missing flag (--rollout-batch-size) with no word that the demo's flags were not applied.
+    """
+    given = {arg.split("=", 1)[0] for arg in argv}
+    if given & {"--hf-checkpoint", "--config"}:
+        return ""
+    return (
+        " (flags without --hf-checkpoint: the embedded demo runs only with no flags at all; to run it with changed"
+        " flags: uv run python -m slime_app.demo FLAGS)"
+    )
 
 
 def entry_point() -> None:

@@ -300,6 +300,25 @@ def _check_engine_launch(cfg: SlimeArgs) -> None:
         )
 
 
+def _check_model_given(cfg: SlimeArgs) -> None:
+    """Without `--hf-checkpoint` a run that starts engines or a trainer cannot begin.
+
+    The run failed only after Ray and the trainer had started, with the engine host's traceback; `--dry-run` passed.
+
+    Raises:
+        ValueError: no `--hf-checkpoint` while slime starts engines or runs a trainer.
+    """
+    if cfg.hf_checkpoint:
+        return
+    users = []
+    if not cfg.rollout_engine_urls and not cfg.debug_train_only:
+        users.append("the engines slime starts serve it")
+    if not cfg.debug_rollout_only:
+        users.append("the trainer builds the model and tokenizer from it")
+    if users:
+        raise ValueError(f"--hf-checkpoint is required ({' and '.join(users)}): a local Hugging Face model directory")
+
+
 def _runs_on_cpu(registry: Registry, name: str) -> bool:
     try:
         return not registry.get(name).needs_gpu
@@ -460,6 +479,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     _check_plugins(cfg)
     sink_notes = _check_metric_sinks(cfg)
     _check_engine_launch(cfg)
+    _check_model_given(cfg)
     if cfg.hf_checkpoint and not os.path.isdir(cfg.hf_checkpoint):
         hint = ""
         if cfg.hf_checkpoint.count("/") == 1 and not cfg.hf_checkpoint.startswith((".", "/", "~")):

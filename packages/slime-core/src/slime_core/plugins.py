@@ -87,6 +87,14 @@ def _load(path: str, flag: str) -> Any:
                 logger.info("%s %s: module %r not found; using the built-in %s", flag, path, module_name,
                             BUILTIN_FALLBACKS[path])  # fmt: skip
                 return _load(BUILTIN_FALLBACKS[path], flag)
+            if module_name.startswith("slime."):  # the original's namespace: slime-compat, not the user's PYTHONPATH
+                why = (
+                    "slime-compat, which provides the original's `slime` namespace, is not installed"
+                    if e.name == "slime"
+                    else f"slime-compat has no {e.name!r}; MIGRATION.md 'Plugins' lists the modules it carries"
+                )
+                message = f"{flag}: {path!r} is the original slime's; this version does not provide it ({why})"
+                raise PluginError(message) from e
             raise PluginError(
                 f"{flag}: module {module_name!r} not found (from {path!r}); is the directory holding it on "
                 "PYTHONPATH? (the run's workers get the launching shell's)"

@@ -15,6 +15,8 @@ from slime_app.demo import default_demo_argv
 def demo_argv(extra: list[str]) -> list[str]:
     """The demo's flags with the output directory of `extra` (`--output-dir DIR`), then the rest of `extra`.
 
+    A `--num-epoch` in `extra` replaces the demo's `--num-rollout` (which would otherwise win over it).
+
     Raises:
         SystemExit: `--output-dir` without a value.
     """
@@ -27,7 +29,12 @@ def demo_argv(extra: list[str]) -> list[str]:
             output_dir = arg.split("=", 1)[1]
         else:
             rest.append(arg)
-    return default_demo_argv(output_dir) + rest
+    demo = default_demo_argv(output_dir)
+    if any(arg == "--num-epoch" or arg.startswith("--num-epoch=") for arg in rest):
+        # The demo's own --num-rollout would win over the user's --num-epoch (as in the original) and drop it.
+        i = demo.index("--num-rollout")
+        del demo[i : i + 2]
+    return demo + rest
 
 
 if __name__ == "__main__":
