@@ -65,6 +65,25 @@ def test_no_save_optim_leaves_the_optimizer_out_and_its_resume_needs_no_load_opt
         assert resume() == 1
 
 
+def _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path):
+    """A one-rank fp32 Megatron backend on the tiny qwen3, trained one step and saved in `tmp_path/save` as rollout 0.
+
+    Returns:
+        `(backend, its args, {parameter name: its trained value})`.
+    """
+    _, hf_dir = tiny_hf("qwen3")
+    megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
+    args = SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
+        "megatron_args": megatron_args, "save": str(tmp_path / "save"), "advantage_estimator": "grpo",
+    })  # fmt: skip
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    backend.train(0, _batch())
+    backend.save(0)
+    return backend, args, {n: p.detach().clone() for n, p in backend.module.named_parameters()}
+
+
 def test_a_checkpoint_saved_by_another_number_of_ranks_resumes_without_its_rng_states(
     cpu_backend_env, tiny_hf, tmp_path, monkeypatch, caplog
 ):
@@ -77,17 +96,7 @@ def test_a_checkpoint_saved_by_another_number_of_ranks_resumes_without_its_rng_s
 
     from slime_train_megatron import checkpoint
 
-    _, hf_dir = tiny_hf("qwen3")
-    megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
-    args = SlimeArgs.from_dict({
-        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
-        "megatron_args": megatron_args, "save": str(tmp_path / "save"), "advantage_estimator": "grpo",
-    })  # fmt: skip
-    backend = cpu_backend_env.MegatronTrainBackend()
-    backend.init(args, with_ref=False)
-    backend.train(0, _batch())
-    backend.save(0)
-    trained = {n: p.detach().clone() for n, p in backend.module.named_parameters()}
+    backend, args, trained = _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path)
     saved_rng = torch.get_rng_state()
 
     torch.manual_seed(7)  # this run's own RNG state, which a restore would replace
@@ -116,17 +125,7 @@ def test_a_training_checkpoint_of_the_original_slime_is_not_taken_for_weights_at
     # state has `iteration` and `args`, no `rollout_id`) resumed as weights only at rollout 0: the LR warm-up, the
     # prompts and --num-rollout started over, and nothing said so. Megatron-LM's optimizer, schedule and RNG layout are
     # not read here, so the resume asks for --no-load-optim (continue at rollout 6) or --finetune (rollout 0).
-    _, hf_dir = tiny_hf("qwen3")
-    megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
-    args = SlimeArgs.from_dict({
-        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
-        "megatron_args": megatron_args, "save": str(tmp_path / "save"), "advantage_estimator": "grpo",
-    })  # fmt: skip
-    backend = cpu_backend_env.MegatronTrainBackend()
-    backend.init(args, with_ref=False)
-    backend.train(0, _batch())
-    backend.save(0)
-    trained = {n: p.detach().clone() for n, p in backend.module.named_parameters()}
+    backend, args, trained = _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path)
     # Rewrite it into the original's layout: iter_0000005, the tracker saying 5, Megatron-LM's common state.
     save = tmp_path / "save"
     (save / "iter_0000000").rename(save / "iter_0000005")
@@ -139,7 +138,9 @@ def test_a_training_checkpoint_of_the_original_slime_is_not_taken_for_weights_at
     torch.save(common, common_file)
 
     def resume(*extra):
-        load = args.model_copy(update={"megatron_args": [*megatron_args, "--load", str(save), *extra], "save": None})
+        load = args.model_copy(
+            update={"megatron_args": [*args.megatron_args, "--load", str(save), *extra], "save": None}
+        )
         resumed = cpu_backend_env.MegatronTrainBackend()
         start = resumed.init(load, with_ref=False)
         for name, p in resumed.module.named_parameters():
