@@ -121,17 +121,20 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def run(rank, port, kwargs):
+def run(rank, port, calls):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     from megatron.core import parallel_state
-    try:
-        parallel_state.initialize_model_parallel(**kwargs)
-        got = [parallel_state.get_expert_tensor_parallel_world_size(),
-               parallel_state.get_expert_model_parallel_world_size()]
-    except RuntimeError as e:
-        got = str(e)
+    results = []
+    for kwargs in calls:  # one spawn for all: the imports and the process group are the cost
+        try:
+            parallel_state.initialize_model_parallel(**kwargs)
+            results.append([parallel_state.get_expert_tensor_parallel_world_size(),
+                            parallel_state.get_expert_model_parallel_world_size()])
+        except RuntimeError as e:
+            results.append(str(e))
+        parallel_state.destroy_model_parallel()
     if rank == 0:
-        print(json.dumps(got))
+        print(json.dumps(results))
     dist.destroy_process_group()
 
 
@@ -148,15 +151,15 @@ def test_megatron_core_builds_tp2_ep2_on_two_ranks_from_these_kwargs(tmp_path):
     script = tmp_path / "init_groups.py"
     script.write_text(_INIT_GROUPS)
     settings = MegatronSettings(tensor_model_parallel_size=2, expert_model_parallel_size=2)
-    results = {}
-    for name, kwargs in (("ours", settings.parallel_state_kwargs()),
-                         ("before", {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2})):  # fmt: skip
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        proc = subprocess.run([sys.executable, str(script), str(port), json.dumps(kwargs)], capture_output=True,
-                              text=True, timeout=180, check=True)  # fmt: skip
-        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    before = {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    calls = json.dumps([settings.parallel_state_kwargs(), before])
+    proc = subprocess.run([sys.executable, str(script), str(port), calls], capture_output=True, text=True,
+                          timeout=180, check=True)  # fmt: skip
+    ours, was = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = {"ours": ours, "before": was}
     assert results["ours"] == [1, 2]
     assert "is not divisible by expert_tensor_model_pipeline_parallel size (4)" in results["before"]
 
