@@ -143,3 +143,18 @@ def cpu_backend_env(monkeypatch, megatron_cpu_world):
     monkeypatch.setattr(pipeline, "get_forward_backward_func", lambda: _cpu_schedule)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     return backend
+
+
+@pytest.fixture()
+def two_sample_batch():
+    """One optimizer step of two packed samples (5 and 4 tokens, 2 response tokens each), rewards 1 and -1."""
+    import torch
+
+    from slime_core.batch import RolloutBatch
+
+    tokens = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6, 7, 8, 9])]
+    return RolloutBatch(
+        tokens=tokens, response_lengths=[2, 2], loss_masks=[torch.ones(2), torch.ones(2)], rewards=[1.0, -1.0],
+        raw_rewards=[1.0, 0.0], loss_denominators=[2.0, 2.0], micro_batches=[[[0, 1]]], step_sample_counts=[2],
+        step_token_counts=[4.0],
+    )  # fmt: skip

@@ -7,19 +7,9 @@ ignored: every checkpoint carried the optimizer's state. CPU stand-ins as in tes
 import pytest
 import torch
 
-from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 
 pytest.importorskip("megatron.core")
-
-
-def _batch():
-    tokens = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6, 7, 8, 9])]
-    return RolloutBatch(
-        tokens=tokens, response_lengths=[2, 2], loss_masks=[torch.ones(2), torch.ones(2)], rewards=[1.0, -1.0],
-        raw_rewards=[1.0, 0.0], loss_denominators=[2.0, 2.0], micro_batches=[[[0, 1]]], step_sample_counts=[2],
-        step_token_counts=[4.0],
-    )  # fmt: skip
 
 
 def _common_state(iteration_dir):
@@ -30,7 +20,7 @@ def _common_state(iteration_dir):
 
 @pytest.mark.parametrize("no_save_optim", [True, False])
 def test_no_save_optim_leaves_the_optimizer_out_and_its_resume_needs_no_load_optim(
-    cpu_backend_env, tiny_hf, tmp_path, no_save_optim
+    cpu_backend_env, tiny_hf, tmp_path, no_save_optim, two_sample_batch
 ):
     _, hf_dir = tiny_hf("qwen3")
     megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
@@ -41,7 +31,7 @@ def test_no_save_optim_leaves_the_optimizer_out_and_its_resume_needs_no_load_opt
     })  # fmt: skip
     backend = cpu_backend_env.MegatronTrainBackend()
     backend.init(args, with_ref=False)
-    backend.train(0, _batch())
+    backend.train(0, two_sample_batch)
     backend.save(0)
     # The stand-in optimizer shards nothing; the scheduler's state (common state) shows what was left out.
     common = _common_state(tmp_path / "save" / "iter_0000000")
@@ -65,7 +55,7 @@ def test_no_save_optim_leaves_the_optimizer_out_and_its_resume_needs_no_load_opt
         assert resume() == 1
 
 
-def _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path):
+def _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path, batch):
     """A one-rank fp32 Megatron backend on the tiny qwen3, trained one step and saved in `tmp_path/save` as rollout 0.
 
     Returns:
@@ -79,13 +69,13 @@ def _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path):
     })  # fmt: skip
     backend = cpu_backend_env.MegatronTrainBackend()
     backend.init(args, with_ref=False)
-    backend.train(0, _batch())
+    backend.train(0, batch)
     backend.save(0)
     return backend, args, {n: p.detach().clone() for n, p in backend.module.named_parameters()}
 
 
 def test_a_checkpoint_saved_by_another_number_of_ranks_resumes_without_its_rng_states(
-    cpu_backend_env, tiny_hf, tmp_path, monkeypatch, caplog
+    cpu_backend_env, tiny_hf, tmp_path, monkeypatch, caplog, two_sample_batch
 ):
     # Issue 27, hostile pass 31: the RNG states are one shard per rank (`rng_state/shard_<rank>_<world>`), so a
     # checkpoint saved by 1 rank and resumed by 2 (another DP, TP or PP size) stopped every rank in megatron's load
@@ -96,7 +86,7 @@ def test_a_checkpoint_saved_by_another_number_of_ranks_resumes_without_its_rng_s
 
     from slime_train_megatron import checkpoint
 
-    backend, args, trained = _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path)
+    backend, args, trained = _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path, two_sample_batch)
     saved_rng = torch.get_rng_state()
 
     torch.manual_seed(7)  # this run's own RNG state, which a restore would replace
@@ -119,13 +109,13 @@ def test_a_checkpoint_saved_by_another_number_of_ranks_resumes_without_its_rng_s
 
 
 def test_a_training_checkpoint_of_the_original_slime_is_not_taken_for_weights_at_rollout_0(
-    cpu_backend_env, tiny_hf, tmp_path
+    cpu_backend_env, tiny_hf, tmp_path, two_sample_batch
 ):
     # Issue 27, hostile pass 31: an `iter_0000005` the original slime wrote (Megatron-LM's save_checkpoint: its common
     # state has `iteration` and `args`, no `rollout_id`) resumed as weights only at rollout 0: the LR warm-up, the
     # prompts and --num-rollout started over, and nothing said so. Megatron-LM's optimizer, schedule and RNG layout are
     # not read here, so the resume asks for --no-load-optim (continue at rollout 6) or --finetune (rollout 0).
-    backend, args, trained = _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path)
+    backend, args, trained = _trained_and_saved_at_rollout_0(cpu_backend_env, tiny_hf, tmp_path, two_sample_batch)
     # Rewrite it into the original's layout: iter_0000005, the tracker saying 5, Megatron-LM's common state.
     save = tmp_path / "save"
     (save / "iter_0000000").rename(save / "iter_0000005")

@@ -8,28 +8,19 @@ now keeps the reference (`iter_XXXXXXX/ref`, torch_dist). CPU stand-ins as in te
 import logging
 
 import pytest
-import torch
 
-from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 
 pytest.importorskip("megatron.core")
-
-
-def _batch():
-    tokens = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6, 7, 8, 9])]
-    return RolloutBatch(
-        tokens=tokens, response_lengths=[2, 2], loss_masks=[torch.ones(2), torch.ones(2)], rewards=[1.0, -1.0],
-        raw_rewards=[1.0, 0.0], loss_denominators=[2.0, 2.0], micro_batches=[[[0, 1]]], step_sample_counts=[2],
-        step_token_counts=[4.0],
-    )  # fmt: skip
 
 
 def _differ(a, b):
     return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
-def test_the_reference_that_follows_the_actor_resumes_with_it(cpu_backend_env, tiny_hf, tmp_path, caplog):
+def test_the_reference_that_follows_the_actor_resumes_with_it(
+    cpu_backend_env, tiny_hf, tmp_path, caplog, two_sample_batch
+):
     _, hf_dir = tiny_hf("qwen3")
     megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
     args = SlimeArgs.from_dict({
@@ -39,7 +30,7 @@ def test_the_reference_that_follows_the_actor_resumes_with_it(cpu_backend_env, t
     })  # fmt: skip
     backend = cpu_backend_env.MegatronTrainBackend()
     backend.init(args, with_ref=True)
-    batch = _batch()
+    batch = two_sample_batch
     initial = backend.compute_log_probs(batch)
     for rollout_id in range(3):  # the reference becomes the actor after rollout 1, then the actor moves on
         backend.train(rollout_id, batch)
