@@ -35,7 +35,8 @@ EXTRA = (
     "perf/engine_release_time", "perf/trainer_wake_up_time", "perf/trainer_sleep_time",
     "perf/engine_resume_weights_time", "perf/engine_resume_kv_cache_time", "perf/train_peak_mem_gib",
     "perf/log_probs_time", "perf/actor_train_time", "perf/weight_check_time", "perf/compile_time",
-    "perf/compiled_graphs", "perf/compile_warmup_wait_time", "perf/compile_warmup_pending",
+    "perf/compiled_graphs", "perf/compile_cache_hits", "perf/compile_cache_misses", "perf/compile_warmup_wait_time",
+    "perf/compile_warmup_pending",
     "perf/compile_warmup_finished",
     # The fully-async rollout (slime_rollout.generation.fully_async): versions behind per rollout, groups dropped
     # as stale.

@@ -200,8 +200,8 @@ _REAL_STEP = textwrap.dedent("""
     backend.init(cfg, with_ref=False)
     batch = cw._dummy_batch([700, 300])  # other lengths than the warm-up's: the graphs are dynamic
     backend.compute_log_probs(batch)
-    backend.train(0, batch)  # the real step: the GRPO loss (--entropy-coef 0: the entropy is detached)
-    print(json.dumps(dict(counters["inductor"])))
+    metrics = backend.train(0, batch)  # the real step: the GRPO loss (--entropy-coef 0: the entropy is detached)
+    print(json.dumps({**counters["inductor"], **{k: v for k, v in metrics.items() if k.startswith("perf/compile")}}))
 """)
 
 
@@ -230,6 +230,9 @@ def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_t
     counters = json.loads(done.stdout.strip().splitlines()[-1])
     assert counters.get("fxgraph_cache_hit", 0) >= 1
     assert counters.get("fxgraph_cache_miss", 0) == 0, counters
+    # train()'s own lookups (the forward+backward graphs; the no-grad one came before it) reach its metrics.
+    assert 1 <= counters["perf/compile_cache_hits"] < counters["fxgraph_cache_hit"], counters
+    assert counters["perf/compile_cache_misses"] == 0, counters
 
 
 def test_the_cpu_fallback_attention_returns_the_layout_its_fake_kernel_promises():

@@ -107,6 +107,21 @@ def _compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _compile_cache_counts() -> dict[str, int]:
+    """This process's torch.compile cache lookups so far: inductor's FX graph cache and the AOT autograd cache.
+
+    A graph the compile warm-up left in the on-disk caches is a hit in both; a miss means the step compiled it.
+    """
+    from torch._dynamo.utils import counters
+
+    return {
+        "fx_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fx_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "aot_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "aot_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+    }
+
+
 def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
 
@@ -349,7 +364,7 @@ class FSDPTrainBackend:
             RuntimeError: while asleep.
         """
         self._require_awake("train")
-        compile_before = _compile_seconds()
+        compile_before, caches_before = _compile_seconds(), _compile_cache_counts()
         if self.routing is not None:
             self.routing.reset()
         metrics, self.step_metrics = train_on_rollout(self.cfg, self, rollout_id, batch)
@@ -358,9 +373,16 @@ class FSDPTrainBackend:
         compiled = _compile_seconds() - compile_before
         if compiled > 0:
             graphs = _compiled_graphs()
-            logger.info("rollout %d: %.1f s of torch.compile warm-up (%d graphs so far)", rollout_id, compiled, graphs)
+            caches = {k: v - caches_before[k] for k, v in _compile_cache_counts().items()}
+            logger.info(
+                "rollout %d: %.1f s of torch.compile warm-up (%d graphs so far; this step's cache lookups: FX graph "
+                "%d hit / %d miss, AOT autograd %d hit / %d miss)", rollout_id, compiled, graphs,
+                caches["fx_hit"], caches["fx_miss"], caches["aot_hit"], caches["aot_miss"],
+            )  # fmt: skip
             metrics["perf/compile_time"] = compiled
             metrics["perf/compiled_graphs"] = float(graphs)
+            metrics["perf/compile_cache_hits"] = float(caches["fx_hit"])
+            metrics["perf/compile_cache_misses"] = float(caches["fx_miss"])
         return metrics
 
     def _routing_metrics(self) -> dict[str, float]:
