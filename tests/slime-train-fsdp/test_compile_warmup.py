@@ -223,6 +223,12 @@ def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_t
     assert handle is not None
     report = handle.wait(timeout_s=600)
     assert report is not None and report["graphs"] >= 1 and report["token_counts"] == [1024]
+    # Where the warm-up's time went, phase by phase; all its compiling happens inside them.
+    phases = report["phases"]
+    assert list(phases) == ["process_group", "model_init", "log_probs", "forward_backward", "head"], phases
+    assert all(wall >= compiling >= 0 for wall, compiling in phases.values()), phases
+    assert phases["log_probs"][1] > 0 and phases["forward_backward"][1] > 0, phases
+    assert sum(c for _, c in phases.values()) == pytest.approx(report["compile_seconds"], abs=0.05), report
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
     done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(_WORKERS),
                            json.dumps(overrides)], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip

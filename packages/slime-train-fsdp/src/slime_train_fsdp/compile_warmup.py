@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -236,11 +237,13 @@ class CompileWarmUp:
                                rc, _tail(log))  # fmt: skip
                 return None
             report = json.loads((self.workdir / "report.json").read_text())
+            phases = ", ".join(f"{name} {wall:.1f} s ({compiling:.1f} compiling)"
+                               for name, (wall, compiling) in report.get("phases", {}).items())  # fmt: skip
             logger.info("compile warm-up: %d graph(s) of the model's stand-in compiled in %.1f s in the background "
                         "(packed rows of %s tokens; %.1f s on the GPU, after %.1f s of start-up and %.1f s at the "
-                        "gate); the next step waited %.1f s for it", report["graphs"], report["compile_seconds"],
+                        "gate: %s); the next step waited %.1f s for it", report["graphs"], report["compile_seconds"],
                         report["token_counts"], report["seconds"], report.get("ready_seconds", 0.0),
-                        report.get("gate_wait_seconds", 0.0), waited)  # fmt: skip
+                        report.get("gate_wait_seconds", 0.0), phases or "no phases", waited)  # fmt: skip
             return report
         finally:
             self._remove_workdir()
@@ -450,7 +453,8 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
 
     Returns:
         `{"seconds" (from the gate), "compile_seconds", "graphs", "token_counts", "ready_seconds" (the CPU-only
-        part), "gate_wait_seconds"}`.
+        part), "gate_wait_seconds", "phases"}`; `phases` maps `process_group`, `model_init`, `log_probs`,
+        `forward_backward` and `head` to `[wall s, of it s in torch.compile]` (GPU work synchronized).
     """
     import torch.distributed as dist
 
@@ -475,27 +479,40 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     local = cfg.model_copy(update={"hf_checkpoint": str(stand_in), "ref_load": None, "load": None, "use_opd": False,
                                    "use_routing_replay": False, "use_rollout_routing_replay": False})  # fmt: skip
     use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    phases: dict[str, list[float]] = {}  # phase -> [wall s, of it compiling s]: where the GPU part's time goes
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        wall, compiling = time.monotonic(), _compile_seconds()
+        yield
+        if use_cuda:
+            torch.cuda.synchronize()
+        phases[name] = [round(time.monotonic() - wall, 2), round(_compile_seconds() - compiling, 2)]
+
+    with phase("process_group"):
+        if use_cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        backend = FSDPTrainBackend()
-        backend.init(local, with_ref=False)
+        with phase("model_init"):
+            backend = FSDPTrainBackend()
+            backend.init(local, with_ref=False)
         options = forward_options(backend.model)
         # The forward reads its options on every call: the step runs the eager head, `warm_up_head` the compiled one.
         set_forward_options(backend.model, dataclasses.replace(options, compile_head=False))
         batch = _dummy_batch(counts)
-        backend.compute_log_probs(batch)
+        with phase("log_probs"):
+            backend.compute_log_probs(batch)
         entropy_grad = entropy_has_grad(cfg)
-        backend.forward_backward(batch, 0, functools.partial(_loss_like_the_run, entropy_grad), denominator=1.0)
-        warm_up_head(options, vocab_size=int(trained.vocab_size), device=backend.device, cfg=cfg)
-        if use_cuda:
-            torch.cuda.synchronize()
+        with phase("forward_backward"):
+            backend.forward_backward(batch, 0, functools.partial(_loss_like_the_run, entropy_grad), denominator=1.0)
+        with phase("head"):
+            warm_up_head(options, vocab_size=int(trained.vocab_size), device=backend.device, cfg=cfg)
     finally:
         dist.destroy_process_group()
     return {"seconds": time.monotonic() - started, "compile_seconds": _compile_seconds(),
             "graphs": _compiled_graphs(), "token_counts": counts, "ready_seconds": ready,
-            "gate_wait_seconds": gate_wait}  # fmt: skip
+            "gate_wait_seconds": gate_wait, "phases": phases}  # fmt: skip
 
 
 def warm_up_head(options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs) -> None:
