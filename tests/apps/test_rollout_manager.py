@@ -278,3 +278,35 @@ def test_a_sync_resume_of_a_fully_async_checkpoint_serves_its_held_groups(tmp_pa
     manager.data_source = RolloutDataSourceWithBuffer(manager.args)
     manager.load(0)
     assert [group[0].prompt for group in manager.data_source.get_samples(2)] == ["q0", "q1"]  # was q1, q2
+
+
+def test_the_tokenizer_loads_while_the_engines_start(monkeypatch, tmp_path):
+    # Issue 26: the manager loaded the tokenizer (and imported transformers) only once the engines were up, inside
+    # the data source's construction: 7 s on one H100 host between "engine ready" and "engines up", which the
+    # trainer's model load and gated compile warm-up waited for. Now its load overlaps the engines' start.
+    import slime_rollout.data.tokenizer as tokenizer_module
+    import slime_rollout.engines.client as client_module
+    import slime_rollout.generation.rollout as rollout_module
+    from slime_app.rollout_manager import RolloutManager
+
+    loaded, order = threading.Event(), []
+
+    def fake_get_tokenizer(path):
+        order.append(("tokenizer", path, threading.current_thread().name))
+        loaded.set()
+        return object()
+
+    def fake_start(self):
+        # The engines' start takes long on a real machine: the prefetch must have run before it ends.
+        order.append(("engines ready", loaded.wait(timeout=30)))
+        self.urls = ["http://10.0.0.1:15000"]
+        return self
+
+    monkeypatch.setattr(tokenizer_module, "get_tokenizer", fake_get_tokenizer)
+    monkeypatch.setattr(HostedEngines, "start", fake_start)
+    monkeypatch.setattr(rollout_module, "create_data_source", lambda args: order.append(("data source",)) or None)
+    monkeypatch.setattr(client_module, "get_client", lambda args: object())
+    cfg = parse_args([*BASE, "--output-dir", str(tmp_path), "--rollout-num-gpus", "1"])
+    manager = RolloutManager.__ray_metadata__.modified_class(cfg, None)
+    assert manager.start() == ["http://10.0.0.1:15000"]
+    assert order == [("tokenizer", "/m", "tokenizer-prefetch"), ("engines ready", True), ("data source",)]

@@ -258,6 +258,7 @@ class RolloutManager:
 
     def start(self) -> list[str]:
         """Launches (or attaches to external) engines and builds the data source; returns the engine URLs."""
+        from slime_rollout.data.tokenizer import prefetch_tokenizer
         from slime_rollout.engines.client import get_client
         from slime_rollout.engines.plugin_http import init_http_client
         from slime_rollout.generation.rollout import create_data_source
@@ -267,7 +268,12 @@ class RolloutManager:
         if no_engines:
             addresses = EngineAddresses(urls=[])
         else:
+            # The data source and the rollout need the tokenizer: its import and load overlap the engines' start
+            # instead of following it (the trainer's model load and compile warm-up wait for this method).
+            prefetch = prefetch_tokenizer(cfg.hf_checkpoint) if cfg.hf_checkpoint else None
             self.engines, addresses = launch_or_attach_engines(cfg, self.placement)
+            if prefetch is not None:
+                prefetch.join()
         self.args = plugin_args(cfg, addresses)
         init_http_client(self.args)  # plugins' `post` (slime.utils.http_utils): pool size and timeout of this run
         if cfg.prompt_data or cfg.data_source_path:

@@ -6,9 +6,13 @@ Importable from `slime_rollout.data.source` too, where generate functions and th
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 from typing import Any
 
-__all__ = ["TOKENIZER_FILES", "get_tokenizer"]
+__all__ = ["TOKENIZER_FILES", "get_tokenizer", "prefetch_tokenizer"]
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -28,6 +32,25 @@ def get_tokenizer(path: str) -> Any:
             f"({', '.join(TOKENIZER_FILES)}); copy them from the model the checkpoint came from"
         )
     return tokenizer
+
+
+def prefetch_tokenizer(path: str) -> threading.Thread:
+    """Starts loading `get_tokenizer(path)` in a daemon thread; join it before the first `get_tokenizer(path)`.
+
+    For a process that waits on something else meanwhile (the rollout manager while its engines start): the
+    transformers import and the tokenizer's files then cost nothing later (5-10 s on the hosts measured). A failure
+    here is only logged at debug level: the real call raises it again where the error belongs.
+    """
+
+    def load() -> None:
+        try:
+            get_tokenizer(path)
+        except Exception:  # noqa: BLE001 - raised again, in context, by the caller's own get_tokenizer(path)
+            logger.debug("tokenizer prefetch of %s failed", path, exc_info=True)
+
+    thread = threading.Thread(target=load, name="tokenizer-prefetch", daemon=True)
+    thread.start()
+    return thread
 
 
 # Files a Hugging Face tokenizer is read from; a checkpoint directory holds at least one of them.
