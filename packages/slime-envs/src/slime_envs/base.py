@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -36,6 +37,19 @@ def _count_truncated(num: int, limit: int) -> None:
             _num_truncated,
             limit,
         )
+
+
+def _bad_arguments(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> str | None:
+    """Why `fn(**arguments)` cannot be called (a missing, unexpected or doubled argument), or None when it can."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to check (some C callables): the call itself will say
+        return None
+    try:
+        signature.bind(**arguments)
+    except TypeError as e:
+        return str(e)
+    return None
 
 
 _CALL_FORMAT_HINT = 'Write each call as <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
@@ -124,6 +138,11 @@ class ToolEnv:
         fn = functions.get(call.name)
         if fn is None:
             return f"Error: unknown tool '{call.name}'. Available tools: {', '.join(sorted(functions))}."
+        # The arguments are checked against the tool's signature before it runs: a TypeError raised inside the
+        # tool (its own bug) was shown to the model as "bad arguments", and logged nowhere.
+        bad = _bad_arguments(fn, call.arguments)
+        if bad is not None:
+            return f"Error: bad arguments for tool '{call.name}': {bad}"
         deadline = asyncio.timeout(self.tool_timeout_s)
         try:
             async with deadline:
@@ -139,8 +158,6 @@ class ToolEnv:
                 self.tool_timeout_s,
             )
             return f"Error: tool '{call.name}' did not answer within {self.tool_timeout_s:g} s."
-        except TypeError as e:
-            return f"Error: bad arguments for tool '{call.name}': {e}"
         except Exception as e:  # a tool bug must not kill the rollout; the model sees the message
             logger.warning("tool %s failed: %r", call.name, e)
             return f"Error: tool '{call.name}' failed: {type(e).__name__}: {e}"
