@@ -85,6 +85,9 @@ class ToolEnv:
     stop: list[str] = []
     #: Tool specs for the chat template (`{"type": "function", "function": {name, description, parameters}}`).
     tool_specs: list[dict[str, Any]] = []
+    #: Errors of the machinery a tool runs on (the sandbox cannot start), not of the call: `step` raises them, so
+    #: the sample fails instead of showing the model an error it did not cause (and training on it).
+    infrastructure_errors: tuple[type[Exception], ...] = ()
 
     def __init__(
         self,
@@ -133,6 +136,7 @@ class ToolEnv:
         Raises:
             TypeError: the tool returned something other than a str (its response text): a bug of the tool, named
                 here (it failed later as "sequence item 0: expected str instance, int found", naming no tool).
+            Exception: one of `infrastructure_errors`, as the tool raised it.
         """
         functions = self.tool_functions()
         fn = functions.get(call.name)
@@ -158,6 +162,8 @@ class ToolEnv:
                 self.tool_timeout_s,
             )
             return f"Error: tool '{call.name}' did not answer within {self.tool_timeout_s:g} s."
+        except self.infrastructure_errors:
+            raise
         except Exception as e:  # a tool bug must not kill the rollout; the model sees the message
             logger.warning("tool %s failed: %r", call.name, e)
             return f"Error: tool '{call.name}' failed: {type(e).__name__}: {e}"
@@ -189,6 +195,7 @@ class ToolEnv:
 
         Raises:
             TypeError: a tool returned something other than a str (`call_tool`).
+            Exception: one of `infrastructure_errors` a tool raised (`call_tool`).
         """
         parsed = parse_tool_calls(model_turn)
         if not parsed.blocks:

@@ -63,7 +63,7 @@ from typing import IO
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slime_core.config.base import warn_once
-from slime_envs._bwrap import WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
+from slime_envs._bwrap import WORKDIR, BwrapMissingError, bwrap_argv, bwrap_path, runtime_view
 from slime_envs._cgroups import CgroupLimits
 from slime_envs._sandbox_policy import INIT_RLIMITS, enforcement, rlimits, runner_policy
 from slime_envs._sandbox_proc import Owned, owned_bwrap, parent_pid, uncancellable
@@ -306,6 +306,7 @@ async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
     try:
         view = runtime_view()
         seccomp = base_filter()
+        bwrap_path()  # again at every run: the view is built once, and bubblewrap may be gone since (an upgrade)
     except (BwrapMissingError, SeccompUnavailableError, OSError) as e:
         raise SandboxUnavailableError(str(e)) from e
     fds = _Fds()
