@@ -466,3 +466,16 @@ async def test_template_kwargs_shape_every_turns_header(tok, qwen3_tokenizer_dir
     obs = enc(tok, QWEN_OBS_42 + "<think>\n\n</think>\n\n")  # the template's header for the next turn, as in turn 1
     assert engine.payloads[1]["input_ids"] == enc(tok, prompt) + enc(tok, call) + obs
     assert out.loss_mask == [1] * len(enc(tok, call)) + [0] * len(obs) + [1] * len(enc(tok, "42<|im_end|>"))
+
+
+async def test_a_single_stop_string_stays_one_stop(tok, qwen3_tokenizer_dir, monkeypatch, tmp_path):
+    # An eval dataset's `stop: "</answer>"` (a str, as SGLang takes it) became one stop string per character: every
+    # turn of the episode ended at its first "<", "/" or "a".
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"contents": '"Paris"\nParis is the capital of France.'}) + "\n")
+    engine = ScriptedEngine(tok, ["<answer> Paris </answer>"])
+    install(monkeypatch, engine)
+    meta = {"env": "search", "env_kwargs": {"corpus_path": str(corpus), "topk": 1}}
+    sample = Sample(prompt="Question: What is the capital of France?\n", label="Paris", metadata=meta, index=0)
+    await multi_turn.generate(make_args(qwen3_tokenizer_dir), sample, dict(params(), stop="</answer>"))
+    assert engine.payloads[0]["sampling_params"]["stop"] == ["</answer>", "</search>"]

@@ -439,7 +439,10 @@ async def generate(
         # Prompt + every turn and observation must fit the context window; none left: TRUNCATED, no engine call.
         budget = min(budget, max_context_len - sample.prompt_length)
     params = dict(sampling_params)
-    stop = list(params.get("stop") or [])
+    stop = params.get("stop") or []
+    # SGLang takes one stop string as a str (an eval dataset's `stop: "</answer>"`): list() made it one stop per
+    # character, and every turn ended at its first "<" or "a".
+    stop = [stop] if isinstance(stop, str) else list(stop)
     stop += [s for s in getattr(env, "stop", None) or [] if s not in stop]
     params["stop"] = stop or None
     params["no_stop_trim"] = True  # the stop tag must stay in the output so ids and text agree
