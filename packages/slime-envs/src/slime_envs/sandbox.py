@@ -268,7 +268,8 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
         raised.
 
     Raises:
-        SandboxUnavailableError: the sandbox itself cannot run here (the message says what is missing).
+        SandboxUnavailableError: the sandbox itself cannot run here (the message says what is missing), or the
+            host failed its side of this run (an `OSError`: no space for the output files, no descriptor left).
     """
     config = config or SandboxConfig()
     source = code.encode("utf-8", errors="surrogatepass")
@@ -276,7 +277,13 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
     if too_large is not None:
         return too_large
     async with _limiter(config.max_concurrent_runs):
-        return await _run_python(source, config)
+        try:
+            return await _run_python(source, config)
+        except OSError as e:
+            # The host's side of a run (its pipes, memfds, output files, cgroup): a full /tmp or a descriptor limit
+            # of the host, not an error of the code, which only ever reaches the result. It was raised bare, and
+            # the python env showed it to the model as its code's output.
+            raise SandboxUnavailableError(f"the sandbox could not run on this host: {e!r}") from e
 
 
 def code_too_large(num_bytes: int, config: SandboxConfig) -> SandboxResult | None:
