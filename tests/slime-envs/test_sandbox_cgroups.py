@@ -69,3 +69,24 @@ def test_real_hierarchy_when_available():
     finally:
         limits.kill_and_remove()
     assert not any(pathlib.Path(p).exists() for p in limits.dirs)
+
+
+async def test_cpus_without_a_cpu_cgroup_is_told_it_has_no_effect(caplog, monkeypatch):
+    # SandboxConfig(cpus=0.5) on a machine without a cpu cgroup was accepted and ignored: the run used as many cores
+    # as its threads, and only SandboxResult.enforcement (which nothing reads) said so.
+    from slime_core.config import base as config_base
+    from slime_envs import sandbox
+    from slime_envs.sandbox import SandboxConfig, run_python
+
+    monkeypatch.setattr(config_base, "_WARNED", set())  # warn_once's keys: this test's own
+    monkeypatch.setattr(sandbox.CgroupLimits, "create", classmethod(lambda cls, **kwargs: None))
+    assert (await run_python("print(1)")).stdout == "1\n"  # the default cpus: nothing asked, nothing to say
+    assert "has no effect" not in caplog.text
+    for _ in range(2):
+        result = await run_python("print(1)", SandboxConfig(cpus=0.5))
+        assert result.stdout == "1\n" and result.enforcement["cpu"] == "no cpu cgroup here"
+    warnings = [r.getMessage() for r in caplog.records if "has no effect" in r.getMessage()]
+    assert warnings == [
+        "sandbox: cpus=0.5 has no effect here: this machine gives this process no cpu cgroup (a run's threads and "
+        "processes may use as many cores as max_processes; see SandboxResult.enforcement)"
+    ]

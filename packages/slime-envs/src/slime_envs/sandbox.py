@@ -345,6 +345,13 @@ async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
             max_tasks=config.max_processes + 1,
             cpus=config.cpus,
         )
+        if "cpus" in config.model_fields_set and (cgroup is None or "cpu" not in cgroup.controllers):
+            warn_once(
+                f"sandbox-cpus-{config.cpus}",
+                f"sandbox: cpus={config.cpus:g} has no effect here: this machine gives this process no cpu cgroup "
+                "(a run's threads and processes may use as many cores as max_processes; see "
+                "SandboxResult.enforcement)",
+            )
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             # From the spawn on, every exit (a cancel at any await included) kills and reaps bubblewrap's tree.
             async with owned_bwrap(
