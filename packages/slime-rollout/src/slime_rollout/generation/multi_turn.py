@@ -358,6 +358,24 @@ def checked_env_step(step: Any, what: str) -> EnvStep:
     return step
 
 
+def _stop_strings(value: Any, what: str) -> list[str]:
+    """Stop strings as a list: None, one str (SGLang takes one so) or a list of str.
+
+    A str was spread into its characters (an eval dataset's `stop: "</answer>"`, an env's `stop = "</search>"`): every
+    turn ended at its first "<" or "a".
+
+    Raises:
+        TypeError: anything else, naming `what`.
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple) and all(isinstance(s, str) for s in value):
+        return list(value)
+    raise TypeError(f"{what} is {type(value).__name__} {preview(value)}, not a stop string or a list of them")
+
+
 _num_cut_at_max_turns = 0  # episodes of this process that ended at --max-turns with the env waiting (for the log)
 
 
@@ -463,11 +481,10 @@ async def generate(
         # Prompt + every turn and observation must fit the context window; none left: TRUNCATED, no engine call.
         budget = min(budget, max_context_len - sample.prompt_length)
     params = dict(sampling_params)
-    stop = params.get("stop") or []
-    # SGLang takes one stop string as a str (an eval dataset's `stop: "</answer>"`): list() made it one stop per
-    # character, and every turn ended at its first "<" or "a".
-    stop = [stop] if isinstance(stop, str) else list(stop)
-    stop += [s for s in getattr(env, "stop", None) or [] if s not in stop]
+    stop = _stop_strings(params.get("stop"), "sampling_params['stop']")
+    stop += [
+        s for s in _stop_strings(getattr(env, "stop", None), f"env {_env_name(args, sample)!r}.stop") if s not in stop
+    ]
     params["stop"] = stop or None
     params["no_stop_trim"] = True  # the stop tag must stay in the output so ids and text agree
     client = single_turn.get_client(args)
