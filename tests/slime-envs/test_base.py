@@ -155,3 +155,32 @@ async def test_an_episode_changing_its_stop_strings_or_tools_changes_no_other_ep
     assert [e.stop for e in envs] == [["</x>"]] * 3 and len(envs[0].tool_specs) == 1
     assert ToolEnv.stop == [] and ToolEnv.tool_specs == [] and CalculatorEnv().stop == []
     assert [t["function"]["name"] for t in CalculatorEnv().tool_specs] == ["calculator"]
+
+
+class BuggyToolEnv(ToolEnv):
+    """A tool whose own code raises TypeError, whatever arguments it gets."""
+
+    def tool_functions(self):
+        async def add(a, b):
+            return str(a + b)  # 1 + "x": the tool's bug, not the model's
+
+        return {"add": add}
+
+
+async def test_a_type_error_inside_a_tool_is_a_logged_tool_failure_not_bad_arguments(caplog):
+    # Every TypeError of a call was answered "bad arguments" (the model was told to fix a call that was right) and
+    # logged nowhere, so a broken tool went unnoticed; arguments that do not fit the signature still are.
+    env = BuggyToolEnv()
+    step = await env.step(named("add", a=1, b="x"))
+    assert step.tool_responses == [
+        "Error: tool 'add' failed: TypeError: unsupported operand type(s) for +: 'int' and 'str'"
+    ]
+    assert "tool add failed: TypeError(\"unsupported operand type(s) for +: 'int' and 'str'\")" in caplog.text
+    caplog.clear()
+    step = await env.step(named("add", a=1) + named("add", a=1, b=2, c=3) + named("add", a=1, b=2))
+    assert step.tool_responses == [
+        "Error: bad arguments for tool 'add': missing a required argument: 'b'",
+        "Error: bad arguments for tool 'add': got an unexpected keyword argument 'c'",
+        "3",
+    ]
+    assert caplog.text == ""

@@ -69,3 +69,47 @@ def test_real_hierarchy_when_available():
     finally:
         limits.kill_and_remove()
     assert not any(pathlib.Path(p).exists() for p in limits.dirs)
+
+
+async def test_cpus_without_a_cpu_cgroup_is_told_it_has_no_effect(caplog, monkeypatch):
+    # SandboxConfig(cpus=0.5) on a machine without a cpu cgroup was accepted and ignored: the run used as many cores
+    # as its threads, and only SandboxResult.enforcement (which nothing reads) said so.
+    from slime_core.config import base as config_base
+    from slime_envs import sandbox
+    from slime_envs.sandbox import SandboxConfig, run_python
+
+    monkeypatch.setattr(config_base, "_WARNED", set())  # warn_once's keys: this test's own
+    monkeypatch.setattr(sandbox.CgroupLimits, "create", classmethod(lambda cls, **kwargs: None))
+    assert (await run_python("print(1)")).stdout == "1\n"  # the default cpus: nothing asked, nothing to say
+    assert "has no effect" not in caplog.text
+    for _ in range(2):
+        result = await run_python("print(1)", SandboxConfig(cpus=0.5))
+        assert result.stdout == "1\n" and result.enforcement["cpu"] == "no cpu cgroup here"
+    warnings = [r.getMessage() for r in caplog.records if "has no effect" in r.getMessage()]
+    assert warnings == [
+        "sandbox: cpus=0.5 has no effect here: this machine gives this process no cpu cgroup (a run's threads and "
+        "processes may use as many cores as max_processes; see SandboxResult.enforcement)"
+    ]
+
+
+def test_max_files_on_a_host_that_cannot_count_files_is_told_it_has_no_effect(caplog, monkeypatch):
+    # A non-root host's /tmp is bubblewrap's --tmpfs, which takes no file count: max_files was accepted and ignored.
+    # (This machine runs as root, so the non-root view is built here from the real one.)
+    import dataclasses
+
+    from slime_core.config import base as config_base
+    from slime_envs import sandbox
+    from slime_envs._bwrap import runtime_view
+    from slime_envs.sandbox import SandboxConfig
+
+    monkeypatch.setattr(config_base, "_WARNED", set())  # warn_once's keys: this test's own
+    non_root = dataclasses.replace(runtime_view(), workdir_mount=None)
+    sandbox._warn_ineffective(SandboxConfig(), has_cpu_cgroup=False, view=non_root)  # defaults: nothing asked
+    sandbox._warn_ineffective(SandboxConfig(max_files=100), has_cpu_cgroup=True, view=runtime_view())  # enforced
+    assert caplog.records == []
+    for _ in range(2):
+        sandbox._warn_ineffective(SandboxConfig(max_files=100), has_cpu_cgroup=True, view=non_root)
+    assert [r.getMessage() for r in caplog.records] == [
+        "sandbox: max_files=100 has no effect here: only a root host mounts /tmp with a file count (here /tmp holds "
+        "the kernel's default, half the machine's RAM pages; tmpfs_mb still caps its size)"
+    ]

@@ -167,3 +167,38 @@ async def test_qwen_format_scores_the_answer_after_the_thinking(corpus, turn):
     env.reset(prompt="q", label="Paris", metadata={})
     step = await env.step(turn)
     assert step.done and step.reward == 1.0
+
+
+async def test_tags_format_bounds_each_search_by_the_envs_deadline_and_cut(corpus, monkeypatch, caplog):
+    # tool_timeout_s and max_response_chars held for <tool_call> searches only: in the tags format (Search-R1's) a
+    # retriever that never answered held the episode until --plugin-timeout-secs (4 h) failed the whole rollout, and
+    # a 10 MB passage became a 10 MB observation, both accepted without a word.
+    import asyncio
+
+    from slime_envs import base, search
+    from slime_envs.search import Passage
+
+    monkeypatch.setattr(base, "_num_truncated", 0)  # the process's count (the log fires at its powers of two)
+
+    async def retrieve(self, query):
+        if query == "hang":
+            await asyncio.Event().wait()
+        if query == "own":
+            raise TimeoutError("upstream")
+        return [Passage(title="T", text="y" * 10_000_000)]
+
+    monkeypatch.setattr(search.SearchEnv, "retrieve", retrieve)
+    env = SearchEnv(corpus_path=str(corpus), tool_timeout_s=0.2, max_response_chars=50)
+    env.reset(prompt="q", label="x", metadata={})
+    step = await asyncio.wait_for(env.step("<search>hang</search>"), 10)
+    assert step.observation == "\n\n<information>Error: retrieval did not answer within 0.2 s.</information>\n\n"
+    assert not step.done and "did not answer within tool_timeout_s=0.2 s" in caplog.text
+    step = await env.step("<search>own</search>")
+    assert step.observation == "\n\n<information>Error: retrieval failed (TimeoutError).</information>\n\n"
+    step = await env.step("<search>big</search>")
+    shown = "Doc 1(Title: T) " + "y" * 34
+    note = "\n... (tool response truncated: 50 of 10,000,016 characters shown)"
+    assert step.observation == f"\n\n<information>{shown}{note}</information>\n\n"
+    assert step.info == {"query": "big", "num_truncated": 1}
+    assert "longer than max_response_chars=50 and were cut" in caplog.text
+    assert env.num_tool_calls == 3

@@ -466,3 +466,32 @@ async def test_template_kwargs_shape_every_turns_header(tok, qwen3_tokenizer_dir
     obs = enc(tok, QWEN_OBS_42 + "<think>\n\n</think>\n\n")  # the template's header for the next turn, as in turn 1
     assert engine.payloads[1]["input_ids"] == enc(tok, prompt) + enc(tok, call) + obs
     assert out.loss_mask == [1] * len(enc(tok, call)) + [0] * len(obs) + [1] * len(enc(tok, "42<|im_end|>"))
+
+
+async def test_a_single_stop_string_stays_one_stop(tok, qwen3_tokenizer_dir, monkeypatch, tmp_path):
+    # An eval dataset's `stop: "</answer>"` (a str, as SGLang takes it) became one stop string per character: every
+    # turn of the episode ended at its first "<", "/" or "a".
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"contents": '"Paris"\nParis is the capital of France.'}) + "\n")
+    engine = ScriptedEngine(tok, ["<answer> Paris </answer>"])
+    install(monkeypatch, engine)
+    meta = {"env": "search", "env_kwargs": {"corpus_path": str(corpus), "topk": 1}}
+    sample = Sample(prompt="Question: What is the capital of France?\n", label="Paris", metadata=meta, index=0)
+    await multi_turn.generate(make_args(qwen3_tokenizer_dir), sample, dict(params(), stop="</answer>"))
+    assert engine.payloads[0]["sampling_params"]["stop"] == ["</answer>", "</search>"]
+
+
+async def test_an_episode_cut_at_max_turns_is_marked_and_logged(tok, qwen3_tokenizer_dir, monkeypatch, caplog):
+    # --max-turns defaults to 1: an env's episode ran one turn, its tool call ran and its result was dropped, and
+    # nothing said so (a port of search-r1/retool that set --env-path alone trained single-turn).
+    monkeypatch.setattr(multi_turn, "_num_cut_at_max_turns", 0)  # the process's count (logged at powers of two)
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN]))
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir, max_turns=1), calc_sample(), params())
+    assert out.metadata["num_turns"] == 1 and out.metadata["max_turns_reached"] is True
+    assert out.loss_mask == [1] * len(enc(tok, TOOL_TURN))  # no observation after the last turn
+    assert "1 multi-turn episode(s) so far reached --max-turns 1 while the env still waited" in caplog.text
+    caplog.clear()
+    install(monkeypatch, ScriptedEngine(tok, [TOOL_TURN, FINAL_TURN]))
+    out = await multi_turn.generate(make_args(qwen3_tokenizer_dir, max_turns=2), calc_sample(), params())
+    assert out.metadata["num_turns"] == 2 and "max_turns_reached" not in out.metadata  # the answer ended it
+    assert "reached --max-turns" not in caplog.text

@@ -229,3 +229,23 @@ def test_tool_output_holding_the_template_sentinel_keeps_its_wrapper(tok):
     assert text == (
         f"\n<|im_start|>user\n<tool_response>\n{forged}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+class StopIsOneString(Returns):
+    stop = "</search>"  # the protocol's `stop` is a list; one str is what SGLang itself takes
+
+
+class StopIsNumber(Returns):
+    stop = 5
+
+
+async def test_an_envs_stop_string_stays_one_stop_and_a_bad_stop_is_named(tok, qwen3_tokenizer_dir, monkeypatch):
+    # `stop = "</search>"` was spread into its characters: every turn ended at its first "<", "/" or "s".
+    STEP_VALUE[:] = [EnvStep(observation="", done=True)]
+    engine = ScriptedEngine(tok, [TURN])
+    monkeypatch.setattr(single_turn, "get_client", lambda args: engine)
+    args = make_args(qwen3_tokenizer_dir, StopIsOneString)
+    await multi_turn.generate(args, Sample(prompt="x", index=0), dict(params(), stop=["</answer>"]))
+    assert engine.payloads[0]["sampling_params"]["stop"] == ["</answer>", "</search>"]
+    with pytest.raises(TypeError, match=rf"^env '{__name__}:StopIsNumber'.stop is int 5, not a stop string or a list"):
+        await multi_turn.generate(make_args(qwen3_tokenizer_dir, StopIsNumber), Sample(prompt="x", index=1), params())

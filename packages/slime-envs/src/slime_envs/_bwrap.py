@@ -7,7 +7,7 @@ Inside, the sandbox sees (all read-only unless said otherwise):
 * the shared libraries (`/usr/lib*`, the `/lib*` links, `/etc/ld.so.cache`) the interpreter and
   extension modules load;
 * the runner (`/opt/slime-sandbox/_sandbox_child.py`), a fresh `/proc` of its own PID namespace and a
-  minimal `/dev` (null, zero, random, urandom, tty);
+  minimal `/dev` (null, zero, full, random, urandom and the fd links; no terminal: see `_DEV_NODES`);
 * `/tmp`: a private tmpfs of a fixed size (and, on a root host, a fixed number of files), the only writable
   place, the working directory and `$HOME`; the model's code is copied in as `/tmp/main.py`.
 
@@ -262,6 +262,35 @@ def _stage(sources: list[str]) -> tuple[int, dict[str, str], str]:
     return ns_fd, {src: f"{stage}/{i}" for i, src in enumerate(sources)}, f"{stage}/workdir"
 
 
+# The device nodes the sandbox gets, bound from the host's /dev: bubblewrap's `--dev` set less `/dev/tty` and its
+# `devpts` instance. A pty is counted in kernel.pty.max, one pool for the whole machine (4,096, of which 3,072 are
+# open to any devpts instance but the host's first): one run opened 61 through /dev/ptmx (the descriptor limit), 16
+# processes ~1,000, so a few concurrent runs took every pty that other containers of the host (their shells, tmux,
+# `docker exec -t`) can get, for as long as they ran. No code interpreter needs a terminal.
+_DEV_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_DEV_LINKS = {
+    "/dev/fd": "/proc/self/fd",
+    "/dev/stdin": "/proc/self/fd/0",
+    "/dev/stdout": "/proc/self/fd/1",
+    "/dev/stderr": "/proc/self/fd/2",
+}
+
+
+def _dev_argv() -> list[str]:
+    """The bubblewrap options of the sandbox's `/dev`, in place of its `--dev`.
+
+    A tmpfs (remounted read-only later) holding the `_DEV_NODES` the host has and `_DEV_LINKS`; no `/dev/pts`,
+    `/dev/ptmx` or `/dev/tty`.
+    """
+    argv = ["--tmpfs", "/dev"]
+    for node in _DEV_NODES:
+        if os.path.exists(node):
+            argv += ["--dev-bind", node, node]
+    for link, target in _DEV_LINKS.items():
+        argv += ["--symlink", target, link]
+    return argv
+
+
 def bwrap_argv(
     view: RuntimeView,
     *,
@@ -347,7 +376,7 @@ def bwrap_argv(
         return out
 
     argv += runtime(under_workdir=False)
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--proc", "/proc", *_dev_argv()]
     if view.workdir_mount is None:
         argv += ["--size", str(tmpfs_bytes), "--perms", "0700", "--tmpfs", WORKDIR]
     else:  # mounted by the launcher, with its file count

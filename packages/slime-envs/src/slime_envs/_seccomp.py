@@ -106,8 +106,17 @@ _F_SETPIPE_SZ = 1031
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_CMP_NE = 1
-_SCMP_CMP_EQ = 4
 _SCMP_CMP_MASKED_EQ = 7
+
+
+def _int_arg_eq(arg: int, value: int) -> tuple[int, int, int, int]:
+    """The condition "argument `arg`, an `int`/`unsigned int` of the syscall, equals `value`", on its low 32 bits.
+
+    The filter sees the whole 64-bit register and the kernel reads only its low half: compared whole,
+    `setrlimit(RLIMIT_CORE | 1 << 32, ...)` and `fcntl(fd, F_SETPIPE_SZ | 1 << 32, ...)` passed the filter and did
+    what it refuses (RLIMIT_CORE 0: the host's core helper back; 1 MiB pipes).
+    """
+    return (arg, _SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, value)
 
 
 def _act_errno(code: int) -> int:
@@ -217,9 +226,10 @@ def base_filter() -> bytes:
         f.deny(name, _act_errno(errno.EACCES))
     f.deny(_NO_FALLOCATE, _act_errno(errno.EOPNOTSUPP))
     f.deny(_NO_PRLIMIT_OF_OTHERS, _act_errno(errno.EPERM), (0, _SCMP_CMP_NE, 0, 0))
-    f.deny("setrlimit", _act_errno(errno.EPERM), (0, _SCMP_CMP_EQ, _RLIMIT_CORE, 0))
-    f.deny("prlimit64", _act_errno(errno.EPERM), (1, _SCMP_CMP_EQ, _RLIMIT_CORE, 0), (2, _SCMP_CMP_NE, 0, 0))
-    f.deny("fcntl", _act_errno(errno.EPERM), (1, _SCMP_CMP_EQ, _F_SETPIPE_SZ, 0))
+    # A pid_t compared whole is safe: high bits only make it non-zero to the filter, which then refuses more.
+    f.deny("setrlimit", _act_errno(errno.EPERM), _int_arg_eq(0, _RLIMIT_CORE))
+    f.deny("prlimit64", _act_errno(errno.EPERM), _int_arg_eq(1, _RLIMIT_CORE), (2, _SCMP_CMP_NE, 0, 0))
+    f.deny("fcntl", _act_errno(errno.EPERM), _int_arg_eq(1, _F_SETPIPE_SZ))
     return f.export()
 
 

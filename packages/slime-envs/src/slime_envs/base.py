@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -36,6 +37,19 @@ def _count_truncated(num: int, limit: int) -> None:
             _num_truncated,
             limit,
         )
+
+
+def _bad_arguments(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> str | None:
+    """Why `fn(**arguments)` cannot be called (a missing, unexpected or doubled argument), or None when it can."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to check (some C callables): the call itself will say
+        return None
+    try:
+        signature.bind(**arguments)
+    except TypeError as e:
+        return str(e)
+    return None
 
 
 _CALL_FORMAT_HINT = 'Write each call as <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
@@ -71,6 +85,9 @@ class ToolEnv:
     stop: list[str] = []
     #: Tool specs for the chat template (`{"type": "function", "function": {name, description, parameters}}`).
     tool_specs: list[dict[str, Any]] = []
+    #: Errors of the machinery a tool runs on (the sandbox cannot start), not of the call: `step` raises them, so
+    #: the sample fails instead of showing the model an error it did not cause (and training on it).
+    infrastructure_errors: tuple[type[Exception], ...] = ()
 
     def __init__(
         self,
@@ -119,11 +136,17 @@ class ToolEnv:
         Raises:
             TypeError: the tool returned something other than a str (its response text): a bug of the tool, named
                 here (it failed later as "sequence item 0: expected str instance, int found", naming no tool).
+            Exception: one of `infrastructure_errors`, as the tool raised it.
         """
         functions = self.tool_functions()
         fn = functions.get(call.name)
         if fn is None:
             return f"Error: unknown tool '{call.name}'. Available tools: {', '.join(sorted(functions))}."
+        # The arguments are checked against the tool's signature before it runs: a TypeError raised inside the
+        # tool (its own bug) was shown to the model as "bad arguments", and logged nowhere.
+        bad = _bad_arguments(fn, call.arguments)
+        if bad is not None:
+            return f"Error: bad arguments for tool '{call.name}': {bad}"
         deadline = asyncio.timeout(self.tool_timeout_s)
         try:
             async with deadline:
@@ -139,8 +162,8 @@ class ToolEnv:
                 self.tool_timeout_s,
             )
             return f"Error: tool '{call.name}' did not answer within {self.tool_timeout_s:g} s."
-        except TypeError as e:
-            return f"Error: bad arguments for tool '{call.name}': {e}"
+        except self.infrastructure_errors:
+            raise
         except Exception as e:  # a tool bug must not kill the rollout; the model sees the message
             logger.warning("tool %s failed: %r", call.name, e)
             return f"Error: tool '{call.name}' failed: {type(e).__name__}: {e}"
@@ -172,6 +195,7 @@ class ToolEnv:
 
         Raises:
             TypeError: a tool returned something other than a str (`call_tool`).
+            Exception: one of `infrastructure_errors` a tool raised (`call_tool`).
         """
         parsed = parse_tool_calls(model_turn)
         if not parsed.blocks:

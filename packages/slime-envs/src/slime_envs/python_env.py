@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slime_envs.base import ToolEnv
-from slime_envs.sandbox import SandboxConfig, check_sandbox, run_python
+from slime_envs.sandbox import SandboxConfig, SandboxUnavailableError, check_sandbox, run_python
 
 __all__ = ["PythonEnv"]
 
@@ -31,8 +31,11 @@ class PythonEnv(ToolEnv):
     Raises:
         pydantic.ValidationError: an unknown or invalid sandbox setting.
         slime_envs.sandbox.SandboxUnavailableError: the sandbox cannot run on this machine (the message
-            names what is missing); raised here, once, rather than as an error observation on every call.
+            names what is missing); raised here, once, rather than as an error observation on every call. If it
+            stops working later, `step` raises it (the sample fails), never shows it to the model.
     """
+
+    infrastructure_errors = (SandboxUnavailableError,)
 
     tool_specs = [
         {

@@ -63,7 +63,7 @@ from typing import IO
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slime_core.config.base import warn_once
-from slime_envs._bwrap import WORKDIR, BwrapMissingError, bwrap_argv, runtime_view
+from slime_envs._bwrap import WORKDIR, BwrapMissingError, RuntimeView, bwrap_argv, bwrap_path, runtime_view
 from slime_envs._cgroups import CgroupLimits
 from slime_envs._sandbox_policy import INIT_RLIMITS, enforcement, rlimits, runner_policy
 from slime_envs._sandbox_proc import Owned, owned_bwrap, parent_pid, uncancellable
@@ -268,7 +268,8 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
         raised.
 
     Raises:
-        SandboxUnavailableError: the sandbox itself cannot run here (the message says what is missing).
+        SandboxUnavailableError: the sandbox itself cannot run here (the message says what is missing), or the
+            host failed its side of this run (an `OSError`: no space for the output files, no descriptor left).
     """
     config = config or SandboxConfig()
     source = code.encode("utf-8", errors="surrogatepass")
@@ -276,7 +277,13 @@ async def run_python(code: str, config: SandboxConfig | None = None) -> SandboxR
     if too_large is not None:
         return too_large
     async with _limiter(config.max_concurrent_runs):
-        return await _run_python(source, config)
+        try:
+            return await _run_python(source, config)
+        except OSError as e:
+            # The host's side of a run (its pipes, memfds, output files, cgroup): a full /tmp or a descriptor limit
+            # of the host, not an error of the code, which only ever reaches the result. It was raised bare, and
+            # the python env showed it to the model as its code's output.
+            raise SandboxUnavailableError(f"the sandbox could not run on this host: {e!r}") from e
 
 
 def code_too_large(num_bytes: int, config: SandboxConfig) -> SandboxResult | None:
@@ -306,6 +313,7 @@ async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
     try:
         view = runtime_view()
         seccomp = base_filter()
+        bwrap_path()  # again at every run: the view is built once, and bubblewrap may be gone since (an upgrade)
     except (BwrapMissingError, SeccompUnavailableError, OSError) as e:
         raise SandboxUnavailableError(str(e)) from e
     fds = _Fds()
@@ -337,6 +345,7 @@ async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
             max_tasks=config.max_processes + 1,
             cpus=config.cpus,
         )
+        _warn_ineffective(config, has_cpu_cgroup=cgroup is not None and "cpu" in cgroup.controllers, view=view)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             # From the spawn on, every exit (a cancel at any await included) kills and reaps bubblewrap's tree.
             async with owned_bwrap(
@@ -364,6 +373,26 @@ async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
         fds.close_all()
         if cgroup is not None:
             await uncancellable(asyncio.to_thread(cgroup.kill_and_remove))
+
+
+def _warn_ineffective(config: SandboxConfig, *, has_cpu_cgroup: bool, view: RuntimeView) -> None:
+    """Warns once per setting and value when a limit the config sets explicitly cannot be enforced on this host.
+
+    `cpus` needs a cpu cgroup and `max_files` a root host (whose launcher mounts `/tmp` with a file count); without
+    them each was accepted and ignored, said only in `SandboxResult.enforcement`, which nothing reads.
+    """
+    if "cpus" in config.model_fields_set and not has_cpu_cgroup:
+        warn_once(
+            f"sandbox-cpus-{config.cpus}",
+            f"sandbox: cpus={config.cpus:g} has no effect here: this machine gives this process no cpu cgroup "
+            "(a run's threads and processes may use as many cores as max_processes; see SandboxResult.enforcement)",
+        )
+    if "max_files" in config.model_fields_set and view.workdir_mount is None:
+        warn_once(
+            f"sandbox-max-files-{config.max_files}",
+            f"sandbox: max_files={config.max_files} has no effect here: only a root host mounts /tmp with a file "
+            "count (here /tmp holds the kernel's default, half the machine's RAM pages; tmpfs_mb still caps its size)",
+        )
 
 
 class _Fds:

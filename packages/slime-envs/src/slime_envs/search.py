@@ -19,6 +19,7 @@ or `text` and optional `title`. Remote retriever: Search-R1's retrieval server p
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import functools
@@ -33,7 +34,7 @@ import httpx
 from slime_core.jsonl import iter_jsonl
 from slime_core.protocols import EnvStep
 from slime_core.tag_blocks import thinking_end
-from slime_envs.base import ToolEnv
+from slime_envs.base import ToolEnv, _count_truncated
 from slime_envs.parsing import ParsedTurn, parse_tag_action
 from slime_envs.rewards import em_with_format, f1_score
 
@@ -193,7 +194,9 @@ class SearchEnv(ToolEnv):
         reward: `"em"`, `"f1"` or `None` (no env reward).
         format_score: reward for a well-formed wrong answer (EM only).
         max_tool_calls: searches allowed per episode (`qwen` format).
-        max_calls_per_turn, max_response_chars, tool_timeout_s: see `ToolEnv` (`qwen` format).
+        max_calls_per_turn: see `ToolEnv` (`qwen` format).
+        max_response_chars, tool_timeout_s: see `ToolEnv`; in `tags` format they bound each `<search>`'s passages
+            and retrieval.
 
     Raises:
         ValueError: neither or an unknown option given.
@@ -251,8 +254,6 @@ class SearchEnv(ToolEnv):
         """Top-k passages for `query` from the configured retriever."""
         if self.retrieval_url is not None:
             return await RemoteRetriever(self.retrieval_url).search(query, self.topk)
-        import asyncio
-
         retriever = await asyncio.to_thread(_cached_bm25, str(self.corpus_path))
         return await asyncio.to_thread(retriever.search, query, self.topk)
 
@@ -284,6 +285,31 @@ class SearchEnv(ToolEnv):
             answer = final_turn[thinking_end(final_turn) :].replace("<|im_end|>", "").strip()
         return self._score_answer(answer)
 
+    async def _retrieved_text(self, query: str) -> str:
+        """The passages for a `<search>` (tags format), or the error shown instead, under `tool_timeout_s`.
+
+        The qwen format's calls get the same deadline and cut from `ToolEnv.call_tool`; the tags format ignored
+        both: a retriever that trickled its reply held the episode until `--plugin-timeout-secs` failed the rollout,
+        and a 10 MB passage became a 10 MB observation.
+        """
+        deadline = asyncio.timeout(self.tool_timeout_s)
+        try:
+            async with deadline:
+                return format_passages(await self.retrieve(query))
+        except TimeoutError as e:
+            if not deadline.expired():  # the retriever's own TimeoutError: a failure like any other
+                logger.warning("search env: retrieval failed for %r: %r", query, e)
+                return "Error: retrieval failed (TimeoutError)."
+            logger.warning(
+                "search env: retrieval of %r did not answer within tool_timeout_s=%s s; cancelled",
+                query,
+                self.tool_timeout_s,
+            )
+            return f"Error: retrieval did not answer within {self.tool_timeout_s:g} s."
+        except (httpx.HTTPError, ValueError) as e:
+            logger.warning("search env: retrieval failed for %r: %s", query, e)
+            return f"Error: retrieval failed ({type(e).__name__})."
+
     async def step(self, model_turn: str) -> EnvStep:
         """One Search-R1 action (tags format), or a `<tool_call>` turn (qwen format)."""
         if self.format == "qwen":
@@ -294,13 +320,11 @@ class SearchEnv(ToolEnv):
         if action == "search":
             if not content:
                 return EnvStep(observation="\n\n<information>Error: empty query.</information>\n\n", done=False)
-            try:
-                text = format_passages(await self.retrieve(content))
-            except (httpx.HTTPError, ValueError) as e:
-                logger.warning("search env: retrieval failed for %r: %s", content, e)
-                text = f"Error: retrieval failed ({type(e).__name__})."
+            text, cut = self._shown(await self._retrieved_text(content))
+            if cut:
+                _count_truncated(1, self.max_response_chars)
             self.num_tool_calls += 1
             observation = f"\n\n<information>{text}</information>\n\n"
-            return EnvStep(observation=observation, done=False, info={"query": content})
+            return EnvStep(observation=observation, done=False, info={"query": content, "num_truncated": int(cut)})
         self.num_invalid += 1
         return EnvStep(observation=_INVALID_ACTION, done=False, info={"invalid": True})

@@ -228,7 +228,7 @@ def _reset_response(sample: Sample) -> None:
     # The aborted attempt's env outcome: kept, its reward became the restarted episode's when that one gave none.
     if sample.metadata.pop("env_reward", None) is not None:
         sample.reward = None
-    for key in ("num_turns", "env_info", "env_error"):
+    for key in ("num_turns", "env_info", "env_error", "max_turns_reached"):
         sample.metadata.pop(key, None)
 
 
@@ -358,6 +358,47 @@ def checked_env_step(step: Any, what: str) -> EnvStep:
     return step
 
 
+def _stop_strings(value: Any, what: str) -> list[str]:
+    """Stop strings as a list: None, one str (SGLang takes one so) or a list of str.
+
+    A str was spread into its characters (an eval dataset's `stop: "</answer>"`, an env's `stop = "</search>"`): every
+    turn ended at its first "<" or "a".
+
+    Raises:
+        TypeError: anything else, naming `what`.
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple) and all(isinstance(s, str) for s in value):
+        return list(value)
+    raise TypeError(f"{what} is {type(value).__name__} {preview(value)}, not a stop string or a list of them")
+
+
+_num_cut_at_max_turns = 0  # episodes of this process that ended at --max-turns with the env waiting (for the log)
+
+
+def _note_cut_at_max_turns(sample: Sample, max_turns: int) -> None:
+    """Marks an episode whose env still waited for a turn at `--max-turns`, and counts it in the log.
+
+    `metadata["max_turns_reached"]` is set; the log line comes at the first and at each power of two. The last tool
+    result is never shown to the model: with the flag's default of 1, every episode of an env ran one turn and no tool
+    result reached the model, without a word.
+    """
+    global _num_cut_at_max_turns
+    _num_cut_at_max_turns += 1
+    sample.metadata["max_turns_reached"] = True
+    if _num_cut_at_max_turns & (_num_cut_at_max_turns - 1) == 0:
+        logger.warning(
+            "%d multi-turn episode(s) so far reached --max-turns %d while the env still waited for the model (its last "
+            "tool result was not shown; the sample's metadata['max_turns_reached'] is set); raise --max-turns if "
+            "episodes need more turns",
+            _num_cut_at_max_turns,
+            max_turns,
+        )
+
+
 def _encode_within(tokenizer: Any, text: str, room: int) -> list[int]:
     """The ids of `text`, or, when they surely number `room` or more, the ids of a prefix of it that does.
 
@@ -408,9 +449,10 @@ async def generate(
 
     Returns:
         The sample with model turns (trainable, engine log-probs) and observations (masked, 0.0)
-        appended; `metadata["env_reward"]`, `["num_turns"]`, `["env_info"]`. An exception raised by the
-        env's `step` marks the sample FAILED with `remove_sample` (`metadata["env_error"]`). If the env
-        gave a reward and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
+        appended; `metadata["env_reward"]`, `["num_turns"]`, `["env_info"]`, and `["max_turns_reached"]` (True)
+        when the last turn's env step was not done (its observation is not appended; counted in the log). An
+        exception raised by the env's `step` marks the sample FAILED with `remove_sample` (`metadata["env_error"]`).
+        If the env gave a reward and no `--custom-rm-path`/`--rm-type` is set, `sample.reward` is that reward.
 
     Raises:
         ValueError: no environment configured, a malformed engine reply, or a non-finite env reward.
@@ -439,8 +481,10 @@ async def generate(
         # Prompt + every turn and observation must fit the context window; none left: TRUNCATED, no engine call.
         budget = min(budget, max_context_len - sample.prompt_length)
     params = dict(sampling_params)
-    stop = list(params.get("stop") or [])
-    stop += [s for s in getattr(env, "stop", None) or [] if s not in stop]
+    stop = _stop_strings(params.get("stop"), "sampling_params['stop']")
+    stop += [
+        s for s in _stop_strings(getattr(env, "stop", None), f"env {_env_name(args, sample)!r}.stop") if s not in stop
+    ]
     params["stop"] = stop or None
     params["no_stop_trim"] = True  # the stop tag must stay in the output so ids and text agree
     client = single_turn.get_client(args)
@@ -466,8 +510,11 @@ async def generate(
         infos.append(dict(step.info))
         if step.reward is not None:
             env_reward = step.reward
-        if step.done or turn == max_turns - 1:
+        if step.done:
+            break
+        if turn == max_turns - 1:
             # No turn left to read an observation: the response ends on the model's tokens.
+            _note_cut_at_max_turns(sample, max_turns)
             break
         observation = _observation_text(tokenizer, step, token_text, template_kwargs)
         record_segment(sample, "observation", observation, tool_responses=step.tool_responses)
