@@ -122,7 +122,7 @@ class MegatronTrainBackend:
         self.set_log_probs_head(head_kind(cfg.log_probs_head, s.tensor_model_parallel_size))
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
         self.runner = PipelineRunner(self.model, self.module, s, self.attention)
-        self.residency = Residency(self.model, self.optimizer)
+        self.residency = Residency(self.model, self.optimizer, cfg.offload_train_pin_memory)
         return self._load_initial_weights(with_ref)
 
     def _load_initial_weights(self, with_ref: bool) -> int:

@@ -92,7 +92,7 @@ class MegatronCriticBackend:
         self.module, self.model = parts.module, parts.model
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
         self.runner = PipelineRunner(self.model, self.module, s, parts.attention)
-        self.residency = Residency(self.model, self.optimizer)
+        self.residency = Residency(self.model, self.optimizer, cfg.offload_train_pin_memory)
         return self._load_initial_weights()
 
     def _load_initial_weights(self) -> int:

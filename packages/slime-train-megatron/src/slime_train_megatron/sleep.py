@@ -3,6 +3,10 @@
 Storages are resized to 0 in place (not replaced), so every view into them, including megatron-core's
 parameter views into its contiguous DDP buffers and the optimizer's references, stays valid after
 `reload_from_cpu` resizes and refills them.
+
+The host copies are page-locked (pinned) buffers. By default each sleep allocates them and the wake-up frees
+them; `--offload-train-pin-memory` keeps them across steps (`host_buffers`), so a sleep after the first one pins
+nothing (the price: host memory the size of the offloaded state, held for the whole run).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["offload_to_cpu", "reload_from_cpu"]
+__all__ = ["host_buffer", "host_buffers", "offload_to_cpu", "reload_from_cpu"]
 
 
 def _tensors(model: Any, optimizer: Any) -> list[torch.Tensor]:
@@ -34,14 +38,35 @@ def _tensors(model: Any, optimizer: Any) -> list[torch.Tensor]:
     return found
 
 
-def offload_to_cpu(model: Any, optimizer: Any) -> list[tuple[torch.UntypedStorage, torch.Tensor | None]]:
+def host_buffer(size: int, kept: torch.Tensor | None) -> torch.Tensor:
+    """A pinned `[size]` uint8 host buffer: `kept` when it is one of that size, else a new one."""
+    if kept is not None and kept.numel() == size:
+        return kept
+    return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+
+def host_buffers(state: list[tuple[torch.UntypedStorage, torch.Tensor | None]]) -> list[torch.Tensor]:
+    """The host buffers of an `offload_to_cpu` state, in its order: what the next sleep may reuse."""
+    return [backup for _, backup in state if backup is not None]
+
+
+def offload_to_cpu(
+    model: Any, optimizer: Any, kept: list[torch.Tensor] | None = None
+) -> list[tuple[torch.UntypedStorage, torch.Tensor | None]]:
     """Copies each distinct accelerator storage to pinned CPU memory and frees it.
+
+    Args:
+        model: the DDP-wrapped model.
+        optimizer: the megatron optimizer (chained or not).
+        kept: the previous sleep's host buffers (`host_buffers`), reused in order where the sizes match
+            (`--offload-train-pin-memory`); None allocates every buffer.
 
     Returns:
         The state `reload_from_cpu` needs.
     """
     seen: set[int] = set()
     state = []
+    kept = list(kept or [])
     for t in _tensors(model, optimizer):
         if not t.is_cuda:
             continue
@@ -49,7 +74,7 @@ def offload_to_cpu(model: Any, optimizer: Any) -> list[tuple[torch.UntypedStorag
         if storage.data_ptr() in seen or storage.size() == 0:
             continue
         seen.add(storage.data_ptr())
-        backup = torch.empty(storage.size(), dtype=torch.uint8, pin_memory=True)
+        backup = host_buffer(storage.size(), kept[len(state)] if len(state) < len(kept) else None)
         backup.untyped_storage().copy_(storage)
         storage.resize_(0)
         state.append((storage, backup))

@@ -35,7 +35,7 @@ from slime_train_megatron.model import (
     use_transformer_engine,
 )
 from slime_train_megatron.settings import MegatronSettings
-from slime_train_megatron.sleep import offload_to_cpu, reload_from_cpu
+from slime_train_megatron.sleep import host_buffers, offload_to_cpu, reload_from_cpu
 from slime_train_megatron.torch_optimizer import use_foreach_grad_norm, use_torch_fused_adam
 
 __all__ = [
@@ -225,12 +225,16 @@ class Residency:
     Args:
         model: the DDP-wrapped model (parameters and its contiguous gradient buffers move).
         optimizer: the megatron optimizer (its states move).
+        keep_host_buffers: `--offload-train-pin-memory`: the pinned host buffers stay allocated while awake and the
+            next sleep reuses them (`sleep.py`); else each wake-up frees them.
     """
 
-    def __init__(self, model: Any, optimizer: Any) -> None:
+    def __init__(self, model: Any, optimizer: Any, keep_host_buffers: bool = False) -> None:
         """Starts awake."""
         self.model, self.optimizer = model, optimizer
         self.state: Any = None  # what `offload_to_cpu` moved, while asleep
+        self.keep_host_buffers = keep_host_buffers
+        self.kept: list[Any] | None = None  # the pinned buffers of the last sleep, while awake with the flag
 
     @property
     def asleep(self) -> bool:
@@ -245,10 +249,12 @@ class Residency:
     def sleep(self) -> None:
         """Moves parameters, gradient buffers and optimizer state to CPU and frees accelerator memory."""
         if not self.asleep:
-            self.state = offload_to_cpu(self.model, self.optimizer)
+            self.state = offload_to_cpu(self.model, self.optimizer, self.kept)
+            self.kept = None
 
     def wake_up(self) -> None:
         """Restores what `sleep` moved out."""
         if self.asleep:
             reload_from_cpu(self.state)
+            self.kept = host_buffers(self.state) if self.keep_host_buffers else None
             self.state = None

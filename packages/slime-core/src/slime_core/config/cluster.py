@@ -54,8 +54,9 @@ class ClusterArgs(ArgsGroup):
     offload_train_pin_memory: bool = arg(
         False,
         "Swap the trainer's state through page-locked host buffers kept across steps (holds host memory the size "
-        "of the trainer's offloaded state; the first sleep pins it). FSDP backend. Off by default: on the H200 "
-        "machine it measured no faster than pageable copies (benchmarks/RESULTS.md).",
+        "of the trainer's offloaded state; the first sleep pins it). Off by default: FSDP then copies through "
+        "pageable memory (on the H200 machine pinned measured no faster, benchmarks/RESULTS.md); Megatron pins "
+        "its buffers at each sleep and frees them at each wake-up.",
     )
     offload_rollout: bool | None = arg(
         None, "Free engine accelerator memory while training (default: on with --colocate; needs --colocate)."
