@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from slime_data_source_helpers import ROWS, _args, _write_jsonl
 
-from slime_rollout.data.source import RolloutDataSource, load_prompt_rows
+from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
 
 
 def test_jsonl_and_parquet_give_same_samples(tmp_path):
@@ -533,3 +533,12 @@ def test_messages_stored_as_json_text_are_read_as_messages(tmp_path, qwen3_token
         f"{spec}: 1 of 3 --input-key prompts were JSON text of chat messages, read as the messages (first at line 1)"
         in caplog.text
     )
+
+
+def test_an_eval_only_run_builds_its_data_source_without_prompt_data():
+    # --num-rollout 0 (the original's eval-only run) draws no prompt; its scripts give no --prompt-data, and the
+    # data source, built at start-up, refused that ("--prompt-data is required").
+    source = RolloutDataSourceWithBuffer(_args(num_rollout=0, eval_interval=1, eval_prompt_data=["aime", "a.jsonl"]))
+    assert len(source) == 0
+    with pytest.raises(ValueError, match="--prompt-data is required"):
+        RolloutDataSourceWithBuffer(_args())  # a training run still needs it

@@ -593,3 +593,16 @@ def test_the_built_in_rollout_needs_a_response_budget_before_the_run_starts(tmp_
         "the longest response to generate, e.g. --rollout-max-response-len 1024"
     ]
     assert errors == (expected if refused else [])
+
+
+@pytest.mark.parametrize(("extra", "refused"), [([], True), (["--eval-max-response-len", "8"], False)])
+def test_an_eval_only_run_needs_only_the_eval_response_budget(tmp_path, extra, refused):
+    # --num-rollout 0 with --eval-interval (the original's eval-only run) sends no training request: its eval takes
+    # --eval-max-response-len, so the training rollout's budget is not asked for (it was refused without one); with
+    # neither, the one error is the eval's.
+    data = _write(tmp_path / "aime.jsonl", {"prompt": "1+1=", "label": "2"})
+    args = ["--train-backend", "fsdp", "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "0", "--eval-interval", "1",
+            "--eval-prompt-data", "aime", str(data), "--actor-num-gpus-per-node", "1", *extra]  # fmt: skip
+    errors = _errors(parse_args(args))
+    assert errors == (["--rollout-max-response-len is required (or --eval-max-response-len)"] if refused else [])

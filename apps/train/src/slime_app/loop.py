@@ -225,7 +225,11 @@ class Run:
         # Only with --eval-interval, as the original's train.py: its scripts turn eval off by leaving that flag out
         # (run-qwen3-235B-A22B.sh keeps --eval-prompt-data with `#--eval-interval 20`).
         # (--eval-interval without eval data is refused when the config is read.)
-        if cfg.eval_interval is not None and start == 0 and not cfg.skip_eval_before_train:
+        if cfg.eval_interval is not None and cfg.num_rollout == 0:
+            # The original's eval-only run (train.py): one eval of the loaded weights at rollout 0, whatever the
+            # checkpoint's rollout id and --skip-eval-before-train.
+            self.evaluate(0)
+        elif cfg.eval_interval is not None and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
         self.rollouts = Rollouts(
             self.manager,

@@ -102,6 +102,8 @@ def _response_budget(cfg: SlimeArgs) -> list[Problem]:
     """
     if cfg.rollout_max_response_len is not None or cfg.load_debug_rollout_data or cfg.debug_train_only:
         return []
+    if cfg.num_rollout == 0:
+        return []  # an eval-only run: the eval files' check asks for its budget (--eval-max-response-len or this)
     # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
     from slime_rollout.generation.fully_async import generate_rollout_fully_async
     from slime_rollout.generation.rollout import generate_rollout

@@ -144,7 +144,12 @@ class SamplingArgs(ArgsGroup):
 class DataArgs(ArgsGroup):
     """Prompt data and batch sizes."""
 
-    num_rollout: int | None = arg(None, "Number of rollouts (training iterations).", ge=1)
+    num_rollout: int | None = arg(
+        None,
+        "Number of rollouts (training iterations); 0 with --eval-interval evaluates the loaded model once and stops "
+        "(the original's eval-only run).",
+        ge=0,
+    )
     num_epoch: int | None = arg(
         None,
         "Passes over --prompt-data: --num-rollout becomes epochs × (prompts // --rollout-batch-size), counted before "
