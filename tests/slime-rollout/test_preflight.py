@@ -606,3 +606,31 @@ def test_an_eval_only_run_needs_only_the_eval_response_budget(tmp_path, extra, r
             "--eval-prompt-data", "aime", str(data), "--actor-num-gpus-per-node", "1", *extra]  # fmt: skip
     errors = _errors(parse_args(args))
     assert errors == (["--rollout-max-response-len is required (or --eval-max-response-len)"] if refused else [])
+
+
+async def make_prompt(args, sample, sampling_params):
+    """A generate function that makes its own prompt (what --disable-rollout-global-dataset runs need)."""
+    return sample
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        ([], True),
+        (["--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async"], True),
+        (["--custom-generate-function-path", f"{__name__}.make_prompt"], False),
+        (["--rollout-function-path", f"{__name__}.make_prompt"], False),  # a rollout function of one's own
+    ],
+)
+def test_no_global_dataset_needs_something_that_makes_the_prompts(extra, refused):
+    # With --disable-rollout-global-dataset the data source hands out empty samples; the default generate function
+    # sent them as they were and the run stopped at its first rollout on the engine's "the prompt is empty".
+    args = ["--train-backend", "fsdp", "--disable-rollout-global-dataset", "--rm-type", "math",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1",
+            "--rollout-max-response-len", "8", "--actor-num-gpus-per-node", "1", *extra]  # fmt: skip
+    expected = (
+        "--disable-rollout-global-dataset: the data source serves empty prompts, which the default generate function "
+        "would send to the engines as they are; give --custom-generate-function-path (it makes each prompt), a "
+        "--data-source-path or a --rollout-function-path, or drop the flag and give --prompt-data"
+    )
+    assert _errors(parse_args(args)) == ([expected] if refused else [])

@@ -72,7 +72,7 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
     problems += _length_limits(cfg)
     problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + _zero_std_filter_on_single_samples(cfg)
-    problems += _response_budget(cfg)
+    problems += _response_budget(cfg) + _no_prompts_to_generate(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
@@ -104,19 +104,50 @@ def _response_budget(cfg: SlimeArgs) -> list[Problem]:
         return []
     if cfg.num_rollout == 0:
         return []  # an eval-only run: the eval files' check asks for its budget (--eval-max-response-len or this)
-    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
+    if not _built_in_rollout(cfg):
+        return []  # a custom rollout function decides its own requests
+    return [Problem(message=(
+        f"--rollout-max-response-len is not set: the rollout ({cfg.rollout_function_path}) sends it to the engines as "
+        "max_new_tokens; give the longest response to generate, e.g. --rollout-max-response-len 1024"
+    ))]  # fmt: skip
+
+
+def _built_in_rollout(cfg: SlimeArgs) -> bool:
+    """Whether `--rollout-function-path` is one of this package's training rollouts (default or fully async)."""
+    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only these checks need it.
     from slime_rollout.generation.fully_async import generate_rollout_fully_async
     from slime_rollout.generation.rollout import generate_rollout
 
     try:
         fn = load_function(cfg.rollout_function_path, flag="--rollout-function-path")
     except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return False
+    return fn in (generate_rollout, generate_rollout_fully_async)
+
+
+_DEFAULT_DATA_SOURCES = frozenset(
+    f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")
+)
+
+
+def _no_prompts_to_generate(cfg: SlimeArgs) -> list[Problem]:
+    """`--disable-rollout-global-dataset` where nothing makes the prompts, refused before the run starts.
+
+    The default data source then hands out empty samples (the original's `Sample()`), which only a custom generate
+    function, data source or rollout function fills; the default generate function sent them to the engines as they
+    were, and the run stopped at its first rollout on the engine's "the prompt is empty" (the original's default
+    rollout asserts `rollout_global_dataset` there).
+    """
+    if not cfg.disable_rollout_global_dataset or cfg.custom_generate_function_path or cfg.num_rollout == 0:
         return []
-    if fn not in (generate_rollout, generate_rollout_fully_async):
-        return []  # a custom rollout function decides its own requests
+    if cfg.load_debug_rollout_data or cfg.debug_train_only or cfg.data_source_path not in _DEFAULT_DATA_SOURCES:
+        return []
+    if not _built_in_rollout(cfg):
+        return []
     return [Problem(message=(
-        f"--rollout-max-response-len is not set: the rollout ({cfg.rollout_function_path}) sends it to the engines as "
-        "max_new_tokens; give the longest response to generate, e.g. --rollout-max-response-len 1024"
+        "--disable-rollout-global-dataset: the data source serves empty prompts, which the default generate function "
+        "would send to the engines as they are; give --custom-generate-function-path (it makes each prompt), a "
+        "--data-source-path or a --rollout-function-path, or drop the flag and give --prompt-data"
     ))]  # fmt: skip
 
 
