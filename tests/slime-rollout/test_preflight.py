@@ -634,3 +634,17 @@ def test_no_global_dataset_needs_something_that_makes_the_prompts(extra, refused
         "--data-source-path or a --rollout-function-path, or drop the flag and give --prompt-data"
     )
     assert _errors(parse_args(args)) == ([expected] if refused else [])
+
+
+@pytest.mark.parametrize("yaml_text", ["eval:\n  defaults: {max_response_len: 8}\n", "eval:\n  datasets: []\n"])
+def test_an_eval_config_without_datasets_is_one_error_before_launch(tmp_path, yaml_text):
+    # The original refuses it when reading the config; here it passed, and the run stopped at its first eval (before
+    # training) with "eval rollout needs --eval-prompt-data name path [...] or --eval-config", the flag given.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml_text)
+    flags = ("--rm-type", "math", "--eval-interval", "1", "--eval-config", str(config))
+    assert _errors(_cfg(data, *flags)) == [f"--eval-config {config}: no datasets under eval.datasets (nor "
+                                           "--eval-prompt-data)"]  # fmt: skip
+    # Its defaults for the datasets of --eval-prompt-data alone are a valid use (both are evaluated here).
+    assert _errors(_cfg(data, *flags, "--eval-prompt-data", "d", str(data))) == []

@@ -174,7 +174,8 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         `rm_type_given` (the dataset's `rm_type` came from `--eval-config`, so it overrides the rows' own).
 
     Raises:
-        ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config`.
+        ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config` (or one without
+            datasets, when `--eval-prompt-data` gives none either).
     """
     spec = list(cfg.eval_prompt_data or [])
     if len(spec) % 2:
@@ -183,6 +184,12 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
     entries = [{"name": n, "path": p} for n, p in zip(spec[0::2], spec[1::2], strict=True)]
     if cfg.eval_config:
         defaults, from_yaml = _load_eval_config(cfg.eval_config)
+        if not from_yaml and not entries:
+            # As the original refuses it when the config is read; here the run started and its first eval failed
+            # as "eval rollout needs --eval-prompt-data name path [...] or --eval-config", with the flag given.
+            raise ValueError(
+                f"--eval-config {cfg.eval_config}: no datasets under eval.datasets (nor --eval-prompt-data)"
+            )
         entries = from_yaml + entries
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):
