@@ -83,7 +83,8 @@ class RolloutArgs(ArgsGroup):
     dynamic_sampling_max_empty_rounds: int = arg(
         20,
         "Stop the run when this many over-sampling rounds in a row add no group to the batch (every group "
-        "dropped by the dynamic-sampling filter or aborted).",
+        "dropped by the dynamic-sampling filter or aborted); the fully-async rollout stops when the filter drops "
+        "this many × --over-sampling-batch-size groups in a row.",
         ge=1,
     )
     partial_rollout: bool = arg(False, "Return aborted partially generated groups to the buffer for the next rollout.")
