@@ -550,3 +550,15 @@ def test_num_rollout_0_evaluates_the_loaded_model_once(monkeypatch, start, skip)
     run.run()
     assert events == [("eval", 0)]  # nothing generated, trained, saved or synced
     assert run.tracker.logged[0]["eval/demo"] == 0.25
+
+
+def test_a_train_only_run_skips_its_evals_as_the_original(monkeypatch, caplog):
+    # --debug-train-only (or --load-debug-rollout-data) starts no engine; the original's RolloutManager.eval returns at
+    # once. Here the eval asked the absent engines and stopped the run ("neither a router nor engine URLs are
+    # configured") before its first training step, so a replay script that kept its eval flags could not run.
+    with caplog.at_level("WARNING"):
+        events, logged = _run(monkeypatch, debug_train_only=True, eval_interval=1)
+    assert [e for e in events if e[0] == "eval"] == []
+    assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
+    said = "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs"
+    assert said in caplog.text

@@ -433,7 +433,11 @@ class Run:
         return {k if "/" in k else f"{prefix}/{k}": v for k, v in metrics.items()}
 
     def evaluate(self, rollout_id: int) -> None:
-        """Runs the eval datasets and logs `eval/*`."""
+        """Runs the eval datasets and logs `eval/*` (nothing with --debug-train-only: no engines run)."""
+        if self.cfg.debug_train_only:
+            # As the original's RolloutManager.eval (said once when the config is read): the eval asked the absent
+            # engines and stopped the run with "neither a router nor engine URLs are configured".
+            return
         with self._phase("eval", rollout_id):
             ref = self.manager.eval.remote(rollout_id)
             if self.restorer.enabled:

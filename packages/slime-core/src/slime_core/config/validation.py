@@ -415,6 +415,12 @@ def _eval(args: SlimeArgs) -> None:
             raise ConfigError(f"--eval-prompt-data: duplicate dataset names in {names}")
     if args.eval_interval is not None and not data and args.eval_config is None:
         raise ConfigError("--eval-interval requires --eval-prompt-data or --eval-config")  # the original asserts
+    if args.eval_interval is not None and args.debug_train_only:
+        warn_once(
+            "eval_train_only",
+            "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs "
+            "(as in the original)",
+        )
     if args.eval_interval is None and (data or args.eval_config is not None):
         # The original evaluates only with --eval-interval; its scripts turn eval off by leaving the flag out.
         given = "--eval-prompt-data" if data else "--eval-config"
