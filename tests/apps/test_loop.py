@@ -403,6 +403,8 @@ class _ResumedTrainer(_BuildTrainer):
         (0, {"load": "/ckpt", "start_rollout_id": 5}, 5, [("load", 4)]),  # Megatron without a checkpoint: none read
         (3, {"load": "/ckpt", "start_rollout_id": 0}, 0, []),  # from the start: the cursor at the beginning
         (0, {}, 0, []),
+        # An eval-only run draws no prompt: no cursor is read (it warned that the cursor's prompt count differed).
+        (3, {"load": "/ckpt", "num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["a", "a.jsonl"]}, 3, []),
     ],
 )
 def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, trainer_start, fields, start, cursor):
