@@ -542,3 +542,36 @@ def test_an_eval_only_run_builds_its_data_source_without_prompt_data():
     assert len(source) == 0
     with pytest.raises(ValueError, match="--prompt-data is required"):
         RolloutDataSourceWithBuffer(_args())  # a training run still needs it
+
+
+_NO_TOOLS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tools_a_chat_template_leaves_out_name_the_row(tmp_path, qwen3_tokenizer_dir):
+    # transformers hands `tools` to the template, and one without tool support ignores them: the prompt was
+    # "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n" and the model was asked to call tools it never saw.
+    import copy
+
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "adds two numbers",
+                                               "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": "2+2?"}, {"q": "3+3?", "tools": tools}])
+    plain = copy.copy(get_tokenizer(str(qwen3_tokenizer_dir)))
+    plain.chat_template = _NO_TOOLS_TEMPLATE
+    with pytest.raises(ValueError) as raised:
+        rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=plain, apply_chat_template=True)
+    assert str(raised.value) == (
+        f"{spec} line 2: the chat template (--apply-chat-template) left out the row's tools (tool 'calculator' is not "
+        "in the rendered prompt): it renders no tool schemas; use a checkpoint whose template does, or give the rows "
+        "no tools"
+    )
+    # Qwen3's template renders them: the schema is in the prompt.
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    samples = rows_to_samples(
+        load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok, apply_chat_template=True
+    )
+    assert '"name": "calculator"' in samples[1].prompt and samples[1].metadata["tools"] == tools

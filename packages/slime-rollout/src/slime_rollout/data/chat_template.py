@@ -3,7 +3,8 @@ r"""A row's prompt rendered with the tokenizer's chat template (`--apply-chat-te
 Two failures were silent or nameless: a template renders only the roles it knows (Qwen3's drops a ShareGPT-style
 `"human"` turn without a word, so the prompt was the bare `<|im_start|>assistant\n` and the model answered no
 question), and a template that raises on a row (`'list object' has no attribute 'startswith'` for content parts)
-failed the data load naming no file or row. Both are one error naming the row here. So is a message whose content
+failed the data load naming no file or row. Both are one error naming the row here, as are a row's tools that a
+template without tool support leaves out (the model never saw them). So is a message whose content
 is a list of parts (`[{"type": "text", "text": ...}]`, OpenAI's format) that a text template does not render as text:
 one that reads content as a string printed the list (`[{'type': 'text', 'text': 'What is 2+2?'}]` was the prompt),
 one that tests `content is string` dropped it. A message's null `content`
@@ -57,7 +58,8 @@ def render_chat(
 
     Raises:
         ValueError: the renderer has no chat template (names `why` and `--hf-checkpoint`), the template raised on
-            the row, or left out the text of a message that is not an assistant
+            the row, left out a tool of `tools` (a template without tool support), or the text of a message that
+            is not an assistant
             turn (a role it does not know; assistant turns are left alone, since templates rewrite them, e.g.
             dropping earlier reasoning), left out the text of a content part, or wrote a message's content parts as
             Python text (a template that reads content as a string). The message names `where`, the message and
@@ -75,6 +77,7 @@ def render_chat(
         )
     except Exception as e:  # noqa: BLE001 - jinja's errors (UndefinedError, TemplateError, TypeError) name no row
         raise ValueError(f"{where}: the chat template ({why}) failed on this row: {type(e).__name__}: {e}") from None
+    _check_tools_rendered(tools, text, where, why)
     for i, message in enumerate(messages):
         if message.get("role") == "assistant":
             continue
@@ -98,6 +101,22 @@ _LEFT_OUT_ROLE = ": it renders only the roles it knows (system, user, assistant,
 _LEFT_OUT_PART = (
     ": its content is a list of parts, which this template does not render as text; give the content as a string"
 )
+
+
+def _check_tools_rendered(tools: list[dict[str, Any]] | None, text: str, where: str, why: str) -> None:
+    """Raises ValueError naming `where` when a tool's name is not in the rendering.
+
+    transformers hands `tools` to the template, and a template without tool support ignores them: the model was
+    asked to call tools it was never shown (the schemas stayed in `metadata["tools"]` only), without a word.
+    """
+    for tool in tools or []:
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else tool.get("name")
+        if isinstance(name, str) and name and name not in text:
+            raise ValueError(
+                f"{where}: the chat template ({why}) left out the row's tools (tool {name!r} is not in the rendered "
+                "prompt): it renders no tool schemas; use a checkpoint whose template does, or give the rows no tools"
+            )
 
 
 def _as_python_text(parts: list[Any], text: str) -> bool:
