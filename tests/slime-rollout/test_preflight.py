@@ -648,3 +648,21 @@ def test_an_eval_config_without_datasets_is_one_error_before_launch(tmp_path, ya
                                            "--eval-prompt-data)"]  # fmt: skip
     # Its defaults for the datasets of --eval-prompt-data alone are a valid use (both are evaluated here).
     assert _errors(_cfg(data, *flags, "--eval-prompt-data", "d", str(data))) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "unread"),
+    [('{"enable_thinking": false}', None), ('{"enable_thinkng": false}', "'enable_thinkng'"),
+     ('{"enable_thinking": false, "documents": [], "reasoning": "low"}', "'documents', 'reasoning'")],
+)  # fmt: skip
+def test_template_kwargs_the_chat_template_never_reads_are_said(tmp_path, qwen3_tokenizer_dir, kwargs, unread):
+    # apply_chat_template hands every kwarg to the template, which ignores one it does not name: a misspelt key (or a
+    # switch the model's template does not have) left the prompts as they were, without a word.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    flags = ("--rm-type", "math", "--hf-checkpoint", str(qwen3_tokenizer_dir), "--apply-chat-template",
+             "--apply-chat-template-kwargs", kwargs)  # fmt: skip
+    notes = [p.message for p in check(_cfg(data, *flags)) if p.severity == "note" and "reads no" in p.message]
+    assert notes == ([] if unread is None else [
+        f"--apply-chat-template-kwargs: the chat template of --hf-checkpoint {qwen3_tokenizer_dir} reads no {unread}, "
+        "so it has no effect on the prompts (check the spelling and the model)"
+    ])  # fmt: skip

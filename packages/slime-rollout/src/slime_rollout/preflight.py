@@ -23,6 +23,7 @@ from slime_core.config.base import field_to_flag
 from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
+from slime_rollout.data.chat_template import unread_template_kwargs
 from slime_rollout.data.prompt_length import engine_context_len, sglang_context_arg
 from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
 from slime_rollout.data.rows import (
@@ -35,7 +36,7 @@ from slime_rollout.data.rows import (
 )
 from slime_rollout.data.sft import conversation_problem
 from slime_rollout.data.sft_preflight import is_sft, sft_problems
-from slime_rollout.data.source import TOKENIZER_FILES
+from slime_rollout.data.source import DEFAULT_DATA_SOURCES, TOKENIZER_FILES, get_tokenizer
 from slime_rollout.plugins import eval_function, load_function
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
@@ -125,11 +126,6 @@ def _built_in_rollout(cfg: SlimeArgs) -> bool:
     return fn in (generate_rollout, generate_rollout_fully_async)
 
 
-_DEFAULT_DATA_SOURCES = frozenset(
-    f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")
-)
-
-
 def _no_prompts_to_generate(cfg: SlimeArgs) -> list[Problem]:
     """`--disable-rollout-global-dataset` where nothing makes the prompts, refused before the run starts.
 
@@ -140,7 +136,7 @@ def _no_prompts_to_generate(cfg: SlimeArgs) -> list[Problem]:
     """
     if not cfg.disable_rollout_global_dataset or cfg.custom_generate_function_path or cfg.num_rollout == 0:
         return []
-    if cfg.load_debug_rollout_data or cfg.debug_train_only or cfg.data_source_path not in _DEFAULT_DATA_SOURCES:
+    if cfg.load_debug_rollout_data or cfg.debug_train_only or cfg.data_source_path not in DEFAULT_DATA_SOURCES:
         return []
     if not _built_in_rollout(cfg):
         return []
@@ -310,6 +306,16 @@ def _chat_template(cfg: SlimeArgs) -> list[Problem]:
         )
     if sft and cfg.apply_chat_template:
         return found  # sft_problems named it
+    kwargs = dict(cfg.apply_chat_template_kwargs)
+    if kwargs and cfg.apply_chat_template and cfg.hf_checkpoint and _has_chat_template(cfg.hf_checkpoint):
+        try:
+            unread = unread_template_kwargs(get_tokenizer(cfg.hf_checkpoint), kwargs)
+        except (OSError, ValueError):  # no readable tokenizer there: _tokenizer_files names what is missing
+            unread = None
+        found += [Problem(severity="note", message=(
+            f"--apply-chat-template-kwargs: the chat template of --hf-checkpoint {cfg.hf_checkpoint} reads no "
+            f"{', '.join(map(repr, unread))}, so it has no effect on the prompts (check the spelling and the model)"
+        ))] if unread else []  # fmt: skip
     if not ((cfg.apply_chat_template or sft) and cfg.hf_checkpoint) or _has_chat_template(cfg.hf_checkpoint):
         return found
     flag = "--apply-chat-template" if cfg.apply_chat_template else f"--loss-mask-type {cfg.loss_mask_type} (SFT)"

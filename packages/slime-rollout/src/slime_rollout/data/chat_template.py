@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jinja2.meta
+
 from slime_rollout.data.rows import message_texts
 
-__all__ = ["render_chat", "text_content"]
+__all__ = ["render_chat", "text_content", "unread_template_kwargs"]
 
 
 def text_content(prompt: Any) -> Any:
@@ -140,3 +142,31 @@ def _rendered(content: str, text: str) -> bool:
     if stripped in text:
         return True
     return any(json.dumps(stripped, ensure_ascii=ascii)[1:-1] in text for ascii in (False, True))
+
+
+def unread_template_kwargs(renderer: Any, kwargs: dict[str, Any]) -> list[str] | None:
+    """The keys of `--apply-chat-template-kwargs` that the renderer's chat template never reads.
+
+    `apply_chat_template` passes every kwarg to the template as a variable, and one it does not name is ignored:
+    `{"enable_thinking": false}` on a template without that switch (or a misspelt key) left the prompts as they were,
+    without a word.
+
+    Args:
+        renderer: the tokenizer (or processor) whose `chat_template` renders the prompts.
+        kwargs: the template kwargs.
+
+    Returns:
+        The keys no variable of the template is named after, in order; None when it cannot tell (no template, a
+        template per name, or one transformers' Jinja environment does not parse).
+    """
+    template = getattr(renderer, "chat_template", None)
+    if not kwargs or not isinstance(template, str):
+        return None
+    try:
+        # transformers' own environment (its `generation` tag, loop controls): a plain one refuses such templates.
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        variables = jinja2.meta.find_undeclared_variables(_compile_jinja_template(template).environment.parse(template))
+    except (ImportError, AttributeError, jinja2.TemplateError):
+        return None
+    return [key for key in kwargs if key not in variables]

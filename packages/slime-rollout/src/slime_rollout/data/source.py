@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_DATA_SOURCES",
     "RolloutDataSource",
     "RolloutDataSourceWithBuffer",
     "TOKENIZER_FILES",  # re-exported from `slime_rollout.data.tokenizer`, as is `get_tokenizer`
@@ -64,6 +65,12 @@ __all__ = [
     "load_prompt_rows",
     "rows_to_samples",
 ]
+
+
+#: `--data-source-path` values of this module's data sources (the default, and the one without a buffer).
+DEFAULT_DATA_SOURCES = frozenset(
+    f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")
+)
 
 
 def count_prompts(args: SlimeArgs) -> int:
@@ -80,9 +87,8 @@ def count_prompts(args: SlimeArgs) -> int:
     Raises:
         TypeError: a custom data source without `__len__`.
     """
-    defaults = {f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
     limit = default_max_prompt_len(args)
-    if args.data_source_path in defaults and limit is None and args.prompt_data:
+    if args.data_source_path in DEFAULT_DATA_SOURCES and limit is None and args.prompt_data:
         return count_rows(args.prompt_data)
     cls = load_function(args.data_source_path, flag="--data-source-path")
     what = f"the data source's construction (--data-source-path {args.data_source_path}), counting --num-epoch"
