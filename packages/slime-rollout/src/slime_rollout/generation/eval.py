@@ -88,6 +88,13 @@ def _check_keys(entry: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: metadata_overrides must be a mapping, got {entry['metadata_overrides']!r:.60}")
     check_template_kwargs(entry.get("apply_chat_template_kwargs"), flag=f"{where}: apply_chat_template_kwargs")
     for key, value in entry.items():
+        if isinstance(value, str) and "${" in value:
+            # The original reads the file with OmegaConf, which resolves `${data_root}/aime.jsonl`; here it was the
+            # literal path ("file not found: ${data_root}/aime.jsonl"), or the literal text in a stop string.
+            raise ValueError(
+                f"{where}: {key} {value!r:.80} holds an OmegaConf interpolation, which is not resolved here (the "
+                "original reads --eval-config with OmegaConf); write the value itself"
+            )
         check = _VALUE_CHECKS.get(key)
         if check is not None and value is not None and not check[0](value):
             raise ValueError(f"{where}: {key} must be {check[1]}, got {value!r:.60}")
