@@ -213,3 +213,16 @@ def test_an_omegaconf_interpolation_in_an_eval_config_is_named(tmp_path):
         "interpolation, which is not resolved here (the original reads --eval-config with OmegaConf); write the "
         "value itself"
     )
+
+
+def test_a_misspelt_eval_section_key_is_named(tmp_path):
+    # `default:` (for `defaults:`) was read by neither version: its temperature and length were left out unsaid.
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+2?", "label": "3"}\n')
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  default: {{temperature: 0.1}}\n  datasets:\n    - {{name: d, path: {data}}}\n")
+    with pytest.raises(ValueError) as raised:
+        eval_datasets(_args(eval_config=str(config)))
+    assert str(raised.value) == (
+        f"--eval-config {config}: unknown key(s) ['default'] under eval (known: datasets, defaults)"
+    )

@@ -145,6 +145,9 @@ def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     section = raw.get("eval", raw) if isinstance(raw, dict) else None
     if not isinstance(section, dict):
         raise ValueError(f"--eval-config {path}: expected a mapping with 'eval: {{defaults, datasets}}'")
+    if "eval" in raw and (unknown := sorted(set(section) - {"defaults", "datasets"})):
+        # Read by neither version: `dataset:` or `default:` (a typo) left its datasets or settings out unsaid.
+        raise ValueError(f"--eval-config {path}: unknown key(s) {unknown} under eval (known: datasets, defaults)")
     defaults = _check_keys(section.get("defaults") or {}, f"--eval-config {path}: eval.defaults")
     raw_datasets = section.get("datasets") or []
     if isinstance(raw_datasets, dict):  # the original's mapping form: `datasets: {gsm8k: {path: ...}, ...}`
