@@ -666,3 +666,27 @@ def test_template_kwargs_the_chat_template_never_reads_are_said(tmp_path, qwen3_
         f"--apply-chat-template-kwargs: the chat template of --hf-checkpoint {qwen3_tokenizer_dir} reads no {unread}, "
         "so it has no effect on the prompts (check the spelling and the model)"
     ])  # fmt: skip
+
+
+def test_reward_types_the_rows_name_are_checked_as_rm_type_is(tmp_path):
+    # A mixed-source file's rows pick their reward (metadata rm_type); only --rm-type's record was checked, so a
+    # remote_rm row without --rm-url, or a dapo row (a score dict) without a --reward-key that picks a number of it,
+    # stopped the run after its first rollout.
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"},
+                  {"prompt": "1+2=", "label": "3", "metadata": {"rm_type": "remote_rm"}},
+                  {"prompt": "1+3=", "label": "4", "metadata": {"rm_type": "boxed_dapo"}})  # fmt: skip
+    where = f"--prompt-data {data}: rows of rm_type"
+    assert _errors(_cfg(data, "--rm-type", "math")) == [
+        f"{where} dapo: its reward is a dict {{'score': 1.0 or -1.0, 'acc': True or False, 'pred': the answer}}; "
+        "--reward-key is not set: set --reward-key score (the DAPO recipe's) or acc",
+        f"{where} remote_rm call a reward service: set --rm-url http://host:port/path",
+    ]
+    assert _errors(_cfg(data, "--rm-type", "math", "--rm-url", "http://rm:8000/score", "--reward-key", "score")) == []
+    # An eval dataset's rewards are read with --eval-reward-key (else --reward-key): that one must pick the number.
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  datasets:\n    - {{name: dapo_eval, path: {data}, rm_type: dapo}}\n")
+    flags = ("--rm-type", "math", "--eval-interval", "1", "--eval-config", str(config))
+    train = _write(tmp_path / "t.jsonl", {"prompt": "1+1=", "label": "2"})
+    (error,) = _errors(_cfg(train, *flags))
+    assert error.startswith(f"--eval-config {config} dataset 'dapo_eval' {data}: rows of rm_type dapo: its reward")
+    assert _errors(_cfg(train, *flags, "--eval-reward-key", "score")) == []

@@ -41,6 +41,7 @@ from slime_rollout.plugins import eval_function, load_function
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
+from slime_rollout.rewards.preflight import row_reward_problems
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -86,7 +87,9 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         problems.append(Problem(message=str(e), exception=FileNotFoundError if isinstance(e, OSError) else ValueError))
     for flag, spec, file_cfg, key_flags, rm_type_override in files:
         try:
-            _check_rows(spec, file_cfg, flag, key_flags, rm_type_override)
+            rm_types = _check_rows(spec, file_cfg, flag, key_flags, rm_type_override)
+            problems += row_reward_problems(file_cfg, rm_types, f"{flag} {spec}", evaluation=flag != "--prompt-data",
+                                            checked=cfg.rm_type)  # fmt: skip
         except FileNotFoundError as e:
             problems.append(Problem(message=str(e), exception=FileNotFoundError))
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
@@ -127,18 +130,15 @@ def _built_in_rollout(cfg: SlimeArgs) -> bool:
 
 
 def _no_prompts_to_generate(cfg: SlimeArgs) -> list[Problem]:
-    """`--disable-rollout-global-dataset` where nothing makes the prompts, refused before the run starts.
+    """`--disable-rollout-global-dataset` where nothing makes the prompts (the data source serves empty ones).
 
-    The default data source then hands out empty samples (the original's `Sample()`), which only a custom generate
-    function, data source or rollout function fills; the default generate function sent them to the engines as they
-    were, and the run stopped at its first rollout on the engine's "the prompt is empty" (the original's default
-    rollout asserts `rollout_global_dataset` there).
+    The default generate function sent them as they were: the run stopped at rollout 0 on the engine's "the prompt
+    is empty" (the original's default rollout asserts `rollout_global_dataset` there).
     """
     if not cfg.disable_rollout_global_dataset or cfg.custom_generate_function_path or cfg.num_rollout == 0:
         return []
-    if cfg.load_debug_rollout_data or cfg.debug_train_only or cfg.data_source_path not in DEFAULT_DATA_SOURCES:
-        return []
-    if not _built_in_rollout(cfg):
+    replayed = cfg.load_debug_rollout_data or cfg.debug_train_only
+    if replayed or cfg.data_source_path not in DEFAULT_DATA_SOURCES or not _built_in_rollout(cfg):
         return []
     return [Problem(message=(
         "--disable-rollout-global-dataset: the data source serves empty prompts, which the default generate function "
@@ -297,13 +297,10 @@ def _chat_template(cfg: SlimeArgs) -> list[Problem]:
     sft = is_sft(cfg)
     found = sft_problems(cfg) if sft else []
     if cfg.apply_chat_template_kwargs and not cfg.apply_chat_template:
-        found.append(
-            Problem(
-                message=f"--apply-chat-template-kwargs {json.dumps(cfg.apply_chat_template_kwargs)} has no effect "
-                "without --apply-chat-template (message prompts and SFT conversations are rendered without them)",
-                severity="note",
-            )
-        )
+        found.append(Problem(severity="note", message=(
+            f"--apply-chat-template-kwargs {json.dumps(cfg.apply_chat_template_kwargs)} has no effect without "
+            "--apply-chat-template (message prompts and SFT conversations are rendered without them)"
+        )))  # fmt: skip
     if sft and cfg.apply_chat_template:
         return found  # sft_problems named it
     kwargs = dict(cfg.apply_chat_template_kwargs)
@@ -398,8 +395,8 @@ def _pass_through_flags(cfg: SlimeArgs) -> list[Problem]:
 
 def _check_rows(
     spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS, rm_type_override: str | None = None
-) -> None:
-    """Loads one prompt file named by `flag` and checks its rows (and images, with `--multimodal-keys`).
+) -> set[str]:
+    """Loads one prompt file named by `flag`, checks its rows (and images): returns their reward types.
 
     `rm_type_override`: the reward type that grades every row (an `--eval-config` dataset's), or None.
 
@@ -415,10 +412,11 @@ def _check_rows(
         raise ValueError(f"{flag}: {e}") from None
     if not located:
         raise ValueError(f"{flag} {spec}: no rows")
-    check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags, rm_type_override=rm_type_override)
+    rm_types = check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags,
+                                 rm_type_override=rm_type_override)  # fmt: skip
     image_key = multimodal.image_column(cfg.multimodal_keys)
     if not image_key:
-        return
+        return rm_types
     base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
     num_images = 0
     for position, row in zip(located.positions, located, strict=True):
@@ -427,6 +425,7 @@ def _check_rows(
             row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
         )
     logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
+    return rm_types
 
 
 def _row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> tuple[str, RewardSpec | None]:
@@ -536,8 +535,8 @@ def check_prompt_rows(
     where: str,
     key_flags: KeyFlags = TRAINING_KEY_FLAGS,
     rm_type_override: str | None = None,
-) -> None:
-    """Checks every row of a prompt file before the run starts.
+) -> set[str]:
+    """Checks every row of a prompt file before the run starts; returns the reward types its rows name.
 
     The `--input-key` must be there and not empty; a reward that compares with the label (its record's
     `grades_label`: the built-in graders) needs a `--label-key`, which must be there and not null; a row's own
@@ -558,6 +557,7 @@ def check_prompt_rows(
     """
     located = PromptRows.of(rows)
     sft = key_flags is TRAINING_KEY_FLAGS and is_sft(cfg)  # SFT conversations (an SFT run has no eval)
+    rm_types: set[str] = set()
     for position, row in zip(located.positions, located, strict=True):
         at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
@@ -578,6 +578,7 @@ def check_prompt_rows(
         if rm_type_override:
             metadata = {**metadata, "rm_type": rm_type_override}
         rm_type, spec = _row_reward(cfg, metadata, at)  # the reward that scores the row
+        rm_types.add(rm_type)
         required = _label_required(spec, metadata)
         if not cfg.label_key:
             if required:  # every sample's label would be None: graded against nothing
@@ -596,3 +597,4 @@ def check_prompt_rows(
             _check_label_type(spec, label, at, key_flags.label_key, cfg.label_key)
             if label is not None and required:
                 _check_label_value(spec, label, rm_type, at, key_flags.label_key, cfg.label_key)
+    return rm_types
