@@ -690,3 +690,4 @@ def test_reward_types_the_rows_name_are_checked_as_rm_type_is(tmp_path):
     (error,) = _errors(_cfg(train, *flags))
     assert error.startswith(f"--eval-config {config} dataset 'dapo_eval' {data}: rows of rm_type dapo: its reward")
     assert _errors(_cfg(train, *flags, "--eval-reward-key", "score")) == []
+    assert _errors(_cfg(train, "--rm-type", "math", "--eval-config", str(config))) == []  # no --eval-interval: no eval

@@ -28,8 +28,8 @@ def row_reward_problems(
 
     Args:
         cfg: the config the file is read with (an eval dataset's settings in it); reads `custom_rm_path` (a custom
-            reward scores every row: nothing to check), `rm_url`, `reward_key`, `eval_reward_key` (+ what each
-            record's check reads).
+            reward scores every row: nothing to check), `eval_interval`, `rm_url`, `reward_key`, `eval_reward_key`
+            (+ what each record's check reads).
         rm_types: the rows' reward types as written (`boxed_` prefixes allowed; "" for none).
         where: names the file in messages (`"--prompt-data d.jsonl"`).
         evaluation: an eval dataset: its rewards are read with `--eval-reward-key`, else `--reward-key`, so a
@@ -39,8 +39,8 @@ def row_reward_problems(
     Returns:
         One problem per failed check, each naming `where` and the type.
     """
-    if cfg.custom_rm_path:
-        return []
+    if cfg.custom_rm_path or (evaluation and cfg.eval_interval is None):
+        return []  # a custom reward scores every row; without --eval-interval no eval dataset is scored
     own = (checked or "").removeprefix("boxed_")
     if evaluation:
         cfg = cfg.model_copy(update={"reward_key": cfg.eval_reward_key or cfg.reward_key, "eval_reward_key": None})
