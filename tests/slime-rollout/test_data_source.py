@@ -559,15 +559,15 @@ def test_tools_a_chat_template_leaves_out_name_the_row(tmp_path, qwen3_tokenizer
 
     tools = [{"type": "function", "function": {"name": "calculator", "description": "adds two numbers",
                                                "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
-    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": "2+2?"}, {"q": "3+3?", "tools": tools}])
+    # The prompt names the tool itself (as the retool example's do): only the schema is missing.
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": "2+2?"}, {"q": "Use calculator: 3+3?", "tools": tools}])
     plain = copy.copy(get_tokenizer(str(qwen3_tokenizer_dir)))
     plain.chat_template = _NO_TOOLS_TEMPLATE
     with pytest.raises(ValueError) as raised:
         rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=plain, apply_chat_template=True)
     assert str(raised.value) == (
-        f"{spec} line 2: the chat template (--apply-chat-template) left out the row's tools (tool 'calculator' is not "
-        "in the rendered prompt): it renders no tool schemas; use a checkpoint whose template does, or give the rows "
-        "no tools"
+        f"{spec} line 2: the chat template (--apply-chat-template) left out the row's tools (the prompt is the same "
+        "without them): it renders no tool schemas; use a checkpoint whose template does, or give the rows no tools"
     )
     # Qwen3's template renders them: the schema is in the prompt.
     tok = get_tokenizer(str(qwen3_tokenizer_dir))
