@@ -403,6 +403,8 @@ class _ResumedTrainer(_BuildTrainer):
         (0, {"load": "/ckpt", "start_rollout_id": 5}, 5, [("load", 4)]),  # Megatron without a checkpoint: none read
         (3, {"load": "/ckpt", "start_rollout_id": 0}, 0, []),  # from the start: the cursor at the beginning
         (0, {}, 0, []),
+        # An eval-only run draws no prompt: no cursor is read (it warned that the cursor's prompt count differed).
+        (3, {"load": "/ckpt", "num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["a", "a.jsonl"]}, 3, []),
     ],
 )
 def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, trainer_start, fields, start, cursor):
@@ -529,3 +531,36 @@ def test_eval_data_without_eval_interval_is_never_evaluated_as_in_the_original(m
     monkeypatch.setattr(run, "build", lambda: 0, raising=False)
     run.run()
     assert [e for e in events if e[0] == "eval"] == evals + ([("eval", 1)] if fields.get("eval_interval") else [])
+
+
+@pytest.mark.parametrize(("start", "skip"), [(0, False), (0, True), (4, False)])
+def test_num_rollout_0_evaluates_the_loaded_model_once(monkeypatch, start, skip):
+    # The original's eval-only run (train.py: `args.num_rollout == 0 and args.eval_interval is not None`): one eval at
+    # rollout 0, also for a checkpoint loaded at a later rollout and with --skip-eval-before-train. --num-rollout 0
+    # was refused here, so a trained checkpoint could not be evaluated without training it further.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 0, "eval_prompt_data": ["aime", "/a.jsonl"],
+                               "eval_interval": 5, "skip_eval_before_train": skip})  # fmt: skip
+    events = []
+    _patch_ray(monkeypatch, _FakeRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
+    run.tracker.start = lambda *a: None
+    run.trainer = _Trainer(events)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    run.goodput, run.instability, run.last_hf_export = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg), None
+    monkeypatch.setattr(run, "build", lambda: start, raising=False)
+    run.run()
+    assert events == [("eval", 0)]  # nothing generated, trained, saved or synced
+    assert run.tracker.logged[0]["eval/demo"] == 0.25
+
+
+def test_a_train_only_run_skips_its_evals_as_the_original(monkeypatch, caplog):
+    # --debug-train-only (or --load-debug-rollout-data) starts no engine; the original's RolloutManager.eval returns at
+    # once. Here the eval asked the absent engines and stopped the run ("neither a router nor engine URLs are
+    # configured") before its first training step, so a replay script that kept its eval flags could not run.
+    with caplog.at_level("WARNING"):
+        events, logged = _run(monkeypatch, debug_train_only=True, eval_interval=1)
+    assert [e for e in events if e[0] == "eval"] == []
+    assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
+    said = "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs"
+    assert said in caplog.text

@@ -234,6 +234,11 @@ def test_original_script_dry_run(script, tmp_path_factory, capsys, monkeypatch):
     wandb = types.ModuleType("wandb")
     wandb.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
     monkeypatch.setitem(sys.modules, "wandb", wandb)
+    # And with IFBench's checks on PYTHONPATH, as eval_multi_task's ifbench dataset needs (its README installs them;
+    # preflight refuses the dataset without them: test_reward_types_the_rows_name_are_checked_as_rm_type_is).
+    ifbench = types.ModuleType("evaluation_lib")
+    ifbench.__spec__ = importlib.machinery.ModuleSpec("evaluation_lib", None)
+    monkeypatch.setitem(sys.modules, "evaluation_lib", ifbench)
     monkeypatch.syspath_prepend(str(EXAMPLE_PLUGINS))
     root = tmp_path_factory.getbasetemp() / "original-scripts"
     rc, out, err = _dry_run(script, root, capsys)

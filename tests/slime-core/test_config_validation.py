@@ -63,6 +63,8 @@ BROKEN_RULES = [
     ),
     ({"opd_teacher_load": "/"}, "--opd-teacher-load is set but --use-opd is not"),
     ({"num_rollout": None}, "--num-rollout or --num-epoch is required"),
+    ({"num_rollout": 0}, "--num-rollout 0 trains nothing; with --eval-interval"),
+    ({"num_rollout": 0, "eval_interval": 1}, "--eval-interval requires --eval-prompt-data or --eval-config"),
     ({"num_rollout": None, "num_epoch": 2, "disable_rollout_global_dataset": True}, "--num-epoch counts passes"),
     ({"rollout_num_gpus_per_engine": 16}, "--rollout-num-gpus-per-engine 16 exceeds --num-gpus-per-node 8"),
     (
@@ -529,3 +531,11 @@ def test_a_custom_tis_function_without_use_tis_or_mismatch_metrics_is_refused():
         make(custom_tis_function_path=path)
     assert make(custom_tis_function_path=path, use_tis=True).custom_tis_function_path == path
     assert make(custom_tis_function_path=path, get_mismatch_metrics=True).get_mismatch_metrics
+
+
+def test_num_rollout_0_with_eval_interval_is_the_original_eval_only_run():
+    # The original's train.py evaluates once when --num-rollout is 0 and --eval-interval is set (an eval of a trained
+    # checkpoint, without --prompt-data); it was refused here: "--num-rollout: Input should be greater than or equal
+    # to 1 (got 0)".
+    args = make(num_rollout=0, eval_interval=1, eval_prompt_data=["aime", "aime.jsonl"])
+    assert args.num_rollout == 0 and args.eval_interval == 1

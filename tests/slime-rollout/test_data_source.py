@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from slime_data_source_helpers import ROWS, _args, _write_jsonl
 
-from slime_rollout.data.source import RolloutDataSource, load_prompt_rows
+from slime_rollout.data.source import RolloutDataSource, RolloutDataSourceWithBuffer, load_prompt_rows
 
 
 def test_jsonl_and_parquet_give_same_samples(tmp_path):
@@ -533,3 +533,45 @@ def test_messages_stored_as_json_text_are_read_as_messages(tmp_path, qwen3_token
         f"{spec}: 1 of 3 --input-key prompts were JSON text of chat messages, read as the messages (first at line 1)"
         in caplog.text
     )
+
+
+def test_an_eval_only_run_builds_its_data_source_without_prompt_data():
+    # --num-rollout 0 (the original's eval-only run) draws no prompt; its scripts give no --prompt-data, and the
+    # data source, built at start-up, refused that ("--prompt-data is required").
+    source = RolloutDataSourceWithBuffer(_args(num_rollout=0, eval_interval=1, eval_prompt_data=["aime", "a.jsonl"]))
+    assert len(source) == 0
+    with pytest.raises(ValueError, match="--prompt-data is required"):
+        RolloutDataSourceWithBuffer(_args())  # a training run still needs it
+
+
+_NO_TOOLS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tools_a_chat_template_leaves_out_name_the_row(tmp_path, qwen3_tokenizer_dir):
+    # transformers hands `tools` to the template, and one without tool support ignores them: the prompt was
+    # "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n" and the model was asked to call tools it never saw.
+    import copy
+
+    from slime_rollout.data.source import get_tokenizer, rows_to_samples
+
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "adds two numbers",
+                                               "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    # The prompt names the tool itself (as the retool example's do): only the schema is missing.
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": "2+2?"}, {"q": "Use calculator: 3+3?", "tools": tools}])
+    plain = copy.copy(get_tokenizer(str(qwen3_tokenizer_dir)))
+    plain.chat_template = _NO_TOOLS_TEMPLATE
+    with pytest.raises(ValueError) as raised:
+        rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=plain, apply_chat_template=True)
+    assert str(raised.value) == (
+        f"{spec} line 2: the chat template (--apply-chat-template) left out the row's tools (the prompt is the same "
+        "without them): it renders no tool schemas; use a checkpoint whose template does, or give the rows no tools"
+    )
+    # Qwen3's template renders them: the schema is in the prompt.
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    samples = rows_to_samples(
+        load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok, apply_chat_template=True
+    )
+    assert '"name": "calculator"' in samples[1].prompt and samples[1].metadata["tools"] == tools

@@ -14,7 +14,7 @@ from slime_rollout_fakes import FakeClient
 from slime_rollout_fakes import rollout_args as _args
 
 from slime_core.sample import Status
-from slime_rollout.generation.eval import eval_rollout_async
+from slime_rollout.generation.eval import eval_datasets, eval_rollout_async
 from slime_rollout.generation.rollout import run_rollout
 
 A = ord("A")
@@ -199,3 +199,30 @@ def test_an_eval_config_value_is_checked_where_the_file_is_read(tmp_path, entry,
     config.write_text(f"eval:\n  defaults: {{{entry}}}\n  datasets:\n    - {{name: d, path: d.jsonl}}\n")
     with pytest.raises(ValueError, match=rf"^--eval-config {re.escape(str(config))}: eval.defaults: {message}$"):
         eval_datasets(_args(eval_config=str(config)))
+
+
+def test_an_omegaconf_interpolation_in_an_eval_config_is_named(tmp_path):
+    # The original reads --eval-config with OmegaConf, which resolves `${data_root}`; read as plain YAML here, the
+    # path stayed "${data_root}/aime.jsonl" and the run said "file not found" about a path the user never wrote.
+    config = tmp_path / "eval.yaml"
+    config.write_text("data_root: /data\neval:\n  datasets:\n    - {name: aime, path: '${data_root}/aime.jsonl'}\n")
+    with pytest.raises(ValueError) as raised:
+        eval_datasets(_args(eval_config=str(config)))
+    assert str(raised.value) == (
+        f"--eval-config {config}: eval.datasets[0]: path '${{data_root}}/aime.jsonl' holds an OmegaConf "
+        "interpolation, which is not resolved here (the original reads --eval-config with OmegaConf); write the "
+        "value itself"
+    )
+
+
+def test_a_misspelt_eval_section_key_is_named(tmp_path):
+    # `default:` (for `defaults:`) was read by neither version: its temperature and length were left out unsaid.
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+2?", "label": "3"}\n')
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  default: {{temperature: 0.1}}\n  datasets:\n    - {{name: d, path: {data}}}\n")
+    with pytest.raises(ValueError) as raised:
+        eval_datasets(_args(eval_config=str(config)))
+    assert str(raised.value) == (
+        f"--eval-config {config}: unknown key(s) ['default'] under eval (known: datasets, defaults)"
+    )

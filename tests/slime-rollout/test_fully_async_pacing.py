@@ -451,3 +451,27 @@ async def test_a_recycled_group_is_resubmitted_while_the_ready_queue_is_full(use
         assert m["rollout/stale_groups_dropped"] == 0.0
     finally:
         await producer.stop()
+
+
+def drop_every_group(args, samples):
+    """Test dynamic-sampling filter: every group has the same reward (a broken reward function)."""
+    return False
+
+
+async def test_a_filter_that_drops_every_group_ends_the_producer_as_the_sync_rollout_does(use_client):
+    # --dynamic-sampling-max-empty-rounds was read by the sync rollout only: here the producer drew prompt after
+    # prompt while the take waited up to --rollout-timeout-secs (4 h by default), with no word.
+    flags = dict(dynamic_sampling_filter_path=f"{__name__}.drop_every_group", dynamic_sampling_max_empty_rounds=2,
+                 over_sampling_batch_size=5)  # fmt: skip
+    producer = _producer(GateEngine(lambda p: True), use_client, **flags)
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            await asyncio.wait_for(producer.take(0, BATCH, 1), WAIT_S)
+        cause = raised.value.__cause__ or raised.value
+        assert str(cause) == (
+            f"fully-async rollout: 10 groups in a row were dropped by --dynamic-sampling-filter-path {__name__}."
+            "drop_every_group and none kept (filtered: 10): check the reward function and the filter; or raise "
+            "--dynamic-sampling-max-empty-rounds (2 rounds of --over-sampling-batch-size 5 groups)"
+        )
+    finally:
+        await producer.stop()

@@ -195,7 +195,7 @@ class Run:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
         if cfg.start_rollout_id is not None:
             start = cfg.start_rollout_id
-        if start > 0:
+        if start > 0 and cfg.num_rollout > 0:  # an eval-only run (--num-rollout 0) draws no prompt
             # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
             # included (it was the checkpoint's, so the prompts did not follow the rollout ids).
             ray.get(self.manager.load.remote(start - 1))
@@ -225,7 +225,11 @@ class Run:
         # Only with --eval-interval, as the original's train.py: its scripts turn eval off by leaving that flag out
         # (run-qwen3-235B-A22B.sh keeps --eval-prompt-data with `#--eval-interval 20`).
         # (--eval-interval without eval data is refused when the config is read.)
-        if cfg.eval_interval is not None and start == 0 and not cfg.skip_eval_before_train:
+        if cfg.eval_interval is not None and cfg.num_rollout == 0:
+            # The original's eval-only run (train.py): one eval of the loaded weights at rollout 0, whatever the
+            # checkpoint's rollout id and --skip-eval-before-train.
+            self.evaluate(0)
+        elif cfg.eval_interval is not None and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
         self.rollouts = Rollouts(
             self.manager,
@@ -429,7 +433,11 @@ class Run:
         return {k if "/" in k else f"{prefix}/{k}": v for k, v in metrics.items()}
 
     def evaluate(self, rollout_id: int) -> None:
-        """Runs the eval datasets and logs `eval/*`."""
+        """Runs the eval datasets and logs `eval/*` (nothing with --debug-train-only: no engines run)."""
+        if self.cfg.debug_train_only:
+            # As the original's RolloutManager.eval (said once when the config is read): the eval asked the absent
+            # engines and stopped the run with "neither a router nor engine URLs are configured".
+            return
         with self._phase("eval", rollout_id):
             ref = self.manager.eval.remote(rollout_id)
             if self.restorer.enabled:

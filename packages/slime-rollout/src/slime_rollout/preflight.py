@@ -23,6 +23,7 @@ from slime_core.config.base import field_to_flag
 from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
+from slime_rollout.data.chat_template import unread_template_kwargs
 from slime_rollout.data.prompt_length import engine_context_len, sglang_context_arg
 from slime_rollout.data.prompt_rows import PromptRows, load_prompt_rows
 from slime_rollout.data.rows import (
@@ -35,11 +36,12 @@ from slime_rollout.data.rows import (
 )
 from slime_rollout.data.sft import conversation_problem
 from slime_rollout.data.sft_preflight import is_sft, sft_problems
-from slime_rollout.data.source import TOKENIZER_FILES
+from slime_rollout.data.source import DEFAULT_DATA_SOURCES, TOKENIZER_FILES, get_tokenizer
 from slime_rollout.plugins import eval_function, load_function
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
+from slime_rollout.rewards.preflight import row_reward_problems
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -72,7 +74,7 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
     problems += _length_limits(cfg)
     problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + _zero_std_filter_on_single_samples(cfg)
-    problems += _response_budget(cfg)
+    problems += _response_budget(cfg) + _no_prompts_to_generate(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
@@ -85,7 +87,9 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         problems.append(Problem(message=str(e), exception=FileNotFoundError if isinstance(e, OSError) else ValueError))
     for flag, spec, file_cfg, key_flags, rm_type_override in files:
         try:
-            _check_rows(spec, file_cfg, flag, key_flags, rm_type_override)
+            rm_types = _check_rows(spec, file_cfg, flag, key_flags, rm_type_override)
+            problems += row_reward_problems(file_cfg, rm_types, f"{flag} {spec}", evaluation=flag != "--prompt-data",
+                                            checked=cfg.rm_type)  # fmt: skip
         except FileNotFoundError as e:
             problems.append(Problem(message=str(e), exception=FileNotFoundError))
         except ValueError as e:  # a malformed file, row or image: one problem per file (its first bad row)
@@ -102,19 +106,44 @@ def _response_budget(cfg: SlimeArgs) -> list[Problem]:
     """
     if cfg.rollout_max_response_len is not None or cfg.load_debug_rollout_data or cfg.debug_train_only:
         return []
-    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
+    if cfg.num_rollout == 0:
+        return []  # an eval-only run: the eval files' check asks for its budget (--eval-max-response-len or this)
+    if not _built_in_rollout(cfg):
+        return []  # a custom rollout function decides its own requests
+    return [Problem(message=(
+        f"--rollout-max-response-len is not set: the rollout ({cfg.rollout_function_path}) sends it to the engines as "
+        "max_new_tokens; give the longest response to generate, e.g. --rollout-max-response-len 1024"
+    ))]  # fmt: skip
+
+
+def _built_in_rollout(cfg: SlimeArgs) -> bool:
+    """Whether `--rollout-function-path` is one of this package's training rollouts (default or fully async)."""
+    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only these checks need it.
     from slime_rollout.generation.fully_async import generate_rollout_fully_async
     from slime_rollout.generation.rollout import generate_rollout
 
     try:
         fn = load_function(cfg.rollout_function_path, flag="--rollout-function-path")
     except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return False
+    return fn in (generate_rollout, generate_rollout_fully_async)
+
+
+def _no_prompts_to_generate(cfg: SlimeArgs) -> list[Problem]:
+    """`--disable-rollout-global-dataset` where nothing makes the prompts (the data source serves empty ones).
+
+    The default generate function sent them as they were: the run stopped at rollout 0 on the engine's "the prompt
+    is empty" (the original's default rollout asserts `rollout_global_dataset` there).
+    """
+    if not cfg.disable_rollout_global_dataset or cfg.custom_generate_function_path or cfg.num_rollout == 0:
         return []
-    if fn not in (generate_rollout, generate_rollout_fully_async):
-        return []  # a custom rollout function decides its own requests
+    replayed = cfg.load_debug_rollout_data or cfg.debug_train_only
+    if replayed or cfg.data_source_path not in DEFAULT_DATA_SOURCES or not _built_in_rollout(cfg):
+        return []
     return [Problem(message=(
-        f"--rollout-max-response-len is not set: the rollout ({cfg.rollout_function_path}) sends it to the engines as "
-        "max_new_tokens; give the longest response to generate, e.g. --rollout-max-response-len 1024"
+        "--disable-rollout-global-dataset: the data source serves empty prompts, which the default generate function "
+        "would send to the engines as they are; give --custom-generate-function-path (it makes each prompt), a "
+        "--data-source-path or a --rollout-function-path, or drop the flag and give --prompt-data"
     ))]  # fmt: skip
 
 
@@ -268,15 +297,22 @@ def _chat_template(cfg: SlimeArgs) -> list[Problem]:
     sft = is_sft(cfg)
     found = sft_problems(cfg) if sft else []
     if cfg.apply_chat_template_kwargs and not cfg.apply_chat_template:
-        found.append(
-            Problem(
-                message=f"--apply-chat-template-kwargs {json.dumps(cfg.apply_chat_template_kwargs)} has no effect "
-                "without --apply-chat-template (message prompts and SFT conversations are rendered without them)",
-                severity="note",
-            )
-        )
+        found.append(Problem(severity="note", message=(
+            f"--apply-chat-template-kwargs {json.dumps(cfg.apply_chat_template_kwargs)} has no effect without "
+            "--apply-chat-template (message prompts and SFT conversations are rendered without them)"
+        )))  # fmt: skip
     if sft and cfg.apply_chat_template:
         return found  # sft_problems named it
+    kwargs = dict(cfg.apply_chat_template_kwargs)
+    if kwargs and cfg.apply_chat_template and cfg.hf_checkpoint and _has_chat_template(cfg.hf_checkpoint):
+        try:
+            unread = unread_template_kwargs(get_tokenizer(cfg.hf_checkpoint), kwargs)
+        except (OSError, ValueError):  # no readable tokenizer there: _tokenizer_files names what is missing
+            unread = None
+        found += [Problem(severity="note", message=(
+            f"--apply-chat-template-kwargs: the chat template of --hf-checkpoint {cfg.hf_checkpoint} reads no "
+            f"{', '.join(map(repr, unread))}, so it has no effect on the prompts (check the spelling and the model)"
+        ))] if unread else []  # fmt: skip
     if not ((cfg.apply_chat_template or sft) and cfg.hf_checkpoint) or _has_chat_template(cfg.hf_checkpoint):
         return found
     flag = "--apply-chat-template" if cfg.apply_chat_template else f"--loss-mask-type {cfg.loss_mask_type} (SFT)"
@@ -359,8 +395,8 @@ def _pass_through_flags(cfg: SlimeArgs) -> list[Problem]:
 
 def _check_rows(
     spec: str, cfg: SlimeArgs, flag: str, key_flags: KeyFlags = TRAINING_KEY_FLAGS, rm_type_override: str | None = None
-) -> None:
-    """Loads one prompt file named by `flag` and checks its rows (and images, with `--multimodal-keys`).
+) -> set[str]:
+    """Loads one prompt file named by `flag`, checks its rows (and images): returns their reward types.
 
     `rm_type_override`: the reward type that grades every row (an `--eval-config` dataset's), or None.
 
@@ -376,10 +412,11 @@ def _check_rows(
         raise ValueError(f"{flag}: {e}") from None
     if not located:
         raise ValueError(f"{flag} {spec}: no rows")
-    check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags, rm_type_override=rm_type_override)
+    rm_types = check_prompt_rows(located, cfg, where=f"{flag} {spec}", key_flags=key_flags,
+                                 rm_type_override=rm_type_override)  # fmt: skip
     image_key = multimodal.image_column(cfg.multimodal_keys)
     if not image_key:
-        return
+        return rm_types
     base_dir = pathlib.Path(spec.split("@[", 1)[0]).parent
     num_images = 0
     for position, row in zip(located.positions, located, strict=True):
@@ -388,6 +425,7 @@ def _check_rows(
             row, input_key=cfg.input_key, image_key=image_key, base_dir=base_dir, where=where
         )
     logger.info("%s %s: %d rows, %d images decoded", flag, spec, len(located), num_images)
+    return rm_types
 
 
 def _row_reward(cfg: SlimeArgs, metadata: Mapping[str, Any], at: str) -> tuple[str, RewardSpec | None]:
@@ -497,8 +535,8 @@ def check_prompt_rows(
     where: str,
     key_flags: KeyFlags = TRAINING_KEY_FLAGS,
     rm_type_override: str | None = None,
-) -> None:
-    """Checks every row of a prompt file before the run starts.
+) -> set[str]:
+    """Checks every row of a prompt file before the run starts; returns the reward types its rows name.
 
     The `--input-key` must be there and not empty; a reward that compares with the label (its record's
     `grades_label`: the built-in graders) needs a `--label-key`, which must be there and not null; a row's own
@@ -519,6 +557,7 @@ def check_prompt_rows(
     """
     located = PromptRows.of(rows)
     sft = key_flags is TRAINING_KEY_FLAGS and is_sft(cfg)  # SFT conversations (an SFT run has no eval)
+    rm_types: set[str] = set()
     for position, row in zip(located.positions, located, strict=True):
         at = f"{where} {located.unit} {position}"
         if cfg.input_key not in row:
@@ -539,6 +578,7 @@ def check_prompt_rows(
         if rm_type_override:
             metadata = {**metadata, "rm_type": rm_type_override}
         rm_type, spec = _row_reward(cfg, metadata, at)  # the reward that scores the row
+        rm_types.add(rm_type)
         required = _label_required(spec, metadata)
         if not cfg.label_key:
             if required:  # every sample's label would be None: graded against nothing
@@ -557,3 +597,4 @@ def check_prompt_rows(
             _check_label_type(spec, label, at, key_flags.label_key, cfg.label_key)
             if label is not None and required:
                 _check_label_value(spec, label, rm_type, at, key_flags.label_key, cfg.label_key)
+    return rm_types

@@ -83,7 +83,8 @@ class RolloutArgs(ArgsGroup):
     dynamic_sampling_max_empty_rounds: int = arg(
         20,
         "Stop the run when this many over-sampling rounds in a row add no group to the batch (every group "
-        "dropped by the dynamic-sampling filter or aborted).",
+        "dropped by the dynamic-sampling filter or aborted); the fully-async rollout stops when the filter drops "
+        "this many × --over-sampling-batch-size groups in a row.",
         ge=1,
     )
     partial_rollout: bool = arg(False, "Return aborted partially generated groups to the buffer for the next rollout.")
@@ -144,7 +145,12 @@ class SamplingArgs(ArgsGroup):
 class DataArgs(ArgsGroup):
     """Prompt data and batch sizes."""
 
-    num_rollout: int | None = arg(None, "Number of rollouts (training iterations).", ge=1)
+    num_rollout: int | None = arg(
+        None,
+        "Number of rollouts (training iterations); 0 with --eval-interval evaluates the loaded model once and stops "
+        "(the original's eval-only run).",
+        ge=0,
+    )
     num_epoch: int | None = arg(
         None,
         "Passes over --prompt-data: --num-rollout becomes epochs × (prompts // --rollout-batch-size), counted before "

@@ -248,6 +248,13 @@ def _num_rollout(args: SlimeArgs) -> None:
     # before the run starts (slime_app.resolve); until then it is None.
     if args.num_rollout is None and args.num_epoch is None:
         raise ConfigError("--num-rollout or --num-epoch is required")
+    if args.num_rollout == 0 and args.eval_interval is None:
+        # The original's train.py evaluates once when --num-rollout is 0 and --eval-interval is set; without it
+        # the run started Ray, the engines and the trainer to do nothing.
+        raise ConfigError(
+            "--num-rollout 0 trains nothing; with --eval-interval (and --eval-prompt-data or --eval-config) it "
+            "evaluates the loaded model once, as the original's eval-only run"
+        )
     if args.num_epoch is not None and args.disable_rollout_global_dataset:
         raise ConfigError(
             "--num-epoch counts passes over --prompt-data; with --disable-rollout-global-dataset give --num-rollout"
@@ -408,6 +415,12 @@ def _eval(args: SlimeArgs) -> None:
             raise ConfigError(f"--eval-prompt-data: duplicate dataset names in {names}")
     if args.eval_interval is not None and not data and args.eval_config is None:
         raise ConfigError("--eval-interval requires --eval-prompt-data or --eval-config")  # the original asserts
+    if args.eval_interval is not None and args.debug_train_only:
+        warn_once(
+            "eval_train_only",
+            "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs "
+            "(as in the original)",
+        )
     if args.eval_interval is None and (data or args.eval_config is not None):
         # The original evaluates only with --eval-interval; its scripts turn eval off by leaving the flag out.
         given = "--eval-prompt-data" if data else "--eval-config"

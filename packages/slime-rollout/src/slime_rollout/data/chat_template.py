@@ -3,7 +3,8 @@ r"""A row's prompt rendered with the tokenizer's chat template (`--apply-chat-te
 Two failures were silent or nameless: a template renders only the roles it knows (Qwen3's drops a ShareGPT-style
 `"human"` turn without a word, so the prompt was the bare `<|im_start|>assistant\n` and the model answered no
 question), and a template that raises on a row (`'list object' has no attribute 'startswith'` for content parts)
-failed the data load naming no file or row. Both are one error naming the row here. So is a message whose content
+failed the data load naming no file or row. Both are one error naming the row here, as are a row's tools that a
+template without tool support leaves out (the model never saw them). So is a message whose content
 is a list of parts (`[{"type": "text", "text": ...}]`, OpenAI's format) that a text template does not render as text:
 one that reads content as a string printed the list (`[{'type': 'text', 'text': 'What is 2+2?'}]` was the prompt),
 one that tests `content is string` dropped it. A message's null `content`
@@ -15,9 +16,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jinja2.meta
+
 from slime_rollout.data.rows import message_texts
 
-__all__ = ["render_chat", "text_content"]
+__all__ = ["render_chat", "text_content", "unread_template_kwargs"]
 
 
 def text_content(prompt: Any) -> Any:
@@ -57,7 +60,8 @@ def render_chat(
 
     Raises:
         ValueError: the renderer has no chat template (names `why` and `--hf-checkpoint`), the template raised on
-            the row, or left out the text of a message that is not an assistant
+            the row, left out a tool of `tools` (a template without tool support), or the text of a message that
+            is not an assistant
             turn (a role it does not know; assistant turns are left alone, since templates rewrite them, e.g.
             dropping earlier reasoning), left out the text of a content part, or wrote a message's content parts as
             Python text (a template that reads content as a string). The message names `where`, the message and
@@ -73,8 +77,17 @@ def render_chat(
         text = renderer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
         )
+        # transformers hands `tools` to the template, and one without tool support ignores them.
+        bare = renderer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+        ) if tools else None  # fmt: skip
     except Exception as e:  # noqa: BLE001 - jinja's errors (UndefinedError, TemplateError, TypeError) name no row
         raise ValueError(f"{where}: the chat template ({why}) failed on this row: {type(e).__name__}: {e}") from None
+    if bare == text:
+        raise ValueError(
+            f"{where}: the chat template ({why}) left out the row's tools (the prompt is the same without them): it "
+            "renders no tool schemas; use a checkpoint whose template does, or give the rows no tools"
+        )
     for i, message in enumerate(messages):
         if message.get("role") == "assistant":
             continue
@@ -121,3 +134,31 @@ def _rendered(content: str, text: str) -> bool:
     if stripped in text:
         return True
     return any(json.dumps(stripped, ensure_ascii=ascii)[1:-1] in text for ascii in (False, True))
+
+
+def unread_template_kwargs(renderer: Any, kwargs: dict[str, Any]) -> list[str] | None:
+    """The keys of `--apply-chat-template-kwargs` that the renderer's chat template never reads.
+
+    `apply_chat_template` passes every kwarg to the template as a variable, and one it does not name is ignored:
+    `{"enable_thinking": false}` on a template without that switch (or a misspelt key) left the prompts as they were,
+    without a word.
+
+    Args:
+        renderer: the tokenizer (or processor) whose `chat_template` renders the prompts.
+        kwargs: the template kwargs.
+
+    Returns:
+        The keys no variable of the template is named after, in order; None when it cannot tell (no template, a
+        template per name, or one transformers' Jinja environment does not parse).
+    """
+    template = getattr(renderer, "chat_template", None)
+    if not kwargs or not isinstance(template, str):
+        return None
+    try:
+        # transformers' own environment (its `generation` tag, loop controls): a plain one refuses such templates.
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        variables = jinja2.meta.find_undeclared_variables(_compile_jinja_template(template).environment.parse(template))
+    except (ImportError, AttributeError, jinja2.TemplateError):
+        return None
+    return [key for key in kwargs if key not in variables]

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_DATA_SOURCES",
     "RolloutDataSource",
     "RolloutDataSourceWithBuffer",
     "TOKENIZER_FILES",  # re-exported from `slime_rollout.data.tokenizer`, as is `get_tokenizer`
@@ -64,6 +65,12 @@ __all__ = [
     "load_prompt_rows",
     "rows_to_samples",
 ]
+
+
+#: `--data-source-path` values of this module's data sources (the default, and the one without a buffer).
+DEFAULT_DATA_SOURCES = frozenset(
+    f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")
+)
 
 
 def count_prompts(args: SlimeArgs) -> int:
@@ -80,9 +87,8 @@ def count_prompts(args: SlimeArgs) -> int:
     Raises:
         TypeError: a custom data source without `__len__`.
     """
-    defaults = {f"slime_rollout.data.source.{name}" for name in ("RolloutDataSource", "RolloutDataSourceWithBuffer")}
     limit = default_max_prompt_len(args)
-    if args.data_source_path in defaults and limit is None and args.prompt_data:
+    if args.data_source_path in DEFAULT_DATA_SOURCES and limit is None and args.prompt_data:
         return count_rows(args.prompt_data)
     cls = load_function(args.data_source_path, flag="--data-source-path")
     what = f"the data source's construction (--data-source-path {args.data_source_path}), counting --num-epoch"
@@ -266,13 +272,14 @@ class RolloutDataSource:
             `multimodal_keys`, `apply_chat_template`, `apply_chat_template_kwargs`, `rollout_max_prompt_len`
             (default: `slime_rollout.data.prompt_length.default_max_prompt_len`), `rollout_max_context_len`,
             `hf_checkpoint`, `rollout_shuffle`, `rollout_seed`, `n_samples_per_prompt`,
-            `disable_rollout_global_dataset`, `save`, `load`, `buffer_filter_path`.
+            `disable_rollout_global_dataset`, `num_rollout`, `save`, `load`, `buffer_filter_path`.
 
         rows: the rows of `prompt_data` when the caller read them already (`load_prompt_rows`; the dry run, which
             also shows the first one); None reads the file.
 
     Raises:
-        ValueError: no `--prompt-data` (and no `--disable-rollout-global-dataset`), or no prompt left.
+        ValueError: no `--prompt-data` (and no `--disable-rollout-global-dataset`, and not an eval-only run:
+            `--num-rollout 0`), or no prompt left.
     """
 
     def __init__(self, args: SlimeArgs, *, rows: PromptRows | None = None) -> None:
@@ -289,8 +296,8 @@ class RolloutDataSource:
         # (--rollout-shuffle, --rollout-seed) of the epoch being served: a cursor resumed mid-epoch under other values
         # finishes that epoch in its saved order (another permutation at the saved offset repeats and skips prompts).
         self._epoch_flags: tuple[bool, int] = (bool(args.rollout_shuffle), int(args.rollout_seed))
-        if args.disable_rollout_global_dataset:
-            return
+        if args.disable_rollout_global_dataset or (args.num_rollout == 0 and not args.prompt_data):
+            return  # no prompts: custom generate functions make them, or an eval-only run (--num-rollout 0) needs none
         if not args.prompt_data:
             raise ValueError("--prompt-data is required (or --disable-rollout-global-dataset)")
         max_prompt_len = default_max_prompt_len(args)

@@ -88,6 +88,13 @@ def _check_keys(entry: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: metadata_overrides must be a mapping, got {entry['metadata_overrides']!r:.60}")
     check_template_kwargs(entry.get("apply_chat_template_kwargs"), flag=f"{where}: apply_chat_template_kwargs")
     for key, value in entry.items():
+        if isinstance(value, str) and "${" in value:
+            # The original reads the file with OmegaConf, which resolves `${data_root}/aime.jsonl`; here it was the
+            # literal path ("file not found: ${data_root}/aime.jsonl"), or the literal text in a stop string.
+            raise ValueError(
+                f"{where}: {key} {value!r:.80} holds an OmegaConf interpolation, which is not resolved here (the "
+                "original reads --eval-config with OmegaConf); write the value itself"
+            )
         check = _VALUE_CHECKS.get(key)
         if check is not None and value is not None and not check[0](value):
             raise ValueError(f"{where}: {key} must be {check[1]}, got {value!r:.60}")
@@ -138,6 +145,9 @@ def _load_eval_config(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     section = raw.get("eval", raw) if isinstance(raw, dict) else None
     if not isinstance(section, dict):
         raise ValueError(f"--eval-config {path}: expected a mapping with 'eval: {{defaults, datasets}}'")
+    if "eval" in raw and (unknown := sorted(set(section) - {"defaults", "datasets"})):
+        # Read by neither version: `dataset:` or `default:` (a typo) left its datasets or settings out unsaid.
+        raise ValueError(f"--eval-config {path}: unknown key(s) {unknown} under eval (known: datasets, defaults)")
     defaults = _check_keys(section.get("defaults") or {}, f"--eval-config {path}: eval.defaults")
     raw_datasets = section.get("datasets") or []
     if isinstance(raw_datasets, dict):  # the original's mapping form: `datasets: {gsm8k: {path: ...}, ...}`
@@ -174,7 +184,8 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         `rm_type_given` (the dataset's `rm_type` came from `--eval-config`, so it overrides the rows' own).
 
     Raises:
-        ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config`.
+        ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config` (or one without
+            datasets, when `--eval-prompt-data` gives none either).
     """
     spec = list(cfg.eval_prompt_data or [])
     if len(spec) % 2:
@@ -183,6 +194,12 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
     entries = [{"name": n, "path": p} for n, p in zip(spec[0::2], spec[1::2], strict=True)]
     if cfg.eval_config:
         defaults, from_yaml = _load_eval_config(cfg.eval_config)
+        if not from_yaml and not entries:
+            # As the original refuses it when the config is read; here the run started and its first eval failed
+            # as "eval rollout needs --eval-prompt-data name path [...] or --eval-config", with the flag given.
+            raise ValueError(
+                f"--eval-config {cfg.eval_config}: no datasets under eval.datasets (nor --eval-prompt-data)"
+            )
         entries = from_yaml + entries
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):

@@ -77,8 +77,10 @@ class FullyAsyncProducer:
     Args:
         args: the plugin view; reads `sglang_server_concurrency` (× engines: groups in flight and the most finished
             groups waiting, as the original), `n_samples_per_prompt`, `partial_rollout`,
-            `mask_offpolicy_in_partial_rollout`, `dynamic_sampling_filter_path`, `max_weight_staleness` and
-            `rollout_batch_size` (`outstanding_limit` with a bound) (+ what generate and rewards read).
+            `mask_offpolicy_in_partial_rollout`, `dynamic_sampling_filter_path`, `dynamic_sampling_max_empty_rounds`
+            and `over_sampling_batch_size` (their product: the most groups in a row the filter may drop),
+            `max_weight_staleness` and `rollout_batch_size` (`outstanding_limit` with a bound) (+ what generate and
+            rewards read).
         data_source: the prompt source (`get_samples(1)` per new group).
         restored: groups held at the checkpoint this run resumed from (`load_state`), generated first.
         version: the rollout id the first training rollout asks for (the trainer's weight version then).
@@ -97,6 +99,10 @@ class FullyAsyncProducer:
         self._version_warned = False
         path = args.dynamic_sampling_filter_path
         self._filter = load_function(path, flag="--dynamic-sampling-filter-path") if path else None
+        # --dynamic-sampling-max-empty-rounds as the sync rollout counts it: that many draws of
+        # --over-sampling-batch-size groups, here in a row, each dropped by the filter (`_count_drop`).
+        self._max_dropped = args.dynamic_sampling_max_empty_rounds * args.over_sampling_batch_size
+        self._dropped_in_a_row = 0
         self._order = itertools.count()
         self._restored = collections.deque(self._hold(g) for g in restored)
         self._recycled: collections.deque[_Held] = collections.deque()
@@ -225,13 +231,37 @@ class FullyAsyncProducer:
                 self._drops[verdict.reason or "filtered"] += 1
                 self._discarded["filtered"].append(held.group)
                 self._arrived.set()  # a take holding a place for it decides again
+                self._count_drop()
                 return
+            self._dropped_in_a_row = 0
         version = group_version(held.group, mask_offpolicy=self._mask_offpolicy)
         if version is None:
             self.counts["unversioned_groups"] += 1
         held.version = held.submitted_version if version is None else version
         self._ready.append(held)
         self._arrived.set()
+
+    def _count_drop(self) -> None:
+        """Counts a group the filter dropped; too many in a row end the producer (the next take raises it).
+
+        A filter that drops every group (every reward equal: a broken reward function) had the producer draw prompt
+        after prompt, epoch after epoch, while the take waited up to --rollout-timeout-secs with no word; the sync
+        rollout stops after --dynamic-sampling-max-empty-rounds rounds that keep nothing.
+
+        Raises:
+            RuntimeError: `_max_dropped` groups in a row dropped (names the filter, the reasons and the flag).
+        """
+        self._dropped_in_a_row += 1
+        if self._dropped_in_a_row < self._max_dropped:
+            return
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in self._drops.most_common())
+        raise RuntimeError(
+            f"fully-async rollout: {self._dropped_in_a_row} groups in a row were dropped by "
+            f"--dynamic-sampling-filter-path {self.args.dynamic_sampling_filter_path} and none kept ({reasons}): "
+            "check the reward function and the filter; or raise --dynamic-sampling-max-empty-rounds "
+            f"({self.args.dynamic_sampling_max_empty_rounds} rounds of --over-sampling-batch-size "
+            f"{self.args.over_sampling_batch_size} groups)"
+        )
 
     def _recycle(self, held: _Held) -> None:
         """An aborted group goes back to the front: continued (`--partial-rollout`) or restarted from its prompt."""
