@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import statistics
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -226,6 +227,30 @@ def check_chat_template(cfg: SlimeArgs, samples: list[Any], left: int) -> tuple[
     return out, (left - int(out.get("rollout/chat_template/checked", 0)) if out else 0)
 
 
+def _prefetch_tokenizer(hf_checkpoint: str | None) -> threading.Thread:
+    """Loads `--hf-checkpoint`'s tokenizer (`get_tokenizer`, cached) in a thread while the engines start.
+
+    The data source (chat template, prompt lengths) and every rollout (prompt encoding) need it, and its first load
+    imports transformers' auto classes (torch._dynamo with them): 5 to 8 s on a loaded 2-core machine, which
+    waited for the engines to be up. A failure is left to the data source, which raises it with its context.
+
+    Returns:
+        The started thread (join it before the data source is built).
+    """
+    from slime_rollout.data.tokenizer import get_tokenizer
+
+    def load() -> None:
+        try:
+            if hf_checkpoint:
+                get_tokenizer(hf_checkpoint)
+        except Exception as exc:  # noqa: BLE001 - raised again, with its context, where the data source loads it
+            logger.debug("tokenizer prefetch failed (%s: %s); the data source loads it", type(exc).__name__, exc)
+
+    thread = threading.Thread(target=load, name="tokenizer-prefetch", daemon=True)
+    thread.start()
+    return thread
+
+
 @ray.remote(concurrency_groups={"control": 1, "save": 1})
 class RolloutManager:
     """Owns engines, data source and the rollout function for the whole run.
@@ -267,7 +292,9 @@ class RolloutManager:
         if no_engines:
             addresses = EngineAddresses(urls=[])
         else:
+            tokenizer = _prefetch_tokenizer(cfg.hf_checkpoint)
             self.engines, addresses = launch_or_attach_engines(cfg, self.placement)
+            tokenizer.join()  # before the data source asks for it: one load, not two
         self.args = plugin_args(cfg, addresses)
         init_http_client(self.args)  # plugins' `post` (slime.utils.http_utils): pool size and timeout of this run
         if cfg.prompt_data or cfg.data_source_path:
