@@ -77,25 +77,25 @@ def _toggle_adam(backend, on: bool, device: str) -> None:
     use_torch_fused_adam(backend.optimizer, on)
 
 
-def _toggle_gradnorm(backend, on: bool, device: str) -> None:
+#: What the `gradnorm` and `hostnorm` switches ask of `use_foreach_grad_norm` (the two toggles set one state).
+_GRAD_NORM = {"on": False, "device_norm": True}
+
+
+def _set_grad_norm(**change: bool) -> None:
     from slime_train_megatron.torch_optimizer import use_foreach_grad_norm
 
-    use_foreach_grad_norm(on)
+    _GRAD_NORM.update(change)
+    use_foreach_grad_norm(_GRAD_NORM["on"], device_norm=_GRAD_NORM["device_norm"])
+
+
+def _toggle_gradnorm(backend, on: bool, device: str) -> None:
+    _set_grad_norm(on=on)
 
 
 def _toggle_hostnorm(backend, on: bool, device: str) -> None:
     # megatron-core's own norm and clip (a host read of the norm per step) under the foreach hooks: what
     # --use-foreach-grad-norm did before its norm stayed on the device.
-    from megatron.core.optimizer import clip_grads
-    from megatron.core.optimizer import optimizer as mcore_optimizer
-
-    from slime_train_megatron import torch_optimizer as tp
-
-    device_norm = not on and clip_grads.l2_norm_impl is tp.foreach_l2_norm
-    mcore_optimizer.get_grad_norm_fp32 = tp.device_grad_norm_fp32 if device_norm else clip_grads.get_grad_norm_fp32
-    mcore_optimizer.clip_grad_by_total_norm_fp32 = (
-        tp.device_clip_grad_by_total_norm_fp32 if device_norm else clip_grads.clip_grad_by_total_norm_fp32
-    )
+    _set_grad_norm(device_norm=not on)
 
 
 def _toggle_fusions(backend, on: bool, device: str) -> None:
@@ -162,12 +162,12 @@ def run_ab(backend, batch, a: argparse.Namespace, flops: dict) -> list[dict]:
     variants = ab_variants(a.ab)
     profiled = set(variants if a.profile_variants is None else a.profile_variants.split(","))
     out: list[dict] = []
-    on_now = set(SWITCHES)  # a variant is its whole switch set: whatever flags the run started with are turned off
+    on_now: set[str] | None = None  # unknown before the first variant (the run's flags): every switch is set then
     for name in variants:
         want = set(VARIANTS[name])
-        for switch in sorted(on_now - want):
+        for switch in sorted(set(SWITCHES) - want if on_now is None else on_now - want):
             SWITCHES[switch][1](backend, False, a.device)
-        for switch in sorted(want - on_now):
+        for switch in sorted(want if on_now is None else want - on_now):
             SWITCHES[switch][1](backend, True, a.device)
         on_now = want
         flags = " ".join(SWITCHES[switch][0] for switch in sorted(want))

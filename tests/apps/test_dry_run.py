@@ -270,6 +270,23 @@ def test_dry_run_alone_checks_the_demo(capsys, monkeypatch, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_help_says_that_no_flags_run_the_demo_and_where_its_flags_change(capsys):
+    """`apps/train --help` named every flag but not that no flags at all run the embedded demo, nor the module that
+    runs it with changed flags."""
+    from slime_core.config import build_parser
+
+    for flag in ("--help", "-h"):
+        assert main([flag]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert out.startswith("usage: slime [--config RUN.yaml] [FLAG VALUE ...]")
+        assert (
+            "With no flags at all, `uv run apps/train` runs the embedded demo (GRPO on a tiny model, CPU); to run it "
+            "with some flags changed: `uv run python -m slime_app.demo FLAGS`."
+        ) in out
+        assert "--rollout-batch-size ROLLOUT_BATCH_SIZE" in out
+    assert "demo" not in build_parser().description  # slime_core's parser, shared, is left as it was
+
+
 def test_demo_flags_without_a_model_point_to_the_demo_module(model, data, capsys, monkeypatch, tmp_path):
     # Issue 27: after `uv run apps/train`, a newcomer tries `uv run apps/train --num-rollout 3` and got only
     # "--rollout-batch-size is required", with no word that the demo's flags are not applied to it.

@@ -298,3 +298,25 @@ def test_the_opd_example_with_megatron_teacher_passes_once_its_label_column_is_n
 def test_a_megatron_layout_or_value_the_workers_refuse_is_one_line_at_the_dry_run(tmp_path, capsys, extra, error):
     rc, _, err = _dry_run(FIXTURES / "original-scripts" / "run-qwen3-4B.args", tmp_path, capsys, *extra)
     assert rc == 2 and err.strip() == f"slime: error: {error}"
+
+
+def test_the_glm47_30b_expert_layout_stops_the_dry_run_with_the_backends_line(tmp_path, capsys):
+    """run-glm4.7-30B-A3B's layout (TP 2, PP 2, CP 2, EP 8 on 8 GPUs: EP×ETP×PP = 16 ranks per expert replica) is
+    refused by the Megatron trainer (`MegatronSettings.world_layout`); the dry run says the same line. The flags it
+    refuses first (the vocabulary padding, MTP training) are left out here so that the layout is what it checks."""
+    from slime_core.config import parse_args
+    from slime_train_megatron.settings import MegatronSettings
+
+    program, flags = read_script(FIXTURES / "original-scripts" / "run-glm4.7-30B-A3B.args")
+    for flag, takes_value in (("--make-vocab-size-divisible-by", True), ("--enable-mtp-training", False),
+                              ("--mtp-num-layers", True), ("--mtp-loss-scaling-factor", True)):  # fmt: skip
+        i = flags.index(flag)
+        del flags[i : i + 1 + takes_value]
+    script = tmp_path / "run-glm4.7-30B-A3B.args"
+    script.write_text("\n".join(["python3", program, *flags]) + "\n")
+    rc, _, err = _dry_run(script, tmp_path / "root", capsys)
+    cfg = parse_args(swap_paths(flags, tmp_path / "root", FIXTURES / "qwen3-tokenizer"))
+    with pytest.raises(ValueError) as backend:
+        MegatronSettings.from_config(cfg).world_layout(cfg.actor_num_nodes * cfg.actor_num_gpus_per_node)
+    assert str(backend.value) == "world size 8 is not divisible by EP×ETP×PP = 8×1×2"
+    assert rc == 2 and err.strip() == f"slime: error: --train-backend megatron: {backend.value}"

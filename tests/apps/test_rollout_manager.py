@@ -310,3 +310,31 @@ def test_the_tokenizer_loads_while_the_engines_start(monkeypatch, tmp_path):
     manager = RolloutManager.__ray_metadata__.modified_class(cfg, None)
     assert manager.start() == ["http://10.0.0.1:15000"]
     assert order == [("tokenizer", "/m", "tokenizer-prefetch"), ("engines ready", True), ("data source",)]
+
+
+def test_the_tokenizer_loaded_while_the_engines_start_is_the_one_the_data_source_gets(tmp_path, qwen3_tokenizer_dir):
+    """`prefetch_tokenizer` fills `get_tokenizer`'s cache (the data source then loads nothing); a checkpoint whose
+    tokenizer cannot load is left to the data source's own call, which raises its one-line error."""
+    import json
+    import shutil
+
+    from slime_rollout.data.tokenizer import get_tokenizer, prefetch_tokenizer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(qwen3_tokenizer_dir / name, model / name)
+    before = get_tokenizer.cache_info()
+    prefetch_tokenizer(str(model)).join()
+    loaded = get_tokenizer.cache_info()
+    assert (loaded.misses, loaded.currsize) == (before.misses + 1, before.currsize + 1)
+    assert len(get_tokenizer(str(model))) > 100_000  # the real Qwen3 vocabulary, from the cache
+    assert get_tokenizer.cache_info().hits == loaded.hits + 1
+
+    empty = tmp_path / "empty"  # config.json only: transformers builds an empty tokenizer, which is refused
+    empty.mkdir()
+    (empty / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    prefetch_tokenizer(str(empty)).join()  # the thread's failure is not cached
+    with pytest.raises(ValueError, match=r"its tokenizer is empty \(1 token\)"):
+        get_tokenizer(str(empty))

@@ -132,7 +132,7 @@ def test_the_backends_compile_warm_up_starts_when_asked_and_steps_run_eagerly_un
 
     class Backend:
         @staticmethod
-        def start_compile_warm_up(cfg):
+        def start_compile_warm_up(cfg, gated=False):
             events.append("start")
             return WarmUp()
 

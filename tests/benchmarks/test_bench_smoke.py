@@ -350,8 +350,11 @@ def test_rollout_reference_engine(gpu_session):
     assert r["overhead_pct"] == pytest.approx(100 * (b - a) / b)
 
 
-def test_megatron_all_hostnorm_variant_puts_megatron_cores_norm_back_under_the_foreach_hooks():
-    """`--ab all,all_hostnorm` measures the host read of the grad norm that `--use-foreach-grad-norm` took out."""
+def test_megatron_all_hostnorm_variant_puts_megatron_cores_norm_back_under_the_foreach_hooks(monkeypatch):
+    """`--ab all,all_hostnorm` measures the host read of the grad norm that `--use-foreach-grad-norm` took out.
+
+    `run_ab` on no backend (the other switches' toggles and the timing stubbed): the grad norm and clip megatron-core's
+    optimizer module would call while each variant is timed."""
     pytest.importorskip("megatron.core")
     from megatron.core.optimizer import clip_grads
     from megatron.core.optimizer import optimizer as mcore_optimizer
@@ -362,15 +365,30 @@ def test_megatron_all_hostnorm_variant_puts_megatron_cores_norm_back_under_the_f
         sys.modules["bench_train_fsdp"] = _load("bench_train_fsdp")
     bench = _load("bench_train_megatron")
     assert bench.VARIANTS["all_hostnorm"] == (*bench.VARIANTS["all"], "hostnorm")
+    for switch in ("head", "adam", "fusions", "compile"):
+        monkeypatch.setitem(bench.SWITCHES, switch, (bench.SWITCHES[switch][0], lambda backend, on, device: None))
+    seen = []
+
+    def timed(backend, batch, device, repeats):
+        norm, clip = mcore_optimizer.get_grad_norm_fp32, mcore_optimizer.clip_grad_by_total_norm_fp32
+        hooks = "foreach" if clip_grads.l2_norm_impl is tp.foreach_l2_norm else "local"
+        on_device = (norm, clip) == (tp.device_grad_norm_fp32, tp.device_clip_grad_by_total_norm_fp32)
+        own = (norm, clip) == (clip_grads.get_grad_norm_fp32, clip_grads.clip_grad_by_total_norm_fp32)
+        seen.append((hooks, "device" if on_device else "megatron-core" if own else "mixed"))
+        return 0.0, [1.0], {}, None
+
+    monkeypatch.setattr(bench._common, "time_train", timed)
+    a = types.SimpleNamespace(ab="all_hostnorm,all,all_hostnorm,base", profile=False, profile_variants=None,
+                              device="cpu", repeats=1, peak_tflops=1.0)  # fmt: skip
     try:
-        tp.use_foreach_grad_norm(True)
-        bench._toggle_hostnorm(None, True, "cpu")
-        assert mcore_optimizer.get_grad_norm_fp32 is clip_grads.get_grad_norm_fp32
-        assert mcore_optimizer.clip_grad_by_total_norm_fp32 is clip_grads.clip_grad_by_total_norm_fp32
-        assert clip_grads.l2_norm_impl is tp.foreach_l2_norm  # the foreach hooks stay
-        bench._toggle_hostnorm(None, False, "cpu")  # back to the switch's device norm
-        assert mcore_optimizer.get_grad_norm_fp32 is tp.device_grad_norm_fp32
+        tp.use_foreach_grad_norm(True)  # the run's flags: --use-foreach-grad-norm
+        bench.run_ab(None, None, a, {"total": 1e12})
+        assert seen == [("foreach", "megatron-core"), ("foreach", "device"), ("foreach", "megatron-core"),
+                        ("local", "megatron-core")]  # fmt: skip
+        # The first variant sets every switch, also one the run's flags left off: `all` first has the device norm.
+        tp.use_foreach_grad_norm(False)
+        seen.clear()
+        bench.run_ab(None, None, types.SimpleNamespace(**{**vars(a), "ab": "all"}), {"total": 1e12})
+        assert seen == [("foreach", "device")]
     finally:
         tp.use_foreach_grad_norm(False)
-    bench._toggle_hostnorm(None, False, "cpu")  # without the switch: megatron-core's own
-    assert mcore_optimizer.get_grad_norm_fp32 is clip_grads.get_grad_norm_fp32

@@ -1,6 +1,6 @@
-"""How `_workers.py`'s layers run: the compile scenario (`compile`, `compile_gpu`: compiled decoder layers over
+"""How the FSDP backend's layers run: the compile scenario (`compile`, `compile_gpu`: compiled decoder layers over
 micro-batches whose sequence count and lengths vary, as dynamic batching feeds them; `make_args` is
-`_workers.make_args`) and `gathered_states` (when a layer's parameters are gathered or sharded on one rank)."""
+`_worker_common.make_args`) and `gathered_states` (when a layer's parameters are gathered or sharded on one rank)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ on them.
 from __future__ import annotations
 
 import pathlib
+import shutil
 
 import torch
 import torch.distributed as dist
@@ -108,6 +109,17 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
         FSDPCriticBackend().init(make_cfg(ckpt, critic_load=str(work)))
     except ValueError as exc:
         res["bad_load_error"] = str(exc)
+    # An actor's checkpoint given as the critic's: by --critic-load, and as <--load>/critic.
+    actor = FSDPTrainBackend()
+    actor.init(SlimeArgs.from_dict({**_actor_fields(ckpt), "save": str(work / "actor_run")}), with_ref=False)
+    actor.save(0)
+    shutil.copytree(work / "actor_run", work / "actor_as_load" / "critic")
+    for key, flags in (("critic_load", {"critic_load": str(work / "actor_run")}),
+                       ("load", {"load": str(work / "actor_as_load")})):  # fmt: skip
+        try:
+            FSDPCriticBackend().init(make_cfg(ckpt, **flags))
+        except ValueError as exc:
+            res[f"actor_ckpt_error_{key}"] = str(exc)
     return res
 
 

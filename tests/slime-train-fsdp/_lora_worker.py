@@ -1,4 +1,4 @@
-"""Per-rank LoRA scenarios for `test_lora.py` (uses the helpers of `_workers.py`): `run(out, ckpt, scenario)`.
+"""Per-rank LoRA scenarios for `test_lora.py` (uses the helpers of `_worker_common.py`): `run(out, ckpt, scenario)`.
 
 One process group of WORLD_SIZE ranks (gloo). `lora`: a LoRA backend starts as the base model, trains two rollouts
 (only the adapters move), pushes only the adapter, and exports it (PEFT dir) and the merged model. `init`: on a
@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-_WORKERS = pathlib.Path(__file__).with_name("_workers.py")
-_spec = importlib.util.spec_from_file_location("slime_fsdp_test_workers", _WORKERS)
+_COMMON = pathlib.Path(__file__).with_name("_worker_common.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_test_workers", _COMMON)
 W = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(W)
 

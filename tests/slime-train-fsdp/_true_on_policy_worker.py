@@ -14,8 +14,8 @@ import torch.distributed as dist
 from slime_train_fsdp.backend import FSDPTrainBackend
 
 
-def _workers():
-    path = pathlib.Path(__file__).with_name("_workers.py")
+def _common():
+    path = pathlib.Path(__file__).with_name("_worker_common.py")
     spec = importlib.util.spec_from_file_location("slime_fsdp_test_workers_top", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -23,7 +23,7 @@ def _workers():
 
 
 def scenario_mode(ckpt: str, out: pathlib.Path) -> dict:
-    w = _workers()
+    w = _common()
     batch = w.make_batch(0, 1)
     # Single-turn samples (the test batch masks random tokens, which the mode refuses as multi-turn).
     batch = dataclasses.replace(batch, loss_masks=[torch.ones_like(m) for m in batch.loss_masks])

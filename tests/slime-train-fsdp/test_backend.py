@@ -1,9 +1,10 @@
 """End-to-end tests of `FSDPTrainBackend` on CPU/gloo with a tiny Qwen3 built from config (fp32).
 
-Each scenario of `_workers.py` runs in fresh processes (world size 1 or 2, torchrun-style environment), writes
-its per-rank results, and the assertions below check them. Tolerances: 1e-5 absolute on log-probs and
-gradients (fp32 kernels differ only in summation order), 1e-5 relative on DP parameter updates, exact where
-the computation is the same sequence of operations (ratio 1 on the first on-policy step, resume on CPU).
+Each scenario `_workers.py` dispatches (kept in `_scenario_*.py` by concern) runs in fresh processes (world size 1
+or 2, torchrun-style environment), writes its per-rank results, and the assertions below check them. Tolerances:
+1e-5 absolute on log-probs and gradients (fp32 kernels differ only in summation order), 1e-5 relative on DP parameter
+updates, exact where the computation is the same sequence of operations (ratio 1 on the first on-policy step, resume
+on CPU).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _ranks = _launch.RankLauncher(WORKER)
 _load_workers = _ranks.workers
 launch = _ranks.forked  # ranks forked from the forkserver, which has imported torch and transformers once
 launch_subprocesses = _ranks.subprocesses
+_common = _launch.load_module(pathlib.Path(__file__).with_name("_worker_common.py"))
 
 
 def _tiny_qwen3(path: pathlib.Path, tokenizer_dir: pathlib.Path, *, tied: bool) -> pathlib.Path:
@@ -333,7 +335,7 @@ def _masked_means(lps, batch) -> list[float]:
 def test_sft_loss_trains_the_nll_of_every_sample(loss_types):
     """--loss-type sft_loss: step 0's loss is the masked NLL by hand (mean over the step's 4 samples of each
     sample's token mean), and training raises the likelihood of every sample, negative rewards included."""
-    batch = _load_workers().make_batch(0, 1)
+    batch = _common.make_batch(0, 1)
     before = loss_types["before"]
     expected = -sum(float((before[i] * batch.loss_masks[i]).sum()) / batch.loss_denominators[i] for i in range(4)) / 4
     first = loss_types["sft_steps"][0]

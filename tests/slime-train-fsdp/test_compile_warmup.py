@@ -20,8 +20,8 @@ import torch
 from slime_train_fsdp import FSDPTrainBackend
 from slime_train_fsdp import compile_warmup as cw
 
-_WORKERS = pathlib.Path(__file__).with_name("_workers.py")
-_spec = importlib.util.spec_from_file_location("slime_fsdp_compile_warmup_workers", _WORKERS)
+_COMMON = pathlib.Path(__file__).with_name("_worker_common.py")
+_spec = importlib.util.spec_from_file_location("slime_fsdp_compile_warmup_workers", _COMMON)
 _workers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_workers)
 make_args = _workers.make_args
@@ -230,7 +230,7 @@ def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_t
     assert phases["log_probs"][1] > 0 and phases["forward_backward"][1] > 0, phases
     assert sum(c for _, c in phases.values()) == pytest.approx(report["compile_seconds"], abs=0.05), report
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
-    done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(_WORKERS),
+    done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(_COMMON),
                            json.dumps(overrides)], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     counters = json.loads(done.stdout.strip().splitlines()[-1])

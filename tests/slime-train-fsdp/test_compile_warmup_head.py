@@ -15,9 +15,9 @@ import subprocess
 import sys
 import textwrap
 
-_WORKERS = pathlib.Path(__file__).with_name("_workers.py")
+_COMMON = pathlib.Path(__file__).with_name("_worker_common.py")
 
-# argv: phase (warm | real), checkpoint, _workers.py, config overrides (JSON). Prints inductor's counters.
+# argv: phase (warm | real), checkpoint, _worker_common.py, config overrides (JSON). Prints inductor's counters.
 _STEP = textwrap.dedent("""
     import importlib.util, json, sys
     import torch, torch.distributed as dist
@@ -62,7 +62,7 @@ _STEP = textwrap.dedent("""
 
 
 def _run(phase: str, ckpt: str, overrides: dict, env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-c", _STEP, phase, ckpt, str(_WORKERS), json.dumps(overrides)], env=env,
+    done = subprocess.run([sys.executable, "-c", _STEP, phase, ckpt, str(_COMMON), json.dumps(overrides)], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

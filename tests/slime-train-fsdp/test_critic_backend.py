@@ -111,6 +111,16 @@ def test_bad_critic_load_fails_clearly(single):
     )
 
 
+def test_an_actors_checkpoint_given_as_the_critics_is_refused_naming_the_flag(single):
+    """An actor's FSDP checkpoint where the critic's should be: one line naming the flag the user gave."""
+    by_critic_load = single["actor_ckpt_error_critic_load"]
+    assert by_critic_load.startswith("--critic-load ") and "actor_run" in by_critic_load.split(":")[0]
+    assert "iter_0000001 is not a critic checkpoint" in by_critic_load and "<--save>/critic" in by_critic_load
+    by_load = single["actor_ckpt_error_load"]
+    assert by_load.startswith("--load ") and "actor_as_load/critic" in by_load.split(":")[0]
+    assert "is not a critic checkpoint" in by_load and "\n" not in by_load
+
+
 def test_two_ranks_match_one(tiny_ckpt, tmp_path):
     one = launch("dp", 1, tmp_path, tiny_ckpt)[0]
     two = launch("dp", 2, tmp_path, tiny_ckpt)

@@ -168,6 +168,20 @@ def test_grad_norm_switch_puts_the_device_norm_and_clip_in_megatron_cores_optimi
     assert mcore_optimizer.clip_grad_by_total_norm_fp32 is clip_grads.clip_grad_by_total_norm_fp32
 
 
+def test_grad_norm_switch_without_the_device_norm_keeps_megatron_cores_norm_under_the_foreach_hooks():
+    """`device_norm=False` (the benchmark's `all_hostnorm`): foreach hooks, megatron-core's host-read norm and clip."""
+    from megatron.core.optimizer import optimizer as mcore_optimizer
+
+    try:
+        assert use_foreach_grad_norm(True, device_norm=False)
+        assert clip_grads.l2_norm_impl is foreach_l2_norm and clip_grads.multi_tensor_scale_impl is foreach_scale
+        assert mcore_optimizer.get_grad_norm_fp32 is clip_grads.get_grad_norm_fp32
+        assert mcore_optimizer.clip_grad_by_total_norm_fp32 is clip_grads.clip_grad_by_total_norm_fp32
+    finally:
+        use_foreach_grad_norm(False, device_norm=False)
+    assert clip_grads.l2_norm_impl is mcore_utils.local_multi_tensor_l2_norm
+
+
 def test_optimizer_step_leaves_a_device_norm_on_the_device_and_reads_a_float_norm():
     class _Sched:
         def step(self, increment):

@@ -53,6 +53,9 @@ def _main(argv: list[str]) -> int:
     )
     for noisy in ("httpx", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if "-h" in argv or "--help" in argv:
+        _print_help()
+        return 0
     demo = not argv or argv == ["--dry-run"]  # `--dry-run` alone checks the demo's flags (it said a flag was missing)
     if demo:
         from slime_app.demo import default_demo_argv
@@ -158,6 +161,24 @@ def _main(argv: list[str]) -> int:
     for label, path in outputs.items():
         print(f"{label}: {path}")
     return 0
+
+
+#: The app's line of `--help` (the flags' parser is slime_core's, which knows no demo).
+DEMO_HELP = (
+    "With no flags at all, `uv run apps/train` runs the embedded demo (GRPO on a tiny model, CPU); to run it with "
+    "some flags changed: `uv run python -m slime_app.demo FLAGS`."
+)
+
+
+def _print_help() -> None:
+    """The flags' help (`slime_core.config.build_parser`) with the app's demo line added to its description."""
+    import copy
+
+    from slime_core.config import build_parser
+
+    parser = copy.copy(build_parser())  # the cached parser stays as it is; only this copy's description changes
+    parser.description = f"{parser.description} {DEMO_HELP}"
+    parser.print_help()
 
 
 def _demo_hint(argv: list[str]) -> str:

@@ -113,7 +113,8 @@ class TrainActor:
     def start_compile_warm_up(self, cfg: SlimeArgs, role: str = "actor", gated: bool = False) -> None:
         """Starts the backend's compile warm-up (`train` waits for it before the first step).
 
-        Only a backend class with a `start_compile_warm_up(cfg)` has one (FSDP: `slime_train_fsdp.compile_warmup`).
+        Every backend class has `start_compile_warm_up(cfg, gated)` (`slime_core.protocols.TrainBackend`); FSDP's
+        starts one (`slime_train_fsdp.compile_warmup`), Megatron's returns None.
         The driver calls it before `init`, while the engines start; colocated, `gated`: the process prepares on the
         CPU and touches the GPU only after `release_compile_warm_up`, once the engines are up (and released their
         memory), since a warm-up on a GPU an engine is sizing its KV cache on would shrink it. The critic starts
@@ -125,12 +126,10 @@ class TrainActor:
             backend = TRAIN_BACKENDS.get(cfg.train_backend).load()
         except Exception:  # noqa: BLE001 - `init` raises it (an unretrieved Ray error would only log it)
             return
-        start = getattr(backend, "start_compile_warm_up", None)
-        if start is not None:
-            try:
-                self.warm_up = start(cfg, gated=True) if gated else start(cfg)
-            except Exception as exc:  # noqa: BLE001 - an optimization: the first step then compiles by itself
-                logger.warning("compile warm-up not started (%s: %s); the first step compiles", type(exc).__name__, exc)
+        try:
+            self.warm_up = backend.start_compile_warm_up(cfg, gated=gated)
+        except Exception as exc:  # noqa: BLE001 - an optimization: the first step then compiles by itself
+            logger.warning("compile warm-up not started (%s: %s); the first step compiles", type(exc).__name__, exc)
 
     def release_compile_warm_up(self) -> None:
         """Lets a gated compile warm-up go on to the GPU (nothing without one)."""

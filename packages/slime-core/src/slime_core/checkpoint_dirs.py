@@ -182,7 +182,7 @@ def tracker_step(root: str | os.PathLike[str]) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
-def no_optimizer_state_message(load: str | os.PathLike[str], iteration: str) -> str:
+def no_optimizer_state_message(load: str | os.PathLike[str], iteration: str, *, flag: str = "--load") -> str:
     """The refusal of a resume whose checkpoint was saved without optimizer state, one text for every backend.
 
     As the original (Megatron stops on such a checkpoint): a fresh Adam and a schedule restarting its warm-up would
@@ -191,9 +191,10 @@ def no_optimizer_state_message(load: str | os.PathLike[str], iteration: str) -> 
     Args:
         load: the `--load` directory.
         iteration: the iteration folder's name (`iter_0000005`).
+        flag: the flag that named `load` (`--critic-load` for the critic's own folder).
     """
     return (
-        f"--load {load}: {iteration} holds no optimizer state (saved with --no-save-optim); resume it with "
+        f"{flag} {load}: {iteration} holds no optimizer state (saved with --no-save-optim); resume it with "
         "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
     )
 

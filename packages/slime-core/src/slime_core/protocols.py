@@ -21,6 +21,7 @@ from slime_core.config import SlimeArgs
 from slime_core.sample import Sample
 
 __all__ = [
+    "CompileWarmUp",
     "CriticBackend",
     "DataSource",
     "DynamicFilterFn",
@@ -35,12 +36,46 @@ __all__ = [
 
 
 @runtime_checkable
+class CompileWarmUp(Protocol):
+    """A running compile warm-up (`TrainBackend.start_compile_warm_up`): graphs compiled beside the trainer's start."""
+
+    def pending(self) -> bool:
+        """Whether it still compiles (steps then run the compiled layers eagerly)."""
+        ...
+
+    def eager(self) -> Any:
+        """A context manager under which a step runs the compiled layers eagerly."""
+        ...
+
+    def wait(self) -> dict[str, Any] | None:
+        """Waits for it to end; its report (graphs, seconds), or None when it failed (the step then compiles)."""
+        ...
+
+    def release(self) -> None:
+        """Lets a gated warm-up go on to the accelerator."""
+        ...
+
+    def stop(self) -> None:
+        """Ends it early (the rank shuts down before its first step)."""
+        ...
+
+
+@runtime_checkable
 class TrainBackend(Protocol):
     """A training backend: one instance per rank, torch.distributed already set up by the caller.
 
     `train` runs the shared RL step (`slime_core.train_step.train_on_rollout`); the backend supplies its
     forward passes, collectives and optimizer.
     """
+
+    @staticmethod
+    def start_compile_warm_up(cfg: SlimeArgs, gated: bool = False) -> CompileWarmUp | None:
+        """Starts compiling the model's graphs before `init`, while the engines start; None: nothing to warm.
+
+        A backend without a warm-up returns None. `gated`: colocated, the warm-up prepares on the CPU and touches
+        the accelerator only after `CompileWarmUp.release()` (once the engines are up and released their memory).
+        """
+        ...
 
     def init(self, cfg: SlimeArgs, *, with_ref: bool) -> int:
         """Builds model/optimizer from the frozen config, loads `--load` if given; returns the start rollout id."""

@@ -59,6 +59,7 @@ from slime_train_fsdp.lr_schedule import load_scheduler_state
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "check_critic_checkpoint",
     "load_checkpoint",
     "load_reference",
     "model_flag_mismatches",
@@ -185,6 +186,40 @@ def _parameter_differences(state_dir: pathlib.Path, model_sd: dict[str, Any]) ->
     return "; ".join(parts) or None
 
 
+def check_critic_checkpoint(flag: str, load_dir: str | os.PathLike[str], ckpt_step: int | None) -> None:
+    """Checks that the checkpoint the critic resumes holds a value head, from DCP's `.metadata`, before loading.
+
+    An actor's checkpoint given as the critic's (`--critic-load <actor save>`) was refused as one whose model flags
+    differ (`--lora-rank`, ...) and named `--load`. A tracker or iteration that is missing or unreadable is left to
+    `load_checkpoint`, which names it.
+
+    Args:
+        flag: `--critic-load`, or `--load` when the critic's folder is `<--load>/critic`.
+        load_dir: the critic's checkpoint folder.
+        ckpt_step: `--ckpt-step`; the tracker's iteration when None.
+
+    Raises:
+        ValueError: naming the flag, the folder and the iteration, when its model has no `value_head.weight`.
+    """
+    root = pathlib.Path(load_dir)
+    step = ckpt_step if ckpt_step is not None else tracker_step(root)
+    if step is None:
+        return
+    path = root / iteration_name(step)
+    try:
+        saved = dcp.FileSystemReader(str(path / "model_and_optim")).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - missing or damaged: load_checkpoint names it
+        return
+    if "model.value_head.weight" in saved:
+        return
+    head = "an lm_head" if "model.lm_head.weight" in saved else "no value head"
+    raise ValueError(
+        f"{flag} {root}: {path.name} is not a critic checkpoint: its model has {head} and no value_head (an actor's "
+        "checkpoint? the critic's are saved in <--save>/critic); give the critic's checkpoint folder, or an HF "
+        "directory to start the value model from"
+    )
+
+
 def _read(
     path: pathlib.Path,
     model: nn.Module,
@@ -246,11 +281,12 @@ def load_checkpoint(
     load_optim: bool = True,
     load_rng: bool = True,
     model_flags: dict[str, Any] | None = None,
+    flag: str = "--load",
 ) -> dict[str, Any] | None:
     """Restores a checkpoint written by `save_checkpoint` (collective).
 
     Args:
-        load_dir: `--load`.
+        load_dir: `--load` (or the critic's folder, see `flag`).
         model: the sharded model (same world size not required: DCP reshards).
         optimizer: its optimizer.
         scheduler: its LR scheduler.
@@ -260,6 +296,7 @@ def load_checkpoint(
         model_flags: this run's `model_flags_of(cfg)`, compared with the ones in the checkpoint's `meta.json` before
             anything is read; a checkpoint written before `meta.json` had them gets them written there once it
             loaded, so its next resume is checked. None: not compared (the critic, the OPD teacher).
+        flag: the flag that named `load_dir`, as the messages name it (`--critic-load` for the critic's own).
 
     Returns:
         The checkpoint's `meta.json`, or None when `load_dir` holds no checkpoint.
@@ -269,47 +306,47 @@ def load_checkpoint(
         ValueError: the tracker names no iteration; `load_optim` with a checkpoint saved without optimizer
             state (`--no-save-optim`: names `--no-load-optim`); a model flag differs from the saved one (names the
             flag and both values); the saved parameters differ from the model's (names the first differing ones); or the
-            checkpoint's files cannot be read (truncated, corrupt): the message names `--load`, the iteration and
+            checkpoint's files cannot be read (truncated, corrupt): the message names `flag`, the iteration and
             the cause, and lists the other complete iterations.
     """
     root = pathlib.Path(load_dir)
     if ckpt_step is None:
         tracker = root / TRACKER_FILE
         if not tracker.exists():
-            logger.warning("--load %s has no %s; starting from the HF checkpoint", root, TRACKER_FILE)
+            logger.warning("%s %s has no %s; starting from the HF checkpoint", flag, root, TRACKER_FILE)
             return None
         ckpt_step = tracker_step(root)
         if ckpt_step is None:  # there, and damaged ("release" is a Megatron conversion's)
             text = tracker.read_text(errors="replace").strip()
-            raise ValueError(f"--load {root}: {TRACKER_FILE} holds {text!r}, not an iteration; {_recovery_hint(root)}")
+            raise ValueError(f"{flag} {root}: {TRACKER_FILE} holds {text!r}, not an iteration; {_recovery_hint(root)}")
     path = root / iteration_name(ckpt_step)
     if not (path / "meta.json").exists():
-        raise FileNotFoundError(f"--load {root}: checkpoint {path} is missing or incomplete; {_recovery_hint(root)}")
+        raise FileNotFoundError(f"{flag} {root}: checkpoint {path} is missing or incomplete; {_recovery_hint(root)}")
     try:
         meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
         if not isinstance(meta, dict):
             raise ValueError(f"meta.json holds {type(meta).__name__}, not an object")
     except (ValueError, UnicodeDecodeError) as e:
-        raise _damaged(root, path, e) from e
-    refusal = optimizer_state_refusal(root, path, meta) if load_optim else None
+        raise _damaged(root, path, e, flag) from e
+    refusal = optimizer_state_refusal(root, path, meta, flag=flag) if load_optim else None
     if refusal:
         raise ValueError(refusal)
     differ = model_flag_mismatches(meta, model_flags) if model_flags is not None else []
     if differ:
         raise ValueError(
-            f"--load {root}: {path.name} was saved with other model flags than this run's ({'; '.join(differ)}); "
+            f"{flag} {root}: {path.name} was saved with other model flags than this run's ({'; '.join(differ)}); "
             "resume with the saved run's flags"
         )
     try:
         _read(path, model, optimizer, scheduler, load_optim=load_optim, load_rng=load_rng)
     except _OtherParameters as e:
         raise ValueError(
-            f"--load {root}: {path.name} holds other parameters than this run's model ({e}): a flag that decides "
+            f"{flag} {root}: {path.name} holds other parameters than this run's model ({e}): a flag that decides "
             "the parameters differs from the saved run's (--lora-rank, --lora-target-modules, --hf-checkpoint); "
             "resume with the saved run's flags"
         ) from None
     except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
-        raise _damaged(root, path, e) from e
+        raise _damaged(root, path, e, flag) from e
     _note_other_world_size(root, path, meta.get("world_size"), load_rng)
     if model_flags is not None and "model_flags" not in meta:
         meta["model_flags"] = model_flags
@@ -344,7 +381,7 @@ def load_reference(reference_dir: str | os.PathLike[str], model: nn.Module) -> N
 
 
 def optimizer_state_refusal(
-    load_dir: str | os.PathLike[str], path: pathlib.Path, meta: dict[str, Any] | None = None
+    load_dir: str | os.PathLike[str], path: pathlib.Path, meta: dict[str, Any] | None = None, *, flag: str = "--load"
 ) -> str | None:
     """Why the checkpoint at `path` cannot be resumed with its optimizer: it was saved without optimizer state.
 
@@ -356,6 +393,7 @@ def optimizer_state_refusal(
         path: the iteration folder.
         meta: its `meta.json`, already read; None reads it (an unreadable one counts as no field: the loader names
             the damage).
+        flag: the flag that named `load_dir` (`--critic-load` for the critic's own).
 
     Returns:
         The refusal (`slime_core.checkpoint_dirs.no_optimizer_state_message`), or None when the state is there.
@@ -368,7 +406,7 @@ def optimizer_state_refusal(
     saved = meta.get("save_optim", True) if isinstance(meta, dict) else True
     if saved is not False and (path / "scheduler.pt").is_file():
         return None
-    return no_optimizer_state_message(load_dir, path.name)
+    return no_optimizer_state_message(load_dir, path.name, flag=flag)
 
 
 def _note_other_world_size(root: pathlib.Path, path: pathlib.Path, saved: Any, load_rng: bool) -> None:
@@ -392,10 +430,10 @@ def _note_other_world_size(root: pathlib.Path, path: pathlib.Path, saved: Any, l
     )  # fmt: skip
 
 
-def _damaged(root: pathlib.Path, path: pathlib.Path, error: BaseException) -> ValueError:
+def _damaged(root: pathlib.Path, path: pathlib.Path, error: BaseException, flag: str = "--load") -> ValueError:
     """The one-line error of a checkpoint whose files cannot be read (names the cause and the other iterations)."""
     detail = first_sentence(first_rank_error(error))
     return ValueError(
-        f"--load {root}: {path.name} cannot be read ({detail}); it was damaged after it was written (a partial copy, "
+        f"{flag} {root}: {path.name} cannot be read ({detail}); it was damaged after it was written (a partial copy, "
         f"a crash before it reached the disk); {_recovery_hint(root, path)}"
     )

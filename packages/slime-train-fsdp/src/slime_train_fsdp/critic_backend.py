@@ -25,7 +25,7 @@ from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
 from slime_core.config import SlimeArgs
 from slime_core.critic import ValueLoss, train_critic_on_rollout
 from slime_core.host_to_device import per_sample_on_host
-from slime_train_fsdp.checkpoint import save_checkpoint
+from slime_train_fsdp.checkpoint import check_critic_checkpoint, save_checkpoint
 from slime_train_fsdp.model_loading import build_fsdp_model, default_device
 from slime_train_fsdp.packing import pack_micro_batch, split_by_lengths
 from slime_train_fsdp.trainer_parts import (
@@ -107,7 +107,7 @@ class FSDPCriticBackend:
 
         Raises:
             ValueError: missing `--hf-checkpoint`, no process group, `--freeze-vision-tower` without a vision tower,
-                or a bad `--critic-load`.
+                a bad `--critic-load`, or a checkpoint without a value head (an actor's; names the flag given).
         """
         if not cfg.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required by the FSDP backend")
@@ -117,6 +117,9 @@ class FSDPCriticBackend:
         self.device = default_device()
         torch.manual_seed(cfg.seed)
         source, resume_ckpt = _critic_source(cfg)
+        flag = "--critic-load" if cfg.critic_load else "--load"  # `cfg.load` is the critic's folder either way
+        if resume_ckpt:
+            check_critic_checkpoint(flag, cfg.load, cfg.ckpt_step)
         self.model, self.config = build_fsdp_model(
             cfg, source, self.device, construct=construct_value_model, fill_missing=fill_value_head,
             install=install_value_forward,
@@ -129,7 +132,7 @@ class FSDPCriticBackend:
                                    pin_memory=cfg.offload_train_pin_memory)  # fmt: skip
         if not resume_ckpt:
             return cfg.start_rollout_id or 0
-        start, self.global_step, _ = resume(cfg, self.model, self.optimizer, self.scheduler, None)  # no LoRA flags
+        start, self.global_step, _ = resume(cfg, self.model, self.optimizer, self.scheduler, None, flag)  # no LoRA
         return start
 
     @property

@@ -129,10 +129,12 @@ def resume(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     model_flags: dict[str, Any] | None,
+    flag: str = "--load",
 ) -> tuple[int, int, pathlib.Path | None]:
     """Restores `--load` when it holds a checkpoint (`--ckpt-step`, `--no-load-optim`, `--no-load-rng`).
 
     `model_flags` (`checkpoint.model_flags_of`; None for a model they do not shape) are compared with the saved ones.
+    `flag` is the flag the messages name (`--critic-load` when the critic's folder was given by it).
 
     Returns:
         `(rollout id to start from, global optimizer step, iteration folder loaded)`: the checkpoint's
@@ -143,7 +145,7 @@ def resume(
     if cfg.load:
         meta = load_checkpoint(cfg.load, model=model, optimizer=optimizer, scheduler=scheduler,
                                ckpt_step=cfg.ckpt_step, load_optim=not cfg.no_load_optim,
-                               load_rng=not cfg.no_load_rng, model_flags=model_flags)  # fmt: skip
+                               load_rng=not cfg.no_load_rng, model_flags=model_flags, flag=flag)  # fmt: skip
         if meta is not None:
             start, step = int(meta["next_rollout_id"]), int(meta["global_step"])
             return start, step, pathlib.Path(cfg.load) / iteration_name(start)

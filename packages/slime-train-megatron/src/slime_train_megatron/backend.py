@@ -85,6 +85,11 @@ class MegatronTrainBackend:
     model, optimizer, schedule, reference weights) stays.
     """
 
+    @staticmethod
+    def start_compile_warm_up(cfg: SlimeArgs, gated: bool = False) -> None:
+        """No warm-up process: `--megatron-compile-layers` compiles in the first step. Returns None."""
+        return None
+
     def __init__(self) -> None:
         self.cfg: SlimeArgs | None = None
         self.settings: MegatronSettings | None = None

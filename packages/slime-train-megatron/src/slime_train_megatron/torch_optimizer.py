@@ -143,12 +143,18 @@ def device_clip_grad_by_total_norm_fp32(
         torch._foreach_mul_(grads, coeff.to(grads[0].dtype))
 
 
-def use_foreach_grad_norm(on: bool) -> bool:
+def use_foreach_grad_norm(on: bool, *, device_norm: bool = True) -> bool:
     """Puts the multi-tensor, host-sync-free grad norm and clipping in megatron-core (`on`), or its own back.
 
     On: `foreach_l2_norm`/`foreach_scale` as megatron-core's local multi-tensor hooks, and `device_grad_norm_fp32`/
     `device_clip_grad_by_total_norm_fp32` as the norm and clip its optimizer module calls (its optimizers' `step()`
     then return the grad norm as a device tensor).
+
+    Args:
+        on: install the switch's pieces (True) or megatron-core's own (False).
+        device_norm: with `on`, also the device norm and clip; False keeps megatron-core's own norm and clip (one host
+            read of the norm per step) under the foreach hooks, what the switch did before 1f79974: the benchmark's
+            `all_hostnorm` variant measures that read. Ignored when `on` is False.
 
     Returns:
         Whether megatron-core runs its local fallbacks (else TE/Apex kernels are in use and nothing changes).
@@ -158,9 +164,10 @@ def use_foreach_grad_norm(on: bool) -> bool:
         return False
     clip_grads.l2_norm_impl = foreach_l2_norm if on else _LOCAL["l2_norm_impl"]
     clip_grads.multi_tensor_scale_impl = foreach_scale if on else _LOCAL["multi_tensor_scale_impl"]
-    mcore_optimizer.get_grad_norm_fp32 = device_grad_norm_fp32 if on else _MCORE["get_grad_norm_fp32"]
+    on_device = on and device_norm
+    mcore_optimizer.get_grad_norm_fp32 = device_grad_norm_fp32 if on_device else _MCORE["get_grad_norm_fp32"]
     mcore_optimizer.clip_grad_by_total_norm_fp32 = (
-        device_clip_grad_by_total_norm_fp32 if on else _MCORE["clip_grad_by_total_norm_fp32"]
+        device_clip_grad_by_total_norm_fp32 if on_device else _MCORE["clip_grad_by_total_norm_fp32"]
     )
     return True
 
