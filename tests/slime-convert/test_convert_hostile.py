@@ -284,3 +284,43 @@ def test_ctrl_c_mid_conversion_ends_in_one_line(tiny_hf_model, tmp_path, monkeyp
     assert not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()
     monkeypatch.undo()
     assert main([*argv, "--no-progress"]) == 0  # a rerun starts clean
+
+
+def test_the_exported_config_states_the_written_dtype_and_no_quantization(tiny_hf_model, tmp_path):
+    """The origin's config.json was copied as is: fp32 weights under "bfloat16" (from_pretrained(dtype="auto") then
+    loads them in bf16) and an FP8 origin's quantization_config over unquantized weights."""
+    _, hf_dir = tiny_hf_model("qwen3")  # fp32 weights
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    origin = _copy(hf_dir, tmp_path / "fp8-origin")
+    config = json.loads((origin / "config.json").read_text())
+    config.update(dtype="bfloat16", torch_dtype="bfloat16", quantization_config={"quant_method": "fp8"})
+    (origin / "config.json").write_text(json.dumps(config))
+    (origin / "pytorch_model.bin.index.json").write_text("{}")  # another format's index names no file we write
+
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h32", origin, progress=False)
+    kept = json.loads((out / "config.json").read_text())
+    assert (kept["dtype"], kept["torch_dtype"]) == ("float32", "float32")
+    assert "quantization_config" not in kept
+    assert not (tmp_path / "h32" / "pytorch_model.bin.index.json").exists()
+
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h16", origin, dtype=torch.float16, progress=False)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
+    assert {t.dtype for t in load_file(str(_first_shard(out))).values()} == {torch.float16}
+
+
+def test_a_dangling_link_in_the_origin_dir_is_named_before_writing(tiny_hf_model, tmp_path, caplog):
+    """A tokenizer.json linking into a pruned HF cache was skipped without a word: the export had no tokenizer."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    origin = tmp_path / "linked"
+    origin.mkdir()
+    for f in hf_dir.iterdir():
+        (origin / f.name).symlink_to(f)  # the HF cache's snapshot layout: every file a link
+    (origin / "tokenizer.json").symlink_to(tmp_path / "blobs" / "gone")
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(origin), "--no-progress"]) == 2
+    assert f"--origin-hf-dir {origin}: ['tokenizer.json'] are links to missing files" in caplog.text
+    assert not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()
+    (origin / "tokenizer.json").unlink()
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h", origin, progress=False)  # linked shards and config are read
+    assert (out / "config.json").is_file() and not (out / "config.json").is_symlink()

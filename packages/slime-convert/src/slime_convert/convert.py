@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import os
 import pathlib
-import shutil
 from collections.abc import Callable
 
 import torch
@@ -33,12 +32,11 @@ from slime_convert.torch_dist import (
 )
 from slime_core.checkpoint_dirs import TRACKER_FILE
 from slime_core.dir_swap import write_text_atomic
+from slime_core.hf_checkpoint import copy_assets, describe_exported_weights
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["hf_to_mcore", "mcore_to_hf"]
-
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".distcp")
 
 
 def _stored_shape(mapping: TensorMapping, args: ModelArgs, tensor_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -224,7 +222,7 @@ def mcore_to_hf(
         input_dir: an iteration dir (`iter_0000010`, `release`) or a save root with the tracker file.
         output_dir: HF directory to create.
         origin_hf_dir: the original HF directory (architecture from its config.json; tokenizer and
-            config files are copied).
+            config files are copied, the config stating the written dtype and no `quantization_config`).
         chunk_size: max bytes per safetensors shard (`--chunk-size`).
         vocab_size: rows to keep of embedding/head (`--vocab-size`; default: the config's vocab_size).
         dtype: cast weights to this dtype (default: keep the stored dtype).
@@ -236,6 +234,7 @@ def mcore_to_hf(
 
     Raises:
         FileExistsError: `output_dir` exists and not `force`.
+        FileNotFoundError: a file of `origin_hf_dir` is a link to a missing file (it would not be copied).
         KeyError: a tensor the mapping needs is missing from the checkpoint.
         ValueError: `vocab_size` < 1, more rows than the checkpoint holds, or a stored tensor whose shape or layer
             count is not what `origin_hf_dir`'s config.json implies (`slime_convert.shapes.check_torch_dist_shapes`;
@@ -256,11 +255,16 @@ def mcore_to_hf(
         args = dataclasses.replace(args, vocab_size=vocab_size)
     ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
     check_torch_dist_shapes(ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=origin_hf_dir)
+    dangling = sorted(p.name for p in pathlib.Path(origin_hf_dir).iterdir() if p.is_symlink() and not p.exists())
+    if dangling:  # a tokenizer.json link into a pruned HF cache: the export would lack it without a word
+        raise FileNotFoundError(f"--origin-hf-dir {origin_hf_dir}: {dangling} are links to missing files")
     out = pathlib.Path(output_dir)
     with staged_output(out, force=force, flag="--output-dir") as tmp:
-        _write_hf(ckpt, args, HFShardedWriter(tmp, max_shard_bytes=chunk_size), dtype=dtype, progress=progress)
-        for src in pathlib.Path(origin_hf_dir).iterdir():
-            if src.is_file() and not src.name.endswith(_WEIGHT_SUFFIXES) and src.name != "model.safetensors.index.json":
-                shutil.copy2(src, tmp / src.name)
+        writer = HFShardedWriter(tmp, max_shard_bytes=chunk_size)
+        _write_hf(ckpt, args, writer, dtype=dtype, progress=progress)
+        copy_assets(origin_hf_dir, tmp)
+        # The copied config must state the written dtype (--dtype, or a torch_dist saved in another one) and drop an
+        # FP8 origin's quantization_config: the exported weights are unquantized.
+        describe_exported_weights(tmp / "config.json", writer.dtypes)
     logger.info("wrote HF checkpoint to %s", out)
     return out

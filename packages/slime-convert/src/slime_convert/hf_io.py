@@ -148,6 +148,8 @@ class HFShardedWriter:
         self._buffer_bytes = 0
         self._shards: list[tuple[pathlib.Path, list[str]]] = []
         self.total_bytes = 0
+        #: dtypes of the floating-point tensors added (what the copied config.json must state).
+        self.dtypes: set[torch.dtype] = set()
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         """Queues one tensor; flushes a shard when the cap would be exceeded.
@@ -163,6 +165,8 @@ class HFShardedWriter:
         self._buffer[name] = tensor.detach().cpu().contiguous()
         self._buffer_bytes += size
         self.total_bytes += size
+        if tensor.is_floating_point():
+            self.dtypes.add(tensor.dtype)
 
     def add_all(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         """`add` for each `(name, tensor)`."""
