@@ -324,3 +324,38 @@ def test_a_dangling_link_in_the_origin_dir_is_named_before_writing(tiny_hf_model
     (origin / "tokenizer.json").unlink()
     out = mcore_to_hf(tmp_path / "m", tmp_path / "h", origin, progress=False)  # linked shards and config are read
     assert (out / "config.json").is_file() and not (out / "config.json").is_symlink()
+
+
+def _edit_config(hf_dir, **fields):
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def test_hf_tensors_the_config_does_not_describe_are_refused_not_dropped(tiny_hf_model, tmp_path, caplog):
+    """num_hidden_layers=1 over a 2-layer checkpoint wrote a 1-layer torch_dist (exit 0): layer 1 was dropped."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    fewer = _copy(hf_dir, tmp_path / "fewer")
+    _edit_config(fewer, num_hidden_layers=1)
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(fewer), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2
+    dropped = sum(1 for n in HFCheckpointReader(hf_dir).keys() if n.startswith("model.layers.1."))
+    assert f"{fewer}: {dropped} tensors that config.json does not describe would be dropped: " in caplog.text
+    assert "says num_hidden_layers=1," in caplog.text
+    assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
+
+
+def test_a_tied_models_stored_head_must_be_its_embedding(tiny_hf_model, tmp_path, caplog):
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")  # tied: transformers stores no lm_head.weight
+    model = _copy(hf_dir, tmp_path / "with-head")
+    embed = HFCheckpointReader(hf_dir).get("model.embed_tokens.weight")
+    index = model / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"]
+    index.write_text(json.dumps({"weight_map": {**weight_map, "lm_head.weight": "head.safetensors"}}))
+    save_file({"lm_head.weight": embed.clone()}, str(model / "head.safetensors"))
+    hf_to_mcore(model, tmp_path / "same", progress=False)  # the same matrix: nothing is lost
+    save_file({"lm_head.weight": embed + 1}, str(model / "head.safetensors"))
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(model), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2
+    assert "lm_head.weight in head.safetensors differs from model.embed_tokens.weight" in caplog.text

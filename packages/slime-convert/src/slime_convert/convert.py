@@ -21,7 +21,7 @@ from tqdm import tqdm
 from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
-from slime_convert.shapes import check_hf_shapes, check_torch_dist_shapes
+from slime_convert.shapes import check_hf_shapes, check_hf_unused, check_torch_dist_shapes
 from slime_convert.staged import staged_output
 from slime_convert.torch_dist import (
     LazyChunk,
@@ -77,8 +77,10 @@ def hf_to_mcore(
         The written iteration directory.
 
     Raises:
-        ValueError: bad TP/PP, unsupported model, a missing HF tensor (named), or a tensor whose shape is not the
-            one config.json implies (`slime_convert.shapes.check_hf_shapes`; checked before anything is written).
+        ValueError: bad TP/PP, unsupported model, a missing HF tensor (named), a tensor whose shape is not the
+            one config.json implies (`slime_convert.shapes.check_hf_shapes`), or a tensor config.json does not
+            describe (an extra layer; a tied model's `lm_head.weight` other than the embedding) that would be dropped
+            (`slime_convert.shapes.check_hf_unused`); all checked before anything is written.
         FileExistsError: `<save_dir>/release` exists, or `save_dir` holds a tracker naming a training iteration.
     """
     args = ModelArgs.from_hf_dir(hf_dir)
@@ -104,9 +106,15 @@ def hf_to_mcore(
 
     needed = [n for mapping, layer, expert in expand_mappings(args) for n in mapping.hf_names(layer, expert)]
     try:
-        check_hf_shapes(
-            [n for n in needed if n in reader], reader.shape, args, hf_dir=hf_dir, file_of=lambda n: reader.file(n).name
-        )
+        file_of = lambda n: reader.file(n).name  # noqa: E731
+        check_hf_shapes([n for n in needed if n in reader], reader.shape, args, hf_dir=hf_dir, file_of=file_of)
+        for head in check_hf_unused(reader.keys(), needed, args, hf_dir=hf_dir, file_of=file_of):
+            # A tied model's stored head must be the embedding: Megatron keeps only the embedding.
+            if not torch.equal(reader.get(head), reader.get("model.embed_tokens.weight")):
+                raise ValueError(
+                    f"{hf_dir}: config.json has tie_word_embeddings=true but {head} in {file_of(head)} differs from "
+                    "model.embed_tokens.weight; the conversion would drop it. Set tie_word_embeddings to false"
+                )
     except BaseException:
         reader.close()
         raise

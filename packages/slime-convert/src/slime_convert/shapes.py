@@ -20,7 +20,7 @@ import torch
 from slime_convert.mapping import TensorMapping, tensor_mappings, to_mcore
 from slime_convert.model_args import ModelArgs
 
-__all__ = ["check_hf_shapes", "check_torch_dist_shapes", "hf_tensor_shape"]
+__all__ = ["check_hf_shapes", "check_hf_unused", "check_torch_dist_shapes", "hf_tensor_shape"]
 
 
 def _config_summary(args: ModelArgs) -> str:
@@ -126,6 +126,49 @@ def check_hf_shapes(
             hint or "A field is missing or wrong in config.json (a missing head_dim is hidden_size / "
             "num_attention_heads, a missing num_key_value_heads is num_attention_heads).",
         )  # fmt: skip
+
+
+def check_hf_unused(
+    stored: Iterable[str],
+    needed: Iterable[str],
+    args: ModelArgs,
+    *,
+    hf_dir: str | os.PathLike[str],
+    file_of: Callable[[str], str],
+) -> list[str]:
+    """Refuses HF tensors that `config.json` does not describe, which a conversion would drop without a word.
+
+    A `num_hidden_layers` edited down (or the config of a smaller model) made `hf-to-mcore` keep the first layers and
+    drop the others; a tensor of a module the mapping does not know (a bias the config does not enable, a vision
+    tower) went the same way. RoPE `inv_freq` buffers (computed from the config) are not weights; a tied model's
+    `lm_head.weight` is returned for the caller to compare with the embedding.
+
+    Args:
+        stored: every tensor name in the checkpoint.
+        needed: the names the conversion reads.
+        args: the architecture from `<hf_dir>/config.json`.
+        hf_dir: the HF directory (for the message).
+        file_of: name → the shard file holding it (for the message).
+
+    Returns:
+        The stored names that are not read but allowed (`lm_head.weight` of a tied model).
+
+    Raises:
+        ValueError: naming the count, up to three tensors with their files, and the config fields.
+    """
+    read = set(needed)
+    unread = [n for n in stored if n not in read and not n.endswith("rotary_emb.inv_freq")]
+    tied_head = [n for n in unread if n == "lm_head.weight" and args.tie_word_embeddings]
+    dropped = [n for n in unread if n not in tied_head]
+    if dropped:
+        named = ", ".join(f"{n} in {file_of(n)}" for n in dropped[:3])
+        raise _mismatch_error(
+            str(hf_dir), [f"{len(dropped)} tensors that config.json does not describe would be dropped: {named}"],
+            f"{hf_dir}/config.json", args,
+            "A layer count or another field is wrong in config.json, or the model has modules slime-convert does "
+            "not convert.",
+        )  # fmt: skip
+    return tied_head
 
 
 def _expected_mcore_shape(mapping: TensorMapping, args: ModelArgs) -> tuple[int, ...]:
