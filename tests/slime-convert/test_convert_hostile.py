@@ -359,3 +359,16 @@ def test_a_tied_models_stored_head_must_be_its_embedding(tiny_hf_model, tmp_path
     argv = ["hf-to-mcore", "--hf-checkpoint", str(model), "--save", str(tmp_path / "m"), "--no-progress"]
     assert main(argv) == 2
     assert "lm_head.weight in head.safetensors differs from model.embed_tokens.weight" in caplog.text
+
+
+def test_torch_dist_tensors_the_origin_config_has_no_name_for_are_refused(tiny_hf_model, tmp_path, caplog):
+    """A q/k/v bias stored in the checkpoint under an origin config without one was left out of the export (exit 0)."""
+    _, hf_dir = tiny_hf_model("glm4")  # attention_bias=True: linear_qkv.bias is stored
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    origin = _copy(hf_dir, tmp_path / "no-bias")
+    _edit_config(origin, attention_bias=False)
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(origin), "--no-progress"]) == 2
+    expected = "1 model tensors have no HF name under this config and would be dropped: "
+    assert f"{expected}decoder.layers.self_attention.linear_qkv.bias;" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "no-bias"]

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
-from slime_convert.shapes import check_hf_shapes, check_hf_unused, check_torch_dist_shapes
+from slime_convert.shapes import check_hf_shapes, check_hf_unused, check_torch_dist_shapes, check_torch_dist_unused
 from slime_convert.staged import staged_output
 from slime_convert.torch_dist import (
     LazyChunk,
@@ -245,8 +245,9 @@ def mcore_to_hf(
         FileNotFoundError: a file of `origin_hf_dir` is a link to a missing file (it would not be copied).
         KeyError: a tensor the mapping needs is missing from the checkpoint.
         ValueError: `vocab_size` < 1, more rows than the checkpoint holds, or a stored tensor whose shape or layer
-            count is not what `origin_hf_dir`'s config.json implies (`slime_convert.shapes.check_torch_dist_shapes`;
-            checked before anything is written).
+            count is not what `origin_hf_dir`'s config.json implies (`slime_convert.shapes.check_torch_dist_shapes`),
+            or a stored model tensor that config has no HF name for (`check_torch_dist_unused`); both checked before
+            anything is written.
         OSError: writing failed (a full disk); `output_dir` is left as it was (the new files go to
             `<output_dir>.tmp` first, which is removed).
     """
@@ -263,6 +264,7 @@ def mcore_to_hf(
         args = dataclasses.replace(args, vocab_size=vocab_size)
     ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
     check_torch_dist_shapes(ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=origin_hf_dir)
+    check_torch_dist_unused(ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=origin_hf_dir)
     dangling = sorted(p.name for p in pathlib.Path(origin_hf_dir).iterdir() if p.is_symlink() and not p.exists())
     if dangling:  # a tokenizer.json link into a pruned HF cache: the export would lack it without a word
         raise FileNotFoundError(f"--origin-hf-dir {origin_hf_dir}: {dangling} are links to missing files")

@@ -20,7 +20,13 @@ import torch
 from slime_convert.mapping import TensorMapping, tensor_mappings, to_mcore
 from slime_convert.model_args import ModelArgs
 
-__all__ = ["check_hf_shapes", "check_hf_unused", "check_torch_dist_shapes", "hf_tensor_shape"]
+__all__ = [
+    "check_hf_shapes",
+    "check_hf_unused",
+    "check_torch_dist_shapes",
+    "check_torch_dist_unused",
+    "hf_tensor_shape",
+]
 
 
 def _config_summary(args: ModelArgs) -> str:
@@ -230,4 +236,36 @@ def check_torch_dist_shapes(
         raise _mismatch_error(
             where or str(ckpt_dir), problems, f"{origin_hf_dir}/config.json", args,
             hint or "Is --origin-hf-dir the model this checkpoint was made from?",
+        )  # fmt: skip
+
+
+#: torch_dist key prefixes of a GPTModel's own tensors (optimizer state, RNG and the like are stored under others).
+_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.")
+
+
+def check_torch_dist_unused(
+    stored: Iterable[str], args: ModelArgs, *, ckpt_dir: str | os.PathLike[str], origin_hf_dir: str | os.PathLike[str]
+) -> None:
+    """Refuses model tensors of a torch_dist checkpoint that `--origin-hf-dir`'s config has no HF name for.
+
+    The export reads only the keys the config's mapping names, so a q/k/v bias trained with `--add-qkv-bias` under a
+    config without one, a router's `expert_bias` or an MTP layer were left out of the HF checkpoint without a word.
+
+    Args:
+        stored: the checkpoint's tensor keys (`TorchDistReader.tensor_keys`).
+        args: the architecture from `<origin_hf_dir>/config.json`.
+        ckpt_dir: the torch_dist directory (for the message).
+        origin_hf_dir: the HF directory whose config describes it (for the message).
+
+    Raises:
+        ValueError: naming the count, up to three keys, and the config fields.
+    """
+    known = {key for mapping in tensor_mappings(args) for key in mapping.ckpt_keys}
+    dropped = sorted(k for k in stored if k.startswith(_MODEL_KEY_PREFIXES) and k not in known)
+    if dropped:
+        raise _mismatch_error(
+            str(ckpt_dir), [f"{len(dropped)} model tensors have no HF name under this config and would be dropped: "
+                            + ", ".join(dropped[:3])],
+            f"{origin_hf_dir}/config.json", args,
+            "Is --origin-hf-dir the model this checkpoint was made from (the same bias, norm and MoE settings)?",
         )  # fmt: skip
