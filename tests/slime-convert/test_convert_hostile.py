@@ -372,3 +372,27 @@ def test_torch_dist_tensors_the_origin_config_has_no_name_for_are_refused(tiny_h
     expected = "1 model tensors have no HF name under this config and would be dropped: "
     assert f"{expected}decoder.layers.self_attention.linear_qkv.bias;" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "no-bias"]
+
+
+def test_a_dtype_cast_that_overflows_is_refused_naming_the_tensor(tiny_hf_model, tmp_path, caplog):
+    """--dtype fp16 turned a weight of 1e5 into inf without a word (exit 0), in both directions."""
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "big")
+    name = "model.layers.1.mlp.down_proj.weight"
+    shard = model / json.loads((model / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name][3, 5] = 1e5  # finite in fp32 and bf16; fp16's largest is 65504
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    message = f"--dtype float16: {name} holds values up to 100000, beyond float16's range (max 65504)"
+
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(model), "--save", str(tmp_path / "m16"), "--no-progress"]
+    assert main([*argv, "--dtype", "fp16"]) == 2
+    assert message in caplog.text and not (tmp_path / "m16" / "release").exists()
+    assert main([*argv, "--dtype", "bf16"]) == 0  # bf16 reaches 3.4e38: 1e5 is rounded, not lost
+    caplog.clear()
+    hf_to_mcore(model, tmp_path / "m", progress=False)
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(model), "--dtype", "fp16", "--no-progress"]) == 2
+    assert message in caplog.text and not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()

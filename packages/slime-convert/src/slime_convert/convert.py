@@ -51,6 +51,24 @@ def _index(layer: int | None, expert: int | None) -> tuple[int, ...]:
     return tuple(i for i in (layer, expert) if i is not None)
 
 
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None, name: str) -> torch.Tensor:
+    """`tensor.to(dtype)` (`--dtype`), refusing a cast that turns finite values into inf (fp16's max is 65504).
+
+    Raises:
+        ValueError: naming the tensor, its largest magnitude and the dtype.
+    """
+    if dtype is None or tensor.dtype == dtype:
+        return tensor
+    out = tensor.to(dtype)
+    if out.is_floating_point() and bool((torch.isinf(out) & torch.isfinite(tensor)).any()):
+        peak, kind = tensor[torch.isfinite(tensor)].abs().max().item(), str(dtype).removeprefix("torch.")
+        raise ValueError(
+            f"--dtype {kind}: {name} holds values up to {peak:.6g}, beyond {kind}'s range "
+            f"(max {torch.finfo(dtype).max:.6g}); they would become inf. Keep the stored dtype or choose a wider one"
+        )
+    return out
+
+
 def hf_to_mcore(
     hf_dir: str | os.PathLike[str],
     save_dir: str | os.PathLike[str],
@@ -70,7 +88,7 @@ def hf_to_mcore(
         save_dir: output root; `<save_dir>/release` is created.
         tensor_model_parallel_size: `--tp`.
         pipeline_model_parallel_size: `--pp`; must not exceed the layer count.
-        dtype: cast weights to this dtype (default: keep the stored dtype).
+        dtype: cast weights to this dtype (default: keep the stored dtype); a value beyond its range is refused.
         progress: show a tqdm bar.
 
     Returns:
@@ -122,8 +140,7 @@ def hf_to_mcore(
     def read_hf(name: str) -> torch.Tensor:
         if name not in reader:
             raise ValueError(f"{hf_dir}: tensor {name!r} required by {args.model_type} is missing")
-        tensor = reader.get(name)
-        return tensor.to(dtype) if dtype is not None else tensor
+        return _cast(reader.get(name), dtype, name)
 
     def producer(mapping: TensorMapping, layer: int | None, expert: int | None) -> Callable[[], torch.Tensor]:
         return lambda: to_mcore(
@@ -208,7 +225,7 @@ def _write_hf(
             tensors = ckpt.read([(mp.ckpt_keys[0], _index(layer, expert)) for mp, layer, expert in group])
             for (mapping, layer, expert), tensor in zip(group, tensors, strict=True):
                 for name, hf_tensor in zip(mapping.hf_names(layer, expert), to_hf(mapping, tensor, args), strict=True):
-                    writer.add(name, hf_tensor.to(dtype) if dtype is not None else hf_tensor)
+                    writer.add(name, _cast(hf_tensor, dtype, name))
             bar.update(1)
     writer.close()
 
@@ -233,7 +250,7 @@ def mcore_to_hf(
             config files are copied, the config stating the written dtype and no `quantization_config`).
         chunk_size: max bytes per safetensors shard (`--chunk-size`).
         vocab_size: rows to keep of embedding/head (`--vocab-size`; default: the config's vocab_size).
-        dtype: cast weights to this dtype (default: keep the stored dtype).
+        dtype: cast weights to this dtype (default: keep the stored dtype); a value beyond its range is refused.
         force: replace `output_dir` if it exists (`-f/--force`), once the new checkpoint is complete.
         progress: show a tqdm bar.
 
