@@ -396,3 +396,19 @@ def test_a_dtype_cast_that_overflows_is_refused_naming_the_tensor(tiny_hf_model,
     argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
     assert main([*argv, "--origin-hf-dir", str(model), "--dtype", "fp16", "--no-progress"]) == 2
     assert message in caplog.text and not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()
+
+
+@pytest.mark.parametrize("given", ["root", "iteration"])
+def test_the_legacy_per_rank_layout_is_named(tiny_hf_model, tmp_path, caplog, given):
+    """A TP=2 `--ckpt-format torch` save (mp_rank_00/, mp_rank_01/) was "not a torch_dist checkpoint directory"."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    iteration = tmp_path / "save" / "iter_0000010"
+    for rank in ("mp_rank_00", "mp_rank_01"):
+        (iteration / rank).mkdir(parents=True)
+        torch.save({"model": {}}, iteration / rank / "model_optim_rng.pt")
+    (tmp_path / "save" / "latest_checkpointed_iteration.txt").write_text("10")
+    given_dir = tmp_path / "save" if given == "root" else iteration
+    argv = ["mcore-to-hf", "--input-dir", str(given_dir), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    assert f"{iteration}: a legacy --ckpt-format torch checkpoint (2 rank folders: mp_rank_00, ...)" in caplog.text
+    assert "--ckpt-convert-format torch_dist" in caplog.text and not (tmp_path / "h").exists()

@@ -307,11 +307,13 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
 
     Raises:
         FileNotFoundError: nothing loadable at `path`.
-        ValueError: the tracker file holds neither an iteration number nor "release".
+        ValueError: the tracker file holds neither an iteration number nor "release", or the iteration is in
+            Megatron's legacy per-rank layout (`mp_rank_*` folders, `--ckpt-format torch`).
     """
     root = pathlib.Path(path)
     if (root / ".metadata").is_file():
         return root
+    _refuse_legacy_layout(root)
     if iteration is not None:
         candidate = root / iteration_name(iteration)
     else:
@@ -326,5 +328,17 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
             raise ValueError(f"{tracker}: holds {text[:80]!r}, not an iteration number or 'release'")
         candidate = root / ("release" if text == "release" else iteration_name(int(text)))
     if not (candidate / ".metadata").is_file():
+        _refuse_legacy_layout(candidate)
         raise FileNotFoundError(f"{candidate} is not a torch_dist checkpoint directory")
     return candidate
+
+
+def _refuse_legacy_layout(iteration_dir: pathlib.Path) -> None:
+    """Names Megatron's legacy per-rank layout (`--ckpt-format torch`: `mp_rank_00[_000]/model_optim_rng.pt`)."""
+    ranks = sorted(p.name for p in iteration_dir.glob("mp_rank_*") if p.is_dir()) if iteration_dir.is_dir() else []
+    if ranks:
+        raise ValueError(
+            f"{iteration_dir}: a legacy --ckpt-format torch checkpoint ({len(ranks)} rank folders: {ranks[0]}, ...), "
+            "not torch_dist; slime-convert reads torch_dist only: re-save it with Megatron-LM (its training command "
+            "with --ckpt-format torch --ckpt-convert-format torch_dist --ckpt-convert-save DIR)"
+        )
