@@ -412,3 +412,25 @@ def test_the_legacy_per_rank_layout_is_named(tiny_hf_model, tmp_path, caplog, gi
     assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
     assert f"{iteration}: a legacy --ckpt-format torch checkpoint (2 rank folders: mp_rank_00, ...)" in caplog.text
     assert "--ckpt-convert-format torch_dist" in caplog.text and not (tmp_path / "h").exists()
+
+
+def test_tensors_and_shards_the_index_does_not_list_are_named(tiny_hf_model, tmp_path, caplog):
+    """The index decides what a checkpoint holds (as for transformers); what it leaves out was skipped unsaid."""
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "m")
+    shard = _first_shard(model)
+    tensors = load_file(str(shard))
+    save_file({**tensors, "model.extra.weight": torch.ones(3)}, str(shard), metadata={"format": "pt"})
+    save_file({"model.stale.weight": torch.ones(2)}, str(model / "model-00009-of-00009.safetensors"))
+    reader = HFCheckpointReader(model)
+    assert "model.extra.weight" not in reader and "model.stale.weight" not in reader
+    index = model / "model.safetensors.index.json"
+    assert f"{index}: 1 tensors in {shard.name} are not in the index and are not read: ['model.extra.weight']" in (
+        caplog.text
+    )
+    expected = (
+        f"{index}: 1 safetensors files are not in the index and are not read: ['model-00009-of-00009.safetensors']"
+    )
+    assert expected in caplog.text

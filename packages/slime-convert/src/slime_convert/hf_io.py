@@ -44,7 +44,7 @@ class HFCheckpointReader:
             FileNotFoundError: neither `model.safetensors.index.json` nor any `*.safetensors` in `hf_dir`.
             ValueError: the index does not parse, names a shard outside `hf_dir` (absolute, `..`), a missing file
                 or a tensor its file lacks, or a shard is not a complete safetensors file (truncated copy); each
-                names the file.
+                names the file. Tensors and shards the index does not list are not read, with a warning naming them.
         """
         self.dir = pathlib.Path(hf_dir)
         index = self.dir / INDEX_NAME
@@ -63,6 +63,16 @@ class HFCheckpointReader:
                 missing = sorted(set(by_file[path]) - stored)
                 if missing:
                     raise ValueError(f"{index}: names {missing[:3]} in {path.name}, which does not hold them")
+                unlisted = sorted(stored - set(self._where))
+                if unlisted:  # the index decides what the checkpoint holds (as for transformers): said, not hidden
+                    logger.warning(
+                        "%s: %d tensors in %s are not in the index and are not read: %s",
+                        index, len(unlisted), path.name, unlisted[:3],
+                    )  # fmt: skip
+            stray = sorted(p.name for p in self.dir.glob("*.safetensors") if p not in by_file)
+            if stray:  # a left-over shard of an older save, or one the index forgot
+                logger.warning("%s: %d safetensors files are not in the index and are not read: %s",
+                               index, len(stray), stray[:3])  # fmt: skip
         else:
             files = sorted(self.dir.glob("*.safetensors"))
             if not files:
