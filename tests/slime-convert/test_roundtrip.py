@@ -132,6 +132,8 @@ def test_help_and_megatron_args_start_without_torch(tiny_hf_model):
     out = subprocess.run([sys.executable, "-m", "slime_convert.cli", "--help"], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert out.returncode == 0 and "mcore-to-hf" in out.stdout
+    # The usage's shell line continuation was joined into one line with a run of spaces.
+    assert "--output-dir /models/out \\\n        --origin-hf-dir /models/Qwen3-4B\n" in out.stdout
 
 
 def test_untied_model_without_lm_head_is_an_error(tiny_hf_model, tmp_path):

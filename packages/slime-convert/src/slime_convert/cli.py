@@ -1,4 +1,4 @@
-"""`slime-convert`: command-line HF ↔ Megatron torch_dist conversion.
+r"""`slime-convert`: command-line HF ↔ Megatron torch_dist conversion.
 
 Usage:
     slime-convert hf-to-mcore --hf-checkpoint /models/Qwen3-4B --save /ckpt/Qwen3-4B_torch_dist [--tp 2 --pp 1]
@@ -57,8 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     to_hf.add_argument("--output-dir", required=True, help="HF directory to write")
     to_hf.add_argument("--origin-hf-dir", required=True, help="original HF directory (config + tokenizer)")
-    to_hf.add_argument("--chunk-size", type=int, default=5 * 1024**3, help="max bytes per safetensors shard")
-    to_hf.add_argument("--vocab-size", type=int, default=None, help="rows of embedding/head to keep")
+    to_hf.add_argument(
+        "--chunk-size", type=int, default=5 * 1024**3, help="max bytes per safetensors shard (default: 5 GiB)"
+    )
+    to_hf.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="rows of embedding/head to keep (default: config.json's vocab_size, padding removed)",
+    )
     to_hf.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
     to_hf.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir")
     to_hf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
