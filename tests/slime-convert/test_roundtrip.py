@@ -152,3 +152,22 @@ def test_untied_model_without_lm_head_is_an_error(tiny_hf_model, tmp_path):
     with pytest.raises(ValueError, match="tie_word_embeddings=false but the checkpoint has no 'lm_head.weight'"):
         hf_to_mcore(broken, tmp_path / "mcore", progress=False)
     assert not (tmp_path / "mcore" / "release").exists()
+
+
+def test_the_originals_flags_are_refused_saying_where_their_information_comes_from(tiny_hf_model, tmp_path, capsys):
+    """The original's launch lines (`convert_hf_to_torch_dist.py ${MODEL_ARGS[@]} ...`, `--model-name`) got only
+    argparse's 'unrecognized arguments'."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    model_args = ["--swiglu", "--num-layers", "2"]
+    with pytest.raises(SystemExit) as e:
+        main(["hf-to-mcore", *model_args, "--hf-checkpoint", str(hf_dir), "--save", str(tmp_path / "m")])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert e.value.code == 2 and err.startswith(
+        "slime-convert: error: unrecognized arguments: --swiglu --num-layers 2;"
+    )
+    assert "read from --hf-checkpoint's config.json: drop them (`slime-convert megatron-args`" in err
+    with pytest.raises(SystemExit):
+        main(["mcore-to-hf", "--model-name", "qwen3", "--input-dir", "x", "--output-dir", str(tmp_path / "h"),
+              "--origin-hf-dir", str(hf_dir)])  # fmt: skip
+    assert "read from --origin-hf-dir's config.json (no --model-name)" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "h").exists()

@@ -82,9 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What the original's tools took that a conversion here reads elsewhere (said when such a flag is refused).
+_ORIGINAL_ONLY = {
+    "hf-to-mcore": "Megatron model flags (the original's ${MODEL_ARGS[@]}) are read from --hf-checkpoint's "
+    "config.json: drop them (`slime-convert megatron-args` prints the equivalent ones)",
+    "mcore-to-hf": "the architecture is read from --origin-hf-dir's config.json (no --model-name); "
+    "-a/--add-missing-from-origin-hf is not supported",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `slime-convert` script; returns the exit code."""
-    ns = build_parser().parse_args(argv)
+    """Entry point of the `slime-convert` script; returns the exit code.
+
+    Raises:
+        SystemExit: bad or unknown flags (exit 2, argparse's one-line error; an original's flag says where its
+            information comes from here).
+    """
+    parser = build_parser()
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = _ORIGINAL_ONLY.get(ns.command)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else ""))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if ns.command == "megatron-args":
