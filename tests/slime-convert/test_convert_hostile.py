@@ -434,3 +434,24 @@ def test_tensors_and_shards_the_index_does_not_list_are_named(tiny_hf_model, tmp
         f"{index}: 1 safetensors files are not in the index and are not read: ['model-00009-of-00009.safetensors']"
     )
     assert expected in caplog.text
+
+
+@pytest.mark.parametrize("output", ["input", "origin", "fp8"])
+def test_force_never_replaces_the_checkpoint_being_read(tiny_hf_model, tmp_path, caplog, output):
+    """`--output-dir` naming the torch_dist save (or --origin-hf-dir) with -f replaced it by the export: input gone."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    origin = _copy(hf_dir, tmp_path / "origin")
+    hf_to_mcore(origin, tmp_path / "m", progress=False)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    if output == "fp8":
+        argv = ["hf-to-fp8", "--hf-checkpoint", str(origin), "--save", str(origin), "-f", "--no-progress"]
+        flags = ("--save", "--hf-checkpoint")
+    else:
+        out = tmp_path / ("m" if output == "input" else "origin")
+        argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(out)]
+        argv += ["--origin-hf-dir", str(origin), "-f", "--no-progress"]
+        flags = ("--output-dir", "--input-dir" if output == "input" else "--origin-hf-dir")
+    assert main(argv) == 2
+    assert f"{flags[0]} {tmp_path / ('m' if output == 'input' else 'origin')} holds {flags[1]} " in caplog.text
+    assert f"replacing it would delete the input; choose another {flags[0]}" in caplog.text
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

@@ -258,7 +258,8 @@ def mcore_to_hf(
         `output_dir`.
 
     Raises:
-        FileExistsError: `output_dir` exists and not `force`.
+        FileExistsError: `output_dir` exists and not `force`; ValueError if it is or holds `input_dir` or
+            `origin_hf_dir` (with `force` it would delete them).
         FileNotFoundError: a file of `origin_hf_dir` is a link to a missing file (it would not be copied).
         KeyError: a tensor the mapping needs is missing from the checkpoint.
         ValueError: `vocab_size` < 1, more rows than the checkpoint holds, or a stored tensor whose shape or layer
@@ -286,7 +287,8 @@ def mcore_to_hf(
     if dangling:  # a tokenizer.json link into a pruned HF cache: the export would lack it without a word
         raise FileNotFoundError(f"--origin-hf-dir {origin_hf_dir}: {dangling} are links to missing files")
     out = pathlib.Path(output_dir)
-    with staged_output(out, force=force, flag="--output-dir") as tmp:
+    inputs = {"--input-dir": ckpt.dir, "--origin-hf-dir": origin_hf_dir}
+    with staged_output(out, force=force, flag="--output-dir", inputs=inputs) as tmp:
         writer = HFShardedWriter(tmp, max_shard_bytes=chunk_size)
         _write_hf(ckpt, args, writer, dtype=dtype, progress=progress)
         copy_assets(origin_hf_dir, tmp)

@@ -57,7 +57,7 @@ def hf_to_fp8(
 
     Raises:
         FileNotFoundError: `hf_dir` has no config.json or no safetensors file.
-        FileExistsError: `save_dir` exists and `force` is False.
+        FileExistsError: `save_dir` exists and `force` is False (ValueError if it is or holds `hf_dir`).
         ValueError: the input is already quantized, a block size is not positive, or an input shard is not a
             complete safetensors file (named).
     """
@@ -76,7 +76,7 @@ def hf_to_fp8(
     files = sorted(src.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{src}: no *.safetensors")
-    with staged_output(out, force=force, flag="--save") as tmp:
+    with staged_output(out, force=force, flag="--save", inputs={"--hf-checkpoint": src}) as tmp:
         cfg, num_quantized, total = _write_fp8(src, tmp, files, config, block_size, progress)
     logger.info("%s: %d weights quantized to FP8 (block %s), %d kept; %.2f GB", out, num_quantized,
                 list(cfg.weight_block_size), len(cfg.modules_to_not_convert), total / 1e9)  # fmt: skip
