@@ -171,3 +171,11 @@ def test_the_originals_flags_are_refused_saying_where_their_information_comes_fr
               "--origin-hf-dir", str(hf_dir)])  # fmt: skip
     assert "read from --origin-hf-dir's config.json (no --model-name)" in capsys.readouterr().err
     assert not (tmp_path / "m").exists() and not (tmp_path / "h").exists()
+
+
+def test_a_conversion_prints_no_warning_about_torch_distributed(tiny_hf_model, tmp_path, recwarn):
+    """Every hf-to-mcore printed DCP's 'torch.distributed is disabled ... assuming ... a single process' warning."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    release = hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    mcore_to_hf(release, tmp_path / "h", hf_dir, progress=False)
+    assert [str(w.message) for w in recwarn if "torch.distributed" in str(w.message)] == []

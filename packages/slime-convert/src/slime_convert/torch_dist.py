@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import pathlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -164,10 +165,21 @@ def write_torch_dist(
     hint = "remove it or choose another --save"
     with staged_output(out_dir, force=False, flag="--save", exists_hint=hint) as tmp:
         writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, thread_count=1, overwrite=True)
-        with _rank_errors():  # a producer's error names the tensor
+        with _rank_errors(), _single_process():  # a producer's error names the tensor
             dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
         torch.save(common_state, tmp / "common.pt")
         (tmp / "metadata.json").write_text(json.dumps(_CONFIG))
+
+
+@contextlib.contextmanager
+def _single_process() -> Iterator[None]:
+    """Silences DCP's warning that it assumes one process (`no_dist=True` asks for exactly that).
+
+    It was the only output of every `hf-to-mcore` besides the progress bar.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 @contextlib.contextmanager
@@ -289,7 +301,7 @@ class TorchDistReader:
                 "written (a partial copy?)"
             )
 
-        with _rank_errors(damaged):
+        with _rank_errors(damaged), _single_process():
             dcp.load({}, storage_reader=self._reader, planner=_ChunkLoadPlanner(targets), no_dist=True)
         return out
 
