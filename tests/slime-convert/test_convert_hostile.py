@@ -455,3 +455,25 @@ def test_force_never_replaces_the_checkpoint_being_read(tiny_hf_model, tmp_path,
     assert f"{flags[0]} {tmp_path / ('m' if output == 'input' else 'origin')} holds {flags[1]} " in caplog.text
     assert f"replacing it would delete the input; choose another {flags[0]}" in caplog.text
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_nan_and_inf_weights_are_carried_exactly_and_named(tiny_hf_model, tmp_path, caplog):
+    """Non-finite weights went through both directions without a word (a run from them trains on NaN)."""
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "nan")
+    weight_map = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    bad = {"model.layers.0.self_attn.o_proj.weight": float("nan"), "model.norm.weight": float("inf")}
+    for name, value in bad.items():
+        tensors = load_file(str(model / weight_map[name]))
+        tensors[name][0] = value
+        save_file(tensors, str(model / weight_map[name]), metadata={"format": "pt"})
+    release = hf_to_mcore(model, tmp_path / "m", progress=False)
+    assert f"{model}: 2 tensors hold NaN or inf (converted as they are): {sorted(bad)}" in caplog.text
+    out = mcore_to_hf(release, tmp_path / "h", model, progress=False)
+    assert f"{release}: 2 tensors hold NaN or inf (converted as they are): {sorted(bad)}" in caplog.text
+    for name in bad:  # bit for bit, NaN included
+        stored = load_file(str(model / weight_map[name]))[name]
+        exported = HFCheckpointReader(out).get(name)
+        assert torch.equal(stored.view(torch.int32), exported.view(torch.int32)), name

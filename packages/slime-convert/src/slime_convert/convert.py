@@ -51,12 +51,23 @@ def _index(layer: int | None, expert: int | None) -> tuple[int, ...]:
     return tuple(i for i in (layer, expert) if i is not None)
 
 
-def _cast(tensor: torch.Tensor, dtype: torch.dtype | None, name: str) -> torch.Tensor:
+_CHECKED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None, name: str, nonfinite: set[str]) -> torch.Tensor:
     """`tensor.to(dtype)` (`--dtype`), refusing a cast that turns finite values into inf (fp16's max is 65504).
+
+    Args:
+        tensor: one weight as read.
+        dtype: the `--dtype` to cast to, or None to keep the stored one.
+        name: its name, for the messages.
+        nonfinite: collects the names of tensors that hold NaN or inf as read (carried as they are, then warned of).
 
     Raises:
         ValueError: naming the tensor, its largest magnitude and the dtype.
     """
+    if tensor.dtype in _CHECKED_DTYPES and not bool(torch.isfinite(tensor).all()):
+        nonfinite.add(name)
     if dtype is None or tensor.dtype == dtype:
         return tensor
     out = tensor.to(dtype)
@@ -67,6 +78,12 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype | None, name: str) -> torch.T
             f"(max {torch.finfo(dtype).max:.6g}); they would become inf. Keep the stored dtype or choose a wider one"
         )
     return out
+
+
+def _warn_nonfinite(where: str | os.PathLike[str], nonfinite: set[str]) -> None:
+    if nonfinite:  # carried bit for bit (a round trip is exact), but a run started from them trains on NaN
+        names = sorted(nonfinite)
+        logger.warning("%s: %d tensors hold NaN or inf (converted as they are): %s", where, len(names), names[:3])
 
 
 def hf_to_mcore(
@@ -137,10 +154,12 @@ def hf_to_mcore(
         reader.close()
         raise
 
+    nonfinite: set[str] = set()
+
     def read_hf(name: str) -> torch.Tensor:
         if name not in reader:
             raise ValueError(f"{hf_dir}: tensor {name!r} required by {args.model_type} is missing")
-        return _cast(reader.get(name), dtype, name)
+        return _cast(reader.get(name), dtype, name, nonfinite)
 
     def producer(mapping: TensorMapping, layer: int | None, expert: int | None) -> Callable[[], torch.Tensor]:
         return lambda: to_mcore(
@@ -207,6 +226,7 @@ def hf_to_mcore(
         bar.close()
         reader.close()
     write_text_atomic(root / TRACKER_FILE, "release")
+    _warn_nonfinite(hf_dir, nonfinite)
     logger.info("wrote %s (%d tensor chunks)", out, len(chunks))
     return out
 
@@ -215,6 +235,7 @@ def _write_hf(
     ckpt: TorchDistReader, args: ModelArgs, writer: HFShardedWriter, *, dtype: torch.dtype | None, progress: bool
 ) -> None:
     """Streams every mapped tensor from `ckpt` into `writer` in HF names, one layer per DCP read."""
+    nonfinite: set[str] = set()
     groups: list[list[tuple[TensorMapping, int | None, int | None]]] = []
     for item in expand_mappings(args):
         if not groups or groups[-1][0][1] != item[1]:
@@ -225,9 +246,10 @@ def _write_hf(
             tensors = ckpt.read([(mp.ckpt_keys[0], _index(layer, expert)) for mp, layer, expert in group])
             for (mapping, layer, expert), tensor in zip(group, tensors, strict=True):
                 for name, hf_tensor in zip(mapping.hf_names(layer, expert), to_hf(mapping, tensor, args), strict=True):
-                    writer.add(name, _cast(hf_tensor, dtype, name))
+                    writer.add(name, _cast(hf_tensor, dtype, name, nonfinite))
             bar.update(1)
     writer.close()
+    _warn_nonfinite(ckpt.dir, nonfinite)
 
 
 def mcore_to_hf(
