@@ -477,3 +477,18 @@ def test_nan_and_inf_weights_are_carried_exactly_and_named(tiny_hf_model, tmp_pa
         stored = load_file(str(model / weight_map[name]))[name]
         exported = HFCheckpointReader(out).get(name)
         assert torch.equal(stored.view(torch.int32), exported.view(torch.int32)), name
+
+
+def test_an_output_name_without_room_for_the_staging_suffix_is_named(tiny_hf_model, tmp_path, caplog):
+    """A legal 253-byte --output-dir failed with "[Errno 36] File name too long: '<out>.old'" (a path never given)."""
+    import os
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--origin-hf-dir", str(hf_dir), "--no-progress"]
+    long = tmp_path / ("h" * (limit - 2))
+    assert main([*argv, "--output-dir", str(long)]) == 2
+    assert f"its name is {limit - 2} bytes; it needs room for a 4-byte '.tmp' / '.old' suffix" in caplog.text
+    assert f"choose a name of at most {limit - 4}" in caplog.text and "Errno" not in caplog.text
+    assert main([*argv, "--output-dir", str(tmp_path / ("h" * (limit - 4)))]) == 0

@@ -30,6 +30,22 @@ def _refuse_replacing_inputs(out: pathlib.Path, flag: str, inputs: Mapping[str, 
             )
 
 
+def _refuse_a_name_without_room_for_the_suffixes(out: pathlib.Path, flag: str) -> None:
+    # The staging and swap names add ".tmp"/".old": a legal name within 4 bytes of the limit failed with
+    # "[Errno 36] File name too long: '<out>.old'", naming a path the user never gave.
+    parent = next((p for p in (out.parent, *out.parent.parents) if p.is_dir()), pathlib.Path("/"))
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer: the common limit
+        limit = 255
+    size = len(os.fsencode(out.name))
+    if size + len(".tmp") > limit:
+        raise ValueError(
+            f"{flag} {out}: its name is {size} bytes; it needs room for a 4-byte '.tmp' / '.old' suffix under this "
+            f"filesystem's {limit}-byte limit (the output is staged beside it): choose a name of at most {limit - 4}"
+        )
+
+
 @contextlib.contextmanager
 def staged_output(
     output: str | os.PathLike[str],
@@ -53,13 +69,15 @@ def staged_output(
         `<output>.tmp`, empty (a left-over of an interrupted run is removed first).
 
     Raises:
-        ValueError: `output` is or holds one of `inputs` (raised before anything is written).
+        ValueError: `output` is or holds one of `inputs`, or its name leaves no room for the `.tmp` suffix (raised
+            before anything is written).
         FileExistsError: `output` exists (or an interrupted swap left it at `<output>.old`, now restored) and not
             `force` (raised before anything is written).
         slime_core.dir_swap.ReplaceRefused: not `force`, and `<output>.old` is something slime did not write.
     """
     out = pathlib.Path(output).absolute()  # "." has no name to put ".tmp" after
     _refuse_replacing_inputs(out, flag, inputs or {})
+    _refuse_a_name_without_room_for_the_suffixes(out, flag)
     recover(out, flag=flag, force=force)  # an interrupted swap puts the previous output back first
     if (out.exists() or out.is_symlink()) and not force:
         raise FileExistsError(f"{flag} {out} exists ({exists_hint})")
