@@ -492,3 +492,19 @@ def test_an_output_name_without_room_for_the_staging_suffix_is_named(tiny_hf_mod
     assert f"its name is {limit - 2} bytes; it needs room for a 4-byte '.tmp' / '.old' suffix" in caplog.text
     assert f"choose a name of at most {limit - 4}" in caplog.text and "Errno" not in caplog.text
     assert main([*argv, "--output-dir", str(tmp_path / ("h" * (limit - 4)))]) == 0
+
+
+def test_without_an_index_a_tensor_in_two_files_is_refused(tmp_path, caplog):
+    """With no index every *.safetensors was read and the later file silently won a name both hold."""
+    from safetensors.torch import save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"model.norm.weight": torch.ones(4)}, str(model / "model.safetensors"))
+    save_file({"model.norm.weight": torch.zeros(4)}, str(model / "old-model.safetensors"))
+    with pytest.raises(ValueError) as e:
+        HFCheckpointReader(model)
+    assert str(e.value) == (
+        f"{model}: tensor 'model.norm.weight' is in both model.safetensors and old-model.safetensors, and there is "
+        "no model.safetensors.index.json to say which one the checkpoint holds"
+    )

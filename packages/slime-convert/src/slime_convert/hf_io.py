@@ -44,7 +44,8 @@ class HFCheckpointReader:
             FileNotFoundError: neither `model.safetensors.index.json` nor any `*.safetensors` in `hf_dir`.
             ValueError: the index does not parse, names a shard outside `hf_dir` (absolute, `..`), a missing file
                 or a tensor its file lacks, or a shard is not a complete safetensors file (truncated copy); each
-                names the file. Tensors and shards the index does not list are not read, with a warning naming them.
+                names the file; without an index, a tensor stored in two files. Tensors and shards the index does
+                not list are not read, with a warning naming them.
         """
         self.dir = pathlib.Path(hf_dir)
         index = self.dir / INDEX_NAME
@@ -79,6 +80,11 @@ class HFCheckpointReader:
                 raise FileNotFoundError(f"no {INDEX_NAME} or *.safetensors in {self.dir}")
             for path in files:
                 for name in self._open(path).keys():  # type: ignore[attr-defined]  # noqa: SIM118
+                    if name in self._where:  # the later file silently won (a left-over shard of an older save)
+                        raise ValueError(
+                            f"{self.dir}: tensor {name!r} is in both {self._where[name].name} and {path.name}, and "
+                            f"there is no {INDEX_NAME} to say which one the checkpoint holds"
+                        )
                     self._where[name] = path
 
     def _open(self, path: pathlib.Path) -> object:
