@@ -284,3 +284,227 @@ def test_ctrl_c_mid_conversion_ends_in_one_line(tiny_hf_model, tmp_path, monkeyp
     assert not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()
     monkeypatch.undo()
     assert main([*argv, "--no-progress"]) == 0  # a rerun starts clean
+
+
+def test_the_exported_config_states_the_written_dtype_and_no_quantization(tiny_hf_model, tmp_path):
+    """The origin's config.json was copied as is: fp32 weights under "bfloat16" (from_pretrained(dtype="auto") then
+    loads them in bf16) and an FP8 origin's quantization_config over unquantized weights."""
+    _, hf_dir = tiny_hf_model("qwen3")  # fp32 weights
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    origin = _copy(hf_dir, tmp_path / "fp8-origin")
+    config = json.loads((origin / "config.json").read_text())
+    config.update(dtype="bfloat16", torch_dtype="bfloat16", quantization_config={"quant_method": "fp8"})
+    (origin / "config.json").write_text(json.dumps(config))
+    (origin / "pytorch_model.bin.index.json").write_text("{}")  # another format's index names no file we write
+
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h32", origin, progress=False)
+    kept = json.loads((out / "config.json").read_text())
+    assert (kept["dtype"], kept["torch_dtype"]) == ("float32", "float32")
+    assert "quantization_config" not in kept
+    assert not (tmp_path / "h32" / "pytorch_model.bin.index.json").exists()
+
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h16", origin, dtype=torch.float16, progress=False)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
+    assert {t.dtype for t in load_file(str(_first_shard(out))).values()} == {torch.float16}
+
+
+def test_a_dangling_link_in_the_origin_dir_is_named_before_writing(tiny_hf_model, tmp_path, caplog):
+    """A tokenizer.json linking into a pruned HF cache was skipped without a word: the export had no tokenizer."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    origin = tmp_path / "linked"
+    origin.mkdir()
+    for f in hf_dir.iterdir():
+        (origin / f.name).symlink_to(f)  # the HF cache's snapshot layout: every file a link
+    (origin / "tokenizer.json").symlink_to(tmp_path / "blobs" / "gone")
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(origin), "--no-progress"]) == 2
+    assert f"--origin-hf-dir {origin}: ['tokenizer.json'] are links to missing files" in caplog.text
+    assert not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()
+    (origin / "tokenizer.json").unlink()
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h", origin, progress=False)  # linked shards and config are read
+    assert (out / "config.json").is_file() and not (out / "config.json").is_symlink()
+
+
+def _edit_config(hf_dir, **fields):
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def test_hf_tensors_the_config_does_not_describe_are_refused_not_dropped(tiny_hf_model, tmp_path, caplog):
+    """num_hidden_layers=1 over a 2-layer checkpoint wrote a 1-layer torch_dist (exit 0): layer 1 was dropped."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    fewer = _copy(hf_dir, tmp_path / "fewer")
+    _edit_config(fewer, num_hidden_layers=1)
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(fewer), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2
+    dropped = sum(1 for n in HFCheckpointReader(hf_dir).keys() if n.startswith("model.layers.1."))
+    assert f"{fewer}: {dropped} tensors that config.json does not describe would be dropped: " in caplog.text
+    assert "says num_hidden_layers=1," in caplog.text
+    assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
+
+
+def test_a_tied_models_stored_head_must_be_its_embedding(tiny_hf_model, tmp_path, caplog):
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")  # tied: transformers stores no lm_head.weight
+    model = _copy(hf_dir, tmp_path / "with-head")
+    embed = HFCheckpointReader(hf_dir).get("model.embed_tokens.weight")
+    index = model / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"]
+    index.write_text(json.dumps({"weight_map": {**weight_map, "lm_head.weight": "head.safetensors"}}))
+    save_file({"lm_head.weight": embed.clone()}, str(model / "head.safetensors"))
+    hf_to_mcore(model, tmp_path / "same", progress=False)  # the same matrix: nothing is lost
+    save_file({"lm_head.weight": embed + 1}, str(model / "head.safetensors"))
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(model), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2
+    assert "lm_head.weight in head.safetensors differs from model.embed_tokens.weight" in caplog.text
+
+
+def test_torch_dist_tensors_the_origin_config_has_no_name_for_are_refused(tiny_hf_model, tmp_path, caplog):
+    """A q/k/v bias stored in the checkpoint under an origin config without one was left out of the export (exit 0)."""
+    _, hf_dir = tiny_hf_model("glm4")  # attention_bias=True: linear_qkv.bias is stored
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    origin = _copy(hf_dir, tmp_path / "no-bias")
+    _edit_config(origin, attention_bias=False)
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(origin), "--no-progress"]) == 2
+    expected = "1 model tensors have no HF name under this config and would be dropped: "
+    assert f"{expected}decoder.layers.self_attention.linear_qkv.bias;" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "no-bias"]
+
+
+def test_a_dtype_cast_that_overflows_is_refused_naming_the_tensor(tiny_hf_model, tmp_path, caplog):
+    """--dtype fp16 turned a weight of 1e5 into inf without a word (exit 0), in both directions."""
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "big")
+    name = "model.layers.1.mlp.down_proj.weight"
+    shard = model / json.loads((model / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name][3, 5] = 1e5  # finite in fp32 and bf16; fp16's largest is 65504
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    message = f"--dtype float16: {name} holds values up to 100000, beyond float16's range (max 65504)"
+
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(model), "--save", str(tmp_path / "m16"), "--no-progress"]
+    assert main([*argv, "--dtype", "fp16"]) == 2
+    assert message in caplog.text and not (tmp_path / "m16" / "release").exists()
+    assert main([*argv, "--dtype", "bf16"]) == 0  # bf16 reaches 3.4e38: 1e5 is rounded, not lost
+    caplog.clear()
+    hf_to_mcore(model, tmp_path / "m", progress=False)
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(model), "--dtype", "fp16", "--no-progress"]) == 2
+    assert message in caplog.text and not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()
+
+
+@pytest.mark.parametrize("given", ["root", "iteration"])
+def test_the_legacy_per_rank_layout_is_named(tiny_hf_model, tmp_path, caplog, given):
+    """A TP=2 `--ckpt-format torch` save (mp_rank_00/, mp_rank_01/) was "not a torch_dist checkpoint directory"."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    iteration = tmp_path / "save" / "iter_0000010"
+    for rank in ("mp_rank_00", "mp_rank_01"):
+        (iteration / rank).mkdir(parents=True)
+        torch.save({"model": {}}, iteration / rank / "model_optim_rng.pt")
+    (tmp_path / "save" / "latest_checkpointed_iteration.txt").write_text("10")
+    given_dir = tmp_path / "save" if given == "root" else iteration
+    argv = ["mcore-to-hf", "--input-dir", str(given_dir), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    assert f"{iteration}: a legacy --ckpt-format torch checkpoint (2 rank folders: mp_rank_00, ...)" in caplog.text
+    assert "--ckpt-convert-format torch_dist" in caplog.text and not (tmp_path / "h").exists()
+
+
+def test_tensors_and_shards_the_index_does_not_list_are_named(tiny_hf_model, tmp_path, caplog):
+    """The index decides what a checkpoint holds (as for transformers); what it leaves out was skipped unsaid."""
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "m")
+    shard = _first_shard(model)
+    tensors = load_file(str(shard))
+    save_file({**tensors, "model.extra.weight": torch.ones(3)}, str(shard), metadata={"format": "pt"})
+    save_file({"model.stale.weight": torch.ones(2)}, str(model / "model-00009-of-00009.safetensors"))
+    reader = HFCheckpointReader(model)
+    assert "model.extra.weight" not in reader and "model.stale.weight" not in reader
+    index = model / "model.safetensors.index.json"
+    assert f"{index}: 1 tensors in {shard.name} are not in the index and are not read: ['model.extra.weight']" in (
+        caplog.text
+    )
+    expected = (
+        f"{index}: 1 safetensors files are not in the index and are not read: ['model-00009-of-00009.safetensors']"
+    )
+    assert expected in caplog.text
+
+
+@pytest.mark.parametrize("output", ["input", "origin", "fp8"])
+def test_force_never_replaces_the_checkpoint_being_read(tiny_hf_model, tmp_path, caplog, output):
+    """`--output-dir` naming the torch_dist save (or --origin-hf-dir) with -f replaced it by the export: input gone."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    origin = _copy(hf_dir, tmp_path / "origin")
+    hf_to_mcore(origin, tmp_path / "m", progress=False)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    if output == "fp8":
+        argv = ["hf-to-fp8", "--hf-checkpoint", str(origin), "--save", str(origin), "-f", "--no-progress"]
+        flags = ("--save", "--hf-checkpoint")
+    else:
+        out = tmp_path / ("m" if output == "input" else "origin")
+        argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(out)]
+        argv += ["--origin-hf-dir", str(origin), "-f", "--no-progress"]
+        flags = ("--output-dir", "--input-dir" if output == "input" else "--origin-hf-dir")
+    assert main(argv) == 2
+    assert f"{flags[0]} {tmp_path / ('m' if output == 'input' else 'origin')} holds {flags[1]} " in caplog.text
+    assert f"replacing it would delete the input; choose another {flags[0]}" in caplog.text
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_nan_and_inf_weights_are_carried_exactly_and_named(tiny_hf_model, tmp_path, caplog):
+    """Non-finite weights went through both directions without a word (a run from them trains on NaN)."""
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "nan")
+    weight_map = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    bad = {"model.layers.0.self_attn.o_proj.weight": float("nan"), "model.norm.weight": float("inf")}
+    for name, value in bad.items():
+        tensors = load_file(str(model / weight_map[name]))
+        tensors[name][0] = value
+        save_file(tensors, str(model / weight_map[name]), metadata={"format": "pt"})
+    release = hf_to_mcore(model, tmp_path / "m", progress=False)
+    assert f"{model}: 2 tensors hold NaN or inf (converted as they are): {sorted(bad)}" in caplog.text
+    out = mcore_to_hf(release, tmp_path / "h", model, progress=False)
+    assert f"{release}: 2 tensors hold NaN or inf (converted as they are): {sorted(bad)}" in caplog.text
+    for name in bad:  # bit for bit, NaN included
+        stored = load_file(str(model / weight_map[name]))[name]
+        exported = HFCheckpointReader(out).get(name)
+        assert torch.equal(stored.view(torch.int32), exported.view(torch.int32)), name
+
+
+def test_an_output_name_without_room_for_the_staging_suffix_is_named(tiny_hf_model, tmp_path, caplog):
+    """A legal 253-byte --output-dir failed with "[Errno 36] File name too long: '<out>.old'" (a path never given)."""
+    import os
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--origin-hf-dir", str(hf_dir), "--no-progress"]
+    long = tmp_path / ("h" * (limit - 2))
+    assert main([*argv, "--output-dir", str(long)]) == 2
+    assert f"its name is {limit - 2} bytes; it needs room for a 4-byte '.tmp' / '.old' suffix" in caplog.text
+    assert f"choose a name of at most {limit - 4}" in caplog.text and "Errno" not in caplog.text
+    assert main([*argv, "--output-dir", str(tmp_path / ("h" * (limit - 4)))]) == 0
+
+
+def test_without_an_index_a_tensor_in_two_files_is_refused(tmp_path, caplog):
+    """With no index every *.safetensors was read and the later file silently won a name both hold."""
+    from safetensors.torch import save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"model.norm.weight": torch.ones(4)}, str(model / "model.safetensors"))
+    save_file({"model.norm.weight": torch.zeros(4)}, str(model / "old-model.safetensors"))
+    with pytest.raises(ValueError) as e:
+        HFCheckpointReader(model)
+    assert str(e.value) == (
+        f"{model}: tensor 'model.norm.weight' is in both model.safetensors and old-model.safetensors, and there is "
+        "no model.safetensors.index.json to say which one the checkpoint holds"
+    )

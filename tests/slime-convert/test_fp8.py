@@ -67,3 +67,33 @@ def test_hf_to_fp8_refuses_a_quantized_input_and_an_existing_output(tmp_path, ca
     assert "exists (pass -f/--force" in caplog.text
     assert main(["hf-to-fp8", "--hf-checkpoint", str(out), "--save", str(tmp_path / "again"), "--no-progress"]) == 2
     assert "already quantized ('fp8')" in caplog.text
+
+
+def test_hf_to_fp8_reads_the_shards_the_index_names_not_a_stale_one(tmp_path, caplog):
+    """Every *.safetensors was read: a left-over shard of an older save, last in sorted order, won the index."""
+    original = _bf16_checkpoint(tmp_path / "bf16")
+    src = tmp_path / "bf16"
+    weight_map = {
+        n: "model-00001-of-00002.safetensors" for n in load_file(str(src / "model-00001-of-00002.safetensors"))
+    }
+    weight_map |= {
+        n: "model-00002-of-00002.safetensors" for n in load_file(str(src / "model-00002-of-00002.safetensors"))
+    }
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    stale = {"model.norm.weight": torch.zeros(8).bfloat16()}  # an older save's norm
+    save_file(stale, str(src / "model-00003-of-00003.safetensors"))
+    out = tmp_path / "fp8"
+    assert main(["hf-to-fp8", "--hf-checkpoint", str(src), "--save", str(out), "--block-size", "8", "8",
+                 "--no-progress"]) == 0  # fmt: skip
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index["model.norm.weight"] == "model-00002-of-00002.safetensors"
+    assert torch.equal(
+        load_file(str(out / index["model.norm.weight"]))["model.norm.weight"], original["model.norm.weight"]
+    )
+    assert not (out / "model-00003-of-00003.safetensors").exists()
+    assert "1 safetensors files are not in the index and are not read: ['model-00003-of-00003.safetensors']" in (
+        caplog.text
+    )
+    (src / "model-00002-of-00002.safetensors").unlink()
+    assert main(["hf-to-fp8", "--hf-checkpoint", str(src), "--save", str(tmp_path / "x"), "--no-progress"]) == 2
+    assert "names ['model-00002-of-00002.safetensors'], which do not exist" in caplog.text

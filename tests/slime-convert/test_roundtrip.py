@@ -132,6 +132,8 @@ def test_help_and_megatron_args_start_without_torch(tiny_hf_model):
     out = subprocess.run([sys.executable, "-m", "slime_convert.cli", "--help"], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert out.returncode == 0 and "mcore-to-hf" in out.stdout
+    # The usage's shell line continuation was joined into one line with a run of spaces.
+    assert "--output-dir /models/out \\\n        --origin-hf-dir /models/Qwen3-4B\n" in out.stdout
 
 
 def test_untied_model_without_lm_head_is_an_error(tiny_hf_model, tmp_path):
@@ -150,3 +152,30 @@ def test_untied_model_without_lm_head_is_an_error(tiny_hf_model, tmp_path):
     with pytest.raises(ValueError, match="tie_word_embeddings=false but the checkpoint has no 'lm_head.weight'"):
         hf_to_mcore(broken, tmp_path / "mcore", progress=False)
     assert not (tmp_path / "mcore" / "release").exists()
+
+
+def test_the_originals_flags_are_refused_saying_where_their_information_comes_from(tiny_hf_model, tmp_path, capsys):
+    """The original's launch lines (`convert_hf_to_torch_dist.py ${MODEL_ARGS[@]} ...`, `--model-name`) got only
+    argparse's 'unrecognized arguments'."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    model_args = ["--swiglu", "--num-layers", "2"]
+    with pytest.raises(SystemExit) as e:
+        main(["hf-to-mcore", *model_args, "--hf-checkpoint", str(hf_dir), "--save", str(tmp_path / "m")])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert e.value.code == 2 and err.startswith(
+        "slime-convert: error: unrecognized arguments: --swiglu --num-layers 2;"
+    )
+    assert "read from --hf-checkpoint's config.json: drop them (`slime-convert megatron-args`" in err
+    with pytest.raises(SystemExit):
+        main(["mcore-to-hf", "--model-name", "qwen3", "--input-dir", "x", "--output-dir", str(tmp_path / "h"),
+              "--origin-hf-dir", str(hf_dir)])  # fmt: skip
+    assert "read from --origin-hf-dir's config.json (no --model-name)" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "h").exists()
+
+
+def test_a_conversion_prints_no_warning_about_torch_distributed(tiny_hf_model, tmp_path, recwarn):
+    """Every hf-to-mcore printed DCP's 'torch.distributed is disabled ... assuming ... a single process' warning."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    release = hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    mcore_to_hf(release, tmp_path / "h", hf_dir, progress=False)
+    assert [str(w.message) for w in recwarn if "torch.distributed" in str(w.message)] == []

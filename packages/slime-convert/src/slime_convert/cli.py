@@ -1,4 +1,4 @@
-"""`slime-convert`: command-line HF ↔ Megatron torch_dist conversion.
+r"""`slime-convert`: command-line HF ↔ Megatron torch_dist conversion.
 
 Usage:
     slime-convert hf-to-mcore --hf-checkpoint /models/Qwen3-4B --save /ckpt/Qwen3-4B_torch_dist [--tp 2 --pp 1]
@@ -57,8 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     to_hf.add_argument("--output-dir", required=True, help="HF directory to write")
     to_hf.add_argument("--origin-hf-dir", required=True, help="original HF directory (config + tokenizer)")
-    to_hf.add_argument("--chunk-size", type=int, default=5 * 1024**3, help="max bytes per safetensors shard")
-    to_hf.add_argument("--vocab-size", type=int, default=None, help="rows of embedding/head to keep")
+    to_hf.add_argument(
+        "--chunk-size", type=int, default=5 * 1024**3, help="max bytes per safetensors shard (default: 5 GiB)"
+    )
+    to_hf.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="rows of embedding/head to keep (default: config.json's vocab_size, padding removed)",
+    )
     to_hf.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
     to_hf.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir")
     to_hf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -75,9 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What the original's tools took that a conversion here reads elsewhere (said when such a flag is refused).
+_ORIGINAL_ONLY = {
+    "hf-to-mcore": "Megatron model flags (the original's ${MODEL_ARGS[@]}) are read from --hf-checkpoint's "
+    "config.json: drop them (`slime-convert megatron-args` prints the equivalent ones)",
+    "mcore-to-hf": "the architecture is read from --origin-hf-dir's config.json (no --model-name); "
+    "-a/--add-missing-from-origin-hf is not supported",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `slime-convert` script; returns the exit code."""
-    ns = build_parser().parse_args(argv)
+    """Entry point of the `slime-convert` script; returns the exit code.
+
+    Raises:
+        SystemExit: bad or unknown flags (exit 2, argparse's one-line error; an original's flag says where its
+            information comes from here).
+    """
+    parser = build_parser()
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = _ORIGINAL_ONLY.get(ns.command)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else ""))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if ns.command == "megatron-args":

@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import os
 import pathlib
-import shutil
 from collections.abc import Callable
 
 import torch
@@ -22,7 +21,7 @@ from tqdm import tqdm
 from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
-from slime_convert.shapes import check_hf_shapes, check_torch_dist_shapes
+from slime_convert.shapes import check_hf_shapes, check_hf_unused, check_torch_dist_shapes, check_torch_dist_unused
 from slime_convert.staged import staged_output
 from slime_convert.torch_dist import (
     LazyChunk,
@@ -33,12 +32,11 @@ from slime_convert.torch_dist import (
 )
 from slime_core.checkpoint_dirs import TRACKER_FILE
 from slime_core.dir_swap import write_text_atomic
+from slime_core.hf_checkpoint import copy_assets, describe_exported_weights
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["hf_to_mcore", "mcore_to_hf"]
-
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".distcp")
 
 
 def _stored_shape(mapping: TensorMapping, args: ModelArgs, tensor_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -51,6 +49,41 @@ def _stored_shape(mapping: TensorMapping, args: ModelArgs, tensor_shape: tuple[i
 
 def _index(layer: int | None, expert: int | None) -> tuple[int, ...]:
     return tuple(i for i in (layer, expert) if i is not None)
+
+
+_CHECKED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None, name: str, nonfinite: set[str]) -> torch.Tensor:
+    """`tensor.to(dtype)` (`--dtype`), refusing a cast that turns finite values into inf (fp16's max is 65504).
+
+    Args:
+        tensor: one weight as read.
+        dtype: the `--dtype` to cast to, or None to keep the stored one.
+        name: its name, for the messages.
+        nonfinite: collects the names of tensors that hold NaN or inf as read (carried as they are, then warned of).
+
+    Raises:
+        ValueError: naming the tensor, its largest magnitude and the dtype.
+    """
+    if tensor.dtype in _CHECKED_DTYPES and not bool(torch.isfinite(tensor).all()):
+        nonfinite.add(name)
+    if dtype is None or tensor.dtype == dtype:
+        return tensor
+    out = tensor.to(dtype)
+    if out.is_floating_point() and bool((torch.isinf(out) & torch.isfinite(tensor)).any()):
+        peak, kind = tensor[torch.isfinite(tensor)].abs().max().item(), str(dtype).removeprefix("torch.")
+        raise ValueError(
+            f"--dtype {kind}: {name} holds values up to {peak:.6g}, beyond {kind}'s range "
+            f"(max {torch.finfo(dtype).max:.6g}); they would become inf. Keep the stored dtype or choose a wider one"
+        )
+    return out
+
+
+def _warn_nonfinite(where: str | os.PathLike[str], nonfinite: set[str]) -> None:
+    if nonfinite:  # carried bit for bit (a round trip is exact), but a run started from them trains on NaN
+        names = sorted(nonfinite)
+        logger.warning("%s: %d tensors hold NaN or inf (converted as they are): %s", where, len(names), names[:3])
 
 
 def hf_to_mcore(
@@ -72,15 +105,17 @@ def hf_to_mcore(
         save_dir: output root; `<save_dir>/release` is created.
         tensor_model_parallel_size: `--tp`.
         pipeline_model_parallel_size: `--pp`; must not exceed the layer count.
-        dtype: cast weights to this dtype (default: keep the stored dtype).
+        dtype: cast weights to this dtype (default: keep the stored dtype); a value beyond its range is refused.
         progress: show a tqdm bar.
 
     Returns:
         The written iteration directory.
 
     Raises:
-        ValueError: bad TP/PP, unsupported model, a missing HF tensor (named), or a tensor whose shape is not the
-            one config.json implies (`slime_convert.shapes.check_hf_shapes`; checked before anything is written).
+        ValueError: bad TP/PP, unsupported model, a missing HF tensor (named), a tensor whose shape is not the
+            one config.json implies (`slime_convert.shapes.check_hf_shapes`), or a tensor config.json does not
+            describe (an extra layer; a tied model's `lm_head.weight` other than the embedding) that would be dropped
+            (`slime_convert.shapes.check_hf_unused`); all checked before anything is written.
         FileExistsError: `<save_dir>/release` exists, or `save_dir` holds a tracker naming a training iteration.
     """
     args = ModelArgs.from_hf_dir(hf_dir)
@@ -106,18 +141,25 @@ def hf_to_mcore(
 
     needed = [n for mapping, layer, expert in expand_mappings(args) for n in mapping.hf_names(layer, expert)]
     try:
-        check_hf_shapes(
-            [n for n in needed if n in reader], reader.shape, args, hf_dir=hf_dir, file_of=lambda n: reader.file(n).name
-        )
+        file_of = lambda n: reader.file(n).name  # noqa: E731
+        check_hf_shapes([n for n in needed if n in reader], reader.shape, args, hf_dir=hf_dir, file_of=file_of)
+        for head in check_hf_unused(reader.keys(), needed, args, hf_dir=hf_dir, file_of=file_of):
+            # A tied model's stored head must be the embedding: Megatron keeps only the embedding.
+            if not torch.equal(reader.get(head), reader.get("model.embed_tokens.weight")):
+                raise ValueError(
+                    f"{hf_dir}: config.json has tie_word_embeddings=true but {head} in {file_of(head)} differs from "
+                    "model.embed_tokens.weight; the conversion would drop it. Set tie_word_embeddings to false"
+                )
     except BaseException:
         reader.close()
         raise
 
+    nonfinite: set[str] = set()
+
     def read_hf(name: str) -> torch.Tensor:
         if name not in reader:
             raise ValueError(f"{hf_dir}: tensor {name!r} required by {args.model_type} is missing")
-        tensor = reader.get(name)
-        return tensor.to(dtype) if dtype is not None else tensor
+        return _cast(reader.get(name), dtype, name, nonfinite)
 
     def producer(mapping: TensorMapping, layer: int | None, expert: int | None) -> Callable[[], torch.Tensor]:
         return lambda: to_mcore(
@@ -184,6 +226,7 @@ def hf_to_mcore(
         bar.close()
         reader.close()
     write_text_atomic(root / TRACKER_FILE, "release")
+    _warn_nonfinite(hf_dir, nonfinite)
     logger.info("wrote %s (%d tensor chunks)", out, len(chunks))
     return out
 
@@ -192,6 +235,7 @@ def _write_hf(
     ckpt: TorchDistReader, args: ModelArgs, writer: HFShardedWriter, *, dtype: torch.dtype | None, progress: bool
 ) -> None:
     """Streams every mapped tensor from `ckpt` into `writer` in HF names, one layer per DCP read."""
+    nonfinite: set[str] = set()
     groups: list[list[tuple[TensorMapping, int | None, int | None]]] = []
     for item in expand_mappings(args):
         if not groups or groups[-1][0][1] != item[1]:
@@ -202,9 +246,10 @@ def _write_hf(
             tensors = ckpt.read([(mp.ckpt_keys[0], _index(layer, expert)) for mp, layer, expert in group])
             for (mapping, layer, expert), tensor in zip(group, tensors, strict=True):
                 for name, hf_tensor in zip(mapping.hf_names(layer, expert), to_hf(mapping, tensor, args), strict=True):
-                    writer.add(name, hf_tensor.to(dtype) if dtype is not None else hf_tensor)
+                    writer.add(name, _cast(hf_tensor, dtype, name, nonfinite))
             bar.update(1)
     writer.close()
+    _warn_nonfinite(ckpt.dir, nonfinite)
 
 
 def mcore_to_hf(
@@ -224,10 +269,10 @@ def mcore_to_hf(
         input_dir: an iteration dir (`iter_0000010`, `release`) or a save root with the tracker file.
         output_dir: HF directory to create.
         origin_hf_dir: the original HF directory (architecture from its config.json; tokenizer and
-            config files are copied).
+            config files are copied, the config stating the written dtype and no `quantization_config`).
         chunk_size: max bytes per safetensors shard (`--chunk-size`).
         vocab_size: rows to keep of embedding/head (`--vocab-size`; default: the config's vocab_size).
-        dtype: cast weights to this dtype (default: keep the stored dtype).
+        dtype: cast weights to this dtype (default: keep the stored dtype); a value beyond its range is refused.
         force: replace `output_dir` if it exists (`-f/--force`), once the new checkpoint is complete.
         progress: show a tqdm bar.
 
@@ -235,11 +280,14 @@ def mcore_to_hf(
         `output_dir`.
 
     Raises:
-        FileExistsError: `output_dir` exists and not `force`.
+        FileExistsError: `output_dir` exists and not `force`; ValueError if it is or holds `input_dir` or
+            `origin_hf_dir` (with `force` it would delete them).
+        FileNotFoundError: a file of `origin_hf_dir` is a link to a missing file (it would not be copied).
         KeyError: a tensor the mapping needs is missing from the checkpoint.
         ValueError: `vocab_size` < 1, more rows than the checkpoint holds, or a stored tensor whose shape or layer
-            count is not what `origin_hf_dir`'s config.json implies (`slime_convert.shapes.check_torch_dist_shapes`;
-            checked before anything is written).
+            count is not what `origin_hf_dir`'s config.json implies (`slime_convert.shapes.check_torch_dist_shapes`),
+            or a stored model tensor that config has no HF name for (`check_torch_dist_unused`); both checked before
+            anything is written.
         OSError: writing failed (a full disk); `output_dir` is left as it was (the new files go to
             `<output_dir>.tmp` first, which is removed).
     """
@@ -256,11 +304,18 @@ def mcore_to_hf(
         args = dataclasses.replace(args, vocab_size=vocab_size)
     ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
     check_torch_dist_shapes(ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=origin_hf_dir)
+    check_torch_dist_unused(ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=origin_hf_dir)
+    dangling = sorted(p.name for p in pathlib.Path(origin_hf_dir).iterdir() if p.is_symlink() and not p.exists())
+    if dangling:  # a tokenizer.json link into a pruned HF cache: the export would lack it without a word
+        raise FileNotFoundError(f"--origin-hf-dir {origin_hf_dir}: {dangling} are links to missing files")
     out = pathlib.Path(output_dir)
-    with staged_output(out, force=force, flag="--output-dir") as tmp:
-        _write_hf(ckpt, args, HFShardedWriter(tmp, max_shard_bytes=chunk_size), dtype=dtype, progress=progress)
-        for src in pathlib.Path(origin_hf_dir).iterdir():
-            if src.is_file() and not src.name.endswith(_WEIGHT_SUFFIXES) and src.name != "model.safetensors.index.json":
-                shutil.copy2(src, tmp / src.name)
+    inputs = {"--input-dir": ckpt.dir, "--origin-hf-dir": origin_hf_dir}
+    with staged_output(out, force=force, flag="--output-dir", inputs=inputs) as tmp:
+        writer = HFShardedWriter(tmp, max_shard_bytes=chunk_size)
+        _write_hf(ckpt, args, writer, dtype=dtype, progress=progress)
+        copy_assets(origin_hf_dir, tmp)
+        # The copied config must state the written dtype (--dtype, or a torch_dist saved in another one) and drop an
+        # FP8 origin's quantization_config: the exported weights are unquantized.
+        describe_exported_weights(tmp / "config.json", writer.dtypes)
     logger.info("wrote HF checkpoint to %s", out)
     return out

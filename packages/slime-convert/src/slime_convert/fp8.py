@@ -21,8 +21,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from slime_convert.hf_io import INDEX_NAME
 from slime_convert.staged import staged_output
 from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX, Fp8Config, quantize_named
+from slime_core.hf_checkpoint import read_weight_map
 from slime_core.safetensors_io import save_safetensors
 
 logger = logging.getLogger(__name__)
@@ -57,9 +59,10 @@ def hf_to_fp8(
 
     Raises:
         FileNotFoundError: `hf_dir` has no config.json or no safetensors file.
-        FileExistsError: `save_dir` exists and `force` is False.
-        ValueError: the input is already quantized, a block size is not positive, or an input shard is not a
-            complete safetensors file (named).
+        FileExistsError: `save_dir` exists and `force` is False (ValueError if it is or holds `hf_dir`).
+        ValueError: the input is already quantized, a block size is not positive, an input shard is not a
+            complete safetensors file, or the index names a shard that does not exist (named). Shards the index
+            does not name are not read (a warning names them).
     """
     src, out = pathlib.Path(hf_dir), pathlib.Path(save_dir)
     if len(block_size) != 2 or min(block_size) <= 0:
@@ -73,14 +76,40 @@ def hf_to_fp8(
         raise ValueError(f"{config_path}: not JSON ({e})") from e
     if config.get("quantization_config"):
         raise ValueError(f"{config_path}: already quantized ({config['quantization_config'].get('quant_method')!r})")
-    files = sorted(src.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{src}: no *.safetensors")
-    with staged_output(out, force=force, flag="--save") as tmp:
+    files = _input_shards(src)
+    with staged_output(out, force=force, flag="--save", inputs={"--hf-checkpoint": src}) as tmp:
         cfg, num_quantized, total = _write_fp8(src, tmp, files, config, block_size, progress)
     logger.info("%s: %d weights quantized to FP8 (block %s), %d kept; %.2f GB", out, num_quantized,
                 list(cfg.weight_block_size), len(cfg.modules_to_not_convert), total / 1e9)  # fmt: skip
     return cfg
+
+
+def _input_shards(src: pathlib.Path) -> list[pathlib.Path]:
+    """The shards to quantize: those the index names (a left-over shard beside them is warned of, not read).
+
+    Every `*.safetensors` was read, so a stale shard of an older save holding the same names won the index (last in
+    sorted order) and the FP8 checkpoint served the old weights.
+
+    Raises:
+        FileNotFoundError: no index and no `*.safetensors`.
+        ValueError: the index does not parse, or names a shard outside `src` or one that does not exist.
+    """
+    index = src / INDEX_NAME
+    if not index.is_file():
+        files = sorted(src.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{src}: no *.safetensors")
+        return files
+    listed = sorted(set(read_weight_map(index).values()))
+    missing = [name for name in listed if not (src / name).is_file()]
+    if missing:
+        raise ValueError(f"{index}: names {missing[:3]}, which do not exist")
+    stray = sorted(p.name for p in src.glob("*.safetensors") if p.name not in listed)
+    if stray:
+        logger.warning(
+            "%s: %d safetensors files are not in the index and are not read: %s", index, len(stray), stray[:3]
+        )
+    return [src / name for name in listed]
 
 
 def _write_fp8(

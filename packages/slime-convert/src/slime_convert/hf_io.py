@@ -44,7 +44,8 @@ class HFCheckpointReader:
             FileNotFoundError: neither `model.safetensors.index.json` nor any `*.safetensors` in `hf_dir`.
             ValueError: the index does not parse, names a shard outside `hf_dir` (absolute, `..`), a missing file
                 or a tensor its file lacks, or a shard is not a complete safetensors file (truncated copy); each
-                names the file.
+                names the file; without an index, a tensor stored in two files. Tensors and shards the index does
+                not list are not read, with a warning naming them.
         """
         self.dir = pathlib.Path(hf_dir)
         index = self.dir / INDEX_NAME
@@ -63,12 +64,27 @@ class HFCheckpointReader:
                 missing = sorted(set(by_file[path]) - stored)
                 if missing:
                     raise ValueError(f"{index}: names {missing[:3]} in {path.name}, which does not hold them")
+                unlisted = sorted(stored - set(self._where))
+                if unlisted:  # the index decides what the checkpoint holds (as for transformers): said, not hidden
+                    logger.warning(
+                        "%s: %d tensors in %s are not in the index and are not read: %s",
+                        index, len(unlisted), path.name, unlisted[:3],
+                    )  # fmt: skip
+            stray = sorted(p.name for p in self.dir.glob("*.safetensors") if p not in by_file)
+            if stray:  # a left-over shard of an older save, or one the index forgot
+                logger.warning("%s: %d safetensors files are not in the index and are not read: %s",
+                               index, len(stray), stray[:3])  # fmt: skip
         else:
             files = sorted(self.dir.glob("*.safetensors"))
             if not files:
                 raise FileNotFoundError(f"no {INDEX_NAME} or *.safetensors in {self.dir}")
             for path in files:
                 for name in self._open(path).keys():  # type: ignore[attr-defined]  # noqa: SIM118
+                    if name in self._where:  # the later file silently won (a left-over shard of an older save)
+                        raise ValueError(
+                            f"{self.dir}: tensor {name!r} is in both {self._where[name].name} and {path.name}, and "
+                            f"there is no {INDEX_NAME} to say which one the checkpoint holds"
+                        )
                     self._where[name] = path
 
     def _open(self, path: pathlib.Path) -> object:
@@ -148,6 +164,8 @@ class HFShardedWriter:
         self._buffer_bytes = 0
         self._shards: list[tuple[pathlib.Path, list[str]]] = []
         self.total_bytes = 0
+        #: dtypes of the floating-point tensors added (what the copied config.json must state).
+        self.dtypes: set[torch.dtype] = set()
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         """Queues one tensor; flushes a shard when the cap would be exceeded.
@@ -163,6 +181,8 @@ class HFShardedWriter:
         self._buffer[name] = tensor.detach().cpu().contiguous()
         self._buffer_bytes += size
         self.total_bytes += size
+        if tensor.is_floating_point():
+            self.dtypes.add(tensor.dtype)
 
     def add_all(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         """`add` for each `(name, tensor)`."""

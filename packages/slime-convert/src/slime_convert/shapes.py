@@ -20,7 +20,13 @@ import torch
 from slime_convert.mapping import TensorMapping, tensor_mappings, to_mcore
 from slime_convert.model_args import ModelArgs
 
-__all__ = ["check_hf_shapes", "check_torch_dist_shapes", "hf_tensor_shape"]
+__all__ = [
+    "check_hf_shapes",
+    "check_hf_unused",
+    "check_torch_dist_shapes",
+    "check_torch_dist_unused",
+    "hf_tensor_shape",
+]
 
 
 def _config_summary(args: ModelArgs) -> str:
@@ -128,6 +134,49 @@ def check_hf_shapes(
         )  # fmt: skip
 
 
+def check_hf_unused(
+    stored: Iterable[str],
+    needed: Iterable[str],
+    args: ModelArgs,
+    *,
+    hf_dir: str | os.PathLike[str],
+    file_of: Callable[[str], str],
+) -> list[str]:
+    """Refuses HF tensors that `config.json` does not describe, which a conversion would drop without a word.
+
+    A `num_hidden_layers` edited down (or the config of a smaller model) made `hf-to-mcore` keep the first layers and
+    drop the others; a tensor of a module the mapping does not know (a bias the config does not enable, a vision
+    tower) went the same way. RoPE `inv_freq` buffers (computed from the config) are not weights; a tied model's
+    `lm_head.weight` is returned for the caller to compare with the embedding.
+
+    Args:
+        stored: every tensor name in the checkpoint.
+        needed: the names the conversion reads.
+        args: the architecture from `<hf_dir>/config.json`.
+        hf_dir: the HF directory (for the message).
+        file_of: name → the shard file holding it (for the message).
+
+    Returns:
+        The stored names that are not read but allowed (`lm_head.weight` of a tied model).
+
+    Raises:
+        ValueError: naming the count, up to three tensors with their files, and the config fields.
+    """
+    read = set(needed)
+    unread = [n for n in stored if n not in read and not n.endswith("rotary_emb.inv_freq")]
+    tied_head = [n for n in unread if n == "lm_head.weight" and args.tie_word_embeddings]
+    dropped = [n for n in unread if n not in tied_head]
+    if dropped:
+        named = ", ".join(f"{n} in {file_of(n)}" for n in dropped[:3])
+        raise _mismatch_error(
+            str(hf_dir), [f"{len(dropped)} tensors that config.json does not describe would be dropped: {named}"],
+            f"{hf_dir}/config.json", args,
+            "A layer count or another field is wrong in config.json, or the model has modules slime-convert does "
+            "not convert.",
+        )  # fmt: skip
+    return tied_head
+
+
 def _expected_mcore_shape(mapping: TensorMapping, args: ModelArgs) -> tuple[int, ...]:
     # The HF shapes pushed through the real transform on meta tensors: no data, and no second copy of its layout.
     metas = [torch.empty(hf_tensor_shape(n, args), device="meta") for n in mapping.hf_names(0, 0)]
@@ -187,4 +236,36 @@ def check_torch_dist_shapes(
         raise _mismatch_error(
             where or str(ckpt_dir), problems, f"{origin_hf_dir}/config.json", args,
             hint or "Is --origin-hf-dir the model this checkpoint was made from?",
+        )  # fmt: skip
+
+
+#: torch_dist key prefixes of a GPTModel's own tensors (optimizer state, RNG and the like are stored under others).
+_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.")
+
+
+def check_torch_dist_unused(
+    stored: Iterable[str], args: ModelArgs, *, ckpt_dir: str | os.PathLike[str], origin_hf_dir: str | os.PathLike[str]
+) -> None:
+    """Refuses model tensors of a torch_dist checkpoint that `--origin-hf-dir`'s config has no HF name for.
+
+    The export reads only the keys the config's mapping names, so a q/k/v bias trained with `--add-qkv-bias` under a
+    config without one, a router's `expert_bias` or an MTP layer were left out of the HF checkpoint without a word.
+
+    Args:
+        stored: the checkpoint's tensor keys (`TorchDistReader.tensor_keys`).
+        args: the architecture from `<origin_hf_dir>/config.json`.
+        ckpt_dir: the torch_dist directory (for the message).
+        origin_hf_dir: the HF directory whose config describes it (for the message).
+
+    Raises:
+        ValueError: naming the count, up to three keys, and the config fields.
+    """
+    known = {key for mapping in tensor_mappings(args) for key in mapping.ckpt_keys}
+    dropped = sorted(k for k in stored if k.startswith(_MODEL_KEY_PREFIXES) and k not in known)
+    if dropped:
+        raise _mismatch_error(
+            str(ckpt_dir), [f"{len(dropped)} model tensors have no HF name under this config and would be dropped: "
+                            + ", ".join(dropped[:3])],
+            f"{origin_hf_dir}/config.json", args,
+            "Is --origin-hf-dir the model this checkpoint was made from (the same bias, norm and MoE settings)?",
         )  # fmt: skip

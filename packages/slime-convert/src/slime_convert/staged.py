@@ -13,16 +13,47 @@ import contextlib
 import os
 import pathlib
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from slime_core.dir_swap import recover, remove, staging_dir, swap_in
 
 __all__ = ["staged_output"]
 
 
+def _refuse_replacing_inputs(out: pathlib.Path, flag: str, inputs: Mapping[str, str | os.PathLike[str]]) -> None:
+    target = out.resolve()
+    for input_flag, path in inputs.items():
+        source = pathlib.Path(path).resolve()
+        if source == target or target in source.parents:
+            raise ValueError(
+                f"{flag} {out} holds {input_flag} {path}: replacing it would delete the input; choose another {flag}"
+            )
+
+
+def _refuse_a_name_without_room_for_the_suffixes(out: pathlib.Path, flag: str) -> None:
+    # The staging and swap names add ".tmp"/".old": a legal name within 4 bytes of the limit failed with
+    # "[Errno 36] File name too long: '<out>.old'", naming a path the user never gave.
+    parent = next((p for p in (out.parent, *out.parent.parents) if p.is_dir()), pathlib.Path("/"))
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer: the common limit
+        limit = 255
+    size = len(os.fsencode(out.name))
+    if size + len(".tmp") > limit:
+        raise ValueError(
+            f"{flag} {out}: its name is {size} bytes; it needs room for a 4-byte '.tmp' / '.old' suffix under this "
+            f"filesystem's {limit}-byte limit (the output is staged beside it): choose a name of at most {limit - 4}"
+        )
+
+
 @contextlib.contextmanager
 def staged_output(
-    output: str | os.PathLike[str], *, force: bool, flag: str, exists_hint: str = "pass -f/--force to replace it"
+    output: str | os.PathLike[str],
+    *,
+    force: bool,
+    flag: str,
+    exists_hint: str = "pass -f/--force to replace it",
+    inputs: Mapping[str, str | os.PathLike[str]] | None = None,
 ) -> Iterator[pathlib.Path]:
     """Yields an empty staging directory that replaces `output` when the block ends without an exception.
 
@@ -31,16 +62,22 @@ def staged_output(
         force: replace an existing `output` (`-f/--force`).
         flag: the flag that named `output`, for the error message.
         exists_hint: what the error for an existing `output` advises (a command without `--force` says so).
+        inputs: the conversion's input folders by flag; an `output` that is one of them or holds one is refused
+            (`--force` would delete the checkpoint being read: links resolved).
 
     Yields:
         `<output>.tmp`, empty (a left-over of an interrupted run is removed first).
 
     Raises:
+        ValueError: `output` is or holds one of `inputs`, or its name leaves no room for the `.tmp` suffix (raised
+            before anything is written).
         FileExistsError: `output` exists (or an interrupted swap left it at `<output>.old`, now restored) and not
             `force` (raised before anything is written).
         slime_core.dir_swap.ReplaceRefused: not `force`, and `<output>.old` is something slime did not write.
     """
     out = pathlib.Path(output).absolute()  # "." has no name to put ".tmp" after
+    _refuse_replacing_inputs(out, flag, inputs or {})
+    _refuse_a_name_without_room_for_the_suffixes(out, flag)
     recover(out, flag=flag, force=force)  # an interrupted swap puts the previous output back first
     if (out.exists() or out.is_symlink()) and not force:
         raise FileExistsError(f"{flag} {out} exists ({exists_hint})")

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import pathlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -164,10 +165,21 @@ def write_torch_dist(
     hint = "remove it or choose another --save"
     with staged_output(out_dir, force=False, flag="--save", exists_hint=hint) as tmp:
         writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, thread_count=1, overwrite=True)
-        with _rank_errors():  # a producer's error names the tensor
+        with _rank_errors(), _single_process():  # a producer's error names the tensor
             dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)
         torch.save(common_state, tmp / "common.pt")
         (tmp / "metadata.json").write_text(json.dumps(_CONFIG))
+
+
+@contextlib.contextmanager
+def _single_process() -> Iterator[None]:
+    """Silences DCP's warning that it assumes one process (`no_dist=True` asks for exactly that).
+
+    It was the only output of every `hf-to-mcore` besides the progress bar.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 @contextlib.contextmanager
@@ -289,7 +301,7 @@ class TorchDistReader:
                 "written (a partial copy?)"
             )
 
-        with _rank_errors(damaged):
+        with _rank_errors(damaged), _single_process():
             dcp.load({}, storage_reader=self._reader, planner=_ChunkLoadPlanner(targets), no_dist=True)
         return out
 
@@ -307,11 +319,13 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
 
     Raises:
         FileNotFoundError: nothing loadable at `path`.
-        ValueError: the tracker file holds neither an iteration number nor "release".
+        ValueError: the tracker file holds neither an iteration number nor "release", or the iteration is in
+            Megatron's legacy per-rank layout (`mp_rank_*` folders, `--ckpt-format torch`).
     """
     root = pathlib.Path(path)
     if (root / ".metadata").is_file():
         return root
+    _refuse_legacy_layout(root)
     if iteration is not None:
         candidate = root / iteration_name(iteration)
     else:
@@ -326,5 +340,17 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
             raise ValueError(f"{tracker}: holds {text[:80]!r}, not an iteration number or 'release'")
         candidate = root / ("release" if text == "release" else iteration_name(int(text)))
     if not (candidate / ".metadata").is_file():
+        _refuse_legacy_layout(candidate)
         raise FileNotFoundError(f"{candidate} is not a torch_dist checkpoint directory")
     return candidate
+
+
+def _refuse_legacy_layout(iteration_dir: pathlib.Path) -> None:
+    """Names Megatron's legacy per-rank layout (`--ckpt-format torch`: `mp_rank_00[_000]/model_optim_rng.pt`)."""
+    ranks = sorted(p.name for p in iteration_dir.glob("mp_rank_*") if p.is_dir()) if iteration_dir.is_dir() else []
+    if ranks:
+        raise ValueError(
+            f"{iteration_dir}: a legacy --ckpt-format torch checkpoint ({len(ranks)} rank folders: {ranks[0]}, ...), "
+            "not torch_dist; slime-convert reads torch_dist only: re-save it with Megatron-LM (its training command "
+            "with --ckpt-format torch --ckpt-convert-format torch_dist --ckpt-convert-save DIR)"
+        )

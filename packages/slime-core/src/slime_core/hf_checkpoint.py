@@ -31,7 +31,14 @@ from slime_core.safetensors_io import save_safetensors
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HFCheckpointWriter", "copy_assets", "read_weight_map", "source_dtype", "write_hf_checkpoint"]
+__all__ = [
+    "HFCheckpointWriter",
+    "copy_assets",
+    "describe_exported_weights",
+    "read_weight_map",
+    "source_dtype",
+    "write_hf_checkpoint",
+]
 
 SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -98,6 +105,26 @@ def _stamp_dtype(config_path: pathlib.Path, dtype: torch.dtype) -> None:
     if "torch_dtype" in config:
         config["torch_dtype"] = _DTYPE_NAMES[dtype]
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def describe_exported_weights(config_path: str | os.PathLike[str], dtypes: Iterable[torch.dtype]) -> None:
+    """Makes a config.json copied next to exported (unquantized) weights describe them.
+
+    A config stating bf16 over fp32 tensors makes `from_pretrained(dtype="auto")` load them in bf16, and a
+    `quantization_config` copied from an FP8 source makes a loader read bf16 tensors as FP8.
+
+    Args:
+        config_path: the copied config.json (nothing is done if it is absent).
+        dtypes: the dtypes of the floating-point tensors written; stamped as `dtype` (and a legacy `torch_dtype`)
+            when they are one of bf16/fp16/fp32, left as copied when mixed.
+    """
+    path = pathlib.Path(config_path)
+    if not path.is_file():
+        return
+    kinds = set(dtypes)
+    if len(kinds) == 1 and next(iter(kinds)) in _DTYPE_NAMES:
+        _stamp_dtype(path, next(iter(kinds)))
+    strip_quantization_config(path)
 
 
 class HFCheckpointWriter:
@@ -190,10 +217,7 @@ class HFCheckpointWriter:
             index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
             (self.tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
         copy_assets(self.source_dir, self.tmp)
-        # A config stating bf16 over fp32 tensors would make from_pretrained(dtype="auto") pick the wrong dtype.
-        if len(self._dtypes) == 1 and (self.tmp / "config.json").is_file():
-            _stamp_dtype(self.tmp / "config.json", next(iter(self._dtypes)))
-        strip_quantization_config(self.tmp / "config.json")  # unquantized weights, even when the source serves FP8
+        describe_exported_weights(self.tmp / "config.json", self._dtypes)
         swap_in(self.tmp, self.path, flag=self.flag)  # a crash leaves the old or the new export, never none
         logger.info("exported HF checkpoint to %s (%d shards)", self.path, len(self._shards))
         return self.path
