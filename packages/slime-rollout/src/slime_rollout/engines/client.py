@@ -411,8 +411,7 @@ class RolloutClient:
             except DeadlineExceeded as exc:
                 raise EngineError(self.router.url, "/generate", str(exc), unreachable=True) from None
             except EngineError as exc:
-                gone = exc.unreachable or exc.status_code in (502, 503, 504)
-                if not (self.pool.failover and gone) or asyncio.get_running_loop().time() > deadline:
+                if not (self.pool.failover and exc.unavailable) or asyncio.get_running_loop().time() > deadline:
                     raise
                 self.pool.stats.requeued_requests += 1
                 await asyncio.sleep(1.0)
