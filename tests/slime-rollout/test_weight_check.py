@@ -140,6 +140,34 @@ def test_check_engines_compares_and_names_the_difference():
         asyncio.run(check_engines([FakeEngine([], status=500)], want))  # a broken engine is not "unsupported"
 
 
+class ReplyEngine(FakeEngine):
+    """Answers `/weights_checker` 200 with the given body as it is."""
+
+    def __init__(self, reply):
+        super().__init__([])
+        self.reply = reply
+
+    async def request(self, method, route, payload=None, **kw):
+        return self.reply
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        ({"success": True, "message": "Success.", "ranks": []}, "no per-rank checksums"),
+        ({"success": True, "message": "Success."}, "no per-rank checksums"),
+        ('{"success": true, "ranks": [{"checks', "no per-rank checksums"),  # a body cut short: not JSON
+        ({"success": True, "ranks": [{"per_gpu_checksum": "ab"}]}, r"ranks\[0\] has no checksums object"),
+    ],
+)
+def test_a_checksum_reply_that_holds_nothing_is_an_engine_error_not_a_pass(reply, said):
+    """An empty `ranks` counted every tensor it was asked about as checked and equal: the check passed on nothing."""
+    want = {"a.qkv_proj.weight": "1" * 16}
+    with pytest.raises(EngineError, match=said) as e:
+        asyncio.run(check_engines([FakeEngine([dict(want)]), ReplyEngine(reply)], want))
+    assert e.value.url == "http://fake:1" and e.value.endpoint == "/weights_checker"
+
+
 def test_engine_weight_dtype_follows_each_engines_rules(tmp_path):
     from slime_core.config import SlimeArgs
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slime_core.config.sglang_flags import sglang_fields
+from slime_core.error_text import preview
 from slime_core.extensions import engine_spec
 from slime_core.fp8 import pair_fp8
 from slime_rollout.engines.transport import EngineError
@@ -282,7 +283,8 @@ async def engine_checksums(engine: Any) -> list[dict[str, str]] | None:
         checksum endpoint (HTTP 400 or 404: SGLang before 0.5.16, or a server without it).
 
     Raises:
-        EngineError: the engine failed in another way.
+        EngineError: the engine failed in another way, or its reply holds no rank or a rank without a `checksums`
+            object (an empty `ranks` compared as equal every tensor it was asked about).
     """
     try:
         reply = await engine.request("POST", "/weights_checker", {"action": "checksum"})
@@ -291,7 +293,13 @@ async def engine_checksums(engine: Any) -> list[dict[str, str]] | None:
             logger.warning("weight check: %s has no checksum endpoint (%s)", engine.url, exc)
             return None
         raise
-    return [_wrapper_free(rank["checksums"]) for rank in reply.get("ranks") or []]
+    ranks = reply.get("ranks") if isinstance(reply, dict) else None
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise EngineError(engine.url, "/weights_checker", f"reply has no per-rank checksums: {preview(reply)}")
+    for i, rank in enumerate(ranks):
+        if not isinstance(rank.get("checksums"), dict):
+            raise EngineError(engine.url, "/weights_checker", f"ranks[{i}] has no checksums object: {preview(rank)}")
+    return [_wrapper_free(rank["checksums"]) for rank in ranks]
 
 
 async def check_engines(engines: Iterable[Any], expected: dict[str, str]) -> WeightCheckReport:
