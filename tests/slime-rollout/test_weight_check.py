@@ -140,6 +140,20 @@ def test_check_engines_compares_and_names_the_difference():
         asyncio.run(check_engines([FakeEngine([], status=500)], want))  # a broken engine is not "unsupported"
 
 
+def test_an_engine_listing_none_of_the_drawn_tensors_is_named_blind_not_passed():
+    """The names are drawn from the first engine's list; a second engine listing none of them compared nothing, and
+    the check passed on the first engine's comparisons alone (the pairs were counted as missing, never reported)."""
+    want = {"a.qkv_proj.weight": "1" * 16, "a.input_layernorm.weight": "2" * 16}
+    other = FakeEngine([{"b.qkv_proj.weight": "1" * 16}])
+    other.url = "http://other:2"
+    partial = FakeEngine([{"a.qkv_proj.weight": "1" * 16}])
+    partial.url = "http://partial:3"
+    report = asyncio.run(check_engines([FakeEngine([dict(want)]), other, partial], want))
+    assert (report.checked, report.missing, report.mismatches) == (3, 3, [])
+    assert report.blind == ["http://other:2"]  # the partial one compared a tensor: counted missing, not blind
+    assert report.metrics()["weight_check/tensors_missing"] == 3.0
+
+
 class ReplyEngine(FakeEngine):
     """Answers `/weights_checker` 200 with the given body as it is."""
 
