@@ -89,6 +89,19 @@ def test_a_check_that_compares_nothing_stops_the_run(monkeypatch):
         weights.push_weights(_Backend(), _Updater(), cfg, 0, rank=0, checker=weights.SyncChecker(cfg, ["http://e:1"]))
 
 
+def test_an_engine_whose_check_compared_nothing_stops_the_run(monkeypatch):
+    """One engine listing none of the drawn tensors passed on the other engine's comparisons."""
+
+    async def one_blind(engines, checksums):
+        return WeightCheckReport(checked=2, missing=2, blind=["http://e:2"])
+
+    monkeypatch.setattr(weight_check, "check_engines", one_blind)
+    cfg = _cfg(rollout_engine="reference", check_weight_sync_tensors=2)
+    checker = weights.SyncChecker(cfg, ["http://e:1", "http://e:2"])
+    with pytest.raises(WeightCheckEmpty, match=r"1 engine\(s\) list none of the 2 drawn tensors.*http://e:2"):
+        weights.push_weights(_Backend(), _Updater(), cfg, 0, rank=0, checker=checker)
+
+
 def test_tensor_sync_is_refused_towards_an_engine_on_another_machine():
     from slime_app.weights import check_same_machine
 

@@ -318,6 +318,41 @@ async def test_abort_all_times_out_naming_busy_engine(http_server):
         await rc.abort_all(poll_s=0.001, timeout_s=0.01)
 
 
+@pytest.mark.parametrize("failover", [False, True])
+async def test_an_abort_to_a_frozen_engine_is_bounded_by_the_health_check_timeout(http_server, failover):
+    """A frozen engine accepts the connection and never answers: the abort waited out the 1800 s control timeout.
+
+    Now it waits `--rollout-health-check-timeout`; without failover the error names the engine and the flag, with
+    failover the frozen engine is passed over (the health monitor judges it) and the live one is aborted.
+    """
+    release = asyncio.Event()
+    aborted = []
+
+    async def frozen(request):
+        await release.wait()  # "never": until the test ends
+        return web.Response()
+
+    async def live(request):
+        if request.path == "/abort_request":
+            aborted.append(await request.json())
+            return web.Response()
+        return web.json_response({"num_total_reqs": 0})
+
+    urls = [await http_server(frozen), await http_server(live)]
+    rc = RolloutClient(urls, failover=failover, probe_timeout_s=0.3)
+    try:
+        if failover:
+            await asyncio.wait_for(rc.abort_all(poll_s=0.01), 20)
+            assert aborted == [{"rid": "", "abort_all": True}]
+        else:
+            with pytest.raises(EngineError, match="--rollout-health-check-timeout") as e:
+                await asyncio.wait_for(rc.abort_all(poll_s=0.01), 20)
+            assert e.value.url == urls[0] and e.value.unreachable
+    finally:
+        release.set()
+        await rc.aclose()
+
+
 async def test_broadcast_unknown_method():
     rc = RolloutClient(["http://e0:1"])
     with pytest.raises(AttributeError, match="no_such"):

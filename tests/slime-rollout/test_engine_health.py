@@ -147,6 +147,27 @@ async def test_without_fault_tolerance_an_unreachable_engine_fails_the_request()
     assert e.value.unreachable
 
 
+async def test_an_engine_answering_503_has_its_requests_sent_elsewhere_only_with_fault_tolerance(http_server):
+    """An engine out of capacity or shutting down answers 503: failover moves the request, as through the router."""
+    from slime_rollout.engines.transport import EngineError
+
+    async def unavailable(request):
+        return web.Response(status=503, text="Service Unavailable")
+
+    log = []
+    urls = [await http_server(unavailable), await http_server(_engine("e1", {"hung": False}, log))]
+    client = RolloutClient(urls, failover=True, recovery_timeout=30)
+    replies = await asyncio.wait_for(asyncio.gather(*(client.generate({"id": i}) for i in range(6))), 30)
+    assert [r["engine"] for r in replies] == ["e1"] * 6
+    assert sorted(i for _, i in log) == list(range(6))
+    assert client.pool.stats.requeued_requests >= 1  # some went to the 503 engine first and were moved
+
+    strict = RolloutClient(urls[:1])
+    with pytest.raises(EngineError) as e:
+        await strict.generate({"id": 0})
+    assert e.value.status_code == 503 and urls[0] in str(e.value)
+
+
 async def test_a_refused_connection_is_a_dead_engine_when_its_host_does_not_say(http_server):
     """The host's `alive` call timed out (it answers True: not known); the refused /health_generate decides."""
     from slime_rollout.engines.process import find_free_port

@@ -309,6 +309,30 @@ def test_wait_healthy_reports_early_exit_with_log(tmp_path):
     proc.shutdown()
 
 
+def test_the_engine_startup_wait_is_the_flags_and_its_timeout_names_it(tmp_path):
+    """The wait was a constant 600 s that no flag changed (the original waits as long as the engine process lives):
+    a large model loading for longer stopped the run with no way to allow it more time."""
+    from slime_core.config.cli import parse_args
+    from slime_rollout.engines.launch import EngineLauncher
+    from slime_rollout.engines.launch.launcher import _wait_own_engine
+
+    base = ["--rollout-batch-size", "1", "--num-rollout", "1", "--hf-checkpoint", "/models/qwen3"]
+    cfg = parse_args([*base, "--rollout-engine-startup-timeout", "0.5"])
+    launcher = EngineLauncher(cfg, gpus_per_engine=1)
+    assert launcher.startup_timeout_s == 0.5
+    assert EngineLauncher(cfg, gpus_per_engine=1, startup_timeout_s=7).startup_timeout_s == 7  # an explicit wait wins
+    assert parse_args(base).rollout_engine_startup_timeout == 1800.0
+
+    code = "import time; print('loading shards'); time.sleep(60)"  # alive, never serving
+    url = f"http://127.0.0.1:{find_free_port(start=43000)}"
+    proc = start_engine_process([sys.executable, "-c", code], url=url, log_path=tmp_path / "l")
+    try:
+        with pytest.raises(TimeoutError, match=r"(?s)--rollout-engine-startup-timeout.*loading shards"):
+            _wait_own_engine(proc, launcher.kind, launcher.startup_timeout_s)
+    finally:
+        proc.shutdown()
+
+
 def test_sigterm_first_lets_the_main_process_exit_cleanly(tmp_path):
     code = (
         "import signal, sys, time\n"

@@ -99,3 +99,39 @@ def test_health_generate_while_paused_waits_for_the_resume_then_answers_503_as_s
         resume.start()
         assert client.get("/health_generate").status_code == 200  # resumed within the window: the probe generates
         resume.join()
+
+
+def test_health_generate_of_a_wedged_engine_answers_503_as_sglang(tiny_qwen3_dir, monkeypatch):
+    """SGLang answers 200 only when output arrives after the probe began; the reference engine answered 200 whenever
+    requests were running, so an engine whose model thread was stuck (HTTP alive) passed every health check, and an
+    idle one with its model held waited on the probe's own generation forever."""
+    import threading
+
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "0.5")
+    model = ReferenceModel(str(tiny_qwen3_dir))
+    app = build_app(model, max_running_requests=2, random_seed=0, server_args={})
+    stuck, release = threading.Event(), threading.Event()
+    decode = model._decode
+
+    def wedged_decode(batch):
+        stuck.set()
+        release.wait(30)  # the model thread hangs mid-generation
+        return decode(batch)
+
+    with TestClient(app) as client:
+        assert client.get("/health_generate").status_code == 200
+        monkeypatch.setattr(model, "_decode", wedged_decode)
+        body = {"input_ids": [785, 4226, 374], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+        worker = threading.Thread(target=lambda: client.post("/generate", json=body))
+        worker.start()
+        try:
+            assert stuck.wait(30)
+            assert app.state.engine.scheduler.num_running == 1
+            assert client.get("/health_generate").status_code == 503  # running, but no step since the probe began
+        finally:
+            release.set()
+        worker.join(30)
+        assert client.get("/health_generate").status_code == 200
+        with model.lock:  # idle, but the model is held (a stuck weight load): the probe's generation cannot run
+            assert client.get("/health_generate").status_code == 503
+        assert client.get("/health_generate").status_code == 200

@@ -140,6 +140,48 @@ def test_check_engines_compares_and_names_the_difference():
         asyncio.run(check_engines([FakeEngine([], status=500)], want))  # a broken engine is not "unsupported"
 
 
+def test_an_engine_listing_none_of_the_drawn_tensors_is_named_blind_not_passed():
+    """The names are drawn from the first engine's list; a second engine listing none of them compared nothing, and
+    the check passed on the first engine's comparisons alone (the pairs were counted as missing, never reported)."""
+    want = {"a.qkv_proj.weight": "1" * 16, "a.input_layernorm.weight": "2" * 16}
+    other = FakeEngine([{"b.qkv_proj.weight": "1" * 16}])
+    other.url = "http://other:2"
+    partial = FakeEngine([{"a.qkv_proj.weight": "1" * 16}])
+    partial.url = "http://partial:3"
+    report = asyncio.run(check_engines([FakeEngine([dict(want)]), other, partial], want))
+    assert (report.checked, report.missing, report.mismatches) == (3, 3, [])
+    assert report.blind == ["http://other:2"]  # the partial one compared a tensor: counted missing, not blind
+    assert report.metrics()["weight_check/tensors_missing"] == 3.0
+
+
+class ReplyEngine(FakeEngine):
+    """Answers `/weights_checker` 200 with the given body as it is."""
+
+    def __init__(self, reply):
+        super().__init__([])
+        self.reply = reply
+
+    async def request(self, method, route, payload=None, **kw):
+        return self.reply
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        ({"success": True, "message": "Success.", "ranks": []}, "no per-rank checksums"),
+        ({"success": True, "message": "Success."}, "no per-rank checksums"),
+        ('{"success": true, "ranks": [{"checks', "no per-rank checksums"),  # a body cut short: not JSON
+        ({"success": True, "ranks": [{"per_gpu_checksum": "ab"}]}, r"ranks\[0\] has no checksums object"),
+    ],
+)
+def test_a_checksum_reply_that_holds_nothing_is_an_engine_error_not_a_pass(reply, said):
+    """An empty `ranks` counted every tensor it was asked about as checked and equal: the check passed on nothing."""
+    want = {"a.qkv_proj.weight": "1" * 16}
+    with pytest.raises(EngineError, match=said) as e:
+        asyncio.run(check_engines([FakeEngine([dict(want)]), ReplyEngine(reply)], want))
+    assert e.value.url == "http://fake:1" and e.value.endpoint == "/weights_checker"
+
+
 def test_engine_weight_dtype_follows_each_engines_rules(tmp_path):
     from slime_core.config import SlimeArgs
 

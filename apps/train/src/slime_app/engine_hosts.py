@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["EngineHost", "EngineSite", "HostedEngines", "engine_sites"]
 
-STARTUP_TIMEOUT_S = 600.0  # one engine's health wait (SGLang loads large checkpoints slowly)
+RAY_SLACK_S = 120.0  # beyond --rollout-engine-startup-timeout: the host's own wait fails first, with the engine's log
 ALIVE_TIMEOUT_S = 10.0  # a host that does not say whether its engine runs: unknown, the HTTP check decides
 SHUTDOWN_TIMEOUT_S = 60.0
 PORT_STRIDE = 10  # engine i probes ports from base + i * stride: hosts on one machine rarely race for a port
@@ -101,7 +101,7 @@ class EngineHost:
             # The memory saver (and, for partial syncs, a host copy of the weights) only where the loop releases
             # the engines' memory: colocated engines that stay resident (--no-offload-rollout) never release it.
             colocate=bool(cfg.colocate and cfg.offload_rollout),
-            startup_timeout_s=STARTUP_TIMEOUT_S,
+            startup_timeout_s=cfg.rollout_engine_startup_timeout,
             log_dir=log_dir,
             host=self.node_ip,  # the node's address, not loopback: reached from the other nodes
             base_port=base_port,
@@ -155,6 +155,7 @@ class HostedEngines:
 
     def __init__(self, cfg: SlimeArgs, sites: list[EngineSite], placement_group: Any | None):
         self.cfg, self.sites, self.placement_group = cfg, sites, placement_group
+        self._start_wait_s = cfg.rollout_engine_startup_timeout + RAY_SLACK_S
         self.log_dir = os.path.join(cfg.output_dir, "engine_logs")
         self.hosts: list[Any] = []
         self.urls: list[str] = []
@@ -184,7 +185,7 @@ class HostedEngines:
 
         try:
             self.hosts = [self._make_host(site) for site in self.sites]
-            started = ray.get([h.start.remote() for h in self.hosts], timeout=STARTUP_TIMEOUT_S + 120)
+            started = ray.get([h.start.remote() for h in self.hosts], timeout=self._start_wait_s)
             self.urls = [url for url, _ in started]
             attach_router(self.cfg, self, ray.util.get_node_ip_address(), start_router=False)
         except BaseException:
@@ -215,11 +216,11 @@ class HostedEngines:
 
         self._unregister([self.urls[index]])
         try:
-            url, pid = ray.get(self.hosts[index].restart.remote(grace_s), timeout=STARTUP_TIMEOUT_S + 120)
+            url, pid = ray.get(self.hosts[index].restart.remote(grace_s), timeout=self._start_wait_s)
         except ray.exceptions.RayActorError:
             logger.warning("engine host %d is gone (its node?); starting a new one in the same bundle", index)
             self.hosts[index] = self._make_host(self.sites[index])
-            url, pid = ray.get(self.hosts[index].start.remote(), timeout=STARTUP_TIMEOUT_S + 120)
+            url, pid = ray.get(self.hosts[index].start.remote(), timeout=self._start_wait_s)
         self.urls[index] = url
         if self.router_url:
             router.register_worker(self.router_url, url)

@@ -162,7 +162,8 @@ class SyncChecker:
 
         Raises:
             slime_rollout.weight_sync.check.WeightSyncMismatch: an engine holds other values (names engine and tensor).
-            slime_rollout.weight_sync.check.WeightCheckEmpty: no tensor could be compared (the check proves nothing).
+            slime_rollout.weight_sync.check.WeightCheckEmpty: no tensor could be compared (the check proves nothing),
+                or some engine listed none of the drawn tensors (its check proves nothing).
         """
         from slime_rollout.weight_sync.check import WeightCheckEmpty, WeightSyncMismatch, check_engines
         from slime_rollout.weight_sync.updaters import run_sync
@@ -186,6 +187,18 @@ class SyncChecker:
                 f"the checkpoint's base): {report.mismatches[0]}"
                 f"{more} (--check-weight-sync)"
             )
+        if report.blind:
+            raise WeightCheckEmpty(
+                f"weight sync v{weight_version}: {len(report.blind)} engine(s) list none of the "
+                f"{len(sample.checksums)} drawn tensors the first engine holds, so their check compared nothing: "
+                f"{', '.join(report.blind)} "
+                "(another model or naming there?); pass --no-check-weight-sync to run unchecked"
+            )
+        if report.missing:
+            logger.warning(
+                "weight check v%s: %d (engine, tensor) pair(s) not listed by the engine, not compared",
+                weight_version, report.missing,
+            )  # fmt: skip
         if report.checked == 0:
             raise WeightCheckEmpty(
                 f"weight sync v{weight_version}: the weight check compared no tensor on {len(self.engine_urls)} "

@@ -136,6 +136,12 @@ class EngineArgs(ArgsGroup):
     rollout_health_check_interval: float = arg(30.0, "Seconds between engine health checks.", gt=0)
     rollout_health_check_timeout: float = arg(30.0, "Timeout of one engine health check in seconds.", gt=0)
     rollout_health_check_first_wait: float = arg(0.0, "Seconds to wait before the first health check.", ge=0)
+    rollout_engine_startup_timeout: float = arg(
+        1800.0,
+        "Seconds a launched engine may take to answer /health_generate (loading the checkpoint, compiling kernels), "
+        "at start and after a restart; then the run stops naming the engine and its log tail.",
+        gt=0,
+    )
     rollout_engine_recovery_timeout: float = arg(
         600.0,
         "With --use-fault-tolerance: seconds a request waits for a healthy engine when none serves (engines "

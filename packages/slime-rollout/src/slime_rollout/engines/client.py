@@ -411,8 +411,7 @@ class RolloutClient:
             except DeadlineExceeded as exc:
                 raise EngineError(self.router.url, "/generate", str(exc), unreachable=True) from None
             except EngineError as exc:
-                gone = exc.unreachable or exc.status_code in (502, 503, 504)
-                if not (self.pool.failover and gone) or asyncio.get_running_loop().time() > deadline:
+                if not (self.pool.failover and exc.unavailable) or asyncio.get_running_loop().time() > deadline:
                     raise
                 self.pool.stats.requeued_requests += 1
                 await asyncio.sleep(1.0)
@@ -437,14 +436,20 @@ class RolloutClient:
     async def abort_all(self, *, poll_s: float = 0.1, timeout_s: float = 300.0) -> None:
         """Aborts every request on every engine, then waits until no engine has unfinished requests.
 
+        Each engine must answer each call (`/abort_request`, `/v1/loads`) within `--rollout-health-check-timeout`
+        (`probe_timeout_s`): SGLang answers both at once, and a frozen engine kept the abort waiting for the control
+        timeout (30 minutes) before the run could stop.
+
         Raises:
             TimeoutError: requests are still running after `timeout_s` (names the busy engines).
+            EngineError: an engine failed or did not answer in time (without `failover`; with it, that engine is
+                left to the health monitor).
         """
         engines = await self._engines()
-        await self._tolerant(engines, lambda e: e.abort_request(abort_all=True))
+        await self._tolerant(engines, "/abort_request", lambda e: e.abort_request(abort_all=True))
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
-            counts = await self._tolerant(engines, lambda e: e.num_unfinished_requests())
+            counts = await self._tolerant(engines, "/v1/loads", lambda e: e.num_unfinished_requests())
             busy = [f"{e.url} ({c})" for e, c in zip(engines, counts, strict=True) if c]
             if not busy:
                 return
@@ -452,9 +457,27 @@ class RolloutClient:
                 raise TimeoutError(f"abort_all: requests still running after {timeout_s}s on {', '.join(busy)}")
             await asyncio.sleep(poll_s)
 
-    async def _tolerant(self, engines: list[EngineClient], call: Any) -> list[Any]:
-        """`call(engine)` on every engine; with failover, an unreachable engine answers None (the monitor judges it)."""
-        results = await asyncio.gather(*(call(e) for e in engines), return_exceptions=True)
+    async def _tolerant(self, engines: list[EngineClient], endpoint: str, call: Any) -> list[Any]:
+        """`call(engine)` on every engine, each within `probe_timeout_s` (unbounded while weights move).
+
+        With failover, an unreachable engine (one that did not answer in time included) answers None (the health
+        monitor judges it); without, its `EngineError` is raised.
+        """
+
+        async def bounded(engine: EngineClient) -> Any:
+            try:
+                return await await_with_deadline(
+                    call(engine),
+                    what=f"{endpoint} on engine {engine.url}",
+                    # A push in progress may hold the engine's scheduler (loading weights): it bounds itself.
+                    deadline_s=None if self.pool.weights_moving else self.pool.probe_timeout_s,
+                    flag="--rollout-health-check-timeout",
+                    warn_every_s=self.pool.slow_warning_s,
+                )
+            except DeadlineExceeded as exc:
+                raise EngineError(engine.url, endpoint, str(exc), unreachable=True) from None
+
+        results = await asyncio.gather(*(bounded(e) for e in engines), return_exceptions=True)
         for e, r in zip(engines, results, strict=True):
             if isinstance(r, BaseException):
                 if not (self.pool.failover and isinstance(r, EngineError) and r.unreachable):

@@ -6,9 +6,9 @@ restarted (FAILED → RESTARTING → AWAITING_WEIGHTS → SERVING, driven by `sl
 `failover` on (`--use-fault-tolerance`) a request whose engine dies or hangs is sent again to a healthy
 engine:
 
-* the engine stops answering (connection refused/reset, read timeout): the call raises an unreachable
-  `EngineError`; the pool reports the engine as suspect (the health monitor checks it at once) and the
-  request waits for a serving engine;
+* the engine stops answering (connection refused/reset, read timeout) or answers 502/503/504 (out of capacity,
+  shutting down): the call raises an unreachable or unavailable `EngineError`; the pool reports the engine as
+  suspect (the health monitor checks it at once) and the request waits for a serving engine;
 * the health monitor declares the engine failed while requests are in flight on it (a hung engine never
   answers): `mark_failed` cancels exactly those calls, and each goes again to a serving engine.
 
@@ -286,7 +286,7 @@ class EnginePool:
             self._count_requeue(start)  # mark_failed cancelled this call
             raise _Requeue from None
         except EngineError as exc:
-            if not (self.failover and exc.unreachable):
+            if not (self.failover and exc.unavailable):  # 502/503/504 too, as through the router
                 raise
             self._count_requeue(start)
             if slot.state is EngineState.SERVING and self.on_suspect is not None:

@@ -105,12 +105,20 @@ class EngineProcess:
             return ""
         return self.log_path.read_text(errors="replace")[-num_chars:]
 
-    def wait_healthy(self, timeout_s: float, *, endpoint: str = "/health_generate", poll_s: float = 1.0) -> None:
+    def wait_healthy(
+        self, timeout_s: float, *, endpoint: str = "/health_generate", poll_s: float = 1.0, flag: str | None = None
+    ) -> None:
         """Blocks until `endpoint` answers 200.
+
+        Args:
+            timeout_s: seconds to wait.
+            endpoint: the route polled.
+            poll_s: seconds between polls.
+            flag: the flag that sets `timeout_s`, named in the timeout's message.
 
         Raises:
             RuntimeError: the process exited first (message has the exit code and log tail).
-            TimeoutError: not healthy within `timeout_s` (message names the URL).
+            TimeoutError: not healthy within `timeout_s` (message names the URL, and `flag`).
         """
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=httpx.Timeout(30.0, connect=2.0), trust_env=False) as client:
@@ -124,7 +132,10 @@ class EngineProcess:
                     if client.get(self.url + endpoint).status_code == 200:
                         return
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"engine {self.url} not healthy after {timeout_s:.0f}s\n{self.log_tail()}")
+                    set_by = f" ({flag})" if flag else ""
+                    raise TimeoutError(
+                        f"engine {self.url} not healthy after {timeout_s:.0f}s{set_by}\n{self.log_tail()}"
+                    )
                 time.sleep(poll_s)
 
     def shutdown(self, grace_s: float = 10.0) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["CONTROL_CONNECTIONS", "EngineError", "EngineResponse", "HttpEndpoint"]
+__all__ = ["CONTROL_CONNECTIONS", "UNAVAILABLE_STATUSES", "EngineError", "EngineResponse", "HttpEndpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,11 @@ _KEEPALIVE_S = 3.0
 # checkpoint from disk within one call, but finite, so a hung engine surfaces as an error.
 DEFAULT_TIMEOUT_S = 1800.0
 
+# HTTP statuses that say "not now" rather than "not this request": a router whose worker died (502/504), an engine
+# or router out of capacity or shutting down (503). With --use-fault-tolerance a generation answered so goes to
+# another engine, as an unreachable one does.
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+
 
 class EngineError(RuntimeError):
     """An engine call failed (HTTP error status, `success: false`, or the engine is unreachable).
@@ -75,6 +80,11 @@ class EngineError(RuntimeError):
         )
         self.url, self.endpoint, self.message, self.status_code = url, endpoint, message, status_code
         self.unreachable = unreachable
+
+    @property
+    def unavailable(self) -> bool:
+        """No usable answer that blames the request: unreachable, or an `UNAVAILABLE_STATUSES` reply."""
+        return self.unreachable or self.status_code in UNAVAILABLE_STATUSES
 
     @property
     def engine_message(self) -> str:

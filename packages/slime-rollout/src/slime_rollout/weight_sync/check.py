@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slime_core.config.sglang_flags import sglang_fields
+from slime_core.error_text import preview
 from slime_core.extensions import engine_spec
 from slime_core.fp8 import pair_fp8
 from slime_rollout.engines.transport import EngineError
@@ -252,6 +253,8 @@ class WeightCheckReport:
         unsupported: engines without a checksum endpoint (`/weights_checker` answered 400/404).
         sharded: (engine, tensor) pairs not compared because a TP > 1 engine holds the tensor in shards.
         missing: (engine, tensor) pairs the engine did not list at all.
+        blind: engines that listed none of the drawn tensors (their check compared nothing; the drawn names come from
+            the first engine's list, so another engine holding none of them serves another model or naming).
         mismatches: one line per (engine, tensor) pair whose checksums differ.
     """
 
@@ -259,6 +262,7 @@ class WeightCheckReport:
     unsupported: int = 0
     sharded: int = 0
     missing: int = 0
+    blind: list[str] = dataclasses.field(default_factory=list)
     mismatches: list[str] = dataclasses.field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
@@ -267,6 +271,7 @@ class WeightCheckReport:
             "weight_check/tensors_checked": float(self.checked),
             "weight_check/tensors_unsupported": float(self.unsupported),
             "weight_check/tensors_sharded": float(self.sharded),
+            "weight_check/tensors_missing": float(self.missing),
             "weight_check/mismatches": float(len(self.mismatches)),
         }
 
@@ -282,7 +287,8 @@ async def engine_checksums(engine: Any) -> list[dict[str, str]] | None:
         checksum endpoint (HTTP 400 or 404: SGLang before 0.5.16, or a server without it).
 
     Raises:
-        EngineError: the engine failed in another way.
+        EngineError: the engine failed in another way, or its reply holds no rank or a rank without a `checksums`
+            object (an empty `ranks` compared as equal every tensor it was asked about).
     """
     try:
         reply = await engine.request("POST", "/weights_checker", {"action": "checksum"})
@@ -291,7 +297,13 @@ async def engine_checksums(engine: Any) -> list[dict[str, str]] | None:
             logger.warning("weight check: %s has no checksum endpoint (%s)", engine.url, exc)
             return None
         raise
-    return [_wrapper_free(rank["checksums"]) for rank in reply.get("ranks") or []]
+    ranks = reply.get("ranks") if isinstance(reply, dict) else None
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise EngineError(engine.url, "/weights_checker", f"reply has no per-rank checksums: {preview(reply)}")
+    for i, rank in enumerate(ranks):
+        if not isinstance(rank.get("checksums"), dict):
+            raise EngineError(engine.url, "/weights_checker", f"ranks[{i}] has no checksums object: {preview(rank)}")
+    return [_wrapper_free(rank["checksums"]) for rank in ranks]
 
 
 async def check_engines(engines: Iterable[Any], expected: dict[str, str]) -> WeightCheckReport:
@@ -313,13 +325,14 @@ async def check_engines(engines: Iterable[Any], expected: dict[str, str]) -> Wei
         if ranks is None:
             report.unsupported += 1
             continue
+        missing_before = report.missing
         for name, want in expected.items():
-            if len(ranks) > 1 and not name.endswith(_REPLICATED):
-                report.sharded += 1
-                continue
             got = [rank.get(name) for rank in ranks]
             if any(g is None for g in got):
                 report.missing += 1
+                continue
+            if len(ranks) > 1 and not name.endswith(_REPLICATED):
+                report.sharded += 1
                 continue
             report.checked += 1
             bad = [i for i, g in enumerate(got) if g != want]
@@ -327,4 +340,6 @@ async def check_engines(engines: Iterable[Any], expected: dict[str, str]) -> Wei
                 report.mismatches.append(
                     f"{engine.url} {name}: engine checksum {got[bad[0]]} (TP rank {bad[0]}), expected {want}"
                 )
+        if expected and report.missing - missing_before == len(expected):
+            report.blind.append(engine.url)
     return report

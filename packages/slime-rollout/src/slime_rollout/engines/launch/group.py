@@ -123,7 +123,7 @@ def launch_engines(
     gpus_per_engine: int,
     base_gpu_ids: Sequence[int] | None = None,
     colocate: bool = False,
-    startup_timeout_s: float = 600.0,
+    startup_timeout_s: float | None = None,
     log_dir: str | os.PathLike | None = None,
     host: str = "127.0.0.1",
     base_port: int = 15000,
@@ -142,7 +142,7 @@ def launch_engines(
         base_gpu_ids: first GPU of each engine (default `i * gpus_per_engine`).
         colocate: the engines release their memory while a trainer on their GPUs runs (colocated with
             `--offload-rollout`): enable SGLang's memory saver.
-        startup_timeout_s: per-engine health wait.
+        startup_timeout_s: per-engine health wait in seconds (None: `--rollout-engine-startup-timeout`).
         log_dir: write each engine's output to `<log_dir>/engine_<i>.log` (None: inherit stdout).
         host: interface the engines bind (and the router started here).
         base_port: ports are probed upwards from here (each engine takes the next free one).

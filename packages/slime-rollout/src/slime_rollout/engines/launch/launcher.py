@@ -79,7 +79,7 @@ class EngineLauncher:
         gpus_per_engine: TP size of each SGLang engine (ignored by the reference engine).
         colocate: the engines release their memory while a trainer on their GPUs runs (colocated with
             `--offload-rollout`): enable SGLang's memory saver.
-        startup_timeout_s: per-engine health wait in seconds.
+        startup_timeout_s: per-engine health wait in seconds (None: `--rollout-engine-startup-timeout`).
         log_dir: write each engine's output to `<log_dir>/engine_<i>.log` (None: inherit stdout).
         host: interface the engines bind; also the host of their URLs.
         base_port: ports are probed upwards from here (each engine takes the next free one).
@@ -95,7 +95,7 @@ class EngineLauncher:
         *,
         gpus_per_engine: int,
         colocate: bool = False,
-        startup_timeout_s: float = 600.0,
+        startup_timeout_s: float | None = None,
         log_dir: str | os.PathLike | None = None,
         host: str = "127.0.0.1",
         base_port: int = 15000,
@@ -108,6 +108,8 @@ class EngineLauncher:
             raise ValueError(f"need gpus_per_engine >= 1, got {gpus_per_engine}")
         self.cfg, self.kind, self.gpus_per_engine = cfg, kind, gpus_per_engine
         self.memory_saver = bool(colocate or cfg.offload_rollout)
+        if startup_timeout_s is None:
+            startup_timeout_s = cfg.rollout_engine_startup_timeout
         self.startup_timeout_s, self.host, self.mem_fraction_static = startup_timeout_s, host, mem_fraction_static
         self.log_dir = pathlib.Path(log_dir) if log_dir else None
         self._cursor = base_port
@@ -177,7 +179,7 @@ _PORT_RETRIES = 3
 def _wait_own_engine(proc: EngineProcess, kind: EngineKind, timeout_s: float) -> None:
     """Waits for health and checks that the server answering is `proc` itself, not a port squatter."""
     try:
-        proc.wait_healthy(timeout_s)
+        proc.wait_healthy(timeout_s, flag="--rollout-engine-startup-timeout")
     except RuntimeError as exc:
         if "address already in use" in proc.log_tail().lower():
             raise PortTaken(f"port of {proc.url} already in use") from exc

@@ -65,6 +65,9 @@ class Scheduler:
         self._task: asyncio.Task | None = None
         self.paused = False
         self._paused_since: float | None = None  # time.monotonic() of the pause in force
+        # time.monotonic() of the last decode step: SGLang's /health_generate calls a busy engine healthy only when
+        # output arrives after the probe began (`last_receive_tstamp`), not because requests are running.
+        self.last_step_at = time.monotonic()
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -193,6 +196,11 @@ class Scheduler:
                 self._running[req] = fut
         return [req for req, _ in taken]
 
+    def _stepped(self) -> None:
+        """Called by the model thread after each decode step: records progress, then blocks while paused in place."""
+        self.last_step_at = time.monotonic()
+        self._resumed.wait()
+
     def _finish(self, req: GenRequest) -> None:
         """Resolves a finished request's future (called from the model thread)."""
         assert self._loop_ref is not None
@@ -218,7 +226,7 @@ class Scheduler:
                     functools.partial(
                         self.model.generate,
                         first,
-                        self._resumed.wait,
+                        self._stepped,
                         notify=self._finish,
                         take_new=functools.partial(self._take, lora=lora),
                         max_batch=self.max_running_requests,

@@ -30,23 +30,35 @@ async def health():
 
 @router.get("/health_generate")
 async def health_generate(request: Request):
-    """SGLang 0.5.16's answer: 200 when busy, or when a one-token generation finishes.
+    """SGLang 0.5.16's answer: 200 once output arrives after the probe began, else 503 after the timeout.
 
-    While generation is paused the probe waits for the resume and, after `SGLANG_HEALTH_CHECK_TIMEOUT` seconds
-    (20) without one, answers 503.
+    SGLang (entrypoints/http_server.py `health_generate`) sends a one-token request and answers 200 as soon as any
+    output (its own or a running request's) arrives after the probe began, 503 after `SGLANG_HEALTH_CHECK_TIMEOUT`
+    seconds (20) without any. A paused engine holds the probe like any request. Running requests alone did not make
+    a wedged engine (its model thread stuck, the HTTP loop alive) unhealthy here: now a decode step must happen.
     """
     engine = engine_of(request)
     scheduler = engine.scheduler
+    began = time.monotonic()
+    deadline = began + float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
     if scheduler.paused:
         # SGLang's probe is a generation request, held by the paused tokenizer manager like any other.
-        deadline = time.monotonic() + float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
         while scheduler.paused and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if scheduler.paused:
             return Response(status_code=503)
     if scheduler.num_running:
-        return Response(status_code=200)  # busy is healthy: SGLang sees the running requests' output
-    req = await submit_one(engine, [engine.model.pad_token_id], None, {"max_new_tokens": 1, "temperature": 0.0}, None)
+        # Busy: healthy once a running request's output moves on (SGLang's `last_receive_tstamp > tic`).
+        while scheduler.last_step_at <= began and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return Response(status_code=200 if scheduler.last_step_at > began else 503)
+    rid = f"HEALTH_CHECK_{time.time()}"
+    probe = submit_one(engine, [engine.model.pad_token_id], None, {"max_new_tokens": 1, "temperature": 0.0}, rid)
+    try:
+        req = await asyncio.wait_for(probe, timeout=max(deadline - time.monotonic(), 0.0))
+    except TimeoutError:
+        scheduler.abort(rid=rid)  # as SGLang drops its probe's request
+        return Response(status_code=503)
     return Response(status_code=200 if req.finished else 503)
 
 
