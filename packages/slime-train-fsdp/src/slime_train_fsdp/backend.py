@@ -52,6 +52,7 @@ from slime_train_fsdp.checkpoint import (
     save_checkpoint,
 )
 from slime_train_fsdp.compile_cache import load_compile_cache, save_compile_cache
+from slime_train_fsdp.compile_stats import cache_counts, compile_seconds, compiled_frames, compiled_graphs, now_us
 from slime_train_fsdp.compile_warmup import start_compile_warm_up
 from slime_train_fsdp.hf_export import iter_hf_buckets, save_hf
 from slime_train_fsdp.lora import initial_adapter_state, iter_adapter, iter_merged, save_adapter
@@ -91,35 +92,6 @@ _MISSING = {
     "ref": "no reference model: init(..., with_ref=True) (--use-kl-loss / --kl-coef)",
     "teacher": "no teacher model: --use-opd --opd-type fsdp --opd-teacher-load DIR",
 }
-
-
-def _compile_seconds() -> float:
-    """Seconds this process has spent in torch.compile so far (dynamo tracing and backend compilation)."""
-    from torch._dynamo.utils import calculate_time_spent
-
-    return float(calculate_time_spent().get("total_wall_time", 0.0))
-
-
-def _compiled_graphs() -> int:
-    """Graphs torch.compile has produced in this process (one per grad mode when nothing recompiles)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def _compile_cache_counts() -> dict[str, int]:
-    """This process's torch.compile cache lookups so far: inductor's FX graph cache and the AOT autograd cache.
-
-    A graph the compile warm-up left in the on-disk caches is a hit in both; a miss means the step compiled it.
-    """
-    from torch._dynamo.utils import counters
-
-    return {
-        "fx_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
-        "fx_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
-        "aot_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
-        "aot_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
-    }
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -364,20 +336,21 @@ class FSDPTrainBackend:
             RuntimeError: while asleep.
         """
         self._require_awake("train")
-        compile_before, caches_before = _compile_seconds(), _compile_cache_counts()
+        compile_before, caches_before, begun_us = compile_seconds(), cache_counts(), now_us()
         if self.routing is not None:
             self.routing.reset()
         metrics, self.step_metrics = train_on_rollout(self.cfg, self, rollout_id, batch)
         if self.routing is not None:
             metrics.update(self._routing_metrics())
-        compiled = _compile_seconds() - compile_before
+        compiled = compile_seconds() - compile_before
         if compiled > 0:
-            graphs = _compiled_graphs()
-            caches = {k: v - caches_before[k] for k, v in _compile_cache_counts().items()}
+            graphs = compiled_graphs()
+            caches = {k: v - caches_before[k] for k, v in cache_counts().items()}
             logger.info(
                 "rollout %d: %.1f s of torch.compile warm-up (%d graphs so far; this step's cache lookups: FX graph "
-                "%d hit / %d miss, AOT autograd %d hit / %d miss)", rollout_id, compiled, graphs,
+                "%d hit / %d miss, AOT autograd %d hit / %d miss): %s", rollout_id, compiled, graphs,
                 caches["fx_hit"], caches["fx_miss"], caches["aot_hit"], caches["aot_miss"],
+                "; ".join(compiled_frames(begun_us)) or "no frame records",
             )  # fmt: skip
             metrics["perf/compile_time"] = compiled
             metrics["perf/compiled_graphs"] = float(graphs)

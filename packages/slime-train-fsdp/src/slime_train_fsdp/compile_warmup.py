@@ -461,7 +461,8 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     from slime_core.fp8 import trainer_weights_dir
     from slime_core.hf_checkpoint import source_dtype
     from slime_core.train_step import entropy_has_grad
-    from slime_train_fsdp.backend import FSDPTrainBackend, _compile_seconds, _compiled_graphs
+    from slime_train_fsdp.backend import FSDPTrainBackend
+    from slime_train_fsdp.compile_stats import compile_seconds, compiled_graphs
     from slime_train_fsdp.packing import forward_options, set_forward_options
 
     started = time.monotonic()
@@ -483,11 +484,11 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
 
     @contextlib.contextmanager
     def phase(name: str) -> Iterator[None]:
-        wall, compiling = time.monotonic(), _compile_seconds()
+        wall, compiling = time.monotonic(), compile_seconds()
         yield
         if use_cuda:
             torch.cuda.synchronize()
-        phases[name] = [round(time.monotonic() - wall, 2), round(_compile_seconds() - compiling, 2)]
+        phases[name] = [round(time.monotonic() - wall, 2), round(compile_seconds() - compiling, 2)]
 
     with phase("process_group"):
         if use_cuda:
@@ -510,8 +511,8 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
             warm_up_head(options, vocab_size=int(trained.vocab_size), device=backend.device, cfg=cfg)
     finally:
         dist.destroy_process_group()
-    return {"seconds": time.monotonic() - started, "compile_seconds": _compile_seconds(),
-            "graphs": _compiled_graphs(), "token_counts": counts, "ready_seconds": ready,
+    return {"seconds": time.monotonic() - started, "compile_seconds": compile_seconds(),
+            "graphs": compiled_graphs(), "token_counts": counts, "ready_seconds": ready,
             "gate_wait_seconds": gate_wait, "phases": phases}  # fmt: skip
 
 

@@ -1,0 +1,71 @@
+"""What torch.compile did in this process: seconds spent, graphs made, cache lookups, and which frames it compiled.
+
+Read around a step (`FSDPTrainBackend.train`) and the compile warm-up's phases (`compile_warmup.run_warm_up`), so a
+log line can say whether a step loaded the warm-up's graphs from inductor's caches or compiled one itself, and which.
+All values come from torch's own bookkeeping (`torch._dynamo.utils`: `calculate_time_spent`, `counters`,
+`get_compilation_metrics`); nothing here changes what is compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+__all__ = ["cache_counts", "compile_seconds", "compiled_frames", "compiled_graphs", "now_us"]
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent in torch.compile so far (dynamo tracing and backend compilation)."""
+    from torch._dynamo.utils import calculate_time_spent
+
+    return float(calculate_time_spent().get("total_wall_time", 0.0))
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has produced in this process (one per grad mode when nothing recompiles)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def cache_counts() -> dict[str, int]:
+    """This process's torch.compile cache lookups so far: inductor's FX graph cache and the AOT autograd cache.
+
+    A graph the compile warm-up left in the on-disk caches is a hit in both; a miss means it was compiled here.
+    """
+    from torch._dynamo.utils import counters
+
+    return {
+        "fx_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fx_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "aot_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "aot_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+    }
+
+
+def now_us() -> int:
+    """Wall-clock microseconds, on the clock of torch's compile records (`compiled_frames`' `since_us`)."""
+    return time.time_ns() // 1000
+
+
+def compiled_frames(since_us: int) -> list[str]:
+    """One line per frame dynamo compiled since `since_us` (`now_us()`), for a log.
+
+    Each: `function (file:line) S s, AOT h hit / m miss, FX h hit / m miss`; the backward graph of a frame is
+    compiled on its first backward and listed as its own entry (`backward of ...`).
+    """
+    from torch._dynamo.utils import get_compilation_metrics
+
+    lines = []
+    for m in get_compilation_metrics():
+        if (m.start_time_us or 0) < since_us:
+            continue
+        where = f"{os.path.basename(m.co_filename or '?')}:{m.co_firstlineno}" if m.co_filename else "?"
+        name = m.co_name or "?"
+        seconds = (m.duration_us or 0) / 1e6
+        lines.append(
+            f"{'backward of ' if m.is_forward is False else ''}{name} ({where}) {seconds:.1f} s, "
+            f"AOT {m.aotautograd_local_cache_hit_count or 0} hit / {m.aotautograd_local_cache_miss_count or 0} miss, "
+            f"FX {m.inductor_fx_local_cache_hit_count or 0} hit / {m.inductor_fx_local_cache_miss_count or 0} miss"
+        )
+    return lines
