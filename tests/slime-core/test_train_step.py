@@ -212,6 +212,39 @@ def test_the_originals_trainer_side_rollout_means(num_steps):
     assert metrics["goodput/tokens_trained"] == 8.0 * num_steps  # the shared reduction keeps the goodput counts
 
 
+def _k3(d: float) -> float:
+    return math.exp(-d) - 1 + d
+
+
+@pytest.mark.parametrize(
+    ("kl_type", "expected"),
+    [
+        ("k1", ((0.5 + 1.0) / 2 + (1.0 + 2.0) / 2) / 2),
+        ("k3", ((_k3(0.5) + _k3(1.0)) / 2 + (_k3(1.0) + _k3(2.0)) / 2) / 2),
+    ],
+)
+def test_rollout_kl_is_the_reward_shaping_kl_the_advantages_used(kl_type, expected):
+    """`rollout/kl` with `--kl-coef`, the original's `rollout_data["kl"]` in `log_rollout_data`.
+
+    It was not written, so a `--kl-coef` run's KL penalty could not be watched. Old minus reference log-prob
+    per token: sample 0 [0.5, 1.0], sample 1 [1.0, (masked) 5.0, 2.0]; per sample the mean of the estimator over
+    trainable tokens, then over the 2 rollouts (the other `rollout/*` means). Without `--kl-coef`: no key.
+    """
+    batch = _batch(1)
+    backend = FakeBackend(batch, with_ref=True)
+    with torch.no_grad():
+        backend.params[0].copy_(torch.tensor([-1.0, -2.0]))
+        backend.params[1].copy_(torch.tensor([-1.0, -9.0, -3.0]))
+    backend.ref = [
+        backend.params[0].detach() - torch.tensor([0.5, 1.0]),
+        backend.params[1].detach() - torch.tensor([1.0, 5.0, 2.0]),
+    ]
+    metrics, _ = train_on_rollout(_cfg(kl_coef=0.1, kl_loss_type=kl_type), backend, 0, batch)
+    assert metrics["rollout/kl"] == pytest.approx(expected, abs=ATOL)
+    metrics, _ = train_on_rollout(_cfg(kl_coef=0.0), FakeBackend(batch, with_ref=True), 0, batch)
+    assert "rollout/kl" not in metrics
+
+
 def test_rollout_mean_sums_have_the_same_names_on_a_rank_without_samples():
     # Megatron all-reduces the sums as one vector in name order: a rank with no samples must send the same names.
     from slime_core.step_metrics import rollout_mean_sums as _rollout_mean_sums

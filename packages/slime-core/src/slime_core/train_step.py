@@ -46,6 +46,7 @@ from slime_core.algorithms import (
     needs_old_log_probs,
     whitening_stats,
 )
+from slime_core.algorithms.advantages import reward_kl
 from slime_core.algorithms.reducers import sample_means
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
@@ -359,8 +360,9 @@ def train_on_rollout(
         and divided by its step's denominator, with `train/grad_norm` (pre-clip, mean over steps),
         `train/global_batch_size` (the steps' rollout count, mean over steps) and
         `train/lr` (rate of the last step; also as the original's `train/lr-pg_0`); the original's trainer-side
-        `rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages`, `rollout/returns` and (PPO)
-        `rollout/values` (per-rollout means over trainable tokens, averaged over the rollouts);
+        `rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages`, `rollout/returns`, (PPO)
+        `rollout/values` and (`--kl-coef`) `rollout/kl` (per-rollout means over trainable tokens, averaged over
+        the rollouts);
         `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
         (trainable tokens with a non-zero / zero advantage, summed over DP ranks); `perf/log_probs_time`,
         `perf/ref_log_probs_time`, `perf/teacher_log_probs_time` (OPD), `perf/actor_train_time` (this rank's
@@ -409,6 +411,8 @@ def train_on_rollout(
         "advantages": adv,
         "returns": returns,
         "values": values,
+        # The reward-shaping KL the advantages used (`rollout/kl`), only with --kl-coef: without it it is all zeros.
+        "kl": reward_kl(cfg, batch.loss_masks, old, ref) if cfg.kl_coef != 0 else None,
     }
     # One reduction over data-parallel ranks for the steps' metrics, the goodput counts, the rollout means and the
     # token counts of the FLOPs (the old log-probs are known only now).

@@ -35,6 +35,7 @@ __all__ = [
     "ppo_gae_advantages",
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
+    "reward_kl",
     "rloo_advantages",
 ]
 
@@ -233,7 +234,7 @@ def compute_advantages_and_returns(
     if use_opd and (log_probs is None or teacher_log_probs is None):
         raise ValueError("--use-opd needs log_probs and teacher_log_probs")
     with torch.no_grad():
-        kl = _reward_kl(cfg, loss_masks, log_probs, ref_log_probs)
+        kl = reward_kl(cfg, loss_masks, log_probs, ref_log_probs)
         custom_path = cfg.custom_advantage_function_path
         if custom_path:
             extra = {"kl": kl, "rollout_log_probs": rollout_log_probs}
@@ -271,8 +272,23 @@ def _custom_advantages(args: SlimeArgs, path, rewards, loss_masks, inputs):
     return [a.float() for a in rollout_data["advantages"]], [r.float() for r in rollout_data["returns"]]
 
 
-def _reward_kl(cfg: SlimeArgs, loss_masks, log_probs, ref_log_probs) -> list[torch.Tensor]:
-    """The reward-shaping KL N×`[L_i]` (`--kl-coef`, estimator `--kl-loss-type`), zeros when `kl_coef` is 0."""
+def reward_kl(cfg: SlimeArgs, loss_masks, log_probs, ref_log_probs) -> list[torch.Tensor]:
+    """The reward-shaping KL (`--kl-coef`): per token `compute_approx_kl(log_probs, ref_log_probs, --kl-loss-type)`.
+
+    The original's `rollout_data["kl"]` (`compute_advantages_and_returns`, `slime/backends/megatron_utils/loss.py`).
+
+    Args:
+        cfg: run config; reads `kl_coef`, `kl_loss_type`.
+        loss_masks: N `[L_i]` (shapes only).
+        log_probs: N `[L_i]` old log-probs, or None when `kl_coef` is 0.
+        ref_log_probs: N `[L_i]` reference log-probs, or None when `kl_coef` is 0.
+
+    Returns:
+        N `[L_i]` float32; zeros when `kl_coef` is 0.
+
+    Raises:
+        ValueError: `kl_coef != 0` without log-probs or reference log-probs.
+    """
     if cfg.kl_coef == 0:
         return [torch.zeros(m.shape, dtype=torch.float32, device=m.device) for m in loss_masks]
     if log_probs is None or ref_log_probs is None:
