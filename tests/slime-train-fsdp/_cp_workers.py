@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 def _workers():
     spec = importlib.util.spec_from_file_location("slime_fsdp_cp_test_workers", pathlib.Path(__file__).with_name(
-        "_workers.py"))  # fmt: skip
+        "_worker_common.py"))  # fmt: skip
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

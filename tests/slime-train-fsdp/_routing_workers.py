@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from slime_train_fsdp import FSDPTrainBackend
 
 _spec = importlib.util.spec_from_file_location(
-    "slime_fsdp_test_workers", pathlib.Path(__file__).with_name("_workers.py")
+    "slime_fsdp_test_worker_common", pathlib.Path(__file__).with_name("_worker_common.py")
 )
 w = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(w)

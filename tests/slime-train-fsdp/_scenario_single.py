@@ -29,23 +29,13 @@ make_batch = _common.make_batch
 full_params = _common.full_params
 hf_reference_log_probs = _common.hf_reference_log_probs
 max_diff = _common.max_diff
+with_top_p_sets = _common.with_top_p_sets
 
 _spec = importlib.util.spec_from_file_location(
     "slime_fsdp_test_compile_scenario", pathlib.Path(__file__).with_name("_compile_scenario.py")
 )
 _compile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_compile)
-
-
-def with_top_p_sets(batch: RolloutBatch, vocab: int = 64, seed: int = 0) -> RolloutBatch:
-    """The batch with random top-p replay sets: per position 0-5 random ids (the target in some, not in others)."""
-    g = torch.Generator().manual_seed(seed)
-    ids, offsets = [], []
-    for r in batch.response_lengths:
-        sizes = torch.randint(0, 6, (r,), generator=g)
-        ids.append(torch.cat([torch.randperm(vocab, generator=g)[: int(k)] for k in sizes] + [torch.zeros(0).long()]))
-        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]))
-    return dataclasses.replace(batch, rollout_top_p_token_ids=ids, rollout_top_p_token_offsets=offsets)
 
 
 def hf_reference_top_p_log_probs(path: str, batch: RolloutBatch) -> list[torch.Tensor]:

@@ -106,6 +106,17 @@ def make_batch(dp_rank: int, dp_size: int, seed: int = 0) -> RolloutBatch:
     )
 
 
+def with_top_p_sets(batch: RolloutBatch, vocab: int = 64, seed: int = 0) -> RolloutBatch:
+    """The batch with random top-p replay sets: per position 0-5 random ids (the target in some, not in others)."""
+    g = torch.Generator().manual_seed(seed)
+    ids, offsets = [], []
+    for r in batch.response_lengths:
+        sizes = torch.randint(0, 6, (r,), generator=g)
+        ids.append(torch.cat([torch.randperm(vocab, generator=g)[: int(k)] for k in sizes] + [torch.zeros(0).long()]))
+        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]))
+    return dataclasses.replace(batch, rollout_top_p_token_ids=ids, rollout_top_p_token_offsets=offsets)
+
+
 def make_uneven_batch(dp_rank: int) -> RolloutBatch:
     """Same global batch as `make_batch`, split 3/1 over 2 ranks; rank 1 has an empty micro-batch per step."""
     full = make_batch(0, 1)
