@@ -133,9 +133,9 @@ class _EngineUpdater:
                 # "abort" mode returns only once every in-flight request has left, and the update calls first take
                 # `model_update_lock`'s writer side (behind in-flight requests), then load (large checkpoints,
                 # collectives): these keep the client's read timeout (DEFAULT_TIMEOUT_S). The scheduler answers a
-                # flush at once (refusing it while requests remain: `flush_cache` retries those), the tokenizer
-                # manager sets the version and continues without the scheduler, so a hung engine is cut off after
-                # --rollout-health-check-timeout on these.
+                # flush at once (refusing it while requests remain: `flush_cache` retries those); the tokenizer
+                # manager sets the version without the scheduler and continues by only sending it a message. So a
+                # hung engine is cut off after --rollout-health-check-timeout on these.
                 await session.each("pause_generation", mode=self.pause_mode)
                 await session.each("flush_cache", answer_within_s=pool.probe_timeout_s)
                 await self._send(buckets, weight_version)
