@@ -1,4 +1,4 @@
-"""Pre-launch checks of the synchronous rollout's flags against the data source it is given.
+"""Pre-launch checks of the rollout's flags: the dynamic filter, and partial rollout against the data source.
 
 Run by `slime_rollout.preflight.check` (so by `--dry-run` too): a combination that fails at the end of the first
 rollout is one line before anything starts.
@@ -15,7 +15,7 @@ from slime_rollout.plugins import load_function
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["partial_rollout_without_buffer"]
+__all__ = ["partial_rollout_without_buffer", "zero_std_filter_on_single_samples"]
 
 
 def partial_rollout_without_buffer(cfg: SlimeArgs) -> list[Problem]:
@@ -52,4 +52,28 @@ def partial_rollout_without_buffer(cfg: SlimeArgs) -> list[Problem]:
         f"--partial-rollout hands each rollout's unfinished groups back to the data source ({why}), which "
         f"--data-source-path {cfg.data_source_path} cannot keep (it has no buffer): use "
         "slime.rollout.data_source.RolloutDataSourceWithBuffer (the default), or drop --partial-rollout"
+    ))]  # fmt: skip
+
+
+def zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
+    """`check_reward_nonzero_std` with `--n-samples-per-prompt 1`, refused.
+
+    A group of one has no spread, so every group is dropped and the rollout could only stop after
+    `--dynamic-sampling-max-empty-rounds` refills (the original samples forever).
+    """
+    path = cfg.dynamic_sampling_filter_path
+    if not path or cfg.n_samples_per_prompt != 1:
+        return []
+    # Imported here, as in slime_rollout.preflight: the generation stack costs about 1.3 s cold, and only this case needs it.
+    from slime_rollout.generation.filters import check_reward_nonzero_std
+
+    try:
+        fn = load_function(path, flag="--dynamic-sampling-filter-path")
+    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
+        return []
+    if fn is not check_reward_nonzero_std:
+        return []
+    return [Problem(message=(
+        f"--dynamic-sampling-filter-path {path} drops every group of --n-samples-per-prompt 1 (one reward has no "
+        "spread), so no rollout could fill its batch: use --n-samples-per-prompt 2 or more, or another filter"
     ))]  # fmt: skip
