@@ -269,7 +269,9 @@ class EnginePool:
                 now = time.monotonic()
                 first_failure = now if first_failure is None else first_failure
                 cause = requeue.__cause__
-                tried[slot.url] = str(cause) if cause is not None else "cancelled (engine marked failed)"
+                # One line: an engine's error body may span several.
+                said = str(cause) if cause is not None else "cancelled (engine marked failed)"
+                tried[slot.url] = " ".join(said.split())
                 if now - first_failure > self.recovery_timeout_s and isinstance(cause, EngineError):
                     raise NoHealthyEngineError(
                         f"request failed on every engine for {self.recovery_timeout_s:g}s "
