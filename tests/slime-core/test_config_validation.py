@@ -438,6 +438,23 @@ def test_single_sample_groups_are_not_warned_where_something_still_trains(caplog
     assert not [r for r in caplog.records if "--n-samples-per-prompt 1" in r.getMessage()]
 
 
+def test_an_eval_only_run_gets_no_training_only_warnings_and_keeps_the_others(caplog):
+    # Was: `--num-rollout 0 --eval-interval 1` (nothing trains) still warned that GRPO on groups of one learns nothing.
+    flags = {
+        "n_samples_per_prompt": 1, "global_batch_size": 4, "advantage_estimator": "grpo", "kl_loss_coef": 0.1,
+        "max_tokens_per_gpu": 512, "env_path": "search", "eval_interval": 1, "eval_prompt_data": ["aime", "a.jsonl"],
+    }  # fmt: skip
+    training_only = ("--n-samples-per-prompt 1", "--kl-loss-coef", "--max-tokens-per-gpu")
+    for num_rollout in (0, 1):
+        caplog.clear()
+        config_base._WARNED.clear()
+        with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+            make(**{**flags, "num_rollout": num_rollout})
+        said = [r.getMessage() for r in caplog.records]
+        assert [any(m.startswith(flag) for m in said) for flag in training_only] == [num_rollout == 1] * 3
+        assert any(m.startswith("--env-path has no effect with the default single-turn") for m in said)  # eval too
+
+
 def test_blake3_delta_checksum_without_the_package_is_refused_at_start(monkeypatch):
     # Without the check --dry-run said valid and the run stopped once the weight updater was built (Ray, engines up).
     real_find_spec = validation.importlib.util.find_spec

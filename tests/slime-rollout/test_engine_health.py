@@ -137,6 +137,22 @@ async def test_with_no_healthy_engine_a_request_fails_after_the_recovery_timeout
     assert "restart failed: engine exited with code 1" in message
 
 
+async def test_a_request_failing_on_every_engine_for_the_recovery_window_is_one_error_naming_flag_and_engines(
+    http_server,
+):
+    # Was: the last engine's own EngineError, naming neither the flag nor the other engines it had failed on.
+    async def unavailable(request):
+        return web.json_response({"error": {"message": "out of capacity"}}, status=503)
+
+    urls = [await http_server(unavailable), await http_server(unavailable)]
+    client = RolloutClient(urls, failover=True, recovery_timeout=1.0)
+    with pytest.raises(NoHealthyEngineError) as e:
+        await asyncio.wait_for(client.generate({"id": 0}), 30)
+    message = str(e.value)
+    assert "\n" not in message and "for 1s (--rollout-engine-recovery-timeout)" in message
+    assert all(f"{url}: engine {url}/generate failed (HTTP 503)" in message for url in urls)
+
+
 async def test_without_fault_tolerance_an_unreachable_engine_fails_the_request():
     from slime_rollout.engines.process import find_free_port
     from slime_rollout.engines.transport import EngineError

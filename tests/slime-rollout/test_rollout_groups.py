@@ -115,6 +115,28 @@ async def test_empty_responses_are_counted_and_not_trained_on(monkeypatch, caplo
     assert "rollout 3: 2 samples have an empty response (from " in caplog.text and "[1, 3]" in caplog.text
 
 
+async def env_fails_odd_generate(args, sample, sampling_params):
+    """Answers every sample; odd-indexed ones then fail in their env, marked as `multi_turn._env_step` marks them."""
+    sample.append_response_tokens([A], log_probs=[-0.3], text="A")
+    sample.status = Status.COMPLETED
+    if sample.index % 2:
+        sample.status, sample.remove_sample = Status.FAILED, True
+        sample.metadata["env_error"] = "RuntimeError: tool service down"
+    return sample
+
+
+async def test_samples_failed_by_their_env_are_counted_in_a_metric_and_one_line_per_rollout(monkeypatch, caplog):
+    # Was: one warning per sample where the env failed, no count and no per-rollout line.
+    args = _args(monkeypatch, custom_generate_function_path=f"{__name__}.env_fails_odd_generate", rollout_batch_size=2)
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.generation.rollout"):
+        out, _ = await generate_rollout_async(args, 4, _DataSource(n=2))
+    assert out.metrics["rollout/env_failed_samples"] == 2.0
+    lines = [r.getMessage() for r in caplog.records if "failed in their env" in r.getMessage()]
+    assert lines == [
+        "rollout 4: 2 of 4 samples failed in their env and are not trained on (samples [1, 3]; 2 RuntimeError)"
+    ]
+
+
 BATCH_CALLS: list[list[int]] = []
 
 

@@ -21,10 +21,10 @@ def _cfg():
     return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
-def _engine(log, name, *, report=None, hang_on_bucket=None):
+def _engine(log, name, *, report=None, hang_on_bucket=None, hang_on=None):
     """A fake engine: `report` overrides the version it reports after the fence (a stale or lying engine; "error":
     its `/model_info` fails); `hang_on_bucket` (1-based) applies that bucket, then never answers (the client times
-    out)."""
+    out); `hang_on` (a route) answers it only after 3 s."""
     state = {"version": "0", "buckets": 0}
 
     async def handler(request):
@@ -40,6 +40,8 @@ def _engine(log, name, *, report=None, hang_on_bucket=None):
                 await asyncio.sleep(30)
         elif request.path == "/update_weight_version":
             state["version"] = body["new_version"]
+        if request.path == hang_on:
+            await asyncio.sleep(3)
         log.append((name, request.path))
         return web.json_response({"success": True})
 
@@ -102,6 +104,20 @@ async def test_an_engine_that_applied_a_bucket_but_never_answered_is_relabelled_
     assert list(e.value.failed) == [slow]
     assert isinstance(e.value.failed, dict) and "update_weights_from_tensor" in e.value.failed[slow]
     assert await RolloutClient([good, slow]).get_weight_versions() == ["5", "5-incomplete"]
+
+
+@pytest.mark.parametrize("route", ["/flush_cache", "/update_weight_version", "/continue_generation"])
+async def test_an_engine_hung_on_a_quick_control_call_is_cut_off_by_the_health_check_timeout(http_server, route):
+    # Was: each of these waited up to the 1800 s control timeout, which no flag changed; SGLang answers them at once.
+    log = []
+    good = await http_server(_engine(log, "good"))
+    hung = await http_server(_engine(log, "hung", hang_on=route))
+    client = RolloutClient([good, hung], max_retries=0, probe_timeout_s=0.5)
+    with pytest.raises(WeightPushError) as e:
+        await TensorWeightUpdater(_cfg(), client, load_format=None).aupdate(_buckets(2), "5")
+    assert list(e.value.failed) == [hung]
+    assert route in e.value.failed[hung] and "(--rollout-health-check-timeout)" in e.value.failed[hung]
+    assert ("good", "/continue_generation") in log
 
 
 def test_an_engine_error_escaping_a_collective_push_names_every_engine_in_it():

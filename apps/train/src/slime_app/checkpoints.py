@@ -36,7 +36,6 @@ from slime_core.checkpoint_dirs import (
 from slime_core.config import SlimeArgs
 from slime_core.error_text import first_sentence
 from slime_core.extensions import train_backend_spec
-from slime_core.fp8 import strip_quantization_config
 
 logger = logging.getLogger(__name__)
 
@@ -524,7 +523,7 @@ def fsdp_reference_dir(cfg: SlimeArgs, *, convert: bool) -> str | None:
     logger.info(
         "--ref-load %s is torch_dist: converting it to HF in %s for the FSDP reference model", cfg.ref_load, out
     )
+    # mcore_to_hf writes a config stating the exported dtype and no quantization_config (even from an FP8 origin).
     mcore_to_hf(cfg.ref_load, out, cfg.hf_checkpoint, force=True, progress=False)
-    strip_quantization_config(out / "config.json")  # BF16 weights, even when the config came from an FP8 checkpoint
     marker.write_text(json.dumps(stamp))
     return str(out)

@@ -38,6 +38,7 @@ from slime_rollout.data.sft import conversation_problem
 from slime_rollout.data.sft_preflight import is_sft, sft_problems
 from slime_rollout.data.source import DEFAULT_DATA_SOURCES, TOKENIZER_FILES, get_tokenizer
 from slime_rollout.plugins import eval_function, load_function
+from slime_rollout.preflight_rollout import partial_rollout_without_buffer, zero_std_filter_on_single_samples
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
@@ -73,8 +74,8 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     """
     problems = _reward_url(cfg) + _tokenizer_files(cfg) + _chat_template(cfg) + _image_processor(cfg)
     problems += _length_limits(cfg)
-    problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + _zero_std_filter_on_single_samples(cfg)
-    problems += _response_budget(cfg) + _no_prompts_to_generate(cfg)
+    problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + zero_std_filter_on_single_samples(cfg)
+    problems += _response_budget(cfg) + _no_prompts_to_generate(cfg) + partial_rollout_without_buffer(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data
@@ -144,30 +145,6 @@ def _no_prompts_to_generate(cfg: SlimeArgs) -> list[Problem]:
         "--disable-rollout-global-dataset: the data source serves empty prompts, which the default generate function "
         "would send to the engines as they are; give --custom-generate-function-path (it makes each prompt), a "
         "--data-source-path or a --rollout-function-path, or drop the flag and give --prompt-data"
-    ))]  # fmt: skip
-
-
-def _zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
-    """`check_reward_nonzero_std` with `--n-samples-per-prompt 1`, refused.
-
-    A group of one has no spread, so every group is dropped and the rollout could only stop after
-    `--dynamic-sampling-max-empty-rounds` refills (the original samples forever).
-    """
-    path = cfg.dynamic_sampling_filter_path
-    if not path or cfg.n_samples_per_prompt != 1:
-        return []
-    # Imported here, as in _eval_files: the generation stack costs about 1.3 s cold, and only this case needs it.
-    from slime_rollout.generation.filters import check_reward_nonzero_std
-
-    try:
-        fn = load_function(path, flag="--dynamic-sampling-filter-path")
-    except Exception:  # noqa: BLE001 - a plugin that cannot be imported is the app's plugin check's problem
-        return []
-    if fn is not check_reward_nonzero_std:
-        return []
-    return [Problem(message=(
-        f"--dynamic-sampling-filter-path {path} drops every group of --n-samples-per-prompt 1 (one reward has no "
-        "spread), so no rollout could fill its batch: use --n-samples-per-prompt 2 or more, or another filter"
     ))]  # fmt: skip
 
 

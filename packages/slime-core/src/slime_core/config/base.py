@@ -7,9 +7,11 @@ Every concern (cluster, rollout, algorithm, ...) is a pydantic model deriving fr
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,11 +25,13 @@ __all__ = [
     "non_default",
     "parse_json_dict",
     "warn_once",
+    "warnings_silenced",
 ]
 
 logger = logging.getLogger(__name__)
 
 _WARNED: set[str] = set()
+_SILENCED: contextvars.ContextVar[bool] = contextvars.ContextVar("slime_config_warnings_silenced", default=False)
 
 
 class ConfigError(ValueError):
@@ -159,7 +163,21 @@ def warn_once(key: str, message: str) -> None:
     Config objects are re-validated wherever they are deserialized (every Ray worker), so warnings
     about settings that have no effect would otherwise repeat.
     """
-    if key in _WARNED:
+    if key in _WARNED or _SILENCED.get():
         return
     _WARNED.add(key)
     logger.warning(message)
+
+
+@contextlib.contextmanager
+def warnings_silenced(silenced: bool) -> Iterator[None]:
+    """Within the block, `warn_once` says nothing (and remembers nothing) when `silenced` is true.
+
+    For checks whose warnings concern training only, in a run that trains nothing (`--num-rollout 0`, an eval-only
+    run): their advice does not apply there.
+    """
+    token = _SILENCED.set(silenced)
+    try:
+        yield
+    finally:
+        _SILENCED.reset(token)

@@ -134,7 +134,12 @@ class EngineArgs(ArgsGroup):
         "in-flight requests go to the healthy engines.",
     )
     rollout_health_check_interval: float = arg(30.0, "Seconds between engine health checks.", gt=0)
-    rollout_health_check_timeout: float = arg(30.0, "Timeout of one engine health check in seconds.", gt=0)
+    rollout_health_check_timeout: float = arg(
+        30.0,
+        "Timeout of one engine health check in seconds; also of each engine call SGLang answers at once (the "
+        "rollout's closing abort, a weight push's flush, version fence and continue).",
+        gt=0,
+    )
     rollout_health_check_first_wait: float = arg(0.0, "Seconds to wait before the first health check.", ge=0)
     rollout_engine_startup_timeout: float = arg(
         1800.0,

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from slime_core.config.base import ConfigError, field_to_flag, non_default, warn_once
+from slime_core.config.base import ConfigError, field_to_flag, non_default, warn_once, warnings_silenced
 from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.mismatch import validate_mismatch
@@ -53,8 +53,12 @@ def derive_and_validate(args: SlimeArgs) -> None:
     check_fully_async(args)
     _batch_sizes(args)
     _num_rollout(args)
-    _algorithm(args)
-    check_trainer_flags(args)
+    # An eval-only run (--num-rollout 0) trains nothing: the algorithm's and the trainer's warnings are not for it
+    # (their errors still are: the same flags resume into a training run).
+    with warnings_silenced(args.num_rollout == 0):
+        _algorithm(args)
+        check_trainer_flags(args)
+    _multi_turn_flags(args)
     _lengths(args)
     _top_k(args)
     _eval(args)
@@ -324,6 +328,10 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
     if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
         warn_once("mask_offpolicy", "--mask-offpolicy-in-partial-rollout has no effect without --partial-rollout")
+
+
+def _multi_turn_flags(args: SlimeArgs) -> None:
+    """Multi-turn flags the default generate function does not read (eval rollouts use it too)."""
     multi_turn = [f for f, on in (("--env-path", args.env_path), ("--max-turns", args.max_turns > 1)) if on]
     if multi_turn and not args.custom_generate_function_path:
         # The default generate is single-turn and reads neither: the run trained without its env, unannounced.

@@ -65,19 +65,28 @@ class EngineClient(HttpEndpoint):
         """POST /abort_request (`slime_rollout.engines.wire.AbortReq`: `{"rid", "abort_all"}`)."""
         await self._post(wire.AbortReq(rid=rid, abort_all=abort_all))
 
-    async def flush_cache(self, *, deadline_s: float = 60.0, poll_s: float = 0.2) -> None:
+    async def flush_cache(
+        self, *, deadline_s: float = 60.0, poll_s: float = 0.2, answer_within_s: float | None = None
+    ) -> None:
         """GET /flush_cache, again while SGLang refuses it (HTTP 400: requests still run or wait).
 
         SGLang's `Scheduler.flush_cache` needs an idle engine, which it is only a moment after `pause_generation`
         aborted its requests; the original retries likewise (60 tries).
 
+        Args:
+            deadline_s: seconds to keep asking while refused.
+            poll_s: seconds between tries.
+            answer_within_s: seconds each try may take (`--rollout-health-check-timeout`: the scheduler answers a
+                flush at once; None: the client's read timeout).
+
         Raises:
-            EngineError: still refused after `deadline_s` seconds (tried every `poll_s`), or any other failure.
+            EngineError: still refused after `deadline_s` seconds (tried every `poll_s`), a try unanswered within
+                `answer_within_s` (unreachable, naming the flag), or any other failure.
         """
         give_up = time.monotonic() + deadline_s
         while True:
             try:
-                await self.request("GET", "/flush_cache")
+                await self._within(self.request("GET", "/flush_cache"), "/flush_cache", answer_within_s)
                 return
             except EngineError as exc:
                 if exc.status_code != 400:
@@ -87,6 +96,18 @@ class EngineClient(HttpEndpoint):
                         self.url, "/flush_cache", f"requests still run or wait after {deadline_s:g} s", 400
                     ) from exc
             await asyncio.sleep(poll_s)
+
+    async def _within(self, call: Any, endpoint: str, answer_within_s: float | None) -> Any:
+        """`call` cut off after `answer_within_s` (`--rollout-health-check-timeout`) as an unreachable EngineError."""
+        if answer_within_s is None:
+            return await call
+        try:
+            return await await_with_deadline(
+                call, what=f"{endpoint} on engine {self.url}", deadline_s=answer_within_s,
+                flag="--rollout-health-check-timeout", warn_every_s=answer_within_s,
+            )  # fmt: skip
+        except DeadlineExceeded as exc:
+            raise EngineError(self.url, endpoint, str(exc), unreachable=True) from None
 
     async def pause_generation(self, mode: str = "abort") -> None:
         """POST /pause_generation `{"mode": "abort"|"retract"|"in_place"}`."""

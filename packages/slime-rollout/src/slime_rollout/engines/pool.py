@@ -254,9 +254,12 @@ class EnginePool:
 
         Raises:
             EngineError: the engine answered with an error (always), or failed without `failover`.
-            NoHealthyEngineError: no engine served within `recovery_timeout_s`.
+            NoHealthyEngineError: no engine served within `recovery_timeout_s`, or the request failed on every
+                engine it was sent to for that long (names the flag and each engine's last failure; the last
+                `EngineError` is the `__cause__`).
         """
         first_failure: float | None = None
+        tried: dict[str, str] = {}  # engine URL -> its last failure of this request
         while True:
             slot = await self._acquire()
             try:
@@ -265,8 +268,16 @@ class EnginePool:
                 # A request that fails on every engine for the whole recovery window is not a fault of one engine.
                 now = time.monotonic()
                 first_failure = now if first_failure is None else first_failure
-                if now - first_failure > self.recovery_timeout_s and isinstance(requeue.__cause__, EngineError):
-                    raise requeue.__cause__ from None
+                cause = requeue.__cause__
+                # One line: an engine's error body may span several.
+                said = str(cause) if cause is not None else "cancelled (engine marked failed)"
+                tried[slot.url] = " ".join(said.split())
+                if now - first_failure > self.recovery_timeout_s and isinstance(cause, EngineError):
+                    raise NoHealthyEngineError(
+                        f"request failed on every engine for {self.recovery_timeout_s:g}s "
+                        f"(--rollout-engine-recovery-timeout); engines tried: "
+                        + "; ".join(f"{url}: {why}" for url, why in tried.items())
+                    ) from cause
 
     async def _call(self, slot: EngineSlot, payload: dict[str, Any]) -> Any:
         # One connection retry when failing over: a dead engine's requests move on within seconds.

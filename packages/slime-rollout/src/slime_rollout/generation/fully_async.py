@@ -44,7 +44,7 @@ from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime_rollout.data.cursor_file import keep_groups_of_size
 from slime_rollout.generation.eval import eval_rollout
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
-from slime_rollout.generation.rollout import _exclude_empty_responses, run_end_of_rollout_plugins
+from slime_rollout.generation.rollout import _exclude_empty_responses, _report_env_failures, run_end_of_rollout_plugins
 from slime_rollout.rewards.math import num_undecided
 from slime_rollout.runtime import async_utils
 from slime_rollout.runtime.goodput import rollout_token_fates
@@ -104,6 +104,7 @@ async def _collect(args: SlimeArgs, rollout_id: int, data_source: DataSource) ->
     discarded, drops, reward_seconds, wall = producer.take_discarded()
     data.sort(key=lambda g: flatten_groups([g])[0].index or 0)
     _exclude_empty_responses(args, rollout_id, data)
+    _report_env_failures(rollout_id, data)
     all_groups = [*data, *discarded["filtered"], *discarded["stale"]]
     await run_end_of_rollout_plugins(args, rollout_id, data, all_groups, data_source)
     # Generation overlaps training: the rollout's wall time is the time since the previous one was taken.

@@ -175,6 +175,29 @@ def _exclude_empty_responses(args: SlimeArgs, rollout_id: int, groups: list[list
     return len(empty)
 
 
+def _report_env_failures(rollout_id: int, groups: list[list[Any]]) -> int:
+    """One log line per rollout for the samples an env's `step` failed (FAILED, removed; `metadata["env_error"]`).
+
+    Each failure is also one warning where it happens (`slime_rollout.generation.multi_turn`); the count is the
+    `rollout/env_failed_samples` metric.
+
+    Returns:
+        The number of such samples among `groups`.
+    """
+    failed = [s for s in flatten_groups(groups) if s.status is Status.FAILED and "env_error" in s.metadata]
+    if failed:
+        errors = collections.Counter(s.metadata["env_error"].split(":", 1)[0] for s in failed)
+        logger.warning(
+            "rollout %d: %d of %d samples failed in their env and are not trained on (samples %s; %s)",
+            rollout_id,
+            len(failed),
+            len(flatten_groups(groups)),
+            [s.index for s in failed[:8]],
+            ", ".join(f"{n} {kind}" for kind, n in errors.most_common()),
+        )
+    return len(failed)
+
+
 async def generate_rollout_async(
     args: SlimeArgs, rollout_id: int, data_source: DataSource | Callable[[int], list[list[Sample]]]
 ) -> tuple[RolloutFnTrainOutput, list[list[Sample]]]:
@@ -289,6 +312,7 @@ async def generate_rollout_async(
 
     data.sort(key=_group_sort_key)
     _exclude_empty_responses(args, rollout_id, data)
+    _report_env_failures(rollout_id, data)
     await run_end_of_rollout_plugins(args, rollout_id, data, all_groups, data_source)
     metrics = compute_rollout_metrics(args, data, rollout_time=time.perf_counter() - start, drop_counts=drops)
     metrics.update(rollout_token_fates(data, discarded, requeued=leftovers))

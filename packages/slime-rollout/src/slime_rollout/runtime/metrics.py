@@ -273,6 +273,10 @@ def compute_rollout_metrics(
     metrics["rollout/num_empty_responses"] = float(
         sum(s.response_length == 0 and s.status is not Status.ABORTED for s in samples)
     )
+    # Samples whose env's step raised (multi-turn): FAILED and removed, one warning each and one line per rollout.
+    metrics["rollout/env_failed_samples"] = float(
+        sum(s.status is Status.FAILED and "env_error" in s.metadata for s in samples)
+    )
     lengths = [s.effective_response_length for s in samples]
     metrics.update(response_metrics(samples, "rollout/", lengths))
     if cfg.log_multi_turn:

@@ -41,10 +41,14 @@ from typing import Any
 
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.engines.wire import UpdateWeightVersionReq
+from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline
 
 __all__ = ["PushSession", "WeightPushError", "alongside_engines", "engine_locks"]
 
 logger = logging.getLogger(__name__)
+
+# The flag that bounds a push's quick control calls (`PushSession.each(..., quick=True)`).
+QUICK_CALL_FLAG = "--rollout-health-check-timeout"
 
 # How long a failed broadcast of this end waits for an engine's HTTP call to fail unreachable (the peer that died).
 PEER_GRACE_S = 5.0
@@ -99,11 +103,22 @@ class PushSession:
         engines: `slime_rollout.engines.client.EngineClient`s to push to.
         tolerant: drop a failing engine and go on with the others (False: raise at once, as a collective
             transport must, since its other members wait on the failed one).
+        quick_call_s: seconds an engine has to answer a quick control call (`QUICK_CALL_FLAG`; None: the
+            client's read timeout, `slime_rollout.engines.transport.DEFAULT_TIMEOUT_S`).
+        warn_every_s: seconds between "still running" warnings of a quick call (`--slow-call-warning-secs`).
     """
 
-    def __init__(self, engines: Sequence[Any], *, tolerant: bool = True):
+    def __init__(
+        self,
+        engines: Sequence[Any],
+        *,
+        tolerant: bool = True,
+        quick_call_s: float | None = None,
+        warn_every_s: float = 60.0,
+    ):
         self.engines = list(engines)
         self.tolerant = tolerant
+        self.quick_call_s, self.warn_every_s = quick_call_s, warn_every_s
         self.failed: dict[str, str] = {}
         # engine URL -> weight-update calls that may have landed there: answered, or unanswered (a timeout or a lost
         # connection may come after the engine applied it); a refusal (an HTTP error reply) did not land.
@@ -126,15 +141,32 @@ class PushSession:
             if not refused:
                 self.buckets_landed[url] = self.buckets_landed.get(url, 0) + 1
 
-    async def each(self, method: str, /, *, tracked: bool = False, **kw: Any) -> list[Any]:
+    async def each(self, method: str, /, *, tracked: bool = False, quick: bool = False, **kw: Any) -> list[Any]:
         """`engine.<method>(**kw)` on every live engine concurrently; returns the live engines' results in order.
 
-        `tracked`: a weight-update call, counted per engine in `buckets_landed` (`track`).
+        `tracked`: a weight-update call, counted per engine in `buckets_landed` (`track`). `quick`: a call the engine
+        answers without waiting on generation or on weights, bounded by `quick_call_s` (an engine that does not
+        answer in time fails with an unreachable `EngineError` naming `QUICK_CALL_FLAG`).
 
         Raises:
             EngineError: an engine failed and the session is not tolerant.
         """
+        if quick and self.quick_call_s is not None:
+            return await self.apply(method, lambda engine: self._quick(engine, method, kw))
         return await self.apply(method, lambda engine: getattr(engine, method)(**kw), tracked=tracked)
+
+    async def _quick(self, engine: Any, method: str, kw: dict[str, Any]) -> Any:
+        """`engine.<method>(**kw)` within `quick_call_s`, as an unreachable `EngineError` when it takes longer."""
+        try:
+            return await await_with_deadline(
+                getattr(engine, method)(**kw),
+                what=f"weight push: {method} on engine {engine.url}",
+                deadline_s=self.quick_call_s,
+                flag=QUICK_CALL_FLAG,
+                warn_every_s=self.warn_every_s,
+            )
+        except DeadlineExceeded as exc:
+            raise EngineError(engine.url, f"/{method}", str(exc), unreachable=True) from None
 
     async def apply(self, step: str, call: Callable[[Any], Awaitable[Any]], *, tracked: bool = False) -> list[Any]:
         """`call(engine)` on every live engine concurrently, as `each` does (`step` names it in the failure).

@@ -119,16 +119,29 @@ class _EngineUpdater:
 
     async def aupdate(self, buckets: Iterable[Bucket], weight_version: str) -> None:
         """Async form of `update`."""
-        self.session = session = PushSession(self.client.engines, tolerant=self.tolerant)
+        pool = self.client.pool
+        self.session = session = PushSession(
+            self.client.engines,
+            tolerant=self.tolerant,
+            quick_call_s=pool.probe_timeout_s,
+            warn_every_s=pool.slow_warning_s,
+        )
         error: BaseException | None = None
         async with engine_locks(self.client.urls):
             try:
+                # Bounds, read from SGLang 0.5.16 (tokenizer_manager.py, http_server.py): `pause_generation` in
+                # "abort" mode returns only once every in-flight request has left, and the update calls first take
+                # `model_update_lock`'s writer side (behind in-flight requests), then load (large checkpoints,
+                # collectives): these keep the client's read timeout (DEFAULT_TIMEOUT_S). The scheduler answers a
+                # flush at once (refusing it while requests remain: `flush_cache` retries those); the tokenizer
+                # manager sets the version without the scheduler and continues by only sending it a message. So a
+                # hung engine is cut off after --rollout-health-check-timeout on these.
                 await session.each("pause_generation", mode=self.pause_mode)
-                await session.each("flush_cache")
+                await session.each("flush_cache", answer_within_s=pool.probe_timeout_s)
                 await self._send(buckets, weight_version)
                 # The fence: the version changes only now that every bucket has landed.
-                await session.each("update_weight_version", new_version=weight_version)
-                versions = await session.each("get_weight_version")
+                await session.each("update_weight_version", quick=True, new_version=weight_version)
+                versions = await session.each("get_weight_version", quick=True)
                 for engine, version in zip(session.live, versions, strict=True):  # those that answered
                     if version != weight_version:
                         session.failed[engine.url] = f"reports weight version {version!r} after the push"
@@ -140,7 +153,7 @@ class _EngineUpdater:
                 error = exc
             finally:
                 session.tolerant = True  # continuing is per engine, whatever the transport
-                await session.each("continue_generation")
+                await session.each("continue_generation", quick=True)
                 await session.mark_incomplete(weight_version)
         if error is not None and not isinstance(error, EngineError | TimeoutError):
             raise error

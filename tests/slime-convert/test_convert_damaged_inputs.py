@@ -1,0 +1,183 @@
+"""`slime-convert` against damaged or malformed inputs: one error naming the file (exit 2), nothing written."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slime_convert import hf_to_mcore, mcore_to_hf
+from slime_convert.cli import main
+from slime_convert.hf_io import HFCheckpointReader
+
+pytest.importorskip("transformers")
+
+
+def _copy(hf_dir, dst):
+    shutil.copytree(hf_dir, dst)
+    return dst
+
+
+def _first_shard(hf_dir):
+    return sorted(hf_dir.glob("model-*.safetensors"))[0]
+
+
+@pytest.mark.parametrize("keep", [5, 0.5])  # inside the 8-byte header length / inside the tensor data
+def test_a_truncated_shard_is_one_error_naming_the_file(tiny_hf_model, tmp_path, caplog, keep):
+    _, hf_dir = tiny_hf_model("qwen3")
+    broken = _copy(hf_dir, tmp_path / "broken")
+    shard = _first_shard(broken)
+    data = shard.read_bytes()
+    shard.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    # Was safetensors' SafetensorError traceback, naming no file.
+    with pytest.raises(ValueError, match=f"{shard.name}: not a complete safetensors file"):
+        HFCheckpointReader(broken)
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(broken), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2
+    assert f"{shard}: not a complete safetensors file" in caplog.text
+    assert not (tmp_path / "m" / "release").exists()
+
+
+def test_a_broken_index_names_the_index_file(tiny_hf_model, tmp_path):
+    _, hf_dir = tiny_hf_model("qwen3")
+    broken = _copy(hf_dir, tmp_path / "broken")
+    index = broken / "model.safetensors.index.json"
+    good = json.loads(index.read_text())
+    for text, message in [
+        ("{", "not a safetensors index"),  # was json's 'Expecting property name ...' naming no file
+        ("{}", "no 'weight_map' object"),  # was the bare KeyError "'weight_map'"
+        ("[]", "not a safetensors index"),
+    ]:
+        index.write_text(text)
+        with pytest.raises(ValueError, match=f"{index}: {message}"):
+            HFCheckpointReader(broken)
+    # The index puts a tensor into a shard that does not hold it: named when the index is read, not at first use.
+    name = next(iter(good["weight_map"]))
+    other = next(f for f in sorted(set(good["weight_map"].values())) if f != good["weight_map"][name])
+    index.write_text(json.dumps({**good, "weight_map": {**good["weight_map"], name: other}}))
+    with pytest.raises(ValueError, match=f"names \\['{name}'\\] in {other}, which does not hold them"):
+        HFCheckpointReader(broken)
+
+
+def test_a_damaged_tracker_file_is_named(tiny_hf_model, tmp_path, caplog):
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    (tmp_path / "m" / "latest_checkpointed_iteration.txt").write_text("garb\x00age")
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    # Was "invalid literal for int() with base 10: 'garbage'", naming no file.
+    expected = "latest_checkpointed_iteration.txt: holds 'garb\\x00age', not an iteration number or 'release'"
+    assert expected in caplog.text
+
+
+@pytest.mark.parametrize("part", ["shard", "metadata"])
+def test_a_damaged_torch_dist_checkpoint_is_one_error_naming_it(tiny_hf_model, tmp_path, caplog, part):
+    _, hf_dir = tiny_hf_model("qwen3")
+    release = hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    damaged = next(release.glob("*.distcp")) if part == "shard" else release / ".metadata"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])  # a partial copy
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    # Was DCP's CheckpointException (a BaseException, a rank traceback) / pickle's UnpicklingError naming no file.
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    expected = {
+        "shard": f"{release}: cannot be read (RuntimeError: PytorchStreamReader failed reading zip archive",
+        "metadata": f"{release / '.metadata'}: not readable torch_dist metadata (UnpicklingError",
+    }[part]
+    assert expected in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+@pytest.mark.parametrize("how", ["parent", "absolute"])
+def test_an_index_naming_a_shard_outside_the_checkpoint_is_refused(tiny_hf_model, tmp_path, caplog, how):
+    # Issue 27: the reader joined the folder with the index's name as given, so `../x` or `/x` read a real
+    # safetensors file elsewhere on the machine (here: one of the same model, so nothing else stopped it).
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "models" / "m")
+    index = model / "model.safetensors.index.json"
+    good = json.loads(index.read_text())
+    name, shard = next(iter(good["weight_map"].items()))
+    outside = tmp_path / "models" / shard
+    shutil.copy(model / shard, outside)  # a complete file that holds the tensor: only the name is wrong
+    file = f"../{shard}" if how == "parent" else str(outside)
+    index.write_text(json.dumps({**good, "weight_map": {**good["weight_map"], name: file}}))
+    why = "leads out of the folder ('..')" if how == "parent" else "is not a file name inside the folder"
+    message = f"{index}: weight_map[{name!r}] = {file!r} {why}"
+    with pytest.raises(ValueError) as e:
+        HFCheckpointReader(model)
+    assert str(e.value) == message
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(model), "--save", str(tmp_path / "out"), "--no-progress"]
+    assert main(argv) == 2
+    assert message in caplog.text and not (tmp_path / "out").exists()
+
+
+def test_a_dangling_link_in_the_origin_dir_is_named_before_writing(tiny_hf_model, tmp_path, caplog):
+    """A tokenizer.json linking into a pruned HF cache was skipped without a word: the export had no tokenizer."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
+    origin = tmp_path / "linked"
+    origin.mkdir()
+    for f in hf_dir.iterdir():
+        (origin / f.name).symlink_to(f)  # the HF cache's snapshot layout: every file a link
+    (origin / "tokenizer.json").symlink_to(tmp_path / "blobs" / "gone")
+    argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(origin), "--no-progress"]) == 2
+    assert f"--origin-hf-dir {origin}: ['tokenizer.json'] are links to missing files" in caplog.text
+    assert not (tmp_path / "h").exists() and not (tmp_path / "h.tmp").exists()
+    (origin / "tokenizer.json").unlink()
+    out = mcore_to_hf(tmp_path / "m", tmp_path / "h", origin, progress=False)  # linked shards and config are read
+    assert (out / "config.json").is_file() and not (out / "config.json").is_symlink()
+
+
+@pytest.mark.parametrize("given", ["root", "iteration"])
+def test_the_legacy_per_rank_layout_is_named(tiny_hf_model, tmp_path, caplog, given):
+    """A TP=2 `--ckpt-format torch` save (mp_rank_00/, mp_rank_01/) was "not a torch_dist checkpoint directory"."""
+    _, hf_dir = tiny_hf_model("qwen3")
+    iteration = tmp_path / "save" / "iter_0000010"
+    for rank in ("mp_rank_00", "mp_rank_01"):
+        (iteration / rank).mkdir(parents=True)
+        torch.save({"model": {}}, iteration / rank / "model_optim_rng.pt")
+    (tmp_path / "save" / "latest_checkpointed_iteration.txt").write_text("10")
+    given_dir = tmp_path / "save" if given == "root" else iteration
+    argv = ["mcore-to-hf", "--input-dir", str(given_dir), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    assert f"{iteration}: a legacy --ckpt-format torch checkpoint (2 rank folders: mp_rank_00, ...)" in caplog.text
+    assert "--ckpt-convert-format torch_dist" in caplog.text and not (tmp_path / "h").exists()
+
+
+def test_tensors_and_shards_the_index_does_not_list_are_named(tiny_hf_model, tmp_path, caplog):
+    """The index decides what a checkpoint holds (as for transformers); what it leaves out was skipped unsaid."""
+    from safetensors.torch import save_file
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    model = _copy(hf_dir, tmp_path / "m")
+    shard = _first_shard(model)
+    tensors = load_file(str(shard))
+    save_file({**tensors, "model.extra.weight": torch.ones(3)}, str(shard), metadata={"format": "pt"})
+    save_file({"model.stale.weight": torch.ones(2)}, str(model / "model-00009-of-00009.safetensors"))
+    reader = HFCheckpointReader(model)
+    assert "model.extra.weight" not in reader and "model.stale.weight" not in reader
+    index = model / "model.safetensors.index.json"
+    assert f"{index}: 1 tensors in {shard.name} are not in the index and are not read: ['model.extra.weight']" in (
+        caplog.text
+    )
+    expected = (
+        f"{index}: 1 safetensors files are not in the index and are not read: ['model-00009-of-00009.safetensors']"
+    )
+    assert expected in caplog.text
+
+
+def test_without_an_index_a_tensor_in_two_files_is_refused(tmp_path, caplog):
+    """With no index every *.safetensors was read and the later file silently won a name both hold."""
+    from safetensors.torch import save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"model.norm.weight": torch.ones(4)}, str(model / "model.safetensors"))
+    save_file({"model.norm.weight": torch.zeros(4)}, str(model / "old-model.safetensors"))
+    with pytest.raises(ValueError) as e:
+        HFCheckpointReader(model)
+    assert str(e.value) == (
+        f"{model}: tensor 'model.norm.weight' is in both model.safetensors and old-model.safetensors, and there is "
+        "no model.safetensors.index.json to say which one the checkpoint holds"
+    )

@@ -1,0 +1,66 @@
+"""`slime_rollout.preflight_rollout`: the synchronous rollout's flags checked against the data source it is given."""
+
+import json
+
+import pytest
+
+from slime_core.config import parse_args
+from slime_rollout.data.source import RolloutDataSource
+from slime_rollout.preflight import check
+
+BUFFERLESS = "slime.rollout.data_source.RolloutDataSource"
+FILTER = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+
+
+class KeepsItsOwn(RolloutDataSource):
+    """A buffer-less source's subclass that keeps what it is handed."""
+
+    def add_samples(self, groups):
+        self.kept = groups
+
+
+def _partial_problems(tmp_path, *extra):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "p", "label": "1"}) + "\n")
+    cfg = parse_args(
+        ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--label-key", "label",
+         "--rm-type", "math", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
+         "--num-rollout", "1", "--rollout-max-response-len", "8", "--actor-num-gpus-per-node", "1", *extra]
+    )  # fmt: skip
+    return [p.message for p in check(cfg) if p.severity == "error" and "--partial-rollout" in p.message]
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        (("--over-sampling-batch-size", "4"), True),
+        (("--dynamic-sampling-filter-path", FILTER), True),
+        ((), False),  # nothing is left over: add_samples is never called
+        (("--over-sampling-batch-size", "4", "--data-source-path", f"{__name__}.KeepsItsOwn"), False),
+        (("--over-sampling-batch-size", "4", "--data-source-path", "DEFAULT"), False),
+        (("--over-sampling-batch-size", "4", "--rollout-function-path", "FULLY_ASYNC"), False),
+    ],
+)
+def test_partial_rollout_into_a_bufferless_data_source_is_refused_before_the_run_only_where_it_would_fail(
+    tmp_path, extra, refused
+):
+    # Was: accepted, then the end of rollout 0 raised "RolloutDataSource has no buffer" from add_samples.
+    extra = tuple(
+        {"DEFAULT": "slime.rollout.data_source.RolloutDataSourceWithBuffer",
+         "FULLY_ASYNC": "slime.rollout.fully_async_rollout.generate_rollout_fully_async"}.get(x, x)
+        for x in extra
+    )  # fmt: skip
+    if "--data-source-path" not in extra:
+        extra += ("--data-source-path", BUFFERLESS)
+    messages = _partial_problems(tmp_path, "--partial-rollout", *extra)
+    assert len(messages) == (1 if refused else 0)
+    if refused:
+        assert messages[0].startswith("--partial-rollout hands each rollout's unfinished groups back to the data")
+        assert f"--data-source-path {BUFFERLESS} cannot keep (it has no buffer)" in messages[0]
+    assert _partial_problems(tmp_path, *extra) == []  # without --partial-rollout, nothing to refuse
+
+
+def test_the_bufferless_data_source_really_refuses_the_groups_handed_back():
+    # What the check foresees: the default rollout's add_samples call on this class fails.
+    with pytest.raises(RuntimeError, match="has no buffer"):
+        RolloutDataSource.add_samples(object.__new__(RolloutDataSource), [[]])
