@@ -64,7 +64,8 @@ def zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
     path = cfg.dynamic_sampling_filter_path
     if not path or cfg.n_samples_per_prompt != 1:
         return []
-    # Imported here, as in slime_rollout.preflight: the generation stack costs about 1.3 s cold, and only this case needs it.
+    # Imported here, as in slime_rollout.preflight: the generation stack costs about 1.3 s cold, and only this case
+    # needs it.
     from slime_rollout.generation.filters import check_reward_nonzero_std
 
     try:
