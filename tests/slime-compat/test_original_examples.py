@@ -23,13 +23,22 @@ PLUGIN_MODULES = ("ex_multi_agent", "ex_search_r1", "ex_retool", "ex_tau_bench")
 
 @pytest.fixture
 def example_plugins(monkeypatch):
-    """Puts the stand-ins on sys.path, each imported afresh (module state such as a call counter starts over)."""
+    """Puts the stand-ins on sys.path, each imported afresh (module state such as a call counter starts over).
+
+    The plugin loader's per-path cache is emptied too: another test of this process (the original scripts' dry
+    run) may have loaded `ex_search_r1.generate` from an earlier module object, whose `SEARCH` this test's
+    monkeypatch would then not reach.
+    """
+    from slime_core.plugins import forget_loaded_plugins
+
     monkeypatch.syspath_prepend(str(PLUGINS))
     for name in PLUGIN_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
+    forget_loaded_plugins()
     yield
     for name in PLUGIN_MODULES:
         sys.modules.pop(name, None)
+    forget_loaded_plugins()
 
 
 async def _serve(reply_for, routes=()):

@@ -1,4 +1,4 @@
-"""`slime_rollout.preflight_rollout`: the synchronous rollout's flags checked against the data source it is given."""
+"""`slime_rollout.generation.preflight`: the synchronous rollout's flags checked against the data source it is given."""
 
 import json
 

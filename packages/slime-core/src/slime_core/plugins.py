@@ -15,7 +15,14 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-__all__ = ["BUILTIN_FALLBACKS", "PATH_ALIASES", "PluginError", "call_maybe_async", "load_function"]
+__all__ = [
+    "BUILTIN_FALLBACKS",
+    "PATH_ALIASES",
+    "PluginError",
+    "call_maybe_async",
+    "forget_loaded_plugins",
+    "load_function",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +122,17 @@ def _load(path: str, flag: str) -> Any:
     return obj
 
 
+def forget_loaded_plugins() -> None:
+    """Empties `load_function`'s per-path cache: the next load imports from `sys.modules` (or afresh) again.
+
+    For a process that re-imports plugin modules (tests that put stand-ins on `sys.path` and drop them from
+    `sys.modules`): without it, a path loaded before returns the function of the module object it loaded then.
+    """
+    _load.cache_clear()
+
+
 def load_function(path: str, *, flag: str) -> Callable[..., Any]:
-    """Imports the callable named by `path` (cached per path).
+    """Imports the callable named by `path` (cached per path; `forget_loaded_plugins` empties the cache).
 
     Args:
         path: `package.module.attr` or `package.module:attr` (the attribute may be dotted after `:`,

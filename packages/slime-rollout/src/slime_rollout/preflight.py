@@ -37,8 +37,8 @@ from slime_rollout.data.rows import (
 from slime_rollout.data.sft import conversation_problem
 from slime_rollout.data.sft_preflight import is_sft, sft_problems
 from slime_rollout.data.source import DEFAULT_DATA_SOURCES, TOKENIZER_FILES, get_tokenizer
+from slime_rollout.generation.preflight import partial_rollout_without_buffer, zero_std_filter_on_single_samples
 from slime_rollout.plugins import eval_function, load_function
-from slime_rollout.preflight_rollout import partial_rollout_without_buffer, zero_std_filter_on_single_samples
 from slime_rollout.rewards import row_rm_type
 from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS
 from slime_rollout.rewards.math_utils import extract_label_answer
