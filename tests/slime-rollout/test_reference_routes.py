@@ -107,7 +107,6 @@ def test_health_generate_of_a_wedged_engine_answers_503_as_sglang(tiny_qwen3_dir
     idle one with its model held waited on the probe's own generation forever."""
     import threading
 
-    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "0.5")
     model = ReferenceModel(str(tiny_qwen3_dir))
     app = build_app(model, max_running_requests=2, random_seed=0, server_args={})
     stuck, release = threading.Event(), threading.Event()
@@ -118,8 +117,14 @@ def test_health_generate_of_a_wedged_engine_answers_503_as_sglang(tiny_qwen3_dir
         release.wait(30)  # the model thread hangs mid-generation
         return decode(batch)
 
+    def probe(client, timeout_s: float) -> int:
+        # The engine reads its deadline per probe: a short one where 503 is expected, a long one where a healthy
+        # engine's own generation must fit (0.5 s did not on a loaded CI machine).
+        monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", str(timeout_s))
+        return client.get("/health_generate").status_code
+
     with TestClient(app) as client:
-        assert client.get("/health_generate").status_code == 200
+        assert probe(client, 30) == 200
         monkeypatch.setattr(model, "_decode", wedged_decode)
         body = {"input_ids": [785, 4226, 374], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
         worker = threading.Thread(target=lambda: client.post("/generate", json=body))
@@ -127,11 +132,11 @@ def test_health_generate_of_a_wedged_engine_answers_503_as_sglang(tiny_qwen3_dir
         try:
             assert stuck.wait(30)
             assert app.state.engine.scheduler.num_running == 1
-            assert client.get("/health_generate").status_code == 503  # running, but no step since the probe began
+            assert probe(client, 0.5) == 503  # running, but no step since the probe began
         finally:
             release.set()
         worker.join(30)
-        assert client.get("/health_generate").status_code == 200
+        assert probe(client, 30) == 200
         with model.lock:  # idle, but the model is held (a stuck weight load): the probe's generation cannot run
-            assert client.get("/health_generate").status_code == 503
-        assert client.get("/health_generate").status_code == 200
+            assert probe(client, 0.5) == 503
+        assert probe(client, 30) == 200
