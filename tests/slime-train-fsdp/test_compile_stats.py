@@ -32,3 +32,14 @@ def test_cache_counts_start_from_torchs_counters():
     counters["aot_autograd"]["autograd_cache_hit"] += 1
     after = cache_counts()
     assert {k: after[k] - before[k] for k in after} == {"fx_hit": 0, "fx_miss": 2, "aot_hit": 1, "aot_miss": 0}
+
+
+def test_compiled_frames_names_the_guard_a_recompile_failed_on():
+    torch._dynamo.reset()
+    compiled = torch.compile(_scaled_tanh, backend="eager", dynamic=False)
+    compiled(torch.ones(3))
+    mark = now_us()
+    compiled(torch.ones(5))  # a new static shape: dynamo's size guard fails and the frame compiles again
+    lines = compiled_frames(mark)
+    assert len(lines) == 1 and lines[0].startswith("_scaled_tanh ("), lines
+    assert "recompiled: " in lines[0] and "size" in lines[0], lines

@@ -229,6 +229,8 @@ def test_the_first_step_after_a_warm_up_compiles_nothing_itself(tmp_path, make_t
     assert all(wall >= compiling >= 0 for wall, compiling in phases.values()), phases
     assert phases["log_probs"][1] > 0 and phases["forward_backward"][1] > 0, phases
     assert sum(c for _, c in phases.values()) == pytest.approx(report["compile_seconds"], abs=0.05), report
+    # Each compiled frame is named with its cache lookups (a fresh cache: every FX lookup misses).
+    assert report["frames"] and all("FX 0 hit / " in line for line in report["frames"]), report["frames"]
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
     done = subprocess.run([sys.executable, "-c", _REAL_STEP, ckpt, str(_COMMON),
                            json.dumps(overrides)], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -51,8 +51,10 @@ def now_us() -> int:
 def compiled_frames(since_us: int) -> list[str]:
     """One line per frame dynamo compiled since `since_us` (`now_us()`), for a log.
 
-    Each: `function (file:line) S s, AOT h hit / m miss, FX h hit / m miss`; the backward graph of a frame is
-    compiled on its first backward and listed as its own entry (`backward of ...`).
+    Each: `function (file:line) S s, AOT h hit / m miss, FX h hit / m miss[, recompiled: reason]`; the backward
+    graph of a frame is compiled on its first backward and listed as its own entry (`backward of ...`). The reason
+    is dynamo's failed guard (first 200 characters) when the frame had been compiled before: what differs from the
+    graph already made (a shape, a dtype, a Python value).
     """
     from torch._dynamo.utils import get_compilation_metrics
 
@@ -63,9 +65,11 @@ def compiled_frames(since_us: int) -> list[str]:
         where = f"{os.path.basename(m.co_filename or '?')}:{m.co_firstlineno}" if m.co_filename else "?"
         name = m.co_name or "?"
         seconds = (m.duration_us or 0) / 1e6
+        reason = getattr(m, "recompile_reason", None)  # absent in torch before 2.7
         lines.append(
             f"{'backward of ' if m.is_forward is False else ''}{name} ({where}) {seconds:.1f} s, "
             f"AOT {m.aotautograd_local_cache_hit_count or 0} hit / {m.aotautograd_local_cache_miss_count or 0} miss, "
             f"FX {m.inductor_fx_local_cache_hit_count or 0} hit / {m.inductor_fx_local_cache_miss_count or 0} miss"
+            + (f", recompiled: {' '.join(str(reason).split())[:200]}" if reason else "")
         )
     return lines

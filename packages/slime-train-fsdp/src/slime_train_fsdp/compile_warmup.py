@@ -244,6 +244,8 @@ class CompileWarmUp:
                         "gate: %s); the next step waited %.1f s for it", report["graphs"], report["compile_seconds"],
                         report["token_counts"], report["seconds"], report.get("ready_seconds", 0.0),
                         report.get("gate_wait_seconds", 0.0), phases or "no phases", waited)  # fmt: skip
+            if report.get("frames"):  # to set beside the frames a later step still compiles (backend.train's log)
+                logger.info("compile warm-up frames: %s", "; ".join(report["frames"]))
             return report
         finally:
             self._remove_workdir()
@@ -453,7 +455,7 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
 
     Returns:
         `{"seconds" (from the gate), "compile_seconds", "graphs", "token_counts", "ready_seconds" (the CPU-only
-        part), "gate_wait_seconds", "phases"}`; `phases` maps `process_group`, `model_init`, `log_probs`,
+        part), "gate_wait_seconds", "phases", "frames"}`; `frames` is `compile_stats.compiled_frames`; `phases` maps `process_group`, `model_init`, `log_probs`,
         `forward_backward` and `head` to `[wall s, of it s in torch.compile]` (GPU work synchronized).
     """
     import torch.distributed as dist
@@ -462,7 +464,7 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     from slime_core.hf_checkpoint import source_dtype
     from slime_core.train_step import entropy_has_grad
     from slime_train_fsdp.backend import FSDPTrainBackend
-    from slime_train_fsdp.compile_stats import compile_seconds, compiled_graphs
+    from slime_train_fsdp.compile_stats import compile_seconds, compiled_frames, compiled_graphs
     from slime_train_fsdp.packing import forward_options, set_forward_options
 
     started = time.monotonic()
@@ -513,7 +515,7 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
         dist.destroy_process_group()
     return {"seconds": time.monotonic() - started, "compile_seconds": compile_seconds(),
             "graphs": compiled_graphs(), "token_counts": counts, "ready_seconds": ready,
-            "gate_wait_seconds": gate_wait, "phases": phases}  # fmt: skip
+            "gate_wait_seconds": gate_wait, "phases": phases, "frames": compiled_frames(0)}  # fmt: skip
 
 
 def warm_up_head(options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs) -> None:
